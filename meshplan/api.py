@@ -1,0 +1,70 @@
+"""The operations every face of meshplan offers, taking flat requests: the CLI and the MCP tools call these.
+
+Each function resolves the request once and hands `Job` and `Plan` to the pure module that owns the
+computation. Heavy modules are imported inside the functions so `meshplan describe` and the MCP
+server start fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.schema import (
+    CheckReport,
+    MemoryReport,
+    ModelReport,
+    ModelSummary,
+    Recommendation,
+    Request,
+    ThroughputReport,
+)
+
+
+def describe_model(model: str) -> ModelReport:
+    from meshplan.models import describe_model as describe
+
+    return describe(model)
+
+
+def list_models() -> list[ModelSummary]:
+    from meshplan.models import model_summaries
+
+    return model_summaries()
+
+
+def estimate_memory(req: Request) -> MemoryReport:
+    from meshplan.memory import estimate_memory as estimate
+    from meshplan.request import resolve
+
+    job, plan = resolve(req)
+    return estimate(job, plan)
+
+
+def estimate_throughput(req: Request) -> ThroughputReport:
+    from meshplan.perf import estimate_throughput as estimate
+    from meshplan.request import resolve
+
+    job, plan = resolve(req)
+    return estimate(job, plan)
+
+
+def check_config(req: Request) -> CheckReport:
+    from meshplan.request import resolve
+    from meshplan.rules import check_config as check
+
+    job, plan = resolve(req)
+    return check(job, plan)
+
+
+def recommend(req: Request, top_k: int = 5) -> Recommendation:
+    from meshplan.search import recommend as search
+
+    return search(req, top_k=top_k)
+
+
+def render_config(framework: str, req: Request, **options: Any):
+    from meshplan.adapters.render import render
+    from meshplan.request import resolve
+
+    job, plan = resolve(req.model_copy(update={"framework": framework}))
+    return render(framework, job, plan, **options)

@@ -1,0 +1,375 @@
+"""Inputs and results shared by every face of meshplan: the CLI, the MCP tools, the adapters and the benchmarks.
+
+The request fields are defined once here (`Request`); the CLI turns them into flags, the MCP server
+into tool arguments, batch mode reads them from JSON lines. A request resolves into a `Job` (model,
+cluster, training settings, framework) and a `Plan` (the parallel layout); every estimator is a pure
+function of those two. Units are bytes, seconds and FLOP/s in every structured result.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FRAMEWORKS: tuple[str, ...] = (
+    "megatron-bridge",
+    "megatron-core",
+    "verl",
+    "skyrl",
+    "torchtitan",
+    "kempnerforge",
+    "deepspeed",
+    "nanotron",
+)
+Framework = Literal[
+    "megatron-bridge", "megatron-core", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed", "nanotron"
+]
+# Frameworks whose world-size law and byte conventions are Megatron-Core's.
+MEGATRON_FAMILY: frozenset[str] = frozenset({"megatron-bridge", "megatron-core", "verl", "skyrl"})
+Precision = Literal["bf16", "fp8"]
+Recompute = Literal["none", "selective", "full"]
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+Severity = Literal["error", "warning", "info"]
+
+# Generous but finite bounds: absurd inputs get a clear validation error instead of an overflow.
+MAX_GPUS = 1 << 30
+MAX_DEGREE = 1 << 20
+MAX_TOKENS = 1 << 30
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- architecture and hardware
+
+
+class MoESpec(_Strict):
+    """Routed and shared experts of a mixture-of-experts model."""
+
+    num_experts: int = Field(ge=1, description="Routed experts per MoE layer")
+    top_k: int = Field(ge=1, description="Routed experts each token uses")
+    expert_ffn_hidden_size: int = Field(ge=1, description="FFN width of one routed expert")
+    num_shared_experts: int = Field(0, ge=0)
+    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="Total FFN width of all shared experts")
+    moe_layers: list[int] = Field(description="Indices (0-based) of the decoder layers that are MoE")
+    router_bias: bool = False
+    expert_bias: bool = Field(False, description="Biases on the expert linear layers (gpt-oss)")
+    score_correction_bias: bool = Field(False, description="DeepSeek-V3 style per-expert routing bias")
+
+
+class MLASpec(_Strict):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, Moonlight)."""
+
+    q_lora_rank: int | None = None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+class Architecture(_Strict):
+    """The shapes that decide parameter count, memory and FLOPs; field meanings follow HF config.json."""
+
+    key: str | None = Field(None, description="Catalog key, when the model is in the catalog")
+    name: str
+    hf_id: str | None = None
+    model_type: str
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    ffn_hidden_size: int = Field(ge=1, description="Dense FFN width (dense layers only)")
+    num_attention_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int | None = None
+    tie_word_embeddings: bool = False
+    gated_mlp: bool = True
+    activation: str = "silu"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: Literal["none", "head", "full"] = "none"
+    norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norms_per_layer: int = 2
+    learned_position_embeddings: int = Field(0, ge=0, description="Rows of a learned absolute position table")
+    attention_sinks: bool = False
+    sliding_window: int | None = None
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
+    generic: bool = Field(False, description="True when built from a size alone, not a real config")
+    origin: str = Field("catalog", description="catalog | config.json path | generic size")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index in set(self.moe.moe_layers)
+
+
+class GpuSpec(_Strict):
+    """One accelerator and the node it usually sits in."""
+
+    key: str
+    name: str
+    memory_bytes: int = Field(gt=0)
+    bf16_flops: float = Field(gt=0, description="Dense BF16 peak, FLOP/s")
+    fp8_flops: float | None = Field(None, description="Dense FP8 peak, FLOP/s (None: no FP8 tensor cores)")
+    hbm_bandwidth: float = Field(gt=0, description="bytes/s")
+    intra_node_bandwidth: float = Field(gt=0, description="NVLink/xGMI bytes/s per GPU, one direction")
+    nvlink_domain: int = Field(ge=1, description="GPUs in one NVLink/xGMI domain")
+    gpus_per_node: int = Field(ge=1)
+    network_bandwidth: float = Field(gt=0, description="Scale-out bytes/s per GPU, one direction")
+    aliases: list[str] = []
+    sources: list[str] = []
+    notes: list[str] = []
+
+
+# --------------------------------------------------------------------------- the request
+
+
+class Request(_Strict):
+    """The request fields every tool, CLI flag and batch line shares."""
+
+    model: str = Field(
+        description="Catalog key (llama-3.1-70b), Hugging Face id (meta-llama/Llama-3.1-70B), path to a "
+        "config.json, or a size alone ('70B')"
+    )
+    gpu: str = Field("h100", description="GPU type from the hardware catalog (h100, h200, b200, a100-80gb, ...)")
+    num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="Total GPUs (default: the plan's product)")
+    gpus_per_node: int | None = Field(None, ge=1, le=1024, description="GPUs per node (default: the GPU's node)")
+    seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description="Tokens per sequence")
+    global_batch_size: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Sequences per optimizer step (default: see assumptions)"
+    )
+    micro_batch_size: int = Field(1, ge=1, le=65536, description="Sequences per micro-batch per rank")
+    precision: Precision = Field("bf16", description="Compute precision of the linear layers")
+    framework: Framework = Field("megatron-core", description="Training framework")
+    tp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Tensor-parallel size")
+    pp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Pipeline-parallel size")
+    vpp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Virtual pipeline stages per rank (1 = none)")
+    cp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Context-parallel size")
+    ep: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Expert-parallel size")
+    etp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Expert tensor-parallel size")
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size (default: derived)")
+    sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (default: on when tp>1)")
+    zero_stage: int | None = Field(
+        None, ge=0, le=3, description="0-3; FSDP = 3; Megatron distributed optimizer = 1 (default: framework's)"
+    )
+    recompute: Recompute = Field("none", description="Activation recomputation")
+    recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
+    cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
+
+
+class Job(_Strict):
+    """What is trained, on what, with which settings: everything but the layout."""
+
+    model: Architecture
+    gpu: GpuSpec
+    num_gpus: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    seq_length: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1)
+    precision: Precision = "bf16"
+    framework: Framework = "megatron-core"
+    notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
+
+
+class Plan(_Strict):
+    """A parallel layout. GPU count = tp*cp*pp*dp; the MoE part folds ep*etp into the same ranks."""
+
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    vpp: int = Field(1, ge=1, description="Virtual stages per pipeline rank; 1 = no interleaving")
+    cp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    etp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    zero_stage: int = Field(1, ge=0, le=3)
+    micro_batch_size: int = Field(1, ge=1)
+    recompute: Recompute = "none"
+    recompute_layers: int | None = None
+    cp_comm_type: CpCommType = "p2p"
+    first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
+    last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def expert_dp(self, world_size: int) -> int:
+        """Megatron-Core's expert-data-parallel size: world / (pp*ep*etp), at least 1."""
+        return max(1, world_size // (self.pp * self.ep * self.etp))
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        return max(1, global_batch_size // (self.micro_batch_size * self.dp))
+
+    def short(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.etp > 1:
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"DP{self.dp}")
+        return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- results
+
+
+class ComponentCount(_Strict):
+    name: str
+    params: int
+    active_params: int
+    note: str = ""
+
+
+class ModelReport(_Strict):
+    """Parameter counts of one model, exact from its config, under each vendor's convention."""
+
+    name: str
+    key: str | None
+    hf_id: str | None
+    model_type: str
+    origin: str
+    generic: bool
+    total_params: int = Field(description="All weights: embeddings, head (if untied), norms, biases; no MTP")
+    active_params: int = Field(description="What one token touches: top-k routed experts, embeddings and head")
+    active_params_excl_input_embedding: int = Field(description="DeepSeek / gpt-oss convention")
+    active_params_non_embedding: int = Field(description="Without input embedding and head (Moonlight, GLM)")
+    non_embedding_params: int = Field(description="Total without input embedding and head (Qwen, Gemma)")
+    mtp_params: int = Field(description="Multi-token-prediction blocks, not in the total")
+    components: list[ComponentCount]
+    architecture: Architecture
+    published: dict | None = Field(None, description="Published counts and their source (catalog models)")
+    assumptions: list[str] = []
+
+
+class ModelSummary(_Strict):
+    key: str
+    name: str
+    hf_id: str | None
+    model_type: str
+    family: str
+    total_params: int
+    active_params: int
+
+
+class StageMemory(_Strict):
+    stage: int
+    layers: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    other_bytes: int
+    total_bytes: int
+    detail: dict[str, int] = Field(default_factory=dict, description="Finer breakdown, bytes")
+
+
+class MemoryReport(_Strict):
+    """Per-GPU memory of every pipeline stage; the worst stage decides whether the job fits."""
+
+    model: str
+    framework: str
+    plan: Plan
+    stages: list[StageMemory]
+    peak_bytes: int
+    peak_stage: int
+    capacity_bytes: int
+    fits: bool
+    headroom_bytes: int
+    assumptions: list[str]
+    warnings: list[str] = []
+
+
+class ThroughputBreakdown(_Strict):
+    compute_s: float
+    tp_comm_s: float = 0.0
+    cp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
+    dp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    bubble_s: float = 0.0
+    recompute_s: float = 0.0
+    other_s: float = 0.0
+
+
+class ThroughputReport(_Strict):
+    """Predicted step time, tokens/s per GPU and MFU, with where the time goes."""
+
+    model: str
+    framework: str
+    plan: Plan
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s: float
+    mfu: float
+    model_flops_per_step: float
+    breakdown: ThroughputBreakdown
+    assumptions: list[str]
+    warnings: list[str] = []
+
+
+class Finding(_Strict):
+    id: str
+    severity: Severity
+    title: str = ""
+    message: str
+    fix: str
+    source: str = ""
+
+
+class MemorySummary(_Strict):
+    peak_bytes: int
+    peak_stage: int
+    capacity_bytes: int
+    fits: bool
+    headroom_bytes: int
+
+
+class CheckReport(_Strict):
+    """Every rule of the framework run over the plan: ok means no error."""
+
+    ok: bool
+    framework: str
+    model: str
+    plan: Plan
+    findings: list[Finding]
+    memory: MemorySummary | None = None
+    next_steps: list[str] = []
+
+
+class Candidate(_Strict):
+    rank: int
+    plan: Plan
+    memory: MemorySummary
+    throughput: ThroughputReport
+    rationale: str
+
+
+class Recommendation(_Strict):
+    """Ranked layouts that fit, why the first one won, and how it compares with the decision tables."""
+
+    model: str
+    framework: str
+    num_gpus: int
+    candidates: list[Candidate]
+    considered: int
+    rejected: dict[str, int] = Field(default_factory=dict, description="Rejected layouts per rule id")
+    decision_table: str = ""
+    rationale: str = ""
+    warnings: list[str] = []
+    assumptions: list[str] = []

@@ -1,0 +1,1 @@
+"""Skill documents, shipped as package data (this file lets importlib.resources find them)."""

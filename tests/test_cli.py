@@ -1,0 +1,35 @@
+"""The meshplan command: JSON output, readable tables, clean errors and exit codes."""
+
+import json
+import subprocess
+import sys
+
+from meshplan.cli import main
+
+
+def test_describe_json(capsys):
+    assert main(["describe", "meta-llama/Llama-3.1-8B", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["total_params"] == 8030261248
+    for key in ("name", "hf_id", "total_params", "active_params", "mtp_params", "components"):
+        assert key in out
+
+
+def test_models_json_lists_the_catalog(capsys):
+    assert main(["models", "--json"]) == 0
+    keys = {m["key"] for m in json.loads(capsys.readouterr().out)}
+    assert {"llama-3.1-8b", "deepseek-v3", "gpt-oss-120b", "kimi-k2"} <= keys
+
+
+def test_unknown_model_is_an_error_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "describe", "no-such-model"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Unknown model 'no-such-model'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_readable_table(capsys):
+    assert main(["describe", "mixtral-8x7b"]) == 0
+    out = capsys.readouterr().out
+    assert "routed_experts" in out and "total" in out
