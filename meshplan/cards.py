@@ -1,4 +1,4 @@
-"""Loads the YAML cards shipped in `meshplan.cards_data` (the repo's cards/ folder) and validates each against its pydantic schema.
+"""Loads the YAML cards (the repo's cards/ folder, installed as `meshplan.cards_data`) and validates them.
 
 Cards are the single source of truth for the knowledge meshplan uses; a malformed card must fail
 loudly, naming the file, the key and what is wrong, instead of producing a wrong number later.
@@ -7,7 +7,7 @@ Each card is parsed once per process (cached).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any, Literal, TypeVar
@@ -51,7 +51,7 @@ def card_text(name: str) -> str:
     return card_root().joinpath(*f"{name}.yaml".split("/")).read_text(encoding="utf-8")
 
 
-@lru_cache(maxsize=None)
+@cache
 def read_card(name: str) -> Any:
     """Parsed YAML of one card, cached."""
     text = card_text(name)

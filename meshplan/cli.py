@@ -110,7 +110,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int:
     """One request per JSON line in, one JSON result per line out; a bad line gets {"error": ...}."""
-    source = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")  # noqa: SIM115
+    source = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")
     with source:
         for line in source:
             if not line.strip():

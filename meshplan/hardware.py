@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from meshplan.cards import HardwareCard, load_card
 from meshplan.errors import MeshplanError, closest
 from meshplan.schema import GpuSpec
 
 
-@lru_cache(maxsize=None)
+@cache
 def gpu_catalog() -> dict[str, GpuSpec]:
     return {g.key: g for g in load_card("hardware", HardwareCard).gpus}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _index() -> dict[str, str]:
     index: dict[str, str] = {}
     for gpu in gpu_catalog().values():

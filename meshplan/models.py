@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +432,11 @@ def parse_size(text: str) -> float | None:
     return value
 
 
+def _generic_ffn(hidden: int) -> int:
+    """Llama 3's FFN/hidden ratio (14336/4096 = 3.5), rounded to a multiple of 256."""
+    return round(hidden * 3.5 / 256) * 256
+
+
 def generic_architecture(size: float, label: str) -> Architecture:
     """A Llama-3-shaped dense model of about `size` parameters, with width/depth near Llama's ratio."""
     if not 1e7 <= size <= 1e14:
@@ -444,7 +449,7 @@ def generic_architecture(size: float, label: str) -> Architecture:
     for hidden in range(512, 65537, 256):
         if hidden % 128:
             continue
-        ffn = int(round(hidden * 3.5 / 256)) * 256
+        ffn = _generic_ffn(hidden)
         heads = hidden // 128
         kv = min(8, heads)
         per_layer = hidden * heads * 128 * 2 + 2 * hidden * kv * 128 + 3 * hidden * ffn + 2 * hidden
@@ -465,7 +470,7 @@ def generic_architecture(size: float, label: str) -> Architecture:
         model_type="llama",
         num_layers=layers,
         hidden_size=hidden,
-        ffn_hidden_size=int(round(hidden * 3.5 / 256)) * 256,
+        ffn_hidden_size=_generic_ffn(hidden),
         num_attention_heads=hidden // 128,
         num_kv_heads=min(8, hidden // 128),
         head_dim=128,
@@ -479,7 +484,7 @@ def generic_architecture(size: float, label: str) -> Architecture:
 # --------------------------------------------------------------------------- catalog and look-up
 
 
-@lru_cache(maxsize=None)
+@cache
 def _catalog_index() -> dict[str, str]:
     """Lower-cased key, hf_id and alias -> catalog key."""
     index: dict[str, str] = {}
@@ -491,7 +496,7 @@ def _catalog_index() -> dict[str, str]:
     return index
 
 
-@lru_cache(maxsize=None)
+@cache
 def catalog_architecture(key: str) -> Architecture:
     card = model_card(key)
     return architecture_from_config(card.config, name=card.name, key=card.key, hf_id=card.hf_id, origin="catalog")
@@ -519,7 +524,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.endswith(".json") or "/" in name and Path(name).exists() or name.startswith((".", "~"))
+    return name.endswith(".json") or ("/" in name and Path(name).exists()) or name.startswith((".", "~"))
 
 
 @lru_cache(maxsize=256)

@@ -3,8 +3,8 @@
 import pytest
 
 from meshplan.cards import CardError, ModelCard, card_names, framework_card, validate_card
-from meshplan.hardware import get_gpu, gpu_catalog
 from meshplan.errors import MeshplanError
+from meshplan.hardware import get_gpu, gpu_catalog
 
 
 def test_every_model_and_framework_card_loads():

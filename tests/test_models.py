@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from meshplan.cards import model_card
 from meshplan.errors import MeshplanError
 from meshplan.models import (
     architecture_from_config,
@@ -14,7 +15,6 @@ from meshplan.models import (
     published_mismatches,
     resolve_model,
 )
-from meshplan.cards import model_card
 
 
 def test_catalog_has_the_reference_models():

@@ -1,0 +1,94 @@
+"""Real framework packages for the tests, fetched from the package registry inside the test run.
+
+Two ways to use a framework without a GPU:
+- `wheel_tree(dist, version)`: download the pinned wheel (no dependencies) and unpack it, to read
+  its config dataclasses with `ast` or compose its packaged YAML;
+- `venv_python(name, requirements)`: a throwaway virtual environment (Python 3.12 where the
+  framework needs it) with the pinned packages installed, to run its own validators.
+
+Both are cached under $MESHPLAN_TEST_CACHE (default ~/.cache/meshplan-tests) keyed by the exact
+pins, so a second run costs nothing; a fresh CI machine builds them once. Nothing is installed
+into the environment running the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+PINS = {
+    "megatron-core": "0.19.2",
+    "megatron-bridge": "0.6.2",
+    "verl": "0.9.1",
+    "skyrl": "0.4.0",
+    "skyrl-train": "0.3.1",
+    "torchtitan": "0.3.0",
+    "hydra-core": "1.3.2",
+}
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("MESHPLAN_TEST_CACHE", Path.home() / ".cache" / "meshplan-tests"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-4000:]}")
+    return proc
+
+
+def wheel_tree(dist: str, version: str | None = None, python_version: str = "3.12") -> Path:
+    """The unpacked wheel of `dist==version` (pinned in PINS by default)."""
+    version = version or PINS[dist]
+    target = cache_root() / "wheels" / f"{dist}-{version}-py{python_version}"
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    download = cache_root() / "downloads" / f"{dist}-{version}"
+    download.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+          "--python-version", python_version, "-d", str(download), f"{dist}=={version}"])
+    wheels = sorted(download.glob("*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip download of {dist}=={version} produced no wheel in {download}")
+    if target.exists():
+        shutil.rmtree(target)
+    with zipfile.ZipFile(wheels[0]) as zf:
+        zf.extractall(target)
+    marker.write_text(wheels[0].name)
+    return target
+
+
+def python_executable(version: str) -> str:
+    """A python of the given minor version: this interpreter if it matches, else pythonX.Y on PATH."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    exe = shutil.which(f"python{version}")
+    if exe is None:
+        raise RuntimeError(f"python{version} is needed to run this framework's own code and is not on PATH")
+    return exe
+
+
+def venv_python(name: str, requirements: list[str], python_version: str = "3.12") -> Path:
+    """The python of a cached throwaway venv with `requirements` installed."""
+    digest = hashlib.sha256("\n".join([python_version, *requirements]).encode()).hexdigest()[:12]
+    venv = cache_root() / "venvs" / f"{name}-{digest}"
+    python = venv / "bin" / "python"
+    marker = venv / ".complete"
+    if marker.exists() and python.exists():
+        return python
+    if venv.exists():
+        shutil.rmtree(venv)
+    _run([python_executable(python_version), "-m", "venv", str(venv)])
+    _run([str(python), "-m", "pip", "install", "-q", *requirements])
+    marker.write_text("\n".join(requirements))
+    return python
