@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="Emit the plan as a framework config snippet")
     p.add_argument("target", metavar="FRAMEWORK", help="megatron-bridge, megatron-core, verl, skyrl, torchtitan, "
                    "kempnerforge or deepspeed")
-    add_request_flags(p, model_positional=False)
+    add_request_flags(p)  # FRAMEWORK MODEL [flags]
     p.add_argument("--variant", default=None, help="Framework-specific form (e.g. verl: megatron|fsdp; skyrl: rl|sft)")
     p.add_argument("--version", default=None, help="Framework version to target (e.g. torchtitan 0.2)")
     p.add_argument("--json", action="store_true", help="Print the structured result")

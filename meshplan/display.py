@@ -73,10 +73,14 @@ def model_list(models: list[ModelSummary]) -> None:
 def memory_report(report: MemoryReport) -> None:
     console = _console()
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
-    table = Table("stage", "layers", "weights", "grads", "optimizer", "activations", "other", "total")
+    # Bare GiB figures keep the columns readable in an 80-column terminal; held = micro-batches in flight.
+    table = Table("stage", "layers", "held", "weights", "grads", "optim.", "activ.", "other", "total",
+                  title="GiB per GPU", title_justify="left")
     for s in report.stages:
-        table.add_row(str(s.stage), str(s.layers), gib(s.weights_bytes), gib(s.gradients_bytes),
-                      gib(s.optimizer_bytes), gib(s.activations_bytes), gib(s.other_bytes), gib(s.total_bytes))
+        table.add_row(str(s.stage), str(s.layers), str(s.detail.get("microbatches_in_flight", "")),
+                      *(f"{b / GIB:,.2f}" for b in (s.weights_bytes, s.gradients_bytes, s.optimizer_bytes,
+                                                     s.activations_bytes, s.other_bytes, s.total_bytes)),
+                      style="bold" if s.stage == report.peak_stage else None)
     console.print(table)
     verdict = "fits" if report.fits else "DOES NOT FIT"
     console.print(f"peak {gib(report.peak_bytes)} on stage {report.peak_stage} of {gib(report.capacity_bytes)}: "
@@ -90,9 +94,10 @@ def throughput_report(report: ThroughputReport) -> None:
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
     console.print(f"step {report.step_time_s:.3f} s, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
                   f"MFU {report.mfu:.1%}, {report.model_flops_per_step:.3e} model FLOPs per step")
-    table = Table("part", "seconds")
+    table = Table("part", "seconds", "share of step")
     for name, value in report.breakdown.model_dump().items():
-        table.add_row(name, f"{value:.4f}")
+        share = value / report.step_time_s if report.step_time_s else 0.0
+        table.add_row(name.removesuffix("_s").replace("_", " "), f"{value:.4f}", f"{share:.1%}")
     console.print(table)
     _notes(console, "warnings", report.warnings)
     _notes(console, "assumptions", report.assumptions)

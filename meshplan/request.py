@@ -60,6 +60,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         sequence_parallel=sp, zero_stage=zero, micro_batch_size=req.micro_batch_size,
         recompute=req.recompute, recompute_layers=req.recompute_layers,
         cp_comm_type=req.cp_comm_type or "p2p",
+        first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,

@@ -162,6 +162,12 @@ class Request(_Strict):
     recompute: Recompute = Field("none", description="Activation recomputation")
     recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
     cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
+    first_stage_layers: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (default: even split)"
+    )
+    last_stage_layers: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the last stage (default: even split)"
+    )
 
 
 class Job(_Strict):
@@ -360,6 +366,15 @@ class Candidate(_Strict):
     rationale: str
 
 
+class NearMiss(_Strict):
+    """A layout that almost fits: what an impossible job is closest to, and by how much it is over."""
+
+    plan: Plan
+    memory: MemorySummary
+    over_bytes: int = Field(description="Peak memory minus capacity on the worst stage")
+    rationale: str
+
+
 class Recommendation(_Strict):
     """Ranked layouts that fit, why the first one won, and how it compares with the decision tables."""
 
@@ -367,9 +382,16 @@ class Recommendation(_Strict):
     framework: str
     num_gpus: int
     candidates: list[Candidate]
-    considered: int
-    rejected: dict[str, int] = Field(default_factory=dict, description="Rejected layouts per rule id")
+    considered: int = Field(description="Layouts in the searched space; = len(candidates) + sum(rejected)")
+    rejected: dict[str, int] = Field(
+        default_factory=dict,
+        description="Layouts not ranked, per rule id (cards/rules.yaml) or SEARCH-* bucket (see assumptions)",
+    )
     decision_table: str = ""
     rationale: str = ""
     warnings: list[str] = []
     assumptions: list[str] = []
+    evaluated: int = Field(0, description="Memory and throughput estimates the search computed")
+    global_batch_size: int | None = Field(None, description="Sequences per step every layout was compared at")
+    min_gpus: int | None = Field(None, description="When nothing fits: the smallest GPU count where a layout fits")
+    closest: list[NearMiss] = Field(default_factory=list, description="When nothing fits: the nearest misses")

@@ -1,0 +1,66 @@
+"""Speed of the memory estimator: one in-process estimate, and 1,000 batch lines through the CLI.
+
+Targets (issue 3): one estimate well under 5 ms; `meshplan memory --batch` over 1,000 lines in < 3 s.
+
+    python bench/memory_speed.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from meshplan import api
+from meshplan.memory import estimate_memory
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+CASES = [
+    Request(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, seq_length=8192),
+    Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, recompute="full"),
+    Request(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, vpp=1),
+    Request(model="llama-3.1-8b", num_gpus=8, framework="torchtitan"),
+]
+
+
+def per_call_ms(fn, repeat: int = 300) -> tuple[float, float]:
+    fn()  # warm caches (cards, model tables)
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples), sorted(samples)[int(0.99 * len(samples)) - 1]
+
+
+def main() -> None:
+    for req in CASES:
+        job, plan = resolve(req)
+        core = per_call_ms(lambda job=job, plan=plan: estimate_memory(job, plan))
+        full = per_call_ms(lambda req=req: api.estimate_memory(req))
+        print(f"{req.model:>15} {plan.short():<28} estimate_memory p50 {core[0]:.3f} ms p99 {core[1]:.3f} ms; "
+              f"api (resolve + estimate) p50 {full[0]:.3f} ms")
+    lines = []
+    for i in range(1000):
+        req = CASES[i % len(CASES)].model_dump(exclude_none=True)
+        req["micro_batch_size"] = 1 + i % 4
+        lines.append(json.dumps(req))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "batch.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "meshplan.cli", "memory", "--batch", str(path)],
+                             capture_output=True, text=True, check=True).stdout
+        elapsed = time.perf_counter() - start
+    results = [json.loads(line) for line in out.splitlines()]
+    errors = sum("error" in r for r in results)
+    print(f"batch: {len(results)} lines in {elapsed:.2f} s wall (process start included), {errors} errors")
+
+
+if __name__ == "__main__":
+    main()

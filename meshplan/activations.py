@@ -1,0 +1,137 @@
+"""Activation bytes one micro-batch leaves on one GPU, per decoder layer and per component.
+
+After Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+arXiv 2205.05198, section 4 and Table 2): every tensor autograd keeps for the backward pass, counted
+once. Generalised here (shared/reference/estimators.md section 2.3) to GQA (K and V of g*d, not h),
+gated MLPs (fc1 output 2f wide), MLA (latents and per-head K/V), MoE (top-k routed rows, router
+probabilities, dispatch copies, shared experts), flash attention (no s^2 tensor, an fp32
+log-sum-exp instead), context parallelism (tokens / cp), sequence parallelism (norm and dropout
+tensors / tp) and fp8 (linear-layer inputs kept in one byte). With dropout on, flash off, GeLU MLP
+of 4h, MHA this reproduces Korthikanti's sbh(34 + 5as/h) exactly.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from meshplan.schema import Architecture
+
+BF16 = 2
+
+
+class Shape(NamedTuple):
+    """The numbers of an Architecture that activations depend on (hashable, for caching)."""
+
+    h: int
+    a: int
+    g: int
+    d: int
+    f: int
+    gated: bool
+    vocab: int
+    experts: int
+    top_k: int
+    f_expert: int
+    f_shared: int
+    mla: tuple[int, int, int, int, int] | None  # q_lora (0 = none), kv_lora, d_nope, d_rope, d_v
+    rope: bool  # rotary positions: rotated copies of Q and K are saved next to the fused QKV output
+
+
+def shape_of(arch: Architecture) -> Shape:
+    moe, mla = arch.moe, arch.mla
+    return Shape(
+        h=arch.hidden_size, a=arch.num_attention_heads, g=arch.num_kv_heads, d=arch.head_dim,
+        f=arch.ffn_hidden_size, gated=arch.gated_mlp, vocab=arch.vocab_size,
+        experts=moe.num_experts if moe else 0, top_k=moe.top_k if moe else 0,
+        f_expert=moe.expert_ffn_hidden_size if moe else 0,
+        f_shared=moe.shared_expert_ffn_hidden_size if moe else 0,
+        mla=(mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
+        if mla else None,
+        rope=arch.learned_position_embeddings == 0,
+    )
+
+
+class Layout(NamedTuple):
+    """What of the plan and conventions changes a layer's activations."""
+
+    tokens: int          # s/cp * b: tokens this rank holds
+    seq_kv: int          # keys each query attends to (s): the s^2 term without flash attention
+    tp: int
+    sp: bool
+    etp: int
+    flash: bool
+    dropout: bool
+    swiglu_unfused: bool
+    fp8: bool
+
+
+def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool) -> float:
+    """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller."""
+    if shape.gated:
+        out = BF16 * rows * 2 * width / tp
+        if unfused:
+            out += BF16 * rows * width / tp
+    else:
+        out = BF16 * rows * width / tp
+    return out + lin * rows * width / tp
+
+
+@lru_cache(maxsize=8192)
+def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str) -> dict[str, float]:
+    """Bytes per micro-batch of one layer, by component. recompute: none | selective | full."""
+    t, h, tp = lay.tokens, shape.h, lay.tp
+    ts = tp if lay.sp else 1  # tensors that sequence parallelism shards
+    lin = 1 if lay.fp8 else BF16  # linear-layer inputs: fp8 keeps them in one byte
+    if recompute == "full":
+        return {"layer_input": BF16 * t * h / ts}
+    out: dict[str, float] = {}
+    out["norm_inputs"] = 2 * BF16 * t * h / ts
+    # attention
+    attn = lin * t * h / ts  # QKV (or q/kv down-projection) input
+    if shape.mla:
+        q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
+        latent = 2 * BF16 * t * (q_lora + kv_lora) + BF16 * t * d_rope  # norm input + up-projection input
+        attn += latent / ts
+        q_dim, v_dim = shape.a * (d_nope + d_rope), shape.a * d_v
+        attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
+    else:
+        q_dim, v_dim = shape.a * shape.d, shape.a * shape.d
+        attn += BF16 * t * (q_dim + 2 * shape.g * shape.d) / tp
+        if shape.rope:
+            # V stays a view of the fused QKV output, so that buffer lives on next to the rotated Q and K
+            attn += BF16 * t * (q_dim + shape.g * shape.d) / tp
+    core = 0.0
+    if lay.flash:
+        core += 4 * t * shape.a / tp  # fp32 log-sum-exp per head and token
+    else:
+        scores = shape.a * t * lay.seq_kv / tp
+        core += BF16 * scores  # softmax output
+        if lay.dropout:
+            core += scores + BF16 * scores  # dropout mask (1 B) and dropout output
+    if recompute == "selective":
+        core = 0.0  # core attention is recomputed from Q, K, V
+    attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
+    if lay.fp8:
+        attn += t * v_dim / tp  # the out-projection keeps its own fp8 copy of that input
+    if lay.dropout:
+        attn += t * h / ts  # output dropout mask
+    out["attention"] = attn
+    # MLP / MoE
+    mlp = lin * t * h / ts  # fc1 (or router + expert) input
+    if moe_layer and shape.experts:
+        mlp += 2 * 4 * t * shape.experts / ts  # fp32 router logits and probabilities
+        rows = t * shape.top_k / ts * lay.etp  # routed token rows on this rank (balanced routing)
+        mlp += BF16 * rows * h * 2  # dispatch: permuted tokens after the all-to-all, expert output before combine
+        mlp += lin * rows * h  # expert fc1 input
+        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused)
+        if shape.f_shared:
+            mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
+        out["moe"] = mlp
+    else:
+        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused)
+        out["mlp"] = mlp
+    if lay.dropout:
+        out["dropout_masks"] = t * h / ts
+    return out
+

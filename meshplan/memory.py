@@ -1,0 +1,320 @@
+"""Per-GPU, per-pipeline-stage memory of a training job: will it fit, and where does the memory go?
+
+For each pipeline stage: the parameters that stage's GPU holds (its layers sharded by TP, its routed
+experts by EP*ETP, embedding on the first stage, output layer, final norm and MTP on the last), times
+the framework's byte table (cards/memory.yaml, via memory_states); plus the activations of the
+micro-batches the real schedule keeps in flight on that stage (schedule.py), per layer from
+activations.py; plus logits and the fp32 loss on the last stage; plus one calibrated fixed overhead
+and the CUDA context. The worst stage decides whether the job fits.
+"""
+
+from __future__ import annotations
+
+from meshplan.activations import Layout, layer_activations, shape_of
+from meshplan.cards import framework_card
+from meshplan.errors import MeshplanError
+from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
+from meshplan.models import layer_params, mtp_params
+from meshplan.schedule import in_flight, stage_layout
+from meshplan.schema import Architecture, Job, MemoryReport, MemorySummary, Plan, StageMemory
+
+GIB = 1 << 30
+
+
+# --------------------------------------------------------------------------- parameters per layer (cached)
+
+
+class _ParamTable:
+    """Per-layer parameters split by how they shard: over TP, not at all, over EP*ETP; linear-layer share."""
+
+    __slots__ = ("arch", "experts", "linear_dense", "moe", "mtp", "replicated", "tp_sharded")
+
+    def __init__(self, arch: Architecture):
+        self.arch = arch
+        self.tp_sharded: list[int] = []
+        self.replicated: list[int] = []
+        self.experts: list[int] = []
+        self.linear_dense: list[int] = []
+        self.moe: list[bool] = []
+        for i in range(arch.num_layers):
+            p = layer_params(arch, i)
+            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"]
+            self.tp_sharded.append(sharded)
+            self.replicated.append(p["norms"] + p["router"])
+            self.experts.append(p["routed_experts"])
+            self.linear_dense.append(sharded)
+            self.moe.append(arch.is_moe_layer(i))
+        self.mtp = (0, 0, 0)
+        if arch.num_mtp_layers:
+            last = layer_params(arch, arch.num_layers - 1)
+            total = mtp_params(arch)
+            per_block_experts = last["routed_experts"]
+            experts = arch.num_mtp_layers * per_block_experts
+            h = arch.hidden_size
+            sharded = arch.num_mtp_layers * (2 * h * h + last["attention"] + last["dense_mlp"] + last["shared_experts"])
+            self.mtp = (sharded, total - experts - sharded, experts)
+
+
+_tables: dict[int, _ParamTable] = {}
+
+
+def _param_table(arch: Architecture) -> _ParamTable:
+    """Cached per Architecture object (resolve_model returns the same object for the same name)."""
+    table = _tables.get(id(arch))
+    if table is None or table.arch is not arch:
+        if len(_tables) > 256:
+            _tables.clear()
+        table = _tables[id(arch)] = _ParamTable(arch)
+    return table
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_inputs(job: Job, plan: Plan) -> list[str]:
+    """Nonsense is an error; a layout that merely breaks a framework rule is a warning (the check tool owns rules)."""
+    arch, warnings = job.model, []
+    heads = arch.num_attention_heads
+    if plan.tp > heads:
+        raise MeshplanError(
+            f"tp={plan.tp} is larger than the model's {heads} attention heads: a TP rank would hold no head.",
+            fix=f"Use tp <= {heads}, a divisor of {heads} (e.g. {max(d for d in (1, 2, 4, 8) if heads % d == 0)}).",
+        )
+    if plan.cp > job.seq_length:
+        raise MeshplanError(
+            f"cp={plan.cp} is larger than seq_length={job.seq_length}: a CP rank would hold no token.",
+            fix="Use cp <= seq_length / 2 (Megatron needs seq_length % (2*cp) == 0).",
+        )
+    if arch.moe is not None and plan.ep > arch.moe.num_experts:
+        raise MeshplanError(
+            f"ep={plan.ep} is larger than the model's {arch.moe.num_experts} routed experts.",
+            fix=f"Use ep <= {arch.moe.num_experts}, a divisor of it.",
+        )
+    if heads % plan.tp or (arch.num_kv_heads % plan.tp and plan.tp % arch.num_kv_heads):
+        warnings.append(
+            f"tp={plan.tp} does not divide the {heads} attention heads / {arch.num_kv_heads} KV heads evenly; "
+            "estimated as if it did (run `meshplan check`)."
+        )
+    if arch.moe is None and (plan.ep > 1 or plan.etp > 1):
+        warnings.append(f"ep={plan.ep}, etp={plan.etp} ignored: {arch.name} is a dense model.")
+    elif arch.moe is not None and arch.moe.num_experts % plan.ep:
+        warnings.append(f"ep={plan.ep} does not divide {arch.moe.num_experts} experts (run `meshplan check`).")
+    return warnings
+
+
+def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
+    """World size of the layout and the expert-data-parallel size world/(pp*ep*etp)."""
+    law = framework_card(job.framework).world_size_law
+    world = plan.tp * plan.pp * plan.cp * plan.dp * (plan.ep if law == "kempnerforge" else 1)
+    warnings = []
+    if world != job.num_gpus:
+        warnings.append(
+            f"The layout uses {world} GPUs (tp*pp*cp*dp{'*ep' if law == 'kempnerforge' else ''}) but num_gpus is "
+            f"{job.num_gpus}; estimated for the layout as given (run `meshplan check` for the world-size rule)."
+        )
+    expert_group = plan.pp * plan.ep * plan.etp
+    expert_dp = world / expert_group
+    if job.model.moe is not None and world % expert_group:
+        warnings.append(
+            f"world {world} is not divisible by pp*ep*etp = {expert_group}; expert-data-parallel size taken as "
+            f"{expert_dp:.2f} (run `meshplan check`)."
+        )
+    return world, max(1.0, expert_dp), warnings
+
+
+def _padded_vocab(vocab: int, multiple: int, tp: int) -> int:
+    if multiple <= 1:
+        return vocab
+    unit = multiple * tp
+    return -(-vocab // unit) * unit
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+def estimate_memory(
+    job: Job, plan: Plan, *, flash_attention: bool | None = None, dropout: bool | None = None
+) -> MemoryReport:
+    """Per-GPU memory of every pipeline stage. Keyword overrides change the framework preset's activation
+    switches (e.g. Megatron's functional tests run unfused attention with dropout 0.1)."""
+    warnings = _check_inputs(job, plan)
+    arch = job.model
+    conv_name, conv, tensors = convention(job.framework, plan.zero_stage)
+    card = memory_card()
+    _, expert_dp, world_warnings = _world(job, plan)
+    warnings += world_warnings
+    layout, layout_warnings = stage_layout(
+        arch.num_layers, plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers
+    )
+    warnings += list(layout_warnings)
+    vpp = len(layout[0])
+    table = _param_table(arch)
+    shape = shape_of(arch)
+    tp, pp = plan.tp, plan.pp
+    ts = tp if plan.sequence_parallel else 1
+    vocab = _padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
+    h = arch.hidden_size
+    norm_width = h * (2 if arch.norm_type == "layernorm" else 1)
+    fp8 = job.precision == "fp8"
+    dense_dp = plan.dp * plan.cp
+    if job.global_batch_size % (plan.micro_batch_size * plan.dp):
+        warnings.append(
+            f"global_batch_size {job.global_batch_size} is not a multiple of micro_batch_size*dp = "
+            f"{plan.micro_batch_size * plan.dp}; micro-batches rounded down (run `meshplan check`)."
+        )
+    m = plan.num_microbatches(job.global_batch_size)
+    tokens = -(-job.seq_length // plan.cp) * plan.micro_batch_size
+    lay = Layout(
+        tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=plan.sequence_parallel, etp=plan.etp,
+        flash=conv.flash_attention if flash_attention is None else flash_attention,
+        dropout=conv.dropout if dropout is None else dropout,
+        swiglu_unfused=conv.swiglu_unfused, fp8=fp8,
+    )
+    recompute = plan.recompute
+    per_kind = {
+        (moe, mode): sum(layer_activations(shape, lay, moe, mode).values())
+        for moe in (False, True) for mode in ("none", "selective", "full")
+    }
+    stored_mode = "selective" if recompute == "selective" else "none"
+    sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
+    gathered = conv.gathered_layers if sharded_weights else 0
+    other_fixed = card.fixed_overhead_bytes + card.cuda_context_bytes
+    # final-norm input and output-layer input (bf16, [tokens, h]) plus the logits and loss of one micro-batch
+    logits_bytes = conv.logits_bytes_per_element * tokens * vocab / tp + 2 * 2 * tokens * h / ts
+
+    stages: list[StageMemory] = []
+    for rank, chunks in enumerate(layout):
+        layers = [i for chunk in chunks for i in chunk]
+        first, last = rank == 0, rank == pp - 1
+        dense = sum(table.tp_sharded[i] for i in layers) / tp + sum(table.replicated[i] for i in layers)
+        experts = sum(table.experts[i] for i in layers) / (plan.ep * plan.etp)
+        linear = sum(table.linear_dense[i] for i in layers) / tp + experts
+        detail: dict[str, int] = {}
+        if first:
+            emb = vocab * h / tp + arch.learned_position_embeddings * h
+            dense += emb
+            detail["embedding_params"] = int(emb)
+        if last:
+            head = vocab * h / tp if (not arch.tie_word_embeddings or pp > 1) else 0
+            dense += head + norm_width
+            linear += head
+            detail["output_layer_params"] = int(head)
+            if arch.num_mtp_layers:
+                mtp_sharded, mtp_repl, mtp_experts = table.mtp
+                dense += mtp_sharded / tp + mtp_repl
+                experts += mtp_experts / (plan.ep * plan.etp)
+                linear += mtp_sharded / tp + mtp_experts / (plan.ep * plan.etp)
+                detail["mtp_params"] = int(mtp_sharded / tp + mtp_repl + mtp_experts / (plan.ep * plan.etp))
+        states = state_bytes(tensors, dense, dense_dp)
+        for cls, value in state_bytes(tensors, experts, expert_dp).items():
+            states[cls] += value
+        if fp8 and conv.fp8_weight_bytes:
+            states["weights"] += conv.fp8_weight_bytes * linear
+            detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * linear)
+        detail["params_on_gpu"] = int(dense + experts)
+
+        # activations of the micro-batches this stage holds at its peak
+        held = in_flight(rank, pp, vpp, m)
+        acts = 0.0
+        for chunk, count in zip(chunks, held, strict=True):
+            chunk_bytes = 0.0
+            for pos, i in enumerate(chunk):
+                mode = stored_mode
+                if recompute == "full" and (plan.recompute_layers is None or pos < plan.recompute_layers):
+                    mode = "full"
+                chunk_bytes += per_kind[(table.moe[i], mode)]
+            acts += count * chunk_bytes
+        detail["microbatches_in_flight"] = sum(held)
+        detail["layer_activations"] = int(acts)
+        if recompute == "full" and layers:
+            # the layer being recomputed in the backward holds its full activations
+            work = max(per_kind[(table.moe[i], "none")] for i in layers)
+            acts += work
+            detail["recompute_working_layer"] = int(work)
+        if first:
+            emb_acts = held[0] * (8 * tokens + (tokens * h / ts if lay.dropout else 0))
+            acts += emb_acts
+            detail["embedding_activations"] = int(emb_acts)
+        if last:
+            out_acts = logits_bytes
+            if arch.num_mtp_layers:
+                out_acts += arch.num_mtp_layers * (
+                    per_kind[(table.moe[arch.num_layers - 1], stored_mode)] + 4 * 2 * tokens * h / ts + logits_bytes
+                )
+            acts += out_acts
+            detail["logits_and_loss"] = int(out_acts)
+        other = other_fixed
+        if gathered:
+            biggest = max((table.tp_sharded[i] / tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
+                           for i in layers), default=0.0)
+            detail["gathered_layers"] = int(gathered * conv.gathered_bytes * biggest)
+            other += detail["gathered_layers"]
+        weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
+        total = weights + grads + opt + int(acts) + int(other)
+        stages.append(StageMemory(
+            stage=rank, layers=len(layers), weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
+            activations_bytes=int(acts), other_bytes=int(other), total_bytes=total, detail=detail,
+        ))
+
+    peak = max(stages, key=lambda s: s.total_bytes)
+    capacity = job.gpu.memory_bytes
+    assumptions = _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card)
+    return MemoryReport(
+        model=arch.name, framework=job.framework, plan=plan, stages=stages, peak_bytes=peak.total_bytes,
+        peak_stage=peak.stage, capacity_bytes=capacity, fits=peak.total_bytes <= capacity,
+        headroom_bytes=capacity - peak.total_bytes, assumptions=assumptions + job.notes, warnings=warnings,
+    )
+
+
+def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card) -> list[str]:
+    sp = "/tp (sequence parallel)" if lay.sp else "replicated over TP (no sequence parallelism)"
+    out = [
+        f"Model states per parameter ({conv_name} convention, zero_stage {plan.zero_stage}): "
+        f"{describe_tensors(tensors)}; 'sharded' = over dp*cp = {dense_dp}"
+        + (f" for dense parameters and over expert-dp = world/(pp*ep*etp) = {expert_dp:g} for routed experts."
+           if job.model.moe else "."),
+        "Parameters per stage: its decoder layers (attention, MLP and shared experts / tp; norms and router "
+        "replicated; routed experts / (ep*etp)); embedding on the first stage; output layer (a tied copy when "
+        "pp > 1), final norm and MTP blocks on the last stage.",
+        f"Vocabulary padded to {vocab} (multiple of {card.conventions[conv_name].vocab_pad_multiple}*tp)."
+        if vocab != job.model.vocab_size else "Vocabulary not padded.",
+        "Activations per layer after Korthikanti et al. 2022, generalised (GQA K/V of kv_heads*head_dim, gated "
+        f"MLP fc1 output 2*ffn, MLA latents, MoE top-k rows + router + dispatch copies): tokens per GPU = "
+        f"seq/cp * micro_batch = {lay.tokens}; norm and dropout tensors {sp}; the rest / tp.",
+        "Attention: " + ("flash (no s^2 tensor; fp32 log-sum-exp kept)" if lay.flash
+                         else "unfused (softmax" + (" + dropout mask/output" if lay.dropout else "") + " s^2 tensors)")
+        + (", dropout masks kept." if lay.dropout else ", no dropout."),
+        f"Recompute {plan.recompute}: "
+        + {"none": "every tensor above is stored.",
+           "selective": "core attention recomputed (its s^2 / log-sum-exp tensors are not stored).",
+           "full": "only each recomputed layer's input is stored, plus one layer's full activations while it "
+                   "is recomputed in the backward"
+                   + (f" ({plan.recompute_layers} layers per chunk recomputed)." if plan.recompute_layers
+                      is not None else ".")}[plan.recompute],
+        f"Micro-batches in flight from the schedule ({m} micro-batches per step): "
+        + ("1F1B, stage r holds min(m, pp - r)." if plan.vpp == 1 or plan.pp == 1 else
+           "interleaved 1F1B, Megatron's warm-up (pp - r - 1)*2 + (vpp - 1)*pp forwards + 1, capped at m*vpp."),
+        f"Last stage: output-layer input and logits/loss at {card.conventions[conv_name].logits_bytes_per_element:g} "
+        "bytes per logit (bf16 logits, fp32 upcast and fp32 gradient in the cross-entropy) for one micro-batch.",
+        f"Other: fixed overhead {card.fixed_overhead_bytes / GIB:.2f} GiB (allocator slack, workspaces, "
+        f"communication buffers; calibrated, cards/memory.yaml) + CUDA context {card.cuda_context_bytes / GIB:.2f} "
+        "GiB (outside torch's accounting)"
+        + ("; FSDP/ZeRO-3 gathered layers (current + prefetched)." if any(
+            t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
+        "Not modelled: routing imbalance across experts, CPU offload, CUDA-graph pools, precision-aware optimizers.",
+    ]
+    if job.precision == "fp8":
+        out.append("fp8: an extra 1-byte copy of every linear weight (TE dual weights) and linear-layer inputs "
+                   "saved in 1 byte.")
+    return out
+
+
+# --------------------------------------------------------------------------- for rules and search
+
+
+def memory_summary(report: MemoryReport) -> MemorySummary:
+    return MemorySummary(
+        peak_bytes=report.peak_bytes, peak_stage=report.peak_stage, capacity_bytes=report.capacity_bytes,
+        fits=report.fits, headroom_bytes=report.headroom_bytes,
+    )
+

@@ -1,0 +1,123 @@
+"""Which decoder layers sit on each pipeline stage, and how many micro-batches each stage holds at its peak.
+
+Activation memory is set by the pipeline schedule, not by a constant: under 1F1B stage r runs
+p - r - 1 warm-up forwards before its first backward, so it holds min(m, p - r) micro-batches;
+Megatron's interleaved schedule warms up (p - r - 1)*2 + (v - 1)*G forwards (G = micro-batch group
+per virtual stage, p by default). Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py
+(get_pp_rank_microbatches, get_model_chunk_id); Narayanan et al. 2021 for 1F1B.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from meshplan.errors import MeshplanError
+
+# stages[r][c] = the layer indices of virtual chunk c on pipeline rank r.
+StageLayout = tuple[tuple[tuple[int, ...], ...], ...]
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """Even split; a remainder goes to the earliest parts (reported as a warning by the caller)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | None) -> tuple[list[int], list[str]]:
+    """Decoder layers on each pipeline rank, with Megatron's uneven first/last stage option."""
+    warnings: list[str] = []
+    if pp > num_layers:
+        raise MeshplanError(
+            f"pp={pp} is larger than the {num_layers} decoder layers: some pipeline stages would hold no layer.",
+            fix=f"Use pp <= {num_layers}, ideally a divisor of {num_layers}.",
+        )
+    if first is None and last is None:
+        counts = _split(num_layers, pp)
+        if num_layers % pp:
+            warnings.append(
+                f"{num_layers} layers do not divide evenly over pp={pp}; estimated with {counts[0]} layers on the "
+                "first stages. Megatron needs num_layers % pp == 0 or explicit first/last stage sizes "
+                "(run `meshplan check`)."
+            )
+        return counts, warnings
+    if pp == 1:
+        warnings.append("first/last stage layer counts are ignored with pp=1.")
+        return [num_layers], warnings
+    head = first if first is not None else None
+    tail = last if last is not None else None
+    fixed = (head or 0) + (tail or 0)
+    if fixed > num_layers:
+        raise MeshplanError(
+            f"first_stage_layers + last_stage_layers = {fixed} exceeds the model's {num_layers} layers.",
+            fix="Give first and last stage sizes whose sum leaves layers for the middle stages.",
+        )
+    free_ranks = pp - (head is not None) - (tail is not None)
+    rest = num_layers - fixed
+    if free_ranks == 0:
+        if rest:
+            raise MeshplanError(
+                f"With pp={pp}, first_stage_layers={first} and last_stage_layers={last} must add up to "
+                f"{num_layers} layers.",
+                fix=f"Set last_stage_layers={num_layers - (head or 0)}.",
+            )
+        middle: list[int] = []
+    else:
+        middle = _split(rest, free_ranks)
+        if rest % free_ranks:
+            warnings.append(
+                f"The {rest} layers between the first and last stage do not divide evenly over {free_ranks} stages "
+                "(run `meshplan check`)."
+            )
+    counts = ([head] if head is not None else []) + middle + ([tail] if tail is not None else [])
+    return counts, warnings
+
+
+@lru_cache(maxsize=4096)
+def stage_layout(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> tuple[StageLayout, tuple]:
+    """Layer indices per (rank, virtual chunk). Virtual stage k = chunk*pp + rank runs layers in order."""
+    counts, warnings = layers_per_rank(num_layers, pp, first, last)
+    if vpp > 1 and pp == 1:
+        warnings.append("vpp > 1 has no effect with pp=1; estimated without interleaving.")
+        vpp = 1
+    chunk_sizes = []
+    for rank, n in enumerate(counts):
+        if vpp > 1 and n % vpp:
+            warnings.append(
+                f"Stage {rank} holds {n} layers, which do not split into vpp={vpp} equal chunks "
+                "(run `meshplan check`)."
+            )
+        chunk_sizes.append(_split(n, vpp))
+    if vpp > 1 and min(min(c) for c in chunk_sizes) == 0:
+        raise MeshplanError(
+            f"vpp={vpp} leaves a virtual pipeline stage with no layer ({num_layers} layers over pp={pp}).",
+            fix=f"Use pp*vpp <= {num_layers}.",
+        )
+    stages: list[list[tuple[int, ...]]] = [[] for _ in counts]
+    nxt = 0
+    for chunk in range(vpp):
+        for rank in range(len(counts)):
+            size = chunk_sizes[rank][chunk]
+            stages[rank].append(tuple(range(nxt, nxt + size)))
+            nxt += size
+    return tuple(tuple(s) for s in stages), tuple(warnings)
+
+
+def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> tuple[int, ...]:
+    """Micro-batches whose activations rank `rank` holds at its peak, per virtual chunk.
+
+    1F1B: the first backward starts after p - rank - 1 warm-up forwards, so min(m, p - rank) are held.
+    Interleaved: Megatron's warm-up (p - rank - 1)*2 + (v - 1)*G plus the steady-state forward, capped
+    at m*v; forward k of the rank runs chunk (k mod G*v) // G.
+    """
+    m = max(1, microbatches)
+    if pp == 1:
+        return (1,)
+    if vpp == 1:
+        return (min(m, pp - rank),)
+    g = min(group or pp, m)  # Megatron shrinks the micro-batch group when m is smaller
+    total = m * vpp
+    held = min((pp - rank - 1) * 2 + (vpp - 1) * g + 1, total)
+    counts = [0] * vpp
+    for k in range(held):
+        counts[(k % (g * vpp)) // g] += 1
+    return tuple(counts)

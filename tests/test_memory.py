@@ -1,0 +1,245 @@
+"""Memory estimator: exact formula cases (ZeRO Figure 1, Korthikanti Table 2, the 1F1B schedule) and behaviour."""
+
+import json
+
+import pytest
+
+from meshplan.activations import Layout, layer_activations, shape_of
+from meshplan.cli import main
+from meshplan.errors import MeshplanError
+from meshplan.hardware import get_gpu
+from meshplan.memory import estimate_memory, memory_summary
+from meshplan.memory_states import bytes_per_param, convention, state_bytes
+from meshplan.models import layer_params, resolve_model
+from meshplan.schedule import in_flight, stage_layout
+from meshplan.schema import Architecture, Job, Plan
+
+GIB = 1 << 30
+
+
+def job_for(model: str | Architecture, num_gpus: int, framework: str = "megatron-core", seq: int = 4096,
+            gbs: int = 256, precision: str = "bf16") -> Job:
+    arch = resolve_model(model) if isinstance(model, str) else model
+    return Job(model=arch, gpu=get_gpu("h100"), num_gpus=num_gpus, gpus_per_node=8, seq_length=seq,
+               global_batch_size=gbs, precision=precision, framework=framework)
+
+
+# --------------------------------------------------------------------------- model states
+
+
+@pytest.mark.parametrize(("stage", "exact", "figure"), [
+    (0, 120e9, 120.0), (1, 31.40625e9, 31.4), (2, 16.640625e9, 16.6), (3, 1.875e9, 1.9),
+])
+def test_zero_paper_figure_1(stage, exact, figure):
+    """Rajbhandari et al. 2019, Figure 1: 7.5B parameters, 64 data-parallel GPUs, K = 12."""
+    _, _, tensors = convention("deepspeed", stage)
+    total = sum(state_bytes(tensors, 7.5e9, 64).values())
+    assert total == pytest.approx(exact, rel=1e-12)
+    assert round(total / 1e9, 1) == figure
+
+
+def test_megatron_distributed_optimizer_bytes_per_param():
+    """Megatron-LM dist_optimizer.md: bf16 params + fp32 grads = 18 B, or 6 + 12/d distributed."""
+    assert bytes_per_param(convention("megatron-core", 0)[2], 8) == 18
+    assert bytes_per_param(convention("megatron-core", 1)[2], 8) == 6 + 12 / 8
+    assert bytes_per_param(convention("nanotron", 0)[2], 8) == 20  # playbook "BF16 w/ FP32 grad acc"
+    assert convention("megatron-core", 3)[0] == "megatron_fsdp"
+    assert convention("verl", 3)[0] == "fsdp2"
+    with pytest.raises(MeshplanError, match="zero_stage"):
+        convention("nanotron", 3)
+
+
+def test_expert_parameters_shard_over_expert_data_parallel():
+    """Routed experts / (ep*etp) per GPU; their optimizer states over expert-dp = world/(pp*ep*etp)."""
+    arch = resolve_model("mixtral-8x7b")
+    plan = Plan(tp=1, pp=1, ep=8, dp=8, zero_stage=1, micro_batch_size=1)
+    stage = estimate_memory(job_for(arch, 8), plan).stages[0]
+    routed = sum(layer_params(arch, i)["routed_experts"] for i in range(arch.num_layers))
+    dense = stage.detail["params_on_gpu"] - routed / 8
+    # expert-dp = 8 / (1*8*1) = 1: expert master weights and moments are not sharded; dense ones over dp=8
+    assert stage.optimizer_bytes == pytest.approx(12 * dense / 8 + 12 * routed / 8, rel=1e-6)
+    half = estimate_memory(job_for(arch, 8), plan.model_copy(update={"ep": 4})).stages[0]
+    assert half.detail["params_on_gpu"] - stage.detail["params_on_gpu"] == pytest.approx(routed / 8, rel=1e-6)
+
+
+# --------------------------------------------------------------------------- activations: Korthikanti et al. 2022
+
+
+def gpt_22b() -> Architecture:
+    """The paper's 22B model: h 6144, 64 heads, 48 layers, GeLU MLP of 4h, learned positions, V 51200."""
+    return Architecture(name="gpt 22B", model_type="gpt2", num_layers=48, hidden_size=6144, ffn_hidden_size=4 * 6144,
+                        num_attention_heads=64, num_kv_heads=64, head_dim=96, vocab_size=51200, gated_mlp=False,
+                        activation="gelu", norm_type="layernorm", learned_position_embeddings=2048)
+
+
+SBH = 2048 * 4 * 6144  # s 2048, b 4 (Table 5's 22B batch), h 6144
+
+
+@pytest.mark.parametrize(("sp", "recompute", "expected"), [
+    (False, "none", SBH * 10 + SBH * 24 // 8 + 5 * 64 * 2048 * 2048 * 4 // 8),  # sbh(10 + 24/t + 5as/(ht))
+    (True, "none", SBH * 34 // 8 + 5 * 64 * 2048 * 2048 * 4 // 8),  # sbh(34/t + 5as/(ht))
+    (False, "selective", SBH * 10 + SBH * 24 // 8),  # sbh(10 + 24/t)
+    (True, "selective", SBH * 34 // 8),  # sbh*34/t
+    (False, "full", 2 * SBH),  # layer input only
+])
+def test_korthikanti_table_2_per_layer(sp, recompute, expected):
+    lay = Layout(tokens=2048 * 4, seq_kv=2048, tp=8, sp=sp, etp=1, flash=False, dropout=True,
+                 swiglu_unfused=False, fp8=False)
+    got = sum(layer_activations(shape_of(gpt_22b()), lay, False, recompute).values())
+    assert got == expected
+
+
+def test_korthikanti_figure_1_totals():
+    """Figure 1, 22B on 8 GPUs: 59.25 GiB of activations with TP, 9.56 GiB with SP + selective recompute."""
+    shape = shape_of(gpt_22b())
+    base = Layout(tokens=8192, seq_kv=2048, tp=8, sp=False, etp=1, flash=False, dropout=True,
+                  swiglu_unfused=False, fp8=False)
+    tp_only = 48 * sum(layer_activations(shape, base, False, "none").values())
+    present = 48 * sum(layer_activations(shape, base._replace(sp=True), False, "selective").values())
+    assert round(tp_only / GIB, 2) == 59.25
+    assert round(present / GIB, 2) == 9.56
+
+
+def test_gqa_swiglu_and_flash_change_the_per_layer_terms():
+    llama = shape_of(resolve_model("llama-3.1-8b"))  # h 4096, 32 heads, 8 KV heads of 128, f 14336, rope
+    lay = Layout(tokens=4096, seq_kv=4096, tp=1, sp=False, etp=1, flash=True, dropout=False,
+                 swiglu_unfused=False, fp8=False)
+    acts = layer_activations(llama, lay, False, "none")
+    t, h, kv = 4096, 4096, 8 * 128
+    # QKV input + Q,K,V + rotated Q,K copies + flash lse + attention output
+    assert acts["attention"] == 2 * t * h + 2 * t * (h + 2 * kv) + 2 * t * (h + kv) + 4 * t * 32 + 2 * t * h
+    assert acts["mlp"] == 2 * t * h + 2 * t * 2 * 14336 + 2 * t * 14336  # fc1 input, gate+up, fc2 input
+    assert acts["norm_inputs"] == 2 * 2 * t * h
+
+
+# --------------------------------------------------------------------------- schedule and stages
+
+
+def test_1f1b_stage_r_holds_min_m_and_p_minus_r():
+    assert [in_flight(r, 4, 1, 8)[0] for r in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(r, 4, 1, 2)[0] for r in range(4)] == [2, 2, 2, 1]
+    assert in_flight(0, 1, 1, 64) == (1,)
+
+
+def test_interleaved_warmup_matches_megatron():
+    # rank 0, p 4, v 2, m 8: warm-up (4-0-1)*2 + (2-1)*4 = 10 forwards, +1 in steady state = 11 chunks,
+    # i.e. L*(1 + (p-1)/(p*v)) layers: Korthikanti's interleaving factor.
+    assert in_flight(0, 4, 2, 8) == (7, 4)
+    assert sum(in_flight(0, 4, 2, 8)) / 8 == 1 + 3 / 8
+    assert in_flight(3, 4, 2, 8) == (4, 1)
+    assert in_flight(0, 4, 2, 1) == (1, 1)  # capped at m*v: every forward runs before the first backward
+
+
+def test_stage_layer_split_even_uneven_and_virtual():
+    stages, warnings = stage_layout(32, 4, 1, None, None)
+    assert [len(s[0]) for s in stages] == [8, 8, 8, 8] and not warnings
+    stages, _ = stage_layout(32, 4, 1, 6, 6)
+    assert [len(s[0]) for s in stages] == [6, 10, 10, 6]
+    assert stages[1][0][0] == 6 and stages[3][0][-1] == 31
+    stages, _ = stage_layout(16, 2, 2, None, None)
+    assert stages[0] == (tuple(range(0, 4)), tuple(range(8, 12)))
+    assert stages[1] == (tuple(range(4, 8)), tuple(range(12, 16)))
+    _, warnings = stage_layout(30, 4, 1, None, None)
+    assert any("meshplan check" in w for w in warnings)
+    with pytest.raises(MeshplanError, match="pp=64"):
+        stage_layout(32, 64, 1, None, None)
+
+
+def test_embedding_first_output_last_and_tied_copy():
+    untied = estimate_memory(job_for("llama-3.1-70b", 32), Plan(tp=8, pp=4, dp=1, sequence_parallel=True))
+    first, middle, last = untied.stages[0], untied.stages[1], untied.stages[-1]
+    vocab = 129024  # 128256 padded to a multiple of 128*tp = 1024
+    assert first.detail["embedding_params"] == vocab * 8192 // 8
+    assert last.detail["output_layer_params"] == vocab * 8192 // 8
+    assert "embedding_params" not in middle.detail and "output_layer_params" not in middle.detail
+    assert last.detail["logits_and_loss"] > 0 and "logits_and_loss" not in first.detail
+    arch = resolve_model("llama-2-7b").model_copy(update={"tie_word_embeddings": True})
+    one = estimate_memory(job_for(arch, 8), Plan(tp=1, pp=1, dp=8)).stages[0]
+    two = estimate_memory(job_for(arch, 8), Plan(tp=1, pp=2, dp=4)).stages[-1]
+    assert one.detail["output_layer_params"] == 0  # tied, one stage: a single copy
+    assert two.detail["output_layer_params"] > 0  # tied, pp > 1: the last stage keeps its own copy
+
+
+def test_mtp_sits_on_the_last_stage():
+    report = estimate_memory(job_for("deepseek-v3", 1024), Plan(tp=2, pp=16, ep=64, dp=32, sequence_parallel=True,
+                                                                recompute="full"))
+    assert "mtp_params" in report.stages[-1].detail
+    assert all("mtp_params" not in s.detail for s in report.stages[:-1])
+    # 256 sequences / (mbs 1 * dp 32) = 8 micro-batches < pp 16: stage 0 holds all 8, not 16
+    assert report.stages[0].detail["microbatches_in_flight"] == 8
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def test_recompute_and_pipeline_reduce_activations():
+    job = job_for("llama-3.1-70b", 64, seq=8192)
+    base = Plan(tp=8, pp=4, dp=2, sequence_parallel=True)
+    none = estimate_memory(job, base).stages[0].activations_bytes
+    full = estimate_memory(job, base.model_copy(update={"recompute": "full"})).stages[0].activations_bytes
+    partial = estimate_memory(job, base.model_copy(update={"recompute": "full", "recompute_layers": 10}))
+    assert full < partial.stages[0].activations_bytes < none
+    # stage r of 1F1B holds fewer micro-batches: activations fall along the pipeline (logits aside)
+    stages = estimate_memory(job, base).stages
+    assert stages[0].detail["layer_activations"] > stages[1].detail["layer_activations"] > \
+        stages[2].detail["layer_activations"]
+
+
+def test_fsdp_shards_everything_and_gathers_layers():
+    job = job_for("llama-3.1-8b", 8, framework="torchtitan")
+    sharded = estimate_memory(job, Plan(dp=8, zero_stage=3)).stages[0]
+    job1 = job_for("llama-3.1-8b", 1, framework="torchtitan")
+    whole = estimate_memory(job1, Plan(dp=1, zero_stage=3)).stages[0]
+    assert sharded.weights_bytes == pytest.approx(whole.weights_bytes / 8, rel=1e-6)
+    assert sharded.optimizer_bytes == pytest.approx(whole.optimizer_bytes / 8, rel=1e-6)
+    assert sharded.detail["gathered_layers"] > 0
+
+
+def test_fp8_adds_weight_copies_and_shrinks_linear_inputs():
+    plan = Plan(tp=4, pp=1, dp=2, sequence_parallel=True)
+    bf16 = estimate_memory(job_for("llama-3.1-8b", 8), plan).stages[0]
+    fp8 = estimate_memory(job_for("llama-3.1-8b", 8, precision="fp8"), plan).stages[0]
+    assert fp8.weights_bytes > bf16.weights_bytes and fp8.detail["fp8_weight_copies"] > 0
+    assert fp8.activations_bytes < bf16.activations_bytes
+
+
+def test_nonsense_is_an_error_and_bad_layout_a_warning():
+    with pytest.raises(MeshplanError, match="tp=128"):
+        estimate_memory(job_for("llama-3.1-8b", 128), Plan(tp=128, dp=1))
+    with pytest.raises(MeshplanError, match="ep=16"):
+        estimate_memory(job_for("mixtral-8x7b", 16), Plan(ep=16, dp=16))
+    report = estimate_memory(job_for("llama-3.1-8b", 64), Plan(tp=2, dp=3))
+    assert any("meshplan check" in w for w in report.warnings)
+
+
+def test_report_fits_peak_and_summary_agree():
+    report = estimate_memory(job_for("llama-3.1-70b", 8), Plan(tp=8, dp=1, sequence_parallel=True))
+    assert not report.fits and report.headroom_bytes < 0  # 70B on one node without sharding states
+    assert report.peak_bytes == max(s.total_bytes for s in report.stages)
+    for s in report.stages:
+        assert s.total_bytes == (s.weights_bytes + s.gradients_bytes + s.optimizer_bytes + s.activations_bytes
+                                 + s.other_bytes)
+    summary = memory_summary(report)
+    assert summary.peak_bytes == report.peak_bytes and summary.fits is False
+    assert len(report.assumptions) >= 8 and any("Korthikanti" in a for a in report.assumptions)
+
+
+def test_cli_json_and_batch(tmp_path, capsys):
+    assert main(["memory", "llama-3.1-8b", "--num-gpus", "8", "--tp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("stages", "peak_bytes", "capacity_bytes", "fits", "headroom_bytes", "assumptions"):
+        assert key in out
+    for key in ("stage", "layers", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                "other_bytes", "total_bytes"):
+        assert key in out["stages"][0]
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"model": "llama-3.1-8b", "num_gpus": 8}\n{"model": "llama-3.1-8b", "tp": 64}\nnot json\n')
+    assert main(["memory", "--batch", str(batch)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "peak_bytes" in lines[0] and "tp=64" in lines[1]["error"] and "error" in lines[2]
+
+
+def test_readable_table(capsys):
+    assert main(["memory", "llama-3.1-70b", "--num-gpus", "64", "--tp", "8", "--pp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "stage" in out and "peak" in out and "assumptions" in out
