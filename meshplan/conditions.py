@@ -1,0 +1,603 @@
+"""The structural conditions of cards/rules.yaml: pure arithmetic over the job and plan, cheap enough for the search.
+
+Each function returns None when its rule passes, else the numbers for the card's message and fix
+templates. The semantics follow the framework source named in the card's `source` field exactly
+(the evidence harness runs those validators and compares verdicts), so a condition states the real
+test, not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from meshplan.rulebook import Context, divisors, fmt_set, lcm, neighbours, rule, rule_specs
+
+Values = dict[str, Any] | None
+
+
+# --------------------------------------------------------------------------- world-size laws
+
+
+def _product_divisors(ctx: Context) -> str:
+    """tp*pp*cp products that divide the GPU count, near the requested one, for a fix."""
+    near = [d for d in divisors(ctx.world) if d <= 4 * ctx.model_parallel]
+    return fmt_set(near[-6:])
+
+
+@rule("WS001")
+def dense_grid_divides_world(ctx: Context) -> Values:
+    mp = ctx.model_parallel
+    if ctx.world % mp == 0:
+        return None
+    return {"world": ctx.world, "mp": mp, "tp": ctx.plan.tp, "pp": ctx.plan.pp, "cp": ctx.plan.cp,
+            "gpus": neighbours(ctx.world, mp), "products": _product_divisors(ctx)}
+
+
+def _working_ep(ctx: Context, room: int) -> list[int]:
+    """EP values that divide the expert count and `room` (the GPUs the expert grid may use per pipeline stage)."""
+    if not ctx.num_experts or room < 1:
+        return []
+    return [e for e in divisors(ctx.num_experts) if room % e == 0]
+
+
+@rule("WS002")
+def expert_grid_divides_world(ctx: Context) -> Values:
+    p = ctx.plan
+    grid = ctx.expert_grid
+    if ctx.world % grid == 0:
+        return None
+    minimum = p.pp * lcm(p.tp * p.cp, p.ep * p.etp)
+    room = ctx.world // (p.pp * p.etp) if ctx.world % (p.pp * p.etp) == 0 else 0
+    eps = _working_ep(ctx, room)
+    return {"world": ctx.world, "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp, "minimum": minimum,
+            "gpus": neighbours(ctx.world, minimum), "eps": fmt_set(eps) if eps else "none at this GPU count"}
+
+
+@rule("WS003")
+def dp_matches_law(ctx: Context) -> Values:
+    mp = ctx.model_parallel
+    if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
+        return None
+    return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp}
+
+
+@rule("WS004")
+def torchtitan_product(ctx: Context) -> Values:
+    p = ctx.plan
+    product = p.dp * p.cp * p.tp * p.pp
+    if product == ctx.world:
+        return None
+    mp = p.cp * p.tp * p.pp
+    return {"dp": p.dp, "cp": p.cp, "tp": p.tp, "pp": p.pp, "product": product, "world": ctx.world,
+            "gpus": neighbours(ctx.world, mp), "mp": mp}
+
+
+@rule("WS005")
+def torchtitan_ep_divides(ctx: Context) -> Values:
+    p = ctx.plan
+    room = p.dp * p.cp * p.tp
+    if p.ep == 1 or room % p.ep == 0:
+        return None
+    eps = _working_ep(ctx, room)
+    return {"ep": p.ep, "room": room, "dp": p.dp, "cp": p.cp, "tp": p.tp,
+            "eps": fmt_set(eps) if eps else "none"}
+
+
+@rule("WS006")
+def kempnerforge_product(ctx: Context) -> Values:
+    p = ctx.plan
+    product = p.dp * p.tp * p.pp * p.cp * p.ep
+    if product == ctx.world:
+        return None
+    unit = p.tp * p.pp * p.cp * p.ep
+    return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "product": product,
+            "world": ctx.world, "unit": unit, "gpus": neighbours(ctx.world, unit)}
+
+
+# --------------------------------------------------------------------------- tensor parallelism and heads
+
+
+def _working_tp(ctx: Context, kv_rule: str) -> str:
+    """TP values that satisfy the head rules, inside the NVLink domain when any do."""
+    heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
+
+    def ok(t: int) -> bool:
+        if heads % t:
+            return False
+        if kv_rule == "multiple_or_divisor":
+            return kv % t == 0 or t % kv == 0
+        if kv_rule == "divides":
+            return kv % t == 0
+        return True
+
+    good = [t for t in divisors(heads) if ok(t)]
+    inside = [t for t in good if t <= ctx.job.gpu.nvlink_domain]
+    return fmt_set(inside or good)
+
+
+@rule("TP001")
+def heads_divisible(ctx: Context) -> Values:
+    tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
+    if heads % tp == 0:
+        return None
+    return {"tp": tp, "heads": heads, "working": _working_tp(ctx, "none")}
+
+
+@rule("TP002")
+def kv_groups_megatron(ctx: Context) -> Values:
+    tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
+    if kv % tp == 0 or tp % kv == 0:
+        return None
+    return {"tp": tp, "kv": kv, "working": _working_tp(ctx, "multiple_or_divisor")}
+
+
+@rule("TP003")
+def kv_heads_divisible(ctx: Context) -> Values:
+    tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
+    if tp == 1 or kv % tp == 0:
+        return None
+    return {"tp": tp, "kv": kv, "working": _working_tp(ctx, "divides")}
+
+
+@rule("TP004")
+def tp_inside_nvlink(ctx: Context) -> Values:
+    gpu, tp = ctx.job.gpu, ctx.plan.tp
+    domain = gpu.nvlink_domain
+    if tp <= domain:
+        return None
+    slowdown = gpu.intra_node_bandwidth / gpu.network_bandwidth
+    return {"tp": tp, "domain": domain, "gpu": gpu.name, "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",
+            "net": f"{gpu.network_bandwidth / 1e9:.0f}", "slowdown": f"{slowdown:.0f}",
+            "working": fmt_set(divisors(domain))}
+
+
+@rule("FS001")
+def fsdp_backend_degrees(ctx: Context) -> Values:
+    p = ctx.plan
+    used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
+    if not used:
+        return None
+    return {"framework": ctx.framework, "used": ", ".join(used)}
+
+
+# --------------------------------------------------------------------------- sequence parallelism
+
+
+@rule("SP001")
+def sp_needs_tp(ctx: Context) -> Values:
+    if not (ctx.plan.sequence_parallel and ctx.plan.tp == 1):
+        return None
+    return {"framework": ctx.framework}
+
+
+@rule("SP002")
+def sp_advised_with_tp(ctx: Context) -> Values:
+    if ctx.plan.tp == 1 or ctx.plan.sequence_parallel:
+        return None
+    return {"tp": ctx.plan.tp}
+
+
+@rule("SP003")
+def skyrl_sets_sp(ctx: Context) -> Values:
+    derived = ctx.plan.tp > 1
+    if ctx.plan.sequence_parallel == derived:
+        return None
+    return {"given": ctx.plan.sequence_parallel, "derived": derived, "tp": ctx.plan.tp}
+
+
+# --------------------------------------------------------------------------- context parallelism
+
+
+@rule("CP001")
+def cp_sequence_divisible(ctx: Context) -> Values:
+    cp, seq = ctx.plan.cp, ctx.job.seq_length
+    if cp == 1 or seq % (2 * cp) == 0:
+        return None
+    good = [c for c in divisors(seq // 2) if c > 1][:6] if seq % 2 == 0 else []
+    return {"cp": cp, "seq": seq, "unit": 2 * cp, "seqs": neighbours(seq, 2 * cp),
+            "cps": fmt_set(good) if good else "none (odd length)"}
+
+
+@rule("CP002")
+def cp_short_sequence(ctx: Context) -> Values:
+    cp, seq = ctx.plan.cp, ctx.job.seq_length
+    minimum = int(ctx_param(ctx, "CP002", "min_tokens_per_rank"))
+    if cp == 1 or seq // cp >= minimum:
+        return None
+    fewer = max(1, seq // minimum)
+    return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer}
+
+
+@rule("CP003")
+def cp_a2a_heads(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.cp == 1 or p.cp_comm_type not in ("a2a", "a2a+p2p"):
+        return None
+    if p.cp_comm_type == "a2a+p2p":
+        return None  # the a2a level is a sub-group whose size meshplan does not model (hierarchical sizes)
+    local_heads = ctx.arch.num_attention_heads // p.tp
+    local_kv = max(1, ctx.arch.num_kv_heads // p.tp)
+    if local_heads % p.cp == 0 and local_kv % p.cp == 0:
+        return None
+    return {"cp": p.cp, "heads": local_heads, "kv": local_kv, "tp": p.tp}
+
+
+@rule("TT002")
+def torchtitan_sequence_divisible(ctx: Context) -> Values:
+    p, seq = ctx.plan, ctx.job.seq_length
+    unit = (p.tp if p.sequence_parallel else 1) * (2 * p.cp if p.cp > 1 else 1)
+    if seq % unit == 0:
+        return None
+    return {"seq": seq, "unit": unit, "seqs": neighbours(seq, unit)}
+
+
+@rule("UL001")
+def ulysses_heads(ctx: Context) -> Values:
+    u = ctx.plan.cp
+    heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
+    if u == 1 or (heads % u == 0 and (kv % u == 0 or u % kv == 0)):
+        return None
+    good = [d for d in divisors(heads) if kv % d == 0 or d % kv == 0]
+    return {"u": u, "heads": heads, "kv": kv, "working": fmt_set(good)}
+
+
+# --------------------------------------------------------------------------- experts
+
+
+@rule("EP001")
+def ep_needs_moe(ctx: Context) -> Values:
+    if ctx.plan.ep == 1 or ctx.arch.is_moe:
+        return None
+    return {"ep": ctx.plan.ep, "model": ctx.arch.name}
+
+
+@rule("EP002")
+def experts_divisible(ctx: Context) -> Values:
+    if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
+        return None
+    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": fmt_set(divisors(ctx.num_experts))}
+
+
+@rule("EP003")
+def ep_tp_without_sp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.ep == 1 or p.tp == 1 or p.sequence_parallel:
+        return None
+    return {"ep": p.ep, "tp": p.tp}
+
+
+def _biased_linear(ctx: Context) -> list[str]:
+    """Megatron's add_bias_linear covers the attention output and MLP linears (qkv bias is separate)."""
+    arch = ctx.arch
+    out = []
+    if arch.o_bias:
+        out.append("attention output")
+    if arch.mlp_bias:
+        out.append("MLP")
+    if arch.moe is not None and arch.moe.expert_bias:
+        out.append("expert")
+    return out
+
+
+@rule("EP004")
+def moe_bias_needs_etp1(ctx: Context) -> Values:
+    if not ctx.arch.is_moe or ctx.plan.etp == 1:
+        return None
+    biased = _biased_linear(ctx)
+    if not biased:
+        return None
+    return {"etp": ctx.plan.etp, "model": ctx.arch.name, "biased": ", ".join(biased)}
+
+
+@rule("EP005")
+def topk_within_experts(ctx: Context) -> Values:
+    moe = ctx.arch.moe
+    if moe is None or moe.top_k <= moe.num_experts:
+        return None
+    return {"top_k": moe.top_k, "experts": moe.num_experts}
+
+
+@rule("TT001")
+def torchtitan_no_etp(ctx: Context) -> Values:
+    if ctx.plan.etp == 1:
+        return None
+    return {"etp": ctx.plan.etp}
+
+
+@rule("DS001")
+def deepspeed_ep_divides_dp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.ep == 1 or p.dp % p.ep == 0:
+        return None
+    eps = _working_ep(ctx, p.dp)
+    return {"ep": p.ep, "dp": p.dp, "eps": fmt_set(eps) if eps else "none"}
+
+
+@rule("DS002")
+def deepspeed_zero_with_pp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.pp == 1 or p.zero_stage < 2:
+        return None
+    return {"zero": p.zero_stage, "pp": p.pp}
+
+
+@rule("DS003")
+def deepspeed_etp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.etp in (1, p.tp):
+        return None
+    return {"etp": p.etp, "tp": p.tp}
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def uneven_split(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+    """(first, middle-per-rank, last) closest to an even split, every part a multiple of vpp; None if impossible."""
+    if pp < 2:
+        return None
+    best: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    middle_stages = pp - 2
+    ks = range(vpp, layers + 1, vpp) if middle_stages else [0]
+    for k in ks:
+        ends = layers - middle_stages * k
+        if ends < 2 * vpp:
+            break
+        for first in range(vpp, ends, vpp):
+            last = ends - first
+            if last < vpp or last % vpp:
+                continue
+            # Balanced first; ties go to the lighter last stage (it also holds the output layer and loss).
+            score = (max(first, last, k), abs(first - last), last)
+            if best is None or score < best[0]:
+                best = (score, (first, k, last))
+    return best[1] if best else None
+
+
+def _uneven_hint(ctx: Context, pp: int) -> str:
+    split = uneven_split(ctx.arch.num_layers, pp, ctx.plan.vpp)
+    if split is None:
+        return ""
+    first, per, last = split
+    middle = f", {per} on each of the {pp - 2} middle stages" if pp > 2 else ""
+    return f"; or keep pp={pp} with an uneven split: first_stage_layers={first}, last_stage_layers={last}{middle}"
+
+
+@rule("PP001")
+def layers_divisible_by_pp(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
+        return None
+    return {"layers": layers, "pp": p.pp, "working": fmt_set(divisors(layers, upto=32)),
+            "uneven": _uneven_hint(ctx, p.pp)}
+
+
+@rule("PP002")
+def layers_divisible_by_vpp(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return None
+    if layers % p.pp:  # PP001 reports the even split itself
+        return None
+    per_rank = layers // p.pp
+    if per_rank % p.vpp == 0:
+        return None
+    return {"layers": layers, "pp": p.pp, "vpp": p.vpp, "per_rank": per_rank,
+            "working": fmt_set([v for v in divisors(per_rank) if v > 1]) or "none"}
+
+
+@rule("PP003")
+def vpp_needs_pp(ctx: Context) -> Values:
+    if ctx.plan.vpp == 1 or ctx.plan.pp > 1:
+        return None
+    return {"vpp": ctx.plan.vpp}
+
+
+@rule("PP004")
+def uneven_split_valid(ctx: Context) -> Values:
+    """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order."""
+    p, layers = ctx.plan, ctx.arch.num_layers
+    first, last = p.first_stage_layers, p.last_stage_layers
+    if first is None and last is None:
+        return None
+    vpp = p.vpp if p.vpp > 1 else None
+    problem = ""
+    remaining, stages = layers, p.pp
+    for name, value in (("first_stage_layers", first), ("last_stage_layers", last)):
+        if value is None:
+            continue
+        if value <= 0:
+            problem = f"{name}={value} must be larger than 0"
+        elif vpp and value % vpp:
+            problem = f"{name}={value} is not divisible by vpp={vpp}"
+        remaining -= value
+        stages -= 1
+        if problem:
+            break
+    if not problem:
+        if stages < 0:
+            problem = f"pp={p.pp} has fewer stages than the first and last stages given"
+        elif bool(remaining) != bool(stages):
+            problem = f"{remaining} middle layers remain for {stages} middle stages"
+        elif stages and remaining % stages:
+            problem = f"the {remaining} middle layers do not split evenly over {stages} middle stages"
+        elif stages and vpp and (remaining // stages) % vpp:
+            problem = f"{remaining // stages} layers per middle stage are not divisible by vpp={vpp}"
+    if not problem:
+        return None
+    split = uneven_split(layers, p.pp, p.vpp)
+    fix = (f"first_stage_layers={split[0]}, last_stage_layers={split[2]}" if split
+           else f"pp in {fmt_set(divisors(layers, upto=32))} with an even split")
+    return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
+
+
+@rule("PP005")
+def interleave_microbatches(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.vpp == 1 or p.pp == 1:
+        return None
+    m = ctx.microbatches
+    if m >= p.pp and m % p.pp == 0:
+        return None
+    unit = p.micro_batch_size * p.dp * p.pp
+    return {"m": m, "pp": p.pp, "vpp": p.vpp, "gbs": ctx.job.global_batch_size, "unit": unit,
+            "gbss": neighbours(ctx.job.global_batch_size, unit)}
+
+
+@rule("PP006")
+def bubble(ctx: Context) -> Values:
+    p = ctx.plan
+    m = ctx.microbatches
+    if p.pp == 1 or p.vpp > 1 or m >= p.pp or m == 0:
+        return None
+    overhead = (p.pp - 1) / m
+    share = (p.pp - 1) / (m + p.pp - 1)
+    target = p.micro_batch_size * p.dp * 4 * p.pp
+    return {"m": m, "pp": p.pp, "bubble": f"{overhead:.0%}", "share": f"{share:.0%}",
+            "gbs": ctx.job.global_batch_size, "target": target}
+
+
+@rule("PP007")
+def stages_have_layers(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    chunks = p.pp * p.vpp
+    if chunks <= layers:
+        return None
+    return {"pp": p.pp, "vpp": p.vpp, "chunks": chunks, "layers": layers}
+
+
+@rule("PP008")
+def shallow_pipeline(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    minimum = ctx_param(ctx, "PP008", "min_layers_per_stage")
+    if p.pp == 1 or layers / p.pp >= minimum:
+        return None
+    fewer = max(1, math.floor(layers / minimum))
+    return {"pp": p.pp, "layers": layers, "per": f"{layers / p.pp:.1f}", "minimum": int(minimum),
+            "fewer": fewer}
+
+
+# --------------------------------------------------------------------------- batch
+
+
+def _mbs_options(per_rank: int) -> str:
+    return fmt_set(divisors(per_rank, upto=64)) if per_rank > 0 else "none"
+
+
+@rule("BS001")
+def batch_divisible(ctx: Context) -> Values:
+    p, gbs = ctx.plan, ctx.job.global_batch_size
+    unit = p.micro_batch_size * p.dp
+    if gbs % unit == 0:
+        return None
+    per_rank = gbs // p.dp if gbs % p.dp == 0 else 0
+    return {"gbs": gbs, "mbs": p.micro_batch_size, "dp": p.dp, "unit": unit, "gbss": neighbours(gbs, unit),
+            "mbss": _mbs_options(per_rank)}
+
+
+@rule("VL001")
+def verl_batch(ctx: Context) -> Values:
+    p, gbs = ctx.plan, ctx.job.global_batch_size
+    if ctx.backend == "megatron":
+        unit, how = p.dp * p.micro_batch_size, f"dp*ppo_micro_batch_size_per_gpu = {p.dp}*{p.micro_batch_size}"
+    else:
+        unit, how = ctx.world, f"n_gpus = {ctx.world} (the FSDP backend's minimal batch)"
+    if gbs % unit == 0:
+        return None
+    return {"gbs": gbs, "unit": unit, "how": how, "gbss": neighbours(gbs, unit)}
+
+
+@rule("SK001")
+def skyrl_batch(ctx: Context) -> Values:
+    p, gbs = ctx.plan, ctx.job.global_batch_size
+    dp = ctx.world // (ctx.model_parallel if ctx.backend == "megatron" else p.cp)
+    per_gpu = gbs // dp if dp else 0
+    if per_gpu > 0 and per_gpu % p.micro_batch_size == 0:
+        return None
+    return {"gbs": gbs, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,
+            "gbss": neighbours(gbs, dp * p.micro_batch_size)}
+
+
+# --------------------------------------------------------------------------- framework specifics
+
+
+@rule("KF001")
+def kempnerforge_moe_pp(ctx: Context) -> Values:
+    if not ctx.arch.is_moe or ctx.plan.pp == 1:
+        return None
+    return {"pp": ctx.plan.pp}
+
+
+@rule("KF002")
+def kempnerforge_tied_pp(ctx: Context) -> Values:
+    if not ctx.arch.tie_word_embeddings or ctx.plan.pp == 1:
+        return None
+    return {"pp": ctx.plan.pp}
+
+
+@rule("KF003")
+def kempnerforge_fp8_tp(ctx: Context) -> Values:
+    if ctx.job.precision != "fp8" or ctx.plan.tp == 1:
+        return None
+    return {"tp": ctx.plan.tp}
+
+
+@rule("KF004")
+def kempnerforge_no_etp(ctx: Context) -> Values:
+    if ctx.plan.etp == 1:
+        return None
+    return {"etp": ctx.plan.etp}
+
+
+@rule("SK002")
+def skyrl_cp_padding(ctx: Context) -> Values:
+    if ctx.plan.cp == 1:
+        return None
+    return {"cp": ctx.plan.cp}
+
+
+@rule("VL002")
+def verl_ulysses_padding(ctx: Context) -> Values:
+    if ctx.plan.cp == 1:
+        return None
+    return {"u": ctx.plan.cp}
+
+
+# --------------------------------------------------------------------------- precision, recompute, sequence
+
+
+@rule("FP001")
+def fp8_needs_hardware(ctx: Context) -> Values:
+    if ctx.job.precision != "fp8" or ctx.job.gpu.fp8_flops is not None:
+        return None
+    return {"gpu": ctx.job.gpu.name}
+
+
+@rule("RC001")
+def recompute_layers_need_full(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.recompute_layers is None or p.recompute == "full":
+        return None
+    return {"layers": p.recompute_layers, "recompute": p.recompute}
+
+
+@rule("SQ001")
+def learned_positions(ctx: Context) -> Values:
+    table = ctx.arch.learned_position_embeddings
+    if not table or ctx.job.seq_length <= table:
+        return None
+    return {"seq": ctx.job.seq_length, "table": table}
+
+
+@rule("SQ002")
+def beyond_trained_context(ctx: Context) -> Values:
+    limit = ctx.arch.max_position_embeddings
+    if ctx.arch.learned_position_embeddings or limit is None or ctx.job.seq_length <= limit:
+        return None
+    return {"seq": ctx.job.seq_length, "limit": limit, "model": ctx.arch.name}
+
+
+def ctx_param(ctx: Context, rule_id: str, name: str) -> float:
+    """A threshold from the rule's `params` in the card (its reason is in the rule's `why`)."""
+    return rule_specs()[rule_id].params[name]

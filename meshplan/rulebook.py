@@ -1,0 +1,258 @@
+"""The rule engine behind check_config: the rules card's schema, the condition registry, what a condition sees.
+
+A rule is split in two on purpose. Its words (title, severity, frameworks, message and fix templates,
+source) live in cards/rules.yaml, where users search them by id and the skill documents render them.
+Its condition is a small Python function registered under the same id: it returns None when the plan
+passes, or the numbers that fill the message and fix templates when it fails. Ids never change meaning;
+a test fails when an id is in one place and not the other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache, cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from meshplan.cards import CardError, framework_card, load_card
+from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Finding, Job, MemoryReport, Plan, Severity
+
+Backend = Literal["megatron", "fsdp", "deepspeed", "nanotron"]
+BACKENDS: tuple[str, ...] = ("megatron", "fsdp", "deepspeed", "nanotron")
+
+
+# --------------------------------------------------------------------------- the card
+
+
+class RuleSpec(BaseModel):
+    """One rule as cards/rules.yaml states it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Z]{2,4}\d{3}$", description="Stable id: never reused for another meaning")
+    title: str
+    severity: Severity
+    frameworks: list[str] = Field(description="Framework names, or 'all'")
+    backends: list[Backend] = Field(
+        default_factory=lambda: list(BACKENDS),
+        description="Engines the rule applies to (verl and SkyRL run Megatron or FSDP; see Context.backend)",
+    )
+    message: str = Field(description="Template filled with the numbers the condition returns")
+    fix: str = Field(description="Template naming values that would work")
+    source: str = Field(description="Framework file or paper that holds the rule")
+    why: str = Field("", description="Why the rule matters, in a sentence or two")
+    params: dict[str, float | int] = Field(default_factory=dict, description="Thresholds, with their reason in why")
+
+    @field_validator("frameworks")
+    @classmethod
+    def _known_frameworks(cls, value: list[str]) -> list[str]:
+        unknown = [f for f in value if f != "all" and f not in FRAMEWORKS]
+        if unknown:
+            raise ValueError(f"unknown framework(s) {unknown}; allowed: 'all' or {', '.join(FRAMEWORKS)}")
+        if not value:
+            raise ValueError("a rule must apply to at least one framework")
+        return value
+
+    def applies_to(self, framework: str, backend: str) -> bool:
+        return ("all" in self.frameworks or framework in self.frameworks) and backend in self.backends
+
+
+class RulesCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    rules: list[RuleSpec]
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_ids(cls, value: list[RuleSpec]) -> list[RuleSpec]:
+        seen: set[str] = set()
+        for rule in value:
+            if rule.id in seen:
+                raise ValueError(f"rule id {rule.id} appears twice")
+            seen.add(rule.id)
+        return value
+
+
+def rules_card() -> RulesCard:
+    return load_card("rules", RulesCard)
+
+
+@cache
+def rule_specs() -> dict[str, RuleSpec]:
+    return {r.id: r for r in rules_card().rules}
+
+
+# --------------------------------------------------------------------------- the registry
+
+Condition = Callable[["Context"], dict[str, Any] | None]
+CONDITIONS: dict[str, Condition] = {}
+MEMORY_RULES: set[str] = set()
+
+
+def rule(rule_id: str, *, memory: bool = False) -> Callable[[Condition], Condition]:
+    """Register the condition of one rule; `memory=True` marks rules that need the memory estimate."""
+
+    def register(fn: Condition) -> Condition:
+        if rule_id in CONDITIONS:
+            raise RuntimeError(f"condition for {rule_id} registered twice")
+        CONDITIONS[rule_id] = fn
+        if memory:
+            MEMORY_RULES.add(rule_id)
+        return fn
+
+    return register
+
+
+@cache
+def rules_for(framework: str, backend: str, include_memory: bool) -> tuple[tuple[RuleSpec, Condition], ...]:
+    """The rules one framework runs, in card order (cached: the search calls check_config thousands of times)."""
+    specs = rule_specs()
+    missing = sorted(set(specs) ^ set(CONDITIONS))
+    if missing:
+        raise CardError(f"cards/rules.yaml and the registered conditions disagree on: {', '.join(missing)}")
+    return tuple(
+        (spec, CONDITIONS[spec.id])
+        for spec in specs.values()
+        if spec.applies_to(framework, backend) and (include_memory or spec.id not in MEMORY_RULES)
+    )
+
+
+def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
+    try:
+        message = spec.message.format(**values)
+        fix = spec.fix.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise CardError(
+            f"cards/rules.yaml rule {spec.id}: template needs a value the condition did not give ({exc})"
+        ) from None
+    return Finding(id=spec.id, severity=spec.severity, title=spec.title, message=message, fix=fix,
+                   source=spec.source)
+
+
+# --------------------------------------------------------------------------- what a condition sees
+
+
+def backend_of(framework: str, zero_stage: int) -> Backend:
+    """Which engine runs the model: verl and SkyRL switch from Megatron to FSDP at zero_stage 3 (their cards)."""
+    if framework in ("verl", "skyrl"):
+        return "fsdp" if zero_stage == 3 else "megatron"
+    if framework in MEGATRON_FAMILY:
+        return "megatron"
+    if framework in ("torchtitan", "kempnerforge"):
+        return "fsdp"
+    if framework == "deepspeed":
+        return "deepspeed"
+    return "nanotron"
+
+
+@dataclass(frozen=True)
+class Context:
+    """A job and plan with the derived numbers most rules need, computed once per check."""
+
+    job: Job
+    plan: Plan
+    memory_report: MemoryReport | None = None  # set for the memory rules only
+
+    @property
+    def arch(self):
+        return self.job.model
+
+    @property
+    def framework(self) -> str:
+        return self.job.framework
+
+    @property
+    def world(self) -> int:
+        return self.job.num_gpus
+
+    @cached_property
+    def backend(self) -> Backend:
+        return backend_of(self.job.framework, self.plan.zero_stage)
+
+    @cached_property
+    def law(self) -> str:
+        return framework_card(self.job.framework).world_size_law
+
+    @property
+    def model_parallel(self) -> int:
+        return self.plan.tp * self.plan.pp * self.plan.cp
+
+    @property
+    def expert_grid(self) -> int:
+        return self.plan.etp * self.plan.ep * self.plan.pp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step on each pipeline: gbs / (mbs * dp), floored (rules check divisibility)."""
+        return self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
+
+    @property
+    def num_experts(self) -> int:
+        return self.arch.moe.num_experts if self.arch.moe else 0
+
+    def stage_layers(self) -> list[int]:
+        """Decoder layers on each pipeline rank, with the plan's uneven first/last stages when given."""
+        plan, layers = self.plan, self.arch.num_layers
+        if plan.pp == 1:
+            return [layers]
+        first, last = plan.first_stage_layers, plan.last_stage_layers
+        if first is None and last is None:
+            base, extra = divmod(layers, plan.pp)
+            return [base + (1 if i < extra else 0) for i in range(plan.pp)]
+        middle_stages = plan.pp - (first is not None) - (last is not None)
+        middle_layers = layers - (first or 0) - (last or 0)
+        per = middle_layers // middle_stages if middle_stages else 0
+        out = [per] * plan.pp
+        if first is not None:
+            out[0] = first
+        if last is not None:
+            out[-1] = last
+        return out
+
+
+# --------------------------------------------------------------------------- helpers for computed fixes
+
+
+def divisors(n: int, upto: int | None = None) -> list[int]:
+    """Divisors of n in increasing order, optionally only those <= upto."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    out = small + large[::-1]
+    return [d for d in out if upto is None or d <= upto]
+
+
+def fmt_set(values: Iterable[Any], limit: int = 8) -> str:
+    """'{1, 2, 4, 8}', shortened to the first and last values when long."""
+    items = list(values)
+    if not items:
+        return "{}"
+    if len(items) > limit:
+        head = ", ".join(str(v) for v in items[: limit - 2])
+        return "{" + f"{head}, ..., {items[-1]}" + "}"
+    return "{" + ", ".join(str(v) for v in items) + "}"
+
+
+def neighbours(value: int, unit: int) -> str:
+    """The multiples of `unit` just below and above `value` ('64 or 72')."""
+    below = (value // unit) * unit
+    above = below + unit
+    return f"{below} or {above}" if below > 0 else str(above)
+
+
+def lcm(*values: int) -> int:
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"

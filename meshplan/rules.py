@@ -1,0 +1,183 @@
+"""check_config: runs every rule of cards/rules.yaml that applies to the job's framework over one plan.
+
+Structural rules are pure arithmetic (meshplan/conditions.py) and run first; with
+`include_memory=False` they are all that runs, which is what the search calls thousands of times. The
+memory rules estimate the plan once; when it does not fit, the fix is computed by re-estimating a
+short list of nearby layouts and naming the ones that fit, so the advice is a number, not a slogan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from meshplan import conditions  # noqa: F401  (registers the structural conditions)
+from meshplan.conditions import ctx_param, uneven_split
+from meshplan.errors import MeshplanError
+from meshplan.rulebook import MEMORY_RULES, Context, finding, gib, rule, rules_for
+from meshplan.schema import CheckReport, Finding, Job, MemoryReport, MemorySummary, Plan
+
+
+def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckReport:
+    """Every applicable rule over the plan; `ok` is False when any finding is an error."""
+    ctx = Context(job, plan)
+    findings: list[Finding] = []
+    next_steps: list[str] = []
+    structural_error = False
+    for spec, condition in rules_for(job.framework, ctx.backend, False):
+        values = condition(ctx)
+        if values is not None:
+            findings.append(finding(spec, values))
+            structural_error = structural_error or spec.severity == "error"
+    memory: MemorySummary | None = None
+    if include_memory:
+        memory, note = _memory_findings(ctx, findings)
+        if note:
+            next_steps.append(note)
+    ok = not any(f.severity == "error" for f in findings)
+    next_steps.extend(_next_steps(ok, structural_error, findings))
+    return CheckReport(ok=ok, framework=job.framework, model=job.model.name, plan=plan, findings=findings,
+                       memory=memory, next_steps=next_steps)
+
+
+def check_structure(job: Job, plan: Plan) -> list[Finding]:
+    """Only the structural findings (no memory estimate): the cheap form the search prunes with."""
+    return check_config(job, plan, include_memory=False).findings
+
+
+def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> list[str]:
+    if structural_error:
+        ids = ", ".join(sorted({f.id for f in findings if f.severity == "error"}))
+        return [f"Fix the errors ({ids}) with the values their fix names, then run `meshplan check` again; "
+                "`meshplan recommend` lists layouts that pass every rule."]
+    if not ok:
+        return ["Apply one of the layouts the MEM001 fix names, or run `meshplan recommend` for the fastest one "
+                "that fits."]
+    return ["The layout passes every rule of its framework: `meshplan throughput` predicts its speed, "
+            "`meshplan render` writes it in the framework's own keys."]
+
+
+# --------------------------------------------------------------------------- memory rules
+
+
+def _memory_findings(ctx: Context, findings: list[Finding]) -> tuple[MemorySummary | None, str]:
+    """Estimate once, then run the memory rules over the estimate; nonsense layouts get a note instead."""
+    from meshplan.memory import estimate_memory, memory_summary
+
+    try:
+        report = estimate_memory(ctx.job, ctx.plan)
+    except MeshplanError as exc:
+        return None, f"Memory not estimated: {exc.reason}"
+    with_memory = replace(ctx, memory_report=report)
+    for spec, condition in rules_for(ctx.framework, ctx.backend, True):
+        if spec.id in MEMORY_RULES:
+            values = condition(with_memory)
+            if values is not None:
+                findings.append(finding(spec, values))
+    return memory_summary(report), ""
+
+
+def _report(ctx: Context) -> MemoryReport:
+    assert ctx.memory_report is not None, "memory rules run only after the estimate"
+    return ctx.memory_report
+
+
+@rule("MEM001", memory=True)
+def does_not_fit(ctx: Context) -> dict[str, Any] | None:
+    report = _report(ctx)
+    if report.fits:
+        return None
+    over = report.peak_bytes - report.capacity_bytes
+    fitting, tried = fitting_alternatives(ctx)
+    if fitting:
+        fix = " or ".join(fitting) + (" fits" if len(fitting) == 1 else " fit")
+    else:
+        fix = (f"none of the nearby layouts fits ({', '.join(tried) or 'no valid neighbour'}); "
+               "more GPUs or `meshplan recommend` are needed")
+    return {"peak": gib(report.peak_bytes), "stage": report.peak_stage, "capacity": gib(report.capacity_bytes),
+            "over": gib(over), "gpu": ctx.job.gpu.name, "alternatives": fix}
+
+
+@rule("MEM002", memory=True)
+def low_headroom(ctx: Context) -> dict[str, Any] | None:
+    report = _report(ctx)
+    minimum = ctx_param(ctx, "MEM002", "min_headroom_fraction")
+    if not report.fits or report.headroom_bytes >= minimum * report.capacity_bytes:
+        return None
+    return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
+            "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": gib(report.peak_bytes)}
+
+
+# --------------------------------------------------------------------------- computed fixes for MEM001
+
+MAX_ALTERNATIVES = 3
+
+
+def _dp_for(ctx: Context, tp: int, pp: int, cp: int, ep: int) -> int | None:
+    """The data-parallel size the framework's world-size law gives these degrees, or None if it does not divide."""
+    unit = tp * pp * cp * (ep if ctx.law == "kempnerforge" else 1)
+    return ctx.world // unit if ctx.world % unit == 0 else None
+
+
+def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
+    """Nearby layouts, cheapest first: fewer activations, more sharding, then more model parallelism."""
+    p, arch = ctx.plan, ctx.job.model
+    out: list[tuple[str, dict[str, Any]]] = []
+    if p.micro_batch_size > 1:
+        out.append(("micro_batch_size=1", {"micro_batch_size": 1}))
+    if p.recompute == "none":
+        out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None}))
+    max_zero = 3 if ctx.framework in ("megatron-core", "megatron-bridge", "deepspeed") else p.zero_stage
+    if ctx.framework == "deepspeed" and p.pp > 1:
+        max_zero = min(max_zero, 1)  # DS002: ZeRO-2/3 do not combine with DeepSpeed's pipeline engine
+    for zero in range(p.zero_stage + 1, max_zero + 1):
+        out.append((f"zero_stage={zero}", {"zero_stage": zero}))
+    for factor in (2, 4):
+        pp = p.pp * factor
+        change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1}
+        label = f"pp={pp}"
+        split = uneven_split(arch.num_layers, pp) if arch.num_layers % pp and ctx.backend == "megatron" else None
+        if split:
+            change |= {"first_stage_layers": split[0], "last_stage_layers": split[2]}
+            label += f" (first/last stage {split[0]}/{split[2]} layers)"
+        out.append((label, change))
+    if p.tp * 2 <= ctx.job.gpu.nvlink_domain:
+        out.append((f"tp={p.tp * 2}", {"tp": p.tp * 2, "sequence_parallel": True}))
+    if arch.moe is not None:
+        out.append((f"ep={p.ep * 2}", {"ep": p.ep * 2}))
+    if ctx.job.seq_length >= 8192:
+        out.append((f"cp={p.cp * 2}", {"cp": p.cp * 2}))
+    if p.recompute != "full":
+        out.append(("recompute=full", {"recompute": "full", "recompute_layers": None}))
+    plans = []
+    for label, change in out:
+        merged = p.model_dump() | change
+        dp = _dp_for(ctx, merged["tp"], merged["pp"], merged["cp"], merged["ep"])
+        if dp is None:
+            continue
+        merged["dp"] = dp
+        plans.append((label, Plan.model_validate(merged)))
+    return plans
+
+
+def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
+    """Labels of nearby layouts that pass every structural rule and fit in memory (at most MAX_ALTERNATIVES)."""
+    from meshplan.memory import estimate_memory
+
+    fitting: list[str] = []
+    tried: list[str] = []
+    known = {f.id for f in check_structure(ctx.job, ctx.plan) if f.severity == "error"}
+    for label, plan in _candidates(ctx):
+        # A neighbour may keep the plan's own structural errors (they have their own fixes), not add new ones.
+        if any(f.severity == "error" and f.id not in known for f in check_structure(ctx.job, plan)):
+            continue
+        try:
+            report = estimate_memory(ctx.job, plan)
+        except MeshplanError:
+            continue
+        tried.append(f"{label}: {gib(report.peak_bytes)}")
+        if report.fits:
+            fitting.append(f"{label} ({gib(report.peak_bytes)} peak)")
+            if len(fitting) == MAX_ALTERNATIVES:
+                break
+    return fitting, tried
