@@ -4,8 +4,9 @@ For each pipeline stage: the parameters that stage's GPU holds (its layers shard
 experts by EP*ETP, embedding on the first stage, output layer, final norm and MTP on the last), times
 the framework's byte table (cards/memory.yaml, via memory_states); plus the activations of the
 micro-batches the real schedule keeps in flight on that stage (schedule.py), per layer from
-activations.py; plus logits and the fp32 loss on the last stage; plus one calibrated fixed overhead
-and the CUDA context. The worst stage decides whether the job fits.
+activations.py; plus logits and the fp32 loss on the last stage; plus one calibrated fixed overhead,
+the CUDA context and the caching allocator's reserve over the memory that churns every step (peak
+reserved, which is what runs out). The worst stage decides whether the job fits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
 from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
 from meshplan.models import layer_params, mtp_params
-from meshplan.schedule import in_flight, stage_layout
+from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
 from meshplan.schema import Architecture, Job, MemoryReport, MemorySummary, Plan, StageMemory
 
 GIB = 1 << 30
@@ -122,6 +123,13 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
     return world, max(1.0, expert_dp), warnings
 
 
+def _layer_cost(arch: Architecture) -> int:
+    """nanotron's pipeline-balancing cost of one decoder layer (get_block_compute_costs):
+    4*heads*(h // heads)*h for attention + 3*ffn*h for the gated MLP (2*ffn*h without a gate)."""
+    h, heads = arch.hidden_size, arch.num_attention_heads
+    return 4 * heads * (h // heads) * h + (3 if arch.gated_mlp else 2) * arch.ffn_hidden_size * h
+
+
 def _padded_vocab(vocab: int, multiple: int, tp: int) -> int:
     if multiple <= 1:
         return vocab
@@ -143,8 +151,13 @@ def estimate_memory(
     card = memory_card()
     _, expert_dp, world_warnings = _world(job, plan)
     warnings += world_warnings
+    vocab = _padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
+    counts = None
+    if (conv.pipeline_partition == "compute_balanced" and plan.pp > 1 and plan.first_stage_layers is None
+            and plan.last_stage_layers is None):
+        counts = compute_balanced_counts(arch.num_layers, plan.pp, _layer_cost(arch), vocab * arch.hidden_size)
     layout, layout_warnings = stage_layout(
-        arch.num_layers, plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers
+        arch.num_layers, plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, counts
     )
     warnings += list(layout_warnings)
     vpp = len(layout[0])
@@ -152,7 +165,6 @@ def estimate_memory(
     shape = shape_of(arch)
     tp, pp = plan.tp, plan.pp
     ts = tp if plan.sequence_parallel else 1
-    vocab = _padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
     h = arch.hidden_size
     norm_width = h * (2 if arch.norm_type == "layernorm" else 1)
     fp8 = job.precision == "fp8"
@@ -244,11 +256,16 @@ def estimate_memory(
             acts += out_acts
             detail["logits_and_loss"] = int(out_acts)
         other = other_fixed
+        transient = acts
         if gathered:
             biggest = max((table.tp_sharded[i] / tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
                            for i in layers), default=0.0)
             detail["gathered_layers"] = int(gathered * conv.gathered_bytes * biggest)
             other += detail["gathered_layers"]
+            transient += detail["gathered_layers"]
+        # the caching allocator reserves more than it hands out for what is freed and re-allocated every step
+        detail["allocator_reserve"] = int(card.allocator_reserve_fraction * transient)
+        other += detail["allocator_reserve"]
         weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
         total = weights + grads + opt + int(acts) + int(other)
         stages.append(StageMemory(
@@ -291,14 +308,21 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
                    "is recomputed in the backward"
                    + (f" ({plan.recompute_layers} layers per chunk recomputed)." if plan.recompute_layers
                       is not None else ".")}[plan.recompute],
+        ("Layers per stage balanced by compute as nanotron does (decoder layers and the output layer, "
+         "models/base.py build_model), so the first stages hold more layers than L/pp."
+         if card.conventions[conv_name].pipeline_partition == "compute_balanced" and plan.pp > 1
+         and plan.first_stage_layers is None and plan.last_stage_layers is None
+         else "Layers per stage: an even split (remainder on the first stages) unless first/last stage sizes "
+              "are given."),
         f"Micro-batches in flight from the schedule ({m} micro-batches per step): "
         + ("1F1B, stage r holds min(m, pp - r)." if plan.vpp == 1 or plan.pp == 1 else
            "interleaved 1F1B, Megatron's warm-up (pp - r - 1)*2 + (vpp - 1)*pp forwards + 1, capped at m*vpp."),
         f"Last stage: output-layer input and logits/loss at {card.conventions[conv_name].logits_bytes_per_element:g} "
         "bytes per logit (bf16 logits, fp32 upcast and fp32 gradient in the cross-entropy) for one micro-batch.",
-        f"Other: fixed overhead {card.fixed_overhead_bytes / GIB:.2f} GiB (allocator slack, workspaces, "
-        f"communication buffers; calibrated, cards/memory.yaml) + CUDA context {card.cuda_context_bytes / GIB:.2f} "
-        "GiB (outside torch's accounting)"
+        f"Other: fixed overhead {card.fixed_overhead_bytes / GIB:.2f} GiB (workspaces, communication buffers; "
+        f"calibrated, cards/memory.yaml) + CUDA context {card.cuda_context_bytes / GIB:.2f} GiB (outside torch's "
+        f"accounting) + the caching allocator's reserve, {card.allocator_reserve_fraction:.0%} of the memory freed "
+        "and re-allocated every step (activations, logits, gathered layers): peak reserved, not just allocated"
         + ("; FSDP/ZeRO-3 gathered layers (current + prefetched)." if any(
             t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
         "Not modelled: routing imbalance across experts, CPU offload, CUDA-graph pools, precision-aware optimizers.",

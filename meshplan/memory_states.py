@@ -38,6 +38,7 @@ class Convention(_Card):
     fp8_weight_bytes: float = Field(0, ge=0)
     gathered_layers: int = Field(0, ge=0)
     gathered_bytes: float = Field(0, ge=0)
+    pipeline_partition: Literal["even", "compute_balanced"] = "even"
     zero: dict[int, list[StateTensor]]
 
 
@@ -47,6 +48,8 @@ class MemoryCard(_Card):
     fixed_overhead_source: str
     cuda_context_bytes: int = Field(ge=0)
     cuda_context_source: str
+    allocator_reserve_fraction: float = Field(ge=0, lt=1)
+    allocator_reserve_source: str
     conventions: dict[str, Convention]
 
 

@@ -5,6 +5,10 @@ p - r - 1 warm-up forwards before its first backward, so it holds min(m, p - r) 
 Megatron's interleaved schedule warms up (p - r - 1)*2 + (v - 1)*G forwards (G = micro-batch group
 per virtual stage, p by default). Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py
 (get_pp_rank_microbatches, get_model_chunk_id); Narayanan et al. 2021 for 1F1B.
+
+Which layers a stage holds is a framework convention too: Megatron splits decoder layers evenly (or as
+told by first/last stage sizes); nanotron balances estimated compute over its pipeline blocks, the output
+layer included, so its first stages carry more decoder layers (compute_balanced_counts).
 """
 
 from __future__ import annotations
@@ -72,10 +76,45 @@ def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | Non
     return counts, warnings
 
 
+def compute_balanced_counts(num_layers: int, pp: int, layer_cost: int, head_cost: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline rank under nanotron's compute balancing.
+
+    huggingface/nanotron src/nanotron/models/base.py build_model: the pipeline blocks (embedding, L decoder
+    layers, final norm, lm_head, fp32 cast, loss) get costs from get_block_compute_costs (decoder layer
+    4*heads*d_qkv*h + 3*ffn*h, lm_head vocab*h, others 0); a block goes to the current rank, which advances
+    once the running cost exceeds total*(rank+1)/pp. The lm_head's cost pushes decoder layers forward, so the
+    first stage holds floor(T/c) + 1 layers instead of L/pp. Exact integer arithmetic (no float thresholds).
+    """
+    if pp > num_layers:
+        raise MeshplanError(
+            f"pp={pp} is larger than the {num_layers} decoder layers: some pipeline stages would hold no layer.",
+            fix=f"Use pp <= {num_layers}, ideally a divisor of {num_layers}.",
+        )
+    costs = [0] + [layer_cost] * num_layers + [0, head_cost, 0, 0]
+    total = sum(costs)
+    counts = [0] * pp
+    rank, running = 0, 0
+    for block, cost in enumerate(costs):
+        running += cost
+        if 1 <= block <= num_layers:
+            counts[rank] += 1
+        if running * pp > total * (rank + 1) and rank < pp - 1:
+            rank += 1
+    return tuple(counts)
+
+
 @lru_cache(maxsize=4096)
-def stage_layout(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> tuple[StageLayout, tuple]:
-    """Layer indices per (rank, virtual chunk). Virtual stage k = chunk*pp + rank runs layers in order."""
-    counts, warnings = layers_per_rank(num_layers, pp, first, last)
+def stage_layout(
+    num_layers: int, pp: int, vpp: int, first: int | None, last: int | None,
+    counts: tuple[int, ...] | None = None,
+) -> tuple[StageLayout, tuple]:
+    """Layer indices per (rank, virtual chunk). Virtual stage k = chunk*pp + rank runs layers in order.
+
+    `counts` (decoder layers per rank, e.g. from compute_balanced_counts) overrides the even split."""
+    if counts is not None and len(counts) == pp and sum(counts) == num_layers:
+        counts, warnings = list(counts), []
+    else:
+        counts, warnings = layers_per_rank(num_layers, pp, first, last)
     if vpp > 1 and pp == 1:
         warnings.append("vpp > 1 has no effect with pp=1; estimated without interleaving.")
         vpp = 1

@@ -9,9 +9,9 @@ from meshplan.cli import main
 from meshplan.errors import MeshplanError
 from meshplan.hardware import get_gpu
 from meshplan.memory import estimate_memory, memory_summary
-from meshplan.memory_states import bytes_per_param, convention, state_bytes
+from meshplan.memory_states import bytes_per_param, convention, memory_card, state_bytes
 from meshplan.models import layer_params, resolve_model
-from meshplan.schedule import in_flight, stage_layout
+from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
 from meshplan.schema import Architecture, Job, Plan
 
 GIB = 1 << 30
@@ -143,6 +143,44 @@ def test_stage_layer_split_even_uneven_and_virtual():
     assert any("meshplan check" in w for w in warnings)
     with pytest.raises(MeshplanError, match="pp=64"):
         stage_layout(32, 64, 1, None, None)
+
+
+def playbook_1b() -> Architecture:
+    """The Ultra-Scale Playbook sweep's 1B model: 16 layers, h 2048, 32 heads (MHA), ffn 8192, V 131072, tied."""
+    return Architecture(name="playbook 1B", model_type="llama", num_layers=16, hidden_size=2048,
+                        ffn_hidden_size=8192, num_attention_heads=32, num_kv_heads=32, head_dim=64,
+                        vocab_size=131072, tie_word_embeddings=True)
+
+
+def test_nanotron_balances_layers_by_compute_with_the_output_layer():
+    """nanotron build_model: decoder layer cost c = 4*32*64*2048 + 3*8192*2048, lm_head 131072*2048 = 4c;
+    total 20c; a rank takes blocks until its running cost exceeds total*(r+1)/pp."""
+    c = 4 * 32 * 64 * 2048 + 3 * 8192 * 2048
+    assert 131072 * 2048 == 4 * c
+    assert compute_balanced_counts(16, 2, c, 4 * c) == (11, 5)  # threshold 10c: layer 11 crosses it
+    assert compute_balanced_counts(16, 4, c, 4 * c) == (6, 5, 5, 0)  # the last rank holds only the lm_head
+    assert compute_balanced_counts(16, 2, c, 0) == (9, 7)  # without a head: cost 8c is not > 8c until layer 9
+    plan = Plan(tp=1, pp=2, dp=4, zero_stage=1, micro_batch_size=2)
+    nano = estimate_memory(job_for(playbook_1b(), 8, framework="nanotron"), plan)
+    assert [s.layers for s in nano.stages] == [11, 5]
+    assert "balanced by compute" in " ".join(nano.assumptions)
+    even = estimate_memory(job_for(playbook_1b(), 8), plan)
+    assert [s.layers for s in even.stages] == [8, 8]  # Megatron splits evenly
+    told = estimate_memory(job_for(playbook_1b(), 8, framework="nanotron"),
+                           plan.model_copy(update={"first_stage_layers": 7}))
+    assert [s.layers for s in told.stages] == [7, 9]  # explicit stage sizes win
+
+
+def test_allocator_reserve_covers_transient_memory_only():
+    """The caching allocator's reserve: allocator_reserve_fraction of what is freed and re-allocated each step."""
+    card = memory_card()
+    stage = estimate_memory(job_for("llama-3.1-8b", 8), Plan(tp=2, dp=4, sequence_parallel=True)).stages[0]
+    reserve = int(card.allocator_reserve_fraction * stage.activations_bytes)
+    assert stage.detail["allocator_reserve"] == pytest.approx(reserve, abs=1)
+    assert stage.other_bytes == pytest.approx(card.fixed_overhead_bytes + card.cuda_context_bytes + reserve, abs=2)
+    fsdp = estimate_memory(job_for("llama-3.1-8b", 8, framework="torchtitan"), Plan(dp=8, zero_stage=3)).stages[0]
+    assert fsdp.detail["allocator_reserve"] == pytest.approx(int(
+        card.allocator_reserve_fraction * (fsdp.activations_bytes + fsdp.detail["gathered_layers"])), abs=1)
 
 
 def test_embedding_first_output_last_and_tied_copy():
