@@ -32,7 +32,14 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     card = framework_card(req.framework)
     notes: list[str] = []
     tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
-    ep, etp = req.ep or 1, req.etp or 1
+    ep = req.ep or 1
+    etp = req.etp
+    if etp is None:
+        # Megatron-Core's ModelParallelConfig sets an unset expert_tensor_parallel_size to TP; verl and SkyRL
+        # pass None through to it. Elsewhere experts are not tensor-sharded unless asked.
+        etp = tp if arch.is_moe and card.world_size_law == "megatron" and req.framework in MEGATRON_FAMILY else 1
+        if arch.is_moe and etp > 1:
+            notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it (pass etp=1 to keep experts whole).")
     # KempnerForge gives expert parallelism ranks of its own; elsewhere EP folds into the DP x CP x TP ranks.
     own_ep = ep if card.world_size_law == "kempnerforge" else 1
     if req.num_gpus is None:

@@ -80,7 +80,7 @@ CASES: dict[str, tuple[dict, dict]] = {
     "EP002": ({**QWEN_MOE, "num_gpus": 12, "ep": 12}, {**QWEN_MOE, "num_gpus": 16, "ep": 16}),
     "EP003": ({**MIX, "num_gpus": 8, "tp": 2, "ep": 4, "sequence_parallel": False},
               {**MIX, "num_gpus": 8, "tp": 2, "ep": 4}),
-    "EP004": ({**GPT_OSS, "num_gpus": 8, "tp": 2, "ep": 4, "etp": 2}, {**GPT_OSS, "num_gpus": 8, "tp": 2, "ep": 4}),
+    "EP004": ({**GPT_OSS, "num_gpus": 8, "tp": 2, "ep": 4}, {**GPT_OSS, "num_gpus": 8, "tp": 2, "ep": 4, "etp": 1}),
     "EP005": ({**MIX, "num_gpus": 8, "arch_moe": {"top_k": 9}}, {**MIX, "num_gpus": 8}),
     "TT001": ({**MIX, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "ep": 4, "etp": 2},
               {**MIX, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "ep": 4}),
@@ -207,10 +207,10 @@ def test_megatron_kv_rule_is_multiple_or_divisor_but_kempnerforge_is_strict():
 
 def test_megatron_world_laws_and_lcm_minimum():
     # tp*cp = 2*3 = 6, ep*etp = 4: minimum world = pp*lcm(6, 4) = 12, not max(6, 4) = 6.
-    job, plan = make(**MIX, num_gpus=6, tp=2, cp=3, ep=4, seq_length=6144)
+    job, plan = make(**MIX, num_gpus=6, tp=2, cp=3, ep=4, etp=1, seq_length=6144)
     f = finding_of("WS002", job, plan)
     assert "pp*lcm(tp*cp, ep*etp) = 12" in f.fix
-    assert not {"WS001", "WS002"} & ids(*make(**MIX, num_gpus=12, tp=2, cp=3, ep=4, seq_length=6144))
+    assert not {"WS001", "WS002"} & ids(*make(**MIX, num_gpus=12, tp=2, cp=3, ep=4, etp=1, seq_length=6144))
     # CP is not in the expert grid: EP8 on 16 GPUs with CP2 is legal (expert-dp = 16/8 = 2).
     assert not {"WS001", "WS002"} & ids(*make(**MIX, num_gpus=16, cp=2, ep=8, seq_length=8192))
 
@@ -268,6 +268,8 @@ def test_uneven_split_checks_follow_megatron():
 def test_moe_bias_rule_is_about_add_bias_linear():
     # gpt-oss has biased linears: etp must be 1 whatever tp is; Mixtral has none.
     assert "EP004" in ids(*make(**GPT_OSS, num_gpus=8, ep=4, etp=2))
+    # Megatron-Core defaults an unset ETP to TP, so biased MoE with tp=2 fails unless etp=1 is given.
+    assert "EP004" in ids(*make(**GPT_OSS, num_gpus=8, tp=2, ep=4))
     assert "EP004" not in ids(*make(**MIX, num_gpus=8, tp=2, ep=4, etp=2))
 
 
@@ -329,16 +331,16 @@ RECIPES = [
     ("megatron-core", dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, cp=2, seq_length=8192)),
     ("megatron-core", dict(model="mixtral-8x7b", num_gpus=64, tp=1, pp=4, ep=8)),
     ("megatron-bridge", dict(model="olmoe-1b-7b", num_gpus=8, ep=8)),
-    ("megatron-bridge", dict(model="moonlight-16b-a3b", num_gpus=16, tp=2, ep=8)),
+    ("megatron-bridge", dict(model="moonlight-16b-a3b", num_gpus=16, tp=2, ep=8, etp=1)),
     ("megatron-bridge", dict(model="deepseek-v2", num_gpus=128, pp=4, ep=32)),
     ("megatron-bridge", dict(model="glm-4.5-air", num_gpus=32, pp=4, ep=8, first_stage_layers=11,
                              last_stage_layers=11)),
-    ("megatron-bridge", dict(model="qwen3-30b-a3b", num_gpus=16, tp=4, pp=2, ep=4)),
-    ("megatron-bridge", dict(model="glm-4.5", num_gpus=256, tp=2, pp=8, ep=16, first_stage_layers=10,
+    ("megatron-bridge", dict(model="qwen3-30b-a3b", num_gpus=16, tp=4, pp=2, ep=4, etp=1)),
+    ("megatron-bridge", dict(model="glm-4.5", num_gpus=256, tp=2, pp=8, ep=16, etp=1, first_stage_layers=10,
                              last_stage_layers=10)),
-    ("megatron-bridge", dict(model="qwen3-235b-a22b", num_gpus=256, tp=4, pp=16, ep=8, first_stage_layers=5,
+    ("megatron-bridge", dict(model="qwen3-235b-a22b", num_gpus=256, tp=4, pp=16, ep=8, etp=1, first_stage_layers=5,
                              last_stage_layers=5)),
-    ("megatron-bridge", dict(model="kimi-k2", num_gpus=1024, tp=2, pp=16, ep=32, first_stage_layers=3,
+    ("megatron-bridge", dict(model="kimi-k2", num_gpus=1024, tp=2, pp=16, ep=32, etp=1, first_stage_layers=3,
                              last_stage_layers=2)),
     ("kempnerforge", dict(model="llama-3.1-70b", gpu="h200", num_gpus=32, tp=4)),
     ("kempnerforge", dict(model="llama-3.1-70b", gpu="h200", num_gpus=32, tp=4, pp=4)),

@@ -1,0 +1,33 @@
+"""Request resolution: the defaults each framework really applies, written down in Job.notes."""
+
+from meshplan.request import default_global_batch, resolve
+from meshplan.schema import Request
+
+
+def test_megatron_defaults_etp_to_tp_for_moe_like_megatron_core():
+    job, plan = resolve(Request(model="mixtral-8x7b", num_gpus=16, tp=2, ep=4))
+    assert plan.etp == 2 and any("etp not given" in n for n in job.notes)
+    _, plan = resolve(Request(model="mixtral-8x7b", num_gpus=16, tp=2, ep=4, etp=1))
+    assert plan.etp == 1
+
+
+def test_etp_default_is_one_for_dense_models_and_other_frameworks():
+    _, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, tp=2))
+    assert plan.etp == 1
+    _, plan = resolve(Request(model="mixtral-8x7b", num_gpus=16, tp=2, ep=4, framework="torchtitan"))
+    assert plan.etp == 1
+
+
+def test_dp_derived_per_world_size_law():
+    _, plan = resolve(Request(model="mixtral-8x7b", num_gpus=32, tp=4, ep=2, etp=1))
+    assert plan.dp == 8
+    _, plan = resolve(Request(model="mixtral-8x7b", num_gpus=32, tp=4, ep=2, framework="kempnerforge"))
+    assert plan.dp == 4  # KempnerForge gives EP ranks of its own
+
+
+def test_default_global_batch_is_about_4m_tokens_in_whole_microbatches():
+    assert default_global_batch(4096, 1, 8) == 1024
+    assert default_global_batch(4096, 1, 48) == 1056  # rounded up to a multiple of mbs*dp
+    assert default_global_batch(131072, 1, 8) == 32
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=8))
+    assert job.global_batch_size == 1024 and any("global_batch_size not given" in n for n in job.notes)
