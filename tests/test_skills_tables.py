@@ -1,0 +1,106 @@
+"""Every row of the decision tables that names a model, a GPU count and a layout is valid and fits,
+according to check_config and estimate_memory: the documents never recommend what the tools reject.
+Also `strategies.suggest`, the decision-table answer the search compares itself with."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.docs import checked_rows, job_and_plan, row_numbers
+from meshplan.memory import estimate_memory
+from meshplan.request import resolve
+from meshplan.rules import check_config
+from meshplan.schema import Request
+from meshplan.strategies import suggest, uneven_split
+
+ROWS = checked_rows()
+
+
+@pytest.mark.parametrize("row", [r for _, r in ROWS], ids=[i for i, _ in ROWS])
+def test_checked_row_is_valid_and_fits(row):
+    job, plan = job_and_plan(row)
+    report = check_config(job, plan)
+    errors = [f"{f.id}: {f.message}" for f in report.findings if f.severity == "error"]
+    assert report.ok, errors
+    memory = estimate_memory(job, plan)
+    assert memory.fits, f"peak {memory.peak_bytes / 2**30:.1f} GiB on stage {memory.peak_stage}"
+    numbers = row_numbers(row)
+    assert numbers.peak_bytes == memory.peak_bytes and numbers.ok and numbers.tokens_per_s_per_gpu > 0
+
+
+def test_rows_cover_the_seed_recipes():
+    ids = {i for i, _ in ROWS}
+    assert {"deepseek-v3", "qwen3-235b-a22b", "mixtral-8x7b", "example-4d-70b", "example-moe-dsv3"} <= ids
+
+
+def test_dsv3_recipe_needs_1024_gpus():
+    """The seed guide's 'DeepSeek-V3 on 256 GPUs' is not buildable; the card's 1,024 is the minimum."""
+    row = dict(ROWS)["deepseek-v3"]
+    lay = row.layout
+    assert row.num_gpus == lay.pp * lay.ep * lay.etp == 1024
+    job, plan = job_and_plan(row.model_copy(update={"num_gpus": 512}))
+    assert "WS002" in {f.id for f in check_config(job, plan, include_memory=False).findings}
+
+
+def _suggest(**kw):
+    job, _ = resolve(Request(**kw))
+    return suggest(job)
+
+
+def test_suggest_dense_row_by_size():
+    s = _suggest(model="llama-3.1-70b", num_gpus=64)
+    assert (s.table, s.row_id) == ("dense_by_size", "dense-70b-175b")
+    assert (s.plan.tp, s.plan.pp, s.plan.dp) == (8, 4, 2) and s.plan.sequence_parallel
+    assert s.source and s.adjustments == []
+
+
+def test_suggest_named_moe_recipe_with_uneven_split():
+    s = _suggest(model="deepseek-v3", num_gpus=1024)
+    assert (s.table, s.row_id) == ("moe_by_model", "deepseek-v3")
+    p = s.plan
+    assert (p.tp, p.pp, p.ep, p.etp, p.dp) == (2, 16, 64, 1, 32)
+    assert (p.first_stage_layers, p.last_stage_layers) == (3, 2)
+
+
+def test_suggest_shrinks_to_the_gpus_and_resplits_layers():
+    s = _suggest(model="deepseek-v3", num_gpus=256)
+    p = s.plan
+    assert 256 % (p.pp * p.ep * p.etp) == 0 and 256 % (p.tp * p.pp * p.cp) == 0
+    assert p.pp < 16 and any("256 GPUs" in a for a in s.adjustments)
+    if p.pp > 1:
+        middle = (61 - p.first_stage_layers - p.last_stage_layers)
+        assert (p.pp == 2 and middle == 0) or middle % (p.pp - 2) == 0
+
+
+def test_suggest_sequence_length_sets_cp():
+    s = _suggest(model="llama-3.1-8b", num_gpus=64, seq_length=65536)
+    assert s.plan.cp == 4 and s.sequence_row == "seq-32k-128k"
+    assert 65536 % (2 * s.plan.cp) == 0
+
+
+def test_suggest_keeps_tp_in_nvlink_and_dividing_heads():
+    s = _suggest(model="llama-3.1-70b", num_gpus=64, gpu="h100-pcie")
+    assert s.plan.tp == 2 and any("NVLink" in a for a in s.adjustments)
+    s = _suggest(model="gemma-2-27b", num_gpus=32)  # 32 heads, 16 KV heads
+    assert 32 % s.plan.tp == 0
+
+
+def test_suggest_framework_limits():
+    s = _suggest(model="qwen3-30b-a3b", num_gpus=16, framework="kempnerforge")
+    assert s.plan.pp == 1 and any("KempnerForge" in a for a in s.adjustments)
+    s = _suggest(model="mixtral-8x22b", num_gpus=256, framework="torchtitan")
+    assert s.plan.etp == 1
+
+
+def test_suggest_moe_by_size_for_unlisted_model():
+    s = _suggest(model="gpt-oss-120b", num_gpus=64)
+    assert (s.table, s.row_id) == ("moe_by_size", "moe-100b-500b")
+    assert 128 % s.plan.ep == 0
+
+
+def test_uneven_split():
+    assert uneven_split(61, 16) == (3, 2)
+    assert uneven_split(94, 16) == (5, 5)
+    assert uneven_split(126, 8) == (15, 15)
+    assert uneven_split(80, 4) is None  # even
+    assert uneven_split(5, 4) is None  # not enough layers for the middle stages
