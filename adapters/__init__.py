@@ -1,0 +1,12 @@
+"""Framework adapters: turn a `Plan` into the config snippet a training framework accepts.
+
+`render(framework, job, plan)` (in `render.py`) picks the target's builder, which computes the
+framework's own keys from the plan, and a Jinja template (`templates/<target>.j2`) that lays them
+out. What each framework can express lives in the `adapter` section of its card
+(`cards/frameworks/<name>.yaml`); a plan that uses a knob the framework lacks is refused with the
+knob's name and what to use instead, never rendered silently wrong.
+"""
+
+from meshplan.adapters.render import TARGETS, RenderResult, render
+
+__all__ = ["TARGETS", "RenderResult", "render"]

@@ -1,0 +1,127 @@
+"""Arithmetic every adapter shares: nodes, the pipeline split, Megatron's recompute fields, rollout TP.
+
+Each function is pure and says in its docstring which framework rule it follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import MeshplanError
+from meshplan.models import total_params
+from meshplan.schema import Job, Plan
+
+
+@dataclass(frozen=True)
+class Nodes:
+    nnodes: int
+    per_node: int
+
+
+def nodes(job: Job) -> Nodes:
+    """torchrun/Ray launch the same number of processes on every node, so the GPUs must fill whole nodes."""
+    per_node = min(job.num_gpus, job.gpus_per_node)
+    if job.num_gpus % per_node:
+        raise MeshplanError(
+            f"{job.num_gpus} GPUs do not fill whole {job.gpus_per_node}-GPU nodes; launchers start the same "
+            "number of processes on every node.",
+            fix=f"Use a multiple of {job.gpus_per_node} GPUs, or set gpus_per_node to a divisor of {job.num_gpus}.",
+        )
+    return Nodes(job.num_gpus // per_node, per_node)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Layers per pipeline stage: `stages` = pp*vpp model chunks; first/last may differ (uneven PP)."""
+
+    stages: int
+    first: int | None
+    last: int | None
+    per_chunk: int | None  # layers of every chunk (even split) or of the middle chunks (uneven split)
+
+
+def pipeline_split(job: Job, plan: Plan) -> Split:
+    """Megatron's rule: the middle stages share the remaining layers evenly, and VPP divides each stage."""
+    layers = job.model.num_layers
+    stages = plan.pp * plan.vpp
+    first, last = plan.first_stage_layers, plan.last_stage_layers
+    if first is None and last is None:
+        per = layers // stages if layers % stages == 0 else None
+        return Split(stages, None, None, per)
+    if plan.pp < 2:
+        raise MeshplanError("first_stage_layers/last_stage_layers need pp > 1.", fix="Drop them or set pp >= 2.")
+    f = first if first is not None else None
+    rest_stages = plan.pp - (first is not None) - (last is not None)
+    rest_layers = layers - (first or 0) - (last or 0)
+    if rest_layers < 0 or (rest_stages == 0) != (rest_layers == 0) or (rest_stages and rest_layers % rest_stages):
+        raise MeshplanError(
+            f"{layers} layers do not split as first={first}, last={last} with the other {rest_stages} stages even.",
+            fix="Choose first/last so that the remaining layers divide evenly over the middle stages.",
+        )
+    per_stage = rest_layers // rest_stages if rest_stages else None
+    return Split(stages, f, last, per_stage)
+
+
+def megatron_recompute(plan: Plan) -> dict[str, object]:
+    """Megatron-Core TransformerConfig recompute fields.
+
+    selective: granularity only (recompute_method and recompute_num_layers must stay None, per
+    TransformerConfig.__post_init__ and validate_args); full: 'uniform' with 1 layer per chunk
+    recomputes every layer, 'block' with N recomputes the first N layers of each stage
+    (megatron/core/transformer/transformer_block.py, _checkpointed_forward).
+    """
+    if plan.recompute == "selective":
+        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
+    if plan.recompute == "full":
+        if plan.recompute_layers is None:
+            return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        return {"recompute_granularity": "full", "recompute_method": "block",
+                "recompute_num_layers": plan.recompute_layers}
+    return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
+
+
+def plan_recompute(granularity: str | None, method: str | None, num_layers: int | None) -> dict[str, object]:
+    """Inverse of `megatron_recompute` (for the parse-back round trip)."""
+    if granularity in (None, "null", "None"):
+        return {"recompute": "none", "recompute_layers": None}
+    if granularity == "selective":
+        return {"recompute": "selective", "recompute_layers": None}
+    return {"recompute": "full", "recompute_layers": int(num_layers) if method == "block" else None}
+
+
+def hierarchical_cp(job: Job, plan: Plan) -> list[int]:
+    """a2a+p2p context parallelism: all-to-all inside the NVLink domain, ring across (Megatron-Core).
+
+    The a2a group is the largest divisor of cp that fits beside tp in one node; its product with the
+    p2p group must equal cp (megatron/training/arguments.py validate_args).
+    """
+    inner = max(d for d in range(1, plan.cp + 1) if plan.cp % d == 0 and plan.tp * d <= job.gpus_per_node)
+    return [inner, plan.cp // inner]
+
+
+def rollout_tp(job: Job, memory_fraction: float = 0.5) -> int:
+    """Smallest inference TP whose bf16 weight shard takes at most `memory_fraction` of a GPU.
+
+    The other half is left to the KV cache (verl's rollout.gpu_memory_utilization defaults to 0.5 of
+    the GPU for weights plus cache, so this is a floor, not an optimum). vLLM and SGLang need the
+    attention heads divisible by TP and TP within one node.
+    """
+    total = total_params(job.model)
+    tp = 1
+    while tp < job.gpus_per_node:
+        if 2 * total / tp <= memory_fraction * job.gpu.memory_bytes and job.model.num_attention_heads % tp == 0:
+            break
+        tp *= 2
+    return min(tp, job.gpus_per_node)
+
+
+def moe_layer_freq(job: Job) -> str | None:
+    """Megatron's --moe-layer-freq as a Python list expression (1 = MoE layer), or None for all-MoE."""
+    moe = job.model.moe
+    if moe is None or len(moe.moe_layers) == job.model.num_layers:
+        return None
+    flags = [1 if i in set(moe.moe_layers) else 0 for i in range(job.model.num_layers)]
+    k = flags.index(1) if 1 in flags else len(flags)
+    if all(flags[k:]):
+        return f"([0]*{k}+[1]*{len(flags) - k})"
+    return "[" + ",".join(map(str, flags)) + "]"

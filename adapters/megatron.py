@@ -1,0 +1,266 @@
+"""Megatron-Core / Megatron-LM flags, Megatron-Bridge ConfigContainer fields, and DeepSpeed configs.
+
+Key names come from the packaged sources (megatron-core 0.19.2 `megatron/training/arguments.py`
+and the dataclasses it generates flags from; megatron-bridge 0.6.2 `training/config.py`); the
+proof tests read those files and fail on any name they do not define.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.adapters.common import (
+    hierarchical_cp,
+    megatron_recompute,
+    moe_layer_freq,
+    nodes,
+    pipeline_split,
+)
+from meshplan.adapters.render import Built
+
+from meshplan.errors import MeshplanError
+from meshplan.schema import Job, Plan
+
+Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several values
+
+
+def _sharding(plan: Plan) -> str | None:
+    """Megatron-FSDP's --data-parallel-sharding-strategy for ZeRO-2/3 (optim_grads / optim_grads_params)."""
+    return {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero_stage)
+
+
+def architecture_flags(job: Job) -> list[Flag]:
+    """The model shape as pretrain_gpt.py flags (names from megatron/training/arguments.py)."""
+    m = job.model
+    flags: list[Flag] = [
+        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
+        ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_attention_heads),
+    ]
+    if m.mla is None and m.num_kv_heads != m.num_attention_heads:
+        flags += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
+    if m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
+        flags.append(("--kv-channels", m.head_dim))
+    flags += [("--seq-length", job.seq_length),
+              ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0))]
+    flags.append(("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"))
+    if m.gated_mlp:
+        flags.append(("--swiglu", None))
+    flags.append(("--position-embedding-type", "learned_absolute" if m.learned_position_embeddings else "rope"))
+    if not m.tie_word_embeddings:
+        flags.append(("--untie-embeddings-and-output-weights", None))
+    if not (m.qkv_bias or m.o_bias or m.mlp_bias):
+        flags.append(("--disable-bias-linear", None))
+    elif m.qkv_bias and not (m.o_bias or m.mlp_bias):
+        flags += [("--disable-bias-linear", None), ("--add-qkv-bias", None)]
+    if m.qk_norm != "none":
+        flags.append(("--qk-layernorm", None))
+    if m.mla is not None:
+        flags += [("--multi-latent-attention", None), ("--kv-lora-rank", m.mla.kv_lora_rank),
+                  ("--qk-head-dim", m.mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim),
+                  ("--v-head-dim", m.mla.v_head_dim)]
+        if m.mla.q_lora_rank:
+            flags.append(("--q-lora-rank", m.mla.q_lora_rank))
+    if m.moe is not None:
+        flags += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.top_k),
+                  ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", None)]
+        if m.moe.num_shared_experts:
+            flags.append(("--moe-shared-expert-intermediate-size", m.moe.shared_expert_ffn_hidden_size))
+        freq = moe_layer_freq(job)
+        if freq:
+            flags.append(("--moe-layer-freq", freq))
+    if m.num_mtp_layers:
+        flags.append(("--mtp-num-layers", m.num_mtp_layers))
+    return flags
+
+
+def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
+    """TP/PP/VPP/CP/EP/SP/optimizer/recompute flags, plus notes on the choices made."""
+    notes: list[str] = []
+    flags: list[Flag] = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    split = pipeline_split(job, plan)
+    if plan.vpp > 1:
+        if split.first is None and split.last is None and split.per_chunk:
+            # --virtual-pipeline-model-parallel-size does not exist; VPP is set by layers per virtual stage.
+            flags.append(("--num-layers-per-virtual-pipeline-stage", split.per_chunk))
+        else:
+            # validate_args forbids layers-per-vstage together with decoder-first/last.
+            flags.append(("--num-virtual-stages-per-pipeline-rank", plan.vpp))
+    if split.first is not None:
+        flags.append(("--decoder-first-pipeline-num-layers", split.first))
+    if split.last is not None:
+        flags.append(("--decoder-last-pipeline-num-layers", split.last))
+    flags.append(("--context-parallel-size", plan.cp))
+    if plan.cp > 1:
+        flags.append(("--cp-comm-type", plan.cp_comm_type))
+        if plan.cp_comm_type == "a2a+p2p":
+            sizes = hierarchical_cp(job, plan)
+            flags.append(("--hierarchical-context-parallel-sizes", sizes))
+            notes.append(f"a2a+p2p context parallelism: all-to-all over {sizes[0]} ranks inside a node, "
+                         f"ring over {sizes[1]} groups.")
+    if job.model.moe is not None:
+        flags += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
+    if plan.sequence_parallel:
+        flags.append(("--sequence-parallel", None))
+    if plan.zero_stage == 1:
+        flags.append(("--use-distributed-optimizer", None))
+    elif plan.zero_stage in (2, 3):
+        flags += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", _sharding(plan)),
+                  ("--ckpt-format", "fsdp_dtensor")]
+        notes.append("zero_stage 2/3 renders Megatron-FSDP (optim_grads / optim_grads_params); it needs "
+                     "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS other than 1.")
+    flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
+    rec = megatron_recompute(plan)
+    if rec["recompute_granularity"]:
+        flags.append(("--recompute-granularity", rec["recompute_granularity"]))
+        if rec["recompute_method"]:
+            flags += [("--recompute-method", rec["recompute_method"]),
+                      ("--recompute-num-layers", rec["recompute_num_layers"])]
+    flags.append(("--bf16", None))
+    if job.precision == "fp8":
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
+    return flags, notes
+
+
+def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    n = nodes(job)
+    flags, notes = parallel_flags(job, plan)
+    connections = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
+    return Built(
+        template="megatron_core.j2",
+        context={"nodes": n, "flags": architecture_flags(job) + flags, "max_connections": connections},
+        format="shell", filename="pretrain_gpt.sh",
+        notes=[*notes,
+               "Data, tokenizer, optimizer and checkpoint flags are yours to add (--data-path, --tokenizer-type, "
+               "--lr, --save ...); the flags here fix the model shape and the layout.",
+               "There is no --virtual-pipeline-model-parallel-size flag: VPP is "
+               "--num-layers-per-virtual-pipeline-stage (or --num-virtual-stages-per-pipeline-rank)."],
+        warnings=(["Megatron-LM silently drops --sequence-parallel when TP is 1."]
+                  if plan.sequence_parallel and plan.tp == 1 else []),
+    )
+
+
+# --------------------------------------------------------------------------- Megatron-Bridge
+
+
+def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
+    """ConfigContainer fields (cfg.<section>.<field>) for the plan."""
+    split = pipeline_split(job, plan)
+    s: list[tuple[str, Any]] = [
+        ("model.tensor_model_parallel_size", plan.tp),
+        ("model.pipeline_model_parallel_size", plan.pp),
+        ("model.virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
+        ("model.context_parallel_size", plan.cp),
+    ]
+    if plan.cp > 1:
+        s.append(("model.cp_comm_type", plan.cp_comm_type))
+        if plan.cp_comm_type == "a2a+p2p":
+            s.append(("model.hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
+    if job.model.moe is not None:
+        s += [("model.expert_model_parallel_size", plan.ep), ("model.expert_tensor_parallel_size", plan.etp)]
+    s.append(("model.sequence_parallel", plan.sequence_parallel))
+    if split.first is not None:
+        s.append(("model.num_layers_in_first_pipeline_stage", split.first))
+    if split.last is not None:
+        s.append(("model.num_layers_in_last_pipeline_stage", split.last))
+    s += [(f"model.{k}", v) for k, v in megatron_recompute(plan).items()]
+    s.append(("model.seq_length", job.seq_length))
+    fsdp = plan.zero_stage in (2, 3)
+    s += [("ddp.use_distributed_optimizer", plan.zero_stage >= 1),
+          ("optimizer.use_distributed_optimizer", plan.zero_stage >= 1)]
+    if fsdp:
+        s += [("dist.use_megatron_fsdp", True), ("ddp.use_megatron_fsdp", True),
+              ("ddp.data_parallel_sharding_strategy", _sharding(plan)), ("checkpoint.ckpt_format", "fsdp_dtensor")]
+    s += [("train.micro_batch_size", plan.micro_batch_size), ("train.global_batch_size", job.global_batch_size),
+          ("dataset.seq_length", job.seq_length)]
+    if job.precision == "fp8":
+        s += [("model.fp8", "hybrid"), ("model.fp8_recipe", "delayed")]
+    return s
+
+
+def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    settings = bridge_settings(job, plan)
+    notes = ["Apply after building the ConfigContainer from a recipe; Bridge defers the Megatron-Core "
+             "__post_init__ checks to cfg.validate(), so run it after these assignments."]
+    if variant == "run_recipe":
+        n = nodes(job)
+        return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n},
+                     format="shell", filename="run_recipe.sh",
+                     notes=[*notes, "scripts/training/run_recipe.py is in the Megatron-Bridge repository "
+                                    "(not the wheel); set RECIPE to a recipe function of your model."])
+    return Built(template="megatron_bridge.j2", context={"settings": settings}, format="python",
+                 filename="layout.py", notes=notes)
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+
+def deepspeed_default_variant(job: Job, plan: Plan) -> str:
+    return "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 else "config"
+
+
+def ds_config(job: Job, plan: Plan) -> dict[str, Any]:
+    """ds_config.json: batch sizes (train = micro * accumulation * dp), bf16/fp16, ZeRO stage."""
+    accumulation = job.global_batch_size // (plan.micro_batch_size * plan.dp)
+    if accumulation * plan.micro_batch_size * plan.dp != job.global_batch_size:
+        raise MeshplanError(
+            f"DeepSpeed requires train_batch_size = micro * accumulation * dp: {job.global_batch_size} is not a "
+            f"multiple of {plan.micro_batch_size} * {plan.dp}.",
+            fix=f"Use a global batch that is a multiple of {plan.micro_batch_size * plan.dp}.",
+        )
+    config: dict[str, Any] = {
+        "train_batch_size": job.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": plan.zero_stage},
+        "gradient_clipping": 1.0,
+    }
+    if plan.zero_stage == 3:
+        config["zero_optimization"].update({"overlap_comm": True, "contiguous_gradients": True})
+    if plan.recompute != "none":
+        config["activation_checkpointing"] = {"partition_activations": plan.tp > 1,
+                                              "contiguous_memory_optimization": False}
+    return config
+
+
+def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    if plan.pp > 1 and plan.zero_stage > 1:
+        raise MeshplanError(
+            f"DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; got zero_stage={plan.zero_stage} with "
+            f"pp={plan.pp}.", fix="Use zero_stage=1 with pipeline parallelism, or pp=1 for ZeRO-2/3.")
+    config = ds_config(job, plan)
+    if variant == "config":
+        if plan.tp > 1 or plan.pp > 1:
+            raise MeshplanError("A plain ds_config.json cannot express tp/pp > 1.",
+                                fix="Use variant 'megatron-deepspeed', which adds the Megatron-DeepSpeed flags.")
+        return Built(template="deepspeed.j2", context={"config": config}, format="json",
+                     filename="ds_config.json",
+                     notes=["Pass it with deepspeed.initialize(config='ds_config.json') or --deepspeed_config."])
+    m = job.model
+    flags: list[Flag] = [
+        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size), ("--ffn-hidden-size", m.ffn_hidden_size),
+        ("--num-attention-heads", m.num_attention_heads), ("--num-key-value-heads", m.num_kv_heads),
+        ("--seq-length", job.seq_length),
+        ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0)),
+    ]
+    if m.gated_mlp:
+        flags.append(("--swiglu", None))
+    if not m.learned_position_embeddings:
+        flags.append(("--use-rotary-position-embeddings", None))
+    flags += [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    if plan.pp == 1:
+        flags.append(("--no-pipeline-parallel", None))
+    flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size),
+              ("--bf16", None), ("--deepspeed", None), ("--deepspeed_config", "ds_config.json"),
+              ("--zero-stage", plan.zero_stage)]
+    if plan.recompute == "full":
+        # DeepSpeed still drives full recompute through the old --checkpoint-activations switch.
+        flags.append(("--checkpoint-activations", None))
+    elif plan.recompute == "selective":
+        flags.append(("--recompute-granularity", "selective"))
+    return Built(template="megatron_deepspeed.j2",
+                 context={"nodes": nodes(job), "config": config, "flags": flags},
+                 format="shell", filename="pretrain_megatron_deepspeed.sh",
+                 notes=["Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed) is not on PyPI: the flags used here are "
+                        "listed with their source in cards/frameworks/deepspeed.yaml (megatron_deepspeed_flags).",
+                        "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's."])

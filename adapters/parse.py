@@ -1,0 +1,244 @@
+"""Reads a rendered snippet back into plan fields: the round-trip proof that the text says what the plan says.
+
+Parsing uses each format's own reader (shlex for shell, tomllib, json, ast.literal_eval for the
+Python assignments), never the adapters' internal lists, so a template that drops or garbles a key
+fails the round trip.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import tomllib
+from typing import Any
+
+from meshplan.adapters.common import plan_recompute
+
+
+def shell_tokens(text: str) -> list[str]:
+    """The tokens of the snippet's commands (comments dropped, line continuations joined)."""
+    return shlex.split(text.replace("\\\n", " "), comments=True)
+
+
+def cli_flags(tokens: list[str]) -> dict[str, Any]:
+    """--flag [values...]: no value -> True, one -> str, several -> list."""
+    flags: dict[str, Any] = {}
+    current: str | None = None
+    for tok in tokens:
+        if tok.startswith("--"):
+            current = tok
+            flags[current] = []
+        elif current is not None:
+            flags[current].append(tok)
+    return {k: (True if not v else v[0] if len(v) == 1 else v) for k, v in flags.items()}
+
+
+def overrides(tokens: list[str]) -> dict[str, str]:
+    """Hydra/OmegaConf key=value tokens, '+'/'++' prefixes kept in the key."""
+    return dict(tok.split("=", 1) for tok in tokens if "=" in tok and not tok.startswith("-"))
+
+
+def _literal(text: str) -> Any:
+    if text in ("null", "None"):
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def python_assignments(text: str) -> dict[str, Any]:
+    out = {}
+    for m in re.finditer(r"^cfg\.([\w.]+) = (.+)$", text, re.M):
+        out[m.group(1)] = ast.literal_eval(m.group(2))
+    return out
+
+
+def _world(nnodes: Any, per_node: Any) -> int:
+    return int(nnodes) * int(per_node)
+
+
+def _megatron_plan(get, world: int, num_layers: int, pp: int) -> dict[str, Any]:
+    """Plan fields from Megatron-style names; `get(name)` returns the value or None."""
+    tp, cp = int(get("tensor_model_parallel_size") or 1), int(get("context_parallel_size") or 1)
+    vpp = get("virtual_pipeline_model_parallel_size")
+    return {"tp": tp, "pp": pp, "cp": cp, "vpp": int(vpp) if vpp not in (None, "null") else 1,
+            "ep": int(get("expert_model_parallel_size") or 1), "etp": int(get("expert_tensor_parallel_size") or 1),
+            "dp": world // (tp * pp * cp)}
+
+
+def parse_plan(framework: str, variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    """The plan fields a snippet expresses (a subset of Plan's fields, by framework)."""
+    return _PARSERS[framework](variant, text, num_layers)
+
+
+def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    tokens = shell_tokens(text)
+    launch = cli_flags(tokens[: tokens.index("pretrain_gpt.py")])
+    f = cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:])
+    pp = int(f["--pipeline-model-parallel-size"])
+    first, last = f.get("--decoder-first-pipeline-num-layers"), f.get("--decoder-last-pipeline-num-layers")
+    vpp = 1
+    if "--num-layers-per-virtual-pipeline-stage" in f:
+        vpp = int(f["--num-layers"]) // (pp * int(f["--num-layers-per-virtual-pipeline-stage"]))
+    elif "--num-virtual-stages-per-pipeline-rank" in f:
+        vpp = int(f["--num-virtual-stages-per-pipeline-rank"])
+    tp, cp = int(f["--tensor-model-parallel-size"]), int(f["--context-parallel-size"])
+    zero = 1 if "--use-distributed-optimizer" in f else {"optim_grads": 2, "optim_grads_params": 3}.get(
+        f.get("--data-parallel-sharding-strategy"), 0) if "--use-megatron-fsdp" in f else 0
+    out = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": _world(launch["--nnodes"], launch["--nproc-per-node"])
+           // (tp * pp * cp), "sequence_parallel": "--sequence-parallel" in f, "zero_stage": zero,
+           "micro_batch_size": int(f["--micro-batch-size"]),
+           "first_stage_layers": int(first) if first else None, "last_stage_layers": int(last) if last else None,
+           **plan_recompute(f.get("--recompute-granularity"), f.get("--recompute-method"),
+                            f.get("--recompute-num-layers"))}
+    if "--expert-model-parallel-size" in f:
+        out.update(ep=int(f["--expert-model-parallel-size"]), etp=int(f["--expert-tensor-parallel-size"]))
+    if cp > 1:
+        out["cp_comm_type"] = f["--cp-comm-type"]
+    return out
+
+
+def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    if variant == "run_recipe":
+        s = {k: _literal(v) for k, v in overrides(shell_tokens(text)).items()}
+        tokens = shell_tokens(text)
+        launch = cli_flags(tokens[: tokens.index("scripts/training/run_recipe.py")])
+        world = _world(launch["--nnodes"], launch["--nproc-per-node"])
+    else:
+        s = python_assignments(text)
+        world = None
+    m = {k[len("model."):]: v for k, v in s.items() if k.startswith("model.")}
+    pp = int(m["pipeline_model_parallel_size"])
+    out = _megatron_plan(m.get, world or 0, num_layers, pp)
+    if world is None:
+        out.pop("dp")
+    fsdp = s.get("ddp.data_parallel_sharding_strategy")
+    out.update(sequence_parallel=bool(m["sequence_parallel"]),
+               zero_stage={"optim_grads": 2, "optim_grads_params": 3}.get(fsdp, 1 if s["ddp.use_distributed_optimizer"]
+                                                                         else 0),
+               micro_batch_size=int(s["train.micro_batch_size"]),
+               first_stage_layers=m.get("num_layers_in_first_pipeline_stage"),
+               last_stage_layers=m.get("num_layers_in_last_pipeline_stage"),
+               **plan_recompute(m.get("recompute_granularity"), m.get("recompute_method"),
+                                m.get("recompute_num_layers")))
+    if out["cp"] > 1:
+        out["cp_comm_type"] = m["cp_comm_type"]
+    return out
+
+
+def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    o = {k.lstrip("+"): _literal(v) for k, v in overrides(shell_tokens(text)).items()}
+    world = _world(o["trainer.nnodes"], o["trainer.n_gpus_per_node"])
+    mbs = int(o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
+    if variant == "fsdp":
+        cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
+        return {"tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+                "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none"}
+    p = "actor_rollout_ref.actor.megatron."
+    t = p + "override_transformer_config."
+    m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
+    out = _megatron_plan(m.get, world, num_layers, int(m["pipeline_model_parallel_size"]))
+    out.update(sequence_parallel=bool(m["sequence_parallel"]), micro_batch_size=mbs,
+               zero_stage=3 if m["use_megatron_fsdp"] else 1 if m["use_distributed_optimizer"] else 0,
+               first_stage_layers=o.get(t + "num_layers_in_first_pipeline_stage"),
+               last_stage_layers=o.get(t + "num_layers_in_last_pipeline_stage"),
+               **plan_recompute(o.get(t + "recompute_granularity"), o.get(t + "recompute_method"),
+                                o.get(t + "recompute_num_layers")))
+    if out["cp"] > 1:
+        out["cp_comm_type"] = o[t + "cp_comm_type"]
+    return out
+
+
+def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    o = {k: _literal(v) for k, v in overrides(shell_tokens(text)).items()}
+    assert not any(k.startswith("+") for k in o), "SkyRL rejects a '+' prefix"
+    if variant == "sft":
+        world, p = _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"]), "megatron_config."
+        mbs = int(o["micro_train_batch_size_per_gpu"])
+    else:
+        world = _world(o["trainer.placement.policy_num_nodes"], o["trainer.placement.policy_num_gpus_per_node"])
+        p, mbs = "trainer.policy.megatron_config.", int(o["trainer.micro_train_batch_size_per_gpu"])
+    if variant == "fsdp":
+        cp = int(o["trainer.policy.sequence_parallel_size"])
+        return {"tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+                "recompute": "full" if o["trainer.gradient_checkpointing"] else "none"}
+    m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
+    kw = {k[len("transformer_config_kwargs."):]: v for k, v in m.items() if k.startswith("transformer_config_kwargs.")}
+    get = lambda name: m.get(name, kw.get(name))  # noqa: E731
+    out = _megatron_plan(get, world, num_layers, int(m["pipeline_model_parallel_size"]))
+    out.update(sequence_parallel=kw.get("sequence_parallel", out["tp"] > 1), micro_batch_size=mbs, zero_stage=1,
+               first_stage_layers=kw.get("num_layers_in_first_pipeline_stage"),
+               last_stage_layers=kw.get("num_layers_in_last_pipeline_stage"),
+               **plan_recompute(kw.get("recompute_granularity"), kw.get("recompute_method"),
+                                kw.get("recompute_num_layers")))
+    if out["cp"] > 1:
+        out["cp_comm_type"] = kw["cp_comm_type"]
+    return out
+
+
+def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    if text.lstrip().startswith("#") and "[parallelism]" in text:
+        doc = tomllib.loads(text)
+        par, train, ac = doc["parallelism"], doc["training"], doc["activation_checkpoint"]["mode"]
+        sp = par["tensor_parallel_degree"] > 1
+        etp = par["expert_tensor_parallel_degree"]
+    else:
+        tokens = shell_tokens(text)
+        f = cli_flags(tokens)
+        par = {k.split(".", 1)[1]: _literal(v) for k, v in f.items() if k.startswith("--parallelism.")}
+        train = {k.split(".", 1)[1]: _literal(v) for k, v in f.items() if k.startswith("--training.")}
+        ac = next(t.split(":", 1)[1] for t in tokens if t.startswith("activation-checkpoint:"))
+        sp = "enable_sequence_parallel" in par
+        etp = 1
+    rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
+    pp = par["pipeline_parallel_degree"]
+    out = {"tp": par["tensor_parallel_degree"], "pp": pp, "cp": par["context_parallel_degree"],
+           "ep": par["expert_parallel_degree"], "etp": etp, "dp": rep * shard, "zero_stage": 3 if shard > 1 or
+           rep == 1 else 0, "sequence_parallel": sp, "recompute": ac, "vpp": 1,
+           "micro_batch_size": par["pipeline_parallel_microbatch_size"] if pp > 1 else train["local_batch_size"]}
+    if pp > 1:
+        m = par["pipeline_parallel_layers_per_stage"]
+        first_less, last_less = par["pipeline_parallel_first_stage_less_layers"], par[
+            "pipeline_parallel_last_stage_less_layers"]
+        out["vpp"] = (num_layers + first_less + last_less) // m // pp
+        out["first_stage_layers"] = m - first_less if first_less else None
+        out["last_stage_layers"] = m - last_less if last_less else None
+    return out
+
+
+def _kempnerforge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    doc = tomllib.loads(text)
+    d, t = doc["distributed"], doc["train"]
+    return {"tp": d["tp"], "pp": d["pp"], "cp": d["cp"], "ep": d["ep"], "dp": d["dp_shard"] * d["dp_replicate"],
+            "zero_stage": 3 if d["dp_replicate"] == 1 and d["dp_shard"] > 1 else 0 if d["dp_shard"] == 1 else 3,
+            "micro_batch_size": t["batch_size"], "recompute": t["activation_checkpointing"]}
+
+
+def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    if variant == "config":
+        cfg = json.loads(text)
+        tp = pp = 1
+        dp = cfg["train_batch_size"] // (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"])
+        flags: dict[str, Any] = {}
+    else:
+        cfg = json.loads(text.split("<<'DS_CONFIG'\n", 1)[1].split("\nDS_CONFIG\n", 1)[0])
+        tokens = shell_tokens(text.split("\nDS_CONFIG\n", 1)[1])
+        launch = cli_flags(tokens[: tokens.index("pretrain_gpt.py")])
+        flags = cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:])
+        tp, pp = int(flags["--tensor-model-parallel-size"]), int(flags["--pipeline-model-parallel-size"])
+        dp = _world(launch["--nnodes"], launch["--nproc-per-node"]) // (tp * pp)
+    out = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": cfg["zero_optimization"]["stage"],
+           "micro_batch_size": cfg["train_micro_batch_size_per_gpu"]}
+    if variant != "config":  # a plain ds_config cannot say which layers the model code checkpoints
+        out["recompute"] = "full" if "--checkpoint-activations" in flags else flags.get("--recompute-granularity",
+                                                                                        "none")
+    return out
+
+
+_PARSERS = {"megatron-core": _core, "megatron-bridge": _bridge, "verl": _verl, "skyrl": _skyrl,
+            "torchtitan": _torchtitan, "kempnerforge": _kempnerforge, "deepspeed": _deepspeed}

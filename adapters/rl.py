@@ -1,0 +1,177 @@
+"""verl (Hydra overrides) and SkyRL (OmegaConf dotlist) for RL and SFT post-training.
+
+verl 0.9.1 keys come from its packaged YAML (`verl/trainer/config/`): plain `key=value` for keys
+the YAML has, `++key=value` for `override_transformer_config.*` keys it lacks (Hydra rejects `+`
+on an existing non-null key). SkyRL 0.4.0 keys are dataclass fields (`skyrl/train/config/`);
+SkyRL rejects a `+` prefix, and VPP, recompute and uneven PP go into `transformer_config_kwargs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.adapters.common import hierarchical_cp, megatron_recompute, nodes, pipeline_split, rollout_tp
+from meshplan.adapters.render import Built
+
+from meshplan.schema import Job, Plan
+
+Override = tuple[str, Any]
+
+
+def samples_per_prompt(job: Job, default: int) -> int:
+    """Responses per prompt: the framework's default if it divides the global batch, else the largest of
+    8, 4, 2, 1 that does (global_batch_size counts sequences = prompts x responses per prompt)."""
+    for n in (default, 8, 4, 2, 1):
+        if job.global_batch_size % n == 0:
+            return n
+    return 1
+
+
+def _model_path(job: Job) -> str:
+    return job.model.hf_id or job.model.name
+
+
+def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
+    """Megatron TransformerConfig fields that verl and SkyRL pass through (recompute, uneven PP, CP comm)."""
+    split = pipeline_split(job, plan)
+    out: list[Override] = list(megatron_recompute(plan).items())
+    if split.first is not None:
+        out.append(("num_layers_in_first_pipeline_stage", split.first))
+    if split.last is not None:
+        out.append(("num_layers_in_last_pipeline_stage", split.last))
+    if plan.cp > 1:
+        out.append(("cp_comm_type", plan.cp_comm_type))
+        if plan.cp_comm_type == "a2a+p2p":
+            out.append(("hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
+    return out
+
+
+# --------------------------------------------------------------------------- verl
+
+
+def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
+    n = nodes(job)
+    rollout = samples_per_prompt(job, 1)
+    prompts = job.global_batch_size // rollout
+    rtp = rollout_tp(job)
+    notes = [f"Rollout (vLLM/SGLang) tensor parallel size {rtp}: the smallest power of two whose bf16 weight shard "
+             "takes at most half a GPU, leaving the rest to the KV cache.",
+             f"global_batch_size {job.global_batch_size} = ppo_mini_batch_size {prompts} prompts x rollout.n "
+             f"{rollout}; data.train_batch_size is set equal (one optimizer step per batch)."]
+    o: list[Override] = []
+    if variant == "megatron":
+        o.append(("model_engine", "megatron"))
+    o += [("actor_rollout_ref.model.path", _model_path(job)),
+          ("trainer.nnodes", n.nnodes), ("trainer.n_gpus_per_node", n.per_node),
+          ("data.train_batch_size", prompts), ("actor_rollout_ref.rollout.n", rollout),
+          ("actor_rollout_ref.actor.ppo_mini_batch_size", prompts),
+          ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", plan.micro_batch_size),
+          ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
+          ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
+          ("actor_rollout_ref.rollout.tensor_model_parallel_size", rtp)]
+    if variant == "megatron":
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
+            o += [(f"{role}.megatron.tensor_model_parallel_size", plan.tp),
+                  (f"{role}.megatron.pipeline_model_parallel_size", plan.pp),
+                  (f"{role}.megatron.virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
+                  (f"{role}.megatron.context_parallel_size", plan.cp),
+                  (f"{role}.megatron.expert_model_parallel_size", plan.ep),
+                  (f"{role}.megatron.expert_tensor_parallel_size", plan.etp),
+                  (f"{role}.megatron.sequence_parallel", plan.sequence_parallel)]
+            if role != "actor_rollout_ref.ref":
+                o += [(f"{role}.megatron.use_distributed_optimizer", plan.zero_stage >= 1),
+                      (f"{role}.megatron.use_megatron_fsdp", plan.zero_stage == 3)]
+            o += [(f"++{role}.megatron.override_transformer_config.{k}", v)
+                  for k, v in _transformer_overrides(job, plan)]
+        notes.append("override_transformer_config keys use '++' (add or override): the packaged YAML lacks most "
+                     "of them, and Hydra's '+' fails on a key that already has a value.")
+    else:
+        o.append(("actor_rollout_ref.actor.strategy", "fsdp2"))
+        o.append(("critic.strategy", "fsdp2"))
+        o += [("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
+              ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
+              ("critic.ulysses_sequence_parallel_size", plan.cp),
+              ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
+              ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
+              ("actor_rollout_ref.model.use_remove_padding", True)]
+        notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
+                     "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
+    return o, notes
+
+
+def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    overrides, notes = verl_overrides(job, plan, variant)
+    return Built(template="verl.j2", context={"overrides": overrides}, format="hydra",
+                 filename=f"run_verl_{variant}.sh",
+                 notes=[*notes, "Set data.train_files, data.max_prompt_length + data.max_response_length "
+                                f"(together {job.seq_length} tokens here) and the algorithm for your task."])
+
+
+# --------------------------------------------------------------------------- SkyRL
+
+
+def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
+    n = nodes(job)
+    notes: list[str] = []
+    megatron = variant in ("rl", "sft")
+    kwargs = list(megatron_recompute(plan).items()) + [
+        (k, v) for k, v in _transformer_overrides(job, plan) if not k.startswith("recompute_")
+    ]
+    if plan.vpp > 1:
+        kwargs.insert(0, ("virtual_pipeline_model_parallel_size", plan.vpp))
+    if plan.sequence_parallel != (plan.tp > 1):
+        kwargs.append(("sequence_parallel", plan.sequence_parallel))  # SkyRL's own rule is SP = (TP > 1)
+    if variant == "sft":
+        prefix, o = "megatron_config", [("strategy", "megatron"), ("model.path", _model_path(job)),
+                                        ("placement.num_nodes", n.nnodes),
+                                        ("placement.num_gpus_per_node", n.per_node),
+                                        ("batch_size", job.global_batch_size),
+                                        ("micro_train_batch_size_per_gpu", plan.micro_batch_size),
+                                        ("max_length", job.seq_length)]
+    else:
+        rollout = samples_per_prompt(job, 5)
+        prompts = job.global_batch_size // rollout
+        rtp = rollout_tp(job)
+        prefix = "trainer.policy.megatron_config"
+        o = [("trainer.strategy", "megatron" if megatron else "fsdp"),
+             ("trainer.policy.model.path", _model_path(job)),
+             ("trainer.placement.colocate_all", True),
+             ("trainer.placement.policy_num_nodes", n.nnodes),
+             ("trainer.placement.policy_num_gpus_per_node", n.per_node),
+             ("trainer.placement.ref_num_nodes", n.nnodes),
+             ("trainer.placement.ref_num_gpus_per_node", n.per_node),
+             ("trainer.train_batch_size", prompts), ("trainer.policy_mini_batch_size", prompts),
+             ("generator.n_samples_per_prompt", rollout),
+             ("trainer.micro_train_batch_size_per_gpu", plan.micro_batch_size),
+             ("trainer.micro_forward_batch_size_per_gpu", plan.micro_batch_size),
+             ("generator.inference_engine.tensor_parallel_size", rtp),
+             ("generator.inference_engine.num_engines", job.num_gpus // rtp)]
+        notes += [f"global_batch_size {job.global_batch_size} = policy_mini_batch_size {prompts} prompts x "
+                  f"n_samples_per_prompt {rollout}.",
+                  f"Inference engines: {job.num_gpus // rtp} x TP {rtp} on the same GPUs (colocate_all needs "
+                  "num_engines x TP = policy GPUs)."]
+    if not megatron:
+        o += [("trainer.policy.sequence_parallel_size", plan.cp), ("trainer.ref.sequence_parallel_size", plan.cp),
+              ("trainer.policy.fsdp_config.fsdp_size", -1),
+              ("trainer.gradient_checkpointing", plan.recompute == "full")]
+        notes.append("FSDP strategy: context parallelism is Ulysses sequence parallelism (sequence_parallel_size).")
+        return o, notes
+    roles = [prefix] if variant == "sft" else [prefix, "trainer.ref.megatron_config"]
+    for role in roles:
+        o += [(f"{role}.tensor_model_parallel_size", plan.tp), (f"{role}.pipeline_model_parallel_size", plan.pp),
+              (f"{role}.context_parallel_size", plan.cp), (f"{role}.expert_model_parallel_size", plan.ep),
+              (f"{role}.expert_tensor_parallel_size", plan.etp)]
+        o += [(f"{role}.transformer_config_kwargs.{k}", v) for k, v in kwargs]
+    if plan.cp > 1:
+        o.append(("remove_microbatch_padding" if variant == "sft" else "trainer.remove_microbatch_padding", True))
+    notes.append("SkyRL turns sequence parallelism on whenever TP > 1 (no key of its own); VPP, recompute and "
+                 "uneven PP are TransformerConfig fields under transformer_config_kwargs, which SkyRL does not "
+                 "check itself (Megatron-Core does, on the workers).")
+    return o, notes
+
+
+def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    overrides, notes = skyrl_overrides(job, plan, variant)
+    module = "skyrl.train.main_sft" if variant == "sft" else "skyrl.train.entrypoints.main_base"
+    return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",
+                 filename=f"run_skyrl_{variant}.sh", notes=notes)

@@ -1,0 +1,17 @@
+# Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP4 PP4 VPP5 CP2 DP2 (Megatron-Bridge 0.6.2, rendered by meshplan)
+# cfg is the ConfigContainer your recipe returns; call cfg.validate() after these assignments.
+cfg.model.tensor_model_parallel_size = 4
+cfg.model.pipeline_model_parallel_size = 4
+cfg.model.virtual_pipeline_model_parallel_size = 5
+cfg.model.context_parallel_size = 2
+cfg.model.cp_comm_type = 'p2p'
+cfg.model.sequence_parallel = True
+cfg.model.recompute_granularity = 'selective'
+cfg.model.recompute_method = None
+cfg.model.recompute_num_layers = None
+cfg.model.seq_length = 4096
+cfg.ddp.use_distributed_optimizer = True
+cfg.optimizer.use_distributed_optimizer = True
+cfg.train.micro_batch_size = 1
+cfg.train.global_batch_size = 512
+cfg.dataset.seq_length = 4096

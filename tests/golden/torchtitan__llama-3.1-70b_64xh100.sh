@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP8 PP4 VPP2 DP2 (torchtitan 0.3.0, rendered by meshplan)
+set -euo pipefail
+torchrun --nnodes 8 --nproc-per-node 8 \
+  --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
+  -m torchtitan.train \
+  --module llama3 --config llama3_70b \
+  --parallelism.data_parallel_replicate_degree 1 \
+  --parallelism.data_parallel_shard_degree 2 \
+  --parallelism.tensor_parallel_degree 8 \
+  --parallelism.pipeline_parallel_degree 4 \
+  --parallelism.context_parallel_degree 1 \
+  --parallelism.expert_parallel_degree 1 \
+  --parallelism.enable_sequence_parallel \
+  --parallelism.pipeline_parallel_schedule Interleaved1F1B \
+  --parallelism.pipeline_parallel_layers_per_stage 10 \
+  --parallelism.pipeline_parallel_first_stage_less_layers 0 \
+  --parallelism.pipeline_parallel_last_stage_less_layers 0 \
+  --parallelism.pipeline_parallel_microbatch_size 1 \
+  --training.local_batch_size 256 \
+  --training.global_batch_size 512 \
+  --training.seq_len 4096 \
+  --training.disable_cuda_graphs \
+  activation-checkpoint:selective

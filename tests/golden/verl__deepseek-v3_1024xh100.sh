@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# DeepSeek-V3 on 1024 x NVIDIA H100 SXM5 80GB: TP2 PP16 EP64 DP32 (verl 0.9.1, megatron backend, rendered by meshplan)
+set -euo pipefail
+python3 -m verl.trainer.main_ppo \
+  model_engine=megatron \
+  actor_rollout_ref.model.path=deepseek-ai/DeepSeek-V3 \
+  trainer.nnodes=128 \
+  trainer.n_gpus_per_node=8 \
+  data.train_batch_size=4096 \
+  actor_rollout_ref.rollout.n=1 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=4096 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=8 \
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+  actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=16 \
+  actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
+  actor_rollout_ref.actor.megatron.context_parallel_size=1 \
+  actor_rollout_ref.actor.megatron.expert_model_parallel_size=64 \
+  actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
+  actor_rollout_ref.actor.megatron.sequence_parallel=true \
+  actor_rollout_ref.actor.megatron.use_distributed_optimizer=true \
+  actor_rollout_ref.actor.megatron.use_megatron_fsdp=false \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=block \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4 \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=1 \
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 \
+  actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=16 \
+  actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size=null \
+  actor_rollout_ref.ref.megatron.context_parallel_size=1 \
+  actor_rollout_ref.ref.megatron.expert_model_parallel_size=64 \
+  actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=1 \
+  actor_rollout_ref.ref.megatron.sequence_parallel=true \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_granularity=full \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_method=block \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=1 \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4 \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=1 \
+  critic.megatron.tensor_model_parallel_size=2 \
+  critic.megatron.pipeline_model_parallel_size=16 \
+  critic.megatron.virtual_pipeline_model_parallel_size=null \
+  critic.megatron.context_parallel_size=1 \
+  critic.megatron.expert_model_parallel_size=64 \
+  critic.megatron.expert_tensor_parallel_size=1 \
+  critic.megatron.sequence_parallel=true \
+  critic.megatron.use_distributed_optimizer=true \
+  critic.megatron.use_megatron_fsdp=false \
+  ++critic.megatron.override_transformer_config.recompute_granularity=full \
+  ++critic.megatron.override_transformer_config.recompute_method=block \
+  ++critic.megatron.override_transformer_config.recompute_num_layers=1 \
+  ++critic.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4 \
+  ++critic.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=1

@@ -1,0 +1,281 @@
+"""Adapters: round trip (render, parse back, same plan), refusals that name the knob, quoting, golden files.
+
+These run without any framework installed; tests/test_adapters_frameworks.py proves the keys against
+the real packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from meshplan.adapters import TARGETS, render
+from meshplan.adapters.capabilities import KNOBS, adapter_section, knob_table, knobs_in_use
+from meshplan.adapters.parse import parse_plan, shell_tokens
+
+from meshplan.errors import MeshplanError
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+GOLDEN = Path(__file__).parent / "golden"
+
+# (framework, variant or None, request fields): realistic plans covering every knob each target has.
+CASES: list[tuple[str, str | None, dict]] = [
+    ("megatron-core", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=5, cp=2, global_batch_size=512,
+                                 recompute="selective")),
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, global_batch_size=4096,
+                                 recompute="full", recompute_layers=2)),
+    ("megatron-core", None, dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, pp=2, ep=8, cp=2, cp_comm_type="a2a+p2p",
+                                 zero_stage=3, seq_length=32768, global_batch_size=64)),
+    ("megatron-bridge", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=5, cp=2,
+                                   global_batch_size=512, recompute="full")),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=16, tp=1, pp=2, ep=8,
+                                           global_batch_size=256, zero_stage=2)),
+    ("verl", None, dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, pp=2, ep=4, cp=2, cp_comm_type="a2a",
+                        global_batch_size=256, recompute="full", recompute_layers=4)),
+    ("verl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=5, global_batch_size=512,
+                        recompute="selective")),
+    ("verl", "fsdp", dict(model="qwen3-8b", num_gpus=16, cp=4, zero_stage=3, global_batch_size=256,
+                          recompute="full")),
+    ("skyrl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=5, cp=2, global_batch_size=512,
+                         recompute="selective")),
+    ("skyrl", "sft", dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, pp=2, ep=8, etp=1, global_batch_size=128)),
+    ("skyrl", "fsdp", dict(model="qwen3-8b", num_gpus=8, cp=2, zero_stage=3, global_batch_size=64)),
+    ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2, global_batch_size=512,
+                              recompute="selective")),
+    ("torchtitan", None, dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, cp=2, global_batch_size=128,
+                              recompute="full")),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, zero_stage=0, global_batch_size=64)),
+    ("kempnerforge", None, dict(model="llama-3.1-70b", num_gpus=32, tp=4, global_batch_size=256,
+                                recompute="full")),
+    ("kempnerforge", None, dict(model="mixtral-8x7b", num_gpus=32, tp=4, ep=2, global_batch_size=256)),
+    ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=16, zero_stage=3, global_batch_size=256)),
+    ("deepspeed", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
+                             recompute="full")),
+]
+
+
+def _render(framework, variant, fields, **opts):
+    job, plan = resolve(Request(framework=framework, **fields))
+    return job, plan, render(framework, job, plan, variant=variant, **opts)
+
+
+@pytest.mark.parametrize("framework,variant,fields", CASES, ids=[f"{c[0]}-{c[1] or 'default'}-{c[2]['model']}"
+                                                                   for c in CASES])
+def test_round_trip_gives_the_same_plan(framework, variant, fields):
+    job, plan, result = _render(framework, variant, fields)
+    parsed = parse_plan(framework, result.variant, result.text, job.model.num_layers)
+    expected = plan.model_dump()
+    assert {k: expected[k] for k in parsed} == parsed
+    assert {"tp", "micro_batch_size", "zero_stage"} <= set(parsed)
+    assert "dp" in parsed or result.format == "python"  # the python form runs inside a launch that sets the GPUs
+
+
+def test_uneven_pipeline_round_trips_for_megatron_family_and_torchtitan():
+    fields = dict(model="llama-3.1-405b", num_gpus=1024, tp=8, pp=16, global_batch_size=2048)
+    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan"):
+        job, plan = resolve(Request(framework=framework, **fields))
+        plan = plan.model_copy(update={"first_stage_layers": 7, "last_stage_layers": 7})  # 126 = 7 + 14*8 + 7
+        result = render(framework, job, plan)
+        parsed = parse_plan(framework, result.variant, result.text, job.model.num_layers)
+        assert parsed["first_stage_layers"] == 7 and parsed["last_stage_layers"] == 7, framework
+
+
+def test_megatron_core_never_emits_a_vpp_size_flag():
+    _, _, result = _render("megatron-core", None, CASES[0][2])
+    assert "--virtual-pipeline-model-parallel-size" not in result.text
+    assert "--num-layers-per-virtual-pipeline-stage 4" in result.text  # 80 layers / (pp 4 * vpp 5)
+
+
+def test_verl_uses_double_plus_for_override_transformer_config_only():
+    _, _, result = _render("verl", None, CASES[5][2])
+    for token in shell_tokens(result.text):
+        if "override_transformer_config" in token:
+            assert token.startswith("++"), token
+        else:
+            assert not token.startswith("+"), token
+
+
+def test_skyrl_never_uses_a_plus_prefix_and_sft_is_top_level():
+    for framework, variant, fields in CASES:
+        if framework == "skyrl":
+            _, _, result = _render(framework, variant, fields)
+            assert not any(t.startswith("+") for t in shell_tokens(result.text))
+    _, _, sft = _render("skyrl", "sft", CASES[9][2])
+    assert "strategy=megatron" in sft.text and "megatron_config.tensor_model_parallel_size=2" in sft.text
+    assert "trainer." not in sft.text
+
+
+@pytest.mark.parametrize("framework,fields,knob", [
+    ("torchtitan", dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, etp=2), "etp=2"),
+    ("kempnerforge", dict(model="llama-3.1-70b", num_gpus=32, tp=4, pp=4, vpp=2), "vpp=2"),
+    ("deepspeed", dict(model="llama-3.1-8b", num_gpus=16, cp=2), "cp=2"),
+    ("verl", dict(model="llama-3.1-8b", num_gpus=16, tp=2, zero_stage=3), "tp=2"),
+    ("skyrl", dict(model="llama-3.1-8b", num_gpus=16, zero_stage=2), "zero_stage=2"),
+    ("torchtitan", dict(model="llama-3.1-8b", num_gpus=16, zero_stage=1), "zero_stage=1"),
+])
+def test_a_knob_the_framework_lacks_is_refused_with_what_to_use_instead(framework, fields, knob):
+    job, plan = resolve(Request(framework=framework, **fields))
+    with pytest.raises(MeshplanError) as exc:
+        render(framework, job, plan)
+    assert knob in exc.value.reason and exc.value.fix
+
+
+def test_framework_rules_are_refused():
+    job, plan = resolve(Request(framework="kempnerforge", model="mixtral-8x7b", num_gpus=32, pp=2, ep=2))
+    with pytest.raises(MeshplanError, match="MoE"):
+        render("kempnerforge", job, plan)
+    job, plan = resolve(Request(framework="deepspeed", model="llama-3.1-70b", num_gpus=64, pp=4, zero_stage=3))
+    with pytest.raises(MeshplanError, match="ZeRO stage 0 or 1"):
+        render("deepspeed", job, plan)
+
+
+def test_unknown_framework_variant_and_version_are_clear_errors():
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8))
+    with pytest.raises(MeshplanError, match="nanotron"):
+        render("nanotron", job, plan)
+    with pytest.raises(MeshplanError, match="Variants"):
+        render("verl", job, plan, variant="nope")
+    with pytest.raises(MeshplanError, match=r"0\.3\.0"):
+        render("torchtitan", job, plan, version="9.9")
+
+
+def test_torchtitan_version_prefix_selects_the_toml_form():
+    _, _, result = _render("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2), version="0.2")
+    assert result.version == "0.2.2" and result.format == "toml" and "[parallelism]" in result.text
+
+
+def test_every_card_knob_with_a_key_is_exercised_and_missing_ones_say_instead():
+    for framework in TARGETS:
+        section = adapter_section(framework)
+        for version in section.versions:
+            for variant in section.variants:
+                table = knob_table(framework, version, variant)
+                assert set(table) == set(KNOBS)
+                assert all(k.key or k.instead for k in table.values())
+
+
+def test_knobs_in_use_reflect_the_plan():
+    job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, recompute="full",
+                                recompute_layers=1, precision="fp8"))
+    used = set(knobs_in_use(job, plan))
+    assert {"tp", "pp", "ep", "sequence_parallel", "recompute_full", "recompute_layers", "fp8", "zero_1"} <= used
+    assert not {"cp", "vpp", "etp", "uneven_pp"} & used
+
+
+# --------------------------------------------------------------------------- safety
+
+
+HOSTILE = ["x; rm -rf ~", "$(touch pwned)", "`touch pwned`", "a'b\"c", "x\nrm -rf ~", "x && touch pwned"]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+@pytest.mark.parametrize("framework", ["megatron-core", "verl", "skyrl", "torchtitan", "deepspeed",
+                                       "megatron-bridge"])
+def test_a_hostile_model_name_cannot_inject_a_command(framework, name, tmp_path):
+    job, plan = resolve(Request(framework=framework, model="llama-3.1-8b", num_gpus=8, tp=2))
+    arch = job.model.model_copy(update={"name": name, "hf_id": name, "key": None})
+    job = job.model_copy(update={"model": arch})
+    variant = {"deepspeed": "megatron-deepspeed", "megatron-bridge": "run_recipe"}.get(framework)
+    result = render(framework, job, plan, variant=variant)
+    if result.format == "python":
+        compile(result.text, "layout.py", "exec")
+        return
+    # The name only ever appears as one whole shell word (or inside a comment line).
+    tokens = shell_tokens(result.text)
+    assert not any(t in ("rm", "touch", "&&", ";") for t in tokens)
+    if framework in ("verl", "skyrl"):
+        assert any(t.endswith("=" + name) or t.endswith("='" + name.replace("'", "\\'") + "'") or name in t
+                   for t in tokens)
+    # Run it with every external command replaced by a no-op: nothing may be created.
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    for cmd in ("torchrun", "python", "python3"):
+        (stub / cmd).write_text("#!/bin/sh\nexit 0\n")
+        (stub / cmd).chmod(0o755)
+    script = tmp_path / "run.sh"
+    script.write_text(result.text)
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "RECIPE": "recipe",
+           "TORCHTITAN_MODULE": "llama3", "TORCHTITAN_CONFIG": "llama3_8b"}
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "pwned").exists() and not list(tmp_path.glob("home*"))
+
+
+def test_shell_values_are_quoted_with_shlex():
+    job, plan = resolve(Request(framework="verl", model="llama-3.1-8b", num_gpus=8, tp=2))
+    job = job.model_copy(update={"model": job.model.model_copy(update={"hf_id": "org/model with space"})})
+    text = render("verl", job, plan).text
+    assert shlex.quote("actor_rollout_ref.model.path='org/model with space'") in text
+
+
+# --------------------------------------------------------------------------- golden files
+
+GOLDEN_CASES = {
+    "llama-3.1-70b_64xh100": dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=5, cp=2,
+                                  global_batch_size=512, recompute="selective"),
+    "qwen3-30b-a3b_16xh100": dict(model="qwen3-30b-a3b", num_gpus=16, tp=1, pp=2, ep=8, global_batch_size=256),
+    "deepseek-v3_1024xh100": dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
+                                  global_batch_size=4096, recompute="full", recompute_layers=1,
+                                  first_stage_layers=4, last_stage_layers=1),  # 61 = 4 + 14*4 + 1
+}
+# Per framework the layout it can express (KempnerForge: MoE needs pp=1 and EP takes its own ranks).
+GOLDEN_OVERRIDES = {
+    ("kempnerforge", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4,
+                                                   global_batch_size=512, recompute="full"),
+    ("kempnerforge", "qwen3-30b-a3b_16xh100"): dict(model="qwen3-30b-a3b", num_gpus=16, tp=1, ep=8,
+                                                   global_batch_size=256),
+    ("kempnerforge", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, tp=8, ep=64,
+                                                   global_batch_size=4096, recompute="full"),
+    ("torchtitan", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2,
+                                                 global_batch_size=512, recompute="selective"),
+    ("torchtitan", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, pp=16, ep=64,
+                                                 global_batch_size=4096, recompute="full",
+                                                 first_stage_layers=4, last_stage_layers=1),
+    ("deepspeed", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4,
+                                                global_batch_size=512, recompute="full"),
+    ("deepspeed", "qwen3-30b-a3b_16xh100"): dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3,
+                                                global_batch_size=256),
+    ("deepspeed", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, tp=8, pp=16,
+                                                global_batch_size=4096, recompute="full"),
+}
+
+
+def golden_renderings():
+    for framework in TARGETS:
+        for case, fields in GOLDEN_CASES.items():
+            fields = dict(GOLDEN_OVERRIDES.get((framework, case), fields))
+            first, last = fields.pop("first_stage_layers", None), fields.pop("last_stage_layers", None)
+            job, plan = resolve(Request(framework=framework, **fields))
+            if first is not None:
+                plan = plan.model_copy(update={"first_stage_layers": first, "last_stage_layers": last})
+            result = render(framework, job, plan)
+            suffix = {"python": "py", "shell": "sh", "hydra": "sh"}.get(result.format, result.format)
+            yield GOLDEN / f"{framework}__{case}.{suffix}", result
+
+
+def test_golden_files_match():
+    """Regenerate with MESHPLAN_REGEN_GOLDEN=1 python -m pytest tests/test_adapters.py -k golden."""
+    regen = os.environ.get("MESHPLAN_REGEN_GOLDEN") == "1"
+    seen = set()
+    for path, result in golden_renderings():
+        seen.add(path.name)
+        if regen:
+            path.write_text(result.text)
+        assert path.exists(), f"missing golden file {path.name} (run with MESHPLAN_REGEN_GOLDEN=1)"
+        assert path.read_text() == result.text, f"{path.name} changed; review and regenerate"
+    assert len(seen) == 3 * len(TARGETS)
+
+
+def test_cli_render_prints_the_snippet_and_json(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "render", "torchtitan", "llama-3.1-8b",
+                           "--num-gpus", "8", "--tp", "2", "--json"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert '"framework": "torchtitan"' in proc.stdout and "--parallelism.tensor_parallel_degree 2" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "render", "torchtitan", "--model", "qwen3-30b-a3b",
+                           "--num-gpus", "16", "--ep", "8", "--etp", "2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "expert_tensor_parallel_degree" in proc.stderr and "Traceback" not in proc.stderr

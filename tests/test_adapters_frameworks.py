@@ -1,0 +1,283 @@
+"""Proof that rendered snippets use only keys the real frameworks accept, checked against pinned packages.
+
+- Megatron-Core: every flag is defined by megatron-core 0.19.2's parser (arguments.py, read with ast).
+- Megatron-Bridge: every cfg.<section>.<field> is a field of that section's dataclass (0.6.2, ast).
+- verl: Hydra composes the packaged ppo_trainer.yaml with the overrides (hydra-core in a cached venv).
+- SkyRL: every key walks SkyRL 0.4.0's config dataclasses; transformer_config_kwargs keys are
+  Megatron-Core TransformerConfig fields.
+- torchtitan 0.3.0: its own ConfigManager parses the command line (CPU torch in a cached venv);
+  0.2.2: the TOML keys are fields of its JobConfig sections (ast).
+- KempnerForge (not on PyPI): every key and value fits cards/kempnerforge_schema.yaml.
+- DeepSpeed: ds_config keys and Megatron-DeepSpeed flags are within the lists in its card.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+
+import pytest
+from framework_packages import venv_python, wheel_tree
+from framework_source import SourceTree, megatron_flags
+from meshplan.adapters import render
+from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
+from test_adapters import CASES, GOLDEN_CASES, GOLDEN_OVERRIDES
+
+from meshplan.cards import framework_card, read_card
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+pytestmark = pytest.mark.slow
+
+
+def rendered(framework: str):
+    """Every rendering of `framework` the other tests use: the round-trip cases and the golden plans."""
+    out = []
+    for fw, variant, fields in CASES:
+        if fw == framework:
+            job, plan = resolve(Request(framework=fw, **fields))
+            out.append(render(fw, job, plan, variant=variant))
+    for case, fields in GOLDEN_CASES.items():
+        fields = dict(GOLDEN_OVERRIDES.get((framework, case), fields))
+        first, last = fields.pop("first_stage_layers", None), fields.pop("last_stage_layers", None)
+        job, plan = resolve(Request(framework=framework, **fields))
+        if first is not None:
+            plan = plan.model_copy(update={"first_stage_layers": first, "last_stage_layers": last})
+        out.append(render(framework, job, plan))
+    return out
+
+
+@pytest.fixture(scope="module")
+def megatron_tree() -> SourceTree:
+    return SourceTree(wheel_tree("megatron-core"), wheel_tree("megatron-bridge"))
+
+
+# --------------------------------------------------------------------------- Megatron-Core / Megatron-Bridge
+
+
+def test_megatron_core_flags_exist_in_arguments_py(megatron_tree):
+    known = megatron_flags(megatron_tree)
+    assert "--virtual-pipeline-model-parallel-size" not in known  # the trap the adapter avoids
+    for result in rendered("megatron-core"):
+        tokens = shell_tokens(result.text)
+        flags = set(cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:]))
+        assert flags - known == set(), result.text
+
+
+BRIDGE_SECTIONS = {"model": ("megatron.bridge.models.gpt_provider", "GPTModelProvider"),
+                   "train": ("megatron.bridge.training.config", "TrainingConfig"),
+                   "ddp": ("megatron.bridge.training.config", "DistributedDataParallelConfig"),
+                   "optimizer": ("megatron.bridge.training.config", "OptimizerConfig"),
+                   "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
+                   "dataset": ("megatron.bridge.training.config", "GPTDatasetConfig"),
+                   "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig")}
+
+
+def test_megatron_bridge_fields_exist_in_config_dataclasses(megatron_tree):
+    container = megatron_tree.fields("megatron.bridge.training.config", "ConfigContainer")
+    fields = {s: set(megatron_tree.fields(*where)) for s, where in BRIDGE_SECTIONS.items()}
+    assert "decoder_first_pipeline_num_layers" not in fields["model"]
+    extra = resolve(Request(framework="megatron-bridge", model="llama-3.1-70b", num_gpus=64, tp=4, pp=4,
+                            zero_stage=3, cp=2, cp_comm_type="a2a+p2p", precision="fp8"))
+    for result in [*rendered("megatron-bridge"), render("megatron-bridge", *extra, variant="run_recipe")]:
+        keys = (python_assignments(result.text) if result.format == "python"
+                else overrides(shell_tokens(result.text)))
+        for key in keys:
+            section, name = key.split(".", 1)
+            assert section in container and name in fields[section], key
+
+
+# --------------------------------------------------------------------------- verl (Hydra compose)
+
+COMPOSE = r"""
+import json, sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+config_dir, jobs = sys.argv[1], json.loads(sys.stdin.read())
+out = []
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    for overrides, probes in jobs:
+        try:
+            cfg = compose(config_name="ppo_trainer", overrides=overrides)
+            out.append({"ok": True, "values": {p: OmegaConf.select(cfg, p) for p in probes}})
+        except Exception as exc:  # the test reports Hydra's own message
+            out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+print(json.dumps(out))
+"""
+
+
+def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
+    python = venv_python("hydra", ["hydra-core==1.3.2"], python_version="3.11")
+    config_dir = wheel_tree("verl") / "verl" / "trainer" / "config"
+    results = rendered("verl")
+    jobs = []
+    for result in results:
+        tokens = shell_tokens(result.text)
+        ov = tokens[tokens.index("verl.trainer.main_ppo") + 1:]
+        if result.variant == "megatron":
+            probes = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                      "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
+                      "critic.megatron.expert_model_parallel_size", "actor_rollout_ref.actor.strategy"]
+        else:
+            probes = ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+                      "actor_rollout_ref.actor.strategy"]
+        jobs.append([ov, probes])
+    jobs.append([["actor_rollout_ref.actor.megatron.grad_offload=true", "model_engine=megatron"], []])  # stale key
+    proc = subprocess.run([str(python), "-c", COMPOSE, str(config_dir)], input=json.dumps(jobs),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not answers[-1]["ok"]  # Hydra does reject an unknown key: the check has teeth
+    for result, answer in zip(results, answers[:-1], strict=True):
+        assert answer["ok"], f"{answer.get('error')}\n{result.text}"
+        values = answer["values"]
+        if result.variant == "megatron":
+            assert values["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"] == result.plan.tp
+            assert values["actor_rollout_ref.ref.megatron.pipeline_model_parallel_size"] == result.plan.pp
+            assert values["critic.megatron.expert_model_parallel_size"] == result.plan.ep
+            assert values["actor_rollout_ref.actor.strategy"] == "megatron"
+        else:
+            assert values["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"] == result.plan.cp
+
+
+# --------------------------------------------------------------------------- SkyRL (dataclass walk)
+
+
+def _walk(tree: SourceTree, module: str, cls: str, key: str, transformer_fields: set[str]) -> None:
+    head, _, rest = key.partition(".")
+    fields = tree.fields(module, cls)
+    assert head in fields, f"{key}: no field {head!r} in {cls}"
+    if not rest:
+        return
+    annotation = fields[head]
+    type_name = annotation.id if hasattr(annotation, "id") else getattr(annotation, "value", None)
+    type_name = type_name.id if hasattr(type_name, "id") else type_name
+    if head == "transformer_config_kwargs":
+        assert rest in transformer_fields, f"{key}: {rest!r} is not a Megatron-Core TransformerConfig field"
+        return
+    assert isinstance(type_name, str) and tree.resolve(module, type_name), f"{key}: {head} is not a config class"
+    _walk(tree, *tree.resolve(module, type_name)[0:1], type_name, rest, transformer_fields)
+
+
+def test_skyrl_keys_exist_in_its_config_dataclasses(megatron_tree):
+    tree = SourceTree(wheel_tree("skyrl"))
+    transformer = set(megatron_tree.fields("megatron.core.transformer.transformer_config", "TransformerConfig"))
+    assert "virtual_pipeline_model_parallel_size" not in tree.fields("skyrl.train.config.config", "MegatronConfig")
+    for result in rendered("skyrl"):
+        root = ("skyrl.train.config.sft_config", "SFTConfig") if result.variant == "sft" else (
+            "skyrl.train.config.config", "SkyRLTrainConfig")
+        keys = overrides(shell_tokens(result.text))
+        assert keys and not any(k.startswith("+") for k in keys)
+        for key in keys:
+            _walk(tree, *root, key, transformer)
+    with pytest.raises(AssertionError):
+        _walk(tree, "skyrl.train.config.config", "SkyRLTrainConfig",
+              "trainer.policy.megatron_config.sequence_parallel", transformer)
+
+
+# --------------------------------------------------------------------------- torchtitan
+
+# torch 2.13.0 is the CPU wheel pip takes for Python 3.11 on these machines (any other torch is a multi-GB CUDA
+# download); torchtitan 0.3.0 imports triton when it loads a model registry. Direct dependencies are pinned so
+# pip does not backtrack (about 4 minutes to build once, then cached).
+TORCHTITAN_VENV = ["torch==2.13.0", "torchtitan==0.3.0", "triton==3.9.0", "datasets==4.7.0", "einops==0.8.2",
+                   "pillow==13.0.0", "safetensors==0.8.0", "spmd_types==0.2.3", "tensorboard==2.21.0",
+                   "tokenizers==0.23.3", "torch_checkpointing==0.1.1", "torchdata==0.11.0", "tyro==1.0.17",
+                   "wandb==0.31.0"]
+
+PARSE = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+from torchtitan.config.manager import ConfigManager
+out = []
+for args in json.loads(sys.stdin.read()):
+    try:
+        c = ConfigManager().parse_args(args)
+        p, t = c.parallelism, c.training
+        out.append({"ok": True, "tp": p.tensor_parallel_degree, "pp": p.pipeline_parallel_degree,
+                    "cp": p.context_parallel_degree, "ep": p.expert_parallel_degree,
+                    "dp_shard": p.data_parallel_shard_degree, "dp_replicate": p.data_parallel_replicate_degree,
+                    "sp": p.enable_sequence_parallel, "local": t.local_batch_size,
+                    "ac": type(c.activation_checkpoint).__qualname__ if c.activation_checkpoint else "none"})
+    except SystemExit as exc:
+        out.append({"ok": False, "error": f"exit {exc.code}"})
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_torchtitan_config_manager_parses_the_rendered_command_line():
+    python = venv_python("torchtitan", TORCHTITAN_VENV, python_version="3.11")
+    results = [r for r in rendered("torchtitan") if r.version == "0.3.0"]
+    jobs = []
+    for result in results:
+        tokens = shell_tokens(result.text)
+        jobs.append(tokens[tokens.index("torchtitan.train") + 1:])
+    jobs.append(["--module", "qwen3", "--config", "qwen3_30b_a3b", "--parallelism.expert_tensor_parallel_degree",
+                 "2"])  # removed in 0.3.0: must be rejected
+    proc = subprocess.run([str(python), "-c", PARSE], input=json.dumps(jobs), capture_output=True, text=True,
+                          timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stderr[-4000:]
+    answers = json.loads(line[len("RESULT "):])
+    assert not answers[-1]["ok"]
+    for result, answer in zip(results, answers[:-1], strict=True):
+        assert answer["ok"], result.text
+        plan = result.plan
+        assert (answer["tp"], answer["pp"], answer["cp"], answer["ep"]) == (plan.tp, plan.pp, plan.cp, plan.ep)
+        assert answer["dp_shard"] * answer["dp_replicate"] == plan.dp
+        assert answer["sp"] == plan.sequence_parallel
+        assert answer["ac"] == {"none": "none", "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[
+            plan.recompute]
+
+
+def test_torchtitan_0_2_toml_keys_are_job_config_fields():
+    tree = SourceTree(wheel_tree("torchtitan", "0.2.2"))
+    sections = {"parallelism": "Parallelism", "training": "Training", "activation_checkpoint": "ActivationCheckpoint"}
+    for fw, _variant, fields in CASES:
+        if fw != "torchtitan":
+            continue
+        job, plan = resolve(Request(framework=fw, **fields))
+        if plan.zero_stage not in (0, 3):
+            continue
+        doc = tomllib.loads(render(fw, job, plan, version="0.2").text)
+        for section, cls in sections.items():
+            known = set(tree.fields("torchtitan.config.job_config", cls))
+            assert set(doc[section]) <= known, (section, set(doc[section]) - known)
+
+
+# --------------------------------------------------------------------------- KempnerForge, DeepSpeed
+
+
+def test_kempnerforge_keys_and_values_fit_its_documented_schema():
+    schema = read_card("kempnerforge_schema")["sections"]
+    types = {"int": int, "str": str, "float": (int, float), "bool": bool}
+    for result in rendered("kempnerforge"):
+        doc = tomllib.loads(result.text)
+        assert set(doc) == {"distributed", "train"}
+        for section, values in doc.items():
+            for key, value in values.items():
+                spec = schema[section]["fields"].get(key)
+                assert spec is not None, f"[{section}] {key} is not a KempnerForge key"
+                assert isinstance(value, types[spec["type"]]), (key, value)
+                assert value in spec.get("choices", [value]), (key, value)
+
+
+def test_deepspeed_keys_are_in_its_card():
+    card = framework_card("deepspeed").model_extra
+    ds_keys, mds_flags = set(card["ds_config_keys"]), set(card["megatron_deepspeed_flags"])
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+
+    for result in rendered("deepspeed"):
+        if result.format == "json":
+            config = json.loads(result.text)
+        else:
+            config = json.loads(result.text.split("<<'DS_CONFIG'\n", 1)[1].split("\nDS_CONFIG\n", 1)[0])
+            tokens = shell_tokens(result.text.split("\nDS_CONFIG\n", 1)[1])
+            assert set(cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:])) <= mds_flags
+        assert set(flat(config)) <= ds_keys
+        assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
+                                               * config["gradient_accumulation_steps"] * result.plan.dp)
