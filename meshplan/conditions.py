@@ -512,7 +512,9 @@ def verl_batch(ctx: Context) -> Values:
 def skyrl_batch(ctx: Context) -> Values:
     p, gbs = ctx.plan, ctx.job.global_batch_size
     dp = ctx.world // (ctx.model_parallel if ctx.backend == "megatron" else p.cp)
-    per_gpu = gbs // dp if dp else 0
+    if dp == 0:
+        return None  # fewer GPUs than one model replica: the world-size rule (WS001) reports it
+    per_gpu = gbs // dp
     if per_gpu > 0 and per_gpu % p.micro_batch_size == 0:
         return None
     return {"gbs": gbs, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,

@@ -366,3 +366,10 @@ def test_published_recipes_fit(request_):
     report_ = check_config(*make(**request_))
     assert report_.ok, [f"{f.id}: {f.message}" for f in report_.findings]
     assert report_.memory is not None and report_.memory.fits
+
+
+def test_skyrl_batch_rule_on_fewer_gpus_than_one_replica_defers_to_the_world_law():
+    """Found by the real-validator harness: W=4 with pp*cp = 8 used to divide by zero in SK001."""
+    found = ids(*make(model="llama-3.1-8b", framework="skyrl", num_gpus=4, pp=4, cp=2, seq_length=8192,
+                      global_batch_size=2))
+    assert "WS001" in found and "SK001" not in found

@@ -1,0 +1,101 @@
+"""The throughput model's few calibration constants, read from cards/calibration.yaml.
+
+Constants are data with a source and a note on how they were fitted, never literals in the cost
+model. `Calibration` is the flat, frozen view the cost model reads (fast attribute access in the
+hot path); a framework may override a handful of entries where its runtime differs (e.g. which
+attention kernel it uses). The benchmark refits the constants by passing overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from functools import cache
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.cards import CardError, load_card
+
+
+class Constant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: float
+    unit: str = ""
+    meaning: str
+    source: str
+    fitted: str | None = Field(None, description="What data it was fitted on; None = taken from the source")
+
+
+class FrameworkOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    values: dict[str, float]
+    source: str
+
+
+class CalibrationCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    constants: dict[str, Constant]
+    frameworks: dict[str, FrameworkOverride] = {}
+    fit_report: list[str] = []
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every constant of the cost model; names match the keys of cards/calibration.yaml."""
+
+    gemm_peak_fraction: float
+    gemm_half_dim: float
+    fp8_gemm_relative_efficiency: float
+    attention_peak_fraction: float
+    hbm_efficiency: float
+    elementwise_passes: float
+    optimizer_bytes_per_param: float
+    grad_accum_bytes_per_param: float
+    cross_entropy_bytes_per_logit: float
+    layer_overhead_s: float
+    host_time_per_layer_s: float
+    nvlink_efficiency: float
+    network_efficiency: float
+    latency_intra_s: float
+    latency_inter_s: float
+    pp_latency_inter_s: float
+    ring_nic_scaling: float
+    tp_overlap: float
+    dp_overlap: float
+    pp_overlap: float
+    cp_overlap: float
+    ep_overlap: float
+    grad_reduce_bytes: float
+
+    def with_overrides(self, **values: float) -> Calibration:
+        return replace(self, **values)
+
+
+CALIBRATION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Calibration))
+
+
+def calibration_card() -> CalibrationCard:
+    card = load_card("calibration", CalibrationCard)
+    missing = set(CALIBRATION_KEYS) - set(card.constants)
+    unknown = set(card.constants) - set(CALIBRATION_KEYS)
+    bad_fw = {k for fw in card.frameworks.values() for k in fw.values} - set(CALIBRATION_KEYS)
+    if missing or unknown or bad_fw:
+        raise CardError(
+            "cards/calibration.yaml does not match the cost model: "
+            f"missing {sorted(missing)}, unknown {sorted(unknown | bad_fw)}.",
+            fix=f"Keys must be exactly: {', '.join(CALIBRATION_KEYS)}.",
+        )
+    return card
+
+
+@cache
+def calibration(framework: str | None = None) -> Calibration:
+    """The calibrated constants, with `framework`'s overrides applied (cached)."""
+    card = calibration_card()
+    values = {k: c.value for k, c in card.constants.items()}
+    if framework and framework in card.frameworks:
+        values.update(card.frameworks[framework].values)
+    return Calibration(**values)

@@ -1,0 +1,485 @@
+"""Step time, tokens/s per GPU and MFU of one training job under one parallel layout.
+
+The model is first-order and explicit, so a reader can redo it by hand:
+- every pipeline stage's time per micro-batch is the sum of its GEMMs (each at an achievable
+  fraction of peak that depends on its shape), causal flash attention, memory-bound elementwise
+  work, a per-layer launch overhead, and the exposed part of its TP / CP / EP / PP traffic;
+- the pipeline runs m micro-batches: m x (slowest stage) plus the fill/drain of the others,
+  divided by the virtual stages v, which is the (p-1)/(m*v) bubble for balanced stages;
+- once per step the gradients are reduced over the data-parallel group (overlapped with the
+  last backward), ZeRO gathers the parameters back, and the optimizer streams its state.
+Constants come from cards/calibration.yaml (fitted on the Ultra-Scale Playbook sweep, see
+bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.calibration import Calibration, calibration
+from meshplan.comm import Links, allreduce_time, alltoall_time, crosses_domains, links, p2p_time, ring_time
+from meshplan.errors import MeshplanError
+from meshplan.flops import (
+    Gemm,
+    Shard,
+    attention_core_flops,
+    attention_gemms,
+    logits_gemm,
+    mlp_gemms,
+    model_flops_per_token,
+    moe_gemms,
+)
+from meshplan.models import layer_params
+from meshplan.request import uses_fsdp
+from meshplan.schema import Architecture, Job, Plan, ThroughputBreakdown, ThroughputReport
+
+__all__ = ["estimate_throughput", "model_flops_per_token", "stage_layer_indices"]
+
+BF16 = 2  # bytes per activation element on the wire
+
+
+# --------------------------------------------------------------------------- per-architecture caches
+
+_PARAMS_CACHE: dict[int, tuple[Architecture, list[tuple[float, float]]]] = {}
+
+
+def _layer_param_split(arch: Architecture) -> list[tuple[float, float]]:
+    """Per layer: (parameters sharded by TP or replicated, routed-expert parameters). Cached per object."""
+    hit = _PARAMS_CACHE.get(id(arch))
+    if hit is not None and hit[0] is arch:
+        return hit[1]
+    table = []
+    for i in range(arch.num_layers):
+        p = layer_params(arch, i)
+        table.append((float(sum(p.values()) - p["routed_experts"]), float(p["routed_experts"])))
+    if len(_PARAMS_CACHE) > 256:
+        _PARAMS_CACHE.clear()
+    _PARAMS_CACHE[id(arch)] = (arch, table)
+    return table
+
+
+def stage_layer_indices(num_layers: int, plan: Plan) -> list[list[int]]:
+    """Decoder layers held by each pipeline rank (all its virtual chunks), Megatron-Core's assignment."""
+    p, v = plan.pp, plan.vpp
+    if plan.first_stage_layers is not None or plan.last_stage_layers is not None:
+        first = plan.first_stage_layers
+        last = plan.last_stage_layers
+        middle_stages = p - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        if rest < 0 or (middle_stages == 0 and rest != 0) or (middle_stages > 0 and rest % middle_stages):
+            raise MeshplanError(
+                f"Uneven pipeline split does not add up: {num_layers} layers, first {first}, last {last}, pp {p}.",
+                fix="The layers left for the middle stages must divide evenly among them.",
+            )
+        sizes = ([first] if first is not None else []) + [rest // max(1, middle_stages)] * middle_stages
+        sizes += [last] if last is not None else []
+        chunks = sizes  # one chunk per rank
+        v = 1
+    else:
+        n_chunks = p * v
+        base, extra = divmod(num_layers, n_chunks)
+        chunks = [base + (1 if c < extra else 0) for c in range(n_chunks)]
+    stages: list[list[int]] = [[] for _ in range(p)]
+    start = 0
+    for c, size in enumerate(chunks):
+        stages[c % p].extend(range(start, start + size))
+        start += size
+    return stages
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _validate(job: Job, plan: Plan) -> list[str]:
+    """Errors for layouts whose time cannot be estimated; warnings for ones that run badly."""
+    arch, warnings = job.model, []
+    world = plan.tp * plan.pp * plan.cp * plan.dp
+    if job.framework == "kempnerforge":
+        world *= plan.ep
+    if world != job.num_gpus:
+        raise MeshplanError(
+            f"The layout uses {world} GPUs (tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp}"
+            + (f" x ep {plan.ep}" if job.framework == "kempnerforge" else "")
+            + f") but the job has {job.num_gpus}.",
+            fix=f"Set dp = {max(1, job.num_gpus // max(1, world // plan.dp))} or num_gpus = {world}.",
+        )
+    if plan.pp * plan.vpp > arch.num_layers:
+        raise MeshplanError(
+            f"pp {plan.pp} x vpp {plan.vpp} = {plan.pp * plan.vpp} pipeline chunks but the model has only "
+            f"{arch.num_layers} layers.",
+            fix=f"Use pp * vpp <= {arch.num_layers}.",
+        )
+    if plan.vpp > 1 and plan.pp == 1:
+        raise MeshplanError("vpp > 1 (interleaved pipeline) needs pp > 1.", fix="Set vpp 1 or pp >= 2.")
+    if plan.tp > arch.num_attention_heads:
+        raise MeshplanError(
+            f"tp {plan.tp} exceeds the {arch.num_attention_heads} attention heads; a rank would hold no head.",
+            fix=f"Use tp <= {arch.num_attention_heads}.",
+        )
+    if arch.moe is None:
+        if plan.ep > 1 or plan.etp > 1:
+            raise MeshplanError(
+                f"ep {plan.ep} / etp {plan.etp} set for the dense model {arch.name}.", fix="Use ep 1 and etp 1."
+            )
+    else:
+        if arch.moe.num_experts % plan.ep:
+            raise MeshplanError(
+                f"ep {plan.ep} does not divide the {arch.moe.num_experts} experts.",
+                fix="Choose ep among the divisors of " + str(arch.moe.num_experts) + ".",
+            )
+        if job.framework != "kempnerforge" and job.num_gpus % (plan.pp * plan.ep * plan.etp):
+            raise MeshplanError(
+                f"num_gpus {job.num_gpus} is not a multiple of pp*ep*etp = {plan.pp * plan.ep * plan.etp}.",
+                fix="Megatron-Core needs world % (pp*ep*etp) == 0; lower ep or etp.",
+            )
+    if job.precision == "fp8" and not job.gpu.fp8_flops:
+        raise MeshplanError(
+            f"precision fp8 on {job.gpu.name}, which has no FP8 tensor cores.",
+            fix="Use precision bf16, or an FP8-capable GPU (h100, h200, b200, gb200, mi300x).",
+        )
+    unit = plan.micro_batch_size * plan.dp
+    if job.global_batch_size < unit:
+        raise MeshplanError(
+            f"global_batch_size {job.global_batch_size} is smaller than micro_batch_size x dp = {unit}.",
+            fix=f"Use global_batch_size >= {unit}, or a smaller micro-batch / dp.",
+        )
+    if job.global_batch_size % unit:
+        warnings.append(
+            f"global_batch_size {job.global_batch_size} is not a multiple of micro_batch_size x dp = {unit}; "
+            f"timed as {job.global_batch_size // unit} micro-batches."
+        )
+    return warnings
+
+
+# --------------------------------------------------------------------------- one layer on one rank
+
+
+@dataclass
+class LayerTime:
+    """Seconds for one layer, one micro-batch, forward + backward, on one rank."""
+
+    gemm: float = 0.0
+    attention: float = 0.0
+    elementwise: float = 0.0
+    overhead: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+    recompute: float = 0.0
+    fwd_compute: float = 0.0  # forward share of gemm + attention + elementwise (recompute, overlap windows)
+
+    @property
+    def compute(self) -> float:
+        return self.gemm + self.attention + self.elementwise + self.overhead
+
+
+def gemm_efficiency(g: Gemm, cal: Calibration) -> float:
+    """Achievable fraction of peak: a saturation curve in each matrix dimension (small shards run slow)."""
+    x0 = cal.gemm_half_dim
+    return cal.gemm_peak_fraction * (g.m / (g.m + x0)) * (g.n / (g.n + x0)) * (g.k / (g.k + x0))
+
+
+def gemm_seconds(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak: float | None) -> float:
+    """Forward + weight-gradient + data-gradient of each GEMM (3x the forward FLOPs)."""
+    total = 0.0
+    for g in gemms:
+        peak = fp8_peak if (fp8_peak and g.fp8) else bf16_peak
+        total += 3.0 * g.flops / (peak * gemm_efficiency(g, cal))
+    return total
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """Everything the per-layer model needs, computed once per estimate."""
+
+    arch: Architecture
+    plan: Plan
+    seq: int
+    cal: Calibration
+    lk: Links
+    shard: Shard
+    bf16_peak: float
+    fp8_peak: float | None
+    hbm: float
+
+
+def _kv_width(arch: Architecture, tp: int) -> float:
+    """K plus V elements per token held by one TP rank (what CP exchanges)."""
+    if arch.mla is not None:
+        m = arch.mla
+        return arch.num_attention_heads / tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * (-(-arch.num_kv_heads // tp)) * arch.head_dim
+
+
+def _cp_time(ctx: Ctx, attention_fwd_bwd: float) -> float:
+    plan, arch, lk, cal = ctx.plan, ctx.arch, ctx.lk, ctx.cal
+    c = plan.cp
+    if c <= 1:
+        return 0.0
+    tokens = ctx.shard.tokens
+    kv_bytes = tokens * _kv_width(arch, plan.tp) * BF16
+    cross = crosses_domains(c, plan.tp, lk.domain)
+    if plan.cp_comm_type == "a2a":
+        q_bytes = tokens * arch.num_attention_heads / plan.tp * arch.head_dim * BF16
+        # Ulysses: q, k, v and the output are re-sharded (sequence <-> heads) forward and backward.
+        per_pass = alltoall_time(2 * q_bytes + kv_bytes, c, plan.tp, lk)
+        return 2.0 * per_pass
+    if plan.cp_comm_type == "allgather":
+        return 2.0 * ring_time(c * kv_bytes, c, plan.tp, lk)
+    # p2p ring (and the a2a+p2p hierarchy, timed as its ring): c-1 K/V hops forward, K/V and dK/dV backward.
+    comm = 3.0 * (c - 1) * p2p_time(kv_bytes, cross, lk)
+    return max(0.0, comm - cal.cp_overlap * attention_fwd_bwd)
+
+
+def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
+    arch, plan, cal, sh = ctx.arch, ctx.plan, ctx.cal, ctx.shard
+    lt = LayerTime()
+    gemms = attention_gemms(arch, sh)
+    if moe:
+        gemms += moe_gemms(arch, sh)
+    else:
+        gemms += mlp_gemms(arch, sh, arch.ffn_hidden_size, "mlp")
+    lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
+    attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * cal.attention_peak_fraction)
+    lt.attention = 3.5 * attn_fwd  # flash-attention backward re-forms the scores: 2.5x the forward
+    # Memory-bound work (norms, activation, rotary, residuals, dropout-free): passes over the layer's
+    # hidden-sized tensors (sequence-sharded under SP) and its FFN activations (TP-sharded).
+    t_sp = plan.tp if plan.sequence_parallel else 1
+    if moe and arch.moe is not None:
+        local = sh.tokens / t_sp
+        ffn_elems = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp
+        ffn_elems += sh.tokens * arch.moe.shared_expert_ffn_hidden_size / plan.tp
+    else:
+        ffn_elems = sh.tokens * arch.ffn_hidden_size / plan.tp
+    elem_bytes = cal.elementwise_passes * BF16 * (sh.tokens * arch.hidden_size / t_sp + ffn_elems)
+    lt.elementwise = elem_bytes / ctx.hbm
+    lt.overhead = cal.layer_overhead_s
+    lt.fwd_compute = lt.gemm / 3.0 + attn_fwd + lt.elementwise / 3.0
+
+    # TP: per layer, forward two all-gather + reduce-scatter pairs (or two all-reduces), backward the same.
+    act_bytes = sh.tokens * arch.hidden_size * BF16
+    tp_ops = 8.0
+    if moe and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size:
+        tp_ops = 4.0  # routed experts take sequence-sharded tokens straight into the all-to-all
+    tp_comm = tp_ops * ring_time(act_bytes, plan.tp, 1, ctx.lk)
+    if moe and plan.etp > 1:
+        tp_comm += 4.0 * ring_time(act_bytes, plan.etp, 1, ctx.lk)
+    lt.tp = (1.0 - cal.tp_overlap) * tp_comm
+    lt.cp = _cp_time(ctx, lt.attention)
+    if moe and arch.moe is not None and plan.ep > 1:
+        local = sh.tokens / t_sp
+        a2a_bytes = local * arch.moe.top_k * arch.hidden_size * BF16
+        # dispatch and combine, forward and backward
+        lt.ep = (1.0 - cal.ep_overlap) * 4.0 * alltoall_time(a2a_bytes, plan.ep, plan.etp, ctx.lk)
+    return lt
+
+
+def _recompute_time(lt: LayerTime, recompute: str) -> float:
+    if recompute == "full":
+        return lt.fwd_compute + lt.overhead / 2 + lt.tp / 2 + lt.cp / 3 + lt.ep / 2
+    if recompute == "selective":
+        return lt.attention / 3.5  # core attention forward again (Korthikanti et al. 2022)
+    return 0.0
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def _peaks(job: Job, cal: Calibration) -> tuple[float, float | None, float]:
+    gpu = job.gpu
+    fp8 = gpu.fp8_flops * cal.fp8_gemm_relative_efficiency if job.precision == "fp8" and gpu.fp8_flops else None
+    mfu_peak = gpu.fp8_flops if job.precision == "fp8" and gpu.fp8_flops else gpu.bf16_flops
+    return gpu.bf16_flops, fp8, mfu_peak
+
+
+def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration | None = None) -> ThroughputReport:
+    """Predicted step time, tokens/s per GPU and MFU of `plan` for `job`, with the time broken down."""
+    warnings = _validate(job, plan)
+    arch = job.model
+    cal = calibration_override or calibration(job.framework)
+    bf16_peak, fp8_peak, mfu_peak = _peaks(job, cal)
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    tokens = plan.micro_batch_size * job.seq_length / plan.cp
+    shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel)
+    hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency
+    ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm)
+    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
+    moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
+    moe_set = set(arch.moe.moe_layers) if arch.moe else set()
+    stages = stage_layer_indices(arch.num_layers, plan)
+    params = _layer_param_split(arch)
+    t_sp = plan.tp if plan.sequence_parallel else 1
+
+    # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
+    head = gemm_seconds([logits_gemm(arch, shard)], cal, bf16_peak, None)
+    head += cal.cross_entropy_bytes_per_logit * tokens * arch.vocab_size / plan.tp / ctx.hbm
+    mtp_layers = arch.num_mtp_layers
+    pp_cross = crosses_domains(plan.pp, plan.tp * plan.cp * plan.dp, lk.domain)
+    pp_bytes = tokens * arch.hidden_size * BF16 / t_sp
+    pp_hop = p2p_time(pp_bytes, pp_cross, lk, cal.pp_latency_inter_s) if plan.pp > 1 else 0.0
+    pp_comm = (1.0 - cal.pp_overlap) * 2.0 * plan.vpp * pp_hop
+
+    fsdp = uses_fsdp(job.framework, plan.zero_stage)
+    dense_group = plan.dp * plan.cp  # dense weights are replicated over DP x CP
+    expert_group = plan.expert_dp(job.num_gpus) if arch.moe else 1
+    stage_rows = []
+    for s, layers in enumerate(stages):
+        parts = {"compute": 0.0, "tp": 0.0, "cp": 0.0, "ep": 0.0, "recompute": 0.0, "fwd": 0.0}
+        n_recompute = len(layers) if plan.recompute_layers is None else min(len(layers), plan.recompute_layers)
+        dense_p = expert_p = 0.0
+        kinds = [(i in moe_set) for i in layers]
+        if s == plan.pp - 1 and mtp_layers:
+            kinds += [arch.is_moe_layer(arch.num_layers - 1)] * mtp_layers
+        for j, is_moe in enumerate(kinds):
+            lt = moe_lt if is_moe else dense_lt
+            assert lt is not None
+            parts["compute"] += lt.compute
+            parts["fwd"] += lt.fwd_compute
+            parts["tp"] += lt.tp
+            parts["cp"] += lt.cp
+            parts["ep"] += lt.ep
+            if j < n_recompute:
+                parts["recompute"] += _recompute_time(lt, plan.recompute)
+        for i in layers:
+            dense_p += params[i][0] / plan.tp
+            expert_p += params[i][1] / (plan.ep * plan.etp)
+        if s == 0:
+            dense_p += arch.vocab_size * arch.hidden_size / plan.tp
+        if s == plan.pp - 1:
+            parts["compute"] += head
+            parts["fwd"] += head / 3.0
+            if not arch.tie_word_embeddings or plan.pp > 1:
+                dense_p += arch.vocab_size * arch.hidden_size / plan.tp
+        parts["pp"] = pp_comm
+        # The host issues every kernel and collective of the micro-batch; when the GPU work is
+        # shorter than that, the stage is launch-bound and waits for the CPU.
+        parts["host"] = cal.host_time_per_layer_s * len(kinds)
+        parts["dense_params"] = dense_p
+        parts["expert_params"] = expert_p
+        stage_rows.append(parts)
+
+    # ZeRO-3 / FSDP gathers each layer's weights forward and backward on every micro-batch,
+    # hidden behind that micro-batch's compute as far as the prefetch allows.
+    for row in stage_rows:
+        row["fsdp"] = 0.0
+        if fsdp and dense_group > 1:
+            gather = 2.0 * ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
+            gather += 2.0 * ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
+            row["fsdp"] = max(0.0, gather - cal.dp_overlap * row["compute"])
+        gpu = sum(row[k] for k in ("compute", "tp", "cp", "ep", "recompute", "pp", "fsdp"))
+        row["launch_bound"] = max(0.0, row["host"] - gpu)
+        row["total"] = gpu + row["launch_bound"]
+
+    totals = [r["total"] for r in stage_rows]
+    worst = max(range(len(totals)), key=totals.__getitem__)
+    t_max = totals[worst]
+    pipeline = m * t_max + (sum(totals) - t_max) / plan.vpp
+    bubble = pipeline - m * t_max
+
+    # Once per step: gradient reduction (overlapped with the last backward; later stages finish their
+    # backward earlier, which gives them slack), the ZeRO parameter all-gather, the optimizer.
+    dp_exposed = 0.0
+    optimizer = 0.0
+    for s, row in enumerate(stage_rows):
+        grad_bytes = cal.grad_reduce_bytes
+        if plan.zero_stage == 0:
+            sync = allreduce_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
+            sync += allreduce_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk)
+            gather = 0.0
+        else:
+            sync = ring_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
+            sync += ring_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk)
+            gather = 0.0
+            if not fsdp:
+                gather = ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
+                gather += ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
+        bwd = row["compute"] - row["fwd"] + row["recompute"]
+        slack = s * bwd / max(1, plan.vpp)
+        exposed = max(0.0, sync - cal.dp_overlap * bwd - slack) + max(0.0, gather - cal.dp_overlap * row["fwd"])
+        dp_exposed = max(dp_exposed, exposed)
+        shard_group = 1 if plan.zero_stage == 0 else None
+        dense_local = row["dense_params"] / (shard_group or dense_group)
+        expert_local = row["expert_params"] / (shard_group or expert_group)
+        opt = (dense_local + expert_local) * cal.optimizer_bytes_per_param / ctx.hbm
+        opt += m * (row["dense_params"] + row["expert_params"]) * cal.grad_accum_bytes_per_param / ctx.hbm
+        optimizer = max(optimizer, opt)
+
+    step = pipeline + dp_exposed + optimizer
+    row = stage_rows[worst]
+    flops_step = model_flops_per_token(arch, job.seq_length) * job.seq_length * job.global_batch_size
+    breakdown = ThroughputBreakdown(
+        compute_s=m * row["compute"],
+        tp_comm_s=m * row["tp"],
+        cp_comm_s=m * row["cp"],
+        ep_comm_s=m * row["ep"],
+        dp_comm_s=m * row["fsdp"] + dp_exposed,
+        pp_comm_s=m * row["pp"],
+        bubble_s=bubble,
+        recompute_s=m * row["recompute"],
+        other_s=optimizer + m * row["launch_bound"],
+    )
+    tokens_step = job.seq_length * job.global_batch_size
+    warnings += _warnings(job, plan, lk, m)
+    return ThroughputReport(
+        model=arch.name,
+        framework=job.framework,
+        plan=plan,
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens_step / step / job.num_gpus,
+        tokens_per_s=tokens_step / step,
+        mfu=flops_step / (step * job.num_gpus * mfu_peak),
+        model_flops_per_step=flops_step,
+        breakdown=breakdown,
+        assumptions=_assumptions(job, plan, m, worst, cal),
+        warnings=warnings,
+    )
+
+
+def _warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
+    out = []
+    if crosses_domains(plan.tp, 1, lk.domain):
+        out.append(f"TP {plan.tp} spans more than one {lk.domain}-GPU NVLink domain: every layer's TP traffic "
+                   "crosses the network.")
+    if plan.cp > 1 and crosses_domains(plan.cp, plan.tp, lk.domain):
+        out.append(f"CP {plan.cp} x TP {plan.tp} spans more than one NVLink domain: the K/V ring uses the network.")
+    if plan.ep > 1 and crosses_domains(plan.ep, plan.etp, lk.domain):
+        out.append(f"EP {plan.ep} spans more than one NVLink domain: token all-to-alls cross the network.")
+    if plan.pp > 1 and m < plan.pp:
+        out.append(f"Only {m} micro-batches for {plan.pp} pipeline stages: most of the step is pipeline bubble.")
+    if job.model.sliding_window:
+        out.append("Sliding-window layers are timed as full causal attention (upper bound; Megatron's MFU "
+                   "formula counts them the same way).")
+    return out
+
+
+def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration) -> list[str]:
+    peak = "FP8" if job.precision == "fp8" else "BF16"
+    out = [
+        "Model FLOPs: Megatron-LM num_floating_point_operations (causal attention halved, GQA, SwiGLU, top-k "
+        "routed + shared experts, MLA, MTP, logits); MFU = model FLOPs / (step x GPUs x dense "
+        f"{peak} peak), recompute not counted.",
+        f"Pipeline: {m} micro-batches; step = m x slowest stage (stage {worst}) + fill/drain of the others / vpp "
+        f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages.",
+        f"GEMM time = 3 x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod d/(d+{cal.gemm_half_dim:.0f}) "
+        "over its three dimensions); flash attention at "
+        f"{cal.attention_peak_fraction:.2f} of peak with a 2.5x backward.",
+        "TP: 4 all-gather/reduce-scatter (or 2 all-reduce) per layer forward and as many backward; "
+        f"{cal.tp_overlap:.0%} hidden behind compute.",
+        f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
+        "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
+        f"DP: gradients reduced in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp once per step, "
+        f"overlapped with {cal.dp_overlap:.0%} of the last backward; ZeRO>=1 all-gathers bf16 parameters.",
+        "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
+        f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
+        "Constants: cards/calibration.yaml (fitted on the Ultra-Scale Playbook nanotron sweep; errors in "
+        "bench/README.md).",
+    ]
+    if job.precision == "fp8":
+        out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
+                   "router and logits stay BF16.")
+    if plan.recompute != "none":
+        out.append(f"Recompute {plan.recompute}: "
+                   + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
+                      else "core attention forward again."))
+    return out + list(job.notes)

@@ -1,0 +1,260 @@
+"""Throughput model: exact FLOP cases, communication arithmetic, pipeline bubble, behaviour and errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from meshplan.calibration import CALIBRATION_KEYS, calibration, calibration_card
+from meshplan.comm import alltoall_time, links, p2p_time, per_domain, ring_time
+from meshplan.errors import MeshplanError
+from meshplan.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
+from meshplan.hardware import get_gpu
+from meshplan.models import resolve_model
+from meshplan.perf import estimate_throughput, gemm_efficiency, stage_layer_indices
+from meshplan.request import resolve
+from meshplan.schema import Plan, Request
+
+
+def estimate(**fields):
+    job, plan = resolve(Request(**fields))
+    return estimate_throughput(job, plan)
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def test_llama_8b_flops_by_hand_and_megatron_bridge():
+    arch = resolve_model("llama-3.1-8b")
+    L, h, a, g, f, V, s = 32, 4096, 32, 8, 14336, 128256, 8192
+    attention = 12 * h * h * (1 + g / a + s / (2 * h))  # q = h: 6*(2h^2 + 2h*kv) + 6*s*h
+    mlp = 18 * h * f  # SwiGLU: 6 x 3hf
+    logits = 6 * h * V
+    assert model_flops_per_token(arch, s) == pytest.approx(L * (attention + mlp) + logits, rel=1e-12)
+    # Megatron-Bridge's published Llama3-8B GFLOP/token at s 8192 (estimators.md 3.1)
+    assert model_flops_per_token(arch, s) / 1e9 == pytest.approx(51.47, abs=0.005)
+
+
+def test_gpt3_175b_flops_is_korthikanti_with_causal_halving():
+    arch = resolve_model("gpt3-175b")
+    L, h, V, s = 96, 12288, 50257, 2048
+    # 72 L h^2 (1 + s/(6h) + V/(12 L h)) per token, with the s/(6h) attention term halved for causality
+    expected = 72 * L * h * h * (1 + s / (12 * h) + V / (12 * L * h))
+    assert model_flops_per_token(arch, s) == pytest.approx(expected, rel=1e-12)
+    noncausal = 72 * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert noncausal_flops_per_token(arch, s) == pytest.approx(noncausal, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("model", "seq", "gflops", "mtp"),
+    [
+        ("llama-3.1-70b", 8192, 449.2, None),
+        ("llama-3.1-405b", 8192, 2524.0, None),
+        ("deepseek-v3", 4096, 260.0, None),  # MLA, 1 dense-first layer group, 256 experts top-8 + shared, 1 MTP
+        ("deepseek-v3", 4096, 249.8, 0),
+        ("qwen3-30b-a3b", 4096, 23.0, None),
+    ],
+)
+def test_flops_match_megatron_bridge_published(model, seq, gflops, mtp):
+    got = model_flops_per_token(resolve_model(model), seq, mtp_layers=mtp) / 1e9
+    assert got == pytest.approx(gflops, rel=6e-4)
+
+
+def test_moe_counts_top_k_not_all_experts():
+    arch = resolve_model("mixtral-8x7b")
+    dense_view = arch.model_copy(update={"moe": arch.moe.model_copy(update={"top_k": arch.moe.num_experts})})
+    h, fe, L = arch.hidden_size, arch.moe.expert_ffn_hidden_size, arch.num_layers
+    extra = 18 * h * fe * (arch.moe.num_experts - arch.moe.top_k) * L
+    assert model_flops_per_token(dense_view, 4096) - model_flops_per_token(arch, 4096) == pytest.approx(extra)
+
+
+# --------------------------------------------------------------------------- communication arithmetic
+
+
+def test_ring_and_alltoall_volumes_inside_one_node():
+    cal = calibration()
+    lk = links(get_gpu("h100"), 8, cal)
+    bw = 450e9 * cal.nvlink_efficiency
+    nbytes = 64e6
+    assert ring_time(nbytes, 8, 1, lk) == pytest.approx(nbytes * 7 / 8 / bw + 7 * cal.latency_intra_s)
+    assert alltoall_time(nbytes, 8, 1, lk) == pytest.approx(nbytes * 7 / 8 / bw + cal.latency_intra_s)
+    assert p2p_time(nbytes, False, lk) == pytest.approx(nbytes / bw + cal.latency_intra_s)
+    assert ring_time(nbytes, 1, 1, lk) == 0.0
+
+
+def test_ring_across_nodes_uses_the_network():
+    cal = calibration()
+    lk = links(get_gpu("h100"), 8, cal)
+    nbytes = 64e6
+    # stride 8: one member per node, so every hop is on a 50 GB/s NIC
+    net = 50e9 * cal.network_efficiency
+    assert per_domain(4, 8, 8) == 1
+    assert ring_time(nbytes, 4, 8, lk) == pytest.approx(nbytes * 3 / 4 / net + 3 * cal.latency_inter_s)
+    assert ring_time(nbytes, 16, 1, lk) > ring_time(nbytes, 8, 1, lk)
+
+
+def test_gb200_nvlink_domain_spans_trays():
+    cal = calibration()
+    lk = links(get_gpu("gb200"), 4, cal)
+    assert lk.domain == 72
+    assert per_domain(16, 1, lk.domain) == 16
+
+
+def test_gemm_efficiency_grows_with_every_dimension():
+    cal = calibration()
+    base = gemm_efficiency(Gemm("x", 4096, 1024, 4096), cal)
+    assert gemm_efficiency(Gemm("x", 4096, 256, 4096), cal) < base
+    assert gemm_efficiency(Gemm("x", 1024, 1024, 4096), cal) < base
+    assert gemm_efficiency(Gemm("x", 4096, 1024, 1024), cal) < base
+    assert base < cal.gemm_peak_fraction
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def test_stage_layers_interleaved_and_uneven():
+    assert stage_layer_indices(8, Plan(pp=2, vpp=2)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert stage_layer_indices(10, Plan(pp=3, first_stage_layers=2, last_stage_layers=4)) == [
+        [0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    with pytest.raises(MeshplanError):
+        stage_layer_indices(10, Plan(pp=4, first_stage_layers=3, last_stage_layers=4))
+
+
+def test_bubble_is_p_minus_1_over_m_v():
+    # No host floor and no pipeline traffic, so every stage of llama-3.1-8b (32 layers) differs only by
+    # the logits on the last stage; interleaving must divide the fill/drain exactly by v.
+    quiet = calibration("megatron-core").with_overrides(host_time_per_layer_s=0.0, pp_latency_inter_s=0.0)
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=4, pp=4, global_batch_size=8))
+    one = estimate_throughput(job, plan, quiet)
+    two = estimate_throughput(job, plan.model_copy(update={"vpp": 2}), quiet)
+    assert two.breakdown.bubble_s == pytest.approx(one.breakdown.bubble_s / 2, rel=0.02)
+    m, p = 8, 4
+    stage = one.breakdown.compute_s / m
+    # fill/drain of three stages of a pipeline whose slowest (last) stage also holds the logits
+    assert one.breakdown.bubble_s / (m * stage) == pytest.approx((p - 1) / m, rel=0.25)
+    assert one.breakdown.bubble_s / (m * stage) < (p - 1) / m
+
+
+def test_breakdown_adds_up_to_step_time_and_mfu_definition():
+    r = estimate(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=2, global_batch_size=128,
+                 recompute="selective")
+    assert sum(r.breakdown.model_dump().values()) == pytest.approx(r.step_time_s, rel=1e-9)
+    flops = model_flops_per_token(resolve_model("llama-3.1-70b"), 4096) * 4096 * 128
+    assert r.model_flops_per_step == pytest.approx(flops)
+    assert r.mfu == pytest.approx(flops / (r.step_time_s * 64 * get_gpu("h100").bf16_flops))
+    assert r.tokens_per_s_per_gpu == pytest.approx(4096 * 128 / r.step_time_s / 64)
+    assert 0 < r.mfu < 1
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def test_tp_across_nodes_is_slower():
+    inside = estimate(model="llama-3.1-70b", num_gpus=32, tp=8, pp=4, global_batch_size=64)
+    across = estimate(model="llama-3.1-70b", num_gpus=32, tp=16, pp=2, global_batch_size=64)
+    assert across.breakdown.tp_comm_s > inside.breakdown.tp_comm_s
+    assert across.tokens_per_s_per_gpu < inside.tokens_per_s_per_gpu
+    assert any("TP 16" in w for w in across.warnings)
+
+
+def test_more_micro_batches_shrink_the_bubble():
+    few = estimate(model="llama-3.1-8b", num_gpus=8, pp=8, global_batch_size=8)
+    many = estimate(model="llama-3.1-8b", num_gpus=8, pp=8, global_batch_size=64)
+    assert few.breakdown.bubble_s / few.step_time_s > many.breakdown.bubble_s / many.step_time_s
+    assert any("bubble" in w for w in estimate(model="llama-3.1-8b", num_gpus=8, pp=8, global_batch_size=4).warnings)
+
+
+def test_recompute_costs_time():
+    none = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16)
+    sel = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16, recompute="selective")
+    full = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16, recompute="full")
+    assert none.breakdown.recompute_s == 0
+    assert 0 < sel.breakdown.recompute_s < full.breakdown.recompute_s
+    assert none.step_time_s < sel.step_time_s < full.step_time_s
+    assert none.mfu > full.mfu  # MFU does not count recomputed FLOPs
+
+
+def test_fp8_uses_fp8_peak_and_is_faster():
+    bf16 = estimate(model="llama-3.1-70b", num_gpus=64, tp=8, global_batch_size=64)
+    fp8 = estimate(model="llama-3.1-70b", num_gpus=64, tp=8, global_batch_size=64, precision="fp8")
+    assert fp8.step_time_s < bf16.step_time_s
+    # MFU is against the FP8 peak, twice the BF16 one on H100
+    assert fp8.mfu == pytest.approx(fp8.model_flops_per_step / (fp8.step_time_s * 64 * 1978.9e12))
+
+
+def test_context_parallel_ring_and_moe_all_to_all_show_up():
+    cp = estimate(model="llama-3.1-8b", num_gpus=16, tp=2, cp=8, seq_length=131072, global_batch_size=8,
+                  cp_comm_type="a2a")
+    assert cp.breakdown.cp_comm_s > 0
+    inside = estimate(model="mixtral-8x7b", num_gpus=64, tp=1, ep=8, global_batch_size=256)
+    assert inside.breakdown.ep_comm_s > 0
+    qwen = estimate(model="qwen3-30b-a3b", num_gpus=64, ep=8, global_batch_size=256)
+    wide = estimate(model="qwen3-30b-a3b", num_gpus=64, ep=32, global_batch_size=256)
+    assert wide.breakdown.ep_comm_s > qwen.breakdown.ep_comm_s
+    assert any("EP 32" in w for w in wide.warnings)
+
+
+def test_more_data_parallel_nodes_cost_gradient_sync():
+    one_node = estimate(model="llama-3.1-8b", num_gpus=8, global_batch_size=8, framework="nanotron")
+    many = estimate(model="llama-3.1-8b", num_gpus=64, global_batch_size=64, framework="nanotron")
+    assert many.breakdown.dp_comm_s > one_node.breakdown.dp_comm_s
+    assert many.tokens_per_s_per_gpu < one_node.tokens_per_s_per_gpu
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"model": "llama-3.1-8b", "gpu": "a100", "num_gpus": 8, "precision": "fp8"}, "FP8"),
+        ({"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2, "dp": 2}, "layout uses 4 GPUs"),
+        ({"model": "llama-3.1-8b", "num_gpus": 8, "ep": 2}, "dense model"),
+        ({"model": "llama-3.1-8b", "num_gpus": 64, "tp": 64}, "attention heads"),
+        ({"model": "llama-3.1-8b", "num_gpus": 64, "pp": 64}, "pipeline chunks"),
+        ({"model": "mixtral-8x7b", "num_gpus": 24, "ep": 3}, "does not divide"),
+        ({"model": "llama-3.1-8b", "num_gpus": 16, "global_batch_size": 8}, "smaller than"),
+    ],
+)
+def test_bad_layouts_raise_with_a_fix(fields, needle):
+    with pytest.raises(MeshplanError) as info:
+        estimate(**fields)
+    assert needle in str(info.value)
+    assert info.value.fix
+
+
+# --------------------------------------------------------------------------- the card and the command
+
+
+def test_calibration_card_sources_every_constant():
+    card = calibration_card()
+    assert set(card.constants) == set(CALIBRATION_KEYS)
+    for name, const in card.constants.items():
+        assert const.source and const.meaning, name
+        assert const.fitted != "pending", f"{name} was never fitted"
+        assert math.isfinite(const.value) and const.value >= 0, name
+    for fw in card.frameworks.values():
+        assert fw.source
+    assert calibration("nanotron").attention_peak_fraction != calibration("megatron-core").attention_peak_fraction
+
+
+def test_cli_throughput_json_and_batch(tmp_path, capsys):
+    from meshplan.cli import main
+
+    assert main(["throughput", "llama-3.1-8b", "--num-gpus", "8", "--tp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_s"] > 0 and set(out["breakdown"]) >= {"compute_s", "tp_comm_s", "bubble_s", "dp_comm_s"}
+    batch = tmp_path / "reqs.jsonl"
+    batch.write_text(
+        json.dumps({"model": "llama-3.1-8b", "num_gpus": 8}) + "\n"
+        + json.dumps({"model": "llama-3.1-8b", "gpu": "a100", "num_gpus": 8, "precision": "fp8"}) + "\n"
+    )
+    assert main(["throughput", "--batch", str(batch)]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[0]["tokens_per_s_per_gpu"] > 0
+    assert "FP8" in lines[1]["error"]
+    assert main(["throughput", "llama-3.1-8b", "--num-gpus", "8", "--tp", "2"]) == 0
+    table = capsys.readouterr().out
+    assert "tokens/s/GPU" in table and "compute" in table
