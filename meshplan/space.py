@@ -1,0 +1,435 @@
+"""The layouts a framework can express for a job, enumerated over divisors only, with cheap bounds.
+
+`recommend` (meshplan/search.py) searches this space. The space is defined here, separately, so it can
+be counted and tested on its own: a `Layout` is the structural part of a plan (tp, pp, vpp, cp, ep, etp,
+dp and an uneven pipeline split when pp does not divide the layers); the per-layout choices are the
+ZeRO / FSDP stage, the recompute mode and the micro-batch size. World-size laws (cards/frameworks,
+shared/reference/frameworks.md section 8): Megatron family and DeepSpeed, tp*pp*cp*dp == W with ep*etp
+dividing W/pp; torchtitan, the same product with ep dividing dp*cp*tp and no expert TP; KempnerForge,
+ep takes ranks of its own, tp*pp*cp*dp*ep == W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.cards import framework_card, load_card
+from meshplan.errors import MeshplanError
+from meshplan.models import layer_params
+from meshplan.schema import Job, Plan, Recompute, Request
+
+SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
+RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
+
+
+# --------------------------------------------------------------------------- the search card
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FrameworkKnobs(_Card):
+    vpp: bool
+    cp: bool
+    ep: bool
+    etp: bool
+    recompute: list[Recompute] = Field(min_length=1)
+    source: str
+
+
+class SearchLimits(_Card):
+    time_budget_s: float = Field(gt=0)
+    time_budget_source: str
+    max_evaluations: int = Field(ge=1)
+    absurd_max_evaluations: int = Field(ge=1)
+    evaluations_source: str
+    largest_cluster_gpus: int = Field(ge=1)
+    largest_cluster_source: str
+    min_gpus_search_limit: int = Field(ge=1)
+    min_gpus_search_source: str
+    closest_layouts: int = Field(ge=1)
+
+
+class SearchCard(_Card):
+    description: str
+    frameworks: dict[str, FrameworkKnobs]
+    limits: SearchLimits
+
+
+def search_card() -> SearchCard:
+    return load_card("search", SearchCard)
+
+
+def knobs(framework: str) -> FrameworkKnobs:
+    card = search_card()
+    if framework not in card.frameworks:
+        raise MeshplanError(
+            f"cards/search.yaml has no search space for framework {framework!r}.",
+            fix=f"Known: {', '.join(card.frameworks)}.",
+        )
+    return card.frameworks[framework]
+
+
+@cache
+def zero_ladder(framework: str) -> tuple[int, ...]:
+    """ZeRO / FSDP stages worth searching, most memory first: those with a byte preset (cards/memory.yaml),
+    skipping a stage whose tensors are identical to a lower stage's (Megatron has no distinct stage 2)."""
+    from meshplan.memory_states import convention
+
+    seen: list[tuple] = []
+    stages: list[int] = []
+    for stage in range(4):
+        try:
+            name, _, tensors = convention(framework, stage)
+        except MeshplanError:
+            continue
+        signature = (name, tuple((t.tensor_class, t.bytes, t.shard) for t in tensors))
+        if signature in seen:
+            continue
+        seen.append(signature)
+        stages.append(stage)
+    return tuple(stages)
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+@cache
+def divisors(n: int) -> tuple[int, ...]:
+    """Every divisor of n, ascending (trial division to sqrt(n): fast up to 2^40)."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return tuple(small + large[::-1])
+
+
+def pipeline_split(num_layers: int, pp: int) -> tuple[int | None, int | None] | None:
+    """Even split when pp divides the layers; otherwise Megatron's uneven form (first/last stage sizes,
+    the middle stages even), the way DeepSeek-V3's 61 layers go over 16 stages. None: no valid split."""
+    if pp > num_layers:
+        return None
+    if num_layers % pp == 0:
+        return None, None
+    if pp == 2:
+        first = num_layers // 2
+        return first, num_layers - first
+    per = -(-num_layers // pp)  # middle stages get the ceiling; first and last share the rest
+    rest = num_layers - (pp - 2) * per
+    if rest < 2:
+        return None
+    first = rest // 2
+    last = rest - first
+    if first < 1 or last > per:
+        return None
+    return first, last
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """The structural part of a plan: degrees and the pipeline split."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    vpp: int = 1
+    first: int | None = None
+    last: int | None = None
+
+    def plan(self, *, zero_stage: int, recompute: Recompute, micro_batch_size: int, sequence_parallel: bool,
+             cp_comm_type: str) -> Plan:
+        return Plan(
+            tp=self.tp, pp=self.pp, vpp=self.vpp, cp=self.cp, ep=self.ep, etp=self.etp, dp=self.dp,
+            sequence_parallel=sequence_parallel, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+            recompute=recompute, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
+            first_stage_layers=self.first, last_stage_layers=self.last,
+        )
+
+    def base(self) -> Layout:
+        """The same layout without interleaving."""
+        if self.vpp == 1:
+            return self
+        return Layout(self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, 1, self.first, self.last)
+
+    def short(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        for name, value in (("VPP", self.vpp), ("CP", self.cp), ("EP", self.ep), ("ETP", self.etp)):
+            if value > 1:
+                parts.append(f"{name}{value}")
+        parts.append(f"DP{self.dp}")
+        return " ".join(parts)
+
+
+@dataclass
+class Fixed:
+    """Request fields the user set: they constrain the search; the others are searched."""
+
+    values: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_request(cls, req: Request) -> Fixed:
+        chosen = req.model_fields_set
+        names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "first_stage_layers", "last_stage_layers")
+        return cls({name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None})
+
+    def allows(self, name: str, value: object) -> bool:
+        return name not in self.values or self.values[name] == value
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+
+@dataclass(frozen=True)
+class Prefiltered:
+    """A group of layouts dropped before evaluation, with the rule-like reason (attributed to a rule id
+    by running check_config on `example`)."""
+
+    reason: str
+    example: Layout
+    layouts: int
+
+
+def _tp_ok(job: Job, tp: int) -> bool:
+    """Heads split evenly; KV groups a multiple or a divisor of tp (Megatron's TransformerConfig)."""
+    arch = job.model
+    g = arch.num_kv_heads
+    return arch.num_attention_heads % tp == 0 and (g % tp == 0 or tp % g == 0)
+
+
+def _vpp_options(num_layers: int, pp: int, split: tuple[int | None, int | None], allowed: bool) -> tuple[int, ...]:
+    if pp == 1 or not allowed or split != (None, None):
+        return (1,)
+    return divisors(num_layers // pp)
+
+
+def _expert_options(job: Job, law: str, world: int, tp: int, pp: int, cp: int, dp: int,
+                    kn: FrameworkKnobs, fixed: Fixed) -> Iterator[tuple[int, int]]:
+    """(ep, etp) pairs the framework can express for this dense layout."""
+    moe = job.model.moe
+    if moe is None or not kn.ep:
+        # Nothing to search; a fixed ep/etp is kept so that check_config can say why it is wrong.
+        yield int(fixed.values.get("ep", 1)), int(fixed.values.get("etp", 1))  # type: ignore[call-overload]
+        return
+    etps = divisors(tp) if kn.etp else (1,)
+    for ep in divisors(moe.num_experts):
+        if not fixed.allows("ep", ep):
+            continue
+        for etp in etps:
+            if not fixed.allows("etp", etp):
+                continue
+            if law == "megatron" and (world // pp) % (ep * etp):
+                continue
+            if law == "torchtitan" and (dp * cp * tp) % ep:
+                continue
+            yield ep, etp
+
+
+def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
+    """Every layout of the framework's world-size law over divisors of the GPU count, respecting fixed fields.
+
+    Layouts that break a cheap structural law (heads vs tp, seq_length vs cp, pp deeper than the
+    model) are returned as `Prefiltered` groups instead, so the caller can count them under a rule id.
+    """
+    law = framework_card(job.framework).world_size_law
+    kn = knobs(job.framework)
+    arch = job.model
+    W, L = job.num_gpus, arch.num_layers
+    moe = arch.moe
+    layouts: list[Layout] = []
+    dropped: dict[str, list] = {}
+
+    def drop(reason: str, layout: Layout) -> None:
+        entry = dropped.setdefault(reason, [layout, 0])
+        entry[1] += 1
+
+    ep_own = [1]
+    if law == "kempnerforge":
+        choices = divisors(moe.num_experts) if moe is not None and kn.ep else (int(fixed.values.get("ep", 1)),)  # type: ignore[call-overload]
+        ep_own = [e for e in choices if W % e == 0 and fixed.allows("ep", e)]
+    def choices(name: str, n: int) -> tuple[int, ...]:
+        # A fixed value is tried even when it does not divide the GPUs, so a rule can say why it fails.
+        return (int(fixed.values[name]),) if name in fixed else divisors(n)  # type: ignore[call-overload]
+
+    for ep_k in ep_own:
+        rest = W // ep_k
+        for tp in choices("tp", rest):
+            tp_ok = _tp_ok(job, tp)
+            for pp in choices("pp", max(1, rest // tp)):
+                split = pipeline_split(L, pp)
+                if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
+                    split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))  # type: ignore[assignment]
+                for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
+                    dp = max(1, rest // (tp * pp * cp))
+                    if rest % (tp * pp * cp) or not fixed.allows("dp", dp):
+                        drop("world-size", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1,
+                                                  dp=int(fixed.values.get("dp", dp))))  # type: ignore[call-overload]
+                        continue
+                    base = Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1, dp=dp)
+                    if not tp_ok:
+                        drop("tp-heads", base)
+                        continue
+                    if pp > L or split is None:
+                        drop("pp-layers", base)
+                        continue
+                    if cp > 1 and job.seq_length % (2 * cp):
+                        drop("cp-seq", base)
+                        continue
+                    if law == "kempnerforge":
+                        experts = [(ep_k, 1)]
+                    else:
+                        experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
+                    for vpp in _vpp_options(L, pp, split, kn.vpp):
+                        if not fixed.allows("vpp", vpp):
+                            continue
+                        for ep, etp in experts:
+                            layouts.append(Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
+                                                  first=split[0], last=split[1]))
+    groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
+    return layouts, groups
+
+
+def within_nvlink(job: Job, layout: Layout) -> bool:
+    """TP (and expert TP) inside one NVLink domain: the first tier of the search."""
+    gpu = job.gpu
+    # Rack-scale domains (GB200 NVL72) span nodes; otherwise the domain ends at the node.
+    domain = gpu.nvlink_domain if gpu.nvlink_domain > gpu.gpus_per_node else min(gpu.nvlink_domain, job.gpus_per_node)
+    return layout.tp <= domain and layout.etp <= domain
+
+
+def micro_batches(job: Job, layout: Layout, fixed: Fixed) -> tuple[int, ...]:
+    """Micro-batch sizes that divide each data-parallel rank's share of the global batch."""
+    if job.global_batch_size % layout.dp:
+        return ()
+    local = job.global_batch_size // layout.dp
+    if "micro_batch_size" in fixed:
+        mbs = int(fixed.values["micro_batch_size"])  # type: ignore[call-overload]
+        return (mbs,) if local % mbs == 0 else ()
+    return divisors(local)
+
+
+# --------------------------------------------------------------------------- cheap bounds
+
+
+def params_split(job: Job) -> tuple[int, int]:
+    """(non-expert parameters, routed-expert parameters) of the whole model."""
+    arch = job.model
+    dense = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    routed = 0
+    for i in range(arch.num_layers):
+        parts = layer_params(arch, i)
+        routed += parts["routed_experts"]
+        dense += sum(v for k, v in parts.items() if k != "routed_experts")
+    return dense, routed
+
+
+def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int]) -> float:
+    """Bytes of model states on the most loaded GPU can be no fewer than this: the average stage's share of
+    the parameters (dense split tp ways, experts ep*etp ways) times the preset's bytes per parameter
+    (cards/memory.yaml) with sharding over the largest group the framework could use. No activations."""
+    from meshplan.memory_states import bytes_per_param, convention
+
+    _, _, tensors = convention(job.framework, zero_stage)
+    dense, routed = split
+    world = job.num_gpus
+    dense_shard = layout.dp * layout.cp
+    expert_shard = max(world // (layout.pp * layout.ep * layout.etp), dense_shard)
+    dense_gpu = dense / (layout.pp * layout.tp)
+    expert_gpu = routed / (layout.pp * layout.ep * layout.etp)
+    return bytes_per_param(tensors, dense_shard) * dense_gpu + bytes_per_param(tensors, expert_shard) * expert_gpu
+
+
+class _Prefix:
+    """Prefix sums over the decoder layers of one architecture (cached per object), for stage-0 floors."""
+
+    def __init__(self, arch) -> None:
+        self.arch = arch
+        self.sharded, self.replicated, self.experts, self.moe = [0], [0], [0], [0]
+        for i in range(arch.num_layers):
+            p = layer_params(arch, i)
+            self.sharded.append(self.sharded[-1] + p["attention"] + p["dense_mlp"] + p["shared_experts"])
+            self.replicated.append(self.replicated[-1] + p["norms"] + p["router"])
+            self.experts.append(self.experts[-1] + p["routed_experts"])
+            self.moe.append(self.moe[-1] + (1 if arch.is_moe_layer(i) else 0))
+
+
+_prefixes: dict[int, _Prefix] = {}
+
+
+def _prefix(arch) -> _Prefix:
+    hit = _prefixes.get(id(arch))
+    if hit is None or hit.arch is not arch:
+        if len(_prefixes) > 64:
+            _prefixes.clear()
+        hit = _prefixes[id(arch)] = _Prefix(arch)
+    return hit
+
+
+def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool) -> float:
+    """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
+    presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
+    embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
+    logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
+    least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
+    floor (tests/test_search_space.py checks it against estimate_memory)."""
+    from meshplan.activations import Layout as ActLayout
+    from meshplan.activations import layer_activations, shape_of
+    from meshplan.memory_states import convention, memory_card, state_bytes
+
+    arch = job.model
+    _, conv, tensors = convention(job.framework, zero_stage)
+    card = memory_card()
+    pre = _prefix(arch)
+    L, pp, tp = arch.num_layers, lay.pp, lay.tp
+    n0 = lay.first if lay.first is not None else L // pp + (1 if L % pp else 0)
+    n0 = min(n0, L)
+    unit = conv.vocab_pad_multiple * tp if conv.vocab_pad_multiple > 1 else 1
+    vocab = -(-arch.vocab_size // unit) * unit
+    h = arch.hidden_size
+    dense = pre.sharded[n0] / tp + pre.replicated[n0] + vocab * h / tp
+    experts = pre.experts[n0] / (lay.ep * lay.etp)
+    own_ep = lay.ep if framework_card(job.framework).world_size_law == "kempnerforge" else 1
+    world = tp * pp * lay.cp * lay.dp * own_ep
+    expert_dp = max(1.0, world / (pp * lay.ep * lay.etp))
+    states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
+    states += sum(state_bytes(tensors, experts, expert_dp).values())
+
+    tokens = -(-job.seq_length // lay.cp) * mbs
+    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
+                    dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8")
+    shape = shape_of(arch)
+    mode = "full" if recompute == "full" else ("selective" if recompute == "selective" else "none")
+    n_moe = pre.moe[n0]
+    per_mb = n_moe * sum(layer_activations(shape, act, True, mode).values())
+    per_mb += (n0 - n_moe) * sum(layer_activations(shape, act, False, mode).values())
+    m = max(1, job.global_batch_size // (mbs * lay.dp))
+    held = 1 if pp == 1 else min(m, pp)
+    acts = held * per_mb
+    if recompute == "full" and n0:
+        kinds = ([True] if n_moe else []) + ([False] if n0 - n_moe else [])
+        acts += max(sum(layer_activations(shape, act, k, "none").values()) for k in kinds)
+    if pp == 1:
+        ts = tp if sp else 1
+        acts += conv.logits_bytes_per_element * tokens * vocab / tp + 2 * 2 * tokens * h / ts
+    transient = acts
+    if conv.gathered_layers and any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) and n0:
+        # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one
+        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
+                      + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp) for i in (0, n0 - 1))
+        transient += conv.gathered_layers * conv.gathered_bytes * biggest
+    reserve = getattr(card, "allocator_reserve_fraction", 0.0) * transient
+    return states + transient + reserve + card.fixed_overhead_bytes + card.cuda_context_bytes

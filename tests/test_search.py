@@ -1,0 +1,152 @@
+"""recommend: the exact top K of the cost model, fixed fields respected, every candidate valid and fitting,
+the rejected counts adding up, impossible and absurd jobs answered with content. Small jobs keep it fast."""
+
+import json
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.errors import MeshplanError
+from meshplan.memory import estimate_memory
+from meshplan.perf import estimate_throughput
+from meshplan.request import resolve
+from meshplan.rules import check_config
+from meshplan.schema import Request
+from meshplan.search import SEARCH_BUCKETS, _new_search, _search_job, recommend
+from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
+
+
+def exhaustive(req: Request, top_k: int) -> list[float]:
+    """Every plan of the space (inside the NVLink domain), brute force: rules, fit, time. A plan is left out when
+    the same layout fits with less recompute (the search calls it dominated: strictly slower, same choice)."""
+    job, _ = _search_job(req)
+    fixed = Fixed.from_request(req)
+    search = _new_search(job, fixed, None, top_k, float("inf"))  # type: ignore[arg-type]
+    layouts, _ = enumerate_layouts(job, fixed)
+    times = []
+    for lay in layouts:
+        if not within_nvlink(job, lay):
+            continue
+        for mbs in micro_batches(job, lay, fixed):
+            for zero in search.zeros:
+                for recompute in search.recomputes:
+                    plan = search.plan(lay, zero, recompute, mbs)
+                    if not check_config(job, plan, include_memory=False).ok:
+                        continue
+                    if not estimate_memory(job, plan).fits:
+                        continue
+                    times.append(estimate_throughput(job, plan).step_time_s)
+                    break  # heavier recompute of the same plan is dominated
+    return sorted(times)[:top_k]
+
+
+@pytest.mark.parametrize("fields", [
+    {"model": "llama-3.1-8b", "num_gpus": 8, "framework": "deepspeed", "seq_length": 2048},
+    {"model": "olmoe-1b-7b", "num_gpus": 4, "seq_length": 2048},
+    {"model": "llama-3.1-8b", "num_gpus": 4, "framework": "torchtitan", "seq_length": 2048},
+])
+def test_search_finds_the_exhaustive_top_k(fields):
+    req = Request(**fields)
+    rec = recommend(req, top_k=4)
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(exhaustive(req, 4), rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return recommend(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, seq_length=8192), top_k=5)
+
+
+def test_candidates_pass_check_config_and_fit(llama8b):
+    assert len(llama8b.candidates) == 5
+    job, _ = _search_job(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, seq_length=8192))
+    for cand in llama8b.candidates:
+        report = check_config(job, cand.plan)
+        assert report.ok, report.findings
+        assert report.memory is not None and report.memory.fits
+        assert cand.memory.fits and cand.memory.peak_bytes <= cand.memory.capacity_bytes
+        assert cand.plan.tp * cand.plan.pp * cand.plan.cp * cand.plan.dp == 16
+
+
+def test_ranked_by_predicted_step_time(llama8b):
+    times = [c.throughput.step_time_s for c in llama8b.candidates]
+    assert times == sorted(times)
+    assert [c.rank for c in llama8b.candidates] == [1, 2, 3, 4, 5]
+    assert llama8b.candidates[0].rationale.startswith("Fastest")
+    assert "slower than #1" in llama8b.candidates[1].rationale
+
+
+def test_rejected_counts_add_up(llama8b):
+    assert llama8b.considered == len(llama8b.candidates) + sum(llama8b.rejected.values())
+    assert llama8b.rejected.get("MEM001", 0) > 0
+    assert llama8b.global_batch_size == 512  # ~4M tokens at 8K, a multiple of 16 GPUs
+    unknown = [k for k in llama8b.rejected if k not in SEARCH_BUCKETS and not k[:2].isalpha()]
+    assert not unknown
+
+
+def test_decision_table_is_stated(llama8b):
+    assert "dense_by_size" in llama8b.decision_table
+    assert "suggests" in llama8b.decision_table
+
+
+def test_fixed_fields_constrain_the_search():
+    req = Request(model="llama-3.1-8b", num_gpus=16, tp=2, recompute="full", micro_batch_size=1, zero_stage=1)
+    rec = recommend(req, top_k=3)
+    assert rec.candidates
+    for cand in rec.candidates:
+        p = cand.plan
+        assert (p.tp, p.recompute, p.micro_batch_size, p.zero_stage) == (2, "full", 1, 1)
+    assert "Fixed by the request" in " ".join(rec.assumptions)
+    assert rec.considered == len(rec.candidates) + sum(rec.rejected.values())
+
+
+def test_tp_stays_inside_the_nvlink_domain_when_something_fits():
+    rec = recommend(Request(model="llama-3.1-8b", num_gpus=32, seq_length=2048), top_k=3)
+    assert rec.candidates and all(c.plan.tp <= 8 for c in rec.candidates)
+    assert rec.rejected.get("SEARCH-NVLINK", 0) > 0
+
+
+def test_impossible_job_says_how_far_and_where_it_would_fit():
+    rec = recommend(Request(model="llama-3.1-70b", num_gpus=2), top_k=3)
+    assert rec.candidates == []
+    assert rec.min_gpus is not None and rec.min_gpus > 2
+    assert rec.closest and all(c.over_bytes > 0 for c in rec.closest)
+    assert "Impossible on 2" in rec.rationale and f"--num-gpus {rec.min_gpus}" in rec.rationale
+    assert recommend(Request(model="llama-3.1-70b", num_gpus=rec.min_gpus), top_k=1).candidates
+    assert rec.considered == sum(rec.rejected.values())
+
+
+def test_rules_that_reject_everything_are_named():
+    rec = recommend(Request(model="llama-3.1-8b", num_gpus=8, tp=3), top_k=2)
+    assert rec.candidates == []
+    assert "TP001" in rec.rationale or "WS001" in rec.rationale
+
+
+def test_absurd_gpu_count_is_bounded_and_says_so():
+    rec = recommend(Request(model="llama-3.1-8b", num_gpus=2**30), top_k=2)
+    text = " ".join(rec.warnings)
+    assert "beyond any cluster built" in text
+    assert "not proven optimal" in text or rec.candidates
+    assert rec.evaluated <= 3000 + 16  # cards/search.yaml absurd_max_evaluations, plus the answer's own estimates
+    assert rec.considered == len(rec.candidates) + sum(rec.rejected.values())
+
+
+def test_bad_requests_are_clear_errors():
+    with pytest.raises(MeshplanError, match="num_gpus"):
+        recommend(Request(model="llama-3.1-8b"))
+    with pytest.raises(MeshplanError, match="top_k"):
+        recommend(Request(model="llama-3.1-8b", num_gpus=8), top_k=0)
+
+
+def test_recommended_plan_round_trips_through_the_other_tools(llama8b):
+    best = llama8b.candidates[0].plan
+    fields = {k: getattr(best, k) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage",
+                                            "micro_batch_size", "recompute", "sequence_parallel")}
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8192,
+                                global_batch_size=llama8b.global_batch_size, **fields))
+    assert estimate_throughput(job, plan).step_time_s == pytest.approx(llama8b.candidates[0].throughput.step_time_s)
+
+
+def test_cli_recommend_json(capsys):
+    assert main(["recommend", "llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--top-k", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["candidates"]) == 2 and data["considered"] > 0

@@ -1,0 +1,151 @@
+"""The search space: world-size laws per framework, divisor-only enumeration, and the bounds the search prunes with.
+
+The bounds are only allowed to prune because they never exceed what the estimators compute; the last tests
+check that against estimate_memory on sampled plans of several models and frameworks.
+"""
+
+import random
+
+import pytest
+
+from meshplan.memory import estimate_memory
+from meshplan.schema import Request
+from meshplan.search import _search_job
+from meshplan.space import (
+    Fixed,
+    divisors,
+    enumerate_layouts,
+    first_stage_floor,
+    micro_batches,
+    pipeline_split,
+    states_lower_bound,
+    zero_ladder,
+)
+
+
+def job_for(model: str, num_gpus: int, framework: str = "megatron-core", **extra):
+    return _search_job(Request(model=model, num_gpus=num_gpus, framework=framework, **extra))[0]
+
+
+def test_divisors():
+    assert divisors(1) == (1,)
+    assert divisors(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert divisors(36) == (1, 2, 3, 4, 6, 9, 12, 18, 36)
+    assert divisors(97) == (1, 97)
+
+
+@pytest.mark.parametrize(("layers", "pp", "split"), [
+    (80, 4, (None, None)),      # even
+    (61, 16, (2, 3)),           # DeepSeek-V3: 2 + 14x4 + 3
+    (46, 4, (11, 11)),          # GLM-4.5-Air: 11 + 12 + 12 + 11
+    (94, 16, (5, 5)),           # Qwen3-235B: 5 + 14x6 + 5
+    (7, 2, (3, 4)),
+    (80, 32, None),             # no split keeps the middle stages even
+    (4, 8, None),               # deeper than the model
+])
+def test_pipeline_split(layers, pp, split):
+    assert pipeline_split(layers, pp) == split
+    if split and split[0] is not None:
+        first, last = split
+        assert (layers - first - last) % (pp - 2 or 1) == 0
+
+
+def test_megatron_law_folds_experts_into_the_same_ranks():
+    job = job_for("mixtral-8x7b", 64)
+    layouts, _ = enumerate_layouts(job, Fixed())
+    assert layouts
+    for lay in layouts:
+        assert lay.tp * lay.pp * lay.cp * lay.dp == 64
+        assert (64 // lay.pp) % (lay.ep * lay.etp) == 0
+        assert 8 % lay.ep == 0 and lay.tp % lay.etp == 0
+    assert any(lay.ep == 8 and lay.pp == 4 for lay in layouts)
+    assert any(lay.etp > 1 for lay in layouts)
+
+
+def test_torchtitan_law_has_no_expert_tp_and_ep_divides_dp_cp_tp():
+    job = job_for("mixtral-8x7b", 64, "torchtitan")
+    layouts, _ = enumerate_layouts(job, Fixed())
+    assert layouts and all(lay.etp == 1 for lay in layouts)
+    for lay in layouts:
+        assert lay.tp * lay.pp * lay.cp * lay.dp == 64
+        assert (lay.dp * lay.cp * lay.tp) % lay.ep == 0
+
+
+def test_kempnerforge_law_gives_experts_ranks_of_their_own():
+    job = job_for("mixtral-8x7b", 64, "kempnerforge")
+    layouts, _ = enumerate_layouts(job, Fixed())
+    assert any(lay.ep > 1 for lay in layouts)
+    for lay in layouts:
+        assert lay.tp * lay.pp * lay.cp * lay.dp * lay.ep == 64
+        assert lay.etp == 1
+
+
+def test_deepspeed_searches_no_cp_and_no_interleaving():
+    job = job_for("llama-3.1-8b", 16, "deepspeed")
+    layouts, _ = enumerate_layouts(job, Fixed())
+    assert all(lay.cp == 1 and lay.vpp == 1 for lay in layouts)
+    assert zero_ladder("deepspeed") == (0, 1, 2, 3)
+
+
+def test_zero_ladder_skips_identical_presets():
+    # Megatron's stage 2 keeps the full grad buffer, so it is the same bytes as stage 1 and is not searched twice.
+    assert zero_ladder("megatron-core") == (0, 1, 3)
+    assert zero_ladder("nanotron") == (0, 1)
+
+
+def test_fixed_fields_and_prefilter_groups():
+    job = job_for("llama-3.1-70b", 64)
+    layouts, dropped = enumerate_layouts(job, Fixed({"tp": 8, "pp": 4}))
+    assert layouts and all(lay.tp == 8 and lay.pp == 4 for lay in layouts)
+    # 64 heads and 8 KV heads: tp in {1, 2, 4, 8, 16, 32, 64} all pass Megatron's rule, pp=32/64 have no split
+    _, dropped = enumerate_layouts(job, Fixed())
+    reasons = {g.reason for g in dropped}
+    assert "pp-layers" in reasons
+    qwen = job_for("qwen2.5-7b", 12)  # 28 heads, 4 KV heads: tp 3 and 6 break the head split
+    _, dropped = enumerate_layouts(qwen, Fixed())
+    assert any(g.reason == "tp-heads" and g.example.tp in (3, 6, 12) for g in dropped)
+
+
+def test_micro_batches_divide_the_local_batch():
+    job = job_for("llama-3.1-8b", 8, global_batch_size=48)
+    layouts, _ = enumerate_layouts(job, Fixed({"tp": 1, "pp": 1, "cp": 1}))
+    assert micro_batches(job, layouts[0], Fixed()) == (1, 2, 3, 6)
+    assert micro_batches(job, layouts[0], Fixed({"micro_batch_size": 4})) == ()
+
+
+CASES = [
+    ("llama-3.1-70b", 64, "megatron-core"),
+    ("deepseek-v3", 1024, "megatron-core"),
+    ("mixtral-8x7b", 64, "torchtitan"),
+    ("qwen3-30b-a3b", 16, "kempnerforge"),
+    ("llama-3.1-8b", 8, "deepspeed"),
+    ("gpt-oss-20b", 16, "verl"),
+    ("glm-4.5-air", 64, "megatron-bridge"),
+    ("llama-3.1-8b", 16, "nanotron"),
+]
+
+
+@pytest.mark.parametrize(("model", "gpus", "framework"), CASES)
+def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
+    """The search drops plans whose floor is over capacity without estimating them: the floor must be a floor."""
+    rng = random.Random(7)
+    job = job_for(model, gpus, framework)
+    layouts, _ = enumerate_layouts(job, Fixed())
+    checked = 0
+    for lay in rng.sample(layouts, min(40, len(layouts))):
+        sizes = micro_batches(job, lay, Fixed())
+        if not sizes:
+            continue
+        for zero in zero_ladder(framework):
+            for recompute in ("none", "selective", "full"):
+                mbs = rng.choice(sizes[:4])
+                sp = lay.tp > 1
+                plan = lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs, sequence_parallel=sp,
+                                cp_comm_type="p2p")
+                peak = estimate_memory(job, plan).peak_bytes
+                assert first_stage_floor(job, lay, zero, recompute, mbs, sp) <= peak * (1 + 1e-9), plan
+                from meshplan.space import params_split
+
+                assert states_lower_bound(job, lay, zero, params_split(job)) <= peak * (1 + 1e-9), plan
+                checked += 1
+    assert checked > 50
