@@ -123,12 +123,23 @@ def recommendation(rec: Recommendation) -> None:
     console = _console()
     console.print(f"[bold]{rec.model}[/bold] on {rec.num_gpus} GPUs ({rec.framework}): "
                   f"{rec.considered} layouts considered")
-    table = Table("#", "layout", "mbs", "zero", "recompute", "peak mem", "tokens/s/GPU", "MFU", "step s")
-    for c in rec.candidates:
-        table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
-                      c.plan.recompute, gib(c.memory.peak_bytes), f"{c.throughput.tokens_per_s_per_gpu:,.0f}",
-                      f"{c.throughput.mfu:.1%}", f"{c.throughput.step_time_s:.2f}")
-    console.print(table)
+    if rec.candidates:
+        table = Table("#", "layout", "mbs", "zero", "recompute", "peak mem", "tokens/s/GPU", "MFU", "step s")
+        for c in rec.candidates:
+            table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
+                          c.plan.recompute, gib(c.memory.peak_bytes), f"{c.throughput.tokens_per_s_per_gpu:,.0f}",
+                          f"{c.throughput.mfu:.1%}", f"{c.throughput.step_time_s:.2f}")
+        console.print(table)
+    elif rec.closest:
+        console.print("[red]No layout fits.[/red] Closest misses:")
+        table = Table("layout", "mbs", "zero", "recompute", "peak mem", "capacity", "over by")
+        for miss in rec.closest:
+            table.add_row(miss.plan.short(), str(miss.plan.micro_batch_size), str(miss.plan.zero_stage),
+                          miss.plan.recompute, gib(miss.memory.peak_bytes), gib(miss.memory.capacity_bytes),
+                          gib(miss.over_bytes))
+        console.print(table)
+    if rec.min_gpus:
+        console.print(f"smallest GPU count that fits: {rec.min_gpus}")
     if rec.rationale:
         console.print(rec.rationale)
     if rec.decision_table:

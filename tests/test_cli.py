@@ -33,3 +33,9 @@ def test_readable_table(capsys):
     assert main(["describe", "mixtral-8x7b"]) == 0
     out = capsys.readouterr().out
     assert "routed_experts" in out and "total" in out
+
+
+def test_recommend_table_for_an_impossible_job_shows_the_closest_misses(capsys):
+    assert main(["recommend", "llama-3.1-70b", "--num-gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "No layout fits" in out and "over by" in out and "smallest GPU count that fits: 16" in out
