@@ -135,10 +135,13 @@ class Request(_Strict):
     """The request fields every tool, CLI flag and batch line shares."""
 
     model: str = Field(
+        max_length=4096,  # PATH_MAX: longer is never a real name or path, and would be echoed in errors
         description="Catalog key (llama-3.1-70b), Hugging Face id (meta-llama/Llama-3.1-70B), path to a "
-        "config.json, or a size alone ('70B')"
+        "config.json, or a size alone ('70B')",
     )
-    gpu: str = Field("h100", description="GPU type from the hardware catalog (h100, h200, b200, a100-80gb, ...)")
+    gpu: str = Field(
+        "h100", max_length=64, description="GPU type from the hardware catalog (h100, h200, b200, a100-80gb, ...)"
+    )
     num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="Total GPUs (default: the plan's product)")
     gpus_per_node: int | None = Field(None, ge=1, le=1024, description="GPUs per node (default: the GPU's node)")
     seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description="Tokens per sequence")

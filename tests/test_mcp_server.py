@@ -1,0 +1,394 @@
+"""The MCP server in process: the tool contract, every tool, resource and prompt, success and failure.
+
+The tools must be thin: each structured result is the `meshplan.api` report for the same request,
+plus words (`summary`, `next_steps`). Failures a user can fix come back as `isError` results whose
+text carries the reason and the fix; resources and prompts fail with JSON-RPC errors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from mcp import Client, MCPError
+from meshplan.mcp_server.resources import skill_files
+from meshplan.mcp_server.server import INSTRUCTIONS, app
+
+from meshplan import api
+from meshplan.cards import card_names, card_text
+from meshplan.schema import Request
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = {
+    "recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput",
+    "render_config", "describe_model", "list_models",
+}
+REQUEST_TOOLS = {"recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput", "render_config"}
+SMALL = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8, "tp": 2, "seq_length": 4096, "global_batch_size": 64}
+WORDS = ("summary", "next_steps")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+async def client():
+    async with Client(app) as c:
+        yield c
+
+
+def report_only(structured: dict) -> dict:
+    return {k: v for k, v in structured.items() if k not in WORDS}
+
+
+def error_text(result) -> str:
+    assert result.is_error, result.structured_content
+    text = result.content[0].text
+    # The SDK's text for an exception it hides is exactly this prefix; ours always says more.
+    assert text.startswith("Error executing tool ") and ":" in text[len("Error executing tool "):]
+    return text
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+async def test_the_seven_tools_are_listed(client):
+    assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+
+
+async def test_every_tool_is_read_only(client):
+    for tool in (await client.list_tools()).tools:
+        a = tool.annotations
+        assert a is not None, tool.name
+        hints = (a.read_only_hint, a.destructive_hint, a.idempotent_hint, a.open_world_hint)
+        assert hints == (True, False, True, False), tool.name
+
+
+async def test_input_schemas_are_flat_and_documented(client):
+    for tool in (await client.list_tools()).tools:
+        schema = json.dumps(tool.input_schema)
+        assert "$ref" not in schema and "$defs" not in schema, tool.name
+        for name, prop in tool.input_schema["properties"].items():
+            assert prop.get("description"), f"{tool.name}.{name} has no description"
+            assert "type" in prop or "anyOf" in prop or "enum" in prop, f"{tool.name}.{name}"
+
+
+async def test_request_tools_take_the_request_fields_with_their_descriptions(client):
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in REQUEST_TOOLS:
+        props = tools[name].input_schema["properties"]
+        for field, info in Request.model_fields.items():
+            assert field in props, f"{name} lacks {field}"
+            if field != "framework" or name != "render_config":
+                assert info.description.startswith(props[field]["description"])
+    assert tools["render_config"].input_schema["properties"]["framework"]["enum"] == [
+        "megatron-bridge", "megatron-core", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed"]
+    assert set(tools["recommend_parallelism"].input_schema["required"]) == {"model", "num_gpus"}
+    assert tools["estimate_memory"].input_schema["properties"]["precision"]["enum"] == ["bf16", "fp8"]
+
+
+async def test_descriptions_fit_claude_codes_limit_and_lead_with_when_to_use(client):
+    for tool in (await client.list_tools()).tools:
+        assert 100 < len(tool.description) < 2048, tool.name
+        assert tool.description.startswith("Use "), tool.name
+        assert tool.output_schema is not None, f"{tool.name} has no structured output"
+        assert {"summary", "next_steps"} <= set(tool.output_schema["properties"]), tool.name
+    assert len(INSTRUCTIONS) < 2048
+
+
+async def test_instructions_name_every_tool():
+    for name in TOOLS:
+        assert name in INSTRUCTIONS
+
+
+async def test_server_reports_its_name_and_version(client):
+    info = client.server_info
+    assert info.name == "meshplan" and info.version
+    assert client.instructions == INSTRUCTIONS
+
+
+# --------------------------------------------------------------------------- describe_model, list_models
+
+
+async def test_describe_model_is_the_api_report(client):
+    result = await client.call_tool("describe_model", {"model": "meta-llama/Llama-3.1-8B"})
+    assert not result.is_error
+    data = result.structured_content
+    assert data["total_params"] == 8030261248
+    assert report_only(data) == api.describe_model("llama-3.1-8b").model_dump(mode="json")
+    assert "8,030,261,248" in data["summary"] and data["next_steps"]
+
+
+async def test_describe_model_moe_summary_states_active_params(client):
+    data = (await client.call_tool("describe_model", {"model": "deepseek-v3"})).structured_content
+    assert data["active_params"] < data["total_params"]
+    assert "active per token" in data["summary"] and "Multi-token-prediction" in data["summary"]
+
+
+async def test_describe_model_generic_size_says_so(client):
+    data = (await client.call_tool("describe_model", {"model": "70B"})).structured_content
+    assert data["generic"] is True and "generic" in data["summary"]
+
+
+async def test_describe_unknown_model_is_a_tool_error_with_suggestions(client):
+    text = error_text(await client.call_tool("describe_model", {"model": "llama-3.1-8"}))
+    assert "Unknown model 'llama-3.1-8'" in text and "llama-3.1-8b" in text
+
+
+async def test_describe_model_argument_errors(client):
+    assert "model" in error_text(await client.call_tool("describe_model", {}))
+    assert "valid string" in error_text(await client.call_tool("describe_model", {"model": 7}))
+
+
+async def test_list_models_matches_the_catalog(client):
+    data = (await client.call_tool("list_models", {})).structured_content
+    summaries = [m.model_dump(mode="json") for m in api.list_models()]
+    assert data["models"] == summaries and data["count"] == len(summaries) >= 29
+    assert str(len(summaries)) in data["summary"]
+
+
+# --------------------------------------------------------------------------- estimate_memory
+
+
+async def test_estimate_memory_is_the_api_report(client):
+    result = await client.call_tool("estimate_memory", SMALL)
+    assert not result.is_error
+    data = result.structured_content
+    assert report_only(data) == api.estimate_memory(Request(**SMALL)).model_dump(mode="json")
+    assert data["plan"]["tp"] == 2 and data["plan"]["dp"] == 4
+    assert f"{data['peak_bytes'] / 2**30:.1f} GiB" in data["summary"]
+    assert ("fits" in data["summary"]) and "check_config" in " ".join(data["next_steps"])
+
+
+async def test_estimate_memory_out_of_memory_is_an_answer_not_an_error(client):
+    result = await client.call_tool("estimate_memory", {"model": "llama-3.1-70b", "num_gpus": 8})
+    assert not result.is_error
+    data = result.structured_content
+    assert data["fits"] is False and "does NOT fit" in data["summary"]
+    assert "recommend_parallelism" in " ".join(data["next_steps"])
+
+
+async def test_estimate_memory_argument_errors(client):
+    assert "greater than or equal to 1" in error_text(await client.call_tool("estimate_memory", {**SMALL, "tp": 0}))
+    assert "'bf16' or 'fp8'" in error_text(await client.call_tool("estimate_memory", {**SMALL, "precision": "fp4"}))
+    assert "valid integer" in error_text(await client.call_tool("estimate_memory", {**SMALL, "pp": "two"}))
+    assert "less than or equal" in error_text(await client.call_tool("estimate_memory", {**SMALL, "num_gpus": 10**30}))
+    assert "model" in error_text(await client.call_tool("estimate_memory", {"num_gpus": 8}))
+
+
+async def test_estimate_memory_tool_errors_name_the_fix(client):
+    text = error_text(await client.call_tool("estimate_memory", {**SMALL, "gpu": "h1000"}))
+    assert "Unknown GPU 'h1000'" in text and "h100" in text
+    text = error_text(await client.call_tool("estimate_memory", {**SMALL, "tp": 64}))
+    assert "tp=64" in text and "Fix:" in text
+
+
+async def test_string_numbers_are_coerced_like_hosts_send_them(client):
+    result = await client.call_tool("estimate_memory", {**SMALL, "tp": "2", "num_gpus": "8"})
+    assert not result.is_error and result.structured_content["plan"]["tp"] == 2
+
+
+# --------------------------------------------------------------------------- estimate_throughput
+
+
+async def test_estimate_throughput_is_the_api_report(client):
+    result = await client.call_tool("estimate_throughput", SMALL)
+    assert not result.is_error
+    data = result.structured_content
+    assert report_only(data) == api.estimate_throughput(Request(**SMALL)).model_dump(mode="json")
+    assert 0 < data["mfu"] < 1 and data["step_time_s"] > 0
+    assert f"MFU {data['mfu']:.1%}" in data["summary"]
+
+
+async def test_estimate_throughput_errors(client):
+    assert "Unknown model" in error_text(await client.call_tool("estimate_throughput", {**SMALL, "model": "nope"}))
+    assert "'none', 'selective' or 'full'" in error_text(
+        await client.call_tool("estimate_throughput", {**SMALL, "recompute": "some"}))
+
+
+# --------------------------------------------------------------------------- check_config
+
+
+async def test_check_config_valid_layout(client):
+    result = await client.call_tool("check_config", SMALL)
+    assert not result.is_error
+    data = result.structured_content
+    assert data["ok"] is True and data["summary"].startswith("Valid")
+    assert report_only(data) | {"next_steps": None} == (
+        api.check_config(Request(**SMALL)).model_dump(mode="json") | {"next_steps": None})
+
+
+async def test_check_config_invalid_layout_is_a_report_not_a_tool_error(client):
+    result = await client.call_tool("check_config", {**SMALL, "tp": 3})
+    assert not result.is_error
+    data = result.structured_content
+    assert data["ok"] is False and data["summary"].startswith("INVALID")
+    errors = [f for f in data["findings"] if f["severity"] == "error"]
+    assert errors and all(f["id"] in data["summary"] and f["fix"] for f in errors)
+
+
+async def test_check_config_errors(client):
+    assert "Unknown model" in error_text(await client.call_tool("check_config", {**SMALL, "model": "gpt-9"}))
+    assert "less than or equal to 3" in error_text(await client.call_tool("check_config", {**SMALL, "zero_stage": 4}))
+
+
+# --------------------------------------------------------------------------- recommend_parallelism
+
+
+async def test_recommend_parallelism_ranks_layouts_that_fit(client):
+    args = {"model": "llama-3.1-70b", "num_gpus": 64, "top_k": 3}
+    result = await client.call_tool("recommend_parallelism", args)
+    assert not result.is_error
+    data = result.structured_content
+    assert 1 <= len(data["candidates"]) <= 3
+    best = data["candidates"][0]
+    assert best["memory"]["fits"] is True
+    assert best["plan"]["tp"] * best["plan"]["pp"] * best["plan"]["cp"] * best["plan"]["dp"] == 64
+    assert best["rationale"] and "render_config" in " ".join(data["next_steps"])
+    assert f"{best['throughput']['tokens_per_s_per_gpu']:,.0f}" in data["summary"]
+
+
+async def test_recommend_parallelism_impossible_job_is_a_tool_error(client):
+    text = error_text(await client.call_tool("recommend_parallelism", {"model": "llama-3.1-405b", "num_gpus": 1}))
+    assert "405" in text or "GPU" in text
+
+
+async def test_recommend_parallelism_argument_errors(client):
+    assert "num_gpus" in error_text(await client.call_tool("recommend_parallelism", {"model": "llama-3.1-8b"}))
+    assert "top_k" in error_text(
+        await client.call_tool("recommend_parallelism", {"model": "llama-3.1-8b", "num_gpus": 8, "top_k": 0}))
+
+
+# --------------------------------------------------------------------------- render_config
+
+
+async def test_render_config_megatron_core_flags(client):
+    result = await client.call_tool("render_config", {**SMALL, "framework": "megatron-core"})
+    assert not result.is_error
+    data = result.structured_content
+    assert "--tensor-model-parallel-size 2" in data["text"]
+    assert data["framework"] == "megatron-core" and "megatron-core" in data["summary"]
+    expected = api.render_config("megatron-core", Request(**SMALL))
+    assert data["text"] == expected.text
+
+
+def test_render_answer_mirrors_the_adapters_result():
+    from meshplan.adapters.render import RenderResult
+    from meshplan.mcp_server.results import RenderAnswer
+
+    assert set(RenderAnswer.model_fields) == set(RenderResult.model_fields) | {"summary", "next_steps"}
+
+
+async def test_render_config_errors(client):
+    assert "framework" in error_text(await client.call_tool("render_config", SMALL))
+    assert "nanotron" in error_text(await client.call_tool("render_config", {**SMALL, "framework": "nanotron"}))
+    text = error_text(await client.call_tool("render_config", {
+        "model": "qwen3-30b-a3b", "num_gpus": 16, "ep": 8, "etp": 2, "framework": "torchtitan"}))
+    assert "etp" in text.lower() or "expert tensor" in text.lower()
+
+
+# --------------------------------------------------------------------------- unknown tool
+
+
+async def test_unknown_tool_is_an_error(client):
+    result = await client.call_tool("recommend", {"model": "llama-3.1-8b"})
+    assert result.is_error and "Unknown tool" in result.content[0].text
+
+
+# --------------------------------------------------------------------------- resources
+
+
+async def test_every_card_is_a_resource_with_its_text(client):
+    listed = {str(r.uri): r for r in (await client.list_resources()).resources}
+    for name in card_names():
+        uri = f"card://{name}"
+        assert uri in listed, uri
+        assert listed[uri].mime_type == "application/yaml"
+        contents = (await client.read_resource(uri)).contents
+        assert contents[0].text == card_text(name)
+
+
+async def test_every_skill_file_is_a_resource(client):
+    listed = {str(r.uri) for r in (await client.list_resources()).resources}
+    files = skill_files()
+    for path, node in files.items():
+        uri = f"skill://{path}"
+        assert uri in listed
+        assert (await client.read_resource(uri)).contents[0].text == node.read_text(encoding="utf-8")
+
+
+async def test_the_main_skill_is_served():
+    assert "parallelism-strategies/SKILL.md" in skill_files()
+
+
+async def test_indexes_and_catalogs(client):
+    cards = json.loads((await client.read_resource("card://index")).contents[0].text)["cards"]
+    assert [c["name"] for c in cards] == card_names()
+    skills = json.loads((await client.read_resource("skill://index")).contents[0].text)["files"]
+    assert [s["path"] for s in skills] == list(skill_files())
+    models = json.loads((await client.read_resource("catalog://models")).contents[0].text)
+    assert {m["key"] for m in models} == {m.key for m in api.list_models()}
+    gpus = json.loads((await client.read_resource("catalog://hardware")).contents[0].text)
+    h100 = next(g for g in gpus if g["key"] == "h100")
+    assert h100["memory_bytes"] > 80e9 * 0.99 and h100["bf16_flops"] > 9e14
+
+
+async def test_resource_templates_cover_cards_and_skills(client):
+    templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+    assert templates == {"card://{name}", "card://models/{key}", "card://frameworks/{name}",
+                         "skill://{skill}/SKILL.md", "skill://{skill}/references/{file}"}
+
+
+async def test_missing_resources_are_not_found_errors_with_hints(client):
+    with pytest.raises(MCPError) as exc:
+        await client.read_resource("card://models/llama-3.1-8")
+    assert exc.value.error.code == -32602 and "models/llama-3.1-8b" in exc.value.error.message
+    for uri in ("card://nope", "skill://nope/SKILL.md", "card://a/b/c", "card://..%2F..%2Fetc%2Fpasswd"):
+        with pytest.raises(MCPError) as exc:
+            await client.read_resource(uri)
+        assert exc.value.error.code == -32602, uri
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+async def test_prompts_are_listed_with_documented_arguments(client):
+    prompts = {p.name: p for p in (await client.list_prompts()).prompts}
+    assert set(prompts) == {"plan_parallelism", "debug_oom"}
+    for prompt in prompts.values():
+        assert prompt.description
+        assert all(a.description for a in prompt.arguments)
+        assert {a.name for a in prompt.arguments if a.required} == {"model", "gpus"}
+
+
+async def test_plan_parallelism_prompt_drives_the_tools(client):
+    result = await client.get_prompt("plan_parallelism", {"model": "llama-3.1-70b", "gpus": "64", "framework": "verl"})
+    text = result.messages[0].content.text
+    assert result.messages[0].role == "user"
+    assert "num_gpus=64" in text and "framework='verl'" in text
+    for tool in ("describe_model", "recommend_parallelism", "check_config", "render_config"):
+        assert tool in text
+
+
+async def test_debug_oom_prompt_carries_the_layout_and_error(client):
+    args = {"model": "llama-3.1-70b", "gpus": "8", "layout": "tp=8 pp=1 mbs=2", "error": "CUDA out of memory."}
+    text = (await client.get_prompt("debug_oom", args)).messages[0].content.text
+    assert "tp=8 pp=1 mbs=2" in text and "CUDA out of memory." in text
+    assert "estimate_memory" in text and "check_config" in text
+    for uri in re.findall(r"skill://[\w./-]+\.md", text):
+        assert uri.removeprefix("skill://") in skill_files(), uri
+
+
+async def test_prompt_argument_errors(client):
+    with pytest.raises(MCPError) as exc:
+        await client.get_prompt("plan_parallelism", {"model": "x", "gpus": "many"})
+    assert exc.value.error.code == -32602 and "whole number" in exc.value.error.message
+    with pytest.raises(MCPError) as exc:
+        await client.get_prompt("debug_oom", {"model": "x", "gpus": "8", "framework": "jax"})
+    assert exc.value.error.code == -32602 and "megatron-core" in exc.value.error.message
+    with pytest.raises(MCPError):
+        await client.get_prompt("plan_parallelism", {"model": "x"})

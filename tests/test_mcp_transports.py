@@ -1,0 +1,305 @@
+"""The MCP server as a separate process: stdio and streamable HTTP, entry points, robustness, hygiene.
+
+Hosts start the server from their own working directory with almost no environment, talk to it
+over a pipe, and give up on it if one bad line kills it; these tests do the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+pytestmark = pytest.mark.anyio
+
+SERVER = [sys.executable, "-m", "meshplan.mcp_server"]
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}}}
+MEMORY_ARGS = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+# --------------------------------------------------------------------------- stdio
+
+
+async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
+    # env=None: the SDK passes only its short allow-list (HOME, PATH, SHELL, TERM, USER, LOGNAME).
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.mcp_server"], cwd=str(tmp_path))
+    async with Client(params) as client:
+        assert client.server_info.name == "meshplan"
+        assert len((await client.list_tools()).tools) == 7
+        result = await client.call_tool("estimate_memory", MEMORY_ARGS)
+        assert not result.is_error and result.structured_content["plan"]["dp"] == 4
+        failed = await client.call_tool("describe_model", {"model": "no-such-model"})
+        assert failed.is_error and "Unknown model" in failed.content[0].text
+        card = await client.read_resource("card://models/llama-3.1-8b")
+        assert "Llama" in card.contents[0].text
+
+
+class RawServer:
+    """A server on a pipe, driven one JSON-RPC line at a time, with every stdout line checked to be JSON."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     cwd=cwd, env=env, text=True, bufsize=1)
+
+    def send(self, line: object) -> None:
+        self.proc.stdin.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        assert line, f"server closed stdout; stderr: {self.proc.stderr.read()[-2000:]}"
+        return json.loads(line)  # anything but JSON on stdout would corrupt the stream
+
+    def ask(self, line: object) -> dict:
+        self.send(line)
+        return self.reply()
+
+    def initialize(self) -> dict:
+        info = self.ask(INIT)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return info
+
+    def close(self) -> int:
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return code
+
+
+@pytest.fixture
+def raw(tmp_path):
+    server = RawServer(SERVER, tmp_path, env={})  # a truly empty environment
+    yield server
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait()
+
+
+def call(req_id: int, name: str, arguments: object) -> dict:
+    return {"jsonrpc": "2.0", "id": req_id, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+
+
+def test_bad_lines_get_error_replies_and_the_server_keeps_serving(raw):
+    assert raw.initialize()["result"]["serverInfo"]["name"] == "meshplan"
+
+    assert raw.ask("this is not json")["error"]["code"] == -32700
+    truncated = raw.ask('{"jsonrpc": "2.0", "id": 3, "method": ')
+    assert truncated == {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error: not JSON"}}
+    assert raw.ask("[" * 100_000)["error"]["code"] == -32700
+    reply = raw.ask([])
+    assert reply["error"]["code"] == -32600 and reply["id"] is None
+    reply = raw.ask({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": "oops"})
+    assert reply["error"]["code"] == -32600 and reply["id"] == 7
+    assert raw.ask({"id": 8})["error"]["code"] == -32600
+
+    reply = raw.ask({"jsonrpc": "2.0", "id": 9, "method": "no/such/method"})
+    assert reply["id"] == 9 and reply["error"]["code"] == -32601
+
+    for req_id, arguments, expected in [
+        (10, {**MEMORY_ARGS, "tp": "abc"}, "valid integer"),
+        (11, {**MEMORY_ARGS, "num_gpus": 10**40}, "less than or equal"),
+        (12, {**MEMORY_ARGS, "seq_length": -5}, "greater than or equal"),
+        (13, {"model": 1e308}, "valid string"),
+        (14, {**MEMORY_ARGS, "micro_batch_size": 1.5}, "integer"),
+        (15, {**MEMORY_ARGS, "sequence_parallel": "perhaps"}, "boolean"),
+        (19, {"model": "x" * 1_000_000}, "at most 4096 characters"),
+    ]:
+        name = "describe_model" if req_id in (13, 19) else "estimate_memory"
+        reply = raw.ask(call(req_id, name, arguments))
+        assert reply["id"] == req_id and reply["result"]["isError"] is True, reply
+        assert expected in reply["result"]["content"][0]["text"]
+
+    reply = raw.ask(call(16, "nope", {}))
+    assert reply["result"]["isError"] and "Unknown tool" in reply["result"]["content"][0]["text"]
+
+    reply = raw.ask(call(17, "estimate_memory", MEMORY_ARGS))
+    assert reply["result"]["isError"] is False and reply["result"]["structuredContent"]["plan"]["tp"] == 2
+    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 7
+    assert raw.close() == 0
+
+
+NOISY_SERVER = """
+from meshplan.mcp_server import server
+
+@server.app.tool(name="noisy")
+def noisy() -> str:
+    print("stray print from a tool")
+    return "done"
+
+server.run()
+"""
+
+
+def test_stray_prints_go_to_stderr_not_into_the_stream(tmp_path):
+    noisy = RawServer([sys.executable, "-c", NOISY_SERVER], tmp_path, env={})
+    try:
+        noisy.initialize()
+        reply = noisy.ask(call(2, "noisy", {}))
+        assert reply["id"] == 2 and reply["result"]["isError"] is False
+        assert noisy.ask(call(3, "describe_model", {"model": "70B"}))["id"] == 3
+        noisy.proc.stdin.close()
+        rest = noisy.proc.stdout.read()
+        assert noisy.proc.wait(timeout=30) == 0
+        assert all(json.loads(line) for line in rest.splitlines())
+        assert "stray print from a tool" in noisy.proc.stderr.read()
+    finally:
+        if noisy.proc.poll() is None:
+            noisy.proc.kill()
+
+
+@pytest.mark.parametrize("argv", [
+    [str(SCRIPTS / "meshplan-mcp")],
+    [str(SCRIPTS / "meshplan"), "serve"],
+], ids=["meshplan-mcp", "meshplan-serve"])
+def test_entry_points_speak_mcp_over_stdio(argv, tmp_path):
+    server = RawServer(argv, tmp_path, env={})
+    try:
+        info = server.initialize()["result"]
+        assert info["serverInfo"]["name"] == "meshplan" and info["instructions"]
+        assert server.close() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+def test_start_up_imports_nothing_heavy(tmp_path):
+    code = "import json, sys, meshplan.mcp_server.server; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout))
+    lazy = {"meshplan.memory", "meshplan.perf", "meshplan.rules", "meshplan.search", "meshplan.models",
+            "meshplan.adapters.render", "jinja2", "numpy", "torch"}
+    assert not lazy & loaded
+
+
+# --------------------------------------------------------------------------- streamable HTTP
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory):
+    port = free_port()
+    home = tmp_path_factory.mktemp("http")
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "PATH")}
+    with open(home / "stderr.log", "w") as log:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen([*SERVER, "--transport", "http", "--port", str(port)], cwd=home, env=env,
+                                stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"HTTP server did not start: {(home / 'stderr.log').read_text()[-2000:]}") from None
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+async def test_http_round_trip(http_server):
+    async with Client(http_server) as client:
+        assert client.server_info.name == "meshplan"
+        assert len((await client.list_tools()).tools) == 7
+        result = await client.call_tool("estimate_memory", MEMORY_ARGS)
+        assert not result.is_error and result.structured_content["plan"]["tp"] == 2
+        failed = await client.call_tool("estimate_memory", {**MEMORY_ARGS, "gpu": "h1000"})
+        assert failed.is_error and "Unknown GPU" in failed.content[0].text
+
+
+def _post(url: str, headers: dict[str, str]) -> int:
+    body = json.dumps(INIT).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_http_refuses_dns_rebinding(http_server):
+    port = http_server.split(":")[2].split("/")[0]
+    assert _post(http_server, {}) == 200
+    assert _post(http_server, {"Host": f"attacker.example:{port}"}) == 421
+    assert _post(http_server, {"Origin": "http://attacker.example"}) == 403
+    assert _post(http_server, {"Origin": f"http://localhost:{port}"}) == 200
+
+
+async def test_200_concurrent_http_calls_all_succeed(http_server):
+    clients, per_client = 8, 25
+    results: dict[tuple[int, int], int] = {}
+
+    async def one_client(c: int) -> None:
+        async with Client(http_server) as client:
+            async def one_call(i: int) -> None:
+                tp = (1, 2, 4, 8)[(c + i) % 4]
+                result = await client.call_tool("estimate_memory", {**MEMORY_ARGS, "tp": tp})
+                assert not result.is_error, result.content
+                results[(c, i)] = result.structured_content["plan"]["tp"]
+                assert results[(c, i)] == tp
+
+            async with anyio.create_task_group() as tg:
+                for i in range(per_client):
+                    tg.start_soon(one_call, i)
+
+    with anyio.fail_after(300):
+        async with anyio.create_task_group() as tg:
+            for c in range(clients):
+                tg.start_soon(one_client, c)
+    assert len(results) == clients * per_client == 200
+
+
+def test_http_binds_loopback_by_default_and_always_checks_the_host_header():
+    import inspect
+
+    from meshplan.mcp_server.server import run, transport_security
+
+    from meshplan.cli import build_parser
+
+    assert inspect.signature(run).parameters["host"].default == "127.0.0.1"
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    settings = transport_security("127.0.0.1")
+    assert settings.enable_dns_rebinding_protection
+    assert "localhost:*" in settings.allowed_hosts and "attacker.example:*" not in settings.allowed_hosts
+    # Bound wider, the protection stays on: only the names the operator lists are accepted.
+    wide = transport_security("0.0.0.0", ["planner.internal"])
+    assert wide.enable_dns_rebinding_protection and "planner.internal:*" in wide.allowed_hosts
+    assert "0.0.0.0:*" not in wide.allowed_hosts
+    assert "10.0.0.5:*" in transport_security("10.0.0.5").allowed_hosts
+
+
+def test_bad_transport_settings_are_clear_errors():
+    from meshplan.mcp_server.server import run
+
+    from meshplan.errors import MeshplanError
+
+    with pytest.raises(MeshplanError, match="Unknown transport 'sse'"):
+        run(transport="sse")
+    with pytest.raises(MeshplanError, match="Port 70000 is out of range"):
+        run(transport="http", port=70000)
