@@ -14,30 +14,15 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 from meshplan.adapters.capabilities import adapter_section, refuse_missing, resolve_version
-from pydantic import BaseModel, Field
 
 from meshplan.errors import MeshplanError
-from meshplan.schema import Job, Plan
+from meshplan.schema import Job, Plan, RenderFormat, RenderResult
 
-Format = Literal["python", "shell", "yaml", "hydra", "toml", "json"]
-
-
-class RenderResult(BaseModel):
-    """A plan rendered for one framework: the text to paste, and what the reader must know about it."""
-
-    framework: str
-    variant: str
-    version: str
-    format: Format = Field(description="python | shell | yaml | hydra | toml | json")
-    text: str
-    filename: str = Field(description="A suggested file name for the snippet")
-    plan: Plan
-    notes: list[str] = Field(default_factory=list, description="Choices the adapter made, and why")
-    warnings: list[str] = Field(default_factory=list, description="Things that will surprise a user")
+Format = RenderFormat
 
 
 @dataclass

@@ -17,8 +17,8 @@ from meshplan.schema import (
     MemoryReport,
     ModelReport,
     ModelSummary,
-    Plan,
     Recommendation,
+    RenderResult,
     ThroughputReport,
 )
 
@@ -77,24 +77,9 @@ class RecommendationAnswer(Recommendation):
     next_steps: list[str] = _NEXT
 
 
-class RenderAnswer(BaseModel):
-    """The layout written in the framework's own configuration language, ready to paste.
+class RenderAnswer(RenderResult):
+    """The layout written in the framework's own configuration language, ready to paste."""
 
-    The fields mirror `meshplan.adapters.render.RenderResult` (a test keeps them equal); they are
-    spelled out here so the server need not import the adapters and Jinja at start-up.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    framework: str
-    variant: str
-    version: str = Field(description="Framework version the snippet targets")
-    format: str = Field(description="python | shell | yaml | hydra | toml | json")
-    text: str = Field(description="The config snippet to paste")
-    filename: str = Field(description="A suggested file name for the snippet")
-    plan: Plan = Field(description="The layout that was rendered")
-    notes: list[str] = Field(default_factory=list, description="Choices the adapter made, and why")
-    warnings: list[str] = Field(default_factory=list, description="Things that will surprise a user")
     summary: str = _SUMMARY
     next_steps: list[str] = _NEXT
 

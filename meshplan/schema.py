@@ -369,6 +369,23 @@ class Candidate(_Strict):
     rationale: str
 
 
+RenderFormat = Literal["python", "shell", "yaml", "hydra", "toml", "json"]
+
+
+class RenderResult(_Strict):
+    """A plan rendered for one framework: the text to paste, and what the reader must know about it."""
+
+    framework: str
+    variant: str
+    version: str = Field(description="Framework version the snippet targets")
+    format: RenderFormat = Field(description="python | shell | yaml | hydra | toml | json")
+    text: str = Field(description="The config snippet to paste")
+    filename: str = Field(description="A suggested file name for the snippet")
+    plan: Plan = Field(description="The layout that was rendered")
+    notes: list[str] = Field(default_factory=list, description="Choices the adapter made, and why")
+    warnings: list[str] = Field(default_factory=list, description="Things that will surprise a user")
+
+
 class NearMiss(_Strict):
     """A layout that almost fits: what an impossible job is closest to, and by how much it is over."""
 
