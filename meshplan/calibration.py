@@ -65,7 +65,10 @@ class Calibration:
     ring_nic_scaling: float
     tp_overlap: float
     dp_overlap: float
+    param_gather_overlap: float
     pp_overlap: float
+    pp_host_sync: float
+    pp_cross_sync_per_layer_s: float
     cp_overlap: float
     ep_overlap: float
     grad_reduce_bytes: float

@@ -87,6 +87,31 @@ def stage_layer_indices(num_layers: int, plan: Plan) -> list[list[int]]:
     return stages
 
 
+def nanotron_stage_layers(arch: Architecture, pp: int) -> tuple[list[list[int]], int]:
+    """nanotron's cost-balanced split: (decoder layers of each pipeline rank, rank holding the LM head).
+
+    nanotron (models/base.py build_model, LlamaForTraining.get_block_compute_costs) walks its pipeline
+    blocks in order with a cumulative cost (decoder layer 4*heads*head_dim*h + 3*ffn*h, LM head
+    vocab*h, others 0) and moves to the next rank after the block that first exceeds
+    total*(rank+1)/pp; so the last stage takes fewer decoder layers to make room for the LM head.
+    """
+    h = arch.hidden_size
+    layer_cost = 4 * arch.num_attention_heads * arch.head_dim * h + 3 * arch.ffn_hidden_size * h
+    costs = [layer_cost] * arch.num_layers + [arch.vocab_size * h]
+    total = float(sum(costs))
+    stages: list[list[int]] = [[] for _ in range(pp)]
+    rank, cumulative, head_rank = 0, 0.0, pp - 1
+    for i, c in enumerate(costs):
+        cumulative += c
+        if i < arch.num_layers:
+            stages[rank].append(i)
+        else:
+            head_rank = rank
+        if cumulative > total * (rank + 1) / pp and rank < pp - 1:
+            rank += 1
+    return stages, head_rank
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -307,7 +332,12 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
-    stages = stage_layer_indices(arch.num_layers, plan)
+    head_stage = plan.pp - 1
+    if (job.framework == "nanotron" and plan.pp > 1 and plan.vpp == 1
+            and plan.first_stage_layers is None and plan.last_stage_layers is None):
+        stages, head_stage = nanotron_stage_layers(arch, plan.pp)
+    else:
+        stages = stage_layer_indices(arch.num_layers, plan)
     params = _layer_param_split(arch)
     t_sp = plan.tp if plan.sequence_parallel else 1
 
@@ -319,6 +349,11 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
     pp_bytes = tokens * arch.hidden_size * BF16 / t_sp
     pp_hop = p2p_time(pp_bytes, pp_cross, lk, cal.pp_latency_inter_s) if plan.pp > 1 else 0.0
     pp_comm = (1.0 - cal.pp_overlap) * 2.0 * plan.vpp * pp_hop
+    pp_cross_layer = cal.pp_cross_sync_per_layer_s * plan.tp if plan.pp > 1 and pp_cross else 0.0
+    # Blocking p2p (metadata received and read on the host before each activation/gradient) stops
+    # the host running ahead of the GPU: per micro-batch, pp_host_sync of the shorter of host issue
+    # time and GPU time is serialised behind the longer one instead of hidden under it.
+    host_sync = cal.pp_host_sync if plan.pp > 1 else 0.0
 
     fsdp = uses_fsdp(job.framework, plan.zero_stage)
     dense_group = plan.dp * plan.cp  # dense weights are replicated over DP x CP
@@ -329,7 +364,7 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
         n_recompute = len(layers) if plan.recompute_layers is None else min(len(layers), plan.recompute_layers)
         dense_p = expert_p = 0.0
         kinds = [(i in moe_set) for i in layers]
-        if s == plan.pp - 1 and mtp_layers:
+        if s == head_stage and mtp_layers:
             kinds += [arch.is_moe_layer(arch.num_layers - 1)] * mtp_layers
         for j, is_moe in enumerate(kinds):
             lt = moe_lt if is_moe else dense_lt
@@ -346,12 +381,14 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
             expert_p += params[i][1] / (plan.ep * plan.etp)
         if s == 0:
             dense_p += arch.vocab_size * arch.hidden_size / plan.tp
-        if s == plan.pp - 1:
+        if s == head_stage:
             parts["compute"] += head
             parts["fwd"] += head / 3.0
             if not arch.tie_word_embeddings or plan.pp > 1:
                 dense_p += arch.vocab_size * arch.hidden_size / plan.tp
-        parts["pp"] = pp_comm
+        # Cross-node pipeline stages with host-synchronous p2p (nanotron) lose time on every layer
+        # of every micro-batch, growing with the TP ranks that must meet in each collective.
+        parts["pp"] = pp_comm + pp_cross_layer * len(kinds)
         # The host issues every kernel and collective of the micro-batch; when the GPU work is
         # shorter than that, the stage is launch-bound and waits for the CPU.
         parts["host"] = cal.host_time_per_layer_s * len(kinds)
@@ -368,7 +405,7 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
             gather += 2.0 * ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
             row["fsdp"] = max(0.0, gather - cal.dp_overlap * row["compute"])
         gpu = sum(row[k] for k in ("compute", "tp", "cp", "ep", "recompute", "pp", "fsdp"))
-        row["launch_bound"] = max(0.0, row["host"] - gpu)
+        row["launch_bound"] = max(0.0, row["host"] - gpu) + host_sync * min(row["host"], gpu)
         row["total"] = gpu + row["launch_bound"]
 
     totals = [r["total"] for r in stage_rows]
@@ -396,7 +433,8 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
                 gather += ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
         bwd = row["compute"] - row["fwd"] + row["recompute"]
         slack = s * bwd / max(1, plan.vpp)
-        exposed = max(0.0, sync - cal.dp_overlap * bwd - slack) + max(0.0, gather - cal.dp_overlap * row["fwd"])
+        exposed = max(0.0, sync - cal.dp_overlap * bwd - slack)
+        exposed += max(0.0, gather - cal.param_gather_overlap * row["fwd"])
         dp_exposed = max(dp_exposed, exposed)
         shard_group = 1 if plan.zero_stage == 0 else None
         dense_local = row["dense_params"] / (shard_group or dense_group)
@@ -460,7 +498,9 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration) -> 
         "routed + shared experts, MLA, MTP, logits); MFU = model FLOPs / (step x GPUs x dense "
         f"{peak} peak), recompute not counted.",
         f"Pipeline: {m} micro-batches; step = m x slowest stage (stage {worst}) + fill/drain of the others / vpp "
-        f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages.",
+        f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages"
+        + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
+           if job.framework == "nanotron" and plan.pp > 1 else "."),
         f"GEMM time = 3 x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod d/(d+{cal.gemm_half_dim:.0f}) "
         "over its three dimensions); flash attention at "
         f"{cal.attention_peak_fraction:.2f} of peak with a 2.5x backward.",

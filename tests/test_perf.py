@@ -13,7 +13,7 @@ from meshplan.errors import MeshplanError
 from meshplan.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
 from meshplan.hardware import get_gpu
 from meshplan.models import resolve_model
-from meshplan.perf import estimate_throughput, gemm_efficiency, stage_layer_indices
+from meshplan.perf import estimate_throughput, gemm_efficiency, nanotron_stage_layers, stage_layer_indices
 from meshplan.request import resolve
 from meshplan.schema import Plan, Request
 
@@ -135,6 +135,48 @@ def test_bubble_is_p_minus_1_over_m_v():
     # fill/drain of three stages of a pipeline whose slowest (last) stage also holds the logits
     assert one.breakdown.bubble_s / (m * stage) == pytest.approx((p - 1) / m, rel=0.25)
     assert one.breakdown.bubble_s / (m * stage) < (p - 1) / m
+
+
+def test_nanotron_balances_stages_with_the_lm_head_as_a_block():
+    # Playbook 1B: layer cost 4*32*64*2048 + 3*8192*2048 = 2^26, LM head 131072*2048 = 4 layers' worth.
+    arch = resolve_model("llama-3.1-8b").model_copy(update={
+        "num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 32,
+        "num_kv_heads": 32, "head_dim": 64, "vocab_size": 131072})
+    h = arch.hidden_size
+    assert 4 * arch.num_attention_heads * arch.head_dim * h + 3 * arch.ffn_hidden_size * h == 2**26
+    stages, head = nanotron_stage_layers(arch, 2)
+    # cumulative cost equals the half-way threshold after 10 layers (not above it), so layer 11 stays on rank 0
+    assert [len(s) for s in stages] == [11, 5] and head == 1
+    stages, head = nanotron_stage_layers(arch, 4)
+    assert [len(s) for s in stages] == [6, 5, 5, 0] and head == 3  # the last rank holds only the LM head
+    assert [i for s in stages for i in s] == list(range(16))
+
+
+def test_nanotron_pipeline_terms_are_nanotron_only_and_add_exactly():
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=16, tp=2, pp=2, global_batch_size=32,
+                                framework="megatron-core"))
+    base = calibration("megatron-core")
+    assert base.pp_host_sync == 0 and base.pp_cross_sync_per_layer_s == 0
+    off = estimate_throughput(job, plan, base)
+    on = estimate_throughput(job, plan, base.with_overrides(pp_cross_sync_per_layer_s=1e-3))
+    m = 32 // (plan.micro_batch_size * plan.dp)
+    # pp 2 with tp*dp = 8 per stage: the stages sit on different nodes; 16 layers on the slowest stage, tp 2
+    assert on.breakdown.pp_comm_s - off.breakdown.pp_comm_s == pytest.approx(m * 16 * 2 * 1e-3)
+    synced = estimate_throughput(job, plan, base.with_overrides(pp_host_sync=1.0))
+    assert synced.step_time_s > off.step_time_s
+    flat = plan.model_copy(update={"pp": 1, "dp": 8})
+    assert estimate_throughput(job, flat, base.with_overrides(pp_host_sync=1.0)).step_time_s == pytest.approx(
+        estimate_throughput(job, flat, base).step_time_s)
+
+
+def test_nanotron_zero1_parameter_gather_is_not_hidden():
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=64, global_batch_size=64, framework="nanotron",
+                                zero_stage=1))
+    cal = calibration("nanotron")
+    assert cal.param_gather_overlap == 0.0 < calibration("megatron-core").param_gather_overlap
+    exposed = estimate_throughput(job, plan, cal)
+    hidden = estimate_throughput(job, plan, cal.with_overrides(param_gather_overlap=1.0))
+    assert exposed.breakdown.dp_comm_s > hidden.breakdown.dp_comm_s
 
 
 def test_breakdown_adds_up_to_step_time_and_mfu_definition():
