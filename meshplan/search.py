@@ -65,6 +65,7 @@ TOKENS_PER_STEP = 1 << 22  # the default batch: ~4M tokens (request.DEFAULT_BATC
 
 # Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
 SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
+HEADROOM_RULE = "MEM002"  # cards/rules.yaml: fits, but with less than the minimum headroom
 DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, which is faster
 NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
 BUDGET = "SEARCH-BUDGET"  # not reached before the time budget ran out
@@ -115,6 +116,14 @@ def default_engine(framework: str) -> Engine:
     )
 
 
+def min_headroom_fraction() -> float:
+    """The free share of memory a recommended layout keeps: MEM002's threshold, so rules and search agree."""
+    from meshplan.rulebook import rule_specs
+    from meshplan.rules import check_config  # noqa: F401  (registers the conditions)
+
+    return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
+
+
 def _memory_rule_id() -> str:
     """The rules card's 'does not fit' error id (the memory rule with severity error)."""
     from meshplan.rulebook import MEMORY_RULES, rule_specs
@@ -148,6 +157,7 @@ class _Search:
     cp_comm: str
     split: tuple[int, int]
     law: str = "megatron"
+    budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
     rejected: Counter = field(default_factory=Counter)
     found: list[_Found] = field(default_factory=list)
     near: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)
@@ -238,6 +248,14 @@ class _Search:
             low = high = self.needs[lay][mbs]
         return low, max(low, high)
 
+    @property
+    def budget(self) -> int:
+        return self.budget_bytes or self.job.gpu.memory_bytes
+
+    def memory_rule_for(self, needed: int) -> str:
+        """MEM001 when even the full capacity is exceeded; MEM002 when only the headroom budget is."""
+        return self.engine.memory_rule if needed > self.job.gpu.memory_bytes else HEADROOM_RULE
+
     def floor_fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
         key = (lay.base(), zero, recompute, mbs)
@@ -245,11 +263,12 @@ class _Search:
         if hit is None:
             sp = self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
             floor = first_stage_floor(self.job, lay.base(), zero, recompute, mbs, sp)
-            hit = self.floor_cache[key] = floor <= self.job.gpu.memory_bytes
+            hit = self.floor_cache[key] = floor <= self.budget
         return hit
 
     def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
-        return self.floor_fits(lay, zero, recompute, mbs) and self.memory(lay, zero, recompute, mbs).fits
+        return (self.floor_fits(lay, zero, recompute, mbs)
+                and self.memory(lay, zero, recompute, mbs).peak_bytes <= self.budget)
 
     def need_floor(self, lay: Layout, mbs: int) -> int:
         """The least recompute whose first-stage floor fits at the lightest ZeRO stage (no estimate needed)."""
@@ -363,14 +382,13 @@ class _Search:
     def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
         """Level 2: structural rules and the model-state lower bound, per ZeRO stage."""
         n_r = len(self.recomputes)
-        capacity = self.job.gpu.memory_bytes
         alive: list[int] = []
         for zero in self.zeros:
             error = self.check_error(lay, zero, self.recomputes[0], mbs)
             if error:
                 self.rejected[error] += n_r
-            elif states_lower_bound(self.job, lay, zero, self.split) > capacity:
-                self.rejected[self.engine.memory_rule] += n_r
+            elif (bound := states_lower_bound(self.job, lay, zero, self.split)) > self.budget:
+                self.rejected[self.memory_rule_for(bound)] += n_r
             else:
                 alive.append(zero)
         if alive:
@@ -432,7 +450,6 @@ class _Search:
     # -- the loop ----------------------------------------------------------------------------------
 
     def seed(self, layouts: list[Layout], ideal: float) -> None:
-        capacity = self.job.gpu.memory_bytes
         for lay in layouts:
             sizes = micro_batches(self.job, lay, self.fixed)
             if sizes:
@@ -442,9 +459,9 @@ class _Search:
                 self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
         for lay in layouts:
             sizes = micro_batches(self.job, lay, self.fixed)
-            if states_lower_bound(self.job, lay, self.zeros[-1], self.split) > capacity:
+            if (bound := states_lower_bound(self.job, lay, self.zeros[-1], self.split)) > self.budget:
                 # even the most sharded model states do not fit: no variant of this layout can
-                self.rejected[self.engine.memory_rule] += self.variants() * max(1, len(sizes))
+                self.rejected[self.memory_rule_for(bound)] += self.variants() * max(1, len(sizes))
                 continue
             if not sizes:
                 # No micro-batch divides this layout's share of the batch: let the batch rule say so.
@@ -556,8 +573,22 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Rec
             f"cp <= seq_length/2, ep <= experts), and the search by {limits.absurd_max_evaluations:,} estimates or "
             f"{limits.time_budget_s:g} s, not by the GPU count."
         )
-    result = _run(job, fixed, engine, top_k, started + limits.time_budget_s, warnings)
-    search, considered = result
+    headroom = min_headroom_fraction()
+    budget = int(job.gpu.memory_bytes * (1.0 - headroom))
+    search, considered = _run(job, fixed, engine, top_k, started + limits.time_budget_s, warnings, budget)
+    if not search.found and time.perf_counter() < started + limits.time_budget_s:
+        # Nothing keeps the headroom: rank what fits at all, and say how thin it is.
+        search, considered = _run(job, fixed, engine, top_k, started + limits.time_budget_s, warnings)
+        if search.found:
+            warnings.append(
+                f"No layout keeps {headroom:.0%} of the {job.gpu.memory_bytes / GIB:.1f} GiB free ({HEADROOM_RULE}); "
+                "the ranked layouts fit with less, so fragmentation or longer samples may push them over. "
+                "More GPUs, or a GPU with more memory, gives room."
+            )
+    else:
+        notes = [*notes, f"Ranked layouts keep at least {headroom:.0%} of GPU memory free (the {HEADROOM_RULE} "
+                 f"threshold of cards/rules.yaml); layouts that fit with less are counted under {HEADROOM_RULE} "
+                 "when their memory floor or estimate is within capacity, and used only when nothing else fits."]
     rec = _answer(job, req, fixed, engine, search, considered, top_k, notes, warnings)
     if not rec.candidates:
         _explain_impossible(rec, job, fixed, engine, search, started + limits.time_budget_s,
@@ -565,7 +596,8 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Rec
     return rec
 
 
-def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float) -> _Search:
+def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
+                budget_bytes: int = 0) -> _Search:
     from meshplan.cards import framework_card
 
     kn = knobs(job.framework)
@@ -584,12 +616,12 @@ def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: fl
     cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
     return _Search(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
-                   law=card.world_size_law, max_evaluations=cap)
+                   law=card.world_size_law, max_evaluations=cap, budget_bytes=budget_bytes)
 
 
 def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
-         warnings: list[str]) -> tuple[_Search, int]:
-    search = _new_search(job, fixed, engine, top_k, deadline)
+         warnings: list[str], budget_bytes: int = 0) -> tuple[_Search, int]:
+    search = _new_search(job, fixed, engine, top_k, deadline, budget_bytes)
     layouts, dropped = enumerate_layouts(job, fixed)
     considered = 0
     variants = search.variants()

@@ -12,14 +12,16 @@ from meshplan.perf import estimate_throughput
 from meshplan.request import resolve
 from meshplan.rules import check_config
 from meshplan.schema import Request
-from meshplan.search import SEARCH_BUCKETS, _new_search, _search_job, recommend
+from meshplan.search import SEARCH_BUCKETS, _new_search, _search_job, min_headroom_fraction, recommend
 from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
 
 
 def exhaustive(req: Request, top_k: int) -> list[float]:
-    """Every plan of the space (inside the NVLink domain), brute force: rules, fit, time. A plan is left out when
-    the same layout fits with less recompute (the search calls it dominated: strictly slower, same choice)."""
+    """Every plan of the space (inside the NVLink domain), brute force: rules, fit with MEM002's headroom, time.
+    A plan is left out when the same layout fits with less recompute (the search calls it dominated: strictly
+    slower, same choice)."""
     job, _ = _search_job(req)
+    budget = job.gpu.memory_bytes * (1.0 - min_headroom_fraction())
     fixed = Fixed.from_request(req)
     search = _new_search(job, fixed, None, top_k, float("inf"))  # type: ignore[arg-type]
     layouts, _ = enumerate_layouts(job, fixed)
@@ -33,7 +35,7 @@ def exhaustive(req: Request, top_k: int) -> list[float]:
                     plan = search.plan(lay, zero, recompute, mbs)
                     if not check_config(job, plan, include_memory=False).ok:
                         continue
-                    if not estimate_memory(job, plan).fits:
+                    if estimate_memory(job, plan).peak_bytes > budget:
                         continue
                     times.append(estimate_throughput(job, plan).step_time_s)
                     break  # heavier recompute of the same plan is dominated
@@ -58,6 +60,8 @@ def llama8b():
 
 def test_candidates_pass_check_config_and_fit(llama8b):
     assert len(llama8b.candidates) == 5
+    for c in llama8b.candidates:  # every ranked layout keeps MEM002's headroom when some layout can
+        assert c.memory.headroom_bytes >= min_headroom_fraction() * c.memory.capacity_bytes
     job, _ = _search_job(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, seq_length=8192))
     for cand in llama8b.candidates:
         report = check_config(job, cand.plan)
@@ -150,3 +154,17 @@ def test_cli_recommend_json(capsys):
     assert main(["recommend", "llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--top-k", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["candidates"]) == 2 and data["considered"] > 0
+
+
+def test_thin_headroom_layouts_rank_only_when_nothing_else_fits():
+    """A 2.4B model on one 40 GB A100 fits only with under 10% free: still answered, with the MEM002 warning;
+    a 2B model on the same GPU keeps the headroom, and no such warning is given."""
+    thin = recommend(Request(model="2.4B", gpu="a100-40gb", num_gpus=1, seq_length=1024, global_batch_size=8,
+                             framework="deepspeed"), top_k=2)
+    best = thin.candidates[0].memory
+    assert 0 < best.headroom_bytes < 0.1 * best.capacity_bytes
+    assert any("No layout keeps 10%" in w for w in thin.warnings)
+    roomy = recommend(Request(model="2B", gpu="a100-40gb", num_gpus=1, seq_length=1024, global_batch_size=8,
+                              framework="deepspeed"), top_k=2)
+    assert roomy.candidates[0].memory.headroom_bytes >= 0.1 * roomy.candidates[0].memory.capacity_bytes
+    assert not any("No layout keeps" in w for w in roomy.warnings)
