@@ -7,11 +7,16 @@ Recipes: every layout cards/strategies.yaml names for a concrete job (moe_by_mod
 dense_by_size examples). For each: the recipe as written (its micro-batch, recompute and ZeRO stage, at the
 global batch the search compares layouts on), the same degrees with the knobs the search would pick for them
 (zero stage, recompute, micro-batch searched with tp/pp/vpp/cp/ep/etp pinned), and the search's free pick.
+
+Each row is reported as `agree` (valid, fits, best knobs within 15% of the top pick), `explained` (valid and
+fits, more than 15% off, and its card row carries `differs_from_search` saying why) or `unexplained`
+(invalid, does not fit, or off without an explanation). An `agree` row that still carries an explanation is
+flagged as stale, so the card can drop it.
 """
 
 from __future__ import annotations
 
-from meshplan.knowledge import CheckedLayout, strategies_card
+from meshplan.knowledge import CheckedLayout, DiffersFromSearch, strategies_card
 from meshplan.memory import estimate_memory
 from meshplan.perf import estimate_throughput
 from meshplan.request import resolve
@@ -20,14 +25,26 @@ from meshplan.schema import Request
 from meshplan.search import recommend
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers", "last_stage_layers")
+TOLERANCE = 0.15  # issue 5: within 15% of the top pick
 
 
-def recipes() -> list[tuple[str, CheckedLayout]]:
+def recipes() -> list[tuple[str, CheckedLayout, DiffersFromSearch | None]]:
     card = strategies_card()
-    out = [(f"moe_by_model/{row.id}", row.recipe) for row in card.moe_by_model]
-    out += [(f"examples/{row.id}", row.job) for row in card.examples]
-    out += [(f"dense_by_size/{row.id}", row.example) for row in card.dense_by_size if row.example is not None]
+    out = [(f"moe_by_model/{row.id}", row.recipe, row.differs_from_search) for row in card.moe_by_model]
+    out += [(f"examples/{row.id}", row.job, row.differs_from_search) for row in card.examples]
+    out += [(f"dense_by_size/{row.id}", row.example, row.differs_from_search)
+            for row in card.dense_by_size if row.example is not None]
     return out
+
+
+def verdict(row: dict, explained: bool) -> str:
+    """agree / explained / unexplained, as issue 5 counts them."""
+    gap = row["best_knobs"] / row["top"] - 1 if row["best_knobs"] and row["top"] else None
+    if not (row["valid"] and row["fits"]) or gap is None:
+        return "unexplained"
+    if gap >= -TOLERANCE:
+        return "agree"
+    return "explained" if explained else "unexplained"
 
 
 def evaluate(name: str, recipe: CheckedLayout) -> dict:
@@ -59,18 +76,29 @@ def pct(value: float | None, top: float | None) -> str:
 
 
 def main() -> None:
-    rows = [evaluate(name, recipe) for name, recipe in recipes()]
-    print("| recipe | job | layout | valid | fits (peak GiB) | as written vs top | best knobs vs top | search's top |")
-    print("|---|---|---|---|---|---|---|---|")
-    agree = 0
+    rows = []
+    for name, recipe, differs in recipes():
+        row = evaluate(name, recipe)
+        row["verdict"] = verdict(row, differs is not None)
+        row["stale"] = differs is not None and row["verdict"] == "agree"
+        rows.append(row)
+    print("| recipe | job | layout | valid | fits (peak GiB) | as written vs top | best knobs vs top | search's top "
+          "| verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         valid = "yes" if r["valid"] else "no: " + ", ".join(r["errors"])
-        gap = r["best_knobs"] / r["top"] - 1 if r["best_knobs"] and r["top"] else None
-        agree += gap is not None and gap >= -0.15 and r["valid"] and r["fits"]
+        mark = r["verdict"] + (" (explanation stale)" if r["stale"] else "")
+        top = f"{r['top_layout']} ({r['top']:,.0f} tok/s/GPU)" if r["top"] else "no pick"
         print(f"| {r['name']} | {r['job']} | {r['layout']} | {valid} | {'yes' if r['fits'] else 'NO'} "
               f"({r['peak_gib']:.1f}) | {pct(r['as_written'], r['top'])} | {pct(r['best_knobs'], r['top'])} | "
-              f"{r['top_layout']} ({r['top']:,.0f} tok/s/GPU) |" if r["top"] else f"| {r['name']} | no pick |")
-    print(f"\n{agree} of {len(rows)} recipes are valid, fit, and (with their best knobs) within 15% of the top pick.")
+              f"{top} | {mark} |")
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("agree", "explained", "unexplained")}
+    print(f"\n{len(rows)} recipes: {counts['agree']} agree (valid, fit, best knobs within {TOLERANCE:.0%} of the "
+          f"top pick), {counts['explained']} explained (card row carries differs_from_search), "
+          f"{counts['unexplained']} unexplained.")
+    stale = [r["name"] for r in rows if r["stale"]]
+    if stale:
+        print(f"Explanations on rows that now agree (stale, can be dropped): {', '.join(stale)}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from meshplan.errors import MeshplanError
-from meshplan.knowledge import CheckedLayout, pitfalls_card, strategies_card
+from meshplan.knowledge import CheckedLayout, DiffersFromSearch, pitfalls_card, strategies_card
 from meshplan.schema import FRAMEWORKS, Job, Plan, Request
 
 GIB = 1 << 30
@@ -153,6 +153,16 @@ def _sources(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"- `{rid}`: {_cell(src)}" for rid, src in rows)
 
 
+def _differs(rows: list[tuple[str, DiffersFromSearch | None]]) -> str:
+    """Why recommend_parallelism ranks a recipe more than 15% below its top pick (bench/recipes_agreement.py)."""
+    items = [f"- {rid}: {_cell(d.reason)} ({_cell(d.source)})" for rid, d in rows if d is not None]
+    if not items:
+        return ""
+    return ("\n\nWhere recommend_parallelism predicts these recipes more than 15% slower than its top pick, "
+            "and why (what the recipe optimises for; what meshplan's cost model does not capture):\n\n"
+            + "\n".join(items))
+
+
 def _gpu_name(key: str) -> str:
     from meshplan.hardware import get_gpu
 
@@ -176,7 +186,8 @@ def block_dense_by_size() -> str:
     table = _table(["Size (total params)", "GPUs", "Start from", "Checked example (seq 4096)",
                     "Peak GiB/GPU (worst stage)", "Tokens/s/GPU", "MFU"], body)
     why = "\n".join(f"- **{r.start}** ({r.id}): {_cell(r.why)}" for r in card.dense_by_size)
-    return f"{table}\n\nWhy:\n\n{why}\n\nSources:\n\n" + _sources([(r.id, r.source) for r in card.dense_by_size])
+    return (f"{table}\n\nWhy:\n\n{why}\n\nSources:\n\n" + _sources([(r.id, r.source) for r in card.dense_by_size])
+            + _differs([(r.id, r.differs_from_search) for r in card.dense_by_size]))
 
 
 def block_moe_by_model() -> str:
@@ -188,7 +199,8 @@ def block_moe_by_model() -> str:
                      _layout(r.recipe, n), _memory(n), _rate(n.tokens_per_s_per_gpu), f"{n.mfu:.0%}", r.notes])
     table = _table(["Model", "Total / active", "GPUs (H100)", "Layout", "Peak GiB/GPU (worst stage)",
                     "Tokens/s/GPU", "MFU", "Notes"], body)
-    return f"{table}\n\nSources:\n\n" + _sources([(r.id, r.source) for r in card.moe_by_model])
+    return (f"{table}\n\nSources:\n\n" + _sources([(r.id, r.source) for r in card.moe_by_model])
+            + _differs([(r.id, r.differs_from_search) for r in card.moe_by_model]))
 
 
 def block_moe_by_size() -> str:
@@ -237,6 +249,10 @@ def block_examples() -> str:
               ex.job.seq_length, _memory(n), _rate(n.tokens_per_s_per_gpu), f"{n.mfu:.0%}"]],
         ))
         out.append(f"\n```bash\n{_cli(ex.job)}\n```\n\nSource: {_cell(ex.source)}\n")
+        if ex.differs_from_search is not None:
+            d = ex.differs_from_search
+            out.append(f"Why recommend_parallelism predicts this >15% slower than its top pick: {_cell(d.reason)} "
+                       f"(Sources: {_cell(d.source)})\n")
     return "\n".join(out).rstrip()
 
 

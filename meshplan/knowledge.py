@@ -97,6 +97,23 @@ class _Sourced(_Card):
         return self
 
 
+class DiffersFromSearch(_Sourced):
+    """Why a recipe is predicted more than 15% slower than the search's top pick for its job.
+
+    `reason` says what the recipe's authors optimised for and which term of meshplan's cost model
+    (meshplan/perf.py, meshplan/comm.py, cards/calibration.yaml) does not capture it, or is likely
+    wrong; `source` names where the recipe's side comes from. bench/recipes_agreement.py counts a
+    row that is off by more than 15% as explained only when it carries this.
+    """
+
+    reason: str
+
+    @model_validator(mode="after")
+    def _has_reason(self):
+        _nonempty(self.reason, "reason")
+        return self
+
+
 class SizeRow(_Sourced):
     """Dense decision table: a parameter range and the layout to start from."""
 
@@ -108,6 +125,13 @@ class SizeRow(_Sourced):
     layout: Layout = Field(description="The concrete starting layout suggest() adapts to a job")
     why: str
     example: CheckedLayout | None = None
+    differs_from_search: DiffersFromSearch | None = None
+
+    @model_validator(mode="after")
+    def _explains_an_example(self):
+        if self.differs_from_search is not None and self.example is None:
+            raise ValueError(f"{self.id}: differs_from_search needs an example to differ")
+        return self
 
 
 class MoEModelRow(_Sourced):
@@ -116,6 +140,7 @@ class MoEModelRow(_Sourced):
     id: str
     notes: str = ""
     recipe: CheckedLayout
+    differs_from_search: DiffersFromSearch | None = None
 
 
 class MoESizeRow(_Sourced):
@@ -149,6 +174,7 @@ class WorkedExample(_Sourced):
     kind: Literal["3d", "4d", "moe", "fsdp", "long-context"]
     description: str
     job: CheckedLayout
+    differs_from_search: DiffersFromSearch | None = None
 
 
 class Tradeoff(_Sourced):
