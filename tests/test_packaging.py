@@ -63,3 +63,13 @@ def test_wheel_in_fresh_venv_runs_describe_outside_the_repo(wheel, tmp_path):
     where = subprocess.run([str(python), "-c", "import meshplan; print(meshplan.__file__)"], cwd=tmp_path,
                            capture_output=True, text=True)
     assert str(REPO) not in where.stdout and "site-packages" in where.stdout
+
+
+def test_ci_runs_exactly_the_readme_commands():
+    """.ci/run must run the README's install-and-run command and its test command, nothing else."""
+    readme = (REPO / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:3]]
+    ci_commands = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+                   if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci_commands == blocks
+    assert blocks[0].startswith("python -m pip install -e") and blocks[1] == "python -m pytest -q"
