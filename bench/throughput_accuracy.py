@@ -270,6 +270,7 @@ def _encode(cal: Calibration) -> list[float]:
 def _decode(x: list[float], base: Calibration) -> Calibration:
     values = {}
     for k, v in zip(FITTED, x, strict=True):
+        v = min(max(v, -60.0), 60.0)  # a fraction driven to 0 or 1 must not overflow exp()
         values[k] = 1 / (1 + math.exp(-v)) if k in FRACTIONS else math.exp(v)
     return base.with_overrides(**values)
 
@@ -322,7 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", choices=["all", "half"], help="Refit the fitted constants (needs scipy): on all "
                     "rows, or on half the groups / on 1B+3B with the rest held out")
     ap.add_argument("--groups", action="store_true", help="Print every sweep group")
+    ap.add_argument("--only", help="With --fit: refit only these comma-separated constants (the others stay at "
+                    "the card's values), e.g. the data-parallel ones after a change to the DP structure")
     args = ap.parse_args(argv)
+    if args.only:
+        global FITTED
+        only = tuple(k.strip() for k in args.only.split(",") if k.strip())
+        unknown = [k for k in only if k not in FITTED]
+        if unknown:
+            print(f"--only: {unknown} are not fitted constants; choose among {', '.join(FITTED)}", file=sys.stderr)
+            return 2
+        FITTED = only
     if not args.validation.is_dir():
         print(f"validation data not found at {args.validation}", file=sys.stderr)
         return 2

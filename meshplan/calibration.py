@@ -66,6 +66,8 @@ class Calibration:
     tp_overlap: float
     dp_overlap: float
     param_gather_overlap: float
+    zero_grad_allreduce: float
+    zero_grad_overlap: float
     pp_overlap: float
     pp_host_sync: float
     pp_cross_sync_per_layer_s: float

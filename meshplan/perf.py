@@ -420,20 +420,23 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
     optimizer = 0.0
     for s, row in enumerate(stage_rows):
         grad_bytes = cal.grad_reduce_bytes
-        if plan.zero_stage == 0:
+        # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
+        # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
+        sharded_opt = plan.zero_stage > 0 and not fsdp
+        overlap = cal.zero_grad_overlap if sharded_opt else cal.dp_overlap
+        if plan.zero_stage == 0 or (sharded_opt and cal.zero_grad_allreduce >= 0.5):
             sync = allreduce_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
             sync += allreduce_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk)
-            gather = 0.0
         else:
             sync = ring_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
             sync += ring_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk)
-            gather = 0.0
-            if not fsdp:
-                gather = ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
-                gather += ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
+        gather = 0.0
+        if sharded_opt:
+            gather = ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
+            gather += ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
         bwd = row["compute"] - row["fwd"] + row["recompute"]
         slack = s * bwd / max(1, plan.vpp)
-        exposed = max(0.0, sync - cal.dp_overlap * bwd - slack)
+        exposed = max(0.0, sync - overlap * bwd - slack)
         exposed += max(0.0, gather - cal.param_gather_overlap * row["fwd"])
         dp_exposed = max(dp_exposed, exposed)
         shard_group = 1 if plan.zero_stage == 0 else None
@@ -509,7 +512,11 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration) -> 
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
         f"DP: gradients reduced in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp once per step, "
-        f"overlapped with {cal.dp_overlap:.0%} of the last backward; ZeRO>=1 all-gathers bf16 parameters.",
+        + (f"overlapped with {cal.dp_overlap:.0%} of the last backward."
+           if plan.zero_stage == 0 or uses_fsdp(job.framework, plan.zero_stage)
+           else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
+           + f" with {cal.zero_grad_overlap:.0%} of the last backward hiding it; then the bf16 parameters "
+           "are all-gathered."),
         "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
         "Constants: cards/calibration.yaml (fitted on the Ultra-Scale Playbook nanotron sweep; errors in "

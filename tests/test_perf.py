@@ -12,7 +12,7 @@ from meshplan.comm import alltoall_time, links, p2p_time, per_domain, ring_time
 from meshplan.errors import MeshplanError
 from meshplan.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
 from meshplan.hardware import get_gpu
-from meshplan.models import resolve_model
+from meshplan.models import resolve_model, total_params
 from meshplan.perf import estimate_throughput, gemm_efficiency, nanotron_stage_layers, stage_layer_indices
 from meshplan.request import resolve
 from meshplan.schema import Plan, Request
@@ -178,6 +178,35 @@ def test_nanotron_zero1_parameter_gather_is_not_hidden():
     hidden = estimate_throughput(job, plan, cal.with_overrides(param_gather_overlap=1.0))
     assert exposed.breakdown.dp_comm_s > hidden.breakdown.dp_comm_s
 
+
+
+def test_nanotron_zero1_all_reduces_fp32_gradients_after_the_backward():
+    # nanotron with ZeRO-1 + fp32 accumulation skips DDP (trainer._init_model) and all-reduces the whole
+    # fp32 gradient buffer after the backward; Megatron-Core reduce-scatters from backward hooks.
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=64, global_batch_size=64, framework="nanotron",
+                                zero_stage=1))
+    assert plan.pp == 1 and plan.zero_stage == 1
+    cal = calibration("nanotron")
+    mc = calibration("megatron-core")
+    assert (cal.zero_grad_allreduce, cal.zero_grad_overlap) == (1.0, 0.0)
+    assert mc.zero_grad_allreduce == 0.0 and mc.zero_grad_overlap == mc.dp_overlap
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    # one stage holds every weight (untied head included); the stage tables leave out the final norm (h
+    # weights, 5e-7 of the model), hence rel 1e-6
+    params = total_params(job.model) / plan.tp
+    grads = ring_time(params * cal.grad_reduce_bytes, plan.dp, plan.tp, lk)
+    gather = ring_time(params * 2, plan.dp, plan.tp, lk)
+    r = estimate_throughput(job, plan, cal)
+    assert r.breakdown.dp_comm_s == pytest.approx(2 * grads + gather, rel=1e-6)  # all-reduce + bf16 gather
+    scattered = estimate_throughput(job, plan, cal.with_overrides(zero_grad_allreduce=0.0))
+    assert scattered.breakdown.dp_comm_s == pytest.approx(grads + gather, rel=1e-6)
+    # the ZeRO-1 overlap is its own constant: dp_overlap (ZeRO-0's DDP hooks) leaves ZeRO-1 unchanged
+    assert estimate_throughput(job, plan, cal.with_overrides(dp_overlap=0.9)).step_time_s == pytest.approx(
+        r.step_time_s, rel=1e-12)
+    hidden = estimate_throughput(job, plan, cal.with_overrides(zero_grad_overlap=1.0))
+    assert hidden.breakdown.dp_comm_s < r.breakdown.dp_comm_s
+    zero0 = estimate_throughput(job, plan.model_copy(update={"zero_stage": 0}), cal)
+    assert zero0.breakdown.dp_comm_s < r.breakdown.dp_comm_s  # hooks overlap it; no gather
 
 def test_breakdown_adds_up_to_step_time_and_mfu_definition():
     r = estimate(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=2, global_batch_size=128,
