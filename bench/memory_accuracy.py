@@ -69,7 +69,8 @@ EXCLUDE = [
 
 # Recipe settings the CSV has no column for, read from the real recipe files
 # NVIDIA/Megatron-LM tests/functional_tests/test_cases/<case>/model_config.yaml: the MoE recipes below set
-# `--attention-dropout: 0.0` and `--hidden-dropout: 0.0` in their model_config.yaml, where a blank CSV cell would otherwise mean Megatron's default of 0.1 (5 bytes per attention score unfused).
+# `--attention-dropout: 0.0` and `--hidden-dropout: 0.0` in their model_config.yaml, where a blank CSV cell
+# would otherwise mean Megatron's default of 0.1 (5 bytes per attention score unfused).
 RECIPE_NO_DROPOUT = {
     "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed",
     "moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8",
