@@ -17,9 +17,6 @@ Input: a JSON list of cases (see tests/framework_probes/harness.py `Case`). Outp
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import sys
 import traceback
@@ -27,6 +24,7 @@ import typing
 import warnings
 
 import typing_extensions
+from probe_io import serve
 
 # megatron/training/models/hybrid.py imports typing.override (Python 3.12); same object on 3.11.
 if not hasattr(typing, "override"):
@@ -193,12 +191,7 @@ def run(case: dict) -> dict:
 
 
 def main() -> None:
-    cases = json.load(sys.stdin)
-    real_stdout = sys.stdout
-    noise = io.StringIO()
-    with contextlib.redirect_stdout(noise):
-        verdicts = [run(case) for case in cases]
-    json.dump(verdicts, real_stdout)
+    serve(run)
 
 
 if __name__ == "__main__":

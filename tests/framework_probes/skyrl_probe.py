@@ -14,14 +14,12 @@ typing_extensions (same objects pydantic and the code expect).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 import traceback
 import typing
 
 import typing_extensions
+from probe_io import serve
 
 if sys.version_info < (3, 12):
     typing.TypedDict = typing_extensions.TypedDict
@@ -68,11 +66,7 @@ def run(case: dict) -> dict:
 
 
 def main() -> None:
-    cases = json.load(sys.stdin)
-    real_stdout = sys.stdout
-    with contextlib.redirect_stdout(io.StringIO()):
-        verdicts = [run(case) for case in cases]
-    json.dump(verdicts, real_stdout)
+    serve(run)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ and are not run here.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import sys
 import traceback
+
+from probe_io import serve
 
 
 def run(case: dict) -> dict:
@@ -55,11 +53,7 @@ def run(case: dict) -> dict:
 
 
 def main() -> None:
-    cases = json.load(sys.stdin)
-    real_stdout = sys.stdout
-    with contextlib.redirect_stdout(io.StringIO()):
-        verdicts = [run(case) for case in cases]
-    json.dump(verdicts, real_stdout)
+    serve(run)
 
 
 if __name__ == "__main__":
