@@ -15,7 +15,7 @@ from meshplan.activations import Layout, layer_activations, shape_of
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
 from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
-from meshplan.models import layer_params, mtp_params
+from meshplan.models import layer_params, mtp_params, per_architecture
 from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
 from meshplan.schema import Architecture, Job, MemoryReport, MemorySummary, Plan, StageMemory
 
@@ -56,17 +56,7 @@ class _ParamTable:
             self.mtp = (sharded, total - experts - sharded, experts)
 
 
-_tables: dict[int, _ParamTable] = {}
-
-
-def _param_table(arch: Architecture) -> _ParamTable:
-    """Cached per Architecture object (resolve_model returns the same object for the same name)."""
-    table = _tables.get(id(arch))
-    if table is None or table.arch is not arch:
-        if len(_tables) > 256:
-            _tables.clear()
-        table = _tables[id(arch)] = _ParamTable(arch)
-    return table
+_param_table = per_architecture(_ParamTable)
 
 
 # --------------------------------------------------------------------------- validation

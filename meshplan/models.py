@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from meshplan.cards import ModelCard, model_card, model_card_names
 from meshplan.errors import MeshplanError, closest
 from meshplan.schema import Architecture, ComponentCount, MLASpec, ModelReport, ModelSummary, MoESpec
+
+T = TypeVar("T")
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything that is clearly not one
 
@@ -411,6 +414,25 @@ def describe_architecture(arch: Architecture, published: dict | None = None) -> 
         published=published,
         assumptions=assumptions,
     )
+
+
+def per_architecture(build: Callable[[Architecture], T], limit: int = 256) -> Callable[[Architecture], T]:
+    """Cache `build(arch)` per Architecture object: the estimators' per-layer tables are rebuilt only for a
+    new model. Architectures are pydantic models (not hashable), and resolve_model returns one object per name,
+    so identity is the key; the object itself is kept so a recycled id() can never return a stale table."""
+    cache: dict[int, tuple[Architecture, T]] = {}
+
+    def get(arch: Architecture) -> T:
+        hit = cache.get(id(arch))
+        if hit is not None and hit[0] is arch:
+            return hit[1]
+        if len(cache) > limit:
+            cache.clear()
+        value = build(arch)
+        cache[id(arch)] = (arch, value)
+        return value
+
+    return get
 
 
 def total_params(arch: Architecture) -> int:

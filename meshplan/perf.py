@@ -29,7 +29,7 @@ from meshplan.flops import (
     model_flops_per_token,
     moe_gemms,
 )
-from meshplan.models import layer_params
+from meshplan.models import layer_params, per_architecture
 from meshplan.request import uses_fsdp
 from meshplan.schema import Architecture, Job, Plan, ThroughputBreakdown, ThroughputReport
 
@@ -40,21 +40,13 @@ BF16 = 2  # bytes per activation element on the wire
 
 # --------------------------------------------------------------------------- per-architecture caches
 
-_PARAMS_CACHE: dict[int, tuple[Architecture, list[tuple[float, float]]]] = {}
-
-
+@per_architecture
 def _layer_param_split(arch: Architecture) -> list[tuple[float, float]]:
     """Per layer: (parameters sharded by TP or replicated, routed-expert parameters). Cached per object."""
-    hit = _PARAMS_CACHE.get(id(arch))
-    if hit is not None and hit[0] is arch:
-        return hit[1]
     table = []
     for i in range(arch.num_layers):
         p = layer_params(arch, i)
         table.append((float(sum(p.values()) - p["routed_experts"]), float(p["routed_experts"])))
-    if len(_PARAMS_CACHE) > 256:
-        _PARAMS_CACHE.clear()
-    _PARAMS_CACHE[id(arch)] = (arch, table)
     return table
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.cards import framework_card, load_card
 from meshplan.errors import MeshplanError
-from meshplan.models import layer_params
+from meshplan.models import layer_params, per_architecture
 from meshplan.schema import Job, Plan, Recompute, Request
 
 SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
@@ -367,16 +367,7 @@ class _Prefix:
             self.moe.append(self.moe[-1] + (1 if arch.is_moe_layer(i) else 0))
 
 
-_prefixes: dict[int, _Prefix] = {}
-
-
-def _prefix(arch) -> _Prefix:
-    hit = _prefixes.get(id(arch))
-    if hit is None or hit.arch is not arch:
-        if len(_prefixes) > 64:
-            _prefixes.clear()
-        hit = _prefixes[id(arch)] = _Prefix(arch)
-    return hit
+_prefix = per_architecture(_Prefix, limit=64)
 
 
 def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool) -> float:

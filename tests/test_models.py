@@ -112,3 +112,14 @@ def test_moe_active_counts_only_top_k_experts():
     r = describe_model("mixtral-8x7b")
     experts = next(c for c in r.components if c.name == "routed_experts")
     assert experts.active_params * 8 == experts.params * 2
+
+
+def test_per_architecture_cache_is_keyed_by_the_object():
+    from meshplan.models import per_architecture
+
+    calls = []
+    build = per_architecture(lambda arch: calls.append(arch.name) or len(calls))
+    arch = catalog_architecture("llama-3.1-8b")
+    assert build(arch) == build(arch) == 1
+    twin = arch.model_copy()  # equal, but another object: built again, never confused with the first
+    assert build(twin) == 2 and calls == ["Llama-3.1-8B", "Llama-3.1-8B"]
