@@ -245,15 +245,16 @@ GOLDEN_OVERRIDES = {
 }
 
 
+def golden_job_plan(framework: str, case: str):
+    """The (job, plan) of one golden case for one framework (its override, if any)."""
+    fields = GOLDEN_OVERRIDES.get((framework, case), GOLDEN_CASES[case])
+    return resolve(Request(framework=framework, **fields))
+
+
 def golden_renderings():
     for framework in TARGETS:
-        for case, fields in GOLDEN_CASES.items():
-            fields = dict(GOLDEN_OVERRIDES.get((framework, case), fields))
-            first, last = fields.pop("first_stage_layers", None), fields.pop("last_stage_layers", None)
-            job, plan = resolve(Request(framework=framework, **fields))
-            if first is not None:
-                plan = plan.model_copy(update={"first_stage_layers": first, "last_stage_layers": last})
-            result = render(framework, job, plan)
+        for case in GOLDEN_CASES:
+            result = render(framework, *golden_job_plan(framework, case))
             suffix = {"python": "py", "shell": "sh", "hydra": "sh"}.get(result.format, result.format)
             yield GOLDEN / f"{framework}__{case}.{suffix}", result
 

@@ -22,7 +22,7 @@ from framework_packages import venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from meshplan.adapters import render
 from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
-from test_adapters import CASES, GOLDEN_CASES, GOLDEN_OVERRIDES
+from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
 from meshplan.cards import framework_card, read_card
 from meshplan.request import resolve
@@ -38,13 +38,8 @@ def rendered(framework: str):
         if fw == framework:
             job, plan = resolve(Request(framework=fw, **fields))
             out.append(render(fw, job, plan, variant=variant))
-    for case, fields in GOLDEN_CASES.items():
-        fields = dict(GOLDEN_OVERRIDES.get((framework, case), fields))
-        first, last = fields.pop("first_stage_layers", None), fields.pop("last_stage_layers", None)
-        job, plan = resolve(Request(framework=framework, **fields))
-        if first is not None:
-            plan = plan.model_copy(update={"first_stage_layers": first, "last_stage_layers": last})
-        out.append(render(framework, job, plan))
+    for case in GOLDEN_CASES:
+        out.append(render(framework, *golden_job_plan(framework, case)))
     return out
 
 
