@@ -6,13 +6,10 @@ estimate, and 1,000 `meshplan check --batch` lines through the CLI.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
+
+from batch_timing import time_batch
 
 from meshplan.request import resolve
 from meshplan.rules import check_config
@@ -47,14 +44,7 @@ def main() -> None:
         print(f"{req.model:16s} {plan.short():28s} structural {quick * 1e6:7.1f} us"
               f"   full {full * 1e3:6.2f} ms   {ids}")
     lines = [CASES[i % len(CASES)].model_dump_json(exclude_none=True) for i in range(1000)]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "batch.jsonl"
-        path.write_text("\n".join(lines) + "\n")
-        start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--batch", str(path)],
-                             capture_output=True, text=True, check=True).stdout
-        elapsed = time.perf_counter() - start
-    results = [json.loads(line) for line in out.splitlines()]
+    results, elapsed = time_batch("check", lines)
     print(f"check --batch: {len(results)} lines in {elapsed:.2f} s (process start included)")
 
 

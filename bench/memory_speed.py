@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
+
+from batch_timing import time_batch
 
 from meshplan import api
 from meshplan.memory import estimate_memory
@@ -50,14 +48,7 @@ def main() -> None:
         req = CASES[i % len(CASES)].model_dump(exclude_none=True)
         req["micro_batch_size"] = 1 + i % 4
         lines.append(json.dumps(req))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "batch.jsonl"
-        path.write_text("\n".join(lines) + "\n")
-        start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "meshplan.cli", "memory", "--batch", str(path)],
-                             capture_output=True, text=True, check=True).stdout
-        elapsed = time.perf_counter() - start
-    results = [json.loads(line) for line in out.splitlines()]
+    results, elapsed = time_batch("memory", lines)
     errors = sum("error" in r for r in results)
     print(f"batch: {len(results)} lines in {elapsed:.2f} s wall (process start included), {errors} errors")
 
