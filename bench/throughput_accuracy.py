@@ -40,9 +40,9 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_VALIDATION = HERE.parent.parent / "shared" / "validation"
 DEFAULT_REFERENCE = HERE.parent.parent / "shared" / "reference"
 
-# The GEMM curve (gemm_peak_fraction, gemm_half_dim) is a property of the GPU and cuBLAS, shared with
-# Megatron-Core; refitted with the runtime terms it drifts to 99% of peak (it trades off against the
-# elementwise passes), so it stays frozen at the card's value.
+# The GEMM curve (gemm_peak_fraction, gemm_half_dim) stays frozen at the card's nanotron values: refitted with
+# the runtime terms it drifts to 99% of peak (it trades off against the elementwise passes). The
+# Megatron-family value is fitted on Megatron data by bench/bridge_published.py --fit.
 FITTED = (
     "elementwise_passes",
     "layer_overhead_s",
@@ -69,6 +69,8 @@ class Case:
     job: Job
     plan: Plan
     measured_tps: float  # tokens/s per GPU
+    flash_attention: bool | None = None  # None = the framework's convention (cards/memory.yaml)
+    dropout: bool | None = None
 
 
 def llama_like(label: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, tied: bool,
@@ -103,7 +105,12 @@ def sweep_cases(validation: Path) -> list[Case]:
 
 
 def classic_cases() -> list[Case]:
-    """estimators.md 5.2 (E) and (G); settings the tables do not state are assumptions, listed here."""
+    """estimators.md 5.2 (E), (F) and (G); settings the tables do not state are assumptions, listed here.
+
+    (E) and (F) are Megatron-LM on A100 before FlashAttention (Dao et al., arXiv 2205.14135, May 2022):
+    attention materialises the s x s scores, with GPT's attention dropout 0.1, so they are timed with
+    flash_attention=False, dropout=True.
+    """
     cases = []
     a100, h100 = get_gpu("a100-80gb"), get_gpu("h100")
     # (E) Korthikanti 2022 Table 5: GPT, s 2048, V 51200, dp 1, SP + selective recompute, s/iter measured.
@@ -117,7 +124,29 @@ def classic_cases() -> list[Case]:
         job = Job(model=arch, gpu=a100, num_gpus=gpus, gpus_per_node=8, seq_length=2048, global_batch_size=gbs,
                   framework="megatron-core")
         plan = Plan(tp=t, pp=p, vpp=v, dp=1, sequence_parallel=True, micro_batch_size=mbs, recompute="selective")
-        cases.append(Case("Korthikanti T5", "classic", job, plan, gbs * 2048 / sec / gpus))
+        cases.append(Case("Korthikanti T5", "classic", job, plan, gbs * 2048 / sec / gpus, False, True))
+    # (F) Narayanan 2021 Table 1: GPT, s 2048, V 51200, full recompute, no SP (it came in 2022); the
+    # table gives hardware TFLOP/s by the 96*B*s*L*h^2*(1 + s/6h + V/16Lh) formula (recompute counted),
+    # turned back into tokens/s with that formula. Micro-batch 1, no interleaving, dp = GPUs/(t*p),
+    # the heads of the paper: assumptions (the table does not state them).
+    for label, h, L, a, t, p, gpus, gbs, tflops in [
+        ("1.7B", 2304, 24, 24, 1, 1, 32, 512, 137),
+        ("3.6B", 3072, 30, 32, 2, 1, 64, 512, 138),
+        ("7.5B", 4096, 36, 32, 4, 1, 128, 512, 142),
+        ("18.4B", 6144, 40, 48, 8, 1, 256, 1024, 135),
+        ("39.1B", 8192, 48, 64, 8, 2, 512, 1536, 138),
+        ("76.1B", 10240, 60, 80, 8, 4, 1024, 1792, 140),
+        ("145.6B", 12288, 80, 96, 8, 8, 1536, 2304, 148),
+        ("310.1B", 16384, 96, 128, 8, 16, 1920, 2160, 155),
+        ("529.6B", 20480, 105, 128, 8, 35, 2520, 2520, 163),
+        ("1008B", 25600, 128, 160, 8, 64, 3072, 3072, 163),
+    ]:
+        arch = llama_like(f"GPT {label}", L, h, a, a, 4 * h, 51200, False, gated=False)
+        job = Job(model=arch, gpu=a100, num_gpus=gpus, gpus_per_node=8, seq_length=2048, global_batch_size=gbs,
+                  framework="megatron-core")
+        plan = Plan(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=1, recompute="full", zero_stage=0)
+        hw_flops_per_token = 96 * L * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * L * h))
+        cases.append(Case("Narayanan T1", "classic", job, plan, tflops * 1e12 / hw_flops_per_token, False, True))
     # (G) Megatron-Core r0.8.0 H100 table: s 4096, V 131072; mbs 1, no recompute, GeLU 4h, tied (assumed).
     for label, a, h, L, t, p, gpus, gbs, tflops in [
         ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
@@ -176,7 +205,8 @@ def predict(cases: list[Case], cal: Calibration | None) -> list[float]:
             if cal is not None:
                 base = calibration(c.job.framework)
                 use = base.with_overrides(**{k: getattr(cal, k) for k in FITTED})
-            out.append(estimate_throughput(c.job, c.plan, use).tokens_per_s_per_gpu)
+            out.append(estimate_throughput(c.job, c.plan, use, flash_attention=c.flash_attention,
+                                           dropout=c.dropout).tokens_per_s_per_gpu)
         except MeshplanError:
             out.append(float("nan"))
     return out
@@ -393,6 +423,13 @@ def main(argv: list[str] | None = None) -> int:
               f"predicted {p:9.0f} tok/s/GPU ({p / c.measured_tps - 1:+.0%})")
     errs = [abs(p / c.measured_tps - 1) for c, p in zip(classic, cpreds, strict=True)]
     print(f"  classic median |err| {statistics.median(errs):.1%} over {len(errs)} rows")
+    for source in dict.fromkeys(c.source for c in classic):
+        sub = [abs(p / c.measured_tps - 1) for c, p in zip(classic, cpreds, strict=True) if c.source == source]
+        signed = [p / c.measured_tps - 1 for c, p in zip(classic, cpreds, strict=True) if c.source == source]
+        print(f"    {source:18s} {len(sub):2d} rows: median |err| {statistics.median(sub):.1%}, "
+              f"median signed {statistics.median(signed):+.1%}")
+    h100 = [abs(p / c.measured_tps - 1) for c, p in zip(classic, cpreds, strict=True) if c.job.gpu.key == "h100"]
+    print(f"    H100 rows (Megatron-Core 2024 + golden) {len(h100)} rows: median |err| {statistics.median(h100):.1%}")
     return 0
 
 

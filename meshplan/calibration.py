@@ -50,12 +50,18 @@ class Calibration:
     gemm_half_dim: float
     fp8_gemm_relative_efficiency: float
     attention_peak_fraction: float
+    softmax_bytes_per_score_fwd: float
+    softmax_bytes_per_score_bwd: float
+    dropout_bytes_per_score_fwd: float
+    dropout_bytes_per_score_bwd: float
     hbm_efficiency: float
     elementwise_passes: float
     optimizer_bytes_per_param: float
     grad_accum_bytes_per_param: float
     cross_entropy_bytes_per_logit: float
     layer_overhead_s: float
+    moe_dispatch_passes: float
+    moe_layer_overhead_s: float
     host_time_per_layer_s: float
     nvlink_efficiency: float
     network_efficiency: float

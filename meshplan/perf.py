@@ -29,6 +29,7 @@ from meshplan.flops import (
     model_flops_per_token,
     moe_gemms,
 )
+from meshplan.memory_states import convention
 from meshplan.models import layer_params, per_architecture
 from meshplan.request import uses_fsdp
 from meshplan.schema import Architecture, Job, Plan, ThroughputBreakdown, ThroughputReport
@@ -184,6 +185,7 @@ class LayerTime:
     ep: float = 0.0
     recompute: float = 0.0
     fwd_compute: float = 0.0  # forward share of gemm + attention + elementwise (recompute, overlap windows)
+    attention_fwd: float = 0.0  # forward of the attention core alone (what selective recompute repeats)
 
     @property
     def compute(self) -> float:
@@ -218,6 +220,8 @@ class Ctx:
     bf16_peak: float
     fp8_peak: float | None
     hbm: float
+    flash: bool = True
+    dropout: bool = False
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
@@ -248,6 +252,33 @@ def _cp_time(ctx: Ctx, attention_fwd_bwd: float) -> float:
     return max(0.0, comm - cal.cp_overlap * attention_fwd_bwd)
 
 
+def unfused_attention_seconds(ctx: Ctx) -> tuple[float, float]:
+    """(forward, forward + backward) of attention without flash attention, on one rank.
+
+    Q.K^T and P.V run as batched GEMMs over the full s x s scores (the causal mask saves nothing), and
+    the scores take memory-bound passes: scale-mask-softmax, and attention dropout when it is on
+    (bytes per score from the card). This is Megatron-LM before FlashAttention (2021-22 papers) and
+    `--attention-backend unfused`.
+    """
+    arch, sh, cal = ctx.arch, ctx.shard, ctx.cal
+    heads = arch.num_attention_heads / sh.tp
+    if arch.mla is not None:
+        qk_width = arch.mla.qk_nope_head_dim + arch.mla.qk_rope_head_dim
+        v_width = arch.mla.v_head_dim
+    else:
+        qk_width = v_width = arch.head_dim
+    queries = ctx.seq / ctx.plan.cp  # per sequence on this rank; keys span the whole sequence
+    batched = sh.tokens / queries * heads  # (micro-batch sequences) x (local heads) independent products
+    scores = Gemm("attention_scores", queries, ctx.seq, qk_width, batched, fp8=False)
+    context = Gemm("attention_context", queries, v_width, ctx.seq, batched, fp8=False)
+    gemm = gemm_seconds([scores, context], cal, ctx.bf16_peak, None)
+    elements = batched * queries * ctx.seq
+    fwd_bytes = cal.softmax_bytes_per_score_fwd + (cal.dropout_bytes_per_score_fwd if ctx.dropout else 0.0)
+    bwd_bytes = cal.softmax_bytes_per_score_bwd + (cal.dropout_bytes_per_score_bwd if ctx.dropout else 0.0)
+    forward = gemm / 3.0 + elements * fwd_bytes / ctx.hbm
+    return forward, gemm + elements * (fwd_bytes + bwd_bytes) / ctx.hbm
+
+
 def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     arch, plan, cal, sh = ctx.arch, ctx.plan, ctx.cal, ctx.shard
     lt = LayerTime()
@@ -257,8 +288,12 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     else:
         gemms += mlp_gemms(arch, sh, arch.ffn_hidden_size, "mlp")
     lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
-    attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * cal.attention_peak_fraction)
-    lt.attention = 3.5 * attn_fwd  # flash-attention backward re-forms the scores: 2.5x the forward
+    if ctx.flash:
+        attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * cal.attention_peak_fraction)
+        lt.attention = 3.5 * attn_fwd  # flash-attention backward re-forms the scores: 2.5x the forward
+    else:
+        attn_fwd, lt.attention = unfused_attention_seconds(ctx)
+    lt.attention_fwd = attn_fwd
     # Memory-bound work (norms, activation, rotary, residuals, dropout-free): passes over the layer's
     # hidden-sized tensors (sequence-sharded under SP) and its FFN activations (TP-sharded).
     t_sp = plan.tp if plan.sequence_parallel else 1
@@ -269,8 +304,14 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     else:
         ffn_elems = sh.tokens * arch.ffn_hidden_size / plan.tp
     elem_bytes = cal.elementwise_passes * BF16 * (sh.tokens * arch.hidden_size / t_sp + ffn_elems)
-    lt.elementwise = elem_bytes / ctx.hbm
     lt.overhead = cal.layer_overhead_s
+    if moe and arch.moe is not None:
+        # Token dispatch: the routed copies (tokens x top_k hidden vectors) are permuted, sorted by
+        # expert, unsorted and unpermuted, forward and backward; plus a fixed cost per MoE layer.
+        routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / plan.etp
+        elem_bytes += cal.moe_dispatch_passes * BF16 * routed
+        lt.overhead += cal.moe_layer_overhead_s
+    lt.elementwise = elem_bytes / ctx.hbm
     lt.fwd_compute = lt.gemm / 3.0 + attn_fwd + lt.elementwise / 3.0
 
     # TP: per layer, forward two all-gather + reduce-scatter pairs (or two all-reduces), backward the same.
@@ -295,7 +336,7 @@ def _recompute_time(lt: LayerTime, recompute: str) -> float:
     if recompute == "full":
         return lt.fwd_compute + lt.overhead / 2 + lt.tp / 2 + lt.cp / 3 + lt.ep / 2
     if recompute == "selective":
-        return lt.attention / 3.5  # core attention forward again (Korthikanti et al. 2022)
+        return lt.attention_fwd  # core attention forward again (Korthikanti et al. 2022)
     return 0.0
 
 
@@ -309,8 +350,15 @@ def _peaks(job: Job, cal: Calibration) -> tuple[float, float | None, float]:
     return gpu.bf16_flops, fp8, mfu_peak
 
 
-def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration | None = None) -> ThroughputReport:
-    """Predicted step time, tokens/s per GPU and MFU of `plan` for `job`, with the time broken down."""
+def estimate_throughput(
+    job: Job, plan: Plan, calibration_override: Calibration | None = None, *,
+    flash_attention: bool | None = None, dropout: bool | None = None,
+) -> ThroughputReport:
+    """Predicted step time, tokens/s per GPU and MFU of `plan` for `job`, with the time broken down.
+
+    `flash_attention` / `dropout` override the framework's convention (cards/memory.yaml), as in
+    estimate_memory: older Megatron-LM runs and `--attention-backend unfused` materialise the scores.
+    """
     warnings = _validate(job, plan)
     arch = job.model
     cal = calibration_override or calibration(job.framework)
@@ -319,7 +367,10 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
     tokens = plan.micro_batch_size * job.seq_length / plan.cp
     shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel)
     hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency
-    ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm)
+    _, conv, _ = convention(job.framework, plan.zero_stage)
+    flash = conv.flash_attention if flash_attention is None else flash_attention
+    ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash,
+              conv.dropout if dropout is None else dropout)
     m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
@@ -464,7 +515,7 @@ def estimate_throughput(job: Job, plan: Plan, calibration_override: Calibration 
         mfu=flops_step / (step * job.num_gpus * mfu_peak),
         model_flops_per_step=flops_step,
         breakdown=breakdown,
-        assumptions=_assumptions(job, plan, m, worst, cal),
+        assumptions=_assumptions(job, plan, m, worst, cal, ctx),
         warnings=warnings,
     )
 
@@ -486,7 +537,8 @@ def _warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
     return out
 
 
-def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration) -> list[str]:
+def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx: Ctx) -> list[str]:
+    flash = ctx.flash
     peak = "FP8" if job.precision == "fp8" else "BF16"
     out = [
         "Model FLOPs: Megatron-LM num_floating_point_operations (causal attention halved, GQA, SwiGLU, top-k "
@@ -497,8 +549,10 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration) -> 
         + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
            if job.framework == "nanotron" and plan.pp > 1 else "."),
         f"GEMM time = 3 x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod d/(d+{cal.gemm_half_dim:.0f}) "
-        "over its three dimensions); flash attention at "
-        f"{cal.attention_peak_fraction:.2f} of peak with a 2.5x backward.",
+        "over its three dimensions); "
+        + (f"flash attention at {cal.attention_peak_fraction:.2f} of peak with a 2.5x backward." if flash else
+           "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
+           "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),
         "TP: 4 all-gather/reduce-scatter (or 2 all-reduce) per layer forward and as many backward; "
         f"{cal.tp_overlap:.0%} hidden behind compute.",
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
@@ -511,9 +565,18 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration) -> 
            "are all-gathered."),
         "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
-        "Constants: cards/calibration.yaml (fitted on the Ultra-Scale Playbook nanotron sweep; errors in "
-        "bench/README.md).",
+        "Constants: cards/calibration.yaml ("
+        + ("fitted on the Ultra-Scale Playbook nanotron sweep" if job.framework == "nanotron" else
+           "GEMM efficiency and the MoE cost fitted on Megatron-Bridge's published throughput and the classic "
+           "Megatron tables; the rest sourced or from the nanotron sweep")
+        + "; errors in bench/README.md).",
     ]
+    if job.model.moe is not None:
+        out.append(f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
+                   f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, and each MoE layer costs a fixed "
+                   f"{cal.moe_layer_overhead_s * 1e3:.1f} ms per micro-batch (router, host sync of dropless routing; "
+                   "fitted on Megatron-Bridge's published MoE throughput); routing assumed balanced; expert "
+                   f"all-to-all {cal.ep_overlap:.0%} hidden.")
     if job.precision == "fp8":
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
                    "router and logits stay BF16.")

@@ -94,6 +94,7 @@ class Engine:
     memory_rule: str = "MEM001"
     efficiency_cap: float = 1.0  # best fraction of peak the cost model ever achieves (for the lower bound)
     peak_flops: Callable[[Job], float] | None = None
+    moe_layer_fixed_s: float = 0.0  # fixed cost per MoE layer per micro-batch (kept whole in the bound)
 
 
 def default_engine(framework: str) -> Engine:
@@ -113,6 +114,7 @@ def default_engine(framework: str) -> Engine:
         efficiency_cap=max(cal.gemm_peak_fraction, cal.attention_peak_fraction),
         peak_flops=lambda job: max(job.gpu.bf16_flops, (job.gpu.fp8_flops or 0.0) * cal.fp8_gemm_relative_efficiency
                                    if job.precision == "fp8" else 0.0),
+        moe_layer_fixed_s=cal.moe_layer_overhead_s,
     )
 
 
@@ -347,6 +349,12 @@ class _Search:
             ref = Layout(tp=lay.tp, pp=1, cp=lay.cp, ep=1, etp=1, dp=1)
             per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), ref, b_cp, self.recomputes[0], "cp")
         per_stage = tokens * per_token / lay.pp
+        moe = self.job.model.moe
+        if moe is not None and self.engine.moe_layer_fixed_s:
+            # The reference spreads the fixed per-micro-batch cost of its MoE layers over b_tok sequences;
+            # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
+            spread = tokens / (b_tok * s)
+            per_stage += len(moe.moe_layers) * self.engine.moe_layer_fixed_s * max(0.0, 1.0 - spread) / lay.pp
         return per_stage * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp)
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:

@@ -329,3 +329,55 @@ def test_cli_throughput_json_and_batch(tmp_path, capsys):
     assert main(["throughput", "llama-3.1-8b", "--num-gpus", "8", "--tp", "2"]) == 0
     table = capsys.readouterr().out
     assert "tokens/s/GPU" in table and "compute" in table
+
+
+# --------------------------------------------------------------------------- attention without flash
+
+
+def test_unfused_attention_is_batched_gemms_plus_softmax_and_dropout_passes():
+    """GPT-22B-like layer, TP8, s 2048, one sequence: the unfused attention time redone by hand."""
+    job, plan = resolve(Request(model="70B", gpu="a100", num_gpus=8, tp=8, global_batch_size=1,
+                                sequence_parallel=True, recompute="selective"))
+    cal = calibration(job.framework)
+    flash = estimate_throughput(job, plan, flash_attention=True)
+    plain = estimate_throughput(job, plan, flash_attention=False, dropout=False)
+    dropped = estimate_throughput(job, plan, flash_attention=False, dropout=True)
+    arch, s = job.model, job.seq_length
+    heads, d = arch.num_attention_heads / 8, arch.head_dim
+    hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency
+    peak = job.gpu.bf16_flops
+    gemm = 3 * 2 * (2 * s * s * d * heads) / (peak * gemm_efficiency(Gemm("qk", s, s, d), cal))
+    scores = heads * s * s
+    fwd_plain = gemm / 3 + scores * cal.softmax_bytes_per_score_fwd / hbm
+    total_plain = gemm + scores * (cal.softmax_bytes_per_score_fwd + cal.softmax_bytes_per_score_bwd) / hbm
+    extra_dropout = scores * (cal.dropout_bytes_per_score_fwd + cal.dropout_bytes_per_score_bwd) / hbm
+    flash_attn = 3.5 * 2 * s * (s / 2) * heads * 2 * d / (peak * cal.attention_peak_fraction)
+    layers = arch.num_layers
+    # Compute differs by the attention alone; selective recompute repeats the attention forward.
+    assert plain.breakdown.compute_s - flash.breakdown.compute_s == pytest.approx(layers * (total_plain - flash_attn))
+    assert plain.breakdown.recompute_s == pytest.approx(layers * fwd_plain)
+    assert dropped.breakdown.compute_s - plain.breakdown.compute_s == pytest.approx(layers * extra_dropout)
+    assert flash.step_time_s < plain.step_time_s < dropped.step_time_s
+    assert any("unfused attention" in a for a in dropped.assumptions)
+    assert any("flash attention" in a for a in flash.assumptions)
+
+
+def test_moe_layers_pay_dispatch_passes_and_a_fixed_cost_per_micro_batch():
+    job, plan = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=8, global_batch_size=16, seq_length=2048))
+    base = calibration(job.framework).with_overrides(moe_layer_overhead_s=0.0, moe_dispatch_passes=0.0)
+    fixed = base.with_overrides(moe_layer_overhead_s=0.004)
+    moved = base.with_overrides(moe_dispatch_passes=10.0)
+    t0, t1, t2 = (estimate_throughput(job, plan, c) for c in (base, fixed, moved))
+    arch = job.model
+    m = job.global_batch_size // (plan.micro_batch_size * plan.dp)
+    moe_layers = len(arch.moe.moe_layers)
+    assert t1.breakdown.compute_s - t0.breakdown.compute_s == pytest.approx(m * moe_layers * 0.004)
+    routed = plan.micro_batch_size * job.seq_length * arch.moe.top_k * arch.hidden_size
+    hbm = job.gpu.hbm_bandwidth * base.hbm_efficiency
+    assert t2.breakdown.compute_s - t0.breakdown.compute_s == pytest.approx(m * moe_layers * 10 * 2 * routed / hbm)
+    # A bigger micro-batch amortises the fixed cost: fewer micro-batches, the same cost each.
+    job4, plan4 = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=8, global_batch_size=16, seq_length=2048,
+                                  micro_batch_size=2))
+    gap = estimate_throughput(job4, plan4, fixed).step_time_s - estimate_throughput(job4, plan4, base).step_time_s
+    assert gap == pytest.approx((m // 2) * moe_layers * 0.004, rel=0.02)
+    assert any("MoE layers" in a for a in t1.assumptions)

@@ -1,0 +1,183 @@
+"""How close meshplan's throughput model comes to Megatron-Bridge's published training throughput.
+
+Data: bench/data/megatron_bridge_published.csv, transcribed from Megatron-Bridge's performance summary
+(NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md and docs/performance-summary-archive.md,
+releases 25.11 and 26.02; tokens/s per GPU as published). Kept: the systems in cards/hardware.yaml
+(DGX-H100, DGX-B200, DGX-GB200) and the precisions meshplan models (BF16; FP8 delayed/current scaling and
+MXFP8 are all timed as `fp8`); left out: NVFP4, GB300/B300, and the token-drop rows (the MoE rows kept are
+dropless with force-balanced routing, which is what the model assumes).
+
+This is the only measured data with expert parallelism, context parallelism, FP8, Megatron-FSDP and
+Blackwell GPUs, so it checks the terms ../shared/validation cannot. Settings the tables do not give are
+assumptions, the same for every row: expert TP 1, no recompute, sequence parallelism whenever TP > 1, the
+distributed optimizer (ZeRO-1) unless FSDP is on (ZeRO-3, i.e. Megatron-FSDP), no CUDA-graph or
+overlap flags beyond meshplan's Megatron defaults.
+
+`--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
+`gemm_peak_fraction`, `moe_layer_overhead_s`) by grid search on the median |log error| of this set plus the
+classic Megatron tables of bench/throughput_accuracy.py, and scores held-out splits (fit on one part, score on
+the other). The card holds the all-rows fit; without --fit the card's constants are used.
+
+Run: python bench/bridge_published.py [--fit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from meshplan.calibration import calibration
+from meshplan.errors import MeshplanError
+from meshplan.perf import estimate_throughput
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+DATA = Path(__file__).resolve().parent / "data" / "megatron_bridge_published.csv"
+
+
+def cases(path: Path = DATA):
+    """(row, job, plan) for every published row."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for r in csv.DictReader(fh):
+            tp, pp, cp, ep = int(r["tp"]), int(r["pp"]), int(r["cp"]), int(r["ep"])
+            gpus = int(r["gpus"])
+            req = Request(
+                model=r["model"], gpu=r["system"], num_gpus=gpus, framework="megatron-bridge",
+                precision="bf16" if r["precision"] == "bf16" else "fp8",
+                seq_length=int(r["seq"]), global_batch_size=int(r["gbs"]), micro_batch_size=int(r["mbs"]),
+                tp=tp, pp=pp, vpp=int(r["vp"]), cp=cp, ep=ep, etp=1 if ep > 1 else None,
+                dp=gpus // (tp * pp * cp), sequence_parallel=tp > 1,
+                zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
+            )
+            job, plan = resolve(req)
+            if int(r["mtp"]) == 0 and job.model.num_mtp_layers:
+                job = job.model_copy(update={"model": job.model.model_copy(update={"num_mtp_layers": 0})})
+            out.append((r, job, plan))
+    return out
+
+
+# (label, job, plan, measured tokens/s/GPU, flash_attention, dropout) of every Megatron-family row.
+Row = tuple
+
+
+def megatron_rows() -> tuple[list[Row], list[Row]]:
+    """(Bridge published rows, classic Megatron tables + golden 7B) in one shape for the fit."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from throughput_accuracy import DEFAULT_VALIDATION, classic_cases, golden_cases
+
+    bridge = [(f"{r['system']} {r['model']}", job, plan, float(r["tokens_per_s_per_gpu"]), None, None)
+              for r, job, plan in cases()]
+    classic = [(f"{c.source} {c.job.model.name}", c.job, c.plan, c.measured_tps, c.flash_attention, c.dropout)
+               for c in classic_cases() + golden_cases(DEFAULT_VALIDATION)]
+    return bridge, classic
+
+
+def log_errors(rows: list[Row], **overrides: float) -> list[float]:
+    out = []
+    for _, job, plan, measured, flash, dropout in rows:
+        cal = calibration(job.framework).with_overrides(**overrides)
+        try:
+            pred = estimate_throughput(job, plan, cal, flash_attention=flash, dropout=dropout).tokens_per_s_per_gpu
+        except MeshplanError:
+            continue
+        out.append(math.log(pred / measured))
+    return out
+
+
+def median_abs(rows: list[Row], **overrides: float) -> float:
+    return statistics.median(abs(math.exp(e) - 1) for e in log_errors(rows, **overrides))
+
+
+GRID = {
+    "gemm_peak_fraction": [round(0.60 + 0.02 * i, 2) for i in range(14)],
+    "moe_layer_overhead_s": [round(0.5e-3 * i, 4) for i in range(17)],
+}
+
+
+def fit(rows: list[Row]) -> dict[str, float]:
+    """Grid search of the two constants on the median |log error| (robust to the few rows far off)."""
+    best: tuple[float, dict[str, float]] | None = None
+    for g in GRID["gemm_peak_fraction"]:
+        for mo in GRID["moe_layer_overhead_s"]:
+            ov = {"gemm_peak_fraction": g, "moe_layer_overhead_s": mo}
+            loss = statistics.median(abs(e) for e in log_errors(rows, **ov))
+            if best is None or loss < best[0]:
+                best = (loss, ov)
+    assert best is not None
+    return best[1]
+
+
+def run_fit() -> None:
+    bridge, classic = megatron_rows()
+    everything = bridge + classic
+    moe = [r for r in bridge if r[1].model.moe is not None]
+    dense_bridge = [r for r in bridge if r[1].model.moe is None]
+    h100 = [r for r in everything if r[1].gpu.key == "h100"]
+    other = [r for r in everything if r[1].gpu.key != "h100"]
+    splits = [
+        ("all Megatron rows", everything, [("Bridge", bridge), ("classic", classic)]),
+        ("Bridge rows", bridge, [("classic (held out)", classic)]),
+        ("classic + Bridge MoE", classic + moe, [("Bridge dense (held out)", dense_bridge)]),
+        ("H100 rows", h100, [("A100/B200/GB200 (held out)", other)]),
+        ("A100/B200/GB200 rows", other, [("H100 (held out)", h100)]),
+    ]
+    print("| fitted on | rows | gemm_peak_fraction | moe_layer_overhead_s | scored on | median abs error |")
+    print("|---|---|---|---|---|---|")
+    for name, train, tests in splits:
+        ov = fit(train)
+        for tname, test in tests:
+            print(f"| {name} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
+                  f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {tname} ({len(test)}) | {median_abs(test, **ov):.1%} |")
+    models = sorted({r[1].model.name for r in moe})
+    for m in models:
+        train = [r for r in everything if r[1].model.name != m]
+        test = [r for r in moe if r[1].model.name == m]
+        ov = fit(train)
+        print(f"| all but {m} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
+              f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {m} (held out, {len(test)}) | "
+              f"{median_abs(test, **ov):.1%} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="refit the Megatron-family constants, with held-out splits")
+    if parser.parse_args().fit:
+        run_fit()
+        return 0
+    rows = []
+    for r, job, plan in cases():
+        measured = float(r["tokens_per_s_per_gpu"])
+        try:
+            pred = estimate_throughput(job, plan).tokens_per_s_per_gpu
+        except MeshplanError as exc:
+            print(f"  refused: {r['release']} {r['system']} {r['model']}: {exc}")
+            continue
+        moe = job.model.moe is not None
+        rows.append((r, moe, measured, pred))
+        print(f"  {r['release']} {r['system']:6s} {r['model']:16s} {r['precision']:6s} {plan.short():30s} "
+              f"mbs{plan.micro_batch_size} measured {measured:7.0f} predicted {pred:7.0f} ({pred / measured - 1:+.0%})")
+
+    def report(label, sub):
+        if not sub:
+            return
+        errs = [abs(p / m - 1) for _, _, m, p in sub]
+        signed = [p / m - 1 for _, _, m, p in sub]
+        print(f"  {label:28s} {len(sub):2d} rows: median |err| {statistics.median(errs):6.1%}, "
+              f"median signed {statistics.median(signed):+6.1%}")
+
+    print("Megatron-Bridge published throughput (releases 25.11, 26.02), card constants, nothing fitted:")
+    report("all", rows)
+    report("dense", [x for x in rows if not x[1]])
+    report("MoE (expert parallel)", [x for x in rows if x[1]])
+    for gpu in ("h100", "b200", "gb200"):
+        report(gpu, [x for x in rows if x[0]["system"] == gpu])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
