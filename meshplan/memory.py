@@ -188,9 +188,9 @@ def estimate_memory(
     for rank, chunks in enumerate(layout):
         layers = [i for chunk in chunks for i in chunk]
         first, last = rank == 0, rank == pp - 1
-        dense = sum(table.tp_sharded[i] for i in layers) / tp + sum(table.replicated[i] for i in layers)
-        experts = sum(table.experts[i] for i in layers) / (plan.ep * plan.etp)
-        linear = sum(table.linear_dense[i] for i in layers) / tp + experts
+        dense = sum(map(table.tp_sharded.__getitem__, layers)) / tp + sum(map(table.replicated.__getitem__, layers))
+        experts = sum(map(table.experts.__getitem__, layers)) / (plan.ep * plan.etp)
+        linear = sum(map(table.linear_dense.__getitem__, layers)) / tp + experts
         detail: dict[str, int] = {}
         if first:
             emb = vocab * h / tp + arch.learned_position_embeddings * h

@@ -42,13 +42,15 @@ BF16 = 2  # bytes per activation element on the wire
 # --------------------------------------------------------------------------- per-architecture caches
 
 @per_architecture
-def _layer_param_split(arch: Architecture) -> list[tuple[float, float]]:
-    """Per layer: (parameters sharded by TP or replicated, routed-expert parameters). Cached per object."""
-    table = []
+def _layer_param_split(arch: Architecture) -> tuple[list[float], list[float]]:
+    """Per layer: parameters sharded by TP or replicated, and routed-expert parameters (two columns, so a
+    stage's total is one C-level sum). Cached per object."""
+    dense, experts = [], []
     for i in range(arch.num_layers):
         p = layer_params(arch, i)
-        table.append((float(sum(p.values()) - p["routed_experts"]), float(p["routed_experts"])))
-    return table
+        dense.append(float(sum(p.values()) - p["routed_experts"]))
+        experts.append(float(p["routed_experts"]))
+    return dense, experts
 
 
 def stage_layer_indices(num_layers: int, plan: Plan) -> list[list[int]]:
@@ -405,23 +407,27 @@ def estimate_throughput(
     for s, layers in enumerate(stages):
         parts = {"compute": 0.0, "tp": 0.0, "cp": 0.0, "ep": 0.0, "recompute": 0.0, "fwd": 0.0}
         n_recompute = len(layers) if plan.recompute_layers is None else min(len(layers), plan.recompute_layers)
-        dense_p = expert_p = 0.0
-        kinds = [(i in moe_set) for i in layers]
+        kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
         if s == head_stage and mtp_layers:
             kinds += [arch.is_moe_layer(arch.num_layers - 1)] * mtp_layers
-        for j, is_moe in enumerate(kinds):
-            lt = moe_lt if is_moe else dense_lt
+        # Every layer of a kind costs the same, so a stage is (count x layer) per kind; the first
+        # n_recompute layers of the stage are the recomputed ones.
+        n_moe = sum(kinds)
+        n_moe_recompute = sum(kinds[:n_recompute])
+        for lt, count, recomputed in ((dense_lt, len(kinds) - n_moe, n_recompute - n_moe_recompute),
+                                      (moe_lt, n_moe, n_moe_recompute)):
+            if not count:
+                continue
             assert lt is not None
-            parts["compute"] += lt.compute
-            parts["fwd"] += lt.fwd_compute
-            parts["tp"] += lt.tp
-            parts["cp"] += lt.cp
-            parts["ep"] += lt.ep
-            if j < n_recompute:
-                parts["recompute"] += _recompute_time(lt, plan.recompute)
-        for i in layers:
-            dense_p += params[i][0] / plan.tp
-            expert_p += params[i][1] / (plan.ep * plan.etp)
+            parts["compute"] += count * lt.compute
+            parts["fwd"] += count * lt.fwd_compute
+            parts["tp"] += count * lt.tp
+            parts["cp"] += count * lt.cp
+            parts["ep"] += count * lt.ep
+            if recomputed:
+                parts["recompute"] += recomputed * _recompute_time(lt, plan.recompute)
+        dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
+        expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
         if s == 0:
             dense_p += arch.vocab_size * arch.hidden_size / plan.tp
         if s == head_stage:
