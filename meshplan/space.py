@@ -293,7 +293,14 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                         experts = [(ep_k, 1)]
                     else:
                         experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
-                    for vpp in _vpp_options(L, pp, split, kn.vpp):
+                    vpps = _vpp_options(L, pp, split, kn.vpp)
+                    if "vpp" in fixed and int(fixed.values["vpp"]) not in vpps:  # type: ignore[call-overload]
+                        # A fixed interleaving the layers cannot fill: count it, so a rule can say why.
+                        drop("pp-layers", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1, dp=dp,
+                                                 vpp=int(fixed.values["vpp"]),  # type: ignore[call-overload]
+                                                 first=split[0], last=split[1]))
+                        continue
+                    for vpp in vpps:
                         if not fixed.allows("vpp", vpp):
                             continue
                         for ep, etp in experts:

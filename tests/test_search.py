@@ -125,6 +125,16 @@ def test_rules_that_reject_everything_are_named():
     assert "TP001" in rec.rationale or "WS001" in rec.rationale
 
 
+def test_a_fixed_interleaving_the_layers_cannot_fill_is_named_not_called_out_of_memory():
+    # 94 layers cannot fill pp 8 x vpp 4 chunks: a pipeline rule, not memory (it used to say "no layout fits").
+    rec = recommend(Request(model="qwen3-235b-a22b", num_gpus=256, global_batch_size=1024, tp=2, pp=8, vpp=4,
+                            ep=32), top_k=2)
+    assert rec.candidates == []
+    assert rec.considered > 0
+    assert "rules" in rec.rationale and "Impossible" not in rec.rationale
+    assert any(rule.startswith("PP") for rule in rec.rejected)
+
+
 def test_absurd_gpu_count_is_bounded_and_says_so():
     rec = recommend(Request(model="llama-3.1-8b", num_gpus=2**30), top_k=2)
     text = " ".join(rec.warnings)
