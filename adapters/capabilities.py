@@ -18,7 +18,7 @@ from meshplan.schema import Job, Plan
 KNOBS: tuple[str, ...] = (
     "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
     "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "uneven_pp",
-    "micro_batch_size", "global_batch_size", "fp8",
+    "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher",
 )
 
 
@@ -120,6 +120,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("uneven_pp")
     if job.precision == "fp8":
         used.append("fp8")
+    if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
+        used.append("moe_flex_dispatcher")
     return used
 
 
@@ -130,7 +132,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "recompute_layers": f"recompute_layers={plan.recompute_layers}",
         "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
-        "sequence_parallel": "sequence_parallel=true",
+        "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
     }.get(name)
     return value or f"{name}={getattr(plan, name, '?')}"
 

@@ -125,3 +125,56 @@ def moe_layer_freq(job: Job) -> str | None:
     if all(flags[k:]):
         return f"([0]*{k}+[1]*{len(flags) - k})"
     return "[" + ",".join(map(str, flags)) + "]"
+
+
+def flex_backend(job: Job) -> str:
+    """Megatron-Core's moe_flex_dispatcher_backend for this machine.
+
+    "hybridep" when one NVLink domain spans several nodes (GB200 NVL72): megatron-core 0.19.2's
+    TransformerConfig says only HybridEP supports that multi-node NVLink (MNNVL) case. "deepep"
+    otherwise (the field's default): DeepEP sends a token once per destination node over RDMA and
+    fans it out over the node's NVLink.
+    """
+    return "hybridep" if job.gpu.nvlink_domain > job.gpus_per_node else "deepep"
+
+
+def megatron_dispatcher(job: Job, plan: Plan) -> list[tuple[str, str]]:
+    """TransformerConfig MoE dispatcher fields: none for a dense model, else the type (and the flex backend).
+
+    Always explicit for MoE: megatron-core's own default is "allgather", which is neither plan meshplan
+    models. With flex and ep = etp = 1 no token leaves its rank, and DeepEP asserts TPxEP > 1
+    (megatron/core/transformer/moe/token_dispatcher.py, MoEFlexTokenDispatcher), so that is refused.
+    """
+    if job.model.moe is None:
+        return []
+    if plan.moe_token_dispatcher != "flex":
+        return [("moe_token_dispatcher_type", plan.moe_token_dispatcher)]
+    if plan.ep * plan.etp == 1:
+        raise MeshplanError(
+            "moe_token_dispatcher=flex needs expert parallelism: with ep=1 and etp=1 no token leaves its rank, "
+            "and Megatron-Core's DeepEP dispatcher asserts TPxEP > 1.",
+            fix="Use moe_token_dispatcher=alltoall, or ep > 1.")
+    return [("moe_token_dispatcher_type", "flex"), ("moe_flex_dispatcher_backend", flex_backend(job))]
+
+
+def flex_notes(job: Job, plan: Plan) -> tuple[list[str], list[str]]:
+    """(notes, warnings) for a flex-dispatcher plan: what must be installed and why this backend."""
+    if job.model.moe is None or plan.moe_token_dispatcher != "flex":
+        return [], []
+    gpu, per_node = job.gpu, job.gpus_per_node
+    if flex_backend(job) == "hybridep":
+        why = (f"hybridep: the {gpu.name} NVLink domain ({gpu.nvlink_domain} GPUs) spans several {per_node}-GPU "
+               "nodes, and only HybridEP covers a multi-node NVLink domain (megatron-core TransformerConfig)")
+        package = "HybridEP (DeepEP's hybrid-ep branch, deep_ep.HybridEPBuffer)"
+    else:
+        why = (f"deepep: the {gpu.name} NVLink domain is one node, so DeepEP sends a token once per destination "
+               "node and fans it out over NVLink")
+        package = "DeepEP (deep_ep.Buffer)"
+    notes = [f"moe_token_dispatcher=flex renders Megatron-Core's flex dispatcher with backend {why}. "
+             f"{package} must be installed on every node: without it the dispatcher raises ImportError when the "
+             "model is built (megatron/core/transformer/moe/token_dispatcher.py)."]
+    warnings = []
+    if gpu.nvlink_domain < per_node:
+        warnings.append(f"{gpu.name} links only {gpu.nvlink_domain} GPUs by NVLink, fewer than the {per_node} of a "
+                        "node: DeepEP's intra-node path needs the whole node on NVLink.")
+    return notes, warnings

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.adapters.common import (
+    flex_notes,
     hierarchical_cp,
+    megatron_dispatcher,
     megatron_recompute,
     moe_layer_freq,
     nodes,
@@ -99,6 +101,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
                          f"ring over {sizes[1]} groups.")
     if job.model.moe is not None:
         flags += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
+        flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
     if plan.zero_stage == 1:
@@ -124,18 +127,19 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
 def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
     n = nodes(job)
     flags, notes = parallel_flags(job, plan)
+    flex, flex_warnings = flex_notes(job, plan)
     connections = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
     return Built(
         template="megatron_core.j2",
         context={"nodes": n, "flags": architecture_flags(job) + flags, "max_connections": connections},
         format="shell", filename="pretrain_gpt.sh",
-        notes=[*notes,
+        notes=[*notes, *flex,
                "Data, tokenizer, optimizer and checkpoint flags are yours to add (--data-path, --tokenizer-type, "
                "--lr, --save ...); the flags here fix the model shape and the layout.",
                "There is no --virtual-pipeline-model-parallel-size flag: VPP is "
                "--num-layers-per-virtual-pipeline-stage (or --num-virtual-stages-per-pipeline-rank)."],
         warnings=(["Megatron-LM silently drops --sequence-parallel when TP is 1."]
-                  if plan.sequence_parallel and plan.tp == 1 else []),
+                  if plan.sequence_parallel and plan.tp == 1 else []) + flex_warnings,
     )
 
 
@@ -157,6 +161,10 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
             s.append(("model.hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
     if job.model.moe is not None:
         s += [("model.expert_model_parallel_size", plan.ep), ("model.expert_tensor_parallel_size", plan.etp)]
+        s += [(f"model.{name}", value) for name, value in megatron_dispatcher(job, plan)]
+        if plan.moe_token_dispatcher == "flex":
+            # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex.
+            s.append(("model.moe_shared_expert_overlap", False))
     s.append(("model.sequence_parallel", plan.sequence_parallel))
     if split.first is not None:
         s.append(("model.num_layers_in_first_pipeline_stage", split.first))
@@ -179,16 +187,22 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
 
 def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
     settings = bridge_settings(job, plan)
+    flex, warnings = flex_notes(job, plan)
     notes = ["Apply after building the ConfigContainer from a recipe; Bridge defers the Megatron-Core "
-             "__post_init__ checks to cfg.validate(), so run it after these assignments."]
+             "__post_init__ checks to cfg.validate(), so run it after these assignments.", *flex]
+    if flex:
+        notes.append("With flex, moe_shared_expert_overlap is set False as Bridge's apply_flex_dispatcher_backend "
+                     "does; cfg.validate() checks the backend against the GPU it runs on "
+                     "(validate_flex_dispatcher_backend).")
     if variant == "run_recipe":
         n = nodes(job)
         return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n},
                      format="shell", filename="run_recipe.sh",
                      notes=[*notes, "scripts/training/run_recipe.py is in the Megatron-Bridge repository "
-                                    "(not the wheel); set RECIPE to a recipe function of your model."])
+                                    "(not the wheel); set RECIPE to a recipe function of your model."],
+                     warnings=warnings)
     return Built(template="megatron_bridge.j2", context={"settings": settings}, format="python",
-                 filename="layout.py", notes=notes)
+                 filename="layout.py", notes=notes, warnings=warnings)
 
 
 # --------------------------------------------------------------------------- DeepSpeed

@@ -98,6 +98,8 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                             f.get("--recompute-num-layers"))}
     if "--expert-model-parallel-size" in f:
         out.update(ep=int(f["--expert-model-parallel-size"]), etp=int(f["--expert-tensor-parallel-size"]))
+    if "--moe-token-dispatcher-type" in f:
+        out["moe_token_dispatcher"] = f["--moe-token-dispatcher-type"]
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
     return out
@@ -128,6 +130,8 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                                 m.get("recompute_num_layers")))
     if out["cp"] > 1:
         out["cp_comm_type"] = m["cp_comm_type"]
+    if "moe_token_dispatcher_type" in m:
+        out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
     return out
 
 
@@ -151,6 +155,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                                 o.get(t + "recompute_num_layers")))
     if out["cp"] > 1:
         out["cp_comm_type"] = o[t + "cp_comm_type"]
+    if t + "moe_token_dispatcher_type" in o:
+        out["moe_token_dispatcher"] = o[t + "moe_token_dispatcher_type"]
     return out
 
 
@@ -178,6 +184,8 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                                 kw.get("recompute_num_layers")))
     if out["cp"] > 1:
         out["cp_comm_type"] = kw["cp_comm_type"]
+    if "moe_token_dispatcher_type" in m:
+        out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
     return out
 
 
@@ -187,6 +195,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         par, train, ac = doc["parallelism"], doc["training"], doc["activation_checkpoint"]["mode"]
         sp = par["tensor_parallel_degree"] > 1
         etp = par["expert_tensor_parallel_degree"]
+        dispatcher = {"standard": "alltoall", "deepep": "flex"}.get(par.get("expert_parallel_comm_backend"))
     else:
         tokens = shell_tokens(text)
         f = cli_flags(tokens)
@@ -194,13 +203,15 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         train = {k.split(".", 1)[1]: _literal(v) for k, v in f.items() if k.startswith("--training.")}
         ac = next(t.split(":", 1)[1] for t in tokens if t.startswith("activation-checkpoint:"))
         sp = "enable_sequence_parallel" in par
-        etp = 1
+        etp, dispatcher = 1, None
     rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
     pp = par["pipeline_parallel_degree"]
     out = {"tp": par["tensor_parallel_degree"], "pp": pp, "cp": par["context_parallel_degree"],
            "ep": par["expert_parallel_degree"], "etp": etp, "dp": rep * shard, "zero_stage": 3 if shard > 1 or
            rep == 1 else 0, "sequence_parallel": sp, "recompute": ac, "vpp": 1,
            "micro_batch_size": par["pipeline_parallel_microbatch_size"] if pp > 1 else train["local_batch_size"]}
+    if dispatcher is not None:
+        out["moe_token_dispatcher"] = dispatcher
     if pp > 1:
         m = par["pipeline_parallel_layers_per_stage"]
         first_less, last_less = par["pipeline_parallel_first_stage_less_layers"], par[

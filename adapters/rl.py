@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.common import hierarchical_cp, megatron_recompute, nodes, pipeline_split, rollout_tp
+from meshplan.adapters.common import (
+    flex_notes,
+    hierarchical_cp,
+    megatron_dispatcher,
+    megatron_recompute,
+    nodes,
+    pipeline_split,
+    rollout_tp,
+)
 from meshplan.adapters.render import Built
 
 from meshplan.schema import Job, Plan
@@ -82,7 +90,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
                 o += [(f"{role}.megatron.use_distributed_optimizer", plan.zero_stage >= 1),
                       (f"{role}.megatron.use_megatron_fsdp", plan.zero_stage == 3)]
             o += [(f"++{role}.megatron.override_transformer_config.{k}", v)
-                  for k, v in _transformer_overrides(job, plan)]
+                  for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
         notes.append("override_transformer_config keys use '++' (add or override): the packaged YAML lacks most "
                      "of them, and Hydra's '+' fails on a key that already has a value.")
     else:
@@ -101,10 +109,12 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
 
 def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = verl_overrides(job, plan, variant)
+    flex, warnings = flex_notes(job, plan)
     return Built(template="verl.j2", context={"overrides": overrides}, format="hydra",
                  filename=f"run_verl_{variant}.sh",
-                 notes=[*notes, "Set data.train_files, data.max_prompt_length + data.max_response_length "
-                                f"(together {job.seq_length} tokens here) and the algorithm for your task."])
+                 notes=[*notes, *flex, "Set data.train_files, data.max_prompt_length + data.max_response_length "
+                                       f"(together {job.seq_length} tokens here) and the algorithm for your task."],
+                 warnings=warnings)
 
 
 # --------------------------------------------------------------------------- SkyRL
@@ -161,7 +171,10 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         o += [(f"{role}.tensor_model_parallel_size", plan.tp), (f"{role}.pipeline_model_parallel_size", plan.pp),
               (f"{role}.context_parallel_size", plan.cp), (f"{role}.expert_model_parallel_size", plan.ep),
               (f"{role}.expert_tensor_parallel_size", plan.etp)]
-        o += [(f"{role}.transformer_config_kwargs.{k}", v) for k, v in kwargs]
+        dispatcher = dict(megatron_dispatcher(job, plan))
+        if "moe_token_dispatcher_type" in dispatcher:  # a MegatronConfig field of its own (default alltoall)
+            o.append((f"{role}.moe_token_dispatcher_type", dispatcher.pop("moe_token_dispatcher_type")))
+        o += [(f"{role}.transformer_config_kwargs.{k}", v) for k, v in [*kwargs, *dispatcher.items()]]
     if plan.cp > 1:
         o.append(("remove_microbatch_padding" if variant == "sft" else "trainer.remove_microbatch_padding", True))
     notes.append("SkyRL turns sequence parallelism on whenever TP > 1 (no key of its own); VPP, recompute and "
@@ -172,6 +185,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
 
 def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = skyrl_overrides(job, plan, variant)
+    flex, warnings = flex_notes(job, plan)
     module = "skyrl.train.main_sft" if variant == "sft" else "skyrl.train.entrypoints.main_base"
     return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",
-                 filename=f"run_skyrl_{variant}.sh", notes=notes)
+                 filename=f"run_skyrl_{variant}.sh", notes=[*notes, *flex], warnings=warnings)

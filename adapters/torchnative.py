@@ -66,6 +66,45 @@ def torchtitan_registry(job: Job) -> tuple[str, str] | None:
     return (entry["module"], entry["config"]) if entry else None
 
 
+# torchtitan 0.2.2 model code that reads parallelism.expert_parallel_comm_backend (infra/parallelize.py);
+# every other model's parallelize function ignores it.
+DEEPEP_MODULES_0_2 = ("deepseek_v3", "llama4")
+
+
+def torchtitan_0_2_dispatcher(job: Job, plan: Plan) -> tuple[list[tuple[str, Any]], list[str]]:
+    """torchtitan 0.2.2's expert_parallel_comm_backend ("standard" or "deepep") and any warning.
+
+    Refuses what torchtitan would reject or silently ignore: DeepEP needs ep > 1 and etp = 1
+    (deepseek_v3/infra/parallelize.py raises otherwise), only the deepseek_v3 and llama4 model code
+    reads the key, and 0.2.2 has no HybridEP, which a multi-node NVLink domain (GB200 NVL72) needs.
+    """
+    if job.model.moe is None:
+        return [], []
+    if plan.moe_token_dispatcher != "flex":
+        return [("expert_parallel_comm_backend", "standard")], []
+    problems = []
+    if plan.ep == 1:
+        problems.append("DeepEP needs expert_parallel_degree > 1")
+    if plan.etp > 1:
+        problems.append("DeepEP does not support expert tensor parallelism (etp must be 1)")
+    if job.gpu.nvlink_domain > job.gpus_per_node:
+        problems.append(f"the {job.gpu.name} NVLink domain ({job.gpu.nvlink_domain} GPUs) spans several nodes, which "
+                        "needs HybridEP, and 0.2.2 offers only deepep")
+    registry = torchtitan_registry(job)
+    if registry is not None and registry[0] not in DEEPEP_MODULES_0_2:
+        problems.append(f"its {registry[0]} model code ignores expert_parallel_comm_backend (only "
+                        f"{' and '.join(DEEPEP_MODULES_0_2)} read it)")
+    if problems:
+        raise MeshplanError(
+            "torchtitan 0.2.2 cannot run moe_token_dispatcher=flex here: " + "; ".join(problems) + ".",
+            fix="Use moe_token_dispatcher=alltoall, or a Megatron-Core based framework (megatron-core, "
+                "megatron-bridge, verl, skyrl), whose flex dispatcher has DeepEP and HybridEP.")
+    warnings = [] if registry is not None else [
+        f"torchtitan 0.2.2 reads expert_parallel_comm_backend only in the {' and '.join(DEEPEP_MODULES_0_2)} model "
+        f"code; make sure {job.model.name}'s parallelize function passes use_deepep on."]
+    return [("expert_parallel_comm_backend", "deepep")], warnings
+
+
 def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     replicate, shard = _dp(plan)
     parallelism: list[tuple[str, Any]] = [
@@ -73,10 +112,13 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
         ("tensor_parallel_degree", plan.tp), ("pipeline_parallel_degree", plan.pp),
         ("context_parallel_degree", plan.cp), ("expert_parallel_degree", plan.ep),
     ]
+    dispatcher_warnings: list[str] = []
     if version.startswith("0.3"):
         parallelism.append(("enable_sequence_parallel", plan.sequence_parallel))
     else:
         parallelism.append(("expert_tensor_parallel_degree", plan.etp))
+        dispatcher, dispatcher_warnings = torchtitan_0_2_dispatcher(job, plan)
+        parallelism += dispatcher
     parallelism += torchtitan_pipeline(job, plan)
     microbatches = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     local = plan.micro_batch_size * microbatches if plan.pp > 1 else plan.micro_batch_size
@@ -104,12 +146,16 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     ac_section = {"mode": plan.recompute}
     if plan.recompute == "selective":
         ac_section["selective_ac_option"] = "op"
+    if plan.moe_token_dispatcher == "flex" and job.model.moe is not None:
+        notes.append("expert_parallel_comm_backend = deepep: DeepEP (github.com/deepseek-ai/DeepEP) must be "
+                     "installed on every node; it sends a token once per destination node and fans it out over "
+                     "NVLink.")
     return Built(template="torchtitan_toml.j2",
                  context={"parallelism": parallelism, "training": training, "ac": ac_section,
                           "registry": registry},
                  format="toml", filename="torchtitan_job.toml",
                  notes=[*notes, "torchtitan 0.2.x: pass with --job.config_file torchtitan_job.toml."],
-                 warnings=warnings)
+                 warnings=warnings + dispatcher_warnings)
 
 
 # --------------------------------------------------------------------------- KempnerForge

@@ -11,7 +11,11 @@ This is the only measured data with expert parallelism, context parallelism, FP8
 Blackwell GPUs, so it checks the terms ../shared/validation cannot. Settings the tables do not give are
 assumptions, the same for every row: expert TP 1, no recompute, sequence parallelism whenever TP > 1, the
 distributed optimizer (ZeRO-1) unless FSDP is on (ZeRO-3, i.e. Megatron-FSDP), no CUDA-graph or
-overlap flags beyond meshplan's Megatron defaults.
+overlap flags beyond meshplan's Megatron defaults. The `dispatcher` column is read from Bridge's performance
+configs (scripts/performance/configs/*/..._workload_base_configs.py: rows whose preset sets
+moe_flex_dispatcher_backend are `flex`); those files are newer than some of the published rows, so it is
+an assumption too. Only cross-node EP is affected by it (inside an NVLink domain flex and alltoall cost the
+same in meshplan).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
 `gemm_peak_fraction`, `moe_layer_overhead_s`) by grid search on the median |log error| of this set plus the
@@ -53,6 +57,7 @@ def cases(path: Path = DATA):
                 tp=tp, pp=pp, vpp=int(r["vp"]), cp=cp, ep=ep, etp=1 if ep > 1 else None,
                 dp=gpus // (tp * pp * cp), sequence_parallel=tp > 1,
                 zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
+                moe_token_dispatcher=r["dispatcher"] if ep > 1 else None,
             )
             job, plan = resolve(req)
             if int(r["mtp"]) == 0 and job.model.num_mtp_layers:

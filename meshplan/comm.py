@@ -83,6 +83,29 @@ def alltoall_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     return max(intra / lk.intra_bw, inter / lk.inter_bw) + lat
 
 
+def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Links, dedup: bool) -> float:
+    """One MoE dispatch (or combine) all-to-all: each rank's tokens, `copies` routed copies of `copy_bytes`
+    each, spread evenly over the `size` ranks of the expert-parallel group.
+
+    `dedup` is Megatron-Core's flex dispatcher (DeepEP / HybridEP): a token crosses the network once per
+    destination domain and is fanned out to the experts there over NVLink. With uniform routing a given
+    remote domain holds at least one of the copies with probability 1 - (1 - 1/n)^copies (n domains), so
+    a token crosses the network (n-1)(1 - (1 - 1/n)^copies) times instead of copies * (size-k)/size.
+    """
+    if size <= 1 or copy_bytes <= 0:
+        return 0.0
+    k = per_domain(size, stride, lk.domain)
+    if not dedup or k >= size:
+        return alltoall_time(copy_bytes * copies, size, stride, lk)
+    domains = -(-size // k)
+    remote = copies * (size - k) / size
+    crossings = (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** copies)
+    # NVLink carries the copies for the own domain plus the fan-out of the copies that arrived.
+    intra = copy_bytes * (copies * (k - 1) / size + remote)
+    inter = copy_bytes * crossings
+    return max(intra / lk.intra_bw, inter / lk.inter_bw) + lk.inter_lat
+
+
 def p2p_time(nbytes: float, cross: bool, lk: Links, inter_lat: float | None = None) -> float:
     if nbytes <= 0:
         return 0.0

@@ -298,6 +298,33 @@ def topk_within_experts(ctx: Context) -> Values:
     return {"top_k": moe.top_k, "experts": moe.num_experts}
 
 
+@rule("EP006")
+def flex_needs_moe(ctx: Context) -> Values:
+    if ctx.plan.moe_token_dispatcher != "flex" or ctx.arch.is_moe:
+        return None
+    return {"model": ctx.arch.name}
+
+
+@rule("EP007")
+def flex_dispatcher_available(ctx: Context) -> Values:
+    from meshplan.space import knobs, search_card
+
+    if ctx.plan.moe_token_dispatcher != "flex" or (knobs(ctx.job.framework).flex_dispatcher
+                                                   and ctx.backend == "megatron"):
+        return None
+    supported = [name for name, kn in search_card().frameworks.items() if kn.flex_dispatcher]
+    engine = f"{ctx.job.framework} ({ctx.backend} engine)" if ctx.backend != "megatron" else ctx.job.framework
+    return {"framework": engine, "supported": ", ".join(supported) + " on their Megatron-Core engine"}
+
+
+@rule("EP008")
+def flex_needs_expert_parallelism(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.moe_token_dispatcher != "flex" or not ctx.arch.is_moe or p.ep * p.etp > 1:
+        return None
+    return {"ep": p.ep, "etp": p.etp}
+
+
 @rule("TT001")
 def torchtitan_no_etp(ctx: Context) -> Values:
     if ctx.plan.etp == 1:

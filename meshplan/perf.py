@@ -17,7 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.calibration import Calibration, calibration
-from meshplan.comm import Links, allreduce_time, alltoall_time, crosses_domains, links, p2p_time, ring_time
+from meshplan.comm import (
+    Links,
+    allreduce_time,
+    alltoall_time,
+    crosses_domains,
+    dispatch_time,
+    links,
+    p2p_time,
+    ring_time,
+)
 from meshplan.errors import MeshplanError
 from meshplan.flops import (
     Gemm,
@@ -328,9 +337,10 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     lt.cp = _cp_time(ctx, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
         local = sh.tokens / t_sp
-        a2a_bytes = local * arch.moe.top_k * arch.hidden_size * BF16
         # dispatch and combine, forward and backward
-        lt.ep = (1.0 - cal.ep_overlap) * 4.0 * alltoall_time(a2a_bytes, plan.ep, plan.etp, ctx.lk)
+        one = dispatch_time(local * arch.hidden_size * BF16, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
+                            dedup=plan.moe_token_dispatcher == "flex")
+        lt.ep = (1.0 - cal.ep_overlap) * 4.0 * one
     return lt
 
 
@@ -581,8 +591,12 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         out.append(f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
                    f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, and each MoE layer costs a fixed "
                    f"{cal.moe_layer_overhead_s * 1e3:.1f} ms per micro-batch (router, host sync of dropless routing; "
-                   "fitted on Megatron-Bridge's published MoE throughput); routing assumed balanced; expert "
-                   f"all-to-all {cal.ep_overlap:.0%} hidden.")
+                   "fitted on Megatron-Bridge's published MoE throughput); routing assumed balanced; "
+                   + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
+                      "one of its experts (DeepEP/HybridEP), then fans out over NVLink; "
+                      if plan.moe_token_dispatcher == "flex" else
+                      "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
+                   + f"expert all-to-all {cal.ep_overlap:.0%} hidden.")
     if job.precision == "fp8":
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
                    "router and logits stay BF16.")

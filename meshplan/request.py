@@ -66,7 +66,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         tp=tp, pp=pp, vpp=req.vpp or 1, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, micro_batch_size=req.micro_batch_size,
         recompute=req.recompute, recompute_layers=req.recompute_layers,
-        cp_comm_type=req.cp_comm_type or "p2p",
+        cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
     )
     job = Job(

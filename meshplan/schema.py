@@ -30,6 +30,9 @@ MEGATRON_FAMILY: frozenset[str] = frozenset({"megatron-bridge", "megatron-core",
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+# Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
+# rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
+MoeDispatcher = Literal["alltoall", "flex"]
 Severity = Literal["error", "warning", "info"]
 
 # Generous but finite bounds: absurd inputs get a clear validation error instead of an overflow.
@@ -165,6 +168,10 @@ class Request(_Strict):
     recompute: Recompute = Field("none", description="Activation recomputation")
     recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
     cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
+    moe_token_dispatcher: MoeDispatcher | None = Field(
+        None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
+                          "default alltoall, the search picks flex for cross-node EP where the framework has it"
+    )
     first_stage_layers: int | None = Field(
         None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (default: even split)"
     )
@@ -203,6 +210,7 @@ class Plan(_Strict):
     recompute: Recompute = "none"
     recompute_layers: int | None = None
     cp_comm_type: CpCommType = "p2p"
+    moe_token_dispatcher: MoeDispatcher = "alltoall"
     first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
     last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
 

@@ -29,8 +29,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshplan.comm import crosses_domains
 from meshplan.errors import MeshplanError
 from meshplan.request import resolve
+from meshplan.rulebook import backend_of
 from meshplan.schema import (
     MAX_TOKENS,
     Candidate,
@@ -159,6 +161,8 @@ class _Search:
     cp_comm: str
     split: tuple[int, int]
     law: str = "megatron"
+    flex: bool = False  # the framework can render Megatron-Core's flex MoE dispatcher
+    domain: int = 8  # GPUs per NVLink domain (a node, or a rack for GB200 NVL72)
     budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
     rejected: Counter = field(default_factory=Counter)
     found: list[_Found] = field(default_factory=list)
@@ -188,7 +192,20 @@ class _Search:
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
         sp = self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
         return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
-                        sequence_parallel=sp, cp_comm_type=self.cp_comm)
+                        sequence_parallel=sp, cp_comm_type=self.cp_comm,
+                        moe_token_dispatcher=self.dispatcher(lay, zero))
+
+    def dispatcher(self, lay: Layout, zero: int) -> str:
+        """The MoE token dispatcher: the user's, else flex (DeepEP/HybridEP) when the expert group leaves the
+        NVLink domain and the framework (on its Megatron-Core engine) can render it - it never sends more
+        than all-to-all - else alltoall."""
+        fixed = self.fixed.values.get("moe_token_dispatcher")
+        if fixed is not None:
+            return str(fixed)
+        if (self.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, self.domain)
+                and backend_of(self.job.framework, zero) == "megatron"):
+            return "flex"
+        return "alltoall"
 
     def memory(self, lay: Layout, zero: int, recompute: str, mbs: int) -> MemoryReport:
         key = (lay, zero, recompute, mbs)
@@ -622,9 +639,12 @@ def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: fl
     cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))
     limits = search_card().limits
     cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
+    gpu = job.gpu
+    domain = gpu.nvlink_domain if gpu.nvlink_domain > gpu.gpus_per_node else job.gpus_per_node
     return _Search(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
-                   law=card.world_size_law, max_evaluations=cap, budget_bytes=budget_bytes)
+                   law=card.world_size_law, flex=kn.flex_dispatcher and job.model.moe is not None,
+                   domain=max(1, domain), max_evaluations=cap, budget_bytes=budget_bytes)
 
 
 def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,

@@ -39,6 +39,7 @@ class FrameworkKnobs(_Card):
     ep: bool
     etp: bool
     recompute: list[Recompute] = Field(min_length=1)
+    flex_dispatcher: bool = False  # Megatron-Core's flex MoE token dispatcher (DeepEP / HybridEP) can be rendered
     source: str
 
 
@@ -152,11 +153,12 @@ class Layout:
     last: int | None = None
 
     def plan(self, *, zero_stage: int, recompute: Recompute, micro_batch_size: int, sequence_parallel: bool,
-             cp_comm_type: str) -> Plan:
+             cp_comm_type: str, moe_token_dispatcher: str = "alltoall") -> Plan:
         return Plan(
             tp=self.tp, pp=self.pp, vpp=self.vpp, cp=self.cp, ep=self.ep, etp=self.etp, dp=self.dp,
             sequence_parallel=sequence_parallel, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
             recompute=recompute, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
+            moe_token_dispatcher=moe_token_dispatcher,  # type: ignore[arg-type]
             first_stage_layers=self.first, last_stage_layers=self.last,
         )
 
@@ -184,7 +186,8 @@ class Fixed:
     @classmethod
     def from_request(cls, req: Request) -> Fixed:
         chosen = req.model_fields_set
-        names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "first_stage_layers", "last_stage_layers")
+        names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "first_stage_layers",
+                 "last_stage_layers")
         return cls({name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None})
 
     def allows(self, name: str, value: object) -> bool:

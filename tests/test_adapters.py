@@ -56,7 +56,25 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=16, zero_stage=3, global_batch_size=256)),
     ("deepspeed", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
                              recompute="full")),
+    # The flex MoE dispatcher (DeepEP on one-node NVLink, HybridEP on GB200's rack-wide NVLink).
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
+                                 global_batch_size=4096, moe_token_dispatcher="flex")),
+    ("megatron-core", None, dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=64, pp=2, ep=32, global_batch_size=256,
+                                 moe_token_dispatcher="flex")),
+    ("megatron-bridge", None, dict(model="qwen3-30b-a3b", num_gpus=32, pp=2, ep=16, global_batch_size=256,
+                                   moe_token_dispatcher="flex")),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=64, pp=2, ep=32,
+                                           global_batch_size=256, moe_token_dispatcher="flex")),
+    ("verl", None, dict(model="qwen3-30b-a3b", num_gpus=32, tp=2, pp=2, ep=8, global_batch_size=256,
+                        moe_token_dispatcher="flex")),
+    ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=32, tp=2, pp=2, ep=8, global_batch_size=320,
+                         moe_token_dispatcher="flex")),
+    ("skyrl", "sft", dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, pp=2, ep=16, global_batch_size=128,
+                          moe_token_dispatcher="flex")),
 ]
+
+
+MEGATRON_BACKED = ("megatron-core", "megatron-bridge", "verl", "skyrl")
 
 
 def _render(framework, variant, fields, **opts):
@@ -73,6 +91,8 @@ def test_round_trip_gives_the_same_plan(framework, variant, fields):
     assert {k: expected[k] for k in parsed} == parsed
     assert {"tp", "micro_batch_size", "zero_stage"} <= set(parsed)
     assert "dp" in parsed or result.format == "python"  # the python form runs inside a launch that sets the GPUs
+    if job.model.moe is not None and framework in MEGATRON_BACKED and result.variant != "fsdp":
+        assert parsed["moe_token_dispatcher"] == plan.moe_token_dispatcher  # always explicit for MoE
 
 
 def test_uneven_pipeline_round_trips_for_megatron_family_and_torchtitan():
@@ -112,6 +132,16 @@ def test_skyrl_never_uses_a_plus_prefix_and_sft_is_top_level():
 
 @pytest.mark.parametrize("framework,fields,knob", [
     ("torchtitan", dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, etp=2), "etp=2"),
+    ("torchtitan", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, moe_token_dispatcher="flex"),
+     "moe_token_dispatcher=flex"),
+    ("kempnerforge", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, moe_token_dispatcher="flex"),
+     "moe_token_dispatcher=flex"),
+    ("deepspeed", dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3, moe_token_dispatcher="flex"),
+     "moe_token_dispatcher=flex"),
+    ("verl", dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3, moe_token_dispatcher="flex"),
+     "moe_token_dispatcher=flex"),
+    ("skyrl", dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3, moe_token_dispatcher="flex"),
+     "moe_token_dispatcher=flex"),
     ("kempnerforge", dict(model="llama-3.1-70b", num_gpus=32, tp=4, pp=4, vpp=2), "vpp=2"),
     ("deepspeed", dict(model="llama-3.1-8b", num_gpus=16, cp=2), "cp=2"),
     ("verl", dict(model="llama-3.1-8b", num_gpus=16, tp=2, zero_stage=3), "tp=2"),
@@ -159,12 +189,103 @@ def test_every_card_knob_with_a_key_is_exercised_and_missing_ones_say_instead():
                 assert all(k.key or k.instead for k in table.values())
 
 
+def _lines(text: str, word: str) -> list[str]:
+    return [line.strip().rstrip(" \\") for line in text.splitlines() if word in line]
+
+
+def test_megatron_core_renders_the_dispatcher_and_picks_the_flex_backend_by_nvlink_domain():
+    _, _, alltoall = _render("megatron-core", None, GOLDEN_CASES["qwen3-30b-a3b_16xh100"])
+    assert _lines(alltoall.text, "dispatcher") == ["--moe-token-dispatcher-type alltoall"]  # not Megatron's allgather
+    _, _, h100 = _render("megatron-core", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=16,
+                                                     moe_token_dispatcher="flex"))
+    assert _lines(h100.text, "dispatcher") == ["--moe-token-dispatcher-type flex",
+                                               "--moe-flex-dispatcher-backend deepep"]
+    assert any("DeepEP" in n and "installed" in n for n in h100.notes)
+    job, _, gb200 = _render("megatron-core", None, dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, ep=16,
+                                                        moe_token_dispatcher="flex"))
+    assert job.gpu.nvlink_domain == 72 and job.gpus_per_node == 4
+    assert _lines(gb200.text, "dispatcher") == ["--moe-token-dispatcher-type flex",
+                                                "--moe-flex-dispatcher-backend hybridep"]
+    assert any("hybridep" in n and "HybridEP" in n and "72 GPUs" in n for n in gb200.notes)
+    # A node of its own NVLink domain (gpus_per_node = nvlink_domain = 72) is DeepEP's case again.
+    _, _, one_domain = _render("megatron-core", None, dict(model="qwen3-30b-a3b", gpu="gb200", gpus_per_node=72,
+                                                           num_gpus=144, ep=16, moe_token_dispatcher="flex"))
+    assert "--moe-flex-dispatcher-backend deepep" in _lines(one_domain.text, "dispatcher")
+
+
+def test_megatron_bridge_renders_the_dispatcher_like_its_own_flex_helper():
+    _, _, alltoall = _render("megatron-bridge", None, GOLDEN_CASES["qwen3-30b-a3b_16xh100"])
+    assert _lines(alltoall.text, "dispatcher") == ["cfg.model.moe_token_dispatcher_type = 'alltoall'"]
+    assert "moe_shared_expert_overlap" not in alltoall.text
+    for gpu, backend in (("h100", "deepep"), ("gb200", "hybridep")):
+        _, _, flex = _render("megatron-bridge", None, dict(model="qwen3-30b-a3b", gpu=gpu, num_gpus=32, ep=16,
+                                                           moe_token_dispatcher="flex"))
+        assert _lines(flex.text, "model.moe_") == ["cfg.model.moe_token_dispatcher_type = 'flex'",
+                                                    f"cfg.model.moe_flex_dispatcher_backend = {backend!r}",
+                                                    "cfg.model.moe_shared_expert_overlap = False"]
+        _, _, recipe = _render("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", gpu=gpu, num_gpus=32,
+                                                                     ep=16, moe_token_dispatcher="flex"))
+        assert f"model.moe_flex_dispatcher_backend={backend}" in _lines(recipe.text, "backend")
+
+
+def test_rl_frameworks_render_the_dispatcher_through_megatron_fields():
+    _, _, verl = _render("verl", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, moe_token_dispatcher="flex"))
+    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
+        p = f"++{role}.megatron.override_transformer_config."
+        assert {p + "moe_token_dispatcher_type=flex", p + "moe_flex_dispatcher_backend=deepep"} <= set(
+            shell_tokens(verl.text))
+    _, _, skyrl = _render("skyrl", None, dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, ep=16,
+                                              global_batch_size=320, moe_token_dispatcher="flex"))
+    tokens = set(shell_tokens(skyrl.text))
+    for role in ("trainer.policy", "trainer.ref"):
+        assert {f"{role}.megatron_config.moe_token_dispatcher_type=flex",
+                f"{role}.megatron_config.transformer_config_kwargs.moe_flex_dispatcher_backend=hybridep"} <= tokens
+
+
+def test_dense_models_render_no_dispatcher_even_when_flex_is_asked():
+    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan", "kempnerforge"):
+        job, plan, result = _render(framework, None, dict(model="llama-3.1-8b", num_gpus=16, tp=2,
+                                                          zero_stage=3 if framework in ("torchtitan", "kempnerforge")
+                                                          else 1, moe_token_dispatcher="flex"))
+        assert "moe_flex_dispatcher" not in knobs_in_use(job, plan)
+        assert "dispatcher" not in result.text and "comm_backend" not in result.text, framework
+        assert "moe_token_dispatcher" not in parse_plan(framework, result.variant, result.text, 32)
+
+
+def test_flex_without_expert_parallelism_is_refused():
+    job, plan = resolve(Request(framework="megatron-core", model="qwen3-30b-a3b", num_gpus=16,
+                                moe_token_dispatcher="flex"))
+    assert plan.ep == plan.etp == 1
+    with pytest.raises(MeshplanError, match="ep=1 and etp=1") as exc:
+        render("megatron-core", job, plan)
+    assert "alltoall" in exc.value.fix
+
+
+def test_torchtitan_0_2_renders_deepep_only_where_its_model_code_reads_it():
+    fields = dict(model="deepseek-v3", num_gpus=256, pp=8, ep=32, global_batch_size=1024,
+                  first_stage_layers=5, last_stage_layers=8)  # 61 = 5 + 6*8 + 8
+    job, plan, result = _render("torchtitan", None, {**fields, "moe_token_dispatcher": "flex"}, version="0.2")
+    assert 'expert_parallel_comm_backend = "deepep"' in result.text
+    assert parse_plan("torchtitan", result.variant, result.text, 61)["moe_token_dispatcher"] == "flex"
+    _, _, standard = _render("torchtitan", None, fields, version="0.2")
+    assert 'expert_parallel_comm_backend = "standard"' in standard.text
+    refusals = {"qwen3": dict(model="qwen3-30b-a3b", num_gpus=16, ep=8),  # qwen3's parallelize ignores the key
+                "HybridEP": {**fields, "gpu": "gb200"},
+                "etp": {**fields, "ep": 16, "etp": 2}}
+    for reason, case in refusals.items():
+        job, plan = resolve(Request(framework="torchtitan", moe_token_dispatcher="flex", **case))
+        with pytest.raises(MeshplanError, match=reason):
+            render("torchtitan", job, plan, version="0.2")
+
+
 def test_knobs_in_use_reflect_the_plan():
     job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, recompute="full",
                                 recompute_layers=1, precision="fp8"))
     used = set(knobs_in_use(job, plan))
     assert {"tp", "pp", "ep", "sequence_parallel", "recompute_full", "recompute_layers", "fp8", "zero_1"} <= used
-    assert not {"cp", "vpp", "etp", "uneven_pp"} & used
+    assert not {"cp", "vpp", "etp", "uneven_pp", "moe_flex_dispatcher"} & used
+    flex = plan.model_copy(update={"moe_token_dispatcher": "flex"})
+    assert "moe_flex_dispatcher" in knobs_in_use(job, flex)
 
 
 # --------------------------------------------------------------------------- safety

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import tomllib
@@ -21,7 +22,7 @@ import pytest
 from framework_packages import venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from meshplan.adapters import render
-from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
+from meshplan.adapters.parse import cli_flags, overrides, parse_plan, python_assignments, shell_tokens
 from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
 from meshplan.cards import framework_card, read_card
@@ -102,6 +103,9 @@ print(json.dumps(out))
 """
 
 
+VERL_DISPATCHER = "critic.megatron.override_transformer_config.moe_token_dispatcher_type"
+
+
 def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
     python = venv_python("hydra", ["hydra-core==1.3.2"], python_version="3.11")
     config_dir = wheel_tree("verl") / "verl" / "trainer" / "config"
@@ -113,7 +117,8 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
         if result.variant == "megatron":
             probes = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
                       "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
-                      "critic.megatron.expert_model_parallel_size", "actor_rollout_ref.actor.strategy"]
+                      "critic.megatron.expert_model_parallel_size", "actor_rollout_ref.actor.strategy",
+                      VERL_DISPATCHER]
         else:
             probes = ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
                       "actor_rollout_ref.actor.strategy"]
@@ -132,6 +137,8 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
             assert values["actor_rollout_ref.ref.megatron.pipeline_model_parallel_size"] == result.plan.pp
             assert values["critic.megatron.expert_model_parallel_size"] == result.plan.ep
             assert values["actor_rollout_ref.actor.strategy"] == "megatron"
+            moe = "moe_token_dispatcher" in parse_plan("verl", result.variant, result.text, 0)
+            assert values[VERL_DISPATCHER] == (result.plan.moe_token_dispatcher if moe else None)
         else:
             assert values["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"] == result.plan.cp
 
@@ -229,16 +236,25 @@ def test_torchtitan_config_manager_parses_the_rendered_command_line():
 def test_torchtitan_0_2_toml_keys_are_job_config_fields():
     tree = SourceTree(wheel_tree("torchtitan", "0.2.2"))
     sections = {"parallelism": "Parallelism", "training": "Training", "activation_checkpoint": "ActivationCheckpoint"}
-    for fw, _variant, fields in CASES:
-        if fw != "torchtitan":
-            continue
-        job, plan = resolve(Request(framework=fw, **fields))
+    flex = dict(model="deepseek-v3", num_gpus=256, pp=8, ep=32, global_batch_size=1024, first_stage_layers=5,
+                last_stage_layers=8, moe_token_dispatcher="flex")
+    rendered_keys = set()
+    for fields in [f for fw, _variant, f in CASES if fw == "torchtitan"] + [flex]:
+        job, plan = resolve(Request(framework="torchtitan", **fields))
         if plan.zero_stage not in (0, 3):
             continue
-        doc = tomllib.loads(render(fw, job, plan, version="0.2").text)
+        doc = tomllib.loads(render("torchtitan", job, plan, version="0.2").text)
         for section, cls in sections.items():
             known = set(tree.fields("torchtitan.config.job_config", cls))
             assert set(doc[section]) <= known, (section, set(doc[section]) - known)
+            rendered_keys |= set(doc[section])
+        if "expert_parallel_comm_backend" in doc["parallelism"]:
+            # the value is one of the field's Literal choices
+            annotation = tree.fields("torchtitan.config.job_config", "Parallelism")["expert_parallel_comm_backend"]
+            choices = {e.value for e in ast.walk(annotation) if isinstance(e, ast.Constant)}
+            assert choices == {"standard", "deepep"}
+            assert doc["parallelism"]["expert_parallel_comm_backend"] in choices
+    assert "expert_parallel_comm_backend" in rendered_keys
 
 
 # --------------------------------------------------------------------------- KempnerForge, DeepSpeed

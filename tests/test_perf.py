@@ -381,3 +381,32 @@ def test_moe_layers_pay_dispatch_passes_and_a_fixed_cost_per_micro_batch():
     gap = estimate_throughput(job4, plan4, fixed).step_time_s - estimate_throughput(job4, plan4, base).step_time_s
     assert gap == pytest.approx((m // 2) * moe_layers * 0.004, rel=0.02)
     assert any("MoE layers" in a for a in t1.assumptions)
+
+
+def test_flex_dispatch_sends_a_token_once_per_remote_domain():
+    from meshplan.comm import dispatch_time
+
+    cal = calibration("megatron-core")
+    lk = links(get_gpu("h100"), 8, cal)
+    copy = 1e6  # bytes of one routed copy of the rank's tokens
+    # Inside one node both dispatchers are the same all-to-all.
+    assert dispatch_time(copy, 8, 8, 1, lk, dedup=True) == dispatch_time(copy, 8, 8, 1, lk, dedup=False)
+    # EP64 over 8 nodes, top-8: all-to-all sends 8 * 56/64 copies over the network, flex 7 * (1 - (7/8)^8).
+    plain = dispatch_time(copy, 8, 64, 1, lk, dedup=False)
+    flex = dispatch_time(copy, 8, 64, 1, lk, dedup=True)
+    assert plain == pytest.approx(8 * copy * 56 / 64 / lk.inter_bw + lk.inter_lat)
+    crossings = 7 * (1 - (7 / 8) ** 8)
+    assert flex == pytest.approx(max(copy * (8 * 7 / 64 + 8 * 56 / 64) / lk.intra_bw, copy * crossings / lk.inter_bw)
+                                 + lk.inter_lat)
+    assert flex < plain
+
+
+def test_flex_dispatcher_only_changes_cross_node_expert_traffic():
+    base = dict(model="mixtral-8x7b", num_gpus=64, tp=1, pp=1, ep=8, global_batch_size=128)
+    inside = estimate(**base, moe_token_dispatcher="flex").breakdown.ep_comm_s
+    assert inside == estimate(**base).breakdown.ep_comm_s  # EP8 stays inside a node
+    wide = dict(model="qwen3-30b-a3b", num_gpus=64, ep=32, global_batch_size=128)
+    flex, plain = estimate(**wide, moe_token_dispatcher="flex"), estimate(**wide)
+    assert flex.breakdown.ep_comm_s < plain.breakdown.ep_comm_s
+    assert flex.breakdown.compute_s == plain.breakdown.compute_s
+    assert any("flex dispatcher" in a for a in flex.assumptions)

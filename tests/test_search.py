@@ -135,6 +135,18 @@ def test_a_fixed_interleaving_the_layers_cannot_fill_is_named_not_called_out_of_
     assert any(rule.startswith("PP") for rule in rec.rejected)
 
 
+def test_cross_node_expert_parallelism_uses_the_flex_dispatcher_where_the_framework_has_it():
+    fields = dict(model="qwen3-30b-a3b", num_gpus=64, ep=32, etp=1, global_batch_size=256)
+    rec = recommend(Request(**fields, framework="megatron-bridge"), top_k=2)
+    assert rec.candidates and all(c.plan.moe_token_dispatcher == "flex" for c in rec.candidates)
+    pinned = recommend(Request(**fields, framework="megatron-bridge", moe_token_dispatcher="alltoall"), top_k=1)
+    assert pinned.candidates[0].plan.moe_token_dispatcher == "alltoall"
+    assert pinned.candidates[0].throughput.step_time_s > rec.candidates[0].throughput.step_time_s
+    # Inside one node there is nothing to deduplicate: the plain all-to-all is kept.
+    small = recommend(Request(model="qwen3-30b-a3b", num_gpus=8, ep=8, etp=1, global_batch_size=64), top_k=1)
+    assert small.candidates[0].plan.moe_token_dispatcher == "alltoall"
+
+
 def test_absurd_gpu_count_is_bounded_and_says_so():
     rec = recommend(Request(model="llama-3.1-8b", num_gpus=2**30), top_k=2)
     text = " ".join(rec.warnings)

@@ -6,6 +6,7 @@ cfg.model.virtual_pipeline_model_parallel_size = None
 cfg.model.context_parallel_size = 1
 cfg.model.expert_model_parallel_size = 64
 cfg.model.expert_tensor_parallel_size = 1
+cfg.model.moe_token_dispatcher_type = 'alltoall'
 cfg.model.sequence_parallel = True
 cfg.model.num_layers_in_first_pipeline_stage = 4
 cfg.model.num_layers_in_last_pipeline_stage = 1

@@ -6,6 +6,7 @@ cfg.model.virtual_pipeline_model_parallel_size = None
 cfg.model.context_parallel_size = 1
 cfg.model.expert_model_parallel_size = 8
 cfg.model.expert_tensor_parallel_size = 1
+cfg.model.moe_token_dispatcher_type = 'alltoall'
 cfg.model.sequence_parallel = False
 cfg.model.recompute_granularity = None
 cfg.model.recompute_method = None

@@ -36,6 +36,7 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --context-parallel-size 1 \
   --expert-model-parallel-size 64 \
   --expert-tensor-parallel-size 1 \
+  --moe-token-dispatcher-type alltoall \
   --sequence-parallel \
   --use-distributed-optimizer \
   --micro-batch-size 1 \

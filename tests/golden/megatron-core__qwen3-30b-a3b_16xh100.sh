@@ -28,6 +28,7 @@ torchrun --nnodes 2 --nproc-per-node 8 \
   --context-parallel-size 1 \
   --expert-model-parallel-size 8 \
   --expert-tensor-parallel-size 1 \
+  --moe-token-dispatcher-type alltoall \
   --use-distributed-optimizer \
   --micro-batch-size 1 \
   --global-batch-size 256 \

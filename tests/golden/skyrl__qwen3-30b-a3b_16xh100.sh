@@ -21,6 +21,7 @@ python -m skyrl.train.entrypoints.main_base \
   trainer.policy.megatron_config.context_parallel_size=1 \
   trainer.policy.megatron_config.expert_model_parallel_size=8 \
   trainer.policy.megatron_config.expert_tensor_parallel_size=1 \
+  trainer.policy.megatron_config.moe_token_dispatcher_type=alltoall \
   trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity=null \
   trainer.policy.megatron_config.transformer_config_kwargs.recompute_method=null \
   trainer.policy.megatron_config.transformer_config_kwargs.recompute_num_layers=null \
@@ -29,6 +30,7 @@ python -m skyrl.train.entrypoints.main_base \
   trainer.ref.megatron_config.context_parallel_size=1 \
   trainer.ref.megatron_config.expert_model_parallel_size=8 \
   trainer.ref.megatron_config.expert_tensor_parallel_size=1 \
+  trainer.ref.megatron_config.moe_token_dispatcher_type=alltoall \
   trainer.ref.megatron_config.transformer_config_kwargs.recompute_granularity=null \
   trainer.ref.megatron_config.transformer_config_kwargs.recompute_method=null \
   trainer.ref.megatron_config.transformer_config_kwargs.recompute_num_layers=null

@@ -25,6 +25,7 @@ python3 -m verl.trainer.main_ppo \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=null \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=null \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=null \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall \
   actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1 \
   actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2 \
   actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size=null \
@@ -35,6 +36,7 @@ python3 -m verl.trainer.main_ppo \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_granularity=null \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_method=null \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=null \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall \
   critic.megatron.tensor_model_parallel_size=1 \
   critic.megatron.pipeline_model_parallel_size=2 \
   critic.megatron.virtual_pipeline_model_parallel_size=null \
@@ -46,4 +48,5 @@ python3 -m verl.trainer.main_ppo \
   critic.megatron.use_megatron_fsdp=false \
   ++critic.megatron.override_transformer_config.recompute_granularity=null \
   ++critic.megatron.override_transformer_config.recompute_method=null \
-  ++critic.megatron.override_transformer_config.recompute_num_layers=null
+  ++critic.megatron.override_transformer_config.recompute_num_layers=null \
+  ++critic.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall
