@@ -136,8 +136,9 @@ def run_fit() -> None:
     for name, train, tests in splits:
         ov = fit(train)
         for tname, test in tests:
+            scored = len(log_errors(test, **ov))
             print(f"| {name} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-                  f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {tname} ({len(test)}) | {median_abs(test, **ov):.1%} |")
+                  f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {tname} ({scored}) | {median_abs(test, **ov):.1%} |")
     models = sorted({r[1].model.name for r in moe})
     for m in models:
         train = [r for r in everything if r[1].model.name != m]

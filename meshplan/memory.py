@@ -320,6 +320,9 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
     if job.precision == "fp8":
         out.append("fp8: an extra 1-byte copy of every linear weight (TE dual weights) and linear-layer inputs "
                    "saved in 1 byte.")
+    if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
+        out.append("Flex dispatcher: DeepEP / HybridEP allocate their own NVLink and RDMA buffers outside "
+                   "PyTorch's allocator; they are not counted (their size depends on the backend's settings).")
     return out
 
 

@@ -99,6 +99,11 @@ class Engine:
     moe_layer_fixed_s: float = 0.0  # fixed cost per MoE layer per micro-batch (kept whole in the bound)
 
 
+def _pow2_at_least(x: float) -> int:
+    """The smallest power of two >= x (and >= 1): the reference micro-batch of the per-token bounds."""
+    return 1 << max(0, (math.ceil(x) - 1).bit_length()) if x > 1 else 1
+
+
 def default_engine(framework: str) -> Engine:
     from meshplan.calibration import calibration
     from meshplan.memory import estimate_memory, memory_summary
@@ -328,19 +333,22 @@ class _Search:
             return 0.0
         return report.breakdown.pp_comm_s / self.microbatches(lay, mbs)
 
-    def _per_token(self, key: tuple, lay: Layout, b: int, recompute: str, part: str) -> float:
+    def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str) -> float:
         """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank)."""
+        hit = self.token_time.get(key)
+        if hit is not None:
+            return hit
         if key not in self.token_time:
-            own_ep = lay.ep if self.law == "kempnerforge" else 1
-            dp_ref = self.job.num_gpus // (lay.tp * lay.cp * own_ep)
-            ref = Layout(tp=lay.tp, pp=1, cp=lay.cp, ep=lay.ep, etp=lay.etp, dp=dp_ref)
+            own_ep = ep if self.law == "kempnerforge" else 1
+            dp_ref = self.job.num_gpus // (tp * cp * own_ep)
+            ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
             job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
             try:
                 self.perf_calls += 1
                 x = self.engine.throughput(job_ref, self.plan(ref, self.zeros[0], recompute, b)).breakdown
                 total = (x.cp_comm_s if part == "cp" else
                          x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
-                self.token_time[key] = total / (b * self.job.seq_length / lay.cp)
+                self.token_time[key] = total / (b * self.job.seq_length / cp)
             except MeshplanError:
                 self.token_time[key] = 0.0
         return self.token_time[key]
@@ -356,15 +364,15 @@ class _Search:
         s = self.job.seq_length
         tokens = -(-s // lay.cp) * mbs
         most = tokens / s if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp), tokens / s)
-        b_tok = 1 << max(0, math.ceil(math.log2(max(1.0, most))))
-        ref = Layout(tp=lay.tp, pp=1, cp=1, ep=lay.ep, etp=lay.etp, dp=1)
-        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok), ref, b_tok, recompute, "work")
+        b_tok = _pow2_at_least(most)
+        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok), lay.tp, 1, lay.ep, lay.etp,
+                                    b_tok, recompute, "work")
         if lay.cp > 1:
             # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
             # bound, since the time per token only falls with more tokens, but one reference for all of them)
-            b_cp = 1 << max(0, math.ceil(math.log2(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))))
-            ref = Layout(tp=lay.tp, pp=1, cp=lay.cp, ep=1, etp=1, dp=1)
-            per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), ref, b_cp, self.recomputes[0], "cp")
+            b_cp = _pow2_at_least(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))
+            per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
+                                         self.recomputes[0], "cp")
         per_stage = tokens * per_token / lay.pp
         moe = self.job.model.moe
         if moe is not None and self.engine.moe_layer_fixed_s:
