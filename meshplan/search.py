@@ -338,20 +338,20 @@ class _Search:
         hit = self.token_time.get(key)
         if hit is not None:
             return hit
-        if key not in self.token_time:
-            own_ep = ep if self.law == "kempnerforge" else 1
-            dp_ref = self.job.num_gpus // (tp * cp * own_ep)
-            ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
-            job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
-            try:
-                self.perf_calls += 1
-                x = self.engine.throughput(job_ref, self.plan(ref, self.zeros[0], recompute, b)).breakdown
-                total = (x.cp_comm_s if part == "cp" else
-                         x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
-                self.token_time[key] = total / (b * self.job.seq_length / cp)
-            except MeshplanError:
-                self.token_time[key] = 0.0
-        return self.token_time[key]
+        own_ep = ep if self.law == "kempnerforge" else 1
+        dp_ref = self.job.num_gpus // (tp * cp * own_ep)
+        ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
+        job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
+        try:
+            self.perf_calls += 1
+            x = self.engine.throughput(job_ref, self.plan(ref, self.zeros[0], recompute, b)).breakdown
+            total = (x.cp_comm_s if part == "cp" else
+                     x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
+            value = total / (b * self.job.seq_length / cp)
+        except MeshplanError:
+            value = 0.0
+        self.token_time[key] = value
+        return value
 
     def token_bound(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> float:
         """A cheaper bound shared by many shards. The time per token of a layer only falls as a rank sees more
