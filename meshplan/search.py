@@ -710,7 +710,9 @@ def _why(rank: int, found: _Found, best: _Found | None) -> str:
     costs = sorted(((v, k) for k, v in parts.items() if k != "compute" and v > 0), reverse=True)[:2]
     cost_text = ", ".join(f"{k} {v / t.step_time_s:.0%}" for v, k in costs) or "no exposed overhead"
     p = found.plan
-    head = (f"{p.short()}, micro-batch {p.micro_batch_size}, ZeRO {p.zero_stage}, recompute {p.recompute}: "
+    dispatcher = ", flex MoE dispatcher (DeepEP/HybridEP)" if p.moe_token_dispatcher == "flex" else ""
+    head = (f"{p.short()}, micro-batch {p.micro_batch_size}, ZeRO {p.zero_stage}, recompute {p.recompute}"
+            f"{dispatcher}: "
             f"{t.step_time_s:.3f} s per step, {t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {t.mfu:.1%}; "
             f"compute {b.compute_s / t.step_time_s:.0%} of the step, then {cost_text}; "
             f"peak memory {found.memory.peak_bytes / GIB:.1f} of {found.memory.capacity_bytes / GIB:.1f} GiB.")

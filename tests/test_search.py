@@ -139,6 +139,7 @@ def test_cross_node_expert_parallelism_uses_the_flex_dispatcher_where_the_framew
     fields = dict(model="qwen3-30b-a3b", num_gpus=64, ep=32, etp=1, global_batch_size=256)
     rec = recommend(Request(**fields, framework="megatron-bridge"), top_k=2)
     assert rec.candidates and all(c.plan.moe_token_dispatcher == "flex" for c in rec.candidates)
+    assert "flex MoE dispatcher" in rec.candidates[0].rationale
     pinned = recommend(Request(**fields, framework="megatron-bridge", moe_token_dispatcher="alltoall"), top_k=1)
     assert pinned.candidates[0].plan.moe_token_dispatcher == "alltoall"
     assert pinned.candidates[0].throughput.step_time_s > rec.candidates[0].throughput.step_time_s
