@@ -40,6 +40,9 @@ from meshplan.perf import estimate_throughput
 from meshplan.request import resolve
 from meshplan.schema import Request
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput_accuracy import DEFAULT_VALIDATION, Case, classic_cases, golden_cases
+
 DATA = Path(__file__).resolve().parent / "data" / "megatron_bridge_published.csv"
 
 
@@ -66,36 +69,29 @@ def cases(path: Path = DATA):
     return out
 
 
-# (label, job, plan, measured tokens/s/GPU, flash_attention, dropout) of every Megatron-family row.
-Row = tuple
-
-
-def megatron_rows() -> tuple[list[Row], list[Row]]:
-    """(Bridge published rows, classic Megatron tables + golden 7B) in one shape for the fit."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from throughput_accuracy import DEFAULT_VALIDATION, classic_cases, golden_cases
-
-    bridge = [(f"{r['system']} {r['model']}", job, plan, float(r["tokens_per_s_per_gpu"]), None, None)
+def megatron_rows() -> tuple[list[Case], list[Case]]:
+    """(Bridge published rows, classic Megatron tables + golden 7B), as throughput_accuracy's Cases."""
+    bridge = [Case("Megatron-Bridge", f"{r['system']} {r['model']}", job, plan, float(r["tokens_per_s_per_gpu"]))
               for r, job, plan in cases()]
-    classic = [(f"{c.source} {c.job.model.name}", c.job, c.plan, c.measured_tps, c.flash_attention, c.dropout)
-               for c in classic_cases() + golden_cases(DEFAULT_VALIDATION)]
-    return bridge, classic
+    return bridge, classic_cases() + golden_cases(DEFAULT_VALIDATION)
 
 
-def log_errors(rows: list[Row], **overrides: float) -> list[float]:
+def log_errors(rows: list[Case], **overrides: float) -> list[float]:
+    """log(predicted / measured) of every row meshplan can time, with the given constants overridden."""
     out = []
-    for _, job, plan, measured, flash, dropout in rows:
-        cal = calibration(job.framework).with_overrides(**overrides)
+    for c in rows:
+        cal = calibration(c.job.framework).with_overrides(**overrides)
         try:
-            pred = estimate_throughput(job, plan, cal, flash_attention=flash, dropout=dropout).tokens_per_s_per_gpu
+            pred = estimate_throughput(c.job, c.plan, cal, flash_attention=c.flash_attention,
+                                       dropout=c.dropout).tokens_per_s_per_gpu
         except MeshplanError:
             continue
-        out.append(math.log(pred / measured))
+        out.append(math.log(pred / c.measured_tps))
     return out
 
 
-def median_abs(rows: list[Row], **overrides: float) -> float:
-    return statistics.median(abs(math.exp(e) - 1) for e in log_errors(rows, **overrides))
+def median_abs(log_errs: list[float]) -> float:
+    return statistics.median(abs(math.exp(e) - 1) for e in log_errs)
 
 
 GRID = {
@@ -104,7 +100,7 @@ GRID = {
 }
 
 
-def fit(rows: list[Row]) -> dict[str, float]:
+def fit(rows: list[Case]) -> dict[str, float]:
     """Grid search of the two constants on the median |log error| (robust to the few rows far off)."""
     best: tuple[float, dict[str, float]] | None = None
     for g in GRID["gemm_peak_fraction"]:
@@ -120,10 +116,10 @@ def fit(rows: list[Row]) -> dict[str, float]:
 def run_fit() -> None:
     bridge, classic = megatron_rows()
     everything = bridge + classic
-    moe = [r for r in bridge if r[1].model.moe is not None]
-    dense_bridge = [r for r in bridge if r[1].model.moe is None]
-    h100 = [r for r in everything if r[1].gpu.key == "h100"]
-    other = [r for r in everything if r[1].gpu.key != "h100"]
+    moe = [c for c in bridge if c.job.model.moe is not None]
+    dense_bridge = [c for c in bridge if c.job.model.moe is None]
+    h100 = [c for c in everything if c.job.gpu.key == "h100"]
+    other = [c for c in everything if c.job.gpu.key != "h100"]
     splits = [
         ("all Megatron rows", everything, [("Bridge", bridge), ("classic", classic)]),
         ("Bridge rows", bridge, [("classic (held out)", classic)]),
@@ -136,17 +132,15 @@ def run_fit() -> None:
     for name, train, tests in splits:
         ov = fit(train)
         for tname, test in tests:
-            scored = len(log_errors(test, **ov))
+            errs = log_errors(test, **ov)
             print(f"| {name} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-                  f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {tname} ({scored}) | {median_abs(test, **ov):.1%} |")
-    models = sorted({r[1].model.name for r in moe})
-    for m in models:
-        train = [r for r in everything if r[1].model.name != m]
-        test = [r for r in moe if r[1].model.name == m]
+                  f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {tname} ({len(errs)}) | {median_abs(errs):.1%} |")
+    for m in sorted({c.job.model.name for c in moe}):
+        train = [c for c in everything if c.job.model.name != m]
         ov = fit(train)
+        errs = log_errors([c for c in moe if c.job.model.name == m], **ov)
         print(f"| all but {m} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-              f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {m} (held out, {len(test)}) | "
-              f"{median_abs(test, **ov):.1%} |")
+              f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {m} (held out, {len(errs)}) | {median_abs(errs):.1%} |")
 
 
 def main() -> int:

@@ -104,6 +104,14 @@ def sweep_cases(validation: Path) -> list[Case]:
     return cases
 
 
+def gpt_job(label: str, layers: int, hidden: int, heads: int, vocab: int, tied: bool, gpu_key: str, gpus: int,
+            seq: int, gbs: int) -> Job:
+    """A GPT-shaped (GeLU 4h, MHA) Megatron-Core job of the classic tables."""
+    arch = llama_like(label, layers, hidden, heads, heads, 4 * hidden, vocab, tied, gated=False)
+    return Job(model=arch, gpu=get_gpu(gpu_key), num_gpus=gpus, gpus_per_node=8, seq_length=seq,
+               global_batch_size=gbs, framework="megatron-core")
+
+
 def classic_cases() -> list[Case]:
     """estimators.md 5.2 (E), (F) and (G); settings the tables do not state are assumptions, listed here.
 
@@ -112,7 +120,6 @@ def classic_cases() -> list[Case]:
     flash_attention=False, dropout=True.
     """
     cases = []
-    a100, h100 = get_gpu("a100-80gb"), get_gpu("h100")
     # (E) Korthikanti 2022 Table 5: GPT, s 2048, V 51200, dp 1, SP + selective recompute, s/iter measured.
     for label, L, h, a, gpus, t, p, v, gbs, mbs, sec in [
         ("22B", 48, 6144, 64, 8, 8, 1, 1, 4, 4, 1.10),
@@ -120,9 +127,7 @@ def classic_cases() -> list[Case]:
         ("530B", 105, 20480, 128, 280, 8, 35, 3, 280, 1, 37.83),
         ("1T", 128, 25600, 160, 512, 8, 64, 1, 512, 1, 71.49),
     ]:
-        arch = llama_like(f"GPT {label}", L, h, a, a, 4 * h, 51200, False, gated=False)
-        job = Job(model=arch, gpu=a100, num_gpus=gpus, gpus_per_node=8, seq_length=2048, global_batch_size=gbs,
-                  framework="megatron-core")
+        job = gpt_job(f"GPT {label}", L, h, a, 51200, False, "a100-80gb", gpus, 2048, gbs)
         plan = Plan(tp=t, pp=p, vpp=v, dp=1, sequence_parallel=True, micro_batch_size=mbs, recompute="selective")
         cases.append(Case("Korthikanti T5", "classic", job, plan, gbs * 2048 / sec / gpus, False, True))
     # (F) Narayanan 2021 Table 1: GPT, s 2048, V 51200, full recompute, no SP (it came in 2022); the
@@ -141,9 +146,7 @@ def classic_cases() -> list[Case]:
         ("529.6B", 20480, 105, 128, 8, 35, 2520, 2520, 163),
         ("1008B", 25600, 128, 160, 8, 64, 3072, 3072, 163),
     ]:
-        arch = llama_like(f"GPT {label}", L, h, a, a, 4 * h, 51200, False, gated=False)
-        job = Job(model=arch, gpu=a100, num_gpus=gpus, gpus_per_node=8, seq_length=2048, global_batch_size=gbs,
-                  framework="megatron-core")
+        job = gpt_job(f"GPT {label}", L, h, a, 51200, False, "a100-80gb", gpus, 2048, gbs)
         plan = Plan(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=1, recompute="full", zero_stage=0)
         hw_flops_per_token = 96 * L * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * L * h))
         cases.append(Case("Narayanan T1", "classic", job, plan, tflops * 1e12 / hw_flops_per_token, False, True))
@@ -159,11 +162,9 @@ def classic_cases() -> list[Case]:
         ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
         ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
     ]:
-        arch = llama_like(f"MCore {label}", L, h, a, a, 4 * h, 131072, True, gated=False)
-        job = Job(model=arch, gpu=h100, num_gpus=gpus, gpus_per_node=8, seq_length=4096, global_batch_size=gbs,
-                  framework="megatron-core")
+        job = gpt_job(f"MCore {label}", L, h, a, 131072, True, "h100", gpus, 4096, gbs)
         plan = Plan(tp=t, pp=p, dp=gpus // (t * p), sequence_parallel=t > 1, micro_batch_size=1)
-        tps = tflops * 1e12 / noncausal_flops_per_token(arch, 4096)
+        tps = tflops * 1e12 / noncausal_flops_per_token(job.model, 4096)
         cases.append(Case("MCore H100 table", "classic", job, plan, tps))
     return cases
 
