@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from meshplan.rulebook import Context, divisors, fmt_set, lcm, neighbours, rule, rule_specs
+from meshplan.space import knobs, search_card
 
 Values = dict[str, Any] | None
 
@@ -307,8 +308,6 @@ def flex_needs_moe(ctx: Context) -> Values:
 
 @rule("EP007")
 def flex_dispatcher_available(ctx: Context) -> Values:
-    from meshplan.space import knobs, search_card
-
     if ctx.plan.moe_token_dispatcher != "flex" or (knobs(ctx.job.framework).flex_dispatcher
                                                    and ctx.backend == "megatron"):
         return None
