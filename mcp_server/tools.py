@@ -9,17 +9,20 @@ message of any other exception from the model.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal, get_args
 
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import ToolAnnotations
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from meshplan import api
 from meshplan.errors import MeshplanError
+from meshplan.request import parse_request, unknown_field_error, validation_message
 from meshplan.schema import Request
 
 from .results import (
@@ -76,14 +79,6 @@ def with_signature(params: list[inspect.Parameter], returns: type) -> Callable[[
     return apply
 
 
-def _validation_text(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "request"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r:.80})")
-    return "Invalid arguments: " + "; ".join(parts) + "."
-
-
 @contextmanager
 def tool_errors() -> Iterator[None]:
     """Turn meshplan's user-facing errors into `ToolError`, the only kind whose text reaches the model."""
@@ -92,12 +87,38 @@ def tool_errors() -> Iterator[None]:
     except MeshplanError as exc:
         raise ToolError(str(exc)) from exc
     except ValidationError as exc:
-        raise ToolError(_validation_text(exc)) from exc
+        raise ToolError(validation_message(exc)) from exc
 
 
 def to_request(args: dict[str, Any]) -> Request:
-    """The tool's arguments as a `Request`; arguments left at None take the request's own defaults."""
-    return Request.model_validate({k: v for k, v in args.items() if v is not None})
+    """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out."""
+    return parse_request(args)
+
+
+class _ArgumentsAsSent(FuncMetadata):
+    """Hands the tool the arguments as the client sent them, so `strict_arguments` can name a misspelt one.
+
+    The SDK's own argument model ignores unknown names (`"tensor_parallel_size": 8` would silently run TP1)
+    and reports a bad value as a raw pydantic dump; the published input schema is unchanged.
+    """
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        return self.pre_parse_json(arguments_to_validate)
+
+
+def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Callable[..., Any]:
+    """Validate a call against the tool's input schema: an unknown name is an error naming the closest field."""
+
+    @functools.wraps(fn)
+    def call(**arguments: Any) -> Any:
+        with tool_errors():
+            for name in arguments:
+                if name not in arg_model.model_fields:
+                    raise unknown_field_error(name, arg_model.model_fields)
+            validated = arg_model.model_validate(arguments)
+        return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
+
+    return call
 
 
 def _same_args(tool: str, why: str) -> str:
@@ -360,3 +381,8 @@ TOOLS: list[tuple[Callable[..., Any], str, str]] = [
 def register_tools(server: Any) -> None:
     for fn, title, description in TOOLS:
         server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(fn)
+        tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
+        meta = tool.fn_metadata
+        tool.fn = strict_arguments(tool.fn, meta.arg_model)
+        tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=meta.output_schema,
+                                            output_model=meta.output_model, wrap_output=meta.wrap_output)

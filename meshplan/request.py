@@ -5,10 +5,106 @@ Each default that is filled in is written to `Job.notes`, so a report can say wh
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
+from functools import cache
+from typing import Any
+
+from pydantic import ValidationError
+
 from meshplan.cards import framework_card
+from meshplan.errors import MeshplanError, closest
 from meshplan.hardware import get_gpu
 from meshplan.models import resolve_model
-from meshplan.schema import MEGATRON_FAMILY, Job, Plan, Request
+from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Job, Plan, Request
+
+# Names people type for a request field that no framework card spells (the cards supply the frameworks' own
+# keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
+FIELD_SYNONYMS: dict[str, str] = {
+    "world_size": "num_gpus", "gpu_count": "num_gpus", "num_gpu": "num_gpus", "num_devices": "num_gpus", "gpus": "num_gpus", "n_gpus": "num_gpus", "ngpus": "num_gpus",
+    "nodes_gpus": "gpus_per_node", "gpus_per_host": "gpus_per_node", "nproc_per_node": "gpus_per_node",
+    "gpu_type": "gpu", "hardware": "gpu", "accelerator": "gpu", "device": "gpu",
+    "seq_len": "seq_length", "sequence_length": "seq_length", "max_seq_len": "seq_length",
+    "seq": "seq_length", "context_length": "seq_length",
+    "model_name": "model", "model_id": "model", "hf_id": "model", "name": "model",
+    "dtype": "precision", "mixed_precision": "precision",
+    "tensor_parallel": "tp", "pipeline_parallel": "pp", "context_parallel": "cp", "expert_parallel": "ep",
+    "data_parallel": "dp", "virtual_pipeline": "vpp", "zero": "zero_stage", "activation_checkpointing": "recompute",
+    "gradient_checkpointing": "recompute", "mbs": "micro_batch_size", "gbs": "global_batch_size",
+    "batch_size": "global_batch_size",
+}
+
+# The adapter knobs (cards/frameworks/*.yaml) that are request fields under the same name.
+_KNOB_FIELDS = ("tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "micro_batch_size",
+                "global_batch_size")
+
+
+def _key_name(key: str) -> str:
+    """A framework key as a field-like name: '--tensor-model-parallel-size' -> 'tensor_model_parallel_size'."""
+    first = re.split(r"[\s=]", key.strip(), maxsplit=1)[0]
+    return first.lstrip("-").rsplit(".", 1)[-1].replace("-", "_").lower()
+
+
+@cache
+def field_aliases() -> dict[str, str]:
+    """Every known other name of a request field: the frameworks' own keys (from their cards) and FIELD_SYNONYMS."""
+    aliases = dict(FIELD_SYNONYMS)
+    for framework in FRAMEWORKS:
+        adapter = (framework_card(framework).model_extra or {}).get("adapter") or {}
+        for version in (adapter.get("versions") or {}).values():
+            for knob, spec in (version.get("knobs") or {}).items():
+                key = (spec or {}).get("key")
+                if knob in _KNOB_FIELDS and key:
+                    aliases.setdefault(_key_name(key), knob)
+    return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
+
+
+def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
+    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
+    allowed = sorted(set(allowed))
+    aliases = {alias: field for alias, field in field_aliases().items() if field in allowed}
+    lowered = str(name).lower().replace("-", "_")
+    guess = aliases.get(lowered)
+    if guess is None:
+        hits = closest(lowered, [*allowed, *aliases], n=1)
+        guess = aliases.get(hits[0], hits[0]) if hits else None
+    shown = str(name)[:80]
+    hint = f"Did you mean {guess!r}? " if guess else ""
+    return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
+
+
+def validation_message(exc: ValidationError, *, what: str = "request") -> str:
+    """A pydantic error as one readable sentence per field: where, what is allowed, and what was given."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        message = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a whole-object check (an unknown field): the input is the whole request
+            parts.append(message)
+            continue
+        given = repr(err.get("input"))
+        given = given if len(given) <= 80 else given[:77] + "..."
+        parts.append(f"{'.'.join(str(p) for p in err['loc'])}: {message} (got {given})")
+    return f"Invalid {what}: " + "; ".join(parts) + "."
+
+
+def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
+    """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
+    field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
+    if not isinstance(values, Mapping):
+        raise MeshplanError(f"A request is a JSON object of fields, got {type(values).__name__}.",
+                            fix='e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}')
+    allowed = [*Request.model_fields, *also]
+    for name in values:
+        if name not in allowed:
+            raise unknown_field_error(name, allowed)
+    fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
+    if "model" not in fields:
+        raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging Face "
+                                                         "id, a config.json path, or a size such as '70B'.")
+    try:
+        return Request.model_validate(fields)
+    except ValidationError as exc:
+        raise MeshplanError(validation_message(exc)) from exc
 
 DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training starting batch
 
@@ -57,15 +153,23 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     sp = req.sequence_parallel
     if sp is None:
         sp = tp > 1 and card.defaults.sequence_parallel_when_tp
+    mbs = req.micro_batch_size
+    if mbs is None:
+        mbs = 1
+        notes.append("micro_batch_size not given: 1 (recommend searches it).")
+    recompute = req.recompute
+    if recompute is None:
+        recompute = "none"
+        notes.append("recompute not given: none (recommend searches it).")
     gbs = req.global_batch_size
     if gbs is None:
-        gbs = default_global_batch(req.seq_length, req.micro_batch_size, dp)
+        gbs = default_global_batch(req.seq_length, mbs, dp)
         notes.append(f"global_batch_size not given: {gbs} sequences (~4M tokens, a whole number of micro-batches).")
     gpn = req.gpus_per_node or gpu.gpus_per_node
     plan = Plan(
         tp=tp, pp=pp, vpp=req.vpp or 1, cp=cp, ep=ep, etp=etp, dp=dp,
-        sequence_parallel=sp, zero_stage=zero, micro_batch_size=req.micro_batch_size,
-        recompute=req.recompute, recompute_layers=req.recompute_layers,
+        sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
+        recompute=recompute, recompute_layers=req.recompute_layers,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
     )

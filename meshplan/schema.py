@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FRAMEWORKS: tuple[str, ...] = (
     "megatron-bridge",
@@ -137,6 +137,18 @@ class GpuSpec(_Strict):
 class Request(_Strict):
     """The request fields every tool, CLI flag and batch line shares."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _name_unknown_fields(cls, data: object) -> object:
+        """An unknown field is an error that names the field it most likely means, on every face alike."""
+        if isinstance(data, dict):
+            for name in data:
+                if name not in cls.model_fields:
+                    from meshplan.request import unknown_field_error  # the aliases come from the framework cards
+
+                    raise ValueError(str(unknown_field_error(name, cls.model_fields)))
+        return data
+
     model: str = Field(
         max_length=4096,  # PATH_MAX: longer is never a real name or path, and would be echoed in errors
         description="Catalog key (llama-3.1-70b), Hugging Face id (meta-llama/Llama-3.1-70B), path to a "
@@ -151,7 +163,10 @@ class Request(_Strict):
     global_batch_size: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="Sequences per optimizer step (default: see assumptions)"
     )
-    micro_batch_size: int = Field(1, ge=1, le=65536, description="Sequences per micro-batch per rank")
+    micro_batch_size: int | None = Field(
+        None, ge=1, le=65536,
+        description="Sequences per micro-batch per rank (default: 1 for an estimate; searched by recommend)",
+    )
     precision: Precision = Field("bf16", description="Compute precision of the linear layers")
     framework: Framework = Field("megatron-core", description="Training framework")
     tp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Tensor-parallel size")
@@ -165,7 +180,9 @@ class Request(_Strict):
     zero_stage: int | None = Field(
         None, ge=0, le=3, description="0-3; FSDP = 3; Megatron distributed optimizer = 1 (default: framework's)"
     )
-    recompute: Recompute = Field("none", description="Activation recomputation")
+    recompute: Recompute | None = Field(
+        None, description="Activation recomputation (default: none for an estimate; searched by recommend)"
+    )
     recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
     cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
     moe_token_dispatcher: MoeDispatcher | None = Field(
@@ -177,6 +194,11 @@ class Request(_Strict):
     )
     last_stage_layers: int | None = Field(
         None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the last stage (default: even split)"
+    )
+    headroom: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="Share of GPU memory a layout must leave free to count as fitting (default: 0.10, rule MEM002); "
+                    "recommend ranks, falls back and searches GPU counts with this one threshold",
     )
 
 
