@@ -8,6 +8,7 @@ Counts are exact element counts of the checkpoint's tensors, by component, so ev
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -16,12 +17,15 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from meshplan.cards import ModelCard, model_card, model_card_names
+from pydantic import Field
+
+from meshplan.cards import ModelCard, _Card, load_card, model_card, model_card_names
 from meshplan.errors import MeshplanError, closest
 from meshplan.schema import Architecture, ComponentCount, MLASpec, ModelReport, ModelSummary, MoESpec
 
 T = TypeVar("T")
 
+_MISSING = object()
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything that is clearly not one
 
 # model_type -> family of parser. Every other key of a config is read by its HF name.
@@ -51,6 +55,122 @@ _NORMS_PER_LAYER = {"gemma2": 4}
 _LAYERNORM_TYPES = {"gpt2", "nemotron"}
 
 
+# --------------------------------------------------------------------------- shape bounds
+
+
+class ShapeBound(_Card):
+    min: int
+    max: int
+    why: str
+
+
+class GenericShape(_Card):
+    """The Llama-3 shape of a model known only by its size; each number carries its `_why` in the card."""
+
+    head_dim: int = Field(ge=1)
+    head_dim_why: str
+    heads_multiple: int = Field(ge=1)
+    heads_multiple_why: str
+    kv_heads: int = Field(ge=1)
+    kv_heads_why: str
+    ffn_ratio: float = Field(gt=0)
+    ffn_ratio_why: str
+    ffn_multiple: int = Field(ge=1)
+    ffn_multiple_why: str
+    hidden_per_layer: float = Field(gt=0)
+    hidden_per_layer_why: str
+    vocab_size: int = Field(ge=1)
+    vocab_size_why: str
+    max_position_embeddings: int = Field(ge=1)
+    max_position_embeddings_why: str
+    size_tolerance: float = Field(gt=0, lt=1)
+    size_tolerance_why: str
+    min_layers: int = Field(ge=1)
+    min_layers_why: str
+
+
+class ModelShapesCard(_Card):
+    description: str
+    bounds: dict[str, ShapeBound]
+    generic: GenericShape
+
+
+def shapes_card() -> ModelShapesCard:
+    return load_card("model_shapes", ModelShapesCard)
+
+
+def _show(value: Any) -> str:
+    """A field's value as config.json writes it, short enough to echo in an error."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {int(value.bit_length() * math.log10(2)) + 1}-digit integer"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Fields:
+    """Reads one config's fields, each checked against its bound (cards/model_shapes.yaml), so a bad value
+    is refused with the field, the value and the allowed range before any computation sees it."""
+
+    def __init__(self, cfg: dict[str, Any], where: str):
+        self.cfg = cfg
+        self.where = where
+        self.bounds = shapes_card().bounds
+
+    def fail(self, message: str, fix: str | None = None) -> MeshplanError:
+        return MeshplanError(f"{self.where}: {message}",
+                             fix=fix or "Pass the model's real Hugging Face config.json, or a catalog model.")
+
+    def int(self, key: str, bound: str | None = None, *, default: Any = _MISSING, lo: int | None = None,
+            hi: int | None = None, why: str | None = None) -> Any:
+        """The integer at `key`, within the card's bound `bound` (default: the key) narrowed by lo/hi."""
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.fail(f"required field {key!r} is missing.")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "a boolean" if isinstance(value, bool) else type(value).__name__
+            raise self.fail(f"{key} must be an integer, got {_show(value)} ({kind}).")
+        spec = self.bounds.get(bound or key)
+        low = max(lo if lo is not None else -math.inf, spec.min if spec else -math.inf)
+        high = min(hi if hi is not None else math.inf, spec.max if spec else math.inf)
+        if not low <= value <= high:
+            reason = why or (spec.why if spec else None)
+            raise self.fail(f"{key} = {_show(value)} is out of range: allowed {low:,} to {high:,}."
+                            + (f" {reason[0].upper()}{reason[1:]}." if reason else ""))
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"{key} must be true or false, got {_show(value)}.")
+        return value
+
+    def text(self, key: str) -> str | None:
+        value = self.cfg.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.fail(f"{key} must be a string, got {_show(value)}.")
+        return value
+
+    def layer_list(self, key: str, num_layers: int) -> list[int] | None:
+        """A list of distinct layer indices, each in 0..num_layers-1 (None when absent)."""
+        value = self.cfg.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise self.fail(f"{key} must be a list of layer indices, got {_show(value)}.")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < num_layers:
+                raise self.fail(f"{key} holds {_show(item)}: allowed layer indices 0 to {num_layers - 1:,} "
+                                f"(num_hidden_layers = {num_layers:,}).")
+        return sorted(set(value))
+
+
 def _require(cfg: dict[str, Any], keys: list[str], model_type: str) -> None:
     missing = [k for k in keys if cfg.get(k) is None]
     if missing:
@@ -60,66 +180,63 @@ def _require(cfg: dict[str, Any], keys: list[str], model_type: str) -> None:
         )
 
 
-def _int(cfg: dict[str, Any], key: str, model_type: str) -> int:
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise MeshplanError(
-            f"config.json field {key!r} of model_type {model_type!r} must be a non-negative integer, got {value!r}."
-        )
-    return value
+def _experts(f: _Fields, experts_key: str, width_key: str) -> tuple[int, int, int]:
+    """Routed experts, top-k (at most the experts, so active never exceeds total) and the expert width."""
+    experts = f.int(experts_key, "num_experts")
+    top_k = f.int("num_experts_per_tok", lo=1, hi=experts,
+                  why=f"a token cannot use more than the {experts_key} = {experts} experts there are")
+    return experts, top_k, f.int(width_key, "intermediate_size")
 
 
-def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int) -> MoESpec | None:
+def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields) -> MoESpec | None:
     """Routed/shared experts and which layers are MoE, by each architecture's own rule."""
     if model_type in ("mixtral", "olmoe", "gpt_oss"):
         experts_key = "num_local_experts" if model_type != "olmoe" else "num_experts"
         _require(cfg, [experts_key, "num_experts_per_tok", "intermediate_size"], model_type)
+        experts, top_k, width = _experts(f, experts_key, "intermediate_size")
         return MoESpec(
-            num_experts=_int(cfg, experts_key, model_type),
-            top_k=_int(cfg, "num_experts_per_tok", model_type),
-            expert_ffn_hidden_size=_int(cfg, "intermediate_size", model_type),
+            num_experts=experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=width,
             moe_layers=list(range(num_layers)),
             router_bias=model_type == "gpt_oss",
             expert_bias=model_type == "gpt_oss",
         )
     if model_type == "qwen3_moe":
         _require(cfg, ["num_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
-        step = cfg.get("decoder_sparse_step", 1) or 1
-        dense_only = set(cfg.get("mlp_only_layers") or [])
+        step = f.int("decoder_sparse_step", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
+        dense_only = set(f.layer_list("mlp_only_layers", num_layers) or [])
         layers = [i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0]
-        return MoESpec(
-            num_experts=_int(cfg, "num_experts", model_type),
-            top_k=_int(cfg, "num_experts_per_tok", model_type),
-            expert_ffn_hidden_size=_int(cfg, "moe_intermediate_size", model_type),
-            moe_layers=layers,
-        )
+        experts, top_k, width = _experts(f, "num_experts", "moe_intermediate_size")
+        return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, moe_layers=layers)
     if model_type in ("llama4", "llama4_text"):
         _require(cfg, ["num_local_experts", "num_experts_per_tok", "intermediate_size"], model_type)
-        step = cfg.get("interleave_moe_layer_step", 1) or 1
-        layers = cfg.get("moe_layers")
+        step = f.int("interleave_moe_layer_step", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
+        layers = f.layer_list("moe_layers", num_layers)
         if layers is None:
             layers = list(range(step - 1, num_layers, step))
+        experts, top_k, width = _experts(f, "num_local_experts", "intermediate_size")
         return MoESpec(
-            num_experts=_int(cfg, "num_local_experts", model_type),
-            top_k=_int(cfg, "num_experts_per_tok", model_type),
-            expert_ffn_hidden_size=_int(cfg, "intermediate_size", model_type),
+            num_experts=experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=width,
             num_shared_experts=1,
-            shared_expert_ffn_hidden_size=_int(cfg, "intermediate_size", model_type),
-            moe_layers=list(layers),
+            shared_expert_ffn_hidden_size=width,
+            moe_layers=layers,
         )
     if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"):
         _require(cfg, ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
-        first_dense = cfg.get("first_k_dense_replace", 0) or 0
-        freq = cfg.get("moe_layer_freq", 1) or 1
-        shared = cfg.get("n_shared_experts") or 0
-        width = _int(cfg, "moe_intermediate_size", model_type)
+        first_dense = f.int("first_k_dense_replace", default=0, lo=0, hi=num_layers, why="at most num_hidden_layers")
+        freq = f.int("moe_layer_freq", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
+        shared = f.int("n_shared_experts", "num_shared_experts", default=0)
+        experts, top_k, width = _experts(f, "n_routed_experts", "moe_intermediate_size")
         if "topk_method" in cfg:
             noaux = cfg["topk_method"] == "noaux_tc"
         else:  # transformers' DeepseekV3/Glm4Moe classes always carry e_score_correction_bias
             noaux = model_type in ("deepseek_v3", "kimi_k2", "glm4_moe")
         return MoESpec(
-            num_experts=_int(cfg, "n_routed_experts", model_type),
-            top_k=_int(cfg, "num_experts_per_tok", model_type),
+            num_experts=experts,
+            top_k=top_k,
             expert_ffn_hidden_size=width,
             num_shared_experts=shared,
             shared_expert_ffn_hidden_size=shared * width,
@@ -146,65 +263,80 @@ def architecture_from_config(
             fix=f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}.",
         )
     cfg = dict(config)
+    where = origin.removeprefix("config.json ") if origin.startswith("config.json ") else origin
+    f = _Fields(cfg, f"cards/models/{key}.yaml" if origin == "catalog" and key else where)
     if model_type == "gpt2":
         _require(cfg, ["n_embd", "n_layer", "n_head", "vocab_size"], model_type)
+        n_embd = f.int("n_embd", "hidden_size")
         cfg.update(
-            hidden_size=cfg["n_embd"],
-            num_hidden_layers=cfg["n_layer"],
-            num_attention_heads=cfg["n_head"],
-            intermediate_size=cfg.get("n_inner") or 4 * cfg["n_embd"],
-            max_position_embeddings=cfg.get("n_positions", 1024),
+            hidden_size=n_embd,
+            num_hidden_layers=f.int("n_layer", "num_hidden_layers"),
+            num_attention_heads=f.int("n_head", "num_attention_heads"),
+            intermediate_size=f.int("n_inner", "intermediate_size", default=None) or 4 * n_embd,
+            max_position_embeddings=f.int("n_positions", "max_position_embeddings", default=1024),
         )
     family = SUPPORTED_MODEL_TYPES[model_type]
     need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
     if family != "moe" or model_type in ("qwen3_moe", "llama4_text", "glm4_moe"):
         need.append("intermediate_size")
     _require(cfg, need, model_type)
-    layers = _int(cfg, "num_hidden_layers", model_type)
-    hidden = _int(cfg, "hidden_size", model_type)
-    heads = _int(cfg, "num_attention_heads", model_type)
-    if min(layers, hidden, heads) < 1:
-        raise MeshplanError("num_hidden_layers, hidden_size and num_attention_heads must be positive.")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    dense_ffn = cfg.get("intermediate_size_mlp") if model_type == "llama4_text" else cfg.get("intermediate_size")
-    moe = _moe_spec(cfg, model_type, layers)
+    layers = f.int("num_hidden_layers")
+    hidden = f.int("hidden_size")
+    heads = f.int("num_attention_heads")
+    kv_heads = f.int("num_key_value_heads", default=heads, lo=1, hi=heads,
+                     why=f"at most num_attention_heads = {heads}")
+    if heads % kv_heads:
+        raise f.fail(f"num_key_value_heads = {kv_heads} does not divide num_attention_heads = {heads}: "
+                     f"allowed {', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}.")
+    vocab = f.int("vocab_size")
+    dense_key = "intermediate_size_mlp" if model_type == "llama4_text" else "intermediate_size"
+    dense_ffn = f.int(dense_key, "intermediate_size", default=None)
+    positions = f.int("max_position_embeddings", default=None)
+    sliding = f.int("sliding_window", "max_position_embeddings", default=None)
+    moe = _moe_spec(cfg, model_type, layers, f)
     mla = None
     if family == "mla":
         _require(cfg, ["kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"], model_type)
         mla = MLASpec(
-            q_lora_rank=cfg.get("q_lora_rank"),
-            kv_lora_rank=cfg["kv_lora_rank"],
-            qk_nope_head_dim=cfg["qk_nope_head_dim"],
-            qk_rope_head_dim=cfg["qk_rope_head_dim"],
-            v_head_dim=cfg["v_head_dim"],
+            q_lora_rank=f.int("q_lora_rank", "lora_rank", default=None),
+            kv_lora_rank=f.int("kv_lora_rank", "lora_rank"),
+            qk_nope_head_dim=f.int("qk_nope_head_dim", "head_dim"),
+            qk_rope_head_dim=f.int("qk_rope_head_dim", "head_dim"),
+            v_head_dim=f.int("v_head_dim", "head_dim"),
         )
-        head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    elif cfg.get("head_dim") is not None:
+        head_dim = f.int("head_dim")
+    elif hidden % heads:
+        raise f.fail(f"hidden_size = {hidden} is not divisible by num_attention_heads = {heads}, and no head_dim "
+                     "is given: the head width hidden_size / num_attention_heads is not a whole number.",
+                     fix="Give head_dim, or a num_attention_heads that divides hidden_size.")
+    else:
+        head_dim = hidden // heads
     if model_type in ("gpt_oss", "gpt2"):
         qkv_bias = o_bias = True
     elif model_type == "qwen2":
         qkv_bias, o_bias = True, False
     elif model_type == "glm4_moe":
-        qkv_bias, o_bias = bool(cfg.get("attention_bias", False)), False
+        qkv_bias, o_bias = f.flag("attention_bias", False), False
     else:
-        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+        qkv_bias = o_bias = f.flag("attention_bias", False)
     if model_type in ("qwen3", "qwen3_moe"):
         qk_norm = "head"
     elif model_type == "olmoe":
         qk_norm = "full"
-    elif model_type == "glm4_moe" and cfg.get("use_qk_norm"):
+    elif model_type == "glm4_moe" and f.flag("use_qk_norm", False):
         qk_norm = "head"
     else:
         qk_norm = "none"  # llama4's qk norm is a weightless L2 norm
-    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "silu")
+    act = f.text("hidden_act") or f.text("activation_function") or "silu"
     gated = model_type not in ("gpt2", "nemotron")
-    tied = cfg.get("tie_word_embeddings")
-    if tied is None:
-        tied = _TIED_DEFAULT.get(model_type, False)
-    mtp = cfg.get("num_nextn_predict_layers") or 0 if model_type in ("deepseek_v3", "glm4_moe") else 0
+    tied = f.flag("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
+    mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
+    path_name = cfg.get("_name_or_path")
     return Architecture(
         key=key,
-        name=name or hf_id or cfg.get("_name_or_path") or f"{model_type} model",
+        name=name or hf_id or (path_name if isinstance(path_name, str) and path_name else f"{model_type} model"),
         hf_id=hf_id,
         model_type=model_type,
         num_layers=layers,
@@ -213,20 +345,20 @@ def architecture_from_config(
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        vocab_size=_int(cfg, "vocab_size", model_type),
-        max_position_embeddings=cfg.get("max_position_embeddings"),
-        tie_word_embeddings=bool(tied),
+        vocab_size=vocab,
+        max_position_embeddings=positions,
+        tie_word_embeddings=tied,
         gated_mlp=gated,
         activation=act,
         qkv_bias=qkv_bias,
         o_bias=o_bias,
-        mlp_bias=model_type == "gpt2" or bool(cfg.get("mlp_bias", False)),
+        mlp_bias=model_type == "gpt2" or f.flag("mlp_bias", False),
         qk_norm=qk_norm,
         norm_type="layernorm" if model_type in _LAYERNORM_TYPES else "rmsnorm",
         norms_per_layer=_NORMS_PER_LAYER.get(model_type, 2),
-        learned_position_embeddings=cfg["max_position_embeddings"] if model_type == "gpt2" else 0,
+        learned_position_embeddings=positions if model_type == "gpt2" else 0,
         attention_sinks=model_type == "gpt_oss",
-        sliding_window=cfg.get("sliding_window"),
+        sliding_window=sliding,
         moe=moe,
         mla=mla,
         num_mtp_layers=mtp,
@@ -393,8 +525,15 @@ def describe_architecture(arch: Architecture, published: dict | None = None) -> 
     if arch.generic:
         assumptions.append(
             "Generic model: no real config was given, so a Llama-3-shaped dense model of about this size was "
-            "built (head_dim 128, 8 KV heads, SwiGLU FFN 3.5x hidden, vocab 128256). Pass a catalog key or a "
-            "config.json for exact numbers."
+            f"built ({arch.num_attention_heads} heads of {arch.head_dim} over {arch.num_kv_heads} KV heads, SwiGLU "
+            f"FFN {arch.ffn_hidden_size:,}, vocab {arch.vocab_size:,}; the shaping rules are in "
+            "cards/model_shapes.yaml). Pass a catalog key or a config.json for exact numbers."
+        )
+    if arch.key and arch.origin == VARIANT_ORIGIN.format(key=arch.key):
+        assumptions.append(
+            f"{arch.name.split(' (architecture of ')[0]} is not in the catalog under that name: it is read as a "
+            f"fine-tuned variant of {arch.hf_id or arch.key} (catalog card {arch.key}), whose architecture and "
+            "parameter count a fine-tune keeps."
         )
     return ModelReport(
         name=arch.name,
@@ -454,68 +593,120 @@ def parse_size(text: str) -> float | None:
     return value
 
 
-def _generic_ffn(hidden: int) -> int:
-    """Llama 3's FFN/hidden ratio (14336/4096 = 3.5), rounded to a multiple of 256."""
-    return round(hidden * 3.5 / 256) * 256
-
-
-def generic_architecture(size: float, label: str) -> Architecture:
-    """A Llama-3-shaped dense model of about `size` parameters, with width/depth near Llama's ratio."""
-    if not 1e7 <= size <= 1e14:
-        raise MeshplanError(
-            f"A generic model of {size:.3g} parameters is outside the supported 10M-100T range.",
-            fix="Give a size such as '7B', '70B' or '1.5T', or a catalog model.",
-        )
-    vocab = 128256
-    best: tuple[float, int, int] | None = None
-    for hidden in range(512, 65537, 256):
-        if hidden % 128:
-            continue
-        ffn = _generic_ffn(hidden)
-        heads = hidden // 128
-        kv = min(8, heads)
-        per_layer = hidden * heads * 128 * 2 + 2 * hidden * kv * 128 + 3 * hidden * ffn + 2 * hidden
-        layers = round((size - 2 * vocab * hidden) / per_layer)
-        if layers < 2:
-            continue
-        params = layers * per_layer + 2 * vocab * hidden + hidden
-        if abs(params - size) / size > 0.02:
-            continue
-        score = abs(math.log((hidden / layers) / 110.0))
-        if best is None or score < best[0]:
-            best = (score, hidden, layers)
-    if best is None:
-        raise MeshplanError(f"Could not shape a generic dense model of {size:.3g} parameters.")
-    _, hidden, layers = best
+def _generic_shape(hidden: int, layers: int, label: str) -> Architecture:
+    """The Llama-3-shaped dense model of this width and depth (numbers and their reasons: cards/model_shapes.yaml)."""
+    g = shapes_card().generic
+    heads = hidden // g.head_dim
     return Architecture(
         name=f"generic dense {label} (llama-shaped)",
         model_type="llama",
         num_layers=layers,
         hidden_size=hidden,
-        ffn_hidden_size=_generic_ffn(hidden),
-        num_attention_heads=hidden // 128,
-        num_kv_heads=min(8, hidden // 128),
-        head_dim=128,
-        vocab_size=vocab,
-        max_position_embeddings=131072,
+        ffn_hidden_size=round(hidden * g.ffn_ratio / g.ffn_multiple) * g.ffn_multiple,
+        num_attention_heads=heads,
+        num_kv_heads=min(g.kv_heads, heads),
+        head_dim=g.head_dim,
+        vocab_size=g.vocab_size,
+        max_position_embeddings=g.max_position_embeddings,
         generic=True,
         origin=f"generic size {label}",
     )
 
 
+@cache
+def _generic_widths() -> list[tuple[int, int, int]]:
+    """(hidden, params of one layer, params outside the layers) for every width a generic model may take:
+    whole groups of `heads_multiple` heads of `head_dim`, up to the hidden_size bound."""
+    g, bounds = shapes_card().generic, shapes_card().bounds
+    step = g.head_dim * g.heads_multiple
+    out = []
+    for hidden in range(step, bounds["hidden_size"].max + 1, step):
+        one = _generic_shape(hidden, 1, "")
+        per_layer = sum(layer_params(one, 0).values())
+        out.append((hidden, per_layer, total_params(one) - per_layer))
+    return out
+
+
+def _size_text(size: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if size >= scale:
+            return f"{size / scale:.3g}{unit}"
+    return f"{size:.3g}"
+
+
+def generic_architecture(size: float, label: str) -> Architecture:
+    """A Llama-3-shaped dense model of about `size` parameters: heads in groups of 8 (TP 1/2/4/8 valid), 8 KV
+    heads, and the width/depth ratio nearest Llama 3's among the shapes within the size tolerance."""
+    g, max_layers = shapes_card().generic, shapes_card().bounds["num_hidden_layers"].max
+    widths = _generic_widths()
+    smallest = widths[0][1] * g.min_layers + widths[0][2]
+    largest = widths[-1][1] * max_layers + widths[-1][2]
+    if not (math.isfinite(size) and smallest * (1 - g.size_tolerance) <= size <= largest * (1 + g.size_tolerance)):
+        raise MeshplanError(
+            f"A generic model of {label} parameters is outside the range meshplan can shape: "
+            f"{_size_text(smallest)} to {_size_text(largest)} (a Llama-3-shaped model with {g.heads_multiple} "
+            f"heads of {g.head_dim} and vocab {g.vocab_size:,} at its smallest, the hidden-size and layer bounds "
+            "at its largest).",
+            fix="Give a size such as '7B', '70B' or '1.5T', a catalog model, or a config.json.",
+        )
+    best: tuple[float, int, int] | None = None
+    for hidden, per_layer, fixed in widths:
+        fewest = max(g.min_layers, math.ceil((size * (1 - g.size_tolerance) - fixed) / per_layer))
+        most = min(max_layers, math.floor((size * (1 + g.size_tolerance) - fixed) / per_layer))
+        if fewest > most:
+            continue
+        # Within the tolerance, the depth with the most factors of two (70B: 80 layers, as Llama 3 70B), so
+        # pipeline stages of 2, 4 and 8 split it evenly; then the one nearest the size.
+        layers = max(range(fewest, most + 1),
+                     key=lambda n: ((n & -n).bit_length(), -abs(fixed + n * per_layer - size)))
+        score = abs(math.log(hidden / layers / g.hidden_per_layer))
+        if best is None or score < best[0]:
+            best = (score, hidden, layers)
+    if best is None:
+        raise MeshplanError(
+            f"No Llama-3-shaped dense model comes within {g.size_tolerance:.0%} of {label} parameters.",
+            fix="Give a slightly different size, a catalog model, or a config.json.",
+        )
+    return _generic_shape(best[1], best[2], label)
+
+
 # --------------------------------------------------------------------------- catalog and look-up
+
+# Fine-tuned variants share their base model's architecture: "-Instruct", "-Base", "-Chat", Gemma's "-it".
+_VARIANT_RE = re.compile(r"[-_](instruct|base|chat|it)(?=$|[-_.])", re.IGNORECASE)
+
+
+def _without_variant(name: str) -> tuple[str, list[str]]:
+    """'meta-llama/llama-3.1-8b-instruct' -> ('meta-llama/llama-3.1-8b', ['instruct'])."""
+    return _VARIANT_RE.sub("", name), [m.group(1) for m in _VARIANT_RE.finditer(name)]
 
 
 @cache
 def _catalog_index() -> dict[str, str]:
-    """Lower-cased key, hf_id and alias -> catalog key."""
+    """Lower-cased key, hf_id and alias, and the repository name of each id without its organisation
+    ('meta-llama-3-70b' for meta-llama/Meta-Llama-3-70B) when only one card has it -> catalog key."""
     index: dict[str, str] = {}
+    bare: dict[str, set[str]] = {}
     for key in model_card_names():
         card = model_card(key)
         for name in [card.key, card.hf_id, *card.aliases]:
             if name:
                 index[name.lower()] = card.key
+                if "/" in name:
+                    bare.setdefault(name.rsplit("/", 1)[1].lower(), set()).add(card.key)
+    for name, keys in bare.items():
+        if len(keys) == 1 and name not in index:
+            index[name] = next(iter(keys))
     return index
+
+
+@cache
+def _variant_index() -> dict[str, str]:
+    """Every catalog name with its variant words removed -> catalog key (names two cards share are left out)."""
+    found: dict[str, set[str]] = {}
+    for name, key in _catalog_index().items():
+        found.setdefault(_without_variant(name)[0], set()).add(key)
+    return {name: next(iter(keys)) for name, keys in found.items() if len(keys) == 1}
 
 
 @cache
@@ -524,34 +715,94 @@ def catalog_architecture(key: str) -> Architecture:
     return architecture_from_config(card.config, name=card.name, key=card.key, hf_id=card.hf_id, origin="catalog")
 
 
+VARIANT_ORIGIN = "catalog card {key}, read as a fine-tuned variant"
+
+
+def _variant_architecture(key: str, requested: str) -> Architecture:
+    """The catalog architecture under the name asked for, saying which card it comes from: a fine-tune keeps
+    its base model's shapes and parameter count, so the card's counts and published figures apply."""
+    arch = catalog_architecture(key)
+    return arch.model_copy(update={
+        "name": f"{requested} (architecture of {arch.name})",
+        "origin": VARIANT_ORIGIN.format(key=key),
+    })
+
+
 def catalog_keys() -> list[str]:
     return model_card_names()
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Read a config.json safely: JSON only, size-capped, never executed, never fetched."""
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise MeshplanError(f"No config.json at {str(path)!r}.")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+def _config_path(path: Path) -> Path:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MeshplanError(f"{str(path)!r} is not valid JSON: {exc}.") from None
+        if path.is_dir():
+            path = path / "config.json"
+        if path.is_file():
+            return path
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        pass
+    raise MeshplanError(f"No config.json at {str(path)[:200]!r}.")
+
+
+def _config_bytes(path: Path) -> bytes:
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise MeshplanError(f"Cannot read {str(path)!r}: {exc.strerror or exc}.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+    return raw
+
+
+def _parse_config(raw: bytes, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also ints over 4300 digits
+        raise MeshplanError(f"{str(path)!r} is not valid JSON: {str(exc)[:200]}.") from None
     if not isinstance(data, dict):
         raise MeshplanError(f"{str(path)!r} must hold a JSON object, not {type(data).__name__}.")
     return data
 
 
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a config.json safely: JSON only, size-capped, never executed, never fetched."""
+    path = _config_path(path)
+    return _parse_config(_config_bytes(path), path)
+
+
+_config_cache: dict[tuple[str, str], Architecture] = {}
+_CONFIG_CACHE_SIZE = 256
+
+
+def _config_architecture(path: Path) -> Architecture:
+    """A config.json's architecture, cached by path and content hash: an edited file is parsed again, an
+    unchanged one gives the same object (which the estimators' per-architecture caches key on)."""
+    path = _config_path(path)
+    raw = _config_bytes(path)
+    key = (str(path), hashlib.sha256(raw).hexdigest())
+    arch = _config_cache.get(key)
+    if arch is None:
+        arch = architecture_from_config(_parse_config(raw, path), name=str(path), origin=f"config.json {path}")
+        if len(_config_cache) >= _CONFIG_CACHE_SIZE:
+            _config_cache.clear()
+        _config_cache[key] = arch
+    return arch
+
+
 def _looks_like_path(name: str) -> bool:
-    return name.endswith(".json") or ("/" in name and Path(name).exists()) or name.startswith((".", "~"))
+    if name.endswith(".json") or name.startswith((".", "~")):
+        return True
+    try:
+        return "/" in name and Path(name).exists()
+    except (OSError, ValueError):
+        return False
 
 
-@lru_cache(maxsize=256)
 def resolve_model(name: str) -> Architecture:
-    """A catalog key, HF id or alias (case-insensitive), a path to config.json, or a size such as '70B'."""
+    """A catalog key, HF id or alias (case-insensitive, Instruct/Base/Chat variants included), a path to a
+    config.json (re-read when the file changes), or a size such as '70B'."""
     if not isinstance(name, str) or not name.strip():
         raise MeshplanError("model must be a non-empty string.", fix="Try 'meshplan models' for the catalog.")
     name = name.strip()
@@ -559,8 +810,16 @@ def resolve_model(name: str) -> Architecture:
     if key:
         return catalog_architecture(key)
     if _looks_like_path(name):
-        path = Path(name).expanduser()
-        return architecture_from_config(read_config_file(path), name=str(path), origin=f"config.json {path}")
+        return _config_architecture(Path(name).expanduser())
+    return _resolve_name(name)
+
+
+@lru_cache(maxsize=256)
+def _resolve_name(name: str) -> Architecture:
+    """A variant of a catalog model or a size; one object per name, so per-architecture caches hit."""
+    key = _variant_index().get(_without_variant(name.lower())[0])
+    if key:
+        return _variant_architecture(key, name)
     size = parse_size(name)
     if size is not None:
         return generic_architecture(size, name.upper().replace(" ", ""))
@@ -569,7 +828,8 @@ def resolve_model(name: str) -> Architecture:
     raise MeshplanError(
         f"Unknown model {name!r}.",
         fix=(f"Did you mean: {', '.join(hint_keys)}? " if hint_keys else "")
-        + "Use a catalog key (meshplan models), a Hugging Face id, a path to a config.json, or a size like '70B'.",
+        + "Use a catalog key (meshplan models), a Hugging Face id (Instruct/Base/Chat variants of catalog models "
+        "included), a path to a config.json, or a size like '70B'.",
     )
 
 

@@ -123,3 +123,104 @@ def test_per_architecture_cache_is_keyed_by_the_object():
     assert build(arch) == build(arch) == 1
     twin = arch.model_copy()  # equal, but another object: built again, never confused with the first
     assert build(twin) == 2 and calls == ["Llama-3.1-8B", "Llama-3.1-8B"]
+
+
+# --------------------------------------------------------------------------- generic models by size
+
+
+@pytest.mark.parametrize("size", ["7B", "70B", "405B", "1.5T", "7e9"])
+def test_generic_models_have_the_attention_real_models_of_that_size_use(size):
+    """Heads in whole groups of 8 of width 128 over 8 KV heads (Llama 3), so TP 1/2/4/8 divide both."""
+    from meshplan import api
+    from meshplan.schema import Request
+
+    arch = resolve_model(size)
+    assert arch.generic and arch.head_dim == 128 and arch.num_kv_heads == 8
+    assert arch.num_attention_heads % 8 == 0 and arch.hidden_size == arch.num_attention_heads * 128
+    assert arch.ffn_hidden_size % 256 == 0
+    for tp in (1, 2, 4, 8):
+        findings = api.check_config(Request(model=size, num_gpus=8, tp=tp)).findings
+        assert not [f.id for f in findings if f.id.startswith("TP")], (size, tp)
+
+
+def test_generic_70b_and_8b_are_llama_3_shaped_exactly():
+    """At 70B and 8B the nearest Llama-3 shape is Llama 3 itself: same layers, widths and exact count."""
+    g70, g8 = resolve_model("70B"), resolve_model("8B")
+    assert (g70.num_layers, g70.hidden_size, g70.num_attention_heads, g70.ffn_hidden_size) == (80, 8192, 64, 28672)
+    assert (g8.num_layers, g8.hidden_size, g8.num_attention_heads, g8.ffn_hidden_size) == (32, 4096, 32, 14336)
+    assert describe_model("70B").total_params == describe_model("llama-3.1-70b").total_params == 70_553_706_496
+    assert describe_model("8B").total_params == 8_030_261_248
+
+
+def test_generic_405b_and_7b_shapes():
+    """Hidden/layers nearest 110 within 2% of the size, depth with the most factors of two in that band."""
+    g405, g7 = resolve_model("405B"), resolve_model("7B")
+    shape = (g405.num_layers, g405.hidden_size, g405.num_attention_heads, g405.ffn_hidden_size)
+    assert shape == (136, 15360, 120, 53760)
+    assert (g7.num_layers, g7.hidden_size, g7.num_attention_heads) == (27, 4096, 32)  # 28 layers would be 7.16B
+    report = describe_model("405B")
+    assert report.generic and "120 heads of 128 over 8 KV heads" in " ".join(report.assumptions)
+
+
+@pytest.mark.parametrize("size", ["10M", "1e999", "500T"])
+def test_generic_sizes_outside_the_shapeable_range_are_a_clear_error(size):
+    with pytest.raises(MeshplanError, match=f"A generic model of {size.upper()} parameters is outside the range "
+                                            "meshplan can shape: 293M to 220T"):
+        resolve_model(size)
+
+
+# --------------------------------------------------------------------------- variants and Llama 3
+
+
+@pytest.mark.parametrize("name,key", [
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+    ("Qwen/Qwen3-30B-A3B-Base", "qwen3-30b-a3b"),
+    ("llama-3.1-70b-instruct", "llama-3.1-70b"),
+    ("meta-llama/Llama-2-70b-chat-hf", "llama-2-70b"),
+    ("google/gemma-2-27b-it", "gemma-2-27b"),
+    ("Meta-Llama-3-70B-Instruct", "llama-3-70b"),
+    ("mistralai/Mistral-7B-Instruct-v0.1", "mistral-7b"),
+])
+def test_instruct_base_and_chat_variants_resolve_to_their_architecture(name, key):
+    arch = resolve_model(name)
+    base = catalog_architecture(key)
+    assert arch.key == key and arch.name == f"{name} (architecture of {base.name})"
+    assert arch.model_dump(exclude={"name", "origin"}) == base.model_dump(exclude={"name", "origin"})
+    report = describe_model(name)
+    assert report.total_params == describe_model(key).total_params and published_mismatches(report) == []
+    assert any(f"{name} is not in the catalog under that name" in a and f"catalog card {key}" in a
+               for a in report.assumptions)
+    assert resolve_model(name) is arch  # one object per name, for the per-architecture caches
+
+
+@pytest.mark.parametrize("name,key", [("meta-llama/Meta-Llama-3-8B", "llama-3-8b"), ("llama-3-70b", "llama-3-70b"),
+                                      ("Meta-Llama-3-8B", "llama-3-8b"), ("llama3-70b", "llama-3-70b")])
+def test_llama_3_ids_are_llama_3_not_3_1(name, key):
+    arch = resolve_model(name)
+    assert arch.key == key and arch.name.startswith("Llama-3-") and arch.max_position_embeddings == 8192
+    twin = catalog_architecture(key.replace("llama-3-", "llama-3.1-"))
+    assert twin.max_position_embeddings == 131072
+    differ = {"key", "name", "hf_id", "max_position_embeddings"}
+    assert arch.model_dump(exclude=differ) == twin.model_dump(exclude=differ)
+
+
+@pytest.mark.parametrize("name,hint", [("mistralai/Mistral-7B-Instruct-v0.2", "mistral-7b"),
+                                       ("llama-3.1-7b-instruct", "llama-3.1-70b")])
+def test_unknown_variants_still_suggest_close_names(name, hint):
+    with pytest.raises(MeshplanError, match=f"Unknown model '{name}'.*Did you mean: .*{hint}"):
+        resolve_model(name)
+
+
+# --------------------------------------------------------------------------- config.json cache
+
+
+def test_an_edited_config_json_is_read_again(tmp_path):
+    """The same path with new content (same size, same second) gives the new architecture."""
+    path = tmp_path / "config.json"
+    cfg = dict(model_card("llama-3.1-8b").config)
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 32}))
+    first = resolve_model(str(path))
+    assert first.num_layers == 32 and resolve_model(str(path)) is first  # unchanged: the cached object
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 16}))
+    assert resolve_model(str(path)).num_layers == 16
+    assert describe_model(str(path)).architecture.num_layers == 16
