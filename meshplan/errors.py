@@ -27,3 +27,11 @@ def closest(name: str, choices: Iterable[str], n: int = 5) -> list[str]:
     if not hits:
         hits = [c for c in lowered if name.lower() in c or c in name.lower()][:n]
     return [lowered[h] for h in hits]
+
+
+class Cancelled(Exception):
+    """The caller cancelled the computation (an MCP `notifications/cancelled`); raised by `meshplan.cancel.checkpoint`.
+
+    Deliberately not a `MeshplanError` (nor a `ValueError`): the search catches those per layout and moves on
+    to the next one, which would swallow the cancellation and keep the work running.
+    """

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshplan.cancel import checkpoint
 from meshplan.comm import crosses_domains
 from meshplan.errors import MeshplanError
 from meshplan.request import resolve
@@ -491,6 +492,7 @@ class _Search:
                 work = (lay.tp, lay.ep, lay.etp)
                 self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
         for lay in layouts:
+            checkpoint()
             sizes = micro_batches(self.job, lay, self.fixed)
             if (bound := states_lower_bound(self.job, lay, self.zeros[-1], self.split)) > self.budget:
                 # even the most sharded model states do not fit: no variant of this layout can
@@ -509,6 +511,7 @@ class _Search:
         steps = {1: self.refine_bound, 7: self.refine_shard, 2: self.apply_rules, 3: self.confirm_need,
                  4: self.staircase, 5: self.time_plan, 6: self.accept}
         while self.heap and len(self.found) < self.top_k:
+            checkpoint()
             if time.perf_counter() > self.deadline or self.memory_calls + self.perf_calls >= self.max_evaluations:
                 self.stopped_by_budget = True
                 self.best_so_far()
@@ -898,6 +901,7 @@ def _fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float) -> 
     capacity = job.gpu.memory_bytes
     scored = sorted((states_lower_bound(job, lay, zero, search.split), lay) for lay in layouts)
     for bound, lay in scored:
+        checkpoint()
         if bound > capacity or time.perf_counter() > deadline:
             return False
         sizes = micro_batches(job, lay, fixed)

@@ -17,6 +17,7 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.cancel import checkpoint
 from meshplan.cards import framework_card, load_card
 from meshplan.errors import MeshplanError
 from meshplan.models import layer_params, per_architecture
@@ -277,6 +278,7 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                 if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
                     split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))  # type: ignore[assignment]
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
+                    checkpoint()
                     dp = max(1, rest // (tp * pp * cp))
                     if rest % (tp * pp * cp) or not fixed.allows("dp", dp):
                         drop("world-size", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1,
