@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from meshplan.mcp_server.server import run
+    from meshplan.mcp_server.server import EXIT_INTERRUPTED, run
 
     from meshplan.errors import MeshplanError
 
@@ -27,8 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MeshplanError as exc:
         print(f"meshplan-mcp: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # HTTP mode after its shutdown; stdio mode ends itself (server.run)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -9,7 +9,10 @@ line that is not JSON-RPC gets an error reply (stdio.py).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 import anyio
@@ -85,12 +88,42 @@ def transport_security(host: str, allowed_hosts: Sequence[str] = ()) -> Transpor
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
+STDIO_WAITING = "meshplan MCP server on stdio: waiting for a client's JSON-RPC on stdin; Ctrl-C to stop"
+STOPPED = "meshplan MCP server: stopped (Ctrl-C)"
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+
+
+def _stop_now(signum: int, frame: object) -> None:
+    """End a stdio server on the first Ctrl-C.
+
+    The SDK reads stdin in a worker thread that cannot be cancelled: a terminal read blocks until a
+    line arrives, so the event loop's own Ctrl-C handling waits for it (the first Ctrl-C seemed
+    ignored) and the second one printed a traceback. Nothing is in flight worth keeping on a stdio
+    server, so the process ends at once with the shell's SIGINT status.
+    """
+    sys.stderr.write(STOPPED + "\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
 def run(
     transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, allowed_hosts: Sequence[str] = ()
 ) -> None:
-    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp; blocks until the client leaves."""
+    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp; blocks until the client leaves.
+
+    Both modes say on stderr what they wait for (stdout is the JSON-RPC wire). Ctrl-C ends a stdio
+    server with status 130 at once; an HTTP server shuts down and raises KeyboardInterrupt, which the
+    entry points turn into the same status.
+    """
     if transport == "stdio":
-        anyio.run(serve_stdio, app)
+        print(STDIO_WAITING, file=sys.stderr, flush=True)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, _stop_now) if in_main else None
+        try:
+            anyio.run(serve_stdio, app)
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
         return
     if transport not in ("http", "streamable-http"):
         raise MeshplanError(f"Unknown transport {transport!r}.", fix="Use 'stdio' (default) or 'http'.")
@@ -108,4 +141,17 @@ def run(
     # Keep idle connections open longer than uvicorn's 5 s default: a client that reuses a pooled
     # connection just as the server closes it gets a reset on its next POST, which a busy host hits.
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
-    uvicorn.Server(config).run()
+    print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP); Ctrl-C to stop", file=sys.stderr,
+          flush=True)
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        print(STOPPED, file=sys.stderr, flush=True)
+        raise
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL a client uses for a server bound to HOST:PORT (a wildcard bind is reached on loopback)."""
+    name = "127.0.0.1" if host in WILDCARD else host
+    name = f"[{name}]" if ":" in name and not name.startswith("[") else name
+    return f"http://{name}:{port}/mcp"
