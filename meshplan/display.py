@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
-from rich.table import Table
+from rich.measure import Measurement
+from rich.table import Column, Table
 
 from meshplan.schema import (
     CheckReport,
@@ -11,14 +14,55 @@ from meshplan.schema import (
     ModelReport,
     ModelSummary,
     Recommendation,
+    Request,
     ThroughputReport,
 )
 
 GIB = 1 << 30
 
 
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+def _console(width: int | None = None) -> Console:
+    """Stdout as rich sees it: the terminal's width, or COLUMNS (default 80) when piped; `width` overrides both."""
+    return Console(highlight=False, soft_wrap=True, width=width)
+
+
+def _col(header: str, *, wrap: bool = False, right: bool = False) -> Column:
+    """A column whose header is never cut: cells that are numbers or ids stay whole, text cells may wrap."""
+    return Column(header, min_width=len(header), no_wrap=not wrap, overflow="fold" if wrap else "ellipsis",
+                  justify="right" if right else "left")
+
+
+def _table(*columns: Column | str, **options: object) -> Table:
+    """A compact table (a rule under the header, no outer frame): nine columns fit in 80 characters."""
+    cols = [c if isinstance(c, Column) else _col(c) for c in columns]
+    return Table(*cols, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), **options)
+
+
+def _needed_width(console: Console, table: Table) -> int:
+    """The narrowest width that cuts nothing: each unwrapped column at its longest line, the others at their
+    longest word, plus the table's own padding and dividers."""
+    def longest(column: Column, unit: str) -> int:
+        texts = [str(column.header), *(str(cell) for cell in column.cells)]
+        pieces = [piece for text in texts for piece in (text.splitlines() if unit == "line" else text.split())]
+        return max([column.min_width or 0, *(cell_len(piece) for piece in pieces)])
+
+    natural = sum(longest(c, "line") for c in table.columns)
+    frame = Measurement.get(console, console.options.update(width=10**4), table).maximum - natural
+    return frame + sum(longest(c, "line" if c.no_wrap else "word") for c in table.columns)
+
+
+def _print_whole(console: Console, *tables: Table) -> None:
+    """Print the first table that fits the console with nothing cut; if none does, the last at its own width.
+
+    Text columns wrap to fit; a terminal wraps the over-long lines of the last table, but no id, number
+    or header in it is ever cut (piped output is 80 columns wide unless COLUMNS says otherwise).
+    """
+    for table in tables:
+        need = _needed_width(console, table)
+        if need <= console.width:
+            console.print(table)
+            return
+    _console(width=need).print(tables[-1])  # Console.print(width=) cannot exceed the console's own width
 
 
 def billions(n: int | float) -> str:
@@ -46,7 +90,7 @@ def model_report(report: ModelReport) -> None:
         + (f", {arch.moe.num_experts} experts top-{arch.moe.top_k}" if arch.moe else "")
         + (", MLA" if arch.mla else "")
     )
-    table = Table("component", "params", "active", "note")
+    table = _table("component", _col("params", right=True), _col("active", right=True), _col("note", wrap=True))
     for comp in report.components:
         table.add_row(comp.name, billions(comp.params), billions(comp.active_params), comp.note)
     console.print(table)
@@ -64,18 +108,28 @@ def model_report(report: ModelReport) -> None:
 
 
 def model_list(models: list[ModelSummary]) -> None:
-    table = Table("key", "hf_id", "type", "total", "active")
-    for m in models:
-        table.add_row(m.key, m.hf_id or "", m.model_type, billions(m.total_params), billions(m.active_params))
-    _console().print(table)
+    """Catalog keys and Hugging Face ids are never cut (people copy them): one row per model when the
+    terminal is wide enough, else the id under the key and without the config's model_type."""
+    def table(with_type: bool, stacked: bool = False) -> Table:
+        names = [_col("key / Hugging Face id")] if stacked else [_col("key"), _col("hf_id")]
+        out = _table(*names, *([_col("type")] if with_type else []),
+                     _col("total", right=True), _col("active", right=True))
+        for m in models:
+            ids = [f"{m.key}\n  {m.hf_id}" if m.hf_id else m.key] if stacked else [m.key, m.hf_id or ""]
+            out.add_row(*ids, *([m.model_type] if with_type else []),
+                        billions(m.total_params), billions(m.active_params))
+        return out
+
+    _print_whole(_console(), table(with_type=True), table(with_type=False), table(with_type=False, stacked=True))
 
 
 def memory_report(report: MemoryReport) -> None:
     console = _console()
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
     # Bare GiB figures keep the columns readable in an 80-column terminal; held = micro-batches in flight.
-    table = Table("stage", "layers", "held", "weights", "grads", "optim.", "activ.", "other", "total",
-                  title="GiB per GPU", title_justify="left")
+    table = _table(*(_col(h, right=True) for h in ("stage", "layers", "held", "weights", "grads", "optim.",
+                                                    "activ.", "other", "total")),
+                   title="GiB per GPU", title_justify="left")
     for s in report.stages:
         table.add_row(str(s.stage), str(s.layers), str(s.detail.get("microbatches_in_flight", "")),
                       *(f"{b / GIB:,.2f}" for b in (s.weights_bytes, s.gradients_bytes, s.optimizer_bytes,
@@ -94,7 +148,7 @@ def throughput_report(report: ThroughputReport) -> None:
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
     console.print(f"step {report.step_time_s:.3f} s, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
                   f"MFU {report.mfu:.1%}, {report.model_flops_per_step:.3e} model FLOPs per step")
-    table = Table("part", "seconds", "share of step")
+    table = _table("part", _col("seconds", right=True), _col("share of step", right=True))
     for name, value in report.breakdown.model_dump().items():
         share = value / report.step_time_s if report.step_time_s else 0.0
         table.add_row(name.removesuffix("_s").replace("_", " "), f"{value:.4f}", f"{share:.1%}")
@@ -108,7 +162,7 @@ def check_report(report: CheckReport) -> None:
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}: "
                   + ("ok" if report.ok else "[red]errors found[/red]"))
     if report.findings:
-        table = Table("id", "severity", "message", "fix")
+        table = _table("id", "severity", _col("message", wrap=True), _col("fix", wrap=True), show_lines=True)
         for f in report.findings:
             table.add_row(f.id, f.severity, f.message, f.fix)
         console.print(table)
@@ -119,25 +173,49 @@ def check_report(report: CheckReport) -> None:
     _notes(console, "next steps", report.next_steps)
 
 
-def recommendation(rec: Recommendation) -> None:
+def compared_at(rec: Recommendation, req: Request) -> str:
+    """The settings every ranked layout was compared at, so a reader can tell which question was answered."""
+    from meshplan.hardware import get_gpu
+    from meshplan.search import min_headroom_fraction
+
+    gpu = get_gpu(req.gpu)
+    headroom = req.headroom if req.headroom is not None else min_headroom_fraction()
+    parts = [f"sequence length {req.seq_length:,}"]
+    if rec.global_batch_size:
+        tokens = rec.global_batch_size * req.seq_length
+        parts.append(f"global batch {rec.global_batch_size:,} sequences ({tokens / 1e6:,.1f}M tokens)")
+    parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key})", rec.framework,
+              f"{headroom:.0%} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
+    return "compared at: " + ", ".join(parts)
+
+
+def recommendation(rec: Recommendation, req: Request | None = None) -> None:
     console = _console()
     console.print(f"[bold]{rec.model}[/bold] on {rec.num_gpus} GPUs ({rec.framework}): "
-                  f"{rec.considered} layouts considered")
+                  f"{rec.considered:,} layouts considered")
+    if req is not None:
+        console.print(compared_at(rec, req))
+    # The layout wraps between its factors (TP2 PP4 / EP8 DP4); the other cells and every header stay whole.
     if rec.candidates:
-        table = Table("#", "layout", "mbs", "zero", "recompute", "peak mem", "tokens/s/GPU", "MFU", "step s")
+        table = _table(_col("#", right=True), _col("layout", wrap=True), _col("mbs", right=True),
+                       _col("ZeRO", right=True), "recompute", _col("peak GiB", right=True),
+                       _col("tokens/s/GPU", right=True), _col("MFU", right=True), _col("step s", right=True))
         for c in rec.candidates:
             table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
-                          c.plan.recompute, gib(c.memory.peak_bytes), f"{c.throughput.tokens_per_s_per_gpu:,.0f}",
-                          f"{c.throughput.mfu:.1%}", f"{c.throughput.step_time_s:.2f}")
-        console.print(table)
+                          c.plan.recompute, f"{c.memory.peak_bytes / GIB:,.2f}",
+                          f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.mfu:.1%}",
+                          f"{c.throughput.step_time_s:.2f}")
+        _print_whole(console, table)
     elif rec.closest:
         console.print("[red]No layout fits.[/red] Closest misses:")
-        table = Table("layout", "mbs", "zero", "recompute", "peak mem", "capacity", "over by")
+        table = _table(_col("layout", wrap=True), _col("mbs", right=True), _col("ZeRO", right=True), "recompute",
+                       _col("peak GiB", right=True), _col("capacity GiB", right=True),
+                       _col("over by GiB", right=True))
         for miss in rec.closest:
             table.add_row(miss.plan.short(), str(miss.plan.micro_batch_size), str(miss.plan.zero_stage),
-                          miss.plan.recompute, gib(miss.memory.peak_bytes), gib(miss.memory.capacity_bytes),
-                          gib(miss.over_bytes))
-        console.print(table)
+                          miss.plan.recompute, f"{miss.memory.peak_bytes / GIB:,.2f}",
+                          f"{miss.memory.capacity_bytes / GIB:,.2f}", f"{miss.over_bytes / GIB:,.2f}")
+        _print_whole(console, table)
     if rec.min_gpus:
         console.print(f"smallest GPU count that fits: {rec.min_gpus}")
     if rec.rationale:
