@@ -16,7 +16,12 @@ def time_batch(command: str, lines: list[str]) -> tuple[list[dict], float]:
         path = Path(tmp) / "batch.jsonl"
         path.write_text("\n".join(lines) + "\n")
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "meshplan.cli", command, "--batch", str(path)],
-                             capture_output=True, text=True, check=True).stdout
+        proc = subprocess.run([sys.executable, "-m", "meshplan.cli", command, "--batch", str(path)],
+                              capture_output=True, text=True)
         elapsed = time.perf_counter() - start
-    return [json.loads(line) for line in out.splitlines()], elapsed
+    # Exit 1: a check found an error; 2: a line failed. Both still answer every line, in order.
+    if proc.returncode not in (0, 1, 2):
+        raise RuntimeError(f"meshplan {command} --batch exited {proc.returncode}: {proc.stderr[-2000:]}")
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["line"] for r in results] == list(range(1, len(lines) + 1)), "one output line per input line"
+    return results, elapsed

@@ -7,17 +7,61 @@ All logic lives in `meshplan.api`; this module parses flags, prints, and maps er
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, get_args
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from meshplan.errors import MeshplanError
+from meshplan import __version__
+from meshplan.errors import MeshplanError, closest
+from meshplan.request import parse_request
 from meshplan.schema import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (SIGINT)
+
+# What an unset request field means, for the fields whose description does not say it (shown in --help).
+UNSET_MEANS = {
+    "tp": "1 for an estimate; searched by recommend",
+    "pp": "1 for an estimate; searched by recommend",
+    "vpp": "1 for an estimate; searched by recommend",
+    "cp": "1 for an estimate; searched by recommend",
+    "ep": "1 for an estimate; searched by recommend",
+    "etp": "tp for a Megatron MoE model, else 1; searched by recommend",
+    "recompute_layers": "every layer of the stage",
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default when it has one to show (not None, not an off switch) and its help does not."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in (action.help or "").lower():
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with short usage errors: the flag, the value, the closest valid one and that flag's choices."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            allowed = [str(c) for c in action.choices]
+            hints = closest(str(value), allowed, n=1)
+            hint = f"did you mean {hints[0]!r}? " if hints else ""
+            raise argparse.ArgumentError(
+                action, f"invalid choice {str(value)[:80]!r}; {hint}choose from {', '.join(allowed)}")
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
 
 
 def _flag(name: str) -> str:
@@ -33,22 +77,42 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _field_help(name: str) -> str:
+    """A field's description with its default (or what leaving it unset means), for --help."""
+    field = Request.model_fields[name]
+    text = field.description or ""
+    if "default" in text.lower():
+        return text
+    if field.is_required():
+        return f"{text} (required: this or MODEL)"
+    default = field.default if field.default is not None else UNSET_MEANS.get(name, "unset")
+    return f"{text} (default: {default})"
+
+
+def _value_type(annotation: Any) -> Any:
+    """The type inside `X | None`; any other annotation (a Literal included) as it is."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
 def add_request_flags(parser: argparse.ArgumentParser, *, model_positional: bool = True) -> None:
-    """One flag per request field (hyphenated), with the field's description as help."""
+    """One flag per request field (hyphenated), with the field's description, default and choices as help."""
     if model_positional:
         parser.add_argument("model_pos", nargs="?", metavar="MODEL", help=Request.model_fields["model"].description)
     for name, field in Request.model_fields.items():
-        annotation = field.annotation
-        args = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
-        kind = args[0]
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
-        choices = get_args(kind) if getattr(kind, "__origin__", None) is not None else ()
+        kind = _value_type(field.annotation)
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _field_help(name)}
+        choices = get_args(kind) if get_origin(kind) is not None else ()
         if choices and all(isinstance(c, str) for c in choices):
             kwargs["choices"] = list(choices)
         elif kind is bool:
             kwargs.update(type=_bool, metavar="{true,false}")
         elif kind is int:
-            kwargs["type"] = int
+            kwargs.update(type=int, metavar="N")
+        elif kind is float:
+            kwargs.update(type=float, metavar="X")
         parser.add_argument(_flag(name), **kwargs)
 
 
@@ -108,23 +172,83 @@ def cmd_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MAX_LINE_CHARS = 1 << 20  # a request is a few hundred characters; a longer line is refused, not parsed
+ECHO_CHARS = 200  # how much of a bad line an error repeats
+
+
+def _echo(text: str) -> str:
+    """A bad input as an error shows it: at most ECHO_CHARS of it, so a huge line is never repeated whole."""
+    text = text.strip()
+    return repr(text) if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]!r}... ({len(text):,} characters)"
+
+
+def _lines(source: IO[str], limit: int) -> Iterator[tuple[str, int]]:
+    """Each line of `source` with its full length; past `limit` characters a line is skipped in chunks, unkept."""
+    while line := source.readline(limit + 1):
+        length, rest = len(line), line
+        while length > limit and not rest.endswith("\n") and (rest := source.readline(limit)):
+            length += len(rest)
+        yield line, length - rest.endswith("\n")
+
+
+def _batch_result(text: str, length: int, run: Callable[[Request], BaseModel]) -> BaseModel:
+    """The answer to one batch line, or a MeshplanError saying what is wrong with the line."""
+    example = 'one JSON object per line, e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}'
+    if length > MAX_LINE_CHARS:
+        raise MeshplanError(f"The line is {length:,} characters long, starting {text[:ECHO_CHARS]!r}...",
+                            fix=f"A request is at most {MAX_LINE_CHARS:,} characters; {example}.")
+    if not text.strip():
+        raise MeshplanError("Blank line: no request.", fix=f"Remove it or put a request there: {example}.")
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshplanError(f"Not JSON ({exc.msg} at column {exc.colno}): {_echo(text)}.", fix=example) from None
+    except (ValueError, RecursionError):  # nested too deep, or a number too long to convert
+        raise MeshplanError(f"Not a readable JSON request: {_echo(text)}.", fix=example) from None
+    return run(parse_request(values))
+
+
+def _error_line(number: int, message: str) -> str:
+    return json.dumps({"line": number, "error": message}, separators=(",", ":"))
+
+
 def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int:
-    """One request per JSON line in, one JSON result per line out; a bad line gets {"error": ...}."""
-    source = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")
-    with source:
-        for line in source:
-            if not line.strip():
-                continue
+    """One request per JSON line in; out, one JSON line per input line, in order, each with its line number.
+
+    `{"line": N, ...result...}` or `{"line": N, "error": ...}` (a blank or unreadable line too, so output line N
+    answers input line N). Exit 2 when any line is an error, else 1 when any `check` found an error, else 0.
+    """
+    given = [_flag(name) for name in Request.model_fields if getattr(args, name, None) is not None]
+    if args.model_pos or given:
+        raise MeshplanError(f"--batch takes every request from {args.batch}; {args.model_pos or given[0]} would be "
+                            "ignored.", fix="Put the fields in each JSON line, or drop --batch.")
+    if args.batch == "-":
+        stdin = getattr(sys.stdin, "buffer", None)
+        source = io.TextIOWrapper(stdin, encoding="utf-8-sig", errors="replace") if stdin else sys.stdin
+    else:
+        source = open(args.batch, encoding="utf-8-sig", errors="replace")  # bad bytes become a JSON error, per line
+    status = EXIT_OK
+    try:
+        for number, (text, length) in enumerate(_lines(source, MAX_LINE_CHARS), start=1):
             try:
-                req = Request.model_validate(json.loads(line))
-                print(run(req).model_dump_json())
-            except ValidationError as exc:
-                print(json.dumps({"error": _validation_message(exc)}))
-            except json.JSONDecodeError as exc:
-                print(json.dumps({"error": f"not a JSON object: {exc}"}))
+                result = _batch_result(text, length, run)
             except MeshplanError as exc:
-                print(json.dumps({"error": str(exc)}))
-    return EXIT_OK
+                out, status = _error_line(number, str(exc)), EXIT_USAGE
+            except Exception as exc:  # a fault on one line must not lose the answers to the others
+                reason = f"internal error ({type(exc).__name__}: {str(exc)[:ECHO_CHARS]}); please report it"
+                out, status = _error_line(number, reason), EXIT_USAGE
+            else:
+                out = f'{{"line":{number},' + result.model_dump_json()[1:]  # the result's own fields follow
+                if getattr(result, "ok", True) is False:
+                    status = max(status, EXIT_FINDINGS)
+            print(out)
+    finally:
+        if args.batch == "-":
+            if source is not sys.stdin:
+                source.detach()  # leave the process's stdin open
+        else:
+            source.close()
+    return status
 
 
 def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Namespace], int]:
@@ -132,7 +256,7 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
         from meshplan import api, display
 
         run = getattr(api, run_name)
-        if getattr(args, "batch", None):
+        if getattr(args, "batch", None) is not None:
             return _batch(args, run)
         result = run(request_from_args(args))
         _emit(result, args.json, getattr(display, table_name))
@@ -146,8 +270,9 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
 def cmd_recommend(args: argparse.Namespace) -> int:
     from meshplan import api, display
 
-    result = api.recommend(request_from_args(args), top_k=args.top_k)
-    _emit(result, args.json, display.recommendation)
+    req = request_from_args(args)
+    result = api.recommend(req, top_k=args.top_k)
+    _emit(result, args.json, lambda rec: display.recommendation(rec, req))
     return EXIT_OK
 
 
@@ -165,9 +290,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """The MCP server; it says on stderr what it waits for, and Ctrl-C ends it with status 130, no traceback."""
     from meshplan.mcp_server.server import run
 
-    run(transport=args.transport, host=args.host, port=args.port)
+    run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
     return EXIT_OK
 
 
@@ -186,15 +312,16 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="meshplan",
         description="Plan and check the parallel layout (TP/PP/CP/EP/DP) of an LLM training job.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")  # subparsers are Parsers too
 
     p = sub.add_parser("describe", help="Parameter counts of a model, exact from its config")
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help=Request.model_fields["model"].description)
-    p.add_argument("--model", default=None, help="Same as MODEL")
+    p.add_argument("--model", default=None, help="Same as MODEL (required: this or MODEL)")
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_describe)
 
@@ -210,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         add_request_flags(p)
         p.add_argument("--json", action="store_true", help="Print the structured result")
-        p.add_argument("--batch", metavar="FILE.jsonl", help="One request per JSON line ('-' for stdin)")
+        p.add_argument("--batch", metavar="FILE.jsonl",
+                       help="One request per JSON line ('-' for stdin); one output line per input line, "
+                            '{"line": N, ...result} or {"line": N, "error": ...}; exit 2 if a line fails'
+                            + (", 1 if a check finds an error" if name == "check" else ""))
         p.set_defaults(func=_request_command(run, table))
 
     p = sub.add_parser("recommend", help="Search every valid layout and rank those that fit by speed")
@@ -229,13 +359,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("serve", help="Run the MCP server (stdio by default)")
-    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                   help="stdio for a host that starts the server; http serves http://HOST:PORT/mcp")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=int, default=8765, help="HTTP port")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable; "
+                        "default: loopback names only)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("docs", help="Render the skill tables from the cards (--check: fail on drift)")
-    p.add_argument("--check", action="store_true")
+    p.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a table differs from the cards")
     p.set_defaults(func=cmd_docs)
     return parser
 
@@ -251,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"meshplan: {exc}", file=sys.stderr)
     except OSError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("meshplan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_USAGE
 
 

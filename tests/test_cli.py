@@ -1,6 +1,7 @@
 """The meshplan command: JSON output, readable tables, clean errors and exit codes."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -38,4 +39,5 @@ def test_readable_table(capsys):
 def test_recommend_table_for_an_impossible_job_shows_the_closest_misses(capsys):
     assert main(["recommend", "llama-3.1-70b", "--num-gpus", "2"]) == 0
     out = capsys.readouterr().out
-    assert "No layout fits" in out and "over by" in out and "smallest GPU count that fits: 16" in out
+    assert "No layout fits" in out and "over by" in out
+    assert re.search(r"smallest GPU count that fits: \d+", out)  # the count itself: tests/test_search.py

@@ -272,8 +272,9 @@ def test_cli_json_and_batch(tmp_path, capsys):
         assert key in out["stages"][0]
     batch = tmp_path / "b.jsonl"
     batch.write_text('{"model": "llama-3.1-8b", "num_gpus": 8}\n{"model": "llama-3.1-8b", "tp": 64}\nnot json\n')
-    assert main(["memory", "--batch", str(batch)]) == 0
+    assert main(["memory", "--batch", str(batch)]) == 2  # a line failed
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["line"] for line in lines] == [1, 2, 3]
     assert "peak_bytes" in lines[0] and "tp=64" in lines[1]["error"] and "error" in lines[2]
 
 

@@ -322,8 +322,9 @@ def test_cli_throughput_json_and_batch(tmp_path, capsys):
         json.dumps({"model": "llama-3.1-8b", "num_gpus": 8}) + "\n"
         + json.dumps({"model": "llama-3.1-8b", "gpu": "a100", "num_gpus": 8, "precision": "fp8"}) + "\n"
     )
-    assert main(["throughput", "--batch", str(batch)]) == 0
+    assert main(["throughput", "--batch", str(batch)]) == 2  # the fp8-on-A100 line fails
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["line"] for x in lines] == [1, 2]
     assert lines[0]["tokens_per_s_per_gpu"] > 0
     assert "FP8" in lines[1]["error"]
     assert main(["throughput", "llama-3.1-8b", "--num-gpus", "8", "--tp", "2"]) == 0

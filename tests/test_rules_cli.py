@@ -44,9 +44,9 @@ def test_check_batch(tmp_path, capsys):
     ]
     path = tmp_path / "requests.jsonl"
     path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
-    assert main(["check", "--batch", str(path)]) == 0
+    assert main(["check", "--batch", str(path)]) == 2  # lines 2 and 4 are bad requests
     results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(results) == 4
+    assert [r["line"] for r in results] == [1, 2, 3, 4]
     assert results[0]["ok"] is False and "TP001" in {f["id"] for f in results[0]["findings"]}
     assert "error" in results[1] and "error" in results[3]
     assert results[2]["ok"] is True and results[2]["framework"] == "megatron-bridge"

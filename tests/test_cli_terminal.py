@@ -1,0 +1,293 @@
+"""The command line as a person meets it: batch files, the MCP server in a terminal, tables at 80 columns
+and in a pipe, --help and --version, and usage errors that list only the values that apply."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meshplan import __version__
+from meshplan.cli import ECHO_CHARS, MAX_LINE_CHARS, build_parser, main
+from meshplan.hardware import gpu_catalog
+from meshplan.schema import Request
+
+GOOD = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}
+CHECK_FAILS = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 3}  # TP001: 32 heads over tp=3
+
+
+def _batch(tmp_path: Path, capsys, command: str, lines: list[str]) -> tuple[int, list[dict]]:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    code = main([command, "--batch", str(path)])
+    return code, [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+# --------------------------------------------------------------------------- --batch
+
+
+def test_batch_answers_every_input_line_in_order_with_its_number(tmp_path, capsys):
+    lines = [json.dumps(GOOD), "", "not json", "[1, 2]", json.dumps({"model": "llama-3.1-8b", "tpp": 2}),
+             "   ", json.dumps(GOOD)]
+    code, out = _batch(tmp_path, capsys, "memory", lines)
+    assert code == 2  # some lines failed
+    assert [o["line"] for o in out] == [1, 2, 3, 4, 5, 6, 7]
+    assert "peak_bytes" in out[0] and "peak_bytes" in out[6] and out[0]["plan"]["tp"] == 2
+    assert "Blank line" in out[1]["error"] and "Blank line" in out[5]["error"]
+    assert "Not JSON" in out[2]["error"] and "'not json'" in out[2]["error"]
+    assert "JSON object" in out[3]["error"]
+    assert "Unknown field 'tpp'" in out[4]["error"] and "'tp'" in out[4]["error"]
+
+
+def test_batch_exit_status_all_good_is_0_and_a_failed_check_is_1(tmp_path, capsys):
+    code, out = _batch(tmp_path, capsys, "throughput", [json.dumps(GOOD)] * 2)
+    assert code == 0 and [o["line"] for o in out] == [1, 2]
+    code, out = _batch(tmp_path, capsys, "check", [json.dumps(GOOD), json.dumps(CHECK_FAILS)])
+    assert code == 1
+    assert out[0]["ok"] is True and out[1]["ok"] is False
+    assert "TP001" in {f["id"] for f in out[1]["findings"]}
+    # A bad line outranks a failed check: 2.
+    code, out = _batch(tmp_path, capsys, "check", [json.dumps(CHECK_FAILS), "{"])
+    assert code == 2 and out[1]["line"] == 2 and "error" in out[1]
+
+
+def test_batch_never_echoes_a_huge_line_whole(tmp_path, capsys):
+    huge = json.dumps({"model": "x" * (3 * MAX_LINE_CHARS)})
+    not_json = "y" * (MAX_LINE_CHARS // 2)  # under the cap: parsed, and the error quotes only its start
+    deep = "[" * 100_000  # json's recursion limit, not a traceback
+    code, out = _batch(tmp_path, capsys, "memory", [huge, not_json, deep, json.dumps(GOOD)])
+    assert code == 2 and [o["line"] for o in out] == [1, 2, 3, 4]
+    assert f"{len(huge):,} characters" in out[0]["error"]
+    for o in out[:3]:
+        assert len(o["error"]) < ECHO_CHARS + 400, o["error"][:500]
+    assert "peak_bytes" in out[3]
+
+
+def test_batch_reads_stdin_and_refuses_flags_it_would_ignore(tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(GOOD) + "\n\n"))
+    assert main(["memory", "--batch", "-"]) == 2
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["line"] for o in out] == [1, 2] and "peak_bytes" in out[0] and "Blank line" in out[1]["error"]
+    assert main(["memory", "llama-3.1-8b", "--tp", "2", "--batch", "-"]) == 2
+    assert "--batch takes every request" in capsys.readouterr().err
+
+
+def test_batch_through_a_real_process_matches_line_numbers():
+    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--batch", "-"],
+                          input=json.dumps(CHECK_FAILS) + "\n\n" + json.dumps(GOOD) + "\n",
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert [json.loads(line)["line"] for line in proc.stdout.splitlines()] == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- serve in a terminal
+
+
+def _serve(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "meshplan.cli", "serve", *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop(proc: subprocess.Popen, ready: str, timeout: float = 60) -> tuple[int, str, str]:
+    """Wait until stderr says `ready`, send one SIGINT with stdin still open, and collect what came out."""
+    seen, deadline = "", time.monotonic() + timeout
+    while ready not in seen and time.monotonic() < deadline and proc.poll() is None:
+        seen += proc.stderr.readline()
+    assert ready in seen, seen
+    time.sleep(0.5)  # let the server reach its read loop
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("still running 5 s after the first Ctrl-C")
+    out, err = proc.stdout.read(), seen + proc.stderr.read()
+    proc.stdin.close()
+    return code, out, err
+
+
+def test_serve_on_stdio_says_what_it_waits_for_and_stops_on_the_first_ctrl_c():
+    code, out, err = _stop(_serve(), "waiting for a client's JSON-RPC on stdin")
+    assert code in (0, 130)
+    assert "meshplan MCP server on stdio: waiting for a client's JSON-RPC on stdin; Ctrl-C to stop" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert out == ""  # stdout is the JSON-RPC wire: nothing else goes there
+
+
+def test_serve_over_http_prints_its_url_and_stops_on_ctrl_c():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, out, err = _stop(_serve("--transport", "http", "--port", str(port)), "Ctrl-C to stop")
+    assert f"http://127.0.0.1:{port}/mcp" in err
+    assert code in (0, 130) and "Traceback" not in err and out == ""
+
+
+def test_meshplan_mcp_entry_point_stops_cleanly_too():
+    proc = subprocess.Popen([sys.executable, "-m", "meshplan.mcp_server"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, out, err = _stop(proc, "waiting for a client's JSON-RPC")
+    assert code in (0, 130) and "Traceback" not in err and out == ""
+
+
+# --------------------------------------------------------------------------- tables at 80 columns
+
+
+@pytest.fixture
+def piped80(monkeypatch):
+    """Output as a pipe sees it (capsys is not a terminal) at 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+
+
+def _table_lines(out: str, first_header: str) -> list[str]:
+    """The header, the rule under it and the rows (a row starts with its rank or continues a wrapped cell)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_header))
+    end = next((i for i in range(start + 2, len(lines)) if not re.match(r"[\d ]", lines[i])), len(lines))
+    return lines[start:end]
+
+
+def test_recommend_table_fits_80_columns_with_whole_headers(piped80, capsys):
+    assert main(["recommend", "mixtral-8x7b", "--num-gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    header = next(line for line in out.splitlines() if line.startswith("#"))
+    assert header.split() == ["#", "layout", "mbs", "ZeRO", "recompute", "peak", "GiB", "tokens/s/GPU", "MFU",
+                              "step", "s"]
+    table = _table_lines(out, "#")
+    assert len(table) >= 3
+    for line in table:
+        assert len(line.rstrip()) <= 80, line
+
+
+def test_recommend_plain_output_states_what_it_compared_at(piped80, capsys):
+    assert main(["recommend", "llama-3.1-8b", "--num-gpus", "8", "--seq-length", "8192",
+                 "--global-batch-size", "256", "--gpu", "h200", "--framework", "torchtitan",
+                 "--headroom", "0.2"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compared at:"))
+    assert "sequence length 8,192" in line and "global batch 256 sequences (2.1M tokens)" in line
+    assert "(h200)" in line and "torchtitan" in line and "20% of GPU memory kept free" in line
+    assert main(["recommend", "llama-3.1-8b", "--num-gpus", "8"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compared at:"))
+    assert "sequence length 4,096" in line and "(h100)" in line and "megatron-core" in line
+    assert "10% of GPU memory kept free (MEM002 default)" in line
+
+
+def test_models_never_cut_an_id_at_80_columns_or_wider(monkeypatch, capsys):
+    from meshplan import api
+
+    models = api.list_models()
+    for width in ("80", "60", "200"):
+        monkeypatch.setenv("COLUMNS", width)
+        assert main(["models"]) == 0
+        out = capsys.readouterr().out
+        assert "…" not in out, width
+        words = set(out.split())
+        for m in models:
+            assert m.key in words and (not m.hf_id or m.hf_id in words), (width, m.key)
+        if width == "80":
+            assert max(len(line.rstrip()) for line in out.splitlines()) <= 80
+        if width == "200":  # room for one row per model, with the config's model_type
+            assert "deepseek_v3" in out and any(line.split()[:2] == ["deepseek-v3", "deepseek-ai/DeepSeek-V3"]
+                                                for line in out.splitlines() if line.strip())
+
+
+# --------------------------------------------------------------------------- --help and --version
+
+
+def _help_blocks(text: str) -> dict[str, str]:
+    """Each option of a --help text with its help, keyed by its long flag."""
+    blocks: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        match = re.match(r"^  (-\w, )?(--[\w-]+)", line)
+        if match:
+            current = match.group(2)
+            blocks[current] = line
+        elif current and line.startswith("    "):
+            blocks[current] += " " + line.strip()
+        else:
+            current = None
+    return blocks
+
+
+@pytest.mark.parametrize("command", ["memory", "throughput", "check", "recommend", "serve", "describe"])
+def test_help_shows_a_default_or_the_choices_of_every_flag(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    blocks = _help_blocks(capsys.readouterr().out)
+    switches = {"--help", "--json", "--batch"}  # no value to default (--batch: documented by its help)
+    flags = [f for f in blocks if f not in switches]
+    assert flags
+    for flag in flags:
+        text = blocks[flag]
+        assert "default" in text or "{" in text or "required" in text, text
+    if command in ("memory", "recommend"):
+        assert {"--" + name.replace("_", "-") for name in Request.model_fields} <= set(blocks)
+        assert "(default: h100)" in blocks["--gpu"] and "(default: 4096)" in blocks["--seq-length"]
+        assert "{bf16,fp8}" in blocks["--precision"] and "megatron-core" in blocks["--framework"]
+    if command == "recommend":
+        assert "(default: 5)" in blocks["--top-k"]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"meshplan {__version__}"
+
+
+# --------------------------------------------------------------------------- errors list what applies
+
+
+def test_an_invalid_choice_lists_that_flags_choices_and_a_guess_not_the_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["memory", "llama-3.1-8b", "--recompute", "ful"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "--recompute" in err and "did you mean 'full'" in err and "none, selective, full" in err
+    assert "usage:" not in err and "--moe-token-dispatcher" not in err and len(err.splitlines()) <= 2
+
+
+def test_a_misspelt_command_names_the_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["recomend", "llama-3.1-8b"])
+    err = capsys.readouterr().err
+    assert "did you mean 'recommend'" in err and "usage:" not in err
+
+
+def test_an_unknown_gpu_lists_the_gpu_keys_only(capsys):
+    assert main(["memory", "llama-3.1-8b", "--gpu", "h1000"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown GPU 'h1000'" in err and "h100" in err
+    assert all(key in err for key in gpu_catalog())
+    assert "megatron-core" not in err  # not the other flags' values
+
+
+def test_ctrl_c_during_a_command_is_a_short_message_not_a_traceback(monkeypatch, capsys):
+    from meshplan import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "estimate_memory", interrupted)
+    assert main(["memory", "llama-3.1-8b"]) == 130
+    assert capsys.readouterr().err.strip() == "meshplan: interrupted"
+
+
+def test_serve_help_mentions_the_url_form(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "http://HOST:PORT/mcp" in capsys.readouterr().out
