@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.cards import CardError, framework_card, validate_card
 from meshplan.errors import MeshplanError
-from meshplan.schema import Job, Plan
+from meshplan.schema import FRAMEWORKS, Job, Plan
 
 KNOBS: tuple[str, ...] = (
     "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
@@ -44,6 +44,11 @@ class AdapterSection(_Section):
         default_factory=dict, description="Per-variant overrides of the version's knobs (e.g. verl's FSDP backend)"
     )
     sources: list[str]
+
+
+def renderable_frameworks() -> tuple[str, ...]:
+    """The frameworks whose card has an `adapter` section: the ones `render` writes a config for."""
+    return tuple(name for name in FRAMEWORKS if "adapter" in (framework_card(name).model_extra or {}))
 
 
 @cache

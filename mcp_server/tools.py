@@ -322,7 +322,9 @@ RENDER_CONFIG = (
     "Python (cfg.model/ddp/optimizer/train), Megatron-Core torchrun flags, verl Hydra overrides, SkyRL "
     "overrides, torchtitan command-line overrides (or TOML for 0.2.x), a KempnerForge TOML section, or a "
     "DeepSpeed ds_config.json. Only keys the real framework accepts are emitted; a plan the framework "
-    "cannot express fails with the knob and what to use instead."
+    "cannot express fails with the knob and what to use instead, and a layout that breaks one of its rules "
+    "(the framework would reject it, or it does not fit in memory) fails with the findings and their fixes "
+    "unless force=true."
 )
 
 
@@ -346,15 +348,21 @@ RENDER_CONFIG = (
                 str | None, Field(max_length=32, description="Framework version to target (e.g. torchtitan 0.2)")
             ],
         ),
+        inspect.Parameter(
+            "force", _KW, default=False,
+            annotation=Annotated[bool, Field(description=(
+                "Render even when the layout breaks a rule of the framework (it would be rejected or not fit); "
+                "the findings then come back in `warnings`. Leave false unless the user insists"))],
+        ),
     ],
     RenderAnswer,
 )
 def render_config(**args: Any) -> RenderAnswer:
     framework = args.pop("framework")
-    variant, version = args.pop("variant"), args.pop("version")
+    variant, version, force = args.pop("variant"), args.pop("version"), args.pop("force")
     options = {k: v for k, v in {"variant": variant, "version": version}.items() if v is not None}
     with tool_errors():
-        result = api.render_config(framework, to_request(args), **options)
+        result = api.render_config(framework, to_request(args), force=force, **options)
     fields = {name: getattr(result, name) for name in RenderAnswer.model_fields if hasattr(result, name)}
     summary = (
         f"{result.plan.short()} written as {result.format} for {framework} {result.version} "

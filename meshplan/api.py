@@ -12,9 +12,11 @@ from typing import Any
 from meshplan.schema import (
     CheckReport,
     MemoryReport,
+    MinimumGpus,
     ModelReport,
     ModelSummary,
     Recommendation,
+    RenderResult,
     Request,
     ThroughputReport,
 )
@@ -62,9 +64,23 @@ def recommend(req: Request, top_k: int = 5) -> Recommendation:
     return search(req, top_k=top_k)
 
 
-def render_config(framework: str, req: Request, **options: Any):
-    from meshplan.adapters.render import render
-    from meshplan.request import resolve
+def minimum_gpus(req: Request, max_gpus: int | None = None) -> MinimumGpus:
+    """The smallest GPU count at which a layout passes the rules and keeps the headroom, and the best layout there."""
+    from meshplan.search import minimum_gpus as scan
 
+    return scan(req, max_gpus=max_gpus)
+
+
+def render_config(framework: str, req: Request, *, force: bool = False, **options: Any) -> RenderResult:
+    """The plan in `framework`'s own keys, after its rules: a rule error (a layout the framework rejects, or one
+    that does not fit) raises `RefusedLayout` with the findings and their fixes, unless `force`; then, and for
+    warnings, the findings travel in `warnings`."""
+    from meshplan.adapters.render import render, require_target, vet_layout
+    from meshplan.request import resolve
+    from meshplan.rules import check_config as check
+
+    require_target(framework)
     job, plan = resolve(req.model_copy(update={"framework": framework}))
-    return render(framework, job, plan, **options)
+    notes, warnings = vet_layout(job, plan, check(job, plan), force=force)
+    result = render(framework, job, plan, **options)
+    return result.model_copy(update={"notes": [*result.notes, *notes], "warnings": [*warnings, *result.warnings]})

@@ -277,16 +277,43 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    """The snippet on stdout (pipe it to a file); its warnings and notes on stderr as comment lines.
+
+    A layout that breaks a rule is refused with exit 1 and the findings with their fixes, unless --force.
+    """
     from meshplan import api
+    from meshplan.adapters.render import RefusedLayout
 
     req = request_from_args(args)
     options = {k: v for k, v in {"variant": args.variant, "version": args.version}.items() if v}
-    result = api.render_config(args.target, req, **options)
+    try:
+        result = api.render_config(args.target, req, force=args.force, **options)
+    except RefusedLayout as exc:
+        print(f"meshplan: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
     if args.json:
         print(result.model_dump_json(indent=2))
-    else:
-        print(result.text, end="" if result.text.endswith("\n") else "\n")
+        return EXIT_OK
+    print(result.text, end="" if result.text.endswith("\n") else "\n")
+    for kind, lines in (("warning", result.warnings), ("note", result.notes)):
+        for line in lines:
+            print(f"# {kind}: {line}", file=sys.stderr)
     return EXIT_OK
+
+
+def _listing_render_targets(base: type[argparse.HelpFormatter]) -> type[argparse.HelpFormatter]:
+    """`base` that names the render targets in FRAMEWORK's help only when help is printed: listing them
+    reads every framework card, which every other command would otherwise pay for at start-up."""
+
+    class Formatter(base):  # type: ignore[valid-type, misc]
+        def _get_help_string(self, action: argparse.Action) -> str:
+            if action.dest != "target":
+                return super()._get_help_string(action)
+            from meshplan.adapters.render import TARGETS
+
+            return f"Framework to write the config for: {', '.join(TARGETS)}"
+
+    return Formatter
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -349,12 +376,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_recommend)
 
-    p = sub.add_parser("render", help="Emit the plan as a framework config snippet")
-    p.add_argument("target", metavar="FRAMEWORK", help="megatron-bridge, megatron-core, verl, skyrl, torchtitan, "
-                   "kempnerforge or deepspeed")
+    p = sub.add_parser("render", help="Emit the plan as a framework config snippet (refused if it breaks a rule)")
+    p.formatter_class = _listing_render_targets(p.formatter_class)
+    p.add_argument("target", metavar="FRAMEWORK", help="Framework to write the config for")
     add_request_flags(p)  # FRAMEWORK MODEL [flags]
     p.add_argument("--variant", default=None, help="Framework-specific form (e.g. verl: megatron|fsdp; skyrl: rl|sft)")
     p.add_argument("--version", default=None, help="Framework version to target (e.g. torchtitan 0.2)")
+    p.add_argument("--force", action="store_true",
+                   help="Render even when the layout breaks a rule (the findings are printed as warnings)")
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_render)
 

@@ -6,6 +6,7 @@ the real packages.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -179,6 +180,12 @@ def test_torchtitan_version_prefix_selects_the_toml_form():
     assert result.version == "0.2.2" and result.format == "toml" and "[parallelism]" in result.text
 
 
+def test_every_framework_with_an_adapter_card_section_has_a_builder_and_no_other():
+    from meshplan.adapters.render import _targets
+
+    assert set(TARGETS) == set(_targets()) and "nanotron" not in TARGETS
+
+
 def test_every_card_knob_with_a_key_is_exercised_and_missing_ones_say_instead():
     for framework in TARGETS:
         section = adapter_section(framework)
@@ -294,6 +301,16 @@ def test_knobs_in_use_reflect_the_plan():
 HOSTILE = ["x; rm -rf ~", "$(touch pwned)", "`touch pwned`", "a'b\"c", "x\nrm -rf ~", "x && touch pwned"]
 
 
+def _read_back(value: str) -> str:
+    """An override value as verl's Hydra or SkyRL's OmegaConf.from_cli reads it, for values without backslashes
+    (tests/test_adapters_frameworks.py checks the general case against the real readers)."""
+    if value.startswith('"'):
+        return json.loads(value)  # SkyRL: a JSON string is a YAML scalar
+    if value.startswith("'"):
+        return value[1:-1].replace("\\'", "'")  # Hydra: a quote inside quotes is escaped with a backslash
+    return value
+
+
 @pytest.mark.parametrize("name", HOSTILE)
 @pytest.mark.parametrize("framework", ["megatron-core", "verl", "skyrl", "torchtitan", "deepspeed",
                                        "megatron-bridge"])
@@ -309,9 +326,9 @@ def test_a_hostile_model_name_cannot_inject_a_command(framework, name, tmp_path)
     # The name only ever appears as one whole shell word (or inside a comment line).
     tokens = shell_tokens(result.text)
     assert not any(t in ("rm", "touch", "&&", ";") for t in tokens)
-    if framework in ("verl", "skyrl"):
-        assert any(t.endswith("=" + name) or t.endswith("='" + name.replace("'", "\\'") + "'") or name in t
-                   for t in tokens)
+    if framework in ("verl", "skyrl"):  # and the framework reads the name back whole
+        paths = [t.split("=", 1)[1] for t in tokens if t.split("=", 1)[0].endswith("model.path")]
+        assert paths and all(_read_back(value) == name for value in paths), paths
     # Run it with every external command replaced by a no-op: nothing may be created.
     stub = tmp_path / "bin"
     stub.mkdir()
@@ -398,6 +415,9 @@ def test_cli_render_prints_the_snippet_and_json(tmp_path):
                            "--num-gpus", "8", "--tp", "2", "--json"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert '"framework": "torchtitan"' in proc.stdout and "--parallelism.tensor_parallel_degree 2" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "render", "torchtitan", "--model", "qwen3-30b-a3b",
-                           "--num-gpus", "16", "--ep", "8", "--etp", "2"], capture_output=True, text=True)
+    etp = [sys.executable, "-m", "meshplan.cli", "render", "torchtitan", "--model", "qwen3-30b-a3b", "--num-gpus", "16",
+           "--ep", "8", "--etp", "2"]
+    proc = subprocess.run(etp, capture_output=True, text=True)  # the rules refuse it first (TT001): exit 1
+    assert proc.returncode == 1 and "TT001" in proc.stderr and "expert_tensor_parallel_degree" in proc.stderr
+    proc = subprocess.run([*etp, "--force"], capture_output=True, text=True)  # then the adapter has no such knob
     assert proc.returncode == 2 and "expert_tensor_parallel_degree" in proc.stderr and "Traceback" not in proc.stderr

@@ -143,6 +143,35 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
             assert values["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"] == result.plan.cp
 
 
+READ_BACK = r"""
+import json, sys
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+parser, out = OverridesParser.create(), []
+for hydra, dotlist in json.loads(sys.stdin.read()):
+    out.append([OmegaConf.create({"v": parser.parse_override("v=" + hydra).value()}).v,  # verl, run_recipe.py
+                OmegaConf.from_cli(["v=" + dotlist]).v])  # SkyRL: from_cli reads a YAML scalar
+print(json.dumps(out))
+"""
+
+TRICKY = ["C:\\models\\llama", "end\\", "end\\\\", "it's", "x\\'y", "\\'", "${oops}", "p\\${x}", "$${x}", "${",
+          "org/model with space", "a'b\"c", "x\nrm -rf ~", "Qwen/Qwen2.5-7B", "null", "True", "yes", "on", "NaN", "inf",
+          "~", "1.5", "1e-05", "a: b", "[x]", "a,b", "", "é😀"]
+
+
+def test_override_values_read_back_unchanged_by_hydra_and_omegaconf():
+    """What the quoting tests in test_render_refusal.py pin down, checked against the real readers."""
+    from meshplan.adapters.render import dotlist_value, hydra_value
+
+    python = venv_python("hydra", ["hydra-core==1.3.2"], python_version="3.11")
+    values = [*TRICKY, 1e-05, 0.5, 7, True, None]
+    proc = subprocess.run([str(python), "-c", READ_BACK], input=json.dumps(
+        [[hydra_value(v), dotlist_value(v)] for v in values]), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for value, (hydra, dotlist) in zip(values, json.loads(proc.stdout), strict=True):
+        assert hydra == value and dotlist == value, (value, hydra_value(value), dotlist_value(value), hydra, dotlist)
+
+
 # --------------------------------------------------------------------------- SkyRL (dataclass walk)
 
 
