@@ -2,13 +2,16 @@
 
 A rule is split in two on purpose. Its words (title, severity, frameworks, message and fix templates,
 source) live in cards/rules.yaml, where users search them by id and the skill documents render them.
-Its condition is a small Python function registered under the same id: it returns None when the plan
-passes, or the numbers that fill the message and fix templates when it fails. Ids never change meaning;
-a test fails when an id is in one place and not the other.
+Its condition is a small Python function tagged with the same id (`@rule`): it returns None when the
+plan passes, or the numbers that fill the message and fix templates when it fails. Importing a module
+registers nothing: `load_rules()` imports the modules named in RULE_MODULES and indexes their tagged
+functions, and refuses to run when an id is in the card and not in the code or the other way round.
+Ids never change meaning; each rule's `status` and `since` say how settled it is and when it came.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Finding, Job, MemoryRep
 
 Backend = Literal["megatron", "fsdp", "deepspeed", "nanotron"]
 BACKENDS: tuple[str, ...] = ("megatron", "fsdp", "deepspeed", "nanotron")
+Status = Literal["stable", "preview", "deprecated"]
 
 
 # --------------------------------------------------------------------------- the card
@@ -35,6 +39,10 @@ class RuleSpec(BaseModel):
     id: str = Field(pattern=r"^[A-Z]{2,4}\d{3}$", description="Stable id: never reused for another meaning")
     title: str
     severity: Severity
+    status: Status = Field(description="stable: settled; preview: wording or threshold may change; "
+                                       "deprecated: still runs, to be removed (the id is never reused)")
+    since: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="The meshplan version that first shipped the rule")
+    memory: bool = Field(False, description="Reads the memory estimate: runs after it, never in the structural check")
     frameworks: list[str] = Field(description="Framework names, or 'all'")
     backends: list[Backend] = Field(
         default_factory=lambda: list(BACKENDS),
@@ -86,38 +94,66 @@ def rule_specs() -> dict[str, RuleSpec]:
     return {r.id: r for r in rules_card().rules}
 
 
-# --------------------------------------------------------------------------- the registry
+@cache
+def memory_rules() -> frozenset[str]:
+    """Ids of the rules that read the memory estimate (`memory: true` in the card)."""
+    return frozenset(spec.id for spec in rule_specs().values() if spec.memory)
+
+
+# --------------------------------------------------------------------------- the conditions
 
 Condition = Callable[["Context"], dict[str, Any] | None]
-CONDITIONS: dict[str, Condition] = {}
-MEMORY_RULES: set[str] = set()
+
+# The modules that hold the conditions, loaded by load_rules() (structural ones, then the memory rules).
+RULE_MODULES: tuple[str, ...] = ("meshplan.conditions", "meshplan.rules")
 
 
-def rule(rule_id: str, *, memory: bool = False) -> Callable[[Condition], Condition]:
-    """Register the condition of one rule; `memory=True` marks rules that need the memory estimate."""
+def rule(rule_id: str) -> Callable[[Condition], Condition]:
+    """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it."""
 
-    def register(fn: Condition) -> Condition:
-        if rule_id in CONDITIONS:
-            raise RuntimeError(f"condition for {rule_id} registered twice")
-        CONDITIONS[rule_id] = fn
-        if memory:
-            MEMORY_RULES.add(rule_id)
+    def tag(fn: Condition) -> Condition:
+        fn.rule_id = rule_id  # type: ignore[attr-defined]
         return fn
 
-    return register
+    return tag
+
+
+@cache
+def load_rules() -> dict[str, Condition]:
+    """Every rule's condition by id: imports RULE_MODULES and collects their tagged functions, once.
+
+    The card and the code must hold the same ids: a rule with no condition, or a condition with no card
+    entry (and so no status or since), is a CardError rather than a rule that silently never runs."""
+    found: dict[str, Condition] = {}
+    for name in RULE_MODULES:
+        module = importlib.import_module(name)
+        for fn in vars(module).values():
+            rule_id = getattr(fn, "rule_id", None)
+            if rule_id is None or getattr(fn, "__module__", None) != name:
+                continue
+            if rule_id in found:
+                raise CardError(f"two conditions for rule {rule_id} ({found[rule_id].__name__}, {fn.__name__})")
+            found[rule_id] = fn
+    specs = rule_specs()
+    only_card, only_code = sorted(set(specs) - set(found)), sorted(set(found) - set(specs))
+    if only_card or only_code:
+        raise CardError(
+            "cards/rules.yaml and the conditions in " + ", ".join(RULE_MODULES) + " disagree: "
+            + (f"no condition for {', '.join(only_card)}" if only_card else "")
+            + ("; " if only_card and only_code else "")
+            + (f"no card entry for {', '.join(only_code)}" if only_code else "")
+        )
+    return {rule_id: found[rule_id] for rule_id in specs}
 
 
 @cache
 def rules_for(framework: str, backend: str, include_memory: bool) -> tuple[tuple[RuleSpec, Condition], ...]:
     """The rules one framework runs, in card order (cached: the search calls check_config thousands of times)."""
-    specs = rule_specs()
-    missing = sorted(set(specs) ^ set(CONDITIONS))
-    if missing:
-        raise CardError(f"cards/rules.yaml and the registered conditions disagree on: {', '.join(missing)}")
+    conditions = load_rules()
     return tuple(
-        (spec, CONDITIONS[spec.id])
-        for spec in specs.values()
-        if spec.applies_to(framework, backend) and (include_memory or spec.id not in MEMORY_RULES)
+        (spec, conditions[spec.id])
+        for spec in rule_specs().values()
+        if spec.applies_to(framework, backend) and (include_memory or not spec.memory)
     )
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshplan import conditions  # noqa: F401  (registers the structural conditions)
 from meshplan.conditions import ctx_param, uneven_split
 from meshplan.errors import MeshplanError
-from meshplan.rulebook import MEMORY_RULES, Context, finding, gib, rule, rules_for
+from meshplan.rulebook import Context, finding, gib, rule, rules_for
 from meshplan.schema import CheckReport, Finding, Job, MemoryReport, MemorySummary, Plan
 
 
@@ -70,7 +69,7 @@ def _memory_findings(ctx: Context, findings: list[Finding]) -> tuple[MemorySumma
         return None, f"Memory not estimated: {exc.reason}"
     with_memory = replace(ctx, memory_report=report)
     for spec, condition in rules_for(ctx.framework, ctx.backend, True):
-        if spec.id in MEMORY_RULES:
+        if spec.memory:
             values = condition(with_memory)
             if values is not None:
                 findings.append(finding(spec, values))
@@ -82,7 +81,7 @@ def _report(ctx: Context) -> MemoryReport:
     return ctx.memory_report
 
 
-@rule("MEM001", memory=True)
+@rule("MEM001")
 def does_not_fit(ctx: Context) -> dict[str, Any] | None:
     report = _report(ctx)
     if report.fits:
@@ -98,7 +97,7 @@ def does_not_fit(ctx: Context) -> dict[str, Any] | None:
             "over": gib(over), "gpu": ctx.job.gpu.name, "alternatives": fix}
 
 
-@rule("MEM002", memory=True)
+@rule("MEM002")
 def low_headroom(ctx: Context) -> dict[str, Any] | None:
     report = _report(ctx)
     minimum = ctx_param(ctx, "MEM002", "min_headroom_fraction")

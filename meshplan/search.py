@@ -129,17 +129,15 @@ def default_engine(framework: str) -> Engine:
 def min_headroom_fraction() -> float:
     """The free share of memory a recommended layout keeps: MEM002's threshold, so rules and search agree."""
     from meshplan.rulebook import rule_specs
-    from meshplan.rules import check_config  # noqa: F401  (registers the conditions)
 
     return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
 
 
 def _memory_rule_id() -> str:
     """The rules card's 'does not fit' error id (the memory rule with severity error)."""
-    from meshplan.rulebook import MEMORY_RULES, rule_specs
-    from meshplan.rules import check_config  # noqa: F401  (registers the conditions)
+    from meshplan.rulebook import memory_rules, rule_specs
 
-    errors = sorted(r for r in MEMORY_RULES if rule_specs()[r].severity == "error")
+    errors = sorted(r for r in memory_rules() if rule_specs()[r].severity == "error")
     return errors[0] if errors else "MEM001"
 
 

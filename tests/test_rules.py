@@ -7,7 +7,17 @@ import pytest
 from meshplan.cards import CardError, validate_card
 from meshplan.conditions import uneven_split
 from meshplan.request import resolve
-from meshplan.rulebook import CONDITIONS, MEMORY_RULES, Context, RulesCard, finding, rule_specs, rules_card
+from meshplan.rulebook import (
+    RULE_MODULES,
+    Context,
+    RulesCard,
+    finding,
+    load_rules,
+    memory_rules,
+    rule,
+    rule_specs,
+    rules_card,
+)
 from meshplan.rules import check_config
 from meshplan.schema import MemoryReport, Plan, Request, StageMemory
 
@@ -150,15 +160,52 @@ def run_case(rule_id: str, case: dict) -> set[str]:
         job = job.model_copy(update={"model": model})
     if peak_capacity is not None:
         ctx = Context(job, plan, memory_report=report(*peak_capacity))
-        return {rule_id} if CONDITIONS[rule_id](ctx) is not None else set()
+        return {rule_id} if load_rules()[rule_id](ctx) is not None else set()
     return ids(job, plan)
 
 
-def test_card_and_registry_agree():
-    card_ids = set(rule_specs())
-    code_ids = set(CONDITIONS)
-    assert card_ids == code_ids, f"only in the card: {card_ids - code_ids}; only in code: {code_ids - card_ids}"
-    assert MEMORY_RULES == {"MEM001", "MEM002"}
+def test_card_and_code_agree_and_every_rule_has_a_lifecycle():
+    """Each condition in the rule modules has a card entry with status and since, and each card entry a condition."""
+    import importlib
+
+    code_ids = {fn.rule_id for name in RULE_MODULES for fn in vars(importlib.import_module(name)).values()
+                if getattr(fn, "rule_id", None) and fn.__module__ == name}
+    card = {r["id"]: r for r in load_card_raw()["rules"]}
+    assert set(card) == code_ids, f"only in the card: {set(card) - code_ids}; only in code: {code_ids - set(card)}"
+    for rule_id, entry in card.items():
+        assert entry.get("status") in ("stable", "preview", "deprecated"), rule_id
+        assert isinstance(entry.get("since"), str) and entry["since"].count(".") == 2, rule_id
+    assert set(load_rules()) == code_ids
+    assert memory_rules() == {"MEM001", "MEM002"}
+
+
+def load_card_raw() -> dict:
+    """cards/rules.yaml as written (before the schema fills defaults), to see which fields each entry spells."""
+    from meshplan.cards import read_card
+
+    return read_card("rules")
+
+
+def test_rules_load_explicitly_not_on_import():
+    """Tagging a function registers nothing; only load_rules() indexes the conditions of RULE_MODULES."""
+
+    @rule("ZZ999")
+    def stray(ctx):  # defined outside RULE_MODULES: never collected
+        return None
+
+    assert stray.rule_id == "ZZ999" and "ZZ999" not in load_rules()
+
+
+def test_rules_card_requires_a_lifecycle():
+    good = rules_card().model_dump()
+    for field in ("status", "since"):
+        entry = {k: v for k, v in good["rules"][0].items() if k != field}
+        with pytest.raises(CardError, match=field):
+            validate_card("rules", dict(good, rules=[entry]), RulesCard)
+    with pytest.raises(CardError, match="status"):
+        validate_card("rules", dict(good, rules=[dict(good["rules"][0], status="beta")]), RulesCard)
+    with pytest.raises(CardError, match="since"):
+        validate_card("rules", dict(good, rules=[dict(good["rules"][0], since="last spring")]), RulesCard)
 
 
 def test_every_rule_has_a_passing_and_a_failing_case():
@@ -321,9 +368,9 @@ def test_memory_error_when_nothing_nearby_fits():
 
 def test_headroom_threshold_is_ten_percent():
     job, plan = make(**L8B, num_gpus=8)
-    low = CONDITIONS["MEM002"](Context(job, plan, memory_report=report(72.5, 80.0)))
+    low = load_rules()["MEM002"](Context(job, plan, memory_report=report(72.5, 80.0)))
     assert low is not None and low["share"] == "9.4%"
-    assert CONDITIONS["MEM002"](Context(job, plan, memory_report=report(72.0, 80.0))) is None
+    assert load_rules()["MEM002"](Context(job, plan, memory_report=report(72.0, 80.0))) is None
 
 
 # --------------------------------------------------------------------------- published recipes pass
