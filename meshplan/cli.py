@@ -276,6 +276,25 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_min_gpus(args: argparse.Namespace) -> int:
+    """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
+    from meshplan import api
+
+    result = api.minimum_gpus(request_from_args(args), max_gpus=args.max_gpus)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        if result.num_gpus is not None:
+            print(f"smallest GPU count: {result.num_gpus:,} x {result.gpu} (headroom {result.headroom:g})")
+        else:
+            print(f"no GPU count fits within the bounds (stopped by {result.stopped_by}; headroom {result.headroom:g})")
+        print(f"checked {result.counts_checked:,} counts from {result.searched_from:,} to {result.searched_to:,}: "
+              f"{result.stepping}")
+        print(result.rationale)
+        print("assumptions:\n" + "\n".join(f"  - {a}" for a in result.assumptions))
+    return EXIT_OK if result.num_gpus is not None else EXIT_FINDINGS
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     """The snippet on stdout (pipe it to a file); its warnings and notes on stderr as comment lines.
 
@@ -375,6 +394,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=5, help="How many layouts to return")
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_recommend)
+
+    p = sub.add_parser("min-gpus", help="The smallest GPU count where a layout fits with the headroom (exit 1: none)")
+    add_request_flags(p)
+    for action in p._actions:  # the count is the answer here, not an input
+        if action.dest == "num_gpus":
+            action.help = argparse.SUPPRESS
+    p.add_argument("--max-gpus", type=int, default=None, metavar="N",
+                   help="Largest GPU count to check (default: cards/search.yaml min_gpus_search_limit, 1,048,576)")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_min_gpus)
 
     p = sub.add_parser("render", help="Emit the plan as a framework config snippet (refused if it breaks a rule)")
     p.formatter_class = _listing_render_targets(p.formatter_class)

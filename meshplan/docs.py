@@ -153,12 +153,21 @@ def _sources(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"- `{rid}`: {_cell(src)}" for rid, src in rows)
 
 
+def _slower_than_pick() -> str:
+    """'more than 15% slower than its top pick', with what that percentage means (meshplan.search.slower_by)."""
+    from meshplan.space import search_card
+
+    tolerance = search_card().comparison.agreement_tolerance
+    return (f"more than {tolerance:.0%} slower than its top pick (at least {tolerance:.0%} fewer tokens/s/GPU: "
+            "X% slower = 1 - recipe / pick)")
+
+
 def _differs(rows: list[tuple[str, DiffersFromSearch | None]]) -> str:
     """Why recommend_parallelism ranks a recipe more than 15% below its top pick (bench/recipes_agreement.py)."""
     items = [f"- {rid}: {_cell(d.reason)} ({_cell(d.source)})" for rid, d in rows if d is not None]
     if not items:
         return ""
-    return ("\n\nWhere recommend_parallelism predicts these recipes more than 15% slower than its top pick, "
+    return (f"\n\nWhere recommend_parallelism predicts these recipes {_slower_than_pick()}, "
             "and why (what the recipe optimises for; what meshplan's cost model does not capture):\n\n"
             + "\n".join(items))
 
@@ -232,6 +241,8 @@ def _cli(row: CheckedLayout) -> str:
     parts = ["meshplan check", model]
     for key, value in fields.items():
         default = Request.model_fields[key].default
+        if default is None and key in Plan.model_fields:  # left out, the plan's default fills it (request.resolve)
+            default = Plan.model_fields[key].default
         if value == default or (key in ("vpp", "cp", "ep", "etp", "tp", "pp") and value == 1):
             continue
         parts.append(f"--{key.replace('_', '-')} {str(value).lower() if isinstance(value, bool) else value}")
@@ -251,7 +262,7 @@ def block_examples() -> str:
         out.append(f"\n```bash\n{_cli(ex.job)}\n```\n\nSource: {_cell(ex.source)}\n")
         if ex.differs_from_search is not None:
             d = ex.differs_from_search
-            out.append(f"Why recommend_parallelism predicts this >15% slower than its top pick: {_cell(d.reason)} "
+            out.append(f"Why recommend_parallelism predicts this {_slower_than_pick()}: {_cell(d.reason)} "
                        f"(Sources: {_cell(d.source)})\n")
     return "\n".join(out).rstrip()
 

@@ -100,6 +100,8 @@ class _Sourced(_Card):
 class DiffersFromSearch(_Sourced):
     """Why a recipe is predicted more than 15% slower than the search's top pick for its job.
 
+    "X% slower" has one meaning everywhere (meshplan.search.slower_by): the share of the pick's tokens/s/GPU the
+    recipe loses, 1 - recipe / pick, at the same global batch; the 15% is cards/search.yaml agreement_tolerance.
     `reason` says what the recipe's authors optimised for and which term of meshplan's cost model
     (meshplan/perf.py, meshplan/comm.py, cards/calibration.yaml) does not capture it, or is likely
     wrong; `source` names where the recipe's side comes from. bench/recipes_agreement.py counts a

@@ -110,10 +110,26 @@ DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training 
 
 
 def default_global_batch(seq_length: int, micro_batch_size: int, dp: int) -> int:
-    """About 4M tokens per step, rounded up to a whole number of micro-batches on every DP rank."""
+    """The sequences per step when none is given (the one home of this default): DEFAULT_BATCH_TOKENS worth, at
+    least one sequence, rounded up to a whole number of micro-batches on every data-parallel rank. recommend passes
+    micro-batch 1 and dp = the GPU count, so that every data-parallel size it searches divides the batch."""
     unit = micro_batch_size * dp
     sequences = max(1, DEFAULT_BATCH_TOKENS // seq_length)
     return max(unit, -(-sequences // unit) * unit)
+
+
+def default_batch_note(gbs: int, seq_length: int, unit_text: str) -> str:
+    """Says which default batch was taken in real tokens (sequences x seq_length), and why it is not ~4M tokens
+    when it is not: a sequence longer than the target, or the rounding up to `unit_text`."""
+    wanted = max(1, DEFAULT_BATCH_TOKENS // seq_length)
+    text = (f"global_batch_size not given: {gbs:,} sequences x {seq_length:,} tokens = {gbs * seq_length / 1e6:,.1f}M "
+            f"tokens per step (the default aims at {DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, 2^22, the Llama 3 "
+            "pre-training starting batch")
+    if seq_length > DEFAULT_BATCH_TOKENS:
+        text += f"; one sequence of {seq_length:,} tokens is already longer than that"
+    if gbs > wanted:
+        text += f"; {wanted:,} sequence{'s' if wanted > 1 else ''} rounded up to {gbs:,}, a multiple of {unit_text}"
+    return text + ")."
 
 
 def uses_fsdp(framework: str, zero_stage: int) -> bool:
@@ -164,7 +180,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gbs = req.global_batch_size
     if gbs is None:
         gbs = default_global_batch(req.seq_length, mbs, dp)
-        notes.append(f"global_batch_size not given: {gbs} sequences (~4M tokens, a whole number of micro-batches).")
+        notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
     gpn = req.gpus_per_node or gpu.gpus_per_node
     plan = Plan(
         tp=tp, pp=pp, vpp=req.vpp or 1, cp=cp, ep=ep, etp=etp, dp=dp,

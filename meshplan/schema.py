@@ -397,6 +397,11 @@ class Candidate(_Strict):
     memory: MemorySummary
     throughput: ThroughputReport
     rationale: str
+    equivalents: list[Plan] = Field(
+        default_factory=list,
+        description="Other layouts with the same predicted step time and peak memory (e.g. a factor moved between CP "
+                    "and the micro-batch), folded into this row instead of filling the top K",
+    )
 
 
 RenderFormat = Literal["python", "shell", "yaml", "hydra", "toml", "json"]
@@ -445,3 +450,36 @@ class Recommendation(_Strict):
     global_batch_size: int | None = Field(None, description="Sequences per step every layout was compared at")
     min_gpus: int | None = Field(None, description="When nothing fits: the smallest GPU count where a layout fits")
     closest: list[NearMiss] = Field(default_factory=list, description="When nothing fits: the nearest misses")
+    headroom: float | None = Field(
+        None, description="Share of GPU memory every ranked layout leaves free (the request's, else MEM002's default)"
+    )
+    best_below_headroom: Candidate | None = Field(
+        None,
+        description="The fastest layout that fits only with less than `headroom` free: given when nothing keeps "
+                    "the headroom, or when it is much faster than the best ranked layout (a smaller headroom ranks it)",
+    )
+
+
+class MinimumGpus(_Strict):
+    """The smallest GPU count at which some layout passes the rules and fits with the headroom kept.
+
+    Fit is not monotone in the GPU count (a count must be divisible by the layout's degrees), so the counts are
+    scanned in increasing order, never bisected; the scan is bounded in time and in count, and says which bound
+    stopped it."""
+
+    model: str
+    framework: str
+    gpu: str
+    num_gpus: int | None = Field(description="The smallest count that fits; None when none fits within the bounds")
+    candidate: Candidate | None = Field(None, description="The fastest layout at that count (recommend's #1)")
+    headroom: float = Field(description="Share of GPU memory the layout must leave free (the request's, else MEM002's)")
+    global_batch_size: int | None = Field(None, description="Sequences per step at that count")
+    searched_from: int = Field(description="First GPU count checked (counts below cannot hold the model states)")
+    searched_to: int = Field(description="Last GPU count checked")
+    counts_checked: int = Field(description="How many GPU counts were checked")
+    stepping: str = Field(description="Which counts were checked, in words")
+    stopped_by: Literal["found", "max_gpus", "time"] = Field(
+        description="found: a count fits; max_gpus: none fits up to the limit; time: the time bound was hit first"
+    )
+    rationale: str
+    assumptions: list[str] = []

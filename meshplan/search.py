@@ -18,6 +18,10 @@ at a time, each step pushing it back with a tighter key:
 
 Everything dropped is counted under the rule id that dropped it (or a SEARCH-* bucket), so
 considered = ranked + rejected.
+
+One headroom policy: a layout fits when its peak is at most capacity x (1 - headroom), headroom being the request's
+or MEM002's min_headroom_fraction (cards/rules.yaml). The ranking, the answer when nothing keeps it, the warning about
+a much faster layout it excludes, and the smallest-GPU-count scan (`minimum_gpus`) all use that one threshold.
 """
 
 from __future__ import annotations
@@ -26,22 +30,22 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from meshplan.cancel import checkpoint
 from meshplan.comm import crosses_domains
 from meshplan.errors import MeshplanError
-from meshplan.request import resolve
-from meshplan.rulebook import backend_of
+from meshplan.request import default_batch_note, default_global_batch, resolve
+from meshplan.rulebook import backend_of, lcm
 from meshplan.schema import (
-    MAX_TOKENS,
     Candidate,
     CheckReport,
     Finding,
     Job,
     MemoryReport,
     MemorySummary,
+    MinimumGpus,
     NearMiss,
     Plan,
     Recommendation,
@@ -52,6 +56,7 @@ from meshplan.space import (
     RECOMPUTE_ORDER,
     Fixed,
     Layout,
+    divisors,
     enumerate_layouts,
     first_stage_floor,
     knobs,
@@ -64,7 +69,6 @@ from meshplan.space import (
 )
 
 GIB = 1 << 30
-TOKENS_PER_STEP = 1 << 22  # the default batch: ~4M tokens (request.DEFAULT_BATCH_TOKENS)
 
 # Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
 SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
@@ -73,13 +77,30 @@ DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, whic
 NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
 BUDGET = "SEARCH-BUDGET"  # not reached before the time budget ran out
 UNTIMED = "SEARCH-UNTIMED"  # passes the rules but the cost model cannot time it (its reason is a warning)
+SAME = "SEARCH-SAME"  # same predicted step time and memory as a ranked layout: folded into its row
 SEARCH_BUCKETS = {
     SLOWER: "not ranked: its optimistic step time (or its predicted one) is slower than the top K",
     DOMINATED: "not ranked: the same layout fits with less recompute, which is faster",
     NVLINK: "not searched: TP beyond the NVLink domain, and layouts inside the domain fit",
     BUDGET: "not reached before the search's time budget ran out",
     UNTIMED: "passes the rules, but the throughput model cannot time it (reason in the warnings)",
+    SAME: "folded into a ranked row: the same predicted step time and peak memory (listed in its equivalents)",
 }
+TIE = 1e-9  # relative step-time difference under which two plans have the same predicted numbers
+
+
+def slower_by(tokens_per_s: float, reference: float) -> float:
+    """The one meaning of "X% slower" in every answer: the share of the reference's throughput a layout loses,
+    1 - tokens_per_s / reference (0.25: a quarter fewer tokens/s/GPU, a step 1/0.75 = 1.33x as long). Both are
+    compared at the same global batch on the same GPUs, so this is also 1 - t_reference / t_layout; it never
+    exceeds 100%."""
+    return 1.0 - tokens_per_s / reference if reference > 0 else 0.0
+
+
+def _same_numbers(time_s: float, peak_bytes: int) -> tuple[float, int]:
+    """Plans with this key are indistinguishable to the cost model (e.g. a factor moved between CP and the
+    micro-batch): one ranked row, not several."""
+    return float(f"{time_s:.9g}"), peak_bytes
 
 
 # --------------------------------------------------------------------------- the estimators it calls
@@ -133,6 +154,29 @@ def min_headroom_fraction() -> float:
     return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
 
 
+def headroom_for(req: Request) -> float:
+    """The headroom this request is answered with: its own, else MEM002's default."""
+    return min_headroom_fraction() if req.headroom is None else float(req.headroom)
+
+
+def memory_budget(job: Job, headroom: float) -> int:
+    """Bytes a layout may use and still count as fitting: capacity x (1 - headroom)."""
+    return int(job.gpu.memory_bytes * (1.0 - headroom))
+
+
+def _percent(share: float) -> str:
+    """0.1 -> '10%', 0.032 -> '3.2%': a headroom as a percentage, without rounding it away."""
+    return f"{share * 100:.3g}%"
+
+
+def _headroom_text(headroom: float, default: bool) -> str:
+    """Where the headroom came from, for the answer's text."""
+    if default:
+        return (f"headroom {headroom:g}: {HEADROOM_RULE}'s min_headroom_fraction in cards/rules.yaml; pass headroom "
+                "to change it")
+    return f"headroom {headroom:g}, from the request"
+
+
 def _memory_rule_id() -> str:
     """The rules card's 'does not fit' error id (the memory rule with severity error)."""
     from meshplan.rulebook import memory_rules, rule_specs
@@ -170,6 +214,8 @@ class _Search:
     budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
     rejected: Counter = field(default_factory=Counter)
     found: list[_Found] = field(default_factory=list)
+    rows: set[tuple[float, int]] = field(default_factory=set)  # distinct (step time, peak) among found: the top K
+    cutoff: float = math.inf  # nothing slower than this step time is wanted (a probe for much faster layouts)
     near: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)
     # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
     # when nothing does. It only grows with the micro-batch, and interleaving only adds to its base's.
@@ -473,6 +519,7 @@ class _Search:
             return
         mem = self.memory(lay, zero, recompute, mbs)
         self.found.append(_Found(report.step_time_s, report.plan, mem, report))
+        self.rows.add(_same_numbers(report.step_time_s, mem.peak_bytes))
 
     def untimed(self, exc: MeshplanError, count: int) -> None:
         self.rejected[UNTIMED] += count
@@ -505,10 +552,24 @@ class _Search:
                 key = max(self.ideal_time(lay, mbs, ideal), self.token_bound(lay, mbs, self.recomputes[0]))
                 self.push(key, 1, (lay, mbs))
 
+    def wanted(self) -> bool:
+        """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
+        (a clone with the same numbers joins its row instead of being counted as slower)."""
+        if self.heap[0][0] > self.cutoff:
+            return False
+        if len(self.rows) < self.top_k:
+            return True
+        return self.heap[0][0] <= self.found[-1].time * (1.0 + TIE)
+
+    def share_caches(self, other: _Search) -> None:
+        """Reuse another search's estimates of the same job (they do not depend on the memory budget)."""
+        self.mem_cache, self.perf_cache, self.check_cache = other.mem_cache, other.perf_cache, other.check_cache
+        self.token_time, self.examples = other.token_time, other.examples
+
     def run(self) -> None:
         steps = {1: self.refine_bound, 7: self.refine_shard, 2: self.apply_rules, 3: self.confirm_need,
                  4: self.staircase, 5: self.time_plan, 6: self.accept}
-        while self.heap and len(self.found) < self.top_k:
+        while self.heap and self.wanted():
             checkpoint()
             if time.perf_counter() > self.deadline or self.memory_calls + self.perf_calls >= self.max_evaluations:
                 self.stopped_by_budget = True
@@ -524,7 +585,7 @@ class _Search:
         self.heap = [entry for entry in self.heap if entry[1] != 6]
         heapq.heapify(self.heap)
         for index, (key, _, _, payload) in enumerate(timed):
-            if len(self.found) >= self.top_k:
+            if len(self.rows) >= self.top_k:
                 self.rejected[BUDGET] += len(timed) - index
                 break
             self.accept(key, *payload)
@@ -565,17 +626,18 @@ def _search_job(req: Request) -> tuple[Job, list[str]]:
                                             "dp": None, "vpp": None, "first_stage_layers": None,
                                             "last_stage_layers": None}))
     if req.global_batch_size is None:
-        world = job.num_gpus
-        sequences = max(1, TOKENS_PER_STEP // req.seq_length)
-        gbs = min(-(-sequences // world) * world, max(world, MAX_TOKENS))
-        job = job.model_copy(update={"global_batch_size": gbs, "notes": []})
-        notes.append(
-            f"global_batch_size not given: {gbs} sequences ({gbs * req.seq_length / 1e6:.1f}M tokens), about 4M "
-            f"tokens rounded up to a multiple of the {world} GPUs so that every data-parallel size divides it."
-        )
+        job = _job_at(job, job.num_gpus, user_gbs=False)
+        notes.append(default_batch_note(job.global_batch_size, job.seq_length,
+                                        f"the {job.num_gpus:,} GPUs, so that every data-parallel size divides it"))
     else:
         job = job.model_copy(update={"notes": []})
     return job, notes
+
+
+def _job_at(job: Job, world: int, user_gbs: bool) -> Job:
+    """The job on `world` GPUs; a default batch is re-derived for that count (micro-batch 1 x world ranks)."""
+    gbs = job.global_batch_size if user_gbs else default_global_batch(job.seq_length, 1, world)
+    return job.model_copy(update={"num_gpus": world, "global_batch_size": gbs, "notes": []})
 
 
 def _ideal_time(job: Job, engine: Engine) -> float:
@@ -607,27 +669,72 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Rec
             f"cp <= seq_length/2, ep <= experts), and the search by {limits.absurd_max_evaluations:,} estimates or "
             f"{limits.time_budget_s:g} s, not by the GPU count."
         )
-    headroom = min_headroom_fraction()
-    budget = int(job.gpu.memory_bytes * (1.0 - headroom))
-    search, considered = _run(job, fixed, engine, top_k, started + limits.time_budget_s, warnings, budget)
-    if not search.found and time.perf_counter() < started + limits.time_budget_s:
-        # Nothing keeps the headroom: rank what fits at all, and say how thin it is.
-        search, considered = _run(job, fixed, engine, top_k, started + limits.time_budget_s, warnings)
-        if search.found:
-            warnings.append(
-                f"No layout keeps {headroom:.0%} of the {job.gpu.memory_bytes / GIB:.1f} GiB free ({HEADROOM_RULE}); "
-                "the ranked layouts fit with less, so fragmentation or longer samples may push them over. "
-                "More GPUs, or a GPU with more memory, gives room."
-            )
-    else:
-        notes = [*notes, f"Ranked layouts keep at least {headroom:.0%} of GPU memory free (the {HEADROOM_RULE} "
-                 f"threshold of cards/rules.yaml); layouts that fit with less are counted under {HEADROOM_RULE} "
-                 "when their memory floor or estimate is within capacity, and used only when nothing else fits."]
-    rec = _answer(job, req, fixed, engine, search, considered, top_k, notes, warnings)
+    headroom = headroom_for(req)
+    budget = memory_budget(job, headroom)
+    deadline = started + limits.time_budget_s
+    search, considered = _run(job, fixed, engine, top_k, deadline, warnings, budget)
+    thin = _fastest_below_headroom(job, fixed, engine, search, deadline)
+    notes = [*notes, _headroom_assumption(job, headroom, req.headroom is None)]
+    rec = _answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, req.headroom is None)
+    if thin is not None:
+        _report_below_headroom(rec, job, engine, thin, headroom)
     if not rec.candidates:
-        _explain_impossible(rec, job, fixed, engine, search, started + limits.time_budget_s,
+        _explain_impossible(rec, job, fixed, engine, search, headroom, req.headroom is None,
                             req.global_batch_size is not None)
     return rec
+
+
+def _headroom_assumption(job: Job, headroom: float, default: bool) -> str:
+    cap = job.gpu.memory_bytes
+    return (f"Headroom: a layout counts as fitting when its peak memory is at most capacity x (1 - {headroom:g}) = "
+            f"{memory_budget(job, headroom) / GIB:.1f} of {cap / GIB:.1f} GiB ({_headroom_text(headroom, default)}). "
+            "The ranking, the answer when nothing keeps it and the smallest-GPU-count scan use this one threshold; "
+            f"layouts that fit only with less are counted under {HEADROOM_RULE} (or {_memory_rule_id()} when over "
+            "capacity) and never ranked silently: the answer names the fastest of them when it matters.")
+
+
+def _fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: _Search, deadline: float) -> _Found | None:
+    """The fastest layout that fits the GPU at all, when it does not keep the headroom: a top-1 search at full
+    capacity reusing the ranked search's estimates. When layouts are ranked, only one at least `below_headroom_gain`
+    faster than the best matters, so the probe stops at that step time. None when there is no such layout."""
+    if search.budget >= job.gpu.memory_bytes or search.stopped_by_budget or time.perf_counter() > deadline:
+        return None
+    cutoff = math.inf
+    if search.found:
+        cutoff = min(f.time for f in search.found) * (1.0 - search_card().comparison.below_headroom_gain)
+    probe, _ = _run(job, fixed, engine, 1, deadline, [], job.gpu.memory_bytes, share=search, cutoff=cutoff)
+    if not probe.found or probe.stopped_by_budget:
+        return None
+    fastest = min(probe.found, key=lambda f: f.time)
+    return fastest if fastest.memory.peak_bytes > search.budget else None
+
+
+def _report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: _Found, headroom: float) -> None:
+    """Name a layout the headroom excludes when nothing is ranked, or when it is much faster than the best ranked
+    one: its free memory, its speed, and the headroom value that would rank it."""
+    cap = job.gpu.memory_bytes
+    free = cap - thin.memory.peak_bytes
+    share = free / cap
+    would_rank = math.floor(share * 1000) / 1000
+    tput = thin.throughput.tokens_per_s_per_gpu
+    note = (f"Not ranked: it leaves {free / GIB:.1f} GiB ({share:.1%}) free, under the {headroom:g} headroom; "
+            f"headroom={would_rank:g} (--headroom {would_rank:g}) would rank it.")
+    candidate = _candidate(job, engine, thin, 1, None, note=note)
+    if not rec.candidates:
+        rec.best_below_headroom = candidate
+        return
+    best = rec.candidates[0].throughput.tokens_per_s_per_gpu
+    gap = slower_by(best, tput)
+    if gap < search_card().comparison.below_headroom_gain:
+        return
+    rec.best_below_headroom = candidate
+    rec.warnings.append(
+        f"{thin.plan.short()} (micro-batch {thin.plan.micro_batch_size}, ZeRO {thin.plan.zero_stage}, recompute "
+        f"{thin.plan.recompute}) is predicted at {tput:,.0f} tokens/s/GPU but leaves only {free / GIB:.1f} GiB "
+        f"({share:.1%}) free, under the {headroom:g} headroom, so it is not ranked: the best ranked layout, "
+        f"{rec.candidates[0].plan.short()} at {best:,.0f} tokens/s/GPU, is {gap:.1%} slower. Pass "
+        f"headroom={would_rank:g} (--headroom {would_rank:g}) to rank it if the job can run that close to capacity."
+    )
 
 
 def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
@@ -656,9 +763,12 @@ def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: fl
                    domain=max(1, domain), max_evaluations=cap, budget_bytes=budget_bytes)
 
 
-def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
-         warnings: list[str], budget_bytes: int = 0) -> tuple[_Search, int]:
+def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float, warnings: list[str],
+         budget_bytes: int = 0, share: _Search | None = None, cutoff: float = math.inf) -> tuple[_Search, int]:
     search = _new_search(job, fixed, engine, top_k, deadline, budget_bytes)
+    search.cutoff = cutoff
+    if share is not None:
+        search.share_caches(share)
     layouts, dropped = enumerate_layouts(job, fixed)
     considered = 0
     variants = search.variants()
@@ -702,6 +812,9 @@ def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
 # --------------------------------------------------------------------------- the answer
 
 
+_FASTEST = "Fastest predicted layout that passes every rule and fits. "
+
+
 def _why(rank: int, found: _Found, best: _Found | None) -> str:
     t = found.throughput
     b = t.breakdown
@@ -718,12 +831,49 @@ def _why(rank: int, found: _Found, best: _Found | None) -> str:
             f"compute {b.compute_s / t.step_time_s:.0%} of the step, then {cost_text}; "
             f"peak memory {found.memory.peak_bytes / GIB:.1f} of {found.memory.capacity_bytes / GIB:.1f} GiB.")
     if best is None:
-        return "Fastest predicted layout that passes every rule and fits. " + head
-    slower = found.time / best.time - 1
-    return f"{slower:.1%} slower than #1. " + head
+        return _FASTEST + head
+    slower = slower_by(t.tokens_per_s_per_gpu, best.throughput.tokens_per_s_per_gpu)
+    return f"{slower:.1%} slower than #1 (fewer tokens/s/GPU). " + head
 
 
-def _decision_table(job: Job, fixed: Fixed, engine: Engine, best: _Found | None, deadline: float) -> str:
+def _candidate(job: Job, engine: Engine, found: _Found, rank: int, best: _Found | None,
+               same: list[_Found] | None = None, note: str = "") -> Candidate:
+    """One row of the answer: the plan, its reports, why it ranks there (or `note`: why it is not ranked), and the
+    clones folded into it."""
+    why = _why(rank, found, best)
+    if note:
+        why = why.removeprefix(_FASTEST) + " " + note
+    if same:
+        why += (" Same predicted step time and peak memory, folded into this row: "
+                + "; ".join(_differs(found.plan, other.plan) for other in same) + ".")
+    notes_here = [f.message for f in engine.full_check(job, found.plan).findings if f.severity == "warning"]
+    if notes_here:
+        why += " Warnings: " + " ".join(notes_here)
+    return Candidate(rank=rank, plan=found.plan, memory=engine.summary(found.memory), throughput=found.throughput,
+                     rationale=why, equivalents=[other.plan for other in same or ()])
+
+
+def _differs(plan: Plan, other: Plan) -> str:
+    """`other` in words, with the knobs that differ from `plan` beyond its degrees."""
+    text = f"also {other.short()}, micro-batch {other.micro_batch_size}"
+    for name in ("zero_stage", "recompute", "sequence_parallel", "moe_token_dispatcher"):
+        if getattr(other, name) != getattr(plan, name):
+            text += f", {name} {getattr(other, name)}"
+    return text
+
+
+def _rows(found: list[_Found]) -> list[list[_Found]]:
+    """Plans grouped by their predicted numbers, fastest group first; in a group the simplest plan (least CP,
+    then least interleaving, then the smallest micro-batch) stands for the others."""
+    groups: dict[tuple[float, int], list[_Found]] = {}
+    for f in sorted(found, key=lambda f: f.time):
+        groups.setdefault(_same_numbers(f.time, f.memory.peak_bytes), []).append(f)
+    return [sorted(g, key=lambda f: (f.plan.cp, f.plan.vpp, f.plan.micro_batch_size, f.plan.pp, f.plan.tp))
+            for g in groups.values()]
+
+
+def _decision_table(job: Job, fixed: Fixed, engine: Engine, best: _Found | None, deadline: float,
+                    budget: int) -> str:
     """What the decision tables suggest, and why the recommendation agrees or differs, in numbers: the table's
     layout is searched with the same estimators (its knobs left open) and compared with the pick."""
     from meshplan.strategies import suggest
@@ -743,7 +893,7 @@ def _decision_table(job: Job, fixed: Fixed, engine: Engine, best: _Found | None,
         return text + " The search agrees: its best layout has the same degrees."
     pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in (*degrees, "dp")},
                     **{d: getattr(sp, d) for d in degrees}})
-    probe = _new_search(job, pinned, engine, 1, deadline)
+    probe = _new_search(job, pinned, engine, 1, deadline, budget)
     layouts, _ = enumerate_layouts(job, pinned)
     probe.seed([lay for lay in layouts], _ideal_time(job, engine))
     probe.run()
@@ -752,31 +902,26 @@ def _decision_table(job: Job, fixed: Fixed, engine: Engine, best: _Found | None,
         return text + (f" The search picks {bp.short()} instead: the table's layout has no variant that passes "
                        f"the rules and fits this job ({reasons}).")
     theirs = min(probe.found, key=lambda f: f.time)
-    gap = theirs.time / best.time - 1
-    verdict = ("within 15% of the pick: the table and the search agree in practice" if gap <= 0.15
+    mine, its = best.throughput.tokens_per_s_per_gpu, theirs.throughput.tokens_per_s_per_gpu
+    gap = slower_by(its, mine)
+    tolerance = search_card().comparison.agreement_tolerance
+    verdict = (f"within {tolerance:.0%} of the pick: the table and the search agree in practice" if gap <= tolerance
                else "the search's pick is clearly faster under the cost model")
     return text + (f" The search picks {bp.short()}; the table's layout at its best ({theirs.plan.short()}, "
                    f"micro-batch {theirs.plan.micro_batch_size}, ZeRO {theirs.plan.zero_stage}, recompute "
-                   f"{theirs.plan.recompute}) fits and is predicted at {theirs.throughput.tokens_per_s_per_gpu:,.0f} "
-                   f"tokens/s/GPU, {gap:.1%} slower: {verdict}.")
+                   f"{theirs.plan.recompute}) fits and is predicted at {its:,.0f} tokens/s/GPU against the pick's "
+                   f"{mine:,.0f}, {gap:.1%} slower: {verdict}.")
 
 
-def _answer(job: Job, req: Request, fixed: Fixed, engine: Engine, search: _Search, considered: int, top_k: int,
-            notes: list[str], warnings: list[str]) -> Recommendation:
-    search.found.sort(key=lambda f: f.time)
-    ranked = search.found[:top_k]
-    search.rejected[SLOWER] += len(search.found[top_k:])
-    candidates = []
-    for i, found in enumerate(ranked):
-        full = engine.full_check(job, found.plan)
-        why = _why(i + 1, found, ranked[0] if i else None)
-        notes_here = [f.message for f in full.findings if f.severity == "warning"]
-        if notes_here:
-            why += " Warnings: " + " ".join(notes_here)
-        candidates.append(Candidate(rank=i + 1, plan=found.plan, memory=engine.summary(found.memory),
-                                    throughput=found.throughput, rationale=why))
-    best = ranked[0] if ranked else None
-    table_text = _decision_table(job, fixed, engine, best, search.deadline)
+def _answer(job: Job, fixed: Fixed, engine: Engine, search: _Search, considered: int, top_k: int,
+            notes: list[str], warnings: list[str], headroom: float, default_headroom: bool) -> Recommendation:
+    rows = _rows(search.found)
+    ranked = rows[:top_k]
+    search.rejected[SLOWER] += sum(len(row) for row in rows[top_k:])
+    search.rejected[SAME] += sum(len(row) - 1 for row in ranked)
+    best = ranked[0][0] if ranked else None
+    candidates = [_candidate(job, engine, row[0], i + 1, best if i else None, row[1:]) for i, row in enumerate(ranked)]
+    table_text = _decision_table(job, fixed, engine, best, search.deadline, search.budget)
     open_fields = [f for f in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size",
                                "recompute") if f not in fixed]
     rationale = ""
@@ -785,7 +930,9 @@ def _answer(job: Job, req: Request, fixed: Fixed, engine: Engine, search: _Searc
             f"Searched {considered:,} layouts ({', '.join(open_fields) or 'nothing'} open; "
             f"{', '.join(f'{k}={v}' for k, v in fixed.values.items()) or 'nothing fixed'}), "
             f"evaluated {search.memory_calls} memory and {search.perf_calls} throughput estimates, "
-            f"and ranked the fastest {len(ranked)} that pass every rule and fit. " + candidates[0].rationale
+            f"and ranked the fastest {len(ranked)} distinct layouts that pass every rule and keep "
+            f"{_percent(headroom)} of GPU memory free ({_headroom_text(headroom, default_headroom)}). "
+            + candidates[0].rationale
         )
     assumptions = [
         *notes,
@@ -800,7 +947,10 @@ def _answer(job: Job, req: Request, fixed: Fixed, engine: Engine, search: _Searc
         "rank) x tokens / pp x (m + (pp-1)/vpp); memory floors from the first stage's states and activations. "
         "Assumes more recompute or a higher ZeRO stage never makes a plan faster or bigger, and that memory grows "
         "with the micro-batch and with interleaving.",
-        "Ranked layouts are distinct choices: the same layout with more recompute than it needs is not listed.",
+        "Ranked layouts are distinct choices: the same layout with more recompute than it needs is not listed, "
+        "and layouts with the same predicted step time and peak memory (e.g. a factor moved between CP and the "
+        "micro-batch) share one row (its equivalents).",
+        "\"X% slower\" is 1 - (its tokens/s/GPU) / (the other's): the share of throughput lost, at the same batch.",
         "Rejected counts: rule ids of cards/rules.yaml (the memory error for plans that do not fit, including "
         "those dropped by a memory floor) and search buckets: "
         + "; ".join(f"{k}: {v}" for k, v in SEARCH_BUCKETS.items()) + ".",
@@ -813,6 +963,7 @@ def _answer(job: Job, req: Request, fixed: Fixed, engine: Engine, search: _Searc
         decision_table=table_text,
         rationale=rationale, warnings=warnings, assumptions=assumptions,
         evaluated=search.memory_calls + search.perf_calls, global_batch_size=job.global_batch_size,
+        headroom=headroom,
     )
 
 
@@ -820,21 +971,54 @@ def _answer(job: Job, req: Request, fixed: Fixed, engine: Engine, search: _Searc
 
 
 def _explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engine, search: _Search,
-                        deadline: float, user_gbs: bool) -> None:
-    """No layout fits: the closest misses and the smallest GPU count where one fits."""
+                        headroom: float, default_headroom: bool, user_gbs: bool) -> None:
+    """Nothing is ranked. Either a layout fits with less than the headroom (`rec.best_below_headroom`, named with the
+    headroom that would rank it) or none fits at all (the closest misses); then the smallest GPU count where a layout
+    keeps the headroom, from the same scan `minimum_gpus` runs."""
     limits = search_card().limits
-    if search.stopped_by_budget:
+    thin = rec.best_below_headroom
+    if search.stopped_by_budget and thin is None:
         rec.rationale = (
             "The search ran out of its budget before any layout was proven to fit and timed; this is not proof that "
             "none fits. Fix more fields (tp, pp, micro_batch_size, ...) to shrink the space and ask again."
         )
         return
-    if not search.near:
-        _probe_closest(job, fixed, search, limits.closest_layouts)
-    misses = sorted(search.near, key=lambda t: t[0])
+    cap = job.gpu.memory_bytes
+    if thin is not None:
+        head = (f"No layout keeps {_percent(headroom)} of the {cap / GIB:.1f} GiB free on {job.num_gpus:,} "
+                f"{job.gpu.name} ({_headroom_text(headroom, default_headroom)}), so none is ranked. The fastest that "
+                f"fits with less: {thin.rationale}")
+    else:
+        if not search.near:
+            _probe_closest(job, fixed, search, limits.closest_layouts)
+        rec.closest = _closest(search, engine, limits.closest_layouts)
+        rec.evaluated = search.memory_calls + search.perf_calls
+        memory_rules = (engine.memory_rule, HEADROOM_RULE)
+        memory_rejects = sum(rec.rejected.get(rule, 0) for rule in memory_rules)
+        rule_rejects = {k: v for k, v in rec.rejected.items() if k not in memory_rules and k not in SEARCH_BUCKETS}
+        if not memory_rejects and rule_rejects:
+            top = max(rule_rejects.items(), key=lambda kv: kv[1])
+            example = search.examples.get(top[0])
+            said = f" For example: {example.message} Fix: {example.fix}" if example else ""
+            rec.rationale = (f"No layout passes the framework's rules for this request: most were rejected by "
+                             f"{top[0]} ({top[1]:,} of {rec.considered:,}).{said} Leave more fields open, or run "
+                             "`meshplan check` on a layout for every finding.")
+            return
+        head = (f"Impossible on {job.num_gpus:,} {job.gpu.name}: no layout fits even with every memory-saving knob "
+                f"{'left open' if not fixed.values else 'not fixed by the request'} (highest ZeRO/FSDP stage, full "
+                "recompute, micro-batch 1, every TP/PP/CP/EP split).")
+        if rec.closest:
+            head += " Closest: " + " ".join(c.rationale for c in rec.closest)
+    scan = _scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit)
+    rec.min_gpus = scan.num_gpus
+    rec.rationale = head + " " + scan.sentence(headroom, fixed)
+
+
+def _closest(search: _Search, engine: Engine, count: int) -> list[NearMiss]:
+    """The distinct plans that missed by the least, with how far over capacity they are."""
     seen: set[str] = set()
     closest: list[NearMiss] = []
-    for over, plan, mem in misses:
+    for over, plan, mem in sorted(search.near, key=lambda t: t[0]):
         key = plan.model_dump_json()
         if key in seen:
             continue
@@ -846,35 +1030,9 @@ def _explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Eng
                       f"{mem.capacity_bytes / GIB:.1f} GiB ({over / GIB:.1f} GiB, "
                       f"{over / mem.capacity_bytes:.0%} over).",
         ))
-        if len(closest) >= limits.closest_layouts:
+        if len(closest) >= count:
             break
-    rec.closest = closest
-    rec.evaluated = search.memory_calls + search.perf_calls
-    memory_rejects = rec.rejected.get(engine.memory_rule, 0)
-    rule_rejects = {k: v for k, v in rec.rejected.items() if k != engine.memory_rule and k not in SEARCH_BUCKETS}
-    if not memory_rejects and rule_rejects:
-        top = max(rule_rejects.items(), key=lambda kv: kv[1])
-        example = search.examples.get(top[0])
-        said = f" For example: {example.message} Fix: {example.fix}" if example else ""
-        rec.rationale = (f"No layout passes the framework's rules for this request: most were rejected by {top[0]} "
-                         f"({top[1]:,} of {rec.considered:,}).{said} Leave more fields open, or run `meshplan "
-                         "check` on a layout for every finding.")
-        return
-    smallest = _smallest_gpu_count(job, fixed, engine, limits.min_gpus_search_limit, deadline, user_gbs)
-    rec.min_gpus = smallest
-    head = (f"Impossible on {job.num_gpus:,} {job.gpu.name}: no layout fits even with every memory-saving knob "
-            f"{'left open' if not fixed.values else 'not fixed by the request'} (highest ZeRO/FSDP stage, full "
-            "recompute, micro-batch 1, every TP/PP/CP/EP split).")
-    if closest:
-        head += " Closest: " + " ".join(c.rationale for c in closest)
-    if smallest is not None:
-        head += (f" The smallest GPU count where a layout fits is {smallest:,} (searched over multiples of the "
-                 f"{job.gpus_per_node}-GPU node); run `meshplan recommend` with --num-gpus {smallest}.")
-    else:
-        head += (f" No GPU count up to {limits.min_gpus_search_limit:,} fits with these fixed fields"
-                 + (f" ({', '.join(f'{k}={v}' for k, v in fixed.values.items())}); leave them open." if fixed.values
-                    else "."))
-    rec.rationale = head
+    return closest
 
 
 def _probe_closest(job: Job, fixed: Fixed, search: _Search, count: int) -> None:
@@ -891,56 +1049,192 @@ def _probe_closest(job: Job, fixed: Fixed, search: _Search, count: int) -> None:
             break
 
 
-def _fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float) -> bool:
-    """Does any layout of this job fit? Lightest variants only, most promising (smallest lower bound) first."""
-    search = _new_search(job, fixed, engine, 1, deadline)
+# --------------------------------------------------------------------------- the smallest GPU count
+
+
+def _fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budget: int) -> bool | None:
+    """Does any layout of this job pass the rules and peak within `budget`? Only the lightest variant of each layout
+    is estimated (more ZeRO sharding and recompute and a smaller micro-batch never add memory), most promising
+    layouts (smallest model-state bound) first. None: the deadline passed before an answer."""
+    search = _new_search(job, fixed, engine, 1, deadline, budget)
     layouts, _ = enumerate_layouts(job, fixed)
-    zero, recompute = search.zeros[-1], search.recomputes[-1]
-    capacity = job.gpu.memory_bytes
-    scored = sorted((states_lower_bound(job, lay, zero, search.split), lay) for lay in layouts)
+    recompute = search.recomputes[-1]
+    lightest = search.zeros[-1]
+    scored = sorted((states_lower_bound(job, lay, lightest, search.split), lay) for lay in layouts)
     for bound, lay in scored:
         checkpoint()
-        if bound > capacity or time.perf_counter() > deadline:
+        if bound > budget:
             return False
+        if time.perf_counter() > deadline:
+            return None
         sizes = micro_batches(job, lay, fixed)
-        if not sizes:
+        if not sizes or not search.floor_fits(lay, lightest, recompute, sizes[0]):
             continue
-        if search.check_error(lay, zero, recompute, sizes[0]):
-            continue
-        if search.memory(lay, zero, recompute, sizes[0]).fits:
-            return True
+        # A rule may forbid the most sharded stage (e.g. FSDP with pipelines) but allow a lighter one.
+        for zero in reversed(search.zeros):
+            if search.check_error(lay, zero, recompute, sizes[0]):
+                continue
+            if search.fits(lay, zero, recompute, sizes[0]):  # the memory floor first, then the estimate
+                return True
+            break
     return False
 
 
-def _smallest_gpu_count(job: Job, fixed: Fixed, engine: Engine, limit: int, deadline: float,
-                        user_gbs: bool) -> int | None:
-    """Doubling, then bisection over multiples of the node size: the smallest count at which a layout fits."""
-    node = job.gpus_per_node
-    def job_at(world: int) -> Job:
-        gbs = job.global_batch_size
-        if not user_gbs:
-            sequences = max(1, TOKENS_PER_STEP // job.seq_length)
-            gbs = -(-sequences // world) * world
-        return job.model_copy(update={"num_gpus": world, "global_batch_size": gbs})
+def _count_unit(job: Job, fixed: Fixed) -> int:
+    """The smallest world size the fixed degrees allow: pp*lcm(tp*cp*dp, ep*etp) (cards/rules.yaml WS002; the open
+    degrees at 1), or the plain product where expert parallelism takes ranks of its own (KempnerForge)."""
+    from meshplan.cards import framework_card
 
-    low = job.num_gpus
-    high = max(node, -(-low // node) * node)
-    if high == low:
-        high *= 2
-    while high <= limit:
+    def v(name: str) -> int:
+        return int(fixed.values.get(name, 1))  # type: ignore[call-overload]
+
+    dense = v("tp") * v("cp") * v("dp")
+    if framework_card(job.framework).world_size_law == "kempnerforge":
+        return v("pp") * dense * v("ep")
+    return v("pp") * lcm(dense, v("ep") * v("etp"))
+
+
+def _gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator[int], str]:
+    """GPU counts from `start` to `limit` in increasing order: the divisors of one node below it, then the multiples
+    of the node (of lcm(node, the fixed degrees' minimum world size) when some are fixed). Every count is checked:
+    fit is not monotone in the count, since a layout's degrees must divide it."""
+    node = job.gpus_per_node
+    unit = _count_unit(job, fixed)
+    step = lcm(node, unit)
+    small = [d for d in divisors(node) if start <= d < node and d % unit == 0]
+    text = ", ".join(f"{c:,}" for c in small) + (", then " if small else "")
+    text += f"every multiple of {step:,}"
+    text += (f" (lcm of the {node}-GPU node and the fixed degrees' smallest world size {unit:,})" if step != node
+             else f" (the {node}-GPU node)")
+
+    def counts() -> Iterator[int]:
+        yield from (c for c in small if c <= limit)
+        c = max(step, -(-start // step) * step)
+        while c <= limit:
+            yield c
+            c += step
+
+    return counts(), text
+
+
+def _states_floor(job: Job, zeros: tuple[int, ...], budget: int) -> int:
+    """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
+    parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
+    space.states_lower_bound), at the lightest ZeRO stage allowed."""
+    from meshplan.memory_states import bytes_per_param, convention
+
+    dense, routed = params_split(job)
+    need = min(bytes_per_param(convention(job.framework, z)[2], 1.0) * dense
+               + bytes_per_param(convention(job.framework, z)[2], math.inf) * routed for z in zeros)
+    return max(1, math.ceil(need / max(1, budget)))
+
+
+@dataclass
+class _Scan:
+    """What the smallest-GPU-count scan found, and where and why it stopped."""
+
+    num_gpus: int | None
+    first: int
+    last: int
+    checked: int
+    stepping: str
+    stopped_by: str  # found | max_gpus | time
+    time_bound_s: float
+
+    def sentence(self, headroom: float, fixed: Fixed) -> str:
+        keep = f"keeps {_percent(headroom)} of GPU memory free" if headroom else "fits"
+        if self.num_gpus is not None:
+            return (f"The smallest GPU count where a layout {keep} is {self.num_gpus:,} (counts scanned in increasing "
+                    f"order from {self.first:,}: {self.stepping}); run `meshplan recommend` with "
+                    f"--num-gpus {self.num_gpus}.")
+        fixed_text = ", ".join(f"{k}={v}" for k, v in fixed.values.items())
+        if self.stopped_by == "time":
+            return (f"The scan for the smallest GPU count where a layout {keep} stopped at its {self.time_bound_s:g} s "
+                    f"bound after {self.checked:,} counts from {self.first:,} to {self.last:,} ({self.stepping}) "
+                    f"without finding one; this is not proof that none fits above {self.last:,}.")
+        span = f"from {self.first:,} to {self.last:,}" if self.checked else f"up to {self.last:,}"
+        return (f"No GPU count {span} ({self.stepping}) has a layout that {keep}"
+                + (f" with these fixed fields ({fixed_text}); leave them open." if fixed_text else "."))
+
+
+def _scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int) -> _Scan:
+    """The smallest GPU count at which a layout of `job` keeps `headroom`, scanning counts in increasing order from
+    the first that could hold the model states, within the card's time bound."""
+    limits = search_card().limits
+    started = time.perf_counter()
+    deadline = started + limits.min_gpus_time_budget_s
+    budget = memory_budget(job, headroom)
+    zeros = _new_search(job, fixed, engine, 1, deadline, budget).zeros
+    floor = _states_floor(job, zeros, budget)
+    counts, stepping = _gpu_counts(job, fixed, floor, limit)
+    first = last = 0
+    checked = 0
+    for world in counts:
         if time.perf_counter() > deadline:
-            return None
-        if _fits_somewhere(job_at(high), fixed, engine, deadline):
-            break
-        low, high = high, high * 2
-    else:
-        return None
-    # smallest multiple of the node size in (low, high] that fits
-    lo_n, hi_n = low // node, high // node
-    while hi_n - lo_n > 1 and time.perf_counter() <= deadline:
-        mid = (lo_n + hi_n) // 2
-        if _fits_somewhere(job_at(mid * node), fixed, engine, deadline):
-            hi_n = mid
+            return _Scan(None, first, last, checked, stepping, "time", limits.min_gpus_time_budget_s)
+        fits = _fits_somewhere(_job_at(job, world, user_gbs), fixed, engine, deadline, budget)
+        if fits is None:
+            return _Scan(None, first, last, checked, stepping, "time", limits.min_gpus_time_budget_s)
+        first = first or world
+        last = world
+        checked += 1
+        if fits:
+            return _Scan(world, first, last, checked, stepping, "found", limits.min_gpus_time_budget_s)
+    return _Scan(None, first or floor, max(last, limit), checked, stepping, "max_gpus", limits.min_gpus_time_budget_s)
+
+
+def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
+    """The smallest GPU count at which some layout passes the rules and keeps the headroom, with recommend's best
+    layout there. Every field the request leaves open stays open; a default batch is re-derived at each count."""
+    from meshplan.hardware import get_gpu
+    from meshplan.schema import MAX_GPUS
+
+    if req.num_gpus is not None:
+        raise MeshplanError(
+            f"minimum_gpus finds the GPU count, so num_gpus cannot be given (got {req.num_gpus}).",
+            fix="Leave num_gpus out; bound the scan with max_gpus.",
+        )
+    limits = search_card().limits
+    limit = limits.min_gpus_search_limit if max_gpus is None else max_gpus
+    if not 1 <= limit <= MAX_GPUS:
+        raise MeshplanError(f"max_gpus must be between 1 and {MAX_GPUS:,}, got {limit}.",
+                            fix=f"Use max_gpus={limits.min_gpus_search_limit} (the default).")
+    headroom = headroom_for(req)
+    node = req.gpus_per_node or get_gpu(req.gpu).gpus_per_node
+    job, _ = _search_job(req.model_copy(update={"num_gpus": node}))
+    engine = engine or default_engine(job.framework)
+    fixed = Fixed.from_request(req)
+    user_gbs = req.global_batch_size is not None
+    scan = _scan_minimum(job, fixed, engine, headroom, user_gbs, limit)
+    candidate, gbs = None, None
+    rationale = scan.sentence(headroom, fixed)
+    if scan.num_gpus is not None:
+        rec = recommend(req.model_copy(update={"num_gpus": scan.num_gpus}), top_k=1, engine=engine)
+        gbs = rec.global_batch_size
+        if rec.candidates:
+            candidate = rec.candidates[0]
+            rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where a layout passes the rules "
+                         f"and keeps {_percent(headroom)} of GPU memory free (counts scanned in increasing order from "
+                         f"{scan.first:,}: {scan.stepping}). Best layout there: {candidate.rationale}")
         else:
-            lo_n = mid
-    return hi_n * node
+            rationale += f" (recommend at {scan.num_gpus:,} GPUs ranked nothing: {rec.rationale})"
+    assumptions = [
+        _headroom_assumption(job, headroom, req.headroom is None),
+        f"Counts scanned in increasing order: {scan.stepping}, from {scan.first or '-'} (no smaller count can hold "
+        f"the model states within the headroom) up to {limit:,} GPUs or {limits.min_gpus_time_budget_s:g} s "
+        "(cards/search.yaml). Every count is checked, never bisected: fit is not monotone in the GPU count, since "
+        "each layout's degrees must divide it.",
+        "A count fits when the lightest variant (most ZeRO sharding the rules allow, full recompute, the smallest "
+        "micro-batch) of some layout passes the structural rules and its estimated peak is within the headroom.",
+        ("global_batch_size: the request's at every count." if user_gbs else
+         "global_batch_size not given: the default (~4.2M tokens, rounded up to a multiple of the GPU count) is "
+         "re-derived at each count."),
+    ]
+    if fixed.values:
+        assumptions.append("Fixed by the request: " + ", ".join(f"{k}={v}" for k, v in fixed.values.items()) + ".")
+    return MinimumGpus(
+        model=job.model.name, framework=job.framework, gpu=job.gpu.name, num_gpus=scan.num_gpus, candidate=candidate,
+        headroom=headroom, global_batch_size=gbs, searched_from=scan.first, searched_to=scan.last,
+        counts_checked=scan.checked, stepping=scan.stepping, stopped_by=scan.stopped_by,  # type: ignore[arg-type]
+        rationale=rationale, assumptions=assumptions,
+    )

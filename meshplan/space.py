@@ -54,13 +54,25 @@ class SearchLimits(_Card):
     largest_cluster_source: str
     min_gpus_search_limit: int = Field(ge=1)
     min_gpus_search_source: str
+    min_gpus_time_budget_s: float = Field(gt=0)
+    min_gpus_time_source: str
     closest_layouts: int = Field(ge=1)
+
+
+class SearchComparison(_Card):
+    """Thresholds for comparing layouts, in the one meaning of "X% slower" (search.slower_by)."""
+
+    agreement_tolerance: float = Field(ge=0, lt=1)
+    agreement_source: str
+    below_headroom_gain: float = Field(ge=0, lt=1)
+    below_headroom_source: str
 
 
 class SearchCard(_Card):
     description: str
     frameworks: dict[str, FrameworkKnobs]
     limits: SearchLimits
+    comparison: SearchComparison
 
 
 def search_card() -> SearchCard:

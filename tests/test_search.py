@@ -19,7 +19,7 @@ from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlin
 def exhaustive(req: Request, top_k: int) -> list[float]:
     """Every plan of the space (inside the NVLink domain), brute force: rules, fit with MEM002's headroom, time.
     A plan is left out when the same layout fits with less recompute (the search calls it dominated: strictly
-    slower, same choice)."""
+    slower, same choice); plans with the same predicted step time and peak memory are one row."""
     job, _ = _search_job(req)
     budget = job.gpu.memory_bytes * (1.0 - min_headroom_fraction())
     fixed = Fixed.from_request(req)
@@ -35,11 +35,16 @@ def exhaustive(req: Request, top_k: int) -> list[float]:
                     plan = search.plan(lay, zero, recompute, mbs)
                     if not check_config(job, plan, include_memory=False).ok:
                         continue
-                    if estimate_memory(job, plan).peak_bytes > budget:
+                    peak = estimate_memory(job, plan).peak_bytes
+                    if peak > budget:
                         continue
-                    times.append(estimate_throughput(job, plan).step_time_s)
+                    times.append((estimate_throughput(job, plan).step_time_s, peak))
                     break  # heavier recompute of the same plan is dominated
-    return sorted(times)[:top_k]
+    rows: dict[tuple[float, int], float] = {}
+    for t, peak in times:
+        key = (float(f"{t:.9g}"), peak)
+        rows[key] = min(t, rows.get(key, t))
+    return sorted(rows.values())[:top_k]
 
 
 @pytest.mark.parametrize("fields", [
@@ -179,15 +184,15 @@ def test_cli_recommend_json(capsys):
     assert len(data["candidates"]) == 2 and data["considered"] > 0
 
 
-def test_thin_headroom_layouts_rank_only_when_nothing_else_fits():
-    """A 2.4B model on one 40 GB A100 fits only with under 10% free: still answered, with the MEM002 warning;
-    a 2B model on the same GPU keeps the headroom, and no such warning is given."""
-    thin = recommend(Request(model="2.4B", gpu="a100-40gb", num_gpus=1, seq_length=1024, global_batch_size=8,
-                             framework="deepspeed"), top_k=2)
-    best = thin.candidates[0].memory
-    assert 0 < best.headroom_bytes < 0.1 * best.capacity_bytes
-    assert any("No layout keeps 10%" in w for w in thin.warnings)
-    roomy = recommend(Request(model="2B", gpu="a100-40gb", num_gpus=1, seq_length=1024, global_batch_size=8,
-                              framework="deepspeed"), top_k=2)
+def test_thin_headroom_layouts_are_named_not_ranked_silently():
+    """A 2.4B model on one 40 GB A100 fits only with under 10% free: nothing is ranked, the answer names that
+    layout and the headroom that would rank it; a 2B model on the same GPU keeps the headroom and is ranked."""
+    fields = dict(gpu="a100-40gb", num_gpus=1, seq_length=1024, global_batch_size=8, framework="deepspeed")
+    thin = recommend(Request(model="2.4B", **fields), top_k=2)
+    assert thin.candidates == [] and thin.headroom == pytest.approx(0.1)
+    named = thin.best_below_headroom
+    assert named is not None and 0 < named.memory.headroom_bytes < 0.1 * named.memory.capacity_bytes
+    assert "No layout keeps 10%" in thin.rationale and "headroom=" in thin.rationale
+    roomy = recommend(Request(model="2B", **fields), top_k=2)
     assert roomy.candidates[0].memory.headroom_bytes >= 0.1 * roomy.candidates[0].memory.capacity_bytes
-    assert not any("No layout keeps" in w for w in roomy.warnings)
+    assert roomy.best_below_headroom is None

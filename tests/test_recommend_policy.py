@@ -1,0 +1,227 @@
+"""recommend's policies, one per answer it can contradict itself on (issue 12, items 8 and 9):
+
+- one headroom threshold, stated and settable, used alike by the ranking, the answer when nothing keeps it, the
+  warning about a much faster layout it excludes, and the smallest-GPU-count scan;
+- the smallest GPU count as a question of its own, found by scanning counts in increasing order (fit is not
+  monotone in the count), bounded in time;
+- a top K of distinct layouts (clones with the same predicted numbers fold into one row);
+- one meaning of "X% slower", and a default-batch note that states the real tokens.
+"""
+
+import json
+import re
+
+import pytest
+
+from meshplan import api
+from meshplan.cli import main
+from meshplan.errors import MeshplanError
+from meshplan.memory import estimate_memory
+from meshplan.perf import estimate_throughput
+from meshplan.request import default_global_batch, resolve
+from meshplan.schema import Request
+from meshplan.search import _search_job, minimum_gpus, recommend, slower_by
+from meshplan.space import search_card
+
+SMALL = dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192)
+
+
+@pytest.fixture(scope="module")
+def small():
+    return recommend(Request(**SMALL), top_k=5)
+
+
+def _free_share(candidate) -> float:
+    return 1 - candidate.memory.peak_bytes / candidate.memory.capacity_bytes
+
+
+# --------------------------------------------------------------------------- one headroom, stated and settable
+
+
+def test_the_headroom_is_stated_in_the_assumptions_and_the_summary(small):
+    assert small.headroom == pytest.approx(0.1)  # MEM002's min_headroom_fraction, cards/rules.yaml
+    assert any(a.startswith("Headroom:") and "(1 - 0.1)" in a and "MEM002" in a for a in small.assumptions)
+    assert "keep 10% of GPU memory free (headroom 0.1: MEM002" in small.rationale
+    assert all(_free_share(c) >= 0.1 for c in small.candidates)
+
+
+def test_a_requested_headroom_is_the_threshold_everywhere():
+    rec = recommend(Request(**SMALL, headroom=0.45), top_k=3)
+    assert rec.headroom == 0.45 and "keep 45% of GPU memory free (headroom 0.45, from the request)" in rec.rationale
+    assert rec.candidates and all(_free_share(c) >= 0.45 for c in rec.candidates)
+    assert any("(1 - 0.45)" in a for a in rec.assumptions)
+    # The same threshold decides the smallest count: at 45% free an 8B model needs more than one GPU.
+    assert minimum_gpus(Request(model="llama-3.1-8b", seq_length=8192, headroom=0.45)).headroom == 0.45
+
+
+def test_nothing_keeps_the_headroom_names_the_best_thinner_layout_and_the_headroom_that_ranks_it():
+    """Llama-3.1-405B on 96 H100 fits only with under 1% free: it used to be ranked silently (0-0.3% headroom counted
+    as fitting); now nothing is ranked, the thin layout is named with its headroom and speed, and the smallest count
+    that keeps 10% is the one `minimum_gpus` finds."""
+    rec = recommend(Request(model="llama-3.1-405b", num_gpus=96), top_k=3)
+    assert rec.candidates == []
+    thin = rec.best_below_headroom
+    assert thin is not None and 0 < _free_share(thin) < 0.1
+    match = re.search(r"headroom=([0-9.]+) \(--headroom ", rec.rationale)
+    assert match and "No layout keeps 10%" in rec.rationale
+    assert f"{thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s/GPU" in rec.rationale
+    would_rank = float(match.group(1))
+    assert would_rank <= _free_share(thin)
+    ranked = recommend(Request(model="llama-3.1-405b", num_gpus=96, headroom=would_rank), top_k=1)
+    assert ranked.candidates[0].plan == thin.plan
+    smallest = minimum_gpus(Request(model="llama-3.1-405b"))
+    assert rec.min_gpus == smallest.num_gpus and smallest.num_gpus > 96
+    assert f"--num-gpus {smallest.num_gpus}" in rec.rationale
+    assert _free_share(smallest.candidate) >= 0.1
+
+
+def test_a_much_faster_layout_below_the_headroom_is_warned_about_with_its_numbers():
+    """Kimi-K2 on 256 H100: the fastest layout leaves ~3% free and is dropped by the 10% headroom; the ranked best is
+    far slower, so the answer names it, its speed, its free memory and the headroom that would rank it."""
+    rec = recommend(Request(model="kimi-k2", num_gpus=256), top_k=2)
+    thin, best = rec.best_below_headroom, rec.candidates[0]
+    assert thin is not None and _free_share(thin) < 0.1
+    gap = slower_by(best.throughput.tokens_per_s_per_gpu, thin.throughput.tokens_per_s_per_gpu)
+    assert gap >= search_card().comparison.below_headroom_gain
+    warning = next(w for w in rec.warnings if thin.plan.short() in w)
+    assert f"{thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s/GPU" in warning and f"{gap:.1%} slower" in warning
+    would_rank = float(re.search(r"headroom=([0-9.]+)", warning).group(1))
+    again = recommend(Request(model="kimi-k2", num_gpus=256, headroom=would_rank), top_k=1)
+    assert again.candidates[0].plan == thin.plan and again.best_below_headroom is None
+
+
+def test_no_warning_when_the_headroom_costs_little(small):
+    assert small.best_below_headroom is None
+    assert not any("headroom=" in w for w in small.warnings)
+
+
+# --------------------------------------------------------------------------- the smallest GPU count
+
+
+def test_the_scan_checks_every_count_in_increasing_order(monkeypatch):
+    """Fit is not monotone in the count: a fake job that fits at 24 and 40 but not at 16, 32 or 64 (what doubling
+    would probe) must get 24, from a scan that checked the counts below it in order."""
+    import meshplan.search as search
+
+    seen = []
+
+    def fits(job, *args):
+        seen.append(job.num_gpus)
+        return job.num_gpus in (24, 40)
+
+    monkeypatch.setattr(search, "_fits_somewhere", fits)
+    result = minimum_gpus(Request(model="llama-3.1-8b"))
+    assert result.num_gpus == 24 and result.stopped_by == "found"
+    assert seen == sorted(seen) and seen[-3:] == [8, 16, 24] and result.counts_checked == len(seen)
+    assert result.candidate is not None and result.candidate.plan.world_size == 24
+    assert "every multiple of 8" in result.stepping
+
+
+def test_deepseek_v3_on_h20_has_a_smallest_count_and_recommend_uses_the_same_scan():
+    """It used to say "no GPU count up to 1,048,576 fits" (doubling, then bisection) while recommend itself ranked
+    layouts at 144-384 GPUs."""
+    result = api.minimum_gpus(Request(model="deepseek-v3", gpu="h20"))
+    assert result.num_gpus is not None and 128 < result.num_gpus <= 384 and result.num_gpus % 8 == 0
+    assert _free_share(result.candidate) >= 0.1
+    assert result.stopped_by == "found" and result.searched_to == result.num_gpus
+    impossible = recommend(Request(model="deepseek-v3", gpu="h20", num_gpus=64), top_k=1)
+    assert impossible.candidates == [] and impossible.min_gpus == result.num_gpus
+
+
+def test_fixed_degrees_step_the_counts_by_their_smallest_world_size():
+    result = minimum_gpus(Request(model="llama-3.1-70b", tp=8, pp=3))
+    assert result.num_gpus is not None and result.num_gpus % 24 == 0
+    assert "every multiple of 24" in result.stepping
+    assert result.candidate.plan.tp == 8 and result.candidate.plan.pp == 3
+
+
+def test_the_scan_is_bounded_and_says_which_bound_stopped_it(monkeypatch):
+    bounded = minimum_gpus(Request(model="llama-3.1-405b"), max_gpus=64)
+    assert bounded.num_gpus is None and bounded.stopped_by == "max_gpus" and "up to 64" in bounded.rationale
+    import meshplan.search as search
+
+    card = search_card()
+    tiny = card.model_copy(update={"limits": card.limits.model_copy(update={"min_gpus_time_budget_s": 1e-9})})
+    monkeypatch.setattr(search, "search_card", lambda: tiny)
+    timed = minimum_gpus(Request(model="llama-3.1-405b"))
+    assert timed.num_gpus is None and timed.stopped_by == "time"
+    assert "stopped at its 1e-09 s bound" in timed.rationale and "not proof" in timed.rationale
+
+
+def test_minimum_gpus_rejects_a_gpu_count_and_a_bad_bound():
+    with pytest.raises(MeshplanError, match="num_gpus cannot be given"):
+        minimum_gpus(Request(model="llama-3.1-8b", num_gpus=8))
+    with pytest.raises(MeshplanError, match="max_gpus must be between 1 and"):
+        minimum_gpus(Request(model="llama-3.1-8b"), max_gpus=0)
+
+
+def test_cli_min_gpus(capsys):
+    assert main(["min-gpus", "llama-3.1-70b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["num_gpus"] == 24 and data["headroom"] == pytest.approx(0.1) and data["candidate"]["rank"] == 1
+    assert main(["min-gpus", "llama-3.1-70b"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("smallest GPU count: 24 x ") and "assumptions:" in out
+    assert main(["min-gpus", "llama-3.1-405b", "--max-gpus", "16"]) == 1  # none within the bound
+    assert main(["min-gpus", "llama-3.1-8b", "--num-gpus", "8"]) == 2
+    assert "num_gpus cannot be given" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- distinct rows
+
+
+def test_layouts_with_the_same_numbers_fold_into_one_row(small):
+    """On 8 GPUs at 8K, DP8 x micro-batch 1 and CP2 DP4 x micro-batch 2 (and CP4, CP8) are the same to the cost
+    model: one row that lists the others, not several rows padding the top K."""
+    rows = [(round(c.throughput.step_time_s, 9), c.memory.peak_bytes) for c in small.candidates]
+    assert len(rows) == len(set(rows)) == 5
+    first = small.candidates[0]
+    assert first.equivalents and "folded into this row: also" in first.rationale
+    job, _ = _search_job(Request(**SMALL))
+    for plan in first.equivalents:
+        assert plan.cp > first.plan.cp and plan.micro_batch_size > first.plan.micro_batch_size
+        assert f"also {plan.short()}, micro-batch {plan.micro_batch_size}" in first.rationale
+        assert estimate_throughput(job, plan).step_time_s == pytest.approx(first.throughput.step_time_s, rel=1e-9)
+        assert estimate_memory(job, plan).peak_bytes == first.memory.peak_bytes
+    folded = sum(len(c.equivalents) for c in small.candidates)
+    assert small.rejected["SEARCH-SAME"] == folded
+    assert small.considered == len(small.candidates) + sum(small.rejected.values())
+
+
+# --------------------------------------------------------------------------- "% slower" and the default batch
+
+
+def test_percent_slower_is_the_share_of_throughput_lost():
+    # The issue's cases: 7.7% was printed as 8.3%, 42.6% as 74.4%, and a 21x gap as "2027.0% slower".
+    assert slower_by(923.0, 1000.0) == pytest.approx(0.077)
+    assert slower_by(574.0, 1000.0) == pytest.approx(0.426)
+    assert slower_by(1000.0 / 21.27, 1000.0) == pytest.approx(0.953, abs=1e-3)
+    assert slower_by(1000.0, 1000.0) == 0.0
+
+
+def test_every_printed_percent_uses_that_definition(small):
+    best = small.candidates[0].throughput.tokens_per_s_per_gpu
+    for c in small.candidates[1:]:
+        assert c.rationale.startswith(f"{1 - c.throughput.tokens_per_s_per_gpu / best:.1%} slower than #1")
+    table = re.search(r"predicted at ([0-9,]+) tokens/s/GPU against the pick's ([0-9,]+), ([0-9.]+)% slower",
+                      small.decision_table)
+    theirs, mine, printed = (float(g.replace(",", "")) for g in table.groups())
+    assert mine == pytest.approx(best, abs=0.5)
+    assert printed == pytest.approx(100 * (1 - theirs / mine), abs=0.06)
+
+
+def test_the_default_batch_note_states_the_real_tokens():
+    # 4M tokens / 1M-token sequences = 4 sequences, rounded up to one per data-parallel rank: 64M tokens, not "~4M".
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=64, seq_length=1 << 20))
+    assert job.global_batch_size == default_global_batch(1 << 20, 1, 64) == 64
+    note = next(n for n in job.notes if n.startswith("global_batch_size not given"))
+    assert "64 sequences x 1,048,576 tokens = 67.1M tokens per step" in note
+    assert "4 sequences rounded up to 64, a multiple of micro-batch 1 x 64 data-parallel ranks" in note
+    assert "~4M" not in note
+    _, notes = _search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8 << 20))
+    assert "16 sequences x 8,388,608 tokens = 134.2M tokens per step" in notes[0]
+    assert "one sequence of 8,388,608 tokens is already longer than that" in notes[0]
+    assert "1 sequence rounded up to 16, a multiple of the 16 GPUs" in notes[0]
+    _, exact = _search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8192))
+    assert exact[0].startswith("global_batch_size not given: 512 sequences x 8,192 tokens = 4.2M tokens per step")
+    assert "rounded up" not in exact[0]
