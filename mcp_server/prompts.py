@@ -5,17 +5,28 @@ meshplan, not from the prompt. Arguments arrive as strings (MCP prompt arguments
 they are checked here so a typo fails at once with the allowed values, not three tool calls later.
 A bad value is raised as `MCPError(INVALID_PARAMS)`: the SDK replaces any other exception's text
 with "Internal server error".
+
+The SDK answers an unknown prompt name, a missing or an unknown argument with error code 0 and logs each
+as a crash, traceback and all. `check_prompt_call` answers them first, as the spec's -32602 Invalid
+params naming what is allowed; `prompt_errors` is the server middleware that runs it and gives a real
+crash the JSON-RPC code for one (-32603), still logged with its traceback.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from mcp import MCPError
-from mcp.types import INVALID_PARAMS
-from pydantic import Field
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, Prompt
+from pydantic import Field, ValidationError
 
+from meshplan.errors import closest
 from meshplan.schema import FRAMEWORKS, Request
+
+logger = logging.getLogger(__name__)
 
 _FRAMEWORKS = ", ".join(FRAMEWORKS)
 
@@ -101,6 +112,62 @@ PROMPTS = [
 ]
 
 
+def _did_you_mean(name: str, known: list[str]) -> str:
+    hints = closest(name, known)
+    return f" (did you mean {' or '.join(repr(h) for h in hints)}?)" if hints else ""
+
+
+def check_prompt_call(params: Any, prompts: list[Prompt]) -> None:
+    """Raise -32602 for a `prompts/get` naming an unknown prompt, lacking a required argument, or passing an
+    unknown argument or one that is not a string, with the names that are allowed (`prompts`: as listed by
+    the server). Params that are not even shaped right (a name that is not a string, arguments that are not
+    an object) are left to the SDK's own validation, which answers -32602."""
+    if not isinstance(params, Mapping) or not isinstance(name := params.get("name"), str):
+        return
+    known = {prompt.name: prompt for prompt in prompts}
+    if name not in known:
+        raise MCPError(INVALID_PARAMS, f"Unknown prompt {name!r}{_did_you_mean(name, list(known))}; "
+                                       f"the prompts are: {', '.join(known)}.")
+    arguments = params.get("arguments")
+    if arguments is not None and not isinstance(arguments, Mapping):
+        return
+    names = [arg.name for arg in known[name].arguments or []]
+    required = [arg.name for arg in known[name].arguments or [] if arg.required]
+    takes = f"{name} takes {', '.join(names) or 'no arguments'}" + (
+        f" ({' and '.join(required)} required)." if required else ".")
+    for given, value in (arguments or {}).items():
+        if given not in names:
+            raise MCPError(INVALID_PARAMS, f"Unknown argument {given!r}{_did_you_mean(str(given), names)}: {takes}")
+        if not isinstance(value, str):
+            wanted, sent = json.dumps(str(value)), json.dumps(value)[:40]
+            raise MCPError(INVALID_PARAMS, f"Prompt arguments are strings (MCP): send {given}={wanted}, not {sent}.")
+    missing = [n for n in required if n not in (arguments or {})]
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        raise MCPError(INVALID_PARAMS, f"Missing required argument{plural} {', '.join(missing)}: {takes}")
+
+
+def prompt_errors(server: Any) -> Callable[[Any, Callable[[Any], Any]], Any]:
+    """Server middleware: every failed `prompts/get` gets a JSON-RPC error code, and only a crash leaves a
+    traceback on stderr."""
+
+    async def middleware(ctx: Any, call_next: Callable[[Any], Any]) -> Any:
+        if ctx.method != "prompts/get":
+            return await call_next(ctx)
+        check_prompt_call(ctx.params, await server.list_prompts())
+        try:
+            return await call_next(ctx)
+        except (MCPError, ValidationError):
+            raise  # the SDK answers these with their own codes (-32602 for params that fail its schema)
+        except Exception:
+            name = ctx.params.get("name") if isinstance(ctx.params, Mapping) else None
+            logger.exception("prompts/get %r crashed", name)
+            raise MCPError(INTERNAL_ERROR, "Internal error: the prompt failed to render; the server log has the cause.")
+
+    return middleware
+
+
 def register_prompts(server: Any) -> None:
     for fn, title, description in PROMPTS:
         server.prompt(name=fn.__name__, title=title, description=description)(fn)
+    server.middleware.append(prompt_errors(server))

@@ -390,5 +390,9 @@ async def test_prompt_argument_errors(client):
     with pytest.raises(MCPError) as exc:
         await client.get_prompt("debug_oom", {"model": "x", "gpus": "8", "framework": "jax"})
     assert exc.value.error.code == -32602 and "megatron-core" in exc.value.error.message
-    with pytest.raises(MCPError):
+    with pytest.raises(MCPError) as exc:
         await client.get_prompt("plan_parallelism", {"model": "x"})
+    assert exc.value.error.code == -32602 and "Missing required argument gpus" in exc.value.error.message
+    with pytest.raises(MCPError) as exc:
+        await client.get_prompt("no_such_prompt", {})
+    assert exc.value.error.code == -32602 and "plan_parallelism, debug_oom" in exc.value.error.message
