@@ -25,6 +25,7 @@ from meshplan.errors import MeshplanError
 from meshplan.request import parse_request, unknown_field_error, validation_message
 from meshplan.schema import Request
 
+from .cancellable import cancellable
 from .results import (
     CheckAnswer,
     MemoryAnswer,
@@ -388,7 +389,7 @@ TOOLS: list[tuple[Callable[..., Any], str, str]] = [
 
 def register_tools(server: Any) -> None:
     for fn, title, description in TOOLS:
-        server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(fn)
+        server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(cancellable(fn))
         tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
         meta = tool.fn_metadata
         tool.fn = strict_arguments(tool.fn, meta.arg_model)

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -55,8 +56,8 @@ async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
 class RawServer:
     """A server on a pipe, driven one JSON-RPC line at a time, with every stdout line checked to be JSON."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], stderr: Any = subprocess.PIPE):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                      cwd=cwd, env=env, text=True, bufsize=1)
 
     def send(self, line: object) -> None:
@@ -65,7 +66,7 @@ class RawServer:
 
     def reply(self) -> dict:
         line = self.proc.stdout.readline()
-        assert line, f"server closed stdout; stderr: {self.proc.stderr.read()[-2000:]}"
+        assert line, f"server closed stdout; stderr: {self.proc.stderr.read()[-2000:] if self.proc.stderr else ''}"
         return json.loads(line)  # anything but JSON on stdout would corrupt the stream
 
     def ask(self, line: object) -> dict:
@@ -81,7 +82,8 @@ class RawServer:
         self.proc.stdin.close()
         code = self.proc.wait(timeout=30)
         self.proc.stdout.close()
-        self.proc.stderr.close()
+        if self.proc.stderr:
+            self.proc.stderr.close()
         return code
 
 
