@@ -478,8 +478,9 @@ class MinimumGpus(_Strict):
     searched_to: int = Field(description="Last GPU count checked")
     counts_checked: int = Field(description="How many GPU counts were checked")
     stepping: str = Field(description="Which counts were checked, in words")
-    stopped_by: Literal["found", "max_gpus", "time"] = Field(
-        description="found: a count fits; max_gpus: none fits up to the limit; time: the time bound was hit first"
+    stopped_by: Literal["found", "max_gpus", "time", "rules"] = Field(
+        description="found: a count fits; max_gpus: none fits up to the limit; time: the time bound was hit first; "
+                    "rules: a rule rejects the fixed fields at every count"
     )
     rationale: str
     assumptions: list[str] = []

@@ -1100,6 +1100,9 @@ def _gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterato
     fit is not monotone in the count, since a layout's degrees must divide it."""
     node = job.gpus_per_node
     unit = _count_unit(job, fixed)
+    if all(name in fixed for name in ("tp", "pp", "cp", "dp")):  # the degrees fix the world size itself
+        only = [unit] if start <= unit <= limit else []
+        return iter(only), f"only {unit:,} (tp, pp, cp and dp are all fixed)"
     step = lcm(node, unit)
     small = [d for d in divisors(node) if start <= d < node and d % unit == 0]
     text = ", ".join(f"{c:,}" for c in small) + (", then " if small else "")
@@ -1138,31 +1141,70 @@ class _Scan:
     last: int
     checked: int
     stepping: str
-    stopped_by: str  # found | max_gpus | time
+    stopped_by: str  # found | max_gpus | time | rules
     time_bound_s: float
+    floor: int = 1  # no smaller count can hold the model states
+    limit: int = 0
+    rule: str = ""  # stopped_by == rules: the rule that rejects the fixed fields at every count, in words
 
     def sentence(self, headroom: float, fixed: Fixed) -> str:
-        keep = f"keeps {_percent(headroom)} of GPU memory free" if headroom else "fits"
+        keep = _keeps(headroom)
         if self.num_gpus is not None:
             return (f"The smallest GPU count where a layout {keep} is {self.num_gpus:,} (counts scanned in increasing "
                     f"order from {self.first:,}: {self.stepping}); run `meshplan recommend` with "
                     f"--num-gpus {self.num_gpus}.")
         fixed_text = ", ".join(f"{k}={v}" for k, v in fixed.values.items())
+        if self.stopped_by == "rules":
+            return f"No GPU count can help: {self.rule}"
         if self.stopped_by == "time":
             return (f"The scan for the smallest GPU count where a layout {keep} stopped at its {self.time_bound_s:g} s "
                     f"bound after {self.checked:,} counts from {self.first:,} to {self.last:,} ({self.stepping}) "
                     f"without finding one; this is not proof that none fits above {self.last:,}.")
-        span = f"from {self.first:,} to {self.last:,}" if self.checked else f"up to {self.last:,}"
-        return (f"No GPU count {span} ({self.stepping}) has a layout that {keep}"
-                + (f" with these fixed fields ({fixed_text}); leave them open." if fixed_text else "."))
+        if self.checked:
+            text = (f"No GPU count from {self.first:,} to {self.last:,} ({self.stepping}) has a layout that {keep}")
+        else:
+            text = (f"No GPU count up to {self.limit:,} can hold the model: its states alone need at least "
+                    f"{self.floor:,} GPUs for a layout that {keep}, and the counts allowed are {self.stepping}")
+        return text + (f" with these fixed fields ({fixed_text}); leave them open." if fixed_text else ".")
+
+
+def _keeps(headroom: float) -> str:
+    return f"keeps {_percent(headroom)} of GPU memory free" if headroom else "fits"
+
+
+_PREFILTERED_BY = {"tp-heads": ("tp",), "cp-seq": ("cp",),
+                   "pp-layers": ("pp", "vpp", "first_stage_layers", "last_stage_layers")}
+
+
+def _rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
+    """Why the fixed fields have no layout at any GPU count, in words ("" when some count could have one): a fixed
+    degree that breaks a shape law (heads, layers, sequence length; enumerate_layouts prefilters these whatever the
+    count) or a fixed ep that does not divide the experts."""
+    search = _new_search(job, fixed, engine, 1, math.inf)
+    examples = []
+    moe = job.model.moe
+    ep = int(fixed.values.get("ep", 1))  # type: ignore[call-overload]
+    if ep > 1 and (moe is None or moe.num_experts % ep):
+        degrees = {d: int(fixed.values.get(d, 1)) for d in ("tp", "pp", "cp")}  # type: ignore[call-overload]
+        examples.append(Layout(**degrees, ep=ep, etp=1, dp=max(1, job.num_gpus // math.prod(degrees.values()))))
+    layouts, dropped = enumerate_layouts(job, fixed)
+    if not layouts:
+        examples += [g.example for g in dropped if any(n in fixed for n in _PREFILTERED_BY.get(g.reason, ()))]
+    for example in examples:
+        error = search.check_error(example, search.zeros[0], search.recomputes[0], 1)
+        if error:
+            finding = search.examples[error]
+            return f"every layout with the fixed fields breaks {error}: {finding.message} Fix: {finding.fix}"
+    return ""
 
 
 def _scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int) -> _Scan:
     """The smallest GPU count at which a layout of `job` keeps `headroom`, scanning counts in increasing order from
     the first that could hold the model states, within the card's time bound."""
     limits = search_card().limits
+    bound = limits.min_gpus_time_budget_s
     started = time.perf_counter()
-    deadline = started + limits.min_gpus_time_budget_s
+    deadline = started + bound
     budget = memory_budget(job, headroom)
     zeros = _new_search(job, fixed, engine, 1, deadline, budget).zeros
     floor = _states_floor(job, zeros, budget)
@@ -1171,16 +1213,19 @@ def _scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_
     checked = 0
     for world in counts:
         if time.perf_counter() > deadline:
-            return _Scan(None, first, last, checked, stepping, "time", limits.min_gpus_time_budget_s)
-        fits = _fits_somewhere(_job_at(job, world, user_gbs), fixed, engine, deadline, budget)
+            return _Scan(None, first, last, checked, stepping, "time", bound, floor, limit)
+        at = _job_at(job, world, user_gbs)
+        if not checked and (reason := _rules_forbid(at, fixed, engine)):
+            return _Scan(None, world, world, 1, stepping, "rules", bound, floor, limit, reason)
+        fits = _fits_somewhere(at, fixed, engine, deadline, budget)
         if fits is None:
-            return _Scan(None, first, last, checked, stepping, "time", limits.min_gpus_time_budget_s)
+            return _Scan(None, first, last, checked, stepping, "time", bound, floor, limit)
         first = first or world
         last = world
         checked += 1
         if fits:
-            return _Scan(world, first, last, checked, stepping, "found", limits.min_gpus_time_budget_s)
-    return _Scan(None, first or floor, max(last, limit), checked, stepping, "max_gpus", limits.min_gpus_time_budget_s)
+            return _Scan(world, first, last, checked, stepping, "found", bound, floor, limit)
+    return _Scan(None, first, last, checked, stepping, "max_gpus", bound, floor, limit)
 
 
 def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
@@ -1214,13 +1259,13 @@ def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | Non
         if rec.candidates:
             candidate = rec.candidates[0]
             rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where a layout passes the rules "
-                         f"and keeps {_percent(headroom)} of GPU memory free (counts scanned in increasing order from "
-                         f"{scan.first:,}: {scan.stepping}). Best layout there: {candidate.rationale}")
+                         f"and {_keeps(headroom)} (counts scanned in increasing order from {scan.first:,}: "
+                         f"{scan.stepping}). Best layout there: {candidate.rationale}")
         else:
             rationale += f" (recommend at {scan.num_gpus:,} GPUs ranked nothing: {rec.rationale})"
     assumptions = [
         _headroom_assumption(job, headroom, req.headroom is None),
-        f"Counts scanned in increasing order: {scan.stepping}, from {scan.first or '-'} (no smaller count can hold "
+        f"Counts scanned in increasing order: {scan.stepping}, from {scan.floor:,} (no smaller count can hold "
         f"the model states within the headroom) up to {limit:,} GPUs or {limits.min_gpus_time_budget_s:g} s "
         "(cards/search.yaml). Every count is checked, never bisected: fit is not monotone in the GPU count, since "
         "each layout's degrees must divide it.",
@@ -1234,7 +1279,8 @@ def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | Non
         assumptions.append("Fixed by the request: " + ", ".join(f"{k}={v}" for k, v in fixed.values.items()) + ".")
     return MinimumGpus(
         model=job.model.name, framework=job.framework, gpu=job.gpu.name, num_gpus=scan.num_gpus, candidate=candidate,
-        headroom=headroom, global_batch_size=gbs, searched_from=scan.first, searched_to=scan.last,
+        headroom=headroom, global_batch_size=gbs, searched_from=scan.first if scan.checked else scan.floor,
+        searched_to=scan.last if scan.checked else limit,
         counts_checked=scan.checked, stepping=scan.stepping, stopped_by=scan.stopped_by,  # type: ignore[arg-type]
         rationale=rationale, assumptions=assumptions,
     )

@@ -148,6 +148,17 @@ def test_the_scan_is_bounded_and_says_which_bound_stopped_it(monkeypatch):
     assert "stopped at its 1e-09 s bound" in timed.rationale and "not proof" in timed.rationale
 
 
+def test_fixed_fields_no_count_can_help_stop_at_once():
+    """A fixed degree that breaks a shape rule fails at every count: the scan names the rule instead of running
+    to its time bound; degrees that fix the world size leave one count to check."""
+    heads = minimum_gpus(Request(model="llama-3.1-8b", tp=3))
+    assert heads.num_gpus is None and heads.stopped_by == "rules" and "TP001" in heads.rationale
+    experts = minimum_gpus(Request(model="mixtral-8x7b", ep=3))
+    assert experts.stopped_by == "rules" and "EP002" in experts.rationale
+    pinned = minimum_gpus(Request(model="llama-3.1-8b", tp=2, pp=2, cp=1, dp=2))
+    assert pinned.num_gpus == 8 and pinned.counts_checked == 1 and pinned.stepping.startswith("only 8")
+
+
 def test_minimum_gpus_rejects_a_gpu_count_and_a_bad_bound():
     with pytest.raises(MeshplanError, match="num_gpus cannot be given"):
         minimum_gpus(Request(model="llama-3.1-8b", num_gpus=8))
