@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.adapters.architecture import SILU, bridge_fields, core_flags, megatron_architecture
 from meshplan.adapters.common import (
     flex_notes,
     hierarchical_cp,
@@ -31,9 +32,12 @@ def _sharding(plan: Plan) -> str | None:
     return {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero_stage)
 
 
-def architecture_flags(job: Job) -> list[Flag]:
-    """The model shape as pretrain_gpt.py flags (names from megatron/training/arguments.py)."""
+def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
+    """The model as pretrain_gpt.py flags (names from megatron/training/arguments.py), and notes on what the
+    flags cannot say (adapters/architecture.py: rope, activation, norm and qk-norm)."""
     m = job.model
+    settings, notes, core_notes = megatron_architecture(m, job.seq_length)
+    own, unflagged = core_flags(settings)
     flags: list[Flag] = [
         ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_attention_heads),
@@ -44,18 +48,13 @@ def architecture_flags(job: Job) -> list[Flag]:
         flags.append(("--kv-channels", m.head_dim))
     flags += [("--seq-length", job.seq_length),
               ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0))]
-    flags.append(("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"))
-    if m.gated_mlp:
-        flags.append(("--swiglu", None))
-    flags.append(("--position-embedding-type", "learned_absolute" if m.learned_position_embeddings else "rope"))
+    flags += own
     if not m.tie_word_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not (m.qkv_bias or m.o_bias or m.mlp_bias):
         flags.append(("--disable-bias-linear", None))
     elif m.qkv_bias and not (m.o_bias or m.mlp_bias):
         flags += [("--disable-bias-linear", None), ("--add-qkv-bias", None)]
-    if m.qk_norm != "none":
-        flags.append(("--qk-layernorm", None))
     if m.mla is not None:
         flags += [("--multi-latent-attention", None), ("--kv-lora-rank", m.mla.kv_lora_rank),
                   ("--qk-head-dim", m.mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim),
@@ -72,7 +71,7 @@ def architecture_flags(job: Job) -> list[Flag]:
             flags.append(("--moe-layer-freq", freq))
     if m.num_mtp_layers:
         flags.append(("--mtp-num-layers", m.num_mtp_layers))
-    return flags
+    return flags, notes + core_notes + unflagged
 
 
 def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
@@ -127,13 +126,14 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
 def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
     n = nodes(job)
     flags, notes = parallel_flags(job, plan)
+    model, model_notes = architecture_flags(job)
     flex, flex_warnings = flex_notes(job, plan)
     connections = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
     return Built(
         template="megatron_core.j2",
-        context={"nodes": n, "flags": architecture_flags(job) + flags, "max_connections": connections},
+        context={"nodes": n, "flags": model + flags, "max_connections": connections, "to_add": model_notes},
         format="shell", filename="pretrain_gpt.sh",
-        notes=[*notes, *flex,
+        notes=[*model_notes, *notes, *flex,
                "Data, tokenizer, optimizer and checkpoint flags are yours to add (--data-path, --tokenizer-type, "
                "--lr, --save ...); the flags here fix the model shape and the layout.",
                "There is no --virtual-pipeline-model-parallel-size flag: VPP is "
@@ -144,6 +144,13 @@ def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
 
 
 # --------------------------------------------------------------------------- Megatron-Bridge
+
+
+def bridge_architecture(job: Job) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The model's rope, norm and qk-norm as cfg.model fields, and what no field can say. The recipe (or
+    AutoBridge) supplies what has no plain value: the activation function and the layer spec."""
+    settings, notes, _ = megatron_architecture(job.model, job.seq_length)
+    return bridge_fields(settings), notes
 
 
 def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
@@ -186,22 +193,26 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
 
 
 def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
-    settings = bridge_settings(job, plan)
+    model, model_notes = bridge_architecture(job)
+    settings = model + bridge_settings(job, plan)
     flex, warnings = flex_notes(job, plan)
-    notes = ["Apply after building the ConfigContainer from a recipe; Bridge defers the Megatron-Core "
-             "__post_init__ checks to cfg.validate(), so run it after these assignments.", *flex]
+    notes = [*model_notes,
+             "Apply after building the ConfigContainer from a recipe of this model; the model.* architecture fields "
+             "restate its config (the recipe keeps the activation function and layer spec). Bridge defers the "
+             "Megatron-Core __post_init__ checks to cfg.validate(), so run it after these assignments.", *flex]
     if flex:
         notes.append("With flex, moe_shared_expert_overlap is set False as Bridge's apply_flex_dispatcher_backend "
                      "does; cfg.validate() checks the backend against the GPU it runs on "
                      "(validate_flex_dispatcher_backend).")
     if variant == "run_recipe":
         n = nodes(job)
-        return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n},
+        return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n,
+                                                                    "to_add": model_notes},
                      format="shell", filename="run_recipe.sh",
                      notes=[*notes, "scripts/training/run_recipe.py is in the Megatron-Bridge repository "
                                     "(not the wheel); set RECIPE to a recipe function of your model."],
                      warnings=warnings)
-    return Built(template="megatron_bridge.j2", context={"settings": settings}, format="python",
+    return Built(template="megatron_bridge.j2", context={"settings": settings, "to_add": model_notes}, format="python",
                  filename="layout.py", notes=notes, warnings=warnings)
 
 
@@ -257,7 +268,8 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
         ("--seq-length", job.seq_length),
         ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0)),
     ]
-    if m.gated_mlp:
+    swiglu = m.gated_mlp and m.activation in SILU and m.model_type != "gpt_oss"
+    if swiglu:
         flags.append(("--swiglu", None))
     if not m.learned_position_embeddings:
         flags.append(("--use-rotary-position-embeddings", None))
@@ -277,4 +289,25 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
                  format="shell", filename="pretrain_megatron_deepspeed.sh",
                  notes=["Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed) is not on PyPI: the flags used here are "
                         "listed with their source in cards/frameworks/deepspeed.yaml (megatron_deepspeed_flags).",
-                        "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's."])
+                        "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's.",
+                        *deepspeed_architecture_notes(job, swiglu)])
+
+
+def deepspeed_architecture_notes(job: Job, swiglu: bool) -> list[str]:
+    """What the Megatron-DeepSpeed flags here leave out of the model (the card lists no flag for them)."""
+    m, facts = job.model, []
+    if m.rope is not None:
+        if m.rope.theta is not None:
+            facts.append(f"rope base {m.rope.theta:g}")
+        if m.rope.scaling:
+            facts.append(f"{m.rope.scaling} rope scaling (factor {m.rope.factor:g})")
+        if m.rope.fraction != 1:
+            facts.append(f"rotary on {m.rope.fraction:.0%} of each head")
+    if m.norm_eps is not None:
+        facts.append(f"norm epsilon {m.norm_eps:g}")
+    if m.gated_mlp and not swiglu:
+        facts.append(f"a gated MLP with {m.activation} (not --swiglu's SiLU)")
+    if m.qk_norm != "none":
+        facts.append("q/k norms")
+    return [f"Add {m.name}'s " + ", ".join(facts) + " with your fork's flags; the flags here do not set them."] \
+        if facts else []

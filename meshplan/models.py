@@ -21,7 +21,7 @@ from pydantic import Field
 
 from meshplan.cards import ModelCard, _Card, load_card, model_card, model_card_names
 from meshplan.errors import MeshplanError, closest
-from meshplan.schema import Architecture, ComponentCount, MLASpec, ModelReport, ModelSummary, MoESpec
+from meshplan.schema import Architecture, ComponentCount, MLASpec, ModelReport, ModelSummary, MoESpec, RopeSpec
 
 T = TypeVar("T")
 
@@ -186,6 +186,70 @@ def _experts(f: _Fields, experts_key: str, width_key: str) -> tuple[int, int, in
     top_k = f.int("num_experts_per_tok", lo=1, hi=experts,
                   why=f"a token cannot use more than the {experts_key} = {experts} experts there are")
     return experts, top_k, f.int(width_key, "intermediate_size")
+
+
+def _real(f: _Fields, key: str, value: Any, lo: float, hi: float, *, above: bool = True) -> float:
+    """A finite number in (lo, hi] (or [lo, hi] when not `above`), else an error naming the key and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise f.fail(f"{key} must be a number, got {_show(value)}.")
+    if not (lo < value if above else lo <= value) or value > hi:  # exact for ints of any size
+        raise f.fail(f"{key} = {_show(value)} is out of range: allowed {'above' if above else 'from'} {lo:g} "
+                     f"to {hi:g}.")
+    return float(value)
+
+
+def _rope_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> RopeSpec | None:
+    """rope_theta, rope_scaling and partial_rotary_factor as config.json (or transformers 5's rope_parameters)
+    states them; None for learned absolute positions. Only the adapters read it: it changes no count."""
+    if model_type == "gpt2":
+        return None
+    params = cfg.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise f.fail(f"rope_parameters must be an object, got {_show(params)}.")
+    params = params or {}
+    scaling = cfg.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise f.fail(f"rope_scaling must be an object or null, got {_show(scaling)}.")
+    scaling = {**params, **(scaling or {})}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise f.fail(f"rope_scaling.rope_type must be a string, got {_show(kind)}.")
+    kind = None if kind in (None, "default") else kind
+    theta = cfg.get("rope_theta", params.get("rope_theta"))
+    fraction = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor"))
+
+    def real(name: str, hi: float = 1e6, above: bool = True) -> float | None:
+        value = scaling.get(name)
+        return None if value is None or kind is None else _real(f, f"rope_scaling.{name}", value, 0, hi, above=above)
+
+    original = scaling.get("original_max_position_embeddings")
+    truncate = scaling.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise f.fail(f"rope_scaling.truncate must be true or false, got {_show(truncate)}.")
+    return RopeSpec(
+        theta=None if theta is None else _real(f, "rope_theta", theta, 0, 1e12),
+        fraction=1.0 if fraction is None else _real(f, "partial_rotary_factor", fraction, 0, 1),
+        scaling=kind,
+        factor=real("factor"),
+        original_max_position_embeddings=None if original is None or kind is None else int(
+            _real(f, "rope_scaling.original_max_position_embeddings", original, 1, 1 << 40, above=False)),
+        low_freq_factor=real("low_freq_factor"),
+        high_freq_factor=real("high_freq_factor"),
+        beta_fast=real("beta_fast"),
+        beta_slow=real("beta_slow"),
+        mscale=real("mscale", 1e3, above=False),
+        mscale_all_dim=real("mscale_all_dim", 1e3, above=False),
+        truncate=truncate if kind is not None else None,
+    )
+
+
+def _norm_eps(cfg: dict[str, Any], f: _Fields) -> float | None:
+    """The norm epsilon under whichever name the model family uses; None when the config omits it."""
+    for key in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "layernorm_epsilon"):
+        if cfg.get(key) is not None:
+            return _real(f, key, cfg[key], 0, 0.1)
+    return None
 
 
 def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields) -> MoESpec | None:
@@ -359,6 +423,8 @@ def architecture_from_config(
         learned_position_embeddings=positions if model_type == "gpt2" else 0,
         attention_sinks=model_type == "gpt_oss",
         sliding_window=sliding,
+        rope=_rope_spec(cfg, model_type, f),
+        norm_eps=_norm_eps(cfg, f),
         moe=moe,
         mla=mla,
         num_mtp_layers=mtp,

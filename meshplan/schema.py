@@ -72,6 +72,24 @@ class MLASpec(_Strict):
     v_head_dim: int
 
 
+class RopeSpec(_Strict):
+    """Rotary position embedding as config.json states it: rope_theta, rope_scaling (or transformers 5's
+    rope_parameters) and partial_rotary_factor. It decides no count; the adapters render it."""
+
+    theta: float | None = Field(None, gt=0, description="rope_theta, the rotary base; None when the config omits it")
+    fraction: float = Field(1.0, gt=0, le=1, description="partial_rotary_factor: share of head dims that rotate")
+    scaling: str | None = Field(None, description="rope_scaling's rope_type (llama3, yarn, linear, ...); None: none")
+    factor: float | None = Field(None, gt=0)
+    original_max_position_embeddings: int | None = Field(None, ge=1)
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3 scaling")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3 scaling")
+    beta_fast: float | None = Field(None, gt=0, description="yarn scaling")
+    beta_slow: float | None = Field(None, gt=0, description="yarn scaling")
+    mscale: float | None = Field(None, ge=0, description="yarn scaling")
+    mscale_all_dim: float | None = Field(None, ge=0, description="yarn scaling")
+    truncate: bool | None = Field(None, description="yarn: round the correction range to whole dims (default true)")
+
+
 class Architecture(_Strict):
     """The shapes that decide parameter count, memory and FLOPs; field meanings follow HF config.json."""
 
@@ -99,6 +117,8 @@ class Architecture(_Strict):
     learned_position_embeddings: int = Field(0, ge=0, description="Rows of a learned absolute position table")
     attention_sinks: bool = False
     sliding_window: int | None = None
+    rope: RopeSpec | None = Field(None, description="Rotary embedding; None with learned absolute positions")
+    norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")

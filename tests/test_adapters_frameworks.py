@@ -22,26 +22,37 @@ import pytest
 from framework_packages import venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from meshplan.adapters import render
+from meshplan.adapters.capabilities import adapter_section
 from meshplan.adapters.parse import cli_flags, overrides, parse_plan, python_assignments, shell_tokens
 from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
-from meshplan.cards import framework_card, read_card
+from meshplan.cards import framework_card, model_card_names, read_card
 from meshplan.request import resolve
 from meshplan.schema import Request
 
 pytestmark = pytest.mark.slow
 
 
-def rendered(framework: str):
-    """Every rendering of `framework` the other tests use: the round-trip cases and the golden plans."""
+def rendered_jobs(framework: str):
+    """(job, rendering) for every rendering of `framework` the other tests use (the round-trip cases and the golden
+    plans), and for Megatron-Core and Megatron-Bridge every catalog model, whose architecture flags differ."""
     out = []
     for fw, variant, fields in CASES:
         if fw == framework:
             job, plan = resolve(Request(framework=fw, **fields))
-            out.append(render(fw, job, plan, variant=variant))
+            out.append((job, render(fw, job, plan, variant=variant)))
     for case in GOLDEN_CASES:
-        out.append(render(framework, *golden_job_plan(framework, case)))
+        job, plan = golden_job_plan(framework, case)
+        out.append((job, render(framework, job, plan)))
+    if framework in ("megatron-core", "megatron-bridge"):
+        for key in model_card_names():
+            job, plan = resolve(Request(framework=framework, model=key, num_gpus=8, seq_length=8192))
+            out += [(job, render(framework, job, plan, variant=v)) for v in adapter_section(framework).variants]
     return out
+
+
+def rendered(framework: str):
+    return [result for _, result in rendered_jobs(framework)]
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +84,19 @@ BRIDGE_SECTIONS = {"model": ("megatron.bridge.models.gpt_provider", "GPTModelPro
 def test_megatron_bridge_fields_exist_in_config_dataclasses(megatron_tree):
     container = megatron_tree.fields("megatron.bridge.training.config", "ConfigContainer")
     fields = {s: set(megatron_tree.fields(*where)) for s, where in BRIDGE_SECTIONS.items()}
-    assert "decoder_first_pipeline_num_layers" not in fields["model"]
+    # An MLA model's provider is an MLAModelProvider: its yarn fields (beta_fast, mscale ...) are its own.
+    mla = set(megatron_tree.fields("megatron.bridge.models.mla_provider", "MLAModelProvider"))
+    assert "decoder_first_pipeline_num_layers" not in fields["model"] and "beta_fast" not in fields["model"]
     extra = resolve(Request(framework="megatron-bridge", model="llama-3.1-70b", num_gpus=64, tp=4, pp=4,
                             zero_stage=3, cp=2, cp_comm_type="a2a+p2p", precision="fp8"))
-    for result in [*rendered("megatron-bridge"), render("megatron-bridge", *extra, variant="run_recipe")]:
+    for job, result in [*rendered_jobs("megatron-bridge"), (extra[0], render("megatron-bridge", *extra,
+                                                                             variant="run_recipe"))]:
         keys = (python_assignments(result.text) if result.format == "python"
                 else overrides(shell_tokens(result.text)))
         for key in keys:
             section, name = key.split(".", 1)
-            assert section in container and name in fields[section], key
+            known = fields[section] | (mla if section == "model" and job.model.mla is not None else set())
+            assert section in container and name in known, (job.model.name, key)
 
 
 # --------------------------------------------------------------------------- verl (Hydra compose)

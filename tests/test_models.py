@@ -200,7 +200,9 @@ def test_llama_3_ids_are_llama_3_not_3_1(name, key):
     assert arch.key == key and arch.name.startswith("Llama-3-") and arch.max_position_embeddings == 8192
     twin = catalog_architecture(key.replace("llama-3-", "llama-3.1-"))
     assert twin.max_position_embeddings == 131072
-    differ = {"key", "name", "hf_id", "max_position_embeddings"}
+    assert arch.rope.scaling is None and twin.rope.scaling == "llama3"  # rope scaling came with 3.1
+    assert arch.rope.theta == twin.rope.theta == 500000
+    differ = {"key", "name", "hf_id", "max_position_embeddings", "rope"}
     assert arch.model_dump(exclude=differ) == twin.model_dump(exclude=differ)
 
 

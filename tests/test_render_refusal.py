@@ -7,13 +7,16 @@ Faces: `meshplan.api.render_config`, the CLI through `meshplan.cli.main`, and th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
-from meshplan.adapters.parse import shell_tokens
+from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
 from meshplan.adapters.render import TARGETS, RefusedLayout, dotlist_value, hydra_value, render
 from meshplan.mcp_server import tools
 
 from meshplan import api
+from meshplan.cards import model_card
 from meshplan.cli import main
 from meshplan.errors import MeshplanError
 from meshplan.memory import estimate_memory
@@ -158,3 +161,116 @@ def test_a_backslash_in_a_model_path_reaches_verl_and_skyrl_once():
     job = job.model_copy(update={"model": job.model.model_copy(update={"hf_id": "C:\\models\\llama"})})
     assert "actor_rollout_ref.model.path='C:\\models\\llama'" in shell_tokens(render("verl", job, plan).text)
     assert 'trainer.policy.model.path="C:\\\\models\\\\llama"' in shell_tokens(render("skyrl", job, plan).text)
+
+
+# --------------------------------------------------------------------------- 2. the model's own architecture
+
+
+def _core(model: str, **fields):
+    """pretrain_gpt.py's flags (flag -> value, True for a switch) and the result, straight from the adapter."""
+    job, plan = resolve(Request(framework="megatron-core", model=model, **{"num_gpus": 8, **fields}))
+    result = render("megatron-core", job, plan)
+    tokens = shell_tokens(result.text)
+    return cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:]), result
+
+
+def _bridge(model: str, variant: str | None = None, **fields) -> dict:
+    job, plan = resolve(Request(framework="megatron-bridge", model=model, **{"num_gpus": 8, **fields}))
+    result = render("megatron-bridge", job, plan, variant=variant)
+    return python_assignments(result.text) if result.format == "python" else overrides(shell_tokens(result.text))
+
+
+def test_llama_3_1_carries_its_rope_base_llama3_scaling_and_norm_epsilon():
+    flags, result = _core("llama-3.1-8b", tp=2)
+    assert {k: flags[k] for k in ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor", "--norm-epsilon",
+                                  "--swiglu", "--position-embedding-type", "--normalization")} == {
+        "--rotary-base": "500000", "--use-rope-scaling": True, "--rope-scaling-factor": "8.0",
+        "--norm-epsilon": "1e-05", "--swiglu": True, "--position-embedding-type": "rope", "--normalization": "RMSNorm"}
+    assert "# add:" not in result.text  # nothing left for the user to add
+    model = {k: v for k, v in _bridge("llama-3.1-8b", tp=2).items() if k.startswith("model.") and "parallel" not in k}
+    assert {"model.rotary_base": 500000, "model.rope_scaling": True, "model.rope_scaling_factor": 8.0,
+            "model.layernorm_epsilon": 1e-05, "model.gated_linear_unit": True}.items() <= model.items()
+    assert _bridge("llama-3.1-8b", "run_recipe", tp=2)["model.rotary_base"] == "500000"
+
+
+def test_qwen3_gets_its_own_rope_base_and_qk_layernorm():
+    flags, _ = _core("qwen3-8b", tp=2)
+    assert flags["--rotary-base"] == "1000000" and flags["--norm-epsilon"] == "1e-06" and flags["--qk-layernorm"]
+    assert "--use-rope-scaling" not in flags
+
+
+def test_gemma_2_is_not_given_swiglu_and_says_what_pretrain_gpt_cannot_build():
+    flags, result = _core("gemma-2-27b", num_gpus=16, tp=4)
+    assert not {"--swiglu", "--quick-geglu", "--squared-relu"} & set(flags)
+    assert flags["--apply-layernorm-1p"] and flags["--norm-epsilon"] == "1e-06" and flags["--rotary-base"] == "10000"
+    geglu = next(n for n in result.notes if "GeGLU" in n)
+    assert "gelu_pytorch_tanh" in geglu and "fast_gelu" in geglu
+    assert any("soft-capping" in n for n in result.notes)
+    assert f"# add: {geglu}" in result.text  # in the snippet itself, not only in the JSON
+    bridge = _bridge("gemma-2-27b", num_gpus=16, tp=4)
+    assert bridge["model.gated_linear_unit"] is True and bridge["model.layernorm_zero_centered_gamma"] is True
+    assert not any("activation" in k for k in bridge)
+
+
+def test_gemma_2_notes_reach_the_plain_cli_output_and_the_json(capsys):
+    args = ["render", "megatron-core", "gemma-2-27b", "--num-gpus", "16", "--tp", "4"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "--swiglu" not in shell_tokens(out) and "# add: gemma-2-27b's MLP is GeGLU" in out
+    assert "# note: gemma-2-27b's MLP is GeGLU" in err
+    assert any("GeGLU" in n for n in api.render_config("megatron-core", Request(
+        model="gemma-2-27b", num_gpus=16, tp=4)).notes)
+
+
+def test_mla_models_carry_their_yarn_or_plain_rope_and_the_lora_norms():
+    flags, _ = _core("deepseek-v3", num_gpus=64, ep=8)
+    assert {k: flags[k] for k in ("--rotary-base", "--rope-type", "--rotary-scaling-factor", "--mscale",
+                                  "--mscale-all-dim", "--qk-layernorm")} == {
+        "--rotary-base": "10000", "--rope-type": "yarn", "--rotary-scaling-factor": "40.0", "--mscale": "1.0",
+        "--mscale-all-dim": "1.0", "--qk-layernorm": True}
+    assert "--position-embedding-type" not in flags  # MLA takes its rope from rope_type
+    flags, _ = _core("moonlight-16b-a3b", ep=8)  # no rope scaling: Megatron's MLA default is yarn x40
+    assert flags["--rope-type"] == "rope" and flags["--no-rope-fusion"] and flags["--rotary-base"] == "50000"
+    _, kimi = _core("kimi-k2", num_gpus=64, ep=8)  # beta_fast 1, not MLA's 32: only a config field can say so
+    assert any(n.startswith("pretrain_gpt.py has no flag for beta_fast=1.0") for n in kimi.notes)
+    assert _bridge("kimi-k2", num_gpus=64, ep=8)["model.beta_fast"] == 1.0
+
+
+def test_gpt_oss_gets_yarn_and_its_clamped_glu():
+    flags, result = _core("gpt-oss-20b", ep=8)
+    assert flags["--position-embedding-type"] == "yarn" and flags["--rotary-scaling-factor"] == "32.0"
+    assert flags["--yarn-original-max-position-embeddings"] == "4096"
+    assert flags["--no-yarn-correction-range-round-to-int"]
+    assert flags["--quick-geglu"] and flags["--activation-func-clamp-value"] == "7.0" and "--swiglu" not in flags
+    assert any("attention sinks" in n for n in result.notes)
+
+
+def test_scaling_megatron_cannot_express_is_a_note_not_a_wrong_flag():
+    flags, result = _core("llama-4-scout", num_gpus=16, ep=16)  # llama3 scaling with high_freq_factor 1, not 4
+    assert "--use-rope-scaling" not in flags and flags["--rotary-base"] == "500000"
+    assert any("high_freq_factor=1" in n and "_apply_scaling" in n for n in result.notes)
+
+
+def test_unknown_rope_base_and_norm_epsilon_are_named_for_the_user_to_add():
+    flags, result = _core("qwen2.5-72b", num_gpus=64, tp=8)
+    assert "--rotary-base" not in flags and "--norm-epsilon" not in flags
+    assert any("add --rotary-base" in n for n in result.notes) and any("add --norm-epsilon" in n for n in result.notes)
+
+
+def test_a_config_json_in_transformers_5_form_carries_its_rope_parameters(tmp_path):
+    cfg = {**model_card("qwen3-8b").config, "rope_parameters": {"rope_theta": 5000000.0, "rope_type": "default"}}
+    del cfg["rope_theta"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    flags, _ = _core(str(path), tp=2)
+    assert flags["--rotary-base"] == "5000000"
+
+
+def test_megatron_deepspeed_gives_swiglu_only_to_silu_and_names_what_to_add():
+    job, plan = resolve(Request(framework="deepspeed", model="gemma-2-27b", num_gpus=16, tp=4))
+    result = render("deepspeed", job, plan)
+    assert "--swiglu" not in shell_tokens(result.text)
+    assert any(n.startswith("Add gemma-2-27b's rope base 10000, norm epsilon 1e-06, a gated MLP with gelu_pytorch_tanh")
+               for n in result.notes)
+    job, plan = resolve(Request(framework="deepspeed", model="llama-3.1-8b", num_gpus=16, tp=2))
+    assert "--swiglu" in shell_tokens(render("deepspeed", job, plan).text)

@@ -1,5 +1,17 @@
 # DeepSeek-V3 on 1024 x NVIDIA H100 SXM5 80GB: TP2 PP16 EP64 DP32 (Megatron-Bridge 0.6.2, rendered by meshplan)
 # cfg is the ConfigContainer your recipe returns; call cfg.validate() after these assignments.
+cfg.model.normalization = 'RMSNorm'
+cfg.model.layernorm_epsilon = 1e-06
+cfg.model.gated_linear_unit = True
+cfg.model.rotary_base = 10000
+cfg.model.rope_type = 'yarn'
+cfg.model.rotary_scaling_factor = 40.0
+cfg.model.original_max_position_embeddings = 4096
+cfg.model.beta_fast = 32.0
+cfg.model.beta_slow = 1.0
+cfg.model.mscale = 1.0
+cfg.model.mscale_all_dim = 1.0
+cfg.model.qk_layernorm = True
 cfg.model.tensor_model_parallel_size = 2
 cfg.model.pipeline_model_parallel_size = 16
 cfg.model.virtual_pipeline_model_parallel_size = None

@@ -1,5 +1,12 @@
 # Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP4 PP4 VPP5 CP2 DP2 (Megatron-Bridge 0.6.2, rendered by meshplan)
 # cfg is the ConfigContainer your recipe returns; call cfg.validate() after these assignments.
+cfg.model.normalization = 'RMSNorm'
+cfg.model.layernorm_epsilon = 1e-05
+cfg.model.gated_linear_unit = True
+cfg.model.position_embedding_type = 'rope'
+cfg.model.rotary_base = 500000
+cfg.model.rope_scaling = True
+cfg.model.rope_scaling_factor = 8.0
 cfg.model.tensor_model_parallel_size = 4
 cfg.model.pipeline_model_parallel_size = 4
 cfg.model.virtual_pipeline_model_parallel_size = 5

@@ -1,5 +1,11 @@
 # Qwen3-30B-A3B on 16 x NVIDIA H100 SXM5 80GB: TP1 PP2 EP8 DP8 (Megatron-Bridge 0.6.2, rendered by meshplan)
 # cfg is the ConfigContainer your recipe returns; call cfg.validate() after these assignments.
+cfg.model.normalization = 'RMSNorm'
+cfg.model.layernorm_epsilon = 1e-06
+cfg.model.gated_linear_unit = True
+cfg.model.position_embedding_type = 'rope'
+cfg.model.rotary_base = 1000000
+cfg.model.qk_layernorm = True
 cfg.model.tensor_model_parallel_size = 1
 cfg.model.pipeline_model_parallel_size = 2
 cfg.model.virtual_pipeline_model_parallel_size = None

@@ -12,8 +12,14 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --seq-length 4096 \
   --max-position-embeddings 163840 \
   --normalization RMSNorm \
+  --norm-epsilon 1e-06 \
   --swiglu \
-  --position-embedding-type rope \
+  --rotary-base 10000 \
+  --rope-type yarn \
+  --rotary-scaling-factor 40.0 \
+  --mscale 1.0 \
+  --mscale-all-dim 1.0 \
+  --qk-layernorm \
   --untie-embeddings-and-output-weights \
   --disable-bias-linear \
   --multi-latent-attention \

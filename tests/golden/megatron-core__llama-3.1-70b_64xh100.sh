@@ -14,8 +14,12 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --seq-length 4096 \
   --max-position-embeddings 131072 \
   --normalization RMSNorm \
+  --norm-epsilon 1e-05 \
   --swiglu \
   --position-embedding-type rope \
+  --rotary-base 500000 \
+  --use-rope-scaling \
+  --rope-scaling-factor 8.0 \
   --untie-embeddings-and-output-weights \
   --disable-bias-linear \
   --tensor-model-parallel-size 4 \

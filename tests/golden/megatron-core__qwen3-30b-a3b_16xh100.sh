@@ -14,11 +14,13 @@ torchrun --nnodes 2 --nproc-per-node 8 \
   --seq-length 4096 \
   --max-position-embeddings 40960 \
   --normalization RMSNorm \
+  --norm-epsilon 1e-06 \
   --swiglu \
   --position-embedding-type rope \
+  --rotary-base 1000000 \
+  --qk-layernorm \
   --untie-embeddings-and-output-weights \
   --disable-bias-linear \
-  --qk-layernorm \
   --num-experts 128 \
   --moe-router-topk 8 \
   --moe-ffn-hidden-size 768 \
