@@ -224,6 +224,14 @@ def cp_a2a_heads(ctx: Context) -> Values:
     return {"cp": p.cp, "heads": local_heads, "kv": local_kv, "tp": p.tp}
 
 
+@rule("CP004")
+def cp_within_sequence(ctx: Context) -> Values:
+    cp, seq = ctx.plan.cp, ctx.job.seq_length
+    if cp <= seq:
+        return None
+    return {"cp": cp, "seq": seq, "cps": fmt_set(divisors(seq)[-4:])}
+
+
 @rule("TT002")
 def torchtitan_sequence_divisible(ctx: Context) -> Values:
     p, seq = ctx.plan, ctx.job.seq_length

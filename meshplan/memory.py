@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from meshplan.activations import Layout, layer_activations, shape_of
 from meshplan.cards import framework_card
-from meshplan.errors import MeshplanError
 from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
 from meshplan.models import layer_params, mtp_params, per_architecture
+from meshplan.rulebook import require_estimable
 from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
 from meshplan.schema import Architecture, Job, MemoryReport, MemorySummary, Plan, StageMemory
 
@@ -62,47 +62,26 @@ _param_table = per_architecture(_ParamTable)
 # --------------------------------------------------------------------------- validation
 
 
-def _check_inputs(job: Job, plan: Plan) -> list[str]:
-    """Nonsense is an error; a layout that merely breaks a framework rule is a warning (the check tool owns rules)."""
+def _assumed(job: Job, plan: Plan) -> list[str]:
+    """What the estimate assumed where the layout breaks a rule that does not block it (`meshplan check`
+    words those rules; the blocking ones stopped the estimate before this runs)."""
     arch, warnings = job.model, []
-    heads = arch.num_attention_heads
-    if plan.tp > heads:
-        raise MeshplanError(
-            f"tp={plan.tp} is larger than the model's {heads} attention heads: a TP rank would hold no head.",
-            fix=f"Use tp <= {heads}, a divisor of {heads} (e.g. {max(d for d in (1, 2, 4, 8) if heads % d == 0)}).",
-        )
-    if plan.cp > job.seq_length:
-        raise MeshplanError(
-            f"cp={plan.cp} is larger than seq_length={job.seq_length}: a CP rank would hold no token.",
-            fix="Use cp <= seq_length / 2 (Megatron needs seq_length % (2*cp) == 0).",
-        )
-    if arch.moe is not None and plan.ep > arch.moe.num_experts:
-        raise MeshplanError(
-            f"ep={plan.ep} is larger than the model's {arch.moe.num_experts} routed experts.",
-            fix=f"Use ep <= {arch.moe.num_experts}, a divisor of it.",
-        )
-    if heads % plan.tp or (arch.num_kv_heads % plan.tp and plan.tp % arch.num_kv_heads):
+    kv = arch.num_kv_heads
+    if kv % plan.tp and plan.tp % kv:
         warnings.append(
-            f"tp={plan.tp} does not divide the {heads} attention heads / {arch.num_kv_heads} KV heads evenly; "
-            "estimated as if it did (run `meshplan check`)."
+            f"tp={plan.tp} does not divide the {kv} KV heads evenly; estimated as if it did (run `meshplan check`)."
         )
-    if arch.moe is None and (plan.ep > 1 or plan.etp > 1):
-        warnings.append(f"ep={plan.ep}, etp={plan.etp} ignored: {arch.name} is a dense model.")
-    elif arch.moe is not None and arch.moe.num_experts % plan.ep:
-        warnings.append(f"ep={plan.ep} does not divide {arch.moe.num_experts} experts (run `meshplan check`).")
+    if arch.moe is None and plan.etp > 1:
+        warnings.append(f"etp={plan.etp} ignored: {arch.name} is a dense model.")
     return warnings
 
 
 def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
-    """World size of the layout and the expert-data-parallel size world/(pp*ep*etp)."""
+    """World size of the layout and the expert-data-parallel size world/(pp*ep*etp) (the world-size and
+    expert-grid rules of the framework already hold: they block the estimate)."""
     law = framework_card(job.framework).world_size_law
     world = plan.tp * plan.pp * plan.cp * plan.dp * (plan.ep if law == "kempnerforge" else 1)
     warnings = []
-    if world != job.num_gpus:
-        warnings.append(
-            f"The layout uses {world} GPUs (tp*pp*cp*dp{'*ep' if law == 'kempnerforge' else ''}) but num_gpus is "
-            f"{job.num_gpus}; estimated for the layout as given (run `meshplan check` for the world-size rule)."
-        )
     expert_group = plan.pp * plan.ep * plan.etp
     expert_dp = world / expert_group
     if job.model.moe is not None and world % expert_group:
@@ -134,8 +113,12 @@ def estimate_memory(
     job: Job, plan: Plan, *, flash_attention: bool | None = None, dropout: bool | None = None
 ) -> MemoryReport:
     """Per-GPU memory of every pipeline stage. Keyword overrides change the framework preset's activation
-    switches (e.g. Megatron's functional tests run unfused attention with dropout 0.1)."""
-    warnings = _check_inputs(job, plan)
+    switches (e.g. Megatron's functional tests run unfused attention with dropout 0.1).
+
+    Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
+    that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml)."""
+    require_estimable(job, plan)
+    warnings = _assumed(job, plan)
     arch = job.model
     conv_name, conv, tensors = convention(job.framework, plan.zero_stage)
     card = memory_card()

@@ -41,6 +41,7 @@ from meshplan.flops import (
 from meshplan.memory_states import convention
 from meshplan.models import layer_params, per_architecture
 from meshplan.request import uses_fsdp
+from meshplan.rulebook import require_estimable
 from meshplan.schema import Architecture, Job, Plan, ThroughputBreakdown, ThroughputReport
 
 __all__ = ["estimate_throughput", "model_flops_per_token", "stage_layer_indices"]
@@ -119,65 +120,14 @@ def nanotron_stage_layers(arch: Architecture, pp: int) -> tuple[list[list[int]],
 # --------------------------------------------------------------------------- validation
 
 
-def _validate(job: Job, plan: Plan) -> list[str]:
-    """Errors for layouts whose time cannot be estimated; warnings for ones that run badly."""
-    arch, warnings = job.model, []
-    world = plan.tp * plan.pp * plan.cp * plan.dp
-    if job.framework == "kempnerforge":
-        world *= plan.ep
-    if world != job.num_gpus:
-        raise MeshplanError(
-            f"The layout uses {world} GPUs (tp {plan.tp} x pp {plan.pp} x cp {plan.cp} x dp {plan.dp}"
-            + (f" x ep {plan.ep}" if job.framework == "kempnerforge" else "")
-            + f") but the job has {job.num_gpus}.",
-            fix=f"Set dp = {max(1, job.num_gpus // max(1, world // plan.dp))} or num_gpus = {world}.",
-        )
-    if plan.pp * plan.vpp > arch.num_layers:
-        raise MeshplanError(
-            f"pp {plan.pp} x vpp {plan.vpp} = {plan.pp * plan.vpp} pipeline chunks but the model has only "
-            f"{arch.num_layers} layers.",
-            fix=f"Use pp * vpp <= {arch.num_layers}.",
-        )
-    if plan.vpp > 1 and plan.pp == 1:
-        raise MeshplanError("vpp > 1 (interleaved pipeline) needs pp > 1.", fix="Set vpp 1 or pp >= 2.")
-    if plan.tp > arch.num_attention_heads:
-        raise MeshplanError(
-            f"tp {plan.tp} exceeds the {arch.num_attention_heads} attention heads; a rank would hold no head.",
-            fix=f"Use tp <= {arch.num_attention_heads}.",
-        )
-    if arch.moe is None:
-        if plan.ep > 1 or plan.etp > 1:
-            raise MeshplanError(
-                f"ep {plan.ep} / etp {plan.etp} set for the dense model {arch.name}.", fix="Use ep 1 and etp 1."
-            )
-    else:
-        if arch.moe.num_experts % plan.ep:
-            raise MeshplanError(
-                f"ep {plan.ep} does not divide the {arch.moe.num_experts} experts.",
-                fix="Choose ep among the divisors of " + str(arch.moe.num_experts) + ".",
-            )
-        if job.framework != "kempnerforge" and job.num_gpus % (plan.pp * plan.ep * plan.etp):
-            raise MeshplanError(
-                f"num_gpus {job.num_gpus} is not a multiple of pp*ep*etp = {plan.pp * plan.ep * plan.etp}.",
-                fix="Megatron-Core needs world % (pp*ep*etp) == 0; lower ep or etp.",
-            )
-    if job.precision == "fp8" and not job.gpu.fp8_flops:
-        raise MeshplanError(
-            f"precision fp8 on {job.gpu.name}, which has no FP8 tensor cores.",
-            fix="Use precision bf16, or an FP8-capable GPU (h100, h200, b200, gb200, mi300x).",
-        )
+def _batch_warnings(job: Job, plan: Plan) -> list[str]:
+    """What the estimate assumed about the batch (the framework's batch rule has already held or, for verl's
+    FSDP engine and SkyRL, divides by another unit: `meshplan check` words it)."""
     unit = plan.micro_batch_size * plan.dp
-    if job.global_batch_size < unit:
-        raise MeshplanError(
-            f"global_batch_size {job.global_batch_size} is smaller than micro_batch_size x dp = {unit}.",
-            fix=f"Use global_batch_size >= {unit}, or a smaller micro-batch / dp.",
-        )
     if job.global_batch_size % unit:
-        warnings.append(
-            f"global_batch_size {job.global_batch_size} is not a multiple of micro_batch_size x dp = {unit}; "
-            f"timed as {job.global_batch_size // unit} micro-batches."
-        )
-    return warnings
+        return [f"global_batch_size {job.global_batch_size} is not a multiple of micro_batch_size x dp = {unit}; "
+                f"timed as {job.global_batch_size // unit} micro-batches."]
+    return []
 
 
 # --------------------------------------------------------------------------- one layer on one rank
@@ -370,8 +320,11 @@ def estimate_throughput(
 
     `flash_attention` / `dropout` override the framework's convention (cards/memory.yaml), as in
     estimate_memory: older Megatron-LM runs and `--attention-backend unfused` materialise the scores.
+    Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
+    that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml).
     """
-    warnings = _validate(job, plan)
+    require_estimable(job, plan)
+    warnings = _batch_warnings(job, plan)
     arch = job.model
     cal = calibration_override or calibration(job.framework)
     bf16_peak, fp8_peak, mfu_peak = _peaks(job, cal)

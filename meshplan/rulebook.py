@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from meshplan.cards import CardError, framework_card, load_card
+from meshplan.errors import MeshplanError
 from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Finding, Job, MemoryReport, Plan, Severity
 
 Backend = Literal["megatron", "fsdp", "deepspeed", "nanotron"]
@@ -43,6 +44,10 @@ class RuleSpec(BaseModel):
                                        "deprecated: still runs, to be removed (the id is never reused)")
     since: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="The meshplan version that first shipped the rule")
     memory: bool = Field(False, description="Reads the memory estimate: runs after it, never in the structural check")
+    blocks_estimate: bool = Field(
+        False, description="A structural error no estimate can proceed past: estimate_memory and "
+                           "estimate_throughput run these rules first and stop on the first that fires",
+    )
     frameworks: list[str] = Field(description="Framework names, or 'all'")
     backends: list[Backend] = Field(
         default_factory=lambda: list(BACKENDS),
@@ -63,6 +68,12 @@ class RuleSpec(BaseModel):
         if not value:
             raise ValueError("a rule must apply to at least one framework")
         return value
+
+    @model_validator(mode="after")
+    def _blocking_is_structural_error(self) -> RuleSpec:
+        if self.blocks_estimate and (self.memory or self.severity != "error"):
+            raise ValueError(f"rule {self.id}: blocks_estimate needs a structural rule of severity error")
+        return self
 
     def applies_to(self, framework: str, backend: str) -> bool:
         return ("all" in self.frameworks or framework in self.frameworks) and backend in self.backends
@@ -155,6 +166,36 @@ def rules_for(framework: str, backend: str, include_memory: bool) -> tuple[tuple
         for spec in rule_specs().values()
         if spec.applies_to(framework, backend) and (include_memory or not spec.memory)
     )
+
+
+@cache
+def blocking_rules(framework: str, zero_stage: int) -> tuple[tuple[RuleSpec, Condition], ...]:
+    """The rules of one framework (on the engine its ZeRO stage selects) that an estimate cannot proceed
+    past (`blocks_estimate` in the card), in card order. Cached: the search estimates in hot loops."""
+    backend = backend_of(framework, zero_stage)
+    return tuple((spec, condition) for spec, condition in rules_for(framework, backend, False)
+                 if spec.blocks_estimate)
+
+
+class EstimateBlocked(MeshplanError):
+    """An estimate refused because a blocking rule fired: the rule's id, its own message and its own fix."""
+
+    def __init__(self, found: Finding):
+        self.rule_id = found.id
+        self.finding = found
+        super().__init__(f"{found.id}: {found.message}", fix=found.fix)
+
+
+def require_estimable(job: Job, plan: Plan) -> None:
+    """Raise EstimateBlocked for the first blocking rule of the job's framework that the plan breaks.
+
+    The estimators call this instead of validating on their own, so a layout is refused in one wording
+    with one threshold, the rule's; `meshplan check` reports every other rule."""
+    ctx = Context(job, plan)
+    for spec, condition in blocking_rules(job.framework, plan.zero_stage):
+        values = condition(ctx)
+        if values is not None:
+            raise EstimateBlocked(finding(spec, values))
 
 
 def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:

@@ -28,13 +28,11 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | None) -> tuple[list[int], list[str]]:
-    """Decoder layers on each pipeline rank, with Megatron's uneven first/last stage option."""
+    """Decoder layers on each pipeline rank, with Megatron's uneven first/last stage option.
+
+    More stages than layers is rule PP007, which stops the estimate before it gets here (the uneven-split
+    checks below stay: PP004 covers them on the Megatron engine only)."""
     warnings: list[str] = []
-    if pp > num_layers:
-        raise MeshplanError(
-            f"pp={pp} is larger than the {num_layers} decoder layers: some pipeline stages would hold no layer.",
-            fix=f"Use pp <= {num_layers}, ideally a divisor of {num_layers}.",
-        )
     if first is None and last is None:
         counts = _split(num_layers, pp)
         if num_layers % pp:
@@ -84,12 +82,8 @@ def compute_balanced_counts(num_layers: int, pp: int, layer_cost: int, head_cost
     4*heads*d_qkv*h + 3*ffn*h, lm_head vocab*h, others 0); a block goes to the current rank, which advances
     once the running cost exceeds total*(rank+1)/pp. The lm_head's cost pushes decoder layers forward, so the
     first stage holds floor(T/c) + 1 layers instead of L/pp. Exact integer arithmetic (no float thresholds).
+    More stages than layers is rule PP007, which stops the estimate before it gets here.
     """
-    if pp > num_layers:
-        raise MeshplanError(
-            f"pp={pp} is larger than the {num_layers} decoder layers: some pipeline stages would hold no layer.",
-            fix=f"Use pp <= {num_layers}, ideally a divisor of {num_layers}.",
-        )
     costs = [0] + [layer_cost] * num_layers + [0, head_cost, 0, 0]
     total = sum(costs)
     counts = [0] * pp

@@ -184,7 +184,7 @@ async def test_estimate_memory_tool_errors_name_the_fix(client):
     text = error_text(await client.call_tool("estimate_memory", {**SMALL, "gpu": "h1000"}))
     assert "Unknown GPU 'h1000'" in text and "h100" in text
     text = error_text(await client.call_tool("estimate_memory", {**SMALL, "tp": 64}))
-    assert "tp=64" in text and "Fix:" in text
+    assert "WS001: num_gpus=8 is not divisible by tp*pp*cp = 64*1*1" in text and "Fix:" in text  # the rule's words
 
 
 async def test_string_numbers_are_coerced_like_hosts_send_them(client):

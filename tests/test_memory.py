@@ -11,6 +11,7 @@ from meshplan.hardware import get_gpu
 from meshplan.memory import estimate_memory, memory_summary
 from meshplan.memory_states import bytes_per_param, convention, memory_card, state_bytes
 from meshplan.models import layer_params, resolve_model
+from meshplan.rulebook import EstimateBlocked
 from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
 from meshplan.schema import Architecture, Job, Plan
 
@@ -141,8 +142,8 @@ def test_stage_layer_split_even_uneven_and_virtual():
     assert stages[1] == (tuple(range(4, 8)), tuple(range(12, 16)))
     _, warnings = stage_layout(30, 4, 1, None, None)
     assert any("meshplan check" in w for w in warnings)
-    with pytest.raises(MeshplanError, match="pp=64"):
-        stage_layout(32, 64, 1, None, None)
+    with pytest.raises(EstimateBlocked, match=r"^PP007: pp\*vpp = 64\*1 = 64 model chunks"):
+        estimate_memory(job_for("llama-3.1-8b", 64), Plan(pp=64))
 
 
 def playbook_1b() -> Architecture:
@@ -241,12 +242,15 @@ def test_fp8_adds_weight_copies_and_shrinks_linear_inputs():
     assert fp8.activations_bytes < bf16.activations_bytes
 
 
-def test_nonsense_is_an_error_and_bad_layout_a_warning():
-    with pytest.raises(MeshplanError, match="tp=128"):
+def test_blocking_rules_stop_the_estimate_and_other_rules_leave_a_note():
+    with pytest.raises(EstimateBlocked, match=r"^TP001: tp=128 does not divide 32 attention heads"):
         estimate_memory(job_for("llama-3.1-8b", 128), Plan(tp=128, dp=1))
-    with pytest.raises(MeshplanError, match="ep=16"):
+    with pytest.raises(EstimateBlocked, match=r"^EP002: ep=16 does not divide 8 routed experts"):
         estimate_memory(job_for("mixtral-8x7b", 16), Plan(ep=16, dp=16))
-    report = estimate_memory(job_for("llama-3.1-8b", 64), Plan(tp=2, dp=3))
+    with pytest.raises(EstimateBlocked, match=r"^WS003: dp=3 was given"):
+        estimate_memory(job_for("llama-3.1-8b", 64), Plan(tp=2, dp=3))
+    # PP001 (32 layers over pp=3) is an error of `meshplan check` but no estimate needs it: estimated, with a note.
+    report = estimate_memory(job_for("llama-3.1-8b", 24), Plan(pp=3, dp=8))
     assert any("meshplan check" in w for w in report.warnings)
 
 

@@ -15,6 +15,7 @@ from meshplan.hardware import get_gpu
 from meshplan.models import resolve_model, total_params
 from meshplan.perf import estimate_throughput, gemm_efficiency, nanotron_stage_layers, stage_layer_indices
 from meshplan.request import resolve
+from meshplan.rulebook import EstimateBlocked
 from meshplan.schema import Plan, Request
 
 
@@ -278,22 +279,23 @@ def test_more_data_parallel_nodes_cost_gradient_sync():
 
 
 @pytest.mark.parametrize(
-    ("fields", "needle"),
+    ("fields", "rule_id"),
     [
-        ({"model": "llama-3.1-8b", "gpu": "a100", "num_gpus": 8, "precision": "fp8"}, "FP8"),
-        ({"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2, "dp": 2}, "layout uses 4 GPUs"),
-        ({"model": "llama-3.1-8b", "num_gpus": 8, "ep": 2}, "dense model"),
-        ({"model": "llama-3.1-8b", "num_gpus": 64, "tp": 64}, "attention heads"),
-        ({"model": "llama-3.1-8b", "num_gpus": 64, "pp": 64}, "pipeline chunks"),
-        ({"model": "mixtral-8x7b", "num_gpus": 24, "ep": 3}, "does not divide"),
-        ({"model": "llama-3.1-8b", "num_gpus": 16, "global_batch_size": 8}, "smaller than"),
+        ({"model": "llama-3.1-8b", "gpu": "a100", "num_gpus": 8, "precision": "fp8"}, "FP001"),
+        ({"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2, "dp": 2}, "WS003"),
+        ({"model": "llama-3.1-8b", "num_gpus": 8, "ep": 2}, "EP001"),
+        ({"model": "llama-3.1-8b", "num_gpus": 64, "tp": 64}, "TP001"),
+        ({"model": "llama-3.1-8b", "num_gpus": 64, "pp": 64}, "PP007"),
+        ({"model": "mixtral-8x7b", "num_gpus": 24, "ep": 3}, "EP002"),
+        ({"model": "llama-3.1-8b", "num_gpus": 16, "global_batch_size": 8}, "BS001"),
     ],
 )
-def test_bad_layouts_raise_with_a_fix(fields, needle):
-    with pytest.raises(MeshplanError) as info:
+def test_bad_layouts_stop_on_the_rule_with_its_fix(fields, rule_id):
+    """The estimate refuses in the rule's own words (tests/test_rules.py checks every blocking rule)."""
+    with pytest.raises(EstimateBlocked) as info:
         estimate(**fields)
-    assert needle in str(info.value)
-    assert info.value.fix
+    assert info.value.rule_id == rule_id and str(info.value).startswith(f"{rule_id}: ")
+    assert info.value.fix == info.value.finding.fix
 
 
 # --------------------------------------------------------------------------- the card and the command

@@ -10,6 +10,7 @@ from meshplan.request import resolve
 from meshplan.rulebook import (
     RULE_MODULES,
     Context,
+    EstimateBlocked,
     RulesCard,
     finding,
     load_rules,
@@ -82,6 +83,8 @@ CASES: dict[str, tuple[dict, dict]] = {
     "CP002": ({**L8B, "num_gpus": 8, "cp": 4, "seq_length": 8192}, {**L8B, "num_gpus": 8, "cp": 2, "seq_length": 8192}),
     "CP003": ({**L8B, "num_gpus": 16, "tp": 4, "cp": 4, "cp_comm_type": "a2a", "seq_length": 32768},
               {**L8B, "num_gpus": 16, "tp": 4, "cp": 2, "cp_comm_type": "a2a", "seq_length": 32768}),
+    "CP004": ({**L8B, "framework": "nanotron", "num_gpus": 16, "cp": 16, "seq_length": 8},
+              {**L8B, "framework": "nanotron", "num_gpus": 16, "cp": 16, "seq_length": 16}),
     "TT002": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "tp": 8, "seq_length": 4100},
               {**L8B, "framework": "torchtitan", "num_gpus": 8, "tp": 8, "seq_length": 4096}),
     "UL001": ({**L8B, "framework": "verl", "zero_stage": 3, "num_gpus": 6, "cp": 3},
@@ -149,15 +152,21 @@ CASES: dict[str, tuple[dict, dict]] = {
 }
 
 
-def run_case(rule_id: str, case: dict) -> set[str]:
-    case = dict(case)
+def case_job(case: dict):
+    """(job, plan) of a CASES entry (its arch / arch_moe overrides applied; `report` is left to the caller)."""
+    case = {k: v for k, v in case.items() if k != "report"}
     arch = case.pop("arch", None)
     moe = case.pop("arch_moe", None)
-    peak_capacity = case.pop("report", None)
     job, plan = make(None, arch, **case)
     if moe:
         model = job.model.model_copy(update={"moe": job.model.moe.model_copy(update=moe)})
         job = job.model_copy(update={"model": model})
+    return job, plan
+
+
+def run_case(rule_id: str, case: dict) -> set[str]:
+    peak_capacity = case.get("report")
+    job, plan = case_job(case)
     if peak_capacity is not None:
         ctx = Context(job, plan, memory_report=report(*peak_capacity))
         return {rule_id} if load_rules()[rule_id](ctx) is not None else set()
@@ -217,6 +226,40 @@ def test_rule_fails_and_passes(rule_id):
     failing, passing = CASES[rule_id]
     assert rule_id in run_case(rule_id, failing), f"{rule_id} should fire on {failing}"
     assert rule_id not in run_case(rule_id, passing), f"{rule_id} should not fire on {passing}"
+
+
+BLOCKING = sorted(rule_id for rule_id, spec in rule_specs().items() if spec.blocks_estimate)
+
+
+def test_blocking_rules_are_structural_errors():
+    assert {"WS001", "TP001", "PP007", "EP002", "BS001", "FP001"} <= set(BLOCKING)
+    for rule_id in BLOCKING:
+        spec = rule_specs()[rule_id]
+        assert spec.severity == "error" and not spec.memory, rule_id
+    bad = dict(rules_card().model_dump()["rules"][0], id="XX001", severity="warning", blocks_estimate=True)
+    with pytest.raises(CardError, match="blocks_estimate"):
+        validate_card("rules", dict(rules_card().model_dump(), rules=[bad]), RulesCard)
+
+
+@pytest.mark.parametrize("rule_id", BLOCKING)
+def test_estimators_stop_on_the_rules_own_finding(rule_id):
+    """Both estimators refuse a layout that breaks a blocking rule with that rule's id, message and fix (the
+    first blocking rule in card order, as check_config lists it); a layout that passes them is estimated."""
+    from meshplan.memory import estimate_memory
+    from meshplan.perf import estimate_throughput
+
+    failing, passing = CASES[rule_id]
+    job, plan = case_job(failing)
+    blocking = [f for f in check_config(job, plan, include_memory=False).findings if f.id in BLOCKING]
+    assert rule_id in {f.id for f in blocking}
+    for estimate in (estimate_memory, estimate_throughput):
+        with pytest.raises(EstimateBlocked) as info:
+            estimate(job, plan)
+        assert info.value.finding == blocking[0]
+        assert info.value.reason == f"{blocking[0].id}: {blocking[0].message}" and info.value.fix == blocking[0].fix
+    job, plan = case_job(passing)
+    if not any(f.id in BLOCKING for f in check_config(job, plan, include_memory=False).findings):
+        assert estimate_memory(job, plan).stages and estimate_throughput(job, plan).step_time_s > 0
 
 
 def test_rules_card_schema_rejects_bad_entries():
