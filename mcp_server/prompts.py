@@ -162,7 +162,9 @@ def prompt_errors(server: Any) -> Callable[[Any, Callable[[Any], Any]], Any]:
         except Exception:
             name = ctx.params.get("name") if isinstance(ctx.params, Mapping) else None
             logger.exception("prompts/get %r crashed", name)
-            raise MCPError(INTERNAL_ERROR, "Internal error: the prompt failed to render; the server log has the cause.")
+            raise MCPError(
+                INTERNAL_ERROR, "Internal error: the prompt failed to render; the server log has the cause."
+            ) from None
 
     return middleware
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.schema import (
     CheckReport,
     MemoryReport,
+    MinimumGpus,
     ModelReport,
     ModelSummary,
     Recommendation,
@@ -72,6 +73,13 @@ class CheckAnswer(CheckReport):
 
 class RecommendationAnswer(Recommendation):
     """Ranked layouts that fit (fastest first), why the first won, and what was rejected and why."""
+
+    summary: str = _SUMMARY
+    next_steps: list[str] = _NEXT
+
+
+class MinimumGpusAnswer(MinimumGpus):
+    """The smallest GPU count at which a layout passes the rules and keeps the headroom, and the best layout there."""
 
     summary: str = _SUMMARY
     next_steps: list[str] = _NEXT

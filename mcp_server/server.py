@@ -37,10 +37,13 @@ Which tool answers which question: "how should I lay out / shard model X on N GP
 "how fast, what MFU, why slow?" -> estimate_throughput; \
 "give me the config for framework F" -> render_config; \
 "how many (active) parameters does X have?" -> describe_model; \
-"which models do you know?" -> list_models. \
+"which models do you know?" -> list_models; \
+"how many GPUs do I need at least?" -> minimum_gpus. \
 All tools take the same flat arguments (model, gpu, num_gpus, seq_length, global_batch_size, \
 micro_batch_size, precision, framework, tp, pp, vpp, cp, ep, etp, dp, sequence_parallel, zero_stage, \
-recompute); a model is a catalog key, a Hugging Face id, a config.json path or a size like "70B". \
+recompute, headroom); a field left out (or null) is searched by recommend_parallelism and filled with a stated \
+default elsewhere; an unknown field is an error naming the closest one. \
+A model is a catalog key, a Hugging Face id, a config.json path or a size like "70B". \
 Results are bytes and seconds; each carries a summary, its assumptions and next steps. Quote the \
 tools' numbers rather than estimating. Background: skill://parallelism-strategies/SKILL.md; the data \
 behind every answer: card://index.\

@@ -21,14 +21,16 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from meshplan import api
+from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.errors import MeshplanError
 from meshplan.request import parse_request, unknown_field_error, validation_message
-from meshplan.schema import Request
+from meshplan.schema import MAX_GPUS, Recommendation, Request
 
 from .cancellable import cancellable
 from .results import (
     CheckAnswer,
     MemoryAnswer,
+    MinimumGpusAnswer,
     ModelAnswer,
     ModelCatalog,
     RecommendationAnswer,
@@ -41,8 +43,8 @@ from .results import (
 # Every tool is a pure computation over the catalog: nothing is written, nothing leaves the machine.
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
-# The frameworks the adapters can write a config for (nanotron is a memory convention only).
-RenderTarget = Literal["megatron-bridge", "megatron-core", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed"]
+# The frameworks the adapters can write a config for: those whose card has an `adapter` section.
+RenderTarget = Literal[renderable_frameworks()]  # type: ignore[valid-type]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 _MODEL = Request.model_fields["model"]
@@ -273,10 +275,13 @@ RECOMMEND = (
     "Use first when someone asks how to parallelize, shard or lay out an LLM training job on a number of "
     "GPUs. Searches every TP/PP/VPP/CP/EP/ETP/DP/ZeRO/micro-batch/recompute layout the framework can "
     "express, drops those that break a rule or do not fit in memory, and ranks the rest by predicted step "
-    "time. Returns the top candidates, each with its plan, memory summary, throughput and rationale; how "
-    "many layouts were considered and rejected per rule id; and what the published decision tables "
-    "suggest for this job. Layout fields you set (tp, pp, ...) constrain the search. Fails with the "
-    "smallest workable GPU count when nothing fits."
+    "time. A layout fits when it keeps `headroom` of GPU memory free (default 10%, rule MEM002). Returns "
+    "the top candidates (layouts with identical numbers folded into one row), each with its plan, memory "
+    "summary, throughput and rationale; how many layouts were considered and rejected per rule id; and what "
+    "the published decision tables suggest for this job. Layout fields you set (tp, pp, ...) constrain the "
+    "search; fields you leave out (or pass as null) are searched. When nothing keeps the headroom, "
+    "`candidates` is empty and the answer names the fastest layout with less headroom and the smallest GPU "
+    "count that fits."
 )
 
 
@@ -295,13 +300,8 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
     with tool_errors():
         rec = api.recommend(to_request(args), top_k=top_k)
     if not rec.candidates:
-        # An empty ranking is an impossible request, not an answer: say why and what would work.
-        retry = f" Call recommend_parallelism again with num_gpus={rec.min_gpus}." if rec.min_gpus else ""
-        detail = " ".join(part for part in [rec.rationale, *rec.warnings] if part)
-        raise ToolError(
-            f"No layout of {rec.model} on {rec.num_gpus} GPUs passes the rules and fits in memory "
-            f"({rec.considered:,} considered). {detail}{retry}".strip()
-        )
+        # Nothing ranked is still an answer (the same one the CLI and the api give): say why and what would work.
+        return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec), next_steps=_retry_steps(rec))
     best = rec.candidates[0]
     summary = (
         f"Best of {rec.considered} layouts for {rec.model} on {rec.num_gpus} GPUs ({rec.framework}): "
@@ -316,6 +316,31 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
         "Call check_config with the chosen plan's fields to see its warnings in full.",
     ]
     return extend(rec, RecommendationAnswer, summary=summary, next_steps=steps)
+
+
+def _nothing_ranked(rec: Recommendation) -> str:
+    thin = rec.best_below_headroom
+    text = f"No layout of {rec.model} on {rec.num_gpus} GPUs passes the rules and keeps {rec.headroom or 0:.0%} of " \
+           f"GPU memory free ({rec.considered:,} considered)."
+    if thin is not None:
+        free = thin.memory.headroom_bytes / thin.memory.capacity_bytes
+        text += (f" The fastest that fits with less: {thin.plan.short()}, micro-batch {thin.plan.micro_batch_size}, "
+                 f"recompute {thin.plan.recompute}, {thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU with "
+                 f"{gib(thin.memory.headroom_bytes)} ({free:.1%}) free.")
+    if rec.min_gpus:
+        text += f" The smallest GPU count that keeps the headroom is {rec.min_gpus}."
+    return text
+
+
+def _retry_steps(rec: Recommendation) -> list[str]:
+    steps = []
+    if rec.min_gpus:
+        steps.append(f"Call recommend_parallelism again with num_gpus={rec.min_gpus}.")
+    if rec.best_below_headroom is not None:
+        free = rec.best_below_headroom.memory.headroom_bytes / rec.best_below_headroom.memory.capacity_bytes
+        steps.append(f"Or accept thinner memory headroom: call recommend_parallelism again with headroom={free:.3f}.")
+    steps.append("Call minimum_gpus with the same model, GPU and framework for the smallest GPU count that fits.")
+    return steps
 
 
 RENDER_CONFIG = (
@@ -376,6 +401,47 @@ def render_config(**args: Any) -> RenderAnswer:
     return RenderAnswer(**fields | {"summary": summary, "next_steps": steps})
 
 
+MINIMUM_GPUS = (
+    "Use when asked for the fewest GPUs a training job needs, or whether a model can be trained on a given GPU "
+    "type at all. Scans GPU counts in increasing order (fit is not monotone in the count: a count must divide by "
+    "the layout's degrees) and returns the smallest one at which some layout passes the framework's rules and "
+    "keeps `headroom` of GPU memory free, with recommend_parallelism's best layout there; bounded in time and "
+    "count, and it says which bound stopped it. Layout fields you set (tp, pp, ...) constrain every count."
+)
+
+
+@with_signature(
+    [
+        *request_parameters(skip=("num_gpus",)),
+        inspect.Parameter(
+            "max_gpus", _KW, default=None,
+            annotation=Annotated[
+                int | None, Field(None, ge=1, le=MAX_GPUS, description="Largest GPU count to try (default: the "
+                                                                         "search card's limit)")
+            ],
+        ),
+    ],
+    MinimumGpusAnswer,
+)
+def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
+    max_gpus = args.pop("max_gpus")
+    with tool_errors():
+        report = api.minimum_gpus(to_request(args), max_gpus=max_gpus)
+    if report.num_gpus is not None and report.candidate is not None:
+        best = report.candidate
+        summary = (
+            f"{report.model} on {report.gpu} ({report.framework}) needs at least {report.num_gpus} GPUs to keep "
+            f"{report.headroom:.0%} of memory free: {best.plan.short()}, micro-batch {best.plan.micro_batch_size}, "
+            f"recompute {best.plan.recompute}, peak {gib(best.memory.peak_bytes)} of "
+            f"{gib(best.memory.capacity_bytes)}, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU."
+        )
+        steps = [f"Call recommend_parallelism with num_gpus={report.num_gpus} (or more) to compare layouts there."]
+    else:
+        summary = f"No GPU count fits {report.model} on {report.gpu} within the bounds: {report.rationale}"
+        steps = ["Call check_config with the fixed fields to see which rule rejects them, or raise max_gpus."]
+    return extend(report, MinimumGpusAnswer, summary=summary, next_steps=steps)
+
+
 TOOLS: list[tuple[Callable[..., Any], str, str]] = [
     (recommend_parallelism, "Recommend a parallel layout", RECOMMEND),
     (check_config, "Check a parallel layout", CHECK_CONFIG),
@@ -384,6 +450,7 @@ TOOLS: list[tuple[Callable[..., Any], str, str]] = [
     (render_config, "Render a framework config", RENDER_CONFIG),
     (describe_model, "Describe a model", DESCRIBE_MODEL),
     (list_models, "List catalog models", LIST_MODELS),
+    (minimum_gpus, "Smallest GPU count that fits", MINIMUM_GPUS),
 ]
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from meshplan import __version__
 from meshplan.errors import MeshplanError, closest
-from meshplan.request import parse_request
+from meshplan.request import parse_request, validation_message
 from meshplan.schema import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -117,13 +117,17 @@ def add_request_flags(parser: argparse.ArgumentParser, *, model_positional: bool
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
+    """The flags as a `Request`, through the same parser as MCP arguments and batch lines."""
     values = {name: getattr(args, name) for name in Request.model_fields if getattr(args, name, None) is not None}
     positional = getattr(args, "model_pos", None)
-    if positional and "model" not in values:
+    if positional and values.get("model", positional) != positional:
+        raise MeshplanError(
+            f"Two different models given: MODEL {positional!r} and --model {values['model']!r}.",
+            fix="Give the model once, as MODEL or as --model.",
+        )
+    if positional:
         values["model"] = positional
-    if "model" not in values:
-        raise MeshplanError("A model is required.", fix="Pass MODEL or --model (see 'meshplan models').")
-    return Request.model_validate(values)
+    return parse_request(values)
 
 
 def _emit(result: Any, as_json: bool, table: Callable[[Any], None]) -> None:
@@ -140,20 +144,15 @@ def _jsonable(value: Any) -> Any:
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else str(value)
 
 
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "request"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-    return "Invalid request: " + "; ".join(parts)
-
-
 # --------------------------------------------------------------------------- subcommands
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
     from meshplan import api, display
 
+    if args.model and args.model_pos and args.model != args.model_pos:
+        raise MeshplanError(f"Two different models given: MODEL {args.model_pos!r} and --model {args.model!r}.",
+                            fix="Give the model once, as MODEL or as --model.")
     model = args.model or args.model_pos
     if not model:
         raise MeshplanError("describe needs a model.", fix="meshplan describe llama-3.1-8b")
@@ -273,7 +272,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     req = request_from_args(args)
     result = api.recommend(req, top_k=args.top_k)
     _emit(result, args.json, lambda rec: display.recommendation(rec, req))
-    return EXIT_OK
+    return EXIT_OK if result.candidates else EXIT_FINDINGS  # nothing ranked: the answer says why and what fits
 
 
 def cmd_min_gpus(args: argparse.Namespace) -> int:
@@ -304,6 +303,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     from meshplan.adapters.render import RefusedLayout
 
     req = request_from_args(args)
+    if args.framework is not None and args.framework != args.target:
+        raise MeshplanError(f"Two different frameworks given: FRAMEWORK {args.target!r} and --framework "
+                            f"{args.framework!r}.", fix="Give the framework once, as the FRAMEWORK argument.")
     options = {k: v for k, v in {"variant": args.variant, "version": args.version}.items() if v}
     try:
         result = api.render_config(args.target, req, force=args.force, **options)
@@ -389,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
                             + (", 1 if a check finds an error" if name == "check" else ""))
         p.set_defaults(func=_request_command(run, table))
 
-    p = sub.add_parser("recommend", help="Search every valid layout and rank those that fit by speed")
+    p = sub.add_parser("recommend",
+                       help="Search every valid layout and rank those that fit by speed (exit 1 when none fits)")
     add_request_flags(p)
     p.add_argument("--top-k", type=int, default=5, help="How many layouts to return")
     p.add_argument("--json", action="store_true", help="Print the structured result")
@@ -438,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except ValidationError as exc:
-        print(f"meshplan: {_validation_message(exc)}", file=sys.stderr)
+        print(f"meshplan: {validation_message(exc)}", file=sys.stderr)
     except MeshplanError as exc:
         print(f"meshplan: {exc}", file=sys.stderr)
     except OSError as exc:

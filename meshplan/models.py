@@ -876,7 +876,12 @@ def resolve_model(name: str) -> Architecture:
     if key:
         return catalog_architecture(key)
     if _looks_like_path(name):
-        return _config_architecture(Path(name).expanduser())
+        try:
+            path = Path(name).expanduser()
+        except RuntimeError as exc:  # '~user' for a user this machine does not know
+            raise MeshplanError(f"Cannot expand the home directory in {name[:200]!r}: {exc}",
+                                fix="Give the config.json path without '~', or a catalog key.") from exc
+        return _config_architecture(path)
     return _resolve_name(name)
 
 

@@ -15,13 +15,13 @@ from pydantic import ValidationError
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError, closest
 from meshplan.hardware import get_gpu
-from meshplan.models import resolve_model
 from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Job, Plan, Request
 
 # Names people type for a request field that no framework card spells (the cards supply the frameworks' own
 # keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
 FIELD_SYNONYMS: dict[str, str] = {
-    "world_size": "num_gpus", "gpu_count": "num_gpus", "num_gpu": "num_gpus", "num_devices": "num_gpus", "gpus": "num_gpus", "n_gpus": "num_gpus", "ngpus": "num_gpus",
+    "world_size": "num_gpus", "gpu_count": "num_gpus", "num_gpu": "num_gpus", "num_devices": "num_gpus",
+    "gpus": "num_gpus", "n_gpus": "num_gpus", "ngpus": "num_gpus",
     "nodes_gpus": "gpus_per_node", "gpus_per_host": "gpus_per_node", "nproc_per_node": "gpus_per_node",
     "gpu_type": "gpu", "hardware": "gpu", "accelerator": "gpu", "device": "gpu",
     "seq_len": "seq_length", "sequence_length": "seq_length", "max_seq_len": "seq_length",
@@ -139,6 +139,8 @@ def uses_fsdp(framework: str, zero_stage: int) -> bool:
 
 def resolve(req: Request) -> tuple[Job, Plan]:
     """Fill the plan's and job's defaults from the framework card and the GPU count."""
+    from meshplan.models import resolve_model  # lazily: the MCP server parses requests before any model is needed
+
     arch = resolve_model(req.model)
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)

@@ -37,7 +37,7 @@ def test_readable_table(capsys):
 
 
 def test_recommend_table_for_an_impossible_job_shows_the_closest_misses(capsys):
-    assert main(["recommend", "llama-3.1-70b", "--num-gpus", "2"]) == 0
+    assert main(["recommend", "llama-3.1-70b", "--num-gpus", "2"]) == 1  # nothing ranked: exit 1, like check
     out = capsys.readouterr().out
     assert "No layout fits" in out and "over by" in out
     assert re.search(r"smallest GPU count that fits: \d+", out)  # the count itself: tests/test_search.py

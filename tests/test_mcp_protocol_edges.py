@@ -152,7 +152,7 @@ USER_ERRORS = [
     call(11, "estimate_memory", {**MEMORY_ARGS, "tensor_parallel_size": 8}),
     call(12, "describe_model", {"model": "no-such-model"}),
     call(13, "estimate_memory", {**MEMORY_ARGS, "gpu": "h1000"}),
-    call(14, "recommend_parallelism", {"model": "llama-3.1-70b", "num_gpus": 1}),
+    call(14, "recommend_parallelism", {"model": "llama-3.1-70b", "num_gpus": 1, "top_k": 0}),
     call(15, "render_config", {"framework": "megatron-core", "model": "llama-3.1-8b", "num_gpus": 8, "tp": 3}),
     call(16, "no_such_tool", {}),
     request(17, "prompts/get", {"name": "nope"}),

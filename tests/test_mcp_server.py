@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = {
     "recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput",
-    "render_config", "describe_model", "list_models",
+    "render_config", "describe_model", "list_models", "minimum_gpus",
 }
 REQUEST_TOOLS = {"recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput", "render_config"}
 SMALL = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8, "tp": 2, "seq_length": 4096, "global_batch_size": 64}
@@ -56,7 +56,7 @@ def error_text(result) -> str:
 # --------------------------------------------------------------------------- the contract
 
 
-async def test_the_seven_tools_are_listed(client):
+async def test_the_eight_tools_are_listed(client):
     assert {t.name for t in (await client.list_tools()).tools} == TOOLS
 
 
@@ -252,9 +252,32 @@ async def test_recommend_parallelism_ranks_layouts_that_fit(client):
     assert f"{best['throughput']['tokens_per_s_per_gpu']:,.0f}" in data["summary"]
 
 
-async def test_recommend_parallelism_impossible_job_is_a_tool_error(client):
-    text = error_text(await client.call_tool("recommend_parallelism", {"model": "llama-3.1-405b", "num_gpus": 1}))
-    assert "405" in text or "GPU" in text
+async def test_recommend_parallelism_impossible_job_is_answered_with_what_fits(client):
+    """Nothing ranked is an answer, as on the CLI: empty candidates, the nearest misses, the smallest count."""
+    result = await client.call_tool("recommend_parallelism", {"model": "llama-3.1-405b", "num_gpus": 1})
+    assert not result.is_error
+    data = result.structured_content
+    assert data["candidates"] == [] and data["closest"] and data["min_gpus"] == 112
+    assert "smallest GPU count that keeps the headroom is 112" in data["summary"]
+    assert any("num_gpus=112" in step for step in data["next_steps"])
+
+
+async def test_recommend_parallelism_thin_headroom_names_the_layout_and_the_headroom(client):
+    result = await client.call_tool("recommend_parallelism", {"model": "llama-3.1-70b", "num_gpus": 16})
+    data = result.structured_content
+    assert not result.is_error and data["candidates"] == []
+    thin = data["best_below_headroom"]
+    assert (thin["plan"]["tp"], thin["plan"]["pp"], thin["plan"]["dp"], thin["plan"]["recompute"]) == (4, 2, 2, "full")
+    assert "TP4 PP2 DP2" in data["summary"] and any("headroom=0.00" in s for s in data["next_steps"])
+
+
+async def test_minimum_gpus_tool(client):
+    result = await client.call_tool("minimum_gpus", {"model": "llama-3.1-405b", "gpu": "h100"})
+    assert not result.is_error
+    data = result.structured_content
+    assert data["num_gpus"] == 112 and data["stopped_by"] == "found" and data["candidate"]["memory"]["fits"]
+    assert "at least 112 GPUs" in data["summary"]
+    assert api.minimum_gpus(Request(model="llama-3.1-405b", gpu="h100")).num_gpus == 112
 
 
 async def test_recommend_parallelism_argument_errors(client):

@@ -44,7 +44,7 @@ async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
     params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.mcp_server"], cwd=str(tmp_path))
     async with Client(params) as client:
         assert client.server_info.name == "meshplan"
-        assert len((await client.list_tools()).tools) == 7
+        assert len((await client.list_tools()).tools) == 8
         result = await client.call_tool("estimate_memory", MEMORY_ARGS)
         assert not result.is_error and result.structured_content["plan"]["dp"] == 4
         failed = await client.call_tool("describe_model", {"model": "no-such-model"})
@@ -135,7 +135,7 @@ def test_bad_lines_get_error_replies_and_the_server_keeps_serving(raw):
 
     reply = raw.ask(call(17, "estimate_memory", MEMORY_ARGS))
     assert reply["result"]["isError"] is False and reply["result"]["structuredContent"]["plan"]["tp"] == 2
-    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 7
+    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 8
     assert raw.close() == 0
 
 
@@ -227,7 +227,7 @@ def http_server(tmp_path_factory):
 async def test_http_round_trip(http_server):
     async with Client(http_server) as client:
         assert client.server_info.name == "meshplan"
-        assert len((await client.list_tools()).tools) == 7
+        assert len((await client.list_tools()).tools) == 8
         result = await client.call_tool("estimate_memory", MEMORY_ARGS)
         assert not result.is_error and result.structured_content["plan"]["tp"] == 2
         failed = await client.call_tool("estimate_memory", {**MEMORY_ARGS, "gpu": "h1000"})
