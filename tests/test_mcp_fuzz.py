@@ -9,6 +9,8 @@ exception we did not handle, which is the bug this test hunts. Runs are derandom
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -47,6 +49,9 @@ def plausible(name: str, prop: dict) -> st.SearchStrategy:
         elif kind == "integer":
             small = st.sampled_from([1, 1, 2, 2, 4, 8])
             strategies.extend([small, small, st.integers(branch.get("minimum", 0), branch.get("maximum", 2**31))])
+        elif kind == "number":
+            strategies.append(st.floats(branch.get("minimum", 0.0), min(branch.get("exclusiveMaximum", 1.0), 1.0),
+                                        exclude_max=True))
         elif kind == "boolean":
             strategies.append(st.booleans())
         elif kind == "null":
@@ -82,6 +87,28 @@ def arguments(tool) -> st.SearchStrategy:
 
 
 TOOLS = {tool.name: tool for tool in anyio.run(app.list_tools)}
+# A hang detector, in CPU seconds of this process (the tool runs on a worker thread here), so a loaded
+# machine does not fail it: every accepted input must be answered in bounded time (issue 12).
+CPU_SECONDS_PER_CALL = 5.0
+# Byte fields that are differences and may be negative: headroom is capacity - peak (negative = over).
+SIGNED_BYTES = {"headroom_bytes"}
+
+
+def impossible_numbers(node: object, where: str = "") -> list[str]:
+    """Counts no report may contain: a negative byte count, or more active parameters than parameters."""
+    found = []
+    if isinstance(node, dict):
+        if isinstance(node.get("active_params"), int) and isinstance(node.get("total_params"), int) \
+                and node["active_params"] > node["total_params"]:
+            found.append(f"{where}: active {node['active_params']} > total {node['total_params']}")
+        for key, value in node.items():
+            if key.endswith("bytes") and key not in SIGNED_BYTES and isinstance(value, int | float) and value < 0:
+                found.append(f"{where}.{key} = {value}")
+            found += impossible_numbers(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += impossible_numbers(value, f"{where}[{i}]")
+    return found
 EXAMPLES = {"recommend_parallelism": 15, "list_models": 3}
 
 
@@ -93,14 +120,19 @@ def test_no_tool_argument_leads_to_an_unhandled_exception(name):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(arguments(tool))
     def check(args):
+        started = time.process_time()
         try:
             result = anyio.run(app.call_tool, name, args)
         except UnexpectedToolError as exc:
             raise AssertionError(f"{name}({args!r}) hit an unhandled {exc.__cause__!r}") from exc
         except ToolError as exc:
             assert len(str(exc)) > len(f"Error executing tool {name}: "), "an error without a reason"
+            assert "Traceback" not in str(exc) and "errors.pydantic.dev" not in str(exc), str(exc)
         else:
             assert not result.is_error
             assert result.structured_content and result.structured_content["summary"]
+            assert not impossible_numbers(result.structured_content), impossible_numbers(result.structured_content)
+        spent = time.process_time() - started
+        assert spent < CPU_SECONDS_PER_CALL, f"{name}({args!r}) took {spent:.1f} CPU s"
 
     check()

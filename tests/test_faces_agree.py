@@ -1,0 +1,245 @@
+"""Every face gives the same answer: the same requests through `meshplan.api`, the CLI's `--json`, and the MCP
+tools over stdio (the SDK's client talking to a `meshplan serve` process) must give identical structured results,
+and identical reasons when they refuse.
+
+The MCP answers are the api reports plus words (`summary`, `next_steps`); those are dropped before comparing.
+A field the caller leaves out must stay open on every face: the MCP schema has no defaults that pretend to be
+choices (the blocker of issue 12: MCP ranked micro-batch 1 / no recompute only, the CLI searched them).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from meshplan import api, cli
+from meshplan.errors import MeshplanError
+from meshplan.request import parse_request, unknown_field_error
+from meshplan.schema import Request
+
+pytestmark = pytest.mark.anyio
+
+WORDS = ("summary", "next_steps")
+# Tool -> (CLI subcommand, api function). render and recommend take extra arguments, handled below.
+TOOLS = {
+    "estimate_memory": ("memory", api.estimate_memory),
+    "estimate_throughput": ("throughput", api.estimate_throughput),
+    "check_config": ("check", api.check_config),
+    "recommend_parallelism": ("recommend", None),
+    "render_config": ("render", None),
+    "describe_model": ("describe", None),
+    "list_models": ("models", None),
+    "minimum_gpus": ("min-gpus", None),
+}
+
+L8 = {"model": "llama-3.1-8b", "gpu": "h100"}
+L70 = {"model": "llama-3.1-70b", "gpu": "h100"}
+Q30 = {"model": "qwen3-30b-a3b", "gpu": "h100"}
+DSV3 = {"model": "deepseek-v3", "gpu": "h100"}
+
+# (tool, arguments): at least 30, every tool, the issue's examples, some refusals.
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("estimate_memory", {**L8, "num_gpus": 8, "tp": 2}),
+    ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2}),
+    ("estimate_memory", {**L70, "num_gpus": 64, "tp": 4, "pp": 4, "vpp": 5, "micro_batch_size": 2,
+                         "recompute": "selective", "global_batch_size": 512}),
+    ("estimate_memory", {**Q30, "num_gpus": 16, "ep": 16, "etp": 1, "framework": "megatron-bridge"}),
+    ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "full"}),
+    ("estimate_memory", {**L8, "num_gpus": 8, "framework": "torchtitan", "seq_length": 8192}),
+    ("estimate_memory", {**L8, "num_gpus": 16, "framework": "deepspeed", "zero_stage": 3, "gpu": "a100-80gb"}),
+    ("estimate_memory", {"model": "70B", "num_gpus": 8, "tp": 8}),
+    ("estimate_throughput", {**L8, "num_gpus": 8, "tp": 2}),
+    ("estimate_throughput", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "global_batch_size": 256}),
+    ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_token_dispatcher": "alltoall"}),
+    ("estimate_throughput", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1,
+                             "recompute": "full", "moe_token_dispatcher": "flex"}),
+    ("estimate_throughput", {**L8, "num_gpus": 32, "cp": 4, "seq_length": 65536, "global_batch_size": 64}),
+    ("estimate_throughput", {**L8, "num_gpus": 8, "precision": "fp8", "framework": "torchtitan"}),
+    ("check_config", {**L8, "num_gpus": 8, "tp": 3}),
+    ("check_config", {**L70, "num_gpus": 64, "tp": 8, "pp": 2}),
+    ("check_config", {**L70, "num_gpus": 8, "framework": "torchtitan"}),
+    ("check_config", {**Q30, "num_gpus": 16, "ep": 16, "framework": "megatron-bridge"}),
+    ("check_config", {**L8, "num_gpus": 8, "tp": 2, "framework": "verl", "zero_stage": 3}),
+    ("check_config", {"model": "70B", "num_gpus": 8, "tp": 8}),
+    ("recommend_parallelism", {**L70, "num_gpus": 16}),
+    ("recommend_parallelism", {**L8, "num_gpus": 8}),
+    ("recommend_parallelism", {**Q30, "num_gpus": 16}),
+    ("recommend_parallelism", {**L70, "num_gpus": 64, "micro_batch_size": 1, "recompute": "none"}),
+    ("recommend_parallelism", {"model": "mixtral-8x7b", "gpu": "h100", "num_gpus": 32, "top_k": 3}),
+    ("render_config", {"framework": "megatron-core", **L70, "num_gpus": 64, "tp": 8, "pp": 2}),
+    ("render_config", {"framework": "torchtitan", **L8, "num_gpus": 8}),
+    ("render_config", {"framework": "deepspeed", **L8, "num_gpus": 16, "zero_stage": 3}),
+    ("render_config", {"framework": "verl", **Q30, "num_gpus": 16, "tp": 2, "ep": 8, "etp": 1}),
+    ("describe_model", {"model": "deepseek-v3"}),
+    ("describe_model", {"model": "70B"}),
+    ("describe_model", {"model": "Qwen/Qwen3-30B-A3B"}),
+    ("list_models", {}),
+    ("minimum_gpus", {"model": "llama-3.1-405b", "gpu": "h100"}),
+    ("minimum_gpus", {"model": "deepseek-v3", "gpu": "h20", "headroom": 0.05}),
+    ("minimum_gpus", {**L70, "tp": 8, "max_gpus": 8}),
+    ("recommend_parallelism", {"model": "llama-3.1-405b", "gpu": "h100", "num_gpus": 1}),
+    ("recommend_parallelism", {**L70, "num_gpus": 16, "headroom": 0.005}),
+    # refusals: the same reason on every face
+    ("estimate_memory", {**L8, "num_gpus": 64, "tensor_parallel_size": 8, "pipeline_parallel": 2}),
+    ("check_config", {**L8, "num_gpus": 8, "tp": 0}),
+    ("describe_model", {"model": "no-such-model-xyz"}),
+    ("estimate_throughput", {**L8, "num_gpus": 8, "precision": "fp4"}),
+]
+
+
+def _argv(tool: str, args: dict[str, Any]) -> list[str]:
+    command = TOOLS[tool][0]
+    args = dict(args)
+    argv = [command]
+    if tool == "render_config":
+        argv.append(args.pop("framework"))
+    if tool == "recommend_parallelism" and "top_k" in args:
+        argv += ["--top-k", str(args.pop("top_k"))]
+    if tool == "minimum_gpus" and "max_gpus" in args:
+        argv += ["--max-gpus", str(args.pop("max_gpus"))]
+    for name, value in args.items():
+        argv += ["--" + name.replace("_", "-"), str(value).lower() if isinstance(value, bool) else str(value)]
+    return [*argv, "--json"]
+
+
+def via_cli(tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+    """('ok', the --json result) or ('error', the message) from the command line, in process."""
+    unknown = [name for name in args if name not in Request.model_fields
+               and name not in ("framework", "top_k", "max_gpus")]
+    if unknown:  # a misspelt flag is argparse's to refuse; the CLI's JSON face for loose fields is --batch
+        return via_batch(tool, args)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = cli.main(_argv(tool, args))
+        except SystemExit:  # argparse refuses a value outside a flag's choices before meshplan sees it
+            return "error", err.getvalue()
+    if code == cli.EXIT_USAGE or not out.getvalue():
+        return "error", err.getvalue().removeprefix("meshplan: ").strip()
+    result = json.loads(out.getvalue())
+    return "ok", without_words(result) if isinstance(result, dict) else result
+
+
+def via_batch(tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+    """The CLI's batch face: one JSON line in, one out."""
+    command = TOOLS[tool][0]
+    stdin, out, err = io.StringIO(json.dumps(args) + "\n"), io.StringIO(), io.StringIO()
+    old = sys.stdin
+    sys.stdin = stdin
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            cli.main([command, "--batch", "-"])
+    finally:
+        sys.stdin = old
+    line = json.loads(out.getvalue().splitlines()[0])
+    line.pop("line", None)  # the batch face numbers its output lines
+    return ("error", line["error"]) if "error" in line else ("ok", without_words(line))
+
+
+def via_api(tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+    args = dict(args)
+    try:
+        if tool == "describe_model":
+            result: Any = api.describe_model(model_argument(args))
+        elif tool == "list_models":
+            return "ok", [m.model_dump(mode="json") for m in api.list_models()]
+        elif tool == "recommend_parallelism":
+            top_k = args.pop("top_k", 5)
+            result = api.recommend(parse_request(args), top_k=top_k)
+        elif tool == "minimum_gpus":
+            max_gpus = args.pop("max_gpus", None)
+            result = api.minimum_gpus(parse_request(args), max_gpus=max_gpus)
+        elif tool == "render_config":
+            framework = args.pop("framework")
+            result = api.render_config(framework, parse_request(args))
+        else:
+            result = TOOLS[tool][1](parse_request(args))
+    except MeshplanError as exc:
+        return "error", str(exc)
+    return "ok", without_words(result.model_dump(mode="json"))
+
+
+def without_words(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k not in WORDS}
+
+
+def model_argument(args: dict[str, Any]) -> str:
+    """describe_model's one argument, refusing others as the MCP tool does."""
+    for name in args:
+        if name != "model":
+            raise unknown_field_error(name, ["model"])
+    return args["model"]
+
+
+async def via_mcp(client: Client, tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+    result = await client.call_tool(tool, args)
+    if result.is_error:
+        text = result.content[0].text
+        return "error", text.removeprefix(f"Error executing tool {tool}: ")
+    data = without_words(result.structured_content)
+    if tool == "list_models":
+        return "ok", data["models"]
+    return "ok", data
+
+
+def _same_reason(a: str, b: str) -> bool:
+    """Refusals agree when they give the same reason (the CLI's argparse words a bad choice its own way)."""
+    return a.strip() == b.strip()
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def test_cli_mcp_and_api_give_identical_results(tmp_path):
+    assert len(CASES) >= 30 and {tool for tool, _ in CASES} == set(TOOLS)
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.mcp_server"], cwd=str(tmp_path))
+    disagreements = []
+    with anyio.fail_after(600):
+        async with Client(params) as client:
+            for tool, args in CASES:
+                mcp_kind, mcp_value = await via_mcp(client, tool, args)
+                api_kind, api_value = via_api(tool, args)
+                cli_kind, cli_value = via_cli(tool, args)
+                label = f"{tool} {json.dumps(args)}"
+                if not (mcp_kind == api_kind == cli_kind):
+                    disagreements.append(f"{label}: mcp {mcp_kind}, api {api_kind}, cli {cli_kind}: "
+                                         f"{str(mcp_value)[:200]} | {str(api_value)[:200]} | {str(cli_value)[:200]}")
+                elif mcp_kind == "ok" and not (mcp_value == api_value == cli_value):
+                    keys = [k for k in api_value if not (mcp_value.get(k) == api_value.get(k) == cli_value.get(k))] \
+                        if isinstance(api_value, dict) else ["(list)"]
+                    disagreements.append(f"{label}: results differ in {keys}")
+                elif mcp_kind == "error" and not _same_reason(mcp_value, api_value):
+                    disagreements.append(f"{label}: reasons differ: mcp {mcp_value!r} vs api {api_value!r}")
+                elif mcp_kind == "error" and "--" not in cli_value and not _same_reason(cli_value, api_value):
+                    disagreements.append(f"{label}: reasons differ: cli {cli_value!r} vs api {api_value!r}")
+    assert not disagreements, "\n".join(disagreements)
+
+
+async def test_a_field_left_out_is_open_on_every_face(tmp_path):
+    """The blocker: MCP's schema must not default micro_batch_size/recompute, and null must mean 'open'."""
+    from meshplan.mcp_server.server import app
+
+    async with Client(app) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        props = tools["recommend_parallelism"].input_schema["properties"]
+        for name in ("micro_batch_size", "recompute", "tp", "pp", "zero_stage", "headroom"):
+            assert props[name].get("default") is None, name
+        args = {**L70, "num_gpus": 16, "headroom": 0.005}
+        left_out = await client.call_tool("recommend_parallelism", args)
+        nulls = await client.call_tool("recommend_parallelism", {**args, "micro_batch_size": None, "recompute": None})
+    assert not left_out.is_error and not nulls.is_error
+    best = left_out.structured_content["candidates"][0]
+    assert best == nulls.structured_content["candidates"][0]
+    cli_best = api.recommend(parse_request(args)).candidates[0]
+    assert best["plan"] == cli_best.plan.model_dump(mode="json")
+    # 70B on 16 H100 only fits with full recompute: the face that fixed recompute=none had nothing to rank.
+    assert (best["plan"]["tp"], best["plan"]["pp"], best["plan"]["dp"], best["plan"]["recompute"]) == (4, 2, 2, "full")
