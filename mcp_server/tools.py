@@ -1,4 +1,4 @@
-"""The seven MCP tools: each validates its flat arguments into a `Request`, calls `meshplan.api`, and words the answer.
+"""The eight MCP tools: each validates its flat arguments into a `Request`, calls `meshplan.api`, and words the answer.
 
 The arguments are the fields of `meshplan.schema.Request`, so the tool schemas, the CLI flags and the
 batch lines cannot drift apart: the signatures below are generated from that model (type, bounds,
