@@ -41,3 +41,17 @@ def test_recommend_table_for_an_impossible_job_shows_the_closest_misses(capsys):
     out = capsys.readouterr().out
     assert "No layout fits" in out and "over by" in out
     assert re.search(r"smallest GPU count that fits: \d+", out)  # the count itself: tests/test_search.py
+
+
+def test_model_given_twice_must_agree(capsys):
+    """The positional MODEL and --model used to disagree silently (the flag won)."""
+    assert main(["memory", "llama-3.1-8b", "--model", "llama-3.1-70b", "--num-gpus", "8"]) == 2
+    assert "Two different models given: MODEL 'llama-3.1-8b' and --model 'llama-3.1-70b'" in capsys.readouterr().err
+    assert main(["describe", "llama-3.1-8b", "--model", "qwen3-8b"]) == 2
+    assert "Two different models" in capsys.readouterr().err
+    assert main(["memory", "llama-3.1-8b", "--model", "llama-3.1-8b", "--num-gpus", "8", "--json"]) == 0
+
+
+def test_render_framework_given_twice_must_agree(capsys):
+    assert main(["render", "megatron-core", "llama-3.1-8b", "--num-gpus", "8", "--framework", "verl"]) == 2
+    assert "Two different frameworks given" in capsys.readouterr().err

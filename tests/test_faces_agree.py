@@ -71,6 +71,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("recommend_parallelism", {**L70, "num_gpus": 16}),
     ("recommend_parallelism", {**L8, "num_gpus": 8}),
     ("recommend_parallelism", {**Q30, "num_gpus": 16}),
+    ("recommend_parallelism", {"model": "qwen3-235b-a22b", "gpu": "h100", "num_gpus": 64}),
     ("recommend_parallelism", {**L70, "num_gpus": 64, "micro_batch_size": 1, "recompute": "none"}),
     ("recommend_parallelism", {"model": "mixtral-8x7b", "gpu": "h100", "num_gpus": 32, "top_k": 3}),
     ("render_config", {"framework": "megatron-core", **L70, "num_gpus": 64, "tp": 8, "pp": 2}),
