@@ -17,7 +17,8 @@ from meshplan.schema import Request
 
 CASES = [
     Request(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, cp=2, seq_length=8192),
-    Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, first_stage_layers=4, last_stage_layers=1),
+    Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, first_stage_layers=4,
+            last_stage_layers=1),  # etp=1: the default etp=tp breaks the expert grid (WS002, no memory estimate)
     Request(model="mixtral-8x7b", num_gpus=64, pp=4, ep=8),
     Request(model="llama-3.1-70b", num_gpus=64, tp=8, seq_length=8192),  # MEM001: re-estimates neighbours
     Request(model="llama-3.1-8b", num_gpus=8, tp=3),  # structural errors

@@ -20,7 +20,9 @@ from meshplan.schema import Request
 
 CASES = [
     Request(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, seq_length=8192),
-    Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, recompute="full"),
+    # etp=1 as in the recipe (cards/strategies.yaml): left out, it defaults to tp=2 and the expert grid
+    # etp*ep*pp = 2048 does not divide 1,024 GPUs (WS002, which stops the estimate).
+    Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, recompute="full"),
     Request(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, vpp=1),
     Request(model="llama-3.1-8b", num_gpus=8, framework="torchtitan"),
 ]

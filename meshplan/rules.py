@@ -13,7 +13,7 @@ from typing import Any
 
 from meshplan.conditions import ctx_param, uneven_split
 from meshplan.errors import MeshplanError
-from meshplan.rulebook import Context, finding, gib, rule, rules_for
+from meshplan.rulebook import Context, EstimateBlocked, finding, gib, rule, rules_for
 from meshplan.schema import CheckReport, Finding, Job, MemoryReport, MemorySummary, Plan
 
 
@@ -65,6 +65,8 @@ def _memory_findings(ctx: Context, findings: list[Finding]) -> tuple[MemorySumma
 
     try:
         report = estimate_memory(ctx.job, ctx.plan)
+    except EstimateBlocked as exc:  # already a finding above: name it, do not repeat it
+        return None, f"Memory not estimated until {exc.rule_id} ({exc.finding.title}) is fixed."
     except MeshplanError as exc:
         return None, f"Memory not estimated: {exc.reason}"
     with_memory = replace(ctx, memory_report=report)

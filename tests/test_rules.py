@@ -262,6 +262,13 @@ def test_estimators_stop_on_the_rules_own_finding(rule_id):
         assert estimate_memory(job, plan).stages and estimate_throughput(job, plan).step_time_s > 0
 
 
+def test_check_names_the_rule_that_blocks_the_memory_estimate():
+    job, plan = make(**L8B, num_gpus=8, tp=3)
+    report_ = check_config(job, plan)
+    assert report_.memory is None and not any(f.id.startswith("MEM") for f in report_.findings)
+    assert "Memory not estimated until WS001 (GPU count not divisible by tp*pp*cp) is fixed." in report_.next_steps
+
+
 def test_rules_card_schema_rejects_bad_entries():
     good = rules_card().model_dump()
     bad = dict(good, rules=[dict(good["rules"][0], frameworks=["megatron-lm"])])
