@@ -60,6 +60,7 @@ class Calibration:
     grad_accum_bytes_per_param: float
     cross_entropy_bytes_per_logit: float
     layer_overhead_s: float
+    forward_share_of_layer_overhead: float
     moe_dispatch_passes: float
     moe_layer_overhead_s: float
     host_time_per_layer_s: float

@@ -16,14 +16,21 @@ from meshplan.space import knobs, search_card
 
 Values = dict[str, Any] | None
 
+# How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
+LISTED = 6  # values a list in a fix shows at most: the ones nearest the request
+PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
+# Pipeline sizes listed up to 32: at PP008's 4 layers per stage no catalog model (at most 126 layers) takes more.
+MAX_LISTED_PP = 32
+MAX_LISTED_MBS = 64  # micro-batch sizes listed up to 64: beyond, a micro-batch alone is a large global batch
+
 
 # --------------------------------------------------------------------------- world-size laws
 
 
 def _product_divisors(ctx: Context) -> str:
     """tp*pp*cp products that divide the GPU count, near the requested one, for a fix."""
-    near = [d for d in divisors(ctx.world) if d <= 4 * ctx.model_parallel]
-    return fmt_set(near[-6:])
+    near = [d for d in divisors(ctx.world) if d <= PRODUCT_REACH * ctx.model_parallel]
+    return fmt_set(near[-LISTED:])
 
 
 @rule("WS001")
@@ -195,7 +202,7 @@ def cp_sequence_divisible(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     if cp == 1 or seq % (2 * cp) == 0:
         return None
-    good = [c for c in divisors(seq // 2) if c > 1][:6] if seq % 2 == 0 else []
+    good = [c for c in divisors(seq // 2) if c > 1][:LISTED] if seq % 2 == 0 else []
     return {"cp": cp, "seq": seq, "unit": 2 * cp, "seqs": neighbours(seq, 2 * cp),
             "cps": fmt_set(good) if good else "none (odd length)"}
 
@@ -229,7 +236,7 @@ def cp_within_sequence(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     if cp <= seq:
         return None
-    return {"cp": cp, "seq": seq, "cps": fmt_set(divisors(seq)[-4:])}
+    return {"cp": cp, "seq": seq, "cps": fmt_set(divisors(seq)[-LISTED:])}
 
 
 @rule("TT002")
@@ -403,7 +410,7 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
         return None
-    return {"layers": layers, "pp": p.pp, "working": fmt_set(divisors(layers, upto=32)),
+    return {"layers": layers, "pp": p.pp, "working": fmt_set(divisors(layers, upto=MAX_LISTED_PP)),
             "uneven": _uneven_hint(ctx, p.pp)}
 
 
@@ -462,7 +469,7 @@ def uneven_split_valid(ctx: Context) -> Values:
         return None
     split = uneven_split(layers, p.pp, p.vpp)
     fix = (f"first_stage_layers={split[0]}, last_stage_layers={split[2]}" if split
-           else f"pp in {fmt_set(divisors(layers, upto=32))} with an even split")
+           else f"pp in {fmt_set(divisors(layers, upto=MAX_LISTED_PP))} with an even split")
     return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
 
 
@@ -487,9 +494,10 @@ def bubble(ctx: Context) -> Values:
         return None
     overhead = (p.pp - 1) / m
     share = (p.pp - 1) / (m + p.pp - 1)
-    target = p.micro_batch_size * p.dp * 4 * p.pp
+    per_stage = int(ctx_param(ctx, "PP006", "microbatches_per_stage"))
+    target = p.micro_batch_size * p.dp * per_stage * p.pp
     return {"m": m, "pp": p.pp, "bubble": f"{overhead:.0%}", "share": f"{share:.0%}",
-            "gbs": ctx.job.global_batch_size, "target": target}
+            "gbs": ctx.job.global_batch_size, "target": target, "per_stage": per_stage}
 
 
 @rule("PP007")
@@ -516,7 +524,7 @@ def shallow_pipeline(ctx: Context) -> Values:
 
 
 def _mbs_options(per_rank: int) -> str:
-    return fmt_set(divisors(per_rank, upto=64)) if per_rank > 0 else "none"
+    return fmt_set(divisors(per_rank, upto=MAX_LISTED_MBS)) if per_rank > 0 else "none"
 
 
 @rule("BS001")

@@ -48,6 +48,33 @@ __all__ = ["estimate_throughput", "model_flops_per_token", "stage_layer_indices"
 
 BF16 = 2  # bytes per activation element on the wire
 
+# Counted constants of the step-time model, each with its derivation (what is judged or fitted lives in
+# cards/calibration.yaml with its source).
+# A GEMM's backward computes the input and the weight gradient, each as many FLOPs as its forward: forward +
+# backward = 3x the forward, the forward a third (Narayanan et al. 2021). Memory-bound work splits the same way
+# (one pass forward, two backward: elementwise_passes in the card), and so does the logits head.
+TRAINING_PASSES_PER_FORWARD = 3.0
+# Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
+# the forward FLOPs, so forward + backward = 3.5x (Dao-AILab/flash-attention benchmark_flash_attention.py flops()).
+FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
+# Communication that runs once in the forward runs mirrored once in the backward (activations forward, their
+# gradients backward; FSDP gathers the weights for each): a forward is half of it.
+FORWARD_AND_BACKWARD = 2.0
+# Sequence-parallel TP: an all-gather before and a reduce-scatter after attention and after the MLP, 4 ring
+# passes forward and 4 backward (Korthikanti et al. 2022, section 4.2.2; without SP, 2 all-reduces per pass
+# move the same bytes).
+TP_COLLECTIVES_PER_LAYER = 8.0
+# A layer of routed experts only (no shared expert) keeps attention's pair, forward and backward: the experts
+# take the sequence-sharded tokens straight into the all-to-all.
+TP_COLLECTIVES_ATTENTION_ONLY = 4.0
+# Expert TP: an all-gather before and a reduce-scatter after the experts, forward and backward.
+EXPERT_TP_COLLECTIVES_PER_LAYER = 4.0
+# Token dispatch and combine, forward and backward.
+EP_ALL_TO_ALLS_PER_LAYER = 4.0
+# Ring attention: K/V cross each of the c-1 hops forward, K/V and dK/dV cross them backward: 3 transfers per
+# hop, the forward a third (recompute takes that share for every cp_comm_type).
+CP_RING_TRANSFERS_PER_HOP = 3.0
+
 
 # --------------------------------------------------------------------------- per-architecture caches
 
@@ -164,7 +191,7 @@ def gemm_seconds(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak
     total = 0.0
     for g in gemms:
         peak = fp8_peak if (fp8_peak and g.fp8) else bf16_peak
-        total += 3.0 * g.flops / (peak * gemm_efficiency(g, cal))
+        total += TRAINING_PASSES_PER_FORWARD * g.flops / (peak * gemm_efficiency(g, cal))
     return total
 
 
@@ -205,11 +232,11 @@ def _cp_time(ctx: Ctx, attention_fwd_bwd: float) -> float:
         q_bytes = tokens * arch.num_attention_heads / plan.tp * arch.head_dim * BF16
         # Ulysses: q, k, v and the output are re-sharded (sequence <-> heads) forward and backward.
         per_pass = alltoall_time(2 * q_bytes + kv_bytes, c, plan.tp, lk)
-        return 2.0 * per_pass
+        return FORWARD_AND_BACKWARD * per_pass
     if plan.cp_comm_type == "allgather":
-        return 2.0 * ring_time(c * kv_bytes, c, plan.tp, lk)
+        return FORWARD_AND_BACKWARD * ring_time(c * kv_bytes, c, plan.tp, lk)
     # p2p ring (and the a2a+p2p hierarchy, timed as its ring): c-1 K/V hops forward, K/V and dK/dV backward.
-    comm = 3.0 * (c - 1) * p2p_time(kv_bytes, cross, lk)
+    comm = CP_RING_TRANSFERS_PER_HOP * (c - 1) * p2p_time(kv_bytes, cross, lk)
     return max(0.0, comm - cal.cp_overlap * attention_fwd_bwd)
 
 
@@ -236,7 +263,7 @@ def unfused_attention_seconds(ctx: Ctx) -> tuple[float, float]:
     elements = batched * queries * ctx.seq
     fwd_bytes = cal.softmax_bytes_per_score_fwd + (cal.dropout_bytes_per_score_fwd if ctx.dropout else 0.0)
     bwd_bytes = cal.softmax_bytes_per_score_bwd + (cal.dropout_bytes_per_score_bwd if ctx.dropout else 0.0)
-    forward = gemm / 3.0 + elements * fwd_bytes / ctx.hbm
+    forward = gemm / TRAINING_PASSES_PER_FORWARD + elements * fwd_bytes / ctx.hbm
     return forward, gemm + elements * (fwd_bytes + bwd_bytes) / ctx.hbm
 
 
@@ -251,7 +278,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
     if ctx.flash:
         attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * cal.attention_peak_fraction)
-        lt.attention = 3.5 * attn_fwd  # flash-attention backward re-forms the scores: 2.5x the forward
+        lt.attention = FLASH_ATTENTION_PASSES_PER_FORWARD * attn_fwd
     else:
         attn_fwd, lt.attention = unfused_attention_seconds(ctx)
     lt.attention_fwd = attn_fwd
@@ -273,16 +300,16 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         elem_bytes += cal.moe_dispatch_passes * BF16 * routed
         lt.overhead += cal.moe_layer_overhead_s
     lt.elementwise = elem_bytes / ctx.hbm
-    lt.fwd_compute = lt.gemm / 3.0 + attn_fwd + lt.elementwise / 3.0
+    lt.fwd_compute = lt.gemm / TRAINING_PASSES_PER_FORWARD + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
 
     # TP: per layer, forward two all-gather + reduce-scatter pairs (or two all-reduces), backward the same.
     act_bytes = sh.tokens * arch.hidden_size * BF16
-    tp_ops = 8.0
+    tp_ops = TP_COLLECTIVES_PER_LAYER
     if moe and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size:
-        tp_ops = 4.0  # routed experts take sequence-sharded tokens straight into the all-to-all
+        tp_ops = TP_COLLECTIVES_ATTENTION_ONLY
     tp_comm = tp_ops * ring_time(act_bytes, plan.tp, 1, ctx.lk)
     if moe and plan.etp > 1:
-        tp_comm += 4.0 * ring_time(act_bytes, plan.etp, 1, ctx.lk)
+        tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, plan.etp, 1, ctx.lk)
     lt.tp = (1.0 - cal.tp_overlap) * tp_comm
     lt.cp = _cp_time(ctx, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
@@ -290,13 +317,16 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         # dispatch and combine, forward and backward
         one = dispatch_time(local * arch.hidden_size * BF16, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
                             dedup=plan.moe_token_dispatcher == "flex")
-        lt.ep = (1.0 - cal.ep_overlap) * 4.0 * one
+        lt.ep = (1.0 - cal.ep_overlap) * EP_ALL_TO_ALLS_PER_LAYER * one
     return lt
 
 
-def _recompute_time(lt: LayerTime, recompute: str) -> float:
+def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration) -> float:
+    """Full recompute runs each layer's forward again: its forward compute, the forward share of its fixed
+    overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
     if recompute == "full":
-        return lt.fwd_compute + lt.overhead / 2 + lt.tp / 2 + lt.cp / 3 + lt.ep / 2
+        return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp / FORWARD_AND_BACKWARD
+                + lt.cp / CP_RING_TRANSFERS_PER_HOP + lt.ep / FORWARD_AND_BACKWARD)
     if recompute == "selective":
         return lt.attention_fwd  # core attention forward again (Korthikanti et al. 2022)
     return 0.0
@@ -356,7 +386,7 @@ def estimate_throughput(
     pp_cross = crosses_domains(plan.pp, plan.tp * plan.cp * plan.dp, lk.domain)
     pp_bytes = tokens * arch.hidden_size * BF16 / t_sp
     pp_hop = p2p_time(pp_bytes, pp_cross, lk, cal.pp_latency_inter_s) if plan.pp > 1 else 0.0
-    pp_comm = (1.0 - cal.pp_overlap) * 2.0 * plan.vpp * pp_hop
+    pp_comm = (1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * pp_hop
     pp_cross_layer = cal.pp_cross_sync_per_layer_s * plan.tp if plan.pp > 1 and pp_cross else 0.0
     # Blocking p2p (metadata received and read on the host before each activation/gradient) stops
     # the host running ahead of the GPU: per micro-batch, pp_host_sync of the shorter of host issue
@@ -388,14 +418,14 @@ def estimate_throughput(
             parts["cp"] += count * lt.cp
             parts["ep"] += count * lt.ep
             if recomputed:
-                parts["recompute"] += recomputed * _recompute_time(lt, plan.recompute)
+                parts["recompute"] += recomputed * _recompute_time(lt, plan.recompute, cal)
         dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
         expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
         if s == 0:
             dense_p += arch.vocab_size * arch.hidden_size / plan.tp
         if s == head_stage:
             parts["compute"] += head
-            parts["fwd"] += head / 3.0
+            parts["fwd"] += head / TRAINING_PASSES_PER_FORWARD
             if not arch.tie_word_embeddings or plan.pp > 1:
                 dense_p += arch.vocab_size * arch.hidden_size / plan.tp
         # Cross-node pipeline stages with host-synchronous p2p (nanotron) lose time on every layer
@@ -413,8 +443,9 @@ def estimate_throughput(
     for row in stage_rows:
         row["fsdp"] = 0.0
         if fsdp and dense_group > 1:
-            gather = 2.0 * ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
-            gather += 2.0 * ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
+            gather = FORWARD_AND_BACKWARD * ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
+            gather += FORWARD_AND_BACKWARD * ring_time(row["expert_params"] * BF16, expert_group,
+                                                       plan.ep * plan.etp, lk)
             row["fsdp"] = max(0.0, gather - cal.dp_overlap * row["compute"])
         gpu = sum(row[k] for k in ("compute", "tp", "cp", "ep", "recompute", "pp", "fsdp"))
         row["launch_bound"] = max(0.0, row["host"] - gpu) + host_sync * min(row["host"], gpu)
@@ -517,12 +548,15 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages"
         + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
            if job.framework == "nanotron" and plan.pp > 1 else "."),
-        f"GEMM time = 3 x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod d/(d+{cal.gemm_half_dim:.0f}) "
+        f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
+        f"d/(d+{cal.gemm_half_dim:.0f}) "
         "over its three dimensions); "
-        + (f"flash attention at {cal.attention_peak_fraction:.2f} of peak with a 2.5x backward." if flash else
+        + (f"flash attention at {cal.attention_peak_fraction:.2f} of peak with a "
+           f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
            "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),
-        "TP: 4 all-gather/reduce-scatter (or 2 all-reduce) per layer forward and as many backward; "
+        f"TP: {TP_COLLECTIVES_PER_LAYER / FORWARD_AND_BACKWARD:g} all-gather/reduce-scatter (or 2 all-reduce) per "
+        "layer forward and as many backward; "
         f"{cal.tp_overlap:.0%} hidden behind compute.",
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",

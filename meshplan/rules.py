@@ -110,8 +110,8 @@ def low_headroom(ctx: Context) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- computed fixes for MEM001
-
-MAX_ALTERNATIVES = 3
+# Which neighbours the fix tries and how many it names are MEM001's params in cards/rules.yaml (the why says
+# why); the cp threshold is CP002's, so the fix never offers a cp that CP002 would then flag.
 
 
 def _dp_for(ctx: Context, tp: int, pp: int, cp: int, ep: int) -> int | None:
@@ -123,6 +123,8 @@ def _dp_for(ctx: Context, tp: int, pp: int, cp: int, ep: int) -> int | None:
 def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     """Nearby layouts, cheapest first: fewer activations, more sharding, then more model parallelism."""
     p, arch = ctx.plan, ctx.job.model
+    step = int(ctx_param(ctx, "MEM001", "degree_factor"))
+    max_pp_factor = ctx_param(ctx, "MEM001", "max_pp_factor")
     out: list[tuple[str, dict[str, Any]]] = []
     if p.micro_batch_size > 1:
         out.append(("micro_batch_size=1", {"micro_batch_size": 1}))
@@ -133,7 +135,10 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         max_zero = min(max_zero, 1)  # DS002: ZeRO-2/3 do not combine with DeepSpeed's pipeline engine
     for zero in range(p.zero_stage + 1, max_zero + 1):
         out.append((f"zero_stage={zero}", {"zero_stage": zero}))
-    for factor in (2, 4):
+    pp_factors = [step]  # step, step^2, ... up to max_pp_factor (2 and 4)
+    while pp_factors[-1] * step <= max_pp_factor:
+        pp_factors.append(pp_factors[-1] * step)
+    for factor in pp_factors:
         pp = p.pp * factor
         change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1}
         label = f"pp={pp}"
@@ -142,12 +147,12 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
             change |= {"first_stage_layers": split[0], "last_stage_layers": split[2]}
             label += f" (first/last stage {split[0]}/{split[2]} layers)"
         out.append((label, change))
-    if p.tp * 2 <= ctx.job.gpu.nvlink_domain:
-        out.append((f"tp={p.tp * 2}", {"tp": p.tp * 2, "sequence_parallel": True}))
+    if p.tp * step <= ctx.job.gpu.nvlink_domain:
+        out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
     if arch.moe is not None:
-        out.append((f"ep={p.ep * 2}", {"ep": p.ep * 2}))
-    if ctx.job.seq_length >= 8192:
-        out.append((f"cp={p.cp * 2}", {"cp": p.cp * 2}))
+        out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))
+    if ctx.job.seq_length >= step * ctx_param(ctx, "CP002", "min_tokens_per_rank"):
+        out.append((f"cp={p.cp * step}", {"cp": p.cp * step}))
     if p.recompute != "full":
         out.append(("recompute=full", {"recompute": "full", "recompute_layers": None}))
     plans = []
@@ -162,7 +167,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
 
 
 def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
-    """Labels of nearby layouts that pass every structural rule and fit in memory (at most MAX_ALTERNATIVES)."""
+    """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives)."""
     from meshplan.memory import estimate_memory
 
     fitting: list[str] = []
@@ -179,6 +184,6 @@ def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
         tried.append(f"{label}: {gib(report.peak_bytes)}")
         if report.fits:
             fitting.append(f"{label} ({gib(report.peak_bytes)} peak)")
-            if len(fitting) == MAX_ALTERNATIVES:
+            if len(fitting) == ctx_param(ctx, "MEM001", "max_alternatives"):
                 break
     return fitting, tried

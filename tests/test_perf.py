@@ -238,6 +238,20 @@ def test_more_micro_batches_shrink_the_bubble():
     assert any("bubble" in w for w in estimate(model="llama-3.1-8b", num_gpus=8, pp=8, global_batch_size=4).warnings)
 
 
+def test_full_recompute_repeats_the_forward_share_of_each_term():
+    """Exact case: the forward compute, the card's forward share of the fixed overhead, half the TP and EP
+    traffic (their backward mirrors the forward) and a third of the CP ring (K/V forward, K/V + dK/dV backward)."""
+    from meshplan.perf import LayerTime, _recompute_time
+
+    cal = calibration("megatron-core")
+    assert cal.forward_share_of_layer_overhead == 0.5
+    lt = LayerTime(overhead=6.0, tp=4.0, cp=9.0, ep=2.0, fwd_compute=10.0, attention_fwd=1.5)
+    assert _recompute_time(lt, "full", cal) == 10.0 + 6.0 * 0.5 + 4.0 / 2 + 9.0 / 3 + 2.0 / 2
+    assert _recompute_time(lt, "selective", cal) == 1.5 and _recompute_time(lt, "none", cal) == 0.0
+    half = cal.with_overrides(forward_share_of_layer_overhead=0.25)
+    assert _recompute_time(lt, "full", half) == _recompute_time(lt, "full", cal) - 6.0 * 0.25
+
+
 def test_recompute_costs_time():
     none = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16)
     sel = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16, recompute="selective")

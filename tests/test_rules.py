@@ -410,6 +410,19 @@ def test_memory_error_names_fitting_alternatives():
         assert estimate_memory(job, changed).fits, label
 
 
+def test_memory_fix_neighbours_follow_the_card():
+    """MEM001's neighbours come from its params (doubling, pp up to 4x) and CP002's threshold, not from code."""
+    from meshplan.rules import _candidates
+
+    assert rule_specs()["MEM001"].params == {"max_alternatives": 3, "degree_factor": 2, "max_pp_factor": 4}
+    job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8192)
+    labels = [label.split(" (")[0] for label, _ in _candidates(Context(job, plan))]
+    assert {"pp=2", "pp=4", "cp=2"} <= set(labels) and "pp=8" not in labels
+    assert not any(label.startswith("tp=") for label in labels)  # tp=16 leaves the 8-GPU NVLink domain (TP004)
+    job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8190)  # under 2 x CP002's 4,096 tokens per rank
+    assert not any(label.startswith("cp=") for label, _ in _candidates(Context(job, plan)))
+
+
 def test_memory_error_when_nothing_nearby_fits():
     job, plan = make(**L70B, num_gpus=8, tp=8)
     f = finding_of("MEM001", job, plan, include_memory=True)
