@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan import mesh
 from meshplan.errors import MeshplanError
 from meshplan.models import total_params
 from meshplan.schema import Job, Plan
@@ -135,7 +136,7 @@ def flex_backend(job: Job) -> str:
     otherwise (the field's default): DeepEP sends a token once per destination node over RDMA and
     fans it out over the node's NVLink.
     """
-    return "hybridep" if job.gpu.nvlink_domain > job.gpus_per_node else "deepep"
+    return "hybridep" if mesh.domain_spans_nodes(job.gpu, job.gpus_per_node) else "deepep"
 
 
 def megatron_dispatcher(job: Job, plan: Plan) -> list[tuple[str, str]]:
@@ -162,8 +163,9 @@ def flex_notes(job: Job, plan: Plan) -> tuple[list[str], list[str]]:
     if job.model.moe is None or plan.moe_token_dispatcher != "flex":
         return [], []
     gpu, per_node = job.gpu, job.gpus_per_node
+    domain = mesh.fast_domain(gpu, per_node)
     if flex_backend(job) == "hybridep":
-        why = (f"hybridep: the {gpu.name} NVLink domain ({gpu.nvlink_domain} GPUs) spans several {per_node}-GPU "
+        why = (f"hybridep: the {gpu.name} NVLink domain ({domain} GPUs) spans several {per_node}-GPU "
                "nodes, and only HybridEP covers a multi-node NVLink domain (megatron-core TransformerConfig)")
         package = "HybridEP (DeepEP's hybrid-ep branch, deep_ep.HybridEPBuffer)"
     else:
@@ -174,7 +176,7 @@ def flex_notes(job: Job, plan: Plan) -> tuple[list[str], list[str]]:
              f"{package} must be installed on every node: without it the dispatcher raises ImportError when the "
              "model is built (megatron/core/transformer/moe/token_dispatcher.py)."]
     warnings = []
-    if gpu.nvlink_domain < per_node:
-        warnings.append(f"{gpu.name} links only {gpu.nvlink_domain} GPUs by NVLink, fewer than the {per_node} of a "
+    if domain < per_node:
+        warnings.append(f"{gpu.name} links only {domain} GPUs by NVLink, fewer than the {per_node} of a "
                         "node: DeepEP's intra-node path needs the whole node on NVLink.")
     return notes, warnings

@@ -13,6 +13,7 @@ from typing import Any
 from meshplan.adapters.common import nodes, pipeline_split
 from meshplan.adapters.render import Built
 
+from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
 from meshplan.schema import Job, Plan
@@ -87,8 +88,9 @@ def torchtitan_0_2_dispatcher(job: Job, plan: Plan) -> tuple[list[tuple[str, Any
         problems.append("DeepEP needs expert_parallel_degree > 1")
     if plan.etp > 1:
         problems.append("DeepEP does not support expert tensor parallelism (etp must be 1)")
-    if job.gpu.nvlink_domain > job.gpus_per_node:
-        problems.append(f"the {job.gpu.name} NVLink domain ({job.gpu.nvlink_domain} GPUs) spans several nodes, which "
+    if mesh.domain_spans_nodes(job.gpu, job.gpus_per_node):
+        domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+        problems.append(f"the {job.gpu.name} NVLink domain ({domain} GPUs) spans several nodes, which "
                         "needs HybridEP, and 0.2.2 offers only deepep")
     registry = torchtitan_registry(job)
     if registry is not None and registry[0] not in DEEPEP_MODULES_0_2:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.calibration import Calibration
+from meshplan.mesh import fast_domain, per_domain
 from meshplan.schema import GpuSpec
 
 
@@ -31,27 +32,14 @@ class Links:
 
 
 def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration) -> Links:
-    # An NVLink domain larger than a node (GB200 NVL72) spans trays; otherwise the node is the domain.
-    domain = gpu.nvlink_domain if gpu.nvlink_domain > gpu.gpus_per_node else gpus_per_node
     return Links(
-        domain=max(1, domain),
+        domain=fast_domain(gpu, gpus_per_node),
         intra_bw=gpu.intra_node_bandwidth * cal.nvlink_efficiency,
         inter_bw=gpu.network_bandwidth * cal.network_efficiency,
         intra_lat=cal.latency_intra_s,
         inter_lat=cal.latency_inter_s,
         nic_scaling=cal.ring_nic_scaling,
     )
-
-
-def per_domain(size: int, stride: int, domain: int) -> int:
-    """Members of a group that share one fast domain (groups are aligned to domain boundaries)."""
-    if stride >= domain:
-        return 1
-    return max(1, min(size, domain // stride))
-
-
-def crosses_domains(size: int, stride: int, domain: int) -> bool:
-    return size > per_domain(size, stride, domain)
 
 
 def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:

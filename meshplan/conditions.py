@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from meshplan import mesh
 from meshplan.rulebook import Context, divisors, fmt_set, lcm, neighbours, rule, rule_specs
 from meshplan.space import knobs, search_card
 
@@ -120,7 +121,7 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
         return True
 
     good = [t for t in divisors(heads) if ok(t)]
-    inside = [t for t in good if t <= ctx.job.gpu.nvlink_domain]
+    inside = [t for t in good if t <= ctx.fast_domain]
     return fmt_set(inside or good)
 
 
@@ -151,8 +152,8 @@ def kv_heads_divisible(ctx: Context) -> Values:
 @rule("TP004")
 def tp_inside_nvlink(ctx: Context) -> Values:
     gpu, tp = ctx.job.gpu, ctx.plan.tp
-    domain = gpu.nvlink_domain
-    if tp <= domain:
+    domain = ctx.fast_domain
+    if mesh.tp_fits_domain(tp, domain):
         return None
     slowdown = gpu.intra_node_bandwidth / gpu.network_bandwidth
     return {"tp": tp, "domain": domain, "gpu": gpu.name, "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",

@@ -11,6 +11,7 @@ reserved, which is what runs out). The worst stage decides whether the job fits.
 
 from __future__ import annotations
 
+from meshplan import mesh
 from meshplan.activations import Layout, layer_activations, shape_of
 from meshplan.cards import framework_card
 from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
@@ -79,17 +80,15 @@ def _assumed(job: Job, plan: Plan) -> list[str]:
 def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
     """World size of the layout and the expert-data-parallel size world/(pp*ep*etp) (the world-size and
     expert-grid rules of the framework already hold: they block the estimate)."""
-    law = framework_card(job.framework).world_size_law
-    world = plan.tp * plan.pp * plan.cp * plan.dp * (plan.ep if law == "kempnerforge" else 1)
+    world = mesh.world_size(framework_card(job.framework).world_size_law, plan)
     warnings = []
-    expert_group = plan.pp * plan.ep * plan.etp
-    expert_dp = world / expert_group
-    if job.model.moe is not None and world % expert_group:
+    group = mesh.expert_group(plan)
+    if job.model.moe is not None and world % group:
         warnings.append(
-            f"world {world} is not divisible by pp*ep*etp = {expert_group}; expert-data-parallel size taken as "
-            f"{expert_dp:.2f} (run `meshplan check`)."
+            f"world {world} is not divisible by pp*ep*etp = {group}; expert-data-parallel size taken as "
+            f"{world / group:.2f} (run `meshplan check`)."
         )
-    return world, max(1.0, expert_dp), warnings
+    return world, mesh.expert_dp(world, plan), warnings
 
 
 def _layer_cost(arch: Architecture) -> int:

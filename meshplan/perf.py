@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan import mesh
 from meshplan.calibration import Calibration, calibration
 from meshplan.comm import (
     Links,
     allreduce_time,
     alltoall_time,
-    crosses_domains,
     dispatch_time,
     links,
     p2p_time,
@@ -39,6 +39,7 @@ from meshplan.flops import (
     moe_gemms,
 )
 from meshplan.memory_states import convention
+from meshplan.mesh import crosses_domains
 from meshplan.models import layer_params, per_architecture
 from meshplan.request import uses_fsdp
 from meshplan.rulebook import require_estimable
@@ -395,7 +396,7 @@ def estimate_throughput(
 
     fsdp = uses_fsdp(job.framework, plan.zero_stage)
     dense_group = plan.dp * plan.cp  # dense weights are replicated over DP x CP
-    expert_group = plan.expert_dp(job.num_gpus) if arch.moe else 1
+    expert_group = int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1
     stage_rows = []
     for s, layers in enumerate(stages):
         parts = {"compute": 0.0, "tp": 0.0, "cp": 0.0, "ep": 0.0, "recompute": 0.0, "fwd": 0.0}

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError, closest
 from meshplan.hardware import get_gpu
@@ -154,17 +155,16 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         etp = tp if arch.is_moe and card.world_size_law == "megatron" and req.framework in MEGATRON_FAMILY else 1
         if arch.is_moe and etp > 1:
             notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it (pass etp=1 to keep experts whole).")
-    # KempnerForge gives expert parallelism ranks of its own; elsewhere EP folds into the DP x CP x TP ranks.
-    own_ep = ep if card.world_size_law == "kempnerforge" else 1
+    law = card.world_size_law
     if req.num_gpus is None:
         dp = req.dp or 1
-        num_gpus = tp * pp * cp * dp * own_ep
+        num_gpus = mesh.replica_size(law, tp, pp, cp, ep) * dp
         notes.append(f"num_gpus not given: {num_gpus} = the product of the parallel degrees.")
     else:
         num_gpus = req.num_gpus
-        dp = req.dp or max(1, num_gpus // (tp * pp * cp * own_ep))
+        dp = req.dp or mesh.derived_dp(law, num_gpus, tp, pp, cp, ep)
         if req.dp is None:
-            notes.append(f"dp not given: {dp} = num_gpus / (tp*pp*cp{'*ep' if own_ep > 1 else ''}).")
+            notes.append(f"dp not given: {dp} = num_gpus / ({mesh.replica_formula(law, ep)}).")
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     if req.zero_stage is None:
         notes.append(f"zero_stage not given: {zero}, the {card.display_name} default meshplan assumes.")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from meshplan import mesh
 from meshplan.cards import CardError, framework_card, load_card
 from meshplan.errors import MeshplanError
 from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Finding, Job, MemoryReport, Plan, Severity
@@ -260,7 +261,12 @@ class Context:
 
     @property
     def expert_grid(self) -> int:
-        return self.plan.etp * self.plan.ep * self.plan.pp
+        return mesh.expert_group(self.plan)
+
+    @cached_property
+    def fast_domain(self) -> int:
+        """GPUs one GPU reaches over NVLink/xGMI (mesh.fast_domain)."""
+        return mesh.fast_domain(self.job.gpu, self.job.gpus_per_node)
 
     @property
     def microbatches(self) -> int:

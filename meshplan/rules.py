@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from meshplan import mesh
 from meshplan.conditions import ctx_param, uneven_split
 from meshplan.errors import MeshplanError
 from meshplan.rulebook import Context, EstimateBlocked, finding, gib, rule, rules_for
@@ -116,7 +117,7 @@ def low_headroom(ctx: Context) -> dict[str, Any] | None:
 
 def _dp_for(ctx: Context, tp: int, pp: int, cp: int, ep: int) -> int | None:
     """The data-parallel size the framework's world-size law gives these degrees, or None if it does not divide."""
-    unit = tp * pp * cp * (ep if ctx.law == "kempnerforge" else 1)
+    unit = mesh.replica_size(ctx.law, tp, pp, cp, ep)
     return ctx.world // unit if ctx.world % unit == 0 else None
 
 
@@ -147,7 +148,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
             change |= {"first_stage_layers": split[0], "last_stage_layers": split[2]}
             label += f" (first/last stage {split[0]}/{split[2]} layers)"
         out.append((label, change))
-    if p.tp * step <= ctx.job.gpu.nvlink_domain:
+    if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
         out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
     if arch.moe is not None:
         out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))

@@ -256,18 +256,6 @@ class Plan(_Strict):
     first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
     last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
 
-    @property
-    def model_parallel_size(self) -> int:
-        return self.tp * self.pp * self.cp
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.cp * self.dp
-
-    def expert_dp(self, world_size: int) -> int:
-        """Megatron-Core's expert-data-parallel size: world / (pp*ep*etp), at least 1."""
-        return max(1, world_size // (self.pp * self.ep * self.etp))
-
     def num_microbatches(self, global_batch_size: int) -> int:
         return max(1, global_batch_size // (self.micro_batch_size * self.dp))
 

@@ -33,9 +33,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from meshplan import mesh
 from meshplan.cancel import checkpoint
-from meshplan.comm import crosses_domains
 from meshplan.errors import MeshplanError
+from meshplan.mesh import crosses_domains
 from meshplan.request import default_batch_note, default_global_batch, resolve
 from meshplan.rulebook import backend_of, lcm
 from meshplan.schema import (
@@ -383,8 +384,7 @@ class _Search:
         hit = self.token_time.get(key)
         if hit is not None:
             return hit
-        own_ep = ep if self.law == "kempnerforge" else 1
-        dp_ref = self.job.num_gpus // (tp * cp * own_ep)
+        dp_ref = mesh.derived_dp(self.law, self.job.num_gpus, tp, 1, cp, ep)
         ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
         job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
         try:
@@ -755,12 +755,11 @@ def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: fl
     cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))
     limits = search_card().limits
     cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
-    gpu = job.gpu
-    domain = gpu.nvlink_domain if gpu.nvlink_domain > gpu.gpus_per_node else job.gpus_per_node
+    domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
     return _Search(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
                    law=card.world_size_law, flex=kn.flex_dispatcher and job.model.moe is not None,
-                   domain=max(1, domain), max_evaluations=cap, budget_bytes=budget_bytes)
+                   domain=domain, max_evaluations=cap, budget_bytes=budget_bytes)
 
 
 def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float, warnings: list[str],
@@ -1088,10 +1087,8 @@ def _count_unit(job: Job, fixed: Fixed) -> int:
     def v(name: str) -> int:
         return int(fixed.values.get(name, 1))  # type: ignore[call-overload]
 
-    dense = v("tp") * v("cp") * v("dp")
-    if framework_card(job.framework).world_size_law == "kempnerforge":
-        return v("pp") * dense * v("ep")
-    return v("pp") * lcm(dense, v("ep") * v("etp"))
+    return mesh.smallest_world(framework_card(job.framework).world_size_law,
+                               v("tp"), v("pp"), v("cp"), v("dp"), v("ep"), v("etp"))
 
 
 def _gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator[int], str]:

@@ -17,6 +17,7 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan import mesh
 from meshplan.cancel import checkpoint
 from meshplan.cards import framework_card, load_card
 from meshplan.errors import MeshplanError
@@ -248,11 +249,8 @@ def _expert_options(job: Job, law: str, world: int, tp: int, pp: int, cp: int, d
         for etp in etps:
             if not fixed.allows("etp", etp):
                 continue
-            if law == "megatron" and (world // pp) % (ep * etp):
-                continue
-            if law == "torchtitan" and (dp * cp * tp) % ep:
-                continue
-            yield ep, etp
+            if mesh.expert_grid_fits(law, world, tp, pp, cp, dp, ep, etp):
+                yield ep, etp
 
 
 def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
@@ -274,7 +272,7 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
         entry[1] += 1
 
     ep_own = [1]
-    if law == "kempnerforge":
+    if mesh.ep_has_own_ranks(law):  # search EP as an outer mesh dimension
         choices = divisors(moe.num_experts) if moe is not None and kn.ep else (int(fixed.values.get("ep", 1)),)  # type: ignore[call-overload]
         ep_own = [e for e in choices if W % e == 0 and fixed.allows("ep", e)]
     def choices(name: str, n: int) -> tuple[int, ...]:
@@ -306,7 +304,7 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                     if cp > 1 and job.seq_length % (2 * cp):
                         drop("cp-seq", base)
                         continue
-                    if law == "kempnerforge":
+                    if mesh.ep_has_own_ranks(law):
                         experts = [(ep_k, 1)]
                     else:
                         experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
@@ -329,10 +327,8 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
 
 def within_nvlink(job: Job, layout: Layout) -> bool:
     """TP (and expert TP) inside one NVLink domain: the first tier of the search."""
-    gpu = job.gpu
-    # Rack-scale domains (GB200 NVL72) span nodes; otherwise the domain ends at the node.
-    domain = gpu.nvlink_domain if gpu.nvlink_domain > gpu.gpus_per_node else min(gpu.nvlink_domain, job.gpus_per_node)
-    return layout.tp <= domain and layout.etp <= domain
+    domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+    return mesh.tp_fits_domain(layout.tp, domain) and mesh.tp_fits_domain(layout.etp, domain)
 
 
 def micro_batches(job: Job, layout: Layout, fixed: Fixed) -> tuple[int, ...]:
@@ -417,9 +413,9 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     h = arch.hidden_size
     dense = pre.sharded[n0] / tp + pre.replicated[n0] + vocab * h / tp
     experts = pre.experts[n0] / (lay.ep * lay.etp)
-    own_ep = lay.ep if framework_card(job.framework).world_size_law == "kempnerforge" else 1
-    world = tp * pp * lay.cp * lay.dp * own_ep
-    expert_dp = max(1.0, world / (pp * lay.ep * lay.etp))
+    law = framework_card(job.framework).world_size_law
+    world = mesh.replica_size(law, tp, pp, lay.cp, lay.ep) * lay.dp
+    expert_dp = max(1.0, world / (pp * lay.ep * lay.etp))  # mesh.expert_dp, on a Layout instead of a Plan
     states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
     states += sum(state_bytes(tensors, experts, expert_dp).values())
 

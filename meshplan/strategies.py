@@ -13,6 +13,7 @@ from math import gcd
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.knowledge import Layout, SeqRow, strategies_card
 from meshplan.models import count_components
@@ -107,7 +108,7 @@ def suggest(job: Job) -> TableSuggestion:
         notes.append(f"CP {cp} -> {cp // 2}: seq_length must be divisible by 2*CP.")
         cp //= 2
 
-    tp_cap = min(job.gpu.nvlink_domain, job.gpus_per_node)
+    tp_cap = mesh.fast_domain(job.gpu, job.gpus_per_node)
     if tp > tp_cap:
         notes.append(f"TP {tp} -> {tp_cap}: TP stays inside the NVLink domain (topology row tp-in-nvlink).")
         tp = tp_cap
@@ -135,13 +136,13 @@ def suggest(job: Job) -> TableSuggestion:
     world = job.num_gpus
 
     def dense_size() -> int:
-        return tp * pp * cp * (ep if law == "kempnerforge" else 1)
+        return mesh.replica_size(law, tp, pp, cp, ep)
 
     # Shrink the row's degrees until both grids divide the GPU count: PP first (it only adds a
     # bubble), then CP, then EP, then TP, matching the order in which the tables add them.
     while True:
-        expert_ok = law == "kempnerforge" or world % (pp * ep * etp) == 0
-        if world % dense_size() == 0 and expert_ok:
+        if world % dense_size() == 0 and mesh.expert_grid_fits(law, world, tp, pp, cp, world // dense_size(), ep,
+                                                               etp):
             break
         if pp > 1:
             notes.append(f"PP {pp} -> {pp // 2}: {world} GPUs do not hold the row's layout.")

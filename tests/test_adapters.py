@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from meshplan.adapters.render import TARGETS, render
 from meshplan.adapters.capabilities import KNOBS, adapter_section, knob_table, knobs_in_use
 from meshplan.adapters.parse import parse_plan, shell_tokens
+from meshplan.adapters.render import TARGETS, render
 
 from meshplan.errors import MeshplanError
 from meshplan.request import resolve

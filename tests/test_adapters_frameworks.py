@@ -21,9 +21,9 @@ import tomllib
 import pytest
 from framework_packages import venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
-from meshplan.adapters.render import render
 from meshplan.adapters.capabilities import adapter_section
 from meshplan.adapters.parse import cli_flags, overrides, parse_plan, python_assignments, shell_tokens
+from meshplan.adapters.render import render
 from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
 from meshplan.cards import framework_card, model_card_names, read_card

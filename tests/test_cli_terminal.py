@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import __version__
-from meshplan.cli import ECHO_CHARS, MAX_LINE_CHARS, build_parser, main
+from meshplan.cli import ECHO_CHARS, MAX_LINE_CHARS, main
 from meshplan.hardware import gpu_catalog
 from meshplan.schema import Request
 

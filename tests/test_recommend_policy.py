@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from meshplan import api
+from meshplan import api, mesh
 from meshplan.cli import main
 from meshplan.errors import MeshplanError
 from meshplan.memory import estimate_memory
@@ -113,7 +113,7 @@ def test_the_scan_checks_every_count_in_increasing_order(monkeypatch):
     result = minimum_gpus(Request(model="llama-3.1-8b"))
     assert result.num_gpus == 24 and result.stopped_by == "found"
     assert seen == sorted(seen) and seen[-3:] == [8, 16, 24] and result.counts_checked == len(seen)
-    assert result.candidate is not None and result.candidate.plan.world_size == 24
+    assert result.candidate is not None and mesh.world_size("megatron", result.candidate.plan) == 24
     assert "every multiple of 8" in result.stepping
 
 
