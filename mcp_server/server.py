@@ -22,6 +22,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from meshplan import __version__
 from meshplan.errors import MeshplanError
 
+from .http_edges import InvalidIdGuard
 from .prompts import register_prompts
 from .resources import register_resources
 from .stdio import serve_stdio
@@ -140,7 +141,8 @@ def run(
         )
     import uvicorn
 
-    asgi = app.streamable_http_app(transport_security=transport_security(host, allowed_hosts), host=host)
+    security = transport_security(host, allowed_hosts)
+    asgi = InvalidIdGuard(app.streamable_http_app(transport_security=security, host=host), security)
     # Keep idle connections open longer than uvicorn's 5 s default: a client that reuses a pooled
     # connection just as the server closes it gets a reset on its next POST, which a busy host hits.
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)

@@ -67,6 +67,11 @@ def invalid_id_reply(line: str) -> JSONRPCError | None:
         data = json.loads(line)
     except (ValueError, RecursionError):  # the SDK's own parse answers -32700 or -32600 for these
         return None
+    return invalid_id_error(data)
+
+
+def invalid_id_error(data: object) -> JSONRPCError | None:
+    """`invalid_id_reply` for a message already parsed from JSON (the HTTP transport reads whole bodies)."""
     if not isinstance(data, dict) or "id" not in data or "method" not in data:
         return None  # not a request; a response with `id: null` is legal (JSON-RPC) and gets no reply
     rid = data["id"]

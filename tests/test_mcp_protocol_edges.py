@@ -14,6 +14,8 @@ import json
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import anyio
 import pytest
@@ -21,11 +23,12 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import MCPServer
 from meshplan.mcp_server import cancellable as cancellable_module
 from meshplan.mcp_server.cancellable import cancellable, run_cancellable
+from meshplan.mcp_server.http_edges import InvalidIdGuard
 from meshplan.mcp_server.prompts import PROMPTS, check_prompt_call
 from meshplan.mcp_server.server import app
 from meshplan.mcp_server.stdio import invalid_id_reply
 from meshplan.mcp_server.tools import READ_ONLY, TOOLS
-from test_mcp_transports import MEMORY_ARGS, SERVER, RawServer, call
+from test_mcp_transports import INIT, MEMORY_ARGS, SERVER, RawServer, call, http_server  # noqa: F401 (a fixture)
 
 from meshplan import cancel
 from meshplan.errors import Cancelled, MeshplanError
@@ -90,6 +93,102 @@ def test_invalid_id_reply_reads_only_requests():
     assert invalid_id_reply('{"id": ' + "[" * 100_000) is None  # nor a stack overflow here
     reply = invalid_id_reply('{"jsonrpc": "2.0", "id": {"nested": [1]}, "method": "tools/call"}')
     assert reply is not None and reply.id is None and reply.error.code == -32600
+
+
+BAD_IDS = [({"a": 1}, "an object"), ([1], "an array"), (True, "a boolean"), (None, "null"), (1.5, "a fraction")]
+HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+def post(url: str, body: object, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={**HEADERS, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def sse_data(text: str) -> dict:
+    """The one JSON-RPC message of an SSE reply (the SDK answers a POSTed request as an event stream)."""
+    return json.loads(next(line[5:] for line in text.splitlines() if line.startswith("data:")))
+
+
+def test_ids_that_are_not_strings_or_integers_get_invalid_request_over_http(http_server):  # noqa: F811 (fixture)
+    status, headers, _ = post(http_server, INIT)
+    assert status == 200
+    session = {"mcp-session-id": headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+    assert post(http_server, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)[0] == 202
+    for bad, kind in BAD_IDS:
+        status, _, text = post(http_server, request(bad, "ping"), session)
+        assert (status, json.loads(text)) == (400, {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600, "message": f"Invalid Request: id must be a string or an integer, got {kind}"}}), bad
+    # In a batch too (the SDK refuses batches anyway, but a bad id is named, as on stdio).
+    status, _, text = post(http_server, [request(7, "ping"), request(False, "ping")], session)
+    assert status == 400 and json.loads(text)["error"]["code"] == -32600 and "a boolean" in text
+    # The same answer at the stateless 2026 protocol version, with no session at all.
+    status, _, text = post(http_server, request(None, "ping"), {"mcp-protocol-version": "2026-07-28"})
+    assert status == 400 and json.loads(text)["error"]["code"] == -32600
+    # Valid ids, notifications and responses still reach the server, which kept serving.
+    for good in ("a-string", 7, 2**70):
+        status, _, text = post(http_server, request(good, "ping"), session)
+        assert status == 200 and sse_data(text) == {"jsonrpc": "2.0", "id": good, "result": {}}
+    status, _, text = post(http_server, call(8, "estimate_memory", MEMORY_ARGS), session)
+    assert status == 200 and sse_data(text)["result"]["structuredContent"]["plan"]["tp"] == 2
+    assert post(http_server, {"jsonrpc": "2.0", "method": "tools/list"}, session)[0] == 202  # no id: a notification
+    assert post(http_server, {"jsonrpc": "2.0", "id": None, "error": {"code": 1, "message": "x"}}, session)[0] == 202
+    # The SDK's own checks still come first: a foreign Host is refused, not answered.
+    port = http_server.split(":")[2].split("/")[0]
+    assert post(http_server, request(None, "ping"), {"Host": f"attacker.example:{port}"})[0] == 421
+
+
+def echo_app(seen: list[bytes]):
+    """An ASGI app that records the body it read and answers 200 with it."""
+
+    async def app(scope, receive, send) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+async def guarded(chunks: list[bytes], path: str = "/mcp", max_body: int = 1 << 20) -> tuple[int, bytes, list[bytes]]:
+    """POST CHUNKS (one ASGI message each) through InvalidIdGuard around echo_app: status, reply body, app saw."""
+    seen: list[bytes] = []
+    guard = InvalidIdGuard(echo_app(seen), None, max_body=max_body)
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-type", b"application/json")],
+             "query_string": b"", "root_path": ""}
+    await guard(scope, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:]), seen
+
+
+async def test_the_http_guard_hands_the_body_on_byte_for_byte():
+    body = json.dumps(request(3, "tools/call", {"name": "x", "arguments": {"id": None}})).encode()
+    thirds = [body[: len(body) // 3], body[len(body) // 3: 2 * len(body) // 3], body[2 * len(body) // 3:]]
+    assert await guarded(thirds) == (200, body, [body])
+    bad = json.dumps(request(None, "ping")).encode()
+    status, reply, seen = await guarded([bad[:10], bad[10:]])
+    assert status == 400 and json.loads(reply)["error"]["code"] == -32600 and seen == []  # the app never saw it
+    # Over the size limit, on another path, or not JSON: the app gets it as sent, to answer itself.
+    assert await guarded([bad[:10], bad[10:]], max_body=20) == (200, bad, [bad])
+    assert await guarded([bad], path="/other") == (200, bad, [bad])
+    deep = b'{"id": ' + b"[" * 100_000
+    assert await guarded([deep]) == (200, deep, [deep])
 
 
 # --------------------------------------------------------------------------- prompt and resource error codes
