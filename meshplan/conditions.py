@@ -68,7 +68,7 @@ def dp_matches_law(ctx: Context) -> Values:
     mp = ctx.model_parallel
     if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
         return None
-    return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp}
+    return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp, "needed": ctx.plan.dp * mp}
 
 
 @rule("WS004")
@@ -535,8 +535,9 @@ def batch_divisible(ctx: Context) -> Values:
     if gbs % unit == 0:
         return None
     per_rank = gbs // p.dp if gbs % p.dp == 0 else 0
+    options = _mbs_options(per_rank)  # "none" when dp does not divide the batch: no micro-batch size helps
     return {"gbs": gbs, "mbs": p.micro_batch_size, "dp": p.dp, "unit": unit, "gbss": neighbours(gbs, unit),
-            "mbss": _mbs_options(per_rank)}
+            "mbss": f", or micro_batch_size in {options}" if options != "none" else ""}
 
 
 @rule("VL001")

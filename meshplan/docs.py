@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from meshplan import mesh
 from meshplan.errors import MeshplanError
 from meshplan.knowledge import CheckedLayout, DiffersFromSearch, pitfalls_card, strategies_card
+from meshplan.models import resolve_model
 from meshplan.schema import FRAMEWORKS, Job, Plan, Request
 
 GIB = 1 << 30
@@ -244,7 +245,9 @@ def _cli(row: CheckedLayout) -> str:
         default = Request.model_fields[key].default
         if default is None and key in Plan.model_fields:  # left out, the plan's default fills it (request.resolve)
             default = Plan.model_fields[key].default
-        if value == default or (key in ("vpp", "cp", "ep", "etp", "tp", "pp") and value == 1):
+        # etp left out means etp = tp on a Megatron MoE (request.resolve), so an etp of 1 under tp > 1 is written.
+        keeps_etp = key == "etp" and fields.get("tp", 1) > 1 and resolve_model(model).is_moe
+        if not keeps_etp and (value == default or (key in ("vpp", "cp", "ep", "etp", "tp", "pp") and value == 1)):
             continue
         parts.append(f"--{key.replace('_', '-')} {str(value).lower() if isinstance(value, bool) else value}")
     return " ".join(parts)

@@ -144,3 +144,22 @@ def test_pitfalls_schema_rejects_bad_cards():
     data["pitfalls"][0]["frameworks"] = ["megatron-lm"]
     with pytest.raises(CardError, match="unknown frameworks"):
         validate_card("pitfalls", data, PitfallsCard)
+
+
+PRINTED_COMMAND = re.compile(r"^meshplan (check|memory|throughput|recommend|render|describe|min-gpus) (.+)$", re.M)
+
+
+def printed_commands() -> list[str]:
+    text = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "skills").rglob("*.md"))
+    return sorted({m.group(0) for m in PRINTED_COMMAND.finditer(text)})
+
+
+@pytest.mark.parametrize("command", printed_commands())
+def test_every_printed_command_runs_as_printed(command, capsys):
+    """A command a reader copies from a skill must run and pass: the DeepSeek-V3 example once dropped
+    --etp 1, which the recipe sets and an unset etp (= tp on a Megatron MoE) breaks (WS002)."""
+    import shlex
+
+    from meshplan.cli import main
+
+    assert main([*shlex.split(command)[1:], "--json"]) == 0, capsys.readouterr()
