@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
+from rich.segment import Segments
 from rich.table import Column, Table
+from rich.text import Text
 
 from meshplan.schema import (
+    Candidate,
     CheckReport,
     MemoryReport,
     ModelReport,
     ModelSummary,
+    Plan,
     Recommendation,
     Request,
     ThroughputReport,
@@ -51,18 +57,53 @@ def _needed_width(console: Console, table: Table) -> int:
     return frame + sum(longest(c, "line" if c.no_wrap else "word") for c in table.columns)
 
 
-def _print_whole(console: Console, *tables: Table) -> None:
+def _print_whole(console: Console, *tables: Table, under: dict[int, list[str]] | None = None) -> None:
     """Print the first table that fits the console with nothing cut; if none does, the last at its own width.
 
     Text columns wrap to fit; a terminal wraps the over-long lines of the last table, but no id, number
     or header in it is ever cut (piped output is 80 columns wide unless COLUMNS says otherwise).
+    `under` maps a row's index to dim lines printed under it across the whole width (a table cell has no span).
     """
     for table in tables:
         need = _needed_width(console, table)
         if need <= console.width:
-            console.print(table)
+            _print_rows(console, table, under or {})
             return
-    _console(width=need).print(tables[-1])  # Console.print(width=) cannot exceed the console's own width
+    # Console.print(width=) cannot exceed the console's own width
+    _print_rows(_console(width=need), tables[-1], under or {})
+
+
+def _print_rows(console: Console, table: Table, under: dict[int, list[str]]) -> None:
+    """Print TABLE, and after the last line of row i the lines `under[i]`. A row starts on the line whose first
+    cell is filled (the first column holds a value on every row; wrapped cells continue below it blank)."""
+    if not under:
+        console.print(table)
+        return
+    first = table.columns[0]
+    width = max(cell_len(str(text)) for text in [first.header, *first.cells])
+    lines = console.render_lines(table, console.options, pad=False, new_lines=True)
+    starts = [i for i, line in enumerate(lines) if i >= 2 and "".join(s.text for s in line)[:width].strip()]
+    ends = [*(s - 1 for s in starts[1:]), len(lines) - 1]
+    after = {end: under.get(row, []) for row, end in enumerate(ends)}
+    for i, line in enumerate(lines):
+        console.print(Segments(line))
+        for extra in after.get(i, []):
+            console.print(Text(extra, style="dim"))
+
+
+def _wrap_items(lead: str, items: list[str], width: int) -> list[str]:
+    """LEAD then ITEMS joined by ", ", in lines of at most WIDTH that break only between items (continuation
+    lines start under the first item); an item too long for any line gets a line of its own, whole."""
+    indent = " " * cell_len(lead)
+    lines, line = [], lead
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if line != lead and cell_len(line) + 1 + cell_len(piece) > width:
+            lines.append(line)
+            line = indent + piece
+        else:
+            line += ("" if line == lead else " ") + piece
+    return [*lines, line]
 
 
 def billions(n: int | float) -> str:
@@ -189,6 +230,31 @@ def compared_at(rec: Recommendation, req: Request) -> str:
     return "compared at: " + ", ".join(parts)
 
 
+FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
+                 "moe_token_dispatcher": "dispatcher"}
+
+
+def _folded(row: Plan, other: Plan) -> str:
+    """A plan folded into ROW's line, compactly: its degrees, its micro-batch and any other knob that differs."""
+    from meshplan.search import FOLDED_KNOBS
+
+    knobs = [f"{FOLDED_LABELS.get(k, k)} {getattr(other, k)}" for k in FOLDED_KNOBS
+             if getattr(other, k) != getattr(row, k)]
+    return " ".join([other.short(), f"mbs {other.micro_batch_size}", *knobs])
+
+
+def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
+    """The one line naming the fastest layout the headroom keeps out of the ranking, from its report's numbers."""
+    from meshplan.search import headroom_that_ranks, min_headroom_fraction
+
+    p, m = thin.plan, thin.memory
+    limit = headroom if headroom is not None else min_headroom_fraction()
+    return (f"not ranked, under the {limit:g} headroom: {p.short()} (mbs {p.micro_batch_size}, ZeRO {p.zero_stage}, "
+            f"recompute {p.recompute}) at {thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s/GPU with "
+            f"{m.headroom_bytes / GIB:.1f} GiB ({m.headroom_bytes / m.capacity_bytes:.1%}) free; "
+            f"--headroom {headroom_that_ranks(m):g} would rank it")
+
+
 def recommendation(rec: Recommendation, req: Request | None = None) -> None:
     console = _console()
     console.print(f"[bold]{rec.model}[/bold] on {rec.num_gpus} GPUs ({rec.framework}): "
@@ -205,7 +271,11 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                           c.plan.recompute, f"{c.memory.peak_bytes / GIB:,.2f}",
                           f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.mfu:.1%}",
                           f"{c.throughput.step_time_s:.2f}")
-        _print_whole(console, table)
+        # Under the layout column: past the rank and the two-space gap between columns.
+        lead = " " * (len(str(rec.candidates[-1].rank)) + 2) + "= also: "
+        under = {i: _wrap_items(lead, [_folded(c.plan, p) for p in c.equivalents], console.width)
+                 for i, c in enumerate(rec.candidates) if c.equivalents}
+        _print_whole(console, table, under=under)
     elif rec.closest:
         console.print("[red]No layout fits.[/red] Closest misses:")
         table = _table(_col("layout", wrap=True), _col("mbs", right=True), _col("ZeRO", right=True), "recompute",
@@ -216,6 +286,10 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                           miss.plan.recompute, f"{miss.memory.peak_bytes / GIB:,.2f}",
                           f"{miss.memory.capacity_bytes / GIB:,.2f}", f"{miss.over_bytes / GIB:,.2f}")
         _print_whole(console, table)
+    if rec.best_below_headroom is not None:
+        line = below_headroom_line(rec.best_below_headroom, rec.headroom)
+        console.print(Text("\n".join(textwrap.wrap(line, console.width, subsequent_indent="  ", break_long_words=False,
+                                                   break_on_hyphens=False))))
     if rec.min_gpus:
         console.print(f"smallest GPU count that fits: {rec.min_gpus}")
     if rec.rationale:

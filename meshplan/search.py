@@ -165,6 +165,12 @@ def memory_budget(job: Job, headroom: float) -> int:
     return int(job.gpu.memory_bytes * (1.0 - headroom))
 
 
+def headroom_that_ranks(memory: MemoryReport | MemorySummary) -> float:
+    """The headroom under which a layout with this memory is ranked: its free share of the GPU, rounded down to
+    0.001 so that passing it as `headroom` keeps the layout inside the budget."""
+    return math.floor(memory.headroom_bytes / memory.capacity_bytes * 1000) / 1000
+
+
 def _percent(share: float) -> str:
     """0.1 -> '10%', 0.032 -> '3.2%': a headroom as a percentage, without rounding it away."""
     return f"{share * 100:.3g}%"
@@ -715,7 +721,7 @@ def _report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: 
     cap = job.gpu.memory_bytes
     free = cap - thin.memory.peak_bytes
     share = free / cap
-    would_rank = math.floor(share * 1000) / 1000
+    would_rank = headroom_that_ranks(thin.memory)
     tput = thin.throughput.tokens_per_s_per_gpu
     note = (f"Not ranked: it leaves {free / GIB:.1f} GiB ({share:.1%}) free, under the {headroom:g} headroom; "
             f"headroom={would_rank:g} (--headroom {would_rank:g}) would rank it.")
@@ -852,10 +858,14 @@ def _candidate(job: Job, engine: Engine, found: _Found, rank: int, best: _Found 
                      rationale=why, equivalents=[other.plan for other in same or ()])
 
 
+FOLDED_KNOBS = ("zero_stage", "recompute", "sequence_parallel", "moe_token_dispatcher")
+"""Knobs beyond the degrees and the micro-batch that a folded equivalent may differ in; named when they do."""
+
+
 def _differs(plan: Plan, other: Plan) -> str:
     """`other` in words, with the knobs that differ from `plan` beyond its degrees."""
     text = f"also {other.short()}, micro-batch {other.micro_batch_size}"
-    for name in ("zero_stage", "recompute", "sequence_parallel", "moe_token_dispatcher"):
+    for name in FOLDED_KNOBS:
         if getattr(other, name) != getattr(plan, name):
             text += f", {name} {getattr(other, name)}"
     return text

@@ -184,6 +184,115 @@ def test_recommend_plain_output_states_what_it_compared_at(piped80, capsys):
     assert "10% of GPU memory kept free (MEM002 default)" in line
 
 
+def _recommend(capsys, *args: str) -> tuple[dict, str]:
+    """The same question asked with --json and in plain text: the report and the text a person reads."""
+    main(["recommend", *args, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    main(["recommend", *args])
+    return report, capsys.readouterr().out
+
+
+def _folded(plan: dict) -> str:
+    from meshplan.schema import Plan
+
+    return f"{Plan(**plan).short()} mbs {plan['micro_batch_size']}"
+
+
+def test_recommend_table_shows_every_folded_equivalent_under_its_row(piped80, capsys):
+    report, out = _recommend(capsys, "qwen3-235b-a22b", "--num-gpus", "64")
+    table = _table_lines(out, "#")
+    assert all(len(line.rstrip()) <= 80 for line in table) and "…" not in out
+    rows: list[list[str]] = []  # each ranked row with the lines printed under it
+    for line in table[2:]:
+        if re.match(r"\s*\d", line):
+            rows.append([line])
+        else:
+            rows[-1].append(line)
+    assert [int(r[0].split()[0]) for r in rows] == [c["rank"] for c in report["candidates"]]
+    assert sum(1 for c in report["candidates"] if c["equivalents"]) >= 3  # this job does fold clones
+    for row, candidate in zip(rows, report["candidates"], strict=True):
+        also = " ".join(" ".join(row).split()).partition("= also: ")[2]  # wrapped lines joined back
+        assert also == ", ".join(_folded(p) for p in candidate["equivalents"]), row
+        if also:  # one compact block under the row, continuation lines under its first item
+            block = next(i for i, line in enumerate(row) if "= also: " in line)
+            assert row[block].index("= also: ") == 3 and all(line.startswith(" " * 11) for line in row[block + 1:])
+
+
+def test_folded_equivalents_wrap_between_items_and_are_never_cut():
+    from meshplan.display import _wrap_items
+
+    items = ["TP1 PP4 CP2 EP16 DP8 mbs 2", "TP1 PP4 CP4 EP16 DP4 mbs 4", "TP1 PP4 CP8 EP16 DP2 mbs 8"]
+    assert _wrap_items("   = also: ", items, 80) == [
+        "   = also: TP1 PP4 CP2 EP16 DP8 mbs 2, TP1 PP4 CP4 EP16 DP4 mbs 4,",
+        "           TP1 PP4 CP8 EP16 DP2 mbs 8"]
+    assert _wrap_items("   = also: ", items, 40) == [
+        "   = also: TP1 PP4 CP2 EP16 DP8 mbs 2,", "           TP1 PP4 CP4 EP16 DP4 mbs 4,",
+        "           TP1 PP4 CP8 EP16 DP2 mbs 8"]
+    # Narrower than one item: each item whole on its own line, never split or cut.
+    assert _wrap_items("= also: ", items[:2], 20) == ["= also: TP1 PP4 CP2 EP16 DP8 mbs 2,",
+                                                     "        TP1 PP4 CP4 EP16 DP4 mbs 4"]
+    assert _wrap_items("= also: ", items[:1], 80) == ["= also: TP1 PP4 CP2 EP16 DP8 mbs 2"]
+
+
+def test_the_below_headroom_line_takes_its_numbers_from_the_report():
+    from meshplan.display import below_headroom_line
+    from meshplan.schema import Candidate, MemorySummary, Plan, ThroughputBreakdown, ThroughputReport
+
+    gib = 1 << 30
+    plan = Plan(tp=2, pp=8, ep=4, etp=2, dp=4, micro_batch_size=4, zero_stage=3, recompute="full")
+    tput = ThroughputReport(model="m", framework="megatron-core", plan=plan, step_time_s=1.0,
+                            tokens_per_s_per_gpu=1619.6, tokens_per_s=1.0, mfu=0.2, model_flops_per_step=1.0,
+                            breakdown=ThroughputBreakdown(compute_s=1.0), assumptions=[])
+    memory = MemorySummary(peak_bytes=61 * gib, peak_stage=0, capacity_bytes=64 * gib, fits=True,
+                           headroom_bytes=3 * gib)
+    thin = Candidate(rank=1, plan=plan, memory=memory, throughput=tput, rationale="")
+    # 3 of 64 GiB free is 4.6875%: rounded down to 0.046 (0.047 would not rank it).
+    assert below_headroom_line(thin, 0.1) == (
+        "not ranked, under the 0.1 headroom: TP2 PP8 EP4 ETP2 DP4 (mbs 4, ZeRO 3, recompute full) at 1,620 "
+        "tokens/s/GPU with 3.0 GiB (4.7%) free; --headroom 0.046 would rank it")
+    assert "under the 0.1 headroom" in below_headroom_line(thin, None)  # MEM002's default
+
+
+def _below_headroom_block(out: str) -> list[str]:
+    """The lines of the "not ranked, under the ... headroom" note (continuation lines are indented)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("not ranked, under the "))
+    end = next(i for i in range(start + 1, len(lines) + 1) if i == len(lines) or not lines[i].startswith("  "))
+    return lines[start:end]
+
+
+def test_recommend_names_the_fastest_layout_under_the_headroom_and_the_headroom_that_ranks_it(piped80, capsys):
+    from meshplan.schema import Plan
+
+    # Nothing keeps 10% free: the line stands where the table would, and its --headroom really ranks it first.
+    report, out = _recommend(capsys, "llama-3.1-70b", "--num-gpus", "16")
+    assert report["candidates"] == [] and out.splitlines()[2].startswith("not ranked, under")  # after compared at
+    thin = report["best_below_headroom"]
+    block = _below_headroom_block(out)
+    assert all(len(line) <= 80 for line in block)
+    free = thin["memory"]["headroom_bytes"]
+    share = free / thin["memory"]["capacity_bytes"]
+    assert " ".join(" ".join(block).split()) == (
+        f"not ranked, under the 0.1 headroom: TP4 PP2 DP2 (mbs 1, ZeRO 3, recompute full) at "
+        f"{thin['throughput']['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU with {free / (1 << 30):.1f} GiB "
+        f"({share:.1%}) free; --headroom 0.005 would rank it")
+    assert "1,032 tokens/s/GPU with 0.5 GiB (0.6%) free" in " ".join(block)
+    assert main(["recommend", "llama-3.1-70b", "--num-gpus", "16", "--headroom", "0.005", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["candidates"][0]["plan"] == thin["plan"]
+    # Ranked layouts and a much faster one under the headroom: the line follows the table.
+    report, out = _recommend(capsys, "qwen3-235b-a22b", "--num-gpus", "64")
+    plan = report["best_below_headroom"]["plan"]
+    block = _below_headroom_block(out)
+    assert block[0].startswith(f"not ranked, under the 0.1 headroom: {Plan(**plan).short()} "
+                               f"(mbs {plan['micro_batch_size']}, ZeRO {plan['zero_stage']}")
+    assert all(len(line) <= 80 for line in block)
+    lines = out.splitlines()
+    assert lines.index(block[0]) == lines.index(_table_lines(out, "#")[-1]) + 1
+    # No such layout, no line.
+    report, out = _recommend(capsys, "mixtral-8x7b", "--num-gpus", "64")
+    assert report["best_below_headroom"] is None and "not ranked, under" not in out
+
+
 def test_models_never_cut_an_id_at_80_columns_or_wider(monkeypatch, capsys):
     from meshplan import api
 
