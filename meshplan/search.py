@@ -1018,7 +1018,8 @@ def _explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Eng
                 "recompute, micro-batch 1, every TP/PP/CP/EP split).")
         if rec.closest:
             head += " Closest: " + " ".join(c.rationale for c in rec.closest)
-    scan = _scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit)
+    # One call, one time bound: the scan gets what is left of the search's (cards/search.yaml time_budget_s).
+    scan = _scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit, search.deadline)
     rec.min_gpus = scan.num_gpus
     rec.rationale = head + " " + scan.sentence(headroom, fixed)
 
@@ -1205,13 +1206,14 @@ def _rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
     return ""
 
 
-def _scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int) -> _Scan:
+def _scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int,
+                  deadline: float | None = None) -> _Scan:
     """The smallest GPU count at which a layout of `job` keeps `headroom`, scanning counts in increasing order from
-    the first that could hold the model states, within the card's time bound."""
+    the first that could hold the model states, within the card's time bound (or the caller's, if sooner)."""
     limits = search_card().limits
     bound = limits.min_gpus_time_budget_s
     started = time.perf_counter()
-    deadline = started + bound
+    deadline = min(started + bound, deadline) if deadline is not None else started + bound
     budget = memory_budget(job, headroom)
     zeros = _new_search(job, fixed, engine, 1, deadline, budget).zeros
     floor = _states_floor(job, zeros, budget)
