@@ -8,13 +8,12 @@ Each card is parsed once per process (cached).
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
-from importlib.resources.abc import Traversable
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshplan.card_files import card_names, card_root, framework_names
 from meshplan.errors import MeshplanError
 from meshplan.schema import GpuSpec
 
@@ -27,25 +26,6 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 class CardError(MeshplanError):
     """A card file that does not match its schema."""
-
-
-def card_root() -> Traversable:
-    return resources.files("meshplan.cards_data")
-
-
-def card_names() -> list[str]:
-    """Every card, as a path relative to the cards folder without the .yaml suffix."""
-    names: list[str] = []
-
-    def walk(node: Traversable, prefix: str) -> None:
-        for child in node.iterdir():
-            if child.is_dir() and not child.name.startswith("__"):
-                walk(child, f"{prefix}{child.name}/")
-            elif child.name.endswith(".yaml"):
-                names.append(prefix + child.name[: -len(".yaml")])
-
-    walk(card_root(), "")
-    return sorted(names)
 
 
 def card_text(name: str) -> str:
@@ -167,6 +147,8 @@ class FrameworkCard(_Card):
 
 
 def framework_card(name: str) -> FrameworkCard:
+    if name not in framework_names():
+        raise CardError(f"No framework card {name!r}.", fix=f"Known: {', '.join(framework_names())}.")
     card = load_card(f"frameworks/{name}", FrameworkCard)
     if card.name != name:
         raise CardError(f"cards/frameworks/{name}.yaml: name {card.name!r} does not match its file name.")

@@ -12,19 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FRAMEWORKS: tuple[str, ...] = (
-    "megatron-bridge",
-    "megatron-core",
-    "verl",
-    "skyrl",
-    "torchtitan",
-    "kempnerforge",
-    "deepspeed",
-    "nanotron",
-)
-Framework = Literal[
-    "megatron-bridge", "megatron-core", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed", "nanotron"
-]
+from meshplan.card_files import framework_names
+
+# The frameworks meshplan knows: one per framework card (cards/frameworks/<name>.yaml), sorted by name. What
+# each framework is (engine, byte convention, defaults, limits, what the search opens) is in its card.
+FRAMEWORKS: tuple[str, ...] = framework_names()
+Framework = Literal[FRAMEWORKS]  # type: ignore[valid-type]
 # Frameworks whose world-size law and byte conventions are Megatron-Core's.
 MEGATRON_FAMILY: frozenset[str] = frozenset({"megatron-bridge", "megatron-core", "verl", "skyrl"})
 Precision = Literal["bf16", "fp8"]

@@ -85,8 +85,8 @@ async def test_request_tools_take_the_request_fields_with_their_descriptions(cli
             assert field in props, f"{name} lacks {field}"
             if field != "framework" or name != "render_config":
                 assert info.description.startswith(props[field]["description"])
-    assert tools["render_config"].input_schema["properties"]["framework"]["enum"] == [
-        "megatron-bridge", "megatron-core", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed"]
+    assert tools["render_config"].input_schema["properties"]["framework"]["enum"] == [  # card files, sorted
+        "deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "skyrl", "torchtitan", "verl"]
     assert set(tools["recommend_parallelism"].input_schema["required"]) == {"model", "num_gpus"}
     assert tools["estimate_memory"].input_schema["properties"]["precision"]["enum"] == ["bf16", "fp8"]
 
