@@ -7,85 +7,27 @@ a framework can express.
 
 from __future__ import annotations
 
-from functools import cache
-
-from pydantic import BaseModel, ConfigDict, Field
-
-from meshplan.cards import CardError, framework_card, validate_card
+from meshplan.cards import ADAPTER_KNOBS, AdapterKnob, AdapterSection, CardError, framework_card
 from meshplan.errors import MeshplanError
 from meshplan.schema import FRAMEWORKS, Job, Plan
 
-KNOBS: tuple[str, ...] = (
-    "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
-    "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "uneven_pp",
-    "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher",
-)
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Knob(_Section):
-    key: str | None = Field(description="The framework's name for this knob; null when it has none")
-    instead: str | None = Field(None, description="What to use when the framework lacks the knob")
-
-
-class VersionSpec(_Section):
-    format: str
-    knobs: dict[str, Knob]
-
-
-class AdapterSection(_Section):
-    variants: dict[str, str] = Field(description="Variant name -> what it renders")
-    default_version: str
-    versions: dict[str, VersionSpec]
-    variant_knobs: dict[str, dict[str, Knob]] = Field(
-        default_factory=dict, description="Per-variant overrides of the version's knobs (e.g. verl's FSDP backend)"
-    )
-    sources: list[str]
+KNOBS: tuple[str, ...] = ADAPTER_KNOBS
 
 
 def renderable_frameworks() -> tuple[str, ...]:
     """The frameworks whose card has an `adapter` section: the ones `render` writes a config for."""
-    return tuple(name for name in FRAMEWORKS if "adapter" in (framework_card(name).model_extra or {}))
+    return tuple(name for name in FRAMEWORKS if framework_card(name).renderable)
 
 
-@cache
 def adapter_section(framework: str) -> AdapterSection:
-    """The validated `adapter` section of a framework card (cached)."""
-    card = framework_card(framework)
-    data = (card.model_extra or {}).get("adapter")
-    if data is None:
+    """The `adapter` section of a framework card (meshplan/cards.py validates it when the card loads)."""
+    section = framework_card(framework).adapter
+    if section is None:
         raise CardError(f"cards/frameworks/{framework}.yaml has no 'adapter' section.")
-    section = validate_card(f"frameworks/{framework}", data, AdapterSection)
-    for version, spec in section.versions.items():
-        unknown = set(spec.knobs) - set(KNOBS)
-        missing = set(KNOBS) - set(spec.knobs)
-        if unknown or missing:
-            raise CardError(
-                f"cards/frameworks/{framework}.yaml adapter.versions.{version}.knobs: "
-                f"unknown {sorted(unknown)}, missing {sorted(missing)}; knobs are {', '.join(KNOBS)}."
-            )
-        _check_knobs(framework, f"versions.{version}", spec.knobs)
-    for variant, knobs in section.variant_knobs.items():
-        if variant not in section.variants or set(knobs) - set(KNOBS):
-            raise CardError(f"cards/frameworks/{framework}.yaml adapter.variant_knobs.{variant}: unknown variant "
-                            f"or knob ({sorted(set(knobs) - set(KNOBS))}).")
-        _check_knobs(framework, f"variant_knobs.{variant}", knobs)
-    if section.default_version not in section.versions:
-        raise CardError(f"cards/frameworks/{framework}.yaml adapter.default_version is not in versions.")
     return section
 
 
-def _check_knobs(framework: str, where: str, knobs: dict[str, Knob]) -> None:
-    for name, knob in knobs.items():
-        if knob.key is None and not knob.instead:
-            raise CardError(f"cards/frameworks/{framework}.yaml adapter.{where}.knobs.{name}: "
-                            "a missing knob needs 'instead'.")
-
-
-def knob_table(framework: str, version: str, variant: str) -> dict[str, Knob]:
+def knob_table(framework: str, version: str, variant: str) -> dict[str, AdapterKnob]:
     """The knobs of one version and variant: the version's table with the variant's overrides."""
     section = adapter_section(framework)
     return {**section.versions[version].knobs, **section.variant_knobs.get(variant, {})}

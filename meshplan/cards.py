@@ -11,11 +11,11 @@ from functools import cache
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.card_files import card_names, card_root, framework_names
 from meshplan.errors import MeshplanError
-from meshplan.schema import GpuSpec
+from meshplan.schema import GpuSpec, Recompute
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -126,24 +126,169 @@ def model_card(key: str) -> ModelCard:
     return card
 
 
+# --------------------------------------------------------------------------- framework cards
+# Everything meshplan assumes about a framework is in its card (cards/frameworks/<name>.yaml; the checklist for
+# adding one is cards/frameworks/README.md). The code reads these fields and never tests a framework's name.
+
+WorldSizeLaw = Literal["megatron", "torchtitan", "kempnerforge"]  # mesh.py implements each law
+MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "nanotron"]  # cards/memory.yaml
+Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]  # what rules.yaml's `backends` name
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+# The knobs an adapter section must account for in every version (a key, or `instead` saying what to do).
+ADAPTER_KNOBS: tuple[str, ...] = (
+    "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
+    "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "uneven_pp",
+    "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher",
+)
+
+
+class AdapterKnob(_Card):
+    key: str | None = Field(description="The framework's name for this knob; null when it has none")
+    instead: str | None = Field(None, description="What to use when the framework lacks the knob")
+
+    @model_validator(mode="after")
+    def _missing_says_instead(self) -> AdapterKnob:
+        if self.key is None and not self.instead:
+            raise ValueError("a missing knob (key: null) needs 'instead'")
+        return self
+
+
+class AdapterVersion(_Card):
+    format: str
+    knobs: dict[str, AdapterKnob]
+
+    @model_validator(mode="after")
+    def _every_knob(self) -> AdapterVersion:
+        unknown, missing = set(self.knobs) - set(ADAPTER_KNOBS), set(ADAPTER_KNOBS) - set(self.knobs)
+        if unknown or missing:
+            raise ValueError(f"unknown knobs {sorted(unknown)}, missing {sorted(missing)}; knobs are "
+                             f"{', '.join(ADAPTER_KNOBS)}")
+        return self
+
+
+class AdapterSection(_Card):
+    """What meshplan.adapters renders for the framework: variants, versions and each version's keys."""
+
+    variants: dict[str, str] = Field(description="Variant name -> what it renders")
+    default_version: str
+    versions: dict[str, AdapterVersion]
+    variant_knobs: dict[str, dict[str, AdapterKnob]] = Field(
+        default_factory=dict, description="Per-variant overrides of the version's knobs (e.g. verl's FSDP backend)"
+    )
+    sources: list[str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AdapterSection:
+        if self.default_version not in self.versions:
+            raise ValueError(f"default_version {self.default_version!r} is not in versions "
+                             f"({', '.join(self.versions)})")
+        for variant, knobs in self.variant_knobs.items():
+            unknown = sorted(set(knobs) - set(ADAPTER_KNOBS))
+            if variant not in self.variants or unknown:
+                raise ValueError(f"variant_knobs.{variant}: unknown variant or knob ({unknown})")
+        return self
+
+    def renders(self, knob: str) -> bool:
+        """Whether the default version writes this knob (a key, not `instead`)."""
+        return self.versions[self.default_version].knobs[knob].key is not None
+
+
 class FrameworkDefaults(_Card):
     zero_stage: int = Field(ge=0, le=3)
     sequence_parallel_when_tp: bool = True
+    etp: Literal["tp", 1] = Field(1, description="An MoE model's expert TP when the request leaves etp unset")
+    etp_why: str | None = None
+
+    @model_validator(mode="after")
+    def _claim_has_why(self) -> FrameworkDefaults:
+        if self.etp != 1 and not self.etp_why:
+            raise ValueError("etp: tp needs etp_why (the framework source that defaults it so)")
+        return self
+
+
+class EngineFacts(_Card):
+    """Which engine runs the model at each ZeRO stage (the engines rules.yaml's `backends` name), and the byte
+    convention of ZeRO-3 where it is not the card's memory_convention."""
+
+    by_zero_stage: dict[int, Engine]
+    zero3_memory_convention: MemoryConvention | None = None
+    why: str
+
+    @model_validator(mode="after")
+    def _every_stage(self) -> EngineFacts:
+        if set(self.by_zero_stage) != set(ZERO_STAGES):
+            raise ValueError(f"by_zero_stage needs exactly the stages {list(ZERO_STAGES)}, "
+                             f"got {sorted(self.by_zero_stage)}")
+        return self
+
+
+class MemoryFix(_Card):
+    """How far MEM001's fix may raise zero_stage on this framework (null: the fix never changes it)."""
+
+    highest_zero_stage: int | None = Field(ge=0, le=3)
+    highest_zero_stage_with_pp: int | None = Field(None, ge=0, le=3)
+    why: str
+
+
+class FrameworkLimits(_Card):
+    """Combinations the framework refuses that the layout-fitting code must avoid (rules.yaml reports them)."""
+
+    moe_with_pipeline: bool = True
+    why: str | None = None
+
+    @model_validator(mode="after")
+    def _claim_has_why(self) -> FrameworkLimits:
+        if not self.moe_with_pipeline and not self.why:
+            raise ValueError("a limit needs a why (the framework source that imposes it)")
+        return self
+
+
+class SearchKnobs(_Card):
+    """The knobs `recommend` opens on this framework; tp, pp, dp and the ZeRO stages of cards/memory.yaml are
+    always searched. Whether the flex MoE dispatcher is searched follows the adapter (FrameworkCard.flex_dispatcher)."""
+
+    vpp: bool
+    cp: bool
+    ep: bool
+    etp: bool
+    recompute: list[Recompute] = Field(min_length=1)
+    source: str
 
 
 class FrameworkCard(_Card):
-    """What meshplan assumes about one training framework; the adapters' knob tables extend it."""
+    """What meshplan assumes about one training framework, each claim with its source."""
 
-    model_config = ConfigDict(extra="allow")  # adapter-specific sections (keys, capabilities) live here too
+    model_config = ConfigDict(extra="allow")  # adapter-specific tables (ds_config keys, registry) live here too
 
     name: str
     display_name: str
     version: str
-    world_size_law: Literal["megatron", "torchtitan", "kempnerforge"]
-    memory_convention: Literal["megatron", "deepspeed", "fsdp2", "nanotron"]
+    world_size_law: WorldSizeLaw
+    memory_convention: MemoryConvention
+    engine: EngineFacts
     defaults: FrameworkDefaults
+    memory_fix: MemoryFix
+    limits: FrameworkLimits = FrameworkLimits()
+    search: SearchKnobs
+    adapter: AdapterSection | None = Field(
+        None, description="Absent: meshplan estimates the framework but writes no config for it"
+    )
     sources: list[str]
     notes: list[str] = []
+
+    @property
+    def renderable(self) -> bool:
+        """Whether meshplan writes a config for it: its card has an adapter section."""
+        return self.adapter is not None
+
+    @property
+    def flex_dispatcher(self) -> bool:
+        """Megatron-Core's flex MoE token dispatcher (DeepEP / HybridEP): where the adapter renders it."""
+        return self.adapter is not None and self.adapter.renders("moe_flex_dispatcher")
+
+    def engine_at(self, zero_stage: int) -> Engine:
+        return self.engine.by_zero_stage[zero_stage]
 
 
 def framework_card(name: str) -> FrameworkCard:

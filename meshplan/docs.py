@@ -346,7 +346,7 @@ def block_framework(name: str) -> str:
     parts = [facts]
     if card.notes:
         parts.append("Notes:\n\n" + "\n".join(f"- {_cell(n)}" for n in card.notes))
-    if (card.model_extra or {}).get("adapter") is not None:
+    if card.renderable:
         parts.append(_knob_table(name))
     parts.append("Sources:\n\n" + "\n".join(f"- {_cell(s)}" for s in card.sources))
     return "\n\n".join(parts)

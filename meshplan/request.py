@@ -51,12 +51,11 @@ def field_aliases() -> dict[str, str]:
     """Every known other name of a request field: the frameworks' own keys (from their cards) and FIELD_SYNONYMS."""
     aliases = dict(FIELD_SYNONYMS)
     for framework in FRAMEWORKS:
-        adapter = (framework_card(framework).model_extra or {}).get("adapter") or {}
-        for version in (adapter.get("versions") or {}).values():
-            for knob, spec in (version.get("knobs") or {}).items():
-                key = (spec or {}).get("key")
-                if knob in _KNOB_FIELDS and key:
-                    aliases.setdefault(_key_name(key), knob)
+        adapter = framework_card(framework).adapter
+        for version in adapter.versions.values() if adapter else ():
+            for knob, spec in version.knobs.items():
+                if knob in _KNOB_FIELDS and spec.key:
+                    aliases.setdefault(_key_name(spec.key), knob)
     return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
 
 
