@@ -12,8 +12,9 @@ import math
 from typing import Any
 
 from meshplan import mesh
+from meshplan.cards import framework_card
 from meshplan.rulebook import Context, divisors, fmt_set, lcm, neighbours, rule, rule_specs
-from meshplan.space import knobs, search_card
+from meshplan.schema import FRAMEWORKS
 
 Values = dict[str, Any] | None
 
@@ -324,10 +325,10 @@ def flex_needs_moe(ctx: Context) -> Values:
 
 @rule("EP007")
 def flex_dispatcher_available(ctx: Context) -> Values:
-    if ctx.plan.moe_token_dispatcher != "flex" or (knobs(ctx.job.framework).flex_dispatcher
+    if ctx.plan.moe_token_dispatcher != "flex" or (framework_card(ctx.framework).flex_dispatcher
                                                    and ctx.backend == "megatron"):
         return None
-    supported = [name for name, kn in search_card().frameworks.items() if kn.flex_dispatcher]
+    supported = [name for name in FRAMEWORKS if framework_card(name).flex_dispatcher]
     engine = f"{ctx.job.framework} ({ctx.backend} engine)" if ctx.backend != "megatron" else ctx.job.framework
     return {"framework": engine, "supported": ", ".join(supported) + " on their Megatron-Core engine"}
 

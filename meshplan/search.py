@@ -764,7 +764,7 @@ def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: fl
     domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
     return _Search(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
-                   law=card.world_size_law, flex=kn.flex_dispatcher and job.model.moe is not None,
+                   law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
                    domain=domain, max_evaluations=cap, budget_bytes=budget_bytes)
 
 
@@ -948,7 +948,8 @@ def _answer(job: Job, fixed: Fixed, engine: Engine, search: _Search, considered:
         "Space: every tp, pp, cp (and ep, etp for MoE) over divisors of the GPU count under the framework's "
         "world-size law; vpp over divisors of the layers per stage; an uneven first/last stage when pp does not "
         "divide the layers; ZeRO stages that have a distinct byte preset in cards/memory.yaml; recompute modes "
-        "of cards/search.yaml; micro-batch sizes dividing each data-parallel rank's share of the batch.",
+        "of the framework card's search section; micro-batch sizes dividing each data-parallel rank's share of the "
+        "batch.",
         "Sequence parallelism follows the framework default (on with tp > 1) and CP uses the p2p ring unless "
         "given; TP (and ETP) stay inside one NVLink domain unless nothing else fits.",
         "Exact best-first search over the same estimators: a plan is ranked only when no unexplored one can be "

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan import mesh
 from meshplan.cancel import checkpoint
-from meshplan.cards import framework_card, load_card
+from meshplan.cards import SearchKnobs, framework_card, load_card
 from meshplan.errors import MeshplanError
 from meshplan.models import layer_params, per_architecture
 from meshplan.schema import Job, Plan, Recompute, Request
@@ -33,16 +33,6 @@ RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
 
 class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class FrameworkKnobs(_Card):
-    vpp: bool
-    cp: bool
-    ep: bool
-    etp: bool
-    recompute: list[Recompute] = Field(min_length=1)
-    flex_dispatcher: bool = False  # Megatron-Core's flex MoE token dispatcher (DeepEP / HybridEP) can be rendered
-    source: str
 
 
 class SearchLimits(_Card):
@@ -71,7 +61,6 @@ class SearchComparison(_Card):
 
 class SearchCard(_Card):
     description: str
-    frameworks: dict[str, FrameworkKnobs]
     limits: SearchLimits
     comparison: SearchComparison
 
@@ -80,14 +69,9 @@ def search_card() -> SearchCard:
     return load_card("search", SearchCard)
 
 
-def knobs(framework: str) -> FrameworkKnobs:
-    card = search_card()
-    if framework not in card.frameworks:
-        raise MeshplanError(
-            f"cards/search.yaml has no search space for framework {framework!r}.",
-            fix=f"Known: {', '.join(card.frameworks)}.",
-        )
-    return card.frameworks[framework]
+def knobs(framework: str) -> SearchKnobs:
+    """The knobs the search opens on this framework: the `search` section of its card."""
+    return framework_card(framework).search
 
 
 @cache
@@ -235,7 +219,7 @@ def _vpp_options(num_layers: int, pp: int, split: tuple[int | None, int | None],
 
 
 def _expert_options(job: Job, law: str, world: int, tp: int, pp: int, cp: int, dp: int,
-                    kn: FrameworkKnobs, fixed: Fixed) -> Iterator[tuple[int, int]]:
+                    kn: SearchKnobs, fixed: Fixed) -> Iterator[tuple[int, int]]:
     """(ep, etp) pairs the framework can express for this dense layout."""
     moe = job.model.moe
     if moe is None or not kn.ep:

@@ -1,15 +1,16 @@
-"""The flex MoE dispatcher: the search, the rules and the adapters agree on which frameworks have it."""
+"""The flex MoE dispatcher: the search, the rules and the adapters agree on which frameworks have it (the framework
+card's adapter section is its one home: FrameworkCard.flex_dispatcher)."""
 
 from __future__ import annotations
 
 import pytest
 from meshplan.adapters.render import TARGETS, render
 
+from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
 from meshplan.request import resolve
 from meshplan.rules import check_config
 from meshplan.schema import Request
-from meshplan.space import knobs
 
 
 def _case(framework: str, dispatcher: str):
@@ -20,7 +21,7 @@ def _case(framework: str, dispatcher: str):
 
 
 @pytest.mark.parametrize("framework", sorted(TARGETS))
-def test_search_card_flex_flag_matches_what_the_adapter_renders(framework):
+def test_card_flex_flag_matches_the_rules_and_what_the_adapter_renders(framework):
     render(framework, *_case(framework, "alltoall"))  # the same plan with the plain all-to-all renders
     job, plan = _case(framework, "flex")
     flagged = "EP007" in {f.id for f in check_config(job, plan, include_memory=False).findings}
@@ -29,7 +30,7 @@ def test_search_card_flex_flag_matches_what_the_adapter_renders(framework):
         rendered, why = True, ""
     except MeshplanError as exc:
         rendered, why = False, str(exc)
-    if knobs(framework).flex_dispatcher:
+    if framework_card(framework).flex_dispatcher:
         assert not flagged and rendered, framework
     else:
         assert flagged and not rendered, framework
