@@ -7,11 +7,11 @@ ZeRO paper's Figure 1 and Megatron's `6 + 12/d` come out of the same arithmetic.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.cards import CardError, framework_card, load_card
+from meshplan.cards import CardError, MemoryConvention, framework_card, load_card
 from meshplan.errors import MeshplanError
 
 TensorClass = Literal["weights", "gradients", "optimizer"]
@@ -55,19 +55,19 @@ class MemoryCard(_Card):
 
 def memory_card() -> MemoryCard:
     card = load_card("memory", MemoryCard)
-    for name in ("megatron", "megatron_fsdp", "deepspeed", "fsdp2", "nanotron"):
+    for name in get_args(MemoryConvention):  # every convention a framework card may name
         if name not in card.conventions:
             raise CardError(f"cards/memory.yaml: key conventions.{name} is missing.")
     return card
 
 
 def convention_name(framework: str, zero_stage: int) -> str:
-    """The byte preset: the framework card's memory_convention, with ZeRO-3 meaning each family's FSDP."""
-    base = framework_card(framework).memory_convention
-    if base == "megatron" and zero_stage == 3:
-        # Megatron-Core/Bridge: Megatron-FSDP; verl and SkyRL switch to their FSDP2 backends.
-        return "megatron_fsdp" if framework in ("megatron-core", "megatron-bridge") else "fsdp2"
-    return base
+    """The byte preset: the framework card's memory_convention, or at ZeRO-3 its engine.zero3_memory_convention
+    where it has one (Megatron-FSDP for Megatron-Core/Bridge; FSDP2 where verl and SkyRL switch engine)."""
+    card = framework_card(framework)
+    if zero_stage == 3 and card.engine.zero3_memory_convention is not None:
+        return card.engine.zero3_memory_convention
+    return card.memory_convention
 
 
 def convention(framework: str, zero_stage: int) -> tuple[str, Convention, list[StateTensor]]:

@@ -16,7 +16,7 @@ from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError, closest
 from meshplan.hardware import get_gpu
-from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Job, Plan, Request
+from meshplan.schema import FRAMEWORKS, Job, Plan, Request
 
 # Names people type for a request field that no framework card spells (the cards supply the frameworks' own
 # keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
@@ -149,9 +149,9 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     ep = req.ep or 1
     etp = req.etp
     if etp is None:
-        # Megatron-Core's ModelParallelConfig sets an unset expert_tensor_parallel_size to TP; verl and SkyRL
-        # pass None through to it. Elsewhere experts are not tensor-sharded unless asked.
-        etp = tp if arch.is_moe and card.world_size_law == "megatron" and req.framework in MEGATRON_FAMILY else 1
+        # The framework card's defaults.etp: "tp" where Megatron-Core's ModelParallelConfig sets an unset
+        # expert_tensor_parallel_size to TP (its etp_why); elsewhere experts are not tensor-sharded unless asked.
+        etp = tp if arch.is_moe and card.defaults.etp == "tp" else 1
         if arch.is_moe and etp > 1:
             notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it (pass etp=1 to keep experts whole).")
     law = card.world_size_law
@@ -195,7 +195,3 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
     )
     return job, plan
-
-
-def is_megatron_family(framework: str) -> bool:
-    return framework in MEGATRON_FAMILY

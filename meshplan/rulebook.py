@@ -16,17 +16,17 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from meshplan import mesh
-from meshplan.cards import CardError, framework_card, load_card
+from meshplan.cards import CardError, Engine, framework_card, load_card
 from meshplan.errors import MeshplanError
-from meshplan.schema import FRAMEWORKS, MEGATRON_FAMILY, Finding, Job, MemoryReport, Plan, Severity
+from meshplan.schema import FRAMEWORKS, Finding, Job, MemoryReport, Plan, Severity
 
-Backend = Literal["megatron", "fsdp", "deepspeed", "nanotron"]
-BACKENDS: tuple[str, ...] = ("megatron", "fsdp", "deepspeed", "nanotron")
+Backend = Engine  # the engines a framework card's engine.by_zero_stage names
+BACKENDS: tuple[str, ...] = get_args(Engine)
 Status = Literal["stable", "preview", "deprecated"]
 
 
@@ -52,7 +52,7 @@ class RuleSpec(BaseModel):
     frameworks: list[str] = Field(description="Framework names, or 'all'")
     backends: list[Backend] = Field(
         default_factory=lambda: list(BACKENDS),
-        description="Engines the rule applies to (verl and SkyRL run Megatron or FSDP; see Context.backend)",
+        description="Engines the rule applies to (a framework card's engine.by_zero_stage; see Context.backend)",
     )
     message: str = Field(description="Template filled with the numbers the condition returns")
     fix: str = Field(description="Template naming values that would work")
@@ -215,16 +215,9 @@ def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
 
 
 def backend_of(framework: str, zero_stage: int) -> Backend:
-    """Which engine runs the model: verl and SkyRL switch from Megatron to FSDP at zero_stage 3 (their cards)."""
-    if framework in ("verl", "skyrl"):
-        return "fsdp" if zero_stage == 3 else "megatron"
-    if framework in MEGATRON_FAMILY:
-        return "megatron"
-    if framework in ("torchtitan", "kempnerforge"):
-        return "fsdp"
-    if framework == "deepspeed":
-        return "deepspeed"
-    return "nanotron"
+    """Which engine runs the model at this ZeRO stage: the framework card's engine.by_zero_stage (verl and SkyRL
+    switch from Megatron-Core to FSDP at zero_stage 3)."""
+    return framework_card(framework).engine_at(zero_stage)
 
 
 @dataclass(frozen=True)

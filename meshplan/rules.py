@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshplan import mesh
+from meshplan.cards import framework_card
 from meshplan.conditions import ctx_param, uneven_split
 from meshplan.errors import MeshplanError
 from meshplan.rulebook import Context, EstimateBlocked, finding, gib, rule, rules_for
@@ -131,9 +132,10 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         out.append(("micro_batch_size=1", {"micro_batch_size": 1}))
     if p.recompute == "none":
         out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None}))
-    max_zero = 3 if ctx.framework in ("megatron-core", "megatron-bridge", "deepspeed") else p.zero_stage
-    if ctx.framework == "deepspeed" and p.pp > 1:
-        max_zero = min(max_zero, 1)  # DS002: ZeRO-2/3 do not combine with DeepSpeed's pipeline engine
+    raise_to = framework_card(ctx.framework).memory_fix  # how far this framework's ZeRO may go, and why
+    max_zero = p.zero_stage if raise_to.highest_zero_stage is None else raise_to.highest_zero_stage
+    if p.pp > 1 and raise_to.highest_zero_stage_with_pp is not None:
+        max_zero = min(max_zero, raise_to.highest_zero_stage_with_pp)
     for zero in range(p.zero_stage + 1, max_zero + 1):
         out.append((f"zero_stage={zero}", {"zero_stage": zero}))
     pp_factors = [step]  # step, step^2, ... up to max_pp_factor (2 and 4)

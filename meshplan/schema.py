@@ -18,8 +18,6 @@ from meshplan.card_files import framework_names
 # each framework is (engine, byte convention, defaults, limits, what the search opens) is in its card.
 FRAMEWORKS: tuple[str, ...] = framework_names()
 Framework = Literal[FRAMEWORKS]  # type: ignore[valid-type]
-# Frameworks whose world-size law and byte conventions are Megatron-Core's.
-MEGATRON_FAMILY: frozenset[str] = frozenset({"megatron-bridge", "megatron-core", "verl", "skyrl"})
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
