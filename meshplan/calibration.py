@@ -30,6 +30,7 @@ class FrameworkOverride(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     values: dict[str, float]
+    summary: str = Field(description="What the constants were fitted on, as a throughput report states it")
     source: str
 
 
@@ -37,6 +38,7 @@ class CalibrationCard(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     description: str
+    summary: str = Field(description="What the shared constants were fitted on, as a throughput report states it")
     constants: dict[str, Constant]
     frameworks: dict[str, FrameworkOverride] = {}
     fit_report: list[str] = []
@@ -111,3 +113,10 @@ def calibration(framework: str | None = None) -> Calibration:
     if framework and framework in card.frameworks:
         values.update(card.frameworks[framework].values)
     return Calibration(**values)
+
+
+def calibration_summary(framework: str | None = None) -> str:
+    """What the constants `framework` runs with were fitted on: its override's summary, else the card's."""
+    card = calibration_card()
+    override = card.frameworks.get(framework) if framework else None
+    return override.summary if override is not None else card.summary

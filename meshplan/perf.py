@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan import mesh
-from meshplan.calibration import Calibration, calibration
+from meshplan.calibration import Calibration, calibration, calibration_summary
 from meshplan.comm import (
     Links,
     allreduce_time,
@@ -372,7 +372,7 @@ def estimate_throughput(
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
     head_stage = plan.pp - 1
-    if (job.framework == "nanotron" and plan.pp > 1 and plan.vpp == 1
+    if (conv.pipeline_partition == "compute_balanced" and plan.pp > 1 and plan.vpp == 1
             and plan.first_stage_layers is None and plan.last_stage_layers is None):
         stages, head_stage = nanotron_stage_layers(arch, plan.pp)
     else:
@@ -548,7 +548,8 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         f"Pipeline: {m} micro-batches; step = m x slowest stage (stage {worst}) + fill/drain of the others / vpp "
         f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages"
         + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
-           if job.framework == "nanotron" and plan.pp > 1 else "."),
+           if convention(job.framework, plan.zero_stage)[1].pipeline_partition == "compute_balanced"
+           and plan.pp > 1 else "."),
         f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
         f"d/(d+{cal.gemm_half_dim:.0f}) "
         "over its three dimensions); "
@@ -569,11 +570,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
            "are all-gathered."),
         "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
-        "Constants: cards/calibration.yaml ("
-        + ("fitted on the Ultra-Scale Playbook nanotron sweep" if job.framework == "nanotron" else
-           "GEMM efficiency and the MoE cost fitted on Megatron-Bridge's published throughput and the classic "
-           "Megatron tables; the rest sourced or from the nanotron sweep")
-        + "; errors in bench/README.md).",
+        f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",
     ]
     if job.model.moe is not None:
         out.append(f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "

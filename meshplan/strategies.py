@@ -125,12 +125,14 @@ def suggest(job: Job) -> TableSuggestion:
     else:
         ep, etp = 1, 1
 
-    law = framework_card(job.framework).world_size_law
-    if law == "kempnerforge" and arch.is_moe and pp > 1:
-        notes.append(f"PP {pp} -> 1: KempnerForge forbids MoE with pp > 1.")
+    card = framework_card(job.framework)
+    law = card.world_size_law
+    if arch.is_moe and pp > 1 and not card.limits.moe_with_pipeline:
+        notes.append(f"PP {pp} -> 1: {card.display_name} forbids MoE with pp > 1.")
         pp, first, last = 1, None, None
-    if law == "torchtitan" and etp > 1:
-        notes.append("ETP -> 1: torchtitan 0.3 has no expert tensor parallelism.")
+    if etp > 1 and not card.search.etp:
+        notes.append(f"ETP -> 1: {card.display_name} {card.version} layouts keep experts whole (its card's search "
+                     "opens no expert tensor parallelism).")
         etp = 1
 
     world = job.num_gpus
