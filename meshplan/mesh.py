@@ -15,12 +15,9 @@ KempnerForge's mesh (EP is a dimension of its own, see cards/frameworks/kempnerf
 from __future__ import annotations
 
 import math
-from typing import Literal
 
+from meshplan.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
 from meshplan.schema import GpuSpec, Plan
-
-WorldSizeLaw = Literal["megatron", "torchtitan", "kempnerforge"]
-
 
 # --------------------------------------------------------------------------- GPU counts
 
