@@ -38,3 +38,106 @@ def test_hardware_catalog_covers_the_required_parts():
 def test_unknown_gpu_suggests():
     with pytest.raises(MeshplanError, match="h100"):
         get_gpu("h1000")
+
+
+# --------------------------------------------------------------------------- framework cards: one home per fact
+
+
+def test_the_framework_list_is_the_card_files():
+    from typing import get_args
+
+    from meshplan.card_files import card_root
+    from meshplan.schema import FRAMEWORKS, Framework
+
+    files = sorted(p.name.removesuffix(".yaml") for p in card_root().joinpath("frameworks").iterdir()
+                   if p.name.endswith(".yaml"))
+    assert FRAMEWORKS == tuple(files) == get_args(Framework)
+    assert not framework_card("nanotron").renderable and framework_card("verl").renderable
+    with pytest.raises(CardError, match=r"No framework card 'megatron'.*Known: deepspeed"):
+        framework_card("megatron")
+
+
+def _patched(monkeypatch, module, framework: str, **sections):
+    """Make `module` see `framework`'s card with some sections replaced (the code must read the card)."""
+    card = framework_card(framework)
+    patched = card.model_copy(update={k: getattr(card, k).model_copy(update=v) for k, v in sections.items()})
+    monkeypatch.setattr(module, "framework_card", lambda name: patched if name == framework else framework_card(name))
+
+
+def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card(monkeypatch):
+    import meshplan.memory_states as memory_states
+    import meshplan.rulebook as rulebook
+
+    assert [rulebook.backend_of("verl", z) for z in range(4)] == ["megatron", "megatron", "megatron", "fsdp"]
+    assert {rulebook.backend_of("megatron-core", z) for z in range(4)} == {"megatron"}
+    assert [memory_states.convention_name("megatron-bridge", z) for z in range(4)] == ["megatron"] * 3 + [
+        "megatron_fsdp"]
+    assert memory_states.convention_name("skyrl", 3) == "fsdp2" and memory_states.convention_name("deepspeed", 3) \
+        == "deepspeed"
+    _patched(monkeypatch, rulebook, "megatron-core", engine={"by_zero_stage": {0: "megatron", 1: "megatron",
+                                                                               2: "megatron", 3: "fsdp"}})
+    _patched(monkeypatch, memory_states, "megatron-core", engine={"zero3_memory_convention": "fsdp2"})
+    assert rulebook.backend_of("megatron-core", 3) == "fsdp"
+    assert memory_states.convention_name("megatron-core", 3) == "fsdp2"
+
+
+def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it():
+    from meshplan.request import resolve
+    from meshplan.schema import FRAMEWORKS, Request
+
+    etp = {fw: resolve(Request(model="mixtral-8x7b", num_gpus=16, tp=2, framework=fw))[1].etp for fw in FRAMEWORKS}
+    assert {fw for fw, value in etp.items() if value == 2} == {"megatron-core", "megatron-bridge", "verl", "skyrl"}
+    assert set(etp.values()) == {1, 2}
+    assert resolve(Request(model="llama-3.1-8b", num_gpus=16, tp=2, framework="verl"))[1].etp == 1  # dense
+
+
+def test_mem001_raises_zero_as_far_as_the_card_allows(monkeypatch):
+    import meshplan.rules as rules
+    from meshplan.request import resolve
+    from meshplan.rulebook import Context
+    from meshplan.schema import Request
+
+    def zeros(framework: str, pp: int) -> list[str]:
+        job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pp=pp, zero_stage=0, framework=framework))
+        return [label for label, _ in rules._candidates(Context(job, plan)) if label.startswith("zero_stage")]
+
+    assert zeros("deepspeed", 1) == ["zero_stage=1", "zero_stage=2", "zero_stage=3"]
+    assert zeros("deepspeed", 2) == ["zero_stage=1"]  # DS002: ZeRO-2/3 do not combine with its pipeline engine
+    assert zeros("megatron-core", 2) == ["zero_stage=1", "zero_stage=2", "zero_stage=3"]
+    assert zeros("verl", 1) == [] and zeros("torchtitan", 1) == []
+    _patched(monkeypatch, rules, "verl", memory_fix={"highest_zero_stage": 1})
+    assert zeros("verl", 1) == ["zero_stage=1"]
+
+
+def test_flex_dispatcher_support_is_where_the_adapter_renders_it():
+    from meshplan.schema import FRAMEWORKS
+
+    assert [fw for fw in FRAMEWORKS if framework_card(fw).flex_dispatcher] == [
+        "megatron-bridge", "megatron-core", "skyrl", "verl"]
+    assert not framework_card("torchtitan").flex_dispatcher  # 0.2.2 renders it, the default 0.3.0 does not
+
+
+def test_the_card_limit_is_what_kf001_checks():
+    from meshplan.rulebook import rule_specs
+    from meshplan.schema import FRAMEWORKS
+
+    forbidding = [fw for fw in FRAMEWORKS if not framework_card(fw).limits.moe_with_pipeline]
+    assert forbidding == ["kempnerforge"] and rule_specs()["KF001"].frameworks == forbidding
+
+
+@pytest.mark.parametrize("change,complaint", [
+    ({"defaults": {"zero_stage": 1, "etp": "tp"}}, "etp_why"),
+    ({"limits": {"moe_with_pipeline": False}}, "a limit needs a why"),
+    ({"engine": {"by_zero_stage": {0: "megatron", 1: "megatron"}, "why": "w"}}, "by_zero_stage needs exactly"),
+    ({"engine": {"by_zero_stage": {0: "megatorn", 1: "megatron", 2: "megatron", 3: "fsdp"}, "why": "w"}},
+     "engine.by_zero_stage.0"),
+    ({"search": {"vpp": True, "cp": True, "ep": True, "etp": True, "recompute": ["none"], "source": "s",
+                 "flex_dispatcher": True}}, "search.flex_dispatcher"),
+])
+def test_a_framework_claim_without_its_source_or_out_of_vocabulary_is_refused(change, complaint):
+    from meshplan.cards import FrameworkCard, read_card
+
+    data = {**read_card("frameworks/nanotron"), **change}
+    with pytest.raises(CardError, match=complaint) as exc:
+        validate_card("frameworks/nanotron", data, FrameworkCard)
+    assert "cards/frameworks/nanotron.yaml" in str(exc.value)
