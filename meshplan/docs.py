@@ -336,12 +336,25 @@ def block_framework(name: str) -> str:
     if name not in FRAMEWORKS:
         raise MeshplanError(f"No framework card {name!r}.", fix=f"Known: {', '.join(FRAMEWORKS)}.")
     card = framework_card(name)
+    fix, search = card.memory_fix, card.search
+    highest = "none (keeps the stage)" if fix.highest_zero_stage is None else str(fix.highest_zero_stage)
+    if fix.highest_zero_stage_with_pp is not None:
+        highest += f" ({fix.highest_zero_stage_with_pp} with pp > 1)"
+    searched = ["tp", "pp", "dp", "ZeRO stage", *(k for k in ("vpp", "cp", "ep", "etp") if getattr(search, k)),
+                "recompute " + "/".join(search.recompute), *(["flex MoE dispatcher"] if card.flex_dispatcher else [])]
     facts = _table(["Fact", "Value"], [
         ["Version studied", card.version],
         ["World-size law", card.world_size_law],
         ["Memory convention", card.memory_convention],
+        ["Engine per ZeRO stage", ", ".join(f"{z}: {e}" for z, e in sorted(card.engine.by_zero_stage.items()))],
+        ["ZeRO-3 byte convention", card.engine.zero3_memory_convention or card.memory_convention],
         ["Default ZeRO stage", card.defaults.zero_stage],
         ["SP turned on with TP > 1", card.defaults.sequence_parallel_when_tp],
+        ["etp when not given (MoE)", "tp (Megatron-Core's default)" if card.defaults.etp == "tp" else "1"],
+        ["Highest ZeRO stage a memory fix offers", highest],
+        ["MoE with pp > 1", card.limits.moe_with_pipeline],
+        ["recommend searches", ", ".join(searched)],
+        ["meshplan renders a config", card.renderable],
     ])
     parts = [facts]
     if card.notes:
