@@ -17,7 +17,7 @@ from meshplan.cards import framework_card
 from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
 from meshplan.models import layer_params, mtp_params, per_architecture
 from meshplan.rulebook import require_estimable
-from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
+from meshplan.schedule import in_flight, padded_vocab, plan_stages
 from meshplan.schema import Architecture, Job, MemoryReport, MemorySummary, Plan, StageMemory
 
 GIB = 1 << 30
@@ -91,20 +91,6 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
     return world, mesh.expert_dp(world, plan), warnings
 
 
-def _layer_cost(arch: Architecture) -> int:
-    """nanotron's pipeline-balancing cost of one decoder layer (get_block_compute_costs):
-    4*heads*(h // heads)*h for attention + 3*ffn*h for the gated MLP (2*ffn*h without a gate)."""
-    h, heads = arch.hidden_size, arch.num_attention_heads
-    return 4 * heads * (h // heads) * h + (3 if arch.gated_mlp else 2) * arch.ffn_hidden_size * h
-
-
-def _padded_vocab(vocab: int, multiple: int, tp: int) -> int:
-    if multiple <= 1:
-        return vocab
-    unit = multiple * tp
-    return -(-vocab // unit) * unit
-
-
 # --------------------------------------------------------------------------- the estimate
 
 
@@ -123,15 +109,10 @@ def estimate_memory(
     card = memory_card()
     _, expert_dp, world_warnings = _world(job, plan)
     warnings += world_warnings
-    vocab = _padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
-    counts = None
-    if (conv.pipeline_partition == "compute_balanced" and plan.pp > 1 and plan.first_stage_layers is None
-            and plan.last_stage_layers is None):
-        counts = compute_balanced_counts(arch.num_layers, plan.pp, _layer_cost(arch), vocab * arch.hidden_size)
-    layout, layout_warnings = stage_layout(
-        arch.num_layers, plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, counts
-    )
-    warnings += list(layout_warnings)
+    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
+    pipeline = plan_stages(job, plan)
+    layout = pipeline.chunks
+    warnings += list(pipeline.warnings)
     vpp = len(layout[0])
     table = _param_table(arch)
     shape = shape_of(arch)
@@ -169,7 +150,7 @@ def estimate_memory(
     stages: list[StageMemory] = []
     for rank, chunks in enumerate(layout):
         layers = [i for chunk in chunks for i in chunk]
-        first, last = rank == 0, rank == pp - 1
+        first, last = rank == 0, rank == pipeline.head_rank
         dense = sum(map(table.tp_sharded.__getitem__, layers)) / tp + sum(map(table.replicated.__getitem__, layers))
         experts = sum(map(table.experts.__getitem__, layers)) / (plan.ep * plan.etp)
         linear = sum(map(table.linear_dense.__getitem__, layers)) / tp + experts

@@ -27,7 +27,6 @@ from meshplan.comm import (
     p2p_time,
     ring_time,
 )
-from meshplan.errors import MeshplanError
 from meshplan.flops import (
     Gemm,
     Shard,
@@ -43,9 +42,10 @@ from meshplan.mesh import crosses_domains
 from meshplan.models import layer_params, per_architecture
 from meshplan.request import uses_fsdp
 from meshplan.rulebook import require_estimable
+from meshplan.schedule import Stages, plan_stages
 from meshplan.schema import Architecture, Job, Plan, ThroughputBreakdown, ThroughputReport
 
-__all__ = ["estimate_throughput", "model_flops_per_token", "stage_layer_indices"]
+__all__ = ["estimate_throughput", "model_flops_per_token", "stage_layers"]
 
 BF16 = 2  # bytes per activation element on the wire
 
@@ -91,58 +91,10 @@ def _layer_param_split(arch: Architecture) -> tuple[list[float], list[float]]:
     return dense, experts
 
 
-def stage_layer_indices(num_layers: int, plan: Plan) -> list[list[int]]:
-    """Decoder layers held by each pipeline rank (all its virtual chunks), Megatron-Core's assignment."""
-    p, v = plan.pp, plan.vpp
-    if plan.first_stage_layers is not None or plan.last_stage_layers is not None:
-        first = plan.first_stage_layers
-        last = plan.last_stage_layers
-        middle_stages = p - (first is not None) - (last is not None)
-        rest = num_layers - (first or 0) - (last or 0)
-        if rest < 0 or (middle_stages == 0 and rest != 0) or (middle_stages > 0 and rest % middle_stages):
-            raise MeshplanError(
-                f"Uneven pipeline split does not add up: {num_layers} layers, first {first}, last {last}, pp {p}.",
-                fix="The layers left for the middle stages must divide evenly among them.",
-            )
-        sizes = ([first] if first is not None else []) + [rest // max(1, middle_stages)] * middle_stages
-        sizes += [last] if last is not None else []
-        chunks = sizes  # one chunk per rank
-        v = 1
-    else:
-        n_chunks = p * v
-        base, extra = divmod(num_layers, n_chunks)
-        chunks = [base + (1 if c < extra else 0) for c in range(n_chunks)]
-    stages: list[list[int]] = [[] for _ in range(p)]
-    start = 0
-    for c, size in enumerate(chunks):
-        stages[c % p].extend(range(start, start + size))
-        start += size
-    return stages
-
-
-def nanotron_stage_layers(arch: Architecture, pp: int) -> tuple[list[list[int]], int]:
-    """nanotron's cost-balanced split: (decoder layers of each pipeline rank, rank holding the LM head).
-
-    nanotron (models/base.py build_model, LlamaForTraining.get_block_compute_costs) walks its pipeline
-    blocks in order with a cumulative cost (decoder layer 4*heads*head_dim*h + 3*ffn*h, LM head
-    vocab*h, others 0) and moves to the next rank after the block that first exceeds
-    total*(rank+1)/pp; so the last stage takes fewer decoder layers to make room for the LM head.
-    """
-    h = arch.hidden_size
-    layer_cost = 4 * arch.num_attention_heads * arch.head_dim * h + 3 * arch.ffn_hidden_size * h
-    costs = [layer_cost] * arch.num_layers + [arch.vocab_size * h]
-    total = float(sum(costs))
-    stages: list[list[int]] = [[] for _ in range(pp)]
-    rank, cumulative, head_rank = 0, 0.0, pp - 1
-    for i, c in enumerate(costs):
-        cumulative += c
-        if i < arch.num_layers:
-            stages[rank].append(i)
-        else:
-            head_rank = rank
-        if cumulative > total * (rank + 1) / pp and rank < pp - 1:
-            rank += 1
-    return stages, head_rank
+def stage_layers(job: Job, plan: Plan) -> Stages:
+    """The decoder layers each pipeline stage holds and the stage with the output layer, as estimate_throughput
+    times them: the framework's convention from schedule.plan_stages, the same stages estimate_memory weighs."""
+    return plan_stages(job, plan)
 
 
 # --------------------------------------------------------------------------- validation
@@ -371,12 +323,9 @@ def estimate_throughput(
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
-    head_stage = plan.pp - 1
-    if (conv.pipeline_partition == "compute_balanced" and plan.pp > 1 and plan.vpp == 1
-            and plan.first_stage_layers is None and plan.last_stage_layers is None):
-        stages, head_stage = nanotron_stage_layers(arch, plan.pp)
-    else:
-        stages = stage_layer_indices(arch.num_layers, plan)
+    pipeline = stage_layers(job, plan)
+    stages = [pipeline.layers(rank) for rank in range(plan.pp)]
+    head_stage = pipeline.head_rank
     params = _layer_param_split(arch)
     t_sp = plan.tp if plan.sequence_parallel else 1
 

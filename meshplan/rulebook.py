@@ -270,25 +270,6 @@ class Context:
     def num_experts(self) -> int:
         return self.arch.moe.num_experts if self.arch.moe else 0
 
-    def stage_layers(self) -> list[int]:
-        """Decoder layers on each pipeline rank, with the plan's uneven first/last stages when given."""
-        plan, layers = self.plan, self.arch.num_layers
-        if plan.pp == 1:
-            return [layers]
-        first, last = plan.first_stage_layers, plan.last_stage_layers
-        if first is None and last is None:
-            base, extra = divmod(layers, plan.pp)
-            return [base + (1 if i < extra else 0) for i in range(plan.pp)]
-        middle_stages = plan.pp - (first is not None) - (last is not None)
-        middle_layers = layers - (first or 0) - (last or 0)
-        per = middle_layers // middle_stages if middle_stages else 0
-        out = [per] * plan.pp
-        if first is not None:
-            out[0] = first
-        if last is not None:
-            out[-1] = last
-        return out
-
 
 # --------------------------------------------------------------------------- helpers for computed fixes
 

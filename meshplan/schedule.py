@@ -1,4 +1,6 @@
-"""Which decoder layers sit on each pipeline stage, and how many micro-batches each stage holds at its peak.
+"""The pipeline's shape: which decoder layers sit on each pipeline stage, how an uneven split is chosen, and how
+many micro-batches each stage holds at its peak. Memory, throughput, the rules, the search, the decision tables
+and the adapters all take the stage layout and the uneven split from here.
 
 Activation memory is set by the pipeline schedule, not by a constant: under 1F1B stage r runs
 p - r - 1 warm-up forwards before its first backward, so it holds min(m, p - r) micro-batches;
@@ -6,19 +8,121 @@ Megatron's interleaved schedule warms up (p - r - 1)*2 + (v - 1)*G forwards (G =
 per virtual stage, p by default). Source: NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py
 (get_pp_rank_microbatches, get_model_chunk_id); Narayanan et al. 2021 for 1F1B.
 
-Which layers a stage holds is a framework convention too: Megatron splits decoder layers evenly (or as
-told by first/last stage sizes); nanotron balances estimated compute over its pipeline blocks, the output
-layer included, so its first stages carry more decoder layers (compute_balanced_counts).
+Which layers a stage holds is a framework convention (`pipeline_partition` of the byte preset in
+cards/memory.yaml): Megatron splits decoder layers evenly, or as told by first/last stage sizes; nanotron
+balances estimated compute over its pipeline blocks, the output layer included, so its first stages carry
+more decoder layers (compute_balanced_counts). Every convention comes down to the decoder layers of each
+virtual stage (`stages_from_counts`), which is also what an explicit layout (Megatron's
+pipeline_model_parallel_layout, e.g. "Et*3|(tt|)*29,m|L") reduces to once parsed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.errors import MeshplanError
+from meshplan.schema import Architecture, Job, Plan
 
 # stages[r][c] = the layer indices of virtual chunk c on pipeline rank r.
 StageLayout = tuple[tuple[tuple[int, ...], ...], ...]
+
+
+# --------------------------------------------------------------------------- the uneven split
+
+
+@lru_cache(maxsize=8192)
+def uneven_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+    """(first, layers on each middle stage, last) of Megatron's uneven split closest to even; None if none exists.
+
+    The split obeys Megatron-Core's TransformerConfig rules (rule PP004, `split_problem`): first and last stage
+    sizes positive, the middle stages an equal share, and with vpp > 1 every part a multiple of vpp. Among the
+    splits that do, the one chosen has
+    1. the lightest heaviest stage (it sets the pace of the whole pipeline);
+    2. then the heaviest middle stages that allows, so the first and last stages, which also hold the
+       embedding and the output layer and loss, carry no more decoder layers than the middle ones wherever
+       possible (what Megatron's account_for_embedding/loss_in_pipeline_split and torchtitan's
+       first/last_stage_less_layers do);
+    3. then first and last as equal as possible, the lighter one last (it also holds the output layer and loss).
+    DeepSeek-V3, 61 layers over 16 stages: first 3, 4 on each of the 14 middle stages, last 2.
+    """
+    if pp < 2 or vpp < 1:
+        return None
+    middle_stages = pp - 2
+    best: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    for per in range(vpp, num_layers + 1, vpp) if middle_stages else (0,):
+        ends = num_layers - middle_stages * per
+        if ends < 2 * vpp:
+            break
+        if ends % vpp:
+            continue
+        units = ends // vpp  # first and last share the ends in whole virtual-stage units, the larger share first
+        first, last = -(-units // 2) * vpp, units // 2 * vpp
+        score = (max(first, per), ends, first - last)
+        if best is None or score < best[0]:
+            best = (score, (first, per, last))
+    return best[1] if best else None
+
+
+@lru_cache(maxsize=8192)
+def pipeline_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int | None, int | None] | None:
+    """The (first, last) stage sizes a layout carries for (layers, pp, vpp): (None, None) when every virtual stage
+    holds the same number of layers (Megatron's default split), else `uneven_split`'s; None when neither exists."""
+    if pp == 1:
+        return None, None
+    if num_layers % pp == 0 and (num_layers // pp) % vpp == 0:
+        return None, None
+    split = uneven_split(num_layers, pp, vpp)
+    return (split[0], split[2]) if split else None
+
+
+def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> str:
+    """What is wrong with first/last stage sizes, checked as Megatron-Core's TransformerConfig.__post_init__
+    checks them and in its order ('' when nothing is): positive, multiples of vpp, and leaving the middle
+    stages an even, vpp-divisible share."""
+    v = vpp if vpp > 1 else None
+    remaining, stages = num_layers, pp
+    for name, value in (("first_stage_layers", first), ("last_stage_layers", last)):
+        if value is None:
+            continue
+        if value <= 0:
+            return f"{name}={value} must be larger than 0"
+        if v and value % v:
+            return f"{name}={value} is not divisible by vpp={v}"
+        remaining -= value
+        stages -= 1
+    if stages < 0:
+        return f"pp={pp} has fewer stages than the first and last stages given"
+    if bool(remaining) != bool(stages):
+        return f"{remaining} middle layers remain for {stages} middle stages"
+    if stages and remaining % stages:
+        return f"the {remaining} middle layers do not split evenly over {stages} middle stages"
+    if stages and v and (remaining // stages) % v:
+        return f"{remaining // stages} layers per middle stage are not divisible by vpp={v}"
+    return ""
+
+
+# --------------------------------------------------------------------------- layers per stage
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The decoder layers of every pipeline rank and virtual chunk, and the rank that holds the output layer and
+    the loss (the last, except where nanotron's balancing leaves later ranks without blocks)."""
+
+    chunks: StageLayout
+    head_rank: int
+    warnings: tuple[str, ...] = ()
+
+    def layers(self, rank: int) -> tuple[int, ...]:
+        """Every decoder layer rank `rank` holds, over all its virtual chunks."""
+        return tuple(i for chunk in self.chunks[rank] for i in chunk)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Decoder layers per pipeline rank."""
+        return tuple(sum(len(c) for c in chunks) for chunks in self.chunks)
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -45,22 +149,20 @@ def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | Non
     if pp == 1:
         warnings.append("first/last stage layer counts are ignored with pp=1.")
         return [num_layers], warnings
-    head = first if first is not None else None
-    tail = last if last is not None else None
-    fixed = (head or 0) + (tail or 0)
+    fixed = (first or 0) + (last or 0)
     if fixed > num_layers:
         raise MeshplanError(
             f"first_stage_layers + last_stage_layers = {fixed} exceeds the model's {num_layers} layers.",
             fix="Give first and last stage sizes whose sum leaves layers for the middle stages.",
         )
-    free_ranks = pp - (head is not None) - (tail is not None)
+    free_ranks = pp - (first is not None) - (last is not None)
     rest = num_layers - fixed
     if free_ranks == 0:
         if rest:
             raise MeshplanError(
                 f"With pp={pp}, first_stage_layers={first} and last_stage_layers={last} must add up to "
                 f"{num_layers} layers.",
-                fix=f"Set last_stage_layers={num_layers - (head or 0)}.",
+                fix=f"Set last_stage_layers={num_layers - (first or 0)}.",
             )
         middle: list[int] = []
     else:
@@ -70,69 +172,137 @@ def layers_per_rank(num_layers: int, pp: int, first: int | None, last: int | Non
                 f"The {rest} layers between the first and last stage do not divide evenly over {free_ranks} stages "
                 "(run `meshplan check`)."
             )
-    counts = ([head] if head is not None else []) + middle + ([tail] if tail is not None else [])
+    counts = ([first] if first is not None else []) + middle + ([last] if last is not None else [])
     return counts, warnings
 
 
-def compute_balanced_counts(num_layers: int, pp: int, layer_cost: int, head_cost: int) -> tuple[int, ...]:
-    """Decoder layers per pipeline rank under nanotron's compute balancing.
+def compute_balanced_counts(num_layers: int, pp: int, layer_cost: int, head_cost: int) -> tuple[tuple[int, ...], int]:
+    """(decoder layers per pipeline rank, rank of the output layer) under nanotron's compute balancing.
 
     huggingface/nanotron src/nanotron/models/base.py build_model: the pipeline blocks (embedding, L decoder
-    layers, final norm, lm_head, fp32 cast, loss) get costs from get_block_compute_costs (decoder layer
-    4*heads*d_qkv*h + 3*ffn*h, lm_head vocab*h, others 0); a block goes to the current rank, which advances
-    once the running cost exceeds total*(rank+1)/pp. The lm_head's cost pushes decoder layers forward, so the
-    first stage holds floor(T/c) + 1 layers instead of L/pp. Exact integer arithmetic (no float thresholds).
-    More stages than layers is rule PP007, which stops the estimate before it gets here.
+    layers, final norm, lm_head, fp32 cast, loss) get costs from get_block_compute_costs (`block_costs`); a block
+    goes to the current rank, which advances once the running cost exceeds total*(rank+1)/pp. The lm_head's cost
+    pushes decoder layers forward, so the first stage holds floor(T/c) + 1 layers instead of L/pp. Exact integer
+    arithmetic (no float thresholds). More stages than layers is rule PP007, which stops the estimate first.
     """
     costs = [0] + [layer_cost] * num_layers + [0, head_cost, 0, 0]
+    head_block = num_layers + 2
     total = sum(costs)
     counts = [0] * pp
-    rank, running = 0, 0
+    rank, running, head_rank = 0, 0, pp - 1
     for block, cost in enumerate(costs):
         running += cost
         if 1 <= block <= num_layers:
             counts[rank] += 1
+        elif block == head_block:
+            head_rank = rank
         if running * pp > total * (rank + 1) and rank < pp - 1:
             rank += 1
-    return tuple(counts)
+    return tuple(counts), head_rank
 
 
-@lru_cache(maxsize=4096)
-def stage_layout(
-    num_layers: int, pp: int, vpp: int, first: int | None, last: int | None,
-    counts: tuple[int, ...] | None = None,
-) -> tuple[StageLayout, tuple]:
-    """Layer indices per (rank, virtual chunk). Virtual stage k = chunk*pp + rank runs layers in order.
+def block_costs(arch: Architecture, vocab: int) -> tuple[int, int]:
+    """nanotron's pipeline-balancing costs (get_block_compute_costs): a decoder layer 4*heads*(h // heads)*h for
+    attention + 3*ffn*h for the gated MLP (2*ffn*h without a gate, as its Falcon model has), the lm_head vocab*h
+    with the vocabulary as the model builds it (padded when the framework pads)."""
+    h, heads = arch.hidden_size, arch.num_attention_heads
+    layer = 4 * heads * (h // heads) * h + (3 if arch.gated_mlp else 2) * arch.ffn_hidden_size * h
+    return layer, vocab * h
 
-    `counts` (decoder layers per rank, e.g. from compute_balanced_counts) overrides the even split."""
-    if counts is not None and len(counts) == pp and sum(counts) == num_layers:
-        counts, warnings = list(counts), []
-    else:
-        counts, warnings = layers_per_rank(num_layers, pp, first, last)
-    if vpp > 1 and pp == 1:
-        warnings.append("vpp > 1 has no effect with pp=1; estimated without interleaving.")
-        vpp = 1
-    chunk_sizes = []
-    for rank, n in enumerate(counts):
+
+def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
+    """The vocabulary rows the framework builds: padded to a multiple of `multiple`*tp when it pads
+    (Megatron's make_vocab_size_divisible_by; 1 = no padding)."""
+    if multiple <= 1:
+        return vocab
+    unit = multiple * tp
+    return -(-vocab // unit) * unit
+
+
+def stages_from_counts(counts: Sequence[int], pp: int, head_rank: int | None = None,
+                       warnings: Sequence[str] = ()) -> Stages:
+    """The stages from the decoder layers of each virtual stage, in virtual-stage order: virtual stage
+    k = chunk*pp + rank runs the next counts[k] layers (Megatron's and torchtitan's interleaved order). Any
+    convention, and an explicit layout once parsed, is such a list of counts."""
+    if len(counts) % pp:
+        raise MeshplanError(f"{len(counts)} virtual stages do not fill pp={pp} ranks equally.",
+                            fix="Give pp x vpp per-stage layer counts.")
+    vpp = len(counts) // pp
+    stages: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
+    nxt = 0
+    for k, size in enumerate(counts):
+        stages[k % pp].append(tuple(range(nxt, nxt + size)))
+        nxt += size
+    assert all(len(s) == vpp for s in stages)
+    return Stages(tuple(tuple(s) for s in stages), pp - 1 if head_rank is None else head_rank, tuple(warnings))
+
+
+def _over_chunks(rank_counts: Sequence[int], vpp: int, warnings: list[str]) -> list[int]:
+    """Each rank's layers over its vpp virtual chunks (a remainder to the earliest chunks), in virtual-stage order."""
+    per_rank = []
+    for rank, n in enumerate(rank_counts):
         if vpp > 1 and n % vpp:
             warnings.append(
                 f"Stage {rank} holds {n} layers, which do not split into vpp={vpp} equal chunks "
                 "(run `meshplan check`)."
             )
-        chunk_sizes.append(_split(n, vpp))
-    if vpp > 1 and min(min(c) for c in chunk_sizes) == 0:
+        per_rank.append(_split(n, vpp))
+    return [per_rank[rank][chunk] for chunk in range(vpp) for rank in range(len(rank_counts))]
+
+
+def _no_empty_chunk(counts: Sequence[int], num_layers: int, pp: int, vpp: int) -> None:
+    if vpp > 1 and min(counts) == 0:
         raise MeshplanError(
             f"vpp={vpp} leaves a virtual pipeline stage with no layer ({num_layers} layers over pp={pp}).",
             fix=f"Use pp*vpp <= {num_layers}.",
         )
-    stages: list[list[tuple[int, ...]]] = [[] for _ in counts]
-    nxt = 0
-    for chunk in range(vpp):
-        for rank in range(len(counts)):
-            size = chunk_sizes[rank][chunk]
-            stages[rank].append(tuple(range(nxt, nxt + size)))
-            nxt += size
-    return tuple(tuple(s) for s in stages), tuple(warnings)
+
+
+@lru_cache(maxsize=4096)
+def megatron_stages(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> Stages:
+    """Megatron's convention: decoder layers split evenly over the ranks (a remainder on the earliest, which
+    gives every rank the layers torchtitan's split over pp*vpp virtual stages gives it), or the first/last
+    stage sizes with the middle stages even; each rank's layers then split over its virtual chunks
+    (get_transformer_layer_offset)."""
+    rank_counts, warnings = layers_per_rank(num_layers, pp, first, last)
+    if vpp > 1 and pp == 1:
+        warnings.append("vpp > 1 has no effect with pp=1; estimated without interleaving.")
+        vpp = 1
+    counts = _over_chunks(rank_counts, vpp, warnings)
+    _no_empty_chunk(counts, num_layers, pp, vpp)
+    return stages_from_counts(counts, pp, warnings=warnings)
+
+
+@lru_cache(maxsize=4096)
+def balanced_stages(num_layers: int, pp: int, vpp: int, layer_cost: int, head_cost: int) -> Stages:
+    """nanotron's convention (compute_balanced_counts), each rank's layers split over its virtual chunks."""
+    warnings: list[str] = []
+    rank_counts, head_rank = compute_balanced_counts(num_layers, pp, layer_cost, head_cost)
+    counts = _over_chunks(rank_counts, vpp, warnings)
+    _no_empty_chunk(counts, num_layers, pp, vpp)
+    return stages_from_counts(counts, pp, head_rank, warnings)
+
+
+def stages_for(arch: Architecture, framework: str, zero_stage: int, tp: int, pp: int, vpp: int,
+               first: int | None, last: int | None) -> Stages:
+    """The stages of a layout under the framework's pipeline convention: explicit first/last stage sizes win;
+    otherwise the convention of the framework's byte preset (cards/memory.yaml pipeline_partition)."""
+    from meshplan.memory_states import convention
+
+    _, conv, _ = convention(framework, zero_stage)
+    if conv.pipeline_partition == "compute_balanced" and pp > 1 and first is None and last is None:
+        layer_cost, head_cost = block_costs(arch, padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp))
+        return balanced_stages(arch.num_layers, pp, vpp, layer_cost, head_cost)
+    return megatron_stages(arch.num_layers, pp, vpp, first, last)
+
+
+def plan_stages(job: Job, plan: Plan) -> Stages:
+    """The decoder layers each pipeline stage of the plan holds: memory and throughput both read this."""
+    return stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
+                      plan.first_stage_layers, plan.last_stage_layers)
+
+
+# --------------------------------------------------------------------------- micro-batches in flight
 
 
 def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> tuple[int, ...]:

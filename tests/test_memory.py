@@ -12,7 +12,7 @@ from meshplan.memory import estimate_memory, memory_summary
 from meshplan.memory_states import bytes_per_param, convention, memory_card, state_bytes
 from meshplan.models import layer_params, resolve_model
 from meshplan.rulebook import EstimateBlocked
-from meshplan.schedule import compute_balanced_counts, in_flight, stage_layout
+from meshplan.schedule import compute_balanced_counts, in_flight, megatron_stages
 from meshplan.schema import Architecture, Job, Plan
 
 GIB = 1 << 30
@@ -132,16 +132,15 @@ def test_interleaved_warmup_matches_megatron():
 
 
 def test_stage_layer_split_even_uneven_and_virtual():
-    stages, warnings = stage_layout(32, 4, 1, None, None)
-    assert [len(s[0]) for s in stages] == [8, 8, 8, 8] and not warnings
-    stages, _ = stage_layout(32, 4, 1, 6, 6)
+    even = megatron_stages(32, 4, 1, None, None)
+    assert [len(s[0]) for s in even.chunks] == [8, 8, 8, 8] and not even.warnings and even.head_rank == 3
+    stages = megatron_stages(32, 4, 1, 6, 6).chunks
     assert [len(s[0]) for s in stages] == [6, 10, 10, 6]
     assert stages[1][0][0] == 6 and stages[3][0][-1] == 31
-    stages, _ = stage_layout(16, 2, 2, None, None)
+    stages = megatron_stages(16, 2, 2, None, None).chunks
     assert stages[0] == (tuple(range(0, 4)), tuple(range(8, 12)))
     assert stages[1] == (tuple(range(4, 8)), tuple(range(12, 16)))
-    _, warnings = stage_layout(30, 4, 1, None, None)
-    assert any("meshplan check" in w for w in warnings)
+    assert any("meshplan check" in w for w in megatron_stages(30, 4, 1, None, None).warnings)
     with pytest.raises(EstimateBlocked, match=r"^PP007: pp\*vpp = 64\*1 = 64 model chunks"):
         estimate_memory(job_for("llama-3.1-8b", 64), Plan(pp=64))
 
@@ -158,9 +157,11 @@ def test_nanotron_balances_layers_by_compute_with_the_output_layer():
     total 20c; a rank takes blocks until its running cost exceeds total*(r+1)/pp."""
     c = 4 * 32 * 64 * 2048 + 3 * 8192 * 2048
     assert 131072 * 2048 == 4 * c
-    assert compute_balanced_counts(16, 2, c, 4 * c) == (11, 5)  # threshold 10c: layer 11 crosses it
-    assert compute_balanced_counts(16, 4, c, 4 * c) == (6, 5, 5, 0)  # the last rank holds only the lm_head
-    assert compute_balanced_counts(16, 2, c, 0) == (9, 7)  # without a head: cost 8c is not > 8c until layer 9
+    assert compute_balanced_counts(16, 2, c, 4 * c) == ((11, 5), 1)  # threshold 10c: layer 11 crosses it
+    assert compute_balanced_counts(16, 4, c, 4 * c) == ((6, 5, 5, 0), 3)  # the last rank holds only the lm_head
+    assert compute_balanced_counts(16, 2, c, 0) == ((9, 7), 1)  # without a head: cost 8c is not > 8c until layer 9
+    # a head heavier than the layers takes rank 0's turn: the later ranks get no block, the head stays on rank 0
+    assert compute_balanced_counts(4, 4, 1, 100) == ((4, 0, 0, 0), 0)
     plan = Plan(tp=1, pp=2, dp=4, zero_stage=1, micro_batch_size=2)
     nano = estimate_memory(job_for(playbook_1b(), 8, framework="nanotron"), plan)
     assert [s.layers for s in nano.stages] == [11, 5]

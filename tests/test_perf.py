@@ -13,9 +13,10 @@ from meshplan.errors import MeshplanError
 from meshplan.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
 from meshplan.hardware import get_gpu
 from meshplan.models import resolve_model, total_params
-from meshplan.perf import estimate_throughput, gemm_efficiency, nanotron_stage_layers, stage_layer_indices
+from meshplan.perf import estimate_throughput, gemm_efficiency, stage_layers
 from meshplan.request import resolve
 from meshplan.rulebook import EstimateBlocked
+from meshplan.schedule import megatron_stages, stages_for
 from meshplan.schema import Plan, Request
 
 
@@ -116,11 +117,16 @@ def test_gemm_efficiency_grows_with_every_dimension():
 
 
 def test_stage_layers_interleaved_and_uneven():
-    assert stage_layer_indices(8, Plan(pp=2, vpp=2)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    assert stage_layer_indices(10, Plan(pp=3, first_stage_layers=2, last_stage_layers=4)) == [
-        [0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=4, pp=2))
+    eight = job.model_copy(update={"model": job.model.model_copy(update={"num_layers": 8})})
+    assert stage_layers(eight, Plan(pp=2, vpp=2)).layers(0) == (0, 1, 4, 5)
+    assert stage_layers(eight, Plan(pp=2, vpp=2)).layers(1) == (2, 3, 6, 7)
+    assert megatron_stages(10, 3, 1, 2, 4).chunks == (((0, 1),), ((2, 3, 4, 5),), ((6, 7, 8, 9),))
+    # Megatron's interleaved uneven split (get_transformer_layer_offset): each rank's share over its chunks,
+    # the virtual stages in order: rank 0 runs layer 0 then 5, the middle rank 1-2 then 6-7.
+    assert megatron_stages(10, 3, 2, 2, 4).chunks == (((0,), (5,)), ((1, 2), (6, 7)), ((3, 4), (8, 9)))
     with pytest.raises(MeshplanError):
-        stage_layer_indices(10, Plan(pp=4, first_stage_layers=3, last_stage_layers=4))
+        megatron_stages(10, 2, 1, 3, 4)  # two stages given, 3 layers left for none
 
 
 def test_bubble_is_p_minus_1_over_m_v():
@@ -145,12 +151,12 @@ def test_nanotron_balances_stages_with_the_lm_head_as_a_block():
         "num_kv_heads": 32, "head_dim": 64, "vocab_size": 131072})
     h = arch.hidden_size
     assert 4 * arch.num_attention_heads * arch.head_dim * h + 3 * arch.ffn_hidden_size * h == 2**26
-    stages, head = nanotron_stage_layers(arch, 2)
+    two = stages_for(arch, "nanotron", 1, 1, 2, 1, None, None)
     # cumulative cost equals the half-way threshold after 10 layers (not above it), so layer 11 stays on rank 0
-    assert [len(s) for s in stages] == [11, 5] and head == 1
-    stages, head = nanotron_stage_layers(arch, 4)
-    assert [len(s) for s in stages] == [6, 5, 5, 0] and head == 3  # the last rank holds only the LM head
-    assert [i for s in stages for i in s] == list(range(16))
+    assert two.counts == (11, 5) and two.head_rank == 1
+    four = stages_for(arch, "nanotron", 1, 1, 4, 1, None, None)
+    assert four.counts == (6, 5, 5, 0) and four.head_rank == 3  # the last rank holds only the LM head
+    assert [i for r in range(4) for i in four.layers(r)] == list(range(16))
 
 
 def test_nanotron_pipeline_terms_are_nanotron_only_and_add_exactly():
