@@ -141,8 +141,8 @@ def test_the_scan_is_bounded_and_says_which_bound_stopped_it(monkeypatch):
     import meshplan.search as search
 
     card = search_card()
-    tiny = card.model_copy(update={"limits": card.limits.model_copy(update={"min_gpus_time_budget_s": 1e-9})})
-    monkeypatch.setattr(search, "search_card", lambda: tiny)
+    tiny = card.limits.model_copy(update={"min_gpus_time_budget_s": 1e-9})
+    monkeypatch.setattr(search, "search_limits", lambda: tiny)
     timed = minimum_gpus(Request(model="llama-3.1-405b"))
     assert timed.num_gpus is None and timed.stopped_by == "time"
     assert "stopped at its 1e-09 s bound" in timed.rationale and "not proof" in timed.rationale

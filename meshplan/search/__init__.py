@@ -53,6 +53,27 @@ from meshplan.schema import (
     Request,
     ThroughputReport,
 )
+from meshplan.search.policy import (
+    BUDGET,
+    DOMINATED,
+    GIB,
+    HEADROOM_RULE,
+    NVLINK,
+    SAME,
+    SEARCH_BUCKETS,
+    SLOWER,
+    TIE,
+    UNTIMED,
+    headroom_for,
+    headroom_that_ranks,
+    memory_budget,
+    memory_rule_id,
+    min_headroom_fraction,
+    same_numbers,
+    search_comparison,
+    search_limits,
+    slower_by,
+)
 from meshplan.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -63,45 +84,13 @@ from meshplan.space import (
     knobs,
     micro_batches,
     params_split,
-    search_card,
     states_lower_bound,
     within_nvlink,
     zero_ladder,
 )
 
-GIB = 1 << 30
-
-# Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
-SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
-HEADROOM_RULE = "MEM002"  # cards/rules.yaml: fits, but with less than the minimum headroom
-DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, which is faster
-NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
-BUDGET = "SEARCH-BUDGET"  # not reached before the time budget ran out
-UNTIMED = "SEARCH-UNTIMED"  # passes the rules but the cost model cannot time it (its reason is a warning)
-SAME = "SEARCH-SAME"  # same predicted step time and memory as a ranked layout: folded into its row
-SEARCH_BUCKETS = {
-    SLOWER: "not ranked: its optimistic step time (or its predicted one) is slower than the top K",
-    DOMINATED: "not ranked: the same layout fits with less recompute, which is faster",
-    NVLINK: "not searched: TP beyond the NVLink domain, and layouts inside the domain fit",
-    BUDGET: "not reached before the search's time budget ran out",
-    UNTIMED: "passes the rules, but the throughput model cannot time it (reason in the warnings)",
-    SAME: "folded into a ranked row: the same predicted step time and peak memory (listed in its equivalents)",
-}
-TIE = 1e-9  # relative step-time difference under which two plans have the same predicted numbers
-
-
-def slower_by(tokens_per_s: float, reference: float) -> float:
-    """The one meaning of "X% slower" in every answer: the share of the reference's throughput a layout loses,
-    1 - tokens_per_s / reference (0.25: a quarter fewer tokens/s/GPU, a step 1/0.75 = 1.33x as long). Both are
-    compared at the same global batch on the same GPUs, so this is also 1 - t_reference / t_layout; it never
-    exceeds 100%."""
-    return 1.0 - tokens_per_s / reference if reference > 0 else 0.0
-
-
-def _same_numbers(time_s: float, peak_bytes: int) -> tuple[float, int]:
-    """Plans with this key are indistinguishable to the cost model (e.g. a factor moved between CP and the
-    micro-batch): one ranked row, not several."""
-    return float(f"{time_s:.9g}"), peak_bytes
+__all__ = ["FOLDED_KNOBS", "SEARCH_BUCKETS", "Engine", "default_engine", "headroom_for", "headroom_that_ranks",
+           "memory_budget", "min_headroom_fraction", "minimum_gpus", "recommend", "slower_by"]
 
 
 # --------------------------------------------------------------------------- the estimators it calls
@@ -140,35 +129,12 @@ def default_engine(framework: str) -> Engine:
         check=lambda job, plan: check_config(job, plan, include_memory=False),
         full_check=check_config,
         summary=memory_summary,
-        memory_rule=_memory_rule_id(),
+        memory_rule=memory_rule_id(),
         efficiency_cap=max(cal.gemm_peak_fraction, cal.attention_peak_fraction),
         peak_flops=lambda job: max(job.gpu.bf16_flops, (job.gpu.fp8_flops or 0.0) * cal.fp8_gemm_relative_efficiency
                                    if job.precision == "fp8" else 0.0),
         moe_layer_fixed_s=cal.moe_layer_overhead_s,
     )
-
-
-def min_headroom_fraction() -> float:
-    """The free share of memory a recommended layout keeps: MEM002's threshold, so rules and search agree."""
-    from meshplan.rulebook import rule_specs
-
-    return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
-
-
-def headroom_for(req: Request) -> float:
-    """The headroom this request is answered with: its own, else MEM002's default."""
-    return min_headroom_fraction() if req.headroom is None else float(req.headroom)
-
-
-def memory_budget(job: Job, headroom: float) -> int:
-    """Bytes a layout may use and still count as fitting: capacity x (1 - headroom)."""
-    return int(job.gpu.memory_bytes * (1.0 - headroom))
-
-
-def headroom_that_ranks(memory: MemoryReport | MemorySummary) -> float:
-    """The headroom under which a layout with this memory is ranked: its free share of the GPU, rounded down to
-    0.001 so that passing it as `headroom` keeps the layout inside the budget."""
-    return math.floor(memory.headroom_bytes / memory.capacity_bytes * 1000) / 1000
 
 
 def _percent(share: float) -> str:
@@ -182,14 +148,6 @@ def _headroom_text(headroom: float, default: bool) -> str:
         return (f"headroom {headroom:g}: {HEADROOM_RULE}'s min_headroom_fraction in cards/rules.yaml; pass headroom "
                 "to change it")
     return f"headroom {headroom:g}, from the request"
-
-
-def _memory_rule_id() -> str:
-    """The rules card's 'does not fit' error id (the memory rule with severity error)."""
-    from meshplan.rulebook import memory_rules, rule_specs
-
-    errors = sorted(r for r in memory_rules() if rule_specs()[r].severity == "error")
-    return errors[0] if errors else "MEM001"
 
 
 # --------------------------------------------------------------------------- search state
@@ -525,7 +483,7 @@ class _Search:
             return
         mem = self.memory(lay, zero, recompute, mbs)
         self.found.append(_Found(report.step_time_s, report.plan, mem, report))
-        self.rows.add(_same_numbers(report.step_time_s, mem.peak_bytes))
+        self.rows.add(same_numbers(report.step_time_s, mem.peak_bytes))
 
     def untimed(self, exc: MeshplanError, count: int) -> None:
         self.rejected[UNTIMED] += count
@@ -666,7 +624,7 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Rec
     job, notes = _search_job(req)
     engine = engine or default_engine(job.framework)
     fixed = Fixed.from_request(req)
-    limits = search_card().limits
+    limits = search_limits()
     warnings: list[str] = []
     if job.num_gpus > limits.largest_cluster_gpus:
         warnings.append(
@@ -695,7 +653,7 @@ def _headroom_assumption(job: Job, headroom: float, default: bool) -> str:
     return (f"Headroom: a layout counts as fitting when its peak memory is at most capacity x (1 - {headroom:g}) = "
             f"{memory_budget(job, headroom) / GIB:.1f} of {cap / GIB:.1f} GiB ({_headroom_text(headroom, default)}). "
             "The ranking, the answer when nothing keeps it and the smallest-GPU-count scan use this one threshold; "
-            f"layouts that fit only with less are counted under {HEADROOM_RULE} (or {_memory_rule_id()} when over "
+            f"layouts that fit only with less are counted under {HEADROOM_RULE} (or {memory_rule_id()} when over "
             "capacity) and never ranked silently: the answer names the fastest of them when it matters.")
 
 
@@ -707,7 +665,7 @@ def _fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: _Sea
         return None
     cutoff = math.inf
     if search.found:
-        cutoff = min(f.time for f in search.found) * (1.0 - search_card().comparison.below_headroom_gain)
+        cutoff = min(f.time for f in search.found) * (1.0 - search_comparison().below_headroom_gain)
     probe, _ = _run(job, fixed, engine, 1, deadline, [], job.gpu.memory_bytes, share=search, cutoff=cutoff)
     if not probe.found or probe.stopped_by_budget:
         return None
@@ -731,7 +689,7 @@ def _report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: 
         return
     best = rec.candidates[0].throughput.tokens_per_s_per_gpu
     gap = slower_by(best, tput)
-    if gap < search_card().comparison.below_headroom_gain:
+    if gap < search_comparison().below_headroom_gain:
         return
     rec.best_below_headroom = candidate
     rec.warnings.append(
@@ -759,7 +717,7 @@ def _new_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: fl
     if "sequence_parallel" in fixed:
         sp = bool(fixed.values["sequence_parallel"])
     cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))
-    limits = search_card().limits
+    limits = search_limits()
     cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
     domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
     return _Search(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
@@ -805,7 +763,7 @@ def _run(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float, wa
     for reason in search.untimed_reasons[:3]:
         warnings.append(f"The throughput model could not time some layouts that pass the rules: {reason}")
     if search.stopped_by_budget:
-        limits = search_card().limits
+        limits = search_limits()
         warnings.append(
             f"The search stopped at its budget ({limits.time_budget_s:g} s or {search.max_evaluations:,} estimates, "
             "cards/search.yaml) before the queue was exhausted: the ranked layouts are the fastest found so far, "
@@ -876,7 +834,7 @@ def _rows(found: list[_Found]) -> list[list[_Found]]:
     then least interleaving, then the smallest micro-batch) stands for the others."""
     groups: dict[tuple[float, int], list[_Found]] = {}
     for f in sorted(found, key=lambda f: f.time):
-        groups.setdefault(_same_numbers(f.time, f.memory.peak_bytes), []).append(f)
+        groups.setdefault(same_numbers(f.time, f.memory.peak_bytes), []).append(f)
     return [sorted(g, key=lambda f: (f.plan.cp, f.plan.vpp, f.plan.micro_batch_size, f.plan.pp, f.plan.tp))
             for g in groups.values()]
 
@@ -913,7 +871,7 @@ def _decision_table(job: Job, fixed: Fixed, engine: Engine, best: _Found | None,
     theirs = min(probe.found, key=lambda f: f.time)
     mine, its = best.throughput.tokens_per_s_per_gpu, theirs.throughput.tokens_per_s_per_gpu
     gap = slower_by(its, mine)
-    tolerance = search_card().comparison.agreement_tolerance
+    tolerance = search_comparison().agreement_tolerance
     verdict = (f"within {tolerance:.0%} of the pick: the table and the search agree in practice" if gap <= tolerance
                else "the search's pick is clearly faster under the cost model")
     return text + (f" The search picks {bp.short()}; the table's layout at its best ({theirs.plan.short()}, "
@@ -985,7 +943,7 @@ def _explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Eng
     """Nothing is ranked. Either a layout fits with less than the headroom (`rec.best_below_headroom`, named with the
     headroom that would rank it) or none fits at all (the closest misses); then the smallest GPU count where a layout
     keeps the headroom, from the same scan `minimum_gpus` runs."""
-    limits = search_card().limits
+    limits = search_limits()
     thin = rec.best_below_headroom
     if search.stopped_by_budget and thin is None:
         rec.rationale = (
@@ -1211,7 +1169,7 @@ def _scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_
                   deadline: float | None = None) -> _Scan:
     """The smallest GPU count at which a layout of `job` keeps `headroom`, scanning counts in increasing order from
     the first that could hold the model states, within the card's time bound (or the caller's, if sooner)."""
-    limits = search_card().limits
+    limits = search_limits()
     bound = limits.min_gpus_time_budget_s
     started = time.perf_counter()
     deadline = min(started + bound, deadline) if deadline is not None else started + bound
@@ -1249,7 +1207,7 @@ def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | Non
             f"minimum_gpus finds the GPU count, so num_gpus cannot be given (got {req.num_gpus}).",
             fix="Leave num_gpus out; bound the scan with max_gpus.",
         )
-    limits = search_card().limits
+    limits = search_limits()
     limit = limits.min_gpus_search_limit if max_gpus is None else max_gpus
     if not 1 <= limit <= MAX_GPUS:
         raise MeshplanError(f"max_gpus must be between 1 and {MAX_GPUS:,}, got {limit}.",

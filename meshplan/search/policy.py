@@ -1,0 +1,89 @@
+"""The search's policy: what fits (one headroom), what "X% slower" means, when two plans are the same row, the
+bounds it runs under (cards/search.yaml) and the SEARCH-* buckets it counts unranked plans in.
+
+One headroom policy: a layout fits when its peak is at most capacity x (1 - headroom), headroom being the request's
+or MEM002's min_headroom_fraction (cards/rules.yaml). The ranking, the answer when nothing keeps it, the warning about
+a much faster layout it excludes, and the smallest-GPU-count scan (`minimum_gpus`) all use that one threshold.
+"""
+
+from __future__ import annotations
+
+import math
+
+from meshplan.schema import Job, MemoryReport, MemorySummary, Request
+from meshplan.space import SearchComparison, SearchLimits, search_card
+
+GIB = 1 << 30
+
+# Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
+SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
+HEADROOM_RULE = "MEM002"  # cards/rules.yaml: fits, but with less than the minimum headroom
+DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, which is faster
+NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
+BUDGET = "SEARCH-BUDGET"  # not reached before the time budget ran out
+UNTIMED = "SEARCH-UNTIMED"  # passes the rules but the cost model cannot time it (its reason is a warning)
+SAME = "SEARCH-SAME"  # same predicted step time and memory as a ranked layout: folded into its row
+SEARCH_BUCKETS = {
+    SLOWER: "not ranked: its optimistic step time (or its predicted one) is slower than the top K",
+    DOMINATED: "not ranked: the same layout fits with less recompute, which is faster",
+    NVLINK: "not searched: TP beyond the NVLink domain, and layouts inside the domain fit",
+    BUDGET: "not reached before the search's time budget ran out",
+    UNTIMED: "passes the rules, but the throughput model cannot time it (reason in the warnings)",
+    SAME: "folded into a ranked row: the same predicted step time and peak memory (listed in its equivalents)",
+}
+TIE = 1e-9  # relative step-time difference under which two plans have the same predicted numbers
+
+
+def search_limits() -> SearchLimits:
+    """The search's time and size bounds (cards/search.yaml `limits`)."""
+    return search_card().limits
+
+
+def search_comparison() -> SearchComparison:
+    """The thresholds for comparing layouts (cards/search.yaml `comparison`)."""
+    return search_card().comparison
+
+
+def slower_by(tokens_per_s: float, reference: float) -> float:
+    """The one meaning of "X% slower" in every answer: the share of the reference's throughput a layout loses,
+    1 - tokens_per_s / reference (0.25: a quarter fewer tokens/s/GPU, a step 1/0.75 = 1.33x as long). Both are
+    compared at the same global batch on the same GPUs, so this is also 1 - t_reference / t_layout; it never
+    exceeds 100%."""
+    return 1.0 - tokens_per_s / reference if reference > 0 else 0.0
+
+
+def same_numbers(time_s: float, peak_bytes: int) -> tuple[float, int]:
+    """Plans with this key are indistinguishable to the cost model (e.g. a factor moved between CP and the
+    micro-batch): one ranked row, not several."""
+    return float(f"{time_s:.9g}"), peak_bytes
+
+
+def min_headroom_fraction() -> float:
+    """The free share of memory a recommended layout keeps: MEM002's threshold, so rules and search agree."""
+    from meshplan.rulebook import rule_specs
+
+    return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
+
+
+def headroom_for(req: Request) -> float:
+    """The headroom this request is answered with: its own, else MEM002's default."""
+    return min_headroom_fraction() if req.headroom is None else float(req.headroom)
+
+
+def memory_budget(job: Job, headroom: float) -> int:
+    """Bytes a layout may use and still count as fitting: capacity x (1 - headroom)."""
+    return int(job.gpu.memory_bytes * (1.0 - headroom))
+
+
+def headroom_that_ranks(memory: MemoryReport | MemorySummary) -> float:
+    """The headroom under which a layout with this memory is ranked: its free share of the GPU, rounded down to
+    0.001 so that passing it as `headroom` keeps the layout inside the budget."""
+    return math.floor(memory.headroom_bytes / memory.capacity_bytes * 1000) / 1000
+
+
+def memory_rule_id() -> str:
+    """The rules card's 'does not fit' error id (the memory rule with severity error)."""
+    from meshplan.rulebook import memory_rules, rule_specs
+
+    errors = sorted(r for r in memory_rules() if rule_specs()[r].severity == "error")
+    return errors[0] if errors else "MEM001"
