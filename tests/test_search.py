@@ -12,7 +12,8 @@ from meshplan.perf import estimate_throughput
 from meshplan.request import resolve
 from meshplan.rules import check_config
 from meshplan.schema import Request
-from meshplan.search import SEARCH_BUCKETS, _new_search, _search_job, min_headroom_fraction, recommend
+from meshplan.search import SEARCH_BUCKETS, _search_job, min_headroom_fraction, recommend
+from meshplan.search.engine import BestFirstSearch
 from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
 
 
@@ -23,7 +24,7 @@ def exhaustive(req: Request, top_k: int) -> list[float]:
     job, _ = _search_job(req)
     budget = job.gpu.memory_bytes * (1.0 - min_headroom_fraction())
     fixed = Fixed.from_request(req)
-    search = _new_search(job, fixed, None, top_k, float("inf"))  # type: ignore[arg-type]
+    search = BestFirstSearch.for_job(job, fixed, None, top_k, float("inf"))  # type: ignore[arg-type]
     layouts, _ = enumerate_layouts(job, fixed)
     times = []
     for lay in layouts:

@@ -1,0 +1,584 @@
+"""The best-first search: the exact top K of the cost model without timing most layouts.
+
+Each (layout, micro-batch) enters a priority queue with an optimistic step time and is refined one level at a
+time (`Level`, in the order a node passes through them), each step pushing it back with a tighter key; a plan
+reaching the top at the last level is ranked, since nothing left in the queue can be faster. Everything dropped is
+counted under the rule id that dropped it (or a SEARCH-* bucket, meshplan/search/policy.py), so
+considered = ranked + rejected.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from meshplan import mesh
+from meshplan.cancel import checkpoint
+from meshplan.errors import MeshplanError
+from meshplan.mesh import crosses_domains
+from meshplan.rulebook import backend_of
+from meshplan.schema import CheckReport, Finding, Job, MemoryReport, Plan, ThroughputReport
+from meshplan.search.estimators import Engine, ideal_time
+from meshplan.search.policy import (
+    BUDGET,
+    DOMINATED,
+    HEADROOM_RULE,
+    NVLINK,
+    SLOWER,
+    TIE,
+    UNTIMED,
+    same_numbers,
+    search_limits,
+)
+from meshplan.space import (
+    RECOMPUTE_ORDER,
+    Fixed,
+    Layout,
+    enumerate_layouts,
+    first_stage_floor,
+    knobs,
+    micro_batches,
+    params_split,
+    states_lower_bound,
+    within_nvlink,
+    zero_ladder,
+)
+
+PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
+
+
+class Level(IntEnum):
+    """The queue's levels, in the order a node passes through them. At equal keys the lower level pops first."""
+
+    FLOOR = 1
+    """Seeded with the per-token bound: the least recompute the first stage's memory floor allows (none: dropped)."""
+    SHARD = 2
+    """The pipeline bound of this exact shard, with the send/receive traffic interleaving multiplies."""
+    RULES = 3
+    """The structural rules and the model-state lower bound, per ZeRO stage."""
+    NEED = 4
+    """The least recompute that really fits at the lightest ZeRO stage, estimated."""
+    STAIRCASE = 5
+    """Per ZeRO stage, the least recompute that fits (heavier recompute of that stage is dominated)."""
+    TIME = 6
+    """A plan known to fit gets its predicted step time."""
+    RANK = 7
+    """Nothing left in the queue can be faster: the plan's rules run, then it is ranked."""
+
+
+@dataclass
+class Found:
+    """A ranked plan: it passes the rules, fits the budget, and has its predicted step time."""
+
+    time: float
+    plan: Plan
+    memory: MemoryReport
+    throughput: ThroughputReport
+
+
+@dataclass
+class Caches:
+    """What a search has learnt about its job. The estimates and findings, keyed by plan, do not depend on the
+    memory budget, so a search of the same job at another budget shares them (`shared`); what fits does."""
+
+    memory: dict[PlanKey, MemoryReport] = field(default_factory=dict)
+    throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
+    checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
+    token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
+    first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
+    # Per (non-interleaved layout, ZeRO stage, recompute, micro-batch): the first stage's memory floor is in budget.
+    floor_fits: dict[PlanKey, bool] = field(default_factory=dict)
+    # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
+    # when nothing does. It only grows with the micro-batch, and interleaving only adds to its base's.
+    least_recompute: dict[Layout, dict[int, int]] = field(default_factory=dict)
+
+    def shared(self) -> Caches:
+        """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
+        return Caches(memory=self.memory, throughput=self.throughput, checks=self.checks, token_time=self.token_time,
+                      first_finding=self.first_finding)
+
+
+def pow2_at_least(x: float) -> int:
+    """The smallest power of two >= x (and >= 1): the reference micro-batch of the per-token bounds."""
+    return 1 << max(0, (math.ceil(x) - 1).bit_length()) if x > 1 else 1
+
+
+@dataclass
+class BestFirstSearch:
+    """One best-first search of a job's layouts under one memory budget (see the module docstring)."""
+
+    job: Job
+    fixed: Fixed
+    engine: Engine
+    top_k: int
+    deadline: float
+    zeros: tuple[int, ...]
+    recomputes: tuple[str, ...]
+    sp: bool
+    cp_comm: str
+    split: tuple[int, int]
+    law: str = "megatron"
+    flex: bool = False  # the framework can render Megatron-Core's flex MoE dispatcher
+    domain: int = 8  # GPUs per NVLink domain (a node, or a rack for GB200 NVL72)
+    budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
+    rejected: Counter = field(default_factory=Counter)
+    found: list[Found] = field(default_factory=list)
+    rows: set[tuple[float, int]] = field(default_factory=set)  # distinct (step time, peak) among found: the top K
+    cutoff: float = math.inf  # nothing slower than this step time is wanted (a probe for much faster layouts)
+    near: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)  # plans over capacity, least first
+    caches: Caches = field(default_factory=Caches)
+    cp_mbs: dict[tuple[int, int], int] = field(default_factory=dict)  # largest micro-batch per (tp, cp)
+    work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
+    untimed_reasons: list[str] = field(default_factory=list)
+    memory_calls: int = 0
+    perf_calls: int = 0
+    check_calls: int = 0
+    stopped_by_budget: bool = False
+    max_evaluations: int = 1 << 62
+    heap: list = field(default_factory=list)
+    seq: int = 0
+
+    @classmethod
+    def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
+                budget_bytes: int = 0) -> BestFirstSearch:
+        """A search of `job` with the knobs its framework opens, less what the request fixes."""
+        from meshplan.cards import framework_card
+
+        kn = knobs(job.framework)
+        zeros = zero_ladder(job.framework)
+        if "zero_stage" in fixed:
+            zeros = tuple(z for z in (int(fixed.values["zero_stage"]),))  # type: ignore[call-overload]
+        recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
+        if "recompute" in fixed:
+            recomputes = (str(fixed.values["recompute"]),)
+        card = framework_card(job.framework)
+        sp = card.defaults.sequence_parallel_when_tp
+        if "sequence_parallel" in fixed:
+            sp = bool(fixed.values["sequence_parallel"])
+        cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))
+        limits = search_limits()
+        cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
+        domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+        return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
+                   recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
+                   law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
+                   domain=domain, max_evaluations=cap, budget_bytes=budget_bytes)
+
+    # -- the estimators, cached per plan -----------------------------------------------------------
+
+    def sequence_parallel(self, lay: Layout) -> bool:
+        """The request's choice, else the framework default where there is TP to pair it with."""
+        return self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
+
+    def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
+        return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
+                        sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
+                        moe_token_dispatcher=self.dispatcher(lay, zero))
+
+    def dispatcher(self, lay: Layout, zero: int) -> str:
+        """The MoE token dispatcher: the user's, else flex (DeepEP/HybridEP) when the expert group leaves the
+        NVLink domain and the framework (on its Megatron-Core engine) can render it - it never sends more
+        than all-to-all - else alltoall."""
+        fixed = self.fixed.values.get("moe_token_dispatcher")
+        if fixed is not None:
+            return str(fixed)
+        if (self.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, self.domain)
+                and backend_of(self.job.framework, zero) == "megatron"):
+            return "flex"
+        return "alltoall"
+
+    def memory(self, lay: Layout, zero: int, recompute: str, mbs: int) -> MemoryReport:
+        key = (lay, zero, recompute, mbs)
+        hit = self.caches.memory.get(key)
+        if hit is None:
+            self.memory_calls += 1
+            hit = self.caches.memory[key] = self.engine.memory(self.job, self.plan(lay, zero, recompute, mbs))
+            if not hit.fits:
+                self._remember_miss(hit)
+        return hit
+
+    def check_error(self, lay: Layout, zero: int, recompute: str, mbs: int) -> str | None:
+        """First error id of the structural rules, or None."""
+        key = (lay, zero, recompute, mbs)
+        report = self.caches.checks.get(key)
+        if report is None:
+            self.check_calls += 1
+            report = self.caches.checks[key] = self.engine.check(self.job, self.plan(lay, zero, recompute, mbs))
+        error = next((f for f in report.findings if f.severity == "error"), None)
+        if error is None:
+            return None
+        self.caches.first_finding.setdefault(error.id, error)
+        return error.id
+
+    def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
+        key = (lay, zero, recompute, mbs)
+        hit = self.caches.throughput.get(key)
+        if hit is None:
+            self.perf_calls += 1
+            hit = self.caches.throughput[key] = self.engine.throughput(self.job, self.plan(lay, zero, recompute, mbs))
+        return hit
+
+    def _remember_miss(self, report: MemoryReport) -> None:
+        over = report.peak_bytes - report.capacity_bytes
+        self.near.append((over, report.plan, report))
+        if len(self.near) > 64:
+            self.near.sort(key=lambda t: t[0])
+            del self.near[16:]
+
+    def push(self, key: float, level: Level, payload: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (key, level, self.seq, payload))
+
+    def variants(self) -> int:
+        return len(self.zeros) * len(self.recomputes)
+
+    def plans_of(self, lay: Layout) -> int:
+        """How many plans (ZeRO stage x recompute x micro-batch) a layout stands for; one micro-batch when none
+        divides its share of the batch (the batch rule then says why)."""
+        return self.variants() * max(1, len(micro_batches(self.job, lay, self.fixed)))
+
+    def need_range(self, lay: Layout, mbs: int) -> tuple[int, int]:
+        """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
+        Memory grows with the micro-batch, so a smaller micro-batch's need is a floor and a larger one's a
+        ceiling; a non-interleaved base's need is a floor for its interleaved layouts."""
+        known = self.caches.least_recompute
+        low, high = 0, len(self.recomputes)
+        for key in (lay, lay.base()):
+            for b, need in known.get(key, {}).items():
+                if b <= mbs:
+                    low = max(low, need)
+                elif key is lay and b > mbs:
+                    high = min(high, need)
+        if mbs in known.get(lay, {}):
+            low = high = known[lay][mbs]
+        return low, max(low, high)
+
+    @property
+    def budget(self) -> int:
+        return self.budget_bytes or self.job.gpu.memory_bytes
+
+    def memory_rule_for(self, needed: int) -> str:
+        """MEM001 when even the full capacity is exceeded; MEM002 when only the headroom budget is."""
+        return self.engine.memory_rule if needed > self.job.gpu.memory_bytes else HEADROOM_RULE
+
+    def floor_fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
+        """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
+        key = (lay.base(), zero, recompute, mbs)
+        hit = self.caches.floor_fits.get(key)
+        if hit is None:
+            floor = first_stage_floor(self.job, lay.base(), zero, recompute, mbs, self.sequence_parallel(lay))
+            hit = self.caches.floor_fits[key] = floor <= self.budget
+        return hit
+
+    def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
+        return (self.floor_fits(lay, zero, recompute, mbs)
+                and self.memory(lay, zero, recompute, mbs).peak_bytes <= self.budget)
+
+    def need_floor(self, lay: Layout, mbs: int) -> int:
+        """The least recompute whose first-stage floor fits at the lightest ZeRO stage (no estimate needed)."""
+        lightest = self.zeros[-1]
+        return next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, lightest, r, mbs)),
+                    len(self.recomputes))
+
+    def need(self, lay: Layout, mbs: int) -> int:
+        """The least recompute index that fits at the lightest ZeRO stage. The memory floor is usually right,
+        so its answer is tried first and the walk goes up from there."""
+        low, high = self.need_range(lay, mbs)
+        n_r = len(self.recomputes)
+        i = max(low, min(high, self.need_floor(lay, mbs)))
+        lightest = self.zeros[-1]
+        while i < min(high, n_r) and not self.fits(lay, lightest, self.recomputes[i], mbs):
+            i += 1
+        self.caches.least_recompute.setdefault(lay, {})[mbs] = i
+        return i
+
+    def hopeless(self, lay: Layout, mbs: int) -> bool:
+        return self.need_range(lay, mbs)[0] >= len(self.recomputes)
+
+    # -- the bounds --------------------------------------------------------------------------------
+
+    def microbatches(self, lay: Layout, mbs: int) -> int:
+        return max(1, self.job.global_batch_size // (mbs * lay.dp))
+
+    def ideal_time(self, lay: Layout, mbs: int, ideal: float) -> float:
+        """Every GPU at the cost model's best fraction of peak, stretched by the bubble (p-1)/(m*v)."""
+        return ideal * (1.0 + (lay.pp - 1) / (self.microbatches(lay, mbs) * lay.vpp))
+
+    def pp_unit(self, lay: Layout, mbs: int) -> float:
+        """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
+        non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021)."""
+        try:
+            report = self.throughput(lay.base(), self.zeros[0], self.recomputes[0], mbs)
+        except MeshplanError:
+            return 0.0
+        return report.breakdown.pp_comm_s / self.microbatches(lay, mbs)
+
+    def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str) -> float:
+        """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank)."""
+        hit = self.caches.token_time.get(key)
+        if hit is not None:
+            return hit
+        dp_ref = mesh.derived_dp(self.law, self.job.num_gpus, tp, 1, cp, ep)
+        ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
+        job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
+        try:
+            self.perf_calls += 1
+            x = self.engine.throughput(job_ref, self.plan(ref, self.zeros[0], recompute, b)).breakdown
+            total = (x.cp_comm_s if part == "cp" else
+                     x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
+            value = total / (b * self.job.seq_length / cp)
+        except MeshplanError:
+            value = 0.0
+        self.caches.token_time[key] = value
+        return value
+
+    def token_bound(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> float:
+        """A cheaper bound shared by many shards. The time per token of a layer only falls as a rank sees more
+        tokens (bigger GEMMs run closer to peak; launch overheads and message latencies are amortised), and
+        its compute does not depend on how the tokens were split by context parallelism. So two single-stage
+        references bound every layout: per (tp, ep, etp, recompute) with cp = 1, and per (tp, cp) for the
+        context-parallel traffic, at a power-of-two micro-batch holding at least this layout's tokens per rank
+        (`exact`: the smallest such; otherwise the most any layout of the shard uses, one reference for all):
+        step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp)."""
+        s = self.job.seq_length
+        tokens = -(-s // lay.cp) * mbs
+        most = tokens / s if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp), tokens / s)
+        b_tok = pow2_at_least(most)
+        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok), lay.tp, 1, lay.ep, lay.etp,
+                                    b_tok, recompute, "work")
+        if lay.cp > 1:
+            # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
+            # bound, since the time per token only falls with more tokens, but one reference for all of them)
+            b_cp = pow2_at_least(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))
+            per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
+                                         self.recomputes[0], "cp")
+        per_stage = tokens * per_token / lay.pp
+        moe = self.job.model.moe
+        if moe is not None and self.engine.moe_layer_fixed_s:
+            # The reference spreads the fixed per-micro-batch cost of its MoE layers over b_tok sequences;
+            # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
+            spread = tokens / (b_tok * s)
+            per_stage += len(moe.moe_layers) * self.engine.moe_layer_fixed_s * max(0.0, 1.0 - spread) / lay.pp
+        return per_stage * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp)
+
+    def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
+        """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
+        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp)."""
+        bound = self.token_bound(lay, mbs, recompute, exact=True)
+        if interleave and lay.vpp > 1:
+            bound += lay.vpp * self.pp_unit(lay, mbs) * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp)
+        return bound
+
+    # -- the levels: each pop refines one node a little and pushes it back with a tighter key ----------
+
+    def refine_bound(self, key: float, lay: Layout, mbs: int) -> None:
+        """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits:
+        dropped) and the per-token bound with it."""
+        floor = max(self.need_range(lay, mbs)[0], self.need_floor(lay, mbs))
+        if floor >= len(self.recomputes):
+            self.rejected[self.engine.memory_rule] += self.variants()
+            return
+        if floor > 0:
+            key = max(key, self.token_bound(lay, mbs, self.recomputes[floor]))
+        self.push(key, Level.SHARD, (lay, mbs, floor))
+
+    def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
+        """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
+        bound = self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True)
+        self.push(max(key, bound), Level.RULES, (lay, mbs, floor))
+
+    def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
+        """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage."""
+        n_r = len(self.recomputes)
+        alive: list[int] = []
+        for zero in self.zeros:
+            error = self.check_error(lay, zero, self.recomputes[0], mbs)
+            if error:
+                self.rejected[error] += n_r
+            elif (bound := states_lower_bound(self.job, lay, zero, self.split)) > self.budget:
+                self.rejected[self.memory_rule_for(bound)] += n_r
+            else:
+                alive.append(zero)
+        if alive:
+            self.push(key, Level.NEED, (lay, mbs, tuple(alive), low))
+
+    def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
+        """Level.NEED: the least recompute that fits at the lightest ZeRO stage, estimated; every stage needs at
+        least that much. If nothing fits, nothing does at any larger micro-batch either."""
+        n_r = len(self.recomputes)
+        need = self.need(lay, mbs)
+        if need >= n_r:
+            self.rejected[self.engine.memory_rule] += n_r * len(alive)
+            return
+        self.rejected[self.engine.memory_rule] += need * len(alive)
+        if need > low:
+            key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[need], interleave=True))
+        self.push(key, Level.STAIRCASE, (lay, mbs, alive, need))
+
+    def staircase(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], need: int) -> None:
+        """Level.STAIRCASE: for each ZeRO stage (lightest first) the least recompute that fits; heavier recompute
+        of the same stage is dominated, lighter does not fit. Memory grows as the stage drops, so the walk only
+        moves towards more recompute: at most len(alive) + len(recomputes) estimates."""
+        n_r = len(self.recomputes)
+        i = need
+        for pos, zero in enumerate(reversed(alive)):
+            while i < n_r and not self.fits(lay, zero, self.recomputes[i], mbs):
+                i += 1
+            if i == n_r:
+                self.rejected[self.engine.memory_rule] += (n_r - need) * (len(alive) - pos)
+                return
+            self.rejected[self.engine.memory_rule] += i - need
+            self.rejected[DOMINATED] += n_r - i - 1
+            bound = key if i == need else self.pipeline_bound(lay, mbs, self.recomputes[i], interleave=True)
+            self.push(max(key, bound), Level.TIME, (lay, mbs, zero, self.recomputes[i]))
+
+    def time_plan(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str) -> None:
+        """Level.TIME: a plan known to fit gets its predicted step time."""
+        try:
+            report = self.throughput(lay, zero, recompute, mbs)
+        except MeshplanError as exc:
+            self.untimed(exc, 1)
+            return
+        self.push(report.step_time_s, Level.RANK, (lay, mbs, zero, recompute, report))
+
+    def accept(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str, report: ThroughputReport) -> None:
+        """Level.RANK: nothing left in the queue can be faster; the exact plan's rules run, then it is ranked."""
+        error = self.check_error(lay, zero, recompute, mbs)
+        if error:
+            self.rejected[error] += 1
+            return
+        mem = self.memory(lay, zero, recompute, mbs)
+        self.found.append(Found(report.step_time_s, report.plan, mem, report))
+        self.rows.add(same_numbers(report.step_time_s, mem.peak_bytes))
+
+    def untimed(self, exc: MeshplanError, count: int) -> None:
+        self.rejected[UNTIMED] += count
+        if exc.reason not in self.untimed_reasons:
+            self.untimed_reasons.append(exc.reason)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def seed(self, layouts: list[Layout], ideal: float) -> None:
+        for lay in layouts:
+            sizes = micro_batches(self.job, lay, self.fixed)
+            if sizes:
+                key = (lay.tp, lay.cp)
+                self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
+                work = (lay.tp, lay.ep, lay.etp)
+                self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
+        for lay in layouts:
+            checkpoint()
+            sizes = micro_batches(self.job, lay, self.fixed)
+            if (bound := states_lower_bound(self.job, lay, self.zeros[-1], self.split)) > self.budget:
+                # even the most sharded model states do not fit: no variant of this layout can
+                self.rejected[self.memory_rule_for(bound)] += self.variants() * max(1, len(sizes))
+                continue
+            if not sizes:
+                # No micro-batch divides this layout's share of the batch: let the batch rule say so.
+                mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
+                self.push(0.0, Level.RULES, (lay, mbs, 0))
+                continue
+            for mbs in sizes:
+                key = max(self.ideal_time(lay, mbs, ideal), self.token_bound(lay, mbs, self.recomputes[0]))
+                self.push(key, Level.FLOOR, (lay, mbs))
+
+    def wanted(self) -> bool:
+        """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
+        (a clone with the same numbers joins its row instead of being counted as slower)."""
+        if self.heap[0][0] > self.cutoff:
+            return False
+        if len(self.rows) < self.top_k:
+            return True
+        return self.heap[0][0] <= self.found[-1].time * (1.0 + TIE)
+
+    def run(self) -> None:
+        steps = {Level.FLOOR: self.refine_bound, Level.SHARD: self.refine_shard, Level.RULES: self.apply_rules,
+                 Level.NEED: self.confirm_need, Level.STAIRCASE: self.staircase, Level.TIME: self.time_plan,
+                 Level.RANK: self.accept}
+        while self.heap and self.wanted():
+            checkpoint()
+            if time.perf_counter() > self.deadline or self.memory_calls + self.perf_calls >= self.max_evaluations:
+                self.stopped_by_budget = True
+                self.best_so_far()
+                break
+            key, level, _, payload = heapq.heappop(self.heap)
+            steps[level](key, *payload)
+
+    def best_so_far(self) -> None:
+        """Out of budget: rank the plans already timed (they fit), fastest first, without proof that nothing
+        unexplored is faster."""
+        timed = sorted((entry for entry in self.heap if entry[1] == Level.RANK), key=lambda e: e[0])
+        self.heap = [entry for entry in self.heap if entry[1] != Level.RANK]
+        heapq.heapify(self.heap)
+        for index, (key, _, _, payload) in enumerate(timed):
+            if len(self.rows) >= self.top_k:
+                self.rejected[BUDGET] += len(timed) - index
+                break
+            self.accept(key, *payload)
+
+    def covered(self, level: Level, payload: tuple) -> int:
+        """How many plans (ZeRO stage x recompute) a queued node stands for."""
+        if level <= Level.RULES:
+            return self.variants()
+        if level == Level.NEED:
+            return len(payload[2]) * len(self.recomputes)
+        if level == Level.STAIRCASE:
+            return len(payload[2]) * (len(self.recomputes) - payload[3])
+        return 1
+
+    def drain(self, bucket: str) -> None:
+        """Count what is left in the queue under `bucket`."""
+        for _, level, _, payload in self.heap:
+            self.rejected[bucket] += self.covered(level, payload)
+        self.heap.clear()
+
+
+def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float, warnings: list[str],
+               budget_bytes: int = 0, share: BestFirstSearch | None = None,
+               cutoff: float = math.inf) -> tuple[BestFirstSearch, int]:
+    """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
+    fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
+    `cutoff`: no slower step time is wanted. Appends to `warnings` what the answer must say about the run."""
+    search = BestFirstSearch.for_job(job, fixed, engine, top_k, deadline, budget_bytes)
+    search.cutoff = cutoff
+    if share is not None:
+        search.caches = share.caches.shared()
+    layouts, dropped = enumerate_layouts(job, fixed)
+    considered = 0
+    # Groups dropped by a cheap law: one check names the rule, every layout in the group counts under it.
+    for group in dropped:
+        error = search.check_error(group.example, search.zeros[0], search.recomputes[0], 1)
+        count = group.layouts * search.plans_of(group.example)
+        considered += count
+        search.rejected[error or group.reason] += count
+    tier1 = [lay for lay in layouts if within_nvlink(job, lay)]
+    tier2 = [lay for lay in layouts if not within_nvlink(job, lay)]
+    for lay in layouts:
+        considered += search.plans_of(lay)
+    ideal = ideal_time(job, engine)
+    search.seed(tier1, ideal)
+    search.run()
+    if not search.found and not search.stopped_by_budget and tier2:
+        search.drain(SLOWER)
+        search.seed(tier2, ideal)
+        search.run()
+        if search.found:
+            warnings.append("No layout with TP inside one NVLink domain fits; the ranked layouts use TP across "
+                            "domains, so every layer's TP traffic crosses the network.")
+    else:
+        for lay in tier2:
+            search.rejected[NVLINK] += search.plans_of(lay)
+    search.drain(BUDGET if search.stopped_by_budget else SLOWER)
+    for reason in search.untimed_reasons[:3]:
+        warnings.append(f"The throughput model could not time some layouts that pass the rules: {reason}")
+    if search.stopped_by_budget:
+        warnings.append(
+            f"The search stopped at its budget ({search_limits().time_budget_s:g} s or "
+            f"{search.max_evaluations:,} estimates, cards/search.yaml) before the queue was exhausted: the ranked "
+            "layouts are the fastest found so far, not proven optimal."
+        )
+    return search, considered

@@ -1,0 +1,55 @@
+"""The estimators the search calls, bundled so tests can count or fake them, and the cost model's best step time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meshplan.schema import CheckReport, Job, MemoryReport, MemorySummary, Plan, ThroughputReport
+from meshplan.search.policy import memory_rule_id
+
+
+@dataclass
+class Engine:
+    """The estimators the search calls; injected so tests can count or fake them."""
+
+    memory: Callable[[Job, Plan], MemoryReport]
+    throughput: Callable[[Job, Plan], ThroughputReport]
+    check: Callable[[Job, Plan], CheckReport]  # structural rules only (no memory estimate)
+    full_check: Callable[[Job, Plan], CheckReport]  # every rule, memory included
+    summary: Callable[[MemoryReport], MemorySummary]
+    memory_rule: str = "MEM001"
+    efficiency_cap: float = 1.0  # best fraction of peak the cost model ever achieves (for the lower bound)
+    peak_flops: Callable[[Job], float] | None = None
+    moe_layer_fixed_s: float = 0.0  # fixed cost per MoE layer per micro-batch (kept whole in the bound)
+
+
+def default_engine(framework: str) -> Engine:
+    """meshplan's own estimators, with the framework's calibration for the search's bounds."""
+    from meshplan.calibration import calibration
+    from meshplan.memory import estimate_memory, memory_summary
+    from meshplan.perf import estimate_throughput
+    from meshplan.rules import check_config
+
+    cal = calibration(framework)
+    return Engine(
+        memory=estimate_memory,
+        throughput=estimate_throughput,
+        check=lambda job, plan: check_config(job, plan, include_memory=False),
+        full_check=check_config,
+        summary=memory_summary,
+        memory_rule=memory_rule_id(),
+        efficiency_cap=max(cal.gemm_peak_fraction, cal.attention_peak_fraction),
+        peak_flops=lambda job: max(job.gpu.bf16_flops, (job.gpu.fp8_flops or 0.0) * cal.fp8_gemm_relative_efficiency
+                                   if job.precision == "fp8" else 0.0),
+        moe_layer_fixed_s=cal.moe_layer_overhead_s,
+    )
+
+
+def ideal_time(job: Job, engine: Engine) -> float:
+    """Step time at the cost model's best achievable fraction of peak on every GPU, with no communication."""
+    from meshplan.flops import model_flops_per_step
+
+    peak = engine.peak_flops(job) if engine.peak_flops else job.gpu.bf16_flops
+    flops = model_flops_per_step(job.model, job.seq_length, job.global_batch_size)
+    return flops / (job.num_gpus * peak * engine.efficiency_cap)
