@@ -20,7 +20,7 @@ from meshplan.memory import estimate_memory
 from meshplan.perf import estimate_throughput
 from meshplan.request import default_global_batch, resolve
 from meshplan.schema import Request
-from meshplan.search import _search_job, minimum_gpus, recommend, slower_by
+from meshplan.search import gpu_count, minimum_gpus, recommend, search_job, slower_by
 from meshplan.space import search_card
 
 SMALL = dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192)
@@ -101,15 +101,13 @@ def test_no_warning_when_the_headroom_costs_little(small):
 def test_the_scan_checks_every_count_in_increasing_order(monkeypatch):
     """Fit is not monotone in the count: a fake job that fits at 24 and 40 but not at 16, 32 or 64 (what doubling
     would probe) must get 24, from a scan that checked the counts below it in order."""
-    import meshplan.search as search
-
     seen = []
 
     def fits(job, *args):
         seen.append(job.num_gpus)
         return job.num_gpus in (24, 40)
 
-    monkeypatch.setattr(search, "_fits_somewhere", fits)
+    monkeypatch.setattr(gpu_count, "fits_somewhere", fits)
     result = minimum_gpus(Request(model="llama-3.1-8b"))
     assert result.num_gpus == 24 and result.stopped_by == "found"
     assert seen == sorted(seen) and seen[-3:] == [8, 16, 24] and result.counts_checked == len(seen)
@@ -138,11 +136,9 @@ def test_fixed_degrees_step_the_counts_by_their_smallest_world_size():
 def test_the_scan_is_bounded_and_says_which_bound_stopped_it(monkeypatch):
     bounded = minimum_gpus(Request(model="llama-3.1-405b"), max_gpus=64)
     assert bounded.num_gpus is None and bounded.stopped_by == "max_gpus" and "up to 64" in bounded.rationale
-    import meshplan.search as search
-
     card = search_card()
     tiny = card.limits.model_copy(update={"min_gpus_time_budget_s": 1e-9})
-    monkeypatch.setattr(search, "search_limits", lambda: tiny)
+    monkeypatch.setattr(gpu_count, "search_limits", lambda: tiny)
     timed = minimum_gpus(Request(model="llama-3.1-405b"))
     assert timed.num_gpus is None and timed.stopped_by == "time"
     assert "stopped at its 1e-09 s bound" in timed.rationale and "not proof" in timed.rationale
@@ -188,7 +184,7 @@ def test_layouts_with_the_same_numbers_fold_into_one_row(small):
     assert len(rows) == len(set(rows)) == 5
     first = small.candidates[0]
     assert first.equivalents and "folded into this row: also" in first.rationale
-    job, _ = _search_job(Request(**SMALL))
+    job, _ = search_job(Request(**SMALL))
     for plan in first.equivalents:
         assert plan.cp > first.plan.cp and plan.micro_batch_size > first.plan.micro_batch_size
         assert f"also {plan.short()}, micro-batch {plan.micro_batch_size}" in first.rationale
@@ -229,10 +225,10 @@ def test_the_default_batch_note_states_the_real_tokens():
     assert "64 sequences x 1,048,576 tokens = 67.1M tokens per step" in note
     assert "4 sequences rounded up to 64, a multiple of micro-batch 1 x 64 data-parallel ranks" in note
     assert "~4M" not in note
-    _, notes = _search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8 << 20))
+    _, notes = search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8 << 20))
     assert "16 sequences x 8,388,608 tokens = 134.2M tokens per step" in notes[0]
     assert "one sequence of 8,388,608 tokens is already longer than that" in notes[0]
     assert "1 sequence rounded up to 16, a multiple of the 16 GPUs" in notes[0]
-    _, exact = _search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8192))
+    _, exact = search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8192))
     assert exact[0].startswith("global_batch_size not given: 512 sequences x 8,192 tokens = 4.2M tokens per step")
     assert "rounded up" not in exact[0]

@@ -12,7 +12,7 @@ from meshplan.perf import estimate_throughput
 from meshplan.request import resolve
 from meshplan.rules import check_config
 from meshplan.schema import Request
-from meshplan.search import SEARCH_BUCKETS, _search_job, min_headroom_fraction, recommend
+from meshplan.search import SEARCH_BUCKETS, min_headroom_fraction, recommend, search_job
 from meshplan.search.engine import BestFirstSearch
 from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
 
@@ -21,7 +21,7 @@ def exhaustive(req: Request, top_k: int) -> list[float]:
     """Every plan of the space (inside the NVLink domain), brute force: rules, fit with MEM002's headroom, time.
     A plan is left out when the same layout fits with less recompute (the search calls it dominated: strictly
     slower, same choice); plans with the same predicted step time and peak memory are one row."""
-    job, _ = _search_job(req)
+    job, _ = search_job(req)
     budget = job.gpu.memory_bytes * (1.0 - min_headroom_fraction())
     fixed = Fixed.from_request(req)
     search = BestFirstSearch.for_job(job, fixed, None, top_k, float("inf"))  # type: ignore[arg-type]
@@ -68,7 +68,7 @@ def test_candidates_pass_check_config_and_fit(llama8b):
     assert len(llama8b.candidates) == 5
     for c in llama8b.candidates:  # every ranked layout keeps MEM002's headroom when some layout can
         assert c.memory.headroom_bytes >= min_headroom_fraction() * c.memory.capacity_bytes
-    job, _ = _search_job(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, seq_length=8192))
+    job, _ = search_job(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, seq_length=8192))
     for cand in llama8b.candidates:
         report = check_config(job, cand.plan)
         assert report.ok, report.findings

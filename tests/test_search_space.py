@@ -10,7 +10,7 @@ import pytest
 
 from meshplan.memory import estimate_memory
 from meshplan.schema import Request
-from meshplan.search import _search_job
+from meshplan.search import search_job
 from meshplan.space import (
     Fixed,
     divisors,
@@ -24,7 +24,7 @@ from meshplan.space import (
 
 
 def job_for(model: str, num_gpus: int, framework: str = "megatron-core", **extra):
-    return _search_job(Request(model=model, num_gpus=num_gpus, framework=framework, **extra))[0]
+    return search_job(Request(model=model, num_gpus=num_gpus, framework=framework, **extra))[0]
 
 
 def test_divisors():

@@ -1,0 +1,54 @@
+"""The search against the decision tables (meshplan/strategies.py): what a table suggests for the job, and whether
+the search's pick agrees, in numbers (the table's layout is searched with the same estimators and compared)."""
+
+from __future__ import annotations
+
+from meshplan.errors import MeshplanError
+from meshplan.schema import Candidate, Job
+from meshplan.search.answer import knob_words
+from meshplan.search.engine import BestFirstSearch
+from meshplan.search.estimators import Engine, ideal_time
+from meshplan.search.policy import search_comparison, slower_by
+from meshplan.space import Fixed, enumerate_layouts
+
+DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
+"""The degrees a table's suggestion pins (dp follows from them and the GPU count)."""
+
+
+def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | None, deadline: float,
+                   budget: int) -> str:
+    """What the decision tables suggest, and why the recommendation agrees or differs, in numbers: the table's
+    layout is searched with the same estimators (its knobs left open) and compared with the pick, `best`."""
+    from meshplan.strategies import suggest
+
+    try:
+        table = suggest(job)
+    except MeshplanError as exc:
+        return f"The decision tables give no suggestion for this job ({exc.reason})."
+    sp = table.plan
+    text = f"Decision table {table.table} row {table.row_id!r} ({table.row}) suggests {sp.short()}"
+    text += (" after fitting it to this job (" + " ".join(table.adjustments) + ")." if table.adjustments else ".")
+    if best is None:
+        return text
+    bp = best.plan
+    if all(getattr(bp, d) == getattr(sp, d) for d in DEGREES):
+        return text + " The search agrees: its best layout has the same degrees."
+    pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in (*DEGREES, "dp")},
+                    **{d: getattr(sp, d) for d in DEGREES}})
+    probe = BestFirstSearch.for_job(job, pinned, engine, 1, deadline, budget)
+    layouts, _ = enumerate_layouts(job, pinned)
+    probe.seed(layouts, ideal_time(job, engine))
+    probe.run()
+    if not probe.found:
+        reasons = ", ".join(f"{k} x{v}" for k, v in probe.rejected.most_common(3)) or "no layout of that shape"
+        return text + (f" The search picks {bp.short()} instead: the table's layout has no variant that passes "
+                       f"the rules and fits this job ({reasons}).")
+    theirs = min(probe.found, key=lambda f: f.time)
+    mine, its = best.throughput.tokens_per_s_per_gpu, theirs.throughput.tokens_per_s_per_gpu
+    gap = slower_by(its, mine)
+    tolerance = search_comparison().agreement_tolerance
+    verdict = (f"within {tolerance:.0%} of the pick: the table and the search agree in practice" if gap <= tolerance
+               else "the search's pick is clearly faster under the cost model")
+    return text + (f" The search picks {bp.short()}; the table's layout at its best ({theirs.plan.short()}, "
+                   f"{knob_words(theirs.plan)}) fits and is predicted at {its:,.0f} tokens/s/GPU against the pick's "
+                   f"{mine:,.0f}, {gap:.1%} slower: {verdict}.")

@@ -1,0 +1,251 @@
+"""The smallest GPU count at which some layout passes the rules and keeps the headroom (`meshplan min-gpus`, and
+recommend's nothing-fits answer). Counts are checked in increasing order, never doubled or bisected: fit is not
+monotone in the count, since a layout's degrees must divide it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from meshplan import mesh
+from meshplan.cancel import checkpoint
+from meshplan.errors import MeshplanError
+from meshplan.request import DEFAULT_BATCH_TOKENS
+from meshplan.rulebook import lcm
+from meshplan.schema import Job, MinimumGpus, Request
+from meshplan.search.answer import fixed_assumption, fixed_text, headroom_assumption, keeps
+from meshplan.search.engine import BestFirstSearch
+from meshplan.search.estimators import Engine, default_engine
+from meshplan.search.job import job_at, search_job
+from meshplan.search.policy import headroom_for, memory_budget, search_limits
+from meshplan.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, states_lower_bound
+
+
+def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budget: int) -> bool | None:
+    """Does any layout of this job pass the rules and peak within `budget`? Only the lightest variant of each layout
+    is estimated (more ZeRO sharding and recompute and a smaller micro-batch never add memory), most promising
+    layouts (smallest model-state bound) first. None: the deadline passed before an answer."""
+    search = BestFirstSearch.for_job(job, fixed, engine, 1, deadline, budget)
+    layouts, _ = enumerate_layouts(job, fixed)
+    recompute = search.recomputes[-1]
+    lightest = search.zeros[-1]
+    scored = sorted((states_lower_bound(job, lay, lightest, search.split), lay) for lay in layouts)
+    for bound, lay in scored:
+        checkpoint()
+        if bound > budget:
+            return False
+        if time.perf_counter() > deadline:
+            return None
+        sizes = micro_batches(job, lay, fixed)
+        if not sizes or not search.floor_fits(lay, lightest, recompute, sizes[0]):
+            continue
+        # A rule may forbid the most sharded stage (e.g. FSDP with pipelines) but allow a lighter one.
+        for zero in reversed(search.zeros):
+            if search.check_error(lay, zero, recompute, sizes[0]):
+                continue
+            if search.fits(lay, zero, recompute, sizes[0]):  # the memory floor first, then the estimate
+                return True
+            break
+    return False
+
+
+def count_unit(job: Job, fixed: Fixed) -> int:
+    """The smallest world size the fixed degrees allow: pp*lcm(tp*cp*dp, ep*etp) (cards/rules.yaml WS002; the open
+    degrees at 1), or the plain product where expert parallelism takes ranks of its own (KempnerForge)."""
+    from meshplan.cards import framework_card
+
+    def v(name: str) -> int:
+        return int(fixed.values.get(name, 1))  # type: ignore[call-overload]
+
+    return mesh.smallest_world(framework_card(job.framework).world_size_law,
+                               v("tp"), v("pp"), v("cp"), v("dp"), v("ep"), v("etp"))
+
+
+def gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator[int], str]:
+    """GPU counts from `start` to `limit` in increasing order: the divisors of one node below it, then the multiples
+    of the node (of lcm(node, the fixed degrees' minimum world size) when some are fixed). Every count is checked:
+    fit is not monotone in the count, since a layout's degrees must divide it."""
+    node = job.gpus_per_node
+    unit = count_unit(job, fixed)
+    if all(name in fixed for name in ("tp", "pp", "cp", "dp")):  # the degrees fix the world size itself
+        only = [unit] if start <= unit <= limit else []
+        return iter(only), f"only {unit:,} (tp, pp, cp and dp are all fixed)"
+    step = lcm(node, unit)
+    small = [d for d in divisors(node) if start <= d < node and d % unit == 0]
+    text = ", ".join(f"{c:,}" for c in small) + (", then " if small else "")
+    text += f"every multiple of {step:,}"
+    text += (f" (lcm of the {node}-GPU node and the fixed degrees' smallest world size {unit:,})" if step != node
+             else f" (the {node}-GPU node)")
+
+    def counts() -> Iterator[int]:
+        yield from (c for c in small if c <= limit)
+        c = max(step, -(-start // step) * step)
+        while c <= limit:
+            yield c
+            c += step
+
+    return counts(), text
+
+
+def states_floor(job: Job, zeros: tuple[int, ...], budget: int) -> int:
+    """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
+    parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
+    space.states_lower_bound), at the lightest ZeRO stage allowed."""
+    from meshplan.memory_states import bytes_per_param, convention
+
+    dense, routed = params_split(job)
+    need = min(bytes_per_param(convention(job.framework, z)[2], 1.0) * dense
+               + bytes_per_param(convention(job.framework, z)[2], math.inf) * routed for z in zeros)
+    return max(1, math.ceil(need / max(1, budget)))
+
+
+@dataclass
+class Scan:
+    """What the smallest-GPU-count scan found, and where and why it stopped."""
+
+    num_gpus: int | None
+    first: int
+    last: int
+    checked: int
+    stepping: str
+    stopped_by: str  # found | max_gpus | time | rules
+    time_bound_s: float
+    floor: int = 1  # no smaller count can hold the model states
+    limit: int = 0
+    rule: str = ""  # stopped_by == rules: the rule that rejects the fixed fields at every count, in words
+
+    def sentence(self, headroom: float, fixed: Fixed) -> str:
+        keep = keeps(headroom)
+        if self.num_gpus is not None:
+            return (f"The smallest GPU count where a layout {keep} is {self.num_gpus:,} (counts scanned in increasing "
+                    f"order from {self.first:,}: {self.stepping}); run `meshplan recommend` with "
+                    f"--num-gpus {self.num_gpus}.")
+        if self.stopped_by == "rules":
+            return f"No GPU count can help: {self.rule}"
+        if self.stopped_by == "time":
+            return (f"The scan for the smallest GPU count where a layout {keep} stopped at its {self.time_bound_s:g} s "
+                    f"bound after {self.checked:,} counts from {self.first:,} to {self.last:,} ({self.stepping}) "
+                    f"without finding one; this is not proof that none fits above {self.last:,}.")
+        if self.checked:
+            text = (f"No GPU count from {self.first:,} to {self.last:,} ({self.stepping}) has a layout that {keep}")
+        else:
+            text = (f"No GPU count up to {self.limit:,} can hold the model: its states alone need at least "
+                    f"{self.floor:,} GPUs for a layout that {keep}, and the counts allowed are {self.stepping}")
+        return text + (f" with these fixed fields ({fixed_text(fixed)}); leave them open." if fixed.values else ".")
+
+
+PREFILTERED_BY = {"tp-heads": ("tp",), "cp-seq": ("cp",),
+                  "pp-layers": ("pp", "vpp", "first_stage_layers", "last_stage_layers")}
+"""The fields behind each shape law enumerate_layouts prefilters whatever the GPU count (space.Prefiltered.reason)."""
+
+
+def rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
+    """Why the fixed fields have no layout at any GPU count, in words ("" when some count could have one): a fixed
+    degree that breaks a shape law (heads, layers, sequence length; enumerate_layouts prefilters these whatever the
+    count) or a fixed ep that does not divide the experts."""
+    search = BestFirstSearch.for_job(job, fixed, engine, 1, math.inf)
+    examples = []
+    moe = job.model.moe
+    ep = int(fixed.values.get("ep", 1))  # type: ignore[call-overload]
+    if ep > 1 and (moe is None or moe.num_experts % ep):
+        degrees = {d: int(fixed.values.get(d, 1)) for d in ("tp", "pp", "cp")}  # type: ignore[call-overload]
+        examples.append(Layout(**degrees, ep=ep, etp=1, dp=max(1, job.num_gpus // math.prod(degrees.values()))))
+    layouts, dropped = enumerate_layouts(job, fixed)
+    if not layouts:
+        examples += [g.example for g in dropped if any(n in fixed for n in PREFILTERED_BY.get(g.reason, ()))]
+    for example in examples:
+        error = search.check_error(example, search.zeros[0], search.recomputes[0], 1)
+        if error:
+            finding = search.caches.first_finding[error]
+            return f"every layout with the fixed fields breaks {error}: {finding.message} Fix: {finding.fix}"
+    return ""
+
+
+def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int,
+                 deadline: float | None = None) -> Scan:
+    """The smallest GPU count at which a layout of `job` keeps `headroom`, scanning counts in increasing order from
+    the first that could hold the model states, within the card's time bound (or the caller's, if sooner)."""
+    bound = search_limits().min_gpus_time_budget_s
+    started = time.perf_counter()
+    deadline = min(started + bound, deadline) if deadline is not None else started + bound
+    budget = memory_budget(job, headroom)
+    zeros = BestFirstSearch.for_job(job, fixed, engine, 1, deadline, budget).zeros
+    floor = states_floor(job, zeros, budget)
+    counts, stepping = gpu_counts(job, fixed, floor, limit)
+    first = last = 0
+    checked = 0
+    for world in counts:
+        if time.perf_counter() > deadline:
+            return Scan(None, first, last, checked, stepping, "time", bound, floor, limit)
+        at = job_at(job, world, user_gbs)
+        if not checked and (reason := rules_forbid(at, fixed, engine)):
+            return Scan(None, world, world, 1, stepping, "rules", bound, floor, limit, reason)
+        fits = fits_somewhere(at, fixed, engine, deadline, budget)
+        if fits is None:
+            return Scan(None, first, last, checked, stepping, "time", bound, floor, limit)
+        first = first or world
+        last = world
+        checked += 1
+        if fits:
+            return Scan(world, first, last, checked, stepping, "found", bound, floor, limit)
+    return Scan(None, first, last, checked, stepping, "max_gpus", bound, floor, limit)
+
+
+def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
+    """The smallest GPU count at which some layout passes the rules and keeps the headroom, with recommend's best
+    layout there. Every field the request leaves open stays open; a default batch is re-derived at each count."""
+    from meshplan.hardware import get_gpu
+    from meshplan.schema import MAX_GPUS
+    from meshplan.search.ranking import recommend  # recommend's nothing-fits answer runs this module's scan
+
+    if req.num_gpus is not None:
+        raise MeshplanError(
+            f"minimum_gpus finds the GPU count, so num_gpus cannot be given (got {req.num_gpus}).",
+            fix="Leave num_gpus out; bound the scan with max_gpus.",
+        )
+    limits = search_limits()
+    limit = limits.min_gpus_search_limit if max_gpus is None else max_gpus
+    if not 1 <= limit <= MAX_GPUS:
+        raise MeshplanError(f"max_gpus must be between 1 and {MAX_GPUS:,}, got {limit}.",
+                            fix=f"Use max_gpus={limits.min_gpus_search_limit} (the default).")
+    headroom = headroom_for(req)
+    node = req.gpus_per_node or get_gpu(req.gpu).gpus_per_node
+    job, _ = search_job(req.model_copy(update={"num_gpus": node}))
+    engine = engine or default_engine(job.framework)
+    fixed = Fixed.from_request(req)
+    user_gbs = req.global_batch_size is not None
+    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limit)
+    candidate, gbs = None, None
+    rationale = scan.sentence(headroom, fixed)
+    if scan.num_gpus is not None:
+        rec = recommend(req.model_copy(update={"num_gpus": scan.num_gpus}), top_k=1, engine=engine)
+        gbs = rec.global_batch_size
+        if rec.candidates:
+            candidate = rec.candidates[0]
+            rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where a layout passes the rules "
+                         f"and {keeps(headroom)} (counts scanned in increasing order from {scan.first:,}: "
+                         f"{scan.stepping}). Best layout there: {candidate.rationale}")
+        else:
+            rationale += f" (recommend at {scan.num_gpus:,} GPUs ranked nothing: {rec.rationale})"
+    assumptions = [
+        headroom_assumption(job, headroom, req.headroom is None),
+        f"Counts scanned in increasing order: {scan.stepping}, from {scan.floor:,} (no smaller count can hold "
+        f"the model states within the headroom) up to {limit:,} GPUs or {limits.min_gpus_time_budget_s:g} s "
+        "(cards/search.yaml). Every count is checked, never bisected: fit is not monotone in the GPU count, since "
+        "each layout's degrees must divide it.",
+        "A count fits when the lightest variant (most ZeRO sharding the rules allow, full recompute, the smallest "
+        "micro-batch) of some layout passes the structural rules and its estimated peak is within the headroom.",
+        ("global_batch_size: the request's at every count." if user_gbs else
+         f"global_batch_size not given: the default (~{DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, rounded up to a "
+         "multiple of the GPU count) is re-derived at each count."),
+        *fixed_assumption(fixed),
+    ]
+    return MinimumGpus(
+        model=job.model.name, framework=job.framework, gpu=job.gpu.name, num_gpus=scan.num_gpus, candidate=candidate,
+        headroom=headroom, global_batch_size=gbs, searched_from=scan.first if scan.checked else scan.floor,
+        searched_to=scan.last if scan.checked else limit,
+        counts_checked=scan.checked, stepping=scan.stepping, stopped_by=scan.stopped_by,  # type: ignore[arg-type]
+        rationale=rationale, assumptions=assumptions,
+    )

@@ -1,0 +1,147 @@
+"""Answers when the headroom decides: the fastest layout that fits only with less headroom (the thinner-headroom
+probe, named in the answer when nothing is ranked or when it is much faster than the best ranked one), and the
+nothing-fits answer (the closest misses, or the rule that rejects everything, then the smallest GPU count)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from meshplan.schema import Job, NearMiss, Recommendation
+from meshplan.search.answer import candidate, headroom_text, knob_words, percent, plan_words
+from meshplan.search.engine import BestFirstSearch, Found, run_search
+from meshplan.search.estimators import Engine
+from meshplan.search.gpu_count import scan_minimum
+from meshplan.search.policy import (
+    GIB,
+    HEADROOM_RULE,
+    SEARCH_BUCKETS,
+    headroom_that_ranks,
+    search_comparison,
+    search_limits,
+    slower_by,
+)
+from meshplan.space import Fixed, enumerate_layouts, micro_batches, states_lower_bound
+
+
+def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch,
+                           deadline: float) -> Found | None:
+    """The fastest layout that fits the GPU at all, when it does not keep the headroom: a top-1 search at full
+    capacity reusing the ranked search's estimates. When layouts are ranked, only one at least `below_headroom_gain`
+    faster than the best matters, so the probe stops at that step time. None when there is no such layout."""
+    if search.budget >= job.gpu.memory_bytes or search.stopped_by_budget or time.perf_counter() > deadline:
+        return None
+    cutoff = math.inf
+    if search.found:
+        cutoff = min(f.time for f in search.found) * (1.0 - search_comparison().below_headroom_gain)
+    probe, _ = run_search(job, fixed, engine, 1, deadline, [], job.gpu.memory_bytes, share=search, cutoff=cutoff)
+    if not probe.found or probe.stopped_by_budget:
+        return None
+    fastest = min(probe.found, key=lambda f: f.time)
+    return fastest if fastest.memory.peak_bytes > search.budget else None
+
+
+def report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: Found, headroom: float) -> None:
+    """Name a layout the headroom excludes when nothing is ranked, or when it is much faster than the best ranked
+    one: its free memory, its speed, and the headroom value that would rank it."""
+    cap = job.gpu.memory_bytes
+    free = cap - thin.memory.peak_bytes
+    share = free / cap
+    would_rank = headroom_that_ranks(thin.memory)
+    tput = thin.throughput.tokens_per_s_per_gpu
+    note = (f"Not ranked: it leaves {free / GIB:.1f} GiB ({share:.1%}) free, under the {headroom:g} headroom; "
+            f"headroom={would_rank:g} (--headroom {would_rank:g}) would rank it.")
+    row = candidate(job, engine, thin, 1, None, note=note)
+    if not rec.candidates:
+        rec.best_below_headroom = row
+        return
+    best = rec.candidates[0].throughput.tokens_per_s_per_gpu
+    gap = slower_by(best, tput)
+    if gap < search_comparison().below_headroom_gain:
+        return
+    rec.best_below_headroom = row
+    rec.warnings.append(
+        f"{thin.plan.short()} ({knob_words(thin.plan)}) is predicted at {tput:,.0f} tokens/s/GPU but leaves only "
+        f"{free / GIB:.1f} GiB ({share:.1%}) free, under the {headroom:g} headroom, so it is not ranked: the best "
+        f"ranked layout, {rec.candidates[0].plan.short()} at {best:,.0f} tokens/s/GPU, is {gap:.1%} slower. Pass "
+        f"headroom={would_rank:g} (--headroom {would_rank:g}) to rank it if the job can run that close to capacity."
+    )
+
+
+def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch,
+                       headroom: float, default_headroom: bool, user_gbs: bool) -> None:
+    """Nothing is ranked. Either a layout fits with less than the headroom (`rec.best_below_headroom`, named with the
+    headroom that would rank it) or none fits at all (the closest misses); then the smallest GPU count where a layout
+    keeps the headroom, from the same scan `minimum_gpus` runs."""
+    limits = search_limits()
+    thin = rec.best_below_headroom
+    if search.stopped_by_budget and thin is None:
+        rec.rationale = (
+            "The search ran out of its budget before any layout was proven to fit and timed; this is not proof that "
+            "none fits. Fix more fields (tp, pp, micro_batch_size, ...) to shrink the space and ask again."
+        )
+        return
+    cap = job.gpu.memory_bytes
+    if thin is not None:
+        head = (f"No layout keeps {percent(headroom)} of the {cap / GIB:.1f} GiB free on {job.num_gpus:,} "
+                f"{job.gpu.name} ({headroom_text(headroom, default_headroom)}), so none is ranked. The fastest that "
+                f"fits with less: {thin.rationale}")
+    else:
+        if not search.near:
+            probe_closest(job, fixed, search, limits.closest_layouts)
+        rec.closest = closest(search, engine, limits.closest_layouts)
+        rec.evaluated = search.memory_calls + search.perf_calls
+        memory_rules = (engine.memory_rule, HEADROOM_RULE)
+        memory_rejects = sum(rec.rejected.get(rule, 0) for rule in memory_rules)
+        rule_rejects = {k: v for k, v in rec.rejected.items() if k not in memory_rules and k not in SEARCH_BUCKETS}
+        if not memory_rejects and rule_rejects:
+            top = max(rule_rejects.items(), key=lambda kv: kv[1])
+            example = search.caches.first_finding.get(top[0])
+            said = f" For example: {example.message} Fix: {example.fix}" if example else ""
+            rec.rationale = (f"No layout passes the framework's rules for this request: most were rejected by "
+                             f"{top[0]} ({top[1]:,} of {rec.considered:,}).{said} Leave more fields open, or run "
+                             "`meshplan check` on a layout for every finding.")
+            return
+        head = (f"Impossible on {job.num_gpus:,} {job.gpu.name}: no layout fits even with every memory-saving knob "
+                f"{'left open' if not fixed.values else 'not fixed by the request'} (highest ZeRO/FSDP stage, full "
+                "recompute, micro-batch 1, every TP/PP/CP/EP split).")
+        if rec.closest:
+            head += " Closest: " + " ".join(c.rationale for c in rec.closest)
+    # One call, one time bound: the scan gets what is left of the search's (cards/search.yaml time_budget_s).
+    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit, search.deadline)
+    rec.min_gpus = scan.num_gpus
+    rec.rationale = head + " " + scan.sentence(headroom, fixed)
+
+
+def closest(search: BestFirstSearch, engine: Engine, count: int) -> list[NearMiss]:
+    """The distinct plans that missed by the least, with how far over capacity they are."""
+    seen: set[str] = set()
+    misses: list[NearMiss] = []
+    for over, plan, mem in sorted(search.near, key=lambda t: t[0]):
+        key = plan.model_dump_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        misses.append(NearMiss(
+            plan=plan, memory=engine.summary(mem), over_bytes=over,
+            rationale=f"{plan_words(plan)}: stage {mem.peak_stage} needs {mem.peak_bytes / GIB:.1f} GiB of "
+                      f"{mem.capacity_bytes / GIB:.1f} GiB ({over / GIB:.1f} GiB, "
+                      f"{over / mem.capacity_bytes:.0%} over).",
+        ))
+        if len(misses) >= count:
+            break
+    return misses
+
+
+def probe_closest(job: Job, fixed: Fixed, search: BestFirstSearch, count: int) -> None:
+    """Nothing was estimated (every layout failed a cheap bound): estimate the lightest variant of the layouts
+    with the smallest model-state bound, so the answer can say how far over they are."""
+    layouts, _ = enumerate_layouts(job, fixed)
+    zero, recompute = search.zeros[-1], search.recomputes[-1]
+    ranked = sorted(layouts, key=lambda lay: states_lower_bound(job, lay, zero, search.split))
+    for lay in ranked[: 4 * count]:
+        sizes = micro_batches(job, lay, fixed)
+        if sizes and not search.check_error(lay, zero, recompute, sizes[0]):
+            search.memory(lay, zero, recompute, sizes[0])
+        if len(search.near) >= count:
+            break

@@ -1,0 +1,39 @@
+"""The job the search compares layouts on: the request resolved with every degree open, and one global batch for
+every layout (the request's, else request.default_global_batch at micro-batch 1 over all the GPUs)."""
+
+from __future__ import annotations
+
+from meshplan.errors import MeshplanError
+from meshplan.request import default_batch_note, default_global_batch, resolve
+from meshplan.schema import Job, Request
+
+OPEN_FOR_SEARCH = ("tp", "pp", "cp", "ep", "etp", "dp", "vpp", "first_stage_layers", "last_stage_layers")
+"""Fields cleared before the request is resolved: the search chooses them (what the request fixes stays in Fixed)."""
+
+
+def search_job(req: Request) -> tuple[Job, list[str]]:
+    """The job the search compares layouts on, and the note saying which default batch was taken (if one was)."""
+    if req.num_gpus is None:
+        fixed = [req.tp, req.pp, req.cp, req.dp]
+        if all(v is not None for v in fixed):
+            req = req.model_copy(update={"num_gpus": req.tp * req.pp * req.cp * req.dp})  # type: ignore[operator]
+        else:
+            raise MeshplanError(
+                "recommend needs the GPU count to search over.",
+                fix="Pass num_gpus (e.g. --num-gpus 64), or fix every degree (tp, pp, cp, dp).",
+            )
+    notes: list[str] = []
+    job, _ = resolve(req.model_copy(update=dict.fromkeys(OPEN_FOR_SEARCH)))
+    if req.global_batch_size is None:
+        job = job_at(job, job.num_gpus, user_gbs=False)
+        notes.append(default_batch_note(job.global_batch_size, job.seq_length,
+                                        f"the {job.num_gpus:,} GPUs, so that every data-parallel size divides it"))
+    else:
+        job = job.model_copy(update={"notes": []})
+    return job, notes
+
+
+def job_at(job: Job, world: int, user_gbs: bool) -> Job:
+    """The job on `world` GPUs; a default batch is re-derived for that count (micro-batch 1 x world ranks)."""
+    gbs = job.global_batch_size if user_gbs else default_global_batch(job.seq_length, 1, world)
+    return job.model_copy(update={"num_gpus": world, "global_batch_size": gbs, "notes": []})

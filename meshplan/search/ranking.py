@@ -1,0 +1,50 @@
+"""recommend: the search, the thinner-headroom probe, the answer, and the nothing-fits answer, in one time bound."""
+
+from __future__ import annotations
+
+import time
+
+from meshplan.errors import MeshplanError
+from meshplan.schema import Recommendation, Request
+from meshplan.search.answer import headroom_assumption, ranked_answer
+from meshplan.search.decision import decision_table
+from meshplan.search.engine import run_search
+from meshplan.search.estimators import Engine, default_engine
+from meshplan.search.impossible import explain_impossible, fastest_below_headroom, report_below_headroom
+from meshplan.search.job import search_job
+from meshplan.search.policy import headroom_for, memory_budget, search_limits
+from meshplan.space import Fixed
+
+
+def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Recommendation:
+    """The fastest layouts that fit, ranked by predicted step time, with what was rejected and why."""
+    if top_k < 1:
+        raise MeshplanError(f"top_k must be at least 1, got {top_k}.", fix="Use top_k=5.")
+    started = time.perf_counter()
+    job, notes = search_job(req)
+    engine = engine or default_engine(job.framework)
+    fixed = Fixed.from_request(req)
+    limits = search_limits()
+    warnings: list[str] = []
+    if job.num_gpus > limits.largest_cluster_gpus:
+        warnings.append(
+            f"{job.num_gpus:,} GPUs is beyond any cluster built (about {limits.largest_cluster_gpus:,} at most, "
+            f"cards/search.yaml); the space is bounded by the model's shape (tp <= heads, pp <= layers, "
+            f"cp <= seq_length/2, ep <= experts), and the search by {limits.absurd_max_evaluations:,} estimates or "
+            f"{limits.time_budget_s:g} s, not by the GPU count."
+        )
+    headroom = headroom_for(req)
+    default_headroom = req.headroom is None
+    deadline = started + limits.time_budget_s
+    search, considered = run_search(job, fixed, engine, top_k, deadline, warnings, memory_budget(job, headroom))
+    thin = fastest_below_headroom(job, fixed, engine, search, deadline)
+    notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
+    rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)
+    best = rec.candidates[0] if rec.candidates else None
+    rec.decision_table = decision_table(job, fixed, engine, best, search.deadline, search.budget)
+    if thin is not None:
+        report_below_headroom(rec, job, engine, thin, headroom)
+    if not rec.candidates:
+        explain_impossible(rec, job, fixed, engine, search, headroom, default_headroom,
+                           req.global_batch_size is not None)
+    return rec
