@@ -29,6 +29,7 @@ The parts, each one job:
     impossible.py  the thinner-headroom probe and the nothing-fits answer
     gpu_count.py   the smallest GPU count (minimum_gpus)
     ranking.py     recommend: the parts above in one time bound
+    oracle.py      the exhaustive oracle the tests hold the search to
 """
 
 from meshplan.search.answer import FOLDED_KNOBS
@@ -36,6 +37,7 @@ from meshplan.search.engine import BestFirstSearch, Level
 from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.gpu_count import minimum_gpus
 from meshplan.search.job import search_job
+from meshplan.search.oracle import exhaustive_top_k
 from meshplan.search.policy import (
     SEARCH_BUCKETS,
     headroom_for,
@@ -47,5 +49,5 @@ from meshplan.search.policy import (
 from meshplan.search.ranking import recommend
 
 __all__ = ["FOLDED_KNOBS", "SEARCH_BUCKETS", "BestFirstSearch", "Engine", "Level", "default_engine",
-           "headroom_for", "headroom_that_ranks", "memory_budget", "min_headroom_fraction",
+           "exhaustive_top_k", "headroom_for", "headroom_that_ranks", "memory_budget", "min_headroom_fraction",
            "minimum_gpus", "recommend", "search_job", "slower_by"]

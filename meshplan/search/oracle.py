@@ -1,0 +1,53 @@
+"""The exhaustive oracle: every plan of the space estimated by brute force, no bounds, no caches, no pruning. The
+best-first search must return the same top K (tests/test_search.py); it is slow, so only small jobs call it."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from meshplan.schema import Plan, Request
+from meshplan.search.engine import BestFirstSearch
+from meshplan.search.estimators import default_engine
+from meshplan.search.job import search_job
+from meshplan.search.policy import headroom_for, memory_budget, same_numbers
+from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
+
+
+class OracleRow(NamedTuple):
+    """One distinct row of the exhaustive answer: the fastest plan with these predicted numbers."""
+
+    step_time_s: float
+    peak_bytes: int
+    plan: Plan
+
+
+def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
+    """The top K distinct rows of every plan with TP inside the NVLink domain (what the search ranks whenever one of
+    them fits): each passes the structural rules, peaks within the request's headroom, and is timed. A plan is left
+    out when the same layout fits with less recompute (the search calls it dominated: strictly slower, same
+    choice); plans with the same predicted step time and peak memory are one row, as in the search's answer."""
+    job, _ = search_job(req)
+    engine = default_engine(job.framework)
+    budget = memory_budget(job, headroom_for(req))
+    fixed = Fixed.from_request(req)
+    space = BestFirstSearch.for_job(job, fixed, engine, top_k, float("inf"))  # its knobs and plan building only
+    layouts, _ = enumerate_layouts(job, fixed)
+    rows: dict[tuple[float, int], OracleRow] = {}
+    for lay in layouts:
+        if not within_nvlink(job, lay):
+            continue
+        for mbs in micro_batches(job, lay, fixed):
+            for zero in space.zeros:
+                for recompute in space.recomputes:
+                    plan = space.plan(lay, zero, recompute, mbs)
+                    if not engine.check(job, plan).ok:
+                        continue
+                    peak = engine.memory(job, plan).peak_bytes
+                    if peak > budget:
+                        continue
+                    row = OracleRow(engine.throughput(job, plan).step_time_s, peak, plan)
+                    key = same_numbers(row.step_time_s, peak)
+                    if key not in rows or row.step_time_s < rows[key].step_time_s:
+                        rows[key] = row
+                    break  # heavier recompute of the same plan is dominated
+    return sorted(rows.values(), key=lambda r: r.step_time_s)[:top_k]
