@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from meshplan import mesh
 from meshplan.errors import MeshplanError
 from meshplan.models import total_params
+from meshplan.schedule import layers_per_rank, split_problem, uneven_split
 from meshplan.schema import Job, Plan
 
 
@@ -41,8 +42,10 @@ class Split:
     per_chunk: int | None  # layers of every chunk (even split) or of the middle chunks (uneven split)
 
 
-def pipeline_split(job: Job, plan: Plan) -> Split:
-    """Megatron's rule: the middle stages share the remaining layers evenly, and VPP divides each stage."""
+def split_fields(job: Job, plan: Plan) -> Split:
+    """The plan's split in the renderers' terms (schedule.py owns the split itself). Megatron's rule
+    (schedule.split_problem): the middle stages share the remaining layers evenly; whether vpp divides each part is
+    rule PP004's to say (a forced render keeps it)."""
     layers = job.model.num_layers
     stages = plan.pp * plan.vpp
     first, last = plan.first_stage_layers, plan.last_stage_layers
@@ -51,16 +54,17 @@ def pipeline_split(job: Job, plan: Plan) -> Split:
         return Split(stages, None, None, per)
     if plan.pp < 2:
         raise MeshplanError("first_stage_layers/last_stage_layers need pp > 1.", fix="Drop them or set pp >= 2.")
-    f = first if first is not None else None
-    rest_stages = plan.pp - (first is not None) - (last is not None)
-    rest_layers = layers - (first or 0) - (last or 0)
-    if rest_layers < 0 or (rest_stages == 0) != (rest_layers == 0) or (rest_stages and rest_layers % rest_stages):
+    problem = split_problem(layers, plan.pp, 1, first, last)
+    if problem:
+        split = uneven_split(layers, plan.pp, plan.vpp)
         raise MeshplanError(
-            f"{layers} layers do not split as first={first}, last={last} with the other {rest_stages} stages even.",
-            fix="Choose first/last so that the remaining layers divide evenly over the middle stages.",
+            f"{layers} layers do not split as first={first}, last={last} over pp={plan.pp}: {problem}.",
+            fix=f"Use first_stage_layers={split[0]}, last_stage_layers={split[2]}." if split else
+            "Choose first/last so that the remaining layers divide evenly over the middle stages.",
         )
-    per_stage = rest_layers // rest_stages if rest_stages else None
-    return Split(stages, f, last, per_stage)
+    rest_stages = plan.pp - (first is not None) - (last is not None)
+    counts, _ = layers_per_rank(layers, plan.pp, first, last)
+    return Split(stages, first, last, counts[first is not None] if rest_stages else None)
 
 
 def megatron_recompute(plan: Plan) -> dict[str, object]:

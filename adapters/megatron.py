@@ -17,7 +17,7 @@ from meshplan.adapters.common import (
     megatron_recompute,
     moe_layer_freq,
     nodes,
-    pipeline_split,
+    split_fields,
 )
 from meshplan.adapters.render import Built
 
@@ -78,7 +78,7 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
     """TP/PP/VPP/CP/EP/SP/optimizer/recompute flags, plus notes on the choices made."""
     notes: list[str] = []
     flags: list[Flag] = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
-    split = pipeline_split(job, plan)
+    split = split_fields(job, plan)
     if plan.vpp > 1:
         if split.first is None and split.last is None and split.per_chunk:
             # --virtual-pipeline-model-parallel-size does not exist; VPP is set by layers per virtual stage.
@@ -155,7 +155,7 @@ def bridge_architecture(job: Job) -> tuple[list[tuple[str, Any]], list[str]]:
 
 def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     """ConfigContainer fields (cfg.<section>.<field>) for the plan."""
-    split = pipeline_split(job, plan)
+    split = split_fields(job, plan)
     s: list[tuple[str, Any]] = [
         ("model.tensor_model_parallel_size", plan.tp),
         ("model.pipeline_model_parallel_size", plan.pp),

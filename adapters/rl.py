@@ -16,8 +16,8 @@ from meshplan.adapters.common import (
     megatron_dispatcher,
     megatron_recompute,
     nodes,
-    pipeline_split,
     rollout_tp,
+    split_fields,
 )
 from meshplan.adapters.render import Built
 
@@ -41,7 +41,7 @@ def _model_path(job: Job) -> str:
 
 def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
     """Megatron TransformerConfig fields that verl and SkyRL pass through (recompute, uneven PP, CP comm)."""
-    split = pipeline_split(job, plan)
+    split = split_fields(job, plan)
     out: list[Override] = list(megatron_recompute(plan).items())
     if split.first is not None:
         out.append(("num_layers_in_first_pipeline_stage", split.first))

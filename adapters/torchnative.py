@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.common import nodes, pipeline_split
+from meshplan.adapters.common import nodes, split_fields
 from meshplan.adapters.render import Built
 
 from meshplan import mesh
@@ -34,7 +34,7 @@ def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     """
     if plan.pp == 1:
         return []
-    split = pipeline_split(job, plan)
+    split = split_fields(job, plan)
     if split.first is None and split.last is None:
         if split.per_chunk is None:
             raise MeshplanError(

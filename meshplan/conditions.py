@@ -14,6 +14,7 @@ from typing import Any
 from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.rulebook import Context, divisors, fmt_set, lcm, neighbours, rule, rule_specs
+from meshplan.schedule import split_problem, uneven_split
 from meshplan.schema import FRAMEWORKS
 
 Values = dict[str, Any] | None
@@ -376,28 +377,6 @@ def deepspeed_etp(ctx: Context) -> Values:
 # --------------------------------------------------------------------------- pipeline
 
 
-def uneven_split(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
-    """(first, middle-per-rank, last) closest to an even split, every part a multiple of vpp; None if impossible."""
-    if pp < 2:
-        return None
-    best: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
-    middle_stages = pp - 2
-    ks = range(vpp, layers + 1, vpp) if middle_stages else [0]
-    for k in ks:
-        ends = layers - middle_stages * k
-        if ends < 2 * vpp:
-            break
-        for first in range(vpp, ends, vpp):
-            last = ends - first
-            if last < vpp or last % vpp:
-                continue
-            # Balanced first; ties go to the lighter last stage (it also holds the output layer and loss).
-            score = (max(first, last, k), abs(first - last), last)
-            if best is None or score < best[0]:
-                best = (score, (first, k, last))
-    return best[1] if best else None
-
-
 def _uneven_hint(ctx: Context, pp: int) -> str:
     split = uneven_split(ctx.arch.num_layers, pp, ctx.plan.vpp)
     if split is None:
@@ -439,34 +418,13 @@ def vpp_needs_pp(ctx: Context) -> Values:
 
 @rule("PP004")
 def uneven_split_valid(ctx: Context) -> Values:
-    """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order."""
+    """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
+    the split the search enumerates for this pp and vpp (schedule.uneven_split)."""
     p, layers = ctx.plan, ctx.arch.num_layers
     first, last = p.first_stage_layers, p.last_stage_layers
     if first is None and last is None:
         return None
-    vpp = p.vpp if p.vpp > 1 else None
-    problem = ""
-    remaining, stages = layers, p.pp
-    for name, value in (("first_stage_layers", first), ("last_stage_layers", last)):
-        if value is None:
-            continue
-        if value <= 0:
-            problem = f"{name}={value} must be larger than 0"
-        elif vpp and value % vpp:
-            problem = f"{name}={value} is not divisible by vpp={vpp}"
-        remaining -= value
-        stages -= 1
-        if problem:
-            break
-    if not problem:
-        if stages < 0:
-            problem = f"pp={p.pp} has fewer stages than the first and last stages given"
-        elif bool(remaining) != bool(stages):
-            problem = f"{remaining} middle layers remain for {stages} middle stages"
-        elif stages and remaining % stages:
-            problem = f"the {remaining} middle layers do not split evenly over {stages} middle stages"
-        elif stages and vpp and (remaining // stages) % vpp:
-            problem = f"{remaining // stages} layers per middle stage are not divisible by vpp={vpp}"
+    problem = split_problem(layers, p.pp, p.vpp, first, last)
     if not problem:
         return None
     split = uneven_split(layers, p.pp, p.vpp)

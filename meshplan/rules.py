@@ -13,9 +13,10 @@ from typing import Any
 
 from meshplan import mesh
 from meshplan.cards import framework_card
-from meshplan.conditions import ctx_param, uneven_split
+from meshplan.conditions import ctx_param
 from meshplan.errors import MeshplanError
 from meshplan.rulebook import Context, EstimateBlocked, finding, gib, rule, rules_for
+from meshplan.schedule import pipeline_split
 from meshplan.schema import CheckReport, Finding, Job, MemoryReport, MemorySummary, Plan
 
 
@@ -145,10 +146,12 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         pp = p.pp * factor
         change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1}
         label = f"pp={pp}"
-        split = uneven_split(arch.num_layers, pp) if arch.num_layers % pp and ctx.backend == "megatron" else None
-        if split:
-            change |= {"first_stage_layers": split[0], "last_stage_layers": split[2]}
-            label += f" (first/last stage {split[0]}/{split[2]} layers)"
+        # the split the search enumerates for this pp (schedule.pipeline_split): uneven only when pp does not
+        # divide the layers
+        split = pipeline_split(arch.num_layers, pp) if ctx.backend == "megatron" else None
+        if split and split[0] is not None:
+            change |= {"first_stage_layers": split[0], "last_stage_layers": split[1]}
+            label += f" (first/last stage {split[0]}/{split[1]} layers)"
         out.append((label, change))
     if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
         out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))

@@ -46,6 +46,9 @@ def uneven_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
        first/last_stage_less_layers do);
     3. then first and last as equal as possible, the lighter one last (it also holds the output layer and loss).
     DeepSeek-V3, 61 layers over 16 stages: first 3, 4 on each of the 14 middle stages, last 2.
+    A split whose heaviest stage holds more than ceil(layers/pp), the least any split over pp stages can put on
+    its heaviest stage, is not offered (None): it would trade the pipeline's pace for the sizes (80 layers over
+    32 stages could only be 10 + 30x2 + 10), and with vpp > 1 the interleaving would cost balance.
     """
     if pp < 2 or vpp < 1:
         return None
@@ -62,7 +65,9 @@ def uneven_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
         score = (max(first, per), ends, first - last)
         if best is None or score < best[0]:
             best = (score, (first, per, last))
-    return best[1] if best else None
+    if best is None or best[0][0] > -(-num_layers // pp):
+        return None
+    return best[1]
 
 
 @lru_cache(maxsize=8192)

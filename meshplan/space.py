@@ -22,6 +22,7 @@ from meshplan.cancel import checkpoint
 from meshplan.cards import SearchKnobs, framework_card, load_card
 from meshplan.errors import MeshplanError
 from meshplan.models import layer_params, per_architecture
+from meshplan.schedule import padded_vocab, pipeline_split, split_problem, stages_for
 from meshplan.schema import Job, Plan, Recompute, Request
 
 SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
@@ -112,27 +113,6 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(small + large[::-1])
 
 
-def pipeline_split(num_layers: int, pp: int) -> tuple[int | None, int | None] | None:
-    """Even split when pp divides the layers; otherwise Megatron's uneven form (first/last stage sizes,
-    the middle stages even), the way DeepSeek-V3's 61 layers go over 16 stages. None: no valid split."""
-    if pp > num_layers:
-        return None
-    if num_layers % pp == 0:
-        return None, None
-    if pp == 2:
-        first = num_layers // 2
-        return first, num_layers - first
-    per = -(-num_layers // pp)  # middle stages get the ceiling; first and last share the rest
-    rest = num_layers - (pp - 2) * per
-    if rest < 2:
-        return None
-    first = rest // 2
-    last = rest - first
-    if first < 1 or last > per:
-        return None
-    return first, last
-
-
 # --------------------------------------------------------------------------- layouts
 
 
@@ -212,10 +192,40 @@ def _tp_ok(job: Job, tp: int) -> bool:
     return arch.num_attention_heads % tp == 0 and (g % tp == 0 or tp % g == 0)
 
 
-def _vpp_options(num_layers: int, pp: int, split: tuple[int | None, int | None], allowed: bool) -> tuple[int, ...]:
-    if pp == 1 or not allowed or split != (None, None):
-        return (1,)
-    return divisors(num_layers // pp)
+PipelineOption = tuple[int, int | None, int | None]  # (vpp, first_stage_layers, last_stage_layers)
+
+
+@cache
+def megatron_uneven(framework: str) -> bool:
+    """Whether the framework splits an uneven pipeline the Megatron-Core way, interleaving included: there rule
+    PP004 is the law, and every split it accepts is one the search may enumerate."""
+    from meshplan.rulebook import rule_specs
+
+    return rule_specs()["PP004"].applies_to(framework, "megatron")
+
+
+def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interleave: bool,
+                     fixed_split: tuple[int | None, int | None] | None = None) -> tuple[PipelineOption, ...]:
+    """(vpp, first, last) the search tries for one pp: for each vpp dividing the layers (every part of a split is a
+    multiple of vpp), the split schedule.pipeline_split chooses, the one `meshplan check` suggests (PP001/PP004).
+    With vpp > 1 an uneven split is tried only where the framework splits unevenly the Megatron-Core way. A user's
+    first/last stays as given: with vpp 1 even when invalid (so a rule can say why), and with every vpp > 1 that
+    PP004 accepts."""
+    if fixed_split is not None:
+        first, last = fixed_split
+        out: list[PipelineOption] = [(1, first, last)]
+        if interleave and uneven_interleave and pp > 1:
+            out += [(v, first, last) for v in divisors(num_layers)[1:]
+                    if not split_problem(num_layers, pp, v, first, last)]
+        return tuple(out)
+    if pp > num_layers:
+        return ()
+    out = []
+    for v in divisors(num_layers) if pp > 1 and interleave else (1,):
+        split = pipeline_split(num_layers, pp, v)
+        if split is not None and (v == 1 or split == (None, None) or uneven_interleave):
+            out.append((v, *split))
+    return tuple(out)
 
 
 def _expert_options(job: Job, law: str, world: int, tp: int, pp: int, cp: int, dp: int,
@@ -263,14 +273,16 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
         # A fixed value is tried even when it does not divide the GPUs, so a rule can say why it fails.
         return (int(fixed.values[name]),) if name in fixed else divisors(n)  # type: ignore[call-overload]
 
+    fixed_split = None
+    if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
+        fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
+    uneven_interleave = megatron_uneven(job.framework)
     for ep_k in ep_own:
         rest = W // ep_k
         for tp in choices("tp", rest):
             tp_ok = _tp_ok(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
-                split = pipeline_split(L, pp)
-                if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
-                    split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))  # type: ignore[assignment]
+                options = pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split)  # type: ignore[arg-type]
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
                     checkpoint()
                     dp = max(1, rest // (tp * pp * cp))
@@ -282,7 +294,7 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                     if not tp_ok:
                         drop("tp-heads", base)
                         continue
-                    if pp > L or split is None:
+                    if pp > L or not options:
                         drop("pp-layers", base)
                         continue
                     if cp > 1 and job.seq_length % (2 * cp):
@@ -292,19 +304,19 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                         experts = [(ep_k, 1)]
                     else:
                         experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
-                    vpps = _vpp_options(L, pp, split, kn.vpp)
-                    if "vpp" in fixed and int(fixed.values["vpp"]) not in vpps:  # type: ignore[call-overload]
+                    if "vpp" in fixed and all(fixed.values["vpp"] != v for v, _, _ in options):
                         # A fixed interleaving the layers cannot fill: count it, so a rule can say why.
+                        _, first, last = options[0]
                         drop("pp-layers", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1, dp=dp,
                                                  vpp=int(fixed.values["vpp"]),  # type: ignore[call-overload]
-                                                 first=split[0], last=split[1]))
+                                                 first=first, last=last))
                         continue
-                    for vpp in vpps:
+                    for vpp, first, last in options:
                         if not fixed.allows("vpp", vpp):
                             continue
                         for ep, etp in experts:
                             layouts.append(Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
-                                                  first=split[0], last=split[1]))
+                                                  first=first, last=last))
     groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
     return layouts, groups
 
@@ -389,11 +401,12 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     _, conv, tensors = convention(job.framework, zero_stage)
     card = memory_card()
     pre = _prefix(arch)
-    L, pp, tp = arch.num_layers, lay.pp, lay.tp
-    n0 = lay.first if lay.first is not None else L // pp + (1 if L % pp else 0)
-    n0 = min(n0, L)
-    unit = conv.vocab_pad_multiple * tp if conv.vocab_pad_multiple > 1 else 1
-    vocab = -(-arch.vocab_size // unit) * unit
+    pp, tp = lay.pp, lay.tp
+    try:  # the layers the first stage holds under the framework's convention (schedule.py)
+        n0 = stages_for(arch, job.framework, zero_stage, tp, pp, lay.vpp, lay.first, lay.last).counts[0]
+    except MeshplanError:  # a split no estimate takes (the rules say why): no layer counted keeps this a floor
+        n0 = 0
+    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
     h = arch.hidden_size
     dense = pre.sharded[n0] / tp + pre.replicated[n0] + vocab * h / tp
     experts = pre.experts[n0] / (lay.ep * lay.etp)

@@ -17,6 +17,7 @@ from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.knowledge import Layout, SeqRow, strategies_card
 from meshplan.models import count_components
+from meshplan.schedule import uneven_split
 from meshplan.schema import Job, Plan
 
 
@@ -78,19 +79,6 @@ def _largest_power_of_two_divisor(n: int, cap: int) -> int:
     while value * 2 <= cap and n % (value * 2) == 0:
         value *= 2
     return value
-
-
-def uneven_split(num_layers: int, pp: int) -> tuple[int, int] | None:
-    """First/last stage sizes when pp does not divide the layers: middle stages get ceil(L/pp) each,
-    the remainder is shared by the first and last stages (they also hold the embedding and the loss).
-    Megatron's rule: the layers left after first and last split evenly over the middle stages."""
-    if pp < 2 or num_layers % pp == 0:
-        return None
-    middle = -(-num_layers // pp)
-    rest = num_layers - (pp - 2) * middle
-    if rest < 2:
-        return None
-    return -(-rest // 2), rest // 2
 
 
 def suggest(job: Job) -> TableSuggestion:
@@ -164,7 +152,7 @@ def suggest(job: Job) -> TableSuggestion:
             tp = new_tp
 
     if pp > 1 and first is None and arch.num_layers % pp:
-        split = uneven_split(arch.num_layers, pp)
+        split = uneven_split(arch.num_layers, pp, layout.vpp)  # the split check's fix and the search use
         if split is None:
             new_pp = pp
             while new_pp > 1 and arch.num_layers % new_pp:
@@ -172,8 +160,7 @@ def suggest(job: Job) -> TableSuggestion:
             notes.append(f"PP {pp} -> {new_pp}: {arch.num_layers} layers cannot be split over {pp} stages.")
             pp = new_pp
         else:
-            first, last = split
-            middle = (arch.num_layers - first - last) // (pp - 2) if pp > 2 else 0
+            first, middle, last = split
             notes.append(f"{arch.num_layers} layers over PP {pp}: first stage {first}, last {last}"
                          + (f", {middle} on each middle stage." if pp > 2 else "."))
 

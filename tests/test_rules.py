@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from meshplan.cards import CardError, validate_card
-from meshplan.conditions import uneven_split
 from meshplan.request import resolve
 from meshplan.rulebook import (
     RULE_MODULES,
@@ -20,6 +19,7 @@ from meshplan.rulebook import (
     rules_card,
 )
 from meshplan.rules import check_config
+from meshplan.schedule import uneven_split
 from meshplan.schema import MemoryReport, Plan, Request, StageMemory
 
 GIB = 1 << 30
