@@ -1,0 +1,205 @@
+"""One pipeline shape everywhere (meshplan/schedule.py): memory and throughput put the same decoder layers on every
+stage, the uneven split `check` suggests is one `recommend` enumerates, and every split `recommend` enumerates
+passes `check`, for every catalog model x framework x pp (and vpp where the framework interleaves)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import meshplan.perf as perf
+from meshplan.cards import model_card_names
+from meshplan.memory import estimate_memory
+from meshplan.models import resolve_model
+from meshplan.request import resolve
+from meshplan.rulebook import EstimateBlocked, backend_of, rule_specs
+from meshplan.rules import check_structure
+from meshplan.schedule import megatron_stages, pipeline_split, split_problem, uneven_split
+from meshplan.schema import FRAMEWORKS, Plan, Request
+from meshplan.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options
+
+MAX_PP = 32
+SPLIT = re.compile(r"first_stage_layers=(\d+), last_stage_layers=(\d+)")
+
+
+def _jobs():
+    """(architecture, framework, job template) for every catalog model x framework."""
+    base, _ = resolve(Request(model="llama-3.1-8b", num_gpus=8))
+    for name in model_card_names():
+        arch = resolve_model(name)
+        for framework in FRAMEWORKS:
+            yield arch, framework, base.model_copy(update={"model": arch, "framework": framework})
+
+
+def _plans(arch, framework):
+    """Per pp: the plan without a split (remainder on the first stages; also interleaved by 2 where the framework
+    interleaves) and every (vpp, first, last) the search enumerates for it."""
+    kn = knobs(framework)
+    for pp in range(2, min(arch.num_layers, MAX_PP) + 1):
+        yield Plan(pp=pp, zero_stage=0)
+        if kn.vpp and 2 * pp <= arch.num_layers:
+            yield Plan(pp=pp, vpp=2, zero_stage=0)
+        for vpp, first, last in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework)):
+            if (vpp, first, last) != (1, None, None):
+                yield Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last)
+
+
+# --------------------------------------------------------------------------- memory and throughput
+
+
+def test_memory_and_throughput_see_the_same_layers_per_stage():
+    compared, blocked, shapes = 0, 0, set()
+    for arch, framework, template in _jobs():
+        for plan in _plans(arch, framework):
+            job = template.model_copy(update={"num_gpus": plan.pp})
+            try:
+                report = estimate_memory(job, plan)
+            except EstimateBlocked:
+                blocked += 1
+                continue
+            timed = perf.stage_layers(job, plan)
+            assert [s.layers for s in report.stages] == list(timed.counts), (arch.name, framework, plan)
+            assert sum(timed.counts) == arch.num_layers
+            # the output layer and loss sit where throughput times the head
+            assert [s.stage for s in report.stages if "logits_and_loss" in s.detail] == [timed.head_rank]
+            shapes.add((framework, timed.counts))
+            compared += 1
+    assert compared > 17_000 and blocked < compared / 10
+    # nanotron's balancing puts more layers on the first stages: the two conventions did differ here
+    assert any(fw == "nanotron" and counts[0] > counts[-1] + 1 for fw, counts in shapes)
+
+
+def test_throughput_times_the_stages_it_exposes(monkeypatch):
+    calls = []
+    original = perf.stage_layers
+
+    def spy(job, plan):
+        calls.append(plan.pp)
+        return original(job, plan)
+
+    monkeypatch.setattr(perf, "stage_layers", spy)
+    job, plan = resolve(Request(model="qwen3-8b", num_gpus=8, pp=4, framework="nanotron"))
+    perf.estimate_throughput(job, plan)
+    assert calls == [4]
+
+
+def test_nanotron_balances_with_one_cost_function():
+    """nanotron's get_block_compute_costs prices attention with h // heads, not the model's head_dim: Gemma-2-27B
+    (head_dim 128, h/heads = 4608/32 = 144) over 2 stages is 24/22, where head_dim would give 25/21 (what
+    throughput used to time while memory weighed 24/22)."""
+    job, plan = resolve(Request(model="gemma-2-27b", num_gpus=8, pp=2, framework="nanotron"))
+    assert perf.stage_layers(job, plan).counts == (24, 22)
+    assert [s.layers for s in estimate_memory(job, plan).stages] == [24, 22]
+    arch, h = job.model, job.model.hidden_size
+    layer = 4 * arch.num_attention_heads * (h // arch.num_attention_heads) * h + 3 * arch.ffn_hidden_size * h
+    total = arch.num_layers * layer + arch.vocab_size * h
+    assert 24 == total // (2 * layer) + 1  # rank 0 takes layers until their cost passes total/2
+    by_head_dim = 4 * arch.num_attention_heads * arch.head_dim * h + 3 * arch.ffn_hidden_size * h
+    assert (arch.num_layers * by_head_dim + arch.vocab_size * h) // (2 * by_head_dim) + 1 == 25
+
+
+# --------------------------------------------------------------------------- check's fix and the search
+
+
+def _suggested(findings) -> tuple[int, int] | None:
+    for f in findings:
+        if f.id in ("PP001", "PP004"):
+            match = SPLIT.search(f.fix)
+            return (int(match[1]), int(match[2])) if match else None
+    raise AssertionError("neither PP001 nor PP004 fired")
+
+
+def _normal(layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> tuple[int, ...]:
+    """Layers per rank, so an explicit split with every stage equal reads as the even split."""
+    return megatron_stages(layers, pp, vpp, first, last).counts
+
+
+def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_what_check_accepts():
+    checked = suggested = 0
+    for arch, framework, template in _jobs():
+        pp004 = rule_specs()["PP004"]
+        if not pp004.applies_to(framework, backend_of(framework, 0)):
+            continue
+        L = arch.num_layers
+        vpps = [1, 2, 3, 4] if knobs(framework).vpp else [1]
+        for pp in range(2, min(L, MAX_PP) + 1):
+            job = template.model_copy(update={"num_gpus": pp})
+            for vpp in vpps:
+                if pp * vpp > L:
+                    continue
+                fixed = Fixed({"tp": 1, "pp": pp, "cp": 1, "ep": 1, "etp": 1, "vpp": vpp})
+                layouts, _ = enumerate_layouts(job, fixed)
+                enumerated = {(lay.first, lay.last) for lay in layouts}
+                for first, last in enumerated:  # recommend only enumerates splits check accepts
+                    plan = Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last)
+                    ids = {f.id for f in check_structure(job, plan)}
+                    assert not ids & {"PP001", "PP002", "PP004"}, (arch.name, framework, pp, vpp, first, last)
+                # a split given wrong (PP004), or none where pp does not divide the layers (PP001)
+                plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=0)]
+                if L % pp:
+                    plans.append(Plan(pp=pp, vpp=vpp, zero_stage=0))
+                for plan in plans:
+                    split = _suggested(check_structure(job, plan))
+                    checked += 1
+                    if split is None:
+                        assert uneven_split(L, pp, vpp) is None
+                        continue
+                    suggested += 1
+                    assert not split_problem(L, pp, vpp, *split)
+                    shapes = {_normal(L, pp, vpp, f, la) for f, la in enumerated}
+                    assert _normal(L, pp, vpp, *split) in shapes, (arch.name, framework, pp, vpp, split, enumerated)
+    assert checked > 15_000 and suggested > 5_000
+
+
+# --------------------------------------------------------------------------- the split itself
+
+
+def _brute_force(layers: int, pp: int, vpp: int) -> tuple[int, int, int] | None:
+    """The documented choice by exhaustion: lightest heaviest stage, then the lightest first+last, then first and
+    last as equal as possible, then the lighter last; none when the heaviest stage exceeds ceil(layers/pp)."""
+    best = None
+    for per in range(vpp, layers + 1, vpp) if pp > 2 else (0,):
+        for first in range(vpp, layers + 1, vpp):
+            last = layers - (pp - 2) * per - first
+            if last < vpp or last % vpp:
+                continue
+            score = (max(first, per, last), first + last, abs(first - last), last)
+            if score[0] <= -(-layers // pp) and (best is None or score < best[0]):
+                best = (score, (first, per, last))
+    return best[1] if best else None
+
+
+def test_uneven_split_is_the_documented_choice():
+    for layers in range(1, 130):
+        for pp in range(2, MAX_PP + 1):
+            for vpp in (1, 2, 3, 4):
+                assert uneven_split(layers, pp, vpp) == _brute_force(layers, pp, vpp), (layers, pp, vpp)
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp", "split"), [
+    (61, 16, 1, (3, 4, 2)),     # DeepSeek-V3 (cards/strategies.yaml's 3/2)
+    (126, 8, 1, (15, 16, 15)),  # Llama-3.1-405B (15/15)
+    (92, 8, 1, (10, 12, 10)),   # GLM-4.5 (10/10)
+    (46, 4, 1, (11, 12, 11)),   # GLM-4.5-Air (11/11)
+    (11, 3, 1, (4, 4, 3)),      # ends no heavier than the middle: not 4/3/4
+    (17, 16, 1, (2, 1, 1)),     # the heaviest stage is 2 whatever: the first stage takes it
+    (94, 16, 2, (6, 6, 4)),     # Qwen3-235B interleaved: every part even
+    (46, 8, 2, (6, 6, 4)),      # GLM-4.5-Air interleaved: 6 = ceil(46/8), no heavier than without vpp
+    (61, 8, 2, None),           # every part even cannot add up to 61
+    (80, 32, 1, None),          # only 10 + 30x2 + 10 adds up: a heaviest stage of 10, not ceil(80/32) = 3
+    (80, 4, 8, None),           # 16 + 24 + 24 + 16: interleaving by 8 would cost balance (24 > 20)
+    (46, 2, 2, None),           # 24/22: heavier than 23
+    (4, 8, 1, None),            # deeper than the model
+])
+def test_uneven_split_cases(layers, pp, vpp, split):
+    assert uneven_split(layers, pp, vpp) == split
+
+
+def test_pipeline_split_is_even_where_megatron_needs_no_sizes():
+    assert pipeline_split(80, 8, 1) == (None, None)
+    assert pipeline_split(80, 8, 2) == (None, None)  # 10 per rank, 5 per virtual stage
+    assert pipeline_split(80, 8, 4) is None  # 10 per rank does not split in 4; 4 + 6x12 + 4 is heavier than 10
+    assert pipeline_split(80, 16, 1) == (None, None)
+    assert pipeline_split(61, 16, 1) == (3, 2)
+    assert pipeline_split(61, 1, 1) == (None, None)
