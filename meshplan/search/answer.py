@@ -180,6 +180,6 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
         considered=considered, rejected={k: v for k, v in sorted(search.rejected.items()) if v},
         rationale=rationale, warnings=warnings, assumptions=[*notes, *SPACE_ASSUMPTIONS, *fixed_assumption(fixed)],
-        evaluated=search.memory_calls + search.perf_calls, global_batch_size=job.global_batch_size,
+        evaluated=search.evaluations, global_batch_size=job.global_batch_size,
         headroom=headroom,
     )

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TypeVar
 
 from meshplan import mesh
 from meshplan.cancel import checkpoint
@@ -49,6 +50,7 @@ from meshplan.space import (
 )
 
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
+Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
 
 
 class Level(IntEnum):
@@ -134,9 +136,7 @@ class BestFirstSearch:
     cp_mbs: dict[tuple[int, int], int] = field(default_factory=dict)  # largest micro-batch per (tp, cp)
     work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
     untimed_reasons: list[str] = field(default_factory=list)
-    memory_calls: int = 0
-    perf_calls: int = 0
-    check_calls: int = 0
+    calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
     stopped_by_budget: bool = False
     max_evaluations: int = 1 << 62
     heap: list = field(default_factory=list)
@@ -191,23 +191,39 @@ class BestFirstSearch:
             return "flex"
         return "alltoall"
 
+    @property
+    def memory_calls(self) -> int:
+        return self.calls["memory"]
+
+    @property
+    def perf_calls(self) -> int:
+        return self.calls["throughput"]
+
+    @property
+    def evaluations(self) -> int:
+        """Memory and throughput estimates this search computed (what the answer reports as `evaluated`)."""
+        return self.memory_calls + self.perf_calls
+
+    def _estimate(self, kind: str, cache: dict[PlanKey, Report], key: PlanKey) -> Report:
+        """The Engine's `kind` estimate of the plan `key`, once per job: counted before the call, so one that raises
+        (a plan the cost model cannot time) still counts."""
+        hit = cache.get(key)
+        if hit is None:
+            self.calls[kind] += 1
+            hit = cache[key] = getattr(self.engine, kind)(self.job, self.plan(*key))
+        return hit
+
     def memory(self, lay: Layout, zero: int, recompute: str, mbs: int) -> MemoryReport:
         key = (lay, zero, recompute, mbs)
-        hit = self.caches.memory.get(key)
-        if hit is None:
-            self.memory_calls += 1
-            hit = self.caches.memory[key] = self.engine.memory(self.job, self.plan(lay, zero, recompute, mbs))
-            if not hit.fits:
-                self._remember_miss(hit)
-        return hit
+        new = key not in self.caches.memory
+        report = self._estimate("memory", self.caches.memory, key)
+        if new and not report.fits:
+            self._remember_miss(report)
+        return report
 
     def check_error(self, lay: Layout, zero: int, recompute: str, mbs: int) -> str | None:
         """First error id of the structural rules, or None."""
-        key = (lay, zero, recompute, mbs)
-        report = self.caches.checks.get(key)
-        if report is None:
-            self.check_calls += 1
-            report = self.caches.checks[key] = self.engine.check(self.job, self.plan(lay, zero, recompute, mbs))
+        report = self._estimate("check", self.caches.checks, (lay, zero, recompute, mbs))
         error = next((f for f in report.findings if f.severity == "error"), None)
         if error is None:
             return None
@@ -215,12 +231,7 @@ class BestFirstSearch:
         return error.id
 
     def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
-        key = (lay, zero, recompute, mbs)
-        hit = self.caches.throughput.get(key)
-        if hit is None:
-            self.perf_calls += 1
-            hit = self.caches.throughput[key] = self.engine.throughput(self.job, self.plan(lay, zero, recompute, mbs))
-        return hit
+        return self._estimate("throughput", self.caches.throughput, (lay, zero, recompute, mbs))
 
     def _remember_miss(self, report: MemoryReport) -> None:
         over = report.peak_bytes - report.capacity_bytes
@@ -326,7 +337,7 @@ class BestFirstSearch:
         ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
         job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
         try:
-            self.perf_calls += 1
+            self.calls["throughput"] += 1
             x = self.engine.throughput(job_ref, self.plan(ref, self.zeros[0], recompute, b)).breakdown
             total = (x.cp_comm_s if part == "cp" else
                      x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
@@ -501,7 +512,7 @@ class BestFirstSearch:
                  Level.RANK: self.accept}
         while self.heap and self.wanted():
             checkpoint()
-            if time.perf_counter() > self.deadline or self.memory_calls + self.perf_calls >= self.max_evaluations:
+            if time.perf_counter() > self.deadline or self.evaluations >= self.max_evaluations:
                 self.stopped_by_budget = True
                 self.best_so_far()
                 break

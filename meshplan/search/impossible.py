@@ -90,7 +90,7 @@ def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engi
         if not search.near:
             probe_closest(job, fixed, search, limits.closest_layouts)
         rec.closest = closest(search, engine, limits.closest_layouts)
-        rec.evaluated = search.memory_calls + search.perf_calls
+        rec.evaluated = search.evaluations
         memory_rules = (engine.memory_rule, HEADROOM_RULE)
         memory_rejects = sum(rec.rejected.get(rule, 0) for rule in memory_rules)
         rule_rejects = {k: v for k, v in rec.rejected.items() if k not in memory_rules and k not in SEARCH_BUCKETS}
