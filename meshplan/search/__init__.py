@@ -4,17 +4,20 @@ The space (meshplan/space.py) is every (tp, pp, vpp, cp, ep, etp, dp) over divis
 times the ZeRO/FSDP stage, the recompute mode and the micro-batch size. It is searched best-first
 (A*) with the real estimators, so the answer is the exact top K of the cost model without timing most
 layouts. Each (layout, micro-batch) enters the queue with an optimistic step time and is refined a step
-at a time, each step pushing it back with a tighter key (engine.Level, in this order):
+at a time, each step pushing it back with a tighter key at a later level (engine.Level, in this order):
 
-1. time per token from single-stage reference plans (it only falls as a rank sees more tokens), times
-   the tokens each stage handles, stretched by the pipeline bubble (p-1)/(m*v);
-2. the memory floor of the first stage (model states plus in-flight activations) says which recompute
-   is needed at least: if even full recompute is over capacity the node is dropped unestimated;
-3. the structural rules (check_config without memory) and the model-state bound per ZeRO stage;
-4. estimated memory: the least recompute that fits at the lightest ZeRO stage (if nothing fits, nothing
-   fits at any larger micro-batch either), then the staircase of (stage, recompute) pairs that fit -
-   heavier recompute of a fitting pair is dominated, since it only adds time;
-5. the predicted step time; a plan reaching the top of the queue is ranked: nothing left can be faster.
+1. FLOOR: seeded with the time per token of single-stage reference plans (it only falls as a rank sees more
+   tokens), times the tokens each stage handles, stretched by the pipeline bubble (p-1)/(m*v); the memory floor
+   of the first stage (model states plus in-flight activations) says which recompute is needed at least: if
+   even full recompute is over capacity the node is dropped unestimated;
+2. SHARD: the exact bound of this pipeline shard, with the traffic interleaving multiplies;
+3. RULES: the structural rules (check_config without memory) and the model-state bound per ZeRO stage;
+4. NEED: estimated memory: the least recompute that fits at the lightest ZeRO stage (if nothing fits, nothing
+   fits at any larger micro-batch either);
+5. STAIRCASE: the (stage, recompute) pairs that fit - heavier recompute of a fitting pair is dominated, since
+   it only adds time;
+6. TIME: the predicted step time;
+7. RANK: a plan reaching the top of the queue is ranked: nothing left can be faster.
 
 Everything dropped is counted under the rule id that dropped it (or a SEARCH-* bucket), so
 considered = ranked + rejected.

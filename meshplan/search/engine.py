@@ -307,9 +307,6 @@ class BestFirstSearch:
         self.caches.least_recompute.setdefault(lay, {})[mbs] = i
         return i
 
-    def hopeless(self, lay: Layout, mbs: int) -> bool:
-        return self.need_range(lay, mbs)[0] >= len(self.recomputes)
-
     # -- the bounds --------------------------------------------------------------------------------
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
