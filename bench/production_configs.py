@@ -1,0 +1,876 @@
+"""How meshplan does on published production configurations, used as a user would use it.
+
+Data: ../shared/validation/production_configs_dev.yaml (124 published production or expert-tuned
+configurations, each with its model, hardware, workload, parallelism, memory settings and, where the source
+gives them, measured throughput and peak memory). Every item really ran or is an official recipe.
+
+Method (no per-row constants, nothing fitted):
+- Each row becomes one `meshplan.schema.Request`, the object every face of meshplan takes, and is scored
+  through `meshplan.api` (check_config, estimate_memory, estimate_throughput), as a user would call them.
+  - model: the catalog key whose architecture agrees with every model field the row states (layers, hidden,
+    FFN, heads, KV heads, vocabulary, experts, top-k, expert FFN, shared experts, dense layers, MLA); among
+    equal architectures the one the row's model id names. Otherwise a config.json built from the row's
+    model fields (HF model_type from the row's family, FAMILY_MODEL_TYPE) in a temporary folder; a field the
+    row leaves out comes from the catalog card of that model_type with the nearest hidden size (a note).
+  - gpu: the catalog GPU the row's gpu_type names, when its memory is the row's gpu_memory_gb (within 3%);
+  - framework: the meshplan framework the row's framework string names (FRAMEWORK_WORDS, first match);
+  - tp/pp/vpp/cp/ep/etp/dp, micro/global batch, sequence, precision, recompute, ZeRO/FSDP, sequence
+    parallelism, dispatcher and first/last stage layers as the row states them; what it leaves unstated is
+    left to meshplan's defaults (and `resolve` notes them).
+- A setting the row uses that meshplan cannot express yet (KNOBS: recompute modules, pipeline layouts,
+  offload, precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...)
+  is recorded as "not expressible: <knob>", and the row is still scored with the nearest expressible
+  settings: those rows are counted apart from the fully expressible ones.
+- A row that cannot be scored at all (no model dimensions, no sequence length, no GPU of its kind) is
+  counted with its reason: every row either maps or says why not.
+
+Compared:
+- fit: of the rows with stated memory settings (`stated_memory_settings`: the row states its recompute and
+  its micro-batch size, the two settings an activation estimate cannot do without; offload unstated = none),
+  how many meshplan predicts to fit: its peak within the GPU's memory (meshplan's own `fits`; for a GPU
+  outside the catalog, the row's own gpu_memory_gb in GiB). Rows whose estimate a rule error blocks are
+  counted as refused.
+- rule errors: error findings of check_config other than the memory ones (MEM*), with their ids; the
+  memory verdict is the fit count above.
+- peak memory: the row's peak_memory_gb_per_gpu is in GB (1e9 bytes: the two rows that also give GiB
+  agree only so). What it measured is read from the row (`peak_convention`): "allocated" when the row says
+  so, torchtitan rows "reserved" (torchtitan logs max_reserved_gib, torchtitan/components/metrics.py
+  DeviceMemoryMonitor), else "not stated". meshplan's peak (the worst stage) is compared as bench/memory_
+  accuracy.py does: reserved = peak - CUDA context; allocated = peak - context - allocator reserve; not
+  stated = the device total meshplan reports.
+- throughput: tokens/s per GPU where the row gives it, else its TFLOP/s per GPU turned into tokens/s with
+  meshplan's model FLOPs per token (Megatron's causal formula; a source that counted otherwise shows up as
+  error). RL rows (their step includes the rollout) and runs the source marks as not absolute throughput
+  are left out, with the reason.
+
+Run: python bench/production_configs.py [--rows] [--validation DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meshplan import api
+from meshplan.cards import model_card, model_card_names
+from meshplan.errors import MeshplanError
+from meshplan.flops import model_flops_per_token
+from meshplan.hardware import get_gpu, gpu_catalog
+from meshplan.memory_states import memory_card
+from meshplan.models import catalog_architecture, resolve_model
+from meshplan.request import resolve
+from meshplan.rulebook import memory_rules
+from meshplan.schema import FRAMEWORKS, Architecture, Request
+
+GIB = 1 << 30
+GB = 10**9
+DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
+DATA_NAME = "production_configs_dev.yaml"
+
+# --------------------------------------------------------------------------- vocabulary
+
+# Settings the rows use that meshplan cannot express yet: knob -> (what it changes, the issue-14 field or
+# the nearest meshplan setting the row is scored with).
+KNOBS: dict[str, tuple[str, str]] = {
+    "recompute_modules": ("memory, time", "issue 14 `recompute_modules` (Megatron modules other than core_attn); "
+                          "scored as recompute=selective (core_attn)"),
+    "selective_ac_option": ("memory, time", "issue 14 torchtitan `selective_ac_option` op-level SAC; scored as "
+                            "recompute=selective (Megatron's core_attn)"),
+    "activation_offload": ("memory, time", "issue 14 `activation_offload`; scored without"),
+    "param_offload": ("memory, time", "issue 14 `param_offload`; scored without"),
+    "grad_offload": ("memory, time", "issue 14 `grad_offload`; scored without"),
+    "optimizer_offload_fraction": ("memory, time", "issue 14 `optimizer_offload_fraction`; scored without"),
+    "optimizer_state_dtype": ("memory", "issue 14 `optimizer_state_dtype` (precision-aware optimizer); scored "
+                              "with fp32 moments"),
+    "fp8_recipe": ("memory, time", "issue 14 FP8 recipe (current scaling, MXFP8, blockwise, tensorwise); "
+                   "scored as precision=fp8"),
+    "fp8_param_gather": ("memory, time", "issue 14 FP8 parameter storage / fp8 all-gather; scored without"),
+    "pipeline_layout": ("memory, time", "issue 14 `pipeline_layout`; scored with the even split"),
+    "account_for_embedding": ("memory, time", "issue 14 `account_for_embedding`; scored without"),
+    "account_for_loss": ("memory, time", "issue 14 `account_for_loss`; scored without"),
+    "rl_phases": ("memory", "RL job: the GPU also holds a rollout engine between phases; scored as training only"),
+    "dynamic_batch": ("memory, time", "verl use_dynamic_bsz (token-budget micro-batches); scored at mbs x seq"),
+    "lora": ("memory, time", "LoRA: frozen base weights (no gradients or optimizer states for them); scored as "
+             "full fine-tuning"),
+    "optimizer_muon": ("memory, time", "Muon optimizer; scored as Adam"),
+    "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
+    "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
+    "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
+            "row's own memory"),
+    "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
+    "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
+    "moe_a2a_overlap": ("time", "EP all-to-all overlap / delayed wgrad; scored without"),
+    "tp_comm_overlap": ("time", "TP communication overlap (userbuffers) / async TP; scored with meshplan's default"),
+    "torch_compile": ("memory, time", "torch.compile; scored eager"),
+}
+
+# The meshplan framework a row's framework string names: the first of these words it contains.
+FRAMEWORK_WORDS = (
+    ("verl", "verl"),
+    ("megatron-bridge", "megatron-bridge"),
+    ("torchtitan", "torchtitan"),
+    ("megatron-core", "megatron-core"),
+    ("nemo", "megatron-core"),  # NeMo 1.x/2 train with Megatron-Core (the row says so, or its CP/VPP need it)
+)
+# Frameworks without a card, by the word that names them, and the card they are scored with.
+NEAREST_FRAMEWORK = (("fsdp", "torchtitan"),)  # PyTorch FSDP1 (LLM Foundry / Composer, fms-fsdp) -> FSDP2
+
+# HF model_type of each model family of the file; families meshplan cannot describe have a nearest type.
+FAMILY_MODEL_TYPE = {
+    "llama2": "llama", "llama3": "llama", "gpt3": "gpt2", "nemotron3": "nemotron", "nemotron4": "nemotron",
+    "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
+    "glm4_moe": "glm4_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
+}
+NEAREST_MODEL_TYPE = {
+    "mpt": ("gpt2", "MPT (ALiBi positions, no biases)"),
+    "qwen3_next": ("glm4_moe", "Qwen3-Next (gated-DeltaNet hybrid attention)"),
+}
+# Extra config.json fields of a model_type the row cannot state (its activation).
+MODEL_TYPE_EXTRAS = {"nemotron": {"hidden_act": "relu2"}, "gpt2": {"activation_function": "gelu_new"}}
+
+UNSTATED = ("not stated",)
+
+
+class Unmapped(Exception):
+    """A row that cannot become a request at all; the message says why."""
+
+
+@dataclass
+class Mapping:
+    """One row as a meshplan request, with what could not be said and what was assumed."""
+
+    row_id: str
+    request: Request | None = None
+    unmapped: str | None = None
+    knobs: dict[str, str] = field(default_factory=dict)  # knob -> what the row says
+    notes: list[str] = field(default_factory=list)
+    capacity_bytes: int | None = None
+    model_source: str = ""
+    stated_memory: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """Mapped with every setting the row states."""
+        return self.request is not None and not self.knobs
+
+    def exact_for(self, effect: str) -> bool:
+        """Mapped with every setting that changes `effect` ("memory" or "time")."""
+        return self.request is not None and not any(effect in KNOBS[k][0] for k in self.knobs)
+
+
+# --------------------------------------------------------------------------- reading a row
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        rows = yaml.safe_load(fh)
+    if not isinstance(rows, list):
+        raise SystemExit(f"{path}: expected a list of configurations")
+    return rows
+
+
+def _text(*values: Any) -> str:
+    return " ".join(str(v) for v in values if v is not None)
+
+
+def stated_memory_settings(row: dict[str, Any]) -> bool:
+    """The row states its recompute (memory.recompute neither null nor "not stated ..."). Every row that
+    offloads states its recompute too, and an unstated offload is none; an unstated micro-batch is meshplan's
+    (and Megatron's) default of 1, which only one such row leaves unstated."""
+    recompute = row["memory"]["recompute"]
+    return recompute is not None and not str(recompute).lower().startswith(UNSTATED)
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _catalog_value(arch: Architecture, name: str) -> Any:
+    moe = arch.moe
+    return {
+        "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "ffn_hidden_size": arch.ffn_hidden_size if (moe is None or len(moe.moe_layers) < arch.num_layers) else None,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_kv_heads": arch.num_kv_heads,
+        "vocab_size": arch.vocab_size,
+        "num_experts": moe.num_experts if moe else None,
+        "top_k": moe.top_k if moe else None,
+        "moe_ffn_hidden_size": moe.expert_ffn_hidden_size if moe else None,
+        "shared_experts": moe.num_shared_experts if moe else None,
+        "dense_layers": arch.num_layers - len(moe.moe_layers) if moe else None,
+        "mla": arch.mla is not None,
+    }[name]
+
+
+MATCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+                "vocab_size", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts", "dense_layers", "mla")
+
+
+def catalog_match(model: dict[str, Any]) -> str | None:
+    """The catalog key whose architecture agrees with every model field the row states; None if none does.
+    Equal architectures (Llama 3 and 3.1) are told apart by the row's model id, as a user would name it."""
+    if model["num_layers"] is None or model["hidden_size"] is None or model["num_attention_heads"] is None:
+        return None
+    dense_row = model["arch_type"] == "dense"
+    hits = []
+    for key in model_card_names():
+        arch = catalog_architecture(key)
+        if (arch.moe is None) != dense_row:
+            continue
+        if all(model[f] is None or model[f] == _catalog_value(arch, f) for f in MATCH_FIELDS):
+            hits.append(key)
+    if len(hits) > 1:
+        try:
+            named = resolve_model(str(model["id"])).key
+        except MeshplanError:
+            named = None
+        if named in hits:
+            return named
+    return hits[0] if hits else None
+
+
+def _nearest_card(model_type: str, hidden: int) -> Architecture | None:
+    """The catalog architecture of this model_type with the nearest hidden size."""
+    archs = [a for a in map(catalog_architecture, model_card_names()) if a.model_type == model_type]
+    return min(archs, key=lambda a: abs(a.hidden_size - hidden), default=None)
+
+
+def build_config(row: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """A config.json dict from the row's model fields: (config, notes, knobs)."""
+    m = row["model"]
+    knobs: dict[str, str] = {}
+    family = m["family"]
+    if family in FAMILY_MODEL_TYPE:
+        model_type = FAMILY_MODEL_TYPE[family]
+    elif family in NEAREST_MODEL_TYPE:
+        model_type, what = NEAREST_MODEL_TYPE[family]
+        knobs["model_type"] = f"{what}: scored as model_type {model_type}"
+    else:
+        raise Unmapped(f"model family {family!r} ({m['attention']}) has no meshplan model_type and the row "
+                       "records no dimensions to build one")
+    missing = [f for f in ("num_layers", "hidden_size", "num_attention_heads") if m[f] is None]
+    if missing:
+        raise Unmapped(f"model dimensions not recorded ({', '.join(missing)}): {m['id']}")
+    h = m["hidden_size"]
+    cfg: dict[str, Any] = {
+        "model_type": model_type, "num_hidden_layers": m["num_layers"], "hidden_size": h,
+        "num_attention_heads": m["num_attention_heads"], "num_key_value_heads": m["num_kv_heads"],
+        "intermediate_size": m["ffn_hidden_size"], "vocab_size": m["vocab_size"],
+        **MODEL_TYPE_EXTRAS.get(model_type, {}),
+    }
+    if model_type == "gpt2":
+        cfg.update(n_embd=h, n_layer=m["num_layers"], n_head=m["num_attention_heads"], n_inner=m["ffn_hidden_size"],
+                   n_positions=row["workload"]["seq_length"])
+    if m["num_experts"]:
+        experts = {"qwen3_moe": {"num_experts": m["num_experts"], "moe_intermediate_size": m["moe_ffn_hidden_size"]},
+                   "glm4_moe": {"n_routed_experts": m["num_experts"], "moe_intermediate_size": m["moe_ffn_hidden_size"],
+                                "n_shared_experts": m["shared_experts"] or 0,
+                                "first_k_dense_replace": m["dense_layers"] or 0}}
+        if model_type not in experts:
+            raise Unmapped(f"MoE model of type {model_type} not in the catalog and not buildable from the row")
+        cfg.update(num_experts_per_tok=m["top_k"], **experts[model_type])
+    notes = []
+    near = _nearest_card(model_type, h)
+    for key, attr in (("num_key_value_heads", "num_kv_heads"), ("intermediate_size", "ffn_hidden_size"),
+                      ("vocab_size", "vocab_size")):
+        if cfg[key] is None:
+            if near is None:
+                raise Unmapped(f"model field {key} not stated and no catalog {model_type} model to take it from")
+            cfg[key] = getattr(near, attr)
+            notes.append(f"{key} not stated: {cfg[key]} from catalog {near.key}")
+    return {k: v for k, v in cfg.items() if v is not None}, notes, knobs
+
+
+def mtp_disabled(row: dict[str, Any]) -> bool:
+    return bool(re.search(r"\bMTP\b[^;]*\bdisabled", _text(row["precision"], row["outcome"]["other"]), re.I))
+
+
+def model_for(row: dict[str, Any], workdir: Path) -> tuple[str, str, list[str], dict[str, str]]:
+    """(Request.model, where it came from, notes, knobs)."""
+    key = catalog_match(row["model"])
+    folder = workdir / row["id"]
+    if key is not None and not (mtp_disabled(row) and catalog_architecture(key).num_mtp_layers):
+        return key, f"catalog {key}", [], {}
+    if key is not None:  # the catalog config with the MTP block off, as the row ran it
+        cfg, source, notes, knobs = dict(model_card(key).config), f"catalog {key} config, MTP off", [], {}
+        cfg["num_nextn_predict_layers"] = 0
+    else:
+        cfg, notes, knobs = build_config(row)
+        source = f"config.json ({cfg['model_type']})"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    return str(path), source, notes, knobs
+
+
+# --------------------------------------------------------------------------- hardware and framework
+
+
+def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
+    """(catalog GPU, the memory the fit is judged against, knobs). The catalog GPU whose name the row's
+    gpu_type starts with and whose memory is the row's; else the nearest catalog GPU of the same family
+    (same letters, closest number), with the fit judged against the row's own memory."""
+    name = str(hardware["gpu_type"]).split()[0]
+    row_bytes = int(hardware["gpu_memory_gb"] * GIB)
+    parts = name.split("-")
+    for n in range(len(parts), 0, -1):
+        try:
+            gpu = get_gpu("-".join(parts[:n]))
+        except MeshplanError:
+            continue
+        if abs(gpu.memory_bytes / GIB - hardware["gpu_memory_gb"]) <= 0.03 * hardware["gpu_memory_gb"]:
+            return gpu.key, gpu.memory_bytes, {}
+        return gpu.key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {gpu.key} ({gpu.memory_bytes / GIB:.0f} "
+                                           f"GiB), fit against {hardware['gpu_memory_gb']} GiB"}
+    head = re.match(r"([A-Za-z]+)(\d+)", parts[0])
+    if head:
+        letters, number = head.group(1).lower(), int(head.group(2))
+        family = [(k, int(m.group(2))) for k in gpu_catalog()
+                  if (m := re.match(r"([a-z]+)(\d+)", k)) and m.group(1) == letters]
+        if family:
+            key = min(family, key=lambda kn: abs(kn[1] - number))[0]
+            return key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {key}, fit against "
+                                           f"{hardware['gpu_memory_gb']} GiB"}
+    raise Unmapped(f"GPU {hardware['gpu_type']} is not in the catalog and has no catalog GPU of its family")
+
+
+def framework_for(text: str) -> tuple[str, dict[str, str]]:
+    low = text.lower()
+    for word, name in FRAMEWORK_WORDS:
+        if word in low:
+            return name, {}
+    for word, name in NEAREST_FRAMEWORK:
+        if word in low:
+            return name, {"framework": f"{text}: scored as {name}"}
+    raise Unmapped(f"framework {text!r} names no meshplan framework ({', '.join(FRAMEWORKS)})")
+
+
+# --------------------------------------------------------------------------- memory and precision settings
+
+
+def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, str]]:
+    """(Request.recompute, knobs). Megatron's selective default is core_attn, which is meshplan's selective;
+    other modules, and torchtitan's op-level selective AC, are not expressible."""
+    text = row["memory"]["recompute"]
+    if text is None or str(text).lower().startswith(UNSTATED):
+        return None, {}
+    low = str(text).lower()
+    knobs: dict[str, str] = {}
+    if "offload" in low:
+        knobs["activation_offload"] = str(text)
+    if low.startswith("none"):
+        return "none", knobs
+    if low.startswith("full"):
+        return "full", knobs
+    if "selective" in low or "sac" in low:
+        modules = re.search(r"selective[^:]*:\s*([a-z_, ]+)", low)
+        names = {m.strip() for m in modules.group(1).split(",")} if modules else set()
+        if "default modules" in low or names == {"core_attn"}:
+            return "selective", knobs
+        if names:
+            knobs["recompute_modules"] = ", ".join(sorted(n for n in names if n))
+        elif framework == "torchtitan" or "per-op" in low or "selective ac" in low:
+            knobs["selective_ac_option"] = str(text)
+        else:
+            knobs["recompute_modules"] = str(text)
+        return "selective", knobs
+    raise Unmapped(f"recompute setting {text!r} not understood")
+
+
+def precision_for(row: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """(Request.precision, knobs). FP8 of any recipe is precision=fp8; a recipe other than TE's delayed
+    scaling (the Megatron default a bare "fp8" means) is a knob."""
+    text = str(row["precision"])
+    low = text.lower()
+    knobs: dict[str, str] = {}
+    sharding = str(row["parallelism"]["zero_or_distributed_optimizer"]).lower()
+    if re.search(r"fp8 param gather|float8 all-gather", f"{low} {sharding}"):
+        knobs["fp8_param_gather"] = "fp8 parameter all-gather"
+    if re.search(r"bf16 optimizer states|precision-aware optimizer|bf16 grads/moments",
+                 _text(low, row["outcome"]["other"]).lower()):
+        knobs["optimizer_state_dtype"] = "precision-aware optimizer (bf16 moments)"
+    fp8 = re.sub(r"\bfp8 disabled|and fp8 disabled", "", low)
+    if not re.search(r"fp8|float8", fp8):
+        return "bf16", knobs
+    main = fp8.split("(")[0]
+    for word, recipe in (("mxfp8", "MXFP8"), ("blockwise", "blockwise"), ("current", "current scaling"),
+                         ("tensorwise", "tensorwise"), ("float8", "tensorwise (torchtitan Float8 default)")):
+        if word in main:
+            knobs["fp8_recipe"] = recipe
+            break
+    return "fp8", knobs
+
+
+def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
+    p = row["parallelism"]
+    text = str(p["zero_or_distributed_optimizer"] or "")
+    low = text.lower()
+    knobs: dict[str, str] = {}
+    if "hsdp" in low or (p["fsdp"] and p["fsdp"] < p["dp"]):
+        knobs["hsdp"] = f"shard group {p['fsdp']} of dp {p['dp']}"
+    if "muon" in low:
+        knobs["optimizer_muon"] = text
+    if re.search(r"fsdp|zero-3|hsdp", low) or p["fsdp"]:
+        return 3, knobs
+    if "no distributed optimizer" in low:
+        return 0, knobs
+    if "distributed optimizer" in low:
+        return 1, knobs
+    return None, knobs
+
+
+def offload_knobs(row: dict[str, Any]) -> dict[str, str]:
+    text = _text(row["memory"]["offload"], row["parallelism"]["zero_or_distributed_optimizer"]).lower()
+    knobs: dict[str, str] = {}
+    if not text or "offload" not in text:
+        return knobs
+    everything = "all_offload" in text or "full param/grad/optimizer" in text
+    if everything or "param/grad offload" in text:
+        knobs["param_offload"] = str(row["memory"]["offload"])
+        knobs["grad_offload"] = str(row["memory"]["offload"])
+    fraction = re.search(r"optimizer_offload_fraction=([\d.]+)", text)
+    if everything or "optimizer cpu offload" in text or (fraction and float(fraction.group(1)) > 0):
+        knobs["optimizer_offload_fraction"] = fraction.group(1) if fraction else "1.0"
+    return knobs
+
+
+def stage_layers(row: dict[str, Any]) -> tuple[int | None, int | None, dict[str, str]]:
+    """(first_stage_layers, last_stage_layers, knobs) from the row's pipeline layout and notes."""
+    text = _text(row["parallelism"]["pp_layout"], row["outcome"]["other"])
+    low = text.lower()
+    first = last = None
+    knobs: dict[str, str] = {}
+    if m := re.search(r"first/last pp stage (\d+) layers each", low):
+        first = last = int(m.group(1))
+    if m := re.search(r"num_layers_in_first_pipeline_stage=(\d+)|first stage (\d+) layers?", low):
+        first = int(m.group(1) or m.group(2))
+    if m := re.search(r"num_layers_in_last_pipeline_stage=(\d+)|last stage (\d+) layers?", low):
+        last = int(m.group(1) or m.group(2))
+    if re.search(r"\|", text) or re.search(r"pp layout", low):
+        knobs["pipeline_layout"] = text
+    if "account_for_embedding" in low:
+        knobs["account_for_embedding"] = "account_for_embedding_in_pipeline_split"
+    if re.search(r"account_for_(embedding/)?loss", low):
+        knobs["account_for_loss"] = "account_for_loss_in_pipeline_split"
+    return first, last, knobs
+
+
+def dispatcher_for(row: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+    text = str(row["parallelism"]["moe_dispatcher"] or "")
+    low = text.lower()
+    knobs: dict[str, str] = {}
+    if "overlap" in low or "wgrad" in low:
+        knobs["moe_a2a_overlap"] = text
+    if not text:
+        return None, knobs
+    if "flex" in low or re.match(r"(deepep|hybridep)", low) or re.search(r"/(deepep|hybridep)", low):
+        return "flex", knobs
+    return "alltoall", knobs
+
+
+def run_knobs(row: dict[str, Any]) -> dict[str, str]:
+    """Settings from the row's notes and category: RL phases, LoRA, CUDA graphs, overlaps, compile."""
+    other = _text(row["outcome"]["other"], row["source"]["location"])
+    low = other.lower()
+    knobs: dict[str, str] = {}
+    if row["category"] == "rl":
+        knobs["rl_phases"] = "actor training colocated with the rollout engine"
+    if "dynamic batch" in _text(row["flags"]["caveats"]).lower():
+        knobs["dynamic_batch"] = "token-budget micro-batches"
+    if row["category"] == "lora":
+        knobs["lora"] = "LoRA fine-tuning"
+    if "muon" in low:
+        knobs["optimizer_muon"] = "Muon optimizer"
+    if "cuda graph" in low:
+        knobs["cuda_graphs"] = row["outcome"]["other"]
+    if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):
+        knobs["moe_a2a_overlap"] = row["outcome"]["other"]
+    if re.search(r"tp comm overlap|asynctp", low):
+        knobs["tp_comm_overlap"] = row["outcome"]["other"]
+    if re.search(r"\bcompile\b", low):
+        knobs["torch_compile"] = other
+    return knobs
+
+
+# --------------------------------------------------------------------------- one row -> one request
+
+
+def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
+    """The row as a Request, or the reason it cannot be one."""
+    out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row))
+    try:
+        w, p = row["workload"], row["parallelism"]
+        if w["seq_length"] is None:
+            raise Unmapped("sequence length not stated")
+        framework, knobs = framework_for(row["framework"])
+        gpu, capacity, k = gpu_for(row["hardware"])
+        knobs |= k
+        model, source, notes, k = model_for(row, workdir)
+        knobs |= k
+        recompute, k = recompute_for(row, framework)
+        knobs |= k
+        precision, k = precision_for(row)
+        knobs |= k
+        zero, k = zero_for(row)
+        knobs |= k
+        knobs |= offload_knobs(row)
+        first, last, k = stage_layers(row)
+        knobs |= k
+        dispatcher, k = dispatcher_for(row)
+        knobs |= k
+        knobs |= run_knobs(row)
+        moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
+        req = Request(
+            model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
+            seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
+            micro_batch_size=w["micro_batch_size"],
+            precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
+            ep=p["ep"], etp=p["etp"], dp=p["dp"], sequence_parallel=p["sequence_parallel"], zero_stage=zero,
+            recompute=recompute, moe_token_dispatcher=dispatcher if moe else None,
+            first_stage_layers=first, last_stage_layers=last,
+        )
+    except Unmapped as exc:
+        out.unmapped = str(exc)
+        return out
+    except MeshplanError as exc:  # the request itself is refused (a model file, a field bound)
+        out.unmapped = f"meshplan refuses the request: {exc}"
+        return out
+    out.request, out.knobs, out.notes, out.capacity_bytes, out.model_source = req, knobs, notes, capacity, source
+    return out
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def peak_convention(row: dict[str, Any]) -> str:
+    """What the row's measured peak is: allocated, reserved or not stated, from the row itself."""
+    words = _text(row["outcome"]["other"], row["flags"]["memory_note"], row["source"]["location"]).lower()
+    if "allocated" in words:
+        return "allocated"
+    if "torchtitan" in row["framework"].lower():
+        return "reserved"  # torchtitan's logged memory is max_reserved_gib (components/metrics.py)
+    return "not stated"
+
+
+@dataclass
+class Score:
+    mapping: Mapping
+    group: str = ""  # dense | MoE | FSDP
+    rule_errors: list[str] = field(default_factory=list)  # non-memory error ids of check_config
+    memory_errors: list[str] = field(default_factory=list)
+    refused: str | None = None  # an estimate a rule blocks (id: message)
+    peak_bytes: int | None = None
+    fits: bool | None = None
+    measured_peak_bytes: float | None = None
+    convention: str | None = None
+    compared_peak_bytes: float | None = None
+    measured_tps: float | None = None
+    tps_basis: str | None = None
+    predicted_tps: float | None = None
+    throughput_skipped: str | None = None
+
+    @property
+    def peak_error(self) -> float | None:
+        if self.measured_peak_bytes is None or self.compared_peak_bytes is None:
+            return None
+        return self.compared_peak_bytes / self.measured_peak_bytes - 1
+
+    @property
+    def tps_error(self) -> float | None:
+        if self.measured_tps is None or self.predicted_tps is None:
+            return None
+        return self.predicted_tps / self.measured_tps - 1
+
+
+def score_row(row: dict[str, Any], mapping: Mapping) -> Score:
+    score = Score(mapping)
+    req = mapping.request
+    if req is None:
+        return score
+    job, plan = resolve(req)
+    score.group = "MoE" if job.model.moe is not None else ("FSDP" if plan.zero_stage == 3 else "dense")
+    mem_ids = memory_rules()
+    try:
+        report = api.check_config(req)
+    except MeshplanError as exc:
+        score.refused = f"check refused: {exc}"
+        return score
+    for f in report.findings:
+        if f.severity == "error":
+            (score.memory_errors if f.id in mem_ids else score.rule_errors).append(f.id)
+    try:
+        memory = api.estimate_memory(req)
+    except MeshplanError as exc:
+        score.refused = str(exc).split("\n")[0]
+        return score
+    score.peak_bytes = memory.peak_bytes
+    score.fits = memory.peak_bytes <= mapping.capacity_bytes
+    measured = row["outcome"]["peak_memory_gb_per_gpu"]
+    if measured is not None:
+        score.measured_peak_bytes = measured * GB
+        score.convention = peak_convention(row)
+        stage = memory.stages[memory.peak_stage]
+        context = memory_card().cuda_context_bytes
+        compared = float(memory.peak_bytes)
+        if score.convention in ("reserved", "allocated"):
+            compared -= context
+        if score.convention == "allocated":
+            compared -= stage.detail.get("allocator_reserve", 0)
+        score.compared_peak_bytes = compared
+    _score_throughput(row, req, job, score)
+    return score
+
+
+def _score_throughput(row: dict[str, Any], req: Request, job, score: Score) -> None:
+    out = row["outcome"]
+    if row["category"] == "rl":
+        score.throughput_skipped = "RL job: the step includes the rollout"
+        return
+    if "not absolute throughput" in _text(row["flags"]["caveats"]).lower():
+        score.throughput_skipped = "the source says: not absolute throughput"
+        return
+    if out["tokens_per_sec_per_gpu"] is not None:
+        score.measured_tps, score.tps_basis = float(out["tokens_per_sec_per_gpu"]), "tokens/s"
+    elif out["tflops_per_gpu"] is not None:
+        per_token = model_flops_per_token(job.model, job.seq_length)
+        score.measured_tps, score.tps_basis = float(out["tflops_per_gpu"]) * 1e12 / per_token, "TFLOP/s"
+    else:
+        score.throughput_skipped = "no throughput measured"
+        return
+    try:
+        score.predicted_tps = api.estimate_throughput(req).tokens_per_s_per_gpu
+    except MeshplanError as exc:
+        score.throughput_skipped = f"estimate refused: {str(exc).splitlines()[0]}"
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class Verdicts:
+    """Fit verdicts of a set of rows: fits + does not fit + refused (a rule error blocks the estimate) = rows."""
+
+    rows: int = 0
+    fit: int = 0
+    not_fit: int = 0
+    refused: int = 0
+
+    def add(self, score: Score) -> None:
+        self.rows += 1
+        if score.fits is None:
+            self.refused += 1
+        elif score.fits:
+            self.fit += 1
+        else:
+            self.not_fit += 1
+
+
+@dataclass
+class Errors:
+    """Median |error| over the rows that have one."""
+
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.values)
+
+    @property
+    def median(self) -> float | None:
+        return median([abs(v) for v in self.values])
+
+
+@dataclass
+class Summary:
+    total: int
+    mapped: int
+    exact: int  # mapped with every stated setting
+    unmapped: dict[str, str]  # row id -> why
+    stated: int  # rows with stated memory settings, mapped or not
+    fit: dict[str, Verdicts]  # "all", "exact" (every memory setting expressible), "nearest"
+    rule_error_rows: dict[str, int]  # "all", "exact"
+    rule_error_ids: dict[str, int]  # id -> rows
+    memory_error_rows: int
+    peaks: dict[str, Errors]  # "all", "exact"
+    measured_peaks: int  # rows with a measured peak, mapped or not
+    throughput: dict[str, Errors]  # "all", "dense", "MoE", "FSDP", "exact"
+    throughput_skipped: dict[str, str]
+    knob_rows: dict[str, int]  # knob -> rows that use it (mapped or not)
+    knob_rows_mapped: dict[str, int]
+
+
+def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
+    mapped = [s for s in scores if s.mapping.request is not None]
+    fit = {"all": Verdicts(), "exact": Verdicts(), "nearest": Verdicts()}
+    peaks = {"all": Errors(), "exact": Errors()}
+    tps = {k: Errors() for k in ("all", "dense", "MoE", "FSDP", "exact")}
+    ids: Counter[str] = Counter()
+    for s in mapped:
+        m = s.mapping
+        if m.stated_memory:
+            fit["all"].add(s)
+            fit["exact" if m.exact_for("memory") else "nearest"].add(s)
+        if s.peak_error is not None:
+            peaks["all"].values.append(s.peak_error)
+            if m.exact_for("memory"):
+                peaks["exact"].values.append(s.peak_error)
+        if s.tps_error is not None:
+            for key in ("all", s.group) + (("exact",) if m.exact_for("time") else ()):
+                tps[key].values.append(s.tps_error)
+        ids.update(set(s.rule_errors))
+    knob_rows: Counter[str] = Counter()
+    knob_rows_mapped: Counter[str] = Counter()
+    for row, s in zip(rows, scores, strict=True):
+        if s.mapping.request is not None:
+            knob_rows.update(list(s.mapping.knobs))
+            knob_rows_mapped.update(list(s.mapping.knobs))
+        else:
+            knob_rows.update(list(all_knobs(row)))
+    return Summary(
+        total=len(rows), mapped=len(mapped), exact=sum(s.mapping.exact for s in mapped),
+        unmapped={s.mapping.row_id: str(s.mapping.unmapped) for s in scores if s.mapping.request is None},
+        stated=sum(map(stated_memory_settings, rows)), fit=fit,
+        rule_error_rows={"all": sum(bool(s.rule_errors) for s in mapped),
+                         "exact": sum(bool(s.rule_errors) and s.mapping.exact for s in mapped)},
+        rule_error_ids=dict(ids.most_common()),
+        memory_error_rows=sum(bool(s.memory_errors) for s in mapped),
+        peaks=peaks, measured_peaks=sum(r["outcome"]["peak_memory_gb_per_gpu"] is not None for r in rows),
+        throughput=tps,
+        throughput_skipped={s.mapping.row_id: s.throughput_skipped for s in mapped if s.throughput_skipped},
+        knob_rows=dict(knob_rows.most_common()), knob_rows_mapped=dict(knob_rows_mapped),
+    )
+
+
+def all_knobs(row: dict[str, Any]) -> dict[str, str]:
+    """The knobs of a row that does not map, read by every reader that can still run on it."""
+    knobs: dict[str, str] = {}
+    readers = (lambda: framework_for(row["framework"])[1], lambda: recompute_for(row, "")[1],
+               lambda: precision_for(row)[1], lambda: zero_for(row)[1], lambda: offload_knobs(row),
+               lambda: stage_layers(row)[2], lambda: dispatcher_for(row)[1], lambda: run_knobs(row))
+    for read in readers:
+        try:
+            knobs |= read()
+        except Unmapped:
+            continue
+    return knobs
+
+
+def run(validation: Path) -> tuple[list[dict[str, Any]], list[Score], Summary]:
+    rows = load_rows(validation / DATA_NAME)
+    with tempfile.TemporaryDirectory(prefix="meshplan-prodcfg-") as tmp:
+        scores = [score_row(row, map_row(row, Path(tmp))) for row in rows]
+    return rows, scores, summarise(rows, scores)
+
+
+# --------------------------------------------------------------------------- the issue's reading
+
+
+def issue_reading(rows: list[dict[str, Any]], validation: Path) -> dict[str, Any]:
+    """The figures read the way issue 14's baseline read them, to show where they come from: Megatron's
+    "full, uniform, 1 layer" taken as recompute_layers=1 (one layer per stage recomputed; uniform with 1
+    layer per chunk recomputes every layer), fit judged against the catalog GPU meshplan was given (80 GB
+    for the 96 GB H100), and the measured peak read as GiB against meshplan's full reported peak."""
+    out: dict[str, Any] = {"stated": 0, "not_fit": 0, "peaks": []}
+    with tempfile.TemporaryDirectory(prefix="meshplan-prodcfg-") as tmp:
+        for row in rows:
+            m = map_row(row, Path(tmp))
+            if m.request is None:
+                continue
+            req = m.request
+            if "uniform, 1 layer" in str(row["memory"]["recompute"]):
+                req = req.model_copy(update={"recompute_layers": 1})
+            try:
+                report = api.estimate_memory(req)
+            except MeshplanError:
+                report = None
+            if m.stated_memory:
+                out["stated"] += 1
+                out["not_fit"] += report is None or not report.fits
+            measured = row["outcome"]["peak_memory_gb_per_gpu"]
+            if measured is not None and report is not None:
+                out["peaks"].append(abs(report.peak_bytes / (measured * GIB) - 1))
+    out["peak_median"] = median(out["peaks"])
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _pct(x: float | None, sign: bool = True) -> str:
+    return "-" if x is None else (f"{x:+.0%}" if sign else f"{x:.1%}")
+
+
+def print_rows(rows: list[dict[str, Any]], scores: list[Score]) -> None:
+    for s in scores:
+        m = s.mapping
+        if m.request is None:
+            print(f"{m.row_id:46s} NOT MAPPED: {m.unmapped}")
+            continue
+        verdict = "refused" if s.fits is None else ("fits" if s.fits else "OOM")
+        peak = "-" if s.peak_bytes is None else f"{s.peak_bytes / GIB:6.1f} GiB"
+        extra = []
+        if s.rule_errors:
+            extra.append("errors " + ",".join(s.rule_errors))
+        if s.peak_error is not None:
+            extra.append(f"peak {s.measured_peak_bytes / GB:.1f} GB {s.convention}: {_pct(s.peak_error)}")
+        if s.tps_error is not None:
+            extra.append(f"{s.tps_basis} {_pct(s.tps_error)}")
+        if s.refused:
+            extra.append(f"[{s.refused[:90]}]")
+        knobs = ("not expressible: " + ", ".join(m.knobs)) if m.knobs else "exact"
+        print(f"{m.row_id:46s} {'S' if m.stated_memory else '-'} {s.group:5s} {verdict:7s} {peak:>10s} "
+              f"{'; '.join(extra)} | {knobs}")
+
+
+def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
+    print(f"rows {s.total}: mapped {s.mapped} ({s.exact} with every stated setting, {s.mapped - s.exact} with the "
+          f"nearest expressible ones), not mapped {len(s.unmapped)}")
+    for rid, why in s.unmapped.items():
+        print(f"  not mapped: {rid}: {why}")
+    print(f"stated memory settings: {s.stated} rows, {s.fit['all'].rows} mapped")
+    for key, v in s.fit.items():
+        print(f"  {key:8s} {v.rows:3d}: predicted to fit {v.fit}, not to fit {v.not_fit}, estimate refused {v.refused}")
+    print(f"rule errors (not MEM*): {s.rule_error_rows['all']} of {s.mapped} mapped rows ({s.rule_error_rows['exact']} "
+          f"of the {s.exact} exact ones); rows per id {s.rule_error_ids}; MEM* errors on {s.memory_error_rows} rows")
+    print(f"peaks: {s.measured_peaks} measured, {s.peaks['all'].rows} compared: median |error| "
+          f"{_pct(s.peaks['all'].median, False)} (memory-exact rows {s.peaks['exact'].rows}: "
+          f"{_pct(s.peaks['exact'].median, False)})")
+    print("throughput, median |error| of tokens/s per GPU: " + ", ".join(
+        f"{k} {_pct(e.median, False)} ({e.rows})" for k, e in s.throughput.items()))
+    print("not expressible (rows, of which mapped, what it changes):")
+    for knob, n in s.knob_rows.items():
+        print(f"  {knob:28s} {n:3d} {s.knob_rows_mapped.get(knob, 0):3d}  {KNOBS[knob][0]}")
+    if issue:
+        print(f"issue 14's reading: {issue['not_fit']} of {issue['stated']} stated rows not fitting; "
+              f"{len(issue['peaks'])} peaks, median |error| {_pct(issue['peak_median'], False)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--validation", type=Path, default=DEFAULT_VALIDATION)
+    parser.add_argument("--rows", action="store_true", help="print every row's verdict")
+    parser.add_argument("--issue", action="store_true", help="also read the rows the way issue 14's baseline did")
+    args = parser.parse_args()
+    rows, scores, summary = run(args.validation)
+    if args.rows:
+        print_rows(rows, scores)
+    print_summary(summary, issue_reading(rows, args.validation) if args.issue else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
