@@ -1,6 +1,6 @@
 """The layouts a framework can express for a job, enumerated over divisors only, with cheap bounds.
 
-`recommend` (meshplan/search.py) searches this space. The space is defined here, separately, so it can
+`recommend` (meshplan/search/) searches this space. The space is defined here, separately, so it can
 be counted and tested on its own: a `Layout` is the structural part of a plan (tp, pp, vpp, cp, ep, etp,
 dp and an uneven pipeline split when pp does not divide the layers); the per-layout choices are the
 ZeRO / FSDP stage, the recompute mode and the micro-batch size. World-size laws (cards/frameworks,

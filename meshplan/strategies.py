@@ -1,6 +1,6 @@
 """What the decision tables of cards/strategies.yaml suggest for a job, as a concrete layout.
 
-The search (meshplan/search.py) calls `suggest(job)` to say whether its ranked answer agrees with the
+The search (meshplan/search/decision.py) calls `suggest(job)` to say whether its ranked answer agrees with the
 published rules of thumb. The tables give ranges and starting points; this module turns the row that
 applies into a `Plan` the job can actually build (TP inside the NVLink domain and dividing the heads,
 degrees that divide the GPU count, CP from the sequence length) and lists every adjustment it made,

@@ -11,7 +11,8 @@ from meshplan.memory import estimate_memory
 from meshplan.request import resolve
 from meshplan.rules import check_config
 from meshplan.schema import Request
-from meshplan.strategies import suggest, uneven_split
+from meshplan.schedule import pipeline_split
+from meshplan.strategies import suggest
 
 ROWS = checked_rows()
 
@@ -99,8 +100,10 @@ def test_suggest_moe_by_size_for_unlisted_model():
 
 
 def test_uneven_split():
-    assert uneven_split(61, 16) == (3, 2)
-    assert uneven_split(94, 16) == (5, 5)
-    assert uneven_split(126, 8) == (15, 15)
-    assert uneven_split(80, 4) is None  # even
-    assert uneven_split(5, 4) is None  # not enough layers for the middle stages
+    """The decision tables' splits are the schedule's (the one `check` suggests and `recommend` enumerates)."""
+    assert pipeline_split(61, 16) == (3, 2)
+    assert pipeline_split(94, 16) == (5, 5)
+    assert pipeline_split(126, 8) == (15, 15)
+    assert pipeline_split(80, 4) == (None, None)  # even
+    assert pipeline_split(5, 4) == (2, 1)  # 2 + 1 + 1 + 1: the heaviest stage holds ceil(5/4) layers
+    assert pipeline_split(3, 4) is None  # fewer layers than stages

@@ -133,8 +133,9 @@ def rows(found: list[Found]) -> list[list[Found]]:
 
 SPACE_ASSUMPTIONS = [
     "Space: every tp, pp, cp (and ep, etp for MoE) over divisors of the GPU count under the framework's "
-    "world-size law; vpp over divisors of the layers per stage; an uneven first/last stage when pp does not "
-    "divide the layers; ZeRO stages that have a distinct byte preset in cards/memory.yaml; recompute modes "
+    "world-size law; for each pp, every vpp dividing the layers with the split schedule.uneven_split chooses "
+    "(the one `meshplan check` suggests; uneven with vpp > 1 only where the framework splits the Megatron-Core "
+    "way); ZeRO stages that have a distinct byte preset in cards/memory.yaml; recompute modes "
     "of the framework card's search section; micro-batch sizes dividing each data-parallel rank's share of the "
     "batch.",
     "Sequence parallelism follows the framework default (on with tp > 1) and CP uses the p2p ring unless "
