@@ -1,0 +1,127 @@
+"""bench/production_configs.py: every published configuration either becomes a request or is counted with
+its reason (no silent drops), the mapping rules read the rows as documented, and the summary adds up."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import production_configs as pc
+
+DATA = pc.DEFAULT_VALIDATION / pc.DATA_NAME
+pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
+
+
+@pytest.fixture(scope="module")
+def run():
+    return pc.run(pc.DEFAULT_VALIDATION)
+
+
+@pytest.fixture(scope="module")
+def by_id():
+    return {r["id"]: r for r in pc.load_rows(DATA)}
+
+
+def test_every_row_maps_or_says_why(run):
+    rows, scores, summary = run
+    assert [s.mapping.row_id for s in scores] == [r["id"] for r in rows]
+    for s in scores:
+        m = s.mapping
+        assert (m.request is None) == (m.unmapped is not None), m.row_id
+        if m.request is None:
+            assert m.unmapped.strip(), m.row_id
+        else:
+            assert m.capacity_bytes and m.capacity_bytes > 0, m.row_id
+            assert set(m.knobs) <= set(pc.KNOBS), m.row_id
+            assert all(v for v in m.knobs.values()), m.row_id
+    assert summary.mapped + len(summary.unmapped) == summary.total == len(rows)
+    assert summary.mapped >= 0.9 * summary.total  # the file is built for this: only a handful may not map
+
+
+def test_summary_adds_up(run):
+    rows, scores, s = run
+    mapped = [x for x in scores if x.mapping.request is not None]
+    assert 0 <= s.exact <= s.mapped
+    # fit verdicts: every stated, mapped row is exactly one of fits / does not fit / refused
+    for v in s.fit.values():
+        assert v.fit + v.not_fit + v.refused == v.rows
+    assert s.fit["exact"].rows + s.fit["nearest"].rows == s.fit["all"].rows
+    assert s.fit["all"].rows == sum(x.mapping.stated_memory for x in mapped) <= s.stated
+    assert s.stated == sum(map(pc.stated_memory_settings, rows))
+    # rule errors: each id is counted once per row that has it
+    assert s.rule_error_rows["exact"] <= s.rule_error_rows["all"] <= s.mapped
+    assert all(0 < n <= s.rule_error_rows["all"] for n in s.rule_error_ids.values())
+    assert sum(s.rule_error_ids.values()) >= s.rule_error_rows["all"]
+    assert not any(i.startswith("MEM") for i in s.rule_error_ids)
+    # peaks: compared rows are mapped rows with a measured peak and an estimate
+    assert s.peaks["exact"].rows <= s.peaks["all"].rows <= s.measured_peaks
+    assert s.peaks["all"].rows == sum(x.measured_peak_bytes is not None and x.peak_bytes is not None for x in mapped)
+    # throughput: the three groups partition the compared rows; skipped rows carry a reason
+    t = s.throughput
+    assert t["dense"].rows + t["MoE"].rows + t["FSDP"].rows == t["all"].rows
+    assert t["exact"].rows <= t["all"].rows
+    assert all(x.tps_error is None for x in mapped if x.mapping.row_id in s.throughput_skipped)
+    # knobs: a mapped row's knobs are counted in both columns
+    assert all(s.knob_rows_mapped.get(k, 0) <= n for k, n in s.knob_rows.items())
+    assert sum(s.knob_rows_mapped.values()) == sum(len(x.mapping.knobs) for x in mapped)
+    assert s.exact == sum(not x.mapping.knobs for x in mapped)
+
+
+def test_catalog_match_by_architecture(by_id):
+    # Llama 3 and 3.1 8B have one architecture: the row's model id tells them apart
+    assert pc.catalog_match(by_id["nemo2407_h100_llama3_8b_8gpu"]["model"]) == "llama-3-8b"
+    # no name resolves for meta-llama/Llama-2-7b; the architecture does
+    assert pc.catalog_match(by_id["nemo2407_h100_llama2_7b_8gpu"]["model"]) == "llama-2-7b"
+    # GPT-3 175B with an unstated vocabulary is the catalog's; with Megatron's 131072 vocabulary it is not
+    assert pc.catalog_match(by_id["nemo2407_h100_gpt3_175b_128gpu"]["model"]) == "gpt3-175b"
+    assert pc.catalog_match(by_id["mcore_h100_weak_177b"]["model"]) is None
+    assert pc.catalog_match(by_id["mbridge_recipe_kimi_k2_512"]["model"]) == "kimi-k2"
+
+
+def test_built_config_and_mtp(tmp_path, by_id):
+    model, source, notes, knobs = pc.model_for(by_id["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
+    assert source == "config.json (gpt2)" and Path(model).is_file()
+    assert notes == ["vocab_size not stated: 50257 from catalog gpt3-175b"] and knobs == {}
+    model, source, _, knobs = pc.model_for(by_id["llmfoundry_mpt_7b_8_h100_2k"], tmp_path)
+    assert "model_type" in knobs
+    # verl's DeepSeek-V3 RL rows run without the MTP block: the catalog config with it off
+    model, source, _, _ = pc.model_for(by_id["verl_dsv3_h20_96"], tmp_path)
+    assert source == "catalog deepseek-v3 config, MTP off"
+    assert pc.resolve_model(model).num_mtp_layers == 0
+
+
+def test_recompute_reading(tmp_path, by_id):
+    # Megatron's uniform method with 1 layer per chunk recomputes every layer: meshplan's full, all layers
+    req = pc.map_row(by_id["verl_dsv3_h20_256"], tmp_path).request
+    assert (req.recompute, req.recompute_layers) == ("full", None)
+    assert pc.recompute_for(by_id["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {})
+    assert pc.recompute_for(by_id["mbridge_h100_dsv3_1024_fp8"], "megatron-bridge") == (
+        "selective", {"recompute_modules": "mla_up_proj, mlp"})
+    rec, knobs = pc.recompute_for(by_id["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan")
+    assert rec == "selective" and set(knobs) == {"selective_ac_option"}
+    assert pc.recompute_for(by_id["mcore_h100_weak_1p7b"], "megatron-core") == (None, {})
+
+
+def test_gpu_reading():
+    exact = pc.gpu_for({"gpu_type": "GB200-186GB (NVL72)", "gpu_memory_gb": 186})
+    assert exact[0] == "gb200" and exact[2] == {}
+    key, capacity, knobs = pc.gpu_for({"gpu_type": "H100-96GB-HBM2e (500W, Grand Teton)", "gpu_memory_gb": 96})
+    assert key == "h100" and capacity == 96 * pc.GIB and "gpu" in knobs
+    assert pc.gpu_for({"gpu_type": "GB300-288GB (NVL72)", "gpu_memory_gb": 288})[:2] == ("gb200", 288 * pc.GIB)
+    with pytest.raises(pc.Unmapped, match="RTX-3090"):
+        pc.gpu_for({"gpu_type": "RTX-3090-24GB", "gpu_memory_gb": 24})
+
+
+def test_peaks_are_gigabytes_in_the_rows_convention(run):
+    _, scores, _ = run
+    score = next(s for s in scores if s.mapping.row_id == "mbridge_card_qwen3_30b_16_h100_hybridep")
+    # the row gives 66.75 GB and, in its notes, "rank-0 peak allocated 62.166 GiB": the same bytes
+    assert score.measured_peak_bytes / pc.GIB == pytest.approx(62.166, abs=0.01)
+    assert score.convention == "allocated"
+    titan = next(s for s in scores if s.mapping.row_id == "torchtitan_llama31_8b_8gpu_cp1_32k")
+    assert titan.convention == "reserved"
+    context = pc.memory_card().cuda_context_bytes
+    assert titan.compared_peak_bytes == titan.peak_bytes - context
