@@ -123,6 +123,20 @@ async def test_describe_model_is_the_api_report(client):
     assert "8,030,261,248" in data["summary"] and data["next_steps"]
 
 
+async def test_an_edited_config_json_is_read_again_by_the_server(client, tmp_path):
+    """The server lives for hours: a config.json edited between two calls must give the new model (issue 13)."""
+    from meshplan.cards import model_card
+
+    path = tmp_path / "config.json"
+    cfg = dict(model_card("llama-3.1-8b").config)
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 32}))
+    first = await client.call_tool("describe_model", {"model": str(path)})
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 16}))
+    second = await client.call_tool("describe_model", {"model": str(path)})
+    assert first.structured_content["architecture"]["num_layers"] == 32
+    assert second.structured_content["architecture"]["num_layers"] == 16
+
+
 async def test_describe_model_moe_summary_states_active_params(client):
     data = (await client.call_tool("describe_model", {"model": "deepseek-v3"})).structured_content
     assert data["active_params"] < data["total_params"]
