@@ -31,6 +31,15 @@ PINS = {
     "hydra-core": "1.3.2",
 }
 
+# torch 2.13.0 is the CPU wheel pip takes for Python 3.11 on these machines (any other torch is a multi-GB CUDA
+# download); torchtitan 0.3.0 imports triton when it loads a model registry. Direct dependencies are pinned so
+# pip does not backtrack (about 4 minutes to build once, then cached). Used by the torchtitan proof tests and by
+# the FakeTensorMode activation-memory harness (bench/fake_tensor_memory.py).
+TORCHTITAN_VENV = ["torch==2.13.0", f"torchtitan=={PINS['torchtitan']}", "triton==3.9.0", "datasets==4.7.0",
+                   "einops==0.8.2", "pillow==13.0.0", "safetensors==0.8.0", "spmd_types==0.2.3",
+                   "tensorboard==2.21.0", "tokenizers==0.23.3", "torch_checkpointing==0.1.1", "torchdata==0.11.0",
+                   "tyro==1.0.17", "wandb==0.31.0"]
+
 
 def cache_root() -> Path:
     root = Path(os.environ.get("MESHPLAN_TEST_CACHE", Path.home() / ".cache" / "meshplan-tests"))

@@ -19,7 +19,7 @@ import subprocess
 import tomllib
 
 import pytest
-from framework_packages import venv_python, wheel_tree
+from framework_packages import TORCHTITAN_VENV, venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from meshplan.adapters.capabilities import adapter_section
 from meshplan.adapters.parse import cli_flags, overrides, parse_plan, python_assignments, shell_tokens
@@ -224,13 +224,6 @@ def test_skyrl_keys_exist_in_its_config_dataclasses(megatron_tree):
 
 # --------------------------------------------------------------------------- torchtitan
 
-# torch 2.13.0 is the CPU wheel pip takes for Python 3.11 on these machines (any other torch is a multi-GB CUDA
-# download); torchtitan 0.3.0 imports triton when it loads a model registry. Direct dependencies are pinned so
-# pip does not backtrack (about 4 minutes to build once, then cached).
-TORCHTITAN_VENV = ["torch==2.13.0", "torchtitan==0.3.0", "triton==3.9.0", "datasets==4.7.0", "einops==0.8.2",
-                   "pillow==13.0.0", "safetensors==0.8.0", "spmd_types==0.2.3", "tensorboard==2.21.0",
-                   "tokenizers==0.23.3", "torch_checkpointing==0.1.1", "torchdata==0.11.0", "tyro==1.0.17",
-                   "wandb==0.31.0"]
 
 PARSE = r"""
 import json, sys, warnings
