@@ -25,25 +25,24 @@ Method (no per-row constants, nothing fitted):
   counted with its reason: every row either maps or says why not.
 
 Compared:
-- fit: of the rows with stated memory settings (`stated_memory_settings`: the row states its recompute and
-  its micro-batch size, the two settings an activation estimate cannot do without; offload unstated = none),
-  how many meshplan predicts to fit: its peak within the GPU's memory (meshplan's own `fits`; for a GPU
-  outside the catalog, the row's own gpu_memory_gb in GiB). Rows whose estimate a rule error blocks are
-  counted as refused.
+- fit: of the rows with stated memory settings (`stated_memory_settings`: the row states its recompute;
+  every row that offloads states it too, an unstated offload is none), how many meshplan predicts to fit:
+  its peak within the GPU's memory (meshplan's own `fits`; for a GPU outside the catalog, the row's own
+  gpu_memory_gb in GiB). Rows whose estimate a rule error blocks are counted as refused.
 - rule errors: error findings of check_config other than the memory ones (MEM*), with their ids; the
   memory verdict is the fit count above.
 - peak memory: the row's peak_memory_gb_per_gpu is in GB (1e9 bytes: the two rows that also give GiB
   agree only so). What it measured is read from the row (`peak_convention`): "allocated" when the row says
   so, torchtitan rows "reserved" (torchtitan logs max_reserved_gib, torchtitan/components/metrics.py
-  DeviceMemoryMonitor), else "not stated". meshplan's peak (the worst stage) is compared as bench/memory_
-  accuracy.py does: reserved = peak - CUDA context; allocated = peak - context - allocator reserve; not
-  stated = the device total meshplan reports.
+  DeviceMemoryMonitor), else "not stated". meshplan's peak (the worst stage) is compared as
+  bench/memory_accuracy.py does: reserved = peak - CUDA context; allocated = peak - context - allocator
+  reserve; not stated = the device total meshplan reports.
 - throughput: tokens/s per GPU where the row gives it, else its TFLOP/s per GPU turned into tokens/s with
   meshplan's model FLOPs per token (Megatron's causal formula; a source that counted otherwise shows up as
   error). RL rows (their step includes the rollout) and runs the source marks as not absolute throughput
   are left out, with the reason.
 
-Run: python bench/production_configs.py [--rows] [--validation DIR]
+Run: python bench/production_configs.py [--rows] [--issue] [--validation DIR]
 """
 
 from __future__ import annotations
@@ -832,8 +831,9 @@ def print_rows(rows: list[dict[str, Any]], scores: list[Score]) -> None:
         if s.refused:
             extra.append(f"[{s.refused[:90]}]")
         knobs = ("not expressible: " + ", ".join(m.knobs)) if m.knobs else "exact"
+        notes = f" | {'; '.join(m.notes)}" if m.notes else ""
         print(f"{m.row_id:46s} {'S' if m.stated_memory else '-'} {s.group:5s} {verdict:7s} {peak:>10s} "
-              f"{'; '.join(extra)} | {knobs}")
+              f"{'; '.join(extra)} | {m.model_source} | {knobs}{notes}")
 
 
 def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
