@@ -199,11 +199,16 @@ class FrameworkDefaults(_Card):
     sequence_parallel_when_tp: bool = True
     etp: Literal["tp", 1] = Field(1, description="An MoE model's expert TP when the request leaves etp unset")
     etp_why: str | None = None
+    etp_recipes: str | None = Field(
+        None, description="What the framework's own MoE recipes set instead of the default, as resolve()'s etp note "
+                          "says it (its files cited in etp_why)")
 
     @model_validator(mode="after")
     def _claim_has_why(self) -> FrameworkDefaults:
         if self.etp != 1 and not self.etp_why:
             raise ValueError("etp: tp needs etp_why (the framework source that defaults it so)")
+        if self.etp_recipes and self.etp != "tp":
+            raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
         return self
 
 

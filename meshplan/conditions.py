@@ -13,7 +13,7 @@ from typing import Any
 
 from meshplan import mesh
 from meshplan.cards import framework_card
-from meshplan.rulebook import Context, divisors, fmt_set, lcm, neighbours, rule, rule_specs
+from meshplan.rulebook import Context, divisors, fmt_set, neighbours, rule, rule_specs
 from meshplan.schedule import split_problem, uneven_split
 from meshplan.schema import FRAMEWORKS
 
@@ -52,16 +52,28 @@ def _working_ep(ctx: Context, room: int) -> list[int]:
     return [e for e in divisors(ctx.num_experts) if room % e == 0]
 
 
+def _etp_one_fix(ctx: Context) -> str:
+    """The first thing WS002's fix says when experts kept whole (etp=1) make the expert grid tile this GPU count:
+    an unset etp is tp on Megatron-Core, and etp=1 is what the published MoE recipes set (the framework cards'
+    defaults.etp_why). Empty when etp is already 1 or etp=1 does not fit either."""
+    p = ctx.plan
+    if p.etp == 1 or not mesh.expert_grid_fits(ctx.law, ctx.world, p.tp, p.pp, p.cp, p.dp, p.ep, 1):
+        return ""
+    return (f"Set etp=1 (experts whole: etp*ep*pp = 1*{p.ep}*{p.pp} = {p.ep * p.pp} divides {ctx.world}), "
+            f"or keep etp={p.etp} and change the GPU count or ep. ")
+
+
 @rule("WS002")
 def expert_grid_divides_world(ctx: Context) -> Values:
     p = ctx.plan
     grid = ctx.expert_grid
     if ctx.world % grid == 0:
         return None
-    minimum = p.pp * lcm(p.tp * p.cp, p.ep * p.etp)
+    minimum = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
     room = ctx.world // (p.pp * p.etp) if ctx.world % (p.pp * p.etp) == 0 else 0
     eps = _working_ep(ctx, room)
     return {"world": ctx.world, "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp, "minimum": minimum,
+            "etp_one": _etp_one_fix(ctx),
             "gpus": neighbours(ctx.world, minimum), "eps": fmt_set(eps) if eps else "none at this GPU count"}
 
 

@@ -127,6 +127,7 @@ def test_the_card_limit_is_what_kf001_checks():
 
 @pytest.mark.parametrize("change,complaint", [
     ({"defaults": {"zero_stage": 1, "etp": "tp"}}, "etp_why"),
+    ({"defaults": {"zero_stage": 1, "etp": 1, "etp_recipes": "r"}}, "etp_recipes qualifies an etp: tp default"),
     ({"limits": {"moe_with_pipeline": False}}, "a limit needs a why"),
     ({"engine": {"by_zero_stage": {0: "megatron", 1: "megatron"}, "why": "w"}}, "by_zero_stage needs exactly"),
     ({"engine": {"by_zero_stage": {0: "megatorn", 1: "megatron", 2: "megatron", 3: "fsdp"}, "why": "w"}},

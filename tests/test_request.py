@@ -11,6 +11,20 @@ def test_megatron_defaults_etp_to_tp_for_moe_like_megatron_core():
     assert plan.etp == 1
 
 
+def test_etp_note_says_the_megatron_core_default_and_what_the_framework_recipes_set():
+    def etp_note(framework: str) -> str:
+        job, _ = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, framework=framework))
+        return next(n for n in job.notes if n.startswith("etp not given"))
+
+    assert etp_note("megatron-bridge") == ("etp not given: 2 = tp, as Megatron-Core defaults it; every Megatron-Bridge "
+                                           "MoE LLM recipe sets etp=1 (pass etp=1 to keep experts whole).")
+    assert etp_note("verl") == ("etp not given: 2 = tp, as Megatron-Core defaults it; verl's MoE examples set etp=1 "
+                                "(pass etp=1 to keep experts whole).")
+    # Megatron-Core's card names no recipes: the note states the default alone.
+    assert etp_note("megatron-core") == ("etp not given: 2 = tp, as Megatron-Core defaults it "
+                                         "(pass etp=1 to keep experts whole).")
+
+
 def test_etp_default_is_one_for_dense_models_and_other_frameworks():
     _, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, tp=2))
     assert plan.etp == 1

@@ -318,6 +318,33 @@ def test_megatron_world_laws_and_lcm_minimum():
     assert not {"WS001", "WS002"} & ids(*make(**MIX, num_gpus=16, cp=2, ep=8, seq_length=8192))
 
 
+def test_ws002_fix_names_etp_one_first_when_whole_experts_tile_the_gpus():
+    # Megatron-Bridge's DeepSeek-V3 recipe layout (TP2 PP16 EP64) with etp left unset: etp = tp = 2, so the
+    # expert grid is 2*64*16 = 2048 > 1024 GPUs; the recipe sets etp=1, and 1*64*16 = 1024 divides 1024.
+    job, plan = make(model="deepseek-v3", framework="megatron-bridge", num_gpus=1024, tp=2, pp=16, ep=64)
+    assert plan.etp == 2
+    f = finding_of("WS002", job, plan)
+    assert f.fix.startswith("Set etp=1 (experts whole: etp*ep*pp = 1*64*16 = 1024 divides 1024), or keep etp=2")
+    # ...and still the smallest GPU count pp*lcm(tp*cp, ep*etp) = 16*lcm(2, 128) = 2048, and the eps that
+    # tile 1024/(pp*etp) = 32 ranks per stage and divide 256 experts.
+    assert "pp*lcm(tp*cp, ep*etp) = 2048; use a multiple of it (2048), or ep in {1, 2, 4, 8, 16, 32}" in f.fix
+    assert "WS002" not in ids(*make(model="deepseek-v3", framework="megatron-bridge", num_gpus=1024,
+                                    tp=2, pp=16, ep=64, etp=1))
+
+
+def test_ws002_fix_does_not_offer_etp_one_where_it_does_not_fit_or_is_already_set():
+    # Mixtral on 12 GPUs, TP2 EP8, etp unset (= 2): grid 16; with etp=1 it is 8, which does not divide 12 either.
+    job, plan = make(**MIX, num_gpus=12, tp=2, ep=8)
+    assert plan.etp == 2
+    f = finding_of("WS002", job, plan)
+    assert "etp=1" not in f.fix
+    assert f.fix == ("The smallest GPU count for this layout is pp*lcm(tp*cp, ep*etp) = 16; use a multiple of it "
+                     "(16), or ep in {1, 2} at this GPU count.")
+    # etp already 1: nothing to offer (6 GPUs, grid 4).
+    assert "Set etp" not in finding_of("WS002", *make(**MIX, num_gpus=6, tp=2, cp=3, ep=4, etp=1,
+                                                       seq_length=6144)).fix
+
+
 def test_world_laws_differ_by_framework():
     # 32 GPUs, tp=4, ep=2: KempnerForge counts EP (dp = 32/(4*2) = 4); Megatron and torchtitan fold it (dp = 8).
     for framework in ("megatron-core", "torchtitan", "kempnerforge"):
