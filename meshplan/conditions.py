@@ -14,8 +14,8 @@ from typing import Any
 from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.rulebook import Context, divisors, fmt_set, neighbours, rule, rule_specs
-from meshplan.schedule import split_problem, uneven_split
-from meshplan.schema import FRAMEWORKS
+from meshplan.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
+from meshplan.schema import FRAMEWORKS, Plan
 
 Values = dict[str, Any] | None
 
@@ -403,6 +403,8 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
         return None
+    if _explicit_split(p):
+        return None
     return {"layers": layers, "pp": p.pp, "working": fmt_set(divisors(layers, upto=MAX_LISTED_PP)),
             "uneven": _uneven_hint(ctx, p.pp)}
 
@@ -411,6 +413,8 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
 def layers_divisible_by_vpp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return None
+    if _explicit_split(p):
         return None
     if layers % p.pp:  # PP001 reports the even split itself
         return None
@@ -445,6 +449,26 @@ def uneven_split_valid(ctx: Context) -> Values:
     return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
 
 
+@rule("PP009")
+def pipeline_layout_valid(ctx: Context) -> Values:
+    """An explicit pipeline_model_parallel_layout, or the embedding/loss counted in the split, that Megatron-Core
+    would refuse (schedule.plan_layout_problem); the fix is a layout that works for this pp and vpp."""
+    p = ctx.plan
+    problem = plan_layout_problem(ctx.arch, p)
+    if not problem:
+        return None
+    working = compose_layout(ctx.arch.num_layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
+    fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss), '
+           "with no first/last_stage_layers or account_for_embedding/loss." if working
+           else f"Use pp*vpp <= {ctx.arch.num_layers + 2} stages.")
+    return {"layers": ctx.arch.num_layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
+
+
+def _explicit_split(p: Plan) -> bool:
+    """A layout or the embedding/loss accounting decides the split; PP009 checks it instead of PP001/PP002/PP007."""
+    return p.pipeline_layout is not None or p.account_for_embedding or p.account_for_loss
+
+
 @rule("PP005")
 def interleave_microbatches(ctx: Context) -> Values:
     p = ctx.plan
@@ -476,7 +500,7 @@ def bubble(ctx: Context) -> Values:
 def stages_have_layers(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     chunks = p.pp * p.vpp
-    if chunks <= layers:
+    if chunks <= layers or p.pipeline_layout is not None:  # a layout may hold stages of E, m or L alone (PP009)
         return None
     return {"pp": p.pp, "vpp": p.vpp, "chunks": chunks, "layers": layers}
 

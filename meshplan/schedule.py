@@ -18,6 +18,7 @@ pipeline_model_parallel_layout, e.g. "Et*3|(tt|)*29,m|L") reduces to once parsed
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -105,6 +106,205 @@ def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: i
         return f"the {remaining} middle layers do not split evenly over {stages} middle stages"
     if stages and v and (remaining // stages) % v:
         return f"{remaining // stages} layers per middle stage are not divisible by vpp={v}"
+    return ""
+
+
+# --------------------------------------------------------------------------- explicit layouts
+
+LAYOUT_GRAMMAR = (
+    "stages separated by '|' in virtual-stage order (stage k runs on pp rank k % pp as virtual chunk k // pp); "
+    "in a stage E = embedding, t = decoder layer, m = MTP layer, L = loss; 'x*n' repeats one character, "
+    "'(...)*n' repeats a group (no nesting); commas are cosmetic. Example: 'Et*3|(tt|)*29,m|L'"
+)
+LAYOUT_CHARS = "ELtm"
+MAX_LAYOUT_CHARS = 100_000  # unrolled; far above any pp*vpp x layer count meshplan accepts
+
+
+def _layout_error(text: str, pos: int, what: str) -> MeshplanError:
+    shown = text if len(text) <= 80 else text[:80] + "..."
+    return MeshplanError(f"pipeline_layout {shown!r}: {what} at position {pos + 1}.",
+                         fix=f"Write the layout as Megatron-Core parses it: {LAYOUT_GRAMMAR}.")
+
+
+def _check_layout_syntax(text: str) -> None:
+    """Reject, with the position, what Megatron's parse_str_to_list would fail on or silently misread."""
+    group_open: int | None = None
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in LAYOUT_CHARS or c in "|,":
+            pass
+        elif c == "(":
+            if group_open is not None:
+                raise _layout_error(text, i, "'(' inside a group (groups do not nest)")
+            group_open = i
+        elif c == ")":
+            if group_open is None:
+                raise _layout_error(text, i, "')' without an opening '('")
+            if not text[group_open + 1:i].replace(",", ""):
+                raise _layout_error(text, group_open, "an empty group '()'")
+            if not re.match(r"\*\d", text[i + 1:i + 3]):
+                raise _layout_error(text, i, "a group ')' not followed by '*n'")
+            group_open = None
+        elif c == "*":
+            prev = text[:i].replace(",", "")[-1:]
+            if not prev or prev not in LAYOUT_CHARS + "|)":
+                raise _layout_error(text, i, "'*' that repeats nothing")
+            if not text[i + 1:i + 2].isdigit():
+                raise _layout_error(text, i, "'*' not followed by a count")
+            i += 1
+            while i + 1 < n and text[i + 1].isdigit():
+                i += 1
+        else:
+            what = "a count without '*'" if c.isdigit() else f"{c!r}, which is not a layer character"
+            raise _layout_error(text, i, what)
+        i += 1
+    if group_open is not None:
+        raise _layout_error(text, group_open, "a '(' never closed")
+
+
+def _unroll(text: str, pattern: str) -> str:
+    """One of Megatron's unrolling passes, refusing a result too long to be a real layout before building it."""
+    matches = list(re.finditer(pattern, text))
+    size = len(text) + sum(len(m.group(1)) * int(m.group(2)) - len(m.group(0)) for m in matches)
+    if size > MAX_LAYOUT_CHARS:
+        raise MeshplanError(f"pipeline_layout unrolls to {size:,} characters (at most {MAX_LAYOUT_CHARS:,}).",
+                            fix="Use repeat counts no larger than the model's layers and stages.")
+    return re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+
+
+@lru_cache(maxsize=1024)
+def parse_layout(text: str) -> tuple[str, ...]:
+    """The stages of a pipeline_model_parallel_layout string, each as its layer characters, in the string's
+    (virtual-stage) order. Megatron-Core megatron/core/transformer/pipeline_parallel_layer_layout.py
+    parse_str_to_list: commas dropped, '(...)*n' then 'x*n' unrolled, split on '|'; the syntax is checked first so
+    an error names its position."""
+    _check_layout_syntax(text)
+    flat = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        flat = _unroll(flat, pattern)
+    return tuple(flat.split("|"))
+
+
+def layout_problem(stages: Sequence[str], pp: int, vpp: int, num_layers: int, mtp_layers: int) -> str:
+    """What Megatron-Core would refuse in a parsed layout ('' when nothing): PipelineParallelLayerLayout.__init__
+    (stages a multiple of pp) and validate_layer_layout, in their order, plus meshplan's vpp matching the layout."""
+    if len(stages) % pp:
+        return f"its {len(stages)} stages do not fill pp={pp} ranks equally (a multiple of {pp} is needed)"
+    if len(stages) != pp * vpp:
+        return f"its {len(stages)} stages are pp={pp} x {len(stages) // pp} virtual stages, not vpp={vpp}"
+    flat = "".join(stages)
+    if not flat.startswith("E"):
+        return "the first layer must be the embedding E"
+    if not flat.endswith("L"):
+        return "the last layer must be the loss L"
+    if flat.count("E") != 1 or flat.count("L") != 1:
+        return f"E and L must each appear once (E {flat.count('E')}, L {flat.count('L')})"
+    if flat.count("t") != num_layers:
+        return f"it has {flat.count('t')} decoder layers t, the model {num_layers}"
+    mtp = flat.count("m")
+    if mtp not in (0, mtp_layers):
+        return f"it has {mtp} MTP layers m, the model {mtp_layers}" + (" (or none)" if mtp_layers else "")
+    if mtp and "t" in flat[flat.index("m"):]:
+        return "decoder layers t must come before the MTP layers m"
+    if mtp:
+        holders = [k for k, s in enumerate(stages) if "m" in s]
+        if len(holders) > 1:
+            return "all MTP layers m must be in one stage"
+        if holders[0] // pp != vpp - 1:
+            return "the MTP layers m must be in a rank's last virtual stage"
+    return ""
+
+
+def accounted_counts(num_layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> tuple[list[int], str]:
+    """(decoder layers of each virtual stage in virtual-stage order, problem) when the embedding and/or the loss count
+    as a layer in the even split. Megatron-Core transformer_block.get_num_layers_to_build: (layers + e + l) split
+    evenly over pp, each rank's share over vpp, then the first virtual stage of rank 0 builds e fewer and the last
+    of the last rank l fewer; TransformerConfig.__post_init__ checks the divisions."""
+    units = num_layers + embedding + loss
+    if units % pp:
+        return [], (f"{num_layers} layers + {int(embedding) + int(loss)} (embedding/loss counted) = {units} do not "
+                    f"split evenly over pp={pp}")
+    per_rank = units // pp
+    if per_rank % vpp:
+        return [], f"{per_rank} layers per rank (embedding/loss counted) do not split into vpp={vpp} virtual stages"
+    counts = [per_rank // vpp] * (pp * vpp)
+    counts[0] -= embedding
+    counts[-1] -= loss
+    if min(counts) < 0:
+        return [], "a virtual stage of one layer cannot also hold the embedding or the loss"
+    return counts, ""
+
+
+def compose_layout(num_layers: int, pp: int, vpp: int, mtp_layers: int = 0) -> str | None:
+    """A working layout string for pp x vpp stages: the embedding and the loss each weigh as a layer, the decoder
+    layers fill the rest as evenly as they go (extra layers to the middle stages first, then the first stage), the
+    MTP layers sit with the loss. None when there are more stages than layers to fill them."""
+    stages = pp * vpp
+    units = num_layers + 2
+    if stages < 2 or units < stages:
+        return None
+    base, extra = divmod(units, stages)
+    sizes = [base] * stages
+    for k in [*range(1, stages - 1), 0, stages - 1][:extra]:
+        sizes[k] += 1
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    body = ["t" * n for n in sizes]
+    body[0] = "E" + body[0]
+    body[-1] += "m" * mtp_layers + "L"
+    return format_layout(body)
+
+
+def _short(stage: str) -> str:
+    return re.sub(r"(.)\1{2,}", lambda m: f"{m.group(1)}*{len(m.group(0))}", stage)
+
+
+def format_layout(stages: Sequence[str]) -> str:
+    """The shortest usual spelling of a list of stages: runs within a stage as 't*4', runs of equal stages as
+    '(t*4|)*14' (the group carries its '|')."""
+    out, k = "", 0
+    while k < len(stages):
+        run = 1
+        while k + run < len(stages) - 1 and stages[k + run] == stages[k]:
+            run += 1
+        last = k + run == len(stages)
+        if run > 1:
+            out += f"({_short(stages[k])}|)*{run}"
+        else:
+            out += _short(stages[k]) + ("" if last else "|")
+        k += run
+    return out
+
+
+def _layout_fix(arch: Architecture, plan: Plan) -> str:
+    """A layout that works for the plan's pp and vpp, or what to change when none does."""
+    working = compose_layout(arch.num_layers, plan.pp, plan.vpp, arch.num_mtp_layers)
+    if working is None:
+        return f"Use pp*vpp <= {arch.num_layers + 2} stages for a layout of {arch.num_layers} layers."
+    return f'Use pipeline_layout="{working}" (pp={plan.pp}, vpp={plan.vpp}), or no layout.'
+
+
+def plan_layout_problem(arch: Architecture, plan: Plan) -> str:
+    """What is wrong with the plan's explicit layout or embedding/loss accounting ('' when nothing), the parse error
+    included: rule PP009 reports it, plan_stages refuses it."""
+    accounting = plan.account_for_embedding or plan.account_for_loss
+    uneven = plan.first_stage_layers is not None or plan.last_stage_layers is not None
+    if plan.pipeline_layout is not None:
+        if uneven or accounting:
+            return ("pipeline_layout cannot be combined with first/last_stage_layers or account_for_embedding/loss "
+                    "(Megatron-Core TransformerConfig refuses it)")
+        try:
+            stages = parse_layout(plan.pipeline_layout)
+        except MeshplanError as err:
+            return f"{err.reason.rstrip('.')}; a layout is {LAYOUT_GRAMMAR}"
+        return layout_problem(stages, plan.pp, plan.vpp, arch.num_layers, arch.num_mtp_layers)
+    if accounting:
+        if uneven:
+            return ("account_for_embedding/loss cannot be combined with first/last_stage_layers (Megatron-Core "
+                    "TransformerConfig refuses it)")
+        return accounted_counts(arch.num_layers, plan.pp, plan.vpp, plan.account_for_embedding,
+                                plan.account_for_loss)[1]
     return ""
 
 
@@ -301,8 +501,27 @@ def stages_for(arch: Architecture, framework: str, zero_stage: int, tp: int, pp:
     return megatron_stages(arch.num_layers, pp, vpp, first, last)
 
 
+@lru_cache(maxsize=1024)
+def explicit_stages(num_layers: int, pp: int, vpp: int, layout: str | None, embedding: bool, loss: bool) -> Stages:
+    """The stages an explicit layout (its decoder layers t per stage) or the embedding/loss accounting gives
+    (plan_layout_problem has found nothing wrong with them); the loss, output layer and MTP stay on the last rank,
+    where a valid layout puts L."""
+    if layout is not None:
+        counts = [stage.count("t") for stage in parse_layout(layout)]
+    else:
+        counts = accounted_counts(num_layers, pp, vpp, embedding, loss)[0]
+    return stages_from_counts(counts, pp)
+
+
 def plan_stages(job: Job, plan: Plan) -> Stages:
     """The decoder layers each pipeline stage of the plan holds: memory and throughput both read this."""
+    if plan.pipeline_layout is not None or plan.account_for_embedding or plan.account_for_loss:
+        problem = plan_layout_problem(job.model, plan)
+        if problem:
+            raise MeshplanError(f"The pipeline layout cannot be estimated: {problem}.",
+                                fix=_layout_fix(job.model, plan))
+        return explicit_stages(job.model.num_layers, plan.pp, plan.vpp, plan.pipeline_layout,
+                               plan.account_for_embedding, plan.account_for_loss)
     return stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
                       plan.first_stage_layers, plan.last_stage_layers)
 

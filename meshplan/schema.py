@@ -206,6 +206,20 @@ class Request(_Strict):
     last_stage_layers: int | None = Field(
         None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the last stage (default: even split)"
     )
+    pipeline_layout: str | None = Field(
+        None, min_length=1, max_length=4096,
+        description="Megatron's pipeline_model_parallel_layout, e.g. 'Et*3|(tt|)*29,m|L': stages split by '|' in "
+                    "virtual-stage order, E embedding, t decoder layer, m MTP layer, L loss, x*n and (...)*n repeat "
+                    "(default: none, the even or first/last split; sets vpp when vpp is left out)",
+    )
+    account_for_embedding: bool | None = Field(
+        None, description="Megatron's account_for_embedding_in_pipeline_split: the embedding counts as one layer in "
+                          "the even split, so the first stage builds one decoder layer fewer (default: false)",
+    )
+    account_for_loss: bool | None = Field(
+        None, description="Megatron's account_for_loss_in_pipeline_split: the loss counts as one layer in the even "
+                          "split, so the last stage builds one decoder layer fewer (default: false)",
+    )
     headroom: float | None = Field(
         None, ge=0.0, lt=1.0,
         description="Share of GPU memory a layout must leave free to count as fitting (default: 0.10, rule MEM002); "
@@ -246,6 +260,12 @@ class Plan(_Strict):
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
     last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
+    pipeline_layout: str | None = Field(
+        None, min_length=1, max_length=4096,
+        description="Megatron's pipeline_model_parallel_layout string (schedule.parse_layout); None = no layout",
+    )
+    account_for_embedding: bool = Field(False, description="The embedding counts as a layer in the even split")
+    account_for_loss: bool = Field(False, description="The loss counts as a layer in the even split")
 
     def num_microbatches(self, global_batch_size: int) -> int:
         return max(1, global_batch_size // (self.micro_batch_size * self.dp))

@@ -123,6 +123,8 @@ CASES: dict[str, tuple[dict, dict]] = {
     "PP007": ({**L8B, "num_gpus": 32, "pp": 16, "vpp": 4, "global_batch_size": 32},
               {**L8B, "num_gpus": 32, "pp": 16, "vpp": 2, "global_batch_size": 32}),
     "PP008": ({**L8B, "num_gpus": 16, "pp": 16}, {**L8B, "num_gpus": 8, "pp": 8}),
+    "PP009": ({**KIMI, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 32, "pipeline_layout": "Et*4|(t*4|)*14L"},
+              {**KIMI, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 32, "pipeline_layout": "Et*4|(t*4|)*14tL"}),
     "BS001": ({**L8B, "num_gpus": 8, "global_batch_size": 12}, {**L8B, "num_gpus": 8, "global_batch_size": 16}),
     "VL001": ({**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 6},
               {**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 8}),
