@@ -1,0 +1,388 @@
+"""Activation memory of a framework's own model code, counted on a CPU under FakeTensorMode (no GPU, no memory).
+
+Runs INSIDE the throwaway torch venv that `bench/fake_tensor_memory.py` and `tests/test_fake_tensor_memory.py`
+build (torch 2.13.0 CPU wheel + torchtitan 0.3.0); meshplan never imports it, and it never imports meshplan.
+
+What it counts, per decoder layer: the bytes still alive after the block's forward that were not alive before
+it, read from `torch.distributed._tools.mem_tracker.MemTracker` (a TorchDispatchMode that tracks every tensor
+storage created under it, by weak reference, exactly: a fake CPU tensor's storage is size x element size, no
+allocator rounding). That is the block's saved-for-backward tensors (minus its input, which the previous block
+made) plus its output (the next block's input), i.e. what each layer adds to the live set in a stack of
+layers: meshplan's per-layer convention, where each layer owns its input. Under no recompute the same number is
+cross-checked with a `saved_tensors_hooks` pack hook (unique storages autograd saved, minus the input, plus the
+output); under activation checkpointing only the tracker can see what the checkpoint keeps (its own hooks and
+the SAC cache sit below any outer hook). The peak through a training step (forward, backward, AdamW) is the
+tracker's peak, measured with FSDP2 on a fake process group the way torchtitan's own memory estimator did.
+
+CPU stand-ins for GPU kernels (each keeps what the GPU path saves; none changes the framework's code):
+- FlexAttention: torchtitan compiles `flex_attention` (torch.compile) and builds its BlockMask compiled; on a
+  CPU fake tensor both run eagerly instead (the same higher-order op and autograd Function, which saves q, k,
+  v, out, logsumexp and max_scores as the compiled kernel does), with its CPU-backward guard lifted and no
+  dynamo wrapping.
+- RMSNorm: `aten::rms_norm` calls `aten::_fused_rms_norm`, which has a CUDA kernel whose autograd saves the
+  bf16 input and the fp32 rstd; a CPU build only has its composite, whose autograd saves fp32 copies of the
+  input and of the normalised output (7 extra s*b*h*2 units per Llama block). Registering a CPU kernel for
+  the op (never run: fake tensors only reach meta functions) makes the CPU use the CUDA autograd formula.
+- MemTracker does not pass higher-order operators (flex attention) through; a subclass lets them through.
+
+    python fake_tensor_harness.py < cases.json   # prints one line: RESULT {...}
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+BF16 = torch.bfloat16
+
+
+# --------------------------------------------------------------------------- CPU stand-ins for the GPU kernels
+
+
+def cpu_stand_ins() -> None:
+    """Make torchtitan's GPU code paths run on fake CPU tensors while saving what they save on a GPU."""
+    import torch.nn.attention.flex_attention as flex
+    import torchtitan.models.common.attention as titan_attention
+
+    titan_attention.FlexAttention._compiled_flex_attn = staticmethod(flex.flex_attention)
+    titan_attention._compiled_create_block_mask = flex.create_block_mask
+    flex._validate_device = lambda *args, **kwargs: None
+    flex._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # call the higher-order op directly, no dynamo
+    global _RMS_LIBRARY
+    _RMS_LIBRARY = torch.library.Library("aten", "IMPL")
+    _RMS_LIBRARY.impl("_fused_rms_norm", _never_run_rms_norm, "CPU")
+
+
+_RMS_LIBRARY = None
+
+
+def _never_run_rms_norm(*args, **kwargs):
+    raise NotImplementedError("the CPU stand-in for _fused_rms_norm is for fake tensors only")
+
+
+def tracker_class(fsdp: bool):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    base = FSDPMemTracker if fsdp else MemTracker
+    return type(f"HigherOrder{base.__name__}", (base,), {"supports_higher_order_operators": True})
+
+
+# --------------------------------------------------------------------------- models
+
+
+def model_config(arch: str, layers: list[int], seq: int):
+    """The torchtitan 0.3.0 registry config of the architecture, cut to the given decoder layers, with the RoPE
+    cache sized to the sequence as the trainer does (Decoder.Config.update_from_config)."""
+    if arch == "llama3-8b":
+        from torchtitan.models.llama3 import model_registry
+
+        spec = model_registry("8B", attn_backend="flex")
+    elif arch == "deepseek-v3-671b":
+        from torchtitan.models.deepseek_v3 import model_registry
+
+        spec = model_registry("671B", attn_backend="flex")
+    else:
+        raise ValueError(f"unknown architecture {arch!r}: llama3-8b or deepseek-v3-671b")
+    cfg = spec.model
+    cfg.layers = [cfg.layers[i] for i in layers]
+    for layer in cfg.layers:
+        layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=seq)
+    return cfg
+
+
+def trainer_loss(arch: str):
+    """The loss the registry's trainer config uses (ChunkedLossWrapper of CrossEntropyLoss for both)."""
+    if arch == "llama3-8b":
+        from torchtitan.models.llama3.config_registry import llama3_8b as trainer
+    else:
+        from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_671b as trainer
+    return trainer().loss.build()
+
+
+# --------------------------------------------------------------------------- activation checkpointing policies
+
+
+@dataclass
+class EraAConfig:
+    """torchtitan 0.2.2's `ActivationCheckpoint` fields that its AC functions read (job_config.py defaults)."""
+
+    mode: str = "selective"
+    selective_ac_option: str = "2"
+    per_op_sac_force_recompute_mm_shapes_by_fqns: list[str] = field(default_factory=lambda: ["moe.router.gate"])
+    early_stop: bool = False
+    preserve_rng_state: bool = True
+    determinism_check: str = "default"
+    debug: bool = False
+
+
+def era_a_module(wheel: Path):
+    """torchtitan 0.2.2's distributed/activation_checkpoint.py, loaded from its wheel beside 0.3.0: its two
+    torchtitan imports (the config class, used only in annotations, and the logger) are replaced."""
+    import logging
+    import types
+
+    source = (wheel / "torchtitan" / "distributed" / "activation_checkpoint.py").read_text()
+    source = source.replace("from torchtitan.config.job_config import ActivationCheckpoint as ACConfig\n", "")
+    source = source.replace("from torchtitan.tools.logging import logger\n", "")
+    module = types.ModuleType("torchtitan_0_2_2_activation_checkpoint")
+    module.ACConfig = EraAConfig
+    module.logger = logging.getLogger("torchtitan-0.2.2")
+    exec(compile(source, "torchtitan-0.2.2/distributed/activation_checkpoint.py", "exec"), module.__dict__)
+    return module
+
+
+def era_a_save_list(wheel: Path, arch: str) -> set:
+    """The model's `_op_sac_save_list` in torchtitan 0.2.2 (models/<model>/infra/parallelize.py), element by
+    element; ops this torch build does not register are skipped, as torchtitan 0.3.0 skips them."""
+    folder = {"llama3-8b": "llama3", "deepseek-v3-671b": "deepseek_v3"}[arch]
+    tree = ast.parse((wheel / "torchtitan" / "models" / folder / "infra" / "parallelize.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_op_sac_save_list" for t in node.targets):
+            ops = set()
+            for element in node.value.elts:
+                try:
+                    ops.add(eval(compile(ast.Expression(element), "save-list", "eval"), {"torch": torch}))
+                except (AttributeError, RuntimeError):
+                    pass
+            return ops
+    raise RuntimeError(f"no _op_sac_save_list in torchtitan 0.2.2's {folder} parallelize.py")
+
+
+def apply_policy(model, policy: str, arch: str, wheel: Path | None) -> None:
+    """none | full | selective (torchtitan 0.3.0, op-level SAC) | selective-op@0.2.2 | selective-N@0.2.2."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    if policy == "none":
+        return
+    if policy == "full":
+        FullAC(FullAC.Config()).apply(model)
+        return
+    if policy == "selective":
+        SelectiveAC(SelectiveAC.Config()).apply(model)
+        return
+    if policy.endswith("@0.2.2") and policy.startswith("selective-"):
+        if wheel is None:
+            raise ValueError("the torchtitan 0.2.2 policies need the unpacked 0.2.2 wheel (era_a_wheel)")
+        era_a = era_a_module(wheel)
+        option = policy[len("selective-"):-len("@0.2.2")]
+        era_a.apply_ac(model, EraAConfig(selective_ac_option=option),
+                       op_sac_save_list=era_a_save_list(wheel, arch) if option == "op" else None)
+        return
+    raise ValueError(f"unknown policy {policy!r}")
+
+
+# --------------------------------------------------------------------------- per-layer counts
+
+
+def _inputs(seq: int, batch: int):
+    tokens = torch.randint(0, 1000, (batch, seq))
+    positions = torch.arange(seq).unsqueeze(0).expand(batch, seq)
+    return tokens, positions
+
+
+def layer_bytes(case: dict, wheel: Path | None) -> dict:
+    """Bytes each decoder layer adds to the live set in its forward (saved for backward + its output)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    arch, seq, batch = case["arch"], case["seq"], case["batch"]
+    cfg = model_config(arch, case["layers"], seq)
+    with FakeTensorMode():
+        # FSDP2's MixedPrecisionPolicy(param_dtype=bf16) computes with bf16 parameters: build them in bf16.
+        torch.set_default_dtype(BF16)
+        try:
+            model = cfg.build()
+        finally:
+            torch.set_default_dtype(torch.float32)
+        model.train()
+        apply_policy(model, case["policy"], arch, wheel)
+        tokens, positions = _inputs(seq, batch)
+        masks = model.get_attention_masks(positions)
+        tracker = tracker_class(fsdp=False)()
+        tracker.track_external(model, tokens, positions)
+        with tracker:
+            h = model.tok_embeddings(tokens)
+            for layer in model.layers.values():
+                h = layer(h, masks, positions)
+            h.float().sum().backward()
+        out = []
+        for name, layer in model.layers.items():
+            stats = tracker.memory_tracking[layer]
+            pre, post = stats.snapshots["Pre-Forward"][0], stats.snapshots["Post-Forward"][0]
+            device = next(iter(post))
+            moe = bool(getattr(layer, "moe_enabled", False) or getattr(
+                getattr(layer, "_checkpoint_wrapped_module", None), "moe_enabled", False))
+            out.append({"layer": int(name), "moe": moe,
+                        "bytes": int(post[device]["Total"] - pre[device].get("Total", 0))})
+        result = {"layers": out, "hidden": int(model.config.dim)}
+        if case["policy"] == "none":
+            result["saved_hook_bytes"] = saved_hook_bytes(model, masks, positions, seq, batch)
+    return result
+
+
+def saved_hook_bytes(model, masks, positions, seq: int, batch: int) -> list[int]:
+    """Per layer (no recompute): unique storages autograd saves, minus the layer input, plus its output."""
+    out = []
+    for layer in model.layers.values():
+        x = torch.empty(batch, seq, model.config.dim, dtype=BF16, requires_grad=True)
+        outside = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers(), x, *_tensors(masks)]}
+        kept: dict[int, torch.Tensor] = {}  # holds the storages, so an address is never reused and miscounted
+        with torch.autograd.graph.saved_tensors_hooks(_packer(outside, kept), lambda t: t):
+            y = layer(x, masks, positions)
+        out.append(sum(t.untyped_storage().nbytes() for t in kept.values()) + y.untyped_storage().nbytes())
+    return out
+
+
+def _packer(outside: set[int], kept: dict[int, torch.Tensor]):
+    def pack(t):
+        key = t.untyped_storage()._cdata
+        if key not in outside and key not in kept:
+            kept[key] = t
+        return t
+
+    return pack
+
+
+def _tensors(masks):
+    if isinstance(masks, torch.Tensor):
+        return [masks]
+    if hasattr(masks, "as_tuple"):
+        return [t for t in masks.as_tuple() if isinstance(t, torch.Tensor)]
+    return []
+
+
+# --------------------------------------------------------------------------- peak through a step
+
+
+_PG_WORLD: int | None = None
+
+
+def step_peak(case: dict, wheel: Path | None) -> dict:
+    """One training step (forward, the trainer's chunked loss, backward, AdamW step) with torchtitan's FSDP2
+    (apply_fsdp_to_decoder: bf16 params, fp32 reduce) over a fake process group of `world` ranks; the peak of
+    rank 0 by category, from FSDPMemTracker over the second step (the first one creates the optimizer state)."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.components.loss import ChunkedLossWrapper
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    global _PG_WORLD
+    world = case["world"]
+    if _PG_WORLD is None:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        _PG_WORLD = world
+    if _PG_WORLD != world:
+        raise ValueError("one fake process group per run: keep `world` the same in every step case")
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    arch, seq, batch = case["arch"], case["seq"], case["batch"]
+    cfg = model_config(arch, case["layers"], seq)
+    with FakeTensorMode():
+        model = cfg.build()
+        model.train()
+        apply_policy(model, case["policy"], arch, wheel)
+        apply_fsdp_to_decoder(model, mesh, param_dtype=BF16, reduce_dtype=torch.float32, pp_enabled=False)
+        loss_fn = trainer_loss(arch)
+        chunked = isinstance(loss_fn, ChunkedLossWrapper)
+        if chunked:
+            loss_fn.set_lm_head(model.lm_head)
+            model._skip_lm_head = True
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        tokens, positions = _inputs(seq, batch)
+        masks = model.get_attention_masks(positions)
+        valid_tokens = torch.tensor(float(seq * batch))
+        tracker = tracker_class(fsdp=True)(model, optimizer)
+        loss_scope = _LossScope(tracker)
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for step in range(2):
+                pred = model(tokens, positions, masks)
+                with loss_scope:
+                    loss = loss_fn(pred, tokens, valid_tokens, positions=positions)[0]
+                del pred
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == 0:
+                    tracker.reset_mod_stats()
+        peak = tracker.get_tracker_snapshot("peak")
+        device = next(iter(peak))
+        by_kind = {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
+    return {"peak": by_kind, "world": world, "chunked_loss": chunked}
+
+
+class _LossScope:
+    """torchtitan's chunked loss calls lm_head once per chunk, outside the model, and runs a backward per
+    chunk; the tracker's module tracker resets its parent set to {"Global"} after every backward, so the second
+    chunk's lm_head call looks like a second training iteration, which the tracker refuses. Inside this scope
+    the parent set also names the loss, so those calls read as re-use within the step (what they are). Only
+    the tracker's peak is read, never its per-module stats."""
+
+    NAME = "ChunkedLossWrapper"
+
+    def __init__(self, tracker):
+        mod_tracker = tracker._mod_tracker
+        scope = self
+
+        class ScopedModTracker(type(mod_tracker)):
+            @property
+            def parents(self):
+                return self.__dict__["_scoped_parents"]
+
+            @parents.setter
+            def parents(self, value):
+                if scope.active:
+                    value.add(scope.NAME)
+                self.__dict__["_scoped_parents"] = value
+
+        mod_tracker.__dict__["_scoped_parents"] = mod_tracker.__dict__.pop("parents")
+        mod_tracker.__class__ = ScopedModTracker
+        self.mod_tracker, self.active = mod_tracker, False
+
+    def __enter__(self):
+        self.active = True
+        self.mod_tracker.parents.add(self.NAME)
+
+    def __exit__(self, *exc):
+        self.active = False
+        self.mod_tracker.parents.discard(self.NAME)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    wheel = Path(request["era_a_wheel"]) if request.get("era_a_wheel") else None
+    cpu_stand_ins()
+    results = []
+    for case in request["cases"]:
+        start = time.perf_counter()
+        try:
+            if case["kind"] == "layers":
+                out = layer_bytes(case, wheel)
+            elif case["kind"] == "step":
+                out = step_peak(case, wheel)
+            else:
+                raise ValueError(f"unknown case kind {case['kind']!r}: layers or step")
+            out["ok"] = True
+        except Exception as exc:  # reported per case, so one failing policy does not hide the others
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        out["seconds"] = round(time.perf_counter() - start, 2)
+        results.append({**case, **out})
+    print("RESULT " + json.dumps({"torch": torch.__version__, "results": results}))
+
+
+if __name__ == "__main__":
+    main()
