@@ -65,6 +65,9 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("recompute_layers")
     if plan.first_stage_layers is not None or plan.last_stage_layers is not None:
         used.append("uneven_pp")
+    for name in ("pipeline_layout", "account_for_embedding", "account_for_loss"):
+        if getattr(plan, name) not in (None, False):
+            used.append(name)
     if job.precision == "fp8":
         used.append("fp8")
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
@@ -80,6 +83,8 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
+        "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
+        "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
     }.get(name)
     return value or f"{name}={getattr(plan, name, '?')}"
 

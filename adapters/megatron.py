@@ -79,7 +79,10 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
     notes: list[str] = []
     flags: list[Flag] = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
     split = split_fields(job, plan)
-    if plan.vpp > 1:
+    if plan.pipeline_layout is not None:
+        # The layout sets vpp (its stages / pp); validate_args allows no other virtual-stage flag with it.
+        flags.append(("--pipeline-model-parallel-layout", plan.pipeline_layout))
+    elif plan.vpp > 1:
         if split.first is None and split.last is None and split.per_chunk:
             # --virtual-pipeline-model-parallel-size does not exist; VPP is set by layers per virtual stage.
             flags.append(("--num-layers-per-virtual-pipeline-stage", split.per_chunk))
@@ -90,6 +93,8 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags.append(("--decoder-first-pipeline-num-layers", split.first))
     if split.last is not None:
         flags.append(("--decoder-last-pipeline-num-layers", split.last))
+    flags += [(flag, None) for flag, on in (("--account-for-embedding-in-pipeline-split", plan.account_for_embedding),
+                                            ("--account-for-loss-in-pipeline-split", plan.account_for_loss)) if on]
     flags.append(("--context-parallel-size", plan.cp))
     if plan.cp > 1:
         flags.append(("--cp-comm-type", plan.cp_comm_type))
@@ -177,6 +182,10 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         s.append(("model.num_layers_in_first_pipeline_stage", split.first))
     if split.last is not None:
         s.append(("model.num_layers_in_last_pipeline_stage", split.last))
+    if plan.pipeline_layout is not None:
+        s.append(("model.pipeline_model_parallel_layout", plan.pipeline_layout))
+    s += [(f"model.account_for_{part}_in_pipeline_split", True)
+          for part, on in (("embedding", plan.account_for_embedding), ("loss", plan.account_for_loss)) if on]
     s += [(f"model.{k}", v) for k, v in megatron_recompute(plan).items()]
     s.append(("model.seq_length", job.seq_length))
     fsdp = plan.zero_stage in (2, 3)

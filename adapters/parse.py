@@ -15,6 +15,7 @@ import tomllib
 from typing import Any
 
 from meshplan.adapters.common import plan_recompute
+from meshplan.schedule import parse_layout
 
 
 def shell_tokens(text: str) -> list[str]:
@@ -83,7 +84,10 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     pp = int(f["--pipeline-model-parallel-size"])
     first, last = f.get("--decoder-first-pipeline-num-layers"), f.get("--decoder-last-pipeline-num-layers")
     vpp = 1
-    if "--num-layers-per-virtual-pipeline-stage" in f:
+    layout = f.get("--pipeline-model-parallel-layout")
+    if layout is not None:
+        vpp = len(parse_layout(layout)) // pp
+    elif "--num-layers-per-virtual-pipeline-stage" in f:
         vpp = int(f["--num-layers"]) // (pp * int(f["--num-layers-per-virtual-pipeline-stage"]))
     elif "--num-virtual-stages-per-pipeline-rank" in f:
         vpp = int(f["--num-virtual-stages-per-pipeline-rank"])
@@ -94,6 +98,8 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
            // (tp * pp * cp), "sequence_parallel": "--sequence-parallel" in f, "zero_stage": zero,
            "micro_batch_size": int(f["--micro-batch-size"]),
            "first_stage_layers": int(first) if first else None, "last_stage_layers": int(last) if last else None,
+           "pipeline_layout": layout, "account_for_embedding": "--account-for-embedding-in-pipeline-split" in f,
+           "account_for_loss": "--account-for-loss-in-pipeline-split" in f,
            **plan_recompute(f.get("--recompute-granularity"), f.get("--recompute-method"),
                             f.get("--recompute-num-layers"))}
     if "--expert-model-parallel-size" in f:
@@ -126,6 +132,9 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                micro_batch_size=int(s["train.micro_batch_size"]),
                first_stage_layers=m.get("num_layers_in_first_pipeline_stage"),
                last_stage_layers=m.get("num_layers_in_last_pipeline_stage"),
+               pipeline_layout=m.get("pipeline_model_parallel_layout"),
+               account_for_embedding=bool(m.get("account_for_embedding_in_pipeline_split")),
+               account_for_loss=bool(m.get("account_for_loss_in_pipeline_split")),
                **plan_recompute(m.get("recompute_granularity"), m.get("recompute_method"),
                                 m.get("recompute_num_layers")))
     if out["cp"] > 1:
