@@ -185,15 +185,35 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         gbs = default_global_batch(req.seq_length, mbs, dp)
         notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
     gpn = req.gpus_per_node or gpu.gpus_per_node
+    vpp = req.vpp or _layout_vpp(req.pipeline_layout, pp, notes) or 1
     plan = Plan(
-        tp=tp, pp=pp, vpp=req.vpp or 1, cp=cp, ep=ep, etp=etp, dp=dp,
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
         recompute=recompute, recompute_layers=req.recompute_layers,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
+        pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
+        account_for_loss=bool(req.account_for_loss),
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
     )
     return job, plan
+
+
+def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:
+    """vpp as the pipeline layout sets it (its stages / pp, as Megatron-Core derives it) when vpp is left out; None
+    when there is no layout or it does not parse or fill pp (rule PP009 says why)."""
+    if layout is None:
+        return None
+    from meshplan.schedule import parse_layout
+
+    try:
+        stages = len(parse_layout(layout))
+    except MeshplanError:
+        return None
+    if stages % pp:
+        return None
+    notes.append(f"vpp not given: {stages // pp}, the pipeline layout's {stages} stages over pp={pp}.")
+    return stages // pp
