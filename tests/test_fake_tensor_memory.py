@@ -2,7 +2,7 @@
 Llama block keeps: its counts under no recompute, full AC and op-level SAC equal the tensors that block's code
 saves, written out by hand from torchtitan 0.3.0's Llama3TransformerBlock (fused QKV, complex RoPE, flex
 attention, SwiGLU). Runs torchtitan's own model code in the cached torch 2.13.0 CPU venv (slow: built once,
-about 4 minutes; then about 20 s)."""
+about 4 minutes; then about 10 s)."""
 
 from __future__ import annotations
 
