@@ -500,7 +500,7 @@ def bubble(ctx: Context) -> Values:
 def stages_have_layers(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     chunks = p.pp * p.vpp
-    if chunks <= layers or p.pipeline_layout is not None:  # a layout may hold stages of E, m or L alone (PP009)
+    if chunks <= layers or _explicit_split(p):  # a stage may hold E, m or L alone there (PP009 checks it)
         return None
     return {"pp": p.pp, "vpp": p.vpp, "chunks": chunks, "layers": layers}
 

@@ -106,6 +106,40 @@ def test_uneven_pipeline_round_trips_for_megatron_family_and_torchtitan():
         assert parsed["first_stage_layers"] == 7 and parsed["last_stage_layers"] == 7, framework
 
 
+@pytest.mark.parametrize("framework,variant", [("megatron-core", None), ("megatron-bridge", None),
+                                               ("megatron-bridge", "run_recipe")])
+def test_pipeline_layout_and_accounting_round_trip(framework, variant):
+    """The layout string (vpp read back from its stages) and the embedding/loss accounting, through render and parse;
+    Megatron-Core gets no other virtual-stage flag next to the layout (validate_args allows one of the three)."""
+    layout = dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=8, ep=64, etp=1, global_batch_size=8192,
+                  recompute="full", pipeline_layout="Et|(tt|)*30mL")
+    accounted = dict(model="llama-3.1-8b", num_gpus=8, pp=2, global_batch_size=64, account_for_embedding=True,
+                     account_for_loss=True)
+    for fields in (layout, accounted):
+        job, plan, result = _render(framework, variant, fields)
+        parsed = parse_plan(framework, result.variant, result.text, job.model.num_layers)
+        assert {k: parsed[k] for k in ("pp", "vpp", "pipeline_layout", "account_for_embedding", "account_for_loss")} \
+            == {k: getattr(plan, k) for k in ("pp", "vpp", "pipeline_layout", "account_for_embedding",
+                                              "account_for_loss")}
+    assert plan.account_for_embedding and plan.account_for_loss
+    _, plan, result = _render(framework, variant, layout)
+    assert plan.vpp == 4
+    if framework == "megatron-core":
+        assert "--pipeline-model-parallel-layout 'Et|(tt|)*30mL'" in result.text
+        assert "--num-virtual-stages-per-pipeline-rank" not in result.text
+        assert "--num-layers-per-virtual-pipeline-stage" not in result.text
+    elif variant is None:
+        assert "cfg.model.pipeline_model_parallel_layout = 'Et|(tt|)*30mL'" in result.text
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "verl", "skyrl", "deepspeed", "kempnerforge"])
+def test_frameworks_without_layouts_refuse_them_with_the_nearest_knob(framework):
+    fields = dict(model="llama-3.1-8b", num_gpus=8, pp=2, global_batch_size=64, pipeline_layout="Et*16|t*16L")
+    with pytest.raises(MeshplanError, match=r"cannot express pipeline_layout='Et\*16\|t\*16L'") as err:
+        _render(framework, None, fields)
+    assert err.value.fix  # the card's `instead`
+
+
 def test_megatron_core_never_emits_a_vpp_size_flag():
     _, _, result = _render("megatron-core", None, CASES[0][2])
     assert "--virtual-pipeline-model-parallel-size" not in result.text

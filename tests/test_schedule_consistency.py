@@ -15,7 +15,15 @@ from meshplan.models import resolve_model
 from meshplan.request import resolve
 from meshplan.rulebook import EstimateBlocked, backend_of, rule_specs
 from meshplan.rules import check_structure
-from meshplan.schedule import megatron_stages, pipeline_split, split_problem, uneven_split
+from meshplan.schedule import (
+    accounted_counts,
+    compose_layout,
+    megatron_stages,
+    parse_layout,
+    pipeline_split,
+    split_problem,
+    uneven_split,
+)
 from meshplan.schema import FRAMEWORKS, Plan, Request
 from meshplan.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options
 
@@ -203,3 +211,53 @@ def test_pipeline_split_is_even_where_megatron_needs_no_sizes():
     assert pipeline_split(80, 16, 1) == (None, None)
     assert pipeline_split(61, 16, 1) == (3, 2)
     assert pipeline_split(61, 1, 1) == (None, None)
+
+
+# --------------------------------------------------------------------------- explicit layouts
+
+
+def test_layouts_give_memory_and_throughput_the_same_stages():
+    """Every catalog model on megatron-core, pp 2..32 with vpp 1 and 2: the layout check's fix composes
+    (schedule.compose_layout) passes check, and memory weighs and throughput times the decoder layers its stages hold
+    (each rank's t over its virtual stages), with the loss on the last rank; likewise the embedding/loss-accounted
+    split where it divides."""
+    compared = 0
+    for arch, framework, template in _jobs():
+        if framework != "megatron-core":
+            continue
+        for pp in range(2, MAX_PP + 1):
+            for vpp in (1, 2):
+                layout = compose_layout(arch.num_layers, pp, vpp, arch.num_mtp_layers)
+                plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, pipeline_layout=layout)] if layout else []
+                if not accounted_counts(arch.num_layers, pp, vpp, True, True)[1]:
+                    plans.append(Plan(pp=pp, vpp=vpp, zero_stage=0, account_for_embedding=True, account_for_loss=True))
+                for plan in plans:
+                    job = template.model_copy(update={"num_gpus": pp})
+                    ids = {f.id for f in check_structure(job, plan)}
+                    assert not ids & {"PP001", "PP002", "PP004", "PP007", "PP009"}, (arch.name, plan, ids)
+                    if layout and plan.pipeline_layout:
+                        stages = parse_layout(layout)
+                        expected = tuple(sum(stages[c * pp + r].count("t") for c in range(vpp)) for r in range(pp))
+                    else:
+                        counts = accounted_counts(arch.num_layers, pp, vpp, True, True)[0]
+                        expected = tuple(sum(counts[c * pp + r] for c in range(vpp)) for r in range(pp))
+                    report = estimate_memory(job, plan)
+                    timed = perf.stage_layers(job, plan)
+                    assert [s.layers for s in report.stages] == list(timed.counts) == list(expected), (arch.name, plan)
+                    assert [s.stage for s in report.stages if "logits_and_loss" in s.detail] == [pp - 1]
+                    compared += 1
+    assert compared > 1_000
+
+
+def test_deepseek_v3_bridge_layouts_per_stage():
+    """Megatron-Bridge's DeepSeek-V3 recipes (recipes/deepseek/h100/deepseek_v3.py layout_map): PP16 puts 4 layers
+    on each stage but the last, which holds 1 with the MTP block and the loss; PP8 x VPP4 'Et|(tt|)*30mL' (the H100
+    perf recipe) gives rank 0 1+2+2+2 = 7, rank 7 2+2+2+0 = 6 and the others 8."""
+    for pp, layout, counts in ((16, "Et*4|(t*4|)*14t,mL", [4] * 15 + [1]),
+                               (8, "Et|(tt|)*30mL", [7] + [8] * 6 + [6])):
+        job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=pp, ep=64, etp=1,
+                                    global_batch_size=8192, recompute="full", framework="megatron-bridge",
+                                    pipeline_layout=layout))
+        assert plan.vpp == 32 // pp if pp == 8 else plan.vpp == 1
+        assert [s.layers for s in estimate_memory(job, plan).stages] == counts
+        assert list(perf.stage_layers(job, plan).counts) == counts

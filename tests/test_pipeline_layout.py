@@ -1,0 +1,147 @@
+"""Megatron-Core's pipeline_model_parallel_layout and the embedding/loss-accounted split (meshplan/schedule.py):
+the parse is Megatron's parse_str_to_list, a bad string is an error naming its position and the grammar, rule PP009
+refuses what Megatron-Core refuses with a working layout, and the published Megatron-Bridge recipes pass."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from meshplan.errors import MeshplanError
+from meshplan.request import resolve
+from meshplan.rules import check_config
+from meshplan.schedule import accounted_counts, compose_layout, layout_problem, parse_layout, plan_stages
+from meshplan.schema import Request
+
+DSV3_PP16 = "Et*4|(t*4|)*14t,mL"  # Bridge recipes/deepseek/h100/deepseek_v3.py layout_map[(16, 1)], as a string
+KIMI_PP16 = "Et*4|(t*4|)*14tL"  # Bridge recipes/kimi/h100/kimi_k2.py map_pp_vp_to_layout[(16, 1)]
+DSV3 = dict(model="deepseek-v3", num_gpus=1024, tp=2, ep=64, etp=1, global_batch_size=8192, recompute="full",
+            framework="megatron-bridge")
+KIMI = dict(model="kimi-k2", num_gpus=1024, tp=2, pp=16, ep=32, etp=1, global_batch_size=4096, recompute="full",
+            framework="megatron-bridge")
+
+
+def test_parse_is_megatrons_unrolling():
+    assert parse_layout(DSV3_PP16) == ("Etttt",) + ("tttt",) * 14 + ("tmL",)
+    assert parse_layout(KIMI_PP16) == ("Etttt",) + ("tttt",) * 14 + ("tL",)
+    # the Megatron doc's PP16 x VPP2 example: group first, then single characters, commas dropped, empty stage none
+    doc = parse_layout("Et*3|(tt|)*29,m|L")
+    assert doc == ("Ettt",) + ("tt",) * 29 + ("m", "L") and len(doc) == 32
+    assert parse_layout("Et|(tt|)*30mL") == ("Et",) + ("tt",) * 30 + ("mL",)
+    assert parse_layout("E|t*2||L") == ("E", "tt", "", "L")  # an empty stage is a stage
+
+
+@pytest.mark.parametrize("text,position,what", [
+    ("Et*3|(tt|)*29,x|L", 15, "'x', which is not a layer character"),
+    ("Et*|L", 3, "'*' not followed by a count"),
+    ("Et3|L", 3, "a count without '*'"),
+    ("E(t(t)*2)*2|L", 4, "'(' inside a group (groups do not nest)"),
+    ("Et*3|(tt|L", 6, "a '(' never closed"),
+    ("Et)*2|L", 3, "')' without an opening '('"),
+    ("E(tt|)|L", 6, "a group ')' not followed by '*n'"),
+    ("*3Et|L", 1, "'*' that repeats nothing"),
+])
+def test_a_malformed_layout_names_the_position_and_the_grammar(text, position, what):
+    with pytest.raises(MeshplanError) as err:
+        parse_layout(text)
+    assert err.value.reason == f"pipeline_layout {text!r}: {what} at position {position}."
+    assert "E = embedding, t = decoder layer, m = MTP layer, L = loss" in err.value.fix
+
+
+def test_an_enormous_unrolling_is_refused_before_it_is_built():
+    with pytest.raises(MeshplanError, match="unrolls to 99,980,002 characters"):
+        parse_layout("(t*9999)*9999E")
+
+
+@pytest.mark.parametrize("layout,pp,vpp,problem", [
+    (KIMI_PP16, 16, 1, ""),
+    (KIMI_PP16, 8, 1, "its 16 stages are pp=8 x 2 virtual stages, not vpp=1"),
+    (KIMI_PP16, 3, 1, "its 16 stages do not fill pp=3 ranks equally (a multiple of 3 is needed)"),
+    ("tE" + KIMI_PP16[2:], 16, 1, "the first layer must be the embedding E"),
+    ("Et*4|(t*4|)*14tLt", 16, 1, "the last layer must be the loss L"),
+    ("Et*4|(t*4|)*14tLEL", 16, 1, "E and L must each appear once (E 2, L 2)"),
+    ("Et*4|(t*4|)*14L", 16, 1, "it has 60 decoder layers t, the model 61"),
+])
+def test_layout_problems_in_megatrons_order(layout, pp, vpp, problem):
+    assert layout_problem(parse_layout(layout), pp, vpp, 61, 0) == problem
+
+
+def test_mtp_layers_where_megatron_allows_them():
+    assert layout_problem(parse_layout(DSV3_PP16), 16, 1, 61, 1) == ""
+    assert layout_problem(parse_layout(KIMI_PP16), 16, 1, 61, 1) == ""  # MTP not trained: none in the layout
+    assert layout_problem(parse_layout("Et*4|(t*4|)*14tmmL"), 16, 1, 61, 1) == "it has 2 MTP layers m, the model 1 (or none)"
+    assert layout_problem(parse_layout("Et*4|(t*4|)*13t*4m|tL"), 16, 1, 61, 1) == \
+        "decoder layers t must come before the MTP layers m"
+    # PP8 x VPP2: MTP on rank 7's first virtual stage (flat stage 7), not its last; stages 8-14 empty
+    assert layout_problem(parse_layout("Et*7|(t*8|)*6t*6m|(|)*7L"), 8, 2, 61, 1) == \
+        "the MTP layers m must be in a rank's last virtual stage"
+
+
+def test_accounted_split_is_megatrons_get_num_layers_to_build():
+    # 30 layers + E + L = 32 over pp=4 -> 8 per rank, 4 per virtual stage, rank 0's first and rank 3's last one fewer
+    assert accounted_counts(30, 4, 2, True, True) == ([3, 4, 4, 4, 4, 4, 4, 3], "")
+    assert accounted_counts(31, 4, 1, False, True) == ([8, 8, 8, 7], "")
+    assert accounted_counts(32, 4, 1, True, False)[1] == \
+        "32 layers + 1 (embedding/loss counted) = 33 do not split evenly over pp=4"
+    assert accounted_counts(30, 4, 3, True, True)[1] == \
+        "8 layers per rank (embedding/loss counted) do not split into vpp=3 virtual stages"
+
+
+def test_compose_layout_reproduces_the_bridge_perf_recipe():
+    """DeepSeek-V3 on PP8 x VPP4 (61 layers + E + L = 63 over 32 stages): 2 per stage, the embedding's and the
+    loss's stages one decoder layer lighter, MTP with the loss: exactly Bridge's H100 perf recipe string."""
+    assert compose_layout(61, 8, 4, 1) == "Et|(tt|)*30mL"
+    assert compose_layout(61, 16, 1, 1) == "Et*3|(t*4|)*14ttmL"
+    assert compose_layout(3, 4, 1) == "E|tt|t|L"  # 5 units over 4 stages: the extra one to the first middle stage
+    assert compose_layout(1, 4, 1) is None  # 3 units cannot fill 4 stages
+
+
+@pytest.mark.parametrize("fields", [
+    {**DSV3, "pp": 16, "pipeline_layout": DSV3_PP16},
+    {**DSV3, "pp": 8, "pipeline_layout": "Et|(tt|)*30mL"},
+    {**DSV3, "pp": 16, "vpp": 2, "pipeline_layout": "Et*3|(tt|)*29,m|L"},
+    {**KIMI, "pipeline_layout": KIMI_PP16},
+])
+def test_published_bridge_layouts_pass_check(fields):
+    """What Bridge runs is what check accepts: no PP error (PP001 would have refused 61 layers over pp=16)."""
+    report = check_config(*resolve(Request(**fields)))
+    assert not [f.id for f in report.findings if f.id.startswith("PP") and f.severity == "error"]
+
+
+def test_pp009_fix_is_a_layout_that_passes():
+    job, plan = resolve(Request(**{**KIMI, "pipeline_layout": "Et*4|(t*4|)*14L"}))
+    found = [f for f in check_config(job, plan).findings if f.id == "PP009"]
+    assert len(found) == 1 and "it has 60 decoder layers t, the model 61" in found[0].message
+    working = re.search(r'pipeline_layout="([^"]+)"', found[0].fix)[1]
+    assert working == "Et*3|(t*4|)*14ttL"
+    fixed = plan.model_copy(update={"pipeline_layout": working})
+    assert not [f for f in check_config(job, fixed).findings if f.id.startswith("PP") and f.severity == "error"]
+    assert plan_stages(job, fixed).counts == (3,) + (4,) * 14 + (2,)
+
+
+def test_pp009_reports_a_parse_error_with_its_position():
+    job, plan = resolve(Request(**{**KIMI, "pipeline_layout": "Et*4|(t*4|)*14t,xL"}))
+    (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]
+    assert "'x', which is not a layer character at position 17" in found.message
+    assert "E = embedding, t = decoder layer" in found.message
+
+
+def test_layout_sets_vpp_when_left_out_and_conflicts_are_refused():
+    job, plan = resolve(Request(**{**DSV3, "pp": 8, "pipeline_layout": "Et|(tt|)*30mL"}))
+    assert plan.vpp == 4 and "vpp not given: 4, the pipeline layout's 32 stages over pp=8." in job.notes
+    for extra in ({"first_stage_layers": 4}, {"account_for_loss": True}):
+        job, plan = resolve(Request(**{**KIMI, "pipeline_layout": KIMI_PP16, **extra}))
+        (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]
+        assert "pipeline_layout cannot be combined with" in found.message
+
+
+def test_accounting_passes_where_it_divides_and_fails_with_a_layout_fix():
+    base = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, framework="megatron-core")
+    job, plan = resolve(Request(**base, pp=2, account_for_embedding=True, account_for_loss=True))  # 34 / 2
+    assert not [f for f in check_config(job, plan).findings if f.severity == "error"]
+    assert plan_stages(job, plan).counts == (16, 16)
+    job, plan = resolve(Request(**base, pp=4, account_for_embedding=True))  # 33 over 4
+    (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]
+    assert "33 do not split evenly over pp=4" in found.message
+    assert 'pipeline_layout="Et*7|(t*9|)*2t*7L"' in found.fix
