@@ -145,3 +145,13 @@ def test_accounting_passes_where_it_divides_and_fails_with_a_layout_fix():
     (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]
     assert "33 do not split evenly over pp=4" in found.message
     assert 'pipeline_layout="Et*7|(t*9|)*2t*7L"' in found.fix
+
+
+@pytest.mark.parametrize("extra", [{"pipeline_layout": "Et*16|t*16L"}, {"account_for_loss": True}])
+def test_recommend_refuses_a_layout_rather_than_dropping_it(extra):
+    from meshplan import api
+
+    with pytest.raises(MeshplanError, match="recommend does not search with pipeline_layout"):
+        api.recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", **extra))
+    with pytest.raises(MeshplanError, match="recommend does not search with pipeline_layout"):
+        api.minimum_gpus(Request(model="llama-3.1-8b", framework="megatron-core", **extra))

@@ -22,6 +22,13 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
                 "recommend needs the GPU count to search over.",
                 fix="Pass num_gpus (e.g. --num-gpus 64), or fix every degree (tp, pp, cp, dp).",
             )
+    if req.pipeline_layout is not None or req.account_for_embedding or req.account_for_loss:
+        # The search enumerates first/last stage sizes, not layouts: a layout would be dropped without a word.
+        raise MeshplanError(
+            "recommend does not search with pipeline_layout or account_for_embedding/loss yet.",
+            fix="Drop them to let recommend choose first/last_stage_layers, or check the layout with "
+                "`meshplan check` / `meshplan estimate` at fixed degrees.",
+        )
     notes: list[str] = []
     job, _ = resolve(req.model_copy(update=dict.fromkeys(OPEN_FOR_SEARCH)))
     if req.global_batch_size is None:
