@@ -164,12 +164,12 @@ def estimate_memory(
             dense += head + norm_width
             linear += head
             detail["output_layer_params"] = int(head)
-            if arch.num_mtp_layers:
-                mtp_sharded, mtp_repl, mtp_experts = table.mtp
-                dense += mtp_sharded / tp + mtp_repl
-                experts += mtp_experts / (plan.ep * plan.etp)
-                linear += mtp_sharded / tp + mtp_experts / (plan.ep * plan.etp)
-                detail["mtp_params"] = int(mtp_sharded / tp + mtp_repl + mtp_experts / (plan.ep * plan.etp))
+        if arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at:
+            mtp_sharded, mtp_repl, mtp_experts = table.mtp
+            dense += mtp_sharded / tp + mtp_repl
+            experts += mtp_experts / (plan.ep * plan.etp)
+            linear += mtp_sharded / tp + mtp_experts / (plan.ep * plan.etp)
+            detail["mtp_params"] = int(mtp_sharded / tp + mtp_repl + mtp_experts / (plan.ep * plan.etp))
         states = state_bytes(tensors, dense, dense_dp)
         for cls, value in state_bytes(tensors, experts, expert_dp).items():
             states[cls] += value
@@ -200,14 +200,17 @@ def estimate_memory(
             emb_acts = held[0] * (8 * tokens + (tokens * h / ts if lay.dropout else 0))
             acts += emb_acts
             detail["embedding_activations"] = int(emb_acts)
+        # MTP blocks: their layer, its inputs and their own logits, where the layout puts them (else with the head)
+        mtp_acts = arch.num_mtp_layers * (
+            per_kind[(table.moe[arch.num_layers - 1], stored_mode)] + 4 * 2 * tokens * h / ts + logits_bytes
+        ) if arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at else 0.0
         if last:
-            out_acts = logits_bytes
-            if arch.num_mtp_layers:
-                out_acts += arch.num_mtp_layers * (
-                    per_kind[(table.moe[arch.num_layers - 1], stored_mode)] + 4 * 2 * tokens * h / ts + logits_bytes
-                )
+            out_acts = logits_bytes + mtp_acts
             acts += out_acts
             detail["logits_and_loss"] = int(out_acts)
+        elif mtp_acts:
+            acts += mtp_acts
+            detail["mtp_activations"] = int(mtp_acts)
         other = other_fixed
         transient = acts
         if gathered:

@@ -351,7 +351,7 @@ def estimate_throughput(
         parts = {"compute": 0.0, "tp": 0.0, "cp": 0.0, "ep": 0.0, "recompute": 0.0, "fwd": 0.0}
         n_recompute = len(layers) if plan.recompute_layers is None else min(len(layers), plan.recompute_layers)
         kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
-        if s == head_stage and mtp_layers:
+        if s == pipeline.mtp_at and mtp_layers and pipeline.mtp_trained:
             kinds += [arch.is_moe_layer(arch.num_layers - 1)] * mtp_layers
         # Every layer of a kind costs the same, so a stage is (count x layer) per kind; the first
         # n_recompute layers of the stage are the recomputed ones.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.errors import MeshplanError
@@ -319,6 +319,13 @@ class Stages:
     chunks: StageLayout
     head_rank: int
     warnings: tuple[str, ...] = ()
+    mtp_rank: int | None = None  # the rank of the MTP blocks; None = with the output layer (head_rank)
+    mtp_trained: bool = True  # False where a layout places no MTP layer m: Megatron then builds none
+
+    @property
+    def mtp_at(self) -> int:
+        """The rank that holds the model's MTP blocks (where a layout's m sits, else the output layer's rank)."""
+        return self.head_rank if self.mtp_rank is None else self.mtp_rank
 
     def layers(self, rank: int) -> tuple[int, ...]:
         """Every decoder layer rank `rank` holds, over all its virtual chunks."""
@@ -504,13 +511,14 @@ def stages_for(arch: Architecture, framework: str, zero_stage: int, tp: int, pp:
 @lru_cache(maxsize=1024)
 def explicit_stages(num_layers: int, pp: int, vpp: int, layout: str | None, embedding: bool, loss: bool) -> Stages:
     """The stages an explicit layout (its decoder layers t per stage) or the embedding/loss accounting gives
-    (plan_layout_problem has found nothing wrong with them); the loss, output layer and MTP stay on the last rank,
-    where a valid layout puts L."""
-    if layout is not None:
-        counts = [stage.count("t") for stage in parse_layout(layout)]
-    else:
-        counts = accounted_counts(num_layers, pp, vpp, embedding, loss)[0]
-    return stages_from_counts(counts, pp)
+    (plan_layout_problem has found nothing wrong with them): the loss and output layer on the last rank, where a
+    valid layout puts L; the MTP blocks on the rank of the layout's m, or not built when the layout has none."""
+    if layout is None:
+        return stages_from_counts(accounted_counts(num_layers, pp, vpp, embedding, loss)[0], pp)
+    stages = parse_layout(layout)
+    base = stages_from_counts([stage.count("t") for stage in stages], pp)
+    holders = [k for k, stage in enumerate(stages) if "m" in stage]
+    return replace(base, mtp_rank=holders[0] % pp if holders else None, mtp_trained=bool(holders))
 
 
 def plan_stages(job: Job, plan: Plan) -> Stages:
@@ -520,8 +528,14 @@ def plan_stages(job: Job, plan: Plan) -> Stages:
         if problem:
             raise MeshplanError(f"The pipeline layout cannot be estimated: {problem}.",
                                 fix=_layout_fix(job.model, plan))
-        return explicit_stages(job.model.num_layers, plan.pp, plan.vpp, plan.pipeline_layout,
-                               plan.account_for_embedding, plan.account_for_loss)
+        stages = explicit_stages(job.model.num_layers, plan.pp, plan.vpp, plan.pipeline_layout,
+                                 plan.account_for_embedding, plan.account_for_loss)
+        if job.model.num_mtp_layers and not stages.mtp_trained:
+            stages = replace(stages, warnings=(*stages.warnings, (
+                f"The pipeline layout places no MTP layer m: estimated without the model's {job.model.num_mtp_layers} "
+                "MTP block(s), as Megatron-Core builds none without mtp_num_layers (with it, the layout must place "
+                "them).")))
+        return stages
     return stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
                       plan.first_stage_layers, plan.last_stage_layers)
 

@@ -261,3 +261,22 @@ def test_deepseek_v3_bridge_layouts_per_stage():
         assert plan.vpp == 32 // pp if pp == 8 else plan.vpp == 1
         assert [s.layers for s in estimate_memory(job, plan).stages] == counts
         assert list(perf.stage_layers(job, plan).counts) == counts
+
+
+def test_mtp_sits_where_the_layout_puts_it():
+    """The Megatron doc's PP16 x VPP2 layout 'Et*3|(tt|)*29,m|L' puts the MTP block alone on flat stage 30 (rank 14,
+    its last virtual stage) and the loss on rank 15: memory weighs the MTP weights and activations on rank 14 and
+    throughput times the block there; a layout without m trains no MTP block."""
+    fields = dict(model="deepseek-v3", num_gpus=2048, tp=2, pp=16, ep=64, etp=1, global_batch_size=8192,
+                  recompute="full", framework="megatron-core")
+    job, plan = resolve(Request(**fields, pipeline_layout="Et*3|(tt|)*29,m|L"))
+    stages = estimate_memory(job, plan).stages
+    assert [s.stage for s in stages if "mtp_params" in s.detail] == [14]
+    assert "mtp_activations" in stages[14].detail and "mtp_params" not in stages[15].detail
+    assert perf.stage_layers(job, plan).mtp_at == 14
+    with_head = estimate_memory(*resolve(Request(**fields, pipeline_layout="Et*3|(tt|)*29,|mL"))).stages
+    assert [s.stage for s in with_head if "mtp_params" in s.detail] == [15]
+    job, plan = resolve(Request(**fields, pipeline_layout="Et*3|(tt|)*29,|L"))
+    report = estimate_memory(job, plan)
+    assert not [s for s in report.stages if "mtp_params" in s.detail]
+    assert any("places no MTP layer m" in w for w in report.warnings)
