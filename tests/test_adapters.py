@@ -72,6 +72,13 @@ CASES: list[tuple[str, str | None, dict]] = [
                          moe_token_dispatcher="flex")),
     ("skyrl", "sft", dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, pp=2, ep=16, global_batch_size=128,
                           moe_token_dispatcher="flex")),
+    # Pipeline layouts (Megatron-Bridge's DeepSeek-V3 H100 and Kimi-K2 recipes) and the embedding/loss accounting.
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=8, ep=64, etp=1, global_batch_size=8192,
+                                 recompute="full", pipeline_layout="Et|(tt|)*30mL")),
+    ("megatron-bridge", "run_recipe", dict(model="kimi-k2", num_gpus=1024, tp=2, pp=16, ep=32, etp=1,
+                                           global_batch_size=4096, pipeline_layout="Et*4|(t*4|)*14tL")),
+    ("megatron-bridge", None, dict(model="llama-3.1-8b", num_gpus=8, pp=2, global_batch_size=64,
+                                   account_for_embedding=True, account_for_loss=True)),
 ]
 
 
