@@ -155,3 +155,82 @@ def test_recommend_refuses_a_layout_rather_than_dropping_it(extra):
         api.recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", **extra))
     with pytest.raises(MeshplanError, match="recommend does not search with pipeline_layout"):
         api.minimum_gpus(Request(model="llama-3.1-8b", framework="megatron-core", **extra))
+
+
+# --------------------------------------------------------------------------- against Megatron-Core's own code
+
+
+def _megatron_layout_class():
+    """PipelineParallelLayerLayout from the pinned megatron-core wheel, run as it is (only parallel_state, which it
+    reads for the current rank and not in parsing or validation, is stubbed)."""
+    import sys
+    import types
+
+    from framework_packages import wheel_tree
+
+    root = wheel_tree("megatron-core") / "megatron" / "core" / "transformer"
+    enums = types.ModuleType("megatron.core.transformer.enums")
+    exec(compile((root / "enums.py").read_text(), "enums.py", "exec"), enums.__dict__)
+    stubs = {"megatron": types.ModuleType("megatron"), "megatron.core": types.ModuleType("megatron.core"),
+             "megatron.core.transformer": types.ModuleType("megatron.core.transformer"),
+             "megatron.core.transformer.enums": enums}
+    stubs["megatron.core"].parallel_state = types.ModuleType("megatron.core.parallel_state")
+    saved = {name: sys.modules.get(name) for name in stubs}
+    sys.modules.update(stubs)
+    try:
+        module = types.ModuleType("pipeline_parallel_layer_layout")
+        source = (root / "pipeline_parallel_layer_layout.py").read_text()
+        exec(compile(source, "pipeline_parallel_layer_layout.py", "exec"), module.__dict__)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+    return module.PipelineParallelLayerLayout, enums.LayerType
+
+
+@pytest.mark.slow
+def test_parse_and_validation_agree_with_megatron_core():
+    """parse_layout is parse_str_to_list, and layout_problem is '' exactly where PipelineParallelLayerLayout and
+    validate_layer_layout accept (mtp_num_layers the model's where the layout has m, else None), on the recipes'
+    layouts, composed ones and random mutations of them."""
+    import random
+
+    layout_cls, layer_type = _megatron_layout_class()
+    names = {layer_type.embedding: "E", layer_type.decoder: "t", layer_type.mtp: "m", layer_type.loss: "L"}
+    rng = random.Random(14)
+    cases = [(DSV3_PP16, 16, 61, 1), (KIMI_PP16, 16, 61, 0), ("Et|(tt|)*30mL", 8, 61, 1),
+             ("Et*3|(tt|)*29,m|L", 16, 61, 1), ("Et*7|(t*8|)*6t*6m|(|)*7L", 8, 61, 1)]
+    for layers, pp, vpp, mtp in [(61, 16, 1, 1), (61, 8, 4, 1), (80, 4, 2, 0), (32, 2, 3, 0), (94, 8, 3, 1)]:
+        cases.append((compose_layout(layers, pp, vpp, mtp), pp, layers, mtp))
+    for text, pp, layers, mtp in list(cases):
+        flat = list("|".join(parse_layout(text)))
+        for _ in range(12):  # move, drop or add one character
+            mutated = flat.copy()
+            k = rng.randrange(len(mutated))
+            op = rng.choice(("move", "drop", "add"))
+            if op == "add":
+                mutated.insert(k, rng.choice("EtmL|"))
+            else:
+                ch = mutated.pop(k)
+                if op == "move":
+                    mutated.insert(rng.randrange(len(mutated) + 1), ch)
+            cases.append(("".join(mutated), pp, layers, mtp))
+    agreed = rejected = 0
+    for text, pp, layers, mtp in cases:
+        ours = parse_layout(text)
+        theirs = layout_cls.parse_str_to_list(text)
+        assert list(ours) == ["".join(names[t] for t in stage) for stage in theirs], text
+        try:
+            megatron = layout_cls(text, pp)
+            # a layout without m is the model trained without its MTP blocks: mtp_num_layers None (layout_problem)
+            megatron.validate_layer_layout(layers, (mtp if "m" in text else 0) or None)
+            accepted = True
+        except AssertionError:
+            accepted = False
+        vpp = len(ours) // pp if len(ours) % pp == 0 else 1
+        assert (layout_problem(ours, pp, vpp, layers, mtp) == "") == accepted, (text, pp, layers, mtp)
+        agreed += 1
+        rejected += not accepted
+    assert agreed > 100 and 10 < rejected < agreed
