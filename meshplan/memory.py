@@ -268,6 +268,10 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
          "models/base.py build_model), so the first stages hold more layers than L/pp."
          if card.conventions[conv_name].pipeline_partition == "compute_balanced" and plan.pp > 1
          and plan.first_stage_layers is None and plan.last_stage_layers is None
+         else f"Layers per stage: the pipeline layout {plan.pipeline_layout!r} (its decoder layers t per stage)."
+         if plan.pipeline_layout is not None
+         else "Layers per stage: an even split with the embedding/loss counted as layers (the first/last stage "
+              "one decoder layer lighter)." if plan.account_for_embedding or plan.account_for_loss
          else "Layers per stage: an even split (remainder on the first stages) unless first/last stage sizes "
               "are given."),
         f"Micro-batches in flight from the schedule ({m} micro-batches per step): "
