@@ -15,6 +15,7 @@ import tomllib
 from typing import Any
 
 from meshplan.adapters.common import plan_recompute
+
 from meshplan.schedule import parse_layout
 
 

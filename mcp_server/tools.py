@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, get_args
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import ToolAnnotations
+from meshplan.adapters.capabilities import renderable_frameworks
 from pydantic import BaseModel, Field, ValidationError
 
 from meshplan import api
-from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.errors import MeshplanError
 from meshplan.request import parse_request, unknown_field_error, validation_message
 from meshplan.schema import MAX_GPUS, Recommendation, Request

@@ -70,7 +70,8 @@ def test_layout_problems_in_megatrons_order(layout, pp, vpp, problem):
 def test_mtp_layers_where_megatron_allows_them():
     assert layout_problem(parse_layout(DSV3_PP16), 16, 1, 61, 1) == ""
     assert layout_problem(parse_layout(KIMI_PP16), 16, 1, 61, 1) == ""  # MTP not trained: none in the layout
-    assert layout_problem(parse_layout("Et*4|(t*4|)*14tmmL"), 16, 1, 61, 1) == "it has 2 MTP layers m, the model 1 (or none)"
+    assert layout_problem(parse_layout("Et*4|(t*4|)*14tmmL"), 16, 1, 61, 1) == \
+        "it has 2 MTP layers m, the model 1 (or none)"
     assert layout_problem(parse_layout("Et*4|(t*4|)*13t*4m|tL"), 16, 1, 61, 1) == \
         "decoder layers t must come before the MTP layers m"
     # PP8 x VPP2: MTP on rank 7's first virtual stage (flat stage 7), not its last; stages 8-14 empty

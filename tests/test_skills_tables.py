@@ -10,8 +10,8 @@ from meshplan.docs import checked_rows, job_and_plan, row_numbers
 from meshplan.memory import estimate_memory
 from meshplan.request import resolve
 from meshplan.rules import check_config
-from meshplan.schema import Request
 from meshplan.schedule import pipeline_split
+from meshplan.schema import Request
 from meshplan.strategies import suggest
 
 ROWS = checked_rows()
