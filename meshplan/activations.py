@@ -64,6 +64,7 @@ class Layout(NamedTuple):
     dropout: bool
     swiglu_unfused: bool
     fp8: bool
+    ep: int = 1  # expert parallelism: op-level SAC keeps the all-to-all outputs when > 1
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool) -> float:
@@ -79,7 +80,10 @@ def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool
 
 @lru_cache(maxsize=8192)
 def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str) -> dict[str, float]:
-    """Bytes per micro-batch of one layer, by component. recompute: none | selective | full."""
+    """Bytes per micro-batch of one layer, by component. recompute: none | selective (Megatron-Core's
+    core-attention recompute) | op_sac (torchtitan's op-level selective AC) | full."""
+    if recompute == "op_sac":
+        return _op_sac(shape, lay, moe_layer)
     t, h, tp = lay.tokens, shape.h, lay.tp
     ts = tp if lay.sp else 1  # tensors that sequence parallelism shards
     lin = 1 if lay.fp8 else BF16  # linear-layer inputs: fp8 keeps them in one byte
@@ -135,3 +139,65 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         out["dropout_masks"] = t * h / ts
     return out
 
+
+
+def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
+    """torchtitan's op-level selective AC (0.3.0 SelectiveAC; 0.2.x selective_ac_option "op"): the block keeps
+    its input and the outputs of the compute-intensive ops, everything pointwise and every norm is recomputed.
+    Of the mm/linear calls, counted per block in call order, every second one is recomputed (fp8's _scaled_mm is
+    not counted, so all its outputs are kept); the router-gate mm is always recomputed and not counted; topk and
+    the expert all-to-alls are kept; torch._grouped_mm is in no save list, so routed experts are recomputed whole.
+    Call order is torchtitan 0.3.0's: fused wqkv (GQA) or wq_a/wq_b, wkv_a, wkv_b (MLA); attention; wo; then the
+    MLP's w1, w3, w2 (shared experts the same, after the routed ones). Checked per layer against torchtitan's own
+    code under FakeTensorMode (bench/data/fake_tensor_memory.json)."""
+    t, h, tp = lay.tokens, shape.h, lay.tp
+    ts = tp if lay.sp else 1
+    rs = tp > 1 and lay.sp  # row-parallel outputs: the partial sums, then the kept reduce-scatter output
+
+    def col(width: int, sharded: bool = True) -> float:  # a column-parallel (or replicated) linear's output
+        return BF16 * t * width / (tp if sharded else 1)
+
+    def row() -> float:  # a row-parallel linear's output (hidden wide, partial before the reduce-scatter)
+        return BF16 * t * h + (BF16 * t * h / ts if rs else 0.0)
+
+    out: dict[str, float] = {"layer_input": BF16 * t * h / ts}
+    count = 0
+
+    def mm(nbytes: float) -> float:
+        nonlocal count
+        count += 1
+        return nbytes if lay.fp8 or count % 2 else 0.0
+
+    # attention
+    if shape.mla:
+        q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
+        attn = mm(col(q_lora, False)) + mm(col(shape.a * (d_nope + d_rope))) if q_lora \
+            else mm(col(shape.a * (d_nope + d_rope)))
+        attn += mm(col(kv_lora + d_rope, False)) + mm(col(shape.a * (d_nope + d_v)))
+        v_dim = shape.a * d_v
+    else:
+        attn = mm(col(shape.a * shape.d + 2 * shape.g * shape.d))
+        v_dim = shape.a * shape.d
+    attn += BF16 * t * v_dim / tp  # attention output
+    if lay.flash:
+        attn += 4 * t * shape.a / tp  # fp32 log-sum-exp per head and token
+    else:
+        attn += BF16 * shape.a * t * lay.seq_kv / tp  # the math kernel's attention weights
+    attn += mm(row())
+    out["attention"] = attn
+
+    def mlp(width: int, rows: float, div: int) -> float:
+        if shape.gated:
+            return mm(BF16 * rows * width / div) + mm(BF16 * rows * width / div) + mm(row())
+        return mm(BF16 * rows * width / div) + mm(row())
+
+    if moe_layer and shape.experts:
+        moe = t / ts * shape.top_k * (4 + 8)  # topk: fp32 scores and int64 expert ids
+        if lay.ep > 1:
+            moe += 2 * BF16 * t / ts * shape.top_k * h  # dispatch and combine all-to-all outputs
+        if shape.f_shared:
+            moe += mlp(shape.f_shared, t, tp)
+        out["moe"] = moe
+    else:
+        out["mlp"] = mlp(shape.f, t, tp)
+    return out

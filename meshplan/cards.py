@@ -250,6 +250,15 @@ class FrameworkLimits(_Card):
         return self
 
 
+class RecomputeSemantics(_Card):
+    """What the framework's own `selective` recompute saves (activations.py models each): Megatron-Core's
+    core-attention recompute, or torchtitan's op-level SAC (outputs of the compute-intensive ops kept except
+    every second mm)."""
+
+    selective: Literal["core_attention", "op_sac"] = "core_attention"
+    source: str | None = None
+
+
 class SearchKnobs(_Card):
     """The knobs `recommend` opens on this framework; tp, pp, dp and the ZeRO stages of cards/memory.yaml are
     always searched. Whether the flex MoE dispatcher is searched follows the adapter (FrameworkCard.flex_dispatcher)."""
@@ -276,6 +285,7 @@ class FrameworkCard(_Card):
     defaults: FrameworkDefaults
     memory_fix: MemoryFix
     limits: FrameworkLimits = FrameworkLimits()
+    recompute: RecomputeSemantics = RecomputeSemantics()
     search: SearchKnobs
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"

@@ -133,11 +133,12 @@ def estimate_memory(
         tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=plan.sequence_parallel, etp=plan.etp,
         flash=conv.flash_attention if flash_attention is None else flash_attention,
         dropout=conv.dropout if dropout is None else dropout,
-        swiglu_unfused=conv.swiglu_unfused, fp8=fp8,
+        swiglu_unfused=conv.swiglu_unfused, fp8=fp8, ep=plan.ep,
     )
     recompute = plan.recompute
+    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     per_kind = {
-        (moe, mode): sum(layer_activations(shape, lay, moe, mode).values())
+        (moe, mode): sum(layer_activations(shape, lay, moe, selective if mode == "selective" else mode).values())
         for moe in (False, True) for mode in ("none", "selective", "full")
     }
     stored_mode = "selective" if recompute == "selective" else "none"
@@ -194,6 +195,11 @@ def estimate_memory(
         if recompute == "full" and layers:
             # the layer being recomputed in the backward holds its full activations
             work = max(per_kind[(table.moe[i], "none")] for i in layers)
+            acts += work
+            detail["recompute_working_layer"] = int(work)
+        elif recompute == "selective" and selective == "op_sac" and layers:
+            # op-level SAC: the layer in its backward holds again what its recompute rebuilt
+            work = max(per_kind[(table.moe[i], "none")] - per_kind[(table.moe[i], "selective")] for i in layers)
             acts += work
             detail["recompute_working_layer"] = int(work)
         if first:

@@ -420,7 +420,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
                     dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8")
     shape = shape_of(arch)
-    mode = "full" if recompute == "full" else ("selective" if recompute == "selective" else "none")
+    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
+    mode = "full" if recompute == "full" else (selective if recompute == "selective" else "none")
     n_moe = pre.moe[n0]
     per_mb = n_moe * sum(layer_activations(shape, act, True, mode).values())
     per_mb += (n0 - n_moe) * sum(layer_activations(shape, act, False, mode).values())
