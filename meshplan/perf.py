@@ -14,10 +14,11 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan import mesh
 from meshplan.calibration import Calibration, calibration, calibration_summary
+from meshplan.cards import framework_card
 from meshplan.comm import (
     Links,
     allreduce_time,
@@ -127,6 +128,7 @@ class LayerTime:
     recompute: float = 0.0
     fwd_compute: float = 0.0  # forward share of gemm + attention + elementwise (recompute, overlap windows)
     attention_fwd: float = 0.0  # forward of the attention core alone (what selective recompute repeats)
+    op_sac_fwd: float = 0.0  # forward of what torchtitan's op-level SAC does not keep (what its recompute repeats)
 
     @property
     def compute(self) -> float:
@@ -254,6 +256,8 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         lt.overhead += cal.moe_layer_overhead_s
     lt.elementwise = elem_bytes / ctx.hbm
     lt.fwd_compute = lt.gemm / TRAINING_PASSES_PER_FORWARD + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
+    lt.op_sac_fwd = (gemm_seconds(_op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None), cal,
+                                  ctx.bf16_peak, ctx.fp8_peak) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
 
     # TP: per layer, forward two all-gather + reduce-scatter pairs (or two all-reduces), backward the same.
     act_bytes = sh.tokens * arch.hidden_size * BF16
@@ -274,12 +278,32 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     return lt
 
 
-def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration) -> float:
+def _op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
+    """The GEMMs torchtitan's op-level SAC runs again (activations.py _op_sac keeps the others' outputs): the
+    router gate and the routed experts (_grouped_mm, in no save list) always; of the other mm/linear calls,
+    counted per block in call order with a gated fc1 as its w1 and w3, every second one; fp8 (_scaled_mm) none."""
+    out: list[Gemm] = []
+    count = 0
+    for g in gemms:
+        if g.name == "router" or g.name.startswith("expert_"):
+            out.append(g)
+            continue
+        for part in ([replace(g, n=g.n / 2)] * 2 if gated and g.name.endswith("_fc1") else [g]):
+            count += 1
+            if count % 2 == 0 and not (fp8 and part.fp8):
+                out.append(part)
+    return out
+
+
+def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: str = "core_attention") -> float:
     """Full recompute runs each layer's forward again: its forward compute, the forward share of its fixed
     overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
     if recompute == "full":
         return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp / FORWARD_AND_BACKWARD
                 + lt.cp / CP_RING_TRANSFERS_PER_HOP + lt.ep / FORWARD_AND_BACKWARD)
+    if recompute == "selective" and selective == "op_sac":
+        # the unkept GEMMs, every pointwise and norm op and the TP all-gathers (reduce-scatters are kept)
+        return lt.op_sac_fwd + lt.tp / FORWARD_AND_BACKWARD / 2
     if recompute == "selective":
         return lt.attention_fwd  # core attention forward again (Korthikanti et al. 2022)
     return 0.0
@@ -327,6 +351,7 @@ def estimate_throughput(
     stages = [pipeline.layers(rank) for rank in range(plan.pp)]
     head_stage = pipeline.head_rank
     params = _layer_param_split(arch)
+    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" repeats
     t_sp = plan.tp if plan.sequence_parallel else 1
 
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
@@ -368,7 +393,7 @@ def estimate_throughput(
             parts["cp"] += count * lt.cp
             parts["ep"] += count * lt.ep
             if recomputed:
-                parts["recompute"] += recomputed * _recompute_time(lt, plan.recompute, cal)
+                parts["recompute"] += recomputed * _recompute_time(lt, plan.recompute, cal, selective)
         dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
         expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
         if s == 0:
@@ -537,5 +562,8 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
     if plan.recompute != "none":
         out.append(f"Recompute {plan.recompute}: "
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
+                      else "the forward of the ops op-level SAC does not keep (every second linear, the router "
+                      "and routed experts, pointwise and norms, TP all-gathers)."
+                      if framework_card(job.framework).recompute.selective == "op_sac"
                       else "core attention forward again."))
     return out + list(job.notes)

@@ -258,6 +258,32 @@ def test_full_recompute_repeats_the_forward_share_of_each_term():
     assert _recompute_time(lt, "full", half) == _recompute_time(lt, "full", cal) - 6.0 * 0.25
 
 
+def test_op_sac_repeats_the_gemms_it_does_not_keep():
+    """torchtitan's op-level SAC: a Llama block recomputes mm 2 (wo) and 4 (w3, half the gated fc1); a DeepSeek-V3
+    MoE block (MLA: q_down 1, q_up 2, kv_down 3, kv_up 4, attn_out 5; shared w1 6, w3 7, fc2 8) recomputes q_up,
+    kv_up, shared w1 and fc2, the router and every routed expert GEMM; under fp8 only the bf16 router/experts;
+    its recompute time is that forward, the elementwise forward share and half the TP traffic's forward half."""
+    from meshplan.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
+    from meshplan.perf import LayerTime, _op_sac_recomputed, _recompute_time
+
+    llama = resolve_model("llama-3.1-8b")
+    sh = Shard(tokens=8192, tp=1, ep=1, etp=1, sp=False)
+    gemms = attention_gemms(llama, sh) + mlp_gemms(llama, sh, llama.ffn_hidden_size, "mlp")
+    again = _op_sac_recomputed(gemms, True, False)
+    assert [(g.name, g.n) for g in again] == [("attn_out", 4096), ("mlp_fc1", 14336)]
+    ds = resolve_model("deepseek-v3")
+    again = _op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, False)
+    assert [g.name for g in again] == ["q_up", "kv_up", "router", "expert_fc1", "expert_fc2", "shared_expert_fc1",
+                                       "shared_expert_fc2"]
+    assert again[5].n == ds.moe.shared_expert_ffn_hidden_size  # w1 only
+    assert [g.name for g in _op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, True)] == \
+        ["router", "expert_fc1", "expert_fc2"]
+    cal = calibration("torchtitan")
+    lt = LayerTime(tp=4.0, op_sac_fwd=3.0, attention_fwd=1.5)
+    assert _recompute_time(lt, "selective", cal, "op_sac") == 3.0 + 4.0 / 2 / 2
+    assert _recompute_time(lt, "selective", cal) == 1.5
+
+
 def test_recompute_costs_time():
     none = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16)
     sel = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16, recompute="selective")
