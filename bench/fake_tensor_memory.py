@@ -13,7 +13,9 @@ process group of 8 ranks, as torchtitan's own memory estimator (removed in 0.3) 
 meshplan's side is `estimate_memory` for the same shapes (a one-layer copy of the catalog model, dense or
 MoE, pp=1 so one micro-batch is in flight): its `layer_activations` detail, with torchtitan's byte convention
 (fsdp2: flash attention, no dropout, unfused SwiGLU) and the policy mapped onto `Plan.recompute` as it stands
-today: none -> none, full -> full, every "selective" -> selective (Megatron's core-attention recompute).
+today: none -> none, full -> full, every "selective" -> selective, which on torchtitan is its op-level SAC
+(cards/frameworks/torchtitan.yaml recompute.selective; activations.py models it). 0.2.2's every-N-layers option
+has no meshplan policy yet: its rows also give the nearest one (full with recompute_layers = layers/N).
 
 Policies (torchtitan 0.3.0 has none | full | selective = op-level SAC | memory-budget, which needs
 torch.compile and is not measured; torchtitan <= 0.2.2 had selective with `selective_ac_option` "op" (its
