@@ -131,7 +131,8 @@ def model_card(key: str) -> ModelCard:
 # adding one is cards/frameworks/README.md). The code reads these fields and never tests a framework's name.
 
 WorldSizeLaw = Literal["megatron", "torchtitan", "kempnerforge"]  # mesh.py implements each law
-MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "nanotron"]  # cards/memory.yaml
+# the byte presets of cards/memory.yaml
+MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "nanotron"]
 Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]  # what rules.yaml's `backends` name
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 

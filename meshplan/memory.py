@@ -14,7 +14,14 @@ from __future__ import annotations
 from meshplan import mesh
 from meshplan.activations import Layout, layer_activations, shape_of
 from meshplan.cards import framework_card
-from meshplan.memory_states import convention, describe_tensors, memory_card, state_bytes
+from meshplan.memory_states import (
+    convention,
+    describe_tensors,
+    gathered_transient,
+    memory_card,
+    output_activations,
+    state_bytes,
+)
 from meshplan.models import layer_params, mtp_params, per_architecture
 from meshplan.rulebook import require_estimable
 from meshplan.schedule import in_flight, padded_vocab, plan_stages
@@ -145,8 +152,8 @@ def estimate_memory(
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
     gathered = conv.gathered_layers if sharded_weights else 0
     other_fixed = card.fixed_overhead_bytes + card.cuda_context_bytes
-    # final-norm input and output-layer input (bf16, [tokens, h]) plus the logits and loss of one micro-batch
-    logits_bytes = conv.logits_bytes_per_element * tokens * vocab / tp + 2 * 2 * tokens * h / ts
+    # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss is)
+    logits_bytes = output_activations(conv, tokens, vocab, tp, h, ts)
 
     stages: list[StageMemory] = []
     for rank, chunks in enumerate(layout):
@@ -220,9 +227,12 @@ def estimate_memory(
         other = other_fixed
         transient = acts
         if gathered:
-            biggest = max((table.tp_sharded[i] / tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
-                           for i in layers), default=0.0)
-            detail["gathered_layers"] = int(gathered * conv.gathered_bytes * biggest)
+            # the stage's FSDP units in forward order: embedding, decoder layers, output layer (with the final norm)
+            units = [detail["embedding_params"]] if first else []
+            units += [table.tp_sharded[i] / tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
+                      for i in layers]
+            units += [detail["output_layer_params"] + norm_width] if last else []
+            detail["gathered_layers"] = int(gathered_transient(conv, units))
             other += detail["gathered_layers"]
             transient += detail["gathered_layers"]
         # the caching allocator reserves more than it hands out for what is freed and re-allocated every step
@@ -283,13 +293,12 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
         f"Micro-batches in flight from the schedule ({m} micro-batches per step): "
         + ("1F1B, stage r holds min(m, pp - r)." if plan.vpp == 1 or plan.pp == 1 else
            "interleaved 1F1B, Megatron's warm-up (pp - r - 1)*2 + (vpp - 1)*pp forwards + 1, capped at m*vpp."),
-        f"Last stage: output-layer input and logits/loss at {card.conventions[conv_name].logits_bytes_per_element:g} "
-        "bytes per logit (bf16 logits, fp32 upcast and fp32 gradient in the cross-entropy) for one micro-batch.",
+        _loss_assumption(card.conventions[conv_name]),
         f"Other: fixed overhead {card.fixed_overhead_bytes / GIB:.2f} GiB (workspaces, communication buffers; "
         f"calibrated, cards/memory.yaml) + CUDA context {card.cuda_context_bytes / GIB:.2f} GiB (outside torch's "
         f"accounting) + the caching allocator's reserve, {card.allocator_reserve_fraction:.0%} of the memory freed "
         "and re-allocated every step (activations, logits, gathered layers): peak reserved, not just allocated"
-        + ("; FSDP/ZeRO-3 gathered layers (current + prefetched)." if any(
+        + ("; FSDP/ZeRO-3 gathered units at the worst unit's backward peak (cards/memory.yaml)." if any(
             t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
         "Not modelled: routing imbalance across experts, CPU offload, CUDA-graph pools, precision-aware optimizers.",
     ]
@@ -300,6 +309,13 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
         out.append("Flex dispatcher: DeepEP / HybridEP allocate their own NVLink and RDMA buffers outside "
                    "PyTorch's allocator; they are not counted (their size depends on the backend's settings).")
     return out
+
+
+def _loss_assumption(conv) -> str:
+    chunks = (f" of one of {conv.loss_chunks} sequence chunks at a time (the framework's chunked loss)"
+              if conv.loss_chunks > 1 else " of the whole micro-batch")
+    return (f"Last stage: output-layer input and logits/loss at {conv.logits_bytes_per_element:g} bytes per logit"
+            f"{chunks} (bf16 logits and the cross-entropy's fp32 tensors at its peak; cards/memory.yaml).")
 
 
 # --------------------------------------------------------------------------- for rules and search

@@ -35,9 +35,13 @@ class Convention(_Card):
     dropout: bool = False
     swiglu_unfused: bool = False
     logits_bytes_per_element: float = Field(gt=0)
+    loss_chunks: int = Field(1, ge=1)
+    output_hidden_bytes: float = Field(4, ge=0)
+    loss_hidden_bytes: float = Field(0, ge=0)
     fp8_weight_bytes: float = Field(0, ge=0)
     gathered_layers: int = Field(0, ge=0)
     gathered_bytes: float = Field(0, ge=0)
+    prefetched_bytes: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
     zero: dict[int, list[StateTensor]]
 
@@ -75,7 +79,7 @@ def convention(framework: str, zero_stage: int) -> tuple[str, Convention, list[S
     name = convention_name(framework, zero_stage)
     conv = memory_card().conventions[name]
     stage = zero_stage
-    if name == "fsdp2" and stage == 1:
+    if name.startswith("fsdp2") and stage == 1:
         stage = 2  # FSDP has no optimizer-only sharding; SHARD_GRAD_OP is the nearest
     if stage not in conv.zero:
         raise MeshplanError(
@@ -101,3 +105,19 @@ def bytes_per_param(tensors: list[StateTensor], shard_size: float) -> float:
 def describe_tensors(tensors: list[StateTensor]) -> str:
     parts = [f"{t.name} {t.bytes:g} B" + (" sharded" if t.shard == "dp" else "") for t in tensors]
     return "; ".join(parts)
+
+
+def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, hidden: int, ts: int) -> float:
+    """Last-stage bytes of one micro-batch past the decoder: the loss at its peak over one of `loss_chunks`
+    pieces of the sequence (logits split over TP by the vocab-parallel loss), the final-norm/output-layer
+    inputs (split by sequence parallelism) and what a chunked loss keeps of the hidden states (replicated)."""
+    logits = conv.logits_bytes_per_element * tokens / conv.loss_chunks * vocab / tp
+    return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
+
+
+def gathered_transient(conv: Convention, units: list[float]) -> float:
+    """FSDP/ZeRO-3 bytes at the worst unit's backward peak: `gathered_layers` x `gathered_bytes` per parameter
+    of that unit plus `prefetched_bytes` per parameter of the unit before it (`units`: per-GPU parameters of
+    the stage's FSDP units in forward order; backward prefetches the previous one)."""
+    return max((conv.gathered_layers * conv.gathered_bytes * p + conv.prefetched_bytes * (units[k - 1] if k else 0.0)
+                for k, p in enumerate(units)), default=0.0)

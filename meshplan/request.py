@@ -134,7 +134,7 @@ def default_batch_note(gbs: int, seq_length: int, unit_text: str) -> str:
 
 def uses_fsdp(framework: str, zero_stage: int) -> bool:
     """FSDP-style sharding: torchtitan/KempnerForge always; verl/SkyRL/DeepSpeed at zero_stage 3."""
-    return framework_card(framework).memory_convention == "fsdp2" or zero_stage == 3
+    return framework_card(framework).memory_convention.startswith("fsdp2") or zero_stage == 3
 
 
 def resolve(req: Request) -> tuple[Job, Plan]:

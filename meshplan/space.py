@@ -395,7 +395,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     floor (tests/test_search_space.py checks it against estimate_memory)."""
     from meshplan.activations import Layout as ActLayout
     from meshplan.activations import layer_activations, shape_of
-    from meshplan.memory_states import convention, memory_card, state_bytes
+    from meshplan.memory_states import convention, memory_card, output_activations, state_bytes
 
     arch = job.model
     _, conv, tensors = convention(job.framework, zero_stage)
@@ -433,7 +433,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
         acts += max(sum(layer_activations(shape, act, k, "none").values()) for k in kinds)
     if pp == 1:
         ts = tp if sp else 1
-        acts += conv.logits_bytes_per_element * tokens * vocab / tp + 2 * 2 * tokens * h / ts
+        acts += output_activations(conv, tokens, vocab, tp, h, ts)
     transient = acts
     if conv.gathered_layers and any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) and n0:
         # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one

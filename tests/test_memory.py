@@ -9,7 +9,7 @@ from meshplan.cli import main
 from meshplan.errors import MeshplanError
 from meshplan.hardware import get_gpu
 from meshplan.memory import estimate_memory, memory_summary
-from meshplan.memory_states import bytes_per_param, convention, memory_card, state_bytes
+from meshplan.memory_states import bytes_per_param, convention, gathered_transient, memory_card, state_bytes
 from meshplan.models import layer_params, resolve_model
 from meshplan.rulebook import EstimateBlocked
 from meshplan.schedule import compute_balanced_counts, in_flight, megatron_stages
@@ -284,6 +284,51 @@ def test_fsdp_shards_everything_and_gathers_layers():
     assert sharded.weights_bytes == pytest.approx(whole.weights_bytes / 8, rel=1e-6)
     assert sharded.optimizer_bytes == pytest.approx(whole.optimizer_bytes / 8, rel=1e-6)
     assert sharded.detail["gathered_layers"] > 0
+
+
+def test_gathered_transient_is_the_worst_unit_at_its_backward_peak():
+    """FSDP2 (torch 2.13 fully_shard post_backward + foreach_reduce): a unit's bf16 grads 2 + their fp32
+    reduce-scatter copy 4, plus 2 per parameter of the unit prefetched before it; Megatron-FSDP (6) and ZeRO-3 (4)
+    count the unit and the prefetched one at the same bytes."""
+    card = memory_card()
+    units = [10.0, 100.0, 50.0]
+    assert gathered_transient(card.conventions["fsdp2"], units) == max(6 * 10, 6 * 100 + 2 * 10, 6 * 50 + 2 * 100)
+    assert gathered_transient(card.conventions["fsdp2_chunked_loss"], units) == 620
+    assert gathered_transient(card.conventions["megatron_fsdp"], units) == 6 * 100 + 6 * 50  # 100 then 50
+    assert gathered_transient(card.conventions["deepspeed"], units) == 4 * 100 + 4 * 50
+    assert gathered_transient(card.conventions["fsdp2"], []) == 0
+
+
+def test_fsdp2_gathered_units_include_embedding_and_output_layer():
+    """torchtitan, one stage, dp=8 ZeRO-3: units embedding, 32 decoder layers, output layer + final norm; the
+    output layer (vocab*h = 525M) is the biggest, prefetching the last decoder layer."""
+    arch = resolve_model("llama-3.1-8b")
+    stage = estimate_memory(job_for(arch, 8, framework="torchtitan", seq=8192, gbs=8),
+                            Plan(dp=8, zero_stage=3)).stages[0]
+    p = layer_params(arch, 31)
+    layer = p["attention"] + p["dense_mlp"] + p["shared_experts"] + p["norms"] + p["router"]
+    head = 128256 * 4096 + 4096
+    assert stage.detail["gathered_layers"] == int(6 * head + 2 * layer)
+
+
+def test_torchtitan_chunked_loss_and_unchunked_fsdp2_loss():
+    """torchtitan 0.3.0 ChunkedLossWrapper: one of 8 sequence chunks at 14 bytes per logit (bf16 logits 2 + saved
+    fp32 log-softmax 4 + nll grad 4 + log-softmax grad 4) + final-norm input and output 4 + bf16 chunks and the
+    fp32 GradAccumulator 6 per token x h; the fsdp2 preset (KempnerForge, verl/SkyRL FSDP) stays unchunked at 10."""
+    arch = resolve_model("llama-3.1-8b")
+    tokens, vocab, h = 8192 * 2, 128256, 4096
+    titan = estimate_memory(job_for(arch, 8, framework="torchtitan", seq=8192, gbs=16),
+                            Plan(dp=8, zero_stage=3, micro_batch_size=2)).stages[0]
+    assert convention("torchtitan", 3)[0] == "fsdp2_chunked_loss" and convention("kempnerforge", 3)[0] == "fsdp2"
+    assert titan.detail["logits_and_loss"] == int(14 * tokens / 8 * vocab + 4 * tokens * h + 6 * tokens * h)
+    kempner = estimate_memory(job_for(arch, 8, framework="kempnerforge", seq=8192, gbs=16),
+                              Plan(dp=8, zero_stage=3, micro_batch_size=2)).stages[0]
+    assert kempner.detail["logits_and_loss"] == int(10 * tokens * vocab + 4 * tokens * h)
+    # tp=2 with sequence parallelism: logits split by the vocab-parallel loss, the norm tensors by SP, the
+    # chunked loss's copies of the hidden states replicated
+    tp2 = estimate_memory(job_for(arch, 8, framework="torchtitan", seq=8192, gbs=8),
+                          Plan(tp=2, dp=4, zero_stage=3, sequence_parallel=True)).stages[0]
+    assert tp2.detail["logits_and_loss"] == int(14 * 8192 / 8 * vocab / 2 + 4 * 8192 * h / 2 + 6 * 8192 * h)
 
 
 def test_fp8_adds_weight_copies_and_shrinks_linear_inputs():
