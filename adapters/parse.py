@@ -206,6 +206,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         sp = par["tensor_parallel_degree"] > 1
         etp = par["expert_tensor_parallel_degree"]
         dispatcher = {"standard": "alltoall", "deepep": "flex"}.get(par.get("expert_parallel_comm_backend"))
+        option = doc["activation_checkpoint"].get("selective_ac_option")
     else:
         tokens = shell_tokens(text)
         f = cli_flags(tokens)
@@ -213,7 +214,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         train = {k.split(".", 1)[1]: _literal(v) for k, v in f.items() if k.startswith("--training.")}
         ac = next(t.split(":", 1)[1] for t in tokens if t.startswith("activation-checkpoint:"))
         sp = "enable_sequence_parallel" in par
-        etp, dispatcher = 1, None
+        etp, dispatcher, option = 1, None, None
     rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
     pp = par["pipeline_parallel_degree"]
     out = {"tp": par["tensor_parallel_degree"], "pp": pp, "cp": par["context_parallel_degree"],
@@ -222,6 +223,8 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
            "micro_batch_size": par["pipeline_parallel_microbatch_size"] if pp > 1 else train["local_batch_size"]}
     if dispatcher is not None:
         out["moe_token_dispatcher"] = dispatcher
+    if ac == "selective" and option not in (None, "op"):
+        out["selective_ac_option"] = str(option)
     if pp > 1:
         m = par["pipeline_parallel_layers_per_stage"]
         first_less, last_less = par["pipeline_parallel_first_stage_less_layers"], par[

@@ -147,7 +147,7 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
                      format="shell", filename="run_torchtitan.sh", notes=notes, warnings=warnings)
     ac_section = {"mode": plan.recompute}
     if plan.recompute == "selective":
-        ac_section["selective_ac_option"] = "op"
+        ac_section["selective_ac_option"] = plan.selective_ac_option or "op"  # "op": what 0.3.x keeps as selective
     if plan.moe_token_dispatcher == "flex" and job.model.moe is not None:
         notes.append("expert_parallel_comm_backend = deepep: DeepEP (github.com/deepseek-ai/DeepEP) must be "
                      "installed on every node; it sends a token once per destination node and fans it out over "

@@ -33,6 +33,7 @@ UNSET_MEANS = {
     "ep": "1 for an estimate; searched by recommend",
     "etp": "tp for a Megatron MoE model, else 1; searched by recommend",
     "recompute_layers": "every layer of the stage",
+    "selective_ac_option": "op (op-level SAC) on torchtitan's selective",
 }
 
 

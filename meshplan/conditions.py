@@ -615,6 +615,25 @@ def fp8_needs_hardware(ctx: Context) -> Values:
     return {"gpu": ctx.job.gpu.name}
 
 
+@rule("RC002")
+def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.selective_ac_option is None:
+        return None
+    card = framework_card(ctx.framework)
+    if card.recompute.selective != "op_sac":
+        layers = card.adapter is not None and card.adapter.renders("recompute_layers")
+        return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
+                "why": f"{card.display_name} has no every-N-blocks selective recompute.",
+                "fix": "Drop selective_ac_option; the nearest is recompute=full"
+                       + (" with recompute_layers (layers per stage recomputed in full)." if layers else ".")}
+    if p.recompute == "selective":
+        return None
+    return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
+            "why": "the option is read only with selective activation checkpointing.",
+            "fix": "Use recompute=selective with it, or drop selective_ac_option."}
+
+
 @rule("RC001")
 def recompute_layers_need_full(ctx: Context) -> Values:
     p = ctx.plan

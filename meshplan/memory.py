@@ -149,6 +149,9 @@ def estimate_memory(
         for moe in (False, True) for mode in ("none", "selective", "full")
     }
     stored_mode = "selective" if recompute == "selective" else "none"
+    # torchtitan 0.2.x selective_ac_option N: the k-th block built on a rank (k from 1, over its chunks) is fully
+    # checkpointed when k % N == 0, the others not (activation_checkpoint.py _apply_layer_sac's global counter)
+    every_nth = every_nth_blocks(plan)
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
     gathered = conv.gathered_layers if sharded_weights else 0
     other_fixed = card.fixed_overhead_bytes + card.cuda_context_bytes
@@ -189,22 +192,26 @@ def estimate_memory(
         # activations of the micro-batches this stage holds at its peak
         held = in_flight(rank, pp, vpp, m)
         acts = 0.0
+        built = 0
         for chunk, count in zip(chunks, held, strict=True):
             chunk_bytes = 0.0
             for pos, i in enumerate(chunk):
+                built += 1
                 mode = stored_mode
                 if recompute == "full" and (plan.recompute_layers is None or pos < plan.recompute_layers):
                     mode = "full"
+                elif every_nth:
+                    mode = "full" if built % every_nth == 0 else "none"
                 chunk_bytes += per_kind[(table.moe[i], mode)]
             acts += count * chunk_bytes
         detail["microbatches_in_flight"] = sum(held)
         detail["layer_activations"] = int(acts)
-        if recompute == "full" and layers:
+        if (recompute == "full" or (every_nth and len(layers) >= every_nth)) and layers:
             # the layer being recomputed in the backward holds its full activations
             work = max(per_kind[(table.moe[i], "none")] for i in layers)
             acts += work
             detail["recompute_working_layer"] = int(work)
-        elif recompute == "selective" and selective == "op_sac" and layers:
+        elif recompute == "selective" and selective == "op_sac" and not every_nth and layers:
             # op-level SAC: the layer in its backward holds again what its recompute rebuilt
             work = max(per_kind[(table.moe[i], "none")] - per_kind[(table.moe[i], "selective")] for i in layers)
             acts += work
@@ -327,3 +334,9 @@ def memory_summary(report: MemoryReport) -> MemorySummary:
         fits=report.fits, headroom_bytes=report.headroom_bytes,
     )
 
+
+def every_nth_blocks(plan: Plan) -> int:
+    """N of torchtitan 0.2.x's per-layer selective AC (every N-th block fully checkpointed), 0 when the plan uses
+    op-level SAC or no selective recompute."""
+    option = plan.selective_ac_option
+    return int(option) if plan.recompute == "selective" and option not in (None, "op") else 0

@@ -38,6 +38,7 @@ from meshplan.flops import (
     model_flops_per_token,
     moe_gemms,
 )
+from meshplan.memory import every_nth_blocks
 from meshplan.memory_states import convention
 from meshplan.mesh import crosses_domains
 from meshplan.models import layer_params, per_architecture
@@ -352,6 +353,7 @@ def estimate_throughput(
     head_stage = pipeline.head_rank
     params = _layer_param_split(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" repeats
+    every_nth = every_nth_blocks(plan)
     t_sp = plan.tp if plan.sequence_parallel else 1
 
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
@@ -382,6 +384,10 @@ def estimate_throughput(
         # n_recompute layers of the stage are the recomputed ones.
         n_moe = sum(kinds)
         n_moe_recompute = sum(kinds[:n_recompute])
+        mode = plan.recompute
+        if every_nth:  # torchtitan 0.2.x: every N-th block built on the rank is fully checkpointed, the rest not
+            picked = [kind for k, kind in enumerate(kinds, 1) if k % every_nth == 0]
+            mode, n_recompute, n_moe_recompute = "full", len(picked), sum(picked)
         for lt, count, recomputed in ((dense_lt, len(kinds) - n_moe, n_recompute - n_moe_recompute),
                                       (moe_lt, n_moe, n_moe_recompute)):
             if not count:
@@ -393,7 +399,7 @@ def estimate_throughput(
             parts["cp"] += count * lt.cp
             parts["ep"] += count * lt.ep
             if recomputed:
-                parts["recompute"] += recomputed * _recompute_time(lt, plan.recompute, cal, selective)
+                parts["recompute"] += recomputed * _recompute_time(lt, mode, cal, selective)
         dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
         expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
         if s == 0:

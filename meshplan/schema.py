@@ -195,6 +195,11 @@ class Request(_Strict):
         None, description="Activation recomputation (default: none for an estimate; searched by recommend)"
     )
     recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
+    selective_ac_option: str | None = Field(
+        None, pattern=r"^(op|[1-9][0-9]{0,3})$",
+        description="torchtitan's selective AC (with recompute=selective): 'op' = op-level SAC (the default; the only "
+                    "one of 0.3.x), or N = every N-th block fully checkpointed and the others not (0.2.x)",
+    )
     cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
@@ -256,6 +261,7 @@ class Plan(_Strict):
     micro_batch_size: int = Field(1, ge=1)
     recompute: Recompute = "none"
     recompute_layers: int | None = None
+    selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
     cp_comm_type: CpCommType = "p2p"
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")

@@ -326,6 +326,29 @@ def test_torchtitan_0_2_renders_deepep_only_where_its_model_code_reads_it():
             render("torchtitan", job, plan, version="0.2")
 
 
+def test_torchtitan_every_nth_selective_renders_on_0_2_and_is_refused_elsewhere():
+    """selective_ac_option N (every N-th block fully checkpointed) is torchtitan 0.2.x's; it round-trips through the
+    0.2.2 TOML, 0.3.0 (op-level SAC only) and the Megatron family refuse it naming their nearest knob, and "op"
+    renders as 0.3.0's plain selective."""
+    fields = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, recompute="selective",
+                  selective_ac_option="2")
+    job, plan, result = _render("torchtitan", None, fields, version="0.2")
+    assert 'selective_ac_option = "2"' in result.text
+    assert parse_plan("torchtitan", result.variant, result.text, 32)["selective_ac_option"] == "2"
+    assert "selective_ac_option" not in parse_plan(
+        "torchtitan", result.variant, _render("torchtitan", None, {**fields, "selective_ac_option": "op"},
+                                              version="0.2")[2].text, 32)
+    with pytest.raises(MeshplanError, match="selective_ac_option=2") as exc:
+        render("torchtitan", job, plan)
+    assert "version 0.2.2" in exc.value.fix
+    op = _render("torchtitan", None, {**fields, "selective_ac_option": "op"})[2]
+    assert "activation-checkpoint:selective" in op.text
+    job, plan = resolve(Request(framework="megatron-core", **fields))
+    with pytest.raises(MeshplanError, match="selective_ac_option=2") as exc:
+        render("megatron-core", job, plan)
+    assert "recompute_layers" in exc.value.fix
+
+
 def test_knobs_in_use_reflect_the_plan():
     job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, recompute="full",
                                 recompute_layers=1, precision="fp8"))

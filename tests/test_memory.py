@@ -410,3 +410,59 @@ def test_per_layer_activations_agree_with_torchtitans_code():
         assert abs(diff) <= tolerance[row["policy"]], (row["arch"], row["layer"], row["policy"], diff)
         checked += 1
     assert checked == 12
+    # 0.2.2's every-second-block option, as selective_ac_option="2" over the four layers the harness ran: within
+    # the no-recompute rows' errors halved (full AC is exact), so 5% for Llama and DeepSeek-V3's MoE layers, 9% dense
+    from fake_tensor_memory import WORLD, cut
+
+    for row in (r for r in data["layers"] if r["policy"] == "selective-2@0.2.2"):
+        spec = ARCHS[row["arch"]]
+        job = Job(model=cut(catalog(spec["model"]), [row["layer"] == "MoE"] * 4), gpu=get_gpu("h100"),
+                  num_gpus=WORLD, gpus_per_node=8, seq_length=spec["seq"], global_batch_size=WORLD * spec["batch"],
+                  framework="torchtitan")
+        plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=spec["batch"], recompute="selective",
+                    selective_ac_option="2")
+        ours = estimate_memory(job, plan).stages[0].detail["layer_activations"] / 4
+        diff = 100 * (ours - row["framework_bytes"]) / row["framework_bytes"]
+        assert abs(diff) <= (9.0 if row["arch"] == "deepseek-v3-671b" and row["layer"] == "dense" else 5.5), \
+            (row["arch"], row["layer"], diff)
+
+
+def test_every_nth_block_selective_of_torchtitan_0_2():
+    """selective_ac_option N: the k-th block built on a rank (k from 1, counted over its virtual chunks) is fully
+    checkpointed when k % N == 0, the others keep everything (torchtitan 0.2.2 _apply_layer_sac); N=1 is full AC,
+    in bytes and in recompute time; the recomputed block's working set is counted as under full AC."""
+    from meshplan.perf import estimate_throughput
+
+    job = job_for("llama-3.1-8b", 8, framework="torchtitan", seq=8192, gbs=8)
+    base = Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="selective")
+    lay = _tt_layout(8192)
+    none, full = (sum(layer_activations(shape_of(job.model), lay, False, m).values()) for m in ("none", "full"))
+    every2 = estimate_memory(job, base.model_copy(update={"selective_ac_option": "2"})).stages[0].detail
+    assert every2["layer_activations"] == int(16 * none + 16 * full)
+    assert every2["recompute_working_layer"] == int(none)
+    every3 = estimate_memory(job, base.model_copy(update={"selective_ac_option": "3"})).stages[0].detail
+    assert every3["layer_activations"] == int(22 * none + 10 * full)  # blocks 3, 6, ..., 30
+    one = base.model_copy(update={"selective_ac_option": "1"})
+    as_full = Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")
+    assert estimate_memory(job, one).stages[0].total_bytes == estimate_memory(job, as_full).stages[0].total_bytes
+    timed = [estimate_throughput(job, p).breakdown.recompute_s for p in (one, as_full)]
+    assert timed[0] == timed[1] > 0
+    assert estimate_memory(job, base.model_copy(update={"selective_ac_option": "op"})).stages[0].total_bytes == \
+        estimate_memory(job, base).stages[0].total_bytes
+
+
+def test_selective_ac_option_outside_torchtitans_selective_is_refused():
+    """RC002: the option on a framework whose selective is not op-level SAC names that framework's nearest knob."""
+    from meshplan.api import check_config as check
+    from meshplan.schema import Request
+
+    report = check(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", recompute="selective",
+                           selective_ac_option="2"))
+    found = [f for f in report.findings if f.id == "RC002"]
+    assert found and "recompute_layers" in found[0].fix
+    # recommend weighs torchtitan's selective as op-level SAC: it refuses every-N rather than drop it
+    from meshplan.api import recommend
+
+    with pytest.raises(MeshplanError, match="selective_ac_option=2") as exc:
+        recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="torchtitan", selective_ac_option="2"))
+    assert "Drop it" in exc.value.fix

@@ -29,6 +29,13 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
             fix="Drop them to let recommend choose first/last_stage_layers, or check the layout with "
                 "`meshplan check` / `meshplan estimate` at fixed degrees.",
         )
+    if req.selective_ac_option not in (None, "op"):
+        # The search times and floors torchtitan's selective as op-level SAC; every-N would be dropped silently.
+        raise MeshplanError(
+            f"recommend does not search with selective_ac_option={req.selective_ac_option} (every N-th block) yet.",
+            fix="Drop it (recommend weighs torchtitan's selective as op-level SAC), or estimate that layout with "
+                "`meshplan estimate` at fixed degrees.",
+        )
     notes: list[str] = []
     job, _ = resolve(req.model_copy(update=dict.fromkeys(OPEN_FOR_SEARCH)))
     if req.global_batch_size is None:
