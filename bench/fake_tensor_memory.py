@@ -14,8 +14,9 @@ meshplan's side is `estimate_memory` for the same shapes (a one-layer copy of th
 MoE, pp=1 so one micro-batch is in flight): its `layer_activations` detail, with torchtitan's byte convention
 (fsdp2: flash attention, no dropout, unfused SwiGLU) and the policy mapped onto `Plan.recompute` as it stands
 today: none -> none, full -> full, every "selective" -> selective, which on torchtitan is its op-level SAC
-(cards/frameworks/torchtitan.yaml recompute.selective; activations.py models it). 0.2.2's every-N-layers option
-has no meshplan policy yet: its rows also give the nearest one (full with recompute_layers = layers/N).
+(cards/frameworks/torchtitan.yaml recompute.selective; activations.py models it); 0.2.2's every-N-layers option
+-> selective with selective_ac_option N, over the layers the harness ran (per layer: their mean). Those rows also
+give the nearest policy without the option (full with recompute_layers = layers/N).
 
 Policies (torchtitan 0.3.0 has none | full | selective = op-level SAC | memory-budget, which needs
 torch.compile and is not measured; torchtitan <= 0.2.2 had selective with `selective_ac_option` "op" (its
@@ -59,7 +60,7 @@ ARCHS = {
     "deepseek-v3-671b": {"model": "deepseek-v3", "seq": 4096, "batch": 4, "layers": [1, 2, 3, 4],
                          "step_layers": [0, 1, 2, 3], "what": "DeepSeek-V3 671B (MLA + MoE 256/top-8)"},
 }
-# torchtitan policy -> (meshplan recompute today, what the policy is)
+# torchtitan policy -> (meshplan recompute, what the policy is); selective-N also sets selective_ac_option N
 POLICIES = {
     "none": ("none", "no activation checkpointing"),
     "full": ("full", "0.3.0 FullAC: every block checkpointed"),
@@ -109,16 +110,21 @@ def cut(arch: Architecture, moe_flags: list[bool]) -> Architecture:
     return arch.model_copy(update={"num_layers": len(moe_flags), "moe": moe, "num_mtp_layers": 0})
 
 
-def meshplan_report(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool]):
+def meshplan_report(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool],
+                    selective_ac_option: str | None = None):
     job = Job(model=cut(arch, moe_flags), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
               seq_length=spec["seq"], global_batch_size=WORLD * spec["batch"], framework="torchtitan")
-    plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=spec["batch"], recompute=recompute)
+    plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=spec["batch"], recompute=recompute,
+                selective_ac_option=selective_ac_option)
     return estimate_memory(job, plan)
 
 
-def meshplan_layer(arch: Architecture, spec: dict, recompute: str, moe: bool) -> int:
-    """estimate_memory's layer_activations of a one-layer model: one layer's bytes, one micro-batch in flight."""
-    return meshplan_report(arch, spec, recompute, [moe]).stages[0].detail["layer_activations"]
+def meshplan_layer(arch: Architecture, spec: dict, recompute: str, moe: bool,
+                   selective_ac_option: str | None = None, layers: int = 1) -> float:
+    """estimate_memory's layer_activations of a model cut to `layers` layers of one kind, per layer: one micro-batch
+    in flight (0.2.2's every-N option needs the layers the harness ran, as its blocks differ)."""
+    report = meshplan_report(arch, spec, recompute, [moe] * layers, selective_ac_option)
+    return report.stages[0].detail["layer_activations"] / layers
 
 
 def meshplan_allocated_peak(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool]) -> int:
@@ -149,7 +155,11 @@ def layer_rows(results: list[dict]) -> list[dict]:
         for moe in sorted({layer["moe"] for layer in res["layers"]}):
             counts = [layer["bytes"] for layer in res["layers"] if layer["moe"] is moe]
             framework = statistics.fmean(counts)
-            ours = meshplan_layer(arch, spec, recompute, moe)
+            every = res["policy"].split("@")[0][len("selective-"):] if res["policy"].startswith("selective-") else ""
+            if every.isdigit():  # 0.2.2's every-N option over the harness's layers of this kind
+                ours = meshplan_layer(arch, spec, recompute, moe, every, len(counts))
+            else:
+                ours = meshplan_layer(arch, spec, recompute, moe)
             row = {"arch": res["arch"], "layer": "MoE" if moe else "dense", "policy": res["policy"], "what": what,
                    "meshplan_recompute": recompute, "seq": spec["seq"], "micro_batch": spec["batch"],
                    "framework_bytes": framework, "framework_per_layer_bytes": counts,
