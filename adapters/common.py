@@ -72,14 +72,16 @@ def megatron_recompute(plan: Plan) -> dict[str, object]:
 
     selective: granularity only (recompute_method and recompute_num_layers must stay None, per
     TransformerConfig.__post_init__ and validate_args); full: 'uniform' with 1 layer per chunk
-    recomputes every layer, 'block' with N recomputes the first N layers of each stage
+    recomputes every layer ('uniform' with N: in chunks of N layers, recompute_method=uniform with
+    recompute_layers=N), 'block' with N recomputes the first N layers of each stage
     (megatron/core/transformer/transformer_block.py, _checkpointed_forward).
     """
     if plan.recompute == "selective":
         return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
     if plan.recompute == "full":
-        if plan.recompute_layers is None:
-            return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        if plan.recompute_layers is None or plan.recompute_method == "uniform":
+            return {"recompute_granularity": "full", "recompute_method": "uniform",
+                    "recompute_num_layers": plan.recompute_layers or 1}
         return {"recompute_granularity": "full", "recompute_method": "block",
                 "recompute_num_layers": plan.recompute_layers}
     return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
@@ -91,6 +93,8 @@ def plan_recompute(granularity: str | None, method: str | None, num_layers: int 
         return {"recompute": "none", "recompute_layers": None}
     if granularity == "selective":
         return {"recompute": "selective", "recompute_layers": None}
+    if method == "uniform" and num_layers not in (None, 1, "1"):  # chunks of N layers checkpointed together
+        return {"recompute": "full", "recompute_layers": int(num_layers), "recompute_method": "uniform"}
     return {"recompute": "full", "recompute_layers": int(num_layers) if method == "block" else None}
 
 

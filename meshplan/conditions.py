@@ -634,6 +634,26 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
             "fix": "Use recompute=selective with it, or drop selective_ac_option."}
 
 
+@rule("RC003")
+def recompute_method_needs_full(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.recompute_method is None:
+        return None
+    card = framework_card(ctx.framework)
+    values = {"method": p.recompute_method, "recompute": p.recompute, "layers": p.recompute_layers,
+              "framework": card.display_name}
+    if card.adapter is None or not card.adapter.renders("recompute_method"):
+        return {**values, "why": f"{card.display_name} checkpoints each layer on its own (no recompute_method).",
+                "fix": "Drop recompute_method (recompute=full recomputes every layer)."}
+    if p.recompute != "full":
+        return {**values, "why": "recompute_method applies to full recompute only.",
+                "fix": "Use recompute=full with it, or drop recompute_method."}
+    if p.recompute_method == "block" and p.recompute_layers is None:
+        return {**values, "why": "the block method needs the number of layers per stage it recomputes.",
+                "fix": "Give recompute_layers (e.g. 1), or use recompute_method=uniform."}
+    return None
+
+
 @rule("RC001")
 def recompute_layers_need_full(ctx: Context) -> Values:
     p = ctx.plan

@@ -152,6 +152,9 @@ def estimate_memory(
     # torchtitan 0.2.x selective_ac_option N: the k-th block built on a rank (k from 1, over its chunks) is fully
     # checkpointed when k % N == 0, the others not (activation_checkpoint.py _apply_layer_sac's global counter)
     every_nth = every_nth_blocks(plan)
+    # Megatron's uniform method checkpoints chunks of `group` layers together: each chunk keeps only its input and
+    # its backward rebuilds all of its layers at once (transformer_block.py _checkpointed_forward)
+    group = uniform_group(plan)
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
     gathered = conv.gathered_layers if sharded_weights else 0
     other_fixed = card.fixed_overhead_bytes + card.cuda_context_bytes
@@ -198,7 +201,12 @@ def estimate_memory(
             for pos, i in enumerate(chunk):
                 built += 1
                 mode = stored_mode
-                if recompute == "full" and (plan.recompute_layers is None or pos < plan.recompute_layers):
+                if group and pos % group:
+                    continue  # inside a uniform chunk: only the chunk's first input is kept
+                if group:
+                    mode = "full"
+                elif recompute == "full" and (plan.recompute_layers is None or plan.recompute_method == "uniform"
+                                              or pos < plan.recompute_layers):
                     mode = "full"
                 elif every_nth:
                     mode = "full" if built % every_nth == 0 else "none"
@@ -209,6 +217,8 @@ def estimate_memory(
         if (recompute == "full" or (every_nth and len(layers) >= every_nth)) and layers:
             # the layer being recomputed in the backward holds its full activations
             work = max(per_kind[(table.moe[i], "none")] for i in layers)
+            if group:  # a whole chunk of the uniform method is rebuilt at once
+                work *= min(group, max(len(chunk) for chunk in chunks))
             acts += work
             detail["recompute_working_layer"] = int(work)
         elif recompute == "selective" and selective == "op_sac" and not every_nth and layers:
@@ -340,3 +350,11 @@ def every_nth_blocks(plan: Plan) -> int:
     op-level SAC or no selective recompute."""
     option = plan.selective_ac_option
     return int(option) if plan.recompute == "selective" and option not in (None, "op") else 0
+
+
+def uniform_group(plan: Plan) -> int:
+    """Layers per checkpointed chunk under Megatron's uniform full recompute with recompute_layers > 1 (0: one
+    layer per chunk, or another method)."""
+    if plan.recompute != "full" or plan.recompute_method != "uniform" or (plan.recompute_layers or 1) <= 1:
+        return 0
+    return plan.recompute_layers or 0

@@ -376,7 +376,8 @@ def estimate_throughput(
     stage_rows = []
     for s, layers in enumerate(stages):
         parts = {"compute": 0.0, "tp": 0.0, "cp": 0.0, "ep": 0.0, "recompute": 0.0, "fwd": 0.0}
-        n_recompute = len(layers) if plan.recompute_layers is None else min(len(layers), plan.recompute_layers)
+        n_recompute = len(layers) if plan.recompute_layers is None or plan.recompute_method == "uniform" \
+            else min(len(layers), plan.recompute_layers)  # uniform recomputes every layer, in chunks
         kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
         if s == pipeline.mtp_at and mtp_layers and pipeline.mtp_trained:
             kinds += [arch.is_moe_layer(arch.num_layers - 1)] * mtp_layers

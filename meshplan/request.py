@@ -32,7 +32,7 @@ FIELD_SYNONYMS: dict[str, str] = {
     "tensor_parallel": "tp", "pipeline_parallel": "pp", "context_parallel": "cp", "expert_parallel": "ep",
     "data_parallel": "dp", "virtual_pipeline": "vpp", "zero": "zero_stage", "activation_checkpointing": "recompute",
     "gradient_checkpointing": "recompute", "mbs": "micro_batch_size", "gbs": "global_batch_size",
-    "batch_size": "global_batch_size",
+    "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
 }
 
 # The adapter knobs (cards/frameworks/*.yaml) that are request fields under the same name.
@@ -190,6 +190,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
+        recompute_method=req.recompute_method,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),

@@ -132,7 +132,8 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if p.micro_batch_size > 1:
         out.append(("micro_batch_size=1", {"micro_batch_size": 1}))
     if p.recompute == "none":
-        out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None}))
+        out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None,
+                                            "recompute_method": None}))
     raise_to = framework_card(ctx.framework).memory_fix  # how far this framework's ZeRO may go, and why
     max_zero = p.zero_stage if raise_to.highest_zero_stage is None else raise_to.highest_zero_stage
     if p.pp > 1 and raise_to.highest_zero_stage_with_pp is not None:
@@ -160,7 +161,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if ctx.job.seq_length >= step * ctx_param(ctx, "CP002", "min_tokens_per_rank"):
         out.append((f"cp={p.cp * step}", {"cp": p.cp * step}))
     if p.recompute != "full":
-        out.append(("recompute=full", {"recompute": "full", "recompute_layers": None}))
+        out.append(("recompute=full", {"recompute": "full", "recompute_layers": None, "recompute_method": None}))
     plans = []
     for label, change in out:
         merged = p.model_dump() | change

@@ -195,6 +195,11 @@ class Request(_Strict):
         None, description="Activation recomputation (default: none for an estimate; searched by recommend)"
     )
     recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
+    recompute_method: Literal["uniform", "block"] | None = Field(
+        None, description="Megatron full recompute: block = the first recompute_layers layers of each stage "
+                          "recomputed, the rest not (the default when recompute_layers is set); uniform = every layer, "
+                          "in chunks of recompute_layers (default 1) checkpointed together (the default otherwise)",
+    )
     selective_ac_option: str | None = Field(
         None, pattern=r"^(op|[1-9][0-9]{0,3})$",
         description="torchtitan's selective AC (with recompute=selective): 'op' = op-level SAC (the default; the only "
@@ -261,6 +266,7 @@ class Plan(_Strict):
     micro_batch_size: int = Field(1, ge=1)
     recompute: Recompute = "none"
     recompute_layers: int | None = None
+    recompute_method: Literal["uniform", "block"] | None = None  # full recompute; None: block with layers, else uniform
     selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
     cp_comm_type: CpCommType = "p2p"
     moe_token_dispatcher: MoeDispatcher = "alltoall"

@@ -54,6 +54,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "full"}),
     ("estimate_memory", {**L8, "num_gpus": 8, "framework": "torchtitan", "seq_length": 8192}),
     ("estimate_memory", {**L8, "num_gpus": 16, "framework": "deepspeed", "zero_stage": 3, "gpu": "a100-80gb"}),
+    ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 4, "recompute": "full", "recompute_method": "uniform",
+                         "recompute_layers": 4}),
     ("estimate_memory", {**L8, "num_gpus": 8, "framework": "torchtitan", "seq_length": 8192, "recompute": "selective",
                          "selective_ac_option": "2"}),
     ("estimate_memory", {"model": "70B", "num_gpus": 8, "tp": 8}),

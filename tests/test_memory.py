@@ -276,6 +276,28 @@ def test_recompute_and_pipeline_reduce_activations():
         stages[2].detail["layer_activations"]
 
 
+def test_megatron_uniform_recompute_in_chunks_of_n_layers():
+    """recompute_method=uniform with recompute_layers N (Megatron's recompute_num_layers): each chunk of N layers of
+    a stage keeps only its input, and its backward rebuilds all N layers at once; N=1 (and no method) is every layer
+    on its own; block with N is the first N layers of the stage; uniform and full take the same recompute time."""
+    from meshplan.perf import estimate_throughput
+
+    job = job_for("llama-3.1-70b", 64, seq=8192)  # 80 layers, pp=4: 20 per stage
+    full = Plan(tp=8, pp=4, dp=2, sequence_parallel=True, recompute="full")
+    uniform4 = full.model_copy(update={"recompute_method": "uniform", "recompute_layers": 4})
+    base, chunked = (estimate_memory(job, p).stages[0].detail for p in (full, uniform4))
+    layer_input = base["layer_activations"] / (20 * base["microbatches_in_flight"])
+    assert chunked["layer_activations"] == int(5 * layer_input * chunked["microbatches_in_flight"])  # 20/4 inputs
+    assert chunked["recompute_working_layer"] == 4 * base["recompute_working_layer"]
+    one = full.model_copy(update={"recompute_method": "uniform", "recompute_layers": 1})
+    assert estimate_memory(job, one).stages[0].total_bytes == estimate_memory(job, full).stages[0].total_bytes
+    block = full.model_copy(update={"recompute_method": "block", "recompute_layers": 4})
+    assert estimate_memory(job, block).stages[0].total_bytes == \
+        estimate_memory(job, full.model_copy(update={"recompute_layers": 4})).stages[0].total_bytes
+    timed = [estimate_throughput(job, p).breakdown.recompute_s for p in (uniform4, full)]
+    assert timed[0] == timed[1] > 0
+
+
 def test_fsdp_shards_everything_and_gathers_layers():
     job = job_for("llama-3.1-8b", 8, framework="torchtitan")
     sharded = estimate_memory(job, Plan(dp=8, zero_stage=3)).stages[0]
