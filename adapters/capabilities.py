@@ -65,6 +65,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("recompute_layers")
         if plan.recompute_method == "uniform" and plan.recompute_layers > 1:
             used.append("recompute_method")
+    if plan.recompute == "selective" and plan.recompute_modules is not None:
+        used.append("recompute_modules")
     if plan.recompute == "selective" and plan.selective_ac_option not in (None, "op"):
         used.append("selective_ac_option")  # "op" is what every torchtitan selective means
     if plan.first_stage_layers is not None or plan.last_stage_layers is not None:
@@ -86,6 +88,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "recompute_layers": f"recompute_layers={plan.recompute_layers}",
         "selective_ac_option": f"selective_ac_option={plan.selective_ac_option}",
         "recompute_method": f"recompute_method={plan.recompute_method}",
+        "recompute_modules": f"recompute_modules={plan.recompute_modules}",
         "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",

@@ -77,7 +77,11 @@ def megatron_recompute(plan: Plan) -> dict[str, object]:
     (megatron/core/transformer/transformer_block.py, _checkpointed_forward).
     """
     if plan.recompute == "selective":
-        return {"recompute_granularity": "selective", "recompute_method": None, "recompute_num_layers": None}
+        rec: dict[str, object] = {"recompute_granularity": "selective", "recompute_method": None,
+                                  "recompute_num_layers": None}
+        if plan.recompute_modules is not None:  # left out: Megatron's default, ["core_attn"]
+            rec["recompute_modules"] = list(plan.recompute_modules)
+        return rec
     if plan.recompute == "full":
         if plan.recompute_layers is None or plan.recompute_method == "uniform":
             return {"recompute_granularity": "full", "recompute_method": "uniform",
@@ -87,11 +91,16 @@ def megatron_recompute(plan: Plan) -> dict[str, object]:
     return {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None}
 
 
-def plan_recompute(granularity: str | None, method: str | None, num_layers: int | None) -> dict[str, object]:
+def plan_recompute(granularity: str | None, method: str | None, num_layers: int | None,
+                   modules: object = None) -> dict[str, object]:
     """Inverse of `megatron_recompute` (for the parse-back round trip)."""
     if granularity in (None, "null", "None"):
         return {"recompute": "none", "recompute_layers": None}
     if granularity == "selective":
+        if modules is not None:  # a list, one flag value, or a Hydra / dotlist list of bare names: [a,b]
+            names = modules.strip("[]").split(",") if isinstance(modules, str) else list(modules)  # type: ignore[call-overload]
+            return {"recompute": "selective", "recompute_layers": None,
+                    "recompute_modules": [str(n).strip().strip("'\"") for n in names]}
         return {"recompute": "selective", "recompute_layers": None}
     if method == "uniform" and num_layers not in (None, 1, "1"):  # chunks of N layers checkpointed together
         return {"recompute": "full", "recompute_layers": int(num_layers), "recompute_method": "uniform"}

@@ -119,6 +119,8 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
     rec = megatron_recompute(plan)
     if rec["recompute_granularity"]:
         flags.append(("--recompute-granularity", rec["recompute_granularity"]))
+        if rec.get("recompute_modules"):
+            flags.append(("--recompute-modules", rec["recompute_modules"]))
         if rec["recompute_method"]:
             flags += [("--recompute-method", rec["recompute_method"]),
                       ("--recompute-num-layers", rec["recompute_num_layers"])]

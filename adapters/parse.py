@@ -102,7 +102,7 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
            "pipeline_layout": layout, "account_for_embedding": "--account-for-embedding-in-pipeline-split" in f,
            "account_for_loss": "--account-for-loss-in-pipeline-split" in f,
            **plan_recompute(f.get("--recompute-granularity"), f.get("--recompute-method"),
-                            f.get("--recompute-num-layers"))}
+                            f.get("--recompute-num-layers"), f.get("--recompute-modules"))}
     if "--expert-model-parallel-size" in f:
         out.update(ep=int(f["--expert-model-parallel-size"]), etp=int(f["--expert-tensor-parallel-size"]))
     if "--moe-token-dispatcher-type" in f:
@@ -137,7 +137,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                account_for_embedding=bool(m.get("account_for_embedding_in_pipeline_split")),
                account_for_loss=bool(m.get("account_for_loss_in_pipeline_split")),
                **plan_recompute(m.get("recompute_granularity"), m.get("recompute_method"),
-                                m.get("recompute_num_layers")))
+                                m.get("recompute_num_layers"), m.get("recompute_modules")))
     if out["cp"] > 1:
         out["cp_comm_type"] = m["cp_comm_type"]
     if "moe_token_dispatcher_type" in m:
@@ -162,7 +162,7 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                first_stage_layers=o.get(t + "num_layers_in_first_pipeline_stage"),
                last_stage_layers=o.get(t + "num_layers_in_last_pipeline_stage"),
                **plan_recompute(o.get(t + "recompute_granularity"), o.get(t + "recompute_method"),
-                                o.get(t + "recompute_num_layers")))
+                                o.get(t + "recompute_num_layers"), o.get(t + "recompute_modules")))
     if out["cp"] > 1:
         out["cp_comm_type"] = o[t + "cp_comm_type"]
     if t + "moe_token_dispatcher_type" in o:
@@ -191,7 +191,7 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                first_stage_layers=kw.get("num_layers_in_first_pipeline_stage"),
                last_stage_layers=kw.get("num_layers_in_last_pipeline_stage"),
                **plan_recompute(kw.get("recompute_granularity"), kw.get("recompute_method"),
-                                kw.get("recompute_num_layers")))
+                                kw.get("recompute_num_layers"), kw.get("recompute_modules")))
     if out["cp"] > 1:
         out["cp_comm_type"] = kw["cp_comm_type"]
     if "moe_token_dispatcher_type" in m:

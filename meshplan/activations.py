@@ -67,21 +67,29 @@ class Layout(NamedTuple):
     ep: int = 1  # expert parallelism: op-level SAC keeps the all-to-all outputs when > 1
 
 
-def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool) -> float:
-    """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller."""
-    if shape.gated:
-        out = BF16 * rows * 2 * width / tp
-        if unfused:
-            out += BF16 * rows * width / tp
-    else:
-        out = BF16 * rows * width / tp
+def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
+    """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller.
+    act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept."""
+    out = BF16 * rows * (2 if shape.gated else 1) * width / tp
+    if not act:
+        return out
+    if shape.gated and unfused:
+        out += BF16 * rows * width / tp
     return out + lin * rows * width / tp
 
 
 @lru_cache(maxsize=8192)
-def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str) -> dict[str, float]:
+def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str,
+                      modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
     """Bytes per micro-batch of one layer, by component. recompute: none | selective (Megatron-Core's
-    core-attention recompute) | op_sac (torchtitan's op-level selective AC) | full."""
+    selective recompute of `modules`, its recompute_modules) | op_sac (torchtitan's op-level selective AC) | full.
+
+    What each Megatron module's recompute drops (transformer_config.py recompute_modules; the checkpointed modules
+    keep their input): core_attn the softmax/dropout (or flash's log-sum-exp); mlp a dense MLP's tensors past its
+    input; moe a MoE layer's past its input; shared_experts the shared experts'; moe_act the routed experts'
+    activation outputs (fc2 input); mla_up_proj MLA's per-head Q, K, V (the latents stay); layernorm the two norm
+    outputs (the QKV and fc1/router inputs; the norm inputs stay)."""
+    sel = set(modules) if recompute == "selective" else set()
     if recompute == "op_sac":
         return _op_sac(shape, lay, moe_layer)
     t, h, tp = lay.tokens, shape.h, lay.tp
@@ -92,13 +100,14 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     out: dict[str, float] = {}
     out["norm_inputs"] = 2 * BF16 * t * h / ts
     # attention
-    attn = lin * t * h / ts  # QKV (or q/kv down-projection) input
+    attn = 0.0 if "layernorm" in sel else lin * t * h / ts  # QKV (or q/kv down-projection) input
     if shape.mla:
         q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
         latent = 2 * BF16 * t * (q_lora + kv_lora) + BF16 * t * d_rope  # norm input + up-projection input
         attn += latent / ts
         q_dim, v_dim = shape.a * (d_nope + d_rope), shape.a * d_v
-        attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
+        if "mla_up_proj" not in sel:
+            attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
     else:
         q_dim, v_dim = shape.a * shape.d, shape.a * shape.d
         attn += BF16 * t * (q_dim + 2 * shape.g * shape.d) / tp
@@ -113,7 +122,7 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         core += BF16 * scores  # softmax output
         if lay.dropout:
             core += scores + BF16 * scores  # dropout mask (1 B) and dropout output
-    if recompute == "selective":
+    if "core_attn" in sel:
         core = 0.0  # core attention is recomputed from Q, K, V
     attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
     if lay.fp8:
@@ -122,16 +131,20 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         attn += t * h / ts  # output dropout mask
     out["attention"] = attn
     # MLP / MoE
-    mlp = lin * t * h / ts  # fc1 (or router + expert) input
-    if moe_layer and shape.experts:
+    mlp = 0.0 if "layernorm" in sel else lin * t * h / ts  # fc1 (or router + expert) input
+    if moe_layer and shape.experts and "moe" in sel:
+        out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
+    elif moe_layer and shape.experts:
         mlp += 2 * 4 * t * shape.experts / ts  # fp32 router logits and probabilities
         rows = t * shape.top_k / ts * lay.etp  # routed token rows on this rank (balanced routing)
         mlp += BF16 * rows * h * 2  # dispatch: permuted tokens after the all-to-all, expert output before combine
         mlp += lin * rows * h  # expert fc1 input
-        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused)
-        if shape.f_shared:
+        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
+        if shape.f_shared and "shared_experts" not in sel:
             mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
         out["moe"] = mlp
+    elif "mlp" in sel:
+        out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
     else:
         mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused)
         out["mlp"] = mlp

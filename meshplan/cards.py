@@ -140,7 +140,7 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 ADAPTER_KNOBS: tuple[str, ...] = (
     "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
     "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "selective_ac_option",
-    "recompute_method", "uneven_pp",
+    "recompute_method", "recompute_modules", "uneven_pp",
     "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "pipeline_layout", "account_for_embedding",
     "account_for_loss",
 )

@@ -105,6 +105,9 @@ def add_request_flags(parser: argparse.ArgumentParser, *, model_positional: bool
     for name, field in Request.model_fields.items():
         kind = _value_type(field.annotation)
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _field_help(name)}
+        if get_origin(kind) is list:  # a list of names (recompute_modules): one flag, several values
+            kwargs["nargs"] = "+"
+            kind = get_args(kind)[0]
         choices = get_args(kind) if get_origin(kind) is not None else ()
         if choices and all(isinstance(c, str) for c in choices):
             kwargs["choices"] = list(choices)

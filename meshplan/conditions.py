@@ -654,6 +654,32 @@ def recompute_method_needs_full(ctx: Context) -> Values:
     return None
 
 
+@rule("RC004")
+def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
+    p, arch = ctx.plan, ctx.arch
+    if p.recompute_modules is None:
+        return None
+    card = framework_card(ctx.framework)
+    values = {"modules": ",".join(p.recompute_modules), "recompute": p.recompute, "framework": card.display_name}
+    if card.adapter is None or not card.adapter.renders("recompute_modules"):
+        instead = card.adapter.versions[card.adapter.default_version].knobs["recompute_modules"].instead \
+            if card.adapter is not None else None
+        return {**values, "why": f"{card.display_name} has no per-module recompute.",
+                "fix": instead or "Drop recompute_modules; use recompute=selective or full."}
+    if p.recompute != "selective":
+        return {**values, "why": "recompute_modules apply to selective recompute only.",
+                "fix": "Use recompute=selective with them, or drop recompute_modules."}
+    wrong = [m for m in p.recompute_modules if (m == "mla_up_proj" and arch.mla is None)
+             or (m in ("moe", "moe_act", "shared_experts") and arch.moe is None)
+             or (m == "shared_experts" and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size)]
+    if wrong:
+        keep = [m for m in p.recompute_modules if m not in wrong] or ["core_attn"]
+        return {**values, "why": f"{', '.join(wrong)} need{'s' if len(wrong) == 1 else ''} a layer this model lacks "
+                                 "(MLA, MoE or shared experts).",
+                "fix": f"Use recompute_modules={','.join(keep)}."}
+    return None
+
+
 @rule("RC001")
 def recompute_layers_need_full(ctx: Context) -> Values:
     p = ctx.plan

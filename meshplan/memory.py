@@ -144,8 +144,10 @@ def estimate_memory(
     )
     recompute = plan.recompute
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
+    modules = tuple(plan.recompute_modules or ("core_attn",))  # Megatron's recompute_modules (its default)
     per_kind = {
-        (moe, mode): sum(layer_activations(shape, lay, moe, selective if mode == "selective" else mode).values())
+        (moe, mode): sum(layer_activations(shape, lay, moe, selective if mode == "selective" else mode,
+                                           modules).values())
         for moe in (False, True) for mode in ("none", "selective", "full")
     }
     stored_mode = "selective" if recompute == "selective" else "none"

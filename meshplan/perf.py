@@ -14,7 +14,7 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from meshplan import mesh
 from meshplan.calibration import Calibration, calibration, calibration_summary
@@ -130,6 +130,7 @@ class LayerTime:
     fwd_compute: float = 0.0  # forward share of gemm + attention + elementwise (recompute, overlap windows)
     attention_fwd: float = 0.0  # forward of the attention core alone (what selective recompute repeats)
     op_sac_fwd: float = 0.0  # forward of what torchtitan's op-level SAC does not keep (what its recompute repeats)
+    module_fwd: dict[str, float] = field(default_factory=dict)  # forward of Megatron's recompute_modules' GEMMs
 
     @property
     def compute(self) -> float:
@@ -257,6 +258,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         lt.overhead += cal.moe_layer_overhead_s
     lt.elementwise = elem_bytes / ctx.hbm
     lt.fwd_compute = lt.gemm / TRAINING_PASSES_PER_FORWARD + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
+    lt.module_fwd = _module_forwards(gemms, cal, ctx)
     lt.op_sac_fwd = (gemm_seconds(_op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None), cal,
                                   ctx.bf16_peak, ctx.fp8_peak) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
 
@@ -279,6 +281,18 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     return lt
 
 
+# Megatron's recompute_modules -> the GEMMs (flops.py names) each one's recompute runs again; moe_act and layernorm
+# repeat memory-bound work only (an activation, two norms), not timed.
+MODULE_GEMMS = {"mlp": ("mlp_",), "moe": ("router", "expert_", "shared_expert_"), "shared_experts": ("shared_expert_",),
+                "mla_up_proj": ("q_up", "kv_up")}
+
+
+def _module_forwards(gemms: list[Gemm], cal: Calibration, ctx: Ctx) -> dict[str, float]:
+    """Forward seconds of the GEMMs each Megatron recompute module repeats."""
+    return {m: gemm_seconds([g for g in gemms if g.name.startswith(prefixes)], cal, ctx.bf16_peak, ctx.fp8_peak)
+            / TRAINING_PASSES_PER_FORWARD for m, prefixes in MODULE_GEMMS.items()}
+
+
 def _op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
     """The GEMMs torchtitan's op-level SAC runs again (activations.py _op_sac keeps the others' outputs): the
     router gate and the routed experts (_grouped_mm, in no save list) always; of the other mm/linear calls,
@@ -296,7 +310,8 @@ def _op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
     return out
 
 
-def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: str = "core_attention") -> float:
+def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: str = "core_attention",
+                    modules: tuple[str, ...] = ("core_attn",)) -> float:
     """Full recompute runs each layer's forward again: its forward compute, the forward share of its fixed
     overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
     if recompute == "full":
@@ -306,7 +321,10 @@ def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: 
         # the unkept GEMMs, every pointwise and norm op and the TP all-gathers (reduce-scatters are kept)
         return lt.op_sac_fwd + lt.tp / FORWARD_AND_BACKWARD / 2
     if recompute == "selective":
-        return lt.attention_fwd  # core attention forward again (Korthikanti et al. 2022)
+        # each recompute module's forward again: core attention (Korthikanti et al. 2022), the GEMMs of the others,
+        # and a recomputed MoE layer's dispatch and combine
+        return sum(lt.attention_fwd if m == "core_attn" else lt.module_fwd.get(m, 0.0)
+                   + (lt.ep / FORWARD_AND_BACKWARD if m == "moe" else 0.0) for m in modules)
     return 0.0
 
 
@@ -354,6 +372,7 @@ def estimate_throughput(
     params = _layer_param_split(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" repeats
     every_nth = every_nth_blocks(plan)
+    modules = tuple(plan.recompute_modules or ("core_attn",))
     t_sp = plan.tp if plan.sequence_parallel else 1
 
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
@@ -400,7 +419,7 @@ def estimate_throughput(
             parts["cp"] += count * lt.cp
             parts["ep"] += count * lt.ep
             if recomputed:
-                parts["recompute"] += recomputed * _recompute_time(lt, mode, cal, selective)
+                parts["recompute"] += recomputed * _recompute_time(lt, mode, cal, selective, modules)
         dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
         expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
         if s == 0:

@@ -20,6 +20,8 @@ FRAMEWORKS: tuple[str, ...] = framework_names()
 Framework = Literal[FRAMEWORKS]  # type: ignore[valid-type]
 Precision = Literal["bf16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
+# Megatron-Core's selective recompute_modules (transformer_config.py; its default is ["core_attn"])
+RecomputeModule = Literal["core_attn", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj", "layernorm"]
 CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 # Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
 # rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
@@ -200,6 +202,10 @@ class Request(_Strict):
                           "recomputed, the rest not (the default when recompute_layers is set); uniform = every layer, "
                           "in chunks of recompute_layers (default 1) checkpointed together (the default otherwise)",
     )
+    recompute_modules: list[RecomputeModule] | None = Field(
+        None, min_length=1, description="Megatron selective recompute: the modules recomputed (core_attn, mlp, moe, "
+                                        "moe_act, shared_experts, mla_up_proj, layernorm); left out: ['core_attn']",
+    )
     selective_ac_option: str | None = Field(
         None, pattern=r"^(op|[1-9][0-9]{0,3})$",
         description="torchtitan's selective AC (with recompute=selective): 'op' = op-level SAC (the default; the only "
@@ -267,6 +273,7 @@ class Plan(_Strict):
     recompute: Recompute = "none"
     recompute_layers: int | None = None
     recompute_method: Literal["uniform", "block"] | None = None  # full recompute; None: block with layers, else uniform
+    recompute_modules: list[RecomputeModule] | None = None  # Megatron selective; None: its default ["core_attn"]
     selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
     cp_comm_type: CpCommType = "p2p"
     moe_token_dispatcher: MoeDispatcher = "alltoall"

@@ -84,6 +84,17 @@ CASES: list[tuple[str, str | None, dict]] = [
                                  recompute="full", recompute_method="uniform", recompute_layers=4)),
     ("verl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, global_batch_size=512,
                         recompute="full", recompute_method="uniform", recompute_layers=2)),
+    # Megatron's recompute_modules (selective)
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, global_batch_size=4096,
+                                 recompute="selective", recompute_modules=["mla_up_proj", "moe_act"])),
+    ("megatron-bridge", None, dict(model="qwen3-30b-a3b", num_gpus=16, pp=2, ep=8, global_batch_size=256,
+                                   recompute="selective", recompute_modules=["core_attn", "moe"])),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=16, pp=2, ep=8, global_batch_size=256,
+                                           recompute="selective", recompute_modules=["layernorm"])),
+    ("verl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, global_batch_size=512,
+                        recompute="selective", recompute_modules=["core_attn", "mlp"])),
+    ("skyrl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, global_batch_size=512,
+                         recompute="selective", recompute_modules=["mlp"])),
 ]
 
 
@@ -194,6 +205,12 @@ def test_skyrl_never_uses_a_plus_prefix_and_sft_is_top_level():
     ("verl", dict(model="llama-3.1-8b", num_gpus=16, tp=2, zero_stage=3), "tp=2"),
     ("skyrl", dict(model="llama-3.1-8b", num_gpus=16, zero_stage=2), "zero_stage=2"),
     ("torchtitan", dict(model="llama-3.1-8b", num_gpus=16, zero_stage=1), "zero_stage=1"),
+    ("torchtitan", dict(model="llama-3.1-8b", num_gpus=8, recompute="selective", recompute_modules=["mlp"]),
+     "recompute_modules=['mlp']"),
+    ("deepspeed", dict(model="llama-3.1-8b", num_gpus=8, recompute="full", recompute_method="uniform",
+                       recompute_layers=2), "recompute_layers=2"),
+    ("torchtitan", dict(model="llama-3.1-8b", num_gpus=8, recompute="full", recompute_method="uniform",
+                        recompute_layers=2), "recompute_layers=2"),
 ])
 def test_a_knob_the_framework_lacks_is_refused_with_what_to_use_instead(framework, fields, knob):
     job, plan = resolve(Request(framework=framework, **fields))

@@ -54,6 +54,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "full"}),
     ("estimate_memory", {**L8, "num_gpus": 8, "framework": "torchtitan", "seq_length": 8192}),
     ("estimate_memory", {**L8, "num_gpus": 16, "framework": "deepspeed", "zero_stage": 3, "gpu": "a100-80gb"}),
+    ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "selective",
+                         "recompute_modules": ["core_attn", "mla_up_proj", "moe_act"]}),
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 4, "recompute": "full", "recompute_method": "uniform",
                          "recompute_layers": 4}),
     ("estimate_memory", {**L8, "num_gpus": 8, "framework": "torchtitan", "seq_length": 8192, "recompute": "selective",
@@ -114,6 +116,9 @@ def _argv(tool: str, args: dict[str, Any]) -> list[str]:
     if tool == "minimum_gpus" and "max_gpus" in args:
         argv += ["--max-gpus", str(args.pop("max_gpus"))]
     for name, value in args.items():
+        if isinstance(value, list):  # a list field (recompute_modules): one flag, several values
+            argv += ["--" + name.replace("_", "-"), *map(str, value)]
+            continue
         argv += ["--" + name.replace("_", "-"), str(value).lower() if isinstance(value, bool) else str(value)]
     return [*argv, "--json"]
 

@@ -113,6 +113,31 @@ def test_gqa_swiglu_and_flash_change_the_per_layer_terms():
     assert acts["norm_inputs"] == 2 * 2 * t * h
 
 
+def test_megatron_recompute_modules_drop_their_saved_tensors():
+    """recompute_modules, per module on DeepSeek-V3 (MLA, MoE 256 x top-8 of 2048, one shared expert of 2048) at
+    t tokens, tp=1, flash, fused SwiGLU: what each module's recompute drops from the no-recompute layer."""
+    ds = shape_of(resolve_model("deepseek-v3"))
+    t, h, a = 4096, 7168, 128
+    lay = Layout(tokens=t, seq_kv=t, tp=1, sp=False, etp=1, flash=True, dropout=False, swiglu_unfused=False,
+                 fp8=False)
+    none = {moe: layer_activations(ds, lay, moe, "none") for moe in (False, True)}
+
+    def drop(modules, moe):
+        acts = layer_activations(ds, lay, moe, "selective", modules)
+        return {k: none[moe][k] - acts[k] for k in none[moe]}
+
+    assert drop(("core_attn",), True) == {"norm_inputs": 0, "attention": 4 * t * a, "moe": 0}  # flash's lse
+    assert drop(("mla_up_proj",), True)["attention"] == 2 * t * (2 * a * 192 + a * 128)  # per-head Q, K, V
+    assert drop(("layernorm",), True) == {"norm_inputs": 0, "attention": 2 * t * h, "moe": 2 * t * h}
+    assert drop(("moe_act",), True)["moe"] == 2 * t * 8 * 2048  # the routed experts' fc2 inputs
+    assert drop(("shared_experts",), True)["moe"] == 2 * t * 2 * 2048 + 2 * t * 2048
+    assert layer_activations(ds, lay, True, "selective", ("moe",))["moe"] == 2 * t * h  # the layer input only
+    assert layer_activations(ds, lay, False, "selective", ("mlp",))["mlp"] == 2 * t * h
+    assert drop(("mlp",), True)["moe"] == 0 and drop(("moe",), False)["mlp"] == 0  # each to its own layer kind
+    both = drop(("core_attn", "mla_up_proj"), True)["attention"]
+    assert both == drop(("core_attn",), True)["attention"] + drop(("mla_up_proj",), True)["attention"]
+
+
 def _tt_layout(tokens: int, **kw) -> Layout:
     """torchtitan's convention (fsdp2): flash attention, no dropout, unfused SwiGLU."""
     return Layout(**{"tokens": tokens, "seq_kv": tokens, "tp": 1, "sp": False, "etp": 1, "flash": True,

@@ -284,6 +284,24 @@ def test_op_sac_repeats_the_gemms_it_does_not_keep():
     assert _recompute_time(lt, "selective", cal) == 1.5
 
 
+def test_recompute_modules_repeat_their_forward():
+    """Megatron's recompute_modules: core_attn repeats the attention core, mlp / moe / shared_experts / mla_up_proj
+    their GEMMs' forward (moe also its dispatch and combine), moe_act and layernorm nothing timed."""
+    from meshplan.perf import LayerTime, _recompute_time
+
+    cal = calibration("megatron-core")
+    lt = LayerTime(attention_fwd=1.5, ep=4.0, module_fwd={"mlp": 3.0, "moe": 5.0, "shared_experts": 0.5,
+                                                          "mla_up_proj": 0.25})
+    assert _recompute_time(lt, "selective", cal, modules=("core_attn", "mla_up_proj")) == 1.75
+    assert _recompute_time(lt, "selective", cal, modules=("moe",)) == 5.0 + 4.0 / 2
+    assert _recompute_time(lt, "selective", cal, modules=("moe_act", "layernorm")) == 0.0
+    base = dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, global_batch_size=4096,
+                recompute="selective")
+    core = estimate(**base).breakdown.recompute_s
+    more = estimate(**base, recompute_modules=["core_attn", "moe", "mla_up_proj"]).breakdown.recompute_s
+    assert more > core > 0
+
+
 def test_recompute_costs_time():
     none = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16)
     sel = estimate(model="llama-3.1-8b", num_gpus=8, tp=8, global_batch_size=16, recompute="selective")

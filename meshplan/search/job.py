@@ -29,6 +29,13 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
             fix="Drop them to let recommend choose first/last_stage_layers, or check the layout with "
                 "`meshplan check` / `meshplan estimate` at fixed degrees.",
         )
+    if req.recompute_modules is not None:
+        # The search's memory floor assumes Megatron's default module (core_attn) under selective recompute.
+        raise MeshplanError(
+            "recommend does not search with recompute_modules yet.",
+            fix="Drop them (recommend weighs Megatron's selective as its default, core_attn), or estimate the layout "
+                "with recompute_modules through `meshplan memory` / `meshplan check` at fixed degrees.",
+        )
     if req.selective_ac_option not in (None, "op"):
         # The search times and floors torchtitan's selective as op-level SAC; every-N would be dropped silently.
         raise MeshplanError(
