@@ -148,7 +148,10 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan, bool, bool]:
     plan = Plan(tp=tp, pp=pp, vpp=vpp or 1, cp=cp, ep=_int(row, "expert-model-parallel-size", 1),
                 etp=_int(row, "expert-tensor-parallel-size", tp), dp=dp,
                 sequence_parallel=row["sequence-parallel"] == "True", zero_stage=zero, micro_batch_size=mbs,
-                recompute=recompute, recompute_layers=_int(row, "recompute-num-layers"))
+                recompute=recompute, recompute_layers=_int(row, "recompute-num-layers"),
+                recompute_method=row.get("recompute-method") or None if recompute == "full" else None,
+                recompute_modules=row["recompute-modules"].strip("[]").split() or None
+                if recompute == "selective" and row.get("recompute-modules") else None)
     job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
               seq_length=_int(row, "seq-length", 1024), global_batch_size=_int(row, "global-batch-size", mbs * dp),
               precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core")
