@@ -89,7 +89,8 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     input; moe a MoE layer's past its input; shared_experts the shared experts'; moe_act the routed experts'
     activation outputs (fc2 input); mla_up_proj MLA's per-head Q, K, V (the latents stay); layernorm the two norm
     outputs (the QKV and fc1/router inputs; the norm inputs stay)."""
-    sel = set(modules) if recompute == "selective" else set()
+    # "core_attention" is the framework cards' name for Megatron's selective (cards.py RecomputeCard.selective)
+    sel = set(modules) if recompute in ("selective", "core_attention") else set()
     if recompute == "op_sac":
         return _op_sac(shape, lay, moe_layer)
     t, h, tp = lay.tokens, shape.h, lay.tp
