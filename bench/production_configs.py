@@ -17,8 +17,10 @@ Method (no per-row constants, nothing fitted):
   - tp/pp/vpp/cp/ep/etp/dp, micro/global batch, sequence, precision, recompute, ZeRO/FSDP, sequence
     parallelism, dispatcher and first/last stage layers as the row states them; what it leaves unstated is
     left to meshplan's defaults (and `resolve` notes them).
-- A setting the row uses that meshplan cannot express yet (KNOBS: recompute modules, pipeline layouts,
-  offload, precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...)
+- Megatron's recompute modules and uniform/block method, torchtitan's per-op SAC, a pipeline layout string the
+  row gives (or that its recipe function returns, RECIPE_LAYOUTS) and account_for_embedding/loss are passed to
+  the Request as the row states them (recompute_for, stage_layers).
+- A setting the row uses that meshplan cannot express yet (KNOBS: a layout named but not given, offload, precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...)
   is recorded as "not expressible: <knob>", and the row is still scored with the nearest expressible
   settings: those rows are counted apart from the fully expressible ones.
 - A row that cannot be scored at all (no model dimensions, no sequence length, no GPU of its kind) is
@@ -56,7 +58,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
@@ -69,7 +71,8 @@ from meshplan.memory_states import memory_card
 from meshplan.models import catalog_architecture, resolve_model
 from meshplan.request import resolve
 from meshplan.rulebook import memory_rules
-from meshplan.schema import FRAMEWORKS, Architecture, Request
+from meshplan.schedule import parse_layout
+from meshplan.schema import FRAMEWORKS, Architecture, RecomputeModule, Request
 
 GIB = 1 << 30
 GB = 10**9
@@ -83,8 +86,8 @@ DATA_NAME = "production_configs_dev.yaml"
 KNOBS: dict[str, tuple[str, str]] = {
     "recompute_modules": ("memory, time", "issue 14 `recompute_modules` (Megatron modules other than core_attn); "
                           "scored as recompute=selective (core_attn)"),
-    "selective_ac_option": ("memory, time", "issue 14 torchtitan `selective_ac_option` op-level SAC; scored as "
-                            "recompute=selective (Megatron's core_attn)"),
+    "selective_ac_option": ("memory, time", "torchtitan selective AC whose `selective_ac_option` the row does not "
+                            "state; scored as recompute=selective, meshplan's torchtitan default op-level SAC"),
     "activation_offload": ("memory, time", "issue 14 `activation_offload`; scored without"),
     "param_offload": ("memory, time", "issue 14 `param_offload`; scored without"),
     "grad_offload": ("memory, time", "issue 14 `grad_offload`; scored without"),
@@ -94,7 +97,8 @@ KNOBS: dict[str, tuple[str, str]] = {
     "fp8_recipe": ("memory, time", "issue 14 FP8 recipe (current scaling, MXFP8, blockwise, tensorwise); "
                    "scored as precision=fp8"),
     "fp8_param_gather": ("memory, time", "issue 14 FP8 parameter storage / fp8 all-gather; scored without"),
-    "pipeline_layout": ("memory, time", "issue 14 `pipeline_layout`; scored with the even split"),
+    "pipeline_layout": ("memory, time", "a pipeline layout the row names without its string (a recipe function "
+                        "outside RECIPE_LAYOUTS); scored with the even split"),
     "account_for_embedding": ("memory, time", "issue 14 `account_for_embedding`; scored without"),
     "account_for_loss": ("memory, time", "issue 14 `account_for_loss`; scored without"),
     "rl_phases": ("memory", "RL job: the GPU also holds a rollout engine between phases; scored as training only"),
@@ -357,32 +361,46 @@ def framework_for(text: str) -> tuple[str, dict[str, str]]:
 # --------------------------------------------------------------------------- memory and precision settings
 
 
-def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, str]]:
-    """(Request.recompute, knobs). Megatron's selective default is core_attn, which is meshplan's selective;
-    other modules, and torchtitan's op-level selective AC, are not expressible."""
+# torchtitan's llama3_8b.toml sets [activation_checkpoint] mode = "selective", selective_ac_option = "op"
+# (torchtitan/models/llama3/train_configs/llama3_8b.toml): a row that runs that file's default is op-level SAC.
+TITAN_OP_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+
+
+def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, Any], dict[str, str]]:
+    """(Request.recompute, the other Request recompute fields, knobs). Megatron's selective modules the row lists
+    are recompute_modules (its default core_attn left out); Megatron's "full, uniform, N layer" is
+    recompute_method=uniform with recompute_layers=N; torchtitan's per-op SAC is selective_ac_option="op". A
+    selective AC that does not say which option stays a knob (meshplan's torchtitan selective is op-level)."""
     text = row["memory"]["recompute"]
     if text is None or str(text).lower().startswith(UNSTATED):
-        return None, {}
+        return None, {}, {}
     low = str(text).lower()
     knobs: dict[str, str] = {}
+    fields: dict[str, Any] = {}
     if "offload" in low:
         knobs["activation_offload"] = str(text)
     if low.startswith("none"):
-        return "none", knobs
+        return "none", fields, knobs
     if low.startswith("full"):
-        return "full", knobs
+        if m := re.match(r"full, (uniform|block), (\d+) layers?$", low):
+            fields = {"recompute_method": m.group(1), "recompute_layers": int(m.group(2))}
+        return "full", fields, knobs
     if "selective" in low or "sac" in low:
         modules = re.search(r"selective[^:]*:\s*([a-z_, ]+)", low)
-        names = {m.strip() for m in modules.group(1).split(",")} if modules else set()
+        names = {m.strip() for m in modules.group(1).split(",")} - {""} if modules else set()
         if "default modules" in low or names == {"core_attn"}:
-            return "selective", knobs
-        if names:
-            knobs["recompute_modules"] = ", ".join(sorted(n for n in names if n))
+            return "selective", fields, knobs
+        if names and names <= set(get_args(RecomputeModule)):
+            fields["recompute_modules"] = sorted(names)
+        elif names:
+            knobs["recompute_modules"] = ", ".join(sorted(names))
+        elif framework == "torchtitan" and any(w in low for w in TITAN_OP_WORDS):
+            fields["selective_ac_option"] = "op"
         elif framework == "torchtitan" or "per-op" in low or "selective ac" in low:
-            knobs["selective_ac_option"] = str(text)
+            knobs["selective_ac_option"] = f"{text} (option not stated; scored as op-level SAC)"
         else:
             knobs["recompute_modules"] = str(text)
-        return "selective", knobs
+        return "selective", fields, knobs
     raise Unmapped(f"recompute setting {text!r} not understood")
 
 
@@ -443,11 +461,26 @@ def offload_knobs(row: dict[str, Any]) -> dict[str, str]:
     return knobs
 
 
-def stage_layers(row: dict[str, Any]) -> tuple[int | None, int | None, dict[str, str]]:
-    """(first_stage_layers, last_stage_layers, knobs) from the row's pipeline layout and notes."""
-    text = _text(row["parallelism"]["pp_layout"], row["outcome"]["other"])
+# Layouts a row names by the recipe function that builds them: (function, pp, vpp, MTP layers) -> the layout it
+# returns, in Megatron's string grammar. Megatron-Bridge recipes/deepseek/deepseek_v3.py
+# set_deepseek_v3_pipeline_model_parallel_layout, (16, 1): [E + 4 decoder] + [4 decoder] * 14 + [decoder, mtp, loss]
+# (MTP colocated with the loss, its default).
+RECIPE_LAYOUTS = {
+    ("set_deepseek_v3_pipeline_model_parallel_layout", 16, 1, 1): "Et*4|(t*4|)*14tmL",
+}
+
+
+def stage_layers(row: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any], dict[str, str]]:
+    """(first_stage_layers, last_stage_layers, the other Request pipeline fields, knobs) from the row's pipeline
+    layout and notes. A layout string is passed as pipeline_layout when the row gives exactly one (a quoted one in
+    the notes, the card's where the row sets a card's against a script's) and it parses; a layout the row names
+    by its recipe function is passed when RECIPE_LAYOUTS has that function's output for the row's pp/vpp/MTP;
+    anything else stays a knob."""
+    p = row["parallelism"]
+    text = _text(p["pp_layout"], row["outcome"]["other"])
     low = text.lower()
     first = last = None
+    fields: dict[str, Any] = {}
     knobs: dict[str, str] = {}
     if m := re.search(r"first/last pp stage (\d+) layers each", low):
         first = last = int(m.group(1))
@@ -456,12 +489,38 @@ def stage_layers(row: dict[str, Any]) -> tuple[int | None, int | None, dict[str,
     if m := re.search(r"num_layers_in_last_pipeline_stage=(\d+)|last stage (\d+) layers?", low):
         last = int(m.group(1) or m.group(2))
     if re.search(r"\|", text) or re.search(r"pp layout", low):
-        knobs["pipeline_layout"] = text
+        layout = layout_string(row, text)
+        if layout:
+            fields["pipeline_layout"] = layout
+        else:
+            knobs["pipeline_layout"] = text
     if "account_for_embedding" in low:
-        knobs["account_for_embedding"] = "account_for_embedding_in_pipeline_split"
+        fields["account_for_embedding"] = True
     if re.search(r"account_for_(embedding/)?loss", low):
-        knobs["account_for_loss"] = "account_for_loss_in_pipeline_split"
-    return first, last, knobs
+        fields["account_for_loss"] = True
+    return first, last, fields, knobs
+
+
+def layout_string(row: dict[str, Any], text: str) -> str | None:
+    """The one Megatron layout string the row states (see stage_layers), or None."""
+    p = row["parallelism"]
+    quoted = re.search(r'layout "([^"]+)"', text)
+    card = re.match(r"\s*(\S+) \(card\) / \S+ \(modelzoo script\)", str(p["pp_layout"] or "").lower())
+    recipe = re.search(r"layout set by (\w+)", text)
+    mtp = re.search(r"mtp (\d+) layer", text.lower())
+    if quoted:
+        layout = quoted.group(1)
+    elif card:
+        layout = str(p["pp_layout"]).split(" (card)")[0].strip()
+    elif recipe:
+        layout = RECIPE_LAYOUTS.get((recipe.group(1), p["pp"], p["vpp"] or 1, int(mtp.group(1)) if mtp else 0))
+    else:
+        return None
+    try:
+        parse_layout(layout) if layout else None
+    except MeshplanError:
+        return None
+    return layout
 
 
 def dispatcher_for(row: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
@@ -516,14 +575,15 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         knobs |= k
         model, source, notes, k = model_for(row, workdir)
         knobs |= k
-        recompute, k = recompute_for(row, framework)
+        recompute, fields, k = recompute_for(row, framework)
         knobs |= k
         precision, k = precision_for(row)
         knobs |= k
         zero, k = zero_for(row)
         knobs |= k
         knobs |= offload_knobs(row)
-        first, last, k = stage_layers(row)
+        first, last, f, k = stage_layers(row)
+        fields |= f
         knobs |= k
         dispatcher, k = dispatcher_for(row)
         knobs |= k
@@ -536,7 +596,7 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
             precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
             ep=p["ep"], etp=p["etp"], dp=p["dp"], sequence_parallel=p["sequence_parallel"], zero_stage=zero,
             recompute=recompute, moe_token_dispatcher=dispatcher if moe else None,
-            first_stage_layers=first, last_stage_layers=last,
+            first_stage_layers=first, last_stage_layers=last, **fields,
         )
     except Unmapped as exc:
         out.unmapped = str(exc)
@@ -757,9 +817,9 @@ def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
 def all_knobs(row: dict[str, Any]) -> dict[str, str]:
     """The knobs of a row that does not map, read by every reader that can still run on it."""
     knobs: dict[str, str] = {}
-    readers = (lambda: framework_for(row["framework"])[1], lambda: recompute_for(row, "")[1],
+    readers = (lambda: framework_for(row["framework"])[1], lambda: recompute_for(row, "")[-1],
                lambda: precision_for(row)[1], lambda: zero_for(row)[1], lambda: offload_knobs(row),
-               lambda: stage_layers(row)[2], lambda: dispatcher_for(row)[1], lambda: run_knobs(row))
+               lambda: stage_layers(row)[-1], lambda: dispatcher_for(row)[1], lambda: run_knobs(row))
     for read in readers:
         try:
             knobs |= read()
@@ -791,7 +851,7 @@ def issue_reading(rows: list[dict[str, Any]], validation: Path) -> dict[str, Any
                 continue
             req = m.request
             if "uniform, 1 layer" in str(row["memory"]["recompute"]):
-                req = req.model_copy(update={"recompute_layers": 1})
+                req = req.model_copy(update={"recompute_method": "block", "recompute_layers": 1})
             try:
                 report = api.estimate_memory(req)
             except MeshplanError:

@@ -94,15 +94,63 @@ def test_built_config_and_mtp(tmp_path, by_id):
 
 
 def test_recompute_reading(tmp_path, by_id):
-    # Megatron's uniform method with 1 layer per chunk recomputes every layer: meshplan's full, all layers
+    # Megatron's "full, uniform, 1 layer" is recompute_method=uniform with 1 layer per chunk: every layer
     req = pc.map_row(by_id["verl_dsv3_h20_256"], tmp_path).request
-    assert (req.recompute, req.recompute_layers) == ("full", None)
-    assert pc.recompute_for(by_id["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {})
+    assert (req.recompute, req.recompute_method, req.recompute_layers) == ("full", "uniform", 1)
+    assert pc.recompute_for(by_id["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {}, {})
+    # the modules the row lists are recompute_modules (its default core_attn left out, as Megatron does)
     assert pc.recompute_for(by_id["mbridge_h100_dsv3_1024_fp8"], "megatron-bridge") == (
-        "selective", {"recompute_modules": "mla_up_proj, mlp"})
-    rec, knobs = pc.recompute_for(by_id["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan")
-    assert rec == "selective" and set(knobs) == {"selective_ac_option"}
-    assert pc.recompute_for(by_id["mcore_h100_weak_1p7b"], "megatron-core") == (None, {})
+        "selective", {"recompute_modules": ["mla_up_proj", "mlp"]}, {})
+    # "(recipe)" and "(smallest passing)" trail the module list; the row's figures are the first setting's
+    assert pc.recompute_for(by_id["mbridge_card_nemotron3_nano_16_moe_recompute"], "megatron-bridge")[1] == {
+        "recompute_modules": ["moe"]}
+    assert pc.recompute_for(by_id["mbridge_card_dsv3_b200_256_mxfp8"], "megatron-core")[1] == {
+        "recompute_modules": ["mla_up_proj", "mlp"]}
+    # torchtitan: per-op SAC and llama3_8b.toml's default are selective_ac_option "op"; an unstated option stays a knob
+    assert pc.recompute_for(by_id["torchtitan_asynctp_8b_64_bf16"], "torchtitan") == (
+        "selective", {"selective_ac_option": "op"}, {})
+    assert pc.recompute_for(by_id["torchtitan_trainy_llama31_8b_h200_32"], "torchtitan")[1] == {
+        "selective_ac_option": "op"}
+    rec, fields, knobs = pc.recompute_for(by_id["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan")
+    assert rec == "selective" and fields == {} and set(knobs) == {"selective_ac_option"}
+    assert pc.recompute_for(by_id["mcore_h100_weak_1p7b"], "megatron-core") == (None, {}, {})
+    # a module Megatron does not have stays a knob
+    row = {"memory": {"recompute": "selective: core_attn, attention_output"}}
+    assert pc.recompute_for(row, "megatron-core") == (
+        "selective", {}, {"recompute_modules": "attention_output, core_attn"})
+
+
+def test_modules_reach_the_memory_estimate(tmp_path, by_id):
+    # the mapped modules change the estimate: dropping them (Megatron's default core_attn) keeps more activations
+    req = pc.map_row(by_id["mbridge_h100_gpt_oss_120b_64_bf16"], tmp_path).request
+    assert req.recompute_modules == ["layernorm", "moe_act"]
+    mapped = pc.api.estimate_memory(req).stages[0].activations_bytes
+    default = pc.api.estimate_memory(req.model_copy(update={"recompute_modules": None})).stages[0].activations_bytes
+    assert mapped < default
+
+
+def test_pipeline_reading(tmp_path, by_id):
+    # a quoted custom layout is passed as it stands: 40 stages for pp=8 x vpp=5, 80 layers
+    req = pc.map_row(by_id["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request
+    assert req.pipeline_layout == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    assert len(pc.parse_layout(req.pipeline_layout)) == 40
+    # the card's layout where the row sets it against the ModelZoo script's
+    req = pc.map_row(by_id["mbridge_card_dsv3_1024_h100_fp8block"], tmp_path).request
+    assert req.pipeline_layout == "Et*3|(tt|)*29m|L"
+    # a layout named by its recipe function: Megatron-Bridge's DeepSeek-V3 (16, 1) with one MTP layer
+    req = pc.map_row(by_id["mbridge_recipe_dsv3_1024"], tmp_path).request
+    stages = pc.parse_layout(req.pipeline_layout)
+    assert len(stages) == 16 and stages[0] == "Etttt" and stages[-1] == "tmL"
+    assert "".join(stages).count("t") == 61
+    # Kimi-K2's layout function is not in RECIPE_LAYOUTS: it stays a knob, scored with the even split
+    m = pc.map_row(by_id["mbridge_recipe_kimi_k2_512"], tmp_path)
+    assert m.request.pipeline_layout is None and "pipeline_layout" in m.knobs
+    # account_for_embedding/loss_in_pipeline_split, with a last-stage size where the row gives one
+    m = pc.map_row(by_id["mbridge_recipe_qwen3_235b_256"], tmp_path)
+    assert (m.request.account_for_embedding, m.request.account_for_loss) == (True, True)
+    assert not {"account_for_embedding", "account_for_loss"} & set(m.knobs)
+    first, last, fields, knobs = pc.stage_layers(by_id["verl_qwen3_235b_h20_32"])
+    assert (first, last, fields, knobs) == (None, 6, {"account_for_embedding": True, "account_for_loss": True}, {})
 
 
 def test_gpu_reading():
