@@ -22,7 +22,8 @@ Method (no per-row constants, nothing fitted):
   the Request as the row states them (recompute_for, stage_layers).
 - A setting the row uses that meshplan cannot express yet (KNOBS: a layout named but not given, offload,
   precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...) is recorded
-  as "not expressible: <knob>", and the row is still scored with the nearest expressible settings: those rows are counted apart from the fully expressible ones.
+  as "not expressible: <knob>", and the row is still scored with the nearest expressible settings: those rows
+  are counted apart from the fully expressible ones.
 - A row that cannot be scored at all (no model dimensions, no sequence length, no GPU of its kind) is
   counted with its reason: every row either maps or says why not.
 
