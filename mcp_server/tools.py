@@ -337,8 +337,10 @@ def _retry_steps(rec: Recommendation) -> list[str]:
     if rec.min_gpus:
         steps.append(f"Call recommend_parallelism again with num_gpus={rec.min_gpus}.")
     if rec.best_below_headroom is not None:
-        free = rec.best_below_headroom.memory.headroom_bytes / rec.best_below_headroom.memory.capacity_bytes
-        steps.append(f"Or accept thinner memory headroom: call recommend_parallelism again with headroom={free:.3f}.")
+        from meshplan.search import headroom_that_ranks  # loaded already: recommend just ran
+
+        ranks = headroom_that_ranks(rec.best_below_headroom.memory)
+        steps.append(f"Or accept thinner memory headroom: call recommend_parallelism again with headroom={ranks:g}.")
     steps.append("Call minimum_gpus with the same model, GPU and framework for the smallest GPU count that fits.")
     return steps
 

@@ -277,12 +277,16 @@ async def test_recommend_parallelism_impossible_job_is_answered_with_what_fits(c
 
 
 async def test_recommend_parallelism_thin_headroom_names_the_layout_and_the_headroom(client):
+    from meshplan.schema import MemorySummary
+    from meshplan.search import headroom_that_ranks
+
     result = await client.call_tool("recommend_parallelism", {"model": "llama-3.1-70b", "num_gpus": 16})
     data = result.structured_content
     assert not result.is_error and data["candidates"] == []
     thin = data["best_below_headroom"]
     assert (thin["plan"]["tp"], thin["plan"]["pp"], thin["plan"]["dp"], thin["plan"]["recompute"]) == (4, 2, 2, "full")
-    assert "TP4 PP2 DP2" in data["summary"] and any("headroom=0.00" in s for s in data["next_steps"])
+    ranks = headroom_that_ranks(MemorySummary(**thin["memory"]))  # rounded down, so passing it really ranks it
+    assert "TP4 PP2 DP2" in data["summary"] and any(f"headroom={ranks:g}." in s for s in data["next_steps"])
 
 
 async def test_minimum_gpus_tool(client):
