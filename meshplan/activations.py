@@ -78,6 +78,14 @@ def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool
     return out + lin * rows * width / tp
 
 
+def activation_mode(recompute: str, selective: str) -> str:
+    """The `layer_activations` mode of a plan's recompute, given what its framework's "selective" means (framework
+    card recompute.selective): core_attention is Megatron's module-wise selective, op_sac torchtitan's op-level SAC."""
+    if recompute == "selective" and selective == "op_sac":
+        return "op_sac"
+    return recompute
+
+
 @lru_cache(maxsize=8192)
 def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str,
                       modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
@@ -89,8 +97,7 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     input; moe a MoE layer's past its input; shared_experts the shared experts'; moe_act the routed experts'
     activation outputs (fc2 input); mla_up_proj MLA's per-head Q, K, V (the latents stay); layernorm the two norm
     outputs (the QKV and fc1/router inputs; the norm inputs stay)."""
-    # "core_attention" is the framework cards' name for Megatron's selective (cards.py RecomputeCard.selective)
-    sel = set(modules) if recompute in ("selective", "core_attention") else set()
+    sel = set(modules) if recompute == "selective" else set()
     if recompute == "op_sac":
         return _op_sac(shape, lay, moe_layer)
     t, h, tp = lay.tokens, shape.h, lay.tp

@@ -12,7 +12,7 @@ reserved, which is what runs out). The worst stage decides whether the job fits.
 from __future__ import annotations
 
 from meshplan import mesh
-from meshplan.activations import Layout, layer_activations, shape_of
+from meshplan.activations import Layout, activation_mode, layer_activations, shape_of
 from meshplan.cards import framework_card
 from meshplan.memory_states import (
     convention,
@@ -146,8 +146,7 @@ def estimate_memory(
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     modules = tuple(plan.recompute_modules or ("core_attn",))  # Megatron's recompute_modules (its default)
     per_kind = {
-        (moe, mode): sum(layer_activations(shape, lay, moe, selective if mode == "selective" else mode,
-                                           modules).values())
+        (moe, mode): sum(layer_activations(shape, lay, moe, activation_mode(mode, selective), modules).values())
         for moe in (False, True) for mode in ("none", "selective", "full")
     }
     stored_mode = "selective" if recompute == "selective" else "none"

@@ -15,6 +15,7 @@ KempnerForge's mesh (EP is a dimension of its own, see cards/frameworks/kempnerf
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 from meshplan.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
 from meshplan.schema import GpuSpec, Plan
@@ -72,12 +73,20 @@ def expert_grid_fits(law: WorldSizeLaw, world: int, tp: int, pp: int, cp: int, d
     return True
 
 
-def expert_group(plan: Plan) -> int:
+class ExpertDegrees(Protocol):
+    """What the expert arithmetic reads: a `Plan`, or the search's `space.Layout` before it becomes one."""
+
+    pp: int
+    ep: int
+    etp: int
+
+
+def expert_group(plan: ExpertDegrees) -> int:
     """Ranks one copy of the expert weights is spread over along the pipeline and expert axes: pp*ep*etp."""
     return plan.pp * plan.ep * plan.etp
 
 
-def expert_dp(world: int, plan: Plan) -> float:
+def expert_dp(world: int, plan: ExpertDegrees) -> float:
     """Megatron-Core's expert-data-parallel size world / (pp*ep*etp), at least 1 (exact when the rules pass)."""
     return max(1.0, world / expert_group(plan))
 

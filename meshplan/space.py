@@ -394,7 +394,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory)."""
     from meshplan.activations import Layout as ActLayout
-    from meshplan.activations import layer_activations, shape_of
+    from meshplan.activations import activation_mode, layer_activations, shape_of
     from meshplan.memory_states import convention, memory_card, output_activations, state_bytes
 
     arch = job.model
@@ -412,7 +412,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     experts = pre.experts[n0] / (lay.ep * lay.etp)
     law = framework_card(job.framework).world_size_law
     world = mesh.replica_size(law, tp, pp, lay.cp, lay.ep) * lay.dp
-    expert_dp = max(1.0, world / (pp * lay.ep * lay.etp))  # mesh.expert_dp, on a Layout instead of a Plan
+    expert_dp = mesh.expert_dp(world, lay)
     states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
     states += sum(state_bytes(tensors, experts, expert_dp).values())
 
@@ -421,7 +421,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
                     dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8")
     shape = shape_of(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
-    mode = "full" if recompute == "full" else (selective if recompute == "selective" else "none")
+    mode = activation_mode(recompute, selective)
     n_moe = pre.moe[n0]
     per_mb = n_moe * sum(layer_activations(shape, act, True, mode).values())
     per_mb += (n0 - n_moe) * sum(layer_activations(shape, act, False, mode).values())
