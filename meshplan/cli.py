@@ -24,18 +24,6 @@ from meshplan.schema import Request
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (SIGINT)
 
-# What an unset request field means, for the fields whose description does not say it (shown in --help).
-UNSET_MEANS = {
-    "tp": "1 for an estimate; searched by recommend",
-    "pp": "1 for an estimate; searched by recommend",
-    "vpp": "1 for an estimate; searched by recommend",
-    "cp": "1 for an estimate; searched by recommend",
-    "ep": "1 for an estimate; searched by recommend",
-    "etp": "tp for a Megatron MoE model, else 1; searched by recommend",
-    "recompute_layers": "every layer of the stage",
-    "selective_ac_option": "op (op-level SAC) on torchtitan's selective",
-}
-
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default when it has one to show (not None, not an off switch) and its help does not."""
@@ -86,7 +74,7 @@ def _field_help(name: str) -> str:
         return text
     if field.is_required():
         return f"{text} (required: this or MODEL)"
-    default = field.default if field.default is not None else UNSET_MEANS.get(name, "unset")
+    default = field.default if field.default is not None else "unset"
     return f"{text} (default: {default})"
 
 

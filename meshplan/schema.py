@@ -32,6 +32,9 @@ Severity = Literal["error", "warning", "info"]
 MAX_GPUS = 1 << 30
 MAX_DEGREE = 1 << 20
 MAX_TOKENS = 1 << 30
+# What leaving a layout degree out means: resolve() fills 1 for an estimate, recommend searches it (CLI --help and
+# the MCP schemas show this text).
+_SEARCHED = "(default: 1 for an estimate; searched by recommend)"
 
 
 class _Strict(BaseModel):
@@ -182,12 +185,17 @@ class Request(_Strict):
     )
     precision: Precision = Field("bf16", description="Compute precision of the linear layers")
     framework: Framework = Field("megatron-core", description="Training framework")
-    tp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Tensor-parallel size")
-    pp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Pipeline-parallel size")
-    vpp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Virtual pipeline stages per rank (1 = none)")
-    cp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Context-parallel size")
-    ep: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Expert-parallel size")
-    etp: int | None = Field(None, ge=1, le=MAX_DEGREE, description="Expert tensor-parallel size")
+    tp: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Tensor-parallel size {_SEARCHED}")
+    pp: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Pipeline-parallel size {_SEARCHED}")
+    vpp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description=f"Virtual pipeline stages per rank, 1 = none {_SEARCHED}"
+    )
+    cp: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Context-parallel size {_SEARCHED}")
+    ep: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Expert-parallel size {_SEARCHED}")
+    etp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE,
+        description="Expert tensor-parallel size (default: tp for a Megatron MoE model, else 1; searched by recommend)",
+    )
     dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size (default: derived)")
     sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (default: on when tp>1)")
     zero_stage: int | None = Field(
@@ -196,7 +204,9 @@ class Request(_Strict):
     recompute: Recompute | None = Field(
         None, description="Activation recomputation (default: none for an estimate; searched by recommend)"
     )
-    recompute_layers: int | None = Field(None, ge=0, description="Layers per stage fully recomputed (full only)")
+    recompute_layers: int | None = Field(
+        None, ge=0, description="Layers per stage fully recomputed, full only (default: every layer of the stage)"
+    )
     recompute_method: Literal["uniform", "block"] | None = Field(
         None, description="Megatron full recompute: block = the first recompute_layers layers of each stage "
                           "recomputed, the rest not (the default when recompute_layers is set); uniform = every layer, "
