@@ -35,14 +35,12 @@ FIELD_SYNONYMS: dict[str, str] = {
     "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
 }
 
-# The adapter knobs (cards/frameworks/*.yaml) that are request fields under the same name.
-_KNOB_FIELDS = ("tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "micro_batch_size",
-                "global_batch_size")
 
 
 def _key_name(key: str) -> str:
     """A framework key as a field-like name: '--tensor-model-parallel-size' -> 'tensor_model_parallel_size'."""
-    first = re.split(r"[\s=]", key.strip(), maxsplit=1)[0]
+    key = re.sub(r"^\[[^\]]*\]\s*", "", key.strip())  # a TOML section before the key: '[activation_checkpoint] x'
+    first = re.split(r"[\s=]", key, maxsplit=1)[0]
     return first.lstrip("-").rsplit(".", 1)[-1].replace("-", "_").lower()
 
 
@@ -54,8 +52,10 @@ def field_aliases() -> dict[str, str]:
         adapter = framework_card(framework).adapter
         for version in adapter.versions.values() if adapter else ():
             for knob, spec in version.knobs.items():
-                if knob in _KNOB_FIELDS and spec.key:
-                    aliases.setdefault(_key_name(spec.key), knob)
+                if knob in Request.model_fields and spec.key:  # the adapter knobs that are request fields
+                    name = _key_name(spec.key)
+                    if name.isidentifier():  # not a prose key such as '(implicit: ...)'
+                        aliases.setdefault(name, knob)
     return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
 
 

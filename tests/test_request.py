@@ -1,6 +1,9 @@
 """Request resolution: the defaults each framework really applies, written down in Job.notes."""
 
-from meshplan.request import default_global_batch, resolve
+import pytest
+
+from meshplan.errors import MeshplanError
+from meshplan.request import default_global_batch, field_aliases, parse_request, resolve
 from meshplan.schema import Request
 
 
@@ -45,3 +48,16 @@ def test_default_global_batch_is_about_4m_tokens_in_whole_microbatches():
     assert default_global_batch(131072, 1, 8) == 32
     job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=8))
     assert job.global_batch_size == 1024 and any("global_batch_size not given" in n for n in job.notes)
+
+
+@pytest.mark.parametrize(("typed", "meant"), [
+    ("tensor_model_parallel_size", "tp"),
+    ("pipeline_model_parallel_layout", "pipeline_layout"),
+    ("account_for_embedding_in_pipeline_split", "account_for_embedding"),
+    ("recompute_num_layers", "recompute_layers"),
+])
+def test_a_frameworks_own_key_names_the_field(typed, meant):
+    """The aliases come from every adapter knob that is a request field, so a knob added later is covered too."""
+    with pytest.raises(MeshplanError, match=f"Did you mean '{meant}'"):
+        parse_request({"model": "llama-3.1-8b", typed: 2})
+    assert all(alias.isidentifier() for alias in field_aliases())  # no prose key such as '(implicit: ...)'
