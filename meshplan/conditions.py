@@ -435,10 +435,11 @@ def vpp_needs_pp(ctx: Context) -> Values:
 @rule("PP004")
 def uneven_split_valid(ctx: Context) -> Values:
     """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
-    the split the search enumerates for this pp and vpp (schedule.uneven_split)."""
+    the split the search enumerates for this pp and vpp (schedule.uneven_split). With a layout or the embedding/loss
+    accounting also given, __post_init__ refuses the combination before it looks at the sizes: PP009 reports that."""
     p, layers = ctx.plan, ctx.arch.num_layers
     first, last = p.first_stage_layers, p.last_stage_layers
-    if first is None and last is None:
+    if (first is None and last is None) or _explicit_split(p):
         return None
     problem = split_problem(layers, p.pp, p.vpp, first, last)
     if not problem:

@@ -148,6 +148,55 @@ def test_accounting_passes_where_it_divides_and_fails_with_a_layout_fix():
     assert 'pipeline_layout="Et*7|(t*9|)*2t*7L"' in found.fix
 
 
+QWEN235 = dict(model="qwen3-235b-a22b", num_gpus=256, tp=4, pp=8, ep=4, etp=1, global_batch_size=256)
+ACCOUNT = dict(account_for_embedding=True, account_for_loss=True)
+
+
+def _pp_errors(fields: dict) -> list[str]:
+    return [f.id for f in check_config(*resolve(Request(**fields))).findings
+            if f.id.startswith("PP") and f.severity == "error"]
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge", "verl", "skyrl"])
+def test_stage_sizes_with_accounting_are_the_conflict_megatron_reports_first(framework):
+    """TransformerConfig.__post_init__ refuses first/last stage sizes given with account_for_embedding/loss before it
+    looks at the sizes: one PP009 naming the conflict, no PP004 about a split Megatron never checks. verl and SkyRL
+    hand their overrides to the same TransformerConfig, so PP009 checks them too."""
+    fields = {**QWEN235, "framework": framework, **ACCOUNT}
+    job, plan = resolve(Request(**fields, last_stage_layers=6))  # 88 middle layers over 7 stages on their own
+    errors = [f for f in check_config(job, plan).findings if f.id.startswith("PP") and f.severity == "error"]
+    assert [f.id for f in errors] == ["PP009"]
+    assert "account_for_embedding/loss cannot be combined with first/last_stage_layers" in errors[0].message
+    # the accounting alone, as verl's run_qwen3-235b_megatron_96gb.sh passes it: 96 / 8 = 12 a rank
+    assert _pp_errors(fields) == []
+    assert plan_stages(*resolve(Request(**fields))).counts == (11,) + (12,) * 6 + (11,)
+    # accounting that does not divide: Megatron-Core refuses 96 over pp=5 (verl and SkyRL had no rule for it)
+    assert _pp_errors({**fields, "num_gpus": 160, "pp": 5}) == ["PP009"]
+    # without the accounting the sizes are PP004's: 94 - 6 = 88 over 7 middle stages
+    assert _pp_errors({**QWEN235, "framework": framework, "last_stage_layers": 6}) == ["PP004"]
+
+
+def test_published_recipe_splits_pass_check():
+    """The splits the production rows run (bench/production_configs.py RECIPE_SPLITS): Bridge's DeepSeek-V3 and
+    Kimi-K2 helper layouts, the perf recipes' strings, ModelZoo's long-context layout, the base recipes'
+    account_for_* on Qwen3-235B-A22B (94 layers) and Llama-3.1-405B (126)."""
+    for pp, vpp, layout in [(4, 4, "Et*4|(t*4|)*14tmL"), (2, 8, "Et*4|(t*4|)*14tmL"), (8, 1, "Et*8|(t*8|)*6t*5mL"),
+                            (8, 2, "Et*4|(t*4|)*14tmL"), (8, 4, "Et*2|(tt|)*22t|(tt|)*7mL")]:
+        assert _pp_errors({**DSV3, "num_gpus": 256, "tp": 1, "ep": 32, "pp": pp, "vpp": vpp,
+                           "global_batch_size": 4096, "pipeline_layout": layout}) == [], (pp, vpp)
+    assert _pp_errors({**KIMI, "num_gpus": 256, "tp": 1, "pp": 4, "vpp": 4, "ep": 64,
+                       "pipeline_layout": "Et*4|(t*4|)*14tL"}) == []
+    for pp, vpp in [(8, 3), (8, 4), (4, 12)]:
+        assert _pp_errors({**QWEN235, "framework": "megatron-bridge", "tp": 1, "pp": pp, "vpp": vpp, "ep": 32,
+                           "num_gpus": 256 if pp == 8 else 128, "global_batch_size": 2048, **ACCOUNT}) == []
+    for pp, vpp, tp, gpus in [(8, 8, 8, 1024), (16, 4, 4, 256), (8, 4, 4, 256)]:
+        assert _pp_errors(dict(model="llama-3.1-405b", framework="megatron-bridge", num_gpus=gpus, tp=tp, pp=pp,
+                               vpp=vpp, global_batch_size=2048, **ACCOUNT)) == [], (pp, vpp)
+    # the same model without the accounting is PP001's (126 layers over pp=8)
+    assert _pp_errors(dict(model="llama-3.1-405b", framework="megatron-bridge", num_gpus=256, tp=4, pp=8, vpp=4,
+                           global_batch_size=2048)) == ["PP001"]
+
+
 @pytest.mark.parametrize("extra", [{"pipeline_layout": "Et*16|t*16L"}, {"account_for_loss": True}])
 def test_recommend_refuses_a_layout_rather_than_dropping_it(extra):
     from meshplan import api
@@ -202,7 +251,9 @@ def test_parse_and_validation_agree_with_megatron_core():
     names = {layer_type.embedding: "E", layer_type.decoder: "t", layer_type.mtp: "m", layer_type.loss: "L"}
     rng = random.Random(14)
     cases = [(DSV3_PP16, 16, 61, 1), (KIMI_PP16, 16, 61, 0), ("Et|(tt|)*30mL", 8, 61, 1),
-             ("Et*3|(tt|)*29,m|L", 16, 61, 1), ("Et*7|(t*8|)*6t*6m|(|)*7L", 8, 61, 1)]
+             ("Et*3|(tt|)*29,m|L", 16, 61, 1), ("Et*7|(t*8|)*6t*6m|(|)*7L", 8, 61, 1),
+             ("Et*2|(tt|)*22t|(tt|)*7mL", 8, 61, 1), ("Et*4|(t*4|)*14tmL", 2, 61, 1), ("Et*8|(t*8|)*6t*5mL", 8, 61, 1),
+             ("Et*16|(t*16|)*2t*13L", 4, 61, 0)]
     for layers, pp, vpp, mtp in [(61, 16, 1, 1), (61, 8, 4, 1), (80, 4, 2, 0), (32, 2, 3, 0), (94, 8, 3, 1)]:
         cases.append((compose_layout(layers, pp, vpp, mtp), pp, layers, mtp))
     for text, pp, layers, mtp in list(cases):
