@@ -18,8 +18,10 @@ Method (no per-row constants, nothing fitted):
     parallelism, dispatcher and first/last stage layers as the row states them; what it leaves unstated is
     left to meshplan's defaults (and `resolve` notes them).
 - Megatron's recompute modules and uniform/block method, torchtitan's per-op SAC, a pipeline layout string the
-  row gives (or that its recipe function returns, RECIPE_LAYOUTS) and account_for_embedding/loss are passed to
-  the Request as the row states them (recompute_for, stage_layers).
+  row gives and account_for_embedding/loss are passed to the Request as the row states them (recompute_for,
+  stage_layers). A row that states no split of its own gets the one the sources it names set for its model, pp,
+  vpp and MTP layers (RECIPE_SPLITS: Megatron-Bridge's layout helpers and perf recipes, its base recipes'
+  account_for_*, Megatron-MoE-ModelZoo's scripts), each entry citing its path.
 - A setting the row uses that meshplan cannot express yet (KNOBS: a layout named but not given, offload,
   precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...) is recorded
   as "not expressible: <knob>", and the row is still scored with the nearest expressible settings: those rows
@@ -72,7 +74,7 @@ from meshplan.memory_states import memory_card
 from meshplan.models import catalog_architecture, resolve_model
 from meshplan.request import resolve
 from meshplan.rulebook import memory_rules
-from meshplan.schedule import parse_layout
+from meshplan.schedule import format_layout, parse_layout
 from meshplan.schema import FRAMEWORKS, Architecture, RecomputeModule, Request
 
 GIB = 1 << 30
@@ -98,8 +100,8 @@ KNOBS: dict[str, tuple[str, str]] = {
     "fp8_recipe": ("memory, time", "issue 14 FP8 recipe (current scaling, MXFP8, blockwise, tensorwise); "
                    "scored as precision=fp8"),
     "fp8_param_gather": ("memory, time", "issue 14 FP8 parameter storage / fp8 all-gather; scored without"),
-    "pipeline_layout": ("memory, time", "a pipeline layout the row names without its string (a recipe function "
-                        "outside RECIPE_LAYOUTS); scored with the even split"),
+    "pipeline_layout": ("memory, time", "a pipeline layout the row names without its string and no source it "
+                        "names gives for its model, pp and vpp (RECIPE_SPLITS); scored with the even split"),
     "account_for_embedding": ("memory, time", "issue 14 `account_for_embedding`; scored without"),
     "account_for_loss": ("memory, time", "issue 14 `account_for_loss`; scored without"),
     "rl_phases": ("memory", "RL job: the GPU also holds a rollout engine between phases; scored as training only"),
@@ -462,26 +464,125 @@ def offload_knobs(row: dict[str, Any]) -> dict[str, str]:
     return knobs
 
 
-# Layouts a row names by the recipe function that builds them: (function, pp, vpp, MTP layers) -> the layout it
-# returns, in Megatron's string grammar. Megatron-Bridge recipes/deepseek/deepseek_v3.py
-# set_deepseek_v3_pipeline_model_parallel_layout, (16, 1): [E + 4 decoder] + [4 decoder] * 14 + [decoder, mtp, loss]
-# (MTP colocated with the loss, its default).
-RECIPE_LAYOUTS = {
-    ("set_deepseek_v3_pipeline_model_parallel_layout", 16, 1, 1): "Et*4|(t*4|)*14tmL",
-}
+# --------------------------------------------------------------------------- the pipeline split a recipe sets
 
 
-def stage_layers(row: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any], dict[str, str]]:
-    """(first_stage_layers, last_stage_layers, the other Request pipeline fields, knobs) from the row's pipeline
-    layout and notes. A layout string is passed as pipeline_layout when the row gives exactly one (a quoted one in
-    the notes, the card's where the row sets a card's against a script's) and it parses; a layout the row names
-    by its recipe function is passed when RECIPE_LAYOUTS has that function's output for the row's pp/vpp/MTP;
-    anything else stays a knob."""
+@dataclass(frozen=True)
+class RecipeSplit:
+    """What a framework source sets for a catalog model's pipeline split: a layout for one (pp, vpp), or the
+    embedding and the loss counted in the split (account_for_embedding/loss_in_pipeline_split) at any pp/vpp.
+    A layout is either a string the source passes (its MTP layers m as written) or a helper's table row
+    (decoder layers per virtual stage; E on the first, the model's MTP layers, where the helper places them,
+    and L on the last)."""
+
+    repo: str  # the repository a row's framework or citation must name for the entry to apply to it
+    source: str  # the path (and function) in that repository
+    model: str  # catalog key
+    pp: int | None = None  # None: any pp and vpp
+    vpp: int | None = None
+    layout: str | None = None
+    counts: tuple[int, ...] = ()
+    mtp_before_loss: bool = False  # the helper puts the model's MTP layers before the loss
+    account_for: bool = False
+    section: str = ""  # the part of the source it comes from, where the source sets several for one (pp, vpp)
+
+    def fields(self, mtp: int) -> dict[str, Any] | None:
+        """The Request fields this entry sets for a model with `mtp` MTP layers; None where it does not place
+        them (Megatron-Core's validate_layer_layout: the layout's m count is mtp_num_layers)."""
+        if self.account_for:
+            return {"account_for_embedding": True, "account_for_loss": True}
+        if self.layout is not None:
+            return {"pipeline_layout": self.layout} if "".join(parse_layout(self.layout)).count("m") == mtp else None
+        if mtp and not self.mtp_before_loss:
+            return None
+        stages = ["t" * n for n in self.counts]
+        stages[0] = "E" + stages[0]
+        stages[-1] += "m" * mtp + "L"
+        return {"pipeline_layout": format_layout(stages)}
+
+
+BRIDGE = "Megatron-Bridge"
+MODELZOO = "Megatron-MoE-ModelZoo"
+# NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout
+# (set_deepseek_v3_pipeline_model_parallel_layout, which every DeepSeek-V3 recipe and perf recipe calls, and
+# scripts/performance/utils/overrides.py when pp or vp is overridden): (pp, vp) -> decoder layers per virtual stage,
+# the last stage also ["mtp"] * mtp_num_layers + ["loss"] (MTP colocated with the loss, its default).
+DSV3_HELPER = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+               (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
+# NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/kimi/h100/kimi_k2.py _get_kimi_k2_pipeline_layout (the
+# Kimi-K2 recipes and perf recipes, and overrides.py): the same rows, the last stage [decoder..., "loss"] (no MTP),
+# and (2, 8).
+KIMI_HELPER = {**DSV3_HELPER, (2, 8): (4,) * 15 + (1,)}
+RECIPE_SPLITS: tuple[RecipeSplit, ...] = (
+    *(RecipeSplit(BRIDGE, "recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout", "deepseek-v3",
+                  pp, vp, counts=c, mtp_before_loss=True) for (pp, vp), c in DSV3_HELPER.items()),
+    *(RecipeSplit(BRIDGE, "recipes/kimi/h100/kimi_k2.py _get_kimi_k2_pipeline_layout", "kimi-k2", pp, vp, counts=c)
+      for (pp, vp), c in KIMI_HELPER.items()),
+    # (pp, vp) outside the helper's table: the perf recipes pass the string (set_deepseek_v3_..._layout(cfg.model, s))
+    RecipeSplit(BRIDGE, "perf_recipes/deepseek/h100/deepseek_v3.py deepseek_v3_pretrain_1024gpu_h100_*_config",
+                "deepseek-v3", 8, 4, layout="Et|(tt|)*30mL"),
+    RecipeSplit(BRIDGE, "perf_recipes/deepseek/gb300/deepseek_v3.py deepseek_v3_pretrain_256gpu_gb300_*_config",
+                "deepseek-v3", 2, 8, layout="Et*4|(t*4|)*14tmL"),
+    # the base recipe every Qwen3-235B-A22B / Llama-3.1-405B perf recipe starts from (perf_recipes/qwen/common.py,
+    # perf_recipes/llama/common.py) sets both flags; the perf recipes change only pp and vpp
+    RecipeSplit(BRIDGE, "recipes/qwen/h100/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
+                "qwen3-235b-a22b", account_for=True),
+    RecipeSplit(BRIDGE, "recipes/llama/h100/llama3.py llama31_405b_pretrain_256gpu_h100_bf16_config",
+                "llama-3.1-405b", account_for=True),
+    # yanring/Megatron-MoE-ModelZoo best_practice/deepseek-v3/run_deepseek_v3_*.sh (--pipeline-model-parallel-layout;
+    # pp from PP=, vpp from the layout's stages) and model_configs/benchmarking/Qwen3-235B-A22B.yaml
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_h100.sh (1024 H100; 256 B200)", "deepseek-v3",
+                8, 4, layout="Et|(tt|)*30mL"),
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_h100.sh '# Long Context' (256/512 H100)",
+                "deepseek-v3", 8, 4, layout="Et*2|(tt|)*22t|(tt|)*7mL", section="long context"),
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_b200.sh", "deepseek-v3", 8, 2,
+                layout="Et*4|(tttt|)*14tmL"),
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_gb200.sh, run_deepseek_v3_gb300.sh",
+                "deepseek-v3", 4, 4, layout="Et*4|(tttt|)*14tmL"),
+    RecipeSplit(MODELZOO, "model_configs/benchmarking/Qwen3-235B-A22B.yaml", "qwen3-235b-a22b", account_for=True),
+)
+
+
+def recipe_split(row: dict[str, Any], model_key: str | None, mtp: int) -> tuple[dict[str, Any], str]:
+    """(Request fields, where they come from) for the split the sources the row names (its framework or citation
+    naming the repository) set for its model at its pp/vpp; ({}, why not) where none does. An entry of a part of a
+    source (`section`) applies where the row's citation names that part, and then before the source's others;
+    entries that disagree set nothing."""
+    p = row["parallelism"]
+    pp, vpp = p["pp"] or 1, p["vpp"] or 1
+    if pp == 1 or model_key is None:
+        return {}, "no pipeline to split" if pp == 1 else "not a catalog model"
+    text = _text(row["framework"], row["source"]["citation"], row["source"]["location"]).lower()
+    words = re.sub(r"[-_/]", " ", text)
+    found = [(s, f) for s in RECIPE_SPLITS
+             if s.model == model_key and s.repo.lower() in text and s.pp in (None, pp) and s.vpp in (None, vpp)
+             and (not s.section or s.section in words) and (f := s.fields(mtp)) is not None]
+    found = [x for x in found if x[0].section] or found
+    if not found:
+        return {}, f"no source table the row names sets {model_key}'s split at pp={pp}, vpp={vpp}"
+    if len({json.dumps({k: parse_layout(v) if k == "pipeline_layout" else v for k, v in f.items()}, sort_keys=True)
+            for _, f in found}) > 1:  # the same stages however spelt ("t*4" or "tttt") agree
+        return {}, "the sources the row names set different splits: " + "; ".join(f"{s.source}: {f}" for s, f in found)
+    return found[0][1], "pipeline split from " + "; ".join(f"{s.repo} {s.source}" for s, _ in found)
+
+
+def stage_layers(row: dict[str, Any], model_key: str | None = None, mtp: int = 0
+                 ) -> tuple[int | None, int | None, dict[str, Any], list[str], dict[str, str]]:
+    """(first_stage_layers, last_stage_layers, the other Request pipeline fields, notes, knobs) from the row's
+    pipeline layout and notes. A layout string is passed as pipeline_layout when the row gives exactly one (a quoted
+    one in the notes, the card's where the row sets a card's against a script's) and it parses. A row that states no
+    split of its own gets the one its sources set for its model, pp, vpp and MTP layers (recipe_split): a layout it
+    names but does not give, or an uneven model it runs without saying how; a named layout no source gives stays a
+    knob. Stage sizes given with account_for_embedding/loss are dropped with a note: Megatron-Core's TransformerConfig
+    refuses the pair, so a run that ran set one of them, and the script verl's rows cite
+    (examples/grpo_trainer/run_qwen3-235b_megatron_96gb.sh, since verl#3174) passes only the accounting, its
+    LAST_LAYER read but not passed."""
     p = row["parallelism"]
     text = _text(p["pp_layout"], row["outcome"]["other"])
     low = text.lower()
     first = last = None
     fields: dict[str, Any] = {}
+    notes: list[str] = []
     knobs: dict[str, str] = {}
     if m := re.search(r"first/last pp stage (\d+) layers each", low):
         first = last = int(m.group(1))
@@ -489,17 +590,26 @@ def stage_layers(row: dict[str, Any]) -> tuple[int | None, int | None, dict[str,
         first = int(m.group(1) or m.group(2))
     if m := re.search(r"num_layers_in_last_pipeline_stage=(\d+)|last stage (\d+) layers?", low):
         last = int(m.group(1) or m.group(2))
-    if re.search(r"\|", text) or re.search(r"pp layout", low):
-        layout = layout_string(row, text)
-        if layout:
-            fields["pipeline_layout"] = layout
-        else:
-            knobs["pipeline_layout"] = text
     if "account_for_embedding" in low:
         fields["account_for_embedding"] = True
     if re.search(r"account_for_(embedding/)?loss", low):
         fields["account_for_loss"] = True
-    return first, last, fields, knobs
+    if fields and (first is not None or last is not None):
+        sizes = ", ".join(f"{k}_stage_layers={v}" for k, v in (("first", first), ("last", last)) if v is not None)
+        notes.append(f"{sizes} dropped: Megatron-Core refuses stage sizes with account_for_embedding/loss; the "
+                     "script passes only the accounting")
+        first = last = None
+    named = bool(re.search(r"\|", text) or re.search(r"pp layout", low))
+    if named and (layout := layout_string(row, text)):
+        fields["pipeline_layout"] = layout
+    if not fields and first is None and last is None:
+        recipe, why = recipe_split(row, model_key, mtp)
+        if recipe:
+            fields |= recipe
+            notes.append(why)
+        elif named:
+            knobs["pipeline_layout"] = f"{text} ({why})"
+    return first, last, fields, notes, knobs
 
 
 def layout_string(row: dict[str, Any], text: str) -> str | None:
@@ -507,18 +617,14 @@ def layout_string(row: dict[str, Any], text: str) -> str | None:
     p = row["parallelism"]
     quoted = re.search(r'layout "([^"]+)"', text)
     card = re.match(r"\s*(\S+) \(card\) / \S+ \(modelzoo script\)", str(p["pp_layout"] or "").lower())
-    recipe = re.search(r"layout set by (\w+)", text)
-    mtp = re.search(r"mtp (\d+) layer", text.lower())
     if quoted:
         layout = quoted.group(1)
     elif card:
         layout = str(p["pp_layout"]).split(" (card)")[0].strip()
-    elif recipe:
-        layout = RECIPE_LAYOUTS.get((recipe.group(1), p["pp"], p["vpp"] or 1, int(mtp.group(1)) if mtp else 0))
     else:
         return None
     try:
-        parse_layout(layout) if layout else None
+        parse_layout(layout)
     except MeshplanError:
         return None
     return layout
@@ -583,8 +689,10 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         zero, k = zero_for(row)
         knobs |= k
         knobs |= offload_knobs(row)
-        first, last, f, k = stage_layers(row)
+        key = catalog_match(row["model"])
+        first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
         fields |= f
+        notes += n
         knobs |= k
         dispatcher, k = dispatcher_for(row)
         knobs |= k
@@ -820,7 +928,8 @@ def all_knobs(row: dict[str, Any]) -> dict[str, str]:
     knobs: dict[str, str] = {}
     readers = (lambda: framework_for(row["framework"])[1], lambda: recompute_for(row, "")[-1],
                lambda: precision_for(row)[1], lambda: zero_for(row)[1], lambda: offload_knobs(row),
-               lambda: stage_layers(row)[-1], lambda: dispatcher_for(row)[1], lambda: run_knobs(row))
+               lambda: stage_layers(row, catalog_match(row["model"]))[-1], lambda: dispatcher_for(row)[1],
+               lambda: run_knobs(row))
     for read in readers:
         try:
             knobs |= read()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.schedule import layout_problem
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_configs as pc
 
@@ -137,20 +139,64 @@ def test_pipeline_reading(tmp_path, by_id):
     # the card's layout where the row sets it against the ModelZoo script's
     req = pc.map_row(by_id["mbridge_card_dsv3_1024_h100_fp8block"], tmp_path).request
     assert req.pipeline_layout == "Et*3|(tt|)*29m|L"
-    # a layout named by its recipe function: Megatron-Bridge's DeepSeek-V3 (16, 1) with one MTP layer
+    # a layout named by its recipe function: Megatron-Bridge's DeepSeek-V3 helper at (16, 1) with one MTP layer
     req = pc.map_row(by_id["mbridge_recipe_dsv3_1024"], tmp_path).request
     stages = pc.parse_layout(req.pipeline_layout)
     assert len(stages) == 16 and stages[0] == "Etttt" and stages[-1] == "tmL"
     assert "".join(stages).count("t") == 61
-    # Kimi-K2's layout function is not in RECIPE_LAYOUTS: it stays a knob, scored with the even split
+    # Kimi-K2's helper at (16, 1): no MTP, the loss alone after the last decoder layer
     m = pc.map_row(by_id["mbridge_recipe_kimi_k2_512"], tmp_path)
-    assert m.request.pipeline_layout is None and "pipeline_layout" in m.knobs
-    # account_for_embedding/loss_in_pipeline_split, with a last-stage size where the row gives one
+    assert m.request.pipeline_layout == "Et*4|(t*4|)*14tL" and "pipeline_layout" not in m.knobs
+    # account_for_embedding/loss_in_pipeline_split as the row states it
     m = pc.map_row(by_id["mbridge_recipe_qwen3_235b_256"], tmp_path)
     assert (m.request.account_for_embedding, m.request.account_for_loss) == (True, True)
     assert not {"account_for_embedding", "account_for_loss"} & set(m.knobs)
-    first, last, fields, knobs = pc.stage_layers(by_id["verl_qwen3_235b_h20_32"])
-    assert (first, last, fields, knobs) == (None, 6, {"account_for_embedding": True, "account_for_loss": True}, {})
+    # with a last-stage size too, which Megatron-Core refuses with the accounting: the script's accounting is kept
+    first, last, fields, notes, knobs = pc.stage_layers(by_id["verl_qwen3_235b_h20_32"])
+    assert (first, last, fields, knobs) == (None, None, {"account_for_embedding": True, "account_for_loss": True}, {})
+    assert notes and notes[0].startswith("last_stage_layers=6 dropped")
+
+
+def _split_of(row: dict, **parallelism) -> dict:
+    """The split recipe_split sets for the row with its parallelism changed."""
+    row = {**row, "parallelism": {**row["parallelism"], **parallelism}}
+    key = pc.catalog_match(row["model"])
+    return pc.recipe_split(row, key, pc.catalog_architecture(key).num_mtp_layers)[0]
+
+
+def test_recipe_splits_follow_the_sources_tables(by_id):
+    """A row that states no split gets what the sources it names set for its model at its pp/vpp: Bridge's
+    DeepSeek-V3 helper (MTP with the loss) where (pp, vp) is in its table, the perf recipes' strings outside it,
+    the base recipes' account_for_* at any pp; nothing where no table has the pair."""
+    gb200 = by_id["mbridge_gb200_dsv3_256_bf16"]  # pp4 vpp4, a Bridge perf row
+    assert _split_of(gb200) == {"pipeline_layout": "Et*4|(t*4|)*14tmL"}
+    assert _split_of(gb200, pp=8, vpp=None) == {"pipeline_layout": "Et*8|(t*8|)*6t*5mL"}
+    assert _split_of(gb200, pp=4, vpp=None) == {"pipeline_layout": "Et*16|(t*16|)*2t*13mL"}
+    assert _split_of(gb200, pp=8, vpp=4) == {"pipeline_layout": "Et|(tt|)*30mL"}  # perf_recipes/deepseek/h100
+    assert _split_of(gb200, pp=2, vpp=8) == {"pipeline_layout": "Et*4|(t*4|)*14tmL"}  # perf_recipes/deepseek/gb300
+    assert _split_of(gb200, pp=16, vpp=2) == {}  # in no table: Megatron-Core would refuse 61 layers unsplit
+    assert _split_of(gb200, pp=1, vpp=None) == {}
+    # every layout a table sets passes Megatron-Core's validation as meshplan checks it (PP009)
+    for entry in pc.RECIPE_SPLITS:
+        if entry.pp is None:
+            continue
+        arch = pc.catalog_architecture(entry.model)
+        fields = entry.fields(arch.num_mtp_layers)
+        if fields:
+            stages = pc.parse_layout(fields["pipeline_layout"])
+            assert not layout_problem(stages, entry.pp, entry.vpp, arch.num_layers, arch.num_mtp_layers), entry
+    qwen = by_id["mbridge_gb200_qwen3_235b_256_bf16"]
+    assert _split_of(qwen) == _split_of(qwen, pp=4, vpp=12) == {"account_for_embedding": True, "account_for_loss": True}
+    # a source applies only to rows naming its repository: a torchtitan row of the same model gets nothing
+    titan = {**qwen, "framework": "torchtitan", "source": {**qwen["source"], "citation": "x", "location": "y"}}
+    assert _split_of(titan) == {}
+    # a part of a source applies where the row's citation names it: the ModelZoo script's long-context runs
+    long_ctx = by_id["mbridge_card_dsv3_h100_256_longctx_128k"]
+    assert _split_of(long_ctx) == {"pipeline_layout": "Et*2|(tt|)*22t|(tt|)*7mL"}
+    short = {**long_ctx, "source": {**long_ctx["source"], "citation": "NVIDIA-NeMo/Megatron-Bridge; "
+                                    "yanring/Megatron-MoE-ModelZoo best_practice/deepseek-v3/run_deepseek_v3_h100.sh",
+                                    "location": "4k"}}
+    assert _split_of(short) == {"pipeline_layout": "Et|(tt|)*30mL"}
 
 
 def test_gpu_reading():
