@@ -41,6 +41,12 @@ class CalibrationCard(BaseModel):
     summary: str = Field(description="What the shared constants were fitted on, as a throughput report states it")
     constants: dict[str, Constant]
     frameworks: dict[str, FrameworkOverride] = {}
+    rl: dict[str, Constant] = Field(
+        default_factory=dict, description="RL jobs' rollout-engine constants (meshplan/rollout.py), apart from the "
+                                          "training cost model's"
+    )
+    fit_report: list[str] = []
+
     fit_report: list[str] = []
 
 

@@ -140,11 +140,13 @@ def uses_fsdp(framework: str, zero_stage: int) -> bool:
 def resolve(req: Request) -> tuple[Job, Plan]:
     """Fill the plan's and job's defaults from the framework card and the GPU count."""
     from meshplan.models import resolve_model  # lazily: the MCP server parses requests before any model is needed
+    from meshplan.rollout import resolve_rl
 
     arch = resolve_model(req.model)
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
+    req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
     ep = req.ep or 1
     etp = req.etp
@@ -195,10 +197,12 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
         account_for_loss=bool(req.account_for_loss),
+        **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rollout.py)
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
+        rl=rl.job if rl else None,
     )
     return job, plan
 

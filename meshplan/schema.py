@@ -26,6 +26,11 @@ CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 # Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
 # rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
 MoeDispatcher = Literal["alltoall", "flex"]
+# An RL post-training job (meshplan/rollout.py): what is run, with which algorithm, engine and placement.
+JobKind = Literal["pretrain", "sft", "rl"]
+RLAlgorithm = Literal["grpo", "dapo", "ppo"]
+RolloutEngine = Literal["vllm", "sglang"]
+Placement = Literal["colocated", "separate"]
 Severity = Literal["error", "warning", "info"]
 
 # Generous but finite bounds: absurd inputs get a clear validation error instead of an overflow.
@@ -226,6 +231,61 @@ class Request(_Strict):
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"
     )
+    # --- RL post-training job (meshplan/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
+    job: JobKind | None = Field(
+        None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes and "
+                          "update; verl and SkyRL) (default: pretrain; rl when an RL field is given)",
+    )
+    algorithm: RLAlgorithm | None = Field(
+        None, description="RL algorithm: grpo (reference model for the KL loss), dapo (no reference, no KL) or ppo "
+                          "(reference and critic) (default: grpo)",
+    )
+    prompts_per_step: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Prompts per RL step (verl data.train_batch_size, SkyRL "
+                                               "trainer.train_batch_size) (default: global_batch_size / "
+                                               "samples_per_prompt, else the framework's default)",
+    )
+    samples_per_prompt: int | None = Field(
+        None, ge=1, le=65536, description="Responses sampled per prompt (verl rollout.n, SkyRL n_samples_per_prompt) "
+                                          "(default: the framework's, verl 1, SkyRL 5)",
+    )
+    prompt_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Longest prompt, tokens (default: seq_length - response_length when "
+                                               "seq_length is given, else the framework's default)",
+    )
+    response_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Longest response, tokens; the trainer's sequence is prompt + response "
+                                               "(default: the framework's, verl 512, SkyRL 1024)",
+    )
+    rollout_engine: RolloutEngine | None = Field(
+        None, description="Rollout inference engine: vllm or sglang (default vllm; SkyRL runs vLLM only)"
+    )
+    rollout_tp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Rollout engine tensor-parallel size (default: the framework's, verl 2, "
+                                               "SkyRL 1)",
+    )
+    rollout_dp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Rollout engine data-parallel (attention DP) ranks per replica "
+                                               "(default: 1)",
+    )
+    rollout_ep: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Rollout engine expert-parallel size; when > 1 it must be rollout_tp x "
+                                               "rollout_dp (default: 1, experts sharded by the rollout TP)",
+    )
+    rollout_memory_fraction: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="Rollout engine memory fraction (verl gpu_memory_utilization, SkyRL gpu_memory_utilization): "
+                    "vLLM's share of total GPU memory, SGLang's mem_fraction_static (default: the framework's, "
+                    "verl 0.5, SkyRL 0.8)",
+    )
+    placement: Placement | None = Field(
+        None, description="colocated: the rollout engine sleeps on the trainer's GPUs between phases; separate: its "
+                          "own rollout_gpus (default: colocated)",
+    )
+    rollout_gpus: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="GPUs running the rollout engine: with placement separate, taken out of "
+                                             "num_gpus (required there); colocated: all of them (default)",
+    )
     first_stage_layers: int | None = Field(
         None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (default: even split)"
     )
@@ -253,6 +313,16 @@ class Request(_Strict):
     )
 
 
+class RLJob(_Strict):
+    """An RL step's workload: prompts x samples sequences of prompt + response tokens (meshplan/rollout.py)."""
+
+    algorithm: RLAlgorithm = "grpo"
+    prompts_per_step: int = Field(ge=1)
+    samples_per_prompt: int = Field(ge=1)
+    prompt_length: int = Field(ge=1)
+    response_length: int = Field(ge=1)
+
+
 class Job(_Strict):
     """What is trained, on what, with which settings: everything but the layout."""
 
@@ -264,6 +334,7 @@ class Job(_Strict):
     global_batch_size: int = Field(ge=1)
     precision: Precision = "bf16"
     framework: Framework = "megatron-core"
+    rl: RLJob | None = Field(None, description="The RL job's rollout workload (None: a training job)")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
 
 
@@ -287,6 +358,14 @@ class Plan(_Strict):
     selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
     cp_comm_type: CpCommType = "p2p"
     moe_token_dispatcher: MoeDispatcher = "alltoall"
+    # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py
+    rollout_engine: RolloutEngine | None = None
+    rollout_tp: int | None = Field(None, ge=1)
+    rollout_dp: int | None = Field(None, ge=1)
+    rollout_ep: int | None = Field(None, ge=1)
+    rollout_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    placement: Placement | None = None
+    rollout_gpus: int | None = Field(None, ge=1, description="GPUs running the engine (separate: besides the trainer's)")
     first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
     last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
     pipeline_layout: str | None = Field(

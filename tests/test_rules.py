@@ -54,6 +54,7 @@ MIX = {"model": "mixtral-8x7b"}          # 8 experts, 32 layers
 QWEN_MOE = {"model": "qwen3-30b-a3b"}    # 128 experts, 48 layers, 4 KV heads
 GPT_OSS = {"model": "gpt-oss-20b"}       # 32 experts with biased linears
 KIMI = {"model": "kimi-k2"}              # 61 layers
+RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_prompt": 8}  # GRPO on 16 H100
 
 # For every rule: (failing case, passing case). A case is make() keyword arguments; "report" gives the
 # memory rules a synthetic estimate (peak, capacity in GiB) so their thresholds are tested exactly.
@@ -157,6 +158,12 @@ CASES: dict[str, tuple[dict, dict]] = {
     "SQ002": ({"model": "qwen3-8b", "num_gpus": 8, "seq_length": 65536}, {"model": "qwen3-8b", "num_gpus": 8}),
     "MEM001": ({**L8B, "num_gpus": 8, "report": (90.0, 80.0)}, {**L8B, "num_gpus": 8, "report": (60.0, 80.0)}),
     "MEM002": ({**L8B, "num_gpus": 8, "report": (73.0, 80.0)}, {**L8B, "num_gpus": 8, "report": (71.9, 80.0)}),
+    # RL jobs (meshplan/rollout_rules.py): the rollout engine's layout
+    "RL001": ({**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 4},
+              {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),
+    "RL002": ({**QWEN_MOE, **RL, "rollout_tp": 3}, {**QWEN_MOE, **RL, "rollout_tp": 4}),
+    "RL003": ({**QWEN_MOE, **RL, "rollout_gpus": 8}, {**QWEN_MOE, **RL, "rollout_gpus": 16}),
+    "RL004": ({**QWEN_MOE, **RL, "rollout_tp": 16}, {**QWEN_MOE, **RL, "rollout_tp": 8}),
 }
 
 

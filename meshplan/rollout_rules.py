@@ -1,0 +1,65 @@
+"""The RL rollout rules of cards/rules.yaml (RL*): the rollout engine's layout against the framework's own checks.
+
+Each condition returns None when its rule passes (or the job is not an RL job), else the numbers for the card's
+message and fix templates; the facts they test are in the framework cards' `rl` sections (meshplan/rollout.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan import mesh
+from meshplan.rollout import rl_card
+from meshplan.rulebook import Context, divisors, fmt_set, neighbours, rule
+
+Values = dict[str, Any] | None
+
+
+@rule("RL001")
+def rollout_ep_is_tp_dp(ctx: Context) -> Values:
+    p, card = ctx.plan, rl_card(ctx.framework)
+    if p.rollout_ep is None or card is None or not card.ep_equals_tp_dp or p.rollout_ep == 1:
+        return None
+    tp, dp = p.rollout_tp, p.rollout_dp
+    if p.rollout_ep == tp * dp:
+        return None
+    dp_fix = p.rollout_ep // tp if p.rollout_ep % tp == 0 else dp
+    return {"ep": p.rollout_ep, "tp": tp, "dp": dp, "product": tp * dp, "framework": ctx.framework,
+            "dp_fix": dp_fix, "ep_one": ", or rollout_ep=1 (experts sharded by the rollout TP)"}
+
+
+@rule("RL002")
+def rollout_replicas_whole(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.rollout_gpus is None:
+        return None
+    size = p.rollout_tp * p.rollout_dp
+    if p.rollout_gpus % size == 0:
+        return None
+    return {"gpus": p.rollout_gpus, "tp": p.rollout_tp, "dp": p.rollout_dp, "size": size,
+            "working": fmt_set(divisors(p.rollout_gpus, upto=max(size * 4, 8))[-6:]),
+            "near": neighbours(p.rollout_gpus, size)}
+
+
+@rule("RL003")
+def colocated_spans_trainer(ctx: Context) -> Values:
+    p, card = ctx.plan, rl_card(ctx.framework)
+    if p.placement != "colocated" or card is None or not card.colocated_gpus_equal_training:
+        return None
+    if p.rollout_gpus == ctx.world:
+        return None
+    return {"gpus": p.rollout_gpus, "trainer": ctx.world, "framework": ctx.framework}
+
+
+@rule("RL004")
+def rollout_tp_in_node(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.rollout_tp is None:
+        return None
+    domain = mesh.fast_domain(ctx.job.gpu, ctx.job.gpus_per_node)
+    if p.rollout_tp <= domain:
+        return None
+    gpu = ctx.job.gpu
+    return {"tp": p.rollout_tp, "domain": domain, "net": f"{gpu.network_bandwidth / 1e9:.0f}",
+            "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}", "working": fmt_set(divisors(domain))}
+
