@@ -47,8 +47,6 @@ class CalibrationCard(BaseModel):
     )
     fit_report: list[str] = []
 
-    fit_report: list[str] = []
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -89,6 +87,9 @@ class Calibration:
     cp_overlap: float
     ep_overlap: float
     grad_reduce_bytes: float
+    fsdp_keep_params_under_pp: float
+    fsdp_defer_grad_sync: float
+    fsdp_defer_grad_sync_under_pp: float
 
     def with_overrides(self, **values: float) -> Calibration:
         return replace(self, **values)

@@ -6,15 +6,20 @@ The model is first-order and explicit, so a reader can redo it by hand:
   work, a per-layer launch overhead, and the exposed part of its TP / CP / EP / PP traffic;
 - the pipeline runs m micro-batches: m x (slowest stage) plus the fill/drain of the others,
   divided by the virtual stages v, which is the (p-1)/(m*v) bubble for balanced stages;
-- once per step the gradients are reduced over the data-parallel group (overlapped with the
-  last backward), ZeRO gathers the parameters back, and the optimizer streams its state.
+- ZeRO-0/1: once per step the gradients are reduced over the data-parallel group (overlapped with the
+  last backward) and ZeRO-1 gathers the parameters back; ZeRO-2/3 and FSDP move their traffic layer by
+  layer (all-gathers forward and backward, reduce-scatters in the backward), per micro-batch or once per
+  step as the framework schedules it, each hidden behind its neighbour layer's compute (exposed_sharding);
+  the optimizer streams its state.
 Constants come from cards/calibration.yaml (fitted on the Ultra-Scale Playbook sweep, see
 bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from meshplan import mesh
 from meshplan.calibration import Calibration, calibration, calibration_summary
@@ -328,6 +333,123 @@ def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: 
     return 0.0
 
 
+# --------------------------------------------------------------------------- data-parallel sharding
+
+# What a stage's time per micro-batch is made of on the GPU (the host floor is compared with their sum).
+STAGE_GPU_PARTS = ("compute", "tp", "cp", "ep", "recompute", "pp", "fsdp")
+
+
+class ShardUnit(NamedTuple):
+    """A run of `count` identical FSDP units in forward order (a decoder layer each, the embedding, the output
+    head): FSDP2, Megatron-FSDP and ZeRO-3 gather and reduce one unit at a time, hidden behind its neighbours."""
+
+    count: int
+    gather: float  # all-gather of one unit's parameters
+    reduce: float  # reduce-scatter of one unit's gradients
+    fwd: float  # one unit's forward, the window that hides the next unit's all-gather
+    bwd: float  # one unit's backward (with its recompute), the window that hides its neighbours' traffic
+    resharded: bool = True  # freed after its forward, so gathered again for its backward
+
+
+def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
+    """Seconds of sharding traffic one pass over `units` (forward, then backward) leaves exposed.
+
+    Forward: each unit's all-gather is prefetched behind the previous unit's forward, so it costs
+    max(0, gather - that forward); the first unit's all-gather has nothing before it and waits whole.
+    Backward (reverse order): a unit's backward hides the all-gather of the unit after it in backward order
+    (`gather_bwd`, if that unit was resharded) and the reduce-scatter of the unit before it (`reduce`), both on
+    the same links; the first backward unit's all-gather and the last one's reduce-scatter have nothing to hide
+    behind. Exact for the stated model: runs of identical units are summed in closed form.
+    """
+    exposed = 0.0
+    if gather_fwd and units:
+        prev_fwd = None
+        for u in units:
+            exposed += u.gather if prev_fwd is None else max(0.0, u.gather - prev_fwd)
+            exposed += (u.count - 1) * max(0.0, u.gather - u.fwd)
+            prev_fwd = u.fwd
+    if not (gather_bwd or reduce) or not units:
+        return exposed
+    back = units[::-1]
+
+    def g(u: ShardUnit | None) -> float:
+        return u.gather if (u is not None and gather_bwd and u.resharded) else 0.0
+
+    def r(u: ShardUnit | None) -> float:
+        return u.reduce if (u is not None and reduce) else 0.0
+
+    exposed += g(back[0]) + r(back[-1])
+    for i, u in enumerate(back):
+        before = back[i - 1] if i else None  # the unit whose backward ran just before (its reduce-scatter)
+        after = back[i + 1] if i + 1 < len(back) else None  # the unit whose backward comes next (its gather)
+        if u.count == 1:
+            exposed += max(0.0, g(after) + r(before) - u.bwd)
+            continue
+        exposed += max(0.0, g(u) + r(before) - u.bwd)  # first of the run
+        exposed += (u.count - 2) * max(0.0, g(u) + r(u) - u.bwd)
+        exposed += max(0.0, g(after) + r(u) - u.bwd)  # last of the run
+    return exposed
+
+
+def _shard_units(layers: list[int], kinds: list[bool], windows: dict[bool, tuple[float, float]],
+                 params: tuple[list[float], list[float]], plan: Plan, arch: Architecture, first_stage: bool,
+                 head_stage: bool, head: float, embed_params: float, traffic, grad_bytes: float) -> list[ShardUnit]:
+    """A stage's FSDP units in forward order: the embedding on the first stage (no compute to hide the next
+    gather behind), one unit per decoder layer (runs of one kind summed), the output head on the last stage
+    (kept gathered into its backward: torchtitan does not reshard norm + output, Megatron-FSDP's root keeps
+    the output layer). Tied embeddings without PP are one unit (torchtitan groups them, not resharded)."""
+    units: list[ShardUnit] = []
+    tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
+    if first_stage:
+        units.append(ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic(embed_params, 0.0, grad_bytes),
+                               0.0, 0.0, resharded=not tied_one_unit))
+    index = list(layers) + [arch.num_layers - 1] * (len(kinds) - len(layers))  # MTP blocks cost like the last layer
+    start = 0
+    while start < len(kinds):
+        end = start
+        while end < len(kinds) and kinds[end] == kinds[start]:
+            end += 1
+        i = index[start]
+        dense, expert = params[0][i] / plan.tp, params[1][i] / (plan.ep * plan.etp)
+        fwd, bwd = windows[kinds[start]]
+        units.append(ShardUnit(end - start, traffic(dense, expert, BF16), traffic(dense, expert, grad_bytes),
+                               fwd, bwd))
+        start = end
+    if head_stage:
+        head_params = 0.0 if tied_one_unit else embed_params
+        units.append(ShardUnit(1, traffic(head_params, 0.0, BF16), traffic(head_params, 0.0, grad_bytes),
+                               head / TRAINING_PASSES_PER_FORWARD, head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
+                               resharded=False))
+    return units
+
+
+@dataclass(frozen=True)
+class ShardingSchedule:
+    """When a plan's data-parallel sharding moves bytes: per micro-batch or once per step (framework facts in
+    cards/calibration.yaml, fsdp_*)."""
+
+    params_sharded: bool  # ZeRO-3 / FSDP: parameters gathered before use
+    grads_sharded: bool  # ZeRO-2/3 / FSDP: gradients reduce-scattered into shards
+    gather_each_microbatch: bool  # freed after forward, gathered forward and backward in every micro-batch
+    reduce_each_microbatch: bool  # every backward reduce-scatters (else only the last micro-batch's)
+
+    @property
+    def per_step(self) -> bool:
+        return self.params_sharded or self.grads_sharded
+
+
+def sharding_schedule(job: Job, plan: Plan, cal: Calibration) -> ShardingSchedule:
+    """FSDP2 (torchtitan, KempnerForge), Megatron-FSDP and DeepSpeed ZeRO-3 shard parameters; ZeRO-2 gradients
+    too; ZeRO-1 only the optimizer (its traffic stays once per step, in the step's DP term)."""
+    fsdp = uses_fsdp(job.framework, plan.zero_stage)
+    params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
+    grads = params or plan.zero_stage >= 2
+    pp = plan.pp > 1
+    keep = params and pp and cal.fsdp_keep_params_under_pp >= 0.5
+    defer = (cal.fsdp_defer_grad_sync_under_pp if pp else cal.fsdp_defer_grad_sync) >= 0.5
+    return ShardingSchedule(params, grads, params and not keep, grads and not defer)
+
+
 # --------------------------------------------------------------------------- the step
 
 
@@ -390,8 +512,22 @@ def estimate_throughput(
     host_sync = cal.pp_host_sync if plan.pp > 1 else 0.0
 
     fsdp = uses_fsdp(job.framework, plan.zero_stage)
+    sched = sharding_schedule(job, plan, cal)
     dense_group = plan.dp * plan.cp  # dense weights are replicated over DP x CP
     expert_group = int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1
+
+    traffic_seen: dict[tuple[float, float, float], float] = {}  # stages repeat the same layers
+
+    def dp_traffic(dense: float, expert: float, nbytes: float) -> float:
+        """One ring collective (all-gather or reduce-scatter) over the dense and the expert DP groups."""
+        key = (dense, expert, nbytes)
+        if key not in traffic_seen:
+            traffic_seen[key] = (ring_time(dense * nbytes, dense_group, plan.tp, lk)
+                                 + ring_time(expert * nbytes, expert_group, plan.ep * plan.etp, lk))
+        return traffic_seen[key]
+
+    embed_p = arch.vocab_size * arch.hidden_size / plan.tp
+    sharding_seen: dict[tuple[ShardUnit, ...], tuple[float, float, float]] = {}
     stage_rows = []
     for s, layers in enumerate(stages):
         parts = {"compute": 0.0, "tp": 0.0, "cp": 0.0, "ep": 0.0, "recompute": 0.0, "fwd": 0.0}
@@ -408,8 +544,9 @@ def estimate_throughput(
         if every_nth:  # torchtitan 0.2.x: every N-th block built on the rank is fully checkpointed, the rest not
             picked = [kind for k, kind in enumerate(kinds, 1) if k % every_nth == 0]
             mode, n_recompute, n_moe_recompute = "full", len(picked), sum(picked)
-        for lt, count, recomputed in ((dense_lt, len(kinds) - n_moe, n_recompute - n_moe_recompute),
-                                      (moe_lt, n_moe, n_moe_recompute)):
+        windows: dict[bool, tuple[float, float]] = {}  # per kind (MoE?): one layer's forward and backward
+        for is_moe, lt, count, recomputed in ((False, dense_lt, len(kinds) - n_moe, n_recompute - n_moe_recompute),
+                                              (True, moe_lt, n_moe, n_moe_recompute)):
             if not count:
                 continue
             assert lt is not None
@@ -418,8 +555,9 @@ def estimate_throughput(
             parts["tp"] += count * lt.tp
             parts["cp"] += count * lt.cp
             parts["ep"] += count * lt.ep
-            if recomputed:
-                parts["recompute"] += recomputed * _recompute_time(lt, mode, cal, selective, modules)
+            rec = recomputed * _recompute_time(lt, mode, cal, selective, modules) if recomputed else 0.0
+            parts["recompute"] += rec
+            windows[is_moe] = (lt.fwd_compute, lt.compute - lt.fwd_compute + rec / count)
         dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
         expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
         if s == 0:
@@ -437,18 +575,23 @@ def estimate_throughput(
         parts["host"] = cal.host_time_per_layer_s * len(kinds)
         parts["dense_params"] = dense_p
         parts["expert_params"] = expert_p
+        # ZeRO-2/3 / FSDP: unit-by-unit gathers and reduce-scatters, each hidden behind its neighbours' compute;
+        # per micro-batch in "fsdp" (inside the pipeline), once per step in the step's DP term.
+        parts["fsdp"] = parts["step_gather"] = parts["step_reduce"] = 0.0
+        if sched.per_step:
+            units = tuple(_shard_units(layers, kinds, windows, params, plan, arch, s == 0, s == head_stage, head,
+                                       embed_p, dp_traffic, cal.grad_reduce_bytes))
+            if units not in sharding_seen:  # pipeline stages often hold the same layers
+                sharding_seen[units] = (
+                    exposed_sharding(units, sched.gather_each_microbatch, sched.gather_each_microbatch,
+                                     sched.reduce_each_microbatch),
+                    exposed_sharding(units, sched.params_sharded and not sched.gather_each_microbatch, False, False),
+                    exposed_sharding(units, False, False, sched.grads_sharded and not sched.reduce_each_microbatch))
+            parts["fsdp"], parts["step_gather"], parts["step_reduce"] = sharding_seen[units]
         stage_rows.append(parts)
 
-    # ZeRO-3 / FSDP gathers each layer's weights forward and backward on every micro-batch,
-    # hidden behind that micro-batch's compute as far as the prefetch allows.
     for row in stage_rows:
-        row["fsdp"] = 0.0
-        if fsdp and dense_group > 1:
-            gather = FORWARD_AND_BACKWARD * ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
-            gather += FORWARD_AND_BACKWARD * ring_time(row["expert_params"] * BF16, expert_group,
-                                                       plan.ep * plan.etp, lk)
-            row["fsdp"] = max(0.0, gather - cal.dp_overlap * row["compute"])
-        gpu = sum(row[k] for k in ("compute", "tp", "cp", "ep", "recompute", "pp", "fsdp"))
+        gpu = sum(row[k] for k in STAGE_GPU_PARTS)
         row["launch_bound"] = max(0.0, row["host"] - gpu) + host_sync * min(row["host"], gpu)
         row["total"] = gpu + row["launch_bound"]
 
@@ -467,21 +610,22 @@ def estimate_throughput(
         # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
         # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
         sharded_opt = plan.zero_stage > 0 and not fsdp
-        overlap = cal.zero_grad_overlap if sharded_opt else cal.dp_overlap
-        if plan.zero_stage == 0 or (sharded_opt and cal.zero_grad_allreduce >= 0.5):
-            sync = allreduce_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
-            sync += allreduce_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk)
-        else:
-            sync = ring_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
-            sync += ring_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk)
-        gather = 0.0
-        if sharded_opt:
-            gather = ring_time(row["dense_params"] * BF16, dense_group, plan.tp, lk)
-            gather += ring_time(row["expert_params"] * BF16, expert_group, plan.ep * plan.etp, lk)
         bwd = row["compute"] - row["fwd"] + row["recompute"]
+        # later stages finish their last backward (and start their first forward) earlier: slack
         slack = s * bwd / max(1, plan.vpp)
-        exposed = max(0.0, sync - overlap * bwd - slack)
-        exposed += max(0.0, gather - cal.param_gather_overlap * row["fwd"])
+        if sched.per_step:  # ZeRO-2/3, FSDP: the once-per-step gathers / reduce-scatters, unit by unit
+            exposed = max(0.0, row["step_gather"] - s * row["fwd"] / max(1, plan.vpp))
+            exposed += max(0.0, row["step_reduce"] - slack)
+        elif plan.zero_stage == 0 or cal.zero_grad_allreduce >= 0.5:
+            sync = (allreduce_time(row["dense_params"] * grad_bytes, dense_group, plan.tp, lk)
+                    + allreduce_time(row["expert_params"] * grad_bytes, expert_group, plan.ep * plan.etp, lk))
+            exposed = max(0.0, sync - (cal.zero_grad_overlap if sharded_opt else cal.dp_overlap) * bwd - slack)
+        else:
+            sync = dp_traffic(row["dense_params"], row["expert_params"], grad_bytes)
+            exposed = max(0.0, sync - cal.zero_grad_overlap * bwd - slack)
+        if sharded_opt:  # ZeRO-1/2: the updated bf16 parameters are all-gathered once per step
+            gather = dp_traffic(row["dense_params"], row["expert_params"], BF16)
+            exposed += max(0.0, gather - cal.param_gather_overlap * row["fwd"])
         dp_exposed = max(dp_exposed, exposed)
         shard_group = 1 if plan.zero_stage == 0 else None
         dense_local = row["dense_params"] / (shard_group or dense_group)
@@ -538,6 +682,26 @@ def _warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
     return out
 
 
+def _dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
+    """How the data-parallel traffic was timed, in the words of the schedule the plan runs."""
+    sched = sharding_schedule(job, plan, cal)
+    if not sched.per_step:
+        return (f"DP: gradients reduced in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp once per step, "
+                + (f"overlapped with {cal.dp_overlap:.0%} of the last backward." if plan.zero_stage == 0
+                   else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
+                   + f" with {cal.zero_grad_overlap:.0%} of the last backward hiding it; then the bf16 parameters "
+                   "are all-gathered."))
+    params = ("bf16 parameters all-gathered layer by layer, forward and again backward, every micro-batch"
+              if sched.gather_each_microbatch else
+              "bf16 parameters all-gathered layer by layer once per step (kept gathered across micro-batches)"
+              if sched.params_sharded else "bf16 parameters all-gathered once per step after the optimizer")
+    grads = "every micro-batch" if sched.reduce_each_microbatch else "in the last micro-batch only"
+    return (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
+            f"layer by layer in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp {grads}. Each transfer hides "
+            "behind the neighbouring layer's compute (exposed: what exceeds it, plus the first layer's all-gather "
+            "and the last one's reduce-scatter).")
+
+
 def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx: Ctx) -> list[str]:
     flash = ctx.flash
     peak = "FP8" if job.precision == "fp8" else "BF16"
@@ -562,12 +726,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         f"{cal.tp_overlap:.0%} hidden behind compute.",
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
-        f"DP: gradients reduced in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp once per step, "
-        + (f"overlapped with {cal.dp_overlap:.0%} of the last backward."
-           if plan.zero_stage == 0 or uses_fsdp(job.framework, plan.zero_stage)
-           else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
-           + f" with {cal.zero_grad_overlap:.0%} of the last backward hiding it; then the bf16 parameters "
-           "are all-gathered."),
+        _dp_assumption(job, plan, cal),
         "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
         f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",

@@ -1,0 +1,129 @@
+"""Data-parallel sharding traffic (ZeRO-2/3, FSDP2, Megatron-FSDP): the exposed-time formula unit by unit, the
+schedule each framework runs (per micro-batch or once per step), and what it does to the step time."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.calibration import calibration
+from meshplan.perf import ShardUnit, estimate_throughput, exposed_sharding, sharding_schedule
+from meshplan.request import Request, resolve
+
+
+def _job(**fields):
+    return resolve(Request(**fields))
+
+
+# --------------------------------------------------------------------------- the formula
+
+
+def test_forward_gathers_hide_behind_the_previous_layer_and_the_first_waits():
+    layers = [ShardUnit(count=3, gather=2.0, reduce=3.0, fwd=1.0, bwd=4.0)]
+    # first gather whole (2), then each of the 2 others max(0, 2 - 1) = 1
+    assert exposed_sharding(layers, True, False, False) == pytest.approx(4.0)
+
+
+def test_backward_hides_next_gather_and_previous_reduce_scatter_on_the_same_links():
+    layers = [ShardUnit(count=3, gather=2.0, reduce=3.0, fwd=1.0, bwd=4.0)]
+    # edges: first backward gather 2 + last reduce-scatter 3; windows (backward order): unit 1 hides the gather of
+    # unit 2 (2 - 4 -> 0), unit 2 hides gather + reduce-scatter (2 + 3 - 4 = 1), unit 3 the reduce-scatter of
+    # unit 2 (3 - 4 -> 0)
+    assert exposed_sharding(layers, False, True, True) == pytest.approx(6.0)
+    assert exposed_sharding(layers, True, True, True) == pytest.approx(10.0)
+    # reduce-scatters only (ZeRO-2, or a deferred FSDP sync): 3 at the end, windows hide 3 - 4 -> 0
+    assert exposed_sharding(layers, False, False, True) == pytest.approx(3.0)
+
+
+def test_embedding_has_no_compute_to_hide_the_first_layer_gather():
+    units = [ShardUnit(1, gather=1.0, reduce=1.0, fwd=0.0, bwd=0.0),
+             ShardUnit(2, gather=2.0, reduce=2.0, fwd=3.0, bwd=6.0)]
+    assert exposed_sharding(units, True, False, False) == pytest.approx(1.0 + 2.0 + 0.0)
+    # backward: layer 2 gather exposed (2); layer 2 hides layer 1's gather (0); layer 1 hides layer 2's
+    # reduce-scatter and the embedding's gather (2 + 1 - 6 -> 0); the embedding hides layer 1's reduce-scatter (2 - 0);
+    # the embedding's own reduce-scatter ends the pass (1)
+    assert exposed_sharding(units, False, True, True) == pytest.approx(2.0 + 2.0 + 1.0)
+
+
+def test_kept_head_is_not_gathered_again_and_long_layers_hide_everything_but_the_edges():
+    units = [ShardUnit(4, gather=1.0, reduce=1.0, fwd=10.0, bwd=20.0),
+             ShardUnit(1, gather=5.0, reduce=5.0, fwd=0.1, bwd=0.2, resharded=False)]
+    # forward: first layer 1, the head's gather behind the last layer (5 - 10 -> 0)
+    assert exposed_sharding(units, True, False, False) == pytest.approx(1.0)
+    # backward: the head starts gathered (0) and hides the last layer's gather (1 - 0.2 = 0.8); the first layer's
+    # reduce-scatter ends the pass (1); the last layer hides the head's reduce-scatter (5 + 1 - 20 -> 0)
+    assert exposed_sharding(units, False, True, True) == pytest.approx(0.8 + 1.0)
+
+
+def test_nothing_to_move_is_free():
+    units = [ShardUnit(5, 0.0, 0.0, 1.0, 2.0)]
+    assert exposed_sharding(units, True, True, True) == 0.0
+    assert exposed_sharding([], True, True, True) == 0.0
+
+
+# --------------------------------------------------------------------------- the schedule per framework
+
+
+@pytest.mark.parametrize(("framework", "zero", "pp", "expected"), [
+    # Megatron-FSDP: released after forward, reduce-scattered every backward, with or without PP
+    ("megatron-core", 3, 1, (True, True, True, True)),
+    ("megatron-core", 3, 2, (True, True, True, True)),
+    # Megatron-FSDP optim_grads (ZeRO-2): gradients only, every backward
+    ("megatron-core", 2, 1, (False, True, False, True)),
+    # distributed optimizer: once per step, outside the unit-by-unit path
+    ("megatron-core", 1, 1, (False, False, False, False)),
+    # torchtitan: FSDP2 reshards and reduces every micro-batch without PP; under PP gathered and reduced once
+    ("torchtitan", 3, 1, (True, True, True, True)),
+    ("torchtitan", 3, 2, (True, True, False, False)),
+    # KempnerForge: reshards every micro-batch, gradient sync only on the last micro-step
+    ("kempnerforge", 3, 1, (True, True, True, False)),
+])
+def test_schedule_follows_the_framework(framework, zero, pp, expected):
+    job, plan = _job(model="llama-3.1-8b", framework=framework, num_gpus=16, pp=pp, zero_stage=zero)
+    sched = sharding_schedule(job, plan, calibration(framework))
+    assert (sched.params_sharded, sched.grads_sharded, sched.gather_each_microbatch,
+            sched.reduce_each_microbatch) == expected
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def test_zero3_is_no_longer_free():
+    fields = dict(model="llama-3-70b", num_gpus=32, tp=4, pp=4, vpp=5)
+    zero1 = estimate_throughput(*_job(**fields, zero_stage=1))
+    zero3 = estimate_throughput(*_job(**fields, zero_stage=3))
+    assert zero3.breakdown.dp_comm_s > zero1.breakdown.dp_comm_s
+    assert zero3.step_time_s > zero1.step_time_s
+
+
+def test_per_microbatch_traffic_scales_with_the_micro_batches_and_per_step_traffic_does_not():
+    base = dict(model="llama-3.1-8b", num_gpus=64, pp=2, micro_batch_size=1, seq_length=4096)
+    # Megatron-FSDP: all of it per micro-batch (no once-per-step part), so twice the micro-batches, twice the time
+    one = estimate_throughput(*_job(**base, framework="megatron-core", zero_stage=3, global_batch_size=256))
+    two = estimate_throughput(*_job(**base, framework="megatron-core", zero_stage=3, global_batch_size=512))
+    assert one.breakdown.dp_comm_s > 0
+    assert two.breakdown.dp_comm_s == pytest.approx(2 * one.breakdown.dp_comm_s)
+    # torchtitan under PP: gathered once, reduced once, whatever the micro-batch count
+    one = estimate_throughput(*_job(**base, framework="torchtitan", global_batch_size=256))
+    two = estimate_throughput(*_job(**base, framework="torchtitan", global_batch_size=512))
+    assert one.breakdown.dp_comm_s > 0
+    assert two.breakdown.dp_comm_s == pytest.approx(one.breakdown.dp_comm_s)
+    # the card's flag is what decides it: re-gathering every micro-batch costs more
+    job, plan = _job(**base, framework="torchtitan", global_batch_size=256)
+    regather = estimate_throughput(job, plan, calibration("torchtitan").with_overrides(fsdp_keep_params_under_pp=0))
+    assert regather.breakdown.dp_comm_s > one.breakdown.dp_comm_s
+
+
+def test_more_compute_per_layer_hides_more_of_the_same_traffic():
+    """Across nodes the per-layer gathers outlast a small micro-batch's compute; a larger one hides them."""
+    exposed = []
+    for mbs in (1, 2, 4):
+        job, plan = _job(model="llama-3.1-70b", framework="megatron-core", num_gpus=128, zero_stage=3,
+                         micro_batch_size=mbs, global_batch_size=512, seq_length=2048)
+        exposed.append(estimate_throughput(job, plan).breakdown.dp_comm_s)
+    assert exposed[0] > exposed[1] > exposed[2]
+
+
+def test_the_assumption_names_the_schedule():
+    report = estimate_throughput(*_job(model="llama-3.1-8b", framework="torchtitan", num_gpus=16, pp=2))
+    line = next(a for a in report.assumptions if a.startswith("DP"))
+    assert "once per step" in line and "last micro-batch only" in line
