@@ -78,6 +78,22 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("fp8")
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
         used.append("moe_flex_dispatcher")
+    used += precision_knobs(job, plan)
+    return used
+
+
+def precision_knobs(job: Job, plan: Plan) -> list[str]:
+    """The precision knobs a plan uses: a moment dtype other than fp32, fp8 weights, an explicit reduce dtype, and
+    an explicit fp8 recipe (left out = the framework's own default, nothing to render)."""
+    used = []
+    if plan.optimizer_state_dtype not in (None, "fp32"):
+        used.append("optimizer_state_dtype")
+    if plan.fp8_param_gather:
+        used.append("fp8_param_gather")
+    if plan.grad_reduce_in_fp32 is not None:
+        used.append("grad_reduce_fp32" if plan.grad_reduce_in_fp32 else "grad_reduce_bf16")
+    if job.precision == "fp8" and plan.fp8_recipe is not None:
+        used.append(f"fp8_{plan.fp8_recipe}")
     return used
 
 
@@ -94,6 +110,10 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
+        "optimizer_state_dtype": f"optimizer_state_dtype={plan.optimizer_state_dtype}",
+        "fp8_param_gather": "fp8_param_gather=true", "grad_reduce_fp32": "grad_reduce_in_fp32=true",
+        "grad_reduce_bf16": "grad_reduce_in_fp32=false",
+        **{f"fp8_{r}": f"fp8_recipe={r}" for r in ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")},
     }.get(name)
     return value or f"{name}={getattr(plan, name, '?')}"
 

@@ -21,7 +21,9 @@ from meshplan.adapters.common import (
 )
 from meshplan.adapters.render import Built
 
+from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
+from meshplan.memory_states import fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.schema import Job, Plan
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several values
@@ -125,9 +127,25 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
             flags += [("--recompute-method", rec["recompute_method"]),
                       ("--recompute-num-layers", rec["recompute_num_layers"])]
     flags.append(("--bf16", None))
-    if job.precision == "fp8":
-        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")]
+    flags += precision_flags(job, plan)
     return flags, notes
+
+
+def precision_flags(job: Job, plan: Plan) -> list[Flag]:
+    """The precision knobs as megatron-core 0.19.2 flags: --grad-reduce-in-bf16 (fp32 is the bf16 default), the
+    precision-aware optimizer's moment dtypes, the fp8 format and recipe (the card's default when left out) and
+    --fp8-param-gather."""
+    flags: list[Flag] = []
+    if plan.grad_reduce_in_fp32 is False:
+        flags.append(("--grad-reduce-in-bf16", None))
+    if precision_aware(plan):
+        flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", plan.optimizer_state_dtype),
+                  ("--exp-avg-sq-dtype", plan.optimizer_state_dtype)]
+    if job.precision == "fp8":
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", fp8_recipe(job, plan))]
+        if plan.fp8_param_gather:
+            flags.append(("--fp8-param-gather", None))
+    return flags
 
 
 def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
@@ -198,9 +216,70 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
               ("ddp.data_parallel_sharding_strategy", _sharding(plan)), ("checkpoint.ckpt_format", "fsdp_dtensor")]
     s += [("train.micro_batch_size", plan.micro_batch_size), ("train.global_batch_size", job.global_batch_size),
           ("dataset.seq_length", job.seq_length)]
-    if job.precision == "fp8":
-        s += [("model.fp8", "hybrid"), ("model.fp8_recipe", "delayed")]
+    s += bridge_precision(job, plan)
     return s
+
+
+# The torch dtype of each optimizer_state_dtype as megatron-core's arguments.py maps it (fp8 moments are uint8 with
+# a per-tensor scale in Transformer Engine's FusedAdam).
+TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.uint8"}
+
+
+class PyCode(str):
+    """A value written as Python code in the python variant (a torch dtype), as its text in overrides."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def bridge_precision(job: Job, plan: Plan) -> list[tuple[str, Any]]:
+    """The precision knobs as ConfigContainer fields: the precision-aware optimizer on cfg.optimizer, and the fp8
+    format, recipe (the card's default when left out), fp8_param_gather and grad_reduce_in_fp32 on
+    cfg.mixed_precision, whose setup() writes them over the model, optimizer and DDP configs (a model.fp8 set
+    directly is overwritten by the recipe's mixed_precision)."""
+    s: list[tuple[str, Any]] = []
+    if precision_aware(plan):
+        dtype = PyCode(TORCH_DTYPES[plan.optimizer_state_dtype])
+        s += [("optimizer.use_precision_aware_optimizer", True), ("optimizer.exp_avg_dtype", dtype),
+              ("optimizer.exp_avg_sq_dtype", dtype)]
+    if job.precision == "fp8":
+        s += [("mixed_precision.fp8", "hybrid"), ("mixed_precision.fp8_recipe", fp8_recipe(job, plan))]
+        if plan.fp8_param_gather is not None:
+            s.append(("mixed_precision.fp8_param_gather", plan.fp8_param_gather))
+    if plan.grad_reduce_in_fp32 is not None:
+        s.append(("mixed_precision.grad_reduce_in_fp32", plan.grad_reduce_in_fp32))
+    return s
+
+
+def preset_settings(settings: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """run_recipe.py overrides: the mixed_precision.<field> settings as the one registered preset that holds them
+    (the recipe's mixed_precision may be a preset name, whose fields an override cannot reach), or an error naming
+    the python variant, which sets the fields themselves."""
+    fields = {k.split(".", 1)[1]: v for k, v in settings if k.startswith("mixed_precision.")}
+    if not fields:
+        return settings
+    presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+    recipe, gather = fields.get("fp8_recipe", "bf16"), fields.get("fp8_param_gather")
+    named = [v for k, v in presets.items() if k.split("/")[0] == recipe
+             and (gather is None or k.split("/")[1] == str(gather).lower())]
+    preset = named[0] if named and fields.get("grad_reduce_in_fp32", True) else None
+    if preset is None:
+        raise MeshplanError(
+            f"Megatron-Bridge's run_recipe.py overrides can name a mixed-precision preset, and none has "
+            f"{', '.join(f'{k}={v}' for k, v in fields.items())}.",
+            fix="Render variant 'python' (it sets cfg.mixed_precision's fields), or ask for a preset's settings: "
+                + "; ".join(f"{k.replace('/', ' with fp8_param_gather=')} -> {v}" for k, v in presets.items()) + ".")
+    return [(k, v) for k, v in settings if not k.startswith("mixed_precision.")] + [("mixed_precision", preset)]
+
+
+def bridge_preset(job: Job, plan: Plan) -> str:
+    """The registered mixed-precision preset of the plan's recipe (bf16_mixed without fp8), with its fp8_param_gather
+    where one has it: what the python variant starts cfg.mixed_precision from before setting its fields (a recipe's
+    mixed_precision may be a preset name: recipes/common.py _pretrain_common sets "bf16_mixed")."""
+    presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+    recipe = fp8_recipe(job, plan) or "bf16"
+    exact = presets.get(f"{recipe}/{str(fp8_param_gather(job, plan)).lower()}")
+    return exact or next(v for k, v in presets.items() if k.split("/")[0] == recipe)  # fields set the rest
 
 
 def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
@@ -216,6 +295,12 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
                      "does; cfg.validate() checks the backend against the GPU it runs on "
                      "(validate_flex_dispatcher_backend).")
     if variant == "run_recipe":
+        if plan.optimizer_state_dtype == "fp8":
+            raise MeshplanError("run_recipe.py reads a dtype override by name, and fp8 moments are torch.uint8, which "
+                                "it has no name for (utils/activation_map.py DTYPE_MAP).",
+                                fix="Render variant 'python' (cfg.optimizer.exp_avg_dtype = torch.uint8), or use "
+                                    "optimizer_state_dtype=bf16.")
+        settings = preset_settings(settings)
         n = nodes(job)
         return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n,
                                                                     "to_add": model_notes},
@@ -223,8 +308,12 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
                      notes=[*notes, "scripts/training/run_recipe.py is in the Megatron-Bridge repository "
                                     "(not the wheel); set RECIPE to a recipe function of your model."],
                      warnings=warnings)
-    return Built(template="megatron_bridge.j2", context={"settings": settings, "to_add": model_notes}, format="python",
-                 filename="layout.py", notes=notes, warnings=warnings)
+    setup = ("import torch",) if any(isinstance(v, PyCode) for _, v in settings) else ()
+    if any(k.startswith("mixed_precision.") for k, _ in settings):
+        setup += ("from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
+                  f"cfg.mixed_precision = get_mixed_precision_config({bridge_preset(job, plan)!r})")
+    return Built(template="megatron_bridge.j2", context={"settings": settings, "to_add": model_notes, "setup": setup},
+                 format="python", filename="layout.py", notes=notes, warnings=warnings)
 
 
 # --------------------------------------------------------------------------- DeepSpeed

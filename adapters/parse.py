@@ -16,6 +16,7 @@ from typing import Any
 
 from meshplan.adapters.common import plan_recompute
 
+from meshplan.cards import framework_card
 from meshplan.schedule import parse_layout
 
 
@@ -53,10 +54,37 @@ def _literal(text: str) -> Any:
         return text
 
 
+# The one call a rendered Bridge snippet makes: the registered mixed-precision preset its fields start from
+PRESET_CALL = re.compile(r"get_mixed_precision_config\('(\w+)'\)")
+
+
 def python_assignments(text: str) -> dict[str, Any]:
+    """cfg.<path> = <literal> lines; a torch dtype (torch.bfloat16) reads back as its text."""
     out = {}
     for m in re.finditer(r"^cfg\.([\w.]+) = (.+)$", text, re.M):
-        out[m.group(1)] = ast.literal_eval(m.group(2))
+        value = m.group(2)
+        if PRESET_CALL.fullmatch(value):
+            out[m.group(1)] = PRESET_CALL.fullmatch(value).group(1)
+            continue
+        out[m.group(1)] = value if re.fullmatch(r"torch\.\w+", value) else ast.literal_eval(value)
+    return out
+
+
+DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "fp8",
+               "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+
+
+def _precision(aware: Any, dtype: Any, recipe: Any, gather: Any, reduce_fp32: Any) -> dict[str, Any]:
+    """Plan precision fields from a snippet's values; the recipe and the reduce dtype only where it says them (left
+    out, the framework runs its default, which a plan leaves as None)."""
+    # the precision-aware optimizer without a moment dtype is the CPU optimizer's (offload), with fp32 moments
+    out: dict[str, Any] = {"optimizer_state_dtype": DTYPE_NAMES[str(dtype)] if aware and dtype is not None else None}
+    if gather is not None:
+        out["fp8_param_gather"] = gather
+    if recipe is not None:
+        out["fp8_recipe"] = recipe
+    if reduce_fp32 is not None:
+        out["grad_reduce_in_fp32"] = reduce_fp32
     return out
 
 
@@ -109,6 +137,8 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["moe_token_dispatcher"] = f["--moe-token-dispatcher-type"]
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
+    out.update(_precision("--use-precision-aware-optimizer" in f, f.get("--exp-avg-dtype"), f.get("--fp8-recipe"),
+                          True if "--fp8-param-gather" in f else None, False if "--grad-reduce-in-bf16" in f else None))
     return out
 
 
@@ -142,6 +172,14 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = m["cp_comm_type"]
     if "moe_token_dispatcher_type" in m:
         out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
+    mp = {}
+    if "mixed_precision" in s:  # a registered preset (its fp8_param_gather goes with the recipe), fields over it
+        presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+        recipe = next(k for k, v in presets.items() if v == s["mixed_precision"]).split("/")[0]
+        mp = {"fp8_recipe": None if recipe == "bf16" else recipe}
+    mp.update({k[len("mixed_precision."):]: v for k, v in s.items() if k.startswith("mixed_precision.")})
+    out.update(_precision(s.get("optimizer.use_precision_aware_optimizer"), s.get("optimizer.exp_avg_dtype"),
+                          mp.get("fp8_recipe"), mp.get("fp8_param_gather"), mp.get("grad_reduce_in_fp32")))
     return out
 
 
@@ -209,7 +247,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         option = doc["activation_checkpoint"].get("selective_ac_option")
     else:
         tokens = shell_tokens(text)
-        f = cli_flags(tokens)
+        f = cli_flags([t for t in tokens if not t.startswith("activation-checkpoint:")])  # the subcommand
         par = {k.split(".", 1)[1]: _literal(v) for k, v in f.items() if k.startswith("--parallelism.")}
         train = {k.split(".", 1)[1]: _literal(v) for k, v in f.items() if k.startswith("--training.")}
         ac = next(t.split(":", 1)[1] for t in tokens if t.startswith("activation-checkpoint:"))
@@ -223,6 +261,10 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
            "micro_batch_size": par["pipeline_parallel_microbatch_size"] if pp > 1 else train["local_batch_size"]}
     if dispatcher is not None:
         out["moe_token_dispatcher"] = dispatcher
+    if train.get("mixed_precision_reduce") == "float32":
+        out["grad_reduce_in_fp32"] = True
+    if text.lstrip().startswith("#") and "[parallelism]" in text:
+        out.update(_torchtitan_float8(doc))
     if ac == "selective" and option not in (None, "op"):
         out["selective_ac_option"] = str(option)
     if pp > 1:
@@ -233,6 +275,19 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["first_stage_layers"] = m - first_less if first_less else None
         out["last_stage_layers"] = m - last_less if last_less else None
     return out
+
+
+def _torchtitan_float8(doc: dict[str, Any]) -> dict[str, Any]:
+    """torchtitan 0.2.x TOML: the fp8 recipe (from the converter and its section) and the fp8 all-gather."""
+    converters = doc.get("model", {}).get("converters", [])
+    linear = doc.get("quantize", {}).get("linear", {})
+    if "quantize.linear.mx" in converters:
+        return {"fp8_recipe": "mxfp8"}
+    if "quantize.linear.float8" in converters:
+        f8 = linear["float8"]
+        return {"fp8_recipe": f8["recipe_name"], **({"fp8_param_gather": True}
+                                                     if f8.get("enable_fsdp_float8_all_gather") else {})}
+    return {}
 
 
 def _kempnerforge(variant: str, text: str, num_layers: int) -> dict[str, Any]:

@@ -103,6 +103,8 @@ def dotlist_value(value: Any) -> str:
 
 
 def toml_value(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

@@ -16,6 +16,7 @@ from meshplan.adapters.render import Built
 from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
+from meshplan.memory_states import fp8_recipe
 from meshplan.schema import Job, Plan
 
 
@@ -126,6 +127,8 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     local = plan.micro_batch_size * microbatches if plan.pp > 1 else plan.micro_batch_size
     training = [("local_batch_size", local), ("global_batch_size", job.global_batch_size),
                 ("seq_len", job.seq_length)]
+    if plan.grad_reduce_in_fp32:  # the only value torchtitan's mixed_precision_reduce takes (rule PR004)
+        training.append(("mixed_precision_reduce", "float32"))
     notes = [f"local_batch_size is the per-rank batch of one step ({training[0][1]}); with PP it is cut into "
              f"micro-batches of pipeline_parallel_microbatch_size={plan.micro_batch_size}, without PP torchtitan "
              "accumulates gradients until global_batch_size."]
@@ -154,10 +157,30 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
                      "NVLink.")
     return Built(template="torchtitan_toml.j2",
                  context={"parallelism": parallelism, "training": training, "ac": ac_section,
-                          "registry": registry},
+                          "registry": registry, "quantize": torchtitan_0_2_float8(job, plan)},
                  format="toml", filename="torchtitan_job.toml",
                  notes=[*notes, "torchtitan 0.2.x: pass with --job.config_file torchtitan_job.toml."],
                  warnings=warnings + dispatcher_warnings)
+
+
+def torchtitan_0_2_float8(job: Job, plan: Plan) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """torchtitan 0.2.2's fp8 as TOML sections: [model] converters names the linear converter (quantize.linear.float8,
+    or quantize.linear.mx for mxfp8) and its section sets the recipe and the fp8 all-gather (config/job_config.py
+    Float8Linear, MXLinear; components/quantization registers the converter names)."""
+    if job.precision != "fp8":
+        return []
+    recipe = fp8_recipe(job, plan)
+    if recipe == "mxfp8":
+        if plan.fp8_param_gather:
+            raise MeshplanError("torchtitan 0.2.2 gathers fp8 weights with Float8Linear only (MXLinear has no "
+                                "enable_fsdp_float8_all_gather).",
+                                fix="Drop fp8_param_gather, or use fp8_recipe=tensorwise.")
+        return [("model", [("converters", ["quantize.linear.mx"])]),
+                ("quantize.linear.mx", [("recipe_name", "mxfp8_cublas")])]
+    section: list[tuple[str, Any]] = [("recipe_name", recipe)]
+    if plan.fp8_param_gather:
+        section += [("enable_fsdp_float8_all_gather", True), ("precompute_float8_dynamic_scale_for_fsdp", True)]
+    return [("model", [("converters", ["quantize.linear.float8"])]), ("quantize.linear.float8", section)]
 
 
 # --------------------------------------------------------------------------- KempnerForge

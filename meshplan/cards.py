@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.card_files import card_names, card_root, framework_names
 from meshplan.errors import MeshplanError
-from meshplan.schema import GpuSpec, Recompute
+from meshplan.schema import Fp8Recipe, GpuSpec, Recompute
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -143,6 +143,8 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "recompute_method", "recompute_modules", "uneven_pp",
     "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "pipeline_layout", "account_for_embedding",
     "account_for_loss",
+    "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
+    "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
 )
 
 
@@ -205,6 +207,10 @@ class FrameworkDefaults(_Card):
     etp_recipes: str | None = Field(
         None, description="What the framework's own MoE recipes set instead of the default, as resolve()'s etp note "
                           "says it (its files cited in etp_why)")
+    fp8_recipe: Fp8Recipe | None = Field(
+        None, description="The FP8 recipe the framework runs when precision=fp8 leaves fp8_recipe out (None: it has no "
+                          "fp8 recipe choice meshplan models)")
+    fp8_recipe_why: str | None = None
 
     @model_validator(mode="after")
     def _claim_has_why(self) -> FrameworkDefaults:
@@ -212,6 +218,8 @@ class FrameworkDefaults(_Card):
             raise ValueError("etp: tp needs etp_why (the framework source that defaults it so)")
         if self.etp_recipes and self.etp != "tp":
             raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
+        if self.fp8_recipe is not None and not self.fp8_recipe_why:
+            raise ValueError("fp8_recipe needs fp8_recipe_why (the framework source that defaults it so)")
         return self
 
 

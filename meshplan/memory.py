@@ -15,12 +15,12 @@ from meshplan import mesh
 from meshplan.activations import Layout, activation_mode, layer_activations, shape_of
 from meshplan.cards import framework_card
 from meshplan.memory_states import (
-    convention,
     describe_tensors,
     gathered_transient,
     memory_card,
     output_activations,
     state_bytes,
+    with_precision,
 )
 from meshplan.models import layer_params, mtp_params, per_architecture
 from meshplan.rulebook import require_estimable
@@ -112,7 +112,7 @@ def estimate_memory(
     require_estimable(job, plan)
     warnings = _assumed(job, plan)
     arch = job.model
-    conv_name, conv, tensors = convention(job.framework, plan.zero_stage)
+    conv_name, conv, tensors = with_precision(job, plan)  # the convention with the plan's precision knobs
     card = memory_card()
     _, expert_dp, world_warnings = _world(job, plan)
     warnings += world_warnings

@@ -13,8 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.cards import CardError, MemoryConvention, framework_card, load_card
 from meshplan.errors import MeshplanError
+from meshplan.schema import Fp8Recipe, Job, Plan
 
 TensorClass = Literal["weights", "gradients", "optimizer"]
+# Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
+# (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
+TensorRole = Literal["weights", "main_grads", "master", "moments"]
 
 
 class _Card(BaseModel):
@@ -23,6 +27,7 @@ class _Card(BaseModel):
 
 class StateTensor(_Card):
     name: str
+    role: TensorRole | None = None
     tensor_class: TensorClass = Field(alias="class")
     bytes: float = Field(gt=0)
     shard: Literal["none", "dp"]
@@ -39,6 +44,8 @@ class Convention(_Card):
     output_hidden_bytes: float = Field(4, ge=0)
     loss_hidden_bytes: float = Field(0, ge=0)
     fp8_weight_bytes: float = Field(0, ge=0)
+    fp8_weights: Literal["fixed", "transformer_engine"] = Field(
+        "fixed", description="fixed: fp8_weight_bytes; transformer_engine: per recipe and GPU (precision section)")
     gathered_layers: int = Field(0, ge=0)
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
@@ -46,8 +53,20 @@ class Convention(_Card):
     zero: dict[int, list[StateTensor]]
 
 
+class PrecisionBytes(_Card):
+    """What the precision knobs change (cards/memory.yaml precision, with its sources)."""
+
+    dtype_bytes: dict[str, float]
+    master_remainder_bytes: float = Field(gt=0)
+    fp8_weight_bytes: dict[Fp8Recipe, float]
+    fp8_weight_bytes_any_layout: dict[Fp8Recipe, float]
+    fp8_all_gather_bytes: float = Field(gt=0)
+    source: str
+
+
 class MemoryCard(_Card):
     description: str
+    precision: PrecisionBytes
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
     cuda_context_bytes: int = Field(ge=0)
@@ -87,6 +106,63 @@ def convention(framework: str, zero_stage: int) -> tuple[str, Convention, list[S
             fix=f"Use zero_stage in {sorted(conv.zero)}.",
         )
     return name, conv, conv.zero[stage]
+
+
+def fp8_recipe(job: Job, plan: Plan) -> Fp8Recipe | None:
+    """The FP8 recipe an fp8 job runs: the plan's, else the framework card's default; None without fp8."""
+    if job.precision != "fp8":
+        return None
+    return plan.fp8_recipe or framework_card(job.framework).defaults.fp8_recipe
+
+
+def fp8_param_gather(job: Job, plan: Plan) -> bool:
+    """FP8 primary weights: the plan's choice, else the framework's default for the recipe (Megatron-Bridge's
+    mixed-precision presets keep them for delayed, tensorwise and mxfp8: its card's mixed_precision_presets)."""
+    if plan.fp8_param_gather is not None:
+        return plan.fp8_param_gather
+    recipe = fp8_recipe(job, plan)
+    presets = (framework_card(job.framework).model_extra or {}).get("mixed_precision_presets", {})
+    return recipe is not None and f"{recipe}/true" in presets
+
+
+def precision_aware(plan: Plan) -> bool:
+    """Megatron's precision-aware optimizer is on: moments in a 16- or 8-bit dtype (fp32 moments = the default)."""
+    return plan.optimizer_state_dtype not in (None, "fp32")
+
+
+def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTensor]]:
+    """The convention and tensors of `convention`, rewritten by the plan's precision knobs: moments in
+    optimizer_state_dtype, the fp32 master as 16-bit remainders under the precision-aware optimizer (bf16 weights,
+    bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32), and the fp8 weight bytes per
+    linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather)."""
+    name, conv, tensors = convention(job.framework, plan.zero_stage)
+    prec = memory_card().precision
+    recipe = fp8_recipe(job, plan)
+    aware = precision_aware(plan)
+    gather = fp8_param_gather(job, plan)
+    remainders = aware and not gather and recipe in (None, "delayed")
+    out = []
+    for t in tensors:
+        update: dict = {}
+        if t.role == "moments" and aware:
+            dtype = plan.optimizer_state_dtype
+            update = {"bytes": 2 * prec.dtype_bytes[dtype], "name": f"Adam moments ({dtype} m, v)"}
+        elif t.role == "master" and remainders:
+            update = {"bytes": prec.master_remainder_bytes, "name": "fp32 master as 16-bit remainders of bf16 weights"}
+        elif t.role == "main_grads" and plan.grad_reduce_in_fp32 is not None:
+            dtype = "fp32" if plan.grad_reduce_in_fp32 else "bf16"
+            update = {"bytes": prec.dtype_bytes[dtype], "name": f"{dtype} main grads"}
+        out.append(t.model_copy(update=update) if update else t)
+    conv_update: dict = {}
+    if recipe is not None and conv.fp8_weights == "transformer_engine":
+        table = prec.fp8_weight_bytes_any_layout if job.gpu.fp8_any_layout else {}
+        weight = table.get(recipe, prec.fp8_weight_bytes[recipe])
+        if gather:  # the fp8 weight is the parameter: the unsharded bf16 one is not kept
+            weight -= sum(t.bytes for t in out if t.role == "weights" and t.shard == "none")
+        conv_update["fp8_weight_bytes"] = weight
+    if gather and conv.prefetched_bytes and conv.fp8_weights == "fixed":
+        conv_update["prefetched_bytes"] = prec.fp8_all_gather_bytes
+    return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
 
 
 def state_bytes(tensors: list[StateTensor], params: float, shard_size: float) -> dict[str, float]:

@@ -194,6 +194,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
+        **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
         account_for_loss=bool(req.account_for_loss),
@@ -205,6 +206,15 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         rl=rl.job if rl else None,
     )
     return job, plan
+
+
+def _precision_fields(req: Request, card, notes: list[str]) -> dict:
+    """The precision knobs as the request gives them (None = the framework's default); a note names the FP8 recipe
+    an fp8 job runs when the request leaves it out (the framework card's defaults.fp8_recipe)."""
+    if req.precision == "fp8" and req.fp8_recipe is None and card.defaults.fp8_recipe is not None:
+        notes.append(f"fp8_recipe not given: {card.defaults.fp8_recipe}, the {card.display_name} default.")
+    return {"optimizer_state_dtype": req.optimizer_state_dtype, "fp8_param_gather": req.fp8_param_gather,
+            "grad_reduce_in_fp32": req.grad_reduce_in_fp32, "fp8_recipe": req.fp8_recipe}
 
 
 def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:

@@ -26,6 +26,11 @@ CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 # Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
 # rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
 MoeDispatcher = Literal["alltoall", "flex"]
+# Adam moments' dtype (Megatron's precision-aware optimizer --exp-avg-dtype / --exp-avg-sq-dtype choices)
+OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+# FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
+# fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
+Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 # An RL post-training job (meshplan/rollout.py): what is run, with which algorithm, engine and placement.
 JobKind = Literal["pretrain", "sft", "rl"]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
@@ -150,6 +155,10 @@ class GpuSpec(_Strict):
     aliases: list[str] = []
     sources: list[str] = []
     notes: list[str] = []
+    fp8_recipes: list[Fp8Recipe] = Field(
+        default_factory=list, description="FP8 recipes its tensor cores run (Transformer Engine's support checks)"
+    )
+    fp8_any_layout: bool = Field(False, description="FP8 GEMMs in any layout (Blackwell), so no fp8 transpose copy")
 
 
 # --------------------------------------------------------------------------- the request
@@ -227,6 +236,23 @@ class Request(_Strict):
                     "one of 0.3.x), or N = every N-th block fully checkpointed and the others not (0.2.x)",
     )
     cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
+    optimizer_state_dtype: OptimizerStateDtype | None = Field(
+        None, description="Adam moments' dtype: bf16/fp16/fp8 = Megatron's precision-aware optimizer (exp_avg_dtype, "
+                          "exp_avg_sq_dtype; needs the distributed optimizer) (default: fp32, the optimizer's own)",
+    )
+    fp8_param_gather: bool | None = Field(
+        None, description="FP8 weights kept and all-gathered in fp8 instead of bf16 plus an fp8 copy (Megatron "
+                          "fp8_param_gather, torchtitan enable_fsdp_float8_all_gather; precision=fp8) (default: off)",
+    )
+    grad_reduce_in_fp32: bool | None = Field(
+        None, description="Gradients accumulated and reduced in fp32 (true) or bf16 (false): Megatron "
+                          "grad_reduce_in_fp32, torchtitan mixed_precision_reduce (default: the framework's, fp32 for "
+                          "Megatron and torchtitan)",
+    )
+    fp8_recipe: Fp8Recipe | None = Field(
+        None, description="FP8 scaling recipe with precision=fp8: delayed, tensorwise (current scaling), rowwise "
+                          "(torchao), blockwise, mxfp8 (Blackwell) (default: the framework's, delayed for Megatron)",
+    )
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"
@@ -357,6 +383,10 @@ class Plan(_Strict):
     recompute_modules: list[RecomputeModule] | None = None  # Megatron selective; None: its default ["core_attn"]
     selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
     cp_comm_type: CpCommType = "p2p"
+    optimizer_state_dtype: OptimizerStateDtype | None = None  # None: fp32 moments, no precision-aware optimizer
+    fp8_param_gather: bool | None = None  # fp8 weights instead of bf16 + fp8 copy; None: the framework default (off)
+    grad_reduce_in_fp32: bool | None = None  # None: the framework's default (its memory convention's grad bytes)
+    fp8_recipe: Fp8Recipe | None = None  # None: the framework's default recipe (precision=fp8 only)
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py
     rollout_engine: RolloutEngine | None = None

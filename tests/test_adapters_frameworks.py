@@ -72,13 +72,38 @@ def test_megatron_core_flags_exist_in_arguments_py(megatron_tree):
         assert flags - known == set(), result.text
 
 
+def test_megatron_core_precision_values_are_argparse_choices(megatron_tree):
+    """--exp-avg-dtype / --exp-avg-sq-dtype values are choices of arguments.py; --fp8-recipe values are the Literal of
+    TransformerConfig.fp8_recipe, which ArgumentGroupFactory turns into the flag."""
+    source = ast.parse((wheel_tree("megatron-core") / "megatron/training/arguments.py").read_text())
+    choices = {}
+    for call in ast.walk(source):
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument" and call.args and \
+                isinstance(call.args[0], ast.Constant):
+            for kw in call.keywords:
+                if kw.arg == "choices" and isinstance(kw.value, ast.List):
+                    choices[call.args[0].value] = {e.value for e in kw.value.elts}
+    recipe = megatron_tree.fields("megatron.core.transformer.transformer_config", "TransformerConfig")["fp8_recipe"]
+    choices["--fp8-recipe"] = {e.value for e in ast.walk(recipe) if isinstance(e, ast.Constant)}
+    seen = set()
+    for result in rendered("megatron-core"):
+        tokens = shell_tokens(result.text)
+        flags = cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:])
+        for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype", "--fp8-recipe"):
+            if flag in flags:
+                assert flags[flag] in choices[flag], (flag, flags[flag])
+                seen.add(flag)
+    assert seen == {"--exp-avg-dtype", "--exp-avg-sq-dtype", "--fp8-recipe"}
+
+
 BRIDGE_SECTIONS = {"model": ("megatron.bridge.models.gpt_provider", "GPTModelProvider"),
                    "train": ("megatron.bridge.training.config", "TrainingConfig"),
                    "ddp": ("megatron.bridge.training.config", "DistributedDataParallelConfig"),
                    "optimizer": ("megatron.bridge.training.config", "OptimizerConfig"),
                    "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
                    "dataset": ("megatron.bridge.training.config", "GPTDatasetConfig"),
-                   "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig")}
+                   "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig"),
+                   "mixed_precision": ("megatron.bridge.training.mixed_precision", "MixedPrecisionConfig")}
 
 
 def test_megatron_bridge_fields_exist_in_config_dataclasses(megatron_tree):
@@ -89,14 +114,27 @@ def test_megatron_bridge_fields_exist_in_config_dataclasses(megatron_tree):
     assert "decoder_first_pipeline_num_layers" not in fields["model"] and "beta_fast" not in fields["model"]
     extra = resolve(Request(framework="megatron-bridge", model="llama-3.1-70b", num_gpus=64, tp=4, pp=4,
                             zero_stage=3, cp=2, cp_comm_type="a2a+p2p", precision="fp8"))
+    source = (wheel_tree("megatron-bridge") / "megatron/bridge/training/mixed_precision.py").read_text()
+    presets = {f.name for f in ast.walk(ast.parse(source))  # the @register'ed MIXED_PRECISION_RECIPES
+               if isinstance(f, ast.FunctionDef) and any(getattr(d, "id", None) == "register"
+                                                         for d in f.decorator_list)}
+    assert "bf16_with_fp8_current_scaling_mixed" in presets
+    recipe = megatron_tree.fields("megatron.core.transformer.transformer_config", "TransformerConfig")["fp8_recipe"]
+    recipes = {e.value for e in ast.walk(recipe) if isinstance(e, ast.Constant)}
+    assert {"delayed", "tensorwise", "blockwise", "mxfp8"} <= recipes
     for job, result in [*rendered_jobs("megatron-bridge"), (extra[0], render("megatron-bridge", *extra,
                                                                              variant="run_recipe"))]:
         keys = (python_assignments(result.text) if result.format == "python"
                 else overrides(shell_tokens(result.text)))
         for key in keys:
+            if key == "mixed_precision":  # run_recipe names a registered preset
+                assert key in container and keys[key] in presets, keys[key]
+                continue
             section, name = key.split(".", 1)
             known = fields[section] | (mla if section == "model" and job.model.mla is not None else set())
             assert section in container and name in known, (job.model.name, key)
+        if "mixed_precision.fp8_recipe" in keys:
+            assert keys["mixed_precision.fp8_recipe"] in recipes
 
 
 # --------------------------------------------------------------------------- verl (Hydra compose)
@@ -238,6 +276,7 @@ for args in json.loads(sys.stdin.read()):
                     "cp": p.context_parallel_degree, "ep": p.expert_parallel_degree,
                     "dp_shard": p.data_parallel_shard_degree, "dp_replicate": p.data_parallel_replicate_degree,
                     "sp": p.enable_sequence_parallel, "local": t.local_batch_size,
+                    "reduce": t.mixed_precision_reduce,
                     "ac": type(c.activation_checkpoint).__qualname__ if c.activation_checkpoint else "none"})
     except SystemExit as exc:
         out.append({"ok": False, "error": f"exit {exc.code}"})
@@ -266,6 +305,7 @@ def test_torchtitan_config_manager_parses_the_rendered_command_line():
         assert (answer["tp"], answer["pp"], answer["cp"], answer["ep"]) == (plan.tp, plan.pp, plan.cp, plan.ep)
         assert answer["dp_shard"] * answer["dp_replicate"] == plan.dp
         assert answer["sp"] == plan.sequence_parallel
+        assert answer["reduce"] == "float32"  # the only value it takes; rendered when grad_reduce_in_fp32 is asked
         assert answer["ac"] == {"none": "none", "full": "FullAC.Config", "selective": "SelectiveAC.Config"}[
             plan.recompute]
 
@@ -275,8 +315,13 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
     sections = {"parallelism": "Parallelism", "training": "Training", "activation_checkpoint": "ActivationCheckpoint"}
     flex = dict(model="deepseek-v3", num_gpus=256, pp=8, ep=32, global_batch_size=1024, first_stage_layers=5,
                 last_stage_layers=8, moe_token_dispatcher="flex")
+    float8 = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, precision="fp8", fp8_recipe="tensorwise",
+                  fp8_param_gather=True, grad_reduce_in_fp32=True)
+    mx = dict(model="llama-3.1-8b", gpu="b200", num_gpus=8, global_batch_size=64, precision="fp8", fp8_recipe="mxfp8")
+    quantize = {"float8": "Float8Linear", "mx": "MXLinear"}
+    converters = set()
     rendered_keys = set()
-    for fields in [f for fw, _variant, f in CASES if fw == "torchtitan"] + [flex]:
+    for fields in [f for fw, _variant, f in CASES if fw == "torchtitan"] + [flex, float8, mx]:
         job, plan = resolve(Request(framework="torchtitan", **fields))
         if plan.zero_stage not in (0, 3):
             continue
@@ -285,6 +330,16 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
             known = set(tree.fields("torchtitan.config.job_config", cls))
             assert set(doc[section]) <= known, (section, set(doc[section]) - known)
             rendered_keys |= set(doc[section])
+        assert set(doc) - set(sections) <= {"model", "quantize"}
+        for name in doc.get("model", {}).get("converters", []):
+            kind = name.rsplit(".", 1)[1]
+            converters.add(name)
+            section = doc["quantize"]["linear"][kind]
+            known = tree.fields("torchtitan.config.job_config", quantize[kind])
+            assert set(section) <= set(known), set(section) - set(known)
+            if kind == "float8":
+                assert section["recipe_name"] in {e.value for e in ast.walk(known["recipe_name"])
+                                                  if isinstance(e, ast.Constant)}
         if "expert_parallel_comm_backend" in doc["parallelism"]:
             # the value is one of the field's Literal choices
             annotation = tree.fields("torchtitan.config.job_config", "Parallelism")["expert_parallel_comm_backend"]
@@ -292,6 +347,12 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
             assert choices == {"standard", "deepep"}
             assert doc["parallelism"]["expert_parallel_comm_backend"] in choices
     assert "expert_parallel_comm_backend" in rendered_keys
+    assert "mixed_precision_reduce" in rendered_keys
+    # the converter names torchtitan 0.2.2 registers (components/quantization: register_model_converter)
+    registered = {c.args[1].value for f in ("float8.py", "mx.py") for c in ast.walk(ast.parse(
+        (wheel_tree("torchtitan", "0.2.2") / "torchtitan/components/quantization" / f).read_text()))
+        if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "register_model_converter"}
+    assert converters == {"quantize.linear.float8", "quantize.linear.mx"} and converters <= registered
 
 
 # --------------------------------------------------------------------------- KempnerForge, DeepSpeed

@@ -59,6 +59,17 @@ RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_pr
 # For every rule: (failing case, passing case). A case is make() keyword arguments; "report" gives the
 # memory rules a synthetic estimate (peak, capacity in GiB) so their thresholds are tested exactly.
 CASES: dict[str, tuple[dict, dict]] = {
+    # precision knobs (meshplan/conditions.py PR*)
+    "PR001": ({**L8B, "num_gpus": 8, "zero_stage": 0, "optimizer_state_dtype": "bf16"},
+              {**L8B, "num_gpus": 8, "zero_stage": 1, "optimizer_state_dtype": "bf16"}),
+    "PR002": ({**L8B, "num_gpus": 8, "framework": "torchtitan", "precision": "fp8", "fp8_recipe": "rowwise",
+               "fp8_param_gather": True},
+              {**L8B, "num_gpus": 8, "framework": "torchtitan", "precision": "fp8", "fp8_recipe": "tensorwise",
+               "fp8_param_gather": True}),
+    "PR003": ({**L8B, "num_gpus": 8, "gpu": "h100", "precision": "fp8", "fp8_recipe": "mxfp8"},
+              {**L8B, "num_gpus": 8, "gpu": "b200", "precision": "fp8", "fp8_recipe": "mxfp8"}),
+    "PR004": ({**L8B, "num_gpus": 8, "framework": "torchtitan", "grad_reduce_in_fp32": False},
+              {**L8B, "num_gpus": 8, "framework": "megatron-core", "grad_reduce_in_fp32": False}),
     "WS001": ({**L8B, "num_gpus": 10, "tp": 4}, {**L8B, "num_gpus": 12, "tp": 4}),
     "WS002": ({**MIX, "num_gpus": 12, "tp": 2, "ep": 8}, {**MIX, "num_gpus": 16, "tp": 2, "ep": 8}),
     "WS003": ({**L8B, "num_gpus": 16, "tp": 2, "dp": 4}, {**L8B, "num_gpus": 16, "tp": 2, "dp": 8}),
@@ -531,3 +542,20 @@ def test_skyrl_batch_rule_on_fewer_gpus_than_one_replica_defers_to_the_world_law
     found = ids(*make(model="llama-3.1-8b", framework="skyrl", num_gpus=4, pp=4, cp=2, seq_length=8192,
                       global_batch_size=2))
     assert "WS001" in found and "SK001" not in found
+
+
+def test_precision_rules_name_the_nearest_setting():
+    """PR003's fix is the nearest recipe both the GPU and the framework run; PR001 and PR002 name what works."""
+    def fix(rule_id, **fields):
+        job, plan = case_job({**L8B, "num_gpus": 8, **fields})
+        return next(f.fix for f in check_config(job, plan, include_memory=False).findings if f.id == rule_id)
+
+    assert fix("PR003", precision="fp8", fp8_recipe="mxfp8").startswith("Use fp8_recipe=blockwise ")  # H100
+    assert fix("PR003", precision="fp8", fp8_recipe="rowwise").startswith("Use fp8_recipe=blockwise ")  # no rowwise
+    assert fix("PR003", precision="fp8", fp8_recipe="mxfp8", gpu="mi300x").startswith("Use fp8_recipe=tensorwise ")
+    assert fix("PR003", precision="fp8", fp8_recipe="delayed", framework="torchtitan").startswith(
+        "Use fp8_recipe=tensorwise ")  # torchao scales dynamically
+    assert "precision=fp8" in fix("PR003", fp8_recipe="delayed")
+    assert "zero_stage=1" in fix("PR001", optimizer_state_dtype="fp8", zero_stage=3)
+    assert "torchtitan keeps Adam moments" in fix("PR001", optimizer_state_dtype="bf16", framework="torchtitan")
+    assert "zero_stage=1" in fix("PR002", precision="fp8", fp8_param_gather=True, zero_stage=0)
