@@ -3,11 +3,11 @@
 After Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
 arXiv 2205.05198, section 4 and Table 2): every tensor autograd keeps for the backward pass, counted
 once. Generalised here (shared/reference/estimators.md section 2.3) to GQA (K and V of g*d, not h),
-gated MLPs (fc1 output 2f wide), MLA (latents and per-head K/V), MoE (top-k routed rows, router
-probabilities, dispatch copies, shared experts), flash attention (no s^2 tensor, an fp32
-log-sum-exp instead), context parallelism (tokens / cp), sequence parallelism (norm and dropout
-tensors / tp) and fp8 (linear-layer inputs kept in one byte). With dropout on, flash off, GeLU MLP
-of 4h, MHA this reproduces Korthikanti's sbh(34 + 5as/h) exactly.
+gated MLPs (fc1 output 2f wide), MLA (latents and per-head K/V), MoE (the experts' tensors of the top-k
+routed copies, the router's and dispatcher's state per framework in MoeBytes, shared experts), flash
+attention (no s^2 tensor, an fp32 log-sum-exp instead), context parallelism (tokens / cp), sequence
+parallelism (norm and dropout tensors / tp) and fp8 (linear-layer inputs kept in one byte). With
+dropout on, flash off, GeLU MLP of 4h, MHA this reproduces Korthikanti's sbh(34 + 5as/h) exactly.
 """
 
 from __future__ import annotations
@@ -52,6 +52,52 @@ def shape_of(arch: Architecture) -> Shape:
     )
 
 
+class MoeBytes(NamedTuple):
+    """What a framework's MoE layer keeps for the backward outside its experts' fc1/activation/fc2 tensors, per
+    micro-batch: per token on the rank that routes it, and per routed token copy (top-k copies of each token) on
+    the rank whose experts compute it. The audit behind each count is cards/moe_memory_audit.md."""
+
+    per_token_expert: float  # bytes per token and expert: router scores, permutation maps [tokens, experts]
+    per_token_topk: float    # bytes per token and top-k slot: top-k probabilities and expert ids
+    per_token: float         # bytes per token
+    per_copy: float          # bytes per routed copy besides hidden-wide tensors: its routing probability
+    hidden_copies: int       # bf16 hidden-wide tensors kept per routed copy besides the expert fc1 input
+    bf16_router_input: bool  # under fp8 the router still keeps the bf16 layer input (shared experts an fp8 copy)
+
+
+# Megatron-Core (megatron/core/transformer/moe, read at NVIDIA/Megatron-LM d98e8a6; Transformer Engine d0067d0),
+# as Megatron-Bridge's MoE providers set it: moe_permute_fusion on, moe_router_fusion off, an aux loss, softmax.
+MEGATRON_CORE_MOE = MoeBytes(
+    # router.py TopKRouter.routing -> moe_utils.compute_routing_scores_for_aux_loss: the fp32 softmax over all
+    # experts is saved by softmax for the aux loss (4 B); moe_utils.permute(fused=True) -> TE permutation.py
+    # moe_permute (mask map) saves row_id_map, int32 [tokens, 2 * experts + 1] (8 B per expert + 4 B per token).
+    # The gating linear (moe_utils.RouterGatingLinearFunction) saves its bf16 input, the layer input counted
+    # once; its logits are saved by nothing (topk keeps indices, the softmaxes their outputs).
+    per_token_expert=4 + 8,
+    # moe_utils.topk_routing_with_score_function: torch.topk keeps its int64 indices (8 B), the softmax over the
+    # top-k logits its fp32 output (4 B).
+    per_token_topk=8 + 4,
+    per_token=4,
+    # experts.py TEGroupedMLP.forward -> fusions/fused_bias_swiglu.py WeightedSwiGLUFunction saves the permuted
+    # fp32 probs next to fc1's output (4 B per copy, the router's fp32 probs after dispatch).
+    per_copy=4,
+    # The dispatched tokens are fc1's input (TE GroupedLinear keeps it, counted with the experts). Nothing keeps
+    # a second hidden-wide copy: the all-to-all / HybridEP / DeepEP autograd functions save only their handles,
+    # permute's index_select and unpermute's scatter_add (probs are applied inside the experts, not at
+    # unpermute) save index maps, and the expert output leaves through combine and unpermute unsaved.
+    hidden_copies=0,
+    # The router is no fp8 module: RouterGatingLinearFunction saves the bf16 input under fp8 too, and a shared
+    # expert's TE fc1 keeps its own fp8 copy of it.
+    bf16_router_input=True,
+)
+# Not re-derived per framework (DeepSpeed, nanotron, torchtitan's no-AC layers): fp32 router logits and
+# probabilities [tokens, experts], and two hidden-wide copies of every routed token (dispatched and combined).
+# torchtitan 0.3.0's own MoE layer under FakeTensorMode counts 4.3% above this (bench/data/fake_tensor_memory.json).
+GENERIC_MOE = MoeBytes(per_token_expert=4 + 4, per_token_topk=0, per_token=0, per_copy=0, hidden_copies=2,
+                       bf16_router_input=False)
+MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE}
+
+
 class Layout(NamedTuple):
     """What of the plan and conventions changes a layer's activations."""
 
@@ -65,6 +111,7 @@ class Layout(NamedTuple):
     swiglu_unfused: bool
     fp8: bool
     ep: int = 1  # expert parallelism: op-level SAC keeps the all-to-all outputs when > 1
+    moe: MoeBytes = MEGATRON_CORE_MOE  # what the MoE layer keeps outside its experts (the convention's moe_activations)
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
@@ -143,10 +190,15 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     if moe_layer and shape.experts and "moe" in sel:
         out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
     elif moe_layer and shape.experts:
-        mlp += 2 * 4 * t * shape.experts / ts  # fp32 router logits and probabilities
-        rows = t * shape.top_k / ts * lay.etp  # routed token rows on this rank (balanced routing)
-        mlp += BF16 * rows * h * 2  # dispatch: permuted tokens after the all-to-all, expert output before combine
-        mlp += lin * rows * h  # expert fc1 input
+        if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
+            # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
+            mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
+        mlp += _moe_routing(shape, lay, t / ts)
+        # routed copies computed on this rank: dropless and balanced, each rank's t*top_k copies spread over the
+        # EP ranks and gathered over ETP, so t*top_k*etp on average (no capacity factor, no worst-case imbalance)
+        rows = t * shape.top_k / ts * lay.etp
+        mlp += rows * (lay.moe.per_copy + lay.moe.hidden_copies * BF16 * h)
+        mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
         mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
         if shape.f_shared and "shared_experts" not in sel:
             mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
@@ -160,6 +212,12 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         out["dropout_masks"] = t * h / ts
     return out
 
+
+
+def _moe_routing(shape: Shape, lay: Layout, tokens: float) -> float:
+    """Router and permutation bytes a MoE layer keeps per micro-batch for the tokens this rank routes."""
+    m = lay.moe
+    return tokens * (m.per_token_expert * shape.experts + m.per_token_topk * shape.top_k + m.per_token)
 
 
 def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:

@@ -12,7 +12,7 @@ reserved, which is what runs out). The worst stage decides whether the job fits.
 from __future__ import annotations
 
 from meshplan import mesh
-from meshplan.activations import Layout, activation_mode, layer_activations, shape_of
+from meshplan.activations import MOE_BYTES, Layout, activation_mode, layer_activations, shape_of
 from meshplan.cards import framework_card
 from meshplan.memory_states import (
     describe_tensors,
@@ -140,7 +140,7 @@ def estimate_memory(
         tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=plan.sequence_parallel, etp=plan.etp,
         flash=conv.flash_attention if flash_attention is None else flash_attention,
         dropout=conv.dropout if dropout is None else dropout,
-        swiglu_unfused=conv.swiglu_unfused, fp8=fp8, ep=plan.ep,
+        swiglu_unfused=conv.swiglu_unfused, fp8=fp8, ep=plan.ep, moe=MOE_BYTES[conv.moe_activations],
     )
     recompute = plan.recompute
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves

@@ -50,6 +50,7 @@ class Convention(_Card):
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
+    moe_activations: Literal["megatron_core", "generic"]  # activations.MOE_BYTES: what a MoE layer keeps
     zero: dict[int, list[StateTensor]]
 
 

@@ -394,7 +394,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory)."""
     from meshplan.activations import Layout as ActLayout
-    from meshplan.activations import activation_mode, layer_activations, shape_of
+    from meshplan.activations import MOE_BYTES, activation_mode, layer_activations, shape_of
     from meshplan.memory_states import convention, memory_card, output_activations, state_bytes
 
     arch = job.model
@@ -418,7 +418,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
 
     tokens = -(-job.seq_length // lay.cp) * mbs
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
-                    dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8")
+                    dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
+                    moe=MOE_BYTES[conv.moe_activations])
     shape = shape_of(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     mode = activation_mode(recompute, selective)
