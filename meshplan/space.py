@@ -393,8 +393,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory)."""
-    from meshplan.activations import Layout as ActLayout
     from meshplan.activations import MOE_BYTES, activation_mode, layer_activations, shape_of
+    from meshplan.activations import Layout as ActLayout
     from meshplan.memory_states import convention, memory_card, output_activations, state_bytes
 
     arch = job.model
