@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 from meshplan import api
 from meshplan.errors import MeshplanError
 from meshplan.request import parse_request, unknown_field_error, validation_message
-from meshplan.schema import MAX_GPUS, Recommendation, Request
+from meshplan.schema import MAX_GPUS, ErrorBand, Recommendation, Request
 
 from .cancellable import cancellable
 from .results import (
@@ -186,6 +186,11 @@ ESTIMATE_MEMORY = (
 )
 
 
+def _band_words(band: ErrorBand | None) -> str:
+    """The error measured in the estimate's regime, as the CLI prints it (meshplan/accuracy.py)."""
+    return f" Error measured in this regime: {band.text}." if band is not None else ""
+
+
 @with_signature(request_parameters(), MemoryAnswer)
 def estimate_memory(**args: Any) -> MemoryAnswer:
     with tool_errors():
@@ -198,6 +203,7 @@ def estimate_memory(**args: Any) -> MemoryAnswer:
         f"{report.model} with {report.plan.short()} on {report.framework}: peak {gib(report.peak_bytes)} per GPU "
         f"on pipeline stage {report.peak_stage} of {gib(report.capacity_bytes)}; {verdict}."
     )
+    summary += _band_words(report.error_band)
     if report.fits:
         steps = [
             _same_args("check_config", "to run the framework's rules on this layout"),
@@ -233,6 +239,7 @@ def estimate_throughput(**args: Any) -> ThroughputAnswer:
     worst = max(costs, key=costs.get)
     if costs[worst] > 0:
         summary += f" Largest cost besides compute: {worst[:-2].replace('_', ' ')} ({costs[worst]:.3g} s)."
+    summary += _band_words(report.error_band)
     steps = [
         "Call recommend_parallelism with the same model, GPU and num_gpus to compare against the fastest layout.",
         _same_args("estimate_memory", "to confirm the layout fits"),
@@ -310,6 +317,7 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
         f"per GPU, MFU {best.throughput.mfu:.1%}, peak memory {gib(best.memory.peak_bytes)} of "
         f"{gib(best.memory.capacity_bytes)}."
     )
+    summary += _band_words(best.throughput.error_band)
     steps = [
         "Call render_config with the chosen plan's fields (tp, pp, vpp, cp, ep, etp, dp, micro_batch_size, "
         "recompute, ...) and the framework to get the config to paste.",

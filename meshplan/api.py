@@ -35,19 +35,21 @@ def list_models() -> list[ModelSummary]:
 
 
 def estimate_memory(req: Request) -> MemoryReport:
+    from meshplan.accuracy import with_band
     from meshplan.memory import estimate_memory as estimate
     from meshplan.request import resolve
 
     job, plan = resolve(req)
-    return estimate(job, plan)
+    return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
 
 
 def estimate_throughput(req: Request) -> ThroughputReport:
+    from meshplan.accuracy import with_band
     from meshplan.perf import estimate_throughput as estimate
     from meshplan.request import resolve
 
     job, plan = resolve(req)
-    return estimate(job, plan)
+    return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
 
 
 def check_config(req: Request) -> CheckReport:

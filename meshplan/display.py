@@ -15,6 +15,7 @@ from rich.text import Text
 from meshplan.schema import (
     Candidate,
     CheckReport,
+    ErrorBand,
     MemoryReport,
     ModelReport,
     ModelSummary,
@@ -164,6 +165,12 @@ def model_list(models: list[ModelSummary]) -> None:
     _print_whole(_console(), table(with_type=True), table(with_type=False), table(with_type=False, stacked=True))
 
 
+def _band(console: Console, band: ErrorBand | None, lead: str = "error") -> None:
+    """The error measured in the estimate's regime, under its number (meshplan/accuracy.py)."""
+    if band is not None:
+        console.print(Text(f"{lead}: {band.text}"))
+
+
 def memory_report(report: MemoryReport) -> None:
     console = _console()
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
@@ -180,6 +187,7 @@ def memory_report(report: MemoryReport) -> None:
     verdict = "fits" if report.fits else "DOES NOT FIT"
     console.print(f"peak {gib(report.peak_bytes)} on stage {report.peak_stage} of {gib(report.capacity_bytes)}: "
                   f"{verdict} (headroom {gib(report.headroom_bytes)})")
+    _band(console, report.error_band)
     _notes(console, "warnings", report.warnings)
     _notes(console, "assumptions", report.assumptions)
 
@@ -189,6 +197,7 @@ def throughput_report(report: ThroughputReport) -> None:
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
     console.print(f"step {report.step_time_s:.3f} s, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
                   f"MFU {report.mfu:.1%}, {report.model_flops_per_step:.3e} model FLOPs per step")
+    _band(console, report.error_band)
     table = _table("part", _col("seconds", right=True), _col("share of step", right=True))
     for name, value in report.breakdown.model_dump().items():
         share = value / report.step_time_s if report.step_time_s else 0.0
@@ -290,6 +299,8 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
         line = below_headroom_line(rec.best_below_headroom, rec.headroom)
         console.print(Text("\n".join(textwrap.wrap(line, console.width, subsequent_indent="  ", break_long_words=False,
                                                    break_on_hyphens=False))))
+    if rec.candidates:
+        _band(console, rec.candidates[0].throughput.error_band, "error of #1")
     if rec.min_gpus:
         console.print(f"smallest GPU count that fits: {rec.min_gpus}")
     if rec.rationale:

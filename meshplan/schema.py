@@ -475,6 +475,19 @@ class StageMemory(_Strict):
     detail: dict[str, int] = Field(default_factory=dict, description="Finer breakdown, bytes")
 
 
+class ErrorBand(_Strict):
+    """How far meshplan's estimate was from measured runs like this one (cards/accuracy.yaml, meshplan/accuracy.py)."""
+
+    regime: str = Field(description="The measured regime the request falls in (cards/accuracy.yaml)")
+    label: str = Field(description="The regime in words")
+    median_error: float | None = Field(description="Median |predicted / measured - 1| there (None: no measured run)")
+    bias: float | None = Field(description="Median signed error there: > 0 predicts too high (None: no measured run)")
+    runs: int = Field(description="Measured runs the figures come from")
+    source: str = Field(description="The bench scripts and data sets that measured it")
+    unvalidated: list[str] = Field(description="Terms of this estimate no measured run exercised")
+    text: str = Field(description="The band in one line, as the faces print it")
+
+
 class MemoryReport(_Strict):
     """Per-GPU memory of every pipeline stage; the worst stage decides whether the job fits."""
 
@@ -489,6 +502,7 @@ class MemoryReport(_Strict):
     headroom_bytes: int
     assumptions: list[str]
     warnings: list[str] = []
+    error_band: ErrorBand | None = Field(None, description="The error measured in this regime (meshplan/accuracy.py)")
 
 
 class ThroughputBreakdown(_Strict):
@@ -517,6 +531,7 @@ class ThroughputReport(_Strict):
     breakdown: ThroughputBreakdown
     assumptions: list[str]
     warnings: list[str] = []
+    error_band: ErrorBand | None = Field(None, description="The error measured in this regime (meshplan/accuracy.py)")
 
 
 class Finding(_Strict):

@@ -4,6 +4,7 @@ them."""
 
 from __future__ import annotations
 
+from meshplan.accuracy import with_band
 from meshplan.schema import Candidate, Job, Plan, Recommendation
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
@@ -108,7 +109,8 @@ def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | N
     notes_here = [f.message for f in engine.full_check(job, found.plan).findings if f.severity == "warning"]
     if notes_here:
         text += " Warnings: " + " ".join(notes_here)
-    return Candidate(rank=rank, plan=found.plan, memory=engine.summary(found.memory), throughput=found.throughput,
+    throughput = with_band(found.throughput, job, found.plan)  # the error measured in its regime
+    return Candidate(rank=rank, plan=found.plan, memory=engine.summary(found.memory), throughput=throughput,
                      rationale=text, equivalents=[other.plan for other in same or ()])
 
 
@@ -176,6 +178,7 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
             f"and ranked the fastest {len(ranked)} distinct layouts that pass every rule and keep "
             f"{percent(headroom)} of GPU memory free ({headroom_text(headroom, default_headroom)}). "
             + candidates[0].rationale
+            + f" Throughput error measured in its regime: {candidates[0].throughput.error_band.text}."
         )
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
