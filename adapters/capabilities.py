@@ -78,6 +78,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("fp8")
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
         used.append("moe_flex_dispatcher")
+    if job.lora is not None:  # a LoRA job (meshplan/lora.py): rank and targets
+        used += ["lora_rank", "lora_targets"]
     used += precision_knobs(job, plan)
     return used
 
@@ -115,6 +117,8 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "grad_reduce_bf16": "grad_reduce_in_fp32=false",
         **{f"fp8_{r}": f"fp8_recipe={r}" for r in ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")},
     }.get(name)
+    if name in ("lora_rank", "lora_targets") and job.lora is not None:
+        value = f"lora_rank={job.lora.rank}" if name == "lora_rank" else f"lora_targets={job.lora.targets}"
     return value or f"{name}={getattr(plan, name, '?')}"
 
 

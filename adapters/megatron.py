@@ -19,6 +19,7 @@ from meshplan.adapters.common import (
     nodes,
     split_fields,
 )
+from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
 from meshplan.adapters.render import Built
 
 from meshplan.cards import framework_card
@@ -284,7 +285,7 @@ def bridge_preset(job: Job, plan: Plan) -> str:
 
 def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
     model, model_notes = bridge_architecture(job)
-    settings = model + bridge_settings(job, plan)
+    settings = model + bridge_settings(job, plan) + bridge_lora(job)  # LoRA: cfg.peft (adapters/lora.py)
     flex, warnings = flex_notes(job, plan)
     notes = [*model_notes,
              "Apply after building the ConfigContainer from a recipe of this model; the model.* architecture fields "
@@ -303,12 +304,14 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
         settings = preset_settings(settings)
         n = nodes(job)
         return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n,
-                                                                    "to_add": model_notes},
+                                                                    "to_add": model_notes,
+                                                                    "mode": "lora" if job.lora else None},
                      format="shell", filename="run_recipe.sh",
                      notes=[*notes, "scripts/training/run_recipe.py is in the Megatron-Bridge repository "
                                     "(not the wheel); set RECIPE to a recipe function of your model."],
                      warnings=warnings)
     setup = ("import torch",) if any(isinstance(v, PyCode) for _, v in settings) else ()
+    setup += BRIDGE_SETUP if job.lora else ()
     if any(k.startswith("mixed_precision.") for k, _ in settings):
         setup += ("from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
                   f"cfg.mixed_precision = get_mixed_precision_config({bridge_preset(job, plan)!r})")

@@ -15,6 +15,7 @@ import tomllib
 from typing import Any
 
 from meshplan.adapters.common import plan_recompute
+from meshplan.adapters.lora import parsed_lora
 
 from meshplan.cards import framework_card
 from meshplan.schedule import parse_layout
@@ -180,6 +181,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     mp.update({k[len("mixed_precision."):]: v for k, v in s.items() if k.startswith("mixed_precision.")})
     out.update(_precision(s.get("optimizer.use_precision_aware_optimizer"), s.get("optimizer.exp_avg_dtype"),
                           mp.get("fp8_recipe"), mp.get("fp8_param_gather"), mp.get("grad_reduce_in_fp32")))
+    out.update(parsed_lora(s.get("peft.dim"), s.get("peft.target_modules")))
     return out
 
 
@@ -187,14 +189,18 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     o = {k.lstrip("+"): _literal(v) for k, v in overrides(shell_tokens(text)).items()}
     world = _world(o["trainer.nnodes"], o["trainer.n_gpus_per_node"])
     mbs = int(o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
+    lora = parsed_lora(o.get("actor_rollout_ref.model.lora_rank"), o.get("actor_rollout_ref.model.target_modules"),
+                       hf=True) if variant == "fsdp" else parsed_lora(o.get("actor_rollout_ref.model.lora.rank"),
+                                                                       o.get("actor_rollout_ref.model.lora.target_modules"))
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
-        return {"tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+        return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
                 "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none"}
     p = "actor_rollout_ref.actor.megatron."
     t = p + "override_transformer_config."
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
     out = _megatron_plan(m.get, world, num_layers, int(m["pipeline_model_parallel_size"]))
+    out.update(lora)
     out.update(sequence_parallel=bool(m["sequence_parallel"]), micro_batch_size=mbs,
                zero_stage=3 if m["use_megatron_fsdp"] else 1 if m["use_distributed_optimizer"] else 0,
                first_stage_layers=o.get(t + "num_layers_in_first_pipeline_stage"),
@@ -211,6 +217,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
 def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     o = {k: _literal(v) for k, v in overrides(shell_tokens(text)).items()}
     assert not any(k.startswith("+") for k in o), "SkyRL rejects a '+' prefix"
+    lora = parsed_lora(o.get("trainer.policy.model.lora.rank"), o.get("trainer.policy.model.lora.target_modules"),
+                       hf=variant == "fsdp")
     if variant == "sft":
         world, p = _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"]), "megatron_config."
         mbs = int(o["micro_train_batch_size_per_gpu"])
@@ -219,12 +227,13 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         p, mbs = "trainer.policy.megatron_config.", int(o["trainer.micro_train_batch_size_per_gpu"])
     if variant == "fsdp":
         cp = int(o["trainer.policy.sequence_parallel_size"])
-        return {"tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+        return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
                 "recompute": "full" if o["trainer.gradient_checkpointing"] else "none"}
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
     kw = {k[len("transformer_config_kwargs."):]: v for k, v in m.items() if k.startswith("transformer_config_kwargs.")}
     get = lambda name: m.get(name, kw.get(name))  # noqa: E731
     out = _megatron_plan(get, world, num_layers, int(m["pipeline_model_parallel_size"]))
+    out.update(lora)
     out.update(sequence_parallel=kw.get("sequence_parallel", out["tp"] > 1), micro_batch_size=mbs, zero_stage=1,
                first_stage_layers=kw.get("num_layers_in_first_pipeline_stage"),
                last_stage_layers=kw.get("num_layers_in_last_pipeline_stage"),

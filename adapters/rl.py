@@ -19,6 +19,7 @@ from meshplan.adapters.common import (
     rollout_tp,
     split_fields,
 )
+from meshplan.adapters.lora import skyrl_lora, verl_lora
 from meshplan.adapters.render import Built
 
 from meshplan.schema import Job, Plan
@@ -109,6 +110,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
 
 def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = verl_overrides(job, plan, variant)
+    overrides += verl_lora(job, variant, notes)  # LoRA (adapters/lora.py)
     flex, warnings = flex_notes(job, plan)
     return Built(template="verl.j2", context={"overrides": overrides}, format="hydra",
                  filename=f"run_verl_{variant}.sh",
@@ -185,6 +187,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
 
 def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = skyrl_overrides(job, plan, variant)
+    overrides += skyrl_lora(job, variant, notes)  # LoRA (adapters/lora.py)
     flex, warnings = flex_notes(job, plan)
     module = "skyrl.train.main_sft" if variant == "sft" else "skyrl.train.entrypoints.main_base"
     return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",

@@ -188,6 +188,8 @@ def estimate_memory(
         states = state_bytes(tensors, dense, dense_dp)
         for cls, value in state_bytes(tensors, experts, expert_dp).items():
             states[cls] += value
+        if job.lora is not None:  # LoRA: the frozen base keeps its weights only, the adapters carry every state
+            states = lora_states(job, plan, tensors, layers, states, dense_dp, expert_dp, detail)
         if fp8 and conv.fp8_weight_bytes:
             states["weights"] += conv.fp8_weight_bytes * linear
             detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * linear)
@@ -266,11 +268,46 @@ def estimate_memory(
     peak = max(stages, key=lambda s: s.total_bytes)
     capacity = job.gpu.memory_bytes
     assumptions = _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card)
+    if job.lora is not None:
+        assumptions.append(lora_assumption(job, plan))
     return MemoryReport(
         model=arch.name, framework=job.framework, plan=plan, stages=stages, peak_bytes=peak.total_bytes,
         peak_stage=peak.stage, capacity_bytes=capacity, fits=peak.total_bytes <= capacity,
         headroom_bytes=capacity - peak.total_bytes, assumptions=assumptions + job.notes, warnings=warnings,
     )
+
+
+def lora_states(job: Job, plan: Plan, tensors, layers: list[int], states: dict[str, float], dense_dp: float,
+                expert_dp: float, detail: dict[str, int]) -> dict[str, float]:
+    """A LoRA stage's model states: the frozen base keeps only its weight bytes (no gradient buffer, master copy or
+    moments: Megatron's DDP and optimizer take only requires_grad parameters, as does torch's), and the adapters
+    this rank holds (meshplan/lora.py) carry the convention's every tensor, sharded as the dense and expert
+    parameters are."""
+    from meshplan.lora import adapter_params, lora_engine
+
+    assert job.lora is not None
+    dense, experts = adapter_params(job.model, layers, job.lora, lora_engine(job.framework, plan.zero_stage),
+                                    tp=plan.tp, ep=plan.ep, etp=plan.etp)
+    out = {"weights": states["weights"], "gradients": 0.0, "optimizer": 0.0}
+    for params, group in ((dense, dense_dp), (experts, expert_dp)):
+        for cls, value in state_bytes(tensors, params, group).items():
+            out[cls] += value
+    detail["lora_adapter_params"] = int(dense + experts)
+    return out
+
+
+def lora_assumption(job: Job, plan: Plan) -> str:
+    """What the LoRA estimate kept and left out."""
+    from meshplan.lora import lora_engine
+
+    assert job.lora is not None
+    engine = lora_engine(job.framework, plan.zero_stage)
+    how = engine.adapters if engine else "fused"
+    return (f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)} ({how} adapters): base weights frozen "
+            "(weight bytes only, no gradients or optimizer state); adapters A (in x r) and B (r x out) sharded over "
+            "TP as Megatron-Bridge's ParallelLinearAdapter shards them, with the full training states. Activations "
+            "are kept as for full training (a frozen linear without an adapter need not save its input: an "
+            "overestimate when not every linear is adapted).")
 
 
 def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card) -> list[str]:

@@ -43,6 +43,14 @@ from meshplan.flops import (
     model_flops_per_token,
     moe_gemms,
 )
+from meshplan.lora import (
+    FROZEN_PASSES_PER_FORWARD,
+    LoraEngine,
+    adapter_params,
+    layer_adapters,
+    lora_engine,
+    lora_flops_per_token,
+)
 from meshplan.memory import every_nth_blocks
 from meshplan.memory_states import convention
 from meshplan.mesh import crosses_domains
@@ -50,7 +58,7 @@ from meshplan.models import layer_params, per_architecture
 from meshplan.request import uses_fsdp
 from meshplan.rulebook import require_estimable
 from meshplan.schedule import Stages, plan_stages
-from meshplan.schema import Architecture, Job, Plan, ThroughputBreakdown, ThroughputReport
+from meshplan.schema import Architecture, Job, LoraSpec, Plan, ThroughputBreakdown, ThroughputReport
 
 __all__ = ["estimate_throughput", "model_flops_per_token", "stage_layers"]
 
@@ -172,6 +180,8 @@ class Ctx:
     hbm: float
     flash: bool = True
     dropout: bool = False
+    lora: LoraSpec | None = None  # a LoRA job's adapters (meshplan/lora.py); None: every weight trained
+    lora_engine: LoraEngine | None = None
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
@@ -238,6 +248,9 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     else:
         gemms += mlp_gemms(arch, sh, arch.ffn_hidden_size, "mlp")
     lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
+    gemm_fwd = lt.gemm / TRAINING_PASSES_PER_FORWARD
+    if ctx.lora is not None:  # LoRA: the frozen linears skip their weight gradient, the adapters train
+        lt.gemm, gemm_fwd = lora_gemm_seconds(ctx, gemms, moe)
     if ctx.flash:
         attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * cal.attention_peak_fraction)
         lt.attention = FLASH_ATTENTION_PASSES_PER_FORWARD * attn_fwd
@@ -262,7 +275,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         elem_bytes += cal.moe_dispatch_passes * BF16 * routed
         lt.overhead += cal.moe_layer_overhead_s
     lt.elementwise = elem_bytes / ctx.hbm
-    lt.fwd_compute = lt.gemm / TRAINING_PASSES_PER_FORWARD + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
+    lt.fwd_compute = gemm_fwd + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
     lt.module_fwd = _module_forwards(gemms, cal, ctx)
     lt.op_sac_fwd = (gemm_seconds(_op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None), cal,
                                   ctx.bf16_peak, ctx.fp8_peak) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
@@ -284,6 +297,35 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
                             dedup=plan.moe_token_dispatcher == "flex")
         lt.ep = (1.0 - cal.ep_overlap) * EP_ALL_TO_ALLS_PER_LAYER * one
     return lt
+
+
+def lora_gemm_seconds(ctx: Ctx, gemms: list[Gemm], moe: bool) -> tuple[float, float]:
+    """(forward + backward, forward) GEMM seconds of one LoRA layer on one rank: the base linears (frozen) run their
+    forward and data gradient, 2 of a trained linear's 3 passes; each adapter runs A (in -> r) and B (r -> out) in
+    bf16 (Megatron-Bridge's ParallelLinearAdapter is a Megatron-Core linear, not a Transformer Engine FP8 one) with
+    all 3 passes, sharded as meshplan/lora.py says: column-parallel bases (linear_qkv, linear_fc1) split A's r and B's
+    out over TP, row-parallel ones (linear_proj, linear_fc2) split A's in and B's out; routed experts over etp,
+    on the tokens the rank's experts see."""
+    arch, sh, cal, spec = ctx.arch, ctx.shard, ctx.cal, ctx.lora
+    assert spec is not None
+    base = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
+    index = next((i for i in range(arch.num_layers) if arch.is_moe_layer(i) == moe), 0)  # a layer of this kind
+    adapters = ctx.lora_engine.adapters if ctx.lora_engine else "fused"
+    r, extra = spec.rank, []
+    for a in layer_adapters(arch, index, spec, adapters):
+        t, rows, count = sh.tp, sh.tokens, 1.0
+        if a.expert:
+            assert arch.moe is not None
+            t, count = sh.etp, arch.moe.num_experts / sh.ep
+            local = sh.tokens / sh.tp if sh.sp or sh.tp == 1 else sh.tokens
+            rows = sh.ep * sh.etp * local * arch.moe.top_k / arch.moe.num_experts
+        column = a.target in ("linear_qkv", "linear_fc1")
+        extra += [Gemm(f"lora_a_{a.target}", rows, r / t if column else r, a.inputs if column else a.inputs / t,
+                       count * a.a_copies, fp8=False),
+                  Gemm(f"lora_b_{a.target}", rows, a.outputs / t, r, count, fp8=False)]
+    adapter = gemm_seconds(extra, cal, ctx.bf16_peak, None)
+    frozen = base * FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
+    return frozen + adapter, (base + adapter) / TRAINING_PASSES_PER_FORWARD
 
 
 # Megatron's recompute_modules -> the GEMMs (flops.py names) each one's recompute runs again; moe_act and layernorm
@@ -483,7 +525,8 @@ def estimate_throughput(
     _, conv, _ = convention(job.framework, plan.zero_stage)
     flash = conv.flash_attention if flash_attention is None else flash_attention
     ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash,
-              conv.dropout if dropout is None else dropout)
+              conv.dropout if dropout is None else dropout, job.lora,
+              lora_engine(job.framework, plan.zero_stage) if job.lora else None)
     m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
@@ -499,6 +542,8 @@ def estimate_throughput(
 
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
     head = gemm_seconds([logits_gemm(arch, shard)], cal, bf16_peak, None)
+    if job.lora is not None:  # a frozen output layer: forward and data gradient only
+        head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     head += cal.cross_entropy_bytes_per_logit * tokens * arch.vocab_size / plan.tp / ctx.hbm
     mtp_layers = arch.num_mtp_layers
     pp_cross = crosses_domains(plan.pp, plan.tp * plan.cp * plan.dp, lk.domain)
@@ -567,6 +612,9 @@ def estimate_throughput(
             parts["fwd"] += head / TRAINING_PASSES_PER_FORWARD
             if not arch.tie_word_embeddings or plan.pp > 1:
                 dense_p += arch.vocab_size * arch.hidden_size / plan.tp
+        if job.lora is not None:  # LoRA: only the adapters have gradients to reduce and states to step
+            dense_p, expert_p = adapter_params(arch, layers, job.lora, ctx.lora_engine, tp=plan.tp, ep=plan.ep,
+                                               etp=plan.etp)
         # Cross-node pipeline stages with host-synchronous p2p (nanotron) lose time on every layer
         # of every micro-batch, growing with the TP ranks that must meet in each collective.
         parts["pp"] = pp_comm + pp_cross_layer * len(kinds)
@@ -636,7 +684,9 @@ def estimate_throughput(
 
     step = pipeline + dp_exposed + optimizer
     row = stage_rows[worst]
-    flops_step = model_flops_per_token(arch, job.seq_length) * job.seq_length * job.global_batch_size
+    per_token = (lora_flops_per_token(arch, job.seq_length, job.lora, ctx.lora_engine) if job.lora is not None
+                 else model_flops_per_token(arch, job.seq_length))
+    flops_step = per_token * job.seq_length * job.global_batch_size
     breakdown = ThroughputBreakdown(
         compute_s=m * row["compute"],
         tp_comm_s=m * row["tp"],
@@ -751,4 +801,12 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
                       "and routed experts, pointwise and norms, TP all-gathers)."
                       if framework_card(job.framework).recompute.selective == "op_sac"
                       else "core attention forward again."))
+    if job.lora is not None:
+        out.append(f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)}: frozen linears (and the output "
+                   "layer) run forward + data gradient, 2/3 of a trained GEMM's work; the adapters' GEMMs run in "
+                   "bf16 with all three passes; data-parallel gradient traffic, the parameter all-gather and the "
+                   "optimizer step cover the adapters only (FSDP/ZeRO-3 unit traffic is timed as for full "
+                   "training). Model FLOPs (MFU) are the LoRA step's: Megatron's formula with the frozen linears' "
+                   "weight gradients left out, plus 6 per adapter parameter per token (Megatron-Bridge "
+                   "flop_utils.py counts frozen x 2/3 the same way, without the adapters).")
     return out + list(job.notes)

@@ -204,6 +204,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
         rl=rl.job if rl else None,
+        lora=_lora_spec(req, arch, zero, notes),  # LoRA adapters (meshplan/lora.py); None: every weight trained
     )
     return job, plan
 
@@ -232,3 +233,10 @@ def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:
         return None
     notes.append(f"vpp not given: {stages // pp}, the pipeline layout's {stages} stages over pp={pp}.")
     return stages // pp
+
+
+def _lora_spec(req: Request, arch, zero_stage: int, notes: list[str]):
+    """The job's LoRA adapters (meshplan/lora.py resolve_lora), or None when it trains every weight."""
+    from meshplan.lora import resolve_lora
+
+    return resolve_lora(req, arch, zero_stage, notes)

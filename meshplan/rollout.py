@@ -109,7 +109,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     the RL settings, every default noted; a training request unchanged with None. RL fields on a training job or on
     a framework without an `rl` card section are errors naming what is allowed."""
     given = [name for name in RL_FIELDS if getattr(req, name) is not None]
-    if req.job in ("pretrain", "sft") or (req.job is None and not given):
+    if req.job in ("pretrain", "sft", "lora") or (req.job is None and not given):
         if given:
             what = "is an RL field" if len(given) == 1 else "are RL fields"
             raise MeshplanError(f"{', '.join(given)} {what}, not for job={req.job}.",

@@ -32,7 +32,9 @@ OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 # An RL post-training job (meshplan/rollout.py): what is run, with which algorithm, engine and placement.
-JobKind = Literal["pretrain", "sft", "rl"]
+JobKind = Literal["pretrain", "sft", "lora", "rl"]
+# Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: all four)
+LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
 RolloutEngine = Literal["vllm", "sglang"]
 Placement = Literal["colocated", "separate"]
@@ -337,6 +339,23 @@ class Request(_Strict):
         description="Share of GPU memory a layout must leave free to count as fitting (default: 0.10, rule MEM002); "
                     "recommend ranks, falls back and searches GPU counts with this one threshold",
     )
+    lora_rank: int | None = Field(
+        None, ge=1, le=65536,
+        description="LoRA: the adapters' rank; the base weights are frozen (no gradients or optimizer state) "
+                    "(default with job=lora: the framework's default rank; given, the job is lora unless job=rl)",
+    )
+    lora_targets: list[LoraTarget] | None = Field(
+        None, min_length=1, max_length=4,
+        description="LoRA: the Megatron-Core linears adapted (linear_qkv, linear_proj, linear_fc1, linear_fc2; fc1 and "
+                    "fc2 include a MoE model's experts) (default: all four, Megatron-Bridge's LoRA default)",
+    )
+
+
+class LoraSpec(_Strict):
+    """A LoRA job's adapters (meshplan/lora.py): frozen base weights, trainable rank-r A (in x r) and B (r x out)."""
+
+    rank: int = Field(ge=1)
+    targets: list[LoraTarget] = Field(min_length=1)
 
 
 class RLJob(_Strict):
@@ -361,6 +380,7 @@ class Job(_Strict):
     precision: Precision = "bf16"
     framework: Framework = "megatron-core"
     rl: RLJob | None = Field(None, description="The RL job's rollout workload (None: a training job)")
+    lora: LoraSpec | None = Field(None, description="LoRA adapters on a frozen base (None: every weight trained)")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
 
 

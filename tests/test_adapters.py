@@ -108,6 +108,18 @@ CASES: list[tuple[str, str | None, dict]] = [
                         recompute="selective", recompute_modules=["core_attn", "mlp"])),
     ("skyrl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, global_batch_size=512,
                          recompute="selective", recompute_modules=["mlp"])),
+    # LoRA (meshplan/lora.py): Megatron-Bridge's peft config, verl's and SkyRL's model LoRA fields, both engines.
+    ("megatron-bridge", None, dict(model="llama-3.1-70b", num_gpus=8, tp=2, pp=4, vpp=20, global_batch_size=32,
+                                   precision="fp8", fp8_recipe="tensorwise", lora_rank=16,
+                                   lora_targets=["linear_qkv"])),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=16, pp=2, ep=8, global_batch_size=256,
+                                           job="lora")),
+    ("verl", None, dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, global_batch_size=256, lora_rank=32)),
+    ("verl", "fsdp", dict(model="qwen3-8b", num_gpus=8, zero_stage=3, global_batch_size=64, lora_rank=64,
+                          lora_targets=["linear_qkv", "linear_proj"])),
+    ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, lora_rank=16,
+                         lora_targets=["linear_qkv", "linear_fc2"])),
+    ("skyrl", "fsdp", dict(model="qwen3-8b", num_gpus=8, zero_stage=3, global_batch_size=64, job="lora")),
 ]
 
 
@@ -124,8 +136,9 @@ def _render(framework, variant, fields, **opts):
 def test_round_trip_gives_the_same_plan(framework, variant, fields):
     job, plan, result = _render(framework, variant, fields)
     parsed = parse_plan(framework, result.variant, result.text, job.model.num_layers)
-    expected = plan.model_dump()
+    expected = {**plan.model_dump(), "lora": job.lora.model_dump() if job.lora else None}  # LoRA is the job's
     assert {k: expected[k] for k in parsed} == parsed
+    assert ("lora" in parsed) == (job.lora is not None)  # a LoRA job's snippet says so, a full one's does not
     assert {"tp", "micro_batch_size", "zero_stage"} <= set(parsed)
     assert "dp" in parsed or result.format == "python"  # the python form runs inside a launch that sets the GPUs
     if job.model.moe is not None and framework in MEGATRON_BACKED and result.variant != "fsdp":

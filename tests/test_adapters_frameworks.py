@@ -103,7 +103,8 @@ BRIDGE_SECTIONS = {"model": ("megatron.bridge.models.gpt_provider", "GPTModelPro
                    "dist": ("megatron.bridge.training.config", "DistributedInitConfig"),
                    "dataset": ("megatron.bridge.training.config", "GPTDatasetConfig"),
                    "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig"),
-                   "mixed_precision": ("megatron.bridge.training.mixed_precision", "MixedPrecisionConfig")}
+                   "mixed_precision": ("megatron.bridge.training.mixed_precision", "MixedPrecisionConfig"),
+                   "peft": ("megatron.bridge.peft.lora", "LoRA")}  # a LoRA job's cfg.peft
 
 
 def test_megatron_bridge_fields_exist_in_config_dataclasses(megatron_tree):

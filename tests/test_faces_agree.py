@@ -64,6 +64,12 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "precision": "fp8", "fp8_recipe": "tensorwise",
                          "fp8_param_gather": True, "optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
     ("check_config", {**L8, "num_gpus": 8, "precision": "fp8", "fp8_recipe": "mxfp8"}),
+    # LoRA (meshplan/lora.py): frozen base, adapters' states and time, the Bridge peft config, a refusal
+    ("estimate_memory", {**L70, "num_gpus": 8, "tp": 2, "pp": 4, "framework": "megatron-bridge", "lora_rank": 16,
+                         "lora_targets": ["linear_qkv"]}),
+    ("estimate_throughput", {**L8, "num_gpus": 8, "framework": "megatron-bridge", "job": "lora"}),
+    ("render_config", {"framework": "megatron-bridge", **L8, "num_gpus": 8, "lora_rank": 8}),
+    ("estimate_memory", {**L8, "num_gpus": 8, "lora_rank": 8}),  # megatron-core has no LoRA: LORA001
     ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "full",
                          "framework": "megatron-bridge", "pipeline_layout": "Et*4|(t*4|)*14t,mL"}),
     ("check_config", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1,

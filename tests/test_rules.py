@@ -169,6 +169,13 @@ CASES: dict[str, tuple[dict, dict]] = {
     "SQ002": ({"model": "qwen3-8b", "num_gpus": 8, "seq_length": 65536}, {"model": "qwen3-8b", "num_gpus": 8}),
     "MEM001": ({**L8B, "num_gpus": 8, "report": (90.0, 80.0)}, {**L8B, "num_gpus": 8, "report": (60.0, 80.0)}),
     "MEM002": ({**L8B, "num_gpus": 8, "report": (73.0, 80.0)}, {**L8B, "num_gpus": 8, "report": (71.9, 80.0)}),
+    # LoRA (meshplan/lora_rules.py): an engine with LoRA, targets the model has
+    "LORA001": ({**L8B, "num_gpus": 8, "framework": "megatron-core", "job": "lora"},
+                {**L8B, "num_gpus": 8, "framework": "megatron-bridge", "job": "lora"}),
+    "LORA002": ({"model": "deepseek-v2-lite", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
+                 "lora_targets": ["linear_qkv", "linear_proj"]},
+                {"model": "deepseek-v2-lite", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
+                 "lora_targets": ["linear_proj"]}),
     # RL jobs (meshplan/rollout_rules.py): the rollout engine's layout
     "RL001": ({**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 4},
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),

@@ -1,0 +1,153 @@
+"""LoRA fine-tuning (meshplan/lora.py): adapter parameters, frozen-base model states, the 2/3 backward, the request."""
+
+from __future__ import annotations
+
+import pytest
+from meshplan.adapters.render import render
+
+from meshplan import api
+from meshplan.calibration import calibration
+from meshplan.errors import MeshplanError
+from meshplan.flops import Gemm, model_flops_per_token
+from meshplan.lora import adapter_params, lora_engine, lora_flops_per_token, total_adapter_params
+from meshplan.memory import estimate_memory
+from meshplan.memory_states import state_bytes, with_precision
+from meshplan.perf import TRAINING_PASSES_PER_FORWARD, estimate_throughput, gemm_seconds
+from meshplan.request import resolve
+from meshplan.rules import check_config
+from meshplan.schema import LoraSpec, Request
+
+L8B = dict(model="llama-3.1-8b", framework="megatron-bridge", num_gpus=8, global_batch_size=64)
+ALL = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+# Llama-3.1-8B: h 4096, 32 heads + 2 x 8 KV heads of 128, SwiGLU ffn 14336, 32 layers
+H, QKV, FFN, LAYERS = 4096, (32 + 2 * 8) * 128, 14336, 32
+
+
+def test_adapter_params_llama_8b_rank_16_all_targets():
+    """Fused (Megatron-Bridge): one A per linear_qkv and per gate/up linear_fc1; r(in + out) per adapted linear."""
+    job, _ = resolve(Request(**L8B, lora_rank=16))
+    per_layer = 16 * ((H + QKV) + (H + H) + (H + 2 * FFN) + (FFN + H))
+    assert per_layer == 1_114_112
+    assert total_adapter_params(job.model, job.lora) == LAYERS * per_layer == 35_651_584
+
+
+def test_adapter_params_per_projection_is_hugging_face_peft():
+    """verl/SkyRL's FSDP engines run PEFT: q, k, v and gate, up each get their own A. Llama-3-8B r=16 on every
+    linear is PEFT's published 41,943,040 trainable parameters."""
+    job, plan = resolve(Request(**{**L8B, "framework": "verl"}, zero_stage=3, lora_rank=16))
+    engine = lora_engine("verl", plan.zero_stage)
+    assert engine.adapters == "per_projection"
+    assert total_adapter_params(job.model, job.lora, engine) == 41_943_040
+
+
+def test_adapters_shard_over_tp_and_experts_share_one_adapter():
+    job, _ = resolve(Request(**L8B, lora_rank=16))
+    one = adapter_params(job.model, [0], job.lora, None, tp=1, ep=1, etp=1)
+    assert adapter_params(job.model, [0], job.lora, None, tp=4, ep=1, etp=1) == (one[0] / 4, 0.0)
+    moe, _ = resolve(Request(model="qwen3-30b-a3b", framework="megatron-bridge", num_gpus=8, ep=8, lora_rank=8))
+    h, e = 2048, 768  # hidden, expert ffn; 32 heads + 2 x 4 KV heads of 128
+    dense, expert = adapter_params(moe.model, [0], moe.lora, lora_engine("megatron-bridge", 1), tp=1, ep=8, etp=1)
+    assert dense == 8 * ((h + 40 * 128) + (32 * 128 + h))
+    assert expert == 8 * ((h + 2 * e) + (e + h))  # shared across the 16 local experts, not x 16
+    per_expert = adapter_params(moe.model, [0], moe.lora, lora_engine("verl", 3), tp=1, ep=8, etp=1)[1]
+    assert per_expert == 128 / 8 * 8 * ((2 * h + 2 * e) + (e + h))
+
+
+def test_frozen_base_keeps_weights_and_adapters_carry_the_states():
+    full = Request(**L8B, tp=2)
+    lora = Request(**L8B, tp=2, lora_rank=16)
+    job, plan = resolve(lora)
+    m_full, m_lora = estimate_memory(*resolve(full)), estimate_memory(job, plan)
+    _, _, tensors = with_precision(job, plan)
+    adapters = total_adapter_params(job.model, job.lora) / 2  # tp=2, one stage
+    states = state_bytes(tensors, adapters, plan.dp)
+    s_full, s_lora = m_full.stages[0], m_lora.stages[0]
+    assert s_lora.weights_bytes == int(s_full.weights_bytes + states["weights"])
+    assert s_lora.gradients_bytes == int(states["gradients"]) and s_lora.optimizer_bytes == int(states["optimizer"])
+    assert s_lora.detail["lora_adapter_params"] == int(adapters)
+    assert s_lora.activations_bytes == s_full.activations_bytes  # kept as for full training (said in assumptions)
+    assert any(a.startswith("LoRA rank 16") for a in m_lora.assumptions)
+
+
+def test_frozen_linears_backward_is_two_thirds_plus_the_adapters():
+    job, plan = resolve(Request(**L8B, lora_rank=16))
+    full_job, full_plan = resolve(Request(**L8B))
+    full, lora = [_layer(j, p) for j, p in ((full_job, full_plan), (job, plan))]
+    cal = calibration("megatron-bridge")
+    t = plan.micro_batch_size * job.seq_length  # tokens of one micro-batch, tp=1
+    adapters = [Gemm("a", t, 16, H), Gemm("b", t, QKV, 16), Gemm("a", t, 16, H), Gemm("b", t, H, 16),
+                Gemm("a", t, 16, H), Gemm("b", t, 2 * FFN, 16), Gemm("a", t, 16, FFN), Gemm("b", t, H, 16)]
+    adapter = gemm_seconds(adapters, cal, job.gpu.bf16_flops, None)
+    assert lora.gemm == pytest.approx(full.gemm * 2 / 3 + adapter, rel=1e-12)
+    assert lora.fwd_compute - full.fwd_compute == pytest.approx(adapter / TRAINING_PASSES_PER_FORWARD, rel=1e-9)
+
+
+def _layer(job, plan):
+    """One dense layer's times, as estimate_throughput builds them."""
+    import meshplan.perf as perf
+
+    seen = {}
+    original = perf.layer_time
+
+    def spy(ctx, moe):
+        seen[moe] = original(ctx, moe)
+        return seen[moe]
+
+    perf.layer_time = spy
+    try:
+        estimate_throughput(job, plan)
+    finally:
+        perf.layer_time = original
+    return seen[False]
+
+
+def test_mfu_counts_the_lora_step_flops():
+    job, plan = resolve(Request(**L8B, lora_rank=16))
+    spec = LoraSpec(rank=16, targets=ALL)
+    s = job.seq_length
+    expected = model_flops_per_token(job.model, s) - model_flops_per_token(job.model, 0) / 3 + 6 * 35_651_584
+    assert lora_flops_per_token(job.model, s, spec) == pytest.approx(expected, rel=1e-12)
+    report = estimate_throughput(job, plan)
+    assert report.model_flops_per_step == pytest.approx(expected * s * job.global_batch_size, rel=1e-12)
+    assert report.model_flops_per_step < estimate_throughput(*resolve(Request(**L8B))).model_flops_per_step
+
+
+def test_lora_steps_and_reduces_only_the_adapters():
+    full = estimate_throughput(*resolve(Request(**L8B)))
+    lora = estimate_throughput(*resolve(Request(**L8B, lora_rank=16)))
+    assert lora.breakdown.compute_s < full.breakdown.compute_s
+    assert lora.breakdown.other_s < full.breakdown.other_s / 50  # the optimizer steps 0.4% of the parameters
+    assert lora.breakdown.dp_comm_s <= full.breakdown.dp_comm_s
+
+
+def test_request_defaults_and_job_kinds():
+    job, _ = resolve(Request(**L8B, job="lora"))
+    assert job.lora == LoraSpec(rank=32, targets=ALL)  # Megatron-Bridge's LoRA dim, all four targets
+    assert any(n.startswith("lora_rank not given: 32") for n in job.notes)
+    assert resolve(Request(**L8B, lora_rank=8))[0].lora.rank == 8  # a rank alone makes it a LoRA job
+    assert resolve(Request(**L8B))[0].lora is None
+    with pytest.raises(MeshplanError, match="not for job=sft"):
+        resolve(Request(**L8B, job="sft", lora_rank=8))
+    rl, _ = resolve(Request(model="qwen3-8b", framework="verl", num_gpus=8, job="rl", lora_rank=16))
+    assert rl.rl is not None and rl.lora.rank == 16  # LoRA RL (verl actor_rollout_ref.model.lora_rank)
+    mla, _ = resolve(Request(model="deepseek-v2-lite", framework="megatron-bridge", num_gpus=8, ep=8, job="lora"))
+    assert mla.lora.targets == ["linear_proj", "linear_fc1", "linear_fc2"]  # no fused linear_qkv under MLA
+
+
+def test_lora_on_a_framework_without_it_is_refused_with_the_nearest():
+    job, plan = resolve(Request(**{**L8B, "framework": "megatron-core"}, lora_rank=16))
+    finding = next(f for f in check_config(job, plan).findings if f.id == "LORA001")
+    assert finding.severity == "error" and "megatron-bridge" in finding.fix
+    with pytest.raises(MeshplanError, match="LORA001"):
+        api.estimate_memory(Request(**{**L8B, "framework": "megatron-core"}, lora_rank=16))
+    with pytest.raises(MeshplanError):
+        render("megatron-core", job, plan)
+
+
+def test_validation_rows_fit_once_lora_is_expressed():
+    """Megatron-Bridge's Llama-3-70B LoRA perf recipe (8 H100, TP2 PP4 VP20, fp8 current scaling, rank 16 on
+    linear_qkv): it ran, so it fits; as full fine-tuning it would need ~198 GiB."""
+    row = dict(model="llama-3-70b", framework="megatron-bridge", num_gpus=8, tp=2, pp=4, vpp=20, seq_length=4096,
+               global_batch_size=32, micro_batch_size=1, precision="fp8", fp8_recipe="tensorwise", recompute="none")
+    assert not api.estimate_memory(Request(**row)).fits
+    assert api.estimate_memory(Request(**row, lora_rank=16, lora_targets=["linear_qkv"])).fits
