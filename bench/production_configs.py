@@ -106,8 +106,8 @@ KNOBS: dict[str, tuple[str, str]] = {
     "account_for_loss": ("memory, time", "issue 14 `account_for_loss`; scored without"),
     "rl_phases": ("memory", "RL job: the GPU also holds a rollout engine between phases; scored as training only"),
     "dynamic_batch": ("memory, time", "verl use_dynamic_bsz (token-budget micro-batches); scored at mbs x seq"),
-    "lora": ("memory, time", "LoRA: frozen base weights (no gradients or optimizer states for them); scored as "
-             "full fine-tuning"),
+    "lora": ("memory, time", "LoRA whose rank and targets neither the row nor a recipe it cites states; scored as "
+             "job=lora with the framework's default rank and targets (LORA_RECIPES)"),
     "optimizer_muon": ("memory, time", "Muon optimizer; scored as Adam"),
     "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
@@ -670,6 +670,29 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
 # --------------------------------------------------------------------------- one row -> one request
 
 
+# LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
+LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
+    "llama3_70b_peft_8gpu_h100_fp8cs_config": (16, ["linear_qkv"], "Megatron-Bridge perf_recipes/llama/h100/llama3.py "
+                                               "(cfg.peft.target_modules = ['linear_qkv']) on recipes/llama llama3_70b "
+                                               "peft (dim 16, alpha 32)"),
+}
+
+
+def lora_for(row: dict[str, Any], framework: str, what: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(framework, Request LoRA fields, knobs) of a LoRA row: the cited recipe's rank and targets, else job=lora with
+    the framework's defaults (knob "lora"); a NeMo row is scored with megatron-bridge, whose LoRA is NeMo's
+    ParallelLinearAdapter carried over (megatron-core's pretrain_gpt has none, rule LORA001)."""
+    knobs: dict[str, str] = {}
+    if framework == "megatron-core":
+        knobs["framework"] = f"{row['framework']} LoRA: scored with megatron-bridge, whose LoRA is NeMo's"
+        framework = "megatron-bridge"
+    cited = _text(row["source"]["citation"])
+    for recipe, (rank, targets, _) in LORA_RECIPES.items():
+        if recipe in cited:
+            return framework, {"lora_rank": rank, "lora_targets": targets}, knobs
+    return framework, {"job": "lora"}, knobs | {"lora": f"{what}: rank and targets not stated"}
+
+
 def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
     """The row as a Request, or the reason it cannot be one."""
     out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row))
@@ -697,6 +720,10 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         dispatcher, k = dispatcher_for(row)
         knobs |= k
         knobs |= run_knobs(row)
+        if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
+            framework, f, k = lora_for(row, framework, knobs.pop("lora"))
+            fields |= f
+            knobs |= k
         moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
         req = Request(
             model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
