@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
 from meshplan.flops import model_flops_per_token
-from meshplan.schema import Architecture, LoraSpec, LoraTarget, Request
+from meshplan.memory_states import StateTensor
+from meshplan.schema import Architecture, Job, LoraSpec, LoraTarget, Request
 
 TARGETS: tuple[str, ...] = get_args(LoraTarget)
 
@@ -92,6 +93,12 @@ def resolve_lora(req: Request, arch: Architecture, zero_stage: int, notes: list[
 # Megatron-Bridge src/megatron/bridge/peft/lora.py: LoRA.dim = 32 (alpha 32), the default of every framework whose
 # card has no LoRA engine (what rule LORA001 then names the nearest of).
 BRIDGE_DEFAULT_RANK = 32
+
+
+def base_tensors(job: Job, tensors: list[StateTensor]) -> list[StateTensor]:
+    """The state tensors the base parameters keep: all of the convention's, or for a LoRA job (a frozen base) its
+    weights only. The search's memory floors call it, so a LoRA job is not pruned on states it does not hold."""
+    return tensors if job.lora is None else [t for t in tensors if t.tensor_class == "weights"]
 
 
 # --------------------------------------------------------------------------- adapter shapes

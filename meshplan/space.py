@@ -357,9 +357,10 @@ def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[i
     """Bytes of model states on the most loaded GPU can be no fewer than this: the average stage's share of
     the parameters (dense split tp ways, experts ep*etp ways) times the preset's bytes per parameter
     (cards/memory.yaml) with sharding over the largest group the framework could use. No activations."""
+    from meshplan.lora import base_tensors
     from meshplan.memory_states import bytes_per_param, convention
 
-    _, _, tensors = convention(job.framework, zero_stage)
+    tensors = base_tensors(job, convention(job.framework, zero_stage)[2])  # a LoRA job's frozen base: weights only
     dense, routed = split
     world = job.num_gpus
     dense_shard = layout.dp * layout.cp
@@ -395,10 +396,12 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     floor (tests/test_search_space.py checks it against estimate_memory)."""
     from meshplan.activations import MOE_BYTES, activation_mode, layer_activations, shape_of
     from meshplan.activations import Layout as ActLayout
+    from meshplan.lora import base_tensors
     from meshplan.memory_states import convention, memory_card, output_activations, state_bytes
 
     arch = job.model
     _, conv, tensors = convention(job.framework, zero_stage)
+    tensors = base_tensors(job, tensors)  # a LoRA job's frozen base: weights only (its adapters left out: a floor)
     card = memory_card()
     pre = _prefix(arch)
     pp, tp = lay.pp, lay.tp

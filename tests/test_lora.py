@@ -151,3 +151,27 @@ def test_validation_rows_fit_once_lora_is_expressed():
                global_batch_size=32, micro_batch_size=1, precision="fp8", fp8_recipe="tensorwise", recompute="none")
     assert not api.estimate_memory(Request(**row)).fits
     assert api.estimate_memory(Request(**row, lora_rank=16, lora_targets=["linear_qkv"])).fits
+
+
+def test_search_floors_stay_floors_and_recommend_finds_lora_layouts():
+    """The search prunes on memory floors (space.py, search/gpu_count.py): for a LoRA job they count the frozen base's
+    weights only, so they stay below the estimate, and recommend finds layouts full fine-tuning has none of."""
+    from meshplan.search.gpu_count import states_floor
+    from meshplan.space import Fixed, enumerate_layouts, first_stage_floor, params_split, states_lower_bound
+
+    request = dict(model="llama-3.1-70b", framework="megatron-bridge", num_gpus=8, seq_length=4096,
+                   global_batch_size=32)
+    job, _ = resolve(Request(**request, lora_rank=16))
+    layouts, _ = enumerate_layouts(job, Fixed())
+    for lay in layouts[:12]:
+        plan = lay.plan(zero_stage=1, recompute="full", micro_batch_size=1, sequence_parallel=lay.tp > 1,
+                        cp_comm_type="p2p")
+        peak = estimate_memory(job, plan).peak_bytes
+        assert first_stage_floor(job, lay, 1, "full", 1, lay.tp > 1) <= peak
+        assert states_lower_bound(job, lay, 1, params_split(job)) <= peak
+    full_job, _ = resolve(Request(**request))
+    assert states_floor(job, (1,), 80 << 30) < states_floor(full_job, (1,), 80 << 30)
+    assert not api.recommend(Request(**request)).candidates
+    best = api.recommend(Request(**request, lora_rank=16)).candidates[0]
+    assert best.memory.fits
+    assert estimate_memory(job, best.plan).stages[0].detail["lora_adapter_params"] > 0

@@ -93,11 +93,12 @@ def states_floor(job: Job, zeros: tuple[int, ...], budget: int) -> int:
     """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
     parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
     space.states_lower_bound), at the lightest ZeRO stage allowed."""
+    from meshplan.lora import base_tensors
     from meshplan.memory_states import bytes_per_param, convention
 
     dense, routed = params_split(job)
-    need = min(bytes_per_param(convention(job.framework, z)[2], 1.0) * dense
-               + bytes_per_param(convention(job.framework, z)[2], math.inf) * routed for z in zeros)
+    tensors = {z: base_tensors(job, convention(job.framework, z)[2]) for z in zeros}  # LoRA: the frozen base's weights
+    need = min(bytes_per_param(tensors[z], 1.0) * dense + bytes_per_param(tensors[z], math.inf) * routed for z in zeros)
     return max(1, math.ceil(need / max(1, budget)))
 
 
