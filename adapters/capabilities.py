@@ -81,6 +81,10 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     if job.lora is not None:  # a LoRA job (meshplan/lora.py): rank and targets
         used += ["lora_rank", "lora_targets"]
     used += precision_knobs(job, plan)
+    used += [name for name in ("activation_offload", "param_offload", "grad_offload", "optimizer_offload")
+             if getattr(plan, name)]
+    if plan.optimizer_offload_fraction > 0:
+        used.append("optimizer_offload_fraction")
     return used
 
 
@@ -115,6 +119,9 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "optimizer_state_dtype": f"optimizer_state_dtype={plan.optimizer_state_dtype}",
         "fp8_param_gather": "fp8_param_gather=true", "grad_reduce_fp32": "grad_reduce_in_fp32=true",
         "grad_reduce_bf16": "grad_reduce_in_fp32=false",
+        "activation_offload": "activation_offload=true", "param_offload": "param_offload=true",
+        "grad_offload": "grad_offload=true", "optimizer_offload": "optimizer_offload=true",
+        "optimizer_offload_fraction": f"optimizer_offload_fraction={plan.optimizer_offload_fraction:g}",
         **{f"fp8_{r}": f"fp8_recipe={r}" for r in ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")},
     }.get(name)
     if name in ("lora_rank", "lora_targets") and job.lora is not None:

@@ -197,3 +197,46 @@ def flex_notes(job: Job, plan: Plan) -> tuple[list[str], list[str]]:
         warnings.append(f"{gpu.name} links only {domain} GPUs by NVLink, fewer than the {per_node} of a "
                         "node: DeepEP's intra-node path needs the whole node on NVLink.")
     return notes, warnings
+
+
+# --------------------------------------------------------------------------- offload (cards/frameworks/*.yaml offload)
+
+# Megatron-Core fine-grained activation offloading: the module inputs saved for backward that go to host
+# (transformer_config.py offload_modules; attn_proj only with core_attn, whose output it reads).
+DENSE_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+MOE_OFFLOAD_MODULES = ("expert_fc1", "moe_act")
+
+
+def offload_modules(job: Job, plan: Plan) -> list[str]:
+    """Every module input Megatron-Core can offload for this model; the routed experts' only when their inputs
+    are kept (recompute_modules 'moe' replays the whole MoE, and Megatron-Core then refuses offloading inside it)."""
+    modules = list(DENSE_OFFLOAD_MODULES)
+    if job.model.moe is not None and "moe" not in (plan.recompute_modules or ()):
+        modules += MOE_OFFLOAD_MODULES
+    return modules
+
+
+def megatron_cpu_optimizer(plan: Plan) -> dict[str, object]:
+    """Megatron-Core OptimizerConfig fields of the in-step CPU optimizer (HybridDeviceOptimizer): the share, the
+    precision-aware optimizer whose code path it reuses (arguments.py asserts it), and the D2H/H2D overlap."""
+    if not plan.optimizer_offload and plan.optimizer_offload_fraction == 0:
+        return {}
+    from meshplan.offload import optimizer_share
+
+    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": optimizer_share(plan),
+            "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
+
+
+def read_offload(values: dict[str, object]) -> dict[str, object]:
+    """Inverse of the offload settings (for the parse-back round trip): Megatron-Core's names to the plan's."""
+    out: dict[str, object] = {}
+    if _true(values.get("fine_grained_activation_offloading")):
+        out["activation_offload"] = True
+    if _true(values.get("optimizer_cpu_offload")):
+        out["optimizer_offload"] = True
+        out["optimizer_offload_fraction"] = float(values.get("optimizer_offload_fraction", 1.0))
+    return out
+
+
+def _true(value: object) -> bool:
+    return value is True or str(value).lower() == "true"

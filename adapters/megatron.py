@@ -13,10 +13,12 @@ from meshplan.adapters.architecture import SILU, bridge_fields, core_flags, mega
 from meshplan.adapters.common import (
     flex_notes,
     hierarchical_cp,
+    megatron_cpu_optimizer,
     megatron_dispatcher,
     megatron_recompute,
     moe_layer_freq,
     nodes,
+    offload_modules,
     split_fields,
 )
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
@@ -129,7 +131,25 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
                       ("--recompute-num-layers", rec["recompute_num_layers"])]
     flags.append(("--bf16", None))
     flags += precision_flags(job, plan)
+    flags += offload_flags(job, plan)
     return flags, notes
+
+
+def offload_flags(job: Job, plan: Plan) -> list[Flag]:
+    """Fine-grained activation offloading and the in-step CPU optimizer as megatron-core 0.19.2 flags
+    (transformer_config.py offload_modules; arguments.py --optimizer-cpu-offload needs
+    --use-precision-aware-optimizer, written here unless the precision knobs already did)."""
+    flags: list[Flag] = []
+    if plan.activation_offload:
+        flags += [("--fine-grained-activation-offloading", None), ("--offload-modules", offload_modules(job, plan))]
+    cpu = megatron_cpu_optimizer(plan)
+    if cpu:
+        flags += [("--optimizer-cpu-offload", None),
+                  ("--optimizer-offload-fraction", cpu["optimizer_offload_fraction"]),
+                  ("--overlap-cpu-optimizer-d2h-h2d", None)]
+        if not precision_aware(plan):
+            flags.append(("--use-precision-aware-optimizer", None))
+    return flags
 
 
 def precision_flags(job: Job, plan: Plan) -> list[Flag]:
@@ -218,6 +238,10 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     s += [("train.micro_batch_size", plan.micro_batch_size), ("train.global_batch_size", job.global_batch_size),
           ("dataset.seq_length", job.seq_length)]
     s += bridge_precision(job, plan)
+    if plan.activation_offload:
+        s += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", offload_modules(job, plan))]
+    s += [(f"optimizer.{k}", v) for k, v in megatron_cpu_optimizer(plan).items()
+          if not (k == "use_precision_aware_optimizer" and precision_aware(plan))]
     return s
 
 
@@ -348,6 +372,15 @@ def ds_config(job: Job, plan: Plan) -> dict[str, Any]:
     if plan.recompute != "none":
         config["activation_checkpointing"] = {"partition_activations": plan.tp > 1,
                                               "contiguous_memory_optimization": False}
+        if plan.activation_offload:  # the checkpointed inputs on the CPU (rule OF002: needs recompute full)
+            config["activation_checkpointing"]["cpu_checkpointing"] = True
+    if plan.param_offload:
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if plan.optimizer_offload:
+        offload: dict[str, Any] = {"device": "cpu", "pin_memory": True}
+        if 0 < plan.optimizer_offload_fraction < 1:
+            offload["ratio"] = plan.optimizer_offload_fraction  # ZeRO-Offload++: that share steps on the CPU
+        config["zero_optimization"]["offload_optimizer"] = offload
     return config
 
 

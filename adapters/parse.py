@@ -14,7 +14,7 @@ import shlex
 import tomllib
 from typing import Any
 
-from meshplan.adapters.common import plan_recompute
+from meshplan.adapters.common import plan_recompute, read_offload
 from meshplan.adapters.lora import parsed_lora
 
 from meshplan.cards import framework_card
@@ -140,6 +140,9 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = f["--cp-comm-type"]
     out.update(_precision("--use-precision-aware-optimizer" in f, f.get("--exp-avg-dtype"), f.get("--fp8-recipe"),
                           True if "--fp8-param-gather" in f else None, False if "--grad-reduce-in-bf16" in f else None))
+    out.update(read_offload({"fine_grained_activation_offloading": "--fine-grained-activation-offloading" in f,
+                             "optimizer_cpu_offload": "--optimizer-cpu-offload" in f,
+                             "optimizer_offload_fraction": f.get("--optimizer-offload-fraction", 1.0)}))
     return out
 
 
@@ -182,6 +185,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out.update(_precision(s.get("optimizer.use_precision_aware_optimizer"), s.get("optimizer.exp_avg_dtype"),
                           mp.get("fp8_recipe"), mp.get("fp8_param_gather"), mp.get("grad_reduce_in_fp32")))
     out.update(parsed_lora(s.get("peft.dim"), s.get("peft.target_modules")))
+    out.update(read_offload({**m, **{k[len("optimizer."):]: v for k, v in s.items() if k.startswith("optimizer.")}}))
     return out
 
 
@@ -195,7 +199,10 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
-                "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none"}
+                "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none",
+                "activation_offload": bool(o.get("actor_rollout_ref.model.enable_activation_offload")),
+                "param_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.param_offload")),
+                "optimizer_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload"))}
     p = "actor_rollout_ref.actor.megatron."
     t = p + "override_transformer_config."
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
@@ -211,6 +218,11 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = o[t + "cp_comm_type"]
     if t + "moe_token_dispatcher_type" in o:
         out["moe_token_dispatcher"] = o[t + "moe_token_dispatcher_type"]
+    optim = "actor_rollout_ref.actor.optim.override_optimizer_config."
+    cpu = read_offload({**{k[len(t):]: v for k, v in o.items() if k.startswith(t)},
+                        **{k[len(optim):]: v for k, v in o.items() if k.startswith(optim)}})
+    out.update(cpu, param_offload=bool(m.get("param_offload")), optimizer_offload=bool(m.get("optimizer_offload")))
+    out.setdefault("optimizer_offload_fraction", 0.0)
     return out
 
 
@@ -272,6 +284,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["moe_token_dispatcher"] = dispatcher
     if train.get("mixed_precision_reduce") == "float32":
         out["grad_reduce_in_fp32"] = True
+    out["param_offload"] = bool(train.get("enable_cpu_offload"))
     if text.lstrip().startswith("#") and "[parallelism]" in text:
         out.update(_torchtitan_float8(doc))
     if ac == "selective" and option not in (None, "op"):
@@ -320,8 +333,14 @@ def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         flags = cli_flags(tokens[tokens.index("pretrain_gpt.py") + 1:])
         tp, pp = int(flags["--tensor-model-parallel-size"]), int(flags["--pipeline-model-parallel-size"])
         dp = _world(launch["--nnodes"], launch["--nproc-per-node"]) // (tp * pp)
-    out = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": cfg["zero_optimization"]["stage"],
-           "micro_batch_size": cfg["train_micro_batch_size_per_gpu"]}
+    zero = cfg["zero_optimization"]
+    out = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero["stage"],
+           "micro_batch_size": cfg["train_micro_batch_size_per_gpu"],
+           "param_offload": zero.get("offload_param", {}).get("device") == "cpu",
+           "optimizer_offload": zero.get("offload_optimizer", {}).get("device") == "cpu",
+           "activation_offload": bool(cfg.get("activation_checkpointing", {}).get("cpu_checkpointing"))}
+    if out["optimizer_offload"]:
+        out["optimizer_offload_fraction"] = float(zero["offload_optimizer"].get("ratio", 1.0))
     if variant != "config":  # a plain ds_config cannot say which layers the model code checkpoints
         out["recompute"] = "full" if "--checkpoint-activations" in flags else flags.get("--recompute-granularity",
                                                                                         "none")

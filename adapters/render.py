@@ -217,6 +217,8 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
     require_target(framework)
     builder, default_variant = _targets()[framework]
     section = adapter_section(framework)
+    if version is None and job.framework_version in section.versions:  # the release the request named
+        version = job.framework_version
     version = resolve_version(framework, version)
     variant = variant or default_variant(job, plan)
     if variant not in section.variants:

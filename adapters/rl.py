@@ -13,9 +13,11 @@ from typing import Any
 from meshplan.adapters.common import (
     flex_notes,
     hierarchical_cp,
+    megatron_cpu_optimizer,
     megatron_dispatcher,
     megatron_recompute,
     nodes,
+    offload_modules,
     rollout_tp,
     split_fields,
 )
@@ -92,6 +94,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
                       (f"{role}.megatron.use_megatron_fsdp", plan.zero_stage == 3)]
             o += [(f"++{role}.megatron.override_transformer_config.{k}", v)
                   for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
+        o += _verl_megatron_offload(job, plan)
         notes.append("override_transformer_config keys use '++' (add or override): the packaged YAML lacks most "
                      "of them, and Hydra's '+' fails on a key that already has a value.")
     else:
@@ -103,9 +106,27 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
               ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
               ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
               ("actor_rollout_ref.model.use_remove_padding", True)]
+        o += [(key, True) for key, on in (
+            ("actor_rollout_ref.model.enable_activation_offload", plan.activation_offload),
+            ("actor_rollout_ref.actor.fsdp_config.param_offload", plan.param_offload),
+            ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", plan.optimizer_offload)) if on]
         notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
                      "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
     return o, notes
+
+
+def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
+    """The actor's offloads on verl's Megatron backend: the phase offloads (engine/megatron.yaml), the in-step CPU
+    optimizer through override_optimizer_config, activation offloading through override_transformer_config."""
+    actor = "actor_rollout_ref.actor"
+    o: list[Override] = [(f"{actor}.megatron.{knob}", True) for knob, on in (
+        ("param_offload", plan.param_offload), ("optimizer_offload", plan.optimizer_offload)) if on]
+    o += [(f"++{actor}.optim.override_optimizer_config.{k}", v)
+          for k, v in megatron_cpu_optimizer(plan).items() if plan.optimizer_offload_fraction > 0]
+    if plan.activation_offload:
+        o += [(f"++{actor}.megatron.override_transformer_config.fine_grained_activation_offloading", True),
+              (f"++{actor}.megatron.override_transformer_config.offload_modules", offload_modules(job, plan))]
+    return o
 
 
 def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
@@ -179,6 +200,10 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         o += [(f"{role}.transformer_config_kwargs.{k}", v) for k, v in [*kwargs, *dispatcher.items()]]
     if plan.cp > 1:
         o.append(("remove_microbatch_padding" if variant == "sft" else "trainer.remove_microbatch_padding", True))
+    if variant != "sft" and not plan.optimizer_offload:  # SkyRL's default is on
+        o.append(("trainer.policy.optimizer_config.offload_after_step", False))
+    if plan.optimizer_offload_fraction > 0:
+        o += [(f"{prefix}.optimizer_config_kwargs.{k}", v) for k, v in megatron_cpu_optimizer(plan).items()]
     notes.append("SkyRL turns sequence parallelism on whenever TP > 1 (no key of its own); VPP, recompute and "
                  "uneven PP are TransformerConfig fields under transformer_config_kwargs, which SkyRL does not "
                  "check itself (Megatron-Core does, on the workers).")

@@ -127,6 +127,8 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     local = plan.micro_batch_size * microbatches if plan.pp > 1 else plan.micro_batch_size
     training = [("local_batch_size", local), ("global_batch_size", job.global_batch_size),
                 ("seq_len", job.seq_length)]
+    if plan.param_offload:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU
+        training.append(("enable_cpu_offload", True))
     if plan.grad_reduce_in_fp32:  # the only value torchtitan's mixed_precision_reduce takes (rule PR004)
         training.append(("mixed_precision_reduce", "float32"))
     notes = [f"local_batch_size is the per-rank batch of one step ({training[0][1]}); with PP it is cut into "

@@ -62,10 +62,17 @@ EXCLUDE = [
     (r"^(bert|t5|hybrid|mimo|multimodal)", "not a decoder-only GPT model"),
     (r"_release", "multi-node release recipe: world size not in the CSV"),
     (r"grpo", "RL job: the GPU also holds an inference engine and KV cache"),
-    (r"account_for_embedding_loss", "embedding and loss counted as pipeline layers (not modelled)"),
     (r"reruns_resume_check_grads", "rerun-state machine keeps extra copies to compare gradients"),
-    (r"fine_grained_offloading", "fine-grained activation offloading to CPU (not modelled)"),
 ]
+
+# Settings the CSV has no column for but the case name and its model_config.yaml state (NVIDIA/Megatron-LM
+# tests/functional_tests/test_cases/...): --account-for-embedding/loss-in-pipeline-split, and
+# --fine-grained-activation-offloading with every offloadable module (expert_fc1 moe_act attn_norm mlp_norm
+# qkv_linear core_attn attn_proj), which is what meshplan's activation_offload renders.
+CASE_SETTINGS = {
+    "account_for_embedding_loss": {"account_for_embedding": True, "account_for_loss": True},
+    "fine_grained_offloading": {"activation_offload": True},
+}
 
 # Recipe settings the CSV has no column for, read from the real recipe files
 # NVIDIA/Megatron-LM tests/functional_tests/test_cases/<case>/model_config.yaml: the MoE recipes below set
@@ -151,7 +158,8 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan, bool, bool]:
                 recompute=recompute, recompute_layers=_int(row, "recompute-num-layers"),
                 recompute_method=row.get("recompute-method") or None if recompute == "full" else None,
                 recompute_modules=row["recompute-modules"].strip("[]").split() or None
-                if recompute == "selective" and row.get("recompute-modules") else None)
+                if recompute == "selective" and row.get("recompute-modules") else None,
+                **{k: v for word, fields in CASE_SETTINGS.items() if word in row["case"] for k, v in fields.items()})
     job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
               seq_length=_int(row, "seq-length", 1024), global_batch_size=_int(row, "global-batch-size", mbs * dp),
               precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core")

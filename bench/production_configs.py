@@ -91,15 +91,8 @@ KNOBS: dict[str, tuple[str, str]] = {
                           "scored as recompute=selective (core_attn)"),
     "selective_ac_option": ("memory, time", "torchtitan selective AC whose `selective_ac_option` the row does not "
                             "state; scored as recompute=selective, meshplan's torchtitan default op-level SAC"),
-    "activation_offload": ("memory, time", "issue 14 `activation_offload`; scored without"),
-    "param_offload": ("memory, time", "issue 14 `param_offload`; scored without"),
-    "grad_offload": ("memory, time", "issue 14 `grad_offload`; scored without"),
-    "optimizer_offload_fraction": ("memory, time", "issue 14 `optimizer_offload_fraction`; scored without"),
-    "optimizer_state_dtype": ("memory", "issue 14 `optimizer_state_dtype` (precision-aware optimizer); scored "
-                              "with fp32 moments"),
-    "fp8_recipe": ("memory, time", "issue 14 FP8 recipe (current scaling, MXFP8, blockwise, tensorwise); "
-                   "scored as precision=fp8"),
-    "fp8_param_gather": ("memory, time", "issue 14 FP8 parameter storage / fp8 all-gather; scored without"),
+    "optimizer_state_dtype": ("memory", "bf16 moments on a framework without Megatron's precision-aware optimizer; "
+                              "scored with fp32 moments"),
     "pipeline_layout": ("memory, time", "a pipeline layout the row names without its string and no source it "
                         "names gives for its model, pp and vpp (RECIPE_SPLITS); scored with the even split"),
     "account_for_embedding": ("memory, time", "issue 14 `account_for_embedding`; scored without"),
@@ -381,12 +374,12 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
     knobs: dict[str, str] = {}
     fields: dict[str, Any] = {}
     if "offload" in low:
-        knobs["activation_offload"] = str(text)
+        fields["activation_offload"] = True
     if low.startswith("none"):
         return "none", fields, knobs
     if low.startswith("full"):
         if m := re.match(r"full, (uniform|block), (\d+) layers?$", low):
-            fields = {"recompute_method": m.group(1), "recompute_layers": int(m.group(2))}
+            fields |= {"recompute_method": m.group(1), "recompute_layers": int(m.group(2))}
         return "full", fields, knobs
     if "selective" in low or "sac" in low:
         modules = re.search(r"selective[^:]*:\s*([a-z_, ]+)", low)
@@ -407,28 +400,37 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
     raise Unmapped(f"recompute setting {text!r} not understood")
 
 
-def precision_for(row: dict[str, Any]) -> tuple[str, dict[str, str]]:
-    """(Request.precision, knobs). FP8 of any recipe is precision=fp8; a recipe other than TE's delayed
-    scaling (the Megatron default a bare "fp8" means) is a knob."""
+def precision_for(row: dict[str, Any], framework: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(Request.precision, the precision fields, knobs): the fp8 recipe the row names (mxfp8, blockwise, current
+    scaling = tensorwise; torchtitan's float8 of the 0.2 line = tensorwise, its Float8Linear default; a bare "fp8"
+    leaves the card's default), fp8 parameter all-gather, and Megatron's precision-aware optimizer (bf16 moments;
+    "bf16 grads/moments" also bf16 gradient reduction). A setting the row's framework has no knob for stays a knob."""
     text = str(row["precision"])
     low = text.lower()
     knobs: dict[str, str] = {}
+    fields: dict[str, Any] = {}
+    megatron = framework in ("megatron-core", "megatron-bridge", "verl", "skyrl")
     sharding = str(row["parallelism"]["zero_or_distributed_optimizer"]).lower()
-    if re.search(r"fp8 param gather|float8 all-gather", f"{low} {sharding}"):
-        knobs["fp8_param_gather"] = "fp8 parameter all-gather"
-    if re.search(r"bf16 optimizer states|precision-aware optimizer|bf16 grads/moments",
-                 _text(low, row["outcome"]["other"]).lower()):
-        knobs["optimizer_state_dtype"] = "precision-aware optimizer (bf16 moments)"
+    words = _text(low, row["outcome"]["other"]).lower()
+    if re.search(r"bf16 optimizer states|precision-aware optimizer|bf16 grads/moments", words):
+        if megatron:
+            fields["optimizer_state_dtype"] = "bf16"
+            if "bf16 grads/moments" in words:
+                fields["grad_reduce_in_fp32"] = False
+        else:
+            knobs["optimizer_state_dtype"] = "precision-aware optimizer (bf16 moments)"
     fp8 = re.sub(r"\bfp8 disabled|and fp8 disabled", "", low)
     if not re.search(r"fp8|float8", fp8):
-        return "bf16", knobs
+        return "bf16", fields, knobs
+    if re.search(r"fp8 param gather|float8 all-gather", f"{low} {sharding}"):
+        fields["fp8_param_gather"] = True
     main = fp8.split("(")[0]
-    for word, recipe in (("mxfp8", "MXFP8"), ("blockwise", "blockwise"), ("current", "current scaling"),
-                         ("tensorwise", "tensorwise"), ("float8", "tensorwise (torchtitan Float8 default)")):
+    for word, recipe in (("mxfp8", "mxfp8"), ("blockwise", "blockwise"), ("current", "tensorwise"),
+                         ("tensorwise", "tensorwise"), ("float8", "tensorwise")):
         if word in main:
-            knobs["fp8_recipe"] = recipe
+            fields["fp8_recipe"] = recipe
             break
-    return "fp8", knobs
+    return "fp8", fields, knobs
 
 
 def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
@@ -449,19 +451,25 @@ def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
     return None, knobs
 
 
-def offload_knobs(row: dict[str, Any]) -> dict[str, str]:
+def offload_fields(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(Request offload fields, knobs) from the row's offload text: verl's phase offloads (param/grad, OFFLOAD_OPTIM
+    or ALL_OFFLOAD for the optimizer) and Megatron-Core's in-step CPU optimizer (optimizer_offload_fraction, or
+    "optimizer CPU offload" = all of it); every offload a row names is expressible now (issue 14)."""
     text = _text(row["memory"]["offload"], row["parallelism"]["zero_or_distributed_optimizer"]).lower()
-    knobs: dict[str, str] = {}
+    fields: dict[str, Any] = {}
     if not text or "offload" not in text:
-        return knobs
+        return fields, {}
     everything = "all_offload" in text or "full param/grad/optimizer" in text
     if everything or "param/grad offload" in text:
-        knobs["param_offload"] = str(row["memory"]["offload"])
-        knobs["grad_offload"] = str(row["memory"]["offload"])
-    fraction = re.search(r"optimizer_offload_fraction=([\d.]+)", text)
-    if everything or "optimizer cpu offload" in text or (fraction and float(fraction.group(1)) > 0):
-        knobs["optimizer_offload_fraction"] = fraction.group(1) if fraction else "1.0"
-    return knobs
+        fields["param_offload"] = True  # verl 0.9.1's param_offload releases the gradient buffers too (its card)
+    if everything or "offload_optim=true" in text:
+        fields["optimizer_offload"] = True
+    fraction = re.search(r"optimizer_offload_fraction=([\d.]+)|fraction ([\d.]+)", text)
+    if fraction:
+        fields["optimizer_offload_fraction"] = float(fraction.group(1) or fraction.group(2))
+    elif "optimizer cpu offload" in text:
+        fields["optimizer_offload"] = True  # Megatron-Core: the whole optimizer on the CPU
+    return fields, {}
 
 
 # --------------------------------------------------------------------------- the pipeline split a recipe sets
@@ -670,6 +678,19 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
 # --------------------------------------------------------------------------- one row -> one request
 
 
+# torchtitan's loss became chunked with ChunkedCELoss (pytorch/torchtitan PR #2937, merged 2026-04-27; the card's
+# memory_convention_why): a torchtitan row measured before that ran the whole-sequence loss of the 0.2 line.
+TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
+
+
+def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
+    """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss), else None."""
+    when = str(row["source"].get("version_or_date") or "")
+    if framework == "torchtitan" and re.match(r"\d{4}-\d{2}", when) and when < TORCHTITAN_CHUNKED_LOSS_SINCE:
+        return "0.2"
+    return None
+
+
 # LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
 LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
     "llama3_70b_peft_8gpu_h100_fp8cs_config": (16, ["linear_qkv"], "Megatron-Bridge perf_recipes/llama/h100/llama3.py "
@@ -707,11 +728,14 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         knobs |= k
         recompute, fields, k = recompute_for(row, framework)
         knobs |= k
-        precision, k = precision_for(row)
+        precision, f, k = precision_for(row, framework)
+        fields |= f
         knobs |= k
         zero, k = zero_for(row)
         knobs |= k
-        knobs |= offload_knobs(row)
+        offload, k = offload_fields(row)
+        fields |= offload
+        knobs |= k
         key = catalog_match(row["model"])
         first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
         fields |= f
@@ -732,7 +756,8 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
             precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
             ep=p["ep"], etp=p["etp"], dp=p["dp"], sequence_parallel=p["sequence_parallel"], zero_stage=zero,
             recompute=recompute, moe_token_dispatcher=dispatcher if moe else None,
-            first_stage_layers=first, last_stage_layers=last, **fields,
+            first_stage_layers=first, last_stage_layers=last, framework_version=framework_version_for(row, framework),
+            **fields,
         )
     except Unmapped as exc:
         out.unmapped = str(exc)
@@ -954,7 +979,8 @@ def all_knobs(row: dict[str, Any]) -> dict[str, str]:
     """The knobs of a row that does not map, read by every reader that can still run on it."""
     knobs: dict[str, str] = {}
     readers = (lambda: framework_for(row["framework"])[1], lambda: recompute_for(row, "")[-1],
-               lambda: precision_for(row)[1], lambda: zero_for(row)[1], lambda: offload_knobs(row),
+               lambda: precision_for(row, framework_for(row["framework"])[0])[-1],
+               lambda: zero_for(row)[1], lambda: offload_fields(row)[1],
                lambda: stage_layers(row, catalog_match(row["model"]))[-1], lambda: dispatcher_for(row)[1],
                lambda: run_knobs(row))
     for read in readers:

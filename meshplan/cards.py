@@ -142,7 +142,8 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "selective_ac_option",
     "recompute_method", "recompute_modules", "uneven_pp",
     "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "pipeline_layout", "account_for_embedding",
-    "account_for_loss",
+    "account_for_loss", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
+    "optimizer_offload_fraction",
     "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
     "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
     "lora_rank", "lora_targets",
@@ -270,6 +271,48 @@ class RecomputeSemantics(_Card):
     source: str | None = None
 
 
+OffloadWhen = Literal["in_step", "phase", "none"]
+StateClass = Literal["weights", "gradients", "optimizer"]
+
+
+class OffloadKnob(_Card):
+    """What one offload knob does on an engine: `in_step` moves the classes to host for the training step (GPU peak
+    falls, host holds them, transfers cost time); `phase` moves them only between the phases of an RL job (the
+    training step's peak is unchanged, host holds them while the rollout runs); `none`: the engine lacks it."""
+
+    when: OffloadWhen = "none"
+    moves: list[StateClass] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _moves_something(self) -> OffloadKnob:
+        if self.when != "none" and not self.moves:
+            raise ValueError("an offload that happens must say which state classes it moves")
+        return self
+
+
+class EngineOffload(_Card):
+    """Offload semantics of one engine (cards/frameworks/*.yaml `offload`, keyed by the engine of a ZeRO stage)."""
+
+    activation: Literal["in_step", "none"] = "none"
+    param: OffloadKnob = OffloadKnob()
+    grad: OffloadKnob = OffloadKnob()
+    optimizer: OffloadKnob = OffloadKnob()
+    optimizer_fraction: Literal["in_step", "none"] = Field(
+        "none", description="Whether optimizer_offload_fraction (a share of the optimizer stepped on the CPU) exists"
+    )
+    activation_requires: list[Literal["none", "selective", "full"]] = Field(
+        default_factory=list, description="The recompute settings activation offload works with (empty: any)"
+    )
+    requires_zero_stage: dict[str, int] = Field(
+        default_factory=dict, description="Lowest zero_stage each offload knob needs (e.g. DeepSpeed offload_param: 3)"
+    )
+    on_by_default: list[Literal["param", "grad", "optimizer"]] = Field(
+        default_factory=list, description="Knobs the framework turns on unless told otherwise (SkyRL "
+                                          "offload_after_step)"
+    )
+    source: str
+
+
 class SearchKnobs(_Card):
     """The knobs `recommend` opens on this framework; tp, pp, dp and the ZeRO stages of cards/memory.yaml are
     always searched. Whether the flex MoE dispatcher is searched follows the adapter (FrameworkCard.flex_dispatcher)."""
@@ -292,11 +335,19 @@ class FrameworkCard(_Card):
     version: str
     world_size_law: WorldSizeLaw
     memory_convention: MemoryConvention
+    memory_convention_by_version: dict[str, MemoryConvention] = Field(
+        default_factory=dict, description="Releases whose byte convention differs from memory_convention (a version "
+                                          "prefix, e.g. '0.2' for torchtitan's unchunked loss), each with its why "
+                                          "in memory_convention_why")
+    memory_convention_why: str | None = None
     engine: EngineFacts
     defaults: FrameworkDefaults
     memory_fix: MemoryFix
     limits: FrameworkLimits = FrameworkLimits()
     recompute: RecomputeSemantics = RecomputeSemantics()
+    offload: dict[Engine, EngineOffload] = Field(
+        default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
+    )
     search: SearchKnobs
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"
@@ -314,8 +365,25 @@ class FrameworkCard(_Card):
         """Megatron-Core's flex MoE token dispatcher (DeepEP / HybridEP): where the adapter renders it."""
         return self.adapter is not None and self.adapter.renders("moe_flex_dispatcher")
 
+    def known_versions(self) -> list[str]:
+        """The releases meshplan knows for this framework: the card's own and the adapter's."""
+        return sorted({self.version, *(self.adapter.versions if self.adapter else ())})
+
+    def convention_for(self, version: str | None) -> MemoryConvention:
+        """The byte convention of a release: the longest matching prefix in memory_convention_by_version, else the
+        card's memory_convention."""
+        if version:
+            for prefix in sorted(self.memory_convention_by_version, key=len, reverse=True):
+                if version == prefix or version.startswith(prefix + "."):
+                    return self.memory_convention_by_version[prefix]
+        return self.memory_convention
+
     def engine_at(self, zero_stage: int) -> Engine:
         return self.engine.by_zero_stage[zero_stage]
+
+    def offload_at(self, zero_stage: int) -> EngineOffload | None:
+        """The offload semantics of the engine this ZeRO stage runs (None: that engine offloads nothing)."""
+        return self.offload.get(self.engine_at(zero_stage))
 
 
 def framework_card(name: str) -> FrameworkCard:

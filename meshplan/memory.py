@@ -23,6 +23,7 @@ from meshplan.memory_states import (
     with_precision,
 )
 from meshplan.models import layer_params, mtp_params, per_architecture
+from meshplan.offload import offload_plan, offload_stage
 from meshplan.rulebook import require_estimable
 from meshplan.schedule import in_flight, padded_vocab, plan_stages
 from meshplan.schema import Architecture, Job, MemoryReport, MemorySummary, Plan, StageMemory
@@ -161,6 +162,9 @@ def estimate_memory(
     other_fixed = card.fixed_overhead_bytes + card.cuda_context_bytes
     # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss is)
     logits_bytes = output_activations(conv, tokens, vocab, tp, h, ts)
+    # what the offload knobs move to host memory on this framework's engine (cards/frameworks/*.yaml offload)
+    offload = offload_plan(job.framework, plan)
+    optimizer_sharded = any(t.shard == "dp" for t in tensors if t.tensor_class == "optimizer")
 
     stages: list[StageMemory] = []
     for rank, chunks in enumerate(layout):
@@ -217,6 +221,14 @@ def estimate_memory(
             acts += count * chunk_bytes
         detail["microbatches_in_flight"] = sum(held)
         detail["layer_activations"] = int(acts)
+        host = 0.0
+        if offload.any:
+            optimizer_params = dense / dense_dp + experts / expert_dp if optimizer_sharded else dense + experts
+            largest = max((per_kind[(table.moe[i], stored_mode)] for i in layers), default=0.0)
+            moved = offload_stage(offload, states, optimizer_params, acts, largest)
+            states, acts, host = moved.states, moved.activations, moved.host
+            detail.update(moved.detail)
+            detail["optimizer_params"] = int(optimizer_params)
         if (recompute == "full" or (every_nth and len(layers) >= every_nth)) and layers:
             # the layer being recomputed in the backward holds its full activations
             work = max(per_kind[(table.moe[i], "none")] for i in layers)
@@ -263,6 +275,7 @@ def estimate_memory(
         stages.append(StageMemory(
             stage=rank, layers=len(layers), weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
             activations_bytes=int(acts), other_bytes=int(other), total_bytes=total, detail=detail,
+            host_bytes=int(host),
         ))
 
     peak = max(stages, key=lambda s: s.total_bytes)
@@ -270,11 +283,34 @@ def estimate_memory(
     assumptions = _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card)
     if job.lora is not None:
         assumptions.append(lora_assumption(job, plan))
+    # a node's GPUs usually share one pipeline stage (TP, EP and DP ranks fill a node first); the worst stage bounds it
+    host_per_node = max(s.host_bytes for s in stages) * job.gpus_per_node
+    if offload.any:
+        assumptions.append(offload_assumption(job, plan, offload, host_per_node))
     return MemoryReport(
         model=arch.name, framework=job.framework, plan=plan, stages=stages, peak_bytes=peak.total_bytes,
         peak_stage=peak.stage, capacity_bytes=capacity, fits=peak.total_bytes <= capacity,
-        headroom_bytes=capacity - peak.total_bytes, assumptions=assumptions + job.notes, warnings=warnings,
+        headroom_bytes=capacity - peak.total_bytes, host_bytes_per_node=host_per_node,
+        host_capacity_bytes=job.cpu_memory_per_node, assumptions=assumptions + job.notes, warnings=warnings,
     )
+
+
+def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str:
+    """What the offload knobs did, in the framework's terms (cards/frameworks/*.yaml offload, cards/offload.yaml)."""
+    parts = []
+    moved = [f"{cls} {share:.0%}" for cls, share in offload.in_step.items() if share]
+    if moved:
+        parts.append("in the step on the host: " + ", ".join(moved)
+                     + (f" (the CPU optimizer steps {offload.cpu_optimizer:.0%} of this GPU's shard, with fp32 "
+                        "parameters, a gradient copy and Adam moments on the host)" if offload.cpu_optimizer else ""))
+    if offload.phase:
+        parts.append("between RL phases only (the training step's peak is unchanged): "
+                     + ", ".join(sorted(offload.phase)))
+    if offload.activations:
+        parts.append("saved activations on the host except the layers in flight")
+    return (f"Offload on {framework_card(job.framework).display_name}: " + "; ".join(parts)
+            + f". Host memory per node: {host_per_node / GIB:,.1f} GiB (the worst stage x {job.gpus_per_node} GPUs)"
+            + (f" of {job.cpu_memory_per_node / GIB:,.0f} GiB." if job.cpu_memory_per_node else "."))
 
 
 def lora_states(job: Job, plan: Plan, tensors, layers: list[int], states: dict[str, float], dense_dp: float,
@@ -355,7 +391,7 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
         "and re-allocated every step (activations, logits, gathered layers): peak reserved, not just allocated"
         + ("; FSDP/ZeRO-3 gathered units at the worst unit's backward peak (cards/memory.yaml)." if any(
             t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
-        "Not modelled: routing imbalance across experts, CPU offload, CUDA-graph pools, precision-aware optimizers.",
+        "Not modelled: routing imbalance across experts, CUDA-graph pools.",
     ]
     if job.precision == "fp8":
         out.append("fp8: an extra 1-byte copy of every linear weight (TE dual weights) and linear-layer inputs "

@@ -85,18 +85,20 @@ def memory_card() -> MemoryCard:
     return card
 
 
-def convention_name(framework: str, zero_stage: int) -> str:
-    """The byte preset: the framework card's memory_convention, or at ZeRO-3 its engine.zero3_memory_convention
-    where it has one (Megatron-FSDP for Megatron-Core/Bridge; FSDP2 where verl and SkyRL switch engine)."""
+def convention_name(framework: str, zero_stage: int, version: str | None = None) -> str:
+    """The byte preset: the framework card's memory_convention (of that release, where one differs), or at ZeRO-3
+    its engine.zero3_memory_convention where it has one (Megatron-FSDP for Megatron-Core/Bridge; FSDP2 where verl
+    and SkyRL switch engine)."""
     card = framework_card(framework)
     if zero_stage == 3 and card.engine.zero3_memory_convention is not None:
         return card.engine.zero3_memory_convention
-    return card.memory_convention
+    return card.convention_for(version)
 
 
-def convention(framework: str, zero_stage: int) -> tuple[str, Convention, list[StateTensor]]:
+def convention(framework: str, zero_stage: int,
+               version: str | None = None) -> tuple[str, Convention, list[StateTensor]]:
     """The preset and its tensor list for this ZeRO stage; an unsupported stage is a clear error."""
-    name = convention_name(framework, zero_stage)
+    name = convention_name(framework, zero_stage, version)
     conv = memory_card().conventions[name]
     stage = zero_stage
     if name.startswith("fsdp2") and stage == 1:
@@ -136,7 +138,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     optimizer_state_dtype, the fp32 master as 16-bit remainders under the precision-aware optimizer (bf16 weights,
     bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32), and the fp8 weight bytes per
     linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather)."""
-    name, conv, tensors = convention(job.framework, plan.zero_stage)
+    name, conv, tensors = convention(job.framework, plan.zero_stage, job.framework_version)
     prec = memory_card().precision
     recipe = fp8_recipe(job, plan)
     aware = precision_aware(plan)

@@ -55,6 +55,7 @@ from meshplan.memory import every_nth_blocks
 from meshplan.memory_states import convention
 from meshplan.mesh import crosses_domains
 from meshplan.models import layer_params, per_architecture
+from meshplan.offload import step_offload_time
 from meshplan.request import uses_fsdp
 from meshplan.rulebook import require_estimable
 from meshplan.schedule import Stages, plan_stages
@@ -682,8 +683,10 @@ def estimate_throughput(
         opt += m * (row["dense_params"] + row["expert_params"]) * cal.grad_accum_bytes_per_param / ctx.hbm
         optimizer = max(optimizer, opt)
 
-    step = pipeline + dp_exposed + optimizer
     row = stage_rows[worst]
+    # CPU offload: the CPU Adam step of the offloaded share and the host transfers the compute cannot cover
+    offload_s, offload_how = step_offload_time(job, plan, compute_s=m * row["compute"])
+    step = pipeline + dp_exposed + optimizer + offload_s
     per_token = (lora_flops_per_token(arch, job.seq_length, job.lora, ctx.lora_engine) if job.lora is not None
                  else model_flops_per_token(arch, job.seq_length))
     flops_step = per_token * job.seq_length * job.global_batch_size
@@ -697,6 +700,7 @@ def estimate_throughput(
         bubble_s=bubble,
         recompute_s=m * row["recompute"],
         other_s=optimizer + m * row["launch_bound"],
+        offload_s=offload_s,
     )
     tokens_step = job.seq_length * job.global_batch_size
     warnings += _warnings(job, plan, lk, m)
@@ -710,7 +714,8 @@ def estimate_throughput(
         mfu=flops_step / (step * job.num_gpus * mfu_peak),
         model_flops_per_step=flops_step,
         breakdown=breakdown,
-        assumptions=_assumptions(job, plan, m, worst, cal, ctx),
+        assumptions=_assumptions(job, plan, m, worst, cal, ctx)
+        + ([f"Offload: {offload_how} (meshplan/offload.py, cards/offload.yaml)."] if offload_how else []),
         warnings=warnings,
     )
 

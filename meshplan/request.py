@@ -158,6 +158,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
             recipes = f"; {card.defaults.etp_recipes}" if card.defaults.etp_recipes else ""
             notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it{recipes} "
                          "(pass etp=1 to keep experts whole).")
+    version = _framework_version(req, card, notes)
     law = card.world_size_law
     if req.num_gpus is None:
         dp = req.dp or 1
@@ -198,11 +199,14 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
         account_for_loss=bool(req.account_for_loss),
+        **_offload_fields(req, card.offload_at(zero), notes),  # activation/param/grad/optimizer offload (offload.py)
         **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rollout.py)
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
+        cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
+        framework_version=version,
         rl=rl.job if rl else None,
         lora=_lora_spec(req, arch, zero, notes),  # LoRA adapters (meshplan/lora.py); None: every weight trained
     )
@@ -233,6 +237,56 @@ def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:
         return None
     notes.append(f"vpp not given: {stages // pp}, the pipeline layout's {stages} stages over pp={pp}.")
     return stages // pp
+
+
+def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]:
+    """The plan's offload knobs: left out, the framework's own default (SkyRL's offload_after_step is on); a fraction
+    alone turns the optimizer offload on (Megatron's --optimizer-offload-fraction is read with
+    --optimizer-cpu-offload); switching it off while giving a share is a contradiction, said as such."""
+    fraction = req.optimizer_offload_fraction or 0.0
+    optimizer = req.optimizer_offload
+    defaults = semantics.on_by_default if semantics is not None else []
+    for knob in defaults:
+        if getattr(req, f"{knob}_offload") is None:
+            notes.append(f"{knob}_offload not given: on, the {req.framework} default (cards/frameworks/"
+                         f"{req.framework}.yaml offload).")
+    param = req.param_offload if req.param_offload is not None else "param" in defaults
+    grad = req.grad_offload if req.grad_offload is not None else "grad" in defaults
+    if optimizer is None and "optimizer" in defaults:
+        optimizer = True
+    if optimizer is False and fraction > 0:
+        raise MeshplanError(
+            f"optimizer_offload=false contradicts optimizer_offload_fraction={fraction:g}.",
+            fix="Drop optimizer_offload (a fraction turns it on), or set optimizer_offload_fraction=0.",
+        )
+    in_step = semantics is not None and semantics.optimizer.when == "in_step"
+    if optimizer is None and fraction > 0 and in_step:  # verl/SkyRL: the share is in-step, their knob is a phase one
+        optimizer = True
+        notes.append(f"optimizer_offload not given: on, for optimizer_offload_fraction={fraction:g}.")
+    if optimizer and fraction == 0 and in_step and semantics.optimizer_fraction == "in_step":
+        fraction = 1.0  # Megatron's --optimizer-offload-fraction default with --optimizer-cpu-offload
+        notes.append("optimizer_offload_fraction not given: 1.0, the whole optimizer on the CPU.")
+    return {
+        "activation_offload": bool(req.activation_offload), "param_offload": bool(param),
+        "grad_offload": bool(grad), "optimizer_offload": bool(optimizer),
+        "optimizer_offload_fraction": fraction,
+    }
+
+
+def _framework_version(req: Request, card, notes: list[str]) -> str | None:
+    """The release asked for, if meshplan knows it (a prefix such as '0.2' picks the newest known 0.2.x)."""
+    if req.framework_version is None:
+        return None
+    known = card.known_versions()
+    hits = [v for v in known if v == req.framework_version or v.startswith(req.framework_version + ".")]
+    if not hits:
+        raise MeshplanError(f"framework_version {req.framework_version!r} is not a {card.display_name} release "
+                            "meshplan knows.", fix=f"Use one of {', '.join(known)} (or leave it out: {card.version}).")
+    version = hits[-1]
+    if card.convention_for(version) != card.memory_convention:
+        notes.append(f"{card.display_name} {version}: memory convention {card.convention_for(version)} "
+                     f"({card.memory_convention_why or 'cards/frameworks/' + req.framework + '.yaml'})")
+    return version
 
 
 def _lora_spec(req: Request, arch, zero_stage: int, notes: list[str]):

@@ -118,7 +118,7 @@ Condition = Callable[["Context"], dict[str, Any] | None]
 
 # The modules that hold the conditions, loaded by load_rules() (structural ones, then the memory rules).
 RULE_MODULES: tuple[str, ...] = ("meshplan.conditions", "meshplan.rules", "meshplan.rollout_rules",
-                                 "meshplan.lora_rules")
+                                 "meshplan.lora_rules", "meshplan.offload_rules")
 
 
 def rule(rule_id: str) -> Callable[[Condition], Condition]:

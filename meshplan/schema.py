@@ -154,6 +154,7 @@ class GpuSpec(_Strict):
     nvlink_domain: int = Field(ge=1, description="GPUs in one NVLink/xGMI domain")
     gpus_per_node: int = Field(ge=1)
     network_bandwidth: float = Field(gt=0, description="Scale-out bytes/s per GPU, one direction")
+    host_bandwidth: float = Field(gt=0, description="GPU-host link (PCIe / NVLink-C2C) bytes/s per GPU, one direction")
     aliases: list[str] = []
     sources: list[str] = []
     notes: list[str] = []
@@ -339,6 +340,43 @@ class Request(_Strict):
         description="Share of GPU memory a layout must leave free to count as fitting (default: 0.10, rule MEM002); "
                     "recommend ranks, falls back and searches GPU counts with this one threshold",
     )
+    activation_offload: bool | None = Field(
+        None, description="Activation CPU offloading (Megatron fine-grained activation offloading, verl "
+                          "enable_activation_offload, DeepSpeed cpu_checkpointing): the activations saved for backward "
+                          "go to host memory except the layers in flight (default: off)",
+    )
+    param_offload: bool | None = Field(
+        None, description="Parameter offload to host memory as the framework does it: in the step (FSDP2 "
+                          "CPUOffloadPolicy, DeepSpeed offload_param) or between the phases of an RL job (verl "
+                          "param_offload) — the framework card says which (default: off)",
+    )
+    grad_offload: bool | None = Field(
+        None, description="Gradient offload to host memory between the phases of an RL job (verl grad_offload) "
+                          "(default: off)",
+    )
+    optimizer_offload: bool | None = Field(
+        None, description="Optimizer-state offload: in the step with the Adam step on the CPU (Megatron "
+                          "optimizer_cpu_offload, DeepSpeed offload_optimizer) or between RL phases (verl "
+                          "optimizer_offload), as the framework card says (default: off; on when "
+                          "optimizer_offload_fraction > 0)",
+    )
+    optimizer_offload_fraction: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Share of this rank's optimizer state kept and stepped on the CPU (Megatron "
+                    "optimizer_offload_fraction, DeepSpeed offload_optimizer ratio) (default: 1.0 with "
+                    "optimizer_offload, else 0)",
+    )
+    framework_version: str | None = Field(
+        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",
+        description="The framework release the job runs (default: the one its card describes); a release whose "
+                    "loss or recompute kept other tensors has its own memory convention (torchtitan 0.2.x: the "
+                    "unchunked loss), and render writes that release's keys",
+    )
+    cpu_memory_per_node: float | None = Field(
+        None, gt=0, le=1 << 20,
+        description="Host memory per node in GiB; the offloaded state is checked against it (rule MEM003) "
+                    "(default: not checked)",
+    )
     lora_rank: int | None = Field(
         None, ge=1, le=65536,
         description="LoRA: the adapters' rank; the base weights are frozen (no gradients or optimizer state) "
@@ -381,6 +419,8 @@ class Job(_Strict):
     framework: Framework = "megatron-core"
     rl: RLJob | None = Field(None, description="The RL job's rollout workload (None: a training job)")
     lora: LoraSpec | None = Field(None, description="LoRA adapters on a frozen base (None: every weight trained)")
+    cpu_memory_per_node: int | None = Field(None, ge=1, description="Host memory per node, bytes (None: unchecked)")
+    framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
 
 
@@ -424,6 +464,13 @@ class Plan(_Strict):
     )
     account_for_embedding: bool = Field(False, description="The embedding counts as a layer in the even split")
     account_for_loss: bool = Field(False, description="The loss counts as a layer in the even split")
+    activation_offload: bool = Field(False, description="Activations saved for backward offloaded to host")
+    param_offload: bool = Field(False, description="Parameters offloaded (in the step or between phases: the card)")
+    grad_offload: bool = Field(False, description="Gradients offloaded between RL phases")
+    optimizer_offload: bool = Field(False, description="Optimizer state offloaded (in the step or between phases)")
+    optimizer_offload_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of the optimizer state stepped on the CPU in the step"
+    )
 
     def num_microbatches(self, global_batch_size: int) -> int:
         return max(1, global_batch_size // (self.micro_batch_size * self.dp))
@@ -493,6 +540,18 @@ class StageMemory(_Strict):
     other_bytes: int
     total_bytes: int
     detail: dict[str, int] = Field(default_factory=dict, description="Finer breakdown, bytes")
+    host_bytes: int = Field(0, description="Host (CPU) memory this stage's GPU offloads to, bytes")
+
+
+class PhaseMemory(_Strict):
+    """One phase of an RL step on the worst GPU of the pool it runs on (meshplan/rollout.py)."""
+
+    phase: Literal["rollout", "log_prob", "actor_update", "critic_update"]
+    pool: Literal["trainer", "rollout"] = Field(description="The GPUs it runs on (one pool when colocated)")
+    peak_bytes: int
+    stage: int = Field(description="The trainer's pipeline stage whose GPU peaks (0 on a separate rollout pool)")
+    detail: dict[str, int] = Field(default_factory=dict, description="Where the bytes go")
+    note: str = ""
 
 
 class ErrorBand(_Strict):
@@ -520,6 +579,18 @@ class MemoryReport(_Strict):
     capacity_bytes: int
     fits: bool
     headroom_bytes: int
+    host_bytes_per_node: int = Field(
+        0, description="Host memory one node needs for what its GPUs offload (the worst stage x GPUs per node)"
+    )
+    host_capacity_bytes: int | None = Field(None, description="cpu_memory_per_node when given, bytes")
+    phases: list[PhaseMemory] = Field(
+        default_factory=list, description="RL job: each phase's peak; peak_bytes is the largest (empty: training job)"
+    )
+    peak_phase: str | None = Field(None, description="RL job: the phase whose peak is peak_bytes")
+    limited_by: Literal["gpu", "host"] | None = Field(
+        None, description="What runs out first: GPU memory (a phase over capacity) or host memory (offloads over "
+                          "cpu_memory_per_node); None when both fit"
+    )
     assumptions: list[str]
     warnings: list[str] = []
     error_band: ErrorBand | None = Field(None, description="The error measured in this regime (meshplan/accuracy.py)")
@@ -535,6 +606,27 @@ class ThroughputBreakdown(_Strict):
     bubble_s: float = 0.0
     recompute_s: float = 0.0
     other_s: float = 0.0
+    offload_s: float = Field(0.0, description="Exposed host transfers and the CPU optimizer step (offload.py)")
+
+
+class RLStepTime(_Strict):
+    """Seconds of one RL step by part (meshplan/rollout.py): colocated phases add, a separate rollout pool overlaps
+    the next batch's generation with this batch's training (verl one-step-off)."""
+
+    step_s: float
+    generation_s: float = Field(description="Prefill and decode of every response (the rollout)")
+    prefill_s: float
+    decode_s: float
+    log_prob_s: float = Field(description="Old-policy, reference (and critic value) forward passes")
+    update_s: float = Field(description="The actor's (and critic's) training step, meshplan.perf.estimate_throughput")
+    reshard_s: float = Field(description="New weights from the trainer's layout to the engine's")
+    offload_s: float = Field(description="Phase offloads: states out to the host and back each step")
+    replicas: int = Field(description="Engine replicas: rollout GPUs / (rollout TP x DP)")
+    sequences_at_once: int = Field(description="Sequences one replica decodes at once (its KV cache, max_num_seqs)")
+    decode_waves: int = Field(description="Rounds of sequences_at_once each replica decodes to finish its share")
+    decode_step_s: float = Field(description="One decode step at that batch: weights and KV read, all-reduces")
+    update_mfu: float = Field(description="The actor update's MFU (what verl reports as MFU)")
+    limited_by: str = Field(description="The part that takes longest")
 
 
 class ThroughputReport(_Strict):

@@ -192,10 +192,14 @@ def _recommend(capsys, *args: str) -> tuple[dict, str]:
     return report, capsys.readouterr().out
 
 
-def _folded(plan: dict) -> str:
+def _folded(row: dict, plan: dict) -> str:
+    """How the table names an equivalent: its degrees, its micro-batch and each knob that differs from its row's."""
     from meshplan.schema import Plan
 
-    return f"{Plan(**plan).short()} mbs {plan['micro_batch_size']}"
+    labels = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
+              "moe_token_dispatcher": "dispatcher"}
+    knobs = [f"{label} {plan[k]}" for k, label in labels.items() if plan[k] != row[k]]
+    return " ".join([f"{Plan(**plan).short()} mbs {plan['micro_batch_size']}", *knobs])
 
 
 def test_recommend_table_shows_every_folded_equivalent_under_its_row(piped80, capsys):
@@ -212,7 +216,7 @@ def test_recommend_table_shows_every_folded_equivalent_under_its_row(piped80, ca
     assert sum(1 for c in report["candidates"] if c["equivalents"]) >= 3  # this job does fold clones
     for row, candidate in zip(rows, report["candidates"], strict=True):
         also = " ".join(" ".join(row).split()).partition("= also: ")[2]  # wrapped lines joined back
-        assert also == ", ".join(_folded(p) for p in candidate["equivalents"]), row
+        assert also == ", ".join(_folded(candidate["plan"], p) for p in candidate["equivalents"]), row
         if also:  # one compact block under the row, continuation lines under its first item
             block = next(i for i, line in enumerate(row) if "= also: " in line)
             assert row[block].index("= also: ") == 3 and all(line.startswith(" " * 11) for line in row[block + 1:])

@@ -204,7 +204,7 @@ def _byte_counts(node, path=""):
     elif isinstance(node, list):
         for i, value in enumerate(node):
             yield from _byte_counts(value, f"{path}[{i}]")
-    elif path.endswith("_bytes") and not path.endswith("headroom_bytes"):  # headroom < 0 means "does not fit"
+    elif path.endswith("_bytes") and not path.endswith("headroom_bytes") and node is not None:  # headroom < 0: no fit
         yield path, node
 
 

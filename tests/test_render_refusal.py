@@ -26,7 +26,7 @@ from meshplan.schema import Request
 
 TP3 = dict(model="llama-3.1-8b", num_gpus=8, tp=3)  # dp = 8/3: WS001, and 32 heads / 3: TP001
 TITAN_70B = dict(model="llama-3.1-70b", num_gpus=8)  # one 70B replica per GPU: far over 80 GB
-LOW_HEADROOM = dict(model="qwen3-30b-a3b", num_gpus=16, tp=1, pp=2, ep=8, global_batch_size=256)  # 8.1% free
+LOW_HEADROOM = dict(model="qwen3-30b-a3b", num_gpus=16, tp=1, pp=1, ep=8, global_batch_size=256)  # 1.7% free
 
 
 def _mcp(framework: str, **fields):
@@ -70,7 +70,7 @@ def test_force_renders_the_refused_layout_with_the_findings_as_warnings():
 def test_low_headroom_renders_with_a_warning_and_the_same_snippet_as_the_adapter():
     result = api.render_config("megatron-core", Request(**LOW_HEADROOM))
     assert [w.split(" ", 1)[0] for w in result.warnings] == ["MEM002"]
-    assert "(8.1%) free" in result.warnings[0] and "Fix: " in result.warnings[0]
+    assert "(1.7%) free" in result.warnings[0] and "Fix: " in result.warnings[0]
     job, plan = resolve(Request(framework="megatron-core", **LOW_HEADROOM))
     assert result.text == render("megatron-core", job, plan).text
 
@@ -95,7 +95,7 @@ def test_cli_says_how_far_a_layout_is_over_memory(capsys):
 
 
 def test_cli_plain_output_shows_warnings_and_notes_on_stderr_and_keeps_stdout_the_snippet(capsys):
-    assert main(["render", "megatron-core", "qwen3-30b-a3b", "--num-gpus", "16", "--tp", "1", "--pp", "2",
+    assert main(["render", "megatron-core", "qwen3-30b-a3b", "--num-gpus", "16", "--tp", "1", "--pp", "1",
                  "--ep", "8", "--global-batch-size", "256"]) == 0
     out, err = capsys.readouterr()
     job, plan = resolve(Request(framework="megatron-core", **LOW_HEADROOM))

@@ -289,11 +289,20 @@ class BestFirstSearch:
         return (self.floor_fits(lay, zero, recompute, mbs)
                 and self.memory(lay, zero, recompute, mbs).peak_bytes <= self.budget)
 
+    def unsharded(self, lay: Layout) -> bool:
+        """ZeRO shards nothing here (dense dp*cp and expert-DP of 1): the stages then differ only by what each
+        convention adds (ZeRO-3's gathered layers, FSDP2 ZeRO-2's kept bf16 copy), so none is the lightest."""
+        return lay.dp * lay.cp == 1 and mesh.expert_dp(self.job.num_gpus, lay) == 1
+
+    def lightest(self, lay: Layout) -> tuple[int, ...]:
+        """The ZeRO stages whose least recompute bounds every stage's: the most sharded one, or each where
+        nothing is sharded."""
+        return self.zeros if self.unsharded(lay) else self.zeros[-1:]
+
     def need_floor(self, lay: Layout, mbs: int) -> int:
         """The least recompute whose first-stage floor fits at the lightest ZeRO stage (no estimate needed)."""
-        lightest = self.zeros[-1]
-        return next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, lightest, r, mbs)),
-                    len(self.recomputes))
+        return min(next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, zero, r, mbs)),
+                        len(self.recomputes)) for zero in self.lightest(lay))
 
     def need(self, lay: Layout, mbs: int) -> int:
         """The least recompute index that fits at the lightest ZeRO stage. The memory floor is usually right,
@@ -301,8 +310,8 @@ class BestFirstSearch:
         low, high = self.need_range(lay, mbs)
         n_r = len(self.recomputes)
         i = max(low, min(high, self.need_floor(lay, mbs)))
-        lightest = self.zeros[-1]
-        while i < min(high, n_r) and not self.fits(lay, lightest, self.recomputes[i], mbs):
+        lightest = self.lightest(lay)
+        while i < min(high, n_r) and not any(self.fits(lay, zero, self.recomputes[i], mbs) for zero in lightest):
             i += 1
         self.caches.least_recompute.setdefault(lay, {})[mbs] = i
         return i
@@ -429,13 +438,19 @@ class BestFirstSearch:
 
     def staircase(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], need: int) -> None:
         """Level.STAIRCASE: for each ZeRO stage (lightest first) the least recompute that fits; heavier recompute
-        of the same stage is dominated, lighter does not fit. Memory grows as the stage drops, so the walk only
-        moves towards more recompute: at most len(alive) + len(recomputes) estimates."""
+        of the same stage is dominated, lighter does not fit. Memory grows as the stage drops (where ZeRO shards
+        something), so the walk only moves towards more recompute: at most len(alive) + len(recomputes) estimates."""
         n_r = len(self.recomputes)
         i = need
+        unordered = self.unsharded(lay)  # no stage is lighter than another: each walks from `need`
         for pos, zero in enumerate(reversed(alive)):
+            if unordered:
+                i = need
             while i < n_r and not self.fits(lay, zero, self.recomputes[i], mbs):
                 i += 1
+            if i == n_r and unordered:
+                self.rejected[self.engine.memory_rule] += n_r - need
+                continue
             if i == n_r:
                 self.rejected[self.engine.memory_rule] += (n_r - need) * (len(alive) - pos)
                 return

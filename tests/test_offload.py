@@ -1,0 +1,164 @@
+"""CPU offload: what each framework's knob moves, the GPU and host bytes it changes, and its time."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.errors import MeshplanError
+from meshplan.offload import offload_card, offload_plan, offload_time
+from meshplan.request import parse_request, resolve
+
+GIB = 1 << 30
+
+
+def memory(**fields):
+    return api.estimate_memory(parse_request(fields))
+
+
+def both(**fields):
+    """The estimate without and with the given offload fields (the rest the same)."""
+    offload = {k: fields.pop(k) for k in list(fields) if "offload" in k}
+    return memory(**fields), memory(**fields, **offload)
+
+
+def test_megatron_cpu_optimizer_moves_its_share_and_keeps_16_bytes_per_parameter_on_the_host():
+    base, off = both(model="llama-3.1-8b", num_gpus=8, tp=2, optimizer_offload_fraction=0.5)
+    b, o = base.stages[0], off.stages[0]
+    assert o.weights_bytes == b.weights_bytes and o.gradients_bytes == b.gradients_bytes
+    assert o.optimizer_bytes == pytest.approx(b.optimizer_bytes / 2, abs=1)
+    shard = o.detail["optimizer_params"]  # this GPU's shard of the distributed optimizer: params / (tp * dp)
+    assert shard == pytest.approx(o.detail["params_on_gpu"] / 4, rel=1e-9)
+    assert o.host_bytes == int(16 * shard * 0.5) == o.detail["host_cpu_optimizer"]
+    assert off.host_bytes_per_node == o.host_bytes * 8
+    assert off.peak_bytes < base.peak_bytes
+
+
+def test_fsdp2_cpu_offload_moves_every_state_and_counts_the_shard_once_on_the_host():
+    base, off = both(model="llama-3.1-8b", framework="torchtitan", num_gpus=8, param_offload=True)
+    b, o = base.stages[0], off.stages[0]
+    assert o.weights_bytes == o.gradients_bytes == o.optimizer_bytes == 0
+    # fp32 shard 4 + fp32 grads 4 + Adam moments 8: the CPU optimizer's own 16 bytes, not 16 + the moved classes
+    assert o.host_bytes == int(16 * o.detail["optimizer_params"])
+    assert o.host_bytes == pytest.approx(b.weights_bytes + b.gradients_bytes + b.optimizer_bytes, rel=1e-6)
+    assert o.detail["gathered_layers"] == b.detail["gathered_layers"]  # the units are still gathered on the GPU
+
+
+def test_deepspeed_offloads_params_apart_from_the_optimizer():
+    base, off = both(model="llama-3.1-8b", framework="deepspeed", num_gpus=8, zero_stage=3, param_offload=True,
+                     optimizer_offload=True)
+    b, o = base.stages[0], off.stages[0]
+    assert o.weights_bytes == o.gradients_bytes == o.optimizer_bytes == 0
+    shard = o.detail["optimizer_params"]
+    assert o.detail["host_cpu_optimizer"] == int(16 * shard)
+    assert o.detail["host_weights"] == b.weights_bytes  # the 16-bit partition, beside the CPU Adam's fp32 copy
+    assert o.host_bytes == pytest.approx(16 * shard + b.weights_bytes, abs=2)
+
+
+def test_verl_phase_offloads_leave_the_update_peak_alone_and_need_host_memory():
+    dsv3 = dict(model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,
+                last_stage_layers=6, recompute="full", seq_length=3072, global_batch_size=96)
+    base = memory(**dsv3)
+    phase = memory(**dsv3, param_offload=True, optimizer_offload=True)
+    assert phase.peak_bytes == base.peak_bytes
+    last = phase.stages[-1]
+    assert last.host_bytes == last.weights_bytes + last.gradients_bytes + last.optimizer_bytes
+    assert "between RL phases only" in " ".join(phase.assumptions)
+
+
+def test_deepseek_v3_on_96_h20_as_verl_ran_it():
+    """verl docs/perf/dpsk.md: TP8 PP12 EP8, last stage 6 layers, full recompute, param/grad offload and the whole
+    optimizer on the CPU: 66 GB per GPU and ~1.5 TB of host memory per node (issue 16's bar: 20% and 30%)."""
+    report = memory(model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,
+                    last_stage_layers=6, recompute="full", seq_length=3072, global_batch_size=96,
+                    param_offload=True, optimizer_offload_fraction=1.0)
+    assert report.fits
+    assert report.peak_bytes == pytest.approx(66e9, rel=0.20)
+    assert report.host_bytes_per_node == pytest.approx(1.5e12, rel=0.30)
+    assert report.stages[-1].optimizer_bytes == 0
+
+
+def test_activation_offload_keeps_the_layers_in_flight():
+    base, off = both(model="llama-3.1-8b", num_gpus=8, tp=2, seq_length=8192, activation_offload=True)
+    b, o = base.stages[0], off.stages[0]
+    layer = b.detail["layer_activations"] / 32  # one micro-batch in flight, 32 equal layers
+    resident = offload_card().activation_offload_resident_layers * layer
+    assert o.detail["host_activations"] == pytest.approx(b.detail["layer_activations"] - resident, rel=1e-6)
+    assert b.activations_bytes - o.activations_bytes == pytest.approx(o.detail["host_activations"], abs=2)
+
+
+def test_cpu_adam_time_is_charged_per_offloaded_parameter():
+    job, plan = resolve(parse_request(dict(model="llama-3.1-8b", num_gpus=8, tp=2, optimizer_offload_fraction=0.5)))
+    seconds, how = offload_time(job, plan, optimizer_params=1e9, host_activation_bytes=0.0, param_bytes_moved=0.0,
+                                compute_s=1.0)
+    assert seconds == pytest.approx(offload_card().cpu_adam_s_per_param * 1e9 * 0.5)
+    assert "CPU Adam" in how
+
+
+def test_activation_transfers_cost_only_what_the_compute_cannot_hide():
+    job, plan = resolve(parse_request(dict(model="llama-3.1-8b", num_gpus=8, tp=2, activation_offload=True,
+                                           global_batch_size=4)))
+    m = plan.num_microbatches(job.global_batch_size)
+    moved = 2 * 10e9 * m
+    seconds, _ = offload_time(job, plan, optimizer_params=0, host_activation_bytes=10e9, param_bytes_moved=0,
+                              compute_s=0.1)
+    assert seconds == pytest.approx(moved / job.gpu.host_bandwidth - 0.1)
+    hidden, _ = offload_time(job, plan, optimizer_params=0, host_activation_bytes=10e9, param_bytes_moved=0,
+                             compute_s=100.0)
+    assert hidden == 0
+
+
+def test_phase_offload_has_no_step_time():
+    job, plan = resolve(parse_request(dict(model="qwen3-30b-a3b", framework="verl", num_gpus=16, ep=8,
+                                           param_offload=True, optimizer_offload=True)))
+    off = offload_plan(job.framework, plan)
+    assert off.phase == {"weights", "gradients", "optimizer"} and off.cpu_optimizer == 0  # 0.9.1: grads go with params
+    assert offload_time(job, plan, optimizer_params=1e9, host_activation_bytes=0, param_bytes_moved=0,
+                        compute_s=1.0)[0] == 0
+
+
+def test_a_fraction_turns_the_optimizer_offload_on_and_a_contradiction_is_an_error():
+    job, plan = resolve(parse_request(dict(model="llama-3.1-8b", num_gpus=8, optimizer_offload_fraction=0.25)))
+    assert plan.optimizer_offload and plan.optimizer_offload_fraction == 0.25
+    assert any("optimizer_offload not given" in n for n in job.notes)
+    with pytest.raises(MeshplanError, match="contradicts"):
+        resolve(parse_request(dict(model="llama-3.1-8b", num_gpus=8, optimizer_offload=False,
+                                   optimizer_offload_fraction=0.25)))
+    with pytest.raises(MeshplanError, match="optimizer_offload_fraction"):
+        parse_request(dict(model="llama-3.1-8b", optimizer_offload_fraction=1.5))
+
+
+def test_an_offload_the_engine_lacks_is_refused_not_ignored():
+    from meshplan.rulebook import EstimateBlocked
+
+    with pytest.raises(EstimateBlocked, match="OF001"):
+        memory(model="llama-3.1-8b", framework="kempnerforge", num_gpus=8, param_offload=True)
+    with pytest.raises(EstimateBlocked, match="OF001") as info:
+        memory(model="llama-3.1-8b", num_gpus=8, param_offload=True)  # Megatron-Core: no parameter offload
+    assert "optimizer_offload" in info.value.fix
+
+
+def test_host_memory_short_names_a_share_that_fits():
+    report = api.check_config(parse_request(dict(
+        model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,
+        last_stage_layers=6, recompute="full", seq_length=3072, global_batch_size=96, param_offload=True,
+        optimizer_offload_fraction=1.0, cpu_memory_per_node=1400)))
+    mem3 = next(f for f in report.findings if f.id == "MEM003")
+    share = float(mem3.fix.split("optimizer_offload_fraction=")[1].split()[0])
+    fixed = memory(model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,
+                   last_stage_layers=6, recompute="full", seq_length=3072, global_batch_size=96, param_offload=True,
+                   optimizer_offload_fraction=share, cpu_memory_per_node=1400)
+    assert 0 < share < 1 and fixed.host_bytes_per_node <= 1400 * GIB
+
+
+def test_the_step_time_carries_the_offload_term():
+    fields = dict(model="qwen3-30b-a3b", num_gpus=8, tp=2, pp=2, ep=4, etp=1, global_batch_size=8, micro_batch_size=1)
+    base = api.estimate_throughput(parse_request(fields))
+    off = api.estimate_throughput(parse_request(dict(fields, optimizer_offload_fraction=0.5)))
+    job, plan = resolve(parse_request(dict(fields, optimizer_offload_fraction=0.5)))
+    shard = api.estimate_memory(parse_request(dict(fields, optimizer_offload_fraction=0.5)))
+    params = max(s.detail["optimizer_params"] for s in shard.stages if s.host_bytes == max(
+        t.host_bytes for t in shard.stages))
+    assert off.breakdown.offload_s == pytest.approx(offload_card().cpu_adam_s_per_param * params * 0.5)
+    assert off.step_time_s == pytest.approx(base.step_time_s + off.breakdown.offload_s)
+    assert any("CPU Adam" in a for a in off.assumptions) and base.breakdown.offload_s == 0
