@@ -198,7 +198,7 @@ CASES: dict[str, tuple[dict, dict]] = {
 
 def case_job(case: dict):
     """(job, plan) of a CASES entry (its arch / arch_moe overrides applied; `report` is left to the caller)."""
-    case = {k: v for k, v in case.items() if k != "report"}
+    case = {k: v for k, v in case.items() if k not in ("report", "with_memory")}
     arch = case.pop("arch", None)
     moe = case.pop("arch_moe", None)
     job, plan = make(None, arch, **case)
