@@ -155,7 +155,6 @@ def test_the_step_time_carries_the_offload_term():
     fields = dict(model="qwen3-30b-a3b", num_gpus=8, tp=2, pp=2, ep=4, etp=1, global_batch_size=8, micro_batch_size=1)
     base = api.estimate_throughput(parse_request(fields))
     off = api.estimate_throughput(parse_request(dict(fields, optimizer_offload_fraction=0.5)))
-    job, plan = resolve(parse_request(dict(fields, optimizer_offload_fraction=0.5)))
     shard = api.estimate_memory(parse_request(dict(fields, optimizer_offload_fraction=0.5)))
     params = max(s.detail["optimizer_params"] for s in shard.stages if s.host_bytes == max(
         t.host_bytes for t in shard.stages))
