@@ -24,6 +24,8 @@ from meshplan.adapters.common import (
 from meshplan.adapters.lora import skyrl_lora, verl_lora
 from meshplan.adapters.render import Built
 
+from meshplan.errors import MeshplanError
+from meshplan.rollout import rl_card
 from meshplan.schema import Job, Plan
 
 Override = tuple[str, Any]
@@ -57,16 +59,81 @@ def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
     return out
 
 
+# --------------------------------------------------------------------------- RL jobs (meshplan/rollout.py)
+
+
+def _has_critic(job: Job) -> bool:
+    """A critic is rendered for PPO, and for a plain training job as before (verl's packaged default is PPO)."""
+    return job.rl is None or job.rl.algorithm == "ppo"
+
+
+def rl_workload(job: Job, plan: Plan, default_n: int) -> tuple[int, int, int, str]:
+    """(samples per prompt, prompts, rollout TP, a note): an RL job's own fields, else derived from the batch."""
+    if job.rl is not None:
+        return (job.rl.samples_per_prompt, job.rl.prompts_per_step, plan.rollout_tp,
+                f"Rollout engine {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp} EP{plan.rollout_ep} at "
+                f"memory fraction {plan.rollout_memory_fraction:g} (meshplan memory gives each phase's peak).")
+    n = samples_per_prompt(job, default_n)
+    rtp = rollout_tp(job)
+    return n, job.global_batch_size // n, rtp, (
+        f"Rollout (vLLM/SGLang) tensor parallel size {rtp}: the smallest power of two whose bf16 weight shard takes "
+        "at most half a GPU, leaving the rest to the KV cache.")
+
+
+def verl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]:
+    """verl's rollout section, lengths and algorithm for an RL job (verl/trainer/config/rollout/rollout.yaml,
+    data/legacy_data.yaml, algorithm adv_estimator; the reference model follows use_kl_loss)."""
+    if job.rl is None:
+        return []
+    if plan.placement == "separate":
+        raise MeshplanError("meshplan renders verl's colocated hybrid engine only; a separate rollout pool is verl's "
+                            "one-step-off recipe (verl/experimental/one_step_off_policy), another entry point.",
+                            fix="Use placement colocated for verl, or SkyRL (colocate_all false) for separate pools.")
+    rl, ref = job.rl, rl_card(job.framework).reference_model[job.rl.algorithm]
+    rollout = "actor_rollout_ref.rollout"
+    notes.append(f"{rl.algorithm.upper()}: adv_estimator {'gae' if rl.algorithm == 'ppo' else 'grpo'}, "
+                 f"use_kl_loss {ref} (a reference model {'is' if ref else 'is not'} loaded); "
+                 + ("a critic is trained." if rl.algorithm == "ppo" else "no critic."))
+    return [("data.max_prompt_length", rl.prompt_length), ("data.max_response_length", rl.response_length),
+            ("algorithm.adv_estimator", "gae" if rl.algorithm == "ppo" else "grpo"),
+            ("actor_rollout_ref.actor.use_kl_loss", ref),
+            (f"{rollout}.name", plan.rollout_engine), (f"{rollout}.data_parallel_size", plan.rollout_dp),
+            (f"{rollout}.expert_parallel_size", plan.rollout_ep),
+            (f"{rollout}.gpu_memory_utilization", plan.rollout_memory_fraction),
+            *([(f"{rollout}.enforce_eager", True)] if plan.rollout_enforce_eager else [])]
+
+
+def skyrl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]:
+    """SkyRL's generator and algorithm for an RL job (skyrl/train/config/config.py InferenceEngineConfig,
+    SamplingParams, AlgorithmConfig)."""
+    if job.rl is None:
+        return []
+    rl, ref = job.rl, rl_card(job.framework).reference_model[job.rl.algorithm]
+    engine = "generator.inference_engine"
+    o: list[Override] = [("trainer.max_prompt_length", rl.prompt_length),
+                         ("generator.sampling_params.max_generate_length", rl.response_length),
+                         ("trainer.algorithm.advantage_estimator", "gae" if rl.algorithm == "ppo" else "grpo"),
+                         ("trainer.algorithm.use_kl_loss", ref),
+                         (f"{engine}.data_parallel_size", plan.rollout_dp),
+                         (f"{engine}.expert_parallel_size", plan.rollout_ep),
+                         (f"{engine}.gpu_memory_utilization", plan.rollout_memory_fraction),
+                         *([(f"{engine}.enforce_eager", True)] if plan.rollout_enforce_eager else [])]
+    if rl.algorithm == "ppo":
+        n = nodes(job)
+        o += [("trainer.critic.model.path", _model_path(job)), ("trainer.placement.critic_num_nodes", n.nnodes),
+              ("trainer.placement.critic_num_gpus_per_node", n.per_node)]
+    notes.append(f"{rl.algorithm.upper()}: advantage_estimator {'gae' if rl.algorithm == 'ppo' else 'grpo'}, "
+                 f"use_kl_loss {ref}.")
+    return o
+
+
 # --------------------------------------------------------------------------- verl
 
 
 def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
     n = nodes(job)
-    rollout = samples_per_prompt(job, 1)
-    prompts = job.global_batch_size // rollout
-    rtp = rollout_tp(job)
-    notes = [f"Rollout (vLLM/SGLang) tensor parallel size {rtp}: the smallest power of two whose bf16 weight shard "
-             "takes at most half a GPU, leaving the rest to the KV cache.",
+    rollout, prompts, rtp, rtp_note = rl_workload(job, plan, 1)  # an RL job's own, else derived from the batch
+    notes = [rtp_note,
              f"global_batch_size {job.global_batch_size} = ppo_mini_batch_size {prompts} prompts x rollout.n "
              f"{rollout}; data.train_batch_size is set equal (one optimizer step per batch)."]
     o: list[Override] = []
@@ -81,7 +148,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
           ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
           ("actor_rollout_ref.rollout.tensor_model_parallel_size", rtp)]
     if variant == "megatron":
-        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")[:3 if _has_critic(job) else 2]:
             o += [(f"{role}.megatron.tensor_model_parallel_size", plan.tp),
                   (f"{role}.megatron.pipeline_model_parallel_size", plan.pp),
                   (f"{role}.megatron.virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
@@ -99,10 +166,10 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
                      "of them, and Hydra's '+' fails on a key that already has a value.")
     else:
         o.append(("actor_rollout_ref.actor.strategy", "fsdp2"))
-        o.append(("critic.strategy", "fsdp2"))
+        if _has_critic(job):
+            o += [("critic.strategy", "fsdp2"), ("critic.ulysses_sequence_parallel_size", plan.cp)]
         o += [("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
               ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
-              ("critic.ulysses_sequence_parallel_size", plan.cp),
               ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
               ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
               ("actor_rollout_ref.model.use_remove_padding", True)]
@@ -112,7 +179,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", plan.optimizer_offload)) if on]
         notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
                      "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
-    return o, notes
+    return o + verl_rl_overrides(job, plan, notes), notes
 
 
 def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
@@ -162,13 +229,12 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
                                         ("micro_train_batch_size_per_gpu", plan.micro_batch_size),
                                         ("max_length", job.seq_length)]
     else:
-        rollout = samples_per_prompt(job, 5)
-        prompts = job.global_batch_size // rollout
-        rtp = rollout_tp(job)
+        rollout, prompts, rtp, rtp_note = rl_workload(job, plan, 5)  # an RL job's own, else derived from the batch
+        engines = (plan.rollout_gpus if job.rl else job.num_gpus) // (rtp * (plan.rollout_dp if job.rl else 1))
         prefix = "trainer.policy.megatron_config"
         o = [("trainer.strategy", "megatron" if megatron else "fsdp"),
              ("trainer.policy.model.path", _model_path(job)),
-             ("trainer.placement.colocate_all", True),
+             ("trainer.placement.colocate_all", plan.placement != "separate"),
              ("trainer.placement.policy_num_nodes", n.nnodes),
              ("trainer.placement.policy_num_gpus_per_node", n.per_node),
              ("trainer.placement.ref_num_nodes", n.nnodes),
@@ -178,11 +244,13 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
              ("trainer.micro_train_batch_size_per_gpu", plan.micro_batch_size),
              ("trainer.micro_forward_batch_size_per_gpu", plan.micro_batch_size),
              ("generator.inference_engine.tensor_parallel_size", rtp),
-             ("generator.inference_engine.num_engines", job.num_gpus // rtp)]
-        notes += [f"global_batch_size {job.global_batch_size} = policy_mini_batch_size {prompts} prompts x "
+             ("generator.inference_engine.num_engines", engines)]
+        o += skyrl_rl_overrides(job, plan, notes)
+        notes += [rtp_note, f"global_batch_size {job.global_batch_size} = policy_mini_batch_size {prompts} prompts x "
                   f"n_samples_per_prompt {rollout}.",
-                  f"Inference engines: {job.num_gpus // rtp} x TP {rtp} on the same GPUs (colocate_all needs "
-                  "num_engines x TP = policy GPUs)."]
+                  f"Inference engines: {engines} x TP {rtp}"
+                  + (" on their own GPUs (colocate_all false)." if plan.placement == "separate" else
+                     " on the same GPUs (colocate_all needs num_engines x TP x DP = policy GPUs).")]
     if not megatron:
         o += [("trainer.policy.sequence_parallel_size", plan.cp), ("trainer.ref.sequence_parallel_size", plan.cp),
               ("trainer.policy.fsdp_config.fsdp_size", -1),

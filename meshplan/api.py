@@ -36,7 +36,7 @@ def list_models() -> list[ModelSummary]:
 
 def estimate_memory(req: Request) -> MemoryReport:
     from meshplan.accuracy import with_band
-    from meshplan.memory import estimate_memory as estimate
+    from meshplan.rollout import job_memory as estimate  # an RL job: the peak over its phases
     from meshplan.request import resolve
 
     job, plan = resolve(req)
@@ -45,7 +45,7 @@ def estimate_memory(req: Request) -> MemoryReport:
 
 def estimate_throughput(req: Request) -> ThroughputReport:
     from meshplan.accuracy import with_band
-    from meshplan.perf import estimate_throughput as estimate
+    from meshplan.rollout import job_throughput as estimate  # an RL job: the whole RL step, by part
     from meshplan.request import resolve
 
     job, plan = resolve(req)
@@ -61,6 +61,12 @@ def check_config(req: Request) -> CheckReport:
 
 
 def recommend(req: Request, top_k: int = 5) -> Recommendation:
+    from meshplan.rollout import is_rl_request
+
+    if is_rl_request(req):  # the whole RL step: actor layout, rollout engine, memory fraction, offloads
+        from meshplan.rollout_search import recommend_rl
+
+        return recommend_rl(req, top_k=top_k)
     from meshplan.search import recommend as search
 
     return search(req, top_k=top_k)

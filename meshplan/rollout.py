@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
+from meshplan.models import per_architecture
 from meshplan.schema import FRAMEWORKS, Placement, Plan, Request, RLAlgorithm, RLJob, RolloutEngine
 
 
@@ -61,6 +62,11 @@ class RLCard(_Card):
     ep_equals_tp_dp: bool = Field(description="Rollout EP > 1 must equal rollout TP x DP")
     rollout_pp: bool = Field(description="Whether the engine may be pipeline-parallel (meshplan plans PP 1)")
     colocated_gpus_equal_training: bool = Field(description="Colocated engines must span exactly the trainer's GPUs")
+    colocated_offload: bool = Field(
+        description="With colocated engines the framework itself moves every trainer model (policy, reference, critic:"
+                    " weights, gradients, optimizer) to the host between phases, whatever the offload knobs say"
+    )
+    colocated_offload_source: str
     reference_model: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm keeps a reference model")
     critic: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm trains a critic")
     rules_source: str
@@ -82,7 +88,7 @@ def rl_frameworks() -> list[str]:
 
 RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
              "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
-             "rollout_gpus")
+             "rollout_gpus", "rollout_enforce_eager")
 
 
 class ResolvedRL(BaseModel):
@@ -96,12 +102,18 @@ class ResolvedRL(BaseModel):
     memory_fraction: float
     placement: Placement
     rollout_gpus: int | None
+    enforce_eager: bool = False
 
     def plan_fields(self, trainer_gpus: int) -> dict:
         """The plan's rollout_* fields; a colocated engine spans the trainer's GPUs unless the request said else."""
         return dict(rollout_engine=self.engine, rollout_tp=self.tp, rollout_dp=self.dp, rollout_ep=self.ep,
                     rollout_memory_fraction=self.memory_fraction, placement=self.placement,
-                    rollout_gpus=self.rollout_gpus or trainer_gpus)
+                    rollout_gpus=self.rollout_gpus or trainer_gpus, rollout_enforce_eager=self.enforce_eager)
+
+
+def is_rl_request(req: Request) -> bool:
+    """Whether the request is an RL job: job=rl, or an RL field given with the job left out."""
+    return req.job == "rl" or (req.job is None and any(getattr(req, name) is not None for name in RL_FIELDS))
 
 
 def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | None]:
@@ -145,7 +157,8 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     if req.global_batch_size is not None and req.global_batch_size != prompts * n:
         raise MeshplanError(f"global_batch_size {req.global_batch_size} is not prompts_per_step x samples_per_prompt "
                             f"= {prompts} x {n} = {prompts * n}.", fix="Leave global_batch_size out for an RL job.")
-    seq_given = "seq_length" in req.model_fields_set
+    # seq_length counts as given when it is not the field's default: the MCP tools send every default explicitly
+    seq_given = req.seq_length != Request.model_fields["seq_length"].default
     response = pick(req.response_length, d.response_length, "response_length")
     prompt = req.prompt_length
     if prompt is None and seq_given and req.seq_length > response:
@@ -183,7 +196,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     rl = ResolvedRL(job=RLJob(algorithm=algorithm, prompts_per_step=prompts, samples_per_prompt=n,
                               prompt_length=prompt, response_length=response),
                     engine=engine, tp=tp, dp=dp, ep=ep, memory_fraction=fraction, placement=placement,
-                    rollout_gpus=rollout_gpus)
+                    rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager))
     trainer = req.model_copy(update={"num_gpus": trainer_gpus, "seq_length": prompt + response,
                                      "global_batch_size": prompts * n})
     return trainer, rl
@@ -206,13 +219,11 @@ def rl_constant(name: str) -> float:
     return calibration_card().rl[name].value
 
 
-def engine_weight_bytes(arch, plan: Plan) -> float:
-    """One engine GPU's weights: attention, dense MLPs, shared experts, embedding and head sharded by the rollout TP;
-    norms and routers whole; routed experts over the rollout EP (= TP x DP) when EP > 1, else over its TP."""
+def _param_split(arch) -> tuple[int, int, int]:
+    """The model's parameters by how an engine shards them: over its TP (attention, dense MLPs, shared experts,
+    embedding and head), whole (norms, routers), routed experts."""
     from meshplan.models import layer_params
 
-    tp = plan.rollout_tp
-    expert_shards = plan.rollout_ep if plan.rollout_ep > 1 else tp
     sharded = whole = experts = 0
     for i in range(arch.num_layers):
         p = layer_params(arch, i)
@@ -220,7 +231,18 @@ def engine_weight_bytes(arch, plan: Plan) -> float:
         whole += p["norms"] + p["router"]
         experts += p["routed_experts"]
     vocab_rows = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
-    return ENGINE_BYTES * ((sharded + vocab_rows) / tp + whole + experts / expert_shards)
+    return sharded + vocab_rows, whole, experts
+
+
+def engine_weight_bytes(arch, plan: Plan) -> float:
+    """One engine GPU's weights: attention, dense MLPs, shared experts, embedding and head sharded by the rollout TP;
+    norms and routers whole; routed experts over the rollout EP (= TP x DP) when EP > 1, else over its TP."""
+    sharded, whole, experts = _split(arch)
+    expert_shards = plan.rollout_ep if plan.rollout_ep > 1 else plan.rollout_tp
+    return ENGINE_BYTES * (sharded / plan.rollout_tp + whole + experts / expert_shards)
+
+
+_split = per_architecture(_param_split)  # built once per model
 
 
 def kv_bytes_per_token(arch, tp: int) -> float:
@@ -283,14 +305,15 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     # an engine of TP x DP GPUs: each DP rank caches its own sequences over its TP ranks
     per_rank = int(kv // (per_token * length))
     seqs = min(per_rank, card.defaults.max_num_seqs) * plan.rollout_dp
-    graphs = rl_constant("cuda_graph_bytes")
+    graphs = 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
     # vLLM allocates its whole budget (KV preallocated); SGLang's static pool is weights + KV, activations outside
     on_gpu = budget + graphs + (working if facts.memory_fraction_of == "free" else 0.0)
     note = (f"{plan.rollout_engine} budget {of} = {budget / GIB:.1f} GiB: weights {weights / GIB:.1f} GiB (rollout "
             f"TP{plan.rollout_tp}{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}), activations "
             f"{working / GIB:.1f} GiB, KV cache {kv / GIB:.1f} GiB = {int(kv // per_token):,} tokens = {per_rank:,} "
-            f"sequences of {length:,} tokens per DP rank (max_num_seqs {card.defaults.max_num_seqs}); CUDA graphs "
-            f"{graphs / GIB:.1f} GiB outside the fraction")
+            f"sequences of {length:,} tokens per DP rank (max_num_seqs {card.defaults.max_num_seqs}); "
+            + ("no CUDA graphs (enforce_eager)" if plan.rollout_enforce_eager else
+               f"CUDA graphs {graphs / GIB:.1f} GiB outside the fraction"))
     if kv <= 0:
         note += ("; the weights and activations exceed the budget: the engine cannot start (raise "
                  "rollout_memory_fraction or rollout_tp)")
@@ -298,3 +321,280 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
                         cuda_graph_bytes=graphs, kv_bytes_per_token=per_token, gpu_bytes=on_gpu,
                         sequences_at_once=seqs, note=note)
 
+
+# --------------------------------------------------------------------------- memory per phase
+
+
+STATE_CLASSES = ("weights", "gradients", "optimizer")
+
+
+def job_memory(job, plan: Plan):
+    """The memory report every caller takes: the training step's, or for an RL job the peak over its phases."""
+    from meshplan.memory import estimate_memory
+
+    return rl_memory(job, plan) if job.rl is not None else estimate_memory(job, plan)
+
+
+def _forward_only(plan: Plan) -> Plan:
+    """The plan as a forward-only pass sees it: full recompute's report keeps one working layer and the logits."""
+    return plan.model_copy(update={"recompute": "full", "recompute_layers": None, "recompute_method": None,
+                                   "recompute_modules": None, "selective_ac_option": None})
+
+
+def trainer_reports(job, plan: Plan) -> tuple:
+    """The actor update's memory report and the forward-only one (the log-prob passes): what every rollout choice
+    of one trainer layout shares (recommend computes them once per layout)."""
+    from meshplan.memory import estimate_memory
+
+    return estimate_memory(job, plan), estimate_memory(job, _forward_only(plan))
+
+
+def rl_memory(job, plan: Plan, reports: tuple | None = None):
+    """Per-GPU memory of each phase of an RL step, and host memory per node.
+
+    The actor update is meshplan.memory.estimate_memory (with the in-step offloads); around it, the states a phase
+    offload (verl param/grad/optimizer_offload) moves to the host leave the GPU between phases but are all back
+    for the update, so they cut the rollout's and log-prob passes' memory, not the update's peak. The reference
+    model (GRPO's and PPO's KL) keeps bf16 weights in the trainer's layout, offloaded with param_offload as verl's
+    ref.megatron.param_offload follows the actor's; PPO's critic is counted as a second copy of the actor's states.
+    A colocated engine holds its memory fraction during the rollout and its CUDA graphs in every phase."""
+    from meshplan.memory_states import memory_card
+    from meshplan.offload import offload_plan
+    from meshplan.schema import PhaseMemory
+
+    card = rl_card(job.framework)
+    rl = job.rl
+    update, forward = reports or trainer_reports(job, plan)
+    knob_classes = offload_plan(job.framework, plan).phase
+    auto = card.colocated_offload and plan.placement == "colocated"  # SkyRL's colocate_all offloads every model
+    phase_classes = frozenset(STATE_CLASSES) if auto else knob_classes
+    has_ref, has_critic = card.reference_model[rl.algorithm], card.critic[rl.algorithm]
+    mem = memory_card()
+    fixed = mem.fixed_overhead_bytes + mem.cuda_context_bytes
+    colocated = plan.placement == "colocated"
+    capacity = job.gpu.memory_bytes
+    graphs = rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0
+    phases: list[PhaseMemory] = []
+
+    def worst(name: str, values: list[tuple[float, dict, str]], pool: str = "trainer") -> None:
+        stage = max(range(len(values)), key=lambda i: values[i][0])
+        total, detail, note = values[stage]
+        phases.append(PhaseMemory(phase=name, pool=pool, peak_bytes=int(total), stage=stage,
+                                  detail={k: int(v) for k, v in detail.items()}, note=note))
+
+    rollout, log_prob, actor, critic = [], [], [], []
+    host_extra = 0.0
+    engine_note = ""
+    for s, f in zip(update.stages, forward.stages, strict=True):
+        states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
+        between = sum(v for cls, v in states.items() if cls not in phase_classes)
+        ref = ENGINE_BYTES * s.detail.get("params_on_gpu", 0) if has_ref else 0.0
+        ref_resident = 0.0 if plan.param_offload or auto else ref
+        critic_resident = between if has_critic else 0.0
+        acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
+        fwd = acts * (1 + mem.allocator_reserve_fraction)
+        resident = between + ref_resident + critic_resident
+        if colocated:
+            engine = engine_memory(job, plan, capacity - resident - fixed)
+            engine_note = engine_note or engine.note
+            rollout.append((resident + fixed + engine.gpu_bytes,
+                            {"trainer_resident": between, "reference_resident": ref_resident,
+                             "critic_resident": critic_resident, "engine": engine.gpu_bytes,
+                             "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
+                             "sequences_at_once": engine.sequences_at_once, "fixed": fixed}, engine.note))
+        actor_fwd = states["weights"] + between - (states["weights"] if "weights" not in phase_classes else 0)
+        log_prob.append((max(actor_fwd + ref_resident, between + ref) + critic_resident + fwd + fixed + graphs,
+                         {"policy_or_reference_weights": max(states["weights"], ref), "forward_activations": fwd,
+                          "resident": between + ref_resident + critic_resident, "cuda_graphs": graphs,
+                          "fixed": fixed}, "old-policy and reference forward passes, one micro-batch"))
+        actor.append((s.total_bytes + ref_resident + critic_resident + graphs,
+                      {"update": s.total_bytes, "reference_resident": ref_resident,
+                       "critic_resident": critic_resident, "cuda_graphs": graphs}, "meshplan.memory.estimate_memory"))
+        if has_critic:
+            critic.append((s.total_bytes + between + ref_resident + graphs,
+                           {"update": s.total_bytes, "actor_resident": between, "reference_resident": ref_resident,
+                            "cuda_graphs": graphs}, "the critic's update, counted as the actor's"))
+        # beyond what the offload knobs already put on the host (update.host_bytes_per_node): the reference model,
+        # PPO's critic (its host share as the actor's), the states the framework offloads by itself
+        auto_host = sum(v for cls, v in states.items() if cls not in knob_classes) if auto else 0.0
+        host_extra = max(host_extra, (ref if plan.param_offload or auto else 0.0)
+                         + ((s.host_bytes + auto_host) if has_critic else 0.0) + auto_host)
+    if colocated:
+        worst("rollout", rollout)
+    else:
+        engine = engine_memory(job, plan, capacity - fixed)
+        engine_note = engine.note
+        detail = {"engine": engine.gpu_bytes, "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
+                  "sequences_at_once": engine.sequences_at_once, "fixed": fixed}
+        worst("rollout", [(fixed + engine.gpu_bytes, detail, engine.note)], pool="rollout")
+    worst("log_prob", log_prob)
+    worst("actor_update", actor)
+    if critic:
+        worst("critic_update", critic)
+    top = max(phases, key=lambda p: p.peak_bytes)
+    host = update.host_bytes_per_node + int(host_extra * job.gpus_per_node)
+    limited = ("gpu" if top.peak_bytes > capacity
+               else "host" if job.cpu_memory_per_node and host > job.cpu_memory_per_node else None)
+    words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)
+    assumptions = [f"RL step ({rl.algorithm}, {plan.placement}): peak per phase {words}; {top.phase} peaks. "
+                   f"Stages are the actor update's.", engine_note + "."]
+    if phase_classes:
+        assumptions.append(f"Phase offloads ({', '.join(sorted(phase_classes))}) are on the host during the rollout "
+                           "and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
+    return update.model_copy(update={
+        "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": top.peak_bytes <= capacity,
+        "headroom_bytes": capacity - top.peak_bytes, "host_bytes_per_node": host, "phases": phases,
+        "peak_phase": top.phase, "limited_by": limited, "assumptions": assumptions + update.assumptions,
+    })
+
+
+# --------------------------------------------------------------------------- time per RL step
+
+
+def _engine_param_split(arch, plan: Plan) -> tuple[float, float, float]:
+    """One engine GPU's bytes read every decode step whatever the batch (attention, dense and shared MLPs, norms,
+    routers, the head), one routed expert's bytes on that GPU, and the routed experts each MoE layer holds there."""
+    from meshplan.models import expert_params
+
+    if arch.moe is None:
+        return engine_weight_bytes(arch, plan), 0.0, 0.0
+    shards = plan.rollout_ep if plan.rollout_ep > 1 else plan.rollout_tp
+    per_expert = ENGINE_BYTES * expert_params(arch) / (1 if plan.rollout_ep > 1 else plan.rollout_tp)
+    experts_here = arch.moe.num_experts / (shards if plan.rollout_ep > 1 else 1)
+    expert_total = per_expert * experts_here * len(arch.moe.moe_layers)
+    # the embedding table is not read per step (a lookup), but the head is: close enough to count both
+    return engine_weight_bytes(arch, plan) - expert_total, per_expert, experts_here
+
+
+def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[float, str]:
+    """One decode step of `batch` sequences at `context` tokens on one engine GPU: the larger of reading its weights
+    (every dense weight, and the routed experts the batch's tokens reach) plus the batch's KV cache from HBM, and
+    the step's FLOPs; plus two TP all-reduces (or EP all-to-alls) per layer at the link's small-message latency."""
+    from meshplan.calibration import calibration
+    from meshplan.flops import model_flops_per_token
+
+    cal = calibration(job.framework)
+    arch, gpu = job.model, job.gpu
+    fixed, per_expert, experts_here = _engine_param_split(arch, plan)
+    touched = 0.0
+    if arch.moe is not None:
+        # tokens routed to this GPU's experts in one step: every DP rank's batch when EP spans them
+        routed = batch * arch.moe.top_k * (plan.rollout_dp if plan.rollout_ep > 1 else 1)
+        reach = 1.0 - (1.0 - 1.0 / arch.moe.num_experts) ** routed  # chance an expert gets at least one token
+        touched = per_expert * experts_here * reach * len(arch.moe.moe_layers)
+    kv = batch * context * kv_bytes_per_token(arch, plan.rollout_tp)
+    memory_s = (fixed + touched + kv) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+    flops = model_flops_per_token(arch, int(context), mtp_layers=0) / 3 * batch / plan.rollout_tp
+    compute_s = flops / (gpu.bf16_flops * cal.gemm_peak_fraction)
+    domain = job.gpus_per_node
+    group = plan.rollout_tp * (plan.rollout_dp if plan.rollout_ep > 1 else 1)
+    latency = cal.latency_intra_s if group <= domain else cal.latency_inter_s
+    comm_s = 2 * arch.num_layers * latency if group > 1 else 0.0
+    # without CUDA graphs the host launches every layer's kernels each step (calibration.yaml rl)
+    eager_s = arch.num_layers * rl_constant("eager_launch_s_per_layer") if plan.rollout_enforce_eager else 0.0
+    bound = "HBM" if memory_s >= compute_s else "compute"
+    words = (f"{bound}-bound: {(fixed + touched) / GIB:.1f} GiB of weights and {kv / GIB:.1f} GiB of KV read "
+             f"({memory_s * 1e3:.1f} ms), {compute_s * 1e3:.1f} ms of FLOPs, {comm_s * 1e3:.2f} ms of all-reduces"
+             + (f", {eager_s * 1e3:.1f} ms of eager kernel launches" if eager_s else ""))
+    return max(memory_s, compute_s) + comm_s + eager_s, words
+
+
+def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
+    """Seconds of one RL step and its parts (schema.RLStepTime), and the actor update's ThroughputReport.
+
+    Generation: each replica's share of prompts x samples sequences decodes in waves of as many sequences as its
+    KV cache holds (at most max_num_seqs per DP rank), response_length steps per wave, each step read-bound or
+    compute-bound (decode_step_seconds, at the mean context prompt + response / 2); prefill is the prompts' forward
+    FLOPs. Log-prob passes are forwards of the update's batch (a third of its compute and communication, no
+    recompute or gradient sync). Resharding moves the bf16 weights once over the slowest link the trainer's
+    model-parallel group or the rollout pool spans. Phase offloads move their states out and back over the host
+    link. Colocated parts add; a separate rollout pool generates the next batch while the trainer trains."""
+    from meshplan.calibration import calibration
+    from meshplan.flops import model_flops_per_token
+    from meshplan.models import total_params
+    from meshplan.offload import offload_plan
+    from meshplan.perf import estimate_throughput
+    from meshplan.schema import RLStepTime
+
+    card, rl, arch, gpu = rl_card(job.framework), job.rl, job.model, job.gpu
+    cal = calibration(job.framework)
+    update = update or estimate_throughput(job, plan)
+    b = update.breakdown
+    forward = (b.compute_s - b.recompute_s + b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s + b.bubble_s) / 3
+    passes = 1 + card.reference_model[rl.algorithm] + card.critic[rl.algorithm]
+    log_prob = passes * forward
+    update_s = update.step_time_s * (2 if card.critic[rl.algorithm] else 1)
+
+    memory = rl_memory(job, plan, reports)
+    rollout_phase = next(p for p in memory.phases if p.phase == "rollout")
+    per_rank = max(1, int(rollout_phase.detail.get("sequences_at_once", 0) // plan.rollout_dp))
+    group_size = plan.rollout_tp * plan.rollout_dp
+    replicas = max(1, plan.rollout_gpus // group_size)
+    sequences = rl.prompts_per_step * rl.samples_per_prompt
+    per_dp_rank = -(-sequences // (replicas * plan.rollout_dp))
+    batch = min(per_rank, per_dp_rank)
+    waves = -(-per_dp_rank // batch)
+    context = rl.prompt_length + rl.response_length / 2
+    step, words = decode_step_seconds(job, plan, batch, context)
+    decode = waves * rl.response_length * step
+    prefill_flops = model_flops_per_token(arch, rl.prompt_length, mtp_layers=0) / 3 * rl.prompt_length * per_dp_rank
+    prefill = prefill_flops / plan.rollout_tp / (gpu.bf16_flops * cal.gemm_peak_fraction)
+    generation = prefill + decode
+
+    weights = ENGINE_BYTES * total_params(arch)
+    trainer_group = plan.tp * plan.pp * plan.ep * plan.cp
+    cross = plan.placement == "separate" or trainer_group > job.gpus_per_node or group_size > job.gpus_per_node
+    link = gpu.network_bandwidth * cal.network_efficiency if cross else gpu.intra_node_bandwidth * cal.nvlink_efficiency
+    reshard = weights / link
+    phase_classes = offload_plan(job.framework, plan).phase
+    if card.colocated_offload and plan.placement == "colocated":
+        phase_classes = frozenset(STATE_CLASSES)
+    update_stage = max(memory.stages, key=lambda s: s.total_bytes)
+    moved = sum(getattr(update_stage, f"{cls}_bytes") for cls in phase_classes)
+    if (plan.param_offload or card.colocated_offload) and card.reference_model[rl.algorithm]:
+        moved += ENGINE_BYTES * update_stage.detail.get("params_on_gpu", 0)
+    offload = 2 * moved / gpu.host_bandwidth
+    train_side = log_prob + update_s + offload
+    if plan.placement == "colocated":
+        total = generation + train_side + reshard
+    else:
+        total = max(generation, train_side) + reshard
+    parts = {"generation": generation, "log-prob passes": log_prob, "update": update_s, "resharding": reshard,
+             "offload": offload}
+    limited = max(parts, key=parts.get)
+    return RLStepTime(
+        step_s=total, generation_s=generation, prefill_s=prefill, decode_s=decode, log_prob_s=log_prob,
+        update_s=update_s, reshard_s=reshard, offload_s=offload, replicas=replicas,
+        sequences_at_once=per_rank * plan.rollout_dp, decode_waves=waves, decode_step_s=step, update_mfu=update.mfu,
+        limited_by=limited,
+    ), update, words, memory
+
+
+def rl_throughput(job, plan: Plan):
+    """The ThroughputReport of an RL job: step_time_s is the whole RL step (its parts in `rl`), tokens/s count the
+    trained tokens over it, and mfu is the actor update's (what verl reports)."""
+    timing, update, words, _ = rl_step_time(job, plan)
+    tokens = update.tokens_per_s * update.step_time_s
+    rl = job.rl
+    note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
+            f"{timing.prefill_s:,.0f} s, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of rollout "
+            f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
+            f"{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}, {timing.sequences_at_once} sequences at once, "
+            f"{timing.decode_waves} waves of {rl.response_length:,} steps of {timing.decode_step_s * 1e3:.1f} ms, "
+            f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s, resharding "
+            f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "
+            + ("colocated: the parts add." if plan.placement == "colocated" else
+               "separate pools: generation overlaps the training side (one step off)."))
+    return update.model_copy(update={
+        "step_time_s": timing.step_s, "tokens_per_s": tokens / timing.step_s,
+        "tokens_per_s_per_gpu": tokens / timing.step_s / (job.num_gpus + (plan.rollout_gpus if plan.placement ==
+                                                                           "separate" else 0)),
+        "rl": timing, "assumptions": [note, "mfu is the actor update's, as verl reports it.", *update.assumptions],
+    })
+
+
+def job_throughput(job, plan: Plan):
+    """The throughput report every caller takes: the training step's, or for an RL job the whole RL step."""
+    from meshplan.perf import estimate_throughput
+
+    return rl_throughput(job, plan) if job.rl is not None else estimate_throughput(job, plan)

@@ -64,7 +64,8 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
 
 def _memory_findings(ctx: Context, findings: list[Finding]) -> tuple[MemorySummary | None, str]:
     """Estimate once, then run the memory rules over the estimate; nonsense layouts get a note instead."""
-    from meshplan.memory import estimate_memory, memory_summary
+    from meshplan.memory import memory_summary
+    from meshplan.rollout import job_memory as estimate_memory  # an RL job: the peak over its phases
 
     try:
         report = estimate_memory(ctx.job, ctx.plan)
@@ -175,7 +176,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
 
 def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
     """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives)."""
-    from meshplan.memory import estimate_memory
+    from meshplan.rollout import job_memory as estimate_memory  # an RL job: the peak over its phases
 
     fitting: list[str] = []
     tried: list[str] = []

@@ -262,8 +262,8 @@ class Request(_Strict):
     )
     # --- RL post-training job (meshplan/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(
-        None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes and "
-                          "update; verl and SkyRL) (default: pretrain; rl when an RL field is given)",
+        None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "
+                          "and update; verl and SkyRL) (default: pretrain; rl when an RL field is given)",
     )
     algorithm: RLAlgorithm | None = Field(
         None, description="RL algorithm: grpo (reference model for the KL loss), dapo (no reference, no KL) or ppo "
@@ -314,6 +314,10 @@ class Request(_Strict):
     rollout_gpus: int | None = Field(
         None, ge=1, le=MAX_GPUS, description="GPUs running the rollout engine: with placement separate, taken out of "
                                              "num_gpus (required there); colocated: all of them (default)",
+    )
+    rollout_enforce_eager: bool | None = Field(
+        None, description="Rollout engine without CUDA graphs (verl and SkyRL enforce_eager): no graph memory, every "
+                          "decode step launches its kernels from the host (default: false, the frameworks' default)",
     )
     first_stage_layers: int | None = Field(
         None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (default: even split)"
@@ -455,7 +459,8 @@ class Plan(_Strict):
     rollout_ep: int | None = Field(None, ge=1)
     rollout_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     placement: Placement | None = None
-    rollout_gpus: int | None = Field(None, ge=1, description="GPUs running the engine (separate: besides the trainer's)")
+    rollout_gpus: int | None = Field(None, ge=1, description="GPUs running the engine (separate: beside the trainer's)")
+    rollout_enforce_eager: bool = False
     first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
     last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
     pipeline_layout: str | None = Field(
@@ -643,6 +648,7 @@ class ThroughputReport(_Strict):
     breakdown: ThroughputBreakdown
     assumptions: list[str]
     warnings: list[str] = []
+    rl: RLStepTime | None = Field(None, description="RL job: the step's parts; step_time_s is the whole RL step")
     error_band: ErrorBand | None = Field(None, description="The error measured in this regime (meshplan/accuracy.py)")
 
 

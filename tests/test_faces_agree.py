@@ -45,6 +45,8 @@ Q30 = {"model": "qwen3-30b-a3b", "gpu": "h100"}
 DSV3 = {"model": "deepseek-v3", "gpu": "h100"}
 
 # (tool, arguments): at least 30, every tool, the issue's examples, some refusals.
+RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_prompt": 8, "prompts_per_step": 64,
+      "response_length": 4096}
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_memory", {**L8, "num_gpus": 8, "tp": 2}),
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2}),
@@ -64,6 +66,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "precision": "fp8", "fp8_recipe": "tensorwise",
                          "fp8_param_gather": True, "optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
     ("check_config", {**L8, "num_gpus": 8, "precision": "fp8", "fp8_recipe": "mxfp8"}),
+    # RL jobs (meshplan/rollout.py): memory per phase, the RL step's parts, the rollout rules, the RL command
+    ("estimate_memory", {**Q30, **RL, "param_offload": True, "optimizer_offload": True}),
+    ("estimate_throughput", {**Q30, **RL, "rollout_enforce_eager": True}),
+    ("check_config", {**Q30, **RL, "rollout_tp": 2, "rollout_ep": 4}),
+    ("render_config", {"framework": "verl", **Q30, **RL, "rollout_tp": 4, "param_offload": True}),
+    ("recommend_parallelism", {**Q30, **RL}),
+    ("estimate_memory", {**Q30, "num_gpus": 16, "ep": 8, "rollout_tp": 2}),  # RL fields on megatron-core: refused
     # LoRA (meshplan/lora.py): frozen base, adapters' states and time, the Bridge peft config, a refusal
     ("estimate_memory", {**L70, "num_gpus": 8, "tp": 2, "pp": 4, "framework": "megatron-bridge", "lora_rank": 16,
                          "lora_targets": ["linear_qkv"]}),

@@ -50,7 +50,7 @@ def test_separate_placement_takes_the_rollout_gpus_out_of_num_gpus():
     ({"framework": "skyrl", "rollout_engine": "sglang"}, "skyrl runs no sglang rollout engine"),
     ({"placement": "separate"}, "placement separate needs rollout_gpus"),
     ({"placement": "separate", "rollout_gpus": 16}, "leaves no GPU"),
-    ({"seq_length": 4096, "prompt_length": 512, "response_length": 512}, "is not prompt_length [+] response_length"),
+    ({"seq_length": 8192, "prompt_length": 512, "response_length": 512}, "is not prompt_length [+] response_length"),
     ({"global_batch_size": 100}, "is not prompts_per_step x samples_per_prompt"),
 ])
 def test_bad_rl_requests_are_clear_errors(fields, words):
@@ -82,3 +82,126 @@ def test_cards_state_each_engines_memory_fraction():
     assert rl_card("verl").engines["sglang"].memory_fraction_of == "free"
     assert set(rl_card("skyrl").engines) == {"vllm"}
     assert rl_card("megatron-core") is None
+
+
+# --------------------------------------------------------------------------- memory per phase, time per step
+
+GIB = 1 << 30
+DAPO = {**GRPO, "framework": "verl", "algorithm": "dapo", "response_length": 4096, "recompute": "full"}
+
+
+def phases(report):
+    return {p.phase: p for p in report.phases}
+
+
+def test_phase_offloads_free_the_rollout_not_the_update():
+    from meshplan.rollout import rl_memory
+
+    job, plan = resolve(parse_request(DAPO))
+    on = plan.model_copy(update={"param_offload": True, "optimizer_offload": True})
+    before, after = phases(rl_memory(job, plan)), phases(rl_memory(job, on))
+    assert after["actor_update"].peak_bytes == before["actor_update"].peak_bytes  # back on the GPU for the update
+    resident = before["rollout"].detail["trainer_resident"]
+    assert resident > 0 and after["rollout"].detail["trainer_resident"] == 0
+    # the engine's vLLM budget is a share of total memory, so the rollout falls by exactly the trainer's states
+    assert before["rollout"].peak_bytes - after["rollout"].peak_bytes == pytest.approx(resident, abs=2)
+
+
+def test_peak_is_the_largest_phase_and_names_it():
+    from meshplan.rollout import rl_memory
+
+    job, plan = resolve(parse_request({**DAPO, "algorithm": "ppo"}))
+    report = rl_memory(job, plan)
+    assert {p.phase for p in report.phases} == {"rollout", "log_prob", "actor_update", "critic_update"}
+    top = max(report.phases, key=lambda p: p.peak_bytes)
+    assert report.peak_bytes == top.peak_bytes and report.peak_phase == top.phase
+    assert report.fits == (report.peak_bytes <= job.gpu.memory_bytes)
+    assert report.limited_by == (None if report.fits else "gpu")
+
+
+def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
+    from meshplan.rollout import engine_memory, kv_bytes_per_token
+
+    job, plan = rl(response_length=4096, rollout_tp=4)
+    capacity = job.gpu.memory_bytes
+    vllm = engine_memory(job, plan, free_bytes=40 * GIB)
+    assert vllm.budget_bytes == 0.5 * capacity
+    assert vllm.kv_bytes == vllm.budget_bytes - vllm.weights_bytes - vllm.working_bytes
+    per_rank = int(vllm.kv_bytes // (kv_bytes_per_token(job.model, 4) * (512 + 4096)))
+    assert vllm.sequences_at_once == min(per_rank, 256)
+    sglang = engine_memory(job, plan.model_copy(update={"rollout_engine": "sglang"}), free_bytes=40 * GIB)
+    assert sglang.budget_bytes == 0.5 * 40 * GIB
+    assert sglang.gpu_bytes == sglang.budget_bytes + sglang.cuda_graph_bytes + sglang.working_bytes
+
+
+def test_a_separate_pool_holds_only_the_engine():
+    from meshplan.rollout import rl_memory
+
+    job, plan = resolve(parse_request({**DAPO, "placement": "separate", "rollout_gpus": 8}))
+    rollout = phases(rl_memory(job, plan))["rollout"]
+    assert rollout.pool == "rollout" and "trainer_resident" not in rollout.detail
+    assert phases(rl_memory(job, plan))["actor_update"].detail["cuda_graphs"] == 0  # no engine on the trainer's GPUs
+
+
+def test_host_memory_short_is_named():
+    from meshplan import api
+
+    report = api.estimate_memory(parse_request({**DAPO, "param_offload": True,
+                                                "optimizer_offload": True, "cpu_memory_per_node": 8}))
+    assert report.fits and report.host_bytes_per_node > 8 * GIB and report.limited_by == "host"
+
+
+def test_colocated_parts_add_and_a_separate_pool_overlaps():
+    from meshplan import api
+
+    t = api.estimate_throughput(parse_request(DAPO)).rl
+    assert t.step_s == pytest.approx(t.generation_s + t.log_prob_s + t.update_s + t.reshard_s + t.offload_s)
+    assert t.generation_s == pytest.approx(t.prefill_s + t.decode_s)
+    sequences = 64 * 8
+    per_rank = -(-sequences // t.replicas)
+    assert t.replicas == 8 and t.decode_waves == -(-per_rank // min(t.sequences_at_once, per_rank))
+    assert t.decode_s == pytest.approx(t.decode_waves * 4096 * t.decode_step_s)
+    s = api.estimate_throughput(parse_request({**DAPO, "placement": "separate", "rollout_gpus": 8})).rl
+    assert s.step_s == pytest.approx(max(s.generation_s, s.log_prob_s + s.update_s + s.offload_s) + s.reshard_s)
+    assert api.estimate_throughput(parse_request({"model": "qwen3-8b", "num_gpus": 8})).rl is None
+
+
+def test_recommend_for_an_rl_job_ranks_whole_rl_steps_that_fit():
+    from meshplan import api
+    from meshplan.rules import check_config
+
+    req = parse_request({**GRPO, "framework": "verl", "response_length": 4096})
+    rec = api.recommend(req, top_k=3)
+    assert rec.candidates, rec.rationale
+    steps = [c.throughput.step_time_s for c in rec.candidates]
+    assert steps == sorted(steps) and all(c.throughput.rl is not None for c in rec.candidates)
+    job, _ = resolve(req)
+    best = rec.candidates[0].plan
+    assert best.rollout_tp and best.rollout_memory_fraction and best.placement == "colocated"
+    assert rec.candidates[0].memory.peak_bytes <= (1 - rec.headroom) * job.gpu.memory_bytes
+    assert not [f for f in check_config(job, best, include_memory=True).findings if f.severity == "error"]
+
+
+def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
+    from meshplan.rollout import decode_step_seconds, rl_constant, rl_memory
+
+    job, plan = resolve(parse_request(DAPO))
+    eager = plan.model_copy(update={"rollout_enforce_eager": True})
+    graphs = rl_constant("cuda_graph_bytes")
+    assert phases(rl_memory(job, plan))["actor_update"].detail["cuda_graphs"] == graphs
+    assert phases(rl_memory(job, eager))["actor_update"].detail["cuda_graphs"] == 0
+    with_graphs, _ = decode_step_seconds(job, plan, 32, 2048)
+    without, words = decode_step_seconds(job, eager, 32, 2048)
+    assert without - with_graphs == pytest.approx(48 * rl_constant("eager_launch_s_per_layer"))
+    assert "eager kernel launches" in words
+
+
+def test_skyrl_colocated_offloads_every_model_itself_and_verl_only_on_request():
+    from meshplan.rollout import rl_memory
+
+    for framework, resident in (("skyrl", False), ("verl", True)):
+        job, plan = resolve(parse_request({**DAPO, "algorithm": "grpo", "framework": framework}))
+        report = rl_memory(job, plan)
+        rollout = phases(report)["rollout"].detail
+        assert (rollout["trainer_resident"] > 0) == resident and (rollout["reference_resident"] > 0) == resident
+        assert (report.host_bytes_per_node > 0) != resident  # SkyRL's own offload needs host memory

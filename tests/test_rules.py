@@ -193,6 +193,9 @@ CASES: dict[str, tuple[dict, dict]] = {
     "RL002": ({**QWEN_MOE, **RL, "rollout_tp": 3}, {**QWEN_MOE, **RL, "rollout_tp": 4}),
     "RL003": ({**QWEN_MOE, **RL, "rollout_gpus": 8}, {**QWEN_MOE, **RL, "rollout_gpus": 16}),
     "RL004": ({**QWEN_MOE, **RL, "rollout_tp": 16}, {**QWEN_MOE, **RL, "rollout_tp": 8}),
+    "RL005": ({**QWEN_MOE, **RL, "response_length": 4096, "with_memory": True},  # the rollout wakes beside the trainer
+              {**QWEN_MOE, **RL, "response_length": 4096, "param_offload": True,
+               "optimizer_offload": True, "recompute": "full", "with_memory": True}),
 }
 
 
@@ -229,7 +232,7 @@ def test_card_and_code_agree_and_every_rule_has_a_lifecycle():
         assert entry.get("status") in ("stable", "preview", "deprecated"), rule_id
         assert isinstance(entry.get("since"), str) and entry["since"].count(".") == 2, rule_id
     assert set(load_rules()) == code_ids
-    assert memory_rules() == {"MEM001", "MEM002", "MEM003"}
+    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL005"}
 
 
 def load_card_raw() -> dict:

@@ -1,0 +1,150 @@
+"""Proof that RL job renderings (rollout section, n, batch sizes, lengths, offloads, critic only for PPO) use only keys
+the pinned verl 0.9.1 (Hydra composes its packaged ppo_trainer.yaml) and SkyRL 0.4.0 (its config dataclasses) accept,
+and that the values read back are the plan's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from framework_packages import venv_python, wheel_tree
+from framework_source import SourceTree
+from meshplan.adapters.parse import overrides, shell_tokens
+from meshplan.adapters.render import render
+from test_adapters_frameworks import COMPOSE, _walk
+
+from meshplan.errors import MeshplanError
+from meshplan.request import parse_request, resolve
+
+GRPO = {"model": "qwen3-30b-a3b", "num_gpus": 16, "ep": 8, "etp": 1, "job": "rl", "samples_per_prompt": 8,
+        "prompts_per_step": 64, "response_length": 4096, "rollout_tp": 4, "rollout_memory_fraction": 0.7,
+        "param_offload": True, "optimizer_offload": True}  # no grad_offload: verl 0.9.1 has none
+JOBS = [  # (framework, variant, request fields)
+    ("verl", "megatron", {**GRPO, "framework": "verl"}),
+    ("verl", "megatron", {**GRPO, "framework": "verl", "algorithm": "ppo", "rollout_engine": "sglang",
+                          "rollout_enforce_eager": True}),
+    ("verl", "megatron", {**GRPO, "framework": "verl", "algorithm": "dapo", "rollout_tp": 2, "rollout_dp": 4,
+                          "rollout_ep": 8, "optimizer_offload_fraction": 1.0}),
+    ("verl", "fsdp", {**GRPO, "framework": "verl", "zero_stage": 3, "ep": 1, "etp": None}),
+    ("skyrl", "rl", {**GRPO, "framework": "skyrl", "param_offload": None, "rollout_enforce_eager": True}),
+    ("skyrl", "rl", {**GRPO, "framework": "skyrl", "algorithm": "ppo", "param_offload": None,
+                     "placement": "separate", "rollout_gpus": 8}),
+]
+
+def renderings(framework: str):
+    out = recommended() if framework == "verl" else []
+    for fw, variant, fields in JOBS:
+        if fw == framework:
+            job, plan = resolve(parse_request({k: v for k, v in fields.items() if v is not None}))
+            out.append((job, plan, render(fw, job, plan, variant=variant)))
+    return out
+
+def recommended():
+    """recommend's #1 for GRPO on Qwen3-30B-A3B with verl on 16 H100 (issue 16), rendered."""
+    from meshplan import api
+
+    req = parse_request({"model": "qwen3-30b-a3b", "framework": "verl", "num_gpus": 16, "job": "rl",
+                         "samples_per_prompt": 8, "prompts_per_step": 64, "response_length": 4096})
+    job, _ = resolve(req)
+    plan = api.recommend(req, top_k=1).candidates[0].plan
+    return [(job, plan, render("verl", job, plan, variant="megatron"))]
+
+
+def test_rl_renderings_carry_the_rollout_and_drop_the_critic_unless_ppo():
+    for job, plan, result in renderings("verl"):
+        keys = overrides(shell_tokens(result.text))
+        assert keys["actor_rollout_ref.rollout.tensor_model_parallel_size"] == str(plan.rollout_tp)
+        assert keys["actor_rollout_ref.rollout.n"] == str(job.rl.samples_per_prompt)
+        assert keys["data.train_batch_size"] == str(job.rl.prompts_per_step)
+        assert keys["actor_rollout_ref.rollout.name"] == plan.rollout_engine
+        assert any(k.startswith("critic.") for k in keys) == (job.rl.algorithm == "ppo")
+    for job, plan, result in renderings("skyrl"):
+        keys = overrides(shell_tokens(result.text))
+        assert keys["generator.inference_engine.num_engines"] == str(plan.rollout_gpus // plan.rollout_tp)
+        assert keys["trainer.placement.colocate_all"] == str(plan.placement == "colocated").lower()
+        assert ("trainer.critic.model.path" in keys) == (job.rl.algorithm == "ppo")
+
+def test_verl_separate_placement_is_refused_with_the_reason():
+    job, plan = resolve(parse_request({**GRPO, "framework": "verl", "placement": "separate", "rollout_gpus": 8}))
+    with pytest.raises(MeshplanError, match="one-step-off"):
+        render("verl", job, plan, variant="megatron")
+
+PROBES = ["actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.n",
+          "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.expert_parallel_size",
+          "actor_rollout_ref.rollout.name", "data.max_response_length", "algorithm.adv_estimator",
+          "actor_rollout_ref.actor.megatron.param_offload"]
+
+@pytest.mark.slow
+def test_verl_rl_overrides_compose_with_the_packaged_yaml():
+    python = venv_python("hydra", ["hydra-core==1.3.2"], python_version="3.11")
+    config_dir = wheel_tree("verl") / "verl" / "trainer" / "config"
+    results = renderings("verl")
+    jobs = []
+    for _, _, result in results:
+        tokens = shell_tokens(result.text)
+        jobs.append([tokens[tokens.index("verl.trainer.main_ppo") + 1:], PROBES])
+    proc = subprocess.run([str(python), "-c", COMPOSE, str(config_dir)], input=json.dumps(jobs),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (job, plan, result), answer in zip(results, answers, strict=True):
+        assert answer["ok"], f"{answer.get('error')}\n{result.text}"
+        values = answer["values"]
+        assert values["actor_rollout_ref.rollout.tensor_model_parallel_size"] == plan.rollout_tp
+        assert values["actor_rollout_ref.rollout.n"] == job.rl.samples_per_prompt
+        assert values["actor_rollout_ref.rollout.gpu_memory_utilization"] == plan.rollout_memory_fraction
+        assert values["actor_rollout_ref.rollout.expert_parallel_size"] == plan.rollout_ep
+        assert values["actor_rollout_ref.rollout.name"] == plan.rollout_engine
+        assert values["data.max_response_length"] == job.rl.response_length
+        assert values["algorithm.adv_estimator"] == ("gae" if job.rl.algorithm == "ppo" else "grpo")
+
+@pytest.mark.slow
+def test_skyrl_rl_keys_exist_in_its_config_dataclasses():
+
+    tree = SourceTree(wheel_tree("skyrl"))
+    megatron = SourceTree(wheel_tree("megatron-core"), wheel_tree("megatron-bridge"))
+    transformer = set(megatron.fields("megatron.core.transformer.transformer_config", "TransformerConfig"))
+    for _, _, result in renderings("skyrl"):
+        keys = overrides(shell_tokens(result.text))
+        assert keys and not any(k.startswith("+") for k in keys)
+        for key in keys:
+            _walk(tree, "skyrl.train.config.config", "SkyRLTrainConfig", key, transformer)
+
+
+def _dataclass_defaults(path, cls: str) -> dict:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    return {s.target.id: ast.literal_eval(s.value) for s in node.body
+            if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and isinstance(s.value, ast.Constant)}
+
+
+@pytest.mark.slow
+def test_rl_card_defaults_are_the_pinned_packages_own():
+    import yaml
+
+    from meshplan.rollout import rl_card
+
+    config = wheel_tree("verl") / "verl" / "trainer" / "config"
+    rollout = yaml.safe_load((config / "rollout" / "rollout.yaml").read_text())
+    data = yaml.safe_load((config / "data" / "legacy_data.yaml").read_text())
+    d = rl_card("verl").defaults
+    assert (d.memory_fraction, d.rollout_tp, d.rollout_dp, d.rollout_ep, d.samples_per_prompt, d.max_num_seqs,
+            d.max_num_batched_tokens) == (rollout["gpu_memory_utilization"], rollout["tensor_model_parallel_size"],
+                                          rollout["data_parallel_size"], rollout["expert_parallel_size"],
+                                          rollout["n"], rollout["max_num_seqs"], rollout["max_num_batched_tokens"])
+    assert (d.prompts_per_step, d.prompt_length, d.response_length) == (
+        data["train_batch_size"], data["max_prompt_length"], data["max_response_length"])
+    source = wheel_tree("skyrl") / "skyrl" / "train" / "config" / "config.py"
+    engine = _dataclass_defaults(source, "InferenceEngineConfig")
+    d = rl_card("skyrl").defaults
+    assert (d.memory_fraction, d.rollout_tp, d.rollout_dp, d.rollout_ep, d.max_num_seqs, d.max_num_batched_tokens,
+            d.engine) == (engine["gpu_memory_utilization"], engine["tensor_parallel_size"],
+                          engine["data_parallel_size"], engine["expert_parallel_size"], engine["max_num_seqs"],
+                          engine["max_num_batched_tokens"], engine["backend"])
+    assert d.samples_per_prompt == _dataclass_defaults(source, "GeneratorConfig")["n_samples_per_prompt"]
+    assert d.response_length == _dataclass_defaults(source, "SamplingParams")["max_generate_length"]
+    trainer = _dataclass_defaults(source, "TrainerConfig")
+    assert (d.prompts_per_step, d.prompt_length) == (trainer["train_batch_size"], trainer["max_prompt_length"])
