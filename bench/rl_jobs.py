@@ -27,14 +27,18 @@ DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validatio
 # DeepSeek-V3 GRPO on 96 H20 (verl examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh): 96 prompts x 8,
 # prompt 2,048 + response 9,632 (max_response_length 1204 * 8), rollout TP32 at gpu_memory_utilization 0.6, KL loss
 # (a reference model), actor param/grad offload (verl 0.9.1: param_offload releases the gradients too),
-# optimizer_offload_fraction 1.0, full uniform recompute of 1 layer,
-# 6 layers on the last stage, dynamic batches of (prompt + response) tokens per GPU (micro-batch 1 at that length),
+# optimizer_offload_fraction 1.0, full uniform recompute of 1 layer, 6 layers on the last stage with MTP disabled
+# ("MTP and FP8 disabled for RL", the row's precision): the pipeline layout of 5 layers on each of the first 11
+# stages and 6 on the last, no MTP block m (Megatron-Core builds none then),
+# dynamic batches of (prompt + response) tokens per GPU (micro-batch 1 at that length),
 # rollout enforce_eager=True.
 DSV3 = dict(model="deepseek-v3", gpu="h20", num_gpus=96, framework="verl", tp=8, pp=12, ep=8, etp=1, job="rl",
             algorithm="grpo", prompts_per_step=96, samples_per_prompt=8, prompt_length=2048, response_length=9632,
             rollout_tp=32, rollout_memory_fraction=0.6, param_offload=True,
             optimizer_offload_fraction=1.0, recompute="full", recompute_method="uniform", recompute_layers=1,
-            last_stage_layers=6, micro_batch_size=1, rollout_enforce_eager=True)
+            pipeline_layout="Et*5|(t*5|)*10t*6L", micro_batch_size=1, rollout_enforce_eager=True)
+# the same with the catalog's MTP block trained on the last stage (num_layers_in_last_pipeline_stage alone)
+DSV3_WITH_MTP = {**{k: v for k, v in DSV3.items() if k != "pipeline_layout"}, "last_stage_layers": 6}
 DSV3_MEAN_RESPONSE = 1960  # the row's mean response length: the step-time case decodes this many tokens
 
 # Qwen3-30B-A3B (verl examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh): 512 prompts x 16, prompt 2,048 +
@@ -76,6 +80,7 @@ def run(validation: Path) -> dict:
     # DeepSeek-V3 96 H20: memory per phase, host per node, and the step's parts
     row = published["verl_dsv3_h20_96"]
     mem = api.estimate_memory(parse_request(DSV3))
+    mtp = api.estimate_memory(parse_request(DSV3_WITH_MTP))
     step = api.estimate_throughput(parse_request({**DSV3, "response_length": DSV3_MEAN_RESPONSE}))
     host_tb = float(row["outcome"]["other"].split("CPU memory ")[1].split(" GB")[0].replace(",", "")) / 1e3
     rollout_s = float(row["outcome"]["other"].split("rollout ")[1].split(" s")[0].replace(",", ""))
@@ -84,6 +89,8 @@ def run(validation: Path) -> dict:
         "peak_phase": mem.peak_phase,
         "peak_gb": round(mem.peak_bytes / GB, 1), "peak_measured_gb": row["outcome"]["peak_memory_gb_per_gpu"],
         "host_tb_per_node": round(mem.host_bytes_per_node / 1e12, 2), "host_measured_tb": host_tb,
+        "with_mtp": {"peak_gb": round(mtp.peak_bytes / GB, 1), "peak_phase": mtp.peak_phase,
+                     "host_tb_per_node": round(mtp.host_bytes_per_node / 1e12, 2)},
         "step_s": round(step.step_time_s), "step_measured_s": row["outcome"]["step_time_s"],
         "generation_s": round(step.rl.generation_s), "generation_measured_s": rollout_s,
         "train_side_s": round(step.step_time_s - step.rl.generation_s),
@@ -130,7 +137,9 @@ def report(res: dict) -> None:
     print(f"  phases (GB): {d['phases_gb']}; peak {d['peak_gb']} GB in {d['peak_phase']} vs {d['peak_measured_gb']} "
           f"measured ({err(d['peak_gb'], d['peak_measured_gb'])})")
     host = err(d["host_tb_per_node"], d["host_measured_tb"])
-    print(f"  host per node {d['host_tb_per_node']} TB vs {d['host_measured_tb']} TB ({host})")
+    print(f"  host per node {d['host_tb_per_node']} TB vs {d['host_measured_tb']} TB ({host}); with the MTP block "
+          f"trained: peak {d['with_mtp']['peak_gb']} GB in {d['with_mtp']['peak_phase']}, host "
+          f"{d['with_mtp']['host_tb_per_node']} TB")
     e_step, e_gen = err(d["step_s"], d["step_measured_s"]), err(d["generation_s"], d["generation_measured_s"])
     e_rest = err(d["train_side_s"], d["train_side_measured_s"])
     print(f"  step {d['step_s']} s vs {d['step_measured_s']} ({e_step}); rollout {d['generation_s']} s vs "
