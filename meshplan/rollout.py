@@ -574,6 +574,11 @@ def rl_throughput(job, plan: Plan):
     """The ThroughputReport of an RL job: step_time_s is the whole RL step (its parts in `rl`), tokens/s count the
     trained tokens over it, and mfu is the actor update's (what verl reports)."""
     timing, update, words, _ = rl_step_time(job, plan)
+    return rl_report(job, plan, timing, update, words)
+
+
+def rl_report(job, plan: Plan, timing, update, words: str):
+    """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too)."""
     tokens = update.tokens_per_s * update.step_time_s
     rl = job.rl
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "

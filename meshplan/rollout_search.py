@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.memory import memory_summary
-from meshplan.rollout import resolve_rl, rl_memory, rl_step_time, trainer_reports
+from meshplan.rollout import resolve_rl, rl_memory, rl_report, rl_step_time, trainer_reports
 from meshplan.rollout_rules import phase_knobs
 from meshplan.schema import Candidate, Plan, Recommendation, Request
 
@@ -126,8 +126,7 @@ def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
                     rejected[key] = rejected.get(key, 0) + 1
                     continue
                 timing, update, words, _ = rl_step_time(job, plan, reports, update)
-                report = update.model_copy(update={"step_time_s": timing.step_s, "rl": timing,
-                                                   "assumptions": [words, *update.assumptions]})
+                report = rl_report(job, plan, timing, update, words)
                 why = (f"RL step {timing.step_s:,.0f} s ({timing.limited_by} the largest part: generation "
                        f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
                        f"peaks at {memory.peak_bytes / 2**30:.1f} GiB")
