@@ -230,9 +230,12 @@ def compared_at(rec: Recommendation, req: Request) -> str:
 
     gpu = get_gpu(req.gpu)
     headroom = req.headroom if req.headroom is not None else min_headroom_fraction()
-    parts = [f"sequence length {req.seq_length:,}"]
+    from meshplan.rollout import is_rl_request, resolve_rl
+
+    seq = resolve_rl(req, [])[0].seq_length if is_rl_request(req) else req.seq_length  # RL: prompt + response
+    parts = [f"sequence length {seq:,}"]
     if rec.global_batch_size:
-        tokens = rec.global_batch_size * req.seq_length
+        tokens = rec.global_batch_size * seq
         parts.append(f"global batch {rec.global_batch_size:,} sequences ({tokens / 1e6:,.1f}M tokens)")
     parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key})", rec.framework,
               f"{headroom:.0%} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
