@@ -255,6 +255,10 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         o += [("trainer.policy.sequence_parallel_size", plan.cp), ("trainer.ref.sequence_parallel_size", plan.cp),
               ("trainer.policy.fsdp_config.fsdp_size", -1),
               ("trainer.gradient_checkpointing", plan.recompute == "full")]
+        if plan.param_offload:
+            o.append(("trainer.policy.fsdp_config.cpu_offload", True))
+        if not plan.optimizer_offload:  # SkyRL's default is on (cards/frameworks/skyrl.yaml offload)
+            o.append(("trainer.policy.optimizer_config.offload_after_step", False))
         notes.append("FSDP strategy: context parallelism is Ulysses sequence parallelism (sequence_parallel_size).")
         return o, notes
     roles = [prefix] if variant == "sft" else [prefix, "trainer.ref.megatron_config"]
