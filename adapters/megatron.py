@@ -111,6 +111,8 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
     if job.model.moe is not None:
         flags += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
         flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
+        if plan.moe_a2a_overlap:  # 1F1B EP overlap; delay_wgrad_compute gives it the weight gradients to hide behind
+            flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
     if plan.zero_stage == 1:
@@ -218,6 +220,10 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         if plan.moe_token_dispatcher == "flex":
             # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex.
             s.append(("model.moe_shared_expert_overlap", False))
+        if plan.moe_a2a_overlap:  # comm_overlap asserts moe_shared_expert_overlap off (training/comm_overlap.py)
+            if plan.moe_token_dispatcher != "flex":
+                s.append(("model.moe_shared_expert_overlap", False))
+            s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
     s.append(("model.sequence_parallel", plan.sequence_parallel))
     if split.first is not None:
         s.append(("model.num_layers_in_first_pipeline_stage", split.first))
@@ -319,6 +325,10 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
         notes.append("With flex, moe_shared_expert_overlap is set False as Bridge's apply_flex_dispatcher_backend "
                      "does; cfg.validate() checks the backend against the GPU it runs on "
                      "(validate_flex_dispatcher_backend).")
+    if plan.moe_a2a_overlap and job.model.moe is not None:
+        notes.append("moe_a2a_overlap: comm_overlap.overlap_moe_expert_parallel_comm with delay_wgrad_compute; the "
+                     "run_recipe overrides need a recipe that builds cfg.comm_overlap (the perf recipes do), the "
+                     "python variant creates one when the recipe leaves it None.")
     if variant == "run_recipe":
         if plan.optimizer_state_dtype == "fp8":
             raise MeshplanError("run_recipe.py reads a dtype override by name, and fp8 moments are torch.uint8, which "
@@ -335,6 +345,9 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
                                     "(not the wheel); set RECIPE to a recipe function of your model."],
                      warnings=warnings)
     setup = ("import torch",) if any(isinstance(v, PyCode) for _, v in settings) else ()
+    if plan.moe_a2a_overlap and job.model.moe is not None:  # a recipe may leave cfg.comm_overlap None
+        setup += ("from megatron.bridge.training.comm_overlap import CommOverlapConfig",
+                  "if cfg.comm_overlap is None:", "    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)")
     setup += BRIDGE_SETUP if job.lora else ()
     if any(k.startswith("mixed_precision.") for k, _ in settings):
         setup += ("from megatron.bridge.training.mixed_precision import get_mixed_precision_config",

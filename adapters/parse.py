@@ -136,6 +136,8 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out.update(ep=int(f["--expert-model-parallel-size"]), etp=int(f["--expert-tensor-parallel-size"]))
     if "--moe-token-dispatcher-type" in f:
         out["moe_token_dispatcher"] = f["--moe-token-dispatcher-type"]
+    if "--overlap-moe-expert-parallel-comm" in f:
+        out["moe_a2a_overlap"] = True
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
     out.update(_precision("--use-precision-aware-optimizer" in f, f.get("--exp-avg-dtype"), f.get("--fp8-recipe"),
@@ -176,6 +178,8 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = m["cp_comm_type"]
     if "moe_token_dispatcher_type" in m:
         out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
+    if s.get("comm_overlap.overlap_moe_expert_parallel_comm"):
+        out["moe_a2a_overlap"] = True
     mp = {}
     if "mixed_precision" in s:  # a registered preset (its fp8_param_gather goes with the recipe), fields over it
         presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]

@@ -124,7 +124,7 @@ SPECS: dict[str, Spec] = {
          "m4": Side(4, 1, entry=NANO, edit="recompute"), "m5": Side(5, 1, entry=NANO, edit="recompute")},
         (*_vs("f4", ["f0", "f1", "f2", "f3", "f5"]), ("m4", "m5")), measures=("throughput", "memory")),
     "CMP-QWEN30B-EP-OVERLAP": Spec(
-        {"off": Side(0), "on": Side(1)}, (("on", "off"),), lacks="moe_a2a_overlap"),
+        {"off": Side(0, edit="a2a_overlap"), "on": Side(1, edit="a2a_overlap")}, (("on", "off"),)),
     "CMP-DSV3-LONGCTX": Spec(
         {f"l{i}": Side(i, edit="layout") for i in range(6)}, _vs("l4", ["l0", "l1", "l2", "l3", "l5"])),
     "CMP-VERL-DSV3-SCALE": Spec(
@@ -228,7 +228,10 @@ def build_side(side: Side, label: str, row: dict[str, Any], workdir: Path) -> Bu
     m = pc.map_row(row, workdir)
     if m.request is None:
         return Built(unmapped=m.unmapped)
-    built = Built(m.request, None, dict(m.knobs), m.notes + notes, m.capacity_bytes)
+    request = m.request
+    if side.edit == "a2a_overlap":  # "overlap off: 244.0" / "overlap on: 287.3": the plan knob moe_a2a_overlap
+        request = request.model_copy(update={"moe_a2a_overlap": label.split(":")[0].strip().endswith(" on")})
+    built = Built(request, None, dict(m.knobs), m.notes + notes, m.capacity_bytes)
     if side.best_without:
         return _best_without(built, side.best_without)
     return built

@@ -108,7 +108,6 @@ KNOBS: dict[str, tuple[str, str]] = {
             "row's own memory"),
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
     "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
-    "moe_a2a_overlap": ("time", "EP all-to-all overlap / delayed wgrad; scored without"),
     "tp_comm_overlap": ("time", "TP communication overlap (userbuffers) / async TP; scored with meshplan's default"),
     "torch_compile": ("memory, time", "torch.compile; scored eager"),
 }
@@ -749,6 +748,8 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
             fields |= f
             knobs |= k
         moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
+        if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
+            fields["moe_a2a_overlap"] = True
         req = Request(
             model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
             seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],

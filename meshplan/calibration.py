@@ -85,7 +85,6 @@ class Calibration:
     pp_host_sync: float
     pp_cross_sync_per_layer_s: float
     cp_overlap: float
-    ep_overlap: float
     grad_reduce_bytes: float
     fsdp_keep_params_under_pp: float
     fsdp_defer_grad_sync: float

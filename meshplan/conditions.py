@@ -355,6 +355,40 @@ def flex_needs_expert_parallelism(ctx: Context) -> Values:
     return {"ep": p.ep, "etp": p.etp}
 
 
+@rule("EP009")
+def a2a_overlap_preconditions(ctx: Context) -> Values:
+    """The first of Megatron-Core's overlap_moe_expert_parallel_comm asserts the plan breaks, with a fix that works."""
+    p, arch = ctx.plan, ctx.arch
+    if not p.moe_a2a_overlap:
+        return None
+    card = framework_card(ctx.framework)
+    if not arch.is_moe:
+        return {"reason": f"{arch.name} has no experts", "fix": "Leave moe_a2a_overlap unset for a dense model."}
+    if not (card.adapter is not None and card.adapter.renders("moe_a2a_overlap")) or ctx.backend != "megatron":
+        supported = [n for n in FRAMEWORKS if (c := framework_card(n)).adapter is not None
+                     and c.adapter.renders("moe_a2a_overlap")]
+        return {"reason": f"{ctx.job.framework} has no schedule that overlaps one micro-batch's expert all-to-all "
+                          "with another's compute that meshplan can render",
+                "fix": f"Use moe_a2a_overlap=false, or {', '.join(supported)}."}
+    if p.ep <= 1:
+        return {"reason": f"ep={p.ep}: there is no expert all-to-all to hide",
+                "fix": "Use ep > 1, or moe_a2a_overlap=false."}
+    if p.pp > 1 and p.vpp <= 1:
+        vpps = [v for v in range(2, 9) if (arch.num_layers // p.pp) % v == 0] or [2]
+        return {"reason": f"pp={p.pp} without virtual pipeline stages (Megatron-Core asserts vpp is set when pp > 1)",
+                "fix": f"Set vpp (e.g. {vpps[0]}), or pp=1, or moe_a2a_overlap=false."}
+    if p.recompute == "full":
+        return {"reason": "full recompute (Megatron-Core asserts recompute_granularity != full)",
+                "fix": "Use recompute=selective without 'moe' in recompute_modules, or moe_a2a_overlap=false."}
+    if p.recompute == "selective" and "moe" in (p.recompute_modules or ()):
+        return {"reason": "'moe' in recompute_modules", "fix": "Drop 'moe' from recompute_modules (moe_act is "
+                                                                 "allowed), or moe_a2a_overlap=false."}
+    if arch.num_mtp_layers > 1:
+        return {"reason": f"{arch.num_mtp_layers} MTP layers (at most one with the overlap)",
+                "fix": "Use moe_a2a_overlap=false for this model."}
+    return None
+
+
 @rule("TT001")
 def torchtitan_no_etp(ctx: Context) -> Values:
     if ctx.plan.etp == 1:

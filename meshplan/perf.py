@@ -183,6 +183,7 @@ class Ctx:
     dropout: bool = False
     lora: LoraSpec | None = None  # a LoRA job's adapters (meshplan/lora.py); None: every weight trained
     lora_engine: LoraEngine | None = None
+    a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
@@ -296,8 +297,31 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         # dispatch and combine, forward and backward
         one = dispatch_time(local * arch.hidden_size * BF16, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
                             dedup=plan.moe_token_dispatcher == "flex")
-        lt.ep = (1.0 - cal.ep_overlap) * EP_ALL_TO_ALLS_PER_LAYER * one
+        lt.ep = EP_ALL_TO_ALLS_PER_LAYER * one
+        if plan.moe_a2a_overlap:
+            lt.ep = overlapped_a2a(one, lt.fwd_compute, lt.compute - lt.fwd_compute, ctx.a2a_steady_share)
     return lt
+
+
+def a2a_steady_share(m: int, pp: int, vpp: int) -> float:
+    """Share of a stage's micro-batch chunks that run in the combined 1F1B steady state, where Megatron-Core's
+    overlap_moe_expert_parallel_comm pairs one chunk's forward with another's backward. The warm-up forwards and the
+    cool-down backwards run alone: one chunk without a pipeline (forward_backward_no_pipelining's combined 1F1B
+    starts after the first forward), (pp - 1) x 2 + (vpp - 1) x pp on the first rank of the interleaved schedule
+    (megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches, num_warmup_microbatches)."""
+    chunks = m * vpp
+    warmup = 1 if pp == 1 else (pp - 1) * 2 + (vpp - 1) * pp
+    return max(0, chunks - warmup) / chunks
+
+
+def overlapped_a2a(one: float, fwd_compute: float, bwd_compute: float, steady: float) -> float:
+    """Exposed EP all-to-all of one MoE layer per micro-batch with moe_a2a_overlap: in the steady state, the
+    forward's dispatch and combine run beside the other chunk's backward of the layer, and the backward's beside
+    its forward (delay_wgrad_compute moves the weight gradients after the dispatch so the backward has them to
+    offer), each hidden up to that compute; outside the steady state all four are exposed."""
+    comm = FORWARD_AND_BACKWARD * one  # per direction: dispatch + combine
+    exposed = max(0.0, comm - bwd_compute) + max(0.0, comm - fwd_compute)
+    return steady * exposed + (1.0 - steady) * EP_ALL_TO_ALLS_PER_LAYER * one
 
 
 def lora_gemm_seconds(ctx: Ctx, gemms: list[Gemm], moe: bool) -> tuple[float, float]:
@@ -525,10 +549,11 @@ def estimate_throughput(
     hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency
     _, conv, _ = convention(job.framework, plan.zero_stage)
     flash = conv.flash_attention if flash_attention is None else flash_attention
+    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash,
               conv.dropout if dropout is None else dropout, job.lora,
-              lora_engine(job.framework, plan.zero_stage) if job.lora else None)
-    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+              lora_engine(job.framework, plan.zero_stage) if job.lora else None,
+              a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0)
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
@@ -795,7 +820,9 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
                       "one of its experts (DeepEP/HybridEP), then fans out over NVLink; "
                       if plan.moe_token_dispatcher == "flex" else
                       "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
-                   + f"expert all-to-all {cal.ep_overlap:.0%} hidden.")
+                   + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
+                      "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
+                      if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))
     if job.precision == "fp8":
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
                    "router and logits stay BF16.")

@@ -260,6 +260,11 @@ class Request(_Strict):
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"
     )
+    moe_a2a_overlap: bool | None = Field(
+        None, description="Hide the expert all-to-all behind another micro-batch's compute (Megatron-Core "
+                          "overlap_moe_expert_parallel_comm with delay_wgrad_compute, Megatron-Bridge "
+                          "comm_overlap): needs ep > 1, vpp with pp > 1, no full recompute (default: false)",
+    )
     # --- RL post-training job (meshplan/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(
         None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "
@@ -452,6 +457,7 @@ class Plan(_Strict):
     grad_reduce_in_fp32: bool | None = None  # None: the framework's default (its memory convention's grad bytes)
     fp8_recipe: Fp8Recipe | None = None  # None: the framework's default recipe (precision=fp8 only)
     moe_token_dispatcher: MoeDispatcher = "alltoall"
+    moe_a2a_overlap: bool = False  # EP all-to-all overlapped with the other micro-batch's compute (1F1B)
     # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py
     rollout_engine: RolloutEngine | None = None
     rollout_tp: int | None = Field(None, ge=1)

@@ -69,11 +69,17 @@ def test_every_pair_maps_or_names_why(result):
             assert [f[1] for f in result.feasibility if f[0] == cid]
 
 
-def test_ep_overlap_is_named_not_dropped(result):
+def test_ep_overlap_sides_differ_by_the_knob(result, rows):
     (p,) = [p for p in result.pairs if p.comparison == "CMP-QWEN30B-EP-OVERLAP"]
-    assert p.status == "not expressible" and "moe_a2a_overlap" in p.why_apart
+    assert p.status != "not expressible" and "moe_a2a_overlap" not in (p.why_apart or "")
     assert p.measured == pytest.approx(287.3 / 244.0)
     assert p.winner == "overlap on"
+    row = rows["mbridge_card_qwen3_30b_16_h100_hybridep"]
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = [pw.build_side(s, f"overlap {k}", row, Path(tmp)) for k, s in
+                 pw.SPECS["CMP-QWEN30B-EP-OVERLAP"].sides.items()]
+    assert [b.request.moe_a2a_overlap for b in sides] == [False, True]
+    assert sides[0].request.model_copy(update={"moe_a2a_overlap": True}) == sides[1].request
 
 
 def test_values_are_read_as_written():
