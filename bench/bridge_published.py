@@ -18,7 +18,7 @@ an assumption too. Only cross-node EP is affected by it (inside an NVLink domain
 same in meshplan).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
-`gemm_peak_fraction`, `moe_layer_overhead_s`) by grid search on the median |log error| of this set plus the
+`gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the
 classic Megatron tables of bench/throughput_accuracy.py, and scores held-out splits (fit on one part, score on
 the other). The card holds the all-rows fit; without --fit the card's constants are used.
 
@@ -96,7 +96,7 @@ def median_abs(log_errs: list[float]) -> float:
 
 GRID = {
     "gemm_peak_fraction": [round(0.60 + 0.02 * i, 2) for i in range(14)],
-    "moe_layer_overhead_s": [round(0.5e-3 * i, 4) for i in range(17)],
+    "moe_host_sync_s": [round(0.5e-3 * i, 4) for i in range(17)],
 }
 
 
@@ -104,8 +104,8 @@ def fit(rows: list[Case]) -> dict[str, float]:
     """Grid search of the two constants on the median |log error| (robust to the few rows far off)."""
     best: tuple[float, dict[str, float]] | None = None
     for g in GRID["gemm_peak_fraction"]:
-        for mo in GRID["moe_layer_overhead_s"]:
-            ov = {"gemm_peak_fraction": g, "moe_layer_overhead_s": mo}
+        for mo in GRID["moe_host_sync_s"]:
+            ov = {"gemm_peak_fraction": g, "moe_host_sync_s": mo}
             loss = statistics.median(abs(e) for e in log_errors(rows, **ov))
             if best is None or loss < best[0]:
                 best = (loss, ov)
@@ -127,20 +127,20 @@ def run_fit() -> None:
         ("H100 rows", h100, [("A100/B200/GB200 (held out)", other)]),
         ("A100/B200/GB200 rows", other, [("H100 (held out)", h100)]),
     ]
-    print("| fitted on | rows | gemm_peak_fraction | moe_layer_overhead_s | scored on | median abs error |")
+    print("| fitted on | rows | gemm_peak_fraction | moe_host_sync_s | scored on | median abs error |")
     print("|---|---|---|---|---|---|")
     for name, train, tests in splits:
         ov = fit(train)
         for tname, test in tests:
             errs = log_errors(test, **ov)
             print(f"| {name} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-                  f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {tname} ({len(errs)}) | {median_abs(errs):.1%} |")
+                  f"{ov['moe_host_sync_s'] * 1e3:.1f} ms | {tname} ({len(errs)}) | {median_abs(errs):.1%} |")
     for m in sorted({c.job.model.name for c in moe}):
         train = [c for c in everything if c.job.model.name != m]
         ov = fit(train)
         errs = log_errors([c for c in moe if c.job.model.name == m], **ov)
         print(f"| all but {m} | {len(train)} | {ov['gemm_peak_fraction']:.2f} | "
-              f"{ov['moe_layer_overhead_s'] * 1e3:.1f} ms | {m} (held out, {len(errs)}) | {median_abs(errs):.1%} |")
+              f"{ov['moe_host_sync_s'] * 1e3:.1f} ms | {m} (held out, {len(errs)}) | {median_abs(errs):.1%} |")
 
 
 def main() -> int:

@@ -152,9 +152,14 @@ class LayerTime:
 
 
 def gemm_efficiency(g: Gemm, cal: Calibration) -> float:
-    """Achievable fraction of peak: a saturation curve in each matrix dimension (small shards run slow)."""
+    """Achievable fraction of peak: a saturation curve in each matrix dimension (small shards run slow); a routed
+    expert's grouped GEMM saturates later in its rows (the tokens each local expert gets), since each expert's tile
+    grid is small and the group's kernels stay partly idle (moe_gemm_half_rows)."""
     x0 = cal.gemm_half_dim
-    return cal.gemm_peak_fraction * (g.m / (g.m + x0)) * (g.n / (g.n + x0)) * (g.k / (g.k + x0))
+    eff = cal.gemm_peak_fraction * (g.m / (g.m + x0)) * (g.n / (g.n + x0)) * (g.k / (g.k + x0))
+    if g.name.startswith("expert_"):
+        eff *= g.m / (g.m + cal.moe_gemm_half_rows)
+    return eff
 
 
 def gemm_seconds(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak: float | None) -> float:
@@ -184,6 +189,7 @@ class Ctx:
     lora: LoraSpec | None = None  # a LoRA job's adapters (meshplan/lora.py); None: every weight trained
     lora_engine: LoraEngine | None = None
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
+    moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
@@ -272,10 +278,12 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     lt.overhead = cal.layer_overhead_s
     if moe and arch.moe is not None:
         # Token dispatch: the routed copies (tokens x top_k hidden vectors) are permuted, sorted by
-        # expert, unsorted and unpermuted, forward and backward; plus a fixed cost per MoE layer.
+        # expert, unsorted and unpermuted, forward and backward; the router's fp32 logits (scores, top-k, probs);
+        # and the dispatcher's host syncs, each a stall while the host refills the GPU's queue.
         routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / plan.etp
         elem_bytes += cal.moe_dispatch_passes * BF16 * routed
-        lt.overhead += cal.moe_layer_overhead_s
+        elem_bytes += cal.moe_router_bytes_per_logit * sh.tokens / t_sp * arch.moe.num_experts
+        lt.overhead += ctx.moe_host_syncs * cal.moe_host_sync_s
     lt.elementwise = elem_bytes / ctx.hbm
     lt.fwd_compute = gemm_fwd + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
     lt.module_fwd = _module_forwards(gemms, cal, ctx)
@@ -301,6 +309,16 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         if plan.moe_a2a_overlap:
             lt.ep = overlapped_a2a(one, lt.fwd_compute, lt.compute - lt.fwd_compute, ctx.a2a_steady_share)
     return lt
+
+
+def moe_host_syncs(job: Job, plan: Plan) -> float:
+    """Device-to-host reads that stall the host once per MoE layer forward of dropless routing (a recompute repeats
+    them), per Megatron-Core 0.19.2 megatron/core/transformer/moe/token_dispatcher.py: the alltoall dispatcher reads
+    its input/output splits (EP > 1) or tokens per expert (EP = 1) at cuda_sync_point; flex on DeepEP reads
+    tokens_per_expert.sum().item() to permute (_DeepepManager.get_permuted_hidden_states_by_experts); flex on
+    HybridEP sizes the combine from tokens_per_expert.sum() ("CPU sync", _HybridEPManager.dispatch) unless a
+    static capacity is set, which meshplan's dropless plans do not. One each, whatever the dispatcher."""
+    return 1.0
 
 
 def a2a_steady_share(m: int, pp: int, vpp: int) -> float:
@@ -553,7 +571,8 @@ def estimate_throughput(
     ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash,
               conv.dropout if dropout is None else dropout, job.lora,
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
-              a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0)
+              a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
+              moe_host_syncs(job, plan))
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
@@ -813,9 +832,11 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
     ]
     if job.model.moe is not None:
         out.append(f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
-                   f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, and each MoE layer costs a fixed "
-                   f"{cal.moe_layer_overhead_s * 1e3:.1f} ms per micro-batch (router, host sync of dropless routing; "
-                   "fitted on Megatron-Bridge's published MoE throughput); routing assumed balanced; "
+                   f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
+                   f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
+                   f"(tokens per local expert / (that + {cal.moe_gemm_half_rows:.0f})), and each MoE layer forward "
+                   f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
+                   "last two fitted on published MoE runs, bench/moe_fit.py); routing assumed balanced; "
                    + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
                       "one of its experts (DeepEP/HybridEP), then fans out over NVLink; "
                       if plan.moe_token_dispatcher == "flex" else

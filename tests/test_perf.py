@@ -429,25 +429,47 @@ def test_unfused_attention_is_batched_gemms_plus_softmax_and_dropout_passes():
     assert any("flash attention" in a for a in flash.assumptions)
 
 
-def test_moe_layers_pay_dispatch_passes_and_a_fixed_cost_per_micro_batch():
+def test_moe_layers_pay_dispatch_passes_router_and_a_host_sync_per_micro_batch():
     job, plan = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=8, global_batch_size=16, seq_length=2048))
-    base = calibration(job.framework).with_overrides(moe_layer_overhead_s=0.0, moe_dispatch_passes=0.0)
-    fixed = base.with_overrides(moe_layer_overhead_s=0.004)
+    base = calibration(job.framework).with_overrides(moe_host_sync_s=0.0, moe_dispatch_passes=0.0,
+                                                     moe_router_bytes_per_logit=0.0)
+    fixed = base.with_overrides(moe_host_sync_s=0.004)
     moved = base.with_overrides(moe_dispatch_passes=10.0)
-    t0, t1, t2 = (estimate_throughput(job, plan, c) for c in (base, fixed, moved))
+    routed_bytes = base.with_overrides(moe_router_bytes_per_logit=40.0)
+    t0, t1, t2, t3 = (estimate_throughput(job, plan, c) for c in (base, fixed, moved, routed_bytes))
     arch = job.model
     m = job.global_batch_size // (plan.micro_batch_size * plan.dp)
     moe_layers = len(arch.moe.moe_layers)
-    assert t1.breakdown.compute_s - t0.breakdown.compute_s == pytest.approx(m * moe_layers * 0.004)
-    routed = plan.micro_batch_size * job.seq_length * arch.moe.top_k * arch.hidden_size
+    assert t1.breakdown.compute_s - t0.breakdown.compute_s == pytest.approx(m * moe_layers * 0.004)  # one sync each
+    tokens = plan.micro_batch_size * job.seq_length
+    routed = tokens * arch.moe.top_k * arch.hidden_size
     hbm = job.gpu.hbm_bandwidth * base.hbm_efficiency
     assert t2.breakdown.compute_s - t0.breakdown.compute_s == pytest.approx(m * moe_layers * 10 * 2 * routed / hbm)
-    # A bigger micro-batch amortises the fixed cost: fewer micro-batches, the same cost each.
+    assert t3.breakdown.compute_s - t0.breakdown.compute_s == pytest.approx(
+        m * moe_layers * 40 * tokens * arch.moe.num_experts / hbm)
+    # A bigger micro-batch amortises the sync: fewer micro-batches, the same cost each.
     job4, plan4 = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=8, global_batch_size=16, seq_length=2048,
                                   micro_batch_size=2))
     gap = estimate_throughput(job4, plan4, fixed).step_time_s - estimate_throughput(job4, plan4, base).step_time_s
     assert gap == pytest.approx((m // 2) * moe_layers * 0.004, rel=0.02)
     assert any("MoE layers" in a for a in t1.assumptions)
+
+
+def test_grouped_gemm_slows_with_few_tokens_per_expert():
+    """Expert GEMMs: the shape curve times rows/(rows + moe_gemm_half_rows), rows = tokens per local expert."""
+    from meshplan.flops import Gemm
+    from meshplan.perf import gemm_efficiency
+
+    cal = calibration("megatron-core").with_overrides(moe_gemm_half_rows=1000.0)
+    dense, expert = Gemm("mlp_fc1", 1000, 4096, 4096), Gemm("expert_fc1", 1000, 4096, 4096)
+    assert gemm_efficiency(expert, cal) == pytest.approx(gemm_efficiency(dense, cal) * 0.5)
+    big = Gemm("expert_fc1", 9000, 4096, 4096)
+    assert gemm_efficiency(big, cal) / gemm_efficiency(Gemm("mlp_fc1", 9000, 4096, 4096), cal) == pytest.approx(0.9)
+    # More EP gives each local expert more rows (the ep ranks pool their tokens): its GEMMs run nearer peak.
+    job1, plan1 = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=1, global_batch_size=16, seq_length=2048))
+    job8, plan8 = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=8, global_batch_size=16, seq_length=2048))
+    flops = [estimate_throughput(j, p, cal).breakdown.compute_s for j, p in ((job1, plan1), (job8, plan8))]
+    assert flops[1] < flops[0]
 
 
 def test_flex_dispatch_sends_a_token_once_per_remote_domain():

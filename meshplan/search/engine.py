@@ -376,7 +376,7 @@ class BestFirstSearch:
         per_stage = tokens * per_token / lay.pp
         moe = self.job.model.moe
         if moe is not None and self.engine.moe_layer_fixed_s:
-            # The reference spreads the fixed per-micro-batch cost of its MoE layers over b_tok sequences;
+            # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
             # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
             spread = tokens / (b_tok * s)
             per_stage += len(moe.moe_layers) * self.engine.moe_layer_fixed_s * max(0.0, 1.0 - spread) / lay.pp

@@ -21,7 +21,7 @@ class Engine:
     memory_rule: str = "MEM001"
     efficiency_cap: float = 1.0  # best fraction of peak the cost model ever achieves (for the lower bound)
     peak_flops: Callable[[Job], float] | None = None
-    moe_layer_fixed_s: float = 0.0  # fixed cost per MoE layer per micro-batch (kept whole in the bound)
+    moe_layer_fixed_s: float = 0.0  # MoE host sync per layer per micro-batch (kept whole in the bound)
 
 
 def default_engine(framework: str) -> Engine:
@@ -42,7 +42,7 @@ def default_engine(framework: str) -> Engine:
         efficiency_cap=max(cal.gemm_peak_fraction, cal.attention_peak_fraction),
         peak_flops=lambda job: max(job.gpu.bf16_flops, (job.gpu.fp8_flops or 0.0) * cal.fp8_gemm_relative_efficiency
                                    if job.precision == "fp8" else 0.0),
-        moe_layer_fixed_s=cal.moe_layer_overhead_s,
+        moe_layer_fixed_s=cal.moe_host_sync_s,
     )
 
 
