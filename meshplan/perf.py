@@ -144,7 +144,7 @@ class LayerTime:
     fwd_compute: float = 0.0  # forward share of gemm + attention + elementwise (recompute, overlap windows)
     attention_fwd: float = 0.0  # forward of the attention core alone (what selective recompute repeats)
     op_sac_fwd: float = 0.0  # forward of what torchtitan's op-level SAC does not keep (what its recompute repeats)
-    module_fwd: dict[str, float] = field(default_factory=dict)  # forward of Megatron's recompute_modules' GEMMs
+    module_fwd: dict[str, float] = field(default_factory=dict)  # forward of what each Megatron recompute module repeats
 
     @property
     def compute(self) -> float:
@@ -268,25 +268,32 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     # Memory-bound work (norms, activation, rotary, residuals, dropout-free): passes over the layer's
     # hidden-sized tensors (sequence-sharded under SP) and its FFN activations (TP-sharded).
     t_sp = plan.tp if plan.sequence_parallel else 1
+    routed_ffn = shared_ffn = dense_ffn = dispatch_bytes = router_bytes = 0.0
     if moe and arch.moe is not None:
         local = sh.tokens / t_sp
-        ffn_elems = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp
-        ffn_elems += sh.tokens * arch.moe.shared_expert_ffn_hidden_size / plan.tp
+        routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp
+        shared_ffn = sh.tokens * arch.moe.shared_expert_ffn_hidden_size / plan.tp
     else:
-        ffn_elems = sh.tokens * arch.ffn_hidden_size / plan.tp
-    elem_bytes = cal.elementwise_passes * BF16 * (sh.tokens * arch.hidden_size / t_sp + ffn_elems)
+        dense_ffn = sh.tokens * arch.ffn_hidden_size / plan.tp
+    ffn_elems = routed_ffn + shared_ffn + dense_ffn
+    hidden_elems = sh.tokens * arch.hidden_size / t_sp
+    elem_bytes = cal.elementwise_passes * BF16 * (hidden_elems + ffn_elems)
     lt.overhead = cal.layer_overhead_s
     if moe and arch.moe is not None:
         # Token dispatch: the routed copies (tokens x top_k hidden vectors) are permuted, sorted by
         # expert, unsorted and unpermuted, forward and backward; the router's fp32 logits (scores, top-k, probs);
         # and the dispatcher's host syncs, each a stall while the host refills the GPU's queue.
         routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / plan.etp
-        elem_bytes += cal.moe_dispatch_passes * BF16 * routed
-        elem_bytes += cal.moe_router_bytes_per_logit * sh.tokens / t_sp * arch.moe.num_experts
+        dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed
+        router_bytes = cal.moe_router_bytes_per_logit * sh.tokens / t_sp * arch.moe.num_experts
+        elem_bytes += dispatch_bytes + router_bytes
         lt.overhead += ctx.moe_host_syncs * cal.moe_host_sync_s
     lt.elementwise = elem_bytes / ctx.hbm
     lt.fwd_compute = gemm_fwd + attn_fwd + lt.elementwise / TRAINING_PASSES_PER_FORWARD
     lt.module_fwd = _module_forwards(gemms, cal, ctx)
+    for m, t in _module_memory_bound(ctx, hidden_elems, routed_ffn, shared_ffn, dense_ffn, dispatch_bytes,
+                                     router_bytes).items():
+        lt.module_fwd[m] = lt.module_fwd.get(m, 0.0) + t
     lt.op_sac_fwd = (gemm_seconds(_op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None), cal,
                                   ctx.bf16_peak, ctx.fp8_peak) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
 
@@ -371,16 +378,40 @@ def lora_gemm_seconds(ctx: Ctx, gemms: list[Gemm], moe: bool) -> tuple[float, fl
     return frozen + adapter, (base + adapter) / TRAINING_PASSES_PER_FORWARD
 
 
-# Megatron's recompute_modules -> the GEMMs (flops.py names) each one's recompute runs again; moe_act and layernorm
-# repeat memory-bound work only (an activation, two norms), not timed.
+# Megatron's recompute_modules -> the GEMMs (flops.py names) each one's recompute runs again; the memory-bound
+# passes each repeats are counted in _module_memory_bound.
 MODULE_GEMMS = {"mlp": ("mlp_",), "moe": ("router", "expert_", "shared_expert_"), "shared_experts": ("shared_expert_",),
                 "mla_up_proj": ("q_up", "kv_up")}
+# A norm's forward reads its input and writes its output: 2 bf16 passes over the hidden activations. Megatron's
+# `layernorm` module recomputes two per layer, input_layernorm and pre_mlp_layernorm (knobs_peers_data.md 2.1).
+NORM_PASSES = 2.0
+NORMS_PER_LAYER = 2.0
+# The FFN activation's forward: a gated one (SwiGLU) reads gate and up and writes one product, 3 passes over the
+# FFN width; a plain one reads and writes it, 2.
+GATED_ACT_PASSES = 3.0
+PLAIN_ACT_PASSES = 2.0
 
 
 def _module_forwards(gemms: list[Gemm], cal: Calibration, ctx: Ctx) -> dict[str, float]:
     """Forward seconds of the GEMMs each Megatron recompute module repeats."""
     return {m: gemm_seconds([g for g in gemms if g.name.startswith(prefixes)], cal, ctx.bf16_peak, ctx.fp8_peak)
             / TRAINING_PASSES_PER_FORWARD for m, prefixes in MODULE_GEMMS.items()}
+
+
+def _module_memory_bound(ctx: Ctx, hidden_elems: float, routed_ffn: float, shared_ffn: float, dense_ffn: float,
+                         dispatch_bytes: float, router_bytes: float) -> dict[str, float]:
+    """Forward seconds of the memory-bound passes each Megatron recompute module repeats, at the HBM bandwidth
+    elementwise work gets (hardware x calibration hbm_efficiency): `layernorm` its two norms, `moe_act` the routed
+    experts' activation, `mlp` / `shared_experts` their activation, `moe` its activations plus the forward half of
+    the dispatcher's permutes and the router's fp32 passes (`dispatch_bytes` / `router_bytes` are forward +
+    backward; the card counts the backward as much again). mla_up_proj's RoPE and core_attn are not counted here."""
+    act = GATED_ACT_PASSES if ctx.arch.gated_mlp else PLAIN_ACT_PASSES
+    seconds = {"layernorm": NORMS_PER_LAYER * NORM_PASSES * BF16 * hidden_elems,
+               "moe_act": act * BF16 * routed_ffn,
+               "shared_experts": act * BF16 * shared_ffn,
+               "mlp": act * BF16 * dense_ffn,
+               "moe": act * BF16 * (routed_ffn + shared_ffn) + (dispatch_bytes + router_bytes) / FORWARD_AND_BACKWARD}
+    return {m: b / ctx.hbm for m, b in seconds.items()}
 
 
 def _op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:

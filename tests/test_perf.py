@@ -284,9 +284,31 @@ def test_op_sac_repeats_the_gemms_it_does_not_keep():
     assert _recompute_time(lt, "selective", cal) == 1.5
 
 
+def test_recompute_modules_repeat_their_memory_bound_passes():
+    """layernorm: 2 norms x (read + write) over the hidden activations; moe_act / mlp / shared_experts: the gated
+    activation's 3 passes (plain 2) over their FFN width; moe: its activations plus the forward half of the
+    dispatcher's and router's bytes; all at the elementwise HBM bandwidth (ctx.hbm)."""
+    from types import SimpleNamespace
+
+    from meshplan.perf import _module_memory_bound
+
+    ctx = SimpleNamespace(arch=SimpleNamespace(gated_mlp=True), hbm=1000.0)
+    out = _module_memory_bound(ctx, 10.0, 100.0, 20.0, 0.0, 600.0, 200.0)
+    assert out == {"layernorm": 2 * 2 * 2 * 10.0 / 1000, "moe_act": 3 * 2 * 100.0 / 1000,
+                   "shared_experts": 3 * 2 * 20.0 / 1000, "mlp": 0.0,
+                   "moe": (3 * 2 * 120.0 + 400.0) / 1000}
+    plain = _module_memory_bound(SimpleNamespace(arch=SimpleNamespace(gated_mlp=False), hbm=1000.0),
+                                 10.0, 0.0, 0.0, 50.0, 0.0, 0.0)
+    assert plain["mlp"] == 2 * 2 * 50.0 / 1000
+    base = dict(model="qwen3-30b-a3b", num_gpus=8, tp=1, pp=1, ep=8, global_batch_size=64, recompute="selective")
+    none = estimate(**base, recompute_modules=["core_attn"]).breakdown.recompute_s
+    assert estimate(**base, recompute_modules=["core_attn", "layernorm"]).breakdown.recompute_s > none
+    assert estimate(**base, recompute_modules=["core_attn", "moe_act"]).breakdown.recompute_s > none
+
+
 def test_recompute_modules_repeat_their_forward():
     """Megatron's recompute_modules: core_attn repeats the attention core, mlp / moe / shared_experts / mla_up_proj
-    their GEMMs' forward (moe also its dispatch and combine), moe_act and layernorm nothing timed."""
+    what layer_time puts in module_fwd (moe also its dispatch and combine); a module with nothing there costs nothing."""
     from meshplan.perf import LayerTime, _recompute_time
 
     cal = calibration("megatron-core")
