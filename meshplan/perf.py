@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from math import gcd
 from typing import NamedTuple
 
 from meshplan import mesh
@@ -53,7 +54,7 @@ from meshplan.lora import (
 )
 from meshplan.memory import every_nth_blocks
 from meshplan.memory_states import convention
-from meshplan.mesh import crosses_domains
+from meshplan.mesh import crosses_domains, per_domain
 from meshplan.models import layer_params, per_architecture
 from meshplan.offload import step_offload_time
 from meshplan.request import uses_fsdp
@@ -88,9 +89,10 @@ TP_COLLECTIVES_ATTENTION_ONLY = 4.0
 EXPERT_TP_COLLECTIVES_PER_LAYER = 4.0
 # Token dispatch and combine, forward and backward.
 EP_ALL_TO_ALLS_PER_LAYER = 4.0
-# Ring attention: K/V cross each of the c-1 hops forward, K/V and dK/dV cross them backward: 3 transfers per
-# hop, the forward a third (recompute takes that share for every cp_comm_type).
-CP_RING_TRANSFERS_PER_HOP = 3.0
+# Ring attention (Transformer Engine AttnFuncWithCPAndKVP2P): each of the c-1 ring steps sends the K/V block on
+# forward, K/V and dK/dV (one buffer of both) on backward, while the step's attention runs on the block at hand.
+CP_RING_TRANSFERS_FORWARD = 1.0
+CP_RING_TRANSFERS_BACKWARD = 2.0
 
 
 # --------------------------------------------------------------------------- per-architecture caches
@@ -139,6 +141,7 @@ class LayerTime:
     overhead: float = 0.0
     tp: float = 0.0
     cp: float = 0.0
+    cp_fwd: float = 0.0  # forward share of cp (what full recompute repeats)
     ep: float = 0.0
     recompute: float = 0.0
     fwd_compute: float = 0.0  # forward share of gemm + attention + elementwise (recompute, overlap windows)
@@ -193,31 +196,64 @@ class Ctx:
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
-    """K plus V elements per token held by one TP rank (what CP exchanges)."""
+    """K plus V elements per token held by one TP rank (what CP exchanges). MLA sends its up-projected per-head K
+    (nope + rope) and V, not the compressed latent: Megatron-Core's MLASelfAttention hands the expanded key and value
+    to TE's DotProductAttention, whose CP ring concatenates k and v into one send buffer."""
     if arch.mla is not None:
         m = arch.mla
         return arch.num_attention_heads / tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
     return 2 * (-(-arch.num_kv_heads // tp)) * arch.head_dim
 
 
-def _cp_time(ctx: Ctx, attention_fwd_bwd: float) -> float:
-    plan, arch, lk, cal = ctx.plan, ctx.arch, ctx.lk, ctx.cal
+def _q_out_width(arch: Architecture, tp: int) -> float:
+    """Query plus attention-output elements per token on one TP rank (what Ulysses re-shards besides K/V)."""
+    heads = arch.num_attention_heads / tp
+    if arch.mla is not None:
+        m = arch.mla
+        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * heads * arch.head_dim
+
+
+def ring_exposed(hop_s: float, steps: int, attention_fwd: float, attention_bwd: float,
+                 overlap: float = 1.0) -> tuple[float, float]:
+    """(forward, forward + backward) exposed seconds of a K/V ring of `steps` ranks: in each of the steps-1 ring steps
+    the next block's transfer runs while the current block's attention computes, so each step exposes only what the
+    transfer takes beyond `overlap` (cp_overlap) of that step's attention. Causal load balancing (TE's DualChunkSwap:
+    each rank holds chunks i and 2c-1-i) gives every step the same attention work, 1/steps of the rank's."""
+    if steps <= 1:
+        return 0.0, 0.0
+    fwd = (steps - 1) * max(0.0, CP_RING_TRANSFERS_FORWARD * hop_s - overlap * attention_fwd / steps)
+    bwd = (steps - 1) * max(0.0, CP_RING_TRANSFERS_BACKWARD * hop_s - overlap * attention_bwd / steps)
+    return fwd, fwd + bwd
+
+
+def _cp_time(ctx: Ctx, attention_fwd: float, attention_fwd_bwd: float) -> tuple[float, float]:
+    """(forward, forward + backward) exposed CP traffic of one layer per micro-batch, by cp_comm_type as
+    Transformer Engine runs it: p2p a K/V ring overlapped step by step; a2a (Ulysses) q, k, v and the output
+    re-sharded sequence <-> heads by all-to-alls, forward and (dout; dq, dk, dv) backward, not overlapped;
+    allgather the K/V gathered forward and dK/dV reduce-scattered backward, not overlapped; a2a+p2p the all-to-all
+    over the CP ranks inside one NVLink domain and a ring of the domains (hierarchical_context_parallel_sizes
+    [ranks per domain, domains], the layout the CP guides recommend), each ring step then carrying the same
+    K/V bytes against domain-size times the attention."""
+    plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
     c = plan.cp
     if c <= 1:
-        return 0.0
+        return 0.0, 0.0
     tokens = ctx.shard.tokens
     kv_bytes = tokens * _kv_width(arch, plan.tp) * BF16
-    cross = crosses_domains(c, plan.tp, lk.domain)
-    if plan.cp_comm_type == "a2a":
-        q_bytes = tokens * arch.num_attention_heads / plan.tp * arch.head_dim * BF16
-        # Ulysses: q, k, v and the output are re-sharded (sequence <-> heads) forward and backward.
-        per_pass = alltoall_time(2 * q_bytes + kv_bytes, c, plan.tp, lk)
-        return FORWARD_AND_BACKWARD * per_pass
+    attention_bwd = attention_fwd_bwd - attention_fwd
     if plan.cp_comm_type == "allgather":
-        return FORWARD_AND_BACKWARD * ring_time(c * kv_bytes, c, plan.tp, lk)
-    # p2p ring (and the a2a+p2p hierarchy, timed as its ring): c-1 K/V hops forward, K/V and dK/dV backward.
-    comm = CP_RING_TRANSFERS_PER_HOP * (c - 1) * p2p_time(kv_bytes, cross, lk)
-    return max(0.0, comm - cal.cp_overlap * attention_fwd_bwd)
+        one = ring_time(c * kv_bytes, c, plan.tp, lk)
+        return one, FORWARD_AND_BACKWARD * one
+    a2a_size = c if plan.cp_comm_type == "a2a" else 1
+    if plan.cp_comm_type == "a2a+p2p":
+        a2a_size = gcd(c, per_domain(c, plan.tp, lk.domain))
+    a2a_one = alltoall_time(tokens * (_q_out_width(arch, plan.tp) + _kv_width(arch, plan.tp)) * BF16,
+                            a2a_size, plan.tp, lk)
+    steps = c // a2a_size
+    cross = crosses_domains(steps, plan.tp * a2a_size, lk.domain)
+    fwd, total = ring_exposed(p2p_time(kv_bytes, cross, lk), steps, attention_fwd, attention_bwd, ctx.cal.cp_overlap)
+    return fwd + a2a_one, total + FORWARD_AND_BACKWARD * a2a_one
 
 
 def unfused_attention_seconds(ctx: Ctx) -> tuple[float, float]:
@@ -306,7 +342,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     if moe and plan.etp > 1:
         tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, plan.etp, 1, ctx.lk)
     lt.tp = (1.0 - cal.tp_overlap) * tp_comm
-    lt.cp = _cp_time(ctx, lt.attention)
+    lt.cp_fwd, lt.cp = _cp_time(ctx, attn_fwd, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
         local = sh.tokens / t_sp
         # dispatch and combine, forward and backward
@@ -437,7 +473,7 @@ def _recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: 
     overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
     if recompute == "full":
         return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp / FORWARD_AND_BACKWARD
-                + lt.cp / CP_RING_TRANSFERS_PER_HOP + lt.ep / FORWARD_AND_BACKWARD)
+                + lt.cp_fwd + lt.ep / FORWARD_AND_BACKWARD)
     if recompute == "selective" and selective == "op_sac":
         # the unkept GEMMs, every pointwise and norm op and the TP all-gathers (reduce-scatters are kept)
         return lt.op_sac_fwd + lt.tp / FORWARD_AND_BACKWARD / 2

@@ -246,12 +246,12 @@ def test_more_micro_batches_shrink_the_bubble():
 
 def test_full_recompute_repeats_the_forward_share_of_each_term():
     """Exact case: the forward compute, the card's forward share of the fixed overhead, half the TP and EP
-    traffic (their backward mirrors the forward) and a third of the CP ring (K/V forward, K/V + dK/dV backward)."""
+    traffic (their backward mirrors the forward) and the exposed CP traffic of the forward (cp_fwd)."""
     from meshplan.perf import LayerTime, _recompute_time
 
     cal = calibration("megatron-core")
     assert cal.forward_share_of_layer_overhead == 0.5
-    lt = LayerTime(overhead=6.0, tp=4.0, cp=9.0, ep=2.0, fwd_compute=10.0, attention_fwd=1.5)
+    lt = LayerTime(overhead=6.0, tp=4.0, cp=9.0, cp_fwd=3.0, ep=2.0, fwd_compute=10.0, attention_fwd=1.5)
     assert _recompute_time(lt, "full", cal) == 10.0 + 6.0 * 0.5 + 4.0 / 2 + 9.0 / 3 + 2.0 / 2
     assert _recompute_time(lt, "selective", cal) == 1.5 and _recompute_time(lt, "none", cal) == 0.0
     half = cal.with_overrides(forward_share_of_layer_overhead=0.25)

@@ -1,0 +1,70 @@
+"""Context parallelism's step-time terms (meshplan/perf.py _cp_time, ring_exposed): exact cases of the ring's per-step
+overlap, the K/V bytes each attention kind sends, and how each cp_comm_type places its traffic."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.models import resolve_model
+from meshplan.perf import _kv_width, _q_out_width, estimate_throughput, ring_exposed
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+
+def estimate(**fields):
+    job, plan = resolve(Request(**fields))
+    return estimate_throughput(job, plan)
+
+
+def test_ring_exposes_per_step_what_the_transfer_takes_beyond_that_steps_attention():
+    """4 ranks, a 1 s hop: forward each of the 3 steps sends K/V (1 s) against 2/4 s of attention, backward K/V +
+    dK/dV (2 s) against 6/4 s: 3 x 0.5 each way."""
+    assert ring_exposed(1.0, 4, 2.0, 6.0) == (1.5, 3.0)
+    # forward hidden (1 s of transfer behind 8/4 s of attention), backward not (2 s against 6/4 s)
+    assert ring_exposed(1.0, 4, 8.0, 6.0) == (0.0, 1.5)
+    # the whole exchange against the whole attention would hide everything here (9 s of transfer, 14 s of attention)
+    assert ring_exposed(1.0, 4, 8.0, 6.0)[1] > 0.0
+    assert ring_exposed(1.0, 4, 100.0, 100.0) == (0.0, 0.0)
+    assert ring_exposed(5.0, 1, 0.0, 0.0) == (0.0, 0.0)
+    # cp_overlap 0: every transfer exposed, 3 steps x (1 + 2) s
+    assert ring_exposed(1.0, 4, 8.0, 6.0, overlap=0.0) == (3.0, 9.0)
+
+
+def test_kv_bytes_gqa_shares_heads_mla_sends_expanded_heads():
+    """GQA sends its K/V heads (8 x 128, twice), a TP rank at least one of each; MLA sends per-head K (nope 128 +
+    rope 64) and V (128) for its 128 heads, not the 512 + 64 latent."""
+    llama, dsv3 = resolve_model("llama-3.1-8b"), resolve_model("deepseek-v3")
+    assert _kv_width(llama, 1) == 2 * 8 * 128
+    assert _kv_width(llama, 16) == 2 * 1 * 128
+    assert _kv_width(dsv3, 1) == 128 * (128 + 64 + 128)
+    assert _kv_width(dsv3, 8) == 16 * (128 + 64 + 128)
+    assert _q_out_width(llama, 1) == 2 * 32 * 128
+    assert _q_out_width(dsv3, 1) == 128 * (128 + 64 + 128)
+
+
+LONG = dict(model="llama-3.1-8b", num_gpus=32, gpus_per_node=8, tp=1, cp=32, seq_length=131072, global_batch_size=4)
+
+
+def test_a2a_plus_p2p_rings_the_domains_and_exposes_less_than_the_flat_ring():
+    """CP 32 over 4 nodes: the flat ring waits on a cross-node hop at every one of its 31 steps with 1/32 of the
+    attention behind each; a2a+p2p all-to-alls inside the node and rings the 4 nodes, the same K/V bytes per hop
+    behind 1/4 of the attention each."""
+    p2p = estimate(**LONG, cp_comm_type="p2p").breakdown.cp_comm_s
+    hier = estimate(**LONG, cp_comm_type="a2a+p2p").breakdown.cp_comm_s
+    assert 0.0 < hier < p2p
+
+
+def test_a2a_plus_p2p_inside_one_domain_is_ulysses():
+    """With every CP rank in one NVLink domain there is no ring level: a2a+p2p times as a2a."""
+    inside = dict(LONG, num_gpus=8, cp=8, seq_length=32768)
+    a2a = estimate(**inside, cp_comm_type="a2a").breakdown.cp_comm_s
+    assert a2a > 0.0
+    assert estimate(**inside, cp_comm_type="a2a+p2p").breakdown.cp_comm_s == pytest.approx(a2a)
+
+
+def test_ring_inside_a_node_hides_behind_long_attention():
+    """8 ranks on NVLink at 32K tokens each: every hop (~134 MB at NVLink speed) is shorter than a step's attention,
+    so the ring exposes nothing, while the same job's all-gather (not overlapped) does."""
+    inside = dict(LONG, num_gpus=8, cp=8, seq_length=262144)
+    assert estimate(**inside, cp_comm_type="p2p").breakdown.cp_comm_s == 0.0
+    assert estimate(**inside, cp_comm_type="allgather").breakdown.cp_comm_s > 0.0
