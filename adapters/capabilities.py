@@ -80,6 +80,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("moe_flex_dispatcher")
     if job.model.moe is not None and plan.moe_a2a_overlap:
         used.append("moe_a2a_overlap")
+    if plan.torch_compile:
+        used.append("torch_compile")
     if job.lora is not None:  # a LoRA job (meshplan/lora.py): rank and targets
         used += ["lora_rank", "lora_targets"]
     used += precision_knobs(job, plan)
@@ -116,7 +118,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
-        "moe_a2a_overlap": "moe_a2a_overlap=true",
+        "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
         "optimizer_state_dtype": f"optimizer_state_dtype={plan.optimizer_state_dtype}",

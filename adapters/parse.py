@@ -291,6 +291,9 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out["param_offload"] = bool(train.get("enable_cpu_offload"))
     if text.lstrip().startswith("#") and "[parallelism]" in text:
         out.update(_torchtitan_float8(doc))
+        out["torch_compile"] = bool(doc.get("compile", {}).get("enable"))
+    else:
+        out["torch_compile"] = f.get("--compile.enable") is True
     if ac == "selective" and option not in (None, "op"):
         out["selective_ac_option"] = str(option)
     if pp > 1:
@@ -321,7 +324,8 @@ def _kempnerforge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     d, t = doc["distributed"], doc["train"]
     return {"tp": d["tp"], "pp": d["pp"], "cp": d["cp"], "ep": d["ep"], "dp": d["dp_shard"] * d["dp_replicate"],
             "zero_stage": 3 if d["dp_replicate"] == 1 and d["dp_shard"] > 1 else 0 if d["dp_shard"] == 1 else 3,
-            "micro_batch_size": t["batch_size"], "recompute": t["activation_checkpointing"]}
+            "micro_batch_size": t["batch_size"], "recompute": t["activation_checkpointing"],
+            "torch_compile": bool(t.get("compile_model", True))}  # TrainConfig.compile_model defaults to true
 
 
 def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:

@@ -135,6 +135,8 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
              f"micro-batches of pipeline_parallel_microbatch_size={plan.micro_batch_size}, without PP torchtitan "
              "accumulates gradients until global_batch_size."]
     registry = torchtitan_registry(job)
+    # torch.compile of each block and the loss (0.3.0 CompileConfig / 0.2.2 Compile; components default both)
+    compile_keys = [("enable", True)] if plan.torch_compile else []
     warnings = []
     if registry is None:
         warnings.append(f"torchtitan has no registry config for {job.model.name}: write one (config_registry.py) "
@@ -148,7 +150,7 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
         ac = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
         return Built(template="torchtitan.j2",
                      context={"nodes": nodes(job), "parallelism": parallelism, "training": training, "ac": ac,
-                              "registry": registry},
+                              "registry": registry, "compile": compile_keys},
                      format="shell", filename="run_torchtitan.sh", notes=notes, warnings=warnings)
     ac_section = {"mode": plan.recompute}
     if plan.recompute == "selective":
@@ -159,7 +161,7 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
                      "NVLink.")
     return Built(template="torchtitan_toml.j2",
                  context={"parallelism": parallelism, "training": training, "ac": ac_section,
-                          "registry": registry, "quantize": torchtitan_0_2_float8(job, plan)},
+                          "registry": registry, "quantize": torchtitan_0_2_float8(job, plan), "compile": compile_keys},
                  format="toml", filename="torchtitan_job.toml",
                  notes=[*notes, "torchtitan 0.2.x: pass with --job.config_file torchtitan_job.toml."],
                  warnings=warnings + dispatcher_warnings)
@@ -203,7 +205,8 @@ def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Buil
     accumulation = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     train = [("batch_size", plan.micro_batch_size), ("grad_accum_steps", accumulation),
              ("seq_len", job.seq_length), ("mixed_precision", job.precision),
-             ("activation_checkpointing", plan.recompute)]
+             ("activation_checkpointing", plan.recompute),
+             ("compile_model", plan.torch_compile)]  # written either way: KempnerForge's default is true
     automatic_sp = plan.tp > 1 and plan.pp == 1 and not m.tie_word_embeddings and m.moe is None
     warnings = [] if plan.sequence_parallel == automatic_sp else [
         f"KempnerForge decides sequence parallelism itself (on when tp > 1 without PP, tied embeddings or MoE): it "

@@ -66,7 +66,7 @@ from typing import Any, get_args
 import yaml
 
 from meshplan import api
-from meshplan.cards import model_card, model_card_names
+from meshplan.cards import framework_card, model_card, model_card_names
 from meshplan.errors import MeshplanError
 from meshplan.flops import model_flops_per_token
 from meshplan.hardware import get_gpu, gpu_catalog
@@ -109,7 +109,8 @@ KNOBS: dict[str, tuple[str, str]] = {
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
     "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
     "tp_comm_overlap": ("time", "TP communication overlap (userbuffers) / async TP; scored with meshplan's default"),
-    "torch_compile": ("memory, time", "torch.compile; scored eager"),
+    "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
+                      "TORCHTITAN_LOSS_COMPILED_SINCE), or on a framework without a compile card; scored eager"),
 }
 
 # The meshplan framework a row's framework string names: the first of these words it contains.
@@ -669,9 +670,26 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["moe_a2a_overlap"] = row["outcome"]["other"]
     if re.search(r"tp comm overlap|asynctp", low):
         knobs["tp_comm_overlap"] = row["outcome"]["other"]
-    if re.search(r"\bcompile\b", low):
-        knobs["torch_compile"] = other
+    if re.search(r"\bcompile\b", _text(row["name"], other).lower()):  # the row's name states it too
+        knobs["torch_compile"] = _text(row["name"], other)
     return knobs
+
+
+# torchtitan compiles the loss with the blocks when compile is on since pytorch/torchtitan bbb1b616e (2025-04-02,
+# build_loss_fn); its 2024-12 benchmarks compiled the blocks only, which the bool torch_compile cannot say.
+TORCHTITAN_LOSS_COMPILED_SINCE = "2025-04-02"
+
+
+def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) -> dict[str, Any]:
+    """torch_compile=True for a row that states compile on a framework whose card compiles what it ran (torchtitan
+    rows measured once the loss was compiled too); the knob stays recorded otherwise."""
+    when = str(row["source"].get("version_or_date") or "")
+    if "torch_compile" not in knobs or framework_card(framework).compile is None:
+        return {}
+    if framework == "torchtitan" and not (re.match(r"\d{4}-\d{2}", when) and when >= TORCHTITAN_LOSS_COMPILED_SINCE):
+        return {}
+    knobs.pop("torch_compile")
+    return {"torch_compile": True}
 
 
 # --------------------------------------------------------------------------- one row -> one request
@@ -743,6 +761,7 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         dispatcher, k = dispatcher_for(row)
         knobs |= k
         knobs |= run_knobs(row)
+        fields |= compile_field(row, framework, knobs)
         if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
             framework, f, k = lora_for(row, framework, knobs.pop("lora"))
             fields |= f

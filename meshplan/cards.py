@@ -141,7 +141,8 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
     "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "selective_ac_option",
     "recompute_method", "recompute_modules", "uneven_pp",
-    "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "moe_a2a_overlap", "pipeline_layout",
+    "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "moe_a2a_overlap", "torch_compile",
+    "pipeline_layout",
     "account_for_embedding",
     "account_for_loss", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
     "optimizer_offload_fraction",
@@ -272,6 +273,16 @@ class RecomputeSemantics(_Card):
     source: str | None = None
 
 
+class CompileSemantics(_Card):
+    """What the framework's torch.compile switch compiles: its decoder blocks (or the whole model) and its loss
+    function (cards/memory.yaml compile: the bytes each changes)."""
+
+    default: bool = False  # the framework's own default (a request that leaves torch_compile out gets it)
+    blocks: bool = True
+    loss: bool = False
+    source: str
+
+
 OffloadWhen = Literal["in_step", "phase", "none"]
 StateClass = Literal["weights", "gradients", "optimizer"]
 
@@ -346,6 +357,7 @@ class FrameworkCard(_Card):
     memory_fix: MemoryFix
     limits: FrameworkLimits = FrameworkLimits()
     recompute: RecomputeSemantics = RecomputeSemantics()
+    compile: CompileSemantics | None = Field(None, description="torch.compile's scope; None: no compile switch")
     offload: dict[Engine, EngineOffload] = Field(
         default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
     )

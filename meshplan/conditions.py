@@ -389,6 +389,20 @@ def a2a_overlap_preconditions(ctx: Context) -> Values:
     return None
 
 
+@rule("CO001")
+def compile_needs_a_switch(ctx: Context) -> Values:
+    """torch_compile on a framework whose card has no compile section (nothing renders or models it)."""
+    if not ctx.plan.torch_compile:
+        return None
+    card = framework_card(ctx.framework)
+    if card.compile is not None and card.adapter is not None and card.adapter.renders("torch_compile"):
+        return None
+    supported = [n for n in FRAMEWORKS if framework_card(n).compile is not None]
+    knob = card.adapter.versions[card.adapter.default_version].knobs.get("torch_compile") if card.adapter else None
+    return {"framework": ctx.job.framework, "supported": ", ".join(supported),
+            "instead": knob.instead if knob is not None and knob.instead else "no compile section in its card"}
+
+
 @rule("TT001")
 def torchtitan_no_etp(ctx: Context) -> Values:
     if ctx.plan.etp == 1:

@@ -65,9 +65,17 @@ class PrecisionBytes(_Card):
     source: str
 
 
+class CompileBytes(_Card):
+    """What torch.compile changes in a convention (cards/memory.yaml compile, with the derivation)."""
+
+    logits_bytes_per_element: float = Field(gt=0)  # a compiled loss at its peak
+    swiglu_unfused: bool = False  # compiled blocks: silu recomputed, not saved
+
+
 class MemoryCard(_Card):
     description: str
     precision: PrecisionBytes
+    compile: CompileBytes
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
     cuda_context_bytes: int = Field(ge=0)
@@ -137,7 +145,8 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     """The convention and tensors of `convention`, rewritten by the plan's precision knobs: moments in
     optimizer_state_dtype, the fp32 master as 16-bit remainders under the precision-aware optimizer (bf16 weights,
     bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32), and the fp8 weight bytes per
-    linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather)."""
+    linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather); and torch.compile's
+    loss and SwiGLU bytes (compiled)."""
     name, conv, tensors = convention(job.framework, plan.zero_stage, job.framework_version)
     prec = memory_card().precision
     recipe = fp8_recipe(job, plan)
@@ -165,7 +174,23 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         conv_update["fp8_weight_bytes"] = weight
     if gather and conv.prefetched_bytes and conv.fp8_weights == "fixed":
         conv_update["prefetched_bytes"] = prec.fp8_all_gather_bytes
+    conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
+
+
+def compiled(job: Job, plan: Plan) -> dict:
+    """The convention fields torch.compile rewrites (cards/memory.yaml compile), for what the framework compiles
+    (its card's compile section): a compiled loss keeps no fp32 copy of the logits, compiled blocks a fused SwiGLU."""
+    scope = framework_card(job.framework).compile
+    if not plan.torch_compile or scope is None:
+        return {}
+    comp = memory_card().compile
+    update: dict = {}
+    if scope.loss:
+        update["logits_bytes_per_element"] = comp.logits_bytes_per_element
+    if scope.blocks:
+        update["swiglu_unfused"] = comp.swiglu_unfused
+    return update
 
 
 def state_bytes(tensors: list[StateTensor], params: float, shard_size: float) -> dict[str, float]:

@@ -195,7 +195,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
-        moe_a2a_overlap=bool(req.moe_a2a_overlap),
+        moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
@@ -272,6 +272,16 @@ def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]
         "grad_offload": bool(grad), "optimizer_offload": bool(optimizer),
         "optimizer_offload_fraction": fraction,
     }
+
+
+def _torch_compile(req: Request, card, notes: list[str]) -> bool:
+    """torch.compile as asked, else the framework's own default (its card's compile section; eager without one)."""
+    if req.torch_compile is not None:
+        return req.torch_compile
+    if card.compile is not None and card.compile.default:
+        notes.append(f"torch_compile=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml compile)")
+        return True
+    return False
 
 
 def _framework_version(req: Request, card, notes: list[str]) -> str | None:

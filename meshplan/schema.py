@@ -265,6 +265,12 @@ class Request(_Strict):
                           "overlap_moe_expert_parallel_comm with delay_wgrad_compute, Megatron-Bridge "
                           "comm_overlap): needs ep > 1, vpp with pp > 1, no full recompute (default: false)",
     )
+    torch_compile: bool | None = Field(
+        None, description="torch.compile on (torchtitan --compile.enable, compiling each block and the loss; "
+                          "KempnerForge train.compile_model, the whole model): fused elementwise kernels and, where "
+                          "the loss is compiled, no fp32 copy of the logits (default: the framework's own, eager for torchtitan, "
+                          "compiled for KempnerForge)",
+    )
     # --- RL post-training job (meshplan/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(
         None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "
@@ -458,6 +464,7 @@ class Plan(_Strict):
     fp8_recipe: Fp8Recipe | None = None  # None: the framework's default recipe (precision=fp8 only)
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     moe_a2a_overlap: bool = False  # EP all-to-all overlapped with the other micro-batch's compute (1F1B)
+    torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
     # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py
     rollout_engine: RolloutEngine | None = None
     rollout_tp: int | None = Field(None, ge=1)

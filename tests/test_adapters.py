@@ -111,6 +111,9 @@ CASES: list[tuple[str, str | None, dict]] = [
                           optimizer_offload=True, activation_offload=True)),
     ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, optimizer_offload=False)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
+    # torch.compile (torchtitan --compile.enable / [compile] enable, KempnerForge train.compile_model)
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
+    ("kempnerforge", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
     ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=8, zero_stage=3, global_batch_size=64, param_offload=True,
                              optimizer_offload_fraction=0.5, recompute="full", activation_offload=True)),
     # Megatron's recompute_modules (selective)
@@ -283,6 +286,20 @@ def test_unknown_framework_variant_and_version_are_clear_errors():
 def test_torchtitan_version_prefix_selects_the_toml_form():
     _, _, result = _render("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2), version="0.2")
     assert result.version == "0.2.2" and result.format == "toml" and "[parallelism]" in result.text
+
+
+def test_torch_compile_renders_and_parses_on_both_torchtitan_forms_and_kempnerforge():
+    """torchtitan 0.3.0 --compile.enable, 0.2.2 [compile] enable; KempnerForge writes compile_model either way (its
+    TrainConfig defaults to true, so an eager plan must say false)."""
+    fields = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64)
+    for compile_on in (True, False):
+        for version, needle in (("0.3", "--compile.enable"), ("0.2", "[compile]")):
+            job, plan, result = _render("torchtitan", None, dict(fields, torch_compile=compile_on), version=version)
+            assert (needle in result.text) is compile_on
+            assert parse_plan("torchtitan", result.variant, result.text, 32)["torch_compile"] is compile_on
+        _, _, result = _render("kempnerforge", None, dict(fields, torch_compile=compile_on))
+        assert f"compile_model = {str(compile_on).lower()}" in result.text
+        assert parse_plan("kempnerforge", result.variant, result.text, 32)["torch_compile"] is compile_on
 
 
 def test_every_framework_with_an_adapter_card_section_has_a_builder_and_no_other():

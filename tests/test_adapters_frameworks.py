@@ -314,6 +314,7 @@ def test_torchtitan_config_manager_parses_the_rendered_command_line():
 def test_torchtitan_0_2_toml_keys_are_job_config_fields():
     tree = SourceTree(wheel_tree("torchtitan", "0.2.2"))
     sections = {"parallelism": "Parallelism", "training": "Training", "activation_checkpoint": "ActivationCheckpoint"}
+    optional = {"compile": "Compile"}  # rendered with torch_compile
     flex = dict(model="deepseek-v3", num_gpus=256, pp=8, ep=32, global_batch_size=1024, first_stage_layers=5,
                 last_stage_layers=8, moe_token_dispatcher="flex")
     float8 = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, precision="fp8", fp8_recipe="tensorwise",
@@ -331,7 +332,11 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
             known = set(tree.fields("torchtitan.config.job_config", cls))
             assert set(doc[section]) <= known, (section, set(doc[section]) - known)
             rendered_keys |= set(doc[section])
-        assert set(doc) - set(sections) <= {"model", "quantize"}
+        for section, cls in optional.items():
+            if section in doc:
+                assert set(doc[section]) <= set(tree.fields("torchtitan.config.job_config", cls))
+                rendered_keys |= {f"{section}.{k}" for k in doc[section]}
+        assert set(doc) - set(sections) <= {"model", "quantize", "compile"}
         for name in doc.get("model", {}).get("converters", []):
             kind = name.rsplit(".", 1)[1]
             converters.add(name)
@@ -349,6 +354,7 @@ def test_torchtitan_0_2_toml_keys_are_job_config_fields():
             assert doc["parallelism"]["expert_parallel_comm_backend"] in choices
     assert "expert_parallel_comm_backend" in rendered_keys
     assert "mixed_precision_reduce" in rendered_keys
+    assert "compile.enable" in rendered_keys
     # the converter names torchtitan 0.2.2 registers (components/quantization: register_model_converter)
     registered = {c.args[1].value for f in ("float8.py", "mx.py") for c in ast.walk(ast.parse(
         (wheel_tree("torchtitan", "0.2.2") / "torchtitan/components/quantization" / f).read_text()))

@@ -118,6 +118,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**MIX, "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "flex"}),
     "EP009": ({**MIX, "num_gpus": 16, "pp": 2, "ep": 8, "moe_a2a_overlap": True},
               {**MIX, "num_gpus": 16, "pp": 2, "vpp": 2, "ep": 8, "moe_a2a_overlap": True}),
+    "CO001": ({**L8B, "num_gpus": 8, "torch_compile": True},
+              {**L8B, "framework": "torchtitan", "num_gpus": 8, "torch_compile": True}),
     "TT001": ({**MIX, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "ep": 4, "etp": 2},
               {**MIX, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "ep": 4}),
     "DS001": ({**MIX, "framework": "deepspeed", "num_gpus": 12, "tp": 2, "ep": 4},
