@@ -279,7 +279,8 @@ def _torch_compile(req: Request, card, notes: list[str]) -> bool:
     if req.torch_compile is not None:
         return req.torch_compile
     if card.compile is not None and card.compile.default:
-        notes.append(f"torch_compile=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml compile)")
+        notes.append(f"torch_compile=true: {card.display_name}'s default "
+                     f"(cards/frameworks/{req.framework}.yaml compile)")
         return True
     return False
 

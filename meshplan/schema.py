@@ -268,8 +268,8 @@ class Request(_Strict):
     torch_compile: bool | None = Field(
         None, description="torch.compile on (torchtitan --compile.enable, compiling each block and the loss; "
                           "KempnerForge train.compile_model, the whole model): fused elementwise kernels and, where "
-                          "the loss is compiled, no fp32 copy of the logits (default: the framework's own, eager for torchtitan, "
-                          "compiled for KempnerForge)",
+                          "the loss is compiled, no fp32 copy of the logits (default: the framework's own, eager "
+                          "for torchtitan, compiled for KempnerForge)",
     )
     # --- RL post-training job (meshplan/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(

@@ -294,7 +294,7 @@ def test_torch_compile_renders_and_parses_on_both_torchtitan_forms_and_kempnerfo
     fields = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64)
     for compile_on in (True, False):
         for version, needle in (("0.3", "--compile.enable"), ("0.2", "[compile]")):
-            job, plan, result = _render("torchtitan", None, dict(fields, torch_compile=compile_on), version=version)
+            _, _, result = _render("torchtitan", None, dict(fields, torch_compile=compile_on), version=version)
             assert (needle in result.text) is compile_on
             assert parse_plan("torchtitan", result.variant, result.text, 32)["torch_compile"] is compile_on
         _, _, result = _render("kempnerforge", None, dict(fields, torch_compile=compile_on))
