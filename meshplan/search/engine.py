@@ -39,6 +39,7 @@ from meshplan.space import (
     RECOMPUTE_ORDER,
     Fixed,
     Layout,
+    Prefiltered,
     enumerate_layouts,
     first_stage_floor,
     knobs,
@@ -84,14 +85,19 @@ class Found:
 
 @dataclass
 class Caches:
-    """What a search has learnt about its job. The estimates and findings, keyed by plan, do not depend on the
-    memory budget, so a search of the same job at another budget shares them (`shared`); what fits does."""
+    """What a search has learnt about its job. The estimates, findings and bounds do not depend on the memory
+    budget, so a search of the same job at another budget shares them (`shared`); what fits does."""
 
     memory: dict[PlanKey, MemoryReport] = field(default_factory=dict)
     throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
     checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
+    floors: dict[PlanKey, float] = field(default_factory=dict)  # first_stage_floor per non-interleaved plan
+    states: dict[tuple[Layout, int], float] = field(default_factory=dict)  # states_lower_bound per (layout, ZeRO)
+    # Per (layout, token_rate): the seed keys of its micro-batches, in order (a pure function of the two).
+    seed_keys: dict[tuple[Layout, tuple[int, float]], list[float]] = field(default_factory=dict)
+    space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
     # Per (non-interleaved layout, ZeRO stage, recompute, micro-batch): the first stage's memory floor is in budget.
     floor_fits: dict[PlanKey, bool] = field(default_factory=dict)
     # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
@@ -101,7 +107,8 @@ class Caches:
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, throughput=self.throughput, checks=self.checks, token_time=self.token_time,
-                      first_finding=self.first_finding)
+                      first_finding=self.first_finding, floors=self.floors, states=self.states,
+                      seed_keys=self.seed_keys, space=self.space)
 
 
 def pow2_at_least(x: float) -> int:
@@ -281,8 +288,19 @@ class BestFirstSearch:
         key = (lay.base(), zero, recompute, mbs)
         hit = self.caches.floor_fits.get(key)
         if hit is None:
-            floor = first_stage_floor(self.job, lay.base(), zero, recompute, mbs, self.sequence_parallel(lay))
+            floor = self.caches.floors.get(key)
+            if floor is None:
+                floor = self.caches.floors[key] = first_stage_floor(self.job, lay.base(), zero, recompute, mbs,
+                                                                     self.sequence_parallel(lay))
             hit = self.caches.floor_fits[key] = floor <= self.budget
+        return hit
+
+    def states_bound(self, lay: Layout, zero: int) -> float:
+        """states_lower_bound of the layout at that ZeRO stage, once per job."""
+        key = (lay, zero)
+        hit = self.caches.states.get(key)
+        if hit is None:
+            hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split)
         return hit
 
     def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
@@ -361,6 +379,11 @@ class BestFirstSearch:
         context-parallel traffic, at a power-of-two micro-batch holding at least this layout's tokens per rank
         (`exact`: the smallest such; otherwise the most any layout of the shard uses, one reference for all):
         step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp)."""
+        return self.stretch(lay, (mbs,), *self.token_rate(lay, mbs, recompute, exact))[0]
+
+    def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float]:
+        """token_bound's references: (b_tok, seconds per token). Without `exact` it is the same for every
+        micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest), so `seed` reads it once."""
         s = self.job.seq_length
         tokens = -(-s // lay.cp) * mbs
         most = tokens / s if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp), tokens / s)
@@ -373,14 +396,26 @@ class BestFirstSearch:
             b_cp = pow2_at_least(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))
             per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
                                          self.recomputes[0], "cp")
-        per_stage = tokens * per_token / lay.pp
+        return b_tok, per_token
+
+    def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float) -> list[float]:
+        """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
+        and micro-batches."""
+        s = self.job.seq_length
+        per_rank = -(-s // lay.cp)
         moe = self.job.model.moe
-        if moe is not None and self.engine.moe_layer_fixed_s:
-            # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
-            # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
-            spread = tokens / (b_tok * s)
-            per_stage += len(moe.moe_layers) * self.engine.moe_layer_fixed_s * max(0.0, 1.0 - spread) / lay.pp
-        return per_stage * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp)
+        sync = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
+        bounds = []
+        for mbs in sizes:
+            tokens = per_rank * mbs
+            per_stage = tokens * per_token / lay.pp
+            if sync:
+                # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
+                # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
+                spread = tokens / (b_tok * s)
+                per_stage += sync * max(0.0, 1.0 - spread) / lay.pp
+            bounds.append(per_stage * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp))
+        return bounds
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
         """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
@@ -416,7 +451,7 @@ class BestFirstSearch:
             error = self.check_error(lay, zero, self.recomputes[0], mbs)
             if error:
                 self.rejected[error] += n_r
-            elif (bound := states_lower_bound(self.job, lay, zero, self.split)) > self.budget:
+            elif (bound := self.states_bound(lay, zero)) > self.budget:
                 self.rejected[self.memory_rule_for(bound)] += n_r
             else:
                 alive.append(zero)
@@ -486,17 +521,16 @@ class BestFirstSearch:
     # -- the loop ----------------------------------------------------------------------------------
 
     def seed(self, layouts: list[Layout], ideal: float) -> None:
-        for lay in layouts:
-            sizes = micro_batches(self.job, lay, self.fixed)
+        sized = [(lay, micro_batches(self.job, lay, self.fixed)) for lay in layouts]
+        for lay, sizes in sized:
             if sizes:
                 key = (lay.tp, lay.cp)
                 self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
                 work = (lay.tp, lay.ep, lay.etp)
                 self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
-        for lay in layouts:
+        for lay, sizes in sized:
             checkpoint()
-            sizes = micro_batches(self.job, lay, self.fixed)
-            if (bound := states_lower_bound(self.job, lay, self.zeros[-1], self.split)) > self.budget:
+            if (bound := self.states_bound(lay, self.zeros[-1])) > self.budget:
                 # even the most sharded model states do not fit: no variant of this layout can
                 self.rejected[self.memory_rule_for(bound)] += self.variants() * max(1, len(sizes))
                 continue
@@ -505,9 +539,20 @@ class BestFirstSearch:
                 mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
                 self.push(0.0, Level.RULES, (lay, mbs, 0))
                 continue
-            for mbs in sizes:
-                key = max(self.ideal_time(lay, mbs, ideal), self.token_bound(lay, mbs, self.recomputes[0]))
+            for mbs, key in zip(sizes, self.seed_keys(lay, sizes, ideal), strict=True):
                 self.push(key, Level.FLOOR, (lay, mbs))
+
+    def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float) -> list[float]:
+        """The seed key of each micro-batch: the larger of the ideal time and the per-token bound, whose
+        references are the same for all of them (token_rate); once per job (its micro-batches and ideal time are
+        the job's) and references."""
+        rate = self.token_rate(lay, sizes[0], self.recomputes[0])
+        hit = self.caches.seed_keys.get((lay, rate))
+        if hit is None:
+            bounds = self.stretch(lay, sizes, *rate)
+            hit = self.caches.seed_keys[(lay, rate)] = [
+                max(self.ideal_time(lay, mbs, ideal), bound) for mbs, bound in zip(sizes, bounds, strict=True)]
+        return hit
 
     def wanted(self) -> bool:
         """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
@@ -555,8 +600,11 @@ class BestFirstSearch:
 
     def drain(self, bucket: str) -> None:
         """Count what is left in the queue under `bucket`."""
-        for _, level, _, payload in self.heap:
-            self.rejected[bucket] += self.covered(level, payload)
+        if not self.heap:
+            return
+        variants = self.variants()  # what every node up to Level.RULES stands for
+        self.rejected[bucket] += sum(variants if level <= Level.RULES else self.covered(level, payload)
+                                     for _, level, _, payload in self.heap)
         self.heap.clear()
 
 
@@ -570,7 +618,9 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: flo
     search.cutoff = cutoff
     if share is not None:
         search.caches = share.caches.shared()
-    layouts, dropped = enumerate_layouts(job, fixed)
+    if search.caches.space is None:
+        search.caches.space = enumerate_layouts(job, fixed)
+    layouts, dropped = search.caches.space
     considered = 0
     # Groups dropped by a cheap law: one check names the rule, every layout in the group counts under it.
     for group in dropped:
