@@ -1,5 +1,5 @@
 """How long `recommend` takes on the two jobs issue 5 sets targets for, and how much of the space it evaluates.
-# Targets: issue 5 (Llama 0.3 s) and issue 15 (DeepSeek-V3 1.5 s; issue 5 had set 2 s).
+Targets: issue 5 (Llama 0.3 s) and issue 15 (DeepSeek-V3 1.5 s; issue 5 had set 2 s).
 
     python bench/recommend_speed.py [--repeat 3]
 
