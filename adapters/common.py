@@ -108,13 +108,9 @@ def plan_recompute(granularity: str | None, method: str | None, num_layers: int 
 
 
 def hierarchical_cp(job: Job, plan: Plan) -> list[int]:
-    """a2a+p2p context parallelism: all-to-all inside the NVLink domain, ring across (Megatron-Core).
-
-    The a2a group is the largest divisor of cp that fits beside tp in one node; its product with the
-    p2p group must equal cp (megatron/training/arguments.py validate_args).
-    """
-    inner = max(d for d in range(1, plan.cp + 1) if plan.cp % d == 0 and plan.tp * d <= job.gpus_per_node)
-    return [inner, plan.cp // inner]
+    """a2a+p2p context parallelism's [a2a, p2p] group sizes (Megatron-Core): meshplan.mesh.hierarchical_cp_sizes,
+    the grouping the step time assumes."""
+    return list(mesh.hierarchical_cp_sizes(plan.cp, plan.tp, job.gpus_per_node))
 
 
 def rollout_tp(job: Job, memory_fraction: float = 0.5) -> int:

@@ -29,6 +29,7 @@ class Links:
     intra_lat: float
     inter_lat: float
     nic_scaling: float  # how much of the k NICs of a domain one ring really uses: k ** nic_scaling
+    node: int = 0  # GPUs per host (the a2a level of hierarchical CP stays inside one)
 
 
 def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration) -> Links:
@@ -39,6 +40,7 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration) -> Links:
         intra_lat=cal.latency_intra_s,
         inter_lat=cal.latency_inter_s,
         nic_scaling=cal.ring_nic_scaling,
+        node=gpus_per_node,
     )
 
 

@@ -118,6 +118,14 @@ def per_domain(size: int, stride: int, domain: int) -> int:
     return max(1, min(size, domain // stride))
 
 
+def hierarchical_cp_sizes(cp: int, tp: int, gpus_per_node: int) -> tuple[int, int]:
+    """a2a+p2p context parallelism as meshplan renders it (hierarchical_context_parallel_sizes): the all-to-all
+    group is the largest divisor of cp that fits beside tp in one node, the ring runs over the rest; their product
+    is cp (Megatron-LM megatron/training/arguments.py validate_args)."""
+    inner = max((d for d in range(1, cp + 1) if cp % d == 0 and tp * d <= gpus_per_node), default=1)
+    return inner, cp // inner
+
+
 def crosses_domains(size: int, stride: int, domain: int) -> bool:
     """Whether a group of `size` ranks spaced `stride` apart needs the network."""
     return size > per_domain(size, stride, domain)

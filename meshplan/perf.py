@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from math import gcd
 from typing import NamedTuple
 
 from meshplan import mesh
@@ -54,7 +53,7 @@ from meshplan.lora import (
 )
 from meshplan.memory import every_nth_blocks
 from meshplan.memory_states import convention
-from meshplan.mesh import crosses_domains, per_domain
+from meshplan.mesh import crosses_domains, hierarchical_cp_sizes
 from meshplan.models import layer_params, per_architecture
 from meshplan.offload import step_offload_time
 from meshplan.request import uses_fsdp
@@ -232,9 +231,9 @@ def _cp_time(ctx: Ctx, attention_fwd: float, attention_fwd_bwd: float) -> tuple[
     Transformer Engine runs it: p2p a K/V ring overlapped step by step; a2a (Ulysses) q, k, v and the output
     re-sharded sequence <-> heads by all-to-alls, forward and (dout; dq, dk, dv) backward, not overlapped;
     allgather the K/V gathered forward and dK/dV reduce-scattered backward, not overlapped; a2a+p2p the all-to-all
-    over the CP ranks inside one NVLink domain and a ring of the domains (hierarchical_context_parallel_sizes
-    [ranks per domain, domains], the layout the CP guides recommend), each ring step then carrying the same
-    K/V bytes against domain-size times the attention."""
+    over the CP ranks inside one node and a ring of the nodes (mesh.hierarchical_cp_sizes, what the adapters
+    render as hierarchical_context_parallel_sizes), each ring step then carrying the same K/V bytes against
+    a2a-size times the attention."""
     plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
     c = plan.cp
     if c <= 1:
@@ -247,7 +246,7 @@ def _cp_time(ctx: Ctx, attention_fwd: float, attention_fwd_bwd: float) -> tuple[
         return one, FORWARD_AND_BACKWARD * one
     a2a_size = c if plan.cp_comm_type == "a2a" else 1
     if plan.cp_comm_type == "a2a+p2p":
-        a2a_size = gcd(c, per_domain(c, plan.tp, lk.domain))
+        a2a_size = hierarchical_cp_sizes(c, plan.tp, lk.node)[0]
     a2a_one = alltoall_time(tokens * (_q_out_width(arch, plan.tp) + _kv_width(arch, plan.tp)) * BF16,
                             a2a_size, plan.tp, lk)
     steps = c // a2a_size

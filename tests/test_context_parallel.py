@@ -68,3 +68,17 @@ def test_ring_inside_a_node_hides_behind_long_attention():
     inside = dict(LONG, num_gpus=8, cp=8, seq_length=262144)
     assert estimate(**inside, cp_comm_type="p2p").breakdown.cp_comm_s == 0.0
     assert estimate(**inside, cp_comm_type="allgather").breakdown.cp_comm_s > 0.0
+
+
+def test_hierarchical_sizes_are_what_the_adapters_render_and_what_is_timed():
+    """The a2a level is the largest divisor of cp beside tp in one node (12 ranks on 8-GPU nodes: 6 x 2, not 4 x 3);
+    the Megatron adapter renders those sizes and the step time rings over the second."""
+    from adapters.common import hierarchical_cp
+    from meshplan.mesh import hierarchical_cp_sizes
+
+    assert hierarchical_cp_sizes(32, 1, 8) == (8, 4)
+    assert hierarchical_cp_sizes(12, 1, 8) == (6, 2)
+    assert hierarchical_cp_sizes(8, 2, 8) == (4, 2)
+    assert hierarchical_cp_sizes(4, 16, 8) == (1, 4)  # TP fills more than a node: no a2a level
+    job, plan = resolve(Request(**LONG, cp_comm_type="a2a+p2p"))
+    assert hierarchical_cp(job, plan) == [8, 4]
