@@ -62,6 +62,7 @@ class Calibration:
     dropout_bytes_per_score_bwd: float
     hbm_efficiency: float
     elementwise_passes: float
+    eager_elementwise_passes: float
     optimizer_bytes_per_param: float
     grad_accum_bytes_per_param: float
     cross_entropy_bytes_per_logit: float

@@ -192,6 +192,7 @@ class Ctx:
     lora_engine: LoraEngine | None = None
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
+    eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
@@ -312,7 +313,8 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         dense_ffn = sh.tokens * arch.ffn_hidden_size / plan.tp
     ffn_elems = routed_ffn + shared_ffn + dense_ffn
     hidden_elems = sh.tokens * arch.hidden_size / t_sp
-    elem_bytes = cal.elementwise_passes * BF16 * (hidden_elems + ffn_elems)
+    passes = cal.eager_elementwise_passes if ctx.eager else cal.elementwise_passes
+    elem_bytes = passes * BF16 * (hidden_elems + ffn_elems)
     lt.overhead = cal.layer_overhead_s
     if moe and arch.moe is not None:
         # Token dispatch: the routed copies (tokens x top_k hidden vectors) are permuted, sorted by
@@ -361,6 +363,14 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     HybridEP sizes the combine from tokens_per_expert.sum() ("CPU sync", _HybridEPManager.dispatch) unless a
     static capacity is set, which meshplan's dropless plans do not. One each, whatever the dispatcher."""
     return 1.0
+
+
+def eager_blocks(job: Job, plan: Plan) -> bool:
+    """Whether the blocks' memory-bound ops run as separate eager kernels: a framework whose card has a compile
+    switch that compiles the blocks (torchtitan, KempnerForge) with torch_compile off. Frameworks without one run
+    fused kernels either way (Megatron-Core / Transformer Engine), the count elementwise_passes is."""
+    scope = framework_card(job.framework).compile
+    return scope is not None and scope.blocks and not plan.torch_compile
 
 
 def a2a_steady_share(m: int, pp: int, vpp: int) -> float:
@@ -638,7 +648,7 @@ def estimate_throughput(
               conv.dropout if dropout is None else dropout, job.lora,
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
-              moe_host_syncs(job, plan))
+              moe_host_syncs(job, plan), eager_blocks(job, plan))
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()

@@ -51,3 +51,22 @@ def test_estimate_drops_by_the_loss_formula_on_torchtitan_0_2():
     assert drop == (10 - 4) * tokens * vocab
     assert off.detail["logits_and_loss"] - on.detail["logits_and_loss"] == drop
     assert on.total_bytes < off.total_bytes
+
+
+def test_eager_blocks_pay_the_unfused_elementwise_passes():
+    """Time: torchtitan with torch_compile off moves eager_elementwise_passes over the activations, compiled (and
+    every framework without a compile switch) elementwise_passes; with the two equal the step times agree."""
+    from meshplan.calibration import calibration
+    from meshplan.perf import eager_blocks, estimate_throughput
+
+    fields = dict(framework="torchtitan", recompute="selective", **L8B)
+    eager, compiled = (resolve(Request(torch_compile=c, **fields)) for c in (False, True))
+    assert eager_blocks(*eager) and not eager_blocks(*compiled)
+    assert not eager_blocks(*resolve(Request(framework="megatron-core", **L8B)))
+    assert not eager_blocks(*resolve(Request(framework="kempnerforge", **L8B)))  # compiled by default
+    cal = calibration("torchtitan")
+    assert cal.eager_elementwise_passes > cal.elementwise_passes
+    slow, fast = (estimate_throughput(*jp).step_time_s for jp in (eager, compiled))
+    assert slow > fast
+    same = cal.with_overrides(eager_elementwise_passes=cal.elementwise_passes)
+    assert estimate_throughput(*eager, same).step_time_s == estimate_throughput(*compiled, same).step_time_s
