@@ -36,8 +36,8 @@ def list_models() -> list[ModelSummary]:
 
 def estimate_memory(req: Request) -> MemoryReport:
     from meshplan.accuracy import with_band
-    from meshplan.rollout import job_memory as estimate  # an RL job: the peak over its phases
     from meshplan.request import resolve
+    from meshplan.rollout import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(req)
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
@@ -45,8 +45,8 @@ def estimate_memory(req: Request) -> MemoryReport:
 
 def estimate_throughput(req: Request) -> ThroughputReport:
     from meshplan.accuracy import with_band
-    from meshplan.rollout import job_throughput as estimate  # an RL job: the whole RL step, by part
     from meshplan.request import resolve
+    from meshplan.rollout import job_throughput as estimate  # an RL job: the whole RL step, by part
 
     job, plan = resolve(req)
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)

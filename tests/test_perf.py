@@ -308,7 +308,8 @@ def test_recompute_modules_repeat_their_memory_bound_passes():
 
 def test_recompute_modules_repeat_their_forward():
     """Megatron's recompute_modules: core_attn repeats the attention core, mlp / moe / shared_experts / mla_up_proj
-    what layer_time puts in module_fwd (moe also its dispatch and combine); a module with nothing there costs nothing."""
+    what layer_time puts in module_fwd (moe also its dispatch and combine); a module with nothing there costs
+    nothing."""
     from meshplan.perf import LayerTime, _recompute_time
 
     cal = calibration("megatron-core")
