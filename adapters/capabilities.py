@@ -93,9 +93,10 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
 
 
 def precision_knobs(job: Job, plan: Plan) -> list[str]:
-    """The precision knobs a plan uses: a moment dtype other than fp32, fp8 weights, an explicit reduce dtype, and
-    an explicit fp8 recipe (left out = the framework's own default, nothing to render)."""
-    used = []
+    """The optimizer and precision knobs a plan uses: an optimizer other than adam, a moment dtype other than fp32,
+    fp8 weights, an explicit reduce dtype, and an explicit fp8 recipe (left out = the framework's own default,
+    nothing to render)."""
+    used = ["optimizer"] if plan.optimizer != "adam" else []  # adam: every framework's default, nothing to render
     if plan.optimizer_state_dtype not in (None, "fp32"):
         used.append("optimizer_state_dtype")
     if plan.fp8_param_gather:
@@ -121,6 +122,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
+        "optimizer": f"optimizer={plan.optimizer}",
         "optimizer_state_dtype": f"optimizer_state_dtype={plan.optimizer_state_dtype}",
         "fp8_param_gather": "fp8_param_gather=true", "grad_reduce_fp32": "grad_reduce_in_fp32=true",
         "grad_reduce_bf16": "grad_reduce_in_fp32=false",

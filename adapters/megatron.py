@@ -155,10 +155,11 @@ def offload_flags(job: Job, plan: Plan) -> list[Flag]:
 
 
 def precision_flags(job: Job, plan: Plan) -> list[Flag]:
-    """The precision knobs as megatron-core 0.19.2 flags: --grad-reduce-in-bf16 (fp32 is the bf16 default), the
-    precision-aware optimizer's moment dtypes, the fp8 format and recipe (the card's default when left out) and
-    --fp8-param-gather."""
-    flags: list[Flag] = []
+    """The optimizer and precision knobs as megatron-core 0.19.2 flags: --optimizer muon (with
+    --use-distributed-optimizer, arguments.py turns on its layer-wise distributed optimizer), --grad-reduce-in-bf16
+    (fp32 is the bf16 default), the precision-aware optimizer's moment dtypes, the fp8 format and recipe (the
+    card's default when left out) and --fp8-param-gather."""
+    flags: list[Flag] = [("--optimizer", plan.optimizer)] if plan.optimizer != "adam" else []
     if plan.grad_reduce_in_fp32 is False:
         flags.append(("--grad-reduce-in-bf16", None))
     if precision_aware(plan):
@@ -264,11 +265,13 @@ class PyCode(str):
 
 
 def bridge_precision(job: Job, plan: Plan) -> list[tuple[str, Any]]:
-    """The precision knobs as ConfigContainer fields: the precision-aware optimizer on cfg.optimizer, and the fp8
-    format, recipe (the card's default when left out), fp8_param_gather and grad_reduce_in_fp32 on
-    cfg.mixed_precision, whose setup() writes them over the model, optimizer and DDP configs (a model.fp8 set
-    directly is overwritten by the recipe's mixed_precision)."""
+    """The optimizer and precision knobs as ConfigContainer fields: Muon on cfg.optimizer.optimizer, the
+    precision-aware optimizer on cfg.optimizer, and the fp8 format, recipe (the card's default when left out),
+    fp8_param_gather and grad_reduce_in_fp32 on cfg.mixed_precision, whose setup() writes them over the model,
+    optimizer and DDP configs (a model.fp8 set directly is overwritten by the recipe's mixed_precision)."""
     s: list[tuple[str, Any]] = []
+    if plan.optimizer == "muon":  # Bridge's optim.py: the "dist_" prefix asks for the layer-wise distributed optimizer
+        s.append(("optimizer.optimizer", "dist_muon" if plan.zero_stage >= 1 else "muon"))
     if precision_aware(plan):
         dtype = PyCode(TORCH_DTYPES[plan.optimizer_state_dtype])
         s += [("optimizer.use_precision_aware_optimizer", True), ("optimizer.exp_avg_dtype", dtype),

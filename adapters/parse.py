@@ -140,6 +140,7 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["moe_a2a_overlap"] = True
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
+    out["optimizer"] = f.get("--optimizer", "adam")
     out.update(_precision("--use-precision-aware-optimizer" in f, f.get("--exp-avg-dtype"), f.get("--fp8-recipe"),
                           True if "--fp8-param-gather" in f else None, False if "--grad-reduce-in-bf16" in f else None))
     out.update(read_offload({"fine_grained_activation_offloading": "--fine-grained-activation-offloading" in f,
@@ -186,6 +187,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         recipe = next(k for k, v in presets.items() if v == s["mixed_precision"]).split("/")[0]
         mp = {"fp8_recipe": None if recipe == "bf16" else recipe}
     mp.update({k[len("mixed_precision."):]: v for k, v in s.items() if k.startswith("mixed_precision.")})
+    out["optimizer"] = "muon" if "muon" in str(s.get("optimizer.optimizer", "adam")) else "adam"
     out.update(_precision(s.get("optimizer.use_precision_aware_optimizer"), s.get("optimizer.exp_avg_dtype"),
                           mp.get("fp8_recipe"), mp.get("fp8_param_gather"), mp.get("grad_reduce_in_fp32")))
     out.update(parsed_lora(s.get("peft.dim"), s.get("peft.target_modules")))

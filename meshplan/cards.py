@@ -146,7 +146,7 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "account_for_embedding",
     "account_for_loss", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
     "optimizer_offload_fraction",
-    "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
+    "optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
     "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
     "lora_rank", "lora_targets",
 )

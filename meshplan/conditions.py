@@ -784,6 +784,28 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
             "fix": instead}
 
 
+@rule("PR005")
+def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
+    """Muon runs in Megatron-Core's emerging-optimizer path only: no FSDP, no precision-aware or CPU optimizer."""
+    p = ctx.plan
+    if p.optimizer != "muon":
+        return None
+    card = framework_card(ctx.framework)
+    values = {"framework": card.display_name, "zero": p.zero_stage}
+    instead = _lacks(ctx.framework, "optimizer")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no Muon meshplan can write.", "fix": instead}
+    if p.zero_stage >= 2:
+        return {**values, "why": "Megatron-Core's Muon supports neither torch FSDP2 nor Megatron-FSDP.",
+                "fix": "Use zero_stage=1 (Muon's layer-wise distributed optimizer) or 0, or leave optimizer out."}
+    if p.optimizer_state_dtype not in (None, "fp32") or _offloads_optimizer(p):
+        return {**values, "why": "the precision-aware and CPU-offloaded optimizers need Megatron's distributed "
+                                 "optimizer, which Muon replaces by its layer-wise one.",
+                "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
+                       "use optimizer=adam."}
+    return None
+
+
 @rule("RC002")
 def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
     p = ctx.plan

@@ -18,6 +18,7 @@ from meshplan.memory_states import (
     describe_tensors,
     gathered_transient,
     memory_card,
+    muon_saved_bytes,
     output_activations,
     state_bytes,
     with_precision,
@@ -178,6 +179,7 @@ def estimate_memory(
             emb = vocab * h / tp + arch.learned_position_embeddings * h
             dense += emb
             detail["embedding_params"] = int(emb)
+        head = 0.0
         if last:
             head = vocab * h / tp if (not arch.tie_word_embeddings or pp > 1) else 0
             dense += head + norm_width
@@ -192,6 +194,9 @@ def estimate_memory(
         states = state_bytes(tensors, dense, dense_dp)
         for cls, value in state_bytes(tensors, experts, expert_dp).items():
             states[cls] += value
+        # Muon: one momentum instead of Adam's two on the decoder's (and MTP's) matrices; the output layer stays on Adam
+        states["optimizer"] -= (muon_saved_bytes(plan, tensors, linear - head - experts, dense_dp)
+                                + muon_saved_bytes(plan, tensors, experts, expert_dp))
         if job.lora is not None:  # LoRA: the frozen base keeps its weights only, the adapters carry every state
             states = lora_states(job, plan, tensors, layers, states, dense_dp, expert_dp, detail)
         if fp8 and conv.fp8_weight_bytes:

@@ -72,9 +72,17 @@ class CompileBytes(_Card):
     swiglu_unfused: bool = False  # compiled blocks: silu recomputed, not saved
 
 
+class OptimizerStates(_Card):
+    """What each optimizer keeps beside the fp32 master (cards/memory.yaml optimizers, with its sources)."""
+
+    moment_buffers: dict[Literal["adam", "muon"], int]
+    source: str
+
+
 class MemoryCard(_Card):
     description: str
     precision: PrecisionBytes
+    optimizers: OptimizerStates
     compile: CompileBytes
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
@@ -199,6 +207,18 @@ def state_bytes(tensors: list[StateTensor], params: float, shard_size: float) ->
     for t in tensors:
         out[t.tensor_class] += t.bytes * params / (shard_size if t.shard == "dp" else 1)
     return out
+
+
+def muon_saved_bytes(plan: Plan, tensors: list[StateTensor], matrices: float, shard_size: float) -> float:
+    """Optimizer bytes Muon does not keep on `matrices` 2-D parameters: the convention's Adam moments (m, v) less its
+    one momentum buffer (cards/memory.yaml optimizers), sharded as the moments are; 0 under Adam. With the fp32
+    master that is 4 + 4 B/param instead of Adam's 4 + 8; the embedding, output layer, norms and biases stay on Adam."""
+    if plan.optimizer != "muon":
+        return 0.0
+    counts = memory_card().optimizers.moment_buffers
+    dropped = 1 - counts["muon"] / counts["adam"]
+    return sum(t.bytes * dropped * matrices / (shard_size if t.shard == "dp" else 1)
+               for t in tensors if t.role == "moments")
 
 
 def bytes_per_param(tensors: list[StateTensor], shard_size: float) -> float:

@@ -215,12 +215,14 @@ def resolve(req: Request) -> tuple[Job, Plan]:
 
 
 def _precision_fields(req: Request, card, notes: list[str]) -> dict:
-    """The precision knobs as the request gives them (None = the framework's default); a note names the FP8 recipe
+    """The optimizer (left out: adam, every framework's own default, so no note) and the precision knobs as the
+    request gives them (None = the framework's default); a note names the FP8 recipe
     an fp8 job runs when the request leaves it out (the framework card's defaults.fp8_recipe)."""
     if req.precision == "fp8" and req.fp8_recipe is None and card.defaults.fp8_recipe is not None:
         notes.append(f"fp8_recipe not given: {card.defaults.fp8_recipe}, the {card.display_name} default.")
-    return {"optimizer_state_dtype": req.optimizer_state_dtype, "fp8_param_gather": req.fp8_param_gather,
-            "grad_reduce_in_fp32": req.grad_reduce_in_fp32, "fp8_recipe": req.fp8_recipe}
+    return {"optimizer": req.optimizer or "adam", "optimizer_state_dtype": req.optimizer_state_dtype,
+            "fp8_param_gather": req.fp8_param_gather, "grad_reduce_in_fp32": req.grad_reduce_in_fp32,
+            "fp8_recipe": req.fp8_recipe}
 
 
 def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:

@@ -28,6 +28,8 @@ CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 MoeDispatcher = Literal["alltoall", "flex"]
 # Adam moments' dtype (Megatron's precision-aware optimizer --exp-avg-dtype / --exp-avg-sq-dtype choices)
 OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+# The optimizer: Adam, or Muon on the 2-D matrices (Megatron-Core --optimizer adam|muon; the rest stays on Adam)
+Optimizer = Literal["adam", "muon"]
 # FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
 # fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
@@ -239,6 +241,10 @@ class Request(_Strict):
                     "one of 0.3.x), or N = every N-th block fully checkpointed and the others not (0.2.x)",
     )
     cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
+    optimizer: Optimizer | None = Field(
+        None, description="adam, or muon: Muon (one momentum buffer) on the 2-D weight matrices, Adam on embeddings, "
+                          "output layer, norms and biases (Megatron-Core --optimizer muon) (default: adam)",
+    )
     optimizer_state_dtype: OptimizerStateDtype | None = Field(
         None, description="Adam moments' dtype: bf16/fp16/fp8 = Megatron's precision-aware optimizer (exp_avg_dtype, "
                           "exp_avg_sq_dtype; needs the distributed optimizer) (default: fp32, the optimizer's own)",
@@ -458,6 +464,7 @@ class Plan(_Strict):
     recompute_modules: list[RecomputeModule] | None = None  # Megatron selective; None: its default ["core_attn"]
     selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
     cp_comm_type: CpCommType = "p2p"
+    optimizer: Optimizer = "adam"  # muon: one momentum on the matrices Muon covers, Adam on the rest
     optimizer_state_dtype: OptimizerStateDtype | None = None  # None: fp32 moments, no precision-aware optimizer
     fp8_param_gather: bool | None = None  # fp8 weights instead of bf16 + fp8 copy; None: the framework default (off)
     grad_reduce_in_fp32: bool | None = None  # None: the framework's default (its memory convention's grad bytes)

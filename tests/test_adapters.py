@@ -57,6 +57,13 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=16, zero_stage=3, global_batch_size=256)),
     ("deepspeed", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
                              recompute="full")),
+    # Muon: --optimizer muon (the layer-wise distributed optimizer with zero_stage=1), Bridge's muon / dist_muon.
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
+                                 global_batch_size=4096, optimizer="muon")),
+    ("megatron-bridge", None, dict(model="kimi-k2", num_gpus=512, tp=2, pp=16, ep=32, etp=1, zero_stage=0,
+                                   global_batch_size=4096, optimizer="muon")),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=256,
+                                           optimizer="muon")),
     # Precision knobs: the precision-aware optimizer, fp8 recipes, fp8 parameters and the gradient reduce dtype.
     ("megatron-core", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=2, global_batch_size=512,
                                  precision="fp8", fp8_recipe="blockwise", fp8_param_gather=True,
@@ -250,6 +257,7 @@ def test_skyrl_never_uses_a_plus_prefix_and_sft_is_top_level():
     ("verl", dict(model="llama-3.1-8b", num_gpus=16, tp=2, zero_stage=3), "tp=2"),
     ("skyrl", dict(model="llama-3.1-8b", num_gpus=16, zero_stage=2), "zero_stage=2"),
     ("torchtitan", dict(model="llama-3.1-8b", num_gpus=16, zero_stage=1), "zero_stage=1"),
+    ("torchtitan", dict(model="llama-3.1-8b", num_gpus=8, optimizer="muon"), "optimizer=muon"),
     ("torchtitan", dict(model="llama-3.1-8b", num_gpus=8, recompute="selective", recompute_modules=["mlp"]),
      "recompute_modules=['mlp']"),
     ("deepspeed", dict(model="llama-3.1-8b", num_gpus=8, recompute="full", recompute_method="uniform",

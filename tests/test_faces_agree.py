@@ -65,6 +65,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_memory", {"model": "70B", "num_gpus": 8, "tp": 8}),
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "precision": "fp8", "fp8_recipe": "tensorwise",
                          "fp8_param_gather": True, "optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
+    ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "zero_stage": 1, "optimizer": "muon"}),
     ("check_config", {**L8, "num_gpus": 8, "precision": "fp8", "fp8_recipe": "mxfp8"}),
     # RL jobs (meshplan/rollout.py): memory per phase, the RL step's parts, the rollout rules, the RL command
     ("estimate_memory", {**Q30, **RL, "param_offload": True, "optimizer_offload": True}),

@@ -73,6 +73,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "num_gpus": 8, "gpu": "b200", "precision": "fp8", "fp8_recipe": "mxfp8"}),
     "PR004": ({**L8B, "num_gpus": 8, "framework": "torchtitan", "grad_reduce_in_fp32": False},
               {**L8B, "num_gpus": 8, "framework": "megatron-core", "grad_reduce_in_fp32": False}),
+    "PR005": ({**L8B, "num_gpus": 8, "zero_stage": 3, "optimizer": "muon"},
+              {**L8B, "num_gpus": 8, "zero_stage": 1, "optimizer": "muon"}),
     "WS001": ({**L8B, "num_gpus": 10, "tp": 4}, {**L8B, "num_gpus": 12, "tp": 4}),
     "WS002": ({**MIX, "num_gpus": 12, "tp": 2, "ep": 8}, {**MIX, "num_gpus": 16, "tp": 2, "ep": 8}),
     "WS003": ({**L8B, "num_gpus": 16, "tp": 2, "dp": 4}, {**L8B, "num_gpus": 16, "tp": 2, "dp": 8}),
@@ -583,4 +585,7 @@ def test_precision_rules_name_the_nearest_setting():
     assert "precision=fp8" in fix("PR003", fp8_recipe="delayed")
     assert "zero_stage=1" in fix("PR001", optimizer_state_dtype="fp8", zero_stage=3)
     assert "torchtitan keeps Adam moments" in fix("PR001", optimizer_state_dtype="bf16", framework="torchtitan")
+    assert "DistMuon" in fix("PR005", optimizer="muon", framework="torchtitan")  # lacks the knob: its instead
+    assert "optimizer_state_dtype" in fix("PR005", optimizer="muon", zero_stage=1, optimizer_state_dtype="bf16")
+    assert "optimizer_state_dtype" in fix("PR005", optimizer="muon", zero_stage=1, optimizer_offload=True)
     assert "zero_stage=1" in fix("PR002", precision="fp8", fp8_param_gather=True, zero_stage=0)
