@@ -101,7 +101,6 @@ KNOBS: dict[str, tuple[str, str]] = {
     "dynamic_batch": ("memory, time", "verl use_dynamic_bsz (token-budget micro-batches); scored at mbs x seq"),
     "lora": ("memory, time", "LoRA whose rank and targets neither the row nor a recipe it cites states; scored as "
              "job=lora with the framework's default rank and targets (LORA_RECIPES)"),
-    "optimizer_muon": ("memory, time", "Muon optimizer; scored as Adam"),
     "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
     "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
     "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
@@ -433,6 +432,12 @@ def precision_for(row: dict[str, Any], framework: str) -> tuple[str, dict[str, A
     return "fp8", fields, knobs
 
 
+def optimizer_for(row: dict[str, Any]) -> dict[str, Any]:
+    """Request.optimizer: muon where the row's optimizer or notes name Muon (left out: adam)."""
+    text = _text(row["parallelism"]["zero_or_distributed_optimizer"], row["outcome"]["other"]).lower()
+    return {"optimizer": "muon"} if "muon" in text else {}
+
+
 def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
     p = row["parallelism"]
     text = str(p["zero_or_distributed_optimizer"] or "")
@@ -440,10 +445,14 @@ def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
     knobs: dict[str, str] = {}
     if "hsdp" in low or (p["fsdp"] and p["fsdp"] < p["dp"]):
         knobs["hsdp"] = f"shard group {p['fsdp']} of dp {p['dp']}"
-    if "muon" in low:
-        knobs["optimizer_muon"] = text
     if re.search(r"fsdp|zero-3|hsdp", low) or p["fsdp"]:
         return 3, knobs
+    if "no distributed optimizer for muon" in low:
+        # Bridge's Muon recipes turn use_distributed_optimizer off but name optimizer="dist_muon"
+        # (recipes/utils/optimizer_utils.py distributed_muon_with_cosine_annealing), which training/optim.py passes
+        # as layer_wise_distributed_optimizer: Megatron-Core's layer-wise distributed optimizer shards the
+        # optimizer states over DP (optimizer/layer_wise_optimizer.py), meshplan's zero_stage=1 with optimizer=muon
+        return 1, knobs
     if "no distributed optimizer" in low:
         return 0, knobs
     if "distributed optimizer" in low:
@@ -662,8 +671,6 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["dynamic_batch"] = "token-budget micro-batches"
     if row["category"] == "lora":
         knobs["lora"] = "LoRA fine-tuning"
-    if "muon" in low:
-        knobs["optimizer_muon"] = "Muon optimizer"
     if "cuda graph" in low:
         knobs["cuda_graphs"] = row["outcome"]["other"]
     if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):
@@ -750,6 +757,7 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         knobs |= k
         zero, k = zero_for(row)
         knobs |= k
+        fields |= optimizer_for(row)
         offload, k = offload_fields(row)
         fields |= offload
         knobs |= k
