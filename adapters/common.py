@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from meshplan import mesh
 from meshplan.errors import MeshplanError
 from meshplan.models import total_params
+from meshplan.offload import optimizer_share
 from meshplan.schedule import layers_per_rank, split_problem, uneven_split
 from meshplan.schema import Job, Plan
 
@@ -215,11 +216,10 @@ def offload_modules(job: Job, plan: Plan) -> list[str]:
 def megatron_cpu_optimizer(plan: Plan) -> dict[str, object]:
     """Megatron-Core OptimizerConfig fields of the in-step CPU optimizer (HybridDeviceOptimizer): the share, the
     precision-aware optimizer whose code path it reuses (arguments.py asserts it), and the D2H/H2D overlap."""
-    if not plan.optimizer_offload and plan.optimizer_offload_fraction == 0:
+    share = optimizer_share(plan)
+    if share == 0:
         return {}
-    from meshplan.offload import optimizer_share
-
-    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": optimizer_share(plan),
+    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": share,
             "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.cards import framework_card, load_card
 from meshplan.mesh import crosses_domains, fast_domain
+from meshplan.offload import offload_plan
 from meshplan.schema import ErrorBand, Job, MemoryReport, Plan, ThroughputReport
 
 Kind = Literal["throughput", "memory"]
@@ -102,9 +103,9 @@ def _ep_crosses(job: Job, plan: Plan) -> bool:
     return job.model.moe is not None and plan.ep > 1 and crosses_domains(plan.ep, plan.etp, domain)
 
 
-def _offloads(plan: Plan) -> bool:
-    return bool(plan.activation_offload or plan.param_offload or plan.grad_offload or plan.optimizer_offload
-                or plan.optimizer_offload_fraction > 0)
+def _offloads(job: Job, plan: Plan) -> bool:
+    """Whether anything leaves the GPU, in the framework's own meaning of its knobs (offload.offload_plan)."""
+    return offload_plan(job.framework, plan).any
 
 
 def regime_name(job: Job, plan: Plan, kind: Kind) -> str:
@@ -114,7 +115,7 @@ def regime_name(job: Job, plan: Plan, kind: Kind) -> str:
     if kind == "memory":
         if job.rl is not None:
             return "rl-phases"
-        if _offloads(plan):
+        if _offloads(job, plan):
             return "offload"
         if engine == "megatron":
             return "megatron-moe" if moe else "megatron-dense"
@@ -171,7 +172,7 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
             out.append("ZeRO-3/FSDP sharding")
     if plan.vpp > 1:
         out.append("interleaved pipeline")
-    if _offloads(plan):
+    if _offloads(job, plan):
         out.append("offload time" if kind == "throughput" else "offloaded bytes")
     if job.rl is not None:
         out.append("RL step" if kind == "throughput" else "RL phases")

@@ -14,6 +14,7 @@ from typing import Any
 from meshplan import mesh
 from meshplan.cards import framework_card
 from meshplan.memory_states import fp8_recipe
+from meshplan.offload import optimizer_share
 from meshplan.rulebook import Context, divisors, fmt_set, neighbours, rule, rule_specs
 from meshplan.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
 from meshplan.schema import FRAMEWORKS, Plan
@@ -693,8 +694,8 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
 
 
 def _offloads_optimizer(plan) -> bool:
-    """Whether any share of the optimizer steps on the CPU (the offload knobs, where the plan has them)."""
-    return bool(getattr(plan, "optimizer_offload", False) or getattr(plan, "optimizer_offload_fraction", 0.0))
+    """Whether any share of the optimizer is offloaded (offload.optimizer_share, the one reading of the two knobs)."""
+    return optimizer_share(plan) > 0
 
 
 @rule("PR002")

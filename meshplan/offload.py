@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.cards import EngineOffload, framework_card, load_card
-from meshplan.errors import MeshplanError
 from meshplan.schema import Job, Plan
 
 CLASSES = ("weights", "gradients", "optimizer")
@@ -168,16 +167,6 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
         parts.append(f"host transfers {moved / 1e9:,.1f} GB at {job.gpu.host_bandwidth / 1e9:g} GB/s = "
                      f"{transfer:.3f} s, {exposed:.3f} s beyond the compute")
     return adam + exposed, "; ".join(parts)
-
-
-def require_offload_supported(framework: str, plan: Plan) -> None:
-    """Raise when an offload knob is set that the framework's engine has no form of (rule OF001 words the same
-    fact as a finding; this guard is for callers that bypass the rules)."""
-    problems = unsupported_offloads(framework, plan)
-    if problems:
-        knob, instead = problems[0]
-        raise MeshplanError(f"{knob} is not available on {framework_card(framework).display_name} at "
-                            f"zero_stage {plan.zero_stage}.", fix=instead)
 
 
 def unsupported_offloads(framework: str, plan: Plan) -> list[tuple[str, str]]:
