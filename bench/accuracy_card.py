@@ -43,7 +43,6 @@ import throughput_accuracy
 
 from meshplan import api
 from meshplan.accuracy import LABELS, Kind, regime_label, regime_name, terms
-from meshplan.errors import MeshplanError
 from meshplan.memory import estimate_memory
 from meshplan.memory_states import memory_card
 from meshplan.request import resolve
@@ -160,18 +159,12 @@ def memory_runs(validation: Path) -> list[Run]:
     script = "bench/memory_accuracy.py"
     out: list[Run] = []
     playbook = "playbook nanotron sweep, first stage, ok rows"
-    with open(validation / "ultrascale_playbook_nanotron_sweep.csv", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            if row["status"] != "ok":
-                continue
-            job, plan = memory_accuracy.playbook_case(row)
-            try:
-                report = estimate_memory(job, plan)
-            except MeshplanError:
-                continue
-            measured = float(row["gpu_memory_GB_reported"]) * GIB
-            predicted = report.stages[0].total_bytes - context
-            out.append(Run("memory", script, playbook, job, plan, predicted / measured - 1))
+    for row, job, plan, report in memory_accuracy.playbook_estimates(validation):
+        if row["status"] != "ok" or report is None:
+            continue
+        measured = float(row["gpu_memory_GB_reported"]) * GIB
+        predicted = report.stages[0].total_bytes - context
+        out.append(Run("memory", script, playbook, job, plan, predicted / measured - 1))
     megatron = "Megatron-LM functional tests, last stage"
     with open(validation / "megatron_functional_golden_h100.csv", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):

@@ -56,7 +56,6 @@ import memory_accuracy  # noqa: E402
 import production_configs  # noqa: E402
 from framework_packages import PINS, wheel_tree  # noqa: E402
 
-from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.memory import estimate_memory  # noqa: E402
 from meshplan.memory_states import convention, memory_card  # noqa: E402
 from meshplan.request import resolve  # noqa: E402
@@ -255,22 +254,14 @@ def megatron_rows(validation: Path) -> tuple[list[Row], dict[str, int]]:
 
 def playbook_rows(validation: Path) -> list[Row]:
     """The playbook sweep's `ok` rows meshplan estimates (memory_accuracy.py's loader), first stage, reserved."""
-    import csv
-
     rows = []
-    with open(validation / "ultrascale_playbook_nanotron_sweep.csv", encoding="utf-8") as fh:
-        for raw in csv.DictReader(fh):
-            if raw["status"] != "ok":
-                continue
-            job, plan = memory_accuracy.playbook_case(raw)
-            try:
-                report = estimate_memory(job, plan)
-            except MeshplanError:
-                continue
-            name = (f"{raw['model_label']} dp{plan.dp} tp{plan.tp} pp{plan.pp} z{plan.zero_stage} "
-                    f"mbs{plan.micro_batch_size}")
-            rows.append(_row("playbook sweep", name, job, plan, float(raw["gpu_memory_GB_reported"]) * GIB,
-                             "reserved", report, 0))
+    for raw, job, plan, report in memory_accuracy.playbook_estimates(validation):
+        if raw["status"] != "ok" or report is None:
+            continue
+        name = (f"{raw['model_label']} dp{plan.dp} tp{plan.tp} pp{plan.pp} z{plan.zero_stage} "
+                f"mbs{plan.micro_batch_size}")
+        rows.append(_row("playbook sweep", name, job, plan, float(raw["gpu_memory_GB_reported"]) * GIB,
+                         "reserved", report, 0))
     return rows
 
 

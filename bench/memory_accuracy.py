@@ -23,19 +23,33 @@ import argparse
 import csv
 import re
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from meshplan.errors import MeshplanError
 from meshplan.hardware import get_gpu
 from meshplan.memory import estimate_memory
 from meshplan.memory_states import memory_card
-from meshplan.schema import Architecture, Job, MLASpec, MoESpec, Plan
+from meshplan.schema import Architecture, Job, MemoryReport, MLASpec, MoESpec, Plan
 
 GIB = 1 << 30
 DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 
 
 # --------------------------------------------------------------------------- the playbook sweep (nanotron)
+
+
+def playbook_estimates(validation: Path) -> Iterator[tuple[dict[str, str], Job, Plan, MemoryReport | None]]:
+    """Every playbook sweep row with meshplan's estimate (None where meshplan refuses the layout, e.g. pp larger
+    than the layer count): the one reading of the sweep the accuracy card and the peer bench reuse."""
+    with open(validation / "ultrascale_playbook_nanotron_sweep.csv", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            job, plan = playbook_case(row)
+            try:
+                report = estimate_memory(job, plan)
+            except MeshplanError:
+                report = None
+            yield row, job, plan, report
 
 
 def playbook_case(row: dict[str, str]) -> tuple[Job, Plan]:
@@ -185,33 +199,27 @@ def run(validation: Path, show_rows: bool, fit_overhead: bool) -> dict[str, dict
     residuals: list[float] = []
 
     errors, fit_right, fit_total, oom_right, oom_total, rejected = [], 0, 0, 0, 0, 0
-    with open(validation / "ultrascale_playbook_nanotron_sweep.csv", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            job, plan = playbook_case(row)
-            try:
-                report = estimate_memory(job, plan)
-            except MeshplanError:  # e.g. pp larger than the layer count: meshplan says it cannot run
-                report = None
-            if report is None:
-                fit_total += row["status"] == "ok"
-                oom_total += row["status"] != "ok"
-                oom_right += row["status"] != "ok"
-                rejected += 1
-                continue
-            if row["status"] == "ok":
-                fit_total += 1
-                fit_right += report.fits
-                predicted = report.stages[0].total_bytes - context
-                measured = float(row["gpu_memory_GB_reported"]) * GIB
-                errors.append(abs(predicted - measured) / measured * 100)
-                residuals.append(measured - (predicted - overhead))
-                if show_rows:
-                    print(f"playbook {row['model_label']:>4} dp{plan.dp} tp{plan.tp} pp{plan.pp} z{plan.zero_stage} "
-                          f"mbs{plan.micro_batch_size}: measured {measured / GIB:6.1f} predicted "
-                          f"{predicted / GIB:6.1f} GiB ({(predicted - measured) / measured:+.0%})")
-            else:
-                oom_total += 1
-                oom_right += not report.fits
+    for row, _job, plan, report in playbook_estimates(validation):
+        if report is None:  # meshplan says it cannot run
+            fit_total += row["status"] == "ok"
+            oom_total += row["status"] != "ok"
+            oom_right += row["status"] != "ok"
+            rejected += 1
+            continue
+        if row["status"] == "ok":
+            fit_total += 1
+            fit_right += report.fits
+            predicted = report.stages[0].total_bytes - context
+            measured = float(row["gpu_memory_GB_reported"]) * GIB
+            errors.append(abs(predicted - measured) / measured * 100)
+            residuals.append(measured - (predicted - overhead))
+            if show_rows:
+                print(f"playbook {row['model_label']:>4} dp{plan.dp} tp{plan.tp} pp{plan.pp} z{plan.zero_stage} "
+                      f"mbs{plan.micro_batch_size}: measured {measured / GIB:6.1f} predicted "
+                      f"{predicted / GIB:6.1f} GiB ({(predicted - measured) / measured:+.0%})")
+        else:
+            oom_total += 1
+            oom_right += not report.fits
     results["playbook sweep (first stage, ok rows)"] = {
         "rows": len(errors), "median_abs_pct": statistics.median(errors), "p90_abs_pct": percentile(errors, 0.9),
     }
