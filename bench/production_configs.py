@@ -941,6 +941,11 @@ class Errors:
     def median(self) -> float | None:
         return median([abs(v) for v in self.values])
 
+    @property
+    def signed(self) -> float | None:
+        """Median signed error: a bias (a whole group predicted too slow or too fast) the |error| hides."""
+        return median(self.values)
+
 
 @dataclass
 class Summary:
@@ -1100,8 +1105,9 @@ def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
     print(f"peaks: {s.measured_peaks} measured, {s.peaks['all'].rows} compared: median |error| "
           f"{_pct(s.peaks['all'].median, False)} (memory-exact rows {s.peaks['exact'].rows}: "
           f"{_pct(s.peaks['exact'].median, False)})")
-    print("throughput, median |error| of tokens/s per GPU: " + ", ".join(
-        f"{k} {_pct(e.median, False)} ({e.rows})" for k, e in s.throughput.items()))
+    print("throughput, median |error| of tokens/s per GPU (median signed): " + ", ".join(
+        f"{k} {_pct(e.median, False)} ({e.rows}; {'-' if e.signed is None else f'{e.signed:+.1%}'})"
+        for k, e in s.throughput.items()))
     print("not expressible (rows, of which mapped, what it changes):")
     for knob, n in s.knob_rows.items():
         print(f"  {knob:28s} {n:3d} {s.knob_rows_mapped.get(knob, 0):3d}  {KNOBS[knob][0]}")
