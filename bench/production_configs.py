@@ -660,6 +660,59 @@ def dispatcher_for(row: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
     return "alltoall", knobs
 
 
+@dataclass(frozen=True)
+class RecipeMoe:
+    """What a Megatron-Bridge perf recipe sets for its MoE run that a row citing it may not state: the EP all-to-all
+    overlap (comm_overlap.overlap_moe_expert_parallel_comm with delay_wgrad_compute, the plan's moe_a2a_overlap) and
+    a full-iteration CUDA graph (cuda_graph_impl "full_iteration" with moe_expert_rank_capacity_factor and the paged
+    stash: a static per-rank expert capacity, so the dispatcher reads no routing counts on the host)."""
+
+    source: str  # path under src/megatron/bridge/ (NVIDIA-NeMo/Megatron-Bridge 067f987, 2026-08-22)
+    a2a_overlap: bool
+    full_iteration_graph: bool = False
+
+
+HYBRIDEP_FULL = "perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8"
+DSV3_FULL = "perf_recipes/deepseek/common.py _enable_deepseek_full_iteration_mxfp8"
+RECIPE_MOE: dict[str, RecipeMoe] = {
+    "deepseek_v3_pretrain_256gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/deepseek/b200/deepseek_v3.py", True),
+    # partial (TE-scoped) CUDA graph there: "B200's 180 GB cannot hold the full-iteration graph for this model"
+    "qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/qwen/b200/qwen3_moe.py", True),
+    "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config": RecipeMoe(
+        f"perf_recipes/qwen/gb200/qwen3_moe.py, {HYBRIDEP_FULL}", True, True),
+    "qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config": RecipeMoe(
+        f"perf_recipes/qwen/gb200/qwen3_moe.py, {HYBRIDEP_FULL}", True, True),
+    "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": RecipeMoe(
+        f"perf_recipes/deepseek/gb200/deepseek_v3.py, {DSV3_FULL}", True, True),
+    "deepseek_v3_pretrain_1024gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/deepseek/h100/deepseek_v3.py", False),
+    "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/qwen/h100/qwen3_moe.py", False),
+}
+RECIPE_PRECISION = {"mxfp8": "fp8mx", "bf16": "bf16", "fp8": "fp8cs"}
+
+
+def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """(knobs, notes) from the Megatron-Bridge perf recipe a row cites (RECIPE_MOE): the function it names, or, where
+    it names only the recipe file, that file's function for its GPU count, system and precision (the recipes'
+    <model>_pretrain_<n>gpu_<system>_<precision>_config naming). moe_a2a_overlap becomes the plan knob (map_row); a
+    full-iteration graph stays a knob meshplan cannot express (the host syncs it removes are still timed)."""
+    cited = _text(row["source"]["citation"])
+    if BRIDGE.lower() not in cited.lower():
+        return {}, []
+    system = str(row["hardware"]["gpu_type"]).split("-")[0].lower()
+    tail = f"_{row['hardware']['num_gpus']}gpu_{system}_{RECIPE_PRECISION.get(str(row['precision']), '?')}_config"
+    found = [(name, r) for name, r in RECIPE_MOE.items()
+             if name in cited or (name.endswith(tail) and r.source.split(" ")[0].rstrip(",") in cited)]
+    if len(found) != 1:
+        return {}, []
+    name, r = found[0]
+    knobs: dict[str, str] = {}
+    if r.a2a_overlap:
+        knobs["moe_a2a_overlap"] = f"{BRIDGE} {r.source} {name}"
+    if r.full_iteration_graph:
+        knobs["cuda_graphs"] = f"full-iteration CUDA graph, static expert capacity ({BRIDGE} {r.source} {name})"
+    return knobs, [f"MoE overlap and graphs from {BRIDGE} {name}"] if knobs else []
+
+
 def run_knobs(row: dict[str, Any]) -> dict[str, str]:
     """Settings from the row's notes and category: RL phases, LoRA, CUDA graphs, overlaps, compile."""
     other = _text(row["outcome"]["other"], row["source"]["location"])
@@ -769,6 +822,9 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         dispatcher, k = dispatcher_for(row)
         knobs |= k
         knobs |= run_knobs(row)
+        k, n = recipe_moe(row)
+        knobs |= k
+        notes += n
         fields |= compile_field(row, framework, knobs)
         if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
             framework, f, k = lora_for(row, framework, knobs.pop("lora"))
