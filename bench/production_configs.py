@@ -481,6 +481,44 @@ def offload_fields(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]
     return fields, {}
 
 
+# --------------------------------------------------------------------------- what a cited launcher sets for every run
+
+# Megatron-Bridge's performance tables (docs/performance-summary.md and its archive) were measured with its
+# performance launchers, which reduce gradients in bf16 for every model: scripts/performance/configs/*/*.yaml
+# `grad_reduce_in_fp32: false` (2025-09), each model's set_<model>_common_configs in
+# scripts/performance/configs/<model>/*_llm_pretrain.py (2025-11 to 2026-04, e.g. c4fc11d2e), and since then every
+# flat perf recipe through perf_recipes/_common.py _benchmark_common and _perf_precision (cfg.ddp.grad_reduce_in_fp32
+# = False; of the perf recipes only GLM-5's and WAN's set it back, no row here). The bf16 grad buffer is 2 B/param,
+# not the 4 of the hardware recipes' bf16_mixed.
+BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
+
+
+def perf_table_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """grad_reduce_in_fp32=False for a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE)."""
+    return {"grad_reduce_in_fp32": False} if BRIDGE_PERF_TABLE in _text(row["source"]["citation"]).lower() else {}
+
+
+# verl example scripts the RL rows cite that train with actor.use_dynamic_bsz=True and ppo_max_token_len_per_gpu =
+# max_prompt_length + max_response_length (the row's seq_length): verl packs whole sequences into micro-batches of at
+# most that many tokens (times cp) and ignores ppo_micro_batch_size_per_gpu (volcengine/verl
+# workers/actor/megatron_actor.py forward_backward_batch: rearrange_micro_batches(max_token_len=...)). The largest
+# micro-batch is one budget of tokens: micro_batch_size 1 at the row's seq_length, not the script's 2 x seq_length.
+VERL_DYNAMIC_BSZ_SCRIPTS = (
+    "run_qwen3-235b_megatron_96gb.sh",  # examples/grpo_trainer/, f6f910069 (2025-08-22): (2048 + 1204*8) * 10 / 10
+    "run_deepseek671b_math_megatron_96gb.sh",  # bd756c15c (2025-08-14): the same budget
+    "run_qwen3moe-30b_megatron_96gb.sh",  # c281ea779 (2025-11-11): 2048 + 1024*8
+)
+
+
+def dynamic_batch_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """micro_batch_size=1 for a verl row whose cited script packs micro-batches to a token budget equal to the row's
+    seq_length (VERL_DYNAMIC_BSZ_SCRIPTS); {} otherwise."""
+    cited = _text(row["source"]["citation"])
+    if framework != "verl" or not any(script in cited for script in VERL_DYNAMIC_BSZ_SCRIPTS):
+        return {}
+    return {"micro_batch_size": 1}
+
+
 # --------------------------------------------------------------------------- the pipeline split a recipe sets
 
 
@@ -814,6 +852,7 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         offload, k = offload_fields(row)
         fields |= offload
         knobs |= k
+        fields |= perf_table_fields(row)
         key = catalog_match(row["model"])
         first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
         fields |= f
@@ -833,6 +872,9 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
         if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
             fields["moe_a2a_overlap"] = True
+        if batch := dynamic_batch_fields(row, framework):  # verl's token-budget micro-batch: the knob is expressed
+            w = {**w, **batch}
+            knobs.pop("dynamic_batch", None)
         req = Request(
             model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
             seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
@@ -882,6 +924,7 @@ class Score:
     tps_basis: str | None = None
     predicted_tps: float | None = None
     throughput_skipped: str | None = None
+    over: str | None = None  # a row that does not fit: its worst stage's terms (over_note)
 
     @property
     def peak_error(self) -> float | None:
@@ -919,6 +962,8 @@ def score_row(row: dict[str, Any], mapping: Mapping) -> Score:
         return score
     score.peak_bytes = memory.peak_bytes
     score.fits = memory.peak_bytes <= mapping.capacity_bytes
+    if not score.fits:
+        score.over = over_note(memory.stages[memory.peak_stage], memory.peak_bytes - mapping.capacity_bytes)
     measured = row["outcome"]["peak_memory_gb_per_gpu"]
     if measured is not None:
         score.measured_peak_bytes = measured * GB
@@ -933,6 +978,16 @@ def score_row(row: dict[str, Any], mapping: Mapping) -> Score:
         score.compared_peak_bytes = compared
     _score_throughput(row, req, job, score)
     return score
+
+
+def over_note(stage, over: int) -> str:
+    """Why a row does not fit, in the estimate's own terms: its worst stage's model states, activations and the
+    rest (the caching allocator's reserve apart), and by how much it is over."""
+    g = lambda n: f"{n / GIB:.1f}"  # noqa: E731
+    reserve = stage.detail.get("allocator_reserve", 0)
+    return (f"over by {g(over)} GiB on stage {stage.stage} ({stage.layers} layers): weights {g(stage.weights_bytes)} + "
+            f"grads {g(stage.gradients_bytes)} + optimizer {g(stage.optimizer_bytes)} + activations "
+            f"{g(stage.activations_bytes)} + other {g(stage.other_bytes)} (allocator reserve {g(reserve)})")
 
 
 def _score_throughput(row: dict[str, Any], req: Request, job, score: Score) -> None:
@@ -1142,6 +1197,8 @@ def print_rows(rows: list[dict[str, Any]], scores: list[Score]) -> None:
             extra.append(f"{s.tps_basis} {_pct(s.tps_error)}")
         if s.refused:
             extra.append(f"[{s.refused[:90]}]")
+        if s.over:
+            extra.append(s.over)
         knobs = ("not expressible: " + ", ".join(m.knobs)) if m.knobs else "exact"
         notes = f" | {'; '.join(m.notes)}" if m.notes else ""
         print(f"{m.row_id:46s} {'S' if m.stated_memory else '-'} {s.group:5s} {verdict:7s} {peak:>10s} "

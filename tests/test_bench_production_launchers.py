@@ -1,0 +1,65 @@
+"""bench/production_configs.py: what the launcher a row cites sets for every run it makes reaches the request and the
+estimate: Megatron-Bridge's performance tables reduce gradients in bf16 (perf_table_fields), verl's example scripts
+pack micro-batches to a token budget of one row seq_length (dynamic_batch_fields), and a row that does not fit says
+which terms of its worst stage put it over (over_note)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import production_configs as pc
+
+DATA = pc.DEFAULT_VALIDATION / pc.DATA_NAME
+pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
+
+
+@pytest.fixture(scope="module")
+def by_id():
+    return {r["id"]: r for r in pc.load_rows(DATA)}
+
+
+def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, by_id):
+    perf = pc.map_row(by_id["mbridge_b200_gpt_oss_120b_64_bf16"], tmp_path)
+    assert perf.request.grad_reduce_in_fp32 is False
+    recipe = pc.map_row(by_id["mbridge_recipe_glm45_air_32"], tmp_path)  # a hardware recipe: bf16_mixed, fp32 grads
+    assert recipe.request.grad_reduce_in_fp32 is None
+    assert pc.perf_table_fields({"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}}) \
+        == {"grad_reduce_in_fp32": False}
+    # the bf16 grad buffer is half the fp32 one on every stage (Megatron's main grads: 2 B/param, not 4)
+    bf16 = api.estimate_memory(perf.request).stages[0].gradients_bytes
+    fp32 = api.estimate_memory(perf.request.model_copy(update={"grad_reduce_in_fp32": None})).stages[0].gradients_bytes
+    assert bf16 * 2 == fp32
+
+
+def test_verl_dynamic_batch_is_one_budget_of_tokens(tmp_path, by_id):
+    for rid in ("verl_qwen3_235b_h20_32", "verl_dsv3_h20_96", "verl_qwen3_30b_h20_8"):
+        row = by_id[rid]
+        m = pc.map_row(row, tmp_path)
+        assert row["workload"]["micro_batch_size"] == 2  # the script's ppo_micro_batch_size_per_gpu, unused
+        assert m.request.micro_batch_size == 1 and m.request.seq_length == row["workload"]["seq_length"], rid
+        assert "dynamic_batch" not in m.knobs, rid
+    # a verl row that cites no dynamic-batch script, and a non-verl row, keep their micro-batch
+    row = by_id["verl_qwen3_235b_h20_32"]
+    other = {**row, "source": {**row["source"], "citation": "volcengine/verl docs"}}
+    assert pc.dynamic_batch_fields(other, "verl") == {}
+    assert pc.dynamic_batch_fields(row, "megatron-core") == {}
+
+
+def test_a_row_that_does_not_fit_says_why(tmp_path, by_id):
+    m = pc.map_row(by_id["mbridge_recipe_glm45_air_32"], tmp_path)
+    score = pc.score_row(by_id["mbridge_recipe_glm45_air_32"], m)
+    assert score.fits is False
+    report = api.estimate_memory(m.request)
+    stage = report.stages[report.peak_stage]
+    over = (report.peak_bytes - m.capacity_bytes) / pc.GIB
+    assert score.over.startswith(f"over by {over:.1f} GiB on stage {stage.stage} ({stage.layers} layers): ")
+    assert f"optimizer {stage.optimizer_bytes / pc.GIB:.1f}" in score.over
+    row = by_id["mbridge_b200_gpt_oss_120b_64_bf16"]
+    fits = pc.score_row(row, pc.map_row(row, tmp_path))
+    assert fits.fits and fits.over is None
