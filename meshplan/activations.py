@@ -112,6 +112,7 @@ class Layout(NamedTuple):
     fp8: bool
     ep: int = 1  # expert parallelism: op-level SAC keeps the all-to-all outputs when > 1
     moe: MoeBytes = MEGATRON_CORE_MOE  # what the MoE layer keeps outside its experts (the convention's moe_activations)
+    qkv_fused: bool = True  # GQA's Q, K, V from one linear or three (op-SAC counts each mm; qkv_projections)
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
@@ -223,12 +224,17 @@ def _moe_routing(shape: Shape, lay: Layout, tokens: float) -> float:
 def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
     """torchtitan's op-level selective AC (0.3.0 SelectiveAC; 0.2.x selective_ac_option "op"): the block keeps
     its input and the outputs of the compute-intensive ops, everything pointwise and every norm is recomputed.
-    Of the mm/linear calls, counted per block in call order, every second one is recomputed (fp8's _scaled_mm is
-    not counted, so all its outputs are kept); the router-gate mm is always recomputed and not counted; topk and
-    the expert all-to-alls are kept; torch._grouped_mm is in no save list, so routed experts are recomputed whole.
-    Call order is torchtitan 0.3.0's: fused wqkv (GQA) or wq_a/wq_b, wkv_a, wkv_b (MLA); attention; wo; then the
-    MLP's w1, w3, w2 (shared experts the same, after the routed ones). Checked per layer against torchtitan's own
-    code under FakeTensorMode (bench/data/fake_tensor_memory.json)."""
+    Of the mm/linear calls, counted per block in call order, every second one is recomputed; the router-gate mm is
+    always recomputed and not counted; topk and the expert all-to-alls are kept; torch._grouped_mm is in no save
+    list, so routed experts are recomputed whole. Call order: GQA's fused wqkv (0.3.0) or wq, wk, wv (<= 0.2,
+    lay.qkv_fused False), MLA's wq_a/wq_b, wkv_a, wkv_b; attention; wo; then the MLP's w1, w3, w2 (shared experts
+    the same, after the routed ones). Under fp8 (torchao's Float8Linear) nothing changes: the policy sees aten.mm
+    with Float8TrainingTensor arguments, counts it and keeps its bf16 output, as for bf16 (the subclass runs
+    _scaled_mm below the SAC mode, so 0.3.0's save list naming _scaled_mm never sees it); the amax reductions
+    kept by aten.max are scalars. torchtitan's 2024-12 list also saved aten.abs: eager, that keeps |x| of every
+    fp8 cast; compiled with tensorwise scaling it measured nothing (pytorch/torchtitan #820, which removed it
+    2025-02-06) and it is not modelled. Checked per layer against torchtitan's own code under FakeTensorMode
+    (bench/data/fake_tensor_memory.json); the fp8 dispatch with torchao's Float8Linear on the CPU."""
     t, h, tp = lay.tokens, shape.h, lay.tp
     ts = tp if lay.sp else 1
     rs = tp > 1 and lay.sp  # row-parallel outputs: the partial sums, then the kept reduce-scatter output
@@ -245,7 +251,7 @@ def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
     def mm(nbytes: float) -> float:
         nonlocal count
         count += 1
-        return nbytes if lay.fp8 or count % 2 else 0.0
+        return nbytes if count % 2 else 0.0
 
     # attention
     if shape.mla:
@@ -254,8 +260,11 @@ def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
             else mm(col(shape.a * (d_nope + d_rope)))
         attn += mm(col(kv_lora + d_rope, False)) + mm(col(shape.a * (d_nope + d_v)))
         v_dim = shape.a * d_v
-    else:
+    elif lay.qkv_fused:
         attn = mm(col(shape.a * shape.d + 2 * shape.g * shape.d))
+        v_dim = shape.a * shape.d
+    else:
+        attn = mm(col(shape.a * shape.d)) + mm(col(shape.g * shape.d)) + mm(col(shape.g * shape.d))
         v_dim = shape.a * shape.d
     attn += BF16 * t * v_dim / tp  # attention output
     if lay.flash:

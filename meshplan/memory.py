@@ -16,6 +16,8 @@ from meshplan.activations import MOE_BYTES, Layout, activation_mode, layer_activ
 from meshplan.cards import framework_card
 from meshplan.memory_states import (
     describe_tensors,
+    fp8_inputs,
+    fp8_param_gather,
     gathered_transient,
     memory_card,
     muon_saved_bytes,
@@ -142,7 +144,8 @@ def estimate_memory(
         tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=plan.sequence_parallel, etp=plan.etp,
         flash=conv.flash_attention if flash_attention is None else flash_attention,
         dropout=conv.dropout if dropout is None else dropout,
-        swiglu_unfused=conv.swiglu_unfused, fp8=fp8, ep=plan.ep, moe=MOE_BYTES[conv.moe_activations],
+        swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
+        moe=MOE_BYTES[conv.moe_activations], qkv_fused=conv.qkv_projections == "fused",
     )
     recompute = plan.recompute
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
@@ -399,12 +402,26 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
         "Not modelled: routing imbalance across experts, CUDA-graph pools.",
     ]
     if job.precision == "fp8":
-        out.append("fp8: an extra 1-byte copy of every linear weight (TE dual weights) and linear-layer inputs "
-                   "saved in 1 byte.")
+        out.append(_fp8_assumption(with_precision(job, plan)[1], fp8_param_gather(job, plan)))
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
         out.append("Flex dispatcher: DeepEP / HybridEP allocate their own NVLink and RDMA buffers outside "
                    "PyTorch's allocator; they are not counted (their size depends on the backend's settings).")
     return out
+
+
+def _fp8_assumption(conv, gather: bool) -> str:
+    """What fp8 keeps under this convention (cards/memory.yaml: fp8_weights, fp8_weight_bytes, fp8_saved_inputs)."""
+    if conv.fp8_weights == "transformer_engine":
+        weight = (f"fp8 primary weights in place of the bf16 ones ({conv.fp8_weight_bytes:+g} B per linear-layer "
+                  "parameter)" if gather else f"{conv.fp8_weight_bytes:g} B of fp8 weight per linear-layer parameter "
+                  "beside the bf16 one (Transformer Engine)")
+    elif conv.fp8_weight_bytes:
+        weight = f"{conv.fp8_weight_bytes:g} B of fp8 weight copy per linear-layer parameter"
+    else:
+        weight = "no fp8 weight kept between calls (cast per call" + (", all-gathered in fp8)" if gather else ")")
+    inputs = ("linear-layer inputs saved in 1 byte" if conv.fp8_saved_inputs == "fp8"
+              else "linear-layer inputs saved in bf16, as without fp8")
+    return f"fp8: {weight}; {inputs}."
 
 
 def _loss_assumption(conv) -> str:

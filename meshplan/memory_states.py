@@ -46,6 +46,11 @@ class Convention(_Card):
     fp8_weight_bytes: float = Field(0, ge=0)
     fp8_weights: Literal["fixed", "transformer_engine"] = Field(
         "fixed", description="fixed: fp8_weight_bytes; transformer_engine: per recipe and GPU (precision section)")
+    fp8_saved_inputs: Literal["fp8", "high_precision"] = Field(
+        "fp8", description="what an fp8 linear layer saves of its input for the backward: fp8 (Transformer Engine's "
+                           "one-byte copy) or high_precision (torchao's Float8Linear: the bf16 input, as without fp8)")
+    qkv_projections: Literal["fused", "separate"] = Field(
+        "fused", description="GQA's Q, K, V projections: one fused linear or three (op-level SAC counts each mm)")
     gathered_layers: int = Field(0, ge=0)
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
@@ -142,6 +147,12 @@ def fp8_param_gather(job: Job, plan: Plan) -> bool:
     recipe = fp8_recipe(job, plan)
     presets = (framework_card(job.framework).model_extra or {}).get("mixed_precision_presets", {})
     return recipe is not None and f"{recipe}/true" in presets
+
+
+def fp8_inputs(job: Job, conv: Convention) -> bool:
+    """Whether the linear layers keep their saved inputs in one byte: fp8 under a convention whose fp8 linears save
+    fp8 copies (Transformer Engine); torchao's Float8Linear saves the bf16 input, as bf16 training does."""
+    return job.precision == "fp8" and conv.fp8_saved_inputs == "fp8"
 
 
 def precision_aware(plan: Plan) -> bool:

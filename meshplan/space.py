@@ -421,6 +421,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
 
     tokens = -(-job.seq_length // lay.cp) * mbs
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
+                    qkv_fused=conv.qkv_projections == "fused",
                     dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
                     moe=MOE_BYTES[conv.moe_activations])
     shape = shape_of(arch)

@@ -154,9 +154,11 @@ def test_op_sac_llama_keeps_wqkv_attention_w1_w2():
                     "mlp": 2 * t * f + 2 * t * h}
     # 8.03u of u = t*h*2, where the fake-tensor count of torchtitan's code is 8.0312u (fake_tensor_memory.json)
     assert sum(acts.values()) == 537919488
-    # fp8's _scaled_mm is outside the every-other count: every linear output is kept
-    fp8 = layer_activations(llama, _tt_layout(t, fp8=True), False, "op_sac")
-    assert sum(fp8.values()) - sum(acts.values()) == 2 * t * h + 2 * t * f  # wo and w3 now kept
+    # fp8 (torchao's Float8Linear): the policy sees aten.mm on Float8TrainingTensor arguments, counted and kept as bf16
+    assert layer_activations(llama, _tt_layout(t, fp8=True), False, "op_sac") == acts
+    # torchtitan <= 0.2 (wq, wk, wv): mm 1 wq kept, 2 wk recomputed, 3 wv kept, 4 wo recomputed, w1, w3, w2 as above
+    separate = layer_activations(llama, _tt_layout(t, qkv_fused=False), False, "op_sac")
+    assert sum(acts.values()) - sum(separate.values()) == 2 * t * kv  # K no longer kept
 
 
 def test_op_sac_deepseek_v3_mla_dense_and_moe():

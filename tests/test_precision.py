@@ -58,7 +58,7 @@ def test_fsdp2_fp8_all_gather_halves_the_prefetched_unit():
     _, _, (_, gathered, _) = states(framework="torchtitan", precision="fp8", fp8_recipe="tensorwise",
                                     fp8_param_gather=True)
     assert (base.prefetched_bytes, gathered.prefetched_bytes) == (2, 1)
-    assert base.fp8_weight_bytes == gathered.fp8_weight_bytes == 1  # torchao's copy: the fixed convention
+    assert base.fp8_weight_bytes == gathered.fp8_weight_bytes == 0  # torchao casts per call: no copy kept
 
 
 def test_estimate_moves_by_the_formula():
