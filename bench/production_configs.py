@@ -359,6 +359,12 @@ def framework_for(text: str) -> tuple[str, dict[str, str]]:
 # torchtitan's llama3_8b.toml sets [activation_checkpoint] mode = "selective", selective_ac_option = "op"
 # (torchtitan/models/llama3/train_configs/llama3_8b.toml): a row that runs that file's default is op-level SAC.
 TITAN_OP_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+# Only llama3_8b.toml sets mode = "selective" with selective_ac_option = "op": at 9dec370 (2024-12-26, the 2024-12
+# benchmarks' pin; train_configs/llama3_8b.toml) and e7c0cae (2025-06-13, the Trainy pin;
+# torchtitan/models/llama3/train_configs/llama3_8b.toml); the 70B and 405B files set mode = "full", so selective there
+# would take the JobConfig default option "2". A torchtitan Llama 3 8B row with selective AC and no option ran the
+# file's "op": (model family, total parameters in billions) of the train configs that set it.
+TITAN_OP_TOMLS = {("llama3", 8.0)}
 
 
 def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, Any], dict[str, str]]:
@@ -389,7 +395,8 @@ def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict
             fields["recompute_modules"] = sorted(names)
         elif names:
             knobs["recompute_modules"] = ", ".join(sorted(names))
-        elif framework == "torchtitan" and any(w in low for w in TITAN_OP_WORDS):
+        elif framework == "torchtitan" and (any(w in low for w in TITAN_OP_WORDS) or (
+                row["model"]["family"], row["model"]["total_params_b"]) in TITAN_OP_TOMLS):
             fields["selective_ac_option"] = "op"
         elif framework == "torchtitan" or "per-op" in low or "selective ac" in low:
             knobs["selective_ac_option"] = f"{text} (option not stated; scored as op-level SAC)"
