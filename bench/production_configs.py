@@ -22,6 +22,9 @@ Method (no per-row constants, nothing fitted):
   stage_layers). A row that states no split of its own gets the one the sources it names set for its model, pp,
   vpp and MTP layers (RECIPE_SPLITS: Megatron-Bridge's layout helpers and perf recipes, its base recipes'
   account_for_*, Megatron-MoE-ModelZoo's scripts), each entry citing its path.
+- What the launcher a row cites sets for every run it makes is passed too: Megatron-Bridge's performance-table runs
+  reduce gradients in bf16 (perf_table_fields), verl's example scripts pack each micro-batch to a token budget of
+  the row's seq_length (dynamic_batch_fields).
 - A setting the row uses that meshplan cannot express yet (KNOBS: a layout named but not given, offload,
   precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...) is recorded
   as "not expressible: <knob>", and the row is still scored with the nearest expressible settings: those rows
