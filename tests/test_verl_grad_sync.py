@@ -1,0 +1,69 @@
+"""verl's Megatron engine syncs gradients and parameters after the backward, not inside it (issue 15).
+
+verl wraps its Megatron chunks in DDP with overlap_grad_reduce=False and no overlap_param_gather
+(verl/utils/megatron_utils.py make_megatron_module), so the reduce-scatter of the fp32 gradients and the
+all-gather of the bf16 parameters are exposed once per optimizer step. With EP fixed at 8, more GPUs put the
+expert-DP group (one rank per node) across nodes: the exposed sync grows with DP while the compute per GPU shrinks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.calibration import calibration
+from meshplan.comm import links, ring_time
+from meshplan.models import total_params
+from meshplan.perf import estimate_throughput
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+# Qwen3-30B-A3B: 48 layers of 128 experts, each gate/up/down 2,048 x 768
+EXPERT_PARAMS = 48 * 128 * 3 * 2048 * 768
+
+
+def qwen30b(gpus: int, framework: str = "verl"):
+    return resolve(Request(model="qwen3-30b-a3b", gpu="h20", num_gpus=gpus, framework=framework, tp=1, pp=1, ep=8,
+                           etp=1, seq_length=10240, micro_batch_size=1, global_batch_size=256, zero_stage=1))
+
+
+def test_verl_overrides_the_overlaps_megatron_core_keeps():
+    verl, mcore = calibration("verl"), calibration("megatron-core")
+    assert (verl.dp_overlap, verl.zero_grad_overlap, verl.param_gather_overlap) == (0.0, 0.0, 0.0)
+    assert (mcore.dp_overlap, mcore.zero_grad_overlap, mcore.param_gather_overlap) == (0.8, 0.8, 0.8)
+    # everything else is the shared constants
+    assert verl.with_overrides(dp_overlap=0.8, zero_grad_overlap=0.8, param_gather_overlap=0.8) == mcore
+
+
+@pytest.mark.parametrize("gpus", [8, 16, 32])
+def test_exposed_sync_is_the_dense_and_expert_rings_by_hand(gpus):
+    job, plan = qwen30b(gpus)
+    assert (plan.dp, plan.zero_stage) == (gpus, 1)
+    lk = links(job.gpu, job.gpus_per_node, calibration("verl"))
+    # embeddings, output layer, attention, routers and the layers' norms; the final norm (h weights) is left out of
+    # the stage tables
+    dense = total_params(job.model) - EXPERT_PARAMS - job.model.hidden_size
+    expert_dp = gpus // 8  # one EP group per 8-GPU node: the expert-DP group takes one rank from each node
+    # fp32 gradients reduce-scattered, then bf16 parameters all-gathered; dense over dp (stride tp 1), experts
+    # over the expert-DP group (stride ep 8: across nodes)
+    hand = sum(ring_time(dense * nbytes, gpus, 1, lk) + ring_time(EXPERT_PARAMS / 8 * nbytes, expert_dp, 8, lk)
+               for nbytes in (4, 2))
+    r = estimate_throughput(job, plan)
+    assert r.breakdown.dp_comm_s == pytest.approx(hand, rel=1e-12)
+    if gpus == 8:
+        assert ring_time(EXPERT_PARAMS / 8 * 4, expert_dp, 8, lk) == 0.0  # one expert-DP rank: nothing to reduce
+
+
+def test_mfu_falls_with_dp_on_verl_and_not_on_overlapped_megatron_core():
+    verl = [estimate_throughput(*qwen30b(g)) for g in (8, 16, 32)]
+    assert verl[0].mfu > verl[1].mfu > verl[2].mfu
+    assert verl[0].breakdown.dp_comm_s < verl[1].breakdown.dp_comm_s < verl[2].breakdown.dp_comm_s
+    # Megatron-Core with --overlap-grad-reduce / --overlap-param-gather hides the same traffic behind the compute
+    mcore = [estimate_throughput(*qwen30b(g, "megatron-core")) for g in (8, 16, 32)]
+    assert [r.breakdown.dp_comm_s for r in mcore] == [0.0, 0.0, 0.0]
+    assert mcore[0].mfu == pytest.approx(mcore[2].mfu, rel=1e-9)
+
+
+def test_assumption_says_the_sync_is_not_overlapped():
+    r = estimate_throughput(*qwen30b(16))
+    dp = next(a for a in r.assumptions if a.startswith("DP:"))
+    assert "reduce-scattered with 0% of the last backward hiding it" in dp
