@@ -10,9 +10,9 @@ rows, each row weighing the same. The two data sets pull the sync different ways
 software, not different layouts: the Bridge table is releases 25.09-26.02, the dev set mostly 26.02.01-26.08, and the
 same layout ran far faster on the later stack (Qwen3-30B-A3B, 16 H100, FP8, PP2 VPP12 EP8: 5,113 tok/s in 26.02,
 9,058 in 26.02.01, Megatron-Bridge docs/performance-summary-archive.md), so no pair of constants fits both and the
-older rows run fast under any fit of the newer ones. Balancing the two sets' medians (the larger of the two, as first fitted)
-held the newer runs 15% slow to keep the older ones near (c42b431); the pooled median leans to the stack the framework cards
-describe (Megatron-Bridge 0.6.2) without dropping the older runs.
+older rows run fast under any fit of the newer ones. Balancing the two sets' medians (the larger of the two, as
+first fitted in c42b431) held the newer runs 15% slow to keep the older ones near; the pooled median leans to the
+stack the framework cards describe (Megatron-Bridge 0.6.2) without dropping the older runs.
 Held out: leave one model out (fit on every other model's rows, score that model's rows), and one data set out
 (fit on Bridge's table, score the dev set, and back). No per-row or per-model constant: each split refits the
 same two numbers.
