@@ -157,6 +157,8 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
             out.append("cross-node EP")
             if plan.moe_token_dispatcher == "flex":
                 out.append("flex dispatcher across nodes")
+        if plan.moe_a2a_overlap and kind == "throughput":
+            out.append("EP overlap across nodes" if _ep_crosses(job, plan) else "EP overlap in the node")
     if moe and plan.etp > 1:
         out.append("ETP > 1")
     if plan.cp > 1:
@@ -170,6 +172,8 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
             out.append("Megatron-FSDP overlap" if kind == "throughput" else "Megatron-FSDP bytes")
         else:
             out.append("ZeRO-3/FSDP sharding")
+        if moe:
+            out.append("ZeRO-3/FSDP with MoE")
     if plan.vpp > 1:
         out.append("interleaved pipeline")
     if _offloads(job, plan):

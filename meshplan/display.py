@@ -304,6 +304,10 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                                                    break_on_hyphens=False))))
     if rec.candidates:
         _band(console, rec.candidates[0].throughput.error_band, "error of #1")
+        for c in rec.candidates[1:]:  # each row's own unchecked terms (its rationale says how sure, in full)
+            band = c.throughput.error_band
+            if band is not None and band.unvalidated:
+                console.print(Text(f"unvalidated in #{c.rank}: {', '.join(band.unvalidated)}"))
     if rec.min_gpus:
         console.print(f"smallest GPU count that fits: {rec.min_gpus}")
     if rec.rationale:

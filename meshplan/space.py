@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +25,9 @@ from meshplan.errors import MeshplanError
 from meshplan.models import layer_params, per_architecture
 from meshplan.schedule import padded_vocab, pipeline_split, split_problem, stages_for
 from meshplan.schema import Job, Plan, Recompute, Request
+
+if TYPE_CHECKING:
+    from meshplan.memory_states import Convention, StateTensor
 
 SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -131,13 +135,17 @@ class Layout:
     last: int | None = None
 
     def plan(self, *, zero_stage: int, recompute: Recompute, micro_batch_size: int, sequence_parallel: bool,
-             cp_comm_type: str, moe_token_dispatcher: str = "alltoall") -> Plan:
+             cp_comm_type: str, moe_token_dispatcher: str = "alltoall", moe_a2a_overlap: bool = False,
+             **carried: object) -> Plan:
+        """The plan of this layout with the searched knobs, and `carried`: the request's fields the search keeps as
+        given (Fixed.carried)."""
         return Plan(
             tp=self.tp, pp=self.pp, vpp=self.vpp, cp=self.cp, ep=self.ep, etp=self.etp, dp=self.dp,
             sequence_parallel=sequence_parallel, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
             recompute=recompute, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
             moe_token_dispatcher=moe_token_dispatcher,  # type: ignore[arg-type]
-            first_stage_layers=self.first, last_stage_layers=self.last,
+            moe_a2a_overlap=moe_a2a_overlap, first_stage_layers=self.first, last_stage_layers=self.last,
+            **carried,  # type: ignore[arg-type]
         )
 
     def base(self) -> Layout:
@@ -155,18 +163,31 @@ class Layout:
         return " ".join(parts)
 
 
+CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
+                  "torch_compile")
+"""Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
+framework's default, as `meshplan estimate` takes it). The optimizer is one: in meshplan's model Muon changes only the
+optimizer-state bytes (its Newton-Schulz time is not modelled), so a search over it would prefer Muon for memory it
+saves at a cost it does not see, and the optimizer is a training decision, not a layout."""
+
+
 @dataclass
 class Fixed:
-    """Request fields the user set: they constrain the search; the others are searched."""
+    """Request fields the user set: they constrain the search; the others are searched. `carried`: the plan fields
+    the search keeps as the request resolves them (CARRIED_FIELDS), `given` the names of those the request set."""
 
     values: dict[str, object] = field(default_factory=dict)
+    carried: dict[str, object] = field(default_factory=dict)
+    given: frozenset[str] = frozenset()
 
     @classmethod
     def from_request(cls, req: Request) -> Fixed:
         chosen = req.model_fields_set
-        names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "first_stage_layers",
-                 "last_stage_layers")
-        return cls({name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None})
+        names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap",
+                 "first_stage_layers", "last_stage_layers")
+        values = {name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None}
+        given = frozenset(n for n in CARRIED_FIELDS if n in chosen and getattr(req, n) is not None)
+        return cls(values, carried_fields(req), given)
 
     def allows(self, name: str, value: object) -> bool:
         return name not in self.values or self.values[name] == value
@@ -183,6 +204,15 @@ class Prefiltered:
     reason: str
     example: Layout
     layouts: int
+
+
+def carried_fields(req: Request) -> dict[str, object]:
+    """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision and compile defaults)."""
+    from meshplan.request import _precision_fields, _torch_compile
+
+    card = framework_card(req.framework)
+    fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, [])}
+    return {k: fields[k] for k in CARRIED_FIELDS}
 
 
 def _tp_ok(job: Job, tp: int) -> bool:
@@ -353,14 +383,33 @@ def params_split(job: Job) -> tuple[int, int]:
     return dense, routed
 
 
-def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int]) -> float:
+def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple[Convention, list[StateTensor]]:
+    """The byte preset an estimate takes for a plan with these carried fields (memory_states.with_precision: the
+    precision knobs and torch.compile), as the search's memory floors read it: Muon's one momentum counted on every
+    parameter (it keeps Adam's two moments on the embedding, output layer, norms and biases: fewer bytes, so still a
+    floor); a LoRA job's frozen base keeps its weights only."""
+    from meshplan.lora import base_tensors
+    from meshplan.memory_states import memory_card, with_precision
+
+    plan = Plan(zero_stage=zero_stage, **carried)  # type: ignore[arg-type]
+    _, conv, tensors = with_precision(job, plan)
+    if plan.optimizer == "muon":
+        counts = memory_card().optimizers.moment_buffers
+        kept = counts["muon"] / counts["adam"]
+        tensors = [t.model_copy(update={"bytes": t.bytes * kept}) if t.role == "moments" else t for t in tensors]
+    return conv, base_tensors(job, tensors)
+
+
+def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int],
+                       tensors: list[StateTensor] | None = None) -> float:
     """Bytes of model states on the most loaded GPU can be no fewer than this: the average stage's share of
     the parameters (dense split tp ways, experts ep*etp ways) times the preset's bytes per parameter
-    (cards/memory.yaml) with sharding over the largest group the framework could use. No activations."""
-    from meshplan.lora import base_tensors
-    from meshplan.memory_states import bytes_per_param, convention
+    (cards/memory.yaml; `tensors`: state_preset's, else the framework's plain preset) with sharding over the largest
+    group the framework could use. No activations."""
+    from meshplan.memory_states import bytes_per_param
 
-    tensors = base_tensors(job, convention(job.framework, zero_stage)[2])  # a LoRA job's frozen base: weights only
+    if tensors is None:
+        tensors = state_preset(job, zero_stage, {})[1]
     dense, routed = split
     world = job.num_gpus
     dense_shard = layout.dp * layout.cp
@@ -387,21 +436,21 @@ class _Prefix:
 _prefix = per_architecture(_Prefix, limit=64)
 
 
-def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool) -> float:
+def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
+                      preset: tuple[Convention, list[StateTensor]] | None = None) -> float:
     """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
     presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
     embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
     logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
-    floor (tests/test_search_space.py checks it against estimate_memory)."""
+    floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
+    carried fields, else the framework's plain one."""
     from meshplan.activations import MOE_BYTES, activation_mode, layer_activations, shape_of
     from meshplan.activations import Layout as ActLayout
-    from meshplan.lora import base_tensors
-    from meshplan.memory_states import convention, memory_card, output_activations, state_bytes
+    from meshplan.memory_states import memory_card, output_activations, state_bytes
 
     arch = job.model
-    _, conv, tensors = convention(job.framework, zero_stage)
-    tensors = base_tensors(job, tensors)  # a LoRA job's frozen base: weights only (its adapters left out: a floor)
+    conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     card = memory_card()
     pre = _prefix(arch)
     pp, tp = lay.pp, lay.tp

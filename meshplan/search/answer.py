@@ -4,8 +4,9 @@ them."""
 
 from __future__ import annotations
 
-from meshplan.accuracy import with_band
-from meshplan.schema import Candidate, Job, Plan, Recommendation
+from meshplan.accuracy import accuracy_card, terms, with_band
+from meshplan.errors import MeshplanError
+from meshplan.schema import Candidate, ErrorBand, Job, Plan, Recommendation
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
@@ -19,11 +20,11 @@ from meshplan.search.policy import (
     same_numbers,
     slower_by,
 )
-from meshplan.space import SEARCHED_FIELDS, Fixed
+from meshplan.space import SEARCHED_FIELDS, Fixed, zero_ladder
 
 FASTEST = "Fastest predicted layout that passes every rule and fits. "
 
-FOLDED_KNOBS = ("zero_stage", "recompute", "sequence_parallel", "moe_token_dispatcher")
+FOLDED_KNOBS = ("zero_stage", "recompute", "sequence_parallel", "moe_token_dispatcher", "moe_a2a_overlap")
 """Knobs beyond the degrees and the micro-batch that a folded equivalent may differ in; named when they do."""
 
 
@@ -65,6 +66,26 @@ def fixed_assumption(fixed: Fixed) -> list[str]:
     return [f"Fixed by the request: {fixed_text(fixed)}."] if fixed.values else []
 
 
+def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[str]:
+    """What every ranked plan keeps as the request resolves it (space.CARRIED_FIELDS), the optimizer first, and the
+    ZeRO stages those fields rule out for every layout."""
+    words = [f"{k}={'true' if v is True else 'false' if v is False else v}"
+             f" ({'given' if k in fixed.given else 'default'})" for k, v in fixed.carried.items() if v is not None]
+    out = [
+        "Not searched, kept as the request resolves them in every ranked plan: " + ", ".join(words) + ". The "
+        "optimizer is the request's (left out: Adam): meshplan models what Muon changes in memory (one fp32 momentum "
+        "on the matrices in place of Adam's two moments) but not its Newton-Schulz time, so a search over it would "
+        "prefer Muon for the memory it saves at a cost it does not see, and which optimizer trains the model is a "
+        "training decision, not a layout; pass optimizer=muon to rank layouts for Muon."
+    ]
+    dropped = [z for z in zero_ladder(job.framework) if z not in zeros]
+    if dropped and "zero_stage" not in fixed:
+        out.append(f"ZeRO stage{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))} not searched: a "
+                   "rule that blocks the estimate refuses it for every layout with the request's "
+                   f"{', '.join(sorted(fixed.given))} (`meshplan check` names it).")
+    return out
+
+
 def knob_words(plan: Plan) -> str:
     """'micro-batch 2, ZeRO 1, recompute selective': the knobs of a plan beyond its degrees."""
     return f"micro-batch {plan.micro_batch_size}, ZeRO {plan.zero_stage}, recompute {plan.recompute}"
@@ -86,6 +107,8 @@ def why(found: Found, best: Found | None) -> str:
     cost_text = ", ".join(f"{k} {v / t.step_time_s:.0%}" for v, k in costs) or "no exposed overhead"
     p = found.plan
     dispatcher = ", flex MoE dispatcher (DeepEP/HybridEP)" if p.moe_token_dispatcher == "flex" else ""
+    if p.moe_a2a_overlap:
+        dispatcher += ", EP all-to-all overlapped with the other micro-batch's compute (moe_a2a_overlap)"
     head = (f"{plan_words(p)}{dispatcher}: "
             f"{t.step_time_s:.3f} s per step, {t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {t.mfu:.1%}; "
             f"compute {b.compute_s / t.step_time_s:.0%} of the step, then {cost_text}; "
@@ -110,8 +133,38 @@ def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | N
     if notes_here:
         text += " Warnings: " + " ".join(notes_here)
     throughput = with_band(found.throughput, job, found.plan)  # the error measured in its regime
+    text += " " + how_sure(job, found.plan, throughput.error_band) + overlap_share(job, engine, found)
     return Candidate(rank=rank, plan=found.plan, memory=engine.summary(found.memory), throughput=throughput,
                      rationale=text, equivalents=[other.plan for other in same or ()])
+
+
+def how_sure(job: Job, plan: Plan, band: ErrorBand | None) -> str:
+    """What the row's prediction rests on: the error measured in its regime with the terms no measured run exercised
+    (the row relies on them unchecked), and how many measured runs exercise each of its other mechanisms
+    (cards/accuracy.yaml, counted by bench/accuracy_card.py with meshplan.accuracy.terms)."""
+    if band is None:
+        return ""
+    runs = accuracy_card().throughput.terms
+    checked = [f"{t} {runs[t]}" for t in terms(job, plan, "throughput")
+               if runs.get(t) and not t.startswith(("framework ", "GPU "))]
+    text = f"How sure: {band.text}"
+    if band.unvalidated:
+        text += " (this row relies on them unchecked)"
+    if checked:
+        text += f"; measured runs behind its other terms: {', '.join(checked)}"
+    return text + "."
+
+
+def overlap_share(job: Job, engine: Engine, found: Found) -> str:
+    """What the search's EP overlap buys this row: its step time with the all-to-all exposed (one estimate)."""
+    if not found.plan.moe_a2a_overlap:
+        return ""
+    try:
+        plain = engine.throughput(job, found.plan.model_copy(update={"moe_a2a_overlap": False}))
+    except MeshplanError:
+        return ""
+    return (f" Without the EP overlap (moe_a2a_overlap=false) it takes {plain.step_time_s:.3f} s per step "
+            f"({slower_by(plain.tokens_per_s_per_gpu, found.throughput.tokens_per_s_per_gpu):.1%} slower).")
 
 
 def differs(plan: Plan, other: Plan) -> str:
@@ -142,6 +195,11 @@ SPACE_ASSUMPTIONS = [
     "batch.",
     "Sequence parallelism follows the framework default (on with tp > 1) and CP uses the p2p ring unless "
     "given; TP (and ETP) stay inside one NVLink domain unless nothing else fits.",
+    "MoE, unless given: the flex dispatcher where the expert group leaves the NVLink domain and the framework renders "
+    "it; the EP all-to-all overlapped with the other micro-batch's compute (moe_a2a_overlap) wherever the framework "
+    "renders it and rule EP009 allows it (ep > 1, vpp with pp > 1, no full recompute, at most one MTP layer). In the "
+    "cost model the overlap only hides time and adds no memory, so the overlapped plan stands for both; a row that "
+    "uses it says its step time without it.",
     "Exact best-first search over the same estimators: a plan is ranked only when no unexplored one can be "
     "faster. Bounds: time per token from single-stage reference plans (it only falls with more tokens per "
     "rank) x tokens / pp x (m + (pp-1)/vpp); memory floors from the first stage's states and activations. "
@@ -168,7 +226,7 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
     search.rejected[SAME] += sum(len(row) - 1 for row in ranked)
     best = ranked[0][0] if ranked else None
     candidates = [candidate(job, engine, row[0], i + 1, best if i else None, row[1:]) for i, row in enumerate(ranked)]
-    open_fields = [f for f in SEARCHED_FIELDS if f not in fixed]
+    open_fields = [f for f in SEARCHED_FIELDS if f not in fixed] + (["moe_a2a_overlap"] if search.a2a_open else [])
     rationale = ""
     if best is not None:
         rationale = (
@@ -178,12 +236,13 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
             f"and ranked the fastest {len(ranked)} distinct layouts that pass every rule and keep "
             f"{percent(headroom)} of GPU memory free ({headroom_text(headroom, default_headroom)}). "
             + candidates[0].rationale
-            + f" Throughput error measured in its regime: {candidates[0].throughput.error_band.text}."
         )
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
         considered=considered, rejected={k: v for k, v in sorted(search.rejected.items()) if v},
-        rationale=rationale, warnings=warnings, assumptions=[*notes, *SPACE_ASSUMPTIONS, *fixed_assumption(fixed)],
+        rationale=rationale, warnings=warnings,
+        assumptions=[*notes, *SPACE_ASSUMPTIONS, *carried_assumption(job, fixed, search.zeros),
+                     *fixed_assumption(fixed)],
         evaluated=search.evaluations, global_batch_size=job.global_batch_size,
         headroom=headroom,
     )

@@ -34,7 +34,7 @@ def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | Non
     if all(getattr(bp, d) == getattr(sp, d) for d in DEGREES):
         return text + " The search agrees: its best layout has the same degrees."
     pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in (*DEGREES, "dp")},
-                    **{d: getattr(sp, d) for d in DEGREES}})
+                    **{d: getattr(sp, d) for d in DEGREES}}, fixed.carried, fixed.given)
     probe = BestFirstSearch.for_job(job, pinned, engine, 1, deadline, budget)
     layouts, _ = enumerate_layouts(job, pinned)
     probe.seed(layouts, ideal_time(job, engine))

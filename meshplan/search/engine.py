@@ -21,7 +21,8 @@ from meshplan import mesh
 from meshplan.cancel import checkpoint
 from meshplan.errors import MeshplanError
 from meshplan.mesh import crosses_domains
-from meshplan.rulebook import backend_of
+from meshplan.perf import a2a_steady_share
+from meshplan.rulebook import Context, backend_of, load_rules
 from meshplan.schema import CheckReport, Finding, Job, MemoryReport, Plan, ThroughputReport
 from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.policy import (
@@ -45,6 +46,7 @@ from meshplan.space import (
     knobs,
     micro_batches,
     params_split,
+    state_preset,
     states_lower_bound,
     within_nvlink,
     zero_ladder,
@@ -111,6 +113,27 @@ class Caches:
                       seed_keys=self.seed_keys, space=self.space)
 
 
+def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO stages an estimate can take with the request's carried fields: a stage where a blocking rule refuses
+    the plainest layout (no model parallelism) while another stage passes is left out of the ladder, e.g. FSDP with
+    optimizer=muon (PR005). The search's memory bounds take the ladder's last stage as the lightest, so a stage no
+    estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
+    from meshplan.rulebook import EstimateBlocked, require_estimable
+
+    if not fixed.given:  # the frameworks' own defaults block no stage
+        return zeros
+    plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=job.num_gpus)
+    ok = []
+    for zero in zeros:
+        try:
+            require_estimable(job, plain.plan(zero_stage=zero, recompute="none", micro_batch_size=1,
+                                              sequence_parallel=False, cp_comm_type="p2p", **fixed.carried))
+        except EstimateBlocked:
+            continue
+        ok.append(zero)
+    return tuple(ok) or zeros
+
+
 def pow2_at_least(x: float) -> int:
     """The smallest power of two >= x (and >= 1): the reference micro-batch of the per-token bounds."""
     return 1 << max(0, (math.ceil(x) - 1).bit_length()) if x > 1 else 1
@@ -132,6 +155,7 @@ class BestFirstSearch:
     split: tuple[int, int]
     law: str = "megatron"
     flex: bool = False  # the framework can render Megatron-Core's flex MoE dispatcher
+    a2a_open: bool = False  # the search chooses moe_a2a_overlap (an MoE model, a framework that renders it, not fixed)
     domain: int = 8  # GPUs per NVLink domain (a node, or a rack for GB200 NVL72)
     budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
     rejected: Counter = field(default_factory=Counter)
@@ -148,6 +172,9 @@ class BestFirstSearch:
     max_evaluations: int = 1 << 62
     heap: list = field(default_factory=list)
     seq: int = 0
+    overlaps: dict[tuple[Layout, int, str], bool] = field(default_factory=dict)  # a2a_overlap per layout/ZeRO/recompute
+    pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
+    presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
 
     @classmethod
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
@@ -159,6 +186,7 @@ class BestFirstSearch:
         zeros = zero_ladder(job.framework)
         if "zero_stage" in fixed:
             zeros = tuple(z for z in (int(fixed.values["zero_stage"]),))  # type: ignore[call-overload]
+        zeros = estimable_zeros(job, fixed, zeros)
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
@@ -170,10 +198,13 @@ class BestFirstSearch:
         limits = search_limits()
         cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
         domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+        a2a_open = (job.model.moe is not None and "moe_a2a_overlap" not in fixed and card.adapter is not None
+                    and card.adapter.renders("moe_a2a_overlap"))
         return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
                    law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
-                   domain=domain, max_evaluations=cap, budget_bytes=budget_bytes)
+                   a2a_open=a2a_open, domain=domain, max_evaluations=cap, budget_bytes=budget_bytes,
+                   presets={z: state_preset(job, z, fixed.carried) for z in zeros})
 
     # -- the estimators, cached per plan -----------------------------------------------------------
 
@@ -181,10 +212,31 @@ class BestFirstSearch:
         """The request's choice, else the framework default where there is TP to pair it with."""
         return self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
 
-    def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
+    def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
+        """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter)
+        and the request's carried fields."""
+        if overlap is None:
+            overlap = self.a2a_overlap(lay, zero, recompute)
         return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
                         sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
-                        moe_token_dispatcher=self.dispatcher(lay, zero))
+                        moe_token_dispatcher=self.dispatcher(lay, zero), moe_a2a_overlap=overlap,
+                        **self.fixed.carried)
+
+    def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
+        """moe_a2a_overlap: the user's, else on wherever rule EP009 (Megatron-Core's asserts) allows it. Overlap never
+        adds time in the cost model (perf.overlapped_a2a exposes at most the plain all-to-all) and no memory
+        (memory.py does not read it), so the plan with it dominates the plan without: one plan per key, as with
+        the flex dispatcher, rather than twice the space."""
+        if "moe_a2a_overlap" in self.fixed:
+            return bool(self.fixed.values["moe_a2a_overlap"])
+        if not self.a2a_open or lay.ep <= 1:
+            return False
+        key = (lay, zero, recompute)
+        hit = self.overlaps.get(key)
+        if hit is None:
+            probe = self.plan(lay, zero, recompute, 1, overlap=True)
+            hit = self.overlaps[key] = load_rules()["EP009"](Context(self.job, probe)) is None
+        return hit
 
     def dispatcher(self, lay: Layout, zero: int) -> str:
         """The MoE token dispatcher: the user's, else flex (DeepEP/HybridEP) when the expert group leaves the
@@ -291,7 +343,7 @@ class BestFirstSearch:
             floor = self.caches.floors.get(key)
             if floor is None:
                 floor = self.caches.floors[key] = first_stage_floor(self.job, lay.base(), zero, recompute, mbs,
-                                                                     self.sequence_parallel(lay))
+                                                                     self.sequence_parallel(lay), self.presets[zero])
             hit = self.caches.floor_fits[key] = floor <= self.budget
         return hit
 
@@ -300,7 +352,7 @@ class BestFirstSearch:
         key = (lay, zero)
         hit = self.caches.states.get(key)
         if hit is None:
-            hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split)
+            hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split, self.presets[zero][1])
         return hit
 
     def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
@@ -352,24 +404,49 @@ class BestFirstSearch:
             return 0.0
         return report.breakdown.pp_comm_s / self.microbatches(lay, mbs)
 
-    def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str) -> float:
-        """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank)."""
+    def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
+                   may_overlap: bool = False) -> float:
+        """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank); with
+        `may_overlap`, its EP all-to-all overlapped wherever the reference can overlap it."""
         hit = self.caches.token_time.get(key)
         if hit is not None:
             return hit
         dp_ref = mesh.derived_dp(self.law, self.job.num_gpus, tp, 1, cp, ep)
         ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
-        job_ref = self.job.model_copy(update={"global_batch_size": b * dp_ref})
+        overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
+        tokens = b * self.job.seq_length / cp
+        alone = 0.0
+        if overlap:
+            # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without
+            # overlap), so it would over-charge a layout whose micro-batches run in the steady state; the second
+            # micro-batch's increment is one micro-batch fully overlapped (perf.overlapped_a2a at a steady share of
+            # 1), the least any micro-batch pays.
+            alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) * tokens
+        plan = self.plan(ref, self.zeros[0], recompute, b, overlap=overlap)
+        job_ref = self.job.model_copy(update={"global_batch_size": (2 if overlap else 1) * b * dp_ref})
         try:
             self.calls["throughput"] += 1
-            x = self.engine.throughput(job_ref, self.plan(ref, self.zeros[0], recompute, b)).breakdown
+            x = self.engine.throughput(job_ref, plan).breakdown
             total = (x.cp_comm_s if part == "cp" else
                      x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
-            value = total / (b * self.job.seq_length / cp)
+            value = (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens
         except MeshplanError:
             value = 0.0
         self.caches.token_time[key] = value
         return value
+
+    def pipeline_overlaps(self, lay: Layout) -> bool:
+        """Whether EP009 lets this layout's pipeline shape overlap the EP all-to-all (Megatron-Core wants virtual
+        stages when pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it."""
+        if not self.a2a_open or lay.ep <= 1:
+            return False
+        key = (lay.pp, lay.vpp)
+        hit = self.pipeline_overlap.get(key)
+        if hit is None:
+            shape = Layout(tp=1, pp=lay.pp, cp=1, ep=lay.ep, etp=1, dp=1, vpp=lay.vpp)
+            hit = self.pipeline_overlap[key] = any(self.a2a_overlap(shape, zero, self.recomputes[0])
+                                                   for zero in self.zeros)
+        return hit
 
     def token_bound(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> float:
         """A cheaper bound shared by many shards. The time per token of a layer only falls as a rank sees more
@@ -381,26 +458,35 @@ class BestFirstSearch:
         step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp)."""
         return self.stretch(lay, (mbs,), *self.token_rate(lay, mbs, recompute, exact))[0]
 
-    def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float]:
-        """token_bound's references: (b_tok, seconds per token). Without `exact` it is the same for every
+    def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float]:
+        """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a
+        micro-batch outside the steady state adds: its all-to-all exposed). Without `exact` it is the same for every
         micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest), so `seed` reads it once."""
         s = self.job.seq_length
         tokens = -(-s // lay.cp) * mbs
         most = tokens / s if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp), tokens / s)
         b_tok = pow2_at_least(most)
-        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok), lay.tp, 1, lay.ep, lay.etp,
-                                    b_tok, recompute, "work")
+        overlap = self.pipeline_overlaps(lay)
+        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap), lay.tp, 1, lay.ep,
+                                    lay.etp, b_tok, recompute, "work", overlap)
+        exposed = 0.0
+        if overlap:
+            alone = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, False), lay.tp, 1, lay.ep,
+                                    lay.etp, b_tok, recompute, "work")
+            exposed = max(0.0, alone - per_token)
         if lay.cp > 1:
             # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
             # bound, since the time per token only falls with more tokens, but one reference for all of them)
             b_cp = pow2_at_least(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))
             per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
                                          self.recomputes[0], "cp")
-        return b_tok, per_token
+        return b_tok, per_token, exposed
 
-    def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float) -> list[float]:
+    def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float,
+                exposed: float = 0.0) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
-        and micro-batches."""
+        and micro-batches; with EP overlap, its micro-batches outside the steady state (perf.a2a_steady_share) pay
+        `exposed` more per token, as the estimate charges them."""
         s = self.job.seq_length
         per_rank = -(-s // lay.cp)
         moe = self.job.model.moe
@@ -408,7 +494,10 @@ class BestFirstSearch:
         bounds = []
         for mbs in sizes:
             tokens = per_rank * mbs
-            per_stage = tokens * per_token / lay.pp
+            rate = per_token
+            if exposed:
+                rate += (1.0 - a2a_steady_share(self.microbatches(lay, mbs), lay.pp, lay.vpp)) * exposed
+            per_stage = tokens * rate / lay.pp
             if sync:
                 # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
                 # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).

@@ -20,7 +20,7 @@ from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, memory_budget, search_limits
-from meshplan.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, states_lower_bound
+from meshplan.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, state_preset
 
 
 def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budget: int) -> bool | None:
@@ -31,7 +31,7 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budg
     layouts, _ = enumerate_layouts(job, fixed)
     recompute = search.recomputes[-1]
     lightest = search.zeros[-1]
-    scored = sorted((states_lower_bound(job, lay, lightest, search.split), lay) for lay in layouts)
+    scored = sorted((search.states_bound(lay, lightest), lay) for lay in layouts)
     for bound, lay in scored:
         checkpoint()
         if bound > budget:
@@ -89,15 +89,14 @@ def gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator
     return counts(), text
 
 
-def states_floor(job: Job, zeros: tuple[int, ...], budget: int) -> int:
+def states_floor(job: Job, zeros: tuple[int, ...], budget: int, carried: dict[str, object] | None = None) -> int:
     """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
     parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
-    space.states_lower_bound), at the lightest ZeRO stage allowed."""
-    from meshplan.lora import base_tensors
-    from meshplan.memory_states import bytes_per_param, convention
+    space.states_lower_bound), at the lightest ZeRO stage allowed, with the request's carried fields."""
+    from meshplan.memory_states import bytes_per_param
 
     dense, routed = params_split(job)
-    tensors = {z: base_tensors(job, convention(job.framework, z)[2]) for z in zeros}  # LoRA: the frozen base's weights
+    tensors = {z: state_preset(job, z, carried or {})[1] for z in zeros}  # LoRA: the frozen base's weights
     need = min(bytes_per_param(tensors[z], 1.0) * dense + bytes_per_param(tensors[z], math.inf) * routed for z in zeros)
     return max(1, math.ceil(need / max(1, budget)))
 
@@ -173,7 +172,7 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
     deadline = min(started + bound, deadline) if deadline is not None else started + bound
     budget = memory_budget(job, headroom)
     zeros = BestFirstSearch.for_job(job, fixed, engine, 1, deadline, budget).zeros
-    floor = states_floor(job, zeros, budget)
+    floor = states_floor(job, zeros, budget, fixed.carried)
     counts, stepping = gpu_counts(job, fixed, floor, limit)
     first = last = 0
     checked = 0

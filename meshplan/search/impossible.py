@@ -21,7 +21,7 @@ from meshplan.search.policy import (
     search_limits,
     slower_by,
 )
-from meshplan.space import Fixed, enumerate_layouts, micro_batches, states_lower_bound
+from meshplan.space import Fixed, enumerate_layouts, micro_batches
 
 
 def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch,
@@ -138,7 +138,7 @@ def probe_closest(job: Job, fixed: Fixed, search: BestFirstSearch, count: int) -
     with the smallest model-state bound, so the answer can say how far over they are."""
     layouts, _ = enumerate_layouts(job, fixed)
     zero, recompute = search.zeros[-1], search.recomputes[-1]
-    ranked = sorted(layouts, key=lambda lay: states_lower_bound(job, lay, zero, search.split))
+    ranked = sorted(layouts, key=lambda lay: search.states_bound(lay, zero))
     for lay in ranked[: 4 * count]:
         sizes = micro_batches(job, lay, fixed)
         if sizes and not search.check_error(lay, zero, recompute, sizes[0]):

@@ -1,0 +1,121 @@
+"""recommend and the knobs it does not enumerate as degrees: the EP all-to-all overlap it chooses per plan (rule EP009
+decides where), the request's fields it keeps as given (the optimizer above all: never searched), and each row's
+account of the terms it rests on (cards/accuracy.yaml)."""
+
+import pytest
+
+from meshplan.accuracy import terms
+from meshplan.perf import estimate_throughput
+from meshplan.request import resolve
+from meshplan.schema import Request
+from meshplan.search import exhaustive_top_k, recommend
+
+
+@pytest.mark.parametrize("fields", [
+    {"model": "olmoe-1b-7b", "num_gpus": 8, "seq_length": 2048, "pp": 2, "tp": 1},
+    {"model": "qwen3-30b-a3b", "num_gpus": 32, "seq_length": 1024, "tp": 1, "cp": 1, "pp": 2,
+     "global_batch_size": 256},
+])
+def test_search_with_ep_overlap_finds_the_exhaustive_top_k(fields):
+    """The overlap's bound (references at a steady share of 1, plus what each micro-batch outside the steady state
+    exposes) keeps the search exact: the same top K as brute force, overlapped plans among them."""
+    req = Request(**fields)
+    rec = recommend(req, top_k=4)
+    oracle = exhaustive_top_k(req, 100)
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:4]], rel=1e-12)
+    assert any(c.plan.moe_a2a_overlap for c in rec.candidates)
+
+
+def test_overlap_is_chosen_where_the_rule_allows_it_and_said_with_its_price():
+    fields = dict(model="qwen3-30b-a3b", num_gpus=16, ep=16, pp=1, global_batch_size=128, seq_length=2048)
+    best = recommend(Request(**fields, framework="megatron-bridge"), top_k=1).candidates[0]
+    assert best.plan.moe_a2a_overlap and best.plan.recompute != "full"
+    assert "moe_a2a_overlap" in best.rationale and "Without the EP overlap" in best.rationale
+    job, plan = resolve(Request(**fields, framework="megatron-bridge", **{
+        k: getattr(best.plan, k) for k in ("tp", "etp", "micro_batch_size", "zero_stage", "recompute",
+                                           "moe_token_dispatcher")}, moe_a2a_overlap=False))
+    assert estimate_throughput(job, plan).step_time_s > best.throughput.step_time_s
+    # the user's choice stands
+    off = recommend(Request(**fields, framework="megatron-bridge", moe_a2a_overlap=False), top_k=2)
+    assert not any(c.plan.moe_a2a_overlap for c in off.candidates)
+    assert "moe_a2a_overlap=False" in off.rationale
+    # a framework that does not render it never gets it (EP009 would refuse it)
+    titan = recommend(Request(**{**fields, "ep": 8}, framework="torchtitan"), top_k=2)
+    assert titan.candidates and not any(c.plan.moe_a2a_overlap for c in titan.candidates)
+    # a pipeline without virtual stages cannot overlap (Megatron-Core asserts vpp with pp > 1)
+    piped = recommend(Request(**{**fields, "pp": 2, "vpp": 1}, framework="megatron-bridge"), top_k=2)
+    assert not any(c.plan.moe_a2a_overlap for c in piped.candidates)
+
+
+def test_the_optimizer_is_kept_never_searched():
+    muon = recommend(Request(model="deepseek-v2-lite", num_gpus=16, optimizer="muon"), top_k=3)
+    assert muon.candidates and all(c.plan.optimizer == "muon" and c.plan.zero_stage < 2 for c in muon.candidates)
+    text = " ".join(muon.assumptions)
+    assert "optimizer=muon (given)" in text and "ZeRO stage 3 not searched" in text
+    adam = recommend(Request(model="deepseek-v2-lite", num_gpus=16), top_k=3)
+    assert all(c.plan.optimizer == "adam" for c in adam.candidates)
+    assert "optimizer=adam (default)" in " ".join(adam.assumptions) and "not a layout" in " ".join(adam.assumptions)
+
+
+def test_the_frameworks_compile_default_is_what_the_search_times():
+    """KempnerForge compiles by default: its ranked plans are timed compiled, as `meshplan estimate` takes them."""
+    rec = recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="kempnerforge"), top_k=2)
+    assert all(c.plan.torch_compile for c in rec.candidates)
+    eager = recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="kempnerforge", torch_compile=False), top_k=1)
+    assert not eager.candidates[0].plan.torch_compile
+
+
+def test_each_row_names_the_terms_no_measured_run_validated():
+    rec = recommend(Request(model="qwen3-30b-a3b", num_gpus=16, pp=1, etp=2, ep=1, global_batch_size=128), top_k=2)
+    for c in rec.candidates:
+        band = c.throughput.error_band
+        assert "How sure: " + band.text in c.rationale
+        assert all(term in c.rationale for term in band.unvalidated)
+        assert ("relies on them unchecked" in c.rationale) == bool(band.unvalidated)
+        job, _ = resolve(Request(model="qwen3-30b-a3b", num_gpus=16, global_batch_size=128))
+        mechanisms = [t for t in terms(job, c.plan, "throughput") if not t.startswith(("framework ", "GPU "))]
+        assert "ETP > 1" in mechanisms and all(t in c.rationale for t in mechanisms)
+    assert "ZeRO-3/FSDP with MoE" in terms(job, c.plan.model_copy(update={"zero_stage": 3}), "throughput")
+
+
+@pytest.mark.parametrize(("fields", "framework"), [
+    ({"optimizer": "muon"}, "megatron-core"),
+    ({"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}, "megatron-core"),
+    ({"precision": "fp8", "fp8_param_gather": True}, "megatron-bridge"),
+    ({}, "kempnerforge"),  # compiles by default: the compiled loss keeps fewer logit bytes
+])
+def test_memory_floors_take_the_carried_fields(fields, framework):
+    """The search drops plans whose floor is over the budget unestimated: with the request's optimizer, precision and
+    compile fields the floors (space.state_preset) must stay under the estimate of the plans it builds."""
+    import random
+
+    from meshplan.memory import estimate_memory
+    from meshplan.rulebook import EstimateBlocked
+    from meshplan.search import BestFirstSearch, default_engine, search_job
+    from meshplan.space import Fixed, enumerate_layouts, first_stage_floor, micro_batches, states_lower_bound
+
+    req = Request(model="deepseek-v2-lite", num_gpus=16, framework=framework, **fields)
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    search = BestFirstSearch.for_job(job, fixed, default_engine(framework), 1, float("inf"))
+    rng = random.Random(3)
+    layouts, _ = enumerate_layouts(job, fixed)
+    checked = 0
+    for lay in rng.sample(layouts, min(30, len(layouts))):
+        sizes = micro_batches(job, lay, fixed)
+        for zero in search.zeros:
+            for recompute in search.recomputes:
+                if not sizes:
+                    continue
+                mbs = rng.choice(sizes[:4])
+                plan = search.plan(lay, zero, recompute, mbs)
+                try:
+                    peak = estimate_memory(job, plan).peak_bytes
+                except EstimateBlocked:
+                    continue
+                sp = search.sequence_parallel(lay)
+                assert first_stage_floor(job, lay, zero, recompute, mbs, sp, search.presets[zero]) <= peak, plan
+                assert states_lower_bound(job, lay, zero, search.split, search.presets[zero][1]) <= peak, plan
+                checked += 1
+    assert checked > 20
