@@ -24,6 +24,12 @@ CPU stand-ins for GPU kernels (each keeps what the GPU path saves; none changes 
   input and of the normalised output (7 extra s*b*h*2 units per Llama block). Registering a CPU kernel for
   the op (never run: fake tensors only reach meta functions) makes the CPU use the CUDA autograd formula.
 - MemTracker does not pass higher-order operators (flex attention) through; a subclass lets them through.
+- fp32 autocast: torchtitan's MoE router runs its gate under `torch.autocast(device_type, dtype=float32)`
+  (models/common/moe.py TokenChoiceTopKRouter.forward). CUDA autocast accepts float32 and casts the gate's
+  bf16 input and weight to fp32 copies, which the linear saves, and the scores, the sigmoid output and the
+  routing probabilities that follow are fp32 (pytorch/torchtitan issue #4273); CPU autocast refuses float32
+  and runs the gate in bf16 (torch/amp/autocast_mode.py: CPU supports bf16 and fp16 only). The stand-in lets
+  a CPU autocast to float32 go ahead as CUDA's does (CPU autocast casts linear inputs alike).
 
     python fake_tensor_harness.py < cases.json   # prints one line: RESULT {...}
 """
@@ -61,6 +67,18 @@ def cpu_stand_ins() -> None:
     global _RMS_LIBRARY
     _RMS_LIBRARY = torch.library.Library("aten", "IMPL")
     _RMS_LIBRARY.impl("_fused_rms_norm", _never_run_rms_norm, "CPU")
+    torch.autocast = _Fp32Autocast
+
+
+class _Fp32Autocast(torch.autocast):
+    """torch.autocast that, like CUDA's, goes ahead with dtype=float32 on a CPU (which refuses it)."""
+
+    def __init__(self, device_type: str, dtype=None, enabled: bool = True, cache_enabled=None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if device_type == "cpu" and dtype == torch.float32 and enabled:
+            self._enabled = True
 
 
 _RMS_LIBRARY = None

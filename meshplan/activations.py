@@ -61,8 +61,12 @@ class MoeBytes(NamedTuple):
     per_token_topk: float    # bytes per token and top-k slot: top-k probabilities and expert ids
     per_token: float         # bytes per token
     per_copy: float          # bytes per routed copy besides hidden-wide tensors: its routing probability
-    hidden_copies: int       # bf16 hidden-wide tensors kept per routed copy besides the expert fc1 input
+    hidden_bytes: float      # bytes per hidden element kept per routed copy besides the expert fc1 input
     bf16_router_input: bool  # under fp8 the router still keeps the bf16 layer input (shared experts an fp8 copy)
+    # The router's own copy of its input, bytes per token x hidden (torchtitan: fp32 under autocast); when set, the
+    # bf16 layer input is kept only by the shared experts' fc1, if any. 0: the router keeps the layer input itself.
+    router_input_bytes: float = 0
+    router_weight_bytes: float = 0  # bytes per gate weight element the router's linear keeps (its fp32 copy)
 
 
 # Megatron-Core (megatron/core/transformer/moe, read at NVIDIA/Megatron-LM d98e8a6; Transformer Engine d0067d0),
@@ -85,17 +89,58 @@ MEGATRON_CORE_MOE = MoeBytes(
     # a second hidden-wide copy: the all-to-all / HybridEP / DeepEP autograd functions save only their handles,
     # permute's index_select and unpermute's scatter_add (probs are applied inside the experts, not at
     # unpermute) save index maps, and the expert output leaves through combine and unpermute unsaved.
-    hidden_copies=0,
+    hidden_bytes=0,
     # The router is no fp8 module: RouterGatingLinearFunction saves the bf16 input under fp8 too, and a shared
     # expert's TE fc1 keeps its own fp8 copy of it.
     bf16_router_input=True,
 )
-# Not re-derived per framework (DeepSpeed, nanotron, torchtitan's no-AC layers): fp32 router logits and
-# probabilities [tokens, experts], and two hidden-wide copies of every routed token (dispatched and combined).
-# torchtitan 0.3.0's own MoE layer under FakeTensorMode counts 4.3% above this (bench/data/fake_tensor_memory.json).
-GENERIC_MOE = MoeBytes(per_token_expert=4 + 4, per_token_topk=0, per_token=0, per_copy=0, hidden_copies=2,
+# Not re-derived per framework (DeepSpeed, nanotron, the fsdp2 preset: torchtitan 0.2, KempnerForge, verl's and
+# SkyRL's FSDP engines): fp32 router logits and probabilities [tokens, experts], and two hidden-wide copies of every
+# routed token (dispatched and combined).
+GENERIC_MOE = MoeBytes(per_token_expert=4 + 4, per_token_topk=0, per_token=0, per_copy=0, hidden_bytes=2 * BF16,
                        bf16_router_input=False)
-MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE}
+# torchtitan 0.3.0's MoE (torchtitan/models/common/moe.py, token_dispatcher.py LocalTokenDispatcher and
+# AllToAllTokenDispatcher, ops/scatter_add.py), what its autograd saves on a GPU (bench/fake_tensor_harness.py
+# dumps them under FakeTensorMode, CUDA's fp32 autocast stood in on the CPU).
+TORCHTITAN_MOE = MoeBytes(
+    # TokenChoiceTopKRouter.forward runs the gate under torch.autocast(dtype=float32): scores [tokens, experts]
+    # are fp32 and sigmoid (or softmax) saves its fp32 output.
+    per_token_expert=4,
+    # topk's int64 expert ids, saved by the gather of their scores (8 B), and the fp32 gathered scores, saved by
+    # route_norm's division (4 B).
+    per_token_topk=8 + 4,
+    # route_norm's fp32 denominator [tokens, 1]. Group-limited routing's own topk indices and mask (DeepSeek-V3:
+    # 168 B per token, 0.03% of its MoE layer) are left out: the catalog does not carry the expert groups.
+    per_token=4,
+    # _local_reorder: the int64 argsort (saved by the score gather) and the int64 token indices (saved by the
+    # token gather and by combine's deterministic_scatter_add), and the fp32 scores in expert order (saved by
+    # combine's multiply).
+    per_copy=8 + 8 + 4,
+    # combine: routed_output.to(float32) * scores saves the fp32 expert output of every routed copy. Under EP > 1
+    # (AllToAllTokenDispatcher) _permute's int64 permuted indices per received copy (8 B) come on top, not counted
+    # (the FakeTensorMode harness runs ep=1).
+    hidden_bytes=4,
+    bf16_router_input=False,
+    # the gate's autocast copies: its fp32 input (saved by the linear for the weight gradient) and fp32 weight
+    # (for the input gradient); the bf16 layer input is saved by the shared experts' w1/w3 only.
+    router_input_bytes=4,
+    router_weight_bytes=4,
+)
+MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE}
+
+
+class AttentionSaves(NamedTuple):
+    """What a framework's attention code keeps beside Q, K, V and its output (cards/memory.yaml conventions:
+    rope_saves, mla_v_view, attention_stats_bytes)."""
+
+    # rotated_copies: the fused QKV output lives on beside the rotated Q and K (Megatron, GQA); frequencies: only
+    # the complex64 RoPE rows gathered by position (torchtitan)
+    rope: str = "rotated_copies"
+    mla_v_view: bool = False  # MLA's V stays a view of the kv up-projection output: its K-nope half lives on
+    stats_bytes: float = 4    # per head and token beside the output: flash's fp32 log-sum-exp 4, flex's with max 8
+def attention_saves(conv) -> AttentionSaves:
+    """A memory convention's (memory_states.Convention) attention switches."""
+    return AttentionSaves(conv.rope_saves, conv.mla_v_view, conv.attention_stats_bytes)
 
 
 class Layout(NamedTuple):
@@ -113,6 +158,7 @@ class Layout(NamedTuple):
     ep: int = 1  # expert parallelism: op-level SAC keeps the all-to-all outputs when > 1
     moe: MoeBytes = MEGATRON_CORE_MOE  # what the MoE layer keeps outside its experts (the convention's moe_activations)
     qkv_fused: bool = True  # GQA's Q, K, V from one linear or three (op-SAC counts each mm; qkv_projections)
+    attn: AttentionSaves = AttentionSaves()  # what the attention code keeps beside Q, K, V (the convention's switches)
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
@@ -164,15 +210,15 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         q_dim, v_dim = shape.a * (d_nope + d_rope), shape.a * d_v
         if "mla_up_proj" not in sel:
             attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
+            if lay.attn.mla_v_view:
+                attn += BF16 * t * shape.a * d_nope / tp  # the K-nope half of the up-projection output V views
     else:
         q_dim, v_dim = shape.a * shape.d, shape.a * shape.d
         attn += BF16 * t * (q_dim + 2 * shape.g * shape.d) / tp
-        if shape.rope:
-            # V stays a view of the fused QKV output, so that buffer lives on next to the rotated Q and K
-            attn += BF16 * t * (q_dim + shape.g * shape.d) / tp
+    attn += _rope(shape, lay)
     core = 0.0
     if lay.flash:
-        core += 4 * t * shape.a / tp  # fp32 log-sum-exp per head and token
+        core += lay.attn.stats_bytes * t * shape.a / tp  # fp32 log-sum-exp (and flex's max) per head and token
     else:
         scores = shape.a * t * lay.seq_kv / tp
         core += BF16 * scores  # softmax output
@@ -191,6 +237,10 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     if moe_layer and shape.experts and "moe" in sel:
         out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
     elif moe_layer and shape.experts:
+        if lay.moe.router_input_bytes and "layernorm" not in sel:
+            # the router's own copy of its input and gate weight; the layer input only if shared experts read it
+            mlp = lay.moe.router_input_bytes * t * h / ts + (mlp if shape.f_shared else 0.0)
+            mlp += lay.moe.router_weight_bytes * shape.experts * h
         if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
             # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
             mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
@@ -198,7 +248,7 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         # routed copies computed on this rank: dropless and balanced, each rank's t*top_k copies spread over the
         # EP ranks and gathered over ETP, so t*top_k*etp on average (no capacity factor, no worst-case imbalance)
         rows = t * shape.top_k / ts * lay.etp
-        mlp += rows * (lay.moe.per_copy + lay.moe.hidden_copies * BF16 * h)
+        mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * h)
         mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
         mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
         if shape.f_shared and "shared_experts" not in sel:
@@ -213,6 +263,22 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         out["dropout_masks"] = t * h / ts
     return out
 
+
+
+def _rope(shape: Shape, lay: Layout) -> float:
+    """What rotary embedding keeps per layer beyond the rotated Q and K. Megatron's GQA (rotated_copies): V stays
+    a view of the fused QKV output, so that buffer lives on next to the rotated Q and K (its MLA rotates inside
+    the per-head Q and K counted above). torchtitan (frequencies): the complex multiply saves only the complex64
+    cos/sin rows gathered by position, one pair (8 B) per rotary dimension pair and token, shared by Q and K."""
+    if not shape.rope:
+        return 0.0
+    t = lay.tokens
+    if lay.attn.rope == "frequencies":
+        rotary = shape.mla[3] if shape.mla else shape.d
+        return 8 * t * rotary / 2
+    if shape.mla:
+        return 0.0
+    return BF16 * t * (shape.a * shape.d + shape.g * shape.d) / lay.tp
 
 
 def _moe_routing(shape: Shape, lay: Layout, tokens: float) -> float:

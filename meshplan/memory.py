@@ -12,7 +12,14 @@ reserved, which is what runs out). The worst stage decides whether the job fits.
 from __future__ import annotations
 
 from meshplan import mesh
-from meshplan.activations import MOE_BYTES, Layout, activation_mode, layer_activations, shape_of
+from meshplan.activations import (
+    MOE_BYTES,
+    Layout,
+    activation_mode,
+    attention_saves,
+    layer_activations,
+    shape_of,
+)
 from meshplan.cards import framework_card
 from meshplan.memory_states import (
     describe_tensors,
@@ -146,6 +153,7 @@ def estimate_memory(
         dropout=conv.dropout if dropout is None else dropout,
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
         moe=MOE_BYTES[conv.moe_activations], qkv_fused=conv.qkv_projections == "fused",
+        attn=attention_saves(conv),
     )
     recompute = plan.recompute
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves

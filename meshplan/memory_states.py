@@ -55,7 +55,11 @@ class Convention(_Card):
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
-    moe_activations: Literal["megatron_core", "generic"]  # activations.MOE_BYTES: what a MoE layer keeps
+    moe_activations: Literal["megatron_core", "generic", "fp32_router"]  # activations.MOE_BYTES: what a MoE layer keeps
+    # what the attention code keeps beside Q, K, V (activations.AttentionSaves)
+    rope_saves: Literal["rotated_copies", "frequencies"] = "rotated_copies"
+    mla_v_view: bool = False
+    attention_stats_bytes: float = Field(4, gt=0)
     zero: dict[int, list[StateTensor]]
 
 

@@ -445,7 +445,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
     carried fields, else the framework's plain one."""
-    from meshplan.activations import MOE_BYTES, activation_mode, layer_activations, shape_of
+    from meshplan.activations import MOE_BYTES, activation_mode, attention_saves, layer_activations, shape_of
     from meshplan.activations import Layout as ActLayout
     from meshplan.memory_states import memory_card, output_activations, state_bytes
 
@@ -472,7 +472,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
                     qkv_fused=conv.qkv_projections == "fused",
                     dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
-                    moe=MOE_BYTES[conv.moe_activations])
+                    moe=MOE_BYTES[conv.moe_activations], attn=attention_saves(conv))
     shape = shape_of(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     mode = activation_mode(recompute, selective)

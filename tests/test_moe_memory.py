@@ -80,8 +80,9 @@ def test_fp8_router_keeps_the_bf16_layer_input():
 
 
 def test_generic_convention_keeps_the_older_count():
-    """Frameworks not re-derived (torchtitan's no-AC MoE, DeepSpeed, nanotron) keep fp32 logits and probabilities
-    and two hidden-wide copies per routed token; only Megatron's conventions use Megatron-Core's count."""
+    """Frameworks not re-derived (DeepSpeed, nanotron, the fsdp2 preset of torchtitan 0.2, KempnerForge and verl's
+    and SkyRL's FSDP engines) keep fp32 logits and probabilities and two hidden-wide copies per routed token;
+    Megatron's conventions use Megatron-Core's count, torchtitan 0.3's its own (test_activations_torchtitan.py)."""
     qwen = shape_of(resolve_model("qwen3-30b-a3b"))
     mega = layer_activations(qwen, _qwen3_layout(), True, "none")["moe"]
     generic = layer_activations(qwen, _qwen3_layout(moe=GENERIC_MOE), True, "none")["moe"]
@@ -90,8 +91,8 @@ def test_generic_convention_keeps_the_older_count():
     card = memory_card()
     assert {name: c.moe_activations for name, c in card.conventions.items()} == {
         "megatron": "megatron_core", "megatron_fsdp": "megatron_core", "deepspeed": "generic",
-        "fsdp2": "generic", "fsdp2_chunked_loss": "generic", "nanotron": "generic"}
-    assert set(MOE_BYTES) == {"megatron_core", "generic"}
+        "fsdp2": "generic", "fsdp2_chunked_loss": "fp32_router", "nanotron": "generic"}
+    assert set(MOE_BYTES) == {"megatron_core", "generic", "fp32_router"}
     assert MOE_BYTES[convention("megatron-bridge", 1)[1].moe_activations] is MEGATRON_CORE_MOE
 
 
