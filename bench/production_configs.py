@@ -806,12 +806,22 @@ def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) ->
 # torchtitan's loss became chunked with ChunkedCELoss (pytorch/torchtitan PR #2937, merged 2026-04-27; the card's
 # memory_convention_why): a torchtitan row measured before that ran the whole-sequence loss of the 0.2 line.
 TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
+# torchtitan's SDPA has run cuDNN attention first since v0.2.0 (2025-10-17; pytorch/torchtitan 6a3a9da95, the card's
+# attention section): a torchtitan row measured before ran FlashAttention-2 on Hopper, as the 0.1 line did. Rows of
+# other FSDP trainers scored with the torchtitan card (LLM Foundry 2023: flash-attn 1 / triton; fms-fsdp) keep the
+# card's release: their kernel and their loss's bytes are not torchtitan 0.1's either (knob "framework").
+TORCHTITAN_CUDNN_SDPA_SINCE = "2025-10-17"
 
 
 def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
-    """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss), else None."""
+    """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss and attention
+    kernel), else None."""
     when = str(row["source"].get("version_or_date") or "")
-    if framework == "torchtitan" and re.match(r"\d{4}-\d{2}", when) and when < TORCHTITAN_CHUNKED_LOSS_SINCE:
+    if framework != "torchtitan" or not re.match(r"\d{4}-\d{2}", when):
+        return None
+    if when < TORCHTITAN_CUDNN_SDPA_SINCE:
+        return "0.1"
+    if when < TORCHTITAN_CHUNKED_LOSS_SINCE:
         return "0.2"
     return None
 

@@ -34,6 +34,18 @@ class FrameworkOverride(BaseModel):
     source: str
 
 
+class AttentionKernel(BaseModel):
+    """One attention kernel's fraction of BF16 peak per GPU generation (forward + backward, FLOPs counted the flash
+    way); a generation it does not list takes the shared attention_peak_fraction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by_arch: dict[str, float] = Field(default_factory=dict, description="GPU arch (cards/hardware.yaml) -> fraction")
+    meaning: str
+    source: str
+    fitted: str | None = None
+
+
 class CalibrationCard(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -41,6 +53,8 @@ class CalibrationCard(BaseModel):
     summary: str = Field(description="What the shared constants were fitted on, as a throughput report states it")
     constants: dict[str, Constant]
     frameworks: dict[str, FrameworkOverride] = {}
+    attention_kernels: dict[str, AttentionKernel] = Field(
+        default_factory=dict, description="Attention kernels a framework card can name (its attention section)")
     rl: dict[str, Constant] = Field(
         default_factory=dict, description="RL jobs' rollout-engine constants (meshplan/rollout.py), apart from the "
                                           "training cost model's"
@@ -122,6 +136,19 @@ def calibration(framework: str | None = None) -> Calibration:
     if framework and framework in card.frameworks:
         values.update(card.frameworks[framework].values)
     return Calibration(**values)
+
+
+def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -> float:
+    """Fraction of BF16 peak `kernel` reaches on a GPU of generation `arch`: its attention_kernels entry, else the
+    shared attention_peak_fraction (the fused cuDNN / FlashAttention-3 class the Megatron data were fitted with)."""
+    kernels = calibration_card().attention_kernels
+    if kernel is not None and kernel not in kernels:
+        raise CardError(f"No attention kernel {kernel!r} in cards/calibration.yaml attention_kernels.",
+                        fix=f"A framework card's attention section names one of: {', '.join(sorted(kernels))}.")
+    entry = kernels.get(kernel) if kernel else None
+    if entry is None or arch is None or arch not in entry.by_arch:
+        return cal.attention_peak_fraction
+    return entry.by_arch[arch]
 
 
 def calibration_summary(framework: str | None = None) -> str:

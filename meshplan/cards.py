@@ -283,6 +283,26 @@ class CompileSemantics(_Card):
     source: str
 
 
+class AttentionSemantics(_Card):
+    """Which attention kernel the framework runs on each GPU generation (cards/calibration.yaml attention_kernels: the
+    fraction of peak each reaches): `kernel` maps an arch (cards/hardware.yaml) or "default" to a kernel name;
+    `by_version` gives the same map for releases (a version prefix) that chose differently."""
+
+    kernel: dict[str, str]
+    by_version: dict[str, dict[str, str]] = Field(default_factory=dict)
+    source: str
+
+    def kernel_for(self, version: str | None, arch: str | None) -> str | None:
+        """The kernel a release runs on `arch`: the longest matching version prefix's map, else `kernel`."""
+        table = self.kernel
+        if version:
+            for prefix in sorted(self.by_version, key=len, reverse=True):
+                if version == prefix or version.startswith(prefix + "."):
+                    table = self.by_version[prefix]
+                    break
+        return table.get(arch or "", table.get("default"))
+
+
 OffloadWhen = Literal["in_step", "phase", "none"]
 StateClass = Literal["weights", "gradients", "optimizer"]
 
@@ -358,6 +378,11 @@ class FrameworkCard(_Card):
     limits: FrameworkLimits = FrameworkLimits()
     recompute: RecomputeSemantics = RecomputeSemantics()
     compile: CompileSemantics | None = Field(None, description="torch.compile's scope; None: no compile switch")
+    attention: AttentionSemantics | None = Field(
+        None, description="The attention kernel per GPU generation; None: the shared attention_peak_fraction")
+    estimated_versions: list[str] = Field(
+        default_factory=list, description="Older releases meshplan estimates (memory, step time) but writes no config "
+                                          "for (a rendered config uses an adapter version)")
     offload: dict[Engine, EngineOffload] = Field(
         default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
     )
@@ -380,7 +405,7 @@ class FrameworkCard(_Card):
 
     def known_versions(self) -> list[str]:
         """The releases meshplan knows for this framework: the card's own and the adapter's."""
-        return sorted({self.version, *(self.adapter.versions if self.adapter else ())})
+        return sorted({self.version, *(self.adapter.versions if self.adapter else ()), *self.estimated_versions})
 
     def convention_for(self, version: str | None) -> MemoryConvention:
         """The byte convention of a release: the longest matching prefix in memory_convention_by_version, else the

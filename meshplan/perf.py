@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from meshplan import mesh
-from meshplan.calibration import Calibration, calibration, calibration_summary
+from meshplan.calibration import Calibration, attention_fraction, calibration, calibration_summary
 from meshplan.cards import framework_card
 from meshplan.comm import (
     Links,
@@ -193,6 +193,18 @@ class Ctx:
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
+    attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
+
+
+def attention_efficiency(job: Job, cal: Calibration) -> tuple[str | None, float]:
+    """(kernel, fraction of BF16 peak) of the flash attention the job runs: the kernel its framework release picks on
+    the GPU's generation (the framework card's attention section) at that kernel's fraction for the generation
+    (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
+    H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
+    on an older release that still picked FA2."""
+    card = framework_card(job.framework).attention
+    kernel = card.kernel_for(job.framework_version, job.gpu.arch) if card is not None else None
+    return kernel, attention_fraction(cal, kernel, job.gpu.arch)
 
 
 def _kv_width(arch: Architecture, tp: int) -> float:
@@ -296,7 +308,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     if ctx.lora is not None:  # LoRA: the frozen linears skip their weight gradient, the adapters train
         lt.gemm, gemm_fwd = lora_gemm_seconds(ctx, gemms, moe)
     if ctx.flash:
-        attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * cal.attention_peak_fraction)
+        attn_fwd = attention_core_flops(arch, sh, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
         lt.attention = FLASH_ATTENTION_PASSES_PER_FORWARD * attn_fwd
     else:
         attn_fwd, lt.attention = unfused_attention_seconds(ctx)
@@ -648,7 +660,7 @@ def estimate_throughput(
               conv.dropout if dropout is None else dropout, job.lora,
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
-              moe_host_syncs(job, plan), eager_blocks(job, plan))
+              moe_host_syncs(job, plan), eager_blocks(job, plan), attention_efficiency(job, cal)[1])
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
@@ -892,7 +904,8 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
         f"d/(d+{cal.gemm_half_dim:.0f}) "
         "over its three dimensions); "
-        + (f"flash attention at {cal.attention_peak_fraction:.2f} of peak with a "
+        + (f"flash attention ({attention_efficiency(job, cal)[0] or 'fused'}) at {ctx.attention_fraction:.2f} of "
+           f"peak with a "
            f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
            "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),

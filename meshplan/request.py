@@ -297,6 +297,9 @@ def _framework_version(req: Request, card, notes: list[str]) -> str | None:
         raise MeshplanError(f"framework_version {req.framework_version!r} is not a {card.display_name} release "
                             "meshplan knows.", fix=f"Use one of {', '.join(known)} (or leave it out: {card.version}).")
     version = hits[-1]
+    if version in card.estimated_versions:
+        notes.append(f"{card.display_name} {version}: estimated only (attention kernel, memory convention); a "
+                     f"rendered config uses {card.version}")
     if card.convention_for(version) != card.memory_convention:
         notes.append(f"{card.display_name} {version}: memory convention {card.convention_for(version)} "
                      f"({card.memory_convention_why or 'cards/frameworks/' + req.framework + '.yaml'})")

@@ -148,6 +148,9 @@ class GpuSpec(_Strict):
 
     key: str
     name: str
+    arch: Literal["ampere", "hopper", "blackwell", "cdna3"] | None = Field(
+        None, description="GPU generation: which attention kernel a framework runs there and its fraction of peak "
+                          "(cards/calibration.yaml attention_kernels); None: the shared attention_peak_fraction")
     memory_bytes: int = Field(gt=0)
     bf16_flops: float = Field(gt=0, description="Dense BF16 peak, FLOP/s")
     fp8_flops: float | None = Field(None, description="Dense FP8 peak, FLOP/s (None: no FP8 tensor cores)")

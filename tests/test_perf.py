@@ -13,7 +13,7 @@ from meshplan.errors import MeshplanError
 from meshplan.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
 from meshplan.hardware import get_gpu
 from meshplan.models import resolve_model, total_params
-from meshplan.perf import estimate_throughput, gemm_efficiency, stage_layers
+from meshplan.perf import attention_efficiency, estimate_throughput, gemm_efficiency, stage_layers
 from meshplan.request import resolve
 from meshplan.rulebook import EstimateBlocked
 from meshplan.schedule import megatron_stages, stages_for
@@ -397,7 +397,9 @@ def test_calibration_card_sources_every_constant():
         assert math.isfinite(const.value) and const.value >= 0, name
     for fw in card.frameworks.values():
         assert fw.source
-    assert calibration("nanotron").attention_peak_fraction != calibration("megatron-core").attention_peak_fraction
+    h100 = {fw: attention_efficiency(resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework=fw))[0],
+                                     calibration(fw)) for fw in ("nanotron", "megatron-core")}
+    assert h100["nanotron"] == ("flash_attn_2", 0.35) and h100["megatron-core"][0] == "cudnn"
 
 
 def test_cli_throughput_json_and_batch(tmp_path, capsys):

@@ -1,0 +1,94 @@
+"""Attention kernel per framework release and GPU generation, and its fraction of peak in the step time."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.calibration import attention_fraction, calibration, calibration_card
+from meshplan.cards import CardError, framework_card
+from meshplan.flops import Shard, attention_core_flops
+from meshplan.perf import attention_efficiency, estimate_throughput
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+
+def _job(gpu: str, framework: str = "torchtitan", version: str | None = None, seq: int = 32768):
+    return resolve(Request(model="llama-3.1-8b", gpu=gpu, num_gpus=8, framework=framework, framework_version=version,
+                           seq_length=seq, global_batch_size=8, micro_batch_size=1, recompute="full"))
+
+
+def test_kernel_for_picks_the_release_then_the_arch():
+    tt = framework_card("torchtitan").attention
+    assert tt.kernel_for(None, "hopper") == "cudnn"  # 0.3.0: cuDNN first on every GPU
+    assert tt.kernel_for("0.2.2", "hopper") == "cudnn"
+    assert tt.kernel_for("0.1.0", "hopper") == "flash_attn_2"  # before v0.2.0: torch's flash backend first
+    assert tt.kernel_for("0.1.0", "blackwell") == "cudnn"  # ... except on B200 (torchtitan 3b85aa31f)
+    assert tt.kernel_for("0.1.0", None) == "flash_attn_2"  # a GPU without an arch takes the default
+    te = framework_card("megatron-core").attention
+    assert te.kernel_for(None, "hopper") == "cudnn" and te.kernel_for(None, "ampere") == "flash_attn_2"
+    assert framework_card("nanotron").attention.kernel_for(None, "hopper") == "flash_attn_2"
+
+
+def test_attention_fraction_reads_the_kernel_table_else_the_shared_constant():
+    cal = calibration()
+    kernels = calibration_card().attention_kernels
+    assert attention_fraction(cal, "flash_attn_2", "hopper") == 0.35 == kernels["flash_attn_2"].by_arch["hopper"]
+    assert attention_fraction(cal, "flash_attn_2", "ampere") == cal.attention_peak_fraction  # not listed
+    assert attention_fraction(cal, "cudnn", "blackwell") == cal.attention_peak_fraction
+    assert attention_fraction(cal, None, "hopper") == cal.attention_peak_fraction  # a card without attention
+    assert attention_fraction(cal, "cudnn", None) == cal.attention_peak_fraction
+    with pytest.raises(CardError, match="attention kernel"):
+        attention_fraction(cal, "flash_attn_9", "hopper")
+
+
+def test_every_kernel_a_card_names_is_in_the_table():
+    from meshplan.card_files import framework_names
+
+    kernels = set(calibration_card().attention_kernels)
+    for name in framework_names():
+        section = framework_card(name).attention
+        if section is None:
+            continue
+        for table in (section.kernel, *section.by_version.values()):
+            assert set(table.values()) <= kernels, name
+
+
+def test_torchtitan_0_1_times_attention_at_the_fa2_fraction_exactly():
+    """Llama-3.1-8B, 32K, one sequence per GPU: compute differs from 0.3.0 by the attention alone, and the attention
+    is 3.5 x forward FLOPs / (peak x the kernel's fraction), 32 layers."""
+    old_job, plan = _job("h100", version="0.1.0")
+    new_job, new_plan = _job("h100")
+    assert old_job.framework_version == "0.1.0" and new_job.framework_version is None
+    cal = calibration("torchtitan")
+    assert attention_efficiency(old_job, cal) == ("flash_attn_2", 0.35)
+    kernel, new_fraction = attention_efficiency(new_job, cal)
+    assert kernel == "cudnn"
+    arch = old_job.model
+    fwd = attention_core_flops(arch, Shard(tokens=32768, tp=1, ep=1, etp=1, sp=False), 32768)
+    assert fwd == 2.0 * 32768 * 16384 * arch.num_attention_heads * 2 * arch.head_dim
+    per_layer = 3.5 * fwd / old_job.gpu.bf16_flops
+    old = estimate_throughput(old_job, plan)
+    new = estimate_throughput(new_job, new_plan)
+    assert old.breakdown.compute_s - new.breakdown.compute_s == pytest.approx(
+        arch.num_layers * per_layer * (1 / 0.35 - 1 / new_fraction))
+    # Full recompute repeats the attention forward (1/3.5 of it), at the same fraction.
+    assert old.breakdown.recompute_s - new.breakdown.recompute_s == pytest.approx(
+        arch.num_layers * per_layer / 3.5 * (1 / 0.35 - 1 / new_fraction))
+    assert any("flash_attn_2" in a and "0.35" in a for a in old.assumptions)
+
+
+def test_same_step_on_ampere_whichever_kernel():
+    """On A100 FlashAttention-2 and cuDNN both take attention_peak_fraction: the release does not matter."""
+    a = estimate_throughput(*_job("a100", version="0.1.0"))
+    b = estimate_throughput(*_job("a100"))
+    assert a.step_time_s == pytest.approx(b.step_time_s)
+
+
+def test_estimate_only_release_is_accepted_and_an_unknown_one_refused():
+    from meshplan.errors import MeshplanError
+
+    job, _ = _job("h100", version="0.1")
+    assert job.framework_version == "0.1.0"
+    assert any("0.1.0: estimated only" in n for n in job.notes)
+    with pytest.raises(MeshplanError, match=r"0\.0\.9"):
+        _job("h100", version="0.0.9")
