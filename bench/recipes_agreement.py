@@ -1,7 +1,7 @@
 """Do the expert recipes in the decision tables agree with the search? Each must pass check_config, fit, and be
 predicted within 15% of the search's top pick for the same job (issue 5), or the card must say why not.
 
-    python bench/recipes_agreement.py
+    python bench/recipes_agreement.py [--gaps]
 
 Recipes: every layout cards/strategies.yaml names for a concrete job (moe_by_model recipes, worked examples,
 dense_by_size examples). For each: the recipe as written (its micro-batch, recompute and ZeRO stage, at the
@@ -11,10 +11,14 @@ global batch the search compares layouts on), the same degrees with the knobs th
 Each row is reported as `agree` (valid, fits, best knobs within 15% of the top pick), `explained` (valid and
 fits, more than 15% off, and its card row carries `differs_from_search` saying why) or `unexplained`
 (invalid, does not fit, or off without an explanation). An `agree` row that still carries an explanation is
-flagged as stale, so the card can drop it.
+flagged as stale, so the card can drop it. `--gaps` prints, for each row off by more than the tolerance, the parts
+of the step where the recipe (best knobs) and the pick differ and each side's terms with the measured runs that
+exercise them (cards/accuracy.yaml): what a `differs_from_search` explanation is written from.
 """
 
 from __future__ import annotations
+
+import argparse
 
 from meshplan.knowledge import CheckedLayout, DiffersFromSearch, strategies_card
 from meshplan.memory import estimate_memory
@@ -58,6 +62,7 @@ def evaluate(name: str, recipe: CheckedLayout) -> dict:
     errors = [f.id for f in check.findings if f.severity == "error"]
     mem = estimate_memory(job, plan)
     row = {"name": name, "job": f"{recipe.model} x{recipe.num_gpus} {recipe.framework}", "layout": plan.short(),
+           "job_fields": job_fields, "gbs": gbs,
            "valid": not errors, "errors": errors, "fits": mem.fits, "peak_gib": mem.peak_bytes / 2**30}
     as_written = estimate_throughput(job, plan).tokens_per_s_per_gpu if not errors else None
     pinned = {d: fields[d] for d in DEGREES if d in fields}
@@ -65,8 +70,49 @@ def evaluate(name: str, recipe: CheckedLayout) -> dict:
     top = free.candidates[0].throughput.tokens_per_s_per_gpu if free.candidates else None
     same = best_same.candidates[0].throughput.tokens_per_s_per_gpu if best_same.candidates else None
     row.update(top=top, top_layout=free.candidates[0].plan.short() if free.candidates else "none",
-               as_written=as_written, best_knobs=same)
+               as_written=as_written, best_knobs=same,
+               sides=[c for c in (best_same.candidates[:1] + free.candidates[:1])] if same and top else [])
     return row
+
+
+PARTS = {"compute": "compute_s", "recompute": "recompute_s", "TP": "tp_comm_s", "CP": "cp_comm_s",
+         "EP all-to-all": "ep_comm_s", "DP/FSDP": "dp_comm_s", "PP transfers": "pp_comm_s", "bubble": "bubble_s",
+         "other": "other_s"}
+
+
+def knobs(plan) -> str:
+    words = [f"mbs {plan.micro_batch_size}", f"ZeRO {plan.zero_stage}", f"recompute {plan.recompute}"]
+    if plan.moe_token_dispatcher == "flex":
+        words.append("flex")
+    if plan.moe_a2a_overlap:
+        words.append("EP overlap")
+    return ", ".join(words)
+
+
+def gap_lines(row: dict) -> list[str]:
+    """Where the recipe (degrees pinned, best knobs) and the search's pick differ: each part of the step, largest
+    difference first, and each side's terms with the measured runs behind them (cards/accuracy.yaml)."""
+    from meshplan.accuracy import accuracy_card, terms
+
+    recipe, pick = row["sides"]
+    counts = accuracy_card().throughput.terms
+    rb, pb = recipe.throughput.breakdown, pick.throughput.breakdown
+    diffs = sorted(((getattr(rb, f) - getattr(pb, f), name, getattr(rb, f), getattr(pb, f))
+                    for name, f in PARTS.items()), key=lambda d: -abs(d[0]))
+    out = [f"  recipe {recipe.plan.short()} ({knobs(recipe.plan)}) {recipe.throughput.step_time_s:.2f} s vs pick "
+           f"{pick.plan.short()} ({knobs(pick.plan)}) {pick.throughput.step_time_s:.2f} s; parts (recipe - pick): "
+           + ", ".join(f"{n} {d:+.2f} ({r:.2f}/{p:.2f})" for d, n, r, p in diffs if abs(d) >= 0.05)]
+    job_fields = row["job_fields"]
+    job, _ = resolve(Request(**job_fields, global_batch_size=row["gbs"]))
+    if pick.plan.moe_a2a_overlap:
+        plain = estimate_throughput(job, pick.plan.model_copy(update={"moe_a2a_overlap": False})).step_time_s
+        out.append(f"  pick without EP overlap: {plain:.2f} s a step (the overlap saves "
+                   f"{1 - pick.throughput.step_time_s / plain:.0%}); the recipe's step against that: "
+                   f"{recipe.throughput.step_time_s / plain - 1:+.1%}")
+    for side, c in (("recipe", recipe), ("pick", pick)):
+        named = [t for t in terms(job, c.plan, "throughput") if not t.startswith(("framework ", "GPU "))]
+        out.append(f"  {side} terms: " + (", ".join(f"{t} {counts.get(t, 0)}" for t in named) or "none"))
+    return out
 
 
 def pct(value: float | None, top: float | None) -> str:
@@ -76,6 +122,9 @@ def pct(value: float | None, top: float | None) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gaps", action="store_true", help="print where each explained row and the pick differ")
+    args = parser.parse_args()
     rows = []
     for name, recipe, differs in recipes():
         row = evaluate(name, recipe)
@@ -99,6 +148,12 @@ def main() -> None:
     stale = [r["name"] for r in rows if r["stale"]]
     if stale:
         print(f"Explanations on rows that now agree (stale, can be dropped): {', '.join(stale)}")
+    if args.gaps:
+        print("\nWhere each row off by more than the tolerance differs (seconds per step; terms: measured runs):")
+        for r in rows:
+            if r["verdict"] != "agree" and r["sides"]:
+                print(f"- {r['name']} ({pct(r['best_knobs'], r['top'])}):")
+                print("\n".join(gap_lines(r)))
 
 
 if __name__ == "__main__":
