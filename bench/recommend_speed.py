@@ -5,12 +5,14 @@ Targets: issue 5 (Llama 0.3 s) and issue 15 (DeepSeek-V3 1.5 s; issue 5 had set 
 
 Reports the best of `--repeat` warm runs (card and model caches loaded once), as wall time and as CPU time
 of this process (the machine is shared: CPU time is the figure that does not depend on other jobs), with
-the number of layouts in the space and the memory / throughput estimates the search computed.
+the number of layouts in the space and the memory / throughput estimates the search computed, and the load average
+before and after (the figures are only comparable at a similar load).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from meshplan.schema import Request
@@ -29,6 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    load = os.getloadavg()
+    print(f"load average before: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min), {os.cpu_count()} CPUs")
     print("| job | target s | wall s (best) | CPU s (best) | layouts | estimates | #1 |")
     print("|---|---|---|---|---|---|---|")
     for name, req, target in CASES:
@@ -42,6 +46,8 @@ def main() -> None:
         best = rec.candidates[0].plan.short() if rec.candidates else "none"
         print(f"| {name} | {target if target else '-'} | {min(walls):.3f} | {min(cpus):.3f} | {rec.considered:,} | "
               f"{rec.evaluated:,} | {best} |")
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
 
 
 if __name__ == "__main__":
