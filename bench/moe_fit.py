@@ -4,7 +4,7 @@ Data: every MoE row with a measured throughput in Megatron-Bridge's published ta
 (bench/data/megatron_bridge_published.csv, read by bench/bridge_published.py) and in the dev set
 (../shared/validation/production_configs_dev.yaml, mapped by bench/production_configs.py as a user would pass it).
 
-Method: the other constants stay at their card values; `moe_gemm_half_rows` and `moe_host_sync_s`
+Method: the other constants stay at their card values; `moe_gemm_half_ridges` and `moe_host_sync_s`
 (cards/calibration.yaml) are fitted by grid search on the median |log error| of tokens/s per GPU over the pooled
 rows, each row weighing the same. The two data sets pull the sync different ways because they ran different
 software, not different layouts: the Bridge table is releases 25.09-26.02, the dev set mostly 26.02.01-26.08, and the
@@ -41,7 +41,7 @@ import bridge_published as bp
 import production_configs as pc
 
 GRID = {
-    "moe_gemm_half_rows": [0.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0],
+    "moe_gemm_half_ridges": [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 14.0, 20.0, 28.0],
     "moe_host_sync_s": [round(0.25e-3 * i, 5) for i in range(0, 25)],
 }
 
@@ -89,9 +89,9 @@ def loss(errs: list[float]) -> float:
 def fit(data: list[Row]) -> dict[str, float]:
     """Grid search on the pooled rows' median |log error| (see the module docstring for why not per data set)."""
     best: tuple[float, dict[str, float]] | None = None
-    for rows_ in GRID["moe_gemm_half_rows"]:
+    for rows_ in GRID["moe_gemm_half_ridges"]:
         for sync in GRID["moe_host_sync_s"]:
-            ov = {"moe_gemm_half_rows": rows_, "moe_host_sync_s": sync}
+            ov = {"moe_gemm_half_ridges": rows_, "moe_host_sync_s": sync}
             value = loss(log_errors(data, **ov))
             if best is None or value < best[0] - 1e-12:
                 best = (value, ov)
@@ -107,7 +107,7 @@ def pct(errs: list[float]) -> str:
 
 
 def show(ov: dict[str, float]) -> str:
-    return f"half_rows {ov['moe_gemm_half_rows']:.0f}, sync {ov['moe_host_sync_s'] * 1e3:.2f} ms"
+    return f"half_ridges {ov['moe_gemm_half_ridges']:g}, sync {ov['moe_host_sync_s'] * 1e3:.2f} ms"
 
 
 def main() -> int:

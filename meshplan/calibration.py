@@ -84,7 +84,7 @@ class Calibration:
     forward_share_of_layer_overhead: float
     moe_dispatch_passes: float
     moe_router_bytes_per_logit: float
-    moe_gemm_half_rows: float
+    moe_gemm_half_ridges: float
     moe_host_sync_s: float
     host_time_per_layer_s: float
     nvlink_efficiency: float

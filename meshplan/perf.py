@@ -153,23 +153,33 @@ class LayerTime:
         return self.gemm + self.attention + self.elementwise + self.overhead
 
 
-def gemm_efficiency(g: Gemm, cal: Calibration) -> float:
+def gemm_efficiency(g: Gemm, cal: Calibration, ridge_rows: float = 0.0) -> float:
     """Achievable fraction of peak: a saturation curve in each matrix dimension (small shards run slow); a routed
-    expert's grouped GEMM saturates later in its rows (the tokens each local expert gets), since each expert's tile
-    grid is small and the group's kernels stay partly idle (moe_gemm_half_rows)."""
+    expert's grouped GEMM saturates later in its rows (the tokens each local expert gets), since each expert reads its
+    whole weight for few rows and its tile grid is small: the curve's half point is moe_gemm_half_ridges times the
+    GPU's ridge rows (expert_ridge_rows), so a GPU with less compute per byte of memory needs fewer rows."""
     x0 = cal.gemm_half_dim
     eff = cal.gemm_peak_fraction * (g.m / (g.m + x0)) * (g.n / (g.n + x0)) * (g.k / (g.k + x0))
     if g.name.startswith("expert_"):
-        eff *= g.m / (g.m + cal.moe_gemm_half_rows)
+        eff *= g.m / (g.m + cal.moe_gemm_half_ridges * ridge_rows)
     return eff
 
 
-def gemm_seconds(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak: float | None) -> float:
-    """Forward + weight-gradient + data-gradient of each GEMM (3x the forward FLOPs)."""
+def expert_ridge_rows(bf16_peak: float, hbm: float) -> float:
+    """Rows per expert below which a GEMM that reads its whole weight once is memory-bound: 2*m*k*n FLOPs over
+    2*k*n weight bytes (BF16; FP8 halves both the bytes and the time per FLOP) = m FLOPs per byte against the GPU's
+    bf16_peak / hbm (H100 SXM 295, H20 37, B200 281)."""
+    return bf16_peak / hbm
+
+
+def gemm_seconds(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak: float | None,
+                 ridge_rows: float = 0.0) -> float:
+    """Forward + weight-gradient + data-gradient of each GEMM (3x the forward FLOPs). ridge_rows: the GPU's
+    expert_ridge_rows, needed when the list holds routed experts' GEMMs."""
     total = 0.0
     for g in gemms:
         peak = fp8_peak if (fp8_peak and g.fp8) else bf16_peak
-        total += TRAINING_PASSES_PER_FORWARD * g.flops / (peak * gemm_efficiency(g, cal))
+        total += TRAINING_PASSES_PER_FORWARD * g.flops / (peak * gemm_efficiency(g, cal, ridge_rows))
     return total
 
 
@@ -194,6 +204,10 @@ class Ctx:
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
+
+    @property
+    def ridge_rows(self) -> float:
+        return expert_ridge_rows(self.bf16_peak, self.hbm)
 
 
 def attention_efficiency(job: Job, cal: Calibration) -> tuple[str | None, float]:
@@ -303,7 +317,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         gemms += moe_gemms(arch, sh)
     else:
         gemms += mlp_gemms(arch, sh, arch.ffn_hidden_size, "mlp")
-    lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
+    lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     gemm_fwd = lt.gemm / TRAINING_PASSES_PER_FORWARD
     if ctx.lora is not None:  # LoRA: the frozen linears skip their weight gradient, the adapters train
         lt.gemm, gemm_fwd = lora_gemm_seconds(ctx, gemms, moe)
@@ -344,7 +358,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
                                      router_bytes).items():
         lt.module_fwd[m] = lt.module_fwd.get(m, 0.0) + t
     lt.op_sac_fwd = (gemm_seconds(_op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None), cal,
-                                  ctx.bf16_peak, ctx.fp8_peak) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
+                                  ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
 
     # TP: per layer, forward two all-gather + reduce-scatter pairs (or two all-reduces), backward the same.
     act_bytes = sh.tokens * arch.hidden_size * BF16
@@ -415,7 +429,7 @@ def lora_gemm_seconds(ctx: Ctx, gemms: list[Gemm], moe: bool) -> tuple[float, fl
     on the tokens the rank's experts see."""
     arch, sh, cal, spec = ctx.arch, ctx.shard, ctx.cal, ctx.lora
     assert spec is not None
-    base = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak)
+    base = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     index = next((i for i in range(arch.num_layers) if arch.is_moe_layer(i) == moe), 0)  # a layer of this kind
     adapters = ctx.lora_engine.adapters if ctx.lora_engine else "fused"
     r, extra = spec.rank, []
@@ -451,7 +465,8 @@ PLAIN_ACT_PASSES = 2.0
 
 def _module_forwards(gemms: list[Gemm], cal: Calibration, ctx: Ctx) -> dict[str, float]:
     """Forward seconds of the GEMMs each Megatron recompute module repeats."""
-    return {m: gemm_seconds([g for g in gemms if g.name.startswith(prefixes)], cal, ctx.bf16_peak, ctx.fp8_peak)
+    return {m: gemm_seconds([g for g in gemms if g.name.startswith(prefixes)], cal, ctx.bf16_peak, ctx.fp8_peak,
+                            ctx.ridge_rows)
             / TRAINING_PASSES_PER_FORWARD for m, prefixes in MODULE_GEMMS.items()}
 
 
@@ -923,7 +938,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         out.append(f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
                    f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
                    f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
-                   f"(tokens per local expert / (that + {cal.moe_gemm_half_rows:.0f})), and each MoE layer forward "
+                   f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), and each MoE layer forward "
                    f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
                    "last two fitted on published MoE runs, bench/moe_fit.py); routing assumed balanced; "
                    + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "

@@ -481,15 +481,24 @@ def test_moe_layers_pay_dispatch_passes_router_and_a_host_sync_per_micro_batch()
 
 
 def test_grouped_gemm_slows_with_few_tokens_per_expert():
-    """Expert GEMMs: the shape curve times rows/(rows + moe_gemm_half_rows), rows = tokens per local expert."""
+    """Expert GEMMs: the shape curve times rows/(rows + moe_gemm_half_ridges x ridge rows), rows = tokens per local
+    expert, ridge rows = the GPU's bf16_peak / hbm_bandwidth."""
     from meshplan.flops import Gemm
-    from meshplan.perf import gemm_efficiency
+    from meshplan.perf import expert_ridge_rows, gemm_efficiency
 
-    cal = calibration("megatron-core").with_overrides(moe_gemm_half_rows=1000.0)
-    dense, expert = Gemm("mlp_fc1", 1000, 4096, 4096), Gemm("expert_fc1", 1000, 4096, 4096)
-    assert gemm_efficiency(expert, cal) == pytest.approx(gemm_efficiency(dense, cal) * 0.5)
-    big = Gemm("expert_fc1", 9000, 4096, 4096)
-    assert gemm_efficiency(big, cal) / gemm_efficiency(Gemm("mlp_fc1", 9000, 4096, 4096), cal) == pytest.approx(0.9)
+    cal = calibration("megatron-core").with_overrides(moe_gemm_half_ridges=4.0)
+    ridge = expert_ridge_rows(989e12, 3.35e12)
+    assert ridge == pytest.approx(295.2, abs=0.1)
+    half = 4.0 * ridge
+    dense, expert = Gemm("mlp_fc1", half, 4096, 4096), Gemm("expert_fc1", half, 4096, 4096)
+    assert gemm_efficiency(expert, cal, ridge) == pytest.approx(gemm_efficiency(dense, cal, ridge) * 0.5)
+    big = Gemm("expert_fc1", 9 * half, 4096, 4096)
+    assert gemm_efficiency(big, cal, ridge) / gemm_efficiency(Gemm("mlp_fc1", 9 * half, 4096, 4096), cal, ridge) \
+        == pytest.approx(0.9)
+    # A GPU with less compute per byte of bandwidth (H20: 148 TFLOP/s on 4 TB/s) needs fewer rows per expert.
+    h20 = expert_ridge_rows(148e12, 4.0e12)
+    assert h20 == pytest.approx(37.0)
+    assert gemm_efficiency(expert, cal, h20) > gemm_efficiency(expert, cal, ridge)
     # More EP gives each local expert more rows (the ep ranks pool their tokens): its GEMMs run nearer peak.
     job1, plan1 = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=1, global_batch_size=16, seq_length=2048))
     job8, plan8 = resolve(Request(model="olmoe-1b-7b", num_gpus=8, ep=8, global_batch_size=16, seq_length=2048))
