@@ -206,8 +206,10 @@ def test_recipe_splits_follow_the_sources_tables(by_id):
 def test_gpu_reading():
     exact = pc.gpu_for({"gpu_type": "GB200-186GB (NVL72)", "gpu_memory_gb": 186})
     assert exact[0] == "gb200" and exact[2] == {}
-    key, capacity, knobs = pc.gpu_for({"gpu_type": "H100-96GB-HBM2e (500W, Grand Teton)", "gpu_memory_gb": 96})
-    assert key == "h100" and capacity == 96 * pc.GIB and "gpu" in knobs
+    grand_teton = pc.gpu_for({"gpu_type": "H100-96GB-HBM2e (500W, Grand Teton)", "gpu_memory_gb": 96})
+    assert grand_teton == ("h100-96gb-hbm2e", 96 * pc.GIB, {})  # its own catalog part (cards/hardware.yaml)
+    key, capacity, knobs = pc.gpu_for({"gpu_type": "H100-NVL-94GB", "gpu_memory_gb": 94})
+    assert key == "h100" and capacity == 94 * pc.GIB and "gpu" in knobs
     assert pc.gpu_for({"gpu_type": "GB300-288GB (NVL72)", "gpu_memory_gb": 288})[:2] == ("gb200", 288 * pc.GIB)
     with pytest.raises(pc.Unmapped, match="RTX-3090"):
         pc.gpu_for({"gpu_type": "RTX-3090-24GB", "gpu_memory_gb": 24})
