@@ -75,6 +75,7 @@ from meshplan.flops import model_flops_per_token
 from meshplan.hardware import get_gpu, gpu_catalog
 from meshplan.memory_states import memory_card
 from meshplan.models import catalog_architecture, resolve_model
+from meshplan.perf import estimate_throughput
 from meshplan.request import resolve
 from meshplan.rulebook import memory_rules
 from meshplan.schedule import format_layout, parse_layout
@@ -808,9 +809,25 @@ def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) ->
 TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
 # torchtitan's SDPA has run cuDNN attention first since v0.2.0 (2025-10-17; pytorch/torchtitan 6a3a9da95, the card's
 # attention section): a torchtitan row measured before ran FlashAttention-2 on Hopper, as the 0.1 line did. Rows of
-# other FSDP trainers scored with the torchtitan card (LLM Foundry 2023: flash-attn 1 / triton; fms-fsdp) keep the
-# card's release: their kernel and their loss's bytes are not torchtitan 0.1's either (knob "framework").
+# other FSDP trainers scored with the torchtitan card (LLM Foundry 2023, fms-fsdp) keep the card's release: their
+# loss's bytes are not torchtitan 0.1's either (knob "framework"); the kernel a run used is RUN_ATTENTION_KERNELS'.
 TORCHTITAN_CUDNN_SDPA_SINCE = "2025-10-17"
+
+# The attention kernel of a published run whose trainer meshplan scores with another framework's card, by the words
+# its citation holds. LLM Foundry's benchmark tables: their launcher (mosaicml/llm-foundry
+# scripts/train/benchmarking/submit_benchmarks.py, every version from 300cc5c to 5e85bd6, incl. b2a43a1 that wrote
+# the H100 tables) sets the model's attn_impl from --attn_impl, default 'triton', which sweep.sh never passes:
+# MPT's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), cards/calibration.yaml
+# attention_kernels.triton_flash_attn.
+RUN_ATTENTION_KERNELS: tuple[tuple[str, str], ...] = (
+    ("mosaicml/llm-foundry scripts/train/benchmarking", "triton_flash_attn"),
+)
+
+
+def run_attention_kernel(row: dict[str, Any]) -> str | None:
+    """The attention kernel the row's run used where its framework card would pick another, else None."""
+    cited = _text(row["source"]["citation"]).lower()
+    return next((kernel for words, kernel in RUN_ATTENTION_KERNELS if words in cited), None)
 
 
 def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
@@ -1027,7 +1044,10 @@ def _score_throughput(row: dict[str, Any], req: Request, job, score: Score) -> N
         score.throughput_skipped = "no throughput measured"
         return
     try:
-        score.predicted_tps = api.estimate_throughput(req).tokens_per_s_per_gpu
+        if kernel := run_attention_kernel(row):  # the run's own kernel, not the card's (RUN_ATTENTION_KERNELS)
+            score.predicted_tps = estimate_throughput(*resolve(req), attention_kernel=kernel).tokens_per_s_per_gpu
+        else:
+            score.predicted_tps = api.estimate_throughput(req).tokens_per_s_per_gpu
     except MeshplanError as exc:
         score.throughput_skipped = f"estimate refused: {str(exc).splitlines()[0]}"
 

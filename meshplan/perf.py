@@ -204,20 +204,23 @@ class Ctx:
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
+    attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
 
     @property
     def ridge_rows(self) -> float:
         return expert_ridge_rows(self.bf16_peak, self.hbm)
 
 
-def attention_efficiency(job: Job, cal: Calibration) -> tuple[str | None, float]:
+def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None) -> tuple[str | None, float]:
     """(kernel, fraction of BF16 peak) of the flash attention the job runs: the kernel its framework release picks on
     the GPU's generation (the framework card's attention section) at that kernel's fraction for the generation
     (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
     H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
-    on an older release that still picked FA2."""
-    card = framework_card(job.framework).attention
-    kernel = card.kernel_for(job.framework_version, job.gpu.arch) if card is not None else None
+    on an older release that still picked FA2. `kernel` names the one a run used instead of its card's (a published
+    run of a trainer scored with another framework's card, e.g. LLM Foundry's Triton attention)."""
+    if kernel is None:
+        card = framework_card(job.framework).attention
+        kernel = card.kernel_for(job.framework_version, job.gpu.arch) if card is not None else None
     return kernel, attention_fraction(cal, kernel, job.gpu.arch)
 
 
@@ -650,12 +653,13 @@ def _peaks(job: Job, cal: Calibration) -> tuple[float, float | None, float]:
 
 def estimate_throughput(
     job: Job, plan: Plan, calibration_override: Calibration | None = None, *,
-    flash_attention: bool | None = None, dropout: bool | None = None,
+    flash_attention: bool | None = None, dropout: bool | None = None, attention_kernel: str | None = None,
 ) -> ThroughputReport:
     """Predicted step time, tokens/s per GPU and MFU of `plan` for `job`, with the time broken down.
 
     `flash_attention` / `dropout` override the framework's convention (cards/memory.yaml), as in
     estimate_memory: older Megatron-LM runs and `--attention-backend unfused` materialise the scores.
+    `attention_kernel` overrides the flash kernel the framework card picks (cards/calibration.yaml attention_kernels).
     Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
     that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml).
     """
@@ -671,11 +675,13 @@ def estimate_throughput(
     _, conv, _ = convention(job.framework, plan.zero_stage)
     flash = conv.flash_attention if flash_attention is None else flash_attention
     m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    kernel, fraction = attention_efficiency(job, cal, attention_kernel)
     ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash,
               conv.dropout if dropout is None else dropout, job.lora,
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
-              moe_host_syncs(job, plan), eager_blocks(job, plan), attention_efficiency(job, cal)[1])
+              moe_host_syncs(job, plan), eager_blocks(job, plan), attention_fraction=fraction,
+              attention_kernel=kernel)
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
@@ -919,7 +925,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
         f"d/(d+{cal.gemm_half_dim:.0f}) "
         "over its three dimensions); "
-        + (f"flash attention ({attention_efficiency(job, cal)[0] or 'fused'}) at {ctx.attention_fraction:.2f} of "
+        + (f"flash attention ({ctx.attention_kernel or 'fused'}) at {ctx.attention_fraction:.2f} of "
            f"peak with a "
            f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
