@@ -19,6 +19,7 @@ from typing import Any
 import jinja2
 from meshplan.adapters.capabilities import adapter_section, refuse_missing, renderable_frameworks, resolve_version
 
+from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError, closest
 from meshplan.schema import FRAMEWORKS, CheckReport, Finding, Job, Plan, RenderFormat, RenderResult
 
@@ -228,9 +229,28 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
         )
     refuse_missing(framework, version, variant, job, plan)
     built = builder(job, plan, variant, version)
-    context = {"job": job, "plan": plan, "version": version, "variant": variant, **built.context}
+    env, note = allocator_setting(framework, plan, built.format)
+    context = {"job": job, "plan": plan, "version": version, "variant": variant, "allocator_env": env,
+               **built.context}
     text = environment().get_template(built.template).render(**context)
     return RenderResult(
         framework=framework, variant=variant, version=version, format=built.format, text=text,
-        filename=built.filename, plan=plan, notes=[*job.notes, *built.notes], warnings=built.warnings,
+        filename=built.filename, plan=plan, notes=[*job.notes, *built.notes, *note], warnings=built.warnings,
     )
+
+
+ALLOCATOR_ENV = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def allocator_setting(framework: str, plan: Plan, fmt: str) -> tuple[str | None, list[str]]:
+    """(env line for a shell snippet, notes): Plan.expandable_segments where the framework takes it. A shell snippet
+    exports it; elsewhere a note says where it goes (the framework's launcher or workers, its card's allocator)."""
+    facts = framework_card(framework).allocator
+    sets_it = facts is not None and facts.expandable_segments
+    if not plan.expandable_segments:
+        return None, ([f"expandable_segments=false, but {framework} launches with it ({facts.how}): unset it there "
+                       "for the memory this estimate assumes."] if sets_it else [])
+    if fmt == "shell":
+        return ALLOCATOR_ENV, []
+    where = facts.how if sets_it else f"export {ALLOCATOR_ENV} before the launch (the framework does not set it)"
+    return None, [f"expandable_segments=true: {where}; the fit is decided by the allocated peak."]

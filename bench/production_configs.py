@@ -843,6 +843,21 @@ def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
     return None
 
 
+# verl's workers turn on expandable segments for the training phases since volcengine/verl bf56a2aa2 (PR #3181,
+# 2025-08-23; Megatron workers, cards/frameworks/verl.yaml allocator); rows published before (docs/perf/dpsk.md's
+# 32-H20 Qwen3-235B and 96-H20 DeepSeek-V3 settings are from 65c59c719, 2025-08-13) or undated trained without it.
+VERL_EXPANDABLE_SINCE = "2025-08-23"
+
+
+def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """expandable_segments=False for a verl row that ran before its workers set it (a month-only date counts as
+    before); other rows keep their framework card's default (how its launcher sets it)."""
+    when = str(row["source"].get("version_or_date") or "")
+    if framework == "verl" and not when >= VERL_EXPANDABLE_SINCE:
+        return {"expandable_segments": False}
+    return {}
+
+
 # LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
 LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
     "llama3_70b_peft_8gpu_h100_fp8cs_config": (16, ["linear_qkv"], "Megatron-Bridge perf_recipes/llama/h100/llama3.py "
@@ -902,6 +917,7 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         knobs |= k
         notes += n
         fields |= compile_field(row, framework, knobs)
+        fields |= allocator_field(row, framework)
         if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
             framework, f, k = lora_for(row, framework, knobs.pop("lora"))
             fields |= f
@@ -998,9 +1014,11 @@ def score_row(row: dict[str, Any], mapping: Mapping) -> Score:
         score.refused = str(exc).split("\n")[0]
         return score
     score.peak_bytes = memory.peak_bytes
-    score.fits = memory.peak_bytes <= mapping.capacity_bytes
+    score.fits = memory.fit_bytes <= mapping.capacity_bytes  # the figure meshplan's own fit takes (memory.fit_figure)
     if not score.fits:
-        score.over = over_note(memory.stages[memory.peak_stage], memory.peak_bytes - mapping.capacity_bytes)
+        score.over = over_note(memory.stages[memory.peak_stage], memory.fit_bytes - mapping.capacity_bytes)
+        if memory.fit_basis == "allocated":
+            score.over += "; allocated peak decides (expandable segments)"
     measured = row["outcome"]["peak_memory_gb_per_gpu"]
     if measured is not None:
         score.measured_peak_bytes = measured * GB

@@ -357,6 +357,16 @@ class SearchKnobs(_Card):
     source: str
 
 
+class AllocatorFacts(_Card):
+    """How the framework's own launcher sets PyTorch's caching allocator (Plan.expandable_segments when the request
+    leaves it out), and where a rendered config says so."""
+
+    expandable_segments: bool = Field(description="Whether the framework's launcher or workers enable it")
+    how: str = Field(description="Where the framework takes it, as the rendered config's note says it (an env "
+                                 "line, a config key, or set by the framework itself)")
+    source: str
+
+
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
@@ -386,6 +396,8 @@ class FrameworkCard(_Card):
     offload: dict[Engine, EngineOffload] = Field(
         default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
     )
+    allocator: AllocatorFacts | None = Field(
+        None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
     search: SearchKnobs
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"

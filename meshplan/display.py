@@ -185,8 +185,10 @@ def memory_report(report: MemoryReport) -> None:
                       style="bold" if s.stage == report.peak_stage else None)
     console.print(table)
     verdict = "fits" if report.fits else "DOES NOT FIT"
-    console.print(f"peak {gib(report.peak_bytes)} on stage {report.peak_stage} of {gib(report.capacity_bytes)}: "
-                  f"{verdict} (headroom {gib(report.headroom_bytes)})")
+    decided = (f"; the allocated peak {gib(report.fit_bytes)} decides (expandable segments)"
+               if report.fit_basis == "allocated" else "")
+    console.print(f"peak {gib(report.peak_bytes)} reserved on stage {report.peak_stage} of "
+                  f"{gib(report.capacity_bytes)}{decided}: {verdict} (headroom {gib(report.headroom_bytes)})")
     _band(console, report.error_band)
     _notes(console, "warnings", report.warnings)
     _notes(console, "assumptions", report.assumptions)

@@ -296,6 +296,7 @@ def estimate_memory(
 
     peak = max(stages, key=lambda s: s.total_bytes)
     capacity = job.gpu.memory_bytes
+    fit_bytes, fit_basis = fit_figure(stages, plan, card)
     assumptions = _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card)
     if job.lora is not None:
         assumptions.append(lora_assumption(job, plan))
@@ -305,10 +306,23 @@ def estimate_memory(
         assumptions.append(offload_assumption(job, plan, offload, host_per_node))
     return MemoryReport(
         model=arch.name, framework=job.framework, plan=plan, stages=stages, peak_bytes=peak.total_bytes,
-        peak_stage=peak.stage, capacity_bytes=capacity, fits=peak.total_bytes <= capacity,
-        headroom_bytes=capacity - peak.total_bytes, host_bytes_per_node=host_per_node,
+        peak_stage=peak.stage, capacity_bytes=capacity, fits=fit_bytes <= capacity,
+        headroom_bytes=capacity - fit_bytes, fit_bytes=fit_bytes, fit_basis=fit_basis,
+        host_bytes_per_node=host_per_node,
         host_capacity_bytes=job.cpu_memory_per_node, assumptions=assumptions + job.notes, warnings=warnings,
     )
+
+
+def fit_figure(stages: list[StageMemory], plan: Plan, card) -> tuple[int, str]:
+    """(bytes, basis) that decide whether the job fits. Without expandable segments the reserved peak: cached free
+    blocks of split segments cannot be handed back, so the reserve is what runs out. With them the allocator unmaps
+    every cached free page and maps it where the failing allocation needs it before raising OOM (PyTorch
+    CUDACachingAllocator.cpp, Note [Expandable Segments], release_cached_blocks -> unmap_block), so the allocated
+    peak decides, plus the page rounding of the free ranges next to live blocks (cards/memory.yaml)."""
+    if not plan.expandable_segments:
+        return max(s.total_bytes for s in stages), "reserved"
+    slack = card.expandable_segments_slack_bytes
+    return max(s.total_bytes - s.detail.get("allocator_reserve", 0) + slack for s in stages), "allocated"
 
 
 def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str:
@@ -409,6 +423,11 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
             t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
         "Not modelled: routing imbalance across experts, CUDA-graph pools.",
     ]
+    if plan.expandable_segments:
+        out.append(f"Fit decided by the allocated peak: with expandable segments the caching allocator unmaps its "
+                   f"cached free pages before an out-of-memory error, so the reserve above is reported (what "
+                   f"nvidia-smi and max_memory_reserved show) but does not decide; page rounding "
+                   f"{card.expandable_segments_slack_bytes / (1 << 20):.0f} MiB is added instead (cards/memory.yaml).")
     if job.precision == "fp8":
         out.append(_fp8_assumption(with_precision(job, plan)[1], fp8_param_gather(job, plan)))
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
@@ -445,7 +464,7 @@ def _loss_assumption(conv) -> str:
 def memory_summary(report: MemoryReport) -> MemorySummary:
     return MemorySummary(
         peak_bytes=report.peak_bytes, peak_stage=report.peak_stage, capacity_bytes=report.capacity_bytes,
-        fits=report.fits, headroom_bytes=report.headroom_bytes,
+        fits=report.fits, headroom_bytes=report.headroom_bytes, fit_bytes=report.fit_bytes, fit_basis=report.fit_basis,
     )
 
 

@@ -99,6 +99,8 @@ class MemoryCard(_Card):
     cuda_context_source: str
     allocator_reserve_fraction: float = Field(ge=0, lt=1)
     allocator_reserve_source: str
+    expandable_segments_slack_bytes: int = Field(ge=0)
+    expandable_segments_source: str
     conventions: dict[str, Convention]
 
 

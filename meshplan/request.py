@@ -196,6 +196,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
+        expandable_segments=_expandable_segments(req, card, notes),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
@@ -283,6 +284,17 @@ def _torch_compile(req: Request, card, notes: list[str]) -> bool:
     if card.compile is not None and card.compile.default:
         notes.append(f"torch_compile=true: {card.display_name}'s default "
                      f"(cards/frameworks/{req.framework}.yaml compile)")
+        return True
+    return False
+
+
+def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
+    """The allocator setting as asked, else as the framework's own launcher sets it (its card's allocator section)."""
+    if req.expandable_segments is not None:
+        return req.expandable_segments
+    if card.allocator is not None and card.allocator.expandable_segments:
+        notes.append(f"expandable_segments=true: {card.display_name} launches with it ({card.allocator.how}; "
+                     f"cards/frameworks/{req.framework}.yaml allocator)")
         return True
     return False
 

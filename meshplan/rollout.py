@@ -443,7 +443,8 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
                            "and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
     return update.model_copy(update={
         "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": top.peak_bytes <= capacity,
-        "headroom_bytes": capacity - top.peak_bytes, "host_bytes_per_node": host, "phases": phases,
+        "headroom_bytes": capacity - top.peak_bytes, "fit_bytes": top.peak_bytes, "fit_basis": "reserved",
+        "host_bytes_per_node": host, "phases": phases,
         "peak_phase": top.phase, "limited_by": limited, "assumptions": assumptions + update.assumptions,
     })
 

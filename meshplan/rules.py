@@ -92,14 +92,14 @@ def does_not_fit(ctx: Context) -> dict[str, Any] | None:
     report = _report(ctx)
     if report.fits:
         return None
-    over = report.peak_bytes - report.capacity_bytes
+    over = report.fit_bytes - report.capacity_bytes  # the figure that decided the fit (memory.fit_figure)
     fitting, tried = fitting_alternatives(ctx)
     if fitting:
         fix = " or ".join(fitting) + (" fits" if len(fitting) == 1 else " fit")
     else:
         fix = (f"none of the nearby layouts fits ({', '.join(tried) or 'no valid neighbour'}); "
                "more GPUs or `meshplan recommend` are needed")
-    return {"peak": gib(report.peak_bytes), "stage": report.peak_stage, "capacity": gib(report.capacity_bytes),
+    return {"peak": gib(report.fit_bytes), "stage": report.peak_stage, "capacity": gib(report.capacity_bytes),
             "over": gib(over), "gpu": ctx.job.gpu.name, "alternatives": fix}
 
 
@@ -189,9 +189,9 @@ def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
             report = estimate_memory(ctx.job, plan)
         except MeshplanError:
             continue
-        tried.append(f"{label}: {gib(report.peak_bytes)}")
+        tried.append(f"{label}: {gib(report.fit_bytes)}")  # the figure that decides (memory.fit_figure)
         if report.fits:
-            fitting.append(f"{label} ({gib(report.peak_bytes)} peak)")
+            fitting.append(f"{label} ({gib(report.fit_bytes)} peak)")
             if len(fitting) == ctx_param(ctx, "MEM001", "max_alternatives"):
                 break
     return fitting, tried

@@ -280,6 +280,12 @@ class Request(_Strict):
                           "the loss is compiled, no fp32 copy of the logits (default: the framework's own, eager "
                           "for torchtitan, compiled for KempnerForge)",
     )
+    expandable_segments: bool | None = Field(
+        None, description="PyTorch's caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: before "
+                          "an out-of-memory error it unmaps cached free pages and maps them where needed, so the "
+                          "job fits when its allocated peak does (the reserved peak is still reported) (default: "
+                          "how the framework's own launcher sets it, its card's allocator section)",
+    )
     # --- RL post-training job (meshplan/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(
         None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "
@@ -475,6 +481,7 @@ class Plan(_Strict):
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     moe_a2a_overlap: bool = False  # EP all-to-all overlapped with the other micro-batch's compute (1F1B)
     torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
+    expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
     # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py
     rollout_engine: RolloutEngine | None = None
     rollout_tp: int | None = Field(None, ge=1)
@@ -607,6 +614,11 @@ class MemoryReport(_Strict):
     capacity_bytes: int
     fits: bool
     headroom_bytes: int
+    fit_bytes: int = Field(0, description="The figure compared with capacity_bytes (fits, headroom_bytes): peak_bytes, "
+                                          "or with expandable segments the allocated peak plus page rounding")
+    fit_basis: Literal["reserved", "allocated"] = Field(
+        "reserved", description="Which peak decided the fit: reserved (peak_bytes, the caching allocator's reserve "
+                                "included) or allocated (expandable segments: cached pages are unmapped before OOM)")
     host_bytes_per_node: int = Field(
         0, description="Host memory one node needs for what its GPUs offload (the worst stage x GPUs per node)"
     )
@@ -690,6 +702,8 @@ class MemorySummary(_Strict):
     capacity_bytes: int
     fits: bool
     headroom_bytes: int
+    fit_bytes: int = 0  # what decided fits (MemoryReport.fit_bytes)
+    fit_basis: Literal["reserved", "allocated"] = "reserved"
 
 
 class CheckReport(_Strict):

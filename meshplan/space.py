@@ -164,7 +164,7 @@ class Layout:
 
 
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
-                  "torch_compile")
+                  "torch_compile", "expandable_segments")
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
 framework's default, as `meshplan estimate` takes it). The optimizer is one: in meshplan's model Muon changes only the
 optimizer-state bytes (its Newton-Schulz time is not modelled), so a search over it would prefer Muon for memory it
@@ -208,10 +208,11 @@ class Prefiltered:
 
 def carried_fields(req: Request) -> dict[str, object]:
     """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision and compile defaults)."""
-    from meshplan.request import _precision_fields, _torch_compile
+    from meshplan.request import _expandable_segments, _precision_fields, _torch_compile
 
     card = framework_card(req.framework)
-    fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, [])}
+    fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
+              "expandable_segments": _expandable_segments(req, card, [])}
     return {k: fields[k] for k in CARRIED_FIELDS}
 
 
@@ -437,14 +438,15 @@ _prefix = per_architecture(_Prefix, limit=64)
 
 
 def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
-                      preset: tuple[Convention, list[StateTensor]] | None = None) -> float:
+                      preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True) -> float:
     """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
     presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
     embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
     logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
-    carried fields, else the framework's plain one."""
+    carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
+    expandable segments (no allocator reserve)."""
     from meshplan.activations import MOE_BYTES, activation_mode, attention_saves, layer_activations, shape_of
     from meshplan.activations import Layout as ActLayout
     from meshplan.memory_states import memory_card, output_activations, state_bytes
@@ -494,5 +496,6 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
         biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
                       + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp) for i in (0, n0 - 1))
         transient += conv.gathered_layers * conv.gathered_bytes * biggest
-    reserve = getattr(card, "allocator_reserve_fraction", 0.0) * transient
+    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+    reserve = 0.0 if not reserved else getattr(card, "allocator_reserve_fraction", 0.0) * transient
     return states + transient + reserve + card.fixed_overhead_bytes + card.cuda_context_bytes

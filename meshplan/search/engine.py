@@ -293,7 +293,7 @@ class BestFirstSearch:
         return self._estimate("throughput", self.caches.throughput, (lay, zero, recompute, mbs))
 
     def _remember_miss(self, report: MemoryReport) -> None:
-        over = report.peak_bytes - report.capacity_bytes
+        over = report.fit_bytes - report.capacity_bytes
         self.near.append((over, report.plan, report))
         if len(self.near) > 64:
             self.near.sort(key=lambda t: t[0])
@@ -342,8 +342,9 @@ class BestFirstSearch:
         if hit is None:
             floor = self.caches.floors.get(key)
             if floor is None:
-                floor = self.caches.floors[key] = first_stage_floor(self.job, lay.base(), zero, recompute, mbs,
-                                                                     self.sequence_parallel(lay), self.presets[zero])
+                floor = self.caches.floors[key] = first_stage_floor(
+                    self.job, lay.base(), zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
+                    reserved=not self.fixed.carried.get("expandable_segments"))
             hit = self.caches.floor_fits[key] = floor <= self.budget
         return hit
 
@@ -357,7 +358,7 @@ class BestFirstSearch:
 
     def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
         return (self.floor_fits(lay, zero, recompute, mbs)
-                and self.memory(lay, zero, recompute, mbs).peak_bytes <= self.budget)
+                and self.memory(lay, zero, recompute, mbs).fit_bytes <= self.budget)
 
     def unsharded(self, lay: Layout) -> bool:
         """ZeRO shards nothing here (dense dp*cp and expert-DP of 1): the stages then differ only by what each

@@ -42,8 +42,9 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
                     plan = space.plan(lay, zero, recompute, mbs)
                     if not engine.check(job, plan).ok:
                         continue
-                    peak = engine.memory(job, plan).peak_bytes
-                    if peak > budget:
+                    memory = engine.memory(job, plan)
+                    peak = memory.peak_bytes
+                    if memory.fit_bytes > budget:  # what decides the fit (memory.fit_figure), as the search
                         continue
                     row = OracleRow(engine.throughput(job, plan).step_time_s, peak, plan)
                     key = same_numbers(row.step_time_s, peak)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # DeepSeek-V3 on 1024 x NVIDIA H100 SXM5 80GB: TP1 PP16 EP64 DP64 (torchtitan 0.3.0, rendered by meshplan)
 set -euo pipefail
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 torchrun --nnodes 128 --nproc-per-node 8 \
   --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
   -m torchtitan.train \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP8 PP4 VPP2 DP2 (torchtitan 0.3.0, rendered by meshplan)
 set -euo pipefail
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 torchrun --nnodes 8 --nproc-per-node 8 \
   --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
   -m torchtitan.train \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-30B-A3B on 16 x NVIDIA H100 SXM5 80GB: TP1 PP2 EP8 DP8 (torchtitan 0.3.0, rendered by meshplan)
 set -euo pipefail
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 torchrun --nnodes 2 --nproc-per-node 8 \
   --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
   -m torchtitan.train \

@@ -1,0 +1,128 @@
+"""Plan.expandable_segments: with PyTorch's expandable segments the allocated peak (plus page rounding) decides the
+fit, the reserved peak is still reported; left out, each framework's card says whether its launcher sets it; the knob
+goes through the request, the search, the render and the bench."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.memory_states import memory_card
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import production_configs as pc
+
+BASE = dict(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=8192, global_batch_size=64, micro_batch_size=2,
+            tp=1, pp=1, recompute="none")
+
+
+def _memory(framework: str, expandable: bool | None):
+    return api.estimate_memory(Request(**BASE, framework=framework, expandable_segments=expandable))
+
+
+def test_allocated_peak_decides_with_expandable_segments():
+    reserved, allocated = _memory("megatron-core", False), _memory("megatron-core", True)
+    slack = memory_card().expandable_segments_slack_bytes
+    assert slack == 40 << 20  # two 20 MiB large-pool pages (cards/memory.yaml)
+    # the reported peak is the reserved one either way
+    assert reserved.peak_bytes == allocated.peak_bytes
+    assert reserved.fit_basis == "reserved" and reserved.fit_bytes == reserved.peak_bytes
+    assert allocated.fit_basis == "allocated"
+    want = max(s.total_bytes - s.detail["allocator_reserve"] + slack for s in allocated.stages)
+    assert allocated.fit_bytes == want
+    assert allocated.stages[0].detail["allocator_reserve"] > slack  # so the fit figure is below the peak
+    for r in (reserved, allocated):
+        assert r.fits == (r.fit_bytes <= r.capacity_bytes)
+        assert r.headroom_bytes == r.capacity_bytes - r.fit_bytes
+    assert any("allocated peak" in a for a in allocated.assumptions)
+    assert not any("allocated peak" in a for a in reserved.assumptions)
+
+
+def test_a_plan_over_by_less_than_its_reserve_fits_only_with_expandable_segments():
+    """Llama-3-8B, 8 H100, seq 2048, micro-batch 2, no recompute: about 80.4 GiB reserved on 79.6 GiB (MEM001), about
+    78.1 GiB allocated + page rounding, which fits with expandable segments."""
+    fields = {**BASE, "seq_length": 2048, "micro_batch_size": 2, "framework": "megatron-core"}
+    off = api.estimate_memory(Request(**fields, expandable_segments=False))
+    on = api.estimate_memory(Request(**fields, expandable_segments=True))
+    assert on.fit_bytes <= on.capacity_bytes < off.peak_bytes == on.peak_bytes
+    assert not off.fits and on.fits
+    ids = lambda e: {f.id for f in api.check_config(Request(**fields, expandable_segments=e)).findings}  # noqa: E731
+    assert "MEM001" in ids(False) and "MEM001" not in ids(True)
+
+
+@pytest.mark.parametrize("framework, default", [
+    ("megatron-bridge", True), ("torchtitan", True), ("verl", True),
+    ("megatron-core", False), ("nanotron", False), ("deepspeed", False),
+])
+def test_left_out_it_is_how_the_framework_launches(framework, default):
+    job, plan = resolve(Request(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework))
+    assert plan.expandable_segments is default
+    assert any("expandable_segments=true" in n for n in job.notes) is default
+    _, plan = resolve(Request(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework,
+                              expandable_segments=not default))
+    assert plan.expandable_segments is (not default)
+
+
+def test_round_trip_through_request_json_cli_and_mcp_schema():
+    req = Request(**BASE, framework="megatron-core", expandable_segments=True)
+    again = Request.model_validate(json.loads(req.model_dump_json()))
+    assert again.expandable_segments is True
+    assert resolve(again)[1].expandable_segments is True
+    assert "expandable_segments" in Request.model_json_schema()["properties"]
+
+
+def test_render_writes_it_where_the_framework_takes_it():
+    small = {**BASE, "seq_length": 2048, "micro_batch_size": 1}
+    on = api.render_config("megatron-core", Request(**small, framework="megatron-core", expandable_segments=True))
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in on.text
+    off = api.render_config("megatron-core", Request(**small, framework="megatron-core"))
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in off.text
+    titan = api.render_config("torchtitan", Request(**small, framework="torchtitan"))  # run_train.sh sets it
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in titan.text
+    verl = api.render_config("verl", Request(**small, framework="verl"))  # hydra: no key, the workers set it
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in verl.text
+    assert any("set_expandable_segments" in n for n in verl.notes)
+    verl_off = api.render_config("verl", Request(**small, framework="verl", expandable_segments=False))
+    assert any("expandable_segments=false" in n for n in verl_off.notes)
+
+
+def test_search_floor_without_reserve_bounds_the_fit_figure():
+    from meshplan.space import Layout, first_stage_floor
+
+    req = Request(**BASE, framework="megatron-core", expandable_segments=True)
+    job, plan = resolve(req)
+    lay = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8)
+    report = api.estimate_memory(req)
+    floor = first_stage_floor(job, lay, plan.zero_stage, "none", 2, False, reserved=False)
+    assert floor <= report.fit_bytes
+    assert first_stage_floor(job, lay, plan.zero_stage, "none", 2, False) > floor
+
+
+def test_bench_verl_rows_before_the_workers_set_it():
+    row = {"source": {"version_or_date": "2025-08"}}
+    assert pc.allocator_field(row, "verl") == {"expandable_segments": False}
+    assert pc.allocator_field({"source": {"version_or_date": None}}, "verl") == {"expandable_segments": False}
+    assert pc.allocator_field({"source": {"version_or_date": "2025-09"}}, "verl") == {}
+    assert pc.allocator_field(row, "megatron-bridge") == {}
+
+
+def test_cli_flag_and_json(capsys, monkeypatch):
+    from meshplan import cli
+
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["memory", "llama-3-8b", "--gpu", "h100", "--num-gpus", "8", "--seq-length", "2048",
+            "--global-batch-size", "64", "--micro-batch-size", "2", "--framework", "megatron-core"]
+    assert cli.main([*args, "--expandable-segments", "true", "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert out["fit_basis"] == "allocated" and out["plan"]["expandable_segments"] is True and out["fits"] is True
+    assert cli.main([*args, "--expandable-segments", "false", "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert out["fit_basis"] == "reserved" and out["fits"] is False
+    cli.main([*args, "--expandable-segments", "true"])
+    assert "the allocated peak" in capsys.readouterr().out
