@@ -849,11 +849,24 @@ def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
 VERL_EXPANDABLE_SINCE = "2025-08-23"
 
 
+# Megatron-Bridge performance recipes the rows cite whose cfg.env_vars leave expandable segments out (every other
+# Bridge recipe sets it, cards/frameworks/megatron-bridge.yaml allocator): recipe function -> why.
+BRIDGE_RECIPES_WITHOUT_EXPANDABLE = {
+    "llama3_70b_pretrain_64gpu_gb200_fp8cs_config": "perf_recipes/llama/gb200/llama3.py: Megatron-FSDP with "
+    "fsdp_double_buffer and NCCL user buffers, which Megatron-Core refuses with expandable segments before torch 2.11 "
+    "(megatron/core/distributed/distributed_data_parallel_config.py, nccl_ub)",
+}
+
+
 def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
     """expandable_segments=False for a verl row that ran before its workers set it (a month-only date counts as
-    before); other rows keep their framework card's default (how its launcher sets it)."""
+    before) and for a Bridge row whose cited recipe leaves it out; other rows keep their framework card's default
+    (how its launcher sets it)."""
     when = str(row["source"].get("version_or_date") or "")
     if framework == "verl" and not when >= VERL_EXPANDABLE_SINCE:
+        return {"expandable_segments": False}
+    cited = _text(row["source"].get("citation"), row["source"].get("location"))
+    if framework == "megatron-bridge" and any(name in cited for name in BRIDGE_RECIPES_WITHOUT_EXPANDABLE):
         return {"expandable_segments": False}
     return {}
 

@@ -109,7 +109,11 @@ def test_bench_verl_rows_before_the_workers_set_it():
     assert pc.allocator_field(row, "verl") == {"expandable_segments": False}
     assert pc.allocator_field({"source": {"version_or_date": None}}, "verl") == {"expandable_segments": False}
     assert pc.allocator_field({"source": {"version_or_date": "2025-09"}}, "verl") == {}
-    assert pc.allocator_field(row, "megatron-bridge") == {}
+    assert pc.allocator_field({**row, "source": {**row["source"], "citation": "x", "location": "y"}},
+                              "megatron-bridge") == {}
+    fsdp = {"source": {"version_or_date": "NeMo container 26.04.01", "location": "",
+                       "citation": "perf_recipes/llama/gb200/llama3.py (llama3_70b_pretrain_64gpu_gb200_fp8cs_config)"}}
+    assert pc.allocator_field(fsdp, "megatron-bridge") == {"expandable_segments": False}
 
 
 def test_cli_flag_and_json(capsys, monkeypatch):
