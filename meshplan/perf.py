@@ -360,8 +360,9 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     for m, t in _module_memory_bound(ctx, hidden_elems, routed_ffn, shared_ffn, dense_ffn, dispatch_bytes,
                                      router_bytes).items():
         lt.module_fwd[m] = lt.module_fwd.get(m, 0.0) + t
-    lt.op_sac_fwd = (gemm_seconds(_op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None), cal,
-                                  ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) + lt.elementwise) / TRAINING_PASSES_PER_FORWARD
+    recomputed = _op_sac_recomputed(gemms, arch.gated_mlp, ctx.fp8_peak is not None)
+    lt.op_sac_fwd = ((gemm_seconds(recomputed, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) + lt.elementwise)
+                     / TRAINING_PASSES_PER_FORWARD)
 
     # TP: per layer, forward two all-gather + reduce-scatter pairs (or two all-reduces), backward the same.
     act_bytes = sh.tokens * arch.hidden_size * BF16
@@ -944,7 +945,8 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
         out.append(f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
                    f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
                    f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
-                   f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), and each MoE layer forward "
+                   f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), "
+                   "and each MoE layer forward "
                    f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
                    "last two fitted on published MoE runs, bench/moe_fit.py); routing assumed balanced; "
                    + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
