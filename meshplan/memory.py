@@ -465,6 +465,7 @@ def memory_summary(report: MemoryReport) -> MemorySummary:
     return MemorySummary(
         peak_bytes=report.peak_bytes, peak_stage=report.peak_stage, capacity_bytes=report.capacity_bytes,
         fits=report.fits, headroom_bytes=report.headroom_bytes, fit_bytes=report.fit_bytes, fit_basis=report.fit_basis,
+        host_bytes_per_node=report.host_bytes_per_node,
     )
 
 

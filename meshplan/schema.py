@@ -704,6 +704,7 @@ class MemorySummary(_Strict):
     headroom_bytes: int
     fit_bytes: int = 0  # what decided fits (MemoryReport.fit_bytes)
     fit_basis: Literal["reserved", "allocated"] = "reserved"
+    host_bytes_per_node: int = Field(0, description="Host memory per node the plan's offloads take (MemoryReport's)")
 
 
 class CheckReport(_Strict):

@@ -163,8 +163,13 @@ class Layout:
         return " ".join(parts)
 
 
+OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimizer_offload",
+                  "optimizer_offload_fraction")
+"""The offload knobs (meshplan/offload.py): the request's, in every plan the search ranks; what they move on each ZeRO
+stage's engine is the framework card's offload section, and a stage whose engine lacks one is refused by rule OF001."""
+
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
-                  "torch_compile", "expandable_segments")
+                  "torch_compile", "expandable_segments", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
 framework's default, as `meshplan estimate` takes it). The optimizer is one: in meshplan's model Muon changes only the
 optimizer-state bytes (its Newton-Schulz time is not modelled), so a search over it would prefer Muon for memory it
@@ -207,12 +212,15 @@ class Prefiltered:
 
 
 def carried_fields(req: Request) -> dict[str, object]:
-    """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision and compile defaults)."""
-    from meshplan.request import _expandable_segments, _precision_fields, _torch_compile
+    """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision, compile and offload
+    defaults; the offload defaults of the engine at the request's ZeRO stage, else the framework's default stage)."""
+    from meshplan.request import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
 
     card = framework_card(req.framework)
+    zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
-              "expandable_segments": _expandable_segments(req, card, [])}
+              "expandable_segments": _expandable_segments(req, card, []),
+              **_offload_fields(req, card.offload_at(zero), [])}
     return {k: fields[k] for k in CARRIED_FIELDS}
 
 
@@ -391,6 +399,7 @@ def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple
     floor); a LoRA job's frozen base keeps its weights only."""
     from meshplan.lora import base_tensors
     from meshplan.memory_states import memory_card, with_precision
+    from meshplan.offload import offload_plan
 
     plan = Plan(zero_stage=zero_stage, **carried)  # type: ignore[arg-type]
     _, conv, tensors = with_precision(job, plan)
@@ -398,6 +407,9 @@ def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple
         counts = memory_card().optimizers.moment_buffers
         kept = counts["muon"] / counts["adam"]
         tensors = [t.model_copy(update={"bytes": t.bytes * kept}) if t.role == "moments" else t for t in tensors]
+    moved = offload_plan(job.framework, plan).in_step  # what the step keeps in host memory (offload.offload_stage)
+    if any(moved.values()):
+        tensors = [t.model_copy(update={"bytes": t.bytes * (1.0 - moved.get(t.tensor_class, 0.0))}) for t in tensors]
     return conv, base_tensors(job, tensors)
 
 
@@ -438,7 +450,8 @@ _prefix = per_architecture(_Prefix, limit=64)
 
 
 def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
-                      preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True) -> float:
+                      preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
+                      activation_offload: bool = False) -> float:
     """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
     presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
     embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
@@ -446,7 +459,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
     carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
-    expandable segments (no allocator reserve)."""
+    expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
+    none of them are counted (the estimate keeps a few layers on the GPU)."""
     from meshplan.activations import MOE_BYTES, activation_mode, attention_saves, layer_activations, shape_of
     from meshplan.activations import Layout as ActLayout
     from meshplan.memory_states import memory_card, output_activations, state_bytes
@@ -483,7 +497,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     per_mb += (n0 - n_moe) * sum(layer_activations(shape, act, False, mode).values())
     m = max(1, job.global_batch_size // (mbs * lay.dp))
     held = 1 if pp == 1 else min(m, pp)
-    acts = held * per_mb
+    acts = 0.0 if activation_offload else held * per_mb
     if recompute == "full" and n0:
         kinds = ([True] if n_moe else []) + ([False] if n0 - n_moe else [])
         acts += max(sum(layer_activations(shape, act, k, "none").values()) for k in kinds)

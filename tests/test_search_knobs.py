@@ -84,6 +84,9 @@ def test_each_row_names_the_terms_no_measured_run_validated():
     ({"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}, "megatron-core"),
     ({"precision": "fp8", "fp8_param_gather": True}, "megatron-bridge"),
     ({}, "kempnerforge"),  # compiles by default: the compiled loss keeps fewer logit bytes
+    ({"optimizer_offload_fraction": 0.5}, "megatron-core"),  # half the optimizer stepped on the CPU
+    ({"activation_offload": True}, "megatron-core"),  # saved activations on the host: the floor counts none
+    ({"param_offload": True, "optimizer_offload": True}, "deepspeed"),  # ZeRO-Offload / ZeRO-Infinity
 ])
 def test_memory_floors_take_the_carried_fields(fields, framework):
     """The search drops plans whose floor is over the budget unestimated: with the request's optimizer, precision and
@@ -115,7 +118,22 @@ def test_memory_floors_take_the_carried_fields(fields, framework):
                 except EstimateBlocked:
                     continue
                 sp = search.sequence_parallel(lay)
-                assert first_stage_floor(job, lay, zero, recompute, mbs, sp, search.presets[zero]) <= peak, plan
+                assert first_stage_floor(job, lay, zero, recompute, mbs, sp, search.presets[zero],
+                                         activation_offload=plan.activation_offload) <= peak, plan
                 assert states_lower_bound(job, lay, zero, search.split, search.presets[zero][1]) <= peak, plan
                 checked += 1
     assert checked > 20
+
+
+def test_the_requests_offloads_are_kept_in_every_ranked_plan():
+    """An offload the user asks for is part of every plan the search ranks (and of the floors that prune it):
+    Llama-3-70B on 16 H100 keeps no layout 10% free with the optimizer on the GPU, and ranks layouts with it on the
+    CPU."""
+    fields = {"model": "llama-3-70b", "num_gpus": 16, "seq_length": 4096, "global_batch_size": 64}
+    assert not recommend(Request(**fields), top_k=1).candidates
+    rec = recommend(Request(**fields, optimizer_offload_fraction=1.0), top_k=3)
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.plan.optimizer_offload and c.plan.optimizer_offload_fraction == 1.0
+        assert c.throughput.breakdown.offload_s > 0 and c.memory.host_bytes_per_node > 0
+    assert "optimizer_offload_fraction=1.0 (given)" in " ".join(rec.assumptions)

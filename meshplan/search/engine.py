@@ -344,7 +344,8 @@ class BestFirstSearch:
             if floor is None:
                 floor = self.caches.floors[key] = first_stage_floor(
                     self.job, lay.base(), zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
-                    reserved=not self.fixed.carried.get("expandable_segments"))
+                    reserved=not self.fixed.carried.get("expandable_segments"),
+                    activation_offload=bool(self.fixed.carried.get("activation_offload")))
             hit = self.caches.floor_fits[key] = floor <= self.budget
         return hit
 
