@@ -67,9 +67,10 @@ def _bool(text: str) -> bool:
 
 
 def _field_help(name: str) -> str:
-    """A field's description with its default (or what leaving it unset means), for --help."""
+    """A field's description with its default (or what leaving it unset means), for --help. argparse expands
+    %-formats in help text, so a description's own '%' is escaped (else --help itself fails)."""
     field = Request.model_fields[name]
-    text = field.description or ""
+    text = (field.description or "").replace("%", "%%")
     if "default" in text.lower():
         return text
     if field.is_required():

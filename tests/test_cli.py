@@ -55,3 +55,21 @@ def test_model_given_twice_must_agree(capsys):
 def test_render_framework_given_twice_must_agree(capsys):
     assert main(["render", "megatron-core", "llama-3.1-8b", "--num-gpus", "8", "--framework", "verl"]) == 2
     assert "Two different frameworks given" in capsys.readouterr().err
+
+
+def test_every_subcommand_help_renders(monkeypatch):
+    """--help is built from the request fields' descriptions; argparse %-formats help text, so a '%' in a
+    description (e.g. '30% more') must be escaped, or `meshplan <command> --help` dies with a traceback."""
+    import argparse
+
+    from meshplan.cli import build_parser
+    from meshplan.schema import Request
+
+    monkeypatch.setattr(Request.model_fields["seq_length"], "description", "tokens per sample (30% more is 1.3x)")
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        text = sub.format_help()
+        assert "usage:" in text, name
+        if any(a.dest == "seq_length" for a in sub._actions):
+            assert "30% more" in text, name
