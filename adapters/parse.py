@@ -39,9 +39,14 @@ def cli_flags(tokens: list[str]) -> dict[str, Any]:
     return {k: (True if not v else v[0] if len(v) == 1 else v) for k, v in flags.items()}
 
 
+ENV_ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
 def overrides(tokens: list[str]) -> dict[str, str]:
-    """Hydra/OmegaConf key=value tokens, '+'/'++' prefixes kept in the key."""
-    return dict(tok.split("=", 1) for tok in tokens if "=" in tok and not tok.startswith("-"))
+    """Hydra/OmegaConf key=value tokens, '+'/'++' prefixes kept in the key; a shell environment assignment
+    (`export PYTORCH_CUDA_ALLOC_CONF=...`, an upper-case name) is not one."""
+    return dict(tok.split("=", 1) for tok in tokens
+                if "=" in tok and not tok.startswith("-") and not ENV_ASSIGNMENT.match(tok))
 
 
 def _literal(text: str) -> Any:

@@ -130,3 +130,12 @@ def test_cli_flag_and_json(capsys, monkeypatch):
     assert out["fit_basis"] == "reserved" and out["fits"] is False
     cli.main([*args, "--expandable-segments", "true"])
     assert "the allocated peak" in capsys.readouterr().out
+
+
+def test_a_rendered_env_line_is_not_read_as_a_config_override():
+    """The shell snippets export PYTORCH_CUDA_ALLOC_CONF before the command; the Hydra/OmegaConf override reader
+    (used by the render -> parse round trip and the proofs against the frameworks' config classes) skips it."""
+    from meshplan.adapters.parse import overrides, shell_tokens
+
+    text = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\ntorchrun run.py model.tp=2 +a.b=3 --x=1\n"
+    assert overrides(shell_tokens(text)) == {"model.tp": "2", "+a.b": "3"}
