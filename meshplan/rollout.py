@@ -376,13 +376,23 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     graphs = rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0
     phases: list[PhaseMemory] = []
 
-    def worst(name: str, values: list[tuple[float, dict, str]], pool: str = "trainer") -> None:
+    # With expandable segments the training phases' fit is their allocated peak (memory.fit_figure): the allocator
+    # reserve in them is given back before an OOM. The rollout engine's pool is taken up front either way.
+    slack = mem.expandable_segments_slack_bytes
+
+    def fit(total: float, reserve: float) -> float:
+        return total - reserve + slack if plan.expandable_segments else total
+
+    def worst(name: str, values: list[tuple[float, dict, str]], pool: str = "trainer",
+              reserves: list[float] | None = None) -> None:
         stage = max(range(len(values)), key=lambda i: values[i][0])
         total, detail, note = values[stage]
-        phases.append(PhaseMemory(phase=name, pool=pool, peak_bytes=int(total), stage=stage,
-                                  detail={k: int(v) for k, v in detail.items()}, note=note))
+        fit_bytes = max(fit(v[0], r) for v, r in zip(values, reserves, strict=True)) if reserves else total
+        phases.append(PhaseMemory(phase=name, pool=pool, peak_bytes=int(total), fit_bytes=int(fit_bytes),
+                                  stage=stage, detail={k: int(v) for k, v in detail.items()}, note=note))
 
     rollout, log_prob, actor, critic = [], [], [], []
+    forward_reserve, update_reserve = [], []  # the allocator reserve inside each stage's log-prob and update peaks
     host_extra = 0.0
     engine_note = ""
     for s, f in zip(update.stages, forward.stages, strict=True):
@@ -393,6 +403,8 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
         critic_resident = between if has_critic else 0.0
         acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
         fwd = acts * (1 + mem.allocator_reserve_fraction)
+        forward_reserve.append(acts * mem.allocator_reserve_fraction)
+        update_reserve.append(s.detail.get("allocator_reserve", 0))
         resident = between + ref_resident + critic_resident
         if colocated:
             engine = engine_memory(job, plan, capacity - resident - fixed)
@@ -427,13 +439,14 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
         detail = {"engine": engine.gpu_bytes, "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
                   "sequences_at_once": engine.sequences_at_once, "fixed": fixed}
         worst("rollout", [(fixed + engine.gpu_bytes, detail, engine.note)], pool="rollout")
-    worst("log_prob", log_prob)
-    worst("actor_update", actor)
+    worst("log_prob", log_prob, reserves=forward_reserve)
+    worst("actor_update", actor, reserves=update_reserve)
     if critic:
-        worst("critic_update", critic)
+        worst("critic_update", critic, reserves=update_reserve)
     top = max(phases, key=lambda p: p.peak_bytes)
+    deciding = max(phases, key=lambda p: p.fit_bytes)
     host = update.host_bytes_per_node + int(host_extra * job.gpus_per_node)
-    limited = ("gpu" if top.peak_bytes > capacity
+    limited = ("gpu" if deciding.fit_bytes > capacity
                else "host" if job.cpu_memory_per_node and host > job.cpu_memory_per_node else None)
     words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)
     assumptions = [f"RL step ({rl.algorithm}, {plan.placement}): peak per phase {words}; {top.phase} peaks. "
@@ -442,8 +455,9 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
         assumptions.append(f"Phase offloads ({', '.join(sorted(phase_classes))}) are on the host during the rollout "
                            "and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
     return update.model_copy(update={
-        "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": top.peak_bytes <= capacity,
-        "headroom_bytes": capacity - top.peak_bytes, "fit_bytes": top.peak_bytes, "fit_basis": "reserved",
+        "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": deciding.fit_bytes <= capacity,
+        "headroom_bytes": capacity - deciding.fit_bytes, "fit_bytes": deciding.fit_bytes,
+        "fit_basis": "allocated" if deciding.fit_bytes != deciding.peak_bytes else "reserved",
         "host_bytes_per_node": host, "phases": phases,
         "peak_phase": top.phase, "limited_by": limited, "assumptions": assumptions + update.assumptions,
     })

@@ -584,6 +584,8 @@ class PhaseMemory(_Strict):
     phase: Literal["rollout", "log_prob", "actor_update", "critic_update"]
     pool: Literal["trainer", "rollout"] = Field(description="The GPUs it runs on (one pool when colocated)")
     peak_bytes: int
+    fit_bytes: int = Field(description="What decides this phase's fit: its peak, or with expandable segments a "
+                                       "training phase's allocated peak (memory.fit_figure)")
     stage: int = Field(description="The trainer's pipeline stage whose GPU peaks (0 on a separate rollout pool)")
     detail: dict[str, int] = Field(default_factory=dict, description="Where the bytes go")
     note: str = ""

@@ -115,8 +115,31 @@ def test_peak_is_the_largest_phase_and_names_it():
     assert {p.phase for p in report.phases} == {"rollout", "log_prob", "actor_update", "critic_update"}
     top = max(report.phases, key=lambda p: p.peak_bytes)
     assert report.peak_bytes == top.peak_bytes and report.peak_phase == top.phase
-    assert report.fits == (report.peak_bytes <= job.gpu.memory_bytes)
+    assert report.fit_bytes == max(p.fit_bytes for p in report.phases)
+    assert report.fits == (report.fit_bytes <= job.gpu.memory_bytes)
     assert report.limited_by == (None if report.fits else "gpu")
+
+
+def test_with_expandable_segments_the_training_phases_fit_on_their_allocated_peak():
+    """verl launches with expandable segments (its card's allocator section): the log-prob and update phases are decided
+    by their peak less the allocator reserve, plus the page slack (memory.fit_figure); the rollout engine's pool and
+    every phase without the setting by the peak itself."""
+    from meshplan.memory_states import memory_card
+    from meshplan.rollout import rl_memory, trainer_reports
+
+    slack = memory_card().expandable_segments_slack_bytes
+    job, plan = resolve(parse_request(DAPO))
+    on = plan.model_copy(update={"expandable_segments": True})
+    off = plan.model_copy(update={"expandable_segments": False})
+    update = trainer_reports(job, on)[0]
+    with_it, without = phases(rl_memory(job, on)), phases(rl_memory(job, off))
+    stage = with_it["actor_update"].stage
+    reserve = update.stages[stage].detail["allocator_reserve"]
+    assert reserve > 0
+    assert with_it["actor_update"].fit_bytes == with_it["actor_update"].peak_bytes - reserve + slack
+    assert with_it["rollout"].fit_bytes == with_it["rollout"].peak_bytes
+    assert all(p.fit_bytes == p.peak_bytes for p in without.values())
+    assert rl_memory(job, off).fit_basis == "reserved"
 
 
 def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
