@@ -12,6 +12,7 @@ latency (alpha-beta model).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.calibration import Calibration
@@ -73,14 +74,42 @@ def alltoall_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     return max(intra / lk.intra_bw, inter / lk.inter_bw) + lat
 
 
-def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Links, dedup: bool) -> float:
+def domain_hit(copies: int, domains: int, domain_experts: int, experts: int = 0, num_groups: int = 1,
+               group_topk: int = 1) -> float:
+    """Chance that one given domain, holding `domain_experts` contiguous experts, receives at least one of a
+    token's `copies` routed copies, with routing uniform over the experts it may pick.
+
+    Group-limited routing (Megatron-Core moe_utils.group_limited_topk, HF n_group / topk_group; DeepSeek-V3's
+    node-limited routing, at most 4 nodes per token) first picks `group_topk` of `num_groups` equal, contiguous
+    groups, then the copies among the picked groups' experts. Where a domain holds whole groups (h of its groups
+    picked, hypergeometric) or lies inside one group, the copies land only there; otherwise (groups straddling
+    domains) the plain uniform chance is kept.
+    """
+    plain = 1.0 - (1.0 - 1.0 / domains) ** copies
+    if num_groups <= 1 or group_topk >= num_groups or experts <= 0:
+        return plain
+    per_group = experts // num_groups
+    picked = group_topk * per_group  # experts a token may use
+    if domain_experts % per_group == 0:
+        held = domain_experts // per_group
+        total = math.comb(num_groups, group_topk)
+        return sum(math.comb(held, h) * math.comb(num_groups - held, group_topk - h) / total
+                   * (1.0 - (1.0 - h * per_group / picked) ** copies)
+                   for h in range(1, min(held, group_topk) + 1))
+    if per_group % domain_experts == 0:
+        return group_topk / num_groups * (1.0 - (1.0 - domain_experts / picked) ** copies)
+    return plain
+
+
+def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Links, dedup: bool,
+                  experts: int = 0, num_groups: int = 1, group_topk: int = 1) -> float:
     """One MoE dispatch (or combine) all-to-all: each rank's tokens, `copies` routed copies of `copy_bytes`
     each, spread evenly over the `size` ranks of the expert-parallel group.
 
     `dedup` is Megatron-Core's flex dispatcher (DeepEP / HybridEP): a token crosses the network once per
-    destination domain and is fanned out to the experts there over NVLink. With uniform routing a given
-    remote domain holds at least one of the copies with probability 1 - (1 - 1/n)^copies (n domains), so
-    a token crosses the network (n-1)(1 - (1 - 1/n)^copies) times instead of copies * (size-k)/size.
+    destination domain and is fanned out to the experts there over NVLink, so it crosses (n-1) x
+    `domain_hit` times (n domains) instead of copies * (size-k)/size; group-limited routing (`experts`,
+    `num_groups`, `group_topk`) lowers that chance. The plain all-to-all sends every copy, groups or not.
     """
     if size <= 1 or copy_bytes <= 0:
         return 0.0
@@ -89,7 +118,9 @@ def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Li
         return alltoall_time(copy_bytes * copies, size, stride, lk)
     domains = -(-size // k)
     remote = copies * (size - k) / size
-    crossings = (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** copies)
+    domain_experts = experts * k // size if experts % size == 0 else 0
+    crossings = (domains - 1) * domain_hit(copies, domains, domain_experts, experts if domain_experts else 0,
+                                           num_groups, group_topk)
     # NVLink carries the copies for the own domain plus the fan-out of the copies that arrived.
     intra = copy_bytes * (copies * (k - 1) / size + remote)
     inter = copy_bytes * crossings

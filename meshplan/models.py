@@ -188,6 +188,24 @@ def _experts(f: _Fields, experts_key: str, width_key: str) -> tuple[int, int, in
     return experts, top_k, f.int(width_key, "intermediate_size")
 
 
+def _groups(f: _Fields, experts: int, top_k: int, method: str | None) -> dict[str, int]:
+    """n_group / topk_group (DeepSeek-V2/V3 group-limited routing: a token's top_k experts come from at most
+    topk_group of n_group equal, contiguous groups), checked as Megatron-Core's TransformerConfig does; transformers'
+    DeepSeek-V2 'greedy' method ignores them."""
+    groups = f.int("n_group", default=1, lo=1, hi=experts, why="at most the routed experts")
+    chosen = f.int("topk_group", default=1, lo=1, hi=groups, why=f"at most n_group = {groups}")
+    if method == "greedy" or groups == 1:
+        return {}
+    if experts % groups:
+        raise f.fail(f"n_group = {groups} does not divide the {experts} routed experts into equal groups.",
+                     fix=f"Use an n_group that divides {experts}.")
+    if top_k > chosen * (experts // groups):
+        raise f.fail(f"num_experts_per_tok = {top_k} exceeds the {chosen * (experts // groups)} experts in "
+                     f"topk_group = {chosen} groups of {experts // groups}.",
+                     fix="Raise topk_group or lower num_experts_per_tok.")
+    return {"num_groups": groups, "group_topk": chosen}
+
+
 def _real(f: _Fields, key: str, value: Any, lo: float, hi: float, *, above: bool = True) -> float:
     """A finite number in (lo, hi] (or [lo, hi] when not `above`), else an error naming the key and the range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
@@ -306,6 +324,7 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
             shared_expert_ffn_hidden_size=shared * width,
             moe_layers=[i for i in range(num_layers) if i >= first_dense and i % freq == 0],
             score_correction_bias=noaux,
+            **_groups(f, experts, top_k, f.text("topk_method")),
         )
     return None
 

@@ -378,7 +378,8 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         local = sh.tokens / t_sp
         # dispatch and combine, forward and backward
         one = dispatch_time(local * arch.hidden_size * BF16, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
-                            dedup=plan.moe_token_dispatcher == "flex")
+                            dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
+                            num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
         lt.ep = EP_ALL_TO_ALLS_PER_LAYER * one
         if plan.moe_a2a_overlap:
             lt.ep = overlapped_a2a(one, lt.fwd_compute, lt.compute - lt.fwd_compute, ctx.a2a_steady_share)
@@ -950,7 +951,10 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
                    f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
                    "last two fitted on published MoE runs, bench/moe_fit.py); routing assumed balanced; "
                    + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
-                      "one of its experts (DeepEP/HybridEP), then fans out over NVLink; "
+                      "one of its experts (DeepEP/HybridEP), then fans out over NVLink"
+                      + (f", its experts in at most topk_group = {job.model.moe.group_topk} of n_group = "
+                         f"{job.model.moe.num_groups} expert groups (group-limited routing); "
+                         if job.model.moe.num_groups > 1 else "; ")
                       if plan.moe_token_dispatcher == "flex" else
                       "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
                    + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "

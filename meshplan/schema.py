@@ -70,6 +70,8 @@ class MoESpec(_Strict):
     router_bias: bool = False
     expert_bias: bool = Field(False, description="Biases on the expert linear layers (gpt-oss)")
     score_correction_bias: bool = Field(False, description="DeepSeek-V3 style per-expert routing bias")
+    num_groups: int = Field(1, ge=1, description="n_group: routed experts split into this many equal groups")
+    group_topk: int = Field(1, ge=1, description="topk_group: groups a token's experts may come from")
 
 
 class MLASpec(_Strict):

@@ -1,0 +1,83 @@
+"""Group-limited routing (HF n_group / topk_group, Megatron-Core moe_router_num_groups / moe_router_group_topk):
+the model reads it, and the flex dispatcher's cross-node traffic follows it."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.calibration import calibration
+from meshplan.comm import dispatch_time, domain_hit, links
+from meshplan.errors import MeshplanError
+from meshplan.hardware import get_gpu
+from meshplan.models import architecture_from_config, catalog_architecture, model_card
+from meshplan.perf import estimate_throughput
+from meshplan.request import resolve
+from meshplan.schema import Request
+
+
+def test_catalog_carries_the_published_groups():
+    v3, v2, k2 = (catalog_architecture(k).moe for k in ("deepseek-v3", "deepseek-v2", "kimi-k2"))
+    assert (v3.num_groups, v3.group_topk) == (8, 4)
+    assert (v2.num_groups, v2.group_topk) == (8, 3)
+    assert (k2.num_groups, k2.group_topk) == (1, 1)
+    assert catalog_architecture("qwen3-30b-a3b").moe.num_groups == 1
+
+
+def _v3(**over):
+    cfg = {**model_card("deepseek-v3").config, **over}
+    return architecture_from_config(cfg)
+
+
+def test_config_groups_are_checked_like_megatron_core():
+    assert _v3().moe.num_groups == 8
+    with pytest.raises(MeshplanError, match="does not divide the 256 routed experts"):
+        _v3(n_group=6)
+    with pytest.raises(MeshplanError, match="topk_group = 9 is out of range"):
+        _v3(topk_group=9)
+    with pytest.raises(MeshplanError, match="exceeds the 4 experts"):
+        _v3(n_group=64, topk_group=1)
+    assert _v3(topk_method="greedy").moe.num_groups == 1  # transformers' DeepSeek-V2 greedy ignores groups
+
+
+def test_domain_hit_exact_cases():
+    plain = 1 - (7 / 8) ** 8
+    assert domain_hit(8, 8, 32) == pytest.approx(plain)
+    # DeepSeek-V3 EP64 over 8 nodes: a node holds one group of 32, picked with chance 4/8; then the 8 copies
+    # fall among 4 groups' 128 experts, so it gets one with chance 1 - (3/4)^8.
+    assert domain_hit(8, 8, 32, 256, 8, 4) == pytest.approx(0.5 * (1 - 0.75 ** 8))
+    # 4 nodes of 2 groups: hypergeometric h of the node's groups picked (C(2,h) C(6,4-h) / C(8,4)).
+    assert domain_hit(8, 4, 64, 256, 8, 4) == pytest.approx(
+        40 / 70 * (1 - 0.75 ** 8) + 15 / 70 * (1 - 0.5 ** 8))
+    # A node inside a group (EP256: 8 experts per node, groups of 32).
+    assert domain_hit(8, 32, 8, 256, 8, 4) == pytest.approx(0.5 * (1 - (1 - 8 / 128) ** 8))
+    # Groups straddling nodes, or every group allowed: the plain chance.
+    assert domain_hit(8, 8, 24, 256, 8, 4) == pytest.approx(plain)
+    assert domain_hit(8, 8, 32, 256, 8, 8) == pytest.approx(plain)
+
+
+def test_groups_cut_only_the_flex_dispatchers_network_bytes():
+    cal = calibration("megatron-core")
+    lk = links(get_gpu("h100"), 8, cal)
+    copy = 1e6
+    plain = dispatch_time(copy, 8, 64, 1, lk, dedup=False)
+    assert dispatch_time(copy, 8, 64, 1, lk, dedup=False, experts=256, num_groups=8, group_topk=4) == plain
+    grouped = dispatch_time(copy, 8, 64, 1, lk, dedup=True, experts=256, num_groups=8, group_topk=4)
+    crossings = 7 * 0.5 * (1 - 0.75 ** 8)
+    assert grouped == pytest.approx(max(copy * (8 * 7 / 64 + 8 * 56 / 64) / lk.intra_bw,
+                                        copy * crossings / lk.inter_bw) + lk.inter_lat)
+    assert grouped < dispatch_time(copy, 8, 64, 1, lk, dedup=True)
+
+
+def test_deepseek_v3_flex_step_follows_the_groups():
+    job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=8, vpp=4, ep=64,
+                                global_batch_size=8192, seq_length=4096, moe_token_dispatcher="flex"))
+    moe = job.model.moe
+    ungrouped = job.model_copy(update={"model": job.model.model_copy(
+        update={"moe": moe.model_copy(update={"num_groups": 1, "group_topk": 1})})})
+    grouped_est, plain_est = estimate_throughput(job, plan), estimate_throughput(ungrouped, plan)
+    assert grouped_est.breakdown.ep_comm_s < plain_est.breakdown.ep_comm_s
+    assert grouped_est.breakdown.compute_s == plain_est.breakdown.compute_s
+    assert any("topk_group = 4 of n_group = 8" in a for a in grouped_est.assumptions)
+    alltoall = plan.model_copy(update={"moe_token_dispatcher": "alltoall"})
+    assert (estimate_throughput(job, alltoall).breakdown.ep_comm_s
+            == estimate_throughput(ungrouped, alltoall).breakdown.ep_comm_s)
