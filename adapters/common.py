@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan import mesh
+from meshplan.cards import framework_card
 from meshplan.errors import MeshplanError
+from meshplan.memory import ep_rank_load
 from meshplan.models import total_params
 from meshplan.offload import optimizer_share
 from meshplan.schedule import layers_per_rank, split_problem, uneven_split
@@ -170,6 +172,15 @@ def megatron_dispatcher(job: Job, plan: Plan) -> list[tuple[str, str]]:
             "and Megatron-Core's DeepEP dispatcher asserts TPxEP > 1.",
             fix="Use moe_token_dispatcher=alltoall, or ep > 1.")
     return [("moe_token_dispatcher_type", "flex"), ("moe_flex_dispatcher_backend", flex_backend(job))]
+
+
+def routing_notes(job: Job, plan: Plan) -> list[str]:
+    """A MoE config's note on routing imbalance (Job.moe_routing_imbalance): no framework key says it, and the
+    switch that forces balance is for benchmarks only, so the framework card's note says so instead of a key."""
+    facts = framework_card(job.framework).moe_routing
+    if job.model.moe is None or facts is None:
+        return []
+    return [facts.note.format(imbalance=ep_rank_load(job, plan))]
 
 
 def flex_notes(job: Job, plan: Plan) -> tuple[list[str], list[str]]:

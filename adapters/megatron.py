@@ -19,6 +19,7 @@ from meshplan.adapters.common import (
     moe_layer_freq,
     nodes,
     offload_modules,
+    routing_notes,
     split_fields,
 )
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
@@ -182,7 +183,7 @@ def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
         template="megatron_core.j2",
         context={"nodes": n, "flags": model + flags, "max_connections": connections, "to_add": model_notes},
         format="shell", filename="pretrain_gpt.sh",
-        notes=[*model_notes, *notes, *flex,
+        notes=[*model_notes, *notes, *flex, *routing_notes(job, plan),
                "Data, tokenizer, optimizer and checkpoint flags are yours to add (--data-path, --tokenizer-type, "
                "--lr, --save ...); the flags here fix the model shape and the layout.",
                "There is no --virtual-pipeline-model-parallel-size flag: VPP is "
@@ -323,7 +324,8 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
     notes = [*model_notes,
              "Apply after building the ConfigContainer from a recipe of this model; the model.* architecture fields "
              "restate its config (the recipe keeps the activation function and layer spec). Bridge defers the "
-             "Megatron-Core __post_init__ checks to cfg.validate(), so run it after these assignments.", *flex]
+             "Megatron-Core __post_init__ checks to cfg.validate(), so run it after these assignments.", *flex,
+             *routing_notes(job, plan)]
     if flex:
         notes.append("With flex, moe_shared_expert_overlap is set False as Bridge's apply_flex_dispatcher_backend "
                      "does; cfg.validate() checks the backend against the GPU it runs on "

@@ -159,6 +159,7 @@ class Layout(NamedTuple):
     moe: MoeBytes = MEGATRON_CORE_MOE  # what the MoE layer keeps outside its experts (the convention's moe_activations)
     qkv_fused: bool = True  # GQA's Q, K, V from one linear or three (op-SAC counts each mm; qkv_projections)
     attn: AttentionSaves = AttentionSaves()  # what the attention code keeps beside Q, K, V (the convention's switches)
+    routed_load: float = 1.0  # routed tokens on this (the most loaded) EP rank over the mean (memory.ep_rank_load)
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
@@ -245,9 +246,9 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
             # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
             mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
         mlp += _moe_routing(shape, lay, t / ts)
-        # routed copies computed on this rank: dropless and balanced, each rank's t*top_k copies spread over the
-        # EP ranks and gathered over ETP, so t*top_k*etp on average (no capacity factor, no worst-case imbalance)
-        rows = t * shape.top_k / ts * lay.etp
+        # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
+        # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap)
+        rows = t * shape.top_k / ts * lay.etp * lay.routed_load
         mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * h)
         mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
         mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
@@ -348,7 +349,8 @@ def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
     if moe_layer and shape.experts:
         moe = t / ts * shape.top_k * (4 + 8)  # topk: fp32 scores and int64 expert ids
         if lay.ep > 1:
-            moe += 2 * BF16 * t / ts * shape.top_k * h  # dispatch and combine all-to-all outputs
+            # dispatch all-to-all output (the copies this rank's experts receive) and combine output (its own)
+            moe += (lay.routed_load + 1) * BF16 * t / ts * shape.top_k * h
         if shape.f_shared:
             moe += mlp(shape.f_shared, t, tp)
         out["moe"] = moe

@@ -367,6 +367,15 @@ class AllocatorFacts(_Card):
     source: str
 
 
+class MoeRoutingFacts(_Card):
+    """How the framework says 'balanced routing' (Job.moe_routing_imbalance 1.0), and why meshplan does not write it:
+    the rendered config's note on routing imbalance."""
+
+    force_balance_key: str = Field(description="The framework's switch that forces balanced routing")
+    note: str = Field(description="What a rendered MoE config says about routing; {imbalance} is the estimate's")
+    source: str
+
+
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
@@ -396,6 +405,8 @@ class FrameworkCard(_Card):
     offload: dict[Engine, EngineOffload] = Field(
         default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
     )
+    moe_routing: MoeRoutingFacts | None = Field(
+        None, description="Absent: the framework has no switch forcing balanced routing; renders say nothing")
     allocator: AllocatorFacts | None = Field(
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
     search: SearchKnobs

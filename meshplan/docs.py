@@ -355,6 +355,9 @@ def block_framework(name: str) -> str:
         ["MoE with pp > 1", card.limits.moe_with_pipeline],
         ["recommend searches", ", ".join(searched)],
         ["meshplan renders a config", card.renderable],
+        ["Balanced MoE routing (moe_routing_imbalance 1.0)",
+         f"`{card.moe_routing.force_balance_key}` forces it (random router logits, benchmarks only); meshplan "
+         "does not render it" if card.moe_routing else "none on its card (an estimate input only)"],
     ])
     parts = [facts]
     if card.notes:

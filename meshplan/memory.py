@@ -153,7 +153,7 @@ def estimate_memory(
         dropout=conv.dropout if dropout is None else dropout,
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
         moe=MOE_BYTES[conv.moe_activations], qkv_fused=conv.qkv_projections == "fused",
-        attn=attention_saves(conv),
+        attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
     )
     recompute = plan.recompute
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
@@ -421,8 +421,10 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
         "and re-allocated every step (activations, logits, gathered layers): peak reserved, not just allocated"
         + ("; FSDP/ZeRO-3 gathered units at the worst unit's backward peak (cards/memory.yaml)." if any(
             t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
-        "Not modelled: routing imbalance across experts, CUDA-graph pools.",
+        "Not modelled: CUDA-graph pools.",
     ]
+    if job.model.moe is not None:
+        out.append(routing_assumption(job, plan))
     if plan.expandable_segments:
         out.append(f"Fit decided by the allocated peak: with expandable segments the caching allocator unmaps its "
                    f"cached free pages before an out-of-memory error, so the reserve above is reported (what "
@@ -467,6 +469,28 @@ def memory_summary(report: MemoryReport) -> MemorySummary:
         fits=report.fits, headroom_bytes=report.headroom_bytes, fit_bytes=report.fit_bytes, fit_basis=report.fit_basis,
         host_bytes_per_node=report.host_bytes_per_node,
     )
+
+
+def ep_rank_load(job: Job, plan: Plan) -> float:
+    """Routed tokens on the most loaded expert-parallel rank over the mean (job.moe_routing_imbalance), which the
+    step waits for (time) and holds (memory). Megatron-Core's routing is dropless unless a capacity factor is set
+    (moe_expert_capacity_factor, which meshplan's plans never set), so nothing caps it. With ep = 1 the one rank
+    holds every expert: an imbalance moves tokens between its experts but not the rank's total, so 1.0."""
+    return job.moe_routing_imbalance if job.model.moe is not None and plan.ep > 1 else 1.0
+
+
+def routing_assumption(job: Job, plan: Plan) -> str:
+    """The assumptions line saying which routing imbalance the figures use."""
+    load = ep_rank_load(job, plan)
+    if load == 1.0 and job.moe_routing_imbalance > 1.0:
+        return (f"Routing imbalance {job.moe_routing_imbalance:g} given, no effect at ep=1: the one expert-parallel "
+                "rank holds every expert, so its routed tokens are the mean.")
+    if load == 1.0:
+        return ("Routing balanced (moe_routing_imbalance 1.0): every expert-parallel rank routed the mean token "
+                "count, as NVIDIA's benchmark recipes force (moe_router_force_load_balancing); real routing is "
+                "seldom that even, pass moe_routing_imbalance to see its cost.")
+    return (f"Routing imbalance {load:g}: the most loaded expert-parallel rank computes, permutes, receives and keeps "
+            f"{load:g}x the mean routed tokens (dropless, no capacity factor caps it); the step waits for it.")
 
 
 def every_nth_blocks(plan: Plan) -> int:

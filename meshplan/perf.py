@@ -51,7 +51,7 @@ from meshplan.lora import (
     lora_engine,
     lora_flops_per_token,
 )
-from meshplan.memory import every_nth_blocks
+from meshplan.memory import ep_rank_load, every_nth_blocks, routing_assumption
 from meshplan.memory_states import convention
 from meshplan.mesh import crosses_domains, hierarchical_cp_sizes
 from meshplan.models import layer_params, per_architecture
@@ -205,6 +205,7 @@ class Ctx:
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
+    routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
 
     @property
     def ridge_rows(self) -> float:
@@ -317,7 +318,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     lt = LayerTime()
     gemms = attention_gemms(arch, sh)
     if moe:
-        gemms += moe_gemms(arch, sh)
+        gemms += busiest_rank_experts(moe_gemms(arch, sh), ctx.routed_load)
     else:
         gemms += mlp_gemms(arch, sh, arch.ffn_hidden_size, "mlp")
     lt.gemm = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
@@ -336,7 +337,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     routed_ffn = shared_ffn = dense_ffn = dispatch_bytes = router_bytes = 0.0
     if moe and arch.moe is not None:
         local = sh.tokens / t_sp
-        routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp
+        routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp * ctx.routed_load
         shared_ffn = sh.tokens * arch.moe.shared_expert_ffn_hidden_size / plan.tp
     else:
         dense_ffn = sh.tokens * arch.ffn_hidden_size / plan.tp
@@ -349,7 +350,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         # Token dispatch: the routed copies (tokens x top_k hidden vectors) are permuted, sorted by
         # expert, unsorted and unpermuted, forward and backward; the router's fp32 logits (scores, top-k, probs);
         # and the dispatcher's host syncs, each a stall while the host refills the GPU's queue.
-        routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / plan.etp
+        routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / plan.etp * ctx.routed_load
         dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed
         router_bytes = cal.moe_router_bytes_per_logit * sh.tokens / t_sp * arch.moe.num_experts
         elem_bytes += dispatch_bytes + router_bytes
@@ -376,14 +377,25 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     lt.cp_fwd, lt.cp = _cp_time(ctx, attn_fwd, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
         local = sh.tokens / t_sp
-        # dispatch and combine, forward and backward
-        one = dispatch_time(local * arch.hidden_size * BF16, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
+        # dispatch and combine, forward and backward; the most loaded rank receives (and sends back) routed_load
+        # times the mean, and every rank waits for it
+        sent = local * arch.hidden_size * BF16 * ctx.routed_load
+        one = dispatch_time(sent, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
                             dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
                             num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
         lt.ep = EP_ALL_TO_ALLS_PER_LAYER * one
         if plan.moe_a2a_overlap:
             lt.ep = overlapped_a2a(one, lt.fwd_compute, lt.compute - lt.fwd_compute, ctx.a2a_steady_share)
     return lt
+
+
+def busiest_rank_experts(gemms: list[Gemm], load: float) -> list[Gemm]:
+    """The routed experts' GEMMs on the most loaded EP rank: each local expert's rows times `load`
+    (memory.ep_rank_load), so the grouped GEMM's FLOPs and its rows curve (gemm_efficiency) both follow the rank the
+    step waits for. The model's FLOPs (MFU) keep the mean: imbalance is time lost, not work done."""
+    if load == 1.0:
+        return gemms
+    return [replace(g, m=g.m * load) if g.name.startswith("expert_") else g for g in gemms]
 
 
 def moe_host_syncs(job: Job, plan: Plan) -> float:
@@ -444,7 +456,7 @@ def lora_gemm_seconds(ctx: Ctx, gemms: list[Gemm], moe: bool) -> tuple[float, fl
             assert arch.moe is not None
             t, count = sh.etp, arch.moe.num_experts / sh.ep
             local = sh.tokens / sh.tp if sh.sp or sh.tp == 1 else sh.tokens
-            rows = sh.ep * sh.etp * local * arch.moe.top_k / arch.moe.num_experts
+            rows = sh.ep * sh.etp * local * arch.moe.top_k / arch.moe.num_experts * ctx.routed_load
         column = a.target in ("linear_qkv", "linear_fc1")
         extra += [Gemm(f"lora_a_{a.target}", rows, r / t if column else r, a.inputs if column else a.inputs / t,
                        count * a.a_copies, fp8=False),
@@ -683,7 +695,7 @@ def estimate_throughput(
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
               moe_host_syncs(job, plan), eager_blocks(job, plan), attention_fraction=fraction,
-              attention_kernel=kernel)
+              attention_kernel=kernel, routed_load=ep_rank_load(job, plan))
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
@@ -949,7 +961,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
                    f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), "
                    "and each MoE layer forward "
                    f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
-                   "last two fitted on published MoE runs, bench/moe_fit.py); routing assumed balanced; "
+                   "last two fitted on published MoE runs, bench/moe_fit.py); "
                    + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
                       "one of its experts (DeepEP/HybridEP), then fans out over NVLink"
                       + (f", its experts in at most topk_group = {job.model.moe.group_topk} of n_group = "
@@ -960,6 +972,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
                    + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
                       "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
                       if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))
+        out.append(routing_assumption(job, plan))
     if job.precision == "fp8":
         out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
                    "router and logits stay BF16.")

@@ -208,7 +208,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
-        framework_version=version,
+        framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
         rl=rl.job if rl else None,
         lora=_lora_spec(req, arch, zero, notes),  # LoRA adapters (meshplan/lora.py); None: every weight trained
     )
@@ -286,6 +286,21 @@ def _torch_compile(req: Request, card, notes: list[str]) -> bool:
                      f"(cards/frameworks/{req.framework}.yaml compile)")
         return True
     return False
+
+
+def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:
+    """moe_routing_imbalance as the job uses it: 1.0 (balanced) when left out; a dense model has no routing to be
+    imbalanced, so a value there is an error naming the field rather than a setting silently ignored."""
+    value = req.moe_routing_imbalance
+    if value is None:
+        if arch.is_moe:
+            notes.append("moe_routing_imbalance not given: 1.0, every expert-parallel rank routed the mean token "
+                         "count (what NVIDIA's benchmark recipes force with moe_router_force_load_balancing).")
+        return 1.0
+    if not arch.is_moe:
+        raise MeshplanError(f"moe_routing_imbalance={value:g}: {arch.name} is a dense model, it routes no tokens to "
+                            "experts.", fix="Leave moe_routing_imbalance unset for a dense model.")
+    return value
 
 
 def _expandable_segments(req: Request, card, notes: list[str]) -> bool:

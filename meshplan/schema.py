@@ -276,6 +276,13 @@ class Request(_Strict):
                           "overlap_moe_expert_parallel_comm with delay_wgrad_compute, Megatron-Bridge "
                           "comm_overlap): needs ep > 1, vpp with pp > 1, no full recompute (default: false)",
     )
+    moe_routing_imbalance: float | None = Field(
+        None, ge=1.0, le=1024.0,
+        description="MoE routing imbalance: routed tokens on the most loaded expert-parallel rank over the mean (1.0 = "
+                    "balanced; 1.3 = that rank gets 30% more); the step waits for that rank's expert GEMMs, permutes "
+                    "and all-to-all, and it holds that many more routed activations (default 1.0, balanced, what "
+                    "NVIDIA's benchmark recipes force with moe_router_force_load_balancing)",
+    )
     torch_compile: bool | None = Field(
         None, description="torch.compile on (torchtitan --compile.enable, compiling each block and the loss; "
                           "KempnerForge train.compile_model, the whole model): fused elementwise kernels and, where "
@@ -453,6 +460,7 @@ class Job(_Strict):
     lora: LoraSpec | None = Field(None, description="LoRA adapters on a frozen base (None: every weight trained)")
     cpu_memory_per_node: int | None = Field(None, ge=1, description="Host memory per node, bytes (None: unchecked)")
     framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
+    moe_routing_imbalance: float = Field(1.0, ge=1.0, description="Most loaded EP rank's routed tokens over the mean")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
 
 

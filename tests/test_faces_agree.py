@@ -88,6 +88,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_throughput", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "global_batch_size": 256}),
     ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_token_dispatcher": "alltoall"}),
     ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 16, "moe_a2a_overlap": True}),
+    ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_routing_imbalance": 1.3}),
+    ("estimate_memory", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_routing_imbalance": 1.3}),
+    ("estimate_memory", {**L8, "num_gpus": 8, "moe_routing_imbalance": 1.3}),  # dense: refused, naming the field
     ("estimate_throughput", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1,
                              "recompute": "full", "moe_token_dispatcher": "flex"}),
     ("estimate_throughput", {**L8, "num_gpus": 32, "cp": 4, "seq_length": 65536, "global_batch_size": 64}),

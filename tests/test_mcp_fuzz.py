@@ -50,8 +50,10 @@ def plausible(name: str, prop: dict) -> st.SearchStrategy:
             small = st.sampled_from([1, 1, 2, 2, 4, 8])
             strategies.extend([small, small, st.integers(branch.get("minimum", 0), branch.get("maximum", 2**31))])
         elif kind == "number":
-            strategies.append(st.floats(branch.get("minimum", 0.0), min(branch.get("exclusiveMaximum", 1.0), 1.0),
-                                        exclude_max=True))
+            lo, hi = branch.get("minimum", 0.0), min(branch.get("exclusiveMaximum", 1.0), 1.0)
+            if lo >= hi:  # a ratio bounded below by 1 (moe_routing_imbalance): up to its own maximum
+                hi = branch.get("maximum", lo + 1.0)
+            strategies.append(st.floats(lo, hi, exclude_max=True))
         elif kind == "boolean":
             strategies.append(st.booleans())
         elif kind == "null":
