@@ -1,4 +1,5 @@
-"""The model's own architecture in Megatron-Core's terms: rope base and scaling, activation, norm and qk-norm.
+"""The model's own architecture in Megatron-Core's terms: rope base and scaling, activation, norm and qk-norm,
+group-limited routing (HF n_group / topk_group; Megatron-Bridge's model_bridge.py CONFIG_MAPPING maps them the same).
 
 One list of settings serves both Megatron faces. Each names the TransformerConfig / GPTModelProvider field
 (`cfg.model.<field>` in Megatron-Bridge) and, where one exists, the pretrain_gpt.py flag that sets it
@@ -182,6 +183,12 @@ def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Settin
                                 ("--position-embedding-type", "learned_absolute")))
     if m.qk_norm != "none" or m.mla is not None:  # MLA: q_a_layernorm and kv_a_layernorm (gpt_layer_specs.py)
         settings.append(Setting("qk_layernorm", True, ("--qk-layernorm", None)))
+    if m.moe is not None and m.moe.num_groups > 1:
+        # n_group / topk_group: Megatron-Core routes unlimited unless told (transformer_config.py, flags from its
+        # fields; moe/README.md and examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh pass 8 / 4 for DeepSeek-V3)
+        settings += [Setting("moe_router_num_groups", m.moe.num_groups,
+                             ("--moe-router-num-groups", m.moe.num_groups)),
+                     Setting("moe_router_group_topk", m.moe.group_topk, ("--moe-router-group-topk", m.moe.group_topk))]
     return settings, notes, core_notes + _features(m, seq_length)
 
 

@@ -81,3 +81,16 @@ def test_deepseek_v3_flex_step_follows_the_groups():
     alltoall = plan.model_copy(update={"moe_token_dispatcher": "alltoall"})
     assert (estimate_throughput(job, alltoall).breakdown.ep_comm_s
             == estimate_throughput(ungrouped, alltoall).breakdown.ep_comm_s)
+
+
+def test_both_megatron_faces_render_the_models_groups():
+    from meshplan.adapters.render import render
+
+    fields = dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, global_batch_size=4096, recompute="full",
+                  recompute_layers=1, first_stage_layers=4, last_stage_layers=1)
+    core = render("megatron-core", *resolve(Request(framework="megatron-core", **fields))).text
+    assert "--moe-router-num-groups 8" in core and "--moe-router-group-topk 4" in core
+    bridge = render("megatron-bridge", *resolve(Request(framework="megatron-bridge", **fields))).text
+    assert "cfg.model.moe_router_num_groups = 8" in bridge and "cfg.model.moe_router_group_topk = 4" in bridge
+    qwen = dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=256)
+    assert "router-num-groups" not in render("megatron-core", *resolve(Request(framework="megatron-core", **qwen))).text

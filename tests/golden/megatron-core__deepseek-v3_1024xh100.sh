@@ -20,6 +20,8 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --mscale 1.0 \
   --mscale-all-dim 1.0 \
   --qk-layernorm \
+  --moe-router-num-groups 8 \
+  --moe-router-group-topk 4 \
   --untie-embeddings-and-output-weights \
   --disable-bias-linear \
   --multi-latent-attention \
