@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.calibration import Calibration
 from meshplan.mesh import fast_domain, per_domain
@@ -74,6 +75,7 @@ def alltoall_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     return max(intra / lk.intra_bw, inter / lk.inter_bw) + lat
 
 
+@lru_cache(maxsize=4096)  # the search asks for the same few (copies, domains, groups) many times
 def domain_hit(copies: int, domains: int, domain_experts: int, experts: int = 0, num_groups: int = 1,
                group_topk: int = 1) -> float:
     """Chance that one given domain, holding `domain_experts` contiguous experts, receives at least one of a
@@ -86,7 +88,7 @@ def domain_hit(copies: int, domains: int, domain_experts: int, experts: int = 0,
     domains) the plain uniform chance is kept.
     """
     plain = 1.0 - (1.0 - 1.0 / domains) ** copies
-    if num_groups <= 1 or group_topk >= num_groups or experts <= 0:
+    if num_groups <= 1 or group_topk >= num_groups or experts <= 0 or experts % num_groups:
         return plain
     per_group = experts // num_groups
     picked = group_topk * per_group  # experts a token may use

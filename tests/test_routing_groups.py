@@ -53,6 +53,7 @@ def test_domain_hit_exact_cases():
     # Groups straddling nodes, or every group allowed: the plain chance.
     assert domain_hit(8, 8, 24, 256, 8, 4) == pytest.approx(plain)
     assert domain_hit(8, 8, 32, 256, 8, 8) == pytest.approx(plain)
+    assert domain_hit(8, 8, 32, 260, 8, 4) == pytest.approx(plain)  # unequal groups: no grouping assumed
 
 
 def test_groups_cut_only_the_flex_dispatchers_network_bytes():
