@@ -82,6 +82,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("moe_a2a_overlap")
     if plan.torch_compile:
         used.append("torch_compile")
+    if plan.tp_comm_overlap:
+        used.append("tp_comm_overlap")
     if job.lora is not None:  # a LoRA job (meshplan/lora.py): rank and targets
         used += ["lora_rank", "lora_targets"]
     used += precision_knobs(job, plan)
@@ -120,6 +122,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
         "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
+        "tp_comm_overlap": "tp_comm_overlap=true",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
         "optimizer": f"optimizer={plan.optimizer}",

@@ -116,6 +116,8 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
             flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     if plan.sequence_parallel:
         flags.append(("--sequence-parallel", None))
+    if plan.tp_comm_overlap:  # Transformer Engine userbuffers (rule TP005: needs --sequence-parallel)
+        flags.append(("--tp-comm-overlap", None))
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
     elif plan.zero_stage in (2, 3):
@@ -227,6 +229,8 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
                 s.append(("model.moe_shared_expert_overlap", False))
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
     s.append(("model.sequence_parallel", plan.sequence_parallel))
+    if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)
+        s.append(("comm_overlap.tp_comm_overlap", True))
     if split.first is not None:
         s.append(("model.num_layers_in_first_pipeline_stage", split.first))
     if split.last is not None:
@@ -334,6 +338,10 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
         notes.append("moe_a2a_overlap: comm_overlap.overlap_moe_expert_parallel_comm with delay_wgrad_compute; the "
                      "run_recipe overrides need a recipe that builds cfg.comm_overlap (the perf recipes do), the "
                      "python variant creates one when the recipe leaves it None.")
+    if plan.tp_comm_overlap:
+        notes.append("tp_comm_overlap: comm_overlap.tp_comm_overlap (Transformer Engine userbuffers); the "
+                     "run_recipe overrides need a recipe that builds cfg.comm_overlap (the perf recipes do), the "
+                     "python variant creates one when the recipe leaves it None.")
     if variant == "run_recipe":
         if plan.optimizer_state_dtype == "fp8":
             raise MeshplanError("run_recipe.py reads a dtype override by name, and fp8 moments are torch.uint8, which "
@@ -350,7 +358,7 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
                                     "(not the wheel); set RECIPE to a recipe function of your model."],
                      warnings=warnings)
     setup = ("import torch",) if any(isinstance(v, PyCode) for _, v in settings) else ()
-    if plan.moe_a2a_overlap and job.model.moe is not None:  # a recipe may leave cfg.comm_overlap None
+    if (plan.moe_a2a_overlap and job.model.moe is not None) or plan.tp_comm_overlap:  # a recipe may leave it None
         setup += ("from megatron.bridge.training.comm_overlap import CommOverlapConfig",
                   "if cfg.comm_overlap is None:", "    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)")
     setup += BRIDGE_SETUP if job.lora else ()

@@ -143,6 +143,7 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["moe_token_dispatcher"] = f["--moe-token-dispatcher-type"]
     if "--overlap-moe-expert-parallel-comm" in f:
         out["moe_a2a_overlap"] = True
+    out["tp_comm_overlap"] = "--tp-comm-overlap" in f
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
     out["optimizer"] = f.get("--optimizer", "adam")
@@ -186,6 +187,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["moe_token_dispatcher"] = m["moe_token_dispatcher_type"]
     if s.get("comm_overlap.overlap_moe_expert_parallel_comm"):
         out["moe_a2a_overlap"] = True
+    out["tp_comm_overlap"] = bool(s.get("comm_overlap.tp_comm_overlap"))
     mp = {}
     if "mixed_precision" in s:  # a registered preset (its fp8_param_gather goes with the recipe), fields over it
         presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
@@ -299,8 +301,10 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if text.lstrip().startswith("#") and "[parallelism]" in text:
         out.update(_torchtitan_float8(doc))
         out["torch_compile"] = bool(doc.get("compile", {}).get("enable"))
+        out["tp_comm_overlap"] = bool(par.get("enable_async_tensor_parallel"))
     else:
         out["torch_compile"] = f.get("--compile.enable") is True
+        out["tp_comm_overlap"] = f.get("--compile.enable_async_tensor_parallel") is True
     if ac == "selective" and option not in (None, "op"):
         out["selective_ac_option"] = str(option)
     if pp > 1:

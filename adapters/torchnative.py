@@ -137,6 +137,10 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
     registry = torchtitan_registry(job)
     # torch.compile of each block and the loss (0.3.0 CompileConfig / 0.2.2 Compile; components default both)
     compile_keys = [("enable", True)] if plan.torch_compile else []
+    if plan.tp_comm_overlap and version.startswith("0.3"):  # async TP: a compile pass since 0.3.0 (rule TP005)
+        compile_keys.append(("enable_async_tensor_parallel", True))
+    elif plan.tp_comm_overlap:  # 0.2.x: [parallelism] enable_async_tensor_parallel, still needing compile
+        parallelism.append(("enable_async_tensor_parallel", True))
     warnings = []
     if registry is None:
         warnings.append(f"torchtitan has no registry config for {job.model.name}: write one (config_registry.py) "

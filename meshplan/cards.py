@@ -142,7 +142,7 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "selective_ac_option",
     "recompute_method", "recompute_modules", "uneven_pp",
     "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "moe_a2a_overlap", "torch_compile",
-    "pipeline_layout",
+    "tp_comm_overlap", "pipeline_layout",
     "account_for_embedding",
     "account_for_loss", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
     "optimizer_offload_fraction",
@@ -376,6 +376,27 @@ class MoeRoutingFacts(_Card):
     source: str
 
 
+TpOverlapMode = Literal["fraction", "none", "wgrad", "userbuffers", "async_tp"]
+
+
+class TpOverlapFacts(_Card):
+    """Which TP/SP collectives the framework runs beside a GEMM, without and with its TP overlap switch
+    (Plan.tp_comm_overlap); meshplan/perf.py tp_hidden turns each mode into the time hidden, at most that GEMM's."""
+
+    base: TpOverlapMode = Field(description="Without the switch: none; wgrad (the column-parallel backward's "
+                                           "reduce-scatter beside the weight-gradient GEMM); fraction (the "
+                                           "calibration's tp_overlap, where the framework's own TP is unread)")
+    switch: Literal["userbuffers", "async_tp"] | None = Field(
+        None, description="With the switch: userbuffers (Transformer Engine: every all-gather and reduce-scatter "
+                          "pipelined with, or in bulk beside, its GEMM), async_tp (torch's micro-pipelined "
+                          "all-gather-matmul / matmul-reduce-scatter); None: no switch")
+    default: bool = False  # the framework's own default (a request that leaves tp_comm_overlap out gets it)
+    rs_splits: int = Field(0, ge=0, description="Chunks a pipelined forward reduce-scatter is split into (0: tp)")
+    needs_sequence_parallel: bool = False
+    needs_compile: bool = False
+    source: str
+
+
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
@@ -409,6 +430,7 @@ class FrameworkCard(_Card):
         None, description="Absent: the framework has no switch forcing balanced routing; renders say nothing")
     allocator: AllocatorFacts | None = Field(
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
+    tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     search: SearchKnobs
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"

@@ -390,6 +390,31 @@ def a2a_overlap_preconditions(ctx: Context) -> Values:
     return None
 
 
+@rule("TP005")
+def tp_overlap_preconditions(ctx: Context) -> Values:
+    """tp_comm_overlap on a framework without the switch, or without what its switch needs (the card's
+    tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP)."""
+    p = ctx.plan
+    if not p.tp_comm_overlap:
+        return None
+    facts = framework_card(ctx.framework).tp_overlap
+    if facts.switch is None:
+        supported = [n for n in FRAMEWORKS if framework_card(n).tp_overlap.switch is not None]
+        return {"reason": f"{ctx.job.framework} has no TP communication overlap switch meshplan renders",
+                "fix": f"Use tp_comm_overlap=false, or {', '.join(supported)}."}
+    if p.tp <= 1:
+        return {"reason": f"tp={p.tp}: there is no TP communication to overlap",
+                "fix": "Use tp > 1, or tp_comm_overlap=false."}
+    if facts.needs_sequence_parallel and not p.sequence_parallel:
+        return {"reason": "sequence_parallel=false (the userbuffers overlap pipelines the sequence-parallel "
+                          "all-gather and reduce-scatter)",
+                "fix": "Set sequence_parallel=true, or tp_comm_overlap=false."}
+    if facts.needs_compile and not p.torch_compile:
+        return {"reason": "torch_compile=false (async TP is a torch.compile pass)",
+                "fix": "Set torch_compile=true, or tp_comm_overlap=false."}
+    return None
+
+
 @rule("CO001")
 def compile_needs_a_switch(ctx: Context) -> Values:
     """torch_compile on a framework whose card has no compile section (nothing renders or models it)."""

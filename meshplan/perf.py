@@ -84,6 +84,15 @@ TP_COLLECTIVES_PER_LAYER = 8.0
 # A layer of routed experts only (no shared expert) keeps attention's pair, forward and backward: the experts
 # take the sequence-sharded tokens straight into the all-to-all.
 TP_COLLECTIVES_ATTENTION_ONLY = 4.0
+# What each TP overlap mode hides (tp_hidden), for the breakdown's assumptions.
+TP_OVERLAP_TEXT = {
+    "fraction": "{share:.0%} hidden behind compute (cards/calibration.yaml tp_overlap).",
+    "none": "none hidden (each collective waits for its GEMM).",
+    "wgrad": "the backward reduce-scatter hidden behind the weight-gradient GEMM, up to its time.",
+    "userbuffers": "userbuffers (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time, the "
+                   "backward reduce-scatter in bulk behind the weight-gradient GEMM.",
+    "async_tp": "async TP (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time.",
+}
 # Expert TP: an all-gather before and a reduce-scatter after the experts, forward and backward.
 EXPERT_TP_COLLECTIVES_PER_LAYER = 4.0
 # Token dispatch and combine, forward and backward.
@@ -206,6 +215,8 @@ class Ctx:
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
+    tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
+    tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)
 
     @property
     def ridge_rows(self) -> float:
@@ -373,7 +384,12 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     tp_comm = tp_ops * ring_time(act_bytes, plan.tp, 1, ctx.lk)
     if moe and plan.etp > 1:
         tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, plan.etp, 1, ctx.lk)
-    lt.tp = (1.0 - cal.tp_overlap) * tp_comm
+    if ctx.tp_overlap_mode == "fraction":
+        lt.tp = (1.0 - cal.tp_overlap) * tp_comm
+    else:  # the expert-TP gathers run in the token dispatcher, beside no GEMM
+        pairs = tp_pairs(gemms, cal, ctx, moe)
+        lt.tp = tp_comm - tp_hidden(ctx.tp_overlap_mode, ring_time(act_bytes, plan.tp, 1, ctx.lk), pairs, plan.tp,
+                                    plan.sequence_parallel, ctx.tp_rs_splits)
     lt.cp_fwd, lt.cp = _cp_time(ctx, attn_fwd, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
         local = sh.tokens / t_sp
@@ -387,6 +403,64 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         if plan.moe_a2a_overlap:
             lt.ep = overlapped_a2a(one, lt.fwd_compute, lt.compute - lt.fwd_compute, ctx.a2a_steady_share)
     return lt
+
+
+# The GEMMs that read a sequence-parallel all-gather's output (the input side of a TP pair) and the GEMM whose
+# output is reduce-scattered (its output side): attention's, then the dense or shared-expert MLP's.
+TP_PAIR_GEMMS = ((("qkv", "q_proj", "q_down", "kv_down"), ("attn_out",)),
+                 (("mlp_fc1", "shared_expert_fc1"), ("mlp_fc2", "shared_expert_fc2")))
+
+
+def tp_pairs(gemms: list[Gemm], cal: Calibration, ctx: Ctx, moe: bool) -> list[tuple[float, float]]:
+    """(input side, output side) forward GEMM seconds of each TP pair of the layer: attention's, and the MLP's
+    where it has one (a dense MLP, or an MoE layer's shared expert: routed experts only keep attention's pair,
+    TP_COLLECTIVES_ATTENTION_ONLY)."""
+    def fwd(names: tuple[str, ...]) -> float:
+        picked = [g for g in gemms if g.name in names]
+        return gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) / TRAINING_PASSES_PER_FORWARD
+    out = [(fwd(a), fwd(b)) for a, b in TP_PAIR_GEMMS]
+    return out[:1] if moe and out[1] == (0.0, 0.0) else out
+
+
+def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, sp: bool = True,
+              rs_splits: int = 0) -> float:
+    """TP seconds hidden per layer behind the GEMMs each collective runs beside (`one`: one all-gather or
+    reduce-scatter of the layer's activations). Per pair, forward: an all-gather before the input GEMM, a
+    reduce-scatter after the output GEMM; backward: the output GEMM's grad all-gather before its dgrad, the input
+    GEMM's dgrad reduce-scatter (cards/frameworks/*.yaml tp_overlap).
+    - none: every collective waits for, or is waited on by, its GEMM.
+    - wgrad (Transformer Engine without userbuffers): the dgrad reduce-scatter runs beside the input GEMM's wgrad
+      GEMM, hidden up to that GEMM's time (the backward's input re-gather beside dgrad is not counted either way).
+    - userbuffers (TE tp_comm_overlap): the all-gathers are ring-exchanged in tp chunks, each chunk's GEMM beside the
+      next chunk's transfer, so at most (tp-1)/tp of the GEMM hides them; the forward reduce-scatter is pipelined
+      over rs_splits chunks (the first chunk's GEMM and the last chunk's transfer run alone: (n-1)/n of the
+      shorter); the dgrad reduce-scatter runs in bulk beside the whole wgrad GEMM.
+    - async_tp (torch micro-pipelined TP): both all-gathers chunked by tp as above, both reduce-scatters pipelined
+      over tp chunks, the dgrad one with the dgrad GEMM that produces it.
+    Without sequence parallelism each pair is one all-reduce (two collectives' time) forward and one backward."""
+    if mode == "none" or tp <= 1:
+        return 0.0
+    ag = (tp - 1) / tp
+    hidden = 0.0
+    for into, out in pairs:
+        bulk = min(one if sp else 2 * one, into)  # beside the input GEMM's wgrad GEMM (its forward's FLOPs)
+        if mode == "wgrad":
+            hidden += bulk
+        elif mode == "userbuffers":
+            n = rs_splits or tp
+            hidden += min(one, ag * into) + min(one, ag * out) + (n - 1) / n * min(one, out) + bulk
+        elif mode == "async_tp":
+            hidden += min(one, ag * into) + min(one, ag * out) + ag * min(one, out) + ag * min(one, into)
+        else:
+            raise ValueError(f"unknown TP overlap mode {mode!r}")
+    return hidden
+
+
+def tp_overlap_mode(framework: str, plan: Plan) -> str:
+    """Which TP collectives the plan runs beside a GEMM: its framework's switch mode when tp_comm_overlap is on,
+    else the framework's base mode (the card's tp_overlap)."""
+    facts = framework_card(framework).tp_overlap
+    return facts.switch if plan.tp_comm_overlap and facts.switch else facts.base
 
 
 def busiest_rank_experts(gemms: list[Gemm], load: float) -> list[Gemm]:
@@ -695,7 +769,9 @@ def estimate_throughput(
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
               moe_host_syncs(job, plan), eager_blocks(job, plan), attention_fraction=fraction,
-              attention_kernel=kernel, routed_load=ep_rank_load(job, plan))
+              attention_kernel=kernel, routed_load=ep_rank_load(job, plan),
+              tp_overlap_mode=tp_overlap_mode(job.framework, plan),
+              tp_rs_splits=framework_card(job.framework).tp_overlap.rs_splits)
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
@@ -946,7 +1022,7 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
            "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),
         f"TP: {TP_COLLECTIVES_PER_LAYER / FORWARD_AND_BACKWARD:g} all-gather/reduce-scatter (or 2 all-reduce) per "
         "layer forward and as many backward; "
-        f"{cal.tp_overlap:.0%} hidden behind compute.",
+        + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
         _dp_assumption(job, plan, cal),

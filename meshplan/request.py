@@ -196,6 +196,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
         moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
+        tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         expandable_segments=_expandable_segments(req, card, notes),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
@@ -275,6 +276,16 @@ def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]
         "grad_offload": bool(grad), "optimizer_offload": bool(optimizer),
         "optimizer_offload_fraction": fraction,
     }
+
+
+def _tp_comm_overlap(req: Request, card, tp: int, notes: list[str]) -> bool:
+    """The request's TP overlap switch, else the framework card's default (tp_overlap.default; noted when on)."""
+    if req.tp_comm_overlap is not None:
+        return req.tp_comm_overlap
+    if card.tp_overlap.default and tp > 1:
+        notes.append(f"tp_comm_overlap=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml "
+                     "tp_overlap)")
+    return card.tp_overlap.default and tp > 1
 
 
 def _torch_compile(req: Request, card, notes: list[str]) -> bool:

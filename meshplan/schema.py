@@ -276,6 +276,14 @@ class Request(_Strict):
                           "overlap_moe_expert_parallel_comm with delay_wgrad_compute, Megatron-Bridge "
                           "comm_overlap): needs ep > 1, vpp with pp > 1, no full recompute (default: false)",
     )
+    tp_comm_overlap: bool | None = Field(
+        None, description="Hide the TP/SP all-gathers and reduce-scatters behind the GEMMs beside them: Megatron-Core "
+                          "--tp-comm-overlap / Megatron-Bridge comm_overlap.tp_comm_overlap (Transformer Engine "
+                          "userbuffers; needs sequence_parallel and tp > 1), torchtitan async TP "
+                          "enable_async_tensor_parallel (needs torch_compile and tp > 1) (default: the framework's, "
+                          "off; without it Megatron still hides the backward reduce-scatter behind the weight "
+                          "gradient GEMM)",
+    )
     moe_routing_imbalance: float | None = Field(
         None, ge=1.0, le=1024.0,
         description="MoE routing imbalance: routed tokens on the most loaded expert-parallel rank over the mean (1.0 = "
@@ -490,6 +498,7 @@ class Plan(_Strict):
     fp8_recipe: Fp8Recipe | None = None  # None: the framework's default recipe (precision=fp8 only)
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     moe_a2a_overlap: bool = False  # EP all-to-all overlapped with the other micro-batch's compute (1F1B)
+    tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
     torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
     expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
     # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py

@@ -123,6 +123,17 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("kempnerforge", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
     ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=8, zero_stage=3, global_batch_size=64, param_offload=True,
                              optimizer_offload_fraction=0.5, recompute="full", activation_offload=True)),
+    # TP communication overlap (Megatron --tp-comm-overlap, Bridge comm_overlap.tp_comm_overlap, torchtitan async TP)
+    ("megatron-core", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
+                                 tp_comm_overlap=True)),
+    ("megatron-bridge", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
+                                   tp_comm_overlap=True)),
+    ("megatron-bridge", "run_recipe", dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
+                                           tp_comm_overlap=True)),
+    ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, global_batch_size=512, torch_compile=True,
+                              tp_comm_overlap=True)),
+    ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, global_batch_size=512, torch_compile=True,
+                              tp_comm_overlap=True, framework_version="0.2.2")),
     # Megatron's recompute_modules (selective)
     ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, global_batch_size=4096,
                                  recompute="selective", recompute_modules=["mla_up_proj", "moe_act"])),

@@ -88,6 +88,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_throughput", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "global_batch_size": 256}),
     ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_token_dispatcher": "alltoall"}),
     ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 16, "moe_a2a_overlap": True}),
+    ("estimate_throughput", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "global_batch_size": 256,
+                             "tp_comm_overlap": True}),
+    ("check_config", {**L8, "num_gpus": 8, "tp": 2, "sequence_parallel": False, "tp_comm_overlap": True}),  # TP005
     ("estimate_throughput", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_routing_imbalance": 1.3}),
     ("estimate_memory", {**Q30, "num_gpus": 16, "ep": 8, "etp": 1, "moe_routing_imbalance": 1.3}),
     ("estimate_memory", {**L8, "num_gpus": 8, "moe_routing_imbalance": 1.3}),  # dense: refused, naming the field
