@@ -15,7 +15,10 @@ overlap flags beyond meshplan's Megatron defaults. The `dispatcher` column is re
 configs (scripts/performance/configs/*/..._workload_base_configs.py: rows whose preset sets
 moe_flex_dispatcher_backend are `flex`); those files are newer than some of the published rows, so it is
 an assumption too. Only cross-node EP is affected by it (inside an NVLink domain flex and alltoall cost the
-same in meshplan).
+same in meshplan). The `tp_comm_overlap` column is read from the same perf recipes: the Llama rows with TP > 1 run
+Transformer Engine's userbuffers (src/megatron/bridge/perf_recipes/llama/*: tp_comm_overlap_cfg on the base recipes'
+tp_comm_overlap=True, recipes/llama/h100/llama3.py; NVFP4 turns it off, and those rows are left out), Qwen3-235B on
+H100 sets tp_comm_overlap=False (perf_recipes/qwen/h100/qwen3_moe.py), DeepSeek-V3 on H100 leaves it unset (off).
 
 `--fit` refits the two Megatron-family constants these rows identify (cards/calibration.yaml
 `gemm_peak_fraction`, `moe_host_sync_s`) by grid search on the median |log error| of this set plus the
@@ -61,6 +64,7 @@ def cases(path: Path = DATA):
                 dp=gpus // (tp * pp * cp), sequence_parallel=tp > 1,
                 zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
                 moe_token_dispatcher=r["dispatcher"] if ep > 1 else None,
+                tp_comm_overlap=r["tp_comm_overlap"] == "1",
             )
             job, plan = resolve(req)
             if int(r["mtp"]) == 0 and job.model.num_mtp_layers:

@@ -111,7 +111,6 @@ KNOBS: dict[str, tuple[str, str]] = {
             "row's own memory"),
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
     "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
-    "tp_comm_overlap": ("time", "TP communication overlap (userbuffers) / async TP; scored with meshplan's default"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
                       "TORCHTITAN_LOSS_COMPILED_SINCE), or on a framework without a compile card; scored eager"),
 }
@@ -739,6 +738,12 @@ RECIPE_MOE: dict[str, RecipeMoe] = {
 RECIPE_PRECISION = {"mxfp8": "fp8mx", "bf16": "bf16", "fp8": "fp8cs"}
 
 
+# Megatron-Bridge's published Llama runs with TP > 1 use its perf recipes' userbuffers (the same fact as
+# bench/data/megatron_bridge_published.csv's tp_comm_overlap column).
+LLAMA_PERF_TP_OVERLAP = (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg userbuffers on the base recipes' "
+                         "tp_comm_overlap=True (recipes/llama/h100/llama3.py) wherever TP > 1")
+
+
 def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """(knobs, notes) from the Megatron-Bridge perf recipe a row cites (RECIPE_MOE): the function it names, or, where
     it names only the recipe file, that file's function for its GPU count, system and precision (the recipes'
@@ -777,8 +782,8 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
         knobs["cuda_graphs"] = row["outcome"]["other"]
     if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):
         knobs["moe_a2a_overlap"] = row["outcome"]["other"]
-    if re.search(r"tp comm overlap|asynctp", low):
-        knobs["tp_comm_overlap"] = row["outcome"]["other"]
+    if re.search(r"tp comm overlap|asynctp", _text(row["name"], other).lower()):  # the row's name states AsyncTP
+        knobs["tp_comm_overlap"] = _text(row["name"], other)
     if re.search(r"\bcompile\b", _text(row["name"], other).lower()):  # the row's name states it too
         knobs["torch_compile"] = _text(row["name"], other)
     return knobs
@@ -929,7 +934,17 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         k, n = recipe_moe(row)
         knobs |= k
         notes += n
+        tp_facts = framework_card(framework).tp_overlap
+        if (framework == "megatron-bridge" and "performance-summary" in _text(row["source"]["citation"])
+                and str(key).startswith("llama") and p["tp"] > 1):
+            knobs.setdefault("tp_comm_overlap", LLAMA_PERF_TP_OVERLAP)
+        if "tp_comm_overlap" in knobs and tp_facts.needs_compile:  # async TP is a torch.compile pass: the run compiled
+            knobs.setdefault("torch_compile", "async TP (a torch.compile pass)")
         fields |= compile_field(row, framework, knobs)
+        if knobs.pop("tp_comm_overlap", None):  # a plan knob since issue 15 item 4; at tp 1 there is nothing to hide
+            fields["tp_comm_overlap"] = p["tp"] > 1 and tp_facts.switch is not None
+            if p["tp"] <= 1:
+                notes.append("TP comm overlap stated at tp 1: no TP communication, scored without")
         fields |= allocator_field(row, framework)
         if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
             framework, f, k = lora_for(row, framework, knobs.pop("lora"))

@@ -150,7 +150,8 @@ def classic_cases() -> list[Case]:
         plan = Plan(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=1, recompute="full", zero_stage=0)
         hw_flops_per_token = 96 * L * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * L * h))
         cases.append(Case("Narayanan T1", "classic", job, plan, tflops * 1e12 / hw_flops_per_token, False, True))
-    # (G) Megatron-Core r0.8.0 H100 table: s 4096, V 131072; mbs 1, no recompute, GeLU 4h, tied (assumed).
+    # (G) Megatron-Core r0.8.0 H100 table: s 4096, V 131072; mbs 1, no recompute, GeLU 4h, tied (assumed); "TP comm
+    # overlap enabled" (the table's note, production_configs_dev.yaml mcore_h100_weak_*): tp_comm_overlap where tp > 1.
     for label, a, h, L, t, p, gpus, gbs, tflops in [
         ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
         ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
@@ -163,7 +164,7 @@ def classic_cases() -> list[Case]:
         ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
     ]:
         job = gpt_job(f"MCore {label}", L, h, a, 131072, True, "h100", gpus, 4096, gbs)
-        plan = Plan(tp=t, pp=p, dp=gpus // (t * p), sequence_parallel=t > 1, micro_batch_size=1)
+        plan = Plan(tp=t, pp=p, dp=gpus // (t * p), sequence_parallel=t > 1, micro_batch_size=1, tp_comm_overlap=t > 1)
         tps = tflops * 1e12 / noncausal_flops_per_token(job.model, 4096)
         cases.append(Case("MCore H100 table", "classic", job, plan, tps))
     return cases
