@@ -41,6 +41,7 @@ def test_mode_follows_the_framework_card_and_the_switch():
     assert mode("megatron-bridge", tp_comm_overlap=True) == "userbuffers"
     assert mode("torchtitan", pp=1) == "none"
     assert mode("torchtitan", pp=1, torch_compile=True, tp_comm_overlap=True) == "async_tp"
+    assert mode("verl") == "wgrad" and mode("skyrl") == "wgrad"  # Megatron engines on TE; no switch rendered
     assert mode("deepspeed", pp=1) == "fraction"  # the calibration's tp_overlap where the TP path is unread
 
 
