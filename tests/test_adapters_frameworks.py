@@ -104,6 +104,7 @@ BRIDGE_SECTIONS = {"model": ("megatron.bridge.models.gpt_provider", "GPTModelPro
                    "dataset": ("megatron.bridge.training.config", "GPTDatasetConfig"),
                    "checkpoint": ("megatron.bridge.training.config", "CheckpointConfig"),
                    "mixed_precision": ("megatron.bridge.training.mixed_precision", "MixedPrecisionConfig"),
+                   "comm_overlap": ("megatron.bridge.training.comm_overlap", "CommOverlapConfig"),
                    "peft": ("megatron.bridge.peft.lora", "LoRA")}  # a LoRA job's cfg.peft
 
 
