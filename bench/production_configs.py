@@ -744,6 +744,23 @@ LLAMA_PERF_TP_OVERLAP = (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg us
                          "tp_comm_overlap=True (recipes/llama/h100/llama3.py) wherever TP > 1")
 
 
+# NeMo 24.07's pretraining table (NVIDIA/NeMo docs/source/performance/performance_summary.md) ran the NeMo Framework
+# Launcher's default training configs; those that set userbuffers TP overlap at the 24.07 line (NVIDIA/
+# NeMo-Framework-Launcher 1ab2c781, 2024-08-13, launcher_scripts/conf/training/<config>.yaml ub_tp_comm_overlap:
+# True; the row's TP, PP and SP match each config). gpt3/175b and nemotron/nemotron_340b set it False, the TP-1
+# configs have nothing to overlap; the SFT / LoRA rows ran other configs, not read.
+NEMO_2407_TP_OVERLAP = {"gpt3_20b": "gpt3/20b", "llama2_70b": "llama/llama2_70b", "llama3_70b": "llama/llama3_70b",
+                        "nemotron_8b": "nemotron/nemotron_8b", "nemotron_22b": "nemotron/nemotron_22b"}
+
+
+def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
+    """The launcher config a NeMo 24.07 pretraining row ran with ub_tp_comm_overlap True, else None."""
+    rid = row["id"]
+    if not rid.startswith("nemo2407_") or "_sft_" in rid or "_lora_" in rid:
+        return None
+    return next((cfg for part, cfg in NEMO_2407_TP_OVERLAP.items() if f"_{part}_" in rid), None)
+
+
 def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     """(knobs, notes) from the Megatron-Bridge perf recipe a row cites (RECIPE_MOE): the function it names, or, where
     it names only the recipe file, that file's function for its GPU count, system and precision (the recipes'
@@ -938,6 +955,9 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         if (framework == "megatron-bridge" and "performance-summary" in _text(row["source"]["citation"])
                 and str(key).startswith("llama") and p["tp"] > 1):
             knobs.setdefault("tp_comm_overlap", LLAMA_PERF_TP_OVERLAP)
+        launcher = nemo_2407_tp_overlap(row)
+        if launcher:
+            knobs.setdefault("tp_comm_overlap", f"NeMo-Framework-Launcher 1ab2c781 {launcher}.yaml ub_tp_comm_overlap")
         if "tp_comm_overlap" in knobs and tp_facts.needs_compile:  # async TP is a torch.compile pass: the run compiled
             knobs.setdefault("torch_compile", "async TP (a torch.compile pass)")
         fields |= compile_field(row, framework, knobs)

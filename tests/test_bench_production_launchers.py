@@ -63,3 +63,13 @@ def test_a_row_that_does_not_fit_says_why(tmp_path, by_id):
     row = by_id["mbridge_b200_gpt_oss_120b_64_bf16"]
     fits = pc.score_row(row, pc.map_row(row, tmp_path))
     assert fits.fits and fits.over is None
+
+
+def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, by_id):
+    """NeMo 24.07's pretraining rows ran NeMo-Framework-Launcher's configs: userbuffers TP overlap where the config at
+    that line sets ub_tp_comm_overlap (gpt3/20b, llama2_70b, ...), not for gpt3/175b, TP-1 configs or SFT/LoRA."""
+    assert pc.map_row(by_id["nemo2407_h100_gpt3_20b_64gpu"], tmp_path).request.tp_comm_overlap is True
+    assert pc.map_row(by_id["nemo2407_h100_llama3_70b_64gpu"], tmp_path).request.tp_comm_overlap is True
+    assert not pc.map_row(by_id["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
+    assert not pc.map_row(by_id["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
+    assert pc.nemo_2407_tp_overlap({"id": "nemo2407_h100_gpt3_5b_64gpu"}) is None
