@@ -25,8 +25,8 @@ def comparisons():
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return {r["id"]: r for r in pc.load_rows(pc.DEFAULT_VALIDATION / pc.DATA_NAME)}
+def rows(production_rows):
+    return production_rows
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,6 @@ def run():
     return pc.run(pc.DEFAULT_VALIDATION)
 
 
-@pytest.fixture(scope="module")
-def by_id():
-    return {r["id"]: r for r in pc.load_rows(DATA)}
-
-
 def test_every_row_maps_or_says_why(run):
     rows, scores, summary = run
     assert [s.mapping.row_id for s in scores] == [r["id"] for r in rows]
@@ -72,91 +67,91 @@ def test_summary_adds_up(run):
     assert s.exact == sum(not x.mapping.knobs for x in mapped)
 
 
-def test_catalog_match_by_architecture(by_id):
+def test_catalog_match_by_architecture(production_rows):
     # Llama 3 and 3.1 8B have one architecture: the row's model id tells them apart
-    assert pc.catalog_match(by_id["nemo2407_h100_llama3_8b_8gpu"]["model"]) == "llama-3-8b"
+    assert pc.catalog_match(production_rows["nemo2407_h100_llama3_8b_8gpu"]["model"]) == "llama-3-8b"
     # no name resolves for meta-llama/Llama-2-7b; the architecture does
-    assert pc.catalog_match(by_id["nemo2407_h100_llama2_7b_8gpu"]["model"]) == "llama-2-7b"
+    assert pc.catalog_match(production_rows["nemo2407_h100_llama2_7b_8gpu"]["model"]) == "llama-2-7b"
     # GPT-3 175B with an unstated vocabulary is the catalog's; with Megatron's 131072 vocabulary it is not
-    assert pc.catalog_match(by_id["nemo2407_h100_gpt3_175b_128gpu"]["model"]) == "gpt3-175b"
-    assert pc.catalog_match(by_id["mcore_h100_weak_177b"]["model"]) is None
-    assert pc.catalog_match(by_id["mbridge_recipe_kimi_k2_512"]["model"]) == "kimi-k2"
+    assert pc.catalog_match(production_rows["nemo2407_h100_gpt3_175b_128gpu"]["model"]) == "gpt3-175b"
+    assert pc.catalog_match(production_rows["mcore_h100_weak_177b"]["model"]) is None
+    assert pc.catalog_match(production_rows["mbridge_recipe_kimi_k2_512"]["model"]) == "kimi-k2"
 
 
-def test_built_config_and_mtp(tmp_path, by_id):
-    model, source, notes, knobs = pc.model_for(by_id["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
+def test_built_config_and_mtp(tmp_path, production_rows):
+    model, source, notes, knobs = pc.model_for(production_rows["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
     assert source == "config.json (gpt2)" and Path(model).is_file()
     assert notes == ["vocab_size not stated: 50257 from catalog gpt3-175b"] and knobs == {}
-    model, source, _, knobs = pc.model_for(by_id["llmfoundry_mpt_7b_8_h100_2k"], tmp_path)
+    model, source, _, knobs = pc.model_for(production_rows["llmfoundry_mpt_7b_8_h100_2k"], tmp_path)
     assert "model_type" in knobs
     # verl's DeepSeek-V3 RL rows run without the MTP block: the catalog config with it off
-    model, source, _, _ = pc.model_for(by_id["verl_dsv3_h20_96"], tmp_path)
+    model, source, _, _ = pc.model_for(production_rows["verl_dsv3_h20_96"], tmp_path)
     assert source == "catalog deepseek-v3 config, MTP off"
     assert pc.resolve_model(model).num_mtp_layers == 0
 
 
-def test_recompute_reading(tmp_path, by_id):
+def test_recompute_reading(tmp_path, production_rows):
     # Megatron's "full, uniform, 1 layer" is recompute_method=uniform with 1 layer per chunk: every layer
-    req = pc.map_row(by_id["verl_dsv3_h20_256"], tmp_path).request
+    req = pc.map_row(production_rows["verl_dsv3_h20_256"], tmp_path).request
     assert (req.recompute, req.recompute_method, req.recompute_layers) == ("full", "uniform", 1)
-    assert pc.recompute_for(by_id["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {}, {})
+    assert pc.recompute_for(production_rows["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {}, {})
     # the modules the row lists are recompute_modules (its default core_attn left out, as Megatron does)
-    assert pc.recompute_for(by_id["mbridge_h100_dsv3_1024_fp8"], "megatron-bridge") == (
+    assert pc.recompute_for(production_rows["mbridge_h100_dsv3_1024_fp8"], "megatron-bridge") == (
         "selective", {"recompute_modules": ["mla_up_proj", "mlp"]}, {})
     # "(recipe)" and "(smallest passing)" trail the module list; the row's figures are the first setting's
-    assert pc.recompute_for(by_id["mbridge_card_nemotron3_nano_16_moe_recompute"], "megatron-bridge")[1] == {
+    assert pc.recompute_for(production_rows["mbridge_card_nemotron3_nano_16_moe_recompute"], "megatron-bridge")[1] == {
         "recompute_modules": ["moe"]}
-    assert pc.recompute_for(by_id["mbridge_card_dsv3_b200_256_mxfp8"], "megatron-core")[1] == {
+    assert pc.recompute_for(production_rows["mbridge_card_dsv3_b200_256_mxfp8"], "megatron-core")[1] == {
         "recompute_modules": ["mla_up_proj", "mlp"]}
     # torchtitan: per-op SAC and llama3_8b.toml's default are selective_ac_option "op" (the 2024-12 benchmarks ran that
     # file too); an unstated option on a model whose train config sets full AC stays a knob
-    assert pc.recompute_for(by_id["torchtitan_asynctp_8b_64_bf16"], "torchtitan") == (
+    assert pc.recompute_for(production_rows["torchtitan_asynctp_8b_64_bf16"], "torchtitan") == (
         "selective", {"selective_ac_option": "op"}, {})
-    assert pc.recompute_for(by_id["torchtitan_trainy_llama31_8b_h200_32"], "torchtitan")[1] == {
+    assert pc.recompute_for(production_rows["torchtitan_trainy_llama31_8b_h200_32"], "torchtitan")[1] == {
         "selective_ac_option": "op"}
-    assert pc.recompute_for(by_id["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan") == (
+    assert pc.recompute_for(production_rows["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan") == (
         "selective", {"selective_ac_option": "op"}, {})
-    row = by_id["torchtitan_llama31_8b_8gpu_fsdp"]
+    row = production_rows["torchtitan_llama31_8b_8gpu_fsdp"]
     rec, fields, knobs = pc.recompute_for({**row, "model": {**row["model"], "total_params_b": 70.0}}, "torchtitan")
     assert rec == "selective" and fields == {} and set(knobs) == {"selective_ac_option"}
-    assert pc.recompute_for(by_id["mcore_h100_weak_1p7b"], "megatron-core") == (None, {}, {})
+    assert pc.recompute_for(production_rows["mcore_h100_weak_1p7b"], "megatron-core") == (None, {}, {})
     # a module Megatron does not have stays a knob
     row = {"memory": {"recompute": "selective: core_attn, attention_output"}}
     assert pc.recompute_for(row, "megatron-core") == (
         "selective", {}, {"recompute_modules": "attention_output, core_attn"})
 
 
-def test_modules_reach_the_memory_estimate(tmp_path, by_id):
+def test_modules_reach_the_memory_estimate(tmp_path, production_rows):
     # the mapped modules change the estimate: dropping them (Megatron's default core_attn) keeps more activations
-    req = pc.map_row(by_id["mbridge_h100_gpt_oss_120b_64_bf16"], tmp_path).request
+    req = pc.map_row(production_rows["mbridge_h100_gpt_oss_120b_64_bf16"], tmp_path).request
     assert req.recompute_modules == ["layernorm", "moe_act"]
     mapped = pc.api.estimate_memory(req).stages[0].activations_bytes
     default = pc.api.estimate_memory(req.model_copy(update={"recompute_modules": None})).stages[0].activations_bytes
     assert mapped < default
 
 
-def test_pipeline_reading(tmp_path, by_id):
+def test_pipeline_reading(tmp_path, production_rows):
     # a quoted custom layout is passed as it stands: 40 stages for pp=8 x vpp=5, 80 layers
-    req = pc.map_row(by_id["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request
+    req = pc.map_row(production_rows["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request
     assert req.pipeline_layout == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
     assert len(pc.parse_layout(req.pipeline_layout)) == 40
     # the card's layout where the row sets it against the ModelZoo script's
-    req = pc.map_row(by_id["mbridge_card_dsv3_1024_h100_fp8block"], tmp_path).request
+    req = pc.map_row(production_rows["mbridge_card_dsv3_1024_h100_fp8block"], tmp_path).request
     assert req.pipeline_layout == "Et*3|(tt|)*29m|L"
     # a layout named by its recipe function: Megatron-Bridge's DeepSeek-V3 helper at (16, 1) with one MTP layer
-    req = pc.map_row(by_id["mbridge_recipe_dsv3_1024"], tmp_path).request
+    req = pc.map_row(production_rows["mbridge_recipe_dsv3_1024"], tmp_path).request
     stages = pc.parse_layout(req.pipeline_layout)
     assert len(stages) == 16 and stages[0] == "Etttt" and stages[-1] == "tmL"
     assert "".join(stages).count("t") == 61
     # Kimi-K2's helper at (16, 1): no MTP, the loss alone after the last decoder layer
-    m = pc.map_row(by_id["mbridge_recipe_kimi_k2_512"], tmp_path)
+    m = pc.map_row(production_rows["mbridge_recipe_kimi_k2_512"], tmp_path)
     assert m.request.pipeline_layout == "Et*4|(t*4|)*14tL" and "pipeline_layout" not in m.knobs
     # account_for_embedding/loss_in_pipeline_split as the row states it
-    m = pc.map_row(by_id["mbridge_recipe_qwen3_235b_256"], tmp_path)
+    m = pc.map_row(production_rows["mbridge_recipe_qwen3_235b_256"], tmp_path)
     assert (m.request.account_for_embedding, m.request.account_for_loss) == (True, True)
     assert not {"account_for_embedding", "account_for_loss"} & set(m.knobs)
     # with a last-stage size too, which Megatron-Core refuses with the accounting: the script's accounting is kept
-    first, last, fields, notes, knobs = pc.stage_layers(by_id["verl_qwen3_235b_h20_32"])
+    first, last, fields, notes, knobs = pc.stage_layers(production_rows["verl_qwen3_235b_h20_32"])
     assert (first, last, fields, knobs) == (None, None, {"account_for_embedding": True, "account_for_loss": True}, {})
     assert notes and notes[0].startswith("last_stage_layers=6 dropped")
 
@@ -168,11 +163,11 @@ def _split_of(row: dict, **parallelism) -> dict:
     return pc.recipe_split(row, key, pc.catalog_architecture(key).num_mtp_layers)[0]
 
 
-def test_recipe_splits_follow_the_sources_tables(by_id):
+def test_recipe_splits_follow_the_sources_tables(production_rows):
     """A row that states no split gets what the sources it names set for its model at its pp/vpp: Bridge's
     DeepSeek-V3 helper (MTP with the loss) where (pp, vp) is in its table, the perf recipes' strings outside it,
     the base recipes' account_for_* at any pp; nothing where no table has the pair."""
-    gb200 = by_id["mbridge_gb200_dsv3_256_bf16"]  # pp4 vpp4, a Bridge perf row
+    gb200 = production_rows["mbridge_gb200_dsv3_256_bf16"]  # pp4 vpp4, a Bridge perf row
     assert _split_of(gb200) == {"pipeline_layout": "Et*4|(t*4|)*14tmL"}
     assert _split_of(gb200, pp=8, vpp=None) == {"pipeline_layout": "Et*8|(t*8|)*6t*5mL"}
     assert _split_of(gb200, pp=4, vpp=None) == {"pipeline_layout": "Et*16|(t*16|)*2t*13mL"}
@@ -189,13 +184,13 @@ def test_recipe_splits_follow_the_sources_tables(by_id):
         if fields:
             stages = pc.parse_layout(fields["pipeline_layout"])
             assert not layout_problem(stages, entry.pp, entry.vpp, arch.num_layers, arch.num_mtp_layers), entry
-    qwen = by_id["mbridge_gb200_qwen3_235b_256_bf16"]
+    qwen = production_rows["mbridge_gb200_qwen3_235b_256_bf16"]
     assert _split_of(qwen) == _split_of(qwen, pp=4, vpp=12) == {"account_for_embedding": True, "account_for_loss": True}
     # a source applies only to rows naming its repository: a torchtitan row of the same model gets nothing
     titan = {**qwen, "framework": "torchtitan", "source": {**qwen["source"], "citation": "x", "location": "y"}}
     assert _split_of(titan) == {}
     # a part of a source applies where the row's citation names it: the ModelZoo script's long-context runs
-    long_ctx = by_id["mbridge_card_dsv3_h100_256_longctx_128k"]
+    long_ctx = production_rows["mbridge_card_dsv3_h100_256_longctx_128k"]
     assert _split_of(long_ctx) == {"pipeline_layout": "Et*2|(tt|)*22t|(tt|)*7mL"}
     short = {**long_ctx, "source": {**long_ctx["source"], "citation": "NVIDIA-NeMo/Megatron-Bridge; "
                                     "yanring/Megatron-MoE-ModelZoo best_practice/deepseek-v3/run_deepseek_v3_h100.sh",

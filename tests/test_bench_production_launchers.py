@@ -19,15 +19,11 @@ DATA = pc.DEFAULT_VALIDATION / pc.DATA_NAME
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
 
 
-@pytest.fixture(scope="module")
-def by_id():
-    return {r["id"]: r for r in pc.load_rows(DATA)}
-
-
-def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, by_id):
-    perf = pc.map_row(by_id["mbridge_b200_gpt_oss_120b_64_bf16"], tmp_path)
+def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, production_rows):
+    perf = pc.map_row(production_rows["mbridge_b200_gpt_oss_120b_64_bf16"], tmp_path)
     assert perf.request.grad_reduce_in_fp32 is False
-    recipe = pc.map_row(by_id["mbridge_recipe_glm45_air_32"], tmp_path)  # a hardware recipe: bf16_mixed, fp32 grads
+    # a hardware recipe: bf16_mixed, fp32 grads
+    recipe = pc.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
     assert recipe.request.grad_reduce_in_fp32 is None
     assert pc.perf_table_fields({"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}}) \
         == {"grad_reduce_in_fp32": False}
@@ -37,39 +33,39 @@ def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, by_id):
     assert bf16 * 2 == fp32
 
 
-def test_verl_dynamic_batch_is_one_budget_of_tokens(tmp_path, by_id):
+def test_verl_dynamic_batch_is_one_budget_of_tokens(tmp_path, production_rows):
     for rid in ("verl_qwen3_235b_h20_32", "verl_dsv3_h20_96", "verl_qwen3_30b_h20_8"):
-        row = by_id[rid]
+        row = production_rows[rid]
         m = pc.map_row(row, tmp_path)
         assert row["workload"]["micro_batch_size"] == 2  # the script's ppo_micro_batch_size_per_gpu, unused
         assert m.request.micro_batch_size == 1 and m.request.seq_length == row["workload"]["seq_length"], rid
         assert "dynamic_batch" not in m.knobs, rid
     # a verl row that cites no dynamic-batch script, and a non-verl row, keep their micro-batch
-    row = by_id["verl_qwen3_235b_h20_32"]
+    row = production_rows["verl_qwen3_235b_h20_32"]
     other = {**row, "source": {**row["source"], "citation": "volcengine/verl docs"}}
     assert pc.dynamic_batch_fields(other, "verl") == {}
     assert pc.dynamic_batch_fields(row, "megatron-core") == {}
 
 
-def test_a_row_that_does_not_fit_says_why(tmp_path, by_id):
-    m = pc.map_row(by_id["mbridge_recipe_glm45_air_32"], tmp_path)
-    score = pc.score_row(by_id["mbridge_recipe_glm45_air_32"], m)
+def test_a_row_that_does_not_fit_says_why(tmp_path, production_rows):
+    m = pc.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
+    score = pc.score_row(production_rows["mbridge_recipe_glm45_air_32"], m)
     assert score.fits is False
     report = api.estimate_memory(m.request)
     stage = report.stages[report.peak_stage]
     over = (report.fit_bytes - m.capacity_bytes) / pc.GIB  # the figure that decided (expandable segments: allocated)
     assert score.over.startswith(f"over by {over:.1f} GiB on stage {stage.stage} ({stage.layers} layers): ")
     assert f"optimizer {stage.optimizer_bytes / pc.GIB:.1f}" in score.over
-    row = by_id["mbridge_b200_gpt_oss_120b_64_bf16"]
+    row = production_rows["mbridge_b200_gpt_oss_120b_64_bf16"]
     fits = pc.score_row(row, pc.map_row(row, tmp_path))
     assert fits.fits and fits.over is None
 
 
-def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, by_id):
+def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, production_rows):
     """NeMo 24.07's pretraining rows ran NeMo-Framework-Launcher's configs: userbuffers TP overlap where the config at
     that line sets ub_tp_comm_overlap (gpt3/20b, llama2_70b, ...), not for gpt3/175b, TP-1 configs or SFT/LoRA."""
-    assert pc.map_row(by_id["nemo2407_h100_gpt3_20b_64gpu"], tmp_path).request.tp_comm_overlap is True
-    assert pc.map_row(by_id["nemo2407_h100_llama3_70b_64gpu"], tmp_path).request.tp_comm_overlap is True
-    assert not pc.map_row(by_id["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
-    assert not pc.map_row(by_id["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
+    assert pc.map_row(production_rows["nemo2407_h100_gpt3_20b_64gpu"], tmp_path).request.tp_comm_overlap is True
+    assert pc.map_row(production_rows["nemo2407_h100_llama3_70b_64gpu"], tmp_path).request.tp_comm_overlap is True
+    assert not pc.map_row(production_rows["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
+    assert not pc.map_row(production_rows["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
     assert pc.nemo_2407_tp_overlap({"id": "nemo2407_h100_gpt3_5b_64gpu"}) is None

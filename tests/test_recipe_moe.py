@@ -16,13 +16,8 @@ DATA = pc.DEFAULT_VALIDATION / pc.DATA_NAME
 pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
 
 
-@pytest.fixture(scope="module")
-def by_id():
-    return {r["id"]: r for r in pc.load_rows(DATA)}
-
-
-def test_named_recipe_sets_the_overlap(by_id, tmp_path):
-    row = by_id["mbridge_b200_dsv3_256_mxfp8"]  # cites deepseek_v3_pretrain_256gpu_b200_fp8mx_config
+def test_named_recipe_sets_the_overlap(production_rows, tmp_path):
+    row = production_rows["mbridge_b200_dsv3_256_mxfp8"]  # cites deepseek_v3_pretrain_256gpu_b200_fp8mx_config
     knobs, notes = pc.recipe_moe(row)
     assert set(knobs) == {"moe_a2a_overlap"} and notes
     mapping = pc.map_row(row, tmp_path)
@@ -30,15 +25,15 @@ def test_named_recipe_sets_the_overlap(by_id, tmp_path):
     assert "moe_a2a_overlap" not in mapping.knobs  # a plan knob, passed, not recorded as inexpressible
 
 
-def test_recipe_file_and_row_name_the_function(by_id):
-    row = by_id["mbridge_gb200_qwen3_30b_8_mxfp8"]  # cites perf_recipes/qwen/gb200/qwen3_moe.py only
+def test_recipe_file_and_row_name_the_function(production_rows):
+    row = production_rows["mbridge_gb200_qwen3_30b_8_mxfp8"]  # cites perf_recipes/qwen/gb200/qwen3_moe.py only
     knobs, _ = pc.recipe_moe(row)
     assert set(knobs) == {"moe_a2a_overlap", "cuda_graphs"}
     assert "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config" in knobs["cuda_graphs"]
 
 
-def test_uncited_or_unset_recipe_sets_nothing(by_id):
-    assert pc.recipe_moe(by_id["mbridge_b200_qwen3_235b_256_mxfp8"]) == ({}, [])  # names no function
-    assert pc.recipe_moe(by_id["mbridge_h100_dsv3_1024_fp8"]) == ({}, [])  # its recipe leaves the overlap off
-    other = dict(by_id["mbridge_b200_dsv3_256_mxfp8"], source={"citation": "some other source"})
+def test_uncited_or_unset_recipe_sets_nothing(production_rows):
+    assert pc.recipe_moe(production_rows["mbridge_b200_qwen3_235b_256_mxfp8"]) == ({}, [])  # names no function
+    assert pc.recipe_moe(production_rows["mbridge_h100_dsv3_1024_fp8"]) == ({}, [])  # its recipe leaves the overlap off
+    other = dict(production_rows["mbridge_b200_dsv3_256_mxfp8"], source={"citation": "some other source"})
     assert pc.recipe_moe(other) == ({}, [])
