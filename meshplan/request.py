@@ -278,25 +278,27 @@ def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]
     }
 
 
+def _switch(asked: bool | None, default: bool, note: str, notes: list[str]) -> bool:
+    """A switch as the request sets it, else the framework's default, noted when that default turns it on."""
+    if asked is not None:
+        return asked
+    if default:
+        notes.append(note)
+    return default
+
+
 def _tp_comm_overlap(req: Request, card, tp: int, notes: list[str]) -> bool:
     """The request's TP overlap switch, else the framework card's default (tp_overlap.default; noted when on)."""
-    if req.tp_comm_overlap is not None:
-        return req.tp_comm_overlap
-    if card.tp_overlap.default and tp > 1:
-        notes.append(f"tp_comm_overlap=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml "
-                     "tp_overlap)")
-    return card.tp_overlap.default and tp > 1
+    return _switch(req.tp_comm_overlap, card.tp_overlap.default and tp > 1,
+                   f"tp_comm_overlap=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml "
+                   "tp_overlap)", notes)
 
 
 def _torch_compile(req: Request, card, notes: list[str]) -> bool:
     """torch.compile as asked, else the framework's own default (its card's compile section; eager without one)."""
-    if req.torch_compile is not None:
-        return req.torch_compile
-    if card.compile is not None and card.compile.default:
-        notes.append(f"torch_compile=true: {card.display_name}'s default "
-                     f"(cards/frameworks/{req.framework}.yaml compile)")
-        return True
-    return False
+    return _switch(req.torch_compile, card.compile is not None and card.compile.default,
+                   f"torch_compile=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml compile)",
+                   notes)
 
 
 def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:
@@ -316,13 +318,10 @@ def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:
 
 def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
     """The allocator setting as asked, else as the framework's own launcher sets it (its card's allocator section)."""
-    if req.expandable_segments is not None:
-        return req.expandable_segments
-    if card.allocator is not None and card.allocator.expandable_segments:
-        notes.append(f"expandable_segments=true: {card.display_name} launches with it ({card.allocator.how}; "
-                     f"cards/frameworks/{req.framework}.yaml allocator)")
-        return True
-    return False
+    sets_it = card.allocator is not None and card.allocator.expandable_segments
+    return _switch(req.expandable_segments, sets_it,
+                   f"expandable_segments=true: {card.display_name} launches with it "
+                   f"({card.allocator.how if sets_it else ''}; cards/frameworks/{req.framework}.yaml allocator)", notes)
 
 
 def _framework_version(req: Request, card, notes: list[str]) -> str | None:
