@@ -189,7 +189,7 @@ class Fixed:
     def from_request(cls, req: Request) -> Fixed:
         chosen = req.model_fields_set
         names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap",
-                 "first_stage_layers", "last_stage_layers")
+                 "tp_comm_overlap", "first_stage_layers", "last_stage_layers")
         values = {name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None}
         given = frozenset(n for n in CARRIED_FIELDS if n in chosen and getattr(req, n) is not None)
         return cls(values, carried_fields(req), given)

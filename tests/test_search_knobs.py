@@ -137,3 +137,16 @@ def test_the_requests_offloads_are_kept_in_every_ranked_plan():
         assert c.plan.optimizer_offload and c.plan.optimizer_offload_fraction == 1.0
         assert c.throughput.breakdown.offload_s > 0 and c.memory.host_bytes_per_node > 0
     assert "optimizer_offload_fraction=1.0 (given)" in " ".join(rec.assumptions)
+
+
+def test_the_requests_tp_overlap_is_kept_wherever_there_is_tp():
+    """tp_comm_overlap is the request's (not searched), on every ranked plan with TP to overlap; a TP-1 layout has
+    none, so the switch does not rule it out (rule TP005 would refuse tp=1 with it)."""
+    fields = {"model": "llama-3.1-8b", "num_gpus": 8, "seq_length": 4096, "global_batch_size": 64,
+              "framework": "megatron-core"}
+    rec = recommend(Request(**fields, tp_comm_overlap=True), top_k=8)
+    assert rec.candidates
+    assert all(c.plan.tp_comm_overlap == (c.plan.tp > 1) for c in rec.candidates)
+    assert any(c.plan.tp > 1 for c in rec.candidates)
+    plain = recommend(Request(**fields), top_k=8)
+    assert not any(c.plan.tp_comm_overlap for c in plain.candidates)

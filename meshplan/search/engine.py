@@ -173,6 +173,7 @@ class BestFirstSearch:
     heap: list = field(default_factory=list)
     seq: int = 0
     overlaps: dict[tuple[Layout, int, str], bool] = field(default_factory=dict)  # a2a_overlap per layout/ZeRO/recompute
+    tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
     pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
     presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
 
@@ -195,6 +196,9 @@ class BestFirstSearch:
         if "sequence_parallel" in fixed:
             sp = bool(fixed.values["sequence_parallel"])
         cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))
+        # TP communication overlap: the request's switch (else the framework's default), not searched: the cost model
+        # credits it beyond what the runs measured (perf.tp_hidden; bench/README.md, Throughput)
+        tp_overlap = bool(fixed.values.get("tp_comm_overlap", card.tp_overlap.default))
         limits = search_limits()
         cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
         domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
@@ -204,7 +208,7 @@ class BestFirstSearch:
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
                    law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
                    a2a_open=a2a_open, domain=domain, max_evaluations=cap, budget_bytes=budget_bytes,
-                   presets={z: state_preset(job, z, fixed.carried) for z in zeros})
+                   presets={z: state_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap)
 
     # -- the estimators, cached per plan -----------------------------------------------------------
 
@@ -213,14 +217,14 @@ class BestFirstSearch:
         return self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
-        """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter)
-        and the request's carried fields."""
+        """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
+        the request's TP overlap wherever there is TP, and the request's carried fields."""
         if overlap is None:
             overlap = self.a2a_overlap(lay, zero, recompute)
         return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
                         sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
                         moe_token_dispatcher=self.dispatcher(lay, zero), moe_a2a_overlap=overlap,
-                        **self.fixed.carried)
+                        tp_comm_overlap=self.tp_overlap and lay.tp > 1, **self.fixed.carried)
 
     def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
         """moe_a2a_overlap: the user's, else on wherever rule EP009 (Megatron-Core's asserts) allows it. Overlap never
