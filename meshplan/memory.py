@@ -319,10 +319,14 @@ def fit_figure(stages: list[StageMemory], plan: Plan, card) -> tuple[int, str]:
     every cached free page and maps it where the failing allocation needs it before raising OOM (PyTorch
     CUDACachingAllocator.cpp, Note [Expandable Segments], release_cached_blocks -> unmap_block), so the allocated
     peak decides, plus the page rounding of the free ranges next to live blocks (cards/memory.yaml)."""
-    if not plan.expandable_segments:
-        return max(s.total_bytes for s in stages), "reserved"
-    slack = card.expandable_segments_slack_bytes
-    return max(s.total_bytes - s.detail.get("allocator_reserve", 0) + slack for s in stages), "allocated"
+    figure = max(peak_fit_bytes(s.total_bytes, s.detail.get("allocator_reserve", 0), plan, card) for s in stages)
+    return int(figure), "allocated" if plan.expandable_segments else "reserved"
+
+
+def peak_fit_bytes(peak: float, reserve: float, plan: Plan, card) -> float:
+    """The figure one peak that holds `reserve` bytes of allocator reserve fits by (fit_figure): the peak itself, or
+    with expandable segments that peak less its reserve plus the page slack (cards/memory.yaml)."""
+    return peak - reserve + card.expandable_segments_slack_bytes if plan.expandable_segments else peak
 
 
 def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str:

@@ -358,6 +358,7 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     model (GRPO's and PPO's KL) keeps bf16 weights in the trainer's layout, offloaded with param_offload as verl's
     ref.megatron.param_offload follows the actor's; PPO's critic is counted as a second copy of the actor's states.
     A colocated engine holds its memory fraction during the rollout and its CUDA graphs in every phase."""
+    from meshplan.memory import peak_fit_bytes
     from meshplan.memory_states import memory_card
     from meshplan.offload import offload_plan
     from meshplan.schema import PhaseMemory
@@ -376,18 +377,14 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     graphs = rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0
     phases: list[PhaseMemory] = []
 
-    # With expandable segments the training phases' fit is their allocated peak (memory.fit_figure): the allocator
-    # reserve in them is given back before an OOM. The rollout engine's pool is taken up front either way.
-    slack = mem.expandable_segments_slack_bytes
-
-    def fit(total: float, reserve: float) -> float:
-        return total - reserve + slack if plan.expandable_segments else total
-
+    # With expandable segments the training phases' fit is their allocated peak (memory.peak_fit_bytes): the
+    # allocator reserve in them is given back before an OOM. The rollout engine's pool is taken up front either way.
     def worst(name: str, values: list[tuple[float, dict, str]], pool: str = "trainer",
               reserves: list[float] | None = None) -> None:
         stage = max(range(len(values)), key=lambda i: values[i][0])
         total, detail, note = values[stage]
-        fit_bytes = max(fit(v[0], r) for v, r in zip(values, reserves, strict=True)) if reserves else total
+        fit_bytes = (max(peak_fit_bytes(v[0], r, plan, mem) for v, r in zip(values, reserves, strict=True))
+                     if reserves else total)
         phases.append(PhaseMemory(phase=name, pool=pool, peak_bytes=int(total), fit_bytes=int(fit_bytes),
                                   stage=stage, detail={k: int(v) for k, v in detail.items()}, note=note))
 
