@@ -94,7 +94,10 @@ def does_not_fit(ctx: Context) -> dict[str, Any] | None:
         return None
     over = report.fit_bytes - report.capacity_bytes  # the figure that decided the fit (memory.fit_figure)
     fitting, tried = fitting_alternatives(ctx)
-    if fitting:
+    if fitting and " + " in fitting[0]:
+        fix = (f"no single change fits ({', '.join(tried) or 'no valid neighbour'}); together, "
+               + " or ".join(fitting) + (" fits" if len(fitting) == 1 else " fit"))
+    elif fitting:
         fix = " or ".join(fitting) + (" fits" if len(fitting) == 1 else " fit")
     else:
         fix = (f"none of the nearby layouts fits ({', '.join(tried) or 'no valid neighbour'}); "
@@ -141,6 +144,8 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         max_zero = min(max_zero, raise_to.highest_zero_stage_with_pp)
     for zero in range(p.zero_stage + 1, max_zero + 1):
         out.append((f"zero_stage={zero}", {"zero_stage": zero}))
+    if p.optimizer == "adam" and p.optimizer_state_dtype in (None, "fp32"):  # PR001 drops it where Adam cannot
+        out.append(("optimizer_state_dtype=bf16", {"optimizer_state_dtype": "bf16"}))
     pp_factors = [step]  # step, step^2, ... up to max_pp_factor (2 and 4)
     while pp_factors[-1] * step <= max_pp_factor:
         pp_factors.append(pp_factors[-1] * step)
@@ -163,35 +168,75 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         out.append((f"cp={p.cp * step}", {"cp": p.cp * step}))
     if p.recompute != "full":
         out.append(("recompute=full", {"recompute": "full", "recompute_layers": None, "recompute_method": None}))
-    plans = []
-    for label, change in out:
-        merged = p.model_dump() | change
-        dp = _dp_for(ctx, merged["tp"], merged["pp"], merged["cp"], merged["ep"])
-        if dp is None:
-            continue
-        merged["dp"] = dp
-        plans.append((label, Plan.model_validate(merged)))
-    return plans
+    # Host offload last, as the slowest steps: the CPU optimizer, then parameters streamed from the host (the
+    # framework card's offload section says what each moves and when; the offload rules drop the one it lacks)
+    if p.optimizer_offload_fraction < 1.0:
+        out.append(("optimizer_offload=true", {"optimizer_offload": True, "optimizer_offload_fraction": 1.0}))
+    if not p.param_offload:
+        out.append(("param_offload=true", {"param_offload": True}))
+    return out
+
+
+def _neighbour(ctx: Context, change: dict[str, Any]) -> Plan | None:
+    """The plan with the change applied and dp re-derived, or None when the degrees do not divide the world."""
+    merged = ctx.plan.model_dump() | change
+    dp = _dp_for(ctx, merged["tp"], merged["pp"], merged["cp"], merged["ep"])
+    if dp is None:
+        return None
+    return Plan.model_validate(merged | {"dp": dp})
+
+
+def _combinations(changes: list[tuple[str, dict[str, Any]]], size: int) -> list[tuple[str, dict[str, Any]]]:
+    """Every set of `size` neighbours that set different knobs, cheapest first (by its costliest member, then the
+    rest): two knobs each too little alone may fit together (tp=2 and full recompute, say)."""
+    from itertools import combinations
+
+    ranked = sorted(combinations(range(len(changes)), size), key=lambda idx: sorted(idx, reverse=True))
+    out = []
+    for idx in ranked:
+        parts = [changes[i] for i in idx]
+        keys = [set(change) for _, change in parts]
+        if any(a & b for n, a in enumerate(keys) for b in keys[n + 1:]):
+            continue  # two settings of one knob (pp=2 and pp=4, selective and full recompute)
+        merged: dict[str, Any] = {}
+        for _, change in parts:
+            merged |= change
+        out.append((" + ".join(label for label, _ in parts), merged))
+    return out
 
 
 def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
-    """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives)."""
+    """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives).
+
+    One change at a time first; when none fits, up to MEM001's max_changes changes together, so the fix names a
+    layout that works rather than a list of near misses. `tried` keeps the single changes' figures."""
     from meshplan.rollout import job_memory as estimate_memory  # an RL job: the peak over its phases
 
+    known = {f.id for f in check_structure(ctx.job, ctx.plan) if f.severity == "error"}
+    limit = ctx_param(ctx, "MEM001", "max_alternatives")
+    singles = _candidates(ctx)
     fitting: list[str] = []
     tried: list[str] = []
-    known = {f.id for f in check_structure(ctx.job, ctx.plan) if f.severity == "error"}
-    for label, plan in _candidates(ctx):
-        # A neighbour may keep the plan's own structural errors (they have their own fixes), not add new ones.
-        if any(f.severity == "error" and f.id not in known for f in check_structure(ctx.job, plan)):
-            continue
-        try:
-            report = estimate_memory(ctx.job, plan)
-        except MeshplanError:
-            continue
-        tried.append(f"{label}: {gib(report.fit_bytes)}")  # the figure that decides (memory.fit_figure)
-        if report.fits:
-            fitting.append(f"{label} ({gib(report.fit_bytes)} peak)")
-            if len(fitting) == ctx_param(ctx, "MEM001", "max_alternatives"):
-                break
+    for size in range(1, int(ctx_param(ctx, "MEM001", "max_changes")) + 1):
+        for label, change in singles if size == 1 else _combinations(singles, size):
+            plan = _neighbour(ctx, change)
+            # A neighbour may keep the plan's own structural errors (they have their own fixes), not add new ones.
+            if plan is None or any(f.severity == "error" and f.id not in known for f in check_structure(ctx.job, plan)):
+                continue
+            try:
+                report = estimate_memory(ctx.job, plan)
+            except MeshplanError:
+                continue
+            host, host_capacity = report.host_bytes_per_node, ctx.job.cpu_memory_per_node
+            host_short = host_capacity is not None and host > host_capacity  # MEM003 would refuse it
+            if size == 1:  # the figure that decides (memory.fit_figure)
+                tried.append(f"{label}: {gib(report.fit_bytes)}"
+                             + (f" but {gib(host)} host per node of {gib(host_capacity)}" if host_short else ""))
+            if report.fits and not host_short:
+                host_note = f", {gib(host)} host per node" if host else ""
+                fitting.append(f"{label} ({gib(report.fit_bytes)} peak{host_note})")
+                if len(fitting) == limit:
+                    return fitting, tried
+        if fitting:
+            break
     return fitting, tried

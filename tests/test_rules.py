@@ -12,6 +12,7 @@ from meshplan.rulebook import (
     EstimateBlocked,
     RulesCard,
     finding,
+    gib,
     load_rules,
     memory_rules,
     rule,
@@ -497,7 +498,8 @@ def test_memory_fix_neighbours_follow_the_card():
     """MEM001's neighbours come from its params (doubling, pp up to 4x) and CP002's threshold, not from code."""
     from meshplan.rules import _candidates
 
-    assert rule_specs()["MEM001"].params == {"max_alternatives": 3, "degree_factor": 2, "max_pp_factor": 4}
+    assert rule_specs()["MEM001"].params == {"max_alternatives": 3, "degree_factor": 2, "max_pp_factor": 4,
+                                             "max_changes": 2}
     job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8192)
     labels = [label.split(" (")[0] for label, _ in _candidates(Context(job, plan))]
     assert {"pp=2", "pp=4", "cp=2"} <= set(labels) and "pp=8" not in labels
@@ -507,9 +509,61 @@ def test_memory_fix_neighbours_follow_the_card():
 
 
 def test_memory_error_when_nothing_nearby_fits():
-    job, plan = make(**L70B, num_gpus=8, tp=8)
+    # Llama-3.1-70B on one node of 8: only the CPU optimizer fits it on the GPUs, and a 512 GiB host cannot hold
+    # it (about 1 TiB per node: fp32 parameters, a gradient copy and Adam moments of 8.8 B parameters per GPU).
+    job, plan = make(**L70B, num_gpus=8, tp=8, cpu_memory_per_node=512)
     f = finding_of("MEM001", job, plan, include_memory=True)
     assert "none of the nearby layouts fits" in f.fix
+    assert "optimizer_offload=true: " in f.fix and "host per node of 512.0 GiB" in f.fix
+
+
+def _named_changes(ctx: Context, fix: str) -> list[dict]:
+    """The plan changes behind each alternative a MEM001 fix names ("a (..) or b + c (..) fits")."""
+    from meshplan.rules import _candidates
+
+    changes = dict(_candidates(ctx))
+    named = fix.split("together, ")[-1].removesuffix(" fits.").removesuffix(" fit.")
+    out = []
+    for alternative in named.split(") or "):
+        merged: dict = {}
+        for label in alternative.split(" (")[0].split(" + "):
+            merged |= changes[label]
+        out.append(merged)
+    return out
+
+
+def test_memory_fix_names_the_cpu_optimizer_with_its_host_memory():
+    from meshplan.memory import estimate_memory
+    from meshplan.rules import _neighbour
+
+    job, plan = make(**L70B, num_gpus=8, tp=8, framework="megatron-core")
+    f = finding_of("MEM001", job, plan, include_memory=True)
+    assert f.fix.startswith("optimizer_offload=true (") and f.fix.endswith(" fits.")
+    (change,) = _named_changes(Context(job, plan), f.fix)
+    fixed = estimate_memory(job, _neighbour(Context(job, plan), change))
+    assert fixed.fits and fixed.host_bytes_per_node > 0
+    assert f"{gib(fixed.fit_bytes)} peak, {gib(fixed.host_bytes_per_node)} host per node" in f.fix
+
+
+def test_memory_fix_combines_two_changes_when_none_fits_alone():
+    # GLM-4.5-Air's Megatron-Bridge recipe on 32 H100 (TP1 PP4 EP8, first/last stage 11 layers): expert-dp is 1,
+    # so nothing shards its experts' optimizer states; with a 256 GiB host the CPU optimizer is out too. Each
+    # change alone falls short; the fix names pairs, and every pair it names fits and passes every rule.
+    from meshplan.memory import estimate_memory
+    from meshplan.rules import _neighbour
+
+    job, plan = make(model="glm-4.5-air", framework="megatron-bridge", num_gpus=32, tp=1, pp=4, ep=8, etp=1,
+                     recompute="selective", first_stage_layers=11, last_stage_layers=11, seq_length=4096,
+                     global_batch_size=2048, cpu_memory_per_node=256)
+    f = finding_of("MEM001", job, plan, include_memory=True)
+    assert f.fix.startswith("no single change fits (") and "; together, " in f.fix
+    assert "recompute=full: " in f.fix and "but 428.4 GiB host per node of 256.0 GiB" in f.fix
+    changes = _named_changes(Context(job, plan), f.fix)
+    assert len(changes) == rule_specs()["MEM001"].params["max_alternatives"]
+    for change in changes:
+        fixed = _neighbour(Context(job, plan), change)
+        assert estimate_memory(job, fixed).fits, change
+        assert not [x for x in check_config(job, fixed, include_memory=False).findings if x.severity == "error"]
 
 
 def test_headroom_threshold_is_ten_percent():
