@@ -29,6 +29,7 @@ PINS = {
     "skyrl-train": "0.3.1",
     "torchtitan": "0.3.0",
     "hydra-core": "1.3.2",
+    "transformers": "5.9.0",
 }
 
 # torch 2.13.0 is the CPU wheel pip takes for Python 3.11 on these machines (any other torch is a multi-GB CUDA
@@ -39,6 +40,10 @@ TORCHTITAN_VENV = ["torch==2.13.0", f"torchtitan=={PINS['torchtitan']}", "triton
                    "einops==0.8.2", "pillow==13.0.0", "safetensors==0.8.0", "spmd_types==0.2.3",
                    "tensorboard==2.21.0", "tokenizers==0.23.3", "torch_checkpointing==0.1.1", "torchdata==0.11.0",
                    "tyro==1.0.17", "wandb==0.31.0"]
+# Hugging Face transformers' model code, as verl's and SkyRL's FSDP engines run it: 5.9.0 is the release verl 0.9.1
+# pins in its vllm/sglang/cpu extras (its core range is >=5.5.3,<5.11; SkyRL 0.4.0 takes >=5.6.1,<=5.16.1), on the
+# same torch 2.13.0 CPU wheel. Used by the FakeTensorMode harness of HF model code (bench/fake_tensor_hf.py).
+HF_VENV = ["torch==2.13.0", f"transformers=={PINS['transformers']}"]
 
 
 def cache_root() -> Path:

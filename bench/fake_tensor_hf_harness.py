@@ -1,0 +1,173 @@
+"""Activation memory of Hugging Face transformers' own model code, counted on a CPU under FakeTensorMode.
+
+Runs INSIDE the throwaway venv that `bench/fake_tensor_hf.py` and `tests/test_fake_tensor_hf.py` build (torch
+2.13.0 CPU wheel + transformers 5.9.0, tests/framework_packages.py HF_VENV); meshplan never imports it, and it
+never imports meshplan. It is what verl's and SkyRL's FSDP engines (strategy fsdp2) train: the HF model class of
+the checkpoint's config.json, bf16 compute (FSDP2 MixedPrecisionPolicy param_dtype bf16), attn_implementation
+flash_attention_2, padding removed (one packed row of tokens, position ids per token), and with gradient
+checkpointing on, HF's `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})`
+(verl/workers/engine/fsdp/transformer_impl.py _build_module).
+
+What it counts, per decoder layer, with torch.distributed._tools.mem_tracker.MemTracker (as
+bench/fake_tensor_harness.py does for torchtitan): `bytes`, what the layer adds to the live set in its forward
+(post-forward minus pre-forward: saved for backward, minus its input, plus its output), and `stack_bytes`, what
+it adds to the live set of a stack of layers (this layer's pre-forward to the next module's pre-forward: the same,
+less its input where nothing saved it, which HF's composite RMSNorm does not: it saves an fp32 copy instead).
+
+CPU stand-in (the only one): flash-attention-2 has no CPU kernel. An attention implementation registered through
+transformers' AttentionInterface ("fa2_cpu_stand_in", with flash_attention_2's mask function: no mask) computes
+with aten._scaled_dot_product_flash_attention_for_cpu and saves what flash_attn's FlashAttnFunc saves: q, k, v
+(unrepeated GQA heads), the output in [b, s, heads, d] (the o_proj input, the same buffer) and the fp32
+logsumexp [b, heads, s]. HF's own flash path reads q, k, v as [b, s, heads, d] transposes (flash_attn keeps
+them as given when the last dim is contiguous), so the saved bytes are the same. verl runs the forward under
+torch.autocast(bf16); with bf16 parameters every autocast-listed op of these blocks already gets its listed
+dtype (linears bf16, pow/rsqrt/softmax fp32 inputs), so the harness runs without it.
+
+    python fake_tensor_hf_harness.py < cases.json   # prints one line: RESULT {...}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+BF16 = torch.bfloat16
+STAND_IN = "fa2_cpu_stand_in"  # no "flash" in the name: transformers would look for a flash_attn package
+
+
+class _Fa2StandIn(torch.autograd.Function):
+    """flash_attn FlashAttnFunc's saves (q, k, v, out, fp32 logsumexp) around the CPU flash kernel."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):  # q [b, a, s, d], k/v [b, g, s, d]
+        v_dim = v.shape[-1]
+        groups = q.shape[1] // k.shape[1]
+        with torch.no_grad():
+            if v.shape[-1] < q.shape[-1]:  # MLA: HF pads V to the QK head dim for flash (kept padded by flash)
+                v = torch.nn.functional.pad(v, [0, q.shape[-1] - v.shape[-1]])
+            kk = k.repeat_interleave(groups, dim=1) if groups > 1 else k
+            vv = v.repeat_interleave(groups, dim=1) if groups > 1 else v
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, kk, vv, 0.0, True, scale=scale)
+            out = out.transpose(1, 2).contiguous()  # flash_attn returns [b, s, heads, d]
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.groups, ctx.v_dim = scale, groups, v_dim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        g = ctx.groups
+        kk = k.repeat_interleave(g, dim=1) if g > 1 else k
+        vv = v.repeat_interleave(g, dim=1) if g > 1 else v
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.transpose(1, 2), q, kk, vv, out.transpose(1, 2), lse, 0.0, True, scale=ctx.scale)
+        dv = dv[..., :ctx.v_dim]
+        if g > 1:
+            b, a, s, d = dk.shape
+            dk = dk.view(b, a // g, g, s, d).sum(2)
+            b, a, s, d = dv.shape
+            dv = dv.view(b, a // g, g, s, d).sum(2)
+        return dq, dk, dv, None
+
+
+def fa2_stand_in(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """An AttentionInterface function: inputs [b, heads, s, d], output [b, s, heads, d] as flash_attention_2's; with
+    a V head narrower than Q's (MLA), the view of its first V-dim columns, as the model slices flash's output."""
+    out = _Fa2StandIn.apply(query, key, value, scaling)
+    return (out[..., :value.shape[-1]] if value.shape[-1] < query.shape[-1] else out), None
+
+
+def register_stand_in() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    AttentionInterface.register(STAND_IN, fa2_stand_in)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(STAND_IN, flash_attention_mask)
+
+
+def tracker_class():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return type("HigherOrderMemTracker", (MemTracker,), {"supports_higher_order_operators": True})
+
+
+def build(case: dict):
+    """The HF causal-LM class of the config.json fields, cut to `num_layers` decoder layers, bf16, on fake tensors."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(case["config"])
+    model_type = fields.pop("model_type")
+    fields.pop("architectures", None)
+    fields.update(case.get("override", {}))
+    fields["num_hidden_layers"] = case["num_layers"]
+    config = AutoConfig.for_model(model_type, **fields)
+    config._attn_implementation = STAND_IN
+    torch.set_default_dtype(BF16)
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=STAND_IN, dtype=BF16)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.train()
+    if case["policy"] == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif case["policy"] != "none":
+        raise ValueError(f"unknown policy {case['policy']!r}: none or full")
+    return model
+
+
+def layer_bytes(case: dict) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tokens = case["tokens"]
+    with FakeTensorMode():
+        model = build(case)
+        base = model.model
+        ids = torch.randint(0, 1000, (1, tokens))
+        positions = torch.arange(tokens).unsqueeze(0)
+        tracker = tracker_class()()
+        tracker.track_external(model, ids, positions)
+        with tracker:
+            out = base(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+            out.float().sum().backward()
+        layers = list(base.layers)
+        after = [*layers[1:], base.norm]
+        rows = []
+        for i, (layer, nxt) in enumerate(zip(layers, after, strict=True)):
+            stats, nstats = tracker.memory_tracking[layer], tracker.memory_tracking[nxt]
+            pre, post = stats.snapshots["Pre-Forward"][0], stats.snapshots["Post-Forward"][0]
+            npre = nstats.snapshots["Pre-Forward"][0]
+            device = next(iter(post))
+            mlp = getattr(layer, "mlp", None)
+            moe = mlp is not None and hasattr(mlp, "experts")
+            rows.append({"layer": i, "moe": moe, "bytes": int(post[device]["Total"] - pre[device].get("Total", 0)),
+                         "stack_bytes": int(npre[device]["Total"] - pre[device].get("Total", 0))})
+    return {"layers": rows, "hidden": int(model.config.hidden_size), "model_class": type(model).__name__}
+
+
+def main() -> None:
+    import transformers
+
+    request = json.loads(sys.stdin.read())
+    register_stand_in()
+    results = []
+    for case in request["cases"]:
+        start = time.perf_counter()
+        try:
+            out = layer_bytes(case)
+            out["ok"] = True
+        except Exception as exc:  # reported per case, so one failing model does not hide the others
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        out["seconds"] = round(time.perf_counter() - start, 2)
+        results.append({**{k: v for k, v in case.items() if k != "config"}, **out})
+    print("RESULT " + json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
+                                  "results": results}))
+
+
+if __name__ == "__main__":
+    main()
