@@ -78,6 +78,7 @@ class Calibration:
     elementwise_passes: float
     eager_elementwise_passes: float
     optimizer_bytes_per_param: float
+    muon_bytes_per_param: float
     grad_accum_bytes_per_param: float
     cross_entropy_bytes_per_logit: float
     layer_overhead_s: float

@@ -397,6 +397,19 @@ class TpOverlapFacts(_Card):
     source: str
 
 
+class MuonFacts(_Card):
+    """How the framework runs Muon's Newton-Schulz orthogonalization (meshplan/muon.py times it)."""
+
+    tp_mode: Literal["blockwise", "duplicated", "distributed"] = Field(
+        description="A tensor-parallel matrix: blockwise (each rank orthogonalizes its own shard), duplicated (each "
+                    "rank all-gathers it and orthogonalizes the whole matrix), distributed (the iteration split "
+                    "over the TP ranks)")
+    ns_steps: int = Field(ge=1, description="Newton-Schulz iterations per matrix per step")
+    split_qkv: bool = Field(description="The fused QKV weight orthogonalized as separate Q, K and V blocks per "
+                                        "query group")
+    source: str
+
+
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
@@ -431,6 +444,7 @@ class FrameworkCard(_Card):
     allocator: AllocatorFacts | None = Field(
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
+    muon: MuonFacts | None = Field(None, description="Absent: the framework runs no Muon meshplan can time")
     search: SearchKnobs
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"

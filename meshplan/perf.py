@@ -55,6 +55,7 @@ from meshplan.memory import ep_rank_load, every_nth_blocks, routing_assumption
 from meshplan.memory_states import convention
 from meshplan.mesh import crosses_domains, hierarchical_cp_sizes
 from meshplan.models import layer_params, per_architecture
+from meshplan.muon import matrix_params, newton_schulz_seconds
 from meshplan.offload import step_offload_time
 from meshplan.request import uses_fsdp
 from meshplan.rulebook import require_estimable
@@ -816,6 +817,8 @@ def estimate_throughput(
         return traffic_seen[key]
 
     embed_p = arch.vocab_size * arch.hidden_size / plan.tp
+    # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
+    muon_facts = framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None
     sharding_seen: dict[tuple[ShardUnit, ...], tuple[float, float, float]] = {}
     stage_rows = []
     for s, layers in enumerate(stages):
@@ -867,6 +870,12 @@ def estimate_throughput(
         parts["host"] = cal.host_time_per_layer_s * len(kinds)
         parts["dense_params"] = dense_p
         parts["expert_params"] = expert_p
+        # Muon: the matrices this rank updates in place of Adam, and its share of their Newton-Schulz iterations
+        parts["muon_s"] = parts["muon_dense"] = parts["muon_expert"] = 0.0
+        if muon_facts is not None:
+            parts["muon_dense"], parts["muon_expert"] = matrix_params(arch, shard, kinds, muon_facts)
+            parts["muon_s"] = newton_schulz_seconds(arch, shard, kinds, muon_facts, cal, bf16_peak,
+                                                    1 if plan.zero_stage == 0 else dense_group, expert_group)
         # ZeRO-2/3 / FSDP: unit-by-unit gathers and reduce-scatters, each hidden behind its neighbours' compute;
         # per micro-batch in "fsdp" (inside the pipeline), once per step in the step's DP term.
         parts["fsdp"] = parts["step_gather"] = parts["step_reduce"] = 0.0
@@ -922,7 +931,10 @@ def estimate_throughput(
         shard_group = 1 if plan.zero_stage == 0 else None
         dense_local = row["dense_params"] / (shard_group or dense_group)
         expert_local = row["expert_params"] / (shard_group or expert_group)
-        opt = (dense_local + expert_local) * cal.optimizer_bytes_per_param / ctx.hbm
+        muon_local = (row["muon_dense"] / (shard_group or dense_group)
+                      + row["muon_expert"] / (shard_group or expert_group))
+        opt = ((dense_local + expert_local - muon_local) * cal.optimizer_bytes_per_param
+               + muon_local * cal.muon_bytes_per_param) / ctx.hbm + row["muon_s"]
         opt += m * (row["dense_params"] + row["expert_params"]) * cal.grad_accum_bytes_per_param / ctx.hbm
         optimizer = max(optimizer, opt)
 
@@ -1059,6 +1071,18 @@ def _assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx
                       "and routed experts, pointwise and norms, TP all-gathers)."
                       if framework_card(job.framework).recompute.selective == "op_sac"
                       else "core attention forward again."))
+    if plan.optimizer == "muon":
+        muon = framework_card(job.framework).muon
+        out.append(
+            f"Muon: each weight matrix's momentum orthogonalized by {muon.ns_steps} Newton-Schulz iterations, three "
+            "BF16 GEMMs each on the matrix's smaller side (4 m^2 n + 2 m^3 FLOPs), at the model GEMMs' efficiency; "
+            f"tensor-parallel matrices {muon.tp_mode}"
+            + (", QKV as Q, K and V blocks per query group" if muon.split_qkv else "")
+            + "; whole matrices shared out over the data-parallel ranks (experts over expert-data-parallel), at "
+            f"least the costliest one per rank; {cal.muon_bytes_per_param:g} B per matrix parameter of state "
+            f"traffic, Adam's {cal.optimizer_bytes_per_param:g} on the rest (cards/frameworks/{job.framework}.yaml "
+            "muon)." if muon is not None and job.lora is None else
+            f"Muon: {job.framework} runs no Muon meshplan knows; its optimizer step is timed as Adam's.")
     if job.lora is not None:
         out.append(f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)}: frozen linears (and the output "
                    "layer) run forward + data gradient, 2/3 of a trained GEMM's work; the adapters' GEMMs run in "

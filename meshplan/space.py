@@ -171,9 +171,8 @@ stage's engine is the framework card's offload section, and a stage whose engine
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
                   "torch_compile", "expandable_segments", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
-framework's default, as `meshplan estimate` takes it). The optimizer is one: in meshplan's model Muon changes only the
-optimizer-state bytes (its Newton-Schulz time is not modelled), so a search over it would prefer Muon for memory it
-saves at a cost it does not see, and the optimizer is a training decision, not a layout."""
+framework's default, as `meshplan estimate` takes it). The optimizer is one: which optimizer trains the model is a
+training decision, not a layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
 
 
 @dataclass

@@ -73,10 +73,9 @@ def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[s
              f" ({'given' if k in fixed.given else 'default'})" for k, v in fixed.carried.items() if v is not None]
     out = [
         "Not searched, kept as the request resolves them in every ranked plan: " + ", ".join(words) + ". The "
-        "optimizer is the request's (left out: Adam): meshplan models what Muon changes in memory (one fp32 momentum "
-        "on the matrices in place of Adam's two moments) but not its Newton-Schulz time, so a search over it would "
-        "prefer Muon for the memory it saves at a cost it does not see, and which optimizer trains the model is a "
-        "training decision, not a layout; pass optimizer=muon to rank layouts for Muon."
+        "optimizer is the request's (left out: Adam): which optimizer trains the model is a training decision, not a "
+        "layout; pass optimizer=muon to rank layouts for Muon (its memory, one fp32 momentum on the matrices in place "
+        "of Adam's two moments, and its Newton-Schulz time, meshplan/muon.py, are estimated)."
     ]
     dropped = [z for z in zero_ladder(job.framework) if z not in zeros]
     if dropped and "zero_stage" not in fixed:
