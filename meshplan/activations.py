@@ -36,6 +36,7 @@ class Shape(NamedTuple):
     f_shared: int
     mla: tuple[int, int, int, int, int] | None  # q_lora (0 = none), kv_lora, d_nope, d_rope, d_v
     rope: bool  # rotary positions: rotated copies of Q and K are saved next to the fused QKV output
+    qk_norm: bool = False  # a norm over each head of Q and K (Qwen3): counted where the norms save fp32 copies
 
 
 def shape_of(arch: Architecture) -> Shape:
@@ -49,6 +50,7 @@ def shape_of(arch: Architecture) -> Shape:
         mla=(mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
         if mla else None,
         rope=arch.learned_position_embeddings == 0,
+        qk_norm=arch.qk_norm == "head",
     )
 
 
@@ -94,9 +96,9 @@ MEGATRON_CORE_MOE = MoeBytes(
     # expert's TE fc1 keeps its own fp8 copy of it.
     bf16_router_input=True,
 )
-# Not re-derived per framework (DeepSpeed, nanotron, the fsdp2 preset: torchtitan 0.2, KempnerForge, verl's and
-# SkyRL's FSDP engines): fp32 router logits and probabilities [tokens, experts], and two hidden-wide copies of every
-# routed token (dispatched and combined).
+# Not re-derived per framework (DeepSpeed, nanotron, the fsdp2 preset: torchtitan 0.2, KempnerForge): fp32 router
+# logits and probabilities [tokens, experts], and two hidden-wide copies of every routed token (dispatched and
+# combined).
 GENERIC_MOE = MoeBytes(per_token_expert=4 + 4, per_token_topk=0, per_token=0, per_copy=0, hidden_bytes=2 * BF16,
                        bf16_router_input=False)
 # torchtitan 0.3.0's MoE (torchtitan/models/common/moe.py, token_dispatcher.py LocalTokenDispatcher and
@@ -126,7 +128,26 @@ TORCHTITAN_MOE = MoeBytes(
     router_input_bytes=4,
     router_weight_bytes=4,
 )
-MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE}
+# Hugging Face transformers 5.9.0's MoE blocks as verl's and SkyRL's FSDP engines run them (integrations/moe.py
+# grouped_mm_experts_forward, the default experts_implementation; models/qwen3_moe Qwen3MoeTopKRouter), what autograd
+# saves (bench/fake_tensor_hf_harness.py, under FakeTensorMode).
+HF_MOE = MoeBytes(
+    # the router's fp32 softmax over all experts, saved by softmax (4 B)
+    per_token_expert=4,
+    # topk's int64 indices (8 B) and, with norm_topk_prob (Qwen3-MoE's config), the in-place division's fp32
+    # quotient (4 B) ...
+    per_token_topk=8 + 4,
+    per_token=4,  # ... and its fp32 denominator [tokens, 1]
+    # the int64 token index of the gather (perm // top_k), the int64 sort permutation of the score gather and the
+    # int64 inverse permutation of the unsort, the bool sentinel mask of masked_fill_, and the bf16 routing weight
+    # the expert output is multiplied by: 8 + 8 + 8 + 1 + 2
+    per_copy=27,
+    # that multiply also saves the bf16 expert output of every routed copy (the gathered fc1 input is counted
+    # with the experts)
+    hidden_bytes=2,
+    bf16_router_input=False,
+)
+MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE, "hf": HF_MOE}
 
 
 class AttentionSaves(NamedTuple):
@@ -134,13 +155,31 @@ class AttentionSaves(NamedTuple):
     rope_saves, mla_v_view, attention_stats_bytes)."""
 
     # rotated_copies: the fused QKV output lives on beside the rotated Q and K (Megatron, GQA); frequencies: only
-    # the complex64 RoPE rows gathered by position (torchtitan)
+    # the complex64 RoPE rows gathered by position (torchtitan); shared_tables: nothing per layer (HF multiplies by
+    # cos/sin tables made once per forward, which need no gradient: only they are saved, shared by every layer)
     rope: str = "rotated_copies"
     mla_v_view: bool = False  # MLA's V stays a view of the kv up-projection output: its K-nope half lives on
     stats_bytes: float = 4    # per head and token beside the output: flash's fp32 log-sum-exp 4, flex's with max 8
+    # input: a norm keeps its bf16 input (fused kernels; the fp32 rstd left out); fp32_composite: HF's RMSNorm
+    # module (x.to(fp32), pow, mean, rsqrt, mul, .to(bf16), weight *) keeps an fp32 copy of its input, the fp32 rstd
+    # and the bf16 normalised tensor, not the bf16 input; Q/K head norms (Qwen3) the same
+    norms: str = "input"
+    # MLA under flash attention with a V head narrower than Q/K's (HF's DeepseekV3Attention): V is padded to the QK
+    # width (flash keeps the padded copy) and flash's output, that wide, is sliced into the out-projection's input
+    mla_v_pad: bool = False
+
+
 def attention_saves(conv) -> AttentionSaves:
-    """A memory convention's (memory_states.Convention) attention switches."""
-    return AttentionSaves(conv.rope_saves, conv.mla_v_view, conv.attention_stats_bytes)
+    """A memory convention's (memory_states.Convention) attention and norm switches."""
+    return AttentionSaves(conv.rope_saves, conv.mla_v_view, conv.attention_stats_bytes, conv.norm_saves,
+                          conv.mla_v_pad)
+
+
+def _norm(width: float, rows: float, lay: Layout) -> float:
+    """What one norm over `width` features of `rows` rows keeps for the backward (AttentionSaves.norms)."""
+    if lay.attn.norms == "fp32_composite":
+        return rows * (4 * width + BF16 * width + 4)
+    return BF16 * rows * width
 
 
 class Layout(NamedTuple):
@@ -201,21 +240,29 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     if recompute == "full":
         return {"layer_input": BF16 * t * h / ts}
     out: dict[str, float] = {}
-    out["norm_inputs"] = 2 * BF16 * t * h / ts
+    out["norm_inputs"] = 2 * _norm(h, t, lay) / ts
     # attention
     attn = 0.0 if "layernorm" in sel else lin * t * h / ts  # QKV (or q/kv down-projection) input
     if shape.mla:
         q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
-        latent = 2 * BF16 * t * (q_lora + kv_lora) + BF16 * t * d_rope  # norm input + up-projection input
+        if lay.attn.norms == "fp32_composite":  # each latent's norm, and its output (the up-projection input)
+            latent = sum(_norm(r, t, lay) + BF16 * t * r for r in (q_lora, kv_lora) if r)
+        else:
+            latent = 2 * BF16 * t * (q_lora + kv_lora) + BF16 * t * d_rope  # norm input + up-projection input
         attn += latent / ts
         q_dim, v_dim = shape.a * (d_nope + d_rope), shape.a * d_v
         if "mla_up_proj" not in sel:
             attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
             if lay.attn.mla_v_view:
                 attn += BF16 * t * shape.a * d_nope / tp  # the K-nope half of the up-projection output V views
+        if lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope and "core_attn" not in sel:
+            # V padded to the QK head width for flash, and flash's output at that width, sliced into a new tensor
+            attn += BF16 * t * (q_dim - v_dim + q_dim) / tp
     else:
         q_dim, v_dim = shape.a * shape.d, shape.a * shape.d
         attn += BF16 * t * (q_dim + 2 * shape.g * shape.d) / tp
+        if shape.qk_norm and lay.attn.norms == "fp32_composite":  # per-head Q and K norms, each head a row
+            attn += (_norm(shape.d, t * shape.a, lay) + _norm(shape.d, t * shape.g, lay)) / tp
     attn += _rope(shape, lay)
     core = 0.0
     if lay.flash:
@@ -270,10 +317,13 @@ def _rope(shape: Shape, lay: Layout) -> float:
     """What rotary embedding keeps per layer beyond the rotated Q and K. Megatron's GQA (rotated_copies): V stays
     a view of the fused QKV output, so that buffer lives on next to the rotated Q and K (its MLA rotates inside
     the per-head Q and K counted above). torchtitan (frequencies): the complex multiply saves only the complex64
-    cos/sin rows gathered by position, one pair (8 B) per rotary dimension pair and token, shared by Q and K."""
+    cos/sin rows gathered by position, one pair (8 B) per rotary dimension pair and token, shared by Q and K.
+    Hugging Face (shared_tables): nothing per layer, only the model's cos/sin tables are saved."""
     if not shape.rope:
         return 0.0
     t = lay.tokens
+    if lay.attn.rope == "shared_tables":
+        return 0.0
     if lay.attn.rope == "frequencies":
         rotary = shape.mla[3] if shape.mla else shape.d
         return 8 * t * rotary / 2

@@ -55,11 +55,14 @@ class Convention(_Card):
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
-    moe_activations: Literal["megatron_core", "generic", "fp32_router"]  # activations.MOE_BYTES: what a MoE layer keeps
-    # what the attention code keeps beside Q, K, V (activations.AttentionSaves)
-    rope_saves: Literal["rotated_copies", "frequencies"] = "rotated_copies"
+    # activations.MOE_BYTES: what a MoE layer keeps
+    moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]
+    # what the attention code keeps beside Q, K, V, and what a norm keeps (activations.AttentionSaves)
+    rope_saves: Literal["rotated_copies", "frequencies", "shared_tables"] = "rotated_copies"
     mla_v_view: bool = False
     attention_stats_bytes: float = Field(4, gt=0)
+    norm_saves: Literal["input", "fp32_composite"] = "input"
+    mla_v_pad: bool = False
     zero: dict[int, list[StateTensor]]
 
 

@@ -72,7 +72,7 @@ def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card(monkeypatch):
     assert {rulebook.backend_of("megatron-core", z) for z in range(4)} == {"megatron"}
     assert [memory_states.convention_name("megatron-bridge", z) for z in range(4)] == ["megatron"] * 3 + [
         "megatron_fsdp"]
-    assert memory_states.convention_name("skyrl", 3) == "fsdp2" and memory_states.convention_name("deepspeed", 3) \
+    assert memory_states.convention_name("skyrl", 3) == "fsdp2_hf" and memory_states.convention_name("deepspeed", 3) \
         == "deepspeed"
     _patched(monkeypatch, rulebook, "megatron-core", engine={"by_zero_stage": {0: "megatron", 1: "megatron",
                                                                                2: "megatron", 3: "fsdp"}})

@@ -45,7 +45,7 @@ def test_megatron_distributed_optimizer_bytes_per_param():
     assert bytes_per_param(convention("megatron-core", 1)[2], 8) == 6 + 12 / 8
     assert bytes_per_param(convention("nanotron", 0)[2], 8) == 20  # playbook "BF16 w/ FP32 grad acc"
     assert convention("megatron-core", 3)[0] == "megatron_fsdp"
-    assert convention("verl", 3)[0] == "fsdp2"
+    assert convention("verl", 3)[0] == "fsdp2_hf"
     with pytest.raises(MeshplanError, match="zero_stage"):
         convention("nanotron", 3)
 

@@ -1,0 +1,154 @@
+"""meshplan's per-layer activation bytes against Hugging Face transformers' model code, counted under FakeTensorMode.
+
+Ground truth without a GPU for verl's and SkyRL's FSDP engines (issue 14, item 3): `bench/fake_tensor_hf_harness.py`
+runs transformers 5.9.0's own Llama-3.1-8B (LlamaForCausalLM, dense GQA), Qwen3-30B-A3B (Qwen3MoeForCausalLM, MoE
+128/top-8 with per-head Q/K norms) and DeepSeek-V3 (DeepseekV3ForCausalLM, MLA + MoE 256/top-8 with a shared
+expert), built from the catalog cards' config.json fields with a few decoder layers, on fake CPU tensors inside a
+throwaway venv (torch 2.13.0 CPU wheel + transformers 5.9.0, tests/framework_packages.py HF_VENV, cached), as those
+engines run them: bf16, flash-attention-2 (a CPU stand-in that saves what flash_attn saves), padding removed (one
+packed row), no recompute or gradient checkpointing on every layer (gradient_checkpointing_enable, use_reentrant
+False). MemTracker counts what each decoder layer adds to the live set of a stack of layers: from its pre-forward
+to the next module's pre-forward (saved for backward, plus its output, less its input where nothing saved it: HF's
+RMSNorm saves an fp32 copy, not the bf16 input). Layer 0 is left out (the model's forward holds the embedding output
+too). The harness also reports the torchtitan harness's convention (post- minus pre-forward, the output counted
+and the input not released), `framework_bytes_with_output`.
+
+meshplan's side is `estimate_memory` for verl at zero_stage 3 (its FSDP engine; cards/frameworks/verl.yaml
+zero3_memory_convention fsdp2_hf, SkyRL's the same) on a one-layer copy of the catalog model, dense or MoE, pp=1:
+its `layer_activations` detail.
+
+    python bench/fake_tensor_hf.py [--json bench/data/fake_tensor_hf.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from meshplan.hardware import get_gpu
+from meshplan.memory import estimate_memory
+from meshplan.request import resolve
+from meshplan.schema import Architecture, Job, Plan, Request
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from fake_tensor_memory import cut, pct  # noqa: E402
+from framework_packages import HF_VENV, venv_python  # noqa: E402
+
+HARNESS = ROOT / "bench" / "fake_tensor_hf_harness.py"
+DEFAULT_JSON = ROOT / "bench" / "data" / "fake_tensor_hf.json"
+MIB = 1 << 20
+WORLD = 8
+FRAMEWORK = "verl"
+
+# catalog model -> decoder layers run, packed tokens per micro-batch, config.json fields the catalog card leaves out
+MODELS = {
+    "llama-3.1-8b": {"layers": 3, "tokens": 8192, "override": {}, "what": "Llama-3.1-8B (dense, GQA 32/8)"},
+    # Qwen/Qwen3-30B-A3B config.json sets norm_topk_prob true (transformers' Qwen3MoeConfig default is false)
+    "qwen3-30b-a3b": {"layers": 3, "tokens": 8192, "override": {"norm_topk_prob": True},
+                      "what": "Qwen3-30B-A3B (MoE 128/top-8, Q/K head norms)"},
+    # two dense layers, then MoE (the model has three dense layers first: first_k_dense_replace 3)
+    "deepseek-v3": {"layers": 4, "tokens": 4096, "override": {"first_k_dense_replace": 2},
+                    "what": "DeepSeek-V3 (MLA + MoE 256/top-8, shared expert)"},
+}
+POLICIES = {"none": "none", "full": "full"}  # HF gradient checkpointing off / on (every decoder layer)
+
+
+def card_config(model: str) -> dict:
+    """The catalog card's config.json fields (cards/models/<model>.yaml), the harness's input."""
+    return yaml.safe_load((ROOT / "cards" / "models" / f"{model}.yaml").read_text())["config"]
+
+
+def cases(models: dict | None = None, policies: list[str] | None = None) -> list[dict]:
+    models = models or MODELS
+    return [{"model": model, "config": card_config(model), "num_layers": spec["layers"], "tokens": spec["tokens"],
+             "override": spec["override"], "policy": policy}
+            for model, spec in models.items() for policy in (policies or list(POLICIES))]
+
+
+def run_harness(request_cases: list[dict], timeout: int = 1800) -> dict:
+    """Build (or reuse) the venv, run the harness on the cases, return its parsed result."""
+    python = venv_python("transformers", HF_VENV, python_version="3.11")
+    proc = subprocess.run([str(python), str(HARNESS)], input=json.dumps({"cases": request_cases}),
+                          capture_output=True, text=True, timeout=timeout)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"the harness printed no result (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def catalog(model: str) -> Architecture:
+    return resolve(Request(model=model, framework=FRAMEWORK))[0].model
+
+
+def meshplan_layer(model: str, tokens: int, recompute: str, moe: bool) -> float:
+    """estimate_memory's layer_activations of a one-layer copy (dense or MoE) on verl's FSDP engine (zero_stage 3)."""
+    job = Job(model=cut(catalog(model), [moe]), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
+              seq_length=tokens, global_batch_size=WORLD, framework=FRAMEWORK)
+    plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=1, recompute=recompute)
+    return estimate_memory(job, plan).stages[0].detail["layer_activations"]
+
+
+def layer_rows(results: list[dict]) -> list[dict]:
+    rows = []
+    for res in results:
+        if not res["ok"]:
+            rows.append({"model": res["model"], "policy": res["policy"], "error": res["error"]})
+            continue
+        tokens = res["tokens"]
+        unit = tokens * res["hidden"] * 2  # s*b*h*2: one bf16 hidden-state tensor
+        for moe in sorted({layer["moe"] for layer in res["layers"]}):
+            kept = [layer for layer in res["layers"] if layer["moe"] is moe and layer["layer"] > 0]
+            framework = statistics.fmean(layer["stack_bytes"] for layer in kept)
+            ours = meshplan_layer(res["model"], tokens, POLICIES[res["policy"]], moe)
+            rows.append({"model": res["model"], "model_class": res["model_class"], "layer": "MoE" if moe else "dense",
+                         "policy": res["policy"], "meshplan_recompute": POLICIES[res["policy"]], "tokens": tokens,
+                         "layers_counted": [layer["layer"] for layer in kept],
+                         "framework_bytes": framework, "framework_per_layer_bytes": [la["stack_bytes"] for la in kept],
+                         "framework_bytes_with_output": statistics.fmean(layer["bytes"] for layer in kept),
+                         "framework_units": framework / unit, "meshplan_bytes": ours, "meshplan_units": ours / unit,
+                         "diff_pct": pct(ours, framework)})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("Per decoder layer in a stack (saved for backward + output - released input), Hugging Face transformers "
+          "model code, bf16, flash-attention-2 saves, padding removed; meshplan: verl zero_stage 3 (fsdp2_hf); "
+          "unit = s*h*2")
+    print(f"{'model':15} {'layer':5} {'policy':6} {'framework':>19} {'meshplan':>19} {'diff':>7}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:15} {'':5} {r['policy']:6} ERROR {r['error'][:120]}")
+            continue
+        print(f"{r['model']:15} {r['layer']:5} {r['policy']:6} {r['framework_bytes'] / MIB:8.1f} MiB "
+              f"{r['framework_units']:5.2f}u {r['meshplan_bytes'] / MIB:8.1f} MiB {r['meshplan_units']:5.2f}u "
+              f"{r['diff_pct']:+6.1f}%")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    args = parser.parse_args()
+    result = run_harness(cases())
+    rows = layer_rows(result["results"])
+    print_table(rows)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "measured": datetime.date.today().isoformat(), "torch": result["torch"],
+        "transformers": result["transformers"], "framework": FRAMEWORK, "zero_stage": 3,
+        "method": __doc__.split("\n\n")[1].replace("\n", " "), "layers": rows,
+        "harness_seconds": {f"{r['model']} {r['policy']}": r["seconds"] for r in result["results"]},
+    }, indent=1) + "\n")
+    print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
+
+
+if __name__ == "__main__":
+    main()

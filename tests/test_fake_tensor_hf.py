@@ -1,0 +1,116 @@
+"""Hugging Face transformers' decoder layers as verl's and SkyRL's FSDP engines run them (cards/memory.yaml fsdp2_hf):
+the preset's arithmetic term by term against the tensors transformers 5.9.0's code saves, written out by hand, and
+(slow) against that code itself, counted under FakeTensorMode by bench/fake_tensor_hf_harness.py in the cached
+torch 2.13.0 CPU + transformers 5.9.0 venv (built once, under a minute; then about 10 s)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
+from meshplan.memory_states import convention_name, memory_card
+from meshplan.models import resolve_model
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 2048  # tokens of one packed micro-batch
+
+
+def _layout(tokens: int = T, **kw) -> Layout:
+    conv = memory_card().conventions["fsdp2_hf"]
+    return Layout(**{"tokens": tokens, "seq_kv": tokens, "tp": 1, "sp": False, "etp": 1, "flash": True,
+                     "dropout": False, "swiglu_unfused": conv.swiglu_unfused, "fp8": False,
+                     "moe": MOE_BYTES[conv.moe_activations], "attn": attention_saves(conv), **kw})
+
+
+def norm(width: int, rows: int = T) -> int:
+    """HF's RMSNorm module: an fp32 copy of its input 4w, the fp32 rstd 4, the bf16 normalised tensor 2w per row."""
+    return rows * (4 * width + 4 + 2 * width)
+
+
+def test_verl_and_skyrl_fsdp_engines_use_the_hf_preset():
+    assert convention_name("verl", 3) == "fsdp2_hf" and convention_name("skyrl", 3) == "fsdp2_hf"
+    assert convention_name("verl", 1) == "megatron"
+    assert convention_name("kempnerforge", 3) == "fsdp2" and convention_name("torchtitan", 3) == "fsdp2_chunked_loss"
+
+
+def test_llama_layer_counts_what_transformers_saves():
+    """Per token (LlamaDecoderLayer): two RMSNorms (fp32 input copy, rstd, bf16 normalised; not the bf16 input);
+    their outputs, the q/k/v_proj and gate/up_proj inputs, 2h each; RoPE nothing (cos/sin are the model's, made once
+    under no_grad, and q * cos saves only cos); flash's q, k, v (the rotated Q and K) 2(h + 2gd), its output (the
+    o_proj input) 2h and fp32 lse 4a; gate, silu, up and their product 4 * 2f."""
+    llama = shape_of(resolve_model("llama-3.1-8b"))
+    h, a, g, d, f = 4096, 32, 8, 128, 14336
+    acts = layer_activations(llama, _layout(), False, "none")
+    assert acts == {"norm_inputs": 2 * norm(h), "attention": T * (2 * h + 2 * (h + 2 * g * d) + 4 * a + 2 * h),
+                    "mlp": T * (2 * h + 4 * 2 * f)}
+    assert sum(acts.values()) == T * 200840  # bench/data/fake_tensor_hf.json: the same to the byte
+    assert layer_activations(llama, _layout(), False, "full") == {"layer_input": T * 2 * h}
+
+
+def test_qwen3_moe_layer_adds_head_norms_and_the_grouped_mm_experts():
+    """Qwen3MoeDecoderLayer: the per-head q_norm/k_norm (rows of head_dim, one rstd per head) on top of Llama's
+    terms; Qwen3MoeTopKRouter's fp32 softmax 4E, topk's int64 ids 8k, norm_topk_prob's fp32 quotient 4k and
+    denominator 4; per routed copy (grouped_mm_experts_forward) the gathered fc1 input 2h, the gate_up output 2*2fe,
+    silu output 2fe, the product 2fe, the expert output kept for the routing-weight multiply 2h, the bf16 weight 2,
+    three int64 index tensors 3*8 and the bool sentinel mask 1."""
+    qwen = shape_of(resolve_model("qwen3-30b-a3b"))
+    h, a, g, d, e, k, fe = 2048, 32, 4, 128, 128, 8, 768
+    acts = layer_activations(qwen, _layout(), True, "none")
+    attention = T * (2 * h + 2 * (a * d + 2 * g * d) + 4 * a + 2 * a * d) + norm(d, T * a) + norm(d, T * g)
+    copies = T * k
+    moe = T * (2 * h + 4 * e + (8 + 4) * k + 4) + copies * (2 * h + 2 * 2 * fe + 2 * fe + 2 * fe + 2 * h + 27)
+    assert acts == {"norm_inputs": 2 * norm(h), "attention": attention, "moe": moe}
+    assert MOE_BYTES["hf"].per_copy == 8 + 8 + 8 + 1 + 2
+
+
+def test_deepseek_v3_mla_pads_v_for_flash():
+    """DeepseekV3Attention under flash: the two latent norms (q 1536, kv 512) and their outputs (the up-projection
+    inputs); Q and K [a, 192] and V padded to 192 (flash keeps the padded copy); flash's output [a, 192] and its slice
+    [a, 128] made contiguous for o_proj; the k_rot part of kv_a's output is not kept."""
+    ds = shape_of(resolve_model("deepseek-v3"))
+    h, a, f = 7168, 128, 18432
+    q_lora, kv_lora, qk, dv = 1536, 512, 192, 128
+    acts = layer_activations(ds, _layout(), False, "none")
+    attention = (T * 2 * h + norm(q_lora) + T * 2 * q_lora + norm(kv_lora) + T * 2 * kv_lora
+                 + T * 2 * a * (qk + qk + qk) + T * 4 * a + T * 2 * a * (qk + dv))
+    assert acts == {"norm_inputs": 2 * norm(h), "attention": attention, "mlp": T * (2 * h + 4 * 2 * f)}
+    assert sum(acts.values()) == T * 508432  # bench/data/fake_tensor_hf.json: the same to the byte
+
+
+# --------------------------------------------------------------------------- against transformers' own code (slow)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fake_tensor_hf as bench
+
+    models = {model: {**spec, "tokens": T} for model, spec in bench.MODELS.items()}
+    result = bench.run_harness(bench.cases(models), timeout=900)
+    for res in result["results"]:
+        assert res["ok"], res
+    return bench.layer_rows(result["results"])
+
+
+@pytest.mark.slow
+def test_meshplan_layers_equal_transformers_layers_within_5_percent(rows):
+    assert {(r["model"], r["layer"], r["policy"]) for r in rows} == {
+        ("llama-3.1-8b", "dense", "none"), ("llama-3.1-8b", "dense", "full"), ("qwen3-30b-a3b", "MoE", "none"),
+        ("qwen3-30b-a3b", "MoE", "full"), ("deepseek-v3", "dense", "none"), ("deepseek-v3", "dense", "full"),
+        ("deepseek-v3", "MoE", "none"), ("deepseek-v3", "MoE", "full")}
+    for r in rows:
+        assert abs(r["diff_pct"]) < 5, r
+
+
+@pytest.mark.slow
+def test_the_harness_counts_the_hand_counted_llama_layer(rows):
+    llama = {r["policy"]: r for r in rows if r["model"] == "llama-3.1-8b"}
+    h, a, g, d, f = 4096, 32, 8, 128, 14336
+    expected = 2 * norm(h) + T * (2 * h + 2 * (h + 2 * g * d) + 4 * a + 2 * h + 2 * h + 4 * 2 * f)
+    assert llama["none"]["framework_per_layer_bytes"] == [expected, expected]
+    # with the output counted and the released input not (the torchtitan harness's convention): 2h more
+    assert llama["none"]["framework_bytes_with_output"] == expected + T * 2 * h
+    assert llama["full"]["framework_per_layer_bytes"] == [T * 2 * h] * 2  # the checkpoint keeps the layer input
