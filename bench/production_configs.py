@@ -24,7 +24,8 @@ Method (no per-row constants, nothing fitted):
   account_for_*, Megatron-MoE-ModelZoo's scripts), each entry citing its path.
 - What the launcher a row cites sets for every run it makes is passed too: Megatron-Bridge's performance-table runs
   reduce gradients in bf16 (perf_table_fields), verl's example scripts pack each micro-batch to a token budget of
-  the row's seq_length (dynamic_batch_fields).
+  the row's seq_length (dynamic_batch_fields), and a measured study's recipe sets its optimizer precision
+  (study_recipe_fields: Bridge's Moonlight recompute study ran the 8-H100 recipe's bf16 moments and main grads).
 - A setting the row uses that meshplan cannot express yet (KNOBS: a layout named but not given, offload,
   precision-aware optimizer, FP8 recipes, RL phases, a GPU or model type outside the catalog...) is recorded
   as "not expressible: <knob>", and the row is still scored with the nearest expressible settings: those rows
@@ -508,6 +509,30 @@ def perf_table_fields(row: dict[str, Any]) -> dict[str, Any]:
     return {"grad_reduce_in_fp32": False} if BRIDGE_PERF_TABLE in _text(row["source"]["citation"]).lower() else {}
 
 
+# Measured studies whose rows cite the study, not the recipe it ran, where the study's text names the recipe:
+# (words the row's citation and location both hold) -> (recipe, the optimizer fields that recipe sets, source).
+# NVIDIA-NeMo/Megatron-Bridge a67b5735d skills/nemo-mbridge-perf-activation-recompute/SKILL.md "Matched H100 Evidence:
+# Moonlight 16B": "The Moonlight 16B BF16 pretraining recipe ran on 8 H100 80GB GPUs ... TP=2, PP=1, CP=1, EP=8" at
+# Bridge 600d069; the one such recipe there is recipes/moonlight/h100/moonlight_16b.py
+# moonlight_16b_pretrain_8gpu_h100_bf16_config, which sets use_precision_aware_optimizer=True with bf16 exp_avg /
+# exp_avg_sq and bf16 main grads, and MixedPrecisionConfig(grad_reduce_in_fp32=False). The same text says a native
+# 8-H100 layout "failed during FP32 optimizer-state initialization".
+STUDY_RECIPES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
+    ("nemo-mbridge-perf-activation-recompute", "moonlight"): (
+        "moonlight_16b_pretrain_8gpu_h100_bf16_config",
+        {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
+}
+
+
+def study_recipe_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer fields of the recipe a measured study ran (STUDY_RECIPES), for a row citing that study."""
+    cited = _text(row["source"]["citation"], row["source"].get("location")).lower()
+    for words, (_, fields) in STUDY_RECIPES.items():
+        if all(w in cited for w in words):
+            return dict(fields)
+    return {}
+
+
 # verl example scripts the RL rows cite that train with actor.use_dynamic_bsz=True and ppo_max_token_len_per_gpu =
 # max_prompt_length + max_response_length (the row's seq_length): verl packs whole sequences into micro-batches of at
 # most that many tokens (times cp) and ignores ppo_micro_batch_size_per_gpu (volcengine/verl
@@ -941,6 +966,7 @@ def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
         fields |= offload
         knobs |= k
         fields |= perf_table_fields(row)
+        fields |= study_recipe_fields(row)
         key = catalog_match(row["model"])
         first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
         fields |= f

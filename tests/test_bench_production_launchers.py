@@ -69,3 +69,17 @@ def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, production_rows):
     assert not pc.map_row(production_rows["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
     assert not pc.map_row(production_rows["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
     assert pc.nemo_2407_tp_overlap({"id": "nemo2407_h100_gpt3_5b_64gpu"}) is None
+
+
+def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_path, production_rows):
+    # Bridge's Moonlight recompute study ran moonlight_16b_pretrain_8gpu_h100_bf16_config: bf16 Adam moments and
+    # bf16 main grads (STUDY_RECIPES); the 8-GPU recipe row itself states no optimizer and keeps the defaults.
+    study = pc.map_row(production_rows["mbridge_card_moonlight_8_norecompute"], tmp_path)
+    assert (study.request.optimizer_state_dtype, study.request.grad_reduce_in_fp32) == ("bf16", False)
+    assert pc.study_recipe_fields({"source": {"citation": "some other card", "location": "Moonlight"}}) == {}
+    default = study.request.model_copy(update={"optimizer_state_dtype": None, "grad_reduce_in_fp32": None})
+    low, high = api.estimate_memory(study.request), api.estimate_memory(default)
+    # expert-dp is 1 (EP8 on 8 GPUs): every expert's moments and grads sit whole on each GPU, so the recipe's
+    # precision halves the optimizer: the fp32 master as 16-bit remainders (4 -> 2 B) and bf16 moments (8 -> 4 B)
+    assert low.stages[0].optimizer_bytes * 2 == high.stages[0].optimizer_bytes
+    assert low.stages[0].gradients_bytes * 2 == high.stages[0].gradients_bytes
