@@ -150,3 +150,20 @@ def test_the_requests_tp_overlap_is_kept_wherever_there_is_tp():
     assert any(c.plan.tp > 1 for c in rec.candidates)
     plain = recommend(Request(**fields), top_k=8)
     assert not any(c.plan.tp_comm_overlap for c in plain.candidates)
+
+
+@pytest.mark.parametrize("fields, says", [
+    (dict(framework="nanotron"), "nanotron has no TP communication overlap switch"),
+    (dict(framework="megatron-core", sequence_parallel=False), "sequence_parallel=false"),
+    (dict(framework="torchtitan", torch_compile=False), "async TP is a torch.compile pass"),
+])
+def test_a_tp_overlap_no_layout_can_run_is_refused_up_front(fields, says):
+    """Asked for where rule TP005 refuses every layout with TP, recommend says so at once (what and why, and the fix
+    TP005 gives) instead of ranking only the TP-1 layouts the rule lets through."""
+    from meshplan.errors import MeshplanError
+
+    with pytest.raises(MeshplanError) as exc:
+        recommend(Request(model="llama-3.1-8b", num_gpus=8, tp_comm_overlap=True, **fields))
+    assert says in exc.value.reason and "TP005" in exc.value.reason and exc.value.fix
+    ok = recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", tp_comm_overlap=True), top_k=1)
+    assert ok.candidates

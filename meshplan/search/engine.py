@@ -199,6 +199,13 @@ class BestFirstSearch:
         # TP communication overlap: the request's switch (else the framework's default), not searched: the cost model
         # credits it beyond what the runs measured (perf.tp_hidden; bench/README.md, Throughput)
         tp_overlap = bool(fixed.values.get("tp_comm_overlap", card.tp_overlap.default))
+        if tp_overlap and "tp_comm_overlap" in fixed:  # asked for: refuse what TP005 refuses every TP plan
+            probe = Plan(tp=2, sequence_parallel=sp, tp_comm_overlap=True,
+                         torch_compile=bool(fixed.carried.get("torch_compile")))
+            blocked = load_rules()["TP005"](Context(job, probe))
+            if blocked is not None:
+                raise MeshplanError(f"tp_comm_overlap=true cannot run in any layout with TP: {blocked['reason']} "
+                                    "(rule TP005).", blocked["fix"])
         limits = search_limits()
         cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
         domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
