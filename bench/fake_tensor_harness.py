@@ -331,13 +331,15 @@ def step_peak(case: dict, wheel: Path | None) -> dict:
                 del pred
                 loss.backward()
                 optimizer.step()
-                optimizer.zero_grad()
+                # torchtitan 0.3.0 trainer.py train_step: zero_grad(set_to_none=training.disable_cuda_graphs), False by
+                # default (the sharded grads are zeroed in place and stay allocated); 0.2.x: zero_grad() frees them
+                optimizer.zero_grad(set_to_none=case.get("set_to_none", False))
                 if step == 0:
                     tracker.reset_mod_stats()
         peak = tracker.get_tracker_snapshot("peak")
         device = next(iter(peak))
         by_kind = {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
-    return {"peak": by_kind, "world": world, "chunked_loss": chunked}
+    return {"peak": by_kind, "world": world, "chunked_loss": chunked, "set_to_none": case.get("set_to_none", False)}
 
 
 class _LossScope:

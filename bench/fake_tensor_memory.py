@@ -69,6 +69,9 @@ POLICIES = {
     "selective-2@0.2.2": ("selective", "0.2.2 selective, option '2' (its default): every 2nd block full AC"),
 }
 STEP_POLICIES = ["none", "full", "selective"]
+# The step runs torchtitan 0.3.0's default trainer's zero_grad(set_to_none=training.disable_cuda_graphs = False):
+# the sharded grads stay allocated between steps (cards/memory.yaml fsdp2_chunked_loss grads_set_to_none)
+STEP_SET_TO_NONE = False
 WORLD = 8
 
 
@@ -92,7 +95,7 @@ def cases(step: bool) -> list[dict]:
             "policy": policy} for arch, spec in ARCHS.items() for policy in POLICIES]
     if step:
         out += [{"kind": "step", "arch": arch, "layers": spec["step_layers"], "seq": spec["seq"],
-                 "batch": spec["batch"], "policy": policy, "world": WORLD}
+                 "batch": spec["batch"], "policy": policy, "world": WORLD, "set_to_none": STEP_SET_TO_NONE}
                 for arch, spec in ARCHS.items() for policy in STEP_POLICIES]
     return out
 
@@ -193,7 +196,8 @@ def step_rows(results: list[dict]) -> list[dict]:
         ours = meshplan_allocated_peak(arch, spec, recompute, moe_flags)
         rows.append({"arch": res["arch"], "policy": res["policy"], "meshplan_recompute": recompute,
                      "layers": len(moe_flags), "moe_layers": sum(moe_flags), "world": res["world"],
-                     "seq": spec["seq"], "micro_batch": spec["batch"], "framework_peak_bytes": framework,
+                     "seq": spec["seq"], "micro_batch": spec["batch"], "set_to_none": res.get("set_to_none"),
+                     "framework_peak_bytes": framework,
                      "framework_peak_by_kind": res["peak"], "meshplan_allocated_bytes": ours,
                      "diff_pct": pct(ours, framework)})
     return rows
@@ -216,7 +220,8 @@ def print_tables(layers: list[dict], steps: list[dict]) -> None:
                   f"{r['nearest_meshplan_bytes'] / MIB:8.1f} MiB {r['nearest_diff_pct']:+16.1f}%")
     if steps:
         print(f"\nPeak through one training step (rank 0 of {WORLD}, torchtitan FSDP2 on a fake process group, "
-              "4 decoder layers + embedding + chunked loss + AdamW) vs meshplan's estimate as allocated memory")
+              "4 decoder layers + embedding + chunked loss + AdamW, zero_grad(set_to_none="
+              f"{STEP_SET_TO_NONE})) vs meshplan's estimate as allocated memory")
         print(f"{'architecture':18} {'policy':10} {'framework':>11} {'meshplan':>11} {'diff':>7}")
         for r in steps:
             if "error" in r:

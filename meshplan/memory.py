@@ -11,6 +11,8 @@ reserved, which is what runs out). The worst stage decides whether the job fits.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from meshplan import mesh
 from meshplan.activations import (
     MOE_BYTES,
@@ -179,6 +181,7 @@ def estimate_memory(
     optimizer_sharded = any(t.shard == "dp" for t in tensors if t.tensor_class == "optimizer")
 
     stages: list[StageMemory] = []
+    walk_moments: dict[int, str] = {}  # the moment each stage peaks at, where the convention walks the backward
     for rank, chunks in enumerate(layout):
         layers = [i for chunk in chunks for i in chunk]
         first, last = rank == 0, rank == pipeline.head_rank
@@ -219,6 +222,7 @@ def estimate_memory(
         held = in_flight(rank, pp, vpp, m)
         acts = 0.0
         built = 0
+        layer_modes: dict[int, str] = {}  # the mode each layer ran in (one micro-batch), for the backward walk
         for chunk, count in zip(chunks, held, strict=True):
             chunk_bytes = 0.0
             for pos, i in enumerate(chunk):
@@ -233,6 +237,7 @@ def estimate_memory(
                     mode = "full"
                 elif every_nth:
                     mode = "full" if built % every_nth == 0 else "none"
+                layer_modes[i] = mode
                 chunk_bytes += per_kind[(table.moe[i], mode)]
             acts += count * chunk_bytes
         detail["microbatches_in_flight"] = sum(held)
@@ -274,7 +279,26 @@ def estimate_memory(
             detail["mtp_activations"] = int(mtp_acts)
         other = other_fixed
         transient = acts
-        if gathered:
+        walk = (gathered and conv.step_peak == "backward_walk" and not offload.activations and not group
+                and job.lora is None)
+        if walk:
+            units, held_other = _walk_units(
+                job, plan, conv, tensors, table, layers, layer_modes, per_kind, selective, every_nth, detail,
+                first=first, last=last, dense_dp=dense_dp, expert_dp=expert_dp, norm_width=norm_width,
+                layer_acts=detail["layer_activations"], emb_acts=detail.get("embedding_activations", 0),
+                out_acts=detail.get("logits_and_loss", 0), tokens=tokens, vocab=vocab)
+            moment = fsdp_step_peak(conv, units, held_other + detail.get("mtp_activations", 0),
+                                    grads_absent=conv.grads_set_to_none and m == 1,
+                                    reserve_fraction=card.allocator_reserve_fraction)
+            acts = moment.activations
+            absent = min(moment.absent_grads, states["gradients"])  # none on the GPU when offloaded to the host
+            states["gradients"] -= absent
+            detail["gathered_layers"] = int(moment.transient)
+            detail["gradients_absent_at_peak"] = int(absent)
+            walk_moments[rank] = moment.name
+            other += moment.transient
+            transient = acts + moment.transient
+        elif gathered:
             # the stage's FSDP units in forward order: embedding, decoder layers, output layer (with the final norm)
             units = [detail["embedding_params"]] if first else []
             units += [table.tp_sharded[i] / tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
@@ -300,6 +324,8 @@ def estimate_memory(
     assumptions = _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_dp, card)
     if job.lora is not None:
         assumptions.append(lora_assumption(job, plan))
+    if peak.stage in walk_moments:
+        assumptions.append(_walk_assumption(conv, peak, walk_moments[peak.stage], m))
     # a node's GPUs usually share one pipeline stage (TP, EP and DP ranks fill a node first); the worst stage bounds it
     host_per_node = max(s.host_bytes for s in stages) * job.gpus_per_node
     if offload.any:
@@ -327,6 +353,134 @@ def peak_fit_bytes(peak: float, reserve: float, plan: Plan, card) -> float:
     """The figure one peak that holds `reserve` bytes of allocator reserve fits by (fit_figure): the peak itself, or
     with expandable segments that peak less its reserve plus the page slack (cards/memory.yaml)."""
     return peak - reserve + card.expandable_segments_slack_bytes if plan.expandable_segments else peak
+
+
+# --------------------------------------------------------------------------- torch FSDP2: when the step peaks
+
+
+class FsdpUnit(NamedTuple):
+    """One fully_shard unit of a stage, in forward order, for the backward walk (bytes per GPU)."""
+
+    name: str
+    params: float  # its parameters (all-gathered while it runs, reduce-scattered in its post_backward)
+    stored: float  # what one micro-batch keeps for its backward (the output unit: the loss at its peak)
+    working: float = 0.0  # what its backward rebuilds on top (recompute)
+    grads: float = 0.0  # its sharded gradients (allocated by its reduce-scatter when the trainer freed them)
+    in_loss: bool = False  # its reduce-scatter runs inside the chunked loss, once per chunk, its params gathered
+    kept: float = 0.0  # what of its activations is alive at its reduce-scatter (in_loss: the chunk's logits)
+    loss: bool = False  # its `stored` is the loss, which peaks before the unit's pre_backward hook fires
+
+
+class StepMoment(NamedTuple):
+    """A moment of the backward: activations alive, FSDP transient (gathered params, unsharded grads and their
+    reduce-scatter input) and the sharded gradients not allocated yet."""
+
+    name: str
+    activations: float
+    transient: float
+    absent_grads: float
+
+
+def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_absent: bool) -> list[StepMoment]:
+    """Every moment of the backward, unit by unit in reverse forward order, as torch's fully_shard runs it
+    (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): in pre_backward the unit is all-gathered
+    (`unsharded_param_bytes`) and the unit before it prefetched (`prefetched_bytes`), while its own saved activations
+    and whatever its recompute rebuilds are alive, beside the saved activations of the units backward has not reached
+    (`held_other`: other micro-batches in flight), and the reduce-scatter input of the unit reduced just before is still
+    held (`retained_reduce_bytes`: post_backward keeps reduce_scatter_max_input_buffers = 1 until the next unit's
+    post_backward recycles it); in post_backward its saved activations are freed, reshard() frees its parameters, and
+    foreach_reduce copies its unsharded grads into the reduce-scatter input (`gathered_layers` x `gathered_bytes`).
+    The output unit's loss peaks in the cross-entropy's backward, before the unit's pre_backward hook (registered on
+    its outputs) fires, so nothing is prefetched yet; its parameters stay gathered from its forward
+    (reshard_after_forward=False in torchtitan's apply_fsdp_to_decoder). A unit that reduces inside the chunked loss
+    (`in_loss`) does so once per chunk with its parameters gathered, the previous chunk's reduce-scatter input held and
+    the chunk's `kept` logits alive; its buffers are gone by the time the decoder's backward starts. With
+    `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
+    only after its own reduce-scatter, so the units not yet reduced are absent."""
+    out = []
+    for k in range(len(units) - 1, -1, -1):
+        u = units[k]
+        before = held_other + sum(v.stored for v in units[:k])
+        prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
+        absent = sum(v.grads for v in units[:k + 1]) if grads_absent else 0.0
+        gathered = conv.unsharded_param_bytes * u.params
+        # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
+        last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
+        retained = conv.retained_reduce_bytes * last.params if last else 0.0
+        out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
+                              gathered + (0.0 if u.loss else prefetch) + retained, absent))
+        reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
+        out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
+                              reduce + (gathered + retained if u.in_loss else 0.0), absent))
+    return out
+
+
+def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
+                   reserve_fraction: float) -> StepMoment:
+    """The moment of the backward walk with the largest peak: activations and transient (plus the caching
+    allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
+    moments = fsdp_backward_moments(conv, units, held_other, grads_absent)
+    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient) - s.absent_grads)
+
+
+def _walk_units(job: Job, plan: Plan, conv, tensors, table: _ParamTable, layers: list[int], modes: dict[int, str],
+                per_kind: dict, selective: str, every_nth: int, detail: dict[str, int], *, first: bool, last: bool,
+                dense_dp: float, expert_dp: float, norm_width: int, layer_acts: float, emb_acts: float,
+                out_acts: float, tokens: float, vocab: float) -> tuple[list[FsdpUnit], float]:
+    """The stage's FSDP units in forward order (embedding on the first stage, each decoder layer, the output layer
+    with the final norm on the last; torchtitan's apply_fsdp_to_decoder) with one micro-batch's activations each,
+    and the activations of the other micro-batches in flight."""
+    ep_etp = plan.ep * plan.etp
+
+    def grads(dense: float, experts: float = 0.0) -> float:
+        return (state_bytes(tensors, dense, dense_dp)["gradients"]
+                + state_bytes(tensors, experts, expert_dp)["gradients"])
+
+    units = []
+    if first:
+        emb = detail["embedding_params"]
+        units.append(FsdpUnit("embedding", emb, emb_acts, grads=grads(emb)))
+    one_batch = 0.0
+    for i in layers:
+        moe, mode = table.moe[i], modes[i]
+        stored = per_kind[(moe, mode)]
+        one_batch += stored
+        if mode == "full":  # checkpointed: its backward rebuilds the layer's activations
+            working = per_kind[(moe, "none")]
+        elif mode == "selective" and selective == "op_sac":  # op-level SAC: what the recompute rebuilds
+            working = per_kind[(moe, "none")] - stored
+        else:
+            working = 0.0
+        dense = table.tp_sharded[i] / plan.tp + table.replicated[i]
+        experts = table.experts[i] / ep_etp
+        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads(dense, experts)))
+    if last:
+        head = detail["output_layer_params"] + norm_width
+        kept = 0.0
+        if conv.output_reduce_in_loss:  # the chunk's loss tensors are freed but for its logits (and their gradient)
+            logits = job_logits(conv, tokens, vocab, plan.tp)
+            kept = out_acts - (conv.logits_bytes_per_element - conv.loss_reduce_bytes_per_element) * logits
+        units.append(FsdpUnit("output layer and loss", head, out_acts, grads=grads(head),
+                              in_loss=conv.output_reduce_in_loss, kept=kept, loss=True))
+    return units, max(0.0, layer_acts - one_batch)
+
+
+def job_logits(conv, tokens: float, vocab: float, tp: int) -> float:
+    """Logits of one loss chunk on one GPU (memory_states.output_activations' count)."""
+    return tokens / conv.loss_chunks * vocab / tp
+
+
+def _walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:
+    """What the backward walk found on the peak stage."""
+    grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
+             f"reduce-scatter ({stage.detail.get('gradients_absent_at_peak', 0) / GIB:.2f} GiB not yet allocated)"
+             if conv.grads_set_to_none and m == 1 else
+             "every sharded gradient allocated" + (" (accumulated over the step's micro-batches)"
+                                                   if conv.grads_set_to_none else " (zeroed in place, not freed)"))
+    return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
+            f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
+            f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "
+            f"and reduce-scatter input; {grads}.")
 
 
 def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str:

@@ -54,6 +54,15 @@ class Convention(_Card):
     gathered_layers: int = Field(0, ge=0)
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
+    # When the step peaks (memory.fsdp_backward_moments): worst_unit adds the worst FSDP unit's transient to every
+    # activation, the loss and all model states at once; backward_walk walks the backward unit by unit as torch's
+    # fully_shard runs it and takes the largest moment (cards/memory.yaml fsdp2, with the sources).
+    step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
+    unsharded_param_bytes: float = Field(0, ge=0)  # per parameter of a unit while it runs (backward_walk)
+    grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
+    output_reduce_in_loss: bool = False  # the output unit reduce-scatters inside the (chunked) loss's backward
+    retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
+    loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
     # activations.MOE_BYTES: what a MoE layer keeps
     moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]
@@ -202,6 +211,8 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         conv_update["fp8_weight_bytes"] = weight
     if gather and conv.prefetched_bytes and conv.fp8_weights == "fixed":
         conv_update["prefetched_bytes"] = prec.fp8_all_gather_bytes
+    if gather and conv.unsharded_param_bytes and conv.fp8_weights == "fixed":
+        conv_update["unsharded_param_bytes"] = prec.fp8_all_gather_bytes
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
 

@@ -497,14 +497,19 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     m = max(1, job.global_batch_size // (mbs * lay.dp))
     held = 1 if pp == 1 else min(m, pp)
     acts = 0.0 if activation_offload else held * per_mb
-    if recompute == "full" and n0:
+    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
+    if walk and conv.grads_set_to_none and m == 1:
+        states -= state_bytes(tensors, dense, lay.dp * lay.cp)["gradients"]
+        states -= state_bytes(tensors, experts, expert_dp)["gradients"]
+    if recompute == "full" and n0 and not walk:
         kinds = ([True] if n_moe else []) + ([False] if n0 - n_moe else [])
         acts += max(sum(layer_activations(shape, act, k, "none").values()) for k in kinds)
     if pp == 1:
         ts = tp if sp else 1
         acts += output_activations(conv, tokens, vocab, tp, h, ts)
     transient = acts
-    if conv.gathered_layers and any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) and n0:
+    if conv.gathered_layers and any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) and n0 \
+            and not walk:
         # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one
         biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
                       + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp) for i in (0, n0 - 1))
