@@ -577,8 +577,10 @@ def _assumptions(job, plan, conv_name, tensors, lay, m, vocab, expert_dp, dense_
         f"calibrated, cards/memory.yaml) + CUDA context {card.cuda_context_bytes / GIB:.2f} GiB (outside torch's "
         f"accounting) + the caching allocator's reserve, {card.allocator_reserve_fraction:.0%} of the memory freed "
         "and re-allocated every step (activations, logits, gathered layers): peak reserved, not just allocated"
-        + ("; FSDP/ZeRO-3 gathered units at the worst unit's backward peak (cards/memory.yaml)." if any(
-            t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
+        + (("; FSDP units gathered moment by moment through the backward (cards/memory.yaml step_peak)."
+            if card.conventions[conv_name].step_peak == "backward_walk"
+            else "; FSDP/ZeRO-3 gathered units at the worst unit's backward peak (cards/memory.yaml).")
+           if any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) else "."),
         "Not modelled: CUDA-graph pools.",
     ]
     if job.model.moe is not None:

@@ -108,6 +108,8 @@ def test_torchtitan_llama_cut_peaks_in_the_output_reduce_inside_the_loss():
     assert d["allocator_reserve"] == int(card.allocator_reserve_fraction
                                          * (stage.activations_bytes + d["gathered_layers"]))
     assert any("output layer and loss reduce-scatter moment" in a for a in report.assumptions)
+    assert any("gathered moment by moment through the backward" in a for a in report.assumptions)
+    assert not any("at the worst unit's backward peak" in a for a in report.assumptions)
 
 
 def test_torchtitan_deepseek_cut_peaks_in_the_moe_units_reduce():
