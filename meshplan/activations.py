@@ -150,6 +150,16 @@ HF_MOE = MoeBytes(
 MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE, "hf": HF_MOE}
 
 
+def moe_bytes(conv, arch: Architecture) -> MoeBytes:
+    """What a convention's MoE layer keeps for this model: MOE_BYTES[moe_activations], with the router's fp32 copies
+    of its input and gate weight where the model's own code makes them (router_fp32_model_types: Hugging Face's
+    DeepSeek-V3 and GLM-4-MoE routers upcast, its Qwen3-MoE, Mixtral and gpt-oss routers do not)."""
+    base = MOE_BYTES[conv.moe_activations]
+    if arch.model_type in conv.router_fp32_model_types:
+        return base._replace(router_input_bytes=4, router_weight_bytes=4)
+    return base
+
+
 class AttentionSaves(NamedTuple):
     """What a framework's attention code keeps beside Q, K, V and its output (cards/memory.yaml conventions:
     rope_saves, mla_v_view, attention_stats_bytes)."""

@@ -15,11 +15,11 @@ from typing import NamedTuple
 
 from meshplan import mesh
 from meshplan.activations import (
-    MOE_BYTES,
     Layout,
     activation_mode,
     attention_saves,
     layer_activations,
+    moe_bytes,
     shape_of,
 )
 from meshplan.cards import framework_card
@@ -154,7 +154,7 @@ def estimate_memory(
         flash=conv.flash_attention if flash_attention is None else flash_attention,
         dropout=conv.dropout if dropout is None else dropout,
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
-        moe=MOE_BYTES[conv.moe_activations], qkv_fused=conv.qkv_projections == "fused",
+        moe=moe_bytes(conv, arch), qkv_fused=conv.qkv_projections == "fused",
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
     )
     recompute = plan.recompute

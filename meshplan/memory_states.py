@@ -66,6 +66,8 @@ class Convention(_Card):
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
     # activations.MOE_BYTES: what a MoE layer keeps
     moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]
+    # model types whose own model code upcasts the router's input and gate weight to fp32 (activations.moe_bytes)
+    router_fp32_model_types: list[str] = []
     # what the attention code keeps beside Q, K, V, and what a norm keeps (activations.AttentionSaves)
     rope_saves: Literal["rotated_copies", "frequencies", "shared_tables"] = "rotated_copies"
     mla_v_view: bool = False

@@ -460,8 +460,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
     expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
     none of them are counted (the estimate keeps a few layers on the GPU)."""
-    from meshplan.activations import MOE_BYTES, activation_mode, attention_saves, layer_activations, shape_of
     from meshplan.activations import Layout as ActLayout
+    from meshplan.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
     from meshplan.memory_states import memory_card, output_activations, state_bytes
 
     arch = job.model
@@ -487,7 +487,7 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
                     qkv_fused=conv.qkv_projections == "fused",
                     dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
-                    moe=MOE_BYTES[conv.moe_activations], attn=attention_saves(conv))
+                    moe=moe_bytes(conv, arch), attn=attention_saves(conv))
     shape = shape_of(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     mode = activation_mode(recompute, selective)

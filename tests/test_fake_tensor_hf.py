@@ -80,6 +80,23 @@ def test_deepseek_v3_mla_pads_v_for_flash():
     assert sum(acts.values()) == T * 508432  # bench/data/fake_tensor_hf.json: the same to the byte
 
 
+def test_the_router_keeps_fp32_copies_only_where_the_models_own_code_makes_them():
+    """HF's DeepSeek-V3 and GLM-4-MoE routers run F.linear(x.float(), weight.float()), which saves both fp32 copies;
+    Qwen3-MoE's router runs in bf16 (router_fp32_model_types)."""
+    from meshplan.activations import moe_bytes
+
+    conv = memory_card().conventions["fsdp2_hf"]
+    deepseek, glm, qwen = (resolve_model(k) for k in ("deepseek-v3", "glm-4.5", "qwen3-30b-a3b"))
+    assert moe_bytes(conv, qwen) == MOE_BYTES["hf"]
+    assert moe_bytes(conv, deepseek) == moe_bytes(conv, glm) == MOE_BYTES["hf"]._replace(
+        router_input_bytes=4, router_weight_bytes=4)
+    ds = shape_of(deepseek)
+    with_copies = sum(layer_activations(ds, _layout(moe=moe_bytes(conv, deepseek)), True, "none").values())
+    without = sum(layer_activations(ds, _layout(), True, "none").values())
+    # the fp32 layer input per token and the fp32 gate weight (256 experts x 7168) once per layer
+    assert with_copies - without == T * 4 * 7168 + 4 * 256 * 7168
+
+
 # --------------------------------------------------------------------------- against transformers' own code (slow)
 
 
