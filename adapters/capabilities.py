@@ -86,6 +86,10 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("tp_comm_overlap")
     if job.lora is not None:  # a LoRA job (meshplan/lora.py): rank and targets
         used += ["lora_rank", "lora_targets"]
+    if plan.attention_backend != "auto":
+        used.append("attention_backend")
+    if plan.dropout:
+        used.append("dropout")
     used += precision_knobs(job, plan)
     used += [name for name in ("activation_offload", "param_offload", "grad_offload", "optimizer_offload")
              if getattr(plan, name)]
@@ -122,7 +126,8 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
         "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
-        "tp_comm_overlap": "tp_comm_overlap=true",
+        "tp_comm_overlap": "tp_comm_overlap=true", "attention_backend": f"attention_backend={plan.attention_backend}",
+        "dropout": "dropout=true",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
         "optimizer": f"optimizer={plan.optimizer}",
@@ -145,6 +150,12 @@ def refuse_missing(framework: str, version: str, variant: str, job: Job, plan: P
     display = framework_card(framework).display_name
     for name in knobs_in_use(job, plan):
         knob = table[name]
+        if knob.values is not None and knob.key is not None and knob.values.get(plan.attention_backend) is None:
+            raise MeshplanError(
+                f"{display} {version} ({variant}) cannot express {describe_knob(name, plan, job)}: "
+                f"its {knob.key} takes {', '.join(k for k, v in knob.values.items() if v is not None)}.",
+                fix=knob.instead,
+            )
         if knob.key is None:
             raise MeshplanError(
                 f"{display} {version} ({variant}) cannot express {describe_knob(name, plan, job)}: "

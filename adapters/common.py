@@ -6,6 +6,7 @@ Each function is pure and says in its docstring which framework rule it follows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from meshplan import mesh
 from meshplan.cards import framework_card
@@ -247,3 +248,30 @@ def read_offload(values: dict[str, object]) -> dict[str, object]:
 
 def _true(value: object) -> bool:
     return value is True or str(value).lower() == "true"
+
+
+# Megatron-Core's TransformerConfig defaults attention_dropout and hidden_dropout to 0.1 (transformer_config.py),
+# the probability Megatron-LM's functional tests run: Plan.dropout on renders it, off renders 0.0.
+DROPOUT_ON = 0.1
+
+
+def attention_value(framework: str, variant: str, backend: str) -> str | None:
+    """The framework's own value for an attention_backend (its card's adapter knob `values`, with the variant's
+    overrides); None for auto (nothing to render). capabilities.refuse_missing has already refused a value the
+    framework lacks."""
+    from meshplan.adapters.capabilities import adapter_section, knob_table
+
+    if backend == "auto":
+        return None
+    knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]
+    return (knob.values or {}).get(backend)
+
+
+def attention_backend_of(framework: str, variant: str, value: Any) -> str:
+    """attention_backend read back from a snippet: the meshplan value the framework's value is (absent: auto)."""
+    from meshplan.adapters.capabilities import adapter_section, knob_table
+
+    if value is None:
+        return "auto"
+    knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]
+    return next(ours for ours, theirs in (knob.values or {}).items() if theirs == str(value).lower())

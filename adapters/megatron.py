@@ -11,6 +11,8 @@ from typing import Any
 
 from meshplan.adapters.architecture import SILU, bridge_fields, core_flags, megatron_architecture
 from meshplan.adapters.common import (
+    DROPOUT_ON,
+    attention_value,
     flex_notes,
     hierarchical_cp,
     megatron_cpu_optimizer,
@@ -118,6 +120,12 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
         flags.append(("--sequence-parallel", None))
     if plan.tp_comm_overlap:  # Transformer Engine userbuffers (rule TP005: needs --sequence-parallel)
         flags.append(("--tp-comm-overlap", None))
+    backend = attention_value("megatron-core", "pretrain_gpt", plan.attention_backend)
+    if backend:
+        flags.append(("--attention-backend", backend))
+    # written either way: Megatron-LM's own default is 0.1 (the estimate reads Plan.dropout, off unless asked)
+    dropout = DROPOUT_ON if plan.dropout else 0.0
+    flags += [("--attention-dropout", dropout), ("--hidden-dropout", dropout)]
     if plan.zero_stage == 1:
         flags.append(("--use-distributed-optimizer", None))
     elif plan.zero_stage in (2, 3):
@@ -231,6 +239,11 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     s.append(("model.sequence_parallel", plan.sequence_parallel))
     if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)
         s.append(("comm_overlap.tp_comm_overlap", True))
+    backend = attention_value("megatron-bridge", "python", plan.attention_backend)
+    if backend:  # AttnBackend (an override names it: model.attention_backend=flash; build_bridge codes it in python)
+        s.append(("model.attention_backend", backend))
+    if plan.dropout:  # Bridge's model bridges set both to 0.0 (models/*/*_bridge.py): written only when on
+        s += [("model.attention_dropout", DROPOUT_ON), ("model.hidden_dropout", DROPOUT_ON)]
     if split.first is not None:
         s.append(("model.num_layers_in_first_pipeline_stage", split.first))
     if split.last is not None:
@@ -358,6 +371,9 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
                                     "(not the wheel); set RECIPE to a recipe function of your model."],
                      warnings=warnings)
     setup = ("import torch",) if any(isinstance(v, PyCode) for _, v in settings) else ()
+    if any(k == "model.attention_backend" for k, _ in settings):  # an AttnBackend member, not its name
+        settings = [(k, PyCode(f"AttnBackend.{v}") if k == "model.attention_backend" else v) for k, v in settings]
+        setup += ("from megatron.core.transformer.enums import AttnBackend",)
     if (plan.moe_a2a_overlap and job.model.moe is not None) or plan.tp_comm_overlap:  # a recipe may leave it None
         setup += ("from megatron.bridge.training.comm_overlap import CommOverlapConfig",
                   "if cfg.comm_overlap is None:", "    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)")

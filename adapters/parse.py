@@ -14,7 +14,7 @@ import shlex
 import tomllib
 from typing import Any
 
-from meshplan.adapters.common import plan_recompute, read_offload
+from meshplan.adapters.common import attention_backend_of, plan_recompute, read_offload
 from meshplan.adapters.lora import parsed_lora
 
 from meshplan.cards import framework_card
@@ -72,7 +72,7 @@ def python_assignments(text: str) -> dict[str, Any]:
         if PRESET_CALL.fullmatch(value):
             out[m.group(1)] = PRESET_CALL.fullmatch(value).group(1)
             continue
-        out[m.group(1)] = value if re.fullmatch(r"torch\.\w+", value) else ast.literal_eval(value)
+        out[m.group(1)] = value if re.fullmatch(r"(torch|AttnBackend)\.\w+", value) else ast.literal_eval(value)
     return out
 
 
@@ -144,6 +144,7 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if "--overlap-moe-expert-parallel-comm" in f:
         out["moe_a2a_overlap"] = True
     out["tp_comm_overlap"] = "--tp-comm-overlap" in f
+    out.update(_attention("megatron-core", "pretrain_gpt", f.get("--attention-backend"), f.get("--attention-dropout")))
     if cp > 1:
         out["cp_comm_type"] = f["--cp-comm-type"]
     out["optimizer"] = f.get("--optimizer", "adam")
@@ -188,6 +189,9 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if s.get("comm_overlap.overlap_moe_expert_parallel_comm"):
         out["moe_a2a_overlap"] = True
     out["tp_comm_overlap"] = bool(s.get("comm_overlap.tp_comm_overlap"))
+    backend = m.get("attention_backend")
+    out.update(_attention("megatron-bridge", "python", str(backend).removeprefix("AttnBackend.") if backend else None,
+                          m.get("attention_dropout")))
     mp = {}
     if "mixed_precision" in s:  # a registered preset (its fp8_param_gather goes with the recipe), fields over it
         presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
@@ -212,6 +216,7 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+                **_attention("verl", "fsdp", o.get("actor_rollout_ref.model.override_config.attn_implementation")),
                 "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none",
                 "activation_offload": bool(o.get("actor_rollout_ref.model.enable_activation_offload")),
                 "param_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.param_offload")),
@@ -227,6 +232,7 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                last_stage_layers=o.get(t + "num_layers_in_last_pipeline_stage"),
                **plan_recompute(o.get(t + "recompute_granularity"), o.get(t + "recompute_method"),
                                 o.get(t + "recompute_num_layers"), o.get(t + "recompute_modules")))
+    out.update(_attention("verl", "megatron", o.get(t + "attention_backend"), o.get(t + "attention_dropout")))
     if out["cp"] > 1:
         out["cp_comm_type"] = o[t + "cp_comm_type"]
     if t + "moe_token_dispatcher_type" in o:
@@ -252,7 +258,9 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         p, mbs = "trainer.policy.megatron_config.", int(o["trainer.micro_train_batch_size_per_gpu"])
     if variant == "fsdp":
         cp = int(o["trainer.policy.sequence_parallel_size"])
+        flash = o.get("trainer.flash_attn")
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+                **_attention("skyrl", "fsdp", None if flash is None else str(flash)),
                 "recompute": "full" if o["trainer.gradient_checkpointing"] else "none"}
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
     kw = {k[len("transformer_config_kwargs."):]: v for k, v in m.items() if k.startswith("transformer_config_kwargs.")}
@@ -264,6 +272,7 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                last_stage_layers=kw.get("num_layers_in_last_pipeline_stage"),
                **plan_recompute(kw.get("recompute_granularity"), kw.get("recompute_method"),
                                 kw.get("recompute_num_layers"), kw.get("recompute_modules")))
+    out.update(_attention("skyrl", variant, kw.get("attention_backend"), kw.get("attention_dropout")))
     if out["cp"] > 1:
         out["cp_comm_type"] = kw["cp_comm_type"]
     if "moe_token_dispatcher_type" in m:
@@ -336,7 +345,16 @@ def _kempnerforge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     return {"tp": d["tp"], "pp": d["pp"], "cp": d["cp"], "ep": d["ep"], "dp": d["dp_shard"] * d["dp_replicate"],
             "zero_stage": 3 if d["dp_replicate"] == 1 and d["dp_shard"] > 1 else 0 if d["dp_shard"] == 1 else 3,
             "micro_batch_size": t["batch_size"], "recompute": t["activation_checkpointing"],
+            **_attention("kempnerforge", variant, doc.get("model", {}).get("sdpa_backend")),
             "torch_compile": bool(t.get("compile_model", True))}  # TrainConfig.compile_model defaults to true
+
+
+def _attention(framework: str, variant: str, backend: Any, dropout: Any = None) -> dict[str, Any]:
+    """attention_backend read back (absent: auto) and dropout where the snippet turns it on (a probability > 0)."""
+    out: dict[str, Any] = {"attention_backend": attention_backend_of(framework, variant, backend)}
+    if dropout is not None and float(dropout) > 0:
+        out["dropout"] = True
+    return out
 
 
 def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.adapters.common import (
+    DROPOUT_ON,
+    attention_value,
     flex_notes,
     hierarchical_cp,
     megatron_cpu_optimizer,
@@ -56,6 +58,11 @@ def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
         out.append(("cp_comm_type", plan.cp_comm_type))
         if plan.cp_comm_type == "a2a+p2p":
             out.append(("hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
+    backend = attention_value(job.framework, "megatron" if job.framework == "verl" else "rl", plan.attention_backend)
+    if backend:  # verl's config_converter / SkyRL's worker hand the string to Megatron-Core's AttnBackend
+        out.append(("attention_backend", backend))
+    if plan.dropout:
+        out += [("attention_dropout", DROPOUT_ON), ("hidden_dropout", DROPOUT_ON)]
     return out
 
 
@@ -173,6 +180,9 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
               ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
               ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
               ("actor_rollout_ref.model.use_remove_padding", True)]
+        backend = attention_value("verl", "fsdp", plan.attention_backend)
+        if backend:  # the Hugging Face attn_implementation verl loads the model with (workers/config/model.py)
+            o.append(("++actor_rollout_ref.model.override_config.attn_implementation", backend))
         o += [(key, True) for key, on in (
             ("actor_rollout_ref.model.enable_activation_offload", plan.activation_offload),
             ("actor_rollout_ref.actor.fsdp_config.param_offload", plan.param_offload),
@@ -257,6 +267,8 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
               ("trainer.gradient_checkpointing", plan.recompute == "full")]
         if plan.param_offload:
             o.append(("trainer.policy.fsdp_config.cpu_offload", True))
+        if attention_value("skyrl", "fsdp", plan.attention_backend) == "true":  # flash_attention_2, SkyRL's default
+            o.append(("trainer.flash_attn", True))
         if not plan.optimizer_offload:  # SkyRL's default is on (cards/frameworks/skyrl.yaml offload)
             o.append(("trainer.policy.optimizer_config.offload_after_step", False))
         notes.append("FSDP strategy: context parallelism is Ulysses sequence parallelism (sequence_parallel_size).")

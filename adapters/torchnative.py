@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.common import nodes, split_fields
+from meshplan.adapters.common import attention_value, nodes, split_fields
 from meshplan.adapters.render import Built
 
 from meshplan import mesh
@@ -215,7 +215,9 @@ def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Buil
     warnings = [] if plan.sequence_parallel == automatic_sp else [
         f"KempnerForge decides sequence parallelism itself (on when tp > 1 without PP, tied embeddings or MoE): it "
         f"will be {'on' if automatic_sp else 'off'} here, not {'on' if plan.sequence_parallel else 'off'} as planned."]
-    return Built(template="kempnerforge.j2", context={"distributed": distributed, "train": train},
+    backend = attention_value("kempnerforge", variant, plan.attention_backend)
+    model = [("sdpa_backend", backend)] if backend else []  # ModelConfig.sdpa_backend (default auto)
+    return Built(template="kempnerforge.j2", context={"distributed": distributed, "train": train, "model": model},
                  format="toml", filename="kempnerforge_layout.toml", warnings=warnings,
                  notes=["KempnerForge gives expert parallelism ranks of its own: dp_replicate*dp_shard*tp*pp*cp*ep "
                         f"= {replicate * shard * plan.tp * plan.pp * plan.cp * plan.ep} GPUs.",

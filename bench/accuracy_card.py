@@ -170,8 +170,8 @@ def memory_runs(validation: Path) -> list[Run]:
         for row in csv.DictReader(fh):
             if memory_accuracy.megatron_skip_reason(row):
                 continue
-            job, plan, flash, dropout = memory_accuracy.megatron_case(row)
-            last = estimate_memory(job, plan, flash_attention=flash, dropout=dropout).stages[-1]
+            job, plan = memory_accuracy.megatron_case(row)
+            last = estimate_memory(job, plan).stages[-1]
             predicted = last.total_bytes - context - last.detail["allocator_reserve"]
             measured = float(row["mem_maxalloc_GiB_max"]) * GIB
             out.append(Run("memory", script, megatron, job, plan, predicted / measured - 1))

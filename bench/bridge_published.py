@@ -86,8 +86,7 @@ def log_errors(rows: list[Case], **overrides: float) -> list[float]:
     for c in rows:
         cal = calibration(c.job.framework).with_overrides(**overrides)
         try:
-            pred = estimate_throughput(c.job, c.plan, cal, flash_attention=c.flash_attention,
-                                       dropout=c.dropout).tokens_per_s_per_gpu
+            pred = estimate_throughput(c.job, c.plan, cal).tokens_per_s_per_gpu
         except MeshplanError:
             continue
         out.append(math.log(pred / c.measured_tps))

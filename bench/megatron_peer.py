@@ -142,7 +142,7 @@ def peer_estimate(job: Job, plan: Plan) -> PeerAnswer:
                       branch=branch)
 
 
-def peer_misses(job: Job, plan: Plan, *, flash_attention: bool = True) -> list[str]:
+def peer_misses(job: Job, plan: Plan) -> list[str]:
     """What the row sets that the peer's formula does not read (each changes the memory it should answer)."""
     arch, misses = job.model, []
     if arch.moe is not None:
@@ -161,7 +161,7 @@ def peer_misses(job: Job, plan: Plan, *, flash_attention: bool = True) -> list[s
         misses.append("full recompute (every layer's selective-recompute activations are kept)")
     if plan.recompute == "selective" and plan.recompute_modules not in (None, ["core_attn"]):
         misses.append(f"recompute_modules {plan.recompute_modules} (only core_attn's saving is in the formula)")
-    if not flash_attention:  # with flash attention, no recompute keeps what selective (core_attn) keeps
+    if plan.attention_backend == "unfused":  # with flash attention, no recompute keeps what selective keeps
         misses.append("unfused attention (the s x s scores and dropout mask are not counted)")
     if plan.pp == 1:  # cards/memory.yaml logits_bytes_per_element: 6 for Megatron's cross-entropy, 10 for nanotron's
         misses.append("fp32 loss (logits counted in bf16 only, not the cross-entropy's fp32 copy)")
@@ -221,10 +221,10 @@ def _meshplan_compared(report, stage_index: int, conv: str) -> float:
     return compared
 
 
-def _row(set_name: str, name: str, job: Job, plan: Plan, measured: float, conv: str, report, stage_index: int,
-         **activation) -> Row:
+def _row(set_name: str, name: str, job: Job, plan: Plan, measured: float, conv: str, report,
+         stage_index: int) -> Row:
     peer = peer_estimate(job, plan)
-    misses = peer_misses(job, plan, **activation)
+    misses = peer_misses(job, plan)
     if plan.pp > 1 and stage_index in (-1, plan.pp - 1):
         misses.append("last stage measured (the peer answers the first: no output layer, logits or loss)")
     if peer.total_bytes is None:
@@ -244,11 +244,10 @@ def megatron_rows(validation: Path) -> tuple[list[Row], dict[str, int]]:
             if reason:
                 skipped[reason] += 1
                 continue
-            job, plan, flash, dropout = memory_accuracy.megatron_case(raw)
-            report = estimate_memory(job, plan, flash_attention=flash, dropout=dropout)
+            job, plan = memory_accuracy.megatron_case(raw)
+            report = estimate_memory(job, plan)
             rows.append(_row("megatron functional tests", raw["case"], job, plan,
-                             float(raw["mem_maxalloc_GiB_max"]) * GIB, "allocated", report, -1,
-                             flash_attention=flash))
+                             float(raw["mem_maxalloc_GiB_max"]) * GIB, "allocated", report, -1))
     return rows, dict(skipped)
 
 

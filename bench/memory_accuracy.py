@@ -128,8 +128,9 @@ def megatron_skip_reason(row: dict[str, str]) -> str | None:
     return None
 
 
-def megatron_case(row: dict[str, str]) -> tuple[Job, Plan, bool, bool]:
-    """(job, plan, flash_attention, dropout) for one functional-test row; blank = Megatron default."""
+def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
+    """(job, plan) for one functional-test row, its attention backend and dropout on the plan; blank = Megatron
+    default."""
     layers, h, heads = int(row["num-layers"]), int(row["hidden-size"]), int(row["num-attention-heads"])
     swiglu = row["swiglu"] == "True"
     ffn = _int(row, "ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
@@ -177,9 +178,12 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan, bool, bool]:
     job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
               seq_length=_int(row, "seq-length", 1024), global_batch_size=_int(row, "global-batch-size", mbs * dp),
               precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core")
-    flash = row["attention-backend"] not in ("unfused", "local")
-    # Megatron's default attention and hidden dropout is 0.1 unless the recipe file says otherwise
-    return job, plan, flash, row["case"] not in RECIPE_NO_DROPOUT
+    # --attention-backend as the row sets it (local: Megatron's own DotProductAttention, unfused too); Megatron's
+    # default attention and hidden dropout is 0.1 unless the recipe file says otherwise
+    backend = {"unfused": "unfused", "local": "unfused", "flash": "flash", "fused": "fused"}.get(
+        row["attention-backend"], "auto")
+    return job, plan.model_copy(update={"attention_backend": backend,
+                                        "dropout": row["case"] not in RECIPE_NO_DROPOUT})
 
 
 # --------------------------------------------------------------------------- scoring
@@ -237,8 +241,8 @@ def run(validation: Path, show_rows: bool, fit_overhead: bool) -> dict[str, dict
             if reason:
                 skipped[reason] = skipped.get(reason, 0) + 1
                 continue
-            job, plan, flash, dropout = megatron_case(row)
-            report = estimate_memory(job, plan, flash_attention=flash, dropout=dropout)
+            job, plan = megatron_case(row)
+            report = estimate_memory(job, plan)
             last = report.stages[-1]
             predicted = last.total_bytes - context - last.detail["allocator_reserve"]  # allocated, not reserved
             measured = float(row["mem_maxalloc_GiB_max"]) * GIB

@@ -69,8 +69,6 @@ class Case:
     job: Job
     plan: Plan
     measured_tps: float  # tokens/s per GPU
-    flash_attention: bool | None = None  # None = the framework's convention (cards/memory.yaml)
-    dropout: bool | None = None
 
 
 def llama_like(label: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, tied: bool,
@@ -117,7 +115,7 @@ def classic_cases() -> list[Case]:
 
     (E) and (F) are Megatron-LM on A100 before FlashAttention (Dao et al., arXiv 2205.14135, May 2022):
     attention materialises the s x s scores, with GPT's attention dropout 0.1, so they are timed with
-    flash_attention=False, dropout=True.
+    attention_backend=unfused, dropout=true.
     """
     cases = []
     # (E) Korthikanti 2022 Table 5: GPT, s 2048, V 51200, dp 1, SP + selective recompute, s/iter measured.
@@ -128,8 +126,9 @@ def classic_cases() -> list[Case]:
         ("1T", 128, 25600, 160, 512, 8, 64, 1, 512, 1, 71.49),
     ]:
         job = gpt_job(f"GPT {label}", L, h, a, 51200, False, "a100-80gb", gpus, 2048, gbs)
-        plan = Plan(tp=t, pp=p, vpp=v, dp=1, sequence_parallel=True, micro_batch_size=mbs, recompute="selective")
-        cases.append(Case("Korthikanti T5", "classic", job, plan, gbs * 2048 / sec / gpus, False, True))
+        plan = Plan(tp=t, pp=p, vpp=v, dp=1, sequence_parallel=True, micro_batch_size=mbs, recompute="selective",
+                    attention_backend="unfused", dropout=True)
+        cases.append(Case("Korthikanti T5", "classic", job, plan, gbs * 2048 / sec / gpus))
     # (F) Narayanan 2021 Table 1: GPT, s 2048, V 51200, full recompute, no SP (it came in 2022); the
     # table gives hardware TFLOP/s by the 96*B*s*L*h^2*(1 + s/6h + V/16Lh) formula (recompute counted),
     # turned back into tokens/s with that formula. Micro-batch 1, no interleaving, dp = GPUs/(t*p),
@@ -147,9 +146,10 @@ def classic_cases() -> list[Case]:
         ("1008B", 25600, 128, 160, 8, 64, 3072, 3072, 163),
     ]:
         job = gpt_job(f"GPT {label}", L, h, a, 51200, False, "a100-80gb", gpus, 2048, gbs)
-        plan = Plan(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=1, recompute="full", zero_stage=0)
+        plan = Plan(tp=t, pp=p, dp=gpus // (t * p), micro_batch_size=1, recompute="full", zero_stage=0,
+                    attention_backend="unfused", dropout=True)
         hw_flops_per_token = 96 * L * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * L * h))
-        cases.append(Case("Narayanan T1", "classic", job, plan, tflops * 1e12 / hw_flops_per_token, False, True))
+        cases.append(Case("Narayanan T1", "classic", job, plan, tflops * 1e12 / hw_flops_per_token))
     # (G) Megatron-Core r0.8.0 H100 table: s 4096, V 131072; mbs 1, no recompute, GeLU 4h, tied (assumed); "TP comm
     # overlap enabled" (the table's note, production_configs_dev.yaml mcore_h100_weak_*): tp_comm_overlap where tp > 1.
     for label, a, h, L, t, p, gpus, gbs, tflops in [
@@ -207,8 +207,7 @@ def predict(cases: list[Case], cal: Calibration | None) -> list[float]:
             if cal is not None:
                 base = calibration(c.job.framework)
                 use = base.with_overrides(**{k: getattr(cal, k) for k in FITTED})
-            out.append(estimate_throughput(c.job, c.plan, use, flash_attention=c.flash_attention,
-                                           dropout=c.dropout).tokens_per_s_per_gpu)
+            out.append(estimate_throughput(c.job, c.plan, use).tokens_per_s_per_gpu)
         except MeshplanError:
             out.append(float("nan"))
     return out

@@ -149,18 +149,21 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "optimizer_offload_fraction",
     "optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
     "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
-    "lora_rank", "lora_targets",
+    "lora_rank", "lora_targets", "attention_backend", "dropout",
 )
 
 
 class AdapterKnob(_Card):
     key: str | None = Field(description="The framework's name for this knob; null when it has none")
-    instead: str | None = Field(None, description="What to use when the framework lacks the knob")
+    instead: str | None = Field(None, description="What to use when the framework lacks the knob (or a value)")
+    values: dict[str, str | None] | None = Field(
+        None, description="A knob with a vocabulary (attention_backend): the framework's value for each of meshplan's; "
+                          "null where the framework has none (refused with 'instead')")
 
     @model_validator(mode="after")
     def _missing_says_instead(self) -> AdapterKnob:
-        if self.key is None and not self.instead:
-            raise ValueError("a missing knob (key: null) needs 'instead'")
+        if (self.key is None or None in (self.values or {}).values()) and not self.instead:
+            raise ValueError("a missing knob (key: null) or value (null) needs 'instead'")
         return self
 
 
@@ -289,8 +292,12 @@ class AttentionSemantics(_Card):
     fraction of peak each reaches): `kernel` maps an arch (cards/hardware.yaml) or "default" to a kernel name;
     `by_version` gives the same map for releases (a version prefix) that chose differently."""
 
-    kernel: dict[str, str]
+    kernel: dict[str, str] = Field(default_factory=dict)
     by_version: dict[str, dict[str, str]] = Field(default_factory=dict)
+    backends: dict[Literal["flash", "fused"], str] = Field(
+        default_factory=dict,
+        description="The kernel (cards/calibration.yaml attention_kernels) each attention_backend the framework can be "
+                    "told to run is; one left out: the shared fraction")
     source: str
 
     def kernel_for(self, version: str | None, arch: str | None) -> str | None:

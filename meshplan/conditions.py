@@ -415,6 +415,27 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
     return None
 
 
+@rule("AT001")
+def attention_setting_without_a_key(ctx: Context) -> Values:
+    """attention_backend (other than auto) or dropout on where the framework's adapter knob has no key, or no value
+    for that backend, on the engine the plan's ZeRO stage selects (the card's variant_knobs of that engine)."""
+    p, card = ctx.plan, framework_card(ctx.framework)
+    if card.adapter is None:
+        return None
+    section = card.adapter
+    table = {**section.versions[section.default_version].knobs, **section.variant_knobs.get(ctx.backend, {})}
+    asked = [("attention_backend", f"attention_backend={p.attention_backend}")] if p.attention_backend != "auto" else []
+    asked += [("dropout", "dropout=true")] if p.dropout else []
+    for name, setting in asked:
+        knob = table[name]
+        theirs = knob.key if knob.values is None or knob.key is None else (knob.values or {}).get(p.attention_backend)
+        if theirs is None:
+            key = "no key" if knob.key is None else f"{knob.key} takes " + ", ".join(
+                k for k, v in knob.values.items() if v is not None)
+            return {"setting": setting, "framework": card.display_name, "key": key, "fix": knob.instead or ""}
+    return None
+
+
 @rule("CO001")
 def compile_needs_a_switch(ctx: Context) -> Values:
     """torch_compile on a framework whose card has no compile section (nothing renders or models it)."""

@@ -114,11 +114,16 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
 # --------------------------------------------------------------------------- the estimate
 
 
-def estimate_memory(
-    job: Job, plan: Plan, *, flash_attention: bool | None = None, dropout: bool | None = None
-) -> MemoryReport:
-    """Per-GPU memory of every pipeline stage. Keyword overrides change the framework preset's activation
-    switches (e.g. Megatron's functional tests run unfused attention with dropout 0.1).
+def attention_switches(conv, plan: Plan) -> tuple[bool, bool]:
+    """(flash, dropout) of the plan's attention: unfused attention materialises the scores, flash and fused keep only
+    q, k, v, the output and the log-sum-exp; auto and a dropout left out are the framework's memory convention's
+    (cards/memory.yaml). Every estimator reads them here (Plan.attention_backend, Plan.dropout)."""
+    flash = conv.flash_attention if plan.attention_backend == "auto" else plan.attention_backend != "unfused"
+    return flash, conv.dropout if plan.dropout is None else plan.dropout
+
+
+def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
+    """Per-GPU memory of every pipeline stage (the attention backend and dropout: attention_switches).
 
     Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
     that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml)."""
@@ -149,10 +154,10 @@ def estimate_memory(
         )
     m = plan.num_microbatches(job.global_batch_size)
     tokens = -(-job.seq_length // plan.cp) * plan.micro_batch_size
+    flash, dropout = attention_switches(conv, plan)
     lay = Layout(
         tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=plan.sequence_parallel, etp=plan.etp,
-        flash=conv.flash_attention if flash_attention is None else flash_attention,
-        dropout=conv.dropout if dropout is None else dropout,
+        flash=flash, dropout=dropout,
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
         moe=moe_bytes(conv, arch), qkv_fused=conv.qkv_projections == "fused",
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),

@@ -51,7 +51,7 @@ from meshplan.lora import (
     lora_engine,
     lora_flops_per_token,
 )
-from meshplan.memory import ep_rank_load, every_nth_blocks, routing_assumption
+from meshplan.memory import attention_switches, ep_rank_load, every_nth_blocks, routing_assumption
 from meshplan.memory_states import convention
 from meshplan.mesh import crosses_domains, hierarchical_cp_sizes
 from meshplan.models import layer_params, per_architecture
@@ -224,16 +224,20 @@ class Ctx:
         return expert_ridge_rows(self.bf16_peak, self.hbm)
 
 
-def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None) -> tuple[str | None, float]:
-    """(kernel, fraction of BF16 peak) of the flash attention the job runs: the kernel its framework release picks on
-    the GPU's generation (the framework card's attention section) at that kernel's fraction for the generation
+def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
+                         backend: str = "auto") -> tuple[str | None, float]:
+    """(kernel, fraction of BF16 peak) of the flash attention the job runs: with backend auto the kernel its framework
+    release picks on the GPU's generation (the framework card's attention section), with flash or fused the kernel
+    that backend is in the framework (the card's attention.backends), at that kernel's fraction for the generation
     (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
     H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
-    on an older release that still picked FA2. `kernel` names the one a run used instead of its card's (a published
-    run of a trainer scored with another framework's card, e.g. LLM Foundry's Triton attention)."""
-    if kernel is None:
-        card = framework_card(job.framework).attention
-        kernel = card.kernel_for(job.framework_version, job.gpu.arch) if card is not None else None
+    on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
+    run of a trainer meshplan does not support, scored with another framework's card, e.g. LLM Foundry's Triton
+    attention, which no framework meshplan renders can be told to run)."""
+    card = framework_card(job.framework).attention
+    if kernel is None and card is not None:
+        kernel = card.kernel_for(job.framework_version, job.gpu.arch) if backend == "auto" else card.backends.get(
+            backend)  # type: ignore[call-overload]
     return kernel, attention_fraction(cal, kernel, job.gpu.arch)
 
 
@@ -742,13 +746,13 @@ def _peaks(job: Job, cal: Calibration) -> tuple[float, float | None, float]:
 
 def estimate_throughput(
     job: Job, plan: Plan, calibration_override: Calibration | None = None, *,
-    flash_attention: bool | None = None, dropout: bool | None = None, attention_kernel: str | None = None,
+    attention_kernel: str | None = None,
 ) -> ThroughputReport:
     """Predicted step time, tokens/s per GPU and MFU of `plan` for `job`, with the time broken down.
 
-    `flash_attention` / `dropout` override the framework's convention (cards/memory.yaml), as in
-    estimate_memory: older Megatron-LM runs and `--attention-backend unfused` materialise the scores.
-    `attention_kernel` overrides the flash kernel the framework card picks (cards/calibration.yaml attention_kernels).
+    The plan's attention_backend and dropout as memory.attention_switches reads them (unfused: the scores'
+    softmax and dropout passes, perf.unfused_attention_seconds). `attention_kernel` (bench only) overrides the flash
+    kernel for a published run of a trainer meshplan does not support (attention_efficiency).
     Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
     that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml).
     """
@@ -762,11 +766,10 @@ def estimate_throughput(
     shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel)
     hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency
     _, conv, _ = convention(job.framework, plan.zero_stage)
-    flash = conv.flash_attention if flash_attention is None else flash_attention
+    flash, dropout = attention_switches(conv, plan)
     m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
-    kernel, fraction = attention_efficiency(job, cal, attention_kernel)
-    ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash,
-              conv.dropout if dropout is None else dropout, job.lora,
+    kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend)
+    ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash, dropout, job.lora,
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
               moe_host_syncs(job, plan), eager_blocks(job, plan), attention_fraction=fraction,

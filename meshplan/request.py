@@ -198,6 +198,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         expandable_segments=_expandable_segments(req, card, notes),
+        **_attention_fields(req, card, gpu, version, zero, notes),  # attention backend, dropout (None: the framework's)
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
@@ -322,6 +323,27 @@ def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
     return _switch(req.expandable_segments, sets_it,
                    f"expandable_segments=true: {card.display_name} launches with it "
                    f"({card.allocator.how if sets_it else ''}; cards/frameworks/{req.framework}.yaml allocator)", notes)
+
+
+def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
+                      notes: list[str]) -> dict[str, Any]:
+    """attention_backend and dropout as asked; left out, what the framework does by itself (auto: the kernel its
+    card's attention section names for the GPU; dropout: its memory convention, off in every preset), noted."""
+    backend = req.attention_backend or "auto"
+    if req.attention_backend is None:
+        kernel = card.attention.kernel_for(version, gpu.arch) if card.attention is not None else None
+        notes.append(f"attention_backend not given: auto, what {card.display_name} picks by itself"
+                     + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
+                        else " (a fused flash-class kernel: cards/calibration.yaml attention_peak_fraction)."))
+    if req.dropout is None:
+        from meshplan.memory_states import convention_name, memory_card
+
+        name = convention_name(req.framework, zero, version)
+        on = memory_card().conventions[name].dropout
+        notes.append(f"dropout not given: {'on' if on else 'off'}, as {card.display_name} recipes run "
+                     f"(cards/memory.yaml {name} dropout; dropout=true for a run with attention and hidden dropout, "
+                     "such as Megatron-LM's own default 0.1).")
+    return {"attention_backend": backend, "dropout": req.dropout}
 
 
 def _framework_version(req: Request, card, notes: list[str]) -> str | None:

@@ -26,6 +26,10 @@ CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
 # Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
 # rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
 MoeDispatcher = Literal["alltoall", "flex"]
+# The attention implementation (each framework's own values: its card's attention.backends and adapter knob): flash
+# (FlashAttention), fused (cuDNN / Transformer Engine FusedAttention), unfused (the scores materialised: softmax in
+# its own kernel), auto (what the framework picks by itself: its card's attention section).
+AttentionBackend = Literal["auto", "flash", "fused", "unfused"]
 # Adam moments' dtype (Megatron's precision-aware optimizer --exp-avg-dtype / --exp-avg-sq-dtype choices)
 OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # The optimizer: Adam, or Muon on the 2-D matrices (Megatron-Core --optimizer adam|muon; the rest stays on Adam)
@@ -291,6 +295,18 @@ class Request(_Strict):
                     "and all-to-all, and it holds that many more routed activations (default 1.0, balanced, what "
                     "NVIDIA's benchmark recipes force with moe_router_force_load_balancing)",
     )
+    attention_backend: AttentionBackend | None = Field(
+        None, description="Attention implementation: flash (FlashAttention-2), fused (cuDNN / Transformer Engine "
+                          "FusedAttention), unfused (the s x s scores materialised and kept for the backward, softmax "
+                          "and dropout as their own passes; Megatron-Core --attention-backend unfused, Hugging Face "
+                          "attn_implementation eager) or auto (default: what the framework picks by itself, its "
+                          "card's attention section)",
+    )
+    dropout: bool | None = Field(
+        None, description="Attention and hidden dropout on (Megatron-Core --attention-dropout/--hidden-dropout 0.1, "
+                          "Megatron-LM's own default): dropout masks kept for the backward, and with unfused "
+                          "attention a dropout pass over the scores (default: off, as production recipes run)",
+    )
     torch_compile: bool | None = Field(
         None, description="torch.compile on (torchtitan --compile.enable, compiling each block and the loss; "
                           "KempnerForge train.compile_model, the whole model): fused elementwise kernels and, where "
@@ -501,6 +517,8 @@ class Plan(_Strict):
     tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
     torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
     expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
+    attention_backend: AttentionBackend = "auto"  # auto: the framework's own pick (its card's attention section)
+    dropout: bool | None = None  # attention + hidden dropout; None: the framework's convention (cards/memory.yaml)
     # the rollout engine of an RL job (None: not an RL job); meshplan/rollout.py
     rollout_engine: RolloutEngine | None = None
     rollout_tp: int | None = Field(None, ge=1)

@@ -169,7 +169,7 @@ OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimi
 stage's engine is the framework card's offload section, and a stage whose engine lacks one is refused by rule OF001."""
 
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
-                  "torch_compile", "expandable_segments", *OFFLOAD_FIELDS)
+                  "torch_compile", "expandable_segments", "attention_backend", "dropout", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
 framework's default, as `meshplan estimate` takes it). The optimizer is one: which optimizer trains the model is a
 training decision, not a layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
@@ -219,6 +219,7 @@ def carried_fields(req: Request) -> dict[str, object]:
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
               "expandable_segments": _expandable_segments(req, card, []),
+              "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [])}
     return {k: fields[k] for k in CARRIED_FIELDS}
 

@@ -431,9 +431,9 @@ def test_unfused_attention_is_batched_gemms_plus_softmax_and_dropout_passes():
     job, plan = resolve(Request(model="70B", gpu="a100", num_gpus=8, tp=8, global_batch_size=1,
                                 sequence_parallel=True, recompute="selective"))
     cal = calibration(job.framework)
-    flash = estimate_throughput(job, plan, flash_attention=True)
-    plain = estimate_throughput(job, plan, flash_attention=False, dropout=False)
-    dropped = estimate_throughput(job, plan, flash_attention=False, dropout=True)
+    flash = estimate_throughput(job, plan)
+    plain = estimate_throughput(job, plan.model_copy(update={"attention_backend": "unfused", "dropout": False}))
+    dropped = estimate_throughput(job, plan.model_copy(update={"attention_backend": "unfused", "dropout": True}))
     arch, s = job.model, job.seq_length
     heads, d = arch.num_attention_heads / 8, arch.head_dim
     hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency

@@ -124,6 +124,8 @@ CASES: dict[str, tuple[dict, dict]] = {
     "TP005": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "tp_comm_overlap": True},
               {**L8B, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "tp_comm_overlap": True,
                "torch_compile": True}),
+    "AT001": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "attention_backend": "unfused"},
+              {**L8B, "framework": "kempnerforge", "num_gpus": 8, "attention_backend": "unfused"}),
     "CO001": ({**L8B, "num_gpus": 8, "torch_compile": True},
               {**L8B, "framework": "torchtitan", "num_gpus": 8, "torch_compile": True}),
     "TT001": ({**MIX, "framework": "torchtitan", "num_gpus": 8, "tp": 2, "ep": 4, "etp": 2},

@@ -46,6 +46,8 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --expert-tensor-parallel-size 1 \
   --moe-token-dispatcher-type alltoall \
   --sequence-parallel \
+  --attention-dropout 0.0 \
+  --hidden-dropout 0.0 \
   --use-distributed-optimizer \
   --micro-batch-size 1 \
   --global-batch-size 4096 \

@@ -28,6 +28,8 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --context-parallel-size 2 \
   --cp-comm-type p2p \
   --sequence-parallel \
+  --attention-dropout 0.0 \
+  --hidden-dropout 0.0 \
   --use-distributed-optimizer \
   --micro-batch-size 1 \
   --global-batch-size 512 \

@@ -31,6 +31,8 @@ torchrun --nnodes 2 --nproc-per-node 8 \
   --expert-model-parallel-size 8 \
   --expert-tensor-parallel-size 1 \
   --moe-token-dispatcher-type alltoall \
+  --attention-dropout 0.0 \
+  --hidden-dropout 0.0 \
   --use-distributed-optimizer \
   --micro-batch-size 1 \
   --global-batch-size 256 \
