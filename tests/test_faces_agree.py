@@ -128,6 +128,12 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("check_config", {**L8, "num_gpus": 8, "tp": 0}),
     ("describe_model", {"model": "no-such-model-xyz"}),
     ("estimate_throughput", {**L8, "num_gpus": 8, "precision": "fp4"}),
+    # attention_backend and dropout (Megatron-LM's functional tests: --attention-backend unfused, dropout 0.1)
+    ("estimate_memory", {**L8, "num_gpus": 8, "tp": 2, "attention_backend": "unfused", "dropout": True}),
+    ("estimate_throughput", {**L8, "num_gpus": 8, "attention_backend": "flash", "dropout": True}),
+    ("render_config", {**L8, "num_gpus": 8, "framework": "kempnerforge", "attention_backend": "unfused"}),
+    ("check_config", {**L8, "num_gpus": 8, "framework": "torchtitan", "attention_backend": "fused"}),
+    ("estimate_memory", {**L8, "num_gpus": 8, "attention_backend": "triton"}),
 ]
 
 
