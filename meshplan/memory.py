@@ -300,6 +300,7 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
             states["gradients"] -= absent
             detail["gathered_layers"] = int(moment.transient)
             detail["gradients_absent_at_peak"] = int(absent)
+            detail["freed_gradients_reserved"] = int(freed_grads_reserved(conv, absent))
             walk_moments[rank] = moment.name
             other += moment.transient
             transient = acts + moment.transient
@@ -313,7 +314,8 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
             other += detail["gathered_layers"]
             transient += detail["gathered_layers"]
         # the caching allocator reserves more than it hands out for what is freed and re-allocated every step
-        detail["allocator_reserve"] = int(card.allocator_reserve_fraction * transient)
+        detail["allocator_reserve"] = (int(card.allocator_reserve_fraction * transient)
+                                       + detail.get("freed_gradients_reserved", 0))
         other += detail["allocator_reserve"]
         weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
         total = weights + grads + opt + int(acts) + int(other)
@@ -425,7 +427,18 @@ def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_abse
     """The moment of the backward walk with the largest peak: activations and transient (plus the caching
     allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
     moments = fsdp_backward_moments(conv, units, held_other, grads_absent)
-    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient) - s.absent_grads)
+    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient) - s.absent_grads
+               + freed_grads_reserved(conv, s.absent_grads))
+
+
+def freed_grads_reserved(conv, absent: float) -> float:
+    """The sharded gradients the trainer freed (zero_grad(set_to_none=True)) that the caching allocator still holds
+    when the step peaks: fully_shard allocates each unit's sharded gradient, a view of its reduce-scatter output, in
+    the reduce-scatter stream (torch _fsdp_collectives.py foreach_reduce), and a freed block goes back to the pool of
+    the stream it was allocated on (c10/cuda/CUDACachingAllocator.cpp: free blocks are found by stream and size), so
+    the default stream's activations and loss cannot reuse it. Reserved, not allocated (`freed_grads_stay_reserved`,
+    cards/memory.yaml); with expandable segments the out-of-memory retry unmaps it, as the rest of the reserve."""
+    return absent if conv.freed_grads_stay_reserved else 0.0
 
 
 def _walk_units(job: Job, plan: Plan, conv, tensors, table: _ParamTable, layers: list[int], modes: dict[int, str],
@@ -478,7 +491,9 @@ def job_logits(conv, tokens: float, vocab: float, tp: int) -> float:
 def _walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:
     """What the backward walk found on the peak stage."""
     grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
-             f"reduce-scatter ({stage.detail.get('gradients_absent_at_peak', 0) / GIB:.2f} GiB not yet allocated)"
+             f"reduce-scatter ({stage.detail.get('gradients_absent_at_peak', 0) / GIB:.2f} GiB not yet allocated"
+             + ("; still reserved: the caching allocator keeps the freed blocks in the reduce-scatter stream's pool)"
+                if conv.freed_grads_stay_reserved else ")")
              if conv.grads_set_to_none and m == 1 else
              "every sharded gradient allocated" + (" (accumulated over the step's micro-batches)"
                                                    if conv.grads_set_to_none else " (zeroed in place, not freed)"))

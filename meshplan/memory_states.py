@@ -60,6 +60,7 @@ class Convention(_Card):
     step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
     unsharded_param_bytes: float = Field(0, ge=0)  # per parameter of a unit while it runs (backward_walk)
     grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
+    freed_grads_stay_reserved: bool = False  # those freed gradients stay cached in the reduce-scatter stream's pool
     output_reduce_in_loss: bool = False  # the output unit reduce-scatters inside the (chunked) loss's backward
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce

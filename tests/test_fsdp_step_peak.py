@@ -4,8 +4,6 @@ step_peak)."""
 
 from __future__ import annotations
 
-import pytest
-
 from meshplan.hardware import get_gpu
 from meshplan.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak, job_logits
 from meshplan.memory_states import memory_card, output_activations
@@ -130,25 +128,44 @@ def test_torchtitan_deepseek_cut_peaks_in_the_moe_units_reduce():
 
 
 def test_conventions_that_do_not_walk_are_unchanged():
-    """Megatron-FSDP and the fsdp2 preset (KempnerForge, torchtitan 0.2) keep the worst unit's transient on top of
-    every activation: the stage's activations are all of them, and no gradient is left out."""
+    """verl's FSDP preset (fsdp2_hf) keeps the worst unit's transient on top of every activation: the stage's
+    activations are all of them, and no gradient is left out."""
+    job = cut_job("llama-3.1-8b", 4, 8192, 1, "verl", None)
+    stage = estimate_memory(job, Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")).stages[0]
+    d = stage.detail
+    assert "gradients_absent_at_peak" not in d and "freed_gradients_reserved" not in d
+    assert stage.activations_bytes == (d["layer_activations"] + d["recompute_working_layer"]
+                                       + d["embedding_activations"] + d["logits_and_loss"])
+
+
+def test_freed_gradients_stay_reserved(monkeypatch):
+    """torchtitan 0.2 / KempnerForge (fsdp2) walk the backward with the gradients set to None: the loss moment has no
+    sharded gradient allocated, but fully_shard made them in the reduce-scatter stream, whose pool keeps the freed
+    blocks, so the reserved peak holds them (under allocator_reserve, which expandable segments take off)."""
+    card = memory_card()
     for framework, version in (("kempnerforge", None), ("torchtitan", "0.2")):
         job = cut_job("llama-3.1-8b", 4, 8192, 1, framework, version)
-        stage = estimate_memory(job, Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")).stages[0]
-        d = stage.detail
-        assert "gradients_absent_at_peak" not in d
-        assert stage.activations_bytes == (d["layer_activations"] + d["recompute_working_layer"]
-                                           + d["embedding_activations"] + d["logits_and_loss"])
+        plan = Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")
+        kept = estimate_memory(job, plan).stages[0]
+        d = kept.detail
+        assert d["freed_gradients_reserved"] == d["gradients_absent_at_peak"] > 0
+        transient = kept.activations_bytes + d["gathered_layers"]
+        reserve = int(card.allocator_reserve_fraction * transient)
+        assert d["allocator_reserve"] == reserve + d["freed_gradients_reserved"]
+        with monkeypatch.context() as mp:
+            mp.setitem(card.conventions, "fsdp2",
+                       card.conventions["fsdp2"].model_copy(update={"freed_grads_stay_reserved": False}))
+            freed = estimate_memory(job, plan).stages[0]
+        assert freed.detail["freed_gradients_reserved"] == 0
+        assert kept.total_bytes - freed.total_bytes == d["freed_gradients_reserved"]
+        assert kept.gradients_bytes == freed.gradients_bytes  # allocated: still absent
+        # expandable segments: the out-of-memory retry unmaps them with the rest of the reserve
+        report = estimate_memory(job, plan.model_copy(update={"expandable_segments": True}))
+        assert report.fit_bytes == (report.peak_bytes - report.stages[0].detail["allocator_reserve"]
+                                    + card.expandable_segments_slack_bytes)
 
 
-@pytest.fixture
-def walking_fsdp2(monkeypatch):
-    """The fsdp2 preset as if it walked (its facts: gradients set to None each step)."""
-    conventions = memory_card().conventions
-    monkeypatch.setitem(conventions, "fsdp2", conventions["fsdp2"].model_copy(update={"step_peak": "backward_walk"}))
-
-
-def test_gradients_absent_only_with_one_micro_batch(walking_fsdp2):
+def test_gradients_absent_only_with_one_micro_batch():
     """Set to None each step: with one micro-batch the loss moment has no sharded gradient yet; with gradient
     accumulation the last micro-batch's backward runs beside every gradient."""
     job = cut_job("llama-3.1-8b", 4, 8192, 1, "torchtitan", "0.2")
@@ -160,7 +177,7 @@ def test_gradients_absent_only_with_one_micro_batch(walking_fsdp2):
     assert accum.gradients_bytes == one.gradients_bytes + one.detail["gradients_absent_at_peak"]
 
 
-def test_search_floor_stays_below_the_walked_estimate(walking_fsdp2):
+def test_search_floor_stays_below_the_walked_estimate():
     """space.first_stage_floor drops the terms the walk does not add at the loss moment (recomputed layer, gathered
     unit) and, with gradients set to None and one micro-batch, the gradients: it stays a floor."""
     from meshplan.space import Layout, first_stage_floor

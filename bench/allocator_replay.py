@@ -1,0 +1,248 @@
+"""What torch's CUDA caching allocator reserves over a torchtitan FSDP2 step, from the step's own allocations.
+
+The FakeTensorMode harness (bench/fake_tensor_harness.py) counts allocated bytes. The torchtitan production rows
+report reserved bytes (torchtitan's memory monitor logs max_reserved), and what the allocator keeps reserved beside
+the live tensors depends on the order and sizes of the step's allocations and on the stream each was made on. This
+script records that order and replays it:
+
+1. trace (inside the torchtitan venv, torch 2.13 CPU + torchtitan 0.3.0): Llama-3.1-8B's registry model, cut to
+   `layers`, fully_shard on a fake process group of `world` ranks (apply_fsdp_to_decoder: bf16 params, fp32
+   reduce), the activation-checkpointing policy, the 2024-12 trainer's unchunked loss
+   (F.cross_entropy(pred.flatten(0, 1).float(), labels), `del pred`, loss.backward()), AdamW and
+   zero_grad(set_to_none=True), three steps. Every storage the FSDPMemTracker sees made, resized or freed is one
+   event, with the stream fully_shard makes it on: foreach_all_gather's copy-in in the all-gather copy-in stream,
+   foreach_reduce's reduce-scatter output (the sharded gradients are views of it) in the reduce-scatter stream,
+   the rest in the default stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+2. replay (here): a model of c10/cuda/CUDACachingAllocator.cpp with its defaults (no max_split_size, no expandable
+   segments): sizes rounded to 512 B; requests <= 1 MiB from the small pool in 2 MiB segments, larger ones from the
+   large pool, a new segment of 20 MiB below 10 MiB and of the size rounded to 2 MiB above; best fit (smallest free
+   block of the same stream and pool that is large enough, then lowest address); a block split when the rest is
+   >= 512 B (small) or > 1 MiB (large); a freed block merged with its free neighbours in its segment and returned to
+   its own stream's pool; no segment released (no out-of-memory retry, no empty_cache). Reported: the steady-state
+   (third step) allocated and reserved peaks, with per-stream pools and with one pool.
+
+Not modelled: torch.compile and Float8 (the production rows ran both), context parallelism, the foreach AdamW
+(the CPU fallback of foreach ops on fake DTensors makes unsharded temporaries a GPU does not; the single-tensor
+AdamW is traced instead), cuBLAS workspaces and NCCL buffers.
+
+    python bench/allocator_replay.py            # the three cases below (about 2 minutes)
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MIB = 1 << 20
+GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[1]
+
+# The production rows' shapes (../shared/validation/production_configs_dev.yaml torchtitan_llama31_8b_*): 1D FSDP on
+# 8 and 128 GPUs (local batch 2 x 8192, selective AC), and FSDP8 CP1 at 32K (full AC).
+CASES = {
+    "8 GPUs, 2 x 8192, selective AC": {"world": 8, "seq": 8192, "batch": 2, "layers": 32, "policy": "selective"},
+    "128 GPUs, 2 x 8192, selective AC": {"world": 128, "seq": 8192, "batch": 2, "layers": 32, "policy": "selective"},
+    "8 GPUs, 1 x 32768, full AC": {"world": 8, "seq": 32768, "batch": 1, "layers": 32, "policy": "full"},
+}
+STEPS = 3
+
+
+# --------------------------------------------------------------------------- the trace (torchtitan venv)
+
+
+def trace(case: dict) -> list:
+    """The step's storage events: ("a", id, bytes, stream), ("f", id), ("m", label)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import inspect
+
+    import fake_tensor_harness as harness
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives as collectives
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import _UpdateType
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    source, first = inspect.getsourcelines(collectives.foreach_reduce)
+    rs_line = first + next(i for i, line in enumerate(source) if "stream(reduce_scatter_stream)" in line)
+
+    def stream() -> str:
+        frame = sys._getframe(3)
+        while frame is not None:
+            if frame.f_code.co_name == "foreach_all_gather":
+                return "all_gather_copy_in"
+            if frame.f_code.co_name == "foreach_reduce":
+                return "reduce_scatter" if frame.f_lineno >= rs_line else "default"
+            frame = frame.f_back
+        return "default"
+
+    harness.cpu_stand_ins()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case["world"])
+    mesh = init_device_mesh("cpu", (case["world"],), mesh_dim_names=("fsdp",))
+    cfg = harness.model_config("llama3-8b", list(range(case["layers"])), case["seq"])
+    events: list = []
+    live: dict[int, int] = {}
+
+    class Recorder(harness.tracker_class(fsdp=True)):
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            super()._update_snap(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+            key = id(winfo)
+            if u_type in (_UpdateType.DEL, _UpdateType.SIZE) and key in live:
+                events.append(("f", live.pop(key)))
+            if u_type in (_UpdateType.ADD, _UpdateType.SIZE) and winfo.mem_consumed > 0:
+                live[key] = len(events)
+                events.append(("a", len(events), winfo.mem_consumed, stream()))
+
+    with FakeTensorMode():
+        model = cfg.build()
+        model.train()
+        harness.apply_policy(model, case["policy"], "llama3-8b", None)
+        apply_fsdp_to_decoder(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32, pp_enabled=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        tokens, positions = harness._inputs(case["seq"], case["batch"])
+        masks = model.get_attention_masks(positions)
+        tracker = Recorder(model, optimizer)
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for step in range(STEPS):
+                events.append(("m", f"step {step}"))
+                pred = model(tokens, positions, masks)
+                loss = F.cross_entropy(pred.flatten(0, 1).float(), tokens.flatten(0, 1))
+                del pred  # the 2024-12 train.py: "need to free to before bwd to avoid peaking memory"
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                del loss
+    return events
+
+
+# --------------------------------------------------------------------------- the allocator model
+
+
+class _Block:
+    __slots__ = ("free", "next", "offset", "pool", "prev", "segment", "size")
+
+    def __init__(self, pool: tuple, segment: int, offset: int, size: int):
+        self.pool, self.segment, self.offset, self.size = pool, segment, offset, size
+        self.free, self.prev, self.next = True, None, None
+
+    def key(self) -> tuple[int, int, int]:
+        return self.size, self.segment, self.offset
+
+
+class CachingAllocator:
+    """The caching allocator's block bookkeeping (see the module docstring), counting allocated and reserved bytes."""
+
+    def __init__(self, per_stream: bool = True):
+        self.per_stream = per_stream
+        self.free_keys: dict[tuple, list] = {}
+        self.free_blocks: dict[tuple, dict] = {}
+        self.live: dict[int, _Block] = {}
+        self.segments = self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+
+    def _add_free(self, block: _Block) -> None:
+        bisect.insort(self.free_keys.setdefault(block.pool, []), block.key())
+        self.free_blocks.setdefault(block.pool, {})[block.key()] = block
+
+    def _take_free(self, block: _Block) -> None:
+        keys = self.free_keys[block.pool]
+        keys.pop(bisect.bisect_left(keys, block.key()))
+        del self.free_blocks[block.pool][block.key()]
+
+    def malloc(self, handle: int, nbytes: int, stream: str) -> None:
+        size = 512 if nbytes < 512 else -(-nbytes // 512) * 512
+        small = size <= MIB
+        pool = (stream if self.per_stream else "default", small)
+        keys = self.free_keys.setdefault(pool, [])
+        i = bisect.bisect_left(keys, (size, -1, -1))
+        if i < len(keys):
+            block = self.free_blocks[pool][keys[i]]
+            self._take_free(block)
+        else:
+            segment = 2 * MIB if small else 20 * MIB if size < 10 * MIB else -(-size // (2 * MIB)) * 2 * MIB
+            self.segments += 1
+            block = _Block(pool, self.segments, 0, segment)
+            self.reserved += segment
+        rest = block.size - size
+        if rest >= 512 if small else rest > MIB:
+            tail = _Block(pool, block.segment, block.offset + size, rest)
+            tail.prev, tail.next = block, block.next
+            if block.next is not None:
+                block.next.prev = tail
+            block.next, block.size = tail, size
+            self._add_free(tail)
+        block.free = False
+        self.live[handle] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, handle: int) -> None:
+        block = self.live.pop(handle)
+        self.allocated -= block.size
+        block.free = True
+        for other in (block.prev, block.next):
+            if other is None or not other.free:
+                continue
+            self._take_free(other)
+            first, second = (other, block) if other is block.prev else (block, other)
+            first.size += second.size
+            first.next = second.next
+            if second.next is not None:
+                second.next.prev = first
+            block = first
+        self._add_free(block)
+
+
+def replay(events: list, per_stream: bool) -> dict[str, float]:
+    """Allocated and reserved peaks of the last step (the earlier ones fill the cache), in GiB."""
+    allocator = CachingAllocator(per_stream)
+    steps = 0
+    for event in events:
+        if event[0] == "a":
+            allocator.malloc(event[1], event[2], event[3])
+        elif event[0] == "f":
+            allocator.free(event[1])
+        else:
+            steps += 1
+            if steps == STEPS:
+                allocator.peak_allocated = allocator.allocated
+    return {"allocated": allocator.peak_allocated / GIB, "reserved": allocator.peak_reserved / GIB}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--trace":  # inside the venv
+        case = json.loads(sys.argv[2])
+        Path(case["out"]).write_text(json.dumps(trace(case)))
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    from framework_packages import TORCHTITAN_VENV, venv_python
+
+    python = venv_python("torchtitan", TORCHTITAN_VENV, python_version="3.11")
+    print("Llama-3.1-8B, torchtitan 0.3.0 model code (eager), FSDP2, unchunked loss, AdamW, "
+          f"zero_grad(set_to_none=True); step {STEPS} of {STEPS}, GiB")
+    print(f"{'case':36} {'allocated':>9} {'reserved, one pool':>19} {'reserved, per stream':>21}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, case in CASES.items():
+            out = Path(tmp) / "trace.json"
+            proc = subprocess.run([str(python), __file__, "--trace", json.dumps(case | {"out": str(out)})],
+                                  capture_output=True, text=True, timeout=1800)
+            if proc.returncode:
+                raise RuntimeError(f"the trace failed ({name}):\n{proc.stderr[-4000:]}")
+            events = json.loads(out.read_text())
+            one, per = replay(events, per_stream=False), replay(events, per_stream=True)
+            print(f"{name:36} {per['allocated']:9.2f} {one['reserved']:19.2f} {per['reserved']:21.2f}")
+
+
+if __name__ == "__main__":
+    main()
