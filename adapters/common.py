@@ -255,14 +255,20 @@ def _true(value: object) -> bool:
 DROPOUT_ON = 0.1
 
 
-def attention_value(framework: str, variant: str, backend: str) -> str | None:
+def attention_value(framework: str, variant: str, backend: str, mla: bool = False) -> str | None:
     """The framework's own value for an attention_backend (its card's adapter knob `values`, with the variant's
-    overrides); None for auto (nothing to render). capabilities.refuse_missing has already refused a value the
-    framework lacks."""
+    overrides); None for auto (nothing to render), except an MLA model on an engine whose card names an mla_backend
+    (verl's Megatron engine: fused, as its DeepSeek-V3 recipe sets, where its flash default finds no kernel): that
+    backend, the one perf times. capabilities.refuse_missing has already refused a value the framework lacks."""
     from meshplan.adapters.capabilities import adapter_section, knob_table
 
+    from meshplan.cards import framework_card
+
     if backend == "auto":
-        return None
+        attention = framework_card(framework).attention
+        if not mla or attention is None or attention.mla_backend is None:
+            return None
+        backend = attention.mla_backend
     knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]
     return (knob.values or {}).get(backend)
 

@@ -58,7 +58,8 @@ def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
         out.append(("cp_comm_type", plan.cp_comm_type))
         if plan.cp_comm_type == "a2a+p2p":
             out.append(("hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
-    backend = attention_value(job.framework, "megatron" if job.framework == "verl" else "rl", plan.attention_backend)
+    backend = attention_value(job.framework, "megatron" if job.framework == "verl" else "rl", plan.attention_backend,
+                              mla=job.model.mla is not None)  # the Megatron engine: by_engine leaves it to mla_backend
     if backend:  # verl's config_converter / SkyRL's worker hand the string to Megatron-Core's AttnBackend
         out.append(("attention_backend", backend))
     if plan.dropout:

@@ -877,12 +877,21 @@ def run_attention_kernel(row: dict[str, Any]) -> str | None:
     return next((kernel for words, kernel in RUN_ATTENTION_KERNELS if words in cited), None)
 
 
+# verl's Megatron engine forces attention_backend flash since volcengine/verl f1d212c6e (PR #3578, 2025-09-24, first
+# in v0.6.0; cards/frameworks/verl.yaml attention); rows published before (a month-only date counts as before) ran
+# Megatron-Core's auto, which the card gives as "0.5" (its estimated release 0.5.0).
+VERL_FLASH_SINCE = "2025-09-24"
+VERL_BEFORE_FLASH = "0.5.0"
+
+
 def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
     """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss and attention
-    kernel), else None."""
+    kernel, verl's attention kernel), else None."""
     when = str(row["source"].get("version_or_date") or "")
-    if framework != "torchtitan" or not re.match(r"\d{4}-\d{2}", when):
+    if framework not in ("torchtitan", "verl") or not re.match(r"\d{4}-\d{2}", when):
         return None
+    if framework == "verl":
+        return VERL_BEFORE_FLASH if when < VERL_FLASH_SINCE else None
     if when < TORCHTITAN_CUDNN_SDPA_SINCE:
         return "0.1"
     if when < TORCHTITAN_CHUNKED_LOSS_SINCE:

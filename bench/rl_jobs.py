@@ -37,7 +37,8 @@ DSV3 = dict(model="deepseek-v3", gpu="h20", num_gpus=96, framework="verl", tp=8,
             rollout_tp=32, rollout_memory_fraction=0.6, param_offload=True,
             optimizer_offload_fraction=1.0, recompute="full", recompute_method="uniform", recompute_layers=1,
             pipeline_layout="Et*5|(t*5|)*10t*6L", micro_batch_size=1, rollout_enforce_eager=True,
-            expandable_segments=False)  # the doc (2025-08-20) predates verl's (production_configs.allocator_field)
+            expandable_segments=False,  # the doc (2025-08-20) predates verl's (production_configs.allocator_field)
+            framework_version="0.5.0")  # and verl's flash attention_backend (production_configs.framework_version_for)
 # the same with the catalog's MTP block trained on the last stage (num_layers_in_last_pipeline_stage alone)
 DSV3_WITH_MTP = {**{k: v for k, v in DSV3.items() if k != "pipeline_layout"}, "last_stage_layers": 6}
 DSV3_MEAN_RESPONSE = 1960  # the row's mean response length: the step-time case decodes this many tokens
@@ -50,7 +51,8 @@ QWEN30B = dict(model="qwen3-30b-a3b", gpu="h20", framework="verl", tp=1, pp=1, e
                algorithm="dapo", prompts_per_step=512, samples_per_prompt=16, prompt_length=2048, response_length=8192,
                rollout_tp=4, rollout_memory_fraction=0.7, param_offload=True,
                optimizer_offload_fraction=1.0, micro_batch_size=1, rollout_enforce_eager=True,
-               expandable_segments=False)  # as DSV3: the same doc, before verl's workers set expandable segments
+               expandable_segments=False,  # as DSV3: the same doc, before verl's workers set expandable segments
+               framework_version="0.5.0")  # and before its flash attention_backend (as DSV3)
 
 # One-step-off DAPO, Qwen2.5-Math-7B (qwen2.5-7b's shapes) on 16 H20, Megatron TP2 PP2, rollout TP2 at 0.8, no KL:
 # verl/experimental/one_step_off_policy/shell/dapo_7b_math_megatron_colocate.sh (512 prompts x 16, actor offloads)
@@ -58,7 +60,8 @@ QWEN30B = dict(model="qwen3-30b-a3b", gpu="h20", framework="verl", tp=1, pp=1, e
 # response 8,192 at most (the doc gives no mean response length: the maximum is decoded).
 DAPO7B = dict(model="qwen2.5-7b", gpu="h20", framework="verl", tp=2, pp=2, job="rl", algorithm="dapo",
               prompts_per_step=512, prompt_length=2048, response_length=8192, rollout_tp=2,
-              rollout_memory_fraction=0.8, micro_batch_size=1)
+              rollout_memory_fraction=0.8, micro_batch_size=1,
+              framework_version="0.5.0")  # the doc (2025-07-17) predates verl's flash attention_backend (as DSV3)
 ONE_STEP_OFF = {  # verl docs/advance/one_step_off.md, Megatron rows: step s, generation s, old_log_prob s, update s
     "colocated": dict(step=699, generation=207, log_prob=119, update=344),
     "separate": dict(step=566, generation=501, log_prob=120, update=347),

@@ -290,20 +290,40 @@ class CompileSemantics(_Card):
 class AttentionSemantics(_Card):
     """Which attention kernel the framework runs on each GPU generation (cards/calibration.yaml attention_kernels: the
     fraction of peak each reaches): `kernel` maps an arch (cards/hardware.yaml) or "default" to a kernel name;
-    `by_version` gives the same map for releases (a version prefix) that chose differently."""
+    `by_version` gives the same map for releases (a version prefix) that chose differently; `by_engine` the map of an
+    engine that runs one kernel in every release; `mla_backend` the backend a multi-latent-attention model runs."""
 
     kernel: dict[str, str] = Field(default_factory=dict)
     by_version: dict[str, dict[str, str]] = Field(default_factory=dict)
+    by_engine: dict[Engine, dict[str, str]] = Field(
+        default_factory=dict, description="An engine whose map holds in every release and for every model (verl's "
+                                          "FSDP engine: Hugging Face flash_attention_2); the others follow the release")
+    mla_backend: Literal["flash", "fused"] | None = Field(
+        None, description="The attention_backend a model with multi-latent attention (Q/K and V head dims differ, "
+                          "which FlashAttention-2 refuses) runs on the engines by_engine leaves out, in every release "
+                          "(its kernel: backends); None: it follows the release's map")
     backends: dict[Literal["flash", "fused"], str] = Field(
         default_factory=dict,
         description="The kernel (cards/calibration.yaml attention_kernels) each attention_backend the framework can be "
                     "told to run is; one left out: the shared fraction")
     source: str
 
-    def kernel_for(self, version: str | None, arch: str | None) -> str | None:
-        """The kernel a release runs on `arch`: the longest matching version prefix's map, else `kernel`."""
+    @model_validator(mode="after")
+    def _mla_backend_has_a_kernel(self) -> AttentionSemantics:
+        if self.mla_backend is not None and self.mla_backend not in self.backends:
+            raise ValueError(f"mla_backend {self.mla_backend!r} needs its kernel in backends")
+        return self
+
+    def kernel_for(self, version: str | None, arch: str | None, *, engine: str | None = None,
+                   mla: bool = False) -> str | None:
+        """The kernel a release runs on `arch`: the engine's own map (by_engine), else mla_backend's kernel for an MLA
+        model, else the longest matching version prefix's map, else `kernel`."""
         table = self.kernel
-        if version:
+        if engine in self.by_engine:
+            table = self.by_engine[engine]  # type: ignore[index]
+        elif mla and self.mla_backend is not None:
+            return self.backends.get(self.mla_backend)
+        elif version:
             for prefix in sorted(self.by_version, key=len, reverse=True):
                 if version == prefix or version.startswith(prefix + "."):
                     table = self.by_version[prefix]

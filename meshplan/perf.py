@@ -225,19 +225,22 @@ class Ctx:
 
 
 def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
-                         backend: str = "auto") -> tuple[str | None, float]:
+                         backend: str = "auto", zero_stage: int | None = None) -> tuple[str | None, float]:
     """(kernel, fraction of BF16 peak) of the flash attention the job runs: with backend auto the kernel its framework
-    release picks on the GPU's generation (the framework card's attention section), with flash or fused the kernel
+    release picks on the GPU's generation for the engine of `zero_stage` and for an MLA model (the framework card's
+    attention section: AttentionSemantics.kernel_for), with flash or fused the kernel
     that backend is in the framework (the card's attention.backends), at that kernel's fraction for the generation
     (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
     H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
     on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
     run of a trainer meshplan does not support, scored with another framework's card, e.g. LLM Foundry's Triton
     attention, which no framework meshplan renders can be told to run)."""
-    card = framework_card(job.framework).attention
+    fw = framework_card(job.framework)
+    card = fw.attention
     if kernel is None and card is not None:
-        kernel = card.kernel_for(job.framework_version, job.gpu.arch) if backend == "auto" else card.backends.get(
-            backend)  # type: ignore[call-overload]
+        engine = fw.engine_at(zero_stage) if zero_stage is not None else None
+        kernel = card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None) \
+            if backend == "auto" else card.backends.get(backend)  # type: ignore[call-overload]
     return kernel, attention_fraction(cal, kernel, job.gpu.arch)
 
 
@@ -768,7 +771,7 @@ def estimate_throughput(
     _, conv, _ = convention(job.framework, plan.zero_stage)
     flash, dropout = attention_switches(conv, plan)
     m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
-    kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend)
+    kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend, plan.zero_stage)
     ctx = Ctx(arch, plan, job.seq_length, cal, lk, shard, bf16_peak, fp8_peak, hbm, flash, dropout, job.lora,
               lora_engine(job.framework, plan.zero_stage) if job.lora else None,
               a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,

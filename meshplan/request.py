@@ -198,7 +198,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         expandable_segments=_expandable_segments(req, card, notes),
-        **_attention_fields(req, card, gpu, version, zero, notes),  # attention backend, dropout (None: the framework's)
+        # attention backend, dropout (None: the framework's)
+        **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
@@ -326,15 +327,24 @@ def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
 
 
 def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
-                      notes: list[str]) -> dict[str, Any]:
+                      notes: list[str], mla: bool = False) -> dict[str, Any]:
     """attention_backend and dropout as asked; left out, what the framework does by itself (auto: the kernel its
-    card's attention section names for the GPU; dropout: its memory convention, off in every preset), noted."""
+    card's attention section names for the GPU; an MLA model on an engine with an mla_backend: that backend, which
+    its recipes set and a render must write; dropout: its memory convention, off in every preset), noted."""
     backend = req.attention_backend or "auto"
+    att, engine = card.attention, card.engine_at(zero)
     if req.attention_backend is None:
-        kernel = card.attention.kernel_for(version, gpu.arch) if card.attention is not None else None
-        notes.append(f"attention_backend not given: auto, what {card.display_name} picks by itself"
-                     + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
-                        else " (a fused flash-class kernel: cards/calibration.yaml attention_peak_fraction)."))
+        kernel = att.kernel_for(version, gpu.arch, engine=engine, mla=mla) if att is not None else None
+        if mla and att is not None and att.mla_backend is not None and engine not in att.by_engine:
+            backend = att.mla_backend
+            notes.append(f"attention_backend not given: {backend} ({kernel} on {gpu.arch}), what "
+                         f"{card.display_name} runs a multi-latent-attention model with (cards/frameworks/"
+                         f"{req.framework}.yaml attention mla_backend: its default finds no kernel for Q/K and V head "
+                         "dims that differ).")
+        else:
+            notes.append(f"attention_backend not given: auto, what {card.display_name} picks by itself"
+                         + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
+                            else " (a fused flash-class kernel: cards/calibration.yaml attention_peak_fraction)."))
     if req.dropout is None:
         from meshplan.memory_states import convention_name, memory_card
 

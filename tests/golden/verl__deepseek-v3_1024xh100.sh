@@ -27,6 +27,7 @@ python3 -m verl.trainer.main_ppo \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4 \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=1 \
+  ++actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused \
   ++actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall \
   actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 \
   actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=16 \
@@ -40,6 +41,7 @@ python3 -m verl.trainer.main_ppo \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=1 \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4 \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=1 \
+  ++actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend=fused \
   ++actor_rollout_ref.ref.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall \
   critic.megatron.tensor_model_parallel_size=2 \
   critic.megatron.pipeline_model_parallel_size=16 \
@@ -55,4 +57,5 @@ python3 -m verl.trainer.main_ppo \
   ++critic.megatron.override_transformer_config.recompute_num_layers=1 \
   ++critic.megatron.override_transformer_config.num_layers_in_first_pipeline_stage=4 \
   ++critic.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=1 \
+  ++critic.megatron.override_transformer_config.attention_backend=fused \
   ++critic.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall
