@@ -902,7 +902,8 @@ def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
 # verl's workers turn on expandable segments for the training phases since volcengine/verl bf56a2aa2 (PR #3181,
 # 2025-08-23; Megatron workers, cards/frameworks/verl.yaml allocator); rows published before or dated by month only
 # (a month-only date counts as before) trained without it: docs/perf/dpsk.md's 96-H20 DeepSeek-V3 run (measured by
-# 2025-08-14, e2e4c35ec) and its 32/256-H20 Qwen3-235B rows, whose stated settings first appear in f6f910069 (2025-08-22).
+# 2025-08-14, e2e4c35ec) and its 32/256-H20 Qwen3-235B rows, whose stated settings first appear in f6f910069
+# (2025-08-22).
 VERL_EXPANDABLE_SINCE = "2025-08-23"
 
 
