@@ -158,6 +158,9 @@ class GpuSpec(_Strict):
         None, description="GPU generation: which attention kernel a framework runs there and its fraction of peak "
                           "(cards/calibration.yaml attention_kernels); None: the shared attention_peak_fraction")
     memory_bytes: int = Field(gt=0)
+    sm_count: int | None = Field(
+        None, ge=1, description="Streaming multiprocessors (AMD: compute units); a GEMM beside a communication kernel "
+                                "that holds some runs on the rest (perf.tp_hidden); None: that contention not modelled")
     bf16_flops: float = Field(gt=0, description="Dense BF16 peak, FLOP/s")
     fp8_flops: float | None = Field(None, description="Dense FP8 peak, FLOP/s (None: no FP8 tensor cores)")
     hbm_bandwidth: float = Field(gt=0, description="bytes/s")
