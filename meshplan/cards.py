@@ -420,6 +420,19 @@ class TpOverlapFacts(_Card):
                           "all-gather-matmul / matmul-reduce-scatter); None: no switch")
     default: bool = False  # the framework's own default (a request that leaves tp_comm_overlap out gets it)
     rs_splits: int = Field(0, ge=0, description="Chunks a pipelined forward reduce-scatter is split into (0: tp)")
+    fprop_rs_sms: tuple[int, int] = Field(
+        (0, 0), description="With the switch: SMs the pipelined forward reduce-scatter kernel holds beside attention's "
+                            "and the MLP's output GEMM, which are launched on the GPU's other SMs (perf.tp_hidden)")
+    fp8_fprop_rs_sms: tuple[int, int] | None = Field(
+        None, description="The same where the GEMMs run in FP8, if the framework's FP8 configs set other ones; None: "
+                          "fprop_rs_sms")
+    wgrad_rs_sms: tuple[int, int] = Field(
+        (0, 0), description="With the switch: SMs the bulk dgrad reduce-scatter kernel holds beside attention's and "
+                            "the MLP's input-side weight-gradient GEMM")
+    wgrad_rs_sm_margin: bool = Field(
+        False, description="That weight-gradient GEMM launched on the other SMs for its whole time (Transformer "
+                           "Engine's set_sm_margin); False: it shares them only while the kernel runs")
+    comm_sms_source: str = ""
     needs_sequence_parallel: bool = False
     needs_compile: bool = False
     source: str

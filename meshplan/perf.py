@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from meshplan import mesh
 from meshplan.calibration import Calibration, attention_fraction, calibration, calibration_summary
-from meshplan.cards import framework_card
+from meshplan.cards import TpOverlapFacts, framework_card
 from meshplan.comm import (
     Links,
     allreduce_time,
@@ -60,7 +60,7 @@ from meshplan.offload import step_offload_time
 from meshplan.request import uses_fsdp
 from meshplan.rulebook import require_estimable
 from meshplan.schedule import Stages, plan_stages
-from meshplan.schema import Architecture, Job, LoraSpec, Plan, ThroughputBreakdown, ThroughputReport
+from meshplan.schema import Architecture, GpuSpec, Job, LoraSpec, Plan, ThroughputBreakdown, ThroughputReport
 
 __all__ = ["estimate_throughput", "model_flops_per_token", "stage_layers"]
 
@@ -91,7 +91,8 @@ TP_OVERLAP_TEXT = {
     "none": "none hidden (each collective waits for its GEMM).",
     "wgrad": "the backward reduce-scatter hidden behind the weight-gradient GEMM, up to its time.",
     "userbuffers": "userbuffers (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time, the "
-                   "backward reduce-scatter in bulk behind the weight-gradient GEMM.",
+                   "backward reduce-scatter in bulk behind the weight-gradient GEMM; the GEMMs beside the "
+                   "reduce-scatter kernels run on the SMs those leave (the framework card's tp_overlap).",
     "async_tp": "async TP (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time.",
 }
 # Expert TP: an all-gather before and a reduce-scatter after the experts, forward and backward.
@@ -218,6 +219,7 @@ class Ctx:
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
     tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)
+    tp_sms: TpSms | None = None  # SMs the TP communication kernels hold beside their GEMMs (tp_sms; tp_hidden)
 
     @property
     def ridge_rows(self) -> float:
@@ -397,7 +399,7 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
     else:  # the expert-TP gathers run in the token dispatcher, beside no GEMM
         pairs = tp_pairs(gemms, cal, ctx, moe)
         lt.tp = tp_comm - tp_hidden(ctx.tp_overlap_mode, ring_time(act_bytes, plan.tp, 1, ctx.lk), pairs, plan.tp,
-                                    plan.sequence_parallel, ctx.tp_rs_splits)
+                                    plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
     lt.cp_fwd, lt.cp = _cp_time(ctx, attn_fwd, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
         local = sh.tokens / t_sp
@@ -430,8 +432,41 @@ def tp_pairs(gemms: list[Gemm], cal: Calibration, ctx: Ctx, moe: bool) -> list[t
     return out[:1] if moe and out[1] == (0.0, 0.0) else out
 
 
+@dataclass(frozen=True)
+class TpSms:
+    """The GPU's SMs and those its framework's TP overlap kernels hold beside each TP pair's GEMMs (attention's,
+    the MLP's): the forward reduce-scatter's and the bulk dgrad reduce-scatter's (the card's tp_overlap)."""
+
+    sms: int
+    fprop_rs: tuple[int, int] = (0, 0)
+    wgrad_rs: tuple[int, int] = (0, 0)
+    wgrad_margin: bool = False
+
+
+def tp_sms(gpu: GpuSpec, facts: TpOverlapFacts, fp8: bool = False) -> TpSms | None:
+    """The job's TpSms (`fp8`: its GEMMs run in FP8), or None where the GPU's SM count is unknown or no overlap kernel
+    holds SMs."""
+    fprop = facts.fp8_fprop_rs_sms if fp8 and facts.fp8_fprop_rs_sms is not None else facts.fprop_rs_sms
+    if gpu.sm_count is None or not any(fprop + facts.wgrad_rs_sms):
+        return None
+    return TpSms(gpu.sm_count, fprop, facts.wgrad_rs_sms, facts.wgrad_rs_sm_margin)
+
+
+def slowed_gemm(gemm: float, comm: float, held: int, sms: int, margin: bool) -> float:
+    """Seconds a GEMM of `gemm` seconds on all `sms` SMs takes beside a communication kernel that holds `held` of them
+    for `comm` seconds. With margin (Transformer Engine's set_sm_margin) it is launched on the other sms - held for its
+    whole time: gemm * sms / (sms - held). Without, it shares them while the kernel runs: that overlapped portion runs
+    at (sms - held) / sms of the rate, so gemm + min(comm, gemm * sms / (sms - held)) * held / sms."""
+    if held <= 0:
+        return gemm
+    if held >= sms:
+        raise ValueError(f"a communication kernel holds {held} of the GPU's {sms} SMs")
+    full = gemm * sms / (sms - held)
+    return full if margin else gemm + min(comm, full) * held / sms
+
+
 def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, sp: bool = True,
-              rs_splits: int = 0) -> float:
+              rs_splits: int = 0, sms: TpSms | None = None) -> float:
     """TP seconds hidden per layer behind the GEMMs each collective runs beside (`one`: one all-gather or
     reduce-scatter of the layer's activations). Per pair, forward: an all-gather before the input GEMM, a
     reduce-scatter after the output GEMM; backward: the output GEMM's grad all-gather before its dgrad, the input
@@ -445,18 +480,28 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
       shorter); the dgrad reduce-scatter runs in bulk beside the whole wgrad GEMM.
     - async_tp (torch micro-pipelined TP): both all-gathers chunked by tp as above, both reduce-scatters pipelined
       over tp chunks, the dgrad one with the dgrad GEMM that produces it.
-    Without sequence parallelism each pair is one all-reduce (two collectives' time) forward and one backward."""
+    Without sequence parallelism each pair is one all-reduce (two collectives' time) forward and one backward.
+    With userbuffers the forward and the dgrad reduce-scatter are SM kernels (`sms`: the card's fprop_rs_sms and
+    wgrad_rs_sms) and the GEMM beside each runs on the SMs left (slowed_gemm): the time hidden is counted against the
+    slowed GEMM and the GEMM's lost time is taken off it, so an overlap can cost more than it hides. The all-gathers
+    (ring exchange) and async TP's copies run on copy engines and hold no SMs; their share of HBM bandwidth is not
+    modelled."""
     if mode == "none" or tp <= 1:
         return 0.0
     ag = (tp - 1) / tp
     hidden = 0.0
-    for into, out in pairs:
+    for i, (into, out) in enumerate(pairs):
         bulk = min(one if sp else 2 * one, into)  # beside the input GEMM's wgrad GEMM (its forward's FLOPs)
         if mode == "wgrad":
             hidden += bulk
         elif mode == "userbuffers":
             n = rs_splits or tp
-            hidden += min(one, ag * into) + min(one, ag * out) + (n - 1) / n * min(one, out) + bulk
+            rs_out, wgrad = out, into
+            if sms is not None:
+                rs_out = slowed_gemm(out, one, sms.fprop_rs[i], sms.sms, margin=True)
+                wgrad = slowed_gemm(into, one, sms.wgrad_rs[i], sms.sms, sms.wgrad_margin)
+            hidden += (min(one, ag * into) + min(one, ag * out) + (n - 1) / n * min(one, rs_out) - (rs_out - out)
+                       + min(one if sp else 2 * one, wgrad) - (wgrad - into))
         elif mode == "async_tp":
             hidden += min(one, ag * into) + min(one, ag * out) + ag * min(one, out) + ag * min(one, into)
         else:
@@ -778,7 +823,8 @@ def estimate_throughput(
               moe_host_syncs(job, plan), eager_blocks(job, plan), attention_fraction=fraction,
               attention_kernel=kernel, routed_load=ep_rank_load(job, plan),
               tp_overlap_mode=tp_overlap_mode(job.framework, plan),
-              tp_rs_splits=framework_card(job.framework).tp_overlap.rs_splits)
+              tp_rs_splits=framework_card(job.framework).tp_overlap.rs_splits,
+              tp_sms=tp_sms(job.gpu, framework_card(job.framework).tp_overlap, fp8_peak is not None))
     dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
     moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
