@@ -93,8 +93,17 @@ TP_OVERLAP_TEXT = {
     "userbuffers": "userbuffers (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time, the "
                    "backward reduce-scatter in bulk behind the weight-gradient GEMM; the GEMMs beside the "
                    "reduce-scatter kernels run on the SMs those leave (the framework card's tp_overlap).",
-    "async_tp": "async TP (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time.",
+    "async_tp": "async TP (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time; the "
+                "local shard's copy, the reduce-scatter's sum of partials, the barriers and the chunked GEMMs' "
+                "lower efficiency outside the pipeline (async_tp_cost).",
 }
+# torch's micro-pipelined TP (pytorch/pytorch torch/distributed/_symmetric_memory/__init__.py): symm_mem.barrier
+# calls on the compute stream outside the pipeline, per fused op. All-gather + matmul
+# (_pipelined_multi_all_gather_and_consume): barrier(channel=0) on entry, barrier(channel=1) after the local shard's
+# copy, barrier(channel=0) on exit. Matmul + reduce-scatter (_pipelined_produce_and_all2all): barrier(channel=0) on
+# entry and on exit (the two per step run in the pipeline, beside the other stream's chunk GEMM).
+ASYNC_TP_AG_BARRIERS = 3.0
+ASYNC_TP_RS_BARRIERS = 2.0
 # Expert TP: an all-gather before and a reduce-scatter after the experts, forward and backward.
 EXPERT_TP_COLLECTIVES_PER_LAYER = 4.0
 # Token dispatch and combine, forward and backward.
@@ -400,6 +409,9 @@ def layer_time(ctx: Ctx, moe: bool) -> LayerTime:
         pairs = tp_pairs(gemms, cal, ctx, moe)
         lt.tp = tp_comm - tp_hidden(ctx.tp_overlap_mode, ring_time(act_bytes, plan.tp, 1, ctx.lk), pairs, plan.tp,
                                     plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
+        if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
+            lt.tp += async_tp_cost(act_bytes, plan.tp, len(pairs), ctx.hbm, ctx.lk.intra_lat,
+                                   chunked_gemm_extra(gemms, cal, ctx, moe, plan.tp))
     lt.cp_fwd, lt.cp = _cp_time(ctx, attn_fwd, lt.attention)
     if moe and arch.moe is not None and plan.ep > 1:
         local = sh.tokens / t_sp
@@ -479,7 +491,8 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
       over rs_splits chunks (the first chunk's GEMM and the last chunk's transfer run alone: (n-1)/n of the
       shorter); the dgrad reduce-scatter runs in bulk beside the whole wgrad GEMM.
     - async_tp (torch micro-pipelined TP): both all-gathers chunked by tp as above, both reduce-scatters pipelined
-      over tp chunks, the dgrad one with the dgrad GEMM that produces it.
+      over tp chunks, the dgrad one with the dgrad GEMM that produces it; what runs outside the pipelines is added
+      by layer_time (async_tp_cost).
     Without sequence parallelism each pair is one all-reduce (two collectives' time) forward and one backward.
     With userbuffers the forward and the dgrad reduce-scatter are SM kernels (`sms`: the card's fprop_rs_sms and
     wgrad_rs_sms) and the GEMM beside each runs on the SMs left (slowed_gemm): the time hidden is counted against the
@@ -507,6 +520,39 @@ def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, 
         else:
             raise ValueError(f"unknown TP overlap mode {mode!r}")
     return hidden
+
+
+def chunked_gemm_extra(gemms: list[Gemm], cal: Calibration, ctx: Ctx, moe: bool, tp: int) -> float:
+    """Seconds async TP's chunking adds to the TP pairs' GEMMs (tp_pairs): _fused_all_gather_matmul_impl runs the
+    forward's and the gradient's matmul as tp GEMMs of m/tp rows, one per gathered shard, and
+    _fused_matmul_reduce_scatter_impl (chunk_producer) one per scattered shard, each lower on the rows curve
+    (gemm_efficiency); the weight-gradient GEMM is not chunked. So 2 of the 3 passes (gemm_seconds) run chunked."""
+    names = {n for pair in (TP_PAIR_GEMMS[:1] if moe else TP_PAIR_GEMMS) for side in pair for n in side}
+    picked = [g for g in gemms if g.name in names]
+    whole = gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    chunked = tp * gemm_seconds([replace(g, m=g.m / tp) for g in picked], cal, ctx.bf16_peak, ctx.fp8_peak,
+                                ctx.ridge_rows)
+    return (chunked - whole) * 2.0 / TRAINING_PASSES_PER_FORWARD
+
+
+def async_tp_cost(act_bytes: float, tp: int, pairs: int, hbm: float, barrier_s: float, chunk_extra: float) -> float:
+    """Seconds per layer torch's async TP spends outside its pipelines (pytorch/pytorch
+    torch/distributed/_symmetric_memory/__init__.py), forward and backward, per TP pair one all-gather + matmul
+    and one matmul + reduce-scatter each way:
+    - all-gather: the local shard (act_bytes / tp) is copied into its symmetric-memory buffer on the compute stream
+      before the first chunk GEMM ('we are giving up the chance to overlap "mv" and "b" with the first
+      shard_consumer'): read + write, 2 * act_bytes / tp over HBM;
+    - reduce-scatter: the tp partial outputs pulled into stacked_partials are summed after the pipeline
+      (reduce_partials / torch.sum over the rank dimension): read act_bytes, write act_bytes / tp;
+    - the barriers on the compute stream (ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS), each one signal and wait
+      among the NVLink peers: barrier_s (the links' intra-domain latency);
+    - chunk_extra: the chunked GEMMs' lost efficiency (chunked_gemm_extra)."""
+    if tp <= 1:
+        return 0.0
+    shard = act_bytes / tp
+    gather = 2.0 * shard / hbm + ASYNC_TP_AG_BARRIERS * barrier_s
+    scatter = (act_bytes + shard) / hbm + ASYNC_TP_RS_BARRIERS * barrier_s
+    return FORWARD_AND_BACKWARD * pairs * (gather + scatter) + chunk_extra
 
 
 def tp_overlap_mode(framework: str, plan: Plan) -> str:
