@@ -436,6 +436,19 @@ def attention_setting_without_a_key(ctx: Context) -> Values:
     return None
 
 
+@rule("AT002")
+def flash_on_unequal_head_widths(ctx: Context) -> Values:
+    """attention_backend=flash through Megatron-Core on a model whose Q/K and V heads differ in width (MLA): only
+    Transformer Engine 2.17 and later pad V for FlashAttention-2."""
+    mla = ctx.job.model.mla
+    if ctx.plan.attention_backend != "flash" or ctx.backend != "megatron" or mla is None:
+        return None
+    qk, v = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+    if qk == v:
+        return None
+    return {"model": ctx.job.model.name, "qk": qk, "v": v}
+
+
 @rule("CO001")
 def compile_needs_a_switch(ctx: Context) -> Values:
     """torch_compile on a framework whose card has no compile section (nothing renders or models it)."""
