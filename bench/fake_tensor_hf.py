@@ -34,6 +34,7 @@ import yaml
 
 from meshplan.hardware import get_gpu
 from meshplan.memory import estimate_memory
+from meshplan.memory_states import memory_card
 from meshplan.request import resolve
 from meshplan.schema import Architecture, Job, Plan, Request
 
@@ -46,6 +47,7 @@ from framework_packages import HF_VENV, venv_python  # noqa: E402
 HARNESS = ROOT / "bench" / "fake_tensor_hf_harness.py"
 DEFAULT_JSON = ROOT / "bench" / "data" / "fake_tensor_hf.json"
 MIB = 1 << 20
+GIB_ = 1 << 30
 WORLD = 8
 FRAMEWORK = "verl"
 
@@ -60,6 +62,13 @@ MODELS = {
                     "what": "DeepSeek-V3 (MLA + MoE 256/top-8, shared expert)"},
 }
 POLICIES = {"none": "none", "full": "full"}  # HF gradient checkpointing off / on (every decoder layer)
+# one training step as verl's FSDP engine runs it (fake_tensor_hf_harness.step_peak): catalog model -> decoder
+# layers, packed tokens; the step's peak (rank 0 of WORLD) against estimate_memory's allocated figure
+STEP_MODELS = {
+    "llama-3.1-8b": {"layers": 4, "tokens": 8192, "override": {}},
+    "llama-3.1-8b@2k": {"model": "llama-3.1-8b", "layers": 8, "tokens": 2048, "override": {}},
+    "qwen3-30b-a3b": {"layers": 4, "tokens": 8192, "override": {"norm_topk_prob": True}},
+}
 
 
 def card_config(model: str) -> dict:
@@ -72,6 +81,13 @@ def cases(models: dict | None = None, policies: list[str] | None = None) -> list
     return [{"model": model, "config": card_config(model), "num_layers": spec["layers"], "tokens": spec["tokens"],
              "override": spec["override"], "policy": policy}
             for model, spec in models.items() for policy in (policies or list(POLICIES))]
+
+
+def step_cases() -> list[dict]:
+    return [{"kind": "step", "case": name, "model": spec.get("model", name),
+             "config": card_config(spec.get("model", name)), "num_layers": spec["layers"],
+             "tokens": spec["tokens"], "override": spec["override"], "policy": policy, "world": WORLD}
+            for name, spec in STEP_MODELS.items() for policy in POLICIES]
 
 
 def run_harness(request_cases: list[dict], timeout: int = 1800) -> dict:
@@ -119,6 +135,34 @@ def layer_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
+def meshplan_step(model: str, layers: int, tokens: int, recompute: str) -> int:
+    """estimate_memory's peak for verl's FSDP engine on the cut model as torch's allocator counts it: less the CUDA
+    context, the fixed overhead and the allocator reserve (with the freed gradients it holds), none of which a
+    tracker of tensor storages sees."""
+    arch = catalog(model)
+    job = Job(model=cut(arch, [arch.is_moe_layer(i) for i in range(layers)]), gpu=get_gpu("h100"), num_gpus=WORLD,
+              gpus_per_node=8, seq_length=tokens, global_batch_size=WORLD, framework=FRAMEWORK)
+    stage = estimate_memory(job, Plan(dp=WORLD, zero_stage=3, micro_batch_size=1, recompute=recompute)).stages[0]
+    card = memory_card()
+    return (stage.total_bytes - card.cuda_context_bytes - card.fixed_overhead_bytes
+            - stage.detail["allocator_reserve"])
+
+
+def step_rows(results: list[dict]) -> list[dict]:
+    rows = []
+    for res in (r for r in results if r.get("kind") == "step"):
+        if not res["ok"]:
+            rows.append({"case": res["case"], "policy": res["policy"], "error": res["error"]})
+            continue
+        framework = res["peak"]["Total"]
+        ours = meshplan_step(res["model"], res["num_layers"], res["tokens"], POLICIES[res["policy"]])
+        rows.append({"case": res["case"], "model": res["model"], "policy": res["policy"], "layers": res["num_layers"],
+                     "tokens": res["tokens"], "world": res["world"], "framework_peak_bytes": framework,
+                     "framework_peak_by_kind": res["peak"], "meshplan_allocated_bytes": ours,
+                     "diff_pct": pct(ours, framework)})
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     print("Per decoder layer in a stack (saved for backward + output - released input), Hugging Face transformers "
           "model code, bf16, flash-attention-2 saves, padding removed; meshplan: verl zero_stage 3 (fsdp2_hf); "
@@ -137,15 +181,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     args = parser.parse_args()
-    result = run_harness(cases())
-    rows = layer_rows(result["results"])
+    result = run_harness(cases() + step_cases())
+    rows = layer_rows([r for r in result["results"] if r.get("kind") != "step"])
     print_table(rows)
+    steps = step_rows(result["results"])
+    print(f"\nPeak through one training step (rank 0 of {WORLD}, verl's FSDP2 wrap on a fake process group, flash "
+          "cross-entropy log-probs, AdamW, zero_grad set_to_none); meshplan: allocated (less context, overhead, "
+          "reserve)")
+    for r in steps:
+        if "error" in r:
+            print(f"{r['case']:16} {r['policy']:6} ERROR {r['error'][:120]}")
+            continue
+        print(f"{r['case']:16} {r['policy']:6} {r['framework_peak_bytes'] / GIB_:8.2f} GiB "
+              f"{r['meshplan_allocated_bytes'] / GIB_:8.2f} GiB {r['diff_pct']:+6.1f}%")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "measured": datetime.date.today().isoformat(), "torch": result["torch"],
         "transformers": result["transformers"], "framework": FRAMEWORK, "zero_stage": 3,
-        "method": __doc__.split("\n\n")[1].replace("\n", " "), "layers": rows,
-        "harness_seconds": {f"{r['model']} {r['policy']}": r["seconds"] for r in result["results"]},
+        "method": __doc__.split("\n\n")[1].replace("\n", " "), "layers": rows, "steps": steps,
+        "harness_seconds": {f"{r.get('kind', 'layers')} {r.get('case', r['model'])} {r['policy']}": r["seconds"]
+                            for r in result["results"]},
     }, indent=1) + "\n")
     print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
 

@@ -97,8 +97,10 @@ def tracker_class():
     return type("HigherOrderMemTracker", (MemTracker,), {"supports_higher_order_operators": True})
 
 
-def build(case: dict):
-    """The HF causal-LM class of the config.json fields, cut to `num_layers` decoder layers, bf16, on fake tensors."""
+def build(case: dict, dtype=BF16):
+    """The HF causal-LM class of the config.json fields, cut to `num_layers` decoder layers, on fake tensors (bf16,
+    or fp32 for a training step: verl's FSDP engine loads the actor in fp32 and computes in bf16 by FSDP2's
+    MixedPrecisionPolicy)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = dict(case["config"])
@@ -108,9 +110,9 @@ def build(case: dict):
     fields["num_hidden_layers"] = case["num_layers"]
     config = AutoConfig.for_model(model_type, **fields)
     config._attn_implementation = STAND_IN
-    torch.set_default_dtype(BF16)
+    torch.set_default_dtype(dtype)
     try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=STAND_IN, dtype=BF16)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=STAND_IN, dtype=dtype)
     finally:
         torch.set_default_dtype(torch.float32)
     model.train()
@@ -150,6 +152,91 @@ def layer_bytes(case: dict) -> dict:
     return {"layers": rows, "hidden": int(model.config.hidden_size), "model_class": type(model).__name__}
 
 
+class _FlashCrossEntropyStandIn(torch.autograd.Function):
+    """flash_attn's Triton CrossEntropyLoss (flash_attn/ops/triton/cross_entropy.py), which verl's and SkyRL's
+    logprobs_from_logits call when flash_attn is installed: the forward allocates the fp32 losses and logsumexp per
+    row and saves the logits as given (bf16), the lse and the labels; the backward writes the gradient into the
+    saved logits when inplace_backward (verl without entropy, SkyRL always) and returns that buffer. The kernels
+    have no CPU build; they allocate nothing per logit, so the stand-in allocates only what they do."""
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        losses = torch.empty(logits.shape[0], dtype=torch.float32)
+        lse = torch.empty(logits.shape[0], dtype=torch.float32)
+        ctx.save_for_backward(logits, lse, labels)
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        logits, _, _ = ctx.saved_tensors
+        return logits, None
+
+
+def step_peak(case: dict) -> dict:
+    """One training step as verl's FSDP engine runs it, the peak of rank 0 of a fake process group of `world`
+    ranks by category (FSDPMemTracker, over the second step: the first creates the optimizer state). fully_shard
+    as verl/utils/fsdp_utils.py apply_fsdp2 (each `_no_split_modules` layer, the embedding when untied, then the
+    root, MixedPrecisionPolicy bf16 params / fp32 reduce), the packed row's logits divided in place by the
+    temperature and fed to the flash cross-entropy (log-probs of the next tokens), a per-token policy loss, AdamW,
+    and zero_grad() (set_to_none, torch's default) after the step."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    global _PG_WORLD
+    world = case["world"]
+    if _PG_WORLD is None:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        _PG_WORLD = world
+    if _PG_WORLD != world:
+        raise ValueError("one fake process group per run: keep `world` the same in every step case")
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    tokens = case["tokens"]
+    with FakeTensorMode():
+        model = build(case, dtype=torch.float32)
+        kwargs = {"mesh": mesh, "reshard_after_forward": True,
+                  "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32,
+                                                    cast_forward_inputs=True)}
+        wrap = set(model._no_split_modules)
+        for module in [m for m in model.modules() if type(m).__name__ in wrap or (
+                isinstance(m, torch.nn.Embedding) and not model.config.tie_word_embeddings)]:
+            fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        ids = torch.randint(0, 1000, (1, tokens))
+        positions = torch.arange(tokens).unsqueeze(0)
+        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
+        tracker = type("HigherOrderFSDPMemTracker", (FSDPMemTracker,),
+                       {"supports_higher_order_operators": True})(model, optimizer)
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for step in range(2):
+                logits = model(input_ids=ids, attention_mask=None, position_ids=positions, use_cache=False).logits
+                logits = logits.squeeze(0)
+                logits.div_(case.get("temperature", 1.0))
+                log_probs = -_FlashCrossEntropyStandIn.apply(logits, labels)
+                del logits
+                loss = -(log_probs.exp() * torch.ones_like(log_probs)).mean()  # a per-token policy loss
+                del log_probs
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=case.get("set_to_none", True))
+                if step == 0:
+                    tracker.reset_mod_stats()
+        peak = tracker.get_tracker_snapshot("peak")
+        device = next(iter(peak))
+        by_kind = {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
+    return {"peak": by_kind, "world": world, "set_to_none": case.get("set_to_none", True),
+            "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size),
+            "tied": bool(model.config.tie_word_embeddings)}
+
+
+_PG_WORLD = None
+
+
 def main() -> None:
     import transformers
 
@@ -159,7 +246,7 @@ def main() -> None:
     for case in request["cases"]:
         start = time.perf_counter()
         try:
-            out = layer_bytes(case)
+            out = step_peak(case) if case.get("kind") == "step" else layer_bytes(case)
             out["ok"] = True
         except Exception as exc:  # reported per case, so one failing model does not hide the others
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -399,26 +399,39 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     foreach_reduce copies its unsharded grads into the reduce-scatter input (`gathered_layers` x `gathered_bytes`).
     The output unit's loss peaks in the cross-entropy's backward, before the unit's pre_backward hook (registered on
     its outputs) fires, so nothing is prefetched yet; its parameters stay gathered from its forward
-    (reshard_after_forward=False in torchtitan's apply_fsdp_to_decoder). A unit that reduces inside the chunked loss
+    (reshard_after_forward=False in torchtitan's apply_fsdp_to_decoder), unless the trainer resharded it after the
+    forward (`output_resharded_at_loss`). A unit that reduces inside the chunked loss
     (`in_loss`) does so once per chunk with its parameters gathered, the previous chunk's reduce-scatter input held and
     the chunk's `kept` logits alive; its buffers are gone by the time the decoder's backward starts. With
     `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
-    only after its own reduce-scatter, so the units not yet reduced are absent."""
+    only after its own reduce-scatter, so the units not yet reduced are absent. With `output_held_bytes` the output
+    unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
+    end-of-backward callback: its gathered parameters and unsharded gradients stay through every later moment, and
+    its reduce-scatter comes last, after the embedding's."""
     out = []
+    root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
     for k in range(len(units) - 1, -1, -1):
         u = units[k]
         before = held_other + sum(v.stored for v in units[:k])
         prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
-        absent = sum(v.grads for v in units[:k + 1]) if grads_absent else 0.0
-        gathered = conv.unsharded_param_bytes * u.params
+        held = conv.output_held_bytes * root.params if root and u is not root else 0.0
+        absent = (sum(v.grads for v in units[:k + 1]) + (root.grads if held else 0.0)) if grads_absent else 0.0
+        gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
         last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
-        retained = conv.retained_reduce_bytes * last.params if last else 0.0
+        retained = conv.retained_reduce_bytes * last.params if last and last is not root else 0.0
         out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
-                              gathered + (0.0 if u.loss else prefetch) + retained, absent))
+                              gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
+        if u is root:
+            continue
         reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
         out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
-                              reduce + (gathered + retained if u.in_loss else 0.0), absent))
+                              reduce + (gathered + retained if u.in_loss else 0.0) + held, absent))
+    if root:
+        retained = conv.retained_reduce_bytes * units[0].params if len(units) > 1 else 0.0
+        out.append(StepMoment(f"{root.name} reduce-scatter (end of backward)", held_other,
+                              conv.gathered_layers * conv.gathered_bytes * root.params + retained,
+                              root.grads if grads_absent else 0.0))
     return out
 
 

@@ -62,6 +62,9 @@ class Convention(_Card):
     grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
     freed_grads_stay_reserved: bool = False  # those freed gradients stay cached in the reduce-scatter stream's pool
     output_reduce_in_loss: bool = False  # the output unit reduce-scatters inside the (chunked) loss's backward
+    output_resharded_at_loss: bool = False  # the output unit's params were freed after its forward (none at the loss)
+    # per output-unit parameter held from its backward to the end of the backward (root unit: params and grads)
+    output_held_bytes: float = Field(0, ge=0)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
     pipeline_partition: Literal["even", "compute_balanced"] = "even"

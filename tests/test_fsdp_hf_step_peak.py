@@ -1,0 +1,54 @@
+"""verl's and SkyRL's FSDP2 step (cards/memory.yaml fsdp2_hf): the root unit [norm, lm_head] is resharded after its
+forward and reduced only at the end of the backward (memory.fsdp_backward_moments output_resharded_at_loss,
+output_held_bytes), and the loss keeps 8 B per logit; by hand, and through estimate_memory."""
+
+from __future__ import annotations
+
+from meshplan.memory import FsdpUnit, fsdp_backward_moments, fsdp_step_peak
+from meshplan.memory_states import memory_card
+
+
+def conv(**update):
+    """fsdp2_hf's walk with round byte counts (as tests/test_fsdp_step_peak.py) and the root held 4 B per param."""
+    base = {"step_peak": "backward_walk", "unsharded_param_bytes": 2, "gathered_layers": 1, "gathered_bytes": 6,
+            "prefetched_bytes": 2, "retained_reduce_bytes": 4, "output_reduce_in_loss": False,
+            "output_resharded_at_loss": True, "output_held_bytes": 4}
+    return memory_card().conventions["fsdp2_hf"].model_copy(update=base | update)
+
+
+UNITS = [FsdpUnit("embedding", 10, 1, grads=1), FsdpUnit("layer 0", 20, 100, grads=2),
+         FsdpUnit("layer 1", 1000, 300, grads=100), FsdpUnit("output", 5, 40, grads=0.5, loss=True)]
+
+
+def test_every_moment_by_hand():
+    got = {m.name: (m.activations, m.transient, m.absent_grads) for m in fsdp_backward_moments(conv(), UNITS, 0, True)}
+    held = 4 * 5  # the root's bf16 params and grads, from its backward to the end
+    assert got == {
+        # resharded after the forward: nothing gathered at the loss; every grad absent
+        "output backward": (1 + 100 + 300 + 40, 0, 103.5),
+        # no reduce-scatter of the root here, so nothing retained into layer 1
+        "layer 1 backward": (401, 2 * 1000 + 2 * 20 + held, 103.5),
+        "layer 1 reduce-scatter": (101, 6 * 1000 + 2 * 20 + held, 103.5),
+        "layer 0 backward": (101, 2 * 20 + 2 * 10 + 4 * 1000 + held, 3.5),
+        "layer 0 reduce-scatter": (1, 6 * 20 + 2 * 10 + held, 3.5),
+        "embedding backward": (1, 2 * 10 + 4 * 20 + held, 1.5),
+        "embedding reduce-scatter": (0, 6 * 10 + held, 1.5),
+        # the end-of-backward callback: the root's grads into their fp32 input, the embedding's input still held
+        "output reduce-scatter (end of backward)": (0, 6 * 5 + 4 * 10, 0.5),
+    }
+
+
+def test_without_the_fields_the_root_is_walked_as_torchtitans_output_unit():
+    plain = {m.name: m.transient for m in fsdp_backward_moments(
+        conv(output_resharded_at_loss=False, output_held_bytes=0), UNITS, 0, False)}
+    assert plain["output backward"] == 2 * 5
+    assert plain["layer 1 backward"] == 2 * 1000 + 2 * 20 + 4 * 5
+    assert "output reduce-scatter" in plain and "output reduce-scatter (end of backward)" not in plain
+
+
+def test_held_root_decides_when_it_is_large():
+    """A root of 2,000 params held at 4 B lifts layer 1's reduce-scatter past the loss: 101 + 6,040 + 8,000."""
+    units = [*UNITS[:3], FsdpUnit("output", 2000, 40, grads=250, loss=True)]
+    peak = fsdp_step_peak(conv(), units, 0, grads_absent=False, reserve_fraction=0.0)
+    assert (peak.name, peak.activations, peak.transient) == ("layer 1 reduce-scatter", 101, 6040 + 8000)
+
