@@ -4,8 +4,11 @@ output_held_bytes), and the loss keeps 8 B per logit; by hand, and through estim
 
 from __future__ import annotations
 
-from meshplan.memory import FsdpUnit, fsdp_backward_moments, fsdp_step_peak
+from meshplan.hardware import get_gpu
+from meshplan.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak
 from meshplan.memory_states import memory_card
+from meshplan.request import resolve
+from meshplan.schema import Job, Plan, Request
 
 
 def conv(**update):
@@ -52,3 +55,16 @@ def test_held_root_decides_when_it_is_large():
     peak = fsdp_step_peak(conv(), units, 0, grads_absent=False, reserve_fraction=0.0)
     assert (peak.name, peak.activations, peak.transient) == ("layer 1 reduce-scatter", 101, 6040 + 8000)
 
+
+def test_verl_step_walks_with_8_bytes_per_logit():
+    card = memory_card().conventions["fsdp2_hf"]
+    assert (card.step_peak, card.logits_bytes_per_element, card.output_held_bytes) == ("backward_walk", 8, 4)
+    assert card.grads_set_to_none and card.output_resharded_at_loss
+    arch = resolve(Request(model="llama-3.1-8b", framework="verl"))[0].model
+    job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=8192,
+              global_batch_size=8, framework="verl")
+    stage = estimate_memory(job, Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")).stages[0]
+    tokens, hidden, vocab = 8192, arch.hidden_size, arch.vocab_size
+    assert stage.detail["logits_and_loss"] == int(8 * tokens * vocab + 8 * tokens * hidden)
+    # one micro-batch, set to None: at the loss every sharded gradient is still absent (and reserved)
+    assert stage.detail["gradients_absent_at_peak"] == stage.detail["freed_gradients_reserved"] > 0

@@ -128,9 +128,9 @@ def test_torchtitan_deepseek_cut_peaks_in_the_moe_units_reduce():
 
 
 def test_conventions_that_do_not_walk_are_unchanged():
-    """verl's FSDP preset (fsdp2_hf) keeps the worst unit's transient on top of every activation: the stage's
-    activations are all of them, and no gradient is left out."""
-    job = cut_job("llama-3.1-8b", 4, 8192, 1, "verl", None)
+    """Megatron-FSDP's preset (megatron_fsdp) keeps the worst unit's transient on top of every activation: the
+    stage's activations are all of them, and no gradient is left out."""
+    job = cut_job("llama-3.1-8b", 4, 8192, 1, "megatron-core", None)
     stage = estimate_memory(job, Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")).stages[0]
     d = stage.detail
     assert "gradients_absent_at_peak" not in d and "freed_gradients_reserved" not in d
