@@ -65,13 +65,10 @@ def trace(case: dict) -> list:
 
     import fake_tensor_harness as harness
     import torch
-    import torch.distributed as dist
     import torch.distributed.fsdp._fully_shard._fsdp_collectives as collectives
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import _UpdateType
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     source, first = inspect.getsourcelines(collectives.foreach_reduce)
@@ -90,8 +87,7 @@ def trace(case: dict) -> list:
         return "default"
 
     harness.cpu_stand_ins()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case["world"])
-    mesh = init_device_mesh("cpu", (case["world"],), mesh_dim_names=("fsdp",))
+    mesh = harness.fake_fsdp_mesh(case["world"])
     cfg = harness.model_config("llama3-8b", list(range(case["layers"])), case["seq"])
     events: list = []
     live: dict[int, int] = {}

@@ -285,25 +285,39 @@ def _tensors(masks):
 _PG_WORLD: int | None = None
 
 
-def step_peak(case: dict, wheel: Path | None) -> dict:
-    """One training step (forward, the trainer's chunked loss, backward, AdamW step) with torchtitan's FSDP2
-    (apply_fsdp_to_decoder: bf16 params, fp32 reduce) over a fake process group of `world` ranks; the peak of
-    rank 0 by category, from FSDPMemTracker over the second step (the first one creates the optimizer state)."""
+def fake_fsdp_mesh(world: int):
+    """A one-dimensional "fsdp" device mesh over a fake process group of `world` ranks, this process rank 0; a
+    process holds one such group, so every step case of a run keeps the same `world`."""
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torchtitan.components.loss import ChunkedLossWrapper
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     global _PG_WORLD
-    world = case["world"]
     if _PG_WORLD is None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
         _PG_WORLD = world
     if _PG_WORLD != world:
         raise ValueError("one fake process group per run: keep `world` the same in every step case")
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    return init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+
+
+def peak_by_category(tracker) -> dict[str, int]:
+    """The tracker's peak snapshot on its one device, bytes by category (parameters, gradients, activations...)."""
+    peak = tracker.get_tracker_snapshot("peak")
+    device = next(iter(peak))
+    return {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
+
+
+def step_peak(case: dict, wheel: Path | None) -> dict:
+    """One training step (forward, the trainer's chunked loss, backward, AdamW step) with torchtitan's FSDP2
+    (apply_fsdp_to_decoder: bf16 params, fp32 reduce) over a fake process group of `world` ranks; the peak of
+    rank 0 by category, from FSDPMemTracker over the second step (the first one creates the optimizer state)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtitan.components.loss import ChunkedLossWrapper
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    world = case["world"]
+    mesh = fake_fsdp_mesh(world)
     arch, seq, batch = case["arch"], case["seq"], case["batch"]
     cfg = model_config(arch, case["layers"], seq)
     with FakeTensorMode():
@@ -336,9 +350,7 @@ def step_peak(case: dict, wheel: Path | None) -> dict:
                 optimizer.zero_grad(set_to_none=case.get("set_to_none", False))
                 if step == 0:
                     tracker.reset_mod_stats()
-        peak = tracker.get_tracker_snapshot("peak")
-        device = next(iter(peak))
-        by_kind = {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
+        by_kind = peak_by_category(tracker)
     return {"peak": by_kind, "world": world, "chunked_loss": chunked, "set_to_none": case.get("set_to_none", False)}
 
 

@@ -35,6 +35,10 @@ import warnings
 
 import torch
 
+# torchtitan's harness (this folder, on sys.path as the script's own): the tracker subclass, the fake process group
+# and the peak read-out, shared; it imports only torch at module level
+from fake_tensor_harness import fake_fsdp_mesh, peak_by_category, tracker_class
+
 warnings.filterwarnings("ignore")
 
 BF16 = torch.bfloat16
@@ -91,12 +95,6 @@ def register_stand_in() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(STAND_IN, flash_attention_mask)
 
 
-def tracker_class():
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    return type("HigherOrderMemTracker", (MemTracker,), {"supports_higher_order_operators": True})
-
-
 def build(case: dict, dtype=BF16):
     """The HF causal-LM class of the config.json fields, cut to `num_layers` decoder layers, on fake tensors (bf16,
     or fp32 for a training step: verl's FSDP engine loads the actor in fp32 and computes in bf16 by FSDP2's
@@ -132,7 +130,7 @@ def layer_bytes(case: dict) -> dict:
         base = model.model
         ids = torch.randint(0, 1000, (1, tokens))
         positions = torch.arange(tokens).unsqueeze(0)
-        tracker = tracker_class()()
+        tracker = tracker_class(fsdp=False)()
         tracker.track_external(model, ids, positions)
         with tracker:
             out = base(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
@@ -179,21 +177,11 @@ def step_peak(case: dict) -> dict:
     root, MixedPrecisionPolicy bf16 params / fp32 reduce), the packed row's logits divided in place by the
     temperature and fed to the flash cross-entropy (log-probs of the next tokens), a per-token policy loss, AdamW,
     and zero_grad() (set_to_none, torch's default) after the step."""
-    import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    global _PG_WORLD
     world = case["world"]
-    if _PG_WORLD is None:
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-        _PG_WORLD = world
-    if _PG_WORLD != world:
-        raise ValueError("one fake process group per run: keep `world` the same in every step case")
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    mesh = fake_fsdp_mesh(world)
     tokens = case["tokens"]
     with FakeTensorMode():
         model = build(case, dtype=torch.float32)
@@ -209,8 +197,7 @@ def step_peak(case: dict) -> dict:
         ids = torch.randint(0, 1000, (1, tokens))
         positions = torch.arange(tokens).unsqueeze(0)
         labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
-        tracker = type("HigherOrderFSDPMemTracker", (FSDPMemTracker,),
-                       {"supports_higher_order_operators": True})(model, optimizer)
+        tracker = tracker_class(fsdp=True)(model, optimizer)
         tracker.track_external(model, optimizer)
         with tracker:
             for step in range(2):
@@ -226,15 +213,11 @@ def step_peak(case: dict) -> dict:
                 optimizer.zero_grad(set_to_none=case.get("set_to_none", True))
                 if step == 0:
                     tracker.reset_mod_stats()
-        peak = tracker.get_tracker_snapshot("peak")
-        device = next(iter(peak))
-        by_kind = {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
+        by_kind = peak_by_category(tracker)
     return {"peak": by_kind, "world": world, "set_to_none": case.get("set_to_none", True),
             "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size),
             "tied": bool(model.config.tie_word_embeddings)}
 
-
-_PG_WORLD = None
 
 
 def main() -> None:
