@@ -99,7 +99,7 @@ def newton_schulz_seconds(arch: Architecture, shard: Shard, kinds: list[bool], m
 def matrix_params(arch: Architecture, shard: Shard, kinds: list[bool], muon: MuonFacts) -> tuple[float, float]:
     """The stage's matrix parameters this rank holds (its own TP shards), dense and routed: what Muon updates in
     place of Adam (the rest, embeddings, norms and biases, keep Adam)."""
-    local = MuonFacts(tp_mode="blockwise", ns_steps=muon.ns_steps, split_qkv=False, source=muon.source)
+    local = muon.model_copy(update={"tp_mode": "blockwise"})  # this rank's own shards; the QKV split keeps its size
     dense = expert = 0.0
     for is_moe in (False, True):
         n = kinds.count(is_moe)
