@@ -16,7 +16,7 @@ def time_batch(command: str, lines: list[str]) -> tuple[list[dict], float]:
         path = Path(tmp) / "batch.jsonl"
         path.write_text("\n".join(lines) + "\n")
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "meshplan.cli", command, "--batch", str(path)],
+        proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", command, "--batch", str(path)],
                               capture_output=True, text=True)
         elapsed = time.perf_counter() - start
     # Exit 1: a check found an error; 2: a line failed. Both still answer every line, in order.

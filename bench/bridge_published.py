@@ -37,11 +37,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from meshplan.calibration import calibration
-from meshplan.errors import MeshplanError
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput_accuracy import DEFAULT_VALIDATION, Case, classic_cases, golden_cases

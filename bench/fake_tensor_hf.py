@@ -32,11 +32,11 @@ from pathlib import Path
 
 import yaml
 
-from meshplan.hardware import get_gpu
-from meshplan.memory import estimate_memory
-from meshplan.memory_states import memory_card
-from meshplan.request import resolve
-from meshplan.schema import Architecture, Job, Plan, Request
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Architecture, Job, Plan, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

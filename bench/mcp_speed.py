@@ -37,10 +37,10 @@ def quantiles(samples: list[float]) -> dict[str, float]:
 async def in_process(calls: int) -> dict[str, dict[str, float]]:
     """One tools/call through the SDK's in-memory Client (full MCP handling, no pipe), and the bare API call."""
     from mcp import Client
-    from meshplan.mcp_server.server import app
 
     from meshplan import api
-    from meshplan.schema import Request
+    from meshplan.faces.mcp.server import app
+    from meshplan.schema.contract import Request
 
     out = {}
     async with Client(app) as client:
@@ -66,7 +66,7 @@ async def in_process(calls: int) -> dict[str, dict[str, float]]:
 
 class Pipe:
     def __init__(self, cwd: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "meshplan.mcp_server"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.mcp"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env={}, text=True,
                                      bufsize=1)
 
@@ -141,7 +141,7 @@ def main() -> None:
     results["CPU: import the mcp SDK server only"] = quantiles(
         [import_cpu("import mcp.server, mcp.server.stdio") for _ in range(args.launches)])
     results["CPU: import and build meshplan's server"] = quantiles(
-        [import_cpu("import meshplan.mcp_server.server") for _ in range(args.launches)])
+        [import_cpu("import meshplan.faces.mcp.server") for _ in range(args.launches)])
     results["load_average_1min"] = [load_before, os.getloadavg()[0]]
     results["cpus"] = os.cpu_count()
 

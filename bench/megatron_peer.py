@@ -11,7 +11,8 @@ print_rank_0 prints). No torch, no GPU.
 
 Each row's meshplan Job/Plan becomes the `args` Namespace the function reads (`peer_args`): the model's
 shapes (hidden, layers, heads, GQA groups, kv_channels, FFN, swiglu, norm, Megatron's padded vocabulary from
-meshplan.schedule.padded_vocab with the framework's padding multiple, untied embeddings, MoE experts / top-k /
+meshplan.arithmetic.schedule.padded_vocab with the framework's padding multiple, untied embeddings, MoE experts /
+top-k /
 expert FFN / shared-expert FFN / the 0-1 moe_layer_freq list, MLA ranks and head dims, MTP layers) and the
 layout (tp, pp, vpp, ep, etp, world size, data-parallel size = world / (tp*pp*cp) as Megatron sets it,
 sequence parallelism, recompute granularity, the distributed optimizer = ZeRO >= 1, sequence, micro-batch);
@@ -56,11 +57,11 @@ import memory_accuracy  # noqa: E402
 import production_configs  # noqa: E402
 from framework_packages import PINS, wheel_tree  # noqa: E402
 
-from meshplan.memory import estimate_memory  # noqa: E402
-from meshplan.memory_states import convention, memory_card  # noqa: E402
-from meshplan.request import resolve  # noqa: E402
-from meshplan.schedule import padded_vocab  # noqa: E402
-from meshplan.schema import Job, Plan  # noqa: E402
+from meshplan.arithmetic.memory_states import convention, memory_card  # noqa: E402
+from meshplan.arithmetic.schedule import padded_vocab  # noqa: E402
+from meshplan.estimate.memory import estimate_memory  # noqa: E402
+from meshplan.request.resolve import resolve  # noqa: E402
+from meshplan.schema.contract import Job, Plan  # noqa: E402
 
 GIB = 1 << 30
 MB = 1 << 20  # the function's NUM_BYTES_IN_MEGABYTE

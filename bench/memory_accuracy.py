@@ -26,11 +26,11 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
-from meshplan.errors import MeshplanError
-from meshplan.hardware import get_gpu
-from meshplan.memory import estimate_memory
-from meshplan.memory_states import memory_card
-from meshplan.schema import Architecture, Job, MemoryReport, MLASpec, MoESpec, Plan
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.schema.contract import Architecture, Job, MemoryReport, MLASpec, MoESpec, Plan
 
 GIB = 1 << 30
 DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"

@@ -30,11 +30,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshplan.calibration import calibration
-from meshplan.errors import MeshplanError
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Job, Plan
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Job, Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_published as bp

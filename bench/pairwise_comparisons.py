@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import production_configs as pc  # bench scripts are not a package
 
 from meshplan import api
-from meshplan.errors import MeshplanError
-from meshplan.schema import Request
+from meshplan.core.errors import MeshplanError
+from meshplan.schema.contract import Request
 
 DATA_NAME = "pairwise_comparisons_dev.yaml"
 APART = 0.05  # pairs measured more than this apart are ordered (the threshold)

@@ -5,7 +5,7 @@ configurations, each with its model, hardware, workload, parallelism, memory set
 gives them, measured throughput and peak memory). Every item really ran or is an official recipe.
 
 Method (no per-row constants, nothing fitted):
-- Each row becomes one `meshplan.schema.Request`, the object every face of meshplan takes, and is scored
+- Each row becomes one `meshplan.schema.contract.Request`, the object every face of meshplan takes, and is scored
   through `meshplan.api` (check_config, estimate_memory, estimate_throughput), as a user would call them.
   - model: the catalog key whose architecture agrees with every model field the row states (layers, hidden,
     FFN, heads, KV heads, vocabulary, experts, top-k, expert FFN, shared experts, dense layers, MLA); among
@@ -70,17 +70,17 @@ from typing import Any, get_args
 import yaml
 
 from meshplan import api
-from meshplan.cards import framework_card, model_card, model_card_names
-from meshplan.errors import MeshplanError
-from meshplan.flops import model_flops_per_token
-from meshplan.hardware import get_gpu, gpu_catalog
-from meshplan.memory_states import memory_card
-from meshplan.models import catalog_architecture, resolve_model
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.rulebook import memory_rules
-from meshplan.schedule import format_layout, parse_layout
-from meshplan.schema import FRAMEWORKS, Architecture, RecomputeModule, Request
+from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.arithmetic.schedule import format_layout, parse_layout
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.cards import framework_card, model_card, model_card_names
+from meshplan.knowledge.hardware import get_gpu, gpu_catalog
+from meshplan.knowledge.models import catalog_architecture, resolve_model
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import memory_rules
+from meshplan.schema.contract import FRAMEWORKS, Architecture, RecomputeModule, Request
 
 GIB = 1 << 30
 GB = 10**9

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 
-from meshplan.knowledge import CheckedLayout, DiffersFromSearch, strategies_card
-from meshplan.memory import estimate_memory
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.rules import check_config
-from meshplan.schema import Request
+from meshplan.check.config import check_config
+from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.tables import CheckedLayout, DiffersFromSearch, strategies_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 from meshplan.search import recommend
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers", "last_stage_layers")
@@ -92,7 +92,7 @@ def knobs(plan) -> str:
 def gap_lines(row: dict) -> list[str]:
     """Where the recipe (degrees pinned, best knobs) and the search's pick differ: each part of the step, largest
     difference first, and each side's terms with the measured runs behind them (cards/accuracy.yaml)."""
-    from meshplan.accuracy import accuracy_card, terms
+    from meshplan.estimate.accuracy import accuracy_card, terms
 
     recipe, pick = row["sides"]
     counts = accuracy_card().throughput.terms

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 from meshplan.adapters import TARGETS, render
-
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 
 def main(n: int = 200) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from meshplan import api
-from meshplan.request import parse_request
+from meshplan.request.resolve import parse_request
 
 GB = 10**9
 DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"

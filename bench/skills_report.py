@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from meshplan import docs
+from meshplan.faces import docs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -29,12 +29,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshplan.calibration import Calibration, calibration
-from meshplan.errors import MeshplanError
-from meshplan.flops import noncausal_flops_per_token
-from meshplan.hardware import get_gpu
-from meshplan.perf import estimate_throughput
-from meshplan.schema import Architecture, Job, Plan
+from meshplan.arithmetic.flops import noncausal_flops_per_token
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import Calibration, calibration
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.schema.contract import Architecture, Job, Plan
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_VALIDATION = HERE.parent.parent / "shared" / "validation"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.schema import (
+from meshplan.schema.contract import (
     CheckReport,
     MemoryReport,
     MinimumGpus,
@@ -23,48 +23,48 @@ from meshplan.schema import (
 
 
 def describe_model(model: str) -> ModelReport:
-    from meshplan.models import describe_model as describe
+    from meshplan.knowledge.models import describe_model as describe
 
     return describe(model)
 
 
 def list_models() -> list[ModelSummary]:
-    from meshplan.models import model_summaries
+    from meshplan.knowledge.models import model_summaries
 
     return model_summaries()
 
 
 def estimate_memory(req: Request) -> MemoryReport:
-    from meshplan.accuracy import with_band
-    from meshplan.request import resolve
-    from meshplan.rollout import job_memory as estimate  # an RL job: the peak over its phases
+    from meshplan.estimate.accuracy import with_band
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.rollout import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(req)
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
 
 
 def estimate_throughput(req: Request) -> ThroughputReport:
-    from meshplan.accuracy import with_band
-    from meshplan.request import resolve
-    from meshplan.rollout import job_throughput as estimate  # an RL job: the whole RL step, by part
+    from meshplan.estimate.accuracy import with_band
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.rollout import job_throughput as estimate  # an RL job: the whole RL step, by part
 
     job, plan = resolve(req)
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
 
 
 def check_config(req: Request) -> CheckReport:
-    from meshplan.request import resolve
-    from meshplan.rules import check_config as check
+    from meshplan.check.config import check_config as check
+    from meshplan.request.resolve import resolve
 
     job, plan = resolve(req)
     return check(job, plan)
 
 
 def recommend(req: Request, top_k: int = 5) -> Recommendation:
-    from meshplan.rollout import is_rl_request
+    from meshplan.rl.rollout import is_rl_request
 
     if is_rl_request(req):  # the whole RL step: actor layout, rollout engine, memory fraction, offloads
-        from meshplan.rollout_search import recommend_rl
+        from meshplan.search.rl import recommend_rl
 
         return recommend_rl(req, top_k=top_k)
     from meshplan.search import recommend as search
@@ -84,8 +84,8 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     that does not fit) raises `RefusedLayout` with the findings and their fixes, unless `force`; then, and for
     warnings, the findings travel in `warnings`."""
     from meshplan.adapters.render import render, require_target, vet_layout
-    from meshplan.request import resolve
-    from meshplan.rules import check_config as check
+    from meshplan.check.config import check_config as check
+    from meshplan.request.resolve import resolve
 
     require_target(framework)
     job, plan = resolve(req.model_copy(update={"framework": framework}))

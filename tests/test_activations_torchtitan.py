@@ -10,9 +10,16 @@ from pathlib import Path
 from test_fake_tensor_memory import T as HARNESS_TOKENS
 from test_fake_tensor_memory import no_recompute_bytes
 
-from meshplan.activations import MOE_BYTES, AttentionSaves, Layout, attention_saves, layer_activations, shape_of
-from meshplan.memory_states import memory_card
-from meshplan.models import resolve_model
+from meshplan.arithmetic.activations import (
+    MOE_BYTES,
+    AttentionSaves,
+    Layout,
+    attention_saves,
+    layer_activations,
+    shape_of,
+)
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.knowledge.models import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

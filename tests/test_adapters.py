@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from meshplan.adapters.capabilities import KNOBS, adapter_section, knob_table, knobs_in_use
 from meshplan.adapters.parse import parse_plan, shell_tokens
 from meshplan.adapters.render import TARGETS, render
-
-from meshplan.errors import MeshplanError
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -161,7 +161,8 @@ CASES: list[tuple[str, str | None, dict]] = [
                         recompute="selective", recompute_modules=["core_attn", "mlp"])),
     ("skyrl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, global_batch_size=512,
                          recompute="selective", recompute_modules=["mlp"])),
-    # LoRA (meshplan/lora.py): Megatron-Bridge's peft config, verl's and SkyRL's model LoRA fields, both engines.
+    # LoRA (meshplan/arithmetic/lora.py): Megatron-Bridge's peft config, verl's and SkyRL's model LoRA fields, both
+    # engines.
     ("megatron-bridge", None, dict(model="llama-3.1-70b", num_gpus=8, tp=2, pp=4, vpp=20, global_batch_size=32,
                                    precision="fp8", fp8_recipe="tensorwise", lora_rank=16,
                                    lora_targets=["linear_qkv"])),
@@ -591,11 +592,12 @@ def test_golden_files_match():
 
 
 def test_cli_render_prints_the_snippet_and_json(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "render", "torchtitan", "llama-3.1-8b",
+    proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "render", "torchtitan", "llama-3.1-8b",
                            "--num-gpus", "8", "--tp", "2", "--json"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert '"framework": "torchtitan"' in proc.stdout and "--parallelism.tensor_parallel_degree 2" in proc.stdout
-    etp = [sys.executable, "-m", "meshplan.cli", "render", "torchtitan", "--model", "qwen3-30b-a3b", "--num-gpus", "16",
+    etp = [sys.executable, "-m", "meshplan.faces.cli", "render", "torchtitan", "--model", "qwen3-30b-a3b",
+           "--num-gpus", "16",
            "--ep", "8", "--etp", "2"]
     proc = subprocess.run(etp, capture_output=True, text=True)  # the rules refuse it first (TT001): exit 1
     assert proc.returncode == 1 and "TT001" in proc.stderr and "expert_tensor_parallel_degree" in proc.stderr

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan import perf
 from meshplan.api import estimate_throughput
-from meshplan.calibration import calibration
-from meshplan.flops import Gemm
-from meshplan.perf import ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS, async_tp_cost, gemm_efficiency
-from meshplan.schema import Request
+from meshplan.arithmetic.flops import Gemm
+from meshplan.estimate import perf
+from meshplan.estimate.perf import ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS, async_tp_cost, gemm_efficiency
+from meshplan.knowledge.calibration import calibration
+from meshplan.schema.contract import Request
 
 
 def test_async_tp_cost_exact_cases():

@@ -4,16 +4,16 @@ keys each renders to and reads back from, the refusals with the nearest knob, an
 from __future__ import annotations
 
 import pytest
-from meshplan.adapters.parse import parse_plan
-from meshplan.adapters.render import render
 
 from meshplan import api
-from meshplan.calibration import calibration
-from meshplan.errors import MeshplanError
-from meshplan.memory import estimate_memory
-from meshplan.perf import attention_efficiency, estimate_throughput
-from meshplan.request import parse_request, resolve
-from meshplan.schema import Request
+from meshplan.adapters.parse import parse_plan
+from meshplan.adapters.render import render
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import parse_request, resolve
+from meshplan.schema.contract import Request
 
 BASE = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, global_batch_size=8, micro_batch_size=1, recompute="none")
 

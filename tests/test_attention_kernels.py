@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.calibration import attention_fraction, calibration, calibration_card
-from meshplan.cards import CardError, framework_card
-from meshplan.flops import Shard, attention_core_flops
-from meshplan.perf import attention_efficiency, estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.flops import Shard, attention_core_flops
+from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.knowledge.calibration import attention_fraction, calibration, calibration_card
+from meshplan.knowledge.cards import CardError, framework_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 
 def _job(gpu: str, framework: str = "torchtitan", version: str | None = None, seq: int = 32768):
@@ -42,7 +42,7 @@ def test_attention_fraction_reads_the_kernel_table_else_the_shared_constant():
 
 
 def test_every_kernel_a_card_names_is_in_the_table():
-    from meshplan.card_files import framework_names
+    from meshplan.core.card_files import framework_names
 
     kernels = set(calibration_card().attention_kernels)
     for name in framework_names():
@@ -85,7 +85,7 @@ def test_same_step_on_ampere_whichever_kernel():
 
 
 def test_estimate_only_release_is_accepted_and_an_unknown_one_refused():
-    from meshplan.errors import MeshplanError
+    from meshplan.core.errors import MeshplanError
 
     job, _ = _job("h100", version="0.1")
     assert job.framework_version == "0.1.0"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.flops import model_flops_per_token
+from meshplan.arithmetic.flops import model_flops_per_token
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bridge_published import cases

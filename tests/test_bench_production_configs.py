@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.schedule import layout_problem
+from meshplan.arithmetic.schedule import layout_problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_configs as pc

@@ -2,13 +2,13 @@
 
 import pytest
 
-from meshplan.cards import CardError, ModelCard, card_names, framework_card, validate_card
-from meshplan.errors import MeshplanError
-from meshplan.hardware import get_gpu, gpu_catalog
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import CardError, ModelCard, card_names, framework_card, validate_card
+from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 
 
 def test_every_model_and_framework_card_loads():
-    from meshplan.models import catalog_architecture, catalog_keys
+    from meshplan.knowledge.models import catalog_architecture, catalog_keys
 
     for key in catalog_keys():
         catalog_architecture(key)
@@ -46,8 +46,8 @@ def test_unknown_gpu_suggests():
 def test_the_framework_list_is_the_card_files():
     from typing import get_args
 
-    from meshplan.card_files import card_root
-    from meshplan.schema import FRAMEWORKS, Framework
+    from meshplan.core.card_files import card_root
+    from meshplan.schema.contract import FRAMEWORKS, Framework
 
     files = sorted(p.name.removesuffix(".yaml") for p in card_root().joinpath("frameworks").iterdir()
                    if p.name.endswith(".yaml"))
@@ -65,8 +65,8 @@ def _patched(monkeypatch, module, framework: str, **sections):
 
 
 def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card(monkeypatch):
-    import meshplan.memory_states as memory_states
-    import meshplan.rulebook as rulebook
+    import meshplan.arithmetic.memory_states as memory_states
+    import meshplan.rules.engine as rulebook
 
     assert [rulebook.backend_of("verl", z) for z in range(4)] == ["megatron", "megatron", "megatron", "fsdp"]
     assert {rulebook.backend_of("megatron-core", z) for z in range(4)} == {"megatron"}
@@ -82,8 +82,8 @@ def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card(monkeypatch):
 
 
 def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it():
-    from meshplan.request import resolve
-    from meshplan.schema import FRAMEWORKS, Request
+    from meshplan.request.resolve import resolve
+    from meshplan.schema.contract import FRAMEWORKS, Request
 
     etp = {fw: resolve(Request(model="mixtral-8x7b", num_gpus=16, tp=2, framework=fw))[1].etp for fw in FRAMEWORKS}
     assert {fw for fw, value in etp.items() if value == 2} == {"megatron-core", "megatron-bridge", "verl", "skyrl"}
@@ -92,10 +92,10 @@ def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it()
 
 
 def test_mem001_raises_zero_as_far_as_the_card_allows(monkeypatch):
-    import meshplan.rules as rules
-    from meshplan.request import resolve
-    from meshplan.rulebook import Context
-    from meshplan.schema import Request
+    import meshplan.check.config as rules
+    from meshplan.request.resolve import resolve
+    from meshplan.rules.engine import Context
+    from meshplan.schema.contract import Request
 
     def zeros(framework: str, pp: int) -> list[str]:
         job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pp=pp, zero_stage=0, framework=framework))
@@ -110,7 +110,7 @@ def test_mem001_raises_zero_as_far_as_the_card_allows(monkeypatch):
 
 
 def test_flex_dispatcher_support_is_where_the_adapter_renders_it():
-    from meshplan.schema import FRAMEWORKS
+    from meshplan.schema.contract import FRAMEWORKS
 
     assert [fw for fw in FRAMEWORKS if framework_card(fw).flex_dispatcher] == [
         "megatron-bridge", "megatron-core", "skyrl", "verl"]
@@ -118,8 +118,8 @@ def test_flex_dispatcher_support_is_where_the_adapter_renders_it():
 
 
 def test_the_card_limit_is_what_kf001_checks():
-    from meshplan.rulebook import rule_specs
-    from meshplan.schema import FRAMEWORKS
+    from meshplan.rules.engine import rule_specs
+    from meshplan.schema.contract import FRAMEWORKS
 
     forbidding = [fw for fw in FRAMEWORKS if not framework_card(fw).limits.moe_with_pipeline]
     assert forbidding == ["kempnerforge"] and rule_specs()["KF001"].frameworks == forbidding
@@ -136,7 +136,7 @@ def test_the_card_limit_is_what_kf001_checks():
                  "flex_dispatcher": True}}, "search.flex_dispatcher"),
 ])
 def test_a_framework_claim_without_its_source_or_out_of_vocabulary_is_refused(change, complaint):
-    from meshplan.cards import FrameworkCard, read_card
+    from meshplan.knowledge.cards import FrameworkCard, read_card
 
     data = {**read_card("frameworks/nanotron"), **change}
     with pytest.raises(CardError, match=complaint) as exc:

@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from meshplan.cli import main
+from meshplan.faces.cli import main
 
 
 def test_describe_json(capsys):
@@ -23,7 +23,7 @@ def test_models_json_lists_the_catalog(capsys):
 
 
 def test_unknown_model_is_an_error_without_traceback():
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "describe", "no-such-model"],
+    proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "describe", "no-such-model"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Unknown model 'no-such-model'" in proc.stderr
@@ -62,8 +62,8 @@ def test_every_subcommand_help_renders(monkeypatch):
     description (e.g. '30% more') must be escaped, or `meshplan <command> --help` dies with a traceback."""
     import argparse
 
-    from meshplan.cli import build_parser
-    from meshplan.schema import Request
+    from meshplan.faces.cli import build_parser
+    from meshplan.schema.contract import Request
 
     monkeypatch.setattr(Request.model_fields["seq_length"], "description", "tokens per sample (30% more is 1.3x)")
     parser = build_parser()

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from meshplan import __version__
-from meshplan.cli import ECHO_CHARS, MAX_LINE_CHARS, main
-from meshplan.hardware import gpu_catalog
-from meshplan.schema import Request
+from meshplan.faces.cli import ECHO_CHARS, MAX_LINE_CHARS, main
+from meshplan.knowledge.hardware import gpu_catalog
+from meshplan.schema.contract import Request
 
 GOOD = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}
 CHECK_FAILS = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 3}  # TP001: 32 heads over tp=3
@@ -82,7 +82,7 @@ def test_batch_reads_stdin_and_refuses_flags_it_would_ignore(tmp_path, capsys, m
 
 
 def test_batch_through_a_real_process_matches_line_numbers():
-    proc = subprocess.run([sys.executable, "-m", "meshplan.cli", "check", "--batch", "-"],
+    proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "check", "--batch", "-"],
                           input=json.dumps(CHECK_FAILS) + "\n\n" + json.dumps(GOOD) + "\n",
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -93,7 +93,7 @@ def test_batch_through_a_real_process_matches_line_numbers():
 
 
 def _serve(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meshplan.cli", "serve", *args], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "meshplan.faces.cli", "serve", *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -134,7 +134,7 @@ def test_serve_over_http_prints_its_url_and_stops_on_ctrl_c():
 
 
 def test_meshplan_mcp_entry_point_stops_cleanly_too():
-    proc = subprocess.Popen([sys.executable, "-m", "meshplan.mcp_server"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.mcp"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     code, out, err = _stop(proc, "waiting for a client's JSON-RPC")
     assert code in (0, 130) and "Traceback" not in err and out == ""
@@ -194,7 +194,7 @@ def _recommend(capsys, *args: str) -> tuple[dict, str]:
 
 def _folded(row: dict, plan: dict) -> str:
     """How the table names an equivalent: its degrees, its micro-batch and each knob that differs from its row's."""
-    from meshplan.schema import Plan
+    from meshplan.schema.contract import Plan
 
     labels = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
               "moe_token_dispatcher": "dispatcher"}
@@ -223,7 +223,7 @@ def test_recommend_table_shows_every_folded_equivalent_under_its_row(piped80, ca
 
 
 def test_folded_equivalents_wrap_between_items_and_are_never_cut():
-    from meshplan.display import _wrap_items
+    from meshplan.faces.display import _wrap_items
 
     items = ["TP1 PP4 CP2 EP16 DP8 mbs 2", "TP1 PP4 CP4 EP16 DP4 mbs 4", "TP1 PP4 CP8 EP16 DP2 mbs 8"]
     assert _wrap_items("   = also: ", items, 80) == [
@@ -239,8 +239,8 @@ def test_folded_equivalents_wrap_between_items_and_are_never_cut():
 
 
 def test_the_below_headroom_line_takes_its_numbers_from_the_report():
-    from meshplan.display import below_headroom_line
-    from meshplan.schema import Candidate, MemorySummary, Plan, ThroughputBreakdown, ThroughputReport
+    from meshplan.faces.display import below_headroom_line
+    from meshplan.schema.contract import Candidate, MemorySummary, Plan, ThroughputBreakdown, ThroughputReport
 
     gib = 1 << 30
     plan = Plan(tp=2, pp=8, ep=4, etp=2, dp=4, micro_batch_size=4, zero_stage=3, recompute="full")
@@ -266,7 +266,7 @@ def _below_headroom_block(out: str) -> list[str]:
 
 
 def test_recommend_names_the_fastest_layout_under_the_headroom_and_the_headroom_that_ranks_it(piped80, capsys):
-    from meshplan.schema import MemorySummary, Plan
+    from meshplan.schema.contract import MemorySummary, Plan
     from meshplan.search import headroom_that_ranks
 
     # Nothing keeps 10% free: the line stands where the table would, and its --headroom really ranks it first.

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from meshplan.memory import estimate_memory
-from meshplan.memory_states import memory_card, output_activations, with_precision
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.memory_states import memory_card, output_activations, with_precision
+from meshplan.estimate.memory import estimate_memory
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 L8B = dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192, global_batch_size=16, micro_batch_size=2)
 
@@ -56,8 +56,8 @@ def test_estimate_drops_by_the_loss_formula_on_torchtitan_0_2():
 def test_eager_blocks_pay_the_unfused_elementwise_passes():
     """Time: torchtitan with torch_compile off moves eager_elementwise_passes over the activations, compiled (and
     every framework without a compile switch) elementwise_passes; with the two equal the step times agree."""
-    from meshplan.calibration import calibration
-    from meshplan.perf import eager_blocks, estimate_throughput
+    from meshplan.estimate.perf import eager_blocks, estimate_throughput
+    from meshplan.knowledge.calibration import calibration
 
     fields = dict(framework="torchtitan", recompute="selective", **L8B)
     eager, compiled = (resolve(Request(torch_compile=c, **fields)) for c in (False, True))

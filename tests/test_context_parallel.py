@@ -1,14 +1,15 @@
-"""Context parallelism's step-time terms (meshplan/perf.py _cp_time, ring_exposed): exact cases of the ring's per-step
+"""Context parallelism's step-time terms (meshplan/estimate/perf.py _cp_time, ring_exposed): exact cases of the ring's
+per-step
 overlap, the K/V bytes each attention kind sends, and how each cp_comm_type places its traffic."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshplan.models import resolve_model
-from meshplan.perf import _kv_width, _q_out_width, estimate_throughput, ring_exposed
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.estimate.perf import _kv_width, _q_out_width, estimate_throughput, ring_exposed
+from meshplan.knowledge.models import resolve_model
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 
 def estimate(**fields):
@@ -73,8 +74,8 @@ def test_ring_inside_a_node_hides_behind_long_attention():
 def test_hierarchical_sizes_are_what_the_adapters_render_and_what_is_timed():
     """The a2a level is the largest divisor of cp beside tp in one node (12 ranks on 8-GPU nodes: 6 x 2, not 4 x 3);
     the Megatron adapter renders those sizes and the step time rings over the second."""
-    from adapters.common import hierarchical_cp
-    from meshplan.mesh import hierarchical_cp_sizes
+    from meshplan.adapters.common import hierarchical_cp
+    from meshplan.arithmetic.mesh import hierarchical_cp_sizes
 
     assert hierarchical_cp_sizes(32, 1, 8) == (8, 4)
     assert hierarchical_cp_sizes(12, 1, 8) == (6, 2)

@@ -4,13 +4,13 @@ card's adapter section is its one home: FrameworkCard.flex_dispatcher)."""
 from __future__ import annotations
 
 import pytest
-from meshplan.adapters.render import TARGETS, render
 
-from meshplan.cards import framework_card
-from meshplan.errors import MeshplanError
-from meshplan.request import resolve
-from meshplan.rules import check_config
-from meshplan.schema import Request
+from meshplan.adapters.render import TARGETS, render
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 
 def _case(framework: str, dispatcher: str):

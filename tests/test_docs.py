@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan import docs
-from meshplan.cli import main
-from meshplan.errors import MeshplanError
-from meshplan.knowledge import strategies_card
+from meshplan.core.errors import MeshplanError
+from meshplan.faces import docs
+from meshplan.faces.cli import main
+from meshplan.knowledge.tables import strategies_card
 
 
 def test_skills_are_in_sync_with_the_cards():

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from meshplan import api
-from meshplan.memory_states import memory_card
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_configs as pc
@@ -93,7 +93,7 @@ def test_render_writes_it_where_the_framework_takes_it():
 
 
 def test_search_floor_without_reserve_bounds_the_fit_figure():
-    from meshplan.space import Layout, first_stage_floor
+    from meshplan.search.space import Layout, first_stage_floor
 
     req = Request(**BASE, framework="megatron-core", expandable_segments=True)
     job, plan = resolve(req)
@@ -117,7 +117,7 @@ def test_bench_verl_rows_before_the_workers_set_it():
 
 
 def test_cli_flag_and_json(capsys, monkeypatch):
-    from meshplan import cli
+    from meshplan.faces import cli
 
     monkeypatch.setenv("COLUMNS", "200")
     args = ["memory", "llama-3-8b", "--gpu", "h100", "--num-gpus", "8", "--seq-length", "2048",

@@ -19,10 +19,11 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from meshplan import api, cli
-from meshplan.errors import MeshplanError
-from meshplan.request import parse_request, unknown_field_error
-from meshplan.schema import Request
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.faces import cli
+from meshplan.request.resolve import parse_request, unknown_field_error
+from meshplan.schema.contract import Request
 
 pytestmark = pytest.mark.anyio
 
@@ -67,14 +68,14 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                          "fp8_param_gather": True, "optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "zero_stage": 1, "optimizer": "muon"}),
     ("check_config", {**L8, "num_gpus": 8, "precision": "fp8", "fp8_recipe": "mxfp8"}),
-    # RL jobs (meshplan/rollout.py): memory per phase, the RL step's parts, the rollout rules, the RL command
+    # RL jobs (meshplan/rl/rollout.py): memory per phase, the RL step's parts, the rollout rules, the RL command
     ("estimate_memory", {**Q30, **RL, "param_offload": True, "optimizer_offload": True}),
     ("estimate_throughput", {**Q30, **RL, "rollout_enforce_eager": True}),
     ("check_config", {**Q30, **RL, "rollout_tp": 2, "rollout_ep": 4}),
     ("render_config", {"framework": "verl", **Q30, **RL, "rollout_tp": 4, "param_offload": True}),
     ("recommend_parallelism", {**Q30, **RL}),
     ("estimate_memory", {**Q30, "num_gpus": 16, "ep": 8, "rollout_tp": 2}),  # RL fields on megatron-core: refused
-    # LoRA (meshplan/lora.py): frozen base, adapters' states and time, the Bridge peft config, a refusal
+    # LoRA (meshplan/arithmetic/lora.py): frozen base, adapters' states and time, the Bridge peft config, a refusal
     ("estimate_memory", {**L70, "num_gpus": 8, "tp": 2, "pp": 4, "framework": "megatron-bridge", "lora_rank": 16,
                          "lora_targets": ["linear_qkv"]}),
     ("estimate_throughput", {**L8, "num_gpus": 8, "framework": "megatron-bridge", "job": "lora"}),
@@ -247,7 +248,7 @@ def anyio_backend():
 
 async def test_cli_mcp_and_api_give_identical_results(tmp_path):
     assert len(CASES) >= 30 and {tool for tool, _ in CASES} == set(TOOLS)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.mcp_server"], cwd=str(tmp_path))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path))
     disagreements = []
     with anyio.fail_after(600):
         async with Client(params) as client:
@@ -272,7 +273,7 @@ async def test_cli_mcp_and_api_give_identical_results(tmp_path):
 
 async def test_a_field_left_out_is_open_on_every_face(tmp_path):
     """The blocker: MCP's schema must not default micro_batch_size/recompute, and null must mean 'open'."""
-    from meshplan.mcp_server.server import app
+    from meshplan.faces.mcp.server import app
 
     async with Client(app) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}

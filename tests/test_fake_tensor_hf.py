@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
-from meshplan.memory_states import convention_name, memory_card
-from meshplan.models import resolve_model
+from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
+from meshplan.arithmetic.memory_states import convention_name, memory_card
+from meshplan.knowledge.models import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 2048  # tokens of one packed micro-batch
@@ -83,7 +83,7 @@ def test_deepseek_v3_mla_pads_v_for_flash():
 def test_the_router_keeps_fp32_copies_only_where_the_models_own_code_makes_them():
     """HF's DeepSeek-V3 and GLM-4-MoE routers run F.linear(x.float(), weight.float()), which saves both fp32 copies;
     Qwen3-MoE's router runs in bf16 (router_fp32_model_types)."""
-    from meshplan.activations import moe_bytes
+    from meshplan.arithmetic.activations import moe_bytes
 
     conv = memory_card().conventions["fsdp2_hf"]
     deepseek, glm, qwen = (resolve_model(k) for k in ("deepseek-v3", "glm-4.5", "qwen3-30b-a3b"))

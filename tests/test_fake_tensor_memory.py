@@ -104,6 +104,7 @@ def test_the_harness_never_enters_meshplan():
     # torch is a bench/test dependency only: meshplan does not import it, the harness does not import meshplan
     source = HARNESS.read_text()
     assert "import meshplan" not in source and "from meshplan" not in source
-    proc = subprocess.run([sys.executable, "-c", "import sys, meshplan.memory, meshplan.activations; "
-                           "print('torch' in sys.modules)"], capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-c", "import sys, meshplan.estimate.memory, "
+                           "meshplan.arithmetic.activations; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"

@@ -31,7 +31,7 @@ def test_card_names_the_rules_the_harness_compares():
     card = harness.load_card()
     for name, spec in harness.FRAMEWORKS.items():
         assert _ids(card.frameworks[name].compared_rules) == spec.compared | spec.warning_compared, name
-    from meshplan.rulebook import rule_specs
+    from meshplan.rules.engine import rule_specs
 
     known = set(rule_specs())
     for name, evidence in card.frameworks.items():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
-from meshplan.cards import framework_card
-from meshplan.errors import MeshplanError
-from meshplan.memory_states import memory_card
-from meshplan.request import parse_request, resolve
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.request.resolve import parse_request, resolve
 
 LLAMA_32K = dict(model="llama-3.1-8b", framework="torchtitan", num_gpus=8, seq_length=32768, micro_batch_size=1,
                  recompute="full")

@@ -4,11 +4,11 @@ output_held_bytes), and the loss keeps 8 B per logit; by hand, and through estim
 
 from __future__ import annotations
 
-from meshplan.hardware import get_gpu
-from meshplan.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak
-from meshplan.memory_states import memory_card
-from meshplan.request import resolve
-from meshplan.schema import Job, Plan, Request
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.estimate.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Job, Plan, Request
 
 
 def conv(**update):

@@ -4,11 +4,11 @@ step_peak)."""
 
 from __future__ import annotations
 
-from meshplan.hardware import get_gpu
-from meshplan.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak, job_logits
-from meshplan.memory_states import memory_card, output_activations
-from meshplan.request import resolve
-from meshplan.schema import Job, Plan, Request
+from meshplan.arithmetic.memory_states import memory_card, output_activations
+from meshplan.estimate.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak, job_logits
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Job, Plan, Request
 
 
 def conv(**update):
@@ -180,7 +180,7 @@ def test_gradients_absent_only_with_one_micro_batch():
 def test_search_floor_stays_below_the_walked_estimate():
     """space.first_stage_floor drops the terms the walk does not add at the loss moment (recomputed layer, gathered
     unit) and, with gradients set to None and one micro-batch, the gradients: it stays a floor."""
-    from meshplan.space import Layout, first_stage_floor
+    from meshplan.search.space import Layout, first_stage_floor
 
     for version, recompute in (("0.2", "full"), ("0.2", "none"), (None, "full"), (None, "selective")):
         job = cut_job("llama-3.1-8b", 4, 8192, 1, "torchtitan", version)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan import perf
-from meshplan.hardware import get_gpu
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.estimate import perf
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 NVL_BF16, SXM_BF16 = 835.5e12, 989.4e12  # H100 NVL and H100 SXM dense BF16, the bounds torchtitan's footnote gives
 

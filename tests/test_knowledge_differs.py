@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from meshplan.knowledge import DiffersFromSearch, SizeRow, strategies_card
+from meshplan.knowledge.tables import DiffersFromSearch, SizeRow, strategies_card
 
 
 def test_reason_and_source_must_not_be_empty():

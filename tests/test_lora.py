@@ -1,21 +1,22 @@
-"""LoRA fine-tuning (meshplan/lora.py): adapter parameters, frozen-base model states, the 2/3 backward, the request."""
+"""LoRA fine-tuning (meshplan/arithmetic/lora.py): adapter parameters, frozen-base model states, the 2/3 backward, the
+request."""
 
 from __future__ import annotations
 
 import pytest
-from meshplan.adapters.render import render
 
 from meshplan import api
-from meshplan.calibration import calibration
-from meshplan.errors import MeshplanError
-from meshplan.flops import Gemm, model_flops_per_token
-from meshplan.lora import adapter_params, lora_engine, lora_flops_per_token, total_adapter_params
-from meshplan.memory import estimate_memory
-from meshplan.memory_states import state_bytes, with_precision
-from meshplan.perf import TRAINING_PASSES_PER_FORWARD, estimate_throughput, gemm_seconds
-from meshplan.request import resolve
-from meshplan.rules import check_config
-from meshplan.schema import LoraSpec, Request
+from meshplan.adapters.render import render
+from meshplan.arithmetic.flops import Gemm, model_flops_per_token
+from meshplan.arithmetic.lora import adapter_params, lora_engine, lora_flops_per_token, total_adapter_params
+from meshplan.arithmetic.memory_states import state_bytes, with_precision
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.perf import TRAINING_PASSES_PER_FORWARD, estimate_throughput, gemm_seconds
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import LoraSpec, Request
 
 L8B = dict(model="llama-3.1-8b", framework="megatron-bridge", num_gpus=8, global_batch_size=64)
 ALL = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
@@ -84,7 +85,7 @@ def test_frozen_linears_backward_is_two_thirds_plus_the_adapters():
 
 def _layer(job, plan):
     """One dense layer's times, as estimate_throughput builds them."""
-    import meshplan.perf as perf
+    import meshplan.estimate.perf as perf
 
     seen = {}
     original = perf.layer_time
@@ -157,7 +158,7 @@ def test_search_floors_stay_floors_and_recommend_finds_lora_layouts():
     """The search prunes on memory floors (space.py, search/gpu_count.py): for a LoRA job they count the frozen base's
     weights only, so they stay below the estimate, and recommend finds layouts full fine-tuning has none of."""
     from meshplan.search.gpu_count import states_floor
-    from meshplan.space import Fixed, enumerate_layouts, first_stage_floor, params_split, states_lower_bound
+    from meshplan.search.space import Fixed, enumerate_layouts, first_stage_floor, params_split, states_lower_bound
 
     request = dict(model="llama-3.1-70b", framework="megatron-bridge", num_gpus=8, seq_length=4096,
                    global_batch_size=32)

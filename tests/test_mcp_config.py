@@ -14,7 +14,7 @@ SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scrip
 def test_project_mcp_json_launches_the_console_script():
     servers = json.loads((ROOT / ".mcp.json").read_text())["mcpServers"]
     assert servers["meshplan"]["command"] == "meshplan-mcp"
-    assert SCRIPTS["meshplan-mcp"] == "meshplan.mcp_server.__main__:main"
+    assert SCRIPTS["meshplan-mcp"] == "meshplan.faces.mcp.__main__:main"
 
 
 def test_claude_plugin_bundles_the_skills_and_the_server():

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from meshplan.mcp_server.server import app
+
+from meshplan.faces.mcp.server import app
 
 REAL_MODELS = ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b", "gpt-oss-20b", "gemma-2-27b",
                "meta-llama/Llama-3.1-70B", "70B", "7e9", "0.5B"]

@@ -28,7 +28,7 @@ NETWORK_HINTS = ("ETIMEDOUT", "ECONNRESET", "EAI_AGAIN", "ENOTFOUND", "network",
 def inspector(cwd: Path, *method_args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "npm_config_yes": "true", "npm_config_update_notifier": "false",
            "npm_config_fund": "false", "npm_config_audit": "false", "MCP_INSPECTOR_SECRET_STORE": "memory"}
-    argv = [NPX, "-y", INSPECTOR, "--cli", sys.executable, "-m", "meshplan.mcp_server", "--", *method_args,
+    argv = [NPX, "-y", INSPECTOR, "--cli", sys.executable, "-m", "meshplan.faces.mcp", "--", *method_args,
             "--format", "json"]
     for attempt in range(2):
         proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=FIRST_RUN_TIMEOUT)

@@ -21,17 +21,17 @@ import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import MCPServer
-from meshplan.mcp_server import cancellable as cancellable_module
-from meshplan.mcp_server.cancellable import cancellable, run_cancellable
-from meshplan.mcp_server.http_edges import InvalidIdGuard
-from meshplan.mcp_server.prompts import PROMPTS, check_prompt_call
-from meshplan.mcp_server.server import app
-from meshplan.mcp_server.stdio import invalid_id_reply
-from meshplan.mcp_server.tools import READ_ONLY, TOOLS
 from test_mcp_transports import INIT, MEMORY_ARGS, SERVER, RawServer, call, http_server  # noqa: F401 (a fixture)
 
-from meshplan import cancel
-from meshplan.errors import Cancelled, MeshplanError
+from meshplan.core import cancel
+from meshplan.core.errors import Cancelled, MeshplanError
+from meshplan.faces.mcp import cancellable as cancellable_module
+from meshplan.faces.mcp.cancellable import cancellable, run_cancellable
+from meshplan.faces.mcp.http_edges import InvalidIdGuard
+from meshplan.faces.mcp.prompts import PROMPTS, check_prompt_call
+from meshplan.faces.mcp.server import app
+from meshplan.faces.mcp.stdio import invalid_id_reply
+from meshplan.faces.mcp.tools import READ_ONLY, TOOLS
 
 pytestmark = pytest.mark.anyio
 
@@ -283,7 +283,7 @@ def test_user_errors_leave_no_traceback_on_stderr(tmp_path):
 
 
 CRASHING_PROMPT = """
-from meshplan.mcp_server import server
+from meshplan.faces.mcp import server
 
 @server.app.prompt(name="broken")
 def broken() -> str:
@@ -387,8 +387,8 @@ async def test_wrapped_tools_publish_the_same_schemas():
 
 # A server with one more tool that reports, from inside the server process, how many computations run.
 COUNTING_SERVER = """
-from meshplan import cancel
-from meshplan.mcp_server import server
+from meshplan.core import cancel
+from meshplan.faces.mcp import server
 
 @server.app.tool(name="computations")
 def computations() -> dict[str, int]:

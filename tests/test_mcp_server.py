@@ -12,12 +12,12 @@ import re
 
 import pytest
 from mcp import Client, MCPError
-from meshplan.mcp_server.resources import skill_files
-from meshplan.mcp_server.server import INSTRUCTIONS, app
 
 from meshplan import api
-from meshplan.cards import card_names, card_text
-from meshplan.schema import Request
+from meshplan.faces.mcp.resources import skill_files
+from meshplan.faces.mcp.server import INSTRUCTIONS, app
+from meshplan.knowledge.cards import card_names, card_text
+from meshplan.schema.contract import Request
 
 pytestmark = pytest.mark.anyio
 
@@ -125,7 +125,7 @@ async def test_describe_model_is_the_api_report(client):
 
 async def test_an_edited_config_json_is_read_again_by_the_server(client, tmp_path):
     """The server lives for hours: a config.json edited between two calls must give the new model (issue 13)."""
-    from meshplan.cards import model_card
+    from meshplan.knowledge.cards import model_card
 
     path = tmp_path / "config.json"
     cfg = dict(model_card("llama-3.1-8b").config)
@@ -277,7 +277,7 @@ async def test_recommend_parallelism_impossible_job_is_answered_with_what_fits(c
 
 
 async def test_recommend_parallelism_thin_headroom_names_the_layout_and_the_headroom(client):
-    from meshplan.schema import MemorySummary
+    from meshplan.schema.contract import MemorySummary
     from meshplan.search import headroom_that_ranks
 
     result = await client.call_tool("recommend_parallelism", {"model": "llama-3.1-70b", "num_gpus": 16})
@@ -319,7 +319,7 @@ async def test_render_config_megatron_core_flags(client):
 
 def test_render_answer_mirrors_the_adapters_result():
     from meshplan.adapters.render import RenderResult
-    from meshplan.mcp_server.results import RenderAnswer
+    from meshplan.faces.mcp.results import RenderAnswer
 
     assert set(RenderAnswer.model_fields) == set(RenderResult.model_fields) | {"summary", "next_steps"}
 

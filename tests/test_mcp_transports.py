@@ -24,7 +24,7 @@ from mcp import Client, StdioServerParameters
 
 pytestmark = pytest.mark.anyio
 
-SERVER = [sys.executable, "-m", "meshplan.mcp_server"]
+SERVER = [sys.executable, "-m", "meshplan.faces.mcp"]
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}}}
@@ -41,7 +41,7 @@ def anyio_backend():
 
 async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
     # env=None: the SDK passes only its short allow-list (HOME, PATH, SHELL, TERM, USER, LOGNAME).
-    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.mcp_server"], cwd=str(tmp_path))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path))
     async with Client(params) as client:
         assert client.server_info.name == "meshplan"
         assert len((await client.list_tools()).tools) == 8
@@ -140,7 +140,7 @@ def test_bad_lines_get_error_replies_and_the_server_keeps_serving(raw):
 
 
 NOISY_SERVER = """
-from meshplan.mcp_server import server
+from meshplan.faces.mcp import server
 
 @server.app.tool(name="noisy")
 def noisy() -> str:
@@ -184,10 +184,11 @@ def test_entry_points_speak_mcp_over_stdio(argv, tmp_path):
 
 
 def test_start_up_imports_nothing_heavy(tmp_path):
-    code = "import json, sys, meshplan.mcp_server.server; print(json.dumps(sorted(sys.modules)))"
+    code = "import json, sys, meshplan.faces.mcp.server; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout))
-    lazy = {"meshplan.memory", "meshplan.perf", "meshplan.rules", "meshplan.search", "meshplan.models",
+    lazy = {"meshplan.estimate.memory", "meshplan.estimate.perf", "meshplan.check.config", "meshplan.search",
+            "meshplan.knowledge.models",
             "meshplan.adapters.render", "jinja2", "numpy", "torch"}
     assert not lazy & loaded
 
@@ -280,9 +281,8 @@ async def test_200_concurrent_http_calls_all_succeed(http_server):
 def test_http_binds_loopback_by_default_and_always_checks_the_host_header():
     import inspect
 
-    from meshplan.mcp_server.server import run, transport_security
-
-    from meshplan.cli import build_parser
+    from meshplan.faces.cli import build_parser
+    from meshplan.faces.mcp.server import run, transport_security
 
     assert inspect.signature(run).parameters["host"].default == "127.0.0.1"
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
@@ -297,9 +297,8 @@ def test_http_binds_loopback_by_default_and_always_checks_the_host_header():
 
 
 def test_bad_transport_settings_are_clear_errors():
-    from meshplan.mcp_server.server import run
-
-    from meshplan.errors import MeshplanError
+    from meshplan.core.errors import MeshplanError
+    from meshplan.faces.mcp.server import run
 
     with pytest.raises(MeshplanError, match="Unknown transport 'sse'"):
         run(transport="sse")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.hardware import get_gpu
-from meshplan.schema import Architecture, Job, MoESpec, Plan
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.schema.contract import Architecture, Job, MoESpec, Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import megatron_peer

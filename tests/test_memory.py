@@ -4,16 +4,16 @@ import json
 
 import pytest
 
-from meshplan.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
-from meshplan.cli import main
-from meshplan.errors import MeshplanError
-from meshplan.hardware import get_gpu
-from meshplan.memory import estimate_memory, memory_summary
-from meshplan.memory_states import bytes_per_param, convention, gathered_transient, memory_card, state_bytes
-from meshplan.models import layer_params, resolve_model
-from meshplan.rulebook import EstimateBlocked
-from meshplan.schedule import compute_balanced_counts, in_flight, megatron_stages
-from meshplan.schema import Architecture, Job, Plan
+from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
+from meshplan.arithmetic.memory_states import bytes_per_param, convention, gathered_transient, memory_card, state_bytes
+from meshplan.arithmetic.schedule import compute_balanced_counts, in_flight, megatron_stages
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory, memory_summary
+from meshplan.faces.cli import main
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.models import layer_params, resolve_model
+from meshplan.rules.engine import EstimateBlocked
+from meshplan.schema.contract import Architecture, Job, Plan
 
 GIB = 1 << 30
 
@@ -310,7 +310,7 @@ def test_megatron_uniform_recompute_in_chunks_of_n_layers():
     """recompute_method=uniform with recompute_layers N (Megatron's recompute_num_layers): each chunk of N layers of
     a stage keeps only its input, and its backward rebuilds all N layers at once; N=1 (and no method) is every layer
     on its own; block with N is the first N layers of the stage; uniform and full take the same recompute time."""
-    from meshplan.perf import estimate_throughput
+    from meshplan.estimate.perf import estimate_throughput
 
     job = job_for("llama-3.1-70b", 64, seq=8192)  # 80 layers, pp=4: 20 per stage
     full = Plan(tp=8, pp=4, dp=2, sequence_parallel=True, recompute="full")
@@ -477,7 +477,7 @@ def test_every_nth_block_selective_of_torchtitan_0_2():
     """selective_ac_option N: the k-th block built on a rank (k from 1, counted over its virtual chunks) is fully
     checkpointed when k % N == 0, the others keep everything (torchtitan 0.2.2 _apply_layer_sac); N=1 is full AC,
     in bytes and in recompute time; the recomputed block's working set is counted as under full AC."""
-    from meshplan.perf import estimate_throughput
+    from meshplan.estimate.perf import estimate_throughput
 
     job = job_for("llama-3.1-8b", 8, framework="torchtitan", seq=8192, gbs=8)
     base = Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="selective")
@@ -500,7 +500,7 @@ def test_every_nth_block_selective_of_torchtitan_0_2():
 def test_selective_ac_option_outside_torchtitans_selective_is_refused():
     """RC002: the option on a framework whose selective is not op-level SAC names that framework's nearest knob."""
     from meshplan.api import check_config as check
-    from meshplan.schema import Request
+    from meshplan.schema.contract import Request
 
     report = check(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", recompute="selective",
                            selective_ac_option="2"))

@@ -1,4 +1,5 @@
-"""Mesh arithmetic has one home (meshplan/mesh.py): the world-size laws, derived DP, expert DP and the fast domain.
+"""Mesh arithmetic has one home (meshplan/arithmetic/mesh.py): the world-size laws, derived DP, expert DP and the fast
+domain.
 
 Before, the cost model treated 8 GPUs of an h100-pcie node as one NVLink domain while the search and TP004 used
 2, and the decision-table fitting capped GB200 TP at its 4-GPU tray while the search allowed the 72-GPU rack.
@@ -8,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan import mesh
-from meshplan.calibration import calibration
-from meshplan.comm import links
-from meshplan.hardware import get_gpu, gpu_catalog
-from meshplan.request import resolve
-from meshplan.schema import Plan, Request
-from meshplan.space import Layout, within_nvlink
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.comm import links
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.hardware import get_gpu, gpu_catalog
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Plan, Request
+from meshplan.search.space import Layout, within_nvlink
 
 
 @pytest.mark.parametrize(("gpu", "per_node", "domain"), [

@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
-from meshplan.activations import GENERIC_MOE, MEGATRON_CORE_MOE, MOE_BYTES, Layout, layer_activations, shape_of
-from meshplan.memory_states import convention, memory_card
-from meshplan.models import resolve_model
-from meshplan.request import Request
+from meshplan.arithmetic.activations import (
+    GENERIC_MOE,
+    MEGATRON_CORE_MOE,
+    MOE_BYTES,
+    Layout,
+    layer_activations,
+    shape_of,
+)
+from meshplan.arithmetic.memory_states import convention, memory_card
+from meshplan.knowledge.models import resolve_model
+from meshplan.request.resolve import Request
 
 GIB = 1 << 30
 T, H, E, K, F = 4096, 2048, 128, 8, 768  # tokens per micro-batch (mbs 1 x 4096), hidden, experts, top-k, expert FFN

@@ -3,9 +3,9 @@ with the fp32 master, not 4 + 8); the embedding, output layer and norms stay on 
 
 import pytest
 
-from meshplan.memory import estimate_memory
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.estimate.memory import estimate_memory
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 # Llama-3.1-8B's decoder matrices, by hand: per layer q, o (h*h each), k, v (h*kv_heads*head_dim each) and
 # gate, up, down (h*ffn each); 32 layers, no biases.

@@ -1,18 +1,18 @@
 """Muon's optimizer step: Newton-Schulz FLOPs per matrix, the matrices a rank orthogonalizes, how the layer-wise
-distributed optimizer shares them out, and the time it adds to the step (meshplan/muon.py)."""
+distributed optimizer shares them out, and the time it adds to the step (meshplan/arithmetic/muon.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshplan.calibration import calibration
-from meshplan.cards import MuonFacts, framework_card
-from meshplan.flops import Shard
-from meshplan.models import resolve_model
-from meshplan.muon import Matrix, layer_matrices, matrix_params, newton_schulz_seconds, ns_gemms
-from meshplan.perf import estimate_throughput, gemm_efficiency
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.flops import Shard
+from meshplan.arithmetic.muon import Matrix, layer_matrices, matrix_params, newton_schulz_seconds, ns_gemms
+from meshplan.estimate.perf import estimate_throughput, gemm_efficiency
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import MuonFacts, framework_card
+from meshplan.knowledge.models import resolve_model
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 
 def facts(tp_mode: str = "duplicated", split_qkv: bool = True) -> MuonFacts:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
-from meshplan.errors import MeshplanError
-from meshplan.offload import offload_card, offload_plan, offload_time
-from meshplan.request import parse_request, resolve
+from meshplan.arithmetic.offload import offload_card, offload_plan, offload_time
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import parse_request, resolve
 
 GIB = 1 << 30
 
@@ -129,7 +129,7 @@ def test_a_fraction_turns_the_optimizer_offload_on_and_a_contradiction_is_an_err
 
 
 def test_an_offload_the_engine_lacks_is_refused_not_ignored():
-    from meshplan.rulebook import EstimateBlocked
+    from meshplan.rules.engine import EstimateBlocked
 
     with pytest.raises(EstimateBlocked, match="OF001"):
         memory(model="llama-3.1-8b", framework="kempnerforge", num_gpus=8, param_offload=True)

@@ -22,7 +22,7 @@ RUNTIME_DEPS = ["mcp>=2.3,<3", "pydantic>=2.6,<3", "pyyaml>=6", "jinja2>=3.1", "
 
 def test_editable_install_finds_package_data_from_outside_the_repo(tmp_path):
     code = (
-        "import json, meshplan.cards as c, meshplan.models as m;"
+        "import json, meshplan.knowledge.cards as c, meshplan.knowledge.models as m;"
         "print(json.dumps([len(c.card_names()), m.describe_model('llama-3.1-8b').total_params]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)

@@ -7,17 +7,17 @@ import math
 
 import pytest
 
-from meshplan.calibration import CALIBRATION_KEYS, calibration, calibration_card
-from meshplan.comm import alltoall_time, links, p2p_time, per_domain, ring_time
-from meshplan.errors import MeshplanError
-from meshplan.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
-from meshplan.hardware import get_gpu
-from meshplan.models import resolve_model, total_params
-from meshplan.perf import attention_efficiency, estimate_throughput, gemm_efficiency, stage_layers
-from meshplan.request import resolve
-from meshplan.rulebook import EstimateBlocked
-from meshplan.schedule import megatron_stages, stages_for
-from meshplan.schema import Plan, Request
+from meshplan.arithmetic.comm import alltoall_time, links, p2p_time, per_domain, ring_time
+from meshplan.arithmetic.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
+from meshplan.arithmetic.schedule import megatron_stages, stages_for
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import attention_efficiency, estimate_throughput, gemm_efficiency, stage_layers
+from meshplan.knowledge.calibration import CALIBRATION_KEYS, calibration, calibration_card
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.models import resolve_model, total_params
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import EstimateBlocked
+from meshplan.schema.contract import Plan, Request
 
 
 def estimate(**fields):
@@ -247,7 +247,7 @@ def test_more_micro_batches_shrink_the_bubble():
 def test_full_recompute_repeats_the_forward_share_of_each_term():
     """Exact case: the forward compute, the card's forward share of the fixed overhead, half the TP and EP
     traffic (their backward mirrors the forward) and the exposed CP traffic of the forward (cp_fwd)."""
-    from meshplan.perf import LayerTime, _recompute_time
+    from meshplan.estimate.perf import LayerTime, _recompute_time
 
     cal = calibration("megatron-core")
     assert cal.forward_share_of_layer_overhead == 0.5
@@ -263,8 +263,8 @@ def test_op_sac_repeats_the_gemms_it_does_not_keep():
     MoE block (MLA: q_down 1, q_up 2, kv_down 3, kv_up 4, attn_out 5; shared w1 6, w3 7, fc2 8) recomputes q_up,
     kv_up, shared w1 and fc2, the router and every routed expert GEMM; under fp8 only the bf16 router/experts;
     its recompute time is that forward, the elementwise forward share and half the TP traffic's forward half."""
-    from meshplan.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
-    from meshplan.perf import LayerTime, _op_sac_recomputed, _recompute_time
+    from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
+    from meshplan.estimate.perf import LayerTime, _op_sac_recomputed, _recompute_time
 
     llama = resolve_model("llama-3.1-8b")
     sh = Shard(tokens=8192, tp=1, ep=1, etp=1, sp=False)
@@ -290,7 +290,7 @@ def test_recompute_modules_repeat_their_memory_bound_passes():
     dispatcher's and router's bytes; all at the elementwise HBM bandwidth (ctx.hbm)."""
     from types import SimpleNamespace
 
-    from meshplan.perf import _module_memory_bound
+    from meshplan.estimate.perf import _module_memory_bound
 
     ctx = SimpleNamespace(arch=SimpleNamespace(gated_mlp=True), hbm=1000.0)
     out = _module_memory_bound(ctx, 10.0, 100.0, 20.0, 0.0, 600.0, 200.0)
@@ -310,7 +310,7 @@ def test_recompute_modules_repeat_their_forward():
     """Megatron's recompute_modules: core_attn repeats the attention core, mlp / moe / shared_experts / mla_up_proj
     what layer_time puts in module_fwd (moe also its dispatch and combine); a module with nothing there costs
     nothing."""
-    from meshplan.perf import LayerTime, _recompute_time
+    from meshplan.estimate.perf import LayerTime, _recompute_time
 
     cal = calibration("megatron-core")
     lt = LayerTime(attention_fwd=1.5, ep=4.0, module_fwd={"mlp": 3.0, "moe": 5.0, "shared_experts": 0.5,
@@ -403,7 +403,7 @@ def test_calibration_card_sources_every_constant():
 
 
 def test_cli_throughput_json_and_batch(tmp_path, capsys):
-    from meshplan.cli import main
+    from meshplan.faces.cli import main
 
     assert main(["throughput", "llama-3.1-8b", "--num-gpus", "8", "--tp", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -483,8 +483,8 @@ def test_moe_layers_pay_dispatch_passes_router_and_a_host_sync_per_micro_batch()
 def test_grouped_gemm_slows_with_few_tokens_per_expert():
     """Expert GEMMs: the shape curve times rows/(rows + moe_gemm_half_ridges x ridge rows), rows = tokens per local
     expert, ridge rows = the GPU's bf16_peak / hbm_bandwidth."""
-    from meshplan.flops import Gemm
-    from meshplan.perf import expert_ridge_rows, gemm_efficiency
+    from meshplan.arithmetic.flops import Gemm
+    from meshplan.estimate.perf import expert_ridge_rows, gemm_efficiency
 
     cal = calibration("megatron-core").with_overrides(moe_gemm_half_ridges=4.0)
     ridge = expert_ridge_rows(989e12, 3.35e12)
@@ -507,7 +507,7 @@ def test_grouped_gemm_slows_with_few_tokens_per_expert():
 
 
 def test_flex_dispatch_sends_a_token_once_per_remote_domain():
-    from meshplan.comm import dispatch_time
+    from meshplan.arithmetic.comm import dispatch_time
 
     cal = calibration("megatron-core")
     lk = links(get_gpu("h100"), 8, cal)

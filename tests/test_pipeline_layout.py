@@ -1,4 +1,5 @@
-"""Megatron-Core's pipeline_model_parallel_layout and the embedding/loss-accounted split (meshplan/schedule.py):
+"""Megatron-Core's pipeline_model_parallel_layout and the embedding/loss-accounted split
+(meshplan/arithmetic/schedule.py):
 the parse is Megatron's parse_str_to_list, a bad string is an error naming its position and the grammar, rule PP009
 refuses what Megatron-Core refuses with a working layout, and the published Megatron-Bridge recipes pass."""
 
@@ -8,11 +9,11 @@ import re
 
 import pytest
 
-from meshplan.errors import MeshplanError
-from meshplan.request import resolve
-from meshplan.rules import check_config
-from meshplan.schedule import accounted_counts, compose_layout, layout_problem, parse_layout, plan_stages
-from meshplan.schema import Request
+from meshplan.arithmetic.schedule import accounted_counts, compose_layout, layout_problem, parse_layout, plan_stages
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 DSV3_PP16 = "Et*4|(t*4|)*14t,mL"  # Bridge recipes/deepseek/h100/deepseek_v3.py layout_map[(16, 1)], as a string
 KIMI_PP16 = "Et*4|(t*4|)*14tL"  # Bridge recipes/kimi/h100/kimi_k2.py map_pp_vp_to_layout[(16, 1)]

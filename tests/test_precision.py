@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import pytest
+
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
-
-from meshplan.errors import MeshplanError
-from meshplan.memory import estimate_memory
-from meshplan.memory_states import bytes_per_param, with_precision
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.memory_states import bytes_per_param, with_precision
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 L8 = dict(model="llama-3.1-8b", num_gpus=8)
 

@@ -13,15 +13,16 @@ import re
 
 import pytest
 
-from meshplan import api, mesh
-from meshplan.cli import main
-from meshplan.errors import MeshplanError
-from meshplan.memory import estimate_memory
-from meshplan.perf import estimate_throughput
-from meshplan.request import default_global_batch, resolve
-from meshplan.schema import Request
+from meshplan import api
+from meshplan.arithmetic import mesh
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.faces.cli import main
+from meshplan.request.resolve import default_global_batch, resolve
+from meshplan.schema.contract import Request
 from meshplan.search import gpu_count, minimum_gpus, recommend, search_job, slower_by
-from meshplan.space import search_card
+from meshplan.search.space import search_card
 
 SMALL = dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192)
 

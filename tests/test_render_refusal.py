@@ -2,7 +2,7 @@
 names only the renderable ones, override values read back unchanged, and the snippet carries the model's
 own architecture flags or says which ones to add.
 
-Faces: `meshplan.api.render_config`, the CLI through `meshplan.cli.main`, and the MCP tool function.
+Faces: `meshplan.api.render_config`, the CLI through `meshplan.faces.cli.main`, and the MCP tool function.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import json
 
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
-from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
-from meshplan.adapters.render import TARGETS, RefusedLayout, dotlist_value, hydra_value, render
-from meshplan.mcp_server import tools
 
 from meshplan import api
-from meshplan.cards import model_card
-from meshplan.cli import main
-from meshplan.errors import MeshplanError
-from meshplan.memory import estimate_memory
-from meshplan.request import resolve
-from meshplan.rulebook import gib
-from meshplan.schema import Request
+from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
+from meshplan.adapters.render import TARGETS, RefusedLayout, dotlist_value, hydra_value, render
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.faces.cli import main
+from meshplan.faces.mcp import tools
+from meshplan.knowledge.cards import model_card
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import gib
+from meshplan.schema.contract import Request
 
 TP3 = dict(model="llama-3.1-8b", num_gpus=8, tp=3)  # dp = 8/3: WS001, and 32 heads / 3: TP001
 TITAN_70B = dict(model="llama-3.1-70b", num_gpus=8)  # one 70B replica per GPU: far over 80 GB

@@ -2,9 +2,9 @@
 
 import pytest
 
-from meshplan.errors import MeshplanError
-from meshplan.request import default_global_batch, field_aliases, parse_request, resolve
-from meshplan.schema import Request
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import default_global_batch, field_aliases, parse_request, resolve
+from meshplan.schema.contract import Request
 
 
 def test_megatron_defaults_etp_to_tp_for_moe_like_megatron_core():

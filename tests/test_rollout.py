@@ -1,12 +1,13 @@
-"""RL jobs (meshplan/rollout.py): the request fields, their defaults from the framework cards, the engine's memory."""
+"""RL jobs (meshplan/rl/rollout.py): the request fields, their defaults from the framework cards, the engine's
+memory."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshplan.errors import MeshplanError
-from meshplan.request import parse_request, resolve
-from meshplan.rollout import engine_weight_bytes, kv_bytes_per_token, rl_card
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import parse_request, resolve
+from meshplan.rl.rollout import engine_weight_bytes, kv_bytes_per_token, rl_card
 
 GRPO = {"model": "qwen3-30b-a3b", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_prompt": 8,
         "prompts_per_step": 64}
@@ -95,7 +96,7 @@ def phases(report):
 
 
 def test_phase_offloads_free_the_rollout_not_the_update():
-    from meshplan.rollout import rl_memory
+    from meshplan.rl.rollout import rl_memory
 
     job, plan = resolve(parse_request(DAPO))
     on = plan.model_copy(update={"param_offload": True, "optimizer_offload": True})
@@ -108,7 +109,7 @@ def test_phase_offloads_free_the_rollout_not_the_update():
 
 
 def test_peak_is_the_largest_phase_and_names_it():
-    from meshplan.rollout import rl_memory
+    from meshplan.rl.rollout import rl_memory
 
     job, plan = resolve(parse_request({**DAPO, "algorithm": "ppo"}))
     report = rl_memory(job, plan)
@@ -124,8 +125,8 @@ def test_with_expandable_segments_the_training_phases_fit_on_their_allocated_pea
     """verl launches with expandable segments (its card's allocator section): the log-prob and update phases are decided
     by their peak less the allocator reserve, plus the page slack (memory.fit_figure); the rollout engine's pool and
     every phase without the setting by the peak itself."""
-    from meshplan.memory_states import memory_card
-    from meshplan.rollout import rl_memory, trainer_reports
+    from meshplan.arithmetic.memory_states import memory_card
+    from meshplan.rl.rollout import rl_memory, trainer_reports
 
     slack = memory_card().expandable_segments_slack_bytes
     job, plan = resolve(parse_request(DAPO))
@@ -143,7 +144,7 @@ def test_with_expandable_segments_the_training_phases_fit_on_their_allocated_pea
 
 
 def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
-    from meshplan.rollout import engine_memory, kv_bytes_per_token
+    from meshplan.rl.rollout import engine_memory, kv_bytes_per_token
 
     job, plan = rl(response_length=4096, rollout_tp=4)
     capacity = job.gpu.memory_bytes
@@ -158,7 +159,7 @@ def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
 
 
 def test_a_separate_pool_holds_only_the_engine():
-    from meshplan.rollout import rl_memory
+    from meshplan.rl.rollout import rl_memory
 
     job, plan = resolve(parse_request({**DAPO, "placement": "separate", "rollout_gpus": 8}))
     rollout = phases(rl_memory(job, plan))["rollout"]
@@ -191,7 +192,7 @@ def test_colocated_parts_add_and_a_separate_pool_overlaps():
 
 def test_recommend_for_an_rl_job_ranks_whole_rl_steps_that_fit():
     from meshplan import api
-    from meshplan.rules import check_config
+    from meshplan.check.config import check_config
 
     req = parse_request({**GRPO, "framework": "verl", "response_length": 4096})
     rec = api.recommend(req, top_k=3)
@@ -206,7 +207,7 @@ def test_recommend_for_an_rl_job_ranks_whole_rl_steps_that_fit():
 
 
 def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
-    from meshplan.rollout import decode_step_seconds, rl_constant, rl_memory
+    from meshplan.rl.rollout import decode_step_seconds, rl_constant, rl_memory
 
     job, plan = resolve(parse_request(DAPO))
     eager = plan.model_copy(update={"rollout_enforce_eager": True})
@@ -220,7 +221,7 @@ def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
 
 
 def test_skyrl_colocated_offloads_every_model_itself_and_verl_only_on_request():
-    from meshplan.rollout import rl_memory
+    from meshplan.rl.rollout import rl_memory
 
     for framework, resident in (("skyrl", False), ("verl", True)):
         job, plan = resolve(parse_request({**DAPO, "algorithm": "grpo", "framework": framework}))

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.calibration import calibration
-from meshplan.comm import dispatch_time, domain_hit, links
-from meshplan.errors import MeshplanError
-from meshplan.hardware import get_gpu
-from meshplan.models import architecture_from_config, catalog_architecture, model_card
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.comm import dispatch_time, domain_hit, links
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.models import architecture_from_config, catalog_architecture, model_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 
 def test_catalog_carries_the_published_groups():

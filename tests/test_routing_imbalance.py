@@ -7,19 +7,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
-
-from meshplan import activations, perf
-from meshplan.activations import Layout, layer_activations, shape_of
 from meshplan.api import estimate_memory, estimate_throughput
-from meshplan.cards import framework_card
-from meshplan.cli import main
-from meshplan.errors import MeshplanError
-from meshplan.flops import moe_gemms
-from meshplan.memory import ep_rank_load
-from meshplan.request import parse_request, resolve
-from meshplan.schema import Request
+from meshplan.arithmetic import activations
+from meshplan.arithmetic.activations import Layout, layer_activations, shape_of
+from meshplan.arithmetic.flops import moe_gemms
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate import perf
+from meshplan.estimate.memory import ep_rank_load
+from meshplan.faces.cli import main
+from meshplan.knowledge.cards import framework_card
+from meshplan.request.resolve import parse_request, resolve
+from meshplan.schema.contract import Request
 
 Q30 = dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, seq_length=4096, global_batch_size=256, ep=8, etp=1)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.cards import CardError, validate_card
-from meshplan.request import resolve
-from meshplan.rulebook import (
+from meshplan.arithmetic.schedule import uneven_split
+from meshplan.check.config import check_config
+from meshplan.knowledge.cards import CardError, validate_card
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import (
     RULE_MODULES,
     Context,
     EstimateBlocked,
@@ -19,9 +21,7 @@ from meshplan.rulebook import (
     rule_specs,
     rules_card,
 )
-from meshplan.rules import check_config
-from meshplan.schedule import uneven_split
-from meshplan.schema import MemoryReport, Plan, Request, StageMemory
+from meshplan.schema.contract import MemoryReport, Plan, Request, StageMemory
 
 GIB = 1 << 30
 
@@ -63,7 +63,7 @@ RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_pr
 # For every rule: (failing case, passing case). A case is make() keyword arguments; "report" gives the
 # memory rules a synthetic estimate (peak, capacity in GiB) so their thresholds are tested exactly.
 CASES: dict[str, tuple[dict, dict]] = {
-    # precision knobs (meshplan/conditions.py PR*)
+    # precision knobs (meshplan/rules/conditions.py PR*)
     "PR001": ({**L8B, "num_gpus": 8, "zero_stage": 0, "optimizer_state_dtype": "bf16"},
               {**L8B, "num_gpus": 8, "zero_stage": 1, "optimizer_state_dtype": "bf16"}),
     "PR002": ({**L8B, "num_gpus": 8, "framework": "torchtitan", "precision": "fp8", "fp8_recipe": "rowwise",
@@ -196,14 +196,14 @@ CASES: dict[str, tuple[dict, dict]] = {
     "OF002": ({**L8B, "framework": "deepspeed", "num_gpus": 8, "zero_stage": 3, "activation_offload": True},
               {**L8B, "framework": "deepspeed", "num_gpus": 8, "zero_stage": 3, "activation_offload": True,
                "recompute": "full"}),
-    # LoRA (meshplan/lora_rules.py): an engine with LoRA, targets the model has
+    # LoRA (meshplan/rules/lora.py): an engine with LoRA, targets the model has
     "LORA001": ({**L8B, "num_gpus": 8, "framework": "megatron-core", "job": "lora"},
                 {**L8B, "num_gpus": 8, "framework": "megatron-bridge", "job": "lora"}),
     "LORA002": ({"model": "deepseek-v2-lite", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
                  "lora_targets": ["linear_qkv", "linear_proj"]},
                 {"model": "deepseek-v2-lite", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
                  "lora_targets": ["linear_proj"]}),
-    # RL jobs (meshplan/rollout_rules.py): the rollout engine's layout
+    # RL jobs (meshplan/rules/rollout.py): the rollout engine's layout
     "RL001": ({**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 4},
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),
     "RL002": ({**QWEN_MOE, **RL, "rollout_tp": 3}, {**QWEN_MOE, **RL, "rollout_tp": 4}),
@@ -253,7 +253,7 @@ def test_card_and_code_agree_and_every_rule_has_a_lifecycle():
 
 def load_card_raw() -> dict:
     """cards/rules.yaml as written (before the schema fills defaults), to see which fields each entry spells."""
-    from meshplan.cards import read_card
+    from meshplan.knowledge.cards import read_card
 
     return read_card("rules")
 
@@ -308,8 +308,8 @@ def test_blocking_rules_are_structural_errors():
 def test_estimators_stop_on_the_rules_own_finding(rule_id):
     """Both estimators refuse a layout that breaks a blocking rule with that rule's id, message and fix (the
     first blocking rule in card order, as check_config lists it); a layout that passes them is estimated."""
-    from meshplan.memory import estimate_memory
-    from meshplan.perf import estimate_throughput
+    from meshplan.estimate.memory import estimate_memory
+    from meshplan.estimate.perf import estimate_throughput
 
     failing, passing = CASES[rule_id]
     job, plan = case_job(failing)
@@ -479,7 +479,7 @@ def test_structural_check_skips_memory():
 
 def test_memory_error_names_fitting_alternatives():
     # Llama-3.1-70B TP8 on 64 H100 at 8K without recompute is over 80 GB; the fix re-estimates neighbours.
-    from meshplan.memory import estimate_memory
+    from meshplan.estimate.memory import estimate_memory
 
     job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8192)
     report_ = check_config(job, plan)
@@ -502,7 +502,7 @@ def test_memory_error_names_fitting_alternatives():
 
 def test_memory_fix_neighbours_follow_the_card():
     """MEM001's neighbours come from its params (doubling, pp up to 4x) and CP002's threshold, not from code."""
-    from meshplan.rules import _candidates
+    from meshplan.check.config import _candidates
 
     assert rule_specs()["MEM001"].params == {"max_alternatives": 3, "degree_factor": 2, "max_pp_factor": 4,
                                              "max_changes": 2}
@@ -525,7 +525,7 @@ def test_memory_error_when_nothing_nearby_fits():
 
 def _named_changes(ctx: Context, fix: str) -> list[dict]:
     """The plan changes behind each alternative a MEM001 fix names ("a (..) or b + c (..) fits")."""
-    from meshplan.rules import _candidates
+    from meshplan.check.config import _candidates
 
     changes = dict(_candidates(ctx))
     named = fix.split("together, ")[-1].removesuffix(" fits.").removesuffix(" fit.")
@@ -539,8 +539,8 @@ def _named_changes(ctx: Context, fix: str) -> list[dict]:
 
 
 def test_memory_fix_names_the_cpu_optimizer_with_its_host_memory():
-    from meshplan.memory import estimate_memory
-    from meshplan.rules import _neighbour
+    from meshplan.check.config import _neighbour
+    from meshplan.estimate.memory import estimate_memory
 
     job, plan = make(**L70B, num_gpus=8, tp=8, framework="megatron-core")
     f = finding_of("MEM001", job, plan, include_memory=True)
@@ -555,8 +555,8 @@ def test_memory_fix_combines_two_changes_when_none_fits_alone():
     # GLM-4.5-Air's Megatron-Bridge recipe on 32 H100 (TP1 PP4 EP8, first/last stage 11 layers): expert-dp is 1,
     # so nothing shards its experts' optimizer states; with a 256 GiB host the CPU optimizer is out too. Each
     # change alone falls short; the fix names pairs, and every pair it names fits and passes every rule.
-    from meshplan.memory import estimate_memory
-    from meshplan.rules import _neighbour
+    from meshplan.check.config import _neighbour
+    from meshplan.estimate.memory import estimate_memory
 
     job, plan = make(model="glm-4.5-air", framework="megatron-bridge", num_gpus=32, tp=1, pp=4, ep=8, etp=1,
                      recompute="selective", first_stage_layers=11, last_stage_layers=11, seq_length=4096,

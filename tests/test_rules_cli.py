@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from meshplan.cli import main
+from meshplan.faces.cli import main
 
 
 def test_check_exit_status_and_json(capsys):

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.calibration import attention_fraction, calibration
-from meshplan.errors import MeshplanError
-from meshplan.flops import Shard, attention_core_flops
-from meshplan.perf import attention_efficiency, estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.arithmetic.flops import Shard, attention_core_flops
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.knowledge.calibration import attention_fraction, calibration
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_configs as pc

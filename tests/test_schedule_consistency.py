@@ -1,4 +1,5 @@
-"""One pipeline shape everywhere (meshplan/schedule.py): memory and throughput put the same decoder layers on every
+"""One pipeline shape everywhere (meshplan/arithmetic/schedule.py): memory and throughput put the same decoder layers on
+every
 stage, the uneven split `check` suggests is one `recommend` enumerates, and every split `recommend` enumerates
 passes `check`, for every catalog model x framework x pp (and vpp where the framework interleaves)."""
 
@@ -8,14 +9,8 @@ import re
 
 import pytest
 
-import meshplan.perf as perf
-from meshplan.cards import model_card_names
-from meshplan.memory import estimate_memory
-from meshplan.models import resolve_model
-from meshplan.request import resolve
-from meshplan.rulebook import EstimateBlocked, backend_of, rule_specs
-from meshplan.rules import check_structure
-from meshplan.schedule import (
+import meshplan.estimate.perf as perf
+from meshplan.arithmetic.schedule import (
     accounted_counts,
     compose_layout,
     megatron_stages,
@@ -24,8 +19,14 @@ from meshplan.schedule import (
     split_problem,
     uneven_split,
 )
-from meshplan.schema import FRAMEWORKS, Plan, Request
-from meshplan.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options
+from meshplan.check.config import check_structure
+from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.cards import model_card_names
+from meshplan.knowledge.models import resolve_model
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import EstimateBlocked, backend_of, rule_specs
+from meshplan.schema.contract import FRAMEWORKS, Plan, Request
+from meshplan.search.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options
 
 MAX_PP = 32
 SPLIT = re.compile(r"first_stage_layers=(\d+), last_stage_layers=(\d+)")

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from meshplan.cli import main
-from meshplan.errors import MeshplanError
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.rules import check_config
-from meshplan.schema import Request
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.faces.cli import main
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 from meshplan.search import SEARCH_BUCKETS, exhaustive_top_k, min_headroom_fraction, recommend, search_job
 
 

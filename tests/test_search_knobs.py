@@ -4,10 +4,10 @@ account of the terms it rests on (cards/accuracy.yaml)."""
 
 import pytest
 
-from meshplan.accuracy import terms
-from meshplan.perf import estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.estimate.accuracy import terms
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 from meshplan.search import exhaustive_top_k, recommend
 
 
@@ -93,10 +93,10 @@ def test_memory_floors_take_the_carried_fields(fields, framework):
     compile fields the floors (space.state_preset) must stay under the estimate of the plans it builds."""
     import random
 
-    from meshplan.memory import estimate_memory
-    from meshplan.rulebook import EstimateBlocked
+    from meshplan.estimate.memory import estimate_memory
+    from meshplan.rules.engine import EstimateBlocked
     from meshplan.search import BestFirstSearch, default_engine, search_job
-    from meshplan.space import Fixed, enumerate_layouts, first_stage_floor, micro_batches, states_lower_bound
+    from meshplan.search.space import Fixed, enumerate_layouts, first_stage_floor, micro_batches, states_lower_bound
 
     req = Request(model="deepseek-v2-lite", num_gpus=16, framework=framework, **fields)
     job, _ = search_job(req)
@@ -160,7 +160,7 @@ def test_the_requests_tp_overlap_is_kept_wherever_there_is_tp():
 def test_a_tp_overlap_no_layout_can_run_is_refused_up_front(fields, says):
     """Asked for where rule TP005 refuses every layout with TP, recommend says so at once (what and why, and the fix
     TP005 gives) instead of ranking only the TP-1 layouts the rule lets through."""
-    from meshplan.errors import MeshplanError
+    from meshplan.core.errors import MeshplanError
 
     with pytest.raises(MeshplanError) as exc:
         recommend(Request(model="llama-3.1-8b", num_gpus=8, tp_comm_overlap=True, **fields))

@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from meshplan.memory import estimate_memory
-from meshplan.schedule import pipeline_split
-from meshplan.schema import Request
+from meshplan.arithmetic.schedule import pipeline_split
+from meshplan.estimate.memory import estimate_memory
+from meshplan.schema.contract import Request
 from meshplan.search import search_job
-from meshplan.space import (
+from meshplan.search.space import (
     Fixed,
     divisors,
     enumerate_layouts,
@@ -145,7 +145,7 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
                                 cp_comm_type="p2p")
                 peak = estimate_memory(job, plan).peak_bytes
                 assert first_stage_floor(job, lay, zero, recompute, mbs, sp) <= peak * (1 + 1e-9), plan
-                from meshplan.space import params_split
+                from meshplan.search.space import params_split
 
                 assert states_lower_bound(job, lay, zero, params_split(job)) <= peak * (1 + 1e-9), plan
                 checked += 1

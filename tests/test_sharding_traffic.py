@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.calibration import calibration
-from meshplan.perf import ShardUnit, estimate_throughput, exposed_sharding, sharding_schedule
-from meshplan.request import Request, resolve
+from meshplan.estimate.perf import ShardUnit, estimate_throughput, exposed_sharding, sharding_schedule
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import Request, resolve
 
 
 def _job(**fields):

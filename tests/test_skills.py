@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshplan.cards import CardError, validate_card
-from meshplan.knowledge import PitfallsCard, StrategiesCard, pitfalls_card, strategies_card
+from meshplan.knowledge.cards import CardError, validate_card
+from meshplan.knowledge.tables import PitfallsCard, StrategiesCard, pitfalls_card, strategies_card
 
 ROOT = Path(__file__).resolve().parents[1]
 SKILLS = sorted(p.parent for p in (ROOT / "skills").glob("*/SKILL.md"))
@@ -103,7 +103,7 @@ def test_knowledge_cards_load():
 
 
 def test_pitfall_rule_ids_exist_in_the_rules_card():
-    from meshplan.rulebook import rule_specs
+    from meshplan.rules.engine import rule_specs
 
     known = set(rule_specs())
     for p in pitfalls_card().pitfalls:
@@ -160,6 +160,6 @@ def test_every_printed_command_runs_as_printed(command, capsys):
     --etp 1, which the recipe sets and an unset etp (= tp on a Megatron MoE) breaks (WS002)."""
     import shlex
 
-    from meshplan.cli import main
+    from meshplan.faces.cli import main
 
     assert main([*shlex.split(command)[1:], "--json"]) == 0, capsys.readouterr()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.docs import checked_rows, job_and_plan, row_numbers
-from meshplan.memory import estimate_memory
-from meshplan.request import resolve
-from meshplan.rules import check_config
-from meshplan.schedule import pipeline_split
-from meshplan.schema import Request
-from meshplan.strategies import suggest
+from meshplan.arithmetic.schedule import pipeline_split
+from meshplan.check.config import check_config
+from meshplan.estimate.memory import estimate_memory
+from meshplan.faces.docs import checked_rows, job_and_plan, row_numbers
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
+from meshplan.search.strategies import suggest
 
 ROWS = checked_rows()
 

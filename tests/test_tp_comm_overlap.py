@@ -4,13 +4,13 @@ mode a plan runs (the framework card's tp_overlap), its preconditions (TP005) an
 from __future__ import annotations
 
 import pytest
+
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
-
 from meshplan.api import check_config, estimate_throughput
-from meshplan.perf import tp_hidden, tp_overlap_mode
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.estimate.perf import tp_hidden, tp_overlap_mode
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 L70 = dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=2, global_batch_size=256)
 

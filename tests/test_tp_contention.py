@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan import perf
 from meshplan.api import estimate_throughput
-from meshplan.cards import framework_card
-from meshplan.hardware import get_gpu
-from meshplan.perf import TpSms, slowed_gemm, tp_hidden, tp_sms
-from meshplan.schema import Request
+from meshplan.estimate import perf
+from meshplan.estimate.perf import TpSms, slowed_gemm, tp_hidden, tp_sms
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.schema.contract import Request
 
 
 def test_slowed_gemm_exact_cases():

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
-
-from meshplan.calibration import calibration
-from meshplan.cards import AttentionSemantics, framework_card
-from meshplan.perf import attention_efficiency, estimate_throughput
-from meshplan.request import resolve
-from meshplan.schema import Request
+from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import AttentionSemantics, framework_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.contract import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import production_configs as pc  # bench scripts are not a package

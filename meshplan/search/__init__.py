@@ -1,6 +1,6 @@
 """recommend: search every layout the framework can express, drop what breaks a rule or does not fit, rank by time.
 
-The space (meshplan/space.py) is every (tp, pp, vpp, cp, ep, etp, dp) over divisors of the GPU count,
+The space (meshplan/search/space.py) is every (tp, pp, vpp, cp, ep, etp, dp) over divisors of the GPU count,
 times the ZeRO/FSDP stage, the recompute mode and the micro-batch size. It is searched best-first
 (A*) with the real estimators, so the answer is the exact top K of the cost model without timing most
 layouts. Each (layout, micro-batch) enters the queue with an optimistic step time and is refined a step

@@ -4,13 +4,13 @@ them."""
 
 from __future__ import annotations
 
-from meshplan.accuracy import accuracy_card, terms, with_band
-from meshplan.errors import MeshplanError
-from meshplan.schema import Candidate, ErrorBand, Job, Plan, Recommendation
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.estimate.accuracy import accuracy_card, terms, with_band
+from meshplan.schema.contract import Candidate, ErrorBand, Job, Plan, Recommendation
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
-    GIB,
     HEADROOM_RULE,
     SAME,
     SEARCH_BUCKETS,
@@ -20,7 +20,7 @@ from meshplan.search.policy import (
     same_numbers,
     slower_by,
 )
-from meshplan.space import SEARCHED_FIELDS, Fixed, zero_ladder
+from meshplan.search.space import SEARCHED_FIELDS, Fixed, zero_ladder
 
 FASTEST = "Fastest predicted layout that passes every rule and fits. "
 
@@ -75,7 +75,7 @@ def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[s
         "Not searched, kept as the request resolves them in every ranked plan: " + ", ".join(words) + ". The "
         "optimizer is the request's (left out: Adam): which optimizer trains the model is a training decision, not a "
         "layout; pass optimizer=muon to rank layouts for Muon (its memory, one fp32 momentum on the matrices in place "
-        "of Adam's two moments, and its Newton-Schulz time, meshplan/muon.py, are estimated)."
+        "of Adam's two moments, and its Newton-Schulz time, meshplan/arithmetic/muon.py, are estimated)."
     ]
     dropped = [z for z in zero_ladder(job.framework) if z not in zeros]
     if dropped and "zero_stage" not in fixed:
@@ -140,7 +140,7 @@ def candidate(job: Job, engine: Engine, found: Found, rank: int, best: Found | N
 def how_sure(job: Job, plan: Plan, band: ErrorBand | None) -> str:
     """What the row's prediction rests on: the error measured in its regime with the terms no measured run exercised
     (the row relies on them unchecked), and how many measured runs exercise each of its other mechanisms
-    (cards/accuracy.yaml, counted by bench/accuracy_card.py with meshplan.accuracy.terms)."""
+    (cards/accuracy.yaml, counted by bench/accuracy_card.py with meshplan.estimate.accuracy.terms)."""
     if band is None:
         return ""
     runs = accuracy_card().throughput.terms

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TypeVar
 
-from meshplan import mesh
-from meshplan.cancel import checkpoint
-from meshplan.errors import MeshplanError
-from meshplan.mesh import crosses_domains
-from meshplan.perf import a2a_steady_share
-from meshplan.rulebook import Context, backend_of, load_rules
-from meshplan.schema import CheckReport, Finding, Job, MemoryReport, Plan, ThroughputReport
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.core.cancel import checkpoint
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import a2a_steady_share
+from meshplan.rules.engine import Context, backend_of, load_rules
+from meshplan.schema.contract import CheckReport, Finding, Job, MemoryReport, Plan, ThroughputReport
 from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.policy import (
     BUDGET,
@@ -36,7 +36,7 @@ from meshplan.search.policy import (
     same_numbers,
     search_limits,
 )
-from meshplan.space import (
+from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
     Layout,
@@ -118,7 +118,7 @@ def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int
     the plainest layout (no model parallelism) while another stage passes is left out of the ladder, e.g. FSDP with
     optimizer=muon (PR005). The search's memory bounds take the ladder's last stage as the lightest, so a stage no
     estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
-    from meshplan.rulebook import EstimateBlocked, require_estimable
+    from meshplan.rules.engine import EstimateBlocked, require_estimable
 
     if not fixed.given:  # the frameworks' own defaults block no stage
         return zeros
@@ -181,7 +181,7 @@ class BestFirstSearch:
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
                 budget_bytes: int = 0) -> BestFirstSearch:
         """A search of `job` with the knobs its framework opens, less what the request fixes."""
-        from meshplan.cards import framework_card
+        from meshplan.knowledge.cards import framework_card
 
         kn = knobs(job.framework)
         zeros = zero_ladder(job.framework)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.schema import CheckReport, Job, MemoryReport, MemorySummary, Plan, ThroughputReport
+from meshplan.schema.contract import CheckReport, Job, MemoryReport, MemorySummary, Plan, ThroughputReport
 from meshplan.search.policy import memory_rule_id
 
 
@@ -26,10 +26,10 @@ class Engine:
 
 def default_engine(framework: str) -> Engine:
     """meshplan's own estimators, with the framework's calibration for the search's bounds."""
-    from meshplan.calibration import calibration
-    from meshplan.memory import estimate_memory, memory_summary
-    from meshplan.perf import estimate_throughput
-    from meshplan.rules import check_config
+    from meshplan.check.config import check_config
+    from meshplan.estimate.memory import estimate_memory, memory_summary
+    from meshplan.estimate.perf import estimate_throughput
+    from meshplan.knowledge.calibration import calibration
 
     cal = calibration(framework)
     return Engine(
@@ -48,7 +48,7 @@ def default_engine(framework: str) -> Engine:
 
 def ideal_time(job: Job, engine: Engine) -> float:
     """Step time at the cost model's best achievable fraction of peak on every GPU, with no communication."""
-    from meshplan.flops import model_flops_per_step
+    from meshplan.arithmetic.flops import model_flops_per_step
 
     peak = engine.peak_flops(job) if engine.peak_flops else job.gpu.bf16_flops
     flops = model_flops_per_step(job.model, job.seq_length, job.global_batch_size)

@@ -9,18 +9,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from meshplan import mesh
-from meshplan.cancel import checkpoint
-from meshplan.errors import MeshplanError
-from meshplan.request import DEFAULT_BATCH_TOKENS
-from meshplan.rulebook import lcm
-from meshplan.schema import Job, MinimumGpus, Request
+from meshplan.arithmetic import mesh
+from meshplan.core.cancel import checkpoint
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import DEFAULT_BATCH_TOKENS
+from meshplan.rules.engine import lcm
+from meshplan.schema.contract import Job, MinimumGpus, Request
 from meshplan.search.answer import fixed_assumption, fixed_text, headroom_assumption, keeps
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, memory_budget, search_limits
-from meshplan.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, state_preset
+from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, state_preset
 
 
 def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budget: int) -> bool | None:
@@ -54,7 +54,7 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budg
 def count_unit(job: Job, fixed: Fixed) -> int:
     """The smallest world size the fixed degrees allow: pp*lcm(tp*cp*dp, ep*etp) (cards/rules.yaml WS002; the open
     degrees at 1), or the plain product where expert parallelism takes ranks of its own (KempnerForge)."""
-    from meshplan.cards import framework_card
+    from meshplan.knowledge.cards import framework_card
 
     def v(name: str) -> int:
         return int(fixed.values.get(name, 1))  # type: ignore[call-overload]
@@ -93,7 +93,7 @@ def states_floor(job: Job, zeros: tuple[int, ...], budget: int, carried: dict[st
     """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
     parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
     space.states_lower_bound), at the lightest ZeRO stage allowed, with the request's carried fields."""
-    from meshplan.memory_states import bytes_per_param
+    from meshplan.arithmetic.memory_states import bytes_per_param
 
     dense, routed = params_split(job)
     tensors = {z: state_preset(job, z, carried or {})[1] for z in zeros}  # LoRA: the frozen base's weights
@@ -196,8 +196,8 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
 def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
     """The smallest GPU count at which some layout passes the rules and keeps the headroom, with recommend's best
     layout there. Every field the request leaves open stays open; a default batch is re-derived at each count."""
-    from meshplan.hardware import get_gpu
-    from meshplan.schema import MAX_GPUS
+    from meshplan.knowledge.hardware import get_gpu
+    from meshplan.schema.contract import MAX_GPUS
     from meshplan.search.ranking import recommend  # recommend's nothing-fits answer runs this module's scan
 
     if req.num_gpus is not None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 import time
 
-from meshplan.schema import Job, NearMiss, Recommendation
+from meshplan.core.units import GIB
+from meshplan.schema.contract import Job, NearMiss, Recommendation
 from meshplan.search.answer import candidate, headroom_text, knob_words, percent, plan_words
 from meshplan.search.engine import BestFirstSearch, Found, run_search
 from meshplan.search.estimators import Engine
 from meshplan.search.gpu_count import scan_minimum
 from meshplan.search.policy import (
-    GIB,
     HEADROOM_RULE,
     SEARCH_BUCKETS,
     headroom_that_ranks,
@@ -21,7 +21,7 @@ from meshplan.search.policy import (
     search_limits,
     slower_by,
 )
-from meshplan.space import Fixed, enumerate_layouts, micro_batches
+from meshplan.search.space import Fixed, enumerate_layouts, micro_batches
 
 
 def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch,

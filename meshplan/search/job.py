@@ -3,9 +3,9 @@ every layout (the request's, else request.default_global_batch at micro-batch 1 
 
 from __future__ import annotations
 
-from meshplan.errors import MeshplanError
-from meshplan.request import default_batch_note, default_global_batch, resolve
-from meshplan.schema import Job, Request
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import default_batch_note, default_global_batch, resolve
+from meshplan.schema.contract import Job, Request
 
 OPEN_FOR_SEARCH = ("tp", "pp", "cp", "ep", "etp", "dp", "vpp", "first_stage_layers", "last_stage_layers")
 """Fields cleared before the request is resolved: the search chooses them (what the request fixes stays in Fixed)."""

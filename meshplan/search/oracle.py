@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from meshplan.schema import Plan, Request
+from meshplan.schema.contract import Plan, Request
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget, same_numbers
-from meshplan.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
+from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
 
 
 class OracleRow(NamedTuple):

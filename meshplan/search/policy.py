@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 
-from meshplan.schema import Job, MemoryReport, MemorySummary, Request
-from meshplan.space import SearchComparison, SearchLimits, search_card
-
-GIB = 1 << 30
+from meshplan.schema.contract import Job, MemoryReport, MemorySummary, Request
+from meshplan.search.space import SearchComparison, SearchLimits, search_card
 
 # Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
 SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
@@ -60,7 +58,7 @@ def same_numbers(time_s: float, peak_bytes: int) -> tuple[float, int]:
 
 def min_headroom_fraction() -> float:
     """The free share of memory a recommended layout keeps: MEM002's threshold, so rules and search agree."""
-    from meshplan.rulebook import rule_specs
+    from meshplan.rules.engine import rule_specs
 
     return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
 
@@ -83,7 +81,7 @@ def headroom_that_ranks(memory: MemoryReport | MemorySummary) -> float:
 
 def memory_rule_id() -> str:
     """The rules card's 'does not fit' error id (the memory rule with severity error)."""
-    from meshplan.rulebook import memory_rules, rule_specs
+    from meshplan.rules.engine import memory_rules, rule_specs
 
     errors = sorted(r for r in memory_rules() if rule_specs()[r].severity == "error")
     return errors[0] if errors else "MEM001"

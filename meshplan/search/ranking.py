@@ -7,8 +7,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from meshplan.errors import MeshplanError
-from meshplan.schema import Recommendation, Request
+from meshplan.core.errors import MeshplanError
+from meshplan.schema.contract import Recommendation, Request
 from meshplan.search.answer import headroom_assumption, ranked_answer
 from meshplan.search.decision import decision_table
 from meshplan.search.engine import run_search
@@ -16,7 +16,7 @@ from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.impossible import explain_impossible, fastest_below_headroom, report_below_headroom
 from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget, search_limits
-from meshplan.space import Fixed
+from meshplan.search.space import Fixed
 
 
 @contextmanager

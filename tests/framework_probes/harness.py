@@ -3,7 +3,7 @@
 This module runs in the test (or bench) process. It generates layouts per framework (valid and
 invalid, across world sizes, degrees, heads, layers, experts, batches and sequence lengths), sends
 them to a probe script that runs INSIDE a throwaway venv holding the real framework code
-(tests/framework_probes/<name>_probe.py), and compares each verdict with `meshplan.rules.check_config`
+(tests/framework_probes/<name>_probe.py), and compares each verdict with `meshplan.check.config.check_config`
 on the same layout, restricted to the rule ids that model what that framework's validator checks
 (`FRAMEWORKS[name].compared`). A disagreement counts as explained only when
 cards/validator_agreement.yaml names it (rule id, framework, the condition under which it happens).
@@ -293,8 +293,8 @@ def framework_verdicts(framework: str, cases: list[dict], timeout: float = 1200)
 
 
 def job_and_plan(case: dict, framework: str):
-    from meshplan.hardware import get_gpu
-    from meshplan.schema import Architecture, Job, MoESpec, Plan
+    from meshplan.knowledge.hardware import get_gpu
+    from meshplan.schema.contract import Architecture, Job, MoESpec, Plan
 
     m = case["model"]
     moe = None
@@ -320,7 +320,7 @@ def job_and_plan(case: dict, framework: str):
 
 
 def meshplan_findings(case: dict, framework: str) -> list[Any]:
-    from meshplan.rules import check_config
+    from meshplan.check.config import check_config
 
     job, plan = job_and_plan(case, framework)
     return check_config(job, plan, include_memory=False).findings

@@ -1,0 +1,207 @@
+"""The model's own architecture in Megatron-Core's terms: rope base and scaling, activation, norm and qk-norm,
+group-limited routing (HF n_group / topk_group; Megatron-Bridge's model_bridge.py CONFIG_MAPPING maps them the same).
+
+One list of settings serves both Megatron faces. Each names the TransformerConfig / GPTModelProvider field
+(`cfg.model.<field>` in Megatron-Bridge) and, where one exists, the pretrain_gpt.py flag that sets it
+(megatron-core 0.19.2: training/arguments.py, and argument_utils.py core_transformer_config_from_args,
+which copies same-named args onto the config). What a face cannot express becomes a note that says what
+to add, so a rendered command never drops an architecture fact silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan.schema.contract import Architecture, RopeSpec
+
+Flag = tuple[str, Any]  # (flag, value); value None = a switch
+
+SILU = frozenset({"silu", "swish"})
+TANH_GELU = frozenset({"gelu_pytorch_tanh", "gelu_new", "gelu_fast"})
+# Norms whose weight is applied as (1 + w): Gemma's RMSNorm, Nemotron's LayerNorm1P. Megatron calls it a
+# zero-centred gamma (--apply-layernorm-1p); Megatron-Bridge's gemma2_bridge.py sets it for Gemma 2.
+ZERO_CENTERED_NORM = frozenset({"gemma2", "nemotron"})
+# Megatron-Core's llama3 rope scaling fixes everything but the factor (RotaryEmbedding._apply_scaling,
+# core/models/common/embeddings/rotary_pos_embedding.py): low_freq_factor 1, high_freq_factor 4, context 8192.
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# gpt-oss's MLP as Megatron-Bridge's gpt_oss_bridge.py builds it: quick_gelu gated, +1 on the linear half,
+# clamped at 7 (the config's swiglu_limit).
+GPT_OSS_GLU_OFFSET, GPT_OSS_CLAMP = 1.0, 7.0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One architecture fact: the config field and its value, and the flag that sets it (None: no flag does)."""
+
+    field: str | None  # None: a flag with no plain config value (an activation function)
+    value: Any
+    flag: Flag | None
+    default: Any = None  # Megatron's own value: a field no flag sets needs no note when it already has it
+    explained: bool = False  # a field no flag sets whose note is written where it is made
+
+
+def _rope(m: Architecture, rope: RopeSpec) -> tuple[list[Setting], list[str]]:
+    """Rope base, share and scaling. MLA models take yarn by default in Megatron (MLATransformerConfig
+    rope_type), so an unscaled MLA model says rope_type rope; other models say position_embedding_type."""
+    out: list[Setting] = []
+    notes: list[str] = []
+    mla = m.mla is not None
+    kind = rope.scaling
+    if not mla:
+        embedding = "yarn" if kind == "yarn" else "rope"
+        out.append(Setting("position_embedding_type", embedding, ("--position-embedding-type", embedding)))
+    if rope.theta is None:
+        notes.append(f"meshplan does not know {m.name}'s rope base (no rope_theta in its config as given): Megatron "
+                     "uses 10000 unless told; add --rotary-base (cfg.model.rotary_base) with the model's rope_theta.")
+    elif rope.theta.is_integer():
+        out.append(Setting("rotary_base", int(rope.theta), ("--rotary-base", int(rope.theta))))
+    else:  # --rotary-base is parsed as an int
+        out.append(Setting("rotary_base", rope.theta, None, default=10000))
+    if rope.fraction != 1:
+        out.append(Setting("rotary_percent", rope.fraction, ("--rotary-percent", rope.fraction)))
+    if mla:
+        out.append(Setting("rope_type", "yarn" if kind == "yarn" else "rope",
+                           ("--rope-type", "yarn" if kind == "yarn" else "rope")))
+        if kind != "yarn":  # MLATransformerConfig.__post_init__: "apply_rope_fusion for MLA only works with YARN"
+            out.append(Setting("apply_rope_fusion", False, ("--no-rope-fusion", None)))
+    if kind is None:
+        return out, notes
+    if kind == "llama3" and not mla:
+        given = {"low_freq_factor": rope.low_freq_factor, "high_freq_factor": rope.high_freq_factor,
+                 "original_max_position_embeddings": rope.original_max_position_embeddings}
+        if all(given[k] is None or given[k] == v for k, v in LLAMA3_FIXED.items()) and rope.factor:
+            out += [Setting("rope_scaling", True, ("--use-rope-scaling", None)),
+                    Setting("rope_scaling_factor", rope.factor, ("--rope-scaling-factor", rope.factor))]
+        else:
+            differ = ", ".join(f"{k}={given[k]:g}" for k, v in LLAMA3_FIXED.items() if given[k] not in (None, v))
+            notes.append(f"{m.name} uses llama3 rope scaling with factor {rope.factor:g} and {differ}, but "
+                         "Megatron-Core's llama3 scaling fixes low_freq_factor 1, high_freq_factor 4 and an original "
+                         "context of 8192 (RotaryEmbedding._apply_scaling): neither --use-rope-scaling nor "
+                         "cfg.model.rope_scaling reproduces it; the model needs its own rotary embedding.")
+    elif kind == "yarn":
+        prefix = "" if mla else "yarn_"
+        out.append(Setting(f"{prefix}rotary_scaling_factor", rope.factor, ("--rotary-scaling-factor", rope.factor)))
+        # MLA reads these under their plain names, which no flag sets (the --yarn-* flags feed only the
+        # non-MLA yarn embedding, argument_utils.py _apply_yarn_config_from_args).
+        for name, value, default in (("original_max_position_embeddings", rope.original_max_position_embeddings, 4096),
+                                     ("beta_fast", rope.beta_fast, 32.0), ("beta_slow", rope.beta_slow, 1.0)):
+            if value is not None:
+                flag = None if mla else (f"--yarn-{name.replace('_', '-')}", value)
+                out.append(Setting(prefix + name, value, flag, default=default))
+        for name, value in (("mscale", rope.mscale), ("mscale_all_dim", rope.mscale_all_dim)):
+            if value is not None:
+                out.append(Setting(prefix + name, value, (f"--{name.replace('_', '-')}", value)))
+        if rope.truncate is False and not mla:
+            out.append(Setting("yarn_correction_range_round_to_int", False,
+                               ("--no-yarn-correction-range-round-to-int", None)))
+    else:
+        notes.append(f"{m.name} uses {kind} rope scaling (factor {rope.factor}), which Megatron-Core has no "
+                     "setting for: extend the context by other means or train without it.")
+    return out, notes
+
+
+def _activation(m: Architecture) -> tuple[list[Setting], list[str]]:
+    act, name = m.activation, m.name
+    if m.model_type == "gpt_oss":
+        return [Setting("gated_linear_unit", True, ("--quick-geglu", None)),
+                Setting("glu_linear_offset", GPT_OSS_GLU_OFFSET, ("--glu-linear-offset", GPT_OSS_GLU_OFFSET)),
+                Setting("activation_func_clamp_value", GPT_OSS_CLAMP,
+                        ("--activation-func-clamp-value", GPT_OSS_CLAMP))], []
+    if m.gated_mlp and act in SILU:
+        return [Setting("gated_linear_unit", True, ("--swiglu", None))], []
+    if m.gated_mlp and act in TANH_GELU:
+        return [Setting("gated_linear_unit", True, None, explained=True)], [
+            f"{name}'s MLP is GeGLU with the tanh GELU (hidden_act {act}). pretrain_gpt.py has no flag for it "
+            "(--swiglu is SiLU-gated, --quick-geglu is x*sigmoid(1.702x)): build the TransformerConfig with "
+            "gated_linear_unit=True and activation_func=megatron.core.activations.fast_gelu, as Megatron-Bridge's "
+            "gemma2_bridge.py does."]
+    if m.gated_mlp:
+        return [Setting("gated_linear_unit", True, None, explained=True)], [
+            f"{name}'s MLP is gated with {act}, which no pretrain_gpt.py flag selects: set the TransformerConfig's "
+            "activation_func yourself."]
+    if act == "relu2":
+        return [Setting(None, "squared_relu", ("--squared-relu", None))], []
+    if act in TANH_GELU:
+        return [], [f"{name} uses the tanh GELU (hidden_act {act}); Megatron's default is the exact (erf) GELU and "
+                    "no flag selects the tanh one (--openai-gelu is parsed but unused in megatron-core 0.19.2): set "
+                    "activation_func in the TransformerConfig to match the checkpoint exactly."]
+    if act == "gelu":
+        return [], []  # Megatron's default activation
+    return [], [f"{name} uses the activation {act}, which no pretrain_gpt.py flag selects: set activation_func."]
+
+
+def _features(m: Architecture, seq_length: int) -> list[str]:
+    """What pretrain_gpt.py's GPT layer cannot build at all, per model family."""
+    name = m.name
+    if m.model_type == "gemma2":
+        return [f"{name} also has norms after attention and after the MLP (4 per layer), attention-logit and "
+                "final-logit soft-capping, query_pre_attn_scalar and a sliding window on every other layer; "
+                "pretrain_gpt.py builds none of them: train it through Megatron-Bridge, whose gemma2_bridge.py sets "
+                "them from the checkpoint."]
+    if m.model_type == "llama4_text":
+        return [f"{name} skips RoPE on every fourth layer, uses chunked attention and (where use_qk_norm) a weightless "
+                "L2 norm on q and k; pretrain_gpt.py cannot build that layer pattern: train it through "
+                "Megatron-Bridge's Llama 4 bridge."]
+    if m.model_type == "gpt_oss":
+        return [f"{name} also has learned attention sinks and a {m.sliding_window}-token window on every other layer: "
+                f"add --softmax-type learnable --window-size {(m.sliding_window or 1) - 1},0 "
+                "--window-attn-skip-freq 2 (cfg.model.softmax_type, window_size, window_attn_skip_freq), as "
+                "Megatron-Bridge's gpt_oss_bridge.py sets."]
+    if m.qk_norm == "full":
+        return [f"{name}'s q/k norms span the whole projection (all heads), while Megatron's qk_layernorm normalises "
+                "each head: --qk-layernorm alone does not match the checkpoint; Megatron-Bridge's OLMoE provider "
+                "(olmoe_provider.py) swaps in an attention that does."]
+    if m.sliding_window and seq_length > m.sliding_window:
+        return [f"{name} attends to the last {m.sliding_window} tokens only (sliding_window) and the sequences here "
+                f"are longer: add --window-size {m.sliding_window - 1},0 (cfg.model.window_size)."]
+    return []
+
+
+def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Setting], list[str], list[str]]:
+    """(settings, notes, core notes): the architecture facts as Megatron-Core fields and flags; what neither face
+    can express; and what only pretrain_gpt.py lacks (Megatron-Bridge's model bridges set activations and
+    layer patterns from the checkpoint)."""
+    settings = [Setting("normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm",
+                        ("--normalization", "RMSNorm" if m.norm_type == "rmsnorm" else "LayerNorm"))]
+    notes: list[str] = []
+    if m.norm_eps is not None:
+        settings.append(Setting("layernorm_epsilon", m.norm_eps, ("--norm-epsilon", m.norm_eps)))
+    else:
+        notes.append(f"meshplan does not know {m.name}'s norm epsilon (none in its config as given): Megatron uses "
+                     "1e-5 unless told; add --norm-epsilon (cfg.model.layernorm_epsilon) with the model's value.")
+    if m.model_type in ZERO_CENTERED_NORM:
+        settings.append(Setting("layernorm_zero_centered_gamma", True, ("--apply-layernorm-1p", None)))
+    act, core_notes = _activation(m)
+    settings += act
+    if m.rope is not None:
+        rope, rope_notes = _rope(m, m.rope)
+        settings += rope
+        notes += rope_notes
+    else:
+        settings.append(Setting("position_embedding_type", "learned_absolute",
+                                ("--position-embedding-type", "learned_absolute")))
+    if m.qk_norm != "none" or m.mla is not None:  # MLA: q_a_layernorm and kv_a_layernorm (gpt_layer_specs.py)
+        settings.append(Setting("qk_layernorm", True, ("--qk-layernorm", None)))
+    if m.moe is not None and m.moe.num_groups > 1:
+        # n_group / topk_group: Megatron-Core routes unlimited unless told (transformer_config.py, flags from its
+        # fields; moe/README.md and examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh pass 8 / 4 for DeepSeek-V3)
+        settings += [Setting("moe_router_num_groups", m.moe.num_groups,
+                             ("--moe-router-num-groups", m.moe.num_groups)),
+                     Setting("moe_router_group_topk", m.moe.group_topk, ("--moe-router-group-topk", m.moe.group_topk))]
+    return settings, notes, core_notes + _features(m, seq_length)
+
+
+def core_flags(settings: list[Setting]) -> tuple[list[Flag], list[str]]:
+    """The pretrain_gpt.py flags of the settings, and a note for each field no flag sets that needs a value."""
+    flags = [s.flag for s in settings if s.flag is not None]
+    unset = [s for s in settings if s.flag is None and s.field and s.value != s.default and not s.explained]
+    notes = [f"pretrain_gpt.py has no flag for {', '.join(f'{s.field}={s.value!r}' for s in unset)}: set "
+             f"{'it' if len(unset) == 1 else 'them'} on the TransformerConfig (a custom model provider), or render for "
+             "Megatron-Bridge, which takes the fields."] if unset else []
+    return flags, notes
+
+
+def bridge_fields(settings: list[Setting]) -> list[tuple[str, Any]]:
+    """The settings as Megatron-Bridge cfg.model fields (an activation function has no plain value to assign)."""
+    return [(f"model.{s.field}", s.value) for s in settings if s.field]

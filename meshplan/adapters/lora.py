@@ -1,0 +1,84 @@
+"""LoRA keys of the adapters: Megatron-Bridge's peft config, verl's and SkyRL's model LoRA fields.
+
+The key names are the framework cards' lora_rank / lora_targets adapter knobs (checked against the pinned packages by
+tests/test_adapters_frameworks.py); this module writes their values. Engines built on Megatron-Bridge's LoRA take its
+target names (linear_qkv ...); the FSDP engines run Hugging Face PEFT, whose targets are the model's own projection
+names (Llama/Qwen naming: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.arithmetic.lora import TARGETS
+from meshplan.schema.contract import Job
+
+Setting = tuple[str, Any]
+
+# Megatron-Core linear -> the Hugging Face projections it fuses (Llama/Qwen/Mistral naming; PEFT matches by suffix)
+HF_PROJECTIONS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                  "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+ALL_LINEAR = "all-linear"  # verl's and SkyRL's default target_modules: every linear (the same four, per projection)
+
+# Megatron-Bridge: the LoRA class a recipe's cfg.peft must be before its fields are set (a pretrain/SFT recipe has
+# cfg.peft = None; a *_peft_config recipe already holds a LoRA, whose other fields (alpha, dropout) are kept).
+BRIDGE_SETUP = ("from megatron.bridge.peft.lora import LoRA", "if not isinstance(cfg.peft, LoRA):",
+                "    cfg.peft = LoRA()")
+
+
+def bridge_lora(job: Job) -> list[Setting]:
+    """cfg.peft.dim and cfg.peft.target_modules (ConfigContainer.peft, a Megatron-Bridge LoRA)."""
+    if job.lora is None:
+        return []
+    return [("peft.dim", job.lora.rank), ("peft.target_modules", list(job.lora.targets))]
+
+
+def hf_targets(targets: list[str]) -> str | list[str]:
+    """PEFT target_modules for the Megatron target names: all four = all-linear, else the projections."""
+    if set(targets) == set(TARGETS):
+        return ALL_LINEAR
+    return [name for target in targets for name in HF_PROJECTIONS[target]]
+
+
+def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
+    """verl 0.9.1: the Megatron engine's actor_rollout_ref.model.lora.{rank,target_modules} (a Megatron-Bridge LoRA),
+    the FSDP engine's actor_rollout_ref.model.lora_rank / target_modules (Hugging Face PEFT)."""
+    if job.lora is None:
+        return []
+    m = "actor_rollout_ref.model."
+    if variant == "fsdp":
+        notes.append(f"LoRA (FSDP engine, Hugging Face PEFT): rank {job.lora.rank}, lora_alpha left at verl's 16; "
+                     "target_modules name the model's projections (Llama/Qwen naming).")
+        return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job.lora.targets))]
+    notes.append(f"LoRA (Megatron engine, Megatron-Bridge LoRA): rank {job.lora.rank}, lora.alpha left at verl's 32.")
+    return [(m + "lora.rank", job.lora.rank), (m + "lora.target_modules", list(job.lora.targets))]
+
+
+def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
+    """SkyRL 0.4.0: trainer.policy.model.lora.{rank,target_modules} (SkyRLLoraConfig); all-linear is the four
+    Megatron targets on the Megatron strategy (megatron_worker.py) and every linear under FSDP (PEFT)."""
+    if job.lora is None:
+        return []
+    targets: str | list[str] = ALL_LINEAR if set(job.lora.targets) == set(TARGETS) else (
+        hf_targets(job.lora.targets) if variant == "fsdp" else list(job.lora.targets))
+    notes.append(f"LoRA: rank {job.lora.rank}, alpha left at SkyRL's 16.")
+    return [("trainer.policy.model.lora.rank", job.lora.rank), ("trainer.policy.model.lora.target_modules", targets)]
+
+
+def read_targets(value: Any, hf: bool) -> list[str]:
+    """The Megatron target names a rendered target_modules value stands for (the inverse of the functions above)."""
+    if value == ALL_LINEAR:
+        return list(TARGETS)
+    if isinstance(value, str) and value.startswith("["):  # a Hydra list override: [a,b]
+        value = [name.strip() for name in value.strip("[]").split(",") if name.strip()]
+    names = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not hf:
+        return names
+    return [t for t in TARGETS if set(HF_PROJECTIONS[t]) <= set(names)]
+
+
+def parsed_lora(rank: Any, targets: Any, hf: bool = False) -> dict[str, Any]:
+    """The job's lora as a snippet states it ({} when the snippet sets no rank)."""
+    if rank in (None, 0):
+        return {}
+    return {"lora": {"rank": int(rank), "targets": read_targets(targets, hf)}}

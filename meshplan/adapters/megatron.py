@@ -1,0 +1,490 @@
+"""Megatron-Core / Megatron-LM flags, Megatron-Bridge ConfigContainer fields, and DeepSpeed configs.
+
+Key names come from the packaged sources (megatron-core 0.19.2 `megatron/training/arguments.py`
+and the dataclasses it generates flags from; megatron-bridge 0.6.2 `training/config.py`); the
+proof tests read those files and fail on any name they do not define.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.adapters.architecture import SILU, bridge_fields, core_flags, megatron_architecture
+from meshplan.adapters.common import (
+    DROPOUT_ON,
+    attention_value,
+    flex_notes,
+    hierarchical_cp,
+    megatron_cpu_optimizer,
+    megatron_dispatcher,
+    megatron_recompute,
+    moe_layer_freq,
+    nodes,
+    offload_modules,
+    routing_notes,
+    split_fields,
+)
+from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
+from meshplan.adapters.render import Built
+from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.contract import Job, Plan
+
+Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several values
+
+
+def _sharding(plan: Plan) -> str | None:
+    """Megatron-FSDP's --data-parallel-sharding-strategy for ZeRO-2/3 (optim_grads / optim_grads_params)."""
+    return {2: "optim_grads", 3: "optim_grads_params"}.get(plan.zero_stage)
+
+
+def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
+    """The model as pretrain_gpt.py flags (names from megatron/training/arguments.py), and notes on what the
+    flags cannot say (meshplan/adapters/architecture.py: rope, activation, norm and qk-norm)."""
+    m = job.model
+    settings, notes, core_notes = megatron_architecture(m, job.seq_length)
+    own, unflagged = core_flags(settings)
+    flags: list[Flag] = [
+        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
+        ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_attention_heads),
+    ]
+    if m.mla is None and m.num_kv_heads != m.num_attention_heads:
+        flags += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
+    if m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
+        flags.append(("--kv-channels", m.head_dim))
+    flags += [("--seq-length", job.seq_length),
+              ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0))]
+    flags += own
+    if not m.tie_word_embeddings:
+        flags.append(("--untie-embeddings-and-output-weights", None))
+    if not (m.qkv_bias or m.o_bias or m.mlp_bias):
+        flags.append(("--disable-bias-linear", None))
+    elif m.qkv_bias and not (m.o_bias or m.mlp_bias):
+        flags += [("--disable-bias-linear", None), ("--add-qkv-bias", None)]
+    if m.mla is not None:
+        flags += [("--multi-latent-attention", None), ("--kv-lora-rank", m.mla.kv_lora_rank),
+                  ("--qk-head-dim", m.mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim),
+                  ("--v-head-dim", m.mla.v_head_dim)]
+        if m.mla.q_lora_rank:
+            flags.append(("--q-lora-rank", m.mla.q_lora_rank))
+    if m.moe is not None:
+        flags += [("--num-experts", m.moe.num_experts), ("--moe-router-topk", m.moe.top_k),
+                  ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", None)]
+        if m.moe.num_shared_experts:
+            flags.append(("--moe-shared-expert-intermediate-size", m.moe.shared_expert_ffn_hidden_size))
+        freq = moe_layer_freq(job)
+        if freq:
+            flags.append(("--moe-layer-freq", freq))
+    if m.num_mtp_layers:
+        flags.append(("--mtp-num-layers", m.num_mtp_layers))
+    return flags, notes + core_notes + unflagged
+
+
+def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
+    """TP/PP/VPP/CP/EP/SP/optimizer/recompute flags, plus notes on the choices made."""
+    notes: list[str] = []
+    flags: list[Flag] = [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    split = split_fields(job, plan)
+    if plan.pipeline_layout is not None:
+        # The layout sets vpp (its stages / pp); validate_args allows no other virtual-stage flag with it.
+        flags.append(("--pipeline-model-parallel-layout", plan.pipeline_layout))
+    elif plan.vpp > 1:
+        if split.first is None and split.last is None and split.per_chunk:
+            # --virtual-pipeline-model-parallel-size does not exist; VPP is set by layers per virtual stage.
+            flags.append(("--num-layers-per-virtual-pipeline-stage", split.per_chunk))
+        else:
+            # validate_args forbids layers-per-vstage together with decoder-first/last.
+            flags.append(("--num-virtual-stages-per-pipeline-rank", plan.vpp))
+    if split.first is not None:
+        flags.append(("--decoder-first-pipeline-num-layers", split.first))
+    if split.last is not None:
+        flags.append(("--decoder-last-pipeline-num-layers", split.last))
+    flags += [(flag, None) for flag, on in (("--account-for-embedding-in-pipeline-split", plan.account_for_embedding),
+                                            ("--account-for-loss-in-pipeline-split", plan.account_for_loss)) if on]
+    flags.append(("--context-parallel-size", plan.cp))
+    if plan.cp > 1:
+        flags.append(("--cp-comm-type", plan.cp_comm_type))
+        if plan.cp_comm_type == "a2a+p2p":
+            sizes = hierarchical_cp(job, plan)
+            flags.append(("--hierarchical-context-parallel-sizes", sizes))
+            notes.append(f"a2a+p2p context parallelism: all-to-all over {sizes[0]} ranks inside a node, "
+                         f"ring over {sizes[1]} groups.")
+    if job.model.moe is not None:
+        flags += [("--expert-model-parallel-size", plan.ep), ("--expert-tensor-parallel-size", plan.etp)]
+        flags += [("--" + name.replace("_", "-"), value) for name, value in megatron_dispatcher(job, plan)]
+        if plan.moe_a2a_overlap:  # 1F1B EP overlap; delay_wgrad_compute gives it the weight gradients to hide behind
+            flags += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+    if plan.sequence_parallel:
+        flags.append(("--sequence-parallel", None))
+    if plan.tp_comm_overlap:  # Transformer Engine userbuffers (rule TP005: needs --sequence-parallel)
+        flags.append(("--tp-comm-overlap", None))
+    backend = attention_value("megatron-core", "pretrain_gpt", plan.attention_backend)
+    if backend:
+        flags.append(("--attention-backend", backend))
+    # written either way: Megatron-LM's own default is 0.1 (the estimate reads Plan.dropout, off unless asked)
+    dropout = DROPOUT_ON if plan.dropout else 0.0
+    flags += [("--attention-dropout", dropout), ("--hidden-dropout", dropout)]
+    if plan.zero_stage == 1:
+        flags.append(("--use-distributed-optimizer", None))
+    elif plan.zero_stage in (2, 3):
+        flags += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", _sharding(plan)),
+                  ("--ckpt-format", "fsdp_dtensor")]
+        notes.append("zero_stage 2/3 renders Megatron-FSDP (optim_grads / optim_grads_params); it needs "
+                     "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS other than 1.")
+    flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
+    rec = megatron_recompute(plan)
+    if rec["recompute_granularity"]:
+        flags.append(("--recompute-granularity", rec["recompute_granularity"]))
+        if rec.get("recompute_modules"):
+            flags.append(("--recompute-modules", rec["recompute_modules"]))
+        if rec["recompute_method"]:
+            flags += [("--recompute-method", rec["recompute_method"]),
+                      ("--recompute-num-layers", rec["recompute_num_layers"])]
+    flags.append(("--bf16", None))
+    flags += precision_flags(job, plan)
+    flags += offload_flags(job, plan)
+    return flags, notes
+
+
+def offload_flags(job: Job, plan: Plan) -> list[Flag]:
+    """Fine-grained activation offloading and the in-step CPU optimizer as megatron-core 0.19.2 flags
+    (transformer_config.py offload_modules; arguments.py --optimizer-cpu-offload needs
+    --use-precision-aware-optimizer, written here unless the precision knobs already did)."""
+    flags: list[Flag] = []
+    if plan.activation_offload:
+        flags += [("--fine-grained-activation-offloading", None), ("--offload-modules", offload_modules(job, plan))]
+    cpu = megatron_cpu_optimizer(plan)
+    if cpu:
+        flags += [("--optimizer-cpu-offload", None),
+                  ("--optimizer-offload-fraction", cpu["optimizer_offload_fraction"]),
+                  ("--overlap-cpu-optimizer-d2h-h2d", None)]
+        if not precision_aware(plan):
+            flags.append(("--use-precision-aware-optimizer", None))
+    return flags
+
+
+def precision_flags(job: Job, plan: Plan) -> list[Flag]:
+    """The optimizer and precision knobs as megatron-core 0.19.2 flags: --optimizer muon (with
+    --use-distributed-optimizer, arguments.py turns on its layer-wise distributed optimizer), --grad-reduce-in-bf16
+    (fp32 is the bf16 default), the precision-aware optimizer's moment dtypes, the fp8 format and recipe (the
+    card's default when left out) and --fp8-param-gather."""
+    flags: list[Flag] = [("--optimizer", plan.optimizer)] if plan.optimizer != "adam" else []
+    if plan.grad_reduce_in_fp32 is False:
+        flags.append(("--grad-reduce-in-bf16", None))
+    if precision_aware(plan):
+        flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", plan.optimizer_state_dtype),
+                  ("--exp-avg-sq-dtype", plan.optimizer_state_dtype)]
+    if job.precision == "fp8":
+        flags += [("--fp8-format", "hybrid"), ("--fp8-recipe", fp8_recipe(job, plan))]
+        if plan.fp8_param_gather:
+            flags.append(("--fp8-param-gather", None))
+    return flags
+
+
+def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    n = nodes(job)
+    flags, notes = parallel_flags(job, plan)
+    model, model_notes = architecture_flags(job)
+    flex, flex_warnings = flex_notes(job, plan)
+    connections = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
+    return Built(
+        template="megatron_core.j2",
+        context={"nodes": n, "flags": model + flags, "max_connections": connections, "to_add": model_notes},
+        format="shell", filename="pretrain_gpt.sh",
+        notes=[*model_notes, *notes, *flex, *routing_notes(job, plan),
+               "Data, tokenizer, optimizer and checkpoint flags are yours to add (--data-path, --tokenizer-type, "
+               "--lr, --save ...); the flags here fix the model shape and the layout.",
+               "There is no --virtual-pipeline-model-parallel-size flag: VPP is "
+               "--num-layers-per-virtual-pipeline-stage (or --num-virtual-stages-per-pipeline-rank)."],
+        warnings=(["Megatron-LM silently drops --sequence-parallel when TP is 1."]
+                  if plan.sequence_parallel and plan.tp == 1 else []) + flex_warnings,
+    )
+
+
+# --------------------------------------------------------------------------- Megatron-Bridge
+
+
+def bridge_architecture(job: Job) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The model's rope, norm and qk-norm as cfg.model fields, and what no field can say. The recipe (or
+    AutoBridge) supplies what has no plain value: the activation function and the layer spec."""
+    settings, notes, _ = megatron_architecture(job.model, job.seq_length)
+    return bridge_fields(settings), notes
+
+
+def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
+    """ConfigContainer fields (cfg.<section>.<field>) for the plan."""
+    split = split_fields(job, plan)
+    s: list[tuple[str, Any]] = [
+        ("model.tensor_model_parallel_size", plan.tp),
+        ("model.pipeline_model_parallel_size", plan.pp),
+        ("model.virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
+        ("model.context_parallel_size", plan.cp),
+    ]
+    if plan.cp > 1:
+        s.append(("model.cp_comm_type", plan.cp_comm_type))
+        if plan.cp_comm_type == "a2a+p2p":
+            s.append(("model.hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
+    if job.model.moe is not None:
+        s += [("model.expert_model_parallel_size", plan.ep), ("model.expert_tensor_parallel_size", plan.etp)]
+        s += [(f"model.{name}", value) for name, value in megatron_dispatcher(job, plan)]
+        if plan.moe_token_dispatcher == "flex":
+            # What Bridge's own apply_flex_dispatcher_backend (training/flex_dispatcher_backend.py) does with flex.
+            s.append(("model.moe_shared_expert_overlap", False))
+        if plan.moe_a2a_overlap:  # comm_overlap asserts moe_shared_expert_overlap off (training/comm_overlap.py)
+            if plan.moe_token_dispatcher != "flex":
+                s.append(("model.moe_shared_expert_overlap", False))
+            s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
+    s.append(("model.sequence_parallel", plan.sequence_parallel))
+    if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)
+        s.append(("comm_overlap.tp_comm_overlap", True))
+    backend = attention_value("megatron-bridge", "python", plan.attention_backend)
+    if backend:  # AttnBackend (an override names it: model.attention_backend=flash; build_bridge codes it in python)
+        s.append(("model.attention_backend", backend))
+    if plan.dropout:  # Bridge's model bridges set both to 0.0 (models/*/*_bridge.py): written only when on
+        s += [("model.attention_dropout", DROPOUT_ON), ("model.hidden_dropout", DROPOUT_ON)]
+    if split.first is not None:
+        s.append(("model.num_layers_in_first_pipeline_stage", split.first))
+    if split.last is not None:
+        s.append(("model.num_layers_in_last_pipeline_stage", split.last))
+    if plan.pipeline_layout is not None:
+        s.append(("model.pipeline_model_parallel_layout", plan.pipeline_layout))
+    s += [(f"model.account_for_{part}_in_pipeline_split", True)
+          for part, on in (("embedding", plan.account_for_embedding), ("loss", plan.account_for_loss)) if on]
+    s += [(f"model.{k}", v) for k, v in megatron_recompute(plan).items()]
+    s.append(("model.seq_length", job.seq_length))
+    fsdp = plan.zero_stage in (2, 3)
+    s += [("ddp.use_distributed_optimizer", plan.zero_stage >= 1),
+          ("optimizer.use_distributed_optimizer", plan.zero_stage >= 1)]
+    if fsdp:
+        s += [("dist.use_megatron_fsdp", True), ("ddp.use_megatron_fsdp", True),
+              ("ddp.data_parallel_sharding_strategy", _sharding(plan)), ("checkpoint.ckpt_format", "fsdp_dtensor")]
+    s += [("train.micro_batch_size", plan.micro_batch_size), ("train.global_batch_size", job.global_batch_size),
+          ("dataset.seq_length", job.seq_length)]
+    s += bridge_precision(job, plan)
+    if plan.activation_offload:
+        s += [("model.fine_grained_activation_offloading", True), ("model.offload_modules", offload_modules(job, plan))]
+    s += [(f"optimizer.{k}", v) for k, v in megatron_cpu_optimizer(plan).items()
+          if not (k == "use_precision_aware_optimizer" and precision_aware(plan))]
+    return s
+
+
+# The torch dtype of each optimizer_state_dtype as megatron-core's arguments.py maps it (fp8 moments are uint8 with
+# a per-tensor scale in Transformer Engine's FusedAdam).
+TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.uint8"}
+
+
+class PyCode(str):
+    """A value written as Python code in the python variant (a torch dtype), as its text in overrides."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def bridge_precision(job: Job, plan: Plan) -> list[tuple[str, Any]]:
+    """The optimizer and precision knobs as ConfigContainer fields: Muon on cfg.optimizer.optimizer, the
+    precision-aware optimizer on cfg.optimizer, and the fp8 format, recipe (the card's default when left out),
+    fp8_param_gather and grad_reduce_in_fp32 on cfg.mixed_precision, whose setup() writes them over the model,
+    optimizer and DDP configs (a model.fp8 set directly is overwritten by the recipe's mixed_precision)."""
+    s: list[tuple[str, Any]] = []
+    if plan.optimizer == "muon":  # Bridge's optim.py: the "dist_" prefix asks for the layer-wise distributed optimizer
+        s.append(("optimizer.optimizer", "dist_muon" if plan.zero_stage >= 1 else "muon"))
+    if precision_aware(plan):
+        dtype = PyCode(TORCH_DTYPES[plan.optimizer_state_dtype])
+        s += [("optimizer.use_precision_aware_optimizer", True), ("optimizer.exp_avg_dtype", dtype),
+              ("optimizer.exp_avg_sq_dtype", dtype)]
+    if job.precision == "fp8":
+        s += [("mixed_precision.fp8", "hybrid"), ("mixed_precision.fp8_recipe", fp8_recipe(job, plan))]
+        if plan.fp8_param_gather is not None:
+            s.append(("mixed_precision.fp8_param_gather", plan.fp8_param_gather))
+    if plan.grad_reduce_in_fp32 is not None:
+        s.append(("mixed_precision.grad_reduce_in_fp32", plan.grad_reduce_in_fp32))
+    return s
+
+
+def preset_settings(settings: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """run_recipe.py overrides: the mixed_precision.<field> settings as the one registered preset that holds them
+    (the recipe's mixed_precision may be a preset name, whose fields an override cannot reach), or an error naming
+    the python variant, which sets the fields themselves."""
+    fields = {k.split(".", 1)[1]: v for k, v in settings if k.startswith("mixed_precision.")}
+    if not fields:
+        return settings
+    presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+    recipe, gather = fields.get("fp8_recipe", "bf16"), fields.get("fp8_param_gather")
+    named = [v for k, v in presets.items() if k.split("/")[0] == recipe
+             and (gather is None or k.split("/")[1] == str(gather).lower())]
+    preset = named[0] if named and fields.get("grad_reduce_in_fp32", True) else None
+    if preset is None:
+        raise MeshplanError(
+            f"Megatron-Bridge's run_recipe.py overrides can name a mixed-precision preset, and none has "
+            f"{', '.join(f'{k}={v}' for k, v in fields.items())}.",
+            fix="Render variant 'python' (it sets cfg.mixed_precision's fields), or ask for a preset's settings: "
+                + "; ".join(f"{k.replace('/', ' with fp8_param_gather=')} -> {v}" for k, v in presets.items()) + ".")
+    return [(k, v) for k, v in settings if not k.startswith("mixed_precision.")] + [("mixed_precision", preset)]
+
+
+def bridge_preset(job: Job, plan: Plan) -> str:
+    """The registered mixed-precision preset of the plan's recipe (bf16_mixed without fp8), with its fp8_param_gather
+    where one has it: what the python variant starts cfg.mixed_precision from before setting its fields (a recipe's
+    mixed_precision may be a preset name: recipes/common.py _pretrain_common sets "bf16_mixed")."""
+    presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+    recipe = fp8_recipe(job, plan) or "bf16"
+    exact = presets.get(f"{recipe}/{str(fp8_param_gather(job, plan)).lower()}")
+    return exact or next(v for k, v in presets.items() if k.split("/")[0] == recipe)  # fields set the rest
+
+
+def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    model, model_notes = bridge_architecture(job)
+    settings = model + bridge_settings(job, plan) + bridge_lora(job)  # LoRA: cfg.peft (meshplan/adapters/lora.py)
+    flex, warnings = flex_notes(job, plan)
+    notes = [*model_notes,
+             "Apply after building the ConfigContainer from a recipe of this model; the model.* architecture fields "
+             "restate its config (the recipe keeps the activation function and layer spec). Bridge defers the "
+             "Megatron-Core __post_init__ checks to cfg.validate(), so run it after these assignments.", *flex,
+             *routing_notes(job, plan)]
+    if flex:
+        notes.append("With flex, moe_shared_expert_overlap is set False as Bridge's apply_flex_dispatcher_backend "
+                     "does; cfg.validate() checks the backend against the GPU it runs on "
+                     "(validate_flex_dispatcher_backend).")
+    if plan.moe_a2a_overlap and job.model.moe is not None:
+        notes.append("moe_a2a_overlap: comm_overlap.overlap_moe_expert_parallel_comm with delay_wgrad_compute; the "
+                     "run_recipe overrides need a recipe that builds cfg.comm_overlap (the perf recipes do), the "
+                     "python variant creates one when the recipe leaves it None.")
+    if plan.tp_comm_overlap:
+        notes.append("tp_comm_overlap: comm_overlap.tp_comm_overlap (Transformer Engine userbuffers); the "
+                     "run_recipe overrides need a recipe that builds cfg.comm_overlap (the perf recipes do), the "
+                     "python variant creates one when the recipe leaves it None.")
+    if variant == "run_recipe":
+        if plan.optimizer_state_dtype == "fp8":
+            raise MeshplanError("run_recipe.py reads a dtype override by name, and fp8 moments are torch.uint8, which "
+                                "it has no name for (utils/activation_map.py DTYPE_MAP).",
+                                fix="Render variant 'python' (cfg.optimizer.exp_avg_dtype = torch.uint8), or use "
+                                    "optimizer_state_dtype=bf16.")
+        settings = preset_settings(settings)
+        n = nodes(job)
+        return Built(template="megatron_bridge_recipe.j2", context={"settings": settings, "nodes": n,
+                                                                    "to_add": model_notes,
+                                                                    "mode": "lora" if job.lora else None},
+                     format="shell", filename="run_recipe.sh",
+                     notes=[*notes, "scripts/training/run_recipe.py is in the Megatron-Bridge repository "
+                                    "(not the wheel); set RECIPE to a recipe function of your model."],
+                     warnings=warnings)
+    setup = ("import torch",) if any(isinstance(v, PyCode) for _, v in settings) else ()
+    if any(k == "model.attention_backend" for k, _ in settings):  # an AttnBackend member, not its name
+        settings = [(k, PyCode(f"AttnBackend.{v}") if k == "model.attention_backend" else v) for k, v in settings]
+        setup += ("from megatron.core.transformer.enums import AttnBackend",)
+    if (plan.moe_a2a_overlap and job.model.moe is not None) or plan.tp_comm_overlap:  # a recipe may leave it None
+        setup += ("from megatron.bridge.training.comm_overlap import CommOverlapConfig",
+                  "if cfg.comm_overlap is None:", "    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)")
+    setup += BRIDGE_SETUP if job.lora else ()
+    if any(k.startswith("mixed_precision.") for k, _ in settings):
+        setup += ("from megatron.bridge.training.mixed_precision import get_mixed_precision_config",
+                  f"cfg.mixed_precision = get_mixed_precision_config({bridge_preset(job, plan)!r})")
+    return Built(template="megatron_bridge.j2", context={"settings": settings, "to_add": model_notes, "setup": setup},
+                 format="python", filename="layout.py", notes=notes, warnings=warnings)
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+
+def deepspeed_default_variant(job: Job, plan: Plan) -> str:
+    return "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 else "config"
+
+
+def ds_config(job: Job, plan: Plan) -> dict[str, Any]:
+    """ds_config.json: batch sizes (train = micro * accumulation * dp), bf16/fp16, ZeRO stage."""
+    accumulation = job.global_batch_size // (plan.micro_batch_size * plan.dp)
+    if accumulation * plan.micro_batch_size * plan.dp != job.global_batch_size:
+        raise MeshplanError(
+            f"DeepSpeed requires train_batch_size = micro * accumulation * dp: {job.global_batch_size} is not a "
+            f"multiple of {plan.micro_batch_size} * {plan.dp}.",
+            fix=f"Use a global batch that is a multiple of {plan.micro_batch_size * plan.dp}.",
+        )
+    config: dict[str, Any] = {
+        "train_batch_size": job.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": plan.zero_stage},
+        "gradient_clipping": 1.0,
+    }
+    if plan.zero_stage == 3:
+        config["zero_optimization"].update({"overlap_comm": True, "contiguous_gradients": True})
+    if plan.recompute != "none":
+        config["activation_checkpointing"] = {"partition_activations": plan.tp > 1,
+                                              "contiguous_memory_optimization": False}
+        if plan.activation_offload:  # the checkpointed inputs on the CPU (rule OF002: needs recompute full)
+            config["activation_checkpointing"]["cpu_checkpointing"] = True
+    if plan.param_offload:
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if plan.optimizer_offload:
+        offload: dict[str, Any] = {"device": "cpu", "pin_memory": True}
+        if 0 < plan.optimizer_offload_fraction < 1:
+            offload["ratio"] = plan.optimizer_offload_fraction  # ZeRO-Offload++: that share steps on the CPU
+        config["zero_optimization"]["offload_optimizer"] = offload
+    return config
+
+
+def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    if plan.pp > 1 and plan.zero_stage > 1:
+        raise MeshplanError(
+            f"DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; got zero_stage={plan.zero_stage} with "
+            f"pp={plan.pp}.", fix="Use zero_stage=1 with pipeline parallelism, or pp=1 for ZeRO-2/3.")
+    config = ds_config(job, plan)
+    if variant == "config":
+        if plan.tp > 1 or plan.pp > 1:
+            raise MeshplanError("A plain ds_config.json cannot express tp/pp > 1.",
+                                fix="Use variant 'megatron-deepspeed', which adds the Megatron-DeepSpeed flags.")
+        return Built(template="deepspeed.j2", context={"config": config}, format="json",
+                     filename="ds_config.json",
+                     notes=["Pass it with deepspeed.initialize(config='ds_config.json') or --deepspeed_config."])
+    m = job.model
+    flags: list[Flag] = [
+        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size), ("--ffn-hidden-size", m.ffn_hidden_size),
+        ("--num-attention-heads", m.num_attention_heads), ("--num-key-value-heads", m.num_kv_heads),
+        ("--seq-length", job.seq_length),
+        ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0)),
+    ]
+    swiglu = m.gated_mlp and m.activation in SILU and m.model_type != "gpt_oss"
+    if swiglu:
+        flags.append(("--swiglu", None))
+    if not m.learned_position_embeddings:
+        flags.append(("--use-rotary-position-embeddings", None))
+    flags += [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
+    if plan.pp == 1:
+        flags.append(("--no-pipeline-parallel", None))
+    flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size),
+              ("--bf16", None), ("--deepspeed", None), ("--deepspeed_config", "ds_config.json"),
+              ("--zero-stage", plan.zero_stage)]
+    if plan.recompute == "full":
+        # DeepSpeed still drives full recompute through the old --checkpoint-activations switch.
+        flags.append(("--checkpoint-activations", None))
+    elif plan.recompute == "selective":
+        flags.append(("--recompute-granularity", "selective"))
+    return Built(template="megatron_deepspeed.j2",
+                 context={"nodes": nodes(job), "config": config, "flags": flags},
+                 format="shell", filename="pretrain_megatron_deepspeed.sh",
+                 notes=["Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed) is not on PyPI: the flags used here are "
+                        "listed with their source in cards/frameworks/deepspeed.yaml (megatron_deepspeed_flags).",
+                        "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's.",
+                        *deepspeed_architecture_notes(job, swiglu)])
+
+
+def deepspeed_architecture_notes(job: Job, swiglu: bool) -> list[str]:
+    """What the Megatron-DeepSpeed flags here leave out of the model (the card lists no flag for them)."""
+    m, facts = job.model, []
+    if m.rope is not None:
+        if m.rope.theta is not None:
+            facts.append(f"rope base {m.rope.theta:g}")
+        if m.rope.scaling:
+            facts.append(f"{m.rope.scaling} rope scaling (factor {m.rope.factor:g})")
+        if m.rope.fraction != 1:
+            facts.append(f"rotary on {m.rope.fraction:.0%} of each head")
+    if m.norm_eps is not None:
+        facts.append(f"norm epsilon {m.norm_eps:g}")
+    if m.gated_mlp and not swiglu:
+        facts.append(f"a gated MLP with {m.activation} (not --swiglu's SiLU)")
+    if m.qk_norm != "none":
+        facts.append("q/k norms")
+    return [f"Add {m.name}'s " + ", ".join(facts) + " with your fork's flags; the flags here do not set them."] \
+        if facts else []

@@ -1,0 +1,256 @@
+"""render(framework, job, plan): the plan as a snippet the framework accepts, with notes and warnings.
+
+Each target module computes the framework's own keys from the plan (pure functions, no I/O);
+a Jinja template per target lays them out. StrictUndefined makes a missing template variable an
+error instead of an empty string, and every user-controlled string that reaches a shell snippet
+passes through `shlex.quote` (the `q` filter), so a hostile model name cannot inject a command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+
+from meshplan.adapters.capabilities import adapter_section, refuse_missing, renderable_frameworks, resolve_version
+from meshplan.core.errors import MeshplanError, closest
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.contract import FRAMEWORKS, CheckReport, Finding, Job, Plan, RenderFormat, RenderResult
+
+Format = RenderFormat
+
+
+@dataclass
+class Built:
+    """What a target builder hands the template (and the result)."""
+
+    template: str
+    context: dict[str, Any]
+    format: Format
+    filename: str
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+Builder = Callable[[Job, Plan, str, str], Built]
+
+
+# --------------------------------------------------------------------------- value formatting (filters)
+
+
+def _comment(value: Any) -> str:
+    """One line of comment text: control characters (newlines) would end the comment in every format."""
+    return re.sub(r"[\x00-\x1f\x7f]+", " ", str(value))
+
+
+# Words Hydra's grammar or OmegaConf's YAML reader turn into a bool, None or a float when bare (any case).
+_RESERVED = frozenset({"null", "true", "false", "yes", "no", "on", "off", "nan", "inf"})
+
+
+def _bare(text: str) -> bool:
+    """A string both readers keep as that string when it is written unquoted."""
+    return bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", text)) and text.lower() not in _RESERVED
+
+
+def _omegaconf_literal(text: str) -> str:
+    r"""`text` with `${` made literal: OmegaConf resolves `${...}` in any string value, and reads `\${` as a
+    literal one (a run of backslashes before it halves, so it is doubled first)."""
+    return re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+
+
+def hydra_value(value: Any) -> str:
+    """An override value for Hydra's grammar (verl, Megatron-Bridge's run_recipe.py) that reads back as `value`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return str(value)
+    text = str(value)
+    return text if _bare(text) else hydra_quoted(text)
+
+
+def hydra_quoted(text: str) -> str:
+    r"""`text` as a quoted Hydra override value that Hydra (1.1+ grammar), then OmegaConf, read back as `text`.
+
+    Inside quotes Hydra keeps a backslash as it is, except a run of backslashes that ends at a quote (an
+    escaped one or the closing one): that run is halved. So only those runs are doubled here; doubling
+    every backslash, as a Python literal would, hands the framework `C:\\dir` for `C:\dir`.
+    """
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", _omegaconf_literal(text))
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text) + "'"
+
+
+def dotlist_value(value: Any) -> str:
+    """An override value for `OmegaConf.from_cli` (SkyRL), which reads each right-hand side as a YAML scalar.
+
+    YAML's single quotes take no backslash escapes, so Hydra's quoting does not carry over; a JSON string
+    is a YAML scalar, and SkyRL serialises its own overrides that way (config.py, overrides_dict_to_dotlist).
+    """
+    if value is None or isinstance(value, (bool, int, float)):
+        return hydra_value(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dotlist_value(v) for v in value) + "]"
+    text = str(value)
+    return text if _bare(text) else json.dumps(_omegaconf_literal(text), ensure_ascii=False)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(str(value))
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("meshplan.adapters", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters.update(q=lambda v: shlex.quote(str(v)), comment=_comment, hydra=hydra_value, dotlist=dotlist_value,
+                       py=repr, toml=toml_value, json=lambda v: json.dumps(v, indent=2))
+    return env
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def _targets() -> dict[str, tuple[Builder, Callable[[Job, Plan], str]]]:
+    from meshplan.adapters import megatron, rl, torchnative
+
+    return {
+        "megatron-core": (megatron.build_core, lambda job, plan: "pretrain_gpt"),
+        "megatron-bridge": (megatron.build_bridge, lambda job, plan: "python"),
+        "deepspeed": (megatron.build_deepspeed, megatron.deepspeed_default_variant),
+        "verl": (rl.build_verl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "megatron"),
+        "skyrl": (rl.build_skyrl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "rl"),
+        "torchtitan": (torchnative.build_torchtitan, lambda job, plan: "cli"),
+        "kempnerforge": (torchnative.build_kempnerforge, lambda job, plan: "toml"),
+    }
+
+
+# The frameworks whose card has an `adapter` section, in the order of schema.FRAMEWORKS: the card decides
+# what renders (tests/test_adapters.py checks that each has a builder above, and each builder a card).
+TARGETS: tuple[str, ...] = renderable_frameworks()
+
+
+def require_target(framework: str) -> None:
+    """Refuse a framework no adapter renders, naming the closest one and only those that render."""
+    if framework in TARGETS:
+        return
+    if framework in FRAMEWORKS:
+        reason, near = " (it is a memory convention only: meshplan estimates it but writes no config)", []
+    else:
+        reason, near = "", closest(framework, TARGETS, n=1)
+    raise MeshplanError(
+        f"No adapter renders {framework!r}{reason}.",
+        fix=(f"Did you mean {near[0]!r}? " if near else "") + f"meshplan renders: {', '.join(TARGETS)}.",
+    )
+
+
+# --------------------------------------------------------------------------- the rules before rendering
+
+
+def finding_line(finding: Finding) -> str:
+    """One rule finding as a line of text: id, message and fix, as `meshplan check` words them."""
+    return f"{finding.id} ({finding.severity}): {finding.message} Fix: {finding.fix}"
+
+
+class RefusedLayout(MeshplanError):
+    """A layout that breaks a rule of its framework: `render` writes it only when forced."""
+
+    def __init__(self, job: Job, plan: Plan, report: CheckReport):
+        from meshplan.rules.engine import gib, memory_rules
+
+        self.report = report
+        self.findings = [f for f in report.findings if f.severity == "error"]
+        ids = [f.id for f in self.findings]
+        why = []
+        if set(ids) - memory_rules():
+            why.append(f"{job.framework} would reject it")
+        memory = report.memory
+        if memory is not None and not memory.fits:
+            why.append(f"it does not fit: a peak of {gib(memory.peak_bytes)} per GPU (stage {memory.peak_stage}) "
+                       f"against {gib(memory.capacity_bytes)} of memory")
+        headline = (f"Not rendered: {job.model.name} {plan.short()} on {job.num_gpus} x {job.gpu.name} breaks "
+                    f"{len(ids)} rule{'s' if len(ids) > 1 else ''} ({', '.join(ids)}): {' and '.join(why)}.")
+        fix = ("Apply the fixes above, or take a layout from `meshplan recommend`, which passes every rule; to write "
+               "this one anyway, pass --force (MCP: force=true).")
+        super().__init__("\n".join([headline, *("  " + finding_line(f) for f in self.findings)]), fix=fix)
+        self.args = (f"{self.reason}\nFix: {fix}",)  # the fix on a line of its own, after the findings' own
+
+
+def vet_layout(job: Job, plan: Plan, report: CheckReport, *, force: bool = False) -> tuple[list[str], list[str]]:
+    """(notes, warnings) from the framework's rules over the plan; a rule error refuses it unless `force`.
+
+    Warnings (low memory headroom, a slow layout) never block: they are handed on with the snippet.
+    """
+    errors = [f for f in report.findings if f.severity == "error"]
+    if errors and not force:
+        raise RefusedLayout(job, plan, report)
+    warnings = [finding_line(f) for f in report.findings if f.severity != "info"]
+    if errors:
+        broken = ", ".join(f.id for f in errors)
+        warnings.insert(0, f"Rendered because force was given, although the layout breaks {broken}: expect the "
+                           "framework to reject it or run out of memory.")
+    return [finding_line(f) for f in report.findings if f.severity == "info"], warnings
+
+
+def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
+           version: str | None = None) -> RenderResult:
+    """The plan as `framework`'s config snippet; a knob the framework lacks is a MeshplanError."""
+    require_target(framework)
+    builder, default_variant = _targets()[framework]
+    section = adapter_section(framework)
+    if version is None and job.framework_version in section.versions:  # the release the request named
+        version = job.framework_version
+    version = resolve_version(framework, version)
+    variant = variant or default_variant(job, plan)
+    if variant not in section.variants:
+        raise MeshplanError(
+            f"{framework} has no variant {variant!r}.",
+            fix="Variants: " + "; ".join(f"{k} ({v})" for k, v in section.variants.items()) + ".",
+        )
+    refuse_missing(framework, version, variant, job, plan)
+    built = builder(job, plan, variant, version)
+    env, note = allocator_setting(framework, plan, built.format)
+    context = {"job": job, "plan": plan, "version": version, "variant": variant, "allocator_env": env,
+               **built.context}
+    text = environment().get_template(built.template).render(**context)
+    return RenderResult(
+        framework=framework, variant=variant, version=version, format=built.format, text=text,
+        filename=built.filename, plan=plan, notes=[*job.notes, *built.notes, *note], warnings=built.warnings,
+    )
+
+
+ALLOCATOR_ENV = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def allocator_setting(framework: str, plan: Plan, fmt: str) -> tuple[str | None, list[str]]:
+    """(env line for a shell snippet, notes): Plan.expandable_segments where the framework takes it. A shell snippet
+    exports it; elsewhere a note says where it goes (the framework's launcher or workers, its card's allocator)."""
+    facts = framework_card(framework).allocator
+    sets_it = facts is not None and facts.expandable_segments
+    if not plan.expandable_segments:
+        return None, ([f"expandable_segments=false, but {framework} launches with it ({facts.how}): unset it there "
+                       "for the memory this estimate assumes."] if sets_it else [])
+    if fmt == "shell":
+        return ALLOCATOR_ENV, []
+    where = facts.how if sets_it else f"export {ALLOCATOR_ENV} before the launch (the framework does not set it)"
+    return None, [f"expandable_segments=true: {where}; the fit is decided by the allocated peak."]

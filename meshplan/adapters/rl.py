@@ -1,0 +1,303 @@
+"""verl (Hydra overrides) and SkyRL (OmegaConf dotlist) for RL and SFT post-training.
+
+verl 0.9.1 keys come from its packaged YAML (`verl/trainer/config/`): plain `key=value` for keys
+the YAML has, `++key=value` for `override_transformer_config.*` keys it lacks (Hydra rejects `+`
+on an existing non-null key). SkyRL 0.4.0 keys are dataclass fields (`skyrl/train/config/`);
+SkyRL rejects a `+` prefix, and VPP, recompute and uneven PP go into `transformer_config_kwargs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.adapters.common import (
+    DROPOUT_ON,
+    attention_value,
+    flex_notes,
+    hierarchical_cp,
+    megatron_cpu_optimizer,
+    megatron_dispatcher,
+    megatron_recompute,
+    nodes,
+    offload_modules,
+    rollout_tp,
+    split_fields,
+)
+from meshplan.adapters.lora import skyrl_lora, verl_lora
+from meshplan.adapters.render import Built
+from meshplan.core.errors import MeshplanError
+from meshplan.rl.rollout import rl_card
+from meshplan.schema.contract import Job, Plan
+
+Override = tuple[str, Any]
+
+
+def samples_per_prompt(job: Job, default: int) -> int:
+    """Responses per prompt: the framework's default if it divides the global batch, else the largest of
+    8, 4, 2, 1 that does (global_batch_size counts sequences = prompts x responses per prompt)."""
+    for n in (default, 8, 4, 2, 1):
+        if job.global_batch_size % n == 0:
+            return n
+    return 1
+
+
+def _model_path(job: Job) -> str:
+    return job.model.hf_id or job.model.name
+
+
+def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
+    """Megatron TransformerConfig fields that verl and SkyRL pass through (recompute, uneven PP, CP comm)."""
+    split = split_fields(job, plan)
+    out: list[Override] = list(megatron_recompute(plan).items())
+    if split.first is not None:
+        out.append(("num_layers_in_first_pipeline_stage", split.first))
+    if split.last is not None:
+        out.append(("num_layers_in_last_pipeline_stage", split.last))
+    if plan.cp > 1:
+        out.append(("cp_comm_type", plan.cp_comm_type))
+        if plan.cp_comm_type == "a2a+p2p":
+            out.append(("hierarchical_context_parallel_sizes", hierarchical_cp(job, plan)))
+    backend = attention_value(job.framework, "megatron" if job.framework == "verl" else "rl", plan.attention_backend,
+                              mla=job.model.mla is not None)  # the Megatron engine: by_engine leaves it to mla_backend
+    if backend:  # verl's config_converter / SkyRL's worker hand the string to Megatron-Core's AttnBackend
+        out.append(("attention_backend", backend))
+    if plan.dropout:
+        out += [("attention_dropout", DROPOUT_ON), ("hidden_dropout", DROPOUT_ON)]
+    return out
+
+
+# --------------------------------------------------------------------------- RL jobs (meshplan/rl/rollout.py)
+
+
+def _has_critic(job: Job) -> bool:
+    """A critic is rendered for PPO, and for a plain training job as before (verl's packaged default is PPO)."""
+    return job.rl is None or job.rl.algorithm == "ppo"
+
+
+def rl_workload(job: Job, plan: Plan, default_n: int) -> tuple[int, int, int, str]:
+    """(samples per prompt, prompts, rollout TP, a note): an RL job's own fields, else derived from the batch."""
+    if job.rl is not None:
+        return (job.rl.samples_per_prompt, job.rl.prompts_per_step, plan.rollout_tp,
+                f"Rollout engine {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp} EP{plan.rollout_ep} at "
+                f"memory fraction {plan.rollout_memory_fraction:g} (meshplan memory gives each phase's peak).")
+    n = samples_per_prompt(job, default_n)
+    rtp = rollout_tp(job)
+    return n, job.global_batch_size // n, rtp, (
+        f"Rollout (vLLM/SGLang) tensor parallel size {rtp}: the smallest power of two whose bf16 weight shard takes "
+        "at most half a GPU, leaving the rest to the KV cache.")
+
+
+def verl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]:
+    """verl's rollout section, lengths and algorithm for an RL job (verl/trainer/config/rollout/rollout.yaml,
+    data/legacy_data.yaml, algorithm adv_estimator; the reference model follows use_kl_loss)."""
+    if job.rl is None:
+        return []
+    if plan.placement == "separate":
+        raise MeshplanError("meshplan renders verl's colocated hybrid engine only; a separate rollout pool is verl's "
+                            "one-step-off recipe (verl/experimental/one_step_off_policy), another entry point.",
+                            fix="Use placement colocated for verl, or SkyRL (colocate_all false) for separate pools.")
+    rl, ref = job.rl, rl_card(job.framework).reference_model[job.rl.algorithm]
+    rollout = "actor_rollout_ref.rollout"
+    notes.append(f"{rl.algorithm.upper()}: adv_estimator {'gae' if rl.algorithm == 'ppo' else 'grpo'}, "
+                 f"use_kl_loss {ref} (a reference model {'is' if ref else 'is not'} loaded); "
+                 + ("a critic is trained." if rl.algorithm == "ppo" else "no critic."))
+    return [("data.max_prompt_length", rl.prompt_length), ("data.max_response_length", rl.response_length),
+            ("algorithm.adv_estimator", "gae" if rl.algorithm == "ppo" else "grpo"),
+            ("actor_rollout_ref.actor.use_kl_loss", ref),
+            (f"{rollout}.name", plan.rollout_engine), (f"{rollout}.data_parallel_size", plan.rollout_dp),
+            (f"{rollout}.expert_parallel_size", plan.rollout_ep),
+            (f"{rollout}.gpu_memory_utilization", plan.rollout_memory_fraction),
+            *([(f"{rollout}.enforce_eager", True)] if plan.rollout_enforce_eager else [])]
+
+
+def skyrl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]:
+    """SkyRL's generator and algorithm for an RL job (skyrl/train/config/config.py InferenceEngineConfig,
+    SamplingParams, AlgorithmConfig)."""
+    if job.rl is None:
+        return []
+    rl, ref = job.rl, rl_card(job.framework).reference_model[job.rl.algorithm]
+    engine = "generator.inference_engine"
+    o: list[Override] = [("trainer.max_prompt_length", rl.prompt_length),
+                         ("generator.sampling_params.max_generate_length", rl.response_length),
+                         ("trainer.algorithm.advantage_estimator", "gae" if rl.algorithm == "ppo" else "grpo"),
+                         ("trainer.algorithm.use_kl_loss", ref),
+                         (f"{engine}.data_parallel_size", plan.rollout_dp),
+                         (f"{engine}.expert_parallel_size", plan.rollout_ep),
+                         (f"{engine}.gpu_memory_utilization", plan.rollout_memory_fraction),
+                         *([(f"{engine}.enforce_eager", True)] if plan.rollout_enforce_eager else [])]
+    if rl.algorithm == "ppo":
+        n = nodes(job)
+        o += [("trainer.critic.model.path", _model_path(job)), ("trainer.placement.critic_num_nodes", n.nnodes),
+              ("trainer.placement.critic_num_gpus_per_node", n.per_node)]
+    notes.append(f"{rl.algorithm.upper()}: advantage_estimator {'gae' if rl.algorithm == 'ppo' else 'grpo'}, "
+                 f"use_kl_loss {ref}.")
+    return o
+
+
+# --------------------------------------------------------------------------- verl
+
+
+def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
+    n = nodes(job)
+    rollout, prompts, rtp, rtp_note = rl_workload(job, plan, 1)  # an RL job's own, else derived from the batch
+    notes = [rtp_note,
+             f"global_batch_size {job.global_batch_size} = ppo_mini_batch_size {prompts} prompts x rollout.n "
+             f"{rollout}; data.train_batch_size is set equal (one optimizer step per batch)."]
+    o: list[Override] = []
+    if variant == "megatron":
+        o.append(("model_engine", "megatron"))
+    o += [("actor_rollout_ref.model.path", _model_path(job)),
+          ("trainer.nnodes", n.nnodes), ("trainer.n_gpus_per_node", n.per_node),
+          ("data.train_batch_size", prompts), ("actor_rollout_ref.rollout.n", rollout),
+          ("actor_rollout_ref.actor.ppo_mini_batch_size", prompts),
+          ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", plan.micro_batch_size),
+          ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
+          ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
+          ("actor_rollout_ref.rollout.tensor_model_parallel_size", rtp)]
+    if variant == "megatron":
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")[:3 if _has_critic(job) else 2]:
+            o += [(f"{role}.megatron.tensor_model_parallel_size", plan.tp),
+                  (f"{role}.megatron.pipeline_model_parallel_size", plan.pp),
+                  (f"{role}.megatron.virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
+                  (f"{role}.megatron.context_parallel_size", plan.cp),
+                  (f"{role}.megatron.expert_model_parallel_size", plan.ep),
+                  (f"{role}.megatron.expert_tensor_parallel_size", plan.etp),
+                  (f"{role}.megatron.sequence_parallel", plan.sequence_parallel)]
+            if role != "actor_rollout_ref.ref":
+                o += [(f"{role}.megatron.use_distributed_optimizer", plan.zero_stage >= 1),
+                      (f"{role}.megatron.use_megatron_fsdp", plan.zero_stage == 3)]
+            o += [(f"++{role}.megatron.override_transformer_config.{k}", v)
+                  for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
+        o += _verl_megatron_offload(job, plan)
+        notes.append("override_transformer_config keys use '++' (add or override): the packaged YAML lacks most "
+                     "of them, and Hydra's '+' fails on a key that already has a value.")
+    else:
+        o.append(("actor_rollout_ref.actor.strategy", "fsdp2"))
+        if _has_critic(job):
+            o += [("critic.strategy", "fsdp2"), ("critic.ulysses_sequence_parallel_size", plan.cp)]
+        o += [("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
+              ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
+              ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
+              ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
+              ("actor_rollout_ref.model.use_remove_padding", True)]
+        backend = attention_value("verl", "fsdp", plan.attention_backend)
+        if backend:  # the Hugging Face attn_implementation verl loads the model with (workers/config/model.py)
+            o.append(("++actor_rollout_ref.model.override_config.attn_implementation", backend))
+        o += [(key, True) for key, on in (
+            ("actor_rollout_ref.model.enable_activation_offload", plan.activation_offload),
+            ("actor_rollout_ref.actor.fsdp_config.param_offload", plan.param_offload),
+            ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", plan.optimizer_offload)) if on]
+        notes.append("FSDP backend: context parallelism is Ulysses sequence parallelism (cp -> "
+                     "ulysses_sequence_parallel_size), which needs use_remove_padding=True; FSDP shards over all GPUs.")
+    return o + verl_rl_overrides(job, plan, notes), notes
+
+
+def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
+    """The actor's offloads on verl's Megatron backend: the phase offloads (engine/megatron.yaml), the in-step CPU
+    optimizer through override_optimizer_config, activation offloading through override_transformer_config."""
+    actor = "actor_rollout_ref.actor"
+    o: list[Override] = [(f"{actor}.megatron.{knob}", True) for knob, on in (
+        ("param_offload", plan.param_offload), ("optimizer_offload", plan.optimizer_offload)) if on]
+    o += [(f"++{actor}.optim.override_optimizer_config.{k}", v)
+          for k, v in megatron_cpu_optimizer(plan).items() if plan.optimizer_offload_fraction > 0]
+    if plan.activation_offload:
+        o += [(f"++{actor}.megatron.override_transformer_config.fine_grained_activation_offloading", True),
+              (f"++{actor}.megatron.override_transformer_config.offload_modules", offload_modules(job, plan))]
+    return o
+
+
+def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    overrides, notes = verl_overrides(job, plan, variant)
+    overrides += verl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
+    flex, warnings = flex_notes(job, plan)
+    return Built(template="verl.j2", context={"overrides": overrides}, format="hydra",
+                 filename=f"run_verl_{variant}.sh",
+                 notes=[*notes, *flex, "Set data.train_files, data.max_prompt_length + data.max_response_length "
+                                       f"(together {job.seq_length} tokens here) and the algorithm for your task."],
+                 warnings=warnings)
+
+
+# --------------------------------------------------------------------------- SkyRL
+
+
+def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
+    n = nodes(job)
+    notes: list[str] = []
+    megatron = variant in ("rl", "sft")
+    kwargs = list(megatron_recompute(plan).items()) + [
+        (k, v) for k, v in _transformer_overrides(job, plan) if not k.startswith("recompute_")
+    ]
+    if plan.vpp > 1:
+        kwargs.insert(0, ("virtual_pipeline_model_parallel_size", plan.vpp))
+    if plan.sequence_parallel != (plan.tp > 1):
+        kwargs.append(("sequence_parallel", plan.sequence_parallel))  # SkyRL's own rule is SP = (TP > 1)
+    if variant == "sft":
+        prefix, o = "megatron_config", [("strategy", "megatron"), ("model.path", _model_path(job)),
+                                        ("placement.num_nodes", n.nnodes),
+                                        ("placement.num_gpus_per_node", n.per_node),
+                                        ("batch_size", job.global_batch_size),
+                                        ("micro_train_batch_size_per_gpu", plan.micro_batch_size),
+                                        ("max_length", job.seq_length)]
+    else:
+        rollout, prompts, rtp, rtp_note = rl_workload(job, plan, 5)  # an RL job's own, else derived from the batch
+        engines = (plan.rollout_gpus if job.rl else job.num_gpus) // (rtp * (plan.rollout_dp if job.rl else 1))
+        prefix = "trainer.policy.megatron_config"
+        o = [("trainer.strategy", "megatron" if megatron else "fsdp"),
+             ("trainer.policy.model.path", _model_path(job)),
+             ("trainer.placement.colocate_all", plan.placement != "separate"),
+             ("trainer.placement.policy_num_nodes", n.nnodes),
+             ("trainer.placement.policy_num_gpus_per_node", n.per_node),
+             ("trainer.placement.ref_num_nodes", n.nnodes),
+             ("trainer.placement.ref_num_gpus_per_node", n.per_node),
+             ("trainer.train_batch_size", prompts), ("trainer.policy_mini_batch_size", prompts),
+             ("generator.n_samples_per_prompt", rollout),
+             ("trainer.micro_train_batch_size_per_gpu", plan.micro_batch_size),
+             ("trainer.micro_forward_batch_size_per_gpu", plan.micro_batch_size),
+             ("generator.inference_engine.tensor_parallel_size", rtp),
+             ("generator.inference_engine.num_engines", engines)]
+        o += skyrl_rl_overrides(job, plan, notes)
+        notes += [rtp_note, f"global_batch_size {job.global_batch_size} = policy_mini_batch_size {prompts} prompts x "
+                  f"n_samples_per_prompt {rollout}.",
+                  f"Inference engines: {engines} x TP {rtp}"
+                  + (" on their own GPUs (colocate_all false)." if plan.placement == "separate" else
+                     " on the same GPUs (colocate_all needs num_engines x TP x DP = policy GPUs).")]
+    if not megatron:
+        o += [("trainer.policy.sequence_parallel_size", plan.cp), ("trainer.ref.sequence_parallel_size", plan.cp),
+              ("trainer.policy.fsdp_config.fsdp_size", -1),
+              ("trainer.gradient_checkpointing", plan.recompute == "full")]
+        if plan.param_offload:
+            o.append(("trainer.policy.fsdp_config.cpu_offload", True))
+        if attention_value("skyrl", "fsdp", plan.attention_backend) == "true":  # flash_attention_2, SkyRL's default
+            o.append(("trainer.flash_attn", True))
+        if not plan.optimizer_offload:  # SkyRL's default is on (cards/frameworks/skyrl.yaml offload)
+            o.append(("trainer.policy.optimizer_config.offload_after_step", False))
+        notes.append("FSDP strategy: context parallelism is Ulysses sequence parallelism (sequence_parallel_size).")
+        return o, notes
+    roles = [prefix] if variant == "sft" else [prefix, "trainer.ref.megatron_config"]
+    for role in roles:
+        o += [(f"{role}.tensor_model_parallel_size", plan.tp), (f"{role}.pipeline_model_parallel_size", plan.pp),
+              (f"{role}.context_parallel_size", plan.cp), (f"{role}.expert_model_parallel_size", plan.ep),
+              (f"{role}.expert_tensor_parallel_size", plan.etp)]
+        dispatcher = dict(megatron_dispatcher(job, plan))
+        if "moe_token_dispatcher_type" in dispatcher:  # a MegatronConfig field of its own (default alltoall)
+            o.append((f"{role}.moe_token_dispatcher_type", dispatcher.pop("moe_token_dispatcher_type")))
+        o += [(f"{role}.transformer_config_kwargs.{k}", v) for k, v in [*kwargs, *dispatcher.items()]]
+    if plan.cp > 1:
+        o.append(("remove_microbatch_padding" if variant == "sft" else "trainer.remove_microbatch_padding", True))
+    if variant != "sft" and not plan.optimizer_offload:  # SkyRL's default is on
+        o.append(("trainer.policy.optimizer_config.offload_after_step", False))
+    if plan.optimizer_offload_fraction > 0:
+        o += [(f"{prefix}.optimizer_config_kwargs.{k}", v) for k, v in megatron_cpu_optimizer(plan).items()]
+    notes.append("SkyRL turns sequence parallelism on whenever TP > 1 (no key of its own); VPP, recompute and "
+                 "uneven PP are TransformerConfig fields under transformer_config_kwargs, which SkyRL does not "
+                 "check itself (Megatron-Core does, on the workers).")
+    return o, notes
+
+
+def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    overrides, notes = skyrl_overrides(job, plan, variant)
+    overrides += skyrl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
+    flex, warnings = flex_notes(job, plan)
+    module = "skyrl.train.main_sft" if variant == "sft" else "skyrl.train.entrypoints.main_base"
+    return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",
+                 filename=f"run_skyrl_{variant}.sh", notes=[*notes, *flex], warnings=warnings)

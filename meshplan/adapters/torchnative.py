@@ -1,0 +1,225 @@
+"""torchtitan (0.3.x command-line overrides, 0.2.x TOML) and KempnerForge (TOML), both FSDP2-based.
+
+Both shard data parallelism with FSDP2 (`dp_shard`) or replicate it (`dp_replicate`), so zero_stage 3
+maps to sharding and 0 to replication; ZeRO-1/2 have no knob (the cards say so). torchtitan 0.3.0
+keys: `torchtitan/config/configs.py` (ParallelismConfig, TrainingConfig) and the
+activation-checkpoint subcommand in `torchtitan/distributed/activation_checkpoint.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.adapters.common import attention_value, nodes, split_fields
+from meshplan.adapters.render import Built
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.memory_states import fp8_recipe
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.contract import Job, Plan
+
+
+def _dp(plan: Plan) -> tuple[int, int]:
+    """(replicate, shard) degrees: FSDP2 shards for zero_stage 3, replicates (DDP) for 0."""
+    return (1, plan.dp) if plan.zero_stage == 3 else (plan.dp, 1)
+
+
+def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:
+    """Pipeline keys that reproduce the plan's split exactly.
+
+    torchtitan splits num_layers + first_less + last_less "effective layers" evenly over pp*vpp
+    stages (distributed/pipeline_parallel.py, _generate_llm_fqn_per_model_part). With
+    layers_per_stage = m for the middle stages and first_less = m - first, last_less = m - last,
+    every stage gets exactly the plan's layers.
+    """
+    if plan.pp == 1:
+        return []
+    split = split_fields(job, plan)
+    if split.first is None and split.last is None:
+        if split.per_chunk is None:
+            raise MeshplanError(
+                f"{job.model.num_layers} layers do not divide into {split.stages} pipeline stages.",
+                fix="Give first_stage_layers/last_stage_layers, or a pp*vpp that divides the layer count.")
+        m, first, last = split.per_chunk, split.per_chunk, split.per_chunk
+    else:
+        if plan.vpp > 1:
+            raise MeshplanError("An uneven split with vpp > 1 is not rendered for torchtitan.",
+                                fix="Use vpp=1 with first/last stage layers, or an even split.")
+        m = split.per_chunk or max(split.first or 0, split.last or 0)
+        first = split.first if split.first is not None else m
+        last = split.last if split.last is not None else m
+        if first > m or last > m:
+            raise MeshplanError(
+                f"torchtitan can only make the first/last stage lighter (first_less/last_less >= 0); "
+                f"first={first}, last={last} exceed the middle stages' {m} layers.",
+                fix="Put fewer layers on the first/last stages than on the middle ones.")
+    return [("pipeline_parallel_schedule", "Interleaved1F1B" if plan.vpp > 1 else "1F1B"),
+            ("pipeline_parallel_layers_per_stage", m),
+            ("pipeline_parallel_first_stage_less_layers", m - first),
+            ("pipeline_parallel_last_stage_less_layers", m - last),
+            ("pipeline_parallel_microbatch_size", plan.micro_batch_size)]
+
+
+def torchtitan_registry(job: Job) -> tuple[str, str] | None:
+    """(--module, --config) of torchtitan's config registry for a catalog model, from the card."""
+    table = (framework_card("torchtitan").model_extra or {}).get("registry", {})
+    entry = table.get(job.model.key or "")
+    return (entry["module"], entry["config"]) if entry else None
+
+
+# torchtitan 0.2.2 model code that reads parallelism.expert_parallel_comm_backend (infra/parallelize.py);
+# every other model's parallelize function ignores it.
+DEEPEP_MODULES_0_2 = ("deepseek_v3", "llama4")
+
+
+def torchtitan_0_2_dispatcher(job: Job, plan: Plan) -> tuple[list[tuple[str, Any]], list[str]]:
+    """torchtitan 0.2.2's expert_parallel_comm_backend ("standard" or "deepep") and any warning.
+
+    Refuses what torchtitan would reject or silently ignore: DeepEP needs ep > 1 and etp = 1
+    (deepseek_v3/infra/parallelize.py raises otherwise), only the deepseek_v3 and llama4 model code
+    reads the key, and 0.2.2 has no HybridEP, which a multi-node NVLink domain (GB200 NVL72) needs.
+    """
+    if job.model.moe is None:
+        return [], []
+    if plan.moe_token_dispatcher != "flex":
+        return [("expert_parallel_comm_backend", "standard")], []
+    problems = []
+    if plan.ep == 1:
+        problems.append("DeepEP needs expert_parallel_degree > 1")
+    if plan.etp > 1:
+        problems.append("DeepEP does not support expert tensor parallelism (etp must be 1)")
+    if mesh.domain_spans_nodes(job.gpu, job.gpus_per_node):
+        domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+        problems.append(f"the {job.gpu.name} NVLink domain ({domain} GPUs) spans several nodes, which "
+                        "needs HybridEP, and 0.2.2 offers only deepep")
+    registry = torchtitan_registry(job)
+    if registry is not None and registry[0] not in DEEPEP_MODULES_0_2:
+        problems.append(f"its {registry[0]} model code ignores expert_parallel_comm_backend (only "
+                        f"{' and '.join(DEEPEP_MODULES_0_2)} read it)")
+    if problems:
+        raise MeshplanError(
+            "torchtitan 0.2.2 cannot run moe_token_dispatcher=flex here: " + "; ".join(problems) + ".",
+            fix="Use moe_token_dispatcher=alltoall, or a Megatron-Core based framework (megatron-core, "
+                "megatron-bridge, verl, skyrl), whose flex dispatcher has DeepEP and HybridEP.")
+    warnings = [] if registry is not None else [
+        f"torchtitan 0.2.2 reads expert_parallel_comm_backend only in the {' and '.join(DEEPEP_MODULES_0_2)} model "
+        f"code; make sure {job.model.name}'s parallelize function passes use_deepep on."]
+    return [("expert_parallel_comm_backend", "deepep")], warnings
+
+
+def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    replicate, shard = _dp(plan)
+    parallelism: list[tuple[str, Any]] = [
+        ("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard),
+        ("tensor_parallel_degree", plan.tp), ("pipeline_parallel_degree", plan.pp),
+        ("context_parallel_degree", plan.cp), ("expert_parallel_degree", plan.ep),
+    ]
+    dispatcher_warnings: list[str] = []
+    if version.startswith("0.3"):
+        parallelism.append(("enable_sequence_parallel", plan.sequence_parallel))
+    else:
+        parallelism.append(("expert_tensor_parallel_degree", plan.etp))
+        dispatcher, dispatcher_warnings = torchtitan_0_2_dispatcher(job, plan)
+        parallelism += dispatcher
+    parallelism += torchtitan_pipeline(job, plan)
+    microbatches = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    local = plan.micro_batch_size * microbatches if plan.pp > 1 else plan.micro_batch_size
+    training = [("local_batch_size", local), ("global_batch_size", job.global_batch_size),
+                ("seq_len", job.seq_length)]
+    if plan.param_offload:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU
+        training.append(("enable_cpu_offload", True))
+    if plan.grad_reduce_in_fp32:  # the only value torchtitan's mixed_precision_reduce takes (rule PR004)
+        training.append(("mixed_precision_reduce", "float32"))
+    notes = [f"local_batch_size is the per-rank batch of one step ({training[0][1]}); with PP it is cut into "
+             f"micro-batches of pipeline_parallel_microbatch_size={plan.micro_batch_size}, without PP torchtitan "
+             "accumulates gradients until global_batch_size."]
+    registry = torchtitan_registry(job)
+    # torch.compile of each block and the loss (0.3.0 CompileConfig / 0.2.2 Compile; components default both)
+    compile_keys = [("enable", True)] if plan.torch_compile else []
+    if plan.tp_comm_overlap and version.startswith("0.3"):  # async TP: a compile pass since 0.3.0 (rule TP005)
+        compile_keys.append(("enable_async_tensor_parallel", True))
+    elif plan.tp_comm_overlap:  # 0.2.x: [parallelism] enable_async_tensor_parallel, still needing compile
+        parallelism.append(("enable_async_tensor_parallel", True))
+    warnings = []
+    if registry is None:
+        warnings.append(f"torchtitan has no registry config for {job.model.name}: write one (config_registry.py) "
+                        "and set TORCHTITAN_MODULE and TORCHTITAN_CONFIG.")
+    if version.startswith("0.3"):
+        if plan.pp > 1 or plan.ep > 1:
+            training.append(("disable_cuda_graphs", True))
+            notes.append("--training.disable_cuda_graphs: registry configs that enable CUDA graphs reject pipeline "
+                         "parallelism and the default all-to-all expert dispatcher (it synchronises with the CPU); "
+                         "torchtitan's own ConfigManager raises otherwise.")
+        ac = {"none": "none", "selective": "selective", "full": "full"}[plan.recompute]
+        return Built(template="torchtitan.j2",
+                     context={"nodes": nodes(job), "parallelism": parallelism, "training": training, "ac": ac,
+                              "registry": registry, "compile": compile_keys},
+                     format="shell", filename="run_torchtitan.sh", notes=notes, warnings=warnings)
+    ac_section = {"mode": plan.recompute}
+    if plan.recompute == "selective":
+        ac_section["selective_ac_option"] = plan.selective_ac_option or "op"  # "op": what 0.3.x keeps as selective
+    if plan.moe_token_dispatcher == "flex" and job.model.moe is not None:
+        notes.append("expert_parallel_comm_backend = deepep: DeepEP (github.com/deepseek-ai/DeepEP) must be "
+                     "installed on every node; it sends a token once per destination node and fans it out over "
+                     "NVLink.")
+    return Built(template="torchtitan_toml.j2",
+                 context={"parallelism": parallelism, "training": training, "ac": ac_section,
+                          "registry": registry, "quantize": torchtitan_0_2_float8(job, plan), "compile": compile_keys},
+                 format="toml", filename="torchtitan_job.toml",
+                 notes=[*notes, "torchtitan 0.2.x: pass with --job.config_file torchtitan_job.toml."],
+                 warnings=warnings + dispatcher_warnings)
+
+
+def torchtitan_0_2_float8(job: Job, plan: Plan) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """torchtitan 0.2.2's fp8 as TOML sections: [model] converters names the linear converter (quantize.linear.float8,
+    or quantize.linear.mx for mxfp8) and its section sets the recipe and the fp8 all-gather (config/job_config.py
+    Float8Linear, MXLinear; components/quantization registers the converter names)."""
+    if job.precision != "fp8":
+        return []
+    recipe = fp8_recipe(job, plan)
+    if recipe == "mxfp8":
+        if plan.fp8_param_gather:
+            raise MeshplanError("torchtitan 0.2.2 gathers fp8 weights with Float8Linear only (MXLinear has no "
+                                "enable_fsdp_float8_all_gather).",
+                                fix="Drop fp8_param_gather, or use fp8_recipe=tensorwise.")
+        return [("model", [("converters", ["quantize.linear.mx"])]),
+                ("quantize.linear.mx", [("recipe_name", "mxfp8_cublas")])]
+    section: list[tuple[str, Any]] = [("recipe_name", recipe)]
+    if plan.fp8_param_gather:
+        section += [("enable_fsdp_float8_all_gather", True), ("precompute_float8_dynamic_scale_for_fsdp", True)]
+    return [("model", [("converters", ["quantize.linear.float8"])]), ("quantize.linear.float8", section)]
+
+
+# --------------------------------------------------------------------------- KempnerForge
+
+
+def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    m = job.model
+    if m.moe is not None and plan.pp > 1:
+        raise MeshplanError("KempnerForge forbids MoE models with pp > 1 (JobConfig.validate: 'PP=1 is mandatory "
+                            "for MoE').", fix="Use pp=1 and spread the experts with ep.")
+    if m.tie_word_embeddings and plan.pp > 1:
+        raise MeshplanError("KempnerForge forbids tied embeddings with pp > 1.", fix="Use pp=1 for this model.")
+    if job.precision == "fp8" and plan.tp > 1:
+        raise MeshplanError("KempnerForge forbids fp8 with tp > 1.", fix="Use tp=1 or precision=bf16.")
+    replicate, shard = _dp(plan)
+    distributed = [("dp_shard", shard), ("dp_replicate", replicate), ("tp", plan.tp), ("pp", plan.pp),
+                   ("pp_schedule", "1f1b"), ("cp", plan.cp), ("ep", plan.ep)]
+    accumulation = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    train = [("batch_size", plan.micro_batch_size), ("grad_accum_steps", accumulation),
+             ("seq_len", job.seq_length), ("mixed_precision", job.precision),
+             ("activation_checkpointing", plan.recompute),
+             ("compile_model", plan.torch_compile)]  # written either way: KempnerForge's default is true
+    automatic_sp = plan.tp > 1 and plan.pp == 1 and not m.tie_word_embeddings and m.moe is None
+    warnings = [] if plan.sequence_parallel == automatic_sp else [
+        f"KempnerForge decides sequence parallelism itself (on when tp > 1 without PP, tied embeddings or MoE): it "
+        f"will be {'on' if automatic_sp else 'off'} here, not {'on' if plan.sequence_parallel else 'off'} as planned."]
+    backend = attention_value("kempnerforge", variant, plan.attention_backend)
+    model = [("sdpa_backend", backend)] if backend else []  # ModelConfig.sdpa_backend (default auto)
+    return Built(template="kempnerforge.j2", context={"distributed": distributed, "train": train, "model": model},
+                 format="toml", filename="kempnerforge_layout.toml", warnings=warnings,
+                 notes=["KempnerForge gives expert parallelism ranks of its own: dp_replicate*dp_shard*tp*pp*cp*ep "
+                        f"= {replicate * shard * plan.tp * plan.pp * plan.cp * plan.ep} GPUs.",
+                        f"grad_accum_steps {accumulation} = global_batch_size {job.global_batch_size} / "
+                        f"(batch_size {plan.micro_batch_size} x data-parallel {plan.dp}).",
+                        "Merge these sections into your configs/train/*.toml ([model] stays yours)."])

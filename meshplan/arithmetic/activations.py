@@ -1,0 +1,419 @@
+"""Activation bytes one micro-batch leaves on one GPU, per decoder layer and per component.
+
+After Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+arXiv 2205.05198, section 4 and Table 2): every tensor autograd keeps for the backward pass, counted
+once. Generalised here (shared/reference/estimators.md section 2.3) to GQA (K and V of g*d, not h),
+gated MLPs (fc1 output 2f wide), MLA (latents and per-head K/V), MoE (the experts' tensors of the top-k
+routed copies, the router's and dispatcher's state per framework in MoeBytes, shared experts), flash
+attention (no s^2 tensor, an fp32 log-sum-exp instead), context parallelism (tokens / cp), sequence
+parallelism (norm and dropout tensors / tp) and fp8 (linear-layer inputs kept in one byte). With
+dropout on, flash off, GeLU MLP of 4h, MHA this reproduces Korthikanti's sbh(34 + 5as/h) exactly.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from meshplan.schema.contract import Architecture
+
+BF16 = 2
+
+
+class Shape(NamedTuple):
+    """The numbers of an Architecture that activations depend on (hashable, for caching)."""
+
+    h: int
+    a: int
+    g: int
+    d: int
+    f: int
+    gated: bool
+    vocab: int
+    experts: int
+    top_k: int
+    f_expert: int
+    f_shared: int
+    mla: tuple[int, int, int, int, int] | None  # q_lora (0 = none), kv_lora, d_nope, d_rope, d_v
+    rope: bool  # rotary positions: rotated copies of Q and K are saved next to the fused QKV output
+    qk_norm: bool = False  # a norm over each head of Q and K (Qwen3): counted where the norms save fp32 copies
+
+
+def shape_of(arch: Architecture) -> Shape:
+    moe, mla = arch.moe, arch.mla
+    return Shape(
+        h=arch.hidden_size, a=arch.num_attention_heads, g=arch.num_kv_heads, d=arch.head_dim,
+        f=arch.ffn_hidden_size, gated=arch.gated_mlp, vocab=arch.vocab_size,
+        experts=moe.num_experts if moe else 0, top_k=moe.top_k if moe else 0,
+        f_expert=moe.expert_ffn_hidden_size if moe else 0,
+        f_shared=moe.shared_expert_ffn_hidden_size if moe else 0,
+        mla=(mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
+        if mla else None,
+        rope=arch.learned_position_embeddings == 0,
+        qk_norm=arch.qk_norm == "head",
+    )
+
+
+class MoeBytes(NamedTuple):
+    """What a framework's MoE layer keeps for the backward outside its experts' fc1/activation/fc2 tensors, per
+    micro-batch: per token on the rank that routes it, and per routed token copy (top-k copies of each token) on
+    the rank whose experts compute it. The audit behind each count is cards/moe_memory_audit.md."""
+
+    per_token_expert: float  # bytes per token and expert: router scores, permutation maps [tokens, experts]
+    per_token_topk: float    # bytes per token and top-k slot: top-k probabilities and expert ids
+    per_token: float         # bytes per token
+    per_copy: float          # bytes per routed copy besides hidden-wide tensors: its routing probability
+    hidden_bytes: float      # bytes per hidden element kept per routed copy besides the expert fc1 input
+    bf16_router_input: bool  # under fp8 the router still keeps the bf16 layer input (shared experts an fp8 copy)
+    # The router's own copy of its input, bytes per token x hidden (torchtitan: fp32 under autocast); when set, the
+    # bf16 layer input is kept only by the shared experts' fc1, if any. 0: the router keeps the layer input itself.
+    router_input_bytes: float = 0
+    router_weight_bytes: float = 0  # bytes per gate weight element the router's linear keeps (its fp32 copy)
+
+
+# Megatron-Core (megatron/core/transformer/moe, read at NVIDIA/Megatron-LM d98e8a6; Transformer Engine d0067d0),
+# as Megatron-Bridge's MoE providers set it: moe_permute_fusion on, moe_router_fusion off, an aux loss, softmax.
+MEGATRON_CORE_MOE = MoeBytes(
+    # router.py TopKRouter.routing -> moe_utils.compute_routing_scores_for_aux_loss: the fp32 softmax over all
+    # experts is saved by softmax for the aux loss (4 B); moe_utils.permute(fused=True) -> TE permutation.py
+    # moe_permute (mask map) saves row_id_map, int32 [tokens, 2 * experts + 1] (8 B per expert + 4 B per token).
+    # The gating linear (moe_utils.RouterGatingLinearFunction) saves its bf16 input, the layer input counted
+    # once; its logits are saved by nothing (topk keeps indices, the softmaxes their outputs).
+    per_token_expert=4 + 8,
+    # moe_utils.topk_routing_with_score_function: torch.topk keeps its int64 indices (8 B), the softmax over the
+    # top-k logits its fp32 output (4 B).
+    per_token_topk=8 + 4,
+    per_token=4,
+    # experts.py TEGroupedMLP.forward -> fusions/fused_bias_swiglu.py WeightedSwiGLUFunction saves the permuted
+    # fp32 probs next to fc1's output (4 B per copy, the router's fp32 probs after dispatch).
+    per_copy=4,
+    # The dispatched tokens are fc1's input (TE GroupedLinear keeps it, counted with the experts). Nothing keeps
+    # a second hidden-wide copy: the all-to-all / HybridEP / DeepEP autograd functions save only their handles,
+    # permute's index_select and unpermute's scatter_add (probs are applied inside the experts, not at
+    # unpermute) save index maps, and the expert output leaves through combine and unpermute unsaved.
+    hidden_bytes=0,
+    # The router is no fp8 module: RouterGatingLinearFunction saves the bf16 input under fp8 too, and a shared
+    # expert's TE fc1 keeps its own fp8 copy of it.
+    bf16_router_input=True,
+)
+# Not re-derived per framework (DeepSpeed, nanotron, the fsdp2 preset: torchtitan 0.2, KempnerForge): fp32 router
+# logits and probabilities [tokens, experts], and two hidden-wide copies of every routed token (dispatched and
+# combined).
+GENERIC_MOE = MoeBytes(per_token_expert=4 + 4, per_token_topk=0, per_token=0, per_copy=0, hidden_bytes=2 * BF16,
+                       bf16_router_input=False)
+# torchtitan 0.3.0's MoE (torchtitan/models/common/moe.py, token_dispatcher.py LocalTokenDispatcher and
+# AllToAllTokenDispatcher, ops/scatter_add.py), what its autograd saves on a GPU (bench/fake_tensor_harness.py
+# dumps them under FakeTensorMode, CUDA's fp32 autocast stood in on the CPU).
+TORCHTITAN_MOE = MoeBytes(
+    # TokenChoiceTopKRouter.forward runs the gate under torch.autocast(dtype=float32): scores [tokens, experts]
+    # are fp32 and sigmoid (or softmax) saves its fp32 output.
+    per_token_expert=4,
+    # topk's int64 expert ids, saved by the gather of their scores (8 B), and the fp32 gathered scores, saved by
+    # route_norm's division (4 B).
+    per_token_topk=8 + 4,
+    # route_norm's fp32 denominator [tokens, 1]. Group-limited routing's own topk indices and mask (DeepSeek-V3:
+    # 168 B per token, 0.03% of its MoE layer) are left out: the catalog does not carry the expert groups.
+    per_token=4,
+    # _local_reorder: the int64 argsort (saved by the score gather) and the int64 token indices (saved by the
+    # token gather and by combine's deterministic_scatter_add), and the fp32 scores in expert order (saved by
+    # combine's multiply).
+    per_copy=8 + 8 + 4,
+    # combine: routed_output.to(float32) * scores saves the fp32 expert output of every routed copy. Under EP > 1
+    # (AllToAllTokenDispatcher) _permute's int64 permuted indices per received copy (8 B) come on top, not counted
+    # (the FakeTensorMode harness runs ep=1).
+    hidden_bytes=4,
+    bf16_router_input=False,
+    # the gate's autocast copies: its fp32 input (saved by the linear for the weight gradient) and fp32 weight
+    # (for the input gradient); the bf16 layer input is saved by the shared experts' w1/w3 only.
+    router_input_bytes=4,
+    router_weight_bytes=4,
+)
+# Hugging Face transformers 5.9.0's MoE blocks as verl's and SkyRL's FSDP engines run them (integrations/moe.py
+# grouped_mm_experts_forward, the default experts_implementation; models/qwen3_moe Qwen3MoeTopKRouter), what autograd
+# saves (bench/fake_tensor_hf_harness.py, under FakeTensorMode).
+HF_MOE = MoeBytes(
+    # the router's fp32 softmax over all experts, saved by softmax (4 B)
+    per_token_expert=4,
+    # topk's int64 indices (8 B) and, with norm_topk_prob (Qwen3-MoE's config), the in-place division's fp32
+    # quotient (4 B) ...
+    per_token_topk=8 + 4,
+    per_token=4,  # ... and its fp32 denominator [tokens, 1]
+    # the int64 token index of the gather (perm // top_k), the int64 sort permutation of the score gather and the
+    # int64 inverse permutation of the unsort, the bool sentinel mask of masked_fill_, and the bf16 routing weight
+    # the expert output is multiplied by: 8 + 8 + 8 + 1 + 2
+    per_copy=27,
+    # that multiply also saves the bf16 expert output of every routed copy (the gathered fc1 input is counted
+    # with the experts)
+    hidden_bytes=2,
+    bf16_router_input=False,
+)
+MOE_BYTES = {"megatron_core": MEGATRON_CORE_MOE, "generic": GENERIC_MOE, "fp32_router": TORCHTITAN_MOE, "hf": HF_MOE}
+
+
+def moe_bytes(conv, arch: Architecture) -> MoeBytes:
+    """What a convention's MoE layer keeps for this model: MOE_BYTES[moe_activations], with the router's fp32 copies
+    of its input and gate weight where the model's own code makes them (router_fp32_model_types: Hugging Face's
+    DeepSeek-V3 and GLM-4-MoE routers upcast, its Qwen3-MoE, Mixtral and gpt-oss routers do not)."""
+    base = MOE_BYTES[conv.moe_activations]
+    if arch.model_type in conv.router_fp32_model_types:
+        return base._replace(router_input_bytes=4, router_weight_bytes=4)
+    return base
+
+
+class AttentionSaves(NamedTuple):
+    """What a framework's attention code keeps beside Q, K, V and its output (cards/memory.yaml conventions:
+    rope_saves, mla_v_view, attention_stats_bytes)."""
+
+    # rotated_copies: the fused QKV output lives on beside the rotated Q and K (Megatron, GQA); frequencies: only
+    # the complex64 RoPE rows gathered by position (torchtitan); shared_tables: nothing per layer (HF multiplies by
+    # cos/sin tables made once per forward, which need no gradient: only they are saved, shared by every layer)
+    rope: str = "rotated_copies"
+    mla_v_view: bool = False  # MLA's V stays a view of the kv up-projection output: its K-nope half lives on
+    stats_bytes: float = 4    # per head and token beside the output: flash's fp32 log-sum-exp 4, flex's with max 8
+    # input: a norm keeps its bf16 input (fused kernels; the fp32 rstd left out); fp32_composite: HF's RMSNorm
+    # module (x.to(fp32), pow, mean, rsqrt, mul, .to(bf16), weight *) keeps an fp32 copy of its input, the fp32 rstd
+    # and the bf16 normalised tensor, not the bf16 input; Q/K head norms (Qwen3) the same
+    norms: str = "input"
+    # MLA under flash attention with a V head narrower than Q/K's (HF's DeepseekV3Attention): V is padded to the QK
+    # width (flash keeps the padded copy) and flash's output, that wide, is sliced into the out-projection's input
+    mla_v_pad: bool = False
+
+
+def attention_saves(conv) -> AttentionSaves:
+    """A memory convention's (memory_states.Convention) attention and norm switches."""
+    return AttentionSaves(conv.rope_saves, conv.mla_v_view, conv.attention_stats_bytes, conv.norm_saves,
+                          conv.mla_v_pad)
+
+
+def _norm(width: float, rows: float, lay: Layout) -> float:
+    """What one norm over `width` features of `rows` rows keeps for the backward (AttentionSaves.norms)."""
+    if lay.attn.norms == "fp32_composite":
+        return rows * (4 * width + BF16 * width + 4)
+    return BF16 * rows * width
+
+
+class Layout(NamedTuple):
+    """What of the plan and conventions changes a layer's activations."""
+
+    tokens: int          # s/cp * b: tokens this rank holds
+    seq_kv: int          # keys each query attends to (s): the s^2 term without flash attention
+    tp: int
+    sp: bool
+    etp: int
+    flash: bool
+    dropout: bool
+    swiglu_unfused: bool
+    fp8: bool
+    ep: int = 1  # expert parallelism: op-level SAC keeps the all-to-all outputs when > 1
+    moe: MoeBytes = MEGATRON_CORE_MOE  # what the MoE layer keeps outside its experts (the convention's moe_activations)
+    qkv_fused: bool = True  # GQA's Q, K, V from one linear or three (op-SAC counts each mm; qkv_projections)
+    attn: AttentionSaves = AttentionSaves()  # what the attention code keeps beside Q, K, V (the convention's switches)
+    routed_load: float = 1.0  # routed tokens on this (the most loaded) EP rank over the mean (memory.ep_rank_load)
+
+
+def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
+    """fc1 output (activation input), optional separate silu output, fc2 input; fc1 input counted by caller.
+    act=False: the activation's outputs are recomputed (Megatron's moe_act), only the fc1 output is kept."""
+    out = BF16 * rows * (2 if shape.gated else 1) * width / tp
+    if not act:
+        return out
+    if shape.gated and unfused:
+        out += BF16 * rows * width / tp
+    return out + lin * rows * width / tp
+
+
+def activation_mode(recompute: str, selective: str) -> str:
+    """The `layer_activations` mode of a plan's recompute, given what its framework's "selective" means (framework
+    card recompute.selective): core_attention is Megatron's module-wise selective, op_sac torchtitan's op-level SAC."""
+    if recompute == "selective" and selective == "op_sac":
+        return "op_sac"
+    return recompute
+
+
+@lru_cache(maxsize=8192)
+def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str,
+                      modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
+    """Bytes per micro-batch of one layer, by component. recompute: none | selective (Megatron-Core's
+    selective recompute of `modules`, its recompute_modules) | op_sac (torchtitan's op-level selective AC) | full.
+
+    What each Megatron module's recompute drops (transformer_config.py recompute_modules; the checkpointed modules
+    keep their input): core_attn the softmax/dropout (or flash's log-sum-exp); mlp a dense MLP's tensors past its
+    input; moe a MoE layer's past its input; shared_experts the shared experts'; moe_act the routed experts'
+    activation outputs (fc2 input); mla_up_proj MLA's per-head Q, K, V (the latents stay); layernorm the two norm
+    outputs (the QKV and fc1/router inputs; the norm inputs stay)."""
+    sel = set(modules) if recompute == "selective" else set()
+    if recompute == "op_sac":
+        return _op_sac(shape, lay, moe_layer)
+    t, h, tp = lay.tokens, shape.h, lay.tp
+    ts = tp if lay.sp else 1  # tensors that sequence parallelism shards
+    lin = 1 if lay.fp8 else BF16  # linear-layer inputs: fp8 keeps them in one byte
+    if recompute == "full":
+        return {"layer_input": BF16 * t * h / ts}
+    out: dict[str, float] = {}
+    out["norm_inputs"] = 2 * _norm(h, t, lay) / ts
+    # attention
+    attn = 0.0 if "layernorm" in sel else lin * t * h / ts  # QKV (or q/kv down-projection) input
+    if shape.mla:
+        q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
+        if lay.attn.norms == "fp32_composite":  # each latent's norm, and its output (the up-projection input)
+            latent = sum(_norm(r, t, lay) + BF16 * t * r for r in (q_lora, kv_lora) if r)
+        else:
+            latent = 2 * BF16 * t * (q_lora + kv_lora) + BF16 * t * d_rope  # norm input + up-projection input
+        attn += latent / ts
+        q_dim, v_dim = shape.a * (d_nope + d_rope), shape.a * d_v
+        if "mla_up_proj" not in sel:
+            attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
+            if lay.attn.mla_v_view:
+                attn += BF16 * t * shape.a * d_nope / tp  # the K-nope half of the up-projection output V views
+        if lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope and "core_attn" not in sel:
+            # V padded to the QK head width for flash, and flash's output at that width, sliced into a new tensor
+            attn += BF16 * t * (q_dim - v_dim + q_dim) / tp
+    else:
+        q_dim, v_dim = shape.a * shape.d, shape.a * shape.d
+        attn += BF16 * t * (q_dim + 2 * shape.g * shape.d) / tp
+        if shape.qk_norm and lay.attn.norms == "fp32_composite":  # per-head Q and K norms, each head a row
+            attn += (_norm(shape.d, t * shape.a, lay) + _norm(shape.d, t * shape.g, lay)) / tp
+    attn += _rope(shape, lay)
+    core = 0.0
+    if lay.flash:
+        core += lay.attn.stats_bytes * t * shape.a / tp  # fp32 log-sum-exp (and flex's max) per head and token
+    else:
+        scores = shape.a * t * lay.seq_kv / tp
+        core += BF16 * scores  # softmax output
+        if lay.dropout:
+            core += scores + BF16 * scores  # dropout mask (1 B) and dropout output
+    if "core_attn" in sel:
+        core = 0.0  # core attention is recomputed from Q, K, V
+    attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
+    if lay.fp8:
+        attn += t * v_dim / tp  # the out-projection keeps its own fp8 copy of that input
+    if lay.dropout:
+        attn += t * h / ts  # output dropout mask
+    out["attention"] = attn
+    # MLP / MoE
+    mlp = 0.0 if "layernorm" in sel else lin * t * h / ts  # fc1 (or router + expert) input
+    if moe_layer and shape.experts and "moe" in sel:
+        out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
+    elif moe_layer and shape.experts:
+        if lay.moe.router_input_bytes and "layernorm" not in sel:
+            # the router's own copy of its input and gate weight; the layer input only if shared experts read it
+            mlp = lay.moe.router_input_bytes * t * h / ts + (mlp if shape.f_shared else 0.0)
+            mlp += lay.moe.router_weight_bytes * shape.experts * h
+        if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
+            # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
+            mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
+        mlp += _moe_routing(shape, lay, t / ts)
+        # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
+        # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap)
+        rows = t * shape.top_k / ts * lay.etp * lay.routed_load
+        mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * h)
+        mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
+        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
+        if shape.f_shared and "shared_experts" not in sel:
+            mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
+        out["moe"] = mlp
+    elif "mlp" in sel:
+        out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
+    else:
+        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused)
+        out["mlp"] = mlp
+    if lay.dropout:
+        out["dropout_masks"] = t * h / ts
+    return out
+
+
+
+def _rope(shape: Shape, lay: Layout) -> float:
+    """What rotary embedding keeps per layer beyond the rotated Q and K. Megatron's GQA (rotated_copies): V stays
+    a view of the fused QKV output, so that buffer lives on next to the rotated Q and K (its MLA rotates inside
+    the per-head Q and K counted above). torchtitan (frequencies): the complex multiply saves only the complex64
+    cos/sin rows gathered by position, one pair (8 B) per rotary dimension pair and token, shared by Q and K.
+    Hugging Face (shared_tables): nothing per layer, only the model's cos/sin tables are saved."""
+    if not shape.rope:
+        return 0.0
+    t = lay.tokens
+    if lay.attn.rope == "shared_tables":
+        return 0.0
+    if lay.attn.rope == "frequencies":
+        rotary = shape.mla[3] if shape.mla else shape.d
+        return 8 * t * rotary / 2
+    if shape.mla:
+        return 0.0
+    return BF16 * t * (shape.a * shape.d + shape.g * shape.d) / lay.tp
+
+
+def _moe_routing(shape: Shape, lay: Layout, tokens: float) -> float:
+    """Router and permutation bytes a MoE layer keeps per micro-batch for the tokens this rank routes."""
+    m = lay.moe
+    return tokens * (m.per_token_expert * shape.experts + m.per_token_topk * shape.top_k + m.per_token)
+
+
+def _op_sac(shape: Shape, lay: Layout, moe_layer: bool) -> dict[str, float]:
+    """torchtitan's op-level selective AC (0.3.0 SelectiveAC; 0.2.x selective_ac_option "op"): the block keeps
+    its input and the outputs of the compute-intensive ops, everything pointwise and every norm is recomputed.
+    Of the mm/linear calls, counted per block in call order, every second one is recomputed; the router-gate mm is
+    always recomputed and not counted; topk and the expert all-to-alls are kept; torch._grouped_mm is in no save
+    list, so routed experts are recomputed whole. Call order: GQA's fused wqkv (0.3.0) or wq, wk, wv (<= 0.2,
+    lay.qkv_fused False), MLA's wq_a/wq_b, wkv_a, wkv_b; attention; wo; then the MLP's w1, w3, w2 (shared experts
+    the same, after the routed ones). Under fp8 (torchao's Float8Linear) nothing changes: the policy sees aten.mm
+    with Float8TrainingTensor arguments, counts it and keeps its bf16 output, as for bf16 (the subclass runs
+    _scaled_mm below the SAC mode, so 0.3.0's save list naming _scaled_mm never sees it); the amax reductions
+    kept by aten.max are scalars. torchtitan's 2024-12 list also saved aten.abs: eager, that keeps |x| of every
+    fp8 cast; compiled with tensorwise scaling it measured nothing (pytorch/torchtitan #820, which removed it
+    2025-02-06) and it is not modelled. Checked per layer against torchtitan's own code under FakeTensorMode
+    (bench/data/fake_tensor_memory.json); the fp8 dispatch with torchao's Float8Linear on the CPU."""
+    t, h, tp = lay.tokens, shape.h, lay.tp
+    ts = tp if lay.sp else 1
+    rs = tp > 1 and lay.sp  # row-parallel outputs: the partial sums, then the kept reduce-scatter output
+
+    def col(width: int, sharded: bool = True) -> float:  # a column-parallel (or replicated) linear's output
+        return BF16 * t * width / (tp if sharded else 1)
+
+    def row() -> float:  # a row-parallel linear's output (hidden wide, partial before the reduce-scatter)
+        return BF16 * t * h + (BF16 * t * h / ts if rs else 0.0)
+
+    out: dict[str, float] = {"layer_input": BF16 * t * h / ts}
+    count = 0
+
+    def mm(nbytes: float) -> float:
+        nonlocal count
+        count += 1
+        return nbytes if count % 2 else 0.0
+
+    # attention
+    if shape.mla:
+        q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
+        attn = mm(col(q_lora, False)) + mm(col(shape.a * (d_nope + d_rope))) if q_lora \
+            else mm(col(shape.a * (d_nope + d_rope)))
+        attn += mm(col(kv_lora + d_rope, False)) + mm(col(shape.a * (d_nope + d_v)))
+        v_dim = shape.a * d_v
+    elif lay.qkv_fused:
+        attn = mm(col(shape.a * shape.d + 2 * shape.g * shape.d))
+        v_dim = shape.a * shape.d
+    else:
+        attn = mm(col(shape.a * shape.d)) + mm(col(shape.g * shape.d)) + mm(col(shape.g * shape.d))
+        v_dim = shape.a * shape.d
+    attn += BF16 * t * v_dim / tp  # attention output
+    if lay.flash:
+        attn += 4 * t * shape.a / tp  # fp32 log-sum-exp per head and token
+    else:
+        attn += BF16 * shape.a * t * lay.seq_kv / tp  # the math kernel's attention weights
+    attn += mm(row())
+    out["attention"] = attn
+
+    def mlp(width: int, rows: float, div: int) -> float:
+        if shape.gated:
+            return mm(BF16 * rows * width / div) + mm(BF16 * rows * width / div) + mm(row())
+        return mm(BF16 * rows * width / div) + mm(row())
+
+    if moe_layer and shape.experts:
+        moe = t / ts * shape.top_k * (4 + 8)  # topk: fp32 scores and int64 expert ids
+        if lay.ep > 1:
+            # dispatch all-to-all output (the copies this rank's experts receive) and combine output (its own)
+            moe += (lay.routed_load + 1) * BF16 * t / ts * shape.top_k * h
+        if shape.f_shared:
+            moe += mlp(shape.f_shared, t, tp)
+        out["moe"] = moe
+    else:
+        out["mlp"] = mlp(shape.f, t, tp)
+    return out

@@ -1,0 +1,184 @@
+"""FLOP counts: Megatron's model-FLOP formula (for MFU) and the per-rank GEMM shapes (for time).
+
+Two different questions, two functions. `model_flops_per_token` answers "how much useful work is a
+token?" the way Megatron-LM's `num_floating_point_operations` does today (causal attention halved,
+GQA, SwiGLU, top-k routed + shared experts, MLA, MTP, logits), so our MFU is comparable with
+Megatron-Bridge's published numbers. `layer_gemms` answers "which matrix products does one rank
+run?", because the achievable fraction of peak depends on those shapes, not on the FLOP total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.schema.contract import Architecture
+
+# --------------------------------------------------------------------------- Megatron's model FLOPs
+
+
+def _mlp_widths(arch: Architecture) -> tuple[float, float]:
+    """(dense-layer width, MoE-layer width) of the FFN a token passes through, SwiGLU counted as 1.5x."""
+    gated = 1.5 if arch.gated_mlp else 1.0
+    dense = arch.ffn_hidden_size * gated
+    if arch.moe is None:
+        return dense, dense
+    moe = (arch.moe.expert_ffn_hidden_size * arch.moe.top_k + arch.moe.shared_expert_ffn_hidden_size) * gated
+    return dense, moe
+
+
+def _attention_per_layer(arch: Architecture, seq_length: int) -> float:
+    """Megatron's self-attention term per token per layer, already x6 (fwd + wgrad + dgrad, FMA = 2)."""
+    h, a, s = arch.hidden_size, arch.num_attention_heads, seq_length
+    if arch.mla is not None:
+        m = arch.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q_term = h * a * qk if not m.q_lora_rank else m.q_lora_rank * (h + a * qk + 1)
+        per_token = (
+            q_term
+            + m.kv_lora_rank * (h + a * (m.qk_nope_head_dim + m.v_head_dim) + 1)
+            + h * m.qk_rope_head_dim
+            + a * m.v_head_dim * h
+            + s * a * qk / 2  # causal: only half of the score matrix is computed
+            + s * a * m.v_head_dim / 2
+        )
+        return 6 * per_token
+    q = arch.head_dim * a
+    g = arch.num_kv_heads
+    return 12 * h * h * ((1 + g / a + s / h / 2) * (q / h))
+
+
+def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int | None = None) -> float:
+    """Model FLOPs of one training token (forward + backward), Megatron-LM's current formula.
+
+    Source: NVIDIA/Megatron-LM megatron/training/training.py `num_floating_point_operations`
+    (causal halving since 2025-03). MTP blocks (default: the architecture's) repeat the last
+    layer's type and add their norms and 2h->h projection. Vocabulary is used unpadded.
+    """
+    mtp = arch.num_mtp_layers if mtp_layers is None else mtp_layers
+    h = arch.hidden_size
+    n_moe = len(arch.moe.moe_layers) if arch.moe else 0
+    n_dense = arch.num_layers - n_moe
+    last_is_moe = arch.is_moe_layer(arch.num_layers - 1)
+    n_moe += mtp if last_is_moe else 0
+    n_dense += 0 if last_is_moe else mtp
+    dense_w, moe_w = _mlp_widths(arch)
+    mlp = 12 * h * (dense_w * n_dense + moe_w * n_moe)
+    attention = _attention_per_layer(arch, seq_length) * (arch.num_layers + mtp)
+    mtp_extra = 6 * mtp * (3 * h + 2 * h * h)
+    logits = 6 * h * arch.vocab_size * (mtp + 1)
+    return float(mlp + attention + mtp_extra + logits)
+
+
+def model_flops_per_step(arch: Architecture, seq_length: int, global_batch_size: int) -> float:
+    return model_flops_per_token(arch, seq_length) * seq_length * global_batch_size
+
+
+def noncausal_flops_per_token(arch: Architecture, seq_length: int) -> float:
+    """The pre-2025 convention (full s^2 attention), used by nanotron, the playbook and older papers."""
+    if arch.mla is not None:
+        m = arch.mla
+        extra = 6 * seq_length * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
+    else:
+        extra = 6 * seq_length * arch.num_attention_heads * arch.head_dim
+    return model_flops_per_token(arch, seq_length, mtp_layers=0) + extra * arch.num_layers
+
+
+# --------------------------------------------------------------------------- per-rank GEMM shapes
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product of the forward pass on one rank: (m x k) @ (k x n), run `count` times."""
+
+    name: str
+    m: float
+    n: float
+    k: float
+    count: float = 1.0
+    fp8: bool = True  # runs in FP8 under an FP8 recipe (transformer linears; not logits or router)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How one rank's slice of a layer is cut: the layout terms the GEMM shapes depend on."""
+
+    tokens: float  # tokens a rank's attention/MLP GEMMs see per micro-batch (b*s/cp, gathered over SP)
+    tp: int
+    ep: int
+    etp: int
+    sp: bool
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def attention_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
+    h, a, t, T = arch.hidden_size, arch.num_attention_heads, sh.tp, sh.tokens
+    heads = a / t
+    if arch.mla is not None:
+        m = arch.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        out = []
+        if m.q_lora_rank:
+            # Megatron-Core keeps the down-projections replicated across TP ranks.
+            out += [Gemm("q_down", T, m.q_lora_rank, h), Gemm("q_up", T, heads * qk, m.q_lora_rank)]
+        else:
+            out.append(Gemm("q_proj", T, heads * qk, h))
+        out += [
+            Gemm("kv_down", T, m.kv_lora_rank + m.qk_rope_head_dim, h),
+            Gemm("kv_up", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+            Gemm("attn_out", T, h, heads * m.v_head_dim),
+        ]
+        return out
+    d = arch.head_dim
+    kv_local = _ceil_div(arch.num_kv_heads, t) * d  # KV heads are replicated when there are fewer than TP ranks
+    return [
+        Gemm("qkv", T, heads * d + 2 * kv_local, h),
+        Gemm("attn_out", T, h, heads * d),
+    ]
+
+
+def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> float:
+    """Forward FLOPs of causal softmax(QK^T)V on one rank: each query sees s/2 keys on average."""
+    heads = arch.num_attention_heads / sh.tp
+    if arch.mla is not None:
+        m = arch.mla
+        width = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
+    else:
+        width = 2 * arch.head_dim
+    return 2.0 * sh.tokens * (seq_length / 2) * heads * width
+
+
+def mlp_gemms(arch: Architecture, sh: Shard, width: int, name: str, count: float = 1.0, rows: float | None = None,
+              tp: int | None = None) -> list[Gemm]:
+    t = sh.tp if tp is None else tp
+    T = sh.tokens if rows is None else rows
+    up = (2 if arch.gated_mlp else 1) * width / t
+    return [
+        Gemm(f"{name}_fc1", T, up, arch.hidden_size, count),
+        Gemm(f"{name}_fc2", T, arch.hidden_size, width / t, count),
+    ]
+
+
+def moe_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
+    """Router, the local experts (balanced routing) and the shared experts of one MoE layer."""
+    moe = arch.moe
+    assert moe is not None
+    local_tokens = sh.tokens / sh.tp if sh.sp or sh.tp == 1 else sh.tokens
+    # The ep*etp ranks of an expert block pool their tokens; each expert gets its top-k share of them.
+    rows = sh.ep * sh.etp * local_tokens * moe.top_k / moe.num_experts
+    out = [Gemm("router", local_tokens, moe.num_experts, arch.hidden_size, fp8=False)]
+    out += mlp_gemms(arch, sh, moe.expert_ffn_hidden_size, "expert", count=moe.num_experts / sh.ep, rows=rows,
+                     tp=sh.etp)
+    if moe.shared_expert_ffn_hidden_size:
+        out += mlp_gemms(arch, sh, moe.shared_expert_ffn_hidden_size, "shared_expert")
+    return out
+
+
+def logits_gemm(arch: Architecture, sh: Shard) -> Gemm:
+    return Gemm("logits", sh.tokens, arch.vocab_size / sh.tp, arch.hidden_size, fp8=False)

@@ -1,0 +1,211 @@
+"""LoRA fine-tuning: which linears get adapters, how many adapter parameters each rank holds, their FLOPs.
+
+A LoRA job freezes every base weight (it keeps its weight bytes, but has no gradient and no optimizer state) and
+trains, for each targeted linear of width in -> out, A (in x r) and B (r x out). The framework's facts (whether
+an engine has LoRA at all, its default rank, whether the fused QKV and gate/up linears share one A, whether the
+routed experts of a layer share one adapter) are the `lora` section of its card (cards/frameworks/<name>.yaml),
+keyed by engine; this module reads them and does the arithmetic that memory.py and perf.py call.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.memory_states import StateTensor
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.contract import Architecture, Job, LoraSpec, LoraTarget, Request
+
+TARGETS: tuple[str, ...] = get_args(LoraTarget)
+
+
+class LoraEngine(BaseModel):
+    """LoRA on one engine of a framework (a `lora.<engine>` entry of its card)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_rank: int = Field(ge=1, description="The rank a LoRA job runs when the request leaves lora_rank out")
+    default_rank_why: str
+    adapters: Literal["fused", "per_projection"] = Field(
+        description="fused: one adapter per Megatron-Core linear (fused QKV, fused gate/up: one A each); "
+                    "per_projection: Hugging Face PEFT, one adapter per q/k/v and gate/up projection"
+    )
+    experts: Literal["shared", "per_expert"] = Field(
+        description="shared: one adapter per grouped expert linear, shared by the rank's local experts and "
+                    "replicated over EP (Megatron-Bridge share_expert_adapters=True); per_expert: one per expert"
+    )
+    source: str
+
+
+@cache
+def lora_engines(framework: str) -> dict[str, LoraEngine]:
+    """The framework's LoRA engines from its card (empty: it runs no LoRA job)."""
+    raw = (framework_card(framework).model_extra or {}).get("lora") or {}
+    return {engine: LoraEngine.model_validate(spec) for engine, spec in raw.items()}
+
+
+def lora_engine(framework: str, zero_stage: int) -> LoraEngine | None:
+    """LoRA as the engine of this ZeRO stage runs it; None when that engine has none (rule LORA001)."""
+    return lora_engines(framework).get(framework_card(framework).engine_at(zero_stage))
+
+
+def lora_frameworks() -> list[str]:
+    from meshplan.schema.contract import FRAMEWORKS
+
+    return [f for f in FRAMEWORKS if lora_engines(f)]
+
+
+# --------------------------------------------------------------------------- the request
+
+
+def resolve_lora(req: Request, arch: Architecture, zero_stage: int, notes: list[str]) -> LoraSpec | None:
+    """The job's LoRA adapters: job=lora or a lora_rank (unless job is pretrain/sft), each default noted; None for a
+    job that trains every weight. A framework without LoRA is left to rule LORA001 (it names the nearest), so check
+    reports it like any other finding; here its default rank is Megatron-Bridge's (the LoRA dataclass's dim)."""
+    given = req.lora_rank is not None or req.lora_targets is not None
+    if req.job in ("pretrain", "sft") and given:
+        raise MeshplanError(f"lora_rank / lora_targets are LoRA fields, not for job={req.job}.",
+                            fix="Drop them, or pass job=lora (or leave job out).")
+    if req.job != "lora" and not given:
+        return None
+    if req.job is None:
+        notes.append("job not given: lora, as lora_rank or lora_targets is given.")
+    engine = lora_engine(req.framework, zero_stage)
+    rank = req.lora_rank
+    if rank is None:
+        rank = engine.default_rank if engine else BRIDGE_DEFAULT_RANK
+        why = engine.default_rank_why if engine else "Megatron-Bridge's LoRA dim"
+        notes.append(f"lora_rank not given: {rank} ({why}).")
+    has = model_targets(arch)
+    targets = list(req.lora_targets or [t for t in TARGETS if t in has])
+    if req.lora_targets is None:
+        skipped = [t for t in TARGETS if t not in has]
+        notes.append("lora_targets not given: " + ", ".join(targets) + " (Megatron-Bridge's LoRA target_modules "
+                     "default" + (f"; {', '.join(skipped)} skipped: {arch.name} has none, and Megatron-Bridge only "
+                                  "warns for a target that matches nothing" if skipped else "") + ").")
+    return LoraSpec(rank=rank, targets=targets)
+
+
+# Megatron-Bridge src/megatron/bridge/peft/lora.py: LoRA.dim = 32 (alpha 32), the default of every framework whose
+# card has no LoRA engine (what rule LORA001 then names the nearest of).
+BRIDGE_DEFAULT_RANK = 32
+
+
+def base_tensors(job: Job, tensors: list[StateTensor]) -> list[StateTensor]:
+    """The state tensors the base parameters keep: all of the convention's, or for a LoRA job (a frozen base) its
+    weights only. The search's memory floors call it, so a LoRA job is not pruned on states it does not hold."""
+    return tensors if job.lora is None else [t for t in tensors if t.tensor_class == "weights"]
+
+
+# --------------------------------------------------------------------------- adapter shapes
+
+
+class Adapted(BaseModel):
+    """One adapted linear of a layer at full (unsharded) width: A is in x r (`a_inputs` A's), B is r x out."""
+
+    target: str
+    inputs: int
+    outputs: int
+    a_copies: int = Field(1, description="How many A matrices (per_projection: q/k/v or gate/up each have one)")
+    expert: bool = False  # a routed-expert linear: sharded by etp (and ep, per_expert), its copies per expert
+
+    def params(self, rank: int) -> int:
+        return rank * (self.a_copies * self.inputs + self.outputs)
+
+
+def model_targets(arch: Architecture) -> set[str]:
+    """The LoRA targets the model has: MLA attention has no fused linear_qkv (its q/kv projections have their own
+    names, which lora_targets does not take)."""
+    return set(TARGETS) - ({"linear_qkv"} if arch.mla is not None else set())
+
+
+def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, adapters: str = "fused") -> list[Adapted]:
+    """The adapted linears of decoder layer `index`. Megatron-Core's linear_qkv is h -> (heads + 2 kv heads) x
+    head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h, linear_fc1 h -> (2 if gated) x ffn and linear_fc2
+    ffn -> h, for the dense MLP, the shared experts and (as expert linears) the routed experts."""
+    h, per = arch.hidden_size, adapters == "per_projection"
+    gated = 2 if arch.gated_mlp else 1
+    out: list[Adapted] = []
+    if "linear_qkv" in spec.targets and arch.mla is None:
+        out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1,
+                           outputs=(arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim))
+    if "linear_proj" in spec.targets:
+        width = arch.mla.v_head_dim if arch.mla is not None else arch.head_dim
+        out.append(Adapted(target="linear_proj", inputs=arch.num_attention_heads * width, outputs=h))
+    mlps: list[tuple[int, bool]] = []
+    if arch.is_moe_layer(index):
+        assert arch.moe is not None
+        mlps.append((arch.moe.expert_ffn_hidden_size, True))
+        if arch.moe.shared_expert_ffn_hidden_size:
+            mlps.append((arch.moe.shared_expert_ffn_hidden_size, False))
+    else:
+        mlps.append((arch.ffn_hidden_size, False))
+    for width, expert in mlps:
+        if "linear_fc1" in spec.targets:
+            out.append(Adapted(target="linear_fc1", inputs=h, outputs=gated * width, expert=expert,
+                               a_copies=gated if per else 1))
+        if "linear_fc2" in spec.targets:
+            out.append(Adapted(target="linear_fc2", inputs=width, outputs=h, expert=expert))
+    return out
+
+
+def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine: LoraEngine | None, *, tp: int,
+                   ep: int, etp: int) -> tuple[float, float]:
+    """(dense, expert) adapter parameters one rank of a stage holding `layers` keeps. Megatron-Bridge's
+    ParallelLinearAdapter shards both matrices over TP (peft/utils.py): for a column-parallel base, A is a
+    ColumnParallelLinear(in, r) (r split) and B a ColumnParallelLinear(r, out) (out split); for a row-parallel base,
+    A is a RowParallelLinear(in, r) (in split) and B a ColumnParallelLinear(r, out) (out split): r(in + out)/tp
+    either way. A routed expert linear is sharded over etp: shared (share_expert_adapters, the default) it is one
+    adapter per layer on every EP rank, its gradient all-reduced over EP; per_expert, one per local expert."""
+    adapters = engine.adapters if engine else "fused"
+    shared = engine is None or engine.experts == "shared"
+    dense = expert = 0.0
+    for i in layers:
+        for a in layer_adapters(arch, i, spec, adapters):
+            if not a.expert:
+                dense += a.params(spec.rank) / tp
+            elif shared:
+                expert += a.params(spec.rank) / etp
+            else:
+                assert arch.moe is not None
+                expert += arch.moe.num_experts / ep * a.params(spec.rank) / etp
+    return dense, expert
+
+
+def total_adapter_params(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None = None) -> int:
+    """Adapter parameters of the whole model (shared expert adapters counted once per layer)."""
+    dense, expert = adapter_params(arch, list(range(arch.num_layers)), spec, engine, tp=1, ep=1, etp=1)
+    return int(dense + expert)
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+# A frozen linear's backward computes only the input gradient: forward + data gradient = 2 of the 3 forward-sized
+# GEMMs of a trained linear (no weight-gradient GEMM). Megatron-Bridge's LoRA FLOP count does the same
+# (src/megatron/bridge/training/utils/flop_utils.py: model_flops_frozen * 2/3 + the attention core in full).
+FROZEN_PASSES_PER_FORWARD = 2.0
+
+
+def adapter_flops_per_token(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None = None) -> float:
+    """Forward + backward FLOPs of the adapters per token: 6 per adapter parameter a token passes (a routed token
+    passes its top-k experts' adapters, the same shared adapter top-k times)."""
+    adapters = engine.adapters if engine else "fused"
+    total = 0.0
+    for i in range(arch.num_layers):
+        for a in layer_adapters(arch, i, spec, adapters):
+            total += a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1)
+    return 6.0 * total
+
+
+def lora_flops_per_token(arch: Architecture, seq_length: int, spec: LoraSpec,
+                         engine: LoraEngine | None = None) -> float:
+    """Model FLOPs of one LoRA training token: Megatron's formula with the frozen linears' weight gradients left
+    out (the formula is linear in the sequence: its seq-independent part is the linears and logits, 6 FLOPs per
+    weight, of which 2 are the weight gradient) plus the adapters, trained in full."""
+    full = model_flops_per_token(arch, seq_length)
+    linear = model_flops_per_token(arch, 0)
+    return full - linear * (1 - FROZEN_PASSES_PER_FORWARD / 3) + adapter_flops_per_token(arch, spec, engine)

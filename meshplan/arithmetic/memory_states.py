@@ -1,0 +1,284 @@
+"""Model-state bytes (weights, gradients, fp32 master copy, optimizer moments) under each framework's convention.
+
+The conventions are data (cards/memory.yaml): a list of tensors per ZeRO stage, each with its bytes per
+parameter and the group it is sharded over. This module only picks the preset and multiplies, so the
+ZeRO paper's Figure 1 and Megatron's `6 + 12/d` come out of the same arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import CardError, MemoryConvention, framework_card, load_card
+from meshplan.schema.contract import Fp8Recipe, Job, Plan
+
+TensorClass = Literal["weights", "gradients", "optimizer"]
+# Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
+# (grad_reduce_in_fp32), master (the precision-aware optimizer's remainders), moments (optimizer_state_dtype).
+TensorRole = Literal["weights", "main_grads", "master", "moments"]
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StateTensor(_Card):
+    name: str
+    role: TensorRole | None = None
+    tensor_class: TensorClass = Field(alias="class")
+    bytes: float = Field(gt=0)
+    shard: Literal["none", "dp"]
+
+
+class Convention(_Card):
+    source: str
+    vocab_pad_multiple: int = Field(1, ge=1)
+    flash_attention: bool = True
+    dropout: bool = False
+    swiglu_unfused: bool = False
+    logits_bytes_per_element: float = Field(gt=0)
+    loss_chunks: int = Field(1, ge=1)
+    output_hidden_bytes: float = Field(4, ge=0)
+    loss_hidden_bytes: float = Field(0, ge=0)
+    fp8_weight_bytes: float = Field(0, ge=0)
+    fp8_weights: Literal["fixed", "transformer_engine"] = Field(
+        "fixed", description="fixed: fp8_weight_bytes; transformer_engine: per recipe and GPU (precision section)")
+    fp8_saved_inputs: Literal["fp8", "high_precision"] = Field(
+        "fp8", description="what an fp8 linear layer saves of its input for the backward: fp8 (Transformer Engine's "
+                           "one-byte copy) or high_precision (torchao's Float8Linear: the bf16 input, as without fp8)")
+    qkv_projections: Literal["fused", "separate"] = Field(
+        "fused", description="GQA's Q, K, V projections: one fused linear or three (op-level SAC counts each mm)")
+    gathered_layers: int = Field(0, ge=0)
+    gathered_bytes: float = Field(0, ge=0)
+    prefetched_bytes: float = Field(0, ge=0)
+    # When the step peaks (memory.fsdp_backward_moments): worst_unit adds the worst FSDP unit's transient to every
+    # activation, the loss and all model states at once; backward_walk walks the backward unit by unit as torch's
+    # fully_shard runs it and takes the largest moment (cards/memory.yaml fsdp2, with the sources).
+    step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
+    unsharded_param_bytes: float = Field(0, ge=0)  # per parameter of a unit while it runs (backward_walk)
+    grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
+    freed_grads_stay_reserved: bool = False  # those freed gradients stay cached in the reduce-scatter stream's pool
+    output_reduce_in_loss: bool = False  # the output unit reduce-scatters inside the (chunked) loss's backward
+    output_resharded_at_loss: bool = False  # the output unit's params were freed after its forward (none at the loss)
+    # per output-unit parameter held from its backward to the end of the backward (root unit: params and grads)
+    output_held_bytes: float = Field(0, ge=0)
+    retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
+    loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
+    pipeline_partition: Literal["even", "compute_balanced"] = "even"
+    # activations.MOE_BYTES: what a MoE layer keeps
+    moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]
+    # model types whose own model code upcasts the router's input and gate weight to fp32 (activations.moe_bytes)
+    router_fp32_model_types: list[str] = []
+    # what the attention code keeps beside Q, K, V, and what a norm keeps (activations.AttentionSaves)
+    rope_saves: Literal["rotated_copies", "frequencies", "shared_tables"] = "rotated_copies"
+    mla_v_view: bool = False
+    attention_stats_bytes: float = Field(4, gt=0)
+    norm_saves: Literal["input", "fp32_composite"] = "input"
+    mla_v_pad: bool = False
+    zero: dict[int, list[StateTensor]]
+
+
+class PrecisionBytes(_Card):
+    """What the precision knobs change (cards/memory.yaml precision, with its sources)."""
+
+    dtype_bytes: dict[str, float]
+    master_remainder_bytes: float = Field(gt=0)
+    fp8_weight_bytes: dict[Fp8Recipe, float]
+    fp8_weight_bytes_any_layout: dict[Fp8Recipe, float]
+    fp8_all_gather_bytes: float = Field(gt=0)
+    source: str
+
+
+class CompileBytes(_Card):
+    """What torch.compile changes in a convention (cards/memory.yaml compile, with the derivation)."""
+
+    logits_bytes_per_element: float = Field(gt=0)  # a compiled loss at its peak
+    swiglu_unfused: bool = False  # compiled blocks: silu recomputed, not saved
+
+
+class OptimizerStates(_Card):
+    """What each optimizer keeps beside the fp32 master (cards/memory.yaml optimizers, with its sources)."""
+
+    moment_buffers: dict[Literal["adam", "muon"], int]
+    source: str
+
+
+class MemoryCard(_Card):
+    description: str
+    precision: PrecisionBytes
+    optimizers: OptimizerStates
+    compile: CompileBytes
+    fixed_overhead_bytes: int = Field(ge=0)
+    fixed_overhead_source: str
+    cuda_context_bytes: int = Field(ge=0)
+    cuda_context_source: str
+    allocator_reserve_fraction: float = Field(ge=0, lt=1)
+    allocator_reserve_source: str
+    expandable_segments_slack_bytes: int = Field(ge=0)
+    expandable_segments_source: str
+    conventions: dict[str, Convention]
+
+
+def memory_card() -> MemoryCard:
+    card = load_card("memory", MemoryCard)
+    for name in get_args(MemoryConvention):  # every convention a framework card may name
+        if name not in card.conventions:
+            raise CardError(f"cards/memory.yaml: key conventions.{name} is missing.")
+    return card
+
+
+def convention_name(framework: str, zero_stage: int, version: str | None = None) -> str:
+    """The byte preset: the framework card's memory_convention (of that release, where one differs), or at ZeRO-3
+    its engine.zero3_memory_convention where it has one (Megatron-FSDP for Megatron-Core/Bridge; FSDP2 where verl
+    and SkyRL switch engine)."""
+    card = framework_card(framework)
+    if zero_stage == 3 and card.engine.zero3_memory_convention is not None:
+        return card.engine.zero3_memory_convention
+    return card.convention_for(version)
+
+
+def convention(framework: str, zero_stage: int,
+               version: str | None = None) -> tuple[str, Convention, list[StateTensor]]:
+    """The preset and its tensor list for this ZeRO stage; an unsupported stage is a clear error."""
+    name = convention_name(framework, zero_stage, version)
+    conv = memory_card().conventions[name]
+    stage = zero_stage
+    if name.startswith("fsdp2") and stage == 1:
+        stage = 2  # FSDP has no optimizer-only sharding; SHARD_GRAD_OP is the nearest
+    if stage not in conv.zero:
+        raise MeshplanError(
+            f"zero_stage={zero_stage} is not a mode of {framework} (memory convention {name!r}).",
+            fix=f"Use zero_stage in {sorted(conv.zero)}.",
+        )
+    return name, conv, conv.zero[stage]
+
+
+def fp8_recipe(job: Job, plan: Plan) -> Fp8Recipe | None:
+    """The FP8 recipe an fp8 job runs: the plan's, else the framework card's default; None without fp8."""
+    if job.precision != "fp8":
+        return None
+    return plan.fp8_recipe or framework_card(job.framework).defaults.fp8_recipe
+
+
+def fp8_param_gather(job: Job, plan: Plan) -> bool:
+    """FP8 primary weights: the plan's choice, else the framework's default for the recipe (Megatron-Bridge's
+    mixed-precision presets keep them for delayed, tensorwise and mxfp8: its card's mixed_precision_presets)."""
+    if plan.fp8_param_gather is not None:
+        return plan.fp8_param_gather
+    recipe = fp8_recipe(job, plan)
+    presets = (framework_card(job.framework).model_extra or {}).get("mixed_precision_presets", {})
+    return recipe is not None and f"{recipe}/true" in presets
+
+
+def fp8_inputs(job: Job, conv: Convention) -> bool:
+    """Whether the linear layers keep their saved inputs in one byte: fp8 under a convention whose fp8 linears save
+    fp8 copies (Transformer Engine); torchao's Float8Linear saves the bf16 input, as bf16 training does."""
+    return job.precision == "fp8" and conv.fp8_saved_inputs == "fp8"
+
+
+def precision_aware(plan: Plan) -> bool:
+    """Megatron's precision-aware optimizer is on: moments in a 16- or 8-bit dtype (fp32 moments = the default)."""
+    return plan.optimizer_state_dtype not in (None, "fp32")
+
+
+def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTensor]]:
+    """The convention and tensors of `convention`, rewritten by the plan's precision knobs: moments in
+    optimizer_state_dtype, the fp32 master as 16-bit remainders under the precision-aware optimizer (bf16 weights,
+    bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32), and the fp8 weight bytes per
+    linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather); and torch.compile's
+    loss and SwiGLU bytes (compiled)."""
+    name, conv, tensors = convention(job.framework, plan.zero_stage, job.framework_version)
+    prec = memory_card().precision
+    recipe = fp8_recipe(job, plan)
+    aware = precision_aware(plan)
+    gather = fp8_param_gather(job, plan)
+    remainders = aware and not gather and recipe in (None, "delayed")
+    out = []
+    for t in tensors:
+        update: dict = {}
+        if t.role == "moments" and aware:
+            dtype = plan.optimizer_state_dtype
+            update = {"bytes": 2 * prec.dtype_bytes[dtype], "name": f"Adam moments ({dtype} m, v)"}
+        elif t.role == "master" and remainders:
+            update = {"bytes": prec.master_remainder_bytes, "name": "fp32 master as 16-bit remainders of bf16 weights"}
+        elif t.role == "main_grads" and plan.grad_reduce_in_fp32 is not None:
+            dtype = "fp32" if plan.grad_reduce_in_fp32 else "bf16"
+            update = {"bytes": prec.dtype_bytes[dtype], "name": f"{dtype} main grads"}
+        out.append(t.model_copy(update=update) if update else t)
+    conv_update: dict = {}
+    if recipe is not None and conv.fp8_weights == "transformer_engine":
+        table = prec.fp8_weight_bytes_any_layout if job.gpu.fp8_any_layout else {}
+        weight = table.get(recipe, prec.fp8_weight_bytes[recipe])
+        if gather:  # the fp8 weight is the parameter: the unsharded bf16 one is not kept
+            weight -= sum(t.bytes for t in out if t.role == "weights" and t.shard == "none")
+        conv_update["fp8_weight_bytes"] = weight
+    if gather and conv.prefetched_bytes and conv.fp8_weights == "fixed":
+        conv_update["prefetched_bytes"] = prec.fp8_all_gather_bytes
+    if gather and conv.unsharded_param_bytes and conv.fp8_weights == "fixed":
+        conv_update["unsharded_param_bytes"] = prec.fp8_all_gather_bytes
+    conv_update.update(compiled(job, plan))
+    return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
+
+
+def compiled(job: Job, plan: Plan) -> dict:
+    """The convention fields torch.compile rewrites (cards/memory.yaml compile), for what the framework compiles
+    (its card's compile section): a compiled loss keeps no fp32 copy of the logits, compiled blocks a fused SwiGLU."""
+    scope = framework_card(job.framework).compile
+    if not plan.torch_compile or scope is None:
+        return {}
+    comp = memory_card().compile
+    update: dict = {}
+    if scope.loss:
+        update["logits_bytes_per_element"] = comp.logits_bytes_per_element
+    if scope.blocks:
+        update["swiglu_unfused"] = comp.swiglu_unfused
+    return update
+
+
+def state_bytes(tensors: list[StateTensor], params: float, shard_size: float) -> dict[str, float]:
+    """Bytes per class for `params` parameters whose sharded tensors are split `shard_size` ways."""
+    out = {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
+    for t in tensors:
+        out[t.tensor_class] += t.bytes * params / (shard_size if t.shard == "dp" else 1)
+    return out
+
+
+def muon_saved_bytes(plan: Plan, tensors: list[StateTensor], matrices: float, shard_size: float) -> float:
+    """Optimizer bytes Muon does not keep on `matrices` 2-D parameters: the convention's Adam moments (m, v) less its
+    one momentum buffer (cards/memory.yaml optimizers), sharded as the moments are; 0 under Adam. With the fp32
+    master that is 4 + 4 B/param instead of Adam's 4 + 8; the embedding, output layer, norms and biases stay on Adam."""
+    if plan.optimizer != "muon":
+        return 0.0
+    counts = memory_card().optimizers.moment_buffers
+    dropped = 1 - counts["muon"] / counts["adam"]
+    return sum(t.bytes * dropped * matrices / (shard_size if t.shard == "dp" else 1)
+               for t in tensors if t.role == "moments")
+
+
+def bytes_per_param(tensors: list[StateTensor], shard_size: float) -> float:
+    """E.g. 6 + 12/d for Megatron's distributed optimizer."""
+    return sum(state_bytes(tensors, 1.0, shard_size).values())
+
+
+def describe_tensors(tensors: list[StateTensor]) -> str:
+    parts = [f"{t.name} {t.bytes:g} B" + (" sharded" if t.shard == "dp" else "") for t in tensors]
+    return "; ".join(parts)
+
+
+def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, hidden: int, ts: int) -> float:
+    """Last-stage bytes of one micro-batch past the decoder: the loss at its peak over one of `loss_chunks`
+    pieces of the sequence (logits split over TP by the vocab-parallel loss), the final-norm/output-layer
+    inputs (split by sequence parallelism) and what a chunked loss keeps of the hidden states (replicated)."""
+    logits = conv.logits_bytes_per_element * tokens / conv.loss_chunks * vocab / tp
+    return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
+
+
+def gathered_transient(conv: Convention, units: list[float]) -> float:
+    """FSDP/ZeRO-3 bytes at the worst unit's backward peak: `gathered_layers` x `gathered_bytes` per parameter
+    of that unit plus `prefetched_bytes` per parameter of the unit before it (`units`: per-GPU parameters of
+    the stage's FSDP units in forward order; backward prefetches the previous one)."""
+    return max((conv.gathered_layers * conv.gathered_bytes * p + conv.prefetched_bytes * (units[k - 1] if k else 0.0)
+                for k, p in enumerate(units)), default=0.0)

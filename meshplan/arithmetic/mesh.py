@@ -1,0 +1,136 @@
+"""Mesh arithmetic: how the parallel degrees multiply into a GPU count, and which groups leave the fast domain.
+
+One home for the facts every other module used to recompute: the world-size law of each framework family
+(cards/frameworks/*.yaml `world_size_law`), the data-parallel size derived from a GPU count, the
+expert-data-parallel size, and the *fast domain*: the GPUs one GPU reaches over its scale-up fabric
+(NVLink / xGMI) without touching the network. A process group is `size` ranks spaced `stride` apart in
+Megatron-Core's rank order (TP innermost, then CP, then DP, PP outermost; experts ETP, EP, expert-DP, PP);
+groups are aligned to domain boundaries, so how many members share a domain decides which link carries them.
+
+Sources: NVIDIA/Megatron-LM megatron/core/parallel_state.py (initialize_model_parallel: world % (tp*pp*cp) and
+world % (etp*ep*pp), rank order 'tp-cp-ep-dp-pp'); torchtitan ParallelDims (EP borrows from dp_shard*cp*tp);
+KempnerForge's mesh (EP is a dimension of its own, see cards/frameworks/kempnerforge.yaml).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
+from meshplan.schema.contract import GpuSpec, Plan
+
+# --------------------------------------------------------------------------- GPU counts
+
+
+def ep_has_own_ranks(law: WorldSizeLaw) -> bool:
+    """KempnerForge's law makes expert parallelism a mesh dimension of its own; Megatron's and torchtitan's fold
+    the experts into the data/context/tensor ranks."""
+    return law == "kempnerforge"
+
+
+def own_ep_ranks(law: WorldSizeLaw, ep: int) -> int:
+    """Ranks expert parallelism adds to a replica: ep where it has ranks of its own, else 1."""
+    return ep if ep_has_own_ranks(law) else 1
+
+
+def replica_size(law: WorldSizeLaw, tp: int, pp: int, cp: int, ep: int = 1) -> int:
+    """GPUs per data-parallel replica: tp*pp*cp (times ep under KempnerForge's law)."""
+    return tp * pp * cp * own_ep_ranks(law, ep)
+
+
+def world_size(law: WorldSizeLaw, plan: Plan) -> int:
+    """GPUs a plan occupies under the framework's law."""
+    return replica_size(law, plan.tp, plan.pp, plan.cp, plan.ep) * plan.dp
+
+
+def derived_dp(law: WorldSizeLaw, num_gpus: int, tp: int, pp: int, cp: int, ep: int = 1) -> int:
+    """The data-parallel size a GPU count leaves once the model-parallel degrees are placed (at least 1)."""
+    return max(1, num_gpus // replica_size(law, tp, pp, cp, ep))
+
+
+def replica_formula(law: WorldSizeLaw, ep: int = 1) -> str:
+    """replica_size as a reader checks it by hand."""
+    return "tp*pp*cp" + ("*ep" if own_ep_ranks(law, ep) > 1 else "")
+
+
+def smallest_world(law: WorldSizeLaw, tp: int, pp: int, cp: int, dp: int, ep: int, etp: int) -> int:
+    """The fewest GPUs that hold these degrees: the dense replica times dp, and (where experts fold into those
+    ranks) a multiple of ep*etp per pipeline stage."""
+    if ep_has_own_ranks(law):
+        return replica_size(law, tp, pp, cp, ep) * dp
+    return pp * math.lcm(tp * cp * dp, ep * etp)
+
+
+def expert_grid_fits(law: WorldSizeLaw, world: int, tp: int, pp: int, cp: int, dp: int, ep: int, etp: int) -> bool:
+    """Whether the expert layout tiles the ranks: Megatron-Core needs world % (pp*ep*etp) == 0 (its expert
+    grid is ETP x EP x expert-DP per stage); torchtitan's EP borrows from dp_shard*cp*tp, which ep must divide;
+    KempnerForge's EP ranks are a mesh dimension of their own, so any ep fits."""
+    if law == "megatron":
+        return world % pp == 0 and (world // pp) % (ep * etp) == 0
+    if law == "torchtitan":
+        return (dp * cp * tp) % ep == 0
+    return True
+
+
+class ExpertDegrees(Protocol):
+    """What the expert arithmetic reads: a `Plan`, or the search's `space.Layout` before it becomes one."""
+
+    pp: int
+    ep: int
+    etp: int
+
+
+def expert_group(plan: ExpertDegrees) -> int:
+    """Ranks one copy of the expert weights is spread over along the pipeline and expert axes: pp*ep*etp."""
+    return plan.pp * plan.ep * plan.etp
+
+
+def expert_dp(world: int, plan: ExpertDegrees) -> float:
+    """Megatron-Core's expert-data-parallel size world / (pp*ep*etp), at least 1 (exact when the rules pass)."""
+    return max(1.0, world / expert_group(plan))
+
+
+# --------------------------------------------------------------------------- the fast domain
+
+
+def fast_domain(gpu: GpuSpec, gpus_per_node: int) -> int:
+    """GPUs one GPU reaches over NVLink/xGMI without the network.
+
+    A rack-scale NVLink domain larger than the GPU's usual node (GB200 NVL72) spans nodes and is the domain
+    whatever the node size; otherwise the domain is the smaller of the NVLink island and the node (an H100
+    PCIe node of 8 links only NVLink-bridged pairs: 2).
+    """
+    if gpu.nvlink_domain > gpu.gpus_per_node:
+        return gpu.nvlink_domain
+    return max(1, min(gpu.nvlink_domain, gpus_per_node))
+
+
+def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:
+    """A multi-node NVLink domain (GB200 NVL72): what only HybridEP's dispatcher covers."""
+    return fast_domain(gpu, gpus_per_node) > gpus_per_node
+
+
+def per_domain(size: int, stride: int, domain: int) -> int:
+    """Members of a group that share one fast domain (groups are aligned to domain boundaries)."""
+    if stride >= domain:
+        return 1
+    return max(1, min(size, domain // stride))
+
+
+def hierarchical_cp_sizes(cp: int, tp: int, gpus_per_node: int) -> tuple[int, int]:
+    """a2a+p2p context parallelism as meshplan renders it (hierarchical_context_parallel_sizes): the all-to-all
+    group is the largest divisor of cp that fits beside tp in one node, the ring runs over the rest; their product
+    is cp (Megatron-LM megatron/training/arguments.py validate_args)."""
+    inner = max((d for d in range(1, cp + 1) if cp % d == 0 and tp * d <= gpus_per_node), default=1)
+    return inner, cp // inner
+
+
+def crosses_domains(size: int, stride: int, domain: int) -> bool:
+    """Whether a group of `size` ranks spaced `stride` apart needs the network."""
+    return size > per_domain(size, stride, domain)
+
+
+def tp_fits_domain(tp: int, domain: int) -> bool:
+    """Tensor parallelism (stride 1, traffic every layer) stays on the fast fabric."""
+    return not crosses_domains(tp, 1, domain)

@@ -1,0 +1,233 @@
+"""CPU offload: which model states and activations leave the GPU, what they cost in host memory, and in time.
+
+The framework card (`offload`, per engine) says what each knob moves and when: inside the training step (the
+GPU peak falls, the host holds the state, transfers and the CPU Adam step cost time) or only between the phases
+of an RL job (the training step's peak is unchanged; the host must still hold the state while the rollout runs).
+The bytes per parameter of a CPU optimizer and the activation layers kept on the GPU are in cards/offload.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.knowledge.cards import EngineOffload, framework_card, load_card
+from meshplan.schema.contract import Job, Plan
+
+CLASSES = ("weights", "gradients", "optimizer")
+
+
+class OffloadCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    cpu_optimizer_bytes_per_param: float = Field(gt=0)
+    cpu_optimizer_bytes_source: str
+    activation_offload_resident_layers: int = Field(ge=1)
+    activation_offload_resident_source: str
+    cpu_adam_s_per_param: float = Field(gt=0)
+    cpu_adam_source: str
+
+
+def offload_card() -> OffloadCard:
+    return load_card("offload", OffloadCard)
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """What the plan's offload knobs mean on its framework's engine.
+
+    in_step: share of each state class kept in host memory during the training step; cpu_optimizer: share of the
+    optimizer stepped on the CPU (its host tensors are cards/offload.yaml's cpu_optimizer_bytes_per_param);
+    phase: classes moved to the host only between RL phases; activations: whether saved activations go to host."""
+
+    in_step: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
+    cpu_optimizer: float = 0.0
+    phase: frozenset[str] = frozenset()
+    activations: bool = False
+    cpu_classes: frozenset[str] = frozenset()  # classes the CPU optimizer's own host tensors stand for
+
+    @property
+    def any(self) -> bool:
+        return bool(self.activations or self.phase or self.cpu_optimizer or any(self.in_step.values()))
+
+
+def optimizer_share(plan: Plan) -> float:
+    """The share of the optimizer offloaded: optimizer_offload_fraction when given, else all of it with
+    optimizer_offload, else none."""
+    if plan.optimizer_offload_fraction > 0:
+        return plan.optimizer_offload_fraction
+    return 1.0 if plan.optimizer_offload else 0.0
+
+
+def offload_plan(framework: str, plan: Plan) -> OffloadPlan:
+    """The plan's offload knobs read through the framework card. A knob the engine lacks is left out here: rule
+    OF001 reports it (with the framework's nearest knob), so an estimate never silently pretends to offload."""
+    sem: EngineOffload | None = framework_card(framework).offload_at(plan.zero_stage)
+    out = OffloadPlan()
+    if sem is None:
+        return out
+    in_step = dict.fromkeys(CLASSES, 0.0)
+    phase: set[str] = set()
+    cpu_classes: set[str] = set()
+    cpu_optimizer = 0.0
+
+    def move(knob, share: float) -> None:
+        nonlocal cpu_optimizer
+        if share <= 0 or knob.when == "none":
+            return
+        if knob.when == "phase":
+            phase.update(knob.moves)
+            return
+        for cls in knob.moves:
+            in_step[cls] = max(in_step[cls], share)
+        if "optimizer" in knob.moves:
+            cpu_optimizer = max(cpu_optimizer, share)
+            cpu_classes.update(knob.moves)  # e.g. FSDP2's fp32 shard and grads are the CPU Adam's own tensors
+
+    move(sem.param, 1.0 if plan.param_offload else 0.0)
+    move(sem.grad, 1.0 if plan.grad_offload else 0.0)
+    if sem.optimizer.when == "in_step":  # Megatron-Core's CPU optimizer, DeepSpeed's offload_optimizer (ratio)
+        move(sem.optimizer, optimizer_share(plan))
+    else:
+        move(sem.optimizer, 1.0 if plan.optimizer_offload else 0.0)  # between phases (verl, SkyRL)
+        if plan.optimizer_offload_fraction > 0 and sem.optimizer_fraction == "in_step":
+            # verl's / SkyRL's Megatron backend: Megatron-Core's HybridDeviceOptimizer through the optimizer config
+            in_step["optimizer"] = max(in_step["optimizer"], plan.optimizer_offload_fraction)
+            cpu_optimizer = max(cpu_optimizer, plan.optimizer_offload_fraction)
+            cpu_classes.add("optimizer")
+    activations = plan.activation_offload and sem.activation == "in_step"
+    return OffloadPlan(in_step=in_step, cpu_optimizer=cpu_optimizer, phase=frozenset(phase), activations=activations,
+                       cpu_classes=frozenset(cpu_classes))
+
+
+@dataclass(frozen=True)
+class StageOffload:
+    """One stage's GPU bytes after offload and what its GPU puts in host memory."""
+
+    states: dict[str, float]
+    activations: float
+    host: float
+    detail: dict[str, int]
+
+
+def offload_stage(off: OffloadPlan, states: dict[str, float], optimizer_params: float, activations: float,
+                  largest_layer: float) -> StageOffload:
+    """Apply the offload to one stage: `states` are the GPU bytes per class without offload, `optimizer_params`
+    the parameters this GPU's optimizer steps (its shard), `activations` the stored layer activations of the
+    micro-batches in flight, `largest_layer` the most one layer stores for one micro-batch."""
+    card = offload_card()
+    kept = {cls: value * (1.0 - off.in_step[cls]) for cls, value in states.items()}
+    detail: dict[str, int] = {}
+    # the CPU optimizer's own fp32 tensors for its share; a state moved without the optimizer (DeepSpeed
+    # offload_param) sits on the host as it was on the GPU
+    host = card.cpu_optimizer_bytes_per_param * optimizer_params * off.cpu_optimizer
+    if off.cpu_optimizer:
+        detail["host_cpu_optimizer"] = int(host)
+    for cls in CLASSES:
+        moved = states[cls] * off.in_step[cls]
+        if moved and cls not in off.cpu_classes:
+            host += moved
+            detail[f"host_{cls}"] = int(moved)
+    phase = sum(kept[cls] for cls in off.phase)
+    if phase:
+        host += phase
+        detail["host_between_phases"] = int(phase)
+    on_gpu = activations
+    if off.activations and activations:
+        on_gpu = min(activations, card.activation_offload_resident_layers * largest_layer)
+        host += activations - on_gpu
+        detail["host_activations"] = int(activations - on_gpu)
+    return StageOffload(states=kept, activations=on_gpu, host=host, detail=detail)
+
+
+def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activation_bytes: float,
+                 param_bytes_moved: float, compute_s: float) -> tuple[float, str]:
+    """Seconds an offload adds to one step, and how they were counted: the CPU Adam step of the offloaded share
+    (not hidden), plus the host transfers the step's compute cannot cover (activations out in the forward and
+    back in the backward, each micro-batch; in-step parameter offload: the shard in for every forward and backward
+    gather and its gradient out, each micro-batch)."""
+    off = offload_plan(job.framework, plan)
+    if not off.any:
+        return 0.0, ""
+    card = offload_card()
+    m = plan.num_microbatches(job.global_batch_size)
+    adam = card.cpu_adam_s_per_param * optimizer_params * off.cpu_optimizer
+    moved = 2 * host_activation_bytes * m if off.activations else 0.0
+    if off.in_step["weights"]:
+        moved += 3 * param_bytes_moved * m  # in for the forward and the backward gather, the gradient out
+    transfer = moved / job.gpu.host_bandwidth
+    exposed = max(0.0, transfer - compute_s)
+    parts = []
+    if adam:
+        parts.append(f"CPU Adam {adam:.3f} s ({card.cpu_adam_s_per_param:.1e} s x {optimizer_params:,.0f} params x "
+                     f"{off.cpu_optimizer:g}, cards/offload.yaml)")
+    if moved:
+        parts.append(f"host transfers {moved / 1e9:,.1f} GB at {job.gpu.host_bandwidth / 1e9:g} GB/s = "
+                     f"{transfer:.3f} s, {exposed:.3f} s beyond the compute")
+    return adam + exposed, "; ".join(parts)
+
+
+def unsupported_offloads(framework: str, plan: Plan) -> list[tuple[str, str]]:
+    """(knob, the framework's nearest knob) for each offload knob set that the engine of this ZeRO stage lacks,
+    or that needs a higher zero_stage there."""
+    card = framework_card(framework)
+    sem = card.offload_at(plan.zero_stage)
+    asked = {
+        "activation_offload": plan.activation_offload,
+        "param_offload": plan.param_offload,
+        "grad_offload": plan.grad_offload,
+        "optimizer_offload": plan.optimizer_offload,
+        "optimizer_offload_fraction": plan.optimizer_offload_fraction > 0,
+    }
+    out = []
+    for knob, on in asked.items():
+        if not on:
+            continue
+        has = sem is not None and {
+            "activation_offload": sem.activation != "none",
+            "param_offload": sem.param.when != "none",
+            "grad_offload": sem.grad.when != "none",
+            "optimizer_offload": sem.optimizer.when != "none",
+            "optimizer_offload_fraction": sem.optimizer_fraction != "none" or sem.optimizer.when != "none",
+        }[knob]
+        if not has:
+            out.append((knob, _instead(card, knob, plan.zero_stage)))
+            continue
+        need = sem.requires_zero_stage.get(_SEMANTIC_NAME[knob])
+        if need is not None and plan.zero_stage < need:
+            out.append((knob, f"Use zero_stage >= {need} with {knob} on {card.display_name}, or drop {knob}."))
+    return out
+
+
+_SEMANTIC_NAME = {"activation_offload": "activation", "param_offload": "param", "grad_offload": "grad",
+                  "optimizer_offload": "optimizer", "optimizer_offload_fraction": "optimizer_fraction"}
+
+
+def _instead(card, knob: str, zero_stage: int) -> str:
+    """The card's own words for the nearest knob: the variant of this engine first (verl's and SkyRL's FSDP)."""
+    if card.adapter is not None:
+        variant = card.adapter.variant_knobs.get(card.engine_at(zero_stage), {})
+        spec = variant.get(knob) or card.adapter.versions[card.adapter.default_version].knobs.get(knob)
+        if spec is not None and spec.instead:
+            return spec.instead
+    return f"{card.display_name} has no {knob} at zero_stage {zero_stage}; drop it."
+
+
+def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float, str]:
+    """offload_time for a whole step, read from the memory estimate's worst-hosting stage: its CPU optimizer's
+    parameters, the activations one micro-batch sends to the host, and the parameter shard an in-step parameter
+    offload brings back for each gather (its 16-bit copy). Zero, with no estimate, when nothing is offloaded."""
+    if not offload_plan(job.framework, plan).any:
+        return 0.0, ""
+    from meshplan.estimate.memory import estimate_memory  # memory imports this module
+
+    report = estimate_memory(job, plan)
+    stage = max(report.stages, key=lambda s: s.host_bytes)
+    in_flight = max(1, stage.detail.get("microbatches_in_flight", 1))
+    return offload_time(
+        job, plan, optimizer_params=stage.detail.get("optimizer_params", 0),
+        host_activation_bytes=stage.detail.get("host_activations", 0) / in_flight,
+        param_bytes_moved=2 * stage.detail.get("optimizer_params", 0), compute_s=compute_s,
+    )

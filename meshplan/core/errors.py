@@ -1,0 +1,38 @@
+"""One exception type for every user-facing failure, so each face (CLI, MCP, batch) can report it cleanly.
+
+A `MeshplanError` always says what was wrong and what would work; the CLI prints it without a
+traceback, the MCP server turns it into a `ToolError`, batch mode turns it into `{"error": ...}`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class MeshplanError(ValueError):
+    """A request meshplan cannot answer, with the reason and (when known) the fix."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        self.reason = message
+        self.fix = fix
+        super().__init__(message if not fix else f"{message} Fix: {fix}")
+
+
+def closest(name: str, choices: Iterable[str], n: int = 5) -> list[str]:
+    """Closest known names to a misspelt one, for 'did you mean' hints."""
+    pool = list(choices)
+    lowered = {c.lower(): c for c in pool}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
+    if not hits:
+        hits = [c for c in lowered if name.lower() in c or c in name.lower()][:n]
+    return [lowered[h] for h in hits]
+
+
+class Cancelled(Exception):
+    """The caller cancelled the computation (an MCP `notifications/cancelled`); raised by
+    `meshplan.core.cancel.checkpoint`.
+
+    Deliberately not a `MeshplanError` (nor a `ValueError`): the search catches those per layout and moves on
+    to the next one, which would swallow the cancellation and keep the work running.
+    """

@@ -1,0 +1,453 @@
+"""The `meshplan` command: one subcommand per MCP tool, same option names, `--json` for the structured result.
+
+All logic lives in `meshplan.api`; this module parses flags, prints, and maps errors to exit codes
+(2: bad input, 1: `check` found an error). No traceback reaches a user for a bad request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from meshplan import __version__
+from meshplan.core.errors import MeshplanError, closest
+from meshplan.request.resolve import parse_request, validation_message
+from meshplan.schema.contract import Request
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (SIGINT)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default when it has one to show (not None, not an off switch) and its help does not."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in (action.help or "").lower():
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with short usage errors: the flag, the value, the closest valid one and that flag's choices."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            allowed = [str(c) for c in action.choices]
+            hints = closest(str(value), allowed, n=1)
+            hint = f"did you mean {hints[0]!r}? " if hints else ""
+            raise argparse.ArgumentError(
+                action, f"invalid choice {str(value)[:80]!r}; {hint}choose from {', '.join(allowed)}")
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _field_help(name: str) -> str:
+    """A field's description with its default (or what leaving it unset means), for --help. argparse expands
+    %-formats in help text, so a description's own '%' is escaped (else --help itself fails)."""
+    field = Request.model_fields[name]
+    text = (field.description or "").replace("%", "%%")
+    if "default" in text.lower():
+        return text
+    if field.is_required():
+        return f"{text} (required: this or MODEL)"
+    default = field.default if field.default is not None else "unset"
+    return f"{text} (default: {default})"
+
+
+def _value_type(annotation: Any) -> Any:
+    """The type inside `X | None`; any other annotation (a Literal included) as it is."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def add_request_flags(parser: argparse.ArgumentParser, *, model_positional: bool = True) -> None:
+    """One flag per request field (hyphenated), with the field's description, default and choices as help."""
+    if model_positional:
+        parser.add_argument("model_pos", nargs="?", metavar="MODEL", help=Request.model_fields["model"].description)
+    for name, field in Request.model_fields.items():
+        kind = _value_type(field.annotation)
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _field_help(name)}
+        if get_origin(kind) is list:  # a list of names (recompute_modules): one flag, several values
+            kwargs["nargs"] = "+"
+            kind = get_args(kind)[0]
+        choices = get_args(kind) if get_origin(kind) is not None else ()
+        if choices and all(isinstance(c, str) for c in choices):
+            kwargs["choices"] = list(choices)
+        elif kind is bool:
+            kwargs.update(type=_bool, metavar="{true,false}")
+        elif kind is int:
+            kwargs.update(type=int, metavar="N")
+        elif kind is float:
+            kwargs.update(type=float, metavar="X")
+        parser.add_argument(_flag(name), **kwargs)
+
+
+def request_from_args(args: argparse.Namespace) -> Request:
+    """The flags as a `Request`, through the same parser as MCP arguments and batch lines."""
+    values = {name: getattr(args, name) for name in Request.model_fields if getattr(args, name, None) is not None}
+    positional = getattr(args, "model_pos", None)
+    if positional and values.get("model", positional) != positional:
+        raise MeshplanError(
+            f"Two different models given: MODEL {positional!r} and --model {values['model']!r}.",
+            fix="Give the model once, as MODEL or as --model.",
+        )
+    if positional:
+        values["model"] = positional
+    return parse_request(values)
+
+
+def _emit(result: Any, as_json: bool, table: Callable[[Any], None]) -> None:
+    if as_json:
+        if isinstance(result, BaseModel):
+            print(result.model_dump_json(indent=2))
+        else:
+            print(json.dumps(result, indent=2, default=_jsonable))
+    else:
+        table(result)
+
+
+def _jsonable(value: Any) -> Any:
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else str(value)
+
+
+# --------------------------------------------------------------------------- subcommands
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from meshplan import api
+    from meshplan.faces import display
+
+    if args.model and args.model_pos and args.model != args.model_pos:
+        raise MeshplanError(f"Two different models given: MODEL {args.model_pos!r} and --model {args.model!r}.",
+                            fix="Give the model once, as MODEL or as --model.")
+    model = args.model or args.model_pos
+    if not model:
+        raise MeshplanError("describe needs a model.", fix="meshplan describe llama-3.1-8b")
+    _emit(api.describe_model(model), args.json, display.model_report)
+    return EXIT_OK
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from meshplan import api
+    from meshplan.faces import display
+
+    models = api.list_models()
+    if args.json:
+        print(json.dumps([m.model_dump(mode="json") for m in models], indent=2))
+    else:
+        display.model_list(models)
+    return EXIT_OK
+
+
+MAX_LINE_CHARS = 1 << 20  # a request is a few hundred characters; a longer line is refused, not parsed
+ECHO_CHARS = 200  # how much of a bad line an error repeats
+
+
+def _echo(text: str) -> str:
+    """A bad input as an error shows it: at most ECHO_CHARS of it, so a huge line is never repeated whole."""
+    text = text.strip()
+    return repr(text) if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]!r}... ({len(text):,} characters)"
+
+
+def _lines(source: IO[str], limit: int) -> Iterator[tuple[str, int]]:
+    """Each line of `source` with its full length; past `limit` characters a line is skipped in chunks, unkept."""
+    while line := source.readline(limit + 1):
+        length, rest = len(line), line
+        while length > limit and not rest.endswith("\n") and (rest := source.readline(limit)):
+            length += len(rest)
+        yield line, length - rest.endswith("\n")
+
+
+def _batch_result(text: str, length: int, run: Callable[[Request], BaseModel]) -> BaseModel:
+    """The answer to one batch line, or a MeshplanError saying what is wrong with the line."""
+    example = 'one JSON object per line, e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}'
+    if length > MAX_LINE_CHARS:
+        raise MeshplanError(f"The line is {length:,} characters long, starting {text[:ECHO_CHARS]!r}...",
+                            fix=f"A request is at most {MAX_LINE_CHARS:,} characters; {example}.")
+    if not text.strip():
+        raise MeshplanError("Blank line: no request.", fix=f"Remove it or put a request there: {example}.")
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshplanError(f"Not JSON ({exc.msg} at column {exc.colno}): {_echo(text)}.", fix=example) from None
+    except (ValueError, RecursionError):  # nested too deep, or a number too long to convert
+        raise MeshplanError(f"Not a readable JSON request: {_echo(text)}.", fix=example) from None
+    return run(parse_request(values))
+
+
+def _error_line(number: int, message: str) -> str:
+    return json.dumps({"line": number, "error": message}, separators=(",", ":"))
+
+
+def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int:
+    """One request per JSON line in; out, one JSON line per input line, in order, each with its line number.
+
+    `{"line": N, ...result...}` or `{"line": N, "error": ...}` (a blank or unreadable line too, so output line N
+    answers input line N). Exit 2 when any line is an error, else 1 when any `check` found an error, else 0.
+    """
+    given = [_flag(name) for name in Request.model_fields if getattr(args, name, None) is not None]
+    if args.model_pos or given:
+        raise MeshplanError(f"--batch takes every request from {args.batch}; {args.model_pos or given[0]} would be "
+                            "ignored.", fix="Put the fields in each JSON line, or drop --batch.")
+    if args.batch == "-":
+        stdin = getattr(sys.stdin, "buffer", None)
+        source = io.TextIOWrapper(stdin, encoding="utf-8-sig", errors="replace") if stdin else sys.stdin
+    else:
+        source = open(args.batch, encoding="utf-8-sig", errors="replace")  # bad bytes become a JSON error, per line
+    status = EXIT_OK
+    try:
+        for number, (text, length) in enumerate(_lines(source, MAX_LINE_CHARS), start=1):
+            try:
+                result = _batch_result(text, length, run)
+            except MeshplanError as exc:
+                out, status = _error_line(number, str(exc)), EXIT_USAGE
+            except Exception as exc:  # a fault on one line must not lose the answers to the others
+                reason = f"internal error ({type(exc).__name__}: {str(exc)[:ECHO_CHARS]}); please report it"
+                out, status = _error_line(number, reason), EXIT_USAGE
+            else:
+                out = f'{{"line":{number},' + result.model_dump_json()[1:]  # the result's own fields follow
+                if getattr(result, "ok", True) is False:
+                    status = max(status, EXIT_FINDINGS)
+            print(out)
+    finally:
+        if args.batch == "-":
+            if source is not sys.stdin:
+                source.detach()  # leave the process's stdin open
+        else:
+            source.close()
+    return status
+
+
+def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Namespace], int]:
+    def command(args: argparse.Namespace) -> int:
+        from meshplan import api
+        from meshplan.faces import display
+
+        run = getattr(api, run_name)
+        if getattr(args, "batch", None) is not None:
+            return _batch(args, run)
+        result = run(request_from_args(args))
+        _emit(result, args.json, getattr(display, table_name))
+        if run_name == "check_config" and not result.ok:
+            return EXIT_FINDINGS
+        return EXIT_OK
+
+    return command
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from meshplan import api
+    from meshplan.faces import display
+
+    req = request_from_args(args)
+    result = api.recommend(req, top_k=args.top_k)
+    _emit(result, args.json, lambda rec: display.recommendation(rec, req))
+    return EXIT_OK if result.candidates else EXIT_FINDINGS  # nothing ranked: the answer says why and what fits
+
+
+def cmd_min_gpus(args: argparse.Namespace) -> int:
+    """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
+    from meshplan import api
+
+    result = api.minimum_gpus(request_from_args(args), max_gpus=args.max_gpus)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        if result.num_gpus is not None:
+            print(f"smallest GPU count: {result.num_gpus:,} x {result.gpu} (headroom {result.headroom:g})")
+        else:
+            print(f"no GPU count fits within the bounds (stopped by {result.stopped_by}; headroom {result.headroom:g})")
+        print(f"checked {result.counts_checked:,} counts from {result.searched_from:,} to {result.searched_to:,}: "
+              f"{result.stepping}")
+        print(result.rationale)
+        print("assumptions:\n" + "\n".join(f"  - {a}" for a in result.assumptions))
+    return EXIT_OK if result.num_gpus is not None else EXIT_FINDINGS
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """The snippet on stdout (pipe it to a file); its warnings and notes on stderr as comment lines.
+
+    A layout that breaks a rule is refused with exit 1 and the findings with their fixes, unless --force.
+    """
+    from meshplan import api
+    from meshplan.adapters.render import RefusedLayout
+
+    req = request_from_args(args)
+    if args.framework is not None and args.framework != args.target:
+        raise MeshplanError(f"Two different frameworks given: FRAMEWORK {args.target!r} and --framework "
+                            f"{args.framework!r}.", fix="Give the framework once, as the FRAMEWORK argument.")
+    options = {k: v for k, v in {"variant": args.variant, "version": args.version}.items() if v}
+    try:
+        result = api.render_config(args.target, req, force=args.force, **options)
+    except RefusedLayout as exc:
+        print(f"meshplan: {exc}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return EXIT_OK
+    print(result.text, end="" if result.text.endswith("\n") else "\n")
+    for kind, lines in (("warning", result.warnings), ("note", result.notes)):
+        for line in lines:
+            print(f"# {kind}: {line}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _listing_render_targets(base: type[argparse.HelpFormatter]) -> type[argparse.HelpFormatter]:
+    """`base` that names the render targets in FRAMEWORK's help only when help is printed: listing them
+    reads every framework card, which every other command would otherwise pay for at start-up."""
+
+    class Formatter(base):  # type: ignore[valid-type, misc]
+        def _get_help_string(self, action: argparse.Action) -> str:
+            if action.dest != "target":
+                return super()._get_help_string(action)
+            from meshplan.adapters.render import TARGETS
+
+            return f"Framework to write the config for: {', '.join(TARGETS)}"
+
+    return Formatter
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The MCP server; it says on stderr what it waits for, and Ctrl-C ends it with status 130, no traceback."""
+    from meshplan.faces.mcp.server import run
+
+    run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
+    return EXIT_OK
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from meshplan.faces import docs
+
+    drift = docs.render_all(check=args.check)
+    if args.check and drift:
+        for path in drift:
+            print(f"out of date with its cards: {path} (run 'meshplan docs')", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="meshplan",
+        description="Plan and check the parallel layout (TP/PP/CP/EP/DP) of an LLM training job.",
+    )
+    parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")  # subparsers are Parsers too
+
+    p = sub.add_parser("describe", help="Parameter counts of a model, exact from its config")
+    p.add_argument("model_pos", nargs="?", metavar="MODEL", help=Request.model_fields["model"].description)
+    p.add_argument("--model", default=None, help="Same as MODEL (required: this or MODEL)")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_describe)
+
+    p = sub.add_parser("models", help="List the model catalog")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_models)
+
+    for name, run, table, text in [
+        ("memory", "estimate_memory", "memory_report", "Per-GPU memory per pipeline stage, with a breakdown"),
+        ("throughput", "estimate_throughput", "throughput_report", "Step time, tokens/s per GPU and MFU"),
+        ("check", "check_config", "check_report", "Check a layout against the framework's rules (exit 1 on error)"),
+    ]:
+        p = sub.add_parser(name, help=text)
+        add_request_flags(p)
+        p.add_argument("--json", action="store_true", help="Print the structured result")
+        p.add_argument("--batch", metavar="FILE.jsonl",
+                       help="One request per JSON line ('-' for stdin); one output line per input line, "
+                            '{"line": N, ...result} or {"line": N, "error": ...}; exit 2 if a line fails'
+                            + (", 1 if a check finds an error" if name == "check" else ""))
+        p.set_defaults(func=_request_command(run, table))
+
+    p = sub.add_parser("recommend",
+                       help="Search every valid layout and rank those that fit by speed (exit 1 when none fits)")
+    add_request_flags(p)
+    p.add_argument("--top-k", type=int, default=5, help="How many layouts to return")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_recommend)
+
+    p = sub.add_parser("min-gpus", help="The smallest GPU count where a layout fits with the headroom (exit 1: none)")
+    add_request_flags(p)
+    for action in p._actions:  # the count is the answer here, not an input
+        if action.dest == "num_gpus":
+            action.help = argparse.SUPPRESS
+    p.add_argument("--max-gpus", type=int, default=None, metavar="N",
+                   help="Largest GPU count to check (default: cards/search.yaml min_gpus_search_limit, 1,048,576)")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_min_gpus)
+
+    p = sub.add_parser("render", help="Emit the plan as a framework config snippet (refused if it breaks a rule)")
+    p.formatter_class = _listing_render_targets(p.formatter_class)
+    p.add_argument("target", metavar="FRAMEWORK", help="Framework to write the config for")
+    add_request_flags(p)  # FRAMEWORK MODEL [flags]
+    p.add_argument("--variant", default=None, help="Framework-specific form (e.g. verl: megatron|fsdp; skyrl: rl|sft)")
+    p.add_argument("--version", default=None, help="Framework version to target (e.g. torchtitan 0.2)")
+    p.add_argument("--force", action="store_true",
+                   help="Render even when the layout breaks a rule (the findings are printed as warnings)")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("serve", help="Run the MCP server (stdio by default)")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                   help="stdio for a host that starts the server; http serves http://HOST:PORT/mcp")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
+    p.add_argument("--port", type=int, default=8765, help="HTTP port")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable; "
+                        "default: loopback names only)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("docs", help="Render the skill tables from the cards (--check: fail on drift)")
+    p.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a table differs from the cards")
+    p.set_defaults(func=cmd_docs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValidationError as exc:
+        print(f"meshplan: {validation_message(exc)}", file=sys.stderr)
+    except MeshplanError as exc:
+        print(f"meshplan: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"meshplan: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("meshplan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

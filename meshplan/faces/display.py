@@ -1,0 +1,320 @@
+"""Readable terminal tables for each result (the `--json` form is the structured truth; this is for people)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.measure import Measurement
+from rich.segment import Segments
+from rich.table import Column, Table
+from rich.text import Text
+
+from meshplan.core.units import GIB
+from meshplan.schema.contract import (
+    Candidate,
+    CheckReport,
+    ErrorBand,
+    MemoryReport,
+    ModelReport,
+    ModelSummary,
+    Plan,
+    Recommendation,
+    Request,
+    ThroughputReport,
+)
+
+
+def _console(width: int | None = None) -> Console:
+    """Stdout as rich sees it: the terminal's width, or COLUMNS (default 80) when piped; `width` overrides both."""
+    return Console(highlight=False, soft_wrap=True, width=width)
+
+
+def _col(header: str, *, wrap: bool = False, right: bool = False) -> Column:
+    """A column whose header is never cut: cells that are numbers or ids stay whole, text cells may wrap."""
+    return Column(header, min_width=len(header), no_wrap=not wrap, overflow="fold" if wrap else "ellipsis",
+                  justify="right" if right else "left")
+
+
+def _table(*columns: Column | str, **options: object) -> Table:
+    """A compact table (a rule under the header, no outer frame): nine columns fit in 80 characters."""
+    cols = [c if isinstance(c, Column) else _col(c) for c in columns]
+    return Table(*cols, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), **options)
+
+
+def _needed_width(console: Console, table: Table) -> int:
+    """The narrowest width that cuts nothing: each unwrapped column at its longest line, the others at their
+    longest word, plus the table's own padding and dividers."""
+    def longest(column: Column, unit: str) -> int:
+        texts = [str(column.header), *(str(cell) for cell in column.cells)]
+        pieces = [piece for text in texts for piece in (text.splitlines() if unit == "line" else text.split())]
+        return max([column.min_width or 0, *(cell_len(piece) for piece in pieces)])
+
+    natural = sum(longest(c, "line") for c in table.columns)
+    frame = Measurement.get(console, console.options.update(width=10**4), table).maximum - natural
+    return frame + sum(longest(c, "line" if c.no_wrap else "word") for c in table.columns)
+
+
+def _print_whole(console: Console, *tables: Table, under: dict[int, list[str]] | None = None) -> None:
+    """Print the first table that fits the console with nothing cut; if none does, the last at its own width.
+
+    Text columns wrap to fit; a terminal wraps the over-long lines of the last table, but no id, number
+    or header in it is ever cut (piped output is 80 columns wide unless COLUMNS says otherwise).
+    `under` maps a row's index to dim lines printed under it across the whole width (a table cell has no span).
+    """
+    for table in tables:
+        need = _needed_width(console, table)
+        if need <= console.width:
+            _print_rows(console, table, under or {})
+            return
+    # Console.print(width=) cannot exceed the console's own width
+    _print_rows(_console(width=need), tables[-1], under or {})
+
+
+def _print_rows(console: Console, table: Table, under: dict[int, list[str]]) -> None:
+    """Print TABLE, and after the last line of row i the lines `under[i]`. A row starts on the line whose first
+    cell is filled (the first column holds a value on every row; wrapped cells continue below it blank)."""
+    if not under:
+        console.print(table)
+        return
+    first = table.columns[0]
+    width = max(cell_len(str(text)) for text in [first.header, *first.cells])
+    lines = console.render_lines(table, console.options, pad=False, new_lines=True)
+    starts = [i for i, line in enumerate(lines) if i >= 2 and "".join(s.text for s in line)[:width].strip()]
+    ends = [*(s - 1 for s in starts[1:]), len(lines) - 1]
+    after = {end: under.get(row, []) for row, end in enumerate(ends)}
+    for i, line in enumerate(lines):
+        console.print(Segments(line))
+        for extra in after.get(i, []):
+            console.print(Text(extra, style="dim"))
+
+
+def _wrap_items(lead: str, items: list[str], width: int) -> list[str]:
+    """LEAD then ITEMS joined by ", ", in lines of at most WIDTH that break only between items (continuation
+    lines start under the first item); an item too long for any line gets a line of its own, whole."""
+    indent = " " * cell_len(lead)
+    lines, line = [], lead
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if line != lead and cell_len(line) + 1 + cell_len(piece) > width:
+            lines.append(line)
+            line = indent + piece
+        else:
+            line += ("" if line == lead else " ") + piece
+    return [*lines, line]
+
+
+def billions(n: int | float) -> str:
+    return f"{n / 1e9:,.3f}B"
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GIB:,.2f} GiB"
+
+
+def _notes(console: Console, title: str, lines: list[str]) -> None:
+    if lines:
+        console.print(f"[bold]{title}[/bold]")
+        for line in lines:
+            console.print(f"  - {line}")
+
+
+def model_report(report: ModelReport) -> None:
+    console = _console()
+    arch = report.architecture
+    console.print(f"[bold]{report.name}[/bold]  ({report.hf_id or report.origin}, model_type {report.model_type})")
+    console.print(
+        f"layers {arch.num_layers}, hidden {arch.hidden_size}, heads {arch.num_attention_heads} "
+        f"(kv {arch.num_kv_heads}, head_dim {arch.head_dim}), vocab {arch.vocab_size}"
+        + (f", {arch.moe.num_experts} experts top-{arch.moe.top_k}" if arch.moe else "")
+        + (", MLA" if arch.mla else "")
+    )
+    table = _table("component", _col("params", right=True), _col("active", right=True), _col("note", wrap=True))
+    for comp in report.components:
+        table.add_row(comp.name, billions(comp.params), billions(comp.active_params), comp.note)
+    console.print(table)
+    console.print(f"total  {billions(report.total_params)}   active {billions(report.active_params)}")
+    console.print(
+        f"active without input embedding {billions(report.active_params_excl_input_embedding)}; "
+        f"active without embedding and head {billions(report.active_params_non_embedding)}; "
+        f"non-embedding total {billions(report.non_embedding_params)}"
+    )
+    if report.mtp_params:
+        console.print(f"MTP blocks (not in total) {billions(report.mtp_params)}")
+    if report.published:
+        console.print(f"published: {report.published.get('text')}  [{report.published.get('source', '')[:100]}]")
+    _notes(console, "assumptions", report.assumptions)
+
+
+def model_list(models: list[ModelSummary]) -> None:
+    """Catalog keys and Hugging Face ids are never cut (people copy them): one row per model when the
+    terminal is wide enough, else the id under the key and without the config's model_type."""
+    def table(with_type: bool, stacked: bool = False) -> Table:
+        names = [_col("key / Hugging Face id")] if stacked else [_col("key"), _col("hf_id")]
+        out = _table(*names, *([_col("type")] if with_type else []),
+                     _col("total", right=True), _col("active", right=True))
+        for m in models:
+            ids = [f"{m.key}\n  {m.hf_id}" if m.hf_id else m.key] if stacked else [m.key, m.hf_id or ""]
+            out.add_row(*ids, *([m.model_type] if with_type else []),
+                        billions(m.total_params), billions(m.active_params))
+        return out
+
+    _print_whole(_console(), table(with_type=True), table(with_type=False), table(with_type=False, stacked=True))
+
+
+def _band(console: Console, band: ErrorBand | None, lead: str = "error") -> None:
+    """The error measured in the estimate's regime, under its number (meshplan/estimate/accuracy.py)."""
+    if band is not None:
+        console.print(Text(f"{lead}: {band.text}"))
+
+
+def memory_report(report: MemoryReport) -> None:
+    console = _console()
+    console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
+    # Bare GiB figures keep the columns readable in an 80-column terminal; held = micro-batches in flight.
+    table = _table(*(_col(h, right=True) for h in ("stage", "layers", "held", "weights", "grads", "optim.",
+                                                    "activ.", "other", "total")),
+                   title="GiB per GPU", title_justify="left")
+    for s in report.stages:
+        table.add_row(str(s.stage), str(s.layers), str(s.detail.get("microbatches_in_flight", "")),
+                      *(f"{b / GIB:,.2f}" for b in (s.weights_bytes, s.gradients_bytes, s.optimizer_bytes,
+                                                     s.activations_bytes, s.other_bytes, s.total_bytes)),
+                      style="bold" if s.stage == report.peak_stage else None)
+    console.print(table)
+    verdict = "fits" if report.fits else "DOES NOT FIT"
+    decided = (f"; the allocated peak {gib(report.fit_bytes)} decides (expandable segments)"
+               if report.fit_basis == "allocated" else "")
+    console.print(f"peak {gib(report.peak_bytes)} reserved on stage {report.peak_stage} of "
+                  f"{gib(report.capacity_bytes)}{decided}: {verdict} (headroom {gib(report.headroom_bytes)})")
+    _band(console, report.error_band)
+    _notes(console, "warnings", report.warnings)
+    _notes(console, "assumptions", report.assumptions)
+
+
+def throughput_report(report: ThroughputReport) -> None:
+    console = _console()
+    console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
+    console.print(f"step {report.step_time_s:.3f} s, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                  f"MFU {report.mfu:.1%}, {report.model_flops_per_step:.3e} model FLOPs per step")
+    _band(console, report.error_band)
+    table = _table("part", _col("seconds", right=True), _col("share of step", right=True))
+    for name, value in report.breakdown.model_dump().items():
+        share = value / report.step_time_s if report.step_time_s else 0.0
+        table.add_row(name.removesuffix("_s").replace("_", " "), f"{value:.4f}", f"{share:.1%}")
+    console.print(table)
+    _notes(console, "warnings", report.warnings)
+    _notes(console, "assumptions", report.assumptions)
+
+
+def check_report(report: CheckReport) -> None:
+    console = _console()
+    console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}: "
+                  + ("ok" if report.ok else "[red]errors found[/red]"))
+    if report.findings:
+        table = _table("id", "severity", _col("message", wrap=True), _col("fix", wrap=True), show_lines=True)
+        for f in report.findings:
+            table.add_row(f.id, f.severity, f.message, f.fix)
+        console.print(table)
+    if report.memory:
+        m = report.memory
+        console.print(f"memory: peak {gib(m.peak_bytes)} on stage {m.peak_stage} of {gib(m.capacity_bytes)}"
+                      + ("" if m.fits else " (does not fit)"))
+    _notes(console, "next steps", report.next_steps)
+
+
+def compared_at(rec: Recommendation, req: Request) -> str:
+    """The settings every ranked layout was compared at, so a reader can tell which question was answered."""
+    from meshplan.knowledge.hardware import get_gpu
+    from meshplan.search import min_headroom_fraction
+
+    gpu = get_gpu(req.gpu)
+    headroom = req.headroom if req.headroom is not None else min_headroom_fraction()
+    from meshplan.rl.rollout import is_rl_request, resolve_rl
+
+    seq = resolve_rl(req, [])[0].seq_length if is_rl_request(req) else req.seq_length  # RL: prompt + response
+    parts = [f"sequence length {seq:,}"]
+    if rec.global_batch_size:
+        tokens = rec.global_batch_size * seq
+        parts.append(f"global batch {rec.global_batch_size:,} sequences ({tokens / 1e6:,.1f}M tokens)")
+    parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key})", rec.framework,
+              f"{headroom:.0%} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
+    return "compared at: " + ", ".join(parts)
+
+
+FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
+                 "moe_token_dispatcher": "dispatcher"}
+
+
+def _folded(row: Plan, other: Plan) -> str:
+    """A plan folded into ROW's line, compactly: its degrees, its micro-batch and any other knob that differs."""
+    from meshplan.search import FOLDED_KNOBS
+
+    knobs = [f"{FOLDED_LABELS.get(k, k)} {getattr(other, k)}" for k in FOLDED_KNOBS
+             if getattr(other, k) != getattr(row, k)]
+    return " ".join([other.short(), f"mbs {other.micro_batch_size}", *knobs])
+
+
+def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
+    """The one line naming the fastest layout the headroom keeps out of the ranking, from its report's numbers."""
+    from meshplan.search import headroom_that_ranks, min_headroom_fraction
+
+    p, m = thin.plan, thin.memory
+    limit = headroom if headroom is not None else min_headroom_fraction()
+    return (f"not ranked, under the {limit:g} headroom: {p.short()} (mbs {p.micro_batch_size}, ZeRO {p.zero_stage}, "
+            f"recompute {p.recompute}) at {thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s/GPU with "
+            f"{m.headroom_bytes / GIB:.1f} GiB ({m.headroom_bytes / m.capacity_bytes:.1%}) free; "
+            f"--headroom {headroom_that_ranks(m):g} would rank it")
+
+
+def recommendation(rec: Recommendation, req: Request | None = None) -> None:
+    console = _console()
+    console.print(f"[bold]{rec.model}[/bold] on {rec.num_gpus} GPUs ({rec.framework}): "
+                  f"{rec.considered:,} layouts considered")
+    if req is not None:
+        console.print(compared_at(rec, req))
+    # The layout wraps between its factors (TP2 PP4 / EP8 DP4); the other cells and every header stay whole.
+    if rec.candidates:
+        table = _table(_col("#", right=True), _col("layout", wrap=True), _col("mbs", right=True),
+                       _col("ZeRO", right=True), "recompute", _col("peak GiB", right=True),
+                       _col("tokens/s/GPU", right=True), _col("MFU", right=True), _col("step s", right=True))
+        for c in rec.candidates:
+            table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
+                          c.plan.recompute, f"{c.memory.peak_bytes / GIB:,.2f}",
+                          f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.mfu:.1%}",
+                          f"{c.throughput.step_time_s:.2f}")
+        # Under the layout column: past the rank and the two-space gap between columns.
+        lead = " " * (len(str(rec.candidates[-1].rank)) + 2) + "= also: "
+        under = {i: _wrap_items(lead, [_folded(c.plan, p) for p in c.equivalents], console.width)
+                 for i, c in enumerate(rec.candidates) if c.equivalents}
+        _print_whole(console, table, under=under)
+    elif rec.closest:
+        console.print("[red]No layout fits.[/red] Closest misses:")
+        table = _table(_col("layout", wrap=True), _col("mbs", right=True), _col("ZeRO", right=True), "recompute",
+                       _col("peak GiB", right=True), _col("capacity GiB", right=True),
+                       _col("over by GiB", right=True))
+        for miss in rec.closest:
+            table.add_row(miss.plan.short(), str(miss.plan.micro_batch_size), str(miss.plan.zero_stage),
+                          miss.plan.recompute, f"{miss.memory.peak_bytes / GIB:,.2f}",
+                          f"{miss.memory.capacity_bytes / GIB:,.2f}", f"{miss.over_bytes / GIB:,.2f}")
+        _print_whole(console, table)
+    if rec.best_below_headroom is not None:
+        line = below_headroom_line(rec.best_below_headroom, rec.headroom)
+        console.print(Text("\n".join(textwrap.wrap(line, console.width, subsequent_indent="  ", break_long_words=False,
+                                                   break_on_hyphens=False))))
+    if rec.candidates:
+        _band(console, rec.candidates[0].throughput.error_band, "error of #1")
+        for c in rec.candidates[1:]:  # each row's own unchecked terms (its rationale says how sure, in full)
+            band = c.throughput.error_band
+            if band is not None and band.unvalidated:
+                console.print(Text(f"unvalidated in #{c.rank}: {', '.join(band.unvalidated)}"))
+    if rec.min_gpus:
+        console.print(f"smallest GPU count that fits: {rec.min_gpus}")
+    if rec.rationale:
+        console.print(rec.rationale)
+    if rec.decision_table:
+        console.print(f"decision table: {rec.decision_table}")
+    if rec.rejected:
+        console.print("rejected: " + ", ".join(f"{k} x{v}" for k, v in sorted(rec.rejected.items())))
+    _notes(console, "warnings", rec.warnings)

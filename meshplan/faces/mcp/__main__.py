@@ -1,0 +1,35 @@
+"""`python -m meshplan.faces.mcp` and the `meshplan-mcp` console script: start the MCP server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="meshplan-mcp", description="Run the meshplan MCP server (stdio by default).")
+    parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default="stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP port")
+    parser.add_argument(
+        "--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
+        help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable)",
+    )
+    args = parser.parse_args(argv)
+
+    from meshplan.core.errors import MeshplanError
+    from meshplan.faces.mcp.server import EXIT_INTERRUPTED, run
+
+    try:
+        run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
+    except MeshplanError as exc:
+        print(f"meshplan-mcp: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # HTTP mode after its shutdown; stdio mode ends itself (server.run)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The meshplan MCP server: meshplan's functions as tools, its cards and skills as resources, two prompts.
+
+It holds no planning logic; the tools call `meshplan.api` (see tools.py). Start-up cost matters,
+because hosts launch the server on demand and time out slow ones: only the SDK, the request schema
+and the card file names are loaded here; the estimators are imported on the first call that needs
+them. In stdio mode stdout carries JSON-RPC only: stray prints and all logging go to stderr, and a
+line that is not JSON-RPC gets an error reply (stdio.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+import anyio
+from mcp.server import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+
+from meshplan import __version__
+from meshplan.core.errors import MeshplanError
+
+from .http_edges import InvalidIdGuard
+from .prompts import register_prompts
+from .resources import register_resources
+from .stdio import serve_stdio
+from .tools import register_tools
+
+INSTRUCTIONS = """\
+meshplan answers "how should I parallelize this LLM training job?" with numbers: exact parameter counts, \
+per-GPU memory per pipeline stage, step time and MFU, rule checks with stable ids, and configs for \
+Megatron-Bridge, Megatron-Core, verl, SkyRL, torchtitan, KempnerForge and DeepSpeed. \
+Which tool answers which question: "how should I lay out / shard model X on N GPUs?" -> recommend_parallelism; \
+"is this layout or config valid, what will break?" -> check_config; \
+"will it fit, why did it run out of memory, where does memory go?" -> estimate_memory; \
+"how fast, what MFU, why slow?" -> estimate_throughput; \
+"give me the config for framework F" -> render_config; \
+"how many (active) parameters does X have?" -> describe_model; \
+"which models do you know?" -> list_models; \
+"how many GPUs do I need at least?" -> minimum_gpus. \
+All tools take the same flat arguments (model, gpu, num_gpus, seq_length, global_batch_size, \
+micro_batch_size, precision, framework, tp, pp, vpp, cp, ep, etp, dp, sequence_parallel, zero_stage, \
+recompute, headroom); a field left out (or null) is searched by recommend_parallelism and filled with a stated \
+default elsewhere; an unknown field is an error naming the closest one. \
+A model is a catalog key, a Hugging Face id, a config.json path or a size like "70B". \
+Results are bytes and seconds; each carries a summary, its assumptions and next steps. Quote the \
+tools' numbers rather than estimating. Background: skill://parallelism-strategies/SKILL.md; the data \
+behind every answer: card://index.\
+"""
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+KEEP_ALIVE_S = 75
+WILDCARD = ("0.0.0.0", "::", "")
+
+
+def build_server() -> MCPServer:
+    server = MCPServer(
+        "meshplan",
+        title="meshplan: LLM training parallelism planner",
+        instructions=INSTRUCTIONS,
+        version=__version__,
+        log_level="WARNING",
+    )
+    register_tools(server)
+    register_resources(server)
+    register_prompts(server)
+    return server
+
+
+app = build_server()
+
+
+def _host_patterns(host: str) -> list[str]:
+    name = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return [name, f"{name}:*"]
+
+
+def transport_security(host: str, allowed_hosts: Sequence[str] = ()) -> TransportSecuritySettings:
+    """DNS-rebinding protection for every bind address: loopback names always, plus the bound or named hosts.
+
+    The SDK turns the protection on by itself only for a loopback bind; a server bound wider must still
+    refuse a page on another site that resolves its name to this machine, so the Host header is checked
+    against the names the operator gave.
+    """
+    names = ["127.0.0.1", "localhost", "::1", *allowed_hosts]
+    if host not in LOOPBACK + WILDCARD:
+        names.append(host)
+    hosts = [p for name in names for p in _host_patterns(name)]
+    origins = [f"{scheme}://{p}" for p in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+
+
+STDIO_WAITING = "meshplan MCP server on stdio: waiting for a client's JSON-RPC on stdin; Ctrl-C to stop"
+STOPPED = "meshplan MCP server: stopped (Ctrl-C)"
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+
+
+def _stop_now(signum: int, frame: object) -> None:
+    """End a stdio server on the first Ctrl-C.
+
+    The SDK reads stdin in a worker thread that cannot be cancelled: a terminal read blocks until a
+    line arrives, so the event loop's own Ctrl-C handling waits for it (the first Ctrl-C seemed
+    ignored) and the second one printed a traceback. Nothing is in flight worth keeping on a stdio
+    server, so the process ends at once with the shell's SIGINT status.
+    """
+    sys.stderr.write(STOPPED + "\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def run(
+    transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, allowed_hosts: Sequence[str] = ()
+) -> None:
+    """Serve over stdio (default) or streamable HTTP at http://HOST:PORT/mcp; blocks until the client leaves.
+
+    Both modes say on stderr what they wait for (stdout is the JSON-RPC wire). Ctrl-C ends a stdio
+    server with status 130 at once; an HTTP server shuts down and raises KeyboardInterrupt, which the
+    entry points turn into the same status.
+    """
+    if transport == "stdio":
+        print(STDIO_WAITING, file=sys.stderr, flush=True)
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, _stop_now) if in_main else None
+        try:
+            anyio.run(serve_stdio, app)
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
+        return
+    if transport not in ("http", "streamable-http"):
+        raise MeshplanError(f"Unknown transport {transport!r}.", fix="Use 'stdio' (default) or 'http'.")
+    if not 0 < port < 65536:
+        raise MeshplanError(f"Port {port} is out of range.", fix="Use a port between 1 and 65535, e.g. 8765.")
+    if host in WILDCARD and not allowed_hosts:
+        print(
+            f"meshplan-mcp: bound to {host or 'all interfaces'}, but only loopback Host headers are accepted; "
+            "pass --allowed-host NAME for the name clients use.",
+            file=sys.stderr,
+        )
+    import uvicorn
+
+    security = transport_security(host, allowed_hosts)
+    asgi = InvalidIdGuard(app.streamable_http_app(transport_security=security, host=host), security)
+    # Keep idle connections open longer than uvicorn's 5 s default: a client that reuses a pooled
+    # connection just as the server closes it gets a reset on its next POST, which a busy host hits.
+    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
+    print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP); Ctrl-C to stop", file=sys.stderr,
+          flush=True)
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        print(STOPPED, file=sys.stderr, flush=True)
+        raise
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL a client uses for a server bound to HOST:PORT (a wildcard bind is reached on loopback)."""
+    name = "127.0.0.1" if host in WILDCARD else host
+    name = f"[{name}]" if ":" in name and not name.startswith("[") else name
+    return f"http://{name}:{port}/mcp"

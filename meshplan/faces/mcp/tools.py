@@ -1,0 +1,474 @@
+"""The eight MCP tools: each validates its flat arguments into a `Request`, calls `meshplan.api`, and words the answer.
+
+The arguments are the fields of `meshplan.schema.contract.Request`, so the tool schemas, the CLI flags and the
+batch lines cannot drift apart: the signatures below are generated from that model (type, bounds,
+default and description), which keeps every input schema flat and free of `$ref`. Every failure a
+user can fix is re-raised as `ToolError` carrying the reason and the fix, because the SDK hides the
+message of any other exception from the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Literal, get_args
+
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
+
+from meshplan import api
+from meshplan.adapters.capabilities import renderable_frameworks
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import parse_request, unknown_field_error, validation_message
+from meshplan.schema.contract import MAX_GPUS, ErrorBand, Recommendation, Request
+
+from .cancellable import cancellable
+from .results import (
+    CheckAnswer,
+    MemoryAnswer,
+    MinimumGpusAnswer,
+    ModelAnswer,
+    ModelCatalog,
+    RecommendationAnswer,
+    RenderAnswer,
+    ThroughputAnswer,
+    extend,
+    gib,
+)
+
+# Every tool is a pure computation over the catalog: nothing is written, nothing leaves the machine.
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+# The frameworks the adapters can write a config for: those whose card has an `adapter` section.
+RenderTarget = Literal[renderable_frameworks()]  # type: ignore[valid-type]
+
+_KW = inspect.Parameter.KEYWORD_ONLY
+_MODEL = Request.model_fields["model"]
+ModelName = Annotated[(str, *_MODEL.metadata, Field(description=_MODEL.description))]
+
+
+# --------------------------------------------------------------------------- arguments and errors
+
+
+def request_parameters(*, skip: Iterable[str] = (), required: Iterable[str] = ()) -> list[inspect.Parameter]:
+    """One keyword parameter per `Request` field, carrying its type, bounds, default and description."""
+    skip, required = set(skip), set(required)
+    params = []
+    for name, field in Request.model_fields.items():
+        if name in skip:
+            continue
+        kind, description = field.annotation, field.description or ""
+        if name in required:  # a field the request may leave out, but this tool cannot: no null, no default
+            kind = next(arg for arg in get_args(kind) if arg is not type(None)) if get_args(kind) else kind
+            description = description.split(" (default")[0]
+        annotation = Annotated[(kind, *field.metadata, Field(description=description))]
+        default = inspect.Parameter.empty if field.is_required() or name in required else field.default
+        params.append(inspect.Parameter(name, _KW, annotation=annotation, default=default))
+    return params
+
+
+def with_signature(params: list[inspect.Parameter], returns: type) -> Callable[[Callable], Callable]:
+    """Give a `**kwargs` tool function the explicit signature the SDK turns into its input schema."""
+
+    def apply(fn: Callable) -> Callable:
+        fn.__signature__ = inspect.Signature(params, return_annotation=returns)
+        fn.__annotations__ = {p.name: p.annotation for p in params} | {"return": returns}
+        return fn
+
+    return apply
+
+
+@contextmanager
+def tool_errors() -> Iterator[None]:
+    """Turn meshplan's user-facing errors into `ToolError`, the only kind whose text reaches the model."""
+    try:
+        yield
+    except MeshplanError as exc:
+        raise ToolError(str(exc)) from exc
+    except ValidationError as exc:
+        raise ToolError(validation_message(exc)) from exc
+
+
+def to_request(args: dict[str, Any]) -> Request:
+    """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out."""
+    return parse_request(args)
+
+
+class _ArgumentsAsSent(FuncMetadata):
+    """Hands the tool the arguments as the client sent them, so `strict_arguments` can name a misspelt one.
+
+    The SDK's own argument model ignores unknown names (`"tensor_parallel_size": 8` would silently run TP1)
+    and reports a bad value as a raw pydantic dump; the published input schema is unchanged.
+    """
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        return self.pre_parse_json(arguments_to_validate)
+
+
+def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Callable[..., Any]:
+    """Validate a call against the tool's input schema: an unknown name is an error naming the closest field."""
+
+    @functools.wraps(fn)
+    def call(**arguments: Any) -> Any:
+        with tool_errors():
+            for name in arguments:
+                if name not in arg_model.model_fields:
+                    raise unknown_field_error(name, arg_model.model_fields)
+            validated = arg_model.model_validate(arguments)
+        return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
+
+    return call
+
+
+def _same_args(tool: str, why: str) -> str:
+    return f"Call {tool} with the same arguments {why}."
+
+
+# --------------------------------------------------------------------------- tools
+
+
+DESCRIBE_MODEL = (
+    "Use when asked how many parameters a model has, how many are active per token, or what its "
+    "architecture is. Returns exact total and active counts from the config (biases, norms, tied "
+    "embeddings, MLA, shared experts; MTP blocks separately), the other active-count conventions vendors "
+    "publish, and a per-component breakdown. `model` is a catalog key, a Hugging Face id, a path to a "
+    "config.json, or a size alone such as '70B' (a generic dense model, flagged as such)."
+)
+
+
+def describe_model(model: ModelName) -> ModelAnswer:
+    with tool_errors():
+        report = api.describe_model(model)
+    kind = f"{report.active_params / 1e9:.2f}B active per token" if report.active_params != report.total_params else (
+        "dense, every parameter active"
+    )
+    summary = f"{report.name}: {report.total_params:,} parameters ({report.total_params / 1e9:.2f}B), {kind}."
+    if report.mtp_params:
+        summary += f" Multi-token-prediction blocks add {report.mtp_params:,} (not in the total)."
+    if report.generic:
+        summary += " This is a generic llama-shaped model built from a size alone, not a real config."
+    steps = [
+        "Call recommend_parallelism with this model, a GPU type and count to get the fastest layout that fits.",
+        "Call estimate_memory with a layout to see per-GPU memory per pipeline stage.",
+    ]
+    return extend(report, ModelAnswer, summary=summary, next_steps=steps)
+
+
+LIST_MODELS = (
+    "Use to see which models meshplan knows by name before passing one as `model`: every catalog entry "
+    "with its key, Hugging Face id, family, model type and exact total and active parameter counts. Any "
+    "Hugging Face config.json path or a size like '70B' also works as `model`."
+)
+
+
+def list_models() -> ModelCatalog:
+    with tool_errors():
+        models = api.list_models()
+    return ModelCatalog(
+        count=len(models),
+        models=models,
+        summary=f"{len(models)} models in the catalog; pass a key or a Hugging Face id as `model` to any tool.",
+        next_steps=["Call describe_model for a per-component breakdown of one model."],
+    )
+
+
+ESTIMATE_MEMORY = (
+    "Use when asked whether a layout fits in GPU memory, why a job ran out of memory, or where the "
+    "memory goes. Returns per-GPU bytes for every pipeline stage split into weights, gradients, optimizer "
+    "states, activations and other buffers, the peak (worst) stage, capacity, `fits` and headroom, plus "
+    "the formulas and conventions used. Unset layout fields (tp, pp, cp, ep, dp, ...) default to 1 or are "
+    "derived from num_gpus; the framework sets the byte conventions (Megatron distributed optimizer, "
+    "DeepSpeed ZeRO, FSDP2)."
+)
+
+
+def _band_words(band: ErrorBand | None) -> str:
+    """The error measured in the estimate's regime, as the CLI prints it (meshplan/estimate/accuracy.py)."""
+    return f" Error measured in this regime: {band.text}." if band is not None else ""
+
+
+@with_signature(request_parameters(), MemoryAnswer)
+def estimate_memory(**args: Any) -> MemoryAnswer:
+    with tool_errors():
+        report = api.estimate_memory(to_request(args))
+    verdict = (
+        f"fits with {gib(report.headroom_bytes)} headroom" if report.fits
+        else f"does NOT fit: {gib(report.peak_bytes - report.capacity_bytes)} over"
+    )
+    summary = (
+        f"{report.model} with {report.plan.short()} on {report.framework}: peak {gib(report.peak_bytes)} per GPU "
+        f"on pipeline stage {report.peak_stage} of {gib(report.capacity_bytes)}; {verdict}."
+    )
+    summary += _band_words(report.error_band)
+    if report.fits:
+        steps = [
+            _same_args("check_config", "to run the framework's rules on this layout"),
+            _same_args("estimate_throughput", "for step time, tokens/s per GPU and MFU"),
+        ]
+    else:
+        steps = [
+            _same_args("check_config", "for fixes that name layouts which fit"),
+            "Call recommend_parallelism with the same model, GPU and num_gpus to search every layout that fits.",
+        ]
+    return extend(report, MemoryAnswer, summary=summary, next_steps=steps)
+
+
+ESTIMATE_THROUGHPUT = (
+    "Use when asked how fast a layout trains or why it is slow. Returns the predicted step time in "
+    "seconds, tokens/s per GPU and in total, MFU, model FLOPs per step, and a breakdown of where the time "
+    "goes: compute, exposed TP/CP/EP/DP/PP communication, the pipeline bubble and recompute. Takes the same "
+    "layout arguments as estimate_memory."
+)
+
+_OVERHEADS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "dp_comm_s", "pp_comm_s", "bubble_s", "recompute_s", "other_s")
+
+
+@with_signature(request_parameters(), ThroughputAnswer)
+def estimate_throughput(**args: Any) -> ThroughputAnswer:
+    with tool_errors():
+        report = api.estimate_throughput(to_request(args))
+    summary = (
+        f"{report.model} with {report.plan.short()} on {report.framework}: {report.step_time_s:.3g} s per step, "
+        f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}."
+    )
+    costs = {name: getattr(report.breakdown, name) for name in _OVERHEADS}
+    worst = max(costs, key=costs.get)
+    if costs[worst] > 0:
+        summary += f" Largest cost besides compute: {worst[:-2].replace('_', ' ')} ({costs[worst]:.3g} s)."
+    summary += _band_words(report.error_band)
+    steps = [
+        "Call recommend_parallelism with the same model, GPU and num_gpus to compare against the fastest layout.",
+        _same_args("estimate_memory", "to confirm the layout fits"),
+    ]
+    return extend(report, ThroughputAnswer, summary=summary, next_steps=steps)
+
+
+CHECK_CONFIG = (
+    "Use when the user has a parallel layout or a training config and asks whether it is valid, whether "
+    "it fits, or what will break. Runs every rule of the framework (world-size law, head and layer "
+    "divisibility, sequence/context/expert parallel constraints, batch divisibility, pipeline bubble, "
+    "NVLink domain, memory) and returns findings, each with a stable rule id, severity, a message with the "
+    "numbers and a fix naming values that work. `ok` is false when any finding is an error; that is a "
+    "normal answer, not a tool failure."
+)
+
+
+@with_signature(request_parameters(), CheckAnswer)
+def check_config(**args: Any) -> CheckAnswer:
+    with tool_errors():
+        report = api.check_config(to_request(args))
+    counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")}
+    where = f"{report.plan.short()} on {report.framework}"
+    if report.ok:
+        summary = f"Valid: {where} breaks no rule ({counts['warning']} warnings, {counts['info']} notes)."
+    else:
+        ids = ", ".join(sorted({f.id for f in report.findings if f.severity == "error"}))
+        summary = f"INVALID: {where} breaks {counts['error']} rule(s) ({ids}); each finding's fix names working values."
+    if report.memory is not None:
+        summary += f" Peak memory {gib(report.memory.peak_bytes)} of {gib(report.memory.capacity_bytes)} per GPU."
+    steps = list(report.next_steps)
+    if report.ok:
+        steps.append(_same_args("render_config", "(plus framework) to get the config to paste"))
+    else:
+        steps.append("Call recommend_parallelism with the same model, GPU and num_gpus for valid layouts.")
+    return extend(report, CheckAnswer, summary=summary, next_steps=steps)
+
+
+RECOMMEND = (
+    "Use first when someone asks how to parallelize, shard or lay out an LLM training job on a number of "
+    "GPUs. Searches every TP/PP/VPP/CP/EP/ETP/DP/ZeRO/micro-batch/recompute layout the framework can "
+    "express, drops those that break a rule or do not fit in memory, and ranks the rest by predicted step "
+    "time. A layout fits when it keeps `headroom` of GPU memory free (default 10%, rule MEM002). Returns "
+    "the top candidates (layouts with identical numbers folded into one row), each with its plan, memory "
+    "summary, throughput and rationale; how many layouts were considered and rejected per rule id; and what "
+    "the published decision tables suggest for this job. Layout fields you set (tp, pp, ...) constrain the "
+    "search; fields you leave out (or pass as null) are searched. When nothing keeps the headroom, "
+    "`candidates` is empty and the answer names the fastest layout with less headroom and the smallest GPU "
+    "count that fits."
+)
+
+
+@with_signature(
+    [
+        *request_parameters(required=("num_gpus",)),
+        inspect.Parameter(
+            "top_k", _KW, default=5,
+            annotation=Annotated[int, Field(ge=1, le=50, description="How many ranked layouts to return")],
+        ),
+    ],
+    RecommendationAnswer,
+)
+def recommend_parallelism(**args: Any) -> RecommendationAnswer:
+    top_k = args.pop("top_k")
+    with tool_errors():
+        rec = api.recommend(to_request(args), top_k=top_k)
+    if not rec.candidates:
+        # Nothing ranked is still an answer (the same one the CLI and the api give): say why and what would work.
+        return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec), next_steps=_retry_steps(rec))
+    best = rec.candidates[0]
+    summary = (
+        f"Best of {rec.considered} layouts for {rec.model} on {rec.num_gpus} GPUs ({rec.framework}): "
+        f"{best.plan.short()}, micro-batch {best.plan.micro_batch_size}, recompute {best.plan.recompute}: "
+        f"{best.throughput.step_time_s:.3g} s per step, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s "
+        f"per GPU, MFU {best.throughput.mfu:.1%}, peak memory {gib(best.memory.peak_bytes)} of "
+        f"{gib(best.memory.capacity_bytes)}."
+    )
+    summary += _band_words(best.throughput.error_band)
+    steps = [
+        "Call render_config with the chosen plan's fields (tp, pp, vpp, cp, ep, etp, dp, micro_batch_size, "
+        "recompute, ...) and the framework to get the config to paste.",
+        "Call check_config with the chosen plan's fields to see its warnings in full.",
+    ]
+    return extend(rec, RecommendationAnswer, summary=summary, next_steps=steps)
+
+
+def _nothing_ranked(rec: Recommendation) -> str:
+    thin = rec.best_below_headroom
+    text = f"No layout of {rec.model} on {rec.num_gpus} GPUs passes the rules and keeps {rec.headroom or 0:.0%} of " \
+           f"GPU memory free ({rec.considered:,} considered)."
+    if thin is not None:
+        free = thin.memory.headroom_bytes / thin.memory.capacity_bytes
+        text += (f" The fastest that fits with less: {thin.plan.short()}, micro-batch {thin.plan.micro_batch_size}, "
+                 f"recompute {thin.plan.recompute}, {thin.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU with "
+                 f"{gib(thin.memory.headroom_bytes)} ({free:.1%}) free.")
+    if rec.min_gpus:
+        text += f" The smallest GPU count that keeps the headroom is {rec.min_gpus}."
+    return text
+
+
+def _retry_steps(rec: Recommendation) -> list[str]:
+    steps = []
+    if rec.min_gpus:
+        steps.append(f"Call recommend_parallelism again with num_gpus={rec.min_gpus}.")
+    if rec.best_below_headroom is not None:
+        from meshplan.search import headroom_that_ranks  # loaded already: recommend just ran
+
+        ranks = headroom_that_ranks(rec.best_below_headroom.memory)
+        steps.append(f"Or accept thinner memory headroom: call recommend_parallelism again with headroom={ranks:g}.")
+    steps.append("Call minimum_gpus with the same model, GPU and framework for the smallest GPU count that fits.")
+    return steps
+
+
+RENDER_CONFIG = (
+    "Use once a layout is chosen, to write it in the framework's own configuration: Megatron-Bridge "
+    "Python (cfg.model/ddp/optimizer/train), Megatron-Core torchrun flags, verl Hydra overrides, SkyRL "
+    "overrides, torchtitan command-line overrides (or TOML for 0.2.x), a KempnerForge TOML section, or a "
+    "DeepSpeed ds_config.json. Only keys the real framework accepts are emitted; a plan the framework "
+    "cannot express fails with the knob and what to use instead, and a layout that breaks one of its rules "
+    "(the framework would reject it, or it does not fit in memory) fails with the findings and their fixes "
+    "unless force=true."
+)
+
+
+@with_signature(
+    [
+        inspect.Parameter(
+            "framework", _KW,
+            annotation=Annotated[RenderTarget, Field(description="Framework whose config to write")],
+        ),
+        *request_parameters(skip=("framework",)),
+        inspect.Parameter(
+            "variant", _KW, default=None,
+            annotation=Annotated[
+                str | None,
+                Field(max_length=64, description="Framework-specific form (verl: megatron|fsdp; skyrl: rl|sft)"),
+            ],
+        ),
+        inspect.Parameter(
+            "version", _KW, default=None,
+            annotation=Annotated[
+                str | None, Field(max_length=32, description="Framework version to target (e.g. torchtitan 0.2)")
+            ],
+        ),
+        inspect.Parameter(
+            "force", _KW, default=False,
+            annotation=Annotated[bool, Field(description=(
+                "Render even when the layout breaks a rule of the framework (it would be rejected or not fit); "
+                "the findings then come back in `warnings`. Leave false unless the user insists"))],
+        ),
+    ],
+    RenderAnswer,
+)
+def render_config(**args: Any) -> RenderAnswer:
+    framework = args.pop("framework")
+    variant, version, force = args.pop("variant"), args.pop("version"), args.pop("force")
+    options = {k: v for k, v in {"variant": variant, "version": version}.items() if v is not None}
+    with tool_errors():
+        result = api.render_config(framework, to_request(args), force=force, **options)
+    fields = {name: getattr(result, name) for name in RenderAnswer.model_fields if hasattr(result, name)}
+    summary = (
+        f"{result.plan.short()} written as {result.format} for {framework} {result.version} "
+        f"({len(result.text.splitlines())} lines); paste `text`"
+        + (f" as {result.filename}." if result.filename else ".")
+    )
+    if result.warnings:
+        summary += f" {len(result.warnings)} warning(s): read `warnings` before launching."
+    steps = [_same_args("check_config", "(and this framework) before launching, if not done yet")]
+    return RenderAnswer(**fields | {"summary": summary, "next_steps": steps})
+
+
+MINIMUM_GPUS = (
+    "Use when asked for the fewest GPUs a training job needs, or whether a model can be trained on a given GPU "
+    "type at all. Scans GPU counts in increasing order (fit is not monotone in the count: a count must divide by "
+    "the layout's degrees) and returns the smallest one at which some layout passes the framework's rules and "
+    "keeps `headroom` of GPU memory free, with recommend_parallelism's best layout there; bounded in time and "
+    "count, and it says which bound stopped it. Layout fields you set (tp, pp, ...) constrain every count."
+)
+
+
+@with_signature(
+    [
+        *request_parameters(skip=("num_gpus",)),
+        inspect.Parameter(
+            "max_gpus", _KW, default=None,
+            annotation=Annotated[
+                int | None, Field(None, ge=1, le=MAX_GPUS, description="Largest GPU count to try (default: the "
+                                                                         "search card's limit)")
+            ],
+        ),
+    ],
+    MinimumGpusAnswer,
+)
+def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
+    max_gpus = args.pop("max_gpus")
+    with tool_errors():
+        report = api.minimum_gpus(to_request(args), max_gpus=max_gpus)
+    if report.num_gpus is not None and report.candidate is not None:
+        best = report.candidate
+        summary = (
+            f"{report.model} on {report.gpu} ({report.framework}) needs at least {report.num_gpus} GPUs to keep "
+            f"{report.headroom:.0%} of memory free: {best.plan.short()}, micro-batch {best.plan.micro_batch_size}, "
+            f"recompute {best.plan.recompute}, peak {gib(best.memory.peak_bytes)} of "
+            f"{gib(best.memory.capacity_bytes)}, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU."
+        )
+        steps = [f"Call recommend_parallelism with num_gpus={report.num_gpus} (or more) to compare layouts there."]
+    else:
+        summary = f"No GPU count fits {report.model} on {report.gpu} within the bounds: {report.rationale}"
+        steps = ["Call check_config with the fixed fields to see which rule rejects them, or raise max_gpus."]
+    return extend(report, MinimumGpusAnswer, summary=summary, next_steps=steps)
+
+
+TOOLS: list[tuple[Callable[..., Any], str, str]] = [
+    (recommend_parallelism, "Recommend a parallel layout", RECOMMEND),
+    (check_config, "Check a parallel layout", CHECK_CONFIG),
+    (estimate_memory, "Estimate per-GPU memory", ESTIMATE_MEMORY),
+    (estimate_throughput, "Estimate step time and MFU", ESTIMATE_THROUGHPUT),
+    (render_config, "Render a framework config", RENDER_CONFIG),
+    (describe_model, "Describe a model", DESCRIBE_MODEL),
+    (list_models, "List catalog models", LIST_MODELS),
+    (minimum_gpus, "Smallest GPU count that fits", MINIMUM_GPUS),
+]
+
+
+def register_tools(server: Any) -> None:
+    for fn, title, description in TOOLS:
+        server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(cancellable(fn))
+        tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
+        meta = tool.fn_metadata
+        tool.fn = strict_arguments(tool.fn, meta.arg_model)
+        tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=meta.output_schema,
+                                            output_model=meta.output_model, wrap_output=meta.wrap_output)

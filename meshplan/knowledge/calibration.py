@@ -1,0 +1,159 @@
+"""The throughput model's few calibration constants, read from cards/calibration.yaml.
+
+Constants are data with a source and a note on how they were fitted, never literals in the cost
+model. `Calibration` is the flat, frozen view the cost model reads (fast attribute access in the
+hot path); a framework may override a handful of entries where its runtime differs (e.g. which
+attention kernel it uses). The benchmark refits the constants by passing overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from functools import cache
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.knowledge.cards import CardError, load_card
+
+
+class Constant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: float
+    unit: str = ""
+    meaning: str
+    source: str
+    fitted: str | None = Field(None, description="What data it was fitted on; None = taken from the source")
+
+
+class FrameworkOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    values: dict[str, float]
+    summary: str = Field(description="What the constants were fitted on, as a throughput report states it")
+    source: str
+
+
+class AttentionKernel(BaseModel):
+    """One attention kernel's fraction of BF16 peak per GPU generation (forward + backward, FLOPs counted the flash
+    way); a generation it does not list takes the shared attention_peak_fraction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by_arch: dict[str, float] = Field(default_factory=dict, description="GPU arch (cards/hardware.yaml) -> fraction")
+    meaning: str
+    source: str
+    fitted: str | None = None
+
+
+class CalibrationCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    summary: str = Field(description="What the shared constants were fitted on, as a throughput report states it")
+    constants: dict[str, Constant]
+    frameworks: dict[str, FrameworkOverride] = {}
+    attention_kernels: dict[str, AttentionKernel] = Field(
+        default_factory=dict, description="Attention kernels a framework card can name (its attention section)")
+    rl: dict[str, Constant] = Field(
+        default_factory=dict, description="RL jobs' rollout-engine constants (meshplan/rl/rollout.py), apart from the "
+                                          "training cost model's"
+    )
+    fit_report: list[str] = []
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every constant of the cost model; names match the keys of cards/calibration.yaml."""
+
+    gemm_peak_fraction: float
+    gemm_half_dim: float
+    fp8_gemm_relative_efficiency: float
+    attention_peak_fraction: float
+    softmax_bytes_per_score_fwd: float
+    softmax_bytes_per_score_bwd: float
+    dropout_bytes_per_score_fwd: float
+    dropout_bytes_per_score_bwd: float
+    hbm_efficiency: float
+    elementwise_passes: float
+    eager_elementwise_passes: float
+    optimizer_bytes_per_param: float
+    muon_bytes_per_param: float
+    grad_accum_bytes_per_param: float
+    cross_entropy_bytes_per_logit: float
+    layer_overhead_s: float
+    forward_share_of_layer_overhead: float
+    moe_dispatch_passes: float
+    moe_router_bytes_per_logit: float
+    moe_gemm_half_ridges: float
+    moe_host_sync_s: float
+    host_time_per_layer_s: float
+    nvlink_efficiency: float
+    network_efficiency: float
+    latency_intra_s: float
+    latency_inter_s: float
+    pp_latency_inter_s: float
+    ring_nic_scaling: float
+    tp_overlap: float
+    dp_overlap: float
+    param_gather_overlap: float
+    zero_grad_allreduce: float
+    zero_grad_overlap: float
+    pp_overlap: float
+    pp_host_sync: float
+    pp_cross_sync_per_layer_s: float
+    cp_overlap: float
+    grad_reduce_bytes: float
+    fsdp_keep_params_under_pp: float
+    fsdp_defer_grad_sync: float
+    fsdp_defer_grad_sync_under_pp: float
+
+    def with_overrides(self, **values: float) -> Calibration:
+        return replace(self, **values)
+
+
+CALIBRATION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Calibration))
+
+
+def calibration_card() -> CalibrationCard:
+    card = load_card("calibration", CalibrationCard)
+    missing = set(CALIBRATION_KEYS) - set(card.constants)
+    unknown = set(card.constants) - set(CALIBRATION_KEYS)
+    bad_fw = {k for fw in card.frameworks.values() for k in fw.values} - set(CALIBRATION_KEYS)
+    if missing or unknown or bad_fw:
+        raise CardError(
+            "cards/calibration.yaml does not match the cost model: "
+            f"missing {sorted(missing)}, unknown {sorted(unknown | bad_fw)}.",
+            fix=f"Keys must be exactly: {', '.join(CALIBRATION_KEYS)}.",
+        )
+    return card
+
+
+@cache
+def calibration(framework: str | None = None) -> Calibration:
+    """The calibrated constants, with `framework`'s overrides applied (cached)."""
+    card = calibration_card()
+    values = {k: c.value for k, c in card.constants.items()}
+    if framework and framework in card.frameworks:
+        values.update(card.frameworks[framework].values)
+    return Calibration(**values)
+
+
+def attention_fraction(cal: Calibration, kernel: str | None, arch: str | None) -> float:
+    """Fraction of BF16 peak `kernel` reaches on a GPU of generation `arch`: its attention_kernels entry, else the
+    shared attention_peak_fraction (the fused cuDNN / FlashAttention-3 class the Megatron data were fitted with)."""
+    kernels = calibration_card().attention_kernels
+    if kernel is not None and kernel not in kernels:
+        raise CardError(f"No attention kernel {kernel!r} in cards/calibration.yaml attention_kernels.",
+                        fix=f"A framework card's attention section names one of: {', '.join(sorted(kernels))}.")
+    entry = kernels.get(kernel) if kernel else None
+    if entry is None or arch is None or arch not in entry.by_arch:
+        return cal.attention_peak_fraction
+    return entry.by_arch[arch]
+
+
+def calibration_summary(framework: str | None = None) -> str:
+    """What the constants `framework` runs with were fitted on: its override's summary, else the card's."""
+    card = calibration_card()
+    override = card.frameworks.get(framework) if framework else None
+    return override.summary if override is not None else card.summary

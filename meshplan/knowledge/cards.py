@@ -1,0 +1,534 @@
+"""Loads the YAML cards (the repo's cards/ folder, installed as `meshplan.cards_data`) and validates them.
+
+Cards are the single source of truth for the knowledge meshplan uses; a malformed card must fail
+loudly, naming the file, the key and what is wrong, instead of producing a wrong number later.
+Each card is parsed once per process (cached).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from meshplan.core.card_files import card_names, card_root, framework_names
+from meshplan.core.errors import MeshplanError
+from meshplan.schema.contract import Fp8Recipe, GpuSpec, Recompute
+
+T = TypeVar("T", bound=BaseModel)
+
+# libyaml's parser when PyYAML was built with it: the same safe loader (same resolvers, same values), ~10x
+# faster, which is most of what the first estimate of a process pays to read the rules card.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class CardError(MeshplanError):
+    """A card file that does not match its schema."""
+
+
+def card_text(name: str) -> str:
+    """Raw YAML of one card (what MCP resources serve)."""
+    if name not in card_names():
+        raise CardError(f"No card named {name!r}.", fix=f"Known cards: {', '.join(card_names())}.")
+    return card_root().joinpath(*f"{name}.yaml".split("/")).read_text(encoding="utf-8")
+
+
+@cache
+def read_card(name: str) -> Any:
+    """Parsed YAML of one card, cached."""
+    text = card_text(name)
+    try:
+        return yaml.load(text, Loader=_LOADER)
+    except yaml.YAMLError as exc:
+        raise CardError(f"cards/{name}.yaml is not valid YAML: {exc}") from None
+
+
+def _format_validation(name: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors()[:10]:
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  key {where}: {err['msg']} (got {err.get('input')!r:.80})")
+    return f"cards/{name}.yaml does not match its schema:\n" + "\n".join(lines)
+
+
+def validate_card(name: str, data: Any, schema: type[T]) -> T:
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise CardError(_format_validation(name, exc)) from None
+
+
+_cache: dict[tuple[str, type], Any] = {}
+
+
+def load_card(name: str, schema: type[T]) -> T:
+    """One card, validated against `schema`, cached per (card, schema)."""
+    key = (name, schema)
+    if key not in _cache:
+        _cache[key] = validate_card(name, read_card(name), schema)
+    return _cache[key]
+
+
+# --------------------------------------------------------------------------- card schemas owned here
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PublishedCounts(_Card):
+    total: int | None = Field(None, description="Published total, as rounded by its authors")
+    total_rounding: int | None = Field(None, description="Half a unit of the last published digit")
+    non_embedding: int | None = Field(None, description="Published total without embedding and head")
+    non_embedding_rounding: int | None = None
+    active: int | None = None
+    active_rounding: int | None = None
+    active_convention: (
+        Literal["active", "active_excl_input_embedding", "active_non_embedding"] | None
+    ) = None
+    tolerance_note: str | None = Field(
+        None, description="Why the exact count sits outside the rounding (e.g. a vision tower in the total)"
+    )
+    extra_tolerance: int = Field(0, ge=0, description="Params the published total counts that we do not")
+    active_tolerance_note: str | None = None
+    active_extra_tolerance: int = Field(0, ge=0)
+    text: str
+    source: str
+
+
+class ModelCard(_Card):
+    key: str
+    name: str
+    hf_id: str | None = None
+    aliases: list[str] = []
+    family: str
+    config: dict[str, Any] = Field(description="Hugging Face config.json fields (the text part for multimodal)")
+    published: PublishedCounts
+    sources: list[str]
+    notes: list[str] = []
+
+
+class HardwareCard(_Card):
+    description: str
+    gpus: list[GpuSpec]
+
+
+def model_card_names() -> list[str]:
+    return [n.split("/", 1)[1] for n in card_names() if n.startswith("models/")]
+
+
+def model_card(key: str) -> ModelCard:
+    card = load_card(f"models/{key}", ModelCard)
+    if card.key != key:
+        raise CardError(f"cards/models/{key}.yaml: key {card.key!r} does not match its file name {key!r}.")
+    return card
+
+
+# --------------------------------------------------------------------------- framework cards
+# Everything meshplan assumes about a framework is in its card (cards/frameworks/<name>.yaml; the checklist for
+# adding one is cards/frameworks/README.md). The code reads these fields and never tests a framework's name.
+
+WorldSizeLaw = Literal["megatron", "torchtitan", "kempnerforge"]  # mesh.py implements each law
+# the byte presets of cards/memory.yaml
+MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "fsdp2_hf",
+                          "nanotron"]
+Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]  # what rules.yaml's `backends` name
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+# The knobs an adapter section must account for in every version (a key, or `instead` saying what to do).
+ADAPTER_KNOBS: tuple[str, ...] = (
+    "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
+    "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "selective_ac_option",
+    "recompute_method", "recompute_modules", "uneven_pp",
+    "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "moe_a2a_overlap", "torch_compile",
+    "tp_comm_overlap", "pipeline_layout",
+    "account_for_embedding",
+    "account_for_loss", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
+    "optimizer_offload_fraction",
+    "optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
+    "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
+    "lora_rank", "lora_targets", "attention_backend", "dropout",
+)
+
+
+class AdapterKnob(_Card):
+    key: str | None = Field(description="The framework's name for this knob; null when it has none")
+    instead: str | None = Field(None, description="What to use when the framework lacks the knob (or a value)")
+    values: dict[str, str | None] | None = Field(
+        None, description="A knob with a vocabulary (attention_backend): the framework's value for each of meshplan's; "
+                          "null where the framework has none (refused with 'instead')")
+
+    @model_validator(mode="after")
+    def _missing_says_instead(self) -> AdapterKnob:
+        if (self.key is None or None in (self.values or {}).values()) and not self.instead:
+            raise ValueError("a missing knob (key: null) or value (null) needs 'instead'")
+        return self
+
+
+class AdapterVersion(_Card):
+    format: str
+    knobs: dict[str, AdapterKnob]
+
+    @model_validator(mode="after")
+    def _every_knob(self) -> AdapterVersion:
+        unknown, missing = set(self.knobs) - set(ADAPTER_KNOBS), set(ADAPTER_KNOBS) - set(self.knobs)
+        if unknown or missing:
+            raise ValueError(f"unknown knobs {sorted(unknown)}, missing {sorted(missing)}; knobs are "
+                             f"{', '.join(ADAPTER_KNOBS)}")
+        return self
+
+
+class AdapterSection(_Card):
+    """What meshplan.adapters renders for the framework: variants, versions and each version's keys."""
+
+    variants: dict[str, str] = Field(description="Variant name -> what it renders")
+    default_version: str
+    versions: dict[str, AdapterVersion]
+    variant_knobs: dict[str, dict[str, AdapterKnob]] = Field(
+        default_factory=dict, description="Per-variant overrides of the version's knobs (e.g. verl's FSDP backend)"
+    )
+    sources: list[str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AdapterSection:
+        if self.default_version not in self.versions:
+            raise ValueError(f"default_version {self.default_version!r} is not in versions "
+                             f"({', '.join(self.versions)})")
+        for variant, knobs in self.variant_knobs.items():
+            unknown = sorted(set(knobs) - set(ADAPTER_KNOBS))
+            if variant not in self.variants or unknown:
+                raise ValueError(f"variant_knobs.{variant}: unknown variant or knob ({unknown})")
+        return self
+
+    def renders(self, knob: str) -> bool:
+        """Whether the default version writes this knob (a key, not `instead`)."""
+        return self.versions[self.default_version].knobs[knob].key is not None
+
+
+class FrameworkDefaults(_Card):
+    zero_stage: int = Field(ge=0, le=3)
+    sequence_parallel_when_tp: bool = True
+    etp: Literal["tp", 1] = Field(1, description="An MoE model's expert TP when the request leaves etp unset")
+    etp_why: str | None = None
+    etp_recipes: str | None = Field(
+        None, description="What the framework's own MoE recipes set instead of the default, as resolve()'s etp note "
+                          "says it (its files cited in etp_why)")
+    fp8_recipe: Fp8Recipe | None = Field(
+        None, description="The FP8 recipe the framework runs when precision=fp8 leaves fp8_recipe out (None: it has no "
+                          "fp8 recipe choice meshplan models)")
+    fp8_recipe_why: str | None = None
+
+    @model_validator(mode="after")
+    def _claim_has_why(self) -> FrameworkDefaults:
+        if self.etp != 1 and not self.etp_why:
+            raise ValueError("etp: tp needs etp_why (the framework source that defaults it so)")
+        if self.etp_recipes and self.etp != "tp":
+            raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
+        if self.fp8_recipe is not None and not self.fp8_recipe_why:
+            raise ValueError("fp8_recipe needs fp8_recipe_why (the framework source that defaults it so)")
+        return self
+
+
+class EngineFacts(_Card):
+    """Which engine runs the model at each ZeRO stage (the engines rules.yaml's `backends` name), and the byte
+    convention of ZeRO-3 where it is not the card's memory_convention."""
+
+    by_zero_stage: dict[int, Engine]
+    zero3_memory_convention: MemoryConvention | None = None
+    why: str
+
+    @model_validator(mode="after")
+    def _every_stage(self) -> EngineFacts:
+        if set(self.by_zero_stage) != set(ZERO_STAGES):
+            raise ValueError(f"by_zero_stage needs exactly the stages {list(ZERO_STAGES)}, "
+                             f"got {sorted(self.by_zero_stage)}")
+        return self
+
+
+class MemoryFix(_Card):
+    """How far MEM001's fix may raise zero_stage on this framework (null: the fix never changes it)."""
+
+    highest_zero_stage: int | None = Field(ge=0, le=3)
+    highest_zero_stage_with_pp: int | None = Field(None, ge=0, le=3)
+    why: str
+
+
+class FrameworkLimits(_Card):
+    """Combinations the framework refuses that the layout-fitting code must avoid (rules.yaml reports them)."""
+
+    moe_with_pipeline: bool = True
+    why: str | None = None
+
+    @model_validator(mode="after")
+    def _claim_has_why(self) -> FrameworkLimits:
+        if not self.moe_with_pipeline and not self.why:
+            raise ValueError("a limit needs a why (the framework source that imposes it)")
+        return self
+
+
+class RecomputeSemantics(_Card):
+    """What the framework's own `selective` recompute saves (activations.py models each): Megatron-Core's
+    core-attention recompute, or torchtitan's op-level SAC (outputs of the compute-intensive ops kept except
+    every second mm)."""
+
+    selective: Literal["core_attention", "op_sac"] = "core_attention"
+    source: str | None = None
+
+
+class CompileSemantics(_Card):
+    """What the framework's torch.compile switch compiles: its decoder blocks (or the whole model) and its loss
+    function (cards/memory.yaml compile: the bytes each changes)."""
+
+    default: bool = False  # the framework's own default (a request that leaves torch_compile out gets it)
+    blocks: bool = True
+    loss: bool = False
+    source: str
+
+
+class AttentionSemantics(_Card):
+    """Which attention kernel the framework runs on each GPU generation (cards/calibration.yaml attention_kernels: the
+    fraction of peak each reaches): `kernel` maps an arch (cards/hardware.yaml) or "default" to a kernel name;
+    `by_version` gives the same map for releases (a version prefix) that chose differently; `by_engine` the map of an
+    engine that runs one kernel in every release; `mla_backend` the backend a multi-latent-attention model runs."""
+
+    kernel: dict[str, str] = Field(default_factory=dict)
+    by_version: dict[str, dict[str, str]] = Field(default_factory=dict)
+    by_engine: dict[Engine, dict[str, str]] = Field(
+        default_factory=dict, description="An engine whose map holds in every release and for every model (verl's "
+                                          "FSDP engine: Hugging Face flash_attention_2); the others follow the release")
+    mla_backend: Literal["flash", "fused"] | None = Field(
+        None, description="The attention_backend a model with multi-latent attention (Q/K and V head dims differ, "
+                          "which FlashAttention-2 refuses) runs on the engines by_engine leaves out, in every release "
+                          "(its kernel: backends); None: it follows the release's map")
+    backends: dict[Literal["flash", "fused"], str] = Field(
+        default_factory=dict,
+        description="The kernel (cards/calibration.yaml attention_kernels) each attention_backend the framework can be "
+                    "told to run is; one left out: the shared fraction")
+    source: str
+
+    @model_validator(mode="after")
+    def _mla_backend_has_a_kernel(self) -> AttentionSemantics:
+        if self.mla_backend is not None and self.mla_backend not in self.backends:
+            raise ValueError(f"mla_backend {self.mla_backend!r} needs its kernel in backends")
+        return self
+
+    def kernel_for(self, version: str | None, arch: str | None, *, engine: str | None = None,
+                   mla: bool = False) -> str | None:
+        """The kernel a release runs on `arch`: the engine's own map (by_engine), else mla_backend's kernel for an MLA
+        model, else the longest matching version prefix's map, else `kernel`."""
+        table = self.kernel
+        if engine in self.by_engine:
+            table = self.by_engine[engine]  # type: ignore[index]
+        elif mla and self.mla_backend is not None:
+            return self.backends.get(self.mla_backend)
+        elif version:
+            for prefix in sorted(self.by_version, key=len, reverse=True):
+                if version == prefix or version.startswith(prefix + "."):
+                    table = self.by_version[prefix]
+                    break
+        return table.get(arch or "", table.get("default"))
+
+
+OffloadWhen = Literal["in_step", "phase", "none"]
+StateClass = Literal["weights", "gradients", "optimizer"]
+
+
+class OffloadKnob(_Card):
+    """What one offload knob does on an engine: `in_step` moves the classes to host for the training step (GPU peak
+    falls, host holds them, transfers cost time); `phase` moves them only between the phases of an RL job (the
+    training step's peak is unchanged, host holds them while the rollout runs); `none`: the engine lacks it."""
+
+    when: OffloadWhen = "none"
+    moves: list[StateClass] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _moves_something(self) -> OffloadKnob:
+        if self.when != "none" and not self.moves:
+            raise ValueError("an offload that happens must say which state classes it moves")
+        return self
+
+
+class EngineOffload(_Card):
+    """Offload semantics of one engine (cards/frameworks/*.yaml `offload`, keyed by the engine of a ZeRO stage)."""
+
+    activation: Literal["in_step", "none"] = "none"
+    param: OffloadKnob = OffloadKnob()
+    grad: OffloadKnob = OffloadKnob()
+    optimizer: OffloadKnob = OffloadKnob()
+    optimizer_fraction: Literal["in_step", "none"] = Field(
+        "none", description="Whether optimizer_offload_fraction (a share of the optimizer stepped on the CPU) exists"
+    )
+    activation_requires: list[Literal["none", "selective", "full"]] = Field(
+        default_factory=list, description="The recompute settings activation offload works with (empty: any)"
+    )
+    requires_zero_stage: dict[str, int] = Field(
+        default_factory=dict, description="Lowest zero_stage each offload knob needs (e.g. DeepSpeed offload_param: 3)"
+    )
+    on_by_default: list[Literal["param", "grad", "optimizer"]] = Field(
+        default_factory=list, description="Knobs the framework turns on unless told otherwise (SkyRL "
+                                          "offload_after_step)"
+    )
+    source: str
+
+
+class SearchKnobs(_Card):
+    """The knobs `recommend` opens on this framework; tp, pp, dp and the ZeRO stages of cards/memory.yaml are
+    always searched. Whether the flex MoE dispatcher is searched follows the adapter (FrameworkCard.flex_dispatcher)."""
+
+    vpp: bool
+    cp: bool
+    ep: bool
+    etp: bool
+    recompute: list[Recompute] = Field(min_length=1)
+    source: str
+
+
+class AllocatorFacts(_Card):
+    """How the framework's own launcher sets PyTorch's caching allocator (Plan.expandable_segments when the request
+    leaves it out), and where a rendered config says so."""
+
+    expandable_segments: bool = Field(description="Whether the framework's launcher or workers enable it")
+    how: str = Field(description="Where the framework takes it, as the rendered config's note says it (an env "
+                                 "line, a config key, or set by the framework itself)")
+    source: str
+
+
+class MoeRoutingFacts(_Card):
+    """How the framework says 'balanced routing' (Job.moe_routing_imbalance 1.0), and why meshplan does not write it:
+    the rendered config's note on routing imbalance."""
+
+    force_balance_key: str = Field(description="The framework's switch that forces balanced routing")
+    note: str = Field(description="What a rendered MoE config says about routing; {imbalance} is the estimate's")
+    source: str
+
+
+TpOverlapMode = Literal["fraction", "none", "wgrad", "userbuffers", "async_tp"]
+
+
+class TpOverlapFacts(_Card):
+    """Which TP/SP collectives the framework runs beside a GEMM, without and with its TP overlap switch
+    (Plan.tp_comm_overlap); meshplan/estimate/perf.py tp_hidden turns each mode into the time hidden, at most that
+    GEMM's."""
+
+    base: TpOverlapMode = Field(description="Without the switch: none; wgrad (the column-parallel backward's "
+                                           "reduce-scatter beside the weight-gradient GEMM); fraction (the "
+                                           "calibration's tp_overlap, where the framework's own TP is unread)")
+    switch: Literal["userbuffers", "async_tp"] | None = Field(
+        None, description="With the switch: userbuffers (Transformer Engine: every all-gather and reduce-scatter "
+                          "pipelined with, or in bulk beside, its GEMM), async_tp (torch's micro-pipelined "
+                          "all-gather-matmul / matmul-reduce-scatter); None: no switch")
+    default: bool = False  # the framework's own default (a request that leaves tp_comm_overlap out gets it)
+    rs_splits: int = Field(0, ge=0, description="Chunks a pipelined forward reduce-scatter is split into (0: tp)")
+    fprop_rs_sms: tuple[int, int] = Field(
+        (0, 0), description="With the switch: SMs the pipelined forward reduce-scatter kernel holds beside attention's "
+                            "and the MLP's output GEMM, which are launched on the GPU's other SMs (perf.tp_hidden)")
+    fp8_fprop_rs_sms: tuple[int, int] | None = Field(
+        None, description="The same where the GEMMs run in FP8, if the framework's FP8 configs set other ones; None: "
+                          "fprop_rs_sms")
+    wgrad_rs_sms: tuple[int, int] = Field(
+        (0, 0), description="With the switch: SMs the bulk dgrad reduce-scatter kernel holds beside attention's and "
+                            "the MLP's input-side weight-gradient GEMM")
+    wgrad_rs_sm_margin: bool = Field(
+        False, description="That weight-gradient GEMM launched on the other SMs for its whole time (Transformer "
+                           "Engine's set_sm_margin); False: it shares them only while the kernel runs")
+    comm_sms_source: str = ""
+    needs_sequence_parallel: bool = False
+    needs_compile: bool = False
+    source: str
+
+
+class MuonFacts(_Card):
+    """How the framework runs Muon's Newton-Schulz orthogonalization (meshplan/arithmetic/muon.py times it)."""
+
+    tp_mode: Literal["blockwise", "duplicated", "distributed"] = Field(
+        description="A tensor-parallel matrix: blockwise (each rank orthogonalizes its own shard), duplicated (each "
+                    "rank all-gathers it and orthogonalizes the whole matrix), distributed (the iteration split "
+                    "over the TP ranks)")
+    ns_steps: int = Field(ge=1, description="Newton-Schulz iterations per matrix per step")
+    split_qkv: bool = Field(description="The fused QKV weight orthogonalized as separate Q, K and V blocks per "
+                                        "query group")
+    source: str
+
+
+class FrameworkCard(_Card):
+    """What meshplan assumes about one training framework, each claim with its source."""
+
+    model_config = ConfigDict(extra="allow")  # adapter-specific tables (ds_config keys, registry) live here too
+
+    name: str
+    display_name: str
+    version: str
+    world_size_law: WorldSizeLaw
+    memory_convention: MemoryConvention
+    memory_convention_by_version: dict[str, MemoryConvention] = Field(
+        default_factory=dict, description="Releases whose byte convention differs from memory_convention (a version "
+                                          "prefix, e.g. '0.2' for torchtitan's unchunked loss), each with its why "
+                                          "in memory_convention_why")
+    memory_convention_why: str | None = None
+    engine: EngineFacts
+    defaults: FrameworkDefaults
+    memory_fix: MemoryFix
+    limits: FrameworkLimits = FrameworkLimits()
+    recompute: RecomputeSemantics = RecomputeSemantics()
+    compile: CompileSemantics | None = Field(None, description="torch.compile's scope; None: no compile switch")
+    attention: AttentionSemantics | None = Field(
+        None, description="The attention kernel per GPU generation; None: the shared attention_peak_fraction")
+    estimated_versions: list[str] = Field(
+        default_factory=list, description="Older releases meshplan estimates (memory, step time) but writes no config "
+                                          "for (a rendered config uses an adapter version)")
+    offload: dict[Engine, EngineOffload] = Field(
+        default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
+    )
+    moe_routing: MoeRoutingFacts | None = Field(
+        None, description="Absent: the framework has no switch forcing balanced routing; renders say nothing")
+    allocator: AllocatorFacts | None = Field(
+        None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
+    tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
+    muon: MuonFacts | None = Field(None, description="Absent: the framework runs no Muon meshplan can time")
+    search: SearchKnobs
+    adapter: AdapterSection | None = Field(
+        None, description="Absent: meshplan estimates the framework but writes no config for it"
+    )
+    sources: list[str]
+    notes: list[str] = []
+
+    @property
+    def renderable(self) -> bool:
+        """Whether meshplan writes a config for it: its card has an adapter section."""
+        return self.adapter is not None
+
+    @property
+    def flex_dispatcher(self) -> bool:
+        """Megatron-Core's flex MoE token dispatcher (DeepEP / HybridEP): where the adapter renders it."""
+        return self.adapter is not None and self.adapter.renders("moe_flex_dispatcher")
+
+    def known_versions(self) -> list[str]:
+        """The releases meshplan knows for this framework: the card's own and the adapter's."""
+        return sorted({self.version, *(self.adapter.versions if self.adapter else ()), *self.estimated_versions})
+
+    def convention_for(self, version: str | None) -> MemoryConvention:
+        """The byte convention of a release: the longest matching prefix in memory_convention_by_version, else the
+        card's memory_convention."""
+        if version:
+            for prefix in sorted(self.memory_convention_by_version, key=len, reverse=True):
+                if version == prefix or version.startswith(prefix + "."):
+                    return self.memory_convention_by_version[prefix]
+        return self.memory_convention
+
+    def engine_at(self, zero_stage: int) -> Engine:
+        return self.engine.by_zero_stage[zero_stage]
+
+    def offload_at(self, zero_stage: int) -> EngineOffload | None:
+        """The offload semantics of the engine this ZeRO stage runs (None: that engine offloads nothing)."""
+        return self.offload.get(self.engine_at(zero_stage))
+
+
+def framework_card(name: str) -> FrameworkCard:
+    if name not in framework_names():
+        raise CardError(f"No framework card {name!r}.", fix=f"Known: {', '.join(framework_names())}.")
+    card = load_card(f"frameworks/{name}", FrameworkCard)
+    if card.name != name:
+        raise CardError(f"cards/frameworks/{name}.yaml: name {card.name!r} does not match its file name.")
+    return card

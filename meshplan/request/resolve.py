@@ -1,0 +1,385 @@
+"""Turns a flat `Request` into the `Job` and `Plan` every estimator takes, filling defaults openly.
+
+Each default that is filled in is written to `Job.notes`, so a report can say what it assumed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from functools import cache
+from typing import Any
+
+from pydantic import ValidationError
+
+from meshplan.arithmetic import mesh
+from meshplan.core.errors import MeshplanError, closest
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.schema.contract import FRAMEWORKS, Job, Plan, Request
+
+# Names people type for a request field that no framework card spells (the cards supply the frameworks' own
+# keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
+FIELD_SYNONYMS: dict[str, str] = {
+    "world_size": "num_gpus", "gpu_count": "num_gpus", "num_gpu": "num_gpus", "num_devices": "num_gpus",
+    "gpus": "num_gpus", "n_gpus": "num_gpus", "ngpus": "num_gpus",
+    "nodes_gpus": "gpus_per_node", "gpus_per_host": "gpus_per_node", "nproc_per_node": "gpus_per_node",
+    "gpu_type": "gpu", "hardware": "gpu", "accelerator": "gpu", "device": "gpu",
+    "seq_len": "seq_length", "sequence_length": "seq_length", "max_seq_len": "seq_length",
+    "seq": "seq_length", "context_length": "seq_length",
+    "model_name": "model", "model_id": "model", "hf_id": "model", "name": "model",
+    "dtype": "precision", "mixed_precision": "precision",
+    "tensor_parallel": "tp", "pipeline_parallel": "pp", "context_parallel": "cp", "expert_parallel": "ep",
+    "data_parallel": "dp", "virtual_pipeline": "vpp", "zero": "zero_stage", "activation_checkpointing": "recompute",
+    "gradient_checkpointing": "recompute", "mbs": "micro_batch_size", "gbs": "global_batch_size",
+    "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
+}
+
+
+
+def _key_name(key: str) -> str:
+    """A framework key as a field-like name: '--tensor-model-parallel-size' -> 'tensor_model_parallel_size'."""
+    key = re.sub(r"^\[[^\]]*\]\s*", "", key.strip())  # a TOML section before the key: '[activation_checkpoint] x'
+    first = re.split(r"[\s=]", key, maxsplit=1)[0]
+    return first.lstrip("-").rsplit(".", 1)[-1].replace("-", "_").lower()
+
+
+@cache
+def field_aliases() -> dict[str, str]:
+    """Every known other name of a request field: the frameworks' own keys (from their cards) and FIELD_SYNONYMS."""
+    aliases = dict(FIELD_SYNONYMS)
+    for framework in FRAMEWORKS:
+        adapter = framework_card(framework).adapter
+        for version in adapter.versions.values() if adapter else ():
+            for knob, spec in version.knobs.items():
+                if knob in Request.model_fields and spec.key:  # the adapter knobs that are request fields
+                    name = _key_name(spec.key)
+                    if name.isidentifier():  # not a prose key such as '(implicit: ...)'
+                        aliases.setdefault(name, knob)
+    return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
+
+
+def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
+    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
+    allowed = sorted(set(allowed))
+    aliases = {alias: field for alias, field in field_aliases().items() if field in allowed}
+    lowered = str(name).lower().replace("-", "_")
+    guess = aliases.get(lowered)
+    if guess is None:
+        hits = closest(lowered, [*allowed, *aliases], n=1)
+        guess = aliases.get(hits[0], hits[0]) if hits else None
+    shown = str(name)[:80]
+    hint = f"Did you mean {guess!r}? " if guess else ""
+    return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
+
+
+def validation_message(exc: ValidationError, *, what: str = "request") -> str:
+    """A pydantic error as one readable sentence per field: where, what is allowed, and what was given."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        message = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a whole-object check (an unknown field): the input is the whole request
+            parts.append(message)
+            continue
+        given = repr(err.get("input"))
+        given = given if len(given) <= 80 else given[:77] + "..."
+        parts.append(f"{'.'.join(str(p) for p in err['loc'])}: {message} (got {given})")
+    return f"Invalid {what}: " + "; ".join(parts) + "."
+
+
+def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
+    """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
+    field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
+    if not isinstance(values, Mapping):
+        raise MeshplanError(f"A request is a JSON object of fields, got {type(values).__name__}.",
+                            fix='e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}')
+    allowed = [*Request.model_fields, *also]
+    for name in values:
+        if name not in allowed:
+            raise unknown_field_error(name, allowed)
+    fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
+    if "model" not in fields:
+        raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging Face "
+                                                         "id, a config.json path, or a size such as '70B'.")
+    try:
+        return Request.model_validate(fields)
+    except ValidationError as exc:
+        raise MeshplanError(validation_message(exc)) from exc
+
+DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training starting batch
+
+
+def default_global_batch(seq_length: int, micro_batch_size: int, dp: int) -> int:
+    """The sequences per step when none is given (the one home of this default): DEFAULT_BATCH_TOKENS worth, at
+    least one sequence, rounded up to a whole number of micro-batches on every data-parallel rank. recommend passes
+    micro-batch 1 and dp = the GPU count, so that every data-parallel size it searches divides the batch."""
+    unit = micro_batch_size * dp
+    sequences = max(1, DEFAULT_BATCH_TOKENS // seq_length)
+    return max(unit, -(-sequences // unit) * unit)
+
+
+def default_batch_note(gbs: int, seq_length: int, unit_text: str) -> str:
+    """Says which default batch was taken in real tokens (sequences x seq_length), and why it is not ~4M tokens
+    when it is not: a sequence longer than the target, or the rounding up to `unit_text`."""
+    wanted = max(1, DEFAULT_BATCH_TOKENS // seq_length)
+    text = (f"global_batch_size not given: {gbs:,} sequences x {seq_length:,} tokens = {gbs * seq_length / 1e6:,.1f}M "
+            f"tokens per step (the default aims at {DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, 2^22, the Llama 3 "
+            "pre-training starting batch")
+    if seq_length > DEFAULT_BATCH_TOKENS:
+        text += f"; one sequence of {seq_length:,} tokens is already longer than that"
+    if gbs > wanted:
+        text += f"; {wanted:,} sequence{'s' if wanted > 1 else ''} rounded up to {gbs:,}, a multiple of {unit_text}"
+    return text + ")."
+
+
+def uses_fsdp(framework: str, zero_stage: int) -> bool:
+    """FSDP-style sharding: torchtitan/KempnerForge always; verl/SkyRL/DeepSpeed at zero_stage 3."""
+    return framework_card(framework).memory_convention.startswith("fsdp2") or zero_stage == 3
+
+
+def resolve(req: Request) -> tuple[Job, Plan]:
+    """Fill the plan's and job's defaults from the framework card and the GPU count."""
+    from meshplan.knowledge.models import (
+        resolve_model,  # lazily: the MCP server parses requests before any model is needed
+    )
+    from meshplan.rl.rollout import resolve_rl
+
+    arch = resolve_model(req.model)
+    gpu = get_gpu(req.gpu)
+    card = framework_card(req.framework)
+    notes: list[str] = []
+    req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
+    tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
+    ep = req.ep or 1
+    etp = req.etp
+    if etp is None:
+        # The framework card's defaults.etp: "tp" where Megatron-Core's ModelParallelConfig sets an unset
+        # expert_tensor_parallel_size to TP (its etp_why); elsewhere experts are not tensor-sharded unless asked.
+        etp = tp if arch.is_moe and card.defaults.etp == "tp" else 1
+        if arch.is_moe and etp > 1:
+            recipes = f"; {card.defaults.etp_recipes}" if card.defaults.etp_recipes else ""
+            notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it{recipes} "
+                         "(pass etp=1 to keep experts whole).")
+    version = _framework_version(req, card, notes)
+    law = card.world_size_law
+    if req.num_gpus is None:
+        dp = req.dp or 1
+        num_gpus = mesh.replica_size(law, tp, pp, cp, ep) * dp
+        notes.append(f"num_gpus not given: {num_gpus} = the product of the parallel degrees.")
+    else:
+        num_gpus = req.num_gpus
+        dp = req.dp or mesh.derived_dp(law, num_gpus, tp, pp, cp, ep)
+        if req.dp is None:
+            notes.append(f"dp not given: {dp} = num_gpus / ({mesh.replica_formula(law, ep)}).")
+    zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
+    if req.zero_stage is None:
+        notes.append(f"zero_stage not given: {zero}, the {card.display_name} default meshplan assumes.")
+    sp = req.sequence_parallel
+    if sp is None:
+        sp = tp > 1 and card.defaults.sequence_parallel_when_tp
+    mbs = req.micro_batch_size
+    if mbs is None:
+        mbs = 1
+        notes.append("micro_batch_size not given: 1 (recommend searches it).")
+    recompute = req.recompute
+    if recompute is None:
+        recompute = "none"
+        notes.append("recompute not given: none (recommend searches it).")
+    gbs = req.global_batch_size
+    if gbs is None:
+        gbs = default_global_batch(req.seq_length, mbs, dp)
+        notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
+    gpn = req.gpus_per_node or gpu.gpus_per_node
+    vpp = req.vpp or _layout_vpp(req.pipeline_layout, pp, notes) or 1
+    plan = Plan(
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
+        sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
+        recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
+        recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
+        cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
+        moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
+        tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
+        expandable_segments=_expandable_segments(req, card, notes),
+        # attention backend, dropout (None: the framework's)
+        **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
+        **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
+        first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
+        pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
+        account_for_loss=bool(req.account_for_loss),
+        **_offload_fields(req, card.offload_at(zero), notes),  # activation/param/grad/optimizer offload (offload.py)
+        **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rl/rollout.py)
+    )
+    job = Job(
+        model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
+        global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
+        cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
+        framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
+        rl=rl.job if rl else None,
+        # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
+        lora=_lora_spec(req, arch, zero, notes),
+    )
+    return job, plan
+
+
+def _precision_fields(req: Request, card, notes: list[str]) -> dict:
+    """The optimizer (left out: adam, every framework's own default, so no note) and the precision knobs as the
+    request gives them (None = the framework's default); a note names the FP8 recipe
+    an fp8 job runs when the request leaves it out (the framework card's defaults.fp8_recipe)."""
+    if req.precision == "fp8" and req.fp8_recipe is None and card.defaults.fp8_recipe is not None:
+        notes.append(f"fp8_recipe not given: {card.defaults.fp8_recipe}, the {card.display_name} default.")
+    return {"optimizer": req.optimizer or "adam", "optimizer_state_dtype": req.optimizer_state_dtype,
+            "fp8_param_gather": req.fp8_param_gather, "grad_reduce_in_fp32": req.grad_reduce_in_fp32,
+            "fp8_recipe": req.fp8_recipe}
+
+
+def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:
+    """vpp as the pipeline layout sets it (its stages / pp, as Megatron-Core derives it) when vpp is left out; None
+    when there is no layout or it does not parse or fill pp (rule PP009 says why)."""
+    if layout is None:
+        return None
+    from meshplan.arithmetic.schedule import parse_layout
+
+    try:
+        stages = len(parse_layout(layout))
+    except MeshplanError:
+        return None
+    if stages % pp:
+        return None
+    notes.append(f"vpp not given: {stages // pp}, the pipeline layout's {stages} stages over pp={pp}.")
+    return stages // pp
+
+
+def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]:
+    """The plan's offload knobs: left out, the framework's own default (SkyRL's offload_after_step is on); a fraction
+    alone turns the optimizer offload on (Megatron's --optimizer-offload-fraction is read with
+    --optimizer-cpu-offload); switching it off while giving a share is a contradiction, said as such."""
+    fraction = req.optimizer_offload_fraction or 0.0
+    optimizer = req.optimizer_offload
+    defaults = semantics.on_by_default if semantics is not None else []
+    for knob in defaults:
+        if getattr(req, f"{knob}_offload") is None:
+            notes.append(f"{knob}_offload not given: on, the {req.framework} default (cards/frameworks/"
+                         f"{req.framework}.yaml offload).")
+    param = req.param_offload if req.param_offload is not None else "param" in defaults
+    grad = req.grad_offload if req.grad_offload is not None else "grad" in defaults
+    if optimizer is None and "optimizer" in defaults:
+        optimizer = True
+    if optimizer is False and fraction > 0:
+        raise MeshplanError(
+            f"optimizer_offload=false contradicts optimizer_offload_fraction={fraction:g}.",
+            fix="Drop optimizer_offload (a fraction turns it on), or set optimizer_offload_fraction=0.",
+        )
+    in_step = semantics is not None and semantics.optimizer.when == "in_step"
+    if optimizer is None and fraction > 0 and in_step:  # verl/SkyRL: the share is in-step, their knob is a phase one
+        optimizer = True
+        notes.append(f"optimizer_offload not given: on, for optimizer_offload_fraction={fraction:g}.")
+    if optimizer and fraction == 0 and in_step and semantics.optimizer_fraction == "in_step":
+        fraction = 1.0  # Megatron's --optimizer-offload-fraction default with --optimizer-cpu-offload
+        notes.append("optimizer_offload_fraction not given: 1.0, the whole optimizer on the CPU.")
+    return {
+        "activation_offload": bool(req.activation_offload), "param_offload": bool(param),
+        "grad_offload": bool(grad), "optimizer_offload": bool(optimizer),
+        "optimizer_offload_fraction": fraction,
+    }
+
+
+def _switch(asked: bool | None, default: bool, note: str, notes: list[str]) -> bool:
+    """A switch as the request sets it, else the framework's default, noted when that default turns it on."""
+    if asked is not None:
+        return asked
+    if default:
+        notes.append(note)
+    return default
+
+
+def _tp_comm_overlap(req: Request, card, tp: int, notes: list[str]) -> bool:
+    """The request's TP overlap switch, else the framework card's default (tp_overlap.default; noted when on)."""
+    return _switch(req.tp_comm_overlap, card.tp_overlap.default and tp > 1,
+                   f"tp_comm_overlap=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml "
+                   "tp_overlap)", notes)
+
+
+def _torch_compile(req: Request, card, notes: list[str]) -> bool:
+    """torch.compile as asked, else the framework's own default (its card's compile section; eager without one)."""
+    return _switch(req.torch_compile, card.compile is not None and card.compile.default,
+                   f"torch_compile=true: {card.display_name}'s default (cards/frameworks/{req.framework}.yaml compile)",
+                   notes)
+
+
+def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:
+    """moe_routing_imbalance as the job uses it: 1.0 (balanced) when left out; a dense model has no routing to be
+    imbalanced, so a value there is an error naming the field rather than a setting silently ignored."""
+    value = req.moe_routing_imbalance
+    if value is None:
+        if arch.is_moe:
+            notes.append("moe_routing_imbalance not given: 1.0, every expert-parallel rank routed the mean token "
+                         "count (what NVIDIA's benchmark recipes force with moe_router_force_load_balancing).")
+        return 1.0
+    if not arch.is_moe:
+        raise MeshplanError(f"moe_routing_imbalance={value:g}: {arch.name} is a dense model, it routes no tokens to "
+                            "experts.", fix="Leave moe_routing_imbalance unset for a dense model.")
+    return value
+
+
+def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
+    """The allocator setting as asked, else as the framework's own launcher sets it (its card's allocator section)."""
+    sets_it = card.allocator is not None and card.allocator.expandable_segments
+    return _switch(req.expandable_segments, sets_it,
+                   f"expandable_segments=true: {card.display_name} launches with it "
+                   f"({card.allocator.how if sets_it else ''}; cards/frameworks/{req.framework}.yaml allocator)", notes)
+
+
+def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
+                      notes: list[str], mla: bool = False) -> dict[str, Any]:
+    """attention_backend and dropout as asked; left out, what the framework does by itself (auto: the kernel its
+    card's attention section names for the GPU; an MLA model on an engine with an mla_backend: that backend, which
+    its recipes set and a render must write; dropout: its memory convention, off in every preset), noted."""
+    backend = req.attention_backend or "auto"
+    att, engine = card.attention, card.engine_at(zero)
+    if req.attention_backend is None:
+        kernel = att.kernel_for(version, gpu.arch, engine=engine, mla=mla) if att is not None else None
+        if mla and att is not None and att.mla_backend is not None and engine not in att.by_engine:
+            backend = att.mla_backend
+            notes.append(f"attention_backend not given: {backend} ({kernel} on {gpu.arch}), what "
+                         f"{card.display_name} runs a multi-latent-attention model with (cards/frameworks/"
+                         f"{req.framework}.yaml attention mla_backend: its default finds no kernel for Q/K and V head "
+                         "dims that differ).")
+        else:
+            notes.append(f"attention_backend not given: auto, what {card.display_name} picks by itself"
+                         + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
+                            else " (a fused flash-class kernel: cards/calibration.yaml attention_peak_fraction)."))
+    if req.dropout is None:
+        from meshplan.arithmetic.memory_states import convention_name, memory_card
+
+        name = convention_name(req.framework, zero, version)
+        on = memory_card().conventions[name].dropout
+        notes.append(f"dropout not given: {'on' if on else 'off'}, as {card.display_name} recipes run "
+                     f"(cards/memory.yaml {name} dropout; dropout=true for a run with attention and hidden dropout, "
+                     "such as Megatron-LM's own default 0.1).")
+    return {"attention_backend": backend, "dropout": req.dropout}
+
+
+def _framework_version(req: Request, card, notes: list[str]) -> str | None:
+    """The release asked for, if meshplan knows it (a prefix such as '0.2' picks the newest known 0.2.x)."""
+    if req.framework_version is None:
+        return None
+    known = card.known_versions()
+    hits = [v for v in known if v == req.framework_version or v.startswith(req.framework_version + ".")]
+    if not hits:
+        raise MeshplanError(f"framework_version {req.framework_version!r} is not a {card.display_name} release "
+                            "meshplan knows.", fix=f"Use one of {', '.join(known)} (or leave it out: {card.version}).")
+    version = hits[-1]
+    if version in card.estimated_versions:
+        notes.append(f"{card.display_name} {version}: estimated only (attention kernel, memory convention); a "
+                     f"rendered config uses {card.version}")
+    if card.convention_for(version) != card.memory_convention:
+        notes.append(f"{card.display_name} {version}: memory convention {card.convention_for(version)} "
+                     f"({card.memory_convention_why or 'cards/frameworks/' + req.framework + '.yaml'})")
+    return version
+
+
+def _lora_spec(req: Request, arch, zero_stage: int, notes: list[str]):
+    """The job's LoRA adapters (meshplan/arithmetic/lora.py resolve_lora), or None when it trains every weight."""
+    from meshplan.arithmetic.lora import resolve_lora
+
+    return resolve_lora(req, arch, zero_stage, notes)

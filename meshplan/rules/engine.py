@@ -1,0 +1,316 @@
+"""The rule engine behind check_config: the rules card's schema, the condition registry, what a condition sees.
+
+A rule is split in two on purpose. Its words (title, severity, frameworks, message and fix templates,
+source) live in cards/rules.yaml, where users search them by id and the skill documents render them.
+Its condition is a small Python function tagged with the same id (`@rule`): it returns None when the
+plan passes, or the numbers that fill the message and fix templates when it fails. Importing a module
+registers nothing: `load_rules()` imports the modules named in RULE_MODULES and indexes their tagged
+functions, and refuses to run when an id is in the card and not in the code or the other way round.
+Ids never change meaning; each rule's `status` and `since` say how settled it is and when it came.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache, cached_property
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from meshplan.arithmetic import mesh
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import CardError, Engine, framework_card, load_card
+from meshplan.schema.contract import FRAMEWORKS, Finding, Job, MemoryReport, Plan, Severity
+
+Backend = Engine  # the engines a framework card's engine.by_zero_stage names
+BACKENDS: tuple[str, ...] = get_args(Engine)
+Status = Literal["stable", "preview", "deprecated"]
+
+
+# --------------------------------------------------------------------------- the card
+
+
+class RuleSpec(BaseModel):
+    """One rule as cards/rules.yaml states it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Z]{2,4}\d{3}$", description="Stable id: never reused for another meaning")
+    title: str
+    severity: Severity
+    status: Status = Field(description="stable: settled; preview: wording or threshold may change; "
+                                       "deprecated: still runs, to be removed (the id is never reused)")
+    since: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="The meshplan version that first shipped the rule")
+    memory: bool = Field(False, description="Reads the memory estimate: runs after it, never in the structural check")
+    blocks_estimate: bool = Field(
+        False, description="A structural error no estimate can proceed past: estimate_memory and "
+                           "estimate_throughput run these rules first and stop on the first that fires",
+    )
+    frameworks: list[str] = Field(description="Framework names, or 'all'")
+    backends: list[Backend] = Field(
+        default_factory=lambda: list(BACKENDS),
+        description="Engines the rule applies to (a framework card's engine.by_zero_stage; see Context.backend)",
+    )
+    message: str = Field(description="Template filled with the numbers the condition returns")
+    fix: str = Field(description="Template naming values that would work")
+    source: str = Field(description="Framework file or paper that holds the rule")
+    why: str = Field("", description="Why the rule matters, in a sentence or two")
+    params: dict[str, float | int] = Field(default_factory=dict, description="Thresholds, with their reason in why")
+
+    @field_validator("frameworks")
+    @classmethod
+    def _known_frameworks(cls, value: list[str]) -> list[str]:
+        unknown = [f for f in value if f != "all" and f not in FRAMEWORKS]
+        if unknown:
+            raise ValueError(f"unknown framework(s) {unknown}; allowed: 'all' or {', '.join(FRAMEWORKS)}")
+        if not value:
+            raise ValueError("a rule must apply to at least one framework")
+        return value
+
+    @model_validator(mode="after")
+    def _blocking_is_structural_error(self) -> RuleSpec:
+        if self.blocks_estimate and (self.memory or self.severity != "error"):
+            raise ValueError(f"rule {self.id}: blocks_estimate needs a structural rule of severity error")
+        return self
+
+    def applies_to(self, framework: str, backend: str) -> bool:
+        return ("all" in self.frameworks or framework in self.frameworks) and backend in self.backends
+
+
+class RulesCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str
+    rules: list[RuleSpec]
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_ids(cls, value: list[RuleSpec]) -> list[RuleSpec]:
+        seen: set[str] = set()
+        for rule in value:
+            if rule.id in seen:
+                raise ValueError(f"rule id {rule.id} appears twice")
+            seen.add(rule.id)
+        return value
+
+
+def rules_card() -> RulesCard:
+    return load_card("rules", RulesCard)
+
+
+@cache
+def rule_specs() -> dict[str, RuleSpec]:
+    return {r.id: r for r in rules_card().rules}
+
+
+@cache
+def memory_rules() -> frozenset[str]:
+    """Ids of the rules that read the memory estimate (`memory: true` in the card)."""
+    return frozenset(spec.id for spec in rule_specs().values() if spec.memory)
+
+
+# --------------------------------------------------------------------------- the conditions
+
+Condition = Callable[["Context"], dict[str, Any] | None]
+
+# The modules that hold the conditions, loaded by load_rules() (structural ones, then the memory rules).
+RULE_MODULES: tuple[str, ...] = ("meshplan.rules.conditions", "meshplan.check.config", "meshplan.rules.rollout",
+                                 "meshplan.rules.lora", "meshplan.rules.offload")
+
+
+def rule(rule_id: str) -> Callable[[Condition], Condition]:
+    """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it."""
+
+    def tag(fn: Condition) -> Condition:
+        fn.rule_id = rule_id  # type: ignore[attr-defined]
+        return fn
+
+    return tag
+
+
+@cache
+def load_rules() -> dict[str, Condition]:
+    """Every rule's condition by id: imports RULE_MODULES and collects their tagged functions, once.
+
+    The card and the code must hold the same ids: a rule with no condition, or a condition with no card
+    entry (and so no status or since), is a CardError rather than a rule that silently never runs."""
+    found: dict[str, Condition] = {}
+    for name in RULE_MODULES:
+        module = importlib.import_module(name)
+        for fn in vars(module).values():
+            rule_id = getattr(fn, "rule_id", None)
+            if rule_id is None or getattr(fn, "__module__", None) != name:
+                continue
+            if rule_id in found:
+                raise CardError(f"two conditions for rule {rule_id} ({found[rule_id].__name__}, {fn.__name__})")
+            found[rule_id] = fn
+    specs = rule_specs()
+    only_card, only_code = sorted(set(specs) - set(found)), sorted(set(found) - set(specs))
+    if only_card or only_code:
+        raise CardError(
+            "cards/rules.yaml and the conditions in " + ", ".join(RULE_MODULES) + " disagree: "
+            + (f"no condition for {', '.join(only_card)}" if only_card else "")
+            + ("; " if only_card and only_code else "")
+            + (f"no card entry for {', '.join(only_code)}" if only_code else "")
+        )
+    return {rule_id: found[rule_id] for rule_id in specs}
+
+
+@cache
+def rules_for(framework: str, backend: str, include_memory: bool) -> tuple[tuple[RuleSpec, Condition], ...]:
+    """The rules one framework runs, in card order (cached: the search calls check_config thousands of times)."""
+    conditions = load_rules()
+    return tuple(
+        (spec, conditions[spec.id])
+        for spec in rule_specs().values()
+        if spec.applies_to(framework, backend) and (include_memory or not spec.memory)
+    )
+
+
+@cache
+def blocking_rules(framework: str, zero_stage: int) -> tuple[tuple[RuleSpec, Condition], ...]:
+    """The rules of one framework (on the engine its ZeRO stage selects) that an estimate cannot proceed
+    past (`blocks_estimate` in the card), in card order. Cached: the search estimates in hot loops."""
+    backend = backend_of(framework, zero_stage)
+    return tuple((spec, condition) for spec, condition in rules_for(framework, backend, False)
+                 if spec.blocks_estimate)
+
+
+class EstimateBlocked(MeshplanError):
+    """An estimate refused because a blocking rule fired: the rule's id, its own message and its own fix."""
+
+    def __init__(self, found: Finding):
+        self.rule_id = found.id
+        self.finding = found
+        super().__init__(f"{found.id}: {found.message}", fix=found.fix)
+
+
+def require_estimable(job: Job, plan: Plan) -> None:
+    """Raise EstimateBlocked for the first blocking rule of the job's framework that the plan breaks.
+
+    The estimators call this instead of validating on their own, so a layout is refused in one wording
+    with one threshold, the rule's; `meshplan check` reports every other rule."""
+    ctx = Context(job, plan)
+    for spec, condition in blocking_rules(job.framework, plan.zero_stage):
+        values = condition(ctx)
+        if values is not None:
+            raise EstimateBlocked(finding(spec, values))
+
+
+def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
+    try:
+        message = spec.message.format(**values)
+        fix = spec.fix.format(**values)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise CardError(
+            f"cards/rules.yaml rule {spec.id}: template needs a value the condition did not give ({exc})"
+        ) from None
+    return Finding(id=spec.id, severity=spec.severity, title=spec.title, message=message, fix=fix,
+                   source=spec.source)
+
+
+# --------------------------------------------------------------------------- what a condition sees
+
+
+def backend_of(framework: str, zero_stage: int) -> Backend:
+    """Which engine runs the model at this ZeRO stage: the framework card's engine.by_zero_stage (verl and SkyRL
+    switch from Megatron-Core to FSDP at zero_stage 3)."""
+    return framework_card(framework).engine_at(zero_stage)
+
+
+@dataclass(frozen=True)
+class Context:
+    """A job and plan with the derived numbers most rules need, computed once per check."""
+
+    job: Job
+    plan: Plan
+    memory_report: MemoryReport | None = None  # set for the memory rules only
+
+    @property
+    def arch(self):
+        return self.job.model
+
+    @property
+    def framework(self) -> str:
+        return self.job.framework
+
+    @property
+    def world(self) -> int:
+        return self.job.num_gpus
+
+    @cached_property
+    def backend(self) -> Backend:
+        return backend_of(self.job.framework, self.plan.zero_stage)
+
+    @cached_property
+    def law(self) -> str:
+        return framework_card(self.job.framework).world_size_law
+
+    @property
+    def model_parallel(self) -> int:
+        return self.plan.tp * self.plan.pp * self.plan.cp
+
+    @property
+    def expert_grid(self) -> int:
+        return mesh.expert_group(self.plan)
+
+    @cached_property
+    def fast_domain(self) -> int:
+        """GPUs one GPU reaches over NVLink/xGMI (mesh.fast_domain)."""
+        return mesh.fast_domain(self.job.gpu, self.job.gpus_per_node)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step on each pipeline: gbs / (mbs * dp), floored (rules check divisibility)."""
+        return self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
+
+    @property
+    def num_experts(self) -> int:
+        return self.arch.moe.num_experts if self.arch.moe else 0
+
+
+# --------------------------------------------------------------------------- helpers for computed fixes
+
+
+def divisors(n: int, upto: int | None = None) -> list[int]:
+    """Divisors of n in increasing order, optionally only those <= upto."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    out = small + large[::-1]
+    return [d for d in out if upto is None or d <= upto]
+
+
+def fmt_set(values: Iterable[Any], limit: int = 8) -> str:
+    """'{1, 2, 4, 8}', shortened to the first and last values when long."""
+    items = list(values)
+    if not items:
+        return "{}"
+    if len(items) > limit:
+        head = ", ".join(str(v) for v in items[: limit - 2])
+        return "{" + f"{head}, ..., {items[-1]}" + "}"
+    return "{" + ", ".join(str(v) for v in items) + "}"
+
+
+def neighbours(value: int, unit: int) -> str:
+    """The multiples of `unit` just below and above `value` ('64 or 72')."""
+    below = (value // unit) * unit
+    above = below + unit
+    return f"{below} or {above}" if below > 0 else str(above)
+
+
+def lcm(*values: int) -> int:
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"

@@ -1,0 +1,48 @@
+"""The LoRA rules of cards/rules.yaml (LORA*): a LoRA job on an engine that has it, on linears the model has.
+
+Each condition returns None when its rule passes (or the job trains every weight), else the numbers for the card's
+message and fix templates; the facts are the framework cards' `lora` sections and adapter knobs
+(meshplan/arithmetic/lora.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.arithmetic.lora import lora_engine, lora_frameworks, model_targets
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, rule
+
+Values = dict[str, Any] | None
+
+
+@rule("LORA001")
+def lora_needs_an_engine_with_it(ctx: Context) -> Values:
+    spec = ctx.job.lora
+    if spec is None or lora_engine(ctx.framework, ctx.plan.zero_stage) is not None:
+        return None
+    card = framework_card(ctx.framework)
+    engine = card.engine_at(ctx.plan.zero_stage)
+    adapter = card.adapter
+    instead = None
+    if adapter is not None:
+        instead = adapter.versions[adapter.default_version].knobs["lora_rank"].instead
+    others = [f for f in lora_frameworks() if f != ctx.framework]
+    fix = instead or f"Use a framework that runs LoRA: {', '.join(others)}."
+    where = f"its {engine} engine (zero_stage={ctx.plan.zero_stage})" if adapter and instead is None else "it"
+    return {"framework": card.display_name, "rank": spec.rank, "where": where, "fix": fix}
+
+
+@rule("LORA002")
+def lora_targets_the_model_has(ctx: Context) -> Values:
+    spec = ctx.job.lora
+    if spec is None:
+        return None
+    has = model_targets(ctx.arch)
+    missing = [t for t in spec.targets if t not in has]
+    if not missing:
+        return None
+    why = " (MLA attention: its q/kv projections are linear_q_proj, linear_kv_down_proj, ... not linear_qkv)" \
+        if ctx.arch.mla is not None and "linear_qkv" in missing else ""
+    return {"model": ctx.arch.name, "missing": ", ".join(missing), "why": why,
+            "has": ", ".join(t for t in spec.targets if t in has) or ", ".join(sorted(has))}

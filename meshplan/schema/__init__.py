@@ -1,0 +1,1 @@
+"""The contract: pydantic models for every input and output (they are the MCP schemas too)."""

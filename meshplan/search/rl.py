@@ -1,0 +1,149 @@
+"""recommend for an RL job: the trainer layouts the search ranks, each with the rollout engine and offloads that make
+the whole RL step fastest while every phase fits.
+
+The actor's layout is the training search's (meshplan.search.recommend on the trainer's step: prompts x samples
+sequences of prompt + response tokens); for each of its best layouts, every rollout TP (a power of two the rollout
+GPUs and the attention heads take), for an MoE model rollout DP with EP = TP x DP, with and without the
+framework's phase offloads, at the largest memory fraction (in 0.05 steps up to MAX_FRACTION) whose phases keep
+the headroom, is timed with meshplan.rl.rollout; the fastest RL steps are returned as a Recommendation whose plans carry
+the rollout fields.
+"""
+
+from __future__ import annotations
+
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import memory_summary
+from meshplan.rl.rollout import resolve_rl, rl_memory, rl_report, rl_step_time, trainer_reports
+from meshplan.rules.rollout import phase_knobs
+from meshplan.schema.contract import Candidate, Plan, Recommendation, Request
+
+# The largest memory fraction tried: verl's perf guide sets 0.8-0.9 with offload (docs/perf/best_practices.rst);
+# above it the engine's own activations and NCCL buffers outside the estimate have no room.
+MAX_FRACTION = 0.9
+FRACTION_STEP = 0.05
+ACTOR_LAYOUTS = 4  # trainer layouts of the training search whose rollout choices are tried (its best ones)
+
+
+def _fixed(req: Request) -> dict:
+    """The rollout fields the user fixed: the search keeps them."""
+    return {k: getattr(req, k) for k in ("rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction")
+            if getattr(req, k) is not None}
+
+
+def _rollout_shapes(job, plan: Plan, fixed: dict) -> list[tuple[int, int, int]]:
+    """(rollout TP, DP, EP) the engines can run: TP a power of two dividing the rollout GPUs and the attention heads
+    (vLLM and SGLang shard heads over TP), up to four nodes; for an MoE model also DP > 1 with EP = TP x DP inside
+    a node (rule RL001)."""
+    gpus, heads, node = plan.rollout_gpus, job.model.num_attention_heads, job.gpus_per_node
+    out = []
+    tp = 1
+    while tp <= min(gpus, 4 * node):
+        if gpus % tp == 0 and heads % tp == 0:
+            out.append((tp, 1, 1))
+            if job.model.is_moe:
+                if tp > 1:
+                    out.append((tp, 1, tp))
+                dp = 2
+                while tp * dp <= node and gpus % (tp * dp) == 0:
+                    out.append((tp, dp, tp * dp))
+                    dp *= 2
+        tp *= 2
+    keep = [(t, d, e) for t, d, e in out if fixed.get("rollout_tp", t) == t and fixed.get("rollout_dp", d) == d
+            and fixed.get("rollout_ep", e) == e]
+    return keep or [(fixed.get("rollout_tp", 1), fixed.get("rollout_dp", 1), fixed.get("rollout_ep", 1))]
+
+
+def _offload_options(job, plan: Plan, req: Request) -> list[dict]:
+    """No offload, and the framework's phase offloads (they free the rollout and log-prob passes, not the update)."""
+    if any(getattr(req, k) is not None for k in ("param_offload", "grad_offload", "optimizer_offload")):
+        return [{}]  # the user chose; resolve already put them on the plan
+    knobs = phase_knobs(job.framework, plan)
+    return [{}, dict.fromkeys(knobs, True)] if knobs else [{}]
+
+
+def _largest_fraction(job, plan: Plan, reports: tuple, limit: float) -> float | None:
+    """The largest memory fraction (a FRACTION_STEP multiple, at most MAX_FRACTION) whose phases stay under `limit`:
+    only the rollout phase depends on it, linearly for both engines, so two estimates give the line."""
+    def phases_at(fraction: float) -> tuple[float, float]:
+        m = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}), reports)
+        rollout = next(p.peak_bytes for p in m.phases if p.phase == "rollout")
+        return rollout, max((p.peak_bytes for p in m.phases if p.phase != "rollout"), default=0)
+
+    high, others = phases_at(MAX_FRACTION)
+    if others > limit:
+        return None  # the update or the log-prob passes do not fit: no fraction helps
+    if high <= limit:
+        return MAX_FRACTION
+    low, _ = phases_at(MAX_FRACTION / 2)
+    slope = (high - low) / (MAX_FRACTION / 2)
+    fraction = MAX_FRACTION - (high - limit) / slope if slope > 0 else 0.0
+    steps = int(fraction / FRACTION_STEP + 1e-9)
+    return round(steps * FRACTION_STEP, 2) if steps >= 1 else None
+
+
+def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
+    """The fastest RL steps that fit: actor layout, rollout TP/DP/EP, memory fraction and offloads."""
+    from meshplan.search import recommend as search
+    from meshplan.search.policy import headroom_for
+
+    trainer_req, rl = resolve_rl(req, [])
+    if rl is None:
+        raise MeshplanError("recommend_rl needs an RL job.", fix="Pass job=rl with framework verl or skyrl.")
+    training = trainer_req.model_copy(update={k: None for k in (
+        "job", "algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
+        "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
+        "rollout_gpus")})
+    actors = search(training, top_k=ACTOR_LAYOUTS)
+    from meshplan.request.resolve import resolve
+
+    job, base = resolve(req)
+    headroom = headroom_for(req)
+    limit = (1 - headroom) * job.gpu.memory_bytes
+    fixed = _fixed(req)
+    ranked: list[tuple[float, Candidate]] = []
+    tried = 0
+    rejected: dict[str, int] = {}
+    for actor in actors.candidates:
+        layout = actor.plan.model_copy(update={k: getattr(base, k) for k in (
+            "rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload", "grad_offload",
+            "optimizer_offload", "optimizer_offload_fraction", "activation_offload")})
+        for offload in _offload_options(job, layout, req):
+            plan0 = layout.model_copy(update=offload)
+            reports = trainer_reports(job, plan0)
+            update = None
+            for tp, dp, ep in _rollout_shapes(job, plan0, fixed):
+                tried += 1
+                shape = plan0.model_copy(update={"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep})
+                fraction = fixed.get("rollout_memory_fraction") or _largest_fraction(job, shape, reports, limit)
+                if fraction is None:
+                    rejected["RL005"] = rejected.get("RL005", 0) + 1
+                    continue
+                plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
+                memory = rl_memory(job, plan, reports)
+                rollout = next(p for p in memory.phases if p.phase == "rollout")
+                if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
+                    key = "RL005" if memory.peak_bytes > limit else "SEARCH-NO-KV"
+                    rejected[key] = rejected.get(key, 0) + 1
+                    continue
+                timing, update, words, _ = rl_step_time(job, plan, reports, update)
+                report = rl_report(job, plan, timing, update, words)
+                why = (f"RL step {timing.step_s:,.0f} s ({timing.limited_by} the largest part: generation "
+                       f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
+                       f"peaks at {memory.peak_bytes / 2**30:.1f} GiB")
+                ranked.append((timing.step_s, Candidate(rank=0, plan=plan, memory=memory_summary(memory),
+                                                        throughput=report, rationale=why)))
+    ranked.sort(key=lambda x: x[0])
+    candidates = [c.model_copy(update={"rank": i + 1}) for i, (_, c) in enumerate(ranked[:top_k])]
+    best = candidates[0] if candidates else None
+    return Recommendation(
+        model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
+        considered=tried, rejected=rejected, global_batch_size=job.global_batch_size, headroom=headroom,
+        rationale=(f"#1: {best.plan.short()}, rollout {best.plan.rollout_engine} TP{best.plan.rollout_tp} "
+                   f"DP{best.plan.rollout_dp} EP{best.plan.rollout_ep} at {best.plan.rollout_memory_fraction:g}; "
+                   f"{best.rationale}." if best else "No RL layout fits with the headroom kept."),
+        warnings=list(actors.warnings),
+        assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
+                     "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "
+                     f"largest memory fraction (<= {MAX_FRACTION}) whose phases keep the headroom; ranked by the RL "
+                     f"step time.", *job.notes],
+    )

@@ -1,0 +1,521 @@
+"""The layouts a framework can express for a job, enumerated over divisors only, with cheap bounds.
+
+`recommend` (meshplan/search/) searches this space. The space is defined here, separately, so it can
+be counted and tested on its own: a `Layout` is the structural part of a plan (tp, pp, vpp, cp, ep, etp,
+dp and an uneven pipeline split when pp does not divide the layers); the per-layout choices are the
+ZeRO / FSDP stage, the recompute mode and the micro-batch size. World-size laws (cards/frameworks,
+shared/reference/frameworks.md section 8): Megatron family and DeepSpeed, tp*pp*cp*dp == W with ep*etp
+dividing W/pp; torchtitan, the same product with ep dividing dp*cp*tp and no expert TP; KempnerForge,
+ep takes ranks of its own, tp*pp*cp*dp*ep == W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.schedule import padded_vocab, pipeline_split, split_problem, stages_for
+from meshplan.core.cancel import checkpoint
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import SearchKnobs, framework_card, load_card
+from meshplan.knowledge.models import layer_params, per_architecture
+from meshplan.schema.contract import Job, Plan, Recompute, Request
+
+if TYPE_CHECKING:
+    from meshplan.arithmetic.memory_states import Convention, StateTensor
+
+SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
+RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
+
+
+# --------------------------------------------------------------------------- the search card
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchLimits(_Card):
+    time_budget_s: float = Field(gt=0)
+    time_budget_source: str
+    max_evaluations: int = Field(ge=1)
+    absurd_max_evaluations: int = Field(ge=1)
+    evaluations_source: str
+    largest_cluster_gpus: int = Field(ge=1)
+    largest_cluster_source: str
+    min_gpus_search_limit: int = Field(ge=1)
+    min_gpus_search_source: str
+    min_gpus_time_budget_s: float = Field(gt=0)
+    min_gpus_time_source: str
+    closest_layouts: int = Field(ge=1)
+
+
+class SearchComparison(_Card):
+    """Thresholds for comparing layouts, in the one meaning of "X% slower" (search.slower_by)."""
+
+    agreement_tolerance: float = Field(ge=0, lt=1)
+    agreement_source: str
+    below_headroom_gain: float = Field(ge=0, lt=1)
+    below_headroom_source: str
+
+
+class SearchCard(_Card):
+    description: str
+    limits: SearchLimits
+    comparison: SearchComparison
+
+
+def search_card() -> SearchCard:
+    return load_card("search", SearchCard)
+
+
+def knobs(framework: str) -> SearchKnobs:
+    """The knobs the search opens on this framework: the `search` section of its card."""
+    return framework_card(framework).search
+
+
+@cache
+def zero_ladder(framework: str) -> tuple[int, ...]:
+    """ZeRO / FSDP stages worth searching, most memory first: those with a byte preset (cards/memory.yaml),
+    skipping a stage whose tensors are identical to a lower stage's (Megatron has no distinct stage 2)."""
+    from meshplan.arithmetic.memory_states import convention
+
+    seen: list[tuple] = []
+    stages: list[int] = []
+    for stage in range(4):
+        try:
+            name, _, tensors = convention(framework, stage)
+        except MeshplanError:
+            continue
+        signature = (name, tuple((t.tensor_class, t.bytes, t.shard) for t in tensors))
+        if signature in seen:
+            continue
+        seen.append(signature)
+        stages.append(stage)
+    return tuple(stages)
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+@cache
+def divisors(n: int) -> tuple[int, ...]:
+    """Every divisor of n, ascending (trial division to sqrt(n): fast up to 2^40)."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return tuple(small + large[::-1])
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """The structural part of a plan: degrees and the pipeline split."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    vpp: int = 1
+    first: int | None = None
+    last: int | None = None
+
+    def plan(self, *, zero_stage: int, recompute: Recompute, micro_batch_size: int, sequence_parallel: bool,
+             cp_comm_type: str, moe_token_dispatcher: str = "alltoall", moe_a2a_overlap: bool = False,
+             **carried: object) -> Plan:
+        """The plan of this layout with the searched knobs, and `carried`: the request's fields the search keeps as
+        given (Fixed.carried)."""
+        return Plan(
+            tp=self.tp, pp=self.pp, vpp=self.vpp, cp=self.cp, ep=self.ep, etp=self.etp, dp=self.dp,
+            sequence_parallel=sequence_parallel, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+            recompute=recompute, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
+            moe_token_dispatcher=moe_token_dispatcher,  # type: ignore[arg-type]
+            moe_a2a_overlap=moe_a2a_overlap, first_stage_layers=self.first, last_stage_layers=self.last,
+            **carried,  # type: ignore[arg-type]
+        )
+
+    def base(self) -> Layout:
+        """The same layout without interleaving."""
+        if self.vpp == 1:
+            return self
+        return Layout(self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, 1, self.first, self.last)
+
+    def short(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        for name, value in (("VPP", self.vpp), ("CP", self.cp), ("EP", self.ep), ("ETP", self.etp)):
+            if value > 1:
+                parts.append(f"{name}{value}")
+        parts.append(f"DP{self.dp}")
+        return " ".join(parts)
+
+
+OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimizer_offload",
+                  "optimizer_offload_fraction")
+"""The offload knobs (meshplan/arithmetic/offload.py): the request's, in every plan the search ranks; what they move on
+each ZeRO
+stage's engine is the framework card's offload section, and a stage whose engine lacks one is refused by rule OF001."""
+
+CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
+                  "torch_compile", "expandable_segments", "attention_backend", "dropout", *OFFLOAD_FIELDS)
+"""Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
+framework's default, as `meshplan estimate` takes it). The optimizer is one: which optimizer trains the model is a
+training decision, not a layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
+
+
+@dataclass
+class Fixed:
+    """Request fields the user set: they constrain the search; the others are searched. `carried`: the plan fields
+    the search keeps as the request resolves them (CARRIED_FIELDS), `given` the names of those the request set."""
+
+    values: dict[str, object] = field(default_factory=dict)
+    carried: dict[str, object] = field(default_factory=dict)
+    given: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_request(cls, req: Request) -> Fixed:
+        chosen = req.model_fields_set
+        names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap",
+                 "tp_comm_overlap", "first_stage_layers", "last_stage_layers")
+        values = {name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None}
+        given = frozenset(n for n in CARRIED_FIELDS if n in chosen and getattr(req, n) is not None)
+        return cls(values, carried_fields(req), given)
+
+    def allows(self, name: str, value: object) -> bool:
+        return name not in self.values or self.values[name] == value
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+
+@dataclass(frozen=True)
+class Prefiltered:
+    """A group of layouts dropped before evaluation, with the rule-like reason (attributed to a rule id
+    by running check_config on `example`)."""
+
+    reason: str
+    example: Layout
+    layouts: int
+
+
+def carried_fields(req: Request) -> dict[str, object]:
+    """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision, compile and offload
+    defaults; the offload defaults of the engine at the request's ZeRO stage, else the framework's default stage)."""
+    from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
+
+    card = framework_card(req.framework)
+    zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
+    fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
+              "expandable_segments": _expandable_segments(req, card, []),
+              "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
+              **_offload_fields(req, card.offload_at(zero), [])}
+    return {k: fields[k] for k in CARRIED_FIELDS}
+
+
+def _tp_ok(job: Job, tp: int) -> bool:
+    """Heads split evenly; KV groups a multiple or a divisor of tp (Megatron's TransformerConfig)."""
+    arch = job.model
+    g = arch.num_kv_heads
+    return arch.num_attention_heads % tp == 0 and (g % tp == 0 or tp % g == 0)
+
+
+PipelineOption = tuple[int, int | None, int | None]  # (vpp, first_stage_layers, last_stage_layers)
+
+
+@cache
+def megatron_uneven(framework: str) -> bool:
+    """Whether the framework splits an uneven pipeline the Megatron-Core way, interleaving included: there rule
+    PP004 is the law, and every split it accepts is one the search may enumerate."""
+    from meshplan.rules.engine import rule_specs
+
+    return rule_specs()["PP004"].applies_to(framework, "megatron")
+
+
+def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interleave: bool,
+                     fixed_split: tuple[int | None, int | None] | None = None) -> tuple[PipelineOption, ...]:
+    """(vpp, first, last) the search tries for one pp: for each vpp dividing the layers (every part of a split is a
+    multiple of vpp), the split schedule.pipeline_split chooses, the one `meshplan check` suggests (PP001/PP004).
+    With vpp > 1 an uneven split is tried only where the framework splits unevenly the Megatron-Core way. A user's
+    first/last stays as given: with vpp 1 even when invalid (so a rule can say why), and with every vpp > 1 that
+    PP004 accepts."""
+    if fixed_split is not None:
+        first, last = fixed_split
+        out: list[PipelineOption] = [(1, first, last)]
+        if interleave and uneven_interleave and pp > 1:
+            out += [(v, first, last) for v in divisors(num_layers)[1:]
+                    if not split_problem(num_layers, pp, v, first, last)]
+        return tuple(out)
+    if pp > num_layers:
+        return ()
+    out = []
+    for v in divisors(num_layers) if pp > 1 and interleave else (1,):
+        split = pipeline_split(num_layers, pp, v)
+        if split is not None and (v == 1 or split == (None, None) or uneven_interleave):
+            out.append((v, *split))
+    return tuple(out)
+
+
+def _expert_options(job: Job, law: str, world: int, tp: int, pp: int, cp: int, dp: int,
+                    kn: SearchKnobs, fixed: Fixed) -> Iterator[tuple[int, int]]:
+    """(ep, etp) pairs the framework can express for this dense layout."""
+    moe = job.model.moe
+    if moe is None or not kn.ep:
+        # Nothing to search; a fixed ep/etp is kept so that check_config can say why it is wrong.
+        yield int(fixed.values.get("ep", 1)), int(fixed.values.get("etp", 1))  # type: ignore[call-overload]
+        return
+    etps = divisors(tp) if kn.etp else (1,)
+    for ep in divisors(moe.num_experts):
+        if not fixed.allows("ep", ep):
+            continue
+        for etp in etps:
+            if not fixed.allows("etp", etp):
+                continue
+            if mesh.expert_grid_fits(law, world, tp, pp, cp, dp, ep, etp):
+                yield ep, etp
+
+
+def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
+    """Every layout of the framework's world-size law over divisors of the GPU count, respecting fixed fields.
+
+    Layouts that break a cheap structural law (heads vs tp, seq_length vs cp, pp deeper than the
+    model) are returned as `Prefiltered` groups instead, so the caller can count them under a rule id.
+    """
+    law = framework_card(job.framework).world_size_law
+    kn = knobs(job.framework)
+    arch = job.model
+    W, L = job.num_gpus, arch.num_layers
+    moe = arch.moe
+    layouts: list[Layout] = []
+    dropped: dict[str, list] = {}
+
+    def drop(reason: str, layout: Layout) -> None:
+        entry = dropped.setdefault(reason, [layout, 0])
+        entry[1] += 1
+
+    ep_own = [1]
+    if mesh.ep_has_own_ranks(law):  # search EP as an outer mesh dimension
+        choices = divisors(moe.num_experts) if moe is not None and kn.ep else (int(fixed.values.get("ep", 1)),)  # type: ignore[call-overload]
+        ep_own = [e for e in choices if W % e == 0 and fixed.allows("ep", e)]
+    def choices(name: str, n: int) -> tuple[int, ...]:
+        # A fixed value is tried even when it does not divide the GPUs, so a rule can say why it fails.
+        return (int(fixed.values[name]),) if name in fixed else divisors(n)  # type: ignore[call-overload]
+
+    fixed_split = None
+    if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
+        fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
+    uneven_interleave = megatron_uneven(job.framework)
+    for ep_k in ep_own:
+        rest = W // ep_k
+        for tp in choices("tp", rest):
+            tp_ok = _tp_ok(job, tp)
+            for pp in choices("pp", max(1, rest // tp)):
+                options = pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split)  # type: ignore[arg-type]
+                for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
+                    checkpoint()
+                    dp = max(1, rest // (tp * pp * cp))
+                    if rest % (tp * pp * cp) or not fixed.allows("dp", dp):
+                        drop("world-size", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1,
+                                                  dp=int(fixed.values.get("dp", dp))))  # type: ignore[call-overload]
+                        continue
+                    base = Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1, dp=dp)
+                    if not tp_ok:
+                        drop("tp-heads", base)
+                        continue
+                    if pp > L or not options:
+                        drop("pp-layers", base)
+                        continue
+                    if cp > 1 and job.seq_length % (2 * cp):
+                        drop("cp-seq", base)
+                        continue
+                    if mesh.ep_has_own_ranks(law):
+                        experts = [(ep_k, 1)]
+                    else:
+                        experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
+                    if "vpp" in fixed and all(fixed.values["vpp"] != v for v, _, _ in options):
+                        # A fixed interleaving the layers cannot fill: count it, so a rule can say why.
+                        _, first, last = options[0]
+                        drop("pp-layers", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1, dp=dp,
+                                                 vpp=int(fixed.values["vpp"]),  # type: ignore[call-overload]
+                                                 first=first, last=last))
+                        continue
+                    for vpp, first, last in options:
+                        if not fixed.allows("vpp", vpp):
+                            continue
+                        for ep, etp in experts:
+                            layouts.append(Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
+                                                  first=first, last=last))
+    groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
+    return layouts, groups
+
+
+def within_nvlink(job: Job, layout: Layout) -> bool:
+    """TP (and expert TP) inside one NVLink domain: the first tier of the search."""
+    domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+    return mesh.tp_fits_domain(layout.tp, domain) and mesh.tp_fits_domain(layout.etp, domain)
+
+
+def micro_batches(job: Job, layout: Layout, fixed: Fixed) -> tuple[int, ...]:
+    """Micro-batch sizes that divide each data-parallel rank's share of the global batch."""
+    if job.global_batch_size % layout.dp:
+        return ()
+    local = job.global_batch_size // layout.dp
+    if "micro_batch_size" in fixed:
+        mbs = int(fixed.values["micro_batch_size"])  # type: ignore[call-overload]
+        return (mbs,) if local % mbs == 0 else ()
+    return divisors(local)
+
+
+# --------------------------------------------------------------------------- cheap bounds
+
+
+def params_split(job: Job) -> tuple[int, int]:
+    """(non-expert parameters, routed-expert parameters) of the whole model."""
+    arch = job.model
+    dense = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    routed = 0
+    for i in range(arch.num_layers):
+        parts = layer_params(arch, i)
+        routed += parts["routed_experts"]
+        dense += sum(v for k, v in parts.items() if k != "routed_experts")
+    return dense, routed
+
+
+def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple[Convention, list[StateTensor]]:
+    """The byte preset an estimate takes for a plan with these carried fields (memory_states.with_precision: the
+    precision knobs and torch.compile), as the search's memory floors read it: Muon's one momentum counted on every
+    parameter (it keeps Adam's two moments on the embedding, output layer, norms and biases: fewer bytes, so still a
+    floor); a LoRA job's frozen base keeps its weights only."""
+    from meshplan.arithmetic.lora import base_tensors
+    from meshplan.arithmetic.memory_states import memory_card, with_precision
+    from meshplan.arithmetic.offload import offload_plan
+
+    plan = Plan(zero_stage=zero_stage, **carried)  # type: ignore[arg-type]
+    _, conv, tensors = with_precision(job, plan)
+    if plan.optimizer == "muon":
+        counts = memory_card().optimizers.moment_buffers
+        kept = counts["muon"] / counts["adam"]
+        tensors = [t.model_copy(update={"bytes": t.bytes * kept}) if t.role == "moments" else t for t in tensors]
+    moved = offload_plan(job.framework, plan).in_step  # what the step keeps in host memory (offload.offload_stage)
+    if any(moved.values()):
+        tensors = [t.model_copy(update={"bytes": t.bytes * (1.0 - moved.get(t.tensor_class, 0.0))}) for t in tensors]
+    return conv, base_tensors(job, tensors)
+
+
+def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int],
+                       tensors: list[StateTensor] | None = None) -> float:
+    """Bytes of model states on the most loaded GPU can be no fewer than this: the average stage's share of
+    the parameters (dense split tp ways, experts ep*etp ways) times the preset's bytes per parameter
+    (cards/memory.yaml; `tensors`: state_preset's, else the framework's plain preset) with sharding over the largest
+    group the framework could use. No activations."""
+    from meshplan.arithmetic.memory_states import bytes_per_param
+
+    if tensors is None:
+        tensors = state_preset(job, zero_stage, {})[1]
+    dense, routed = split
+    world = job.num_gpus
+    dense_shard = layout.dp * layout.cp
+    expert_shard = max(world // (layout.pp * layout.ep * layout.etp), dense_shard)
+    dense_gpu = dense / (layout.pp * layout.tp)
+    expert_gpu = routed / (layout.pp * layout.ep * layout.etp)
+    return bytes_per_param(tensors, dense_shard) * dense_gpu + bytes_per_param(tensors, expert_shard) * expert_gpu
+
+
+class _Prefix:
+    """Prefix sums over the decoder layers of one architecture (cached per object), for stage-0 floors."""
+
+    def __init__(self, arch) -> None:
+        self.arch = arch
+        self.sharded, self.replicated, self.experts, self.moe = [0], [0], [0], [0]
+        for i in range(arch.num_layers):
+            p = layer_params(arch, i)
+            self.sharded.append(self.sharded[-1] + p["attention"] + p["dense_mlp"] + p["shared_experts"])
+            self.replicated.append(self.replicated[-1] + p["norms"] + p["router"])
+            self.experts.append(self.experts[-1] + p["routed_experts"])
+            self.moe.append(self.moe[-1] + (1 if arch.is_moe_layer(i) else 0))
+
+
+_prefix = per_architecture(_Prefix, limit=64)
+
+
+def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
+                      preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
+                      activation_offload: bool = False) -> float:
+    """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
+    presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
+    embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
+    logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
+    least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
+    floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
+    carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
+    expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
+    none of them are counted (the estimate keeps a few layers on the GPU)."""
+    from meshplan.arithmetic.activations import Layout as ActLayout
+    from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
+    from meshplan.arithmetic.memory_states import memory_card, output_activations, state_bytes
+
+    arch = job.model
+    conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
+    card = memory_card()
+    pre = _prefix(arch)
+    pp, tp = lay.pp, lay.tp
+    try:  # the layers the first stage holds under the framework's convention (schedule.py)
+        n0 = stages_for(arch, job.framework, zero_stage, tp, pp, lay.vpp, lay.first, lay.last).counts[0]
+    except MeshplanError:  # a split no estimate takes (the rules say why): no layer counted keeps this a floor
+        n0 = 0
+    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
+    h = arch.hidden_size
+    dense = pre.sharded[n0] / tp + pre.replicated[n0] + vocab * h / tp
+    experts = pre.experts[n0] / (lay.ep * lay.etp)
+    law = framework_card(job.framework).world_size_law
+    world = mesh.replica_size(law, tp, pp, lay.cp, lay.ep) * lay.dp
+    expert_dp = mesh.expert_dp(world, lay)
+    states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
+    states += sum(state_bytes(tensors, experts, expert_dp).values())
+
+    tokens = -(-job.seq_length // lay.cp) * mbs
+    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
+                    qkv_fused=conv.qkv_projections == "fused",
+                    dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
+                    moe=moe_bytes(conv, arch), attn=attention_saves(conv))
+    shape = shape_of(arch)
+    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
+    mode = activation_mode(recompute, selective)
+    n_moe = pre.moe[n0]
+    per_mb = n_moe * sum(layer_activations(shape, act, True, mode).values())
+    per_mb += (n0 - n_moe) * sum(layer_activations(shape, act, False, mode).values())
+    m = max(1, job.global_batch_size // (mbs * lay.dp))
+    held = 1 if pp == 1 else min(m, pp)
+    acts = 0.0 if activation_offload else held * per_mb
+    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
+    if walk and conv.grads_set_to_none and m == 1:
+        states -= state_bytes(tensors, dense, lay.dp * lay.cp)["gradients"]
+        states -= state_bytes(tensors, experts, expert_dp)["gradients"]
+    if recompute == "full" and n0 and not walk:
+        kinds = ([True] if n_moe else []) + ([False] if n0 - n_moe else [])
+        acts += max(sum(layer_activations(shape, act, k, "none").values()) for k in kinds)
+    if pp == 1:
+        ts = tp if sp else 1
+        acts += output_activations(conv, tokens, vocab, tp, h, ts)
+    transient = acts
+    if conv.gathered_layers and any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) and n0 \
+            and not walk:
+        # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one
+        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
+                      + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp) for i in (0, n0 - 1))
+        transient += conv.gathered_layers * conv.gathered_bytes * biggest
+    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+    reserve = 0.0 if not reserved else getattr(card, "allocator_reserve_fraction", 0.0) * transient
+    return states + transient + reserve + card.fixed_overhead_bytes + card.cuda_context_bytes

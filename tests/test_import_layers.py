@@ -1,0 +1,158 @@
+"""Imports go one way: every module of `meshplan/` imports only from its own layer folder or the folders below it,
+never inside a function (except the lazy imports listed here, each with its reason), and no two modules import
+each other, directly or around a loop.
+
+The layers, bottom up, are the folders ARCHITECTURE.md names; the order below is the one it gives. The test walks
+every `import` and `from ... import` with `ast`, including those inside functions and `if TYPE_CHECKING:` blocks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "meshplan"
+
+# Bottom up. A module may import from its own layer and any layer before it in this list.
+LAYERS = ("core", "schema", "knowledge", "arithmetic", "rules", "estimate", "rl", "check", "request", "search", "adapters",
+          "api", "faces")
+
+# Imports allowed inside a function, each (importing module, imported module) with why. Start-up speed only: the
+# MCP server and the CLI answer `tools/list` and `--help` without loading the estimators, the search or jinja2
+# (tests/test_mcp_transports.py::test_start_up_imports_nothing_heavy holds the server to it).
+LAZY = {
+    ("meshplan.api", "meshplan.search"): "the search loads on the first recommend, not at server start-up",
+    ("meshplan.api", "meshplan.search.rl"): "the RL search loads on the first RL recommend",
+    ("meshplan.api", "meshplan.adapters.render"): "jinja2 and the builders load on the first render",
+    ("meshplan.api", "meshplan.estimate.accuracy"): "the error bands load with the first estimate",
+    ("meshplan.api", "meshplan.knowledge.models"): "the catalog loads on the first model question",
+    ("meshplan.api", "meshplan.request.resolve"): "the resolver (and the models it reads) loads on the first request",
+    ("meshplan.api", "meshplan.rl.rollout"): "the RL job loads with the first estimate",
+    ("meshplan.api", "meshplan.check.config"): "the rules load on the first check",
+    ("meshplan.faces.cli", "meshplan.api"): "`meshplan --help` and argument errors answer before the estimators load",
+    ("meshplan.faces.cli", "meshplan.faces.display"): "rich loads only when a table is printed",
+    ("meshplan.faces.cli", "meshplan.faces.docs"): "the docs generator loads only for `meshplan docs`",
+    ("meshplan.faces.cli", "meshplan.faces.mcp.server"): "the MCP SDK loads only for `meshplan serve`",
+    ("meshplan.faces.cli", "meshplan.adapters.render"): "jinja2 loads only for `meshplan render`",
+    ("meshplan.faces.mcp.__main__", "meshplan.faces.mcp.server"): "the entry point reports a bad flag first",
+    ("meshplan.faces.mcp.__main__", "meshplan.core.errors"): "the entry point reports a bad flag first",
+    ("meshplan.faces.mcp.resources", "meshplan.api"): "the catalog resources load on their first read",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "meshplan"
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported meshplan module, line, inside a function) for every import in the file."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("meshplan"))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    target = ".".join([*base, child.module] if child.module else base)
+                else:
+                    target = child.module or ""
+                if target.startswith("meshplan"):
+                    for alias in child.names:  # `from meshplan.x import y` may name a module y
+                        sub = f"{target}.{alias.name}"
+                        found.append((sub if known(sub) else target, child.lineno, in_function))
+            else:
+                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def known(module: str) -> bool:
+    return module in MODULES
+
+
+def owner(module: str) -> str:
+    """The module file an import names (a `from pkg import name` of a non-module name is the package)."""
+    while module not in MODULES and "." in module:
+        module = module.rsplit(".", 1)[0]
+    return module
+
+
+def test_every_folder_is_a_layer():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    assert folders | modules == set(LAYERS), "a new folder needs its place in LAYERS and in ARCHITECTURE.md"
+
+
+def test_the_order_is_the_one_architecture_names():
+    doc = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = [line.split("|")[1].strip() for line in doc.split("## Layers", 1)[1].split("\n## ", 1)[0].splitlines()
+            if line.startswith("| ") and not line.startswith(("| layer", "|---"))]
+    assert tuple(rows) == LAYERS
+
+
+def test_imports_go_down_only():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    wrong = []
+    for me, path in MODULES.items():
+        for target, line, _ in imports(path):
+            target = owner(target)
+            if target == "meshplan":
+                continue  # __version__
+            if rank[layer_of(target)] > rank[layer_of(me)]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} (layer {layer_of(target)} is above "
+                             f"{layer_of(me)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_inside_a_function_but_the_listed_lazy_ones():
+    inside = []
+    for me, path in MODULES.items():
+        for target, line, in_function in imports(path):
+            if in_function and (me, owner(target)) not in LAZY:
+                inside.append(f"{path.relative_to(ROOT)}:{line} imports {owner(target)} inside a function")
+    assert not inside, "\n".join(inside)
+
+
+def test_every_listed_lazy_import_is_still_there():
+    seen = {(me, owner(t)) for me, path in MODULES.items() for t, _, inner in imports(path) if inner}
+    assert set(LAZY) <= seen, sorted(set(LAZY) - seen)
+
+
+def test_no_cycles():
+    graph = {me: {owner(t) for t, _, _ in imports(path)} - {me, "meshplan"} for me, path in MODULES.items()}
+    # a package's __init__ importing its own modules is how a package is read, not a cycle
+    for me in graph:
+        graph[me] = {t for t in graph[me] if not (MODULES[me].name == "__init__.py" and t.startswith(me + "."))}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in state:
+                walk(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node, [])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
