@@ -1,23 +1,79 @@
-"""Shared test set-up: tests import helpers (framework_packages) from this folder; the dev set's rows, read once."""
+"""Shared test set-up: tests import helpers (framework_packages) from this folder; the dev set's rows, read once;
+the dataset tests' guard.
 
+The dataset tests (marked `shared_data(path)`) read the shared validation set from ../shared beside the
+checkout. Without it they fail, saying where it must be, unless MESHPLAN_NO_SHARED=1 says to skip them; under
+CI=true a skipped dataset test fails the run all the same, so CI cannot pass without them."""
+
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def skip_allowed() -> bool:
+    """MESHPLAN_NO_SHARED=1 lets the dataset tests skip, except under CI."""
+    return os.environ.get("MESHPLAN_NO_SHARED") == "1" and not in_ci()
+
+
+def require_shared(path: Path) -> None:
+    """Fails the test (or skips it under MESHPLAN_NO_SHARED=1) when a file of ../shared is missing."""
+    if path.exists():
+        return
+    if skip_allowed():
+        pytest.skip(f"MESHPLAN_NO_SHARED=1: {path} (the shared validation set) is not here")
+    pytest.fail(f"{path} is missing: the dataset tests read the shared validation set from ../shared beside the "
+                f"checkout ({SHARED}). Put it there, or set MESHPLAN_NO_SHARED=1 to skip these tests.",
+                pytrace=False)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "shared_data(path): reads a file of ../shared/validation (fails without it, "
+                                       "skips under MESHPLAN_NO_SHARED=1)")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("shared_data"):
+        require_shared(Path(mark.args[0]))
+
+
+SKIPPED_DATASET_TESTS: list[str] = []  # node ids, this session
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and "shared_data" in report.keywords:
+        SKIPPED_DATASET_TESTS.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Under CI=true a dataset test that skipped (for any reason) fails the run: CI must run them."""
+    if in_ci() and SKIPPED_DATASET_TESTS and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = SKIPPED_DATASET_TESTS
+    if in_ci() and skipped:
+        terminalreporter.write_line(f"CI=true: {len(skipped)} dataset tests skipped (first: {skipped[0]}); CI needs "
+                                    f"../shared beside the checkout ({SHARED}) and runs them all", red=True)
 
 
 @pytest.fixture(scope="session")
 def production_rows():
-    """The dev set's production configurations by id (bench/production_configs.load_rows), read once per test run
-    for every bench test module that maps rows; a module skips when ../shared is not beside the checkout."""
-    sys.path.insert(0, str(BENCH))
-    import production_configs as pc
-
-    data = pc.DEFAULT_VALIDATION / pc.DATA_NAME
-    if not data.exists():
-        pytest.skip(f"{data} (the shared validation set) is not here")
-    return {r["id"]: r for r in pc.load_rows(data)}
+    """The dev set's production configurations by id (../shared/validation/production_configs_dev.yaml, the rows
+    bench/production_rows.load_rows reads), read once per test run for every bench test module that maps rows
+    (missing ../shared: see require_shared)."""
+    data = SHARED / "validation" / "production_configs_dev.yaml"
+    require_shared(data)
+    return {r["id"]: r for r in yaml.safe_load(data.read_text(encoding="utf-8"))}

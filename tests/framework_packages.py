@@ -9,16 +9,26 @@ Two ways to use a framework without a GPU:
 Both are cached under $MESHPLAN_TEST_CACHE (default ~/.cache/meshplan-tests) keyed by the exact
 pins, so a second run costs nothing; a fresh CI machine builds them once. Nothing is installed
 into the environment running the tests.
+
+Two test runs may share a machine (and the cache): each entry is built under its own file lock
+(`<entry>.lock` beside it, `fcntl.flock`, dropped by the kernel if the builder dies), an unpacked
+wheel is filled in a temporary folder beside it and renamed into place whole, and a venv (whose
+scripts name their own absolute path, so it cannot be moved) is built in place under the lock with
+its `.complete` marker written last. An entry without its marker is never handed out.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PINS = {
@@ -60,26 +70,59 @@ def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
+@contextmanager
+def entry_lock(entry: Path) -> Iterator[None]:
+    """Holds the exclusive lock of one cache entry (`<entry>.lock` beside it): a second run waits here while the
+    first builds, then finds the entry whole. The kernel drops the lock if its holder dies."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f"{entry.name}.lock", "ab") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def cached_dir(entry: Path, fill: Callable[[Path], str]) -> Path:
+    """`entry`, built once: `fill(staging)` fills a temporary folder beside it (returning the marker's text), which
+    is renamed into place whole, so a reader sees the entry complete or not at all."""
+    marker = entry / ".complete"
+    if marker.exists():
+        return entry
+    with entry_lock(entry):
+        if marker.exists():
+            return entry
+        for stale in entry.parent.glob(f".{entry.name}.staging-*"):  # left by a builder that died; none is live
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.staging-", dir=entry.parent))
+        try:
+            (staging / ".complete").write_text(fill(staging))
+            if entry.exists():  # an unfinished entry of an older cache layout
+                shutil.rmtree(entry)
+            staging.rename(entry)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return entry
+
+
 def wheel_tree(dist: str, version: str | None = None, python_version: str = "3.12") -> Path:
     """The unpacked wheel of `dist==version` (pinned in PINS by default)."""
     version = version or PINS[dist]
-    target = cache_root() / "wheels" / f"{dist}-{version}-py{python_version}"
-    marker = target / ".complete"
-    if marker.exists():
-        return target
-    download = cache_root() / "downloads" / f"{dist}-{version}"
-    download.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-          "--python-version", python_version, "-d", str(download), f"{dist}=={version}"])
-    wheels = sorted(download.glob("*.whl"))
-    if not wheels:
-        raise RuntimeError(f"pip download of {dist}=={version} produced no wheel in {download}")
-    if target.exists():
-        shutil.rmtree(target)
-    with zipfile.ZipFile(wheels[0]) as zf:
-        zf.extractall(target)
-    marker.write_text(wheels[0].name)
-    return target
+    name = f"{dist}-{version}-py{python_version}"
+
+    def fill(staging: Path) -> str:
+        download = cache_root() / "downloads" / name  # one folder per entry: its lock covers the download too
+        download.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+              "--python-version", python_version, "-d", str(download), f"{dist}=={version}"])
+        wheels = sorted(download.glob("*.whl"))
+        if not wheels:
+            raise RuntimeError(f"pip download of {dist}=={version} produced no wheel in {download}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extractall(staging)
+        return wheels[0].name
+
+    return cached_dir(cache_root() / "wheels" / name, fill)
 
 
 def python_executable(version: str) -> str:
@@ -93,16 +136,21 @@ def python_executable(version: str) -> str:
 
 
 def venv_python(name: str, requirements: list[str], python_version: str = "3.12") -> Path:
-    """The python of a cached throwaway venv with `requirements` installed."""
+    """The python of a cached throwaway venv with `requirements` installed (built in place under the entry's lock,
+    its marker written last: a venv's scripts hold its absolute path, so it is not built elsewhere and moved)."""
     digest = hashlib.sha256("\n".join([python_version, *requirements]).encode()).hexdigest()[:12]
     venv = cache_root() / "venvs" / f"{name}-{digest}"
     python = venv / "bin" / "python"
     marker = venv / ".complete"
     if marker.exists() and python.exists():
         return python
-    if venv.exists():
-        shutil.rmtree(venv)
-    _run([python_executable(python_version), "-m", "venv", str(venv)])
-    _run([str(python), "-m", "pip", "install", "-q", *requirements])
-    marker.write_text("\n".join(requirements))
+    with entry_lock(venv):
+        if marker.exists() and python.exists():
+            return python
+        if venv.exists():  # half-built by a run that died
+            shutil.rmtree(venv)
+        _run([python_executable(python_version), "-m", "venv", str(venv)])
+        if requirements:
+            _run([str(python), "-m", "pip", "install", "-q", *requirements])
+        marker.write_text("\n".join(requirements))
     return python
