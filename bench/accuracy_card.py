@@ -37,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bridge_published
 import memory_accuracy
-import production_configs
+import production_mapping
+import production_rows
+import production_scoring
 import rl_jobs
 import throughput_accuracy
 
@@ -46,7 +48,7 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.estimate.accuracy import LABELS, Kind, regime_label, regime_name, terms
 from meshplan.estimate.memory import estimate_memory
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Job, Plan
+from meshplan.schema.plan import Job, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "cards" / "accuracy.yaml"
@@ -89,12 +91,12 @@ def throughput_runs(validation: Path) -> list[Run]:
 
 
 def production_runs(validation: Path) -> list[Run]:
-    # production_configs.run, keeping its temporary folder (a row's config.json) while the rows are classified
-    rows = production_configs.load_rows(validation / production_configs.DATA_NAME)
+    # production_scoring.run, keeping its temporary folder (a row's config.json) while the rows are classified
+    rows = production_rows.load_rows(validation / production_rows.DATA_NAME)
     out: list[Run] = []
     name = "production_configs_dev.yaml measured rows"
     with tempfile.TemporaryDirectory(prefix="meshplan-accuracy-") as tmp:
-        scores = [production_configs.score_row(row, production_configs.map_row(row, Path(tmp))) for row in rows]
+        scores = [production_scoring.score_row(row, production_mapping.map_row(row, Path(tmp))) for row in rows]
         for s in scores:
             if s.mapping.request is None:
                 continue
@@ -103,7 +105,7 @@ def production_runs(validation: Path) -> list[Run]:
                 out.append(Run("throughput", "bench/production_configs.py", name, job, plan, s.tps_error))
             if s.peak_error is not None:
                 out.append(Run("memory", "bench/production_configs.py", name, job, plan, s.peak_error))
-    summary = production_configs.summarise(rows, scores)
+    summary = production_scoring.summarise(rows, scores)
     tps = [abs(r.error) for r in out if r.kind == "throughput"]
     _close(statistics.median(tps), summary.throughput["all"].median, "production tokens/s")
     peaks = [abs(r.error) for r in out if r.kind == "memory"]
@@ -236,7 +238,7 @@ def build(validation: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--validation", type=Path, default=production_configs.DEFAULT_VALIDATION)
+    ap.add_argument("--validation", type=Path, default=production_rows.DEFAULT_VALIDATION)
     ap.add_argument("--check", action="store_true", help="Compare the figures with the card; write nothing")
     args = ap.parse_args(argv)
     card = build(args.validation)

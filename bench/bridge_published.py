@@ -41,7 +41,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput_accuracy import DEFAULT_VALIDATION, Case, classic_cases, golden_cases

@@ -13,7 +13,7 @@ from batch_timing import time_batch
 
 from meshplan.check.config import check_config
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 CASES = [
     Request(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, cp=2, seq_length=8192),

@@ -36,7 +36,9 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Architecture, Job, Plan, Request
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -40,7 +40,7 @@ async def in_process(calls: int) -> dict[str, dict[str, float]]:
 
     from meshplan import api
     from meshplan.faces.mcp.server import app
-    from meshplan.schema.contract import Request
+    from meshplan.schema.request import Request
 
     out = {}
     async with Client(app) as client:

@@ -54,14 +54,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 import memory_accuracy  # noqa: E402
-import production_configs  # noqa: E402
+import production_mapping  # noqa: E402
+import production_rows as prow  # noqa: E402
 from framework_packages import PINS, wheel_tree  # noqa: E402
 
 from meshplan.arithmetic.memory_states import convention, memory_card  # noqa: E402
 from meshplan.arithmetic.schedule import padded_vocab  # noqa: E402
+from meshplan.core.units import GB  # noqa: E402
 from meshplan.estimate.memory import estimate_memory  # noqa: E402
 from meshplan.request.resolve import resolve  # noqa: E402
-from meshplan.schema.contract import Job, Plan  # noqa: E402
+from meshplan.schema.plan import Job, Plan  # noqa: E402
 
 GIB = 1 << 30
 MB = 1 << 20  # the function's NUM_BYTES_IN_MEGABYTE
@@ -266,22 +268,22 @@ def playbook_rows(validation: Path) -> list[Row]:
 
 
 def production_rows(validation: Path) -> tuple[list[Row], dict[str, str]]:
-    """Production rows with a measured peak on a Megatron-family framework (production_configs.py's map_row)."""
+    """Production rows with a measured peak on a Megatron-family framework (production_mapping.py's map_row)."""
     rows, left = [], {}
-    data = production_configs.load_rows(validation / production_configs.DATA_NAME)
+    data = prow.load_rows(validation / prow.DATA_NAME)
     with tempfile.TemporaryDirectory(prefix="meshplan-peer-") as tmp:
         for raw in data:
             measured = raw["outcome"]["peak_memory_gb_per_gpu"]
             if measured is None or "megatron" not in raw["framework"].lower():
                 continue
-            mapping = production_configs.map_row(raw, Path(tmp))
+            mapping = production_mapping.map_row(raw, Path(tmp))
             if mapping.request is None:
                 left[raw["id"]] = f"does not map: {mapping.unmapped}"
                 continue
             job, plan = resolve(mapping.request)
             report = estimate_memory(job, plan)
-            conv = production_configs.peak_convention(raw)
-            row = _row("production configs", raw["id"], job, plan, measured * production_configs.GB, conv, report,
+            conv = prow.peak_convention(raw)
+            row = _row("production configs", raw["id"], job, plan, measured * GB, conv, report,
                        report.peak_stage)
             row.misses += [f"{k} (neither models it)" for k in mapping.knobs]
             rows.append(row)

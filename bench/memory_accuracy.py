@@ -30,7 +30,9 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.schema.contract import Architecture, Job, MemoryReport, MLASpec, MoESpec, Plan
+from meshplan.schema.model import Architecture, MLASpec, MoESpec
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import MemoryReport
 
 GIB = 1 << 30
 DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"

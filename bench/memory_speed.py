@@ -16,7 +16,7 @@ from batch_timing import time_batch
 from meshplan import api
 from meshplan.estimate.memory import estimate_memory
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 CASES = [
     Request(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, seq_length=8192),

@@ -34,11 +34,13 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Job, Plan
+from meshplan.schema.plan import Job, Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_published as bp
-import production_configs as pc
+import production_mapping as pmap
+import production_rows as prow
+import production_scoring as pscore
 
 GRID = {
     "moe_gemm_half_ridges": [0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 14.0, 20.0, 28.0],
@@ -60,8 +62,8 @@ def rows(validation: Path) -> list[Row]:
     out = [Row("bridge", f"{r['release']} {r['system']} {r['model']} {r['precision']}", job.model.name, job, plan,
                float(r["tokens_per_s_per_gpu"])) for r, job, plan in bp.cases() if job.model.moe is not None]
     with tempfile.TemporaryDirectory(prefix="meshplan-moefit-") as tmp:  # config.json-built models live here
-        for row in pc.load_rows(validation / pc.DATA_NAME):
-            s = pc.score_row(row, pc.map_row(row, Path(tmp)))
+        for row in prow.load_rows(validation / prow.DATA_NAME):
+            s = pscore.score_row(row, pmap.map_row(row, Path(tmp)))
             if s.group != "MoE" or s.measured_tps is None or s.predicted_tps is None:
                 continue
             job, plan = resolve(s.mapping.request)
@@ -112,7 +114,7 @@ def show(ov: dict[str, float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--validation", type=Path, default=pc.DEFAULT_VALIDATION)
+    ap.add_argument("--validation", type=Path, default=prow.DEFAULT_VALIDATION)
     args = ap.parse_args()
     data = rows(args.validation)
     card = {k: getattr(calibration("megatron-bridge"), k) for k in GRID}

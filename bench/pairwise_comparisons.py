@@ -25,7 +25,7 @@ Method (nothing fitted, no per-pair constants):
   measured winner most over the loser.
 - Counted apart, never dropped: pairs whose sides meshplan maps to the same request (the knob that differs is one
   meshplan lacks: named), pairs with a side that does not map (the reason production_configs gives), and pairs
-  scored with the nearest expressible settings (a side carries a knob of production_configs.KNOBS that changes
+  scored with the nearest expressible settings (a side carries a knob of production_rows.KNOBS that changes
   the metric: named). Feasibility comparisons (a layout that ran vs "OOM") are checked as fit verdicts.
 
 Run: python bench/pairwise_comparisons.py [--rows] [--validation DIR]
@@ -46,11 +46,12 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import production_configs as pc  # bench scripts are not a package
+import production_mapping as pmap  # bench scripts are not a package
+import production_rows as prow
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 DATA_NAME = "pairwise_comparisons_dev.yaml"
 APART = 0.05  # pairs measured more than this apart are ordered (the issue's threshold)
@@ -215,7 +216,7 @@ class Built:
 
 
 def build_side(side: Side, label: str, row: dict[str, Any], workdir: Path) -> Built:
-    """The side's Request: the row edited as the label says, mapped by production_configs.map_row."""
+    """The side's Request: the row edited as the label says, mapped by production_mapping.map_row."""
     row = copy.deepcopy(row)
     notes: list[str] = []
     if side.hardware:
@@ -225,7 +226,7 @@ def build_side(side: Side, label: str, row: dict[str, Any], workdir: Path) -> Bu
     elif side.edit == "layout":
         notes += _layout_edit(row, label)
     row["id"] = f"{row['id']}--{side.line}-{side.pick}"
-    m = pc.map_row(row, workdir)
+    m = pmap.map_row(row, workdir)
     if m.request is None:
         return Built(unmapped=m.unmapped)
     request = m.request
@@ -365,7 +366,7 @@ def score_pair(cid: str, spec: Spec, configs: list[str], keys: tuple[str, str], 
         out.why_apart = f"{spec.lacks or 'a setting meshplan lacks'}: both sides are the same request"
         return out
     effect = "memory" if about in ("memory", "fits") else "time"
-    knobs = sorted({k for b in (ba, bb) for k in b.knobs if effect in pc.KNOBS[k][0]})
+    knobs = sorted({k for b in (ba, bb) for k in b.knobs if effect in prow.KNOBS[k][0]})
     if knobs:
         out.status, out.why_apart = "nearest", ", ".join(knobs)
     ea, eb = est[keys[0]], est[keys[1]]
@@ -396,7 +397,7 @@ class Result:
 
 def run(validation: Path) -> Result:
     comparisons = yaml.safe_load((validation / DATA_NAME).read_text(encoding="utf-8"))
-    rows = {r["id"]: r for r in pc.load_rows(validation / pc.DATA_NAME)}
+    rows = {r["id"]: r for r in prow.load_rows(validation / prow.DATA_NAME)}
     unknown = set(SPECS) ^ {c["id"] for c in comparisons}
     if unknown:
         raise SystemExit(f"comparisons without a spec here, or specs without a comparison: {sorted(unknown)}")
@@ -407,7 +408,7 @@ def run(validation: Path) -> Result:
             if spec.not_measured:
                 not_measured[c["id"]] = spec.not_measured
                 for e in c["entry_ids"]:
-                    m = pc.map_row(rows[e], Path(tmp))
+                    m = pmap.map_row(rows[e], Path(tmp))
                     fits = None if m.request is None else estimate(Built(m.request, None, m.knobs, [],
                                                                          m.capacity_bytes)).fits
                     feasibility.append((c["id"], e, fits, m.unmapped or ", ".join(m.knobs)))
@@ -512,7 +513,7 @@ def print_summary(result: Result) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--validation", type=Path, default=pc.DEFAULT_VALIDATION)
+    parser.add_argument("--validation", type=Path, default=prow.DEFAULT_VALIDATION)
     parser.add_argument("--rows", action="store_true", help="print every pair")
     args = parser.parse_args()
     result = run(args.validation)

@@ -25,7 +25,7 @@ from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.tables import CheckedLayout, DiffersFromSearch, strategies_card
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search import recommend
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers", "last_stage_layers")

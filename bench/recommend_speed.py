@@ -15,7 +15,7 @@ import argparse
 import os
 import time
 
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search import recommend
 
 CASES = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from meshplan.adapters import TARGETS, render
+from meshplan.adapters.render import TARGETS, render
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def main(n: int = 200) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from meshplan import api
-from meshplan.request.resolve import parse_request
+from meshplan.request.parse import parse_request
 
 GB = 10**9
 DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -37,8 +37,8 @@ DSV3 = dict(model="deepseek-v3", gpu="h20", num_gpus=96, framework="verl", tp=8,
             rollout_tp=32, rollout_memory_fraction=0.6, param_offload=True,
             optimizer_offload_fraction=1.0, recompute="full", recompute_method="uniform", recompute_layers=1,
             pipeline_layout="Et*5|(t*5|)*10t*6L", micro_batch_size=1, rollout_enforce_eager=True,
-            expandable_segments=False,  # the doc (2025-08-20) predates verl's (production_configs.allocator_field)
-            framework_version="0.5.0")  # and verl's flash attention_backend (production_configs.framework_version_for)
+            expandable_segments=False,  # the doc (2025-08-20) predates verl's (production_sources.allocator_field)
+            framework_version="0.5.0")  # and verl's flash attention_backend (production_sources.framework_version_for)
 # the same with the catalog's MTP block trained on the last stage (num_layers_in_last_pipeline_stage alone)
 DSV3_WITH_MTP = {**{k: v for k, v in DSV3.items() if k != "pipeline_layout"}, "last_stage_layers": 6}
 DSV3_MEAN_RESPONSE = 1960  # the row's mean response length: the step-time case decodes this many tokens

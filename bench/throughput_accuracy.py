@@ -34,7 +34,8 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.schema.contract import Architecture, Job, Plan
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_VALIDATION = HERE.parent.parent / "shared" / "validation"

@@ -1,6 +1,7 @@
 """bench/pairwise_comparisons.py: every measured comparison of the dev set has its sides built, every pair is
 scored or says why not (the knob meshplan lacks, the row that does not map), values are read from the file as
-written, and the label edits change the fields they name. No estimate timing is asserted."""
+written, and the label edits change the fields they name. No estimate timing is asserted. A test of the bench itself: it
+imports bench/pairwise_comparisons.py and bench/production_rows.py."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import pairwise_comparisons as pw
-import production_configs as pc
+import production_rows as prow
 
-DATA = pc.DEFAULT_VALIDATION / pw.DATA_NAME
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
+DATA = prow.DEFAULT_VALIDATION / pw.DATA_NAME
+pytestmark = pytest.mark.shared_data(DATA)  # ../shared beside the checkout (conftest.py: fails without it)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def rows(production_rows):
 
 @pytest.fixture(scope="module")
 def result():
-    return pw.run(pc.DEFAULT_VALIDATION)
+    return pw.run(prow.DEFAULT_VALIDATION)
 
 
 def test_every_comparison_has_sides_on_its_own_lines_and_rows(comparisons, rows):
@@ -57,7 +58,7 @@ def test_every_pair_maps_or_names_why(result):
         else:
             assert (p.predicted is not None) or (p.fits_right is not None), p
         if p.status == "nearest":
-            assert set(p.why_apart.split(", ")) <= set(pc.KNOBS), p
+            assert set(p.why_apart.split(", ")) <= set(prow.KNOBS), p
         if p.about != "fits":
             assert p.measured is not None and p.measured >= 1, p  # oriented winner / loser
         if p.right is False:

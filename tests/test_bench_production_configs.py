@@ -1,5 +1,8 @@
 """bench/production_configs.py: every published configuration either becomes a request or is counted with
-its reason (no silent drops), the mapping rules read the rows as documented, and the summary adds up."""
+its reason (no silent drops), the mapping rules read the rows as documented, and the summary adds up.
+
+A test of the bench itself: it imports the bench's modules (production_rows, production_sources,
+production_mapping, production_scoring)."""
 
 from __future__ import annotations
 
@@ -8,18 +11,26 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.arithmetic.schedule import layout_problem
+from meshplan import api
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.arithmetic.schedule import layout_problem, parse_layout
+from meshplan.core.units import GIB
+from meshplan.knowledge.catalog import catalog_architecture, resolve_model
+from meshplan.knowledge.published_runs import RECIPE_SPLITS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import production_configs as pc
+import production_mapping as pmap
+import production_rows as prow
+import production_scoring as pscore
+import production_sources as psrc
 
-DATA = pc.DEFAULT_VALIDATION / pc.DATA_NAME
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
+DATA = prow.DEFAULT_VALIDATION / prow.DATA_NAME
+pytestmark = pytest.mark.shared_data(DATA)  # ../shared beside the checkout (conftest.py: fails without it)
 
 
 @pytest.fixture(scope="module")
 def run():
-    return pc.run(pc.DEFAULT_VALIDATION)
+    return pscore.run(prow.DEFAULT_VALIDATION)
 
 
 def test_every_row_maps_or_says_why(run):
@@ -32,7 +43,7 @@ def test_every_row_maps_or_says_why(run):
             assert m.unmapped.strip(), m.row_id
         else:
             assert m.capacity_bytes and m.capacity_bytes > 0, m.row_id
-            assert set(m.knobs) <= set(pc.KNOBS), m.row_id
+            assert set(m.knobs) <= set(prow.KNOBS), m.row_id
             assert all(v for v in m.knobs.values()), m.row_id
     assert summary.mapped + len(summary.unmapped) == summary.total == len(rows)
     assert summary.mapped >= 0.9 * summary.total  # the file is built for this: only a handful may not map
@@ -47,7 +58,7 @@ def test_summary_adds_up(run):
         assert v.fit + v.not_fit + v.refused == v.rows
     assert s.fit["exact"].rows + s.fit["nearest"].rows == s.fit["all"].rows
     assert s.fit["all"].rows == sum(x.mapping.stated_memory for x in mapped) <= s.stated
-    assert s.stated == sum(map(pc.stated_memory_settings, rows))
+    assert s.stated == sum(map(prow.stated_memory_settings, rows))
     # rule errors: each id is counted once per row that has it
     assert s.rule_error_rows["exact"] <= s.rule_error_rows["all"] <= s.mapped
     assert all(0 < n <= s.rule_error_rows["all"] for n in s.rule_error_ids.values())
@@ -69,89 +80,89 @@ def test_summary_adds_up(run):
 
 def test_catalog_match_by_architecture(production_rows):
     # Llama 3 and 3.1 8B have one architecture: the row's model id tells them apart
-    assert pc.catalog_match(production_rows["nemo2407_h100_llama3_8b_8gpu"]["model"]) == "llama-3-8b"
+    assert prow.catalog_match(production_rows["nemo2407_h100_llama3_8b_8gpu"]["model"]) == "llama-3-8b"
     # no name resolves for meta-llama/Llama-2-7b; the architecture does
-    assert pc.catalog_match(production_rows["nemo2407_h100_llama2_7b_8gpu"]["model"]) == "llama-2-7b"
+    assert prow.catalog_match(production_rows["nemo2407_h100_llama2_7b_8gpu"]["model"]) == "llama-2-7b"
     # GPT-3 175B with an unstated vocabulary is the catalog's; with Megatron's 131072 vocabulary it is not
-    assert pc.catalog_match(production_rows["nemo2407_h100_gpt3_175b_128gpu"]["model"]) == "gpt3-175b"
-    assert pc.catalog_match(production_rows["mcore_h100_weak_177b"]["model"]) is None
-    assert pc.catalog_match(production_rows["mbridge_recipe_kimi_k2_512"]["model"]) == "kimi-k2"
+    assert prow.catalog_match(production_rows["nemo2407_h100_gpt3_175b_128gpu"]["model"]) == "gpt3-175b"
+    assert prow.catalog_match(production_rows["mcore_h100_weak_177b"]["model"]) is None
+    assert prow.catalog_match(production_rows["mbridge_recipe_kimi_k2_512"]["model"]) == "kimi-k2"
 
 
 def test_built_config_and_mtp(tmp_path, production_rows):
-    model, source, notes, knobs = pc.model_for(production_rows["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
+    model, source, notes, knobs = prow.model_for(production_rows["nemo2407_h100_gpt3_5b_64gpu"], tmp_path)
     assert source == "config.json (gpt2)" and Path(model).is_file()
     assert notes == ["vocab_size not stated: 50257 from catalog gpt3-175b"] and knobs == {}
-    model, source, _, knobs = pc.model_for(production_rows["llmfoundry_mpt_7b_8_h100_2k"], tmp_path)
+    model, source, _, knobs = prow.model_for(production_rows["llmfoundry_mpt_7b_8_h100_2k"], tmp_path)
     assert "model_type" in knobs
     # verl's DeepSeek-V3 RL rows run without the MTP block: the catalog config with it off
-    model, source, _, _ = pc.model_for(production_rows["verl_dsv3_h20_96"], tmp_path)
+    model, source, _, _ = prow.model_for(production_rows["verl_dsv3_h20_96"], tmp_path)
     assert source == "catalog deepseek-v3 config, MTP off"
-    assert pc.resolve_model(model).num_mtp_layers == 0
+    assert resolve_model(model).num_mtp_layers == 0
 
 
 def test_recompute_reading(tmp_path, production_rows):
     # Megatron's "full, uniform, 1 layer" is recompute_method=uniform with 1 layer per chunk: every layer
-    req = pc.map_row(production_rows["verl_dsv3_h20_256"], tmp_path).request
+    req = pmap.map_row(production_rows["verl_dsv3_h20_256"], tmp_path).request
     assert (req.recompute, req.recompute_method, req.recompute_layers) == ("full", "uniform", 1)
-    assert pc.recompute_for(production_rows["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {}, {})
+    assert prow.recompute_for(production_rows["mbridge_recipe_olmoe_7b_8"], "megatron-bridge") == ("selective", {}, {})
     # the modules the row lists are recompute_modules (its default core_attn left out, as Megatron does)
-    assert pc.recompute_for(production_rows["mbridge_h100_dsv3_1024_fp8"], "megatron-bridge") == (
+    assert prow.recompute_for(production_rows["mbridge_h100_dsv3_1024_fp8"], "megatron-bridge") == (
         "selective", {"recompute_modules": ["mla_up_proj", "mlp"]}, {})
     # "(recipe)" and "(smallest passing)" trail the module list; the row's figures are the first setting's
-    assert pc.recompute_for(production_rows["mbridge_card_nemotron3_nano_16_moe_recompute"], "megatron-bridge")[1] == {
-        "recompute_modules": ["moe"]}
-    assert pc.recompute_for(production_rows["mbridge_card_dsv3_b200_256_mxfp8"], "megatron-core")[1] == {
+    nano = production_rows["mbridge_card_nemotron3_nano_16_moe_recompute"]
+    assert prow.recompute_for(nano, "megatron-bridge")[1] == {"recompute_modules": ["moe"]}
+    assert prow.recompute_for(production_rows["mbridge_card_dsv3_b200_256_mxfp8"], "megatron-core")[1] == {
         "recompute_modules": ["mla_up_proj", "mlp"]}
     # torchtitan: per-op SAC and llama3_8b.toml's default are selective_ac_option "op" (the 2024-12 benchmarks ran that
     # file too); an unstated option on a model whose train config sets full AC stays a knob
-    assert pc.recompute_for(production_rows["torchtitan_asynctp_8b_64_bf16"], "torchtitan") == (
+    assert prow.recompute_for(production_rows["torchtitan_asynctp_8b_64_bf16"], "torchtitan") == (
         "selective", {"selective_ac_option": "op"}, {})
-    assert pc.recompute_for(production_rows["torchtitan_trainy_llama31_8b_h200_32"], "torchtitan")[1] == {
+    assert prow.recompute_for(production_rows["torchtitan_trainy_llama31_8b_h200_32"], "torchtitan")[1] == {
         "selective_ac_option": "op"}
-    assert pc.recompute_for(production_rows["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan") == (
+    assert prow.recompute_for(production_rows["torchtitan_llama31_8b_8gpu_fsdp"], "torchtitan") == (
         "selective", {"selective_ac_option": "op"}, {})
     row = production_rows["torchtitan_llama31_8b_8gpu_fsdp"]
-    rec, fields, knobs = pc.recompute_for({**row, "model": {**row["model"], "total_params_b": 70.0}}, "torchtitan")
+    rec, fields, knobs = prow.recompute_for({**row, "model": {**row["model"], "total_params_b": 70.0}}, "torchtitan")
     assert rec == "selective" and fields == {} and set(knobs) == {"selective_ac_option"}
-    assert pc.recompute_for(production_rows["mcore_h100_weak_1p7b"], "megatron-core") == (None, {}, {})
+    assert prow.recompute_for(production_rows["mcore_h100_weak_1p7b"], "megatron-core") == (None, {}, {})
     # a module Megatron does not have stays a knob
     row = {"memory": {"recompute": "selective: core_attn, attention_output"}}
-    assert pc.recompute_for(row, "megatron-core") == (
+    assert prow.recompute_for(row, "megatron-core") == (
         "selective", {}, {"recompute_modules": "attention_output, core_attn"})
 
 
 def test_modules_reach_the_memory_estimate(tmp_path, production_rows):
     # the mapped modules change the estimate: dropping them (Megatron's default core_attn) keeps more activations
-    req = pc.map_row(production_rows["mbridge_h100_gpt_oss_120b_64_bf16"], tmp_path).request
+    req = pmap.map_row(production_rows["mbridge_h100_gpt_oss_120b_64_bf16"], tmp_path).request
     assert req.recompute_modules == ["layernorm", "moe_act"]
-    mapped = pc.api.estimate_memory(req).stages[0].activations_bytes
-    default = pc.api.estimate_memory(req.model_copy(update={"recompute_modules": None})).stages[0].activations_bytes
+    mapped = api.estimate_memory(req).stages[0].activations_bytes
+    default = api.estimate_memory(req.model_copy(update={"recompute_modules": None})).stages[0].activations_bytes
     assert mapped < default
 
 
 def test_pipeline_reading(tmp_path, production_rows):
     # a quoted custom layout is passed as it stands: 40 stages for pp=8 x vpp=5, 80 layers
-    req = pc.map_row(production_rows["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request
+    req = pmap.map_row(production_rows["mbridge_h100_llama3_70b_64_fp8"], tmp_path).request
     assert req.pipeline_layout == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
-    assert len(pc.parse_layout(req.pipeline_layout)) == 40
+    assert len(parse_layout(req.pipeline_layout)) == 40
     # the card's layout where the row sets it against the ModelZoo script's
-    req = pc.map_row(production_rows["mbridge_card_dsv3_1024_h100_fp8block"], tmp_path).request
+    req = pmap.map_row(production_rows["mbridge_card_dsv3_1024_h100_fp8block"], tmp_path).request
     assert req.pipeline_layout == "Et*3|(tt|)*29m|L"
     # a layout named by its recipe function: Megatron-Bridge's DeepSeek-V3 helper at (16, 1) with one MTP layer
-    req = pc.map_row(production_rows["mbridge_recipe_dsv3_1024"], tmp_path).request
-    stages = pc.parse_layout(req.pipeline_layout)
+    req = pmap.map_row(production_rows["mbridge_recipe_dsv3_1024"], tmp_path).request
+    stages = parse_layout(req.pipeline_layout)
     assert len(stages) == 16 and stages[0] == "Etttt" and stages[-1] == "tmL"
     assert "".join(stages).count("t") == 61
     # Kimi-K2's helper at (16, 1): no MTP, the loss alone after the last decoder layer
-    m = pc.map_row(production_rows["mbridge_recipe_kimi_k2_512"], tmp_path)
+    m = pmap.map_row(production_rows["mbridge_recipe_kimi_k2_512"], tmp_path)
     assert m.request.pipeline_layout == "Et*4|(t*4|)*14tL" and "pipeline_layout" not in m.knobs
     # account_for_embedding/loss_in_pipeline_split as the row states it
-    m = pc.map_row(production_rows["mbridge_recipe_qwen3_235b_256"], tmp_path)
+    m = pmap.map_row(production_rows["mbridge_recipe_qwen3_235b_256"], tmp_path)
     assert (m.request.account_for_embedding, m.request.account_for_loss) == (True, True)
     assert not {"account_for_embedding", "account_for_loss"} & set(m.knobs)
     # with a last-stage size too, which Megatron-Core refuses with the accounting: the script's accounting is kept
-    first, last, fields, notes, knobs = pc.stage_layers(production_rows["verl_qwen3_235b_h20_32"])
+    first, last, fields, notes, knobs = psrc.stage_layers(production_rows["verl_qwen3_235b_h20_32"])
     assert (first, last, fields, knobs) == (None, None, {"account_for_embedding": True, "account_for_loss": True}, {})
     assert notes and notes[0].startswith("last_stage_layers=6 dropped")
 
@@ -159,8 +170,8 @@ def test_pipeline_reading(tmp_path, production_rows):
 def _split_of(row: dict, **parallelism) -> dict:
     """The split recipe_split sets for the row with its parallelism changed."""
     row = {**row, "parallelism": {**row["parallelism"], **parallelism}}
-    key = pc.catalog_match(row["model"])
-    return pc.recipe_split(row, key, pc.catalog_architecture(key).num_mtp_layers)[0]
+    key = prow.catalog_match(row["model"])
+    return psrc.recipe_split(row, key, catalog_architecture(key).num_mtp_layers)[0]
 
 
 def test_recipe_splits_follow_the_sources_tables(production_rows):
@@ -176,13 +187,13 @@ def test_recipe_splits_follow_the_sources_tables(production_rows):
     assert _split_of(gb200, pp=16, vpp=2) == {}  # in no table: Megatron-Core would refuse 61 layers unsplit
     assert _split_of(gb200, pp=1, vpp=None) == {}
     # every layout a table sets passes Megatron-Core's validation as meshplan checks it (PP009)
-    for entry in pc.RECIPE_SPLITS:
+    for entry in RECIPE_SPLITS:
         if entry.pp is None:
             continue
-        arch = pc.catalog_architecture(entry.model)
-        fields = entry.fields(arch.num_mtp_layers)
+        arch = catalog_architecture(entry.model)
+        fields = psrc.split_fields(entry, arch.num_mtp_layers)
         if fields:
-            stages = pc.parse_layout(fields["pipeline_layout"])
+            stages = parse_layout(fields["pipeline_layout"])
             assert not layout_problem(stages, entry.pp, entry.vpp, arch.num_layers, arch.num_mtp_layers), entry
     qwen = production_rows["mbridge_gb200_qwen3_235b_256_bf16"]
     assert _split_of(qwen) == _split_of(qwen, pp=4, vpp=12) == {"account_for_embedding": True, "account_for_loss": True}
@@ -199,24 +210,24 @@ def test_recipe_splits_follow_the_sources_tables(production_rows):
 
 
 def test_gpu_reading():
-    exact = pc.gpu_for({"gpu_type": "GB200-186GB (NVL72)", "gpu_memory_gb": 186})
+    exact = prow.gpu_for({"gpu_type": "GB200-186GB (NVL72)", "gpu_memory_gb": 186})
     assert exact[0] == "gb200" and exact[2] == {}
-    grand_teton = pc.gpu_for({"gpu_type": "H100-96GB-HBM2e (500W, Grand Teton)", "gpu_memory_gb": 96})
-    assert grand_teton == ("h100-96gb-hbm2e", 96 * pc.GIB, {})  # its own catalog part (cards/hardware.yaml)
-    key, capacity, knobs = pc.gpu_for({"gpu_type": "H100-NVL-94GB", "gpu_memory_gb": 94})
-    assert key == "h100" and capacity == 94 * pc.GIB and "gpu" in knobs
-    assert pc.gpu_for({"gpu_type": "GB300-288GB (NVL72)", "gpu_memory_gb": 288})[:2] == ("gb200", 288 * pc.GIB)
-    with pytest.raises(pc.Unmapped, match="RTX-3090"):
-        pc.gpu_for({"gpu_type": "RTX-3090-24GB", "gpu_memory_gb": 24})
+    grand_teton = prow.gpu_for({"gpu_type": "H100-96GB-HBM2e (500W, Grand Teton)", "gpu_memory_gb": 96})
+    assert grand_teton == ("h100-96gb-hbm2e", 96 * GIB, {})  # its own catalog part (cards/hardware.yaml)
+    key, capacity, knobs = prow.gpu_for({"gpu_type": "H100-NVL-94GB", "gpu_memory_gb": 94})
+    assert key == "h100" and capacity == 94 * GIB and "gpu" in knobs
+    assert prow.gpu_for({"gpu_type": "GB300-288GB (NVL72)", "gpu_memory_gb": 288})[:2] == ("gb200", 288 * GIB)
+    with pytest.raises(prow.Unmapped, match="RTX-3090"):
+        prow.gpu_for({"gpu_type": "RTX-3090-24GB", "gpu_memory_gb": 24})
 
 
 def test_peaks_are_gigabytes_in_the_rows_convention(run):
     _, scores, _ = run
     score = next(s for s in scores if s.mapping.row_id == "mbridge_card_qwen3_30b_16_h100_hybridep")
     # the row gives 66.75 GB and, in its notes, "rank-0 peak allocated 62.166 GiB": the same bytes
-    assert score.measured_peak_bytes / pc.GIB == pytest.approx(62.166, abs=0.01)
+    assert score.measured_peak_bytes / GIB == pytest.approx(62.166, abs=0.01)
     assert score.convention == "allocated"
     titan = next(s for s in scores if s.mapping.row_id == "torchtitan_llama31_8b_8gpu_cp1_32k")
     assert titan.convention == "reserved"
-    context = pc.memory_card().cuda_context_bytes
+    context = memory_card().cuda_context_bytes
     assert titan.compared_peak_bytes == titan.peak_bytes - context

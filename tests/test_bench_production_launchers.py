@@ -1,7 +1,13 @@
 """bench/production_configs.py: what the launcher a row cites sets for every run it makes reaches the request and the
 estimate: Megatron-Bridge's performance tables reduce gradients in bf16 (perf_table_fields), verl's example scripts
 pack micro-batches to a token budget of one row seq_length (dynamic_batch_fields), and a row that does not fit says
-which terms of its worst stage put it over (over_note)."""
+which terms of its worst stage put it over (over_note); a row gets the EP overlap and the full-iteration CUDA graph
+its cited Megatron-Bridge perf recipe sets (recipe_moe: by the function it names, or by its recipe file plus GPU
+count, system and precision), and nothing from a recipe it does not cite; a row's date and cited recipe give its
+framework release, allocator setting and attention kernel (the facts: meshplan/knowledge/published_runs.py).
+
+A test of the bench itself: it imports the bench's modules (production_rows, production_sources,
+production_mapping, production_scoring)."""
 
 from __future__ import annotations
 
@@ -11,21 +17,25 @@ from pathlib import Path
 import pytest
 
 from meshplan import api
+from meshplan.core.units import GIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import production_configs as pc
+import production_mapping as pmap
+import production_rows as prow
+import production_scoring as pscore
+import production_sources as psrc
 
-DATA = pc.DEFAULT_VALIDATION / pc.DATA_NAME
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} (the shared validation set) is not here")
+DATA = prow.DEFAULT_VALIDATION / prow.DATA_NAME
+pytestmark = pytest.mark.shared_data(DATA)  # ../shared beside the checkout (conftest.py: fails without it)
 
 
 def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, production_rows):
-    perf = pc.map_row(production_rows["mbridge_b200_gpt_oss_120b_64_bf16"], tmp_path)
+    perf = pmap.map_row(production_rows["mbridge_b200_gpt_oss_120b_64_bf16"], tmp_path)
     assert perf.request.grad_reduce_in_fp32 is False
     # a hardware recipe: bf16_mixed, fp32 grads
-    recipe = pc.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
+    recipe = pmap.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
     assert recipe.request.grad_reduce_in_fp32 is None
-    assert pc.perf_table_fields({"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}}) \
+    assert psrc.perf_table_fields({"source": {"citation": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md"}}) \
         == {"grad_reduce_in_fp32": False}
     # the bf16 grad buffer is half the fp32 one on every stage (Megatron's main grads: 2 B/param, not 4)
     bf16 = api.estimate_memory(perf.request).stages[0].gradients_bytes
@@ -36,50 +46,98 @@ def test_perf_table_rows_reduce_gradients_in_bf16(tmp_path, production_rows):
 def test_verl_dynamic_batch_is_one_budget_of_tokens(tmp_path, production_rows):
     for rid in ("verl_qwen3_235b_h20_32", "verl_dsv3_h20_96", "verl_qwen3_30b_h20_8"):
         row = production_rows[rid]
-        m = pc.map_row(row, tmp_path)
+        m = pmap.map_row(row, tmp_path)
         assert row["workload"]["micro_batch_size"] == 2  # the script's ppo_micro_batch_size_per_gpu, unused
         assert m.request.micro_batch_size == 1 and m.request.seq_length == row["workload"]["seq_length"], rid
         assert "dynamic_batch" not in m.knobs, rid
     # a verl row that cites no dynamic-batch script, and a non-verl row, keep their micro-batch
     row = production_rows["verl_qwen3_235b_h20_32"]
     other = {**row, "source": {**row["source"], "citation": "volcengine/verl docs"}}
-    assert pc.dynamic_batch_fields(other, "verl") == {}
-    assert pc.dynamic_batch_fields(row, "megatron-core") == {}
+    assert psrc.dynamic_batch_fields(other, "verl") == {}
+    assert psrc.dynamic_batch_fields(row, "megatron-core") == {}
 
 
 def test_a_row_that_does_not_fit_says_why(tmp_path, production_rows):
-    m = pc.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
-    score = pc.score_row(production_rows["mbridge_recipe_glm45_air_32"], m)
+    m = pmap.map_row(production_rows["mbridge_recipe_glm45_air_32"], tmp_path)
+    score = pscore.score_row(production_rows["mbridge_recipe_glm45_air_32"], m)
     assert score.fits is False
     report = api.estimate_memory(m.request)
     stage = report.stages[report.peak_stage]
-    over = (report.fit_bytes - m.capacity_bytes) / pc.GIB  # the figure that decided (expandable segments: allocated)
+    over = (report.fit_bytes - m.capacity_bytes) / GIB  # the figure that decided (expandable segments: allocated)
     assert score.over.startswith(f"over by {over:.1f} GiB on stage {stage.stage} ({stage.layers} layers): ")
-    assert f"optimizer {stage.optimizer_bytes / pc.GIB:.1f}" in score.over
+    assert f"optimizer {stage.optimizer_bytes / GIB:.1f}" in score.over
     row = production_rows["mbridge_b200_gpt_oss_120b_64_bf16"]
-    fits = pc.score_row(row, pc.map_row(row, tmp_path))
+    fits = pscore.score_row(row, pmap.map_row(row, tmp_path))
     assert fits.fits and fits.over is None
 
 
 def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, production_rows):
     """NeMo 24.07's pretraining rows ran NeMo-Framework-Launcher's configs: userbuffers TP overlap where the config at
     that line sets ub_tp_comm_overlap (gpt3/20b, llama2_70b, ...), not for gpt3/175b, TP-1 configs or SFT/LoRA."""
-    assert pc.map_row(production_rows["nemo2407_h100_gpt3_20b_64gpu"], tmp_path).request.tp_comm_overlap is True
-    assert pc.map_row(production_rows["nemo2407_h100_llama3_70b_64gpu"], tmp_path).request.tp_comm_overlap is True
-    assert not pc.map_row(production_rows["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
-    assert not pc.map_row(production_rows["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
-    assert pc.nemo_2407_tp_overlap({"id": "nemo2407_h100_gpt3_5b_64gpu"}) is None
+    assert pmap.map_row(production_rows["nemo2407_h100_gpt3_20b_64gpu"], tmp_path).request.tp_comm_overlap is True
+    assert pmap.map_row(production_rows["nemo2407_h100_llama3_70b_64gpu"], tmp_path).request.tp_comm_overlap is True
+    assert not pmap.map_row(production_rows["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
+    assert not pmap.map_row(production_rows["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
+    assert psrc.nemo_2407_tp_overlap({"id": "nemo2407_h100_gpt3_5b_64gpu"}) is None
 
 
 def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_path, production_rows):
     # Bridge's Moonlight recompute study ran moonlight_16b_pretrain_8gpu_h100_bf16_config: bf16 Adam moments and
     # bf16 main grads (STUDY_RECIPES); the 8-GPU recipe row itself states no optimizer and keeps the defaults.
-    study = pc.map_row(production_rows["mbridge_card_moonlight_8_norecompute"], tmp_path)
+    study = pmap.map_row(production_rows["mbridge_card_moonlight_8_norecompute"], tmp_path)
     assert (study.request.optimizer_state_dtype, study.request.grad_reduce_in_fp32) == ("bf16", False)
-    assert pc.study_recipe_fields({"source": {"citation": "some other card", "location": "Moonlight"}}) == {}
+    assert psrc.study_recipe_fields({"source": {"citation": "some other card", "location": "Moonlight"}}) == {}
     default = study.request.model_copy(update={"optimizer_state_dtype": None, "grad_reduce_in_fp32": None})
     low, high = api.estimate_memory(study.request), api.estimate_memory(default)
     # expert-dp is 1 (EP8 on 8 GPUs): every expert's moments and grads sit whole on each GPU, so the recipe's
     # precision halves the optimizer: the fp32 master as 16-bit remainders (4 -> 2 B) and bf16 moments (8 -> 4 B)
     assert low.stages[0].optimizer_bytes * 2 == high.stages[0].optimizer_bytes
     assert low.stages[0].gradients_bytes * 2 == high.stages[0].gradients_bytes
+
+
+def test_named_recipe_sets_the_overlap(production_rows, tmp_path):
+    row = production_rows["mbridge_b200_dsv3_256_mxfp8"]  # cites deepseek_v3_pretrain_256gpu_b200_fp8mx_config
+    knobs, notes = psrc.recipe_moe(row)
+    assert set(knobs) == {"moe_a2a_overlap"} and notes
+    mapping = pmap.map_row(row, tmp_path)
+    assert mapping.request.moe_a2a_overlap is True
+    assert "moe_a2a_overlap" not in mapping.knobs  # a plan knob, passed, not recorded as inexpressible
+
+
+def test_recipe_file_and_row_name_the_function(production_rows):
+    row = production_rows["mbridge_gb200_qwen3_30b_8_mxfp8"]  # cites perf_recipes/qwen/gb200/qwen3_moe.py only
+    knobs, _ = psrc.recipe_moe(row)
+    assert set(knobs) == {"moe_a2a_overlap", "cuda_graphs"}
+    assert "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config" in knobs["cuda_graphs"]
+
+
+def test_uncited_or_unset_recipe_sets_nothing(production_rows):
+    assert psrc.recipe_moe(production_rows["mbridge_b200_qwen3_235b_256_mxfp8"]) == ({}, [])  # names no function
+    assert psrc.recipe_moe(production_rows["mbridge_h100_dsv3_1024_fp8"]) == ({}, [])  # its recipe leaves overlap off
+    other = dict(production_rows["mbridge_b200_dsv3_256_mxfp8"], source={"citation": "some other source"})
+    assert psrc.recipe_moe(other) == ({}, [])
+
+
+def test_verl_rows_before_the_workers_set_expandable_segments():
+    row = {"source": {"version_or_date": "2025-08"}}
+    assert psrc.allocator_field(row, "verl") == {"expandable_segments": False}
+    assert psrc.allocator_field({"source": {"version_or_date": None}}, "verl") == {"expandable_segments": False}
+    assert psrc.allocator_field({"source": {"version_or_date": "2025-09"}}, "verl") == {}
+    assert psrc.allocator_field({**row, "source": {**row["source"], "citation": "x", "location": "y"}},
+                                "megatron-bridge") == {}
+    fsdp = {"source": {"version_or_date": "NeMo container 26.04.01", "location": "",
+                       "citation": "perf_recipes/llama/gb200/llama3.py (llama3_70b_pretrain_64gpu_gb200_fp8cs_config)"}}
+    assert psrc.allocator_field(fsdp, "megatron-bridge") == {"expandable_segments": False}
+
+
+@pytest.mark.parametrize("when,version", [("2025-08", "0.5.0"), ("2025-09-23", "0.5.0"), ("2025-09-24", None),
+                                          ("2025-10", None), (None, None)])
+def test_each_verl_row_gets_its_release(when, version):
+    assert psrc.framework_version_for({"source": {"version_or_date": when}}, "verl") == version
+
+
+def test_llm_foundry_benchmark_rows_ran_triton():
+    foundry = {"source": {"citation": "mosaicml/llm-foundry scripts/train/benchmarking/README.md"}}
+    titan = {"source": {"citation": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"}}
+    assert psrc.run_attention_kernel(foundry) == "triton_flash_attn"
+    assert psrc.run_attention_kernel(titan) is None

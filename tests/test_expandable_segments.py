@@ -5,18 +5,14 @@ goes through the request, the search, the render and the bench."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from meshplan import api
 from meshplan.arithmetic.memory_states import memory_card
+from meshplan.knowledge.published_runs import ran_without_expandable_segments
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import production_configs as pc
+from meshplan.schema.request import Request
 
 BASE = dict(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=8192, global_batch_size=64, micro_batch_size=2,
             tp=1, pp=1, recompute="none")
@@ -104,16 +100,15 @@ def test_search_floor_without_reserve_bounds_the_fit_figure():
     assert first_stage_floor(job, lay, plan.zero_stage, "none", 2, False) > floor
 
 
-def test_bench_verl_rows_before_the_workers_set_it():
-    row = {"source": {"version_or_date": "2025-08"}}
-    assert pc.allocator_field(row, "verl") == {"expandable_segments": False}
-    assert pc.allocator_field({"source": {"version_or_date": None}}, "verl") == {"expandable_segments": False}
-    assert pc.allocator_field({"source": {"version_or_date": "2025-09"}}, "verl") == {}
-    assert pc.allocator_field({**row, "source": {**row["source"], "citation": "x", "location": "y"}},
-                              "megatron-bridge") == {}
-    fsdp = {"source": {"version_or_date": "NeMo container 26.04.01", "location": "",
-                       "citation": "perf_recipes/llama/gb200/llama3.py (llama3_70b_pretrain_64gpu_gb200_fp8cs_config)"}}
-    assert pc.allocator_field(fsdp, "megatron-bridge") == {"expandable_segments": False}
+def test_runs_whose_launcher_left_it_off():
+    """verl runs before its workers set it (a month-only date counts as before) and the Bridge recipe that leaves it
+    out ran without it (meshplan/knowledge/published_runs.py); the bench passes expandable_segments=False for them."""
+    assert ran_without_expandable_segments("verl", "2025-08", "")
+    assert ran_without_expandable_segments("verl", None, "")
+    assert not ran_without_expandable_segments("verl", "2025-09", "")
+    assert not ran_without_expandable_segments("megatron-bridge", "2025-08", "x y")
+    cited = "perf_recipes/llama/gb200/llama3.py (llama3_70b_pretrain_64gpu_gb200_fp8cs_config) "
+    assert ran_without_expandable_segments("megatron-bridge", "NeMo container 26.04.01", cited)
 
 
 def test_cli_flag_and_json(capsys, monkeypatch):

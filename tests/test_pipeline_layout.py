@@ -13,7 +13,7 @@ from meshplan.arithmetic.schedule import accounted_counts, compose_layout, layou
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 DSV3_PP16 = "Et*4|(t*4|)*14t,mL"  # Bridge recipes/deepseek/h100/deepseek_v3.py layout_map[(16, 1)], as a string
 KIMI_PP16 = "Et*4|(t*4|)*14tL"  # Bridge recipes/kimi/h100/kimi_k2.py map_pp_vp_to_layout[(16, 1)]
@@ -178,9 +178,9 @@ def test_stage_sizes_with_accounting_are_the_conflict_megatron_reports_first(fra
 
 
 def test_published_recipe_splits_pass_check():
-    """The splits the production rows run (bench/production_configs.py RECIPE_SPLITS): Bridge's DeepSeek-V3 and
-    Kimi-K2 helper layouts, the perf recipes' strings, ModelZoo's long-context layout, the base recipes'
-    account_for_* on Qwen3-235B-A22B (94 layers) and Llama-3.1-405B (126)."""
+    """The splits the production rows run (meshplan/knowledge/published_runs.py RECIPE_SPLITS): Bridge's
+    DeepSeek-V3 and Kimi-K2 helper layouts, the perf recipes' strings, ModelZoo's long-context layout, the base
+    recipes' account_for_* on Qwen3-235B-A22B (94 layers) and Llama-3.1-405B (126)."""
     for pp, vpp, layout in [(4, 4, "Et*4|(t*4|)*14tmL"), (2, 8, "Et*4|(t*4|)*14tmL"), (8, 1, "Et*8|(t*8|)*6t*5mL"),
                             (8, 2, "Et*4|(t*4|)*14tmL"), (8, 4, "Et*2|(tt|)*22t|(tt|)*7mL")]:
         assert _pp_errors({**DSV3, "num_gpus": 256, "tp": 1, "ep": 32, "pp": pp, "vpp": vpp,

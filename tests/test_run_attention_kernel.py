@@ -3,20 +3,16 @@ perf.estimate_throughput(attention_kernel=...), the Triton FlashAttention entry,
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from meshplan.arithmetic.flops import Shard, attention_core_flops
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.estimate.attention_time import attention_efficiency
+from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import attention_fraction, calibration
+from meshplan.knowledge.published_runs import attention_kernel_of_run
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import production_configs as pc
+from meshplan.schema.request import Request
 
 
 def _job(gpu: str):
@@ -59,7 +55,7 @@ def test_unknown_kernel_is_refused_with_the_table():
 
 
 def test_llm_foundry_benchmark_rows_ran_triton():
-    foundry = {"source": {"citation": "mosaicml/llm-foundry scripts/train/benchmarking/README.md"}}
-    titan = {"source": {"citation": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"}}
-    assert pc.run_attention_kernel(foundry) == "triton_flash_attn"
-    assert pc.run_attention_kernel(titan) is None
+    foundry = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
+    titan = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+    assert attention_kernel_of_run(foundry) == "triton_flash_attn"
+    assert attention_kernel_of_run(titan) is None

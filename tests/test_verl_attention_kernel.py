@@ -1,26 +1,22 @@
 """verl's attention kernel follows what verl runs (cards/frameworks/verl.yaml attention): auto in Megatron-Core up to
 0.5 (Transformer Engine's pick: cuDNN on Hopper, FlashAttention-2 on Ampere), flash forced since 0.6
 (FlashAttention-2), fused for MLA models in every release (FlashAttention-2 refuses Q/K and V head dims that
-differ), and the FSDP engine's Hugging Face flash_attention_2 in every release; the bench gives each verl row the
-release it ran."""
+differ), and the FSDP engine's Hugging Face flash_attention_2 in every release; a run gets the release of its date
+(meshplan/knowledge/published_runs.py release_ran, which the bench gives each verl row)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
-from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.estimate.attention_time import attention_efficiency
+from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.cards import AttentionSemantics, framework_card
+from meshplan.knowledge.published_runs import release_ran
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import production_configs as pc  # bench scripts are not a package
+from meshplan.schema.request import Request
 
 CAL = calibration("verl")
 PEAK = CAL.attention_peak_fraction  # the fused class: cuDNN takes it on every generation
@@ -117,7 +113,6 @@ def test_an_mla_backend_needs_its_kernel():
 
 @pytest.mark.parametrize("when,version", [("2025-08", "0.5.0"), ("2025-09-23", "0.5.0"), ("2025-09-24", None),
                                           ("2025-10", None), (None, None)])
-def test_the_bench_gives_each_verl_row_its_release(when, version):
-    row = {"source": {"version_or_date": when}}
-    assert pc.framework_version_for(row, "verl") == version
+def test_each_verl_run_gets_the_release_of_its_date(when, version):
+    assert release_ran("verl", when) == version
     assert version is None or version in framework_card("verl").known_versions()

@@ -1,0 +1,475 @@
+"""Reading one row of the dev set's production configurations: what the row itself states, in meshplan's terms.
+
+Each reader takes one part of a row (its model, GPU, framework, recompute, precision, sharding, offload, dispatcher
+and notes) and returns the Request fields it states, with the settings meshplan cannot express yet as knobs (KNOBS).
+What the sources a row cites set beyond what it states is bench/production_sources.py's; the Request they make
+together is bench/production_mapping.py's. The method: bench/production_configs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.knowledge.cards import model_card, model_card_names
+from meshplan.knowledge.catalog import catalog_architecture, resolve_model
+from meshplan.knowledge.hardware import get_gpu, gpu_catalog
+from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
+from meshplan.schema.choices import FRAMEWORKS, RecomputeModule
+from meshplan.schema.model import Architecture
+from meshplan.schema.request import Request
+
+DEFAULT_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
+DATA_NAME = "production_configs_dev.yaml"
+
+# --------------------------------------------------------------------------- vocabulary
+
+# Settings the rows use that meshplan cannot express yet: knob -> (what it changes, the issue-14 field or
+# the nearest meshplan setting the row is scored with).
+KNOBS: dict[str, tuple[str, str]] = {
+    "recompute_modules": ("memory, time", "issue 14 `recompute_modules` (Megatron modules other than core_attn); "
+                          "scored as recompute=selective (core_attn)"),
+    "selective_ac_option": ("memory, time", "torchtitan selective AC whose `selective_ac_option` the row does not "
+                            "state; scored as recompute=selective, meshplan's torchtitan default op-level SAC"),
+    "optimizer_state_dtype": ("memory", "bf16 moments on a framework without Megatron's precision-aware optimizer; "
+                              "scored with fp32 moments"),
+    "pipeline_layout": ("memory, time", "a pipeline layout the row names without its string and no source it "
+                        "names gives for its model, pp and vpp (RECIPE_SPLITS); scored with the even split"),
+    "account_for_embedding": ("memory, time", "issue 14 `account_for_embedding`; scored without"),
+    "account_for_loss": ("memory, time", "issue 14 `account_for_loss`; scored without"),
+    "rl_phases": ("memory", "RL job: the GPU also holds a rollout engine between phases; scored as training only"),
+    "dynamic_batch": ("memory, time", "verl use_dynamic_bsz (token-budget micro-batches); scored at mbs x seq"),
+    "lora": ("memory, time", "LoRA whose rank and targets neither the row nor a recipe it cites states; scored as "
+             "job=lora with the framework's default rank and targets (LORA_RECIPES)"),
+    "hsdp": ("memory, time", "HSDP (shard inside a group, replicate across); scored as full sharding"),
+    "framework": ("memory, time", "a framework meshplan has no card for; scored with the nearest card"),
+    "gpu": ("time", "a GPU outside the catalog; scored on the nearest catalog GPU, fit judged against the "
+            "row's own memory"),
+    "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
+    "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
+    "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
+                      "TORCHTITAN_LOSS_COMPILED_SINCE), or on a framework without a compile card; scored eager"),
+}
+
+# The meshplan framework a row's framework string names: the first of these words it contains.
+FRAMEWORK_WORDS = (
+    ("verl", "verl"),
+    ("megatron-bridge", "megatron-bridge"),
+    ("torchtitan", "torchtitan"),
+    ("megatron-core", "megatron-core"),
+    ("nemo", "megatron-core"),  # NeMo 1.x/2 train with Megatron-Core (the row says so, or its CP/VPP need it)
+)
+# Frameworks without a card, by the word that names them, and the card they are scored with.
+NEAREST_FRAMEWORK = (("fsdp", "torchtitan"),)  # PyTorch FSDP1 (LLM Foundry / Composer, fms-fsdp) -> FSDP2
+
+# HF model_type of each model family of the file; families meshplan cannot describe have a nearest type.
+FAMILY_MODEL_TYPE = {
+    "llama2": "llama", "llama3": "llama", "gpt3": "gpt2", "nemotron3": "nemotron", "nemotron4": "nemotron",
+    "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
+    "glm4_moe": "glm4_moe", "olmoe": "olmoe", "gpt_oss": "gpt_oss",
+}
+NEAREST_MODEL_TYPE = {
+    "mpt": ("gpt2", "MPT (ALiBi positions, no biases)"),
+    "qwen3_next": ("glm4_moe", "Qwen3-Next (gated-DeltaNet hybrid attention)"),
+}
+# Extra config.json fields of a model_type the row cannot state (its activation).
+MODEL_TYPE_EXTRAS = {"nemotron": {"hidden_act": "relu2"}, "gpt2": {"activation_function": "gelu_new"}}
+
+UNSTATED = ("not stated",)
+
+
+class Unmapped(Exception):
+    """A row that cannot become a request at all; the message says why."""
+
+
+@dataclass
+class Mapping:
+    """One row as a meshplan request, with what could not be said and what was assumed."""
+
+    row_id: str
+    request: Request | None = None
+    unmapped: str | None = None
+    knobs: dict[str, str] = field(default_factory=dict)  # knob -> what the row says
+    notes: list[str] = field(default_factory=list)
+    capacity_bytes: int | None = None
+    model_source: str = ""
+    stated_memory: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """Mapped with every setting the row states."""
+        return self.request is not None and not self.knobs
+
+    def exact_for(self, effect: str) -> bool:
+        """Mapped with every setting that changes `effect` ("memory" or "time")."""
+        return self.request is not None and not any(effect in KNOBS[k][0] for k in self.knobs)
+
+
+
+# --------------------------------------------------------------------------- reading a row
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        rows = yaml.safe_load(fh)
+    if not isinstance(rows, list):
+        raise SystemExit(f"{path}: expected a list of configurations")
+    return rows
+
+
+def row_text(*values: Any) -> str:
+    """The row's fields that are set, as one string to search."""
+    return " ".join(str(v) for v in values if v is not None)
+
+
+def stated_memory_settings(row: dict[str, Any]) -> bool:
+    """The row states its recompute (memory.recompute neither null nor "not stated ..."). Every row that
+    offloads states its recompute too, and an unstated offload is none; an unstated micro-batch is meshplan's
+    (and Megatron's) default of 1, which only one such row leaves unstated."""
+    recompute = row["memory"]["recompute"]
+    return recompute is not None and not str(recompute).lower().startswith(UNSTATED)
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _catalog_value(arch: Architecture, name: str) -> Any:
+    moe = arch.moe
+    return {
+        "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "ffn_hidden_size": arch.ffn_hidden_size if (moe is None or len(moe.moe_layers) < arch.num_layers) else None,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_kv_heads": arch.num_kv_heads,
+        "vocab_size": arch.vocab_size,
+        "num_experts": moe.num_experts if moe else None,
+        "top_k": moe.top_k if moe else None,
+        "moe_ffn_hidden_size": moe.expert_ffn_hidden_size if moe else None,
+        "shared_experts": moe.num_shared_experts if moe else None,
+        "dense_layers": arch.num_layers - len(moe.moe_layers) if moe else None,
+        "mla": arch.mla is not None,
+    }[name]
+
+
+MATCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+                "vocab_size", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts", "dense_layers", "mla")
+
+
+def catalog_match(model: dict[str, Any]) -> str | None:
+    """The catalog key whose architecture agrees with every model field the row states; None if none does.
+    Equal architectures (Llama 3 and 3.1) are told apart by the row's model id, as a user would name it."""
+    if model["num_layers"] is None or model["hidden_size"] is None or model["num_attention_heads"] is None:
+        return None
+    dense_row = model["arch_type"] == "dense"
+    hits = []
+    for key in model_card_names():
+        arch = catalog_architecture(key)
+        if (arch.moe is None) != dense_row:
+            continue
+        if all(model[f] is None or model[f] == _catalog_value(arch, f) for f in MATCH_FIELDS):
+            hits.append(key)
+    if len(hits) > 1:
+        try:
+            named = resolve_model(str(model["id"])).key
+        except MeshplanError:
+            named = None
+        if named in hits:
+            return named
+    return hits[0] if hits else None
+
+
+def _nearest_card(model_type: str, hidden: int) -> Architecture | None:
+    """The catalog architecture of this model_type with the nearest hidden size."""
+    archs = [a for a in map(catalog_architecture, model_card_names()) if a.model_type == model_type]
+    return min(archs, key=lambda a: abs(a.hidden_size - hidden), default=None)
+
+
+def build_config(row: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """A config.json dict from the row's model fields: (config, notes, knobs)."""
+    m = row["model"]
+    knobs: dict[str, str] = {}
+    family = m["family"]
+    if family in FAMILY_MODEL_TYPE:
+        model_type = FAMILY_MODEL_TYPE[family]
+    elif family in NEAREST_MODEL_TYPE:
+        model_type, what = NEAREST_MODEL_TYPE[family]
+        knobs["model_type"] = f"{what}: scored as model_type {model_type}"
+    else:
+        raise Unmapped(f"model family {family!r} ({m['attention']}) has no meshplan model_type and the row "
+                       "records no dimensions to build one")
+    missing = [f for f in ("num_layers", "hidden_size", "num_attention_heads") if m[f] is None]
+    if missing:
+        raise Unmapped(f"model dimensions not recorded ({', '.join(missing)}): {m['id']}")
+    h = m["hidden_size"]
+    cfg: dict[str, Any] = {
+        "model_type": model_type, "num_hidden_layers": m["num_layers"], "hidden_size": h,
+        "num_attention_heads": m["num_attention_heads"], "num_key_value_heads": m["num_kv_heads"],
+        "intermediate_size": m["ffn_hidden_size"], "vocab_size": m["vocab_size"],
+        **MODEL_TYPE_EXTRAS.get(model_type, {}),
+    }
+    if model_type == "gpt2":
+        cfg.update(n_embd=h, n_layer=m["num_layers"], n_head=m["num_attention_heads"], n_inner=m["ffn_hidden_size"],
+                   n_positions=row["workload"]["seq_length"])
+    if m["num_experts"]:
+        experts = {"qwen3_moe": {"num_experts": m["num_experts"], "moe_intermediate_size": m["moe_ffn_hidden_size"]},
+                   "glm4_moe": {"n_routed_experts": m["num_experts"], "moe_intermediate_size": m["moe_ffn_hidden_size"],
+                                "n_shared_experts": m["shared_experts"] or 0,
+                                "first_k_dense_replace": m["dense_layers"] or 0}}
+        if model_type not in experts:
+            raise Unmapped(f"MoE model of type {model_type} not in the catalog and not buildable from the row")
+        cfg.update(num_experts_per_tok=m["top_k"], **experts[model_type])
+    notes = []
+    near = _nearest_card(model_type, h)
+    for key, attr in (("num_key_value_heads", "num_kv_heads"), ("intermediate_size", "ffn_hidden_size"),
+                      ("vocab_size", "vocab_size")):
+        if cfg[key] is None:
+            if near is None:
+                raise Unmapped(f"model field {key} not stated and no catalog {model_type} model to take it from")
+            cfg[key] = getattr(near, attr)
+            notes.append(f"{key} not stated: {cfg[key]} from catalog {near.key}")
+    return {k: v for k, v in cfg.items() if v is not None}, notes, knobs
+
+
+def mtp_disabled(row: dict[str, Any]) -> bool:
+    return bool(re.search(r"\bMTP\b[^;]*\bdisabled", row_text(row["precision"], row["outcome"]["other"]), re.I))
+
+
+def model_for(row: dict[str, Any], workdir: Path) -> tuple[str, str, list[str], dict[str, str]]:
+    """(Request.model, where it came from, notes, knobs)."""
+    key = catalog_match(row["model"])
+    folder = workdir / row["id"]
+    if key is not None and not (mtp_disabled(row) and catalog_architecture(key).num_mtp_layers):
+        return key, f"catalog {key}", [], {}
+    if key is not None:  # the catalog config with the MTP block off, as the row ran it
+        cfg, source, notes, knobs = dict(model_card(key).config), f"catalog {key} config, MTP off", [], {}
+        cfg["num_nextn_predict_layers"] = 0
+    else:
+        cfg, notes, knobs = build_config(row)
+        source = f"config.json ({cfg['model_type']})"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    return str(path), source, notes, knobs
+
+
+# --------------------------------------------------------------------------- hardware and framework
+
+
+def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
+    """(catalog GPU, the memory the fit is judged against, knobs). The catalog GPU whose name the row's
+    gpu_type starts with and whose memory is the row's; else the nearest catalog GPU of the same family
+    (same letters, closest number), with the fit judged against the row's own memory."""
+    name = str(hardware["gpu_type"]).split()[0]
+    row_bytes = int(hardware["gpu_memory_gb"] * GIB)
+    parts = name.split("-")
+    for n in range(len(parts), 0, -1):
+        try:
+            gpu = get_gpu("-".join(parts[:n]))
+        except MeshplanError:
+            continue
+        if abs(gpu.memory_bytes / GIB - hardware["gpu_memory_gb"]) <= 0.03 * hardware["gpu_memory_gb"]:
+            return gpu.key, gpu.memory_bytes, {}
+        return gpu.key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {gpu.key} ({gpu.memory_bytes / GIB:.0f} "
+                                           f"GiB), fit against {hardware['gpu_memory_gb']} GiB"}
+    head = re.match(r"([A-Za-z]+)(\d+)", parts[0])
+    if head:
+        letters, number = head.group(1).lower(), int(head.group(2))
+        family = [(k, int(m.group(2))) for k in gpu_catalog()
+                  if (m := re.match(r"([a-z]+)(\d+)", k)) and m.group(1) == letters]
+        if family:
+            key = min(family, key=lambda kn: abs(kn[1] - number))[0]
+            return key, row_bytes, {"gpu": f"{hardware['gpu_type']}: scored as {key}, fit against "
+                                           f"{hardware['gpu_memory_gb']} GiB"}
+    raise Unmapped(f"GPU {hardware['gpu_type']} is not in the catalog and has no catalog GPU of its family")
+
+
+def framework_for(text: str) -> tuple[str, dict[str, str]]:
+    low = text.lower()
+    for word, name in FRAMEWORK_WORDS:
+        if word in low:
+            return name, {}
+    for word, name in NEAREST_FRAMEWORK:
+        if word in low:
+            return name, {"framework": f"{text}: scored as {name}"}
+    raise Unmapped(f"framework {text!r} names no meshplan framework ({', '.join(FRAMEWORKS)})")
+
+
+# --------------------------------------------------------------------------- memory and precision settings
+
+
+# torchtitan's llama3_8b.toml sets [activation_checkpoint] mode = "selective", selective_ac_option = "op"
+# (torchtitan/models/llama3/train_configs/llama3_8b.toml): a row that runs that file's default is op-level SAC.
+TITAN_OP_WORDS = ("per-op", "op-level", "llama3_8b.toml default")
+
+
+def recompute_for(row: dict[str, Any], framework: str) -> tuple[str | None, dict[str, Any], dict[str, str]]:
+    """(Request.recompute, the other Request recompute fields, knobs). Megatron's selective modules the row lists
+    are recompute_modules (its default core_attn left out); Megatron's "full, uniform, N layer" is
+    recompute_method=uniform with recompute_layers=N; torchtitan's per-op SAC is selective_ac_option="op". A
+    selective AC that does not say which option stays a knob (meshplan's torchtitan selective is op-level)."""
+    text = row["memory"]["recompute"]
+    if text is None or str(text).lower().startswith(UNSTATED):
+        return None, {}, {}
+    low = str(text).lower()
+    knobs: dict[str, str] = {}
+    fields: dict[str, Any] = {}
+    if "offload" in low:
+        fields["activation_offload"] = True
+    if low.startswith("none"):
+        return "none", fields, knobs
+    if low.startswith("full"):
+        if m := re.match(r"full, (uniform|block), (\d+) layers?$", low):
+            fields |= {"recompute_method": m.group(1), "recompute_layers": int(m.group(2))}
+        return "full", fields, knobs
+    if "selective" in low or "sac" in low:
+        modules = re.search(r"selective[^:]*:\s*([a-z_, ]+)", low)
+        names = {m.strip() for m in modules.group(1).split(",")} - {""} if modules else set()
+        if "default modules" in low or names == {"core_attn"}:
+            return "selective", fields, knobs
+        if names and names <= set(get_args(RecomputeModule)):
+            fields["recompute_modules"] = sorted(names)
+        elif names:
+            knobs["recompute_modules"] = ", ".join(sorted(names))
+        elif framework == "torchtitan" and (any(w in low for w in TITAN_OP_WORDS) or (
+                row["model"]["family"], row["model"]["total_params_b"]) in TITAN_OP_TOMLS):
+            fields["selective_ac_option"] = "op"
+        elif framework == "torchtitan" or "per-op" in low or "selective ac" in low:
+            knobs["selective_ac_option"] = f"{text} (option not stated; scored as op-level SAC)"
+        else:
+            knobs["recompute_modules"] = str(text)
+        return "selective", fields, knobs
+    raise Unmapped(f"recompute setting {text!r} not understood")
+
+
+def precision_for(row: dict[str, Any], framework: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(Request.precision, the precision fields, knobs): the fp8 recipe the row names (mxfp8, blockwise, current
+    scaling = tensorwise; torchtitan's float8 of the 0.2 line = tensorwise, its Float8Linear default; a bare "fp8"
+    leaves the card's default), fp8 parameter all-gather, and Megatron's precision-aware optimizer (bf16 moments;
+    "bf16 grads/moments" also bf16 gradient reduction). A setting the row's framework has no knob for stays a knob."""
+    text = str(row["precision"])
+    low = text.lower()
+    knobs: dict[str, str] = {}
+    fields: dict[str, Any] = {}
+    megatron = framework in ("megatron-core", "megatron-bridge", "verl", "skyrl")
+    sharding = str(row["parallelism"]["zero_or_distributed_optimizer"]).lower()
+    words = row_text(low, row["outcome"]["other"]).lower()
+    if re.search(r"bf16 optimizer states|precision-aware optimizer|bf16 grads/moments", words):
+        if megatron:
+            fields["optimizer_state_dtype"] = "bf16"
+            if "bf16 grads/moments" in words:
+                fields["grad_reduce_in_fp32"] = False
+        else:
+            knobs["optimizer_state_dtype"] = "precision-aware optimizer (bf16 moments)"
+    fp8 = re.sub(r"\bfp8 disabled|and fp8 disabled", "", low)
+    if not re.search(r"fp8|float8", fp8):
+        return "bf16", fields, knobs
+    if re.search(r"fp8 param gather|float8 all-gather", f"{low} {sharding}"):
+        fields["fp8_param_gather"] = True
+    main = fp8.split("(")[0]
+    for word, recipe in (("mxfp8", "mxfp8"), ("blockwise", "blockwise"), ("current", "tensorwise"),
+                         ("tensorwise", "tensorwise"), ("float8", "tensorwise")):
+        if word in main:
+            fields["fp8_recipe"] = recipe
+            break
+    return "fp8", fields, knobs
+
+
+def optimizer_for(row: dict[str, Any]) -> dict[str, Any]:
+    """Request.optimizer: muon where the row's optimizer or notes name Muon (left out: adam)."""
+    text = row_text(row["parallelism"]["zero_or_distributed_optimizer"], row["outcome"]["other"]).lower()
+    return {"optimizer": "muon"} if "muon" in text else {}
+
+
+def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
+    p = row["parallelism"]
+    text = str(p["zero_or_distributed_optimizer"] or "")
+    low = text.lower()
+    knobs: dict[str, str] = {}
+    if "hsdp" in low or (p["fsdp"] and p["fsdp"] < p["dp"]):
+        knobs["hsdp"] = f"shard group {p['fsdp']} of dp {p['dp']}"
+    if re.search(r"fsdp|zero-3|hsdp", low) or p["fsdp"]:
+        return 3, knobs
+    if "no distributed optimizer for muon" in low:
+        # Bridge's Muon recipes turn use_distributed_optimizer off but name optimizer="dist_muon"
+        # (recipes/utils/optimizer_utils.py distributed_muon_with_cosine_annealing), which training/optim.py passes
+        # as layer_wise_distributed_optimizer: Megatron-Core's layer-wise distributed optimizer shards the
+        # optimizer states over DP (optimizer/layer_wise_optimizer.py), meshplan's zero_stage=1 with optimizer=muon
+        return 1, knobs
+    if "no distributed optimizer" in low:
+        return 0, knobs
+    if "distributed optimizer" in low:
+        return 1, knobs
+    return None, knobs
+
+
+def offload_fields(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(Request offload fields, knobs) from the row's offload text: verl's phase offloads (param/grad, OFFLOAD_OPTIM
+    or ALL_OFFLOAD for the optimizer) and Megatron-Core's in-step CPU optimizer (optimizer_offload_fraction, or
+    "optimizer CPU offload" = all of it); every offload a row names is expressible now (issue 14)."""
+    text = row_text(row["memory"]["offload"], row["parallelism"]["zero_or_distributed_optimizer"]).lower()
+    fields: dict[str, Any] = {}
+    if not text or "offload" not in text:
+        return fields, {}
+    everything = "all_offload" in text or "full param/grad/optimizer" in text
+    if everything or "param/grad offload" in text:
+        fields["param_offload"] = True  # verl 0.9.1's param_offload releases the gradient buffers too (its card)
+    if everything or "offload_optim=true" in text:
+        fields["optimizer_offload"] = True
+    fraction = re.search(r"optimizer_offload_fraction=([\d.]+)|fraction ([\d.]+)", text)
+    if fraction:
+        fields["optimizer_offload_fraction"] = float(fraction.group(1) or fraction.group(2))
+    elif "optimizer cpu offload" in text:
+        fields["optimizer_offload"] = True  # Megatron-Core: the whole optimizer on the CPU
+    return fields, {}
+
+
+def dispatcher_for(row: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+    text = str(row["parallelism"]["moe_dispatcher"] or "")
+    low = text.lower()
+    knobs: dict[str, str] = {}
+    if "overlap" in low or "wgrad" in low:
+        knobs["moe_a2a_overlap"] = text
+    if not text:
+        return None, knobs
+    if "flex" in low or re.match(r"(deepep|hybridep)", low) or re.search(r"/(deepep|hybridep)", low):
+        return "flex", knobs
+    return "alltoall", knobs
+
+
+def run_knobs(row: dict[str, Any]) -> dict[str, str]:
+    """Settings from the row's notes and category: RL phases, LoRA, CUDA graphs, overlaps, compile."""
+    other = row_text(row["outcome"]["other"], row["source"]["location"])
+    low = other.lower()
+    knobs: dict[str, str] = {}
+    if row["category"] == "rl":
+        knobs["rl_phases"] = "actor training colocated with the rollout engine"
+    if "dynamic batch" in row_text(row["flags"]["caveats"]).lower():
+        knobs["dynamic_batch"] = "token-budget micro-batches"
+    if row["category"] == "lora":
+        knobs["lora"] = "LoRA fine-tuning"
+    if "cuda graph" in low:
+        knobs["cuda_graphs"] = row["outcome"]["other"]
+    if re.search(r"ep overlap|a2a overlap|1f1b overlap", low):
+        knobs["moe_a2a_overlap"] = row["outcome"]["other"]
+    if re.search(r"tp comm overlap|asynctp", row_text(row["name"], other).lower()):  # the row's name states AsyncTP
+        knobs["tp_comm_overlap"] = row_text(row["name"], other)
+    if re.search(r"\bcompile\b", row_text(row["name"], other).lower()):  # the row's name states it too
+        knobs["torch_compile"] = row_text(row["name"], other)
+    return knobs
+
+
+def peak_convention(row: dict[str, Any]) -> str:
+    """What the row's measured peak is: allocated, reserved or not stated, from the row itself."""
+    words = row_text(row["outcome"]["other"], row["flags"]["memory_note"], row["source"]["location"]).lower()
+    if "allocated" in words:
+        return "allocated"
+    if "torchtitan" in row["framework"].lower():
+        return "reserved"  # torchtitan's logged memory is max_reserved_gib (components/metrics.py)
+    return "not stated"

@@ -1,0 +1,245 @@
+"""What the sources a production row cites set for its run beyond what the row states: the launcher's settings for
+every run it makes, the recipe's pipeline split and MoE overlap, the framework release the row's date falls in, the
+allocator and LoRA settings of the recipe it names. The facts themselves (with their sources) are the package's,
+meshplan/knowledge/published_runs.py; this module matches a row to them. The method: bench/production_configs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from production_rows import row_text
+
+from meshplan.arithmetic.schedule import format_layout, parse_layout
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.published_runs import (
+    BRIDGE,
+    BRIDGE_PERF_TABLE,
+    LORA_RECIPES,
+    NEMO_2407_TP_OVERLAP,
+    RECIPE_MOE,
+    RECIPE_PRECISION,
+    RECIPE_SPLITS,
+    STUDY_RECIPES,
+    TORCHTITAN_LOSS_COMPILED_SINCE,
+    VERL_DYNAMIC_BSZ_SCRIPTS,
+    RecipeSplit,
+    attention_kernel_of_run,
+    ran_without_expandable_segments,
+    release_ran,
+)
+
+# --------------------------------------------------------------------------- what a cited launcher sets for every run
+
+
+def perf_table_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """grad_reduce_in_fp32=False for a row from Megatron-Bridge's performance tables (BRIDGE_PERF_TABLE)."""
+    return {"grad_reduce_in_fp32": False} if BRIDGE_PERF_TABLE in row_text(row["source"]["citation"]).lower() else {}
+
+
+def study_recipe_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer fields of the recipe a measured study ran (STUDY_RECIPES), for a row citing that study."""
+    cited = row_text(row["source"]["citation"], row["source"].get("location")).lower()
+    for words, (_, fields) in STUDY_RECIPES.items():
+        if all(w in cited for w in words):
+            return dict(fields)
+    return {}
+
+
+def dynamic_batch_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """micro_batch_size=1 for a verl row whose cited script packs micro-batches to a token budget equal to the row's
+    seq_length (VERL_DYNAMIC_BSZ_SCRIPTS); {} otherwise."""
+    cited = row_text(row["source"]["citation"])
+    if framework != "verl" or not any(script in cited for script in VERL_DYNAMIC_BSZ_SCRIPTS):
+        return {}
+    return {"micro_batch_size": 1}
+
+# --------------------------------------------------------------------------- the pipeline split a recipe sets
+
+
+def split_fields(split: RecipeSplit, mtp: int) -> dict[str, Any] | None:
+    """The Request fields a recipe's split (RECIPE_SPLITS) sets for a model with `mtp` MTP layers; None where it
+    does not place them (Megatron-Core's validate_layer_layout: the layout's m count is mtp_num_layers)."""
+    if split.account_for:
+        return {"account_for_embedding": True, "account_for_loss": True}
+    if split.layout is not None:
+        return {"pipeline_layout": split.layout} if "".join(parse_layout(split.layout)).count("m") == mtp else None
+    if mtp and not split.mtp_before_loss:
+        return None
+    stages = ["t" * n for n in split.counts]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "m" * mtp + "L"
+    return {"pipeline_layout": format_layout(stages)}
+
+
+def recipe_split(row: dict[str, Any], model_key: str | None, mtp: int) -> tuple[dict[str, Any], str]:
+    """(Request fields, where they come from) for the split the sources the row names (its framework or citation
+    naming the repository) set for its model at its pp/vpp; ({}, why not) where none does. An entry of a part of a
+    source (`section`) applies where the row's citation names that part, and then before the source's others;
+    entries that disagree set nothing."""
+    p = row["parallelism"]
+    pp, vpp = p["pp"] or 1, p["vpp"] or 1
+    if pp == 1 or model_key is None:
+        return {}, "no pipeline to split" if pp == 1 else "not a catalog model"
+    text = row_text(row["framework"], row["source"]["citation"], row["source"]["location"]).lower()
+    words = re.sub(r"[-_/]", " ", text)
+    found = [(s, f) for s in RECIPE_SPLITS
+             if s.model == model_key and s.repo.lower() in text and s.pp in (None, pp) and s.vpp in (None, vpp)
+             and (not s.section or s.section in words) and (f := split_fields(s, mtp)) is not None]
+    found = [x for x in found if x[0].section] or found
+    if not found:
+        return {}, f"no source table the row names sets {model_key}'s split at pp={pp}, vpp={vpp}"
+    if len({json.dumps({k: parse_layout(v) if k == "pipeline_layout" else v for k, v in f.items()}, sort_keys=True)
+            for _, f in found}) > 1:  # the same stages however spelt ("t*4" or "tttt") agree
+        return {}, "the sources the row names set different splits: " + "; ".join(f"{s.source}: {f}" for s, f in found)
+    return found[0][1], "pipeline split from " + "; ".join(f"{s.repo} {s.source}" for s, _ in found)
+
+
+def stage_layers(row: dict[str, Any], model_key: str | None = None, mtp: int = 0
+                 ) -> tuple[int | None, int | None, dict[str, Any], list[str], dict[str, str]]:
+    """(first_stage_layers, last_stage_layers, the other Request pipeline fields, notes, knobs) from the row's
+    pipeline layout and notes. A layout string is passed as pipeline_layout when the row gives exactly one (a quoted
+    one in the notes, the card's where the row sets a card's against a script's) and it parses. A row that states no
+    split of its own gets the one its sources set for its model, pp, vpp and MTP layers (recipe_split): a layout it
+    names but does not give, or an uneven model it runs without saying how; a named layout no source gives stays a
+    knob. Stage sizes given with account_for_embedding/loss are dropped with a note: Megatron-Core's TransformerConfig
+    refuses the pair, so a run that ran set one of them, and the script verl's rows cite
+    (examples/grpo_trainer/run_qwen3-235b_megatron_96gb.sh, since verl#3174) passes only the accounting, its
+    LAST_LAYER read but not passed."""
+    p = row["parallelism"]
+    text = row_text(p["pp_layout"], row["outcome"]["other"])
+    low = text.lower()
+    first = last = None
+    fields: dict[str, Any] = {}
+    notes: list[str] = []
+    knobs: dict[str, str] = {}
+    if m := re.search(r"first/last pp stage (\d+) layers each", low):
+        first = last = int(m.group(1))
+    if m := re.search(r"num_layers_in_first_pipeline_stage=(\d+)|first stage (\d+) layers?", low):
+        first = int(m.group(1) or m.group(2))
+    if m := re.search(r"num_layers_in_last_pipeline_stage=(\d+)|last stage (\d+) layers?", low):
+        last = int(m.group(1) or m.group(2))
+    if "account_for_embedding" in low:
+        fields["account_for_embedding"] = True
+    if re.search(r"account_for_(embedding/)?loss", low):
+        fields["account_for_loss"] = True
+    if fields and (first is not None or last is not None):
+        sizes = ", ".join(f"{k}_stage_layers={v}" for k, v in (("first", first), ("last", last)) if v is not None)
+        notes.append(f"{sizes} dropped: Megatron-Core refuses stage sizes with account_for_embedding/loss; the "
+                     "script passes only the accounting")
+        first = last = None
+    named = bool(re.search(r"\|", text) or re.search(r"pp layout", low))
+    if named and (layout := layout_string(row, text)):
+        fields["pipeline_layout"] = layout
+    if not fields and first is None and last is None:
+        recipe, why = recipe_split(row, model_key, mtp)
+        if recipe:
+            fields |= recipe
+            notes.append(why)
+        elif named:
+            knobs["pipeline_layout"] = f"{text} ({why})"
+    return first, last, fields, notes, knobs
+
+
+def layout_string(row: dict[str, Any], text: str) -> str | None:
+    """The one Megatron layout string the row states (see stage_layers), or None."""
+    p = row["parallelism"]
+    quoted = re.search(r'layout "([^"]+)"', text)
+    card = re.match(r"\s*(\S+) \(card\) / \S+ \(modelzoo script\)", str(p["pp_layout"] or "").lower())
+    if quoted:
+        layout = quoted.group(1)
+    elif card:
+        layout = str(p["pp_layout"]).split(" (card)")[0].strip()
+    else:
+        return None
+    try:
+        parse_layout(layout)
+    except MeshplanError:
+        return None
+    return layout
+
+
+
+# --------------------------------------------------------------------------- MoE recipes, releases, LoRA
+
+
+def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
+    """The launcher config a NeMo 24.07 pretraining row ran with ub_tp_comm_overlap True, else None."""
+    rid = row["id"]
+    if not rid.startswith("nemo2407_") or "_sft_" in rid or "_lora_" in rid:
+        return None
+    return next((cfg for part, cfg in NEMO_2407_TP_OVERLAP.items() if f"_{part}_" in rid), None)
+
+
+def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """(knobs, notes) from the Megatron-Bridge perf recipe a row cites (RECIPE_MOE): the function it names, or, where
+    it names only the recipe file, that file's function for its GPU count, system and precision (the recipes'
+    <model>_pretrain_<n>gpu_<system>_<precision>_config naming). moe_a2a_overlap becomes the plan knob (map_row); a
+    full-iteration graph stays a knob meshplan cannot express (the host syncs it removes are still timed)."""
+    cited = row_text(row["source"]["citation"])
+    if BRIDGE.lower() not in cited.lower():
+        return {}, []
+    system = str(row["hardware"]["gpu_type"]).split("-")[0].lower()
+    tail = f"_{row['hardware']['num_gpus']}gpu_{system}_{RECIPE_PRECISION.get(str(row['precision']), '?')}_config"
+    found = [(name, r) for name, r in RECIPE_MOE.items()
+             if name in cited or (name.endswith(tail) and r.source.split(" ")[0].rstrip(",") in cited)]
+    if len(found) != 1:
+        return {}, []
+    name, r = found[0]
+    knobs: dict[str, str] = {}
+    if r.a2a_overlap:
+        knobs["moe_a2a_overlap"] = f"{BRIDGE} {r.source} {name}"
+    if r.full_iteration_graph:
+        knobs["cuda_graphs"] = f"full-iteration CUDA graph, static expert capacity ({BRIDGE} {r.source} {name})"
+    return knobs, [f"MoE overlap and graphs from {BRIDGE} {name}"] if knobs else []
+
+
+def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) -> dict[str, Any]:
+    """torch_compile=True for a row that states compile on a framework whose card compiles what it ran (torchtitan
+    rows measured once the loss was compiled too); the knob stays recorded otherwise."""
+    when = str(row["source"].get("version_or_date") or "")
+    if "torch_compile" not in knobs or framework_card(framework).compile is None:
+        return {}
+    if framework == "torchtitan" and not (re.match(r"\d{4}-\d{2}", when) and when >= TORCHTITAN_LOSS_COMPILED_SINCE):
+        return {}
+    knobs.pop("torch_compile")
+    return {"torch_compile": True}
+
+
+def run_attention_kernel(row: dict[str, Any]) -> str | None:
+    """The attention kernel the row's run used where its framework card would pick another, else None."""
+    return attention_kernel_of_run(row_text(row["source"]["citation"]))
+
+
+def framework_version_for(row: dict[str, Any], framework: str) -> str | None:
+    """The framework release a row ran, where meshplan's estimate depends on it (torchtitan's loss and attention
+    kernel, verl's attention kernel), else None."""
+    return release_ran(framework, row["source"].get("version_or_date"))
+
+
+def allocator_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """expandable_segments=False for a verl row that ran before its workers set it (a month-only date counts as
+    before) and for a Bridge row whose cited recipe leaves it out; other rows keep their framework card's default
+    (how its launcher sets it)."""
+    cited = row_text(row["source"].get("citation"), row["source"].get("location"))
+    if ran_without_expandable_segments(framework, row["source"].get("version_or_date"), cited):
+        return {"expandable_segments": False}
+    return {}
+
+
+def lora_for(row: dict[str, Any], framework: str, what: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(framework, Request LoRA fields, knobs) of a LoRA row: the cited recipe's rank and targets, else job=lora with
+    the framework's defaults (knob "lora"); a NeMo row is scored with megatron-bridge, whose LoRA is NeMo's
+    ParallelLinearAdapter carried over (megatron-core's pretrain_gpt has none, rule LORA001)."""
+    knobs: dict[str, str] = {}
+    if framework == "megatron-core":
+        knobs["framework"] = f"{row['framework']} LoRA: scored with megatron-bridge, whose LoRA is NeMo's"
+        framework = "megatron-bridge"
+    cited = row_text(row["source"]["citation"])
+    for recipe, (rank, targets, _) in LORA_RECIPES.items():
+        if recipe in cited:
+            return framework, {"lora_rank": rank, "lora_targets": targets}, knobs
+    return framework, {"job": "lora"}, knobs | {"lora": f"{what}: rank and targets not stated"}

@@ -1,0 +1,258 @@
+"""What the launchers, recipes and releases behind published training runs set, with their sources.
+
+A run published with a framework's launcher or recipe ran that launcher's settings even where its write-up does not
+state them: Megatron-Bridge's performance tables reduce gradients in bf16, its recipes set each big model's pipeline
+split, verl's example scripts pack micro-batches to a token budget, and a framework release decides its loss and
+attention kernel. These are facts about the frameworks, read from their code at the commits cited; a user planning
+the same run needs them as much as the bench (bench/production_sources.py), which maps the published rows of the dev
+set onto meshplan requests with them. Data and look-ups only: nothing here estimates.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+BRIDGE = "Megatron-Bridge"
+MODELZOO = "Megatron-MoE-ModelZoo"
+
+# --------------------------------------------------------------------------- framework releases, by date
+
+
+# torchtitan compiles the loss with the blocks when compile is on since pytorch/torchtitan bbb1b616e (2025-04-02,
+# build_loss_fn); its 2024-12 benchmarks compiled the blocks only, which the bool torch_compile cannot say.
+TORCHTITAN_LOSS_COMPILED_SINCE = "2025-04-02"
+# torchtitan's loss became chunked with ChunkedCELoss (pytorch/torchtitan PR #2937, merged 2026-04-27; the card's
+# memory_convention_why): a torchtitan row measured before that ran the whole-sequence loss of the 0.2 line.
+TORCHTITAN_CHUNKED_LOSS_SINCE = "2026-04-27"
+# torchtitan's SDPA has run cuDNN attention first since v0.2.0 (2025-10-17; pytorch/torchtitan 6a3a9da95, the card's
+# attention section): a torchtitan row measured before ran FlashAttention-2 on Hopper, as the 0.1 line did. Rows of
+# other FSDP trainers scored with the torchtitan card (LLM Foundry 2023, fms-fsdp) keep the card's release: their
+# loss's bytes are not torchtitan 0.1's either (knob "framework"); the kernel a run used is RUN_ATTENTION_KERNELS'.
+TORCHTITAN_CUDNN_SDPA_SINCE = "2025-10-17"
+# verl's Megatron engine forces attention_backend flash since volcengine/verl f1d212c6e (PR #3578, 2025-09-24, first
+# in v0.6.0; cards/frameworks/verl.yaml attention); rows published before (a month-only date counts as before) ran
+# Megatron-Core's auto, which the card gives as "0.5" (its estimated release 0.5.0).
+VERL_FLASH_SINCE = "2025-09-24"
+VERL_BEFORE_FLASH = "0.5.0"
+# verl's workers turn on expandable segments for the training phases since volcengine/verl bf56a2aa2 (PR #3181,
+# 2025-08-23; Megatron workers, cards/frameworks/verl.yaml allocator); rows published before or dated by month only
+# (a month-only date counts as before) trained without it: docs/perf/dpsk.md's 96-H20 DeepSeek-V3 run (measured by
+# 2025-08-14, e2e4c35ec) and its 32/256-H20 Qwen3-235B rows, whose stated settings first appear in f6f910069
+# (2025-08-22).
+VERL_EXPANDABLE_SINCE = "2025-08-23"
+# Megatron-Bridge performance recipes the rows cite whose cfg.env_vars leave expandable segments out (every other
+# Bridge recipe sets it, cards/frameworks/megatron-bridge.yaml allocator): recipe function -> why.
+BRIDGE_RECIPES_WITHOUT_EXPANDABLE = {
+    "llama3_70b_pretrain_64gpu_gb200_fp8cs_config": "perf_recipes/llama/gb200/llama3.py: Megatron-FSDP with "
+    "fsdp_double_buffer and NCCL user buffers, which Megatron-Core refuses with expandable segments before torch 2.11 "
+    "(megatron/core/distributed/distributed_data_parallel_config.py, nccl_ub)",
+}
+
+
+def release_ran(framework: str, when: str | None) -> str | None:
+    """The framework release a run dated `when` (ISO; a month-only date counts as before a day in that month) ran,
+    where meshplan's estimate depends on it (torchtitan's loss and attention kernel, verl's attention kernel), else
+    None."""
+    when = str(when or "")
+    if framework not in ("torchtitan", "verl") or not re.match(r"\d{4}-\d{2}", when):
+        return None
+    if framework == "verl":
+        return VERL_BEFORE_FLASH if when < VERL_FLASH_SINCE else None
+    if when < TORCHTITAN_CUDNN_SDPA_SINCE:
+        return "0.1"
+    if when < TORCHTITAN_CHUNKED_LOSS_SINCE:
+        return "0.2"
+    return None
+
+
+def ran_without_expandable_segments(framework: str, when: str | None, cited: str) -> bool:
+    """A run whose launcher left PyTorch's expandable segments off where its framework card's default sets them: a
+    verl run before its workers set them (a month-only date counts as before), a Megatron-Bridge run of a recipe
+    whose env_vars leave them out (BRIDGE_RECIPES_WITHOUT_EXPANDABLE, named in `cited`)."""
+    if framework == "verl" and not str(when or "") >= VERL_EXPANDABLE_SINCE:
+        return True
+    return framework == "megatron-bridge" and any(name in cited for name in BRIDGE_RECIPES_WITHOUT_EXPANDABLE)
+
+
+# --------------------------------------------------------------------------- what a launcher or recipe sets
+
+
+# The attention kernel of a published run whose trainer meshplan scores with another framework's card, by the words
+# its citation holds. LLM Foundry's benchmark tables: their launcher (mosaicml/llm-foundry
+# scripts/train/benchmarking/submit_benchmarks.py, every version from 300cc5c to 5e85bd6, incl. b2a43a1 that wrote
+# the H100 tables) sets the model's attn_impl from --attn_impl, default 'triton', which sweep.sh never passes:
+# MPT's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), cards/calibration.yaml
+# attention_kernels.triton_flash_attn.
+RUN_ATTENTION_KERNELS: tuple[tuple[str, str], ...] = (
+    ("mosaicml/llm-foundry scripts/train/benchmarking", "triton_flash_attn"),
+)
+
+
+def attention_kernel_of_run(citation: str) -> str | None:
+    """The attention kernel a run used, by the words its citation holds, where the framework card it is scored with
+    would pick another (RUN_ATTENTION_KERNELS), else None."""
+    cited = citation.lower()
+    return next((kernel for words, kernel in RUN_ATTENTION_KERNELS if words in cited), None)
+
+
+# Only llama3_8b.toml sets mode = "selective" with selective_ac_option = "op": at 9dec370 (2024-12-26, the 2024-12
+# benchmarks' pin; train_configs/llama3_8b.toml) and e7c0cae (2025-06-13, the Trainy pin;
+# torchtitan/models/llama3/train_configs/llama3_8b.toml); the 70B and 405B files set mode = "full", so selective there
+# would take the JobConfig default option "2". A torchtitan Llama 3 8B row with selective AC and no option ran the
+# file's "op": (model family, total parameters in billions) of the train configs that set it.
+TITAN_OP_TOMLS = {("llama3", 8.0)}
+
+
+# Megatron-Bridge's performance tables (docs/performance-summary.md and its archive) were measured with its
+# performance launchers, which reduce gradients in bf16 for every model: scripts/performance/configs/*/*.yaml
+# `grad_reduce_in_fp32: false` (2025-09), each model's set_<model>_common_configs in
+# scripts/performance/configs/<model>/*_llm_pretrain.py (2025-11 to 2026-04, e.g. c4fc11d2e), and since then every
+# flat perf recipe through perf_recipes/_common.py _benchmark_common and _perf_precision (cfg.ddp.grad_reduce_in_fp32
+# = False; of the perf recipes only GLM-5's and WAN's set it back, no row here). The bf16 grad buffer is 2 B/param,
+# not the 4 of the hardware recipes' bf16_mixed.
+BRIDGE_PERF_TABLE = "megatron-bridge docs/performance-summary"
+
+# Measured studies whose rows cite the study, not the recipe it ran, where the study's text names the recipe:
+# (words the row's citation and location both hold) -> (recipe, the optimizer fields that recipe sets, source).
+# NVIDIA-NeMo/Megatron-Bridge a67b5735d skills/nemo-mbridge-perf-activation-recompute/SKILL.md "Matched H100 Evidence:
+# Moonlight 16B": "The Moonlight 16B BF16 pretraining recipe ran on 8 H100 80GB GPUs ... TP=2, PP=1, CP=1, EP=8" at
+# Bridge 600d069; the one such recipe there is recipes/moonlight/h100/moonlight_16b.py
+# moonlight_16b_pretrain_8gpu_h100_bf16_config, which sets use_precision_aware_optimizer=True with bf16 exp_avg /
+# exp_avg_sq and bf16 main grads, and MixedPrecisionConfig(grad_reduce_in_fp32=False). The same text says a native
+# 8-H100 layout "failed during FP32 optimizer-state initialization".
+STUDY_RECIPES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
+    ("nemo-mbridge-perf-activation-recompute", "moonlight"): (
+        "moonlight_16b_pretrain_8gpu_h100_bf16_config",
+        {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
+}
+
+# verl example scripts the RL rows cite that train with actor.use_dynamic_bsz=True and ppo_max_token_len_per_gpu =
+# max_prompt_length + max_response_length (the row's seq_length): verl packs whole sequences into micro-batches of at
+# most that many tokens (times cp) and ignores ppo_micro_batch_size_per_gpu (volcengine/verl
+# workers/actor/megatron_actor.py forward_backward_batch: rearrange_micro_batches(max_token_len=...)). The largest
+# micro-batch is one budget of tokens: micro_batch_size 1 at the row's seq_length, not the script's 2 x seq_length.
+VERL_DYNAMIC_BSZ_SCRIPTS = (
+    "run_qwen3-235b_megatron_96gb.sh",  # examples/grpo_trainer/, f6f910069 (2025-08-22): (2048 + 1204*8) * 10 / 10
+    "run_deepseek671b_math_megatron_96gb.sh",  # bd756c15c (2025-08-14): the same budget
+    "run_qwen3moe-30b_megatron_96gb.sh",  # c281ea779 (2025-11-11): 2048 + 1024*8
+)
+
+# Megatron-Bridge's published Llama runs with TP > 1 use its perf recipes' userbuffers (the same fact as
+# bench/data/megatron_bridge_published.csv's tp_comm_overlap column).
+LLAMA_PERF_TP_OVERLAP = (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg userbuffers on the base recipes' "
+                         "tp_comm_overlap=True (recipes/llama/h100/llama3.py) wherever TP > 1")
+
+
+# NeMo 24.07's pretraining table (NVIDIA/NeMo docs/source/performance/performance_summary.md) ran the NeMo Framework
+# Launcher's default training configs; those that set userbuffers TP overlap at the 24.07 line (NVIDIA/
+# NeMo-Framework-Launcher 1ab2c781, 2024-08-13, launcher_scripts/conf/training/<config>.yaml ub_tp_comm_overlap:
+# True; the row's TP, PP and SP match each config). gpt3/175b and nemotron/nemotron_340b set it False, the TP-1
+# configs have nothing to overlap; the SFT / LoRA rows ran other configs, not read.
+NEMO_2407_TP_OVERLAP = {"gpt3_20b": "gpt3/20b", "llama2_70b": "llama/llama2_70b", "llama3_70b": "llama/llama3_70b",
+                        "nemotron_8b": "nemotron/nemotron_8b", "nemotron_22b": "nemotron/nemotron_22b"}
+
+# LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
+LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {
+    "llama3_70b_peft_8gpu_h100_fp8cs_config": (16, ["linear_qkv"], "Megatron-Bridge perf_recipes/llama/h100/llama3.py "
+                                               "(cfg.peft.target_modules = ['linear_qkv']) on recipes/llama llama3_70b "
+                                               "peft (dim 16, alpha 32)"),
+}
+
+
+# --------------------------------------------------------------------------- Megatron-Bridge perf recipes' MoE runs
+
+
+@dataclass(frozen=True)
+class RecipeMoe:
+    """What a Megatron-Bridge perf recipe sets for its MoE run that a row citing it may not state: the EP all-to-all
+    overlap (comm_overlap.overlap_moe_expert_parallel_comm with delay_wgrad_compute, the plan's moe_a2a_overlap) and
+    a full-iteration CUDA graph (cuda_graph_impl "full_iteration" with moe_expert_rank_capacity_factor and the paged
+    stash: a static per-rank expert capacity, so the dispatcher reads no routing counts on the host)."""
+
+    source: str  # path under src/megatron/bridge/ (NVIDIA-NeMo/Megatron-Bridge 067f987, 2026-08-22)
+    a2a_overlap: bool
+    full_iteration_graph: bool = False
+
+
+HYBRIDEP_FULL = "perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8"
+DSV3_FULL = "perf_recipes/deepseek/common.py _enable_deepseek_full_iteration_mxfp8"
+RECIPE_MOE: dict[str, RecipeMoe] = {
+    "deepseek_v3_pretrain_256gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/deepseek/b200/deepseek_v3.py", True),
+    # partial (TE-scoped) CUDA graph there: "B200's 180 GB cannot hold the full-iteration graph for this model"
+    "qwen3_30b_a3b_pretrain_8gpu_b200_fp8mx_config": RecipeMoe("perf_recipes/qwen/b200/qwen3_moe.py", True),
+    "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config": RecipeMoe(
+        f"perf_recipes/qwen/gb200/qwen3_moe.py, {HYBRIDEP_FULL}", True, True),
+    "qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config": RecipeMoe(
+        f"perf_recipes/qwen/gb200/qwen3_moe.py, {HYBRIDEP_FULL}", True, True),
+    "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config": RecipeMoe(
+        f"perf_recipes/deepseek/gb200/deepseek_v3.py, {DSV3_FULL}", True, True),
+    "deepseek_v3_pretrain_1024gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/deepseek/h100/deepseek_v3.py", False),
+    "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config": RecipeMoe("perf_recipes/qwen/h100/qwen3_moe.py", False),
+}
+RECIPE_PRECISION = {"mxfp8": "fp8mx", "bf16": "bf16", "fp8": "fp8cs"}
+
+
+# --------------------------------------------------------------------------- the pipeline split a recipe sets
+
+
+@dataclass(frozen=True)
+class RecipeSplit:
+    """What a framework source sets for a catalog model's pipeline split: a layout for one (pp, vpp), or the
+    embedding and the loss counted in the split (account_for_embedding/loss_in_pipeline_split) at any pp/vpp.
+    A layout is either a string the source passes (its MTP layers m as written) or a helper's table row
+    (decoder layers per virtual stage; E on the first, the model's MTP layers, where the helper places them,
+    and L on the last). The Request fields an entry sets for a model are the bench's split_fields (they need the
+    layout grammar of meshplan/arithmetic/schedule.py)."""
+
+    repo: str  # the repository a row's framework or citation must name for the entry to apply to it
+    source: str  # the path (and function) in that repository
+    model: str  # catalog key
+    pp: int | None = None  # None: any pp and vpp
+    vpp: int | None = None
+    layout: str | None = None
+    counts: tuple[int, ...] = ()
+    mtp_before_loss: bool = False  # the helper puts the model's MTP layers before the loss
+    account_for: bool = False
+    section: str = ""  # the part of the source it comes from, where the source sets several for one (pp, vpp)
+
+
+# NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout
+# (set_deepseek_v3_pipeline_model_parallel_layout, which every DeepSeek-V3 recipe and perf recipe calls, and
+# scripts/performance/utils/overrides.py when pp or vp is overridden): (pp, vp) -> decoder layers per virtual stage,
+# the last stage also ["mtp"] * mtp_num_layers + ["loss"] (MTP colocated with the loss, its default).
+DSV3_HELPER = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+               (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
+# NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/kimi/h100/kimi_k2.py _get_kimi_k2_pipeline_layout (the
+# Kimi-K2 recipes and perf recipes, and overrides.py): the same rows, the last stage [decoder..., "loss"] (no MTP),
+# and (2, 8).
+KIMI_HELPER = {**DSV3_HELPER, (2, 8): (4,) * 15 + (1,)}
+RECIPE_SPLITS: tuple[RecipeSplit, ...] = (
+    *(RecipeSplit(BRIDGE, "recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout", "deepseek-v3",
+                  pp, vp, counts=c, mtp_before_loss=True) for (pp, vp), c in DSV3_HELPER.items()),
+    *(RecipeSplit(BRIDGE, "recipes/kimi/h100/kimi_k2.py _get_kimi_k2_pipeline_layout", "kimi-k2", pp, vp, counts=c)
+      for (pp, vp), c in KIMI_HELPER.items()),
+    # (pp, vp) outside the helper's table: the perf recipes pass the string (set_deepseek_v3_..._layout(cfg.model, s))
+    RecipeSplit(BRIDGE, "perf_recipes/deepseek/h100/deepseek_v3.py deepseek_v3_pretrain_1024gpu_h100_*_config",
+                "deepseek-v3", 8, 4, layout="Et|(tt|)*30mL"),
+    RecipeSplit(BRIDGE, "perf_recipes/deepseek/gb300/deepseek_v3.py deepseek_v3_pretrain_256gpu_gb300_*_config",
+                "deepseek-v3", 2, 8, layout="Et*4|(t*4|)*14tmL"),
+    # the base recipe every Qwen3-235B-A22B / Llama-3.1-405B perf recipe starts from (perf_recipes/qwen/common.py,
+    # perf_recipes/llama/common.py) sets both flags; the perf recipes change only pp and vpp
+    RecipeSplit(BRIDGE, "recipes/qwen/h100/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
+                "qwen3-235b-a22b", account_for=True),
+    RecipeSplit(BRIDGE, "recipes/llama/h100/llama3.py llama31_405b_pretrain_256gpu_h100_bf16_config",
+                "llama-3.1-405b", account_for=True),
+    # yanring/Megatron-MoE-ModelZoo best_practice/deepseek-v3/run_deepseek_v3_*.sh (--pipeline-model-parallel-layout;
+    # pp from PP=, vpp from the layout's stages) and model_configs/benchmarking/Qwen3-235B-A22B.yaml
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_h100.sh (1024 H100; 256 B200)", "deepseek-v3",
+                8, 4, layout="Et|(tt|)*30mL"),
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_h100.sh '# Long Context' (256/512 H100)",
+                "deepseek-v3", 8, 4, layout="Et*2|(tt|)*22t|(tt|)*7mL", section="long context"),
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_b200.sh", "deepseek-v3", 8, 2,
+                layout="Et*4|(tttt|)*14tmL"),
+    RecipeSplit(MODELZOO, "best_practice/deepseek-v3/run_deepseek_v3_gb200.sh, run_deepseek_v3_gb300.sh",
+                "deepseek-v3", 4, 4, layout="Et*4|(tttt|)*14tmL"),
+    RecipeSplit(MODELZOO, "model_configs/benchmarking/Qwen3-235B-A22B.yaml", "qwen3-235b-a22b", account_for=True),
+)
