@@ -9,27 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.schema.contract import (
+from meshplan.schema.model import ModelReport, ModelSummary
+from meshplan.schema.reports import (
     CheckReport,
     MemoryReport,
     MinimumGpus,
-    ModelReport,
-    ModelSummary,
     Recommendation,
     RenderResult,
-    Request,
     ThroughputReport,
 )
+from meshplan.schema.request import Request
 
 
 def describe_model(model: str) -> ModelReport:
-    from meshplan.knowledge.models import describe_model as describe
+    from meshplan.knowledge.catalog import describe_model as describe
 
     return describe(model)
 
 
 def list_models() -> list[ModelSummary]:
-    from meshplan.knowledge.models import model_summaries
+    from meshplan.knowledge.catalog import model_summaries
 
     return model_summaries()
 
@@ -37,7 +36,7 @@ def list_models() -> list[ModelSummary]:
 def estimate_memory(req: Request) -> MemoryReport:
     from meshplan.estimate.accuracy import with_band
     from meshplan.request.resolve import resolve
-    from meshplan.rl.rollout import job_memory as estimate  # an RL job: the peak over its phases
+    from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
     job, plan = resolve(req)
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
@@ -46,7 +45,7 @@ def estimate_memory(req: Request) -> MemoryReport:
 def estimate_throughput(req: Request) -> ThroughputReport:
     from meshplan.estimate.accuracy import with_band
     from meshplan.request.resolve import resolve
-    from meshplan.rl.rollout import job_throughput as estimate  # an RL job: the whole RL step, by part
+    from meshplan.rl.step_time import job_throughput as estimate  # an RL job: the whole RL step, by part
 
     job, plan = resolve(req)
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
@@ -61,7 +60,7 @@ def check_config(req: Request) -> CheckReport:
 
 
 def recommend(req: Request, top_k: int = 5) -> Recommendation:
-    from meshplan.rl.rollout import is_rl_request
+    from meshplan.rl.job import is_rl_request
 
     if is_rl_request(req):  # the whole RL step: actor layout, rollout engine, memory fraction, offloads
         from meshplan.search.rl import recommend_rl

@@ -19,7 +19,8 @@ from meshplan.estimate import accuracy
 from meshplan.estimate.accuracy import AccuracyCard, KindFigures, RegimeFigures, SourceRuns, regime, regime_name, terms
 from meshplan.faces import cli, docs
 from meshplan.faces.mcp.server import app
-from meshplan.request.resolve import parse_request, resolve
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 L70 = {"model": "llama-3.1-70b", "gpu": "h100"}

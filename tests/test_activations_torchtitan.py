@@ -19,7 +19,7 @@ from meshplan.arithmetic.activations import (
     shape_of,
 )
 from meshplan.arithmetic.memory_states import memory_card
-from meshplan.knowledge.models import resolve_model
+from meshplan.knowledge.catalog import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

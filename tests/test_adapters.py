@@ -20,7 +20,7 @@ from meshplan.adapters.parse import parse_plan, shell_tokens
 from meshplan.adapters.render import TARGETS, render
 from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -339,9 +339,9 @@ def test_torch_compile_renders_and_parses_on_both_torchtitan_forms_and_kempnerfo
 
 
 def test_every_framework_with_an_adapter_card_section_has_a_builder_and_no_other():
-    from meshplan.adapters.render import _targets
+    from meshplan.adapters.render import BUILDERS
 
-    assert set(TARGETS) == set(_targets()) and "nanotron" not in TARGETS
+    assert set(TARGETS) == set(BUILDERS) and "nanotron" not in TARGETS
 
 
 def test_every_card_knob_with_a_key_is_exercised_and_missing_ones_say_instead():

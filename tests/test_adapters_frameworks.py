@@ -28,7 +28,7 @@ from meshplan.adapters.parse import cli_flags, overrides, parse_plan, python_ass
 from meshplan.adapters.render import render
 from meshplan.knowledge.cards import framework_card, model_card_names, read_card
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ from test_adapters_frameworks import COMPOSE, _walk
 from meshplan.adapters.parse import overrides, shell_tokens
 from meshplan.adapters.render import render
 from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import parse_request, resolve
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
 
 GRPO = {"model": "qwen3-30b-a3b", "num_gpus": 16, "ep": 8, "etp": 1, "job": "rl", "samples_per_prompt": 8,
         "prompts_per_step": 64, "response_length": 4096, "rollout_tp": 4, "rollout_memory_fraction": 0.7,
@@ -125,7 +126,7 @@ def _dataclass_defaults(path, cls: str) -> dict:
 def test_rl_card_defaults_are_the_pinned_packages_own():
     import yaml
 
-    from meshplan.rl.rollout import rl_card
+    from meshplan.knowledge.rl_card import rl_card
 
     config = wheel_tree("verl") / "verl" / "trainer" / "config"
     rollout = yaml.safe_load((config / "rollout" / "rollout.yaml").read_text())

@@ -1,6 +1,6 @@
-"""torch's micro-pipelined (async) TP pays for what runs outside its pipelines (perf.async_tp_cost,
-perf.chunked_gemm_extra): the local shard's copy, the reduce-scatter's sum of partials, the compute-stream barriers
-and the chunked GEMMs' lower efficiency."""
+"""torch's micro-pipelined (async) TP pays for what runs outside its pipelines (tp_overlap.async_tp_cost,
+tp_overlap.chunked_gemm_extra): the local shard's copy, the reduce-scatter's sum of partials, the compute-stream
+barriers and the chunked GEMMs' lower efficiency."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pytest
 
 from meshplan.api import estimate_throughput
 from meshplan.arithmetic.flops import Gemm
-from meshplan.estimate import perf
-from meshplan.estimate.perf import ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS, async_tp_cost, gemm_efficiency
+from meshplan.arithmetic.gemm import gemm_efficiency
+from meshplan.estimate import tp_overlap
+from meshplan.estimate.tp_overlap import ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS, async_tp_cost
 from meshplan.knowledge.calibration import calibration
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def test_async_tp_cost_exact_cases():
@@ -32,7 +33,7 @@ def _tt(**kw):
 
 def test_async_tp_exposes_its_costs(monkeypatch):
     on = estimate_throughput(_tt(tp_comm_overlap=True))
-    monkeypatch.setattr(perf, "async_tp_cost", lambda *a: 0.0)
+    monkeypatch.setattr(tp_overlap, "async_tp_cost", lambda *a: 0.0)
     free = estimate_throughput(_tt(tp_comm_overlap=True))
     monkeypatch.undo()
     off = estimate_throughput(_tt())
@@ -54,6 +55,6 @@ def test_chunked_gemm_extra_counts_forward_and_gradient_passes():
     tp = 8
     pair = gemms[:4]
     want = sum(2 * (tp * fwd(Gemm(g.name, g.m / tp, g.n, g.k)) - fwd(g)) for g in pair)
-    assert perf.chunked_gemm_extra(gemms, cal, C, False, tp) == pytest.approx(want)  # the logits are not chunked
+    assert tp_overlap.chunked_gemm_extra(gemms, cal, C, False, tp) == pytest.approx(want)  # the logits are not chunked
     want_moe = sum(2 * (tp * fwd(Gemm(g.name, g.m / tp, g.n, g.k)) - fwd(g)) for g in pair[:2])
-    assert perf.chunked_gemm_extra(gemms, cal, C, True, tp) == pytest.approx(want_moe)
+    assert tp_overlap.chunked_gemm_extra(gemms, cal, C, True, tp) == pytest.approx(want_moe)

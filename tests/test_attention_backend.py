@@ -9,11 +9,13 @@ from meshplan import api
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.memory import estimate_memory
-from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
-from meshplan.request.resolve import parse_request, resolve
-from meshplan.schema.contract import Request
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
 
 BASE = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, global_batch_size=8, micro_batch_size=1, recompute="none")
 

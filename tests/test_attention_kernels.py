@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from meshplan.arithmetic.flops import Shard, attention_core_flops
-from meshplan.estimate.perf import attention_efficiency, estimate_throughput
+from meshplan.estimate.attention_time import attention_efficiency
+from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import attention_fraction, calibration, calibration_card
 from meshplan.knowledge.cards import CardError, framework_card
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def _job(gpu: str, framework: str = "torchtitan", version: str | None = None, seq: int = 32768):

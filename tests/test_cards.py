@@ -8,7 +8,7 @@ from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 
 
 def test_every_model_and_framework_card_loads():
-    from meshplan.knowledge.models import catalog_architecture, catalog_keys
+    from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
 
     for key in catalog_keys():
         catalog_architecture(key)
@@ -47,7 +47,7 @@ def test_the_framework_list_is_the_card_files():
     from typing import get_args
 
     from meshplan.core.card_files import card_root
-    from meshplan.schema.contract import FRAMEWORKS, Framework
+    from meshplan.schema.choices import FRAMEWORKS, Framework
 
     files = sorted(p.name.removesuffix(".yaml") for p in card_root().joinpath("frameworks").iterdir()
                    if p.name.endswith(".yaml"))
@@ -83,7 +83,8 @@ def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card(monkeypatch):
 
 def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it():
     from meshplan.request.resolve import resolve
-    from meshplan.schema.contract import FRAMEWORKS, Request
+    from meshplan.schema.choices import FRAMEWORKS
+    from meshplan.schema.request import Request
 
     etp = {fw: resolve(Request(model="mixtral-8x7b", num_gpus=16, tp=2, framework=fw))[1].etp for fw in FRAMEWORKS}
     assert {fw for fw, value in etp.items() if value == 2} == {"megatron-core", "megatron-bridge", "verl", "skyrl"}
@@ -92,10 +93,10 @@ def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it()
 
 
 def test_mem001_raises_zero_as_far_as_the_card_allows(monkeypatch):
-    import meshplan.check.config as rules
+    import meshplan.check.alternatives as rules
     from meshplan.request.resolve import resolve
     from meshplan.rules.engine import Context
-    from meshplan.schema.contract import Request
+    from meshplan.schema.request import Request
 
     def zeros(framework: str, pp: int) -> list[str]:
         job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pp=pp, zero_stage=0, framework=framework))
@@ -110,7 +111,7 @@ def test_mem001_raises_zero_as_far_as_the_card_allows(monkeypatch):
 
 
 def test_flex_dispatcher_support_is_where_the_adapter_renders_it():
-    from meshplan.schema.contract import FRAMEWORKS
+    from meshplan.schema.choices import FRAMEWORKS
 
     assert [fw for fw in FRAMEWORKS if framework_card(fw).flex_dispatcher] == [
         "megatron-bridge", "megatron-core", "skyrl", "verl"]
@@ -119,7 +120,7 @@ def test_flex_dispatcher_support_is_where_the_adapter_renders_it():
 
 def test_the_card_limit_is_what_kf001_checks():
     from meshplan.rules.engine import rule_specs
-    from meshplan.schema.contract import FRAMEWORKS
+    from meshplan.schema.choices import FRAMEWORKS
 
     forbidding = [fw for fw in FRAMEWORKS if not framework_card(fw).limits.moe_with_pipeline]
     assert forbidding == ["kempnerforge"] and rule_specs()["KF001"].frameworks == forbidding

@@ -63,7 +63,7 @@ def test_every_subcommand_help_renders(monkeypatch):
     import argparse
 
     from meshplan.faces.cli import build_parser
-    from meshplan.schema.contract import Request
+    from meshplan.schema.request import Request
 
     monkeypatch.setattr(Request.model_fields["seq_length"], "description", "tokens per sample (30% more is 1.3x)")
     parser = build_parser()

@@ -17,7 +17,7 @@ import pytest
 from meshplan import __version__
 from meshplan.faces.cli import ECHO_CHARS, MAX_LINE_CHARS, main
 from meshplan.knowledge.hardware import gpu_catalog
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 GOOD = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}
 CHECK_FAILS = {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 3}  # TP001: 32 heads over tp=3
@@ -194,7 +194,7 @@ def _recommend(capsys, *args: str) -> tuple[dict, str]:
 
 def _folded(row: dict, plan: dict) -> str:
     """How the table names an equivalent: its degrees, its micro-batch and each knob that differs from its row's."""
-    from meshplan.schema.contract import Plan
+    from meshplan.schema.plan import Plan
 
     labels = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
               "moe_token_dispatcher": "dispatcher"}
@@ -240,7 +240,8 @@ def test_folded_equivalents_wrap_between_items_and_are_never_cut():
 
 def test_the_below_headroom_line_takes_its_numbers_from_the_report():
     from meshplan.faces.display import below_headroom_line
-    from meshplan.schema.contract import Candidate, MemorySummary, Plan, ThroughputBreakdown, ThroughputReport
+    from meshplan.schema.plan import Plan
+    from meshplan.schema.reports import Candidate, MemorySummary, ThroughputBreakdown, ThroughputReport
 
     gib = 1 << 30
     plan = Plan(tp=2, pp=8, ep=4, etp=2, dp=4, micro_batch_size=4, zero_stage=3, recompute="full")
@@ -266,7 +267,8 @@ def _below_headroom_block(out: str) -> list[str]:
 
 
 def test_recommend_names_the_fastest_layout_under_the_headroom_and_the_headroom_that_ranks_it(piped80, capsys):
-    from meshplan.schema.contract import MemorySummary, Plan
+    from meshplan.schema.plan import Plan
+    from meshplan.schema.reports import MemorySummary
     from meshplan.search import headroom_that_ranks
 
     # Nothing keeps 10% free: the line stands where the table would, and its --headroom really ranks it first.

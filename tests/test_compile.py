@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.memory_states import memory_card, output_activations, with_precision
 from meshplan.estimate.memory import estimate_memory
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 L8B = dict(model="llama-3.1-8b", num_gpus=8, seq_length=8192, global_batch_size=16, micro_batch_size=2)
 

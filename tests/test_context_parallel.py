@@ -1,15 +1,16 @@
-"""Context parallelism's step-time terms (meshplan/estimate/perf.py _cp_time, ring_exposed): exact cases of the ring's
-per-step
-overlap, the K/V bytes each attention kind sends, and how each cp_comm_type places its traffic."""
+"""Context parallelism's step-time terms (meshplan/estimate/context_parallel.py cp_time, ring_exposed): exact
+cases of the ring's per-step overlap, the K/V bytes each attention kind sends, and how each cp_comm_type places
+its traffic."""
 
 from __future__ import annotations
 
 import pytest
 
-from meshplan.estimate.perf import _kv_width, _q_out_width, estimate_throughput, ring_exposed
-from meshplan.knowledge.models import resolve_model
+from meshplan.estimate.context_parallel import kv_width, q_out_width, ring_exposed
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def estimate(**fields):
@@ -35,12 +36,12 @@ def test_kv_bytes_gqa_shares_heads_mla_sends_expanded_heads():
     """GQA sends its K/V heads (8 x 128, twice), a TP rank at least one of each; MLA sends per-head K (nope 128 +
     rope 64) and V (128) for its 128 heads, not the 512 + 64 latent."""
     llama, dsv3 = resolve_model("llama-3.1-8b"), resolve_model("deepseek-v3")
-    assert _kv_width(llama, 1) == 2 * 8 * 128
-    assert _kv_width(llama, 16) == 2 * 1 * 128
-    assert _kv_width(dsv3, 1) == 128 * (128 + 64 + 128)
-    assert _kv_width(dsv3, 8) == 16 * (128 + 64 + 128)
-    assert _q_out_width(llama, 1) == 2 * 32 * 128
-    assert _q_out_width(dsv3, 1) == 128 * (128 + 64 + 128)
+    assert kv_width(llama, 1) == 2 * 8 * 128
+    assert kv_width(llama, 16) == 2 * 1 * 128
+    assert kv_width(dsv3, 1) == 128 * (128 + 64 + 128)
+    assert kv_width(dsv3, 8) == 16 * (128 + 64 + 128)
+    assert q_out_width(llama, 1) == 2 * 32 * 128
+    assert q_out_width(dsv3, 1) == 128 * (128 + 64 + 128)
 
 
 LONG = dict(model="llama-3.1-8b", num_gpus=32, gpus_per_node=8, tp=1, cp=32, seq_length=131072, global_batch_size=4)

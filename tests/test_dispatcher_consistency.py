@@ -10,7 +10,7 @@ from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def _case(framework: str, dispatcher: str):

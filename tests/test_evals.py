@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from meshplan import api
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 EVALS = Path(__file__).resolve().parents[1] / "skills" / "parallelism-strategies" / "evals" / "evals.json"
 TOOLS = {"recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput", "render_config",

@@ -22,8 +22,8 @@ from mcp import Client, StdioServerParameters
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
-from meshplan.request.resolve import parse_request, unknown_field_error
-from meshplan.schema.contract import Request
+from meshplan.request.parse import parse_request, unknown_field_error
+from meshplan.schema.request import Request
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
 from meshplan.arithmetic.memory_states import convention_name, memory_card
-from meshplan.knowledge.models import resolve_model
+from meshplan.knowledge.catalog import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 2048  # tokens of one packed micro-batch

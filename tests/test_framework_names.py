@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from meshplan.schema.contract import FRAMEWORKS
+from meshplan.schema.choices import FRAMEWORKS
 
 MESHPLAN = Path(__file__).resolve().parent.parent / "meshplan"
 # The layers below the adapters and faces: the estimators, the rules, the resolver and the search.

@@ -8,7 +8,8 @@ from meshplan import api
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
-from meshplan.request.resolve import parse_request, resolve
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
 
 LLAMA_32K = dict(model="llama-3.1-8b", framework="torchtitan", num_gpus=8, seq_length=32768, micro_batch_size=1,
                  recompute="full")

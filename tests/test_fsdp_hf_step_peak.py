@@ -1,14 +1,16 @@
 """verl's and SkyRL's FSDP2 step (cards/memory.yaml fsdp2_hf): the root unit [norm, lm_head] is resharded after its
-forward and reduced only at the end of the backward (memory.fsdp_backward_moments output_resharded_at_loss,
+forward and reduced only at the end of the backward (fsdp_walk.fsdp_backward_moments output_resharded_at_loss,
 output_held_bytes), and the loss keeps 8 B per logit; by hand, and through estimate_memory."""
 
 from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import memory_card
-from meshplan.estimate.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak
+from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_backward_moments, fsdp_step_peak
+from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Job, Plan, Request
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
 
 
 def conv(**update):

@@ -1,14 +1,16 @@
-"""torch FSDP2's step peak walked unit by unit through the backward (memory.fsdp_backward_moments, issue 14):
+"""torch FSDP2's step peak walked unit by unit through the backward (fsdp_walk.fsdp_backward_moments, issue 14):
 which moment decides, by hand, and what estimate_memory reports for the conventions that walk (cards/memory.yaml
 step_peak)."""
 
 from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import memory_card, output_activations
-from meshplan.estimate.memory import FsdpUnit, estimate_memory, fsdp_backward_moments, fsdp_step_peak, job_logits
+from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_backward_moments, fsdp_step_peak, job_logits
+from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Job, Plan, Request
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
 
 
 def conv(**update):

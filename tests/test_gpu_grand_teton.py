@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan.estimate import perf
+from meshplan.estimate.layer_records import LayerTime
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 NVL_BF16, SXM_BF16 = 835.5e12, 989.4e12  # H100 NVL and H100 SXM dense BF16, the bounds torchtitan's footnote gives
 
@@ -24,8 +25,8 @@ def test_part_reads_the_benchmark_docs_figures():
     assert get_gpu("h100-grand-teton") is gt
 
 
-def _layers(gpu: str) -> perf.LayerTime:
-    seen: list[perf.LayerTime] = []
+def _layers(gpu: str) -> LayerTime:
+    seen: list[LayerTime] = []
     original = perf.layer_time
 
     def spy(ctx, moe):

@@ -8,15 +8,17 @@ import pytest
 from meshplan import api
 from meshplan.adapters.render import render
 from meshplan.arithmetic.flops import Gemm, model_flops_per_token
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import adapter_params, lora_engine, lora_flops_per_token, total_adapter_params
 from meshplan.arithmetic.memory_states import state_bytes, with_precision
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory
-from meshplan.estimate.perf import TRAINING_PASSES_PER_FORWARD, estimate_throughput, gemm_seconds
+from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import LoraSpec, Request
+from meshplan.schema.plan import LoraSpec
+from meshplan.schema.request import Request
 
 L8B = dict(model="llama-3.1-8b", framework="megatron-bridge", num_gpus=8, global_batch_size=64)
 ALL = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]

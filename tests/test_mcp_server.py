@@ -17,7 +17,7 @@ from meshplan import api
 from meshplan.faces.mcp.resources import skill_files
 from meshplan.faces.mcp.server import INSTRUCTIONS, app
 from meshplan.knowledge.cards import card_names, card_text
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 pytestmark = pytest.mark.anyio
 
@@ -277,7 +277,7 @@ async def test_recommend_parallelism_impossible_job_is_answered_with_what_fits(c
 
 
 async def test_recommend_parallelism_thin_headroom_names_the_layout_and_the_headroom(client):
-    from meshplan.schema.contract import MemorySummary
+    from meshplan.schema.reports import MemorySummary
     from meshplan.search import headroom_that_ranks
 
     result = await client.call_tool("recommend_parallelism", {"model": "llama-3.1-70b", "num_gpus": 16})

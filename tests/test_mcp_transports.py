@@ -188,7 +188,7 @@ def test_start_up_imports_nothing_heavy(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout))
     lazy = {"meshplan.estimate.memory", "meshplan.estimate.perf", "meshplan.check.config", "meshplan.search",
-            "meshplan.knowledge.models",
+            "meshplan.knowledge.catalog", "meshplan.knowledge.model_config", "meshplan.request.resolve",
             "meshplan.adapters.render", "jinja2", "numpy", "torch"}
     assert not lazy & loaded
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.schema.contract import Architecture, Job, MoESpec, Plan
+from meshplan.schema.model import Architecture, MoESpec
+from meshplan.schema.plan import Job, Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import megatron_peer

@@ -10,10 +10,12 @@ from meshplan.arithmetic.schedule import compute_balanced_counts, in_flight, meg
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, memory_summary
 from meshplan.faces.cli import main
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.knowledge.models import layer_params, resolve_model
+from meshplan.knowledge.model_counts import layer_params
 from meshplan.rules.engine import EstimateBlocked
-from meshplan.schema.contract import Architecture, Job, Plan
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
 
 GIB = 1 << 30
 
@@ -500,7 +502,7 @@ def test_every_nth_block_selective_of_torchtitan_0_2():
 def test_selective_ac_option_outside_torchtitans_selective_is_refused():
     """RC002: the option on a framework whose selective is not op-level SAC names that framework's nearest knob."""
     from meshplan.api import check_config as check
-    from meshplan.schema.contract import Request
+    from meshplan.schema.request import Request
 
     report = check(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", recompute="selective",
                            selective_ac_option="2"))

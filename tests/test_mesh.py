@@ -14,7 +14,8 @@ from meshplan.arithmetic.comm import links
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Plan, Request
+from meshplan.schema.plan import Plan
+from meshplan.schema.request import Request
 from meshplan.search.space import Layout, within_nvlink
 
 

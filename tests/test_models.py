@@ -6,8 +6,7 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import model_card
-from meshplan.knowledge.models import (
-    architecture_from_config,
+from meshplan.knowledge.catalog import (
     catalog_architecture,
     catalog_keys,
     describe_architecture,
@@ -15,6 +14,7 @@ from meshplan.knowledge.models import (
     published_mismatches,
     resolve_model,
 )
+from meshplan.knowledge.model_config import architecture_from_config
 
 
 def test_catalog_has_the_reference_models():
@@ -115,7 +115,7 @@ def test_moe_active_counts_only_top_k_experts():
 
 
 def test_per_architecture_cache_is_keyed_by_the_object():
-    from meshplan.knowledge.models import per_architecture
+    from meshplan.knowledge.model_counts import per_architecture
 
     calls = []
     build = per_architecture(lambda arch: calls.append(arch.name) or len(calls))
@@ -132,7 +132,7 @@ def test_per_architecture_cache_is_keyed_by_the_object():
 def test_generic_models_have_the_attention_real_models_of_that_size_use(size):
     """Heads in whole groups of 8 of width 128 over 8 KV heads (Llama 3), so TP 1/2/4/8 divide both."""
     from meshplan import api
-    from meshplan.schema.contract import Request
+    from meshplan.schema.request import Request
 
     arch = resolve_model(size)
     assert arch.generic and arch.head_dim == 128 and arch.num_kv_heads == 8

@@ -12,8 +12,9 @@ from pydantic import ValidationError
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import model_card
-from meshplan.knowledge.models import architecture_from_config, describe_architecture, resolve_model, shapes_card
-from meshplan.schema.contract import Request
+from meshplan.knowledge.catalog import describe_architecture, resolve_model
+from meshplan.knowledge.model_config import architecture_from_config, shapes_card
+from meshplan.schema.request import Request
 
 
 def config(card: str, **fields) -> dict:
@@ -157,7 +158,7 @@ def test_layer_lists_and_steps_stay_within_the_layers():
 
 
 def test_catalog_card_errors_name_the_card():
-    from meshplan.knowledge.models import _Fields
+    from meshplan.knowledge.model_config import _Fields
 
     assert _Fields({}, "cards/models/x.yaml").fail("bad").reason == "cards/models/x.yaml: bad"
     with pytest.raises(MeshplanError, match=r"^cards/models/llama-3.1-8b.yaml: num_hidden_layers = 0"):

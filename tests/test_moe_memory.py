@@ -15,8 +15,8 @@ from meshplan.arithmetic.activations import (
     shape_of,
 )
 from meshplan.arithmetic.memory_states import convention, memory_card
-from meshplan.knowledge.models import resolve_model
-from meshplan.request.resolve import Request
+from meshplan.knowledge.catalog import resolve_model
+from meshplan.schema.request import Request
 
 GIB = 1 << 30
 T, H, E, K, F = 4096, 2048, 128, 8, 768  # tokens per micro-batch (mbs 1 x 4096), hidden, experts, top-k, expert FFN

@@ -9,9 +9,9 @@ from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
 from meshplan.api import check_config, estimate_throughput
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.perf import EP_ALL_TO_ALLS_PER_LAYER, a2a_steady_share, overlapped_a2a
+from meshplan.estimate.moe_time import EP_ALL_TO_ALLS_PER_LAYER, a2a_steady_share, overlapped_a2a
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 Q30 = dict(model="qwen3-30b-a3b", num_gpus=16, seq_length=4096, global_batch_size=1024, framework="megatron-bridge")
 

@@ -5,7 +5,7 @@ import pytest
 
 from meshplan.estimate.memory import estimate_memory
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 # Llama-3.1-8B's decoder matrices, by hand: per layer q, o (h*h each), k, v (h*kv_heads*head_dim each) and
 # gate, up, down (h*ffn each); 32 layers, no biases.

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from meshplan.arithmetic.flops import Shard
+from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.arithmetic.muon import Matrix, layer_matrices, matrix_params, newton_schulz_seconds, ns_gemms
-from meshplan.estimate.perf import estimate_throughput, gemm_efficiency
+from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.cards import MuonFacts, framework_card
-from meshplan.knowledge.models import resolve_model
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def facts(tp_mode: str = "duplicated", split_qkv: bool = True) -> MuonFacts:

@@ -7,7 +7,8 @@ import pytest
 from meshplan import api
 from meshplan.arithmetic.offload import offload_card, offload_plan, offload_time
 from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import parse_request, resolve
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
 
 GIB = 1 << 30
 

@@ -9,15 +9,19 @@ import pytest
 
 from meshplan.arithmetic.comm import alltoall_time, links, p2p_time, per_domain, ring_time
 from meshplan.arithmetic.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
+from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.arithmetic.schedule import megatron_stages, stages_for
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.perf import attention_efficiency, estimate_throughput, gemm_efficiency, stage_layers
+from meshplan.estimate.attention_time import attention_efficiency
+from meshplan.estimate.perf import estimate_throughput, stage_layers
 from meshplan.knowledge.calibration import CALIBRATION_KEYS, calibration, calibration_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.knowledge.models import resolve_model, total_params
+from meshplan.knowledge.model_counts import total_params
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
-from meshplan.schema.contract import Plan, Request
+from meshplan.schema.plan import Plan
+from meshplan.schema.request import Request
 
 
 def estimate(**fields):
@@ -247,15 +251,16 @@ def test_more_micro_batches_shrink_the_bubble():
 def test_full_recompute_repeats_the_forward_share_of_each_term():
     """Exact case: the forward compute, the card's forward share of the fixed overhead, half the TP and EP
     traffic (their backward mirrors the forward) and the exposed CP traffic of the forward (cp_fwd)."""
-    from meshplan.estimate.perf import LayerTime, _recompute_time
+    from meshplan.estimate.layer_records import LayerTime
+    from meshplan.estimate.recompute import recompute_time
 
     cal = calibration("megatron-core")
     assert cal.forward_share_of_layer_overhead == 0.5
     lt = LayerTime(overhead=6.0, tp=4.0, cp=9.0, cp_fwd=3.0, ep=2.0, fwd_compute=10.0, attention_fwd=1.5)
-    assert _recompute_time(lt, "full", cal) == 10.0 + 6.0 * 0.5 + 4.0 / 2 + 9.0 / 3 + 2.0 / 2
-    assert _recompute_time(lt, "selective", cal) == 1.5 and _recompute_time(lt, "none", cal) == 0.0
+    assert recompute_time(lt, "full", cal) == 10.0 + 6.0 * 0.5 + 4.0 / 2 + 9.0 / 3 + 2.0 / 2
+    assert recompute_time(lt, "selective", cal) == 1.5 and recompute_time(lt, "none", cal) == 0.0
     half = cal.with_overrides(forward_share_of_layer_overhead=0.25)
-    assert _recompute_time(lt, "full", half) == _recompute_time(lt, "full", cal) - 6.0 * 0.25
+    assert recompute_time(lt, "full", half) == recompute_time(lt, "full", cal) - 6.0 * 0.25
 
 
 def test_op_sac_repeats_the_gemms_it_does_not_keep():
@@ -264,24 +269,25 @@ def test_op_sac_repeats_the_gemms_it_does_not_keep():
     kv_up, shared w1 and fc2, the router and every routed expert GEMM; under fp8 only the bf16 router/experts;
     its recompute time is that forward, the elementwise forward share and half the TP traffic's forward half."""
     from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
-    from meshplan.estimate.perf import LayerTime, _op_sac_recomputed, _recompute_time
+    from meshplan.estimate.layer_records import LayerTime
+    from meshplan.estimate.recompute import op_sac_recomputed, recompute_time
 
     llama = resolve_model("llama-3.1-8b")
     sh = Shard(tokens=8192, tp=1, ep=1, etp=1, sp=False)
     gemms = attention_gemms(llama, sh) + mlp_gemms(llama, sh, llama.ffn_hidden_size, "mlp")
-    again = _op_sac_recomputed(gemms, True, False)
+    again = op_sac_recomputed(gemms, True, False)
     assert [(g.name, g.n) for g in again] == [("attn_out", 4096), ("mlp_fc1", 14336)]
     ds = resolve_model("deepseek-v3")
-    again = _op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, False)
+    again = op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, False)
     assert [g.name for g in again] == ["q_up", "kv_up", "router", "expert_fc1", "expert_fc2", "shared_expert_fc1",
                                        "shared_expert_fc2"]
     assert again[5].n == ds.moe.shared_expert_ffn_hidden_size  # w1 only
-    assert [g.name for g in _op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, True)] == \
+    assert [g.name for g in op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, True)] == \
         ["router", "expert_fc1", "expert_fc2"]
     cal = calibration("torchtitan")
     lt = LayerTime(tp=4.0, op_sac_fwd=3.0, attention_fwd=1.5)
-    assert _recompute_time(lt, "selective", cal, "op_sac") == 3.0 + 4.0 / 2 / 2
-    assert _recompute_time(lt, "selective", cal) == 1.5
+    assert recompute_time(lt, "selective", cal, "op_sac") == 3.0 + 4.0 / 2 / 2
+    assert recompute_time(lt, "selective", cal) == 1.5
 
 
 def test_recompute_modules_repeat_their_memory_bound_passes():
@@ -290,15 +296,16 @@ def test_recompute_modules_repeat_their_memory_bound_passes():
     dispatcher's and router's bytes; all at the elementwise HBM bandwidth (ctx.hbm)."""
     from types import SimpleNamespace
 
-    from meshplan.estimate.perf import _module_memory_bound
+    from meshplan.estimate.layer_records import ElementwiseLoad
+    from meshplan.estimate.recompute import module_memory_bound
 
     ctx = SimpleNamespace(arch=SimpleNamespace(gated_mlp=True), hbm=1000.0)
-    out = _module_memory_bound(ctx, 10.0, 100.0, 20.0, 0.0, 600.0, 200.0)
+    out = module_memory_bound(ctx, ElementwiseLoad(10.0, 100.0, 20.0, 0.0, 600.0, 200.0))
     assert out == {"layernorm": 2 * 2 * 2 * 10.0 / 1000, "moe_act": 3 * 2 * 100.0 / 1000,
                    "shared_experts": 3 * 2 * 20.0 / 1000, "mlp": 0.0,
                    "moe": (3 * 2 * 120.0 + 400.0) / 1000}
-    plain = _module_memory_bound(SimpleNamespace(arch=SimpleNamespace(gated_mlp=False), hbm=1000.0),
-                                 10.0, 0.0, 0.0, 50.0, 0.0, 0.0)
+    plain = module_memory_bound(SimpleNamespace(arch=SimpleNamespace(gated_mlp=False), hbm=1000.0),
+                                ElementwiseLoad(10.0, 0.0, 0.0, 50.0, 0.0, 0.0))
     assert plain["mlp"] == 2 * 2 * 50.0 / 1000
     base = dict(model="qwen3-30b-a3b", num_gpus=8, tp=1, pp=1, ep=8, global_batch_size=64, recompute="selective")
     none = estimate(**base, recompute_modules=["core_attn"]).breakdown.recompute_s
@@ -310,14 +317,15 @@ def test_recompute_modules_repeat_their_forward():
     """Megatron's recompute_modules: core_attn repeats the attention core, mlp / moe / shared_experts / mla_up_proj
     what layer_time puts in module_fwd (moe also its dispatch and combine); a module with nothing there costs
     nothing."""
-    from meshplan.estimate.perf import LayerTime, _recompute_time
+    from meshplan.estimate.layer_records import LayerTime
+    from meshplan.estimate.recompute import recompute_time
 
     cal = calibration("megatron-core")
     lt = LayerTime(attention_fwd=1.5, ep=4.0, module_fwd={"mlp": 3.0, "moe": 5.0, "shared_experts": 0.5,
                                                           "mla_up_proj": 0.25})
-    assert _recompute_time(lt, "selective", cal, modules=("core_attn", "mla_up_proj")) == 1.75
-    assert _recompute_time(lt, "selective", cal, modules=("moe",)) == 5.0 + 4.0 / 2
-    assert _recompute_time(lt, "selective", cal, modules=("moe_act", "layernorm")) == 0.0
+    assert recompute_time(lt, "selective", cal, modules=("core_attn", "mla_up_proj")) == 1.75
+    assert recompute_time(lt, "selective", cal, modules=("moe",)) == 5.0 + 4.0 / 2
+    assert recompute_time(lt, "selective", cal, modules=("moe_act", "layernorm")) == 0.0
     base = dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, global_batch_size=4096,
                 recompute="selective")
     core = estimate(**base).breakdown.recompute_s
@@ -484,7 +492,7 @@ def test_grouped_gemm_slows_with_few_tokens_per_expert():
     """Expert GEMMs: the shape curve times rows/(rows + moe_gemm_half_ridges x ridge rows), rows = tokens per local
     expert, ridge rows = the GPU's bf16_peak / hbm_bandwidth."""
     from meshplan.arithmetic.flops import Gemm
-    from meshplan.estimate.perf import expert_ridge_rows, gemm_efficiency
+    from meshplan.arithmetic.gemm import expert_ridge_rows, gemm_efficiency
 
     cal = calibration("megatron-core").with_overrides(moe_gemm_half_ridges=4.0)
     ridge = expert_ridge_rows(989e12, 3.35e12)

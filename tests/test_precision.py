@@ -11,7 +11,7 @@ from meshplan.arithmetic.memory_states import bytes_per_param, with_precision
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 L8 = dict(model="llama-3.1-8b", num_gpus=8)
 

@@ -20,7 +20,7 @@ from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.faces.cli import main
 from meshplan.request.resolve import default_global_batch, resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search import gpu_count, minimum_gpus, recommend, search_job, slower_by
 from meshplan.search.space import search_card
 

@@ -16,13 +16,13 @@ from meshplan import api
 from meshplan.adapters.parse import cli_flags, overrides, python_assignments, shell_tokens
 from meshplan.adapters.render import TARGETS, RefusedLayout, dotlist_value, hydra_value, render
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import gib
 from meshplan.estimate.memory import estimate_memory
 from meshplan.faces.cli import main
 from meshplan.faces.mcp import tools
 from meshplan.knowledge.cards import model_card
 from meshplan.request.resolve import resolve
-from meshplan.rules.engine import gib
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 TP3 = dict(model="llama-3.1-8b", num_gpus=8, tp=3)  # dp = 8/3: WS001, and 32 heads / 3: TP001
 TITAN_70B = dict(model="llama-3.1-70b", num_gpus=8)  # one 70B replica per GPU: far over 80 GB

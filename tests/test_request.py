@@ -3,8 +3,9 @@
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import default_global_batch, field_aliases, parse_request, resolve
-from meshplan.schema.contract import Request
+from meshplan.request.parse import field_aliases, parse_request
+from meshplan.request.resolve import default_global_batch, resolve
+from meshplan.schema.request import Request
 
 
 def test_megatron_defaults_etp_to_tp_for_moe_like_megatron_core():

@@ -1,4 +1,4 @@
-"""RL jobs (meshplan/rl/rollout.py): the request fields, their defaults from the framework cards, the engine's
+"""RL jobs (meshplan/rl/): the request fields, their defaults from the framework cards, the engine's
 memory."""
 
 from __future__ import annotations
@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import parse_request, resolve
-from meshplan.rl.rollout import engine_weight_bytes, kv_bytes_per_token, rl_card
+from meshplan.knowledge.rl_card import rl_card
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+from meshplan.rl.engine import engine_weight_bytes, kv_bytes_per_token
 
 GRPO = {"model": "qwen3-30b-a3b", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_prompt": 8,
         "prompts_per_step": 64}
@@ -96,7 +98,7 @@ def phases(report):
 
 
 def test_phase_offloads_free_the_rollout_not_the_update():
-    from meshplan.rl.rollout import rl_memory
+    from meshplan.rl.memory import rl_memory
 
     job, plan = resolve(parse_request(DAPO))
     on = plan.model_copy(update={"param_offload": True, "optimizer_offload": True})
@@ -109,7 +111,7 @@ def test_phase_offloads_free_the_rollout_not_the_update():
 
 
 def test_peak_is_the_largest_phase_and_names_it():
-    from meshplan.rl.rollout import rl_memory
+    from meshplan.rl.memory import rl_memory
 
     job, plan = resolve(parse_request({**DAPO, "algorithm": "ppo"}))
     report = rl_memory(job, plan)
@@ -126,7 +128,7 @@ def test_with_expandable_segments_the_training_phases_fit_on_their_allocated_pea
     by their peak less the allocator reserve, plus the page slack (memory.fit_figure); the rollout engine's pool and
     every phase without the setting by the peak itself."""
     from meshplan.arithmetic.memory_states import memory_card
-    from meshplan.rl.rollout import rl_memory, trainer_reports
+    from meshplan.rl.memory import rl_memory, trainer_reports
 
     slack = memory_card().expandable_segments_slack_bytes
     job, plan = resolve(parse_request(DAPO))
@@ -144,7 +146,7 @@ def test_with_expandable_segments_the_training_phases_fit_on_their_allocated_pea
 
 
 def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
-    from meshplan.rl.rollout import engine_memory, kv_bytes_per_token
+    from meshplan.rl.engine import engine_memory, kv_bytes_per_token
 
     job, plan = rl(response_length=4096, rollout_tp=4)
     capacity = job.gpu.memory_bytes
@@ -159,7 +161,7 @@ def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
 
 
 def test_a_separate_pool_holds_only_the_engine():
-    from meshplan.rl.rollout import rl_memory
+    from meshplan.rl.memory import rl_memory
 
     job, plan = resolve(parse_request({**DAPO, "placement": "separate", "rollout_gpus": 8}))
     rollout = phases(rl_memory(job, plan))["rollout"]
@@ -207,7 +209,9 @@ def test_recommend_for_an_rl_job_ranks_whole_rl_steps_that_fit():
 
 
 def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
-    from meshplan.rl.rollout import decode_step_seconds, rl_constant, rl_memory
+    from meshplan.rl.engine import rl_constant
+    from meshplan.rl.memory import rl_memory
+    from meshplan.rl.step_time import decode_step_seconds
 
     job, plan = resolve(parse_request(DAPO))
     eager = plan.model_copy(update={"rollout_enforce_eager": True})
@@ -221,7 +225,7 @@ def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
 
 
 def test_skyrl_colocated_offloads_every_model_itself_and_verl_only_on_request():
-    from meshplan.rl.rollout import rl_memory
+    from meshplan.rl.memory import rl_memory
 
     for framework, resident in (("skyrl", False), ("verl", True)):
         job, plan = resolve(parse_request({**DAPO, "algorithm": "grpo", "framework": framework}))

@@ -9,10 +9,12 @@ from meshplan.arithmetic.comm import dispatch_time, domain_hit, links
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import model_card
+from meshplan.knowledge.catalog import catalog_architecture
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.knowledge.models import architecture_from_config, catalog_architecture, model_card
+from meshplan.knowledge.model_config import architecture_from_config
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def test_catalog_carries_the_published_groups():

@@ -14,13 +14,15 @@ from meshplan.api import estimate_memory, estimate_throughput
 from meshplan.arithmetic import activations
 from meshplan.arithmetic.activations import Layout, layer_activations, shape_of
 from meshplan.arithmetic.flops import moe_gemms
+from meshplan.arithmetic.gemm import gemm_seconds
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate import perf
+from meshplan.estimate import moe_time, perf
 from meshplan.estimate.memory import ep_rank_load
 from meshplan.faces.cli import main
 from meshplan.knowledge.cards import framework_card
-from meshplan.request.resolve import parse_request, resolve
-from meshplan.schema.contract import Request
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
 
 Q30 = dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, seq_length=4096, global_batch_size=256, ep=8, etp=1)
 
@@ -71,8 +73,8 @@ def test_layer_time_scales_the_busiest_ranks_experts_permutes_and_all_to_all():
     # GEMMs: each local expert's rows times the load, through the same rows curve
     gemms = moe_gemms(arch, sh)
     scaled = [replace(g, m=g.m * load) if g.name.startswith("expert_") else g for g in gemms]
-    attn = base.gemm - perf.gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-    assert busy.gemm == pytest.approx(attn + perf.gemm_seconds(scaled, cal, ctx.bf16_peak, ctx.fp8_peak,
+    attn = base.gemm - gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    assert busy.gemm == pytest.approx(attn + gemm_seconds(scaled, cal, ctx.bf16_peak, ctx.fp8_peak,
                                                                ctx.ridge_rows), rel=1e-12)
     assert busy.gemm > base.gemm
     # memory-bound passes: the dispatcher's permutes and the routed FFN activations, (load - 1) more of each
@@ -82,18 +84,18 @@ def test_layer_time_scales_the_busiest_ranks_experts_permutes_and_all_to_all():
     assert busy.elementwise - base.elementwise == pytest.approx(extra, rel=1e-9)
     # all-to-all: the dispatch the step times carries the most loaded rank's bytes
     sent = []
-    original_dispatch = perf.dispatch_time
+    original_dispatch = moe_time.dispatch_time
 
     def record(copy_bytes, *args, **kwargs):
         sent.append(copy_bytes)
         return original_dispatch(copy_bytes, *args, **kwargs)
 
-    perf.dispatch_time = record
+    moe_time.dispatch_time = record
     try:
         perf.layer_time(ctx, True)
         perf.layer_time(replace(ctx, routed_load=load), True)
     finally:
-        perf.dispatch_time = original_dispatch
+        moe_time.dispatch_time = original_dispatch
     assert sent == [sh.tokens * arch.hidden_size * 2, sh.tokens * arch.hidden_size * 2 * load]
     assert busy.ep > base.ep
     # the router and the attention side do not move

@@ -6,6 +6,7 @@ import pytest
 
 from meshplan.arithmetic.schedule import uneven_split
 from meshplan.check.config import check_config
+from meshplan.core.units import gib
 from meshplan.knowledge.cards import CardError, validate_card
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import (
@@ -14,14 +15,15 @@ from meshplan.rules.engine import (
     EstimateBlocked,
     RulesCard,
     finding,
-    gib,
     load_rules,
     memory_rules,
     rule,
     rule_specs,
     rules_card,
 )
-from meshplan.schema.contract import MemoryReport, Plan, Request, StageMemory
+from meshplan.schema.plan import Plan
+from meshplan.schema.reports import MemoryReport, StageMemory
+from meshplan.schema.request import Request
 
 GIB = 1 << 30
 
@@ -63,7 +65,7 @@ RL = {"framework": "verl", "num_gpus": 16, "ep": 8, "job": "rl", "samples_per_pr
 # For every rule: (failing case, passing case). A case is make() keyword arguments; "report" gives the
 # memory rules a synthetic estimate (peak, capacity in GiB) so their thresholds are tested exactly.
 CASES: dict[str, tuple[dict, dict]] = {
-    # precision knobs (meshplan/rules/conditions.py PR*)
+    # precision knobs (meshplan/rules/precision.py PR*)
     "PR001": ({**L8B, "num_gpus": 8, "zero_stage": 0, "optimizer_state_dtype": "bf16"},
               {**L8B, "num_gpus": 8, "zero_stage": 1, "optimizer_state_dtype": "bf16"}),
     "PR002": ({**L8B, "num_gpus": 8, "framework": "torchtitan", "precision": "fp8", "fp8_recipe": "rowwise",
@@ -502,7 +504,7 @@ def test_memory_error_names_fitting_alternatives():
 
 def test_memory_fix_neighbours_follow_the_card():
     """MEM001's neighbours come from its params (doubling, pp up to 4x) and CP002's threshold, not from code."""
-    from meshplan.check.config import _candidates
+    from meshplan.check.alternatives import _candidates
 
     assert rule_specs()["MEM001"].params == {"max_alternatives": 3, "degree_factor": 2, "max_pp_factor": 4,
                                              "max_changes": 2}
@@ -525,7 +527,7 @@ def test_memory_error_when_nothing_nearby_fits():
 
 def _named_changes(ctx: Context, fix: str) -> list[dict]:
     """The plan changes behind each alternative a MEM001 fix names ("a (..) or b + c (..) fits")."""
-    from meshplan.check.config import _candidates
+    from meshplan.check.alternatives import _candidates
 
     changes = dict(_candidates(ctx))
     named = fix.split("together, ")[-1].removesuffix(" fits.").removesuffix(" fit.")
@@ -539,7 +541,7 @@ def _named_changes(ctx: Context, fix: str) -> list[dict]:
 
 
 def test_memory_fix_names_the_cpu_optimizer_with_its_host_memory():
-    from meshplan.check.config import _neighbour
+    from meshplan.check.alternatives import _neighbour
     from meshplan.estimate.memory import estimate_memory
 
     job, plan = make(**L70B, num_gpus=8, tp=8, framework="megatron-core")
@@ -555,7 +557,7 @@ def test_memory_fix_combines_two_changes_when_none_fits_alone():
     # GLM-4.5-Air's Megatron-Bridge recipe on 32 H100 (TP1 PP4 EP8, first/last stage 11 layers): expert-dp is 1,
     # so nothing shards its experts' optimizer states; with a 256 GiB host the CPU optimizer is out too. Each
     # change alone falls short; the fix names pairs, and every pair it names fits and passes every rule.
-    from meshplan.check.config import _neighbour
+    from meshplan.check.alternatives import _neighbour
     from meshplan.estimate.memory import estimate_memory
 
     job, plan = make(model="glm-4.5-air", framework="megatron-bridge", num_gpus=32, tp=1, pp=4, ep=8, etp=1,

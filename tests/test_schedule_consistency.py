@@ -22,10 +22,12 @@ from meshplan.arithmetic.schedule import (
 from meshplan.check.config import check_structure
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.cards import model_card_names
-from meshplan.knowledge.models import resolve_model
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked, backend_of, rule_specs
-from meshplan.schema.contract import FRAMEWORKS, Plan, Request
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.plan import Plan
+from meshplan.schema.request import Request
 from meshplan.search.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options
 
 MAX_PP = 32

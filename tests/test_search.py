@@ -10,7 +10,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.faces.cli import main
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search import SEARCH_BUCKETS, exhaustive_top_k, min_headroom_fraction, recommend, search_job
 
 

@@ -7,7 +7,7 @@ import pytest
 from meshplan.estimate.accuracy import terms
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search import exhaustive_top_k, recommend
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from meshplan.arithmetic.schedule import pipeline_split
 from meshplan.estimate.memory import estimate_memory
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search import search_job
 from meshplan.search.space import (
     Fixed,

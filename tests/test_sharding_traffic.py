@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.estimate.perf import ShardUnit, estimate_throughput, exposed_sharding, sharding_schedule
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.estimate.sharding_traffic import ShardUnit, exposed_sharding, sharding_schedule
 from meshplan.knowledge.calibration import calibration
-from meshplan.request.resolve import Request, resolve
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
 
 
 def _job(**fields):

@@ -11,7 +11,7 @@ from meshplan.check.config import check_config
 from meshplan.estimate.memory import estimate_memory
 from meshplan.faces.docs import checked_rows, job_and_plan, row_numbers
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 from meshplan.search.strategies import suggest
 
 ROWS = checked_rows()

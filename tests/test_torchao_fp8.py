@@ -9,7 +9,7 @@ import pytest
 from meshplan.arithmetic.memory_states import fp8_inputs, with_precision
 from meshplan.estimate.memory import estimate_memory
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 # torchtitan's 2025-06 Trainy run: Llama 3.1 8B, 32 H200, FSDP, local batch 2 x 8192, op-level SAC
 TRAINY = dict(model="llama-3.1-8b", gpu="h200", num_gpus=32, framework="torchtitan", seq_length=8192,

@@ -1,4 +1,4 @@
-"""tp_comm_overlap (issue 15 item 4): the TP time each framework mode hides beside its GEMMs (perf.tp_hidden), the
+"""tp_comm_overlap (issue 15 item 4): the TP time each framework mode hides beside its GEMMs (tp_overlap.tp_hidden), the
 mode a plan runs (the framework card's tp_overlap), its preconditions (TP005) and its rendered keys."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
 from meshplan.api import check_config, estimate_throughput
-from meshplan.estimate.perf import tp_hidden, tp_overlap_mode
+from meshplan.estimate.tp_overlap import tp_hidden, tp_overlap_mode
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 L70 = dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=2, global_batch_size=256)
 

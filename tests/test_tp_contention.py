@@ -1,6 +1,6 @@
-"""A GEMM beside an SM-using TP communication kernel runs on the SMs left (perf.slowed_gemm, perf.tp_hidden): the
-Transformer Engine userbuffers reduce-scatters' num_sm from the framework cards, the GPU's SM count from the hardware
-card; the copy-engine all-gathers and async TP's copies hold none."""
+"""A GEMM beside an SM-using TP communication kernel runs on the SMs left (tp_overlap.slowed_gemm,
+tp_overlap.tp_hidden): the Transformer Engine userbuffers reduce-scatters' num_sm from the framework cards, the
+GPU's SM count from the hardware card; the copy-engine all-gathers and async TP's copies hold none."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import pytest
 
 from meshplan.api import estimate_throughput
 from meshplan.estimate import perf
-from meshplan.estimate.perf import TpSms, slowed_gemm, tp_hidden, tp_sms
+from meshplan.estimate.layer_records import TpSms
+from meshplan.estimate.tp_overlap import slowed_gemm, tp_hidden, tp_sms
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 
 def test_slowed_gemm_exact_cases():

@@ -13,9 +13,9 @@ import pytest
 from meshplan.arithmetic.comm import links, ring_time
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
-from meshplan.knowledge.models import total_params
+from meshplan.knowledge.model_counts import total_params
 from meshplan.request.resolve import resolve
-from meshplan.schema.contract import Request
+from meshplan.schema.request import Request
 
 # Qwen3-30B-A3B: 48 layers of 128 experts, each gate/up/down 2,048 x 768
 EXPERT_PARAMS = 48 * 128 * 3 * 2048 * 768

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from meshplan.schema.contract import Architecture, RopeSpec
+from meshplan.schema.model import Architecture, RopeSpec
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import ADAPTER_KNOBS, AdapterKnob, AdapterSection, CardError, framework_card
-from meshplan.schema.contract import FRAMEWORKS, Job, Plan
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.plan import Job, Plan
 
 KNOBS: tuple[str, ...] = ADAPTER_KNOBS
 

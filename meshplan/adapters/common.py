@@ -1,21 +1,41 @@
-"""Arithmetic every adapter shares: nodes, the pipeline split, Megatron's recompute fields, rollout TP.
+"""What every adapter shares: what a builder hands the template (`Built`), and the arithmetic: nodes, the pipeline
+split, Megatron's recompute fields, rollout TP.
 
 Each function is pure and says in its docstring which framework rule it follows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from meshplan.adapters.capabilities import adapter_section, knob_table
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.offload import optimizer_share
 from meshplan.arithmetic.schedule import layers_per_rank, split_problem, uneven_split
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import ep_rank_load
 from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.models import total_params
-from meshplan.schema.contract import Job, Plan
+from meshplan.knowledge.model_counts import total_params
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import RenderFormat
+
+
+@dataclass
+class Built:
+    """What a target builder hands the template (and the result)."""
+
+    template: str
+    context: dict[str, Any]
+    format: RenderFormat
+    filename: str
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+Builder = Callable[[Job, Plan, str, str], Built]
+"""A target's builder: (job, plan, variant, version) -> the template and its context."""
 
 
 @dataclass(frozen=True)
@@ -261,9 +281,6 @@ def attention_value(framework: str, variant: str, backend: str, mla: bool = Fals
     overrides); None for auto (nothing to render), except an MLA model on an engine whose card names an mla_backend
     (verl's Megatron engine: fused, as its DeepSeek-V3 recipe sets, where its flash default finds no kernel): that
     backend, the one perf times. capabilities.refuse_missing has already refused a value the framework lacks."""
-    from meshplan.adapters.capabilities import adapter_section, knob_table
-    from meshplan.knowledge.cards import framework_card
-
     if backend == "auto":
         attention = framework_card(framework).attention
         if not mla or attention is None or attention.mla_backend is None:
@@ -275,8 +292,6 @@ def attention_value(framework: str, variant: str, backend: str, mla: bool = Fals
 
 def attention_backend_of(framework: str, variant: str, value: Any) -> str:
     """attention_backend read back from a snippet: the meshplan value the framework's value is (absent: auto)."""
-    from meshplan.adapters.capabilities import adapter_section, knob_table
-
     if value is None:
         return "auto"
     knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.arithmetic.lora import TARGETS
-from meshplan.schema.contract import Job
+from meshplan.schema.plan import Job
 
 Setting = tuple[str, Any]
 

@@ -12,6 +12,7 @@ from typing import Any
 from meshplan.adapters.architecture import SILU, bridge_fields, core_flags, megatron_architecture
 from meshplan.adapters.common import (
     DROPOUT_ON,
+    Built,
     attention_value,
     flex_notes,
     hierarchical_cp,
@@ -25,11 +26,10 @@ from meshplan.adapters.common import (
     split_fields,
 )
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
-from meshplan.adapters.render import Built
 from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
-from meshplan.schema.contract import Job, Plan
+from meshplan.schema.plan import Job, Plan
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several values
 

@@ -12,34 +12,21 @@ import json
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 
+from meshplan.adapters import megatron, rl, torchnative
 from meshplan.adapters.capabilities import adapter_section, refuse_missing, renderable_frameworks, resolve_version
+from meshplan.adapters.common import Builder
 from meshplan.core.errors import MeshplanError, closest
+from meshplan.core.units import gib
 from meshplan.knowledge.cards import framework_card
-from meshplan.schema.contract import FRAMEWORKS, CheckReport, Finding, Job, Plan, RenderFormat, RenderResult
-
-Format = RenderFormat
-
-
-@dataclass
-class Built:
-    """What a target builder hands the template (and the result)."""
-
-    template: str
-    context: dict[str, Any]
-    format: Format
-    filename: str
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-Builder = Callable[[Job, Plan, str, str], Built]
-
+from meshplan.rules.engine import memory_rules
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import CheckReport, Finding, RenderResult
 
 # --------------------------------------------------------------------------- value formatting (filters)
 
@@ -131,18 +118,16 @@ def environment() -> jinja2.Environment:
 # --------------------------------------------------------------------------- dispatch
 
 
-def _targets() -> dict[str, tuple[Builder, Callable[[Job, Plan], str]]]:
-    from meshplan.adapters import megatron, rl, torchnative
-
-    return {
-        "megatron-core": (megatron.build_core, lambda job, plan: "pretrain_gpt"),
-        "megatron-bridge": (megatron.build_bridge, lambda job, plan: "python"),
-        "deepspeed": (megatron.build_deepspeed, megatron.deepspeed_default_variant),
-        "verl": (rl.build_verl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "megatron"),
-        "skyrl": (rl.build_skyrl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "rl"),
-        "torchtitan": (torchnative.build_torchtitan, lambda job, plan: "cli"),
-        "kempnerforge": (torchnative.build_kempnerforge, lambda job, plan: "toml"),
-    }
+# Each renderable framework's builder and its default variant for a job and plan.
+BUILDERS: dict[str, tuple[Builder, Callable[[Job, Plan], str]]] = {
+    "megatron-core": (megatron.build_core, lambda job, plan: "pretrain_gpt"),
+    "megatron-bridge": (megatron.build_bridge, lambda job, plan: "python"),
+    "deepspeed": (megatron.build_deepspeed, megatron.deepspeed_default_variant),
+    "verl": (rl.build_verl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "megatron"),
+    "skyrl": (rl.build_skyrl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "rl"),
+    "torchtitan": (torchnative.build_torchtitan, lambda job, plan: "cli"),
+    "kempnerforge": (torchnative.build_kempnerforge, lambda job, plan: "toml"),
+}
 
 
 # The frameworks whose card has an `adapter` section, in the order of schema.FRAMEWORKS: the card decides
@@ -176,8 +161,6 @@ class RefusedLayout(MeshplanError):
     """A layout that breaks a rule of its framework: `render` writes it only when forced."""
 
     def __init__(self, job: Job, plan: Plan, report: CheckReport):
-        from meshplan.rules.engine import gib, memory_rules
-
         self.report = report
         self.findings = [f for f in report.findings if f.severity == "error"]
         ids = [f.id for f in self.findings]
@@ -216,7 +199,7 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
            version: str | None = None) -> RenderResult:
     """The plan as `framework`'s config snippet; a knob the framework lacks is a MeshplanError."""
     require_target(framework)
-    builder, default_variant = _targets()[framework]
+    builder, default_variant = BUILDERS[framework]
     section = adapter_section(framework)
     if version is None and job.framework_version in section.versions:  # the release the request named
         version = job.framework_version

@@ -12,6 +12,7 @@ from typing import Any
 
 from meshplan.adapters.common import (
     DROPOUT_ON,
+    Built,
     attention_value,
     flex_notes,
     hierarchical_cp,
@@ -24,10 +25,9 @@ from meshplan.adapters.common import (
     split_fields,
 )
 from meshplan.adapters.lora import skyrl_lora, verl_lora
-from meshplan.adapters.render import Built
 from meshplan.core.errors import MeshplanError
-from meshplan.rl.rollout import rl_card
-from meshplan.schema.contract import Job, Plan
+from meshplan.knowledge.rl_card import rl_card
+from meshplan.schema.plan import Job, Plan
 
 Override = tuple[str, Any]
 

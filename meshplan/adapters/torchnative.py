@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.common import attention_value, nodes, split_fields
-from meshplan.adapters.render import Built
+from meshplan.adapters.common import Built, attention_value, nodes, split_fields
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
-from meshplan.schema.contract import Job, Plan
+from meshplan.schema.plan import Job, Plan
 
 
 def _dp(plan: Plan) -> tuple[int, int]:

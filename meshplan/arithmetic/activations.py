@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from meshplan.schema.contract import Architecture
+from meshplan.schema.model import Architecture
 
 BF16 = 2
 
@@ -251,7 +251,27 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         return {"layer_input": BF16 * t * h / ts}
     out: dict[str, float] = {}
     out["norm_inputs"] = 2 * _norm(h, t, lay) / ts
-    # attention
+    out["attention"] = _attention(shape, lay, sel, lin)
+    # MLP / MoE
+    mlp = 0.0 if "layernorm" in sel else lin * t * h / ts  # fc1 (or router + expert) input
+    if moe_layer and shape.experts and "moe" in sel:
+        out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
+    elif moe_layer and shape.experts:
+        out["moe"] = _moe_layer(shape, lay, sel, lin, mlp)
+    elif "mlp" in sel:
+        out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
+    else:
+        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused)
+        out["mlp"] = mlp
+    if lay.dropout:
+        out["dropout_masks"] = t * h / ts
+    return out
+
+
+def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
+    """The attention block's bytes (layer_activations, without recompute or with the selective modules `sel`)."""
+    t, h, tp = lay.tokens, shape.h, lay.tp
+    ts = tp if lay.sp else 1
     attn = 0.0 if "layernorm" in sel else lin * t * h / ts  # QKV (or q/kv down-projection) input
     if shape.mla:
         q_lora, kv_lora, d_nope, d_rope, d_v = shape.mla
@@ -289,38 +309,30 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
         attn += t * v_dim / tp  # the out-projection keeps its own fp8 copy of that input
     if lay.dropout:
         attn += t * h / ts  # output dropout mask
-    out["attention"] = attn
-    # MLP / MoE
-    mlp = 0.0 if "layernorm" in sel else lin * t * h / ts  # fc1 (or router + expert) input
-    if moe_layer and shape.experts and "moe" in sel:
-        out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
-    elif moe_layer and shape.experts:
-        if lay.moe.router_input_bytes and "layernorm" not in sel:
-            # the router's own copy of its input and gate weight; the layer input only if shared experts read it
-            mlp = lay.moe.router_input_bytes * t * h / ts + (mlp if shape.f_shared else 0.0)
-            mlp += lay.moe.router_weight_bytes * shape.experts * h
-        if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
-            # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
-            mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
-        mlp += _moe_routing(shape, lay, t / ts)
-        # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
-        # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap)
-        rows = t * shape.top_k / ts * lay.etp * lay.routed_load
-        mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * h)
-        mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
-        mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
-        if shape.f_shared and "shared_experts" not in sel:
-            mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
-        out["moe"] = mlp
-    elif "mlp" in sel:
-        out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
-    else:
-        mlp += _mlp(shape, shape.f, t, tp, lin, lay.swiglu_unfused)
-        out["mlp"] = mlp
-    if lay.dropout:
-        out["dropout_masks"] = t * h / ts
-    return out
+    return attn
 
+
+def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -> float:
+    """A MoE layer's bytes (layer_activations) on top of `mlp`, its input as the router and experts keep it."""
+    t, h, tp = lay.tokens, shape.h, lay.tp
+    ts = tp if lay.sp else 1
+    if lay.moe.router_input_bytes and "layernorm" not in sel:
+        # the router's own copy of its input and gate weight; the layer input only if shared experts read it
+        mlp = lay.moe.router_input_bytes * t * h / ts + (mlp if shape.f_shared else 0.0)
+        mlp += lay.moe.router_weight_bytes * shape.experts * h
+    if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
+        # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
+        mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
+    mlp += _moe_routing(shape, lay, t / ts)
+    # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
+    # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap)
+    rows = t * shape.top_k / ts * lay.etp * lay.routed_load
+    mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * h)
+    mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
+    mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
+    if shape.f_shared and "shared_experts" not in sel:
+        mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
+    return mlp
 
 
 def _rope(shape: Shape, lay: Layout) -> float:

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from meshplan.arithmetic.mesh import fast_domain, per_domain
 from meshplan.knowledge.calibration import Calibration
-from meshplan.schema.contract import GpuSpec
+from meshplan.schema.hardware import GpuSpec
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.schema.contract import Architecture
+from meshplan.schema.model import Architecture
 
 # --------------------------------------------------------------------------- Megatron's model FLOPs
 

@@ -18,7 +18,10 @@ from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
-from meshplan.schema.contract import Architecture, Job, LoraSpec, LoraTarget, Request
+from meshplan.schema.choices import FRAMEWORKS, LoraTarget
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, LoraSpec
+from meshplan.schema.request import Request
 
 TARGETS: tuple[str, ...] = get_args(LoraTarget)
 
@@ -54,8 +57,7 @@ def lora_engine(framework: str, zero_stage: int) -> LoraEngine | None:
 
 
 def lora_frameworks() -> list[str]:
-    from meshplan.schema.contract import FRAMEWORKS
-
+    """The frameworks whose card runs LoRA jobs."""
     return [f for f in FRAMEWORKS if lora_engines(f)]
 
 

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, MemoryConvention, framework_card, load_card
-from meshplan.schema.contract import Fp8Recipe, Job, Plan
+from meshplan.schema.choices import Fp8Recipe
+from meshplan.schema.plan import Job, Plan
 
 TensorClass = Literal["weights", "gradients", "optimizer"]
 # Which precision knob rewrites a tensor (with_precision): weights (fp8_param_gather), main_grads
@@ -54,7 +55,7 @@ class Convention(_Card):
     gathered_layers: int = Field(0, ge=0)
     gathered_bytes: float = Field(0, ge=0)
     prefetched_bytes: float = Field(0, ge=0)
-    # When the step peaks (memory.fsdp_backward_moments): worst_unit adds the worst FSDP unit's transient to every
+    # When the step peaks (fsdp_walk.fsdp_backward_moments): worst_unit adds the worst FSDP unit's transient to every
     # activation, the loss and all model states at once; backward_walk walks the backward unit by unit as torch's
     # fully_shard runs it and takes the largest moment (cards/memory.yaml fsdp2, with the sources).
     step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
@@ -138,6 +139,11 @@ def convention_name(framework: str, zero_stage: int, version: str | None = None)
     if zero_stage == 3 and card.engine.zero3_memory_convention is not None:
         return card.engine.zero3_memory_convention
     return card.convention_for(version)
+
+
+def uses_fsdp(framework: str, zero_stage: int) -> bool:
+    """FSDP-style sharding: torchtitan/KempnerForge always; verl/SkyRL/DeepSpeed at zero_stage 3."""
+    return framework_card(framework).memory_convention.startswith("fsdp2") or zero_stage == 3
 
 
 def convention(framework: str, zero_stage: int,

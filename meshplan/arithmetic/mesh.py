@@ -18,7 +18,8 @@ import math
 from typing import Protocol
 
 from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
-from meshplan.schema.contract import GpuSpec, Plan
+from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.plan import Plan
 
 # --------------------------------------------------------------------------- GPU counts
 

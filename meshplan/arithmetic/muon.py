@@ -4,7 +4,7 @@ Muon keeps one momentum per weight matrix and replaces Adam's elementwise update
 Newton-Schulz iterations, each three GEMMs on the matrix. That is compute Adam does not have, so the step costs
 more than the optimizer's memory traffic. Which matrices, at what size and on which rank follow the framework
 card's `muon` section (tensor-parallel mode, iterations, the split QKV); the GEMMs run at the same calibrated
-efficiency as the model's own (perf.gemm_efficiency), so no constant here is fitted.
+efficiency as the model's own (gemm.gemm_efficiency), so no constant here is fitted.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.arithmetic.flops import Gemm, Shard, attention_gemms, mlp_gemms, moe_gemms
+from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import MuonFacts
-from meshplan.schema.contract import Architecture
+from meshplan.schema.model import Architecture
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,6 @@ def layer_matrices(arch: Architecture, shard: Shard, moe: bool, muon: MuonFacts)
 def _matrix_seconds(mat: Matrix, muon: MuonFacts, cal: Calibration, bf16_peak: float) -> float:
     """One copy of a matrix's Newton-Schulz time, at the model GEMMs' calibrated efficiency (BF16: the iteration
     runs in BF16 under fp32 matmul precision 'medium', the card's source)."""
-    from meshplan.estimate.perf import gemm_efficiency  # perf imports this module
-
     return sum(g.flops / (bf16_peak * gemm_efficiency(g, cal)) for g in ns_gemms(mat.rows, mat.cols, muon.ns_steps))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.knowledge.cards import EngineOffload, framework_card, load_card
-from meshplan.schema.contract import Job, Plan
+from meshplan.schema.plan import Job, Plan
 
 CLASSES = ("weights", "gradients", "optimizer")
 
@@ -213,21 +213,3 @@ def _instead(card, knob: str, zero_stage: int) -> str:
         if spec is not None and spec.instead:
             return spec.instead
     return f"{card.display_name} has no {knob} at zero_stage {zero_stage}; drop it."
-
-
-def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float, str]:
-    """offload_time for a whole step, read from the memory estimate's worst-hosting stage: its CPU optimizer's
-    parameters, the activations one micro-batch sends to the host, and the parameter shard an in-step parameter
-    offload brings back for each gather (its 16-bit copy). Zero, with no estimate, when nothing is offloaded."""
-    if not offload_plan(job.framework, plan).any:
-        return 0.0, ""
-    from meshplan.estimate.memory import estimate_memory  # memory imports this module
-
-    report = estimate_memory(job, plan)
-    stage = max(report.stages, key=lambda s: s.host_bytes)
-    in_flight = max(1, stage.detail.get("microbatches_in_flight", 1))
-    return offload_time(
-        job, plan, optimizer_params=stage.detail.get("optimizer_params", 0),
-        host_activation_bytes=stage.detail.get("host_activations", 0) / in_flight,
-        param_bytes_moved=2 * stage.detail.get("optimizer_params", 0), compute_s=compute_s,
-    )

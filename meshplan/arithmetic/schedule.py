@@ -23,8 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from meshplan.arithmetic.memory_states import convention
 from meshplan.core.errors import MeshplanError
-from meshplan.schema.contract import Architecture, Job, Plan
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
 
 # stages[r][c] = the layer indices of virtual chunk c on pipeline rank r.
 StageLayout = tuple[tuple[tuple[int, ...], ...], ...]
@@ -499,8 +501,6 @@ def stages_for(arch: Architecture, framework: str, zero_stage: int, tp: int, pp:
                first: int | None, last: int | None) -> Stages:
     """The stages of a layout under the framework's pipeline convention: explicit first/last stage sizes win;
     otherwise the convention of the framework's byte preset (cards/memory.yaml pipeline_partition)."""
-    from meshplan.arithmetic.memory_states import convention
-
     _, conv, _ = convention(framework, zero_stage)
     if conv.pipeline_partition == "compute_balanced" and pp > 1 and first is None and last is None:
         layer_cost, head_cost = block_costs(arch, padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp))

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.arithmetic.mesh import crosses_domains, fast_domain
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.knowledge.cards import framework_card, load_card
-from meshplan.schema.contract import ErrorBand, Job, MemoryReport, Plan, ThroughputReport
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import ErrorBand, MemoryReport, ThroughputReport
 
 Kind = Literal["throughput", "memory"]
 R = TypeVar("R", MemoryReport, ThroughputReport)

@@ -16,10 +16,11 @@ from typing import IO, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from meshplan import __version__
+from meshplan import __version__, api
+from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
-from meshplan.request.resolve import parse_request, validation_message
-from meshplan.schema.contract import Request
+from meshplan.request.parse import parse_request, validation_message
+from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's status for a process ended by Ctrl-C (SIGINT)
@@ -141,7 +142,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from meshplan import api
     from meshplan.faces import display
 
     if args.model and args.model_pos and args.model != args.model_pos:
@@ -155,7 +155,6 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from meshplan import api
     from meshplan.faces import display
 
     models = api.list_models()
@@ -247,7 +246,6 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
 
 def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Namespace], int]:
     def command(args: argparse.Namespace) -> int:
-        from meshplan import api
         from meshplan.faces import display
 
         run = getattr(api, run_name)
@@ -263,7 +261,6 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from meshplan import api
     from meshplan.faces import display
 
     req = request_from_args(args)
@@ -274,8 +271,6 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 def cmd_min_gpus(args: argparse.Namespace) -> int:
     """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
-    from meshplan import api
-
     result = api.minimum_gpus(request_from_args(args), max_gpus=args.max_gpus)
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -296,7 +291,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     A layout that breaks a rule is refused with exit 1 and the findings with their fixes, unless --force.
     """
-    from meshplan import api
     from meshplan.adapters.render import RefusedLayout
 
     req = request_from_args(args)
@@ -327,9 +321,7 @@ def _listing_render_targets(base: type[argparse.HelpFormatter]) -> type[argparse
         def _get_help_string(self, action: argparse.Action) -> str:
             if action.dest != "target":
                 return super()._get_help_string(action)
-            from meshplan.adapters.render import TARGETS
-
-            return f"Framework to write the config for: {', '.join(TARGETS)}"
+            return f"Framework to write the config for: {', '.join(renderable_frameworks())}"
 
     return Formatter
 

@@ -13,18 +13,13 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from meshplan.core.units import GIB
-from meshplan.schema.contract import (
-    Candidate,
-    CheckReport,
-    ErrorBand,
-    MemoryReport,
-    ModelReport,
-    ModelSummary,
-    Plan,
-    Recommendation,
-    Request,
-    ThroughputReport,
-)
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.rl.job import is_rl_request, resolve_rl
+from meshplan.schema.model import ModelReport, ModelSummary
+from meshplan.schema.plan import Plan
+from meshplan.schema.reports import Candidate, CheckReport, ErrorBand, MemoryReport, Recommendation, ThroughputReport
+from meshplan.schema.request import Request
+from meshplan.search import FOLDED_KNOBS, headroom_that_ranks, min_headroom_fraction
 
 
 def _console(width: int | None = None) -> Console:
@@ -110,8 +105,13 @@ def billions(n: int | float) -> str:
     return f"{n / 1e9:,.3f}B"
 
 
+def gib_figure(n: int | float) -> str:
+    """Bytes as a bare GiB figure to two decimals, for the table columns headed in GiB."""
+    return f"{n / GIB:,.2f}"
+
+
 def gib(n: int | float) -> str:
-    return f"{n / GIB:,.2f} GiB"
+    return f"{gib_figure(n)} GiB"
 
 
 def _notes(console: Console, title: str, lines: list[str]) -> None:
@@ -179,8 +179,8 @@ def memory_report(report: MemoryReport) -> None:
                    title="GiB per GPU", title_justify="left")
     for s in report.stages:
         table.add_row(str(s.stage), str(s.layers), str(s.detail.get("microbatches_in_flight", "")),
-                      *(f"{b / GIB:,.2f}" for b in (s.weights_bytes, s.gradients_bytes, s.optimizer_bytes,
-                                                     s.activations_bytes, s.other_bytes, s.total_bytes)),
+                      *(gib_figure(b) for b in (s.weights_bytes, s.gradients_bytes, s.optimizer_bytes,
+                                                s.activations_bytes, s.other_bytes, s.total_bytes)),
                       style="bold" if s.stage == report.peak_stage else None)
     console.print(table)
     verdict = "fits" if report.fits else "DOES NOT FIT"
@@ -226,13 +226,8 @@ def check_report(report: CheckReport) -> None:
 
 def compared_at(rec: Recommendation, req: Request) -> str:
     """The settings every ranked layout was compared at, so a reader can tell which question was answered."""
-    from meshplan.knowledge.hardware import get_gpu
-    from meshplan.search import min_headroom_fraction
-
     gpu = get_gpu(req.gpu)
     headroom = req.headroom if req.headroom is not None else min_headroom_fraction()
-    from meshplan.rl.rollout import is_rl_request, resolve_rl
-
     seq = resolve_rl(req, [])[0].seq_length if is_rl_request(req) else req.seq_length  # RL: prompt + response
     parts = [f"sequence length {seq:,}"]
     if rec.global_batch_size:
@@ -249,8 +244,6 @@ FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_paral
 
 def _folded(row: Plan, other: Plan) -> str:
     """A plan folded into ROW's line, compactly: its degrees, its micro-batch and any other knob that differs."""
-    from meshplan.search import FOLDED_KNOBS
-
     knobs = [f"{FOLDED_LABELS.get(k, k)} {getattr(other, k)}" for k in FOLDED_KNOBS
              if getattr(other, k) != getattr(row, k)]
     return " ".join([other.short(), f"mbs {other.micro_batch_size}", *knobs])
@@ -258,8 +251,6 @@ def _folded(row: Plan, other: Plan) -> str:
 
 def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
     """The one line naming the fastest layout the headroom keeps out of the ranking, from its report's numbers."""
-    from meshplan.search import headroom_that_ranks, min_headroom_fraction
-
     p, m = thin.plan, thin.memory
     limit = headroom if headroom is not None else min_headroom_fraction()
     return (f"not ranked, under the {limit:g} headroom: {p.short()} (mbs {p.micro_batch_size}, ZeRO {p.zero_stage}, "
@@ -281,7 +272,7 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                        _col("tokens/s/GPU", right=True), _col("MFU", right=True), _col("step s", right=True))
         for c in rec.candidates:
             table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
-                          c.plan.recompute, f"{c.memory.peak_bytes / GIB:,.2f}",
+                          c.plan.recompute, gib_figure(c.memory.peak_bytes),
                           f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.mfu:.1%}",
                           f"{c.throughput.step_time_s:.2f}")
         # Under the layout column: past the rank and the two-space gap between columns.
@@ -296,8 +287,8 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
                        _col("over by GiB", right=True))
         for miss in rec.closest:
             table.add_row(miss.plan.short(), str(miss.plan.micro_batch_size), str(miss.plan.zero_stage),
-                          miss.plan.recompute, f"{miss.memory.peak_bytes / GIB:,.2f}",
-                          f"{miss.memory.capacity_bytes / GIB:,.2f}", f"{miss.over_bytes / GIB:,.2f}")
+                          miss.plan.recompute, gib_figure(miss.memory.peak_bytes),
+                          gib_figure(miss.memory.capacity_bytes), gib_figure(miss.over_bytes))
         _print_whole(console, table)
     if rec.best_below_headroom is not None:
         line = below_headroom_line(rec.best_below_headroom, rec.headroom)

@@ -24,12 +24,24 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from meshplan.adapters.capabilities import KNOBS, adapter_section
 from meshplan.arithmetic import mesh
+from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.knowledge.models import resolve_model
+from meshplan.estimate.accuracy import accuracy_card
+from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.cards import HardwareCard, framework_card, load_card
+from meshplan.knowledge.catalog import describe_architecture, resolve_model
+from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.tables import CheckedLayout, DiffersFromSearch, pitfalls_card, strategies_card
-from meshplan.schema.contract import FRAMEWORKS, Job, Plan, Request
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import rules_card
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
+from meshplan.search.space import search_card
 
 BLOCK = re.compile(
     r"(<!-- meshplan:begin (?P<name>[a-z0-9:.-]+) -->\n)(?P<body>.*?)(<!-- meshplan:end (?P=name) -->)",
@@ -68,18 +80,11 @@ class RowNumbers(BaseModel):
 
 def job_and_plan(row: CheckedLayout) -> tuple[Job, Plan]:
     """The Job and Plan a checked row stands for."""
-    from meshplan.request.resolve import resolve
-
     return resolve(Request(**row.request_fields()))
 
 
 @cache
 def _numbers(row_json: str) -> RowNumbers:
-    from meshplan.check.config import check_config
-    from meshplan.estimate.memory import estimate_memory
-    from meshplan.estimate.perf import estimate_throughput
-    from meshplan.knowledge.models import describe_architecture
-
     row = CheckedLayout.model_validate_json(row_json)
     job, plan = job_and_plan(row)
     memory = estimate_memory(job, plan)
@@ -157,8 +162,6 @@ def _sources(rows: list[tuple[str, str]]) -> str:
 
 def _slower_than_pick() -> str:
     """'more than 15% slower than its top pick', with what that percentage means (meshplan.search.slower_by)."""
-    from meshplan.search.space import search_card
-
     tolerance = search_card().comparison.agreement_tolerance
     return (f"more than {tolerance:.0%} slower than its top pick (at least {tolerance:.0%} fewer tokens/s/GPU: "
             "X% slower = 1 - recipe / pick)")
@@ -175,8 +178,6 @@ def _differs(rows: list[tuple[str, DiffersFromSearch | None]]) -> str:
 
 
 def _gpu_name(key: str) -> str:
-    from meshplan.knowledge.hardware import get_gpu
-
     return get_gpu(key).name
 
 
@@ -319,8 +320,6 @@ def block_oom_ladder() -> str:
 
 
 def block_rules(framework: str | None = None) -> str:
-    from meshplan.rules.engine import rules_card
-
     rows = []
     for r in rules_card().rules:
         if framework is not None and not ("all" in r.frameworks or framework in r.frameworks):
@@ -331,8 +330,6 @@ def block_rules(framework: str | None = None) -> str:
 
 def block_framework(name: str) -> str:
     """The facts meshplan assumes about one framework, and its knob -> key table, from its card."""
-    from meshplan.knowledge.cards import framework_card
-
     if name not in FRAMEWORKS:
         raise MeshplanError(f"No framework card {name!r}.", fix=f"Known: {', '.join(FRAMEWORKS)}.")
     card = framework_card(name)
@@ -369,8 +366,6 @@ def block_framework(name: str) -> str:
 
 
 def _knob_table(name: str) -> str:
-    from meshplan.adapters.capabilities import KNOBS, adapter_section
-
     section = adapter_section(name)
     versions = list(section.versions)
     rows = []
@@ -387,8 +382,6 @@ def _knob_table(name: str) -> str:
 
 
 def block_hardware() -> str:
-    from meshplan.knowledge.cards import HardwareCard, load_card
-
     rows = []
     for g in load_card("hardware", HardwareCard).gpus:
         fp8 = f"{g.fp8_flops / 1e12:,.0f}" if g.fp8_flops else "-"
@@ -402,8 +395,6 @@ def block_hardware() -> str:
 
 def block_accuracy() -> str:
     """The error measured per regime and the terms measured runs exercise (cards/accuracy.yaml)."""
-    from meshplan.estimate.accuracy import accuracy_card
-
     card = accuracy_card()
     out = []
     for kind in ("throughput", "memory"):

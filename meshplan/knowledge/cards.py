@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
-from meshplan.schema.contract import Fp8Recipe, GpuSpec, Recompute
+from meshplan.schema.choices import Fp8Recipe, Recompute
+from meshplan.schema.hardware import GpuSpec
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -409,7 +410,7 @@ TpOverlapMode = Literal["fraction", "none", "wgrad", "userbuffers", "async_tp"]
 
 class TpOverlapFacts(_Card):
     """Which TP/SP collectives the framework runs beside a GEMM, without and with its TP overlap switch
-    (Plan.tp_comm_overlap); meshplan/estimate/perf.py tp_hidden turns each mode into the time hidden, at most that
+    (Plan.tp_comm_overlap); meshplan/estimate/tp_overlap.py tp_hidden turns each mode into the time hidden, at most that
     GEMM's."""
 
     base: TpOverlapMode = Field(description="Without the switch: none; wgrad (the column-parallel backward's "

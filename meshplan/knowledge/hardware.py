@@ -6,7 +6,7 @@ from functools import cache
 
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import HardwareCard, load_card
-from meshplan.schema.contract import GpuSpec
+from meshplan.schema.hardware import GpuSpec
 
 
 @cache

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.knowledge.cards import load_card
-from meshplan.schema.contract import FRAMEWORKS, Framework, Precision, Recompute
+from meshplan.schema.choices import FRAMEWORKS, Framework, Precision, Recompute
 
 
 class _Card(BaseModel):
@@ -67,7 +67,7 @@ class CheckedLayout(_Card):
     layout: Layout
 
     def request_fields(self) -> dict:
-        """The request fields (see meshplan.schema.contract.Request) this row stands for."""
+        """The request fields (see meshplan.schema.request.Request) this row stands for."""
         lay = self.layout
         fields = {
             "model": self.model, "gpu": self.gpu, "num_gpus": self.num_gpus, "seq_length": self.seq_length,

@@ -1,110 +1,24 @@
 """Turns a flat `Request` into the `Job` and `Plan` every estimator takes, filling defaults openly.
 
-Each default that is filled in is written to `Job.notes`, so a report can say what it assumed.
+Each default that is filled in is written to `Job.notes`, so a report can say what it assumed. (The parser that
+builds a `Request` from loose values is request/parse.py.)
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
-from functools import cache
-from typing import Any
-
-from pydantic import ValidationError
+from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.core.errors import MeshplanError, closest
+from meshplan.arithmetic.lora import resolve_lora
+from meshplan.arithmetic.memory_states import convention_name, memory_card
+from meshplan.arithmetic.schedule import parse_layout
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.schema.contract import FRAMEWORKS, Job, Plan, Request
-
-# Names people type for a request field that no framework card spells (the cards supply the frameworks' own
-# keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
-FIELD_SYNONYMS: dict[str, str] = {
-    "world_size": "num_gpus", "gpu_count": "num_gpus", "num_gpu": "num_gpus", "num_devices": "num_gpus",
-    "gpus": "num_gpus", "n_gpus": "num_gpus", "ngpus": "num_gpus",
-    "nodes_gpus": "gpus_per_node", "gpus_per_host": "gpus_per_node", "nproc_per_node": "gpus_per_node",
-    "gpu_type": "gpu", "hardware": "gpu", "accelerator": "gpu", "device": "gpu",
-    "seq_len": "seq_length", "sequence_length": "seq_length", "max_seq_len": "seq_length",
-    "seq": "seq_length", "context_length": "seq_length",
-    "model_name": "model", "model_id": "model", "hf_id": "model", "name": "model",
-    "dtype": "precision", "mixed_precision": "precision",
-    "tensor_parallel": "tp", "pipeline_parallel": "pp", "context_parallel": "cp", "expert_parallel": "ep",
-    "data_parallel": "dp", "virtual_pipeline": "vpp", "zero": "zero_stage", "activation_checkpointing": "recompute",
-    "gradient_checkpointing": "recompute", "mbs": "micro_batch_size", "gbs": "global_batch_size",
-    "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
-}
-
-
-
-def _key_name(key: str) -> str:
-    """A framework key as a field-like name: '--tensor-model-parallel-size' -> 'tensor_model_parallel_size'."""
-    key = re.sub(r"^\[[^\]]*\]\s*", "", key.strip())  # a TOML section before the key: '[activation_checkpoint] x'
-    first = re.split(r"[\s=]", key, maxsplit=1)[0]
-    return first.lstrip("-").rsplit(".", 1)[-1].replace("-", "_").lower()
-
-
-@cache
-def field_aliases() -> dict[str, str]:
-    """Every known other name of a request field: the frameworks' own keys (from their cards) and FIELD_SYNONYMS."""
-    aliases = dict(FIELD_SYNONYMS)
-    for framework in FRAMEWORKS:
-        adapter = framework_card(framework).adapter
-        for version in adapter.versions.values() if adapter else ():
-            for knob, spec in version.knobs.items():
-                if knob in Request.model_fields and spec.key:  # the adapter knobs that are request fields
-                    name = _key_name(spec.key)
-                    if name.isidentifier():  # not a prose key such as '(implicit: ...)'
-                        aliases.setdefault(name, knob)
-    return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
-
-
-def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
-    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
-    allowed = sorted(set(allowed))
-    aliases = {alias: field for alias, field in field_aliases().items() if field in allowed}
-    lowered = str(name).lower().replace("-", "_")
-    guess = aliases.get(lowered)
-    if guess is None:
-        hits = closest(lowered, [*allowed, *aliases], n=1)
-        guess = aliases.get(hits[0], hits[0]) if hits else None
-    shown = str(name)[:80]
-    hint = f"Did you mean {guess!r}? " if guess else ""
-    return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
-
-
-def validation_message(exc: ValidationError, *, what: str = "request") -> str:
-    """A pydantic error as one readable sentence per field: where, what is allowed, and what was given."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        message = err["msg"].removeprefix("Value error, ")
-        if not err["loc"]:  # a whole-object check (an unknown field): the input is the whole request
-            parts.append(message)
-            continue
-        given = repr(err.get("input"))
-        given = given if len(given) <= 80 else given[:77] + "..."
-        parts.append(f"{'.'.join(str(p) for p in err['loc'])}: {message} (got {given})")
-    return f"Invalid {what}: " + "; ".join(parts) + "."
-
-
-def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
-    """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
-    field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
-    if not isinstance(values, Mapping):
-        raise MeshplanError(f"A request is a JSON object of fields, got {type(values).__name__}.",
-                            fix='e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}')
-    allowed = [*Request.model_fields, *also]
-    for name in values:
-        if name not in allowed:
-            raise unknown_field_error(name, allowed)
-    fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
-    if "model" not in fields:
-        raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging Face "
-                                                         "id, a config.json path, or a size such as '70B'.")
-    try:
-        return Request.model_validate(fields)
-    except ValidationError as exc:
-        raise MeshplanError(validation_message(exc)) from exc
+from meshplan.rl.job import resolve_rl
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
 
 DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training starting batch
 
@@ -132,18 +46,9 @@ def default_batch_note(gbs: int, seq_length: int, unit_text: str) -> str:
     return text + ")."
 
 
-def uses_fsdp(framework: str, zero_stage: int) -> bool:
-    """FSDP-style sharding: torchtitan/KempnerForge always; verl/SkyRL/DeepSpeed at zero_stage 3."""
-    return framework_card(framework).memory_convention.startswith("fsdp2") or zero_stage == 3
-
-
 def resolve(req: Request) -> tuple[Job, Plan]:
-    """Fill the plan's and job's defaults from the framework card and the GPU count."""
-    from meshplan.knowledge.models import (
-        resolve_model,  # lazily: the MCP server parses requests before any model is needed
-    )
-    from meshplan.rl.rollout import resolve_rl
-
+    """Fill the plan's and job's defaults from the framework card and the GPU count. The steps run in a fixed
+    order, so the notes read in that order and the first wrong field is the one an error names."""
     arch = resolve_model(req.model)
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
@@ -151,44 +56,16 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
     ep = req.ep or 1
-    etp = req.etp
-    if etp is None:
-        # The framework card's defaults.etp: "tp" where Megatron-Core's ModelParallelConfig sets an unset
-        # expert_tensor_parallel_size to TP (its etp_why); elsewhere experts are not tensor-sharded unless asked.
-        etp = tp if arch.is_moe and card.defaults.etp == "tp" else 1
-        if arch.is_moe and etp > 1:
-            recipes = f"; {card.defaults.etp_recipes}" if card.defaults.etp_recipes else ""
-            notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it{recipes} "
-                         "(pass etp=1 to keep experts whole).")
+    etp = _expert_tp(req, card, tp=tp, moe=arch.is_moe, notes=notes)
     version = _framework_version(req, card, notes)
-    law = card.world_size_law
-    if req.num_gpus is None:
-        dp = req.dp or 1
-        num_gpus = mesh.replica_size(law, tp, pp, cp, ep) * dp
-        notes.append(f"num_gpus not given: {num_gpus} = the product of the parallel degrees.")
-    else:
-        num_gpus = req.num_gpus
-        dp = req.dp or mesh.derived_dp(law, num_gpus, tp, pp, cp, ep)
-        if req.dp is None:
-            notes.append(f"dp not given: {dp} = num_gpus / ({mesh.replica_formula(law, ep)}).")
-    zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
-    if req.zero_stage is None:
-        notes.append(f"zero_stage not given: {zero}, the {card.display_name} default meshplan assumes.")
+    num_gpus, dp = _world(req, card.world_size_law, tp=tp, pp=pp, cp=cp, ep=ep, notes=notes)
+    zero = _zero_stage(req, card, notes)
     sp = req.sequence_parallel
     if sp is None:
         sp = tp > 1 and card.defaults.sequence_parallel_when_tp
-    mbs = req.micro_batch_size
-    if mbs is None:
-        mbs = 1
-        notes.append("micro_batch_size not given: 1 (recommend searches it).")
-    recompute = req.recompute
-    if recompute is None:
-        recompute = "none"
-        notes.append("recompute not given: none (recommend searches it).")
-    gbs = req.global_batch_size
-    if gbs is None:
-        gbs = default_global_batch(req.seq_length, mbs, dp)
-        notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
+    mbs = _micro_batch(req, notes)
+    recompute = _recompute(req, notes)
+    gbs = _global_batch(req, mbs=mbs, dp=dp, notes=notes)
     gpn = req.gpus_per_node or gpu.gpus_per_node
     vpp = req.vpp or _layout_vpp(req.pipeline_layout, pp, notes) or 1
     plan = Plan(
@@ -216,9 +93,77 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
-        lora=_lora_spec(req, arch, zero, notes),
+        lora=resolve_lora(req, arch, zero, notes),
     )
     return job, plan
+
+
+def _expert_tp(req: Request, card, *, tp: int, moe: bool, notes: list[str]) -> int:
+    """etp as given, else the framework card's defaults.etp: "tp" where Megatron-Core's ModelParallelConfig sets an
+    unset expert_tensor_parallel_size to TP (its etp_why); elsewhere experts are not tensor-sharded unless asked."""
+    etp = req.etp
+    if etp is None:
+        etp = tp if moe and card.defaults.etp == "tp" else 1
+        if moe and etp > 1:
+            recipes = f"; {card.defaults.etp_recipes}" if card.defaults.etp_recipes else ""
+            notes.append(f"etp not given: {etp} = tp, as Megatron-Core defaults it{recipes} "
+                         "(pass etp=1 to keep experts whole).")
+    return etp
+
+
+class _World(NamedTuple):
+    num_gpus: int
+    dp: int
+
+
+def _world(req: Request, law: str, *, tp: int, pp: int, cp: int, ep: int, notes: list[str]) -> _World:
+    """The GPU count and data-parallel size: left out, the GPU count is the degrees' product (dp 1 unless given)
+    and dp is derived from the GPU count by the framework's world-size law."""
+    if req.num_gpus is None:
+        dp = req.dp or 1
+        num_gpus = mesh.replica_size(law, tp, pp, cp, ep) * dp
+        notes.append(f"num_gpus not given: {num_gpus} = the product of the parallel degrees.")
+    else:
+        num_gpus = req.num_gpus
+        dp = req.dp or mesh.derived_dp(law, num_gpus, tp, pp, cp, ep)
+        if req.dp is None:
+            notes.append(f"dp not given: {dp} = num_gpus / ({mesh.replica_formula(law, ep)}).")
+    return _World(num_gpus=num_gpus, dp=dp)
+
+
+def _zero_stage(req: Request, card, notes: list[str]) -> int:
+    """The ZeRO stage as given, else the framework's default as meshplan assumes it."""
+    zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
+    if req.zero_stage is None:
+        notes.append(f"zero_stage not given: {zero}, the {card.display_name} default meshplan assumes.")
+    return zero
+
+
+def _micro_batch(req: Request, notes: list[str]) -> int:
+    """The micro-batch as given, else 1 for an estimate (recommend searches it)."""
+    mbs = req.micro_batch_size
+    if mbs is None:
+        mbs = 1
+        notes.append("micro_batch_size not given: 1 (recommend searches it).")
+    return mbs
+
+
+def _recompute(req: Request, notes: list[str]) -> str:
+    """The recompute mode as given, else none for an estimate (recommend searches it)."""
+    recompute = req.recompute
+    if recompute is None:
+        recompute = "none"
+        notes.append("recompute not given: none (recommend searches it).")
+    return recompute
+
+
+def _global_batch(req: Request, *, mbs: int, dp: int, notes: list[str]) -> int:
+    """The global batch as given, else `default_global_batch` for this micro-batch and data-parallel size."""
+    gbs = req.global_batch_size
+    if gbs is None:
+        gbs = default_global_batch(req.seq_length, mbs, dp)
+        notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
+    return gbs
 
 
 def _precision_fields(req: Request, card, notes: list[str]) -> dict:
@@ -237,8 +182,6 @@ def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:
     when there is no layout or it does not parse or fill pp (rule PP009 says why)."""
     if layout is None:
         return None
-    from meshplan.arithmetic.schedule import parse_layout
-
     try:
         stages = len(parse_layout(layout))
     except MeshplanError:
@@ -349,8 +292,6 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
                          + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
                             else " (a fused flash-class kernel: cards/calibration.yaml attention_peak_fraction)."))
     if req.dropout is None:
-        from meshplan.arithmetic.memory_states import convention_name, memory_card
-
         name = convention_name(req.framework, zero, version)
         on = memory_card().conventions[name].dropout
         notes.append(f"dropout not given: {'on' if on else 'off'}, as {card.display_name} recipes run "
@@ -376,10 +317,3 @@ def _framework_version(req: Request, card, notes: list[str]) -> str | None:
         notes.append(f"{card.display_name} {version}: memory convention {card.convention_for(version)} "
                      f"({card.memory_convention_why or 'cards/frameworks/' + req.framework + '.yaml'})")
     return version
-
-
-def _lora_spec(req: Request, arch, zero_stage: int, notes: list[str]):
-    """The job's LoRA adapters (meshplan/arithmetic/lora.py resolve_lora), or None when it trains every weight."""
-    from meshplan.arithmetic.lora import resolve_lora
-
-    return resolve_lora(req, arch, zero_stage, notes)

@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, Engine, framework_card, load_card
-from meshplan.schema.contract import FRAMEWORKS, Finding, Job, MemoryReport, Plan, Severity
+from meshplan.schema.choices import FRAMEWORKS, Severity
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import Finding, MemoryReport
 
 Backend = Engine  # the engines a framework card's engine.by_zero_stage names
 BACKENDS: tuple[str, ...] = get_args(Engine)
@@ -114,11 +116,17 @@ def memory_rules() -> frozenset[str]:
 
 # --------------------------------------------------------------------------- the conditions
 
-Condition = Callable[["Context"], dict[str, Any] | None]
+Values = dict[str, Any] | None  # what a condition returns: None when the rule passes, else its templates' values
+Condition = Callable[["Context"], Values]
 
-# The modules that hold the conditions, loaded by load_rules() (structural ones, then the memory rules).
-RULE_MODULES: tuple[str, ...] = ("meshplan.rules.conditions", "meshplan.check.config", "meshplan.rules.rollout",
-                                 "meshplan.rules.lora", "meshplan.rules.offload")
+# The modules that hold the conditions, loaded by load_rules(): the structural ones by family (rules/), then those
+# that read the memory estimate (check/). Rules run in card order whatever module holds them.
+RULE_MODULES: tuple[str, ...] = (
+    "meshplan.rules.world", "meshplan.rules.tensor", "meshplan.rules.sequence", "meshplan.rules.experts",
+    "meshplan.rules.attention", "meshplan.rules.frameworks", "meshplan.rules.pipeline", "meshplan.rules.batch",
+    "meshplan.rules.precision", "meshplan.rules.recompute", "meshplan.rules.offload", "meshplan.rules.lora",
+    "meshplan.rules.rollout", "meshplan.check.memory",
+)
 
 
 def rule(rule_id: str) -> Callable[[Condition], Condition]:
@@ -274,6 +282,14 @@ class Context:
 
 # --------------------------------------------------------------------------- helpers for computed fixes
 
+# How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
+LISTED = 6  # values a list in a fix shows at most: the ones nearest the request
+
+
+def ctx_param(ctx: Context, rule_id: str, name: str) -> float:
+    """A threshold from the rule's `params` in the card (its reason is in the rule's `why`)."""
+    return rule_specs()[rule_id].params[name]
+
 
 def divisors(n: int, upto: int | None = None) -> list[int]:
     """Divisors of n in increasing order, optionally only those <= upto."""
@@ -311,6 +327,3 @@ def lcm(*values: int) -> int:
         out = out * v // math.gcd(out, v)
     return out
 
-
-def gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"

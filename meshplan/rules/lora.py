@@ -7,13 +7,9 @@ message and fix templates; the facts are the framework cards' `lora` sections an
 
 from __future__ import annotations
 
-from typing import Any
-
 from meshplan.arithmetic.lora import lora_engine, lora_frameworks, model_targets
 from meshplan.knowledge.cards import framework_card
-from meshplan.rules.engine import Context, rule
-
-Values = dict[str, Any] | None
+from meshplan.rules.engine import Context, Values, rule
 
 
 @rule("LORA001")

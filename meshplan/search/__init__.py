@@ -22,24 +22,30 @@ at a time, each step pushing it back with a tighter key at a later level (engine
 Everything dropped is counted under the rule id that dropped it (or a SEARCH-* bucket), so
 considered = ranked + rejected.
 
-The parts, each one job:
+The parts, each one job (each imports only the parts above it):
+    space.py       the layouts each framework law allows, and their cheap memory bounds
     policy.py      the headroom policy, the cards/search.yaml limits, "X% slower", the SEARCH-* buckets
     estimators.py  the estimators the search calls (Engine, injectable) and the cost model's best step time
+    plans.py       the plans a search compares (SearchPlans): knobs per plan, estimates cached per job, the fit
+    bounds.py      the optimistic step times that order the queue (StepTimeBounds)
+    engine.py      the best-first search (BestFirstSearch): its queue levels, its loop, run_search
     job.py         the job the search compares layouts on (one global batch: request.default_global_batch)
-    engine.py      the best-first search (BestFirstSearch), its queue levels and its caches
     answer.py      the answer's wording: rationales, rows, folded equivalents, assumptions
+    strategies.py  what the decision tables suggest for a job (suggest)
     decision.py    the pick against the decision tables, in numbers
+    gpu_count.py   the scan for the smallest GPU count (scan_minimum)
     impossible.py  the thinner-headroom probe and the nothing-fits answer
-    gpu_count.py   the smallest GPU count (minimum_gpus)
     ranking.py     recommend: the parts above in one time bound
+    min_gpus.py    minimum_gpus: the scan's count, with recommend's best layout there
     oracle.py      the exhaustive oracle the tests hold the search to
+    rl.py          recommend_rl: an RL job's rollout choices over the search's best actor layouts
 """
 
 from meshplan.search.answer import FOLDED_KNOBS
 from meshplan.search.engine import BestFirstSearch, Level
 from meshplan.search.estimators import Engine, default_engine
-from meshplan.search.gpu_count import minimum_gpus
 from meshplan.search.job import search_job
+from meshplan.search.min_gpus import minimum_gpus
 from meshplan.search.oracle import exhaustive_top_k
 from meshplan.search.policy import (
     SEARCH_BUCKETS,

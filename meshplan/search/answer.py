@@ -7,7 +7,8 @@ from __future__ import annotations
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
-from meshplan.schema.contract import Candidate, ErrorBand, Job, Plan, Recommendation
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (

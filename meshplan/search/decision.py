@@ -1,16 +1,17 @@
 """The search against the decision tables (meshplan/search/strategies.py): what a table suggests for the job, and
-whether
-the search's pick agrees, in numbers (the table's layout is searched with the same estimators and compared)."""
+whether the search's pick agrees, in numbers (the table's layout is searched with the same estimators and compared)."""
 
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
-from meshplan.schema.contract import Candidate, Job
+from meshplan.schema.plan import Job
+from meshplan.schema.reports import Candidate
 from meshplan.search.answer import knob_words
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.policy import search_comparison, slower_by
 from meshplan.search.space import Fixed, enumerate_layouts
+from meshplan.search.strategies import suggest
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
 """The degrees a table's suggestion pins (dp follows from them and the GPU count)."""
@@ -20,8 +21,6 @@ def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | Non
                    budget: int) -> str:
     """What the decision tables suggest, and why the recommendation agrees or differs, in numbers: the table's
     layout is searched with the same estimators (its knobs left open) and compared with the pick, `best`."""
-    from meshplan.search.strategies import suggest
-
     try:
         table = suggest(job)
     except MeshplanError as exc:

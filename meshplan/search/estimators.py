@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.schema.contract import CheckReport, Job, MemoryReport, MemorySummary, Plan, ThroughputReport
+from meshplan.arithmetic.flops import model_flops_per_step
+from meshplan.check.config import check_config
+from meshplan.estimate.memory import estimate_memory, memory_summary
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import CheckReport, MemoryReport, MemorySummary, ThroughputReport
 from meshplan.search.policy import memory_rule_id
 
 
@@ -26,11 +32,6 @@ class Engine:
 
 def default_engine(framework: str) -> Engine:
     """meshplan's own estimators, with the framework's calibration for the search's bounds."""
-    from meshplan.check.config import check_config
-    from meshplan.estimate.memory import estimate_memory, memory_summary
-    from meshplan.estimate.perf import estimate_throughput
-    from meshplan.knowledge.calibration import calibration
-
     cal = calibration(framework)
     return Engine(
         memory=estimate_memory,
@@ -48,8 +49,6 @@ def default_engine(framework: str) -> Engine:
 
 def ideal_time(job: Job, engine: Engine) -> float:
     """Step time at the cost model's best achievable fraction of peak on every GPU, with no communication."""
-    from meshplan.arithmetic.flops import model_flops_per_step
-
     peak = engine.peak_flops(job) if engine.peak_flops else job.gpu.bf16_flops
     flops = model_flops_per_step(job.model, job.seq_length, job.global_batch_size)
     return flops / (job.num_gpus * peak * engine.efficiency_cap)

@@ -1,6 +1,7 @@
-"""The smallest GPU count at which some layout passes the rules and keeps the headroom (`meshplan min-gpus`, and
-recommend's nothing-fits answer). Counts are checked in increasing order, never doubled or bisected: fit is not
-monotone in the count, since a layout's degrees must divide it."""
+"""The scan for the smallest GPU count at which some layout passes the rules and keeps the headroom (`scan_minimum`,
+run by `minimum_gpus` in meshplan/search/min_gpus.py and by recommend's nothing-fits answer). Counts are checked in
+increasing order, never doubled or bisected: fit is not monotone in the count, since a layout's degrees must divide
+it."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.memory_states import bytes_per_param
 from meshplan.core.cancel import checkpoint
-from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import DEFAULT_BATCH_TOKENS
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import lcm
-from meshplan.schema.contract import Job, MinimumGpus, Request
-from meshplan.search.answer import fixed_assumption, fixed_text, headroom_assumption, keeps
+from meshplan.schema.plan import Job
+from meshplan.search.answer import fixed_text, keeps
 from meshplan.search.engine import BestFirstSearch
-from meshplan.search.estimators import Engine, default_engine
-from meshplan.search.job import job_at, search_job
-from meshplan.search.policy import headroom_for, memory_budget, search_limits
+from meshplan.search.estimators import Engine
+from meshplan.search.job import job_at
+from meshplan.search.policy import memory_budget, search_limits
 from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, state_preset
 
 
@@ -54,8 +55,6 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budg
 def count_unit(job: Job, fixed: Fixed) -> int:
     """The smallest world size the fixed degrees allow: pp*lcm(tp*cp*dp, ep*etp) (cards/rules.yaml WS002; the open
     degrees at 1), or the plain product where expert parallelism takes ranks of its own (KempnerForge)."""
-    from meshplan.knowledge.cards import framework_card
-
     def v(name: str) -> int:
         return int(fixed.values.get(name, 1))  # type: ignore[call-overload]
 
@@ -93,8 +92,6 @@ def states_floor(job: Job, zeros: tuple[int, ...], budget: int, carried: dict[st
     """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
     parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
     space.states_lower_bound), at the lightest ZeRO stage allowed, with the request's carried fields."""
-    from meshplan.arithmetic.memory_states import bytes_per_param
-
     dense, routed = params_split(job)
     tensors = {z: state_preset(job, z, carried or {})[1] for z in zeros}  # LoRA: the frozen base's weights
     need = min(bytes_per_param(tensors[z], 1.0) * dense + bytes_per_param(tensors[z], math.inf) * routed for z in zeros)
@@ -191,61 +188,3 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
         if fits:
             return Scan(world, first, last, checked, stepping, "found", bound, floor, limit)
     return Scan(None, first, last, checked, stepping, "max_gpus", bound, floor, limit)
-
-
-def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
-    """The smallest GPU count at which some layout passes the rules and keeps the headroom, with recommend's best
-    layout there. Every field the request leaves open stays open; a default batch is re-derived at each count."""
-    from meshplan.knowledge.hardware import get_gpu
-    from meshplan.schema.contract import MAX_GPUS
-    from meshplan.search.ranking import recommend  # recommend's nothing-fits answer runs this module's scan
-
-    if req.num_gpus is not None:
-        raise MeshplanError(
-            f"minimum_gpus finds the GPU count, so num_gpus cannot be given (got {req.num_gpus}).",
-            fix="Leave num_gpus out; bound the scan with max_gpus.",
-        )
-    limits = search_limits()
-    limit = limits.min_gpus_search_limit if max_gpus is None else max_gpus
-    if not 1 <= limit <= MAX_GPUS:
-        raise MeshplanError(f"max_gpus must be between 1 and {MAX_GPUS:,}, got {limit}.",
-                            fix=f"Use max_gpus={limits.min_gpus_search_limit} (the default).")
-    headroom = headroom_for(req)
-    node = req.gpus_per_node or get_gpu(req.gpu).gpus_per_node
-    job, _ = search_job(req.model_copy(update={"num_gpus": node}))
-    engine = engine or default_engine(job.framework)
-    fixed = Fixed.from_request(req)
-    user_gbs = req.global_batch_size is not None
-    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limit)
-    candidate, gbs = None, None
-    rationale = scan.sentence(headroom, fixed)
-    if scan.num_gpus is not None:
-        rec = recommend(req.model_copy(update={"num_gpus": scan.num_gpus}), top_k=1, engine=engine)
-        gbs = rec.global_batch_size
-        if rec.candidates:
-            candidate = rec.candidates[0]
-            rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where a layout passes the rules "
-                         f"and {keeps(headroom)} (counts scanned in increasing order from {scan.first:,}: "
-                         f"{scan.stepping}). Best layout there: {candidate.rationale}")
-        else:
-            rationale += f" (recommend at {scan.num_gpus:,} GPUs ranked nothing: {rec.rationale})"
-    assumptions = [
-        headroom_assumption(job, headroom, req.headroom is None),
-        f"Counts scanned in increasing order: {scan.stepping}, from {scan.floor:,} (no smaller count can hold "
-        f"the model states within the headroom) up to {limit:,} GPUs or {limits.min_gpus_time_budget_s:g} s "
-        "(cards/search.yaml). Every count is checked, never bisected: fit is not monotone in the GPU count, since "
-        "each layout's degrees must divide it.",
-        "A count fits when the lightest variant (most ZeRO sharding the rules allow, full recompute, the smallest "
-        "micro-batch) of some layout passes the structural rules and its estimated peak is within the headroom.",
-        ("global_batch_size: the request's at every count." if user_gbs else
-         f"global_batch_size not given: the default (~{DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, rounded up to a "
-         "multiple of the GPU count) is re-derived at each count."),
-        *fixed_assumption(fixed),
-    ]
-    return MinimumGpus(
-        model=job.model.name, framework=job.framework, gpu=job.gpu.name, num_gpus=scan.num_gpus, candidate=candidate,
-        headroom=headroom, global_batch_size=gbs, searched_from=scan.first if scan.checked else scan.floor,
-        searched_to=scan.last if scan.checked else limit,
-        counts_checked=scan.checked, stepping=scan.stepping, stopped_by=scan.stopped_by,  # type: ignore[arg-type]
-        rationale=rationale, assumptions=assumptions,
-    )

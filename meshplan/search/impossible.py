@@ -8,7 +8,8 @@ import math
 import time
 
 from meshplan.core.units import GIB
-from meshplan.schema.contract import Job, NearMiss, Recommendation
+from meshplan.schema.plan import Job
+from meshplan.schema.reports import NearMiss, Recommendation
 from meshplan.search.answer import candidate, headroom_text, knob_words, percent, plan_words
 from meshplan.search.engine import BestFirstSearch, Found, run_search
 from meshplan.search.estimators import Engine

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import default_batch_note, default_global_batch, resolve
-from meshplan.schema.contract import Job, Request
+from meshplan.schema.plan import Job
+from meshplan.schema.request import Request
 
 OPEN_FOR_SEARCH = ("tp", "pp", "cp", "ep", "etp", "dp", "vpp", "first_stage_layers", "last_stage_layers")
 """Fields cleared before the request is resolved: the search chooses them (what the request fixes stays in Fixed)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from meshplan.schema.contract import Plan, Request
+from meshplan.schema.plan import Plan
+from meshplan.schema.request import Request
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job

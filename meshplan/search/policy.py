@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 
-from meshplan.schema.contract import Job, MemoryReport, MemorySummary, Request
+from meshplan.rules.engine import memory_rules, rule_specs
+from meshplan.schema.plan import Job
+from meshplan.schema.reports import MemoryReport, MemorySummary
+from meshplan.schema.request import Request
 from meshplan.search.space import SearchComparison, SearchLimits, search_card
 
 # Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
@@ -58,8 +61,6 @@ def same_numbers(time_s: float, peak_bytes: int) -> tuple[float, int]:
 
 def min_headroom_fraction() -> float:
     """The free share of memory a recommended layout keeps: MEM002's threshold, so rules and search agree."""
-    from meshplan.rules.engine import rule_specs
-
     return float(rule_specs()[HEADROOM_RULE].params["min_headroom_fraction"])
 
 
@@ -81,7 +82,5 @@ def headroom_that_ranks(memory: MemoryReport | MemorySummary) -> float:
 
 def memory_rule_id() -> str:
     """The rules card's 'does not fit' error id (the memory rule with severity error)."""
-    from meshplan.rules.engine import memory_rules, rule_specs
-
     errors = sorted(r for r in memory_rules() if rule_specs()[r].severity == "error")
     return errors[0] if errors else "MEM001"

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from meshplan.core.errors import MeshplanError
-from meshplan.schema.contract import Recommendation, Request
+from meshplan.schema.reports import Recommendation
+from meshplan.schema.request import Request
 from meshplan.search.answer import headroom_assumption, ranked_answer
 from meshplan.search.decision import decision_table
 from meshplan.search.engine import run_search

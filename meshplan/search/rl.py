@@ -5,17 +5,24 @@ The actor's layout is the training search's (meshplan.search.recommend on the tr
 sequences of prompt + response tokens); for each of its best layouts, every rollout TP (a power of two the rollout
 GPUs and the attention heads take), for an MoE model rollout DP with EP = TP x DP, with and without the
 framework's phase offloads, at the largest memory fraction (in 0.05 steps up to MAX_FRACTION) whose phases keep
-the headroom, is timed with meshplan.rl.rollout; the fastest RL steps are returned as a Recommendation whose plans carry
-the rollout fields.
+the headroom, is timed with meshplan.rl.step_time; the fastest RL steps are returned as a Recommendation whose plans
+carry the rollout fields.
 """
 
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
-from meshplan.rl.rollout import resolve_rl, rl_memory, rl_report, rl_step_time, trainer_reports
+from meshplan.request.resolve import resolve
+from meshplan.rl.job import resolve_rl
+from meshplan.rl.memory import rl_memory, trainer_reports
+from meshplan.rl.step_time import rl_report, rl_step_time
 from meshplan.rules.rollout import phase_knobs
-from meshplan.schema.contract import Candidate, Plan, Recommendation, Request
+from meshplan.schema.plan import Plan
+from meshplan.schema.reports import Candidate, Recommendation
+from meshplan.schema.request import Request
+from meshplan.search.policy import headroom_for
+from meshplan.search.ranking import recommend
 
 # The largest memory fraction tried: verl's perf guide sets 0.8-0.9 with offload (docs/perf/best_practices.rst);
 # above it the engine's own activations and NCCL buffers outside the estimate have no room.
@@ -83,9 +90,6 @@ def _largest_fraction(job, plan: Plan, reports: tuple, limit: float) -> float | 
 
 def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
     """The fastest RL steps that fit: actor layout, rollout TP/DP/EP, memory fraction and offloads."""
-    from meshplan.search import recommend as search
-    from meshplan.search.policy import headroom_for
-
     trainer_req, rl = resolve_rl(req, [])
     if rl is None:
         raise MeshplanError("recommend_rl needs an RL job.", fix="Pass job=rl with framework verl or skyrl.")
@@ -93,9 +97,7 @@ def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
         "job", "algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
         "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
         "rollout_gpus")})
-    actors = search(training, top_k=ACTOR_LAYOUTS)
-    from meshplan.request.resolve import resolve
-
+    actors = recommend(training, top_k=ACTOR_LAYOUTS)
     job, base = resolve(req)
     headroom = headroom_for(req)
     limit = (1 - headroom) * job.gpu.memory_bytes

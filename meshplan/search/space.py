@@ -14,20 +14,34 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.activations import Layout as ActLayout
+from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
+from meshplan.arithmetic.lora import base_tensors
+from meshplan.arithmetic.memory_states import (
+    Convention,
+    StateTensor,
+    bytes_per_param,
+    convention,
+    memory_card,
+    output_activations,
+    state_bytes,
+    with_precision,
+)
+from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.schedule import padded_vocab, pipeline_split, split_problem, stages_for
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import SearchKnobs, framework_card, load_card
-from meshplan.knowledge.models import layer_params, per_architecture
-from meshplan.schema.contract import Job, Plan, Recompute, Request
-
-if TYPE_CHECKING:
-    from meshplan.arithmetic.memory_states import Convention, StateTensor
+from meshplan.knowledge.model_counts import layer_params, per_architecture
+from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
+from meshplan.rules.engine import rule_specs
+from meshplan.schema.choices import Recompute
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
 
 SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -83,8 +97,6 @@ def knobs(framework: str) -> SearchKnobs:
 def zero_ladder(framework: str) -> tuple[int, ...]:
     """ZeRO / FSDP stages worth searching, most memory first: those with a byte preset (cards/memory.yaml),
     skipping a stage whose tensors are identical to a lower stage's (Megatron has no distinct stage 2)."""
-    from meshplan.arithmetic.memory_states import convention
-
     seen: list[tuple] = []
     stages: list[int] = []
     for stage in range(4):
@@ -214,8 +226,6 @@ class Prefiltered:
 def carried_fields(req: Request) -> dict[str, object]:
     """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision, compile and offload
     defaults; the offload defaults of the engine at the request's ZeRO stage, else the framework's default stage)."""
-    from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
-
     card = framework_card(req.framework)
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
@@ -239,8 +249,6 @@ PipelineOption = tuple[int, int | None, int | None]  # (vpp, first_stage_layers,
 def megatron_uneven(framework: str) -> bool:
     """Whether the framework splits an uneven pipeline the Megatron-Core way, interleaving included: there rule
     PP004 is the law, and every split it accepts is one the search may enumerate."""
-    from meshplan.rules.engine import rule_specs
-
     return rule_specs()["PP004"].applies_to(framework, "megatron")
 
 
@@ -398,10 +406,6 @@ def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple
     precision knobs and torch.compile), as the search's memory floors read it: Muon's one momentum counted on every
     parameter (it keeps Adam's two moments on the embedding, output layer, norms and biases: fewer bytes, so still a
     floor); a LoRA job's frozen base keeps its weights only."""
-    from meshplan.arithmetic.lora import base_tensors
-    from meshplan.arithmetic.memory_states import memory_card, with_precision
-    from meshplan.arithmetic.offload import offload_plan
-
     plan = Plan(zero_stage=zero_stage, **carried)  # type: ignore[arg-type]
     _, conv, tensors = with_precision(job, plan)
     if plan.optimizer == "muon":
@@ -420,8 +424,6 @@ def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[i
     the parameters (dense split tp ways, experts ep*etp ways) times the preset's bytes per parameter
     (cards/memory.yaml; `tensors`: state_preset's, else the framework's plain preset) with sharding over the largest
     group the framework could use. No activations."""
-    from meshplan.arithmetic.memory_states import bytes_per_param
-
     if tensors is None:
         tensors = state_preset(job, zero_stage, {})[1]
     dense, routed = split
@@ -462,10 +464,6 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
     expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
     none of them are counted (the estimate keeps a few layers on the GPU)."""
-    from meshplan.arithmetic.activations import Layout as ActLayout
-    from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
-    from meshplan.arithmetic.memory_states import memory_card, output_activations, state_bytes
-
     arch = job.model
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     card = memory_card()

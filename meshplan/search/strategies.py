@@ -9,16 +9,17 @@ so a reader can see where the job departs from the row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import gcd
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.schedule import uneven_split
-from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.models import count_components
+from meshplan.knowledge.cards import FrameworkCard, framework_card
+from meshplan.knowledge.model_counts import count_components
 from meshplan.knowledge.tables import Layout, SeqRow, strategies_card
-from meshplan.schema.contract import Job, Plan
+from meshplan.schema.plan import Job, Plan
 
 
 class TableSuggestion(BaseModel):
@@ -81,98 +82,137 @@ def _largest_power_of_two_divisor(n: int, cap: int) -> int:
     return value
 
 
+@dataclass
+class _Degrees:
+    """The row's degrees as `suggest` fits them to the job, one step at a time (first/last: an uneven pipeline
+    split's first and last stage layers)."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    first: int | None
+    last: int | None
+
+    def dense_size(self, law: str) -> int:
+        return mesh.replica_size(law, self.tp, self.pp, self.cp, self.ep)
+
+
+def _fit_cp(job: Job, deg: _Degrees, seq: SeqRow, notes: list[str]) -> None:
+    """CP at least the sequence-length row's, halved until 2*CP divides the sequence."""
+    if seq.cp > deg.cp:
+        notes.append(f"CP {deg.cp} -> {seq.cp}: sequence length {job.seq_length} ({seq.id}).")
+        deg.cp = seq.cp
+    while deg.cp > 1 and job.seq_length % (2 * deg.cp):
+        notes.append(f"CP {deg.cp} -> {deg.cp // 2}: seq_length must be divisible by 2*CP.")
+        deg.cp //= 2
+
+
+def _fit_tp(job: Job, deg: _Degrees, notes: list[str]) -> None:
+    """TP inside the NVLink domain, halved until it divides the heads (and the KV groups divide or are divided)."""
+    arch = job.model
+    tp_cap = mesh.fast_domain(job.gpu, job.gpus_per_node)
+    if deg.tp > tp_cap:
+        notes.append(f"TP {deg.tp} -> {tp_cap}: TP stays inside the NVLink domain (topology row tp-in-nvlink).")
+        deg.tp = tp_cap
+    while deg.tp > 1 and not _tp_ok(deg.tp, arch.num_attention_heads, arch.num_kv_heads):
+        notes.append(f"TP {deg.tp} -> {deg.tp // 2}: {arch.num_attention_heads} heads / {arch.num_kv_heads} KV heads.")
+        deg.tp //= 2
+
+
+def _fit_experts(job: Job, deg: _Degrees, notes: list[str]) -> None:
+    """EP dividing the experts; no expert parallelism for a dense model."""
+    arch = job.model
+    if arch.is_moe:
+        experts = arch.moe.num_experts
+        if experts % deg.ep:
+            new_ep = gcd(deg.ep, experts)
+            notes.append(f"EP {deg.ep} -> {new_ep}: EP must divide {experts} experts.")
+            deg.ep = new_ep
+    else:
+        deg.ep, deg.etp = 1, 1
+
+
+def _fit_framework(job: Job, card: FrameworkCard, deg: _Degrees, notes: list[str]) -> None:
+    """What the framework cannot run: MoE with pipelines, expert tensor parallelism its search does not open."""
+    if job.model.is_moe and deg.pp > 1 and not card.limits.moe_with_pipeline:
+        notes.append(f"PP {deg.pp} -> 1: {card.display_name} forbids MoE with pp > 1.")
+        deg.pp, deg.first, deg.last = 1, None, None
+    if deg.etp > 1 and not card.search.etp:
+        notes.append(f"ETP -> 1: {card.display_name} {card.version} layouts keep experts whole (its card's search "
+                     "opens no expert tensor parallelism).")
+        deg.etp = 1
+
+
+def _fit_world(law: str, world: int, deg: _Degrees, notes: list[str]) -> None:
+    """Shrink the row's degrees until both grids divide the GPU count: PP first (it only adds a bubble), then CP,
+    then EP, then TP, matching the order in which the tables add them."""
+    while True:
+        if world % deg.dense_size(law) == 0 and mesh.expert_grid_fits(
+                law, world, deg.tp, deg.pp, deg.cp, world // deg.dense_size(law), deg.ep, deg.etp):
+            break
+        if deg.pp > 1:
+            notes.append(f"PP {deg.pp} -> {deg.pp // 2}: {world} GPUs do not hold the row's layout.")
+            deg.pp, deg.first, deg.last = deg.pp // 2, None, None
+        elif deg.cp > 1:
+            notes.append(f"CP {deg.cp} -> {deg.cp // 2}: {world} GPUs do not hold the row's layout.")
+            deg.cp //= 2
+        elif deg.ep > 1:
+            new_ep = gcd(deg.ep, world) if gcd(deg.ep, world) < deg.ep else deg.ep // 2
+            notes.append(f"EP {deg.ep} -> {new_ep}: {world} GPUs do not hold the row's layout.")
+            deg.ep = new_ep
+        elif deg.etp > 1:
+            deg.etp //= 2
+        else:
+            new_tp = _largest_power_of_two_divisor(world, deg.tp) if world % deg.tp else deg.tp // 2
+            notes.append(f"TP {deg.tp} -> {new_tp}: {world} GPUs do not hold the row's layout.")
+            deg.tp = new_tp
+
+
+def _fit_layers(job: Job, deg: _Degrees, vpp: int, notes: list[str]) -> None:
+    """Layers the pipeline does not divide: the uneven split the split check's fix and the search use, else fewer
+    stages."""
+    layers = job.model.num_layers
+    if not (deg.pp > 1 and deg.first is None and layers % deg.pp):
+        return
+    split = uneven_split(layers, deg.pp, vpp)
+    if split is None:
+        new_pp = deg.pp
+        while new_pp > 1 and layers % new_pp:
+            new_pp //= 2
+        notes.append(f"PP {deg.pp} -> {new_pp}: {layers} layers cannot be split over {deg.pp} stages.")
+        deg.pp = new_pp
+    else:
+        deg.first, middle, deg.last = split
+        notes.append(f"{layers} layers over PP {deg.pp}: first stage {deg.first}, last {deg.last}"
+                     + (f", {middle} on each middle stage." if deg.pp > 2 else "."))
+
+
 def suggest(job: Job) -> TableSuggestion:
     """The decision-table layout for this job, made buildable on its GPUs (see the module docstring)."""
     table, row_id, row_text, layout, source = _row_for(job)
-    arch, notes = job.model, []
-    tp, pp, cp, ep, etp = layout.tp, layout.pp, layout.cp, layout.ep, layout.etp
-    first, last = layout.first_stage_layers, layout.last_stage_layers
-
+    notes: list[str] = []
+    deg = _Degrees(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
+                   first=layout.first_stage_layers, last=layout.last_stage_layers)
     seq = _seq_row(job.seq_length)
-    if seq.cp > cp:
-        notes.append(f"CP {cp} -> {seq.cp}: sequence length {job.seq_length} ({seq.id}).")
-        cp = seq.cp
-    while cp > 1 and job.seq_length % (2 * cp):
-        notes.append(f"CP {cp} -> {cp // 2}: seq_length must be divisible by 2*CP.")
-        cp //= 2
-
-    tp_cap = mesh.fast_domain(job.gpu, job.gpus_per_node)
-    if tp > tp_cap:
-        notes.append(f"TP {tp} -> {tp_cap}: TP stays inside the NVLink domain (topology row tp-in-nvlink).")
-        tp = tp_cap
-    while tp > 1 and not _tp_ok(tp, arch.num_attention_heads, arch.num_kv_heads):
-        notes.append(f"TP {tp} -> {tp // 2}: {arch.num_attention_heads} heads / {arch.num_kv_heads} KV heads.")
-        tp //= 2
-
-    if arch.is_moe:
-        experts = arch.moe.num_experts
-        if experts % ep:
-            new_ep = gcd(ep, experts)
-            notes.append(f"EP {ep} -> {new_ep}: EP must divide {experts} experts.")
-            ep = new_ep
-    else:
-        ep, etp = 1, 1
-
+    _fit_cp(job, deg, seq, notes)
+    _fit_tp(job, deg, notes)
+    _fit_experts(job, deg, notes)
     card = framework_card(job.framework)
     law = card.world_size_law
-    if arch.is_moe and pp > 1 and not card.limits.moe_with_pipeline:
-        notes.append(f"PP {pp} -> 1: {card.display_name} forbids MoE with pp > 1.")
-        pp, first, last = 1, None, None
-    if etp > 1 and not card.search.etp:
-        notes.append(f"ETP -> 1: {card.display_name} {card.version} layouts keep experts whole (its card's search "
-                     "opens no expert tensor parallelism).")
-        etp = 1
-
-    world = job.num_gpus
-
-    def dense_size() -> int:
-        return mesh.replica_size(law, tp, pp, cp, ep)
-
-    # Shrink the row's degrees until both grids divide the GPU count: PP first (it only adds a
-    # bubble), then CP, then EP, then TP, matching the order in which the tables add them.
-    while True:
-        if world % dense_size() == 0 and mesh.expert_grid_fits(law, world, tp, pp, cp, world // dense_size(), ep,
-                                                               etp):
-            break
-        if pp > 1:
-            notes.append(f"PP {pp} -> {pp // 2}: {world} GPUs do not hold the row's layout.")
-            pp, first, last = pp // 2, None, None
-        elif cp > 1:
-            notes.append(f"CP {cp} -> {cp // 2}: {world} GPUs do not hold the row's layout.")
-            cp //= 2
-        elif ep > 1:
-            new_ep = gcd(ep, world) if gcd(ep, world) < ep else ep // 2
-            notes.append(f"EP {ep} -> {new_ep}: {world} GPUs do not hold the row's layout.")
-            ep = new_ep
-        elif etp > 1:
-            etp //= 2
-        else:
-            new_tp = _largest_power_of_two_divisor(world, tp) if world % tp else tp // 2
-            notes.append(f"TP {tp} -> {new_tp}: {world} GPUs do not hold the row's layout.")
-            tp = new_tp
-
-    if pp > 1 and first is None and arch.num_layers % pp:
-        split = uneven_split(arch.num_layers, pp, layout.vpp)  # the split check's fix and the search use
-        if split is None:
-            new_pp = pp
-            while new_pp > 1 and arch.num_layers % new_pp:
-                new_pp //= 2
-            notes.append(f"PP {pp} -> {new_pp}: {arch.num_layers} layers cannot be split over {pp} stages.")
-            pp = new_pp
-        else:
-            first, middle, last = split
-            notes.append(f"{arch.num_layers} layers over PP {pp}: first stage {first}, last {last}"
-                         + (f", {middle} on each middle stage." if pp > 2 else "."))
-
-    dp = max(1, world // dense_size())
-    defaults = framework_card(job.framework).defaults
+    _fit_framework(job, card, deg, notes)
+    _fit_world(law, job.num_gpus, deg, notes)
+    _fit_layers(job, deg, layout.vpp, notes)
+    dp = max(1, job.num_gpus // deg.dense_size(law))
+    defaults = card.defaults
     zero = layout.zero_stage if layout.zero_stage is not None else defaults.zero_stage
     plan = Plan(
-        tp=tp, pp=pp, vpp=layout.vpp if pp > 1 else 1, cp=cp, ep=ep, etp=etp, dp=dp,
-        sequence_parallel=tp > 1 and defaults.sequence_parallel_when_tp, zero_stage=zero,
+        tp=deg.tp, pp=deg.pp, vpp=layout.vpp if deg.pp > 1 else 1, cp=deg.cp, ep=deg.ep, etp=deg.etp, dp=dp,
+        sequence_parallel=deg.tp > 1 and defaults.sequence_parallel_when_tp, zero_stage=zero,
         micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
-        cp_comm_type=(seq.cp_comm_type or "p2p") if cp > 1 else "p2p",
-        first_stage_layers=first, last_stage_layers=last,
+        cp_comm_type=(seq.cp_comm_type or "p2p") if deg.cp > 1 else "p2p",
+        first_stage_layers=deg.first, last_stage_layers=deg.last,
     )
     return TableSuggestion(
         table=table, row_id=row_id, row=row_text, plan=plan, sequence_row=seq.id, adjustments=notes, source=source,

@@ -294,7 +294,8 @@ def framework_verdicts(framework: str, cases: list[dict], timeout: float = 1200)
 
 def job_and_plan(case: dict, framework: str):
     from meshplan.knowledge.hardware import get_gpu
-    from meshplan.schema.contract import Architecture, Job, MoESpec, Plan
+    from meshplan.schema.model import Architecture, MoESpec
+    from meshplan.schema.plan import Job, Plan
 
     m = case["model"]
     moe = None

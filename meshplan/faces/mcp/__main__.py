@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from meshplan.core.errors import MeshplanError
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshplan-mcp", description="Run the meshplan MCP server (stdio by default).")
@@ -18,7 +20,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from meshplan.core.errors import MeshplanError
     from meshplan.faces.mcp.server import EXIT_INTERRUPTED, run
 
     try:

@@ -24,7 +24,10 @@ from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, Prompt
 from pydantic import Field, ValidationError
 
 from meshplan.core.errors import closest
-from meshplan.schema.contract import FRAMEWORKS, Request
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.request import Request
+
+from .resources import skill_files
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +99,6 @@ def debug_oom(
 
 def _reading() -> str:
     """Point at the OOM skill and the memory reference when this installation ships them."""
-    from .resources import skill_files
-
     files = skill_files()
     docs = [f"skill://{path}" for path in ("debug-training-oom/SKILL.md", "parallelism-strategies/references/memory.md")
             if path in files]

@@ -21,8 +21,10 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources import FunctionResource
 
+from meshplan import api
 from meshplan.core.errors import closest
 from meshplan.knowledge.cards import card_names, card_text
+from meshplan.knowledge.hardware import gpu_catalog
 
 SKILLS_PACKAGE = "meshplan.skills"
 _MIME = {".md": "text/markdown", ".yaml": "application/yaml", ".yml": "application/yaml", ".json": "application/json"}
@@ -90,14 +92,10 @@ def skill_index() -> str:
 
 
 def model_catalog() -> str:
-    from meshplan import api
-
     return json.dumps([m.model_dump(mode="json") for m in api.list_models()], indent=1)
 
 
 def hardware_catalog() -> str:
-    from meshplan.knowledge.hardware import gpu_catalog
-
     return json.dumps([g.model_dump(mode="json") for g in gpu_catalog().values()], indent=1)
 
 

@@ -12,13 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.core.units import GIB
-from meshplan.schema.contract import (
+from meshplan.schema.model import ModelReport, ModelSummary
+from meshplan.schema.reports import (
     CheckReport,
     MemoryReport,
     MinimumGpus,
-    ModelReport,
-    ModelSummary,
     Recommendation,
     RenderResult,
     ThroughputReport,
@@ -26,10 +24,6 @@ from meshplan.schema.contract import (
 
 _SUMMARY = Field(description="The answer in one or two sentences (GiB for reading; the fields hold bytes)")
 _NEXT = Field(default_factory=list, description="Which tool to call next, and why")
-
-
-def gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
 
 
 class ModelAnswer(ModelReport):

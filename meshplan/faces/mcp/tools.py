@@ -1,6 +1,6 @@
 """The eight MCP tools: each validates its flat arguments into a `Request`, calls `meshplan.api`, and words the answer.
 
-The arguments are the fields of `meshplan.schema.contract.Request`, so the tool schemas, the CLI flags and the
+The arguments are the fields of `meshplan.schema.request.Request`, so the tool schemas, the CLI flags and the
 batch lines cannot drift apart: the signatures below are generated from that model (type, bounds,
 default and description), which keeps every input schema flat and free of `$ref`. Every failure a
 user can fix is re-raised as `ToolError` carrying the reason and the fix, because the SDK hides the
@@ -23,8 +23,10 @@ from pydantic import BaseModel, Field, ValidationError
 from meshplan import api
 from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import parse_request, unknown_field_error, validation_message
-from meshplan.schema.contract import MAX_GPUS, ErrorBand, Recommendation, Request
+from meshplan.core.units import gib
+from meshplan.request.parse import parse_request, unknown_field_error, validation_message
+from meshplan.schema.reports import ErrorBand, Recommendation
+from meshplan.schema.request import MAX_GPUS, Request
 
 from .cancellable import cancellable
 from .results import (
@@ -37,7 +39,6 @@ from .results import (
     RenderAnswer,
     ThroughputAnswer,
     extend,
-    gib,
 )
 
 # Every tool is a pure computation over the catalog: nothing is written, nothing leaves the machine.

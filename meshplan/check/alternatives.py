@@ -1,0 +1,138 @@
+"""MEM001's fix: the nearby layouts (a smaller micro-batch, recompute, more ZeRO, more pp/tp/ep/cp, host offload)
+re-estimated, and those that pass every structural rule and fit named, one change at a time, else a few together.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.schedule import pipeline_split
+from meshplan.check.config import check_structure
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import gib
+from meshplan.knowledge.cards import framework_card
+from meshplan.rl.memory import job_memory
+from meshplan.rules.engine import Context, ctx_param
+from meshplan.schema.plan import Plan
+
+# Which neighbours the fix tries and how many it names are MEM001's params in cards/rules.yaml (the why says
+# why); the cp threshold is CP002's, so the fix never offers a cp that CP002 would then flag.
+
+
+def _dp_for(ctx: Context, tp: int, pp: int, cp: int, ep: int) -> int | None:
+    """The data-parallel size the framework's world-size law gives these degrees, or None if it does not divide."""
+    unit = mesh.replica_size(ctx.law, tp, pp, cp, ep)
+    return ctx.world // unit if ctx.world % unit == 0 else None
+
+
+def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
+    """Nearby layouts, cheapest first: fewer activations, more sharding, then more model parallelism."""
+    p, arch = ctx.plan, ctx.job.model
+    step = int(ctx_param(ctx, "MEM001", "degree_factor"))
+    max_pp_factor = ctx_param(ctx, "MEM001", "max_pp_factor")
+    out: list[tuple[str, dict[str, Any]]] = []
+    if p.micro_batch_size > 1:
+        out.append(("micro_batch_size=1", {"micro_batch_size": 1}))
+    if p.recompute == "none":
+        out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None,
+                                            "recompute_method": None}))
+    raise_to = framework_card(ctx.framework).memory_fix  # how far this framework's ZeRO may go, and why
+    max_zero = p.zero_stage if raise_to.highest_zero_stage is None else raise_to.highest_zero_stage
+    if p.pp > 1 and raise_to.highest_zero_stage_with_pp is not None:
+        max_zero = min(max_zero, raise_to.highest_zero_stage_with_pp)
+    for zero in range(p.zero_stage + 1, max_zero + 1):
+        out.append((f"zero_stage={zero}", {"zero_stage": zero}))
+    if p.optimizer == "adam" and p.optimizer_state_dtype in (None, "fp32"):  # PR001 drops it where Adam cannot
+        out.append(("optimizer_state_dtype=bf16", {"optimizer_state_dtype": "bf16"}))
+    pp_factors = [step]  # step, step^2, ... up to max_pp_factor (2 and 4)
+    while pp_factors[-1] * step <= max_pp_factor:
+        pp_factors.append(pp_factors[-1] * step)
+    for factor in pp_factors:
+        pp = p.pp * factor
+        change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1}
+        label = f"pp={pp}"
+        # the split the search enumerates for this pp (schedule.pipeline_split): uneven only when pp does not
+        # divide the layers
+        split = pipeline_split(arch.num_layers, pp) if ctx.backend == "megatron" else None
+        if split and split[0] is not None:
+            change |= {"first_stage_layers": split[0], "last_stage_layers": split[1]}
+            label += f" (first/last stage {split[0]}/{split[1]} layers)"
+        out.append((label, change))
+    if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
+        out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
+    if arch.moe is not None:
+        out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))
+    if ctx.job.seq_length >= step * ctx_param(ctx, "CP002", "min_tokens_per_rank"):
+        out.append((f"cp={p.cp * step}", {"cp": p.cp * step}))
+    if p.recompute != "full":
+        out.append(("recompute=full", {"recompute": "full", "recompute_layers": None, "recompute_method": None}))
+    # Host offload last, as the slowest steps: the CPU optimizer, then parameters streamed from the host (the
+    # framework card's offload section says what each moves and when; the offload rules drop the one it lacks)
+    if p.optimizer_offload_fraction < 1.0:
+        out.append(("optimizer_offload=true", {"optimizer_offload": True, "optimizer_offload_fraction": 1.0}))
+    if not p.param_offload:
+        out.append(("param_offload=true", {"param_offload": True}))
+    return out
+
+
+def _neighbour(ctx: Context, change: dict[str, Any]) -> Plan | None:
+    """The plan with the change applied and dp re-derived, or None when the degrees do not divide the world."""
+    merged = ctx.plan.model_dump() | change
+    dp = _dp_for(ctx, merged["tp"], merged["pp"], merged["cp"], merged["ep"])
+    if dp is None:
+        return None
+    return Plan.model_validate(merged | {"dp": dp})
+
+
+def _combinations(changes: list[tuple[str, dict[str, Any]]], size: int) -> list[tuple[str, dict[str, Any]]]:
+    """Every set of `size` neighbours that set different knobs, cheapest first (by its costliest member, then the
+    rest): two knobs each too little alone may fit together (tp=2 and full recompute, say)."""
+    ranked = sorted(combinations(range(len(changes)), size), key=lambda idx: sorted(idx, reverse=True))
+    out = []
+    for idx in ranked:
+        parts = [changes[i] for i in idx]
+        keys = [set(change) for _, change in parts]
+        if any(a & b for n, a in enumerate(keys) for b in keys[n + 1:]):
+            continue  # two settings of one knob (pp=2 and pp=4, selective and full recompute)
+        merged: dict[str, Any] = {}
+        for _, change in parts:
+            merged |= change
+        out.append((" + ".join(label for label, _ in parts), merged))
+    return out
+
+
+def fitting_alternatives(ctx: Context) -> tuple[list[str], list[str]]:
+    """Labels of nearby layouts that pass every structural rule and fit in memory (MEM001's max_alternatives).
+
+    One change at a time first; when none fits, up to MEM001's max_changes changes together, so the fix names a
+    layout that works rather than a list of near misses. `tried` keeps the single changes' figures."""
+    known = {f.id for f in check_structure(ctx.job, ctx.plan) if f.severity == "error"}
+    limit = ctx_param(ctx, "MEM001", "max_alternatives")
+    singles = _candidates(ctx)
+    fitting: list[str] = []
+    tried: list[str] = []
+    for size in range(1, int(ctx_param(ctx, "MEM001", "max_changes")) + 1):
+        for label, change in singles if size == 1 else _combinations(singles, size):
+            plan = _neighbour(ctx, change)
+            # A neighbour may keep the plan's own structural errors (they have their own fixes), not add new ones.
+            if plan is None or any(f.severity == "error" and f.id not in known for f in check_structure(ctx.job, plan)):
+                continue
+            try:
+                report = job_memory(ctx.job, plan)  # an RL job: the peak over its phases
+            except MeshplanError:
+                continue
+            host, host_capacity = report.host_bytes_per_node, ctx.job.cpu_memory_per_node
+            host_short = host_capacity is not None and host > host_capacity  # MEM003 would refuse it
+            if size == 1:  # the figure that decides (memory.fit_figure)
+                tried.append(f"{label}: {gib(report.fit_bytes)}"
+                             + (f" but {gib(host)} host per node of {gib(host_capacity)}" if host_short else ""))
+            if report.fits and not host_short:
+                host_note = f", {gib(host)} host per node" if host else ""
+                fitting.append(f"{label} ({gib(report.fit_bytes)} peak{host_note})")
+                if len(fitting) == limit:
+                    return fitting, tried
+        if fitting:
+            break
+    return fitting, tried

@@ -1,0 +1,131 @@
+"""The rules that read the memory estimate (`memory: true` in cards/rules.yaml): the plan fits the GPU (MEM001, its
+fix the nearby layouts that fit, meshplan/check/alternatives.py), keeps some headroom (MEM002), the node's host
+memory holds what is offloaded (MEM003), and each RL phase fits (RL005).
+
+check_config estimates the plan once and runs these over the estimate (`Context.memory_report`); each returns None
+when its rule passes, else the numbers for the card's message and fix templates.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.offload import offload_card, offload_plan
+from meshplan.check.alternatives import fitting_alternatives
+from meshplan.core.units import GIB, gib
+from meshplan.estimate.memory import estimate_memory
+from meshplan.rules.engine import Context, Values, ctx_param, rule
+from meshplan.rules.rollout import phase_knobs
+from meshplan.schema.reports import MemoryReport
+
+
+def _report(ctx: Context) -> MemoryReport:
+    assert ctx.memory_report is not None, "memory rules run only after the estimate"
+    return ctx.memory_report
+
+
+@rule("MEM001")
+def does_not_fit(ctx: Context) -> Values:
+    report = _report(ctx)
+    if report.fits:
+        return None
+    over = report.fit_bytes - report.capacity_bytes  # the figure that decided the fit (memory.fit_figure)
+    fitting, tried = fitting_alternatives(ctx)
+    if fitting and " + " in fitting[0]:
+        fix = (f"no single change fits ({', '.join(tried) or 'no valid neighbour'}); together, "
+               + " or ".join(fitting) + (" fits" if len(fitting) == 1 else " fit"))
+    elif fitting:
+        fix = " or ".join(fitting) + (" fits" if len(fitting) == 1 else " fit")
+    else:
+        fix = (f"none of the nearby layouts fits ({', '.join(tried) or 'no valid neighbour'}); "
+               "more GPUs or `meshplan recommend` are needed")
+    return {"peak": gib(report.fit_bytes), "stage": report.peak_stage, "capacity": gib(report.capacity_bytes),
+            "over": gib(over), "gpu": ctx.job.gpu.name, "alternatives": fix}
+
+
+@rule("MEM002")
+def low_headroom(ctx: Context) -> Values:
+    report = _report(ctx)
+    minimum = ctx_param(ctx, "MEM002", "min_headroom_fraction")
+    if not report.fits or report.headroom_bytes >= minimum * report.capacity_bytes:
+        return None
+    return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
+            "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": gib(report.peak_bytes)}
+
+
+@rule("MEM003")
+def host_memory_short(ctx: Context) -> Values:
+    report = ctx.memory_report
+    assert report is not None, "memory rules run only after the estimate"
+    capacity = ctx.job.cpu_memory_per_node
+    if capacity is None or report.host_bytes_per_node <= capacity:
+        return None
+    stage = max(report.stages, key=lambda s: s.host_bytes)
+    gpus = ctx.job.gpus_per_node
+    kinds = {k.removeprefix("host_"): v for k, v in stage.detail.items() if k.startswith("host_")}
+    what = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return {"host": gib(report.host_bytes_per_node), "per_gpu": gib(stage.host_bytes), "stage": stage.stage,
+            "gpus": gpus, "what": what, "capacity": gib(capacity), "over": gib(report.host_bytes_per_node - capacity),
+            "fix": _host_fix(ctx, stage.host_bytes, kinds, capacity / gpus)}
+
+
+def _host_fix(ctx: Context, per_gpu: float, kinds: dict[str, int], budget: float) -> str:
+    """The largest share of the CPU optimizer (two decimals, rounded down) whose whole offload fits the host, found
+    by re-estimating (the share also changes what the phase offloads move); else which offload to drop."""
+    plan = ctx.plan
+    capacity = ctx.job.cpu_memory_per_node
+    if kinds.get("cpu_optimizer") and capacity is not None:
+        def fits(hundredths: int) -> bool:
+            trial = plan.model_copy(update={"optimizer_offload_fraction": hundredths / 100})
+            return estimate_memory(ctx.job, trial).host_bytes_per_node <= capacity
+
+        low, high = 0, round(plan.optimizer_offload_fraction * 100)
+        while low < high:  # the largest share in hundredths that fits (host bytes grow with the share)
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        if low > 0:
+            return (f"optimizer_offload_fraction={low / 100:g} fits the host (the CPU optimizer keeps "
+                    f"{offload_card().cpu_optimizer_bytes_per_param:g} B per parameter of its share there; the GPU "
+                    "then steps the rest), or more nodes (a smaller shard per GPU), or nodes with more host memory.")
+    biggest = max(kinds, key=kinds.get) if kinds else "offload"
+    knob = {"between_phases": "the phase offloads (param_offload/grad_offload/optimizer_offload)",
+            "activations": "activation_offload", "cpu_optimizer": "optimizer_offload",
+            "weights": "param_offload"}.get(biggest, f"the {biggest} offload")
+    return f"Drop {knob}, use more nodes (a smaller shard per GPU), or nodes with more host memory."
+
+
+@rule("RL005")
+def rl_phase_fits(ctx: Context) -> Values:
+    report = ctx.memory_report
+    if report is None or not report.phases or report.fits:
+        return None
+    top = next(p for p in report.phases if p.phase == report.peak_phase)
+    d, plan, capacity = top.detail, ctx.plan, report.capacity_bytes
+    over = top.peak_bytes - capacity
+    parts = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f} GiB" for k, v in d.items()
+                      if k != "sequences_at_once" and v)
+    phase_off = offload_plan(ctx.framework, plan).phase
+    if top.phase == "rollout" and top.pool == "trainer":
+        fixes = []
+        knobs = phase_knobs(ctx.framework, plan)
+        if d.get("trainer_resident", 0) and not phase_off and knobs:
+            fixes.append(f"{' and '.join(knobs)} move the trainer's {d['trainer_resident'] / GIB:.1f} GiB to the "
+                         "host during the rollout")
+        if d.get("reference_resident", 0):
+            fixes.append(f"param_offload also moves the reference model's {d['reference_resident'] / GIB:.1f} GiB")
+        fraction = plan.rollout_memory_fraction - over / capacity
+        if fraction * capacity > d.get("engine_weights", 0):
+            fixes.append(f"rollout_memory_fraction {fraction:.2f} (the KV cache shrinks to "
+                         f"{max(0, d.get('kv_cache', 0) - over) / GIB:.1f} GiB)")
+        fixes.append(f"rollout_tp {plan.rollout_tp * 2} halves the engine's weights")
+        fix = "; or ".join(fixes) + "."
+    elif top.phase == "rollout":
+        fix = (f"rollout_tp {plan.rollout_tp * 2} (the engine's weights {d.get('engine_weights', 0) / GIB:.1f} GiB "
+               "halve), or a lower rollout_memory_fraction.")
+    elif top.phase == "log_prob":
+        fix = ("param_offload (the reference and the actor take turns on the GPU), or a smaller micro_batch_size for "
+               "the forward passes.")
+    else:
+        fix = ("The update's peak is the training step's: phase offloads do not lower it; use "
+               "optimizer_offload_fraction (the in-step CPU optimizer), recompute, a larger pp or ep, or more GPUs "
+               "(`meshplan recommend`).")
+    return {"phase": top.phase, "peak": f"{top.peak_bytes / GIB:.1f} GiB", "capacity": f"{capacity / GIB:.1f} GiB",
+            "pool": top.pool, "parts": parts, "over": f"{over / GIB:.1f} GiB", "fix": fix}

@@ -1,0 +1,71 @@
+"""The attention core of one layer on one rank: which flash kernel the job runs and at what fraction of peak, or
+unfused attention's batched GEMMs and memory-bound passes over the full scores."""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.flops import Gemm, attention_core_flops
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.estimate.layer_records import LayerContext
+from meshplan.knowledge.calibration import Calibration, attention_fraction
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.plan import Job
+
+# Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
+# the forward FLOPs, so forward + backward = 3.5x (Dao-AILab/flash-attention benchmark_flash_attention.py flops()).
+FLASH_ATTENTION_PASSES_PER_FORWARD = 3.5
+
+
+def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
+                         backend: str = "auto", zero_stage: int | None = None) -> tuple[str | None, float]:
+    """(kernel, fraction of BF16 peak) of the flash attention the job runs: with backend auto the kernel its framework
+    release picks on the GPU's generation for the engine of `zero_stage` and for an MLA model (the framework card's
+    attention section: AttentionSemantics.kernel_for), with flash or fused the kernel
+    that backend is in the framework (the card's attention.backends), at that kernel's fraction for the generation
+    (cards/calibration.yaml attention_kernels; else attention_peak_fraction). FlashAttention-2 reaches ~35% of an
+    H100's peak where cuDNN / FA3-class kernels reach ~50% (FA3 paper), so the same trainer runs attention slower
+    on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
+    run of a trainer meshplan does not support, scored with another framework's card, e.g. LLM Foundry's Triton
+    attention, which no framework meshplan renders can be told to run)."""
+    fw = framework_card(job.framework)
+    card = fw.attention
+    if kernel is None and card is not None:
+        engine = fw.engine_at(zero_stage) if zero_stage is not None else None
+        kernel = card.kernel_for(job.framework_version, job.gpu.arch, engine=engine, mla=job.model.mla is not None) \
+            if backend == "auto" else card.backends.get(backend)  # type: ignore[call-overload]
+    return kernel, attention_fraction(cal, kernel, job.gpu.arch)
+
+
+def unfused_attention_seconds(ctx: LayerContext) -> tuple[float, float]:
+    """(forward, forward + backward) of attention without flash attention, on one rank.
+
+    Q.K^T and P.V run as batched GEMMs over the full s x s scores (the causal mask saves nothing), and
+    the scores take memory-bound passes: scale-mask-softmax, and attention dropout when it is on
+    (bytes per score from the card). This is Megatron-LM before FlashAttention (2021-22 papers) and
+    `--attention-backend unfused`.
+    """
+    arch, sh, cal = ctx.arch, ctx.shard, ctx.cal
+    heads = arch.num_attention_heads / sh.tp
+    if arch.mla is not None:
+        qk_width = arch.mla.qk_nope_head_dim + arch.mla.qk_rope_head_dim
+        v_width = arch.mla.v_head_dim
+    else:
+        qk_width = v_width = arch.head_dim
+    queries = ctx.seq / ctx.plan.cp  # per sequence on this rank; keys span the whole sequence
+    batched = sh.tokens / queries * heads  # (micro-batch sequences) x (local heads) independent products
+    scores = Gemm("attention_scores", queries, ctx.seq, qk_width, batched, fp8=False)
+    context = Gemm("attention_context", queries, v_width, ctx.seq, batched, fp8=False)
+    gemm = gemm_seconds([scores, context], cal, ctx.bf16_peak, None)
+    elements = batched * queries * ctx.seq
+    fwd_bytes = cal.softmax_bytes_per_score_fwd + (cal.dropout_bytes_per_score_fwd if ctx.dropout else 0.0)
+    bwd_bytes = cal.softmax_bytes_per_score_bwd + (cal.dropout_bytes_per_score_bwd if ctx.dropout else 0.0)
+    forward = gemm / TRAINING_PASSES_PER_FORWARD + elements * fwd_bytes / ctx.hbm
+    return forward, gemm + elements * (fwd_bytes + bwd_bytes) / ctx.hbm
+
+
+def attention_seconds(ctx: LayerContext) -> tuple[float, float]:
+    """(forward, forward + backward) of one layer's attention core: flash attention's FLOPs at the kernel's
+    fraction of BF16 peak with a 2.5x backward, or unfused attention."""
+    if ctx.flash:
+        forward = attention_core_flops(ctx.arch, ctx.shard, ctx.seq) / (ctx.bf16_peak * ctx.attention_fraction)
+        return forward, FLASH_ATTENTION_PASSES_PER_FORWARD * forward
+    return unfused_attention_seconds(ctx)

@@ -1,0 +1,75 @@
+"""Context parallelism's exposed traffic per layer: the K/V ring, Ulysses' all-to-alls, the all-gather, and the
+hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it feeds."""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.comm import alltoall_time, p2p_time, ring_time
+from meshplan.arithmetic.mesh import crosses_domains, hierarchical_cp_sizes
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
+from meshplan.schema.model import Architecture
+
+# Ring attention (Transformer Engine AttnFuncWithCPAndKVP2P): each of the c-1 ring steps sends the K/V block on
+# forward, K/V and dK/dV (one buffer of both) on backward, while the step's attention runs on the block at hand.
+CP_RING_TRANSFERS_FORWARD = 1.0
+CP_RING_TRANSFERS_BACKWARD = 2.0
+
+
+def kv_width(arch: Architecture, tp: int) -> float:
+    """K plus V elements per token held by one TP rank (what CP exchanges). MLA sends its up-projected per-head K
+    (nope + rope) and V, not the compressed latent: Megatron-Core's MLASelfAttention hands the expanded key and value
+    to TE's DotProductAttention, whose CP ring concatenates k and v into one send buffer."""
+    if arch.mla is not None:
+        m = arch.mla
+        return arch.num_attention_heads / tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * (-(-arch.num_kv_heads // tp)) * arch.head_dim
+
+
+def q_out_width(arch: Architecture, tp: int) -> float:
+    """Query plus attention-output elements per token on one TP rank (what Ulysses re-shards besides K/V)."""
+    heads = arch.num_attention_heads / tp
+    if arch.mla is not None:
+        m = arch.mla
+        return heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    return 2 * heads * arch.head_dim
+
+
+def ring_exposed(hop_s: float, steps: int, attention_fwd: float, attention_bwd: float,
+                 overlap: float = 1.0) -> tuple[float, float]:
+    """(forward, forward + backward) exposed seconds of a K/V ring of `steps` ranks: in each of the steps-1 ring steps
+    the next block's transfer runs while the current block's attention computes, so each step exposes only what the
+    transfer takes beyond `overlap` (cp_overlap) of that step's attention. Causal load balancing (TE's DualChunkSwap:
+    each rank holds chunks i and 2c-1-i) gives every step the same attention work, 1/steps of the rank's."""
+    if steps <= 1:
+        return 0.0, 0.0
+    fwd = (steps - 1) * max(0.0, CP_RING_TRANSFERS_FORWARD * hop_s - overlap * attention_fwd / steps)
+    bwd = (steps - 1) * max(0.0, CP_RING_TRANSFERS_BACKWARD * hop_s - overlap * attention_bwd / steps)
+    return fwd, fwd + bwd
+
+
+def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -> tuple[float, float]:
+    """(forward, forward + backward) exposed CP traffic of one layer per micro-batch, by cp_comm_type as
+    Transformer Engine runs it: p2p a K/V ring overlapped step by step; a2a (Ulysses) q, k, v and the output
+    re-sharded sequence <-> heads by all-to-alls, forward and (dout; dq, dk, dv) backward, not overlapped;
+    allgather the K/V gathered forward and dK/dV reduce-scattered backward, not overlapped; a2a+p2p the all-to-all
+    over the CP ranks inside one node and a ring of the nodes (mesh.hierarchical_cp_sizes, what the adapters
+    render as hierarchical_context_parallel_sizes), each ring step then carrying the same K/V bytes against
+    a2a-size times the attention."""
+    plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
+    c = plan.cp
+    if c <= 1:
+        return 0.0, 0.0
+    tokens = ctx.shard.tokens
+    kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
+    attention_bwd = attention_fwd_bwd - attention_fwd
+    if plan.cp_comm_type == "allgather":
+        one = ring_time(c * kv_bytes, c, plan.tp, lk)
+        return one, FORWARD_AND_BACKWARD * one
+    a2a_size = c if plan.cp_comm_type == "a2a" else 1
+    if plan.cp_comm_type == "a2a+p2p":
+        a2a_size = hierarchical_cp_sizes(c, plan.tp, lk.node)[0]
+    a2a_one = alltoall_time(tokens * (q_out_width(arch, plan.tp) + kv_width(arch, plan.tp)) * BF16,
+                            a2a_size, plan.tp, lk)
+    steps = c // a2a_size
+    cross = crosses_domains(steps, plan.tp * a2a_size, lk.domain)
+    fwd, total = ring_exposed(p2p_time(kv_bytes, cross, lk), steps, attention_fwd, attention_bwd, ctx.cal.cp_overlap)
+    return fwd + a2a_one, total + FORWARD_AND_BACKWARD * a2a_one

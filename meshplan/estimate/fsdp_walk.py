@@ -1,0 +1,188 @@
+"""When torch FSDP2's step peaks: the backward walked unit by unit as fully_shard runs it (cards/memory.yaml
+`step_peak: backward_walk`): the gathered parameters, the saved and recomputed activations of the units not yet
+reached, each unit's gradients and fp32 reduce-scatter input, whether the gradients are freed each step, and
+whether the memory they leave stays reserved in the reduce-scatter stream's pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from meshplan.arithmetic.memory_states import state_bytes
+from meshplan.core.units import GIB
+from meshplan.estimate.memory_terms import MemoryTerms, StageParams
+from meshplan.schema.reports import StageMemory
+
+
+class FsdpUnit(NamedTuple):
+    """One fully_shard unit of a stage, in forward order, for the backward walk (bytes per GPU)."""
+
+    name: str
+    params: float  # its parameters (all-gathered while it runs, reduce-scattered in its post_backward)
+    stored: float  # what one micro-batch keeps for its backward (the output unit: the loss at its peak)
+    working: float = 0.0  # what its backward rebuilds on top (recompute)
+    grads: float = 0.0  # its sharded gradients (allocated by its reduce-scatter when the trainer freed them)
+    in_loss: bool = False  # its reduce-scatter runs inside the chunked loss, once per chunk, its params gathered
+    kept: float = 0.0  # what of its activations is alive at its reduce-scatter (in_loss: the chunk's logits)
+    loss: bool = False  # its `stored` is the loss, which peaks before the unit's pre_backward hook fires
+
+
+class StepMoment(NamedTuple):
+    """A moment of the backward: activations alive, FSDP transient (gathered params, unsharded grads and their
+    reduce-scatter input) and the sharded gradients not allocated yet."""
+
+    name: str
+    activations: float
+    transient: float
+    absent_grads: float
+
+
+def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_absent: bool) -> list[StepMoment]:
+    """Every moment of the backward, unit by unit in reverse forward order, as torch's fully_shard runs it
+    (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): in pre_backward the unit is all-gathered
+    (`unsharded_param_bytes`) and the unit before it prefetched (`prefetched_bytes`), while its own saved activations
+    and whatever its recompute rebuilds are alive, beside the saved activations of the units backward has not reached
+    (`held_other`: other micro-batches in flight), and the reduce-scatter input of the unit reduced just before is still
+    held (`retained_reduce_bytes`: post_backward keeps reduce_scatter_max_input_buffers = 1 until the next unit's
+    post_backward recycles it); in post_backward its saved activations are freed, reshard() frees its parameters, and
+    foreach_reduce copies its unsharded grads into the reduce-scatter input (`gathered_layers` x `gathered_bytes`).
+    The output unit's loss peaks in the cross-entropy's backward, before the unit's pre_backward hook (registered on
+    its outputs) fires, so nothing is prefetched yet; its parameters stay gathered from its forward
+    (reshard_after_forward=False in torchtitan's apply_fsdp_to_decoder), unless the trainer resharded it after the
+    forward (`output_resharded_at_loss`). A unit that reduces inside the chunked loss
+    (`in_loss`) does so once per chunk with its parameters gathered, the previous chunk's reduce-scatter input held and
+    the chunk's `kept` logits alive; its buffers are gone by the time the decoder's backward starts. With
+    `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
+    only after its own reduce-scatter, so the units not yet reduced are absent. With `output_held_bytes` the output
+    unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
+    end-of-backward callback: its gathered parameters and unsharded gradients stay through every later moment, and
+    its reduce-scatter comes last, after the embedding's."""
+    out = []
+    root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
+    for k in range(len(units) - 1, -1, -1):
+        u = units[k]
+        before = held_other + sum(v.stored for v in units[:k])
+        prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
+        held = conv.output_held_bytes * root.params if root and u is not root else 0.0
+        absent = (sum(v.grads for v in units[:k + 1]) + (root.grads if held else 0.0)) if grads_absent else 0.0
+        gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
+        # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
+        last = u if u.in_loss else units[k + 1] if k + 1 < len(units) and not units[k + 1].in_loss else None
+        retained = conv.retained_reduce_bytes * last.params if last and last is not root else 0.0
+        out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
+                              gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
+        if u is root:
+            continue
+        reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
+        out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
+                              reduce + (gathered + retained if u.in_loss else 0.0) + held, absent))
+    if root:
+        retained = conv.retained_reduce_bytes * units[0].params if len(units) > 1 else 0.0
+        out.append(StepMoment(f"{root.name} reduce-scatter (end of backward)", held_other,
+                              conv.gathered_layers * conv.gathered_bytes * root.params + retained,
+                              root.grads if grads_absent else 0.0))
+    return out
+
+
+def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
+                   reserve_fraction: float) -> StepMoment:
+    """The moment of the backward walk with the largest peak: activations and transient (plus the caching
+    allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
+    moments = fsdp_backward_moments(conv, units, held_other, grads_absent)
+    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient) - s.absent_grads
+               + freed_grads_reserved(conv, s.absent_grads))
+
+
+def freed_grads_reserved(conv, absent: float) -> float:
+    """The sharded gradients the trainer freed (zero_grad(set_to_none=True)) that the caching allocator still holds
+    when the step peaks: fully_shard allocates each unit's sharded gradient, a view of its reduce-scatter output, in
+    the reduce-scatter stream (torch _fsdp_collectives.py foreach_reduce), and a freed block goes back to the pool of
+    the stream it was allocated on (c10/cuda/CUDACachingAllocator.cpp: free blocks are found by stream and size), so
+    the default stream's activations and loss cannot reuse it. Reserved, not allocated (`freed_grads_stay_reserved`,
+    cards/memory.yaml); with expandable segments the out-of-memory retry unmaps it, as the rest of the reserve."""
+    return absent if conv.freed_grads_stay_reserved else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WalkStage:
+    """One pipeline stage as the backward walk reads it: its parameters, the recompute mode each of its layers ran
+    in, and the activations the estimate counted for it (bytes per GPU, as StageMemory.detail rounds them)."""
+
+    terms: MemoryTerms
+    params: StageParams
+    modes: dict[int, str]  # the mode each layer ran in (one micro-batch)
+    layer_acts: int  # the decoder layers' activations of every micro-batch in flight
+    emb_acts: int  # the embedding's (first stage)
+    out_acts: int  # the output layer's and the loss's (last stage)
+    mtp_acts: int  # the MTP blocks', where they are not on the last stage
+
+
+def stage_step_peak(stage: WalkStage) -> StepMoment:
+    """The moment this stage peaks at, walking its FSDP units through the backward (fsdp_step_peak)."""
+    terms = stage.terms
+    units, held_other = walk_units(stage)
+    return fsdp_step_peak(terms.conv, units, held_other + stage.mtp_acts,
+                          grads_absent=terms.conv.grads_set_to_none and terms.m == 1,
+                          reserve_fraction=terms.card.allocator_reserve_fraction)
+
+
+def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
+    """The stage's FSDP units in forward order (embedding on the first stage, each decoder layer, the output layer
+    with the final norm on the last; torchtitan's apply_fsdp_to_decoder) with one micro-batch's activations each,
+    and the activations of the other micro-batches in flight."""
+    terms, params = stage.terms, stage.params
+    plan, conv, table, per_kind = terms.plan, terms.conv, terms.table, terms.per_kind
+    ep_etp = plan.ep * plan.etp
+
+    def grads(dense: float, experts: float = 0.0) -> float:
+        return (state_bytes(terms.tensors, dense, terms.dense_dp)["gradients"]
+                + state_bytes(terms.tensors, experts, terms.expert_dp)["gradients"])
+
+    units = []
+    if params.first:
+        emb = params.embedding
+        units.append(FsdpUnit("embedding", emb, stage.emb_acts, grads=grads(emb)))
+    one_batch = 0.0
+    for i in params.layers:
+        moe, mode = table.moe[i], stage.modes[i]
+        stored = per_kind[(moe, mode)]
+        one_batch += stored
+        if mode == "full":  # checkpointed: its backward rebuilds the layer's activations
+            working = per_kind[(moe, "none")]
+        elif mode == "selective" and terms.selective == "op_sac":  # op-level SAC: what the recompute rebuilds
+            working = per_kind[(moe, "none")] - stored
+        else:
+            working = 0.0
+        dense = table.tp_sharded[i] / plan.tp + table.replicated[i]
+        experts = table.experts[i] / ep_etp
+        units.append(FsdpUnit(f"layer {i}", dense + experts, stored, working, grads(dense, experts)))
+    if params.last:
+        head = params.output_layer + terms.norm_width
+        kept = 0.0
+        if conv.output_reduce_in_loss:  # the chunk's loss tensors are freed but for its logits (and their gradient)
+            logits = job_logits(conv, terms.tokens, terms.vocab, plan.tp)
+            kept = stage.out_acts - (conv.logits_bytes_per_element - conv.loss_reduce_bytes_per_element) * logits
+        units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
+                              in_loss=conv.output_reduce_in_loss, kept=kept, loss=True))
+    return units, max(0.0, stage.layer_acts - one_batch)
+
+
+def job_logits(conv, tokens: float, vocab: float, tp: int) -> float:
+    """Logits of one loss chunk on one GPU (memory_states.output_activations' count)."""
+    return tokens / conv.loss_chunks * vocab / tp
+
+
+def walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:
+    """What the backward walk found on the peak stage."""
+    grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
+             f"reduce-scatter ({stage.detail.get('gradients_absent_at_peak', 0) / GIB:.2f} GiB not yet allocated"
+             + ("; still reserved: the caching allocator keeps the freed blocks in the reduce-scatter stream's pool)"
+                if conv.freed_grads_stay_reserved else ")")
+             if conv.grads_set_to_none and m == 1 else
+             "every sharded gradient allocated" + (" (accumulated over the step's micro-batches)"
+                                                   if conv.grads_set_to_none else " (zeroed in place, not freed)"))
+    return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
+            f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
+            f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "
+            f"and reduce-scatter input; {grads}.")

@@ -1,0 +1,93 @@
+"""One decoder layer's time per micro-batch on one rank, forward + backward.
+
+The sum of its GEMMs (each at an achievable fraction of peak that depends on its shape), its attention core,
+memory-bound elementwise work, a per-layer launch overhead, and the exposed part of its TP / CP / EP traffic;
+with the forward shares that recompute and the overlap windows read. Each part has its module: attention_time,
+context_parallel, tp_overlap, moe_time, recompute, lora_gemms.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.estimate.attention_time import attention_seconds
+from meshplan.estimate.context_parallel import cp_time
+from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
+from meshplan.estimate.lora_gemms import lora_gemm_seconds
+from meshplan.estimate.moe_time import busiest_rank_experts, dispatch_and_router_bytes, exposed_ep
+from meshplan.estimate.recompute import recomputed_forwards
+from meshplan.estimate.tp_overlap import exposed_tp
+
+
+def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
+    """Seconds of one layer (an MoE layer when `moe`) per micro-batch on one rank, part by part."""
+    gemms = layer_gemms(ctx, moe)
+    gemm, gemm_fwd = gemm_time(ctx, gemms, moe)
+    attention_fwd, attention = attention_seconds(ctx)
+    load = elementwise_load(ctx, moe)
+    elementwise = elementwise_seconds(ctx, load)
+    overhead = layer_overhead(ctx, moe)
+    fwd_compute = gemm_fwd + attention_fwd + elementwise / TRAINING_PASSES_PER_FORWARD
+    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise)
+    tp = exposed_tp(ctx, gemms, moe)
+    cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
+    compute = gemm + attention + elementwise + overhead  # LayerTime.compute
+    ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
+    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise, overhead=overhead, tp=tp, cp=cp,
+                     cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute, attention_fwd=attention_fwd,
+                     op_sac_fwd=op_sac_fwd, module_fwd=module_fwd)
+
+
+def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:
+    """The layer's GEMMs on this rank: attention's, then the dense MLP's or the MoE layer's (its routed experts on
+    the most loaded EP rank)."""
+    gemms = attention_gemms(ctx.arch, ctx.shard)
+    if moe:
+        gemms += busiest_rank_experts(moe_gemms(ctx.arch, ctx.shard), ctx.routed_load)
+    else:
+        gemms += mlp_gemms(ctx.arch, ctx.shard, ctx.arch.ffn_hidden_size, "mlp")
+    return gemms
+
+
+def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> tuple[float, float]:
+    """(forward + backward, forward) GEMM seconds: all three passes of each, or under LoRA the frozen linears'
+    forward and data gradient plus the adapters'."""
+    if ctx.lora is not None:
+        return lora_gemm_seconds(ctx, gemms, moe)
+    total = gemm_seconds(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    return total, total / TRAINING_PASSES_PER_FORWARD
+
+
+def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
+    """What the layer's memory-bound work (norms, activation, rotary, residuals, dropout-free) passes over: its
+    hidden-sized tensors (sequence-sharded under SP) and its FFN activations (TP-sharded; routed experts' on the
+    most loaded rank), plus an MoE layer's dispatcher and router bytes."""
+    arch, plan, sh = ctx.arch, ctx.plan, ctx.shard
+    t_sp = plan.tp if plan.sequence_parallel else 1
+    hidden = sh.tokens * arch.hidden_size / t_sp
+    if moe and arch.moe is not None:
+        local = sh.tokens / t_sp
+        routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp * ctx.routed_load
+        shared_ffn = sh.tokens * arch.moe.shared_expert_ffn_hidden_size / plan.tp
+        dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx, t_sp)
+        return ElementwiseLoad(hidden=hidden, routed_ffn=routed_ffn, shared_ffn=shared_ffn,
+                               dispatch_bytes=dispatch_bytes, router_bytes=router_bytes)
+    return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp)
+
+
+def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
+    """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes (eager
+    ones when the blocks run uncompiled) over the hidden and FFN elements, plus the dispatcher's and router's bytes."""
+    passes = ctx.cal.eager_elementwise_passes if ctx.eager else ctx.cal.elementwise_passes
+    elem_bytes = passes * BF16 * (load.hidden + (load.routed_ffn + load.shared_ffn + load.dense_ffn))
+    elem_bytes += load.dispatch_bytes + load.router_bytes
+    return elem_bytes / ctx.hbm
+
+
+def layer_overhead(ctx: LayerContext, moe: bool) -> float:
+    """The layer's fixed launch overhead (card), plus in an MoE layer the dispatcher's host syncs, each a stall
+    while the host refills the GPU's queue."""
+    overhead = ctx.cal.layer_overhead_s
+    if moe and ctx.arch.moe is not None:
+        overhead += ctx.moe_host_syncs * ctx.cal.moe_host_sync_s
+    return overhead

@@ -1,0 +1,231 @@
+"""One pipeline stage's memory per GPU, step by step: the parameters it holds (memory_terms.stage_params), their
+model states (Muon's one momentum, LoRA's frozen base, fp8 weight copies), the activations of the micro-batches
+it keeps in flight, what the offload knobs move to the host, the layer being recomputed in the backward, the
+embedding, MTP and loss activations, the FSDP/ZeRO-3 gathered units (or FSDP2's backward walk, fsdp_walk.py) and
+the caching allocator's reserve.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from meshplan.arithmetic.lora import adapter_params, lora_engine
+from meshplan.arithmetic.memory_states import gathered_transient, muon_saved_bytes, state_bytes
+from meshplan.arithmetic.offload import offload_stage
+from meshplan.arithmetic.schedule import in_flight
+from meshplan.estimate.fsdp_walk import WalkStage, freed_grads_reserved, stage_step_peak
+from meshplan.estimate.memory_terms import MemoryTerms, StageParams, stage_params
+from meshplan.schema.reports import StageMemory
+
+
+class StageResult(NamedTuple):
+    """A stage's memory, and the moment it peaks at where the convention walks the backward (else None)."""
+
+    memory: StageMemory
+    moment: str | None
+
+
+class HeldActivations(NamedTuple):
+    """The decoder layers' activations of the micro-batches a stage holds at its peak."""
+
+    bytes: float
+    held: tuple[int, ...]  # micro-batches in flight per virtual chunk
+    modes: dict[int, str]  # the recompute mode each layer ran in (one micro-batch), for the backward walk
+
+
+class Overheads(NamedTuple):
+    """What a stage holds beside its model states: activations, and the fixed and transient rest."""
+
+    activations: float
+    other: float
+    transient: float  # what is freed and re-allocated every step
+    moment: str | None
+
+
+def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
+    """The memory per GPU of pipeline stage `rank` (its virtual chunks' layers in `chunks`)."""
+    detail: dict[str, int] = {}
+    params = stage_params(terms, rank, chunks)
+    if params.first:
+        detail["embedding_params"] = params.embedding
+    if params.last:
+        detail["output_layer_params"] = params.output_layer
+    if params.mtp:
+        detail["mtp_params"] = params.mtp_params
+    states = model_states(terms, params, detail)
+    acts = held_activations(terms, rank, chunks)
+    detail["microbatches_in_flight"] = sum(acts.held)
+    detail["layer_activations"] = int(acts.bytes)
+    stored, host = acts.bytes, 0.0
+    if terms.offload.any:
+        states, stored, host = _offloaded(terms, params, states, stored, detail)
+    work = recompute_working_layer(terms, params, chunks)
+    if work is not None:
+        stored += work
+        detail["recompute_working_layer"] = int(work)
+    stored = _edge_activations(terms, params, acts.held, stored, detail)
+    rest = _overheads(terms, params, acts, states, stored, detail)
+    # the caching allocator reserves more than it hands out for what is freed and re-allocated every step
+    detail["allocator_reserve"] = (int(terms.card.allocator_reserve_fraction * rest.transient)
+                                   + detail.get("freed_gradients_reserved", 0))
+    other = rest.other + detail["allocator_reserve"]
+    weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
+    total = weights + grads + opt + int(rest.activations) + int(other)
+    memory = StageMemory(
+        stage=rank, layers=len(params.layers), weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
+        activations_bytes=int(rest.activations), other_bytes=int(other), total_bytes=total, detail=detail,
+        host_bytes=int(host),
+    )
+    return StageResult(memory, rest.moment)
+
+
+def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]) -> dict[str, float]:
+    """Weights, gradients and optimizer bytes per GPU: the convention's tensors over the dense and the expert
+    parameters, each sharded over its own data-parallel group."""
+    plan, tensors, conv = terms.plan, terms.tensors, terms.conv
+    dense, experts = params.dense, params.experts
+    states = state_bytes(tensors, dense, terms.dense_dp)
+    for cls, value in state_bytes(tensors, experts, terms.expert_dp).items():
+        states[cls] += value
+    # Muon: one momentum instead of Adam's two on the decoder's (and MTP's) matrices; the output layer stays on Adam
+    states["optimizer"] -= (muon_saved_bytes(plan, tensors, params.linear - params.head - experts, terms.dense_dp)
+                            + muon_saved_bytes(plan, tensors, experts, terms.expert_dp))
+    if terms.job.lora is not None:  # LoRA: the frozen base keeps its weights only, the adapters carry every state
+        states = lora_states(terms, params.layers, states, detail)
+    if terms.job.precision == "fp8" and conv.fp8_weight_bytes:
+        states["weights"] += conv.fp8_weight_bytes * params.linear
+        detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * params.linear)
+    detail["params_on_gpu"] = int(dense + experts)
+    return states
+
+
+def lora_states(terms: MemoryTerms, layers: list[int], states: dict[str, float],
+                detail: dict[str, int]) -> dict[str, float]:
+    """A LoRA stage's model states: the frozen base keeps only its weight bytes (no gradient buffer, master copy or
+    moments: Megatron's DDP and optimizer take only requires_grad parameters, as does torch's), and the adapters
+    this rank holds (meshplan/arithmetic/lora.py) carry the convention's every tensor, sharded as the dense and expert
+    parameters are."""
+    job, plan = terms.job, terms.plan
+    assert job.lora is not None
+    dense, experts = adapter_params(job.model, layers, job.lora, lora_engine(job.framework, plan.zero_stage),
+                                    tp=plan.tp, ep=plan.ep, etp=plan.etp)
+    out = {"weights": states["weights"], "gradients": 0.0, "optimizer": 0.0}
+    for params, group in ((dense, terms.dense_dp), (experts, terms.expert_dp)):
+        for cls, value in state_bytes(terms.tensors, params, group).items():
+            out[cls] += value
+    detail["lora_adapter_params"] = int(dense + experts)
+    return out
+
+
+def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
+    """Each layer's activations in the mode the plan's recompute runs it in, times the micro-batches its chunk
+    holds at the stage's peak (the schedule's in_flight)."""
+    plan, per_kind, group, every_nth = terms.plan, terms.per_kind, terms.group, terms.every_nth
+    held = in_flight(rank, plan.pp, terms.vpp, terms.m)
+    acts = 0.0
+    built = 0
+    modes: dict[int, str] = {}
+    for chunk, count in zip(chunks, held, strict=True):
+        chunk_bytes = 0.0
+        for pos, i in enumerate(chunk):
+            built += 1
+            mode = terms.stored_mode
+            if group and pos % group:
+                continue  # inside a uniform chunk: only the chunk's first input is kept
+            if group:
+                mode = "full"
+            elif plan.recompute == "full" and (plan.recompute_layers is None or plan.recompute_method == "uniform"
+                                               or pos < plan.recompute_layers):
+                mode = "full"
+            elif every_nth:
+                # torchtitan 0.2.x selective_ac_option N: the k-th block built on a rank (k from 1, over its
+                # chunks) is fully checkpointed when k % N == 0 (activation_checkpoint.py _apply_layer_sac)
+                mode = "full" if built % every_nth == 0 else "none"
+            modes[i] = mode
+            chunk_bytes += per_kind[(terms.table.moe[i], mode)]
+        acts += count * chunk_bytes
+    return HeldActivations(acts, held, modes)
+
+
+def _offloaded(terms: MemoryTerms, params: StageParams, states: dict[str, float], acts: float,
+               detail: dict[str, int]) -> tuple[dict[str, float], float, float]:
+    """(states, activations, host bytes) after the offload knobs move what they move to host memory."""
+    if terms.optimizer_sharded:
+        optimizer_params = params.dense / terms.dense_dp + params.experts / terms.expert_dp
+    else:
+        optimizer_params = params.dense + params.experts
+    largest = max((terms.per_kind[(terms.table.moe[i], terms.stored_mode)] for i in params.layers), default=0.0)
+    moved = offload_stage(terms.offload, states, optimizer_params, acts, largest)
+    detail.update(moved.detail)
+    detail["optimizer_params"] = int(optimizer_params)
+    return moved.states, moved.activations, moved.host
+
+
+def recompute_working_layer(terms: MemoryTerms, params: StageParams, chunks) -> float | None:
+    """What the layer being recomputed in its backward holds on top (None: no recompute rebuilds a layer)."""
+    plan, per_kind, moe, layers = terms.plan, terms.per_kind, terms.table.moe, params.layers
+    if (plan.recompute == "full" or (terms.every_nth and len(layers) >= terms.every_nth)) and layers:
+        # the layer being recomputed in the backward holds its full activations
+        work = max(per_kind[(moe[i], "none")] for i in layers)
+        if terms.group:  # a whole chunk of the uniform method is rebuilt at once
+            work *= min(terms.group, max(len(chunk) for chunk in chunks))
+        return work
+    if plan.recompute == "selective" and terms.selective == "op_sac" and not terms.every_nth and layers:
+        # op-level SAC: the layer in its backward holds again what its recompute rebuilt
+        return max(per_kind[(moe[i], "none")] - per_kind[(moe[i], "selective")] for i in layers)
+    return None
+
+
+def _edge_activations(terms: MemoryTerms, params: StageParams, held: tuple[int, ...], acts: float,
+                      detail: dict[str, int]) -> float:
+    """`acts` plus the embedding's activations on the first stage, and the MTP blocks' (their layer, its inputs
+    and their own logits, where the layout puts them, else with the head) and the logits and loss on the last."""
+    arch, tokens, h = terms.job.model, terms.tokens, terms.job.model.hidden_size
+    if params.first:
+        emb_acts = held[0] * (8 * tokens + (tokens * h / terms.ts if terms.lay.dropout else 0))
+        acts += emb_acts
+        detail["embedding_activations"] = int(emb_acts)
+    mtp_acts = arch.num_mtp_layers * (
+        terms.per_kind[(terms.table.moe[arch.num_layers - 1], terms.stored_mode)] + 4 * 2 * tokens * h / terms.ts
+        + terms.logits_bytes
+    ) if params.mtp else 0.0
+    if params.last:
+        out_acts = terms.logits_bytes + mtp_acts
+        acts += out_acts
+        detail["logits_and_loss"] = int(out_acts)
+    elif mtp_acts:
+        acts += mtp_acts
+        detail["mtp_activations"] = int(mtp_acts)
+    return acts
+
+
+def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, states: dict[str, float],
+               acts: float, detail: dict[str, int]) -> Overheads:
+    """The fixed overhead, plus the FSDP/ZeRO-3 gathered units: at the moment FSDP2's backward walk finds (which
+    also decides the activations alive, and takes the gradients not yet allocated off `states`), else at the worst
+    unit's backward."""
+    conv, plan = terms.conv, terms.plan
+    walk = (terms.gathered and conv.step_peak == "backward_walk" and not terms.offload.activations and not terms.group
+            and terms.job.lora is None)
+    if walk:
+        moment = stage_step_peak(WalkStage(
+            terms=terms, params=params, modes=held.modes, layer_acts=detail["layer_activations"],
+            emb_acts=detail.get("embedding_activations", 0), out_acts=detail.get("logits_and_loss", 0),
+            mtp_acts=detail.get("mtp_activations", 0)))
+        absent = min(moment.absent_grads, states["gradients"])  # none on the GPU when offloaded to the host
+        states["gradients"] -= absent
+        detail["gathered_layers"] = int(moment.transient)
+        detail["gradients_absent_at_peak"] = int(absent)
+        detail["freed_gradients_reserved"] = int(freed_grads_reserved(conv, absent))
+        return Overheads(moment.activations, terms.other_fixed + moment.transient,
+                         moment.activations + moment.transient, moment.name)
+    if terms.gathered:
+        # the stage's FSDP units in forward order: embedding, decoder layers, output layer (with the final norm)
+        table = terms.table
+        units = [params.embedding] if params.first else []
+        units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
+                  for i in params.layers]
+        units += [params.output_layer + terms.norm_width] if params.last else []
+        detail["gathered_layers"] = int(gathered_transient(conv, units))
+        return Overheads(acts, terms.other_fixed + detail["gathered_layers"], acts + detail["gathered_layers"], None)
+    return Overheads(acts, terms.other_fixed, acts, None)

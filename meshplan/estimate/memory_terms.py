@@ -1,0 +1,135 @@
+"""The job-wide terms of a memory estimate, which every pipeline stage is built from (memory.memory_terms fills
+them): the parameters per layer split by how they shard, the byte convention with the plan's precision knobs, the
+data-parallel sizes, the pipeline layout, one layer's activations per kind and recompute mode, the offload plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from meshplan.arithmetic.activations import Layout
+from meshplan.arithmetic.memory_states import Convention, MemoryCard, StateTensor
+from meshplan.arithmetic.offload import OffloadPlan
+from meshplan.arithmetic.schedule import Stages
+from meshplan.knowledge.model_counts import layer_params, mtp_params, per_architecture
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
+
+
+class ParamTable:
+    """Per-layer parameters split by how they shard: over TP, not at all, over EP*ETP; linear-layer share."""
+
+    __slots__ = ("arch", "experts", "linear_dense", "moe", "mtp", "replicated", "tp_sharded")
+
+    def __init__(self, arch: Architecture):
+        self.arch = arch
+        self.tp_sharded: list[int] = []
+        self.replicated: list[int] = []
+        self.experts: list[int] = []
+        self.linear_dense: list[int] = []
+        self.moe: list[bool] = []
+        for i in range(arch.num_layers):
+            p = layer_params(arch, i)
+            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"]
+            self.tp_sharded.append(sharded)
+            self.replicated.append(p["norms"] + p["router"])
+            self.experts.append(p["routed_experts"])
+            self.linear_dense.append(sharded)
+            self.moe.append(arch.is_moe_layer(i))
+        self.mtp = (0, 0, 0)
+        if arch.num_mtp_layers:
+            last = layer_params(arch, arch.num_layers - 1)
+            total = mtp_params(arch)
+            per_block_experts = last["routed_experts"]
+            experts = arch.num_mtp_layers * per_block_experts
+            h = arch.hidden_size
+            sharded = arch.num_mtp_layers * (2 * h * h + last["attention"] + last["dense_mlp"] + last["shared_experts"])
+            self.mtp = (sharded, total - experts - sharded, experts)
+
+
+param_table = per_architecture(ParamTable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryTerms:
+    """What every stage of one (job, plan) shares."""
+
+    job: Job
+    plan: Plan
+    conv_name: str  # the byte convention (cards/memory.yaml), with the plan's precision knobs in `conv`
+    conv: Convention
+    tensors: list[StateTensor]  # the convention's model-state tensors
+    card: MemoryCard
+    dense_dp: int  # dp*cp: what dense parameters' sharded states are split over
+    expert_dp: float  # world/(pp*ep*etp): what routed experts' sharded states are split over
+    vocab: int  # padded
+    pipeline: Stages
+    table: ParamTable
+    ts: int  # what sequence parallelism splits (tp, else 1)
+    norm_width: int  # the final norm's parameters
+    m: int  # micro-batches per step
+    tokens: int  # tokens of one micro-batch on one GPU
+    lay: Layout
+    selective: str  # what the framework's "selective" recompute saves
+    per_kind: dict[tuple[bool, str], float]  # one layer's activations per (MoE layer, recompute mode)
+    stored_mode: str  # the mode a layer not fully recomputed runs in
+    every_nth: int  # torchtitan 0.2.x's per-layer selective AC: every N-th block fully checkpointed (0: none)
+    group: int  # Megatron's uniform method: layers checkpointed together (0: none)
+    gathered: int  # FSDP/ZeRO-3 gathered layers (0 when the weights are not sharded)
+    other_fixed: float  # fixed overhead and CUDA context
+    logits_bytes: float  # what the output layer and loss keep of one micro-batch
+    offload: OffloadPlan
+    optimizer_sharded: bool
+
+    @property
+    def vpp(self) -> int:
+        return len(self.pipeline.chunks[0])
+
+
+class StageParams(NamedTuple):
+    """The parameters one stage's GPU holds (per GPU: TP, EP and ETP shards)."""
+
+    layers: list[int]  # its decoder layers, over its virtual chunks
+    first: bool  # it holds the embedding
+    last: bool  # it holds the output layer, the final norm and the loss
+    mtp: bool  # it holds the MTP blocks
+    dense: float  # parameters sharded over dp*cp (TP shards and replicated ones)
+    experts: float  # routed-expert parameters, sharded over expert-dp
+    linear: float  # linear-layer parameters (fp8 weight copies, Muon's matrices)
+    head: float  # the output layer (0 when tied to the embedding on one stage)
+    embedding: int  # the embedding's parameters (first stage)
+    output_layer: int  # the output layer's parameters (last stage)
+    mtp_params: int  # the MTP blocks' parameters
+
+
+def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
+    """Its decoder layers sharded by TP (routed experts by EP*ETP), the embedding on the first stage, the output
+    layer (a tied copy when pp > 1) and final norm on the last, the MTP blocks where the layout puts them."""
+    arch, plan, table, pipeline = terms.job.model, terms.plan, terms.table, terms.pipeline
+    tp, vocab, h = plan.tp, terms.vocab, arch.hidden_size
+    layers = [i for chunk in chunks for i in chunk]
+    first, last = rank == 0, rank == pipeline.head_rank
+    dense = sum(map(table.tp_sharded.__getitem__, layers)) / tp + sum(map(table.replicated.__getitem__, layers))
+    experts = sum(map(table.experts.__getitem__, layers)) / (plan.ep * plan.etp)
+    linear = sum(map(table.linear_dense.__getitem__, layers)) / tp + experts
+    embedding = output_layer = mtp = 0
+    if first:
+        emb = vocab * h / tp + arch.learned_position_embeddings * h
+        dense += emb
+        embedding = int(emb)
+    head = 0.0
+    if last:
+        head = vocab * h / tp if (not arch.tie_word_embeddings or plan.pp > 1) else 0
+        dense += head + terms.norm_width
+        linear += head
+        output_layer = int(head)
+    has_mtp = bool(arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at)
+    if has_mtp:
+        mtp_sharded, mtp_repl, mtp_experts = table.mtp
+        dense += mtp_sharded / tp + mtp_repl
+        experts += mtp_experts / (plan.ep * plan.etp)
+        linear += mtp_sharded / tp + mtp_experts / (plan.ep * plan.etp)
+        mtp = int(mtp_sharded / tp + mtp_repl + mtp_experts / (plan.ep * plan.etp))
+    return StageParams(layers=layers, first=first, last=last, mtp=has_mtp, dense=dense, experts=experts,
+                       linear=linear, head=head, embedding=embedding, output_layer=output_layer, mtp_params=mtp)

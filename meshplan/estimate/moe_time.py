@@ -1,0 +1,83 @@
+"""An MoE layer's own time on one rank: the most loaded EP rank's experts, the token dispatcher's permutes, router
+passes and host syncs, and the EP all-to-alls with what moe_a2a_overlap hides of them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.arithmetic.comm import dispatch_time
+from meshplan.arithmetic.flops import Gemm
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
+from meshplan.schema.plan import Job, Plan
+
+# Token dispatch and combine, forward and backward.
+EP_ALL_TO_ALLS_PER_LAYER = 4.0
+
+
+def busiest_rank_experts(gemms: list[Gemm], load: float) -> list[Gemm]:
+    """The routed experts' GEMMs on the most loaded EP rank: each local expert's rows times `load`
+    (memory.ep_rank_load), so the grouped GEMM's FLOPs and its rows curve (gemm_efficiency) both follow the rank the
+    step waits for. The model's FLOPs (MFU) keep the mean: imbalance is time lost, not work done."""
+    if load == 1.0:
+        return gemms
+    return [replace(g, m=g.m * load) if g.name.startswith("expert_") else g for g in gemms]
+
+
+def moe_host_syncs(job: Job, plan: Plan) -> float:
+    """Device-to-host reads that stall the host once per MoE layer forward of dropless routing (a recompute repeats
+    them), per Megatron-Core 0.19.2 megatron/core/transformer/moe/token_dispatcher.py: the alltoall dispatcher reads
+    its input/output splits (EP > 1) or tokens per expert (EP = 1) at cuda_sync_point; flex on DeepEP reads
+    tokens_per_expert.sum().item() to permute (_DeepepManager.get_permuted_hidden_states_by_experts); flex on
+    HybridEP sizes the combine from tokens_per_expert.sum() ("CPU sync", _HybridEPManager.dispatch) unless a
+    static capacity is set, which meshplan's dropless plans do not. One each, whatever the dispatcher."""
+    return 1.0
+
+
+def dispatch_and_router_bytes(ctx: LayerContext, t_sp: int) -> tuple[float, float]:
+    """(dispatcher, router) memory-bound bytes of one MoE layer, forward + backward: the routed copies (tokens x top_k
+    hidden vectors on the busiest rank) permuted, sorted by expert, unsorted and unpermuted; the router's fp32
+    logits (scores, top-k, probs). `t_sp`: the sequence-parallel shard of the tokens."""
+    arch, sh, cal = ctx.arch, ctx.shard, ctx.cal
+    assert arch.moe is not None
+    routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / ctx.plan.etp * ctx.routed_load
+    dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed
+    router_bytes = cal.moe_router_bytes_per_logit * sh.tokens / t_sp * arch.moe.num_experts
+    return dispatch_bytes, router_bytes
+
+
+def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> float:
+    """Exposed EP all-to-all seconds of one MoE layer per micro-batch: dispatch and combine, forward and backward,
+    the most loaded rank receiving (and sending back) routed_load times the mean while every rank waits for it;
+    with moe_a2a_overlap, what the other chunk's compute hides (overlapped_a2a)."""
+    arch, plan = ctx.arch, ctx.plan
+    if arch.moe is None or plan.ep <= 1:
+        return 0.0
+    local = ctx.shard.tokens / (plan.tp if plan.sequence_parallel else 1)
+    sent = local * arch.hidden_size * BF16 * ctx.routed_load
+    one = dispatch_time(sent, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
+                        dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
+                        num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
+    if plan.moe_a2a_overlap:
+        return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share)
+    return EP_ALL_TO_ALLS_PER_LAYER * one
+
+
+def a2a_steady_share(m: int, pp: int, vpp: int) -> float:
+    """Share of a stage's micro-batch chunks that run in the combined 1F1B steady state, where Megatron-Core's
+    overlap_moe_expert_parallel_comm pairs one chunk's forward with another's backward. The warm-up forwards and the
+    cool-down backwards run alone: one chunk without a pipeline (forward_backward_no_pipelining's combined 1F1B
+    starts after the first forward), (pp - 1) x 2 + (vpp - 1) x pp on the first rank of the interleaved schedule
+    (megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches, num_warmup_microbatches)."""
+    chunks = m * vpp
+    warmup = 1 if pp == 1 else (pp - 1) * 2 + (vpp - 1) * pp
+    return max(0, chunks - warmup) / chunks
+
+
+def overlapped_a2a(one: float, fwd_compute: float, bwd_compute: float, steady: float) -> float:
+    """Exposed EP all-to-all of one MoE layer per micro-batch with moe_a2a_overlap: in the steady state, the
+    forward's dispatch and combine run beside the other chunk's backward of the layer, and the backward's beside
+    its forward (delay_wgrad_compute moves the weight gradients after the dispatch so the backward has them to
+    offer), each hidden up to that compute; outside the steady state all four are exposed."""
+    comm = FORWARD_AND_BACKWARD * one  # per direction: dispatch + combine
+    exposed = max(0.0, comm - bwd_compute) + max(0.0, comm - fwd_compute)
+    return steady * exposed + (1.0 - steady) * EP_ALL_TO_ALLS_PER_LAYER * one

@@ -1,0 +1,96 @@
+"""Activation recompute's time per layer: what full recompute, Megatron's recompute modules and torchtitan's
+op-level SAC run again in the backward, from the forward shares layer_time records."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.arithmetic.flops import Gemm
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, ElementwiseLoad, LayerContext, LayerTime
+from meshplan.knowledge.calibration import Calibration
+
+# Megatron's recompute_modules -> the GEMMs (flops.py names) each one's recompute runs again; the memory-bound
+# passes each repeats are counted in module_memory_bound.
+MODULE_GEMMS = {"mlp": ("mlp_",), "moe": ("router", "expert_", "shared_expert_"), "shared_experts": ("shared_expert_",),
+                "mla_up_proj": ("q_up", "kv_up")}
+# A norm's forward reads its input and writes its output: 2 bf16 passes over the hidden activations. Megatron's
+# `layernorm` module recomputes two per layer, input_layernorm and pre_mlp_layernorm (knobs_peers_data.md 2.1).
+NORM_PASSES = 2.0
+NORMS_PER_LAYER = 2.0
+# The FFN activation's forward: a gated one (SwiGLU) reads gate and up and writes one product, 3 passes over the
+# FFN width; a plain one reads and writes it, 2.
+GATED_ACT_PASSES = 3.0
+PLAIN_ACT_PASSES = 2.0
+
+
+def module_forwards(gemms: list[Gemm], cal: Calibration, ctx: LayerContext) -> dict[str, float]:
+    """Forward seconds of the GEMMs each Megatron recompute module repeats."""
+    return {m: gemm_seconds([g for g in gemms if g.name.startswith(prefixes)], cal, ctx.bf16_peak, ctx.fp8_peak,
+                            ctx.ridge_rows)
+            / TRAINING_PASSES_PER_FORWARD for m, prefixes in MODULE_GEMMS.items()}
+
+
+def module_memory_bound(ctx: LayerContext, load: ElementwiseLoad) -> dict[str, float]:
+    """Forward seconds of the memory-bound passes each Megatron recompute module repeats, at the HBM bandwidth
+    elementwise work gets (hardware x calibration hbm_efficiency): `layernorm` its two norms, `moe_act` the routed
+    experts' activation, `mlp` / `shared_experts` their activation, `moe` its activations plus the forward half of
+    the dispatcher's permutes and the router's fp32 passes (the load's dispatch_bytes / router_bytes are forward +
+    backward; the card counts the backward as much again). mla_up_proj's RoPE and core_attn are not counted here."""
+    act = GATED_ACT_PASSES if ctx.arch.gated_mlp else PLAIN_ACT_PASSES
+    seconds = {"layernorm": NORMS_PER_LAYER * NORM_PASSES * BF16 * load.hidden,
+               "moe_act": act * BF16 * load.routed_ffn,
+               "shared_experts": act * BF16 * load.shared_ffn,
+               "mlp": act * BF16 * load.dense_ffn,
+               "moe": act * BF16 * (load.routed_ffn + load.shared_ffn)
+               + (load.dispatch_bytes + load.router_bytes) / FORWARD_AND_BACKWARD}
+    return {m: b / ctx.hbm for m, b in seconds.items()}
+
+
+def op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
+    """The GEMMs torchtitan's op-level SAC runs again (activations.py _op_sac keeps the others' outputs): the
+    router gate and the routed experts (_grouped_mm, in no save list) always; of the other mm/linear calls,
+    counted per block in call order with a gated fc1 as its w1 and w3, every second one; fp8 (_scaled_mm) none."""
+    out: list[Gemm] = []
+    count = 0
+    for g in gemms:
+        if g.name == "router" or g.name.startswith("expert_"):
+            out.append(g)
+            continue
+        for part in ([replace(g, n=g.n / 2)] * 2 if gated and g.name.endswith("_fc1") else [g]):
+            count += 1
+            if count % 2 == 0 and not (fp8 and part.fp8):
+                out.append(part)
+    return out
+
+
+def recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad,
+                        elementwise: float) -> tuple[dict[str, float], float]:
+    """(per Megatron recompute module, torchtitan's op-level SAC) forward seconds of one layer that each would run
+    again: each module's GEMMs and memory-bound passes; the GEMMs op-level SAC does not keep and the forward share
+    of all memory-bound work (`elementwise`: its forward + backward seconds)."""
+    module_fwd = module_forwards(gemms, ctx.cal, ctx)
+    for m, t in module_memory_bound(ctx, load).items():
+        module_fwd[m] = module_fwd.get(m, 0.0) + t
+    recomputed = op_sac_recomputed(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None)
+    op_sac_fwd = ((gemm_seconds(recomputed, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) + elementwise)
+                  / TRAINING_PASSES_PER_FORWARD)
+    return module_fwd, op_sac_fwd
+
+
+def recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: str = "core_attention",
+                   modules: tuple[str, ...] = ("core_attn",)) -> float:
+    """Full recompute runs each layer's forward again: its forward compute, the forward share of its fixed
+    overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
+    if recompute == "full":
+        return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp / FORWARD_AND_BACKWARD
+                + lt.cp_fwd + lt.ep / FORWARD_AND_BACKWARD)
+    if recompute == "selective" and selective == "op_sac":
+        # the unkept GEMMs, every pointwise and norm op and the TP all-gathers (reduce-scatters are kept)
+        return lt.op_sac_fwd + lt.tp / FORWARD_AND_BACKWARD / 2
+    if recompute == "selective":
+        # each recompute module's forward again: core attention (Korthikanti et al. 2022), the GEMMs of the others,
+        # and a recomputed MoE layer's dispatch and combine
+        return sum(lt.attention_fwd if m == "core_attn" else lt.module_fwd.get(m, 0.0)
+                   + (lt.ep / FORWARD_AND_BACKWARD if m == "moe" else 0.0) for m in modules)
+    return 0.0

@@ -1,0 +1,231 @@
+"""One pipeline stage's time per micro-batch: its layers by kind (count x one layer's time), the recompute it
+runs, the output head, its pipeline traffic and host floor, and its sharding traffic; with the parameters it
+holds and Muon's share, which the once-per-step terms read (perf.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
+from meshplan.arithmetic.lora import adapter_params
+from meshplan.arithmetic.muon import matrix_params, newton_schulz_seconds
+from meshplan.arithmetic.schedule import Stages
+from meshplan.estimate.layer_records import LayerContext, LayerTime
+from meshplan.estimate.recompute import recompute_time
+from meshplan.estimate.sharding_traffic import (
+    DpTraffic,
+    ShardingExposed,
+    ShardingSchedule,
+    ShardUnit,
+    StageShards,
+    exposed_by_schedule,
+    shard_units,
+)
+from meshplan.knowledge.cards import MuonFacts
+from meshplan.knowledge.model_counts import layer_params, per_architecture
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
+
+
+@per_architecture
+def layer_param_split(arch: Architecture) -> tuple[list[float], list[float]]:
+    """Per layer: parameters sharded by TP or replicated, and routed-expert parameters (two columns, so a
+    stage's total is one C-level sum). Cached per object."""
+    dense, experts = [], []
+    for i in range(arch.num_layers):
+        p = layer_params(arch, i)
+        dense.append(float(sum(p.values()) - p["routed_experts"]))
+        experts.append(float(p["routed_experts"]))
+    return dense, experts
+
+
+class Recompute(NamedTuple):
+    """What the plan's recompute repeats beyond its mode: what its framework's "selective" means (the card),
+    torchtitan's every-N-th block (0: none), Megatron's recompute modules."""
+
+    selective: str
+    every_nth: int
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageInputs:
+    """What timing each pipeline stage needs, computed once per estimate (perf.stage_inputs)."""
+
+    job: Job
+    plan: Plan
+    ctx: LayerContext
+    dense: LayerTime | None  # one dense layer (None: the model has none)
+    moe: LayerTime | None  # one MoE layer (None: the model has none)
+    pipeline: Stages
+    recompute: Recompute
+    head: float  # logits and cross-entropy, forward + backward, on the stage with the output layer
+    pp_comm: float  # exposed p2p traffic per micro-batch
+    pp_cross_layer: float  # per layer, where stages cross NVLink domains with host-synchronous p2p (nanotron)
+    host_sync: float  # share of the shorter of host and GPU time serialised behind the other (blocking p2p)
+    sharding: ShardingSchedule
+    traffic: DpTraffic
+    muon: MuonFacts | None  # None: Adam
+    seen: dict[tuple[ShardUnit, ...], ShardingExposed] = field(default_factory=dict)  # stages repeat layers
+
+
+class MuonStage(NamedTuple):
+    """Muon on one stage: the seconds of its Newton-Schulz iterations on this rank, and the matrix parameters
+    (dense, routed) it updates in place of Adam."""
+
+    seconds: float = 0.0
+    dense: float = 0.0
+    expert: float = 0.0
+
+
+class LayerSums(NamedTuple):
+    """A stage's layers summed by kind, per micro-batch, and each kind's (forward, backward with recompute)
+    window of one layer (what hides its FSDP neighbours' traffic)."""
+
+    compute: float
+    fwd: float
+    tp: float
+    cp: float
+    ep: float
+    recompute: float
+    windows: dict[bool, tuple[float, float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTime:
+    """Seconds of one pipeline stage per micro-batch, by part, and what the once-per-step terms need."""
+
+    compute: float
+    fwd: float  # forward share of compute
+    tp: float
+    cp: float
+    ep: float
+    recompute: float
+    pp: float
+    host: float  # what the host needs to issue the micro-batch
+    sharding: ShardingExposed
+    dense_params: float  # parameters this rank holds (LoRA: its adapters), dense and routed
+    expert_params: float
+    muon: MuonStage
+    launch_bound: float  # time the GPU waits for the host
+    total: float
+
+
+def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
+    """Stage `s` holding decoder `layers`: every layer of a kind costs the same, so (count x layer) per kind, plus
+    the head, the pipeline traffic, the sharding traffic, and the host floor."""
+    kinds = stage_kinds(s, layers, inp)
+    sums = layer_sums(len(layers), kinds, inp)
+    compute, fwd = sums.compute, sums.fwd
+    head_stage = s == inp.pipeline.head_rank
+    if head_stage:
+        compute += inp.head
+        fwd += inp.head / TRAINING_PASSES_PER_FORWARD
+    dense_p, expert_p = stage_params(s, layers, inp)
+    # Cross-node pipeline stages with host-synchronous p2p (nanotron) lose time on every layer
+    # of every micro-batch, growing with the TP ranks that must meet in each collective.
+    pp = inp.pp_comm + inp.pp_cross_layer * len(kinds)
+    # The host issues every kernel and collective of the micro-batch; when the GPU work is
+    # shorter than that, the stage is launch-bound and waits for the CPU.
+    host = inp.ctx.cal.host_time_per_layer_s * len(kinds)
+    muon = muon_stage(kinds, inp)
+    sharding = stage_sharding(StageShards(layers, kinds, sums.windows, s == 0, head_stage), inp)
+    gpu = sum((compute, sums.tp, sums.cp, sums.ep, sums.recompute, pp, sharding.micro))
+    launch_bound = max(0.0, host - gpu) + inp.host_sync * min(host, gpu)
+    return StageTime(compute=compute, fwd=fwd, tp=sums.tp, cp=sums.cp, ep=sums.ep, recompute=sums.recompute, pp=pp,
+                     host=host, sharding=sharding, dense_params=dense_p, expert_params=expert_p, muon=muon,
+                     launch_bound=launch_bound, total=gpu + launch_bound)
+
+
+def stage_kinds(s: int, layers: Sequence[int], inp: StageInputs) -> list[bool]:
+    """Each layer of the stage, True for an MoE layer; the model's MTP blocks appended on the stage that trains
+    them (each costs like the last layer)."""
+    arch = inp.ctx.arch
+    moe_set = set(arch.moe.moe_layers) if arch.moe else set()
+    kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
+    if s == inp.pipeline.mtp_at and arch.num_mtp_layers and inp.pipeline.mtp_trained:
+        kinds += [arch.is_moe_layer(arch.num_layers - 1)] * arch.num_mtp_layers
+    return kinds
+
+
+def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[str, int, int]:
+    """(mode, layers, MoE layers) of the stage that recompute: the first recompute_layers of the stage (uniform:
+    every layer, in chunks), or torchtitan 0.2.x's every N-th block built on the rank, fully checkpointed."""
+    plan = inp.plan
+    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
+        else min(n_layers, plan.recompute_layers)
+    n_moe_recompute = sum(kinds[:n_recompute])
+    every_nth = inp.recompute.every_nth
+    if every_nth:
+        picked = [kind for k, kind in enumerate(kinds, 1) if k % every_nth == 0]
+        return "full", len(picked), sum(picked)
+    return plan.recompute, n_recompute, n_moe_recompute
+
+
+def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
+    """The stage's layers, (count x one layer) per kind, with the recompute of those that recompute."""
+    cal, rc = inp.ctx.cal, inp.recompute
+    mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp)
+    n_moe = sum(kinds)
+    compute = fwd = tp = cp = ep = recompute = 0.0
+    windows: dict[bool, tuple[float, float]] = {}  # per kind (MoE?): one layer's forward and backward
+    for is_moe, lt, count, recomputed in ((False, inp.dense, len(kinds) - n_moe, n_recompute - n_moe_recompute),
+                                          (True, inp.moe, n_moe, n_moe_recompute)):
+        if not count:
+            continue
+        assert lt is not None
+        compute += count * lt.compute
+        fwd += count * lt.fwd_compute
+        tp += count * lt.tp
+        cp += count * lt.cp
+        ep += count * lt.ep
+        rec = recomputed * recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed else 0.0
+        recompute += rec
+        windows[is_moe] = (lt.fwd_compute, lt.compute - lt.fwd_compute + rec / count)
+    return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
+
+
+def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float, float]:
+    """(dense, routed) parameters this rank of stage `s` holds: its layers' TP / EP shards, the embedding on the
+    first stage, the output layer on the head stage (unless tied to the embedding on one stage); under LoRA only
+    the adapters (the only parameters with gradients to reduce and states to step)."""
+    job, plan, arch = inp.job, inp.plan, inp.ctx.arch
+    params = layer_param_split(arch)
+    dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
+    expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
+    if s == 0:
+        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
+    if s == inp.pipeline.head_rank and (not arch.tie_word_embeddings or plan.pp > 1):
+        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
+    if job.lora is not None:
+        dense_p, expert_p = adapter_params(arch, layers, job.lora, inp.ctx.lora_engine, tp=plan.tp, ep=plan.ep,
+                                           etp=plan.etp)
+    return dense_p, expert_p
+
+
+def muon_stage(kinds: list[bool], inp: StageInputs) -> MuonStage:
+    """Muon: the matrices this rank updates in place of Adam, and its share of their Newton-Schulz iterations."""
+    if inp.muon is None:
+        return MuonStage()
+    ctx, plan, traffic = inp.ctx, inp.plan, inp.traffic
+    dense, expert = matrix_params(ctx.arch, ctx.shard, kinds, inp.muon)
+    seconds = newton_schulz_seconds(ctx.arch, ctx.shard, kinds, inp.muon, ctx.cal, ctx.bf16_peak,
+                                    1 if plan.zero_stage == 0 else traffic.dense_group, traffic.expert_group)
+    return MuonStage(seconds, dense, expert)
+
+
+def stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
+    """ZeRO-2/3 / FSDP: unit-by-unit gathers and reduce-scatters, each hidden behind its neighbours' compute;
+    per micro-batch (inside the pipeline), or once per step (the step's DP term)."""
+    if not inp.sharding.per_step:
+        return ShardingExposed()
+    arch, plan = inp.ctx.arch, inp.plan
+    units = tuple(shard_units(stage, params=layer_param_split(arch), plan=plan, arch=arch, head=inp.head,
+                              embed_params=arch.vocab_size * arch.hidden_size / plan.tp, traffic=inp.traffic,
+                              grad_bytes=inp.ctx.cal.grad_reduce_bytes))
+    if units not in inp.seen:  # pipeline stages often hold the same layers
+        inp.seen[units] = exposed_by_schedule(units, inp.sharding)
+    return inp.seen[units]
+

@@ -1,0 +1,182 @@
+"""The words of a throughput report: the assumptions the estimate made (each term's model, its constants and
+their source) and the warnings about the batch and the layout."""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.comm import Links
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
+from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
+from meshplan.estimate.layer_records import FORWARD_AND_BACKWARD, LayerContext
+from meshplan.estimate.memory import routing_assumption
+from meshplan.estimate.moe_time import moe_host_syncs
+from meshplan.estimate.sharding_traffic import sharding_schedule
+from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER
+from meshplan.knowledge.calibration import Calibration, calibration_summary
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.plan import Job, Plan
+
+# What each TP overlap mode hides (tp_overlap.tp_hidden), for the breakdown's assumptions.
+TP_OVERLAP_TEXT = {
+    "fraction": "{share:.0%} hidden behind compute (cards/calibration.yaml tp_overlap).",
+    "none": "none hidden (each collective waits for its GEMM).",
+    "wgrad": "the backward reduce-scatter hidden behind the weight-gradient GEMM, up to its time.",
+    "userbuffers": "userbuffers (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time, the "
+                   "backward reduce-scatter in bulk behind the weight-gradient GEMM; the GEMMs beside the "
+                   "reduce-scatter kernels run on the SMs those leave (the framework card's tp_overlap).",
+    "async_tp": "async TP (tp_comm_overlap): each pipelined with its GEMM, up to (tp-1)/tp of its time; the "
+                "local shard's copy, the reduce-scatter's sum of partials, the barriers and the chunked GEMMs' "
+                "lower efficiency outside the pipeline (async_tp_cost).",
+}
+
+
+def batch_warnings(job: Job, plan: Plan) -> list[str]:
+    """What the estimate assumed about the batch (the framework's batch rule has already held or, for verl's
+    FSDP engine and SkyRL, divides by another unit: `meshplan check` words it)."""
+    unit = plan.micro_batch_size * plan.dp
+    if job.global_batch_size % unit:
+        return [f"global_batch_size {job.global_batch_size} is not a multiple of micro_batch_size x dp = {unit}; "
+                f"timed as {job.global_batch_size // unit} micro-batches."]
+    return []
+
+
+def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
+    """Where the layout's traffic leaves the NVLink domain, a pipeline mostly bubble, a term timed as an upper
+    bound."""
+    out = []
+    if crosses_domains(plan.tp, 1, lk.domain):
+        out.append(f"TP {plan.tp} spans more than one {lk.domain}-GPU NVLink domain: every layer's TP traffic "
+                   "crosses the network.")
+    if plan.cp > 1 and crosses_domains(plan.cp, plan.tp, lk.domain):
+        out.append(f"CP {plan.cp} x TP {plan.tp} spans more than one NVLink domain: the K/V ring uses the network.")
+    if plan.ep > 1 and crosses_domains(plan.ep, plan.etp, lk.domain):
+        out.append(f"EP {plan.ep} spans more than one NVLink domain: token all-to-alls cross the network.")
+    if plan.pp > 1 and m < plan.pp:
+        out.append(f"Only {m} micro-batches for {plan.pp} pipeline stages: most of the step is pipeline bubble.")
+    if job.model.sliding_window:
+        out.append("Sliding-window layers are timed as full causal attention (upper bound; Megatron's MFU "
+                   "formula counts them the same way).")
+    return out
+
+
+def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
+    """How the data-parallel traffic was timed, in the words of the schedule the plan runs."""
+    sched = sharding_schedule(job, plan, cal)
+    if not sched.per_step:
+        return (f"DP: gradients reduced in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp once per step, "
+                + (f"overlapped with {cal.dp_overlap:.0%} of the last backward." if plan.zero_stage == 0
+                   else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
+                   + f" with {cal.zero_grad_overlap:.0%} of the last backward hiding it; then the bf16 parameters "
+                   "are all-gathered."))
+    params = ("bf16 parameters all-gathered layer by layer, forward and again backward, every micro-batch"
+              if sched.gather_each_microbatch else
+              "bf16 parameters all-gathered layer by layer once per step (kept gathered across micro-batches)"
+              if sched.params_sharded else "bf16 parameters all-gathered once per step after the optimizer")
+    grads = "every micro-batch" if sched.reduce_each_microbatch else "in the last micro-batch only"
+    return (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
+            f"layer by layer in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp {grads}. Each transfer hides "
+            "behind the neighbouring layer's compute (exposed: what exceeds it, plus the first layer's all-gather "
+            "and the last one's reduce-scatter).")
+
+
+def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration,
+                           ctx: LayerContext) -> list[str]:
+    """Every assumption of the estimate (`m` micro-batches, `worst` the slowest stage), then the job's notes."""
+    out = _core_assumptions(job, plan, m, worst, cal, ctx)
+    if job.model.moe is not None:
+        out.append(_moe_assumption(job, plan, cal))
+        out.append(routing_assumption(job, plan))
+    if job.precision == "fp8":
+        out.append(f"FP8: transformer linears at FP8 peak x {cal.fp8_gemm_relative_efficiency:.2f}; attention, "
+                   "router and logits stay BF16.")
+    if plan.recompute != "none":
+        out.append(f"Recompute {plan.recompute}: "
+                   + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
+                      else "the forward of the ops op-level SAC does not keep (every second linear, the router "
+                      "and routed experts, pointwise and norms, TP all-gathers)."
+                      if framework_card(job.framework).recompute.selective == "op_sac"
+                      else "core attention forward again."))
+    if plan.optimizer == "muon":
+        out.append(_muon_assumption(job, cal))
+    if job.lora is not None:
+        out.append(f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)}: frozen linears (and the output "
+                   "layer) run forward + data gradient, 2/3 of a trained GEMM's work; the adapters' GEMMs run in "
+                   "bf16 with all three passes; data-parallel gradient traffic, the parameter all-gather and the "
+                   "optimizer step cover the adapters only (FSDP/ZeRO-3 unit traffic is timed as for full "
+                   "training). Model FLOPs (MFU) are the LoRA step's: Megatron's formula with the frozen linears' "
+                   "weight gradients left out, plus 6 per adapter parameter per token (Megatron-Bridge "
+                   "flop_utils.py counts frozen x 2/3 the same way, without the adapters).")
+    return out + list(job.notes)
+
+
+def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration, ctx: LayerContext) -> list[str]:
+    """The assumptions every estimate makes: model FLOPs, the pipeline, GEMMs and attention, TP, the host floor,
+    DP, links, constants."""
+    flash = ctx.flash
+    peak = "FP8" if job.precision == "fp8" else "BF16"
+    return [
+        "Model FLOPs: Megatron-LM num_floating_point_operations (causal attention halved, GQA, SwiGLU, top-k "
+        "routed + shared experts, MLA, MTP, logits); MFU = model FLOPs / (step x GPUs x dense "
+        f"{peak} peak), recompute not counted.",
+        f"Pipeline: {m} micro-batches; step = m x slowest stage (stage {worst}) + fill/drain of the others / vpp "
+        f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages"
+        + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
+           if convention(job.framework, plan.zero_stage)[1].pipeline_partition == "compute_balanced"
+           and plan.pp > 1 else "."),
+        f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
+        f"d/(d+{cal.gemm_half_dim:.0f}) "
+        "over its three dimensions); "
+        + (f"flash attention ({ctx.attention_kernel or 'fused'}) at {ctx.attention_fraction:.2f} of "
+           f"peak with a "
+           f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
+           "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
+           "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),
+        f"TP: {TP_COLLECTIVES_PER_LAYER / FORWARD_AND_BACKWARD:g} all-gather/reduce-scatter (or 2 all-reduce) per "
+        "layer forward and as many backward; "
+        + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
+        f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
+        "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
+        dp_assumption(job, plan, cal),
+        "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
+        f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
+        f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",
+    ]
+
+
+def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
+    """How an MoE layer's dispatcher, router, expert GEMMs, host syncs and all-to-alls were timed."""
+    moe = job.model.moe
+    assert moe is not None
+    return (f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
+            f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
+            f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
+            f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), "
+            "and each MoE layer forward "
+            f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
+            "last two fitted on published MoE runs, bench/moe_fit.py); "
+            + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
+               "one of its experts (DeepEP/HybridEP), then fans out over NVLink"
+               + (f", its experts in at most topk_group = {moe.group_topk} of n_group = "
+                  f"{moe.num_groups} expert groups (group-limited routing); "
+                  if moe.num_groups > 1 else "; ")
+               if plan.moe_token_dispatcher == "flex" else
+               "all-to-all dispatcher: every routed copy travels to its expert's rank; ")
+            + ("expert all-to-all hidden behind the other micro-batch's compute of the layer in the 1F1B "
+               "steady state (moe_a2a_overlap), exposed in warm-up and cool-down."
+               if plan.moe_a2a_overlap else "expert all-to-all exposed (moe_a2a_overlap off)."))
+
+
+def _muon_assumption(job: Job, cal: Calibration) -> str:
+    """How Muon's step was timed, as the framework card says the framework runs it (or that it runs none)."""
+    muon = framework_card(job.framework).muon
+    if muon is None or job.lora is not None:
+        return f"Muon: {job.framework} runs no Muon meshplan knows; its optimizer step is timed as Adam's."
+    return (f"Muon: each weight matrix's momentum orthogonalized by {muon.ns_steps} Newton-Schulz iterations, three "
+            "BF16 GEMMs each on the matrix's smaller side (4 m^2 n + 2 m^3 FLOPs), at the model GEMMs' efficiency; "
+            f"tensor-parallel matrices {muon.tp_mode}"
+            + (", QKV as Q, K and V blocks per query group" if muon.split_qkv else "")
+            + "; whole matrices shared out over the data-parallel ranks (experts over expert-data-parallel), at "
+            f"least the costliest one per rank; {cal.muon_bytes_per_param:g} B per matrix parameter of state "
+            f"traffic, Adam's {cal.optimizer_bytes_per_param:g} on the rest (cards/frameworks/{job.framework}.yaml "
+            "muon).")

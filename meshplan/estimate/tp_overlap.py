@@ -1,0 +1,180 @@
+"""Tensor parallelism's exposed traffic per layer: its collectives, what each framework's overlap mode hides
+beside the GEMMs (tp_hidden), what that overlap costs the GEMMs (the SMs userbuffers kernels hold: slowed_gemm;
+torch async TP's work outside its pipelines: async_tp_cost, chunked_gemm_extra)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.arithmetic.comm import ring_time
+from meshplan.arithmetic.flops import Gemm
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, TpSms
+from meshplan.knowledge.calibration import Calibration
+from meshplan.knowledge.cards import TpOverlapFacts, framework_card
+from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.plan import Plan
+
+# Sequence-parallel TP: an all-gather before and a reduce-scatter after attention and after the MLP, 4 ring
+# passes forward and 4 backward (Korthikanti et al. 2022, section 4.2.2; without SP, 2 all-reduces per pass
+# move the same bytes).
+TP_COLLECTIVES_PER_LAYER = 8.0
+# A layer of routed experts only (no shared expert) keeps attention's pair, forward and backward: the experts
+# take the sequence-sharded tokens straight into the all-to-all.
+TP_COLLECTIVES_ATTENTION_ONLY = 4.0
+# Expert TP: an all-gather before and a reduce-scatter after the experts, forward and backward.
+EXPERT_TP_COLLECTIVES_PER_LAYER = 4.0
+# torch's micro-pipelined TP (pytorch/pytorch torch/distributed/_symmetric_memory/__init__.py): symm_mem.barrier
+# calls on the compute stream outside the pipeline, per fused op. All-gather + matmul
+# (_pipelined_multi_all_gather_and_consume): barrier(channel=0) on entry, barrier(channel=1) after the local shard's
+# copy, barrier(channel=0) on exit. Matmul + reduce-scatter (_pipelined_produce_and_all2all): barrier(channel=0) on
+# entry and on exit (the two per step run in the pipeline, beside the other stream's chunk GEMM).
+ASYNC_TP_AG_BARRIERS = 3.0
+ASYNC_TP_RS_BARRIERS = 2.0
+# The GEMMs that read a sequence-parallel all-gather's output (the input side of a TP pair) and the GEMM whose
+# output is reduce-scattered (its output side): attention's, then the dense or shared-expert MLP's.
+TP_PAIR_GEMMS = ((("qkv", "q_proj", "q_down", "kv_down"), ("attn_out",)),
+                 (("mlp_fc1", "shared_expert_fc1"), ("mlp_fc2", "shared_expert_fc2")))
+
+
+def tp_overlap_mode(framework: str, plan: Plan) -> str:
+    """Which TP collectives the plan runs beside a GEMM: its framework's switch mode when tp_comm_overlap is on,
+    else the framework's base mode (the card's tp_overlap)."""
+    facts = framework_card(framework).tp_overlap
+    return facts.switch if plan.tp_comm_overlap and facts.switch else facts.base
+
+
+def tp_sms(gpu: GpuSpec, facts: TpOverlapFacts, fp8: bool = False) -> TpSms | None:
+    """The job's TpSms (`fp8`: its GEMMs run in FP8), or None where the GPU's SM count is unknown or no overlap kernel
+    holds SMs."""
+    fprop = facts.fp8_fprop_rs_sms if fp8 and facts.fp8_fprop_rs_sms is not None else facts.fprop_rs_sms
+    if gpu.sm_count is None or not any(fprop + facts.wgrad_rs_sms):
+        return None
+    return TpSms(gpu.sm_count, fprop, facts.wgrad_rs_sms, facts.wgrad_rs_sm_margin)
+
+
+def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> float:
+    """Exposed TP seconds of one layer per micro-batch, forward + backward: two all-gather + reduce-scatter pairs
+    (or two all-reduces) each way, attention's pair alone in a layer of routed experts only, expert TP's pair
+    around the experts; less what the framework's overlap mode hides (a calibrated fraction, or tp_hidden beside
+    the GEMMs), plus async TP's work outside its pipelines."""
+    arch, plan, cal = ctx.arch, ctx.plan, ctx.cal
+    act_bytes = ctx.shard.tokens * arch.hidden_size * BF16
+    tp_ops = TP_COLLECTIVES_PER_LAYER
+    if moe and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size:
+        tp_ops = TP_COLLECTIVES_ATTENTION_ONLY
+    tp_comm = tp_ops * ring_time(act_bytes, plan.tp, 1, ctx.lk)
+    if moe and plan.etp > 1:
+        tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, plan.etp, 1, ctx.lk)
+    if ctx.tp_overlap_mode == "fraction":
+        return (1.0 - cal.tp_overlap) * tp_comm
+    # the expert-TP gathers run in the token dispatcher, beside no GEMM
+    pairs = tp_pairs(gemms, cal, ctx, moe)
+    exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, ring_time(act_bytes, plan.tp, 1, ctx.lk), pairs, plan.tp,
+                                  plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
+    if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
+        exposed += async_tp_cost(act_bytes, plan.tp, len(pairs), ctx.hbm, ctx.lk.intra_lat,
+                                 chunked_gemm_extra(gemms, cal, ctx, moe, plan.tp))
+    return exposed
+
+
+def tp_pairs(gemms: list[Gemm], cal: Calibration, ctx: LayerContext, moe: bool) -> list[tuple[float, float]]:
+    """(input side, output side) forward GEMM seconds of each TP pair of the layer: attention's, and the MLP's
+    where it has one (a dense MLP, or an MoE layer's shared expert: routed experts only keep attention's pair,
+    TP_COLLECTIVES_ATTENTION_ONLY)."""
+    def fwd(names: tuple[str, ...]) -> float:
+        picked = [g for g in gemms if g.name in names]
+        return gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) / TRAINING_PASSES_PER_FORWARD
+    out = [(fwd(a), fwd(b)) for a, b in TP_PAIR_GEMMS]
+    return out[:1] if moe and out[1] == (0.0, 0.0) else out
+
+
+def slowed_gemm(gemm: float, comm: float, held: int, sms: int, margin: bool) -> float:
+    """Seconds a GEMM of `gemm` seconds on all `sms` SMs takes beside a communication kernel that holds `held` of them
+    for `comm` seconds. With margin (Transformer Engine's set_sm_margin) it is launched on the other sms - held for its
+    whole time: gemm * sms / (sms - held). Without, it shares them while the kernel runs: that overlapped portion runs
+    at (sms - held) / sms of the rate, so gemm + min(comm, gemm * sms / (sms - held)) * held / sms."""
+    if held <= 0:
+        return gemm
+    if held >= sms:
+        raise ValueError(f"a communication kernel holds {held} of the GPU's {sms} SMs")
+    full = gemm * sms / (sms - held)
+    return full if margin else gemm + min(comm, full) * held / sms
+
+
+def tp_hidden(mode: str, one: float, pairs: list[tuple[float, float]], tp: int, sp: bool = True,
+              rs_splits: int = 0, sms: TpSms | None = None) -> float:
+    """TP seconds hidden per layer behind the GEMMs each collective runs beside (`one`: one all-gather or
+    reduce-scatter of the layer's activations). Per pair, forward: an all-gather before the input GEMM, a
+    reduce-scatter after the output GEMM; backward: the output GEMM's grad all-gather before its dgrad, the input
+    GEMM's dgrad reduce-scatter (cards/frameworks/*.yaml tp_overlap).
+    - none: every collective waits for, or is waited on by, its GEMM.
+    - wgrad (Transformer Engine without userbuffers): the dgrad reduce-scatter runs beside the input GEMM's wgrad
+      GEMM, hidden up to that GEMM's time (the backward's input re-gather beside dgrad is not counted either way).
+    - userbuffers (TE tp_comm_overlap): the all-gathers are ring-exchanged in tp chunks, each chunk's GEMM beside the
+      next chunk's transfer, so at most (tp-1)/tp of the GEMM hides them; the forward reduce-scatter is pipelined
+      over rs_splits chunks (the first chunk's GEMM and the last chunk's transfer run alone: (n-1)/n of the
+      shorter); the dgrad reduce-scatter runs in bulk beside the whole wgrad GEMM.
+    - async_tp (torch micro-pipelined TP): both all-gathers chunked by tp as above, both reduce-scatters pipelined
+      over tp chunks, the dgrad one with the dgrad GEMM that produces it; what runs outside the pipelines is added
+      by exposed_tp (async_tp_cost).
+    Without sequence parallelism each pair is one all-reduce (two collectives' time) forward and one backward.
+    With userbuffers the forward and the dgrad reduce-scatter are SM kernels (`sms`: the card's fprop_rs_sms and
+    wgrad_rs_sms) and the GEMM beside each runs on the SMs left (slowed_gemm): the time hidden is counted against the
+    slowed GEMM and the GEMM's lost time is taken off it, so an overlap can cost more than it hides. The all-gathers
+    (ring exchange) and async TP's copies run on copy engines and hold no SMs; their share of HBM bandwidth is not
+    modelled."""
+    if mode == "none" or tp <= 1:
+        return 0.0
+    ag = (tp - 1) / tp
+    hidden = 0.0
+    for i, (into, out) in enumerate(pairs):
+        bulk = min(one if sp else 2 * one, into)  # beside the input GEMM's wgrad GEMM (its forward's FLOPs)
+        if mode == "wgrad":
+            hidden += bulk
+        elif mode == "userbuffers":
+            n = rs_splits or tp
+            rs_out, wgrad = out, into
+            if sms is not None:
+                rs_out = slowed_gemm(out, one, sms.fprop_rs[i], sms.sms, margin=True)
+                wgrad = slowed_gemm(into, one, sms.wgrad_rs[i], sms.sms, sms.wgrad_margin)
+            hidden += (min(one, ag * into) + min(one, ag * out) + (n - 1) / n * min(one, rs_out) - (rs_out - out)
+                       + min(one if sp else 2 * one, wgrad) - (wgrad - into))
+        elif mode == "async_tp":
+            hidden += min(one, ag * into) + min(one, ag * out) + ag * min(one, out) + ag * min(one, into)
+        else:
+            raise ValueError(f"unknown TP overlap mode {mode!r}")
+    return hidden
+
+
+def chunked_gemm_extra(gemms: list[Gemm], cal: Calibration, ctx: LayerContext, moe: bool, tp: int) -> float:
+    """Seconds async TP's chunking adds to the TP pairs' GEMMs (tp_pairs): _fused_all_gather_matmul_impl runs the
+    forward's and the gradient's matmul as tp GEMMs of m/tp rows, one per gathered shard, and
+    _fused_matmul_reduce_scatter_impl (chunk_producer) one per scattered shard, each lower on the rows curve
+    (gemm_efficiency); the weight-gradient GEMM is not chunked. So 2 of the 3 passes (gemm_seconds) run chunked."""
+    names = {n for pair in (TP_PAIR_GEMMS[:1] if moe else TP_PAIR_GEMMS) for side in pair for n in side}
+    picked = [g for g in gemms if g.name in names]
+    whole = gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    chunked = tp * gemm_seconds([replace(g, m=g.m / tp) for g in picked], cal, ctx.bf16_peak, ctx.fp8_peak,
+                                ctx.ridge_rows)
+    return (chunked - whole) * 2.0 / TRAINING_PASSES_PER_FORWARD
+
+
+def async_tp_cost(act_bytes: float, tp: int, pairs: int, hbm: float, barrier_s: float, chunk_extra: float) -> float:
+    """Seconds per layer torch's async TP spends outside its pipelines (pytorch/pytorch
+    torch/distributed/_symmetric_memory/__init__.py), forward and backward, per TP pair one all-gather + matmul
+    and one matmul + reduce-scatter each way:
+    - all-gather: the local shard (act_bytes / tp) is copied into its symmetric-memory buffer on the compute stream
+      before the first chunk GEMM ('we are giving up the chance to overlap "mv" and "b" with the first
+      shard_consumer'): read + write, 2 * act_bytes / tp over HBM;
+    - reduce-scatter: the tp partial outputs pulled into stacked_partials are summed after the pipeline
+      (reduce_partials / torch.sum over the rank dimension): read act_bytes, write act_bytes / tp;
+    - the barriers on the compute stream (ASYNC_TP_AG_BARRIERS, ASYNC_TP_RS_BARRIERS), each one signal and wait
+      among the NVLink peers: barrier_s (the links' intra-domain latency);
+    - chunk_extra: the chunked GEMMs' lost efficiency (chunked_gemm_extra)."""
+    if tp <= 1:
+        return 0.0
+    shard = act_bytes / tp
+    gather = 2.0 * shard / hbm + ASYNC_TP_AG_BARRIERS * barrier_s
+    scatter = (act_bytes + shard) / hbm + ASYNC_TP_RS_BARRIERS * barrier_s
+    return FORWARD_AND_BACKWARD * pairs * (gather + scatter) + chunk_extra

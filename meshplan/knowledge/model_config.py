@@ -1,0 +1,561 @@
+"""A Hugging Face config.json (a file or a catalog card's copy of it) read into the `Architecture` meshplan computes
+with, every field checked against its bound in cards/model_shapes.yaml before any computation sees it.
+
+A catalog card stores the fields of the model's own config.json, so a catalog entry and the same model's
+config.json go through one parser (`architecture_from_config`) and can never disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from pydantic import Field
+
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import _Card, load_card
+from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
+
+_MISSING = object()
+
+# model_type -> family of parser. Every other key of a config is read by its HF name.
+SUPPORTED_MODEL_TYPES = {
+    "llama": "dense",
+    "mistral": "dense",
+    "qwen2": "dense",
+    "qwen3": "dense",
+    "gemma2": "dense",
+    "nemotron": "dense",
+    "gpt2": "gpt2",
+    "mixtral": "moe",
+    "qwen3_moe": "moe",
+    "olmoe": "moe",
+    "gpt_oss": "moe",
+    "llama4": "moe",
+    "llama4_text": "moe",
+    "glm4_moe": "moe",
+    "deepseek_v2": "mla",
+    "deepseek_v3": "mla",
+    "kimi_k2": "mla",
+}
+
+# Defaults of each transformers config class for the keys their config.json may omit.
+_TIED_DEFAULT = {"gemma2": True, "gpt2": True}
+_NORMS_PER_LAYER = {"gemma2": 4}
+_LAYERNORM_TYPES = {"gpt2", "nemotron"}
+
+
+# --------------------------------------------------------------------------- shape bounds
+
+
+class ShapeBound(_Card):
+    min: int
+    max: int
+    why: str
+
+
+class GenericShape(_Card):
+    """The Llama-3 shape of a model known only by its size; each number carries its `_why` in the card."""
+
+    head_dim: int = Field(ge=1)
+    head_dim_why: str
+    heads_multiple: int = Field(ge=1)
+    heads_multiple_why: str
+    kv_heads: int = Field(ge=1)
+    kv_heads_why: str
+    ffn_ratio: float = Field(gt=0)
+    ffn_ratio_why: str
+    ffn_multiple: int = Field(ge=1)
+    ffn_multiple_why: str
+    hidden_per_layer: float = Field(gt=0)
+    hidden_per_layer_why: str
+    vocab_size: int = Field(ge=1)
+    vocab_size_why: str
+    max_position_embeddings: int = Field(ge=1)
+    max_position_embeddings_why: str
+    size_tolerance: float = Field(gt=0, lt=1)
+    size_tolerance_why: str
+    min_layers: int = Field(ge=1)
+    min_layers_why: str
+
+
+class ModelShapesCard(_Card):
+    description: str
+    bounds: dict[str, ShapeBound]
+    generic: GenericShape
+
+
+def shapes_card() -> ModelShapesCard:
+    return load_card("model_shapes", ModelShapesCard)
+
+
+def _show(value: Any) -> str:
+    """A field's value as config.json writes it, short enough to echo in an error."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {int(value.bit_length() * math.log10(2)) + 1}-digit integer"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Fields:
+    """Reads one config's fields, each checked against its bound (cards/model_shapes.yaml), so a bad value
+    is refused with the field, the value and the allowed range before any computation sees it."""
+
+    def __init__(self, cfg: dict[str, Any], where: str):
+        self.cfg = cfg
+        self.where = where
+        self.bounds = shapes_card().bounds
+
+    def fail(self, message: str, fix: str | None = None) -> MeshplanError:
+        return MeshplanError(f"{self.where}: {message}",
+                             fix=fix or "Pass the model's real Hugging Face config.json, or a catalog model.")
+
+    def int(self, key: str, bound: str | None = None, *, default: Any = _MISSING, lo: int | None = None,
+            hi: int | None = None, why: str | None = None) -> Any:
+        """The integer at `key`, within the card's bound `bound` (default: the key) narrowed by lo/hi."""
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.fail(f"required field {key!r} is missing.")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "a boolean" if isinstance(value, bool) else type(value).__name__
+            raise self.fail(f"{key} must be an integer, got {_show(value)} ({kind}).")
+        spec = self.bounds.get(bound or key)
+        low = max(lo if lo is not None else -math.inf, spec.min if spec else -math.inf)
+        high = min(hi if hi is not None else math.inf, spec.max if spec else math.inf)
+        if not low <= value <= high:
+            reason = why or (spec.why if spec else None)
+            raise self.fail(f"{key} = {_show(value)} is out of range: allowed {low:,} to {high:,}."
+                            + (f" {reason[0].upper()}{reason[1:]}." if reason else ""))
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"{key} must be true or false, got {_show(value)}.")
+        return value
+
+    def text(self, key: str) -> str | None:
+        value = self.cfg.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.fail(f"{key} must be a string, got {_show(value)}.")
+        return value
+
+    def layer_list(self, key: str, num_layers: int) -> list[int] | None:
+        """A list of distinct layer indices, each in 0..num_layers-1 (None when absent)."""
+        value = self.cfg.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise self.fail(f"{key} must be a list of layer indices, got {_show(value)}.")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < num_layers:
+                raise self.fail(f"{key} holds {_show(item)}: allowed layer indices 0 to {num_layers - 1:,} "
+                                f"(num_hidden_layers = {num_layers:,}).")
+        return sorted(set(value))
+
+
+def _require(cfg: dict[str, Any], keys: list[str], model_type: str) -> None:
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise MeshplanError(
+            f"config.json of model_type {model_type!r} is missing required field(s): {', '.join(missing)}.",
+            fix="Pass the model's complete Hugging Face config.json.",
+        )
+
+
+def _experts(f: _Fields, experts_key: str, width_key: str) -> tuple[int, int, int]:
+    """Routed experts, top-k (at most the experts, so active never exceeds total) and the expert width."""
+    experts = f.int(experts_key, "num_experts")
+    top_k = f.int("num_experts_per_tok", lo=1, hi=experts,
+                  why=f"a token cannot use more than the {experts_key} = {experts} experts there are")
+    return experts, top_k, f.int(width_key, "intermediate_size")
+
+
+def _groups(f: _Fields, experts: int, top_k: int, method: str | None) -> dict[str, int]:
+    """n_group / topk_group (DeepSeek-V2/V3 group-limited routing: a token's top_k experts come from at most
+    topk_group of n_group equal, contiguous groups), checked as Megatron-Core's TransformerConfig does; transformers'
+    DeepSeek-V2 'greedy' method ignores them."""
+    groups = f.int("n_group", default=1, lo=1, hi=experts, why="at most the routed experts")
+    chosen = f.int("topk_group", default=1, lo=1, hi=groups, why=f"at most n_group = {groups}")
+    if method == "greedy" or groups == 1:
+        return {}
+    if experts % groups:
+        raise f.fail(f"n_group = {groups} does not divide the {experts} routed experts into equal groups.",
+                     fix=f"Use an n_group that divides {experts}.")
+    if top_k > chosen * (experts // groups):
+        raise f.fail(f"num_experts_per_tok = {top_k} exceeds the {chosen * (experts // groups)} experts in "
+                     f"topk_group = {chosen} groups of {experts // groups}.",
+                     fix="Raise topk_group or lower num_experts_per_tok.")
+    return {"num_groups": groups, "group_topk": chosen}
+
+
+def _real(f: _Fields, key: str, value: Any, lo: float, hi: float, *, above: bool = True) -> float:
+    """A finite number in (lo, hi] (or [lo, hi] when not `above`), else an error naming the key and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise f.fail(f"{key} must be a number, got {_show(value)}.")
+    if not (lo < value if above else lo <= value) or value > hi:  # exact for ints of any size
+        raise f.fail(f"{key} = {_show(value)} is out of range: allowed {'above' if above else 'from'} {lo:g} "
+                     f"to {hi:g}.")
+    return float(value)
+
+
+def _rope_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> RopeSpec | None:
+    """rope_theta, rope_scaling and partial_rotary_factor as config.json (or transformers 5's rope_parameters)
+    states them; None for learned absolute positions. Only the adapters read it: it changes no count."""
+    if model_type == "gpt2":
+        return None
+    params = cfg.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise f.fail(f"rope_parameters must be an object, got {_show(params)}.")
+    params = params or {}
+    scaling = cfg.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise f.fail(f"rope_scaling must be an object or null, got {_show(scaling)}.")
+    scaling = {**params, **(scaling or {})}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise f.fail(f"rope_scaling.rope_type must be a string, got {_show(kind)}.")
+    kind = None if kind in (None, "default") else kind
+    theta = cfg.get("rope_theta", params.get("rope_theta"))
+    fraction = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor"))
+
+    def real(name: str, hi: float = 1e6, above: bool = True) -> float | None:
+        value = scaling.get(name)
+        return None if value is None or kind is None else _real(f, f"rope_scaling.{name}", value, 0, hi, above=above)
+
+    original = scaling.get("original_max_position_embeddings")
+    truncate = scaling.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise f.fail(f"rope_scaling.truncate must be true or false, got {_show(truncate)}.")
+    return RopeSpec(
+        theta=None if theta is None else _real(f, "rope_theta", theta, 0, 1e12),
+        fraction=1.0 if fraction is None else _real(f, "partial_rotary_factor", fraction, 0, 1),
+        scaling=kind,
+        factor=real("factor"),
+        original_max_position_embeddings=None if original is None or kind is None else int(
+            _real(f, "rope_scaling.original_max_position_embeddings", original, 1, 1 << 40, above=False)),
+        low_freq_factor=real("low_freq_factor"),
+        high_freq_factor=real("high_freq_factor"),
+        beta_fast=real("beta_fast"),
+        beta_slow=real("beta_slow"),
+        mscale=real("mscale", 1e3, above=False),
+        mscale_all_dim=real("mscale_all_dim", 1e3, above=False),
+        truncate=truncate if kind is not None else None,
+    )
+
+
+def _norm_eps(cfg: dict[str, Any], f: _Fields) -> float | None:
+    """The norm epsilon under whichever name the model family uses; None when the config omits it."""
+    for key in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "layernorm_epsilon"):
+        if cfg.get(key) is not None:
+            return _real(f, key, cfg[key], 0, 0.1)
+    return None
+
+
+def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields) -> MoESpec | None:
+    """Routed/shared experts and which layers are MoE, by each architecture's own rule."""
+    if model_type in ("mixtral", "olmoe", "gpt_oss"):
+        experts_key = "num_local_experts" if model_type != "olmoe" else "num_experts"
+        _require(cfg, [experts_key, "num_experts_per_tok", "intermediate_size"], model_type)
+        experts, top_k, width = _experts(f, experts_key, "intermediate_size")
+        return MoESpec(
+            num_experts=experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=width,
+            moe_layers=list(range(num_layers)),
+            router_bias=model_type == "gpt_oss",
+            expert_bias=model_type == "gpt_oss",
+        )
+    if model_type == "qwen3_moe":
+        _require(cfg, ["num_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
+        step = f.int("decoder_sparse_step", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
+        dense_only = set(f.layer_list("mlp_only_layers", num_layers) or [])
+        layers = [i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0]
+        experts, top_k, width = _experts(f, "num_experts", "moe_intermediate_size")
+        return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, moe_layers=layers)
+    if model_type in ("llama4", "llama4_text"):
+        _require(cfg, ["num_local_experts", "num_experts_per_tok", "intermediate_size"], model_type)
+        step = f.int("interleave_moe_layer_step", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
+        layers = f.layer_list("moe_layers", num_layers)
+        if layers is None:
+            layers = list(range(step - 1, num_layers, step))
+        experts, top_k, width = _experts(f, "num_local_experts", "intermediate_size")
+        return MoESpec(
+            num_experts=experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=width,
+            num_shared_experts=1,
+            shared_expert_ffn_hidden_size=width,
+            moe_layers=layers,
+        )
+    if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"):
+        _require(cfg, ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
+        first_dense = f.int("first_k_dense_replace", default=0, lo=0, hi=num_layers, why="at most num_hidden_layers")
+        freq = f.int("moe_layer_freq", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
+        shared = f.int("n_shared_experts", "num_shared_experts", default=0)
+        experts, top_k, width = _experts(f, "n_routed_experts", "moe_intermediate_size")
+        if "topk_method" in cfg:
+            noaux = cfg["topk_method"] == "noaux_tc"
+        else:  # transformers' DeepseekV3/Glm4Moe classes always carry e_score_correction_bias
+            noaux = model_type in ("deepseek_v3", "kimi_k2", "glm4_moe")
+        return MoESpec(
+            num_experts=experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=width,
+            num_shared_experts=shared,
+            shared_expert_ffn_hidden_size=shared * width,
+            moe_layers=[i for i in range(num_layers) if i >= first_dense and i % freq == 0],
+            score_correction_bias=noaux,
+            **_groups(f, experts, top_k, f.text("topk_method")),
+        )
+    return None
+
+
+def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
+    """The config's model_type and a copy of its fields (Llama 4's text model read from its text_config), or an
+    error naming the model types meshplan parses."""
+    if not isinstance(config, dict):
+        raise MeshplanError("A config.json must be a JSON object.")
+    model_type = config.get("model_type")
+    if model_type == "llama4" and isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], "model_type": "llama4_text"}
+        model_type = "llama4_text"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise MeshplanError(
+            f"Unsupported model_type {model_type!r} in config.json.",
+            fix=f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}.",
+        )
+    return model_type, dict(config)
+
+
+def _read_gpt2_names(cfg: dict[str, Any], f: _Fields) -> None:
+    """GPT-2's config names its shapes n_embd, n_layer, ...: copy them under the names every other family uses."""
+    _require(cfg, ["n_embd", "n_layer", "n_head", "vocab_size"], "gpt2")
+    n_embd = f.int("n_embd", "hidden_size")
+    cfg.update(
+        hidden_size=n_embd,
+        num_hidden_layers=f.int("n_layer", "num_hidden_layers"),
+        num_attention_heads=f.int("n_head", "num_attention_heads"),
+        intermediate_size=f.int("n_inner", "intermediate_size", default=None) or 4 * n_embd,
+        max_position_embeddings=f.int("n_positions", "max_position_embeddings", default=1024),
+    )
+
+
+def _required_keys(model_type: str) -> list[str]:
+    """The fields every config of this model type must give (a MoE family's FFN width may be its experts')."""
+    need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
+    if SUPPORTED_MODEL_TYPES[model_type] != "moe" or model_type in ("qwen3_moe", "llama4_text", "glm4_moe"):
+        need.append("intermediate_size")
+    return need
+
+
+def _kv_heads(f: _Fields, heads: int) -> int:
+    """num_key_value_heads (default: one per attention head), which must divide the attention heads."""
+    kv_heads = f.int("num_key_value_heads", default=heads, lo=1, hi=heads,
+                     why=f"at most num_attention_heads = {heads}")
+    if heads % kv_heads:
+        raise f.fail(f"num_key_value_heads = {kv_heads} does not divide num_attention_heads = {heads}: "
+                     f"allowed {', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}.")
+    return kv_heads
+
+
+def _mla_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> MLASpec | None:
+    """Multi-head latent attention's ranks and head dims (the mla family); None for every other model."""
+    if SUPPORTED_MODEL_TYPES[model_type] != "mla":
+        return None
+    _require(cfg, ["kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"], model_type)
+    return MLASpec(
+        q_lora_rank=f.int("q_lora_rank", "lora_rank", default=None),
+        kv_lora_rank=f.int("kv_lora_rank", "lora_rank"),
+        qk_nope_head_dim=f.int("qk_nope_head_dim", "head_dim"),
+        qk_rope_head_dim=f.int("qk_rope_head_dim", "head_dim"),
+        v_head_dim=f.int("v_head_dim", "head_dim"),
+    )
+
+
+def _head_dim(cfg: dict[str, Any], f: _Fields, *, hidden: int, heads: int, mla: MLASpec | None) -> int:
+    """The query/key head width: MLA's nope + rope dims, else head_dim as given, else hidden_size / heads."""
+    if mla is not None:
+        return mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    if cfg.get("head_dim") is not None:
+        return f.int("head_dim")
+    if hidden % heads:
+        raise f.fail(f"hidden_size = {hidden} is not divisible by num_attention_heads = {heads}, and no head_dim "
+                     "is given: the head width hidden_size / num_attention_heads is not a whole number.",
+                     fix="Give head_dim, or a num_attention_heads that divides hidden_size.")
+    return hidden // heads
+
+
+class _BlockOptions(NamedTuple):
+    """The per-layer switches of a model family that change counts or rendering, named as `Architecture` names
+    them."""
+
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: str
+    activation: str
+    gated_mlp: bool
+    tie_word_embeddings: bool
+    num_mtp_layers: int
+    mlp_bias: bool
+
+
+def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
+    """Biases, q/k norm, activation, gating, tied embeddings and MTP blocks, by each family's own rule (the config's
+    flags where the family reads them)."""
+    if model_type in ("gpt_oss", "gpt2"):
+        qkv_bias = o_bias = True
+    elif model_type == "qwen2":
+        qkv_bias, o_bias = True, False
+    elif model_type == "glm4_moe":
+        qkv_bias, o_bias = f.flag("attention_bias", False), False
+    else:
+        qkv_bias = o_bias = f.flag("attention_bias", False)
+    if model_type in ("qwen3", "qwen3_moe"):
+        qk_norm = "head"
+    elif model_type == "olmoe":
+        qk_norm = "full"
+    elif model_type == "glm4_moe" and f.flag("use_qk_norm", False):
+        qk_norm = "head"
+    else:
+        qk_norm = "none"  # llama4's qk norm is a weightless L2 norm
+    act = f.text("hidden_act") or f.text("activation_function") or "silu"
+    gated = model_type not in ("gpt2", "nemotron")
+    tied = f.flag("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
+    mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
+    return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
+                         tie_word_embeddings=tied, num_mtp_layers=mtp,
+                         mlp_bias=model_type == "gpt2" or f.flag("mlp_bias", False))
+
+
+def _display_name(cfg: dict[str, Any], model_type: str, name: str | None, hf_id: str | None) -> str:
+    path_name = cfg.get("_name_or_path")
+    return name or hf_id or (path_name if isinstance(path_name, str) and path_name else f"{model_type} model")
+
+
+def architecture_from_config(
+    config: dict[str, Any], *, name: str | None = None, key: str | None = None, hf_id: str | None = None,
+    origin: str = "config.json",
+) -> Architecture:
+    """Parse a Hugging Face config.json (as a dict) into the shapes meshplan computes with. The fields are read in
+    a fixed order, so a config with several bad fields is refused for the same one every time."""
+    model_type, cfg = _supported_config(config)
+    where = origin.removeprefix("config.json ") if origin.startswith("config.json ") else origin
+    f = _Fields(cfg, f"cards/models/{key}.yaml" if origin == "catalog" and key else where)
+    if model_type == "gpt2":
+        _read_gpt2_names(cfg, f)
+    _require(cfg, _required_keys(model_type), model_type)
+    layers = f.int("num_hidden_layers")
+    hidden = f.int("hidden_size")
+    heads = f.int("num_attention_heads")
+    kv_heads = _kv_heads(f, heads)
+    vocab = f.int("vocab_size")
+    dense_key = "intermediate_size_mlp" if model_type == "llama4_text" else "intermediate_size"
+    dense_ffn = f.int(dense_key, "intermediate_size", default=None)
+    positions = f.int("max_position_embeddings", default=None)
+    sliding = f.int("sliding_window", "max_position_embeddings", default=None)
+    moe = _moe_spec(cfg, model_type, layers, f)
+    mla = _mla_spec(cfg, model_type, f)
+    head_dim = _head_dim(cfg, f, hidden=hidden, heads=heads, mla=mla)
+    options = _block_options(model_type, f)
+    return Architecture(
+        key=key,
+        name=_display_name(cfg, model_type, name, hf_id),
+        hf_id=hf_id,
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=dense_ffn or (moe.expert_ffn_hidden_size if moe else 4 * hidden),
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        max_position_embeddings=positions,
+        **options._asdict(),
+        norm_type="layernorm" if model_type in _LAYERNORM_TYPES else "rmsnorm",
+        norms_per_layer=_NORMS_PER_LAYER.get(model_type, 2),
+        learned_position_embeddings=positions if model_type == "gpt2" else 0,
+        attention_sinks=model_type == "gpt_oss",
+        sliding_window=sliding,
+        rope=_rope_spec(cfg, model_type, f),
+        norm_eps=_norm_eps(cfg, f),
+        moe=moe,
+        mla=mla,
+        origin=origin,
+    )
+
+
+# --------------------------------------------------------------------------- config.json files
+
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse anything that is clearly not one
+
+
+def _config_path(path: Path) -> Path:
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if path.is_file():
+            return path
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        pass
+    raise MeshplanError(f"No config.json at {str(path)[:200]!r}.")
+
+
+def _config_bytes(path: Path) -> bytes:
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise MeshplanError(f"Cannot read {str(path)!r}: {exc.strerror or exc}.") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise MeshplanError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes; that is not a config.json.")
+    return raw
+
+
+def _parse_config(raw: bytes, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also ints over 4300 digits
+        raise MeshplanError(f"{str(path)!r} is not valid JSON: {str(exc)[:200]}.") from None
+    if not isinstance(data, dict):
+        raise MeshplanError(f"{str(path)!r} must hold a JSON object, not {type(data).__name__}.")
+    return data
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read a config.json safely: JSON only, size-capped, never executed, never fetched."""
+    path = _config_path(path)
+    return _parse_config(_config_bytes(path), path)
+
+
+_config_cache: dict[tuple[str, str], Architecture] = {}
+_CONFIG_CACHE_SIZE = 256
+
+
+def architecture_from_file(path: Path) -> Architecture:
+    """A config.json's architecture, cached by path and content hash: an edited file is parsed again, an
+    unchanged one gives the same object (which the estimators' per-architecture caches key on)."""
+    path = _config_path(path)
+    raw = _config_bytes(path)
+    key = (str(path), hashlib.sha256(raw).hexdigest())
+    arch = _config_cache.get(key)
+    if arch is None:
+        arch = architecture_from_config(_parse_config(raw, path), name=str(path), origin=f"config.json {path}")
+        if len(_config_cache) >= _CONFIG_CACHE_SIZE:
+            _config_cache.clear()
+        _config_cache[key] = arch
+    return arch
+

@@ -1,0 +1,171 @@
+"""Exact parameter counts of an `Architecture`: element counts of the checkpoint's tensors by component, so every
+vendor's "active" convention can be derived from one breakdown; and the per-architecture cache the estimators'
+per-layer tables use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from meshplan.schema.model import Architecture, ComponentCount
+
+T = TypeVar("T")
+
+
+def _norm_params(arch: Architecture, width: int) -> int:
+    return width * (2 if arch.norm_type == "layernorm" else 1)
+
+
+def attention_params(arch: Architecture) -> int:
+    """One layer's attention block: projections, biases, q/k norms, sinks (no input norm)."""
+    h, a, d, g = arch.hidden_size, arch.num_attention_heads, arch.head_dim, arch.num_kv_heads
+    if arch.mla is not None:
+        m = arch.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk  # q_a, q_a_layernorm, q_b
+        else:
+            q = h * a * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # kv_a_proj_with_mqa, kv_a_layernorm
+        kv += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)  # kv_b_proj
+        return q + kv + a * m.v_head_dim * h
+    params = h * a * d + 2 * h * g * d + a * d * h
+    if arch.qkv_bias:
+        params += a * d + 2 * g * d
+    if arch.o_bias:
+        params += h
+    if arch.qk_norm == "head":
+        params += 2 * d
+    elif arch.qk_norm == "full":
+        params += a * d + g * d
+    if arch.attention_sinks:
+        params += a
+    return params
+
+
+def mlp_params(arch: Architecture, width: int, bias: bool | None = None) -> int:
+    """A (gated or plain) FFN of the given width."""
+    h = arch.hidden_size
+    mats = 3 if arch.gated_mlp else 2
+    params = mats * h * width
+    if arch.mlp_bias if bias is None else bias:
+        params += (2 if arch.gated_mlp else 1) * width + h
+    return params
+
+
+def router_params(arch: Architecture) -> int:
+    moe = arch.moe
+    assert moe is not None
+    params = arch.hidden_size * moe.num_experts
+    if moe.router_bias:
+        params += moe.num_experts
+    if moe.score_correction_bias:
+        params += moe.num_experts
+    return params
+
+
+def layer_params(arch: Architecture, index: int) -> dict[str, int]:
+    """Parameters of decoder layer `index`, by component (routed experts counted in full)."""
+    out = {
+        "attention": attention_params(arch),
+        "norms": arch.norms_per_layer * _norm_params(arch, arch.hidden_size),
+        "dense_mlp": 0,
+        "routed_experts": 0,
+        "shared_experts": 0,
+        "router": 0,
+    }
+    if arch.is_moe_layer(index):
+        moe = arch.moe
+        assert moe is not None
+        out["routed_experts"] = moe.num_experts * mlp_params(
+            arch, moe.expert_ffn_hidden_size, bias=moe.expert_bias
+        )
+        if moe.shared_expert_ffn_hidden_size:
+            out["shared_experts"] = mlp_params(arch, moe.shared_expert_ffn_hidden_size, bias=False)
+        out["router"] = router_params(arch)
+    else:
+        out["dense_mlp"] = mlp_params(arch, arch.ffn_hidden_size)
+    return out
+
+
+def expert_params(arch: Architecture) -> int:
+    """One routed expert."""
+    assert arch.moe is not None
+    return mlp_params(arch, arch.moe.expert_ffn_hidden_size, bias=arch.moe.expert_bias)
+
+
+def mtp_params(arch: Architecture) -> int:
+    """DeepSeek-V3 style MTP block: two norms, eh_proj (2h->h), a decoder layer, the shared head's norm."""
+    if not arch.num_mtp_layers:
+        return 0
+    h = arch.hidden_size
+    last = layer_params(arch, arch.num_layers - 1)
+    per_block = 3 * _norm_params(arch, h) + 2 * h * h + sum(last.values())
+    return arch.num_mtp_layers * per_block
+
+
+def count_components(arch: Architecture) -> list[ComponentCount]:
+    h, v = arch.hidden_size, arch.vocab_size
+    sums: dict[str, int] = {}
+    for i in range(arch.num_layers):
+        for comp, n in layer_params(arch, i).items():
+            sums[comp] = sums.get(comp, 0) + n
+    moe_layers = len(arch.moe.moe_layers) if arch.moe else 0
+    inactive = 0
+    if arch.moe:
+        inactive = moe_layers * (arch.moe.num_experts - arch.moe.top_k) * expert_params(arch)
+    comps = [
+        ComponentCount(name="embedding", params=v * h, active_params=v * h, note="input embedding (vocab x hidden)"),
+    ]
+    if arch.learned_position_embeddings:
+        n = arch.learned_position_embeddings * h
+        comps.append(ComponentCount(name="position_embedding", params=n, active_params=n, note="learned positions"))
+    comps.append(
+        ComponentCount(name="attention", params=sums["attention"], active_params=sums["attention"],
+                       note=f"{arch.num_layers} layers" + (", MLA" if arch.mla else ""))
+    )
+    if sums["dense_mlp"]:
+        n_dense = arch.num_layers - moe_layers
+        comps.append(ComponentCount(name="dense_mlp", params=sums["dense_mlp"], active_params=sums["dense_mlp"],
+                                    note=f"{n_dense} dense FFN layers"))
+    if arch.moe:
+        routed = sums["routed_experts"]
+        comps.append(ComponentCount(
+            name="routed_experts", params=routed, active_params=routed - inactive,
+            note=f"{moe_layers} MoE layers x {arch.moe.num_experts} experts, top-{arch.moe.top_k} active"))
+        if sums["shared_experts"]:
+            comps.append(ComponentCount(name="shared_experts", params=sums["shared_experts"],
+                                        active_params=sums["shared_experts"]))
+        comps.append(ComponentCount(name="router", params=sums["router"], active_params=sums["router"]))
+    final_norm = _norm_params(arch, h)
+    comps.append(ComponentCount(name="norms", params=sums["norms"] + final_norm,
+                                active_params=sums["norms"] + final_norm, note="per-layer norms and the final norm"))
+    if not arch.tie_word_embeddings:
+        comps.append(ComponentCount(name="lm_head", params=v * h, active_params=v * h, note="untied output layer"))
+    return comps
+
+
+
+def per_architecture(build: Callable[[Architecture], T], limit: int = 256) -> Callable[[Architecture], T]:
+    """Cache `build(arch)` per Architecture object: the estimators' per-layer tables are rebuilt only for a
+    new model. Architectures are pydantic models (not hashable), and resolve_model returns one object per name,
+    so identity is the key; the object itself is kept so a recycled id() can never return a stale table."""
+    cache: dict[int, tuple[Architecture, T]] = {}
+
+    def get(arch: Architecture) -> T:
+        hit = cache.get(id(arch))
+        if hit is not None and hit[0] is arch:
+            return hit[1]
+        if len(cache) > limit:
+            cache.clear()
+        value = build(arch)
+        cache[id(arch)] = (arch, value)
+        return value
+
+    return get
+
+
+def total_params(arch: Architecture) -> int:
+    return sum(c.params for c in count_components(arch))
+

@@ -1,0 +1,78 @@
+"""The `rl` section of a framework card (cards/frameworks/<name>.yaml): what an RL post-training framework (verl,
+SkyRL) does when a request leaves an RL field out, the rollout engines it runs and what their memory fraction means,
+and the facts its rollout rules test. Below the rules (RL001-RL004 read it) and the RL arithmetic (meshplan/rl/).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.choices import FRAMEWORKS, Placement, RLAlgorithm, RolloutEngine
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RLDefaults(_Card):
+    """What the framework does when the request leaves an RL field out (its own config defaults)."""
+
+    algorithm: RLAlgorithm
+    samples_per_prompt: int = Field(ge=1)
+    prompts_per_step: int = Field(ge=1)
+    prompt_length: int = Field(ge=1)
+    response_length: int = Field(ge=1)
+    engine: RolloutEngine
+    rollout_tp: int = Field(ge=1)
+    rollout_dp: int = Field(ge=1)
+    rollout_ep: int = Field(ge=1)
+    memory_fraction: float = Field(gt=0, le=1)
+    placement: Placement
+    max_num_seqs: int = Field(ge=1, description="The engine's cap on sequences decoded at once")
+    max_num_batched_tokens: int = Field(ge=1, description="The engine's cap on tokens per forward (its profile run)")
+    source: str
+
+
+class RolloutEngineFacts(_Card):
+    """One rollout engine as the framework runs it."""
+
+    memory_fraction_of: Literal["total", "free"] = Field(
+        description="total: the fraction is a share of the GPU's total memory (vLLM gpu_memory_utilization); free: a "
+                    "share of the memory free when the engine starts (SGLang mem_fraction_static)"
+    )
+    multi_node_tp: bool = Field(description="Whether the engine runs a tensor-parallel group across nodes")
+    why: str
+
+
+class RLCard(_Card):
+    """The `rl` section of a framework card."""
+
+    defaults: RLDefaults
+    engines: dict[RolloutEngine, RolloutEngineFacts]
+    ep_equals_tp_dp: bool = Field(description="Rollout EP > 1 must equal rollout TP x DP")
+    rollout_pp: bool = Field(description="Whether the engine may be pipeline-parallel (meshplan plans PP 1)")
+    colocated_gpus_equal_training: bool = Field(description="Colocated engines must span exactly the trainer's GPUs")
+    colocated_offload: bool = Field(
+        description="With colocated engines the framework itself moves every trainer model (policy, reference, critic:"
+                    " weights, gradients, optimizer) to the host between phases, whatever the offload knobs say"
+    )
+    colocated_offload_source: str
+    reference_model: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm keeps a reference model")
+    critic: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm trains a critic")
+    rules_source: str
+
+
+@cache
+def rl_card(framework: str) -> RLCard | None:
+    """The framework's `rl` card section, validated; None when it runs no RL job."""
+    raw = (framework_card(framework).model_extra or {}).get("rl")
+    return RLCard.model_validate(raw) if raw is not None else None
+
+
+def rl_frameworks() -> list[str]:
+    return [f for f in FRAMEWORKS if rl_card(f) is not None]
+

@@ -1,0 +1,122 @@
+"""The one parser every face shares: loose values (CLI flags, MCP arguments, batch lines, a Python dict) into a
+`Request`. An unknown field is an error naming the field it most likely means (by a framework's own key, a
+synonym or the spelling); a value out of bounds is one readable sentence per field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from functools import cache
+from typing import Any
+
+from pydantic import ValidationError
+
+from meshplan.core.errors import MeshplanError, closest
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.request import Request
+
+# Names people type for a request field that no framework card spells (the cards supply the frameworks' own
+# keys, e.g. tensor_model_parallel_size -> tp); used only to say "did you mean", never to accept the name.
+FIELD_SYNONYMS: dict[str, str] = {
+    "world_size": "num_gpus", "gpu_count": "num_gpus", "num_gpu": "num_gpus", "num_devices": "num_gpus",
+    "gpus": "num_gpus", "n_gpus": "num_gpus", "ngpus": "num_gpus",
+    "nodes_gpus": "gpus_per_node", "gpus_per_host": "gpus_per_node", "nproc_per_node": "gpus_per_node",
+    "gpu_type": "gpu", "hardware": "gpu", "accelerator": "gpu", "device": "gpu",
+    "seq_len": "seq_length", "sequence_length": "seq_length", "max_seq_len": "seq_length",
+    "seq": "seq_length", "context_length": "seq_length",
+    "model_name": "model", "model_id": "model", "hf_id": "model", "name": "model",
+    "dtype": "precision", "mixed_precision": "precision",
+    "tensor_parallel": "tp", "pipeline_parallel": "pp", "context_parallel": "cp", "expert_parallel": "ep",
+    "data_parallel": "dp", "virtual_pipeline": "vpp", "zero": "zero_stage", "activation_checkpointing": "recompute",
+    "gradient_checkpointing": "recompute", "mbs": "micro_batch_size", "gbs": "global_batch_size",
+    "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
+}
+
+
+
+def _key_name(key: str) -> str:
+    """A framework key as a field-like name: '--tensor-model-parallel-size' -> 'tensor_model_parallel_size'."""
+    key = re.sub(r"^\[[^\]]*\]\s*", "", key.strip())  # a TOML section before the key: '[activation_checkpoint] x'
+    first = re.split(r"[\s=]", key, maxsplit=1)[0]
+    return first.lstrip("-").rsplit(".", 1)[-1].replace("-", "_").lower()
+
+
+@cache
+def field_aliases() -> dict[str, str]:
+    """Every known other name of a request field: the frameworks' own keys (from their cards) and FIELD_SYNONYMS."""
+    aliases = dict(FIELD_SYNONYMS)
+    for framework in FRAMEWORKS:
+        adapter = framework_card(framework).adapter
+        for version in adapter.versions.values() if adapter else ():
+            for knob, spec in version.knobs.items():
+                if knob in Request.model_fields and spec.key:  # the adapter knobs that are request fields
+                    name = _key_name(spec.key)
+                    if name.isidentifier():  # not a prose key such as '(implicit: ...)'
+                        aliases.setdefault(name, knob)
+    return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
+
+
+def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
+    """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
+    allowed = sorted(set(allowed))
+    aliases = {alias: field for alias, field in field_aliases().items() if field in allowed}
+    lowered = str(name).lower().replace("-", "_")
+    guess = aliases.get(lowered)
+    if guess is None:
+        hits = closest(lowered, [*allowed, *aliases], n=1)
+        guess = aliases.get(hits[0], hits[0]) if hits else None
+    shown = str(name)[:80]
+    hint = f"Did you mean {guess!r}? " if guess else ""
+    return MeshplanError(f"Unknown field {shown!r}.", fix=f"{hint}Valid fields: {', '.join(allowed)}.")
+
+
+def validation_message(exc: ValidationError, *, what: str = "request") -> str:
+    """A pydantic error as one readable sentence per field: where, what is allowed, and what was given. A request
+    built with a field it does not have (a `Request(...)` call) is worded as parse_request words it: the first
+    unknown field, with the field it most likely means."""
+    unknown = _first_unknown_request_field(exc)
+    if unknown is not None:
+        return f"Invalid {what}: {unknown}."
+    parts = []
+    for err in exc.errors(include_url=False):
+        message = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a whole-object check: the input is the whole request
+            parts.append(message)
+            continue
+        given = repr(err.get("input"))
+        given = given if len(given) <= 80 else given[:77] + "..."
+        parts.append(f"{'.'.join(str(p) for p in err['loc'])}: {message} (got {given})")
+    return f"Invalid {what}: " + "; ".join(parts) + "."
+
+
+def _first_unknown_request_field(exc: ValidationError) -> MeshplanError | None:
+    """The Request model refuses an unknown field (extra='forbid'); this layer names the one it most likely means.
+    Only the first unknown field is named, and no other error beside it: the first thing to fix."""
+    if exc.title != Request.__name__:
+        return None
+    for err in exc.errors(include_url=False):
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            return unknown_field_error(str(err["loc"][0]), Request.model_fields)
+    return None
+
+
+def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Request:
+    """A `Request` from loose values, as every face receives them: unknown names are errors naming the closest
+    field, and a null (or absent) optional field stays open for resolve() and the search to fill."""
+    if not isinstance(values, Mapping):
+        raise MeshplanError(f"A request is a JSON object of fields, got {type(values).__name__}.",
+                            fix='e.g. {"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2}')
+    allowed = [*Request.model_fields, *also]
+    for name in values:
+        if name not in allowed:
+            raise unknown_field_error(name, allowed)
+    fields = {name: value for name, value in values.items() if name in Request.model_fields and value is not None}
+    if "model" not in fields:
+        raise MeshplanError("A model is required.", fix="Pass model: a catalog key (see list_models), a Hugging Face "
+                                                         "id, a config.json path, or a size such as '70B'.")
+    try:
+        return Request.model_validate(fields)
+    except ValidationError as exc:
+        raise MeshplanError(validation_message(exc)) from exc

@@ -1,0 +1,123 @@
+"""The rollout engine on one GPU (vLLM, SGLang as verl and SkyRL run them): its bf16 weights sharded by the rollout
+TP/EP, its profiled activation peak, the KV cache its memory fraction leaves, and how many sequences that holds.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from meshplan.core.units import GIB
+from meshplan.knowledge.calibration import calibration_card
+from meshplan.knowledge.model_counts import layer_params, per_architecture
+from meshplan.knowledge.rl_card import RLDefaults, rl_card
+from meshplan.schema.plan import Plan
+
+ENGINE_BYTES = 2  # the engine's weights and KV cache in bf16 (verl rollout.dtype, SkyRL model_dtype: bfloat16)
+FP32 = 4  # the sampler's logits
+
+
+def rl_constant(name: str) -> float:
+    """A constant of calibration.yaml's `rl` section (CUDA graphs' bytes, eager kernel launches)."""
+    return calibration_card().rl[name].value
+
+
+def _param_split(arch) -> tuple[int, int, int]:
+    """The model's parameters by how an engine shards them: over its TP (attention, dense MLPs, shared experts,
+    embedding and head), whole (norms, routers), routed experts."""
+    sharded = whole = experts = 0
+    for i in range(arch.num_layers):
+        p = layer_params(arch, i)
+        sharded += p["attention"] + p["dense_mlp"] + p["shared_experts"]
+        whole += p["norms"] + p["router"]
+        experts += p["routed_experts"]
+    vocab_rows = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return sharded + vocab_rows, whole, experts
+
+
+def engine_weight_bytes(arch, plan: Plan) -> float:
+    """One engine GPU's weights: attention, dense MLPs, shared experts, embedding and head sharded by the rollout TP;
+    norms and routers whole; routed experts over the rollout EP (= TP x DP) when EP > 1, else over its TP."""
+    sharded, whole, experts = _split(arch)
+    expert_shards = plan.rollout_ep if plan.rollout_ep > 1 else plan.rollout_tp
+    return ENGINE_BYTES * (sharded / plan.rollout_tp + whole + experts / expert_shards)
+
+
+_split = per_architecture(_param_split)  # built once per model
+
+
+def kv_bytes_per_token(arch, tp: int) -> float:
+    """KV cache one token takes on one engine GPU: MLA caches its compressed latent and rope key whole on every TP
+    rank (vLLM's MLA backends); GQA/MHA caches K and V of its KV heads over TP, one head per rank at least (vLLM
+    replicates KV heads when TP exceeds them)."""
+    if arch.mla is not None:
+        per_layer = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
+    else:
+        per_layer = 2 * max(1.0, arch.num_kv_heads / tp) * arch.head_dim
+    return ENGINE_BYTES * per_layer * arch.num_layers
+
+
+def engine_working_bytes(arch, plan: Plan, defaults: RLDefaults) -> float:
+    """The engine's profiled activation peak: one forward of max_num_batched_tokens tokens holds the residual stream
+    and attention in/out (4 x hidden) and the widest MLP's gate/up output and activation (3 x width over the TP, the
+    routed experts' top_k copies of each token where that is wider), plus the sampler's fp32 logits of max_num_seqs
+    sequences over the whole vocabulary."""
+    tokens = defaults.max_num_batched_tokens
+    moe_layers = len(arch.moe.moe_layers) if arch.moe is not None else 0
+    width = arch.ffn_hidden_size / plan.rollout_tp if moe_layers < arch.num_layers else 0.0
+    if arch.moe is not None:
+        shards = plan.rollout_ep if plan.rollout_ep > 1 else plan.rollout_tp
+        width = max(width, arch.moe.top_k * arch.moe.expert_ffn_hidden_size / shards)
+    return ENGINE_BYTES * tokens * (4 * arch.hidden_size + 3 * width) + FP32 * defaults.max_num_seqs * arch.vocab_size
+
+
+class EngineMemory(BaseModel):
+    """One rollout engine GPU: what the engine takes and how many sequences its KV cache holds at once."""
+
+    budget_bytes: float = Field(description="What the memory fraction gives the engine (weights + activations + KV)")
+    weights_bytes: float
+    working_bytes: float
+    kv_bytes: float = Field(description="KV cache the fraction leaves after weights and activations (0: none)")
+    cuda_graph_bytes: float
+    kv_bytes_per_token: float
+    gpu_bytes: float = Field(description="What the engine holds on the GPU while it runs")
+    sequences_at_once: int = Field(description="Sequences of prompt + response tokens one engine holds at once")
+    note: str
+
+
+def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
+    """The engine on one GPU where `free_bytes` are free when it starts (the trainer's resident state taken): vLLM's
+    fraction is a share of total memory, SGLang's of the free memory (the framework card's `memory_fraction_of`)."""
+    card = rl_card(job.framework)
+    facts = card.engines[plan.rollout_engine]
+    arch, rl = job.model, job.rl
+    fraction = plan.rollout_memory_fraction
+    if facts.memory_fraction_of == "total":
+        budget = fraction * job.gpu.memory_bytes
+        of = f"{fraction:g} x {job.gpu.memory_bytes / GIB:.1f} GiB total"
+    else:
+        budget = fraction * max(0.0, free_bytes)
+        of = f"{fraction:g} x {max(0.0, free_bytes) / GIB:.1f} GiB free at start"
+    weights = engine_weight_bytes(arch, plan)
+    working = engine_working_bytes(arch, plan, card.defaults)
+    kv = max(0.0, budget - weights - working)
+    per_token = kv_bytes_per_token(arch, plan.rollout_tp)
+    length = rl.prompt_length + rl.response_length
+    # an engine of TP x DP GPUs: each DP rank caches its own sequences over its TP ranks
+    per_rank = int(kv // (per_token * length))
+    seqs = min(per_rank, card.defaults.max_num_seqs) * plan.rollout_dp
+    graphs = 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
+    # vLLM allocates its whole budget (KV preallocated); SGLang's static pool is weights + KV, activations outside
+    on_gpu = budget + graphs + (working if facts.memory_fraction_of == "free" else 0.0)
+    note = (f"{plan.rollout_engine} budget {of} = {budget / GIB:.1f} GiB: weights {weights / GIB:.1f} GiB (rollout "
+            f"TP{plan.rollout_tp}{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}), activations "
+            f"{working / GIB:.1f} GiB, KV cache {kv / GIB:.1f} GiB = {int(kv // per_token):,} tokens = {per_rank:,} "
+            f"sequences of {length:,} tokens per DP rank (max_num_seqs {card.defaults.max_num_seqs}); "
+            + ("no CUDA graphs (enforce_eager)" if plan.rollout_enforce_eager else
+               f"CUDA graphs {graphs / GIB:.1f} GiB outside the fraction"))
+    if kv <= 0:
+        note += ("; the weights and activations exceed the budget: the engine cannot start (raise "
+                 "rollout_memory_fraction or rollout_tp)")
+    return EngineMemory(budget_bytes=budget, weights_bytes=weights, working_bytes=working, kv_bytes=kv,
+                        cuda_graph_bytes=graphs, kv_bytes_per_token=per_token, gpu_bytes=on_gpu,
+                        sequences_at_once=seqs, note=note)
+

@@ -1,0 +1,193 @@
+"""An RL post-training job (verl, SkyRL) as a request states it: the RL fields, the framework's defaults for those
+left out (the `rl` section of its card, meshplan/knowledge/rl_card.py), every default noted, and the trainer's
+request the rest of meshplan plans (its GPUs, prompt + response tokens, prompts x samples sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pydantic import BaseModel
+
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.rl_card import RLCard, RLDefaults, rl_card, rl_frameworks
+from meshplan.schema.choices import Placement, RLAlgorithm, RolloutEngine
+from meshplan.schema.plan import Plan, RLJob
+from meshplan.schema.request import Request
+
+RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
+             "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
+             "rollout_gpus", "rollout_enforce_eager")
+
+
+class ResolvedRL(BaseModel):
+    """What `resolve_rl` decided: the job's workload and the rollout fields the plan carries."""
+
+    job: RLJob
+    engine: RolloutEngine
+    tp: int
+    dp: int
+    ep: int
+    memory_fraction: float
+    placement: Placement
+    rollout_gpus: int | None
+    enforce_eager: bool = False
+
+    def plan_fields(self, trainer_gpus: int) -> dict:
+        """The plan's rollout_* fields; a colocated engine spans the trainer's GPUs unless the request said else."""
+        return dict(rollout_engine=self.engine, rollout_tp=self.tp, rollout_dp=self.dp, rollout_ep=self.ep,
+                    rollout_memory_fraction=self.memory_fraction, placement=self.placement,
+                    rollout_gpus=self.rollout_gpus or trainer_gpus, rollout_enforce_eager=self.enforce_eager)
+
+
+def is_rl_request(req: Request) -> bool:
+    """Whether the request is an RL job: job=rl, or an RL field given with the job left out."""
+    return req.job == "rl" or (req.job is None and any(getattr(req, name) is not None for name in RL_FIELDS))
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    """Fills a field the request left out with the framework's own default, and notes it."""
+
+    framework: str
+    notes: list[str]
+
+    def pick(self, value, default, field: str, why: str = ""):
+        if value is not None:
+            return value
+        self.notes.append(f"{field} not given: {default}, the {self.framework} default{why}.")
+        return default
+
+
+class _Workload(NamedTuple):
+    """The step's sequences as resolved: the algorithm, prompts x samples, prompt + response tokens."""
+
+    algorithm: RLAlgorithm
+    prompts: int
+    samples: int
+    prompt: int
+    response: int
+
+
+class _Rollout(NamedTuple):
+    """The rollout engine's fields as resolved (given or the framework's defaults)."""
+
+    engine: RolloutEngine
+    tp: int
+    dp: int
+    ep: int
+    memory_fraction: float
+    placement: Placement
+
+
+def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | None]:
+    """An RL request as the trainer's request (its GPUs, prompt + response tokens, prompts x samples sequences) and
+    the RL settings, every default noted; a training request unchanged with None. RL fields on a training job or on
+    a framework without an `rl` card section are errors naming what is allowed."""
+    given = [name for name in RL_FIELDS if getattr(req, name) is not None]
+    if req.job in ("pretrain", "sft", "lora") or (req.job is None and not given):
+        _refuse_rl_fields(req, given)
+        return req, None
+    card = rl_card(req.framework)
+    if card is None:
+        raise MeshplanError(f"{req.framework} runs no RL job (job=rl{', ' + ', '.join(given) if given else ''}).",
+                            fix=f"Use framework {' or '.join(rl_frameworks())}, or leave the RL fields out.")
+    if req.job is None:
+        notes.append(f"job not given: rl, as {', '.join(given)} {'is' if len(given) == 1 else 'are'} given.")
+    defaults = _Defaults(req.framework, notes)
+    work = _workload(req, card.defaults, defaults)
+    rollout = _rollout_fields(req, card, defaults)
+    rollout_gpus, trainer_gpus = _pools(req, rollout, notes)
+    job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
+                prompt_length=work.prompt, response_length=work.response)
+    rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
+                    memory_fraction=rollout.memory_fraction, placement=rollout.placement,
+                    rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager))
+    trainer = req.model_copy(update={"num_gpus": trainer_gpus, "seq_length": work.prompt + work.response,
+                                     "global_batch_size": work.prompts * work.samples})
+    return trainer, rl
+
+
+def _refuse_rl_fields(req: Request, given: list[str]) -> None:
+    """A training job carries no RL field."""
+    if given:
+        what = "is an RL field" if len(given) == 1 else "are RL fields"
+        raise MeshplanError(f"{', '.join(given)} {what}, not for job={req.job}.",
+                            fix="Drop them, or pass job=rl (frameworks: " + ", ".join(rl_frameworks()) + ").")
+
+
+def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:
+    """The algorithm and the step's sequences: prompts x samples, prompt + response tokens; global_batch_size and
+    seq_length, when given, must agree with them (or give the prompts and the prompt length)."""
+    pick, notes = defaults.pick, defaults.notes
+    algorithm = pick(req.algorithm, d.algorithm, "algorithm")
+    n = pick(req.samples_per_prompt, d.samples_per_prompt, "samples_per_prompt")
+    if n == 1 and algorithm in ("grpo", "dapo"):
+        notes.append(f"samples_per_prompt is 1: {algorithm.upper()}'s group advantage of a single response is zero; "
+                     "its recipes sample 5-16 per prompt.")
+    prompts = req.prompts_per_step
+    if prompts is None and req.global_batch_size is not None:
+        if req.global_batch_size % n:
+            raise MeshplanError(f"global_batch_size {req.global_batch_size} is not a whole number of prompts of "
+                                f"{n} samples.", fix=f"Pass prompts_per_step, or a multiple of {n}.")
+        prompts = req.global_batch_size // n
+        notes.append(f"prompts_per_step not given: {prompts} = global_batch_size / samples_per_prompt {n}.")
+    prompts = pick(prompts, d.prompts_per_step, "prompts_per_step")
+    if req.global_batch_size is not None and req.global_batch_size != prompts * n:
+        raise MeshplanError(f"global_batch_size {req.global_batch_size} is not prompts_per_step x samples_per_prompt "
+                            f"= {prompts} x {n} = {prompts * n}.", fix="Leave global_batch_size out for an RL job.")
+    # seq_length counts as given when it is not the field's default: the MCP tools send every default explicitly
+    seq_given = req.seq_length != Request.model_fields["seq_length"].default
+    response = pick(req.response_length, d.response_length, "response_length")
+    prompt = req.prompt_length
+    if prompt is None and seq_given and req.seq_length > response:
+        prompt = req.seq_length - response
+        notes.append(f"prompt_length not given: {prompt} = seq_length - response_length.")
+    prompt = pick(prompt, d.prompt_length, "prompt_length")
+    if seq_given and req.seq_length != prompt + response:
+        raise MeshplanError(f"seq_length {req.seq_length} is not prompt_length + response_length = {prompt} + "
+                            f"{response} = {prompt + response}.", fix="Leave seq_length out for an RL job.")
+    return _Workload(algorithm=algorithm, prompts=prompts, samples=n, prompt=prompt, response=response)
+
+
+def _rollout_fields(req: Request, card: RLCard, defaults: _Defaults) -> _Rollout:
+    """The engine (one the framework runs), its TP/DP/EP, memory fraction and placement."""
+    d, pick = card.defaults, defaults.pick
+    engine = pick(req.rollout_engine, d.engine, "rollout_engine")
+    if engine not in card.engines:
+        raise MeshplanError(f"{req.framework} runs no {engine} rollout engine.",
+                            fix=f"Use rollout_engine {' or '.join(card.engines)}.")
+    tp = pick(req.rollout_tp, d.rollout_tp, "rollout_tp")
+    dp = pick(req.rollout_dp, d.rollout_dp, "rollout_dp")
+    ep = pick(req.rollout_ep, d.rollout_ep, "rollout_ep")
+    fraction = pick(req.rollout_memory_fraction, d.memory_fraction, "rollout_memory_fraction")
+    placement = pick(req.placement, d.placement, "placement")
+    return _Rollout(engine=engine, tp=tp, dp=dp, ep=ep, memory_fraction=fraction, placement=placement)
+
+
+def _pools(req: Request, rollout: _Rollout, notes: list[str]) -> tuple[int | None, int | None]:
+    """The rollout engine's GPUs and the trainer's: a separate pool takes its GPUs out of num_gpus (and must be
+    given); a colocated engine spans the trainer's GPUs unless the request says else."""
+    rollout_gpus = req.rollout_gpus
+    trainer_gpus = req.num_gpus
+    tp, dp = rollout.tp, rollout.dp
+    if rollout.placement == "separate":
+        if rollout_gpus is None:
+            raise MeshplanError("placement separate needs rollout_gpus, the GPUs the rollout engine runs on.",
+                                fix=f"Pass rollout_gpus, a multiple of rollout_tp x rollout_dp = {tp * dp}.")
+        if trainer_gpus is not None:
+            if rollout_gpus >= trainer_gpus:
+                raise MeshplanError(f"rollout_gpus {rollout_gpus} leaves no GPU of num_gpus {trainer_gpus} to the "
+                                    "trainer (placement separate takes them out of num_gpus).",
+                                    fix=f"Pass rollout_gpus below {trainer_gpus}, or placement colocated.")
+            trainer_gpus -= rollout_gpus
+            notes.append(f"placement separate: the trainer runs on {trainer_gpus} GPUs, the rollout engine on "
+                         f"{rollout_gpus}.")
+    elif rollout_gpus is None:
+        notes.append("rollout_gpus not given: the trainer's GPUs (colocated).")
+    return rollout_gpus, trainer_gpus
+
+
+def is_rl(plan: Plan) -> bool:
+    return plan.rollout_tp is not None

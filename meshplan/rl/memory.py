@@ -1,0 +1,217 @@
+"""Memory per phase of an RL step: the rollout, the log-prob passes, the actor's (and PPO's critic's) update, each on
+the worst pipeline stage, and the host memory per node beside them.
+
+The actor update is meshplan.estimate.memory.estimate_memory (with the in-step offloads); around it, the states a
+phase offload moves to the host leave the GPU between phases, so they cut the rollout's and log-prob passes' memory,
+not the update's peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from meshplan.arithmetic.memory_states import MemoryCard, memory_card
+from meshplan.arithmetic.offload import offload_plan
+from meshplan.core.units import GIB
+from meshplan.estimate.memory import estimate_memory, peak_fit_bytes
+from meshplan.knowledge.rl_card import rl_card
+from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
+from meshplan.schema.plan import Plan
+from meshplan.schema.reports import PhaseMemory
+
+STATE_CLASSES = ("weights", "gradients", "optimizer")
+
+
+def job_memory(job, plan: Plan):
+    """The memory report every caller takes: the training step's, or for an RL job the peak over its phases."""
+    return rl_memory(job, plan) if job.rl is not None else estimate_memory(job, plan)
+
+
+def _forward_only(plan: Plan) -> Plan:
+    """The plan as a forward-only pass sees it: full recompute's report keeps one working layer and the logits."""
+    return plan.model_copy(update={"recompute": "full", "recompute_layers": None, "recompute_method": None,
+                                   "recompute_modules": None, "selective_ac_option": None})
+
+
+def trainer_reports(job, plan: Plan) -> tuple:
+    """The actor update's memory report and the forward-only one (the log-prob passes): what every rollout choice
+    of one trainer layout shares (recommend computes them once per layout)."""
+    return estimate_memory(job, plan), estimate_memory(job, _forward_only(plan))
+
+
+@dataclass(frozen=True)
+class PhaseSetting:
+    """What every pipeline stage's phases share: the states that leave the GPU between phases, the models the
+    algorithm keeps, the fixed overheads and a colocated engine's CUDA graphs."""
+
+    knob_classes: frozenset[str]  # what the offload knobs move to the host between phases
+    phase_classes: frozenset[str]  # what leaves the GPU between phases (every state when the framework offloads)
+    auto: bool  # the framework offloads every trainer model itself (SkyRL's colocate_all)
+    has_ref: bool
+    has_critic: bool
+    mem: MemoryCard
+    fixed: float
+    colocated: bool
+    capacity: float
+    graphs: float
+
+
+def phase_setting(job, plan: Plan) -> PhaseSetting:
+    card = rl_card(job.framework)
+    rl = job.rl
+    knob_classes = offload_plan(job.framework, plan).phase
+    auto = card.colocated_offload and plan.placement == "colocated"  # SkyRL's colocate_all offloads every model
+    mem = memory_card()
+    colocated = plan.placement == "colocated"
+    return PhaseSetting(
+        knob_classes=knob_classes, phase_classes=frozenset(STATE_CLASSES) if auto else knob_classes, auto=auto,
+        has_ref=card.reference_model[rl.algorithm], has_critic=card.critic[rl.algorithm], mem=mem,
+        fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
+        graphs=rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0,
+    )
+
+
+class StagePeak(NamedTuple):
+    """One phase's peak on one pipeline stage: its bytes, their parts, and a note."""
+
+    total: float
+    detail: dict
+    note: str
+
+
+@dataclass(frozen=True)
+class StagePhases:
+    """One pipeline stage in every phase (the rollout only where the engine shares the GPUs), the allocator reserve
+    inside its log-prob and update peaks, and what it puts on the host beyond the offload knobs."""
+
+    rollout: StagePeak | None
+    log_prob: StagePeak
+    actor: StagePeak
+    critic: StagePeak | None
+    forward_reserve: float
+    update_reserve: float
+    host_extra: float
+    engine_note: str
+
+
+def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
+    """One stage's phases from its update report `s` and forward-only report `f`. The reference model (GRPO's and
+    PPO's KL) keeps bf16 weights in the trainer's layout, offloaded with param_offload as verl's
+    ref.megatron.param_offload follows the actor's; PPO's critic is counted as a second copy of the actor's states."""
+    x, mem, fixed, graphs = setting, setting.mem, setting.fixed, setting.graphs
+    states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
+    between = sum(v for cls, v in states.items() if cls not in x.phase_classes)
+    ref = ENGINE_BYTES * s.detail.get("params_on_gpu", 0) if x.has_ref else 0.0
+    ref_resident = 0.0 if plan.param_offload or x.auto else ref
+    critic_resident = between if x.has_critic else 0.0
+    acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
+    fwd = acts * (1 + mem.allocator_reserve_fraction)
+    resident = between + ref_resident + critic_resident
+    rollout, engine_note = None, ""
+    if x.colocated:
+        engine = engine_memory(job, plan, x.capacity - resident - fixed)
+        engine_note = engine.note
+        rollout = StagePeak(resident + fixed + engine.gpu_bytes,
+                            {"trainer_resident": between, "reference_resident": ref_resident,
+                             "critic_resident": critic_resident, "engine": engine.gpu_bytes,
+                             "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
+                             "sequences_at_once": engine.sequences_at_once, "fixed": fixed}, engine.note)
+    actor_fwd = states["weights"] + between - (states["weights"] if "weights" not in x.phase_classes else 0)
+    log_prob = StagePeak(max(actor_fwd + ref_resident, between + ref) + critic_resident + fwd + fixed + graphs,
+                         {"policy_or_reference_weights": max(states["weights"], ref), "forward_activations": fwd,
+                          "resident": between + ref_resident + critic_resident, "cuda_graphs": graphs,
+                          "fixed": fixed}, "old-policy and reference forward passes, one micro-batch")
+    actor = StagePeak(s.total_bytes + ref_resident + critic_resident + graphs,
+                      {"update": s.total_bytes, "reference_resident": ref_resident,
+                       "critic_resident": critic_resident, "cuda_graphs": graphs},
+                      "meshplan.estimate.memory.estimate_memory")
+    critic = None
+    if x.has_critic:
+        critic = StagePeak(s.total_bytes + between + ref_resident + graphs,
+                           {"update": s.total_bytes, "actor_resident": between, "reference_resident": ref_resident,
+                            "cuda_graphs": graphs}, "the critic's update, counted as the actor's")
+    # beyond what the offload knobs already put on the host (update.host_bytes_per_node): the reference model,
+    # PPO's critic (its host share as the actor's), the states the framework offloads by itself
+    auto_host = sum(v for cls, v in states.items() if cls not in x.knob_classes) if x.auto else 0.0
+    host_extra = ((ref if plan.param_offload or x.auto else 0.0)
+                  + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
+    return StagePhases(rollout=rollout, log_prob=log_prob, actor=actor, critic=critic,
+                       forward_reserve=acts * mem.allocator_reserve_fraction,
+                       update_reserve=s.detail.get("allocator_reserve", 0), host_extra=host_extra,
+                       engine_note=engine_note)
+
+
+def worst_stage(name: str, values: list[StagePeak], *, plan: Plan, mem: MemoryCard, pool: str = "trainer",
+                reserves: list[float] | None = None) -> PhaseMemory:
+    """The phase's peak on its worst stage. With expandable segments the training phases' fit is their allocated
+    peak (memory.peak_fit_bytes): the allocator reserve in them is given back before an OOM. The rollout engine's
+    pool is taken up front either way."""
+    stage = max(range(len(values)), key=lambda i: values[i][0])
+    total, detail, note = values[stage]
+    fit_bytes = (max(peak_fit_bytes(v[0], r, plan, mem) for v, r in zip(values, reserves, strict=True))
+                 if reserves else total)
+    return PhaseMemory(phase=name, pool=pool, peak_bytes=int(total), fit_bytes=int(fit_bytes),
+                       stage=stage, detail={k: int(v) for k, v in detail.items()}, note=note)
+
+
+def rl_memory(job, plan: Plan, reports: tuple | None = None):
+    """Per-GPU memory of each phase of an RL step, and host memory per node: the actor update's report with the
+    phases added (`phases`, `peak_phase`) and its peak, fit and host figures those of the worst phase. A colocated
+    engine holds its memory fraction during the rollout and its CUDA graphs in every phase."""
+    update, forward = reports or trainer_reports(job, plan)
+    setting = phase_setting(job, plan)
+    stages = [stage_phases(job, plan, setting, s, f) for s, f in zip(update.stages, forward.stages, strict=True)]
+    engine_note = ""
+    for stage in stages:
+        engine_note = engine_note or stage.engine_note
+    mem = setting.mem
+    phases: list[PhaseMemory] = []
+    if setting.colocated:
+        phases.append(worst_stage("rollout", [stage.rollout for stage in stages], plan=plan, mem=mem))
+    else:
+        engine = engine_memory(job, plan, setting.capacity - setting.fixed)
+        engine_note = engine.note
+        detail = {"engine": engine.gpu_bytes, "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
+                  "sequences_at_once": engine.sequences_at_once, "fixed": setting.fixed}
+        phases.append(worst_stage("rollout", [StagePeak(setting.fixed + engine.gpu_bytes, detail, engine.note)],
+                                  plan=plan, mem=mem, pool="rollout"))
+    forward_reserve = [stage.forward_reserve for stage in stages]
+    update_reserve = [stage.update_reserve for stage in stages]
+    phases.append(worst_stage("log_prob", [stage.log_prob for stage in stages], plan=plan, mem=mem,
+                              reserves=forward_reserve))
+    phases.append(worst_stage("actor_update", [stage.actor for stage in stages], plan=plan, mem=mem,
+                              reserves=update_reserve))
+    critic = [stage.critic for stage in stages if stage.critic is not None]
+    if critic:
+        phases.append(worst_stage("critic_update", critic, plan=plan, mem=mem, reserves=update_reserve))
+    host_extra = 0.0
+    for stage in stages:
+        host_extra = max(host_extra, stage.host_extra)
+    return _with_phases(job, plan, update, phases=phases, host_extra=host_extra, engine_note=engine_note,
+                        phase_classes=setting.phase_classes)
+
+
+def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host_extra: float, engine_note: str,
+                 phase_classes: frozenset[str]):
+    """The update's report with the phases: the peak is the highest phase's, the fit the one that decides it."""
+    capacity = job.gpu.memory_bytes
+    rl = job.rl
+    top = max(phases, key=lambda p: p.peak_bytes)
+    deciding = max(phases, key=lambda p: p.fit_bytes)
+    host = update.host_bytes_per_node + int(host_extra * job.gpus_per_node)
+    limited = ("gpu" if deciding.fit_bytes > capacity
+               else "host" if job.cpu_memory_per_node and host > job.cpu_memory_per_node else None)
+    words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)
+    assumptions = [f"RL step ({rl.algorithm}, {plan.placement}): peak per phase {words}; {top.phase} peaks. "
+                   f"Stages are the actor update's.", engine_note + "."]
+    if phase_classes:
+        assumptions.append(f"Phase offloads ({', '.join(sorted(phase_classes))}) are on the host during the rollout "
+                           "and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
+    return update.model_copy(update={
+        "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": deciding.fit_bytes <= capacity,
+        "headroom_bytes": capacity - deciding.fit_bytes, "fit_bytes": deciding.fit_bytes,
+        "fit_basis": "allocated" if deciding.fit_bytes != deciding.peak_bytes else "reserved",
+        "host_bytes_per_node": host, "phases": phases,
+        "peak_phase": top.phase, "limited_by": limited, "assumptions": assumptions + update.assumptions,
+    })

@@ -1,0 +1,133 @@
+"""The expert-parallel rules of cards/rules.yaml (EP*): experts on a MoE model, divisible by ep, the flex
+dispatcher and the all-to-all overlap where the framework has them.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule
+from meshplan.schema.choices import FRAMEWORKS
+
+
+@rule("EP001")
+def ep_needs_moe(ctx: Context) -> Values:
+    if ctx.plan.ep == 1 or ctx.arch.is_moe:
+        return None
+    return {"ep": ctx.plan.ep, "model": ctx.arch.name}
+
+
+
+@rule("EP002")
+def experts_divisible(ctx: Context) -> Values:
+    if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
+        return None
+    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": fmt_set(divisors(ctx.num_experts))}
+
+
+
+@rule("EP003")
+def ep_tp_without_sp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.ep == 1 or p.tp == 1 or p.sequence_parallel:
+        return None
+    return {"ep": p.ep, "tp": p.tp}
+
+
+
+def _biased_linear(ctx: Context) -> list[str]:
+    """Megatron's add_bias_linear covers the attention output and MLP linears (qkv bias is separate)."""
+    arch = ctx.arch
+    out = []
+    if arch.o_bias:
+        out.append("attention output")
+    if arch.mlp_bias:
+        out.append("MLP")
+    if arch.moe is not None and arch.moe.expert_bias:
+        out.append("expert")
+    return out
+
+
+
+@rule("EP004")
+def moe_bias_needs_etp1(ctx: Context) -> Values:
+    if not ctx.arch.is_moe or ctx.plan.etp == 1:
+        return None
+    biased = _biased_linear(ctx)
+    if not biased:
+        return None
+    return {"etp": ctx.plan.etp, "model": ctx.arch.name, "biased": ", ".join(biased)}
+
+
+
+@rule("EP005")
+def topk_within_experts(ctx: Context) -> Values:
+    moe = ctx.arch.moe
+    if moe is None or moe.top_k <= moe.num_experts:
+        return None
+    return {"top_k": moe.top_k, "experts": moe.num_experts}
+
+
+
+@rule("EP006")
+def flex_needs_moe(ctx: Context) -> Values:
+    if ctx.plan.moe_token_dispatcher != "flex" or ctx.arch.is_moe:
+        return None
+    return {"model": ctx.arch.name}
+
+
+
+@rule("EP007")
+def flex_dispatcher_available(ctx: Context) -> Values:
+    if ctx.plan.moe_token_dispatcher != "flex" or (framework_card(ctx.framework).flex_dispatcher
+                                                   and ctx.backend == "megatron"):
+        return None
+    supported = [name for name in FRAMEWORKS if framework_card(name).flex_dispatcher]
+    engine = f"{ctx.job.framework} ({ctx.backend} engine)" if ctx.backend != "megatron" else ctx.job.framework
+    return {"framework": engine, "supported": ", ".join(supported) + " on their Megatron-Core engine"}
+
+
+
+@rule("EP008")
+def flex_needs_expert_parallelism(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.moe_token_dispatcher != "flex" or not ctx.arch.is_moe or p.ep * p.etp > 1:
+        return None
+    return {"ep": p.ep, "etp": p.etp}
+
+
+
+@rule("EP009")
+def a2a_overlap_preconditions(ctx: Context) -> Values:
+    """The first of Megatron-Core's overlap_moe_expert_parallel_comm asserts the plan breaks, with a fix that works."""
+    p, arch = ctx.plan, ctx.arch
+    if not p.moe_a2a_overlap:
+        return None
+    card = framework_card(ctx.framework)
+    if not arch.is_moe:
+        return {"reason": f"{arch.name} has no experts", "fix": "Leave moe_a2a_overlap unset for a dense model."}
+    if not (card.adapter is not None and card.adapter.renders("moe_a2a_overlap")) or ctx.backend != "megatron":
+        supported = [n for n in FRAMEWORKS if (c := framework_card(n)).adapter is not None
+                     and c.adapter.renders("moe_a2a_overlap")]
+        return {"reason": f"{ctx.job.framework} has no schedule that overlaps one micro-batch's expert all-to-all "
+                          "with another's compute that meshplan can render",
+                "fix": f"Use moe_a2a_overlap=false, or {', '.join(supported)}."}
+    if p.ep <= 1:
+        return {"reason": f"ep={p.ep}: there is no expert all-to-all to hide",
+                "fix": "Use ep > 1, or moe_a2a_overlap=false."}
+    if p.pp > 1 and p.vpp <= 1:
+        vpps = [v for v in range(2, 9) if (arch.num_layers // p.pp) % v == 0] or [2]
+        return {"reason": f"pp={p.pp} without virtual pipeline stages (Megatron-Core asserts vpp is set when pp > 1)",
+                "fix": f"Set vpp (e.g. {vpps[0]}), or pp=1, or moe_a2a_overlap=false."}
+    if p.recompute == "full":
+        return {"reason": "full recompute (Megatron-Core asserts recompute_granularity != full)",
+                "fix": "Use recompute=selective without 'moe' in recompute_modules, or moe_a2a_overlap=false."}
+    if p.recompute == "selective" and "moe" in (p.recompute_modules or ()):
+        return {"reason": "'moe' in recompute_modules", "fix": "Drop 'moe' from recompute_modules (moe_act is "
+                                                                 "allowed), or moe_a2a_overlap=false."}
+    if arch.num_mtp_layers > 1:
+        return {"reason": f"{arch.num_mtp_layers} MTP layers (at most one with the overlap)",
+                "fix": "Use moe_a2a_overlap=false for this model."}
+    return None

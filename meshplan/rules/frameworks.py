@@ -1,0 +1,94 @@
+"""The rules one framework adds (TT001, DS*, KF*, SK002, VL002): its own limits on etp, ep, ZeRO with pp, and the
+padding its sequence splits need.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.rules.engine import Context, Values, fmt_set, rule
+from meshplan.rules.world import working_ep
+
+
+@rule("TT001")
+def torchtitan_no_etp(ctx: Context) -> Values:
+    if ctx.plan.etp == 1:
+        return None
+    return {"etp": ctx.plan.etp}
+
+
+
+@rule("DS001")
+def deepspeed_ep_divides_dp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.ep == 1 or p.dp % p.ep == 0:
+        return None
+    eps = working_ep(ctx, p.dp)
+    return {"ep": p.ep, "dp": p.dp, "eps": fmt_set(eps) if eps else "none"}
+
+
+
+@rule("DS002")
+def deepspeed_zero_with_pp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.pp == 1 or p.zero_stage < 2:
+        return None
+    return {"zero": p.zero_stage, "pp": p.pp}
+
+
+
+@rule("DS003")
+def deepspeed_etp(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.etp in (1, p.tp):
+        return None
+    return {"etp": p.etp, "tp": p.tp}
+
+
+
+@rule("KF001")
+def kempnerforge_moe_pp(ctx: Context) -> Values:
+    if not ctx.arch.is_moe or ctx.plan.pp == 1:
+        return None
+    return {"pp": ctx.plan.pp}
+
+
+
+@rule("KF002")
+def kempnerforge_tied_pp(ctx: Context) -> Values:
+    if not ctx.arch.tie_word_embeddings or ctx.plan.pp == 1:
+        return None
+    return {"pp": ctx.plan.pp}
+
+
+
+@rule("KF003")
+def kempnerforge_fp8_tp(ctx: Context) -> Values:
+    if ctx.job.precision != "fp8" or ctx.plan.tp == 1:
+        return None
+    return {"tp": ctx.plan.tp}
+
+
+
+@rule("KF004")
+def kempnerforge_no_etp(ctx: Context) -> Values:
+    if ctx.plan.etp == 1:
+        return None
+    return {"etp": ctx.plan.etp}
+
+
+
+@rule("SK002")
+def skyrl_cp_padding(ctx: Context) -> Values:
+    if ctx.plan.cp == 1:
+        return None
+    return {"cp": ctx.plan.cp}
+
+
+
+@rule("VL002")
+def verl_ulysses_padding(ctx: Context) -> Values:
+    if ctx.plan.cp == 1:
+        return None
+    return {"u": ctx.plan.cp}

@@ -1,0 +1,156 @@
+"""The pipeline rules of cards/rules.yaml (PP*): layers over pp and vpp, uneven splits and explicit layouts as
+Megatron-Core checks them, micro-batches against the pipeline.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
+from meshplan.rules.engine import Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+from meshplan.schema.plan import Plan
+
+# Pipeline sizes listed up to 32: at PP008's 4 layers per stage no catalog model (at most 126 layers) takes more.
+MAX_LISTED_PP = 32
+
+
+
+def _uneven_hint(ctx: Context, pp: int) -> str:
+    split = uneven_split(ctx.arch.num_layers, pp, ctx.plan.vpp)
+    if split is None:
+        return ""
+    first, per, last = split
+    middle = f", {per} on each of the {pp - 2} middle stages" if pp > 2 else ""
+    return f"; or keep pp={pp} with an uneven split: first_stage_layers={first}, last_stage_layers={last}{middle}"
+
+
+
+@rule("PP001")
+def layers_divisible_by_pp(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
+        return None
+    if _explicit_split(p):
+        return None
+    return {"layers": layers, "pp": p.pp, "working": fmt_set(divisors(layers, upto=MAX_LISTED_PP)),
+            "uneven": _uneven_hint(ctx, p.pp)}
+
+
+
+@rule("PP002")
+def layers_divisible_by_vpp(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return None
+    if _explicit_split(p):
+        return None
+    if layers % p.pp:  # PP001 reports the even split itself
+        return None
+    per_rank = layers // p.pp
+    if per_rank % p.vpp == 0:
+        return None
+    return {"layers": layers, "pp": p.pp, "vpp": p.vpp, "per_rank": per_rank,
+            "working": fmt_set([v for v in divisors(per_rank) if v > 1]) or "none"}
+
+
+
+@rule("PP003")
+def vpp_needs_pp(ctx: Context) -> Values:
+    if ctx.plan.vpp == 1 or ctx.plan.pp > 1:
+        return None
+    return {"vpp": ctx.plan.vpp}
+
+
+
+@rule("PP004")
+def uneven_split_valid(ctx: Context) -> Values:
+    """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
+    the split the search enumerates for this pp and vpp (schedule.uneven_split). With a layout or the embedding/loss
+    accounting also given, __post_init__ refuses the combination before it looks at the sizes: PP009 reports that."""
+    p, layers = ctx.plan, ctx.arch.num_layers
+    first, last = p.first_stage_layers, p.last_stage_layers
+    if (first is None and last is None) or _explicit_split(p):
+        return None
+    problem = split_problem(layers, p.pp, p.vpp, first, last)
+    if not problem:
+        return None
+    split = uneven_split(layers, p.pp, p.vpp)
+    fix = (f"first_stage_layers={split[0]}, last_stage_layers={split[2]}" if split
+           else f"pp in {fmt_set(divisors(layers, upto=MAX_LISTED_PP))} with an even split")
+    return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
+
+
+
+@rule("PP009")
+def pipeline_layout_valid(ctx: Context) -> Values:
+    """An explicit pipeline_model_parallel_layout, or the embedding/loss counted in the split, that Megatron-Core
+    would refuse (schedule.plan_layout_problem); the fix is a layout that works for this pp and vpp."""
+    p = ctx.plan
+    problem = plan_layout_problem(ctx.arch, p)
+    if not problem:
+        return None
+    working = compose_layout(ctx.arch.num_layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
+    fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss), '
+           "with no first/last_stage_layers or account_for_embedding/loss." if working
+           else f"Use pp*vpp <= {ctx.arch.num_layers + 2} stages.")
+    return {"layers": ctx.arch.num_layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
+
+
+
+def _explicit_split(p: Plan) -> bool:
+    """A layout or the embedding/loss accounting decides the split; PP009 checks it instead of PP001/PP002/PP007."""
+    return p.pipeline_layout is not None or p.account_for_embedding or p.account_for_loss
+
+
+
+@rule("PP005")
+def interleave_microbatches(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.vpp == 1 or p.pp == 1:
+        return None
+    m = ctx.microbatches
+    if m >= p.pp and m % p.pp == 0:
+        return None
+    unit = p.micro_batch_size * p.dp * p.pp
+    return {"m": m, "pp": p.pp, "vpp": p.vpp, "gbs": ctx.job.global_batch_size, "unit": unit,
+            "gbss": neighbours(ctx.job.global_batch_size, unit)}
+
+
+
+@rule("PP006")
+def bubble(ctx: Context) -> Values:
+    p = ctx.plan
+    m = ctx.microbatches
+    if p.pp == 1 or p.vpp > 1 or m >= p.pp or m == 0:
+        return None
+    overhead = (p.pp - 1) / m
+    share = (p.pp - 1) / (m + p.pp - 1)
+    per_stage = int(ctx_param(ctx, "PP006", "microbatches_per_stage"))
+    target = p.micro_batch_size * p.dp * per_stage * p.pp
+    return {"m": m, "pp": p.pp, "bubble": f"{overhead:.0%}", "share": f"{share:.0%}",
+            "gbs": ctx.job.global_batch_size, "target": target, "per_stage": per_stage}
+
+
+
+@rule("PP007")
+def stages_have_layers(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    chunks = p.pp * p.vpp
+    if chunks <= layers or _explicit_split(p):  # a stage may hold E, m or L alone there (PP009 checks it)
+        return None
+    return {"pp": p.pp, "vpp": p.vpp, "chunks": chunks, "layers": layers}
+
+
+
+@rule("PP008")
+def shallow_pipeline(ctx: Context) -> Values:
+    p, layers = ctx.plan, ctx.arch.num_layers
+    minimum = ctx_param(ctx, "PP008", "min_layers_per_stage")
+    if p.pp == 1 or layers / p.pp >= minimum:
+        return None
+    fewer = max(1, math.floor(layers / minimum))
+    return {"pp": p.pp, "layers": layers, "per": f"{layers / p.pp:.1f}", "minimum": int(minimum),
+            "fewer": fewer}

@@ -1,0 +1,170 @@
+"""The precision rules of cards/rules.yaml (FP001, PR*): FP8 on a GPU and framework that run it, low-precision
+optimizer states, gradient reduction dtype, Muon where Megatron-Core runs it.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.memory_states import fp8_recipe
+from meshplan.arithmetic.offload import optimizer_share
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, Values, rule
+
+
+@rule("FP001")
+def fp8_needs_hardware(ctx: Context) -> Values:
+    if ctx.job.precision != "fp8" or ctx.job.gpu.fp8_flops is not None:
+        return None
+    return {"gpu": ctx.job.gpu.name}
+
+
+
+def _lacks(framework: str, name: str) -> str | None:
+    """Why no version of the framework can set this knob (the default version's `instead`), or None when one can
+    (render refuses a version that lacks it with that version's `instead`)."""
+    card = framework_card(framework)
+    if card.adapter is None:
+        return f"meshplan models no such knob for {card.display_name}; leave it out."
+    if any(v.knobs[name].key is not None for v in card.adapter.versions.values()):
+        return None
+    return card.adapter.versions[card.adapter.default_version].knobs[name].instead
+
+
+
+@rule("PR001")
+def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.optimizer_state_dtype in (None, "fp32"):
+        return None
+    card = framework_card(ctx.framework)
+    values = {"dtype": p.optimizer_state_dtype, "framework": card.display_name, "zero": p.zero_stage}
+    instead = _lacks(ctx.framework, "optimizer_state_dtype")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no low-precision Adam moments.", "fix": instead}
+    if p.zero_stage != 1:
+        return {**values, "why": "Megatron's precision-aware optimizer runs inside the distributed optimizer only.",
+                "fix": "Use zero_stage=1 (the distributed optimizer), or leave optimizer_state_dtype out (fp32)."}
+    return None
+
+
+
+def _offloads_optimizer(plan) -> bool:
+    """Whether any share of the optimizer is offloaded (offload.optimizer_share, the one reading of the two knobs)."""
+    return optimizer_share(plan) > 0
+
+
+
+@rule("PR002")
+def fp8_param_gather_needs_fp8(ctx: Context) -> Values:
+    p, job = ctx.plan, ctx.job
+    if not p.fp8_param_gather:
+        return None
+    card = framework_card(ctx.framework)
+    values = {"precision": job.precision, "zero": p.zero_stage, "framework": card.display_name}
+    if job.precision != "fp8":
+        return {**values, "why": "fp8 primary weights exist only in an fp8 run.",
+                "fix": "Use precision=fp8 with it, or drop fp8_param_gather."}
+    instead = _lacks(ctx.framework, "fp8_param_gather")
+    if instead:
+        return {**values, "why": f"{card.display_name} keeps bf16 weights.", "fix": instead}
+    if ctx.backend == "megatron" and p.zero_stage == 0:
+        return {**values, "why": "Megatron gathers fp8 parameters in the distributed optimizer or FSDP only.",
+                "fix": "Use zero_stage=1 (the distributed optimizer) or 3 (Megatron-FSDP)."}
+    recipe = fp8_recipe(job, p)
+    if card.memory_convention.startswith("fsdp2") and recipe != "tensorwise":
+        return {**values, "why": f"torchao casts FSDP2's all-gather to fp8 with tensorwise scaling only (fp8_recipe "
+                                 f"is {recipe}).",
+                "fix": "Use fp8_recipe=tensorwise with it, or drop fp8_param_gather."}
+    if ctx.backend == "megatron" and _offloads_optimizer(p) and recipe != "delayed":
+        return {**values, "why": f"with the optimizer offloaded to the CPU, fp8 parameters need delayed scaling "
+                                 f"(fp8_recipe is {recipe}).",
+                "fix": "Use fp8_recipe=delayed, drop fp8_param_gather, or keep the optimizer on the GPU."}
+    return None
+
+
+# Scaling granularity from coarsest to finest: per-tensor with a delayed amax history, per-tensor current
+# scaling, per row, 1x128 / 128x128 blocks, 1x32 blocks. The nearest recipe to one a GPU or framework lacks is
+# the closest in this order (ties go to the finer one).
+RECIPE_GRANULARITY = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
+
+
+
+def nearest_recipe(recipe: str, allowed: list[str]) -> str | None:
+    at = RECIPE_GRANULARITY.index(recipe)
+    ranked = sorted(allowed, key=lambda r: (abs(RECIPE_GRANULARITY.index(r) - at), -RECIPE_GRANULARITY.index(r)))
+    return ranked[0] if ranked else None
+
+
+
+def runnable_recipes(framework: str, gpu) -> list[str]:
+    """The recipes both the GPU (hardware.yaml fp8_recipes) and the framework (its fp8_<recipe> knobs) run."""
+    return [r for r in RECIPE_GRANULARITY if r in gpu.fp8_recipes and _lacks(framework, f"fp8_{r}") is None]
+
+
+
+@rule("PR003")
+def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
+    p, job = ctx.plan, ctx.job
+    if p.fp8_recipe is None:
+        return None
+    card = framework_card(ctx.framework)
+    values = {"recipe": p.fp8_recipe, "precision": job.precision, "gpu": job.gpu.name,
+              "framework": card.display_name}
+    if job.precision != "fp8":
+        return {**values, "why": "the recipe scales fp8 tensors, and this run has none.",
+                "fix": "Use precision=fp8 with it, or drop fp8_recipe."}
+    if job.gpu.fp8_flops is None:
+        return None  # FP001 says it
+    both = runnable_recipes(ctx.framework, job.gpu)
+    nearest = nearest_recipe(p.fp8_recipe, both)
+    instead = _lacks(ctx.framework, f"fp8_{p.fp8_recipe}")
+    fix = (f"Use fp8_recipe={nearest} (what {job.gpu.name} and {card.display_name} both run: {', '.join(both)})."
+           if nearest else instead or f"{card.display_name} runs none of {job.gpu.name}'s FP8 recipes; use "
+                                      "precision=bf16.")
+    if p.fp8_recipe not in job.gpu.fp8_recipes:
+        return {**values, "why": f"{job.gpu.name}'s tensor cores do not run it (it runs "
+                                 f"{', '.join(job.gpu.fp8_recipes)}).", "fix": fix}
+    if instead:
+        return {**values, "why": instead, "fix": fix}
+    return None
+
+
+
+@rule("PR004")
+def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.grad_reduce_in_fp32 is None:
+        return None
+    knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
+    instead = _lacks(ctx.framework, knob)
+    if instead is None:
+        return None
+    card = framework_card(ctx.framework)
+    return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
+            "why": f"{card.display_name} cannot reduce gradients in {'fp32' if p.grad_reduce_in_fp32 else 'bf16'}.",
+            "fix": instead}
+
+
+
+@rule("PR005")
+def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
+    """Muon runs in Megatron-Core's emerging-optimizer path only: no FSDP, no precision-aware or CPU optimizer."""
+    p = ctx.plan
+    if p.optimizer != "muon":
+        return None
+    card = framework_card(ctx.framework)
+    values = {"framework": card.display_name, "zero": p.zero_stage}
+    instead = _lacks(ctx.framework, "optimizer")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no Muon meshplan can write.", "fix": instead}
+    if p.zero_stage >= 2:
+        return {**values, "why": "Megatron-Core's Muon supports neither torch FSDP2 nor Megatron-FSDP.",
+                "fix": "Use zero_stage=1 (Muon's layer-wise distributed optimizer) or 0, or leave optimizer out."}
+    if p.optimizer_state_dtype not in (None, "fp32") or _offloads_optimizer(p):
+        return {**values, "why": "the precision-aware and CPU-offloaded optimizers need Megatron's distributed "
+                                 "optimizer, which Muon replaces by its layer-wise one.",
+                "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
+                       "use optimizer=adam."}
+    return None

@@ -1,0 +1,87 @@
+"""The recompute rules of cards/rules.yaml (RC*): each recompute knob with the recompute mode and framework that
+read it.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, Values, rule
+
+
+@rule("RC002")
+def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.selective_ac_option is None:
+        return None
+    card = framework_card(ctx.framework)
+    if card.recompute.selective != "op_sac":
+        layers = card.adapter is not None and card.adapter.renders("recompute_layers")
+        return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
+                "why": f"{card.display_name} has no every-N-blocks selective recompute.",
+                "fix": "Drop selective_ac_option; the nearest is recompute=full"
+                       + (" with recompute_layers (layers per stage recomputed in full)." if layers else ".")}
+    if p.recompute == "selective":
+        return None
+    return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
+            "why": "the option is read only with selective activation checkpointing.",
+            "fix": "Use recompute=selective with it, or drop selective_ac_option."}
+
+
+
+@rule("RC003")
+def recompute_method_needs_full(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.recompute_method is None:
+        return None
+    card = framework_card(ctx.framework)
+    values = {"method": p.recompute_method, "recompute": p.recompute, "layers": p.recompute_layers,
+              "framework": card.display_name}
+    if card.adapter is None or not card.adapter.renders("recompute_method"):
+        return {**values, "why": f"{card.display_name} checkpoints each layer on its own (no recompute_method).",
+                "fix": "Drop recompute_method (recompute=full recomputes every layer)."}
+    if p.recompute != "full":
+        return {**values, "why": "recompute_method applies to full recompute only.",
+                "fix": "Use recompute=full with it, or drop recompute_method."}
+    if p.recompute_method == "block" and p.recompute_layers is None:
+        return {**values, "why": "the block method needs the number of layers per stage it recomputes.",
+                "fix": "Give recompute_layers (e.g. 1), or use recompute_method=uniform."}
+    return None
+
+
+
+@rule("RC004")
+def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
+    p, arch = ctx.plan, ctx.arch
+    if p.recompute_modules is None:
+        return None
+    card = framework_card(ctx.framework)
+    values = {"modules": ",".join(p.recompute_modules), "recompute": p.recompute, "framework": card.display_name}
+    if card.adapter is None or not card.adapter.renders("recompute_modules"):
+        instead = card.adapter.versions[card.adapter.default_version].knobs["recompute_modules"].instead \
+            if card.adapter is not None else None
+        return {**values, "why": f"{card.display_name} has no per-module recompute.",
+                "fix": instead or "Drop recompute_modules; use recompute=selective or full."}
+    if p.recompute != "selective":
+        return {**values, "why": "recompute_modules apply to selective recompute only.",
+                "fix": "Use recompute=selective with them, or drop recompute_modules."}
+    wrong = [m for m in p.recompute_modules if (m == "mla_up_proj" and arch.mla is None)
+             or (m in ("moe", "moe_act", "shared_experts") and arch.moe is None)
+             or (m == "shared_experts" and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size)]
+    if wrong:
+        keep = [m for m in p.recompute_modules if m not in wrong] or ["core_attn"]
+        return {**values, "why": f"{', '.join(wrong)} need{'s' if len(wrong) == 1 else ''} a layer this model lacks "
+                                 "(MLA, MoE or shared experts).",
+                "fix": f"Use recompute_modules={','.join(keep)}."}
+    return None
+
+
+
+@rule("RC001")
+def recompute_layers_need_full(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.recompute_layers is None or p.recompute == "full":
+        return None
+    return {"layers": p.recompute_layers, "recompute": p.recompute}

@@ -1,0 +1,94 @@
+"""The sequence rules of cards/rules.yaml (CP*, TT002, UL001, SQ*): context-parallel and Ulysses splits of the
+sequence, and a sequence longer than the positions the model knows.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.rules.engine import LISTED, Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+
+
+@rule("CP001")
+def cp_sequence_divisible(ctx: Context) -> Values:
+    cp, seq = ctx.plan.cp, ctx.job.seq_length
+    if cp == 1 or seq % (2 * cp) == 0:
+        return None
+    good = [c for c in divisors(seq // 2) if c > 1][:LISTED] if seq % 2 == 0 else []
+    return {"cp": cp, "seq": seq, "unit": 2 * cp, "seqs": neighbours(seq, 2 * cp),
+            "cps": fmt_set(good) if good else "none (odd length)"}
+
+
+
+@rule("CP002")
+def cp_short_sequence(ctx: Context) -> Values:
+    cp, seq = ctx.plan.cp, ctx.job.seq_length
+    minimum = int(ctx_param(ctx, "CP002", "min_tokens_per_rank"))
+    if cp == 1 or seq // cp >= minimum:
+        return None
+    fewer = max(1, seq // minimum)
+    return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer}
+
+
+
+@rule("CP003")
+def cp_a2a_heads(ctx: Context) -> Values:
+    p = ctx.plan
+    if p.cp == 1 or p.cp_comm_type not in ("a2a", "a2a+p2p"):
+        return None
+    if p.cp_comm_type == "a2a+p2p":
+        return None  # the a2a level is a sub-group whose size meshplan does not model (hierarchical sizes)
+    local_heads = ctx.arch.num_attention_heads // p.tp
+    local_kv = max(1, ctx.arch.num_kv_heads // p.tp)
+    if local_heads % p.cp == 0 and local_kv % p.cp == 0:
+        return None
+    return {"cp": p.cp, "heads": local_heads, "kv": local_kv, "tp": p.tp}
+
+
+
+@rule("CP004")
+def cp_within_sequence(ctx: Context) -> Values:
+    cp, seq = ctx.plan.cp, ctx.job.seq_length
+    if cp <= seq:
+        return None
+    return {"cp": cp, "seq": seq, "cps": fmt_set(divisors(seq)[-LISTED:])}
+
+
+
+@rule("TT002")
+def torchtitan_sequence_divisible(ctx: Context) -> Values:
+    p, seq = ctx.plan, ctx.job.seq_length
+    unit = (p.tp if p.sequence_parallel else 1) * (2 * p.cp if p.cp > 1 else 1)
+    if seq % unit == 0:
+        return None
+    return {"seq": seq, "unit": unit, "seqs": neighbours(seq, unit)}
+
+
+
+@rule("UL001")
+def ulysses_heads(ctx: Context) -> Values:
+    u = ctx.plan.cp
+    heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
+    if u == 1 or (heads % u == 0 and (kv % u == 0 or u % kv == 0)):
+        return None
+    good = [d for d in divisors(heads) if kv % d == 0 or d % kv == 0]
+    return {"u": u, "heads": heads, "kv": kv, "working": fmt_set(good)}
+
+
+
+@rule("SQ001")
+def learned_positions(ctx: Context) -> Values:
+    table = ctx.arch.learned_position_embeddings
+    if not table or ctx.job.seq_length <= table:
+        return None
+    return {"seq": ctx.job.seq_length, "table": table}
+
+
+
+@rule("SQ002")
+def beyond_trained_context(ctx: Context) -> Values:
+    limit = ctx.arch.max_position_embeddings
+    if ctx.arch.learned_position_embeddings or limit is None or ctx.job.seq_length <= limit:
+        return None
+    return {"seq": ctx.job.seq_length, "limit": limit, "model": ctx.arch.name}

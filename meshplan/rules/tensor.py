@@ -1,0 +1,132 @@
+"""The tensor- and sequence-parallel rules of cards/rules.yaml (TP*, FS001, SP*): heads against tp, TP inside
+the NVLink domain, TP overlap's switch, sequence parallelism with TP.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic import mesh
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule
+from meshplan.schema.choices import FRAMEWORKS
+
+
+def _working_tp(ctx: Context, kv_rule: str) -> str:
+    """TP values that satisfy the head rules, inside the NVLink domain when any do."""
+    heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
+
+    def ok(t: int) -> bool:
+        if heads % t:
+            return False
+        if kv_rule == "multiple_or_divisor":
+            return kv % t == 0 or t % kv == 0
+        if kv_rule == "divides":
+            return kv % t == 0
+        return True
+
+    good = [t for t in divisors(heads) if ok(t)]
+    inside = [t for t in good if t <= ctx.fast_domain]
+    return fmt_set(inside or good)
+
+
+
+@rule("TP001")
+def heads_divisible(ctx: Context) -> Values:
+    tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
+    if heads % tp == 0:
+        return None
+    return {"tp": tp, "heads": heads, "working": _working_tp(ctx, "none")}
+
+
+
+@rule("TP002")
+def kv_groups_megatron(ctx: Context) -> Values:
+    tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
+    if kv % tp == 0 or tp % kv == 0:
+        return None
+    return {"tp": tp, "kv": kv, "working": _working_tp(ctx, "multiple_or_divisor")}
+
+
+
+@rule("TP003")
+def kv_heads_divisible(ctx: Context) -> Values:
+    tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
+    if tp == 1 or kv % tp == 0:
+        return None
+    return {"tp": tp, "kv": kv, "working": _working_tp(ctx, "divides")}
+
+
+
+@rule("TP004")
+def tp_inside_nvlink(ctx: Context) -> Values:
+    gpu, tp = ctx.job.gpu, ctx.plan.tp
+    domain = ctx.fast_domain
+    if mesh.tp_fits_domain(tp, domain):
+        return None
+    slowdown = gpu.intra_node_bandwidth / gpu.network_bandwidth
+    return {"tp": tp, "domain": domain, "gpu": gpu.name, "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}",
+            "net": f"{gpu.network_bandwidth / 1e9:.0f}", "slowdown": f"{slowdown:.0f}",
+            "working": fmt_set(divisors(domain))}
+
+
+
+@rule("TP005")
+def tp_overlap_preconditions(ctx: Context) -> Values:
+    """tp_comm_overlap on a framework without the switch, or without what its switch needs (the card's
+    tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP)."""
+    p = ctx.plan
+    if not p.tp_comm_overlap:
+        return None
+    facts = framework_card(ctx.framework).tp_overlap
+    if facts.switch is None:
+        supported = [n for n in FRAMEWORKS if framework_card(n).tp_overlap.switch is not None]
+        return {"reason": f"{ctx.job.framework} has no TP communication overlap switch meshplan renders",
+                "fix": f"Use tp_comm_overlap=false, or {', '.join(supported)}."}
+    if p.tp <= 1:
+        return {"reason": f"tp={p.tp}: there is no TP communication to overlap",
+                "fix": "Use tp > 1, or tp_comm_overlap=false."}
+    if facts.needs_sequence_parallel and not p.sequence_parallel:
+        return {"reason": "sequence_parallel=false (the userbuffers overlap pipelines the sequence-parallel "
+                          "all-gather and reduce-scatter)",
+                "fix": "Set sequence_parallel=true, or tp_comm_overlap=false."}
+    if facts.needs_compile and not p.torch_compile:
+        return {"reason": "torch_compile=false (async TP is a torch.compile pass)",
+                "fix": "Set torch_compile=true, or tp_comm_overlap=false."}
+    return None
+
+
+
+@rule("FS001")
+def fsdp_backend_degrees(ctx: Context) -> Values:
+    p = ctx.plan
+    used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
+    if not used:
+        return None
+    return {"framework": ctx.framework, "used": ", ".join(used)}
+
+
+
+@rule("SP001")
+def sp_needs_tp(ctx: Context) -> Values:
+    if not (ctx.plan.sequence_parallel and ctx.plan.tp == 1):
+        return None
+    return {"framework": ctx.framework}
+
+
+
+@rule("SP002")
+def sp_advised_with_tp(ctx: Context) -> Values:
+    if ctx.plan.tp == 1 or ctx.plan.sequence_parallel:
+        return None
+    return {"tp": ctx.plan.tp}
+
+
+
+@rule("SP003")
+def skyrl_sets_sp(ctx: Context) -> Values:
+    derived = ctx.plan.tp > 1
+    if ctx.plan.sequence_parallel == derived:
+        return None
+    return {"given": ctx.plan.sequence_parallel, "derived": derived, "tp": ctx.plan.tp}

@@ -1,0 +1,109 @@
+"""The world-size rules of cards/rules.yaml (WS*): the degrees tile the GPU count as each framework's law says.
+
+Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
+it states the framework's own test (the source the card names), not a tidier version of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic import mesh
+from meshplan.rules.engine import LISTED, Context, Values, divisors, fmt_set, neighbours, rule
+
+PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
+
+
+
+def _product_divisors(ctx: Context) -> str:
+    """tp*pp*cp products that divide the GPU count, near the requested one, for a fix."""
+    near = [d for d in divisors(ctx.world) if d <= PRODUCT_REACH * ctx.model_parallel]
+    return fmt_set(near[-LISTED:])
+
+
+
+@rule("WS001")
+def dense_grid_divides_world(ctx: Context) -> Values:
+    mp = ctx.model_parallel
+    if ctx.world % mp == 0:
+        return None
+    return {"world": ctx.world, "mp": mp, "tp": ctx.plan.tp, "pp": ctx.plan.pp, "cp": ctx.plan.cp,
+            "gpus": neighbours(ctx.world, mp), "products": _product_divisors(ctx)}
+
+
+
+def working_ep(ctx: Context, room: int) -> list[int]:
+    """EP values that divide the expert count and `room` (the GPUs the expert grid may use per pipeline stage)."""
+    if not ctx.num_experts or room < 1:
+        return []
+    return [e for e in divisors(ctx.num_experts) if room % e == 0]
+
+
+
+def _etp_one_fix(ctx: Context) -> str:
+    """The first thing WS002's fix says when experts kept whole (etp=1) make the expert grid tile this GPU count:
+    an unset etp is tp on Megatron-Core, and etp=1 is what the published MoE recipes set (the framework cards'
+    defaults.etp_why). Empty when etp is already 1 or etp=1 does not fit either."""
+    p = ctx.plan
+    if p.etp == 1 or not mesh.expert_grid_fits(ctx.law, ctx.world, p.tp, p.pp, p.cp, p.dp, p.ep, 1):
+        return ""
+    return (f"Set etp=1 (experts whole: etp*ep*pp = 1*{p.ep}*{p.pp} = {p.ep * p.pp} divides {ctx.world}), "
+            f"or keep etp={p.etp} and change the GPU count or ep. ")
+
+
+
+@rule("WS002")
+def expert_grid_divides_world(ctx: Context) -> Values:
+    p = ctx.plan
+    grid = ctx.expert_grid
+    if ctx.world % grid == 0:
+        return None
+    minimum = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
+    room = ctx.world // (p.pp * p.etp) if ctx.world % (p.pp * p.etp) == 0 else 0
+    eps = working_ep(ctx, room)
+    return {"world": ctx.world, "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp, "minimum": minimum,
+            "etp_one": _etp_one_fix(ctx),
+            "gpus": neighbours(ctx.world, minimum), "eps": fmt_set(eps) if eps else "none at this GPU count"}
+
+
+
+@rule("WS003")
+def dp_matches_law(ctx: Context) -> Values:
+    mp = ctx.model_parallel
+    if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
+        return None
+    return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp, "needed": ctx.plan.dp * mp}
+
+
+
+@rule("WS004")
+def torchtitan_product(ctx: Context) -> Values:
+    p = ctx.plan
+    product = p.dp * p.cp * p.tp * p.pp
+    if product == ctx.world:
+        return None
+    mp = p.cp * p.tp * p.pp
+    return {"dp": p.dp, "cp": p.cp, "tp": p.tp, "pp": p.pp, "product": product, "world": ctx.world,
+            "gpus": neighbours(ctx.world, mp), "mp": mp}
+
+
+
+@rule("WS005")
+def torchtitan_ep_divides(ctx: Context) -> Values:
+    p = ctx.plan
+    room = p.dp * p.cp * p.tp
+    if p.ep == 1 or room % p.ep == 0:
+        return None
+    eps = working_ep(ctx, room)
+    return {"ep": p.ep, "room": room, "dp": p.dp, "cp": p.cp, "tp": p.tp,
+            "eps": fmt_set(eps) if eps else "none"}
+
+
+
+@rule("WS006")
+def kempnerforge_product(ctx: Context) -> Values:
+    p = ctx.plan
+    product = p.dp * p.tp * p.pp * p.cp * p.ep
+    if product == ctx.world:
+        return None
+    unit = p.tp * p.pp * p.cp * p.ep
+    return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "product": product,
+            "world": ctx.world, "unit": unit, "gpus": neighbours(ctx.world, unit)}

@@ -1,0 +1,52 @@
+"""The closed sets of values request and plan fields take (Literal types), and the strict base every schema model
+shares: an unknown field is refused, never ignored.
+
+The frameworks are one per framework card (cards/frameworks/<name>.yaml); what each value means in a framework is
+in its card.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from meshplan.core.card_files import framework_names
+
+# The frameworks meshplan knows: one per framework card (cards/frameworks/<name>.yaml), sorted by name. What
+# each framework is (engine, byte convention, defaults, limits, what the search opens) is in its card.
+FRAMEWORKS: tuple[str, ...] = framework_names()
+Framework = Literal[FRAMEWORKS]  # type: ignore[valid-type]
+Precision = Literal["bf16", "fp8"]
+Recompute = Literal["none", "selective", "full"]
+# Megatron-Core's selective recompute_modules (transformer_config.py; its default is ["core_attn"])
+RecomputeModule = Literal["core_attn", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj", "layernorm"]
+CpCommType = Literal["p2p", "a2a", "allgather", "a2a+p2p"]
+# Megatron-Core's moe_token_dispatcher_type: "alltoall" sends every routed copy of a token to its expert's
+# rank; "flex" (DeepEP / HybridEP backends) sends a token once per destination node and fans it out there.
+MoeDispatcher = Literal["alltoall", "flex"]
+# The attention implementation (each framework's own values: its card's attention.backends and adapter knob): flash
+# (FlashAttention), fused (cuDNN / Transformer Engine FusedAttention), unfused (the scores materialised: softmax in
+# its own kernel), auto (what the framework picks by itself: its card's attention section).
+AttentionBackend = Literal["auto", "flash", "fused", "unfused"]
+# Adam moments' dtype (Megatron's precision-aware optimizer --exp-avg-dtype / --exp-avg-sq-dtype choices)
+OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
+# The optimizer: Adam, or Muon on the 2-D matrices (Megatron-Core --optimizer adam|muon; the rest stays on Adam)
+Optimizer = Literal["adam", "muon"]
+# FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
+# fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
+Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
+# An RL post-training job (meshplan/rl/rollout.py): what is run, with which algorithm, engine and placement.
+JobKind = Literal["pretrain", "sft", "lora", "rl"]
+# Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: all four)
+LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+RLAlgorithm = Literal["grpo", "dapo", "ppo"]
+RolloutEngine = Literal["vllm", "sglang"]
+Placement = Literal["colocated", "separate"]
+Severity = Literal["error", "warning", "info"]
+
+
+class StrictModel(BaseModel):
+    """A schema model that refuses a field it does not define (request/parse.py words the refusal for a request)."""
+
+    model_config = ConfigDict(extra="forbid")

@@ -1,0 +1,41 @@
+"""One accelerator and the node it usually sits in (the catalog: cards/hardware.yaml, knowledge/hardware.py)."""
+
+# ruff: noqa: RUF012 (pydantic copies a mutable default per instance; ruff cannot see across files that StrictModel is a pydantic model)
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshplan.schema.choices import Fp8Recipe, StrictModel
+
+
+class GpuSpec(StrictModel):
+    """One accelerator and the node it usually sits in."""
+
+    key: str
+    name: str
+    arch: Literal["ampere", "hopper", "blackwell", "cdna3"] | None = Field(
+        None, description="GPU generation: which attention kernel a framework runs there and its fraction of peak "
+                          "(cards/calibration.yaml attention_kernels); None: the shared attention_peak_fraction")
+    memory_bytes: int = Field(gt=0)
+    sm_count: int | None = Field(
+        None, ge=1, description="Streaming multiprocessors (AMD: compute units); a GEMM beside a communication kernel "
+                                "that holds some runs on the rest (perf.tp_hidden); None: that contention not modelled")
+    bf16_flops: float = Field(gt=0, description="Dense BF16 peak, FLOP/s")
+    fp8_flops: float | None = Field(None, description="Dense FP8 peak, FLOP/s (None: no FP8 tensor cores)")
+    hbm_bandwidth: float = Field(gt=0, description="bytes/s")
+    intra_node_bandwidth: float = Field(gt=0, description="NVLink/xGMI bytes/s per GPU, one direction")
+    nvlink_domain: int = Field(ge=1, description="GPUs in one NVLink/xGMI domain")
+    gpus_per_node: int = Field(ge=1)
+    network_bandwidth: float = Field(gt=0, description="Scale-out bytes/s per GPU, one direction")
+    host_bandwidth: float = Field(gt=0, description="GPU-host link (PCIe / NVLink-C2C) bytes/s per GPU, one direction")
+    aliases: list[str] = []
+    sources: list[str] = []
+    notes: list[str] = []
+    fp8_recipes: list[Fp8Recipe] = Field(
+        default_factory=list, description="FP8 recipes its tensor cores run (Transformer Engine's support checks)"
+    )
+    fp8_any_layout: bool = Field(False, description="FP8 GEMMs in any layout (Blackwell), so no fp8 transpose copy")
+

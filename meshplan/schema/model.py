@@ -1,0 +1,141 @@
+"""What a model is: its architecture as config.json states it (MoE, MLA, rotary embedding), and its parameter counts.
+
+knowledge/model_config.py builds an `Architecture` from a config.json; knowledge/model_counts.py counts it.
+"""
+
+# ruff: noqa: RUF012 (pydantic copies a mutable default per instance; ruff cannot see across files that StrictModel is a pydantic model)
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshplan.schema.choices import StrictModel
+
+
+class MoESpec(StrictModel):
+    """Routed and shared experts of a mixture-of-experts model."""
+
+    num_experts: int = Field(ge=1, description="Routed experts per MoE layer")
+    top_k: int = Field(ge=1, description="Routed experts each token uses")
+    expert_ffn_hidden_size: int = Field(ge=1, description="FFN width of one routed expert")
+    num_shared_experts: int = Field(0, ge=0)
+    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="Total FFN width of all shared experts")
+    moe_layers: list[int] = Field(description="Indices (0-based) of the decoder layers that are MoE")
+    router_bias: bool = False
+    expert_bias: bool = Field(False, description="Biases on the expert linear layers (gpt-oss)")
+    score_correction_bias: bool = Field(False, description="DeepSeek-V3 style per-expert routing bias")
+    num_groups: int = Field(1, ge=1, description="n_group: routed experts split into this many equal groups")
+    group_topk: int = Field(1, ge=1, description="topk_group: groups a token's experts may come from")
+
+
+class MLASpec(StrictModel):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, Moonlight)."""
+
+    q_lora_rank: int | None = None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+class RopeSpec(StrictModel):
+    """Rotary position embedding as config.json states it: rope_theta, rope_scaling (or transformers 5's
+    rope_parameters) and partial_rotary_factor. It decides no count; the adapters render it."""
+
+    theta: float | None = Field(None, gt=0, description="rope_theta, the rotary base; None when the config omits it")
+    fraction: float = Field(1.0, gt=0, le=1, description="partial_rotary_factor: share of head dims that rotate")
+    scaling: str | None = Field(None, description="rope_scaling's rope_type (llama3, yarn, linear, ...); None: none")
+    factor: float | None = Field(None, gt=0)
+    original_max_position_embeddings: int | None = Field(None, ge=1)
+    low_freq_factor: float | None = Field(None, gt=0, description="llama3 scaling")
+    high_freq_factor: float | None = Field(None, gt=0, description="llama3 scaling")
+    beta_fast: float | None = Field(None, gt=0, description="yarn scaling")
+    beta_slow: float | None = Field(None, gt=0, description="yarn scaling")
+    mscale: float | None = Field(None, ge=0, description="yarn scaling")
+    mscale_all_dim: float | None = Field(None, ge=0, description="yarn scaling")
+    truncate: bool | None = Field(None, description="yarn: round the correction range to whole dims (default true)")
+
+
+class Architecture(StrictModel):
+    """The shapes that decide parameter count, memory and FLOPs; field meanings follow HF config.json."""
+
+    key: str | None = Field(None, description="Catalog key, when the model is in the catalog")
+    name: str
+    hf_id: str | None = None
+    model_type: str
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    ffn_hidden_size: int = Field(ge=1, description="Dense FFN width (dense layers only)")
+    num_attention_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int | None = None
+    tie_word_embeddings: bool = False
+    gated_mlp: bool = True
+    activation: str = "silu"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: Literal["none", "head", "full"] = "none"
+    norm_type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norms_per_layer: int = 2
+    learned_position_embeddings: int = Field(0, ge=0, description="Rows of a learned absolute position table")
+    attention_sinks: bool = False
+    sliding_window: int | None = None
+    rope: RopeSpec | None = Field(None, description="Rotary embedding; None with learned absolute positions")
+    norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
+    generic: bool = Field(False, description="True when built from a size alone, not a real config")
+    origin: str = Field("catalog", description="catalog | config.json path | generic size")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe is not None and index in set(self.moe.moe_layers)
+
+
+
+class ComponentCount(StrictModel):
+    name: str
+    params: int
+    active_params: int
+    note: str = ""
+
+
+class ModelReport(StrictModel):
+    """Parameter counts of one model, exact from its config, under each vendor's convention."""
+
+    name: str
+    key: str | None
+    hf_id: str | None
+    model_type: str
+    origin: str
+    generic: bool
+    total_params: int = Field(description="All weights: embeddings, head (if untied), norms, biases; no MTP")
+    active_params: int = Field(description="What one token touches: top-k routed experts, embeddings and head")
+    active_params_excl_input_embedding: int = Field(description="DeepSeek / gpt-oss convention")
+    active_params_non_embedding: int = Field(description="Without input embedding and head (Moonlight, GLM)")
+    non_embedding_params: int = Field(description="Total without input embedding and head (Qwen, Gemma)")
+    mtp_params: int = Field(description="Multi-token-prediction blocks, not in the total")
+    components: list[ComponentCount]
+    architecture: Architecture
+    published: dict | None = Field(None, description="Published counts and their source (catalog models)")
+    assumptions: list[str] = []
+
+
+class ModelSummary(StrictModel):
+    key: str
+    name: str
+    hf_id: str | None
+    model_type: str
+    family: str
+    total_params: int
+    active_params: int
+

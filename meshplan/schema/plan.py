@@ -1,0 +1,140 @@
+"""What a request resolves into (request/resolve.py): the `Job` (model, GPU, cluster, training settings, framework,
+an RL job's workload, LoRA adapters) and the `Plan` (the parallel layout and its switches). Every estimator is a
+pure function of the two; units are bytes, seconds and FLOP/s.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshplan.schema.choices import (
+    AttentionBackend,
+    CpCommType,
+    Fp8Recipe,
+    Framework,
+    LoraTarget,
+    MoeDispatcher,
+    Optimizer,
+    OptimizerStateDtype,
+    Placement,
+    Precision,
+    Recompute,
+    RecomputeModule,
+    RLAlgorithm,
+    RolloutEngine,
+    StrictModel,
+)
+from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.model import Architecture
+
+
+class LoraSpec(StrictModel):
+    """A LoRA job's adapters (meshplan/arithmetic/lora.py): frozen base weights, trainable rank-r A (in x r) and B (r x
+    out)."""
+
+    rank: int = Field(ge=1)
+    targets: list[LoraTarget] = Field(min_length=1)
+
+
+class RLJob(StrictModel):
+    """An RL step's workload: prompts x samples sequences of prompt + response tokens (meshplan/rl/rollout.py)."""
+
+    algorithm: RLAlgorithm = "grpo"
+    prompts_per_step: int = Field(ge=1)
+    samples_per_prompt: int = Field(ge=1)
+    prompt_length: int = Field(ge=1)
+    response_length: int = Field(ge=1)
+
+
+class Job(StrictModel):
+    """What is trained, on what, with which settings: everything but the layout."""
+
+    model: Architecture
+    gpu: GpuSpec
+    num_gpus: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    seq_length: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1)
+    precision: Precision = "bf16"
+    framework: Framework = "megatron-core"
+    rl: RLJob | None = Field(None, description="The RL job's rollout workload (None: a training job)")
+    lora: LoraSpec | None = Field(None, description="LoRA adapters on a frozen base (None: every weight trained)")
+    cpu_memory_per_node: int | None = Field(None, ge=1, description="Host memory per node, bytes (None: unchecked)")
+    framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
+    moe_routing_imbalance: float = Field(1.0, ge=1.0, description="Most loaded EP rank's routed tokens over the mean")
+    notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
+
+
+class Plan(StrictModel):
+    """A parallel layout. GPU count = tp*cp*pp*dp; the MoE part folds ep*etp into the same ranks."""
+
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    vpp: int = Field(1, ge=1, description="Virtual stages per pipeline rank; 1 = no interleaving")
+    cp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    etp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    zero_stage: int = Field(1, ge=0, le=3)
+    micro_batch_size: int = Field(1, ge=1)
+    recompute: Recompute = "none"
+    recompute_layers: int | None = None
+    recompute_method: Literal["uniform", "block"] | None = None  # full recompute; None: block with layers, else uniform
+    recompute_modules: list[RecomputeModule] | None = None  # Megatron selective; None: its default ["core_attn"]
+    selective_ac_option: str | None = None  # torchtitan: None or "op" = op-level SAC, "N" = every N-th block full AC
+    cp_comm_type: CpCommType = "p2p"
+    optimizer: Optimizer = "adam"  # muon: one momentum on the matrices Muon covers, Adam on the rest
+    optimizer_state_dtype: OptimizerStateDtype | None = None  # None: fp32 moments, no precision-aware optimizer
+    fp8_param_gather: bool | None = None  # fp8 weights instead of bf16 + fp8 copy; None: the framework default (off)
+    grad_reduce_in_fp32: bool | None = None  # None: the framework's default (its memory convention's grad bytes)
+    fp8_recipe: Fp8Recipe | None = None  # None: the framework's default recipe (precision=fp8 only)
+    moe_token_dispatcher: MoeDispatcher = "alltoall"
+    moe_a2a_overlap: bool = False  # EP all-to-all overlapped with the other micro-batch's compute (1F1B)
+    tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
+    torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
+    expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
+    attention_backend: AttentionBackend = "auto"  # auto: the framework's own pick (its card's attention section)
+    dropout: bool | None = None  # attention + hidden dropout; None: the framework's convention (cards/memory.yaml)
+    # the rollout engine of an RL job (None: not an RL job); meshplan/rl/rollout.py
+    rollout_engine: RolloutEngine | None = None
+    rollout_tp: int | None = Field(None, ge=1)
+    rollout_dp: int | None = Field(None, ge=1)
+    rollout_ep: int | None = Field(None, ge=1)
+    rollout_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    placement: Placement | None = None
+    rollout_gpus: int | None = Field(None, ge=1, description="GPUs running the engine (separate: beside the trainer's)")
+    rollout_enforce_eager: bool = False
+    first_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the first stage")
+    last_stage_layers: int | None = Field(None, ge=0, description="Uneven PP: layers on the last stage")
+    pipeline_layout: str | None = Field(
+        None, min_length=1, max_length=4096,
+        description="Megatron's pipeline_model_parallel_layout string (schedule.parse_layout); None = no layout",
+    )
+    account_for_embedding: bool = Field(False, description="The embedding counts as a layer in the even split")
+    account_for_loss: bool = Field(False, description="The loss counts as a layer in the even split")
+    activation_offload: bool = Field(False, description="Activations saved for backward offloaded to host")
+    param_offload: bool = Field(False, description="Parameters offloaded (in the step or between phases: the card)")
+    grad_offload: bool = Field(False, description="Gradients offloaded between RL phases")
+    optimizer_offload: bool = Field(False, description="Optimizer state offloaded (in the step or between phases)")
+    optimizer_offload_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of the optimizer state stepped on the CPU in the step"
+    )
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        return max(1, global_batch_size // (self.micro_batch_size * self.dp))
+
+    def short(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.etp > 1:
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"DP{self.dp}")
+        return " ".join(parts)

@@ -1,0 +1,269 @@
+"""The reports the operations return (memory, step time, rule findings, recommendations, minimum GPUs, rendered
+configs): the MCP tools' output schemas. Units are bytes, seconds and FLOP/s.
+"""
+
+# ruff: noqa: RUF012 (pydantic copies a mutable default per instance; ruff cannot see across files that StrictModel is a pydantic model)
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshplan.schema.choices import Severity, StrictModel
+from meshplan.schema.plan import Plan
+
+
+class StageMemory(StrictModel):
+    stage: int
+    layers: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    other_bytes: int
+    total_bytes: int
+    detail: dict[str, int] = Field(default_factory=dict, description="Finer breakdown, bytes")
+    host_bytes: int = Field(0, description="Host (CPU) memory this stage's GPU offloads to, bytes")
+
+
+class PhaseMemory(StrictModel):
+    """One phase of an RL step on the worst GPU of the pool it runs on (meshplan/rl/rollout.py)."""
+
+    phase: Literal["rollout", "log_prob", "actor_update", "critic_update"]
+    pool: Literal["trainer", "rollout"] = Field(description="The GPUs it runs on (one pool when colocated)")
+    peak_bytes: int
+    fit_bytes: int = Field(description="What decides this phase's fit: its peak, or with expandable segments a "
+                                       "training phase's allocated peak (memory.fit_figure)")
+    stage: int = Field(description="The trainer's pipeline stage whose GPU peaks (0 on a separate rollout pool)")
+    detail: dict[str, int] = Field(default_factory=dict, description="Where the bytes go")
+    note: str = ""
+
+
+class ErrorBand(StrictModel):
+    """How far meshplan's estimate was from measured runs like this one (cards/accuracy.yaml,
+    meshplan/estimate/accuracy.py)."""
+
+    regime: str = Field(description="The measured regime the request falls in (cards/accuracy.yaml)")
+    label: str = Field(description="The regime in words")
+    median_error: float | None = Field(description="Median |predicted / measured - 1| there (None: no measured run)")
+    bias: float | None = Field(description="Median signed error there: > 0 predicts too high (None: no measured run)")
+    runs: int = Field(description="Measured runs the figures come from")
+    source: str = Field(description="The bench scripts and data sets that measured it")
+    unvalidated: list[str] = Field(description="Terms of this estimate no measured run exercised")
+    text: str = Field(description="The band in one line, as the faces print it")
+
+
+class MemoryReport(StrictModel):
+    """Per-GPU memory of every pipeline stage; the worst stage decides whether the job fits."""
+
+    model: str
+    framework: str
+    plan: Plan
+    stages: list[StageMemory]
+    peak_bytes: int
+    peak_stage: int
+    capacity_bytes: int
+    fits: bool
+    headroom_bytes: int
+    fit_bytes: int = Field(0, description="The figure compared with capacity_bytes (fits, headroom_bytes): peak_bytes, "
+                                          "or with expandable segments the allocated peak plus page rounding")
+    fit_basis: Literal["reserved", "allocated"] = Field(
+        "reserved", description="Which peak decided the fit: reserved (peak_bytes, the caching allocator's reserve "
+                                "included) or allocated (expandable segments: cached pages are unmapped before OOM)")
+    host_bytes_per_node: int = Field(
+        0, description="Host memory one node needs for what its GPUs offload (the worst stage x GPUs per node)"
+    )
+    host_capacity_bytes: int | None = Field(None, description="cpu_memory_per_node when given, bytes")
+    phases: list[PhaseMemory] = Field(
+        default_factory=list, description="RL job: each phase's peak; peak_bytes is the largest (empty: training job)"
+    )
+    peak_phase: str | None = Field(None, description="RL job: the phase whose peak is peak_bytes")
+    limited_by: Literal["gpu", "host"] | None = Field(
+        None, description="What runs out first: GPU memory (a phase over capacity) or host memory (offloads over "
+                          "cpu_memory_per_node); None when both fit"
+    )
+    assumptions: list[str]
+    warnings: list[str] = []
+    error_band: ErrorBand | None = Field(
+        None, description="The error measured in this regime (meshplan/estimate/accuracy.py)")
+
+
+class ThroughputBreakdown(StrictModel):
+    compute_s: float
+    tp_comm_s: float = 0.0
+    cp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
+    dp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    bubble_s: float = 0.0
+    recompute_s: float = 0.0
+    other_s: float = 0.0
+    offload_s: float = Field(0.0, description="Exposed host transfers and the CPU optimizer step (offload.py)")
+
+
+class RLStepTime(StrictModel):
+    """Seconds of one RL step by part (meshplan/rl/rollout.py): colocated phases add, a separate rollout pool overlaps
+    the next batch's generation with this batch's training (verl one-step-off)."""
+
+    step_s: float
+    generation_s: float = Field(description="Prefill and decode of every response (the rollout)")
+    prefill_s: float
+    decode_s: float
+    log_prob_s: float = Field(description="Old-policy, reference (and critic value) forward passes")
+    update_s: float = Field(
+        description="The actor's (and critic's) training step, meshplan.estimate.perf.estimate_throughput")
+    reshard_s: float = Field(description="New weights from the trainer's layout to the engine's")
+    offload_s: float = Field(description="Phase offloads: states out to the host and back each step")
+    replicas: int = Field(description="Engine replicas: rollout GPUs / (rollout TP x DP)")
+    sequences_at_once: int = Field(description="Sequences one replica decodes at once (its KV cache, max_num_seqs)")
+    decode_waves: int = Field(description="Rounds of sequences_at_once each replica decodes to finish its share")
+    decode_step_s: float = Field(description="One decode step at that batch: weights and KV read, all-reduces")
+    update_mfu: float = Field(description="The actor update's MFU (what verl reports as MFU)")
+    limited_by: str = Field(description="The part that takes longest")
+
+
+class ThroughputReport(StrictModel):
+    """Predicted step time, tokens/s per GPU and MFU, with where the time goes."""
+
+    model: str
+    framework: str
+    plan: Plan
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    tokens_per_s: float
+    mfu: float
+    model_flops_per_step: float
+    breakdown: ThroughputBreakdown
+    assumptions: list[str]
+    warnings: list[str] = []
+    rl: RLStepTime | None = Field(None, description="RL job: the step's parts; step_time_s is the whole RL step")
+    error_band: ErrorBand | None = Field(
+        None, description="The error measured in this regime (meshplan/estimate/accuracy.py)")
+
+
+class Finding(StrictModel):
+    id: str
+    severity: Severity
+    title: str = ""
+    message: str
+    fix: str
+    source: str = ""
+
+
+class MemorySummary(StrictModel):
+    peak_bytes: int
+    peak_stage: int
+    capacity_bytes: int
+    fits: bool
+    headroom_bytes: int
+    fit_bytes: int = 0  # what decided fits (MemoryReport.fit_bytes)
+    fit_basis: Literal["reserved", "allocated"] = "reserved"
+    host_bytes_per_node: int = Field(0, description="Host memory per node the plan's offloads take (MemoryReport's)")
+
+
+class CheckReport(StrictModel):
+    """Every rule of the framework run over the plan: ok means no error."""
+
+    ok: bool
+    framework: str
+    model: str
+    plan: Plan
+    findings: list[Finding]
+    memory: MemorySummary | None = None
+    next_steps: list[str] = []
+
+
+class Candidate(StrictModel):
+    rank: int
+    plan: Plan
+    memory: MemorySummary
+    throughput: ThroughputReport
+    rationale: str
+    equivalents: list[Plan] = Field(
+        default_factory=list,
+        description="Other layouts with the same predicted step time and peak memory (e.g. a factor moved between CP "
+                    "and the micro-batch), folded into this row instead of filling the top K",
+    )
+
+
+RenderFormat = Literal["python", "shell", "yaml", "hydra", "toml", "json"]
+
+
+class RenderResult(StrictModel):
+    """A plan rendered for one framework: the text to paste, and what the reader must know about it."""
+
+    framework: str
+    variant: str
+    version: str = Field(description="Framework version the snippet targets")
+    format: RenderFormat = Field(description="python | shell | yaml | hydra | toml | json")
+    text: str = Field(description="The config snippet to paste")
+    filename: str = Field(description="A suggested file name for the snippet")
+    plan: Plan = Field(description="The layout that was rendered")
+    notes: list[str] = Field(default_factory=list, description="Choices the adapter made, and why")
+    warnings: list[str] = Field(default_factory=list, description="Things that will surprise a user")
+
+
+class NearMiss(StrictModel):
+    """A layout that almost fits: what an impossible job is closest to, and by how much it is over."""
+
+    plan: Plan
+    memory: MemorySummary
+    over_bytes: int = Field(description="Peak memory minus capacity on the worst stage")
+    rationale: str
+
+
+class Recommendation(StrictModel):
+    """Ranked layouts that fit, why the first one won, and how it compares with the decision tables."""
+
+    model: str
+    framework: str
+    num_gpus: int
+    candidates: list[Candidate]
+    considered: int = Field(description="Layouts in the searched space; = len(candidates) + sum(rejected)")
+    rejected: dict[str, int] = Field(
+        default_factory=dict,
+        description="Layouts not ranked, per rule id (cards/rules.yaml) or SEARCH-* bucket (see assumptions)",
+    )
+    decision_table: str = ""
+    rationale: str = ""
+    warnings: list[str] = []
+    assumptions: list[str] = []
+    evaluated: int = Field(0, description="Memory and throughput estimates the search computed")
+    global_batch_size: int | None = Field(None, description="Sequences per step every layout was compared at")
+    min_gpus: int | None = Field(None, description="When nothing fits: the smallest GPU count where a layout fits")
+    closest: list[NearMiss] = Field(default_factory=list, description="When nothing fits: the nearest misses")
+    headroom: float | None = Field(
+        None, description="Share of GPU memory every ranked layout leaves free (the request's, else MEM002's default)"
+    )
+    best_below_headroom: Candidate | None = Field(
+        None,
+        description="The fastest layout that fits only with less than `headroom` free: given when nothing keeps "
+                    "the headroom, or when it is much faster than the best ranked layout (a smaller headroom ranks it)",
+    )
+
+
+class MinimumGpus(StrictModel):
+    """The smallest GPU count at which some layout passes the rules and fits with the headroom kept.
+
+    Fit is not monotone in the GPU count (a count must be divisible by the layout's degrees), so the counts are
+    scanned in increasing order, never bisected; the scan is bounded in time and in count, and says which bound
+    stopped it."""
+
+    model: str
+    framework: str
+    gpu: str
+    num_gpus: int | None = Field(description="The smallest count that fits; None when none fits within the bounds")
+    candidate: Candidate | None = Field(None, description="The fastest layout at that count (recommend's #1)")
+    headroom: float = Field(description="Share of GPU memory the layout must leave free (the request's, else MEM002's)")
+    global_batch_size: int | None = Field(None, description="Sequences per step at that count")
+    searched_from: int = Field(description="First GPU count checked (counts below cannot hold the model states)")
+    searched_to: int = Field(description="Last GPU count checked")
+    counts_checked: int = Field(description="How many GPU counts were checked")
+    stepping: str = Field(description="Which counts were checked, in words")
+    stopped_by: Literal["found", "max_gpus", "time", "rules"] = Field(
+        description="found: a count fits; max_gpus: none fits up to the limit; time: the time bound was hit first; "
+                    "rules: a rule rejects the fixed fields at every count"
+    )
+    rationale: str
+    assumptions: list[str] = []

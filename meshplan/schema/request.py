@@ -1,0 +1,301 @@
+"""The request: the flat fields every tool, CLI flag and batch line shares, each with its bounds.
+
+The CLI turns the fields into flags, the MCP server into tool arguments, batch mode reads them from JSON lines;
+request/parse.py reads loose values into a `Request` (an unknown field named with the one it most likely means),
+request/resolve.py turns it into the `Job` and `Plan` every estimator takes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from meshplan.schema.choices import (
+    AttentionBackend,
+    CpCommType,
+    Fp8Recipe,
+    Framework,
+    JobKind,
+    LoraTarget,
+    MoeDispatcher,
+    Optimizer,
+    OptimizerStateDtype,
+    Placement,
+    Precision,
+    Recompute,
+    RecomputeModule,
+    RLAlgorithm,
+    RolloutEngine,
+    StrictModel,
+)
+
+# Generous but finite bounds: absurd inputs get a clear validation error instead of an overflow.
+MAX_GPUS = 1 << 30
+MAX_DEGREE = 1 << 20
+MAX_TOKENS = 1 << 30
+# What leaving a layout degree out means: resolve() fills 1 for an estimate, recommend searches it (CLI --help and
+# the MCP schemas show this text).
+_SEARCHED = "(default: 1 for an estimate; searched by recommend)"
+
+
+class Request(StrictModel):
+    """The request fields every tool, CLI flag and batch line shares."""
+
+    model: str = Field(
+        max_length=4096,  # PATH_MAX: longer is never a real name or path, and would be echoed in errors
+        description="Catalog key (llama-3.1-70b), Hugging Face id (meta-llama/Llama-3.1-70B), path to a "
+        "config.json, or a size alone ('70B')",
+    )
+    gpu: str = Field(
+        "h100", max_length=64, description="GPU type from the hardware catalog (h100, h200, b200, a100-80gb, ...)"
+    )
+    num_gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="Total GPUs (default: the plan's product)")
+    gpus_per_node: int | None = Field(None, ge=1, le=1024, description="GPUs per node (default: the GPU's node)")
+    seq_length: int = Field(4096, ge=1, le=MAX_TOKENS, description="Tokens per sequence")
+    global_batch_size: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Sequences per optimizer step (default: see assumptions)"
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, le=65536,
+        description="Sequences per micro-batch per rank (default: 1 for an estimate; searched by recommend)",
+    )
+    precision: Precision = Field("bf16", description="Compute precision of the linear layers")
+    framework: Framework = Field("megatron-core", description="Training framework")
+    tp: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Tensor-parallel size {_SEARCHED}")
+    pp: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Pipeline-parallel size {_SEARCHED}")
+    vpp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description=f"Virtual pipeline stages per rank, 1 = none {_SEARCHED}"
+    )
+    cp: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Context-parallel size {_SEARCHED}")
+    ep: int | None = Field(None, ge=1, le=MAX_DEGREE, description=f"Expert-parallel size {_SEARCHED}")
+    etp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE,
+        description="Expert tensor-parallel size (default: tp for a Megatron MoE model, else 1; searched by recommend)",
+    )
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="Data-parallel size (default: derived)")
+    sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism (default: on when tp>1)")
+    zero_stage: int | None = Field(
+        None, ge=0, le=3, description="0-3; FSDP = 3; Megatron distributed optimizer = 1 (default: framework's)"
+    )
+    recompute: Recompute | None = Field(
+        None, description="Activation recomputation (default: none for an estimate; searched by recommend)"
+    )
+    recompute_layers: int | None = Field(
+        None, ge=0, description="Layers per stage fully recomputed, full only (default: every layer of the stage)"
+    )
+    recompute_method: Literal["uniform", "block"] | None = Field(
+        None, description="Megatron full recompute: block = the first recompute_layers layers of each stage "
+                          "recomputed, the rest not (the default when recompute_layers is set); uniform = every layer, "
+                          "in chunks of recompute_layers (default 1) checkpointed together (the default otherwise)",
+    )
+    recompute_modules: list[RecomputeModule] | None = Field(
+        None, min_length=1, description="Megatron selective recompute: the modules recomputed (core_attn, mlp, moe, "
+                                        "moe_act, shared_experts, mla_up_proj, layernorm); left out: ['core_attn']",
+    )
+    selective_ac_option: str | None = Field(
+        None, pattern=r"^(op|[1-9][0-9]{0,3})$",
+        description="torchtitan's selective AC (with recompute=selective): 'op' = op-level SAC (the default; the only "
+                    "one of 0.3.x), or N = every N-th block fully checkpointed and the others not (0.2.x)",
+    )
+    cp_comm_type: CpCommType | None = Field(None, description="Context-parallel communication (default p2p ring)")
+    optimizer: Optimizer | None = Field(
+        None, description="adam, or muon: Muon (one momentum buffer) on the 2-D weight matrices, Adam on embeddings, "
+                          "output layer, norms and biases (Megatron-Core --optimizer muon) (default: adam)",
+    )
+    optimizer_state_dtype: OptimizerStateDtype | None = Field(
+        None, description="Adam moments' dtype: bf16/fp16/fp8 = Megatron's precision-aware optimizer (exp_avg_dtype, "
+                          "exp_avg_sq_dtype; needs the distributed optimizer) (default: fp32, the optimizer's own)",
+    )
+    fp8_param_gather: bool | None = Field(
+        None, description="FP8 weights kept and all-gathered in fp8 instead of bf16 plus an fp8 copy (Megatron "
+                          "fp8_param_gather, torchtitan enable_fsdp_float8_all_gather; precision=fp8) (default: off)",
+    )
+    grad_reduce_in_fp32: bool | None = Field(
+        None, description="Gradients accumulated and reduced in fp32 (true) or bf16 (false): Megatron "
+                          "grad_reduce_in_fp32, torchtitan mixed_precision_reduce (default: the framework's, fp32 for "
+                          "Megatron and torchtitan)",
+    )
+    fp8_recipe: Fp8Recipe | None = Field(
+        None, description="FP8 scaling recipe with precision=fp8: delayed, tensorwise (current scaling), rowwise "
+                          "(torchao), blockwise, mxfp8 (Blackwell) (default: the framework's, delayed for Megatron)",
+    )
+    moe_token_dispatcher: MoeDispatcher | None = Field(
+        None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
+                          "default alltoall, the search picks flex for cross-node EP where the framework has it"
+    )
+    moe_a2a_overlap: bool | None = Field(
+        None, description="Hide the expert all-to-all behind another micro-batch's compute (Megatron-Core "
+                          "overlap_moe_expert_parallel_comm with delay_wgrad_compute, Megatron-Bridge "
+                          "comm_overlap): needs ep > 1, vpp with pp > 1, no full recompute (default: false)",
+    )
+    tp_comm_overlap: bool | None = Field(
+        None, description="Hide the TP/SP all-gathers and reduce-scatters behind the GEMMs beside them: Megatron-Core "
+                          "--tp-comm-overlap / Megatron-Bridge comm_overlap.tp_comm_overlap (Transformer Engine "
+                          "userbuffers; needs sequence_parallel and tp > 1), torchtitan async TP "
+                          "enable_async_tensor_parallel (needs torch_compile and tp > 1) (default: the framework's, "
+                          "off; without it Megatron still hides the backward reduce-scatter behind the weight "
+                          "gradient GEMM)",
+    )
+    moe_routing_imbalance: float | None = Field(
+        None, ge=1.0, le=1024.0,
+        description="MoE routing imbalance: routed tokens on the most loaded expert-parallel rank over the mean (1.0 = "
+                    "balanced; 1.3 = that rank gets 30% more); the step waits for that rank's expert GEMMs, permutes "
+                    "and all-to-all, and it holds that many more routed activations (default 1.0, balanced, what "
+                    "NVIDIA's benchmark recipes force with moe_router_force_load_balancing)",
+    )
+    attention_backend: AttentionBackend | None = Field(
+        None, description="Attention implementation: flash (FlashAttention-2), fused (cuDNN / Transformer Engine "
+                          "FusedAttention), unfused (the s x s scores materialised and kept for the backward, softmax "
+                          "and dropout as their own passes; Megatron-Core --attention-backend unfused, Hugging Face "
+                          "attn_implementation eager) or auto (default: what the framework picks by itself, its "
+                          "card's attention section)",
+    )
+    dropout: bool | None = Field(
+        None, description="Attention and hidden dropout on (Megatron-Core --attention-dropout/--hidden-dropout 0.1, "
+                          "Megatron-LM's own default): dropout masks kept for the backward, and with unfused "
+                          "attention a dropout pass over the scores (default: off, as production recipes run)",
+    )
+    torch_compile: bool | None = Field(
+        None, description="torch.compile on (torchtitan --compile.enable, compiling each block and the loss; "
+                          "KempnerForge train.compile_model, the whole model): fused elementwise kernels and, where "
+                          "the loss is compiled, no fp32 copy of the logits (default: the framework's own, eager "
+                          "for torchtitan, compiled for KempnerForge)",
+    )
+    expandable_segments: bool | None = Field(
+        None, description="PyTorch's caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: before "
+                          "an out-of-memory error it unmaps cached free pages and maps them where needed, so the "
+                          "job fits when its allocated peak does (the reserved peak is still reported) (default: "
+                          "how the framework's own launcher sets it, its card's allocator section)",
+    )
+    # --- RL post-training job (meshplan/rl/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
+    job: JobKind | None = Field(
+        None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "
+                          "and update; verl and SkyRL) (default: pretrain; rl when an RL field is given)",
+    )
+    algorithm: RLAlgorithm | None = Field(
+        None, description="RL algorithm: grpo (reference model for the KL loss), dapo (no reference, no KL) or ppo "
+                          "(reference and critic) (default: grpo)",
+    )
+    prompts_per_step: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Prompts per RL step (verl data.train_batch_size, SkyRL "
+                                               "trainer.train_batch_size) (default: global_batch_size / "
+                                               "samples_per_prompt, else the framework's default)",
+    )
+    samples_per_prompt: int | None = Field(
+        None, ge=1, le=65536, description="Responses sampled per prompt (verl rollout.n, SkyRL n_samples_per_prompt) "
+                                          "(default: the framework's, verl 1, SkyRL 5)",
+    )
+    prompt_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Longest prompt, tokens (default: seq_length - response_length when "
+                                               "seq_length is given, else the framework's default)",
+    )
+    response_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Longest response, tokens; the trainer's sequence is prompt + response "
+                                               "(default: the framework's, verl 512, SkyRL 1024)",
+    )
+    rollout_engine: RolloutEngine | None = Field(
+        None, description="Rollout inference engine: vllm or sglang (default vllm; SkyRL runs vLLM only)"
+    )
+    rollout_tp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Rollout engine tensor-parallel size (default: the framework's, verl 2, "
+                                               "SkyRL 1)",
+    )
+    rollout_dp: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Rollout engine data-parallel (attention DP) ranks per replica "
+                                               "(default: 1)",
+    )
+    rollout_ep: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Rollout engine expert-parallel size; when > 1 it must be rollout_tp x "
+                                               "rollout_dp (default: 1, experts sharded by the rollout TP)",
+    )
+    rollout_memory_fraction: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="Rollout engine memory fraction (verl gpu_memory_utilization, SkyRL gpu_memory_utilization): "
+                    "vLLM's share of total GPU memory, SGLang's mem_fraction_static (default: the framework's, "
+                    "verl 0.5, SkyRL 0.8)",
+    )
+    placement: Placement | None = Field(
+        None, description="colocated: the rollout engine sleeps on the trainer's GPUs between phases; separate: its "
+                          "own rollout_gpus (default: colocated)",
+    )
+    rollout_gpus: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="GPUs running the rollout engine: with placement separate, taken out of "
+                                             "num_gpus (required there); colocated: all of them (default)",
+    )
+    rollout_enforce_eager: bool | None = Field(
+        None, description="Rollout engine without CUDA graphs (verl and SkyRL enforce_eager): no graph memory, every "
+                          "decode step launches its kernels from the host (default: false, the frameworks' default)",
+    )
+    first_stage_layers: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the first stage (default: even split)"
+    )
+    last_stage_layers: int | None = Field(
+        None, ge=1, le=MAX_DEGREE, description="Uneven PP: decoder layers on the last stage (default: even split)"
+    )
+    pipeline_layout: str | None = Field(
+        None, min_length=1, max_length=4096,
+        description="Megatron's pipeline_model_parallel_layout, e.g. 'Et*3|(tt|)*29,m|L': stages split by '|' in "
+                    "virtual-stage order, E embedding, t decoder layer, m MTP layer, L loss, x*n and (...)*n repeat "
+                    "(default: none, the even or first/last split; sets vpp when vpp is left out)",
+    )
+    account_for_embedding: bool | None = Field(
+        None, description="Megatron's account_for_embedding_in_pipeline_split: the embedding counts as one layer in "
+                          "the even split, so the first stage builds one decoder layer fewer (default: false)",
+    )
+    account_for_loss: bool | None = Field(
+        None, description="Megatron's account_for_loss_in_pipeline_split: the loss counts as one layer in the even "
+                          "split, so the last stage builds one decoder layer fewer (default: false)",
+    )
+    headroom: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="Share of GPU memory a layout must leave free to count as fitting (default: 0.10, rule MEM002); "
+                    "recommend ranks, falls back and searches GPU counts with this one threshold",
+    )
+    activation_offload: bool | None = Field(
+        None, description="Activation CPU offloading (Megatron fine-grained activation offloading, verl "
+                          "enable_activation_offload, DeepSpeed cpu_checkpointing): the activations saved for backward "
+                          "go to host memory except the layers in flight (default: off)",
+    )
+    param_offload: bool | None = Field(
+        None, description="Parameter offload to host memory as the framework does it: in the step (FSDP2 "
+                          "CPUOffloadPolicy, DeepSpeed offload_param) or between the phases of an RL job (verl "
+                          "param_offload) — the framework card says which (default: off)",
+    )
+    grad_offload: bool | None = Field(
+        None, description="Gradient offload to host memory between the phases of an RL job (verl grad_offload) "
+                          "(default: off)",
+    )
+    optimizer_offload: bool | None = Field(
+        None, description="Optimizer-state offload: in the step with the Adam step on the CPU (Megatron "
+                          "optimizer_cpu_offload, DeepSpeed offload_optimizer) or between RL phases (verl "
+                          "optimizer_offload), as the framework card says (default: off; on when "
+                          "optimizer_offload_fraction > 0)",
+    )
+    optimizer_offload_fraction: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Share of this rank's optimizer state kept and stepped on the CPU (Megatron "
+                    "optimizer_offload_fraction, DeepSpeed offload_optimizer ratio) (default: 1.0 with "
+                    "optimizer_offload, else 0)",
+    )
+    framework_version: str | None = Field(
+        None, min_length=1, max_length=32, pattern=r"^[0-9][0-9A-Za-z.+-]*$|^main$",
+        description="The framework release the job runs (default: the one its card describes); a release whose "
+                    "loss or recompute kept other tensors has its own memory convention (torchtitan 0.2.x: the "
+                    "unchunked loss), and render writes that release's keys",
+    )
+    cpu_memory_per_node: float | None = Field(
+        None, gt=0, le=1 << 20,
+        description="Host memory per node in GiB; the offloaded state is checked against it (rule MEM003) "
+                    "(default: not checked)",
+    )
+    lora_rank: int | None = Field(
+        None, ge=1, le=65536,
+        description="LoRA: the adapters' rank; the base weights are frozen (no gradients or optimizer state) "
+                    "(default with job=lora: the framework's default rank; given, the job is lora unless job=rl)",
+    )
+    lora_targets: list[LoraTarget] | None = Field(
+        None, min_length=1, max_length=4,
+        description="LoRA: the Megatron-Core linears adapted (linear_qkv, linear_proj, linear_fc1, linear_fc2; fc1 and "
+                    "fc2 include a MoE model's experts) (default: all four, Megatron-Bridge's LoRA default)",
+    )

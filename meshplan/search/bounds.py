@@ -1,0 +1,168 @@
+"""The optimistic step times that order the search's queue (meshplan/search/engine.py). Each bound is at most the
+step time the estimator would predict, so a plan reaching the top of the queue is faster than anything left in it:
+the ideal time (every GPU at the cost model's best fraction of peak), the per-token bound of single-stage reference
+plans stretched over a layout's stages and micro-batches, and the pipeline traffic interleaving multiplies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meshplan.arithmetic import mesh
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.moe_time import a2a_steady_share
+from meshplan.search.plans import SearchPlans
+from meshplan.search.space import Layout
+
+
+def pow2_at_least(x: float) -> int:
+    """The smallest power of two >= x (and >= 1): the reference micro-batch of the per-token bounds."""
+    return 1 << max(0, (math.ceil(x) - 1).bit_length()) if x > 1 else 1
+
+
+@dataclass(kw_only=True)
+class StepTimeBounds(SearchPlans):
+    """The step-time bounds of a search's plans, with the references they share."""
+
+    cp_mbs: dict[tuple[int, int], int] = field(default_factory=dict)  # largest micro-batch per (tp, cp)
+    work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
+    pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
+
+    def microbatches(self, lay: Layout, mbs: int) -> int:
+        return max(1, self.job.global_batch_size // (mbs * lay.dp))
+
+    def ideal_time(self, lay: Layout, mbs: int, ideal: float) -> float:
+        """Every GPU at the cost model's best fraction of peak, stretched by the bubble (p-1)/(m*v)."""
+        return ideal * (1.0 + (lay.pp - 1) / (self.microbatches(lay, mbs) * lay.vpp))
+
+    def pp_unit(self, lay: Layout, mbs: int) -> float:
+        """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
+        non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021)."""
+        try:
+            report = self.throughput(lay.base(), self.zeros[0], self.recomputes[0], mbs)
+        except MeshplanError:
+            return 0.0
+        return report.breakdown.pp_comm_s / self.microbatches(lay, mbs)
+
+    def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
+                   may_overlap: bool = False) -> float:
+        """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank); with
+        `may_overlap`, its EP all-to-all overlapped wherever the reference can overlap it."""
+        hit = self.caches.token_time.get(key)
+        if hit is not None:
+            return hit
+        dp_ref = mesh.derived_dp(self.law, self.job.num_gpus, tp, 1, cp, ep)
+        ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
+        overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
+        tokens = b * self.job.seq_length / cp
+        alone = 0.0
+        if overlap:
+            # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without
+            # overlap), so it would over-charge a layout whose micro-batches run in the steady state; the second
+            # micro-batch's increment is one micro-batch fully overlapped (moe_time.overlapped_a2a at a steady share of
+            # 1), the least any micro-batch pays.
+            alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) * tokens
+        plan = self.plan(ref, self.zeros[0], recompute, b, overlap=overlap)
+        job_ref = self.job.model_copy(update={"global_batch_size": (2 if overlap else 1) * b * dp_ref})
+        try:
+            self.calls["throughput"] += 1
+            x = self.engine.throughput(job_ref, plan).breakdown
+            total = (x.cp_comm_s if part == "cp" else
+                     x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
+            value = (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens
+        except MeshplanError:
+            value = 0.0
+        self.caches.token_time[key] = value
+        return value
+
+    def pipeline_overlaps(self, lay: Layout) -> bool:
+        """Whether EP009 lets this layout's pipeline shape overlap the EP all-to-all (Megatron-Core wants virtual
+        stages when pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it."""
+        if not self.a2a_open or lay.ep <= 1:
+            return False
+        key = (lay.pp, lay.vpp)
+        hit = self.pipeline_overlap.get(key)
+        if hit is None:
+            shape = Layout(tp=1, pp=lay.pp, cp=1, ep=lay.ep, etp=1, dp=1, vpp=lay.vpp)
+            hit = self.pipeline_overlap[key] = any(self.a2a_overlap(shape, zero, self.recomputes[0])
+                                                   for zero in self.zeros)
+        return hit
+
+    def token_bound(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> float:
+        """A cheaper bound shared by many shards. The time per token of a layer only falls as a rank sees more
+        tokens (bigger GEMMs run closer to peak; launch overheads and message latencies are amortised), and
+        its compute does not depend on how the tokens were split by context parallelism. So two single-stage
+        references bound every layout: per (tp, ep, etp, recompute) with cp = 1, and per (tp, cp) for the
+        context-parallel traffic, at a power-of-two micro-batch holding at least this layout's tokens per rank
+        (`exact`: the smallest such; otherwise the most any layout of the shard uses, one reference for all):
+        step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp)."""
+        return self.stretch(lay, (mbs,), *self.token_rate(lay, mbs, recompute, exact))[0]
+
+    def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float]:
+        """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a
+        micro-batch outside the steady state adds: its all-to-all exposed). Without `exact` it is the same for every
+        micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest), so `seed` reads it once."""
+        s = self.job.seq_length
+        tokens = -(-s // lay.cp) * mbs
+        most = tokens / s if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp), tokens / s)
+        b_tok = pow2_at_least(most)
+        overlap = self.pipeline_overlaps(lay)
+        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap), lay.tp, 1, lay.ep,
+                                    lay.etp, b_tok, recompute, "work", overlap)
+        exposed = 0.0
+        if overlap:
+            alone = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, False), lay.tp, 1, lay.ep,
+                                    lay.etp, b_tok, recompute, "work")
+            exposed = max(0.0, alone - per_token)
+        if lay.cp > 1:
+            # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
+            # bound, since the time per token only falls with more tokens, but one reference for all of them)
+            b_cp = pow2_at_least(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))
+            per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
+                                         self.recomputes[0], "cp")
+        return b_tok, per_token, exposed
+
+    def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float,
+                exposed: float = 0.0) -> list[float]:
+        """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
+        and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
+        `exposed` more per token, as the estimate charges them."""
+        s = self.job.seq_length
+        per_rank = -(-s // lay.cp)
+        moe = self.job.model.moe
+        sync = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
+        bounds = []
+        for mbs in sizes:
+            tokens = per_rank * mbs
+            rate = per_token
+            if exposed:
+                rate += (1.0 - a2a_steady_share(self.microbatches(lay, mbs), lay.pp, lay.vpp)) * exposed
+            per_stage = tokens * rate / lay.pp
+            if sync:
+                # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
+                # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
+                spread = tokens / (b_tok * s)
+                per_stage += sync * max(0.0, 1.0 - spread) / lay.pp
+            bounds.append(per_stage * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp))
+        return bounds
+
+    def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
+        """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
+        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp)."""
+        bound = self.token_bound(lay, mbs, recompute, exact=True)
+        if interleave and lay.vpp > 1:
+            bound += lay.vpp * self.pp_unit(lay, mbs) * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp)
+        return bound
+
+    def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float) -> list[float]:
+        """The seed key of each micro-batch: the larger of the ideal time and the per-token bound, whose
+        references are the same for all of them (token_rate); once per job (its micro-batches and ideal time are
+        the job's) and references."""
+        rate = self.token_rate(lay, sizes[0], self.recomputes[0])
+        hit = self.caches.seed_keys.get((lay, rate))
+        if hit is None:
+            bounds = self.stretch(lay, sizes, *rate)
+            hit = self.caches.seed_keys[(lay, rate)] = [
+                max(self.ideal_time(lay, mbs, ideal), bound) for mbs, bound in zip(sizes, bounds, strict=True)]
+        return hit

@@ -1,0 +1,255 @@
+"""The plans a search compares and what it knows of them: each key's plan with the knobs chosen per plan (sequence
+parallelism, the MoE dispatcher, EP overlap, the request's carried fields), its estimates cached once per job
+(`Caches`, shared by a search of the same job at another memory budget), and whether it fits that budget: the least
+recompute each layout needs, from the first stage's memory floor before any estimate.
+
+The queue that orders these plans is meshplan/search/engine.py; the step-time bounds it orders them by,
+meshplan/search/bounds.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.rules.engine import Context, backend_of, load_rules
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
+from meshplan.search.estimators import Engine
+from meshplan.search.policy import HEADROOM_RULE
+from meshplan.search.space import Fixed, Layout, Prefiltered, first_stage_floor, micro_batches, states_lower_bound
+
+PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
+Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
+
+
+@dataclass
+class Caches:
+    """What a search has learnt about its job. The estimates, findings and bounds do not depend on the memory
+    budget, so a search of the same job at another budget shares them (`shared`); what fits does."""
+
+    memory: dict[PlanKey, MemoryReport] = field(default_factory=dict)
+    throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
+    checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
+    token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
+    first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
+    floors: dict[PlanKey, float] = field(default_factory=dict)  # first_stage_floor per non-interleaved plan
+    states: dict[tuple[Layout, int], float] = field(default_factory=dict)  # states_lower_bound per (layout, ZeRO)
+    # Per (layout, token_rate): the seed keys of its micro-batches, in order (a pure function of the two).
+    seed_keys: dict[tuple[Layout, tuple[int, float]], list[float]] = field(default_factory=dict)
+    space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
+    # Per (non-interleaved layout, ZeRO stage, recompute, micro-batch): the first stage's memory floor is in budget.
+    floor_fits: dict[PlanKey, bool] = field(default_factory=dict)
+    # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
+    # when nothing does. It only grows with the micro-batch, and interleaving only adds to its base's.
+    least_recompute: dict[Layout, dict[int, int]] = field(default_factory=dict)
+
+    def shared(self) -> Caches:
+        """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
+        return Caches(memory=self.memory, throughput=self.throughput, checks=self.checks, token_time=self.token_time,
+                      first_finding=self.first_finding, floors=self.floors, states=self.states,
+                      seed_keys=self.seed_keys, space=self.space)
+
+
+@dataclass(kw_only=True)
+class SearchPlans:
+    """A job's plans under one memory budget: the plan of each key, its estimates (cached), whether it fits."""
+
+    job: Job
+    fixed: Fixed
+    engine: Engine
+    zeros: tuple[int, ...]
+    recomputes: tuple[str, ...]
+    sp: bool
+    cp_comm: str
+    split: tuple[int, int]
+    law: str = "megatron"
+    flex: bool = False  # the framework can render Megatron-Core's flex MoE dispatcher
+    a2a_open: bool = False  # the search chooses moe_a2a_overlap (an MoE model, a framework that renders it, not fixed)
+    domain: int = 8  # GPUs per NVLink domain (a node, or a rack for GB200 NVL72)
+    budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
+    near: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)  # plans over capacity, least first
+    caches: Caches = field(default_factory=Caches)
+    calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
+    overlaps: dict[tuple[Layout, int, str], bool] = field(default_factory=dict)  # a2a_overlap per layout/ZeRO/recompute
+    tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
+    presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
+
+    def sequence_parallel(self, lay: Layout) -> bool:
+        """The request's choice, else the framework default where there is TP to pair it with."""
+        return self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
+
+    def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
+        """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
+        the request's TP overlap wherever there is TP, and the request's carried fields."""
+        if overlap is None:
+            overlap = self.a2a_overlap(lay, zero, recompute)
+        return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
+                        sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
+                        moe_token_dispatcher=self.dispatcher(lay, zero), moe_a2a_overlap=overlap,
+                        tp_comm_overlap=self.tp_overlap and lay.tp > 1, **self.fixed.carried)
+
+    def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
+        """moe_a2a_overlap: the user's, else on wherever rule EP009 (Megatron-Core's asserts) allows it. Overlap never
+        adds time in the cost model (moe_time.overlapped_a2a exposes at most the plain all-to-all) and no memory
+        (memory.py does not read it), so the plan with it dominates the plan without: one plan per key, as with
+        the flex dispatcher, rather than twice the space."""
+        if "moe_a2a_overlap" in self.fixed:
+            return bool(self.fixed.values["moe_a2a_overlap"])
+        if not self.a2a_open or lay.ep <= 1:
+            return False
+        key = (lay, zero, recompute)
+        hit = self.overlaps.get(key)
+        if hit is None:
+            probe = self.plan(lay, zero, recompute, 1, overlap=True)
+            hit = self.overlaps[key] = load_rules()["EP009"](Context(self.job, probe)) is None
+        return hit
+
+    def dispatcher(self, lay: Layout, zero: int) -> str:
+        """The MoE token dispatcher: the user's, else flex (DeepEP/HybridEP) when the expert group leaves the
+        NVLink domain and the framework (on its Megatron-Core engine) can render it - it never sends more
+        than all-to-all - else alltoall."""
+        fixed = self.fixed.values.get("moe_token_dispatcher")
+        if fixed is not None:
+            return str(fixed)
+        if (self.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, self.domain)
+                and backend_of(self.job.framework, zero) == "megatron"):
+            return "flex"
+        return "alltoall"
+
+    @property
+    def memory_calls(self) -> int:
+        return self.calls["memory"]
+
+    @property
+    def perf_calls(self) -> int:
+        return self.calls["throughput"]
+
+    @property
+    def evaluations(self) -> int:
+        """Memory and throughput estimates this search computed (what the answer reports as `evaluated`)."""
+        return self.memory_calls + self.perf_calls
+
+    def _estimate(self, kind: str, cache: dict[PlanKey, Report], key: PlanKey) -> Report:
+        """The Engine's `kind` estimate of the plan `key`, once per job: counted before the call, so one that raises
+        (a plan the cost model cannot time) still counts."""
+        hit = cache.get(key)
+        if hit is None:
+            self.calls[kind] += 1
+            hit = cache[key] = getattr(self.engine, kind)(self.job, self.plan(*key))
+        return hit
+
+    def memory(self, lay: Layout, zero: int, recompute: str, mbs: int) -> MemoryReport:
+        key = (lay, zero, recompute, mbs)
+        new = key not in self.caches.memory
+        report = self._estimate("memory", self.caches.memory, key)
+        if new and not report.fits:
+            self._remember_miss(report)
+        return report
+
+    def check_error(self, lay: Layout, zero: int, recompute: str, mbs: int) -> str | None:
+        """First error id of the structural rules, or None."""
+        report = self._estimate("check", self.caches.checks, (lay, zero, recompute, mbs))
+        error = next((f for f in report.findings if f.severity == "error"), None)
+        if error is None:
+            return None
+        self.caches.first_finding.setdefault(error.id, error)
+        return error.id
+
+    def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
+        return self._estimate("throughput", self.caches.throughput, (lay, zero, recompute, mbs))
+
+    def _remember_miss(self, report: MemoryReport) -> None:
+        over = report.fit_bytes - report.capacity_bytes
+        self.near.append((over, report.plan, report))
+        if len(self.near) > 64:
+            self.near.sort(key=lambda t: t[0])
+            del self.near[16:]
+
+    def variants(self) -> int:
+        return len(self.zeros) * len(self.recomputes)
+
+    def plans_of(self, lay: Layout) -> int:
+        """How many plans (ZeRO stage x recompute x micro-batch) a layout stands for; one micro-batch when none
+        divides its share of the batch (the batch rule then says why)."""
+        return self.variants() * max(1, len(micro_batches(self.job, lay, self.fixed)))
+
+    def need_range(self, lay: Layout, mbs: int) -> tuple[int, int]:
+        """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
+        Memory grows with the micro-batch, so a smaller micro-batch's need is a floor and a larger one's a
+        ceiling; a non-interleaved base's need is a floor for its interleaved layouts."""
+        known = self.caches.least_recompute
+        low, high = 0, len(self.recomputes)
+        for key in (lay, lay.base()):
+            for b, need in known.get(key, {}).items():
+                if b <= mbs:
+                    low = max(low, need)
+                elif key is lay and b > mbs:
+                    high = min(high, need)
+        if mbs in known.get(lay, {}):
+            low = high = known[lay][mbs]
+        return low, max(low, high)
+
+    @property
+    def budget(self) -> int:
+        return self.budget_bytes or self.job.gpu.memory_bytes
+
+    def memory_rule_for(self, needed: int) -> str:
+        """MEM001 when even the full capacity is exceeded; MEM002 when only the headroom budget is."""
+        return self.engine.memory_rule if needed > self.job.gpu.memory_bytes else HEADROOM_RULE
+
+    def floor_fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
+        """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
+        key = (lay.base(), zero, recompute, mbs)
+        hit = self.caches.floor_fits.get(key)
+        if hit is None:
+            floor = self.caches.floors.get(key)
+            if floor is None:
+                floor = self.caches.floors[key] = first_stage_floor(
+                    self.job, lay.base(), zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
+                    reserved=not self.fixed.carried.get("expandable_segments"),
+                    activation_offload=bool(self.fixed.carried.get("activation_offload")))
+            hit = self.caches.floor_fits[key] = floor <= self.budget
+        return hit
+
+    def states_bound(self, lay: Layout, zero: int) -> float:
+        """states_lower_bound of the layout at that ZeRO stage, once per job."""
+        key = (lay, zero)
+        hit = self.caches.states.get(key)
+        if hit is None:
+            hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split, self.presets[zero][1])
+        return hit
+
+    def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
+        return (self.floor_fits(lay, zero, recompute, mbs)
+                and self.memory(lay, zero, recompute, mbs).fit_bytes <= self.budget)
+
+    def unsharded(self, lay: Layout) -> bool:
+        """ZeRO shards nothing here (dense dp*cp and expert-DP of 1): the stages then differ only by what each
+        convention adds (ZeRO-3's gathered layers, FSDP2 ZeRO-2's kept bf16 copy), so none is the lightest."""
+        return lay.dp * lay.cp == 1 and mesh.expert_dp(self.job.num_gpus, lay) == 1
+
+    def lightest(self, lay: Layout) -> tuple[int, ...]:
+        """The ZeRO stages whose least recompute bounds every stage's: the most sharded one, or each where
+        nothing is sharded."""
+        return self.zeros if self.unsharded(lay) else self.zeros[-1:]
+
+    def need_floor(self, lay: Layout, mbs: int) -> int:
+        """The least recompute whose first-stage floor fits at the lightest ZeRO stage (no estimate needed)."""
+        return min(next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, zero, r, mbs)),
+                        len(self.recomputes)) for zero in self.lightest(lay))
+
+    def need(self, lay: Layout, mbs: int) -> int:
+        """The least recompute index that fits at the lightest ZeRO stage. The memory floor is usually right,
+        so its answer is tried first and the walk goes up from there."""
+        low, high = self.need_range(lay, mbs)
+        n_r = len(self.recomputes)
+        i = max(low, min(high, self.need_floor(lay, mbs)))
+        lightest = self.lightest(lay)
+        while i < min(high, n_r) and not any(self.fits(lay, zero, self.recomputes[i], mbs) for zero in lightest):
+            i += 1
+        self.caches.least_recompute.setdefault(lay, {})[mbs] = i
+        return i
