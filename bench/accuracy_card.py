@@ -140,18 +140,18 @@ def rl_runs(validation: Path) -> list[Run]:
     name, script = "verl RL runs (production_configs_dev.yaml, verl one_step_off.md)", "bench/rl_jobs.py"
     out: list[Run] = []
     # each measured step: the recorded throughput call whose rounded step is the one rl_jobs reports for it
-    measured = [(res["dsv3_96"]["step_s"], res["dsv3_96"]["step_measured_s"])]
-    measured += [(res["one_step_off"][p]["step_s"], res["one_step_off"][p]["step_measured_s"])
-                 for p in ("colocated", "separate")]
+    scored = [d for d in res["rows"].values() if "not_scored" not in d]
+    measured = [(d["step_s"], d["step_measured_s"]) for d in scored if d["step_measured_s"]]
+    measured += [(p["step_s"], p["step_measured_s"]) for p in res["one_step_off"].values() if isinstance(p, dict)]
     for step_s, meas in measured:
         call = next(c for c in recorder.calls if c[0] == "throughput" and round(c[2].step_time_s) == step_s)
         job, plan = resolve(call[1])
         # as throughput (steps per second), like every other throughput run: > 0 = predicted too fast
         out.append(Run("throughput", script, name, job, plan, meas / call[2].step_time_s - 1))
-    d = res["dsv3_96"]
-    call = next(c for c in recorder.calls if c[0] == "memory" and round(c[2].peak_bytes / GB, 1) == d["peak_gb"])
-    job, plan = resolve(call[1])
-    out.append(Run("memory", script, name, job, plan, call[2].peak_bytes / (d["peak_measured_gb"] * GB) - 1))
+    for d in (d for d in scored if d["peak_measured_gb"]):
+        call = next(c for c in recorder.calls if c[0] == "memory" and round(c[2].peak_bytes / GB, 1) == d["peak_gb"])
+        job, plan = resolve(call[1])
+        out.append(Run("memory", script, name, job, plan, call[2].peak_bytes / (d["peak_measured_gb"] * GB) - 1))
     return out
 
 

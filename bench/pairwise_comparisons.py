@@ -4,18 +4,25 @@ Data: ../shared/validation/pairwise_comparisons_dev.yaml: measured comparisons b
 production_configs_dev.yaml (which layout won, by how much, how controlled the comparison was). Each comparison
 lists its configurations as text lines ("label: value, value") and the production rows it links.
 
-Method (nothing fitted, no per-pair constants):
-- Every side of a pair is a production row, or a production row with the fields the config line's label changes
-  (SIDES): a recompute list ("moe_act", "mla_up_proj+mlp": memory.recompute becomes "selective: <modules>"), a
-  layout or length ("16K CP4 DP8", "TP1 PP4 VP5", "(512 GPUs)": the row's seq, tp/pp/vpp/cp/dp, GPU count; dp
-  re-derived when the label leaves it out; the global batch scaled to keep the row's tokens per step), or a GPU
-  the row does not name (its hardware entry). The edited row is mapped by bench/production_configs.py's own
-  map_row, so a side is the Request a user would pass, with the same knobs counted as that script counts them.
-  A side whose layout the source does not give ("the no-CP configs are not specified") is meshplan's own best
-  layout with that degree fixed to 1 (api.recommend), as a user would ask for it.
+Method (nothing fitted, no per-pair constants, no table per comparison: every comparison of any file of this schema
+is read by the same rules):
+- Sides: each value of each config line (an "A vs B" line: one side per value, the words before each value added to
+  the line's label; a half without words takes those of the line above). A side is built from the linked production
+  row its label agrees with most (label_settings: layout degrees TP/PP/VP/CP/EP/DP/FSDP, length "16K", GPU count
+  "(512 GPUs)" / "32K/32" / "8 GPUs" / a bare number, a GPU name, a precision, Megatron recompute modules "moe_act",
+  "mla_up_proj+mlp", a switch "overlap on" and the knob the label or title names), with the settings the label states
+  applied: dp re-derived when the layout or GPU count changes and the label leaves dp out, the global batch scaled to
+  keep the row's tokens per step, a GPU outside the catalog taking its memory from the file's rows on it. The edited
+  row is mapped by bench/production_configs.py's own map_row, so a side is the Request a user would pass, with the
+  same knobs counted as that script counts them. A label that only takes a degree away ("no-CP": the source does
+  not give the layout) is meshplan's own best layout with that degree fixed to 1 (api.recommend).
+- What each value measures: the unit beside it ("ms" time, "GB" memory, "TFLOP/s" / "MFU" throughput), else the
+  metric's part at that position; a metric that is a feasibility or a recommendation has no measured pair, and its
+  linked rows' fit is checked instead.
+- Pairs: an "A vs B" line's two values; else, per value position, each side against the reference of its GPU (a
+  comparison across GPUs measures the GPU): the side that is a linked row as that row states it, else the first.
 - Measured values are read from the config lines (the numbers after the colon; "+x%" relative to the reference
-  line; "OOM"). Pairs: each config against the comparison's reference config (the control the source reports
-  against; for a table of A-vs-B lines, each line's two values).
+  line; "OOM").
 - Predicted: model TFLOP/s per GPU (api.estimate_throughput: model FLOPs per step / step time / GPUs; same model
   and length on both sides makes this the tokens/s ratio, across lengths it is the metric the source reports),
   the step time for step-time pairs, api.estimate_memory's peak for memory pairs.
@@ -28,13 +35,16 @@ Method (nothing fitted, no per-pair constants):
   scored with the nearest expressible settings (a side carries a knob of production_rows.KNOBS that changes
   the metric: named). Feasibility comparisons (a layout that ran vs "OOM") are checked as fit verdicts.
 
-Run: python bench/pairwise_comparisons.py [--rows] [--validation DIR]
+--json: {"apart", "ordered_right"} of the throughput pairs scored with every setting expressed, in sample and out
+of sample (every pair under the fitted constants of bench/moe_fit.py fitted without its rows' source).
+
+Run: python bench/pairwise_comparisons.py [--rows] [--json] [--validation DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import re
 import statistics
 import sys
@@ -46,11 +56,25 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_fit
 import production_mapping as pmap  # bench scripts are not a package
 import production_rows as prow
+from pairwise_sides import (  # the label and value readers
+    Side,
+    _as_stated,
+    label_settings,
+    measured_value,
+    measures,
+    sides_of,
+)
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 DATA_NAME = "pairwise_comparisons_dev.yaml"
@@ -59,148 +83,43 @@ OFF = 0.20  # a pair ordered right but with a ratio error beyond this also says 
 TERMS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "dp_comm_s", "pp_comm_s", "bubble_s", "recompute_s",
          "other_s", "offload_s")
 
-# --------------------------------------------------------------------------- how each comparison's sides are built
-
-
-@dataclass(frozen=True)
-class Side:
-    """One configuration of a comparison: `line` of its configs (and `pick`, which value on that line), built from
-    production row `entry` (by default the comparison's first linked row) with what the line's label changes
-    (`edit`: "recompute", "layout"), a hardware entry the row does not have, or meshplan's best layout with
-    `best_without` fixed to 1 (the source does not give the layout)."""
-
-    line: int
-    pick: int = 0
-    entry: str | None = None
-    edit: str | None = None
-    hardware: tuple[tuple[str, Any], ...] = ()
-    best_without: str | None = None
-
-
-@dataclass(frozen=True)
-class Spec:
-    """The sides of a comparison, what each value on a line measures (by `pick`: "throughput" higher is better,
-    "time" lower is better, "memory" peak bytes), the pairs (side keys, reference first) and the knob meshplan lacks
-    when its sides differ only by it."""
-
-    sides: dict[str, Side]
-    pairs: tuple[tuple[str, str], ...]
-    measures: tuple[str, ...] = ("throughput",)
-    lacks: str | None = None
-    not_measured: str | None = None  # a comparison with no measured value on both sides: why
-
-
-def _vs(ref: str, others: list[str]) -> tuple[tuple[str, str], ...]:
-    return tuple((ref, o) for o in others)
-
-
-NEMO_CP = [f"nemo_longseq_llama2_7b_h100_{k}" for k in ("32k", "64k", "128k", "256k", "512k", "1024k")]
-MOON = "mbridge_card_moonlight_8_norecompute"
-NANO = "mbridge_card_nemotron3_nano_16_moe_recompute"
-GB300 = (("gpu_type", "GB300-288GB"), ("gpu_memory_gb", 288))  # the line names GB300; the linked rows are GB200
-SPECS: dict[str, Spec] = {
-    "CMP-TOUCHNET-1B": Spec(
-        {"fsdp8": Side(0, entry="issue_touchnet_llama32_1b_8x3090_fsdp8"),
-         "pp2tp2": Side(1, entry="issue_touchnet_llama32_1b_8x3090_pp2_tp2_fsdp2")}, (("fsdp8", "pp2tp2"),)),
-    "CMP-NEMO-CP": Spec(
-        {**{f"{i}cp": Side(i, 0, entry=e) for i, e in enumerate(NEMO_CP)},
-         **{f"{i}nocp": Side(i, 1, entry=e, best_without="cp") for i, e in enumerate(NEMO_CP)}},
-        tuple((f"{i}cp", f"{i}nocp") for i in range(len(NEMO_CP)))),
-    "CMP-MB-QWEN30B-H100": Spec(
-        {"pp2vp12": Side(0, entry="mbridge_h100_qwen3_30b_16_fp8_pp2vp12"),
-         "ep16": Side(1, entry="mbridge_h100_qwen3_30b_16_fp8_ep16")}, (("pp2vp12", "ep16"),)),
-    "CMP-MB-L70B-GB200": Spec(
-        {"gb200-fsdp": Side(0, entry="mbridge_gb200_llama3_70b_64_fp8_fsdp"),
-         "gb200-tp2pp4": Side(1, entry="mbridge_gb200_llama3_70b_64_mxfp8_tp2pp4"),
-         "gb300-fsdp": Side(2, entry="mbridge_gb200_llama3_70b_64_fp8_fsdp", hardware=GB300),
-         "gb300-tp1pp4": Side(3, entry="mbridge_gb200_llama3_70b_64_mxfp8_tp2pp4", edit="layout", hardware=GB300)},
-        (("gb200-fsdp", "gb200-tp2pp4"), ("gb300-fsdp", "gb300-tp1pp4"))),
-    "CMP-MB-RECOMPUTE-MOONLIGHT": Spec(
-        {**{f"t{i}": Side(i, 0, entry=MOON, edit="recompute") for i in range(6)},
-         **{f"m{i}": Side(i, 1, entry=MOON, edit="recompute") for i in range(6)}},
-        _vs("t0", [f"t{i}" for i in range(1, 6)]) + _vs("m0", [f"m{i}" for i in range(1, 6)]),
-        measures=("time", "memory")),
-    "CMP-MB-RECOMPUTE-NANO": Spec(
-        {**{f"f{i}": Side(i, 0, entry=NANO, edit="recompute") for i in range(6)},
-         "m4": Side(4, 1, entry=NANO, edit="recompute"), "m5": Side(5, 1, entry=NANO, edit="recompute")},
-        (*_vs("f4", ["f0", "f1", "f2", "f3", "f5"]), ("m4", "m5")), measures=("throughput", "memory")),
-    "CMP-QWEN30B-EP-OVERLAP": Spec(
-        {"off": Side(0, edit="a2a_overlap"), "on": Side(1, edit="a2a_overlap")}, (("on", "off"),)),
-    "CMP-DSV3-LONGCTX": Spec(
-        {f"l{i}": Side(i, edit="layout") for i in range(6)}, _vs("l4", ["l0", "l1", "l2", "l3", "l5"])),
-    "CMP-VERL-DSV3-SCALE": Spec(
-        {}, (), not_measured="recommended layouts per GPU count, no throughput on both sides: the linked layouts' "
-                             "fit is checked instead"),
-    "CMP-VERL-QWEN30B-SCALE": Spec(
-        {f"g{i}": Side(i, entry=e) for i, e in
-         enumerate(("verl_qwen3_30b_h20_8", "verl_qwen3_30b_h20_16", "verl_qwen3_30b_h20_32"))},
-        _vs("g0", ["g1", "g2"])),
-}
-
-# --------------------------------------------------------------------------- measured values
-
-VALUE = re.compile(r"(?<![\w.])(OOM|[~+-]?\d+(?:\.\d+)?%?)(?![\w.])")
-
-
-def line_values(line: str) -> list[str]:
-    """The values after a config line's colon: numbers (with sign, ~ or %), or OOM."""
-    if ": " not in line:
-        raise ValueError(f"config line without 'label: value': {line!r}")
-    return VALUE.findall(line.split(": ", 1)[1])
-
-
-def line_label(line: str) -> str:
-    return line.split(": ", 1)[0].strip()
-
-
-def measured_value(configs: list[str], side: Side, ref: Side | None) -> float | str:
-    """The side's measured value: a number, "OOM", or a "+x%" turned absolute against the reference line."""
-    values = line_values(configs[side.line])
-    if not values:
-        raise ValueError(f"no value on {configs[side.line]!r}")
-    if values[0] == "OOM":
-        return "OOM"
-    raw = values[side.pick] if side.pick < len(values) else values[-1]
-    number = float(raw.strip("~+-%")) * (-1 if raw.startswith("-") else 1)
-    if values[0][0] in "+-":  # a line of changes against the reference line ("+1.99%, -1.85% mem", "~0 mem")
-        if ref is None or ref.line == side.line:
-            raise ValueError(f"relative value {raw!r} without a reference line")
-        base = measured_value(configs, ref, None)
-        assert isinstance(base, float)
-        return base * (1 + number / 100)
-    return number
-
 
 # --------------------------------------------------------------------------- building a side
 
 
-def _recompute_text(label: str) -> str:
-    """memory.recompute for a recompute label ("none", "moe_act", "mla_up_proj+mlp")."""
-    names = [n.strip() for n in label.split("+")]
-    return "none" if names == ["none"] else "selective: " + ", ".join(names)
+def _gpu_memory(word: str, rows: dict[str, dict[str, Any]]) -> float | None:
+    """The memory (GB, as the rows record it) of a GPU a label names: the catalog's, else a row of the file on it."""
+    try:
+        return round(get_gpu(word).memory_bytes / GIB)
+    except MeshplanError:
+        pass
+    return next((r["hardware"]["gpu_memory_gb"] for r in rows.values()
+                 if str(r["hardware"]["gpu_type"]).lower().startswith(word.lower())), None)
 
 
-LAYOUT_WORDS = (("tp", r"\bTP(\d+)"), ("pp", r"\bPP(\d+)"), ("vpp", r"\bVPP?(\d+)"), ("cp", r"\bCP(\d+)"),
-                ("ep", r"\bEP(\d+)"), ("dp", r"\bDP(\d+)"))
-
-
-def _layout_edit(row: dict[str, Any], label: str) -> list[str]:
-    """The row with the layout and length a label states; dp re-derived when the label leaves it out, the global
-    batch scaled to keep the row's tokens per step (the sources scale it so), the GPU count from "(N GPUs)"."""
-    p, w, notes = row["parallelism"], row["workload"], []
-    for key, pattern in LAYOUT_WORDS:
-        if m := re.search(pattern, label):
-            p[key] = int(m.group(1))
-    if m := re.search(r"\((\d+) GPUs\)", label):
-        row["hardware"]["num_gpus"] = int(m.group(1))
-    if m := re.match(r"(\d+)K\b", label):
-        tokens = w["seq_length"] * w["global_batch_size"]
-        w["seq_length"] = int(m.group(1)) * 1024
+def _edit(row: dict[str, Any], stated: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The row with the settings a label states: layout degrees, length (the global batch scaled to keep the row's
+    tokens per step, as the sources scale it), GPU count, GPU, recompute; dp re-derived where the layout or GPU count
+    changed and the label leaves dp out. Notes on what was derived."""
+    p, w, hw, notes = row["parallelism"], row["workload"], row["hardware"], []
+    before = (p["tp"], p["pp"], p["cp"], hw["num_gpus"])
+    for key in ("tp", "pp", "vpp", "cp", "ep", "dp"):
+        if key in stated:
+            p[key] = stated[key]
+    if "num_gpus" in stated:
+        hw["num_gpus"] = stated["num_gpus"]
+    if "seq_length" in stated and stated["seq_length"] != w["seq_length"] and w["seq_length"]:
+        tokens = w["seq_length"] * (w["global_batch_size"] or 1)
+        w["seq_length"] = stated["seq_length"]
         w["global_batch_size"] = max(1, tokens // w["seq_length"])
         w["tokens_per_step"] = w["seq_length"] * w["global_batch_size"]
         notes.append(f"global batch {w['global_batch_size']} (tokens per step kept)")
-    if not re.search(r"\bDP\d+", label):
-        p["dp"] = row["hardware"]["num_gpus"] // (p["tp"] * p["pp"] * (p["cp"] or 1))
+    if "gpu" in stated and not str(hw["gpu_type"]).lower().startswith(stated["gpu"].lower()):
+        hw["gpu_type"], hw["gpu_memory_gb"] = stated["gpu"], _gpu_memory(stated["gpu"], rows)
+    if "recompute" in stated:
+        row["memory"]["recompute"] = stated["recompute"]
+    if "dp" not in stated and (p["tp"], p["pp"], p["cp"], hw["num_gpus"]) != before and hw["num_gpus"]:
+        p["dp"] = hw["num_gpus"] // ((p["tp"] or 1) * (p["pp"] or 1) * (p["cp"] or 1))
     return notes
 
 
@@ -215,23 +134,28 @@ class Built:
     capacity_bytes: int | None = None
 
 
-def build_side(side: Side, label: str, row: dict[str, Any], workdir: Path) -> Built:
-    """The side's Request: the row edited as the label says, mapped by production_mapping.map_row."""
-    row = copy.deepcopy(row)
-    notes: list[str] = []
-    if side.hardware:
-        row["hardware"].update(dict(side.hardware))
-    if side.edit == "recompute":
-        row["memory"]["recompute"] = _recompute_text(label)
-    elif side.edit == "layout":
-        notes += _layout_edit(row, label)
+def build_side(side: Side, row: dict[str, Any] | None, workdir: Path, rows: dict[str, dict[str, Any]] | None = None,
+               title: str = "") -> Built:
+    """The side's Request: its linked row with the settings its label states, mapped by production_mapping.map_row;
+    a switch the label turns on or off (the knob it names) set on the request; the best layout without a degree the
+    label takes away."""
+    if row is None:
+        return Built(unmapped="the comparison links no row of the file")
+    stated = label_settings(side.label, title)
+    row = prow.read_row(row)[0]
+    notes = _edit(row, stated, rows or {})
+    if row["hardware"]["gpu_memory_gb"] is None:
+        return Built(unmapped=f"GPU {stated.get('gpu')} named by the label: not in the catalog nor in any row")
     row["id"] = f"{row['id']}--{side.line}-{side.pick}"
     m = pmap.map_row(row, workdir)
     if m.request is None:
         return Built(unmapped=m.unmapped)
     request = m.request
-    if side.edit == "a2a_overlap":  # "overlap off: 244.0" / "overlap on: 287.3": the plan knob moe_a2a_overlap
-        request = request.model_copy(update={"moe_a2a_overlap": label.split(":")[0].strip().endswith(" on")})
+    if "switch" in stated:
+        knob, on = stated["switch"]
+        if knob is None:
+            return Built(unmapped=f"the switch {side.label!r} names no knob meshplan has")
+        request = request.model_copy(update={knob: on})
     built = Built(request, None, dict(m.knobs), m.notes + notes, m.capacity_bytes)
     if side.best_without:
         return _best_without(built, side.best_without)
@@ -269,10 +193,16 @@ class Estimate:
     refused: str | None = None
 
 
-def estimate(built: Built) -> Estimate:
+def estimate(built: Built, constants: dict[str, float] | None = None) -> Estimate:
+    """The side's throughput and memory through meshplan.api; with `constants`, the step time under those fitted
+    constants instead of the card's (leave one source out)."""
     out = Estimate()
     try:
-        tp = api.estimate_throughput(built.request)
+        if constants:
+            job, plan = resolve(built.request)
+            tp = estimate_throughput(job, plan, calibration(job.framework).with_overrides(**constants))
+        else:
+            tp = api.estimate_throughput(built.request)
         flops = tp.model_flops_per_step / built.request.num_gpus
         out.step_s, out.tflops = tp.step_time_s, flops / tp.step_time_s / 1e12
         out.per_flop = {t: getattr(tp.breakdown, t) / flops for t in TERMS}
@@ -338,12 +268,11 @@ def _driver(win: Estimate, lose: Estimate, charge_winner: bool) -> str:
     return f"{term} charges the measured {whom} {sign * diff[term]:+.1%} more (winner - loser: {moved})"
 
 
-def score_pair(cid: str, spec: Spec, configs: list[str], keys: tuple[str, str], built: dict[str, Built],
-               est: dict[str, Estimate]) -> PairScore:
-    sa, sb = spec.sides[keys[0]], spec.sides[keys[1]]
-    about = spec.measures[min(sa.pick, len(spec.measures) - 1)]
+def score_pair(cid: str, about: str, configs: list[str], sides: tuple[Side, Side], built: tuple[Built, Built],
+               est: tuple[Estimate | None, Estimate | None]) -> PairScore:
+    sa, sb = sides
     va, vb = measured_value(configs, sa, sa), measured_value(configs, sb, sa)
-    la, lb = line_label(configs[sa.line]), line_label(configs[sb.line])
+    la, lb = sa.label, sb.label
     if sa.best_without:
         la += f" ({sa.best_without}=1)"
     if sb.best_without:
@@ -351,7 +280,7 @@ def score_pair(cid: str, spec: Spec, configs: list[str], keys: tuple[str, str], 
     if "OOM" in (va, vb):
         about = "fits"
     out = PairScore(cid, la, lb, about, searched=bool(sa.best_without or sb.best_without))
-    ba, bb = built[keys[0]], built[keys[1]]
+    ba, bb = built
     for b in (ba, bb):
         out.notes += [n for n in b.notes if n not in out.notes]
     if about != "fits":
@@ -363,13 +292,13 @@ def score_pair(cid: str, spec: Spec, configs: list[str], keys: tuple[str, str], 
         return out
     if ba.request == bb.request:
         out.status = "not expressible"
-        out.why_apart = f"{spec.lacks or 'a setting meshplan lacks'}: both sides are the same request"
+        out.why_apart = "a setting meshplan lacks: both sides are the same request"
         return out
     effect = "memory" if about in ("memory", "fits") else "time"
     knobs = sorted({k for b in (ba, bb) for k in b.knobs if effect in prow.KNOBS[k][0]})
     if knobs:
         out.status, out.why_apart = "nearest", ", ".join(knobs)
-    ea, eb = est[keys[0]], est[keys[1]]
+    ea, eb = est
     if ea.refused or eb.refused:
         out.status, out.why_apart = "not expressible", f"estimate refused: {ea.refused or eb.refused}"
         return out
@@ -388,36 +317,94 @@ def score_pair(cid: str, spec: Spec, configs: list[str], keys: tuple[str, str], 
     return out
 
 
+def pairs_of(c: dict[str, Any], sides: list[Side], built: list[Built], own: dict[str, Request | None],
+             rows: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, int, int]]:
+    """(what it measures, side index, side index) of each pair, the reference first: on an "A vs B" line its two
+    values; else, per value position, each side against the reference of its GPU (a comparison across GPUs measures
+    the GPU): the side that is a linked row as the row states it (the same request), else the first."""
+    kinds = measures(c)
+    out: list[tuple[str, int, int]] = []
+    by_line: dict[int, list[int]] = {}
+    for i, s in enumerate(sides):
+        by_line.setdefault(s.line, []).append(i)
+    vs_lines = {ln for ln, idx in by_line.items() if len(idx) > 1 and re.search(r"\svs\.?\s", c["configs"][ln])}
+    for ln in sorted(vs_lines):
+        a, b = by_line[ln][:2]
+        out.append((kinds[0] if kinds else "throughput", a, b))
+    for pos, kind in enumerate(kinds):
+        group: dict[str, list[int]] = {}
+        for i, s in enumerate(sides):
+            if s.line in vs_lines or s.pick != pos:
+                continue
+            row = (rows or {}).get(s.entry or "") or {"hardware": {}}
+            gpu = label_settings(s.label).get("gpu") or str(row["hardware"].get("gpu_type")).split("-")[0]
+            group.setdefault(gpu.lower(), []).append(i)
+        for idx in group.values():
+            ref = next((i for i in idx if built[i].request is not None and built[i].request in own.values()),
+                       next((i for i in idx if _as_stated(sides[i], rows or {})), idx[0]))
+            out += [(kind or "throughput", ref, i) for i in idx if i != ref]
+    return out
+
+
 @dataclass
 class Result:
     pairs: list[PairScore]
     feasibility: list[tuple[str, str, bool | None, str]]  # (comparison, row, predicted to fit, why not known)
     not_measured: dict[str, str]
+    out_of_sample: list[PairScore] = field(default_factory=list)  # the pairs under constants fitted without them
+    constants: dict[str, dict[str, float]] = field(default_factory=dict)  # comparison -> the constants it was under
 
 
-def run(validation: Path) -> Result:
-    comparisons = yaml.safe_load((validation / DATA_NAME).read_text(encoding="utf-8"))
-    rows = {r["id"]: r for r in prow.load_rows(validation / prow.DATA_NAME)}
-    unknown = set(SPECS) ^ {c["id"] for c in comparisons}
-    if unknown:
-        raise SystemExit(f"comparisons without a spec here, or specs without a comparison: {sorted(unknown)}")
-    pairs, feasibility, not_measured = [], [], {}
+def _own(c: dict[str, Any], rows: dict[str, dict[str, Any]], tmp: Path) -> dict[str, Request | None]:
+    return {e: pmap.map_row(rows[e], tmp).request for e in c.get("entry_ids") or [] if e in rows}
+
+
+def run(validation: Path, held: dict[str, dict[str, float]] | None = None) -> Result:
+    """Every comparison of the file scored from its rows' own fields; with `held` ({source: the fitted constants
+    fitted without it}), each pair also under the constants fitted without its linked rows' source."""
+    comparisons = yaml.safe_load((validation / DATA_NAME).read_text(encoding="utf-8")) or []
+    rows = {r["id"]: r for r in prow.load_rows(validation / prow.DATA_NAME) if isinstance(r, dict) and "id" in r}
+    result = Result([], [], {})
     with tempfile.TemporaryDirectory(prefix="meshplan-pairwise-") as tmp:
         for c in comparisons:
-            spec = SPECS[c["id"]]
-            if spec.not_measured:
-                not_measured[c["id"]] = spec.not_measured
-                for e in c["entry_ids"]:
-                    m = pmap.map_row(rows[e], Path(tmp))
-                    fits = None if m.request is None else estimate(Built(m.request, None, m.knobs, [],
-                                                                         m.capacity_bytes)).fits
-                    feasibility.append((c["id"], e, fits, m.unmapped or ", ".join(m.knobs)))
+            if not measures(c):
+                result.not_measured[c["id"]] = f"the metric ({c.get('metric')}) is no measured value: the linked " \
+                                               "rows' fit is checked instead"
+                for e in c.get("entry_ids") or []:
+                    m = pmap.map_row(rows[e], Path(tmp)) if e in rows else None
+                    fits = None if m is None or m.request is None else estimate(
+                        Built(m.request, None, m.knobs, [], m.capacity_bytes)).fits
+                    why = "not a row of the file" if m is None else (m.unmapped or ", ".join(m.knobs))
+                    result.feasibility.append((c["id"], e, fits, why))
                 continue
-            built = {k: build_side(s, line_label(c["configs"][s.line]), rows[s.entry or c["entry_ids"][0]], Path(tmp))
-                     for k, s in spec.sides.items()}
-            est = {k: estimate(b) for k, b in built.items() if b.request is not None}
-            pairs += [score_pair(c["id"], spec, c["configs"], keys, built, est) for keys in spec.pairs]
-    return Result(pairs, feasibility, not_measured)
+            try:
+                _score_comparison(c, rows, Path(tmp), result, held)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:  # a line the readers cannot take: its reason
+                result.not_measured[c["id"]] = f"its configs cannot be read as sides ({type(exc).__name__}: {exc})"
+    return result
+
+
+def _score_comparison(c: dict[str, Any], rows: dict[str, dict[str, Any]], tmp: Path, result: Result,
+                      held: dict[str, dict[str, float]] | None) -> None:
+    sides = sides_of(c, rows)
+    title = str(c.get("title") or "")
+    built = [build_side(s, rows.get(s.entry or ""), tmp, rows, title) for s in sides]
+    own = _own(c, rows, tmp)
+    pairs = pairs_of(c, sides, built, own, rows)
+    est = [estimate(b) if b.request is not None else None for b in built]
+    for kind, i, j in pairs:
+        result.pairs.append(score_pair(c["id"], kind, c["configs"], (sides[i], sides[j]), (built[i], built[j]),
+                                       (est[i], est[j])))
+    if held is None:
+        return
+    sources = {prow.source_key(rows[e]) for e in own}
+    constants = next((held[s] for s in sorted(sources) if s in held), None)
+    if constants:
+        result.constants[c["id"]] = constants
+        est = [estimate(b, constants) if b.request is not None else None for b in built]
+    for kind, i, j in pairs:
+        result.out_of_sample.append(score_pair(c["id"], kind, c["configs"], (sides[i], sides[j]),
+                                               (built[i], built[j]), (est[i], est[j])))
 
 
 # --------------------------------------------------------------------------- summary and report
@@ -511,11 +498,35 @@ def print_summary(result: Result) -> None:
         print(f"  not a measured pair: {cid}: {why}: {sum(f is True for f in fits)} of {len(fits)} predicted to fit")
 
 
+def headline(pairs: list[PairScore]) -> dict[str, int]:
+    """The pairs --json reports: the throughput pairs scored with every setting expressed, measured more than 5%
+    apart, and how many of them meshplan orders right."""
+    t = Tally()
+    for p in pairs:
+        if p.status == "scored" and p.about in ("throughput", "time"):
+            t.add(p)
+    return {"apart": t.apart, "ordered_right": t.right}
+
+
+def json_report(validation: Path) -> dict[str, Any]:
+    """{"apart", "ordered_right"} in sample, and out of sample: every pair under the fitted constants (bench/moe_fit.py)
+    fitted without its rows' source."""
+    data = moe_fit.rows(validation)
+    held = {source: ov for source, (ov, _) in moe_fit.held_out(data, moe_fit.error_table(data)).items()}
+    result = run(validation, held)
+    return {**headline(result.pairs), "pairs": len(result.pairs),
+            "out_of_sample": {**headline(result.out_of_sample), "constants_by_comparison": result.constants}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validation", type=Path, default=prow.DEFAULT_VALIDATION)
     parser.add_argument("--rows", action="store_true", help="print every pair")
+    parser.add_argument("--json", action="store_true", help="the figures in and out of sample, as JSON")
     args = parser.parse_args()
+    if args.json:
+        print(json.dumps(json_report(args.validation), indent=1))
+        return 0
     result = run(args.validation)
     if args.rows:
         print_rows(result)

@@ -13,7 +13,9 @@ Method (no per-row constants, nothing fitted):
     model fields (HF model_type from the row's family, FAMILY_MODEL_TYPE) in a temporary folder; a field the
     row leaves out comes from the catalog card of that model_type with the nearest hidden size (a note).
   - gpu: the catalog GPU the row's gpu_type names, when its memory is the row's gpu_memory_gb (within 3%);
-  - framework: the meshplan framework the row's framework string names (FRAMEWORK_WORDS, first match);
+  - framework: the meshplan framework the row's framework string names: the framework cards' names, display names
+    and aliases, and bench/data/frameworks_without_card.yaml (the name met first, the longest there); a framework
+    without a card is scored with its nearest card (knob "framework") or not mapped, with its reason;
   - tp/pp/vpp/cp/ep/etp/dp, micro/global batch, sequence, precision, recompute, ZeRO/FSDP, sequence
     parallelism, dispatcher and first/last stage layers as the row states them; what it leaves unstated is
     left to meshplan's defaults (and `resolve` notes them).
@@ -55,20 +57,27 @@ Code: reading a row bench/production_rows.py, what its sources set bench/product
 in meshplan/knowledge/published_runs.py), the Request bench/production_mapping.py, scoring and summary
 bench/production_scoring.py; this script reports.
 
-Run: python bench/production_configs.py [--rows] [--issue] [--validation DIR]
+Out of sample (--json): every fitted constant refitted without the row's own source (leave one source out,
+out_of_sample), reported beside the in-sample figures.
+
+Run: python bench/production_configs.py [--rows] [--issue] [--json] [--validation DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+import math
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import moe_fit
 from production_mapping import map_row
 from production_rows import DEFAULT_VALIDATION, KNOBS
-from production_scoring import Score, Summary, median, run
+from production_scoring import Score, Summary, median, run, summarise
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
@@ -161,13 +170,64 @@ def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
               f"{len(issue['peaks'])} peaks, median |error| {_pct(issue['peak_median'], False)}")
 
 
+# --------------------------------------------------------------------------- in and out of sample
+
+
+def out_of_sample(validation: Path, rows: list[dict[str, Any]], scores: list[Score]
+                  ) -> tuple[Summary, dict[str, dict[str, float]]]:
+    """The summary with every fitted constant fitted without the row's own source: the MoE constants of
+    bench/moe_fit.py (its pooled rows: Megatron-Bridge's published table and the dev set's MoE rows) refitted on every
+    other publication's rows, and each held row's tokens/s predicted under them (leave one source out). The other
+    figures (fit, rule errors, peaks, dense and FSDP tokens/s) read no fitted constant of the dev rows' sources and
+    are the in-sample ones. Also {source: the constants fitted without it}."""
+    data = moe_fit.rows(validation)
+    held = moe_fit.held_out(data, moe_fit.error_table(data))
+    by_row = {name: err for _, errs in held.values() for name, err in errs.items()}
+    oos = []
+    for s in scores:
+        s = copy.copy(s)
+        if s.group == "MoE" and s.measured_tps is not None and s.mapping.row_id in by_row:
+            s.predicted_tps = s.measured_tps * math.exp(by_row[s.mapping.row_id])
+        oos.append(s)
+    return summarise(rows, oos), {source: ov for source, (ov, _) in held.items()}
+
+
+def figures(s: Summary) -> dict[str, Any]:
+    """The headline figures as --json prints them."""
+    def pct(x: float | None) -> float | None:
+        return None if x is None else round(100 * x, 2)
+    return {
+        "rows": s.total, "mapped": s.mapped,
+        "fit": {"n": s.fit["all"].fit, "N": s.fit["all"].rows},
+        "rule_errors": {"n": s.rule_error_rows["all"], "N": s.mapped},
+        "peak": {"median_abs_pct": pct(s.peaks["all"].median), "n": s.peaks["all"].rows},
+        "tokens_per_s": {k: {"median_abs_pct": pct(s.throughput[k].median),
+                             "median_signed_pct": pct(s.throughput[k].signed), "n": s.throughput[k].rows}
+                         for k in ("all", "dense", "MoE", "FSDP")},
+    }
+
+
+def json_report(validation: Path, rows: list[dict[str, Any]], scores: list[Score], summary: Summary
+                ) -> dict[str, Any]:
+    """The in-sample figures at the top level, the same figures out of sample under "out_of_sample" (with the
+    constants each held source was scored under), and each row not mapped with its reason."""
+    oos, constants = out_of_sample(validation, rows, scores)
+    return {**figures(summary), "out_of_sample": {**figures(oos), "constants_by_held_source": constants},
+            "not_mapped": summary.unmapped,
+            "not_expressible": {s.mapping.row_id: sorted(s.mapping.knobs) for s in scores if s.mapping.knobs}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validation", type=Path, default=DEFAULT_VALIDATION)
     parser.add_argument("--rows", action="store_true", help="print every row's verdict")
     parser.add_argument("--issue", action="store_true", help="also read the rows the way issue 14's baseline did")
+    parser.add_argument("--json", action="store_true", help="the figures in and out of sample, as JSON")
     args = parser.parse_args()
     rows, scores, summary = run(args.validation)
+    if args.json:
+        print(json.dumps(json_report(args.validation, rows, scores, summary), indent=1))
+        return 0
     if args.rows:
         print_rows(rows, scores)
     print_summary(summary, issue_reading(rows, args.validation) if args.issue else None)

@@ -19,6 +19,7 @@ from production_rows import (
     offload_fields,
     optimizer_for,
     precision_for,
+    read_row,
     recompute_for,
     row_text,
     run_knobs,
@@ -45,90 +46,104 @@ from meshplan.knowledge.published_runs import LLAMA_PERF_TP_OVERLAP
 from meshplan.schema.request import Request
 
 
-def map_row(row: dict[str, Any], workdir: Path) -> Mapping:
-    """The row as a Request, or the reason it cannot be one."""
+def map_row(raw: dict[str, Any], workdir: Path) -> Mapping:
+    """The row as a Request, or the reason it cannot be one; never an exception (a field the readers cannot take
+    is a reason too)."""
+    row, read_notes, read_knobs = read_row(raw)
     out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row))
     try:
-        w, p = row["workload"], row["parallelism"]
-        if w["seq_length"] is None:
-            raise Unmapped("sequence length not stated")
-        framework, knobs = framework_for(row["framework"])
-        gpu, capacity, k = gpu_for(row["hardware"])
-        knobs |= k
-        model, source, notes, k = model_for(row, workdir)
-        knobs |= k
-        recompute, fields, k = recompute_for(row, framework)
-        knobs |= k
-        precision, f, k = precision_for(row, framework)
-        fields |= f
-        knobs |= k
-        zero, k = zero_for(row)
-        knobs |= k
-        fields |= optimizer_for(row)
-        offload, k = offload_fields(row)
-        fields |= offload
-        knobs |= k
-        fields |= perf_table_fields(row)
-        fields |= study_recipe_fields(row)
-        key = catalog_match(row["model"])
-        first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
-        fields |= f
-        notes += n
-        knobs |= k
-        dispatcher, k = dispatcher_for(row)
-        knobs |= k
-        knobs |= run_knobs(row)
-        k, n = recipe_moe(row)
-        knobs |= k
-        notes += n
-        tp_facts = framework_card(framework).tp_overlap
-        if (framework == "megatron-bridge" and "performance-summary" in row_text(row["source"]["citation"])
-                and str(key).startswith("llama") and p["tp"] > 1):
-            knobs.setdefault("tp_comm_overlap", LLAMA_PERF_TP_OVERLAP)
-        launcher = nemo_2407_tp_overlap(row)
-        if launcher:
-            knobs.setdefault("tp_comm_overlap", f"NeMo-Framework-Launcher 1ab2c781 {launcher}.yaml ub_tp_comm_overlap")
-        if "tp_comm_overlap" in knobs and tp_facts.needs_compile:  # async TP is a torch.compile pass: the run compiled
-            knobs.setdefault("torch_compile", "async TP (a torch.compile pass)")
-        fields |= compile_field(row, framework, knobs)
-        if knobs.pop("tp_comm_overlap", None):  # a plan knob since issue 15 item 4; at tp 1 there is nothing to hide
-            fields["tp_comm_overlap"] = p["tp"] > 1 and tp_facts.switch is not None
-            if p["tp"] <= 1:
-                notes.append("TP comm overlap stated at tp 1: no TP communication, scored without")
-        fields |= allocator_field(row, framework)
-        if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
-            framework, f, k = lora_for(row, framework, knobs.pop("lora"))
-            fields |= f
-            knobs |= k
-        moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
-        if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
-            fields["moe_a2a_overlap"] = True
-        if batch := dynamic_batch_fields(row, framework):  # verl's token-budget micro-batch: the knob is expressed
-            w = {**w, **batch}
-            knobs.pop("dynamic_batch", None)
-        req = Request(
-            model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
-            seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
-            micro_batch_size=w["micro_batch_size"],
-            precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
-            ep=p["ep"], etp=p["etp"], dp=p["dp"], sequence_parallel=p["sequence_parallel"], zero_stage=zero,
-            recompute=recompute, moe_token_dispatcher=dispatcher if moe else None,
-            first_stage_layers=first, last_stage_layers=last, framework_version=framework_version_for(row, framework),
-            **fields,
-        )
+        req, knobs, notes, capacity, source = _request(row, workdir)
     except Unmapped as exc:
         out.unmapped = str(exc)
         return out
     except MeshplanError as exc:  # the request itself is refused (a model file, a field bound)
         out.unmapped = f"meshplan refuses the request: {exc}"
         return out
-    out.request, out.knobs, out.notes, out.capacity_bytes, out.model_source = req, knobs, notes, capacity, source
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a field no reader takes
+        out.unmapped = f"the row's fields cannot be read as a request ({type(exc).__name__}: {exc})"
+        return out
+    out.request, out.knobs, out.notes, out.capacity_bytes, out.model_source = (
+        req, read_knobs | knobs, read_notes + notes, capacity, source)
     return out
 
 
-def all_knobs(row: dict[str, Any]) -> dict[str, str]:
+def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str], list[str], int, str]:
+    """(Request, knobs, notes, capacity, model source) of a row read by read_row; Unmapped with the reason else."""
+    w, p = row["workload"], row["parallelism"]
+    if w["seq_length"] is None:
+        raise Unmapped("sequence length not stated")
+    if not row["hardware"]["num_gpus"] or row["hardware"]["gpu_memory_gb"] is None:
+        raise Unmapped("GPU count or GPU memory not stated")
+    framework, knobs = framework_for(row["framework"])
+    gpu, capacity, k = gpu_for(row["hardware"])
+    knobs |= k
+    model, source, notes, k = model_for(row, workdir)
+    knobs |= k
+    recompute, fields, k = recompute_for(row, framework)
+    knobs |= k
+    precision, f, k = precision_for(row, framework)
+    fields |= f
+    knobs |= k
+    zero, k = zero_for(row)
+    knobs |= k
+    fields |= optimizer_for(row)
+    offload, k = offload_fields(row)
+    fields |= offload
+    knobs |= k
+    fields |= perf_table_fields(row)
+    fields |= study_recipe_fields(row)
+    key = catalog_match(row["model"])
+    first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
+    fields |= f
+    notes += n
+    knobs |= k
+    dispatcher, k = dispatcher_for(row)
+    knobs |= k
+    knobs |= run_knobs(row)
+    k, n = recipe_moe(row)
+    knobs |= k
+    notes += n
+    tp_facts = framework_card(framework).tp_overlap
+    if (framework == "megatron-bridge" and "performance-summary" in row_text(row["source"]["citation"])
+            and str(key).startswith("llama") and (p["tp"] or 1) > 1):
+        knobs.setdefault("tp_comm_overlap", LLAMA_PERF_TP_OVERLAP)
+    launcher = nemo_2407_tp_overlap(row)
+    if launcher:
+        knobs.setdefault("tp_comm_overlap", f"NeMo-Framework-Launcher 1ab2c781 {launcher}.yaml ub_tp_comm_overlap")
+    if "tp_comm_overlap" in knobs and tp_facts.needs_compile:  # async TP is a torch.compile pass: the run compiled
+        knobs.setdefault("torch_compile", "async TP (a torch.compile pass)")
+    fields |= compile_field(row, framework, knobs)
+    if knobs.pop("tp_comm_overlap", None):  # a plan knob since issue 15 item 4; at tp 1 there is nothing to hide
+        fields["tp_comm_overlap"] = (p["tp"] or 1) > 1 and tp_facts.switch is not None
+        if (p["tp"] or 1) <= 1:
+            notes.append("TP comm overlap stated at tp 1: no TP communication, scored without")
+    fields |= allocator_field(row, framework)
+    if "lora" in knobs:  # LoRA rows: job=lora, rank and targets from the recipe the row cites (issue 16 item 5)
+        framework, f, k = lora_for(row, framework, knobs.pop("lora"))
+        fields |= f
+        knobs |= k
+    moe = bool(row["model"]["num_experts"]) or row["model"]["arch_type"] != "dense"
+    if moe and knobs.pop("moe_a2a_overlap", None):  # a plan knob since issue 15 item 1
+        fields["moe_a2a_overlap"] = True
+    if batch := dynamic_batch_fields(row, framework):  # verl's token-budget micro-batch: the knob is expressed
+        w = {**w, **batch}
+        knobs.pop("dynamic_batch", None)
+    req = Request(
+        model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
+        seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
+        micro_batch_size=w["micro_batch_size"],
+        precision=precision, framework=framework, tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"],
+        ep=p["ep"], etp=p["etp"], dp=p["dp"], sequence_parallel=p["sequence_parallel"], zero_stage=zero,
+        recompute=recompute, moe_token_dispatcher=dispatcher if moe else None,
+        first_stage_layers=first, last_stage_layers=last, framework_version=framework_version_for(row, framework),
+        **fields,
+    )
+    return req, knobs, notes, capacity, source
+
+
+def all_knobs(raw: dict[str, Any]) -> dict[str, str]:
     """The knobs of a row that does not map, read by every reader that can still run on it."""
-    knobs: dict[str, str] = {}
+    row, _, knobs = read_row(raw)
     readers = (lambda: framework_for(row["framework"])[1], lambda: recompute_for(row, "")[-1],
                lambda: precision_for(row, framework_for(row["framework"])[0])[-1],
                lambda: zero_for(row)[1], lambda: offload_fields(row)[1],
@@ -137,6 +152,6 @@ def all_knobs(row: dict[str, Any]) -> dict[str, str]:
     for read in readers:
         try:
             knobs |= read()
-        except Unmapped:
+        except (Unmapped, KeyError, TypeError, ValueError, AttributeError, IndexError):
             continue
     return knobs

@@ -8,6 +8,8 @@ together is bench/production_mapping.py's. The method: bench/production_configs.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import yaml
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.knowledge.cards import model_card, model_card_names
+from meshplan.knowledge.cards import framework_card, model_card, model_card_names
 from meshplan.knowledge.catalog import catalog_architecture, resolve_model
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
@@ -54,20 +56,11 @@ KNOBS: dict[str, tuple[str, str]] = {
             "row's own memory"),
     "model_type": ("memory, time", "an architecture meshplan cannot describe; scored as the nearest model_type"),
     "cuda_graphs": ("memory, time", "CUDA graphs (static memory pools); scored without"),
+    "row_field": ("memory, time", "a setting the row gives as text that is not a value (a count, a measure, yes/no); "
+                  "scored as unstated"),
     "torch_compile": ("memory, time", "torch.compile of the blocks only (torchtitan before it compiled the loss too, "
                       "TORCHTITAN_LOSS_COMPILED_SINCE), or on a framework without a compile card; scored eager"),
 }
-
-# The meshplan framework a row's framework string names: the first of these words it contains.
-FRAMEWORK_WORDS = (
-    ("verl", "verl"),
-    ("megatron-bridge", "megatron-bridge"),
-    ("torchtitan", "torchtitan"),
-    ("megatron-core", "megatron-core"),
-    ("nemo", "megatron-core"),  # NeMo 1.x/2 train with Megatron-Core (the row says so, or its CP/VPP need it)
-)
-# Frameworks without a card, by the word that names them, and the card they are scored with.
-NEAREST_FRAMEWORK = (("fsdp", "torchtitan"),)  # PyTorch FSDP1 (LLM Foundry / Composer, fms-fsdp) -> FSDP2
 
 # HF model_type of each model family of the file; families meshplan cannot describe have a nearest type.
 FAMILY_MODEL_TYPE = {
@@ -115,6 +108,83 @@ class Mapping:
 
 # --------------------------------------------------------------------------- reading a row
 
+# The fields of the schema the bench reads, by section; a count is an int, a measure a float, a switch a bool. A row
+# that leaves one out reads it as null; one given as text is read by its leading number (a note) or, without one, as
+# unstated with the knob "row_field" (a setting the row states that the bench cannot read as a value).
+COUNTS = {
+    "model": ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
+              "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts", "dense_layers"),
+    "hardware": ("num_gpus", "gpus_per_node"),
+    "workload": ("seq_length", "global_batch_size", "micro_batch_size"),
+    "parallelism": ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "fsdp"),
+}
+MEASURES = {
+    "model": ("total_params_b",), "hardware": ("gpu_memory_gb",),
+    "outcome": ("tflops_per_gpu", "mfu", "tokens_per_sec_per_gpu", "step_time_s", "peak_memory_gb_per_gpu"),
+}
+SWITCHES = {"parallelism": ("sequence_parallel",)}
+TEXTS = {
+    "": ("id", "name", "category", "framework", "precision"),
+    "source": ("citation", "location", "url", "version_or_date"),
+    "model": ("id", "family", "arch_type", "attention", "mla"),
+    "hardware": ("gpu_type",),
+    "parallelism": ("zero_or_distributed_optimizer", "pp_layout", "moe_dispatcher"),
+    "memory": ("recompute", "offload"),
+    "outcome": ("other",),
+    "flags": ("caveats", "memory_note"),
+}
+NUMBER = re.compile(r"\s*[~≈]?\s*(\d+(?:\.\d+)?)")
+
+
+def _value(kind: str, value: Any) -> tuple[Any, bool]:
+    """(the value as `kind` reads it, whether it was read); text by its leading number or its yes/no word."""
+    if value is None:
+        return None, True
+    if kind == "switch":
+        if isinstance(value, bool):
+            return value, True
+        word = str(value).strip().lower().split(" ")[0].strip(",;")
+        truth = {"true": True, "yes": True, "on": True, "enabled": True, "false": False, "no": False, "off": False}
+        return truth.get(word), word in truth
+    if isinstance(value, bool):
+        return None, False
+    if isinstance(value, int | float):
+        return (int(value) if kind == "count" and float(value).is_integer() else value), True
+    m = NUMBER.match(str(value))
+    if not m:
+        return None, False
+    number = float(m.group(1))
+    return (int(number) if kind == "count" and number.is_integer() else number), True
+
+
+def read_row(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """(the row with every field the bench reads present and of its type, notes, knobs): see COUNTS."""
+    row = copy.deepcopy(raw) if isinstance(raw, dict) else {}
+    notes: list[str] = []
+    knobs: dict[str, str] = {}
+    for section, keys in TEXTS.items():
+        part = row if not section else row.setdefault(section, {})
+        if not isinstance(part, dict):
+            part = row[section] = {}
+        for key in keys:
+            part.setdefault(key, None)
+    row["id"] = str(row["id"] or f"row-{id(raw)}")
+    for kind, table in (("count", COUNTS), ("measure", MEASURES), ("switch", SWITCHES)):
+        for section, keys in table.items():
+            part = row.setdefault(section, {})
+            for key in keys:
+                given = part.get(key)
+                value, read = _value(kind, given)
+                part[key] = value
+                if not read:
+                    knobs["row_field"] = "; ".join(filter(None, [knobs.get("row_field"),
+                                                                 f"{section}.{key} {given!r} is not a {kind}"]))
+                elif isinstance(given, str):
+                    notes.append(f"{section}.{key} given as text {given!r}: read as {value}")
+    return row, notes, knobs
+
+
+
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
@@ -127,6 +197,14 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 def row_text(*values: Any) -> str:
     """The row's fields that are set, as one string to search."""
     return " ".join(str(v) for v in values if v is not None)
+
+
+def source_key(row: dict[str, Any]) -> str:
+    """The publication a row comes from: its citation's repository and document (its first two words), else its
+    url; rows of one publication are held out together (leave one source out)."""
+    src = row.get("source") or {}
+    words = str(src.get("citation") or "").replace(";", " ").replace(",", " ").split()
+    return " ".join(words[:2]) if words else str(src.get("url") or row.get("id"))
 
 
 def stated_memory_settings(row: dict[str, Any]) -> bool:
@@ -290,15 +368,62 @@ def gpu_for(hardware: dict[str, Any]) -> tuple[str, int, dict[str, str]]:
     raise Unmapped(f"GPU {hardware['gpu_type']} is not in the catalog and has no catalog GPU of its family")
 
 
-def framework_for(text: str) -> tuple[str, dict[str, str]]:
-    low = text.lower()
-    for word, name in FRAMEWORK_WORDS:
-        if word in low:
-            return name, {}
-    for word, name in NEAREST_FRAMEWORK:
-        if word in low:
-            return name, {"framework": f"{text}: scored as {name}"}
-    raise Unmapped(f"framework {text!r} names no meshplan framework ({', '.join(FRAMEWORKS)})")
+NO_CARD_FILE = Path(__file__).resolve().parent / "data" / "frameworks_without_card.yaml"
+
+
+def _words(text: str) -> str:
+    """A framework name as matched: lower case, every run of characters other than letters, digits and '.' as one
+    space, so that a name matches whole words only."""
+    return " " + re.sub(r"[^a-z0-9.]+", " ", text.lower()).strip() + " "
+
+
+@dataclass(frozen=True)
+class FrameworkName:
+    """One name a row may call a framework by: the card it names (None: no card), or the card it is scored with
+    instead (`nearest`, recorded as the knob "framework"), or why it is not scored (`why`)."""
+
+    words: str
+    card: str | None
+    nearest: str | None = None
+    why: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def framework_names() -> tuple[FrameworkName, ...]:
+    """Every name a row may use: each framework card's name, display name (its parts around '/', parentheses
+    dropped) and `aliases` words, then the frameworks without a card (bench/data/frameworks_without_card.yaml)."""
+    names = []
+    for key in FRAMEWORKS:
+        card = framework_card(key)
+        aliases = getattr(card, "aliases", None) or {}
+        display = re.sub(r"\([^)]*\)", "", card.display_name).split("/")
+        for word in (key, *display, *aliases.get("words", [])):
+            if word.strip():
+                names.append(FrameworkName(_words(word), key))
+    for entry in yaml.safe_load(NO_CARD_FILE.read_text(encoding="utf-8")):
+        names += [FrameworkName(_words(w), None, entry["nearest"], " ".join(entry["why"].split()))
+                  for w in entry["words"]]
+    return names
+
+
+def framework_for(text: str | None) -> tuple[str, dict[str, str]]:
+    """(meshplan framework, knobs) the row's framework string names: the name that starts first in it, the longest
+    there, a card's before a framework without one (framework_names). A framework without a card is scored with its
+    nearest card (knob "framework") or not mapped, with its reason."""
+    if text is None or not str(text).strip():
+        raise Unmapped("framework not stated: no framework card's rules and conventions to score it with")
+    low = _words(str(text))
+    hits = [(low.find(n.words), -len(n.words), n.card is None, i, n) for i, n in enumerate(framework_names())
+            if n.words in low]
+    if not hits:
+        raise Unmapped(f"framework {text!r} names no meshplan framework ({', '.join(FRAMEWORKS)}) and none of "
+                       f"{NO_CARD_FILE.name}")
+    name = min(hits)[-1]
+    if name.card is not None:
+        return name.card, {}
+    if name.nearest is None:
+        raise Unmapped(f"framework {text!r}: {name.why}")
+    return name.nearest, {"framework": f"{text}: {name.why}"}
 
 
 # --------------------------------------------------------------------------- memory and precision settings
@@ -470,6 +595,6 @@ def peak_convention(row: dict[str, Any]) -> str:
     words = row_text(row["outcome"]["other"], row["flags"]["memory_note"], row["source"]["location"]).lower()
     if "allocated" in words:
         return "allocated"
-    if "torchtitan" in row["framework"].lower():
+    if "torchtitan" in str(row["framework"]).lower():
         return "reserved"  # torchtitan's logged memory is max_reserved_gib (components/metrics.py)
     return "not stated"

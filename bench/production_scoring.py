@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from production_mapping import all_knobs, map_row
-from production_rows import DATA_NAME, Mapping, load_rows, peak_convention, row_text, stated_memory_settings
+from production_rows import (
+    DATA_NAME,
+    Mapping,
+    load_rows,
+    peak_convention,
+    read_row,
+    row_text,
+    stated_memory_settings,
+)
 from production_sources import run_attention_kernel
 
 from meshplan import api
@@ -58,11 +66,22 @@ class Score:
         return self.predicted_tps / self.measured_tps - 1
 
 
-def score_row(row: dict[str, Any], mapping: Mapping) -> Score:
+def score_row(raw: dict[str, Any], mapping: Mapping) -> Score:
+    """The row's verdicts through meshplan.api; an estimate that fails for a reason other than a rule is `refused`
+    with that reason, never an exception."""
     score = Score(mapping)
-    req = mapping.request
-    if req is None:
+    if mapping.request is None:
         return score
+    row = read_row(raw)[0]
+    try:
+        return _score(row, mapping, score)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        score.refused = f"the estimate failed on this row ({type(exc).__name__}: {exc})"
+        return score
+
+
+def _score(row: dict[str, Any], mapping: Mapping, score: Score) -> Score:
+    req = mapping.request
     job, plan = resolve(req)
     score.group = "MoE" if job.model.moe is not None else ("FSDP" if plan.zero_stage == 3 else "dense")
     mem_ids = memory_rules()
@@ -231,12 +250,12 @@ def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
     return Summary(
         total=len(rows), mapped=len(mapped), exact=sum(s.mapping.exact for s in mapped),
         unmapped={s.mapping.row_id: str(s.mapping.unmapped) for s in scores if s.mapping.request is None},
-        stated=sum(map(stated_memory_settings, rows)), fit=fit,
+        stated=sum(stated_memory_settings(read_row(r)[0]) for r in rows), fit=fit,
         rule_error_rows={"all": sum(bool(s.rule_errors) for s in mapped),
                          "exact": sum(bool(s.rule_errors) and s.mapping.exact for s in mapped)},
         rule_error_ids=dict(ids.most_common()),
         memory_error_rows=sum(bool(s.memory_errors) for s in mapped),
-        peaks=peaks, measured_peaks=sum(r["outcome"]["peak_memory_gb_per_gpu"] is not None for r in rows),
+        peaks=peaks, measured_peaks=sum(read_row(r)[0]["outcome"]["peak_memory_gb_per_gpu"] is not None for r in rows),
         throughput=tps,
         throughput_skipped={s.mapping.row_id: s.throughput_skipped for s in mapped if s.throughput_skipped},
         knob_rows=dict(knob_rows.most_common()), knob_rows_mapped=dict(knob_rows_mapped),

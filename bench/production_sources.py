@@ -19,7 +19,6 @@ from meshplan.knowledge.published_runs import (
     BRIDGE,
     BRIDGE_PERF_TABLE,
     LORA_RECIPES,
-    NEMO_2407_TP_OVERLAP,
     RECIPE_MOE,
     RECIPE_PRECISION,
     RECIPE_SPLITS,
@@ -28,6 +27,7 @@ from meshplan.knowledge.published_runs import (
     VERL_DYNAMIC_BSZ_SCRIPTS,
     RecipeSplit,
     attention_kernel_of_run,
+    nemo_launcher_tp_overlap,
     ran_without_expandable_segments,
     release_ran,
 )
@@ -167,11 +167,14 @@ def layout_string(row: dict[str, Any], text: str) -> str | None:
 
 
 def nemo_2407_tp_overlap(row: dict[str, Any]) -> str | None:
-    """The launcher config a NeMo 24.07 pretraining row ran with ub_tp_comm_overlap True, else None."""
-    rid = row["id"]
-    if not rid.startswith("nemo2407_") or "_sft_" in rid or "_lora_" in rid:
+    """The NeMo launcher config a NeMo pretraining row ran with ub_tp_comm_overlap True (the release its framework or
+    date names, its model family and size: published_runs.nemo_launcher_tp_overlap), else None."""
+    if "nemo" not in row_text(row.get("framework")).lower():
         return None
-    return next((cfg for part, cfg in NEMO_2407_TP_OVERLAP.items() if f"_{part}_" in rid), None)
+    release = row_text(row.get("framework"), row.get("source", {}).get("version_or_date"))
+    model = row.get("model", {})
+    return nemo_launcher_tp_overlap(release, row.get("category") == "pretrain", model.get("family"),
+                                    model.get("total_params_b"))
 
 
 def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:

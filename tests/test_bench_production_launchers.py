@@ -78,7 +78,7 @@ def test_nemo_2407_rows_run_the_launchers_tp_overlap(tmp_path, production_rows):
     assert pmap.map_row(production_rows["nemo2407_h100_llama3_70b_64gpu"], tmp_path).request.tp_comm_overlap is True
     assert not pmap.map_row(production_rows["nemo2407_h100_gpt3_175b_128gpu"], tmp_path).request.tp_comm_overlap
     assert not pmap.map_row(production_rows["nemo2407_h100_sft_llama2_70b_16gpu"], tmp_path).request.tp_comm_overlap
-    assert psrc.nemo_2407_tp_overlap({"id": "nemo2407_h100_gpt3_5b_64gpu"}) is None
+    assert psrc.nemo_2407_tp_overlap(production_rows["nemo2407_h100_gpt3_5b_64gpu"]) is None
 
 
 def test_a_measured_study_gets_the_optimizer_precision_of_the_recipe_it_ran(tmp_path, production_rows):

@@ -149,9 +149,23 @@ LLAMA_PERF_TP_OVERLAP = (f"{BRIDGE} perf_recipes/llama/*: tp_comm_overlap_cfg us
 # Launcher's default training configs; those that set userbuffers TP overlap at the 24.07 line (NVIDIA/
 # NeMo-Framework-Launcher 1ab2c781, 2024-08-13, launcher_scripts/conf/training/<config>.yaml ub_tp_comm_overlap:
 # True; the row's TP, PP and SP match each config). gpt3/175b and nemotron/nemotron_340b set it False, the TP-1
-# configs have nothing to overlap; the SFT / LoRA rows ran other configs, not read.
-NEMO_2407_TP_OVERLAP = {"gpt3_20b": "gpt3/20b", "llama2_70b": "llama/llama2_70b", "llama3_70b": "llama/llama3_70b",
-                        "nemotron_8b": "nemotron/nemotron_8b", "nemotron_22b": "nemotron/nemotron_22b"}
+# configs have nothing to overlap; the SFT / LoRA runs ran other configs, not read. Keyed by (model family, nominal
+# size in billions): a pretraining run of that release whose model is within 10% of the size ran that config.
+NEMO_LAUNCHER_RELEASE = "24.07"
+NEMO_2407_TP_OVERLAP = {("gpt3", 20): "gpt3/20b", ("llama2", 70): "llama/llama2_70b",
+                        ("llama3", 70): "llama/llama3_70b", ("nemotron3", 8): "nemotron/nemotron_8b",
+                        ("nemotron3", 22): "nemotron/nemotron_22b"}
+
+
+def nemo_launcher_tp_overlap(release: str | None, pretraining: bool, family: str | None,
+                             params_b: float | None) -> str | None:
+    """The NeMo-Framework-Launcher config a NeMo `release` pretraining run of this model family and size ran with
+    ub_tp_comm_overlap True (NEMO_2407_TP_OVERLAP), else None."""
+    if not pretraining or not params_b or NEMO_LAUNCHER_RELEASE not in str(release or ""):
+        return None
+    return next((cfg for (fam, size), cfg in NEMO_2407_TP_OVERLAP.items()
+                 if fam == family and abs(params_b - size) <= 0.1 * size), None)
+
 
 # LoRA settings of the recipes LoRA rows cite (the rows state none): recipe function -> (rank, targets, source).
 LORA_RECIPES: dict[str, tuple[int, list[str], str]] = {

@@ -1,0 +1,132 @@
+"""The validation benches are generic (issue 24): fed a file of the dev set's schema with ids, frameworks and free text
+they have never seen, bench/production_configs.py and bench/pairwise_comparisons.py run without an exception and
+report every row mapped or with its reason, and bench/ holds no per-comparison table, row id, recipe or date table.
+A test of the bench itself: it imports the bench's modules."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import pairwise_comparisons as pw
+import production_configs as pconf
+import production_rows as prow
+import production_scoring as pscore
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+DATA = prow.DEFAULT_VALIDATION / prow.DATA_NAME
+pytestmark = pytest.mark.shared_data(DATA)  # ../shared beside the checkout (conftest.py: fails without it)
+
+
+def _synthetic(production_rows: dict) -> list[dict]:
+    """Rows of the dev schema nobody has seen: new ids, framework strings, a text vpp, free text, a null framework."""
+    dense = production_rows["mbridge_h100_llama3_70b_64_fp8"]
+    titan = production_rows["torchtitan_llama31_8b_8gpu_fsdp"]
+    out = []
+    for i, (framework, template) in enumerate((
+            ("Megatron-LM v0.4 (PTD-P)", dense), ("DeepSpeed 0.14 ZeRO-3", titan), ("NeMo AutoModel 25.09", titan),
+            (None, dense), ("Quokka-Trainer 2.0", dense), ("GPT-NeoX 2.0", dense), ("Megatron-DeepSpeed", dense))):
+        row = copy.deepcopy(template)
+        row["id"] = f"synthetic_{i}_zz"
+        row["framework"] = framework
+        row["name"] = f"an unseen run {i}"
+        row["source"]["citation"] = f"example-org/example-repo docs/run_{i}.md"
+        row["outcome"]["other"] = "measured on a cluster nobody here has seen; overlap of everything"
+        out.append(row)
+    text_vpp = copy.deepcopy(dense)
+    text_vpp |= {"id": "synthetic_vpp_text", "framework": "Megatron-LM"}
+    text_vpp["parallelism"] = dict(text_vpp["parallelism"], pp=4, vpp="5 (interleaved 1F1B)")
+    unreadable = copy.deepcopy(dense)
+    unreadable |= {"id": "synthetic_vpp_word", "framework": "Megatron-Core"}
+    unreadable["parallelism"] = dict(unreadable["parallelism"], vpp="interleaved", tp="eight")
+    return [*out, text_vpp, unreadable]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, production_rows):
+    root = tmp_path_factory.mktemp("unseen")
+    rows = _synthetic(production_rows)
+    (root / prow.DATA_NAME).write_text(yaml.safe_dump(rows), encoding="utf-8")
+    comparisons = [{
+        "id": "CMP-UNSEEN", "title": "An unseen layout A/B", "metric": "TFLOP/s per GPU",
+        "configs": ["TP8 PP4: 400", "TP4 PP8: 380", "TP2 PP8 (32 GPUs): 350"],
+        "entry_ids": ["synthetic_0_zz", "synthetic_vpp_text"]}, {
+        "id": "CMP-UNSEEN-FEASIBLE", "title": "Recommended layouts", "metric": "recommended layout (feasibility)",
+        "configs": ["64 GPUs: TP8"], "entry_ids": ["synthetic_3_zz", "not_a_row"]}, {
+        "id": "CMP-UNSEEN-SWITCH", "title": "A switch nobody names", "metric": "TFLOP/s",
+        "configs": ["frobnicator off: 100", "frobnicator on: 120"], "entry_ids": ["synthetic_0_zz"]}]
+    (root / pw.DATA_NAME).write_text(yaml.safe_dump(comparisons), encoding="utf-8")
+    return root
+
+
+def test_unseen_rows_map_or_say_why(folder):
+    rows, scores, summary = pscore.run(folder)
+    by_id = {s.mapping.row_id: s.mapping for s in scores}
+    assert summary.mapped + len(summary.unmapped) == summary.total == len(rows)
+    for m in by_id.values():
+        assert (m.request is None) == bool(m.unmapped), m.row_id
+        assert set(m.knobs) <= set(prow.KNOBS), m.row_id
+        assert "cannot be read" not in (m.unmapped or ""), m  # each case below is a reason the readers state
+    assert by_id["synthetic_0_zz"].request.framework == "megatron-core"  # Megatron-LM: the card's display name
+    assert by_id["synthetic_1_zz"].request.framework == "deepspeed"
+    assert by_id["synthetic_6_zz"].request.framework == "deepspeed"  # Megatron-DeepSpeed: the card's alias
+    assert "NeMo AutoModel is its own framework" in by_id["synthetic_2_zz"].unmapped  # not Megatron-Core
+    assert "framework not stated" in by_id["synthetic_3_zz"].unmapped
+    assert "names no meshplan framework" in by_id["synthetic_4_zz"].unmapped
+    assert by_id["synthetic_5_zz"].knobs["framework"].startswith("GPT-NeoX")  # nearest card, named
+    text = by_id["synthetic_vpp_text"]
+    assert text.request.vpp == 5 and any("vpp given as text" in n for n in text.notes)
+    word = by_id["synthetic_vpp_word"]
+    assert "parallelism.vpp 'interleaved'" in word.knobs["row_field"] and "parallelism.tp" in word.knobs["row_field"]
+    # every score is a verdict or a stated refusal, and the headline figures come out as numbers or None
+    figures = pconf.figures(summary)
+    assert figures["rows"] == len(rows) and set(figures["tokens_per_s"]) == {"all", "dense", "MoE", "FSDP"}
+
+
+def test_unseen_comparisons_are_scored_from_the_rows_fields(folder):
+    result = pw.run(folder)
+    pairs = [p for p in result.pairs if p.comparison == "CMP-UNSEEN"]
+    assert len(pairs) == 2 and all(p.status in ("scored", "nearest", "not expressible") for p in pairs)
+    assert all(p.predicted is not None or p.why_apart for p in pairs)
+    assert "CMP-UNSEEN-FEASIBLE" in result.not_measured
+    assert {f[1] for f in result.feasibility} == {"synthetic_3_zz", "not_a_row"}
+    (switch,) = [p for p in result.pairs if p.comparison == "CMP-UNSEEN-SWITCH"]
+    assert switch.status == "not expressible" and "names no knob" in switch.why_apart
+
+
+# --------------------------------------------------------------------------- no tables keyed to the dev rows
+
+
+HARNESS = ("production_configs.py", "production_rows.py", "production_sources.py", "production_mapping.py",
+           "production_scoring.py", "pairwise_comparisons.py", "pairwise_sides.py", "rl_jobs.py", "moe_fit.py")
+RECIPE = re.compile(r"_(pretrain|peft|sft|finetune)_\w*_config|\.toml$")
+DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+
+
+def _literals(path: Path) -> list[str]:
+    """The string constants of a module's code (docstrings and comments left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef)
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_the_harness_holds_no_row_comparison_recipe_or_date_table(production_rows):
+    comparisons = yaml.safe_load((prow.DEFAULT_VALIDATION / pw.DATA_NAME).read_text(encoding="utf-8"))
+    ids = set(production_rows) | {c["id"] for c in comparisons}
+    for name in HARNESS:
+        path = BENCH / name
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\bSPECS\b", text), name
+        for value in _literals(path):
+            assert not any(i in value for i in ids), (name, value)  # no row or comparison id
+            assert not RECIPE.search(value), (name, value)  # recipes live in meshplan/knowledge/published_runs.py
+            assert not DATE.match(value), (name, value)  # release dates too
