@@ -1,0 +1,180 @@
+"""Figures of where the ranks go and when they work: the device mesh with each parallel group coloured, the
+pipeline schedule with its bubble, and recommend's candidates side by side (or a nothing-fits answer's misses).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from meshplan.faces.report.gather import PlanReport
+from meshplan.faces.report.mesh import Axis, drawn_ranks
+from meshplan.faces.report.schedule import drawn_microbatches, simulate
+from meshplan.faces.report.shapes import (
+    GROUP_COLOURS,
+    NETWORK,
+    Figure,
+    Shape,
+    Table,
+    gib_text,
+    line,
+    rect,
+    seconds,
+    text,
+)
+from meshplan.schema.reports import Candidate, NearMiss, Recommendation
+
+
+def _cell(report: PlanReport) -> float:
+    return max(5.0, min(16.0, 160.0 / report.gpus_per_node))
+
+
+def _rank_xy(report: PlanReport, rank: int, top: float) -> tuple[float, float]:
+    """Nodes are columns, a node's GPUs run down its column."""
+    node, local = divmod(rank, report.gpus_per_node)
+    cell = _cell(report)
+    return 20 + node * (cell + 8), top + 18 + local * (cell + 1)
+
+
+def _domains(report: PlanReport, shown: int, top: float) -> list[Shape]:
+    """An outline per fast (NVLink) domain: inside a node, or around several nodes' columns (NVL72)."""
+    shapes, cell = [], _cell(report)
+    for first in range(0, shown, report.domain):
+        last = min(shown, first + report.domain) - 1
+        nodes = range(first // report.gpus_per_node, last // report.gpus_per_node + 1)
+        x0, y0 = _rank_xy(report, first if len(nodes) == 1 else nodes[0] * report.gpus_per_node, top)
+        x1, y1 = _rank_xy(report, last if len(nodes) == 1 else nodes[-1] * report.gpus_per_node
+                          + min(report.gpus_per_node, report.domain) - 1, top)
+        shapes.append(rect(x0 - 2, y0 - 2, x1 - x0 + cell + 4, y1 - y0 + cell + 4, "none", "domain",
+                           "fast (NVLink) domain", stroke="#333"))
+    return shapes
+
+
+def _axis_panel(report: PlanReport, axis: Axis, top: float, shown: int) -> list[Shape]:
+    cell = _cell(report)
+    groups = report.world // axis.size
+    where = "crosses the network" if axis.crosses_network else "inside a fast domain"
+    shapes = [text(20, top + 12, f"{axis.name}: {groups} groups of {axis.size} (stride {axis.stride}), {where}",
+                   "panel-title network" if axis.crosses_network else "panel-title")]
+    for rank in range(shown):
+        x, y = _rank_xy(report, rank, top)
+        group = axis.group_of(rank)
+        shapes.append(rect(x, y, cell, cell, GROUP_COLOURS[group % len(GROUP_COLOURS)], "rank",
+                           f"rank {rank}: {axis.name} group {group}", axis=axis.name, rank=rank, group=group))
+    first = [r for r in axis.members(0) if r < shown]
+    if axis.crosses_network and len(first) > 1:  # group 0's path across the network, drawn in red
+        for a, b in itertools.pairwise(first):
+            (xa, ya), (xb, yb) = _rank_xy(report, a, top), _rank_xy(report, b, top)
+            shapes.append(line(xa + cell / 2, ya + cell / 2, xb + cell / 2, yb + cell / 2, NETWORK, "network-link"))
+    return [*shapes, *_domains(report, shown, top)]
+
+
+def mesh_figure(report: PlanReport) -> Figure | None:
+    """One panel per parallel axis (size > 1): every drawn rank coloured by its group, fast domains outlined."""
+    if not report.axes:
+        return None
+    shown = drawn_ranks(report.world)
+    cell = _cell(report)
+    panel_h = 18 + report.gpus_per_node * (cell + 1) + 22
+    nodes = -(-shown // report.gpus_per_node)
+    width = max(560.0, 40 + nodes * (cell + 8))
+    shapes: list[Shape] = []
+    for i, axis in enumerate(report.axes):
+        shapes += _axis_panel(report, axis, 10 + i * panel_h, shown)
+    rows = [[a.name, str(a.size), str(a.stride), str(report.world // a.size), "yes" if a.crosses_network else "no",
+             " ".join(map(str, a.members(0)))] for a in report.axes]
+    caption = (f"{report.world} GPUs of {report.gpu_name}, {report.gpus_per_node} per node (columns), fast domain "
+               f"{report.domain} GPUs (outlined); each panel colours one kind of group; a red line follows group 0 of "
+               "each kind that crosses the network.")
+    notes = ["ranks in Megatron-Core's order (TP innermost, then CP, DP, PP; experts ETP, EP, expert-DP), the order "
+             "meshplan's communication estimate assumes"]
+    if shown < report.world:
+        notes.append(f"showing ranks 0-{shown - 1} of {report.world}")
+    return Figure("mesh", "Device mesh and parallel groups", width, 10 + len(report.axes) * panel_h, shapes, caption,
+                  [Table(["group", "size", "stride", "groups", "crosses network", "group 0 ranks"], rows)], notes)
+
+
+CHUNK_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999"]
+
+
+def schedule_figure(report: PlanReport) -> Figure | None:
+    """Each pipeline rank's forwards and backwards in Megatron's order; the gaps are the bubble."""
+    plan = report.plan
+    if plan is None or plan.pp == 1:
+        return None
+    drawn = drawn_microbatches(plan.pp, plan.vpp, report.microbatches)
+    slots = simulate(plan.pp, plan.vpp, drawn)
+    end = max(s.end for s in slots)
+    unit, row_h, left = min(24.0, 860.0 / end), 20.0, 60.0
+    shapes: list[Shape] = []
+    for rank in range(plan.pp):
+        y = 20 + rank * (row_h + 4)
+        shapes += [rect(left, y, end * unit, row_h, "url(#bubble)", "bubble", f"rank {rank} idle", rank=rank),
+                   text(left - 6, y + 14, f"rank {rank}", "tick", anchor="end")]
+    for s in slots:
+        colour = CHUNK_COLOURS[s.chunk % len(CHUNK_COLOURS)]
+        y = 20 + s.rank * (row_h + 4)
+        kind = "B" if s.backward else "F"
+        shapes.append(rect(left + s.start * unit, y, (s.end - s.start) * unit, row_h, colour,
+                           f"slot {'bwd' if s.backward else 'fwd'}", f"rank {s.rank} {kind} micro-batch {s.microbatch} "
+                           f"chunk {s.chunk}", stroke="#fff", rank=s.rank, microbatch=s.microbatch, chunk=s.chunk))
+        if unit * (s.end - s.start) >= 14:
+            shapes.append(text(left + (s.start + s.end) / 2 * unit, y + 14, f"{kind}{s.microbatch}",
+                               "slot-label light" if s.backward else "slot-label", anchor="middle"))
+    bd = report.throughput.breakdown if report.throughput else None
+    rows = [["pipeline ranks (pp)", str(plan.pp)], ["virtual chunks per rank (vpp)", str(plan.vpp)],
+            ["micro-batches per step", str(report.microbatches)], ["micro-batches drawn", str(drawn)]]
+    if bd is not None and report.throughput is not None:
+        rows += [["bubble", seconds(bd.bubble_s)], ["step time", seconds(report.throughput.step_time_s)]]
+    name = "interleaved 1F1B" if plan.vpp > 1 else "1F1B"
+    caption = (f"Megatron-Core's {name} schedule on {plan.pp} pipeline ranks: F forward, B backward (colour: virtual "
+               f"chunk); hatched gaps are the pipeline bubble.")
+    notes = ["unit times (a backward = two forwards) show the schedule's shape; the seconds are the throughput "
+             "estimate's"]
+    if drawn < report.microbatches:
+        notes.append(f"drawn with {drawn} of {report.microbatches} micro-batches (the steady state repeats)")
+    return Figure("schedule", f"Pipeline schedule ({name}) and its bubble", left + end * unit + 20,
+                  30 + plan.pp * (row_h + 4), shapes, caption, [Table(["", "value"], rows)], notes)
+
+
+def _column(x: float, label: str, speed: float, fastest: float, peak: int, capacity: int, css: str) -> list[Shape]:
+    """One candidate: tokens/s per GPU (left bar, scaled to the fastest) and peak memory against capacity (right)."""
+    top, h = 30.0, 200.0
+    shapes = [text(x + 40, top + h + 18, label, "tick", anchor="middle")]
+    if fastest > 0:
+        sh = h * speed / fastest
+        shapes.append(rect(x, top + h - sh, 34, sh, "#0072B2", f"{css} speed", f"{label}: {speed:,.0f} tokens/s/GPU",
+                           tokens_per_s_per_gpu=speed))
+    mh = h * min(peak / capacity, 1.2) / 1.2
+    shapes += [rect(x + 40, top + h - mh, 34, mh, NETWORK if peak > capacity else "#009E73", f"{css} peak",
+                    f"{label}: peak {gib_text(peak)}", peak_bytes=peak),
+               line(x + 38, top + h - h / 1.2, x + 78, top + h - h / 1.2, "#000", "capacity")]
+    return shapes
+
+
+def candidates_figure(rec: Recommendation) -> Figure:
+    """recommend's ranked layouts side by side, with why each lost to the first; when nothing fits, the misses."""
+    rows: list[list[str]] = []
+    shapes: list[Shape] = []
+    ranked: list[tuple[str, Candidate | NearMiss]] = [(f"#{c.rank}", c) for c in rec.candidates]
+    if rec.best_below_headroom is not None:
+        ranked.append(("thin headroom", rec.best_below_headroom))
+    ranked += [(f"miss {i + 1}", m) for i, m in enumerate(rec.closest)]
+    fastest = max([c.throughput.tokens_per_s_per_gpu for _, c in ranked if isinstance(c, Candidate)], default=0.0)
+    for i, (label, c) in enumerate(ranked):
+        speed = c.throughput.tokens_per_s_per_gpu if isinstance(c, Candidate) else 0.0
+        css = "candidate" if isinstance(c, Candidate) and label.startswith("#") else "near-miss"
+        shapes += _column(20 + i * 100, label, speed, fastest, c.memory.peak_bytes, c.memory.capacity_bytes, css)
+        time = seconds(c.throughput.step_time_s) if isinstance(c, Candidate) else "-"
+        rows.append([label, c.plan.short(), str(c.plan.micro_batch_size), c.plan.recompute, time,
+                     f"{speed:,.1f}" if speed else "-", gib_text(c.memory.peak_bytes), c.rationale])
+    if rec.candidates:
+        caption = (f"The {len(rec.candidates)} fastest of {rec.considered:,} layouts for {rec.model} on {rec.num_gpus} "
+                   "GPUs: left bar tokens/s per GPU, right bar peak memory against capacity (the line).")
+    else:
+        caption = f"Nothing keeps the headroom on {rec.num_gpus} GPUs: the closest layouts, peak memory against " \
+                  "capacity (red: over)." + (f" The smallest GPU count that fits: {rec.min_gpus}." if rec.min_gpus
+                                             else "")
+    notes = [rec.rationale] + [f"not ranked, {rule}: {n:,}" for rule, n in sorted(rec.rejected.items())]
+    header = ["", "plan", "micro-batch", "recompute", "step time", "tokens/s/GPU", "peak memory", "why"]
+    return Figure("candidates", "Recommend: candidates side by side", max(560.0, 40 + len(ranked) * 100), 260,
+                  shapes, caption, [Table(header, rows)], notes)

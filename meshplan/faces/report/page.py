@@ -1,0 +1,107 @@
+"""The page `meshplan serve --transport http` serves at `/`: a form (a catalog model or a pasted config.json, GPU,
+count, framework) whose answer is recommend's, drawn as the report.
+
+It holds no arithmetic: the answer is `report.gather(..., recommend=True)`, the same api call as `meshplan report
+--recommend` and `meshplan recommend --json` (whose JSON the page prints under the pictures). It binds where the
+MCP endpoint binds (loopback by default) and answers only requests that pass the same Host/Origin checks; the
+page itself loads nothing from anywhere (inline CSS, no script).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio.to_thread
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from pydantic import ValidationError
+from starlette.requests import Request as HttpRequest
+from starlette.responses import HTMLResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from meshplan import __version__, api
+from meshplan.core.errors import MeshplanError
+from meshplan.faces.report.gather import gather
+from meshplan.faces.report.render import environment, render_html
+from meshplan.knowledge.hardware import gpu_catalog
+from meshplan.request.parse import parse_request, validation_message
+from meshplan.schema.choices import FRAMEWORKS
+
+PAGE_PATHS = ("/", "/index.html")
+MAX_FORM_BYTES = 1 << 20  # a config.json is a few kilobytes; a larger form is refused before it is read whole
+FORM_FIELDS = ("model", "config", "gpu", "num_gpus", "framework")
+
+
+def _form_values(form: dict[str, list[str]]) -> dict[str, str]:
+    return {k: form[k][0].strip() for k in FORM_FIELDS if form.get(k) and form[k][0].strip()}
+
+
+def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
+    """The form as request fields; a pasted config.json is written to a file the resolver reads as a path."""
+    fields: dict[str, Any] = {k: values[k] for k in ("model", "gpu", "num_gpus", "framework") if k in values}
+    if fields.get("num_gpus", "").isdigit():  # a form sends text; anything else is left for the parser to name
+        fields["num_gpus"] = int(fields["num_gpus"])
+    if "config" in values:
+        path = config_dir / "config.json"
+        path.write_text(values["config"], encoding="utf-8")
+        fields["model"] = str(path)
+    if "model" not in fields:
+        raise MeshplanError("No model given.", fix="Pick a catalog model or paste a config.json.")
+    return fields
+
+
+def answer(values: dict[str, str]) -> tuple[str, str, str]:
+    """(report body, recommend's JSON, error) for the form's values: the same call as `meshplan report
+    --recommend` (an error is a MeshplanError's words, never a traceback)."""
+    with tempfile.TemporaryDirectory(prefix="meshplan-page-") as tmp:
+        try:
+            req = parse_request(_request_fields(values, Path(tmp)))
+            report = gather(req, recommend=True)
+        except ValidationError as exc:
+            return "", "", validation_message(exc)
+        except MeshplanError as exc:
+            return "", "", str(exc)
+    rec = report.recommendation
+    return render_html(report, fragment=True), rec.model_dump_json(indent=2) if rec else "", ""
+
+
+def page(values: dict[str, str]) -> str:
+    body, answer_json, error = answer(values) if values else ("", "", "")
+    models = [m.key for m in api.list_models()]
+    return environment().get_template("page.html.j2").render(
+        values=values, models=models, gpus=sorted(gpu_catalog()), frameworks=list(FRAMEWORKS), body=body,
+        answer_json=answer_json, error=error, version=__version__)
+
+
+class PageRouter:
+    """ASGI: `/` (GET, or POST with a form) is the page; every other path goes to the MCP app unchanged."""
+
+    def __init__(self, app: ASGIApp, security: TransportSecuritySettings | None):
+        self.app = app
+        self.security = TransportSecurityMiddleware(security)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in PAGE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        request = HttpRequest(scope, receive)
+        refused = await self.security.validate_request(request, is_post=False)  # Host and Origin, as for /mcp
+        if refused is None:
+            refused = await self._respond(request)
+        await refused(scope, receive, send)
+
+    async def _respond(self, request: HttpRequest) -> Response:
+        if request.method == "GET":
+            form = parse_qs(request.url.query)
+        elif request.method == "POST":
+            declared = request.headers.get("content-length", "")
+            if not declared.isdigit() or int(declared) > MAX_FORM_BYTES:
+                return Response(f"A form is at most {MAX_FORM_BYTES:,} bytes with a Content-Length", 413)
+            form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode("utf-8", "replace"))
+        else:
+            return Response("Method not allowed: use GET or POST", 405, headers={"Allow": "GET, POST"})
+        html = await anyio.to_thread.run_sync(page, _form_values(form))
+        return HTMLResponse(html, headers={"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+                                                                      "img-src data:; form-action 'self'"})
