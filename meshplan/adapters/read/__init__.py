@@ -1,0 +1,135 @@
+"""Reads the configurations people actually write (launch scripts, Hydra overrides, TOML and JSON job files) into
+meshplan's request, field by field with the file's key and line. Nothing in a file is ever run.
+
+One module per format: shell.py (a shell script read, not run), settings.py (files as key/value/line settings),
+keys.py (which request field a framework key sets, from the framework cards), launch.py (Megatron-LM,
+Megatron-DeepSpeed, Megatron-Bridge), hydra.py (verl, SkyRL), files.py (torchtitan, KempnerForge, DeepSpeed JSON),
+logs.py (what a run's log measured).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from meshplan.adapters.read.files import (
+    read_deepspeed_json,
+    read_kempnerforge,
+    read_toml_any,
+    read_torchtitan_cli,
+    read_torchtitan_toml,
+)
+from meshplan.adapters.read.hydra import read_skyrl, read_verl
+from meshplan.adapters.read.keys import Reading, fill_defaults
+from meshplan.adapters.read.launch import read_bridge, read_bridge_python, read_megatron
+from meshplan.core.errors import MeshplanError
+from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.imported import ImportedConfig
+
+FORMATS = ("shell", "toml", "json")
+MAX_CONFIG_CHARS = 1 << 20  # a launch script is a few kilobytes; a longer text is refused, not read
+
+
+def _megatron_or_deepspeed(text: str, path: str) -> Reading:
+    deepspeed = re.search(r"--deepspeed\b|ds_config|deepspeed_config", text) is not None
+    return read_megatron(text, path, "deepspeed" if deepspeed else "megatron-core")
+
+
+def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
+    """The reader of a shell script, by the entry point it launches."""
+    for pattern, reader in ((r"verl\.trainer|main_ppo|main_dapo", read_verl), (r"skyrl", read_skyrl),
+                            (r"(?m)^cfg\.[\w.]+\s*=", read_bridge_python),
+                            (r"run_recipe\.py", read_bridge), (r"torchtitan\.train", read_torchtitan_cli),
+                            (r"pretrain_\w+\.py|finetune_llama\.py", _megatron_or_deepspeed)):
+        if re.search(pattern, text):
+            return reader
+    return None
+
+
+READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
+    ("megatron-core", "shell"): lambda t, p: read_megatron(t, p, "megatron-core"),
+    ("deepspeed", "shell"): lambda t, p: read_megatron(t, p, "deepspeed"),
+    ("deepspeed", "json"): read_deepspeed_json,
+    ("megatron-bridge", "shell"): lambda t, p: (read_bridge_python if re.search(r"(?m)^cfg\.[\w.]+\s*=", t)
+                                                and "run_recipe.py" not in t else read_bridge)(t, p),
+    ("verl", "shell"): read_verl,
+    ("skyrl", "shell"): read_skyrl,
+    ("torchtitan", "shell"): read_torchtitan_cli,
+    ("torchtitan", "toml"): read_torchtitan_toml,
+    ("kempnerforge", "toml"): read_kempnerforge,
+}
+
+
+def detect_format(text: str) -> str:
+    """json when the text is a JSON object, toml when it parses as TOML with a [section], else shell."""
+    stripped = text.lstrip()
+    if stripped.startswith("{"):
+        return "json"
+    if re.search(r"^\s*\[[\w.\"]+\]\s*(#.*)?$", text, re.M):
+        try:
+            tomllib.loads(text)
+            return "toml"
+        except tomllib.TOMLDecodeError:
+            if not re.search(r"^\s*(export |python|torchrun|uv |bash|srun|deepspeed)", text, re.M):
+                return "toml"  # a TOML file with an error: read it as TOML, which names the line
+    return "shell"
+
+
+def import_config(text: str, path: str = "<config_text>", framework: str | None = None,
+                  config_format: str | None = None) -> ImportedConfig:
+    """The request a configuration file states (see ImportedConfig). `framework` and `config_format` are detected
+    when left out; an unreadable file is a MeshplanError naming the line."""
+    if not isinstance(text, str) or not text.strip():
+        raise MeshplanError(f"{path}: the configuration is empty.", fix="Pass a launch script, TOML or JSON file.")
+    if len(text) > MAX_CONFIG_CHARS:
+        raise MeshplanError(f"{path}: {len(text):,} characters; a configuration is at most {MAX_CONFIG_CHARS:,}.",
+                            fix="Pass the launch script or job file itself.")
+    if framework is not None and framework not in FRAMEWORKS:
+        raise MeshplanError(f"Unknown framework {framework!r}.", fix=f"Use one of: {', '.join(FRAMEWORKS)}.")
+    if config_format is not None and config_format not in FORMATS:
+        raise MeshplanError(f"Unknown config_format {config_format!r}.", fix=f"Use one of: {', '.join(FORMATS)}.")
+    fmt = config_format or detect_format(text)
+    if framework is None:
+        reader = {"json": read_deepspeed_json, "toml": read_toml_any}.get(fmt) or _shell_reader(text)
+    else:
+        reader = READERS.get((framework, fmt))
+    if reader is None:
+        readable = ", ".join(f"{f} ({k})" for f, k in READERS)
+        raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for"
+                            + (f" (it reads {framework} from other formats)" if framework else "") + ".",
+                            fix=f"Pass --framework; meshplan reads: {readable}.")
+    reading = reader(text, path)
+    reading.request.setdefault("framework", reading.framework)
+    reading.sources.setdefault("framework", f"{path} (read as {reading.framework}"
+                                            + (f", {reading.variant})" if reading.variant else ")"))
+    fill_defaults(reading)
+    return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
+                          sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
+                          unresolved=reading.unresolved, notes=reading.notes)
+
+
+def request_values(imported: ImportedConfig, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The file's request with the fields given beside it (flags, tool arguments) over it; a framework given beside
+    it only chose how the file was read."""
+    values = dict(imported.request)
+    values.update({name: value for name, value in given.items() if value is not None})
+    return values
+
+
+def import_file(path: str, framework: str | None = None, config_format: str | None = None) -> ImportedConfig:
+    """import_config of a file on disk (a missing or unreadable file is a MeshplanError)."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:
+            text = handle.read(MAX_CONFIG_CHARS + 1)
+    except OSError as exc:
+        raise MeshplanError(f"Cannot read {path}: {exc.strerror or exc}.", fix="Check the path.") from None
+    if config_format is None and path.endswith((".json", ".toml")):
+        config_format = path.rsplit(".", 1)[1]
+    elif config_format is None and path.endswith((".sh", ".bash", ".slurm", ".sbatch")):
+        config_format = "shell"
+    return import_config(text, path, framework, config_format)
+
+
+__all__ = ["FORMATS", "ImportedConfig", "detect_format", "import_config", "import_file", "request_values"]

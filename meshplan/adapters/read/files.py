@@ -1,0 +1,169 @@
+"""Job files read into a request: torchtitan (a 0.2.x TOML job file, or a 0.3 command line), KempnerForge's TOML
+and a DeepSpeed JSON config. The keys' meanings come from the framework cards (keys.py).
+"""
+
+from __future__ import annotations
+
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.launch import SHAPE_FIELDS, launch_command, match_model, read_deepspeed_settings, world
+from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
+from meshplan.adapters.read.shell import read_script
+from meshplan.knowledge.cards import framework_card
+
+_ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
+
+
+def _data_parallel(reading: Reading, shard_key: str, replicate_key: str) -> None:
+    """FSDP shard x replicate degrees: zero_stage 3 when parameters are sharded, 0 for plain replication; a shard
+    degree of -1 (the GPUs left over) leaves dp to the GPU count."""
+    shard, replicate = reading.extra.get(shard_key), reading.extra.get(replicate_key)
+    rep = int(replicate[0]) if replicate else 1
+    if shard is None:
+        return
+    degree = int(shard[0])
+    reading.state("zero_stage", 3 if degree != 1 else 0, shard[1])
+    if degree == -1:
+        reading.notes.append(f"{shard[1].where(reading.path)} = -1: the data-parallel degree is the GPUs left over "
+                             "(num_gpus / (tp x pp x cp))")
+    else:
+        reading.state("dp", degree * rep, shard[1])
+
+
+def _drop_derived(reading: Reading, settings: list[Setting], keys: tuple[str, ...]) -> list[Setting]:
+    """Settings of -1 ("derive it") for the keys that take it: noted, not stated."""
+    out = []
+    for s in settings:
+        if s.key.split(".")[-1] in keys and str(s.value) == "-1" and "shard" not in s.key:
+            reading.notes.append(f"{s.where(reading.path)} = -1: derived by the framework")
+            continue
+        out.append(s)
+    return out
+
+
+def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
+    """torchtitan's keys, the same for the 0.2 TOML and the 0.3 flags (the card's knobs of both versions)."""
+    settings = _drop_derived(reading, settings, ("global_batch_size",))
+    table = key_table("torchtitan", variant="cli")
+    left = apply(reading, settings, table, _ZERO | {"vpp", "micro_batch_size", "fp8", "uneven_pp", "fp8_mxfp8",
+                                                    "fp8_tensorwise", "fp8_rowwise", "moe_flex_dispatcher"})
+    _data_parallel(reading, "dp_shard", "dp_replicate")
+    pp = reading.request.get("pp", 1)
+    for s, m in left:
+        if m.target == "micro_batch_size" and pp == 1:
+            reading.state("micro_batch_size", s.value, s)
+        elif m.target == "moe_flex_dispatcher":
+            reading.state("moe_token_dispatcher", "flex" if str(s.value) == "deepep" else "alltoall", s)
+        elif m.target == "uneven_pp" and int(s.value) > 0:
+            reading.notes.append(f"{s.where(reading.path)}: the first stage holds {s.value} layers fewer")
+    if pp > 1 and "pp_micro_batch_size" in reading.extra:
+        reading.state("micro_batch_size", *reading.extra["pp_micro_batch_size"])
+    converters = reading.value("converters") or []
+    if any("float8" in str(c) for c in converters):
+        reading.state("precision", "fp8", reading.extra["converters"][1])
+    elif any(str(c).endswith(".mx") or str(c) == "mx" for c in converters):
+        reading.state("precision", "fp8", reading.extra["converters"][1])
+        reading.state("fp8_recipe", "mxfp8", reading.extra["converters"][1])
+    _torchtitan_model(reading)
+    schedule = str(reading.value("pp_schedule") or "")
+    if pp > 1 and schedule and ("Interleaved" in schedule or "Loop" in schedule or "ZBV" in schedule):
+        reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
+                                  "layers / (pp x pipeline_parallel_layers_per_stage); pass --vpp")
+
+
+def _torchtitan_model(reading: Reading) -> None:
+    """The catalog model whose torchtitan registry entry the file names (card `registry`)."""
+    name, flavor, config = reading.value("model_name"), reading.value("model_flavor"), reading.value("model_config")
+    wanted = str(config) if config else f"{name}_{flavor}".lower() if name and flavor else None
+    if wanted is None:
+        reading.unresolved.append("model: the file names no model (pass --model)")
+        return
+    registry = (framework_card("torchtitan").model_extra or {}).get("registry", {})
+    hits = [key for key, entry in registry.items() if str(entry.get("config", "")).lower() == wanted.lower()]
+    source = reading.extra.get("model_config", reading.extra.get("model_flavor", reading.extra.get("model_name")))[1]
+    if hits:
+        reading.state("model", hits[0], source)
+    else:
+        reading.unresolved.append(f"{source.where(reading.path)}: torchtitan's {wanted} is not in meshplan's catalog "
+                                  "(pass --model)")
+
+
+def read_torchtitan_toml(text: str, path: str) -> Reading:
+    """A torchtitan 0.2.x TOML job file ([model], [training], [parallelism], [activation_checkpoint] ...)."""
+    reading = Reading("torchtitan", path, variant="cli")
+    torchtitan_common(reading, toml_settings(text, path))
+    world(reading)
+    return reading
+
+
+def read_torchtitan_cli(text: str, path: str) -> Reading:
+    """torchtitan 0.3: `torchrun ... -m torchtitan.train --module M --config C --parallelism.x N ...`."""
+    script = read_script(text, path)
+    command, k = launch_command(script, read_section("torchtitan")["launcher"], "torchtitan")
+    reading = Reading("torchtitan", path, variant="cli")
+    reading.unresolved += script.unresolved
+    settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
+    for word in command.words[k + 1:]:
+        if word.text.startswith("activation-checkpoint:"):
+            settings.append(Setting("activation_checkpoint.mode", word.text.split(":", 1)[1], word.line))
+    torchtitan_common(reading, settings)
+    world(reading)
+    return reading
+
+
+def read_kempnerforge(text: str, path: str) -> Reading:
+    """A KempnerForge configs/train/*.toml: [distributed], [train] and the [model] shape."""
+    reading = Reading("kempnerforge", path, variant="toml")
+    settings = toml_settings(text, path)
+    shape_keys = read_section("kempnerforge").get("model_shape", [])
+    values = {s.key: s.value for s in settings}
+    left = apply(reading, [s for s in settings if s.key not in shape_keys], key_table("kempnerforge"),
+                 _ZERO | {"global_batch_size", "fp8"})
+    for s, m in left:
+        if m.target == "fp8" and str(s.value) == "fp8":
+            reading.state("precision", "fp8", s)
+    _data_parallel(reading, "dp_shard", "dp_replicate")
+    accumulation, dp = reading.extra.get("accumulation"), reading.request.get("dp")
+    if accumulation and dp and "micro_batch_size" in reading.request:
+        reading.state("global_batch_size", reading.request["micro_batch_size"] * int(accumulation[0]) * dp,
+                      f"{accumulation[1].where(path)} x batch_size x dp")
+    elif accumulation:
+        reading.notes.append(f"{accumulation[1].where(path)}: global batch = batch_size x {accumulation[0]} x dp "
+                             "(dp is the GPUs left over)")
+    if "torch_compile" not in reading.request:
+        reading.default("torch_compile", True, "TrainConfig.compile_model, cards/frameworks/kempnerforge.yaml")
+    shape = dict(zip(SHAPE_FIELDS, (values.get(k) for k in shape_keys), strict=True))
+    if shape["num_kv_heads"] is None:
+        shape["num_kv_heads"] = shape["num_attention_heads"]
+    match_model(shape, reading, shape_keys)
+    world(reading)
+    return reading
+
+
+def read_deepspeed_json(text: str, path: str) -> Reading:
+    """A plain ds_config.json (tp = pp = 1: the data-parallel degree is train_batch_size / (micro x accumulation))."""
+    reading = Reading("deepspeed", path, variant="config")
+    read_deepspeed_settings(reading, json_settings(text, path))
+    accumulation = reading.extra.get("accumulation")
+    gbs, mbs = reading.request.get("global_batch_size"), reading.request.get("micro_batch_size")
+    if gbs and mbs and accumulation and str(accumulation[0]).isdigit():
+        reading.state("dp", gbs // (mbs * int(accumulation[0])), f"{reading.sources['global_batch_size']} / "
+                                                                  f"(micro x {accumulation[1].where(path)})")
+        reading.state("num_gpus", reading.request["dp"], reading.sources["dp"])
+    reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
+    reading.state("pp", 1, f"{path} (a ds_config alone: no pipeline parallelism)")
+    if "recompute" not in reading.request:
+        reading.unresolved.append("recompute: a ds_config cannot say which layers the model code checkpoints "
+                                  "(pass --recompute)")
+    return reading
+
+
+def read_toml_any(text: str, path: str) -> Reading:
+    """A TOML file: KempnerForge's ([distributed] / [train]) or torchtitan's ([parallelism] / [training])."""
+    names = {s.key.split(".")[0] for s in toml_settings(text, path)}
+    if "distributed" in names or "train" in names:
+        return read_kempnerforge(text, path)
+    return read_torchtitan_toml(text, path)
+
+
+__all__ = ["as_bool", "read_deepspeed_json", "read_kempnerforge", "read_toml_any", "read_torchtitan_cli",
+           "read_torchtitan_toml"]

@@ -1,0 +1,116 @@
+"""verl and SkyRL launch scripts: Hydra `key=value` overrides (`+`, `++` and `~` prefixes read) on the RL entry point.
+
+The mini-batch keys count prompts, so the trainer's global batch is the mini-batch times the samples per prompt
+(the card's rl defaults when the file leaves it out). The reference and critic models' own layouts are noted,
+not estimated.
+"""
+
+from __future__ import annotations
+
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.launch import launch_command, world
+from meshplan.adapters.read.settings import Setting, flag_settings
+from meshplan.adapters.read.shell import read_script
+from meshplan.knowledge.cards import framework_card
+
+# Models other than the one trained whose keys the scripts repeat: their layout is not a request field.
+OTHER_MODELS = ("actor_rollout_ref.ref.", "critic.", "reward_model.", "trainer.ref.", "trainer.critic.")
+# verl's adv_estimator names for meshplan's algorithms (verl/trainer/ppo/core_algos.py AdvantageEstimator: gae is
+# PPO's critic-based estimator); SkyRL's advantage_estimator uses the same names.
+ALGORITHMS = {"gae": "ppo", "grpo": "grpo"}
+
+
+def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]:
+    script = read_script(text, path)
+    command, k = launch_command(script, read_section(framework)["launcher"], framework)
+    reading = Reading(framework, path)
+    reading.unresolved += script.unresolved
+    settings = []
+    for s in flag_settings(command.words[k + 1:]):
+        if s.key.lstrip("+~").startswith(OTHER_MODELS):
+            continue
+        if s.key.startswith("~"):
+            reading.notes.append(f"{s.where(path)}: deleted (Hydra '~'): the framework's default applies")
+            continue
+        settings.append(s)
+    if any(s.key.lstrip("+~").startswith(OTHER_MODELS) for s in flag_settings(command.words[k + 1:])):
+        reading.notes.append("the reference / critic models' own layout keys are not read: meshplan estimates the "
+                             "trained model's")
+    reading.state("job", "rl", f"{path}:{command.line} {command.words[k].text}")
+    return reading, settings
+
+
+def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
+    algorithm = reading.extra.get("algorithm")
+    if algorithm is not None:
+        name = ALGORITHMS.get(str(algorithm[0]).strip("'\""), str(algorithm[0]).strip("'\""))
+        if name in ("grpo", "ppo", "dapo"):
+            reading.state("algorithm", name, algorithm[1])
+        else:
+            reading.unsupported.append(f"{algorithm[1].where(reading.path)} = {algorithm[0]}: meshplan models grpo, "
+                                       "dapo and ppo")
+    mini = next((s for s, m in left if getattr(m, "target", None) == "global_batch_size"), None)
+    if mini is not None:
+        n = reading.request.get("samples_per_prompt")
+        if n is None:
+            n = framework_card(reading.framework).model_extra["rl"]["defaults"]["samples_per_prompt"]
+            reading.default("samples_per_prompt", n, f"cards/frameworks/{reading.framework}.yaml rl defaults")
+        reading.state("global_batch_size", int(mini.value) * int(n),
+                      f"{mini.where(reading.path)} x samples per prompt {n} (the mini-batch counts prompts)")
+
+
+def read_verl(text: str, path: str) -> Reading:
+    reading, settings = _settings(text, path, "verl")
+    engine = {s.key.lstrip("+"): str(s.value) for s in settings}
+    megatron = (engine.get("model_engine") == "megatron" or engine.get("actor_rollout_ref.actor.strategy") ==
+                "megatron" or "megatron" in engine.get("--config-name", "") or any(".megatron." in k for k in engine))
+    reading.variant = "megatron" if megatron else "fsdp"
+    left = apply(reading, settings, key_table("verl", variant=reading.variant),
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full"}))
+    for s, m in left:
+        if m.target in ("zero_0", "zero_1") and megatron and "zero_stage" not in reading.request:
+            reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
+        elif m.target == "zero_3" and megatron and as_bool(s.value):
+            reading.state("zero_stage", 3, s)
+        elif m.target == "recompute_full" and not megatron:
+            reading.state("recompute", "full" if as_bool(s.value) else "none", s)
+        elif m.target == "recompute_full":
+            reading.state("recompute", str(s.value).strip("'\""), s)
+    if not megatron:
+        reading.state("zero_stage", 3, f"{path} (verl's FSDP backend shards fully)")
+        reading.state("tp", 1, f"{path} (verl's FSDP backend has no tensor parallelism)")
+        reading.state("pp", 1, f"{path} (verl's FSDP backend has no pipeline parallelism)")
+    elif "zero_stage" not in reading.request:
+        reading.default("zero_stage", framework_card("verl").defaults.zero_stage,
+                        "use_distributed_optimizer, cards/frameworks/verl.yaml defaults")
+    _rl_fields(reading, left)
+    world(reading)
+    return reading
+
+
+def read_skyrl(text: str, path: str) -> Reading:
+    reading, settings = _settings(text, path, "skyrl")
+    values = {s.key.lstrip("+"): str(s.value).strip("'\"") for s in settings}
+    sft = "main_sft" in text
+    strategy = values.get("trainer.strategy", values.get("strategy", "fsdp2" if not sft else "megatron"))
+    reading.variant = "sft" if sft else "fsdp" if strategy.startswith("fsdp") else "rl"
+    if sft:
+        reading.request.pop("job")
+        reading.state("job", "sft", f"{path} (skyrl.train.main_sft)")
+    left = apply(reading, settings, key_table("skyrl", variant=reading.variant),
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full"}))
+    for s, m in left:
+        if m.target == "recompute_full" and reading.variant == "fsdp":
+            reading.state("recompute", "full" if as_bool(s.value) else "none", s)
+        elif m.target == "recompute_full":
+            reading.state("recompute", str(s.value).strip("'\""), s)
+    stage = 3 if reading.variant == "fsdp" else framework_card("skyrl").defaults.zero_stage
+    source = reading.extra.get("strategy")
+    reading.state("zero_stage", stage, source[1] if source else f"{path} (trainer.strategy not given: {strategy})")
+    if reading.variant == "fsdp":
+        reading.state("tp", 1, f"{path} (SkyRL's FSDP strategy has no tensor parallelism)")
+        reading.state("pp", 1, f"{path} (SkyRL's FSDP strategy has no pipeline parallelism)")
+    if not sft:
+        _rl_fields(reading, left)
+    world(reading)
+    return reading

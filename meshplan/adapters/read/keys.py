@@ -1,0 +1,296 @@
+"""Which request field a framework key sets: derived from the framework card, never a second table.
+
+The card's `adapter` knobs give the framework's key for each knob meshplan renders (`--tensor-model-parallel-size`
+for tp); its `read.keys` section gives the keys that are no knob (the sequence length, the node count, the
+model path). A `Reading` collects what one file states, field by field, with the line that states it.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import ValidationError
+
+from meshplan.adapters.capabilities import adapter_section, knob_table
+from meshplan.adapters.read.settings import Setting
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.request import Request
+
+# Knobs whose value is the request field's value as it stands (the knob is named after the field).
+VALUE_KNOBS = frozenset({"tp", "pp", "cp", "ep", "etp", "cp_comm_type", "micro_batch_size", "global_batch_size",
+                         "recompute_layers", "recompute_method", "recompute_modules", "optimizer_offload_fraction",
+                         "lora_rank", "lora_targets", "optimizer", "selective_ac_option"})
+# Knobs that are on/off switches: a flag given alone, or a true/false value.
+SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offload", "optimizer_offload",
+                          "tp_comm_overlap", "torch_compile", "fp8_param_gather", "account_for_embedding",
+                          "account_for_loss", "moe_a2a_overlap"})
+# Settings that say nothing about memory or speed: never reported as "cannot express".
+IRRELEVANT = re.compile(
+    r"(^|[._-])(lr|min_lr|data|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save\w*|load|"
+    r"tokenizer\w*|eval\w*|wandb\w*|seed|checkpoint|ckpt\w*|profil\w*|project\w*|experiment\w*|run_name|"
+    r"\w*_dir|\w*_path|path|\w*interval|\w*iters|steps|max_steps|epochs|total_epochs|warmup\w*|\w*decay\w*|"
+    r"beta\d?|adam_beta\d|eps|clip\w*|grad_clip_norm|weight_decay|logger|tensorboard\w*|split|vocab_size|"
+    r"master\w*|node_rank|rdzv\w*|dump_folder|description|freq|\w*_freq|resume\w*|async_mode|keep_last_n|"
+    r"num_workers|pin_memory|prefetch_factor|file_pattern|enable_wandb|enable_tensorboard|"
+    r"name|mock_data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
+    r"trust_remote_code|env_class|temperature|top_p|top_k|kl\w*|entropy\w*|reward\w*|use_kl\w*|critic_warmup|"
+    r"val\w*|test\w*|return_raw_chat|filter_overlong_prompts|truncation|max_norm|export_dtype|"
+    r"config[-_]path|config[-_]name|step_func|node[-_]rank|standalone|train[-_]samples|distributed[-_]backend|"
+    r"deepspeed|deepspeed[-_]config|bf16|enabled|steps_per_print|use[-_]mcore[-_]models|mode|recipe|dataset|"
+    # the model's architecture: part of the model the file is matched to, not a layout setting
+    r"kv[-_]channels|max[-_]position[-_]embeddings|position[-_]embedding[-_]type|rotary[-_]\w+|swiglu|"
+    r"normalization|untie[-_]embeddings[-_]and[-_]output[-_]weights|disable[-_]bias[-_]linear|"
+    r"group[-_]query[-_]attention|apply[-_]layernorm[-_]1p|no[-_]query[-_]key[-_]layer[-_]scaling|"
+    r"use[-_]rotary[-_]position[-_]embeddings|hidden[-_]dropout|norm[-_]epsilon|vocab[-_]size|rope_theta|"
+    r"max_seq_len|ffn_dim_multiplier|norm_type|activation|tie_embeddings|hf_assets_path|flavor)($|[._-])")
+
+
+def normalize(key: str) -> str:
+    """A key as the readers compare it: Hydra's +, ++ and ~ dropped; a `--flag` with hyphens (argparse accepts the
+    spelling it was declared with, and Megatron declares hyphens); a dotted `--a.b` flag as `a.b`."""
+    key = key.strip().lstrip("+~")
+    if key.startswith("--"):
+        return key[2:] if "." in key else "--" + key[2:].replace("_", "-")
+    return key
+
+
+@dataclass(frozen=True)
+class Meaning:
+    target: str  # an adapter knob, a request field, or a name of the card's read.keys (nodes, dp_shard, ...)
+    word: str | None = None  # the value the key must have for this knob ("selective" for recompute_selective)
+
+
+def key_table(framework: str, version: str | None = None, variant: str | None = None) -> dict[str, list[Meaning]]:
+    """Every key the card names for `framework` (its adapter knobs of every version, the given or default one first,
+    and read.keys), normalized, with its meanings."""
+    section = adapter_section(framework)
+    variant = variant if variant in section.variants else next(iter(section.variants))
+    table: dict[str, list[Meaning]] = {}
+    versions = [version or section.default_version, *(v for v in section.versions if v != version)]
+    for v in dict.fromkeys(versions):
+        for key, meanings in _knob_keys(framework, v, variant).items():
+            table.setdefault(key, meanings)
+    for key, target in read_section(framework).get("keys", {}).items():
+        table.setdefault(normalize(key), []).append(Meaning(target))
+    return table
+
+
+def _knob_keys(framework: str, version: str, variant: str) -> dict[str, list[Meaning]]:
+    table: dict[str, list[Meaning]] = {}
+    for knob, spec in knob_table(framework, version, variant).items():
+        if not spec.key or spec.key.startswith("("):
+            continue
+        for part in spec.key.split(" + ")[:1]:
+            part = re.sub(r"^\[([^\]]+)\]\s+", r"\1.", part.strip())  # '[activation_checkpoint] mode'
+            tokens = part.split()
+            key, word = tokens[0], tokens[1] if len(tokens) > 1 and not tokens[1].startswith("-") else None
+            if "=" in key and not key.startswith("-"):
+                key, word = key.split("=", 1)
+            if "|" in (word or ""):
+                word = None
+            table.setdefault(normalize(key), []).append(Meaning(knob, word))
+    return table
+
+
+def read_section(framework: str) -> dict[str, Any]:
+    """The card's `read` section (cards/frameworks/<name>.yaml): the keys that are no adapter knob."""
+    return (framework_card(framework).model_extra or {}).get("read", {})
+
+
+def lookup(table: dict[str, list[Meaning]], key: str) -> list[Meaning]:
+    """The meanings of a file's key: exact, or by its dotted tail (a card's `tensor_parallel_degree` is the TOML's
+    `parallelism.tensor_parallel_degree`, verl's `override_transformer_config.x` its full Hydra path)."""
+    key = normalize(key)
+    if key in table:
+        return table[key]
+    parts = key.split(".")
+    for k in range(1, len(parts)):
+        tail = ".".join(parts[k:])
+        if (tail in table and "." in tail) or (tail in table and "_" in tail and k == len(parts) - 1):
+            return table[tail]
+    return []
+
+
+def _field_type(name: str) -> Any:
+    annotation = Request.model_fields[name].annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().strip("'\"").lower()
+    return {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
+            "off": False}.get(text)
+
+
+def convert(name: str, value: Any) -> Any:
+    """A file's value as the request field `name` takes it; raises ValueError when it cannot be one."""
+    kind = _field_type(name)
+    if isinstance(value, str):
+        value = value.strip().strip("'\"")
+    if kind is bool:
+        out = as_bool(value)
+        if out is None:
+            raise ValueError(f"expected true or false, got {value!r}")
+        return out
+    if kind is int:
+        if isinstance(value, bool):
+            raise ValueError(f"expected a whole number, got {value!r}")
+        return int(float(value)) if str(value).replace(".", "", 1).lstrip("-").isdigit() else int(value)
+    if kind is float:
+        return float(value)
+    if get_origin(kind) is list:
+        items = value if isinstance(value, list) else re.split(r"[,\s]+", str(value).strip("[]"))
+        return [str(i).strip().strip("'\"") for i in items if str(i).strip()]
+    return str(value)
+
+
+@dataclass
+class Reading:
+    """What one file states: request fields with their source line, the other values the framework code combines
+    (nodes, dp_shard ...), what is left to the framework's default, what meshplan cannot express."""
+
+    framework: str
+    path: str
+    variant: str | None = None
+    request: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, tuple[Any, Setting]] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    unsupported: list[str] = field(default_factory=list)
+    unresolved: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def state(self, name: str, value: Any, source: Setting | str) -> None:
+        """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""
+        where = source.where(self.path) if isinstance(source, Setting) else source
+        try:
+            value = convert(name, value)
+            Request.model_validate({"model": "x", name: value})
+        except ValidationError as exc:
+            detail = exc.errors(include_url=False)[0]["msg"]
+            raise MeshplanError(f"{where}: {value!r} is not a valid {name} ({detail}).",
+                                fix=f"meshplan's {name}: {Request.model_fields[name].description}") from None
+        except (ValueError, TypeError) as exc:
+            detail = str(exc)
+            raise MeshplanError(f"{where}: {value!r} is not a valid {name} ({detail}).",
+                                fix=f"meshplan's {name}: {Request.model_fields[name].description}") from None
+        self.request[name] = value
+        self.sources[name] = where
+
+    def default(self, name: str, value: Any, why: str) -> None:
+        if name not in self.request and name not in self.defaults:
+            self.defaults[name] = value
+            self.notes.append(f"{name} = {value}: left to the framework's default ({why})")
+
+    def value(self, name: str) -> Any:
+        return self.extra[name][0] if name in self.extra else None
+
+
+def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meaning]],
+          special: frozenset[str] = frozenset()) -> list[tuple[Setting, Meaning]]:
+    """States every setting whose meaning is direct (a value or switch knob, a request field of read.keys); returns
+    the settings left for the framework's own reader (`special` knobs, composed values, zero stage ...)."""
+    left: list[tuple[Setting, Meaning]] = []
+    for s in settings:
+        meanings = lookup(table, s.key)
+        if not meanings:
+            if not IRRELEVANT.search(normalize(s.key).lstrip("-")):
+                reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: no meshplan field")
+            continue
+        if s.value == "" or s.value is None:
+            reading.unresolved.append(f"{s.where(reading.path)}: no value (an unset variable?)")
+            continue
+        for m in meanings:
+            if _direct(reading, s, m, special):
+                continue
+            left.append((s, m))
+    return left
+
+
+def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -> bool:
+    value = s.value
+    if m.target in special:
+        return False
+    if str(value).strip("'\"") in ("null", "None", "~") and (m.target in VALUE_KNOBS or m.target in
+                                                              Request.model_fields):
+        reading.notes.append(f"{s.where(reading.path)} = null: the framework's default")
+        return True
+    if m.target in VALUE_KNOBS:
+        reading.state(m.target, value, s)
+    elif m.target in SWITCH_KNOBS:
+        on = True if value is True else as_bool(value)
+        if m.word is not None:
+            on = str(value) == m.word
+        reading.state(m.target, on, s)
+    elif m.target.startswith("recompute_") and m.target[len("recompute_"):] in ("selective", "full"):
+        text = str(value).strip("'\"").lower()
+        if as_bool(value) is not None and m.word is None:  # a switch (--checkpoint-activations, a true/false key)
+            reading.state("recompute", m.target[len("recompute_"):] if as_bool(value) else "none", s)
+        elif m.word is None or text == m.word:
+            reading.state("recompute", "none" if text in ("null", "none", "false") else text, s)
+    elif m.target.startswith("fp8_") and m.word is not None:
+        if str(value).strip("'\"") == m.word:
+            reading.state("fp8_recipe", m.word, s)
+    elif m.target in ("grad_reduce_bf16", "grad_reduce_fp32"):
+        text = str(value).strip("'\"").lower()
+        if text in ("float32", "fp32", "bfloat16", "bf16"):  # torchtitan's mixed_precision_reduce names a dtype
+            reading.state("grad_reduce_in_fp32", text in ("float32", "fp32"), s)
+        else:
+            on = True if value is True else as_bool(value)
+            reading.state("grad_reduce_in_fp32", (m.target == "grad_reduce_fp32") == bool(on), s)
+    elif m.target == "dropout":
+        reading.state("dropout", float(str(value).strip("'\"")) > 0, s)
+    elif m.target == "attention_backend":
+        values = {v: k for k, v in (knob_value_map(reading.framework, reading.variant) or {}).items() if v}
+        text = str(value).strip("'\"").removeprefix("AttnBackend.")
+        if text in values:
+            reading.state("attention_backend", values[text], s)
+        elif text == "auto":
+            reading.state("attention_backend", "auto", s)
+        else:
+            reading.unsupported.append(f"{s.where(reading.path)} = {text}: no meshplan attention_backend")
+    elif m.target in Request.model_fields:
+        reading.state(m.target, value, s)
+    else:
+        reading.extra.setdefault(m.target, (value, s))
+        return True
+    return True
+
+
+def knob_value_map(framework: str, variant: str | None) -> dict[str, str | None] | None:
+    section = adapter_section(framework)
+    table = knob_table(framework, section.default_version, variant or next(iter(section.variants)))
+    knob = table.get("attention_backend")
+    return knob.values if knob else None
+
+
+def fill_defaults(reading: Reading) -> None:
+    """What the file leaves to the framework, with that default as the framework card states it."""
+    card, where = framework_card(reading.framework), f"cards/frameworks/{reading.framework}.yaml"
+    request = reading.request
+    for name in ("tp", "pp", "cp", "ep", "vpp"):
+        reading.default(name, 1, "every framework's default degree")
+    if reading.variant != "fsdp":
+        reading.default("zero_stage", card.defaults.zero_stage, f"{where} defaults.zero_stage")
+    tp = request.get("tp", 1)
+    reading.default("sequence_parallel", bool(card.defaults.sequence_parallel_when_tp and tp > 1),
+                    f"{where} defaults.sequence_parallel_when_tp, tp {tp}")
+    if request.get("ep", 1) > 1:
+        reading.default("etp", tp if card.defaults.etp == "tp" else 1, f"{where} defaults.etp")
+    if request.get("precision") == "fp8" and card.defaults.fp8_recipe:
+        reading.default("fp8_recipe", card.defaults.fp8_recipe, f"{where} defaults.fp8_recipe")
+    reading.default("recompute", "none", "no recompute unless the file turns it on")
+    reading.default("attention_backend", "auto", f"the framework's own pick, {where} attention")
+    if getattr(card, "compile", None) is not None:
+        reading.default("torch_compile", card.compile.default, f"{where} compile.default")
+    if getattr(card, "allocator", None) is not None:
+        reading.default("expandable_segments", card.allocator.expandable_segments, f"{where} allocator")

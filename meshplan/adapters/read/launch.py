@@ -1,0 +1,231 @@
+"""Launch scripts read into a request: Megatron-LM argument lists (and Megatron-DeepSpeed's, with the ds_config the
+script writes), Megatron-Bridge's run_recipe.py overrides, torchtitan 0.3 command lines, verl and SkyRL Hydra
+overrides. The script is read by shell.py, never run; the keys' meanings come from the framework cards (keys.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
+from meshplan.adapters.read.shell import Command, Script, read_script
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
+
+
+def launch_command(script: Script, launchers: list[str], framework: str) -> tuple[Command, int]:
+    """The command that starts training (its launcher word's index): the last one naming a launcher."""
+    found = None
+    for command in script.commands:
+        for k, word in enumerate(command.words):
+            if any(word.text == name or word.text.endswith("/" + name) for name in launchers):
+                found = (command, k)
+    if found is None:
+        raise MeshplanError(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
+                            f"{framework_card(framework).display_name} launch script meshplan can read.",
+                            fix="Pass --framework NAME if it is another framework's, or the script that runs the "
+                                "training (a loop or function around the launch line is not read).")
+    return found
+
+
+def world(reading: Reading) -> None:
+    """num_gpus = nodes x GPUs per node, where the file gives them (one node when only GPUs per node)."""
+    nodes, per_node = reading.value("nodes"), reading.request.get("gpus_per_node", reading.value("gpus_per_node"))
+    if per_node is None:
+        reading.unresolved.append("num_gpus: the file does not say how many GPUs (pass --num-gpus)")
+        return
+    count = int(nodes or 1) * int(per_node)
+    where = [reading.extra[k][1].where(reading.path) for k in ("nodes",) if k in reading.extra]
+    where.append(reading.sources.get("gpus_per_node") or reading.extra["gpus_per_node"][1].where(reading.path))
+    reading.state("num_gpus", count, " x ".join(where))
+    if "gpus_per_node" not in reading.request:
+        reading.state("gpus_per_node", per_node, reading.extra["gpus_per_node"][1])
+
+
+SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+
+
+def match_model(shape: dict[str, Any], reading: Reading, keys: list[str], rope: tuple[Any, bool] | None = None
+                ) -> None:
+    """The catalog model with the file's shape (layers, hidden, FFN, heads, KV heads, vocabulary), or the shape
+    reported; among models of one shape, those with the file's rotary base and rope scaling (`rope`) first."""
+    given = {k: int(v) for k, v in shape.items() if v is not None and str(v).lstrip("-").isdigit()}
+    if len(given) < 3:
+        reading.unresolved.append("model: the file names no model (pass --model)")
+        return
+    fields = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+    hits = []
+    for key in catalog_keys():
+        arch = catalog_architecture(key)
+        if arch.moe is None and all(getattr(arch, f) == given[f] for f in fields if f in given):
+            hits.append(key)
+    if rope is not None and len(hits) > 1:
+        def same_rope(key: str) -> bool:
+            spec = catalog_architecture(key).rope
+            theta_ok = rope[0] is None or (spec is not None and spec.theta == float(rope[0]))
+            return theta_ok and (spec is not None and spec.scaling is not None) == rope[1]
+        hits.sort(key=lambda key: not same_rope(key))
+    stated = ", ".join(f"{k} {given[f]}" for k, f in zip(keys, fields, strict=False) if f in given)
+    if len(hits) >= 1:
+        reading.state("model", hits[0], f"{reading.path} ({stated}: the shape of {hits[0]})")
+        if len(hits) > 1:
+            reading.notes.append(f"model: {', '.join(hits)} share this shape; {hits[0]} taken")
+    else:
+        reading.unresolved.append(f"model: no catalog model has this shape ({stated}); pass --model with a "
+                                  "config.json")
+
+
+def _flag_shape(reading: Reading, settings: list[Setting], keys: list[str]) -> None:
+    values = {s.key.replace("_", "-"): s.value for s in settings}
+    shape = dict(zip(SHAPE_FIELDS, (values.get(k) for k in keys), strict=True))
+    if shape["num_kv_heads"] is None and "--group-query-attention" not in values:
+        shape["num_kv_heads"] = shape["num_attention_heads"]
+    match_model(shape, reading, keys, (values.get("--rotary-base"), "--use-rope-scaling" in values))
+
+
+def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Reading:
+    """A Megatron-LM (or Megatron-DeepSpeed) launch script: torchrun's flags and pretrain_gpt.py's."""
+    script = read_script(text, path)
+    read = read_section(framework)
+    command, k = launch_command(script, read["launcher"], framework)
+    reading = Reading(framework, path, variant=None if framework != "deepspeed" else "megatron-deepspeed")
+    reading.unresolved += script.unresolved
+    settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
+    table = key_table(framework, variant=reading.variant)
+    special = frozenset({"vpp", "zero_0", "zero_1", "zero_2", "zero_3", "uneven_pp", "fp8", "micro_batch_size",
+                         "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
+                                                                                 "zero_3", "fp8"})
+    shape_keys = read.get("model_shape", [])
+    left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_keys], table, special)
+    flags = {s.key.replace("_", "-"): s for s in settings}
+    for s, m in left:
+        if m.target == "uneven_pp":
+            reading.state("first_stage_layers", s.value, s)
+    if "precision" in reading.extra or any(m.target == "fp8" for _, m in left):
+        s = reading.extra.get("precision", (None, flags.get("--fp8-format")))[1]
+        reading.state("precision", "fp8", s)
+    _megatron_vpp(reading, flags)
+    if framework == "deepspeed":
+        _deepspeed_script(reading, script, flags)
+    else:
+        _megatron_zero(reading, flags)
+        for name, value in read.get("absent", {}).items():
+            if name not in reading.request:
+                reading.state(name, value, f"{path} (not given: Megatron-LM's default)")
+                reading.defaults[name] = value
+    _flag_shape(reading, settings, shape_keys)
+    world(reading)
+    return reading
+
+
+def _megatron_vpp(reading: Reading, flags: dict[str, Setting]) -> None:
+    per_stage = flags.get("--num-layers-per-virtual-pipeline-stage")
+    if per_stage is not None:
+        layers, pp = flags.get("--num-layers"), reading.request.get("pp", 1)
+        if layers is None:
+            reading.unresolved.append(f"{per_stage.where(reading.path)}: vpp needs --num-layers to be read")
+        else:
+            reading.state("vpp", int(layers.value) // (pp * int(per_stage.value)), per_stage)
+
+
+def _megatron_zero(reading: Reading, flags: dict[str, Setting]) -> None:
+    if "--use-megatron-fsdp" in flags:
+        strategy = flags.get("--data-parallel-sharding-strategy")
+        stage = {"optim_grads": 2, "optim_grads_params": 3, "optim": 1, "no_shard": 0}.get(
+            str(strategy.value) if strategy else "optim_grads_params", 3)
+        reading.state("zero_stage", stage, strategy or flags["--use-megatron-fsdp"])
+    elif "--use-distributed-optimizer" in flags:
+        reading.state("zero_stage", 1, flags["--use-distributed-optimizer"])
+
+
+def _deepspeed_script(reading: Reading, script: Script, flags: dict[str, Setting]) -> None:
+    """Megatron-DeepSpeed: the ds_config the script writes (a heredoc) or names, beside the launcher's flags."""
+    name = flags.get("--deepspeed-config")
+    config = script.files.get(str(name.value)) if name else None
+    if config is None and len(script.files) == 1:
+        config = next(iter(script.files.values()))
+    if config is None:
+        reading.unresolved.append("the DeepSpeed config: the script does not write it (pass the JSON file too)")
+        return
+    text, first = config
+    from_json = Reading("deepspeed", reading.path, variant="config")
+    read_deepspeed_settings(from_json, [Setting(s.key, s.value, s.line + first - 1)
+                                        for s in json_settings(text, reading.path)])
+    for field_name, value in from_json.request.items():
+        if field_name not in reading.request or field_name == "zero_stage":
+            reading.request[field_name] = value
+            reading.sources[field_name] = from_json.sources[field_name]
+    reading.unresolved += from_json.unresolved
+    reading.unsupported += from_json.unsupported
+    if "recompute" not in reading.request and "--checkpoint-activations" in flags:
+        reading.state("recompute", "full", flags["--checkpoint-activations"])
+
+
+def read_deepspeed_settings(reading: Reading, settings: list[Setting]) -> Reading:
+    """A ds_config's settings: ZeRO stage, batch sizes, offloads; "auto" values are left to the Hugging Face
+    Trainer that fills them (reported, not guessed)."""
+    auto = [s for s in settings if str(s.value) == "auto"]
+    for s in auto:
+        reading.unresolved.append(f"{s.where(reading.path)} = \"auto\": filled by the Hugging Face Trainer at launch")
+    table = key_table("deepspeed", variant="config")
+    special = frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "param_offload", "optimizer_offload"})
+    left = apply(reading, [s for s in settings if s not in auto], table, special)
+    for s, m in left:
+        if m.target.startswith("zero_") and m.target == "zero_0":
+            reading.state("zero_stage", s.value, s)
+        elif m.target in ("param_offload", "optimizer_offload"):
+            reading.state(m.target, str(s.value).lower() in ("cpu", "nvme"), s)
+    if reading.value("fp16") is True or as_bool(reading.value("fp16")):
+        reading.unsupported.append(f"{reading.extra['fp16'][1].where(reading.path)}: fp16 training (meshplan "
+                                   "estimates bf16 or fp8)")
+    return reading
+
+
+def read_bridge_python(text: str, path: str) -> Reading:
+    """`cfg.<section>.<field> = value` lines applied to a recipe's ConfigContainer (what `meshplan render
+    megatron-bridge` writes): Python literals, never run."""
+    reading = Reading("megatron-bridge", path, variant="python")
+    settings = [Setting(m.group(1), m.group(2).strip(), text.count("\n", 0, m.start()) + 1)
+                for m in re.finditer(r"^cfg\.([\w.]+)\s*=\s*(.+?)\s*(#.*)?$", text, re.M)]
+    if not settings:
+        raise MeshplanError(f"{path}: no `cfg.<section>.<field> = value` line and no run_recipe.py command.",
+                            fix="Pass the run_recipe.py launch script, or the cfg assignments of your recipe.")
+    _bridge_settings(reading, settings)
+    reading.unresolved.append("model, num_gpus: cfg assignments apply to a recipe's config (pass --model and "
+                              "--num-gpus)")
+    return reading
+
+
+def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
+    left = apply(reading, settings, key_table("megatron-bridge", variant=reading.variant),
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "fp8"}))
+    for s, m in left:
+        if m.target in ("zero_0", "zero_1") and "zero_stage" not in reading.request:
+            reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
+        elif m.target in ("zero_2", "zero_3"):
+            stage = {"optim_grads": 2, "optim_grads_params": 3}.get(str(s.value).strip("'\""))
+            if stage is not None:
+                reading.state("zero_stage", stage, s)
+        elif m.target == "fp8" and str(s.value).strip("'\"") not in ("null", "None", ""):
+            reading.state("precision", "fp8", s)
+
+
+def read_bridge(text: str, path: str) -> Reading:
+    """Megatron-Bridge's run_recipe.py: --recipe NAME and KEY=VALUE overrides of the recipe's ConfigContainer."""
+    script = read_script(text, path)
+    command, k = launch_command(script, read_section("megatron-bridge")["launcher"], "megatron-bridge")
+    reading = Reading("megatron-bridge", path, variant="run_recipe")
+    reading.unresolved += script.unresolved
+    settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
+    _bridge_settings(reading, settings)
+    recipe = reading.value("recipe")
+    if recipe is not None:
+        reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
+                             "recipe's (not read here; pass them as flags to change them)")
+        reading.unresolved.append(f"{reading.extra['recipe'][1].where(path)} {recipe}: the recipe's own model, "
+                                  "layout and batch are not read (pass --model and any field the file leaves out)")
+    world(reading)
+    return reading

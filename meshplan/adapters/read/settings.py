@@ -1,0 +1,121 @@
+"""A configuration file as a list of settings: each key the file sets, its value and the line that sets it.
+
+Shell launch lines give `--flag value` and Hydra `key=value` words (read by shell.py, never run); TOML and JSON
+files give their dotted keys. Every later step (which framework, which request field) works on these settings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan.adapters.read.shell import Word
+from meshplan.core.errors import MeshplanError
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    value: Any  # True for a flag given alone
+    line: int
+    via: str | None = None  # "TP at line 12": the script variable the value came from
+
+    def where(self, path: str) -> str:
+        return f"{path}:{self.line} {self.key}" + (f" (${self.via})" if self.via else "")
+
+
+def flag_settings(words: list[Word]) -> list[Setting]:
+    """`--flag value`, `--flag=value` and `--flag` alone (True) from a command's words; Hydra `key=value` words
+    (their `+`, `++` and `~` prefixes kept in the key) too."""
+    out: list[Setting] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        text = w.text
+        if text.startswith("--") and len(text) > 2:
+            if "=" in text:
+                key, value = text.split("=", 1)
+                out.append(_setting(key, value, w, w))
+            elif i + 1 < len(words) and not words[i + 1].text.startswith("--") and "=" not in words[i + 1].text:
+                out.append(_setting(text, words[i + 1].text, w, words[i + 1]))
+                i += 1
+            else:
+                out.append(Setting(text, True, w.line))
+        elif "=" in text and not text.startswith("-") and re.match(r"^[+~]{0,2}[A-Za-z_][\w.\-]*=", text):
+            key, value = text.split("=", 1)
+            out.append(_setting(key, value, w, w))
+        elif re.fullmatch(r"~[A-Za-z_][\w.\-]*", text):
+            out.append(Setting(text, None, w.line))  # Hydra: delete the key
+        i += 1
+    return out
+
+
+def _setting(key: str, value: str, key_word: Word, value_word: Word) -> Setting:
+    via = f"{value_word.var} at line {value_word.var_line}" if value_word.var and value_word.var_line else None
+    return Setting(key, value, key_word.line, via)
+
+
+def toml_settings(text: str, path: str) -> list[Setting]:
+    """Every leaf of a TOML file as a dotted key, with the line that sets it."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MeshplanError(f"{path}: not valid TOML ({exc}).", fix="Check the line it names.") from None
+    lines = _toml_lines(text)
+    return [Setting(key, value, lines.get(key, 0)) for key, value in _leaves(doc)]
+
+
+def _toml_lines(text: str) -> dict[str, int]:
+    section, out = "", {}
+    for number, line in enumerate(text.split("\n"), start=1):
+        stripped = line.split("#", 1)[0].strip()
+        m = re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?", stripped)
+        if m:
+            section = m.group(1).replace('"', "")
+            continue
+        m = re.match(r"([A-Za-z0-9_\-\".]+)\s*=", stripped)
+        if m:
+            out.setdefault(f"{section}.{m.group(1)}" if section else m.group(1), number)
+    return out
+
+
+def _leaves(doc: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(doc, dict):
+        return [leaf for k, v in doc.items() for leaf in _leaves(v, f"{prefix}{k}.")]
+    return [(prefix[:-1], doc)]
+
+
+def json_settings(text: str, path: str) -> list[Setting]:
+    """Every leaf of a JSON object as a dotted key, with its line; a syntax error names its line."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshplanError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno}).",
+                            fix="Fix that line (a DeepSpeed config is one JSON object).") from None
+    if not isinstance(doc, dict):
+        raise MeshplanError(f"{path}: a DeepSpeed config is a JSON object, this is a {type(doc).__name__}.",
+                            fix='Start from {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {...}}.')
+    lines = _json_lines(text)
+    return [Setting(key, value, lines.get(key, 0)) for key, value in _leaves(doc)]
+
+
+def _json_lines(text: str) -> dict[str, int]:
+    """The line of each dotted key: keys are tracked through the object nesting while the text is scanned."""
+    out: dict[str, int] = {}
+    stack: list[str | None] = []
+    pending: str | None = None
+    for m in re.finditer(r'"((?:\\.|[^"\\])*)"\s*(:)?|[{}\[\]]', text):
+        token = m.group(0)
+        if m.group(2):
+            pending = m.group(1)
+            key = ".".join([k for k in stack if k] + [pending])
+            out.setdefault(key, text.count("\n", 0, m.start()) + 1)
+        elif token in "{[":
+            stack.append(pending if token == "{" else None)
+            pending = None
+        elif token in "}]" and stack:
+            stack.pop()
+    return out

@@ -1,0 +1,479 @@
+"""Reads a shell launch script without running it: the words of each command, variables expanded from the script.
+
+Nothing is executed. Assignments (`TP=4`, `export X=...`, `ARGS=( ... )`, `ARGS+=( ... )`) are recorded with their
+line; `$X`, `${X}`, `${X:-4}` (the default used when the script never sets X), `${X[@]}` and `$((a*b))` expand from
+them; `if [ ... ]` / `[[ ... ]]` conditions of string and integer comparisons are evaluated, any other condition
+(a file test, a command's status) leaves both branches unread and says so. Heredocs written to a file (`cat <<EOT >
+$DS_CONFIG`) are kept as that file's text. Command substitutions (`$(...)`), loops and functions are never run;
+what they would have set is reported as unresolved.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from meshplan.core.errors import MeshplanError
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word of a command after expansion: its text, the script line it came from, and the variable (if any)
+    whose value it is, with that variable's line."""
+
+    text: str
+    line: int
+    var: str | None = None
+    var_line: int | None = None
+
+
+@dataclass
+class Var:
+    value: str
+    line: int
+    items: list[Word] | None = None  # an array's elements
+
+
+@dataclass
+class Command:
+    words: list[Word]
+    line: int
+
+
+@dataclass
+class Script:
+    path: str
+    env: dict[str, Var] = field(default_factory=dict)
+    commands: list[Command] = field(default_factory=list)
+    files: dict[str, tuple[str, int]] = field(default_factory=dict)  # heredoc text written to a path, first line
+    unresolved: list[str] = field(default_factory=list)
+
+    def note(self, line: int, text: str) -> None:
+        entry = f"{self.path}:{line} {text}"
+        if entry not in self.unresolved:
+            self.unresolved.append(entry)
+
+
+# --------------------------------------------------------------------------- logical lines
+
+
+@dataclass
+class _Line:
+    text: str
+    starts: list[tuple[int, int]]  # (offset in text, physical line number)
+    heredoc: tuple[str, int] | None = None  # the body of a heredoc this line opens, and its first line
+
+    def line_at(self, offset: int) -> int:
+        line = self.starts[0][1]
+        for start, number in self.starts:
+            if start <= offset:
+                line = number
+        return line
+
+
+HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)(\w+)\2")
+
+
+def _balanced(text: str) -> bool:
+    """Whether `text` closes every quote and array parenthesis it opens (comments ignored)."""
+    quote, depth, i = None, 0, 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c == "\\":
+            i += 1
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;("):
+            nl = text.find("\n", i)
+            if nl < 0:
+                break
+            i = nl
+        elif c == "(" and i and text[i - 1] == "=":
+            depth += 1
+        elif c == ")" and depth:
+            depth -= 1
+        i += 1
+    return quote is None and depth == 0
+
+
+def logical_lines(text: str) -> list[_Line]:
+    """Physical lines joined where a backslash continues them, a quote or an array stays open; heredoc bodies
+    attached to the line that opens them."""
+    physical = text.split("\n")
+    out: list[_Line] = []
+    i = 0
+    while i < len(physical):
+        cur = _Line("", [])
+        while True:
+            piece = physical[i]
+            cur.starts.append((len(cur.text), i + 1))
+            i += 1
+            if piece.endswith("\\") and not piece.endswith("\\\\"):
+                cur.text += piece[:-1] + " "
+                if i < len(physical):
+                    continue
+                break
+            cur.text += piece
+            if _balanced(cur.text) or i >= len(physical):
+                break
+            cur.text += "\n"
+        m = HEREDOC.search(cur.text)
+        if m and not cur.text.lstrip().startswith("#"):
+            body, first = [], i + 1
+            while i < len(physical) and (physical[i].strip() if m.group(1) else physical[i]) != m.group(3):
+                body.append(physical[i])
+                i += 1
+            i += 1
+            cur.heredoc = ("\n".join(body) + "\n", first)
+            cur.text = cur.text[: m.start()] + ("<<'" if m.group(2) else "<<") + cur.text[m.end():]
+        out.append(cur)
+    return out
+
+
+# --------------------------------------------------------------------------- words
+
+
+@dataclass
+class _Raw:
+    """A word before expansion: segments of (text, quoting) where quoting is "'", '"' or ''."""
+
+    parts: list[tuple[str, str]]
+    offset: int
+
+
+def split_words(text: str) -> list[_Raw | str]:
+    """The words of a logical line, with the operators ; && || | as separate strings; a comment ends the line."""
+    out: list[_Raw | str] = []
+    parts: list[tuple[str, str]] = []
+    buf, start, i = "", None, 0
+
+    def flush() -> None:
+        nonlocal parts, buf, start
+        if buf:
+            parts.append((buf, ""))
+        if parts:
+            out.append(_Raw(parts, start or 0))
+        parts, buf, start = [], "", None
+
+    while i < len(text):
+        c = text[i]
+        if c in " \t\n":
+            flush()
+        elif c == "#" and start is None:
+            nl = text.find("\n", i)
+            if nl < 0:
+                break
+            i = nl
+            continue
+        elif c in "'\"":
+            start = i if start is None else start
+            end = i + 1
+            while end < len(text) and text[end] != c:
+                end += 2 if (text[end] == "\\" and c == '"') else 1
+            if buf:
+                parts.append((buf, ""))
+                buf = ""
+            parts.append((text[i + 1:end].replace('\\"', '"') if c == '"' else text[i + 1:end], c))
+            i = end
+        elif c == "\\" and i + 1 < len(text):
+            start = i if start is None else start
+            buf += text[i + 1]
+            i += 1
+        elif c in ";|&" and not buf.endswith(("$", "=")):
+            flush()
+            op = text[i:i + 2] if text[i:i + 2] in ("&&", "||") else c
+            out.append(op)
+            i += len(op)
+            continue
+        elif c == "$" and text[i + 1:i + 2] in ("(", "{"):
+            start = i if start is None else start
+            close = {"(": ")", "{": "}"}[text[i + 1]]
+            depth, end = 0, i + 1
+            while end < len(text):
+                depth += text[end] == text[i + 1]
+                depth -= text[end] == close
+                if depth == 0:
+                    break
+                end += 1
+            buf += text[i:end + 1]
+            i = end
+        else:
+            start = i if start is None else start
+            buf += c
+        i += 1
+    flush()
+    return out
+
+
+VAR_REF = re.compile(r"\$(?:\{(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(\[[@*0-9]+\])?(?:(:?[-=+?])([^}]*))?\}"
+                     r"|([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$])|(\(\((.*)\)\))|(\((.*?)\)))", re.S)
+
+
+class Expander:
+    """Expands words against a script's variables, noting what cannot be resolved."""
+
+    def __init__(self, script: Script):
+        self.script = script
+
+    def value(self, ref: re.Match[str], line: int) -> tuple[str, str | None, list[Word] | None]:
+        """A reference's text, the variable it read (None for a literal default) and an array's words."""
+        env = self.script.env
+        if ref.group(7):  # $(( arithmetic )): bare names are variables
+            expr = re.sub(r"[A-Za-z_]\w*", lambda m: env[m.group(0)].value if m.group(0) in env else m.group(0),
+                          self.text(ref.group(8), line))
+            if re.fullmatch(r"[0-9+\-*/ ()%]+", expr) and "**" not in expr and len(expr) < 200:
+                try:  # digits and + - * / % only: nothing else reaches eval
+                    return str(int(eval(expr.replace("/", "//"), {"__builtins__": {}}))), None, None
+                except (SyntaxError, ZeroDivisionError, ValueError):
+                    pass
+            self.script.note(line, f"$(({ref.group(8)})) not evaluated")
+            return "", None, None
+        if ref.group(9):  # $( command ): never run
+            self.script.note(line, f"$({ref.group(10)}) is a command's output: not run, left empty")
+            return "", None, None
+        name = ref.group(2) or ref.group(6)
+        op, default = ref.group(4), ref.group(5)
+        var = env.get(name)
+        if var is not None and ref.group(3) and var.items is not None:
+            return " ".join(w.text for w in var.items), name, var.items
+        if var is not None and (var.value or op not in (":-", ":=")):
+            return var.value, name, None
+        if op in ("-", ":-", "=", ":="):
+            default = default or ""
+            if len(default) >= 2 and default[0] == default[-1] and default[0] in "'\"":
+                default = default[1:-1]  # ${X:-"text"}: the quotes are the default's own quoting
+            text = self.text(default, line)
+            if op.endswith("="):
+                env[name] = Var(text, line)
+            return text, None, None
+        if name in ("@", "*", "#", "?", "$") or name.isdigit():
+            return "", None, None  # the script's own arguments: none when read
+        self.script.note(line, f"${name} is not set in the script: left empty")
+        return "", None, None
+
+    def text(self, text: str, line: int) -> str:
+        return VAR_REF.sub(lambda m: self.value(m, line)[0], text)
+
+    def words(self, raw: _Raw, line: int) -> list[Word]:
+        """A raw word expanded: unquoted expansions split on whitespace, a quoted array gives one word per item."""
+        out: list[Word] = []
+        current, via, via_line, current_line = "", None, None, None
+        for text, quoting in raw.parts:
+            if quoting == "'":
+                current += text
+                continue
+            pos = 0
+            for m in VAR_REF.finditer(text):
+                current += text[pos:m.start()]
+                pos = m.end()
+                value, name, items = self.value(m, line)
+                if name is not None:
+                    via, via_line = name, self.script.env[name].line if name in self.script.env else None
+                if items is not None and quoting == '"' and m.group(0).endswith("[@]}"):
+                    if current:
+                        out.append(Word(current, line))
+                    out.extend(items[:-1])
+                    current = items[-1].text if items else ""
+                    continue
+                if quoting == "" and (value.strip() != value or " " in value or "\n" in value):
+                    pieces = value.split()
+                    if not pieces:
+                        continue
+                    lines = [w.line for w in items] if items and len(items) == len(pieces) else None
+                    for k, piece in enumerate(pieces[:-1]):
+                        out.append(Word(current + piece if k == 0 else piece,
+                                        lines[k] if lines else via_line or line, via, via_line))
+                        current = ""
+                    current = ("" if len(pieces) > 1 else current) + pieces[-1]
+                    current_line = lines[-1] if lines else via_line
+                    continue
+                current += value
+            current += text[pos:]
+        out.append(Word(current, current_line or line, via, via_line))
+        quoted = any(q for _, q in raw.parts)
+        return [w for w in out if w.text or quoted]
+
+
+# --------------------------------------------------------------------------- statements
+
+ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
+
+
+def _condition(words: list[str]) -> bool | None:
+    """A `[ ... ]`, `[[ ... ]]` or `test ...` condition of string or integer comparisons, joined by || and &&
+    (left to right, as the shell does); None for anything else (a file test, a command's status)."""
+    for op in ("||", "-o", "&&", "-a"):
+        if op in words:
+            k = len(words) - 1 - words[::-1].index(op)
+            left, right = _condition(words[:k]), _condition(words[k + 1:])
+            if op in ("||", "-o"):
+                return True if True in (left, right) else None if None in (left, right) else False
+            return False if False in (left, right) else None if None in (left, right) else True
+    while words and words[0] in ("[", "[[", "test"):
+        words = words[1:-1] if words[0] != "test" else words[1:]
+    negate = words[:1] == ["!"]
+    words = words[1:] if negate else words
+    result: bool | None = None
+    if len(words) == 3 and words[1] in ("=", "==", "!="):
+        result = (words[0] == words[2]) == (words[1] != "!=")
+    elif len(words) == 3 and words[1] in ("-eq", "-ne", "-gt", "-lt", "-ge", "-le"):
+        try:
+            a, b = int(words[0]), int(words[2])
+        except ValueError:
+            return None
+        result = {"-eq": a == b, "-ne": a != b, "-gt": a > b, "-lt": a < b, "-ge": a >= b, "-le": a <= b}[words[1]]
+    elif len(words) == 2 and words[0] in ("-z", "-n"):
+        result = (words[1] == "") == (words[0] == "-z")
+    elif len(words) == 1 and words[0] in ("true", "false"):
+        result = words[0] == "true"
+    return None if result is None else result != negate
+
+
+class Reader:
+    """Walks a script's statements, recording assignments, heredoc files and the commands that would run."""
+
+    def __init__(self, text: str, path: str):
+        self.script = Script(path)
+        self.expand = Expander(self.script)
+        self.branches: list[list[bool | None]] = []  # per open `if`: the value of each branch so far
+        self.skip_depth = 0  # open loops, functions and case blocks: their bodies are not read
+        self.lines = logical_lines(text)
+
+    def active(self) -> bool:
+        return self.skip_depth == 0 and all(b[-1] is True for b in self.branches)
+
+    def read(self) -> Script:
+        for logical in self.lines:
+            items = split_words(logical.text)
+            statement: list[_Raw] = []
+            for item in [*items, ";"]:
+                if item in ("&&", "||") and statement and "".join(
+                        t for t, _ in statement[0].parts) in ("if", "elif", "while"):
+                    statement.append(_Raw([(item, "")], 0))  # one condition: `[[ a ]] || [[ b ]]`
+                    continue
+                if isinstance(item, str):
+                    if statement:
+                        self.statement(statement, logical)
+                    statement = []
+                else:
+                    statement.append(item)
+        if self.branches:
+            raise MeshplanError(f"{self.script.path}: an `if` is never closed by `fi`.",
+                                fix="Check the script's if/fi pairs.")
+        return self.script
+
+    def statement(self, raws: list[_Raw], logical: _Line) -> None:
+        line = logical.line_at(raws[0].offset)
+        head = "".join(t for t, _ in raws[0].parts)
+        second = "".join(t for t, _ in raws[1].parts) if len(raws) > 1 else ""
+        if head in ("for", "while", "until", "select", "case", "function") or re.fullmatch(r"[\w-]+\(\)", head) \
+                or second == "()":
+            self.skip_depth += 1
+            if self.skip_depth == 1:
+                self.script.note(line, f"a `{head.rstrip('()')}` block is not run: what it sets or launches is not "
+                                       "read")
+            if head in ("for", "while", "until", "select") and any("".join(t for t, _ in r.parts) == "done"
+                                                                   for r in raws[1:]):
+                self.skip_depth -= 1
+            return
+        if head in ("done", "esac", "}"):
+            self.skip_depth = max(0, self.skip_depth - 1)
+            return
+        if self.skip_depth:
+            return
+        if head in ("if", "elif"):
+            words = [w.text for r in raws[1:] for w in self.expand.words(r, line)]
+            value = _condition(words) if self.active() or head == "elif" else False
+            if head == "if":
+                self.branches.append([value])
+            elif self.branches:
+                previous = self.branches[-1]
+                value = False if any(b is True for b in previous) else value
+                previous.append(value if None not in previous else None)
+            if value is None:
+                self.script.note(line, f"`{head} {' '.join(words)}` not evaluated: neither branch read")
+            return
+        if head == "else":
+            if self.branches:
+                previous = self.branches[-1]
+                previous.append(None if None in previous else not any(previous))
+            return
+        if head == "fi":
+            if not self.branches:
+                raise MeshplanError(f"{self.script.path}:{line}: `fi` without an `if`.", fix="Check the script's "
+                                                                                             "if/fi pairs.")
+            self.branches.pop()
+            return
+        if head == "then" or head == "do":
+            raws = raws[1:]
+            if not raws:
+                return
+            head = "".join(t for t, _ in raws[0].parts)
+        if not self.active():
+            return
+        if head in ("export", "local", "declare", "readonly", "typeset"):
+            raws = [r for r in raws[1:] if not "".join(t for t, _ in r.parts).startswith("-")]
+        assigned = 0
+        while assigned < len(raws):
+            used = self.assign(raws[assigned:], logical)
+            if not used:
+                break
+            assigned += used
+        rest = raws[assigned:]
+        if not rest:
+            return
+        words = [w for r in rest for w in self.expand.words(r, logical.line_at(r.offset))]
+        if logical.heredoc is not None:
+            self.heredoc(words, logical, line)
+        self.script.commands.append(Command(words, line))
+
+    def assign(self, raws: list[_Raw], logical: _Line) -> int:
+        """Records the assignment `raws` starts with (an array takes the words up to its `)`); the words it used."""
+        raw = raws[0]
+        first = raw.parts[0][0] if raw.parts[0][1] == "" else ""
+        m = ASSIGN.match(first)
+        if not m:
+            return 0
+        name, append, rest = m.group(1), m.group(2), m.group(3)
+        line = logical.line_at(raw.offset)
+        old = self.script.env.get(name)
+        if rest.startswith("("):
+            members = [_Raw([(rest[1:], ""), *raw.parts[1:]], raw.offset), *raws[1:]]
+            items: list[Word] = []
+            used = len(raws)
+            for k, member in enumerate(members):
+                text = member.parts[-1][0] if member.parts[-1][1] == "" else ""
+                closes = text.endswith(")")
+                if closes:
+                    member = _Raw([*member.parts[:-1], (text[:-1], "")], member.offset)
+                if any(t for t, _ in member.parts) or any(q for _, q in member.parts):
+                    items += self.expand.words(member, logical.line_at(member.offset))
+                if closes:
+                    used = k + 1
+                    break
+            items = (old.items or []) + items if append and old is not None else items
+            self.script.env[name] = Var(" ".join(w.text for w in items), line, items)
+            return used
+        tail = _Raw([(rest, ""), *raw.parts[1:]], raw.offset)
+        value = "".join(w.text for w in self.expand.words(tail, line)) if rest or len(raw.parts) > 1 else ""
+        self.script.env[name] = Var((old.value if append and old else "") + value, line)
+        return 1
+
+    def heredoc(self, words: list[Word], logical: _Line, line: int) -> None:
+        body, first = logical.heredoc or ("", line)
+        quoted = "<<'" in logical.text
+        text = body if quoted else self.expand.text(body, first)
+        target = next((words[k + 1].text for k, w in enumerate(words[:-1]) if w.text in (">", ">>")), None)
+        target = target or next((w.text[1:] for w in words if w.text.startswith(">") and len(w.text) > 1), None)
+        if target:
+            self.script.files[target] = (text, first)
+
+
+def read_script(text: str, path: str = "script") -> Script:
+    """The script's variables, heredoc files and the commands it would run, read without running anything."""
+    return Reader(text, path).read()

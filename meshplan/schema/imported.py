@@ -1,0 +1,27 @@
+"""What `meshplan import` reads from a user's own configuration file: the request it states, field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from meshplan.schema.choices import Framework, StrictModel
+
+
+class ImportedConfig(StrictModel):
+    """A framework config or launch script read into request fields, each with the file's line and key."""
+
+    framework: Framework = Field(description="The framework the file is for (detected, or as given)")
+    variant: str | None = Field(None, description="The form of the file (verl: megatron|fsdp; skyrl: rl|sft|fsdp ...)")
+    path: str = Field(description="The file read (or '<config_text>' for pasted text)")
+    request: dict[str, Any] = Field(description="The request fields the file states (same names as everywhere)")
+    sources: dict[str, str] = Field(description="field -> 'file:line key' that states it")
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="Fields the file leaves to the framework's default, and that default")
+    unsupported: list[str] = Field(default_factory=list,
+                                   description="Settings the file makes that meshplan cannot express")
+    unresolved: list[str] = Field(default_factory=list,
+                                  description="What could not be read: unset variables, unevaluated branches, a "
+                                              "missing model or GPU count (pass them as fields)")
+    notes: list[str] = Field(default_factory=list, description="How composed values were derived")

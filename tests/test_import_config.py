@@ -1,0 +1,292 @@
+"""`meshplan import` and `--config`: real upstream files read into the request, field by field with their line.
+
+The files under tests/configs/ are kept verbatim; tests/configs/SOURCES.txt names each one's repository, path and
+commit. Every stated field is asserted; a rendered config read back gives the request it was rendered from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.adapters.read import import_config, import_file
+from meshplan.adapters.read.shell import read_script
+from meshplan.core.errors import MeshplanError
+from meshplan.faces import cli
+from meshplan.request.parse import parse_request
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def imported(name: str, **kw):
+    return import_file(str(CONFIGS / name), **kw)
+
+
+def line_of(result, field: str) -> int:
+    return int(result.sources[field].split(":", 1)[1].split(" ", 1)[0])
+
+
+# --------------------------------------------------------------------------- every upstream file, every field
+
+EXPECTED = {
+    # NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh: bash arrays, an fp8 `if`, ${1:-...} defaults
+    "megatron_llama3_8b_h100_fp8.sh": ("megatron-core", {
+        "model": "llama-3-8b", "num_gpus": 8, "gpus_per_node": 8, "seq_length": 8192, "tp": 1, "cp": 1,
+        "micro_batch_size": 1, "global_batch_size": 128, "sequence_parallel": True, "zero_stage": 1,
+        "precision": "fp8", "fp8_param_gather": True, "grad_reduce_in_fp32": False, "attention_backend": "fused",
+        "dropout": False, "tp_comm_overlap": False}),
+    # NVIDIA/Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh: no --use-distributed-optimizer, no SP
+    "megatron_gpt3_175b.sh": ("megatron-core", {
+        "model": "gpt3-175b", "num_gpus": 8, "tp": 8, "pp": 16, "micro_batch_size": 1, "global_batch_size": 1536,
+        "seq_length": 2048, "zero_stage": 0, "sequence_parallel": False}),
+    # NVIDIA/Megatron-LM examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh: Megatron-FSDP
+    "megatron_fsdp_llama3_8b.sh": ("megatron-core", {
+        "model": "llama-3-8b", "num_gpus": 8, "zero_stage": 3, "precision": "fp8", "seq_length": 8192,
+        "micro_batch_size": 1, "global_batch_size": 128}),
+    # deepspeedai/Megatron-DeepSpeed examples_deepspeed/pretrain_llama2_distributed.sh: a heredoc ds_config
+    "mds_pretrain_llama2.sh": ("deepspeed", {
+        "num_gpus": 8, "tp": 2, "pp": 2, "seq_length": 2048, "zero_stage": 0, "micro_batch_size": 4,
+        "global_batch_size": 32}),
+    "ds_finetune_hf_llama.json": ("deepspeed", {
+        "global_batch_size": 256, "micro_batch_size": 16, "zero_stage": 0, "tp": 1, "pp": 1}),
+    "ds_zero_stage_1_baseline.json": ("deepspeed", {"global_batch_size": 512, "zero_stage": 1, "tp": 1, "pp": 1}),
+    # volcengine/verl examples: Hydra overrides, ppo_mini_batch_size in prompts
+    "verl_qwen2_7b_math_megatron.sh": ("verl", {
+        "job": "rl", "algorithm": "grpo", "model": "Qwen/Qwen2-7B-Instruct", "num_gpus": 8, "tp": 2, "pp": 2,
+        "micro_batch_size": 4, "prompts_per_step": 1024, "prompt_length": 1024, "response_length": 1024,
+        "samples_per_prompt": 5, "global_batch_size": 256 * 5, "rollout_tp": 2, "rollout_engine": "vllm",
+        "rollout_memory_fraction": 0.6}),
+    "verl_qwen3moe_30b_megatron_96gb.sh": ("verl", {
+        "model": "Qwen/Qwen3-30B-A3B-Base", "num_gpus": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 8, "etp": 1,
+        "param_offload": True, "optimizer_offload": True, "optimizer_offload_fraction": 1.0, "micro_batch_size": 2,
+        "samples_per_prompt": 16, "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4}),
+    # NovaSky-AI/SkyRL examples/train/megatron: the megatron and FSDP strategies
+    "skyrl_run_megatron.sh": ("skyrl", {
+        "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "tp": 2, "pp": 2, "cp": 1, "zero_stage": 1,
+        "micro_batch_size": 4, "prompts_per_step": 128, "samples_per_prompt": 5, "global_batch_size": 64 * 5,
+        "prompt_length": 512, "response_length": 1024, "rollout_tp": 1}),
+    "skyrl_run_fsdp_baseline.sh": ("skyrl", {
+        "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4}),
+    # pytorch/torchtitan 238fa99: the 0.2-generation TOML job files
+    "torchtitan_llama3_8b.toml": ("torchtitan", {
+        "model": "llama-3.1-8b", "seq_length": 8192, "tp": 1, "pp": 1, "cp": 1, "recompute": "selective",
+        "selective_ac_option": "op", "torch_compile": False, "zero_stage": 3, "micro_batch_size": 1}),
+    "torchtitan_llama3_70b.toml": ("torchtitan", {
+        "model": "llama-3.1-70b", "seq_length": 8192, "tp": 8, "recompute": "full", "micro_batch_size": 8,
+        "zero_stage": 3}),
+    # KempnerInstitute/KempnerForge configs/train
+    "kempnerforge_7b_16gpu_fp8.toml": ("kempnerforge", {
+        "model": "llama-3-8b", "micro_batch_size": 8, "seq_length": 4096, "precision": "fp8",
+        "recompute": "full", "torch_compile": True, "zero_stage": 3}),
+    "kempnerforge_70b_32gpu_tp4_pp4.toml": ("kempnerforge", {
+        "model": "llama-3-70b", "tp": 4, "pp": 4, "dp": 2, "zero_stage": 3, "micro_batch_size": 1,
+        "global_batch_size": 1 * 4 * 2, "recompute": "full", "torch_compile": False, "seq_length": 4096}),
+    # NVIDIA-NeMo/Megatron-Bridge run_recipe.py launches
+    "bridge_qwen3_vl_peft_energon.sh": ("megatron-bridge", {
+        "num_gpus": 1, "seq_length": 4096, "global_batch_size": 2, "micro_batch_size": 1}),
+    "bridge_qwen3_600m_sft_128k.sh": ("megatron-bridge", {"num_gpus": 8}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_upstream_file_states_each_field(name):
+    framework, fields = EXPECTED[name]
+    result = imported(name)
+    assert result.framework == framework
+    for field, value in fields.items():
+        assert result.request.get(field) == value, (field, result.request.get(field), result.sources.get(field))
+        assert result.sources[field].startswith(str(CONFIGS / name))
+
+
+def test_every_framework_has_two_upstream_files():
+    frameworks = [framework for framework, _ in EXPECTED.values()]
+    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed"):
+        assert frameworks.count(framework) >= 2, framework
+    listed = (CONFIGS / "SOURCES.txt").read_text()
+    for name in EXPECTED:
+        assert f"{name}: github.com/" in listed and " @ " in listed.split(name, 1)[1].split("\n", 1)[0]
+
+
+def test_sources_name_the_line_and_the_variable():
+    result = imported("megatron_llama3_8b_h100_fp8.sh")
+    assert result.sources["tp"].endswith(":117 --tensor-model-parallel-size ($MODEL_PARALLEL_ARGS at line 116)")
+    assert line_of(result, "seq_length") == 64  # inside the MODEL_ARGS array, from SEQ_LENGTH=8192
+    assert line_of(result, "precision") == 107  # DTYPE_ARGS+=(...) inside `if [[ "$DTYPE" == "fp8" ]]`
+    mds = imported("mds_pretrain_llama2.sh")
+    assert mds.sources["tp"].endswith("--tensor-model-parallel-size ($TP at line 14)")
+    assert line_of(mds, "zero_stage") == 73  # "stage" inside the heredoc that writes the ds_config
+
+
+def test_defaults_come_from_the_card_and_megatron_switches_left_out_are_off():
+    gpt3 = imported("megatron_gpt3_175b.sh")
+    assert gpt3.defaults["zero_stage"] == 0 and gpt3.defaults["sequence_parallel"] is False
+    fp8 = imported("megatron_llama3_8b_h100_fp8.sh")
+    assert fp8.defaults["fp8_recipe"] == "delayed"  # cards/frameworks/megatron-core.yaml defaults.fp8_recipe
+    assert "pp" not in fp8.request and fp8.defaults["pp"] == 1
+    verl = imported("verl_qwen2_7b_math_megatron.sh")
+    assert verl.defaults["zero_stage"] == 1 and verl.defaults["expandable_segments"] is True
+    kf = imported("kempnerforge_7b_16gpu_fp8.toml")
+    assert kf.request["torch_compile"] is True  # stated: compile_model = true
+
+
+def test_unsupported_and_unresolved_are_reported_not_guessed():
+    fp8 = imported("megatron_llama3_8b_h100_fp8.sh")
+    assert any("--overlap-grad-reduce" in u for u in fp8.unsupported)
+    assert any("--fp8-amax-history-len" in u for u in fp8.unsupported)
+    assert not any("--lr" in u.split()[1] for u in fp8.unsupported)  # training hyper-parameters are no layout
+    assert any("`if [ ! -f pretrain_gpt.py ]` not evaluated" in u for u in fp8.unresolved)
+    tt = imported("torchtitan_llama3_8b.toml")
+    assert "num_gpus" not in tt.request and any(u.startswith("num_gpus") for u in tt.unresolved)
+    assert "dp" not in tt.request  # data_parallel_shard_degree = -1: the GPUs left over
+    bridge = imported("bridge_qwen3_600m_sft_128k.sh")
+    assert any("recipe's own model" in u for u in bridge.unresolved)
+
+
+# --------------------------------------------------------------------------- the shell reader
+
+
+def test_shell_defaults_continuations_comments_and_no_execution(tmp_path):
+    marker = tmp_path / "ran"
+    text = f"""#!/bin/bash
+TP=${{TP:-4}}   # the default is used: TP is not set before
+PP=${{PP-2}}
+touch {marker}
+OUT=$(touch {marker}; echo x)
+NNODES=2
+torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py \\
+    --tensor-model-parallel-size $TP \\
+    # a comment line inside the command is not a flag
+    --pipeline-model-parallel-size ${{PP}} --seq-length $((1024 * 4)) --micro-batch-size $MISSING \\
+    --num-layers 32 --hidden-size 4096 --num-attention-heads 32
+"""
+    result = import_config(text, "job.sh")
+    assert not marker.exists()  # nothing in a file is ever run
+    assert result.request["tp"] == 4 and result.sources["tp"] == "job.sh:8 --tensor-model-parallel-size ($TP at line 2)"
+    assert result.request["num_gpus"] == 16
+    assert any("$MISSING is not set in the script" in u for u in result.unresolved)
+    assert any("command's output: not run" in u for u in result.unresolved)
+
+
+def test_shell_comment_line_ends_the_command_as_bash_does():
+    """A comment line inside a backslash-continued command ends it (bash reads `#` to the end of the joined line)."""
+    script = read_script("python train.py \\\n  --a 1 \\\n  # note \\\n  --b 2\n")
+    assert [w.text for w in script.commands[0].words] == ["python", "train.py", "--a", "1"]
+
+
+def test_shell_if_else_and_unknown_condition():
+    script = read_script('MODE=fp8\nif [ "$MODE" = "bf16" ]; then\n X=1\nelif [[ $MODE == fp8 ]]; then\n X=2\n'
+                         'else\n X=3\nfi\nif [ -f /etc/passwd ]; then\n Y=1\nfi\n')
+    assert script.env["X"].value == "2" and "Y" not in script.env
+    assert any("not evaluated" in u for u in script.unresolved)
+
+
+def test_hydra_prefixes():
+    text = """python3 -m verl.trainer.main_ppo \\
+  trainer.nnodes=1 trainer.n_gpus_per_node=8 \\
+  +actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \\
+  ++actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \\
+  ~actor_rollout_ref.actor.megatron.context_parallel_size \\
+  actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct
+"""
+    result = import_config(text)
+    assert result.framework == "verl" and result.variant == "megatron"
+    assert result.request["tp"] == 4 and result.request["pp"] == 2 and "cp" not in result.request
+    assert any("deleted (Hydra '~')" in n for n in result.notes)
+
+
+# --------------------------------------------------------------------------- bad files
+
+
+def test_bad_files_name_the_line(tmp_path):
+    with pytest.raises(MeshplanError, match=r"ds.json:3: not valid JSON"):
+        bad = tmp_path / "ds.json"
+        bad.write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": }\n}\n')
+        import_file(str(bad))
+    with pytest.raises(MeshplanError, match=r"not valid TOML .*line 3"):
+        bad = tmp_path / "job.toml"
+        bad.write_text("[parallelism]\ntensor_parallel_degree = 2\npipeline_parallel_degree = = 2\n")
+        import_file(str(bad))
+    with pytest.raises(MeshplanError, match=r"job.sh:2 --tensor-model-parallel-size: 'four' is not a valid tp"):
+        import_config("torchrun pretrain_gpt.py \\\n  --tensor-model-parallel-size four\n", "job.sh")
+    with pytest.raises(MeshplanError, match="cannot tell which framework"):
+        import_config("echo hello\n")
+    with pytest.raises(MeshplanError, match="is never closed by `fi`"):
+        import_config("if [ 1 -eq 1 ]; then\n torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n")
+
+
+def test_json_auto_values_are_left_to_the_trainer():
+    result = import_config('{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",\n'
+                           ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', "ds.json")
+    assert result.request["zero_stage"] == 3 and result.request["param_offload"] is True
+    assert "micro_batch_size" not in result.request
+    assert sum('"auto"' in u for u in result.unresolved) == 2
+
+
+# --------------------------------------------------------------------------- round trip: render -> import
+
+ROUND_TRIPS = [
+    ("megatron-core", {}, {}),
+    ("megatron-bridge", {"variant": "python"}, {}),
+    ("verl", {}, {}),
+    ("verl", {"variant": "fsdp"}, {"zero_stage": 3, "tp": 1, "pp": 1}),
+    ("skyrl", {}, {}),
+    ("skyrl", {"variant": "fsdp"}, {"zero_stage": 3, "tp": 1, "pp": 1}),
+    ("torchtitan", {}, {}),
+    ("torchtitan", {"version": "0.2"}, {}),
+    ("kempnerforge", {}, {}),
+    ("deepspeed", {}, {}),
+]
+
+
+@pytest.mark.parametrize(("framework", "options", "layout"), ROUND_TRIPS)
+def test_render_then_import_gives_the_same_request(framework, options, layout):
+    fields = {"model": "llama-3.1-8b", "num_gpus": 16, "tp": 2, "pp": 2, "global_batch_size": 64,
+              "micro_batch_size": 1, "recompute": "full", "framework": framework, **layout}
+    rendered = api.render_config(framework, parse_request(fields), **options)
+    result = api.import_config(rendered.text, framework=framework)
+    request = api.request_from_config(result, {"model": "llama-3.1-8b", "num_gpus": 16})  # where a file lacks them
+    for name in ("tp", "pp", "micro_batch_size", "global_batch_size", "recompute", "num_gpus", "framework"):
+        assert getattr(request, name) == fields[name], name
+    assert result.request.get("zero_stage", result.defaults.get("zero_stage")) == api.check_config(
+        parse_request(fields)).plan.zero_stage
+
+
+# --------------------------------------------------------------------------- faces
+
+
+def test_cli_import_json_shape(capsys):
+    assert cli.main(["import", str(CONFIGS / "torchtitan_llama3_70b.toml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"framework", "request", "sources", "defaults", "unsupported"} <= set(out)
+    assert out["framework"] == "torchtitan" and out["request"]["tp"] == 8
+    assert out["sources"]["tp"].endswith("torchtitan_llama3_70b.toml:41 parallelism.tensor_parallel_degree")
+
+
+def test_cli_import_text_and_bad_file(capsys, tmp_path):
+    assert cli.main(["import", str(CONFIGS / "skyrl_run_megatron.sh")]) == 0
+    out = capsys.readouterr().out
+    assert "stated by the file:" in out and "tp = 2" in out and "skyrl_run_megatron.sh:" in out
+    assert cli.main(["import", str(tmp_path / "missing.sh")]) == 2
+    assert "Cannot read" in capsys.readouterr().err
+
+
+def test_config_flag_with_overrides(capsys):
+    path = str(CONFIGS / "torchtitan_llama3_70b.toml")
+    assert cli.main(["check", "--config", path, "--num-gpus", "64", "--json"]) in (0, 1)
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["tp"] == 8 and report["plan"]["dp"] == 8 and report["framework"] == "torchtitan"
+    assert cli.main(["memory", "--config", path, "--num-gpus", "64", "--tp", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["tp"] == 4  # the flag beside --config wins
+
+
+def test_api_and_mcp_tool_agree_on_config_text():
+    from meshplan.faces.mcp import tools
+
+    text = (CONFIGS / "kempnerforge_70b_32gpu_tp4_pp4.toml").read_text()
+    via_api = api.estimate_memory(api.request_from_config(api.import_config(text), {"num_gpus": 32}))
+    via_tool = tools.estimate_memory(**{**{p.name: p.default for p in tools.request_parameters()},
+                                        "model": "llama-3-70b", "num_gpus": 32, "config_text": text})
+    assert via_tool.peak_bytes == via_api.peak_bytes and via_tool.plan.pp == 4
