@@ -1,0 +1,180 @@
+"""The pipeline step replayed from each schedule's order (meshplan/arithmetic/pipeline_timeline.py): the orders as
+Megatron-Core and torch build them, the step and idle share against hand-worked timelines and an independent
+slot-by-slot reference, the activations held at the peak, and what the throughput estimate and recommend make of a
+pipeline with one micro-batch."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from meshplan import api
+from meshplan.arithmetic import pipeline_timeline as tl
+from meshplan.arithmetic.pipeline_timeline import Shape, in_flight, rank_order, shape_for, simulate
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+
+def reference_step(shape: Shape, fwd: list[int], bwd: list[int]) -> int:
+    """An independent reference: whole time slots, no hop; each slot every idle rank starts its next op if the op's
+    input finished at or before the slot (forward: the previous virtual stage's forward; backward: the next one's
+    backward, or its own forward on the last stage)."""
+    p, s = shape.pp, shape.stages
+    orders = [list(rank_order(shape, r)) for r in range(p)]
+    done: dict[tuple[str, int, int], int] = {}
+    busy_until, pos, now = [0] * p, [0] * p, 0
+    while any(pos[r] < len(orders[r]) for r in range(p)):
+        for r in range(p):
+            if busy_until[r] > now or pos[r] == len(orders[r]):
+                continue
+            backward, chunk, mb = orders[r][pos[r]]
+            stage = chunk * p + r
+            need = (("F", stage, mb) if stage == s - 1 else ("B", stage + 1, mb)) if backward \
+                else (("F", stage - 1, mb) if stage else None)
+            if need is None or done.get(need, now + 1) <= now:
+                busy_until[r] = now + (bwd[r] if backward else fwd[r])
+                done[("B" if backward else "F", stage, mb)] = busy_until[r]
+                pos[r] += 1
+        now += 1
+    return max(busy_until)
+
+
+def test_megatron_schedule_table_and_warmup():
+    # Megatron-Core's own example (schedules.py, get_schedule_table): PP2, N3 (group), M5, VP2
+    shape = Shape("interleaved_1f1b", 2, 2, 5, 3)
+    assert tl._chunk_microbatches(shape) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2),
+                                             (0, 3), (0, 4), (1, 3), (1, 4)]
+    # rank 0 of PP4 VPP2 M8, group 4: 2*(4-0-1) + (2-1)*4 = 10 warm-up forwards, then F and B in turn
+    order = rank_order(shape_for("1f1b", "pp", 4, 2, 8), 0)
+    assert [op[0] for op in order[:12]] == [False] * 10 + [False, True]
+    assert order[:10] == tuple((False, c, mb) for c, mb in [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2),
+                                                            (1, 3), (0, 4), (0, 5)])
+    assert order[11] == (True, 1, 0)  # the first backward runs the last chunk
+
+
+def test_groups_follow_each_framework():
+    assert tl.interleave_group("pp", 4, 16) == 4  # Megatron-Core: microbatch_group_size_per_vp_stage = pp
+    assert tl.interleave_group("rounds", 4, 10) == 5  # torch: 10 // max(1, 10 // 4) = 5 per round
+    assert tl.interleave_group("rounds", 4, 3) == 3  # one round of 3
+    assert shape_for("1f1b", "pp", 4, 1, 8) == Shape("1f1b", 4, 1, 8)
+    assert shape_for("gpipe", "pp", 4, 1, 8).order == "gpipe"
+
+
+@pytest.mark.parametrize(("order", "p", "m", "expected"), [
+    ("1f1b", 2, 1, 6),   # F r0, F r1, B r1, B r0: half of every rank's time idle
+    ("1f1b", 4, 2, 15),  # m < p: (m + p - 1)(f + b)
+    ("1f1b", 3, 4, 18),  # m not a multiple of p
+    ("1f1b", 4, 8, 33),
+    ("gpipe", 2, 2, 9),
+    ("gpipe", 4, 3, 18),
+])
+def test_plain_schedules_match_hand_worked_steps(order, p, m, expected):
+    shape = shape_for(order, "pp", p, 1, m)
+    timeline = simulate(shape, [1.0] * p, [2.0] * p)
+    assert timeline.seconds == pytest.approx(expected)
+    assert timeline.seconds == reference_step(shape, [1] * p, [2] * p)
+    assert timeline.idle_share == pytest.approx(1 - m * 3 / expected)
+
+
+def test_interleaved_two_ranks_two_chunks_by_hand():
+    # chunks of f = 0.5, b = 1 (a rank's micro-batch: 3): r0 F00 F01 F10 F11 B10 B11 B00 B01, r1 F00 F01 F10 B10 F11
+    # B11 B00 B01 -> the last backward of rank 0 ends at 7.5 = (m + (p-1)/v) x 3 with m = p (steady-state formula)
+    shape = shape_for("1f1b", "pp", 2, 2, 2)
+    assert simulate(shape, [0.5, 0.5], [1.0, 1.0]).seconds == pytest.approx(7.5)
+
+
+def test_one_microbatch_idles_half_of_two_stages_whatever_v():
+    for v in (1, 2, 21):
+        timeline = simulate(shape_for("1f1b", "rounds", 2, v, 1), [1 / v] * 2, [2 / v] * 2)
+        assert timeline.seconds == pytest.approx(6.0)
+        assert timeline.idle_share == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("convention", ["pp", "rounds"])
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 1), (4, 2, 2), (4, 2, 3), (4, 2, 6), (4, 2, 8), (4, 3, 12),
+                                           (3, 2, 5), (2, 4, 4), (8, 2, 16), (4, 4, 10)])
+def test_interleaved_matches_the_slot_reference(convention, p, v, m):
+    rng = random.Random(p * 100 + v * 10 + m)
+    fwd = [rng.randint(1, 3) for _ in range(p)]
+    bwd = [2 * f + rng.randint(0, 1) for f in fwd]
+    shape = shape_for("1f1b", convention, p, v, m)
+    assert simulate(shape, fwd, bwd).seconds == reference_step(shape, fwd, bwd)
+
+
+def test_steady_state_limit_is_the_closed_form():
+    # balanced stages, m a multiple of p: (m + (p-1)/v) x t, the bubble (p-1)/(m*v) of the classic formula
+    for p, v, m in [(4, 1, 8), (4, 2, 8), (8, 4, 32), (4, 4, 16)]:
+        shape = shape_for("1f1b", "pp", p, v, m)
+        assert simulate(shape, [1 / v] * p, [2 / v] * p).seconds == pytest.approx((m + (p - 1) / v) * 3)
+
+
+def test_hops_delay_the_fill_and_drain():
+    # 1F1B, 2 ranks, one micro-batch: F, hop, F, B, hop, B
+    assert simulate(shape_for("1f1b", "pp", 2, 1, 1), [1.0, 1.0], [2.0, 2.0], 0.25).seconds == pytest.approx(6.5)
+
+
+def test_long_steps_extend_the_steady_state():
+    rng = random.Random(7)
+    worst = 0.0
+    for _ in range(40):
+        p, v = rng.choice([2, 4, 8]), rng.choice([1, 2, 4])
+        m = rng.choice([160, 200, 256]) // p * p
+        fwd = [rng.uniform(0.9, 1.1) / v for _ in range(p)]
+        bwd = [2 * f for f in fwd]
+        shape = shape_for("1f1b", rng.choice(["pp", "rounds"]), p, v, m)
+        full = tl._replay(shape, fwd, bwd, 0.01 / v)
+        worst = max(worst, abs(simulate(shape, fwd, bwd, 0.01 / v).seconds - full) / full)
+    assert worst < 0.01
+
+
+def closed_form_in_flight(rank: int, p: int, v: int, m: int) -> tuple[int, ...]:
+    """What schedule.in_flight computed before the timeline (exact for m a multiple of p, m >= p)."""
+    if v == 1:
+        return (min(m, p - rank),)
+    held = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
+    counts = [0] * v
+    for k in range(held):
+        counts[(k % (p * v)) // p] += 1
+    return tuple(counts)
+
+
+def test_in_flight_keeps_the_closed_form_where_it_was_exact():
+    for p, v, k in [(2, 1, 1), (4, 1, 2), (8, 1, 4), (2, 2, 1), (4, 2, 1), (4, 2, 3), (8, 3, 2), (4, 4, 4)]:
+        m = k * p
+        for convention in ("pp", "rounds"):
+            shape = shape_for("1f1b", convention, p, v, m)
+            assert [in_flight(shape, r) for r in range(p)] == [closed_form_in_flight(r, p, v, m) for r in range(p)]
+
+
+def test_in_flight_with_few_microbatches():
+    # 1F1B, m < p: every forward before the first backward on the early ranks
+    assert [in_flight(shape_for("1f1b", "pp", 4, 1, 2), r) for r in range(4)] == [(2,), (2,), (2,), (1,)]
+    # torch's one round of 3 over PP4 VPP2: rank 0 warms up 3 + 6 -> capped at all 6 forwards
+    assert in_flight(shape_for("1f1b", "rounds", 4, 2, 3), 0) == (3, 3)
+
+
+def llama405_torchtitan(**layout):
+    return Request(model="llama-3.1-405b", gpu="h100", num_gpus=128, framework="torchtitan", global_batch_size=32,
+                   **layout)
+
+
+def test_one_microbatch_per_pipeline_is_priced_mostly_idle():
+    # TP4 PP2 VPP21 DP16 at micro-batch 2: one micro-batch per pipeline, two stages taking turns
+    job, plan = resolve(llama405_torchtitan(tp=4, pp=2, vpp=21, micro_batch_size=2))
+    report = estimate_throughput(job, plan)
+    b = report.breakdown
+    pipeline = b.compute_s + b.tp_comm_s + b.pp_comm_s + b.bubble_s + b.recompute_s
+    assert b.bubble_s > 0.9 * (pipeline - b.bubble_s)  # about as long as the busy stage itself
+    words = next(a for a in report.assumptions if a.startswith("Pipeline schedule Interleaved1F1B (v=21"))
+    assert int(re.search(r"leaves (\d+)% of the pipeline's GPU-seconds idle", words).group(1)) >= 45
+
+
+def test_recommend_never_ranks_an_idle_pipeline_first():
+    rec = api.recommend(llama405_torchtitan(), top_k=5)
+    for cand in rec.candidates:
+        plan = cand.plan
+        if plan.pp > 1:
+            assert 32 // (plan.micro_batch_size * plan.dp) >= plan.pp
