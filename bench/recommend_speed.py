@@ -1,51 +1,82 @@
-"""How long `recommend` takes on the two jobs issue 5 sets targets for, and how much of the space it evaluates.
-Targets: issue 5 (Llama 0.3 s) and issue 15 (DeepSeek-V3 1.5 s; issue 5 had set 2 s).
+"""How long `recommend` and `min-gpus` take on the jobs issue 23 sets targets for, and how much of the space they
+evaluate. Targets (issue 23, medians of 5 on the 2-core machine, idle): Llama-3.1-70B on 64 H100 <= 0.15 s,
+DeepSeek-V3 on 2,048 H100 <= 0.5 s, Kimi-K2 on 256 H100 <= 1 s, GRPO Qwen3-30B-A3B on 16 H100 (verl) <= 1 s,
+min-gpus Kimi-K2 <= 1 s.
 
-    python bench/recommend_speed.py [--repeat 3]
+    python bench/recommend_speed.py [--repeat 5] [--only NAME]
 
-Reports the best of `--repeat` warm runs (card and model caches loaded once), as wall time and as CPU time
-of this process (the machine is shared: CPU time is the figure that does not depend on other jobs), with
-the number of layouts in the space and the memory / throughput estimates the search computed, and the load average
-before and after (the figures are only comparable at a similar load).
+Reports the median of `--repeat` warm runs (card and model caches loaded once), as wall time and as CPU time of this
+process (the machine is shared: CPU time is the figure that depends least on other jobs), with the number of
+layouts in the space, the memory / throughput estimates the search computed and its #1, and the load average before
+and after (the figures are only comparable at a similar load). No clock bounds the search, so the answers do not
+depend on the machine; only these times do.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from collections.abc import Callable
 
+from meshplan import api
 from meshplan.schema.request import Request
-from meshplan.search import recommend
 
-CASES = [
-    ("Llama-3.1-70B, 64 H100", Request(model="llama-3.1-70b", gpu="h100", num_gpus=64), 0.3),
-    ("DeepSeek-V3, 2,048 H100, every knob open", Request(model="deepseek-v3", gpu="h100", num_gpus=2048), 1.5),
-    ("Mixtral-8x7B, 64 H100", Request(model="mixtral-8x7b", gpu="h100", num_gpus=64), None),
-    ("Llama-3.1-405B, 1,024 H100", Request(model="llama-3.1-405b", gpu="h100", num_gpus=1024), None),
-    ("Llama-3.1-8B, 2^30 H100 (absurd)", Request(model="llama-3.1-8b", gpu="h100", num_gpus=2**30), None),
+H100 = dict(gpu="h100")
+CASES: list[tuple[str, Callable[[], object], float | None]] = [
+    ("recommend Llama-3.1-70B, 64 H100",
+     lambda: api.recommend(Request(model="llama-3.1-70b", num_gpus=64, **H100)), 0.15),
+    ("recommend DeepSeek-V3, 2,048 H100",
+     lambda: api.recommend(Request(model="deepseek-v3", num_gpus=2048, **H100)), 0.5),
+    ("recommend Kimi-K2, 256 H100",
+     lambda: api.recommend(Request(model="kimi-k2", num_gpus=256, **H100)), 1.0),
+    ("recommend GRPO Qwen3-30B-A3B, 16 H100 (verl)",
+     lambda: api.recommend(Request(model="qwen3-30b-a3b", num_gpus=16, framework="verl", job="rl", algorithm="grpo",
+                                   **H100)), 1.0),
+    ("min-gpus Kimi-K2, H100",
+     lambda: api.minimum_gpus(Request(model="kimi-k2", **H100)), 1.0),
+    ("recommend DeepSeek-V3, 1,024 H100, Megatron-Bridge, 4K x 4,096",
+     lambda: api.recommend(Request(model="deepseek-v3", num_gpus=1024, framework="megatron-bridge", seq_length=4096,
+                                   global_batch_size=4096, **H100)), None),
+    ("min-gpus DeepSeek-V3, H100",
+     lambda: api.minimum_gpus(Request(model="deepseek-v3", **H100)), None),
+    ("recommend Llama-3.1-8B, 2^30 H100 (absurd)",
+     lambda: api.recommend(Request(model="llama-3.1-8b", num_gpus=2**30, **H100)), None),
 ]
+
+
+def describe(result: object) -> tuple[str, str, str]:
+    """(layouts, estimates, #1) of a Recommendation or a MinimumGpus."""
+    if hasattr(result, "considered"):
+        best = result.candidates[0].plan.short() if result.candidates else "none"
+        return f"{result.considered:,}", f"{result.evaluated:,}", best
+    best = result.candidate.plan.short() if result.candidate else "none"
+    return f"{result.counts_checked} counts", "-", f"{result.num_gpus} GPUs: {best}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min), {os.cpu_count()} CPUs")
-    print("| job | target s | wall s (best) | CPU s (best) | layouts | estimates | #1 |")
+    print("| job | target s | wall s (median) | CPU s (median) | layouts | estimates | #1 |")
     print("|---|---|---|---|---|---|---|")
-    for name, req, target in CASES:
-        recommend(req, top_k=1)  # warm the caches
+    for name, call, target in CASES:
+        if args.only.lower() not in name.lower():
+            continue
+        call()  # warm the caches
         walls, cpus = [], []
         for _ in range(args.repeat):
             w, c = time.perf_counter(), time.process_time()
-            rec = recommend(req)
+            result = call()
             walls.append(time.perf_counter() - w)
             cpus.append(time.process_time() - c)
-        best = rec.candidates[0].plan.short() if rec.candidates else "none"
-        print(f"| {name} | {target if target else '-'} | {min(walls):.3f} | {min(cpus):.3f} | {rec.considered:,} | "
-              f"{rec.evaluated:,} | {best} |")
+        layouts, estimates, best = describe(result)
+        print(f"| {name} | {target if target else '-'} | {statistics.median(walls):.3f} | "
+              f"{statistics.median(cpus):.3f} | {layouts} | {estimates} | {best} |", flush=True)
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
 

@@ -7,8 +7,11 @@ server start fast.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from meshplan.request.parse import parse_request
+from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.model import ModelReport, ModelSummary
 from meshplan.schema.reports import (
     CheckReport,
@@ -91,3 +94,25 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     notes, warnings = vet_layout(job, plan, check(job, plan), force=force)
     result = render(framework, job, plan, **options)
     return result.model_copy(update={"notes": [*result.notes, *notes], "warnings": [*warnings, *result.warnings]})
+
+
+def import_config(text: str, *, path: str = "<config_text>", framework: str | None = None,
+                  config_format: str | None = None) -> ImportedConfig:
+    """The request a framework config or launch script states, field by field with its line (never run)."""
+    from meshplan.adapters.read import import_config as read
+
+    return read(text, path, framework, config_format)
+
+
+def import_file(path: str, *, framework: str | None = None, config_format: str | None = None) -> ImportedConfig:
+    """import_config of a file on disk."""
+    from meshplan.adapters.read import import_file as read
+
+    return read(path, framework, config_format)
+
+
+def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | None = None) -> Request:
+    """The Request a file states, with the fields `given` beside it (flags, tool arguments) over the file's."""
+    from meshplan.adapters.read import request_values
+
+    return parse_request(request_values(imported, given or {}))

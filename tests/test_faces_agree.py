@@ -81,6 +81,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("estimate_throughput", {**L8, "num_gpus": 8, "framework": "megatron-bridge", "job": "lora"}),
     ("render_config", {"framework": "megatron-bridge", **L8, "num_gpus": 8, "lora_rank": 8}),
     ("estimate_memory", {**L8, "num_gpus": 8, "lora_rank": 8}),  # megatron-core has no LoRA: LORA001
+    ("recommend_parallelism", {**L70, "num_gpus": 8, "lora_rank": 16}),  # refused up front: LORA001 on every plan
+    ("recommend_parallelism", {**L8, "num_gpus": 8, "optimizer_offload_fraction": 1.0,
+                               "cpu_memory_per_node": 1}),  # refused up front: MEM003's host floor
+    ("recommend_parallelism", {**L8, "num_gpus": 8, "seq_length": 2048, "cp": 2,
+                               "micro_batch_size": 3}),  # an empty space: each rule's count, the change that opens it
     ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "full",
                          "framework": "megatron-bridge", "pipeline_layout": "Et*4|(t*4|)*14t,mL"}),
     ("check_config", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1,
@@ -122,6 +127,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("minimum_gpus", {"model": "llama-3.1-405b", "gpu": "h100"}),
     ("minimum_gpus", {"model": "deepseek-v3", "gpu": "h20", "headroom": 0.05}),
     ("minimum_gpus", {**L70, "tp": 8, "max_gpus": 8}),
+    # an RL job with a fixed layout: it used to end in `KeyError: None` (issue 23)
+    ("minimum_gpus", {"model": "qwen3-30b-a3b", "gpu": "h100", "framework": "verl", "job": "rl", "algorithm": "grpo",
+                      "tp": 2, "ep": 8}),
     ("recommend_parallelism", {"model": "llama-3.1-405b", "gpu": "h100", "num_gpus": 1}),
     ("recommend_parallelism", {**L70, "num_gpus": 16, "headroom": 0.001}),
     # refusals: the same reason on every face

@@ -34,12 +34,70 @@ def test_torchtitan_before_its_chunked_loss_keeps_every_logit_at_ten_bytes():
 
 
 def test_an_unknown_release_names_the_known_ones_and_a_prefix_picks_the_newest():
-    with pytest.raises(MeshplanError, match=r"0\.2\.2, 0\.3\.0"):
-        resolve(parse_request(dict(LLAMA_32K, framework_version="0.9")))
+    with pytest.raises(MeshplanError, match=r"0\.1\.0 \(0\.1\.x\), 0\.2\.2 \(0\.2\.x\), 0\.3\.0 \(0\.3 and later\)"):
+        resolve(parse_request(dict(LLAMA_32K, framework_version="0.0.9")))  # before the first known release
     job, _ = resolve(parse_request(dict(LLAMA_32K, framework_version="0.2")))
-    assert job.framework_version == "0.2.2"
+    assert job.framework_version == "0.2.2" and not any("framework_version" in n for n in job.notes)
     with pytest.raises(MeshplanError, match="framework_version"):
         parse_request(dict(LLAMA_32K, framework_version="latest; rm -rf /"))
+
+
+@pytest.mark.parametrize("asked,release,covers", [
+    ("0.2.0", "0.2.2", "0.2.x"),  # a release of a series meshplan knows: that series' facts (the unchunked loss)
+    ("0.2.0+cu128", "0.2.2", "0.2.x"),  # a local build suffix does not change the release
+    ("0.2.1", "0.2.2", "0.2.x"),
+    ("0.1.7", "0.1.0", "0.1.x"),
+    ("0.3.1", "0.3.0", "0.3 and later"),
+    ("0.4.0rc1", "0.3.0", "0.3 and later"),  # newer than every known release: the newest, said as such
+])
+def test_any_torchtitan_version_resolves_to_the_release_whose_facts_apply(asked, release, covers):
+    job, _ = resolve(parse_request(dict(LLAMA_32K, framework_version=asked)))
+    assert job.framework_version == release
+    (note,) = [n for n in job.notes if n.startswith(f"framework_version {asked}:")]
+    assert f"the facts of torchtitan {release}, which stands for {covers}" in note
+    conv = framework_card("torchtitan").convention_for(release)
+    assert any(f"memory convention {conv}" in n for n in job.notes) == (conv != "fsdp2_chunked_loss")
+
+
+@pytest.mark.parametrize("asked", ["0.14", "0.15", "0.15.0rc1", "0.16.1"])
+def test_megatron_core_releases_from_its_oldest_one_take_the_cards_facts(asked):
+    """Megatron-Core 0.14 and 0.15 (NeMo 25.09/25.11) were refused; the card's oldest_release says from where its
+    facts stand, and the note names them."""
+    job, _ = resolve(parse_request(dict(model="llama-3.1-8b", num_gpus=8, framework_version=asked)))
+    assert job.framework_version == "0.19.2"
+    assert any(n.startswith(f"framework_version {asked}: estimated with the facts of Megatron-Core / Megatron-LM "
+                            "0.19.2, which stands for 0.14 and later") for n in job.notes)
+
+
+@pytest.mark.parametrize("asked,why", [
+    ("0.13.1", "older than 0.14, the oldest Megatron-Core / Megatron-LM release meshplan's facts stand for"),
+    ("0.x.y", "not a version"),
+    ("1..2", "not a version"),
+])
+def test_a_version_before_the_first_release_or_not_a_version_is_an_error_listing_the_releases(asked, why):
+    with pytest.raises(MeshplanError) as err:
+        resolve(parse_request(dict(model="llama-3.1-8b", num_gpus=8, framework_version=asked)))
+    assert why in err.value.reason and "0.19.2 (0.14 and later)" in err.value.fix
+
+
+def test_every_face_resolves_the_version_alike():
+    """The CLI and the api agree (the MCP tools and batch lines share parse_request and resolve: test_faces_agree)."""
+    from meshplan.faces.cli import main
+
+    fields = dict(model="llama-3.1-8b", framework="torchtitan", num_gpus=8, global_batch_size=64,
+                  framework_version="0.2.0+cu128")
+    rendered = api.render_config("torchtitan", parse_request(fields))
+    assert (rendered.version, rendered.format) == ("0.2.2", "toml")
+    assert main(["memory", "llama-3.1-8b", "--framework", "torchtitan", "--num-gpus", "8",
+                 "--framework-version", "0.2.0+cu128", "--json"]) == 0
+    assert main(["memory", "llama-3.1-8b", "--num-gpus", "8", "--framework-version", "0.12"]) == 2
+
+
+def test_render_resolves_its_version_option_through_the_same_resolver():
+    fields = dict(model="llama-3.1-8b", framework="torchtitan", num_gpus=8, global_batch_size=64)
+    assert api.render_config("torchtitan", parse_request(fields), version="0.2.0").version == "0.2.2"
+    with pytest.raises(MeshplanError, match="estimates but writes no config for"):
+        api.render_config("torchtitan", parse_request(fields), version="0.1.3")
 
 
 def test_render_writes_the_release_the_request_names():

@@ -32,10 +32,17 @@ LAZY = {
     ("meshplan.api", "meshplan.rl.memory"): "the RL phases' memory loads with the first estimate",
     ("meshplan.api", "meshplan.rl.step_time"): "the RL step time loads with the first estimate",
     ("meshplan.api", "meshplan.check.config"): "the rules load on the first check",
+    ("meshplan.api", "meshplan.adapters.read"): "the config readers (and the catalog they match shapes in) load on "
+                                                "the first import",
     ("meshplan.faces.cli", "meshplan.faces.display"): "rich loads only when a table is printed",
     ("meshplan.faces.cli", "meshplan.faces.docs"): "the docs generator loads only for `meshplan docs`",
     ("meshplan.faces.cli", "meshplan.faces.mcp.server"): "the MCP SDK loads only for `meshplan serve`",
     ("meshplan.faces.cli", "meshplan.adapters.render"): "jinja2 loads only for `meshplan render`",
+    ("meshplan.faces.cli", "meshplan.faces.report"): "the report (jinja2, the estimators) loads only for `meshplan "
+                                                     "report`",
+    ("meshplan.faces.mcp.server", "meshplan.faces.report.page"): "the web page loads only for `serve --transport http`",
+    ("meshplan.faces.mcp.report_tool", "meshplan.faces.report"): "the report loads on the first render_report call, "
+                                                                  "not at server start-up",
     ("meshplan.faces.mcp.__main__", "meshplan.faces.mcp.server"): "the entry point reports a bad flag first",
     ("meshplan.faces.mcp.tools", "meshplan.search"): "recommend's next steps name the headroom that would rank a "
                                                       "layout: the search is loaded then, not at server start-up",

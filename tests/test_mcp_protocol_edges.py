@@ -29,6 +29,7 @@ from meshplan.faces.mcp import cancellable as cancellable_module
 from meshplan.faces.mcp.cancellable import cancellable, run_cancellable
 from meshplan.faces.mcp.http_edges import InvalidIdGuard
 from meshplan.faces.mcp.prompts import PROMPTS, check_prompt_call
+from meshplan.faces.mcp.report_tool import REPORT_TOOL
 from meshplan.faces.mcp.server import app
 from meshplan.faces.mcp.stdio import invalid_id_reply
 from meshplan.faces.mcp.tools import READ_ONLY, TOOLS
@@ -374,11 +375,11 @@ def test_checkpoint_is_free_outside_a_scope_and_obeys_its_own_token():
 
 async def test_wrapped_tools_publish_the_same_schemas():
     raw = MCPServer("raw")
-    for fn, title, description in TOOLS:
+    for fn, title, description in [*TOOLS, REPORT_TOOL]:
         raw.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(fn)
     dump = [t.model_dump(mode="json", by_alias=True) for t in await raw.list_tools()]
     assert json.dumps([t.model_dump(mode="json", by_alias=True) for t in await app.list_tools()]) == json.dumps(dump)
-    for fn, _, _ in TOOLS:
+    for fn, _, _ in [*TOOLS, REPORT_TOOL]:
         wrapped = cancellable(fn)
         assert (wrapped.__name__, wrapped.__doc__) == (fn.__name__, fn.__doc__)
         assert inspect.signature(wrapped) == inspect.signature(fn)

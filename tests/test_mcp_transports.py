@@ -44,7 +44,7 @@ async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
     params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path))
     async with Client(params) as client:
         assert client.server_info.name == "meshplan"
-        assert len((await client.list_tools()).tools) == 8
+        assert len((await client.list_tools()).tools) == 9
         result = await client.call_tool("estimate_memory", MEMORY_ARGS)
         assert not result.is_error and result.structured_content["plan"]["dp"] == 4
         failed = await client.call_tool("describe_model", {"model": "no-such-model"})
@@ -135,7 +135,7 @@ def test_bad_lines_get_error_replies_and_the_server_keeps_serving(raw):
 
     reply = raw.ask(call(17, "estimate_memory", MEMORY_ARGS))
     assert reply["result"]["isError"] is False and reply["result"]["structuredContent"]["plan"]["tp"] == 2
-    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 8
+    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 9
     assert raw.close() == 0
 
 
@@ -228,7 +228,7 @@ def http_server(tmp_path_factory):
 async def test_http_round_trip(http_server):
     async with Client(http_server) as client:
         assert client.server_info.name == "meshplan"
-        assert len((await client.list_tools()).tools) == 8
+        assert len((await client.list_tools()).tools) == 9
         result = await client.call_tool("estimate_memory", MEMORY_ARGS)
         assert not result.is_error and result.structured_content["plan"]["tp"] == 2
         failed = await client.call_tool("estimate_memory", {**MEMORY_ARGS, "gpu": "h1000"})
@@ -304,3 +304,103 @@ def test_bad_transport_settings_are_clear_errors():
         run(transport="sse")
     with pytest.raises(MeshplanError, match="Port 70000 is out of range"):
         run(transport="http", port=70000)
+
+
+# --------------------------------------------------------------------------- a client that hangs up over HTTP
+
+
+# The real HTTP server (server.run) with two tools more: one that works until it is cancelled (checking in the way
+# the search does, and bounded all the same), and one that reports from inside the server how many computations run.
+HANG_UP_SERVER = """
+import sys, time
+from meshplan.core import cancel
+from meshplan.faces.mcp import server
+from meshplan.faces.mcp.cancellable import cancellable
+
+def work(seconds: float) -> str:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        cancel.checkpoint()
+        time.sleep(0.002)
+    return "ran to the end"
+
+def computations() -> dict[str, int]:
+    return {"running": cancel.running(), "cancelled": cancel.cancelled()}
+
+server.app.tool(name="work")(cancellable(work))
+server.app.tool(name="computations")(computations)
+server.run(transport="http", port=int(sys.argv[1]))
+"""
+SSE_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "mcp-protocol-version": "2025-06-18"}
+
+
+def _rpc(url: str, body: dict, session: str | None = None) -> tuple[dict[str, str], dict | None]:
+    """POST one JSON-RPC message; the response headers and the JSON-RPC reply in its SSE stream (None: no reply)."""
+    headers = {**SSE_HEADERS, **({"mcp-session-id": session} if session else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        text = response.read().decode()
+        replies = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()]
+        return dict(response.headers), (replies[-1] if replies else None)
+
+
+def _tool(req_id: int, name: str, arguments: dict) -> dict:
+    return {"jsonrpc": "2.0", "id": req_id, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+
+
+@pytest.fixture
+def hang_up_server(tmp_path):
+    port = free_port()
+    with open(tmp_path / "stderr.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", HANG_UP_SERVER, str(port)], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"HTTP server did not start: {(tmp_path / 'stderr.log').read_text()[-2000:]}") \
+                    from None
+            time.sleep(0.1)
+    yield port
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def test_a_client_that_hangs_up_over_http_cancels_its_call(hang_up_server):
+    """Closing the connection mid-call stops the work at its next checkpoint, as `notifications/cancelled` does;
+    an answered call is not cancelled, and the session keeps serving."""
+    url = f"http://127.0.0.1:{hang_up_server}/mcp"
+    headers, _ = _rpc(url, INIT)
+    session = headers["mcp-session-id"]
+    _rpc(url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+
+    def computations(req_id: int) -> dict:
+        _, reply = _rpc(url, _tool(req_id, "computations", {}), session)
+        assert reply is not None
+        return reply["result"]["structuredContent"]
+
+    _, answered = _rpc(url, _tool(2, "work", {"seconds": 0}), session)
+    assert answered is not None and answered["result"]["structuredContent"] == {"result": "ran to the end"}
+    assert computations(3) == {"running": 0, "cancelled": 0}
+
+    body = json.dumps(_tool(4, "work", {"seconds": 600})).encode()
+    head = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{hang_up_server}\r\nContent-Length: {len(body)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in {**SSE_HEADERS, "mcp-session-id": session}.items()) + "\r\n")
+    client = socket.create_connection(("127.0.0.1", hang_up_server), timeout=30)
+    client.sendall(head.encode() + body)
+    deadline = time.monotonic() + 60  # bounds the test, far inside the call's own 600 s
+    req_id = 5
+    while computations(req_id)["running"] == 0:
+        assert time.monotonic() < deadline, "the call never started"
+        req_id += 1
+    client.close()  # hang up mid-call
+    while (now := computations(req_id))["running"]:
+        assert time.monotonic() < deadline, "the call kept running after its client hung up"
+        req_id += 1
+    assert now == {"running": 0, "cancelled": 1}, now  # stopped at a checkpoint, not run to its end
+    assert computations(req_id + 1) == {"running": 0, "cancelled": 1}  # still serving

@@ -5,6 +5,7 @@ refuses what Megatron-Core refuses with a working layout, and the published Mega
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -48,6 +49,20 @@ def test_a_malformed_layout_names_the_position_and_the_grammar(text, position, w
         parse_layout(text)
     assert err.value.reason == f"pipeline_layout {text!r}: {what} at position {position}."
     assert "E = embedding, t = decoder layer, m = MTP layer, L = loss" in err.value.fix
+
+
+@pytest.mark.parametrize("text,position,char", [
+    ("Et*\u00b2|t*8|t*8|t*8L", 4, "\u00b2"),  # a superscript: str.isdigit() takes it, int() does not
+    ("Et*\u0668|t*8", 4, "\u0668"),  # an Arabic-Indic 8: int() reads it, Megatron's parser does not
+    ("Et*8\u0668|L", 5, "\u0668"),
+    ("E(tt|)*\u0663L", 8, "\u0663"),
+    ("Et\u00b2|L", 3, "\u00b2"),
+])
+def test_a_count_is_ascii_digits_and_another_digit_is_named(text, position, char):
+    with pytest.raises(MeshplanError) as err:
+        parse_layout(text)
+    assert err.value.reason == (f"pipeline_layout {text!r}: {char!r} (U+{ord(char):04X}), which is not an ASCII digit "
+                                f"0-9 at position {position}.")
 
 
 def test_an_enormous_unrolling_is_refused_before_it_is_built():
@@ -136,6 +151,62 @@ def test_layout_sets_vpp_when_left_out_and_conflicts_are_refused():
         job, plan = resolve(Request(**{**KIMI, "pipeline_layout": KIMI_PP16, **extra}))
         (found,) = [f for f in check_config(job, plan).findings if f.id == "PP009"]
         assert "pipeline_layout cannot be combined with" in found.message
+
+
+FOUR = "Et*8|t*8|t*8|t*8L"  # Llama-3.1-8B's 32 layers over four stages
+
+
+@pytest.mark.parametrize("given,pp,vpp,note", [
+    ({}, 4, 1, "pp not given: 4, the pipeline layout's 4 stages (one per rank; pass vpp to interleave them)."),
+    ({"vpp": 2}, 2, 2, "pp not given: 2, the pipeline layout's 4 stages over vpp=2."),
+    ({"pp": 2}, 2, 2, "vpp not given: 2, the pipeline layout's 4 stages over pp=2."),
+    ({"pp": 4, "vpp": 1}, 4, 1, None),
+])
+def test_a_layout_implies_pp_and_vpp_left_out(given, pp, vpp, note):
+    """The layout alone used to resolve to PP1 VPP4: a traceback in memory, a silent PP1 in throughput."""
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pipeline_layout=FOUR, **given))
+    assert (plan.pp, plan.vpp, plan.dp) == (pp, vpp, 8 // pp)
+    assert note is None or note in job.notes
+    assert plan_stages(job, plan).counts == ((8,) * 4 if pp == 4 else (16, 16))
+
+
+@pytest.mark.parametrize("given,why", [
+    ({"pp": 3}, "which pp=3 cannot hold: a layout lists pp x vpp stages"),
+    ({"vpp": 3}, "which vpp=3 cannot hold"),
+    ({"pp": 2, "vpp": 1}, "which pp=2, vpp=1 cannot hold"),
+    ({"pp": 1}, "which pp=1 cannot hold: interleaving needs pp > 1 (rule PP003)"),
+])
+def test_a_layout_that_disagrees_with_pp_or_vpp_is_refused_naming_the_mismatch(given, why):
+    with pytest.raises(MeshplanError) as err:
+        resolve(Request(model="llama-3.1-8b", num_gpus=8, pipeline_layout=FOUR, **given))
+    assert err.value.reason.startswith(f"pipeline_layout has 4 stages, {why}")
+    assert "pp=2 vpp=2, pp=4" in err.value.fix
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_layout_without_pp_answers_alike_on_every_face(anyio_backend, capsys):
+    from mcp import Client
+
+    from meshplan import api
+    from meshplan.faces.cli import main
+    from meshplan.faces.mcp.server import app
+    from meshplan.request.parse import parse_request
+
+    fields = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, pipeline_layout=FOUR)
+    req = parse_request(fields)
+    assert api.check_config(req).plan.pp == 4 and api.estimate_memory(req).plan.pp == 4
+    assert api.estimate_throughput(req).plan.pp == 4
+    assert api.render_config("megatron-core", req).plan.pp == 4
+    assert main(["memory", "llama-3.1-8b", "--num-gpus", "8", "--pipeline-layout", FOUR, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["pp"] == 4
+    assert main(["check", "llama-3.1-8b", "--num-gpus", "8", "--pp", "3", "--pipeline-layout", FOUR]) == 2
+    assert "pipeline_layout has 4 stages, which pp=3 cannot hold" in capsys.readouterr().err
+    async with Client(app) as client:
+        good = await client.call_tool("estimate_memory", fields)
+        bad = await client.call_tool("check_config", {**fields, "vpp": 3})
+    assert not good.is_error and good.structured_content["plan"]["pp"] == 4
+    assert bad.is_error and "pipeline_layout has 4 stages, which vpp=3 cannot hold" in bad.content[0].text
 
 
 def test_accounting_passes_where_it_divides_and_fails_with_a_layout_fix():

@@ -3,7 +3,7 @@
 - one headroom threshold, stated and settable, used alike by the ranking, the answer when nothing keeps it, the
   warning about a much faster layout it excludes, and the smallest-GPU-count scan;
 - the smallest GPU count as a question of its own, found by scanning counts in increasing order (fit is not
-  monotone in the count), bounded in time;
+  monotone in the count), bounded by counts of work (never by a clock);
 - a top K of distinct layouts (clones with the same predicted numbers fold into one row);
 - one meaning of "X% slower", and a default-batch note that states the real tokens.
 """
@@ -140,11 +140,11 @@ def test_the_scan_is_bounded_and_says_which_bound_stopped_it(monkeypatch):
     bounded = minimum_gpus(Request(model="llama-3.1-405b"), max_gpus=64)
     assert bounded.num_gpus is None and bounded.stopped_by == "max_gpus" and "up to 64" in bounded.rationale
     card = search_card()
-    tiny = card.limits.model_copy(update={"min_gpus_time_budget_s": 1e-9})
+    tiny = card.limits.model_copy(update={"min_gpus_max_counts": 1})
     monkeypatch.setattr(gpu_count, "search_limits", lambda: tiny)
-    timed = minimum_gpus(Request(model="llama-3.1-405b"))
-    assert timed.num_gpus is None and timed.stopped_by == "time"
-    assert "stopped at its 1e-09 s bound" in timed.rationale and "not proof" in timed.rationale
+    cut = minimum_gpus(Request(model="llama-3.1-405b"))
+    assert cut.num_gpus is None and cut.stopped_by == "counts" and cut.counts_checked == 1
+    assert "stopped at its bound of 1 GPU counts" in cut.rationale and "not proof" in cut.rationale
 
 
 def test_fixed_fields_no_count_can_help_stop_at_once():

@@ -17,6 +17,7 @@ from meshplan.rules.engine import (
     finding,
     load_rules,
     memory_rules,
+    require_estimable,
     rule,
     rule_specs,
     rules_card,
@@ -153,6 +154,10 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "num_gpus": 8, "pp": 4, "vpp": 2, "global_batch_size": 16}),
     "PP006": ({**L8B, "num_gpus": 8, "pp": 4, "global_batch_size": 4},
               {**L8B, "num_gpus": 8, "pp": 4, "global_batch_size": 8}),
+    "PP010": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "pp": 4, "global_batch_size": 4},
+              {**L8B, "framework": "torchtitan", "num_gpus": 8, "pp": 4, "global_batch_size": 8}),
+    "PP011": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "pp": 4, "vpp": 2, "global_batch_size": 18},
+              {**L8B, "framework": "torchtitan", "num_gpus": 8, "pp": 4, "vpp": 2, "global_batch_size": 20}),
     "PP007": ({**L8B, "num_gpus": 32, "pp": 16, "vpp": 4, "global_batch_size": 32},
               {**L8B, "num_gpus": 32, "pp": 16, "vpp": 2, "global_batch_size": 32}),
     "PP008": ({**L8B, "num_gpus": 16, "pp": 16}, {**L8B, "num_gpus": 8, "pp": 8}),
@@ -426,6 +431,20 @@ def test_interleaving_needs_microbatches_divisible_by_pp():
     f = finding_of("PP005", *make(**L8B, num_gpus=8, pp=4, vpp=2, global_batch_size=12))
     assert "6 micro-batches" in f.message
     assert "8 or 16" in f.fix
+
+
+def test_torch_schedules_refuse_their_microbatch_counts():
+    # torch Schedule1F1B: m >= stages; dp = 2, mbs 1, gbs 4 -> m = 2 < pp = 4; the estimators refuse it too.
+    f = finding_of("PP010", *make(**L8B, framework="torchtitan", num_gpus=8, pp=4, global_batch_size=4))
+    assert "2 micro-batches" in f.message and "global_batch_size >= 8" in f.fix and "pp <= 2" in f.fix
+    with pytest.raises(EstimateBlocked, match="PP010"):
+        require_estimable(*make(**L8B, framework="torchtitan", num_gpus=8, pp=4, global_batch_size=4))
+    # ScheduleInterleaved1F1B: m = 9 over pp = 4 runs 2 rounds, and 9 is no multiple of 2; 8 and 10 are.
+    f = finding_of("PP011", *make(**L8B, framework="torchtitan", num_gpus=8, pp=4, vpp=2, global_batch_size=18))
+    assert "2 rounds" in f.message and "16 or 20" in f.fix
+    # fewer micro-batches than stages is one round: torch accepts it (and so does meshplan, pricing the bubble)
+    job, plan = make(**L8B, framework="torchtitan", num_gpus=8, pp=4, vpp=2, global_batch_size=6)
+    assert "PP011" not in ids(job, plan)
 
 
 def test_bubble_fraction_is_exact():

@@ -131,19 +131,19 @@ def test_impossible_job_says_how_far_and_where_it_would_fit():
 
 
 def test_rules_that_reject_everything_are_named():
-    rec = recommend(Request(model="llama-3.1-8b", num_gpus=8, tp=3), top_k=2)
-    assert rec.candidates == []
-    assert "TP001" in rec.rationale or "WS001" in rec.rationale
+    # one rule refuses every plan: refused up front with its id and fix (issue 23; meshplan/search/refusal.py)
+    with pytest.raises(MeshplanError) as exc:
+        recommend(Request(model="llama-3.1-8b", num_gpus=8, tp=3), top_k=2)
+    assert exc.value.reason.startswith("WS001:") and exc.value.fix
 
 
 def test_a_fixed_interleaving_the_layers_cannot_fill_is_named_not_called_out_of_memory():
     # 94 layers cannot fill pp 8 x vpp 4 chunks: a pipeline rule, not memory (it used to say "no layout fits").
-    rec = recommend(Request(model="qwen3-235b-a22b", num_gpus=256, global_batch_size=1024, tp=2, pp=8, vpp=4,
-                            ep=32), top_k=2)
-    assert rec.candidates == []
-    assert rec.considered > 0
-    assert "rules" in rec.rationale and "Impossible" not in rec.rationale
-    assert any(rule.startswith("PP") for rule in rec.rejected)
+    # Every plan breaks the same pipeline rule: refused up front with its id and fix (issue 23).
+    with pytest.raises(MeshplanError) as exc:
+        recommend(Request(model="qwen3-235b-a22b", num_gpus=256, global_batch_size=1024, tp=2, pp=8, vpp=4,
+                          ep=32), top_k=2)
+    assert exc.value.reason.startswith("PP") and "no layout fits" not in exc.value.reason and exc.value.fix
 
 
 def test_cross_node_expert_parallelism_uses_the_flex_dispatcher_where_the_framework_has_it():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import ADAPTER_KNOBS, AdapterKnob, AdapterSection, CardError, framework_card
+from meshplan.knowledge.releases import resolve_release
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
 
@@ -35,18 +36,19 @@ def knob_table(framework: str, version: str, variant: str) -> dict[str, AdapterK
 
 
 def resolve_version(framework: str, version: str | None) -> str:
-    """The card's version that `version` names: exact, or the one it is a prefix of (0.2 -> 0.2.2)."""
+    """The adapter version that renders `version`: the known release whose facts apply to it (the card's resolver,
+    knowledge/releases.py: 0.2 or 0.2.0+cu128 -> 0.2.2), which must be one the adapter writes."""
     section = adapter_section(framework)
     if version is None:
         return section.default_version
     if version in section.versions:
         return version
-    matches = [v for v in section.versions if v.startswith(version.rstrip(".x") + ".") or v == version]
-    if len(matches) == 1:
-        return matches[0]
+    release = resolve_release(framework_card(framework), version).release
+    if release in section.versions:
+        return release
     raise MeshplanError(
-        f"{framework} version {version!r} is not one meshplan renders.",
-        fix=f"Use one of: {', '.join(section.versions)}.",
+        f"{framework} version {version!r} stands for release {release}, which meshplan estimates but writes no "
+        "config for.", fix=f"Render one of: {', '.join(section.versions)} (or leave the version out).",
     )
 
 

@@ -20,13 +20,14 @@ import jinja2
 from meshplan.adapters import megatron, rl, torchnative
 from meshplan.adapters.capabilities import adapter_section, refuse_missing, renderable_frameworks, resolve_version
 from meshplan.adapters.common import Builder
+from meshplan.check.headline import layout_text
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import gib
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import memory_rules
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
-from meshplan.schema.reports import CheckReport, Finding, RenderResult
+from meshplan.schema.reports import CheckReport, Finding, MemorySummary, RenderResult
 
 # --------------------------------------------------------------------------- value formatting (filters)
 
@@ -157,6 +158,16 @@ def finding_line(finding: Finding) -> str:
     return f"{finding.id} ({finding.severity}): {finding.message} Fix: {finding.fix}"
 
 
+def peak_words(memory: MemorySummary) -> str:
+    """The peak that decides the fit, labelled reserved (the caching allocator's reserve included) or, with
+    expandable segments, allocated (then it decides, and the reserved one is named beside it)."""
+    where = f"per GPU (stage {memory.peak_stage}"
+    if memory.fit_basis == "allocated":
+        return (f"an allocated peak of {gib(memory.fit_bytes)} {where}; {gib(memory.peak_bytes)} reserved, but with "
+                "expandable segments the allocated peak decides the fit)")
+    return f"a reserved peak of {gib(memory.peak_bytes)} {where}, which decides the fit)"
+
+
 class RefusedLayout(MeshplanError):
     """A layout that breaks a rule of its framework: `render` writes it only when forced."""
 
@@ -169,9 +180,8 @@ class RefusedLayout(MeshplanError):
             why.append(f"{job.framework} would reject it")
         memory = report.memory
         if memory is not None and not memory.fits:
-            why.append(f"it does not fit: a peak of {gib(memory.peak_bytes)} per GPU (stage {memory.peak_stage}) "
-                       f"against {gib(memory.capacity_bytes)} of memory")
-        headline = (f"Not rendered: {job.model.name} {plan.short()} on {job.num_gpus} x {job.gpu.name} breaks "
+            why.append(f"it does not fit: {peak_words(memory)} against {gib(memory.capacity_bytes)} of memory")
+        headline = (f"Not rendered: {job.model.name} {layout_text(report)} on {job.num_gpus} x {job.gpu.name} breaks "
                     f"{len(ids)} rule{'s' if len(ids) > 1 else ''} ({', '.join(ids)}): {' and '.join(why)}.")
         fix = ("Apply the fixes above, or take a layout from `meshplan recommend`, which passes every rule; to write "
                "this one anyway, pass --force (MCP: force=true).")

@@ -24,7 +24,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.pipeline_timeline import Shape, shape_for
+from meshplan.arithmetic.pipeline_timeline import in_flight as timeline_in_flight
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import InterleaveGroup, framework_card
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
@@ -128,6 +131,18 @@ def _layout_error(text: str, pos: int, what: str) -> MeshplanError:
                          fix=f"Write the layout as Megatron-Core parses it: {LAYOUT_GRAMMAR}.")
 
 
+def _ascii_digit(c: str) -> bool:
+    """One of 0-9: str.isdigit() also takes superscripts and other scripts' digits, which int() reads or refuses."""
+    return len(c) == 1 and "0" <= c <= "9"
+
+
+def _refuse_other_digit(text: str, pos: int) -> None:
+    """A digit of another script or a superscript where a count may stand: named, with its code point."""
+    c = text[pos:pos + 1]
+    if c and not _ascii_digit(c) and (c.isdigit() or c.isnumeric()):
+        raise _layout_error(text, pos, f"{c!r} (U+{ord(c):04X}), which is not an ASCII digit 0-9")
+
+
 def _check_layout_syntax(text: str) -> None:
     """Reject, with the position, what Megatron's parse_str_to_list would fail on or silently misread."""
     group_open: int | None = None
@@ -145,20 +160,23 @@ def _check_layout_syntax(text: str) -> None:
                 raise _layout_error(text, i, "')' without an opening '('")
             if not text[group_open + 1:i].replace(",", ""):
                 raise _layout_error(text, group_open, "an empty group '()'")
-            if not re.match(r"\*\d", text[i + 1:i + 3]):
+            if not re.match(r"\*[0-9]", text[i + 1:i + 3]):
+                _refuse_other_digit(text, i + 2 if text[i + 1:i + 2] == "*" else i + 1)
                 raise _layout_error(text, i, "a group ')' not followed by '*n'")
             group_open = None
         elif c == "*":
             prev = text[:i].replace(",", "")[-1:]
             if not prev or prev not in LAYOUT_CHARS + "|)":
                 raise _layout_error(text, i, "'*' that repeats nothing")
-            if not text[i + 1:i + 2].isdigit():
+            if not _ascii_digit(text[i + 1:i + 2]):
+                _refuse_other_digit(text, i + 1)
                 raise _layout_error(text, i, "'*' not followed by a count")
             i += 1
-            while i + 1 < n and text[i + 1].isdigit():
+            while i + 1 < n and _ascii_digit(text[i + 1]):
                 i += 1
         else:
-            what = "a count without '*'" if c.isdigit() else f"{c!r}, which is not a layer character"
+            _refuse_other_digit(text, i)
+            what = "a count without '*'" if _ascii_digit(c) else f"{c!r}, which is not a layer character"
             raise _layout_error(text, i, what)
         i += 1
     if group_open is not None:
@@ -183,7 +201,7 @@ def parse_layout(text: str) -> tuple[str, ...]:
     an error names its position."""
     _check_layout_syntax(text)
     flat = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+    for pattern in (r"\(([^)]+)\)\*([0-9]+)", r"(.)\*([0-9]+)"):
         flat = _unroll(flat, pattern)
     return tuple(flat.split("|"))
 
@@ -543,22 +561,22 @@ def plan_stages(job: Job, plan: Plan) -> Stages:
 # --------------------------------------------------------------------------- micro-batches in flight
 
 
-def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> tuple[int, ...]:
-    """Micro-batches whose activations rank `rank` holds at its peak, per virtual chunk.
+def plan_shape(framework: str, pp: int, vpp: int, microbatches: int) -> Shape:
+    """The pipeline schedule a plan runs under its framework (the framework card's pipeline section): its order,
+    and with vpp > 1 the interleaved one with the framework's micro-batch group."""
+    facts = framework_card(framework).pipeline
+    return shape_for(facts.order, facts.group, pp, vpp, microbatches)
+
+
+def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: InterleaveGroup = "pp") -> tuple[int, ...]:
+    """Micro-batches whose activations rank `rank` holds at its peak, per virtual chunk, read from the schedule's
+    order (pipeline_timeline.in_flight).
 
     1F1B: the first backward starts after p - rank - 1 warm-up forwards, so min(m, p - rank) are held.
-    Interleaved: Megatron's warm-up (p - rank - 1)*2 + (v - 1)*G plus the steady-state forward, capped
-    at m*v; forward k of the rank runs chunk (k mod G*v) // G.
+    Interleaved: the warm-up (p - rank - 1)*2 + (v - 1)*G plus the steady-state forward, capped at m*v; forward k
+    of the rank runs chunk (k // G) % v. G is the framework's group: pp for Megatron-Core (shrunk to m when fewer),
+    torch's m // max(1, m // pp) for torchtitan.
     """
-    m = max(1, microbatches)
     if pp == 1:
         return (1,)
-    if vpp == 1:
-        return (min(m, pp - rank),)
-    g = min(group or pp, m)  # Megatron shrinks the micro-batch group when m is smaller
-    total = m * vpp
-    held = min((pp - rank - 1) * 2 + (vpp - 1) * g + 1, total)
-    counts = [0] * vpp
-    for k in range(held):
-        counts[(k % (g * vpp)) // g] += 1
-    return tuple(counts)
+    return timeline_in_flight(shape_for("1f1b", group, pp, vpp, microbatches), rank)

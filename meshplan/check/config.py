@@ -51,9 +51,13 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
         ids = ", ".join(sorted({f.id for f in findings if f.severity == "error"}))
         return [f"Fix the errors ({ids}) with the values their fix names, then run `meshplan check` again; "
                 "`meshplan recommend` lists layouts that pass every rule."]
-    if not ok:
-        return ["Apply one of the layouts the MEM001 fix names, or run `meshplan recommend` for the fastest one "
-                "that fits."]
+    if not ok:  # only memory rules failed: name the ones that did, each with what its fix offers
+        ids = sorted({f.id for f in findings if f.severity == "error"})
+        if ids == ["MEM001"]:
+            return ["Apply one of the layouts the MEM001 fix names, or run `meshplan recommend` for the fastest one "
+                    "that fits."]
+        return [f"Apply the fix{'es' if len(ids) > 1 else ''} of {', '.join(ids)}, then run `meshplan check` again; "
+                "`meshplan recommend` lists layouts that fit."]
     return ["The layout passes every rule of its framework: `meshplan throughput` predicts its speed, "
             "`meshplan render` writes it in the framework's own keys."]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.alternatives import fitting_alternatives
 from meshplan.core.units import GIB, gib
-from meshplan.estimate.memory import estimate_memory
-from meshplan.rules.engine import Context, Values, ctx_param, rule
+from meshplan.estimate.memory import estimate_memory, memory_budget
+from meshplan.rules.engine import Context, Values, rule, rule_specs
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import MemoryReport
 
@@ -22,12 +22,25 @@ def _report(ctx: Context) -> MemoryReport:
     return ctx.memory_report
 
 
+def headroom_threshold(asked: float | None) -> float:
+    """The free share of GPU memory a plan should keep: the request's headroom (then `fits` requires it, MEM001), else
+    MEM002's min_headroom_fraction (a warning). MEM002 and recommend (search/policy.py headroom_for) read this one."""
+    return float(rule_specs()["MEM002"].params["min_headroom_fraction"]) if asked is None else float(asked)
+
+
+def _capacity_words(ctx: Context, capacity: int) -> str:
+    """The capacity a fit is judged against: the GPU's, or that less the headroom the request asked to keep."""
+    if not ctx.job.headroom:
+        return gib(capacity)
+    return f"the {gib(memory_budget(ctx.job))} that headroom={ctx.job.headroom:g} leaves of {gib(capacity)}"
+
+
 @rule("MEM001")
 def does_not_fit(ctx: Context) -> Values:
     report = _report(ctx)
     if report.fits:
         return None
-    over = report.fit_bytes - report.capacity_bytes  # the figure that decided the fit (memory.fit_figure)
+    over = report.fit_bytes - memory_budget(ctx.job)  # the figure that decided the fit (memory.fit_figure)
     fitting, tried = fitting_alternatives(ctx)
     if fitting and " + " in fitting[0]:
         fix = (f"no single change fits ({', '.join(tried) or 'no valid neighbour'}); together, "
@@ -37,14 +50,15 @@ def does_not_fit(ctx: Context) -> Values:
     else:
         fix = (f"none of the nearby layouts fits ({', '.join(tried) or 'no valid neighbour'}); "
                "more GPUs or `meshplan recommend` are needed")
-    return {"peak": gib(report.fit_bytes), "stage": report.peak_stage, "capacity": gib(report.capacity_bytes),
-            "over": gib(over), "gpu": ctx.job.gpu.name, "alternatives": fix}
+    return {"peak": gib(report.fit_bytes), "stage": report.peak_stage,
+            "capacity": _capacity_words(ctx, report.capacity_bytes), "over": gib(over), "gpu": ctx.job.gpu.name,
+            "alternatives": fix}
 
 
 @rule("MEM002")
 def low_headroom(ctx: Context) -> Values:
     report = _report(ctx)
-    minimum = ctx_param(ctx, "MEM002", "min_headroom_fraction")
+    minimum = headroom_threshold(ctx.job.headroom)
     if not report.fits or report.headroom_bytes >= minimum * report.capacity_bytes:
         return None
     return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
@@ -98,7 +112,7 @@ def rl_phase_fits(ctx: Context) -> Values:
     if report is None or not report.phases or report.fits:
         return None
     top = next(p for p in report.phases if p.phase == report.peak_phase)
-    d, plan, capacity = top.detail, ctx.plan, report.capacity_bytes
+    d, plan, capacity = top.detail, ctx.plan, memory_budget(ctx.job)  # less the headroom the request asked to keep
     over = top.peak_bytes - capacity
     parts = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f} GiB" for k, v in d.items()
                       if k != "sequences_at_once" and v)

@@ -110,7 +110,7 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
         assumptions.append(offload_assumption(job, plan, terms.offload, host_per_node))
     return MemoryReport(
         model=job.model.name, framework=job.framework, plan=plan, stages=stages, peak_bytes=peak.total_bytes,
-        peak_stage=peak.stage, capacity_bytes=capacity, fits=fit_bytes <= capacity,
+        peak_stage=peak.stage, capacity_bytes=capacity, fits=fit_bytes <= memory_budget(job),
         headroom_bytes=capacity - fit_bytes, fit_bytes=fit_bytes, fit_basis=fit_basis,
         host_bytes_per_node=host_per_node,
         host_capacity_bytes=job.cpu_memory_per_node, assumptions=assumptions + job.notes, warnings=warnings,
@@ -188,6 +188,17 @@ def fit_figure(stages: list[StageMemory], plan: Plan, card) -> tuple[int, str]:
     peak decides, plus the page rounding of the free ranges next to live blocks (cards/memory.yaml)."""
     figure = max(peak_fit_bytes(s.total_bytes, s.detail.get("allocator_reserve", 0), plan, card) for s in stages)
     return int(figure), "allocated" if plan.expandable_segments else "reserved"
+
+
+def budget_bytes(capacity: int, headroom: float) -> int:
+    """Bytes a plan may use and still fit when `headroom` of the memory must stay free: capacity x (1 - headroom)."""
+    return int(capacity * (1.0 - headroom))
+
+
+def memory_budget(job: Job) -> int:
+    """What `fits` compares with: the whole memory, or less the share the request asked to keep free (Job.headroom,
+    Request.headroom; the one policy recommend also ranks by, meshplan/search/policy.py)."""
+    return budget_bytes(job.gpu.memory_bytes, job.headroom or 0.0)
 
 
 def peak_fit_bytes(peak: float, reserve: float, plan: Plan, card) -> float:

@@ -15,6 +15,7 @@ from meshplan.arithmetic.offload import offload_stage
 from meshplan.arithmetic.schedule import in_flight
 from meshplan.estimate.fsdp_walk import WalkStage, freed_grads_reserved, stage_step_peak
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams, stage_params
+from meshplan.knowledge.cards import framework_card
 from meshplan.schema.reports import StageMemory
 
 
@@ -121,7 +122,7 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
     """Each layer's activations in the mode the plan's recompute runs it in, times the micro-batches its chunk
     holds at the stage's peak (the schedule's in_flight)."""
     plan, per_kind, group, every_nth = terms.plan, terms.per_kind, terms.group, terms.every_nth
-    held = in_flight(rank, plan.pp, terms.vpp, terms.m)
+    held = in_flight(rank, plan.pp, terms.vpp, terms.m, framework_card(terms.job.framework).pipeline.group)
     acts = 0.0
     built = 0
     modes: dict[int, str] = {}

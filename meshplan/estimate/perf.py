@@ -5,8 +5,10 @@ The model is first-order and explicit, so a reader can redo it by hand:
   fraction of peak that depends on its shape), causal flash attention, memory-bound elementwise
   work, a per-layer launch overhead, and the exposed part of its TP / CP / EP / PP traffic
   (layer_time.py, stage_time.py);
-- the pipeline runs m micro-batches: m x (slowest stage) plus the fill/drain of the others,
-  divided by the virtual stages v, which is the (p-1)/(m*v) bubble for balanced stages;
+- the pipeline runs m micro-batches under the framework's schedule (GPipe, 1F1B, interleaved 1F1B), replayed op by
+  op (arithmetic/pipeline_timeline.py): each rank's forward and backward chunks in the schedule's order, each
+  waiting for its neighbour stage and one p2p hop; the step is when the last rank ends, for any m (the
+  (p-1)/(m*v) bubble of balanced stages is its steady-state limit);
 - ZeRO-0/1: once per step the gradients are reduced over the data-parallel group (overlapped with the
   last backward) and ZeRO-1 gathers the parameters back; ZeRO-2/3 and FSDP move their traffic layer by
   layer (all-gathers forward and backward, reduce-scatters in the backward), per micro-batch or once per
@@ -27,7 +29,8 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import convention, uses_fsdp
 from meshplan.arithmetic.mesh import crosses_domains
-from meshplan.arithmetic.schedule import Stages, plan_stages
+from meshplan.arithmetic.pipeline_timeline import simulate
+from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.estimate.layer_time import layer_time
@@ -43,7 +46,7 @@ from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
 
-__all__ = ["estimate_throughput", "model_flops_per_token", "stage_layers"]
+__all__ = ["StepTerms", "estimate_throughput", "model_flops_per_token", "stage_layers", "step_terms", "throughput_of"]
 
 
 class Peaks(NamedTuple):
@@ -56,11 +59,14 @@ class Peaks(NamedTuple):
 
 
 class PipelineTime(NamedTuple):
-    """The pipeline's seconds per step: m x the slowest stage plus the others' fill/drain, and that bubble."""
+    """The pipeline's seconds per step as its schedule's timeline gives them, the bubble (those seconds beyond m x
+    the slowest stage), and the share of the pipeline's GPU-seconds idle."""
 
     worst: int  # the slowest stage
     seconds: float
     bubble: float
+    idle: float = 0.0
+    schedule: str = ""
 
 
 def stage_layers(job: Job, plan: Plan) -> Stages:
@@ -77,6 +83,32 @@ def eager_blocks(job: Job, plan: Plan) -> bool:
     return scope is not None and scope.blocks and not plan.torch_compile
 
 
+class StepTerms(NamedTuple):
+    """Everything of a plan's step but its pipeline's timeline (the costly part): the stages' times per micro-batch
+    and the once-per-step terms. `floor` bounds the step from below, so a search can drop a plan before replaying
+    its pipeline (meshplan/search/engine.py, Level.STEP); `throughput_of` finishes the estimate from them."""
+
+    job: Job
+    plan: Plan
+    m: int  # micro-batches per step
+    peaks: Peaks
+    ctx: LayerContext
+    inputs: StageInputs
+    rows: list[StageTime]
+    worst: int  # the slowest stage
+    dp_exposed: float
+    optimizer: float
+    offload_s: float
+    offload_how: str
+    warnings: list[str]
+
+    @property
+    def floor(self) -> float:
+        """The step can be no shorter: the timeline never ends before m x the slowest stage (`_pipeline` takes the
+        larger of the two), and the once-per-step terms add to it."""
+        return self.m * self.rows[self.worst].total + self.dp_exposed + self.optimizer + self.offload_s
+
+
 def estimate_throughput(
     job: Job, plan: Plan, calibration_override: Calibration | None = None, *,
     attention_kernel: str | None = None,
@@ -89,6 +121,12 @@ def estimate_throughput(
     Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
     that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml).
     """
+    return throughput_of(step_terms(job, plan, calibration_override, attention_kernel=attention_kernel))
+
+
+def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = None, *,
+               attention_kernel: str | None = None) -> StepTerms:
+    """estimate_throughput's terms before its pipeline's timeline (same arguments, same refusals)."""
     require_estimable(job, plan)
     warnings = batch_warnings(job, plan)
     cal = calibration_override or calibration(job.framework)
@@ -98,15 +136,24 @@ def estimate_throughput(
     ctx = layer_context(job, plan, cal, lk, peaks, m, attention_kernel)
     inputs = stage_inputs(job, plan, ctx)
     rows = [stage_time(s, inputs.pipeline.layers(s), inputs) for s in range(plan.pp)]
-    pipeline = _pipeline(rows, m, plan.vpp)
+    totals = [r.total for r in rows]
+    worst = max(range(len(totals)), key=totals.__getitem__)
     dp_exposed = optimizer = 0.0
     for s, row in enumerate(rows):
         dp_exposed = max(dp_exposed, _dp_exposed(s, row, inputs))
         optimizer = max(optimizer, _optimizer_seconds(row, inputs, m))
-    row = rows[pipeline.worst]
     # CPU offload: the CPU Adam step of the offloaded share and the host transfers the compute cannot cover
-    offload_s, offload_how = step_offload_time(job, plan, compute_s=m * row.compute)
-    step = pipeline.seconds + dp_exposed + optimizer + offload_s
+    offload_s, offload_how = step_offload_time(job, plan, compute_s=m * rows[worst].compute)
+    return StepTerms(job, plan, m, peaks, ctx, inputs, rows, worst, dp_exposed, optimizer, offload_s, offload_how,
+                     warnings)
+
+
+def throughput_of(t: StepTerms) -> ThroughputReport:
+    """The estimate from its terms: the pipeline's timeline replayed, the step broken down and worded."""
+    job, plan, m, ctx, rows, dp_exposed, optimizer = t.job, t.plan, t.m, t.ctx, t.rows, t.dp_exposed, t.optimizer
+    pipeline = _pipeline(rows, m, t.inputs)
+    row = rows[pipeline.worst]
+    step = pipeline.seconds + dp_exposed + optimizer + t.offload_s
     breakdown = ThroughputBreakdown(
         compute_s=m * row.compute,
         tp_comm_s=m * row.tp,
@@ -117,12 +164,13 @@ def estimate_throughput(
         bubble_s=pipeline.bubble,
         recompute_s=m * row.recompute,
         other_s=optimizer + m * row.launch_bound,
-        offload_s=offload_s,
+        offload_s=t.offload_s,
     )
-    warnings += layout_warnings(job, plan, lk, m)
-    assumptions = throughput_assumptions(job, plan, m, pipeline.worst, cal, ctx) \
-        + ([f"Offload: {offload_how} (meshplan/arithmetic/offload.py, cards/offload.yaml)."] if offload_how else [])
-    return _report(job, plan, ctx, step, peaks, breakdown, assumptions, warnings)
+    warnings = t.warnings + layout_warnings(job, plan, ctx.lk, m)
+    assumptions = throughput_assumptions(job, plan, m, pipeline.worst, ctx.cal, ctx) + _pipeline_words(pipeline) \
+        + ([f"Offload: {t.offload_how} (meshplan/arithmetic/offload.py, cards/offload.yaml)."] if t.offload_how
+           else [])
+    return _report(job, plan, ctx, step, t.peaks, breakdown, assumptions, warnings)
 
 
 def _peaks(job: Job, cal: Calibration) -> Peaks:
@@ -173,7 +221,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     expert_group = int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1
     return StageInputs(
         job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, pipeline=pipeline, recompute=recompute, head=head,
-        pp_comm=(1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * pp_hop,
+        pp_comm=(1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * pp_hop, pp_hop=pp_hop,
         pp_cross_layer=cal.pp_cross_sync_per_layer_s * plan.tp if plan.pp > 1 and pp_cross else 0.0,
         # Blocking p2p (metadata received and read on the host before each activation/gradient) stops
         # the host running ahead of the GPU: per micro-batch, pp_host_sync of the shorter of host issue
@@ -185,13 +233,39 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         muon=framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None)
 
 
-def _pipeline(rows: list[StageTime], m: int, vpp: int) -> PipelineTime:
-    """m x the slowest stage, plus the fill/drain of the others divided by the virtual stages."""
+def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
+    """The step of the plan's schedule replayed (pipeline_timeline.simulate): each rank's micro-batch time split
+    into its forward share (the forward's part of its compute, recompute counted in the backward) and the rest,
+    over its virtual chunks, one p2p hop between neighbouring stages."""
+    plan = inp.plan
     totals = [r.total for r in rows]
     worst = max(range(len(totals)), key=totals.__getitem__)
     t_max = totals[worst]
-    seconds = m * t_max + (sum(totals) - t_max) / vpp
-    return PipelineTime(worst, seconds, seconds - m * t_max)
+    if plan.pp == 1:
+        return PipelineTime(worst, m * t_max, 0.0)
+    shape = plan_shape(inp.job.framework, plan.pp, plan.vpp, m)
+    fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
+    bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
+    timeline = simulate(shape, fwd, bwd, inp.pp_hop)
+    seconds = max(timeline.seconds, m * t_max)
+    facts = framework_card(inp.job.framework).pipeline
+    name = facts.interleaved if shape.order == "interleaved_1f1b" and facts.interleaved else facts.schedule
+    if shape.order == "interleaved_1f1b":
+        name += f" (v={shape.vpp}, {shape.group} micro-batches per chunk in turn)"
+    return PipelineTime(worst, seconds, seconds - m * t_max, timeline.idle_share, name)
+
+
+def _forward_share(row: StageTime) -> float:
+    """The forward's share of a stage's time per micro-batch: its share of the compute, recompute in the backward."""
+    work = row.compute + row.recompute
+    return row.fwd / work if work > 0 else 1.0 / TRAINING_PASSES_PER_FORWARD
+
+
+def _pipeline_words(pipeline: PipelineTime) -> list[str]:
+    if not pipeline.schedule:
+        return []
+    return [f"Pipeline schedule {pipeline.schedule}: its timeline leaves {pipeline.idle:.0%} of the pipeline's "
+            f"GPU-seconds idle ({pipeline.bubble:.3g} s of bubble)."]
 
 
 def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:

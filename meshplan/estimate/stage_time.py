@@ -63,6 +63,7 @@ class StageInputs:
     recompute: Recompute
     head: float  # logits and cross-entropy, forward + backward, on the stage with the output layer
     pp_comm: float  # exposed p2p traffic per micro-batch
+    pp_hop: float = 0.0  # one p2p transfer of a micro-batch's activation (or its gradient) between stages
     pp_cross_layer: float  # per layer, where stages cross NVLink domains with host-synchronous p2p (nanotron)
     host_sync: float  # share of the shorter of host and GPU time serialised behind the other (blocking p2p)
     sharding: ShardingSchedule

@@ -119,8 +119,9 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         "Model FLOPs: Megatron-LM num_floating_point_operations (causal attention halved, GQA, SwiGLU, top-k "
         "routed + shared experts, MLA, MTP, logits); MFU = model FLOPs / (step x GPUs x dense "
         f"{peak} peak), recompute not counted.",
-        f"Pipeline: {m} micro-batches; step = m x slowest stage (stage {worst}) + fill/drain of the others / vpp "
-        f"{plan.vpp}, i.e. the (p-1)/(m*v) bubble for balanced stages"
+        f"Pipeline: {m} micro-batches; the step replayed op by op under the framework's schedule (each rank's "
+        f"forward and backward chunks in order, each waiting for its neighbour stage and one p2p hop); slowest "
+        f"stage {worst}"
         + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
            if convention(job.framework, plan.zero_stage)[1].pipeline_partition == "compute_balanced"
            and plan.pp > 1 else "."),

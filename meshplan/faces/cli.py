@@ -19,7 +19,8 @@ from pydantic import BaseModel, ValidationError
 from meshplan import __version__, api
 from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
-from meshplan.request.parse import parse_request, validation_message
+from meshplan.core.units import plural
+from meshplan.request.parse import ascii_float, ascii_int, parse_request, validation_message
 from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -56,6 +57,17 @@ class Parser(argparse.ArgumentParser):
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A flag's text through the parser's ASCII-digits reading, its error shown as argparse shows a usage error."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 def _bool(text: str) -> bool:
@@ -104,10 +116,15 @@ def add_request_flags(parser: argparse.ArgumentParser, *, model_positional: bool
         elif kind is bool:
             kwargs.update(type=_bool, metavar="{true,false}")
         elif kind is int:
-            kwargs.update(type=int, metavar="N")
+            kwargs.update(type=_typed(ascii_int), metavar="N")
         elif kind is float:
-            kwargs.update(type=float, metavar="X")
+            kwargs.update(type=_typed(ascii_float), metavar="X")
         parser.add_argument(_flag(name), **kwargs)
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="Start from a framework config or launch script (a Megatron-LM/DeepSpeed/Bridge/verl/"
+                             "SkyRL/torchtitan shell script, a torchtitan or KempnerForge TOML, a ds_config JSON): "
+                             "its fields, as `meshplan import FILE` shows them; flags given beside it override it "
+                             "(default: none, the flags alone)")
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -121,6 +138,9 @@ def request_from_args(args: argparse.Namespace) -> Request:
         )
     if positional:
         values["model"] = positional
+    if getattr(args, "config", None):  # the file's fields, the flags over them
+        imported = api.import_file(args.config, framework=values.get("framework") or getattr(args, "target", None))
+        return api.request_from_config(imported, values)
     return parse_request(values)
 
 
@@ -220,9 +240,10 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
         source = io.TextIOWrapper(stdin, encoding="utf-8-sig", errors="replace") if stdin else sys.stdin
     else:
         source = open(args.batch, encoding="utf-8-sig", errors="replace")  # bad bytes become a JSON error, per line
-    status = EXIT_OK
+    status, lines = EXIT_OK, 0
     try:
         for number, (text, length) in enumerate(_lines(source, MAX_LINE_CHARS), start=1):
+            lines = number
             try:
                 result = _batch_result(text, length, run)
             except MeshplanError as exc:
@@ -235,6 +256,9 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
                 if getattr(result, "ok", True) is False:
                     status = max(status, EXIT_FINDINGS)
             print(out)
+        if not lines:  # stdout stays JSON lines (none here); the note goes to stderr
+            where = "stdin" if args.batch == "-" else repr(args.batch)
+            print(f"meshplan: {where} is empty: no request to answer (one JSON object per line).", file=sys.stderr)
     finally:
         if args.batch == "-":
             if source is not sys.stdin:
@@ -279,7 +303,8 @@ def cmd_min_gpus(args: argparse.Namespace) -> int:
             print(f"smallest GPU count: {result.num_gpus:,} x {result.gpu} (headroom {result.headroom:g})")
         else:
             print(f"no GPU count fits within the bounds (stopped by {result.stopped_by}; headroom {result.headroom:g})")
-        print(f"checked {result.counts_checked:,} counts from {result.searched_from:,} to {result.searched_to:,}: "
+        print(f"checked {plural(result.counts_checked, 'count')} from {result.searched_from:,} to "
+              f"{result.searched_to:,}: "
               f"{result.stepping}")
         print(result.rationale)
         print("assumptions:\n" + "\n".join(f"  - {a}" for a in result.assumptions))
@@ -326,6 +351,31 @@ def _listing_render_targets(base: type[argparse.HelpFormatter]) -> type[argparse
     return Formatter
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """What the file states (field, value, its line and key), what it leaves to the framework, what meshplan cannot
+    express or could not read; exit 0 (a file meshplan cannot read at all is an error, exit 2)."""
+    imported = api.import_file(args.file, framework=args.framework, config_format=args.config_format)
+    if args.json:
+        print(imported.model_dump_json(indent=2))
+        return EXIT_OK
+    variant = f" ({imported.variant})" if imported.variant else ""
+    print(f"{imported.path}: {imported.framework}{variant}")
+    print("stated by the file:")
+    width = max((len(f"{k} = {v}") for k, v in imported.request.items()), default=0)
+    for name, value in imported.request.items():
+        print(f"  {f'{name} = {value}':<{width}}  {imported.sources.get(name, '')}")
+    defaults = [n for n in imported.notes if n.split(" = ", 1)[0] in imported.defaults]
+    for title, lines in (("left to the framework's default:", defaults),
+                         ("meshplan cannot express:", imported.unsupported),
+                         ("not read (pass these as flags):", imported.unresolved),
+                         ("notes:", [n for n in imported.notes if n not in defaults])):
+        if lines:
+            print(title)
+            print("\n".join(f"  - {line}" for line in lines))
+    print(f"next: meshplan check --config {args.file} (flags beside --config override the file)")
+    return EXIT_OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """The MCP server; it says on stderr what it waits for, and Ctrl-C ends it with status 130, no traceback."""
     from meshplan.faces.mcp.server import run
@@ -334,18 +384,66 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """The plan's pictures: one offline HTML file (--html) and/or one SVG per picture (--svg DIR)."""
+    from pathlib import Path
+
+    from meshplan.faces import report
+
+    if not args.html and not args.svg:
+        raise MeshplanError("report needs somewhere to write.", fix="Add --html FILE.html and/or --svg DIR.")
+    found = report.gather(request_from_args(args), recommend=args.recommend, top_k=args.top_k)
+    if args.html:
+        Path(args.html).write_text(report.render_html(found), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.svg:
+        for path in report.render_svgs(found, Path(args.svg)):
+            print(f"wrote {path}", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_docs(args: argparse.Namespace) -> int:
     from meshplan.faces import docs
 
     drift = docs.render_all(check=args.check)
+    pages = plural(len(docs.skill_pages()), "skill page")
     if args.check and drift:
         for path in drift:
             print(f"out of date with its cards: {path} (run 'meshplan docs')", file=sys.stderr)
+        print(f"checked {pages} under skills/ against the cards: {len(drift):,} out of date", file=sys.stderr)
         return EXIT_FINDINGS
+    if args.check:
+        print(f"checked {pages} under skills/ against the cards: every generated table is up to date")
+    else:
+        print(f"rendered the generated tables of {pages} under skills/ from the cards: "
+              + (f"{len(drift):,} rewritten ({', '.join(drift)})" if drift else "all were up to date"))
     return EXIT_OK
 
 
 # --------------------------------------------------------------------------- parser
+
+
+def add_report_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="Draw the plan: memory per stage, mesh, schedule, step time (HTML/SVG)")
+    add_request_flags(p)
+    p.add_argument("--html", metavar="FILE", help="Write one self-contained, offline HTML file")
+    p.add_argument("--svg", metavar="DIR", help="Write each picture as DIR/<name>.svg")
+    p.add_argument("--recommend", action="store_true",
+                   help="Search first (as `meshplan recommend`) and draw the best layout and the candidates")
+    p.add_argument("--top-k", type=_typed(ascii_int), default=5, help="With --recommend: how many layouts to compare")
+    p.set_defaults(func=cmd_report)
+
+
+def add_import_parser(sub: Any) -> None:
+    """`meshplan import FILE`: the request a framework config or launch script states."""
+    p = sub.add_parser("import", help="Read a framework config or launch script into meshplan's request "
+                                      "(field by field, with the file's key and line; nothing is run)")
+    p.add_argument("file", metavar="FILE", help="Launch script (.sh), TOML job file or DeepSpeed JSON config")
+    p.add_argument("--framework", default=None, help="The framework the file is for (default: detected)")
+    p.add_argument("--format", dest="config_format", choices=["shell", "toml", "json"], default=None,
+                   help="The file's format (default: from its name and content)")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_import)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -383,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recommend",
                        help="Search every valid layout and rank those that fit by speed (exit 1 when none fits)")
     add_request_flags(p)
-    p.add_argument("--top-k", type=int, default=5, help="How many layouts to return")
+    p.add_argument("--top-k", type=_typed(ascii_int), default=5, help="How many layouts to return")
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_recommend)
 
@@ -392,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     for action in p._actions:  # the count is the answer here, not an input
         if action.dest == "num_gpus":
             action.help = argparse.SUPPRESS
-    p.add_argument("--max-gpus", type=int, default=None, metavar="N",
+    p.add_argument("--max-gpus", type=_typed(ascii_int), default=None, metavar="N",
                    help="Largest GPU count to check (default: cards/search.yaml min_gpus_search_limit, 1,048,576)")
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_min_gpus)
@@ -408,15 +506,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_render)
 
+    add_report_parser(sub)
+
     p = sub.add_parser("serve", help="Run the MCP server (stdio by default)")
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
                    help="stdio for a host that starts the server; http serves http://HOST:PORT/mcp")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
-    p.add_argument("--port", type=int, default=8765, help="HTTP port")
+    p.add_argument("--port", type=_typed(ascii_int), default=8765, help="HTTP port")
     p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="Extra Host header to accept over HTTP when binding beyond loopback (repeatable; "
                         "default: loopback names only)")
     p.set_defaults(func=cmd_serve)
+
+    add_import_parser(sub)
 
     p = sub.add_parser("docs", help="Render the skill tables from the cards (--check: fail on drift)")
     p.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a table differs from the cards")

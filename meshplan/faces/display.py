@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 
 from rich import box
@@ -12,18 +14,34 @@ from rich.segment import Segments
 from rich.table import Column, Table
 from rich.text import Text
 
-from meshplan.core.units import GIB
+from meshplan.check.headline import layout_text
+from meshplan.core.units import GIB, percent, si_count
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.model import ModelReport, ModelSummary
 from meshplan.schema.plan import Plan
-from meshplan.schema.reports import Candidate, CheckReport, ErrorBand, MemoryReport, Recommendation, ThroughputReport
+from meshplan.schema.reports import (
+    Candidate,
+    CheckReport,
+    ErrorBand,
+    MemoryReport,
+    MemorySummary,
+    Recommendation,
+    ThroughputReport,
+)
 from meshplan.schema.request import Request
 from meshplan.search import FOLDED_KNOBS, headroom_that_ranks, min_headroom_fraction
 
+# Piped without COLUMNS, a table is printed at its own width: a file or a grep reads whole rows, and no terminal
+# is there to wrap them (rich would otherwise assume 80 columns).
+PIPED_WIDTH = 10_000
+
 
 def _console(width: int | None = None) -> Console:
-    """Stdout as rich sees it: the terminal's width, or COLUMNS (default 80) when piped; `width` overrides both."""
+    """Stdout as rich sees it: the terminal's width; piped, COLUMNS if set, else no width limit (PIPED_WIDTH);
+    `width` overrides all three."""
+    if width is None and not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").strip().isdigit():
+        width = PIPED_WIDTH
     return Console(highlight=False, soft_wrap=True, width=width)
 
 
@@ -170,6 +188,14 @@ def _band(console: Console, band: ErrorBand | None, lead: str = "error") -> None
         console.print(Text(f"{lead}: {band.text}"))
 
 
+def peak_line(m: MemoryReport | MemorySummary) -> str:
+    """The peak labelled reserved (the caching allocator's reserve included), and with expandable segments the
+    allocated peak that then decides the fit (memory.fit_figure)."""
+    decided = (f"; the allocated peak {gib(m.fit_bytes)} decides (expandable segments)"
+               if m.fit_basis == "allocated" else "")
+    return f"peak {gib(m.peak_bytes)} reserved on stage {m.peak_stage} of {gib(m.capacity_bytes)}{decided}"
+
+
 def memory_report(report: MemoryReport) -> None:
     console = _console()
     console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}")
@@ -184,10 +210,7 @@ def memory_report(report: MemoryReport) -> None:
                       style="bold" if s.stage == report.peak_stage else None)
     console.print(table)
     verdict = "fits" if report.fits else "DOES NOT FIT"
-    decided = (f"; the allocated peak {gib(report.fit_bytes)} decides (expandable segments)"
-               if report.fit_basis == "allocated" else "")
-    console.print(f"peak {gib(report.peak_bytes)} reserved on stage {report.peak_stage} of "
-                  f"{gib(report.capacity_bytes)}{decided}: {verdict} (headroom {gib(report.headroom_bytes)})")
+    console.print(f"{peak_line(report)}: {verdict} (headroom {gib(report.headroom_bytes)})")
     _band(console, report.error_band)
     _notes(console, "warnings", report.warnings)
     _notes(console, "assumptions", report.assumptions)
@@ -210,7 +233,7 @@ def throughput_report(report: ThroughputReport) -> None:
 
 def check_report(report: CheckReport) -> None:
     console = _console()
-    console.print(f"[bold]{report.model}[/bold] on {report.framework}: {report.plan.short()}: "
+    console.print(f"[bold]{report.model}[/bold] on {report.framework}: {layout_text(report)}: "
                   + ("ok" if report.ok else "[red]errors found[/red]"))
     if report.findings:
         table = _table("id", "severity", _col("message", wrap=True), _col("fix", wrap=True), show_lines=True)
@@ -219,8 +242,7 @@ def check_report(report: CheckReport) -> None:
         console.print(table)
     if report.memory:
         m = report.memory
-        console.print(f"memory: peak {gib(m.peak_bytes)} on stage {m.peak_stage} of {gib(m.capacity_bytes)}"
-                      + ("" if m.fits else " (does not fit)"))
+        console.print(f"memory: {peak_line(m)}" + ("" if m.fits else " (does not fit)"))
     _notes(console, "next steps", report.next_steps)
 
 
@@ -232,9 +254,9 @@ def compared_at(rec: Recommendation, req: Request) -> str:
     parts = [f"sequence length {seq:,}"]
     if rec.global_batch_size:
         tokens = rec.global_batch_size * seq
-        parts.append(f"global batch {rec.global_batch_size:,} sequences ({tokens / 1e6:,.1f}M tokens)")
+        parts.append(f"global batch {rec.global_batch_size:,} sequences ({si_count(tokens, 'tokens')})")
     parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key})", rec.framework,
-              f"{headroom:.0%} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
+              f"{percent(headroom)} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
     return "compared at: " + ", ".join(parts)
 
 
@@ -259,6 +281,36 @@ def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
             f"--headroom {headroom_that_ranks(m):g} would rank it")
 
 
+def rollout_words(plan: Plan) -> str:
+    """An RL plan's rollout engine in one cell: its TP, DP and EP."""
+    return f"TP{plan.rollout_tp} DP{plan.rollout_dp} EP{plan.rollout_ep}"
+
+
+def offload_words(plan: Plan) -> str:
+    """The offload knobs a plan turns on (the phase offloads of an RL step among them), or 'none'."""
+    on = [name for name, flag in (("param", plan.param_offload), ("grad", plan.grad_offload),
+                                  ("opt", plan.optimizer_offload), ("act", plan.activation_offload)) if flag]
+    if plan.optimizer_offload_fraction > 0:
+        on.append(f"opt {plan.optimizer_offload_fraction:g}")
+    return "+".join(on) or "none"
+
+
+def rl_table(candidates: list[Candidate]) -> Table:
+    """The RL recommend table: the actor's layout and knobs, then what differs between RL steps on one actor layout
+    (the rollout engine's TP/DP/EP and memory fraction 'mem', the offloads: param, grad, opt(imizer), act(ivation)),
+    the peak over the phases, and the RL step's numbers (the same figures as --json)."""
+    table = _table(_col("#", right=True), _col("actor layout", wrap=True), _col("mbs", right=True),
+                   _col("ZeRO", right=True), "recompute", _col("rollout", wrap=True), _col("mem", right=True),
+                   _col("offload", wrap=True),
+                   _col("peak GiB", right=True), _col("tokens/s/GPU", right=True), _col("RL step s", right=True))
+    for c in candidates:
+        table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
+                      c.plan.recompute, rollout_words(c.plan),
+                      f"{c.plan.rollout_memory_fraction:g}", offload_words(c.plan), gib_figure(c.memory.peak_bytes),
+                      f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.step_time_s:.2f}")
+    return table
+
+
 def recommendation(rec: Recommendation, req: Request | None = None) -> None:
     console = _console()
     console.print(f"[bold]{rec.model}[/bold] on {rec.num_gpus} GPUs ({rec.framework}): "
@@ -266,7 +318,9 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
     if req is not None:
         console.print(compared_at(rec, req))
     # The layout wraps between its factors (TP2 PP4 / EP8 DP4); the other cells and every header stay whole.
-    if rec.candidates:
+    if rec.candidates and rec.candidates[0].plan.rollout_engine is not None:
+        _print_whole(console, rl_table(rec.candidates))
+    elif rec.candidates:
         table = _table(_col("#", right=True), _col("layout", wrap=True), _col("mbs", right=True),
                        _col("ZeRO", right=True), "recompute", _col("peak GiB", right=True),
                        _col("tokens/s/GPU", right=True), _col("MFU", right=True), _col("step s", right=True))

@@ -143,8 +143,24 @@ def _rate(x: float) -> str:
     return f"{rounded:,.{decimals}f}"
 
 
+def _etp_written(row: CheckedLayout) -> bool:
+    """Whether a row's etp must be written out: an MoE row whose etp differs from what leaving it out resolves to
+    (request.resolve: tp where the framework card's defaults.etp is "tp", as Megatron-Core's, else 1), so that the
+    layout typed back in is the row's (ETP1 under TP2 on Megatron)."""
+    if not resolve_model(row.model).is_moe:
+        return False
+    left_out = row.layout.tp if framework_card(row.framework).defaults.etp == "tp" else 1
+    return row.layout.etp != left_out
+
+
 def _layout(row: CheckedLayout, numbers: RowNumbers) -> str:
-    text = row.layout.short() + f" DP{numbers.dp}"
+    """The layout as complete as a reader must type it: the degrees, ETP where it differs from what leaving it out
+    gives, the stage sizes, the derived DP (and expert DP) and the recompute."""
+    text = row.layout.short()
+    if _etp_written(row) and f"ETP{row.layout.etp}" not in text.split():
+        head, sep, rest = text.partition(" (")
+        text = f"{head} ETP{row.layout.etp}" + (sep + rest if sep else "")
+    text += f" DP{numbers.dp}"
     if row.layout.ep > 1:
         text += f" (expert-DP {numbers.expert_dp})"
     if row.layout.recompute != "none":
@@ -246,8 +262,7 @@ def _cli(row: CheckedLayout) -> str:
         default = Request.model_fields[key].default
         if default is None and key in Plan.model_fields:  # left out, the plan's default fills it (request.resolve)
             default = Plan.model_fields[key].default
-        # etp left out means etp = tp on a Megatron MoE (request.resolve), so an etp of 1 under tp > 1 is written.
-        keeps_etp = key == "etp" and fields.get("tp", 1) > 1 and resolve_model(model).is_moe
+        keeps_etp = key == "etp" and _etp_written(row)  # etp left out means etp = tp on a Megatron MoE
         if not keeps_etp and (value == default or (key in ("vpp", "cp", "ep", "etp", "tp", "pp") and value == 1)):
             continue
         parts.append(f"--{key.replace('_', '-')} {str(value).lower() if isinstance(value, bool) else value}")
@@ -455,13 +470,19 @@ def render_text(text: str, where: str = "<text>") -> str:
     return BLOCK.sub(replace, text)
 
 
-def render_all(check: bool = False) -> list[str]:
-    """Regenerate every block under skills/ (check=True: write nothing); returns the files that differ."""
+def skill_pages() -> list[Path]:
+    """Every markdown page under skills/, in a fixed order: the pages `render_all` reads."""
     root = skills_root()
     if not root.is_dir():
         raise MeshplanError(f"The skills folder {root} is not a directory on disk; run from a source checkout.")
+    return sorted(root.rglob("*.md"))
+
+
+def render_all(check: bool = False) -> list[str]:
+    """Regenerate every block under skills/ (check=True: write nothing); returns the files that differ."""
+    root = skills_root()
     drift: list[str] = []
-    for path in sorted(root.rglob("*.md")):
+    for path in skill_pages():
         old = path.read_text(encoding="utf-8")
         new = render_text(old, str(path.relative_to(root)))
         if new != old:

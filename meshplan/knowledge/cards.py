@@ -453,6 +453,29 @@ class MuonFacts(_Card):
     source: str
 
 
+PipelineOrder = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+InterleaveGroup = Literal["pp", "rounds"]
+
+
+class PipelineFacts(_Card):
+    """The pipeline schedule a framework runs, in its own names (meshplan/arithmetic/pipeline_timeline.py replays
+    it): the one at vpp = 1, and the interleaved one with its micro-batch group per virtual chunk."""
+
+    schedule: str = Field(description="The framework's name for its schedule at vpp = 1")
+    order: PipelineOrder = Field(description="The order that schedule runs (gpipe or 1f1b)")
+    interleaved: str | None = Field(description="The framework's interleaved schedule (vpp > 1); None: it has none")
+    group: InterleaveGroup = Field(
+        description="Micro-batches per virtual chunk before the next: pp (Megatron-Core's "
+                    "microbatch_group_size_per_vp_stage default) or rounds (torch's m // max(1, m // pp))")
+    source: str
+
+
+MEGATRON_PIPELINE = PipelineFacts(
+    schedule="1F1B", order="1f1b", interleaved="interleaved 1F1B (virtual_pipeline_model_parallel_size)", group="pp",
+    source="NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_without_"
+           "interleaving / _with_interleaving, get_pp_rank_microbatches, get_schedule_table)")
+
+
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
@@ -479,6 +502,10 @@ class FrameworkCard(_Card):
     estimated_versions: list[str] = Field(
         default_factory=list, description="Older releases meshplan estimates (memory, step time) but writes no config "
                                           "for (a rendered config uses an adapter version)")
+    oldest_release: str | None = Field(
+        None, description="The oldest release the card's facts stand for (meshplan/knowledge/releases.py; older: "
+                          "refused); absent: the series of the oldest known release")
+    oldest_release_why: str | None = None
     offload: dict[Engine, EngineOffload] = Field(
         default_factory=dict, description="Offload semantics per engine; an engine left out has no offload"
     )
@@ -488,6 +515,7 @@ class FrameworkCard(_Card):
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     muon: MuonFacts | None = Field(None, description="Absent: the framework runs no Muon meshplan can time")
+    pipeline: PipelineFacts = Field(MEGATRON_PIPELINE, description="Absent: Megatron-Core's schedules")
     search: SearchKnobs
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"

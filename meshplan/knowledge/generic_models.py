@@ -12,7 +12,7 @@ from meshplan.knowledge.model_config import shapes_card
 from meshplan.knowledge.model_counts import layer_params, total_params
 from meshplan.schema.model import Architecture
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*(?:params?)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*(?:params?)?\s*$", re.IGNORECASE | re.ASCII)
 _SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 

@@ -5,6 +5,7 @@ synonym or the spelling); a value out of bounds is one readable sentence per fie
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -12,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from meshplan.core.errors import MeshplanError, closest
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
@@ -34,6 +35,31 @@ FIELD_SYNONYMS: dict[str, str] = {
     "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
 }
 
+
+
+_ASCII_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def _number_text(text: str, pattern: re.Pattern[str], what: str) -> str:
+    """The text of a number typed on a command line, ASCII digits only: Python's int() and float() would also read
+    other scripts' digits ('٨' as 8), which no other face accepts."""
+    stripped = text.strip()
+    if pattern.fullmatch(stripped):
+        return stripped
+    other = next((c for c in stripped if not c.isascii() and (c.isdigit() or c.isnumeric())), None)
+    because = f": {other!r} (U+{ord(other):04X}) is not an ASCII digit 0-9" if other else ""
+    raise ValueError(f"expected {what} written in ASCII digits, got {text[:40]!r}{because}")
+
+
+def ascii_int(text: str) -> int:
+    """A command-line integer: '8', '+8', '-1'; not '8.0', '٨' or '1_000'."""
+    return int(_number_text(text, _ASCII_INT, "an integer"))
+
+
+def ascii_float(text: str) -> float:
+    """A command-line number: '0.5', '.5', '1e3', '2'; not 'nan', 'inf' or other scripts' digits."""
+    return float(_number_text(text, _ASCII_FLOAT, "a number"))
 
 
 def _key_name(key: str) -> str:
@@ -58,6 +84,23 @@ def field_aliases() -> dict[str, str]:
     return {alias: field for alias, field in aliases.items() if alias not in Request.model_fields}
 
 
+# How alike an unknown field and a known one must be (difflib's ratio) before "did you mean" names it: a typo
+# ('num_gpu', 'seq_len', 'tpp') scores 0.8 and above; an unrelated word such as 'bogus' reaches 0.67 against 'gpus'
+# on shared letters alone, and a wrong guess misleads more than none.
+SUGGEST_CUTOFF = 0.75
+SUBSTRING_MIN = 4  # a known name inside the unknown one ('gpus_total' -> gpus) counts only from this length
+
+
+def likely_names(name: str, choices: Iterable[str]) -> list[str]:
+    """The known names `name` most likely means, best first: close spellings, else a known name of at least
+    SUBSTRING_MIN characters that contains it or that it contains; none when nothing is that close."""
+    pool = list(choices)
+    hits = difflib.get_close_matches(name, pool, n=1, cutoff=SUGGEST_CUTOFF)
+    if hits:
+        return hits
+    return [c for c in pool if min(len(c), len(name)) >= SUBSTRING_MIN and (name in c or c in name)][:1]
+
+
 def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
     """An unknown argument, with the valid field it most likely means (by framework key, synonym or spelling)."""
     allowed = sorted(set(allowed))
@@ -65,7 +108,7 @@ def unknown_field_error(name: str, allowed: Iterable[str]) -> MeshplanError:
     lowered = str(name).lower().replace("-", "_")
     guess = aliases.get(lowered)
     if guess is None:
-        hits = closest(lowered, [*allowed, *aliases], n=1)
+        hits = likely_names(lowered, [*allowed, *aliases])
         guess = aliases.get(hits[0], hits[0]) if hits else None
     shown = str(name)[:80]
     hint = f"Did you mean {guess!r}? " if guess else ""

@@ -16,6 +16,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.releases import resolve_release
 from meshplan.rl.job import resolve_rl
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -54,7 +55,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     card = framework_card(req.framework)
     notes: list[str] = []
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
-    tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
+    tp, cp = req.tp or 1, req.cp or 1
+    pp, vpp = _pipeline_degrees(req, notes)
     ep = req.ep or 1
     etp = _expert_tp(req, card, tp=tp, moe=arch.is_moe, notes=notes)
     version = _framework_version(req, card, notes)
@@ -67,7 +69,6 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     recompute = _recompute(req, notes)
     gbs = _global_batch(req, mbs=mbs, dp=dp, notes=notes)
     gpn = req.gpus_per_node or gpu.gpus_per_node
-    vpp = req.vpp or _layout_vpp(req.pipeline_layout, pp, notes) or 1
     plan = Plan(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
@@ -91,6 +92,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
+        headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
         lora=resolve_lora(req, arch, zero, notes),
@@ -149,9 +151,13 @@ def _micro_batch(req: Request, notes: list[str]) -> int:
 
 
 def _recompute(req: Request, notes: list[str]) -> str:
-    """The recompute mode as given, else none for an estimate (recommend searches it)."""
+    """The recompute mode as given; left out, selective when recompute_modules are given (they are its modules),
+    else none for an estimate (recommend searches it)."""
     recompute = req.recompute
-    if recompute is None:
+    if recompute is None and req.recompute_modules is not None:
+        recompute = "selective"
+        notes.append("recompute not given: selective, the recompute that recompute_modules choose the modules of.")
+    elif recompute is None:
         recompute = "none"
         notes.append("recompute not given: none (recommend searches it).")
     return recompute
@@ -177,19 +183,44 @@ def _precision_fields(req: Request, card, notes: list[str]) -> dict:
             "fp8_recipe": req.fp8_recipe}
 
 
-def _layout_vpp(layout: str | None, pp: int, notes: list[str]) -> int | None:
-    """vpp as the pipeline layout sets it (its stages / pp, as Megatron-Core derives it) when vpp is left out; None
-    when there is no layout or it does not parse or fill pp (rule PP009 says why)."""
-    if layout is None:
-        return None
+def _pipeline_degrees(req: Request, notes: list[str]) -> tuple[int, int]:
+    """pp and vpp: as given, else 1; a pipeline layout implies them, its stages being pp x vpp (Megatron-Core's
+    PipelineParallelLayerLayout: stage k on rank k % pp). Left out, they are filled from it (both left out: one rank
+    per stage, vpp 1); given, they must multiply to its stages, or the request is refused naming the mismatch. A
+    layout that does not parse leaves them to their defaults: rule PP009 names its error."""
+    pp, vpp = req.pp, req.vpp
     try:
-        stages = len(parse_layout(layout))
+        stages = None if req.pipeline_layout is None else len(parse_layout(req.pipeline_layout))
     except MeshplanError:
-        return None
-    if stages % pp:
-        return None
-    notes.append(f"vpp not given: {stages // pp}, the pipeline layout's {stages} stages over pp={pp}.")
-    return stages // pp
+        stages = None
+    if stages is None:
+        return pp or 1, vpp or 1
+    if pp is None:
+        pp = stages // (vpp or 1) if stages % (vpp or 1) == 0 else None
+        if pp is not None:
+            notes.append(f"pp not given: {pp}, the pipeline layout's {stages} stages"
+                         + (f" over vpp={vpp}." if vpp else " (one per rank; pass vpp to interleave them)."))
+            vpp = vpp or 1
+    elif vpp is None and stages % pp == 0:
+        vpp = stages // pp
+        notes.append(f"vpp not given: {vpp}, the pipeline layout's {stages} stages over pp={pp}.")
+    if pp is None or vpp is None or pp * vpp != stages or (pp == 1 and stages > 1):
+        raise _layout_mismatch(req, stages)
+    return pp, vpp
+
+
+def _layout_mismatch(req: Request, stages: int) -> MeshplanError:
+    """The layout's stage count against the pp and vpp the request gives, with the degrees that would match."""
+    given = ", ".join(f"{k}={v}" for k, v in (("pp", req.pp), ("vpp", req.vpp)) if v is not None)
+    pairs = [f"pp={p}" + (f" vpp={stages // p}" if stages // p > 1 else "") for p in range(2, stages + 1)
+             if stages % p == 0][:6]
+    why = ("interleaving needs pp > 1 (rule PP003)" if req.pp == 1 and stages > 1 else
+           "a layout lists pp x vpp stages (Megatron-Core PipelineParallelLayerLayout)")
+    return MeshplanError(
+        f"pipeline_layout has {stages} stage{'s' if stages != 1 else ''}, which {given} cannot hold: {why}.",
+        fix=f"Leave pp and vpp out to take them from the layout (pp={stages}), give matching ones "
+            f"({', '.join(pairs) or 'pp=1'}), or a layout of pp x vpp stages.",
+    )
 
 
 def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]:
@@ -301,15 +332,14 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
 
 
 def _framework_version(req: Request, card, notes: list[str]) -> str | None:
-    """The release asked for, if meshplan knows it (a prefix such as '0.2' picks the newest known 0.2.x)."""
+    """The known release whose facts apply to the version asked for (knowledge/releases.py: '0.2' or '0.2.0+cu128'
+    -> 0.2.2), said in a note when it is not that release itself; before the card's oldest release: an error."""
     if req.framework_version is None:
         return None
-    known = card.known_versions()
-    hits = [v for v in known if v == req.framework_version or v.startswith(req.framework_version + ".")]
-    if not hits:
-        raise MeshplanError(f"framework_version {req.framework_version!r} is not a {card.display_name} release "
-                            "meshplan knows.", fix=f"Use one of {', '.join(known)} (or leave it out: {card.version}).")
-    version = hits[-1]
+    release = resolve_release(card, req.framework_version)
+    if note := release.note(card.display_name):
+        notes.append(note)
+    version = release.release
     if version in card.estimated_versions:
         notes.append(f"{card.display_name} {version}: estimated only (attention kernel, memory convention); a "
                      f"rendered config uses {card.version}")

@@ -109,6 +109,12 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     return trainer, rl
 
 
+def trainer_request(trainer: Request) -> Request:
+    """The trainer's own training request (resolve_rl's first answer with every RL field cleared): what the training
+    search ranks actor layouts for."""
+    return trainer.model_copy(update=dict.fromkeys(("job", *RL_FIELDS)))
+
+
 def _refuse_rl_fields(req: Request, given: list[str]) -> None:
     """A training job carries no RL field."""
     if given:

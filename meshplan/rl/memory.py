@@ -14,7 +14,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.memory_states import MemoryCard, memory_card
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.units import GIB
-from meshplan.estimate.memory import estimate_memory, peak_fit_bytes
+from meshplan.estimate.memory import estimate_memory, memory_budget, peak_fit_bytes
 from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
 from meshplan.schema.plan import Plan
@@ -200,7 +200,7 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host_ext
     top = max(phases, key=lambda p: p.peak_bytes)
     deciding = max(phases, key=lambda p: p.fit_bytes)
     host = update.host_bytes_per_node + int(host_extra * job.gpus_per_node)
-    limited = ("gpu" if deciding.fit_bytes > capacity
+    limited = ("gpu" if deciding.fit_bytes > memory_budget(job)
                else "host" if job.cpu_memory_per_node and host > job.cpu_memory_per_node else None)
     words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)
     assumptions = [f"RL step ({rl.algorithm}, {plan.placement}): peak per phase {words}; {top.phase} peaks. "
@@ -209,7 +209,7 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host_ext
         assumptions.append(f"Phase offloads ({', '.join(sorted(phase_classes))}) are on the host during the rollout "
                            "and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
     return update.model_copy(update={
-        "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": deciding.fit_bytes <= capacity,
+        "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": deciding.fit_bytes <= memory_budget(job),
         "headroom_bytes": capacity - deciding.fit_bytes, "fit_bytes": deciding.fit_bytes,
         "fit_basis": "allocated" if deciding.fit_bytes != deciding.peak_bytes else "reserved",
         "host_bytes_per_node": host, "phases": phases,

@@ -154,3 +154,42 @@ def shallow_pipeline(ctx: Context) -> Values:
     fewer = max(1, math.floor(layers / minimum))
     return {"pp": p.pp, "layers": layers, "per": f"{layers / p.pp:.1f}", "minimum": int(minimum),
             "fewer": fewer}
+
+
+
+@rule("PP010")
+def torch_1f1b_microbatches(ctx: Context) -> Values:
+    """torch Schedule1F1B.__init__: n_microbatches >= the number of stages (torchtitan's 1F1B at vpp = 1)."""
+    p = ctx.plan
+    m = ctx.microbatches
+    if p.pp == 1 or p.vpp > 1 or m >= p.pp:
+        return None
+    unit = p.micro_batch_size * p.dp * p.pp
+    gbs = ctx.job.global_batch_size
+    mbs = gbs // (p.dp * p.pp) if gbs % (p.dp * p.pp) == 0 and gbs >= p.dp * p.pp else 0
+    return {"m": m, "pp": p.pp, "target": unit, "unit": unit, "most": max(1, m),
+            "mbs": f", micro_batch_size={mbs} at this batch" if mbs else ""}
+
+
+
+def torch_interleave_rounds(microbatches: int, pp: int) -> int:
+    """torch ScheduleInterleaved1F1B's number_of_rounds: max(1, m // pp)."""
+    return max(1, microbatches // pp)
+
+
+def _torch_interleavable(microbatches: int, pp: int) -> bool:
+    return microbatches % torch_interleave_rounds(microbatches, pp) == 0
+
+
+@rule("PP011")
+def torch_interleaved_microbatches(ctx: Context) -> Values:
+    """torch ScheduleInterleaved1F1B.__init__: n_microbatches a multiple of max(1, n_microbatches // pp)."""
+    p = ctx.plan
+    m = ctx.microbatches
+    if p.pp == 1 or p.vpp == 1 or _torch_interleavable(m, p.pp):
+        return None
+    below = next(k for k in range(m, 0, -1) if _torch_interleavable(k, p.pp))
+    above = next(k for k in range(m, 2 * m + p.pp) if _torch_interleavable(k, p.pp))
+    unit = p.micro_batch_size * p.dp
+    return {"m": m, "pp": p.pp, "vpp": p.vpp, "rounds": torch_interleave_rounds(m, p.pp), "unit": unit,
+            "gbss": f"{below * unit} or {above * unit}", "good": f"{below} or {above}"}

@@ -247,8 +247,8 @@ class MinimumGpus(StrictModel):
     """The smallest GPU count at which some layout passes the rules and fits with the headroom kept.
 
     Fit is not monotone in the GPU count (a count must be divisible by the layout's degrees), so the counts are
-    scanned in increasing order, never bisected; the scan is bounded in time and in count, and says which bound
-    stopped it."""
+    scanned in increasing order, never bisected; the scan is bounded by counts of work (never by time), and says which
+    bound stopped it."""
 
     model: str
     framework: str
@@ -261,9 +261,10 @@ class MinimumGpus(StrictModel):
     searched_to: int = Field(description="Last GPU count checked")
     counts_checked: int = Field(description="How many GPU counts were checked")
     stepping: str = Field(description="Which counts were checked, in words")
-    stopped_by: Literal["found", "max_gpus", "time", "rules"] = Field(
-        description="found: a count fits; max_gpus: none fits up to the limit; time: the time bound was hit first; "
-                    "rules: a rule rejects the fixed fields at every count"
+    stopped_by: Literal["found", "max_gpus", "counts", "rules"] = Field(
+        description="found: a count fits; max_gpus: none fits up to the limit; counts: the scan's work bound "
+                    "(GPU counts or searches, cards/search.yaml) was hit first; rules: a rule rejects the fixed fields "
+                    "at every count"
     )
     rationale: str
     assumptions: list[str] = []

@@ -7,9 +7,9 @@ request/resolve.py turns it into the `Job` and `Plan` every estimator takes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 
 from meshplan.schema.choices import (
     AttentionBackend,
@@ -40,7 +40,13 @@ _SEARCHED = "(default: 1 for an estimate; searched by recommend)"
 
 
 class Request(StrictModel):
-    """The request fields every tool, CLI flag and batch line shares."""
+    """The request fields every tool, CLI flag and batch line shares.
+
+    Strict types on every face (pydantic strict mode): an integer field takes an integer, not `true` or `"8"`; a
+    float field an integer or a float; a switch `true`/`false` only. The CLI reads its flags' text into these types
+    first (ASCII digits only: request/parse.py)."""
+
+    model_config = ConfigDict(strict=True)
 
     model: str = Field(
         max_length=4096,  # PATH_MAX: longer is never a real name or path, and would be echoed in errors
@@ -90,7 +96,8 @@ class Request(StrictModel):
                           "in chunks of recompute_layers (default 1) checkpointed together (the default otherwise)",
     )
     recompute_modules: list[RecomputeModule] | None = Field(
-        None, min_length=1, description="Megatron selective recompute: the modules recomputed (core_attn, mlp, moe, "
+        None, min_length=1, max_length=len(get_args(RecomputeModule)), json_schema_extra={"uniqueItems": True},
+        description="Megatron selective recompute: the modules recomputed (core_attn, mlp, moe, "
                                         "moe_act, shared_experts, mla_up_proj, layernorm); left out: ['core_attn']",
     )
     selective_ac_option: str | None = Field(
@@ -237,7 +244,7 @@ class Request(StrictModel):
         None, min_length=1, max_length=4096,
         description="Megatron's pipeline_model_parallel_layout, e.g. 'Et*3|(tt|)*29,m|L': stages split by '|' in "
                     "virtual-stage order, E embedding, t decoder layer, m MTP layer, L loss, x*n and (...)*n repeat "
-                    "(default: none, the even or first/last split; sets vpp when vpp is left out)",
+                    "(default: none, the even or first/last split; its stages are pp x vpp: sets them when left out)",
     )
     account_for_embedding: bool | None = Field(
         None, description="Megatron's account_for_embedding_in_pipeline_split: the embedding counts as one layer in "
@@ -295,7 +302,16 @@ class Request(StrictModel):
                     "(default with job=lora: the framework's default rank; given, the job is lora unless job=rl)",
     )
     lora_targets: list[LoraTarget] | None = Field(
-        None, min_length=1, max_length=4,
+        None, min_length=1, max_length=len(get_args(LoraTarget)), json_schema_extra={"uniqueItems": True},
         description="LoRA: the Megatron-Core linears adapted (linear_qkv, linear_proj, linear_fc1, linear_fc2; fc1 and "
                     "fc2 include a MoE model's experts) (default: all four, Megatron-Bridge's LoRA default)",
     )
+
+    @field_validator("recompute_modules", "lora_targets")
+    @classmethod
+    def _each_once(cls, names: list[str] | None) -> list[str] | None:
+        """A list of names is a set: a name given twice is refused, naming it (not silently kept or dropped)."""
+        twice = sorted({n for n in names or () if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"each name at most once ({', '.join(repr(n) for n in twice)} given more than once)")
+        return names

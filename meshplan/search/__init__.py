@@ -12,12 +12,13 @@ at a time, each step pushing it back with a tighter key at a later level (engine
    even full recompute is over capacity the node is dropped unestimated;
 2. SHARD: the exact bound of this pipeline shard, with the traffic interleaving multiplies;
 3. RULES: the structural rules (check_config without memory) and the model-state bound per ZeRO stage;
-4. NEED: estimated memory: the least recompute that fits at the lightest ZeRO stage (if nothing fits, nothing
+4. NEED: estimated memory: the least recompute that fits at any ZeRO stage (if nothing fits, nothing
    fits at any larger micro-batch either);
 5. STAIRCASE: the (stage, recompute) pairs that fit - heavier recompute of a fitting pair is dominated, since
    it only adds time;
-6. TIME: the predicted step time;
-7. RANK: a plan reaching the top of the queue is ranked: nothing left can be faster.
+6. STEP: the step's floor, every term of the estimate but its pipeline's replay (m x the slowest stage instead);
+7. TIME: the predicted step time (the pipeline replayed);
+8. RANK: a plan reaching the top of the queue is ranked: nothing left can be faster.
 
 Everything dropped is counted under the rule id that dropped it (or a SEARCH-* bucket), so
 considered = ranked + rejected.
@@ -35,8 +36,8 @@ The parts, each one job (each imports only the parts above it):
     decision.py    the pick against the decision tables, in numbers
     gpu_count.py   the scan for the smallest GPU count (scan_minimum)
     impossible.py  the thinner-headroom probe and the nothing-fits answer
-    ranking.py     recommend: the parts above in one time bound
-    min_gpus.py    minimum_gpus: the scan's count, with recommend's best layout there
+    ranking.py     recommend: the parts above (bounded by counts of work, never by a clock)
+    min_gpus.py    minimum_gpus: the scan's count, settled by recommend there (RL jobs by the RL recommend)
     oracle.py      the exhaustive oracle the tests hold the search to
     rl.py          recommend_rl: an RL job's rollout choices over the search's best actor layouts
 """

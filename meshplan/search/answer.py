@@ -5,11 +5,11 @@ them."""
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB
+from meshplan.core.units import GIB, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
-from meshplan.search.engine import BestFirstSearch, Found
+from meshplan.search.engine import BestFirstSearch, Found, budget_cut
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
     HEADROOM_RULE,
@@ -27,11 +27,6 @@ FASTEST = "Fastest predicted layout that passes every rule and fits. "
 
 FOLDED_KNOBS = ("zero_stage", "recompute", "sequence_parallel", "moe_token_dispatcher", "moe_a2a_overlap")
 """Knobs beyond the degrees and the micro-batch that a folded equivalent may differ in; named when they do."""
-
-
-def percent(share: float) -> str:
-    """0.1 -> '10%', 0.032 -> '3.2%': a headroom as a percentage, without rounding it away."""
-    return f"{share * 100:.3g}%"
 
 
 def keeps(headroom: float) -> str:
@@ -203,8 +198,9 @@ SPACE_ASSUMPTIONS = [
     "Exact best-first search over the same estimators: a plan is ranked only when no unexplored one can be "
     "faster. Bounds: time per token from single-stage reference plans (it only falls with more tokens per "
     "rank) x tokens / pp x (m + (pp-1)/vpp); memory floors from the first stage's states and activations. "
-    "Assumes more recompute or a higher ZeRO stage never makes a plan faster or bigger, and that memory grows "
-    "with the micro-batch and with interleaving.",
+    "Assumes more recompute never makes a plan faster or bigger, that a higher ZeRO stage never holds more model "
+    "states (each stage's peak is still estimated: its gathered or kept copies can outweigh what it shards), and "
+    "that memory grows with the micro-batch and with interleaving.",
     "Ranked layouts are distinct choices: the same layout with more recompute than it needs is not listed, "
     "and layouts with the same predicted step time and peak memory (e.g. a factor moved between CP and the "
     "micro-batch) share one row (its equivalents).",
@@ -242,7 +238,7 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
         considered=considered, rejected={k: v for k, v in sorted(search.rejected.items()) if v},
         rationale=rationale, warnings=warnings,
         assumptions=[*notes, *SPACE_ASSUMPTIONS, *carried_assumption(job, fixed, search.zeros),
-                     *fixed_assumption(fixed)],
+                     *fixed_assumption(fixed), *([budget_cut(search)] if search.stopped_by_budget else [])],
         evaluated=search.evaluations, global_batch_size=job.global_batch_size,
         headroom=headroom,
     )

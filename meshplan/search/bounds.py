@@ -39,11 +39,17 @@ class StepTimeBounds(SearchPlans):
     def pp_unit(self, lay: Layout, mbs: int) -> float:
         """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
         non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021)."""
+        key = (lay.base(), self.zeros[0], self.recomputes[0], mbs)
         try:
-            report = self.throughput(lay.base(), self.zeros[0], self.recomputes[0], mbs)
+            report = self.caches.throughput.get(key)
+            if report is not None or self.engine.terms is None:
+                report = report or self.throughput(*key)
+                return report.breakdown.pp_comm_s / self.microbatches(lay, mbs)
+            self.step_floor(*key)  # its terms, cached: no pipeline replay for a bound
         except MeshplanError:
             return 0.0
-        return report.breakdown.pp_comm_s / self.microbatches(lay, mbs)
+        terms = self.caches.terms[key]
+        return terms.m * terms.rows[terms.worst].pp / self.microbatches(lay, mbs)  # the estimate's pp_comm_s
 
     def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
                    may_overlap: bool = False) -> float:
@@ -67,9 +73,14 @@ class StepTimeBounds(SearchPlans):
         job_ref = self.job.model_copy(update={"global_batch_size": (2 if overlap else 1) * b * dp_ref})
         try:
             self.calls["throughput"] += 1
-            x = self.engine.throughput(job_ref, plan).breakdown
-            total = (x.cp_comm_s if part == "cp" else
-                     x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
+            if self.engine.terms is None:
+                x = self.engine.throughput(job_ref, plan).breakdown
+                total = (x.cp_comm_s if part == "cp" else
+                         x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
+            else:  # the same breakdown terms (perf.throughput_of: m x the slowest stage's), without the report
+                t = self.engine.terms(job_ref, plan)
+                row, m = t.rows[t.worst], t.m
+                total = m * row.cp if part == "cp" else m * row.compute + m * row.recompute + m * row.tp + m * row.ep
             value = (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens
         except MeshplanError:
             value = 0.0

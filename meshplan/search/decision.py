@@ -17,8 +17,7 @@ DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
 """The degrees a table's suggestion pins (dp follows from them and the GPU count)."""
 
 
-def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | None, deadline: float,
-                   budget: int) -> str:
+def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | None, budget: int) -> str:
     """What the decision tables suggest, and why the recommendation agrees or differs, in numbers: the table's
     layout is searched with the same estimators (its knobs left open) and compared with the pick, `best`."""
     try:
@@ -35,10 +34,14 @@ def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | Non
         return text + " The search agrees: its best layout has the same degrees."
     pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in (*DEGREES, "dp")},
                     **{d: getattr(sp, d) for d in DEGREES}}, fixed.carried, fixed.given)
-    probe = BestFirstSearch.for_job(job, pinned, engine, 1, deadline, budget)
+    probe = BestFirstSearch.for_job(job, pinned, engine, 1, budget_bytes=budget)
     layouts, _ = enumerate_layouts(job, pinned)
     probe.seed(layouts, ideal_time(job, engine))
     probe.run()
+    if not probe.found and probe.stopped_by_budget:
+        return text + (f" The search picks {bp.short()}; the table's layout was not compared: its search stopped at "
+                       f"the budget of {probe.max_evaluations:,} estimates (cards/search.yaml max_evaluations) "
+                       "before one of its variants was timed.")
     if not probe.found:
         reasons = ", ".join(f"{k} x{v}" for k, v in probe.rejected.most_common(3)) or "no layout of that shape"
         return text + (f" The search picks {bp.short()} instead: the table's layout has no variant that passes "

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.memory_states import Convention, StateTensor
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -53,12 +53,15 @@ class Level(IntEnum):
     RULES = 3
     """The structural rules and the model-state lower bound, per ZeRO stage."""
     NEED = 4
-    """The least recompute that really fits at the lightest ZeRO stage, estimated."""
+    """The least recompute that really fits at any ZeRO stage the rules pass, estimated."""
     STAIRCASE = 5
     """Per ZeRO stage, the least recompute that fits (heavier recompute of that stage is dominated)."""
-    TIME = 6
-    """A plan known to fit gets its predicted step time."""
-    RANK = 7
+    STEP = 6
+    """A plan known to fit gets its step's floor: every term of its estimate but its pipeline's replay (the costly
+    part), m x the slowest stage in its place (estimate/perf.py StepTerms.floor)."""
+    TIME = 7
+    """The plan's pipeline is replayed: its predicted step time."""
+    RANK = 8
     """Nothing left in the queue can be faster: the plan's rules run, then it is ranked."""
 
 
@@ -75,8 +78,8 @@ class Found:
 def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int, ...]:
     """The ZeRO stages an estimate can take with the request's carried fields: a stage where a blocking rule refuses
     the plainest layout (no model parallelism) while another stage passes is left out of the ladder, e.g. FSDP with
-    optimizer=muon (PR005). The search's memory bounds take the ladder's last stage as the lightest, so a stage no
-    estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
+    optimizer=muon (PR005). The search's model-state bounds take the ladder's last stage as the lightest, so a stage
+    no estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
     if not fixed.given:  # the frameworks' own defaults block no stage
         return zeros
     plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=job.num_gpus)
@@ -91,24 +94,35 @@ def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int
     return tuple(ok) or zeros
 
 
+def bound_preset(job: Job, zero: int, carried: dict[str, object]) -> tuple[Convention, list[StateTensor]]:
+    """space.state_preset as the search's memory bounds read it (the model-state bounds, the first stage's floor, the
+    smallest GPU count's floor). Where the trainer sets the gradients to None before each backward (the convention's
+    grads_set_to_none: torch FSDP2), the estimate's peak with one micro-batch per step comes before the gradients
+    exist (estimate/fsdp_walk.py), so the bounds count none: Moonlight-16B-A3B on 3 A100 with verl, ZeRO-3, fits in
+    72.8 GB though its states are 85.1 GB (tests/test_search_oracle.py found it)."""
+    conv, tensors = state_preset(job, zero, carried)
+    if conv.grads_set_to_none:
+        tensors = [t for t in tensors if t.tensor_class != "gradients"]
+    return conv, tensors
+
+
 @dataclass(kw_only=True)
 class BestFirstSearch(StepTimeBounds):
     """One best-first search of a job's layouts under one memory budget (see the module docstring)."""
 
     top_k: int
-    deadline: float
     rejected: Counter = field(default_factory=Counter)
     found: list[Found] = field(default_factory=list)
     rows: set[tuple[float, int]] = field(default_factory=set)  # distinct (step time, peak) among found: the top K
     cutoff: float = math.inf  # nothing slower than this step time is wanted (a probe for much faster layouts)
     untimed_reasons: list[str] = field(default_factory=list)
-    stopped_by_budget: bool = False
+    stopped_by_budget: bool = False  # the estimate budget (cards/search.yaml max_evaluations) ran out: not exact
     max_evaluations: int = 1 << 62
     heap: list = field(default_factory=list)
     seq: int = 0
 
     @classmethod
-    def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float,
+    def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
                 budget_bytes: int = 0) -> BestFirstSearch:
         """A search of `job` with the knobs its framework opens, less what the request fixes."""
         kn = knobs(job.framework)
@@ -139,11 +153,11 @@ class BestFirstSearch(StepTimeBounds):
         domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
         a2a_open = (job.model.moe is not None and "moe_a2a_overlap" not in fixed and card.adapter is not None
                     and card.adapter.renders("moe_a2a_overlap"))
-        return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, deadline=deadline, zeros=zeros,
+        return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, zeros=zeros,
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
                    law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
                    a2a_open=a2a_open, domain=domain, max_evaluations=cap, budget_bytes=budget_bytes,
-                   presets={z: state_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap)
+                   presets={z: bound_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap)
 
     # -- the queue --------------------------------------------------------------------------------------
 
@@ -185,10 +199,10 @@ class BestFirstSearch(StepTimeBounds):
             self.push(key, Level.NEED, (lay, mbs, tuple(alive), low))
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
-        """Level.NEED: the least recompute that fits at the lightest ZeRO stage, estimated; every stage needs at
-        least that much. If nothing fits, nothing does at any larger micro-batch either."""
+        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass, estimated; every stage needs
+        at least that much. If nothing fits, nothing does at any larger micro-batch either."""
         n_r = len(self.recomputes)
-        need = self.need(lay, mbs)
+        need = self.need(lay, mbs, alive)
         if need >= n_r:
             self.rejected[self.engine.memory_rule] += n_r * len(alive)
             return
@@ -198,27 +212,30 @@ class BestFirstSearch(StepTimeBounds):
         self.push(key, Level.STAIRCASE, (lay, mbs, alive, need))
 
     def staircase(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], need: int) -> None:
-        """Level.STAIRCASE: for each ZeRO stage (lightest first) the least recompute that fits; heavier recompute
-        of the same stage is dominated, lighter does not fit. Memory grows as the stage drops (where ZeRO shards
-        something), so the walk only moves towards more recompute: at most len(alive) + len(recomputes) estimates."""
+        """Level.STAIRCASE: for each ZeRO stage the least recompute that fits; heavier recompute of the same stage
+        is dominated, lighter does not fit. No stage is lighter than every other (plans.lightest), so each walks up
+        from `need`, the least that fits at any of them."""
         n_r = len(self.recomputes)
-        i = need
-        unordered = self.unsharded(lay)  # no stage is lighter than another: each walks from `need`
-        for pos, zero in enumerate(reversed(alive)):
-            if unordered:
-                i = need
+        for zero in reversed(alive):
+            i = need
             while i < n_r and not self.fits(lay, zero, self.recomputes[i], mbs):
                 i += 1
-            if i == n_r and unordered:
+            if i == n_r:
                 self.rejected[self.engine.memory_rule] += n_r - need
                 continue
-            if i == n_r:
-                self.rejected[self.engine.memory_rule] += (n_r - need) * (len(alive) - pos)
-                return
             self.rejected[self.engine.memory_rule] += i - need
             self.rejected[DOMINATED] += n_r - i - 1
             bound = key if i == need else self.pipeline_bound(lay, mbs, self.recomputes[i], interleave=True)
-            self.push(max(key, bound), Level.TIME, (lay, mbs, zero, self.recomputes[i]))
+            self.push(max(key, bound), Level.STEP, (lay, mbs, zero, self.recomputes[i]))
+
+    def step_bound(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str) -> None:
+        """Level.STEP: the plan's step without its pipeline's replay, a bound only the replay can raise."""
+        try:
+            floor = self.step_floor(lay, zero, recompute, mbs)
+        except MeshplanError as exc:
+            self.untimed(exc, 1)
+            return
+        self.push(max(key, floor), Level.TIME, (lay, mbs, zero, recompute))
 
     def time_plan(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str) -> None:
         """Level.TIME: a plan known to fit gets its predicted step time."""
@@ -280,11 +297,11 @@ class BestFirstSearch(StepTimeBounds):
 
     def run(self) -> None:
         steps = {Level.FLOOR: self.refine_bound, Level.SHARD: self.refine_shard, Level.RULES: self.apply_rules,
-                 Level.NEED: self.confirm_need, Level.STAIRCASE: self.staircase, Level.TIME: self.time_plan,
-                 Level.RANK: self.accept}
+                 Level.NEED: self.confirm_need, Level.STAIRCASE: self.staircase, Level.STEP: self.step_bound,
+                 Level.TIME: self.time_plan, Level.RANK: self.accept}
         while self.heap and self.wanted():
-            checkpoint()
-            if time.perf_counter() > self.deadline or self.evaluations >= self.max_evaluations:
+            checkpoint()  # a cancelled MCP call stops here; no clock decides what is returned
+            if self.evaluations >= self.max_evaluations:
                 self.stopped_by_budget = True
                 self.best_so_far()
                 break
@@ -292,16 +309,28 @@ class BestFirstSearch(StepTimeBounds):
             steps[level](key, *payload)
 
     def best_so_far(self) -> None:
-        """Out of budget: rank the plans already timed (they fit), fastest first, without proof that nothing
-        unexplored is faster."""
+        """Out of its estimate budget: rank the plans already timed (they fit), fastest first, then, while fewer than
+        top_k rows are ranked, the plans whose step's floor is known, in the order of their floors (their pipelines
+        replayed now); without proof that nothing unexplored is faster."""
         timed = sorted((entry for entry in self.heap if entry[1] == Level.RANK), key=lambda e: e[0])
-        self.heap = [entry for entry in self.heap if entry[1] != Level.RANK]
+        floored = sorted((entry for entry in self.heap if entry[1] == Level.TIME), key=lambda e: e[0])
+        self.heap = [entry for entry in self.heap if entry[1] not in (Level.RANK, Level.TIME)]
         heapq.heapify(self.heap)
         for index, (key, _, _, payload) in enumerate(timed):
             if len(self.rows) >= self.top_k:
                 self.rejected[BUDGET] += len(timed) - index
                 break
             self.accept(key, *payload)
+        for index, (_, _, _, (lay, mbs, zero, recompute)) in enumerate(floored):
+            if len(self.rows) >= self.top_k:
+                self.rejected[BUDGET] += len(floored) - index
+                break
+            try:
+                report = self.throughput(lay, zero, recompute, mbs)
+            except MeshplanError as exc:
+                self.untimed(exc, 1)
+                continue
+            self.accept(report.step_time_s, lay, mbs, zero, recompute, report)
 
     def covered(self, level: Level, payload: tuple) -> int:
         """How many plans (ZeRO stage x recompute) a queued node stands for."""
@@ -323,13 +352,13 @@ class BestFirstSearch(StepTimeBounds):
         self.heap.clear()
 
 
-def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: float, warnings: list[str],
+def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: list[str],
                budget_bytes: int = 0, share: BestFirstSearch | None = None,
                cutoff: float = math.inf) -> tuple[BestFirstSearch, int]:
     """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
     fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
     `cutoff`: no slower step time is wanted. Appends to `warnings` what the answer must say about the run."""
-    search = BestFirstSearch.for_job(job, fixed, engine, top_k, deadline, budget_bytes)
+    search = BestFirstSearch.for_job(job, fixed, engine, top_k, budget_bytes=budget_bytes)
     search.cutoff = cutoff
     if share is not None:
         search.caches = share.caches.shared()
@@ -364,9 +393,14 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, deadline: flo
     for reason in search.untimed_reasons[:3]:
         warnings.append(f"The throughput model could not time some layouts that pass the rules: {reason}")
     if search.stopped_by_budget:
-        warnings.append(
-            f"The search stopped at its budget ({search_limits().time_budget_s:g} s or "
-            f"{search.max_evaluations:,} estimates, cards/search.yaml) before the queue was exhausted: the ranked "
-            "layouts are the fastest found so far, not proven optimal."
-        )
+        warnings.append(budget_cut(search))
     return search, considered
+
+
+def budget_cut(search: BestFirstSearch) -> str:
+    """What an answer cut by the estimate budget says (a warning and an assumption): a count of work, the same on
+    every machine, so the cut answer is still a pure function of the request."""
+    return (f"The search stopped at its budget of {search.max_evaluations:,} memory and throughput estimates "
+            "(cards/search.yaml max_evaluations) before the queue was exhausted: the ranked layouts are the fastest "
+            "found within it, not proven optimal. Fix more fields (tp, pp, ep, micro_batch_size, ...) to shrink the "
+            "space.")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic.flops import model_flops_per_step
 from meshplan.check.config import check_config
 from meshplan.estimate.memory import estimate_memory, memory_summary
-from meshplan.estimate.perf import estimate_throughput
+from meshplan.estimate.perf import StepTerms, estimate_throughput, step_terms, throughput_of
 from meshplan.knowledge.calibration import calibration
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, MemoryReport, MemorySummary, ThroughputReport
@@ -28,6 +28,10 @@ class Engine:
     efficiency_cap: float = 1.0  # best fraction of peak the cost model ever achieves (for the lower bound)
     peak_flops: Callable[[Job], float] | None = None
     moe_layer_fixed_s: float = 0.0  # MoE host sync per layer per micro-batch (kept whole in the bound)
+    # The throughput estimate in two parts, so the search can drop a plan on its step's floor before replaying its
+    # pipeline (the costly part): `terms` then `finish` give exactly `throughput`. None: the search calls `throughput`.
+    terms: Callable[[Job, Plan], StepTerms] | None = None
+    finish: Callable[[StepTerms], ThroughputReport] | None = None
 
 
 def default_engine(framework: str) -> Engine:
@@ -44,6 +48,8 @@ def default_engine(framework: str) -> Engine:
         peak_flops=lambda job: max(job.gpu.bf16_flops, (job.gpu.fp8_flops or 0.0) * cal.fp8_gemm_relative_efficiency
                                    if job.precision == "fp8" else 0.0),
         moe_layer_fixed_s=cal.moe_host_sync_s,
+        terms=step_terms,
+        finish=throughput_of,
     )
 
 

@@ -1,13 +1,16 @@
-"""The scan for the smallest GPU count at which some layout passes the rules and keeps the headroom (`scan_minimum`,
-run by `minimum_gpus` in meshplan/search/min_gpus.py and by recommend's nothing-fits answer). Counts are checked in
-increasing order, never doubled or bisected: fit is not monotone in the count, since a layout's degrees must divide
-it."""
+"""The scan for the smallest GPU count at which recommend ranks a layout (`scan_minimum`, run by `minimum_gpus` in
+meshplan/search/min_gpus.py and by recommend's nothing-fits answer). Counts are checked in increasing order, never
+doubled or bisected: fit is not monotone in the count, since a layout's degrees must divide it. Each count is first
+tested by a necessary condition (`fits_somewhere`: some layout's lightest variant passes the structural rules and
+fits the headroom, the same tests the search prunes with), and a count that passes it is settled by recommend's own
+search there, so `min-gpus` and `recommend --num-gpus` never disagree. The scan is bounded by counts of work
+(cards/search.yaml), never by a clock: the same request gets the same answer on every machine.
+"""
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from meshplan.arithmetic import mesh
@@ -17,18 +20,23 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import lcm
 from meshplan.schema.plan import Job
 from meshplan.search.answer import fixed_text, keeps
-from meshplan.search.engine import BestFirstSearch
+from meshplan.search.engine import BestFirstSearch, bound_preset, run_search
 from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
 from meshplan.search.policy import memory_budget, search_limits
-from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split, state_preset
+from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split
+
+Ranks = Callable[[int, Job], bool]
+"""Whether recommend ranks a layout at a GPU count (the count, and the job there)."""
 
 
-def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budget: int) -> bool | None:
-    """Does any layout of this job pass the rules and peak within `budget`? Only the lightest variant of each layout
-    is estimated (more ZeRO sharding and recompute and a smaller micro-batch never add memory), most promising
-    layouts (smallest model-state bound) first. None: the deadline passed before an answer."""
-    search = BestFirstSearch.for_job(job, fixed, engine, 1, deadline, budget)
+def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
+    """A necessary condition for recommend to rank a layout of this job: some layout's lightest variant (the most
+    ZeRO sharding that passes the structural rules, the heaviest recompute, the smallest micro-batch) peaks within
+    `budget`. The rules are asked as the search asks them (at the lightest recompute), and the search's own
+    assumptions (more sharding, more recompute and a smaller micro-batch never add memory) make a False here a proof
+    that the search ranks nothing. Layouts with the smallest model-state bound first; stops at the first over it."""
+    search = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget)
     layouts, _ = enumerate_layouts(job, fixed)
     recompute = search.recomputes[-1]
     lightest = search.zeros[-1]
@@ -37,18 +45,15 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, deadline: float, budg
         checkpoint()
         if bound > budget:
             return False
-        if time.perf_counter() > deadline:
-            return None
         sizes = micro_batches(job, lay, fixed)
-        if not sizes or not search.floor_fits(lay, lightest, recompute, sizes[0]):
+        if not sizes or not any(search.floor_fits(lay, z, recompute, sizes[0]) for z in search.lightest(lay)):
             continue
-        # A rule may forbid the most sharded stage (e.g. FSDP with pipelines) but allow a lighter one.
+        # A rule may forbid the most sharded stage (e.g. FSDP with pipelines) but allow a lighter one, and no stage is
+        # lighter than every other (plans.lightest), so each is tried.
         for zero in reversed(search.zeros):
-            if search.check_error(lay, zero, recompute, sizes[0]):
-                continue
-            if search.fits(lay, zero, recompute, sizes[0]):  # the memory floor first, then the estimate
+            if (any(search.check_error(lay, zero, search.recomputes[0], mbs) is None for mbs in sizes)
+                    and search.fits(lay, zero, recompute, sizes[0])):  # the memory floor first, then the estimate
                 return True
-            break
     return False
 
 
@@ -89,12 +94,15 @@ def gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator
 
 
 def states_floor(job: Job, zeros: tuple[int, ...], budget: int, carried: dict[str, object] | None = None) -> int:
-    """No count below this can hold the model states within `budget`: every layout puts at least (its bytes per
-    parameter x the dense parameters + its unsharded bytes x the expert parameters) / GPUs on some GPU (a floor of
-    space.states_lower_bound), at the lightest ZeRO stage allowed, with the request's carried fields."""
+    """No count below this can hold the model states within `budget`. Sharding splits a parameter's state tensors and
+    replication copies them, so across all N GPUs every parameter, routed experts included, holds at least its bytes
+    per parameter unsharded (bytes_per_param at a shard of 1); the most loaded GPU holds at least the average, 1/N of
+    that. At the lightest ZeRO stage allowed, with the request's carried fields (a LoRA job's frozen base keeps its
+    weights only; offloaded tensors leave the GPU; gradients a trainer frees before each backward are not counted,
+    engine.bound_preset): a lower bound, never an over-count (tests/test_min_gpus.py holds estimates of sampled layouts
+    to it)."""
     dense, routed = params_split(job)
-    tensors = {z: state_preset(job, z, carried or {})[1] for z in zeros}  # LoRA: the frozen base's weights
-    need = min(bytes_per_param(tensors[z], 1.0) * dense + bytes_per_param(tensors[z], math.inf) * routed for z in zeros)
+    need = min(bytes_per_param(bound_preset(job, z, carried or {})[1], 1.0) for z in zeros) * (dense + routed)
     return max(1, math.ceil(need / max(1, budget)))
 
 
@@ -107,11 +115,11 @@ class Scan:
     last: int
     checked: int
     stepping: str
-    stopped_by: str  # found | max_gpus | time | rules
-    time_bound_s: float
+    stopped_by: str  # found | max_gpus | counts | rules
     floor: int = 1  # no smaller count can hold the model states
     limit: int = 0
     rule: str = ""  # stopped_by == rules: the rule that rejects the fixed fields at every count, in words
+    searched: int = 0  # counts where the necessary condition held and recommend's search ran
 
     def sentence(self, headroom: float, fixed: Fixed) -> str:
         keep = keeps(headroom)
@@ -121,16 +129,23 @@ class Scan:
                     f"--num-gpus {self.num_gpus}.")
         if self.stopped_by == "rules":
             return f"No GPU count can help: {self.rule}"
-        if self.stopped_by == "time":
-            return (f"The scan for the smallest GPU count where a layout {keep} stopped at its {self.time_bound_s:g} s "
-                    f"bound after {self.checked:,} counts from {self.first:,} to {self.last:,} ({self.stepping}) "
-                    f"without finding one; this is not proof that none fits above {self.last:,}.")
+        if self.stopped_by == "counts":
+            return (f"The scan for the smallest GPU count where a layout {keep} stopped at its bound of "
+                    f"{count_bound_text()} after {self.checked:,} counts from {self.first:,} to {self.last:,} "
+                    f"({self.stepping}) without finding one; this is not proof that none fits above {self.last:,}.")
         if self.checked:
             text = (f"No GPU count from {self.first:,} to {self.last:,} ({self.stepping}) has a layout that {keep}")
         else:
             text = (f"No GPU count up to {self.limit:,} can hold the model: its states alone need at least "
                     f"{self.floor:,} GPUs for a layout that {keep}, and the counts allowed are {self.stepping}")
         return text + (f" with these fixed fields ({fixed_text(fixed)}); leave them open." if fixed.values else ".")
+
+
+def count_bound_text() -> str:
+    """The scan's work bounds in words, as the answer states them."""
+    limits = search_limits()
+    return (f"{limits.min_gpus_max_counts:,} GPU counts or {limits.min_gpus_max_searches:,} full searches "
+            "(cards/search.yaml)")
 
 
 PREFILTERED_BY = {"tp-heads": ("tp",), "cp-seq": ("cp",),
@@ -142,7 +157,7 @@ def rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
     """Why the fixed fields have no layout at any GPU count, in words ("" when some count could have one): a fixed
     degree that breaks a shape law (heads, layers, sequence length; enumerate_layouts prefilters these whatever the
     count) or a fixed ep that does not divide the experts."""
-    search = BestFirstSearch.for_job(job, fixed, engine, 1, math.inf)
+    search = BestFirstSearch.for_job(job, fixed, engine, 1)
     examples = []
     moe = job.model.moe
     ep = int(fixed.values.get("ep", 1))  # type: ignore[call-overload]
@@ -160,31 +175,32 @@ def rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
     return ""
 
 
-def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int,
-                 deadline: float | None = None) -> Scan:
-    """The smallest GPU count at which a layout of `job` keeps `headroom`, scanning counts in increasing order from
-    the first that could hold the model states, within the card's time bound (or the caller's, if sooner)."""
-    bound = search_limits().min_gpus_time_budget_s
-    started = time.perf_counter()
-    deadline = min(started + bound, deadline) if deadline is not None else started + bound
+def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int, *,
+                 at: Callable[[int], Job] | None = None, ranks: Ranks | None = None) -> Scan:
+    """The smallest GPU count at which recommend ranks a layout of `job` keeping `headroom`, scanning counts in
+    increasing order from the first that could hold the model states, within the card's work bounds. `at`: the job
+    at a count (default: `job` there, a default batch re-derived); `ranks`: whether recommend ranks a layout there
+    (default: the ranked search itself, top 1)."""
+    limits = search_limits()
     budget = memory_budget(job, headroom)
-    zeros = BestFirstSearch.for_job(job, fixed, engine, 1, deadline, budget).zeros
+    at = at or (lambda world: job_at(job, world, user_gbs))
+    ranks = ranks or (lambda _, there: bool(run_search(there, fixed, engine, 1, [], budget)[0].found))
+    zeros = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget).zeros
     floor = states_floor(job, zeros, budget, fixed.carried)
     counts, stepping = gpu_counts(job, fixed, floor, limit)
-    first = last = 0
-    checked = 0
+    first = last = checked = searched = 0
     for world in counts:
-        if time.perf_counter() > deadline:
-            return Scan(None, first, last, checked, stepping, "time", bound, floor, limit)
-        at = job_at(job, world, user_gbs)
-        if not checked and (reason := rules_forbid(at, fixed, engine)):
-            return Scan(None, world, world, 1, stepping, "rules", bound, floor, limit, reason)
-        fits = fits_somewhere(at, fixed, engine, deadline, budget)
-        if fits is None:
-            return Scan(None, first, last, checked, stepping, "time", bound, floor, limit)
+        checkpoint()
+        if checked >= limits.min_gpus_max_counts or searched >= limits.min_gpus_max_searches:
+            return Scan(None, first, last, checked, stepping, "counts", floor, limit, searched=searched)
+        there = at(world)
+        if not checked and (reason := rules_forbid(there, fixed, engine)):
+            return Scan(None, world, world, 1, stepping, "rules", floor, limit, reason)
         first = first or world
         last = world
         checked += 1
-        if fits:
-            return Scan(world, first, last, checked, stepping, "found", bound, floor, limit)
-    return Scan(None, first, last, checked, stepping, "max_gpus", bound, floor, limit)
+        if fits_somewhere(there, fixed, engine, budget):
+            searched += 1
+            if ranks(world, there):
+                return Scan(world, first, last, checked, stepping, "found", floor, limit, searched=searched)
+    return Scan(None, first, last, checked, stepping, "max_gpus", floor, limit, searched=searched)

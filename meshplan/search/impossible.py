@@ -5,7 +5,6 @@ nothing-fits answer (the closest misses, or the rule that rejects everything, th
 from __future__ import annotations
 
 import math
-import time
 
 from meshplan.core.units import GIB
 from meshplan.schema.plan import Job
@@ -22,20 +21,20 @@ from meshplan.search.policy import (
     search_limits,
     slower_by,
 )
+from meshplan.search.refusal import empty_space_words
 from meshplan.search.space import Fixed, enumerate_layouts, micro_batches
 
 
-def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch,
-                           deadline: float) -> Found | None:
+def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch) -> Found | None:
     """The fastest layout that fits the GPU at all, when it does not keep the headroom: a top-1 search at full
     capacity reusing the ranked search's estimates. When layouts are ranked, only one at least `below_headroom_gain`
     faster than the best matters, so the probe stops at that step time. None when there is no such layout."""
-    if search.budget >= job.gpu.memory_bytes or search.stopped_by_budget or time.perf_counter() > deadline:
+    if search.budget >= job.gpu.memory_bytes or search.stopped_by_budget:
         return None
     cutoff = math.inf
     if search.found:
         cutoff = min(f.time for f in search.found) * (1.0 - search_comparison().below_headroom_gain)
-    probe, _ = run_search(job, fixed, engine, 1, deadline, [], job.gpu.memory_bytes, share=search, cutoff=cutoff)
+    probe, _ = run_search(job, fixed, engine, 1, [], job.gpu.memory_bytes, share=search, cutoff=cutoff)
     if not probe.found or probe.stopped_by_budget:
         return None
     fastest = min(probe.found, key=lambda f: f.time)
@@ -78,8 +77,9 @@ def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engi
     thin = rec.best_below_headroom
     if search.stopped_by_budget and thin is None:
         rec.rationale = (
-            "The search ran out of its budget before any layout was proven to fit and timed; this is not proof that "
-            "none fits. Fix more fields (tp, pp, micro_batch_size, ...) to shrink the space and ask again."
+            f"The search stopped at its budget of {search.max_evaluations:,} estimates (cards/search.yaml "
+            "max_evaluations) before any layout was proven to fit and timed; this is not proof that none fits. Fix "
+            "more fields (tp, pp, micro_batch_size, ...) to shrink the space and ask again."
         )
         return
     cap = job.gpu.memory_bytes
@@ -96,20 +96,14 @@ def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engi
         memory_rejects = sum(rec.rejected.get(rule, 0) for rule in memory_rules)
         rule_rejects = {k: v for k, v in rec.rejected.items() if k not in memory_rules and k not in SEARCH_BUCKETS}
         if not memory_rejects and rule_rejects:
-            top = max(rule_rejects.items(), key=lambda kv: kv[1])
-            example = search.caches.first_finding.get(top[0])
-            said = f" For example: {example.message} Fix: {example.fix}" if example else ""
-            rec.rationale = (f"No layout passes the framework's rules for this request: most were rejected by "
-                             f"{top[0]} ({top[1]:,} of {rec.considered:,}).{said} Leave more fields open, or run "
-                             "`meshplan check` on a layout for every finding.")
+            rec.rationale = empty_space_words(job, fixed, rule_rejects, rec.considered, search.caches.first_finding)
             return
         head = (f"Impossible on {job.num_gpus:,} {job.gpu.name}: no layout fits even with every memory-saving knob "
                 f"{'left open' if not fixed.values else 'not fixed by the request'} (highest ZeRO/FSDP stage, full "
                 "recompute, micro-batch 1, every TP/PP/CP/EP split).")
         if rec.closest:
             head += " Closest: " + " ".join(c.rationale for c in rec.closest)
-    # One call, one time bound: the scan gets what is left of the search's (cards/search.yaml time_budget_s).
-    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit, search.deadline)
+    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit)
     rec.min_gpus = scan.num_gpus
     rec.rationale = head + " " + scan.sentence(headroom, fixed)
 

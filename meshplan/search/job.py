@@ -28,7 +28,7 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
         raise MeshplanError(
             "recommend does not search with pipeline_layout or account_for_embedding/loss yet.",
             fix="Drop them to let recommend choose first/last_stage_layers, or check the layout with "
-                "`meshplan check` / `meshplan estimate` at fixed degrees.",
+                "`meshplan check` / `meshplan memory` / `meshplan throughput` at fixed degrees.",
         )
     if req.recompute_modules is not None:
         # The search's memory floor assumes Megatron's default module (core_attn) under selective recompute.
@@ -42,10 +42,13 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
         raise MeshplanError(
             f"recommend does not search with selective_ac_option={req.selective_ac_option} (every N-th block) yet.",
             fix="Drop it (recommend weighs torchtitan's selective as op-level SAC), or estimate that layout with "
-                "`meshplan estimate` at fixed degrees.",
+                "`meshplan memory` / `meshplan throughput` at fixed degrees.",
         )
     notes: list[str] = []
     job, _ = resolve(req.model_copy(update=dict.fromkeys(OPEN_FOR_SEARCH)))
+    # the search holds every estimate to its own budget (policy.memory_budget, the same headroom): its memory reports
+    # stay against the whole GPU, so a near miss is measured from capacity
+    job = job.model_copy(update={"headroom": None})
     if req.global_batch_size is None:
         job = job_at(job, job.num_gpus, user_gbs=False)
         notes.append(default_batch_note(job.global_batch_size, job.seq_length,

@@ -1,26 +1,35 @@
-"""`minimum_gpus` (`meshplan min-gpus`): the smallest GPU count at which some layout passes the rules and keeps the
-headroom, found by the scan of meshplan/search/gpu_count.py, with recommend's best layout at that count. It sits
-above recommend (meshplan/search/ranking.py), whose nothing-fits answer runs the same scan."""
+"""`minimum_gpus` (`meshplan min-gpus`): the smallest GPU count at which recommend ranks a layout that passes the rules
+and keeps the headroom, found by the scan of meshplan/search/gpu_count.py, with recommend's best layout at that count.
+Each count the scan settles is settled by recommend's own search there, so `min-gpus` and `recommend --num-gpus`
+agree. An RL job scans the trainer's GPUs (plus a separate rollout pool, when it has one), each count settled by the RL
+recommend (meshplan/search/rl.py). It sits above recommend (meshplan/search/ranking.py), whose nothing-fits answer runs
+the same scan."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import DEFAULT_BATCH_TOKENS
-from meshplan.schema.reports import MinimumGpus
+from meshplan.rl.job import is_rl_request, resolve_rl, trainer_request
+from meshplan.schema.plan import Job
+from meshplan.schema.reports import MinimumGpus, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
 from meshplan.search.answer import fixed_assumption, headroom_assumption, keeps
 from meshplan.search.estimators import Engine, default_engine
-from meshplan.search.gpu_count import scan_minimum
-from meshplan.search.job import search_job
+from meshplan.search.gpu_count import Scan, count_bound_text, scan_minimum
+from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
 from meshplan.search.ranking import recommend
+from meshplan.search.refusal import rule_blocking_every_count
+from meshplan.search.rl import recommend_rl
 from meshplan.search.space import Fixed
 
 
 def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
-    """The smallest GPU count at which some layout passes the rules and keeps the headroom, with recommend's best
-    layout there. Every field the request leaves open stays open; a default batch is re-derived at each count."""
+    """The smallest GPU count at which recommend ranks a layout that passes the rules and keeps the headroom, with
+    that layout. Every field the request leaves open stays open; a default batch is re-derived at each count."""
     if req.num_gpus is not None:
         raise MeshplanError(
             f"minimum_gpus finds the GPU count, so num_gpus cannot be given (got {req.num_gpus}).",
@@ -31,36 +40,81 @@ def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | Non
     if not 1 <= limit <= MAX_GPUS:
         raise MeshplanError(f"max_gpus must be between 1 and {MAX_GPUS:,}, got {limit}.",
                             fix=f"Use max_gpus={limits.min_gpus_search_limit} (the default).")
-    headroom = headroom_for(req)
     node = req.gpus_per_node or get_gpu(req.gpu).gpus_per_node
+    if is_rl_request(req):
+        return _minimum_rl(req, limit, node)
     job, _ = search_job(req.model_copy(update={"num_gpus": node}))
     engine = engine or default_engine(job.framework)
     fixed = Fixed.from_request(req)
     user_gbs = req.global_batch_size is not None
-    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limit)
+    largest = max(node, limit - limit % node)
+    refused = rule_blocking_every_count(job, fixed, sorted({node, min(2 * node, largest), largest}), user_gbs)
+    if refused is not None:
+        raise refused
+    answers: dict[int, Recommendation] = {}
+
+    def ranks(world: int, _: Job) -> bool:
+        answers[world] = rec = recommend(req.model_copy(update={"num_gpus": world}), top_k=1, engine=engine)
+        return bool(rec.candidates)
+
+    scan = scan_minimum(job, fixed, engine, headroom_for(req), user_gbs, limit, ranks=ranks)
+    batch = ("global_batch_size: the request's at every count." if user_gbs else
+             f"global_batch_size not given: the default (~{DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, rounded up to a "
+             "multiple of the GPU count) is re-derived at each count.")
+    return _answer(req, job, fixed, scan, answers.get(scan.num_gpus or 0), limit, batch)
+
+
+def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
+    """An RL job: the trainer's GPU counts scanned (its states floor, its layouts' fit: necessary for any RL step to
+    fit), each count that passes settled by the RL recommend on the whole job; a separate rollout pool adds its
+    rollout_gpus to every count."""
+    probe, rl = resolve_rl(req.model_copy(update={"num_gpus": node + (req.rollout_gpus or 0)}), [])
+    pool = (req.rollout_gpus or 0) if rl is not None and rl.placement == "separate" else 0
+    training = trainer_request(probe)
+    job, _ = search_job(training.model_copy(update={"num_gpus": node}))
+    engine = default_engine(job.framework)
+    fixed = Fixed.from_request(training)
+    answers: dict[int, Recommendation] = {}
+
+    def ranks(trainer_gpus: int, _: Job) -> bool:
+        world = trainer_gpus + pool
+        answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
+        return bool(rec.candidates)
+
+    scan = scan_minimum(job, fixed, engine, headroom_for(req), True, max(1, limit - pool),
+                        at=lambda t: job_at(job, t, user_gbs=True), ranks=ranks)
+    if pool:
+        shift = {k: getattr(scan, k) + pool for k in ("first", "last", "floor", "limit")}
+        scan = replace(scan, num_gpus=None if scan.num_gpus is None else scan.num_gpus + pool,
+                       stepping=f"the trainer's {scan.stepping}, plus the {pool:,} rollout GPUs", **shift)
+    batch = (f"The RL step's batch at every count: {job.global_batch_size:,} sequences (prompts x samples) of "
+             f"{job.seq_length:,} tokens (prompt + response); each count is settled by the RL recommend (actor "
+             "layout, rollout engine, memory fraction and offloads).")
+    return _answer(req, job, fixed, scan, answers.get(scan.num_gpus or 0), limit, batch)
+
+
+def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendation | None, limit: int,
+            batch: str) -> MinimumGpus:
+    """The MinimumGpus for a finished scan, with recommend's best layout at its count."""
+    headroom = headroom_for(req)
     candidate, gbs = None, None
     rationale = scan.sentence(headroom, fixed)
-    if scan.num_gpus is not None:
-        rec = recommend(req.model_copy(update={"num_gpus": scan.num_gpus}), top_k=1, engine=engine)
+    if scan.num_gpus is not None and rec is not None and rec.candidates:
         gbs = rec.global_batch_size
-        if rec.candidates:
-            candidate = rec.candidates[0]
-            rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where a layout passes the rules "
-                         f"and {keeps(headroom)} (counts scanned in increasing order from {scan.first:,}: "
-                         f"{scan.stepping}). Best layout there: {candidate.rationale}")
-        else:
-            rationale += f" (recommend at {scan.num_gpus:,} GPUs ranked nothing: {rec.rationale})"
+        candidate = rec.candidates[0]
+        rationale = (f"{scan.num_gpus:,} {job.gpu.name} is the smallest GPU count where recommend ranks a layout that "
+                     f"passes the rules and {keeps(headroom)} (counts scanned in increasing order from "
+                     f"{scan.first:,}: {scan.stepping}). Best layout there: {candidate.rationale}")
     assumptions = [
         headroom_assumption(job, headroom, req.headroom is None),
         f"Counts scanned in increasing order: {scan.stepping}, from {scan.floor:,} (no smaller count can hold "
-        f"the model states within the headroom) up to {limit:,} GPUs or {limits.min_gpus_time_budget_s:g} s "
-        "(cards/search.yaml). Every count is checked, never bisected: fit is not monotone in the GPU count, since "
-        "each layout's degrees must divide it.",
-        "A count fits when the lightest variant (most ZeRO sharding the rules allow, full recompute, the smallest "
-        "micro-batch) of some layout passes the structural rules and its estimated peak is within the headroom.",
-        ("global_batch_size: the request's at every count." if user_gbs else
-         f"global_batch_size not given: the default (~{DEFAULT_BATCH_TOKENS / 1e6:.1f}M tokens, rounded up to a "
-         "multiple of the GPU count) is re-derived at each count."),
+        f"the model states, every parameter's, within the headroom) up to {limit:,} GPUs, within "
+        f"{count_bound_text()}; no clock bounds the scan. Every count is checked, never bisected: fit is not "
+        "monotone in the GPU count, since each layout's degrees must divide it.",
+        "A count is skipped when no layout's lightest variant (most ZeRO sharding the rules allow, full recompute, "
+        "the smallest micro-batch) keeps the headroom; the first count where one does is settled by recommend's own "
+        "search there, so the count and `recommend --num-gpus` agree.",
+        batch,
         *fixed_assumption(fixed),
     ]
     return MinimumGpus(

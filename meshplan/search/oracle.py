@@ -31,7 +31,7 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     engine = default_engine(job.framework)
     budget = memory_budget(job, headroom_for(req))
     fixed = Fixed.from_request(req)
-    space = BestFirstSearch.for_job(job, fixed, engine, top_k, float("inf"))  # its knobs and plan building only
+    space = BestFirstSearch.for_job(job, fixed, engine, top_k)  # its knobs and plan building only
     layouts, _ = enumerate_layouts(job, fixed)
     rows: dict[tuple[float, int], OracleRow] = {}
     for lay in layouts:

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from meshplan.arithmetic import mesh
 from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.estimate.perf import StepTerms
 from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
@@ -33,6 +33,7 @@ class Caches:
 
     memory: dict[PlanKey, MemoryReport] = field(default_factory=dict)
     throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
+    terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # a step's terms before its pipeline's replay
     checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
@@ -49,7 +50,8 @@ class Caches:
 
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
-        return Caches(memory=self.memory, throughput=self.throughput, checks=self.checks, token_time=self.token_time,
+        return Caches(memory=self.memory, throughput=self.throughput, terms=self.terms, checks=self.checks,
+                      token_time=self.token_time,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
                       seed_keys=self.seed_keys, space=self.space)
 
@@ -160,7 +162,32 @@ class SearchPlans:
         return error.id
 
     def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
-        return self._estimate("throughput", self.caches.throughput, (lay, zero, recompute, mbs))
+        """The plan's estimate, finished from its step's terms when the search already computed them (the same
+        numbers: estimate_throughput is step_terms then throughput_of)."""
+        key = (lay, zero, recompute, mbs)
+        hit = self.caches.throughput.get(key)
+        if hit is not None:
+            return hit
+        terms = self.caches.terms.pop(key, None)
+        if terms is None or self.engine.finish is None:
+            return self._estimate("throughput", self.caches.throughput, key)
+        hit = self.caches.throughput[key] = self.engine.finish(terms)
+        return hit
+
+    def step_floor(self, lay: Layout, zero: int, recompute: str, mbs: int) -> float:
+        """A lower bound of the plan's step time without replaying its pipeline (StepTerms.floor), or its step time
+        when it is already estimated. Counted as a throughput estimate (the finish that may follow is not)."""
+        key = (lay, zero, recompute, mbs)
+        done = self.caches.throughput.get(key)
+        if done is not None:
+            return done.step_time_s
+        terms = self.caches.terms.get(key)
+        if terms is None:
+            if self.engine.terms is None:
+                return self.throughput(lay, zero, recompute, mbs).step_time_s
+            self.calls["throughput"] += 1
+            terms = self.caches.terms[key] = self.engine.terms(self.job, self.plan(*key))
+        return terms.floor
 
     def _remember_miss(self, report: MemoryReport) -> None:
         over = report.fit_bytes - report.capacity_bytes
@@ -224,32 +251,48 @@ class SearchPlans:
         return hit
 
     def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
-        return (self.floor_fits(lay, zero, recompute, mbs)
-                and self.memory(lay, zero, recompute, mbs).fit_bytes <= self.budget)
-
-    def unsharded(self, lay: Layout) -> bool:
-        """ZeRO shards nothing here (dense dp*cp and expert-DP of 1): the stages then differ only by what each
-        convention adds (ZeRO-3's gathered layers, FSDP2 ZeRO-2's kept bf16 copy), so none is the lightest."""
-        return lay.dp * lay.cp == 1 and mesh.expert_dp(self.job.num_gpus, lay) == 1
+        """Within the memory budget, and the node's host holds what the plan offloads (rule MEM003, as `check`
+        applies it when cpu_memory_per_node is given: host bytes, like GPU bytes, only fall with more recompute or
+        a higher ZeRO stage, so the staircase's order holds)."""
+        if not self.floor_fits(lay, zero, recompute, mbs):
+            return False
+        report = self.memory(lay, zero, recompute, mbs)
+        host = self.job.cpu_memory_per_node
+        return report.fit_bytes <= self.budget and (host is None or report.host_bytes_per_node <= host)
 
     def lightest(self, lay: Layout) -> tuple[int, ...]:
-        """The ZeRO stages whose least recompute bounds every stage's: the most sharded one, or each where
-        nothing is sharded."""
-        return self.zeros if self.unsharded(lay) else self.zeros[-1:]
+        """The ZeRO stages whose least recompute bounds every stage's: all of them. A higher stage shards more, but
+        each convention adds its own (ZeRO-3 / FSDP's gathered units, FSDP2 ZeRO-2's kept bf16 copy), and where the
+        sharding groups are small that can outweigh what it saves: Moonlight-16B-A3B on 16 A100 with SkyRL, EP8 DP16
+        (expert DP 2), peaks at 74 GB under ZeRO-1 and 81 GB under ZeRO-3 without recompute (tests/
+        test_search_oracle.py found it). So no stage stands for the others."""
+        return self.zeros
 
     def need_floor(self, lay: Layout, mbs: int) -> int:
-        """The least recompute whose first-stage floor fits at the lightest ZeRO stage (no estimate needed)."""
-        return min(next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, zero, r, mbs)),
-                        len(self.recomputes)) for zero in self.lightest(lay))
+        """The least recompute whose first-stage floor fits at some ZeRO stage (no estimate needed). The
+        heaviest recompute is asked first: where even it is over (most layouts of a large job), the search's
+        assumption that more recompute never adds memory says no lighter one fits, in one floor instead of one per
+        recompute."""
+        n_r = len(self.recomputes)
+        return min(next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, zero, r, mbs)), n_r)
+                   if self.may_fit(lay, zero, mbs) else n_r for zero in self.lightest(lay))
 
-    def need(self, lay: Layout, mbs: int) -> int:
-        """The least recompute index that fits at the lightest ZeRO stage. The memory floor is usually right,
-        so its answer is tried first and the walk goes up from there."""
+    def may_fit(self, lay: Layout, zero: int, mbs: int) -> bool:
+        """Whether any recompute of this stage can fit, from the cheapest bounds: the model states' (cached per
+        layout), then the first stage's floor under the heaviest recompute (more recompute never adds memory)."""
+        return self.states_bound(lay, zero) <= self.budget and self.floor_fits(lay, zero, self.recomputes[-1], mbs)
+
+    def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
+        """The least recompute index that fits at any of the `alive` ZeRO stages (those the structural rules pass;
+        plans.lightest). The memory floor is usually right, so its answer is tried first and the walk goes up from
+        there. Remembered for the other micro-batches (need_range) only when every stage is alive: fewer stages
+        need no less, so a need of all of them stays a floor for any."""
         low, high = self.need_range(lay, mbs)
         n_r = len(self.recomputes)
         i = max(low, min(high, self.need_floor(lay, mbs)))
-        lightest = self.lightest(lay)
+        lightest = tuple(zero for zero in alive if self.may_fit(lay, zero, mbs))
         while i < min(high, n_r) and not any(self.fits(lay, zero, self.recomputes[i], mbs) for zero in lightest):
             i += 1
-        self.caches.least_recompute.setdefault(lay, {})[mbs] = i
+        if set(alive) == set(self.zeros):
+            self.caches.least_recompute.setdefault(lay, {})[mbs] = i
         return i

@@ -4,12 +4,16 @@ bounds it runs under (cards/search.yaml) and the SEARCH-* buckets it counts unra
 One headroom policy: a layout fits when its peak is at most capacity x (1 - headroom), headroom being the request's
 or MEM002's min_headroom_fraction (cards/rules.yaml). The ranking, the answer when nothing keeps it, the warning about
 a much faster layout it excludes, and the smallest-GPU-count scan (`minimum_gpus`) all use that one threshold.
+check and memory read the same one (check/memory.headroom_threshold): a headroom the request gives is required there
+too (memory's `fits`, MEM001); left out, `fits` means within capacity and MEM002 warns below the default.
 """
 
 from __future__ import annotations
 
 import math
 
+from meshplan.check.memory import headroom_threshold
+from meshplan.estimate.memory import budget_bytes
 from meshplan.rules.engine import memory_rules, rule_specs
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import MemoryReport, MemorySummary
@@ -21,14 +25,14 @@ SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is
 HEADROOM_RULE = "MEM002"  # cards/rules.yaml: fits, but with less than the minimum headroom
 DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, which is faster
 NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
-BUDGET = "SEARCH-BUDGET"  # not reached before the time budget ran out
+BUDGET = "SEARCH-BUDGET"  # not reached before the estimate budget ran out (cards/search.yaml max_evaluations)
 UNTIMED = "SEARCH-UNTIMED"  # passes the rules but the cost model cannot time it (its reason is a warning)
 SAME = "SEARCH-SAME"  # same predicted step time and memory as a ranked layout: folded into its row
 SEARCH_BUCKETS = {
     SLOWER: "not ranked: its optimistic step time (or its predicted one) is slower than the top K",
     DOMINATED: "not ranked: the same layout fits with less recompute, which is faster",
     NVLINK: "not searched: TP beyond the NVLink domain, and layouts inside the domain fit",
-    BUDGET: "not reached before the search's time budget ran out",
+    BUDGET: "not reached before the search's budget of estimates ran out (cards/search.yaml max_evaluations)",
     UNTIMED: "passes the rules, but the throughput model cannot time it (reason in the warnings)",
     SAME: "folded into a ranked row: the same predicted step time and peak memory (listed in its equivalents)",
 }
@@ -36,7 +40,7 @@ TIE = 1e-9  # relative step-time difference under which two plans have the same 
 
 
 def search_limits() -> SearchLimits:
-    """The search's time and size bounds (cards/search.yaml `limits`)."""
+    """The search's work bounds (cards/search.yaml `limits`): counts of estimates and GPU counts, never time."""
     return search_card().limits
 
 
@@ -65,13 +69,13 @@ def min_headroom_fraction() -> float:
 
 
 def headroom_for(req: Request) -> float:
-    """The headroom this request is answered with: its own, else MEM002's default."""
-    return min_headroom_fraction() if req.headroom is None else float(req.headroom)
+    """The headroom this request is answered with: its own, else MEM002's default (check's threshold too)."""
+    return headroom_threshold(req.headroom)
 
 
 def memory_budget(job: Job, headroom: float) -> int:
-    """Bytes a layout may use and still count as fitting: capacity x (1 - headroom)."""
-    return int(job.gpu.memory_bytes * (1.0 - headroom))
+    """Bytes a layout may use and still count as fitting: capacity x (1 - headroom), as memory's `fits` counts it."""
+    return budget_bytes(job.gpu.memory_bytes, headroom)
 
 
 def headroom_that_ranks(memory: MemoryReport | MemorySummary) -> float:

@@ -1,9 +1,9 @@
-"""recommend: the search, the thinner-headroom probe, the answer, and the nothing-fits answer, in one time bound."""
+"""recommend: the search, the thinner-headroom probe, the answer, and the nothing-fits answer. The answer is a pure
+function of the request: no clock decides it (the only bounds count work, cards/search.yaml)."""
 
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +17,7 @@ from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.impossible import explain_impossible, fastest_below_headroom, report_below_headroom
 from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget, search_limits
+from meshplan.search.refusal import refuse_impossible
 from meshplan.search.space import Fixed
 
 
@@ -44,28 +45,27 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Rec
 
 
 def _recommend(req: Request, top_k: int, engine: Engine | None) -> Recommendation:
-    started = time.perf_counter()
     job, notes = search_job(req)
     engine = engine or default_engine(job.framework)
     fixed = Fixed.from_request(req)
+    refuse_impossible(job, fixed)  # a rule no layout passes, a host no offload fits: refused with the rule's fix
     limits = search_limits()
     warnings: list[str] = []
     if job.num_gpus > limits.largest_cluster_gpus:
         warnings.append(
             f"{job.num_gpus:,} GPUs is beyond any cluster built (about {limits.largest_cluster_gpus:,} at most, "
             f"cards/search.yaml); the space is bounded by the model's shape (tp <= heads, pp <= layers, "
-            f"cp <= seq_length/2, ep <= experts), and the search by {limits.absurd_max_evaluations:,} estimates or "
-            f"{limits.time_budget_s:g} s, not by the GPU count."
+            f"cp <= seq_length/2, ep <= experts), and the search by {limits.absurd_max_evaluations:,} estimates, "
+            "not by the GPU count."
         )
     headroom = headroom_for(req)
     default_headroom = req.headroom is None
-    deadline = started + limits.time_budget_s
-    search, considered = run_search(job, fixed, engine, top_k, deadline, warnings, memory_budget(job, headroom))
-    thin = fastest_below_headroom(job, fixed, engine, search, deadline)
+    search, considered = run_search(job, fixed, engine, top_k, warnings, memory_budget(job, headroom))
+    thin = fastest_below_headroom(job, fixed, engine, search)
     notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
     rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)
     best = rec.candidates[0] if rec.candidates else None
-    rec.decision_table = decision_table(job, fixed, engine, best, search.deadline, search.budget)
+    rec.decision_table = decision_table(job, fixed, engine, best, search.budget)
     if thin is not None:
         report_below_headroom(rec, job, engine, thin, headroom)
     if not rec.candidates:

@@ -11,6 +11,8 @@ carry the rollout fields.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
@@ -29,6 +31,8 @@ from meshplan.search.ranking import recommend
 MAX_FRACTION = 0.9
 FRACTION_STEP = 0.05
 ACTOR_LAYOUTS = 4  # trainer layouts of the training search whose rollout choices are tried (its best ones)
+ACTOR_WIDENING = 4  # when no RL step fits on them: this many times as many actor layouts, again
+MAX_ACTOR_LAYOUTS = 256  # the most actor layouts tried before answering that no RL step fits
 
 
 def _fixed(req: Request) -> dict:
@@ -88,61 +92,104 @@ def _largest_fraction(job, plan: Plan, reports: tuple, limit: float) -> float | 
     return round(steps * FRACTION_STEP, 2) if steps >= 1 else None
 
 
-def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
-    """The fastest RL steps that fit: actor layout, rollout TP/DP/EP, memory fraction and offloads."""
+def _training(req: Request) -> Request:
+    """The trainer's step as a training request: the RL fields cleared."""
     trainer_req, rl = resolve_rl(req, [])
     if rl is None:
         raise MeshplanError("recommend_rl needs an RL job.", fix="Pass job=rl with framework verl or skyrl.")
-    training = trainer_req.model_copy(update={k: None for k in (
+    return trainer_req.model_copy(update={k: None for k in (
         "job", "algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
         "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
         "rollout_gpus")})
-    actors = recommend(training, top_k=ACTOR_LAYOUTS)
+
+
+@dataclass
+class RLRanking:
+    """The RL steps timed so far over the actor layouts tried: (step seconds, candidate), shapes tried, rejections."""
+
+    ranked: list[tuple[float, Candidate]] = field(default_factory=list)
+    tried: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, rule: str) -> None:
+        self.rejected[rule] = self.rejected.get(rule, 0) + 1
+
+
+def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate, limit: float) -> None:
+    """Every rollout shape and phase offload of one actor layout, each at its largest memory fraction, into `out`."""
+    fixed = _fixed(req)
+    layout = actor.plan.model_copy(update={k: getattr(base, k) for k in (
+        "rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload", "grad_offload",
+        "optimizer_offload", "optimizer_offload_fraction", "activation_offload")})
+    for offload in _offload_options(job, layout, req):
+        plan0 = layout.model_copy(update=offload)
+        reports = trainer_reports(job, plan0)
+        update = None
+        for tp, dp, ep in _rollout_shapes(job, plan0, fixed):
+            out.tried += 1
+            shape = plan0.model_copy(update={"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep})
+            fraction = fixed.get("rollout_memory_fraction") or _largest_fraction(job, shape, reports, limit)
+            if fraction is None:
+                out.reject("RL005")
+                continue
+            plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
+            memory = rl_memory(job, plan, reports)
+            rollout = next(p for p in memory.phases if p.phase == "rollout")
+            if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
+                out.reject("RL005" if memory.peak_bytes > limit else "SEARCH-NO-KV")
+                continue
+            timing, update, words, _ = rl_step_time(job, plan, reports, update)
+            report = rl_report(job, plan, timing, update, words)
+            why = (f"RL step {timing.step_s:,.0f} s ({timing.limited_by} the largest part: generation "
+                   f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
+                   f"peaks at {memory.peak_bytes / 2**30:.1f} GiB")
+            out.ranked.append((timing.step_s, Candidate(rank=0, plan=plan, memory=memory_summary(memory),
+                                                        throughput=report, rationale=why)))
+
+
+def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
+    """The fastest RL steps that fit: actor layout, rollout TP/DP/EP, memory fraction and offloads. The actor
+    layouts are the training search's best ACTOR_LAYOUTS; when no RL step fits on any of them, the next ones
+    (ACTOR_WIDENING times as many, up to MAX_ACTOR_LAYOUTS), so an RL step that fits on a slower actor is found."""
+    training = _training(req)
     job, base = resolve(req)
     headroom = headroom_for(req)
     limit = (1 - headroom) * job.gpu.memory_bytes
-    fixed = _fixed(req)
-    ranked: list[tuple[float, Candidate]] = []
-    tried = 0
-    rejected: dict[str, int] = {}
-    for actor in actors.candidates:
-        layout = actor.plan.model_copy(update={k: getattr(base, k) for k in (
-            "rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload", "grad_offload",
-            "optimizer_offload", "optimizer_offload_fraction", "activation_offload")})
-        for offload in _offload_options(job, layout, req):
-            plan0 = layout.model_copy(update=offload)
-            reports = trainer_reports(job, plan0)
-            update = None
-            for tp, dp, ep in _rollout_shapes(job, plan0, fixed):
-                tried += 1
-                shape = plan0.model_copy(update={"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep})
-                fraction = fixed.get("rollout_memory_fraction") or _largest_fraction(job, shape, reports, limit)
-                if fraction is None:
-                    rejected["RL005"] = rejected.get("RL005", 0) + 1
-                    continue
-                plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
-                memory = rl_memory(job, plan, reports)
-                rollout = next(p for p in memory.phases if p.phase == "rollout")
-                if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
-                    key = "RL005" if memory.peak_bytes > limit else "SEARCH-NO-KV"
-                    rejected[key] = rejected.get(key, 0) + 1
-                    continue
-                timing, update, words, _ = rl_step_time(job, plan, reports, update)
-                report = rl_report(job, plan, timing, update, words)
-                why = (f"RL step {timing.step_s:,.0f} s ({timing.limited_by} the largest part: generation "
-                       f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
-                       f"peaks at {memory.peak_bytes / 2**30:.1f} GiB")
-                ranked.append((timing.step_s, Candidate(rank=0, plan=plan, memory=memory_summary(memory),
-                                                        throughput=report, rationale=why)))
-    ranked.sort(key=lambda x: x[0])
-    candidates = [c.model_copy(update={"rank": i + 1}) for i, (_, c) in enumerate(ranked[:top_k])]
+    out = RLRanking()
+    count, seen = ACTOR_LAYOUTS, 0
+    while True:
+        actors = recommend(training, top_k=count)
+        for actor in actors.candidates[seen:]:
+            _rank_actor(out, job, base, req, actor, limit)
+        seen = len(actors.candidates)
+        if out.ranked or seen < count or count >= MAX_ACTOR_LAYOUTS:
+            break
+        count *= ACTOR_WIDENING
+    out.ranked.sort(key=lambda x: x[0])
+    candidates = [c.model_copy(update={"rank": i + 1}) for i, (_, c) in enumerate(out.ranked[:top_k])]
+    return _answer(job, req, actors, candidates, out, headroom)
+
+
+def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
+            headroom: float) -> Recommendation:
+    """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
     best = candidates[0] if candidates else None
+    if best is not None:
+        rationale = (f"#1: {best.plan.short()}, rollout {best.plan.rollout_engine} TP{best.plan.rollout_tp} "
+                     f"DP{best.plan.rollout_dp} EP{best.plan.rollout_ep} at {best.plan.rollout_memory_fraction:g}; "
+                     f"{best.rationale}.")
+    elif not actors.candidates:
+        rationale = f"No actor layout for the trainer's step, so no RL step: {actors.rationale}"
+    else:
+        rationale = (f"No RL step fits with the headroom kept on the training search's best "
+                     f"{len(actors.candidates)} actor layouts: each rollout shape and phase offload leaves a phase "
+                     "over the headroom (RL005) or no room for one sequence's KV cache (SEARCH-NO-KV).")
+    rejected = out.rejected if actors.candidates else dict(actors.rejected)
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
-        considered=tried, rejected=rejected, global_batch_size=job.global_batch_size, headroom=headroom,
-        rationale=(f"#1: {best.plan.short()}, rollout {best.plan.rollout_engine} TP{best.plan.rollout_tp} "
-                   f"DP{best.plan.rollout_dp} EP{best.plan.rollout_ep} at {best.plan.rollout_memory_fraction:g}; "
-                   f"{best.rationale}." if best else "No RL layout fits with the headroom kept."),
+        considered=out.tried if actors.candidates else actors.considered, rejected=rejected,
+        global_batch_size=job.global_batch_size, headroom=headroom, rationale=rationale,
+        closest=[] if actors.candidates else actors.closest, min_gpus=None,
         warnings=list(actors.warnings),
         assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
                      "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "

@@ -55,8 +55,9 @@ class _Card(BaseModel):
 
 
 class SearchLimits(_Card):
-    time_budget_s: float = Field(gt=0)
-    time_budget_source: str
+    """The search's bounds: each counts work (estimates, GPU counts, searches), never time, so an answer is the same
+    on every machine and under any load."""
+
     max_evaluations: int = Field(ge=1)
     absurd_max_evaluations: int = Field(ge=1)
     evaluations_source: str
@@ -64,8 +65,9 @@ class SearchLimits(_Card):
     largest_cluster_source: str
     min_gpus_search_limit: int = Field(ge=1)
     min_gpus_search_source: str
-    min_gpus_time_budget_s: float = Field(gt=0)
-    min_gpus_time_source: str
+    min_gpus_max_counts: int = Field(ge=1)
+    min_gpus_max_searches: int = Field(ge=1)
+    min_gpus_work_source: str
     closest_layouts: int = Field(ge=1)
 
 
@@ -184,8 +186,9 @@ stage's engine is the framework card's offload section, and a stage whose engine
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
                   "torch_compile", "expandable_segments", "attention_backend", "dropout", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
-framework's default, as `meshplan estimate` takes it). The optimizer is one: which optimizer trains the model is a
-training decision, not a layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
+framework's default, as `meshplan memory` and `meshplan throughput` take it). The optimizer is one: which
+optimizer trains the model is a training decision, not a layout (Muon's memory and Newton-Schulz time are estimated
+for the optimizer asked for)."""
 
 
 @dataclass
@@ -352,6 +355,10 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                         experts = [(ep_k, 1)]
                     else:
                         experts = list(_expert_options(job, law, W, tp, pp, cp, dp, kn, fixed))
+                    if not experts:  # no (ep, etp) the law holds here: counted, so a rule can say why
+                        drop("expert-grid", Layout(tp=tp, pp=pp, cp=cp, ep=int(fixed.values.get("ep", 1)),  # type: ignore[call-overload]
+                                                   etp=int(fixed.values.get("etp", 1)), dp=dp))  # type: ignore[call-overload]
+                        continue
                     if "vpp" in fixed and all(fixed.values["vpp"] != v for v, _, _ in options):
                         # A fixed interleaving the layers cannot fill: count it, so a rule can say why.
                         _, first, last = options[0]

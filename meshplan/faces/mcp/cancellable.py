@@ -3,7 +3,8 @@
 The SDK runs a sync tool with `anyio.to_thread.run_sync`, which cannot be interrupted: a
 `notifications/cancelled` (or a client that hangs up) leaves the thread computing to the end. Here the
 tool runs in a worker thread under a fresh `meshplan.core.cancel.Token`; when the awaiting task is cancelled
-the token is set, the search raises `Cancelled` at its next checkpoint, and the thread ends.
+the token is set, the search raises `Cancelled` at its next checkpoint, and the thread ends. Over HTTP a client
+that hangs up mid-call is turned into the same cancellation (http_edges.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The streamable HTTP transport's answer to a request whose id is not a string or an integer.
+"""The streamable HTTP transport's edges the SDK leaves open: a request whose id is not a string or an integer,
+and a client that hangs up in the middle of a tool call.
 
 mcp 2.3.0's handshake-era HTTP transport reads such a POST as a notification (a notification is anything
 with a `method`; the bad `id` is dropped) and answers `202 Accepted` with no body, so the client waits for
@@ -10,10 +11,19 @@ error status code (e.g., 400 Bad Request)", with a JSON-RPC error that has no id
 Only a POST to the MCP endpoint that passes the SDK's own Host/Origin/Content-Type checks is looked at; its
 body is read (up to the SDK's body limit) and handed on unchanged when it is anything else, so the app sees
 exactly the bytes the client sent.
+
+A client that closes its connection while a tool call runs is a cancellation: the handshake-era transport runs
+the call in the session, apart from the connection, so without this the call computes to its bound for nobody.
+When the client's side of a `tools/call` POST ends before its response has, this wrapper hands the session a
+`notifications/cancelled` for that request id, the message a client sends when it cancels, so the call stops
+at its next checkpoint (cancellable.py).
 """
 
 from __future__ import annotations
 
+import json
+
+import anyio
 import pydantic_core
 from mcp.server.transport_security import (
     DEFAULT_MAX_REQUEST_BODY_SIZE,
@@ -47,6 +57,35 @@ def invalid_id_body_reply(body: bytes) -> JSONRPCError | None:
     return next((reply for m in messages if (reply := invalid_id_error(m)) is not None), None)
 
 
+# The requests whose work a hang-up cancels: tool calls compute; the rest answer at once.
+WATCHED_METHODS = ("tools/call",)
+SESSION_HEADER = b"mcp-session-id"
+HUNG_UP = "the HTTP client closed the connection"
+
+
+def watched_request_id(body: bytes) -> int | str | None:
+    """The id of a single JSON-RPC request whose work a hang-up should cancel (a tool call), else None."""
+    if b'"id"' not in body:
+        return None
+    try:
+        data = pydantic_core.from_json(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("method") not in WATCHED_METHODS:
+        return None
+    req_id = data.get("id")
+    return req_id if isinstance(req_id, (int, str)) and not isinstance(req_id, bool) else None
+
+
+def cancel_message(scope: Scope, request_id: int | str) -> tuple[Scope, bytes]:
+    """A POST in the same session (same Host, Origin and session headers) carrying `notifications/cancelled`."""
+    body = json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                       "params": {"requestId": request_id, "reason": HUNG_UP}}).encode()
+    headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"content-type")]
+    headers += [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+    return {**scope, "headers": headers}, body
+
+
 class InvalidIdGuard:
     """ASGI wrapper around the streamable HTTP app: answers invalid-id requests, passes everything else on."""
 
@@ -70,7 +109,11 @@ class InvalidIdGuard:
 
         reply = invalid_id_body_reply(body) if body is not None else None
         if reply is None or await self.security.validate_request(Request(scope), is_post=True) is not None:
-            await self.app(scope, replay, send)  # a refused Host/Origin/Content-Type is the SDK's to answer
+            watched = watched_request_id(body) if body is not None else None
+            if watched is not None and any(k == SESSION_HEADER for k, _ in scope["headers"]):
+                await self._cancel_on_hang_up(scope, replay, send, watched)
+            else:
+                await self.app(scope, replay, send)  # a refused Host/Origin/Content-Type is the SDK's to answer
             return
         content = reply.model_dump_json(by_alias=True, exclude_unset=True)
         status = ERROR_CODE_HTTP_STATUS[reply.error.code]
@@ -97,3 +140,46 @@ class InvalidIdGuard:
                 return read, None
             if not message.get("more_body", False):
                 return read, b"".join(chunks)
+
+    async def _cancel_on_hang_up(self, scope: Scope, receive: Receive, send: Send, request_id: int | str) -> None:
+        """Run the app on a tool call's POST; if the client hangs up before the response ends, cancel the call.
+
+        The client's messages are relayed to the app by a task of ours, so the hang-up (`http.disconnect`) is seen
+        whether or not the app itself listens for it (SSE and JSON responses alike).
+        """
+        answered = False
+        to_app, from_client = anyio.create_memory_object_stream[Message](16)
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async def relay() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect" and not answered:
+                    with anyio.CancelScope(shield=True):  # the call is cancelled before the app hears of it
+                        await self._post_cancel(scope, request_id)
+                await to_app.send(message)
+                if message["type"] == "http.disconnect":
+                    return
+
+        async with to_app, from_client, anyio.create_task_group() as tg:
+            tg.start_soon(relay)
+            await self.app(scope, from_client.receive, sending)
+            tg.cancel_scope.cancel()  # the app is done: nothing left to relay
+
+    async def _post_cancel(self, scope: Scope, request_id: int | str) -> None:
+        """Hand the session a `notifications/cancelled` for `request_id` (its reply, a 202, goes nowhere)."""
+        cancel_scope, body = cancel_message(scope, request_id)
+        sent = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> Message:
+            return sent.pop() if sent else {"type": "http.disconnect"}
+
+        async def discard(message: Message) -> None:
+            return None
+
+        await self.app(cancel_scope, receive, discard)

@@ -24,6 +24,7 @@ from meshplan.core.errors import MeshplanError
 
 from .http_edges import InvalidIdGuard
 from .prompts import register_prompts
+from .report_tool import register_report_tool
 from .resources import register_resources
 from .stdio import serve_stdio
 from .tools import register_tools
@@ -39,7 +40,8 @@ Which tool answers which question: "how should I lay out / shard model X on N GP
 "give me the config for framework F" -> render_config; \
 "how many (active) parameters does X have?" -> describe_model; \
 "which models do you know?" -> list_models; \
-"how many GPUs do I need at least?" -> minimum_gpus. \
+"how many GPUs do I need at least?" -> minimum_gpus; \
+"show me / draw the plan (memory per stage, mesh, pipeline schedule)" -> render_report. \
 All tools take the same flat arguments (model, gpu, num_gpus, seq_length, global_batch_size, \
 micro_batch_size, precision, framework, tp, pp, vpp, cp, ep, etp, dp, sequence_parallel, zero_stage, \
 recompute, headroom); a field left out (or null) is searched by recommend_parallelism and filled with a stated \
@@ -64,6 +66,7 @@ def build_server() -> MCPServer:
         log_level="WARNING",
     )
     register_tools(server)
+    register_report_tool(server)
     register_resources(server)
     register_prompts(server)
     return server
@@ -142,12 +145,15 @@ def run(
     import uvicorn
 
     security = transport_security(host, allowed_hosts)
-    asgi = InvalidIdGuard(app.streamable_http_app(transport_security=security, host=host), security)
+    from meshplan.faces.report.page import PageRouter  # the page at / (the report's jinja2 loads with it)
+
+    asgi = PageRouter(InvalidIdGuard(app.streamable_http_app(transport_security=security, host=host), security),
+                      security)
     # Keep idle connections open longer than uvicorn's 5 s default: a client that reuses a pooled
     # connection just as the server closes it gets a reset on its next POST, which a busy host hits.
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
-    print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP); Ctrl-C to stop", file=sys.stderr,
-          flush=True)
+    print(f"meshplan MCP server on {http_url(host, port)} (streamable HTTP), the web page at "
+          f"{http_url(host, port)[:-len('mcp')]}; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:

@@ -22,8 +22,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from meshplan import api
 from meshplan.adapters.capabilities import renderable_frameworks
+from meshplan.check.headline import layout_text
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import gib
+from meshplan.core.units import gib, percent
 from meshplan.request.parse import parse_request, unknown_field_error, validation_message
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
@@ -66,10 +67,25 @@ def request_parameters(*, skip: Iterable[str] = (), required: Iterable[str] = ()
         if name in required:  # a field the request may leave out, but this tool cannot: no null, no default
             kind = next(arg for arg in get_args(kind) if arg is not type(None)) if get_args(kind) else kind
             description = description.split(" (default")[0]
-        annotation = Annotated[(kind, *field.metadata, Field(description=description))]
+        annotation = Annotated[(kind, *field.metadata,
+                                Field(description=description, json_schema_extra=field.json_schema_extra))]
         default = inspect.Parameter.empty if field.is_required() or name in required else field.default
         params.append(inspect.Parameter(name, _KW, annotation=annotation, default=default))
-    return params
+    return params + CONFIG_PARAMETERS
+
+
+CONFIG_NAMES = ("config_text", "config_format")
+# The user's own configuration, pasted: its fields start the request and the arguments given beside it win.
+CONFIG_PARAMETERS = [
+    inspect.Parameter("config_text", _KW, default=None, annotation=Annotated[str | None, Field(
+        None, max_length=1 << 20, description="The text of the user's framework config or launch script (a "
+        "Megatron-LM, DeepSpeed, Megatron-Bridge, verl, SkyRL or torchtitan shell script, a torchtitan or "
+        "KempnerForge TOML, a DeepSpeed JSON): read, never run; its fields start the request and every argument "
+        "given beside it with a value other than its default overrides them (default: none)")]),
+    inspect.Parameter("config_format", _KW, default=None, annotation=Annotated[
+        Literal["shell", "toml", "json"] | None, Field(None, description="config_text's format (default: "
+                                                                          "detected from the text)")]),
+]
 
 
 def with_signature(params: list[inspect.Parameter], returns: type) -> Callable[[Callable], Callable]:
@@ -95,7 +111,13 @@ def tool_errors() -> Iterator[None]:
 
 
 def to_request(args: dict[str, Any]) -> Request:
-    """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out."""
+    """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out. With
+    config_text, the file's fields first and the arguments over them (meshplan.api.request_from_config)."""
+    text, fmt = args.pop("config_text", None), args.pop("config_format", None)
+    if text is not None:  # an argument left at its default (the SDK fills every one) does not override the file
+        given = {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
+        imported = api.import_config(text, framework=given.get("framework"), config_format=fmt)
+        return api.request_from_config(imported, given)
     return parse_request(args)
 
 
@@ -111,15 +133,16 @@ class _ArgumentsAsSent(FuncMetadata):
 
 
 def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Callable[..., Any]:
-    """Validate a call against the tool's input schema: an unknown name is an error naming the closest field."""
+    """Validate a call against the tool's input schema: an unknown name is an error naming the closest field, and a
+    value of another JSON type than the schema's is refused (strict, as `Request` is on every face)."""
 
     @functools.wraps(fn)
     def call(**arguments: Any) -> Any:
         with tool_errors():
             for name in arguments:
-                if name not in arg_model.model_fields:
-                    raise unknown_field_error(name, arg_model.model_fields)
-            validated = arg_model.model_validate(arguments)
+                if name not in arg_model.model_fields:  # named as every face names a request's fields
+                    raise unknown_field_error(name, [f for f in arg_model.model_fields if f not in CONFIG_NAMES])
+            validated = arg_model.model_validate(arguments, strict=True)  # Request's types: no `true` as 1, no "8"
         return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
 
     return call
@@ -198,11 +221,13 @@ def estimate_memory(**args: Any) -> MemoryAnswer:
         report = api.estimate_memory(to_request(args))
     verdict = (
         f"fits with {gib(report.headroom_bytes)} headroom" if report.fits
-        else f"does NOT fit: {gib(report.peak_bytes - report.capacity_bytes)} over"
+        else f"does NOT fit: {gib(report.fit_bytes - report.capacity_bytes)} over"
     )
+    decides = (f" (allocated {gib(report.fit_bytes)}: with expandable segments it decides the fit)"
+               if report.fit_basis == "allocated" else "")
     summary = (
-        f"{report.model} with {report.plan.short()} on {report.framework}: peak {gib(report.peak_bytes)} per GPU "
-        f"on pipeline stage {report.peak_stage} of {gib(report.capacity_bytes)}; {verdict}."
+        f"{report.model} with {report.plan.short()} on {report.framework}: peak {gib(report.peak_bytes)} reserved"
+        f"{decides} per GPU on pipeline stage {report.peak_stage} of {gib(report.capacity_bytes)}; {verdict}."
     )
     summary += _band_words(report.error_band)
     if report.fits:
@@ -263,14 +288,17 @@ def check_config(**args: Any) -> CheckAnswer:
     with tool_errors():
         report = api.check_config(to_request(args))
     counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")}
-    where = f"{report.plan.short()} on {report.framework}"
+    where = f"{layout_text(report)} on {report.framework}"
     if report.ok:
         summary = f"Valid: {where} breaks no rule ({counts['warning']} warnings, {counts['info']} notes)."
     else:
         ids = ", ".join(sorted({f.id for f in report.findings if f.severity == "error"}))
         summary = f"INVALID: {where} breaks {counts['error']} rule(s) ({ids}); each finding's fix names working values."
     if report.memory is not None:
-        summary += f" Peak memory {gib(report.memory.peak_bytes)} of {gib(report.memory.capacity_bytes)} per GPU."
+        m = report.memory
+        decides = (f" (allocated {gib(m.fit_bytes)}: with expandable segments it decides)"
+                   if m.fit_basis == "allocated" else "")
+        summary += f" Peak memory {gib(m.peak_bytes)} reserved{decides} of {gib(m.capacity_bytes)} per GPU."
     steps = list(report.next_steps)
     if report.ok:
         steps.append(_same_args("render_config", "(plus framework) to get the config to paste"))
@@ -329,8 +357,8 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
 
 def _nothing_ranked(rec: Recommendation) -> str:
     thin = rec.best_below_headroom
-    text = f"No layout of {rec.model} on {rec.num_gpus} GPUs passes the rules and keeps {rec.headroom or 0:.0%} of " \
-           f"GPU memory free ({rec.considered:,} considered)."
+    text = f"No layout of {rec.model} on {rec.num_gpus} GPUs passes the rules and keeps " \
+           f"{percent(rec.headroom or 0)} of GPU memory free ({rec.considered:,} considered)."
     if thin is not None:
         free = thin.memory.headroom_bytes / thin.memory.capacity_bytes
         text += (f" The fastest that fits with less: {thin.plan.short()}, micro-batch {thin.plan.micro_batch_size}, "
@@ -442,7 +470,8 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
         best = report.candidate
         summary = (
             f"{report.model} on {report.gpu} ({report.framework}) needs at least {report.num_gpus} GPUs to keep "
-            f"{report.headroom:.0%} of memory free: {best.plan.short()}, micro-batch {best.plan.micro_batch_size}, "
+            f"{percent(report.headroom)} of memory free: {best.plan.short()}, "
+            f"micro-batch {best.plan.micro_batch_size}, "
             f"recompute {best.plan.recompute}, peak {gib(best.memory.peak_bytes)} of "
             f"{gib(best.memory.capacity_bytes)}, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU."
         )
@@ -465,11 +494,16 @@ TOOLS: list[tuple[Callable[..., Any], str, str]] = [
 ]
 
 
+def register_tool(server: Any, fn: Callable[..., Any], title: str, description: str) -> None:
+    """One tool: cancellable, read-only, its arguments checked as sent."""
+    server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(cancellable(fn))
+    tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
+    meta = tool.fn_metadata
+    tool.fn = strict_arguments(tool.fn, meta.arg_model)
+    tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=meta.output_schema,
+                                        output_model=meta.output_model, wrap_output=meta.wrap_output)
+
+
 def register_tools(server: Any) -> None:
     for fn, title, description in TOOLS:
-        server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(cancellable(fn))
-        tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
-        meta = tool.fn_metadata
-        tool.fn = strict_arguments(tool.fn, meta.arg_model)
-        tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=meta.output_schema,
-                                            output_model=meta.output_model, wrap_output=meta.wrap_output)
+        register_tool(server, fn, title, description)

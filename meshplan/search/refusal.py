@@ -1,0 +1,262 @@
+"""Requests no layout can serve, refused before the search: a framework rule that every plan of the space breaks
+(LoRA on a framework without it, a fixed degree no GPU count holds), and a host too small for the offloaded
+optimizer on any layout (rule MEM003's floor); and, for a space the rules empty between them, which rule removed
+how many plans and the nearest change to the request that opens it.
+
+A rule is a blocker only when it is proven to fire on every plan (every layout, ZeRO stage, recompute and
+micro-batch the search would try): the plainest plan at each ZeRO stage names the candidates, then each candidate's
+condition runs over the whole space and stops at the first plan that passes it. Requests the search can serve pay
+for a few structural checks only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from meshplan.arithmetic.offload import offload_card, offload_plan
+from meshplan.check.config import check_structure
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.knowledge.cards import framework_card
+from meshplan.rules.engine import Context, backend_of, load_rules, rule_specs
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import Finding
+from meshplan.search.job import job_at
+from meshplan.search.space import (
+    RECOMPUTE_ORDER,
+    Fixed,
+    Layout,
+    Prefiltered,
+    enumerate_layouts,
+    knobs,
+    micro_batches,
+    params_split,
+    zero_ladder,
+)
+
+WORLD_SIZE = "WS001"  # what a layout no GPU count holds breaks (cards/rules.yaml), when no check names another rule
+
+
+@dataclass(frozen=True)
+class Space:
+    """The plans the search would try for a job: its layouts (and the groups a cheap law dropped), the ZeRO stages,
+    recompute modes and sequence parallelism it builds each plan with (search/engine.py BestFirstSearch.for_job)."""
+
+    job: Job
+    fixed: Fixed
+    layouts: tuple[Layout, ...]
+    dropped: tuple[Prefiltered, ...]
+    zeros: tuple[int, ...]
+    recomputes: tuple[str, ...]
+    sp: bool
+    cp_comm: str
+
+    @classmethod
+    def of(cls, job: Job, fixed: Fixed) -> Space:
+        kn = knobs(job.framework)
+        zeros = zero_ladder(job.framework)
+        if "zero_stage" in fixed:
+            zeros = (int(fixed.values["zero_stage"]),)  # type: ignore[call-overload]
+        recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
+        if "recompute" in fixed:
+            recomputes = (str(fixed.values["recompute"]),)
+        default_sp = framework_card(job.framework).defaults.sequence_parallel_when_tp
+        sp = bool(fixed.values.get("sequence_parallel", default_sp))
+        layouts, dropped = enumerate_layouts(job, fixed)
+        return cls(job, fixed, tuple(layouts), tuple(dropped), zeros, recomputes, sp,
+                   str(fixed.values.get("cp_comm_type", "p2p")))
+
+    def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
+        """The plan as the search builds it (the per-plan dispatcher and overlaps at the request's values, else off:
+        no structural rule turns on them)."""
+        sp = self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
+        extra = {k: self.fixed.values[k] for k in ("moe_token_dispatcher", "moe_a2a_overlap") if k in self.fixed}
+        return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
+                        sequence_parallel=sp, cp_comm_type=self.cp_comm, **extra,
+                        tp_comm_overlap=bool(self.fixed.values.get("tp_comm_overlap")) and lay.tp > 1,
+                        **self.fixed.carried)
+
+    def sizes(self, lay: Layout) -> tuple[int, ...]:
+        """The micro-batches the search tries for a layout (one when none divides its share: the batch rule)."""
+        return micro_batches(self.job, lay, self.fixed) or (int(self.fixed.values.get("micro_batch_size", 1)),)  # type: ignore[call-overload]
+
+    def plans(self, lay: Layout) -> Iterator[Plan]:
+        for zero in self.zeros:
+            for recompute in self.recomputes:
+                for mbs in self.sizes(lay):
+                    yield self.plan(lay, zero, recompute, mbs)
+
+    def count(self, lay: Layout) -> int:
+        return len(self.zeros) * len(self.recomputes) * len(self.sizes(lay))
+
+    def dropped_by(self) -> Counter:
+        """Plans of the groups a cheap law dropped, per the rule their example breaks."""
+        counts: Counter = Counter()
+        for group in self.dropped:
+            error = first_error(self.job, self.plan(group.example, self.zeros[0], self.recomputes[0], 1))
+            counts[error.id if error else group.reason] += group.layouts * self.count(group.example)
+        return counts
+
+
+def first_error(job: Job, plan: Plan) -> Finding | None:
+    return next((f for f in check_structure(job, plan) if f.severity == "error"), None)
+
+
+def _fires(job: Job, plan: Plan, rule_id: str) -> bool:
+    """Whether the rule applies to the plan's framework and engine and its condition fires on the plan."""
+    if not rule_specs()[rule_id].applies_to(job.framework, backend_of(job.framework, plan.zero_stage)):
+        return False
+    return load_rules()[rule_id](Context(job, plan)) is not None
+
+
+def blocking_rule(space: Space) -> tuple[Finding, int] | None:
+    """A structural rule every plan of the space breaks, with the finding on the plainest plan and how many plans
+    there are (those a cheap law dropped included); None when each rule lets some plan through."""
+    job = space.job
+    if space.layouts:
+        plainest = space.layouts[0]
+        probes = [first_errors(job, space.plan(plainest, z, space.recomputes[0], space.sizes(plainest)[0]))
+                  for z in space.zeros]
+        candidates = set.intersection(*({f.id for f in p} for p in probes))
+        for rule_id in sorted(candidates, key=list(rule_specs()).index):
+            if all(_fires(job, plan, rule_id) for lay in space.layouts for plan in space.plans(lay)) and all(
+                    _fires(job, space.plan(group.example, z, r, 1), rule_id)
+                    for group in space.dropped for z in space.zeros for r in space.recomputes):
+                total = sum(space.count(lay) for lay in space.layouts) + sum(space.dropped_by().values())
+                return next(f for f in probes[0] if f.id == rule_id), total
+        return None
+    dropped = space.dropped_by()
+    if len(dropped) != 1 or not space.dropped:
+        return None
+    rule_id = next(iter(dropped))
+    example = space.plan(space.dropped[0].example, space.zeros[0], space.recomputes[0], 1)
+    found = next((f for f in first_errors(job, example) if f.id == rule_id), None)
+    return (found, dropped[rule_id]) if found else None
+
+
+def first_errors(job: Job, plan: Plan) -> list[Finding]:
+    return [f for f in check_structure(job, plan) if f.severity == "error"]
+
+
+def host_floor(job: Job, zero: int, plan: Plan) -> float:
+    """Host bytes per node the CPU optimizer needs at least on any layout at this ZeRO stage: its bytes per
+    parameter (cards/offload.yaml) for its share of every decoder-layer, embedding and output parameter, spread
+    over all the GPUs (no shard is smaller than an even split), times the GPUs of a node (the estimate's
+    host_bytes_per_node). Other offloads only add to it. 0 for a LoRA job (the frozen base steps no optimizer)."""
+    off = offload_plan(job.framework, plan.model_copy(update={"zero_stage": zero}))
+    if job.lora is not None or not off.cpu_optimizer:
+        return 0.0
+    params = sum(params_split(job))
+    return offload_card().cpu_optimizer_bytes_per_param * off.cpu_optimizer * params / job.num_gpus * job.gpus_per_node
+
+
+def host_refusal(space: Space) -> MeshplanError | None:
+    """MEM003 before the search: the host cannot hold the offloaded optimizer on any layout of the space."""
+    job = space.job
+    capacity = job.cpu_memory_per_node
+    if capacity is None or not space.layouts:
+        return None
+    lay = space.layouts[0]
+    plan = space.plan(lay, space.zeros[0], space.recomputes[0], 1)
+    floor = min(host_floor(job, z, plan) for z in space.zeros)
+    if floor <= capacity:
+        return None
+    share = offload_plan(job.framework, plan.model_copy(update={"zero_stage": space.zeros[-1]})).cpu_optimizer
+    per_share = floor / share if share else floor
+    fraction = int(capacity / per_share * 100) / 100
+    nodes = -(-int(floor * job.num_gpus / job.gpus_per_node) // int(capacity))
+    options = [f"optimizer_offload_fraction={fraction:g} (the CPU optimizer's share that fits)" if fraction > 0
+               else "drop the optimizer offload",
+               f"at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
+               f"nodes with at least {floor / GIB:,.1f} GiB of host memory"]
+    return MeshplanError(
+        f"MEM003: the offloaded optimizer needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout "
+        f"({offload_card().cpu_optimizer_bytes_per_param:g} B per parameter for {share:.0%} of "
+        f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {job.num_gpus:,} GPUs, {job.gpus_per_node} per node), "
+        f"but cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no layout passes rule MEM003.",
+        "Use " + "; or ".join(options) + ".")
+
+
+def refuse_impossible(job: Job, fixed: Fixed) -> None:
+    """Raise MeshplanError when a framework rule refuses every plan of the space (its id, its message on the plainest
+    plan, its fix) or the host cannot hold the offloaded optimizer on any layout (MEM003)."""
+    space = Space.of(job, fixed)
+    blocked = blocking_rule(space)
+    if blocked is not None:
+        found, total = blocked
+        raise MeshplanError(f"{found.id}: {found.message} No layout can pass rule {found.id}: it refuses every one "
+                            f"of the {total:,} plans recommend would search.", found.fix)
+    host = host_refusal(space)
+    if host is not None:
+        raise host
+
+
+def rule_blocking_every_count(job: Job, fixed: Fixed, counts: list[int], user_gbs: bool) -> MeshplanError | None:
+    """A framework rule that refuses every plan at each of `counts` GPUs (min-gpus probes one node, two nodes and the
+    largest count it may reach): a rule that does not depend on the count (LoRA on a framework without it, RL fields on
+    a trainer-only framework), refused before a scan that could only end at its bound. A rule that blocks at some of
+    the counts only (a world-size law, a batch that divides at other counts) is left to the scan."""
+    first: tuple[Finding, int] | None = None
+    for world in counts:
+        blocked = blocking_rule(Space.of(job_at(job, world, user_gbs), fixed))
+        if blocked is None or (first is not None and blocked[0].id != first[0].id):
+            return None
+        first = first or blocked
+    if first is None:
+        return None
+    found = first[0]
+    tried = ", ".join(f"{n:,}" for n in counts)
+    return MeshplanError(f"{found.id}: {found.message} No layout can pass rule {found.id} at any GPU count (it refuses "
+                         f"every plan at {tried} GPUs), so no count is the smallest that fits.", found.fix)
+
+
+OPENING_SCAN = 4096
+"""Plans checked per relaxed request when looking for the change that opens an empty space: a count of work, the same
+on every machine (the first plan that passes the rules ends the scan; most relaxed spaces pass on their first plans)."""
+
+
+def passing_plan(space: Space) -> Plan | None:
+    """The first plan of the space that passes every structural rule (None within OPENING_SCAN plans)."""
+    checked = 0
+    for lay in space.layouts:
+        for plan in space.plans(lay):
+            if not first_errors(space.job, plan):
+                return plan
+            checked += 1
+            if checked >= OPENING_SCAN:
+                return None
+    return None
+
+
+def opening_changes(job: Job, fixed: Fixed) -> list[str]:
+    """The nearest changes that open an empty space: each field the request fixes, left open, whose space then holds
+    a plan that passes the rules (named), in the request's order."""
+    out = []
+    for name, value in fixed.values.items():
+        relaxed = Fixed({k: v for k, v in fixed.values.items() if k != name}, fixed.carried, fixed.given)
+        plan = passing_plan(Space.of(job, relaxed))
+        if plan is not None:
+            out.append(f"leave {name} open (the request fixes {name}={value}; then e.g. {plan.short()}, micro-batch "
+                       f"{plan.micro_batch_size}, ZeRO {plan.zero_stage}, recompute {plan.recompute} passes them)")
+    return out
+
+
+def empty_space_words(job: Job, fixed: Fixed, rejected: dict[str, int], considered: int,
+                      examples: dict[str, Finding]) -> str:
+    """What emptied the space: each rule with the plans it removed (most first) and its finding on one of them, then
+    the nearest change that opens it."""
+    specs = rule_specs()
+    parts = []
+    for rule_id, count in sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0])):
+        title = f" ({specs[rule_id].title})" if rule_id in specs else ""
+        example = examples.get(rule_id)
+        said = f": e.g. {example.message.rstrip('.')}" if example else ""
+        parts.append(f"{rule_id}{title} removed {count:,}{said}")
+    opening = opening_changes(job, fixed)
+    nearest = (" Nearest change that opens it: " + "; or ".join(opening) + "." if opening else
+               " No single fixed field left open opens it: change the GPU count or several fields (each rule's fix "
+               "names values that pass it), or run `meshplan check` on a layout for every finding.")
+    return (f"No layout passes the framework's rules for this request: the rules removed all {considered:,} plans "
+            f"between them. " + "; ".join(parts) + "." + nearest)

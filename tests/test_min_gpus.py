@@ -1,0 +1,175 @@
+"""min-gpus (issue 23): the scan's floor counts every parameter (routed experts included) and never over-counts; the
+count it answers is the one recommend's own search ranks a layout at; RL jobs get an answer on every face."""
+
+import json
+import math
+import random
+
+import pytest
+
+from meshplan import api
+from meshplan.arithmetic.memory_states import bytes_per_param
+from meshplan.core.errors import MeshplanError
+from meshplan.faces.cli import main
+from meshplan.schema.request import Request
+from meshplan.search import BestFirstSearch, default_engine, minimum_gpus, recommend, search_job
+from meshplan.search.engine import bound_preset
+from meshplan.search.gpu_count import states_floor
+from meshplan.search.policy import memory_budget, min_headroom_fraction
+from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, params_split, state_preset
+
+
+def _floor(model: str, gpu: str = "h100", **fields) -> int:
+    req = Request(model=model, gpu=gpu, num_gpus=8, **fields)
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    budget = memory_budget(job, min_headroom_fraction())
+    zeros = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1, budget_bytes=budget).zeros
+    return states_floor(job, zeros, budget, fixed.carried)
+
+
+def test_the_floor_counts_the_routed_experts():
+    """Kimi-K2's routed experts' bf16 weights alone need ~26 H100s (the scan used to start at 4): the floor counts
+    every parameter's states, experts included, at the lightest stage's bytes per parameter."""
+    req = Request(model="kimi-k2", gpu="h100", num_gpus=8)
+    job, _ = search_job(req)
+    dense, routed = params_split(job)
+    assert routed / dense > 50
+    budget = memory_budget(job, min_headroom_fraction())
+    assert _floor("kimi-k2") >= math.ceil(2 * routed / budget) >= 26
+    per_param = bytes_per_param(state_preset(job, 3, Fixed.from_request(req).carried)[1], 1.0)
+    assert _floor("kimi-k2") == math.ceil(per_param * (dense + routed) / budget)
+    # a LoRA job's frozen base keeps its weights only: a far lower floor
+    assert _floor("llama-3.1-70b", lora_rank=16, framework="megatron-bridge") < _floor("llama-3.1-70b") / 4
+
+
+MODELS = ["llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "olmoe-1b-7b", "qwen3-235b-a22b",
+          "moonlight-16b-a3b"]
+FRAMEWORKS = ["megatron-core", "megatron-bridge", "deepspeed", "torchtitan", "nanotron", "kempnerforge", "verl",
+              "skyrl"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_floor_never_over_counts(seed):
+    """The floor is a lower bound: for sampled jobs and layouts, the figure that decides the estimate's fit is at least
+    the floor's bytes per GPU (every parameter's unsharded state bytes over the GPU count, less gradients a trainer
+    frees before its backward), for every framework, ZeRO stage, optimizer, precision and micro-batch count."""
+    rng = random.Random(seed)
+    checked = 0
+    while checked < 40:
+        extra = {}
+        if rng.random() < 0.3:
+            extra["optimizer"] = "muon"
+        if rng.random() < 0.2:
+            extra["precision"] = "fp8"
+        try:
+            gpus = rng.choice([3, 8, 16, 32, 64])
+            req = Request(model=rng.choice(MODELS), framework=rng.choice(FRAMEWORKS), seq_length=2048, num_gpus=gpus,
+                          global_batch_size=rng.choice([None, gpus]), **extra)  # one micro-batch per step, or many
+            job, _ = search_job(req)
+            fixed = Fixed.from_request(req)
+            search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+        except MeshplanError:
+            continue
+        dense, routed = params_split(job)
+        per_gpu = min(bytes_per_param(bound_preset(job, z, fixed.carried)[1], 1.0)
+                      for z in search.zeros) * (dense + routed) / job.num_gpus
+        layouts, _ = enumerate_layouts(job, fixed)
+        for lay in rng.sample(layouts, min(4, len(layouts))):
+            sizes = micro_batches(job, lay, fixed)
+            for zero in search.zeros if sizes else ():
+                try:
+                    memory = search.engine.memory(job, search.plan(lay, zero, "full", sizes[0]))
+                except MeshplanError:
+                    continue
+                assert min(memory.fit_bytes, memory.peak_bytes) >= per_gpu, (req, lay, zero)
+                checked += 1
+
+
+def test_the_floor_leaves_out_gradients_a_trainer_frees_before_the_backward():
+    """verl (torch FSDP2, gradients set to None each step) with one micro-batch per step peaks before its gradients
+    exist: Moonlight-16B-A3B on 3 A100, ZeRO-3, fits in 72.8 GB though its states are 85.1 GB. The floor (and the
+    search's model-state bounds) must not count those gradients, or they would drop a layout that fits."""
+    req = Request(model="moonlight-16b-a3b", framework="verl", gpu="a100-80gb", num_gpus=3, seq_length=1024,
+                  global_batch_size=12)
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+    layout = next(lay for lay in enumerate_layouts(job, fixed)[0] if lay.dp == 3)
+    memory = search.engine.memory(job, search.plan(layout, 3, "full", 4))
+    assert memory.stages[0].detail["gradients_absent_at_peak"] > 0
+    budget = memory_budget(job, min_headroom_fraction())
+    assert memory.fit_bytes <= budget
+    assert states_floor(job, search.zeros, budget, fixed.carried) <= 3
+    assert search.states_bound(layout, 3) <= memory.fit_bytes
+    assert recommend(req, top_k=1).candidates
+
+
+def test_min_gpus_is_the_count_recommend_ranks_at():
+    """The count min-gpus answers is settled by recommend's own search there: its candidate is recommend's #1 at that
+    count, and recommend one node below ranks nothing and names the same count."""
+    req = Request(model="mixtral-8x22b", gpu="h100", seq_length=4096)
+    result = minimum_gpus(req)
+    assert result.num_gpus is not None and result.stopped_by == "found"
+    there = recommend(req.model_copy(update={"num_gpus": result.num_gpus}), top_k=1)
+    assert there.candidates[0].plan == result.candidate.plan
+    assert there.candidates[0].throughput.step_time_s == result.candidate.throughput.step_time_s
+    below = recommend(req.model_copy(update={"num_gpus": result.num_gpus - 8}), top_k=1)
+    assert below.candidates == [] and below.min_gpus == result.num_gpus
+
+
+@pytest.mark.slow
+def test_deepseek_v3_min_gpus_agrees_with_recommend():
+    """Issue 23: min-gpus said 192 while `recommend --num-gpus 192` found nothing (it ran out of its clock)."""
+    result = minimum_gpus(Request(model="deepseek-v3", gpu="h100"))
+    assert result.num_gpus is not None and result.candidate is not None
+    there = recommend(Request(model="deepseek-v3", gpu="h100", num_gpus=result.num_gpus), top_k=1)
+    assert there.candidates and there.candidates[0].plan == result.candidate.plan
+
+
+RL = dict(model="qwen3-30b-a3b", gpu="h100", framework="verl", job="rl", algorithm="grpo")
+
+
+def test_min_gpus_answers_an_rl_job_with_a_fixed_layout():
+    """It used to end in `KeyError: None` (the training search's answer checked as an RL plan without rollout fields):
+    now the trainer's counts are scanned and each settled by the RL recommend, whose #1 comes back."""
+    result = api.minimum_gpus(Request(**RL, tp=2, ep=8))
+    assert result.num_gpus is not None and result.stopped_by == "found"
+    plan = result.candidate.plan
+    assert (plan.tp, plan.ep) == (2, 8) and plan.rollout_tp is not None and plan.rollout_memory_fraction
+    rl = api.recommend(Request(**RL, tp=2, ep=8, num_gpus=result.num_gpus), top_k=1)
+    assert rl.candidates[0].plan == plan
+    assert "RL step's batch" in " ".join(result.assumptions)
+
+
+def test_min_gpus_for_an_rl_job_on_the_cli(capsys):
+    args = ["min-gpus", "qwen3-30b-a3b", "--framework", "verl", "--job", "rl", "--algorithm", "grpo", "--tp", "2",
+            "--ep", "8", "--gpu", "h100"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["num_gpus"] and data["candidate"]["plan"]["rollout_tp"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith("smallest GPU count: ")
+
+
+def test_the_scan_counts_work_not_time(monkeypatch):
+    """The scan's bounds are counts (cards/search.yaml): a scan cut by the searches bound says so."""
+    from meshplan.search import gpu_count
+    from meshplan.search.space import search_card
+
+    tiny = search_card().limits.model_copy(update={"min_gpus_max_searches": 1})
+    monkeypatch.setattr(gpu_count, "search_limits", lambda: tiny)
+    calls = []
+    real = gpu_count.scan_minimum
+
+    def never(world, job):
+        calls.append(world)
+        return False
+
+    def scan(*args, **kwargs):
+        return real(*args, **{**kwargs, "ranks": never})
+
+    monkeypatch.setattr("meshplan.search.min_gpus.scan_minimum", scan)
+    cut = minimum_gpus(Request(model="llama-3.1-70b", gpu="h100"))
+    assert cut.num_gpus is None and cut.stopped_by == "counts" and len(calls) == 1
+    assert "1 full searches" in cut.rationale and "not proof" in cut.rationale

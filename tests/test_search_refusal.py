@@ -1,0 +1,182 @@
+"""Bad input to recommend (issue 23): a request that breaks a framework rule whatever the layout is refused with that
+rule's id and fix (not "no layout fits"); the search applies MEM003 as `check` does; a space the rules empty between
+them is answered with the plans each rule removed and the nearest change that opens it; the RL table shows what
+differs between its rows. Every face: meshplan.api, the CLI (exit 2, no traceback), and MCP through
+tests/test_faces_agree.py's CASES."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.faces import cli, display
+from meshplan.schema.request import Request
+from meshplan.search.job import search_job
+from meshplan.search.refusal import Space, blocking_rule, host_floor
+from meshplan.search.space import Fixed
+
+LORA = dict(model="llama-3.1-70b", num_gpus=8, lora_rank=16)  # megatron-core, the default: no LoRA
+HOST = dict(model="llama-3.1-8b", num_gpus=8, optimizer_offload_fraction=1.0, cpu_memory_per_node=1)
+EMPTY = dict(model="llama-3.1-8b", num_gpus=8, seq_length=2048, cp=2, micro_batch_size=3)
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def flags(fields: dict) -> list[str]:
+    argv = [fields["model"]]
+    for name, value in fields.items():
+        if name != "model":
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
+
+
+def test_lora_on_a_framework_without_it_is_refused_with_lora001():
+    """Before: 'Impossible ... no layout fits even with every memory-saving knob' and a 4 s GPU-count scan."""
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**LORA))
+    assert exc.value.reason.startswith("LORA001:") and "every one of the" in exc.value.reason
+    assert "megatron-bridge" in exc.value.fix and "no layout fits" not in exc.value.reason
+    code, out, err = run_cli(["recommend", *flags(LORA)])
+    assert code == cli.EXIT_USAGE and "LORA001" in err and "Traceback" not in err + out
+    # the same request on a framework that has LoRA is searched as before
+    assert api.recommend(Request(**{**LORA, "framework": "megatron-bridge"}), top_k=1).candidates
+
+
+def test_a_blocker_is_one_no_plan_of_the_space_passes():
+    """A rule that fires on the plainest plan but not on every plan is no blocker (TP1 fails nothing here; a fixed
+    ep on a dense model fails EP001 everywhere)."""
+    req = Request(model="llama-3.1-8b", num_gpus=8, ep=2)
+    job, _ = search_job(req)
+    found, total = blocking_rule(Space.of(job, Fixed.from_request(req)))
+    assert found.id == "EP001" and total > 0
+    ok = Request(model="llama-3.1-8b", num_gpus=8)
+    job, _ = search_job(ok)
+    assert blocking_rule(Space.of(job, Fixed.from_request(ok))) is None
+
+
+def test_a_host_too_small_for_any_offload_is_refused_with_mem003():
+    """Before: the search ranked first a layout needing 119.7 GiB of host memory per node, which check rejects."""
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**HOST))
+    reason, fix = exc.value.reason, exc.value.fix
+    assert reason.startswith("MEM003:") and "119.7 GiB" in reason and "1.0 GiB" in reason
+    assert "optimizer_offload_fraction" in fix or "drop the optimizer offload" in fix
+    code, _, err = run_cli(["recommend", *flags(HOST)])
+    assert code == cli.EXIT_USAGE and "MEM003" in err and "Traceback" not in err
+
+
+def test_the_host_floor_never_exceeds_what_check_estimates():
+    """The floor refuses only what no layout passes: it is at most the host bytes the estimate gives any plan."""
+    req = Request(**{**HOST, "cpu_memory_per_node": None, "num_gpus": 16})
+    job, _ = search_job(req)
+    rec = api.recommend(req, top_k=5)
+    space = Space.of(job, Fixed.from_request(req))
+    plan = space.plan(space.layouts[0], space.zeros[0], space.recomputes[0], 1)
+    floor = min(host_floor(job, z, plan) for z in space.zeros)
+    assert floor > 0
+    assert all(floor <= c.memory.host_bytes_per_node * (1 + 1e-9) for c in rec.candidates)
+    # 8B, 16 B per parameter on the host, over 16 GPUs, 8 per node: 59.8 GiB
+    assert floor / GIB == pytest.approx(59.8, abs=0.1)
+
+
+def test_the_search_applies_mem003_like_check():
+    """cpu_memory_per_node between the host needs of two layouts: the one check rejects (MEM003) is not ranked, the
+    other is, and every ranked plan passes check's MEM003."""
+    base = dict(model="qwen3-30b-a3b", num_gpus=16, optimizer_offload_fraction=1.0)
+    free = api.recommend(Request(**base), top_k=8)
+    hosts = sorted({c.memory.host_bytes_per_node for c in free.candidates})
+    assert len(hosts) > 1, "the test needs two host figures among the top layouts"
+    top = free.candidates[0].memory.host_bytes_per_node
+    below = max(h for h in hosts if h < top) if any(h < top for h in hosts) else None
+    assert below is not None, "the fastest layout needs more host memory than another ranked one"
+    capacity = (below + top) / 2 / GIB
+    rec = api.recommend(Request(**base, cpu_memory_per_node=capacity), top_k=3)
+    assert rec.candidates
+    for c in rec.candidates:
+        assert c.memory.host_bytes_per_node <= capacity * GIB
+        p = c.plan
+        check = api.check_config(Request(**base, cpu_memory_per_node=capacity, tp=p.tp, pp=p.pp, vpp=p.vpp, cp=p.cp,
+                                         ep=p.ep, etp=p.etp, zero_stage=p.zero_stage, recompute=p.recompute,
+                                         micro_batch_size=p.micro_batch_size))
+        assert "MEM003" not in {f.id for f in check.findings}
+
+
+def test_an_empty_space_names_each_rule_and_the_change_that_opens_it():
+    rec = api.recommend(Request(**EMPTY), top_k=1)
+    assert not rec.candidates
+    words = rec.rationale
+    for rule, count in rec.rejected.items():
+        assert f"{rule} (" in words and f"removed {count:,}" in words
+    assert len(rec.rejected) >= 2
+    assert "leave micro_batch_size open" in words
+    code, out, err = run_cli(["recommend", *flags(EMPTY)])
+    assert code != cli.EXIT_USAGE and "leave micro_batch_size open" in out and "Traceback" not in out + err
+
+
+@pytest.fixture(scope="module")
+def rl_rec():
+    req = Request(model="qwen3-30b-a3b", framework="verl", gpu="h100", num_gpus=16, job="rl", algorithm="grpo")
+    return req, api.recommend(req, top_k=5)
+
+
+def test_grpo_on_qwen3_30b_with_verl_ranks_rl_plans(rl_rec):
+    """Issue 23: '0 layouts considered' on the CLI and over MCP (the actor search's clock); now ranked RL plans."""
+    _, rec = rl_rec
+    assert rec.considered > 0 and rec.candidates
+    for c in rec.candidates:
+        p = c.plan
+        assert p.rollout_tp and p.rollout_dp and p.rollout_ep and p.rollout_memory_fraction
+        assert c.throughput.rl is not None
+
+
+def test_the_rl_table_shows_the_rollout_and_offloads_of_each_row(rl_rec, capsys):
+    """Rows that differ only in the rollout shape, memory fraction or offloads no longer look identical."""
+    req, rec = rl_rec
+    display.recommendation(rec, req)
+    out = capsys.readouterr().out
+    assert "rollout" in out and "offload" in out and "RL step s" in out
+    for c in rec.candidates:
+        p = c.plan
+        assert display.rollout_words(p) == f"TP{p.rollout_tp} DP{p.rollout_dp} EP{p.rollout_ep}"
+        assert f"{c.throughput.step_time_s:.2f}" in out and display.offload_words(p) in out
+    rows = {(c.plan.short(), c.plan.micro_batch_size, display.rollout_words(c.plan), c.plan.rollout_memory_fraction,
+             display.offload_words(c.plan)) for c in rec.candidates}
+    steps = {round(c.throughput.step_time_s, 2) for c in rec.candidates}
+    assert len(rows) == len(rec.candidates) or len(steps) < len(rec.candidates)
+    # the same numbers as --json
+    _, text, _ = run_cli(["recommend", "qwen3-30b-a3b", "--framework", "verl", "--gpu", "h100", "--num-gpus", "16",
+                             "--job", "rl", "--algorithm", "grpo", "--json"])
+    data = json.loads(text)
+    assert [c["plan"]["rollout_tp"] for c in data["candidates"]] == [c.plan.rollout_tp for c in rec.candidates]
+
+
+def test_an_rl_job_whose_trainer_has_no_layout_says_why():
+    rec = api.recommend(Request(model="qwen3-30b-a3b", framework="verl", gpu="h100", num_gpus=2, job="rl",
+                                algorithm="grpo"))
+    assert not rec.candidates and rec.considered > 0 and rec.rejected
+    assert rec.rationale.startswith("No actor layout for the trainer's step") and rec.closest
+
+
+def test_min_gpus_refuses_a_rule_no_gpu_count_passes_instead_of_scanning_to_its_bound():
+    """LoRA on Megatron-Core fails LORA001 at every count: min-gpus names the rule and its fix (it scanned to its
+    work bound before, minutes); a count-dependent refusal (a fixed tp no node holds) is left to the scan."""
+    req = Request(model="llama-3.1-70b", lora_rank=16)
+    with pytest.raises(MeshplanError) as refused:
+        api.minimum_gpus(req)
+    assert "LORA001" in str(refused.value) and "any GPU count" in str(refused.value)
+    assert "megatron-bridge" in refused.value.fix
+    code, out, err = run_cli(["min-gpus", "llama-3.1-70b", "--lora-rank", "16"])
+    assert code == 2 and "LORA001" in err and "Traceback" not in err
+    answer = api.minimum_gpus(Request(model="llama-3.1-8b", gpu="h100", tp=2), max_gpus=64)
+    assert answer.num_gpus is not None and answer.num_gpus % 2 == 0
