@@ -168,15 +168,14 @@ def test_an_rl_job_whose_trainer_has_no_layout_says_why():
     assert rec.rationale.startswith("No actor layout for the trainer's step") and rec.closest
 
 
-def test_min_gpus_refuses_a_rule_no_gpu_count_passes_instead_of_scanning_to_its_bound():
-    """LoRA on Megatron-Core fails LORA001 at every count: min-gpus names the rule and its fix (it scanned to its
-    work bound before, minutes); a count-dependent refusal (a fixed tp no node holds) is left to the scan."""
-    req = Request(model="llama-3.1-70b", lora_rank=16)
-    with pytest.raises(MeshplanError) as refused:
-        api.minimum_gpus(req)
-    assert "LORA001" in str(refused.value) and "any GPU count" in str(refused.value)
-    assert "megatron-bridge" in refused.value.fix
-    code, out, err = run_cli(["min-gpus", "llama-3.1-70b", "--lora-rank", "16"])
-    assert code == 2 and "LORA001" in err and "Traceback" not in err
+def test_min_gpus_stops_on_a_rule_no_gpu_count_passes_instead_of_scanning_to_its_bound():
+    """LoRA on Megatron-Core fails LORA001 at every count: min-gpus names the rule and its fix at once (it scanned to
+    its work bound before, minutes); a count-dependent rule (a fixed tp no power-of-two count holds) is left to the
+    scan, which finds the count that holds it."""
+    answer = api.minimum_gpus(Request(model="llama-3.1-70b", lora_rank=16))
+    assert answer.num_gpus is None and answer.stopped_by == "rules"
+    assert "LORA001" in answer.rationale and "megatron-bridge" in answer.rationale
+    _, out, err = run_cli(["min-gpus", "llama-3.1-70b", "--lora-rank", "16"])
+    assert "LORA001" in out + err and "Traceback" not in err
     answer = api.minimum_gpus(Request(model="llama-3.1-8b", gpu="h100", tp=2), max_gpus=64)
     assert answer.num_gpus is not None and answer.num_gpus % 2 == 0

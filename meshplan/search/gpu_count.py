@@ -24,6 +24,7 @@ from meshplan.search.engine import BestFirstSearch, bound_preset, run_search
 from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
 from meshplan.search.policy import memory_budget, search_limits
+from meshplan.search.refusal import rule_blocking_every_count
 from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split
 
 Ranks = Callable[[int, Job], bool]
@@ -175,6 +176,17 @@ def rules_forbid(job: Job, fixed: Fixed, engine: Engine) -> str:
     return ""
 
 
+def count_free_refusal(job: Job, fixed: Fixed, limit: int, user_gbs: bool) -> str:
+    """A rule that refuses every plan whatever the GPU count (LoRA on a framework without it), in words ("" when
+    none): probed at the first, second and last multiple of the scan's step, for rules that do not read the count."""
+    step = lcm(job.gpus_per_node, count_unit(job, fixed))
+    if step > limit:
+        return ""
+    last = limit - limit % step
+    found = rule_blocking_every_count(job, fixed, sorted({step, min(2 * step, last), last}), user_gbs)
+    return (f"every layout breaks {found.id} at any GPU count: {found.message} Fix: {found.fix}" if found else "")
+
+
 def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_gbs: bool, limit: int, *,
                  at: Callable[[int], Job] | None = None, ranks: Ranks | None = None) -> Scan:
     """The smallest GPU count at which recommend ranks a layout of `job` keeping `headroom`, scanning counts in
@@ -183,6 +195,7 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
     (default: the ranked search itself, top 1)."""
     limits = search_limits()
     budget = memory_budget(job, headroom)
+    default_at = at is None
     at = at or (lambda world: job_at(job, world, user_gbs))
     ranks = ranks or (lambda _, there: bool(run_search(there, fixed, engine, 1, [], budget)[0].found))
     zeros = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget).zeros
@@ -194,7 +207,8 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
         if checked >= limits.min_gpus_max_counts or searched >= limits.min_gpus_max_searches:
             return Scan(None, first, last, checked, stepping, "counts", floor, limit, searched=searched)
         there = at(world)
-        if not checked and (reason := rules_forbid(there, fixed, engine)):
+        if not checked and (reason := rules_forbid(there, fixed, engine) or
+                            (count_free_refusal(job, fixed, limit, user_gbs) if default_at else "")):
             return Scan(None, world, world, 1, stepping, "rules", floor, limit, reason)
         first = first or world
         last = world

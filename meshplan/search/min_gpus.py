@@ -22,7 +22,6 @@ from meshplan.search.gpu_count import Scan, count_bound_text, scan_minimum
 from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
 from meshplan.search.ranking import recommend
-from meshplan.search.refusal import rule_blocking_every_count
 from meshplan.search.rl import recommend_rl
 from meshplan.search.space import Fixed
 
@@ -47,10 +46,6 @@ def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | Non
     engine = engine or default_engine(job.framework)
     fixed = Fixed.from_request(req)
     user_gbs = req.global_batch_size is not None
-    largest = max(node, limit - limit % node)
-    refused = rule_blocking_every_count(job, fixed, sorted({node, min(2 * node, largest), largest}), user_gbs)
-    if refused is not None:
-        raise refused
     answers: dict[int, Recommendation] = {}
 
     def ranks(world: int, _: Job) -> bool:

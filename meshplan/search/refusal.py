@@ -193,23 +193,22 @@ def refuse_impossible(job: Job, fixed: Fixed) -> None:
         raise host
 
 
-def rule_blocking_every_count(job: Job, fixed: Fixed, counts: list[int], user_gbs: bool) -> MeshplanError | None:
-    """A framework rule that refuses every plan at each of `counts` GPUs (min-gpus probes one node, two nodes and the
-    largest count it may reach): a rule that does not depend on the count (LoRA on a framework without it, RL fields on
-    a trainer-only framework), refused before a scan that could only end at its bound. A rule that blocks at some of
-    the counts only (a world-size law, a batch that divides at other counts) is left to the scan."""
-    first: tuple[Finding, int] | None = None
+COUNT_DEPENDENT = ("WS", "BS")
+"""Rule families whose verdict reads the GPU count (the world-size laws; the batch's divisibility by the
+data-parallel size): a refusal at the probed counts says nothing of the others, so min-gpus leaves them to its scan."""
+
+
+def rule_blocking_every_count(job: Job, fixed: Fixed, counts: list[int], user_gbs: bool) -> Finding | None:
+    """A framework rule that refuses every plan at each of `counts` GPUs (the min-gpus scan probes the first, second
+    and last count it would visit) and does not read the count (LoRA on a framework without it): the scan stops on
+    it at once instead of running to its work bound."""
+    first: Finding | None = None
     for world in counts:
         blocked = blocking_rule(Space.of(job_at(job, world, user_gbs), fixed))
-        if blocked is None or (first is not None and blocked[0].id != first[0].id):
+        if blocked is None or blocked[0].id.startswith(COUNT_DEPENDENT) or (first and blocked[0].id != first.id):
             return None
-        first = first or blocked
-    if first is None:
-        return None
-    found = first[0]
-    tried = ", ".join(f"{n:,}" for n in counts)
-    return MeshplanError(f"{found.id}: {found.message} No layout can pass rule {found.id} at any GPU count (it refuses "
-                         f"every plan at {tried} GPUs), so no count is the smallest that fits.", found.fix)
+        first = first or blocked[0]
+    return first
 
 
 OPENING_SCAN = 4096
