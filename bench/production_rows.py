@@ -395,9 +395,9 @@ def framework_names() -> tuple[FrameworkName, ...]:
     names = []
     for key in FRAMEWORKS:
         card = framework_card(key)
-        aliases = getattr(card, "aliases", None) or {}
+        aliases = card.aliases.words if card.aliases else []
         display = re.sub(r"\([^)]*\)", "", card.display_name).split("/")
-        for word in (key, *display, *aliases.get("words", [])):
+        for word in (key, *display, *aliases):
             if word.strip():
                 names.append(FrameworkName(_words(word), key))
     for entry in yaml.safe_load(NO_CARD_FILE.read_text(encoding="utf-8")):

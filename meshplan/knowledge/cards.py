@@ -476,6 +476,13 @@ MEGATRON_PIPELINE = PipelineFacts(
            "interleaving / _with_interleaving, get_pp_rank_microbatches, get_schedule_table)")
 
 
+class FrameworkAliases(_Card):
+    """Other names published runs give the framework besides its name and display name, with where they come from."""
+
+    words: list[str] = Field(min_length=1)
+    source: str
+
+
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
@@ -483,6 +490,7 @@ class FrameworkCard(_Card):
 
     name: str
     display_name: str
+    aliases: FrameworkAliases | None = None
     version: str
     world_size_law: WorldSizeLaw
     memory_convention: MemoryConvention
