@@ -224,7 +224,7 @@ def test_stage_layer_split_even_uneven_and_virtual():
     assert stages[0] == (tuple(range(0, 4)), tuple(range(8, 12)))
     assert stages[1] == (tuple(range(4, 8)), tuple(range(12, 16)))
     assert any("meshplan check" in w for w in megatron_stages(30, 4, 1, None, None).warnings)
-    with pytest.raises(EstimateBlocked, match=r"^PP007: pp\*vpp = 64\*1 = 64 model chunks"):
+    with pytest.raises(EstimateBlocked, match=r"^PP001: 32 layers do not split evenly over pp=64"):
         estimate_memory(job_for("llama-3.1-8b", 64), Plan(pp=64))
 
 
@@ -285,7 +285,8 @@ def test_embedding_first_output_last_and_tied_copy():
 
 def test_mtp_sits_on_the_last_stage():
     report = estimate_memory(job_for("deepseek-v3", 1024), Plan(tp=2, pp=16, ep=64, dp=32, sequence_parallel=True,
-                                                                recompute="full"))
+                                                                recompute="full", first_stage_layers=3,
+                                                                last_stage_layers=2))
     assert "mtp_params" in report.stages[-1].detail
     assert all("mtp_params" not in s.detail for s in report.stages[:-1])
     # 256 sequences / (mbs 1 * dp 32) = 8 micro-batches < pp 16: stage 0 holds all 8, not 16
@@ -403,9 +404,10 @@ def test_blocking_rules_stop_the_estimate_and_other_rules_leave_a_note():
         estimate_memory(job_for("mixtral-8x7b", 16), Plan(ep=16, dp=16))
     with pytest.raises(EstimateBlocked, match=r"^WS003: dp=3 was given"):
         estimate_memory(job_for("llama-3.1-8b", 64), Plan(tp=2, dp=3))
-    # PP001 (32 layers over pp=3) is an error of `meshplan check` but no estimate needs it: estimated, with a note.
-    report = estimate_memory(job_for("llama-3.1-8b", 24), Plan(pp=3, dp=8))
-    assert any("meshplan check" in w for w in report.warnings)
+    # PP001 (32 layers over pp=3) is an error of `meshplan check`: the estimate refuses it too, with its fix.
+    with pytest.raises(EstimateBlocked, match=r"^PP001: 32 layers do not split evenly over pp=3") as info:
+        estimate_memory(job_for("llama-3.1-8b", 24), Plan(pp=3, dp=8))
+    assert "first_stage_layers=" in info.value.fix
 
 
 def test_report_fits_peak_and_summary_agree():

@@ -327,7 +327,7 @@ def test_recompute_modules_repeat_their_forward():
     assert recompute_time(lt, "selective", cal, modules=("moe",)) == 5.0 + 4.0 / 2
     assert recompute_time(lt, "selective", cal, modules=("moe_act", "layernorm")) == 0.0
     base = dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1, global_batch_size=4096,
-                recompute="selective")
+                recompute="selective", first_stage_layers=3, last_stage_layers=2)
     core = estimate(**base).breakdown.recompute_s
     more = estimate(**base, recompute_modules=["core_attn", "moe", "mla_up_proj"]).breakdown.recompute_s
     assert more > core > 0
@@ -352,8 +352,8 @@ def test_fp8_uses_fp8_peak_and_is_faster():
 
 
 def test_context_parallel_ring_and_moe_all_to_all_show_up():
-    cp = estimate(model="llama-3.1-8b", num_gpus=16, tp=2, cp=8, seq_length=131072, global_batch_size=8,
-                  cp_comm_type="a2a")
+    cp = estimate(model="llama-3.1-8b", num_gpus=16, tp=2, cp=4, seq_length=131072, global_batch_size=8,
+                  cp_comm_type="a2a")  # cp divides the 4 KV heads per TP rank (CP003)
     assert cp.breakdown.cp_comm_s > 0
     inside = estimate(model="mixtral-8x7b", num_gpus=64, tp=1, ep=8, global_batch_size=256)
     assert inside.breakdown.ep_comm_s > 0
@@ -380,7 +380,7 @@ def test_more_data_parallel_nodes_cost_gradient_sync():
         ({"model": "llama-3.1-8b", "num_gpus": 8, "tp": 2, "dp": 2}, "WS003"),
         ({"model": "llama-3.1-8b", "num_gpus": 8, "ep": 2}, "EP001"),
         ({"model": "llama-3.1-8b", "num_gpus": 64, "tp": 64}, "TP001"),
-        ({"model": "llama-3.1-8b", "num_gpus": 64, "pp": 64}, "PP007"),
+        ({"model": "llama-3.1-8b", "num_gpus": 64, "pp": 64}, "PP001"),  # first in card order, before PP007
         ({"model": "mixtral-8x7b", "num_gpus": 24, "ep": 3}, "EP002"),
         ({"model": "llama-3.1-8b", "num_gpus": 16, "global_batch_size": 8}, "BS001"),
     ],

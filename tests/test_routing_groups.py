@@ -72,8 +72,9 @@ def test_groups_cut_only_the_flex_dispatchers_network_bytes():
 
 
 def test_deepseek_v3_flex_step_follows_the_groups():
-    job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=8, vpp=4, ep=64,
-                                global_batch_size=8192, seq_length=4096, moe_token_dispatcher="flex"))
+    job, plan = resolve(Request(model="deepseek-v3", num_gpus=1024, tp=2, pp=8, ep=64,
+                                first_stage_layers=7, last_stage_layers=6, global_batch_size=8192, seq_length=4096,
+                                moe_token_dispatcher="flex"))
     moe = job.model.moe
     ungrouped = job.model_copy(update={"model": job.model.model_copy(
         update={"moe": moe.model_copy(update={"num_groups": 1, "group_topk": 1})})})

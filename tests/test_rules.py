@@ -14,6 +14,7 @@ from meshplan.rules.engine import (
     Context,
     EstimateBlocked,
     RulesCard,
+    blocking_rules,
     finding,
     load_rules,
     memory_rules,
@@ -22,6 +23,7 @@ from meshplan.rules.engine import (
     rule_specs,
     rules_card,
 )
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import MemoryReport, StageMemory
 from meshplan.schema.request import Request
@@ -298,17 +300,15 @@ def test_rule_fails_and_passes(rule_id):
     assert rule_id not in run_case(rule_id, passing), f"{rule_id} should not fire on {passing}"
 
 
-BLOCKING = sorted(rule_id for rule_id, spec in rule_specs().items() if spec.blocks_estimate)
+BLOCKING = sorted(rule_id for rule_id, spec in rule_specs().items() if spec.severity == "error" and not spec.memory)
 
 
-def test_blocking_rules_are_structural_errors():
-    assert {"WS001", "TP001", "PP007", "EP002", "BS001", "FP001"} <= set(BLOCKING)
-    for rule_id in BLOCKING:
-        spec = rule_specs()[rule_id]
-        assert spec.severity == "error" and not spec.memory, rule_id
-    bad = dict(rules_card().model_dump()["rules"][0], id="XX001", severity="warning", blocks_estimate=True)
-    with pytest.raises(CardError, match="blocks_estimate"):
-        validate_card("rules", dict(rules_card().model_dump(), rules=[bad]), RulesCard)
+def test_every_structural_error_blocks_the_estimates():
+    """One verdict on every face: the estimators run exactly the structural errors check reports."""
+    assert {"WS001", "TP001", "TP005", "EP007", "PP007", "EP002", "BS001", "FP001"} <= set(BLOCKING)
+    blocking = {spec.id for framework in FRAMEWORKS for zero in range(4)
+                for spec, _ in blocking_rules(framework, zero)}
+    assert blocking == set(BLOCKING)
 
 
 @pytest.mark.parametrize("rule_id", BLOCKING)

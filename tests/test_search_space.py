@@ -10,6 +10,7 @@ import pytest
 
 from meshplan.arithmetic.schedule import pipeline_split
 from meshplan.estimate.memory import estimate_memory
+from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
 from meshplan.search import search_job
 from meshplan.search.space import (
@@ -133,7 +134,7 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
     job = job_for(model, gpus, framework)
     layouts, _ = enumerate_layouts(job, Fixed())
     checked = 0
-    for lay in rng.sample(layouts, min(40, len(layouts))):
+    for lay in rng.sample(layouts, min(80, len(layouts))):
         sizes = micro_batches(job, lay, Fixed())
         if not sizes:
             continue
@@ -143,7 +144,10 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
                 sp = lay.tp > 1
                 plan = lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs, sequence_parallel=sp,
                                 cp_comm_type="p2p")
-                peak = estimate_memory(job, plan).peak_bytes
+                try:
+                    peak = estimate_memory(job, plan).peak_bytes
+                except EstimateBlocked:  # a structural error: the search drops it before any bound
+                    continue
                 assert first_stage_floor(job, lay, zero, recompute, mbs, sp) <= peak * (1 + 1e-9), plan
                 from meshplan.search.space import params_split
 

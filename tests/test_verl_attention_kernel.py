@@ -94,7 +94,8 @@ def test_an_mla_model_renders_the_fused_backend_it_is_timed_with():
     """verl's flash default leaves Transformer Engine no kernel for DeepSeek-V3's head dims, so the plan and its render
     say fused, as verl's DeepSeek-V3 recipe sets it (an auto plan built without resolve renders it too); read back,
     the plan is timed the same."""
-    job, plan = _resolve(model="deepseek-v3", gpu="h100", num_gpus=64, ep=8, pp=8)
+    job, plan = _resolve(model="deepseek-v3", gpu="h100", num_gpus=64, ep=8, pp=8,
+                         first_stage_layers=7, last_stage_layers=6)
     for p in (plan, plan.model_copy(update={"attention_backend": "auto"})):
         text = render("verl", job, p, variant="megatron").text
         assert "actor.megatron.override_transformer_config.attention_backend=fused" in text

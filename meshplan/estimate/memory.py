@@ -89,7 +89,7 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
     """Per-GPU memory of every pipeline stage (the attention backend and dropout: attention_switches).
 
     Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
-    that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml)."""
+    that no estimate can proceed past (every structural error: rules/engine.py blocking_rules)."""
     require_estimable(job, plan)
     warnings = _assumed(job, plan)
     terms = memory_terms(job, plan, warnings)

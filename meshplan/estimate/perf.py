@@ -119,7 +119,7 @@ def estimate_throughput(
     softmax and dropout passes, attention_time.unfused_attention_seconds). `attention_kernel` (bench only)
     overrides the flash kernel for a published run of a trainer meshplan does not support (attention_efficiency).
     Raises EstimateBlocked (a MeshplanError naming the rule) when the plan breaks a rule of the framework
-    that no estimate can proceed past (`blocks_estimate` in cards/rules.yaml).
+    that no estimate can proceed past (every structural error: rules/engine.py blocking_rules).
     """
     return throughput_of(step_terms(job, plan, calibration_override, attention_kernel=attention_kernel))
 

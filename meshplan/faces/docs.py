@@ -388,7 +388,7 @@ def _knob_table(name: str) -> str:
         cells = []
         for v in versions:
             k = section.versions[v].knobs[knob]
-            cells.append(f"`{k.key}`" if k.key else f"none: {k.instead}")
+            cells.append((f"`{k.key}`" + (f" ({k.instead})" if k.instead else "")) if k.key else f"none: {k.instead}")
         rows.append([f"`{knob}`", *cells])
     header = ["meshplan knob", *(f"{name} {v} ({section.versions[v].format})" for v in versions)]
     variants = "\n".join(f"- `{k}`: {_cell(v)}" for k, v in section.variants.items())

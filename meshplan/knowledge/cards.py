@@ -156,7 +156,8 @@ ADAPTER_KNOBS: tuple[str, ...] = (
 
 class AdapterKnob(_Card):
     key: str | None = Field(description="The framework's name for this knob; null when it has none")
-    instead: str | None = Field(None, description="What to use when the framework lacks the knob (or a value)")
+    instead: str | None = Field(None, description="What to use when the framework lacks the knob (or a value); "
+                                                 "beside a key, the caveat the skill guide prints with it")
     values: dict[str, str | None] | None = Field(
         None, description="A knob with a vocabulary (attention_backend): the framework's value for each of meshplan's; "
                           "null where the framework has none (refused with 'instead')")

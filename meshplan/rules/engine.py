@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
@@ -47,10 +47,6 @@ class RuleSpec(BaseModel):
                                        "deprecated: still runs, to be removed (the id is never reused)")
     since: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="The meshplan version that first shipped the rule")
     memory: bool = Field(False, description="Reads the memory estimate: runs after it, never in the structural check")
-    blocks_estimate: bool = Field(
-        False, description="A structural error no estimate can proceed past: estimate_memory and "
-                           "estimate_throughput run these rules first and stop on the first that fires",
-    )
     frameworks: list[str] = Field(description="Framework names, or 'all'")
     backends: list[Backend] = Field(
         default_factory=lambda: list(BACKENDS),
@@ -71,12 +67,6 @@ class RuleSpec(BaseModel):
         if not value:
             raise ValueError("a rule must apply to at least one framework")
         return value
-
-    @model_validator(mode="after")
-    def _blocking_is_structural_error(self) -> RuleSpec:
-        if self.blocks_estimate and (self.memory or self.severity != "error"):
-            raise ValueError(f"rule {self.id}: blocks_estimate needs a structural rule of severity error")
-        return self
 
     def applies_to(self, framework: str, backend: str) -> bool:
         return ("all" in self.frameworks or framework in self.frameworks) and backend in self.backends
@@ -181,10 +171,12 @@ def rules_for(framework: str, backend: str, include_memory: bool) -> tuple[tuple
 @cache
 def blocking_rules(framework: str, zero_stage: int) -> tuple[tuple[RuleSpec, Condition], ...]:
     """The rules of one framework (on the engine its ZeRO stage selects) that an estimate cannot proceed
-    past (`blocks_estimate` in the card), in card order. Cached: the search estimates in hot loops."""
+    past, in card order: every structural rule of severity error, so a layout `check` refuses is refused by
+    the estimators with the same id and fix (one verdict on every face). Cached: the search estimates in
+    hot loops."""
     backend = backend_of(framework, zero_stage)
     return tuple((spec, condition) for spec, condition in rules_for(framework, backend, False)
-                 if spec.blocks_estimate)
+                 if spec.severity == "error")
 
 
 class EstimateBlocked(MeshplanError):

@@ -21,7 +21,7 @@ def rollout_ep_is_tp_dp(ctx: Context) -> Values:
     if p.rollout_ep is None or card is None or not card.ep_equals_tp_dp or p.rollout_ep == 1:
         return None
     tp, dp = p.rollout_tp, p.rollout_dp
-    if p.rollout_ep == tp * dp:
+    if tp is None or dp is None or p.rollout_ep == tp * dp:  # None: the rollout layout is not chosen yet
         return None
     dp_fix = p.rollout_ep // tp if p.rollout_ep % tp == 0 else dp
     return {"ep": p.rollout_ep, "tp": tp, "dp": dp, "product": tp * dp, "framework": ctx.framework,
@@ -31,7 +31,7 @@ def rollout_ep_is_tp_dp(ctx: Context) -> Values:
 @rule("RL002")
 def rollout_replicas_whole(ctx: Context) -> Values:
     p = ctx.plan
-    if p.rollout_gpus is None:
+    if p.rollout_gpus is None or p.rollout_tp is None or p.rollout_dp is None:  # not chosen yet
         return None
     size = p.rollout_tp * p.rollout_dp
     if p.rollout_gpus % size == 0:
@@ -46,7 +46,7 @@ def colocated_spans_trainer(ctx: Context) -> Values:
     p, card = ctx.plan, rl_card(ctx.framework)
     if p.placement != "colocated" or card is None or not card.colocated_gpus_equal_training:
         return None
-    if p.rollout_gpus == ctx.world:
+    if p.rollout_gpus is None or p.rollout_gpus == ctx.world:
         return None
     return {"gpus": p.rollout_gpus, "trainer": ctx.world, "framework": ctx.framework}
 

@@ -1,0 +1,76 @@
+"""One verdict on every face (issue 28 item 4): a grid of layouts walked through `check`, `render`, `memory` and
+`throughput` via meshplan.api. A layout `check` refuses with a structural error is refused by both estimators
+with the same rule id and fix, and by `render` unless forced; a layout with no structural error is priced by
+both estimators and rendered (refused only when it does not fit, which the memory estimate shows)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from meshplan import api
+from meshplan.adapters.render import TARGETS, RefusedLayout
+from meshplan.core.errors import MeshplanError
+from meshplan.rules.engine import EstimateBlocked, memory_rules
+from meshplan.schema.request import Request
+
+MODELS = ("llama-3.1-8b", "qwen3-30b-a3b")
+FRAMEWORKS = ("megatron-core", "torchtitan", "deepspeed", "kempnerforge")
+# (tp, pp, ep, etp, cp, zero_stage, tp_comm_overlap): legal and illegal mixes on 16 GPUs
+SHAPES = [
+    (tp, pp, ep, etp, cp, zero, overlap)
+    for tp, pp, ep, etp, cp, zero, overlap in itertools.product(
+        (1, 2, 3, 4), (1, 2), (1, 4), (1, 2), (1, 2), (0, 1, 3), (False, True))
+    if not (etp == 2 and ep == 1) and not (overlap and tp == 1)
+]
+# The knobs each adapter can write (render's own capability refusal, not yet a rule of check: FSDP2 has no
+# zero_stage 1, DeepSpeed's config has no cp or ep): the grid keeps to them.
+ZERO = {"torchtitan": (0, 3), "kempnerforge": (0, 3), "deepspeed": (1, 3), "megatron-core": (1, 3)}
+GRID = [(m, f, *s) for m, f, s in itertools.product(MODELS, FRAMEWORKS, SHAPES)
+        if s[5] in ZERO[f] and not (f == "deepspeed" and (s[2] > 1 or s[4] > 1))]
+GRID += [(*layout, "flex") for layout in GRID if layout[0] == "qwen3-30b-a3b" and layout[4] > 1]  # DeepEP: EP007
+
+
+def _request(model, framework, tp, pp, ep, etp, cp, zero, overlap, dispatcher=None) -> Request:
+    return Request(model=model, gpu="h100", framework=framework, num_gpus=16, tp=tp, pp=pp, ep=ep, etp=etp,
+                   cp=cp, zero_stage=zero, tp_comm_overlap=overlap, seq_length=4096,
+                   moe_token_dispatcher=dispatcher)
+
+
+def test_the_grid_is_a_few_hundred_layouts():
+    assert len(GRID) >= 200
+
+
+@pytest.mark.parametrize("layout", GRID, ids=lambda v: "-".join(map(str, v)))
+def test_faces_give_one_verdict(layout):
+    try:
+        req = _request(*layout)
+        report = api.check_config(req)
+    except MeshplanError:  # refused before any rule (an unknown combination): every face refuses the same way
+        for face in (api.estimate_memory, api.estimate_throughput):
+            with pytest.raises(MeshplanError):
+                face(_request(*layout))
+        return
+    structural = [f for f in report.findings if f.severity == "error" and f.id not in memory_rules()]
+    framework = layout[1]
+    if structural:
+        first = structural[0]
+        for face in (api.estimate_memory, api.estimate_throughput):
+            with pytest.raises(EstimateBlocked) as info:
+                face(req)
+            assert info.value.rule_id == first.id and info.value.fix == first.fix, (face.__name__, layout)
+        if framework in TARGETS:
+            with pytest.raises(RefusedLayout) as refused:
+                api.render_config(framework, req)
+            assert first.id in {f.id for f in refused.value.findings}
+        return
+    memory = api.estimate_memory(req)
+    assert memory.stages and api.estimate_throughput(req).step_time_s > 0
+    if framework in TARGETS:
+        if any(f.severity == "error" for f in report.findings):  # only the memory rules: it does not fit
+            with pytest.raises(RefusedLayout):
+                api.render_config(framework, req)
+            assert report.memory is not None and not report.memory.fits
+        else:
+            assert api.render_config(framework, req).text
