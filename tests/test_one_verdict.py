@@ -24,11 +24,10 @@ SHAPES = [
         (1, 2, 3, 4), (1, 2), (1, 4), (1, 2), (1, 2), (0, 1, 3), (False, True))
     if not (etp == 2 and ep == 1) and not (overlap and tp == 1)
 ]
-# The knobs each adapter can write (render's own capability refusal, not yet a rule of check: FSDP2 has no
-# zero_stage 1, DeepSpeed's config has no cp or ep): the grid keeps to them.
-ZERO = {"torchtitan": (0, 3), "kempnerforge": (0, 3), "deepspeed": (1, 3), "megatron-core": (1, 3)}
-GRID = [(m, f, *s) for m, f, s in itertools.product(MODELS, FRAMEWORKS, SHAPES)
-        if s[5] in ZERO[f] and not (f == "deepspeed" and (s[2] > 1 or s[4] > 1))]
+# Every ZeRO stage on every framework, cp and ep on DeepSpeed included: the knobs an adapter cannot write (FSDP2 has
+# no zero_stage 1, DeepSpeed's config has no cp or ep) are rule AD001 of `check`, the same card function `render`
+# refuses with (knowledge/adapter_knobs.py missing_knob), so they take the structural branch below.
+GRID = [(m, f, *s) for m, f, s in itertools.product(MODELS, FRAMEWORKS, SHAPES)]
 GRID += [(*layout, "flex") for layout in GRID if layout[0] == "qwen3-30b-a3b" and layout[4] > 1]  # DeepEP: EP007
 
 
@@ -74,3 +73,26 @@ def test_faces_give_one_verdict(layout):
             assert report.memory is not None and not report.memory.fits
         else:
             assert api.render_config(framework, req).text
+
+
+@pytest.mark.parametrize("framework, knobs", [
+    ("torchtitan", {"zero_stage": 1}), ("kempnerforge", {"zero_stage": 1}),
+    ("deepspeed", {"zero_stage": 1, "cp": 2}), ("deepspeed", {"zero_stage": 1, "ep": 4}),
+])
+def test_a_knob_the_adapter_cannot_write_is_one_verdict(framework, knobs):
+    """AD001 (check) and render's refusal read one card function: check names the knob and the card's fix, both
+    estimators stop on it, render refuses the layout, and forced it still cannot write it."""
+    req = Request(model="qwen3-30b-a3b", gpu="h100", framework=framework, num_gpus=16, seq_length=4096, **knobs)
+    found = [f for f in api.check_config(req).findings if f.id == "AD001"]
+    name, value = next((k, v) for k, v in knobs.items() if k != "zero_stage" or framework != "deepspeed")
+    assert found and found[0].message.startswith(f"{name}={value}:"), found
+    for face in (api.estimate_memory, api.estimate_throughput):
+        with pytest.raises(EstimateBlocked) as info:
+            face(req)
+        assert info.value.rule_id in {f.id for f in api.check_config(req).findings}
+    with pytest.raises(RefusedLayout) as refused:
+        api.render_config(framework, req)
+    assert "AD001" in {f.id for f in refused.value.findings}
+    with pytest.raises(MeshplanError, match="cannot express") as forced:
+        api.render_config(framework, req, force=True)
+    assert forced.value.fix == found[0].fix

@@ -178,6 +178,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "framework": "kempnerforge", "num_gpus": 8, "precision": "fp8"}),
     "KF004": ({**MIX, "framework": "kempnerforge", "num_gpus": 16, "tp": 2, "ep": 2, "etp": 2},
               {**MIX, "framework": "kempnerforge", "num_gpus": 16, "tp": 2, "ep": 2}),
+    "AD001": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "zero_stage": 1},
+              {**L8B, "framework": "torchtitan", "num_gpus": 8, "zero_stage": 3}),
     "SK002": ({**L8B, "framework": "skyrl", "num_gpus": 8, "cp": 2, "seq_length": 8192},
               {**L8B, "framework": "skyrl", "num_gpus": 8, "seq_length": 8192}),
     "VL002": ({**L8B, "framework": "verl", "zero_stage": 3, "num_gpus": 8, "cp": 2},

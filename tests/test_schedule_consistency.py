@@ -47,13 +47,14 @@ def _plans(arch, framework):
     """Per pp: the plan without a split (remainder on the first stages; also interleaved by 2 where the framework
     interleaves) and every (vpp, first, last) the search enumerates for it."""
     kn = knobs(framework)
+    zero = 1 if framework == "skyrl" else 0  # SkyRL's config has no ZeRO-0 (its card's adapter; rule AD001)
     for pp in range(2, min(arch.num_layers, MAX_PP) + 1):
-        yield Plan(pp=pp, zero_stage=0)
+        yield Plan(pp=pp, zero_stage=zero)
         if kn.vpp and 2 * pp <= arch.num_layers:
-            yield Plan(pp=pp, vpp=2, zero_stage=0)
+            yield Plan(pp=pp, vpp=2, zero_stage=zero)
         for vpp, first, last in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework)):
             if (vpp, first, last) != (1, None, None):
-                yield Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last)
+                yield Plan(pp=pp, vpp=vpp, zero_stage=zero, first_stage_layers=first, last_stage_layers=last)
 
 
 # --------------------------------------------------------------------------- memory and throughput

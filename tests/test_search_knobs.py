@@ -86,7 +86,7 @@ def test_each_row_names_the_terms_no_measured_run_validated():
     ({}, "kempnerforge"),  # compiles by default: the compiled loss keeps fewer logit bytes
     ({"optimizer_offload_fraction": 0.5}, "megatron-core"),  # half the optimizer stepped on the CPU
     ({"activation_offload": True}, "megatron-core"),  # saved activations on the host: the floor counts none
-    ({"param_offload": True, "optimizer_offload": True}, "deepspeed"),  # ZeRO-Offload / ZeRO-Infinity
+    ({"param_offload": True, "optimizer_offload": True, "ep": 1}, "deepspeed"),  # ZeRO-Offload; ep>1: AD001
 ])
 def test_memory_floors_take_the_carried_fields(fields, framework):
     """The search drops plans whose floor is over the budget unestimated: with the request's optimizer, precision and
@@ -122,7 +122,7 @@ def test_memory_floors_take_the_carried_fields(fields, framework):
                                          activation_offload=plan.activation_offload) <= peak, plan
                 assert states_lower_bound(job, lay, zero, search.split, search.presets[zero][1]) <= peak, plan
                 checked += 1
-    assert checked > 20
+    assert checked > (10 if framework == "deepspeed" else 20)  # DeepSpeed: ep=1 (AD001), 15 plans in all
 
 
 def test_the_requests_offloads_are_kept_in_every_ranked_plan():

@@ -134,7 +134,7 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
     job = job_for(model, gpus, framework)
     layouts, _ = enumerate_layouts(job, Fixed())
     checked = 0
-    for lay in rng.sample(layouts, min(80, len(layouts))):
+    for lay in rng.sample(layouts, min(120, len(layouts))):  # 120: AD001 blocks FSDP2's zero_stage 1
         sizes = micro_batches(job, lay, Fixed())
         if not sizes:
             continue

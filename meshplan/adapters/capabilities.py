@@ -8,7 +8,15 @@ a framework can express.
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import ADAPTER_KNOBS, AdapterKnob, AdapterSection, CardError, framework_card
+from meshplan.knowledge.adapter_knobs import (  # noqa: F401 (re-exported: the adapters' and tests' names)
+    adapter_section,
+    describe_knob,
+    knob_table,
+    knobs_in_use,
+    missing_knob,
+    precision_knobs,
+)
+from meshplan.knowledge.cards import ADAPTER_KNOBS, framework_card
 from meshplan.knowledge.releases import resolve_release
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
@@ -19,20 +27,6 @@ KNOBS: tuple[str, ...] = ADAPTER_KNOBS
 def renderable_frameworks() -> tuple[str, ...]:
     """The frameworks whose card has an `adapter` section: the ones `render` writes a config for."""
     return tuple(name for name in FRAMEWORKS if framework_card(name).renderable)
-
-
-def adapter_section(framework: str) -> AdapterSection:
-    """The `adapter` section of a framework card (meshplan/knowledge/cards.py validates it when the card loads)."""
-    section = framework_card(framework).adapter
-    if section is None:
-        raise CardError(f"cards/frameworks/{framework}.yaml has no 'adapter' section.")
-    return section
-
-
-def knob_table(framework: str, version: str, variant: str) -> dict[str, AdapterKnob]:
-    """The knobs of one version and variant: the version's table with the variant's overrides."""
-    section = adapter_section(framework)
-    return {**section.versions[version].knobs, **section.variant_knobs.get(variant, {})}
 
 
 def resolve_version(framework: str, version: str | None) -> str:
@@ -52,116 +46,12 @@ def resolve_version(framework: str, version: str | None) -> str:
     )
 
 
-def knobs_in_use(job: Job, plan: Plan) -> list[str]:
-    """The knobs a plan actually uses (a degree of 1 or an off switch uses nothing)."""
-    used = ["micro_batch_size", "global_batch_size", f"zero_{plan.zero_stage}"]
-    for name in ("tp", "pp", "vpp", "cp", "ep", "etp"):
-        if getattr(plan, name) > 1:
-            used.append(name)
-    if plan.cp > 1 and plan.cp_comm_type != "p2p":
-        used.append("cp_comm_type")
-    if plan.sequence_parallel:
-        used.append("sequence_parallel")
-    if plan.recompute != "none":
-        used.append(f"recompute_{plan.recompute}")
-    if plan.recompute == "full" and plan.recompute_layers is not None:
-        used.append("recompute_layers")
-        if plan.recompute_method == "uniform" and plan.recompute_layers > 1:
-            used.append("recompute_method")
-    if plan.recompute == "selective" and plan.recompute_modules is not None:
-        used.append("recompute_modules")
-    if plan.recompute == "selective" and plan.selective_ac_option not in (None, "op"):
-        used.append("selective_ac_option")  # "op" is what every torchtitan selective means
-    if plan.first_stage_layers is not None or plan.last_stage_layers is not None:
-        used.append("uneven_pp")
-    for name in ("pipeline_layout", "account_for_embedding", "account_for_loss"):
-        if getattr(plan, name) not in (None, False):
-            used.append(name)
-    if job.precision == "fp8":
-        used.append("fp8")
-    if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
-        used.append("moe_flex_dispatcher")
-    if job.model.moe is not None and plan.moe_a2a_overlap:
-        used.append("moe_a2a_overlap")
-    if plan.torch_compile:
-        used.append("torch_compile")
-    if plan.tp_comm_overlap:
-        used.append("tp_comm_overlap")
-    if job.lora is not None:  # a LoRA job (meshplan/arithmetic/lora.py): rank and targets
-        used += ["lora_rank", "lora_targets"]
-    if plan.attention_backend != "auto":
-        used.append("attention_backend")
-    if plan.dropout:
-        used.append("dropout")
-    used += precision_knobs(job, plan)
-    used += [name for name in ("activation_offload", "param_offload", "grad_offload", "optimizer_offload")
-             if getattr(plan, name)]
-    if plan.optimizer_offload_fraction > 0:
-        used.append("optimizer_offload_fraction")
-    return used
-
-
-def precision_knobs(job: Job, plan: Plan) -> list[str]:
-    """The optimizer and precision knobs a plan uses: an optimizer other than adam, a moment dtype other than fp32,
-    fp8 weights, an explicit reduce dtype, and an explicit fp8 recipe (left out = the framework's own default,
-    nothing to render)."""
-    used = ["optimizer"] if plan.optimizer != "adam" else []  # adam: every framework's default, nothing to render
-    if plan.optimizer_state_dtype not in (None, "fp32"):
-        used.append("optimizer_state_dtype")
-    if plan.fp8_param_gather:
-        used.append("fp8_param_gather")
-    if plan.grad_reduce_in_fp32 is not None:
-        used.append("grad_reduce_fp32" if plan.grad_reduce_in_fp32 else "grad_reduce_bf16")
-    if job.precision == "fp8" and plan.fp8_recipe is not None:
-        used.append(f"fp8_{plan.fp8_recipe}")
-    return used
-
-
-def describe_knob(name: str, plan: Plan, job: Job) -> str:
-    value = {
-        "zero_0": "zero_stage=0", "zero_1": "zero_stage=1", "zero_2": "zero_stage=2", "zero_3": "zero_stage=3",
-        "recompute_selective": "recompute=selective", "recompute_full": "recompute=full",
-        "recompute_layers": f"recompute_layers={plan.recompute_layers}",
-        "selective_ac_option": f"selective_ac_option={plan.selective_ac_option}",
-        "recompute_method": f"recompute_method={plan.recompute_method}",
-        "recompute_modules": f"recompute_modules={plan.recompute_modules}",
-        "uneven_pp": f"first_stage_layers={plan.first_stage_layers}, last_stage_layers={plan.last_stage_layers}",
-        "fp8": "precision=fp8", "cp_comm_type": f"cp_comm_type={plan.cp_comm_type}",
-        "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
-        "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
-        "tp_comm_overlap": "tp_comm_overlap=true", "attention_backend": f"attention_backend={plan.attention_backend}",
-        "dropout": "dropout=true",
-        "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
-        "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
-        "optimizer": f"optimizer={plan.optimizer}",
-        "optimizer_state_dtype": f"optimizer_state_dtype={plan.optimizer_state_dtype}",
-        "fp8_param_gather": "fp8_param_gather=true", "grad_reduce_fp32": "grad_reduce_in_fp32=true",
-        "grad_reduce_bf16": "grad_reduce_in_fp32=false",
-        "activation_offload": "activation_offload=true", "param_offload": "param_offload=true",
-        "grad_offload": "grad_offload=true", "optimizer_offload": "optimizer_offload=true",
-        "optimizer_offload_fraction": f"optimizer_offload_fraction={plan.optimizer_offload_fraction:g}",
-        **{f"fp8_{r}": f"fp8_recipe={r}" for r in ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")},
-    }.get(name)
-    if name in ("lora_rank", "lora_targets") and job.lora is not None:
-        value = f"lora_rank={job.lora.rank}" if name == "lora_rank" else f"lora_targets={job.lora.targets}"
-    return value or f"{name}={getattr(plan, name, '?')}"
-
-
 def refuse_missing(framework: str, version: str, variant: str, job: Job, plan: Plan) -> None:
-    """Raise for the first knob the plan uses that this framework version and variant cannot express."""
-    table = knob_table(framework, version, variant)
-    display = framework_card(framework).display_name
-    for name in knobs_in_use(job, plan):
-        knob = table[name]
-        if knob.values is not None and knob.key is not None and knob.values.get(plan.attention_backend) is None:
-            raise MeshplanError(
-                f"{display} {version} ({variant}) cannot express {describe_knob(name, plan, job)}: "
-                f"its {knob.key} takes {', '.join(k for k, v in knob.values.items() if v is not None)}.",
-                fix=knob.instead,
-            )
-        if knob.key is None:
-            raise MeshplanError(
-                f"{display} {version} ({variant}) cannot express {describe_knob(name, plan, job)}: "
-                "it has no such knob.",
-                fix=knob.instead,
-            )
+    """Raise for the first knob the plan uses that this framework version and variant cannot express (the same
+    function rule AD001 asks, knowledge/adapter_knobs.py missing_knob)."""
+    missing = missing_knob(framework, version, variant, job, plan)
+    if missing is not None:
+        display = framework_card(framework).display_name
+        raise MeshplanError(
+            f"{display} {version} ({variant}) cannot express {missing.setting}: {missing.reason}", fix=missing.instead,
+        )

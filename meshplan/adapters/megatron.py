@@ -387,10 +387,6 @@ def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:
 # --------------------------------------------------------------------------- DeepSpeed
 
 
-def deepspeed_default_variant(job: Job, plan: Plan) -> str:
-    return "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 else "config"
-
-
 def ds_config(job: Job, plan: Plan) -> dict[str, Any]:
     """ds_config.json: batch sizes (train = micro * accumulation * dp), bf16/fp16, ZeRO stage."""
     accumulation = job.global_batch_size // (plan.micro_batch_size * plan.dp)

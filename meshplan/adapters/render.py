@@ -23,6 +23,7 @@ from meshplan.adapters.common import Builder
 from meshplan.check.headline import layout_text
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import gib
+from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import memory_rules
 from meshplan.schema.choices import FRAMEWORKS
@@ -119,15 +120,16 @@ def environment() -> jinja2.Environment:
 # --------------------------------------------------------------------------- dispatch
 
 
-# Each renderable framework's builder and its default variant for a job and plan.
+# Each renderable framework's builder and its default variant for a job and plan (the card-reading layer's,
+# knowledge/adapter_knobs.py, which rule AD001 asks too).
 BUILDERS: dict[str, tuple[Builder, Callable[[Job, Plan], str]]] = {
-    "megatron-core": (megatron.build_core, lambda job, plan: "pretrain_gpt"),
-    "megatron-bridge": (megatron.build_bridge, lambda job, plan: "python"),
-    "deepspeed": (megatron.build_deepspeed, megatron.deepspeed_default_variant),
-    "verl": (rl.build_verl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "megatron"),
-    "skyrl": (rl.build_skyrl, lambda job, plan: "fsdp" if plan.zero_stage == 3 else "rl"),
-    "torchtitan": (torchnative.build_torchtitan, lambda job, plan: "cli"),
-    "kempnerforge": (torchnative.build_kempnerforge, lambda job, plan: "toml"),
+    "megatron-core": (megatron.build_core, DEFAULT_VARIANTS["megatron-core"]),
+    "megatron-bridge": (megatron.build_bridge, DEFAULT_VARIANTS["megatron-bridge"]),
+    "deepspeed": (megatron.build_deepspeed, DEFAULT_VARIANTS["deepspeed"]),
+    "verl": (rl.build_verl, DEFAULT_VARIANTS["verl"]),
+    "skyrl": (rl.build_skyrl, DEFAULT_VARIANTS["skyrl"]),
+    "torchtitan": (torchnative.build_torchtitan, DEFAULT_VARIANTS["torchtitan"]),
+    "kempnerforge": (torchnative.build_kempnerforge, DEFAULT_VARIANTS["kempnerforge"]),
 }
 
 

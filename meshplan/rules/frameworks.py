@@ -1,5 +1,5 @@
 """The rules one framework adds (TT001, DS*, KF*, SK002, VL002): its own limits on etp, ep, ZeRO with pp, and the
-padding its sequence splits need.
+padding its sequence splits need; and AD001, a setting the framework's adapter cannot write.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -7,6 +7,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.knowledge.adapter_knobs import LAYOUT_KNOBS, default_render, missing_knob
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, fmt_set, rule
 from meshplan.rules.world import working_ep
 
@@ -92,3 +94,18 @@ def verl_ulysses_padding(ctx: Context) -> Values:
     if ctx.plan.cp == 1:
         return None
     return {"u": ctx.plan.cp}
+
+
+@rule("AD001")
+def adapter_cannot_write(ctx: Context) -> Values:
+    """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
+    it writes by default."""
+    target = default_render(ctx.framework, ctx.job, ctx.plan)
+    if target is None:
+        return None
+    version, variant = target
+    missing = missing_knob(ctx.framework, version, variant, ctx.job, ctx.plan, LAYOUT_KNOBS)
+    if missing is None:
+        return None
+    return {"setting": missing.setting, "display": framework_card(ctx.framework).display_name, "version": version,
+            "variant": variant, "reason": missing.reason, "instead": missing.instead, "knob": missing.knob}
