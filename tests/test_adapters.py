@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.adapters.capabilities import KNOBS, adapter_section, knob_table, knobs_in_use
+from meshplan.adapters.capabilities import KNOBS
 from meshplan.adapters.parse import parse_plan, shell_tokens
 from meshplan.adapters.render import TARGETS, render
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table, knobs_in_use
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 

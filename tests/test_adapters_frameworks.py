@@ -23,9 +23,9 @@ from framework_packages import TORCHTITAN_VENV, venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
-from meshplan.adapters.capabilities import adapter_section
 from meshplan.adapters.parse import cli_flags, overrides, parse_plan, python_assignments, shell_tokens
 from meshplan.adapters.render import render
+from meshplan.knowledge.adapter_knobs import adapter_section
 from meshplan.knowledge.cards import framework_card, model_card_names, read_card
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request

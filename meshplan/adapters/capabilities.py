@@ -8,14 +8,7 @@ a framework can express.
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.adapter_knobs import (  # noqa: F401 (re-exported: the adapters' and tests' names)
-    adapter_section,
-    describe_knob,
-    knob_table,
-    knobs_in_use,
-    missing_knob,
-    precision_knobs,
-)
+from meshplan.knowledge.adapter_knobs import adapter_section, missing_knob
 from meshplan.knowledge.cards import ADAPTER_KNOBS, framework_card
 from meshplan.knowledge.releases import resolve_release
 from meshplan.schema.choices import FRAMEWORKS

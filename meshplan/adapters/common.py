@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan.adapters.capabilities import adapter_section, knob_table
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.offload import optimizer_share
 from meshplan.arithmetic.schedule import layers_per_rank, split_problem, uneven_split
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import ep_rank_load
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import total_params
 from meshplan.schema.plan import Job, Plan

@@ -18,12 +18,12 @@ from typing import Any
 import jinja2
 
 from meshplan.adapters import megatron, rl, torchnative
-from meshplan.adapters.capabilities import adapter_section, refuse_missing, renderable_frameworks, resolve_version
+from meshplan.adapters.capabilities import refuse_missing, renderable_frameworks, resolve_version
 from meshplan.adapters.common import Builder
 from meshplan.check.headline import layout_text
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import gib
-from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS
+from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS, adapter_section
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import memory_rules
 from meshplan.schema.choices import FRAMEWORKS

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from meshplan.adapters.capabilities import KNOBS, adapter_section
+from meshplan.adapters.capabilities import KNOBS
 from meshplan.arithmetic import mesh
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
@@ -32,6 +32,7 @@ from meshplan.core.units import GIB
 from meshplan.estimate.accuracy import accuracy_card
 from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.adapter_knobs import adapter_section
 from meshplan.knowledge.cards import HardwareCard, framework_card, load_card
 from meshplan.knowledge.catalog import describe_architecture, resolve_model
 from meshplan.knowledge.hardware import get_gpu

@@ -14,9 +14,9 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
-from meshplan.adapters.capabilities import adapter_section, knob_table
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.request import Request
 
