@@ -1,5 +1,5 @@
 """Shared test set-up: tests import helpers (framework_packages) from this folder; the dev set's rows, read once;
-the dataset tests' guard.
+the dataset tests' guard; the HTTP server the MCP transport tests and the browser tests talk to.
 
 The dataset tests (marked `shared_data(path)`) read the shared validation set from ../shared beside the
 checkout. Without it they fail, saying where it must be, unless MESHPLAN_NO_SHARED=1 says to skip them; under
@@ -15,6 +15,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parent.parent
+# A user's stored cluster factors (meshplan compare --calibrate) must not move the suite's answers: calibration is
+# off for every test and every process a test starts; tests/test_compare.py turns it on with its own file.
+os.environ["MESHPLAN_CALIBRATION_FILE"] = ""
 SHARED = REPO.parent / "shared"
 
 
@@ -77,3 +80,15 @@ def production_rows():
     data = SHARED / "validation" / "production_configs_dev.yaml"
     require_shared(data)
     return {r["id"]: r for r in yaml.safe_load(data.read_text(encoding="utf-8"))}
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory):
+    """`meshplan serve --transport http` started once per test run (per xdist worker): the MCP endpoint's URL
+    (http://127.0.0.1:PORT/mcp); the same server serves the report's page at /."""
+    from http_servers import serving  # here, not at the top: a checkout's conftest.py alone still loads (the
+    # infrastructure tests copy it without the helpers)
+
+    with serving([sys.executable, "-m", "meshplan.faces.cli", "serve", "--transport", "http", "--port"],
+                 tmp_path_factory.mktemp("http")) as port:
+        yield f"http://127.0.0.1:{port}/mcp"

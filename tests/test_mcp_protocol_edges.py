@@ -21,12 +21,13 @@ import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import MCPServer
-from test_mcp_transports import INIT, MEMORY_ARGS, SERVER, RawServer, call, http_server  # noqa: F401 (a fixture)
+from test_mcp_transports import INIT, MEMORY_ARGS, SERVER, RawServer, call
 
 from meshplan.core import cancel
 from meshplan.core.errors import Cancelled, MeshplanError
 from meshplan.faces.mcp import cancellable as cancellable_module
 from meshplan.faces.mcp.cancellable import cancellable, run_cancellable
+from meshplan.faces.mcp.compare_tool import COMPARE_TOOL
 from meshplan.faces.mcp.http_edges import InvalidIdGuard
 from meshplan.faces.mcp.prompts import PROMPTS, check_prompt_call
 from meshplan.faces.mcp.report_tool import REPORT_TOOL
@@ -115,7 +116,7 @@ def sse_data(text: str) -> dict:
     return json.loads(next(line[5:] for line in text.splitlines() if line.startswith("data:")))
 
 
-def test_ids_that_are_not_strings_or_integers_get_invalid_request_over_http(http_server):  # noqa: F811 (fixture)
+def test_ids_that_are_not_strings_or_integers_get_invalid_request_over_http(http_server):
     status, headers, _ = post(http_server, INIT)
     assert status == 200
     session = {"mcp-session-id": headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
@@ -375,11 +376,11 @@ def test_checkpoint_is_free_outside_a_scope_and_obeys_its_own_token():
 
 async def test_wrapped_tools_publish_the_same_schemas():
     raw = MCPServer("raw")
-    for fn, title, description in [*TOOLS, REPORT_TOOL]:
+    for fn, title, description in [*TOOLS, REPORT_TOOL, COMPARE_TOOL]:
         raw.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(fn)
     dump = [t.model_dump(mode="json", by_alias=True) for t in await raw.list_tools()]
     assert json.dumps([t.model_dump(mode="json", by_alias=True) for t in await app.list_tools()]) == json.dumps(dump)
-    for fn, _, _ in [*TOOLS, REPORT_TOOL]:
+    for fn, _, _ in [*TOOLS, REPORT_TOOL, COMPARE_TOOL]:
         wrapped = cancellable(fn)
         assert (wrapped.__name__, wrapped.__doc__) == (fn.__name__, fn.__doc__)
         assert inspect.signature(wrapped) == inspect.signature(fn)

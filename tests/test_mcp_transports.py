@@ -7,7 +7,6 @@ over a pipe, and give up on it if one bad line kills it; these tests do the same
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from http_servers import serving
 from mcp import Client, StdioServerParameters
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +44,7 @@ async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
     params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path))
     async with Client(params) as client:
         assert client.server_info.name == "meshplan"
-        assert len((await client.list_tools()).tools) == 9
+        assert len((await client.list_tools()).tools) == 10
         result = await client.call_tool("estimate_memory", MEMORY_ARGS)
         assert not result.is_error and result.structured_content["plan"]["dp"] == 4
         failed = await client.call_tool("describe_model", {"model": "no-such-model"})
@@ -135,7 +135,7 @@ def test_bad_lines_get_error_replies_and_the_server_keeps_serving(raw):
 
     reply = raw.ask(call(17, "estimate_memory", MEMORY_ARGS))
     assert reply["result"]["isError"] is False and reply["result"]["structuredContent"]["plan"]["tp"] == 2
-    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 9
+    assert len(raw.ask({"jsonrpc": "2.0", "id": 18, "method": "tools/list"})["result"]["tools"]) == 10
     assert raw.close() == 0
 
 
@@ -196,39 +196,10 @@ def test_start_up_imports_nothing_heavy(tmp_path):
 # --------------------------------------------------------------------------- streamable HTTP
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def http_server(tmp_path_factory):
-    port = free_port()
-    home = tmp_path_factory.mktemp("http")
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "PATH")}
-    with open(home / "stderr.log", "w") as log:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen([*SERVER, "--transport", "http", "--port", str(port)], cwd=home, env=env,
-                                stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"HTTP server did not start: {(home / 'stderr.log').read_text()[-2000:]}") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
 async def test_http_round_trip(http_server):
     async with Client(http_server) as client:
         assert client.server_info.name == "meshplan"
-        assert len((await client.list_tools()).tools) == 9
+        assert len((await client.list_tools()).tools) == 10
         result = await client.call_tool("estimate_memory", MEMORY_ARGS)
         assert not result.is_error and result.structured_content["plan"]["tp"] == 2
         failed = await client.call_tool("estimate_memory", {**MEMORY_ARGS, "gpu": "h1000"})
@@ -351,24 +322,8 @@ def _tool(req_id: int, name: str, arguments: dict) -> dict:
 
 @pytest.fixture
 def hang_up_server(tmp_path):
-    port = free_port()
-    with open(tmp_path / "stderr.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", HANG_UP_SERVER, str(port)], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"HTTP server did not start: {(tmp_path / 'stderr.log').read_text()[-2000:]}") \
-                    from None
-            time.sleep(0.1)
-    yield port
-    proc.kill()
-    proc.wait(timeout=30)
+    with serving([sys.executable, "-c", HANG_UP_SERVER], tmp_path) as port:
+        yield port
 
 
 def test_a_client_that_hangs_up_over_http_cancels_its_call(hang_up_server):

@@ -65,3 +65,42 @@ def test_groups_cross_domains_by_stride():
     assert mesh.crosses_domains(16, 1, 8)           # TP16 needs two nodes
     assert mesh.crosses_domains(2, 8, 8)            # any group strided by a whole node leaves it
     assert mesh.per_domain(64, 2, 8) == 4           # EP64 over ETP2: four members per node
+
+
+@pytest.mark.parametrize(("tp", "cp", "pp", "ep", "etp", "world"), [
+    (2, 2, 2, 1, 1, 32), (8, 1, 4, 1, 1, 64), (1, 4, 1, 1, 1, 16), (2, 1, 2, 8, 1, 32), (2, 1, 2, 4, 2, 32)])
+def test_mesh_axes_are_megatron_s_rank_order(tp, cp, pp, ep, etp, world):
+    """Which ranks form each group (the mesh picture's groups): Megatron-Core's RankGenerator order, checked against
+    each rank's coordinates. Dense: rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i)); experts within a pipeline stage:
+    rank = etp_i + etp*(ep_i + ep*edp_i) + stage offset. A group is the ranks that share every other coordinate."""
+    dp = world // (tp * cp * pp)
+    plan = Plan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp)
+    dense = {"TP": (tp, 1), "CP": (cp, tp), "DP": (dp, tp * cp), "PP": (pp, tp * cp * dp)}
+    stage = world // pp
+    expert = {"ETP": (etp, 1), "EP": (ep, etp), "EDP": (stage // (ep * etp), ep * etp)}
+
+    def coordinates(rank: int, sizes: list[int]) -> list[int]:
+        out = []
+        for size in sizes:
+            rank, c = divmod(rank, size)
+            out.append(c)
+        return [*out, rank]
+
+    axes = {a.name: a for a in mesh.mesh_axes(plan, world, domain=8, moe=ep > 1)}
+    wanted = {n: v for n, v in dense.items() if v[0] > 1} | ({n: v for n, v in expert.items() if v[0] > 1}
+                                                            if ep > 1 else {})
+    assert {n: (a.size, a.stride) for n, a in axes.items()} == wanted
+    for name, axis in axes.items():
+        names, sizes = (list(dense), [tp, cp, dp]) if not axis.expert else (list(expert), [etp, ep])
+        position = names.index(name)
+        for rank in range(world):
+            local = rank if not axis.expert else rank % stage
+            mine = coordinates(local, sizes)
+            members = axis.members(axis.group_of(rank))
+            assert rank in members and len(members) == axis.size
+            for other in members:
+                theirs = coordinates(other if not axis.expert else other % stage, sizes)
+                assert [c for i, c in enumerate(theirs) if i != position] == \
+                    [c for i, c in enumerate(mine) if i != position], (name, rank, other)
+                assert axis.expert is False or other // stage == rank // stage  # experts stay in their stage
+        assert axis.crosses_network == mesh.crosses_domains(axis.size, axis.stride, 8)

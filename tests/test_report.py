@@ -4,6 +4,8 @@ fetched from outside; the CLI, the MCP tool and the web page all draw from the s
 from __future__ import annotations
 
 import base64
+import dataclasses
+import itertools
 import json
 import re
 from html import unescape
@@ -15,11 +17,12 @@ from mcp import Client
 from report_cases import CASES, report_for
 
 from meshplan import api
+from meshplan.arithmetic.pipeline_timeline import V_ORDERS, rank_actions, shape_for, simulate, timed_actions
 from meshplan.faces.cli import main
-from meshplan.faces.report import figures, render_html
+from meshplan.faces.report import figures, gather, render_html
 from meshplan.faces.report.figures import stage_parts
-from meshplan.faces.report.mesh import drawn_ranks
-from meshplan.faces.report.schedule import drawn_microbatches, simulate
+from meshplan.faces.report.figures_layout import drawn_microbatches, drawn_ranks, schedule_figure, schedule_shape
+from meshplan.request.parse import parse_request
 
 
 class Elements(HTMLParser):
@@ -101,12 +104,71 @@ def test_the_schedule_has_every_forward_and_backward_and_the_bubble_in_seconds()
     assert f"{report.throughput.breakdown.bubble_s:.4g} s" in render_html(report)
 
 
+ORDERS = ["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev",
+          "combined_1f1b"]
+
+
+def _shapes():
+    """Every order the replay knows over small pipelines, m < p, m not a multiple of p, several chunks."""
+    for order, (pp, vpp, m) in itertools.product(ORDERS, itertools.product((2, 3, 4), (1, 2, 3), (1, 3, 4, 8, 9))):
+        if (order in V_ORDERS) != (vpp == 2 and order in V_ORDERS) or (order == "dualpipev" and m < 2 * pp):
+            continue
+        yield shape_for(order, "pp", pp, vpp, m)
+
+
+def test_the_picture_s_timeline_is_the_estimate_s_step_for_every_order():
+    """timed_actions (what the picture draws) runs each rank's rank_actions in order, every op once, and ends when
+    simulate's step ends (what the throughput estimate prices), whatever the op times."""
+    seen = set()
+    for shape in _shapes():
+        p = shape.pp
+        fwd, bwd, wgrad = [1.0 + 0.1 * r for r in range(p)], [2.0 + 0.05 * r for r in range(p)], [0.8] * p
+        try:
+            step = simulate(shape, fwd, bwd, 0.05, wgrad).seconds
+        except AssertionError:  # an order the replay itself cannot run: the picture refuses it the same way
+            with pytest.raises(AssertionError, match="deadlocks"):
+                timed_actions(shape, fwd, bwd, 0.05, wgrad)
+            continue
+        ranks = timed_actions(shape, fwd, bwd, 0.05, wgrad)
+        for r, timed in enumerate(ranks):
+            assert tuple(t.action for t in timed) == rank_actions(shape, r)
+            assert all(b.start >= a.end - 1e-12 for a, b in itertools.pairwise(timed))  # one op at a time
+        end = max(t.end for timed in ranks for t in timed)
+        assert end == pytest.approx(step, rel=1e-12), shape
+        seen.add(shape.order)
+    assert seen == set(ORDERS)
+
+
 @pytest.mark.parametrize(("pp", "vpp", "m"), [(4, 1, 8), (4, 2, 8), (2, 1, 1), (4, 3, 4), (4, 2, 3)])
-def test_the_schedule_runs_every_operation_once_with_the_textbook_bubble(pp, vpp, m):
-    slots = simulate(pp, vpp, m)
-    assert len(slots) == len({(s.rank, s.microbatch, s.chunk, s.backward) for s in slots}) == 2 * pp * vpp * m
+def test_the_megatron_schedule_runs_every_operation_once_with_the_textbook_bubble(pp, vpp, m):
+    shape = shape_for("1f1b", "pp", pp, vpp, m)
+    ranks = timed_actions(shape, [1.0] * pp, [2.0] * pp)
+    ops = [(r, t.action.kind, t.action.chunk, t.action.mb) for r, timed in enumerate(ranks) for t in timed]
+    assert len(ops) == len(set(ops)) == 2 * pp * vpp * m
     if m % pp == 0:  # Megatron's bubble: (pp - 1) x (forward + backward) of a whole rank, over vpp
-        assert max(s.end for s in slots) == 3 * m * vpp + 3 * (pp - 1)
+        assert max(t.end for timed in ranks for t in timed) == 3 * m * vpp + 3 * (pp - 1)
+
+
+@pytest.mark.parametrize(("schedule", "vpp"), [(None, 2), (None, 1), ("gpipe", 1), ("zero_bubble", 2),
+                                               ("zero_bubble", 3), ("dualpipev", 2), ("combined_1f1b", 2)])
+def test_the_schedule_picture_draws_the_plan_s_schedule_as_the_timeline_replays_it(schedule, vpp):
+    report = report_for("dense_pp_vpp")
+    plan = report.plan.model_copy(update={"pipeline_schedule": schedule, "vpp": vpp})
+    report = dataclasses.replace(report, plan=plan)
+    drawn = drawn_microbatches(plan.pp, plan.vpp, report.microbatches)
+    shape = schedule_shape(report, drawn)
+    assert shape.vpp == vpp and shape.microbatches == drawn
+    figure = schedule_figure(report)
+    slots = [s for s in figure.shapes if s.css.startswith("slot ")]
+    split = any(a.kind == "W" for r in range(plan.pp) for a in rank_actions(shape, r))
+    expected = timed_actions(shape, [1.0] * plan.pp, [2.0] * plan.pp, 0.0, [1.0 if split else 0.0] * plan.pp)
+    for rank in range(plan.pp):
+        drawn_ops = [(s.data["kind"], s.data["chunk"], s.data["microbatch"], s.data["start"]) for s in slots
+                     if s.data["rank"] == str(rank)]
+        assert drawn_ops == [(t.action.kind, str(t.action.chunk), str(t.action.mb), str(round(t.start, 6)))
+                             for t in expected[rank]]
+    kinds = {s.data["kind"] for s in slots}
+    assert kinds == ({"F", "I", "W"} | ({"B"} if shape.order == "dualpipev" else set()) if split else {"F", "B"})
 
 
 def test_rl_phases_are_drawn_with_their_memory():
@@ -203,3 +265,20 @@ def test_the_page_answers_with_recommend_and_keeps_the_host_check():
     shown = json.loads(unescape(re.search(r'<pre class="answer" id="answer-json">(.*?)</pre>', html, re.S).group(1)))
     assert shown == json.loads(api.recommend(report_for("recommend").request).model_dump_json())
     assert anyio.run(get, "", "attacker.example:8765")[0] == 421
+
+
+def test_a_requested_schedule_is_drawn_from_the_request_through_the_api():
+    """pipeline_schedule=zero_bubble on torchtitan (ZBV at two chunks per rank): the report drawn from the request
+    shows each rank's F, I and W in the V placement, where the timeline the throughput estimate prices puts them."""
+    report = gather(parse_request({"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 16, "framework": "torchtitan",
+                                   "tp": 2, "pp": 4, "global_batch_size": 32, "micro_batch_size": 1,
+                                   "pipeline_schedule": "zero_bubble"}))
+    assert report.plan.pipeline_schedule == "zero_bubble" and report.throughput is not None
+    shape = schedule_shape(report, drawn_microbatches(report.plan.pp, report.plan.vpp, report.microbatches))
+    assert shape.order == "zbv_zero_bubble"
+    dom = Elements(render_html(report))
+    slots = dom.having("rect", "slot")
+    assert {s["data-kind"] for s in slots} == {"F", "I", "W"}
+    assert {(s["data-rank"], s["data-stage"]) for s in slots} == {(str(r), str(st)) for r in range(4)
+                                                                 for st in (r, 7 - r)}  # the V: stages r, 2p-1-r
+    assert "ZBV zero-bubble" in render_html(report)

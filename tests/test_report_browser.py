@@ -8,11 +8,8 @@ Skipped when chromium is not installed, except under CI=true (.ci/run installs i
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from chromium_cdp import Browser, chromium_path
@@ -58,34 +55,11 @@ def test_each_report_loads_offline_with_its_elements(browser, name, tmp_path):
     assert shot.read_bytes().startswith(PNG) and shot.stat().st_size > 10_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@pytest.fixture
+def served(http_server):
+    """The page at / of the shared HTTP server (tests/conftest.py), once chromium is known to be there."""
     chromium_path()
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "stderr.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.cli", "serve", "--transport", "http", "--port",
-                                 str(port)], stdout=subprocess.DEVNULL, stderr=err,
-                                env={k: v for k, v in os.environ.items() if k in ("HOME", "PATH")})
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"server did not start: {log.read_text()[-2000:]}") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/"
-    proc.terminate()
-    proc.wait(timeout=30)
+    return http_server.removesuffix("mcp")
 
 
 def test_the_page_end_to_end_gives_the_cli_numbers(browser, served, tmp_path):

@@ -14,8 +14,11 @@ import shlex
 import tomllib
 from typing import Any
 
-from meshplan.adapters.common import attention_backend_of, plan_recompute, read_offload
+import yaml
+
+from meshplan.adapters.common import attention_backend_of, plan_recompute, read_offload, torchtitan_batch
 from meshplan.adapters.lora import parsed_lora
+from meshplan.adapters.read.keys import schedule_named
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.knowledge.cards import framework_card
 
@@ -300,7 +303,8 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out = {"tp": par["tensor_parallel_degree"], "pp": pp, "cp": par["context_parallel_degree"],
            "ep": par["expert_parallel_degree"], "etp": etp, "dp": rep * shard, "zero_stage": 3 if shard > 1 or
            rep == 1 else 0, "sequence_parallel": sp, "recompute": ac, "vpp": 1,
-           "micro_batch_size": par["pipeline_parallel_microbatch_size"] if pp > 1 else train["local_batch_size"]}
+           **torchtitan_batch(train["local_batch_size"], par.get("pipeline_parallel_microbatch_size"), pp,
+                              dp=rep * shard, global_batch_size=train.get("global_batch_size"))}
     if dispatcher is not None:
         out["moe_token_dispatcher"] = dispatcher
     if train.get("mixed_precision_reduce") == "float32":
@@ -320,6 +324,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         first_less, last_less = par["pipeline_parallel_first_stage_less_layers"], par[
             "pipeline_parallel_last_stage_less_layers"]
         out["vpp"] = (num_layers + first_less + last_less) // m // pp
+        out.update(_schedule("torchtitan", par.get("pipeline_parallel_schedule")))
         out["first_stage_layers"] = m - first_less if first_less else None
         out["last_stage_layers"] = m - last_less if last_less else None
     return out
@@ -345,7 +350,17 @@ def _kempnerforge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
             "zero_stage": 3 if d["dp_replicate"] == 1 and d["dp_shard"] > 1 else 0 if d["dp_shard"] == 1 else 3,
             "micro_batch_size": t["batch_size"], "recompute": t["activation_checkpointing"],
             **_attention("kempnerforge", variant, doc.get("model", {}).get("sdpa_backend")),
+            **_schedule("kempnerforge", d.get("pp_schedule")),
             "torch_compile": bool(t.get("compile_model", True))}  # TrainConfig.compile_model defaults to true
+
+
+def _schedule(framework: str, name: Any) -> dict[str, Any]:
+    """pipeline_schedule read back where the snippet names one other than the framework's default (1F1B, or its
+    interleaved form, which vpp says): the card's pipeline.schedules name it."""
+    named = schedule_named(framework, str(name)) if name else None
+    if named is None or named in (framework_card(framework).pipeline.order, "interleaved_1f1b"):
+        return {}
+    return {"pipeline_schedule": named}
 
 
 def _attention(framework: str, variant: str, backend: Any, dropout: Any = None) -> dict[str, Any]:
@@ -383,5 +398,46 @@ def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     return out
 
 
+def _automodel(variant: str, text: str, num_layers: int) -> dict[str, Any]:
+    """NeMo AutoModel's recipe YAML: distributed (sizes, strategy, pipeline, moe), step_scheduler, model.backend,
+    compile, fp8 and peft (yaml.safe_load, as its own loader reads the file)."""
+    doc = yaml.safe_load(text)
+    d, steps = doc["distributed"], doc["step_scheduler"]
+    pipe, pp = d.get("pipeline") or {}, d["pp_size"]
+    backend = doc.get("model", {}).get("backend") or {}
+    ac = d.get("activation_checkpointing", False)
+    out: dict[str, Any] = {
+        "tp": d["tp_size"], "pp": pp, "cp": d["cp_size"], "ep": d["ep_size"], "etp": 1, "dp": d["dp_size"],
+        "zero_stage": 0 if d.get("strategy") == "ddp" else 2 if d.get("reshard_after_forward") is False else 3,
+        "sequence_parallel": bool(d.get("sequence_parallel", False)),
+        "recompute": "selective" if ac == "selective" else "full" if ac is True else "none",
+        "micro_batch_size": pipe["pp_microbatch_size"] if pp > 1 else steps["local_batch_size"],
+        "torch_compile": bool((doc.get("compile") or {}).get("enabled", False)),
+        "tp_comm_overlap": bool(d.get("enable_async_tensor_parallel", False)),
+        "param_offload": "offload_policy" in d, "vpp": 1,
+        **_attention("nemo-automodel", variant, backend.get("attn"))}
+    if "dispatcher" in backend:
+        out["moe_token_dispatcher"] = "flex" if backend["dispatcher"] in ("deepep", "hybridep") else "alltoall"
+    fp8 = doc.get("fp8") or {}
+    if fp8.get("enabled"):
+        out["fp8_recipe"] = fp8["recipe_name"]
+        out["fp8_param_gather"] = bool(fp8.get("enable_fsdp_float8_all_gather"))
+    if pp > 1:  # one run of the schedule per accumulation step: fewer micro-batches than the step's when GA > 1
+        per_run, every = steps["local_batch_size"] // pipe["pp_microbatch_size"], steps["global_batch_size"] // (
+            pipe["pp_microbatch_size"] * d["dp_size"])
+        out["pipeline_microbatches"] = per_run if per_run != every else None
+    if pp > 1 and "layers_per_stage" in pipe:
+        out["vpp"] = num_layers // (pipe["layers_per_stage"] * pp)
+    elif pp > 1:
+        counts = [sum(name.startswith("model.layers.") for name in stage)
+                  for stage in pipe["module_fqns_per_model_part"]]
+        middle = counts[1] if len(counts) > 2 else None
+        out["first_stage_layers"] = counts[0] if counts[0] != middle else None
+        out["last_stage_layers"] = counts[-1] if counts[-1] != middle else None
+    peft = doc.get("peft") or {}
+    return {**out, **parsed_lora(peft.get("dim"), peft.get("target_modules"), hf=True)}
+
+
 _PARSERS = {"megatron-core": _core, "megatron-bridge": _bridge, "verl": _verl, "skyrl": _skyrl,
-            "torchtitan": _torchtitan, "kempnerforge": _kempnerforge, "deepspeed": _deepspeed}
+            "torchtitan": _torchtitan, "kempnerforge": _kempnerforge, "deepspeed": _deepspeed,
+            "nemo-automodel": _automodel}

@@ -13,6 +13,7 @@ from typing import Any
 from meshplan.adapters.common import Built, attention_value, nodes, split_fields
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import fp8_recipe
+from meshplan.arithmetic.pipeline_timeline import schedule_order
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Job, Plan
@@ -52,11 +53,20 @@ def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:
                 f"torchtitan can only make the first/last stage lighter (first_less/last_less >= 0); "
                 f"first={first}, last={last} exceed the middle stages' {m} layers.",
                 fix="Put fewer layers on the first/last stages than on the middle ones.")
-    return [("pipeline_parallel_schedule", "Interleaved1F1B" if plan.vpp > 1 else "1F1B"),
+    return [("pipeline_parallel_schedule", torch_schedule_name("torchtitan", plan)),
             ("pipeline_parallel_layers_per_stage", m),
             ("pipeline_parallel_first_stage_less_layers", m - first),
             ("pipeline_parallel_last_stage_less_layers", m - last),
             ("pipeline_parallel_microbatch_size", plan.micro_batch_size)]
+
+
+def torch_schedule_name(framework: str, plan: Plan) -> str:
+    """The torch.distributed.pipelining schedule name the plan runs (its card's pipeline.schedules): the named
+    pipeline_schedule's order at the plan's vpp, else the framework's default (interleaved with vpp > 1)."""
+    facts = framework_card(framework).pipeline
+    if plan.pipeline_schedule is not None:
+        return facts.schedules[schedule_order(plan.pipeline_schedule, plan.vpp)]
+    return (facts.interleaved or facts.schedule) if plan.vpp > 1 else facts.schedule
 
 
 def torchtitan_registry(job: Job) -> tuple[str, str] | None:
@@ -121,17 +131,17 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
         dispatcher, dispatcher_warnings = torchtitan_0_2_dispatcher(job, plan)
         parallelism += dispatcher
     parallelism += torchtitan_pipeline(job, plan)
-    microbatches = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
-    local = plan.micro_batch_size * microbatches if plan.pp > 1 else plan.micro_batch_size
+    # with PP one local batch is one run of the schedule (Plan.pipeline_microbatches, all of the step's by default)
+    local = plan.micro_batch_size * (plan.schedule_microbatches(job.global_batch_size) if plan.pp > 1 else 1)
     training = [("local_batch_size", local), ("global_batch_size", job.global_batch_size),
                 ("seq_len", job.seq_length)]
     if plan.param_offload:  # FSDP2 CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU
         training.append(("enable_cpu_offload", True))
     if plan.grad_reduce_in_fp32:  # the only value torchtitan's mixed_precision_reduce takes (rule PR004)
         training.append(("mixed_precision_reduce", "float32"))
-    notes = [f"local_batch_size is the per-rank batch of one step ({training[0][1]}); with PP it is cut into "
-             f"micro-batches of pipeline_parallel_microbatch_size={plan.micro_batch_size}, without PP torchtitan "
-             "accumulates gradients until global_batch_size."]
+    notes = [f"local_batch_size is the per-rank batch of one gradient-accumulation step ({training[0][1]}); with PP "
+             f"it is cut into micro-batches of pipeline_parallel_microbatch_size={plan.micro_batch_size}, one run of "
+             "the schedule; torchtitan accumulates such steps until global_batch_size."]
     registry = torchtitan_registry(job)
     # torch.compile of each block and the loss (0.3.0 CompileConfig / 0.2.2 Compile; components default both)
     compile_keys = [("enable", True)] if plan.torch_compile else []
@@ -203,7 +213,7 @@ def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Buil
         raise MeshplanError("KempnerForge forbids fp8 with tp > 1.", fix="Use tp=1 or precision=bf16.")
     replicate, shard = _dp(plan)
     distributed = [("dp_shard", shard), ("dp_replicate", replicate), ("tp", plan.tp), ("pp", plan.pp),
-                   ("pp_schedule", "1f1b"), ("cp", plan.cp), ("ep", plan.ep)]
+                   ("pp_schedule", plan.pipeline_schedule or "1f1b"), ("cp", plan.cp), ("ep", plan.ep)]
     accumulation = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     train = [("batch_size", plan.micro_batch_size), ("grad_accum_steps", accumulation),
              ("seq_len", job.seq_length), ("mixed_precision", job.precision),

@@ -69,6 +69,20 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     return float(mlp + attention + mtp_extra + logits)
 
 
+def weight_gradient_share(arch: Architecture, seq_length: int) -> float:
+    """The weight gradients' share of the model's backward FLOPs: each linear's backward runs a data-gradient GEMM
+    and a weight-gradient GEMM of its forward's FLOPs each, the attention core (softmax(QK^T)V, no weights) two
+    data-gradient passes, so W is linear / (2 x (linear + core)) of the backward. The terms are Megatron's
+    (model_flops_per_token; the core is the s-part of its attention term, causal)."""
+    if arch.mla is not None:
+        m = arch.mla
+        core = 6 * seq_length * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
+    else:
+        core = 6 * seq_length * arch.head_dim * arch.num_attention_heads
+    total = model_flops_per_token(arch, seq_length, mtp_layers=0)
+    return max(0.0, total - core * arch.num_layers) / (2 * total)
+
+
 def model_flops_per_step(arch: Architecture, seq_length: int, global_batch_size: int) -> float:
     return model_flops_per_token(arch, seq_length) * seq_length * global_batch_size
 

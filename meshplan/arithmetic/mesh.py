@@ -15,6 +15,7 @@ KempnerForge's mesh (EP is a dimension of its own, see cards/frameworks/kempnerf
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
@@ -135,3 +136,45 @@ def crosses_domains(size: int, stride: int, domain: int) -> bool:
 def tp_fits_domain(tp: int, domain: int) -> bool:
     """Tensor parallelism (stride 1, traffic every layer) stays on the fast fabric."""
     return not crosses_domains(tp, 1, domain)
+
+
+# --------------------------------------------------------------------------- which ranks form each group
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """One kind of process group in Megatron-Core's rank order: its name, members per group, their spacing, whether
+    a group needs the network (`crosses_domains`), and whether it is an expert group."""
+
+    name: str
+    size: int
+    stride: int
+    crosses_network: bool
+    expert: bool = False
+
+    def group_of(self, rank: int) -> int:
+        """The index of the group `rank` belongs to (groups numbered in rank order of their first member)."""
+        block = rank // (self.stride * self.size)
+        return block * self.stride + rank % self.stride
+
+    def members(self, group: int) -> list[int]:
+        """The ranks of group `group`, in order."""
+        block, offset = divmod(group, self.stride)
+        first = block * self.stride * self.size + offset
+        return [first + i * self.stride for i in range(self.size)]
+
+
+def mesh_axes(plan: Plan, world: int, domain: int, moe: bool) -> list[MeshAxis]:
+    """The groups of size > 1 a plan forms over `world` ranks, in Megatron-Core's order (parallel_state.py
+    RankGenerator 'tp-cp-ep-dp-pp'): dense TP (stride 1), CP (stride tp), DP (stride tp*cp), PP (stride tp*cp*dp);
+    with experts, ETP (stride 1), EP (stride etp), expert-DP (stride ep*etp) within a pipeline stage."""
+    dp = max(1, world // (plan.tp * plan.cp * plan.pp))
+    found = [MeshAxis(name, size, stride, crosses_domains(size, stride, domain))
+             for name, size, stride in [("TP", plan.tp, 1), ("CP", plan.cp, plan.tp), ("DP", dp, plan.tp * plan.cp),
+                                        ("PP", plan.pp, plan.tp * plan.cp * dp)] if size > 1]
+    if moe and plan.ep > 1:
+        edp = max(1, world // (plan.pp * plan.ep * plan.etp))
+        found += [MeshAxis(name, size, stride, crosses_domains(size, stride, domain), expert=True)
+                  for name, size, stride in [("ETP", plan.etp, 1), ("EP", plan.ep, plan.etp),
+                                             ("EDP", edp, plan.ep * plan.etp)] if size > 1]
+    return found

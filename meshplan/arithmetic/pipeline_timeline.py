@@ -15,6 +15,21 @@ Orders, as the frameworks build them:
   get_schedule_table: G = microbatch_group_size_per_vp_stage, pp by default, the last group taking the remainder)
   and torch ScheduleInterleaved1F1B (_get_1f1b_rank_ops: G = microbatches_per_round = m // max(1, m // p)) build
   the same order for the same G.
+- zero-bubble (torch ScheduleInterleavedZeroBubble, ZB1P; torchtitan InterleavedZeroBubble): the interleaved order
+  of torch with the backward split into its input gradient I (what the previous stage waits for) and its weight
+  gradient W; rank r warms up (v - 1)*G + (p - 1 - r) forwards, then F and I in turn, each I followed by the W of an
+  earlier backward once r of them have run; the W left run at the end (_get_1f1b_rank_ops, enable_zero_bubble).
+- ZBV zero-bubble (torch ScheduleZBVZeroBubble; torchtitan ZBVZeroBubble): two chunks per rank in a V (rank r runs
+  stage r and stage 2p - 1 - r, so the last stage is on rank 0), its warm-up, steady and cool-down phases as
+  torch's _calculate_single_rank_operations writes them.
+- DualPipeV (torch ScheduleDualPipeV; torchtitan DualPipeV): the V placement, DeepSeek's eight steps; its
+  overlapped forward+backward pairs run their two halves one after the other in torch's runtime (OVERLAP_F_B runs
+  its sub-actions in turn unless a custom function is registered, which torchtitan's trainer does not), so the
+  replay runs them in turn too; the backwards of its last steps split into I and W.
+- combined 1F1B (Megatron-Core overlap_moe_expert_parallel_comm, combined_1f1b.py): the interleaved order with one
+  extra warm-up forward (get_pp_rank_microbatches), each steady-state forward fused with the backward beside it into
+  one step that starts when both inputs are in (combined_forward_backward_step); the EP all-to-all it hides is in
+  the op times (estimate/moe_time.py).
 """
 
 from __future__ import annotations
@@ -22,15 +37,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal, NamedTuple
 
 from meshplan.knowledge.cards import InterleaveGroup as Group
-from meshplan.knowledge.cards import PipelineOrder as Order
+from meshplan.knowledge.cards import PipelineOrder
 
-# A simulated op: (backward?, virtual chunk on the rank, micro-batch)
+# The orders the replay knows: the frameworks' default ones (the cards' PipelineOrder) and the ones a plan's
+# pipeline_schedule names.
+Order = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev",
+                "combined_1f1b"]
+# Orders whose backward is split into its input gradient (I) and weight gradient (W).
+SPLIT_ORDERS = frozenset({"interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev"})
+# Orders that place a rank's two chunks in a V: rank r runs stages r and 2p - 1 - r.
+V_ORDERS = frozenset({"zbv_zero_bubble", "dualpipev"})
+
+# A simulated op of the plain orders: (backward?, virtual chunk on the rank, micro-batch)
 Op = tuple[bool, int, int]
 
 # Micro-batches replayed op by op before the step is extended by its steady-state period (see `simulate`).
 EXACT_MICROBATCHES = 128
+
+
+class Action(NamedTuple):
+    """One op of any order: F (forward), B (whole backward), I (input gradient), W (weight gradient) of a virtual
+    chunk on one micro-batch; `fused`: it runs as one step with the next action (combined 1F1B)."""
+
+    kind: Literal["F", "B", "I", "W"]
+    chunk: int
+    mb: int
+    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +83,17 @@ class Shape:
     def stages(self) -> int:
         return self.pp * self.vpp
 
+    def stage(self, chunk: int, rank: int) -> int:
+        """The virtual stage of a rank's chunk: chunk * p + rank (looped), or the V of two chunks."""
+        if self.order in V_ORDERS:
+            return rank if chunk == 0 else 2 * self.pp - 1 - rank
+        return chunk * self.pp + rank
+
+    def rank_of(self, stage: int) -> int:
+        if self.order in V_ORDERS:
+            return stage if stage < self.pp else 2 * self.pp - 1 - stage
+        return stage % self.pp
+
 
 def interleave_group(convention: Group, pp: int, microbatches: int) -> int:
     """Micro-batches a rank runs on one virtual chunk before moving to the next: Megatron-Core's
@@ -59,12 +105,37 @@ def interleave_group(convention: Group, pp: int, microbatches: int) -> int:
     return min(pp, m)
 
 
-def shape_for(order: Order, convention: Group, pp: int, vpp: int, microbatches: int) -> Shape:
-    """The shape of a plan's pipeline: interleaved only with vpp > 1 (one chunk per rank is plain 1F1B)."""
+def shape_for(order: PipelineOrder | Order, convention: Group, pp: int, vpp: int, microbatches: int) -> Shape:
+    """The shape of a plan's pipeline. The frameworks' default orders (gpipe, 1f1b): interleaved only with vpp > 1
+    (one chunk per rank is plain 1F1B). A named order keeps its own name (zero-bubble with two chunks is the V of
+    ZBV); every interleaved one takes the framework's group."""
     m = max(1, microbatches)
-    if vpp > 1 and pp > 1:
+    if pp == 1:
+        return Shape("gpipe" if order == "gpipe" else "1f1b", pp, 1, m)
+    if order in ("interleaved_zero_bubble", "combined_1f1b"):
+        return Shape(order, pp, vpp, m, interleave_group("rounds" if order != "combined_1f1b" else convention, pp, m))
+    if order in V_ORDERS:
+        return Shape(order, pp, vpp, m)
+    if vpp > 1:
         return Shape("interleaved_1f1b", pp, vpp, m, interleave_group(convention, pp, m))
     return Shape("gpipe" if order == "gpipe" else "1f1b", pp, 1, m)
+
+
+def schedule_order(schedule: str, vpp: int) -> Order:
+    """The order a plan's pipeline_schedule runs: zero_bubble is torch's ZBV at two chunks per rank (the V it is built
+    for) and its interleaved zero-bubble (ZB1P) at more; interleaved_1f1b is 1F1B at vpp = 1 (as the frameworks build
+    it); the rest are their own order."""
+    if schedule == "zero_bubble":
+        return "zbv_zero_bubble" if vpp == 2 else "interleaved_zero_bubble"
+    if schedule == "interleaved_1f1b" and vpp == 1:
+        return "1f1b"
+    return schedule  # type: ignore[return-value]
+
+
+# The pipeline_schedule a user names for each order (schedule_order's inverse).
+SCHEDULE_OF_ORDER: dict[str, str] = {
+    "gpipe": "gpipe", "1f1b": "1f1b", "interleaved_1f1b": "interleaved_1f1b", "interleaved_zero_bubble": "zero_bubble",
+    "zbv_zero_bubble": "zero_bubble", "dualpipev": "dualpipev", "combined_1f1b": "combined_1f1b"}
 
 
 def _chunk_microbatches(shape: Shape) -> list[tuple[int, int]]:
@@ -80,8 +151,11 @@ def _chunk_microbatches(shape: Shape) -> list[tuple[int, int]]:
 
 @lru_cache(maxsize=4096)
 def rank_order(shape: Shape, rank: int) -> tuple[Op, ...]:
-    """The forwards and backwards rank `rank` runs, in its schedule's order."""
+    """The forwards and backwards rank `rank` runs, in its schedule's order (the plain orders; the others:
+    rank_actions)."""
     m, p, v = shape.microbatches, shape.pp, shape.vpp
+    if shape.order in SPLIT_ORDERS and p > 1:
+        return tuple((a.kind != "F", a.chunk, a.mb) for a in rank_actions(shape, rank) if a.kind != "W")
     if shape.order == "gpipe" or p == 1:
         return tuple((False, 0, k) for k in range(m)) + tuple((True, 0, k) for k in range(m))
     if shape.order == "1f1b":
@@ -89,7 +163,7 @@ def rank_order(shape: Shape, rank: int) -> tuple[Op, ...]:
         warmup = min(p - rank - 1, m)
     else:
         table = _chunk_microbatches(shape)
-        warmup = min(2 * (p - rank - 1) + (v - 1) * shape.group, m * v)
+        warmup = _warmup(shape, rank)
     forwards = [(False, c, mb) for c, mb in table]
     backwards = [(True, v - 1 - c, mb) for c, mb in table]
     ops: list[Op] = forwards[:warmup]
@@ -98,17 +172,191 @@ def rank_order(shape: Shape, rank: int) -> tuple[Op, ...]:
     return tuple(ops + backwards[len(table) - warmup:])
 
 
+def _warmup(shape: Shape, rank: int) -> int:
+    """Forwards rank `rank` runs before its first backward in the interleaved orders: 2(p - r - 1) + (v - 1)G, one
+    more for combined 1F1B (Megatron's get_pp_rank_microbatches: 'one extra micro-batch forward step before the 1f1b
+    stages' so each combined step's forward and backward are independent), at most m*v."""
+    p, v = shape.pp, shape.vpp
+    extra = 1 if shape.order == "combined_1f1b" else 0
+    return min(2 * (p - rank - 1) + (v - 1) * shape.group + extra, shape.microbatches * v)
+
+
+@lru_cache(maxsize=4096)
+def rank_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
+    """Every op rank `rank` runs, in its schedule's order, the backward split into I and W where the order splits it
+    and the steady-state forward fused with its backward where the order fuses them."""
+    if shape.order == "interleaved_zero_bubble" and shape.pp > 1:
+        return _zero_bubble_actions(shape, rank)
+    if shape.order == "zbv_zero_bubble" and shape.pp > 1:
+        return _zbv_actions(shape, rank)
+    if shape.order == "dualpipev" and shape.pp > 1:
+        return _dualpipev_actions(shape, rank)
+    order = rank_order(shape, rank)
+    if shape.order != "combined_1f1b" or shape.pp == 1:
+        return tuple(Action("B" if backward else "F", chunk, mb) for backward, chunk, mb in order)
+    warmup = _warmup(shape, rank)  # each steady-state forward and the backward after it: one combined step
+    steady = range(warmup, warmup + 2 * (shape.microbatches * shape.vpp - warmup), 2)  # those forwards' positions
+    return tuple(Action("B" if backward else "F", chunk, mb, k in steady)
+                 for k, (backward, chunk, mb) in enumerate(order))
+
+
+def _zero_bubble_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
+    """torch ScheduleInterleavedZeroBubble._calculate_single_rank_operations (_get_warmup_ops with multiply_factor
+    1, _get_1f1b_rank_ops with enable_zero_bubble): G = microbatches_per_round."""
+    p, v, m, g = shape.pp, shape.vpp, shape.microbatches, shape.group
+    warmup = min((v - 1) * g + (p - 1 - rank), m * v)
+    steady_end, total = m * v, m * v + warmup  # warm-up + (m*v - warm-up) F/I pairs + warm-up cool-down I's
+    count = {"F": [0] * v, "I": [0] * v, "W": [0] * v}
+    ops: list[Action] = []
+    backward_steps: list[int] = []
+
+    def add(kind: Literal["F", "I", "W"], chunk: int) -> None:
+        ops.append(Action(kind, chunk, count[kind][chunk]))
+        count[kind][chunk] += 1
+
+    def backward_chunk(step: int) -> int:
+        return v - 1 - ((step - warmup) // g) % v
+
+    for step in range(total):
+        if step < steady_end:
+            add("F", (step // g) % v)
+        if step < warmup:
+            continue
+        add("I", backward_chunk(step))
+        backward_steps.append(step)
+        if step - warmup >= rank:  # the W of the oldest backward whose W has not run
+            add("W", backward_chunk(backward_steps[_count_w(count)]))
+    while _count_w(count) < len(backward_steps):
+        add("W", backward_chunk(backward_steps[_count_w(count)]))
+    return tuple(ops)
+
+
+def _count_w(count: dict[str, list[int]]) -> int:
+    return sum(count["W"])
+
+
+def _zbv_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
+    """torch ScheduleZBVZeroBubble._calculate_single_rank_operations: chunk 0 is stage r, chunk 1 stage 2p - 1 - r;
+    the order is written for max(2p - 1, m) micro-batches and the ones past m dropped."""
+    p, m = shape.pp, shape.microbatches
+    n = max(2 * p - 1, m)
+    ops: list[Action] = []
+    f, b = [0, 0], [0, 0]
+
+    def fwd(c: int) -> None:
+        ops.append(Action("F", c, f[c]))
+        f[c] += 1
+
+    def backward(c: int, weight: bool = True) -> None:
+        ops.append(Action("I", c, b[c]))
+        if weight:
+            ops.append(Action("W", c, b[c]))
+        b[c] += 1
+
+    for _ in range(2 * (p - rank) - 1):
+        fwd(0)
+    for _ in range(rank):
+        fwd(1)
+        fwd(0)
+    for _ in range(p - rank):
+        fwd(1)
+        backward(1)
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
+            fwd(0)
+        backward(0)
+        fwd(1)
+        backward(1)
+    w = list(b)
+    for _ in range(rank):
+        backward(0, weight=False)
+        backward(1, weight=False)
+    for _ in range(p - rank):
+        ops.append(Action("I", 0, b[0]))
+        b[0] += 1
+        ops.append(Action("W", 0, w[0]))
+        w[0] += 1
+    ops += [Action("W", 1, k) for k in range(w[1], b[1])] + [Action("W", 0, k) for k in range(w[0], b[0])]
+    return tuple(a for a in ops if a.mb < m)
+
+
+def _dualpipev_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
+    """torch ScheduleDualPipeV._calculate_single_rank_operations (DeepSeek's DualPipeV in eight steps): chunk 0 is
+    stage r, chunk 1 stage 2p - 1 - r; an overlapped forward+backward pair is a forward then a whole backward."""
+    p, m = shape.pp, shape.microbatches
+    if m < 2 * p:
+        raise ValueError(f"DualPipeV needs at least {2 * p} micro-batches (its stages), got {m}")
+    ops: list[Action] = []
+    nxt = {"F": [0, 0], "I": [0, 0]}  # a whole backward B takes the I counter (and its W with it)
+    weights: list[tuple[int, int]] = []  # the W of each lone I, oldest first
+
+    def add(kind: Literal["F", "B", "I"], c: int) -> None:
+        counter = nxt["F" if kind == "F" else "I"]
+        ops.append(Action(kind, c, counter[c]))
+        if kind == "I":
+            weights.append((c, counter[c]))
+        counter[c] += 1
+
+    def weight() -> None:
+        if weights:
+            c, mb = weights.pop(0)
+            ops.append(Action("W", c, mb))
+
+    for _ in range((p - rank - 1) * 2):
+        add("F", 0)
+    for _ in range(rank + 1):
+        add("F", 0)
+        add("F", 1)
+    for _ in range(p - rank - 1):
+        add("I", 1)
+        weight()
+        add("F", 1)
+    for _ in range(m - 2 * p + rank + 1):
+        add("F", 0)  # with B1: one overlapped pair (its halves in turn), or two plain ops on the last rank's first
+        add("B", 1)
+        add("F", 1)
+        add("B", 0)
+    for _ in range(p - rank - 1):
+        add("B", 1)
+        add("F", 1)
+        add("B", 0)
+    split = False
+    for i in range(rank + 1):
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        add("I" if split else "B", 1)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        add("I" if split else "B", 0)
+    for _ in range(p - rank - 1):
+        weight()
+        add("I" if split else "B", 0)
+    for _ in range(rank + 1):
+        weight()
+    return tuple(ops)
+
+
 @lru_cache(maxsize=4096)
 def in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
     """Micro-batches whose activations rank `rank` holds per virtual chunk at the first moment it holds the most
     (forwards run, backwards not yet): the order alone decides it, not the op times."""
     held = [0] * shape.vpp
     best, peak = 0, tuple(held)
-    for backward, chunk, _ in rank_order(shape, rank):
-        held[chunk] += -1 if backward else 1
+    if shape.order in SPLIT_ORDERS:  # a split backward frees its activations only with its W (I keeps them)
+        ops = [(-1 if a.kind in "BW" else 0 if a.kind == "I" else 1, a.chunk) for a in rank_actions(shape, rank)]
+    else:
+        ops = [(-1 if backward else 1, chunk) for backward, chunk, _ in rank_order(shape, rank)]
+    for change, chunk in ops:
+        held[chunk] += change
         if sum(held) > best:
             best, peak = sum(held), tuple(held)
     return peak
+
+
+def fused_share(shape: Shape, rank: int) -> float:
+    """The share of the rank's forwards that run fused with a backward (combined 1F1B's steps, where the expert
+    all-to-all of one micro-batch hides behind the other's compute); 0 for orders that fuse none."""
+    actions = rank_actions(shape, rank)
+    forwards = sum(1 for a in actions if a.kind == "F")
+    return sum(1 for a in actions if a.fused) / forwards if forwards else 0.0
 
 
 @dataclass(frozen=True)
@@ -142,10 +390,13 @@ def _rank_steps(shape: Shape, rank: int) -> tuple[tuple[bool, int, int, bool], .
     return tuple(steps)
 
 
-def _replay(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float) -> float:
+def _replay(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float,
+            wgrad: Sequence[float] = ()) -> float:
     """The step's seconds: every rank runs its order; an op starts when its rank is free and its input has arrived
     (a forward from the previous virtual stage, a backward from the next, each one hop later; the last stage's
-    backward follows its own forward)."""
+    backward follows its own forward). The plain orders take this loop; the rest _replay_actions."""
+    if shape.order not in ("gpipe", "1f1b", "interleaved_1f1b"):
+        return _replay_actions(shape, fwd, bwd, hop, wgrad or (0.0,) * shape.pp)
     p = shape.pp
     steps = [_rank_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
@@ -182,18 +433,87 @@ def _replay(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float
     return max(free)
 
 
+# What a step's op waits for: a forward's output (F) or a backward's input gradient (B or I).
+_FROM_F, _FROM_B = 0, 1
+
+
+@lru_cache(maxsize=256)
+def _action_steps(shape: Shape, rank: int) -> tuple[tuple[str, int, int, int, bool, bool], ...]:
+    """Each action of the rank as (kind, its slot, the slot it waits for (-1: none), whether that slot is a forward's
+    or a backward's, whether the input crosses a hop, fused with the next); a slot is stage * m + micro-batch. A W
+    waits for its own I; with the V placement two neighbouring stages may share a rank (no hop)."""
+    s, m = shape.stages, shape.microbatches
+    steps = []
+    for a in rank_actions(shape, rank):
+        stage = shape.stage(a.chunk, rank)
+        slot = stage * m + a.mb
+        if a.kind == "F":
+            dep = (slot - m, _FROM_F, shape.rank_of(stage - 1) != rank) if stage else (-1, _FROM_F, False)
+        elif a.kind == "W":
+            dep = (slot, _FROM_B, False)
+        elif stage == s - 1:
+            dep = (slot, _FROM_F, False)
+        else:
+            dep = (slot + m, _FROM_B, shape.rank_of(stage + 1) != rank)
+        steps.append((a.kind, slot, *dep, a.fused))
+    return tuple(steps)
+
+
+def _replay_actions(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float,
+                    wgrad: Sequence[float]) -> float:
+    """_replay for every order: F, B, I (bwd - wgrad) and W (wgrad) ops; a fused pair starts when its rank is free
+    and both inputs are in, and takes both ops' seconds."""
+    p = shape.pp
+    steps = [_action_steps(shape, r) for r in range(p)]
+    size = shape.stages * shape.microbatches
+    done = ([-1.0] * size, [-1.0] * size)  # forwards' and backwards' (B or I) ends per slot
+    seconds = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(p)]
+    pos, free = [0] * p, [0.0] * p
+    remaining = sum(map(len, steps))
+
+    def ready(step: tuple[str, int, int, int, bool, bool]) -> float:
+        _, _, dep, source, hopped, _ = step
+        if dep < 0:
+            return 0.0
+        at = done[source][dep]
+        return at if at < 0 or not hopped else at + hop
+
+    while remaining:
+        moved = 0
+        for r in range(p):
+            order, k, t = steps[r], pos[r], free[r]
+            while k < len(order):
+                run = order[k:k + 2] if order[k][5] else order[k:k + 1]
+                starts = [ready(step) for step in run]
+                if min(starts) < 0:
+                    break
+                t = max(t, *starts) + sum(seconds[r][step[0]] for step in run)
+                for kind, slot, *_ in run:
+                    if kind != "W":
+                        done[_FROM_F if kind == "F" else _FROM_B][slot] = t
+                k += len(run)
+            moved += k - pos[r]
+            pos[r], free[r] = k, t
+        if not moved:
+            raise AssertionError(f"pipeline order deadlocks: {shape}")
+        remaining -= moved
+    return max(free)
+
+
 def _periodic(shape: Shape) -> int:
     """Micro-batches one period of the order repeats (0: it has none to extend by): a whole group of the interleaved
-    order, one micro-batch otherwise."""
-    unit = shape.group if shape.order == "interleaved_1f1b" else 1
+    orders, one micro-batch otherwise."""
+    unit = shape.group if shape.order in ("interleaved_1f1b", "interleaved_zero_bubble", "combined_1f1b") else 1
     if shape.microbatches % unit:
         return 0
     return unit * -(-2 * shape.pp // unit)
 
 
-def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float = 0.0) -> Timeline:
+def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float = 0.0,
+             wgrad: Sequence[float] | None = None) -> Timeline:
     """The step of `shape` whose rank r takes fwd[r] / bwd[r] seconds per forward / backward chunk of one
-    micro-batch, with `hop` seconds per p2p transfer between ranks.
+    micro-batch, with `hop` seconds per p2p transfer between ranks; `wgrad[r]`: the weight gradient's part of
+    bwd[r], which the zero-bubble orders run apart from the input gradient (left out: none, I takes all of bwd).
 
     Past EXACT_MICROBATCHES and one period, once the order has reached its steady state every further period adds
     the same seconds: the step is replayed at the smallest count past that bound with the same remainder and group,
@@ -202,13 +522,59 @@ def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: floa
     busy = tuple(shape.microbatches * shape.vpp * (fwd[r] + bwd[r]) for r in range(p))
     period = _periodic(shape)
     start = EXACT_MICROBATCHES + period
+    w = tuple(wgrad) if wgrad is not None else (0.0,) * p
     if period and m > start + period:
         base = start + (m - start) % period
-        near = _replay(_resized(shape, base), fwd, bwd, hop)
-        before = _replay(_resized(shape, base - period), fwd, bwd, hop)
+        near = _replay(_resized(shape, base), fwd, bwd, hop, w)
+        before = _replay(_resized(shape, base - period), fwd, bwd, hop, w)
         return Timeline(near + (m - base) // period * (near - before), busy)
-    return Timeline(_replay(shape, fwd, bwd, hop), busy)
+    return Timeline(_replay(shape, fwd, bwd, hop, w), busy)
 
 
 def _resized(shape: Shape, microbatches: int) -> Shape:
     return Shape(shape.order, shape.pp, shape.vpp, microbatches, shape.group)
+
+
+class TimedAction(NamedTuple):
+    """An action of a replayed step with the moments it started and ended (the report's schedule picture)."""
+
+    action: Action
+    start: float
+    end: float
+
+
+def timed_actions(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float = 0.0,
+                  wgrad: Sequence[float] | None = None) -> tuple[tuple[TimedAction, ...], ...]:
+    """Every rank's actions (rank_actions) in its order, each with its start and end: the replay of _replay_actions
+    with every op kept, a fused pair's two ops back to back. Nothing is extended past EXACT_MICROBATCHES, so at any
+    micro-batch count the last end is the step `simulate` gives up to that bound (tests hold them equal)."""
+    p = shape.pp
+    w = tuple(wgrad) if wgrad is not None else (0.0,) * p
+    steps = [_action_steps(shape, r) for r in range(p)]
+    actions = [rank_actions(shape, r) for r in range(p)]
+    done = ([-1.0] * (shape.stages * shape.microbatches), [-1.0] * (shape.stages * shape.microbatches))
+    seconds = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - w[r], "W": w[r]} for r in range(p)]
+    timed: list[list[TimedAction]] = [[] for _ in range(p)]
+    free = [0.0] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while (k := len(timed[r])) < len(steps[r]):
+                run = steps[r][k:k + 2] if steps[r][k][5] else steps[r][k:k + 1]
+                starts = [-1.0 if dep >= 0 and done[source][dep] < 0 else
+                          0.0 if dep < 0 else done[source][dep] + (hop if hopped else 0.0)
+                          for _, _, dep, source, hopped, _ in run]
+                if min(starts) < 0:
+                    break
+                t = max(free[r], *starts)
+                for offset, step in enumerate(run):
+                    timed[r].append(TimedAction(actions[r][k + offset], t, t + seconds[r][step[0]]))
+                    t += seconds[r][step[0]]
+                for kind, slot, *_ in run:
+                    if kind != "W":
+                        done[_FROM_F if kind == "F" else _FROM_B][slot] = t
+                free[r], moved = t, True
+    if any(len(timed[r]) < len(steps[r]) for r in range(p)):
+        raise AssertionError(f"pipeline order deadlocks: {shape}")
+    return tuple(tuple(t) for t in timed)

@@ -22,6 +22,7 @@ DEFAULT_VARIANTS: dict[str, Callable[[Job, Plan], str]] = {
     "skyrl": lambda job, plan: "fsdp" if plan.zero_stage == 3 else "rl",
     "torchtitan": lambda job, plan: "cli",
     "kempnerforge": lambda job, plan: "toml",
+    "nemo-automodel": lambda job, plan: "yaml",
 }
 
 
@@ -78,6 +79,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used += ["lora_rank", "lora_targets"]
     if plan.attention_backend != "auto":
         used.append("attention_backend")
+    if plan.pipeline_schedule is not None:
+        used.append("pipeline_schedule")
     if plan.dropout:
         used.append("dropout")
     used += precision_knobs(job, plan)
@@ -117,7 +120,7 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "sequence_parallel": "sequence_parallel=true", "moe_flex_dispatcher": "moe_token_dispatcher=flex",
         "moe_a2a_overlap": "moe_a2a_overlap=true", "torch_compile": "torch_compile=true",
         "tp_comm_overlap": "tp_comm_overlap=true", "attention_backend": f"attention_backend={plan.attention_backend}",
-        "dropout": "dropout=true",
+        "dropout": "dropout=true", "pipeline_schedule": f"pipeline_schedule={plan.pipeline_schedule}",
         "pipeline_layout": f"pipeline_layout={plan.pipeline_layout!r}", "account_for_embedding":
         "account_for_embedding=true", "account_for_loss": "account_for_loss=true",
         "optimizer": f"optimizer={plan.optimizer}",
@@ -159,7 +162,8 @@ def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Pla
         if only is not None and name not in only:
             continue
         knob = table[name]
-        if knob.values is not None and knob.key is not None and knob.values.get(plan.attention_backend) is None:
+        chosen = plan.pipeline_schedule if name == "pipeline_schedule" else plan.attention_backend
+        if knob.values is not None and knob.key is not None and knob.values.get(str(chosen)) is None:
             takes = ", ".join(k for k, v in knob.values.items() if v is not None)
             return MissingKnob(name, describe_knob(name, plan, job), f"its {knob.key} takes {takes}.", knob.instead)
         if knob.key is None:

@@ -150,7 +150,7 @@ ADAPTER_KNOBS: tuple[str, ...] = (
     "optimizer_offload_fraction",
     "optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_fp32", "grad_reduce_bf16", "fp8_delayed",
     "fp8_tensorwise", "fp8_rowwise", "fp8_blockwise", "fp8_mxfp8",
-    "lora_rank", "lora_targets", "attention_backend", "dropout",
+    "lora_rank", "lora_targets", "attention_backend", "dropout", "pipeline_schedule",
 )
 
 
@@ -159,7 +159,8 @@ class AdapterKnob(_Card):
     instead: str | None = Field(None, description="What to use when the framework lacks the knob (or a value); "
                                                  "beside a key, the caveat the skill guide prints with it")
     values: dict[str, str | None] | None = Field(
-        None, description="A knob with a vocabulary (attention_backend): the framework's value for each of meshplan's; "
+        None, description="A knob with a vocabulary (attention_backend, pipeline_schedule): the framework's value for "
+                          "each of meshplan's; "
                           "null where the framework has none (refused with 'instead')")
 
     @model_validator(mode="after")
@@ -397,6 +398,19 @@ class AllocatorFacts(_Card):
     source: str
 
 
+# How an engine runs its optimizer step on CUDA, which decides the step's own temporaries (cards/memory.yaml
+# optimizer_steps, memory_states.optimizer_step_temporaries)
+OptimizerImplementation = Literal["fused", "foreach", "for_loop", "megatron_distributed", "deepspeed_zero"]
+
+
+class OptimizerStepFacts(_Card):
+    """Which optimizer implementation each engine of the framework builds on CUDA when its config leaves the choice
+    to the default (Adam/AdamW)."""
+
+    by_engine: dict[Engine, OptimizerImplementation]
+    source: str
+
+
 class MoeRoutingFacts(_Card):
     """How the framework says 'balanced routing' (Job.moe_routing_imbalance 1.0), and why meshplan does not write it:
     the rendered config's note on routing imbalance."""
@@ -455,6 +469,10 @@ class MuonFacts(_Card):
 
 
 PipelineOrder = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+# Every order meshplan/arithmetic/pipeline_timeline.py replays: the default ones above, torch's zero-bubble orders
+# (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble), DualPipeV and Megatron-Core's combined 1F1B.
+ScheduleOrder = Literal["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble",
+                        "dualpipev", "combined_1f1b"]
 InterleaveGroup = Literal["pp", "rounds"]
 
 
@@ -468,13 +486,42 @@ class PipelineFacts(_Card):
     group: InterleaveGroup = Field(
         description="Micro-batches per virtual chunk before the next: pp (Megatron-Core's "
                     "microbatch_group_size_per_vp_stage default) or rounds (torch's m // max(1, m // pp))")
+    schedules: dict[ScheduleOrder, str] = Field(
+        default_factory=dict, description="Every order the framework runs (a plan's pipeline_schedule), with the "
+                                          "framework's name for it; an order left out it does not run")
+    runs_per_accumulation_step: bool = Field(
+        False, description="True: the framework runs its schedule once per gradient-accumulation step, over the "
+                           "micro-batches of one local batch (Plan.pipeline_microbatches), each run with its own fill "
+                           "and drain and its own gradient sync; False: one run over every micro-batch of the step")
     source: str
+
+    @model_validator(mode="after")
+    def _runs_its_default(self) -> PipelineFacts:
+        if self.schedules and self.order not in self.schedules:
+            raise ValueError(f"schedules must hold the default order {self.order!r}")
+        return self
 
 
 MEGATRON_PIPELINE = PipelineFacts(
     schedule="1F1B", order="1f1b", interleaved="interleaved 1F1B (virtual_pipeline_model_parallel_size)", group="pp",
+    schedules={"1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B",
+               "combined_1f1b": "combined 1F1B (overlap_moe_expert_parallel_comm)"},
     source="NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_without_"
-           "interleaving / _with_interleaving, get_pp_rank_microbatches, get_schedule_table)")
+           "interleaving / _with_interleaving, get_pp_rank_microbatches, get_schedule_table; with "
+           "overlap_moe_expert_parallel_comm the combined_1f1b.py path); megatron-core 0.19.2 has no GPipe, "
+           "zero-bubble or DualPipe schedule")
+
+
+class Zero3Prefetch(_Card):
+    """How a ZeRO-3 engine prefetches the next parameters (DeepSpeed's PartitionedParameterCoordinator): after it has
+    gathered one submodule's parameters it all-gathers the next ones of the trace, up to prefetch_bucket_size elements
+    (at least one parameter), only while the gathered parameters stay under max_live_parameters elements; the
+    parameter after one at least that large is gathered when its submodule starts, its all-gather exposed whole.
+    Each submodule's parameters are gathered in their own collective (fetch_sub_module), not one per layer."""
+
+    max_live_parameters: float = Field(gt=0, description="stage3_max_live_parameters default, elements")
+    prefetch_bucket_size: float = Field(ge=0, description="stage3_prefetch_bucket_size default, elements")
+    source: str
 
 
 class FrameworkAliases(_Card):
@@ -522,8 +569,13 @@ class FrameworkCard(_Card):
         None, description="Absent: the framework has no switch forcing balanced routing; renders say nothing")
     allocator: AllocatorFacts | None = Field(
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
+    optimizer_step: OptimizerStepFacts | None = Field(
+        None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     muon: MuonFacts | None = Field(None, description="Absent: the framework runs no Muon meshplan can time")
+    zero3_prefetch: Zero3Prefetch | None = Field(
+        None, description="Absent: a ZeRO-3 / FSDP unit's all-gather is prefetched behind the unit before it whatever "
+                          "its size (FSDP2, Megatron-FSDP)")
     pipeline: PipelineFacts = Field(MEGATRON_PIPELINE, description="Absent: Megatron-Core's schedules")
     search: SearchKnobs
     adapter: AdapterSection | None = Field(

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.choices import FRAMEWORKS
@@ -33,6 +34,7 @@ FIELD_SYNONYMS: dict[str, str] = {
     "data_parallel": "dp", "virtual_pipeline": "vpp", "zero": "zero_stage", "activation_checkpointing": "recompute",
     "gradient_checkpointing": "recompute", "mbs": "micro_batch_size", "gbs": "global_batch_size",
     "batch_size": "global_batch_size", "recompute_num_layers": "recompute_layers",
+    "pipeline_parallel_schedule": "pipeline_schedule",  # torchtitan's key (also part of its vpp knob's key)
 }
 
 
@@ -162,4 +164,19 @@ def parse_request(values: Mapping[str, Any], *, also: Iterable[str] = ()) -> Req
     try:
         return Request.model_validate(fields)
     except ValidationError as exc:
-        raise MeshplanError(validation_message(exc)) from exc
+        raise MeshplanError(validation_message(exc), fix=_schedule_hint(fields.get("pipeline_schedule"))) from exc
+
+
+def _schedule_hint(value: Any) -> str | None:
+    """A framework's own name given as pipeline_schedule (torchtitan's ZBVZeroBubble): the value meshplan calls it,
+    from the framework cards' pipeline.schedules."""
+    if not isinstance(value, str):
+        return None
+    names = [(framework, order, name) for framework in FRAMEWORKS
+             for order, name in framework_card(framework).pipeline.schedules.items()]
+    for same in (lambda name: name == value.strip(), lambda name: name.lower() == value.strip().lower()):
+        for framework, order, name in names:
+            if same(name):
+                return (f"{value!r} is {framework}'s name for pipeline_schedule={SCHEDULE_OF_ORDER[order]!r}; "
+                        f"pass that.")
+    return None

@@ -57,6 +57,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
     pp, vpp = _pipeline_degrees(req, notes)
+    vpp = _schedule_chunks(req, pp, vpp, notes)
     ep = req.ep or 1
     etp = _expert_tp(req, card, tp=tp, moe=arch.is_moe, notes=notes)
     version = _framework_version(req, card, notes)
@@ -67,7 +68,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         sp = tp > 1 and card.defaults.sequence_parallel_when_tp
     mbs = _micro_batch(req, notes)
     recompute = _recompute(req, notes)
-    gbs = _global_batch(req, mbs=mbs, dp=dp, notes=notes)
+    gbs = _global_batch(req, mbs=mbs, dp=dp, notes=notes, runs_per_step=card.pipeline.runs_per_accumulation_step)
     gpn = req.gpus_per_node or gpu.gpus_per_node
     plan = Plan(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
@@ -75,7 +76,9 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",
-        moe_a2a_overlap=bool(req.moe_a2a_overlap), torch_compile=_torch_compile(req, card, notes),
+        moe_a2a_overlap=_a2a_overlap(req, notes), pipeline_schedule=req.pipeline_schedule,
+        pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes),
+        torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         expandable_segments=_expandable_segments(req, card, notes),
         # attention backend, dropout (None: the framework's)
@@ -98,6 +101,34 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         lora=resolve_lora(req, arch, zero, notes),
     )
     return job, plan
+
+
+# Schedules that run two or more virtual chunks per rank (torchtitan's default for them: two stages per rank).
+MULTI_CHUNK_SCHEDULES = ("interleaved_1f1b", "zero_bubble", "dualpipev")
+
+
+def _schedule_chunks(req: Request, pp: int, vpp: int, notes: list[str]) -> int:
+    """vpp as resolved, or 2 where a multi-chunk pipeline_schedule leaves it out with a pipeline (torchtitan's
+    pipeline_parallel.py: two stages per rank for a multi-stage schedule without layers_per_stage)."""
+    if req.vpp is None and req.pipeline_layout is None and pp > 1 and req.pipeline_schedule in MULTI_CHUNK_SCHEDULES:
+        notes.append(f"vpp not given: 2 for pipeline_schedule={req.pipeline_schedule} (two virtual stages per rank, "
+                     "torchtitan's default for a multi-stage schedule).")
+        return 2
+    return vpp
+
+
+def _a2a_overlap(req: Request, notes: list[str]) -> bool:
+    """moe_a2a_overlap as given; pipeline_schedule=combined_1f1b is that overlap's schedule, so it turns it on (and a
+    request that turns it off names both, refused)."""
+    if req.pipeline_schedule != "combined_1f1b":
+        return bool(req.moe_a2a_overlap)
+    if req.moe_a2a_overlap is False:
+        raise MeshplanError("pipeline_schedule=combined_1f1b is the schedule of moe_a2a_overlap, which the request "
+                            "turns off.", fix="Leave moe_a2a_overlap out (or true), or pick another pipeline_schedule.")
+    if req.moe_a2a_overlap is None:
+        notes.append("moe_a2a_overlap not given: true, as pipeline_schedule=combined_1f1b runs it (Megatron-Core "
+                     "overlap_moe_expert_parallel_comm).")
+    return True
 
 
 def _expert_tp(req: Request, card, *, tp: int, moe: bool, notes: list[str]) -> int:
@@ -163,13 +194,49 @@ def _recompute(req: Request, notes: list[str]) -> str:
     return recompute
 
 
-def _global_batch(req: Request, *, mbs: int, dp: int, notes: list[str]) -> int:
-    """The global batch as given, else `default_global_batch` for this micro-batch and data-parallel size."""
+def _global_batch(req: Request, *, mbs: int, dp: int, notes: list[str], runs_per_step: bool = False) -> int:
+    """The global batch as given, else `default_global_batch` for this micro-batch and data-parallel size; with
+    pipeline_microbatches on a framework that runs its schedule per accumulation step, one such step (torchtitan's
+    global_batch_size -1: local_batch_size x the data-parallel degree)."""
     gbs = req.global_batch_size
-    if gbs is None:
+    if gbs is None and runs_per_step and req.pipeline_microbatches and (req.pp or 1) > 1:
+        gbs = mbs * req.pipeline_microbatches * dp
+        notes.append(f"global_batch_size not given: {gbs:,} = micro_batch_size {mbs} x pipeline_microbatches "
+                     f"{req.pipeline_microbatches} x dp {dp}, one gradient-accumulation step (torchtitan's "
+                     "global_batch_size -1: local_batch_size x the data-parallel degree).")
+    elif gbs is None:
         gbs = default_global_batch(req.seq_length, mbs, dp)
         notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
     return gbs
+
+
+def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[str]) -> int | None:
+    """pipeline_microbatches as given, None where it is the whole step (one run) or there is no pipeline; refused on
+    a framework that runs every micro-batch of the step in one schedule (its card's pipeline section), and where it
+    does not divide the step's m micro-batches (torchtitan: global_batch_size a multiple of local_batch_size x dp)."""
+    k = req.pipeline_microbatches
+    if k is None:
+        return None
+    if pp == 1:
+        notes.append(f"pipeline_microbatches={k} ignored: no pipeline (pp = 1).")
+        return None
+    if not card.pipeline.runs_per_accumulation_step:
+        raise MeshplanError(
+            f"{card.display_name} runs every micro-batch of the step ({m} = global_batch_size / (micro_batch_size x "
+            "dp)) in one pipeline schedule, so pipeline_microbatches has no meaning there.",
+            fix="Leave pipeline_microbatches out (it is torchtitan's local_batch_size / "
+                "pipeline_parallel_microbatch_size).")
+    if m % k:
+        fits = [d for d in range(1, m + 1) if m % d == 0]
+        raise MeshplanError(
+            f"pipeline_microbatches={k} does not divide the step's {m} micro-batches (global_batch_size / "
+            "(micro_batch_size x dp)): torchtitan needs global_batch_size to be a multiple of local_batch_size x dp.",
+            fix=f"pipeline_microbatches in {fits[:12]}{' ...' if len(fits) > 12 else ''}, or another "
+                "global_batch_size.")
+    if k < m:
+        notes.append(f"pipeline_microbatches={k}: the schedule runs {m // k} times per step, {k} micro-batches "
+                     "each, every run with its own fill and drain and gradient sync.")
+    return None if k == m else k
 
 
 def _precision_fields(req: Request, card, notes: list[str]) -> dict:

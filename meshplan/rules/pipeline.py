@@ -8,9 +8,14 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 import math
+from typing import get_args
 
+from meshplan.arithmetic.memory_states import uses_fsdp
+from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Plan
 
 # Pipeline sizes listed up to 32: at PP008's 4 layers per stage no catalog model (at most 126 layers) takes more.
@@ -162,7 +167,7 @@ def torch_1f1b_microbatches(ctx: Context) -> Values:
     """torch Schedule1F1B.__init__: n_microbatches >= the number of stages (torchtitan's 1F1B at vpp = 1)."""
     p = ctx.plan
     m = ctx.microbatches
-    if p.pp == 1 or p.vpp > 1 or m >= p.pp:
+    if p.pp == 1 or p.vpp > 1 or m >= p.pp or named_order(p) not in (None, "1f1b"):  # GPipe has no such check
         return None
     unit = p.micro_batch_size * p.dp * p.pp
     gbs = ctx.job.global_batch_size
@@ -188,8 +193,123 @@ def torch_interleaved_microbatches(ctx: Context) -> Values:
     m = ctx.microbatches
     if p.pp == 1 or p.vpp == 1 or _torch_interleavable(m, p.pp):
         return None
+    if named_order(p) not in (None, "interleaved_1f1b", "interleaved_zero_bubble"):  # ZBV, DualPipeV: no rounds
+        return None
     below = next(k for k in range(m, 0, -1) if _torch_interleavable(k, p.pp))
     above = next(k for k in range(m, 2 * m + p.pp) if _torch_interleavable(k, p.pp))
     unit = p.micro_batch_size * p.dp
-    return {"m": m, "pp": p.pp, "vpp": p.vpp, "rounds": torch_interleave_rounds(m, p.pp), "unit": unit,
+    schedule = "InterleavedZeroBubble" if named_order(p) == "interleaved_zero_bubble" else "Interleaved1F1B"
+    return {"m": m, "pp": p.pp, "vpp": p.vpp, "schedule": schedule, "rounds": torch_interleave_rounds(m, p.pp),
+            "unit": unit,
             "gbss": f"{below * unit} or {above * unit}", "good": f"{below} or {above}"}
+
+
+
+# --------------------------------------------------------------------------- named schedules (pipeline_schedule)
+
+SINGLE_CHUNK = ("gpipe", "1f1b")
+MULTI_CHUNK = ("interleaved_1f1b", "zero_bubble", "dualpipev")
+
+
+def named_order(p: Plan) -> str | None:
+    """The order a named pipeline_schedule runs at the plan's vpp; None when the plan names none."""
+    return schedule_order(p.pipeline_schedule, p.vpp) if p.pipeline_schedule is not None else None
+
+
+def offered_schedules(framework: str) -> list[str]:
+    """The pipeline_schedule values a framework runs (its card's pipeline.schedules), in the Literal's order."""
+    orders = framework_card(framework).pipeline.schedules or {framework_card(framework).pipeline.order: ""}
+    names = {SCHEDULE_OF_ORDER[o] for o in orders}
+    return [s for s in get_args(PipelineSchedule) if s in names]
+
+
+@rule("PP012")
+def schedule_offered(ctx: Context) -> Values:
+    """The framework's card lists the order the named schedule runs at this vpp (zero_bubble: ZBV at vpp 2,
+    interleaved zero-bubble above)."""
+    p = ctx.plan
+    order = named_order(p)
+    if order is None:
+        return None
+    facts = framework_card(ctx.framework).pipeline
+    if order in (facts.schedules or {facts.order: ""}):
+        return None
+    offered = offered_schedules(ctx.framework)
+    runs_other = p.pipeline_schedule in offered  # zero_bubble: the framework runs it at another vpp
+    where = f" at vpp={p.vpp} (it runs it as {_zero_bubble_words(ctx.framework)})" if runs_other else ""
+    others = [n for n in FRAMEWORKS if schedule_order(p.pipeline_schedule, p.vpp) in
+              (framework_card(n).pipeline.schedules or {})]
+    return {"schedule": p.pipeline_schedule, "framework": ctx.job.framework, "where": where,
+            "offered": " or ".join(offered), "default": facts.schedule,
+            "others": f"frameworks that run it here: {', '.join(others)}." if others else "no framework runs it here."}
+
+
+def _zero_bubble_words(framework: str) -> str:
+    schedules = framework_card(framework).pipeline.schedules
+    forms = {"zbv_zero_bubble": "ZBV at vpp=2", "interleaved_zero_bubble": "interleaved zero-bubble at vpp > 2"}
+    return " and ".join(words for order, words in forms.items() if order in schedules)
+
+
+@rule("PP013")
+def schedule_chunks(ctx: Context) -> Values:
+    """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two."""
+    p = ctx.plan
+    name = p.pipeline_schedule
+    if name in MULTI_CHUNK and p.pp == 1 and p.vpp == 1:  # vpp > 1 without a pipeline: PP003
+        return {"schedule": name, "vpp": p.vpp, "reason": "it schedules the virtual stages of a pipeline, and pp=1 "
+                                                          "has none",
+                "fix": "Use pp >= 2 (vpp=2), or leave pipeline_schedule out."}
+    if name is None or p.pp == 1:
+        return None
+    if name in SINGLE_CHUNK and p.vpp > 1:
+        multi = [s for s in offered_schedules(ctx.framework) if s in MULTI_CHUNK]
+        return {"schedule": name, "vpp": p.vpp, "reason": "it runs one stage per rank (torchtitan refuses more for a "
+                                                           "single-stage schedule; Megatron-Core interleaves whenever "
+                                                           "vpp > 1)",
+                "fix": f"Use vpp=1{', or pipeline_schedule=' + ' or '.join(multi) if multi else ''}."}
+    if name in MULTI_CHUNK and (p.vpp < 2 or (name == "dualpipev" and p.vpp != 2)):
+        per_rank = ctx.arch.num_layers // p.pp
+        working = [v for v in range(2, 9) if per_rank % v == 0] or [2]
+        exact = name == "dualpipev"
+        return {"schedule": name, "vpp": p.vpp,
+                "reason": "it runs exactly two virtual stages per rank, in a V" if exact else
+                          "it runs two or more virtual stages per rank",
+                "fix": "Use vpp=2." if exact else f"Use vpp={working[0]} (or leave vpp out: 2), or "
+                                                  "pipeline_schedule=1f1b."}
+    return None
+
+
+@rule("PP014")
+def dualpipev_microbatches(ctx: Context) -> Values:
+    """torch ScheduleDualPipeV.__init__: n_microbatches >= the stages (2 x pp)."""
+    p = ctx.plan
+    m = ctx.microbatches
+    if named_order(p) != "dualpipev" or p.pp == 1 or m >= 2 * p.pp:
+        return None
+    target = 2 * p.pp * p.micro_batch_size * p.dp
+    gbs = ctx.job.global_batch_size
+    unit = 2 * p.pp * p.dp
+    mbs = gbs // unit if gbs % unit == 0 and gbs >= unit else 0
+    return {"m": m, "pp": p.pp, "stages": 2 * p.pp, "target": target,
+            "mbs": f", micro_batch_size={mbs} at this batch" if mbs and mbs != p.micro_batch_size else ""}
+
+
+@rule("PP015")
+def combined_1f1b_as_named(ctx: Context) -> Values:
+    """Megatron-Core runs combined 1F1B exactly when overlap_moe_expert_parallel_comm is on (a named schedule other
+    than combined_1f1b cannot keep moe_a2a_overlap), and refuses it with Megatron-FSDP over virtual stages."""
+    p = ctx.plan
+    if p.pipeline_schedule == "combined_1f1b" and not p.moe_a2a_overlap:
+        return {"reason": "pipeline_schedule=combined_1f1b with moe_a2a_overlap=false: Megatron-Core runs its "
+                          "combined 1F1B only with overlap_moe_expert_parallel_comm",
+                "fix": "Use moe_a2a_overlap=true (or leave it out), or pipeline_schedule=1f1b / interleaved_1f1b."}
+    if p.pipeline_schedule not in (None, "combined_1f1b") and p.moe_a2a_overlap:
+        return {"reason": f"pipeline_schedule={p.pipeline_schedule} with moe_a2a_overlap=true: with the overlap on "
+                          "Megatron-Core always runs its combined 1F1B",
+                "fix": "Use pipeline_schedule=combined_1f1b, or moe_a2a_overlap=false."}
+    if p.pipeline_schedule == "combined_1f1b" and p.pp > 1 and p.vpp > 1 and uses_fsdp(ctx.job.framework,
+                                                                                       p.zero_stage):
+        return {"reason": f"pipeline_schedule=combined_1f1b with zero_stage={p.zero_stage} (Megatron-FSDP) over "
+                          f"vpp={p.vpp}: Megatron-Core refuses EP overlap 1F1B with FSDP for interleaved pipelines",
+                "fix": "Use zero_stage=1 (the distributed optimizer), or pp=1, or another pipeline_schedule."}
+    return None

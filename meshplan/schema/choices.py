@@ -29,6 +29,13 @@ MoeDispatcher = Literal["alltoall", "flex"]
 # (FlashAttention), fused (cuDNN / Transformer Engine FusedAttention), unfused (the scores materialised: softmax in
 # its own kernel), auto (what the framework picks by itself: its card's attention section).
 AttentionBackend = Literal["auto", "flash", "fused", "unfused"]
+# The pipeline schedule (meshplan/arithmetic/pipeline_timeline.py replays each): gpipe (all forwards, then all
+# backwards), 1f1b, interleaved_1f1b (vpp > 1), zero_bubble (the backward split into input and weight gradients, the
+# weight gradients filling the bubble: torch ScheduleZBVZeroBubble in a V at vpp = 2, ScheduleInterleavedZeroBubble
+# above), dualpipev (torch ScheduleDualPipeV, two chunks per rank in a V), combined_1f1b (Megatron-Core's 1F1B with
+# overlap_moe_expert_parallel_comm: one micro-batch's expert all-to-all hidden behind another's compute). Which
+# framework runs which: its card's pipeline.schedules.
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "dualpipev", "combined_1f1b"]
 # Adam moments' dtype (Megatron's precision-aware optimizer --exp-avg-dtype / --exp-avg-sq-dtype choices)
 OptimizerStateDtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # The optimizer: Adam, or Muon on the 2-D matrices (Megatron-Core --optimizer adam|muon; the rest stays on Adam)

@@ -18,6 +18,7 @@ from meshplan.schema.choices import (
     MoeDispatcher,
     Optimizer,
     OptimizerStateDtype,
+    PipelineSchedule,
     Placement,
     Precision,
     Recompute,
@@ -97,6 +98,10 @@ class Plan(StrictModel):
     fp8_recipe: Fp8Recipe | None = None  # None: the framework's default recipe (precision=fp8 only)
     moe_token_dispatcher: MoeDispatcher = "alltoall"
     moe_a2a_overlap: bool = False  # EP all-to-all overlapped with the other micro-batch's compute (1F1B)
+    pipeline_schedule: PipelineSchedule | None = None  # None: the framework's default (its card's pipeline section)
+    # micro-batches one run of the pipeline schedule takes, the step running it again per gradient-accumulation step
+    # (torchtitan: local_batch_size / pipeline_parallel_microbatch_size); None: every micro-batch of the step in one run
+    pipeline_microbatches: int | None = Field(None, ge=1)
     tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
     torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
     expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
@@ -130,6 +135,15 @@ class Plan(StrictModel):
     def num_microbatches(self, global_batch_size: int) -> int:
         return max(1, global_batch_size // (self.micro_batch_size * self.dp))
 
+    def schedule_microbatches(self, global_batch_size: int) -> int:
+        """Micro-batches one run of the pipeline schedule takes: pipeline_microbatches, else all of the step's."""
+        m = self.num_microbatches(global_batch_size)
+        return min(m, self.pipeline_microbatches or m)
+
+    def schedule_runs(self, global_batch_size: int) -> int:
+        """Runs of the pipeline schedule per optimizer step (1 unless pipeline_microbatches cuts the step)."""
+        return max(1, self.num_microbatches(global_batch_size) // self.schedule_microbatches(global_batch_size))
+
     def short(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}"]
         if self.vpp > 1:
@@ -141,4 +155,6 @@ class Plan(StrictModel):
         if self.etp > 1:
             parts.append(f"ETP{self.etp}")
         parts.append(f"DP{self.dp}")
+        if self.pipeline_schedule is not None:
+            parts.append(self.pipeline_schedule)
         return " ".join(parts)

@@ -21,6 +21,7 @@ from meshplan.schema.choices import (
     MoeDispatcher,
     Optimizer,
     OptimizerStateDtype,
+    PipelineSchedule,
     Placement,
     Precision,
     Recompute,
@@ -130,6 +131,20 @@ class Request(StrictModel):
     moe_token_dispatcher: MoeDispatcher | None = Field(
         None, description="MoE token dispatcher: alltoall, or flex (DeepEP/HybridEP: one copy per destination node); "
                           "default alltoall, the search picks flex for cross-node EP where the framework has it"
+    )
+    pipeline_schedule: PipelineSchedule | None = Field(
+        None, description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (vpp > 1), zero_bubble (torch's ZBV at "
+                          "vpp 2, interleaved zero-bubble above), dualpipev (vpp 2), combined_1f1b (Megatron's 1F1B "
+                          "with the expert all-to-all overlap, sets moe_a2a_overlap); the multi-chunk ones fill vpp=2 "
+                          "when it is left out (default: the framework's, 1F1B or interleaved with vpp > 1; searched "
+                          "by recommend where the framework runs more than one)",
+    )
+    pipeline_microbatches: int | None = Field(
+        None, ge=1, le=65536,
+        description="Micro-batches one run of the pipeline schedule takes where the framework runs it once per "
+                    "gradient-accumulation step (torchtitan: training.local_batch_size / "
+                    "parallelism.pipeline_parallel_microbatch_size; the step runs the schedule again, fill and drain "
+                    "included, until global_batch_size) (default: every micro-batch of the step in one run)",
     )
     moe_a2a_overlap: bool | None = Field(
         None, description="Hide the expert all-to-all behind another micro-batch's compute (Megatron-Core "

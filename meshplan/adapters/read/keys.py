@@ -15,6 +15,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import ValidationError
 
 from meshplan.adapters.read.settings import Setting
+from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
@@ -258,12 +259,33 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
             reading.state("attention_backend", "auto", s)
         else:
             reading.unsupported.append(f"{s.where(reading.path)} = {text}: no meshplan attention_backend")
+    elif m.target == "pipeline_schedule":
+        _schedule(reading, s)
     elif m.target in Request.model_fields:
         reading.state(m.target, value, s)
     else:
         reading.extra.setdefault(m.target, (value, s))
         return True
     return True
+
+
+def schedule_named(framework: str, text: str) -> str | None:
+    """The pipeline_schedule a framework's schedule name is (its card's pipeline.schedules, any case: torch's
+    get_schedule_class ignores case), or None when the card names no such schedule."""
+    for order, name in framework_card(framework).pipeline.schedules.items():
+        if name.lower() == text.strip("'\"").lower():
+            return SCHEDULE_OF_ORDER[order]
+    return None
+
+
+def _schedule(reading: Reading, s: Setting) -> None:
+    """A schedule the file names, stated where it is not the framework's default (1F1B, or its interleaved form, which
+    vpp says); one meshplan has no value for is reported."""
+    named = schedule_named(reading.framework, str(s.value))
+    if named is None:
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: no meshplan pipeline_schedule")
+    elif named not in (framework_card(reading.framework).pipeline.order, "interleaved_1f1b"):
+        reading.state("pipeline_schedule", named, s)
 
 
 def knob_value_map(framework: str, variant: str | None) -> dict[str, str | None] | None:

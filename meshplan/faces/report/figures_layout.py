@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 
+from meshplan.arithmetic.mesh import MeshAxis
+from meshplan.arithmetic.pipeline_timeline import Shape as TimelineShape
+from meshplan.arithmetic.pipeline_timeline import rank_actions, timed_actions
+from meshplan.arithmetic.schedule import plan_shape
 from meshplan.faces.report.gather import PlanReport
-from meshplan.faces.report.mesh import Axis, drawn_ranks
-from meshplan.faces.report.schedule import drawn_microbatches, simulate
 from meshplan.faces.report.shapes import (
     GROUP_COLOURS,
     NETWORK,
@@ -22,6 +24,13 @@ from meshplan.faces.report.shapes import (
     text,
 )
 from meshplan.schema.reports import Candidate, NearMiss, Recommendation
+
+MAX_DRAWN_RANKS = 256  # a larger world is drawn by its first ranks (whole groups of the inner axes), and says so
+
+
+def drawn_ranks(world: int) -> int:
+    """How many ranks the mesh picture draws: all of them up to MAX_DRAWN_RANKS."""
+    return min(world, MAX_DRAWN_RANKS)
 
 
 def _cell(report: PlanReport) -> float:
@@ -49,7 +58,7 @@ def _domains(report: PlanReport, shown: int, top: float) -> list[Shape]:
     return shapes
 
 
-def _axis_panel(report: PlanReport, axis: Axis, top: float, shown: int) -> list[Shape]:
+def _axis_panel(report: PlanReport, axis: MeshAxis, top: float, shown: int) -> list[Shape]:
     cell = _cell(report)
     groups = report.world // axis.size
     where = "crosses the network" if axis.crosses_network else "inside a fast domain"
@@ -94,42 +103,84 @@ def mesh_figure(report: PlanReport) -> Figure | None:
 
 
 CHUNK_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999"]
+MAX_DRAWN_MICROBATCHES_PER_RANK = 2  # micro-batches drawn: 2 x pp (all of them when fewer), enough for the shape
+# Unit times of the picture: a chunk's forward 1, its backward 2, of which the weight gradient 1 where the schedule
+# runs it apart (zero-bubble, DualPipeV). The shape of the schedule, not its seconds (those are the estimate's).
+UNIT_FORWARD, UNIT_BACKWARD, UNIT_WEIGHT_GRADIENT = 1.0, 2.0, 1.0
+ORDER_WORDS = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B",
+               "interleaved_zero_bubble": "interleaved zero-bubble", "zbv_zero_bubble": "ZBV zero-bubble",
+               "dualpipev": "DualPipeV", "combined_1f1b": "combined 1F1B"}
+ACTION_STYLE = {"F": ("fwd", "forward"), "B": ("bwd", "backward"), "I": ("bwd igrad", "input-gradient backward"),
+                "W": ("wgrad", "weight-gradient backward")}
+
+
+def drawn_microbatches(pp: int, vpp: int, microbatches: int) -> int:
+    """Micro-batches the picture draws: all of them, or 2 x pp when there are more (the steady state repeats);
+    with several chunks per rank, a multiple of pp once there are pp or more (Megatron runs them in groups of pp)."""
+    drawn = max(1, min(microbatches, MAX_DRAWN_MICROBATCHES_PER_RANK * pp))
+    return drawn - drawn % pp if vpp > 1 and drawn >= pp else drawn
+
+
+def schedule_shape(report: PlanReport, microbatches: int) -> TimelineShape:
+    """The pipeline the estimate replays for the drawn plan (arithmetic/schedule.plan_shape: the framework's order,
+    or the plan's pipeline_schedule), at the drawn micro-batch count."""
+    plan = report.plan
+    assert plan is not None
+    return plan_shape(report.framework, plan.pp, plan.vpp, microbatches, plan.pipeline_schedule)
+
+
+def _schedule_slots(shape: TimelineShape) -> tuple[list[Shape], float]:
+    """A rectangle per action of every rank, where pipeline_timeline.timed_actions puts it; the step's end."""
+    p = shape.pp
+    split = any(a.kind == "W" for r in range(p) for a in rank_actions(shape, r))
+    ranks = timed_actions(shape, [UNIT_FORWARD] * p, [UNIT_BACKWARD] * p, 0.0,
+                          [UNIT_WEIGHT_GRADIENT if split else 0.0] * p)
+    end = max(t.end for timed in ranks for t in timed)
+    unit, row_h, left = min(24.0, 860.0 / end), 20.0, 60.0
+    shapes: list[Shape] = []
+    for rank, timed in enumerate(ranks):
+        y = 20 + rank * (row_h + 4)
+        shapes += [rect(left, y, end * unit, row_h, "url(#bubble)", "bubble", f"rank {rank} idle", rank=rank),
+                   text(left - 6, y + 14, f"rank {rank}", "tick", anchor="end")]
+        for t in timed:
+            a = t.action
+            css, words = ACTION_STYLE[a.kind]
+            stage = shape.stage(a.chunk, rank)
+            shapes.append(rect(left + t.start * unit, y, (t.end - t.start) * unit, row_h,
+                               CHUNK_COLOURS[a.chunk % len(CHUNK_COLOURS)], f"slot {css}",
+                               f"rank {rank} {words} micro-batch {a.mb} chunk {a.chunk} (stage {stage})",
+                               stroke="#fff", rank=rank, microbatch=a.mb, chunk=a.chunk, stage=stage, kind=a.kind,
+                               start=round(t.start, 6)))
+            if unit * (t.end - t.start) >= 14:
+                shapes.append(text(left + (t.start + t.end) / 2 * unit, y + 14, f"{a.kind}{a.mb}",
+                                   "slot-label" if a.kind == "F" else "slot-label light", anchor="middle"))
+    return shapes, end
 
 
 def schedule_figure(report: PlanReport) -> Figure | None:
-    """Each pipeline rank's forwards and backwards in Megatron's order; the gaps are the bubble."""
+    """Each pipeline rank's forwards and backwards in the order and at the moments the step-time estimate replays
+    them (arithmetic/pipeline_timeline.py); the gaps are the bubble."""
     plan = report.plan
     if plan is None or plan.pp == 1:
         return None
     drawn = drawn_microbatches(plan.pp, plan.vpp, report.microbatches)
-    slots = simulate(plan.pp, plan.vpp, drawn)
-    end = max(s.end for s in slots)
-    unit, row_h, left = min(24.0, 860.0 / end), 20.0, 60.0
-    shapes: list[Shape] = []
-    for rank in range(plan.pp):
-        y = 20 + rank * (row_h + 4)
-        shapes += [rect(left, y, end * unit, row_h, "url(#bubble)", "bubble", f"rank {rank} idle", rank=rank),
-                   text(left - 6, y + 14, f"rank {rank}", "tick", anchor="end")]
-    for s in slots:
-        colour = CHUNK_COLOURS[s.chunk % len(CHUNK_COLOURS)]
-        y = 20 + s.rank * (row_h + 4)
-        kind = "B" if s.backward else "F"
-        shapes.append(rect(left + s.start * unit, y, (s.end - s.start) * unit, row_h, colour,
-                           f"slot {'bwd' if s.backward else 'fwd'}", f"rank {s.rank} {kind} micro-batch {s.microbatch} "
-                           f"chunk {s.chunk}", stroke="#fff", rank=s.rank, microbatch=s.microbatch, chunk=s.chunk))
-        if unit * (s.end - s.start) >= 14:
-            shapes.append(text(left + (s.start + s.end) / 2 * unit, y + 14, f"{kind}{s.microbatch}",
-                               "slot-label light" if s.backward else "slot-label", anchor="middle"))
+    shape = schedule_shape(report, drawn)
+    shapes, end = _schedule_slots(shape)
+    left, row_h = 60.0, 20.0
+    unit = min(24.0, 860.0 / end)
     bd = report.throughput.breakdown if report.throughput else None
-    rows = [["pipeline ranks (pp)", str(plan.pp)], ["virtual chunks per rank (vpp)", str(plan.vpp)],
+    name = ORDER_WORDS.get(shape.order, shape.order)
+    rows = [["schedule", name], ["pipeline ranks (pp)", str(plan.pp)], ["virtual chunks per rank", str(shape.vpp)],
             ["micro-batches per step", str(report.microbatches)], ["micro-batches drawn", str(drawn)]]
+    if shape.order in ("interleaved_1f1b", "interleaved_zero_bubble", "combined_1f1b"):
+        rows.append(["micro-batches per chunk in turn", str(shape.group)])
     if bd is not None and report.throughput is not None:
         rows += [["bubble", seconds(bd.bubble_s)], ["step time", seconds(report.throughput.step_time_s)]]
-    name = "interleaved 1F1B" if plan.vpp > 1 else "1F1B"
-    caption = (f"Megatron-Core's {name} schedule on {plan.pp} pipeline ranks: F forward, B backward (colour: virtual "
-               f"chunk); hatched gaps are the pipeline bubble.")
-    notes = ["unit times (a backward = two forwards) show the schedule's shape; the seconds are the throughput "
-             "estimate's"]
+    caption = (f"The {name} schedule on {plan.pp} pipeline ranks as the step-time estimate replays it: F forward, "
+               "B backward, I and W its input- and weight-gradient halves where the schedule runs them apart "
+               "(colour: virtual chunk); hatched gaps are the pipeline bubble.")
+    notes = ["unit times (a forward 1, a backward 2, its weight gradient 1 of those) show the schedule's shape; the "
+             "seconds are the throughput estimate's"]
     if drawn < report.microbatches:
         notes.append(f"drawn with {drawn} of {report.microbatches} micro-batches (the steady state repeats)")
     return Figure("schedule", f"Pipeline schedule ({name}) and its bubble", left + end * unit + 20,

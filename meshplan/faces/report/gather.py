@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan import api
-from meshplan.arithmetic.mesh import fast_domain, world_size
+from meshplan.arithmetic.mesh import MeshAxis, fast_domain, mesh_axes, world_size
 from meshplan.core.errors import MeshplanError
-from meshplan.faces.report.mesh import Axis, axes
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
 from meshplan.rl.job import RL_FIELDS
@@ -34,11 +33,12 @@ class PlanReport:
     throughput: ThroughputReport | None
     recommendation: Recommendation | None
     plan: Plan | None
-    axes: list[Axis]
+    axes: list[MeshAxis]
     world: int
     gpus_per_node: int
     domain: int
     gpu_name: str
+    framework: str  # the resolved job's framework: which schedule its pipeline runs
     microbatches: int
     headroom: float
     budget_bytes: int
@@ -90,8 +90,8 @@ def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanRepo
     return PlanReport(
         request=req, drawn=drawn, memory=memory, throughput=throughput, recommendation=rec,
         plan=memory.plan if memory is not None else None,
-        axes=axes(memory.plan, world, domain, job.model.moe is not None) if memory is not None else [],
-        world=world, gpus_per_node=job.gpus_per_node, domain=domain, gpu_name=job.gpu.name,
+        axes=mesh_axes(memory.plan, world, domain, job.model.moe is not None) if memory is not None else [],
+        world=world, gpus_per_node=job.gpus_per_node, domain=domain, gpu_name=job.gpu.name, framework=job.framework,
         microbatches=memory.plan.num_microbatches(job.global_batch_size) if memory is not None else 0,
         headroom=headroom, budget_bytes=memory_budget(job, headroom), drawn_as=drawn_as, notes=notes,
     )
