@@ -93,7 +93,7 @@ def launch_to_tools_list(cwd: str) -> tuple[float, float]:
     pipe.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
     reply = pipe.ask({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     elapsed = time.perf_counter() - start
-    assert len(reply["result"]["tools"]) == 7
+    assert reply["result"]["tools"], reply  # the tools meshplan registers (their count grows with the faces)
     pipe.close()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -270,13 +270,18 @@ def test_published_recipe_splits_pass_check():
 
 
 @pytest.mark.parametrize("extra", [{"pipeline_layout": "Et*16|t*16L"}, {"account_for_loss": True}])
-def test_recommend_refuses_a_layout_rather_than_dropping_it(extra):
+def test_recommend_keeps_a_given_layout(extra):
+    """A given layout or embedding/loss accounting is kept by every candidate (it was refused before the search
+    enumerated such splits), on recommend and min-gpus alike."""
     from meshplan import api
 
-    with pytest.raises(MeshplanError, match="recommend does not search with pipeline_layout"):
-        api.recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", **extra))
-    with pytest.raises(MeshplanError, match="recommend does not search with pipeline_layout"):
-        api.minimum_gpus(Request(model="llama-3.1-8b", framework="megatron-core", **extra))
+    rec = api.recommend(Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", **extra))
+    assert rec.candidates
+    for c in rec.candidates:
+        assert {k: getattr(c.plan, k) for k in extra} == extra, c.plan.short()
+    least = api.minimum_gpus(Request(model="llama-3.1-8b", framework="megatron-core", **extra))
+    assert least.candidate is not None
+    assert {k: getattr(least.candidate.plan, k) for k in extra} == extra
 
 
 # --------------------------------------------------------------------------- against Megatron-Core's own code

@@ -28,7 +28,7 @@ from meshplan.rules.engine import EstimateBlocked, backend_of, rule_specs
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
-from meshplan.search.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options
+from meshplan.search.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options, writes_layouts
 
 MAX_PP = 32
 SPLIT = re.compile(r"first_stage_layers=(\d+), last_stage_layers=(\d+)")
@@ -52,9 +52,12 @@ def _plans(arch, framework):
         yield Plan(pp=pp, zero_stage=zero)
         if kn.vpp and 2 * pp <= arch.num_layers:
             yield Plan(pp=pp, vpp=2, zero_stage=zero)
-        for vpp, first, last in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework)):
-            if (vpp, first, last) != (1, None, None):
-                yield Plan(pp=pp, vpp=vpp, zero_stage=zero, first_stage_layers=first, last_stage_layers=last)
+        for vpp, first, last, split in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework),
+                                                        layouts=writes_layouts(framework),
+                                                        mtp_layers=arch.num_mtp_layers):
+            if (vpp, first, last, split) != (1, None, None, None):
+                yield Plan(pp=pp, vpp=vpp, zero_stage=zero, first_stage_layers=first, last_stage_layers=last,
+                           **(split.fields() if split is not None else {}))
 
 
 # --------------------------------------------------------------------------- memory and throughput
@@ -143,14 +146,18 @@ def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_wh
                     continue
                 fixed = Fixed({"tp": 1, "pp": pp, "cp": 1, "ep": 1, "etp": 1, "vpp": vpp})
                 layouts, _ = enumerate_layouts(job, fixed)
-                enumerated = {(lay.first, lay.last) for lay in layouts}
-                for first, last in enumerated:  # recommend only enumerates splits check accepts
-                    plan = Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last)
+                enumerated = {(lay.first, lay.last) for lay in layouts if lay.split is None}
+                splits = {lay.split for lay in layouts if lay.split is not None}  # embedding/loss counted, layouts
+                for first, last, split in [(f, la, None) for f, la in enumerated] + [(None, None, x) for x in splits]:
+                    # recommend only enumerates splits check accepts
+                    plan = Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=first, last_stage_layers=last,
+                                **(split.fields() if split is not None else {}))
                     ids = {f.id for f in check_structure(job, plan)}
                     if ids & {"PP005", "SQ001"}:  # the template's micro-batch count (no multiple of pp) or
                         # sequence (past the model's learned positions): refused by check and the estimates alike
                         continue
-                    assert not ids & {"PP001", "PP002", "PP004"}, (arch.name, framework, pp, vpp, first, last)
+                    assert not ids & {"PP001", "PP002", "PP004", "PP009"}, (arch.name, framework, pp, vpp, first, last,
+                                                                             split)
                 # a split given wrong (PP004), or none where pp does not divide the layers (PP001)
                 plans = [Plan(pp=pp, vpp=vpp, zero_stage=0, first_stage_layers=0)]
                 if L % pp:

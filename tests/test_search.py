@@ -138,12 +138,17 @@ def test_rules_that_reject_everything_are_named():
 
 
 def test_a_fixed_interleaving_the_layers_cannot_fill_is_named_not_called_out_of_memory():
-    # 94 layers cannot fill pp 8 x vpp 4 chunks: a pipeline rule, not memory (it used to say "no layout fits").
-    # Every plan breaks the same pipeline rule: refused up front with its id and fix (issue 23).
+    # 94 layers cannot fill pp 8 x vpp 4 chunks with first/last stage sizes alone (verl's Megatron backend writes
+    # nothing else): a pipeline rule, not memory (it used to say "no layout fits"). Every plan breaks the same
+    # pipeline rule: refused up front with its id and fix (issue 23).
+    fields = dict(model="qwen3-235b-a22b", num_gpus=256, global_batch_size=1024, tp=2, pp=8, vpp=4, ep=32)
     with pytest.raises(MeshplanError) as exc:
-        recommend(Request(model="qwen3-235b-a22b", num_gpus=256, global_batch_size=1024, tp=2, pp=8, vpp=4,
-                          ep=32), top_k=2)
+        recommend(Request(**fields, framework="verl"), top_k=2)
     assert exc.value.reason.startswith("PP") and "no layout fits" not in exc.value.reason and exc.value.fix
+    # Megatron-Core fills them with the embedding and the loss counted as layers (96 = 8 x 4 x 3), as Megatron-Bridge's
+    # Qwen3-235B-A22B recipes do
+    rec = recommend(Request(**fields), top_k=2)
+    assert rec.candidates and all(c.plan.account_for_embedding and c.plan.account_for_loss for c in rec.candidates)
 
 
 def test_cross_node_expert_parallelism_uses_the_flex_dispatcher_where_the_framework_has_it():
@@ -191,14 +196,16 @@ def test_cli_recommend_json(capsys):
 
 
 def test_thin_headroom_layouts_are_named_not_ranked_silently():
-    """A 2.4B model on one 40 GB A100 fits only with under 10% free: nothing is ranked, the answer names that
-    layout and the headroom that would rank it; a 2B model on the same GPU keeps the headroom and is ranked."""
+    """A 2B model on one 40 GB A100 fits only with under 10% free (DeepSpeed's optimizer step adds its flat and fp32
+    gradient copies to the 16 B per parameter of states: cards/memory.yaml optimizer_steps): nothing is ranked, the
+    answer names that layout and the headroom that would rank it; a 1.5B model on the same GPU keeps the headroom and
+    is ranked."""
     fields = dict(gpu="a100-40gb", num_gpus=1, seq_length=1024, global_batch_size=8, framework="deepspeed")
-    thin = recommend(Request(model="2.4B", **fields), top_k=2)
+    thin = recommend(Request(model="2B", **fields), top_k=2)
     assert thin.candidates == [] and thin.headroom == pytest.approx(0.1)
     named = thin.best_below_headroom
     assert named is not None and 0 < named.memory.headroom_bytes < 0.1 * named.memory.capacity_bytes
     assert "No layout keeps 10%" in thin.rationale and "headroom=" in thin.rationale
-    roomy = recommend(Request(model="2B", **fields), top_k=2)
+    roomy = recommend(Request(model="1.5B", **fields), top_k=2)
     assert roomy.candidates[0].memory.headroom_bytes >= 0.1 * roomy.candidates[0].memory.capacity_bytes
     assert roomy.best_below_headroom is None

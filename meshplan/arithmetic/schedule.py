@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.arithmetic.memory_states import convention
-from meshplan.arithmetic.pipeline_timeline import Shape, shape_for
+from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
 from meshplan.arithmetic.pipeline_timeline import in_flight as timeline_in_flight
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import InterleaveGroup, framework_card
@@ -297,6 +297,67 @@ def format_layout(stages: Sequence[str]) -> str:
     return out
 
 
+# --------------------------------------------------------------------------- splits with light end stages
+
+
+@lru_cache(maxsize=8192)
+def end_light_splits(num_layers: int, stages: int) -> tuple[tuple[int, int, int], ...]:
+    """(first, middle, last) decoder layers of the first virtual stage, of each middle one and of the last, for every
+    split of `stages` virtual stages whose middle stages all hold ceil(layers / stages), the fewest any split can put
+    on its heaviest stage, and whose two end stages, which also hold the embedding and the output layer and loss,
+    share the rest with neither heavier than a middle one (either may hold none). These are the splits Megatron-Core
+    reaches with account_for_embedding/loss_in_pipeline_split (an end one layer lighter) and with an explicit
+    pipeline_model_parallel_layout, the one every published DeepSeek-V3 / Kimi-K2 recipe sets (16,16,16,13 over 4
+    stages; E+t | (tt|)*30 | mL over 32); heaviest first stage first. Empty when the stages cannot all hold a middle
+    share (more than ceil(layers / stages) x (stages - 2) layers would be needed) or there is one stage."""
+    if stages < 2:
+        return ()
+    middle = -(-num_layers // stages)
+    rest = num_layers - (stages - 2) * middle
+    if rest < 0:
+        return ()
+    return tuple((first, middle, rest - first) for first in range(min(middle, rest), max(0, rest - middle) - 1, -1))
+
+
+@dataclass(frozen=True, order=True)
+class VirtualSplit:
+    """A split the per-rank first/last stage sizes cannot say: the decoder layers of each virtual stage (virtual-stage
+    order), and how Megatron-Core is told it: the embedding and/or the loss counted as a layer where that gives these
+    counts, else an explicit pipeline_model_parallel_layout."""
+
+    counts: tuple[int, ...]
+    layout: str | None = None
+    embedding: bool = False
+    loss: bool = False
+
+    def fields(self) -> dict[str, object]:
+        """The Plan / Request fields that set this split."""
+        return {"pipeline_layout": self.layout, "account_for_embedding": self.embedding, "account_for_loss": self.loss}
+
+    def rank_counts(self, pp: int) -> tuple[int, ...]:
+        """Decoder layers per pipeline rank (virtual stage k on rank k % pp)."""
+        return tuple(sum(self.counts[r::pp]) for r in range(pp))
+
+
+@lru_cache(maxsize=8192)
+def virtual_split(num_layers: int, pp: int, vpp: int, first: int, last: int, mtp_layers: int) -> VirtualSplit:
+    """The end_light_splits entry (first, middle, last) over pp x vpp virtual stages as Megatron-Core is told it: the
+    embedding / loss counted as a layer where accounted_counts gives exactly these counts, else a layout string with E
+    on the first stage and the MTP layers m before the loss L on the last (where Megatron's recipes colocate them)."""
+    stages = pp * vpp
+    middle = (num_layers - first - last) // (stages - 2) if stages > 2 else max(first, last)
+    counts = (first, *([middle] * (stages - 2)), last)
+    embedding, loss = middle - first, middle - last
+    if embedding in (0, 1) and loss in (0, 1) and (embedding or loss):
+        got, problem = accounted_counts(num_layers, pp, vpp, bool(embedding), bool(loss))
+        if not problem and tuple(got) == counts:
+            return VirtualSplit(counts, embedding=bool(embedding), loss=bool(loss))
+    body = ["t" * n for n in counts]
+    body[0] = "E" + body[0]
+    body[-1] += "m" * mtp_layers + "L"
+    return VirtualSplit(counts, layout=format_layout(body))
+
+
 def _layout_fix(arch: Architecture, plan: Plan) -> str:
     """A layout that works for the plan's pp and vpp, or what to change when none does."""
     working = compose_layout(arch.num_layers, plan.pp, plan.vpp, arch.num_mtp_layers)
@@ -554,21 +615,37 @@ def plan_stages(job: Job, plan: Plan) -> Stages:
                 "MTP block(s), as Megatron-Core builds none without mtp_num_layers (with it, the layout must place "
                 "them).")))
         return stages
-    return stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
-                      plan.first_stage_layers, plan.last_stage_layers)
+    stages = stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
+                        plan.first_stage_layers, plan.last_stage_layers)
+    if plan.pipeline_schedule is not None and plan.pp > 1 and schedule_order(plan.pipeline_schedule,
+                                                                              plan.vpp) in V_ORDERS:
+        return v_placed(stages, plan.pp)
+    return stages
+
+
+def v_placed(stages: Stages, pp: int) -> Stages:
+    """The same virtual stages placed in a V (torch's generate_stage_to_rank_mapping style "v", two chunks per rank):
+    rank r holds stage r and stage 2p - 1 - r, so rank 0 holds the first stage and the last, with the output layer."""
+    flat = [stages.chunks[s % pp][s // pp] for s in range(2 * pp)]
+    chunks = tuple((flat[r], flat[2 * pp - 1 - r]) for r in range(pp))
+    return replace(stages, chunks=chunks, head_rank=0, mtp_rank=None if stages.mtp_rank is None else 0)
 
 
 # --------------------------------------------------------------------------- micro-batches in flight
 
 
-def plan_shape(framework: str, pp: int, vpp: int, microbatches: int) -> Shape:
+def plan_shape(framework: str, pp: int, vpp: int, microbatches: int, schedule: str | None = None) -> Shape:
     """The pipeline schedule a plan runs under its framework (the framework card's pipeline section): its order,
-    and with vpp > 1 the interleaved one with the framework's micro-batch group."""
+    and with vpp > 1 the interleaved one with the framework's micro-batch group; a named schedule (the plan's
+    pipeline_schedule) its own order (pipeline_timeline.schedule_order)."""
     facts = framework_card(framework).pipeline
-    return shape_for(facts.order, facts.group, pp, vpp, microbatches)
+    order = facts.order if schedule is None else schedule_order(schedule, vpp)
+    return shape_for(order, facts.group, pp, vpp, microbatches)
 
 
-def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: InterleaveGroup = "pp") -> tuple[int, ...]:
+@lru_cache(maxsize=65536)  # a pure function of small ints and names, asked per stage of every memory estimate
+def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: InterleaveGroup = "pp",
+              schedule: str | None = None) -> tuple[int, ...]:
     """Micro-batches whose activations rank `rank` holds at its peak, per virtual chunk, read from the schedule's
     order (pipeline_timeline.in_flight).
 
@@ -579,4 +656,5 @@ def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: Interleave
     """
     if pp == 1:
         return (1,)
-    return timeline_in_flight(shape_for("1f1b", group, pp, vpp, microbatches), rank)
+    order = "1f1b" if schedule is None else schedule_order(schedule, vpp)
+    return timeline_in_flight(shape_for(order, group, pp, vpp, microbatches), rank)

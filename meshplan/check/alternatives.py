@@ -10,6 +10,7 @@ from typing import Any
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.schedule import pipeline_split
 from meshplan.check.config import check_structure
+from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.knowledge.cards import framework_card
@@ -51,15 +52,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         pp_factors.append(pp_factors[-1] * step)
     for factor in pp_factors:
         pp = p.pp * factor
-        change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1}
-        label = f"pp={pp}"
-        # the split the search enumerates for this pp (schedule.pipeline_split): uneven only when pp does not
-        # divide the layers
-        split = pipeline_split(arch.num_layers, pp) if ctx.backend == "megatron" else None
-        if split and split[0] is not None:
-            change |= {"first_stage_layers": split[0], "last_stage_layers": split[1]}
-            label += f" (first/last stage {split[0]}/{split[1]} layers)"
-        out.append((label, change))
+        out.append(_deeper_pipeline(ctx, pp))
     if mesh.tp_fits_domain(p.tp * step, ctx.fast_domain):
         out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
     if arch.moe is not None:
@@ -75,6 +68,26 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if not p.param_offload:
         out.append(("param_offload=true", {"param_offload": True}))
     return out
+
+
+def _deeper_pipeline(ctx: Context, pp: int) -> tuple[str, dict[str, Any]]:
+    """The pp neighbour without interleaving, with the split recommend ranks first for it (split.fastest_split, the
+    function PP001's fix names its split with), else the split the search enumerates first for that pp
+    (schedule.pipeline_split: uneven only when pp does not divide the layers)."""
+    change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1,
+                              "pipeline_layout": None, "account_for_embedding": False, "account_for_loss": False}
+    label = f"pp={pp}"
+    plan = _neighbour(ctx, change)
+    fastest = fastest_split(ctx.job, plan) if plan is not None and pp <= ctx.job.model.num_layers else None
+    if fastest is not None:
+        change |= {k: getattr(fastest, k) for k in ("first_stage_layers", "last_stage_layers", "pipeline_layout",
+                                                    "account_for_embedding", "account_for_loss")}
+        return (label if split_words(fastest) == "the even split" else f"{label} ({split_words(fastest)})"), change
+    split = pipeline_split(ctx.job.model.num_layers, pp) if ctx.backend == "megatron" else None
+    if split and split[0] is not None:
+        change |= {"first_stage_layers": split[0], "last_stage_layers": split[1]}
+        label += f" (first/last stage {split[0]}/{split[1]} layers)"
+    return label, change
 
 
 def _neighbour(ctx: Context, change: dict[str, Any]) -> Plan | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
 from meshplan.rl.memory import job_memory
@@ -32,6 +33,7 @@ def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckR
             structural_error = structural_error or spec.severity == "error"
     memory: MemorySummary | None = None
     if include_memory:
+        findings = [_ranked_split(job, plan, f) if f.id == "PP001" else f for f in findings]
         memory, note = _memory_findings(ctx, findings)
         if note:
             next_steps.append(note)
@@ -60,6 +62,17 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
                 "`meshplan recommend` lists layouts that fit."]
     return ["The layout passes every rule of its framework: `meshplan throughput` predicts its speed, "
             "`meshplan render` writes it in the framework's own keys."]
+
+
+def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
+    """PP001's fix naming the split recommend ranks first for this layout (split.fastest_split, what MEM001's deeper
+    pipelines name too) in place of the rule's arithmetic one; as it was where no split passes and fits."""
+    fastest = fastest_split(job, plan)
+    if fastest is None:
+        return found
+    even = found.fix.split("; or keep")[0].rstrip(".")
+    return found.model_copy(update={"fix": f"{even}; or keep pp={plan.pp} with the split recommend ranks first for "
+                                           f"this layout: {split_words(fastest)}."})
 
 
 # --------------------------------------------------------------------------- memory rules

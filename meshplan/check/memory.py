@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.alternatives import fitting_alternatives
+from meshplan.check.split import headroom_threshold
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
-from meshplan.rules.engine import Context, Values, rule, rule_specs
+from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import MemoryReport
 
@@ -20,12 +21,6 @@ from meshplan.schema.reports import MemoryReport
 def _report(ctx: Context) -> MemoryReport:
     assert ctx.memory_report is not None, "memory rules run only after the estimate"
     return ctx.memory_report
-
-
-def headroom_threshold(asked: float | None) -> float:
-    """The free share of GPU memory a plan should keep: the request's headroom (then `fits` requires it, MEM001), else
-    MEM002's min_headroom_fraction (a warning). MEM002 and recommend (search/policy.py headroom_for) read this one."""
-    return float(rule_specs()["MEM002"].params["min_headroom_fraction"]) if asked is None else float(asked)
 
 
 def _capacity_words(ctx: Context, capacity: int) -> str:

@@ -7,7 +7,10 @@ LoRA) each have their own module beside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from meshplan.arithmetic.comm import Links
@@ -58,6 +61,7 @@ class LayerContext:
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
+    gather_dispatch: bool = False  # the non-flex MoE dispatcher gathers the EP group's tokens (moe_time.gather_ep)
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
     tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)
     tp_sms: TpSms | None = None  # SMs the TP communication kernels hold beside their GEMMs (tp_sms; tp_hidden)
@@ -101,3 +105,75 @@ class LayerTime:
     @property
     def compute(self) -> float:
         return self.gemm + self.attention + self.elementwise + self.overhead
+
+
+# --------------------------------------------------------------------------- one layer's time, shared across plans
+
+PER_STEP_FIELDS = frozenset({"pp", "vpp", "dp", "zero_stage", "recompute", "recompute_layers", "recompute_method",
+                             "first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
+                             "account_for_loss"})
+"""Plan fields one layer's time (layer_time.layer_time) never reads: how the layers are split into stages, the ZeRO
+stage, which layers recompute and how (stage_time applies recompute_time to the layer's forward shares), the data
+parallel size. What they change reaches the layer only through LayerContext's own fields (flash and dropout from the
+ZeRO stage's convention, the attention fraction, the all-to-all's steady share), which the key holds. So plans that
+differ only in these share one layer's time; tests/test_layer_memo.py holds layer_time to it field by field."""
+
+_PLAN_FIELDS = tuple(name for name in Plan.model_fields if name not in PER_STEP_FIELDS)
+_OBJECT_FIELDS = ("arch", "cal", "lora", "lora_engine")  # unhashable or costly to hash: by identity, kept alive
+_CONTEXT_FIELDS = tuple(f.name for f in fields(LayerContext) if f.name not in ("plan", *_OBJECT_FIELDS))
+MEMO_LIMIT = 1 << 14  # entries per scope: a search sees a few thousand distinct layers (bench/recommend_speed.py)
+
+
+@dataclass(frozen=True)
+class LayerKey:
+    """What one layer's time depends on: the context's values, the plan's fields but PER_STEP_FIELDS, and the
+    identity of the context's objects (architecture, calibration, LoRA), which a memo entry keeps alive."""
+
+    moe: bool
+    context: tuple
+    plan: tuple
+    objects: tuple[int, ...]
+
+
+def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
+    plan = ctx.plan
+    return LayerKey(
+        moe=moe, context=tuple(getattr(ctx, name) for name in _CONTEXT_FIELDS),
+        plan=tuple(tuple(v) if isinstance(v := getattr(plan, name), list) else v for name in _PLAN_FIELDS),
+        objects=tuple(id(getattr(ctx, name)) for name in _OBJECT_FIELDS))
+
+
+_MEMO: ContextVar[dict[LayerKey, tuple[tuple, LayerTime]] | None] = ContextVar("layer_memo", default=None)
+
+
+@contextmanager
+def shared_layers() -> Iterator[None]:
+    """Within it (one recommend, min-gpus or RL search: one request, so one set of cards and calibration), one layer's
+    time is computed once per LayerKey and shared by every estimate that asks for it (memo_layer). Per context (a
+    thread, an MCP call), bounded (MEMO_LIMIT), dropped on exit; nested scopes share the outer one. Outside any
+    scope every estimate computes its own."""
+    if _MEMO.get() is not None:
+        yield
+        return
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def memo_layer(compute: Callable[[LayerContext, bool], LayerTime], ctx: LayerContext, moe: bool) -> LayerTime:
+    """compute(ctx, moe), once per LayerKey inside shared_layers (the same LayerTime object: no caller mutates it)."""
+    memo = _MEMO.get()
+    if memo is None:
+        return compute(ctx, moe)
+    try:
+        key = layer_key(ctx, moe)
+        hit = memo.get(key)
+    except TypeError:  # a context field that cannot be hashed: computed, not shared
+        return compute(ctx, moe)
+    if hit is None:
+        if len(memo) >= MEMO_LIMIT:
+            memo.clear()
+        hit = memo[key] = (tuple(getattr(ctx, name) for name in _OBJECT_FIELDS), compute(ctx, moe))
+    return hit[1]

@@ -4,6 +4,7 @@ them."""
 
 from __future__ import annotations
 
+from meshplan.check.split import split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
@@ -82,8 +83,11 @@ def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[s
 
 
 def knob_words(plan: Plan) -> str:
-    """'micro-batch 2, ZeRO 1, recompute selective': the knobs of a plan beyond its degrees."""
-    return f"micro-batch {plan.micro_batch_size}, ZeRO {plan.zero_stage}, recompute {plan.recompute}"
+    """'micro-batch 2, ZeRO 1, recompute selective': the knobs of a plan beyond its degrees, and its pipeline split
+    where it is not the even one (first/last stage sizes, the embedding/loss counted, a layout string)."""
+    split = split_words(plan)
+    return (f"micro-batch {plan.micro_batch_size}, ZeRO {plan.zero_stage}, recompute {plan.recompute}"
+            + ("" if split == "the even split" else f", {split}"))
 
 
 def plan_words(plan: Plan) -> str:
@@ -184,8 +188,14 @@ def rows(found: list[Found]) -> list[list[Found]]:
 SPACE_ASSUMPTIONS = [
     "Space: every tp, pp, cp (and ep, etp for MoE) over divisors of the GPU count under the framework's "
     "world-size law; for each pp, every vpp dividing the layers with the split schedule.uneven_split chooses "
-    "(the one `meshplan check` suggests; uneven with vpp > 1 only where the framework splits the Megatron-Core "
-    "way); ZeRO stages that have a distinct byte preset in cards/memory.yaml; recompute modes "
+    "(uneven with vpp > 1 only where the framework splits the Megatron-Core way), and where it splits that way the "
+    "splits whose end stages (embedding; output layer and loss) are lighter and whose middle stages hold the fewest "
+    "layers the heaviest can (schedule.end_light_splits: the last filled with the rest, as Megatron-Bridge's layout "
+    "helpers do, or an end one layer lighter, Megatron-Core's account_for_embedding/loss_in_pipeline_split): as "
+    "first/last stage sizes, and where the framework writes pipeline_model_parallel_layout also per virtual stage at "
+    "any vpp (check/split.py pipeline_options; `meshplan check` names the fastest of them for a fixed layout); ZeRO "
+    "stages that have a distinct byte preset in cards/memory.yaml, less those the framework's adapter has no key "
+    "for (rule AD001, counted under it); recompute modes "
     "of the framework card's search section; micro-batch sizes dividing each data-parallel rank's share of the "
     "batch.",
     "Sequence parallelism follows the framework default (on with tp > 1) and CP uses the p2p ring unless "

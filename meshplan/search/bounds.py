@@ -34,7 +34,14 @@ class StepTimeBounds(SearchPlans):
 
     def ideal_time(self, lay: Layout, mbs: int, ideal: float) -> float:
         """Every GPU at the cost model's best fraction of peak, stretched by the bubble (p-1)/(m*v)."""
-        return ideal * (1.0 + (lay.pp - 1) / (self.microbatches(lay, mbs) * lay.vpp))
+        return self.ideal_times(lay, (mbs,), ideal)[0]
+
+    def ideal_times(self, lay: Layout, sizes: tuple[int, ...], ideal: float) -> list[float]:
+        """ideal_time per micro-batch size (what does not change with the micro-batch read once)."""
+        if not lay.bubble_stages():
+            return [ideal * (1.0 + 0.0)] * len(sizes)
+        microbatches, pp, vpp = self.microbatches, lay.pp, lay.vpp
+        return [ideal * (1.0 + (pp - 1) / (microbatches(lay, mbs) * vpp)) for mbs in sizes]
 
     def pp_unit(self, lay: Layout, mbs: int) -> float:
         """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
@@ -139,23 +146,26 @@ class StepTimeBounds(SearchPlans):
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them."""
-        s = self.job.seq_length
+        s, pp, vpp = self.job.seq_length, lay.pp, lay.vpp
         per_rank = -(-s // lay.cp)
         moe = self.job.model.moe
         sync = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
+        bubble = lay.bubble_stages()
         bounds = []
-        for mbs in sizes:
+        microbatches = self.microbatches
+        for mbs in sizes:  # the hot loop of seeding: what does not change with the micro-batch read once
+            m = microbatches(lay, mbs)
             tokens = per_rank * mbs
             rate = per_token
             if exposed:
-                rate += (1.0 - a2a_steady_share(self.microbatches(lay, mbs), lay.pp, lay.vpp)) * exposed
-            per_stage = tokens * rate / lay.pp
+                rate += (1.0 - a2a_steady_share(m, pp, vpp)) * exposed
+            per_stage = tokens * rate / pp
             if sync:
                 # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
                 # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
                 spread = tokens / (b_tok * s)
-                per_stage += sync * max(0.0, 1.0 - spread) / lay.pp
-            bounds.append(per_stage * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp))
+                per_stage += sync * max(0.0, 1.0 - spread) / pp
+            bounds.append(per_stage * (m + bubble))
         return bounds
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
@@ -163,17 +173,30 @@ class StepTimeBounds(SearchPlans):
         vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp)."""
         bound = self.token_bound(lay, mbs, recompute, exact=True)
         if interleave and lay.vpp > 1:
-            bound += lay.vpp * self.pp_unit(lay, mbs) * (self.microbatches(lay, mbs) + (lay.pp - 1) / lay.vpp)
+            bound += lay.vpp * self.pp_unit(lay, mbs) * (self.microbatches(lay, mbs) + lay.bubble_stages())
         return bound
 
-    def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float) -> list[float]:
+    def seed_rate(self, lay: Layout, mbs: int, rates: dict[tuple, tuple[int, float, float]]) -> tuple[int, float,
+                                                                                                    float]:
+        """token_rate of a seeded layout (no recompute, not `exact`), kept in `rates` for one seeding: there it reads
+        of the layout only its tp, ep, etp, cp and whether its pipeline may overlap the all-to-all (work_mbs and
+        cp_mbs hold the shard's largest micro-batch, set before any key is read)."""
+        key = (lay.tp, lay.ep, lay.etp, lay.cp, self.pipeline_overlaps(lay))
+        hit = rates.get(key)
+        if hit is None:
+            hit = rates[key] = self.token_rate(lay, mbs, self.recomputes[0])
+        return hit
+
+    def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float,
+                  rate: tuple[int, float, float] | None = None) -> list[float]:
         """The seed key of each micro-batch: the larger of the ideal time and the per-token bound, whose
-        references are the same for all of them (token_rate); once per job (its micro-batches and ideal time are
-        the job's) and references."""
-        rate = self.token_rate(lay, sizes[0], self.recomputes[0])
-        hit = self.caches.seed_keys.get((lay, rate))
+        references are the same for all of them (token_rate, or `rate` when the caller has it); once per job (its
+        micro-batches and ideal time are the job's) and references."""
+        if rate is None:
+            rate = self.token_rate(lay, sizes[0], self.recomputes[0])
+        hit = self.caches.seed_keys.get((lay.shape(), rate))
         if hit is None:
             bounds = self.stretch(lay, sizes, *rate)
-            hit = self.caches.seed_keys[(lay, rate)] = [
-                max(self.ideal_time(lay, mbs, ideal), bound) for mbs, bound in zip(sizes, bounds, strict=True)]
+            hit = self.caches.seed_keys[(lay.shape(), rate)] = [
+                max(low, bound) for low, bound in zip(self.ideal_times(lay, sizes, ideal), bounds, strict=True)]
         return hit

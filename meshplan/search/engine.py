@@ -28,14 +28,24 @@ from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds
 from meshplan.search.estimators import Engine, ideal_time
-from meshplan.search.policy import BUDGET, DOMINATED, NVLINK, SLOWER, TIE, UNTIMED, same_numbers, search_limits
+from meshplan.search.policy import (
+    ADAPTER_RULE,
+    BUDGET,
+    DOMINATED,
+    NVLINK,
+    SLOWER,
+    TIE,
+    UNTIMED,
+    same_numbers,
+    search_limits,
+)
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
     Layout,
+    adapter_refused_zeros,
     enumerate_layouts,
     knobs,
-    micro_batches,
     params_split,
     state_preset,
     within_nvlink,
@@ -115,6 +125,7 @@ class BestFirstSearch(StepTimeBounds):
     found: list[Found] = field(default_factory=list)
     rows: set[tuple[float, int]] = field(default_factory=set)  # distinct (step time, peak) among found: the top K
     cutoff: float = math.inf  # nothing slower than this step time is wanted (a probe for much faster layouts)
+    beyond_cutoff: int = 0  # plans of seeds over the cutoff, never queued (never popped: keys only grow); drain counts
     untimed_reasons: list[str] = field(default_factory=list)
     stopped_by_budget: bool = False  # the estimate budget (cards/search.yaml max_evaluations) ran out: not exact
     max_evaluations: int = 1 << 62
@@ -130,6 +141,11 @@ class BestFirstSearch(StepTimeBounds):
         if "zero_stage" in fixed:
             zeros = tuple(z for z in (int(fixed.values["zero_stage"]),))  # type: ignore[call-overload]
         zeros = estimable_zeros(job, fixed, zeros)
+        refused = adapter_refused_zeros(job, zeros)
+        if len(refused) < len(zeros):  # all refused: kept, so the rules say why
+            zeros = tuple(zero for zero in zeros if zero not in refused)
+        else:
+            refused = ()
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
@@ -157,7 +173,8 @@ class BestFirstSearch(StepTimeBounds):
                    recomputes=recomputes, sp=sp, cp_comm=cp_comm, split=params_split(job),
                    law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
                    a2a_open=a2a_open, domain=domain, max_evaluations=cap, budget_bytes=budget_bytes,
-                   presets={z: bound_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap)
+                   presets={z: bound_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap,
+                   refused=refused)
 
     # -- the queue --------------------------------------------------------------------------------------
 
@@ -264,27 +281,44 @@ class BestFirstSearch(StepTimeBounds):
     # -- the loop ----------------------------------------------------------------------------------
 
     def seed(self, layouts: list[Layout], ideal: float) -> None:
-        sized = [(lay, micro_batches(self.job, lay, self.fixed)) for lay in layouts]
+        """Push each layout's micro-batches with their seed keys. What a key reads of a layout is its degrees and
+        bubble (space.Layout.shape), so the keys and the model-state bound are worked out once per shape; the
+        layouts (splits, schedules) are pushed one by one, in order."""
+        sized = [(lay, self.sizes(lay)) for lay in layouts]
         for lay, sizes in sized:
             if sizes:
                 key = (lay.tp, lay.cp)
                 self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
                 work = (lay.tp, lay.ep, lay.etp)
                 self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
+        shapes: dict[tuple, tuple[float, list[float] | None]] = {}  # per shape: states bound, seed keys
+        rates: dict[tuple, tuple[int, float, float]] = {}  # token_rate per its references (seed_rate)
+        level, push = Level.FLOOR, self.push
         for lay, sizes in sized:
             checkpoint()
-            if (bound := self.states_bound(lay, self.zeros[-1])) > self.budget:
+            shape = lay.shape()
+            hit = shapes.get(shape)
+            if hit is None:
+                bound = self.states_bound(lay, self.zeros[-1])
+                keys = None
+                if sizes and bound <= self.budget:
+                    keys = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], rates))
+                hit = shapes[shape] = (bound, keys)
+            bound, keys = hit
+            if bound > self.budget:
                 # even the most sharded model states do not fit: no variant of this layout can
                 self.rejected[self.memory_rule_for(bound)] += self.variants() * max(1, len(sizes))
                 continue
-            if not sizes:
+            if keys is None:
                 # No micro-batch divides this layout's share of the batch: let the batch rule say so.
                 mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
                 self.push(0.0, Level.RULES, (lay, mbs, 0))
                 continue
-            for mbs, key in zip(sizes, self.seed_keys(lay, sizes, ideal), strict=True):
-                self.push(key, Level.FLOOR, (lay, mbs))
-
+            for mbs, key in zip(sizes, keys, strict=True):
+                if key > self.cutoff:
+                    self.beyond_cutoff += self.variants()
+                    continue
+                push(key, level, (lay, mbs))
 
     def wanted(self) -> bool:
         """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
@@ -343,7 +377,10 @@ class BestFirstSearch(StepTimeBounds):
         return 1
 
     def drain(self, bucket: str) -> None:
-        """Count what is left in the queue under `bucket`."""
+        """Count what is left in the queue under `bucket`, with the seeds left out over the cutoff."""
+        if self.beyond_cutoff:
+            self.rejected[bucket] += self.beyond_cutoff
+            self.beyond_cutoff = 0
         if not self.heap:
             return
         variants = self.variants()  # what every node up to Level.RULES stands for
@@ -369,13 +406,18 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
     # Groups dropped by a cheap law: one check names the rule, every layout in the group counts under it.
     for group in dropped:
         error = search.check_error(group.example, search.zeros[0], search.recomputes[0], 1)
-        count = group.layouts * search.plans_of(group.example)
+        count = group.layouts * (search.plans_of(group.example) + search.refused_plans(group.example))
         considered += count
         search.rejected[error or group.reason] += count
-    tier1 = [lay for lay in layouts if within_nvlink(job, lay)]
-    tier2 = [lay for lay in layouts if not within_nvlink(job, lay)]
+    inside: dict[tuple[int, int], bool] = {}  # within_nvlink per (tp, etp), all it reads
     for lay in layouts:
-        considered += search.plans_of(lay)
+        if (lay.tp, lay.etp) not in inside:
+            inside[lay.tp, lay.etp] = within_nvlink(job, lay)
+    tier1 = [lay for lay in layouts if inside[lay.tp, lay.etp]]
+    tier2 = [lay for lay in layouts if not inside[lay.tp, lay.etp]]
+    for lay in layouts:
+        considered += search.plans_of(lay) + search.refused_plans(lay)
+        search.rejected[ADAPTER_RULE] += search.refused_plans(lay)
     ideal = ideal_time(job, engine)
     search.seed(tier1, ideal)
     search.run()

@@ -8,7 +8,8 @@ from meshplan.request.resolve import default_batch_note, default_global_batch, r
 from meshplan.schema.plan import Job
 from meshplan.schema.request import Request
 
-OPEN_FOR_SEARCH = ("tp", "pp", "cp", "ep", "etp", "dp", "vpp", "first_stage_layers", "last_stage_layers")
+OPEN_FOR_SEARCH = ("tp", "pp", "cp", "ep", "etp", "dp", "vpp", "first_stage_layers", "last_stage_layers",
+                   "pipeline_layout", "account_for_embedding", "account_for_loss")
 """Fields cleared before the request is resolved: the search chooses them (what the request fixes stays in Fixed)."""
 
 
@@ -23,13 +24,6 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
                 "recommend needs the GPU count to search over.",
                 fix="Pass num_gpus (e.g. --num-gpus 64), or fix every degree (tp, pp, cp, dp).",
             )
-    if req.pipeline_layout is not None or req.account_for_embedding or req.account_for_loss:
-        # The search enumerates first/last stage sizes, not layouts: a layout would be dropped without a word.
-        raise MeshplanError(
-            "recommend does not search with pipeline_layout or account_for_embedding/loss yet.",
-            fix="Drop them to let recommend choose first/last_stage_layers, or check the layout with "
-                "`meshplan check` / `meshplan memory` / `meshplan throughput` at fixed degrees.",
-        )
     if req.recompute_modules is not None:
         # The search's memory floor assumes Megatron's default module (core_attn) under selective recompute.
         raise MeshplanError(

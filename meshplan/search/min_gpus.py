@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.layer_records import shared_layers
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import DEFAULT_BATCH_TOKENS
 from meshplan.rl.job import is_rl_request, resolve_rl, trainer_request
@@ -29,6 +30,11 @@ from meshplan.search.space import Fixed
 def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
     """The smallest GPU count at which recommend ranks a layout that passes the rules and keeps the headroom, with
     that layout. Every field the request leaves open stays open; a default batch is re-derived at each count."""
+    with shared_layers():  # every count's search shares each layer's time (layer_records)
+        return _minimum_gpus(req, max_gpus, engine)
+
+
+def _minimum_gpus(req: Request, max_gpus: int | None, engine: Engine | None) -> MinimumGpus:
     if req.num_gpus is not None:
         raise MeshplanError(
             f"minimum_gpus finds the GPU count, so num_gpus cannot be given (got {req.num_gpus}).",

@@ -38,9 +38,9 @@ class Caches:
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
     floors: dict[PlanKey, float] = field(default_factory=dict)  # first_stage_floor per non-interleaved plan
-    states: dict[tuple[Layout, int], float] = field(default_factory=dict)  # states_lower_bound per (layout, ZeRO)
-    # Per (layout, token_rate): the seed keys of its micro-batches, in order (a pure function of the two).
-    seed_keys: dict[tuple[Layout, tuple[int, float]], list[float]] = field(default_factory=dict)
+    states: dict[tuple[int, ...], float] = field(default_factory=dict)  # states_lower_bound per (degrees, ZeRO)
+    # Per (layout shape, token_rate): the seed keys of its micro-batches, in order (a pure function of the two).
+    seed_keys: dict[tuple[tuple, tuple[int, float]], list[float]] = field(default_factory=dict)  # by Layout.shape
     space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
     # Per (non-interleaved layout, ZeRO stage, recompute, micro-batch): the first stage's memory floor is in budget.
     floor_fits: dict[PlanKey, bool] = field(default_factory=dict)
@@ -79,6 +79,9 @@ class SearchPlans:
     overlaps: dict[tuple[Layout, int, str], bool] = field(default_factory=dict)  # a2a_overlap per layout/ZeRO/recompute
     tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
     presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
+    refused: tuple[int, ...] = ()  # ZeRO stages rule AD001 refuses on every layout (space.adapter_refused_zeros)
+    floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
+    sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -101,6 +104,8 @@ class SearchPlans:
         the flex dispatcher, rather than twice the space."""
         if "moe_a2a_overlap" in self.fixed:
             return bool(self.fixed.values["moe_a2a_overlap"])
+        if lay.schedule == "combined_1f1b":  # the overlap's own schedule (a request that names it)
+            return True
         if not self.a2a_open or lay.ep <= 1:
             return False
         key = (lay, zero, recompute)
@@ -199,10 +204,22 @@ class SearchPlans:
     def variants(self) -> int:
         return len(self.zeros) * len(self.recomputes)
 
+    def sizes(self, lay: Layout) -> tuple[int, ...]:
+        """space.micro_batches of the layout, once per dp (all it reads of a layout)."""
+        hit = self.sizes_by_dp.get(lay.dp)
+        if hit is None:
+            hit = self.sizes_by_dp[lay.dp] = micro_batches(self.job, lay, self.fixed)
+        return hit
+
     def plans_of(self, lay: Layout) -> int:
-        """How many plans (ZeRO stage x recompute x micro-batch) a layout stands for; one micro-batch when none
-        divides its share of the batch (the batch rule then says why)."""
-        return self.variants() * max(1, len(micro_batches(self.job, lay, self.fixed)))
+        """How many plans (ZeRO stage x recompute x micro-batch) a layout stands for in the search (the refused
+        stages' are refused_plans); one micro-batch when none divides its share of the batch (the batch rule then
+        says why)."""
+        return self.variants() * max(1, len(self.sizes(lay)))
+
+    def refused_plans(self, lay: Layout) -> int:
+        """The plans of the ZeRO stages the search leaves out for rule AD001 (counted as its rejections)."""
+        return len(self.refused) * len(self.recomputes) * max(1, len(self.sizes(lay)))
 
     def need_range(self, lay: Layout, mbs: int) -> tuple[int, int]:
         """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
@@ -210,7 +227,7 @@ class SearchPlans:
         ceiling; a non-interleaved base's need is a floor for its interleaved layouts."""
         known = self.caches.least_recompute
         low, high = 0, len(self.recomputes)
-        for key in (lay, lay.base()):
+        for key in (lay, lay.own_memory()):
             for b, need in known.get(key, {}).items():
                 if b <= mbs:
                     low = max(low, need)
@@ -230,21 +247,22 @@ class SearchPlans:
 
     def floor_fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
-        key = (lay.base(), zero, recompute, mbs)
+        own = lay.own_memory()
+        key = (own, zero, recompute, mbs)
         hit = self.caches.floor_fits.get(key)
         if hit is None:
             floor = self.caches.floors.get(key)
             if floor is None:
                 floor = self.caches.floors[key] = first_stage_floor(
-                    self.job, lay.base(), zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
+                    self.job, own, zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
                     reserved=not self.fixed.carried.get("expandable_segments"),
-                    activation_offload=bool(self.fixed.carried.get("activation_offload")))
+                    activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
             hit = self.caches.floor_fits[key] = floor <= self.budget
         return hit
 
     def states_bound(self, lay: Layout, zero: int) -> float:
-        """states_lower_bound of the layout at that ZeRO stage, once per job."""
-        key = (lay, zero)
+        """states_lower_bound of the layout at that ZeRO stage, once per job and degrees (all it reads)."""
+        key = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, zero)
         hit = self.caches.states.get(key)
         if hit is None:
             hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split, self.presets[zero][1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from meshplan.check.memory import headroom_threshold
+from meshplan.check.split import headroom_threshold
 from meshplan.estimate.memory import budget_bytes
 from meshplan.rules.engine import memory_rules, rule_specs
 from meshplan.schema.plan import Job
@@ -23,6 +23,7 @@ from meshplan.search.space import SearchComparison, SearchLimits, search_card
 # Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
 SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
 HEADROOM_RULE = "MEM002"  # cards/rules.yaml: fits, but with less than the minimum headroom
+ADAPTER_RULE = "AD001"  # cards/rules.yaml: the adapter has no key for a layout setting (space.adapter_refused_zeros)
 DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, which is faster
 NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
 BUDGET = "SEARCH-BUDGET"  # not reached before the estimate budget ran out (cards/search.yaml max_evaluations)

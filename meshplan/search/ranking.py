@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.layer_records import shared_layers
 from meshplan.schema.reports import Recommendation
 from meshplan.schema.request import Request
 from meshplan.search.answer import headroom_assumption, ranked_answer
@@ -40,7 +41,7 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Rec
     """The fastest layouts that fit, ranked by predicted step time, with what was rejected and why."""
     if top_k < 1:
         raise MeshplanError(f"top_k must be at least 1, got {top_k}.", fix="Use top_k=5.")
-    with collector_paused():
+    with collector_paused(), shared_layers():  # one layer's time computed once per search (layer_records)
         return _recommend(req, top_k, engine)
 
 

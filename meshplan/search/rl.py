@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
 from meshplan.rl.job import resolve_rl
@@ -151,6 +152,11 @@ def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
     """The fastest RL steps that fit: actor layout, rollout TP/DP/EP, memory fraction and offloads. The actor
     layouts are the training search's best ACTOR_LAYOUTS; when no RL step fits on any of them, the next ones
     (ACTOR_WIDENING times as many, up to MAX_ACTOR_LAYOUTS), so an RL step that fits on a slower actor is found."""
+    with shared_layers():  # the actor searches and the RL steps share each layer's time (layer_records)
+        return _recommend_rl(req, top_k)
+
+
+def _recommend_rl(req: Request, top_k: int) -> Recommendation:
     training = _training(req)
     job, base = resolve(req)
     headroom = headroom_for(req)

@@ -32,13 +32,26 @@ from meshplan.arithmetic.memory_states import (
     with_precision,
 )
 from meshplan.arithmetic.offload import offload_plan
-from meshplan.arithmetic.schedule import padded_vocab, pipeline_split, split_problem, stages_for
+from meshplan.arithmetic.pipeline_timeline import schedule_order
+from meshplan.arithmetic.schedule import (
+    VirtualSplit,
+    accounted_counts,
+    padded_vocab,
+    parse_layout,
+    stages_for,
+)
+from meshplan.check.split import (
+    PipelineOption,
+    megatron_uneven,
+    pipeline_options,
+    writes_layouts,
+)
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import SearchKnobs, framework_card, load_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
-from meshplan.rules.engine import rule_specs
 from meshplan.schema.choices import Recompute
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -114,6 +127,21 @@ def zero_ladder(framework: str) -> tuple[int, ...]:
     return tuple(stages)
 
 
+def adapter_refused_zeros(job: Job, zeros: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO stages of `zeros` that rule AD001 refuses on every layout of this job: the framework's adapter (the
+    version and variant `render` writes by default, knowledge/adapter_knobs.missing_knob) has no key for the stage,
+    on the variant a layout without and with model parallelism gets (torchtitan and KempnerForge ZeRO-1, SkyRL's
+    ZeRO-0, verl's ZeRO-2). The search leaves them out and counts their plans under AD001 (SearchPlans.refused)."""
+    refused = []
+    for zero in zeros:
+        probes = [Plan(tp=tp, pp=pp, zero_stage=zero) for tp, pp in ((1, 1), (2, 1), (1, 2))]
+        targets = [default_render(job.framework, job, plan) for plan in probes]
+        if all(t is not None and missing_knob(job.framework, *t, job, plan, frozenset({f"zero_{zero}"}))
+               for t, plan in zip(targets, probes, strict=True)):
+            refused.append(zero)
+    return tuple(refused)
+
+
 # --------------------------------------------------------------------------- arithmetic
 
 
@@ -134,9 +162,9 @@ def divisors(n: int) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- layouts
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Layout:
-    """The structural part of a plan: degrees and the pipeline split."""
+    """The structural part of a plan: degrees and the pipeline split (ordered by `order_key`)."""
 
     tp: int
     pp: int
@@ -147,6 +175,8 @@ class Layout:
     vpp: int = 1
     first: int | None = None
     last: int | None = None
+    split: VirtualSplit | None = None  # a split first/last cannot say: embedding/loss counted, or a layout string
+    schedule: str = ""  # a named pipeline_schedule (schedule_options); "": the framework's default
 
     def plan(self, *, zero_stage: int, recompute: Recompute, micro_batch_size: int, sequence_parallel: bool,
              cp_comm_type: str, moe_token_dispatcher: str = "alltoall", moe_a2a_overlap: bool = False,
@@ -159,14 +189,67 @@ class Layout:
             recompute=recompute, cp_comm_type=cp_comm_type,  # type: ignore[arg-type]
             moe_token_dispatcher=moe_token_dispatcher,  # type: ignore[arg-type]
             moe_a2a_overlap=moe_a2a_overlap, first_stage_layers=self.first, last_stage_layers=self.last,
+            **(self.split.fields() if self.split is not None else {}),  # type: ignore[arg-type]
+            pipeline_schedule=self.schedule or None,  # type: ignore[arg-type]
             **carried,  # type: ignore[arg-type]
         )
 
+    def bubble_stages(self) -> float:
+        """The steady-state bubble a bound may count, in stage-times: (pp - 1) / vpp, or none for a zero-bubble
+        schedule (its weight gradients fill the bubble; pipeline_timeline replays what is left)."""
+        return 0.0 if self.schedule in ZERO_BUBBLE_SCHEDULES else (self.pp - 1) / self.vpp
+
+    def __hash__(self) -> int:
+        """The dataclass's own hash (of the fields in order), computed once per object: the search hashes each
+        layout many times (its caches are keyed by it) and a split's counts make that tuple long."""
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash((self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, self.vpp, self.first, self.last,
+                          self.split, self.schedule))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __getstate__(self) -> dict:
+        """The fields without the cached hash and base: a string's hash differs between processes."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_base")}
+
+    def shape(self) -> tuple:
+        """The degrees and the bubble a bound counts (bubble_stages): what the search's seed keys read of a layout
+        (not its split, nor a schedule that leaves the bubble)."""
+        return (self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, self.vpp, self.bubble_stages())
+
+    def order_key(self) -> tuple:
+        """The fields in order, an absent split as none (sorting mixes first/last sizes with None)."""
+        return (self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, self.vpp, self.first or 0, self.last or 0,
+                self.split.counts if self.split is not None else (), self.schedule)
+
+    def __lt__(self, other: Layout) -> bool:
+        return self.order_key() < other.order_key()
+
     def base(self) -> Layout:
-        """The same layout without interleaving."""
+        """The same layout without interleaving: every rank keeps its number of decoder layers (a virtual split's
+        per-rank totals as first/last stage sizes), so its pipeline traffic bounds the interleaved one's, and so does
+        its memory where the ranks keep the same layers (`own_memory`)."""
         if self.vpp == 1:
             return self
-        return Layout(self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, 1, self.first, self.last)
+        hit = self.__dict__.get("_base")
+        if hit is not None:
+            return hit
+        first, last = self.first, self.last
+        if self.split is not None:
+            counts = self.split.rank_counts(self.pp)
+            first, last = (None, None) if len(set(counts)) == 1 else (counts[0], counts[-1])
+        base = Layout(self.tp, self.pp, self.cp, self.ep, self.etp, self.dp, 1, first, last)
+        object.__setattr__(self, "_base", base)  # once per object, like the hash
+        return base
+
+    def own_memory(self) -> Layout:
+        """The layout whose first stage's memory floor bounds this one's: its base, except for a virtual split,
+        whose ranks hold other layers than a first/last split of the same sizes (rank 0 of E+t | (tt|)*30 | mL over
+        pp 8 holds layers 0, 8-9, 24-25, ..., not 0-7): on a model whose layers differ (dense and MoE) the base's
+        floor could exceed its peak, so it is its own."""
+        return self if self.split is not None else self.base()
 
     def short(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}"]
@@ -174,7 +257,28 @@ class Layout:
             if value > 1:
                 parts.append(f"{name}{value}")
         parts.append(f"DP{self.dp}")
+        if self.schedule:
+            parts.append(self.schedule)
         return " ".join(parts)
+
+
+# The schedules recommend tries beside a framework's default (where its card runs them and its adapter writes them):
+# zero-bubble and DualPipeV; GPipe is never faster than 1F1B and holds more, and combined 1F1B is moe_a2a_overlap.
+ZERO_BUBBLE_SCHEDULES = ("zero_bubble", "dualpipev")
+
+
+def schedule_options(framework: str, pp: int, vpp: int, fixed: Fixed) -> tuple[str, ...]:
+    """The pipeline_schedule values the search tries for a layout ("" = the framework's default): the request's, or
+    the default and each of ZERO_BUBBLE_SCHEDULES the framework runs at this vpp and its adapter renders."""
+    if "pipeline_schedule" in fixed:
+        return (str(fixed.values["pipeline_schedule"]),)
+    card = framework_card(framework)
+    if pp == 1 or vpp == 1 or card.adapter is None:
+        return ("",)
+    knob = card.adapter.versions[card.adapter.default_version].knobs["pipeline_schedule"]
+    runs = [s for s in ZERO_BUBBLE_SCHEDULES if (s != "dualpipev" or vpp == 2)
+            and schedule_order(s, vpp) in card.pipeline.schedules and (knob.values or {}).get(s) is not None]
+    return ("", *runs)
 
 
 OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimizer_offload",
@@ -204,7 +308,8 @@ class Fixed:
     def from_request(cls, req: Request) -> Fixed:
         chosen = req.model_fields_set
         names = (*SEARCHED_FIELDS, "sequence_parallel", "cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap",
-                 "tp_comm_overlap", "first_stage_layers", "last_stage_layers")
+                 "tp_comm_overlap", "first_stage_layers", "last_stage_layers", "pipeline_schedule",
+                 *SPLIT_FIELDS)
         values = {name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None}
         given = frozenset(n for n in CARRIED_FIELDS if n in chosen and getattr(req, n) is not None)
         return cls(values, carried_fields(req), given)
@@ -245,37 +350,26 @@ def _tp_ok(job: Job, tp: int) -> bool:
     return arch.num_attention_heads % tp == 0 and (g % tp == 0 or tp % g == 0)
 
 
-PipelineOption = tuple[int, int | None, int | None]  # (vpp, first_stage_layers, last_stage_layers)
+SPLIT_FIELDS = ("pipeline_layout", "account_for_embedding", "account_for_loss")
 
 
-@cache
-def megatron_uneven(framework: str) -> bool:
-    """Whether the framework splits an uneven pipeline the Megatron-Core way, interleaving included: there rule
-    PP004 is the law, and every split it accepts is one the search may enumerate."""
-    return rule_specs()["PP004"].applies_to(framework, "megatron")
-
-
-def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interleave: bool,
-                     fixed_split: tuple[int | None, int | None] | None = None) -> tuple[PipelineOption, ...]:
-    """(vpp, first, last) the search tries for one pp: for each vpp dividing the layers (every part of a split is a
-    multiple of vpp), the split schedule.pipeline_split chooses, the one `meshplan check` suggests (PP001/PP004).
-    With vpp > 1 an uneven split is tried only where the framework splits unevenly the Megatron-Core way. A user's
-    first/last stays as given: with vpp 1 even when invalid (so a rule can say why), and with every vpp > 1 that
-    PP004 accepts."""
-    if fixed_split is not None:
-        first, last = fixed_split
-        out: list[PipelineOption] = [(1, first, last)]
-        if interleave and uneven_interleave and pp > 1:
-            out += [(v, first, last) for v in divisors(num_layers)[1:]
-                    if not split_problem(num_layers, pp, v, first, last)]
-        return tuple(out)
-    if pp > num_layers:
-        return ()
+def given_options(num_layers: int, pp: int, fixed: Fixed) -> tuple[PipelineOption, ...]:
+    """The request's own explicit layout (its vpp the layout's stages over pp) or embedding/loss accounting (at every
+    vpp it divides): the split is kept as given; one Megatron-Core refuses is left out (rule PP009 says why, as
+    `meshplan check` does at fixed degrees)."""
+    layout = fixed.values.get("pipeline_layout")
+    if layout is not None:
+        stages = parse_layout(str(layout))
+        if len(stages) % pp:
+            return ()
+        counts = tuple(stage.count("t") for stage in stages)
+        return (PipelineOption(len(stages) // pp, None, None, VirtualSplit(counts, layout=str(layout))),)
+    embedding, loss = bool(fixed.values.get("account_for_embedding")), bool(fixed.values.get("account_for_loss"))
     out = []
-    for v in divisors(num_layers) if pp > 1 and interleave else (1,):
-        split = pipeline_split(num_layers, pp, v)
-        if split is not None and (v == 1 or split == (None, None) or uneven_interleave):
-            out.append((v, *split))
+    for v in range(1, num_layers // pp + 1):
+        counts, problem = accounted_counts(num_layers, pp, v, embedding, loss)
+        if not problem:
+            out.append(PipelineOption(v, None, None, VirtualSplit(tuple(counts), embedding=embedding, loss=loss)))
     return tuple(out)
 
 
@@ -309,7 +403,7 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
     arch = job.model
     W, L = job.num_gpus, arch.num_layers
     moe = arch.moe
-    layouts: list[Layout] = []
+    found: list[Layout] = []
     dropped: dict[str, list] = {}
 
     def drop(reason: str, layout: Layout) -> None:
@@ -328,12 +422,16 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
     if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
         fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
     uneven_interleave = megatron_uneven(job.framework)
+    layouts = writes_layouts(job.framework) and fixed_split is None
+    given_split = any(fixed.values.get(name) for name in SPLIT_FIELDS)
     for ep_k in ep_own:
         rest = W // ep_k
         for tp in choices("tp", rest):
             tp_ok = _tp_ok(job, tp)
             for pp in choices("pp", max(1, rest // tp)):
-                options = pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split)  # type: ignore[arg-type]
+                options = (given_options(L, pp, fixed) if given_split else
+                           pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split,  # type: ignore[arg-type]
+                                            layouts=layouts, mtp_layers=arch.num_mtp_layers))
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
                     checkpoint()
                     dp = max(1, rest // (tp * pp * cp))
@@ -359,21 +457,21 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                         drop("expert-grid", Layout(tp=tp, pp=pp, cp=cp, ep=int(fixed.values.get("ep", 1)),  # type: ignore[call-overload]
                                                    etp=int(fixed.values.get("etp", 1)), dp=dp))  # type: ignore[call-overload]
                         continue
-                    if "vpp" in fixed and all(fixed.values["vpp"] != v for v, _, _ in options):
+                    if "vpp" in fixed and all(fixed.values["vpp"] != o.vpp for o in options):
                         # A fixed interleaving the layers cannot fill: count it, so a rule can say why.
-                        _, first, last = options[0]
+                        _, first, last, _ = options[0]
                         drop("pp-layers", Layout(tp=tp, pp=pp, cp=cp, ep=ep_k, etp=1, dp=dp,
                                                  vpp=int(fixed.values["vpp"]),  # type: ignore[call-overload]
                                                  first=first, last=last))
                         continue
-                    for vpp, first, last in options:
+                    for vpp, first, last, split in options:
                         if not fixed.allows("vpp", vpp):
                             continue
-                        for ep, etp in experts:
-                            layouts.append(Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp,
-                                                  first=first, last=last))
+                        found += [Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp, first=first, last=last,
+                                         split=split, schedule=schedule) for ep, etp in experts
+                                  for schedule in schedule_options(job.framework, pp, vpp, fixed)]
     groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
-    return layouts, groups
+    return found, groups
 
 
 def within_nvlink(job: Job, layout: Layout) -> bool:
@@ -459,9 +557,23 @@ class _Prefix:
 _prefix = per_architecture(_Prefix, limit=64)
 
 
+def first_stage_spans(job: Job, lay: Layout, zero_stage: int) -> list[tuple[int, int]]:
+    """The decoder layers the first pipeline rank holds, as non-empty [start, end) runs: the framework's convention
+    (schedule.stages_for) or the layout's virtual split (its virtual stages 0, pp, 2 pp, ...); none where no estimate
+    takes the split (the rules say why), which keeps a floor a floor."""
+    if lay.split is not None:
+        counts = lay.split.counts
+        runs = [(sum(counts[:k]), sum(counts[:k + 1])) for k in range(0, len(counts), lay.pp)]
+        return [(a, b) for a, b in runs if b > a]
+    try:
+        n0 = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last).counts[0]
+    except MeshplanError:
+        return []
+    return [(0, n0)] if n0 else []
+
 def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
                       preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
-                      activation_offload: bool = False) -> float:
+                      activation_offload: bool = False, memo: dict | None = None) -> float:
     """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
     presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
     embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
@@ -470,57 +582,98 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
     carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
     expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
-    none of them are counted (the estimate keeps a few layers on the GPU)."""
+    none of them are counted (the estimate keeps a few layers on the GPU). `memo`: a dict the caller keeps for one job
+    and preset per ZeRO stage (the search's), where the parts shared by many layouts are kept (the same arithmetic)."""
     arch = job.model
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
-    card = memory_card()
+    memo = {} if memo is None else memo
+    card = memo.get("card")
+    if card is None:
+        card = memo["card"] = memory_card()
     pre = _prefix(arch)
     pp, tp = lay.pp, lay.tp
-    try:  # the layers the first stage holds under the framework's convention (schedule.py)
-        n0 = stages_for(arch, job.framework, zero_stage, tp, pp, lay.vpp, lay.first, lay.last).counts[0]
-    except MeshplanError:  # a split no estimate takes (the rules say why): no layer counted keeps this a floor
-        n0 = 0
-    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
-    h = arch.hidden_size
-    dense = pre.sharded[n0] / tp + pre.replicated[n0] + vocab * h / tp
-    experts = pre.experts[n0] / (lay.ep * lay.etp)
+    spans_key = ("spans", zero_stage, tp, pp, lay.vpp, lay.first, lay.last,
+                 lay.split.counts if lay.split is not None else None)
+    hit = memo.get(spans_key)
+    if hit is None:
+        spans = first_stage_spans(job, lay, zero_stage)
+        hit = memo[spans_key] = (spans, tuple(spans), sum(b - a for a, b in spans),
+                                 int(sum(pre.moe[b] - pre.moe[a] for a, b in spans)))
+    spans, span_key, n0, n_moe = hit
+    m = max(1, job.global_batch_size // (mbs * lay.dp))
+    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
+    states_key = ("states", zero_stage, span_key, tp, pp, lay.cp, lay.ep, lay.etp, lay.dp, m == 1)
+    states = memo.get(states_key)
+    if states is None:
+        vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
+        states = memo[states_key] = _first_stage_states(job, lay, spans, tensors, vocab, walk and conv.grads_set_to_none
+                                                        and m == 1)
+    tokens = -(-job.seq_length // lay.cp) * mbs
+    acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
+    sums = memo.get(acts_key)
+    if sums is None:
+        sums = memo[acts_key] = _layer_activation_sums(job, conv, tokens, tp, sp, lay.etp, recompute)
+    per_mb = n_moe * sums[0]
+    per_mb += (n0 - n_moe) * sums[1]
+    held = 1 if pp == 1 else min(m, pp)
+    acts = 0.0 if activation_offload else held * per_mb
+    if recompute == "full" and n0 and not walk:
+        acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
+    if pp == 1:
+        ts = tp if sp else 1
+        vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
+        acts += output_activations(conv, tokens, vocab, tp, arch.hidden_size, ts)
+    transient = acts
+    if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
+                                                        for t in tensors):
+        # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one
+        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
+                      + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp)
+                      for i in (spans[0][0], spans[-1][1] - 1))
+        transient += conv.gathered_layers * conv.gathered_bytes * biggest
+    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+    reserve = 0.0 if not reserved else getattr(card, "allocator_reserve_fraction", 0.0) * transient
+    return states + transient + reserve + card.fixed_overhead_bytes + card.cuda_context_bytes
+
+
+def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], tensors: list[StateTensor],
+                        vocab: int, no_grads: bool) -> float:
+    """first_stage_floor's model states: the first stage's layers and the embedding, dense split tp ways and sharded
+    over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group; `no_grads`: less the
+    gradients (FSDP2 sets them to None before a one-micro-batch backward)."""
+    arch = job.model
+    pre = _prefix(arch)
+    tp = lay.tp
+
+    def held(prefix: list) -> float:
+        return sum(prefix[b] - prefix[a] for a, b in spans)
+
+    dense = held(pre.sharded) / tp + held(pre.replicated) + vocab * arch.hidden_size / tp
+    experts = held(pre.experts) / (lay.ep * lay.etp)
     law = framework_card(job.framework).world_size_law
-    world = mesh.replica_size(law, tp, pp, lay.cp, lay.ep) * lay.dp
+    world = mesh.replica_size(law, tp, lay.pp, lay.cp, lay.ep) * lay.dp
     expert_dp = mesh.expert_dp(world, lay)
     states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
     states += sum(state_bytes(tensors, experts, expert_dp).values())
+    if no_grads:
+        states -= state_bytes(tensors, dense, lay.dp * lay.cp)["gradients"]
+        states -= state_bytes(tensors, experts, expert_dp)["gradients"]
+    return states
 
-    tokens = -(-job.seq_length // lay.cp) * mbs
-    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=lay.etp, flash=conv.flash_attention,
+
+def _layer_activation_sums(job: Job, conv: Convention, tokens: int, tp: int, sp: bool, etp: int,
+                           recompute: str) -> tuple[float, float, float, float]:
+    """Bytes one micro-batch of `tokens` per rank saves in a MoE and in a dense layer under `recompute` (this
+    framework's selective), then in each without recompute (what full recompute rebuilds for one layer)."""
+    arch = job.model
+    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=conv.flash_attention,
                     qkv_fused=conv.qkv_projections == "fused",
                     dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
                     moe=moe_bytes(conv, arch), attn=attention_saves(conv))
     shape = shape_of(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     mode = activation_mode(recompute, selective)
-    n_moe = pre.moe[n0]
-    per_mb = n_moe * sum(layer_activations(shape, act, True, mode).values())
-    per_mb += (n0 - n_moe) * sum(layer_activations(shape, act, False, mode).values())
-    m = max(1, job.global_batch_size // (mbs * lay.dp))
-    held = 1 if pp == 1 else min(m, pp)
-    acts = 0.0 if activation_offload else held * per_mb
-    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
-    if walk and conv.grads_set_to_none and m == 1:
-        states -= state_bytes(tensors, dense, lay.dp * lay.cp)["gradients"]
-        states -= state_bytes(tensors, experts, expert_dp)["gradients"]
-    if recompute == "full" and n0 and not walk:
-        kinds = ([True] if n_moe else []) + ([False] if n0 - n_moe else [])
-        acts += max(sum(layer_activations(shape, act, k, "none").values()) for k in kinds)
-    if pp == 1:
-        ts = tp if sp else 1
-        acts += output_activations(conv, tokens, vocab, tp, h, ts)
-    transient = acts
-    if conv.gathered_layers and any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors) and n0 \
-            and not walk:
-        # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one
-        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
-                      + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp) for i in (0, n0 - 1))
-        transient += conv.gathered_layers * conv.gathered_bytes * biggest
-    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-    reserve = 0.0 if not reserved else getattr(card, "allocator_reserve_fraction", 0.0) * transient
-    return states + transient + reserve + card.fixed_overhead_bytes + card.cuda_context_bytes
+    return (sum(layer_activations(shape, act, True, mode).values()),
+            sum(layer_activations(shape, act, False, mode).values()),
+            sum(layer_activations(shape, act, True, "none").values()),
+            sum(layer_activations(shape, act, False, "none").values()))

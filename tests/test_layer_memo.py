@@ -1,0 +1,106 @@
+"""One layer's time shared across the plans of a search (estimate/layer_records.py: LayerKey, shared_layers,
+memo_layer): the key leaves out PER_STEP_FIELDS, so layer_time must not read them; inside a scope each distinct key is
+computed once and the estimates are the same numbers as without the scope; the scope is per context and dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshplan import api
+from meshplan.estimate import layer_records
+from meshplan.estimate.layer_records import PER_STEP_FIELDS, layer_key, memo_layer, shared_layers
+from meshplan.estimate.layer_time import layer_time
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+CASES = [
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, tp=2, pp=2, cp=2, seq_length=8192),
+    dict(model="deepseek-v3", gpu="h100", num_gpus=256, tp=2, pp=1, ep=32, etp=1, moe_a2a_overlap=True,
+         framework="megatron-bridge"),
+    dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, tp=2, pp=1, ep=4, etp=2, framework="megatron-core"),
+]
+# a value other than the resolved one for every field the key leaves out
+PERTURBED = {"pp": 7, "vpp": 3, "dp": 5, "zero_stage": 3, "recompute": "full", "recompute_layers": 2,
+             "recompute_method": "uniform", "first_stage_layers": 3, "last_stage_layers": 5,
+             "pipeline_layout": "Et|tL", "account_for_embedding": True, "account_for_loss": True}
+
+
+def contexts(case: dict):
+    from meshplan.arithmetic.comm import links
+    from meshplan.estimate import perf
+
+    job, plan = resolve(Request(**case))
+    cal = calibration(job.framework)
+    peaks = perf._peaks(job, cal)
+    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    return job, plan, perf.layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), peaks, m, None)
+
+
+def test_perturbed_covers_every_left_out_field():
+    assert set(PERTURBED) == set(PER_STEP_FIELDS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["model"])
+def test_layer_time_reads_no_per_step_field(case):
+    """If a formula starts reading one of these plan fields, take it out of PER_STEP_FIELDS (the key then holds it)."""
+    _, plan, ctx = contexts(case)
+    moe_kinds = (False, True) if ctx.arch.moe is not None else (False,)
+    for moe in moe_kinds:
+        base = layer_time(ctx, moe)
+        for name, value in PERTURBED.items():
+            other = dataclasses.replace(ctx, plan=plan.model_copy(update={name: value}))
+            assert layer_key(other, moe) == layer_key(ctx, moe)
+            assert layer_time(other, moe) == base, name
+
+
+def test_key_holds_the_plan_fields_the_layer_reads():
+    _, plan, ctx = contexts(CASES[1])
+    for name, value in {"tp": 4, "ep": 16, "etp": 2, "sequence_parallel": not plan.sequence_parallel,
+                        "moe_token_dispatcher": "flex", "moe_a2a_overlap": False, "cp": 2}.items():
+        other = dataclasses.replace(ctx, plan=plan.model_copy(update={name: value}))
+        assert layer_key(other, True) != layer_key(ctx, True), name
+    assert layer_key(ctx, True) != layer_key(ctx, False)
+
+
+def test_memo_computes_each_key_once_and_only_inside_a_scope():
+    _, _, ctx = contexts(CASES[0])
+    calls = []
+
+    def counted(c, moe):
+        calls.append(moe)
+        return layer_time(c, moe)
+
+    memo_layer(counted, ctx, False)
+    memo_layer(counted, ctx, False)
+    assert len(calls) == 2  # no scope: nothing kept
+    with shared_layers():
+        first = memo_layer(counted, ctx, False)
+        with shared_layers():  # nested: the outer scope's memo
+            assert memo_layer(counted, ctx, False) is first
+        assert memo_layer(counted, ctx, False) is first
+    assert len(calls) == 3
+    assert layer_records._MEMO.get() is None  # dropped on exit
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["model"])
+def test_estimates_inside_a_scope_are_the_same_numbers(case):
+    job, plan, _ = contexts(case)
+    plain = [estimate_throughput(job, plan.model_copy(update={"recompute": r})).model_dump()
+             for r in ("none", "selective", "none")]
+    with shared_layers():
+        shared = [estimate_throughput(job, plan.model_copy(update={"recompute": r})).model_dump()
+                  for r in ("none", "selective", "none")]
+    assert shared == plain
+
+
+def test_recommend_is_the_same_with_and_without_sharing(monkeypatch):
+    req = Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, framework="megatron-core", seq_length=4096)
+    shared = api.recommend(req).model_dump()
+    import meshplan.estimate.perf as perf
+
+    monkeypatch.setattr(perf, "memo_layer", lambda compute, ctx, moe: compute(ctx, moe))
+    assert api.recommend(req).model_dump() == shared

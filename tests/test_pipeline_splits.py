@@ -1,0 +1,130 @@
+"""The pipeline splits the search enumerates beyond Megatron's first/last stage sizes (embedding/loss counted, explicit
+layouts; meshplan/check/split.py, schedule.end_light_splits), and one split named by check and recommend (issue 23)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.arithmetic.schedule import end_light_splits, megatron_stages, parse_layout, stages_from_counts
+from meshplan.check.alternatives import _deeper_pipeline
+from meshplan.check.split import fastest_split, pipeline_options, split_words, writes_layouts
+from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import Context
+from meshplan.schema.request import Request
+
+
+def test_end_light_splits_keep_the_middle_at_the_least_heaviest_stage():
+    assert end_light_splits(61, 16) == ((4, 4, 1), (3, 4, 2), (2, 4, 3), (1, 4, 4))
+    assert end_light_splits(61, 32) == ((1, 2, 0), (0, 2, 1))
+    assert end_light_splits(94, 8) == ((12, 12, 10), (11, 12, 11), (10, 12, 12))
+    assert end_light_splits(40, 32) == ()  # 30 middle stages of 2 layers need 60
+    for layers, stages in ((61, 4), (94, 24), (126, 16), (7, 2)):
+        for first, middle, last in end_light_splits(layers, stages):
+            assert first + last + (stages - 2) * middle == layers
+            assert max(first, last) <= middle == -(-layers // stages)
+
+
+def _shapes(layers: int, pp: int, mtp: int) -> set[tuple[int, tuple[int, ...]]]:
+    """(vpp, decoder layers per virtual stage) of every option the search enumerates for Megatron-Bridge."""
+    out = set()
+    for option in pipeline_options(layers, pp, True, True, layouts=writes_layouts("megatron-bridge"), mtp_layers=mtp):
+        if option.split is not None:
+            out.add((option.vpp, option.split.counts))
+        else:
+            stages = megatron_stages(layers, pp, option.vpp, option.first, option.last)
+            counts = [len(stages.chunks[r][c]) for c in range(option.vpp) for r in range(pp)]
+            out.add((option.vpp, tuple(counts)))
+    return out
+
+
+def test_the_search_reaches_every_published_bridge_split():
+    """Every pipeline split a Megatron-Bridge recipe sets for DeepSeek-V3, Kimi-K2 (layout tables and strings) and
+    Qwen3-235B-A22B (embedding and loss counted) is among the options the search enumerates at its pp and vpp."""
+    checked = 0
+    for split in RECIPE_SPLITS:
+        if split.repo != BRIDGE or split.section:
+            continue
+        arch = resolve_model(split.model)
+        layers = arch.num_layers
+        if split.account_for:
+            for pp in (2, 4, 8, 16):
+                shapes = _shapes(layers, pp, arch.num_mtp_layers)
+                per_rank = (layers + 2) // pp
+                for vpp in [v for v in range(1, per_rank + 1) if (layers + 2) % pp == 0 and per_rank % v == 0]:
+                    counts = [per_rank // vpp] * (pp * vpp)
+                    counts[0] -= 1
+                    counts[-1] -= 1
+                    assert (vpp, tuple(counts)) in shapes, (split.model, pp, vpp)
+                    checked += 1
+            continue
+        counts = split.counts or tuple(stage.count("t") for stage in parse_layout(split.layout))
+        assert (split.vpp, tuple(counts)) in _shapes(layers, split.pp, arch.num_mtp_layers), split
+        checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl", "torchtitan", "deepspeed", "kempnerforge"])
+def test_frameworks_without_a_layout_key_get_no_layout(framework):
+    """Only a framework whose adapter writes pipeline_model_parallel_layout and account_for_* is searched with them
+    (verl and SkyRL write first/last stage sizes only; the others none)."""
+    assert not writes_layouts(framework)
+    assert writes_layouts("megatron-core") and writes_layouts("megatron-bridge")
+
+
+def test_a_virtual_split_is_the_same_stages_as_its_fields():
+    """What the plan is told (account_for_* or a layout string, MTP with the loss) gives the counts the search ranks."""
+    for option in pipeline_options(61, 8, True, True, layouts=True, mtp_layers=1):
+        if option.split is None:
+            continue
+        if option.split.layout is not None:
+            stages = parse_layout(option.split.layout)
+            assert tuple(s.count("t") for s in stages) == option.split.counts
+            assert stages[-1].endswith("mL")
+        assert stages_from_counts(option.split.counts, 8).counts == option.split.rank_counts(8)
+
+
+QWEN_PP8 = dict(model="qwen3-235b-a22b", num_gpus=256, framework="megatron-bridge", gpu="h100", seq_length=4096,
+                global_batch_size=4096, tp=2, pp=8, ep=32, etp=1, cp=1, dp=16, micro_batch_size=1, zero_stage=1,
+                recompute="none")
+
+
+def test_check_names_the_split_recommend_ranks_first():
+    """Issue 23: Qwen3-235B-A22B at PP8 (94 layers): check's PP001 fix said 11/11 while recommend, for the same fixed
+    layout, picked 12/10. Both now come from the same options and estimates."""
+    fix = next(f.fix for f in api.check_config(Request(**QWEN_PP8)).findings if f.id == "PP001")
+    top = api.recommend(Request(**QWEN_PP8, vpp=1), top_k=1).candidates[0].plan
+    assert f"the split recommend ranks first for this layout: {split_words(top)}." in fix
+    assert (top.first_stage_layers, top.last_stage_layers) == (12, 10)
+
+
+def test_mem001_deeper_pipelines_name_the_fastest_split():
+    """MEM001's pp neighbours carry the split fastest_split ranks first there, the function PP001's fix uses."""
+    job, plan = resolve(Request(**{**QWEN_PP8, "pp": 4, "dp": 32}))
+    label, change = _deeper_pipeline(Context(job, plan), 8)
+    neighbour = plan.model_copy(update={**change, "dp": 16})
+    fastest = fastest_split(job, neighbour)
+    assert fastest is not None
+    assert label == f"pp=8 ({split_words(fastest)})"
+    assert fastest.vpp == 1 and (fastest.first_stage_layers, fastest.last_stage_layers) == (12, 10)
+
+
+@pytest.mark.parametrize(("framework", "refused"), [("torchtitan", (1,)), ("kempnerforge", (1,)), ("skyrl", (0,)),
+                                                   ("megatron-core", ())])
+def test_zero_stages_the_adapter_cannot_write_are_not_searched(framework, refused):
+    """A ZeRO stage rule AD001 refuses on every layout is left out of the search and its plans counted under AD001:
+    the same answer, fewer rule checks."""
+    from meshplan.search.engine import BestFirstSearch
+    from meshplan.search.estimators import default_engine
+    from meshplan.search.job import search_job
+    from meshplan.search.space import Fixed
+
+    req = Request(model="llama-3.1-8b", num_gpus=16, framework=framework, gpu="h100")
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    assert search.refused == refused and not set(refused) & set(search.zeros)
+    rec = api.recommend(req, top_k=2)
+    assert bool(rec.rejected.get("AD001")) == bool(refused)
+    assert all(c.plan.zero_stage not in refused for c in rec.candidates)
