@@ -308,6 +308,17 @@ def peak_by_category(tracker) -> dict[str, int]:
     return {str(getattr(k, "value", k)): int(v) for k, v in peak[device].items()}
 
 
+def reset_peak(tracker) -> None:
+    """Start the tracker's peak afresh from what is alive now, so that it covers the steps after this one:
+    MemTracker.reset_mod_stats clears the module stats only, and the peak it keeps would hold the first step's, with the
+    optimizer state built lazily inside it and the temporaries FakeTensorMode allocates the first time it dispatches
+    an op (a cache miss runs the op's decomposition, whose intermediates the CUDA kernel does not allocate: AdamW's
+    first foreach step counted three param-sized fp32 copies more than its second, on a fresh process only)."""
+    snap = tracker.get_tracker_snapshot()
+    tracker._peak_mem_snap = snap
+    tracker._peak_mem = {dev: dev_snap["Total"] for dev, dev_snap in snap.items()}
+
+
 def step_peak(case: dict, wheel: Path | None) -> dict:
     """One training step (forward, the trainer's chunked loss, backward, AdamW step) with torchtitan's FSDP2
     (apply_fsdp_to_decoder: bf16 params, fp32 reduce) over a fake process group of `world` ranks; the peak of
@@ -330,7 +341,8 @@ def step_peak(case: dict, wheel: Path | None) -> dict:
         if chunked:
             loss_fn.set_lm_head(model.lm_head)
             model._skip_lm_head = True
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # torchtitan's default implementation is fused (components/optimizer.py); `fused: true` runs it here too
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=case.get("fused"))
         tokens, positions = _inputs(seq, batch)
         masks = model.get_attention_masks(positions)
         valid_tokens = torch.tensor(float(seq * batch))
@@ -350,6 +362,7 @@ def step_peak(case: dict, wheel: Path | None) -> dict:
                 optimizer.zero_grad(set_to_none=case.get("set_to_none", False))
                 if step == 0:
                     tracker.reset_mod_stats()
+                    reset_peak(tracker)
         by_kind = peak_by_category(tracker)
     return {"peak": by_kind, "world": world, "chunked_loss": chunked, "set_to_none": case.get("set_to_none", False)}
 

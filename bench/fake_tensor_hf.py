@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from meshplan.arithmetic.memory_states import memory_card
-from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
 from meshplan.schema.model import Architecture
@@ -71,6 +71,16 @@ STEP_MODELS = {
     "llama-3.1-8b@2k": {"model": "llama-3.1-8b", "layers": 8, "tokens": 2048, "override": {}},
     "qwen3-30b-a3b": {"layers": 4, "tokens": 8192, "override": {"norm_topk_prob": True}},
 }
+# the same step on one GPU (world 1: nothing sharded), where the optimizer step's own moment decides: every fp32
+# gradient allocated beside the params, both moments and the foreach step's temporaries
+SINGLE_GPU_STEP_MODELS = {
+    "llama-3.1-8b@1gpu": {"model": "llama-3.1-8b", "layers": 4, "tokens": 4096, "override": {}},
+    "qwen3-30b-a3b@1gpu": {"model": "qwen3-30b-a3b", "layers": 4, "tokens": 4096, "override": {"norm_topk_prob": True}},
+}
+# AdamW's foreach argument in the harness: verl and SkyRL build AdamW with neither foreach nor fused, which torch runs
+# as the foreach step on CUDA (cards/memory.yaml optimizer_steps.foreach) but as the per-tensor loop on the CPU, so the
+# harness forces the CUDA path
+FOREACH = True
 
 
 def card_config(model: str) -> dict:
@@ -85,11 +95,12 @@ def cases(models: dict | None = None, policies: list[str] | None = None) -> list
             for model, spec in models.items() for policy in (policies or list(POLICIES))]
 
 
-def step_cases() -> list[dict]:
+def step_cases(models: dict | None = None, world: int = WORLD, foreach: bool | None = FOREACH) -> list[dict]:
     return [{"kind": "step", "case": name, "model": spec.get("model", name),
              "config": card_config(spec.get("model", name)), "num_layers": spec["layers"],
-             "tokens": spec["tokens"], "override": spec["override"], "policy": policy, "world": WORLD}
-            for name, spec in STEP_MODELS.items() for policy in POLICIES]
+             "tokens": spec["tokens"], "override": spec["override"], "policy": policy, "world": world,
+             "foreach": foreach}
+            for name, spec in (models or STEP_MODELS).items() for policy in POLICIES]
 
 
 def run_harness(request_cases: list[dict], timeout: int = 1800) -> dict:
@@ -137,17 +148,16 @@ def layer_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def meshplan_step(model: str, layers: int, tokens: int, recompute: str) -> int:
-    """estimate_memory's peak for verl's FSDP engine on the cut model as torch's allocator counts it: less the CUDA
-    context, the fixed overhead and the allocator reserve (with the freed gradients it holds), none of which a
-    tracker of tensor storages sees."""
+def meshplan_step(model: str, layers: int, tokens: int, recompute: str, world: int = WORLD) -> int:
+    """estimate_memory's allocated peak (at its own moment of the step: memory.stage_allocated) for verl's FSDP engine
+    on the cut model as torch's allocator counts it: less the CUDA context and the fixed overhead, which a tracker of
+    tensor storages does not see."""
     arch = catalog(model)
-    job = Job(model=cut(arch, [arch.is_moe_layer(i) for i in range(layers)]), gpu=get_gpu("h100"), num_gpus=WORLD,
-              gpus_per_node=8, seq_length=tokens, global_batch_size=WORLD, framework=FRAMEWORK)
-    stage = estimate_memory(job, Plan(dp=WORLD, zero_stage=3, micro_batch_size=1, recompute=recompute)).stages[0]
+    job = Job(model=cut(arch, [arch.is_moe_layer(i) for i in range(layers)]), gpu=get_gpu("h100"), num_gpus=world,
+              gpus_per_node=8, seq_length=tokens, global_batch_size=world, framework=FRAMEWORK)
+    stage = estimate_memory(job, Plan(dp=world, zero_stage=3, micro_batch_size=1, recompute=recompute)).stages[0]
     card = memory_card()
-    return (stage.total_bytes - card.cuda_context_bytes - card.fixed_overhead_bytes
-            - stage.detail["allocator_reserve"])
+    return stage_allocated(stage) - card.cuda_context_bytes - card.fixed_overhead_bytes
 
 
 def step_rows(results: list[dict]) -> list[dict]:
@@ -157,9 +167,10 @@ def step_rows(results: list[dict]) -> list[dict]:
             rows.append({"case": res["case"], "policy": res["policy"], "error": res["error"]})
             continue
         framework = res["peak"]["Total"]
-        ours = meshplan_step(res["model"], res["num_layers"], res["tokens"], POLICIES[res["policy"]])
+        ours = meshplan_step(res["model"], res["num_layers"], res["tokens"], POLICIES[res["policy"]], res["world"])
         rows.append({"case": res["case"], "model": res["model"], "policy": res["policy"], "layers": res["num_layers"],
-                     "tokens": res["tokens"], "world": res["world"], "framework_peak_bytes": framework,
+                     "tokens": res["tokens"], "world": res["world"], "foreach": res.get("foreach"),
+                     "framework_peak_bytes": framework,
                      "framework_peak_by_kind": res["peak"], "meshplan_allocated_bytes": ours,
                      "diff_pct": pct(ours, framework)})
     return rows
@@ -187,14 +198,16 @@ def main() -> None:
     rows = layer_rows([r for r in result["results"] if r.get("kind") != "step"])
     print_table(rows)
     steps = step_rows(result["results"])
-    print(f"\nPeak through one training step (rank 0 of {WORLD}, verl's FSDP2 wrap on a fake process group, flash "
-          "cross-entropy log-probs, AdamW, zero_grad set_to_none); meshplan: allocated (less context, overhead, "
-          "reserve)")
+    # one fake process group per harness run: the single-GPU steps run in a second one
+    steps += step_rows(run_harness(step_cases(SINGLE_GPU_STEP_MODELS, world=1))["results"])
+    print(f"\nPeak through one training step (rank 0 of {WORLD}, or of 1 for the @1gpu cases; verl's FSDP2 wrap on a "
+          "fake process group, flash cross-entropy log-probs, AdamW's foreach step as on CUDA, zero_grad "
+          "set_to_none); meshplan: the allocated peak at its own moment (less context and overhead)")
     for r in steps:
         if "error" in r:
-            print(f"{r['case']:16} {r['policy']:6} ERROR {r['error'][:120]}")
+            print(f"{r['case']:18} {r['policy']:6} ERROR {r['error'][:120]}")
             continue
-        print(f"{r['case']:16} {r['policy']:6} {r['framework_peak_bytes'] / GIB_:8.2f} GiB "
+        print(f"{r['case']:18} {r['policy']:6} {r['framework_peak_bytes'] / GIB_:8.2f} GiB "
               f"{r['meshplan_allocated_bytes'] / GIB_:8.2f} GiB {r['diff_pct']:+6.1f}%")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({

@@ -37,7 +37,7 @@ import torch
 
 # torchtitan's harness (this folder, on sys.path as the script's own): the tracker subclass, the fake process group
 # and the peak read-out, shared; it imports only torch at module level
-from fake_tensor_harness import fake_fsdp_mesh, peak_by_category, tracker_class
+from fake_tensor_harness import fake_fsdp_mesh, peak_by_category, reset_peak, tracker_class
 
 warnings.filterwarnings("ignore")
 
@@ -176,7 +176,8 @@ def step_peak(case: dict) -> dict:
     as verl/utils/fsdp_utils.py apply_fsdp2 (each `_no_split_modules` layer, the embedding when untied, then the
     root, MixedPrecisionPolicy bf16 params / fp32 reduce), the packed row's logits divided in place by the
     temperature and fed to the flash cross-entropy (log-probs of the next tokens), a per-token policy loss, AdamW,
-    and zero_grad() (set_to_none, torch's default) after the step."""
+    and zero_grad() (set_to_none, torch's default) after the step. `foreach`: AdamW's foreach argument (None: torch's
+    default, the per-tensor loop on the CPU; True: the foreach step torch runs on CUDA)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -193,7 +194,10 @@ def step_peak(case: dict) -> dict:
                 isinstance(m, torch.nn.Embedding) and not model.config.tie_word_embeddings)]:
             fully_shard(module, **kwargs)
         fully_shard(model, **kwargs)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        # verl builds AdamW with neither foreach nor fused, which torch runs as the foreach step on CUDA and as the
+        # per-tensor loop on the CPU (torch/optim/adam.py _default_to_fused_or_foreach); `foreach: true` forces the
+        # CUDA path here (its fp32 temporaries: cards/memory.yaml optimizer_steps)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=case.get("foreach"))
         ids = torch.randint(0, 1000, (1, tokens))
         positions = torch.arange(tokens).unsqueeze(0)
         labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
@@ -213,8 +217,10 @@ def step_peak(case: dict) -> dict:
                 optimizer.zero_grad(set_to_none=case.get("set_to_none", True))
                 if step == 0:
                     tracker.reset_mod_stats()
+                    reset_peak(tracker)
         by_kind = peak_by_category(tracker)
     return {"peak": by_kind, "world": world, "set_to_none": case.get("set_to_none", True),
+            "foreach": case.get("foreach"),
             "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size),
             "tied": bool(model.config.tie_word_embeddings)}
 

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from meshplan.arithmetic.memory_states import memory_card
-from meshplan.estimate.memory import estimate_memory
+from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
 from meshplan.schema.model import Architecture
@@ -92,12 +92,18 @@ def run_harness(cases: list[dict]) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+# torchtitan builds AdamW with fused=True by default (cards/frameworks/torchtitan.yaml optimizer_step), which torch
+# 2.13 also runs on the CPU (the _fused_adamw_ kernel, in place)
+STEP_FUSED = True
+
+
 def cases(step: bool) -> list[dict]:
     out = [{"kind": "layers", "arch": arch, "layers": spec["layers"], "seq": spec["seq"], "batch": spec["batch"],
             "policy": policy} for arch, spec in ARCHS.items() for policy in POLICIES]
     if step:
         out += [{"kind": "step", "arch": arch, "layers": spec["step_layers"], "seq": spec["seq"],
-                 "batch": spec["batch"], "policy": policy, "world": WORLD, "set_to_none": STEP_SET_TO_NONE}
+                 "batch": spec["batch"], "policy": policy, "world": WORLD, "set_to_none": STEP_SET_TO_NONE,
+                "fused": STEP_FUSED}
                 for arch, spec in ARCHS.items() for policy in STEP_POLICIES]
     return out
 
@@ -133,12 +139,11 @@ def meshplan_layer(arch: Architecture, spec: dict, recompute: str, moe: bool,
 
 
 def meshplan_allocated_peak(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool]) -> int:
-    """The estimate as torch's allocator would count it: less the CUDA context, the calibrated fixed overhead
-    and the caching allocator's reserve, none of which a tracker of tensor storages sees."""
+    """The estimate's allocated peak (at its own moment: memory.stage_allocated) as torch's allocator would count it:
+    less the CUDA context and the calibrated fixed overhead, which a tracker of tensor storages does not see."""
     card = memory_card()
     stage = meshplan_report(arch, spec, recompute, moe_flags).stages[0]
-    return (stage.total_bytes - card.cuda_context_bytes - card.fixed_overhead_bytes
-            - stage.detail["allocator_reserve"])
+    return stage_allocated(stage) - card.cuda_context_bytes - card.fixed_overhead_bytes
 
 
 # --------------------------------------------------------------------------- the tables

@@ -61,7 +61,7 @@ from framework_packages import PINS, wheel_tree  # noqa: E402
 from meshplan.arithmetic.memory_states import convention, memory_card  # noqa: E402
 from meshplan.arithmetic.schedule import padded_vocab  # noqa: E402
 from meshplan.core.units import GB  # noqa: E402
-from meshplan.estimate.memory import estimate_memory  # noqa: E402
+from meshplan.estimate.memory import estimate_memory, stage_allocated  # noqa: E402
 from meshplan.request.resolve import resolve  # noqa: E402
 from meshplan.schema.plan import Job, Plan  # noqa: E402
 
@@ -219,8 +219,8 @@ def _meshplan_compared(report, stage_index: int, conv: str) -> float:
     compared = float(stage.total_bytes)
     if conv in ("reserved", "allocated"):
         compared -= memory_card().cuda_context_bytes
-    if conv == "allocated":
-        compared -= stage.detail.get("allocator_reserve", 0)
+    if conv == "allocated":  # the allocated peak, found at its own moment (memory.stage_allocated)
+        compared = float(stage_allocated(stage)) - memory_card().cuda_context_bytes
     return compared
 
 
@@ -248,7 +248,10 @@ def megatron_rows(validation: Path) -> tuple[list[Row], dict[str, int]]:
                 skipped[reason] += 1
                 continue
             job, plan = memory_accuracy.megatron_case(raw)
-            report = estimate_memory(job, plan)
+            report = memory_accuracy.megatron_estimate(job, plan)
+            if isinstance(report, str):
+                skipped[report] += 1
+                continue
             rows.append(_row("megatron functional tests", raw["case"], job, plan,
                              float(raw["mem_maxalloc_GiB_max"]) * GIB, "allocated", report, -1))
     return rows, dict(skipped)

@@ -29,7 +29,9 @@ from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GB, GIB
+from meshplan.estimate.memory import stage_allocated
 from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import memory_rules
 from meshplan.schema.request import Request
@@ -52,6 +54,16 @@ class Score:
     predicted_tps: float | None = None
     throughput_skipped: str | None = None
     over: str | None = None  # a row that does not fit: its worst stage's terms (over_note)
+    timed: tuple[Any, ...] | None = None  # (job, plan, attention kernel) the tokens/s was estimated with
+
+    def predict_tps(self, constants: dict[str, float]) -> float | None:
+        """The row's tokens/s per GPU with `constants` in place of the card's (leave one source out); None where it
+        was not timed."""
+        if self.timed is None:
+            return None
+        job, plan, kernel = self.timed
+        cal = calibration(job.framework).with_overrides(**constants)
+        return estimate_throughput(job, plan, cal, attention_kernel=kernel).tokens_per_s_per_gpu
 
     @property
     def peak_error(self) -> float | None:
@@ -108,13 +120,12 @@ def _score(row: dict[str, Any], mapping: Mapping, score: Score) -> Score:
     if measured is not None:
         score.measured_peak_bytes = measured * GB
         score.convention = peak_convention(row)
-        stage = memory.stages[memory.peak_stage]
         context = memory_card().cuda_context_bytes
         compared = float(memory.peak_bytes)
         if score.convention in ("reserved", "allocated"):
             compared -= context
-        if score.convention == "allocated":
-            compared -= stage.detail.get("allocator_reserve", 0)
+        if score.convention == "allocated":  # the allocated peak, found at its own moment (memory.stage_allocated)
+            compared = float(max(stage_allocated(s) for s in memory.stages)) - context
         score.compared_peak_bytes = compared
     _score_throughput(row, req, job, score)
     return score
@@ -151,6 +162,7 @@ def _score_throughput(row: dict[str, Any], req: Request, job, score: Score) -> N
             score.predicted_tps = estimate_throughput(*resolve(req), attention_kernel=kernel).tokens_per_s_per_gpu
         else:
             score.predicted_tps = api.estimate_throughput(req).tokens_per_s_per_gpu
+        score.timed = (*resolve(req), kernel)
     except MeshplanError as exc:
         score.throughput_skipped = f"estimate refused: {str(exc).splitlines()[0]}"
 

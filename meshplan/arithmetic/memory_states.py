@@ -12,7 +12,13 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import CardError, MemoryConvention, framework_card, load_card
+from meshplan.knowledge.cards import (
+    CardError,
+    MemoryConvention,
+    OptimizerImplementation,
+    framework_card,
+    load_card,
+)
 from meshplan.schema.choices import Fp8Recipe
 from meshplan.schema.plan import Job, Plan
 
@@ -107,10 +113,25 @@ class OptimizerStates(_Card):
     source: str
 
 
+class OptimizerStepBytes(_Card):
+    """What one optimizer implementation allocates inside optimizer.step() beyond the model states (cards/memory.yaml
+    optimizer_steps, with its source): `moment_copies` tensors in the moments' dtype plus `bytes` per parameter of
+    what it steps at once (`at_once`: every parameter the GPU steps, its largest tensor, or DeepSpeed ZeRO-3's sub
+    group); with `when_grads_16bit`, only when the main grads are kept in 16 bits."""
+
+    moment_copies: float = Field(0, ge=0)
+    bytes: float = Field(0, ge=0)
+    at_once: Literal["stepped", "largest_tensor", "sub_group"] = "stepped"
+    zero3_sub_group_params: int | None = Field(None, ge=1)
+    when_grads_16bit: bool = False
+    source: str
+
+
 class MemoryCard(_Card):
     description: str
     precision: PrecisionBytes
     optimizers: OptimizerStates
+    optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
     compile: CompileBytes
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
@@ -128,6 +149,9 @@ def memory_card() -> MemoryCard:
     for name in get_args(MemoryConvention):  # every convention a framework card may name
         if name not in card.conventions:
             raise CardError(f"cards/memory.yaml: key conventions.{name} is missing.")
+    for name in get_args(OptimizerImplementation):  # every implementation a framework card may name
+        if name not in card.optimizer_steps:
+            raise CardError(f"cards/memory.yaml: key optimizer_steps.{name} is missing.")
     return card
 
 
@@ -262,6 +286,30 @@ def muon_saved_bytes(plan: Plan, tensors: list[StateTensor], matrices: float, sh
     dropped = 1 - counts["muon"] / counts["adam"]
     return sum(t.bytes * dropped * matrices / (shard_size if t.shard == "dp" else 1)
                for t in tensors if t.role == "moments")
+
+
+def optimizer_implementation(job: Job, plan: Plan) -> OptimizerImplementation:
+    """The implementation the job's engine builds its Adam step with on CUDA (the framework card's optimizer_step
+    section; a card that has none: fused, no temporaries)."""
+    card = framework_card(job.framework)
+    facts = card.optimizer_step
+    engine = card.engine.by_zero_stage[plan.zero_stage]
+    return facts.by_engine.get(engine, "fused") if facts is not None else "fused"
+
+
+def optimizer_step_temporaries(step: OptimizerStepBytes, tensors: list[StateTensor], *, stepped: float,
+                               largest_tensor: float, zero_stage: int) -> float:
+    """Bytes optimizer.step() allocates on top of the model states while it runs (OptimizerStepBytes): over `stepped`
+    parameters (what this GPU's optimizer steps, after sharding and CPU offload), `largest_tensor` (the largest one
+    among them) or ZeRO-3's sub group (`stepped` capped at zero3_sub_group_params). The moments' dtype is the
+    convention's (its `moments` tensor over Adam's two buffers)."""
+    if step.when_grads_16bit and not any(t.role == "main_grads" and t.bytes < 4 for t in tensors):
+        return 0.0
+    moment = sum(t.bytes for t in tensors if t.role == "moments") / memory_card().optimizers.moment_buffers["adam"]
+    at_once = {"stepped": stepped, "largest_tensor": min(largest_tensor, stepped),
+               "sub_group": min(stepped, step.zero3_sub_group_params or stepped) if zero_stage == 3 else stepped,
+               }[step.at_once]
+    return (step.moment_copies * moment + step.bytes) * at_once
 
 
 def bytes_per_param(tensors: list[StateTensor], shard_size: float) -> float:

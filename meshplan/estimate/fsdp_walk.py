@@ -94,6 +94,15 @@ def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_abse
                + freed_grads_reserved(conv, s.absent_grads))
 
 
+def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool) -> StepMoment:
+    """The moment of the backward walk with the largest allocated peak: activations and transient less the gradients
+    not allocated yet, with no allocator reserve. It can be another moment than fsdp_step_peak's: the reserve favours
+    moments with much churning memory (the loss), while late in the backward, with few activations left, a large
+    unit's reduce-scatter beside the gradients already reduced holds more allocated bytes."""
+    moments = fsdp_backward_moments(conv, units, held_other, grads_absent)
+    return max(moments, key=lambda s: s.activations + s.transient - s.absent_grads)
+
+
 def freed_grads_reserved(conv, absent: float) -> float:
     """The sharded gradients the trainer freed (zero_grad(set_to_none=True)) that the caching allocator still holds
     when the step peaks: fully_shard allocates each unit's sharded gradient, a view of its reduce-scatter output, in
@@ -118,13 +127,16 @@ class WalkStage:
     mtp_acts: int  # the MTP blocks', where they are not on the last stage
 
 
-def stage_step_peak(stage: WalkStage) -> StepMoment:
-    """The moment this stage peaks at, walking its FSDP units through the backward (fsdp_step_peak)."""
+def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
+    """The moments this stage peaks at, walking its FSDP units through the backward: on the reserved basis
+    (fsdp_step_peak) and on the allocated one (fsdp_allocated_peak), each at its own moment."""
     terms = stage.terms
     units, held_other = walk_units(stage)
-    return fsdp_step_peak(terms.conv, units, held_other + stage.mtp_acts,
-                          grads_absent=terms.conv.grads_set_to_none and terms.m == 1,
-                          reserve_fraction=terms.card.allocator_reserve_fraction)
+    absent = terms.conv.grads_set_to_none and terms.m == 1
+    held = held_other + stage.mtp_acts
+    return (fsdp_step_peak(terms.conv, units, held, grads_absent=absent,
+                           reserve_fraction=terms.card.allocator_reserve_fraction),
+            fsdp_allocated_peak(terms.conv, units, held, grads_absent=absent))
 
 
 def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:

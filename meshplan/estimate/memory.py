@@ -29,6 +29,7 @@ from meshplan.arithmetic.memory_states import (
     fp8_inputs,
     fp8_param_gather,
     memory_card,
+    optimizer_implementation,
     output_activations,
     with_precision,
 )
@@ -36,7 +37,7 @@ from meshplan.arithmetic.offload import offload_plan, offload_time
 from meshplan.arithmetic.schedule import padded_vocab, plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
-from meshplan.estimate.memory_stage import stage_memory
+from meshplan.estimate.memory_stage import STEP_MOMENT, stage_memory
 from meshplan.estimate.memory_terms import MemoryTerms, param_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import require_estimable
@@ -102,8 +103,9 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
     if job.lora is not None:
         assumptions.append(lora_assumption(job, plan))
     moment = rows[peak.stage].moment
-    if moment is not None:  # the moment the peak stage peaks at, where the convention walks the backward
+    if moment is not None and moment != STEP_MOMENT:  # the moment the peak stage peaks at, where the backward is walked
         assumptions.append(walk_assumption(terms.conv, peak, moment, terms.m))
+    assumptions.extend(step_assumptions(terms, peak, rows[peak.stage]))
     # a node's GPUs usually share one pipeline stage (TP, EP and DP ranks fill a node first); the worst stage bounds it
     host_per_node = max(s.host_bytes for s in stages) * job.gpus_per_node
     if terms.offload.any:
@@ -155,6 +157,7 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
         # what the offload knobs move to host memory on this framework's engine (cards/frameworks/*.yaml offload)
         offload=offload_plan(job.framework, plan),
         optimizer_sharded=any(t.shard == "dp" for t in tensors if t.tensor_class == "optimizer"),
+        step=card.optimizer_steps[optimizer_implementation(job, plan)],
     )
 
 
@@ -186,7 +189,7 @@ def fit_figure(stages: list[StageMemory], plan: Plan, card) -> tuple[int, str]:
     every cached free page and maps it where the failing allocation needs it before raising OOM (PyTorch
     CUDACachingAllocator.cpp, Note [Expandable Segments], release_cached_blocks -> unmap_block), so the allocated
     peak decides, plus the page rounding of the free ranges next to live blocks (cards/memory.yaml)."""
-    figure = max(peak_fit_bytes(s.total_bytes, s.detail.get("allocator_reserve", 0), plan, card) for s in stages)
+    figure = max(peak_fit_bytes(s.total_bytes, s.total_bytes - stage_allocated(s), plan, card) for s in stages)
     return int(figure), "allocated" if plan.expandable_segments else "reserved"
 
 
@@ -205,6 +208,32 @@ def peak_fit_bytes(peak: float, reserve: float, plan: Plan, card) -> float:
     """The figure one peak that holds `reserve` bytes of allocator reserve fits by (fit_figure): the peak itself, or
     with expandable segments that peak less its reserve plus the page slack (cards/memory.yaml)."""
     return peak - reserve + card.expandable_segments_slack_bytes if plan.expandable_segments else peak
+
+
+def stage_allocated(stage: StageMemory) -> int:
+    """A stage's allocated peak (what torch's allocator hands out, with the fixed overhead and CUDA context, as
+    total_bytes), found at its own moment of the step (memory_stage: the backward's and the optimizer step's)."""
+    return stage.detail.get("allocated_peak", stage.total_bytes - stage.detail.get("allocator_reserve", 0))
+
+
+def step_assumptions(terms: MemoryTerms, stage: StageMemory, row) -> list[str]:
+    """What the optimizer step's moment and the allocated peak's own moment did on the peak stage."""
+    out = []
+    temp = stage.detail.get("optimizer_step_temporaries", 0)
+    name = optimizer_implementation(terms.job, terms.plan)
+    if temp or row.moment == STEP_MOMENT:
+        out.append(f"Optimizer step ({name} on this engine, cards/memory.yaml optimizer_steps): a moment of its own, "
+                   f"every gradient allocated and the activations freed, with {temp / GIB:.2f} GiB of the step's "
+                   "temporaries on top" + ("; it is the peak stage's peak." if row.moment == STEP_MOMENT
+                                            else "; the peak stage's allocated peak, while its reserved peak stays "
+                                                 "the backward's (whose churning memory carries the allocator's "
+                                                 "reserve)." if row.allocated_moment == STEP_MOMENT
+                                            else "; below the backward's peak here."))
+    if row.allocated_moment is not None:
+        out.append(f"Allocated peak {stage_allocated(stage) / GIB:.2f} GiB (with context and overhead) at its own "
+                   f"moment, the {row.allocated_moment}, not at the reserved peak's "
+                   f"({row.moment or 'backward'}).")
+    return out
 
 
 def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str:

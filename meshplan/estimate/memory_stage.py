@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from meshplan.arithmetic.lora import adapter_params, lora_engine
-from meshplan.arithmetic.memory_states import gathered_transient, muon_saved_bytes, state_bytes
+from meshplan.arithmetic.memory_states import (
+    gathered_transient,
+    muon_saved_bytes,
+    optimizer_step_temporaries,
+    state_bytes,
+)
 from meshplan.arithmetic.offload import offload_stage
 from meshplan.arithmetic.schedule import in_flight
 from meshplan.estimate.fsdp_walk import WalkStage, freed_grads_reserved, stage_step_peak
@@ -18,12 +23,16 @@ from meshplan.estimate.memory_terms import MemoryTerms, StageParams, stage_param
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.reports import StageMemory
 
+STEP_MOMENT = "optimizer step"
+
 
 class StageResult(NamedTuple):
-    """A stage's memory, and the moment it peaks at where the convention walks the backward (else None)."""
+    """A stage's memory, and the moment it peaks at where the convention walks the backward or the optimizer step
+    decides (else None); the moment of its allocated peak, where that is another one."""
 
     memory: StageMemory
     moment: str | None
+    allocated_moment: str | None = None
 
 
 class HeldActivations(NamedTuple):
@@ -35,12 +44,17 @@ class HeldActivations(NamedTuple):
 
 
 class Overheads(NamedTuple):
-    """What a stage holds beside its model states: activations, and the fixed and transient rest."""
+    """What a stage holds beside its model states at one moment of the step: activations, and the fixed and
+    transient rest, less the sharded gradients not allocated yet."""
 
     activations: float
     other: float
     transient: float  # what is freed and re-allocated every step
     moment: str | None
+    absent: float = 0.0  # sharded gradients not allocated at this moment (FSDP2's walk, grads set to None)
+    freed_reserved: float = 0.0  # of those, what the caching allocator still holds (fsdp_walk.freed_grads_reserved)
+    gathered: float | None = None  # FSDP/ZeRO-3 gathered units at this moment (detail gathered_layers)
+    step_temporaries: float = 0.0  # what optimizer.step() allocates (the optimizer step moment)
 
 
 def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
@@ -65,10 +79,25 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
         stored += work
         detail["recompute_working_layer"] = int(work)
     stored = _edge_activations(terms, params, acts.held, stored, detail)
-    rest = _overheads(terms, params, acts, states, stored, detail)
+    moments = _overheads(terms, params, acts, states, stored, detail)
+    moments.append(step_moment(terms, params, states))
+    # the reported moment: the reserved peak; the allocated peak is found at its own moment
+    allocs = [allocated_bytes(terms, states, o) for o in moments]  # each moment's allocated bytes, once
+    reserved = [reserved_bytes(terms, states, o, a) for o, a in zip(moments, allocs, strict=True)]
+    rest = moments[reserved.index(max(reserved))]  # the first of the largest, as max() picks
+    top = allocs.index(max(allocs))
+    allocated = moments[top]
+    detail["allocated_peak"] = int(allocs[top])
+    if rest.gathered is not None:
+        detail["gathered_layers"] = int(rest.gathered)
+    if moments[-1].step_temporaries:
+        detail["optimizer_step_temporaries"] = int(moments[-1].step_temporaries)
+    if any(o.moment is not None and o.moment != STEP_MOMENT for o in moments):  # FSDP2's walk
+        detail["gradients_absent_at_peak"] = int(rest.absent)
+        detail["freed_gradients_reserved"] = int(rest.freed_reserved)
+    states = {**states, "gradients": states["gradients"] - rest.absent}
     # the caching allocator reserves more than it hands out for what is freed and re-allocated every step
-    detail["allocator_reserve"] = (int(terms.card.allocator_reserve_fraction * rest.transient)
-                                   + detail.get("freed_gradients_reserved", 0))
+    detail["allocator_reserve"] = int(terms.card.allocator_reserve_fraction * rest.transient) + int(rest.freed_reserved)
     other = rest.other + detail["allocator_reserve"]
     weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
     total = weights + grads + opt + int(rest.activations) + int(other)
@@ -77,7 +106,58 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
         activations_bytes=int(rest.activations), other_bytes=int(other), total_bytes=total, detail=detail,
         host_bytes=int(host),
     )
-    return StageResult(memory, rest.moment)
+    return StageResult(memory, rest.moment, allocated.moment if allocated is not rest else None)
+
+
+def allocated_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> float:
+    """What torch's allocator hands out at moment `o` (with the fixed overhead and CUDA context, as the total)."""
+    weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
+    return weights + int(grads - o.absent) + opt + int(o.activations) + int(o.other)
+
+
+def reserved_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads,
+                   allocated: float | None = None) -> float:
+    """What the caching allocator holds at moment `o`: the allocated bytes, its reserve over what churns every step,
+    and the freed gradients it keeps in the reduce-scatter stream's pool (`allocated`: allocated_bytes at `o`, when the
+    caller has it)."""
+    if allocated is None:
+        allocated = allocated_bytes(terms, states, o)
+    return (allocated + int(terms.card.allocator_reserve_fraction * o.transient)
+            + int(o.freed_reserved))
+
+
+def step_moment(terms: MemoryTerms, params: StageParams, states: dict[str, float]) -> Overheads:
+    """The moment of optimizer.step(): every gradient allocated, the activations gone, and what the step of the
+    framework's implementation allocates on top (memory_states.optimizer_step_temporaries), over the parameters this
+    GPU's optimizer steps (its shard where the optimizer is sharded, less what the CPU optimizer steps). Adam only:
+    Muon's step and a LoRA job's adapters are left out (none)."""
+    temp = 0.0
+    if terms.plan.optimizer == "adam" and terms.job.lora is None:
+        stepped = (params.dense / terms.dense_dp + params.experts / terms.expert_dp if terms.optimizer_sharded
+                   else params.dense + params.experts) * (1 - terms.offload.cpu_optimizer)
+        temp = optimizer_step_temporaries(
+            terms.step, terms.tensors, stepped=stepped, largest_tensor=largest_tensor(terms, params),
+            zero_stage=terms.plan.zero_stage)
+    return Overheads(0.0, terms.other_fixed + temp, temp, STEP_MOMENT, gathered=0.0 if terms.gathered else None,
+                     step_temporaries=temp)
+
+
+def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:
+    """The stage's largest parameter tensor on this GPU (the per-tensor loop's step): the embedding or output table, a
+    dense MLP projection (ffn x hidden / tp) or a MoE layer's routed-expert projection held as one 3-D tensor (local
+    experts x expert ffn x hidden / etp), over its sharding group where the optimizer is sharded."""
+    arch, plan = terms.job.model, terms.plan
+    dense = [params.embedding, params.output_layer]
+    experts = [0.0]
+    for i in params.layers:
+        if terms.table.moe[i] and arch.moe is not None:
+            experts.append(arch.moe.num_experts / plan.ep * arch.moe.expert_ffn_hidden_size * arch.hidden_size
+                           / plan.etp)
+        else:
+            dense.append(arch.ffn_hidden_size * arch.hidden_size / plan.tp)
+    if not terms.optimizer_sharded:
+        return max(*dense, *experts)
+    return max(max(dense) / terms.dense_dp, max(experts) / terms.expert_dp)
 
 
 def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]) -> dict[str, float]:
@@ -122,7 +202,9 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
     """Each layer's activations in the mode the plan's recompute runs it in, times the micro-batches its chunk
     holds at the stage's peak (the schedule's in_flight)."""
     plan, per_kind, group, every_nth = terms.plan, terms.per_kind, terms.group, terms.every_nth
-    held = in_flight(rank, plan.pp, terms.vpp, terms.m, framework_card(terms.job.framework).pipeline.group)
+    runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's (torchtitan)
+    held = in_flight(rank, plan.pp, terms.vpp, terms.m // runs, framework_card(terms.job.framework).pipeline.group,
+                     plan.pipeline_schedule)
     acts = 0.0
     built = 0
     modes: dict[int, str] = {}
@@ -201,25 +283,24 @@ def _edge_activations(terms: MemoryTerms, params: StageParams, held: tuple[int, 
 
 
 def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, states: dict[str, float],
-               acts: float, detail: dict[str, int]) -> Overheads:
-    """The fixed overhead, plus the FSDP/ZeRO-3 gathered units: at the moment FSDP2's backward walk finds (which
-    also decides the activations alive, and takes the gradients not yet allocated off `states`), else at the worst
-    unit's backward."""
+               acts: float, detail: dict[str, int]) -> list[Overheads]:
+    """The backward's candidate moments: the fixed overhead plus the FSDP/ZeRO-3 gathered units, at the moments
+    FSDP2's backward walk finds (its reserved and its allocated peak, which also decide the activations alive and the
+    gradients not yet allocated), else at the worst unit's backward with every activation."""
     conv, plan = terms.conv, terms.plan
     walk = (terms.gathered and conv.step_peak == "backward_walk" and not terms.offload.activations and not terms.group
             and terms.job.lora is None)
     if walk:
-        moment = stage_step_peak(WalkStage(
-            terms=terms, params=params, modes=held.modes, layer_acts=detail["layer_activations"],
-            emb_acts=detail.get("embedding_activations", 0), out_acts=detail.get("logits_and_loss", 0),
-            mtp_acts=detail.get("mtp_activations", 0)))
-        absent = min(moment.absent_grads, states["gradients"])  # none on the GPU when offloaded to the host
-        states["gradients"] -= absent
-        detail["gathered_layers"] = int(moment.transient)
-        detail["gradients_absent_at_peak"] = int(absent)
-        detail["freed_gradients_reserved"] = int(freed_grads_reserved(conv, absent))
-        return Overheads(moment.activations, terms.other_fixed + moment.transient,
-                         moment.activations + moment.transient, moment.name)
+        out = []
+        for moment in stage_step_peak(WalkStage(
+                terms=terms, params=params, modes=held.modes, layer_acts=detail["layer_activations"],
+                emb_acts=detail.get("embedding_activations", 0), out_acts=detail.get("logits_and_loss", 0),
+                mtp_acts=detail.get("mtp_activations", 0))):
+            absent = min(moment.absent_grads, states["gradients"])  # none on the GPU when offloaded to the host
+            out.append(Overheads(moment.activations, terms.other_fixed + moment.transient,
+                                 moment.activations + moment.transient, moment.name, absent=absent,
+                                 freed_reserved=freed_grads_reserved(conv, absent), gathered=moment.transient))
+        return out
     if terms.gathered:
         # the stage's FSDP units in forward order: embedding, decoder layers, output layer (with the final norm)
         table = terms.table
@@ -227,6 +308,6 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
         units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
                   for i in params.layers]
         units += [params.output_layer + terms.norm_width] if params.last else []
-        detail["gathered_layers"] = int(gathered_transient(conv, units))
-        return Overheads(acts, terms.other_fixed + detail["gathered_layers"], acts + detail["gathered_layers"], None)
-    return Overheads(acts, terms.other_fixed, acts, None)
+        gathered = gathered_transient(conv, units)
+        return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered), None, gathered=gathered)]
+    return [Overheads(acts, terms.other_fixed, acts, None)]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from meshplan.arithmetic.activations import Layout
-from meshplan.arithmetic.memory_states import Convention, MemoryCard, StateTensor
+from meshplan.arithmetic.memory_states import Convention, MemoryCard, OptimizerStepBytes, StateTensor
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.knowledge.model_counts import layer_params, mtp_params, per_architecture
@@ -81,6 +81,7 @@ class MemoryTerms:
     logits_bytes: float  # what the output layer and loss keep of one micro-batch
     offload: OffloadPlan
     optimizer_sharded: bool
+    step: OptimizerStepBytes  # what the engine's optimizer.step() allocates (cards/memory.yaml optimizer_steps)
 
     @property
     def vpp(self) -> int:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.memory_states import MemoryCard, memory_card
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.units import GIB
-from meshplan.estimate.memory import estimate_memory, memory_budget, peak_fit_bytes
+from meshplan.estimate.memory import estimate_memory, memory_budget, peak_fit_bytes, stage_allocated
 from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
 from meshplan.schema.plan import Plan
@@ -90,7 +90,7 @@ class StagePhases:
     actor: StagePeak
     critic: StagePeak | None
     forward_reserve: float
-    update_reserve: float
+    update_reserve: float  # what of the update's peak is not allocated at its allocated peak (memory.stage_allocated)
     host_extra: float
     engine_note: str
 
@@ -138,7 +138,7 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
                   + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
     return StagePhases(rollout=rollout, log_prob=log_prob, actor=actor, critic=critic,
                        forward_reserve=acts * mem.allocator_reserve_fraction,
-                       update_reserve=s.detail.get("allocator_reserve", 0), host_extra=host_extra,
+                       update_reserve=s.total_bytes - stage_allocated(s), host_extra=host_extra,
                        engine_note=engine_note)
 
 
