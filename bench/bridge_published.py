@@ -44,7 +44,10 @@ from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from production_sources import split_fields
 from throughput_accuracy import DEFAULT_VALIDATION, Case, classic_cases, golden_cases
+
+from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
 
 DATA = Path(__file__).resolve().parent / "data" / "megatron_bridge_published.csv"
 
@@ -65,12 +68,30 @@ def cases(path: Path = DATA):
                 zero_stage=3 if int(r["fsdp"]) else 1, recompute="none",
                 moe_token_dispatcher=r["dispatcher"] if ep > 1 else None,
                 tp_comm_overlap=r["tp_comm_overlap"] == "1",
+                # the performance launchers reduce gradients in bf16 (published_runs.BRIDGE_PERF_TABLE, the fact the
+                # dev rows of the same tables get from production_sources.perf_table_fields)
+                grad_reduce_in_fp32=False,
             )
+            split = recipe_split_fields(r["model"], pp, int(r["vp"]), int(r["mtp"]))
+            if split:
+                req = req.model_copy(update=split)
             job, plan = resolve(req)
             if int(r["mtp"]) == 0 and job.model.num_mtp_layers:
                 job = job.model_copy(update={"model": job.model.model_copy(update={"num_mtp_layers": 0})})
             out.append((r, job, plan))
     return out
+
+
+def recipe_split_fields(model: str, pp: int, vpp: int, mtp: int) -> dict[str, str | bool]:
+    """The pipeline split Megatron-Bridge's recipes set for the row's model at its pp/vpp (the package's
+    published_runs.RECIPE_SPLITS, the same entries the production rows read), as Request fields; {} where the
+    layers split evenly or no Bridge recipe sets one (Megatron-Core then refuses an uneven split, rule PP001)."""
+    if pp == 1:
+        return {}
+    found = [s for s in RECIPE_SPLITS if s.repo == BRIDGE and s.model == model and s.pp in (None, pp)
+             and s.vpp in (None, vpp) and not s.section]
+    fields = [f for s in found if (f := split_fields(s, mtp)) is not None]
+    return fields[0] if fields else {}
 
 
 def megatron_rows() -> tuple[list[Case], list[Case]]:

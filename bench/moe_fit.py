@@ -115,15 +115,16 @@ def grid() -> list[dict[str, float]]:
             for s in GRID["moe_host_sync_s"]]
 
 
-def error_table(data: list[Row]) -> list[list[float | None]]:
-    """log(predicted / measured) of every row (columns) at every grid point (rows of the table, grid() order); None
-    where the estimate is refused. Computed once: every fit below is a median over a part of it."""
+def error_table(data: list[Row], **base: float) -> list[list[float | None]]:
+    """log(predicted / measured) of every row (columns) at every grid point (rows of the table, grid() order), the
+    other constants at the card's values or `base`; None where the estimate is refused. Computed once: every fit
+    below is a median over a part of it."""
     table = []
     for ov in grid():
         row = []
         for r in data:
             try:
-                pred = estimate_throughput(r.job, r.plan, calibration(r.job.framework).with_overrides(**ov))
+                pred = estimate_throughput(r.job, r.plan, calibration(r.job.framework).with_overrides(**base, **ov))
                 row.append(math.log(pred.tokens_per_s_per_gpu / r.measured_tps))
             except MeshplanError:
                 row.append(None)

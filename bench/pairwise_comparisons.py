@@ -36,7 +36,7 @@ is read by the same rules):
   the metric: named). Feasibility comparisons (a layout that ran vs "OOM") are checked as fit verdicts.
 
 --json: {"apart", "ordered_right"} of the throughput pairs scored with every setting expressed, in sample and out
-of sample (every pair under the fitted constants of bench/moe_fit.py fitted without its rows' source).
+of sample (every pair under the fitted constants of bench/fitted_constants.py fitted without its rows' source).
 
 Run: python bench/pairwise_comparisons.py [--rows] [--json] [--validation DIR]
 """
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -56,7 +57,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import moe_fit
+import fitted_constants
 import production_mapping as pmap  # bench scripts are not a package
 import production_rows as prow
 from pairwise_sides import (  # the label and value readers
@@ -76,6 +77,8 @@ from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
+
+os.environ["MESHPLAN_CALIBRATION_FILE"] = ""  # the model's own numbers: a stored cluster factor never enters
 
 DATA_NAME = "pairwise_comparisons_dev.yaml"
 APART = 0.05  # pairs measured more than this apart are ordered (the issue's threshold)
@@ -200,7 +203,8 @@ def estimate(built: Built, constants: dict[str, float] | None = None) -> Estimat
     try:
         if constants:
             job, plan = resolve(built.request)
-            tp = estimate_throughput(job, plan, calibration(job.framework).with_overrides(**constants))
+            tp = estimate_throughput(job, plan, calibration(job.framework).with_overrides(
+                **fitted_constants.applicable(job.framework, constants)))
         else:
             tp = api.estimate_throughput(built.request)
         flops = tp.model_flops_per_step / built.request.num_gpus
@@ -509,10 +513,11 @@ def headline(pairs: list[PairScore]) -> dict[str, int]:
 
 
 def json_report(validation: Path) -> dict[str, Any]:
-    """{"apart", "ordered_right"} in sample, and out of sample: every pair under the fitted constants (bench/moe_fit.py)
-    fitted without its rows' source."""
-    data = moe_fit.rows(validation)
-    held = {source: ov for source, (ov, _) in moe_fit.held_out(data, moe_fit.error_table(data)).items()}
+    """{"apart", "ordered_right"} in sample, and out of sample: every pair under the fitted constants
+    (bench/fitted_constants.py: gemm_peak_fraction, the MoE constants, the eager pass count) fitted without its rows'
+    source."""
+    rows = prow.load_rows(validation / prow.DATA_NAME)
+    held = fitted_constants.held_out(validation, {prow.source_key(r) for r in rows if isinstance(r, dict)})
     result = run(validation, held)
     return {**headline(result.pairs), "pairs": len(result.pairs),
             "out_of_sample": {**headline(result.out_of_sample), "constants_by_comparison": result.constants}}

@@ -68,13 +68,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import moe_fit
+import fitted_constants
+import production_rows as prow
 from production_mapping import map_row
 from production_rows import DEFAULT_VALIDATION, KNOBS
 from production_scoring import Score, Summary, median, run, summarise
@@ -175,21 +175,24 @@ def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
 
 def out_of_sample(validation: Path, rows: list[dict[str, Any]], scores: list[Score]
                   ) -> tuple[Summary, dict[str, dict[str, float]]]:
-    """The summary with every fitted constant fitted without the row's own source: the MoE constants of
-    bench/moe_fit.py (its pooled rows: Megatron-Bridge's published table and the dev set's MoE rows) refitted on every
-    other publication's rows, and each held row's tokens/s predicted under them (leave one source out). The other
-    figures (fit, rule errors, peaks, dense and FSDP tokens/s) read no fitted constant of the dev rows' sources and
-    are the in-sample ones. Also {source: the constants fitted without it}."""
-    data = moe_fit.rows(validation)
-    held = moe_fit.held_out(data, moe_fit.error_table(data))
-    by_row = {name: err for _, errs in held.values() for name, err in errs.items()}
+    """The summary with every fitted constant fitted without the row's own source (leave one source out,
+    bench/fitted_constants.py: gemm_peak_fraction, the MoE constants, the eager pass count): each timed row of a
+    source some fit used is estimated again under the constants fitted on the other sources; the rows of the other
+    sources keep their figure (no fit saw them). Fit, rule errors and peaks read no fitted constant (the memory cards
+    hold none) and are the in-sample ones. Also {source: the constants fitted without it}."""
+    sources = {prow.source_key(row) for row, s in zip(rows, scores, strict=True) if s.timed is not None}
+    held = fitted_constants.held_out(validation, sources)
     oos = []
-    for s in scores:
+    for row, s in zip(rows, scores, strict=True):
         s = copy.copy(s)
-        if s.group == "MoE" and s.measured_tps is not None and s.mapping.row_id in by_row:
-            s.predicted_tps = s.measured_tps * math.exp(by_row[s.mapping.row_id])
+        constants = held.get(prow.source_key(row))
+        if constants and s.timed is not None and s.measured_tps is not None:
+            try:
+                s.predicted_tps = s.predict_tps(fitted_constants.applicable(s.timed[0].framework, constants))
+            except MeshplanError:
+                s.predicted_tps = None
         oos.append(s)
-    return summarise(rows, oos), {source: ov for source, (ov, _) in held.items()}
+    return summarise(rows, oos), held
 
 
 def figures(s: Summary) -> dict[str, Any]:

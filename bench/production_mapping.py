@@ -39,10 +39,11 @@ from production_sources import (
     study_recipe_fields,
 )
 
+from meshplan.adapters.common import torchtitan_batch
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.published_runs import LLAMA_PERF_TP_OVERLAP
+from meshplan.knowledge.published_runs import LLAMA_PERF_TP_OVERLAP, torchtitan_pipeline_microbatches
 from meshplan.schema.request import Request
 
 
@@ -128,6 +129,8 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     if batch := dynamic_batch_fields(row, framework):  # verl's token-budget micro-batch: the knob is expressed
         w = {**w, **batch}
         knobs.pop("dynamic_batch", None)
+    w, f = pipeline_batch(row, framework, w)
+    fields |= f
     req = Request(
         model=model, gpu=gpu, num_gpus=row["hardware"]["num_gpus"], gpus_per_node=row["hardware"]["gpus_per_node"],
         seq_length=w["seq_length"], global_batch_size=w["global_batch_size"],
@@ -139,6 +142,24 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
         **fields,
     )
     return req, knobs, notes, capacity, source
+
+
+def pipeline_batch(row: dict[str, Any], framework: str, w: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(workload, Request fields) of a row on a framework that runs its pipeline schedule once per local batch (its
+    card's pipeline section: torchtitan): the row's micro-batch is that framework's local batch, cut as the import
+    and render cut it (adapters/common.torchtitan_batch), by the release the row's date falls in
+    (published_runs.torchtitan_pipeline_microbatches); unchanged otherwise."""
+    p = row["parallelism"]
+    pp, local = p["pp"] or 1, w["micro_batch_size"]
+    if pp == 1 or not local or not framework_card(framework).pipeline.runs_per_accumulation_step:
+        return w, {}
+    count = torchtitan_pipeline_microbatches(row["source"].get("version_or_date"), pp, p["vpp"] or 1)
+    try:
+        batch = torchtitan_batch(int(local), None, pp, microbatches=count, dp=p["dp"],
+                                 global_batch_size=w["global_batch_size"])
+    except MeshplanError:
+        return w, {}
+    return {**w, "micro_batch_size": batch.pop("micro_batch_size")}, batch
 
 
 def all_knobs(raw: dict[str, Any]) -> dict[str, str]:

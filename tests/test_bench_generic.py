@@ -77,7 +77,7 @@ def test_unseen_rows_map_or_say_why(folder):
     assert by_id["synthetic_0_zz"].request.framework == "megatron-core"  # Megatron-LM: the card's display name
     assert by_id["synthetic_1_zz"].request.framework == "deepspeed"
     assert by_id["synthetic_6_zz"].request.framework == "deepspeed"  # Megatron-DeepSpeed: the card's alias
-    assert "NeMo AutoModel is its own framework" in by_id["synthetic_2_zz"].unmapped  # not Megatron-Core
+    assert by_id["synthetic_2_zz"].request.framework == "nemo-automodel"  # its own card, not Megatron-Core
     assert "framework not stated" in by_id["synthetic_3_zz"].unmapped
     assert "names no meshplan framework" in by_id["synthetic_4_zz"].unmapped
     assert by_id["synthetic_5_zz"].knobs["framework"].startswith("GPT-NeoX")  # nearest card, named
@@ -105,7 +105,8 @@ def test_unseen_comparisons_are_scored_from_the_rows_fields(folder):
 
 
 HARNESS = ("production_configs.py", "production_rows.py", "production_sources.py", "production_mapping.py",
-           "production_scoring.py", "pairwise_comparisons.py", "pairwise_sides.py", "rl_jobs.py", "moe_fit.py")
+           "production_scoring.py", "pairwise_comparisons.py", "pairwise_sides.py", "rl_jobs.py", "moe_fit.py",
+           "pipeline_schedules.py", "fitted_constants.py")
 RECIPE = re.compile(r"_(pretrain|peft|sft|finetune)_\w*_config|\.toml$")
 DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
@@ -130,3 +131,38 @@ def test_the_harness_holds_no_row_comparison_recipe_or_date_table(production_row
             assert not any(i in value for i in ids), (name, value)  # no row or comparison id
             assert not RECIPE.search(value), (name, value)  # recipes live in meshplan/knowledge/published_runs.py
             assert not DATE.match(value), (name, value)  # release dates too
+
+
+# --------------------------------------------------------------------------- leave one source out, fitted constants
+
+
+def test_every_fitted_constant_of_the_card_is_held_out_by_the_benches():
+    """bench/fitted_constants.py lists each constant the calibration card marks fitted (and nanotron's fitted values);
+    a source no fit used keeps the card's values; a framework's own fitted value is not replaced by the shared one."""
+    import fitted_constants as fc
+
+    from meshplan.knowledge.calibration import calibration_card
+
+    card = calibration_card()
+    listed = {(f.name, f.framework) for f in fc.fitted_constants()}
+    assert {(name, None) for name, c in card.constants.items() if c.fitted} <= listed
+    assert ("elementwise_passes", "nanotron") in listed and ("fsdp_keep_params_under_pp", "torchtitan") not in listed
+    assert fc.without(prow.DEFAULT_VALIDATION, "example-org/example-repo docs/run_0.md") == fc.card_values()
+    assert "gemm_peak_fraction" not in fc.applicable("nanotron", {"gemm_peak_fraction": 0.5})
+    assert fc.applicable("megatron-core", {"gemm_peak_fraction": 0.5}) == {"gemm_peak_fraction": 0.5}
+
+
+def test_a_torchtitan_pipeline_row_maps_its_local_batch_as_the_import_does(production_rows):
+    """A torchtitan row's micro_batch_size is torchtitan's local batch: under PP it is one run of the schedule, cut
+    by the release its date falls in (2024-12: into pp micro-batches), as adapters/common.torchtitan_batch cuts it."""
+    import production_mapping as pmap
+
+    row = copy.deepcopy(production_rows["torchtitan_llama31_8b_8gpu_fsdp"])
+    row["parallelism"] |= {"tp": 8, "pp": 8, "dp": 8, "fsdp": 8}
+    row["workload"] |= {"global_batch_size": 512, "micro_batch_size": 32}
+    w, fields = pmap.pipeline_batch(row, "torchtitan", row["workload"])
+    assert w["micro_batch_size"] == 4 and fields == {"pipeline_microbatches": 8}  # two runs of 8 per step
+    row["source"]["version_or_date"] = "2025-06"  # pipeline_parallel_microbatch_size (default 1) since 5e2033c
+    w, fields = pmap.pipeline_batch(row, "torchtitan", row["workload"])
+    assert w["micro_batch_size"] == 1 and fields == {"pipeline_microbatches": 32}
+    assert pmap.pipeline_batch(row, "megatron-core", row["workload"]) == (row["workload"], {})

@@ -129,3 +129,32 @@ def test_the_assumption_names_the_schedule():
     report = estimate_throughput(*_job(model="llama-3.1-8b", framework="torchtitan", num_gpus=16, pp=2))
     line = next(a for a in report.assumptions if a.startswith("DP"))
     assert "once per step" in line and "last micro-batch only" in line
+
+
+# --------------------------------------------------------------------------- the bytes each element moves
+
+
+def test_gradients_move_in_the_dtype_the_plan_reduces_them_in():
+    """grad_reduce_in_fp32=False halves the gradient traffic (Megatron-Core grad_reduce_in_fp32, Megatron-FSDP
+    megatron_fsdp_grad_comm_dtype bf16); left out, the framework's default (4 bytes for Megatron-Core)."""
+    from meshplan.estimate.sharding_traffic import grad_reduce_bytes
+
+    base = dict(model="llama-3-8b", gpu="h100", num_gpus=64, framework="megatron-core", tp=1, pp=1, zero_stage=3,
+                seq_length=4096, micro_batch_size=1, global_batch_size=256)
+    times = {}
+    for fp32 in (None, True, False):
+        job, plan = _job(**base, grad_reduce_in_fp32=fp32)
+        times[fp32] = estimate_throughput(job, plan).breakdown.dp_comm_s
+        assert grad_reduce_bytes(plan, calibration("megatron-core")) == {None: 4, True: 4, False: 2}[fp32]
+    assert times[None] == pytest.approx(times[True]) and times[False] < times[True]
+
+
+def test_fp8_weights_are_gathered_in_one_byte():
+    from meshplan.estimate.sharding_traffic import param_gather_bytes
+
+    job, plan = _job(model="llama-3-8b", gpu="h100", num_gpus=64, framework="megatron-core", zero_stage=3,
+                     precision="fp8", fp8_param_gather=True, seq_length=4096, global_batch_size=256)
+    assert param_gather_bytes(job, plan) == 1.0
+    job, plan = _job(model="llama-3-8b", gpu="h100", num_gpus=64, framework="megatron-core", zero_stage=3,
+                     precision="fp8", seq_length=4096, global_batch_size=256)
+    assert param_gather_bytes(job, plan) == 2.0

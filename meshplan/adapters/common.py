@@ -296,3 +296,27 @@ def attention_backend_of(framework: str, variant: str, value: Any) -> str:
         return "auto"
     knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]
     return next(ours for ours, theirs in (knob.values or {}).items() if theirs == str(value).lower())
+
+
+def torchtitan_batch(local_batch_size: int, pp_microbatch_size: int | None, pp: int, *,
+                     microbatches: int | None = None, dp: int | None = None,
+                     global_batch_size: int | None = None) -> dict[str, int]:
+    """torchtitan's batch keys as Request fields (its card's pipeline section, runs_per_accumulation_step): without PP
+    training.local_batch_size is the micro-batch; with PP it is one run of the schedule, cut into micro-batches of
+    parallelism.pipeline_parallel_microbatch_size (default 1), so micro_batch_size = that size and
+    pipeline_microbatches = local / size; releases before 5e2033c cut it into `microbatches` instead
+    (parallelism.pipeline_parallel_microbatches: knowledge/published_runs.torchtitan_pipeline_microbatches).
+    pipeline_microbatches is left out where one run is the whole step (global_batch_size = local x dp); with
+    global_batch_size -1 (local x dp) or unknown it stays, and resolve fills the global batch from it."""
+    if pp <= 1:
+        return {"micro_batch_size": local_batch_size}
+    size = local_batch_size // microbatches if microbatches else (pp_microbatch_size or 1)
+    if size < 1 or local_batch_size % size:
+        raise MeshplanError(
+            f"torchtitan: training.local_batch_size {local_batch_size} is not a multiple of the pipeline "
+            f"micro-batch ({size}); torchtitan refuses it (distributed/pipeline_parallel.py).",
+            fix="Give a local_batch_size that pipeline_parallel_microbatch_size divides.")
+    out = {"micro_batch_size": size, "pipeline_microbatches": local_batch_size // size}
+    if dp and global_batch_size == local_batch_size * dp:  # one run is the step: resolve's default, left out
+        del out["pipeline_microbatches"]
+    return out

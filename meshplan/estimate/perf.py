@@ -24,19 +24,19 @@ from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, allreduce_time, links, p2p_time
-from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token
+from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import convention, uses_fsdp
 from meshplan.arithmetic.mesh import crosses_domains
-from meshplan.arithmetic.pipeline_timeline import simulate
+from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, fused_share, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency
-from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer
 from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
-from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
+from meshplan.estimate.sharding_traffic import DpTraffic, grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.stage_time import Recompute, StageInputs, StageTime, stage_time
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
 from meshplan.estimate.tp_overlap import tp_overlap_mode, tp_sms
@@ -142,6 +142,9 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     for s, row in enumerate(rows):
         dp_exposed = max(dp_exposed, _dp_exposed(s, row, inputs))
         optimizer = max(optimizer, _optimizer_seconds(row, inputs, m))
+    # a framework that runs its schedule once per accumulation step syncs the gradients at each run's last backward
+    # (FSDP reshards there too, gathering again in the next run): Plan.pipeline_microbatches
+    dp_exposed *= plan.schedule_runs(job.global_batch_size)
     # CPU offload: the CPU Adam step of the offloaded share and the host transfers the compute cannot cover
     offload_s, offload_how = step_offload_time(job, plan, compute_s=m * rows[worst].compute)
     return StepTerms(job, plan, m, peaks, ctx, inputs, rows, worst, dp_exposed, optimizer, offload_s, offload_how,
@@ -194,9 +197,11 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         arch=job.model, plan=plan, seq=job.seq_length, cal=cal, lk=lk, shard=shard, bf16_peak=peaks.bf16,
         fp8_peak=peaks.fp8, hbm=hbm, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.framework, plan.zero_stage) if job.lora else None,
-        a2a_steady_share=a2a_steady_share(m, plan.pp, plan.vpp) if plan.moe_a2a_overlap else 0.0,
+        a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
         moe_host_syncs=moe_host_syncs(job, plan), eager=eager_blocks(job, plan), attention_fraction=fraction,
         attention_kernel=kernel, routed_load=ep_rank_load(job, plan),
+        gather_dispatch=(framework_card(job.framework).model_extra or {}).get("moe_dispatch", {}).get(
+            "alltoall_as") == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.framework, plan), tp_rs_splits=overlap.rs_splits,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
@@ -205,8 +210,9 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     """One layer of each kind the model has, the stages' layers, the head, the pipeline's p2p, the sharding
     schedule and its DP groups, Muon: what every stage's time reads."""
     arch, cal, lk = job.model, ctx.cal, ctx.lk
-    dense_lt = layer_time(ctx, moe=False) if arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers else None
-    moe_lt = layer_time(ctx, moe=True) if arch.moe is not None and arch.moe.moe_layers else None
+    dense = arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers
+    dense_lt = memo_layer(layer_time, ctx, False) if dense else None  # shared across plans inside a search
+    moe_lt = memo_layer(layer_time, ctx, True) if arch.moe is not None and arch.moe.moe_layers else None
     pipeline = stage_layers(job, plan)
     recompute = Recompute(selective=framework_card(job.framework).recompute.selective,  # what "selective" repeats
                           every_nth=every_nth_blocks(plan), modules=tuple(plan.recompute_modules or ("core_attn",)))
@@ -233,6 +239,15 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         muon=framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None)
 
 
+def _a2a_steady(job: Job, plan: Plan, m: int) -> float:
+    """The share of micro-batch chunks whose expert all-to-all the combined 1F1B hides: named (pipeline_schedule
+    combined_1f1b) with a pipeline, the fused steps of its replayed order on the first rank; else the warm-up count
+    (moe_time.a2a_steady_share)."""
+    if plan.pipeline_schedule == "combined_1f1b" and plan.pp > 1:
+        return fused_share(plan_shape(job.framework, plan.pp, plan.vpp, m, plan.pipeline_schedule), 0)
+    return a2a_steady_share(m, plan.pp, plan.vpp)
+
+
 def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     """The step of the plan's schedule replayed (pipeline_timeline.simulate): each rank's micro-batch time split
     into its forward share (the forward's part of its compute, recompute counted in the backward) and the rest,
@@ -243,15 +258,29 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     t_max = totals[worst]
     if plan.pp == 1:
         return PipelineTime(worst, m * t_max, 0.0)
-    shape = plan_shape(inp.job.framework, plan.pp, plan.vpp, m)
+    runs = plan.schedule_runs(inp.job.global_batch_size)  # the schedule run per accumulation step (torchtitan)
+    shape = plan_shape(inp.job.framework, plan.pp, plan.vpp, m // runs, plan.pipeline_schedule)
     fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
     bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
-    timeline = simulate(shape, fwd, bwd, inp.pp_hop)
-    seconds = max(timeline.seconds, m * t_max)
+    wgrad = None
+    if shape.order in SPLIT_ORDERS:  # the weight gradients' share of each chunk's backward compute
+        share = weight_gradient_share(inp.job.model, inp.job.seq_length)
+        wgrad = [share * (r.compute - r.fwd) / shape.vpp for r in rows]
+    timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad)
+    seconds = max(runs * timeline.seconds, m * t_max)
     facts = framework_card(inp.job.framework).pipeline
     name = facts.interleaved if shape.order == "interleaved_1f1b" and facts.interleaved else facts.schedule
-    if shape.order == "interleaved_1f1b":
+    if plan.pipeline_schedule is not None:
+        name = facts.schedules.get(shape.order, shape.order)
+    if shape.order in ("interleaved_1f1b", "interleaved_zero_bubble", "combined_1f1b") and shape.vpp > 1:
         name += f" (v={shape.vpp}, {shape.group} micro-batches per chunk in turn)"
+    elif shape.order in V_ORDERS:
+        name += " (two chunks per rank in a V)"
+    if wgrad is not None:
+        name += (f", weight gradients apart from the input gradients ({share:.0%} of the backward's FLOPs, the "
+                 "linears' weight-gradient GEMMs)")
+    if runs > 1:
+        name += f", run {runs} times per step over {m // runs} micro-batches each"
     return PipelineTime(worst, seconds, seconds - m * t_max, timeline.idle_share, name)
 
 
@@ -272,7 +301,7 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:
     """Stage `s`'s exposed once-per-step DP traffic: the gradient reduction (overlapped with the last backward;
     later stages finish their backward earlier, which gives them slack) and the ZeRO parameter all-gather."""
     plan, cal, lk, traffic = inp.plan, inp.ctx.cal, inp.ctx.lk, inp.traffic
-    grad_bytes = cal.grad_reduce_bytes
+    grad_bytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
     # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
     sharded_opt = plan.zero_stage > 0 and not uses_fsdp(inp.job.framework, plan.zero_stage)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from meshplan.arithmetic.comm import Links, ring_time
+from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.estimate.layer_records import BF16
@@ -27,6 +28,39 @@ class ShardUnit(NamedTuple):
     fwd: float  # one unit's forward, the window that hides the next unit's all-gather
     bwd: float  # one unit's backward (with its recompute), the window that hides its neighbours' traffic
     resharded: bool = True  # freed after its forward, so gathered again for its backward
+    waits_fwd: float = 0.0  # share of its all-gather no prefetch can start early, forward (unprefetched_shares)
+    waits_bwd: float = 0.0  # the same in the backward
+
+
+def grad_reduce_bytes(plan: Plan, cal: Calibration) -> float:
+    """Bytes per gradient element the data-parallel reduction moves: 4 or 2 as the plan's grad_reduce_in_fp32 says
+    (Megatron-Core's grad_reduce_in_fp32, Megatron-FSDP's megatron_fsdp_grad_comm_dtype, torchtitan's
+    mixed_precision_reduce), else the framework's default (the calibration's grad_reduce_bytes)."""
+    if plan.grad_reduce_in_fp32 is None:
+        return cal.grad_reduce_bytes
+    return 2.0 * BF16 if plan.grad_reduce_in_fp32 else BF16
+
+
+def param_gather_bytes(job: Job, plan: Plan) -> float:
+    """Bytes per element of a decoder layer's weights the ZeRO-3 / FSDP all-gather moves: one under an FP8 recipe
+    with fp8_param_gather (Megatron-Core's fp8_param_gather, torchtitan's enable_fsdp_float8_all_gather: the weights
+    are kept and gathered in FP8), else bf16."""
+    return 1.0 if plan.fp8_param_gather and job.precision == "fp8" else BF16
+
+
+def unprefetched_shares(weights: Sequence[float], max_live: float) -> tuple[float, float]:
+    """The shares of a unit's parameters whose all-gather waits whole in the forward and in the backward, under a
+    ZeRO-3 coordinator that prefetches the next weight only while the gathered ones hold fewer than `max_live`
+    elements (the framework card's zero3_prefetch): `weights` are the unit's gathered weights (elements each) in
+    forward order, the unit repeated, so the weight before the first is the last of the unit before. Forward, weight
+    i waits whole after a weight i - 1 of at least max_live elements; backward (reverse order), after weight i + 1."""
+    total = sum(weights)
+    if total <= 0:
+        return 0.0, 0.0
+    n = len(weights)
+    fwd = sum(w for i, w in enumerate(weights) if weights[i - 1] >= max_live)
+    bwd = sum(w for i, w in enumerate(weights) if weights[(i + 1) % n] >= max_live)
+    return fwd / total, bwd / total
 
 
 def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: bool, reduce: bool) -> float:
@@ -43,20 +77,23 @@ def exposed_sharding(units: Sequence[ShardUnit], gather_fwd: bool, gather_bwd: b
     if gather_fwd and units:
         prev_fwd = None
         for u in units:
-            exposed += u.gather if prev_fwd is None else max(0.0, u.gather - prev_fwd)
-            exposed += (u.count - 1) * max(0.0, u.gather - u.fwd)
+            wait = u.waits_fwd * u.gather  # gathered when its submodule starts: nothing hides it
+            exposed += u.gather if prev_fwd is None else wait + max(0.0, u.gather - wait - prev_fwd)
+            exposed += (u.count - 1) * (wait + max(0.0, u.gather - wait - u.fwd))
             prev_fwd = u.fwd
     if not (gather_bwd or reduce) or not units:
         return exposed
     back = units[::-1]
+    if gather_bwd:  # the backward all-gathers no prefetch starts early wait whole (the first one whole below)
+        exposed += sum((u.count - (i == 0)) * u.waits_bwd * u.gather for i, u in enumerate(back) if u.resharded)
 
     def g(u: ShardUnit | None) -> float:
-        return u.gather if (u is not None and gather_bwd and u.resharded) else 0.0
+        return u.gather * (1.0 - u.waits_bwd) if (u is not None and gather_bwd and u.resharded) else 0.0
 
     def r(u: ShardUnit | None) -> float:
         return u.reduce if (u is not None and reduce) else 0.0
 
-    exposed += g(back[0]) + r(back[-1])
+    exposed += (back[0].gather if gather_bwd and back[0].resharded else 0.0) + r(back[-1])
     for i, u in enumerate(back):
         before = back[i - 1] if i else None  # the unit whose backward ran just before (its reduce-scatter)
         after = back[i + 1] if i + 1 < len(back) else None  # the unit whose backward comes next (its gather)
@@ -100,12 +137,26 @@ class StageShards(NamedTuple):
     head_stage: bool
 
 
+def layer_weights(arch: Architecture, plan: Plan, moe: bool) -> list[float]:
+    """The elements of each weight one rank gathers for a decoder layer, in forward order (the GEMMs' k x n: fused
+    QKV, output projection, the MLP's or each local expert's and the shared expert's fc1 and fc2, the router)."""
+    sh = Shard(tokens=1.0, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel)
+    gemms = attention_gemms(arch, sh) + (moe_gemms(arch, sh) if moe else
+                                         mlp_gemms(arch, sh, arch.ffn_hidden_size, "mlp"))
+    return [g.n * g.k for g in gemms for _ in range(max(1, round(g.count)))]
+
+
 def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], plan: Plan, arch: Architecture,
-                head: float, embed_params: float, traffic: DpTraffic, grad_bytes: float) -> list[ShardUnit]:
+                head: float, embed_params: float, traffic: DpTraffic, grad_bytes: float,
+                max_live: float | None = None, weight_bytes: float = BF16) -> list[ShardUnit]:
     """A stage's FSDP units in forward order: the embedding on the first stage (no compute to hide the next
     gather behind), one unit per decoder layer (runs of one kind summed), the output head on the last stage
     (kept gathered into its backward: torchtitan does not reshard norm + output, Megatron-FSDP's root keeps
-    the output layer). Tied embeddings without PP are one unit (torchtitan groups them, not resharded)."""
+    the output layer). Tied embeddings without PP are one unit (torchtitan groups them, not resharded). With
+    `max_live` (a ZeRO-3 engine's live-parameter limit, the framework card's zero3_prefetch) a decoder layer's
+    weights that follow one of at least max_live elements wait whole (unprefetched_shares), and a dense layer's
+    weights are gathered one collective each (DeepSpeed fetches per submodule). A decoder layer's weights move
+    `weight_bytes` each (param_gather_bytes), the embedding and the output head bf16."""
     units: list[ShardUnit] = []
     kinds = stage.kinds
     tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
@@ -122,8 +173,13 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
         i = index[start]
         dense, expert = params[0][i] / plan.tp, params[1][i] / (plan.ep * plan.etp)
         fwd, bwd = stage.windows[kinds[start]]
-        units.append(ShardUnit(end - start, traffic(dense, expert, BF16), traffic(dense, expert, grad_bytes),
-                               fwd, bwd))
+        gather, waits = traffic(dense, expert, weight_bytes), (0.0, 0.0)
+        if max_live is not None:  # a ZeRO-3 coordinator: one all-gather per submodule, prefetch under max_live
+            weights = layer_weights(arch, plan, kinds[start])
+            waits = unprefetched_shares(weights, max_live)
+            if not kinds[start]:  # a dense layer's weights, one collective each (each pays its ring's latency)
+                gather = sum(traffic(w, 0.0, weight_bytes) for w in weights)
+        units.append(ShardUnit(end - start, gather, traffic(dense, expert, grad_bytes), fwd, bwd, True, *waits))
         start = end
     if stage.head_stage:
         head_params = 0.0 if tied_one_unit else embed_params

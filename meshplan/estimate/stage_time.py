@@ -21,9 +21,11 @@ from meshplan.estimate.sharding_traffic import (
     ShardUnit,
     StageShards,
     exposed_by_schedule,
+    grad_reduce_bytes,
+    param_gather_bytes,
     shard_units,
 )
-from meshplan.knowledge.cards import MuonFacts
+from meshplan.knowledge.cards import MuonFacts, framework_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -223,9 +225,11 @@ def stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
     if not inp.sharding.per_step:
         return ShardingExposed()
     arch, plan = inp.ctx.arch, inp.plan
+    prefetch = framework_card(inp.job.framework).zero3_prefetch  # DeepSpeed's live-parameter limit
     units = tuple(shard_units(stage, params=layer_param_split(arch), plan=plan, arch=arch, head=inp.head,
                               embed_params=arch.vocab_size * arch.hidden_size / plan.tp, traffic=inp.traffic,
-                              grad_bytes=inp.ctx.cal.grad_reduce_bytes))
+                              grad_bytes=grad_reduce_bytes(plan, inp.ctx.cal), weight_bytes=param_gather_bytes(
+                                  inp.job, plan), max_live=prefetch.max_live_parameters if prefetch else None))
     if units not in inp.seen:  # pipeline stages often hold the same layers
         inp.seen[units] = exposed_by_schedule(units, inp.sharding)
     return inp.seen[units]

@@ -11,7 +11,7 @@ from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import FORWARD_AND_BACKWARD, LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
-from meshplan.estimate.sharding_traffic import sharding_schedule
+from meshplan.estimate.sharding_traffic import grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER
 from meshplan.knowledge.calibration import Calibration, calibration_summary
 from meshplan.knowledge.cards import framework_card
@@ -63,8 +63,9 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
 def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     """How the data-parallel traffic was timed, in the words of the schedule the plan runs."""
     sched = sharding_schedule(job, plan, cal)
+    nbytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     if not sched.per_step:
-        return (f"DP: gradients reduced in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp once per step, "
+        return (f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "
                 + (f"overlapped with {cal.dp_overlap:.0%} of the last backward." if plan.zero_stage == 0
                    else ("all-reduced" if cal.zero_grad_allreduce >= 0.5 else "reduce-scattered")
                    + f" with {cal.zero_grad_overlap:.0%} of the last backward hiding it; then the bf16 parameters "
@@ -75,7 +76,7 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
               if sched.params_sharded else "bf16 parameters all-gathered once per step after the optimizer")
     grads = "every micro-batch" if sched.reduce_each_microbatch else "in the last micro-batch only"
     return (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
-            f"layer by layer in {cal.grad_reduce_bytes:.0f}-byte elements over dp x cp {grads}. Each transfer hides "
+            f"layer by layer in {nbytes:.0f}-byte elements over dp x cp {grads}. Each transfer hides "
             "behind the neighbouring layer's compute (exposed: what exceeds it, plus the first layer's all-gather "
             "and the last one's reduce-scatter).")
 

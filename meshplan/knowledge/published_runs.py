@@ -51,6 +51,26 @@ BRIDGE_RECIPES_WITHOUT_EXPANDABLE = {
 }
 
 
+# How many micro-batches torchtitan cut a local batch into under PP (pytorch/torchtitan): until 90567fc (2025-01-07,
+# "fix num_microbatches input for PP") parallelism.pipeline_parallel_microbatches, default the pipeline degree
+# (parallelisms/pipelining_utils.py build_pipeline_schedule at 9dec370, the commit of its 2024-12 benchmarks); then
+# default the number of stages, pp x stages per rank (distributed/pipeline.py); since 5e2033c (2025-04-07, "[PP] Add
+# microbatch_size and remove num_microbatches config") micro-batches of parallelism.pipeline_parallel_microbatch_size,
+# default 1 (the card's pipeline section).
+TORCHTITAN_PP_STAGES_MICROBATCHES_SINCE = "2025-01-07"
+TORCHTITAN_PP_MICROBATCH_SIZE_SINCE = "2025-04-07"
+
+
+def torchtitan_pipeline_microbatches(when: str | None, pp: int, vpp: int) -> int | None:
+    """The micro-batches a torchtitan run dated `when` (a month-only date counts as before a day in that month) cut
+    its local batch into by default under PP, in the releases that counted them; None since 5e2033c (the local batch
+    is cut into micro-batches of pipeline_parallel_microbatch_size) or for a run without a date."""
+    when = str(when or "")[:10]
+    if not re.match(r"\d{4}-\d{2}", when) or when >= TORCHTITAN_PP_MICROBATCH_SIZE_SINCE:
+        return None
+    return pp * vpp if when >= TORCHTITAN_PP_STAGES_MICROBATCHES_SINCE else pp
+
+
 def release_ran(framework: str, when: str | None) -> str | None:
     """The framework release a run dated `when` (ISO; a month-only date counts as before a day in that month) ran,
     where meshplan's estimate depends on it (torchtitan's loss and attention kernel, verl's attention kernel), else

@@ -264,8 +264,10 @@ class Context:
 
     @property
     def microbatches(self) -> int:
-        """Micro-batches per step on each pipeline: gbs / (mbs * dp), floored (rules check divisibility)."""
-        return self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
+        """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over
+        the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step)."""
+        m = self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
+        return m // self.plan.schedule_runs(self.job.global_batch_size)
 
     @property
     def num_experts(self) -> int:
