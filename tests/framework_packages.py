@@ -40,6 +40,7 @@ PINS = {
     "torchtitan": "0.3.0",
     "hydra-core": "1.3.2",
     "transformers": "5.9.0",
+    "nemo-automodel": "0.7.0",
 }
 
 # torch 2.13.0 is the CPU wheel pip takes for Python 3.11 on these machines (any other torch is a multi-GB CUDA
@@ -54,6 +55,12 @@ TORCHTITAN_VENV = ["torch==2.13.0", f"torchtitan=={PINS['torchtitan']}", "triton
 # pins in its vllm/sglang/cpu extras (its core range is >=5.5.3,<5.11; SkyRL 0.4.0 takes >=5.6.1,<=5.16.1), on the
 # same torch 2.13.0 CPU wheel. Used by the FakeTensorMode harness of HF model code (bench/fake_tensor_hf.py).
 HF_VENV = ["torch==2.13.0", f"transformers=={PINS['transformers']}"]
+# NeMo AutoModel 0.7.0 with its own dependencies (transformers 5.18.0, torchao, megatron-fsdp, quack-kernels ...) on the
+# CPU torch wheel, to load a rendered recipe YAML with its own config loader (which imports every `_target_`). triton
+# is held at 3.5.1: under triton 3.9 its LoRA kernel's @triton.autotune(key=[..., "S"]) fails at import
+# (components/_peft/lora_kernel.py; newer triton refuses autotune keys that are not kernel arguments). About 3
+# minutes and 3 GB to build once, then cached.
+AUTOMODEL_VENV = ["torch==2.13.0", f"nemo-automodel=={PINS['nemo-automodel']}", "triton==3.5.1"]
 
 
 def cache_root() -> Path:

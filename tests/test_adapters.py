@@ -175,6 +175,24 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, lora_rank=16,
                          lora_targets=["linear_qkv", "linear_fc2"])),
     ("skyrl", "fsdp", dict(model="qwen3-8b", num_gpus=8, zero_stage=3, global_batch_size=64, job="lora")),
+    # NeMo AutoModel's recipe YAML: FSDP2 (zero 3), its reshard_after_forward=False (zero 2), DDP (zero 0), PP with
+    # interleaving, EP with DeepEP or its torch dispatcher, async TP, compile, fp8, CPU offload, PEFT LoRA.
+    ("nemo-automodel", None, dict(model="llama-3.1-70b", num_gpus=64, tp=2, pp=4, vpp=2, global_batch_size=128,
+                                  recompute="selective", sequence_parallel=True)),
+    ("nemo-automodel", None, dict(model="deepseek-v3", num_gpus=256, ep=64, global_batch_size=256, recompute="full",
+                                  moe_token_dispatcher="flex", attention_backend="fused")),
+    ("nemo-automodel", None, dict(model="qwen3-30b-a3b", num_gpus=16, pp=2, ep=8, zero_stage=2, global_batch_size=64,
+                                  micro_batch_size=2)),
+    ("nemo-automodel", None, dict(model="llama-3.1-70b", num_gpus=32, pp=4, global_batch_size=128,
+                                  pipeline_microbatches=4)),  # 16 micro-batches: 4 runs of 4
+    ("nemo-automodel", None, dict(model="llama-3.1-8b", num_gpus=8, zero_stage=0, global_batch_size=64)),
+    ("nemo-automodel", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, global_batch_size=512, torch_compile=True,
+                                  tp_comm_overlap=True, sequence_parallel=True, precision="fp8", fp8_recipe="rowwise",
+                                  fp8_param_gather=True)),
+    ("nemo-automodel", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True,
+                                  attention_backend="unfused")),
+    ("nemo-automodel", None, dict(model="llama-3.1-70b", num_gpus=8, tp=8, global_batch_size=32, lora_rank=16,
+                                  lora_targets=["linear_qkv", "linear_fc2"])),
 ]
 
 
@@ -202,7 +220,7 @@ def test_round_trip_gives_the_same_plan(framework, variant, fields):
 
 def test_uneven_pipeline_round_trips_for_megatron_family_and_torchtitan():
     fields = dict(model="llama-3.1-405b", num_gpus=1024, tp=8, pp=16, global_batch_size=2048)
-    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan"):
+    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan", "nemo-automodel"):
         job, plan = resolve(Request(framework=framework, **fields))
         plan = plan.model_copy(update={"first_stage_layers": 7, "last_stage_layers": 7})  # 126 = 7 + 14*8 + 7
         result = render(framework, job, plan)
@@ -562,6 +580,15 @@ GOLDEN_OVERRIDES = {
                                                 global_batch_size=256),
     ("deepspeed", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, tp=8, pp=16,
                                                 global_batch_size=4096, recompute="full"),
+    ("nemo-automodel", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=5, cp=2,
+                                                     global_batch_size=512, recompute="selective",
+                                                     sequence_parallel=True),
+    ("nemo-automodel", "qwen3-30b-a3b_16xh100"): dict(model="qwen3-30b-a3b", num_gpus=16, tp=1, pp=2, ep=8,
+                                                     global_batch_size=256, moe_token_dispatcher="flex"),
+    ("nemo-automodel", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, pp=16, ep=64,
+                                                     global_batch_size=4096, recompute="full",
+                                                     moe_token_dispatcher="flex",
+                                                     first_stage_layers=4, last_stage_layers=1),
 }
 
 

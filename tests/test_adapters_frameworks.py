@@ -9,6 +9,8 @@
   0.2.2: the TOML keys are fields of its JobConfig sections (ast).
 - KempnerForge (not on PyPI): every key and value fits cards/kempnerforge_schema.yaml.
 - DeepSpeed: ds_config keys and Megatron-DeepSpeed flags are within the lists in its card.
+- NeMo AutoModel 0.7.0: its own loader, distributed-section parser, FSDP2 mesh, StepScheduler and section dataclasses
+  read each rendered recipe YAML (the package and its dependencies in a cached venv, CPU torch).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+import tempfile
 import tomllib
+from pathlib import Path
 
 import pytest
-from framework_packages import TORCHTITAN_VENV, venv_python, wheel_tree
+from framework_packages import AUTOMODEL_VENV, TORCHTITAN_VENV, venv_python, wheel_tree
 from framework_source import SourceTree, megatron_flags
 from test_adapters import CASES, GOLDEN_CASES, golden_job_plan
 
@@ -398,3 +402,149 @@ def test_deepspeed_keys_are_in_its_card():
         assert set(flat(config)) <= ds_keys
         assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
                                                * config["gradient_accumulation_steps"] * result.plan.dp)
+
+
+# --------------------------------------------------------------------------- NeMo AutoModel
+
+
+def _automodel_cases():
+    """(job, plan, rendering) for every AutoModel rendering the other tests use."""
+    out = []
+    for job, result in rendered_jobs("nemo-automodel"):
+        out.append((job, result.plan, result))
+    return out
+
+
+def automodel_verdicts(cases: list[dict]) -> list[dict]:
+    """AutoModel's own code over each rendered YAML (tests/framework_probes/automodel_probe.py in its venv)."""
+    python = venv_python("nemo-automodel", AUTOMODEL_VENV, python_version="3.11")
+    probe = Path(__file__).parent / "framework_probes" / "automodel_probe.py"
+    proc = subprocess.run([str(python), str(probe)], input=json.dumps(cases), capture_output=True, text=True,
+                          timeout=900, cwd=tempfile.gettempdir())
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stderr[-4000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_automodel_loads_the_rendered_yaml_with_its_own_code():
+    """Each rendered recipe YAML through AutoModel 0.7.0's loader, parse_distributed_section, its FSDP2 mesh, its
+    StepScheduler, its pipeline stage count and the BackendConfig / PeftConfig / FP8Config it builds: the layout it
+    makes is the plan's."""
+    rendered_cases = _automodel_cases()
+    cases = [{"id": str(i), "yaml": r.text, "num_gpus": job.num_gpus, "num_layers": job.model.num_layers}
+             for i, (job, _, r) in enumerate(rendered_cases)]
+    for answer, (job, plan, result) in zip(automodel_verdicts(cases), rendered_cases, strict=True):
+        assert answer["ok"], (answer["error"], result.text)
+        assert answer["sizes"] == {"tp_size": plan.tp, "pp_size": plan.pp, "cp_size": plan.cp, "ep_size": plan.ep,
+                                   "dp_size": plan.dp}
+        if plan.zero_stage == 0:
+            assert answer["strategy"] == "DDPConfig" and answer["mesh"] is None
+            assert answer["grad_acc_steps"] == job.global_batch_size // (plan.micro_batch_size * plan.dp)
+            continue
+        assert answer["strategy"] == "FSDP2Config"
+        assert answer["mesh"]["shape"] == [plan.pp, 1, plan.dp, plan.cp, plan.tp]  # pp, dp_replicate, dp_shard ...
+        assert answer["sequence_parallel"] == plan.sequence_parallel
+        assert answer["reshard_after_forward"] is (False if plan.zero_stage == 2 else None)
+        assert answer["async_tp"] == plan.tp_comm_overlap
+        assert answer["offload"] == ("CPUOffloadPolicy" if plan.param_offload else "NoneType")
+        assert answer["ac"] == {"none": False, "full": True, "selective": "selective"}[plan.recompute]
+        if plan.ep > 1:
+            assert answer["moe_mesh"] == {"ep_shard": plan.dp * plan.cp * plan.tp // plan.ep, "ep": plan.ep}
+        microbatches = job.global_batch_size // (plan.micro_batch_size * plan.dp)
+        if plan.pp > 1:  # one pipeline run per accumulation step, over Plan.pipeline_microbatches (default: all)
+            per_run = plan.pipeline_microbatches or microbatches
+            assert answer["grad_acc_steps"] == microbatches // per_run
+            assert answer["pipeline"]["microbatches"] == per_run
+            assert answer["pipeline"]["stages"] == plan.pp * plan.vpp
+            assert answer["pipeline"]["schedule"] == ("ScheduleInterleaved1F1B" if plan.vpp > 1 else "Schedule1F1B")
+            if answer["pipeline"]["fqns"]:
+                layers = [sum(n.startswith("model.layers.") for n in stage) for stage in answer["pipeline"]["fqns"]]
+                assert layers[0] == plan.first_stage_layers and layers[-1] == plan.last_stage_layers
+                assert sum(layers) == job.model.num_layers
+        else:
+            assert answer["grad_acc_steps"] == microbatches
+        if job.model.moe is not None and plan.ep > 1:
+            assert answer["backend"]["dispatcher"] == ("deepep" if plan.moe_token_dispatcher == "flex" else "torch")
+        if plan.attention_backend != "auto":
+            assert answer["backend"]["attn"] == {"flash": "sdpa", "fused": "te", "unfused": "eager"}[
+                plan.attention_backend]
+        if job.lora is not None:
+            assert answer["peft"]["dim"] == job.lora.rank
+        if job.precision == "fp8":
+            assert answer["fp8"]["enabled"] and answer["fp8"]["recipe"] == (plan.fp8_recipe or "tensorwise")
+            assert answer["fp8"]["gather"] == bool(plan.fp8_param_gather)
+        assert answer.get("compile", False) == plan.torch_compile
+
+
+# Layouts AutoModel refuses, rendered anyway (the adapter's builder, no rules), each with the rule that says so.
+AUTOMODEL_REFUSED = [
+    ("AM002", dict(model="qwen3-30b-a3b", num_gpus=24, ep=16, global_batch_size=48)),  # 24 % 16
+    ("AM004", dict(model="llama-3.1-8b", num_gpus=16, tp=2, zero_stage=0, global_batch_size=64)),
+    ("BS001", dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=60, micro_batch_size=2)),
+]
+
+
+# The rules AutoModel's own code decides in the probe (its mesh, StepScheduler and parse_distributed_section)
+AUTOMODEL_COMPARED = frozenset({"AM001", "AM002", "AM004", "BS001"})
+
+
+def _automodel_sample(n: int) -> list[dict]:
+    """Seeded layouts over GPU counts, degrees, ZeRO stages and batches, valid and not (explicit dp sometimes)."""
+    import random
+
+    rng = random.Random(24)
+    out = []
+    for _ in range(n):
+        model = rng.choice(["llama-3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b"])
+        fields = dict(model=model, num_gpus=rng.choice([8, 12, 16, 24, 32]), tp=rng.choice([1, 2, 4]),
+                      pp=rng.choice([1, 1, 2]), cp=rng.choice([1, 1, 2]), zero_stage=rng.choice([0, 3, 3]),
+                      micro_batch_size=rng.choice([1, 2]), global_batch_size=rng.choice([48, 60, 64, 128]))
+        if model != "llama-3.1-8b":
+            fields["ep"] = rng.choice([1, 2, 4, 8, 16])
+        if rng.random() < 0.25:
+            fields["dp"] = rng.choice([1, 2, 4])
+        out.append(fields)
+    return out
+
+
+def test_automodel_verdicts_agree_with_check_config_on_a_sample():
+    """On seeded layouts, AutoModel's own code (its mesh, StepScheduler) refuses exactly those check_config refuses
+    with AM001, AM002, AM004 or BS001; layouts with another meshplan error (heads, layers, micro-batches per run), or
+    that the renderer refuses, are left out. The sample holds both verdicts."""
+    from meshplan.check.config import check_config
+    from meshplan.core.errors import MeshplanError
+
+    cases, ours = [], []
+    for i, fields in enumerate(_automodel_sample(80)):
+        try:
+            job, plan = resolve(Request(framework="nemo-automodel", **fields))
+            text = render("nemo-automodel", job, plan).text
+        except MeshplanError:
+            continue
+        errors = {f.id for f in check_config(job, plan, include_memory=False).findings if f.severity == "error"}
+        if errors - AUTOMODEL_COMPARED:
+            continue
+        cases.append({"id": str(i), "yaml": text, "num_gpus": job.num_gpus, "num_layers": job.model.num_layers})
+        ours.append(errors)
+    answers = automodel_verdicts(cases)
+    assert {a["ok"] for a in answers} == {True, False} and len(answers) >= 20
+    for answer, errors, case in zip(answers, ours, cases, strict=True):
+        assert answer["ok"] == (not errors), (errors, answer.get("error"), case["yaml"])
+
+
+def test_automodel_refuses_what_its_rules_refuse():
+    """AM002, AM004 and BS001 against AutoModel's own code: the layout check_config refuses, AutoModel's mesh or
+    StepScheduler refuses too, in its own words."""
+    from meshplan.check.config import check_config
+
+    cases, expected = [], []
+    for rule, fields in AUTOMODEL_REFUSED:
+        job, plan = resolve(Request(framework="nemo-automodel", **fields))
+        assert rule in {f.id for f in check_config(job, plan).findings if f.severity == "error"}, rule
+        text = render("nemo-automodel", job, plan).text
+        cases.append({"id": rule, "yaml": text, "num_gpus": job.num_gpus, "num_layers": job.model.num_layers})
+        expected.append(rule)
+    for answer, rule in zip(automodel_verdicts(cases), expected, strict=True):
+        assert not answer["ok"], rule
+        assert {"AM002": "must be a multiple of ep_size", "AM004": "ddp does not support tensor parallelism",
+                "BS001": "must be divisible by local_batch_size * dp_size"}[rule] in answer["error"], answer["error"]

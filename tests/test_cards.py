@@ -114,7 +114,7 @@ def test_flex_dispatcher_support_is_where_the_adapter_renders_it():
     from meshplan.schema.choices import FRAMEWORKS
 
     assert [fw for fw in FRAMEWORKS if framework_card(fw).flex_dispatcher] == [
-        "megatron-bridge", "megatron-core", "skyrl", "verl"]
+        "megatron-bridge", "megatron-core", "nemo-automodel", "skyrl", "verl"]
     assert not framework_card("torchtitan").flex_dispatcher  # 0.2.2 renders it, the default 0.3.0 does not
 
 

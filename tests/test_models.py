@@ -226,3 +226,29 @@ def test_an_edited_config_json_is_read_again(tmp_path):
     path.write_text(json.dumps({**cfg, "num_hidden_layers": 16}))
     assert resolve_model(str(path)).num_layers == 16
     assert describe_model(str(path)).architecture.num_layers == 16
+
+
+def test_classic_families_alibi_and_parallel_attention():
+    """BLOOM (ALiBi, an embedding LayerNorm), GPT-NeoX (parallel residual, partial rotary) and GPT-J (one LayerNorm
+    feeding attention and MLP, a biased lm_head) read from their own config.json names, each count by hand."""
+    from meshplan.knowledge.model_config import architecture_from_config
+    from meshplan.knowledge.model_counts import total_params
+
+    bloom = architecture_from_config({"model_type": "bloom", "n_layer": 2, "n_head": 4, "hidden_size": 64,
+                                      "vocab_size": 100})
+    assert bloom.alibi and bloom.rope is None and bloom.learned_position_embeddings == 0 and bloom.embedding_norm
+    assert (bloom.ffn_hidden_size, bloom.activation, bloom.gated_mlp, bloom.tie_word_embeddings) == (256, "gelu",
+                                                                                                   False, True)
+    h = 64
+    per_layer = 4 * h * h + 4 * h + 2 * (4 * h * h) + 4 * h + h + 2 * 2 * h  # qkv+o with biases, MLP, two LayerNorms
+    assert total_params(bloom) == 2 * per_layer + 100 * h + 2 * h + 2 * h  # tied embedding, its norm, final norm
+    neox = architecture_from_config({"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64,
+                                     "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 100,
+                                     "rotary_pct": 0.25, "max_position_embeddings": 128})
+    assert neox.parallel_attention and neox.rope.fraction == 0.25 and not neox.tie_word_embeddings
+    assert total_params(neox) == 2 * per_layer + 100 * h + 2 * h + 100 * h
+    gptj = architecture_from_config({"model_type": "gptj", "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8,
+                                     "vocab_size": 100, "n_positions": 128})
+    assert gptj.parallel_attention and gptj.norms_per_layer == 1 and not gptj.qkv_bias and gptj.output_bias
+    assert gptj.rope.fraction == 0.5  # rotary_dim 8 of a 16-wide head
+    assert total_params(gptj) == 2 * (4 * h * h + 2 * (4 * h * h) + 5 * h + 2 * h) + 100 * h + 2 * h + 100 * h + 100

@@ -132,7 +132,8 @@ def test_a_misspelt_framework_suggests_the_closest_and_lists_only_renderable_one
 
 
 def test_render_targets_are_the_cards_with_an_adapter_section_in_schema_order():
-    assert TARGETS == ("deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "skyrl", "torchtitan", "verl")
+    assert TARGETS == ("deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "nemo-automodel", "skyrl",
+                       "torchtitan", "verl")
     with pytest.raises(MeshplanError, match="memory convention only") as exc:
         api.render_config("nanotron", Request(model="llama-3.1-8b"))
     assert "Did you mean" not in str(exc.value)

@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from meshplan.adapters import megatron, rl, torchnative
+from meshplan.adapters import automodel, megatron, rl, torchnative
 from meshplan.adapters.capabilities import refuse_missing, renderable_frameworks, resolve_version
 from meshplan.adapters.common import Builder
 from meshplan.check.headline import layout_text
@@ -102,6 +102,13 @@ def toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+def yaml_value(value: Any) -> str:
+    """A YAML flow value that reads back as `value` (JSON's scalars and lists are YAML's; null for None)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -113,7 +120,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters.update(q=lambda v: shlex.quote(str(v)), comment=_comment, hydra=hydra_value, dotlist=dotlist_value,
-                       py=repr, toml=toml_value, json=lambda v: json.dumps(v, indent=2))
+                       py=repr, toml=toml_value, yaml=yaml_value, json=lambda v: json.dumps(v, indent=2))
     return env
 
 
@@ -130,6 +137,7 @@ BUILDERS: dict[str, tuple[Builder, Callable[[Job, Plan], str]]] = {
     "skyrl": (rl.build_skyrl, DEFAULT_VARIANTS["skyrl"]),
     "torchtitan": (torchnative.build_torchtitan, DEFAULT_VARIANTS["torchtitan"]),
     "kempnerforge": (torchnative.build_kempnerforge, DEFAULT_VARIANTS["kempnerforge"]),
+    "nemo-automodel": (automodel.build_automodel, DEFAULT_VARIANTS["nemo-automodel"]),
 }
 
 

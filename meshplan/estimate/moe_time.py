@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.arithmetic.comm import dispatch_time
+from meshplan.arithmetic.comm import Links, allreduce_time, dispatch_time, ring_time
 from meshplan.arithmetic.flops import Gemm
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.plan import Job, Plan
@@ -53,6 +53,8 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     if arch.moe is None or plan.ep <= 1:
         return 0.0
     local = ctx.shard.tokens / (plan.tp if plan.sequence_parallel else 1)
+    if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
+        return gather_ep(local * arch.hidden_size * BF16, plan.ep, plan.etp, ctx.lk)
     sent = local * arch.hidden_size * BF16 * ctx.routed_load
     one = dispatch_time(sent, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
                         dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
@@ -60,6 +62,17 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     if plan.moe_a2a_overlap:
         return overlapped_a2a(one, fwd_compute, bwd_compute, ctx.a2a_steady_share)
     return EP_ALL_TO_ALLS_PER_LAYER * one
+
+
+def gather_ep(local_bytes: float, ep: int, stride: int, lk: Links) -> float:
+    """One MoE layer's EP communication per micro-batch where the dispatcher gathers instead of routing (NeMo
+    AutoModel's torch dispatcher, components/moe/experts.py GroupedExperts.forward): the forward all-gathers every
+    rank's tokens over the EP group and all-reduces the gathered expert output ([ep x tokens, hidden]) before each
+    rank keeps its own rows; the backward reduce-scatters the gathered input's gradient and all-reduces the output's.
+    Each collective moves the EP group's tokens (ep x `local_bytes`), whatever the top-k: two ring passes and two
+    all-reduces (the routing weights and indices gathered beside them are top_k values per token, left out)."""
+    gathered = local_bytes * ep
+    return 2.0 * ring_time(gathered, ep, stride, lk) + 2.0 * allreduce_time(gathered, ep, stride, lk)
 
 
 def a2a_steady_share(m: int, pp: int, vpp: int) -> float:

@@ -30,6 +30,9 @@ SUPPORTED_MODEL_TYPES = {
     "gemma2": "dense",
     "nemotron": "dense",
     "gpt2": "gpt2",
+    "bloom": "classic",
+    "gptj": "classic",
+    "gpt_neox": "classic",
     "mixtral": "moe",
     "qwen3_moe": "moe",
     "olmoe": "moe",
@@ -43,9 +46,13 @@ SUPPORTED_MODEL_TYPES = {
 }
 
 # Defaults of each transformers config class for the keys their config.json may omit.
-_TIED_DEFAULT = {"gemma2": True, "gpt2": True}
-_NORMS_PER_LAYER = {"gemma2": 4}
-_LAYERNORM_TYPES = {"gpt2", "nemotron"}
+_TIED_DEFAULT = {"gemma2": True, "gpt2": True, "bloom": True}
+_NORMS_PER_LAYER = {"gemma2": 4, "gptj": 1}  # GPT-J: one ln_1 feeds attention and MLP alike
+_LAYERNORM_TYPES = {"gpt2", "nemotron", "bloom", "gptj", "gpt_neox"}
+# The GPT-2-era families that name their shapes their own way (transformers' BloomConfig, GPTJConfig attribute maps)
+_CLASSIC_NAMES = {"bloom": {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads"},
+                  "gptj": {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+                           "n_inner": "intermediate_size", "n_positions": "max_position_embeddings"}}
 
 
 # --------------------------------------------------------------------------- shape bounds
@@ -213,7 +220,7 @@ def _real(f: _Fields, key: str, value: Any, lo: float, hi: float, *, above: bool
 def _rope_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> RopeSpec | None:
     """rope_theta, rope_scaling and partial_rotary_factor as config.json (or transformers 5's rope_parameters)
     states them; None for learned absolute positions. Only the adapters read it: it changes no count."""
-    if model_type == "gpt2":
+    if model_type in ("gpt2", "bloom"):  # learned positions, ALiBi: no rotary embedding
         return None
     params = cfg.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
@@ -352,6 +359,24 @@ def _read_gpt2_names(cfg: dict[str, Any], f: _Fields) -> None:
     )
 
 
+def _read_classic_names(model_type: str, cfg: dict[str, Any], f: _Fields) -> None:
+    """BLOOM's and GPT-J's own names copied under the common ones; the FFN is 4 x hidden where no width is given
+    (BLOOM has none: BloomMLP dense_h_to_4h); GPT-J's rotary_dim and GPT-NeoX's rotary_pct / rotary_emb_base as
+    partial_rotary_factor / rope_theta."""
+    for theirs, ours in _CLASSIC_NAMES.get(model_type, {}).items():
+        if cfg.get(ours) is None and cfg.get(theirs) is not None:
+            cfg[ours] = cfg[theirs]
+    _require(cfg, ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"], model_type)
+    if cfg.get("intermediate_size") is None:
+        cfg["intermediate_size"] = 4 * f.int("hidden_size")
+    if model_type == "gptj" and cfg.get("rotary_dim") is not None:
+        head = f.int("hidden_size") // max(1, f.int("num_attention_heads"))
+        cfg.setdefault("partial_rotary_factor", min(1.0, f.int("rotary_dim") / max(1, head)))
+    if model_type == "gpt_neox":
+        cfg.setdefault("partial_rotary_factor", cfg.get("rotary_pct", 1.0))
+        cfg.setdefault("rope_theta", cfg.get("rotary_emb_base", 10000))
+
+
 def _required_keys(model_type: str) -> list[str]:
     """The fields every config of this model type must give (a MoE family's FFN width may be its experts')."""
     need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
@@ -414,8 +439,12 @@ class _BlockOptions(NamedTuple):
 def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     """Biases, q/k norm, activation, gating, tied embeddings and MTP blocks, by each family's own rule (the config's
     flags where the family reads them)."""
-    if model_type in ("gpt_oss", "gpt2"):
+    if model_type in ("gpt_oss", "gpt2", "bloom"):
         qkv_bias = o_bias = True
+    elif model_type == "gptj":
+        qkv_bias = o_bias = False  # GPTJAttention: q/k/v/out_proj bias=False
+    elif model_type == "gpt_neox":
+        qkv_bias = o_bias = f.flag("attention_bias", True)
     elif model_type == "qwen2":
         qkv_bias, o_bias = True, False
     elif model_type == "glm4_moe":
@@ -430,13 +459,14 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
         qk_norm = "head"
     else:
         qk_norm = "none"  # llama4's qk norm is a weightless L2 norm
-    act = f.text("hidden_act") or f.text("activation_function") or "silu"
-    gated = model_type not in ("gpt2", "nemotron")
+    classic = SUPPORTED_MODEL_TYPES[model_type] in ("gpt2", "classic")
+    act = f.text("hidden_act") or f.text("activation_function") or ("gelu" if classic else "silu")
+    gated = not classic and model_type != "nemotron"
     tied = f.flag("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
     mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
     return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
                          tie_word_embeddings=tied, num_mtp_layers=mtp,
-                         mlp_bias=model_type == "gpt2" or f.flag("mlp_bias", False))
+                         mlp_bias=classic or f.flag("mlp_bias", False))
 
 
 def _display_name(cfg: dict[str, Any], model_type: str, name: str | None, hf_id: str | None) -> str:
@@ -455,6 +485,8 @@ def architecture_from_config(
     f = _Fields(cfg, f"cards/models/{key}.yaml" if origin == "catalog" and key else where)
     if model_type == "gpt2":
         _read_gpt2_names(cfg, f)
+    elif SUPPORTED_MODEL_TYPES[model_type] == "classic":
+        _read_classic_names(model_type, cfg, f)
     _require(cfg, _required_keys(model_type), model_type)
     layers = f.int("num_hidden_layers")
     hidden = f.int("hidden_size")
@@ -487,6 +519,11 @@ def architecture_from_config(
         norms_per_layer=_NORMS_PER_LAYER.get(model_type, 2),
         learned_position_embeddings=positions if model_type == "gpt2" else 0,
         attention_sinks=model_type == "gpt_oss",
+        alibi=model_type == "bloom",
+        parallel_attention=model_type == "gptj" or (model_type == "gpt_neox" and f.flag("use_parallel_residual",
+                                                                                        True)),
+        embedding_norm=model_type == "bloom",
+        output_bias=model_type == "gptj",
         sliding_window=sliding,
         rope=_rope_spec(cfg, model_type, f),
         norm_eps=_norm_eps(cfg, f),

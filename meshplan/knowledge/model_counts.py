@@ -115,8 +115,10 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
     inactive = 0
     if arch.moe:
         inactive = moe_layers * (arch.moe.num_experts - arch.moe.top_k) * expert_params(arch)
+    embed = v * h + (_norm_params(arch, h) if arch.embedding_norm else 0)
     comps = [
-        ComponentCount(name="embedding", params=v * h, active_params=v * h, note="input embedding (vocab x hidden)"),
+        ComponentCount(name="embedding", params=embed, active_params=embed,
+                       note="input embedding (vocab x hidden)" + (" and its norm" if arch.embedding_norm else "")),
     ]
     if arch.learned_position_embeddings:
         n = arch.learned_position_embeddings * h
@@ -141,8 +143,10 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
     final_norm = _norm_params(arch, h)
     comps.append(ComponentCount(name="norms", params=sums["norms"] + final_norm,
                                 active_params=sums["norms"] + final_norm, note="per-layer norms and the final norm"))
-    if not arch.tie_word_embeddings:
-        comps.append(ComponentCount(name="lm_head", params=v * h, active_params=v * h, note="untied output layer"))
+    if not arch.tie_word_embeddings or arch.output_bias:
+        head = (0 if arch.tie_word_embeddings else v * h) + (v if arch.output_bias else 0)
+        comps.append(ComponentCount(name="lm_head", params=head, active_params=head,
+                                    note="untied output layer" + (" with its bias" if arch.output_bias else "")))
     return comps
 
 

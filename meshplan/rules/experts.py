@@ -81,8 +81,11 @@ def flex_needs_moe(ctx: Context) -> Values:
 
 @rule("EP007")
 def flex_dispatcher_available(ctx: Context) -> Values:
-    if ctx.plan.moe_token_dispatcher != "flex" or (framework_card(ctx.framework).flex_dispatcher
-                                                   and ctx.backend == "megatron"):
+    card = framework_card(ctx.framework)
+    # the engines that run it: Megatron-Core's, and those a card names (NeMo AutoModel vendors the flex dispatcher
+    # into its FSDP2 engine)
+    engines = ("megatron", *(card.model_extra or {}).get("flex_dispatcher", {}).get("engines", []))
+    if ctx.plan.moe_token_dispatcher != "flex" or (card.flex_dispatcher and ctx.backend in engines):
         return None
     supported = [name for name in FRAMEWORKS if framework_card(name).flex_dispatcher]
     engine = f"{ctx.job.framework} ({ctx.backend} engine)" if ctx.backend != "megatron" else ctx.job.framework

@@ -1,5 +1,6 @@
-"""The rules one framework adds (TT001, DS*, KF*, SK002, VL002): its own limits on etp, ep, ZeRO with pp, and the
-padding its sequence splits need; and AD001, a setting the framework's adapter cannot write.
+"""The rules one framework adds (TT001, DS*, KF*, AM*, SK002, VL002): its own limits on etp, ep, ZeRO with pp, the
+mesh, pipeline micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a
+setting the framework's adapter cannot write.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from meshplan.knowledge.adapter_knobs import LAYOUT_KNOBS, default_render, missing_knob
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, fmt_set, rule
-from meshplan.rules.world import working_ep
+from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
 
 
 @rule("TT001")
@@ -94,6 +95,58 @@ def verl_ulysses_padding(ctx: Context) -> Values:
     if ctx.plan.cp == 1:
         return None
     return {"u": ctx.plan.cp}
+
+
+@rule("AM001")
+def automodel_mesh_product(ctx: Context) -> Values:
+    """_create_fsdp2_device_mesh: the mesh (pp, dp_replicate, dp_shard, cp, tp) covers the world, as torchtitan's."""
+    return torchtitan_product(ctx)
+
+
+
+@rule("AM002")
+def automodel_ep_divides(ctx: Context) -> Values:
+    """_create_fsdp2_device_mesh: dp*cp*tp must be a multiple of ep (the EP mesh reshapes those ranks)."""
+    return torchtitan_ep_divides(ctx)
+
+
+
+@rule("AM003")
+def automodel_pipeline_microbatches(ctx: Context) -> Values:
+    """train_ft.py: local_batch_size // pp_microbatch_size >= pp_size, for every schedule: the micro-batches of one
+    run of the schedule (Context.microbatches, over Plan.pipeline_microbatches' runs per step)."""
+    p = ctx.plan
+    m = ctx.microbatches
+    if p.pp == 1 or m >= p.pp:
+        return None
+    unit = p.micro_batch_size * p.dp * p.pp
+    gbs = ctx.job.global_batch_size
+    mbs = gbs // (p.dp * p.pp) if gbs % (p.dp * p.pp) == 0 and gbs >= p.dp * p.pp else 0
+    return {"m": m, "pp": p.pp, "target": unit, "unit": unit, "most": max(1, m),
+            "mbs": f", micro_batch_size={mbs} at this batch" if mbs else ""}
+
+
+
+@rule("AM004")
+def automodel_ddp_alone(ctx: Context) -> Values:
+    """_create_device_meshes: DDPConfig requires tp, pp, cp and ep of 1."""
+    p = ctx.plan
+    used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp), ("ep", p.ep))
+            if value > 1]
+    if p.zero_stage != 0 or not used:
+        return None
+    return {"used": ", ".join(used), "unset": ", ".join(u.split("=")[0] + "=1" for u in used)}
+
+
+
+@rule("AM005")
+def automodel_torch_dispatcher(ctx: Context) -> Values:
+    """GroupedExperts.forward: the torch dispatcher gathers the EP group's tokens and all-reduces the output."""
+    p = ctx.plan
+    if not ctx.arch.is_moe or p.ep == 1 or p.moe_token_dispatcher == "flex":
+        return None
+    return {"ep": p.ep, "gathered": p.ep}
+
 
 
 @rule("AD001")

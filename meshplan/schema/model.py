@@ -84,6 +84,13 @@ class Architecture(StrictModel):
     norms_per_layer: int = 2
     learned_position_embeddings: int = Field(0, ge=0, description="Rows of a learned absolute position table")
     attention_sinks: bool = False
+    alibi: bool = Field(False, description="ALiBi: linear attention biases per head instead of position embeddings "
+                                            "(BLOOM); no rope, no position table")
+    parallel_attention: bool = Field(False, description="Attention and MLP both read the layer's input and add into "
+                                                        "one residual (GPT-J, GPT-NeoX use_parallel_residual)")
+    embedding_norm: bool = Field(False, description="A norm right after the input embedding (BLOOM's "
+                                                    "word_embeddings_layernorm)")
+    output_bias: bool = Field(False, description="A bias on the output layer (GPT-J's lm_head)")
     sliding_window: int | None = None
     rope: RopeSpec | None = Field(None, description="Rotary embedding; None with learned absolute positions")
     norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")

@@ -6,11 +6,13 @@ overrides. The script is read by shell.py, never run; the keys' meanings come fr
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
+from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
-from meshplan.adapters.read.shell import Command, Script, read_script
+from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
@@ -19,7 +21,7 @@ from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
 def launch_command(script: Script, launchers: list[str], framework: str) -> tuple[Command, int]:
     """The command that starts training (its launcher word's index): the last one naming a launcher."""
     found = None
-    for command in script.commands:
+    for command in [*script.commands, *_shell_c_commands(script)]:
         for k, word in enumerate(command.words):
             if any(word.text == name or word.text.endswith("/" + name) for name in launchers):
                 found = (command, k)
@@ -29,6 +31,23 @@ def launch_command(script: Script, launchers: list[str], framework: str) -> tupl
                             fix="Pass --framework NAME if it is another framework's, or the script that runs the "
                                 "training (a loop or function around the launch line is not read).")
     return found
+
+
+def _shell_c_commands(script: Script) -> list[Command]:
+    """The command strings run through `bash -c "..."` / `sh -c "..."` (srun ... bash -c "$LAUNCHER $CMD", as
+    BigScience's Megatron-DeepSpeed slurm scripts launch), split into words as that shell would."""
+    out = []
+    for command in script.commands:
+        texts = [w.text for w in command.words]
+        for k in range(1, len(texts) - 1):
+            if texts[k] == "-c" and texts[k - 1].rsplit("/", 1)[-1] in ("bash", "sh"):
+                string = command.words[k + 1]
+                try:
+                    parts = shlex.split(string.text, comments=True)
+                except ValueError:
+                    continue
+                out.append(Command([Word(p, string.line, string.var, string.var_line) for p in parts], command.line))
+    return out
 
 
 def world(reading: Reading) -> None:
@@ -79,8 +98,11 @@ def match_model(shape: dict[str, Any], reading: Reading, keys: list[str], rope: 
 
 
 def _flag_shape(reading: Reading, settings: list[Setting], keys: list[str]) -> None:
+    """The model's shape from its flags; a card's model_shape entry `a|b` takes the first of those flags given
+    (Megatron-DeepSpeed's --pad-vocab-size-to beside --vocab-size)."""
     values = {s.key.replace("_", "-"): s.value for s in settings}
-    shape = dict(zip(SHAPE_FIELDS, (values.get(k) for k in keys), strict=True))
+    shape = dict(zip(SHAPE_FIELDS, (next((values[a] for a in k.split("|") if a in values), None) for k in keys),
+                     strict=True))
     if shape["num_kv_heads"] is None and "--group-query-attention" not in values:
         shape["num_kv_heads"] = shape["num_attention_heads"]
     match_model(shape, reading, keys, (values.get("--rotary-base"), "--use-rope-scaling" in values))
@@ -99,7 +121,8 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
                          "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
                                                                                  "zero_3", "fp8"})
     shape_keys = read.get("model_shape", [])
-    left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_keys], table, special)
+    shape_flags = {a for k in shape_keys for a in k.split("|")}
+    left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags], table, special)
     flags = {s.key.replace("_", "-"): s for s in settings}
     for s, m in left:
         if m.target == "uneven_pp":
@@ -221,11 +244,18 @@ def read_bridge(text: str, path: str) -> Reading:
     reading.unresolved += script.unresolved
     settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
     _bridge_settings(reading, settings)
+    world(reading)
     recipe = reading.value("recipe")
     if recipe is not None:
+        state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line)
         reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
-                             "recipe's (not read here; pass them as flags to change them)")
-        reading.unresolved.append(f"{reading.extra['recipe'][1].where(path)} {recipe}: the recipe's own model, "
-                                  "layout and batch are not read (pass --model and any field the file leaves out)")
-    world(reading)
+                             "recipe's (its name's model, GPUs and precision are read; its body is read from its "
+                             "module: meshplan import RECIPE_MODULE.py:NAME)")
+        reading.unresolved.append(f"{reading.extra['recipe'][1].where(path)} {recipe}: the recipe's own layout and "
+                                  "batch are not in this script (pass the fields the file leaves out)")
     return reading
+
+
+def read_bridge_module(text: str, path: str) -> Reading:
+    """A Megatron-Bridge recipe module: one recipe function read through its chain (bridge_recipe.py)."""
+    return read_bridge_recipe(text, path, _bridge_settings)

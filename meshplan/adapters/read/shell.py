@@ -113,7 +113,9 @@ def logical_lines(text: str) -> list[_Line]:
             piece = physical[i]
             cur.starts.append((len(cur.text), i + 1))
             i += 1
-            if piece.endswith("\\") and not piece.endswith("\\\\"):
+            # a comment line ends at its newline: its trailing backslash continues nothing (bash)
+            comment = not cur.text.strip() and piece.lstrip().startswith("#")
+            if piece.endswith("\\") and not piece.endswith("\\\\") and not comment:
                 cur.text += piece[:-1] + " "
                 if i < len(physical):
                     continue
@@ -269,6 +271,10 @@ class Expander:
                 continue
             pos = 0
             for m in VAR_REF.finditer(text):
+                if quoting == '"' and m.start() and text[m.start() - 1] == "\\":  # "\$X": a literal $X
+                    current += text[pos:m.start() - 1] + m.group(0)
+                    pos = m.end()
+                    continue
                 current += text[pos:m.start()]
                 pos = m.end()
                 value, name, items = self.value(m, line)
@@ -343,6 +349,18 @@ class Reader:
         self.branches: list[list[bool | None]] = []  # per open `if`: the value of each branch so far
         self.skip_depth = 0  # open loops, functions and case blocks: their bodies are not read
         self.lines = logical_lines(text)
+        self._slurm_nodes(text)
+
+    def _slurm_nodes(self, text: str) -> None:
+        """`#SBATCH --nodes=N` (or -N N): sbatch exports the node count as SLURM_NNODES / SLURM_JOB_NUM_NODES, which
+        the script's launch line reads (a range N-M: its lower end, noted)."""
+        for number, line in enumerate(text.split("\n"), start=1):
+            m = re.match(r"#SBATCH\b.*?(?:--nodes[= ]\s*|\s-N\s*)(\d+)(-\d+)?(?:\s|$)", line.strip())
+            if m:
+                for name in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+                    self.script.env.setdefault(name, Var(m.group(1), number))
+                if m.group(2):
+                    self.script.note(number, f"#SBATCH nodes {m.group(1)}{m.group(2)}: read as {m.group(1)}")
 
     def active(self) -> bool:
         return self.skip_depth == 0 and all(b[-1] is True for b in self.branches)

@@ -1,0 +1,173 @@
+"""A NeMo AutoModel recipe YAML read into a request: its distributed, step_scheduler, model.backend, dataset, compile,
+fp8 and peft sections (the keys' meanings from cards/frameworks/nemo-automodel.yaml, as keys.py derives them).
+The YAML is parsed with yaml's safe loader (no `_target_` is imported or run).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from meshplan.adapters.lora import read_targets
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table
+from meshplan.adapters.read.launch import world
+from meshplan.adapters.read.settings import Setting
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.catalog import resolve_model
+
+FRAMEWORK = "nemo-automodel"
+# The sections that say something about the layout; the rest (optimizer, loss_fn, dataloader, checkpoint, ci ...)
+# are left unread, not listed as unsupported.
+READ_SECTIONS = ("distributed", "step_scheduler", "model", "dataset", "compile", "fp8", "peft", "benchmark")
+# AutoModel's config loader reads these strings as None (components/config/loader.py translate_value).
+NONE_WORDS = frozenset({"none", "None", "null", "~"})
+SPECIAL = frozenset({"zero_0", "zero_2", "zero_3", "micro_batch_size", "fp8", "moe_flex_dispatcher", "lora_targets",
+                     "vpp", "uneven_pp", "param_offload", "pipeline_schedule"})
+
+
+def _leaves(node: yaml.Node, prefix: str) -> list[Setting]:
+    """Every scalar of a composed YAML mapping as a dotted key with its line; a sequence is one value (a list), a
+    mapping with a `_target_` under offload_policy one switch."""
+    out: list[Setting] = []
+    for key_node, value_node in node.value:
+        key = f"{prefix}{key_node.value}"
+        line = key_node.start_mark.line + 1
+        if isinstance(value_node, yaml.MappingNode):
+            if key.endswith("offload_policy"):
+                out.append(Setting(key, True, line))
+            else:
+                out += _leaves(value_node, key + ".")
+        else:
+            try:
+                value = yaml.safe_load(yaml.serialize(value_node))
+            except yaml.YAMLError:  # a tag the safe loader refuses (!!python/...): its text, never constructed
+                value = value_node.value if isinstance(value_node, yaml.ScalarNode) else None
+            none = value is None or (isinstance(value, str) and value in NONE_WORDS)
+            out.append(Setting(key, "null" if none else value, line))
+    return out
+
+
+def yaml_settings(text: str, path: str) -> list[Setting]:
+    """The settings of the sections AutoModel's layout lives in; a YAML error names its line."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise MeshplanError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)}).",
+                            fix="Fix that line (an AutoModel recipe is one YAML mapping).") from None
+    if not isinstance(root, yaml.MappingNode):
+        raise MeshplanError(f"{path}: an AutoModel recipe is a YAML mapping.",
+                            fix="Start from `distributed:` and `step_scheduler:` sections.")
+    return [s for s in _leaves(root, "") if s.key.split(".")[0] in READ_SECTIONS and not s.key.endswith("._target_")
+            and (not s.key.startswith("benchmark.") or s.key == "benchmark.num_nodes")]
+
+
+def _strategy(reading: Reading, left: list) -> None:
+    """distributed.strategy (fsdp2 | ddp | megatron_fsdp) and FSDP2's reshard_after_forward into zero_stage."""
+    strategy = next((s for s, m in left if m.target in ("zero_0", "zero_3")), None)
+    reshard = next((s for s, m in left if m.target == "zero_2"), None)
+    name = str(strategy.value).lower() if strategy is not None else "fsdp2"
+    if name == "megatron_fsdp":
+        reading.unsupported.append(f"{strategy.where(reading.path)} = megatron_fsdp: meshplan models AutoModel's fsdp2 "
+                                   "and ddp strategies (megatron-core's Megatron-FSDP is framework megatron-core)")
+        return
+    if name == "ddp":
+        reading.state("zero_stage", 0, strategy)
+    elif reshard is not None and as_bool(reshard.value) is False:
+        reading.state("zero_stage", 2, reshard)
+    elif strategy is not None:
+        reading.state("zero_stage", 3, strategy)
+
+
+def _pipeline(reading: Reading, num_layers: int | None) -> None:
+    """vpp from the schedule and layers_per_stage (AutoModel: ceil(layers / layers_per_stage) virtual stages, rounded
+    to a multiple of pp as round_virtual_stages_to_pp_multiple says); the micro-batch is pp_microbatch_size."""
+    pp = reading.request.get("pp", 1)
+    if pp == 1:
+        return
+    if "pp_micro_batch_size" in reading.extra:
+        reading.state("micro_batch_size", *reading.extra["pp_micro_batch_size"])
+    else:
+        reading.default("micro_batch_size", 1, "PipelineConfig.pp_microbatch_size")
+    local = reading.value("local_batch")
+    if local is not None:  # train_ft.py: one run of the schedule over local_batch_size // pp_microbatch_size
+        mb = int(reading.request.get("micro_batch_size", 1))
+        reading.state("pipeline_microbatches", max(1, int(local) // mb), reading.extra["local_batch"][1])
+    schedule = str(reading.value("pp_schedule") or "1f1b").lower().replace("_", "")
+    per_stage = reading.value("layers_per_stage")
+    if schedule not in ("interleaved1f1b", "loopedbfs", "dfs", "vschedule", "zerobubble"):
+        return
+    if per_stage is None or num_layers is None:
+        reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
+                                  "layers / (pp x layers_per_stage); pass --vpp")
+        return
+    stages = -(-num_layers // int(per_stage))
+    rounding = reading.value("round_stages")
+    if stages % pp and rounding in ("up", "down"):
+        stages = stages + pp - stages % pp if rounding == "up" else stages - stages % pp
+    where = reading.extra["layers_per_stage"][1]
+    reading.state("vpp", max(1, stages // pp), where)
+    if num_layers % stages:
+        reading.notes.append(f"{where.where(reading.path)}: {num_layers} layers over {stages} virtual stages; "
+                             f"AutoModel puts the {num_layers % stages} extra layers on the first stages, meshplan "
+                             "estimates its own split of them")
+
+
+def _model(reading: Reading) -> int | None:
+    """The catalog model the file names (its Hugging Face id); its layer count, for vpp."""
+    if "model" not in reading.request:
+        reading.unresolved.append("model: the file names no model (pass --model)")
+        return None
+    try:
+        return resolve_model(reading.request["model"]).num_layers
+    except MeshplanError:
+        where = reading.sources.pop("model")
+        reading.unresolved.append(f"{where}: {reading.request.pop('model')} is not in meshplan's catalog (pass "
+                                  "--model with a catalog key or a config.json)")
+        return None
+
+
+def read_automodel_yaml(text: str, path: str) -> Reading:
+    """An AutoModel recipe YAML (`automodel <recipe>.yaml --nproc-per-node N`)."""
+    reading = Reading(FRAMEWORK, path, variant="yaml")
+    settings = yaml_settings(text, path)
+    left = apply(reading, settings, key_table(FRAMEWORK), SPECIAL)
+    _strategy(reading, left)
+    for s, m in left:
+        if m.target == "micro_batch_size" and reading.request.get("pp", 1) == 1:
+            reading.state("micro_batch_size", s.value, s)
+        elif m.target == "micro_batch_size":
+            reading.extra["local_batch"] = (s.value, s)
+        elif m.target == "fp8" and as_bool(s.value):
+            reading.state("precision", "fp8", s)
+        elif m.target == "moe_flex_dispatcher":
+            flex = str(s.value) in ("deepep", "hybridep", "uccl_ep")
+            reading.state("moe_token_dispatcher", "flex" if flex else "alltoall", s)
+        elif m.target == "lora_targets":
+            reading.state("lora_targets", _lora_targets(s.value), s)
+        elif m.target == "param_offload":
+            reading.state("param_offload", True, s)
+        elif m.target == "uneven_pp":
+            reading.unresolved.append(f"{s.where(reading.path)}: module names per stage; pass "
+                                      "--first-stage-layers/--last-stage-layers")
+    if reading.request.get("tp_comm_overlap") and not reading.request.get("torch_compile"):
+        where = reading.sources["tp_comm_overlap"]
+        reading.state("tp_comm_overlap", False, where)
+        reading.notes.append(f"{where}: async TP is an Inductor pass (torch._inductor.config._micro_pipeline_tp); "
+                             "without compile.enabled or distributed.enable_compile AutoModel runs TP without it")
+    if "lora_rank" in reading.request and "lora_targets" not in reading.request:
+        reading.notes.append("peft.target_modules not given: AutoModel's PeftConfig then matches every linear layer")
+    _pipeline(reading, _model(reading))
+    world(reading)
+    return reading
+
+
+def _lora_targets(value: Any) -> list[str]:
+    """peft.target_modules (module names or wildcards over the Hugging Face projections) as Megatron target names."""
+    names = value if isinstance(value, list) else [value]
+    if any(re.fullmatch(r"\*(\.)?_?proj|\*_proj|\*", str(n)) for n in names):
+        return read_targets("all-linear", hf=True)
+    return read_targets([str(n).rsplit(".", 1)[-1] for n in names], hf=True)

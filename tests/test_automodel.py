@@ -1,0 +1,211 @@
+"""NeMo AutoModel as a framework (cards/frameworks/nemo-automodel.yaml): what its renderer writes, what its reader
+reads back from a recipe YAML, its rules' numbers, and the flex dispatcher its FSDP2 engine runs. The pinned package
+itself reads the rendered YAML in tests/test_adapters_frameworks.py (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from meshplan import api
+from meshplan.adapters.read import detect_format, import_config
+from meshplan.adapters.render import render
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+
+def _render(**fields):
+    job, plan = resolve(Request(framework="nemo-automodel", **fields))
+    return job, plan, render("nemo-automodel", job, plan)
+
+
+def test_pipeline_batch_is_one_pass_of_every_micro_batch():
+    """With PP the local batch holds the step's micro-batches (gradient accumulation 1), without PP it is one."""
+    _, plan, result = _render(model="llama-3.1-70b", num_gpus=64, tp=2, pp=4, vpp=2, global_batch_size=128)
+    doc = yaml.safe_load(result.text)
+    assert doc["step_scheduler"] == {"global_batch_size": 128, "local_batch_size": 128 // (1 * plan.dp)}
+    assert doc["distributed"]["pipeline"] == {"pp_schedule": "interleaved1f1b", "pp_microbatch_size": 1,
+                                              "layers_per_stage": 80 // 8}
+    _, plan, result = _render(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, micro_batch_size=2)
+    assert yaml.safe_load(result.text)["step_scheduler"]["local_batch_size"] == 2
+
+
+def test_uneven_split_is_written_as_module_names_per_stage():
+    _, _, result = _render(model="llama-3.1-405b", num_gpus=1024, tp=8, pp=16, global_batch_size=2048,
+                                first_stage_layers=7, last_stage_layers=7)
+    parts = yaml.safe_load(result.text)["distributed"]["pipeline"]["module_fqns_per_model_part"]
+    layers = [sum(n.startswith("model.layers.") for n in stage) for stage in parts]
+    assert layers == [7] + [8] * 14 + [7] and parts[0][0] == "model.embed_tokens" and parts[-1][-2:] == [
+        "lm_head", "model.rotary_emb"]
+    with pytest.raises(MeshplanError, match="do not divide into"):
+        _render(model="deepseek-v3", num_gpus=256, pp=4, vpp=2, ep=64, global_batch_size=256)
+
+
+def test_zero_stages_dispatcher_and_lora_keys():
+    _, _, ddp = _render(model="llama-3.1-8b", num_gpus=8, zero_stage=0, global_batch_size=64)
+    assert yaml.safe_load(ddp.text)["distributed"]["strategy"] == "ddp"
+    _, _, zero2 = _render(model="qwen3-30b-a3b", num_gpus=16, ep=8, zero_stage=2, global_batch_size=64,
+                          moe_token_dispatcher="flex")
+    d = yaml.safe_load(zero2.text)
+    assert d["distributed"]["reshard_after_forward"] is False and d["distributed"]["moe"] == {
+        "reshard_after_forward": False}
+    assert d["model"]["backend"]["dispatcher"] == "deepep"
+    _, _, torch_dispatch = _render(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=64)
+    assert yaml.safe_load(torch_dispatch.text)["model"]["backend"]["dispatcher"] == "torch"
+    assert any("AM005" in w for w in torch_dispatch.warnings)
+    _, _, lora = _render(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, lora_rank=16,
+                         lora_targets=["linear_qkv"])
+    assert yaml.safe_load(lora.text)["peft"]["target_modules"] == ["q_proj", "k_proj", "v_proj"]
+
+
+def test_flex_dispatcher_runs_on_automodels_fsdp_engine_only_where_the_card_says():
+    """EP007: AutoModel's FSDP2 engine runs Megatron-Core's flex dispatcher (its card's flex_dispatcher engines);
+    verl's FSDP engine and torchtitan still do not."""
+    def ep007(framework, **extra):
+        job, plan = resolve(Request(model="qwen3-30b-a3b", num_gpus=16, ep=8, moe_token_dispatcher="flex",
+                                    framework=framework, **extra))
+        return "EP007" in {f.id for f in check_config(job, plan, include_memory=False).findings}
+
+    assert not ep007("nemo-automodel")
+    assert ep007("torchtitan") and ep007("verl", zero_stage=3)
+
+
+def test_rule_numbers_name_automodels_own_limits():
+    job, plan = resolve(Request(model="mixtral-8x7b", framework="nemo-automodel", num_gpus=12, tp=2, ep=8))
+    (f,) = [f for f in check_config(job, plan, include_memory=False).findings if f.id == "AM002"]
+    assert "dp*cp*tp = 6*1*2 = 12" in f.message and "ep in" in f.fix
+    job, plan = resolve(Request(model="llama-3.1-8b", framework="nemo-automodel", num_gpus=8, tp=2, pp=2,
+                                zero_stage=0))
+    (f,) = [f for f in check_config(job, plan, include_memory=False).findings if f.id == "AM004"]
+    assert "tp=2, pp=2" in f.message and "tp=1, pp=1" in f.fix
+
+
+AUTOMODEL_RECIPE = """
+step_scheduler:
+  global_batch_size: 64
+  local_batch_size: 8
+distributed:
+  strategy: fsdp2
+  dp_size: none
+  tp_size: 2
+  pp_size: 2
+  ep_size: 1
+  sequence_parallel: true
+  activation_checkpointing: selective
+  enable_async_tensor_parallel: true
+  pipeline:
+    pp_schedule: interleaved1f1b
+    pp_microbatch_size: 2
+    layers_per_stage: 8
+model:
+  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B
+  backend:
+    _target_: nemo_automodel.components.models.common.BackendConfig
+    attn: sdpa
+dataset:
+  seq_len: 8192
+optimizer:
+  _target_: torch.optim.Adam
+  lr: 1.0e-5
+"""
+
+
+def test_recipe_yaml_reads_into_the_request():
+    assert detect_format(AUTOMODEL_RECIPE) == "yaml"
+    result = import_config(AUTOMODEL_RECIPE)
+    assert result.framework == "nemo-automodel"
+    r = result.request
+    assert (r["tp"], r["pp"], r["vpp"], r["micro_batch_size"], r["seq_length"]) == (2, 2, 2, 2, 8192)  # 32 / (8 x 2)
+    assert r["recompute"] == "selective" and r["attention_backend"] == "flash" and r["zero_stage"] == 3
+    assert r["tp_comm_overlap"] is False  # async TP without compile is no Inductor pass: read as off, with a note
+    assert any("Inductor pass" in n for n in result.notes)
+    assert "dp" not in r  # dp_size: none is AutoModel's "the GPUs left over"
+    assert not any("optimizer" in u for u in result.unsupported)  # sections without layout settings are not read
+    request = api.request_from_config(result, {"num_gpus": 16})
+    assert request.model == "meta-llama/Llama-3.1-8B" and request.framework == "nemo-automodel"
+
+
+def test_recipe_yaml_strategies_and_errors():
+    ddp = import_config("distributed:\n  strategy: ddp\nstep_scheduler:\n  local_batch_size: 2\n")
+    assert ddp.request["zero_stage"] == 0 and ddp.request["micro_batch_size"] == 2
+    zero2 = import_config("distributed:\n  reshard_after_forward: false\n")
+    assert zero2.request["zero_stage"] == 2
+    megatron_fsdp = import_config("distributed:\n  strategy: megatron_fsdp\n")
+    assert any("megatron_fsdp" in u for u in megatron_fsdp.unsupported)
+    with pytest.raises(MeshplanError, match=r"<config_text>:\d+: not valid YAML"):
+        import_config("distributed:\n  tp_size: [1\n", config_format="yaml")
+    unknown = import_config("distributed:\n  tp_size: 2\nmodel:\n  pretrained_model_name_or_path: org/unknown\n")
+    assert "model" not in unknown.request and any("org/unknown" in u for u in unknown.unresolved)
+
+
+def test_render_then_import_round_trips_moe_and_lora():
+    for fields in (dict(model="deepseek-v3", num_gpus=256, ep=64, global_batch_size=256, recompute="full",
+                        moe_token_dispatcher="flex"),
+                   dict(model="llama-3.1-70b", num_gpus=16, tp=8, global_batch_size=32, lora_rank=16,
+                        lora_targets=["linear_qkv", "linear_fc2"])):
+        req = parse_request({**fields, "framework": "nemo-automodel"})
+        text = api.render_config("nemo-automodel", req).text
+        back = api.request_from_config(import_config(text), {"num_gpus": fields["num_gpus"]})
+        for name, value in fields.items():
+            if name != "model":
+                assert getattr(back, name) == value, name
+
+
+def test_automodels_published_rows_map_to_its_card():
+    """bench/data/nemo_automodel (its docs/performance-summary.mdx rows, in the production schema): every row maps to
+    nemo-automodel, breaks no rule of its own and gets a tokens/s prediction (the figures are the bench's)."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    import production_scoring as pscore
+
+    rows, scores, summary = pscore.run(bench / "data" / "nemo_automodel")
+    assert summary.mapped == len(rows) == len(scores) > 0
+    for score in scores:
+        assert score.mapping.request.framework == "nemo-automodel", score.mapping.row_id
+        assert not score.rule_errors and score.refused is None, score.mapping.row_id
+        assert score.predicted_tps and score.measured_tps, score.mapping.row_id
+
+
+def test_torch_dispatcher_is_timed_as_gather_and_all_reduce():
+    """AutoModel's non-flex dispatcher (its card's moe_dispatch.alltoall_as: allgather): two ring passes and two
+    all-reduces of the EP group's tokens per MoE layer and micro-batch; torchtitan's plain all-to-all on the same
+    plan stays four dispatch all-to-alls."""
+    from meshplan.arithmetic.comm import allreduce_time, dispatch_time, links, ring_time
+    from meshplan.estimate.layer_records import BF16
+    from meshplan.estimate.moe_time import EP_ALL_TO_ALLS_PER_LAYER, exposed_ep
+    from meshplan.estimate.perf import _peaks, layer_context
+    from meshplan.knowledge.calibration import calibration
+
+    def ep_seconds(framework):
+        job, plan = resolve(Request(model="qwen3-30b-a3b", framework=framework, num_gpus=16, ep=8,
+                                    global_batch_size=64))
+        cal = calibration()
+        lk = links(job.gpu, job.gpus_per_node, cal)
+        ctx = layer_context(job, plan, cal, lk, _peaks(job, cal), 4, None)
+        local = ctx.shard.tokens * job.model.hidden_size * BF16
+        return exposed_ep(ctx, 0.0, 0.0), local, lk, job
+
+    auto, local, lk, job = ep_seconds("nemo-automodel")
+    assert auto == pytest.approx(2 * ring_time(8 * local, 8, 1, lk) + 2 * allreduce_time(8 * local, 8, 1, lk))
+    titan, local, lk, job = ep_seconds("torchtitan")
+    assert titan == pytest.approx(EP_ALL_TO_ALLS_PER_LAYER * dispatch_time(local, job.model.moe.top_k, 8, 1, lk,
+                                                                           dedup=False, experts=128))
+    assert auto > titan
+
+
+def test_am003_counts_one_run_of_the_schedule():
+    """AutoModel runs its schedule per accumulation step (its card's pipeline.runs_per_accumulation_step): AM003
+    reads the micro-batches of one run (Plan.pipeline_microbatches), not the step's."""
+    def am003(**extra):
+        job, plan = resolve(Request(model="llama-3.1-70b", framework="nemo-automodel", num_gpus=32, pp=4,
+                                    global_batch_size=128, **extra))
+        return "AM003" in {f.id for f in check_config(job, plan, include_memory=False).findings}
+
+    assert not am003() and not am003(pipeline_microbatches=4)
+    assert am003(pipeline_microbatches=2)  # 16 micro-batches per step, but runs of 2 over 4 stages
