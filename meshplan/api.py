@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from meshplan.core.errors import MeshplanError
 from meshplan.request.parse import parse_request
 from meshplan.schema.imported import ImportedConfig
+from meshplan.schema.measured import MeasuredRun, RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
 from meshplan.schema.reports import (
     CheckReport,
@@ -46,20 +48,37 @@ def estimate_memory(req: Request) -> MemoryReport:
 
 
 def estimate_throughput(req: Request) -> ThroughputReport:
-    from meshplan.estimate.accuracy import with_band
+    """The step time; with a cluster factor the user stored (meshplan compare --calibrate), scaled by it and said so
+    (ThroughputReport.calibration, first assumption)."""
+    from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
     from meshplan.request.resolve import resolve
-    from meshplan.rl.step_time import job_throughput as estimate  # an RL job: the whole RL step, by part
 
     job, plan = resolve(req)
+    report = _model_throughput(job, plan)
+    factor = stored_factor(job.gpu.key, job.framework)
+    return calibrated(report, factor) if factor is not None else report
+
+
+def _model_throughput(job: Any, plan: Any) -> ThroughputReport:
+    from meshplan.estimate.accuracy import with_band
+    from meshplan.rl.step_time import job_throughput as estimate  # an RL job: the whole RL step, by part
+
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
 
 
-def check_config(req: Request) -> CheckReport:
+def check_config(req: Request, *, config: ImportedConfig | None = None) -> CheckReport:
+    """The rules' findings; checked from a config file (`config`, what import_config read), each fix also as edits
+    of that file in its own keys and syntax (`config_fixes`)."""
     from meshplan.check.config import check_config as check
     from meshplan.request.resolve import resolve
 
     job, plan = resolve(req)
-    return check(job, plan)
+    report = check(job, plan)
+    if config is None:
+        return report
+    from meshplan.adapters.read.fixes import config_fixes
+
+    return report.model_copy(update={"config_fixes": config_fixes(config, report.findings)})
 
 
 def recommend(req: Request, top_k: int = 5) -> Recommendation:
@@ -116,3 +135,40 @@ def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | Non
     from meshplan.adapters.read import request_values
 
     return parse_request(request_values(imported, given or {}))
+
+
+def read_log(text: str, *, path: str = "<log_text>", framework: str | None = None) -> MeasuredRun:
+    """What a training log measured (peak memory, step time, throughput), each figure with its line."""
+    from meshplan.adapters.logs import read_log as read
+
+    return read(text, path, framework)
+
+
+def compare_run(req: Request, log_text: str, *, log_path: str = "<log_text>", calibrate: bool = False
+                ) -> RunComparison:
+    """The request's prediction beside what its run's log measured, with the error band of its regime. Nothing is
+    fitted unless `calibrate`: then measured / predicted step time is stored as this cluster's factor (a user file,
+    meshplan/knowledge/cluster_calibration.py) that every later throughput answer applies and states."""
+    from meshplan.check.measured import compare_run as compare
+    from meshplan.estimate.accuracy import with_band
+    from meshplan.knowledge.cluster_calibration import store_ratio, stored_factor
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.memory import job_memory
+
+    job, plan = resolve(req)
+    measured = read_log(log_text, path=log_path, framework=job.framework)
+    throughput = _model_throughput(job, plan)
+    memory = with_band(job_memory(job, plan), job, plan)
+    result = compare(job, memory, throughput, measured, stored_factor(job.gpu.key, job.framework))
+    if not calibrate:
+        return result
+    step = next(f for f in result.figures if f.figure == "step_time")
+    if step.measured is None:
+        raise MeshplanError(f"{log_path} states no step time or throughput: nothing to calibrate against.",
+                            fix="Pass a log with iteration / step metrics lines.")
+    stored = store_ratio(job.gpu.key, job.framework, step.measured / throughput.step_time_s, log_path)
+    return result.model_copy(update={"stored": stored})
+
+
+
+compare = compare_run  # `meshplan compare`'s name for the same operation

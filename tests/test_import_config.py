@@ -57,7 +57,7 @@ EXPECTED = {
     "verl_qwen2_7b_math_megatron.sh": ("verl", {
         "job": "rl", "algorithm": "grpo", "model": "Qwen/Qwen2-7B-Instruct", "num_gpus": 8, "tp": 2, "pp": 2,
         "micro_batch_size": 4, "prompts_per_step": 1024, "prompt_length": 1024, "response_length": 1024,
-        "samples_per_prompt": 5, "global_batch_size": 256 * 5, "rollout_tp": 2, "rollout_engine": "vllm",
+        "samples_per_prompt": 5, "rollout_tp": 2, "rollout_engine": "vllm",
         "rollout_memory_fraction": 0.6}),
     "verl_qwen3moe_30b_megatron_96gb.sh": ("verl", {
         "model": "Qwen/Qwen3-30B-A3B-Base", "num_gpus": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 8, "etp": 1,
@@ -66,7 +66,7 @@ EXPECTED = {
     # NovaSky-AI/SkyRL examples/train/megatron: the megatron and FSDP strategies
     "skyrl_run_megatron.sh": ("skyrl", {
         "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "tp": 2, "pp": 2, "cp": 1, "zero_stage": 1,
-        "micro_batch_size": 4, "prompts_per_step": 128, "samples_per_prompt": 5, "global_batch_size": 64 * 5,
+        "micro_batch_size": 4, "prompts_per_step": 128, "samples_per_prompt": 5,
         "prompt_length": 512, "response_length": 1024, "rollout_tp": 1}),
     "skyrl_run_fsdp_baseline.sh": ("skyrl", {
         "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4}),
@@ -88,6 +88,25 @@ EXPECTED = {
     "bridge_qwen3_vl_peft_energon.sh": ("megatron-bridge", {
         "num_gpus": 1, "seq_length": 4096, "global_batch_size": 2, "micro_batch_size": 1}),
     "bridge_qwen3_600m_sft_128k.sh": ("megatron-bridge", {"num_gpus": 8}),
+    # NVIDIA/Megatron-LM 651cc107 (2021): `sh -c "${run_cmd}"` under srun, --checkpoint-activations
+    "megatron_gpt3_175b_2021.sh": ("megatron-core", {
+        "model": "gpt3-175b", "tp": 8, "pp": 16, "seq_length": 2048, "micro_batch_size": 1,
+        "global_batch_size": 1536, "recompute": "full", "zero_stage": 0}),
+    # bigscience-workshop/bigscience tr11-176B-ml.slurm (BLOOM): Megatron-DeepSpeed under srun bash -c "$LAUNCHER $CMD",
+    # #SBATCH --nodes, a commented-out flag ending in a backslash, ALiBi and --pad-vocab-size-to
+    "mds_bloom_176b.slurm": ("deepspeed", {
+        "model": "bloom-176b", "num_gpus": 24 * 8, "gpus_per_node": 8, "tp": 4, "pp": 12, "seq_length": 2048,
+        "recompute": "full", "zero_stage": 0, "micro_batch_size": 2, "global_batch_size": 2048}),
+    # NVIDIA-NeMo/Automodel examples/llm_benchmark: recipe YAMLs (distributed, step_scheduler, model.backend, peft)
+    "automodel_deepseek_v3_te_deepep.yaml": ("nemo-automodel", {
+        "model": "deepseek-ai/DeepSeek-V3", "global_batch_size": 256, "tp": 1, "cp": 1, "pp": 4, "ep": 64,
+        "sequence_parallel": False, "recompute": "full", "zero_stage": 3, "moe_token_dispatcher": "flex",
+        "attention_backend": "fused", "micro_batch_size": 1, "seq_length": 4096,
+        "vpp": 7}),  # layers_per_stage 2: ceil(61 / 2) = 31 virtual stages, rounded down to 28 = 4 x 7
+    "automodel_llama3_3_70b_instruct_peft_benchmark.yaml": ("nemo-automodel", {
+        "global_batch_size": 32, "micro_batch_size": 1, "tp": 8, "cp": 1, "pp": 1, "zero_stage": 3,
+        "recompute": "none", "lora_rank": 16, "seq_length": 4096,
+        "lora_targets": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]}),  # '*_proj'
 }
 
 
@@ -103,7 +122,8 @@ def test_upstream_file_states_each_field(name):
 
 def test_every_framework_has_two_upstream_files():
     frameworks = [framework for framework, _ in EXPECTED.values()]
-    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed"):
+    for framework in ("megatron-core", "megatron-bridge", "verl", "skyrl", "torchtitan", "kempnerforge", "deepspeed",
+                      "nemo-automodel"):
         assert frameworks.count(framework) >= 2, framework
     listed = (CONFIGS / "SOURCES.txt").read_text()
     for name in EXPECTED:
@@ -142,7 +162,8 @@ def test_unsupported_and_unresolved_are_reported_not_guessed():
     assert "num_gpus" not in tt.request and any(u.startswith("num_gpus") for u in tt.unresolved)
     assert "dp" not in tt.request  # data_parallel_shard_degree = -1: the GPUs left over
     bridge = imported("bridge_qwen3_600m_sft_128k.sh")
-    assert any("recipe's own model" in u for u in bridge.unresolved)
+    assert any("recipe's own layout" in u for u in bridge.unresolved)  # the recipe's body is in its module
+    assert any("qwen3_600m: not in meshplan's catalog" in u for u in bridge.unresolved)  # its name's model
 
 
 # --------------------------------------------------------------------------- the shell reader
@@ -168,6 +189,18 @@ torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py \\
     assert result.request["num_gpus"] == 16
     assert any("$MISSING is not set in the script" in u for u in result.unresolved)
     assert any("command's output: not run" in u for u in result.unresolved)
+
+
+def test_shell_forms_of_2021_launch_scripts():
+    """A comment line's trailing backslash continues nothing; "\\$X" stays a literal $X; a command run through
+    `bash -c "..."` is read; `#SBATCH --nodes=N` is the SLURM_NNODES the launch line reads."""
+    script = read_script('#SBATCH --nodes=3\nA=1\n#  --old-flag \\\nB="x $A"\nbash -c "run \\$RANK $B"\n'
+                         'echo $SLURM_NNODES\n', "s.sh")
+    assert [[w.text for w in c.words] for c in script.commands] == [["bash", "-c", "run $RANK x 1"], ["echo", "3"]]
+    text = ('#SBATCH --nodes=2\nCMD="pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 1024"\n'
+            'srun bash -c "torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 $CMD"\n')
+    result = import_config(text, framework="megatron-core")
+    assert (result.request["tp"], result.request["num_gpus"], result.request["seq_length"]) == (2, 16, 1024)
 
 
 def test_shell_comment_line_ends_the_command_as_bash_does():
@@ -238,6 +271,7 @@ ROUND_TRIPS = [
     ("torchtitan", {"version": "0.2"}, {}),
     ("kempnerforge", {}, {}),
     ("deepspeed", {}, {}),
+    ("nemo-automodel", {}, {}),
 ]
 
 

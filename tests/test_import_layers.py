@@ -34,6 +34,11 @@ LAZY = {
     ("meshplan.api", "meshplan.check.config"): "the rules load on the first check",
     ("meshplan.api", "meshplan.adapters.read"): "the config readers (and the catalog they match shapes in) load on "
                                                 "the first import",
+    ("meshplan.api", "meshplan.knowledge.cluster_calibration"): "the user's calibration file is read with the first "
+                                                                  "throughput estimate",
+    ("meshplan.api", "meshplan.adapters.logs"): "the log readers load on the first compare",
+    ("meshplan.api", "meshplan.adapters.read.fixes"): "the file-key fixes load on the first check of a config",
+    ("meshplan.api", "meshplan.check.measured"): "the comparison loads on the first compare",
     ("meshplan.faces.cli", "meshplan.faces.display"): "rich loads only when a table is printed",
     ("meshplan.faces.cli", "meshplan.faces.docs"): "the docs generator loads only for `meshplan docs`",
     ("meshplan.faces.cli", "meshplan.faces.mcp.server"): "the MCP SDK loads only for `meshplan serve`",

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = {
     "recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput",
-    "render_config", "describe_model", "list_models", "minimum_gpus", "render_report",
+    "render_config", "describe_model", "list_models", "minimum_gpus", "render_report", "compare_run",
 }
 REQUEST_TOOLS = {"recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput", "render_config"}
 SMALL = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8, "tp": 2, "seq_length": 4096, "global_batch_size": 64}
@@ -86,7 +86,8 @@ async def test_request_tools_take_the_request_fields_with_their_descriptions(cli
             if field != "framework" or name != "render_config":
                 assert info.description.startswith(props[field]["description"])
     assert tools["render_config"].input_schema["properties"]["framework"]["enum"] == [  # card files, sorted
-        "deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "skyrl", "torchtitan", "verl"]
+        "deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "nemo-automodel", "skyrl", "torchtitan",
+        "verl"]
     assert set(tools["recommend_parallelism"].input_schema["required"]) == {"model", "num_gpus"}
     assert tools["estimate_memory"].input_schema["properties"]["precision"]["enum"] == ["bf16", "fp8"]
 

@@ -28,9 +28,10 @@ DATA = {"cards": "meshplan/cards_data", "skills": "meshplan/skills", "meshplan/a
         "meshplan/adapters/templates"}
 # Build outputs and caches a checkout may hold; the wheel is built from a copy without them.
 NOT_SOURCE = {".git", "build", "dist", ".venv", ".pytest_cache", ".ruff_cache", ".hypothesis", "__pycache__"}
-RENDERABLE = {"deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "skyrl", "torchtitan", "verl"}
+RENDERABLE = {"deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "nemo-automodel", "skyrl", "torchtitan",
+              "verl"}
 MCP_TOOLS = {"recommend_parallelism", "check_config", "estimate_memory", "estimate_throughput", "render_config",
-             "describe_model", "list_models", "minimum_gpus", "render_report"}
+             "describe_model", "list_models", "minimum_gpus", "render_report", "compare_run"}
 L8B = ["llama-3.1-8b", "--num-gpus", "8", "--tp", "2"]
 
 

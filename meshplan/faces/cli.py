@@ -275,7 +275,12 @@ def _request_command(run_name: str, table_name: str) -> Callable[[argparse.Names
         run = getattr(api, run_name)
         if getattr(args, "batch", None) is not None:
             return _batch(args, run)
-        result = run(request_from_args(args))
+        if run_name == "check_config" and getattr(args, "config", None):  # its fixes also in the file's own keys
+            framework = args.framework or None
+            result = api.check_config(request_from_args(args),
+                                      config=api.import_file(args.config, framework=framework))
+        else:
+            result = run(request_from_args(args))
         _emit(result, args.json, getattr(display, table_name))
         if run_name == "check_config" and not result.ok:
             return EXIT_FINDINGS
@@ -438,12 +443,42 @@ def add_import_parser(sub: Any) -> None:
     """`meshplan import FILE`: the request a framework config or launch script states."""
     p = sub.add_parser("import", help="Read a framework config or launch script into meshplan's request "
                                       "(field by field, with the file's key and line; nothing is run)")
-    p.add_argument("file", metavar="FILE", help="Launch script (.sh), TOML job file or DeepSpeed JSON config")
+    p.add_argument("file", metavar="FILE", help="Launch script (.sh), TOML job file, DeepSpeed JSON config or NeMo "
+                                                "AutoModel recipe YAML")
     p.add_argument("--framework", default=None, help="The framework the file is for (default: detected)")
-    p.add_argument("--format", dest="config_format", choices=["shell", "toml", "json"], default=None,
+    p.add_argument("--format", dest="config_format", choices=["shell", "toml", "json", "yaml"], default=None,
                    help="The file's format (default: from its name and content)")
     p.add_argument("--json", action="store_true", help="Print the structured result")
     p.set_defaults(func=cmd_import)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Predicted vs measured for a config and its run's log; with --calibrate, the step-time factor is stored."""
+    from meshplan.faces import display
+
+    try:
+        with open(args.log, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise MeshplanError(f"Cannot read the log {args.log}: {exc.strerror or exc}.", fix="Check the path.") from None
+    result = api.compare_run(request_from_args(args), text, log_path=args.log, calibrate=args.calibrate)
+    _emit(result, args.json, display.comparison)
+    return EXIT_OK
+
+
+def add_compare_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="Compare a run's log (peak memory, step time, tokens/s, MFU) with meshplan's "
+                                       "prediction for its config, within the error band of its regime")
+    add_request_flags(p)
+    p.add_argument("--log", metavar="LOG", required=True,
+                   help="The run's training log (Megatron-LM/Core/Bridge, Megatron-DeepSpeed, DeepSpeed, torchtitan, "
+                        "verl, SkyRL, KempnerForge stdout)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="Store measured / predicted step time as this cluster's factor (MESHPLAN_CLUSTER, GPU, "
+                        "framework) in $MESHPLAN_CALIBRATION_FILE or ~/.config/meshplan/calibration.json; every "
+                        "throughput answer then applies it and says so (default: store nothing)")
+    p.add_argument("--json", action="store_true", help="Print the structured result")
+    p.set_defaults(func=cmd_compare)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -519,6 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     add_import_parser(sub)
+    add_compare_parser(sub)
 
     p = sub.add_parser("docs", help="Render the skill tables from the cards (--check: fail on drift)")
     p.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a table differs from the cards")

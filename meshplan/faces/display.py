@@ -15,9 +15,10 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from meshplan.check.headline import layout_text
-from meshplan.core.units import GIB, percent, si_count
+from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.rl.job import is_rl_request, resolve_rl
+from meshplan.schema.measured import RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import (
@@ -222,6 +223,8 @@ def throughput_report(report: ThroughputReport) -> None:
     console.print(f"step {report.step_time_s:.3f} s, {report.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
                   f"MFU {report.mfu:.1%}, {report.model_flops_per_step:.3e} model FLOPs per step")
     _band(console, report.error_band)
+    if report.calibration is not None:  # a factor the user stored (meshplan compare --calibrate), never silent
+        console.print(Text(report.calibration.words()))
     table = _table("part", _col("seconds", right=True), _col("share of step", right=True))
     for name, value in report.breakdown.model_dump().items():
         share = value / report.step_time_s if report.step_time_s else 0.0
@@ -243,6 +246,12 @@ def check_report(report: CheckReport) -> None:
     if report.memory:
         m = report.memory
         console.print(f"memory: {peak_line(m)}" + ("" if m.fits else " (does not fit)"))
+    if report.config_fixes:  # checked from a file: each fix as that file's own lines (Text: '[section]' is no markup)
+        console.print("fixes in your file's own keys (paste one option per finding):")
+        for fix in report.config_fixes:
+            for n, option in enumerate(fix.options, start=1):
+                label = f"  {fix.finding}" + (f" option {n}" if len(fix.options) > 1 else "") + ":"
+                console.print(Text("\n".join([label, *(f"      {change.text}" for change in option)])))
     _notes(console, "next steps", report.next_steps)
 
 
@@ -363,3 +372,40 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
     if rec.rejected:
         console.print("rejected: " + ", ".join(f"{k} x{v}" for k, v in sorted(rec.rejected.items())))
     _notes(console, "warnings", rec.warnings)
+
+
+def _figure_text(value: float | None, figure: str) -> str:
+    if value is None:
+        return "-"
+    if figure == "mfu":
+        return f"{value:.1%}"
+    return f"{value:,.0f}" if figure == "tokens_per_s_per_gpu" else f"{value:.3g}"
+
+
+def comparison(report: RunComparison) -> None:
+    """`meshplan compare`: predicted beside measured, the band of the regime and whether the run falls inside."""
+    console = _console()
+    console.print(f"[bold]{report.model}[/bold] on {report.framework}, {report.num_gpus:,} GPUs: "
+                  f"{report.plan.short()}; log {report.measured.path} ({plural(report.measured.steps, 'step line')})")
+    calibrated = report.calibration is not None
+    table = _table("figure", _col("predicted", right=True), _col("measured", right=True), _col("error", right=True),
+                   _col("band", right=True), "inside", *([_col("calibrated", right=True)] if calibrated else []))
+    for f in report.figures:
+        row = [f.label, _figure_text(f.predicted, f.figure), _figure_text(f.measured, f.figure),
+               f"{f.error:+.1%}" if f.error is not None else "-", f"±{f.band:.0%}" if f.band is not None else "-",
+               {True: "yes", False: "NO", None: "-"}[f.inside]]
+        table.add_row(*row, *([_figure_text(f.calibrated, f.figure)] if calibrated else []))
+    console.print(table)
+    for lead, band in (("memory band", report.memory_band), ("step-time band", report.throughput_band)):
+        _band(console, band, lead)
+    if report.calibration is not None:
+        console.print(Text(report.calibration.words() + " (the 'calibrated' column; 'predicted' is the model's own)"))
+    if report.stored is not None:
+        console.print(Text(f"stored: step time x {report.stored.step_time_factor:.3f} for cluster "
+                           f"{report.stored.cluster!r}, {report.stored.gpu}, {report.stored.framework} in "
+                           f"{report.stored.path}; every throughput answer on it now applies and states it"))
+    _notes(console, "notes", report.notes)
+    _notes(console, "how each figure was taken", [f"{f.label}: {f.basis}" for f in report.figures if f.measured])
+    _notes(console, "log", [f"{k}: {v}" for k, v in report.measured.sources.items()] + report.measured.notes)
+    console.print(Text(report.summary))
+

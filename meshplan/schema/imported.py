@@ -25,3 +25,22 @@ class ImportedConfig(StrictModel):
                                   description="What could not be read: unset variables, unevaluated branches, a "
                                               "missing model or GPU count (pass them as fields)")
     notes: list[str] = Field(default_factory=list, description="How composed values were derived")
+    config_format: str | None = Field(None, description="The file's format as read: shell, toml or json")
+
+
+class FileChange(StrictModel):
+    """One request field's new value, written in the user's file's own syntax and key."""
+
+    field: str = Field(description="The request field the fix changes")
+    value: Any = Field(description="Its new value")
+    key: str | None = Field(description="The file's key for it (the one the file used, else the framework card's)")
+    line: int | None = Field(None, description="The file's line that states it now (None: the file leaves it out)")
+    text: str = Field(description="What to paste: an override line, a flag, a TOML section line or a JSON fragment")
+
+
+class ConfigFix(StrictModel):
+    """A finding's fix as edits of the checked file: each option is one way out, all its changes together."""
+
+    finding: str = Field(description="The finding's rule id")
+    fix: str = Field(description="The finding's fix, as check words it")
+    options: list[list[FileChange]] = Field(description="The fix's alternatives, each as the file's own lines")

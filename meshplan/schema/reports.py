@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from meshplan.schema.choices import Severity, StrictModel
+from meshplan.schema.choices import Framework, Severity, StrictModel
+from meshplan.schema.imported import ConfigFix
 from meshplan.schema.plan import Plan
 
 
@@ -123,6 +124,22 @@ class RLStepTime(StrictModel):
     limited_by: str = Field(description="The part that takes longest")
 
 
+class ClusterFactor(StrictModel):
+    """A step-time factor stored by `meshplan compare --calibrate` for one cluster, GPU and framework."""
+
+    cluster: str = Field(description="The cluster's name (MESHPLAN_CLUSTER, default 'default')")
+    gpu: str = Field(description="The GPU key the factor was measured on")
+    framework: Framework
+    step_time_factor: float = Field(gt=0, description="measured step time / meshplan's predicted step time")
+    runs: int = Field(1, ge=1, description="Compared runs the factor is the median of")
+    source: str = Field(description="The log(s) it was measured from")
+    path: str = Field(description="The file the factor is stored in")
+
+    def words(self) -> str:
+        return (f"calibrated: step time x {self.step_time_factor:.3f} (cluster {self.cluster!r}, {self.gpu}, "
+                f"{self.framework}; from {self.runs} run{'s' if self.runs != 1 else ''} in {self.path})")
+
+
 class ThroughputReport(StrictModel):
     """Predicted step time, tokens/s per GPU and MFU, with where the time goes."""
 
@@ -140,6 +157,9 @@ class ThroughputReport(StrictModel):
     rl: RLStepTime | None = Field(None, description="RL job: the step's parts; step_time_s is the whole RL step")
     error_band: ErrorBand | None = Field(
         None, description="The error measured in this regime (meshplan/estimate/accuracy.py)")
+    calibration: ClusterFactor | None = Field(
+        None, description="The cluster's step-time factor applied to this answer (meshplan compare --calibrate "
+                          "stored it); None: the uncalibrated model")
 
 
 class Finding(StrictModel):
@@ -172,6 +192,9 @@ class CheckReport(StrictModel):
     findings: list[Finding]
     memory: MemorySummary | None = None
     next_steps: list[str] = []
+    config_fixes: list[ConfigFix] = Field(
+        default_factory=list, description="Checked from a config file: each fix as edits of that file, in its own "
+                                          "keys and syntax (flags, Hydra overrides, TOML, JSON)")
 
 
 class Candidate(StrictModel):

@@ -4,16 +4,20 @@ meshplan's request, field by field with the file's key and line. Nothing in a fi
 One module per format: shell.py (a shell script read, not run), settings.py (files as key/value/line settings),
 keys.py (which request field a framework key sets, from the framework cards), launch.py (Megatron-LM,
 Megatron-DeepSpeed, Megatron-Bridge), hydra.py (verl, SkyRL), files.py (torchtitan, KempnerForge, DeepSpeed JSON),
-logs.py (what a run's log measured).
+automodel.py (a NeMo AutoModel recipe YAML),
+pyconfig.py (torchtitan's Python config registry, parsed with ast); fixes.py (check's fixes in the file's keys).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from meshplan.adapters.read.automodel import read_automodel_yaml
+from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
 from meshplan.adapters.read.files import (
     read_deepspeed_json,
     read_kempnerforge,
@@ -23,12 +27,14 @@ from meshplan.adapters.read.files import (
 )
 from meshplan.adapters.read.hydra import read_skyrl, read_verl
 from meshplan.adapters.read.keys import Reading, fill_defaults
-from meshplan.adapters.read.launch import read_bridge, read_bridge_python, read_megatron
+from meshplan.adapters.read.launch import read_bridge, read_bridge_module, read_bridge_python, read_megatron
+from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
+from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ImportedConfig
 
-FORMATS = ("shell", "toml", "json")
+FORMATS = ("shell", "toml", "json", "yaml")
 MAX_CONFIG_CHARS = 1 << 20  # a launch script is a few kilobytes; a longer text is refused, not read
 
 
@@ -39,6 +45,10 @@ def _megatron_or_deepspeed(text: str, path: str) -> Reading:
 
 def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
     """The reader of a shell script, by the entry point it launches."""
+    if PYTHON_CONFIG.search(text):  # torchtitan's config_registry.py generation (before any launcher word)
+        return read_torchtitan_python
+    if BRIDGE_RECIPE.search(text):  # a Megatron-Bridge recipe module (def ...() -> ConfigContainer:)
+        return read_bridge_module
     for pattern, reader in ((r"verl\.trainer|main_ppo|main_dapo", read_verl), (r"skyrl", read_skyrl),
                             (r"(?m)^cfg\.[\w.]+\s*=", read_bridge_python),
                             (r"run_recipe\.py", read_bridge), (r"torchtitan\.train", read_torchtitan_cli),
@@ -52,21 +62,27 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("megatron-core", "shell"): lambda t, p: read_megatron(t, p, "megatron-core"),
     ("deepspeed", "shell"): lambda t, p: read_megatron(t, p, "deepspeed"),
     ("deepspeed", "json"): read_deepspeed_json,
-    ("megatron-bridge", "shell"): lambda t, p: (read_bridge_python if re.search(r"(?m)^cfg\.[\w.]+\s*=", t)
-                                                and "run_recipe.py" not in t else read_bridge)(t, p),
+    ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
+                                                if re.search(r"(?m)^cfg\.[\w.]+\s*=", t) and "run_recipe.py" not in t
+                                                else read_bridge)(t, p),
     ("verl", "shell"): read_verl,
     ("skyrl", "shell"): read_skyrl,
-    ("torchtitan", "shell"): read_torchtitan_cli,
+    ("torchtitan", "shell"): lambda t, p: (read_torchtitan_python if PYTHON_CONFIG.search(t) else read_torchtitan_cli)(
+        t, p),
     ("torchtitan", "toml"): read_torchtitan_toml,
     ("kempnerforge", "toml"): read_kempnerforge,
+    ("nemo-automodel", "yaml"): read_automodel_yaml,
 }
 
 
 def detect_format(text: str) -> str:
-    """json when the text is a JSON object, toml when it parses as TOML with a [section], else shell."""
+    """json when the text is a JSON object, yaml when it has an AutoModel recipe's top-level `distributed:` or
+    `step_scheduler:` mapping, toml when it parses as TOML with a [section], else shell."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
         return "json"
+    if re.search(r"^(distributed|step_scheduler):[ \t]*(#.*)?$", text, re.M):
+        return "yaml"
     if re.search(r"^\s*\[[\w.\"]+\]\s*(#.*)?$", text, re.M):
         try:
             tomllib.loads(text)
@@ -92,7 +108,8 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
         raise MeshplanError(f"Unknown config_format {config_format!r}.", fix=f"Use one of: {', '.join(FORMATS)}.")
     fmt = config_format or detect_format(text)
     if framework is None:
-        reader = {"json": read_deepspeed_json, "toml": read_toml_any}.get(fmt) or _shell_reader(text)
+        reader = {"json": read_deepspeed_json, "toml": read_toml_any, "yaml": read_automodel_yaml}.get(fmt) or \
+            _shell_reader(text)
     else:
         reader = READERS.get((framework, fmt))
     if reader is None:
@@ -107,7 +124,7 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
     fill_defaults(reading)
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
-                          unresolved=reading.unresolved, notes=reading.notes)
+                          unresolved=reading.unresolved, notes=reading.notes, config_format=fmt)
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,16 +137,21 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any]) -> dict[s
 
 def import_file(path: str, framework: str | None = None, config_format: str | None = None) -> ImportedConfig:
     """import_config of a file on disk (a missing or unreadable file is a MeshplanError)."""
+    shown = path  # FILE.py:FUNCTION picks one function of a torchtitan config_registry.py
+    if not os.path.exists(path) and re.search(r"\.py:\w+$", path):
+        path = path.rsplit(":", 1)[0]
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as handle:
             text = handle.read(MAX_CONFIG_CHARS + 1)
     except OSError as exc:
         raise MeshplanError(f"Cannot read {path}: {exc.strerror or exc}.", fix="Check the path.") from None
-    if config_format is None and path.endswith((".json", ".toml")):
+    if config_format is None and path.endswith((".json", ".toml", ".yaml")):
         config_format = path.rsplit(".", 1)[1]
+    elif config_format is None and path.endswith(".yml"):
+        config_format = "yaml"
     elif config_format is None and path.endswith((".sh", ".bash", ".slurm", ".sbatch")):
         config_format = "shell"
-    return import_config(text, path, framework, config_format)
+    return import_config(text, shown, framework, config_format)
 
 
 __all__ = ["FORMATS", "ImportedConfig", "detect_format", "import_config", "import_file", "request_values"]

@@ -4,6 +4,7 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 
 from __future__ import annotations
 
+from meshplan.adapters.common import torchtitan_batch
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.launch import SHAPE_FIELDS, launch_command, match_model, read_deepspeed_settings, world
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
@@ -48,15 +49,23 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
                                                     "fp8_tensorwise", "fp8_rowwise", "moe_flex_dispatcher"})
     _data_parallel(reading, "dp_shard", "dp_replicate")
     pp = reading.request.get("pp", 1)
+    local = None  # training.local_batch_size under PP: one run of the schedule (adapters/common.torchtitan_batch)
     for s, m in left:
         if m.target == "micro_batch_size" and pp == 1:
             reading.state("micro_batch_size", s.value, s)
+        elif m.target == "micro_batch_size":
+            local = s
         elif m.target == "moe_flex_dispatcher":
             reading.state("moe_token_dispatcher", "flex" if str(s.value) == "deepep" else "alltoall", s)
         elif m.target == "uneven_pp" and int(s.value) > 0:
             reading.notes.append(f"{s.where(reading.path)}: the first stage holds {s.value} layers fewer")
-    if pp > 1 and "pp_micro_batch_size" in reading.extra:
-        reading.state("micro_batch_size", *reading.extra["pp_micro_batch_size"])
+    size = reading.extra.get("pp_micro_batch_size")
+    if pp > 1 and local is not None:
+        fields = torchtitan_batch(int(local.value), int(size[0]) if size else None, pp)
+        reading.state("micro_batch_size", fields["micro_batch_size"], size[1] if size else local)
+        reading.state("pipeline_microbatches", fields["pipeline_microbatches"], local)
+    elif pp > 1 and size:
+        reading.state("micro_batch_size", *size)
     converters = reading.value("converters") or []
     if any("float8" in str(c) for c in converters):
         reading.state("precision", "fp8", reading.extra["converters"][1])
@@ -65,7 +74,8 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
         reading.state("fp8_recipe", "mxfp8", reading.extra["converters"][1])
     _torchtitan_model(reading)
     schedule = str(reading.value("pp_schedule") or "")
-    if pp > 1 and schedule and ("Interleaved" in schedule or "Loop" in schedule or "ZBV" in schedule):
+    if pp > 1 and schedule and ("Interleaved" in schedule or "Loop" in schedule or "ZBV" in schedule
+                                  or "DualPipe" in schedule):
         reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
                                   "layers / (pp x pipeline_parallel_layers_per_stage); pass --vpp")
 

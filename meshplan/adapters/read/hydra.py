@@ -50,7 +50,14 @@ def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
             reading.unsupported.append(f"{algorithm[1].where(reading.path)} = {algorithm[0]}: meshplan models grpo, "
                                        "dapo and ppo")
     mini = next((s for s, m in left if getattr(m, "target", None) == "global_batch_size"), None)
-    if mini is not None:
+    prompts = reading.request.get("prompts_per_step")
+    if mini is not None and reading.request.get("job") == "rl" and prompts is not None and int(mini.value) != prompts:
+        # An RL step's batch is its prompts x samples (meshplan/rl/job.py); the PPO mini-batch only splits the update
+        # into optimizer steps, which meshplan's RL step does not model: said, not stated as global_batch_size.
+        steps = f" ({int(prompts) // int(mini.value)} optimizer steps per RL step)" if int(mini.value) else ""
+        reading.unsupported.append(f"{mini.where(reading.path)} = {mini.value}: PPO mini-batches of {mini.value} "
+                                   f"prompts{steps}; meshplan's update is one pass over all {prompts} prompts")
+    elif mini is not None:
         n = reading.request.get("samples_per_prompt")
         if n is None:
             n = framework_card(reading.framework).model_extra["rl"]["defaults"]["samples_per_prompt"]

@@ -22,6 +22,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from meshplan import __version__
 from meshplan.core.errors import MeshplanError
 
+from .compare_tool import register_compare_tool
 from .http_edges import InvalidIdGuard
 from .prompts import register_prompts
 from .report_tool import register_report_tool
@@ -41,7 +42,8 @@ Which tool answers which question: "how should I lay out / shard model X on N GP
 "how many (active) parameters does X have?" -> describe_model; \
 "which models do you know?" -> list_models; \
 "how many GPUs do I need at least?" -> minimum_gpus; \
-"show me / draw the plan (memory per stage, mesh, pipeline schedule)" -> render_report. \
+"show me / draw the plan (memory per stage, mesh, pipeline schedule)" -> render_report; \
+"my run measured this (a pasted log): how does it compare with the prediction?" -> compare_run. \
 All tools take the same flat arguments (model, gpu, num_gpus, seq_length, global_batch_size, \
 micro_batch_size, precision, framework, tp, pp, vpp, cp, ep, etp, dp, sequence_parallel, zero_stage, \
 recompute, headroom); a field left out (or null) is searched by recommend_parallelism and filled with a stated \
@@ -67,6 +69,7 @@ def build_server() -> MCPServer:
     )
     register_tools(server)
     register_report_tool(server)
+    register_compare_tool(server)
     register_resources(server)
     register_prompts(server)
     return server

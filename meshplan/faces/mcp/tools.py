@@ -80,10 +80,11 @@ CONFIG_PARAMETERS = [
     inspect.Parameter("config_text", _KW, default=None, annotation=Annotated[str | None, Field(
         None, max_length=1 << 20, description="The text of the user's framework config or launch script (a "
         "Megatron-LM, DeepSpeed, Megatron-Bridge, verl, SkyRL or torchtitan shell script, a torchtitan or "
-        "KempnerForge TOML, a DeepSpeed JSON): read, never run; its fields start the request and every argument "
-        "given beside it with a value other than its default overrides them (default: none)")]),
+        "KempnerForge TOML, a DeepSpeed JSON, a NeMo AutoModel recipe YAML): read, never run; its fields start the "
+        "request and every argument given beside it with a value other than its default overrides them (default: "
+        "none)")]),
     inspect.Parameter("config_format", _KW, default=None, annotation=Annotated[
-        Literal["shell", "toml", "json"] | None, Field(None, description="config_text's format (default: "
+        Literal["shell", "toml", "json", "yaml"] | None, Field(None, description="config_text's format (default: "
                                                                           "detected from the text)")]),
 ]
 
@@ -266,6 +267,8 @@ def estimate_throughput(**args: Any) -> ThroughputAnswer:
     if costs[worst] > 0:
         summary += f" Largest cost besides compute: {worst[:-2].replace('_', ' ')} ({costs[worst]:.3g} s)."
     summary += _band_words(report.error_band)
+    if report.calibration is not None:  # the user's stored cluster factor (meshplan compare --calibrate)
+        summary += f" {report.calibration.words().capitalize()}."
     steps = [
         "Call recommend_parallelism with the same model, GPU and num_gpus to compare against the fastest layout.",
         _same_args("estimate_memory", "to confirm the layout fits"),
@@ -285,8 +288,11 @@ CHECK_CONFIG = (
 
 @with_signature(request_parameters(), CheckAnswer)
 def check_config(**args: Any) -> CheckAnswer:
+    text, fmt = args.get("config_text"), args.get("config_format")
     with tool_errors():
-        report = api.check_config(to_request(args))
+        framework = args.get("framework")
+        config = api.import_config(text, framework=framework, config_format=fmt) if text is not None else None
+        report = api.check_config(to_request(args), config=config)  # with config_text: fixes in the file's keys
     counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")}
     where = f"{layout_text(report)} on {report.framework}"
     if report.ok:

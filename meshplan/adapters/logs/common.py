@@ -1,0 +1,109 @@
+"""What every log reader shares: the records a log line gives (one training step's figures, one memory report) and
+how a reading becomes one `MeasuredRun` (the peak memory over every report, the median of the steady steps).
+
+Each framework's reader (one module each) only knows its own line formats, from the framework's source; units
+are converted here once: torch's counters are bytes, and every framework divides them by 1024**3 even where it
+prints "GB" (Megatron: MB = 1024**2).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field, fields
+
+from meshplan.schema.measured import MeasuredRun
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan and KempnerForge colour their metrics lines on a terminal
+NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def number(text: str) -> float:
+    """A logged number: thousands separators dropped ('10,050' -> 10050.0)."""
+    return float(text.replace(",", ""))
+
+
+def plain_lines(text: str) -> list[str]:
+    """The log's lines with terminal colour codes removed (line N of the list is line N + 1 of the file)."""
+    return ANSI.sub("", text).splitlines()
+
+
+@dataclass
+class StepFigures:
+    """One logged training step (or logging interval): the figures its line states, None where it states none."""
+
+    line: int
+    step: int | None = None
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    mfu: float | None = None
+    tflops_per_gpu: float | None = None
+    global_batch_size: int | None = None
+
+
+@dataclass
+class MemoryFigures:
+    """One memory report: the peaks it states, bytes (None: not stated)."""
+
+    line: int
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+
+
+@dataclass
+class LogReading:
+    framework: str
+    path: str
+    steps: list[StepFigures] = field(default_factory=list)
+    memory: list[MemoryFigures] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps and not self.memory
+
+
+STEP_FIGURES = tuple(f.name for f in fields(StepFigures) if f.name not in ("line", "step"))
+
+
+def steady(steps: list[StepFigures]) -> tuple[list[StepFigures], str]:
+    """The steps a median is taken over: every logged step but the first when there are several (the first holds
+    the warm-up: compilation, allocator growth, NCCL set-up), each step once (every rank may log it)."""
+    seen: set[int] = set()
+    unique = []
+    for s in steps:
+        if s.step is not None and s.step in seen:
+            continue
+        if s.step is not None:
+            seen.add(s.step)
+        unique.append(s)
+    if len(unique) > 1:
+        return unique[1:], f"median of {len(unique) - 1} logged steps (the first, warm-up, left out)"
+    return unique, "the one logged step"
+
+
+def summarise(reading: LogReading) -> MeasuredRun:
+    """One MeasuredRun: the largest peak any memory report states, the median of each step figure."""
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for name, attr in (("peak_allocated_bytes", "allocated_bytes"), ("peak_reserved_bytes", "reserved_bytes")):
+        stated = [m for m in reading.memory if getattr(m, attr) is not None]
+        if stated:
+            top = max(stated, key=lambda m: getattr(m, attr))
+            values[name] = getattr(top, attr)
+            sources[name] = f"{reading.path}:{top.line}"
+    kept, how = steady(reading.steps)
+    for name in STEP_FIGURES:
+        stated = [s for s in kept if getattr(s, name) is not None]
+        if stated:
+            median = statistics.median(getattr(s, name) for s in stated)
+            values[name] = int(median) if name == "global_batch_size" else float(median)
+            lines = sorted({s.line for s in stated})
+            sources[name] = f"{reading.path}:{lines[0]}" + (f"-{lines[-1]}" if len(lines) > 1 else "")
+    notes = list(reading.notes)
+    if kept:
+        notes.append(f"step figures: {how}")
+    return MeasuredRun(framework=reading.framework, path=reading.path, steps=len(reading.steps), sources=sources,
+                       notes=notes, **values)

@@ -1,0 +1,44 @@
+"""verl training logs: one console line per RL step of ' - '-separated metrics (verl/utils/tracking.py's console
+logger; the keys from verl/trainer/ppo/metric_utils.py and the workers):
+    step:2 - ... - perf/max_memory_allocated_gb:25.921 - perf/max_memory_reserved_gb:61.611 - ...
+        - perf/mfu/actor:0.343 - timing_s/step:96.551 - perf/throughput:3330.4
+perf/max_memory_* are torch's peaks / 1024**3 (newer releases prefix them with actor/); timing_s/step is the
+whole RL step; perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the actor
+update's MFU (a fraction). Values may print as np.float64(...); a pasted line may wrap anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+from meshplan.adapters.logs.common import NUMBER, LogReading, MemoryFigures, StepFigures, number
+from meshplan.core.units import GIB
+
+RECORD = re.compile(r"(?<![\w/])step:(\d+) - ")
+VALUE = re.compile(rf"(?:^|\s)([\w/@.\-]+):(?:np\.float\d+\()?({NUMBER})")
+DETECT = re.compile(r"(?<![\w/])step:\d+ - .*(?:timing_s/|perf/)")
+
+STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_per_gpu", "perf/mfu/actor": "mfu"}
+MEMORY_KEYS = {"perf/max_memory_allocated_gb": "allocated_bytes", "actor/perf/max_memory_allocated_gb":
+               "allocated_bytes", "perf/max_memory_reserved_gb": "reserved_bytes",
+               "actor/perf/max_memory_reserved_gb": "reserved_bytes"}
+
+
+def read(text: str, path: str, framework: str = "verl") -> LogReading:
+    reading = LogReading(framework=framework, path=path)
+    starts = list(RECORD.finditer(text))
+    for k, start in enumerate(starts):
+        end = starts[k + 1].start() if k + 1 < len(starts) else len(text)
+        record = re.sub(r"\n(?!\S*step:\d+ - )", "", text[start.end():end])  # a wrapped paste, re-joined
+        values = {m.group(1): number(m.group(2)) for m in VALUE.finditer(" " + record)}
+        line = text.count("\n", 0, start.start()) + 1
+        figures = StepFigures(line=line, step=int(start.group(1)),
+                              **{attr: values[key] for key, attr in STEP_KEYS.items() if key in values})
+        if any(getattr(figures, attr) is not None for attr in STEP_KEYS.values()):
+            reading.steps.append(figures)
+        memory = {attr: int(values[key] * GIB) for key, attr in MEMORY_KEYS.items() if key in values}
+        if memory:
+            reading.memory.append(MemoryFigures(line=line, **memory))
+    if reading.steps:
+        reading.notes.append("verl's timing_s/step is the whole RL step (rollout, log-probs, update)")
+    return reading

@@ -1,0 +1,126 @@
+"""Megatron-Bridge recipes resolved through their chain, read with `ast`, never imported or run.
+
+A recipe module (src/megatron/bridge/recipes/**, perf_recipes/**) defines `def <name>() -> ConfigContainer:`
+functions that start from another recipe (`cfg = llama3_70b_pretrain_config()`) and set fields
+(`cfg.model.tensor_model_parallel_size = 4`). The chosen function (FILE.py:NAME, else the first recipe in the file)
+is read with every base recipe the same file defines, base first, so a field the recipe sets wins over its base's;
+a base defined in another module is named as not read. The recipe's name states its model, GPU count, GPU and
+precision (the card's read.recipe_names), which also resolves `--recipe NAME` in a run_recipe.py script.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from meshplan.adapters.read.keys import Reading, read_section
+from meshplan.adapters.read.settings import Setting
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.catalog import catalog_keys
+from meshplan.knowledge.hardware import gpu_catalog
+
+DETECT = re.compile(r"->\s*ConfigContainer\s*:")
+NAME = re.compile(r"^(?P<model>[a-z0-9_]+?)_(?P<job>pretrain|sft|peft)(?:_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)"
+                  r"_(?P<precision>[a-z0-9]+))?(?:_[a-z0-9_]+)?_config$")
+MAX_DEPTH = 8
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
+    """(request fields, what the name states that meshplan cannot use) from a recipe function's name."""
+    found = NAME.match(name)
+    if found is None:
+        return {}, [f"recipe {name}: not a <model>_<job>[_<N>gpu_<gpu>_<precision>]_config name"]
+    spec = read_section("megatron-bridge")["recipe_names"]
+    fields: dict[str, Any] = {"job": spec["jobs"][found.group("job")]}
+    left: list[str] = []
+    models = [key for key in catalog_keys() if _plain(key) == _plain(found.group("model"))]
+    if models:
+        fields["model"] = models[0]
+    else:
+        left.append(f"model {found.group('model')}: not in meshplan's catalog (pass --model)")
+    if found.group("gpus"):
+        fields["num_gpus"] = int(found.group("gpus"))
+        gpu, precision = found.group("gpu"), found.group("precision")
+        if gpu in gpu_catalog():
+            fields["gpu"] = gpu
+        else:
+            left.append(f"GPU {gpu}: not in meshplan's GPU catalog (pass --gpu)")
+        if precision in spec["precisions"]:
+            fields.update(spec["precisions"][precision])
+        else:
+            left.append(f"precision {precision}: meshplan models bf16 and FP8 (tensorwise, blockwise, mxfp8)")
+    return fields, left
+
+
+def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], depth: int = 0
+                 ) -> tuple[list[Setting], list[str]]:
+    """`cfg.a.b = literal` settings of a recipe and, first, of the recipes it starts from (same file); the base
+    recipes named in other modules."""
+    settings: list[Setting] = []
+    elsewhere: list[str] = []
+    for stmt in node.body:
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+            continue
+        target, value = stmt.targets[0], stmt.value
+        if isinstance(target, ast.Name) and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            base = value.func.id
+            if base in functions and depth < MAX_DEPTH:
+                inner, more = _assignments(functions[base], functions, depth + 1)
+                settings, elsewhere = inner + settings, more + elsewhere
+            elif base.endswith("_config"):
+                elsewhere.append(base)
+        elif isinstance(target, ast.Attribute):
+            parts: list[str] = []
+            at: ast.AST = target
+            while isinstance(at, ast.Attribute):
+                parts.insert(0, at.attr)
+                at = at.value
+            if isinstance(at, ast.Name) and at.id == "cfg" and len(parts) >= 2:
+                try:
+                    literal = ast.literal_eval(value)
+                except (ValueError, SyntaxError):
+                    continue  # a helper object (comm_overlap config, env vars): no request field
+                if literal is not None:  # None: the field left at Megatron-Core's default
+                    settings.append(Setting(".".join(parts), literal, stmt.lineno))
+    return settings, elsewhere
+
+
+def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
+    """A recipe module's function, through its chain; `apply(reading, settings)` maps the cfg keys (launch.py)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise MeshplanError(f"{path}:{exc.lineno}: not Python ({exc.msg}).",
+                            fix="Pass the recipe module as it is (it is parsed, never run).") from None
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    recipes = [n for n, f in functions.items() if DETECT.search(ast.unparse(f).split("\n", 1)[0])]
+    file, _, wanted = path.rpartition(":") if re.search(r"\.py:\w+$", path) else (path, "", "")
+    if wanted and wanted not in recipes:
+        raise MeshplanError(f"{file}: no recipe {wanted!r}.", fix=f"Use one of: {', '.join(recipes) or '(none)'}.")
+    if not recipes:
+        raise MeshplanError(f"{file}: no function returning a ConfigContainer.", fix="Pass a Bridge recipe module.")
+    name = wanted or recipes[0]
+    reading = Reading("megatron-bridge", file, variant="python")
+    settings, elsewhere = _assignments(functions[name], functions)
+    latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
+    apply(reading, list(latest.values()))
+    state_name_facts(reading, name, functions[name].lineno)
+    reading.notes.append(f"read recipe {name}()" + (f"; its base recipes {', '.join(elsewhere)} are in other "
+                                                    "modules (not read: pass what they set as flags)" if elsewhere
+                                                    else ""))
+    return reading
+
+
+def state_name_facts(reading: Reading, name: str, line: int | None) -> None:
+    """The fields a recipe's name states, where the file does not state them itself."""
+    fields, left = name_facts(name)
+    where = f"{reading.path}" + (f":{line}" if line else "") + f" recipe name {name}"
+    for field, value in fields.items():
+        if field not in reading.request:
+            reading.state(field, value, where)
+    reading.unresolved += left

@@ -1,0 +1,155 @@
+"""check's fixes as edits of the user's own file: the override lines, flags, TOML keys or JSON fragments to paste.
+
+A finding's fix names the values that work (`pp=2`, `sequence_parallel=false`, `num_gpus = 128`, `tp in 2, 4`),
+alternatives joined by "or". Each named request field is written with the key the file itself used for it (its
+line and key from `meshplan import`), else with the framework card's adapter key for that knob (the same mapping
+the import reads, keys.py), in the file's syntax: Megatron/torchtitan flags, Hydra overrides (verl, SkyRL, Bridge
+run_recipe), Bridge Python (`cfg.model.x = 4`), TOML sections, nested JSON. A field the framework has no key for is
+said in meshplan's words with the card's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert
+from meshplan.adapters.read.pyconfig import AC_MODES
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
+from meshplan.schema.imported import ConfigFix, FileChange, ImportedConfig
+from meshplan.schema.reports import Finding
+from meshplan.schema.request import Request
+
+# `name = value`, and `name = dp*tp*pp = 2*4 = 8` (a chain: its last value); a value that is a product is none.
+ASSIGN = re.compile(r"\b([a-z][a-z0-9_]*)\s*=\s*(?:[\w.*+\-]+\s*=\s*)*([A-Za-z0-9_.+\-]+)(?![\w*])")
+CHOICE = re.compile(r"\b([a-z][a-z0-9_]*) in \{?\[?(\d[\d, ]*)")
+SOURCE = re.compile(r"^(?P<path>\S+):(?P<line>\d+) (?P<key>\S+)(?: \(\$(?P<via>[^)]*)\))?$")
+NO_FIX = re.compile(r"\bnone of\b", re.I)
+MAX_OPTIONS = 3
+NOT_A_CHANGE = frozenset({"model", "framework"})
+
+
+def fix_changes(fix: str, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request changes each alternative of a fix names (alternatives split at 'or'); an alternative that names
+    no field with a value the field accepts, or only the values already set, gives none."""
+    options: list[dict[str, Any]] = []
+    for alternative in re.split(r",?\s+or\s+", fix):
+        found = [(m.group(1), m.group(2)) for m in ASSIGN.finditer(alternative)]
+        found += [(m.group(1), m.group(2).split(",")[0]) for m in CHOICE.finditer(alternative)]
+        change: dict[str, Any] = {}
+        for name, text in found:
+            if name in Request.model_fields and name not in NOT_A_CHANGE and name not in change:
+                try:
+                    value = convert(name, text.rstrip("."))
+                except (ValueError, TypeError):
+                    continue
+                if current.get(name) != value:
+                    change[name] = value
+        if change and change not in options:
+            options.append(change)
+    return options[:MAX_OPTIONS]
+
+
+def _value_text(value: Any, style: str) -> str:
+    if isinstance(value, bool):
+        return ("True" if value else "False") if style == "python" else ("true" if value else "false")
+    if isinstance(value, str) and style in ("python", "toml", "json"):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return json.dumps(value) if style in ("python", "toml", "json") else ",".join(map(str, value))
+    return str(value)
+
+
+def written(key: str, value: Any, fmt: str, variant: str | None, framework: str = "megatron-bridge") -> str:
+    """`key` set to `value` in the file's syntax (a Python config: Bridge's `cfg`, torchtitan's `config`)."""
+    if fmt == "toml":
+        section, _, name = key.rpartition(".")
+        return (f"[{section}] " if section else "") + f"{name} = {_value_text(value, 'toml')}"
+    if fmt == "json":
+        nested: Any = value
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        return json.dumps(nested)
+    if variant == "python" and framework == "torchtitan":  # its Python job config: an attribute of the config
+        return f"config.{key.lstrip('-')} = {_value_text(value, 'python')}"
+    if key.startswith("--"):
+        if isinstance(value, bool) and "." not in key:  # an argparse store_true flag
+            return key if value else f"(remove {key})"
+        return f"{key} {_value_text(value, 'shell')}"
+    if variant == "python":
+        return f"cfg.{key} = {_value_text(value, 'python')}"
+    return f"{key}={_value_text(value, 'hydra')}"
+
+
+def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | None, str | None]:
+    """(the card's key for the field's knob, why there is none): the knob named after the field, or zero_<stage> /
+    recompute_<mode> for the fields a knob per value sets."""
+    section = adapter_section(imported.framework)
+    variant = imported.variant if imported.variant in section.variants else next(iter(section.variants))
+    fmt = imported.config_format or "shell"
+    version = next((v for v, spec in section.versions.items() if getattr(spec, "format", None) == fmt),
+                   section.default_version)  # torchtitan: 0.2's TOML keys for a TOML file, 0.3's flags for a script
+    table = knob_table(imported.framework, version, variant)
+    knob = field if field in VALUE_KNOBS | SWITCH_KNOBS or field in table else {
+        "zero_stage": f"zero_{value}", "recompute": f"recompute_{value}"}.get(field)
+    spec = table.get(knob) if knob else None
+    if spec is None:
+        return None, f"meshplan knows no {imported.framework} key for {field}"
+    if not spec.key or spec.key.startswith("("):
+        return None, spec.key or getattr(spec, "instead", None) or f"{imported.framework} has no key for {field}"
+    return spec.key, None
+
+
+def _same_key(imported: ImportedConfig, field: str, value: Any, key: str) -> bool:
+    """Whether the file's own key takes the new value too: always for a value knob; for zero_stage and recompute
+    (a knob per value) only when the card's key is the same for the file's value and the new one
+    (`zero_optimization.stage`, torchtitan's `activation_checkpoint.mode`), not `--use-distributed-optimizer`."""
+    if field not in ("zero_stage", "recompute"):
+        return True
+    keys = {_card_key(imported, field, v)[0] for v in (imported.request.get(field), value)}
+    return len(keys) == 1 and (keys.pop() or "").split()[0].lstrip("[").endswith(key.rsplit(".", 1)[-1])
+
+
+def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
+    fmt = imported.config_format or "shell"
+    source = SOURCE.match(imported.sources.get(field, ""))
+    if source is not None and _same_key(imported, field, value, source.group("key")):
+        key = source.group("key")
+        text = written(key, value, fmt, imported.variant, imported.framework)
+        was = imported.request.get(field)
+        via = f", through ${source.group('via')}" if source.group("via") else ""
+        return FileChange(field=field, value=value, key=key, line=int(source.group("line")),
+                          text=f"{text}  # line {source.group('line')}, was {was}{via}")
+    if imported.variant == "python" and imported.framework == "torchtitan" and field == "recompute":
+        ac = {mode: name for name, mode in AC_MODES.items()}[value]  # activation_checkpoint=SelectiveAC.Config()
+        return FileChange(field=field, value=value, key="activation_checkpoint",
+                          text=f"config.activation_checkpoint = {ac}.Config()")
+    key, why = _card_key(imported, field, value)
+    if key is None:
+        stated = imported.sources.get(field)
+        why = f"the file states it as {stated}" if stated and field not in ("zero_stage", "recompute") else why
+        return FileChange(field=field, value=value, key=None, text=f"{field}={value}  # {why}")
+    if fmt == "toml" and key.startswith("--") and "." in key:  # torchtitan: a --section.key override is that TOML key
+        key = key[2:]
+    flag = key.startswith("--")
+    if (" " in key.strip() and not key.startswith("[")) or (flag and field in ("zero_stage", "recompute")):
+        text = key  # the knob's key carries its value ('--recompute-granularity selective'), or is a switch
+    else:
+        text = written(key, value, "shell" if flag else fmt, imported.variant, imported.framework)
+    if flag and fmt in ("toml", "json"):  # a ds_config's Megatron-DeepSpeed flags: the launcher's, not the file's
+        text += "  # on the launch command line, not in this file"
+    return FileChange(field=field, value=value, key=key, text=text)
+
+
+def config_fixes(imported: ImportedConfig, findings: list[Finding]) -> list[ConfigFix]:
+    """Each finding whose fix names field values, as edits of the imported file."""
+    out = []
+    for finding in findings:
+        if NO_FIX.search(finding.fix):  # "none of the nearby layouts fits (pp=2: 130 GiB ...)": misses, not fixes
+            continue
+        options = fix_changes(finding.fix, imported.request)
+        if options:
+            out.append(ConfigFix(finding=finding.id, fix=finding.fix, options=[
+                [file_change(imported, field, value) for field, value in option.items()] for option in options]))
+    return out

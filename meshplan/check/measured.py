@@ -1,0 +1,109 @@
+"""meshplan's prediction beside what a run measured (`meshplan compare`): the peak memory allocated and reserved,
+the step time, tokens/s per GPU and MFU, each with meshplan's published error band for the regime the request
+falls in (cards/accuracy.yaml via the reports' error_band) and whether the measurement falls inside it.
+
+Each side is put in the other's terms, never fitted: torch's counters leave out the CUDA context, so the predicted
+peaks drop it; the allocated peak is the estimate's own (memory.stage_allocated, as bench/accuracy_card.py compares
+with Megatron's mem-max-allocated); a log that states only one of step time and throughput gives the other through the
+job's tokens per step and GPU count. A stored cluster factor (meshplan compare --calibrate) is shown beside the
+model's own prediction, never in place of it.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.core.units import GIB
+from meshplan.estimate.memory import stage_allocated
+from meshplan.schema.measured import ComparedFigure, MeasuredRun, RunComparison
+from meshplan.schema.plan import Job
+from meshplan.schema.reports import ClusterFactor, ErrorBand, MemoryReport, ThroughputReport
+
+
+def predicted_peaks(memory: MemoryReport) -> tuple[int | None, int, str]:
+    """(allocated, reserved, basis): the predicted peaks in torch's counters' terms (no CUDA context). An RL job's
+    trainer reports its peak in the actor update (verl's perf/max_memory_*), so that phase is compared."""
+    context = memory_card().cuda_context_bytes
+    if memory.phases:
+        phase = next((p for p in memory.phases if p.phase == "actor_update"), None) or max(
+            memory.phases, key=lambda p: p.peak_bytes)
+        reserve = phase.detail.get("allocator_reserve")
+        reserved = phase.peak_bytes - context
+        return (reserved - reserve if reserve is not None else None), reserved, f"the {phase.phase} phase's peak"
+    stage = memory.stages[memory.peak_stage]
+    allocated = max(stage_allocated(s) for s in memory.stages)  # at its own moment of the step (memory.py)
+    return allocated - context, stage.total_bytes - context, f"pipeline stage {memory.peak_stage}"
+
+
+def _figure(name: str, label: str, predicted: float | None, measured: float | None, band: ErrorBand | None,
+            basis: str, calibrated: float | None = None) -> ComparedFigure:
+    error = predicted / measured - 1 if predicted is not None and measured else None
+    median = band.median_error if band is not None else None
+    inside = abs(error) <= median if error is not None and median is not None else None
+    return ComparedFigure(figure=name, label=label, predicted=predicted, measured=measured, error=error, band=median,
+                          inside=inside, calibrated=calibrated, basis=basis)
+
+
+def measured_throughput(measured: MeasuredRun, job: Job) -> tuple[float | None, float | None, str]:
+    """(step seconds, tokens/s per GPU, how): as logged, or one from the other through the job's tokens per step
+    (global batch x sequence length, the config's) and GPU count; a global samples/s or tokens/s is spread over
+    the GPUs."""
+    tokens = (measured.global_batch_size or job.global_batch_size) * job.seq_length
+    step, per_gpu, how = measured.step_time_s, measured.tokens_per_s_per_gpu, []
+    if per_gpu is None and measured.tokens_per_s is not None:
+        per_gpu, _ = measured.tokens_per_s / job.num_gpus, how.append("tokens/s per GPU = the job's tokens/s / GPUs")
+    if per_gpu is None and measured.samples_per_s is not None:
+        per_gpu = measured.samples_per_s * job.seq_length / job.num_gpus
+        how.append("tokens/s per GPU = samples/s x sequence length / GPUs")
+    if step is None and per_gpu:
+        step = tokens / (per_gpu * job.num_gpus)
+        how.append(f"step time = {tokens:,} tokens per step / (tokens/s per GPU x {job.num_gpus} GPUs)")
+    if per_gpu is None and step:
+        per_gpu = tokens / (step * job.num_gpus)
+        how.append(f"tokens/s per GPU = {tokens:,} tokens per step / (step time x {job.num_gpus} GPUs)")
+    return step, per_gpu, "; ".join(how) or "as logged"
+
+
+def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, measured: MeasuredRun,
+                factor: ClusterFactor | None = None) -> RunComparison:
+    """The figures side by side; `throughput` is the model's own (uncalibrated) estimate."""
+    allocated, reserved, where = predicted_peaks(memory)
+    mband, tband = memory.error_band, throughput.error_band
+    step, per_gpu, how = measured_throughput(measured, job)
+    f = factor.step_time_factor if factor is not None else None
+    mfu = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
+    figures = [
+        _figure("peak_allocated", "peak allocated, GiB", allocated / GIB if allocated is not None else None,
+                _gib(measured.peak_allocated_bytes), mband, "predicted: the largest stage's allocated peak at its "
+                "own moment of the step, less CUDA context; measured: max_memory_allocated"),
+        _figure("peak_reserved", "peak reserved, GiB", reserved / GIB, _gib(measured.peak_reserved_bytes), mband,
+                f"predicted: {where} less CUDA context; measured: max_memory_reserved"),
+        _figure("step_time", "step time, s", throughput.step_time_s, step, tband, how,
+                throughput.step_time_s * f if f else None),
+        _figure("tokens_per_s_per_gpu", "tokens/s per GPU", throughput.tokens_per_s_per_gpu, per_gpu, tband, how,
+                throughput.tokens_per_s_per_gpu / f if f else None),
+        _figure("mfu", "MFU" + (" (actor update)" if throughput.rl is not None else ""), mfu, measured.mfu, tband,
+                "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
+                mfu / f if f else None),
+    ]
+    notes = []
+    if measured.global_batch_size is not None and measured.global_batch_size != job.global_batch_size:
+        notes.append(f"the log's global batch size {measured.global_batch_size:,} is not the request's "
+                     f"{job.global_batch_size:,}: is the log this config's run? (its tokens per step are the log's)")
+    return RunComparison(model=throughput.model, framework=throughput.framework, num_gpus=job.num_gpus,
+                         plan=throughput.plan, measured=measured, figures=figures, memory_band=mband,
+                         throughput_band=tband, calibration=factor, notes=notes, summary=summary_line(figures))
+
+
+def _gib(nbytes: int | None) -> float | None:
+    return nbytes / GIB if nbytes is not None else None
+
+
+def summary_line(figures: list[ComparedFigure]) -> str:
+    """Which compared figures fall inside meshplan's band, in one line."""
+    shown = [f for f in figures if f.error is not None]
+    if not shown:
+        return "Nothing to compare: the log states none of the figures meshplan predicts."
+    parts = [f"{f.label.split(',')[0]} {f.error:+.0%}"
+             + ("" if f.inside is None else " (inside the band)" if f.inside else " (outside the band)")
+             for f in shown]
+    return "predicted vs measured: " + "; ".join(parts) + "."

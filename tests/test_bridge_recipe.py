@@ -1,0 +1,73 @@
+"""Megatron-Bridge recipes resolved through their chain: a recipe module read with ast (never run), the recipe's own
+cfg assignments over its base's in the same file, and the facts its name states (model, GPUs, GPU, precision), which
+also resolve `--recipe NAME` in a run_recipe.py script. The module is kept verbatim in tests/configs/ (SOURCES.txt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.adapters.read.bridge_recipe import name_facts
+from meshplan.core.errors import MeshplanError
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+MODULE = CONFIGS / "bridge_perf_llama3_h100.py"
+
+
+@pytest.mark.parametrize(("name", "fields"), [
+    ("llama3_70b_pretrain_64gpu_h100_fp8cs_config", {"job": "pretrain", "model": "llama-3-70b", "num_gpus": 64,
+                                                     "gpu": "h100", "precision": "fp8", "fp8_recipe": "tensorwise"}),
+    ("deepseek_v3_pretrain_256gpu_b200_fp8mx_config", {"model": "deepseek-v3", "num_gpus": 256, "gpu": "b200",
+                                                       "fp8_recipe": "mxfp8"}),
+    ("llama31_405b_peft_32gpu_h100_bf16_config", {"job": "lora", "model": "llama-3.1-405b", "precision": "bf16"}),
+    ("qwen3_30b_a3b_pretrain_config", {"job": "pretrain", "model": "qwen3-30b-a3b"}),
+])
+def test_recipe_name_facts(name, fields):
+    found, left = name_facts(name)
+    assert {k: found[k] for k in fields} == fields and not left
+
+
+def test_recipe_name_facts_meshplan_cannot_use_are_said():
+    found, left = name_facts("deepseek_v3_pretrain_128gpu_vr200_nvfp4_config")
+    assert found["num_gpus"] == 128 and "gpu" not in found and "precision" not in found
+    assert any("vr200" in x for x in left) and any("nvfp4" in x for x in left)
+
+
+def test_perf_recipe_read_through_its_body():
+    # llama3_70b_pretrain_64gpu_h100_fp8cs_config: cfg.model.tensor_model_parallel_size = 4, pipeline 8, vpp 5,
+    # the layout string, sequence_parallel True, train.global_batch_size 256, micro_batch_size 1
+    result = api.import_file(f"{MODULE}:llama3_70b_pretrain_64gpu_h100_fp8cs_config")
+    expected = {"tp": 4, "pp": 8, "vpp": 5, "cp": 1, "sequence_parallel": True, "global_batch_size": 256,
+                "micro_batch_size": 1, "model": "llama-3-70b", "num_gpus": 64, "gpu": "h100", "precision": "fp8"}
+    assert {k: result.request[k] for k in expected} == expected
+    assert result.request["pipeline_layout"] == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    assert result.sources["tp"].startswith(f"{MODULE}:") and "recipe name" in result.sources["num_gpus"]
+    assert any("llama3_70b_pretrain_config" in n and "other modules" in n for n in result.notes)
+    report = api.check_config(api.request_from_config(result), config=result)
+    assert report.plan.tp == 4 and report.plan.pp == 8 and report.plan.vpp == 5
+
+
+def test_unknown_recipe_is_an_error():
+    with pytest.raises(MeshplanError, match="no recipe 'llama3_7b_config'"):
+        api.import_file(f"{MODULE}:llama3_7b_config")
+
+
+def test_chain_in_one_file_base_first(tmp_path):
+    text = ("def base_pretrain_config() -> ConfigContainer:\n    cfg = ConfigContainer()\n"
+            "    cfg.model.tensor_model_parallel_size = 2\n    cfg.train.global_batch_size = 64\n    return cfg\n\n"
+            "def llama3_8b_pretrain_8gpu_h100_bf16_config() -> ConfigContainer:\n    cfg = base_pretrain_config()\n"
+            "    cfg.model.tensor_model_parallel_size = 4\n    return cfg\n")
+    path = tmp_path / "recipes.py"
+    path.write_text(text, encoding="utf-8")
+    result = api.import_file(f"{path}:llama3_8b_pretrain_8gpu_h100_bf16_config")
+    assert result.request["tp"] == 4 and result.sources["tp"] == f"{path}:9 model.tensor_model_parallel_size"
+    assert result.request["global_batch_size"] == 64  # the base's, in the same file
+    assert result.request["model"] == "llama-3-8b" and result.request["num_gpus"] == 8
+
+
+def test_run_recipe_script_states_what_the_recipe_name_says():
+    result = api.import_file(str(CONFIGS / "bridge_qwen3_600m_sft_128k.sh"))
+    assert result.request["job"] == "sft" and result.request["num_gpus"] == 8  # the launcher's count
+    assert any("qwen3_600m: not in meshplan's catalog" in u for u in result.unresolved)

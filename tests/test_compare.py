@@ -1,0 +1,263 @@
+"""`meshplan compare`: each framework's log reader on real log excerpts (tests/logs/, sources in SOURCES.txt), the
+comparison's arithmetic and band, its faces (CLI, api, MCP), and --calibrate's user file: stored only when asked,
+then applied and stated by every face, and nothing changes without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from meshplan import api
+from meshplan.adapters.logs import detect_log, read_log, read_log_file
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.estimate.memory import stage_allocated
+from meshplan.faces import cli
+from meshplan.request.parse import parse_request
+
+LOGS = Path(__file__).resolve().parent / "logs"
+CONFIGS = Path(__file__).resolve().parent / "configs"
+MIB = 1 << 20
+TITAN = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "torchtitan"}
+
+
+def log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- readers, one per framework
+
+
+def test_megatron_memory_report_and_iteration_lines():
+    run = read_log_file(str(LOGS / "megatron_mixtral_8x7b_h100.log"))
+    assert run.framework == "megatron-core" and run.steps == 2
+    assert run.peak_allocated_bytes == int(54250.98583984375 * MIB)  # max allocated, MiB
+    assert run.peak_reserved_bytes == int(61480.0 * MIB)
+    assert run.step_time_s == pytest.approx(5.4106)  # iteration 3 (iteration 2, the first logged, is warm-up)
+    assert run.tflops_per_gpu == pytest.approx(241.4) and run.global_batch_size == 128
+
+
+def test_megatron_deepspeed_timer_and_iteration_lines():
+    run = read_log_file(str(LOGS / "megatron_deepspeed_alcf_polaris.log"))
+    assert run.framework == "deepspeed"
+    assert run.peak_allocated_bytes == int(19.52 * GIB)  # ThroughputTimer's MaxMemAllocated
+    assert run.step_time_s == pytest.approx(14.5414) and run.tokens_per_s_per_gpu == pytest.approx(1126.713)
+    assert run.samples_per_s == pytest.approx(52.815) and run.global_batch_size == 768
+
+
+def test_deepspeed_see_memory_usage():
+    run = read_log_file(str(LOGS / "deepspeed_cpu_checkpointing.log"))
+    assert run.framework == "deepspeed" and run.steps == 0
+    assert run.peak_allocated_bytes == int(5.55 * GIB) and run.peak_reserved_bytes == 6 * GIB
+    assert any("rounds to whole GiB" in n for n in run.notes)
+
+
+@pytest.mark.parametrize(("name", "reserved", "tps", "mfu"), [
+    ("torchtitan_dcp_zoc.log", 49.66, 5864, 0.3434),  # median of steps 210-250 (step 200 is the first logged)
+    ("torchtitan_moe_gate_fp32.log", 66.91, 10007, 0.1393),  # each rank logs step 4: counted once
+])
+def test_torchtitan_metrics_lines(name, reserved, tps, mfu):
+    run = read_log_file(str(LOGS / name))
+    assert run.framework == "torchtitan"
+    assert run.peak_reserved_bytes == int(reserved * GIB) and run.peak_allocated_bytes is None
+    assert run.tokens_per_s_per_gpu == tps and run.mfu == pytest.approx(mfu) and run.step_time_s is None
+
+
+def test_torchtitan_coloured_line():
+    text = "\x1b[31mstep:  7  \x1b[32mloss:  2.1000  \x1b[33mmemory: 10.00GiB(12.50%)  \x1b[34mtps: 1,234  " \
+           "\x1b[36mtflops: 100.00  \x1b[35mmfu: 10.00%\x1b[39m"
+    run = read_log(text)
+    assert run.tokens_per_s_per_gpu == 1234 and run.peak_reserved_bytes == 10 * GIB and run.mfu == pytest.approx(0.1)
+
+
+def test_verl_metrics_line_wrapped_in_a_paste():
+    run = read_log_file(str(LOGS / "verl_gh200_sglang.log"))
+    assert run.framework == "verl"
+    assert run.peak_allocated_bytes == int(25.921 * GIB) and run.peak_reserved_bytes == int(61.611 * GIB)
+    assert run.step_time_s == pytest.approx(96.551)  # on the wrapped second line of the record
+    assert run.mfu == pytest.approx(1.018)
+
+
+def test_verl_numpy_values_and_actor_prefix():
+    text = ("step:3 - actor/perf/max_memory_allocated_gb:np.float64(20.5) - timing_s/step:np.float64(12.0) - "
+            "perf/throughput:np.float64(900.0)")
+    run = read_log(text, framework="verl")
+    assert run.peak_allocated_bytes == int(20.5 * GIB) and run.step_time_s == 12.0
+    assert run.tokens_per_s_per_gpu == 900.0
+
+
+def test_kempnerforge_metrics_line():
+    run = read_log_file(str(LOGS / "kempnerforge_first_run.log"))
+    assert run.framework == "kempnerforge"
+    assert run.tokens_per_s == 42000 and run.tokens_per_s_per_gpu is None  # the whole job's tokens/s
+    assert run.step_time_s == pytest.approx(0.15) and run.mfu == pytest.approx(0.182)
+    assert run.peak_allocated_bytes == int(2.1 * GIB)
+
+
+def test_skyrl_console_tracker_and_sft_lines():
+    # SkyRL's formats (skyrl/train/utils/tracking.py ConsoleLogger: floats as '%.4f' strings in a pprint'ed dict;
+    # skyrl/train/sft_trainer.py's per-step line); no public SkyRL log with these lines was found (SOURCES.txt).
+    rl = "Step 1: \n{'timing/step': '290.1000',\n 'trainer/tokens_per_second_per_gpu': '700.0000'}\n" \
+         "Step 2: \n{'timing/step': '286.0500',\n 'trainer/tokens_per_second_per_gpu': '720.0000'}\n"
+    run = read_log(rl)
+    assert run.framework == "skyrl" and run.step_time_s == pytest.approx(286.05)
+    assert run.tokens_per_s_per_gpu == 720 and run.peak_allocated_bytes is None
+    sft = read_log("Step 4: loss=0.2099, grad_norm=1.10, tokens_per_second=51234\n", framework="skyrl")
+    assert sft.tokens_per_s == 51234
+
+
+def test_detection_and_errors():
+    assert detect_log(log("megatron_deepspeed_alcf_polaris.log")) == "deepspeed"
+    assert detect_log(log("megatron_mixtral_8x7b_h100.log")) == "megatron-core"
+    with pytest.raises(MeshplanError, match="empty"):
+        read_log("  \n")
+    with pytest.raises(MeshplanError, match="no training-log line"):
+        read_log("hello world\n")
+    with pytest.raises(MeshplanError, match="looks like a torchtitan log"):
+        read_log(log("torchtitan_dcp_zoc.log"), framework="megatron-core")
+    with pytest.raises(MeshplanError, match="no log reader for nanotron"):
+        read_log(log("torchtitan_dcp_zoc.log"), framework="nanotron")
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def test_comparison_arithmetic_and_band():
+    req = parse_request(TITAN)
+    result = api.compare_run(req, log("torchtitan_dcp_zoc.log"), log_path="titan.log")
+    memory = api.estimate_memory(req)
+    throughput = api.estimate_throughput(req)
+    figures = {f.figure: f for f in result.figures}
+    stage = memory.stages[memory.peak_stage]
+    context = memory_card().cuda_context_bytes
+    reserved = figures["peak_reserved"]
+    assert reserved.predicted == pytest.approx((stage.total_bytes - context) / GIB)
+    assert reserved.measured == pytest.approx(int(49.66 * GIB) / GIB)
+    assert reserved.error == pytest.approx(reserved.predicted / reserved.measured - 1)
+    assert reserved.band == memory.error_band.median_error
+    assert reserved.inside == (abs(reserved.error) <= reserved.band)
+    assert figures["peak_allocated"].measured is None and figures["peak_allocated"].error is None
+    assert figures["peak_allocated"].predicted == pytest.approx(
+        (max(stage_allocated(s) for s in memory.stages) - context) / GIB)
+    job_tokens = throughput.tokens_per_s * throughput.step_time_s  # tokens per step of the request
+    step = figures["step_time"]
+    assert step.measured == pytest.approx(job_tokens / (5864 * 8), rel=1e-6)  # derived from torchtitan's tps
+    assert step.band == throughput.error_band.median_error
+    assert figures["mfu"].measured == pytest.approx(0.3434) and figures["mfu"].predicted == throughput.mfu
+    assert result.calibration is None and result.stored is None
+    assert "step time" in result.summary
+
+
+def test_log_batch_differs_from_request_is_said():
+    req = parse_request({"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
+                         "global_batch_size": 64, "seq_length": 4096})
+    result = api.compare_run(req, log("megatron_mixtral_8x7b_h100.log"))
+    assert any("global batch size 128 is not the request's 64" in n for n in result.notes)
+
+
+def test_cli_compare_with_config(capsys):
+    args = ["compare", "--config", str(CONFIGS / "torchtitan_llama3_8b.toml"), "--log",
+            str(LOGS / "torchtitan_dcp_zoc.log"), "--num-gpus", "8", "--gpu", "h100-sxm", "--json"]
+    assert cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["framework"] == "torchtitan" and {f["figure"] for f in out["figures"]} >= {"peak_reserved", "mfu"}
+    assert cli.main(args[:-1]) == 0
+    text = capsys.readouterr().out
+    assert "peak reserved, GiB" in text and "band" in text
+
+
+def test_cli_compare_missing_log(capsys):
+    assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--log", "/nonexistent/x.log"]) == 2
+    assert "Cannot read the log" in capsys.readouterr().err
+
+
+def test_mcp_compare_run_matches_the_api():
+    from meshplan.faces.mcp.server import app
+
+    async def call():
+        return await app.call_tool("compare_run", {**TITAN, "log_text": log("torchtitan_dcp_zoc.log")})
+
+    result = anyio.run(call)
+    structured = result.structured_content if hasattr(result, "structured_content") else result[1]
+    expected = api.compare_run(parse_request(TITAN), log("torchtitan_dcp_zoc.log"))
+    assert [f["error"] for f in structured["figures"]] == [f.error for f in expected.figures]
+    assert structured["summary"] == expected.summary and structured["next_steps"]
+
+
+# --------------------------------------------------------------------------- --calibrate
+
+
+@pytest.fixture
+def calibration_file(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("MESHPLAN_CALIBRATION_FILE", str(path))
+    monkeypatch.delenv("MESHPLAN_CLUSTER", raising=False)
+    return path
+
+
+def test_without_a_stored_factor_nothing_changes(calibration_file):
+    req = parse_request(TITAN)
+    before = api.estimate_throughput(req)
+    api.compare_run(req, log("torchtitan_dcp_zoc.log"))  # compare alone never stores anything
+    assert not calibration_file.exists()
+    after = api.estimate_throughput(req)
+    assert after == before and after.calibration is None
+
+
+def test_calibrate_stores_and_every_face_applies_and_states_it(calibration_file, capsys):
+    from meshplan.faces.mcp.server import app
+
+    req = parse_request(TITAN)
+    model = api.estimate_throughput(req)
+    result = api.compare_run(req, log("torchtitan_dcp_zoc.log"), log_path="titan.log", calibrate=True)
+    step = next(f for f in result.figures if f.figure == "step_time")
+    factor = step.measured / model.step_time_s
+    stored = json.loads(calibration_file.read_text())["factors"]["default"]["h100/torchtitan"]
+    assert stored["step_time_factor"] == pytest.approx(factor, rel=1e-5) and stored["sources"] == ["titan.log"]
+    assert result.stored.step_time_factor == pytest.approx(factor, rel=1e-5)
+
+    calibrated = api.estimate_throughput(req)  # the api
+    assert calibrated.step_time_s == pytest.approx(model.step_time_s * calibrated.calibration.step_time_factor)
+    assert calibrated.mfu == pytest.approx(model.mfu / calibrated.calibration.step_time_factor)
+    assert calibrated.assumptions[0].startswith("calibrated: step time x")
+    assert cli.main(["throughput", "llama-3.1-8b", "--num-gpus", "8", "--gpu", "h100-sxm", "--framework",
+                     "torchtitan"]) == 0  # the CLI
+    assert "calibrated: step time x" in capsys.readouterr().out
+
+    async def call():
+        return await app.call_tool("estimate_throughput", TITAN)
+
+    structured = anyio.run(call).structured_content  # MCP
+    assert "Calibrated: step time x" in structured["summary"] and structured["calibration"] is not None
+    again = api.compare_run(req, log("torchtitan_dcp_zoc.log"))  # compare shows it beside the model's own
+    figure = next(f for f in again.figures if f.figure == "step_time")
+    assert figure.predicted == pytest.approx(model.step_time_s) and figure.calibrated == pytest.approx(step.measured)
+    other = api.estimate_throughput(parse_request({**TITAN, "framework": "megatron-core"}))
+    assert other.calibration is None  # a factor is per GPU and framework
+
+
+def test_bad_calibration_file_is_a_clear_error(calibration_file):
+    calibration_file.write_text("{not json", encoding="utf-8")
+    with pytest.raises(MeshplanError, match="Cannot read the calibration file"):
+        api.estimate_throughput(parse_request(TITAN))
+    calibration_file.write_text('{"version": 9}', encoding="utf-8")
+    with pytest.raises(MeshplanError, match="not a meshplan calibration file"):
+        api.estimate_throughput(parse_request(TITAN))
+
+
+def test_calibrate_refuses_a_mismatched_log(calibration_file):
+    crawl = "".join(f"step: {n}  loss:  1.0  memory: 10.00GiB(1.00%)  tps: 3  tflops: 0.10  mfu: 0.01%\n"
+                    for n in (1, 2))  # 3 tokens/s per GPU: a log of some other job than this 8B request
+    with pytest.raises(MeshplanError, match="do not describe the same job"):
+        api.compare_run(parse_request(TITAN), crawl, calibrate=True)
+    assert not calibration_file.exists()
+
+
+def test_calibration_off_refuses_to_store(monkeypatch):
+    monkeypatch.setenv("MESHPLAN_CALIBRATION_FILE", "")
+    with pytest.raises(MeshplanError, match="turned off"):
+        api.compare_run(parse_request(TITAN), log("torchtitan_dcp_zoc.log"), calibrate=True)

@@ -1,0 +1,122 @@
+"""`check --config`: each finding's fix also as edits of the checked file, in its own keys and syntax (the key the
+file used, at its line, else the framework card's adapter key), on every face."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from meshplan import api
+from meshplan.adapters.read.fixes import config_fixes, file_change, fix_changes, written
+from meshplan.faces import cli
+from meshplan.schema.reports import Finding
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+@pytest.mark.parametrize(("fix", "current", "options"), [
+    ("zero_stage=3 (76.5 GiB peak) or pp=2 (62.5 GiB peak) or pp=4 (57.4 GiB peak) fit.", {},
+     [{"zero_stage": 3}, {"pp": 2}, {"pp": 4}]),
+    ("Use num_gpus = 128 (multiples of 128), or degrees whose product tp*pp*cp divides 8, e.g. one of {1, 2}.", {},
+     [{"num_gpus": 128}]),
+    ("tp in 2, 4, 8 works.", {}, [{"tp": 2}]),
+    ("Set sequence_parallel=false, or use tp>1 if you meant to shard activations.", {"sequence_parallel": True},
+     [{"sequence_parallel": False}]),
+    ("Set sequence_parallel=false.", {"sequence_parallel": False}, []),  # already so: no change
+    ("Drop dp (it is derived: 4) or set num_gpus = dp*tp*pp*cp = 2*4 = 8.", {}, [{"num_gpus": 8}]),
+])
+def test_fix_words_to_field_changes(fix, current, options):
+    assert fix_changes(fix, current) == options
+
+
+@pytest.mark.parametrize(("key", "value", "fmt", "variant", "text"), [
+    ("parallelism.tensor_parallel_degree", 4, "toml", None, "[parallelism] tensor_parallel_degree = 4"),
+    ("zero_optimization.stage", 3, "json", None, '{"zero_optimization": {"stage": 3}}'),
+    ("--tensor-model-parallel-size", 4, "shell", None, "--tensor-model-parallel-size 4"),
+    ("--sequence-parallel", False, "shell", None, "(remove --sequence-parallel)"),
+    ("--sequence-parallel", True, "shell", None, "--sequence-parallel"),
+    ("--parallelism.enable_sequence_parallel", True, "shell", None, "--parallelism.enable_sequence_parallel true"),
+    ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", 2, "shell", "megatron",
+     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"),
+    ("model.sequence_parallel", True, "shell", "python", "cfg.model.sequence_parallel = True"),
+])
+def test_written_in_the_files_syntax(key, value, fmt, variant, text):
+    assert written(key, value, fmt, variant) == text
+
+
+def test_megatron_script_fixes_use_its_own_flag_and_line():
+    imported = api.import_file(str(CONFIGS / "megatron_llama3_8b_h100_fp8.sh"))
+    report = api.check_config(api.request_from_config(imported), config=imported)
+    fixes = {f.finding: f for f in report.config_fixes}
+    line = int(imported.sources["sequence_parallel"].split(":")[1].split()[0])
+    assert fixes["SP001"].options == [[file_change(imported, "sequence_parallel", False)]]
+    assert fixes["SP001"].options[0][0].text.startswith(f"(remove --sequence-parallel)  # line {line}, was True")
+    mem = [[c.text for c in option] for option in fixes["MEM001"].options]
+    assert ["--pipeline-model-parallel-size 2"] in mem and ["--pipeline-model-parallel-size 4"] in mem
+
+
+def test_torchtitan_toml_fix_is_a_toml_key_of_its_release():
+    imported = api.import_file(str(CONFIGS / "torchtitan_llama3_8b.toml"))
+    report = api.check_config(api.request_from_config(imported), config=imported)
+    texts = [c.text for fix in report.config_fixes for option in fix.options for c in option]
+    assert "[training] enable_cpu_offload = true" in texts  # 0.2's TOML key, not 0.3's --training.* flag
+
+
+def test_tp_stated_in_the_toml_is_changed_at_its_line():
+    imported = api.import_file(str(CONFIGS / "torchtitan_llama3_8b.toml"))
+    change = file_change(imported, "tp", 2)
+    assert change.line == 41 and change.text == "[parallelism] tensor_parallel_degree = 2  # line 41, was 1"
+
+
+def test_deepspeed_json_keys_and_launcher_flags():
+    imported = api.import_file(str(CONFIGS / "ds_zero_stage_1_baseline.json"))
+    assert file_change(imported, "zero_stage", 2).text == '{"zero_optimization": {"stage": 2}}  # line 6, was 1'
+    assert file_change(imported, "tp", 2).text.endswith("# on the launch command line, not in this file")
+
+
+def test_misses_are_no_fixes():
+    imported = api.import_file(str(CONFIGS / "torchtitan_llama3_8b.toml"))
+    miss = Finding(id="MEM001", severity="error", message="m",
+                   fix="none of the nearby layouts fits (micro_batch_size=1: 129.2 GiB); more GPUs are needed.")
+    assert config_fixes(imported, [miss]) == []
+
+
+def test_without_a_config_check_is_unchanged():
+    imported = api.import_file(str(CONFIGS / "megatron_llama3_8b_h100_fp8.sh"))
+    plain = api.check_config(api.request_from_config(imported))
+    assert plain.config_fixes == []
+    assert api.check_config(api.request_from_config(imported), config=imported).findings == plain.findings
+
+
+def test_cli_and_mcp_give_the_same_file_fixes(capsys):
+    from meshplan.faces.mcp.server import app
+
+    path = CONFIGS / "megatron_llama3_8b_h100_fp8.sh"
+    imported = api.import_file(str(path))
+    expected = api.check_config(api.request_from_config(imported), config=imported).config_fixes
+    assert cli.main(["check", "--config", str(path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["config_fixes"] == [f.model_dump(mode="json") for f in expected]
+    assert cli.main(["check", "--config", str(path)]) == 1
+    assert "fixes in your file's own keys" in capsys.readouterr().out
+
+    async def call():
+        return await app.call_tool("check_config", {"model": imported.request["model"],
+                                                    "config_text": path.read_text(encoding="utf-8")})
+
+    structured = anyio.run(call).structured_content
+    texts = [[c["text"] for c in o] for f in structured["config_fixes"] for o in f["options"]]
+    assert texts == [[c.text.replace(str(path), "<config_text>") for c in o] for f in expected for o in f.options]
+
+
+def test_verl_rl_file_with_ppo_mini_batches_is_checkable():
+    # ppo_mini_batch_size 128 of train_batch_size 512 prompts: 4 optimizer steps per RL step, which meshplan's RL
+    # step does not model; stating it as global_batch_size made the file's own request invalid
+    imported = api.import_file(str(CONFIGS / "verl_qwen3moe_30b_megatron_96gb.sh"))
+    assert "global_batch_size" not in imported.request
+    assert any("4 optimizer steps per RL step" in u for u in imported.unsupported)
+    report = api.check_config(api.request_from_config(imported, {"model": "qwen3-30b-a3b"}), config=imported)
+    assert report.framework == "verl" and report.findings
