@@ -73,3 +73,17 @@ def test_every_subcommand_help_renders(monkeypatch):
         assert "usage:" in text, name
         if any(a.dest == "seq_length" for a in sub._actions):
             assert "30% more" in text, name
+
+
+def test_help_never_splits_a_framework_name_across_lines(monkeypatch, capsys):
+    """argparse wraps on hyphens by default: at a narrow terminal 'nemo-automodel' came out as 'nemo-' / 'automodel'."""
+    import pytest as _pytest
+
+    from meshplan.faces.cli import main as cli_main
+
+    monkeypatch.setenv("COLUMNS", "40")
+    with _pytest.raises(SystemExit):
+        cli_main(["render", "--help"])
+    out = capsys.readouterr().out
+    assert "nemo-automodel" in out and "megatron-bridge" in out
+    assert not any(line.rstrip().endswith(("nemo-", "megatron-")) for line in out.splitlines())

@@ -10,6 +10,7 @@ import argparse
 import io
 import json
 import sys
+import textwrap
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, Union, get_args, get_origin
@@ -34,6 +35,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, [], argparse.SUPPRESS) or "default" in (action.help or "").lower():
             return action.help or ""
         return super()._get_help_string(action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Wrap without breaking a hyphenated name (nemo-automodel, megatron-bridge) across lines."""
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class Parser(argparse.ArgumentParser):
