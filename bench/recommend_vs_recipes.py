@@ -6,8 +6,10 @@ The recipe layouts come from the package (meshplan/knowledge/published_runs.py R
 the model, each a pipeline split at one (pp, vpp), or the embedding and loss counted at any pp/vpp they divide), turned
 into request fields by bench/production_sources.split_fields. A recipe fixes its pipeline (pp, vpp and the split);
 what the recipe table does not pin (tp, cp, ep, micro-batch, recompute, ZeRO) is the best recommend finds with that
-pipeline fixed, so each recipe row is the most meshplan can make of that recipe. The top pick is recommend with
-nothing fixed but the job. "holds" is top pick >= best recipe (tokens/s/GPU).
+pipeline fixed, so each recipe row is the most meshplan can make of that recipe. The recipes' optimizer and gradient
+buffer (published_runs.RECIPE_OPTIMIZERS: Kimi-K2's recipes train with Muon, DeepSeek-V3's with bf16 moments and
+grads) are the job's, for the recipe rows and the top pick alike. The top pick is recommend with nothing fixed but the
+job. "holds" is top pick >= best recipe (tokens/s/GPU).
 
     python bench/recommend_vs_recipes.py [--json] [--only NAME]
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
+from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS, RecipeSplit, recipe_optimizer
 from meshplan.schema.request import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,17 +38,29 @@ JOBS = {
 COMMON = dict(framework="megatron-bridge", gpu="h100", seq_length=4096, global_batch_size=4096)
 
 
+def bridge_splits(model: str) -> list[RecipeSplit]:
+    """The model's Megatron-Bridge recipe splits (RECIPE_SPLITS)."""
+    return [s for s in RECIPE_SPLITS if s.repo == BRIDGE and s.model == model and not s.section]
+
+
+def job_fields(model: str) -> dict:
+    """The optimizer and gradient-buffer fields every Bridge recipe file of the model agrees on (recipe_optimizer):
+    the job both the top pick and the recipe rows run."""
+    sets = [recipe_optimizer(s) for s in bridge_splits(model)]
+    return {k: v for k, v in sets[0].items() if all(x.get(k) == v for x in sets)} if sets else {}
+
+
 def recipe_pipelines(model: str) -> list[tuple[str, dict]]:
-    """(label, request fields) for every Bridge recipe split of the model: pp, vpp and the split's fields; an entry for
-    any pp/vpp (embedding and loss counted) at pp in 2..16, every vpp the search finds for it."""
+    """(label, request fields) for every Bridge recipe split of the model: pp, vpp and the split's fields, and its
+    recipe file's optimizer fields; an entry for any pp/vpp (embedding and loss counted) at pp in 2..16, every vpp the
+    search finds for it."""
     arch = resolve_model(model)
     out = []
-    for split in RECIPE_SPLITS:
-        if split.repo != BRIDGE or split.model != model or split.section:
-            continue
+    for split in bridge_splits(model):
         fields = split_fields(split, arch.num_mtp_layers)
         if fields is None:
             continue
+        fields = {**recipe_optimizer(split), **fields}
         if split.pp is None:
             out += [(f"{split.source} pp{pp}", {"pp": pp, **fields}) for pp in (2, 4, 8, 16)]
         else:
@@ -74,15 +88,17 @@ def best(req: Request) -> dict:
 
 def compare(name: str) -> dict:
     job = {**JOBS[name], **COMMON}
+    job.update(job_fields(job["model"]))
     top = best(Request(**job))
     recipes = []
     for label, fields in recipe_pipelines(job["model"]):
-        recipes.append({"recipe": label, **best(Request(**job, **fields))})
+        recipes.append({"recipe": label, **best(Request(**{**job, **fields}))})
     scored = [r for r in recipes if "tokens_per_s_per_gpu" in r]
     best_recipe = max(scored, key=lambda r: r["tokens_per_s_per_gpu"], default=None)
     holds = ("tokens_per_s_per_gpu" in top and best_recipe is not None
              and top["tokens_per_s_per_gpu"] >= best_recipe["tokens_per_s_per_gpu"])
-    return {"job": name, "top_pick": top, "best_recipe": best_recipe, "recipes": recipes, "holds": holds}
+    return {"job": name, "job_fields": {k: v for k, v in job.items() if k not in JOBS[name] and k not in COMMON},
+            "top_pick": top, "best_recipe": best_recipe, "recipes": recipes, "holds": holds}
 
 
 def main() -> None:
@@ -103,7 +119,7 @@ def main() -> None:
               f"| {rec.get('layout', '-')} | {rec.get('tokens_per_s_per_gpu', '-')} "
               f"| {'yes' if r['holds'] else 'NO'} |")
     for r in rows:
-        print(f"\n{r['job']}: every recipe pipeline")
+        print(f"\n{r['job']}: every recipe pipeline" + "".join(f", {k}={v}" for k, v in r["job_fields"].items()))
         for x in r["recipes"]:
             print(f"  {x['recipe']}: {x.get('layout', '')} {x.get('tokens_per_s_per_gpu', x.get('error', ''))}")
 

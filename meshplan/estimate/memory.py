@@ -327,6 +327,11 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
                    f"{card.expandable_segments_slack_bytes / (1 << 20):.0f} MiB is added instead (cards/memory.yaml).")
     if job.precision == "fp8":
         out.append(_fp8_assumption(with_precision(job, plan)[1], fp8_param_gather(job, plan)))
+    if plan.optimizer == "muon":  # the Model states line above names the convention's Adam moments
+        out.append("Optimizer muon: one fp32 momentum (4 B) in place of Adam's two moments on the decoder's 2-D "
+                   "matrices (attention, MLP, routed and shared experts), sharded as the moments are; the embedding, "
+                   "output layer, norms and biases stay on Adam (cards/memory.yaml optimizers). Muon's optimizer-step "
+                   "temporaries are not counted.")
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
         out.append("Flex dispatcher: DeepEP / HybridEP allocate their own NVLink and RDMA buffers outside "
                    "PyTorch's allocator; they are not counted (their size depends on the backend's settings).")

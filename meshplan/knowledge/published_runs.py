@@ -290,3 +290,31 @@ RECIPE_SPLITS: tuple[RecipeSplit, ...] = (
                 "deepseek-v3", 4, 4, layout="Et*4|(tttt|)*14tmL"),
     RecipeSplit(MODELZOO, "model_configs/benchmarking/Qwen3-235B-A22B.yaml", "qwen3-235b-a22b", account_for=True),
 )
+
+# What the recipes of a file a split comes from set for the optimizer and the gradient buffer, which the split was
+# written for (the job a RecipeSplit's pipeline runs): the recipe file (RecipeSplit.source's path) -> (Request fields,
+# where they are set). NVIDIA-NeMo/Megatron-Bridge 067f987 src/megatron/bridge/recipes/kimi/h100/kimi_k2.py
+# kimi_k2_pretrain_512gpu_h100_bf16_config calls _apply_kimi_k2_optimizer(cfg, "muon"):
+# recipes/utils/optimizer_utils.py distributed_muon_with_cosine_annealing (optimizer "dist_muon", Megatron-Core's
+# layer-wise distributed Muon: meshplan's optimizer=muon at zero_stage 1, left to the search as every ZeRO stage is),
+# fp32 main params and one fp32 momentum, grad_reduce_in_fp32 True (MixedPrecisionConfig and cfg.ddp); the perf
+# recipes start from it (perf_recipes/kimi/common.py) and keep Muon. recipes/deepseek/h100/deepseek_v3.py (1024gpu and
+# 256gpu_32nodes configs): use_precision_aware_optimizer with bf16 exp_avg / exp_avg_sq and fp32 main params,
+# grad_reduce_in_fp32 False; the perf recipes start from deepseek_v3_pretrain_config (that 1024-GPU recipe) and
+# _perf_precision keeps the bf16 grad buffer. Qwen3-235B-A22B's recipe keeps fp32 moments and grads (the defaults).
+DSV3_OPTIMIZER = {"optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}
+RECIPE_OPTIMIZERS: dict[str, tuple[dict[str, Any], str]] = {
+    "recipes/kimi/h100/kimi_k2.py": (
+        {"optimizer": "muon", "grad_reduce_in_fp32": True},
+        f"{BRIDGE} recipes/kimi/h100/kimi_k2.py _apply_kimi_k2_optimizer(cfg, 'muon'): dist_muon, fp32 grads"),
+    **{path: (DSV3_OPTIMIZER, f"{BRIDGE} recipes/deepseek/h100/deepseek_v3.py deepseek_v3_pretrain_1024gpu_h100_bf16_"
+                              "config: precision-aware optimizer, bf16 moments, bf16 grad buffer")
+       for path in ("recipes/deepseek/h100/deepseek_v3.py", "perf_recipes/deepseek/h100/deepseek_v3.py",
+                    "perf_recipes/deepseek/gb300/deepseek_v3.py")},
+}
+
+
+def recipe_optimizer(split: RecipeSplit) -> dict[str, Any]:
+    """The Request fields the recipes of the file `split` comes from set for the optimizer and the gradient buffer
+    (RECIPE_OPTIMIZERS), {} where meshplan's defaults are what they set or the file is not listed."""
+    return dict(RECIPE_OPTIMIZERS.get(split.source.split()[0], ({}, ""))[0])
