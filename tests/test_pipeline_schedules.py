@@ -201,10 +201,18 @@ def test_zero_bubble_prices_a_shorter_step_than_interleaved():
     assert default.step_time_s == steps["interleaved_1f1b"]  # naming the default changes nothing
 
 
-def test_named_combined_1f1b_holds_the_extra_warmup_microbatch():
-    overlap = api.estimate_memory(parse_request({**Q30, "moe_a2a_overlap": True}))
-    combined = api.estimate_memory(parse_request({**Q30, "pipeline_schedule": "combined_1f1b"}))
-    assert combined.stages[0].total_bytes > overlap.stages[0].total_bytes
+def test_combined_1f1b_holds_the_extra_warmup_microbatch_named_or_not():
+    """moe_a2a_overlap is Megatron-Core's combined 1F1B whether or not pipeline_schedule names it (Plan.runs_schedule):
+    the same step, the same extra warm-up forward held on rank 0."""
+    plain = parse_request({**Q30, "moe_a2a_overlap": False})
+    overlap = parse_request({**Q30, "moe_a2a_overlap": True})
+    combined = parse_request({**Q30, "pipeline_schedule": "combined_1f1b"})
+    assert resolve(overlap)[1].runs_schedule == "combined_1f1b" and resolve(plain)[1].runs_schedule is None
+    held = [api.estimate_memory(r).stages[0].total_bytes for r in (plain, overlap, combined)]
+    assert held[1] == held[2] > held[0]
+    steps = [api.estimate_throughput(r) for r in (overlap, combined)]
+    assert steps[0].step_time_s == steps[1].step_time_s
+    assert any("combined 1F1B" in a for a in steps[0].assumptions)
 
 
 @pytest.mark.parametrize(("framework", "fields", "written"), [

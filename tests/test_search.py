@@ -41,9 +41,9 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     moves: list[tuple[int | None, int]] = []
     real_seed, real_push, real_pop = BestFirstSearch.seed, BestFirstSearch.push, heapq.heappop
 
-    def seed(self, layouts, ideal):
+    def seed(self, layouts, ideal, tier=None):
         at[0] = None
-        real_seed(self, layouts, ideal)
+        real_seed(self, layouts, ideal, tier)
 
     def push(self, key, level, payload):
         moves.append((at[0], level))
@@ -147,8 +147,12 @@ def test_a_fixed_interleaving_the_layers_cannot_fill_is_named_not_called_out_of_
     assert exc.value.reason.startswith("PP") and "no layout fits" not in exc.value.reason and exc.value.fix
     # Megatron-Core fills them with the embedding and the loss counted as layers (96 = 8 x 4 x 3), as Megatron-Bridge's
     # Qwen3-235B-A22B recipes do
+    # (or the same split as an explicit layout, the embedding and the loss each in an end stage's first/last chunk)
     rec = recommend(Request(**fields), top_k=2)
-    assert rec.candidates and all(c.plan.account_for_embedding and c.plan.account_for_loss for c in rec.candidates)
+    layouts = [c.plan.pipeline_layout or "" for c in rec.candidates]
+    assert rec.candidates and all((c.plan.account_for_embedding and c.plan.account_for_loss)
+                                  or (lay.startswith("E") and lay.endswith("L"))
+                                  for c, lay in zip(rec.candidates, layouts, strict=True))
 
 
 def test_cross_node_expert_parallelism_uses_the_flex_dispatcher_where_the_framework_has_it():
@@ -183,7 +187,9 @@ def test_bad_requests_are_clear_errors():
 def test_recommended_plan_round_trips_through_the_other_tools(llama8b):
     best = llama8b.candidates[0].plan
     fields = {k: getattr(best, k) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage",
-                                            "micro_batch_size", "recompute", "sequence_parallel")}
+                                            "micro_batch_size", "recompute", "sequence_parallel", "pipeline_layout",
+                                            "first_stage_layers", "last_stage_layers", "account_for_embedding",
+                                            "account_for_loss")}
     job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8192,
                                 global_batch_size=llama8b.global_batch_size, **fields))
     assert estimate_throughput(job, plan).step_time_s == pytest.approx(llama8b.candidates[0].throughput.step_time_s)

@@ -41,3 +41,77 @@ def test_a_layout_hashes_as_its_fields_and_drops_what_it_caches_when_pickled():
     copy = pickle.loads(pickle.dumps(lay))
     assert copy == lay and hash(copy) == hash(lay) and "_hash" not in pickle.loads(pickle.dumps(lay)).__dict__
     assert lay.shape() == (2, 2, 1, 4, 1, 2, 2, 0.0)  # zero-bubble: no bubble for the seed keys to count
+
+
+def test_the_pipeline_bound_reads_the_step_terms_pp_comm_without_building_the_step():
+    """perf.exposed_pipeline_p2p (the search's pp_unit) is the breakdown's pp_comm_s per micro-batch of a plan without
+    interleaving, to the last bit; None where nanotron's per-layer host sync makes it depend on the stage's layers;
+    refused by the same rule as the step."""
+    import pytest
+
+    from meshplan.estimate.perf import exposed_pipeline_p2p, step_terms
+    from meshplan.rules.engine import EstimateBlocked
+
+    cases = [("llama-3.1-70b", "megatron-core", 64, Layout(tp=2, pp=8, cp=1, ep=1, etp=1, dp=4)),
+             ("llama-3.1-70b", "megatron-core", 64, Layout(tp=8, pp=4, cp=2, ep=1, etp=1, dp=1)),
+             ("deepseek-v2-lite", "megatron-core", 16, Layout(tp=1, pp=2, cp=1, ep=4, etp=1, dp=8, first=14, last=13)),
+             ("llama-3.1-8b", "torchtitan", 16, Layout(tp=2, pp=4, cp=1, ep=1, etp=1, dp=2))]
+    for model, framework, gpus, lay in cases:
+        job, _ = search_job(Request(model=model, num_gpus=gpus, framework=framework, gpu="h100"))
+        for mbs in (1, 2):
+            plan = lay.plan(zero_stage=3 if framework == "torchtitan" else 1, recompute="none", micro_batch_size=mbs,
+                            sequence_parallel=lay.tp > 1,
+                            cp_comm_type="p2p")
+            terms = step_terms(job, plan)
+            assert exposed_pipeline_p2p(job, plan) == terms.rows[terms.worst].pp, (model, lay, mbs)
+    job, _ = search_job(Request(model="llama-3.1-8b", num_gpus=32, framework="nanotron", gpu="h100"))
+    across = Layout(tp=1, pp=4, cp=1, ep=1, etp=1, dp=8).plan(zero_stage=0, recompute="none", micro_batch_size=1,
+                                                                 sequence_parallel=False, cp_comm_type="p2p")
+    assert step_terms(job, across).inputs.pp_cross_layer > 0 and exposed_pipeline_p2p(job, across) is None
+    job, _ = search_job(Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"))
+    refused = Layout(tp=1, pp=3, cp=1, ep=1, etp=1, dp=4).plan(zero_stage=1, recompute="none", micro_batch_size=1,
+                                                                  sequence_parallel=False, cp_comm_type="p2p")
+    with pytest.raises(EstimateBlocked) as step:
+        step_terms(job, refused)
+    with pytest.raises(EstimateBlocked) as unit:
+        exposed_pipeline_p2p(job, refused)
+    assert step.value.rule_id == unit.value.rule_id
+
+
+def test_the_thinner_headroom_probe_pushes_the_ranked_searchs_seeds_without_working_them_out_again(monkeypatch):
+    """recommend's probe at full capacity shares the ranked search's seeding (Caches.seeds): each tier of the space is
+    seeded once per request, whichever search seeds it first."""
+    from meshplan import api
+
+    tiers: list[object] = []
+    worked: list[int] = []
+    real_seed, real_sized = BestFirstSearch.seed, BestFirstSearch.sized
+
+    def seed(self, layouts, ideal, tier=None):
+        tiers.append(tier)
+        real_seed(self, layouts, ideal, tier)
+
+    def sized(self, layouts):
+        worked.append(len(layouts))
+        return real_sized(self, layouts)
+
+    monkeypatch.setattr(BestFirstSearch, "seed", seed)
+    monkeypatch.setattr(BestFirstSearch, "sized", sized)
+    rec = api.recommend(Request(model="llama-3.1-8b", num_gpus=8, gpu="h100"))
+    assert rec.candidates and len(tiers) > len(set(tiers))  # the probe ran and seeded a tier the ranked search had
+    assert len(worked) == len(set(tiers))
+
+
+def test_a_layer_key_is_built_once_per_context_and_equals_one_built_afresh():
+    import dataclasses
+
+    from meshplan.estimate.layer_records import layer_key
+    from meshplan.estimate.perf import step_terms
+
+    job, _ = search_job(Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"))
+    plan = Layout(tp=2, pp=1, cp=1, ep=4, etp=1, dp=8).plan(zero_stage=1, recompute="none", micro_batch_size=1,
+                                                               sequence_parallel=True, cp_comm_type="p2p")
+    ctx = step_terms(job, plan).ctx
+    dense, moe = layer_key(ctx, False), layer_key(ctx, True)
+    assert dense.context is moe.context and dense.plan is moe.plan and dense.moe != moe.moe
+    assert layer_key(dataclasses.replace(ctx), True) == moe

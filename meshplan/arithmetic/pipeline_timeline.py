@@ -351,6 +351,16 @@ def in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
     return peak
 
 
+def steady_share(shape: Shape, rank: int) -> float:
+    """The share of the rank's ops that run in the steady state of the interleaved orders (interleaved and combined
+    1F1B: each forward after the warm-up with a backward in turn), (m*v - warm-up) / (m*v); the warm-up forwards and
+    the cool-down backwards are the rest. 0 for the other orders."""
+    if shape.order not in ("interleaved_1f1b", "combined_1f1b") or shape.pp == 1:
+        return 0.0
+    chunks = shape.microbatches * shape.vpp
+    return (chunks - _warmup(shape, rank)) / chunks
+
+
 def fused_share(shape: Shape, rank: int) -> float:
     """The share of the rank's forwards that run fused with a backward (combined 1F1B's steps, where the expert
     all-to-all of one micro-batch hides behind the other's compute); 0 for orders that fuse none."""

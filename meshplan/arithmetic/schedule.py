@@ -617,8 +617,7 @@ def plan_stages(job: Job, plan: Plan) -> Stages:
         return stages
     stages = stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
                         plan.first_stage_layers, plan.last_stage_layers)
-    if plan.pipeline_schedule is not None and plan.pp > 1 and schedule_order(plan.pipeline_schedule,
-                                                                              plan.vpp) in V_ORDERS:
+    if plan.runs_schedule is not None and plan.pp > 1 and schedule_order(plan.runs_schedule, plan.vpp) in V_ORDERS:
         return v_placed(stages, plan.pp)
     return stages
 

@@ -136,11 +136,16 @@ class LayerKey:
 
 
 def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
-    plan = ctx.plan
-    return LayerKey(
-        moe=moe, context=tuple(getattr(ctx, name) for name in _CONTEXT_FIELDS),
-        plan=tuple(tuple(v) if isinstance(v := getattr(plan, name), list) else v for name in _PLAN_FIELDS),
-        objects=tuple(id(getattr(ctx, name)) for name in _OBJECT_FIELDS))
+    """The key of one layer kind of this context: what it reads of the context, built once per context (an estimate
+    asks for its dense and its MoE layer) and kept on it (frozen: it cannot change)."""
+    parts = ctx.__dict__.get("_key_parts")
+    if parts is None:
+        plan = ctx.plan
+        parts = ctx.__dict__["_key_parts"] = (
+            tuple(getattr(ctx, name) for name in _CONTEXT_FIELDS),
+            tuple(tuple(v) if isinstance(v := getattr(plan, name), list) else v for name in _PLAN_FIELDS),
+            tuple(id(getattr(ctx, name)) for name in _OBJECT_FIELDS))
+    return LayerKey(moe, *parts)
 
 
 _MEMO: ContextVar[dict[LayerKey, tuple[tuple, LayerTime]] | None] = ContextVar("layer_memo", default=None)

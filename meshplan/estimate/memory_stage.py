@@ -204,7 +204,7 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
     plan, per_kind, group, every_nth = terms.plan, terms.per_kind, terms.group, terms.every_nth
     runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's (torchtitan)
     held = in_flight(rank, plan.pp, terms.vpp, terms.m // runs, framework_card(terms.job.framework).pipeline.group,
-                     plan.pipeline_schedule)
+                     plan.runs_schedule)
     acts = 0.0
     built = 0
     modes: dict[int, str] = {}

@@ -29,7 +29,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import convention, uses_fsdp
 from meshplan.arithmetic.mesh import crosses_domains
-from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, fused_share, simulate
+from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, fused_share, simulate, steady_share
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer
@@ -46,7 +46,8 @@ from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
 
-__all__ = ["StepTerms", "estimate_throughput", "model_flops_per_token", "stage_layers", "step_terms", "throughput_of"]
+__all__ = ["StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token", "pipeline_p2p",
+           "stage_layers", "step_terms", "throughput_of"]
 
 
 class Peaks(NamedTuple):
@@ -221,14 +222,13 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
     head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / plan.tp / ctx.hbm
-    pp_cross = crosses_domains(plan.pp, plan.tp * plan.cp * plan.dp, lk.domain)
-    pp_bytes = ctx.shard.tokens * arch.hidden_size * BF16 / (plan.tp if plan.sequence_parallel else 1)
-    pp_hop = p2p_time(pp_bytes, pp_cross, lk, cal.pp_latency_inter_s) if plan.pp > 1 else 0.0
+    p2p = pipeline_p2p(job, plan, cal, lk)
+    pp_hop = p2p.hop
     expert_group = int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1
     return StageInputs(
         job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, pipeline=pipeline, recompute=recompute, head=head,
-        pp_comm=(1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * pp_hop, pp_hop=pp_hop,
-        pp_cross_layer=cal.pp_cross_sync_per_layer_s * plan.tp if plan.pp > 1 and pp_cross else 0.0,
+        pp_comm=_exposed_p2p(job, plan, cal, pp_hop), pp_hop=pp_hop,
+        pp_cross_layer=p2p.cross_layer,
         # Blocking p2p (metadata received and read on the host before each activation/gradient) stops
         # the host running ahead of the GPU: per micro-batch, pp_host_sync of the shorter of host issue
         # time and GPU time is serialised behind the longer one instead of hidden under it.
@@ -239,12 +239,57 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         muon=framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None)
 
 
+class PipelineP2p(NamedTuple):
+    """A pipeline's send/receive between neighbouring stages, per micro-batch."""
+
+    hop: float  # one activation (or its gradient) to the next stage
+    cross_layer: float  # per layer, where stages cross NVLink domains with host-synchronous p2p (nanotron)
+
+
+def pipeline_p2p(job: Job, plan: Plan, cal: Calibration, lk: Links) -> PipelineP2p:
+    """The pipeline's p2p terms stage_inputs reads (and the search's pipeline bound, through exposed_pipeline_p2p):
+    one micro-batch's hidden states (sequence-parallel: a TP shard of them), inside or across NVLink domains."""
+    if plan.pp == 1:
+        return PipelineP2p(0.0, 0.0)
+    tokens = plan.micro_batch_size * job.seq_length / plan.cp  # layer_context's shard.tokens
+    cross = crosses_domains(plan.pp, plan.tp * plan.cp * plan.dp, lk.domain)
+    nbytes = tokens * job.model.hidden_size * BF16 / (plan.tp if plan.sequence_parallel else 1)
+    return PipelineP2p(p2p_time(nbytes, cross, lk, cal.pp_latency_inter_s),
+                       cal.pp_cross_sync_per_layer_s * plan.tp if cross else 0.0)
+
+
+def exposed_pipeline_p2p(job: Job, plan: Plan) -> float | None:
+    """The exposed pipeline send/receive per micro-batch of a plan without interleaving (every rank's the same): the
+    breakdown's pp_comm_s per micro-batch, from pipeline_p2p without building the step (what the search's pipeline
+    bound multiplies by vpp). Refused like step_terms (require_estimable); None where the per-layer host sync makes
+    it depend on the slowest stage's layers (the step's terms give it)."""
+    require_estimable(job, plan)
+    cal = calibration(job.framework)
+    p2p = pipeline_p2p(job, plan, cal, links(job.gpu, job.gpus_per_node, cal))
+    if p2p.cross_layer:
+        return None
+    return max(_exposed_p2p(job, plan, cal, p2p.hop))
+
+
+def _exposed_p2p(job: Job, plan: Plan, cal: Calibration, hop: float) -> tuple[float, ...]:
+    """Each pipeline rank's blocking p2p seconds per micro-batch: one transfer after each chunk's forward and backward
+    (2 x vpp hops), less pp_overlap; where the framework overlaps the steady state's transfers with compute (its
+    card's pipeline.steady_p2p_overlap, with virtual stages: Megatron's overlap_p2p_comm), only those of the rank's
+    warm-up and cool-down ops (1 - pipeline_timeline.steady_share of its replayed order)."""
+    full = (1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * hop
+    if plan.pp == 1 or plan.vpp == 1 or not framework_card(job.framework).pipeline.steady_p2p_overlap:
+        return (full,) * plan.pp
+    m = plan.schedule_microbatches(job.global_batch_size)
+    shape = plan_shape(job.framework, plan.pp, plan.vpp, m, plan.runs_schedule)
+    return tuple(full * (1.0 - steady_share(shape, r)) for r in range(plan.pp))
+
+
 def _a2a_steady(job: Job, plan: Plan, m: int) -> float:
-    """The share of micro-batch chunks whose expert all-to-all the combined 1F1B hides: named (pipeline_schedule
-    combined_1f1b) with a pipeline, the fused steps of its replayed order on the first rank; else the warm-up count
-    (moe_time.a2a_steady_share)."""
-    if plan.pipeline_schedule == "combined_1f1b" and plan.pp > 1:
-        return fused_share(plan_shape(job.framework, plan.pp, plan.vpp, m, plan.pipeline_schedule), 0)
+    """The share of micro-batch chunks whose expert all-to-all the combined 1F1B hides: with a pipeline (the schedule
+    moe_a2a_overlap runs, Plan.runs_schedule), the fused steps of its replayed order on the first rank; without one,
+    the count of forward_backward_no_pipelining's combined steps (moe_time.a2a_steady_share)."""
+    if plan.runs_schedule == "combined_1f1b" and plan.pp > 1:
+        return fused_share(plan_shape(job.framework, plan.pp, plan.vpp, m, plan.runs_schedule), 0)
     return a2a_steady_share(m, plan.pp, plan.vpp)
 
 
@@ -259,7 +304,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     if plan.pp == 1:
         return PipelineTime(worst, m * t_max, 0.0)
     runs = plan.schedule_runs(inp.job.global_batch_size)  # the schedule run per accumulation step (torchtitan)
-    shape = plan_shape(inp.job.framework, plan.pp, plan.vpp, m // runs, plan.pipeline_schedule)
+    shape = plan_shape(inp.job.framework, plan.pp, plan.vpp, m // runs, plan.runs_schedule)
     fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
     bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
     wgrad = None
@@ -270,7 +315,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     seconds = max(runs * timeline.seconds, m * t_max)
     facts = framework_card(inp.job.framework).pipeline
     name = facts.interleaved if shape.order == "interleaved_1f1b" and facts.interleaved else facts.schedule
-    if plan.pipeline_schedule is not None:
+    if plan.runs_schedule is not None:
         name = facts.schedules.get(shape.order, shape.order)
     if shape.order in ("interleaved_1f1b", "interleaved_zero_bubble", "combined_1f1b") and shape.vpp > 1:
         name += f" (v={shape.vpp}, {shape.group} micro-batches per chunk in turn)"

@@ -64,7 +64,7 @@ class StageInputs:
     pipeline: Stages
     recompute: Recompute
     head: float  # logits and cross-entropy, forward + backward, on the stage with the output layer
-    pp_comm: float  # exposed p2p traffic per micro-batch
+    pp_comm: tuple[float, ...]  # exposed p2p traffic per micro-batch, per pipeline rank (perf._exposed_p2p)
     pp_hop: float = 0.0  # one p2p transfer of a micro-batch's activation (or its gradient) between stages
     pp_cross_layer: float  # per layer, where stages cross NVLink domains with host-synchronous p2p (nanotron)
     host_sync: float  # share of the shorter of host and GPU time serialised behind the other (blocking p2p)
@@ -129,7 +129,7 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     dense_p, expert_p = stage_params(s, layers, inp)
     # Cross-node pipeline stages with host-synchronous p2p (nanotron) lose time on every layer
     # of every micro-batch, growing with the TP ranks that must meet in each collective.
-    pp = inp.pp_comm + inp.pp_cross_layer * len(kinds)
+    pp = inp.pp_comm[s] + inp.pp_cross_layer * len(kinds)
     # The host issues every kernel and collective of the micro-batch; when the GPU work is
     # shorter than that, the stage is launch-bound and waits for the CPU.
     host = inp.ctx.cal.host_time_per_layer_s * len(kinds)

@@ -493,6 +493,11 @@ class PipelineFacts(_Card):
         False, description="True: the framework runs its schedule once per gradient-accumulation step, over the "
                            "micro-batches of one local batch (Plan.pipeline_microbatches), each run with its own fill "
                            "and drain and its own gradient sync; False: one run over every micro-batch of the step")
+    steady_p2p_overlap: bool = Field(
+        False, description="True: with virtual stages the framework posts each steady-state op's sends and receives "
+                           "asynchronously and waits for them only before the next op (Megatron's overlap_p2p_comm), "
+                           "so they run beside compute; the warm-up forwards' and cool-down backwards' transfers stay "
+                           "blocking. False: every transfer blocks its rank")
     source: str
 
     @model_validator(mode="after")
@@ -506,10 +511,19 @@ MEGATRON_PIPELINE = PipelineFacts(
     schedule="1F1B", order="1f1b", interleaved="interleaved 1F1B (virtual_pipeline_model_parallel_size)", group="pp",
     schedules={"1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B",
                "combined_1f1b": "combined 1F1B (overlap_moe_expert_parallel_comm)"},
+    steady_p2p_overlap=True,
     source="NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_without_"
            "interleaving / _with_interleaving, get_pp_rank_microbatches, get_schedule_table; with "
            "overlap_moe_expert_parallel_comm the combined_1f1b.py path); megatron-core 0.19.2 has no GPipe, "
-           "zero-bubble or DualPipe schedule")
+           "zero-bubble or DualPipe schedule. overlap_p2p_comm is on with virtual stages: Megatron-LM's "
+           "--no-overlap-p2p-communication (store_false, so on by default; megatron/training/arguments.py turns it "
+           "off without virtual stages) and Megatron-Bridge's CommOverlapConfig (training/comm_overlap.py: "
+           "overlap_p2p_comm=True, batch_p2p_comm=False when vp_size > 1; verl's models/mcore/config_converter.py "
+           "the same). In the interleaved schedule's steady "
+           "state pp_post_forward / pp_post_backward post send_forward_recv_forward / send_backward_recv_backward "
+           "with overlap_p2p_comm=True and pp_pre_forward / pp_pre_backward wait on them before the next op; the "
+           "warm-up forwards and the cool-down backwards call them blocking (overlap_p2p_comm_warmup_flush off by "
+           "default)")
 
 
 class Zero3Prefetch(_Card):

@@ -307,9 +307,10 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
         return {"reason": f"pipeline_schedule={p.pipeline_schedule} with moe_a2a_overlap=true: with the overlap on "
                           "Megatron-Core always runs its combined 1F1B",
                 "fix": "Use pipeline_schedule=combined_1f1b, or moe_a2a_overlap=false."}
-    if p.pipeline_schedule == "combined_1f1b" and p.pp > 1 and p.vpp > 1 and uses_fsdp(ctx.job.framework,
-                                                                                       p.zero_stage):
-        return {"reason": f"pipeline_schedule=combined_1f1b with zero_stage={p.zero_stage} (Megatron-FSDP) over "
-                          f"vpp={p.vpp}: Megatron-Core refuses EP overlap 1F1B with FSDP for interleaved pipelines",
-                "fix": "Use zero_stage=1 (the distributed optimizer), or pp=1, or another pipeline_schedule."}
+    if p.runs_schedule == "combined_1f1b" and p.pp > 1 and p.vpp > 1 and uses_fsdp(ctx.job.framework, p.zero_stage):
+        return {"reason": f"combined 1F1B (moe_a2a_overlap) with zero_stage={p.zero_stage} (Megatron-FSDP) over "
+                          f"vpp={p.vpp}: Megatron-Core refuses EP overlap 1F1B with FSDP for interleaved pipelines "
+                          "(combined_1f1b.py)",
+                "fix": "Use zero_stage=1 (the distributed optimizer), or pp=1, or moe_a2a_overlap=false with another "
+                       "pipeline_schedule."}
     return None

@@ -140,6 +140,16 @@ class Plan(StrictModel):
         m = self.num_microbatches(global_batch_size)
         return min(m, self.pipeline_microbatches or m)
 
+    @property
+    def runs_schedule(self) -> PipelineSchedule | None:
+        """The pipeline schedule the plan runs (None: the framework's default): its pipeline_schedule, else
+        combined_1f1b where moe_a2a_overlap is on, as Megatron-Core runs overlap_moe_expert_parallel_comm
+        (schedules.py forward_backward_pipelining_with_interleaving's 'Combined 1F1B path'); every estimate and
+        picture reads this one."""
+        if self.pipeline_schedule is None and self.moe_a2a_overlap:
+            return "combined_1f1b"
+        return self.pipeline_schedule
+
     def schedule_runs(self, global_batch_size: int) -> int:
         """Runs of the pipeline schedule per optimizer step (1 unless pipeline_microbatches cuts the step)."""
         return max(1, self.num_microbatches(global_batch_size) // self.schedule_microbatches(global_batch_size))

@@ -10,9 +10,12 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.pipeline_timeline import steady_share
+from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share
-from meshplan.search.plans import SearchPlans
+from meshplan.knowledge.cards import framework_card
+from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.space import Layout
 
 
@@ -45,8 +48,24 @@ class StepTimeBounds(SearchPlans):
 
     def pp_unit(self, lay: Layout, mbs: int) -> float:
         """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
-        non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021)."""
+        non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021). Once per base (0 where an
+        estimate refuses the base); from the Engine's pp_unit where it has one, without building the base's step."""
         key = (lay.base(), self.zeros[0], self.recomputes[0], mbs)
+        hit = self.caches.pp_units.get(key)
+        if hit is None:
+            hit = self.caches.pp_units[key] = self._pp_unit(key)
+        return hit
+
+    def _pp_unit(self, key: PlanKey) -> float:
+        lay, mbs = key[0], key[3]
+        m = self.microbatches(lay, mbs)
+        if self.engine.pp_unit is not None and key not in self.caches.throughput:
+            try:
+                unit = self.engine.pp_unit(self.job, self.plan(*key))
+            except MeshplanError:
+                return 0.0
+            if unit is not None:
+                return m * unit / m  # the estimate's pp_comm_s (m x the stage's) per micro-batch, to the last bit
         try:
             report = self.caches.throughput.get(key)
             if report is not None or self.engine.terms is None:
@@ -173,8 +192,18 @@ class StepTimeBounds(SearchPlans):
         vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp)."""
         bound = self.token_bound(lay, mbs, recompute, exact=True)
         if interleave and lay.vpp > 1:
-            bound += lay.vpp * self.pp_unit(lay, mbs) * (self.microbatches(lay, mbs) + lay.bubble_stages())
+            bound += (lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs)
+                      * (self.microbatches(lay, mbs) + lay.bubble_stages()))
         return bound
+
+    def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
+        """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the
+        framework overlaps the steady state's (its card's pipeline.steady_p2p_overlap) the least over ranks of 1 -
+        steady_share, at the interleaved order's warm-up (combined 1F1B's is one longer: more blocks)."""
+        if lay.vpp == 1 or not framework_card(self.job.framework).pipeline.steady_p2p_overlap:
+            return 1.0
+        shape = plan_shape(self.job.framework, lay.pp, lay.vpp, self.microbatches(lay, mbs))
+        return min(1.0 - steady_share(shape, r) for r in range(lay.pp))
 
     def seed_rate(self, lay: Layout, mbs: int, rates: dict[tuple, tuple[int, float, float]]) -> tuple[int, float,
                                                                                                     float]:

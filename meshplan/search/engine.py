@@ -28,6 +28,7 @@ from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds
 from meshplan.search.estimators import Engine, ideal_time
+from meshplan.search.plans import Seeds, Tiers
 from meshplan.search.policy import (
     ADAPTER_RULE,
     BUDGET,
@@ -280,43 +281,67 @@ class BestFirstSearch(StepTimeBounds):
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def seed(self, layouts: list[Layout], ideal: float) -> None:
+    def seed(self, layouts: list[Layout], ideal: float, tier: int | None = None) -> None:
         """Push each layout's micro-batches with their seed keys. What a key reads of a layout is its degrees and
         bubble (space.Layout.shape), so the keys and the model-state bound are worked out once per shape; the
-        layouts (splits, schedules) are pushed one by one, in order."""
-        sized = [(lay, self.sizes(lay)) for lay in layouts]
-        for lay, sizes in sized:
+        layouts (splits, schedules) are pushed one by one, in order. A `tier` of run_search is seeded once per job
+        (Caches.seeds): a search at another budget (the thinner-headroom probe) pushes the same keys."""
+        seeds = self.caches.seeds.get(tier) if tier is not None else None
+        if seeds is None:
+            seeds = self.sized(layouts)
+            if tier is not None:
+                self.caches.seeds[tier] = seeds
+        else:
+            self.cp_mbs.update(seeds.cp_mbs)
+            self.work_mbs.update(seeds.work_mbs)
+        self.push_seeds(seeds, ideal)
+
+    def sized(self, layouts: list[Layout]) -> Seeds:
+        """What seeding these layouts reads before any budget: their micro-batches, the largest per shard
+        (cp_mbs, work_mbs: the non-exact token bounds' references), and each shape's model-state bound."""
+        shapes: dict[tuple, list] = {}  # per shape: [states bound, seed keys, least seed key]
+        entries = []
+        for lay in layouts:
+            sizes = self.sizes(lay)
             if sizes:
                 key = (lay.tp, lay.cp)
                 self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
                 work = (lay.tp, lay.ep, lay.etp)
                 self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
-        shapes: dict[tuple, tuple[float, list[float] | None]] = {}  # per shape: states bound, seed keys
-        rates: dict[tuple, tuple[int, float, float]] = {}  # token_rate per its references (seed_rate)
-        level, push = Level.FLOOR, self.push
-        for lay, sizes in sized:
-            checkpoint()
             shape = lay.shape()
-            hit = shapes.get(shape)
-            if hit is None:
-                bound = self.states_bound(lay, self.zeros[-1])
-                keys = None
-                if sizes and bound <= self.budget:
-                    keys = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], rates))
-                hit = shapes[shape] = (bound, keys)
-            bound, keys = hit
+            entry = shapes.get(shape)
+            if entry is None:
+                entry = shapes[shape] = [self.states_bound(lay, self.zeros[-1]), None, math.inf]
+            entries.append((lay, sizes, entry))
+        return Seeds(entries, dict(self.cp_mbs), dict(self.work_mbs))
+
+    def push_seeds(self, seeds: Seeds, ideal: float) -> None:
+        """Seed the queue: a layout whose model states are over budget is rejected, one whose share of the batch no
+        micro-batch divides goes to the batch rule, the others' micro-batches under the cutoff are pushed."""
+        rates: dict[tuple, tuple[int, float, float]] = {}  # token_rate per its references (seed_rate)
+        level, push, cutoff, variants = Level.FLOOR, self.push, self.cutoff, self.variants()
+        for lay, sizes, entry in seeds.layouts:
+            checkpoint()
+            bound = entry[0]
             if bound > self.budget:
                 # even the most sharded model states do not fit: no variant of this layout can
-                self.rejected[self.memory_rule_for(bound)] += self.variants() * max(1, len(sizes))
+                self.rejected[self.memory_rule_for(bound)] += variants * max(1, len(sizes))
                 continue
-            if keys is None:
+            if not sizes:
                 # No micro-batch divides this layout's share of the batch: let the batch rule say so.
                 mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
-                self.push(0.0, Level.RULES, (lay, mbs, 0))
+                push(0.0, Level.RULES, (lay, mbs, 0))
+                continue
+            keys = entry[1]
+            if keys is None:
+                keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], rates))
+                entry[2] = min(keys)
+            if entry[2] > cutoff:
+                self.beyond_cutoff += variants * len(sizes)
                 continue
             for mbs, key in zip(sizes, keys, strict=True):
-                if key > self.cutoff:
-                    self.beyond_cutoff += self.variants()
+                if key > cutoff:
+                    self.beyond_cutoff += variants
                     continue
                 push(key, level, (lay, mbs))
 
@@ -397,46 +422,58 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
     `cutoff`: no slower step time is wanted. Appends to `warnings` what the answer must say about the run."""
     search = BestFirstSearch.for_job(job, fixed, engine, top_k, budget_bytes=budget_bytes)
     search.cutoff = cutoff
-    if share is not None:
+    if share is not None:  # what does not depend on the budget: the estimates, and the per-search memos below
         search.caches = share.caches.shared()
-    if search.caches.space is None:
-        search.caches.space = enumerate_layouts(job, fixed)
-    layouts, dropped = search.caches.space
-    considered = 0
-    # Groups dropped by a cheap law: one check names the rule, every layout in the group counts under it.
-    for group in dropped:
-        error = search.check_error(group.example, search.zeros[0], search.recomputes[0], 1)
-        count = group.layouts * (search.plans_of(group.example) + search.refused_plans(group.example))
-        considered += count
-        search.rejected[error or group.reason] += count
-    inside: dict[tuple[int, int], bool] = {}  # within_nvlink per (tp, etp), all it reads
-    for lay in layouts:
-        if (lay.tp, lay.etp) not in inside:
-            inside[lay.tp, lay.etp] = within_nvlink(job, lay)
-    tier1 = [lay for lay in layouts if inside[lay.tp, lay.etp]]
-    tier2 = [lay for lay in layouts if not inside[lay.tp, lay.etp]]
-    for lay in layouts:
-        considered += search.plans_of(lay) + search.refused_plans(lay)
-        search.rejected[ADAPTER_RULE] += search.refused_plans(lay)
+        search.overlaps, search.pipeline_overlap = share.overlaps, share.pipeline_overlap
+        search.sizes_by_dp, search.floor_parts = share.sizes_by_dp, share.floor_parts
+    tiers = search.caches.tiers
+    if tiers is None:
+        tiers = search.caches.tiers = split_space(search)
+    search.rejected.update(tiers.rejected)
     ideal = ideal_time(job, engine)
-    search.seed(tier1, ideal)
+    search.seed(tiers.inside, ideal, tier=0)
     search.run()
-    if not search.found and not search.stopped_by_budget and tier2:
+    if not search.found and not search.stopped_by_budget and tiers.across:
         search.drain(SLOWER)
-        search.seed(tier2, ideal)
+        search.seed(tiers.across, ideal, tier=1)
         search.run()
         if search.found:
             warnings.append("No layout with TP inside one NVLink domain fits; the ranked layouts use TP across "
                             "domains, so every layer's TP traffic crosses the network.")
-    else:
-        for lay in tier2:
-            search.rejected[NVLINK] += search.plans_of(lay)
+    elif tiers.across:
+        search.rejected[NVLINK] += tiers.across_plans
     search.drain(BUDGET if search.stopped_by_budget else SLOWER)
     for reason in search.untimed_reasons[:3]:
         warnings.append(f"The throughput model could not time some layouts that pass the rules: {reason}")
     if search.stopped_by_budget:
         warnings.append(budget_cut(search))
-    return search, considered
+    return search, tiers.considered
+
+
+def split_space(search: BestFirstSearch) -> Tiers:
+    """The job's space (enumerate_layouts) split by whether TP stays inside the NVLink domain, with every plan
+    counted: the layouts a cheap law dropped, one check naming the rule for each group, and rule AD001's stages."""
+    if search.caches.space is None:
+        search.caches.space = enumerate_layouts(search.job, search.fixed)
+    layouts, dropped = search.caches.space
+    considered = 0
+    rejected: Counter = Counter()
+    # Groups dropped by a cheap law: one check names the rule, every layout in the group counts under it.
+    for group in dropped:
+        error = search.check_error(group.example, search.zeros[0], search.recomputes[0], 1)
+        count = group.layouts * (search.plans_of(group.example) + search.refused_plans(group.example))
+        considered += count
+        rejected[error or group.reason] += count
+    inside: dict[tuple[int, int], bool] = {}  # within_nvlink per (tp, etp), all it reads
+    for lay in layouts:
+        if (lay.tp, lay.etp) not in inside:
+            inside[lay.tp, lay.etp] = within_nvlink(search.job, lay)
+    tier1 = [lay for lay in layouts if inside[lay.tp, lay.etp]]
+    tier2 = [lay for lay in layouts if not inside[lay.tp, lay.etp]]
+    for lay in layouts:
+        considered += search.plans_of(lay) + search.refused_plans(lay)
+        rejected[ADAPTER_RULE] += search.refused_plans(lay)
+    return Tiers(tier1, tier2, considered, rejected, sum(search.plans_of(lay) for lay in tier2))
 
 
 def budget_cut(search: BestFirstSearch) -> str:

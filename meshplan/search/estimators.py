@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic.flops import model_flops_per_step
 from meshplan.check.config import check_config
 from meshplan.estimate.memory import estimate_memory, memory_summary
-from meshplan.estimate.perf import StepTerms, estimate_throughput, step_terms, throughput_of
+from meshplan.estimate.perf import StepTerms, estimate_throughput, exposed_pipeline_p2p, step_terms, throughput_of
 from meshplan.knowledge.calibration import calibration
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, MemoryReport, MemorySummary, ThroughputReport
@@ -32,6 +32,10 @@ class Engine:
     # pipeline (the costly part): `terms` then `finish` give exactly `throughput`. None: the search calls `throughput`.
     terms: Callable[[Job, Plan], StepTerms] | None = None
     finish: Callable[[StepTerms], ThroughputReport] | None = None
+    # A non-interleaved plan's exposed pipeline send/receive per micro-batch (its breakdown's pp_comm_s / m) without
+    # building its step, for the pipeline bound; None from it where only the step's terms give it. None: the bound
+    # reads it from the plan's step terms.
+    pp_unit: Callable[[Job, Plan], float | None] | None = None
 
 
 def default_engine(framework: str) -> Engine:
@@ -50,6 +54,7 @@ def default_engine(framework: str) -> Engine:
         moe_layer_fixed_s=cal.moe_host_sync_s,
         terms=step_terms,
         finish=throughput_of,
+        pp_unit=exposed_pipeline_p2p,
     )
 
 

@@ -27,6 +27,31 @@ Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
 
 
 @dataclass
+class Seeds:
+    """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: each layout in order with its
+    micro-batches and its shape's entry, [model-state bound at the lightest ZeRO stage, seed keys, least seed key]
+    (the keys None until a budget the bound keeps asks for them), and the largest micro-batches per (tp, cp) and
+    (tp, ep, etp) once the tier is seeded (the bounds' references read them)."""
+
+    layouts: list[tuple[Layout, tuple[int, ...], list]]
+    cp_mbs: dict[tuple[int, int], int]
+    work_mbs: dict[tuple[int, int, int], float]
+
+
+@dataclass
+class Tiers:
+    """A job's space as run_search splits it, the same at any memory budget: the layouts with TP inside the NVLink
+    domain and across it, the plans considered, those counted rejected before the queue (a cheap law's groups, rule
+    AD001's ZeRO stages), and the plans of the layouts across the domain."""
+
+    inside: list[Layout]
+    across: list[Layout]
+    considered: int
+    rejected: Counter
+    across_plans: int
+
+
+@dataclass
 class Caches:
     """What a search has learnt about its job. The estimates, findings and bounds do not depend on the memory
     budget, so a search of the same job at another budget shares them (`shared`); what fits does."""
@@ -36,12 +61,15 @@ class Caches:
     terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # a step's terms before its pipeline's replay
     checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
+    pp_units: dict[PlanKey, float] = field(default_factory=dict)  # bounds.pp_unit per non-interleaved base
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
     floors: dict[PlanKey, float] = field(default_factory=dict)  # first_stage_floor per non-interleaved plan
     states: dict[tuple[int, ...], float] = field(default_factory=dict)  # states_lower_bound per (degrees, ZeRO)
     # Per (layout shape, token_rate): the seed keys of its micro-batches, in order (a pure function of the two).
     seed_keys: dict[tuple[tuple, tuple[int, float]], list[float]] = field(default_factory=dict)  # by Layout.shape
     space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
+    tiers: Tiers | None = None  # run_search's split of the space
+    seeds: dict[int, Seeds] = field(default_factory=dict)  # per tier (0 inside the NVLink domain, 1 across)
     # Per (non-interleaved layout, ZeRO stage, recompute, micro-batch): the first stage's memory floor is in budget.
     floor_fits: dict[PlanKey, bool] = field(default_factory=dict)
     # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
@@ -51,9 +79,9 @@ class Caches:
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, throughput=self.throughput, terms=self.terms, checks=self.checks,
-                      token_time=self.token_time,
+                      token_time=self.token_time, pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
-                      seed_keys=self.seed_keys, space=self.space)
+                      seed_keys=self.seed_keys, space=self.space, tiers=self.tiers, seeds=self.seeds)
 
 
 @dataclass(kw_only=True)

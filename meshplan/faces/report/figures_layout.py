@@ -126,7 +126,7 @@ def schedule_shape(report: PlanReport, microbatches: int) -> TimelineShape:
     or the plan's pipeline_schedule), at the drawn micro-batch count."""
     plan = report.plan
     assert plan is not None
-    return plan_shape(report.framework, plan.pp, plan.vpp, microbatches, plan.pipeline_schedule)
+    return plan_shape(report.framework, plan.pp, plan.vpp, microbatches, plan.runs_schedule)
 
 
 def _schedule_slots(shape: TimelineShape) -> tuple[list[Shape], float]:
