@@ -470,9 +470,10 @@ def _action_steps(shape: Shape, rank: int) -> tuple[tuple[str, int, int, int, bo
 
 
 def _replay_actions(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float,
-                    wgrad: Sequence[float]) -> float:
+                    wgrad: Sequence[float], record: list[list[tuple[float, float]]] | None = None) -> float:
     """_replay for every order: F, B, I (bwd - wgrad) and W (wgrad) ops; a fused pair starts when its rank is free
-    and both inputs are in, and takes both ops' seconds."""
+    and both inputs are in, and takes both ops' seconds. With `record`, each rank's ops' (start, end) are appended
+    in its order (a fused pair's two ops back to back; the pair ends where the step's arithmetic says)."""
     p = shape.pp
     steps = [_action_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
@@ -497,7 +498,13 @@ def _replay_actions(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], ho
                 starts = [ready(step) for step in run]
                 if min(starts) < 0:
                     break
-                t = max(t, *starts) + sum(seconds[r][step[0]] for step in run)
+                begin = max(t, *starts)
+                t = begin + sum(seconds[r][step[0]] for step in run)
+                if record is not None and len(run) == 2:
+                    middle = begin + seconds[r][run[0][0]]
+                    record[r] += [(begin, middle), (middle, t)]
+                elif record is not None:
+                    record[r].append((begin, t))
                 for kind, slot, *_ in run:
                     if kind != "W":
                         done[_FROM_F if kind == "F" else _FROM_B][slot] = t
@@ -555,36 +562,13 @@ class TimedAction(NamedTuple):
 
 def timed_actions(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float = 0.0,
                   wgrad: Sequence[float] | None = None) -> tuple[tuple[TimedAction, ...], ...]:
-    """Every rank's actions (rank_actions) in its order, each with its start and end: the replay of _replay_actions
-    with every op kept, a fused pair's two ops back to back. Nothing is extended past EXACT_MICROBATCHES, so at any
-    micro-batch count the last end is the step `simulate` gives up to that bound (tests hold them equal)."""
+    """Every rank's actions (rank_actions) in its order, each with its start and end, from the same replay as the
+    step (_replay_actions). Nothing is extended past EXACT_MICROBATCHES, so at any micro-batch count the last end is
+    the step `simulate` gives up to that bound (tests hold them equal)."""
     p = shape.pp
     w = tuple(wgrad) if wgrad is not None else (0.0,) * p
-    steps = [_action_steps(shape, r) for r in range(p)]
-    actions = [rank_actions(shape, r) for r in range(p)]
-    done = ([-1.0] * (shape.stages * shape.microbatches), [-1.0] * (shape.stages * shape.microbatches))
-    seconds = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - w[r], "W": w[r]} for r in range(p)]
-    timed: list[list[TimedAction]] = [[] for _ in range(p)]
-    free = [0.0] * p
-    moved = True
-    while moved:
-        moved = False
-        for r in range(p):
-            while (k := len(timed[r])) < len(steps[r]):
-                run = steps[r][k:k + 2] if steps[r][k][5] else steps[r][k:k + 1]
-                starts = [-1.0 if dep >= 0 and done[source][dep] < 0 else
-                          0.0 if dep < 0 else done[source][dep] + (hop if hopped else 0.0)
-                          for _, _, dep, source, hopped, _ in run]
-                if min(starts) < 0:
-                    break
-                t = max(free[r], *starts)
-                for offset, step in enumerate(run):
-                    timed[r].append(TimedAction(actions[r][k + offset], t, t + seconds[r][step[0]]))
-                    t += seconds[r][step[0]]
-                for kind, slot, *_ in run:
-                    if kind != "W":
-                        done[_FROM_F if kind == "F" else _FROM_B][slot] = t
-                free[r], moved = t, True
-    if any(len(timed[r]) < len(steps[r]) for r in range(p)):
-        raise AssertionError(f"pipeline order deadlocks: {shape}")
-    return tuple(tuple(t) for t in timed)
+    moments: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    _replay_actions(shape, fwd, bwd, hop, w, moments)
+    return tuple(tuple(TimedAction(action, *moment) for action, moment in zip(rank_actions(shape, r), moments[r],
+                                                                               strict=True))
+                 for r in range(p))
