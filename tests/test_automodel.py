@@ -209,3 +209,32 @@ def test_am003_counts_one_run_of_the_schedule():
 
     assert not am003() and not am003(pipeline_microbatches=4)
     assert am003(pipeline_microbatches=2)  # 16 micro-batches per step, but runs of 2 over 4 stages
+
+
+def test_automodel_keeps_parameters_grads_and_adam_moments_in_bf16():
+    """AutoModel's resident parameters are model.torch_dtype, bf16 unless the recipe asks for float32, and torch Adam's
+    moments follow them (cards/memory.yaml fsdp2_automodel): 2 + 2 + 4 B per parameter at ZeRO-3, half of
+    torchtitan's fp32 4 + 4 + 8 on the same plan; its optimizer step is torch's foreach (one moment-dtype copy)."""
+    from meshplan.arithmetic.memory_states import bytes_per_param, convention, optimizer_implementation
+
+    name, _, tensors = convention("nemo-automodel", 3)
+    assert name == "fsdp2_automodel"
+    assert bytes_per_param(tensors, 8) == pytest.approx((2 + 2 + 4) / 8)
+    assert bytes_per_param(convention("torchtitan", 3, "0.2.2")[2], 8) == pytest.approx(16 / 8)
+    fields = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=32, micro_batch_size=1)
+    auto = api.estimate_memory(Request(framework="nemo-automodel", **fields)).stages[0]
+    titan = api.estimate_memory(Request(framework="torchtitan", framework_version="0.2.2", **fields)).stages[0]
+    assert auto.weights_bytes == pytest.approx(titan.weights_bytes / 2, rel=1e-6)
+    assert auto.optimizer_bytes == pytest.approx(titan.optimizer_bytes / 2, rel=1e-6)
+    job, plan = resolve(Request(framework="nemo-automodel", **fields))
+    assert optimizer_implementation(job, plan) == "foreach"
+
+
+def test_automodel_loss_holds_the_bf16_logits_beside_the_fp32_cross_entropy():
+    """MaskedCrossEntropy's default fp32 upcast over the whole sequence, with train_ft.py's `out` keeping the bf16
+    logits through the backward: 2 + 4 + 4 + 4 B per logit, one chunk."""
+    from meshplan.arithmetic.memory_states import convention
+
+    conv = convention("nemo-automodel", 3)[1]
+    assert (conv.logits_bytes_per_element, conv.loss_chunks) == (14, 1)
+    assert (conv.qkv_projections, conv.rope_saves) == ("separate", "shared_tables")

@@ -98,7 +98,8 @@ def test_generic_convention_keeps_the_older_count():
     card = memory_card()
     assert {name: c.moe_activations for name, c in card.conventions.items()} == {
         "megatron": "megatron_core", "megatron_fsdp": "megatron_core", "deepspeed": "generic",
-        "fsdp2": "generic", "fsdp2_chunked_loss": "fp32_router", "fsdp2_hf": "hf", "nanotron": "generic"}
+        "fsdp2": "generic", "fsdp2_chunked_loss": "fp32_router", "fsdp2_hf": "hf", "fsdp2_automodel": "generic",
+        "nanotron": "generic"}
     assert set(MOE_BYTES) == {"megatron_core", "generic", "fp32_router", "hf"}
     assert MOE_BYTES[convention("megatron-bridge", 1)[1].moe_activations] is MEGATRON_CORE_MOE
 
