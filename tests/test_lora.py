@@ -178,3 +178,19 @@ def test_search_floors_stay_floors_and_recommend_finds_lora_layouts():
     best = api.recommend(Request(**request, lora_rank=16)).candidates[0]
     assert best.memory.fits
     assert estimate_memory(job, best.plan).stages[0].detail["lora_adapter_params"] > 0
+
+
+def test_frozen_units_gather_their_weights_but_reduce_no_gradient():
+    """FSDP2 under LoRA: a frozen unit's backward gathers its parameters (unsharded_param_bytes) beside the prefetched
+    unit before it, with no unsharded gradient and no fp32 reduce-scatter input (memory_states.
+    frozen_gathered_transient); a preset that does not say unsharded_param_bytes keeps gathered_transient."""
+    from meshplan.arithmetic.memory_states import convention, frozen_gathered_transient, gathered_transient
+
+    conv = convention("torchtitan", 3, "0.2.2")[1]
+    units = [10.0, 4.0, 30.0]
+    assert frozen_gathered_transient(conv, units) == pytest.approx(max(
+        conv.unsharded_param_bytes * 10.0, conv.unsharded_param_bytes * 4.0 + conv.prefetched_bytes * 10.0,
+        conv.unsharded_param_bytes * 30.0 + conv.prefetched_bytes * 4.0))
+    assert frozen_gathered_transient(conv, units) < gathered_transient(conv, units)
+    ds = convention("deepspeed", 3)[1]
+    assert frozen_gathered_transient(ds, units) == gathered_transient(ds, units)

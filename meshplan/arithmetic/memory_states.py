@@ -330,6 +330,19 @@ def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, h
     return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
 
 
+def frozen_gathered_transient(conv: Convention, units: list[float]) -> float:
+    """gathered_transient for units whose base weights are frozen (LoRA): a frozen parameter gets no gradient, so its
+    unit's post_backward has no unsharded gradient and no reduce-scatter input (torch 2.13 FSDP2
+    _fsdp_param_group.py post_backward reduces only the params with a .grad); what is left at its backward is its
+    gathered parameters (`unsharded_param_bytes`) beside the prefetched unit before it. The adapters' own gradients
+    are left out (rank x width per projection). Conventions that do not say unsharded_param_bytes keep
+    gathered_transient."""
+    if not conv.unsharded_param_bytes:
+        return gathered_transient(conv, units)
+    return max((conv.unsharded_param_bytes * p + conv.prefetched_bytes * (units[k - 1] if k else 0.0)
+                for k, p in enumerate(units)), default=0.0)
+
+
 def gathered_transient(conv: Convention, units: list[float]) -> float:
     """FSDP/ZeRO-3 bytes at the worst unit's backward peak: `gathered_layers` x `gathered_bytes` per parameter
     of that unit plus `prefetched_bytes` per parameter of the unit before it (`units`: per-GPU parameters of

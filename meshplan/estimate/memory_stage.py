@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
+    frozen_gathered_transient,
     gathered_transient,
     muon_saved_bytes,
     optimizer_step_temporaries,
@@ -308,6 +309,6 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
         units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
                   for i in params.layers]
         units += [params.output_layer + terms.norm_width] if params.last else []
-        gathered = gathered_transient(conv, units)
+        gathered = (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(conv, units)
         return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered), None, gathered=gathered)]
     return [Overheads(acts, terms.other_fixed, acts, None)]
