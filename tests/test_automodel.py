@@ -230,11 +230,11 @@ def test_automodel_keeps_parameters_grads_and_adam_moments_in_bf16():
     assert optimizer_implementation(job, plan) == "foreach"
 
 
-def test_automodel_loss_holds_the_bf16_logits_beside_the_fp32_cross_entropy():
-    """MaskedCrossEntropy's default fp32 upcast over the whole sequence, with train_ft.py's `out` keeping the bf16
-    logits through the backward: 2 + 4 + 4 + 4 B per logit, one chunk."""
+def test_automodel_loss_is_the_fp32_cross_entropy_without_the_bf16_logits():
+    """MaskedCrossEntropy's default fp32 upcast over the whole sequence, train_ft.py dropping the bf16 logits before
+    the backward: 4 + 4 + 4 B per logit, one chunk."""
     from meshplan.arithmetic.memory_states import convention
 
     conv = convention("nemo-automodel", 3)[1]
-    assert (conv.logits_bytes_per_element, conv.loss_chunks) == (14, 1)
+    assert (conv.logits_bytes_per_element, conv.loss_chunks) == (12, 1)
     assert (conv.qkv_projections, conv.rope_saves) == ("separate", "shared_tables")
