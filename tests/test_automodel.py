@@ -238,3 +238,32 @@ def test_automodel_loss_is_the_fp32_cross_entropy_without_the_bf16_logits():
     conv = convention("nemo-automodel", 3)[1]
     assert (conv.logits_bytes_per_element, conv.loss_chunks) == (12, 1)
     assert (conv.qkv_projections, conv.rope_saves) == ("separate", "shared_tables")
+
+
+def test_automodels_routed_experts_activation_is_fused_in_eager_blocks():
+    """AutoModel's grouped experts run their activation and routing-weight multiply as one fused kernel
+    (compile.experts_fused): without compile its blocks' hidden-sized work gets the eager pass count and the routed
+    experts' activations the fused one; torchtitan's eager experts keep the eager count."""
+    from dataclasses import replace
+
+    from meshplan.arithmetic.comm import links
+    from meshplan.estimate.layer_records import BF16
+    from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds
+    from meshplan.estimate.perf import _peaks, layer_context
+    from meshplan.knowledge.calibration import calibration
+
+    job, plan = resolve(Request(model="qwen3-30b-a3b", framework="nemo-automodel", num_gpus=8, ep=8,
+                                global_batch_size=64))
+    cal = calibration("nemo-automodel")
+    ctx = layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), _peaks(job, cal), 4, None)
+    assert ctx.eager and ctx.experts_fused
+    load = elementwise_load(ctx, True)
+    eager = elementwise_seconds(replace(ctx, experts_fused=False), load)
+    assert eager - elementwise_seconds(ctx, load) == pytest.approx(
+        (cal.eager_elementwise_passes - cal.elementwise_passes) * BF16 * load.routed_ffn / ctx.hbm)
+    titan, titan_plan = resolve(Request(model="qwen3-30b-a3b", framework="torchtitan", num_gpus=8, ep=8,
+                                        global_batch_size=64))
+    tcal = calibration("torchtitan")
+    tctx = layer_context(titan, titan_plan, tcal, links(titan.gpu, titan.gpus_per_node, tcal), _peaks(titan, tcal),
+                         4, None)
+    assert tctx.eager and not tctx.experts_fused

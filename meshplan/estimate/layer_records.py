@@ -58,6 +58,7 @@ class LayerContext:
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
+    experts_fused: bool = False  # ... but the routed experts' activation is a fused kernel (compile.experts_fused)
     attention_fraction: float = 0.5  # of BF16 peak, the job's attention kernel on its GPU (attention_efficiency)
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)

@@ -77,9 +77,11 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
 
 def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes (eager
-    ones when the blocks run uncompiled) over the hidden and FFN elements, plus the dispatcher's and router's bytes."""
+    ones when the blocks run uncompiled, but the fused count over the routed experts' activations where the framework
+    fuses them: ctx.experts_fused) over the hidden and FFN elements, plus the dispatcher's and router's bytes."""
     passes = ctx.cal.eager_elementwise_passes if ctx.eager else ctx.cal.elementwise_passes
-    elem_bytes = passes * BF16 * (load.hidden + (load.routed_ffn + load.shared_ffn + load.dense_ffn))
+    routed = ctx.cal.elementwise_passes if ctx.experts_fused else passes
+    elem_bytes = passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn)) + routed * BF16 * load.routed_ffn
     elem_bytes += load.dispatch_bytes + load.router_bytes
     return elem_bytes / ctx.hbm
 

@@ -84,6 +84,13 @@ def eager_blocks(job: Job, plan: Plan) -> bool:
     return scope is not None and scope.blocks and not plan.torch_compile
 
 
+def experts_fused(job: Job) -> bool:
+    """Whether the framework runs its routed experts' activation as one fused kernel even where its blocks are eager
+    (its card's compile.experts_fused: NeMo AutoModel's grouped experts)."""
+    scope = framework_card(job.framework).compile
+    return scope is not None and scope.experts_fused
+
+
 class StepTerms(NamedTuple):
     """Everything of a plan's step but its pipeline's timeline (the costly part): the stages' times per micro-batch
     and the once-per-step terms. `floor` bounds the step from below, so a search can drop a plan before replaying
@@ -199,7 +206,8 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         fp8_peak=peaks.fp8, hbm=hbm, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.framework, plan.zero_stage) if job.lora else None,
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
-        moe_host_syncs=moe_host_syncs(job, plan), eager=eager_blocks(job, plan), attention_fraction=fraction,
+        moe_host_syncs=moe_host_syncs(job, plan), eager=eager_blocks(job, plan),
+        experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel, routed_load=ep_rank_load(job, plan),
         gather_dispatch=(framework_card(job.framework).model_extra or {}).get("moe_dispatch", {}).get(
             "alltoall_as") == "allgather",

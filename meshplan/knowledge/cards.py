@@ -287,6 +287,8 @@ class CompileSemantics(_Card):
     default: bool = False  # the framework's own default (a request that leaves torch_compile out gets it)
     blocks: bool = True
     loss: bool = False
+    # the routed experts' activation (and routing-weight multiply) is one fused kernel even in eager blocks
+    experts_fused: bool = False
     source: str
 
 
