@@ -104,3 +104,30 @@ def test_mesh_axes_are_megatron_s_rank_order(tp, cp, pp, ep, etp, world):
                     [c for i, c in enumerate(mine) if i != position], (name, rank, other)
                 assert axis.expert is False or other // stage == rank // stage  # experts stay in their stage
         assert axis.crosses_network == mesh.crosses_domains(axis.size, axis.stride, 8)
+
+
+def test_mesh_groups_are_the_one_home_of_the_strides():
+    """The estimates time their collectives over mesh.mesh_groups (the groups mesh_axes draws): DP x CP at stride
+    tp (dense gradients, Megatron-FSDP's dense shards), expert-DP at stride ep*etp, the pipeline at tp*cp*dp, and
+    a2a+p2p CP's two levels (the all-to-all inside a node at stride tp, the ring over them)."""
+    plan = Plan(tp=2, cp=4, pp=2, dp=4, ep=8, etp=2)
+    g = mesh.mesh_groups(plan, edp=2)
+    assert (g.dp_cp, g.edp, g.pp, g.ep, g.cp) == ((16, 2), (2, 16), (2, 32), (8, 2), (4, 2))
+    assert mesh.mesh_groups(plan, dp=3).pp == (2, 24)
+    assert mesh.hierarchical_cp_groups(plan, gpus_per_node=4) == ((2, 2), (2, 4))
+    assert g.edp.crosses(8) and not g.ep.crosses(16)
+
+
+def test_estimates_do_not_place_ranks_by_hand():
+    """No estimate module works out which ranks share a node itself: they read mesh_groups' strides (one home)."""
+    import ast
+    from pathlib import Path
+
+    import meshplan.estimate
+
+    by_hand = {"crosses_domains", "per_domain", "hierarchical_cp_sizes"}
+    for path in Path(meshplan.estimate.__file__).parent.glob("*.py"):
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        names |= {a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)
+                  for a in n.names}
+        assert not names & by_hand, (path.name, names & by_hand)

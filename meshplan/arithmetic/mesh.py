@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
 from meshplan.schema.hardware import GpuSpec
@@ -141,6 +141,51 @@ def tp_fits_domain(tp: int, domain: int) -> bool:
 # --------------------------------------------------------------------------- which ranks form each group
 
 
+class Group(NamedTuple):
+    """A kind of process group in Megatron-Core's rank order: `size` members spaced `stride` ranks apart."""
+
+    size: int
+    stride: int
+
+    def crosses(self, domain: int) -> bool:
+        """Whether one such group needs the network (crosses_domains)."""
+        return crosses_domains(self.size, self.stride, domain)
+
+
+class MeshGroups(NamedTuple):
+    """Every process group of a plan, in Megatron-Core's rank order (parallel_state.py RankGenerator
+    'tp-cp-ep-dp-pp'): dense TP (stride 1), CP (stride tp), DP (stride tp*cp), PP (stride tp*cp*dp), and the data
+    and context ranks together (DP x CP, stride tp: what dense gradients are reduced and Megatron-FSDP shards over);
+    experts ETP (stride 1), EP (stride etp), expert-DP (stride ep*etp) within a pipeline stage."""
+
+    tp: Group
+    cp: Group
+    dp: Group
+    pp: Group
+    dp_cp: Group
+    etp: Group
+    ep: Group
+    edp: Group
+
+
+def mesh_groups(plan: Plan, dp: int | None = None, edp: int = 1) -> MeshGroups:
+    """The plan's process groups with `dp` data-parallel ranks (default plan.dp) and `edp` expert-data-parallel ranks
+    (pass it where the expert-DP group is read): the one place the rank-order strides are written (mesh_axes draws
+    them, the estimates time their collectives over them)."""
+    tp, cp = plan.tp, plan.cp
+    dp = plan.dp if dp is None else dp
+    return MeshGroups(tp=Group(tp, 1), cp=Group(cp, tp), dp=Group(dp, tp * cp), pp=Group(plan.pp, tp * cp * dp),
+                      dp_cp=Group(dp * cp, tp), etp=Group(plan.etp, 1), ep=Group(plan.ep, plan.etp),
+                      edp=Group(edp, plan.ep * plan.etp))
+
+
+def hierarchical_cp_groups(plan: Plan, gpus_per_node: int) -> tuple[Group, Group]:
+    """a2a+p2p context parallelism's two levels (hierarchical_cp_sizes): the all-to-all over the CP ranks inside one
+    node (stride tp) and the ring over those groups (stride tp x the all-to-all's size)."""
+    inner, outer = hierarchical_cp_sizes(plan.cp, plan.tp, gpus_per_node)
+    return Group(inner, plan.tp), Group(outer, plan.tp * inner)
+
+
 @dataclass(frozen=True)
 class MeshAxis:
     """One kind of process group in Megatron-Core's rank order: its name, members per group, their spacing, whether
@@ -169,12 +214,10 @@ def mesh_axes(plan: Plan, world: int, domain: int, moe: bool) -> list[MeshAxis]:
     RankGenerator 'tp-cp-ep-dp-pp'): dense TP (stride 1), CP (stride tp), DP (stride tp*cp), PP (stride tp*cp*dp);
     with experts, ETP (stride 1), EP (stride etp), expert-DP (stride ep*etp) within a pipeline stage."""
     dp = max(1, world // (plan.tp * plan.cp * plan.pp))
-    found = [MeshAxis(name, size, stride, crosses_domains(size, stride, domain))
-             for name, size, stride in [("TP", plan.tp, 1), ("CP", plan.cp, plan.tp), ("DP", dp, plan.tp * plan.cp),
-                                        ("PP", plan.pp, plan.tp * plan.cp * dp)] if size > 1]
+    g = mesh_groups(plan, dp, max(1, world // (plan.pp * plan.ep * plan.etp)))
+    found = [MeshAxis(name, group.size, group.stride, group.crosses(domain))
+             for name, group in [("TP", g.tp), ("CP", g.cp), ("DP", g.dp), ("PP", g.pp)] if group.size > 1]
     if moe and plan.ep > 1:
-        edp = max(1, world // (plan.pp * plan.ep * plan.etp))
-        found += [MeshAxis(name, size, stride, crosses_domains(size, stride, domain), expert=True)
-                  for name, size, stride in [("ETP", plan.etp, 1), ("EP", plan.ep, plan.etp),
-                                             ("EDP", edp, plan.ep * plan.etp)] if size > 1]
+        found += [MeshAxis(name, group.size, group.stride, group.crosses(domain), expert=True)
+                  for name, group in [("ETP", g.etp), ("EP", g.ep), ("EDP", g.edp)] if group.size > 1]
     return found

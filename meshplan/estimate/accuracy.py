@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.arithmetic.mesh import crosses_domains, fast_domain
+from meshplan.arithmetic.mesh import fast_domain, mesh_groups
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.knowledge.cards import framework_card, load_card
 from meshplan.schema.plan import Job, Plan
@@ -101,7 +101,7 @@ def _engine(job: Job, plan: Plan) -> str:
 
 def _ep_crosses(job: Job, plan: Plan) -> bool:
     domain = fast_domain(job.gpu, job.gpus_per_node)
-    return job.model.moe is not None and plan.ep > 1 and crosses_domains(plan.ep, plan.etp, domain)
+    return job.model.moe is not None and plan.ep > 1 and mesh_groups(plan).ep.crosses(domain)
 
 
 def _offloads(job: Job, plan: Plan) -> bool:
@@ -164,7 +164,7 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
         out.append("ETP > 1")
     if plan.cp > 1:
         out.append("CP > 1")
-        if crosses_domains(plan.cp, plan.tp, domain):
+        if mesh_groups(plan).cp.crosses(domain):
             out.append("CP across nodes")
         if plan.cp_comm_type != "p2p":
             out.append(f"CP {plan.cp_comm_type} exchange")

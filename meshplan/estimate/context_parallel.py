@@ -4,7 +4,7 @@ hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it fe
 from __future__ import annotations
 
 from meshplan.arithmetic.comm import alltoall_time, p2p_time, ring_time
-from meshplan.arithmetic.mesh import crosses_domains, hierarchical_cp_sizes
+from meshplan.arithmetic.mesh import Group, hierarchical_cp_groups, mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.model import Architecture
 
@@ -61,15 +61,15 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     tokens = ctx.shard.tokens
     kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
     attention_bwd = attention_fwd_bwd - attention_fwd
+    group = mesh_groups(plan).cp
     if plan.cp_comm_type == "allgather":
-        one = ring_time(c * kv_bytes, c, plan.tp, lk)
+        one = ring_time(c * kv_bytes, group.size, group.stride, lk)
         return one, FORWARD_AND_BACKWARD * one
-    a2a_size = c if plan.cp_comm_type == "a2a" else 1
+    a2a, ring = (group, Group(1, plan.tp * c)) if plan.cp_comm_type == "a2a" else (Group(1, plan.tp), group)
     if plan.cp_comm_type == "a2a+p2p":
-        a2a_size = hierarchical_cp_sizes(c, plan.tp, lk.node)[0]
+        a2a, ring = hierarchical_cp_groups(plan, lk.node)
     a2a_one = alltoall_time(tokens * (q_out_width(arch, plan.tp) + kv_width(arch, plan.tp)) * BF16,
-                            a2a_size, plan.tp, lk)
-    steps = c // a2a_size
-    cross = crosses_domains(steps, plan.tp * a2a_size, lk.domain)
-    fwd, total = ring_exposed(p2p_time(kv_bytes, cross, lk), steps, attention_fwd, attention_bwd, ctx.cal.cp_overlap)
+                            a2a.size, a2a.stride, lk)
+    fwd, total = ring_exposed(p2p_time(kv_bytes, ring.crosses(lk.domain), lk), ring.size, attention_fwd,
+                              attention_bwd, ctx.cal.cp_overlap)
     return fwd + a2a_one, total + FORWARD_AND_BACKWARD * a2a_one

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from meshplan.arithmetic.comm import Links, allreduce_time, dispatch_time, ring_time
 from meshplan.arithmetic.flops import Gemm
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
 from meshplan.schema.plan import Job, Plan
 
@@ -53,10 +54,11 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     if arch.moe is None or plan.ep <= 1:
         return 0.0
     local = ctx.shard.tokens / (plan.tp if plan.sequence_parallel else 1)
+    ep = mesh_groups(plan).ep
     if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
-        return gather_ep(local * arch.hidden_size * BF16, plan.ep, plan.etp, ctx.lk)
+        return gather_ep(local * arch.hidden_size * BF16, ep.size, ep.stride, ctx.lk)
     sent = local * arch.hidden_size * BF16 * ctx.routed_load
-    one = dispatch_time(sent, arch.moe.top_k, plan.ep, plan.etp, ctx.lk,
+    one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk,
                         dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
                         num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)
     if plan.moe_a2a_overlap:

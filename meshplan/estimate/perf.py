@@ -28,7 +28,6 @@ from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token,
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import convention, uses_fsdp
-from meshplan.arithmetic.mesh import crosses_domains
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, fused_share, simulate, steady_share
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency
@@ -232,7 +231,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / plan.tp / ctx.hbm
     p2p = pipeline_p2p(job, plan, cal, lk)
     pp_hop = p2p.hop
-    expert_group = int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1
+    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1)
     return StageInputs(
         job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, pipeline=pipeline, recompute=recompute, head=head,
         pp_comm=_exposed_p2p(job, plan, cal, pp_hop), pp_hop=pp_hop,
@@ -242,7 +241,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         # time and GPU time is serialised behind the longer one instead of hidden under it.
         host_sync=cal.pp_host_sync if plan.pp > 1 else 0.0,
         sharding=sharding_schedule(job, plan, cal),
-        traffic=DpTraffic(plan=plan, lk=lk, dense_group=plan.dp * plan.cp, expert_group=expert_group),
+        traffic=DpTraffic(plan=plan, lk=lk, dense=groups.dp_cp, expert=groups.edp),
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
         muon=framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None)
 
@@ -260,7 +259,7 @@ def pipeline_p2p(job: Job, plan: Plan, cal: Calibration, lk: Links) -> PipelineP
     if plan.pp == 1:
         return PipelineP2p(0.0, 0.0)
     tokens = plan.micro_batch_size * job.seq_length / plan.cp  # layer_context's shard.tokens
-    cross = crosses_domains(plan.pp, plan.tp * plan.cp * plan.dp, lk.domain)
+    cross = mesh.mesh_groups(plan).pp.crosses(lk.domain)
     nbytes = tokens * job.model.hidden_size * BF16 / (plan.tp if plan.sequence_parallel else 1)
     return PipelineP2p(p2p_time(nbytes, cross, lk, cal.pp_latency_inter_s),
                        cal.pp_cross_sync_per_layer_s * plan.tp if cross else 0.0)
@@ -365,8 +364,8 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:
         exposed = max(0.0, row.sharding.step_gather - s * row.fwd / max(1, plan.vpp))
         exposed += max(0.0, row.sharding.step_reduce - slack)
     elif plan.zero_stage == 0 or cal.zero_grad_allreduce >= 0.5:
-        sync = (allreduce_time(row.dense_params * grad_bytes, traffic.dense_group, plan.tp, lk)
-                + allreduce_time(row.expert_params * grad_bytes, traffic.expert_group, plan.ep * plan.etp, lk))
+        sync = (allreduce_time(row.dense_params * grad_bytes, traffic.dense.size, traffic.dense.stride, lk)
+                + allreduce_time(row.expert_params * grad_bytes, traffic.expert.size, traffic.expert.stride, lk))
         exposed = max(0.0, sync - (cal.zero_grad_overlap if sharded_opt else cal.dp_overlap) * bwd - slack)
     else:
         sync = traffic(row.dense_params, row.expert_params, grad_bytes)

@@ -12,6 +12,7 @@ from meshplan.arithmetic.comm import Links, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import uses_fsdp
+from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.model import Architecture
@@ -113,16 +114,23 @@ class DpTraffic:
 
     plan: Plan
     lk: Links
-    dense_group: int  # dense weights are replicated over DP x CP
-    expert_group: int
+    dense: Group  # dense weights are replicated over DP x CP (mesh.MeshGroups.dp_cp)
+    expert: Group  # routed experts over expert-DP (mesh.MeshGroups.edp)
     seen: dict[tuple[float, float, float], float] = field(default_factory=dict)
+
+    @property
+    def dense_group(self) -> int:
+        return self.dense.size
+
+    @property
+    def expert_group(self) -> int:
+        return self.expert.size
 
     def __call__(self, dense: float, expert: float, nbytes: float) -> float:
         key = (dense, expert, nbytes)
         if key not in self.seen:
-            plan = self.plan
-            self.seen[key] = (ring_time(dense * nbytes, self.dense_group, plan.tp, self.lk)
-                              + ring_time(expert * nbytes, self.expert_group, plan.ep * plan.etp, self.lk))
+            self.seen[key] = (ring_time(dense * nbytes, self.dense.size, self.dense.stride, self.lk)
+                              + ring_time(expert * nbytes, self.expert.size, self.expert.stride, self.lk))
         return self.seen[key]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
-from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import FORWARD_AND_BACKWARD, LayerContext
 from meshplan.estimate.memory import routing_assumption
@@ -45,12 +45,13 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
     """Where the layout's traffic leaves the NVLink domain, a pipeline mostly bubble, a term timed as an upper
     bound."""
     out = []
-    if crosses_domains(plan.tp, 1, lk.domain):
+    groups = mesh_groups(plan)
+    if groups.tp.crosses(lk.domain):
         out.append(f"TP {plan.tp} spans more than one {lk.domain}-GPU NVLink domain: every layer's TP traffic "
                    "crosses the network.")
-    if plan.cp > 1 and crosses_domains(plan.cp, plan.tp, lk.domain):
+    if plan.cp > 1 and groups.cp.crosses(lk.domain):
         out.append(f"CP {plan.cp} x TP {plan.tp} spans more than one NVLink domain: the K/V ring uses the network.")
-    if plan.ep > 1 and crosses_domains(plan.ep, plan.etp, lk.domain):
+    if plan.ep > 1 and groups.ep.crosses(lk.domain):
         out.append(f"EP {plan.ep} spans more than one NVLink domain: token all-to-alls cross the network.")
     if plan.pp > 1 and m < plan.pp:
         out.append(f"Only {m} micro-batches for {plan.pp} pipeline stages: most of the step is pipeline bubble.")

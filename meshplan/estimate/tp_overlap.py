@@ -9,6 +9,7 @@ from dataclasses import replace
 from meshplan.arithmetic.comm import ring_time
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, TpSms
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import TpOverlapFacts, framework_card
@@ -63,14 +64,16 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> float:
     tp_ops = TP_COLLECTIVES_PER_LAYER
     if moe and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size:
         tp_ops = TP_COLLECTIVES_ATTENTION_ONLY
-    tp_comm = tp_ops * ring_time(act_bytes, plan.tp, 1, ctx.lk)
+    groups = mesh_groups(plan)
+    tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
+    tp_comm = tp_ops * tp_one
     if moe and plan.etp > 1:
-        tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, plan.etp, 1, ctx.lk)
+        tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, groups.etp.size, groups.etp.stride, ctx.lk)
     if ctx.tp_overlap_mode == "fraction":
         return (1.0 - cal.tp_overlap) * tp_comm
     # the expert-TP gathers run in the token dispatcher, beside no GEMM
     pairs = tp_pairs(gemms, cal, ctx, moe)
-    exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, ring_time(act_bytes, plan.tp, 1, ctx.lk), pairs, plan.tp,
+    exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, tp_one, pairs, plan.tp,
                                   plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
     if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
         exposed += async_tp_cost(act_bytes, plan.tp, len(pairs), ctx.hbm, ctx.lk.intra_lat,
