@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.lora import adapter_params
+from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.arithmetic.muon import matrix_params, newton_schulz_seconds
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import LayerContext, LayerTime
@@ -186,8 +187,31 @@ def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
         ep += count * lt.ep
         rec = recomputed * recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed else 0.0
         recompute += rec
-        windows[is_moe] = (lt.fwd_compute, lt.compute - lt.fwd_compute + rec / count)
+        side_fwd, side_bwd = other_link_collectives(lt, inp, is_moe) if inp.sharding.per_step else (0.0, 0.0)
+        windows[is_moe] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
     return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
+
+
+def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of a layer's exposed TP, CP and EP collectives that run on other links than its
+    data-parallel sharding traffic (one inside the fast domain, the other across the network). The all-gathers and
+    reduce-scatters of FSDP2, Megatron-FSDP and ZeRO-3 run on their own streams and communicators (Megatron-FSDP's
+    side_stream_for_param_gather and its reduce-scatter stream, FSDP2's all-gather and reduce-scatter streams), so
+    while the compute stream waits on such a collective the sharding traffic keeps moving: the collective widens the
+    window that hides it like compute does. A collective over the same kind of link shares its bandwidth instead
+    and is left out. The forward holds half of the TP and EP collectives (the same all-gathers / reduce-scatters and
+    dispatch / combine run again backward) and CP's forward share. An MoE layer's (`moe`) sharding traffic is its
+    dense ring and its routed experts' expert-DP ring."""
+    domain, traffic = inp.ctx.lk.domain, inp.traffic
+    sharding_crosses = traffic.dense.crosses(domain) or (moe and traffic.expert.crosses(domain))
+    groups = mesh_groups(inp.plan)
+    fwd = bwd = 0.0
+    for seconds, forward, group in ((lt.tp, lt.tp / 2, groups.tp), (lt.cp, lt.cp_fwd, groups.cp),
+                                    (lt.ep, lt.ep / 2, groups.ep)):
+        if seconds > 0 and group.crosses(domain) != sharding_crosses:
+            fwd += forward
+            bwd += seconds - forward
+    return fwd, bwd
 
 
 def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float, float]:

@@ -77,9 +77,11 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
               if sched.params_sharded else "bf16 parameters all-gathered once per step after the optimizer")
     grads = "every micro-batch" if sched.reduce_each_microbatch else "in the last micro-batch only"
     return (f"DP (ZeRO-{plan.zero_stage} / FSDP schedule of {job.framework}): {params}; gradients reduce-scattered "
-            f"layer by layer in {nbytes:.0f}-byte elements over dp x cp {grads}. Each transfer hides "
-            "behind the neighbouring layer's compute (exposed: what exceeds it, plus the first layer's all-gather "
-            "and the last one's reduce-scatter).")
+            f"layer by layer in {nbytes:.0f}-byte elements over dp x cp {grads}"
+            + (" (routed experts over expert-DP)" if job.model.moe is not None and plan.ep > 1 else "")
+            + ". Each transfer runs on its own stream and hides behind the neighbouring layer's compute and its "
+            "TP / CP / EP collectives over the other kind of link (NVLink against network; exposed: what exceeds "
+            "them, plus the first layer's all-gather and the last one's reduce-scatter).")
 
 
 def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration,
