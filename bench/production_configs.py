@@ -39,7 +39,10 @@ Compared:
 - fit: of the rows with stated memory settings (`stated_memory_settings`: the row states its recompute;
   every row that offloads states it too, an unstated offload is none), how many meshplan predicts to fit:
   its peak within the GPU's memory (meshplan's own `fits`; for a GPU outside the catalog, the row's own
-  gpu_memory_gb in GiB). Rows whose estimate a rule error blocks are counted as refused.
+  gpu_memory_gb in GiB). Rows whose estimate a rule error blocks are counted as refused. The same count over the
+  rows that ran (`production_rows.ran`, read from the row's own fields): a row whose outcome reports nothing
+  measured (no tokens/s, step time, MFU, TFLOP/s or peak) and whose source.kind names a recipe is a recommended
+  starting point, not evidence that the job ran, and is left out of that count by name (--json "fit_ran").
 - rule errors: error findings of check_config other than the memory ones (MEM*), with their ids; the
   memory verdict is the fit count above.
 - peak memory: the row's peak_memory_gb_per_gpu is in GB (1e9 bytes: the two rows that also give GiB
@@ -152,8 +155,14 @@ def print_summary(s: Summary, issue: dict[str, Any] | None) -> None:
     for rid, why in s.unmapped.items():
         print(f"  not mapped: {rid}: {why}")
     print(f"stated memory settings: {s.stated} rows, {s.fit['all'].rows} mapped")
-    for key, v in s.fit.items():
+    for key in ("all", "exact", "nearest"):
+        v = s.fit[key]
         print(f"  {key:8s} {v.rows:3d}: predicted to fit {v.fit}, not to fit {v.not_fit}, estimate refused {v.refused}")
+    v = s.fit["ran"]
+    print(f"rows that ran (stated memory settings, and a measured outcome or a source that is no recipe): {v.rows}: "
+          f"predicted to fit {v.fit}, not to fit {v.not_fit}, estimate refused {v.refused}")
+    print(f"  recipes that publish no measurement, left out: {len(s.recommendations)}: "
+          f"{', '.join(s.recommendations) or '-'}")
     print(f"rule errors (not MEM*): {s.rule_error_rows['all']} of {s.mapped} mapped rows ({s.rule_error_rows['exact']} "
           f"of the {s.exact} exact ones); rows per id {s.rule_error_ids}; MEM* errors on {s.memory_error_rows} rows")
     print(f"peaks: {s.measured_peaks} measured, {s.peaks['all'].rows} compared: median |error| "
@@ -202,6 +211,7 @@ def figures(s: Summary) -> dict[str, Any]:
     return {
         "rows": s.total, "mapped": s.mapped,
         "fit": {"n": s.fit["all"].fit, "N": s.fit["all"].rows},
+        "fit_ran": {"n": s.fit["ran"].fit, "N": s.fit["ran"].rows, "left_out": s.recommendations},
         "rule_errors": {"n": s.rule_error_rows["all"], "N": s.mapped},
         "peak": {"median_abs_pct": pct(s.peaks["all"].median), "n": s.peaks["all"].rows},
         "tokens_per_s": {k: {"median_abs_pct": pct(s.throughput[k].median),

@@ -19,6 +19,7 @@ from production_rows import (
     offload_fields,
     optimizer_for,
     precision_for,
+    ran,
     read_row,
     recompute_for,
     row_text,
@@ -51,7 +52,7 @@ def map_row(raw: dict[str, Any], workdir: Path) -> Mapping:
     """The row as a Request, or the reason it cannot be one; never an exception (a field the readers cannot take
     is a reason too)."""
     row, read_notes, read_knobs = read_row(raw)
-    out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row))
+    out = Mapping(row_id=row["id"], stated_memory=stated_memory_settings(row), ran=ran(row))
     try:
         req, knobs, notes, capacity, source = _request(row, workdir)
     except Unmapped as exc:

@@ -94,6 +94,7 @@ class Mapping:
     capacity_bytes: int | None = None
     model_source: str = ""
     stated_memory: bool = False
+    ran: bool = True  # not a recommendation: the row measured something or its source is no recipe (ran)
 
     @property
     def exact(self) -> bool:
@@ -125,7 +126,7 @@ MEASURES = {
 SWITCHES = {"parallelism": ("sequence_parallel",)}
 TEXTS = {
     "": ("id", "name", "category", "framework", "precision"),
-    "source": ("citation", "location", "url", "version_or_date"),
+    "source": ("citation", "location", "url", "version_or_date", "kind"),
     "model": ("id", "family", "arch_type", "attention", "mla"),
     "hardware": ("gpu_type",),
     "parallelism": ("zero_or_distributed_optimizer", "pp_layout", "moe_dispatcher"),
@@ -213,6 +214,19 @@ def stated_memory_settings(row: dict[str, Any]) -> bool:
     (and Megatron's) default of 1, which only one such row leaves unstated."""
     recompute = row["memory"]["recompute"]
     return recompute is not None and not str(recompute).lower().startswith(UNSTATED)
+
+
+def measured_outcome(row: dict[str, Any]) -> bool:
+    """The row's outcome reports something measured: tokens/s, step time, MFU, TFLOP/s or a peak
+    (MEASURES["outcome"]); `other` is free text and measures nothing the bench can read."""
+    return any(row["outcome"][key] is not None for key in MEASURES["outcome"])
+
+
+def ran(row: dict[str, Any]) -> bool:
+    """The row is evidence of a run: it reports a measured outcome, or its source is not a recipe (source.kind
+    does not name one: a benchmark table, a measured experiment, an issue report states a run that ran). A recipe
+    that publishes no measurement is a recommended starting point, not evidence that the job ran (or fit)."""
+    return measured_outcome(row) or "recipe" not in str(row["source"]["kind"] or "").lower()
 
 
 # --------------------------------------------------------------------------- model

@@ -220,7 +220,9 @@ class Summary:
     exact: int  # mapped with every stated setting
     unmapped: dict[str, str]  # row id -> why
     stated: int  # rows with stated memory settings, mapped or not
-    fit: dict[str, Verdicts]  # "all", "exact" (every memory setting expressible), "nearest"
+    # "all", "exact" (every memory setting expressible), "nearest"; "ran": the rows of "all" that are evidence of a
+    # run (production_rows.ran), without the recipes that publish no measurement
+    fit: dict[str, Verdicts]
     rule_error_rows: dict[str, int]  # "all", "exact"
     rule_error_ids: dict[str, int]  # id -> rows
     memory_error_rows: int
@@ -230,11 +232,12 @@ class Summary:
     throughput_skipped: dict[str, str]
     knob_rows: dict[str, int]  # knob -> rows that use it (mapped or not)
     knob_rows_mapped: dict[str, int]
+    recommendations: list[str] = field(default_factory=list)  # stated, mapped rows in "all" but not in "ran"
 
 
 def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
     mapped = [s for s in scores if s.mapping.request is not None]
-    fit = {"all": Verdicts(), "exact": Verdicts(), "nearest": Verdicts()}
+    fit = {"all": Verdicts(), "exact": Verdicts(), "nearest": Verdicts(), "ran": Verdicts()}
     peaks = {"all": Errors(), "exact": Errors()}
     tps = {k: Errors() for k in ("all", "dense", "MoE", "FSDP", "exact")}
     ids: Counter[str] = Counter()
@@ -243,6 +246,8 @@ def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
         if m.stated_memory:
             fit["all"].add(s)
             fit["exact" if m.exact_for("memory") else "nearest"].add(s)
+            if m.ran:
+                fit["ran"].add(s)
         if s.peak_error is not None:
             peaks["all"].values.append(s.peak_error)
             if m.exact_for("memory"):
@@ -271,6 +276,7 @@ def summarise(rows: list[dict[str, Any]], scores: list[Score]) -> Summary:
         throughput=tps,
         throughput_skipped={s.mapping.row_id: s.throughput_skipped for s in mapped if s.throughput_skipped},
         knob_rows=dict(knob_rows.most_common()), knob_rows_mapped=dict(knob_rows_mapped),
+        recommendations=[s.mapping.row_id for s in mapped if s.mapping.stated_memory and not s.mapping.ran],
     )
 
 def run(validation: Path) -> tuple[list[dict[str, Any]], list[Score], Summary]:

@@ -6,6 +6,7 @@ production_mapping, production_scoring)."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from meshplan.knowledge.catalog import catalog_architecture, resolve_model
 from meshplan.knowledge.published_runs import RECIPE_SPLITS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import production_configs as pconf
 import production_mapping as pmap
 import production_rows as prow
 import production_scoring as pscore
@@ -59,6 +61,13 @@ def test_summary_adds_up(run):
     assert s.fit["exact"].rows + s.fit["nearest"].rows == s.fit["all"].rows
     assert s.fit["all"].rows == sum(x.mapping.stated_memory for x in mapped) <= s.stated
     assert s.stated == sum(map(prow.stated_memory_settings, rows))
+    # rows that ran: the stated rows less the recipes that publish no measurement, each named
+    assert s.fit["ran"].rows + len(s.recommendations) == s.fit["all"].rows
+    by_id = {r["id"]: prow.read_row(r)[0] for r in rows}
+    assert all(not prow.ran(by_id[i]) for i in s.recommendations)
+    figures = pconf.figures(s)
+    assert figures["fit_ran"] == {"n": s.fit["ran"].fit, "N": s.fit["ran"].rows, "left_out": s.recommendations}
+    assert figures["fit"] == {"n": s.fit["all"].fit, "N": s.fit["all"].rows}  # the existing key, unchanged
     # rule errors: each id is counted once per row that has it
     assert s.rule_error_rows["exact"] <= s.rule_error_rows["all"] <= s.mapped
     assert all(0 < n <= s.rule_error_rows["all"] for n in s.rule_error_ids.values())
@@ -76,6 +85,28 @@ def test_summary_adds_up(run):
     assert all(s.knob_rows_mapped.get(k, 0) <= n for k, n in s.knob_rows.items())
     assert sum(s.knob_rows_mapped.values()) == sum(len(x.mapping.knobs) for x in mapped)
     assert s.exact == sum(not x.mapping.knobs for x in mapped)
+
+
+def test_a_recipe_without_a_measurement_is_not_a_row_that_ran(production_rows):
+    """production_rows.ran reads the row's own outcome and source kind, whatever the row: a recipe that reports
+    nothing measured is a recommendation; any measured figure, or a source that is no recipe, makes it a run."""
+    template = copy.deepcopy(next(iter(production_rows.values())))
+    template["source"]["kind"] = "some_vendor_recipe"
+    template["outcome"] = {k: None for k in prow.MEASURES["outcome"]} | {"other": "recommended; 11 layers each"}
+    assert not prow.ran(prow.read_row(template)[0])
+    for key in prow.MEASURES["outcome"]:  # any one measured figure
+        measured = copy.deepcopy(template)
+        measured["outcome"][key] = "42 (as text)"
+        assert prow.ran(prow.read_row(measured)[0]), key
+    for kind in ("blog_post", None):  # a source that is no recipe (or states no kind) is taken as a run
+        other = copy.deepcopy(template)
+        other["source"]["kind"] = kind
+        assert prow.ran(prow.read_row(other)[0]), kind
+    del template["source"]["kind"]
+    assert prow.ran(prow.read_row(template)[0])
+    with_mapping = pmap.map_row(copy.deepcopy(template) | {"source": dict(template["source"], kind="recipe")},
+                                Path("."))
+    assert with_mapping.ran is False
 
 
 def test_catalog_match_by_architecture(production_rows):
