@@ -324,3 +324,58 @@ def test_api_and_mcp_tool_agree_on_config_text():
     via_tool = tools.estimate_memory(**{**{p.name: p.default for p in tools.request_parameters()},
                                         "model": "llama-3-70b", "num_gpus": 32, "config_text": text})
     assert via_tool.peak_bytes == via_api.peak_bytes and via_tool.plan.pp == 4
+
+
+# --------------------------------------------------------------------------- what the rows' sources set (issue 24)
+
+MLM_AWARE = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+             "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer "
+             "--use-precision-aware-optimizer{dtype}\n")
+
+
+def test_precision_aware_switch_and_moment_dtype_read_together():
+    """--use-precision-aware-optimizer is a switch, not a dtype: the moments' dtype comes from --exp-avg-dtype (Bridge:
+    optimizer.exp_avg_dtype, a torch dtype), only with the switch on; the switch alone is fp32 moments."""
+    bf16 = import_config(MLM_AWARE.format(dtype=" --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16"), "run.sh")
+    assert bf16.request["optimizer_state_dtype"] == "bf16" and bf16.sources["optimizer_state_dtype"].endswith(
+        "--exp-avg-dtype")
+    alone = import_config(MLM_AWARE.format(dtype=""), "run.sh")
+    assert "optimizer_state_dtype" not in alone.request
+    assert any("default fp32 moments" in n for n in alone.notes)
+    recipe = BRIDGE_RECIPE.format(aware="False", dtype="torch.bfloat16")
+    off = import_config(recipe, "glm.py:glm45_air_106b_pretrain_32gpu_h100_bf16_config")
+    assert "optimizer_state_dtype" not in off.request and any("leaves off" in n for n in off.notes)
+    on = import_config(BRIDGE_RECIPE.format(aware="True", dtype="torch.bfloat16"),
+                       "glm.py:glm45_air_106b_pretrain_32gpu_h100_bf16_config")
+    assert on.request["optimizer_state_dtype"] == "bf16"
+
+
+BRIDGE_RECIPE = '''
+import torch
+from megatron.bridge import AutoBridge
+from megatron.bridge.training.config import ConfigContainer
+
+
+def glm45_air_106b_pretrain_32gpu_h100_bf16_config() -> ConfigContainer:
+    cfg = _pretrain_common()
+    cfg.model = AutoBridge.from_hf_pretrained("zai-org/GLM-4.5-Air").to_megatron_provider(load_weights=False)
+    cfg.model.tensor_model_parallel_size = 1
+    cfg.model.pipeline_model_parallel_size = 4
+    cfg.model.num_layers_in_first_pipeline_stage = 11
+    cfg.model.num_layers_in_last_pipeline_stage = 11
+    cfg.model.expert_model_parallel_size = 8
+    cfg.optimizer.use_precision_aware_optimizer = {aware}
+    cfg.optimizer.exp_avg_dtype = {dtype}
+    return cfg
+'''
+
+
+def test_bridge_recipe_model_and_uneven_stages():
+    """A Bridge recipe's AutoBridge.from_hf_pretrained id is its model (the catalog key of that Hugging Face id, the
+    name's model no longer reported as unread), and num_layers_in_first/last_pipeline_stage its end stages."""
+    result = import_config(BRIDGE_RECIPE.format(aware="False", dtype="torch.float32"),
+                           "glm.py:glm45_air_106b_pretrain_32gpu_h100_bf16_config")
+    assert result.request["model"] == "glm-4.5-air" and "from_hf_pretrained" in result.sources["model"]
+    assert not any(u.startswith("model ") for u in result.unresolved)
+    assert result.request["first_stage_layers"] == 11 and result.request["last_stage_layers"] == 11
+    assert result.request["num_gpus"] == 32 and result.request["ep"] == 8

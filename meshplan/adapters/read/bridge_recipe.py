@@ -17,7 +17,7 @@ from typing import Any
 from meshplan.adapters.read.keys import Reading, read_section
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.catalog import catalog_keys
+from meshplan.knowledge.catalog import catalog_keys, resolve_model
 from meshplan.knowledge.hardware import gpu_catalog
 
 DETECT = re.compile(r"->\s*ConfigContainer\s*:")
@@ -84,7 +84,9 @@ def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], d
                 try:
                     literal = ast.literal_eval(value)
                 except (ValueError, SyntaxError):
-                    continue  # a helper object (comm_overlap config, env vars): no request field
+                    if not re.fullmatch(r"torch\.\w+", ast.unparse(value)):
+                        continue  # a helper object (comm_overlap config, env vars): no request field
+                    literal = ast.unparse(value)  # a torch dtype (optimizer.exp_avg_dtype = torch.bfloat16)
                 if literal is not None:  # None: the field left at Megatron-Core's default
                     settings.append(Setting(".".join(parts), literal, stmt.lineno))
     return settings, elsewhere
@@ -109,11 +111,41 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     settings, elsewhere = _assignments(functions[name], functions)
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
     apply(reading, list(latest.values()))
+    state_hf_model(reading, functions[name])
     state_name_facts(reading, name, functions[name].lineno)
     reading.notes.append(f"read recipe {name}()" + (f"; its base recipes {', '.join(elsewhere)} are in other "
                                                     "modules (not read: pass what they set as flags)" if elsewhere
                                                     else ""))
     return reading
+
+
+def hf_model(node: ast.FunctionDef) -> tuple[str, int] | None:
+    """(Hugging Face id, line) of the model a recipe builds from (`cfg.model = AutoBridge.from_hf_pretrained("org/name")
+    .to_megatron_provider(...)`, the recipes since Megatron-Bridge's AutoBridge refactor), else None."""
+    for stmt in node.body:
+        if not isinstance(stmt, ast.Assign) or [ast.unparse(t) for t in stmt.targets] != ["cfg.model"]:
+            continue
+        for call in ast.walk(stmt.value):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "from_hf_pretrained" and call.args
+                    and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)):
+                return call.args[0].value, stmt.lineno
+    return None
+
+
+def state_hf_model(reading: Reading, node: ast.FunctionDef) -> None:
+    """The catalog model of the Hugging Face id the recipe builds from (hf_model); one outside the catalog is left to
+    the recipe's name (state_name_facts)."""
+    found = hf_model(node)
+    if found is None:
+        return
+    try:
+        key = resolve_model(found[0]).key
+    except MeshplanError:
+        reading.notes.append(f"{reading.path}:{found[1]} AutoBridge.from_hf_pretrained({found[0]!r}): not in "
+                             "meshplan's catalog")
+        return
+    reading.state("model", key, f"{reading.path}:{found[1]} AutoBridge.from_hf_pretrained({found[0]!r})")
 
 
 def state_name_facts(reading: Reading, name: str, line: int | None) -> None:
@@ -123,4 +155,4 @@ def state_name_facts(reading: Reading, name: str, line: int | None) -> None:
     for field, value in fields.items():
         if field not in reading.request:
             reading.state(field, value, where)
-    reading.unresolved += left
+    reading.unresolved += [x for x in left if not (x.startswith("model ") and "model" in reading.request)]

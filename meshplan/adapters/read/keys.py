@@ -261,6 +261,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
             reading.unsupported.append(f"{s.where(reading.path)} = {text}: no meshplan attention_backend")
     elif m.target == "pipeline_schedule":
         _schedule(reading, s)
+    elif m.target == "optimizer_state_dtype":  # the key is the precision-aware switch (precision_aware_optimizer)
+        reading.extra["precision_aware_optimizer"] = (value, s)
     elif m.target in Request.model_fields:
         reading.state(m.target, value, s)
     else:
@@ -295,8 +297,39 @@ def knob_value_map(framework: str, variant: str | None) -> dict[str, str | None]
     return knob.values if knob else None
 
 
+# Adam moments' dtypes as Megatron-LM's --exp-avg-dtype and Megatron-Bridge's OptimizerConfig (torch dtypes) name them
+MOMENT_DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+                 "float16": "fp16", "fp8": "fp8", "uint8": "fp8"}
+
+
+def precision_aware_optimizer(reading: Reading) -> None:
+    """optimizer_state_dtype from Megatron-Core's precision-aware optimizer switch (--use-precision-aware-optimizer,
+    optimizer.use_precision_aware_optimizer) and the moments' dtype (--exp-avg-dtype, optimizer.exp_avg_dtype): the
+    dtype only counts with the switch on (megatron/core/optimizer/__init__.py passes exp_avg_dtype to the optimizer
+    only under use_precision_aware_optimizer); the switch on without a dtype is fp32 moments, the default."""
+    switch, dtype = reading.extra.get("precision_aware_optimizer"), reading.extra.get("exp_avg_dtype")
+    if (switch is None and dtype is None) or "optimizer_state_dtype" in reading.request:
+        return
+    on = switch is not None and (switch[0] is True or bool(as_bool(switch[0])))
+    if dtype is None:
+        if on:
+            reading.notes.append(f"{switch[1].where(reading.path)}: the precision-aware optimizer with its default "
+                                 "fp32 moments")
+        return
+    if not on:
+        reading.notes.append(f"{dtype[1].where(reading.path)} = {dtype[0]}: the moments' dtype applies only with the "
+                             "precision-aware optimizer, which the file leaves off")
+        return
+    name = MOMENT_DTYPES.get(str(dtype[0]).strip("'\"").removeprefix("torch."))
+    if name is None:
+        reading.unsupported.append(f"{dtype[1].where(reading.path)} = {dtype[0]}: no meshplan optimizer_state_dtype")
+        return
+    reading.state("optimizer_state_dtype", name, dtype[1])
+
+
 def fill_defaults(reading: Reading) -> None:
     """What the file leaves to the framework, with that default as the framework card states it."""
+    precision_aware_optimizer(reading)
     card, where = framework_card(reading.framework), f"cards/frameworks/{reading.framework}.yaml"
     request = reading.request
     for name in ("tp", "pp", "cp", "ep", "vpp"):

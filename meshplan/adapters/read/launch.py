@@ -224,9 +224,11 @@ def read_bridge_python(text: str, path: str) -> Reading:
 
 def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
     left = apply(reading, settings, key_table("megatron-bridge", variant=reading.variant),
-                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "fp8"}))
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "fp8", "uneven_pp"}))
     for s, m in left:
-        if m.target in ("zero_0", "zero_1") and "zero_stage" not in reading.request:
+        if m.target == "uneven_pp":  # model.num_layers_in_first_pipeline_stage
+            reading.state("first_stage_layers", s.value, s)
+        elif m.target in ("zero_0", "zero_1") and "zero_stage" not in reading.request:
             reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
         elif m.target in ("zero_2", "zero_3"):
             stage = {"optim_grads": 2, "optim_grads_params": 3}.get(str(s.value).strip("'\""))
