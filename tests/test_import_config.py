@@ -61,7 +61,8 @@ EXPECTED = {
         "rollout_memory_fraction": 0.6}),
     "verl_qwen3moe_30b_megatron_96gb.sh": ("verl", {
         "model": "Qwen/Qwen3-30B-A3B-Base", "num_gpus": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 8, "etp": 1,
-        "param_offload": True, "optimizer_offload": True, "optimizer_offload_fraction": 1.0, "micro_batch_size": 2,
+        "param_offload": True, "optimizer_offload": True, "optimizer_offload_fraction": 1.0,
+        "micro_batch_size": 1,  # use_dynamic_bsz: a budget of prompt + response tokens, not the script's 2
         "samples_per_prompt": 16, "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4}),
     # NovaSky-AI/SkyRL examples/train/megatron: the megatron and FSDP strategies
     "skyrl_run_megatron.sh": ("skyrl", {
@@ -379,3 +380,34 @@ def test_bridge_recipe_model_and_uneven_stages():
     assert not any(u.startswith("model ") for u in result.unresolved)
     assert result.request["first_stage_layers"] == 11 and result.request["last_stage_layers"] == 11
     assert result.request["num_gpus"] == 32 and result.request["ep"] == 8
+
+
+VERL_DYNAMIC = """python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer.yaml' \\
+    data.max_prompt_length=2048 data.max_response_length=9632 data.train_batch_size=32 \\
+    actor_rollout_ref.model.path=Qwen/Qwen3-235B-A22B actor_rollout_ref.rollout.n=8 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \\
+    actor_rollout_ref.actor.use_dynamic_bsz={dynamic} \\
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget} \\
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8 \\
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \\
+    actor_rollout_ref.actor.megatron.context_parallel_size={cp} \\
+    +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_loss_in_pipeline_split=True \\
+    +actor_rollout_ref.actor.megatron.override_transformer_config.account_for_embedding_in_pipeline_split=True \\
+    trainer.n_gpus_per_node=8 trainer.nnodes=4
+"""
+
+
+def test_verl_token_budget_micro_batches_and_pipeline_accounting():
+    """verl's use_dynamic_bsz packs micro-batches to ppo_max_token_len_per_gpu (times cp) and ignores
+    ppo_micro_batch_size_per_gpu: budget * cp // (prompt + response) sequences; Megatron-Core's
+    account_for_*_in_pipeline_split passed through override_transformer_config are read, not dropped as a data split."""
+    packed = import_config(VERL_DYNAMIC.format(dynamic="True", budget=11680, cp=1), "run.sh")
+    assert packed.request["micro_batch_size"] == 1 and "use_dynamic_bsz" in packed.sources["micro_batch_size"]
+    assert any("ppo_micro_batch_size_per_gpu = 2 is not used" in n for n in packed.notes)
+    assert packed.request["account_for_embedding"] is True and packed.request["account_for_loss"] is True
+    assert import_config(VERL_DYNAMIC.format(dynamic="True", budget=4 * 11680, cp=2), "run.sh"
+                         ).request["micro_batch_size"] == 8
+    assert import_config(VERL_DYNAMIC.format(dynamic="True", budget=4096, cp=1), "run.sh"
+                         ).request["micro_batch_size"] == 1  # a sequence longer than the budget is its own
+    fixed = import_config(VERL_DYNAMIC.format(dynamic="False", budget=11680, cp=1), "run.sh")
+    assert fixed.request["micro_batch_size"] == 2

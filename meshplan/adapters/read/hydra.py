@@ -91,8 +91,31 @@ def read_verl(text: str, path: str) -> Reading:
         reading.default("zero_stage", framework_card("verl").defaults.zero_stage,
                         "use_distributed_optimizer, cards/frameworks/verl.yaml defaults")
     _rl_fields(reading, left)
+    dynamic_batch(reading)
     world(reading)
     return reading
+
+
+def dynamic_batch(reading: Reading) -> None:
+    """verl's actor.use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu tokens (times cp), the
+    micro-batch size ignored; at the script's maximum sequence length (prompt + response) that is budget * cp // length
+    sequences per micro-batch, at least one (verl asserts the budget holds the longest sequence)."""
+    switch, budget = reading.extra.get("dynamic_batch"), reading.extra.get("token_budget")
+    if switch is None or not (switch[0] is True or as_bool(switch[0])):
+        return
+    length = (reading.request.get("prompt_length") or 0) + (reading.request.get("response_length") or 0)
+    if budget is None or not length:
+        reading.unresolved.append(f"{switch[1].where(reading.path)}: token-budget micro-batches need "
+                                  "ppo_max_token_len_per_gpu and the prompt and response lengths to be read")
+        return
+    tokens = int(float(str(budget[0]).strip("'\""))) * int(reading.request.get("cp", 1))
+    stated = reading.request.get("micro_batch_size")
+    reading.state("micro_batch_size", max(1, tokens // length),
+                  f"{budget[1].where(reading.path)} = {budget[0]} tokens per micro-batch (use_dynamic_bsz, "
+                  f"{switch[1].where(reading.path)}) / {length} tokens per sequence")
+    if stated is not None:
+        reading.notes.append(f"ppo_micro_batch_size_per_gpu = {stated} is not used: use_dynamic_bsz packs "
+                             "micro-batches to the token budget")
 
 
 def read_skyrl(text: str, path: str) -> Reading:
