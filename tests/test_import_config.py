@@ -411,3 +411,19 @@ def test_verl_token_budget_micro_batches_and_pipeline_accounting():
                          ).request["micro_batch_size"] == 1  # a sequence longer than the budget is its own
     fixed = import_config(VERL_DYNAMIC.format(dynamic="False", budget=11680, cp=1), "run.sh")
     assert fixed.request["micro_batch_size"] == 2
+
+
+def test_nested_default_and_a_local_model_copy_named_by_its_folder():
+    """${X:-"${HOME}/verl"} keeps its nested reference (bash's nesting, not the first '}'); a model path that is not on
+    this machine and whose last folder is a catalog model's name is that model, with the path in its source."""
+    text = ('RAY_DATA_HOME=${RAY_DATA_HOME:-"${HOME}/verl"}\nMODEL_PATH=$RAY_DATA_HOME/models/Qwen3-235B-A22B\n'
+            "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=${MODEL_PATH} trainer.nnodes=4 "
+            "trainer.n_gpus_per_node=8\n")
+    script = read_script(text, "run.sh")
+    assert script.env["RAY_DATA_HOME"].value == "/verl"  # $HOME unset in the script: empty, and said
+    assert any("$HOME is not set" in u for u in script.unresolved)
+    result = import_config(text, "run.sh")
+    assert result.request["model"] == "Qwen3-235B-A22B"
+    assert "/verl/models/Qwen3-235B-A22B" in result.sources["model"] and "local copy" in result.sources["model"]
+    unknown = import_config(text.replace("Qwen3-235B-A22B", "my-own-model"), "run.sh")
+    assert unknown.request["model"] == "/verl/models/my-own-model"  # no catalog name: left as the file says

@@ -7,11 +7,15 @@ not estimated.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.launch import launch_command, world
 from meshplan.adapters.read.settings import Setting, flag_settings
 from meshplan.adapters.read.shell import read_script
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
 
 # Models other than the one trained whose keys the scripts repeat: their layout is not a request field.
 OTHER_MODELS = ("actor_rollout_ref.ref.", "critic.", "reward_model.", "trainer.ref.", "trainer.critic.")
@@ -92,8 +96,31 @@ def read_verl(text: str, path: str) -> Reading:
                         "use_distributed_optimizer, cards/frameworks/verl.yaml defaults")
     _rl_fields(reading, left)
     dynamic_batch(reading)
+    model_named_by_path(reading)
     world(reading)
     return reading
+
+
+def model_named_by_path(reading: Reading) -> None:
+    """A model path that is not on this machine and is no catalog id, whose last folder names a catalog model (the
+    RL scripts load a local copy of the Hugging Face repository, $HOME/models/Qwen3-235B-A22B): that model, said."""
+    model = reading.request.get("model")
+    if not isinstance(model, str) or "/" not in model:
+        return
+    try:
+        resolve_model(model)
+        return
+    except MeshplanError:
+        pass
+    name = model.rstrip("/").rsplit("/", 1)[-1]
+    if not name or Path(model).expanduser().exists():
+        return
+    try:
+        resolve_model(name)
+    except MeshplanError:
+        return
+    reading.state("model", name, f"{reading.sources['model']} = {model} (its folder's name: a local copy of {name}, "
+                                 "not on this machine)")
 
 
 def dynamic_batch(reading: Reading) -> None:
@@ -142,5 +169,6 @@ def read_skyrl(text: str, path: str) -> Reading:
         reading.state("pp", 1, f"{path} (SkyRL's FSDP strategy has no pipeline parallelism)")
     if not sft:
         _rl_fields(reading, left)
+    model_named_by_path(reading)
     world(reading)
     return reading

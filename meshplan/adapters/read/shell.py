@@ -212,7 +212,9 @@ def split_words(text: str) -> list[_Raw | str]:
     return out
 
 
-VAR_REF = re.compile(r"\$(?:\{(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(\[[@*0-9]+\])?(?:(:?[-=+?])([^}]*))?\}"
+# a default may hold one level of ${...} itself: ${X:-"${HOME}/verl"}
+VAR_REF = re.compile(r"\$(?:\{(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(\[[@*0-9]+\])?"
+                     r"(?:(:?[-=+?])((?:\$\{[^}]*\}|[^}])*))?\}"
                      r"|([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$])|(\(\((.*)\)\))|(\((.*?)\)))", re.S)
 
 
