@@ -145,7 +145,8 @@ def print_rows(rows: list[dict[str, Any]], scores: list[Score]) -> None:
             extra.append(s.over)
         knobs = ("not expressible: " + ", ".join(m.knobs)) if m.knobs else "exact"
         notes = f" | {'; '.join(m.notes)}" if m.notes else ""
-        print(f"{m.row_id:46s} {'S' if m.stated_memory else '-'} {s.group:5s} {verdict:7s} {peak:>10s} "
+        stated = ("S" if m.stated_memory else "-") + ("" if m.ran else "r")  # r: a recipe that measured nothing
+        print(f"{m.row_id:46s} {stated:2s} {s.group:5s} {verdict:7s} {peak:>10s} "
               f"{'; '.join(extra)} | {m.model_source} | {knobs}{notes}")
 
 

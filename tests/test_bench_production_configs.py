@@ -87,7 +87,7 @@ def test_summary_adds_up(run):
     assert s.exact == sum(not x.mapping.knobs for x in mapped)
 
 
-def test_a_recipe_without_a_measurement_is_not_a_row_that_ran(production_rows):
+def test_a_recipe_without_a_measurement_is_not_a_row_that_ran(tmp_path, production_rows):
     """production_rows.ran reads the row's own outcome and source kind, whatever the row: a recipe that reports
     nothing measured is a recommendation; any measured figure, or a source that is no recipe, makes it a run."""
     template = copy.deepcopy(next(iter(production_rows.values())))
@@ -105,7 +105,7 @@ def test_a_recipe_without_a_measurement_is_not_a_row_that_ran(production_rows):
     del template["source"]["kind"]
     assert prow.ran(prow.read_row(template)[0])
     with_mapping = pmap.map_row(copy.deepcopy(template) | {"source": dict(template["source"], kind="recipe")},
-                                Path("."))
+                                tmp_path)
     assert with_mapping.ran is False
 
 
