@@ -116,6 +116,11 @@ def _score(row: dict[str, Any], mapping: Mapping, score: Score) -> Score:
         score.over = over_note(memory.stages[memory.peak_stage], memory.fit_bytes - mapping.capacity_bytes)
         if memory.fit_basis == "allocated":
             score.over += "; allocated peak decides (expandable segments)"
+        else:  # the reserved peak decides: say where the allocated one alone stands (the reserve's share of the miss)
+            allocated = max(stage_allocated(s) for s in memory.stages)
+            margin = (mapping.capacity_bytes - allocated) / GIB
+            score.over += (f"; reserved peak decides (no expandable segments), the allocated {allocated / GIB:.1f} GiB "
+                           + (f"is {margin:.1f} GiB under" if margin >= 0 else f"is over by {-margin:.1f} GiB"))
     measured = row["outcome"]["peak_memory_gb_per_gpu"]
     if measured is not None:
         score.measured_peak_bytes = measured * GB

@@ -68,6 +68,11 @@ def test_summary_adds_up(run):
     figures = pconf.figures(s)
     assert figures["fit_ran"] == {"n": s.fit["ran"].fit, "N": s.fit["ran"].rows, "left_out": s.recommendations}
     assert figures["fit"] == {"n": s.fit["all"].fit, "N": s.fit["all"].rows}  # the existing key, unchanged
+    # a row predicted not to fit says which peak decided, and on the reserved basis where the allocated one stands
+    for x in mapped:
+        if x.fits is False:
+            assert "allocated peak decides" in x.over or "reserved peak decides" in x.over, x.mapping.row_id
+            assert "reserved peak decides" not in x.over or "the allocated " in x.over, x.mapping.row_id
     # rule errors: each id is counted once per row that has it
     assert s.rule_error_rows["exact"] <= s.rule_error_rows["all"] <= s.mapped
     assert all(0 < n <= s.rule_error_rows["all"] for n in s.rule_error_ids.values())
