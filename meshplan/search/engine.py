@@ -334,7 +334,11 @@ class BestFirstSearch(StepTimeBounds):
                 continue
             keys = entry[1]
             if keys is None:
-                keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], rates))
+                rate = self.seed_rate(lay, sizes[0], rates)
+                if cutoff < math.inf and self.seed_floor(lay, sizes, rate[1]) > cutoff:
+                    self.beyond_cutoff += variants * len(sizes)  # no key of this shape is under the cutoff
+                    continue
+                keys = entry[1] = self.seed_keys(lay, sizes, ideal, rate)
                 entry[2] = min(keys)
             if entry[2] > cutoff:
                 self.beyond_cutoff += variants * len(sizes)
@@ -344,6 +348,17 @@ class BestFirstSearch(StepTimeBounds):
                     self.beyond_cutoff += variants
                     continue
                 push(key, level, (lay, mbs))
+
+    def seed_floor(self, lay: Layout, sizes: tuple[int, ...], per_token: float) -> float:
+        """A lower bound of the layout's seed keys (bounds.seed_keys) without them, for a search with a cutoff (the
+        thinner-headroom probe's across the NVLink domain, where every key is usually over it): each key is at least
+        its per-token bound (bounds.stretch), tokens per rank x m micro-batches x seconds per token / pp stages x
+        (m + bubble) / m, whose bubble, MoE host sync and exposed all-to-all only add; the least over the micro-batches,
+        less a relative 1e-12 for rounding."""
+        per_rank = -(-self.job.seq_length // lay.cp)
+        gbs, dp = self.job.global_batch_size, lay.dp
+        step_mbs = min(mbs * max(1, gbs // (mbs * dp)) for mbs in sizes)  # sequences per rank per step
+        return per_rank * step_mbs * per_token / lay.pp * (1.0 - 1e-12)
 
     def wanted(self) -> bool:
         """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
