@@ -1,6 +1,7 @@
 """The passes a recommend or min-gpus runs give the answers of the separate, full passes (issue 23's speed work): the
 thinner-headroom probe skips the shapes whose seed keys are all over its cutoff by a lower bound of them
-(BestFirstSearch.seed_floor) instead of computing every key."""
+(BestFirstSearch.seed_floor) instead of computing every key, and min-gpus settles a count with recommend's ranked rows
+only (no probe, decision table or nothing-fits scan: it reads none of them)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import math
 import pytest
 from test_search_oracle import sampled_request
 
+import meshplan.search.ranking as ranking
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.request import Request
-from meshplan.search import BestFirstSearch, default_engine, recommend, search_job
+from meshplan.search import BestFirstSearch, default_engine, minimum_gpus, recommend, search_job
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
 from meshplan.search.space import Fixed
@@ -66,3 +68,36 @@ def test_the_probe_with_the_seed_floor_answers_as_the_probe_computing_every_key(
         assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (seed, req)
         compared += 1
     assert compared >= 20 and skipped[0] > 0
+
+
+def test_recommends_rows_only_are_its_full_answers_rows():
+    """rows_only (what min-gpus asks for at each count) ranks the same rows with the same counts."""
+    compared = 0
+    for seed in range(24):
+        req, top_k = sampled_request(seed)
+        try:
+            full = recommend(req, top_k=top_k)
+        except MeshplanError:
+            continue
+        rows = recommend(req, top_k=top_k, rows_only=True)
+        assert rows.candidates == full.candidates, (seed, req)
+        assert (rows.considered, rows.rejected, rows.global_batch_size) == (
+            full.considered, full.rejected, full.global_batch_size), (seed, req)
+        if full.candidates:  # the nothing-fits answer estimates the closest misses, and counts them
+            assert rows.evaluated == full.evaluated, (seed, req)
+        assert rows.best_below_headroom is None and rows.decision_table == ""
+        compared += 1
+    assert compared >= 12
+
+
+def test_min_gpus_settles_a_count_without_recommends_probe_or_table(monkeypatch):
+    """min-gpus reads only the ranked rows of recommend at a count: the thinner-headroom probe, the decision table and
+    the nothing-fits answer do not run, and its candidate is recommend's full answer's #1 there."""
+    req = Request(model="mixtral-8x22b", gpu="h100", seq_length=4096)
+    for name in ("fastest_below_headroom", "decision_table", "explain_impossible"):
+        monkeypatch.setattr(ranking, name, lambda *_, _name=name, **__: pytest.fail(f"{_name} ran"))
+    result = minimum_gpus(req)
+    monkeypatch.undo()
+    assert result.num_gpus is not None and result.candidate is not None
+    there = recommend(req.model_copy(update={"num_gpus": result.num_gpus}), top_k=1)
+    assert there.candidates[0] == result.candidate

@@ -55,7 +55,8 @@ def _minimum_gpus(req: Request, max_gpus: int | None, engine: Engine | None) -> 
     answers: dict[int, Recommendation] = {}
 
     def ranks(world: int, _: Job) -> bool:
-        answers[world] = rec = recommend(req.model_copy(update={"num_gpus": world}), top_k=1, engine=engine)
+        answers[world] = rec = recommend(req.model_copy(update={"num_gpus": world}), top_k=1, engine=engine,
+                                         rows_only=True)  # the rows recommend ranks there; its other parts unread
         return bool(rec.candidates)
 
     scan = scan_minimum(job, fixed, engine, headroom_for(req), user_gbs, limit, ranks=ranks)

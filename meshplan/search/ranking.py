@@ -37,15 +37,18 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def recommend(req: Request, top_k: int = 5, engine: Engine | None = None) -> Recommendation:
-    """The fastest layouts that fit, ranked by predicted step time, with what was rejected and why."""
+def recommend(req: Request, top_k: int = 5, engine: Engine | None = None, *,
+              rows_only: bool = False) -> Recommendation:
+    """The fastest layouts that fit, ranked by predicted step time, with what was rejected and why. `rows_only`: for
+    a caller that reads only the ranked rows (minimum_gpus): the same rows, without the thinner-headroom probe, the
+    decision table or the nothing-fits answer, which read the ranked search and change none of its rows."""
     if top_k < 1:
         raise MeshplanError(f"top_k must be at least 1, got {top_k}.", fix="Use top_k=5.")
     with collector_paused(), shared_layers():  # one layer's time computed once per search (layer_records)
-        return _recommend(req, top_k, engine)
+        return _recommend(req, top_k, engine, rows_only)
 
 
-def _recommend(req: Request, top_k: int, engine: Engine | None) -> Recommendation:
+def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool = False) -> Recommendation:
     job, notes = search_job(req)
     engine = engine or default_engine(job.framework)
     fixed = Fixed.from_request(req)
@@ -62,9 +65,11 @@ def _recommend(req: Request, top_k: int, engine: Engine | None) -> Recommendatio
     headroom = headroom_for(req)
     default_headroom = req.headroom is None
     search, considered = run_search(job, fixed, engine, top_k, warnings, memory_budget(job, headroom))
-    thin = fastest_below_headroom(job, fixed, engine, search)
+    thin = None if rows_only else fastest_below_headroom(job, fixed, engine, search)
     notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
     rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)
+    if rows_only:
+        return rec
     best = rec.candidates[0] if rec.candidates else None
     rec.decision_table = decision_table(job, fixed, engine, best, search.budget)
     if thin is not None:
