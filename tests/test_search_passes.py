@@ -5,11 +5,13 @@ only (no probe, decision table or nothing-fits scan: it reads none of them)."""
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
 from test_search_oracle import sampled_request
 
+import meshplan.search.gpu_count as gpu_count
 import meshplan.search.ranking as ranking
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.request import Request
@@ -101,3 +103,13 @@ def test_min_gpus_settles_a_count_without_recommends_probe_or_table(monkeypatch)
     assert result.num_gpus is not None and result.candidate is not None
     there = recommend(req.model_copy(update={"num_gpus": result.num_gpus}), top_k=1)
     assert there.candidates[0] == result.candidate
+
+
+def test_min_gpus_scans_with_the_cyclic_collector_paused_and_restores_it(monkeypatch):
+    """The scan's floors (fits_somewhere) run with the collector paused, as recommend's search does; it is on after."""
+    seen = []
+    real = gpu_count.fits_somewhere
+    monkeypatch.setattr(gpu_count, "fits_somewhere", lambda *a: seen.append(gc.isenabled()) or real(*a))
+    assert gc.isenabled()
+    result = minimum_gpus(Request(model="llama-3.1-8b", gpu="h100", seq_length=4096), max_gpus=64)
+    assert result.num_gpus is not None and seen and not any(seen) and gc.isenabled()

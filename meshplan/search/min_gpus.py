@@ -22,7 +22,7 @@ from meshplan.search.estimators import Engine, default_engine
 from meshplan.search.gpu_count import Scan, count_bound_text, scan_minimum
 from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
-from meshplan.search.ranking import recommend
+from meshplan.search.ranking import collector_paused, recommend
 from meshplan.search.rl import recommend_rl
 from meshplan.search.space import Fixed
 
@@ -30,7 +30,9 @@ from meshplan.search.space import Fixed
 def minimum_gpus(req: Request, max_gpus: int | None = None, engine: Engine | None = None) -> MinimumGpus:
     """The smallest GPU count at which recommend ranks a layout that passes the rules and keeps the headroom, with
     that layout. Every field the request leaves open stays open; a default batch is re-derived at each count."""
-    with shared_layers():  # every count's search shares each layer's time (layer_records)
+    # every count's search shares each layer's time (layer_records); no cyclic garbage collection during the scan's
+    # floors either (ranking.collector_paused: what recommend pauses it for holds for them too)
+    with collector_paused(), shared_layers():
         return _minimum_gpus(req, max_gpus, engine)
 
 
