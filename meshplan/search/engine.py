@@ -350,11 +350,12 @@ class BestFirstSearch(StepTimeBounds):
                 push(key, level, (lay, mbs))
 
     def seed_floor(self, lay: Layout, sizes: tuple[int, ...], per_token: float) -> float:
-        """A lower bound of the layout's seed keys (bounds.seed_keys) without them, for a search with a cutoff (the
-        thinner-headroom probe's across the NVLink domain, where every key is usually over it): each key is at least
-        its per-token bound (bounds.stretch), tokens per rank x m micro-batches x seconds per token / pp stages x
-        (m + bubble) / m, whose bubble, MoE host sync and exposed all-to-all only add; the least over the micro-batches,
-        less a relative 1e-12 for rounding."""
+        """A lower bound of the layout's seed keys (bounds.seed_keys) without computing them, for a search with a
+        cutoff (the thinner-headroom probe's across the NVLink domain, where every key is usually over it). Each key is
+        at least its per-token bound (bounds.stretch): a micro-batch's tokens per rank x seconds per token / pp, times
+        (m + bubble), plus the MoE host sync and the exposed all-to-all; without the bubble and those two, which only
+        add, that is the tokens per rank of the whole step x seconds per token / pp. The least over the micro-batches,
+        less a relative 1e-12 for rounding (tests/test_search_passes.py holds it under every key)."""
         per_rank = -(-self.job.seq_length // lay.cp)
         gbs, dp = self.job.global_batch_size, lay.dp
         step_mbs = min(mbs * max(1, gbs // (mbs * dp)) for mbs in sizes)  # sequences per rank per step
