@@ -124,6 +124,27 @@ class OptimizerStepBytes(_Card):
     at_once: Literal["stepped", "largest_tensor", "sub_group"] = "stepped"
     zero3_sub_group_params: int | None = Field(None, ge=1)
     when_grads_16bit: bool = False
+    # when the optimizer's per-parameter state is first allocated: inside the first step(), or at construction
+    # (cards/memory.yaml optimizer_state_allocation_source)
+    state_allocated: Literal["first_step", "init"] = "first_step"
+    source: str
+
+
+class MuonPhase(_Card):
+    """Bytes per element at one moment of Muon's update of one matrix (cards/memory.yaml muon_step): over the rank's
+    fp32 shard (local), the whole matrix when Muon all-gathers it (gathered), the matrix Newton-Schulz runs on
+    (ortho) and its m x m Gram matrix (square, m the smaller side)."""
+
+    local: float = Field(0, ge=0)
+    gathered: float = Field(0, ge=0)
+    ortho: float = Field(0, ge=0)
+    square: float = Field(0, ge=0)
+
+
+class MuonStepBytes(_Card):
+    """What Muon's step allocates while it orthogonalizes one matrix, phase by phase (cards/memory.yaml muon_step)."""
+
+    phases: dict[str, MuonPhase]
     source: str
 
 
@@ -132,6 +153,8 @@ class MemoryCard(_Card):
     precision: PrecisionBytes
     optimizers: OptimizerStates
     optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
+    optimizer_state_allocation_source: str
+    muon_step: MuonStepBytes
     compile: CompileBytes
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
@@ -310,6 +333,29 @@ def optimizer_step_temporaries(step: OptimizerStepBytes, tensors: list[StateTens
                "sub_group": min(stepped, step.zero3_sub_group_params or stepped) if zero_stage == 3 else stepped,
                }[step.at_once]
     return (step.moment_copies * moment + step.bytes) * at_once
+
+
+def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], params: float, shard_size: float) -> float:
+    """The optimizer state an implementation allocates inside its first step (state_allocated first_step): the
+    convention's moments over `params` parameters sharded `shard_size` ways (Muon's one momentum: the caller passes
+    the moments Muon keeps); 0 where the state is built at construction (DeepSpeed)."""
+    if step.state_allocated != "first_step":
+        return 0.0
+    return sum(t.bytes * params / (shard_size if t.shard == "dp" else 1) for t in tensors if t.role == "moments")
+
+
+def muon_matrix_step_bytes(step: MuonStepBytes, local: tuple[float, float], whole: tuple[float, float],
+                           gathered: bool) -> float:
+    """Bytes Muon's step allocates at its peak while it updates one matrix: this rank's `local` (rows, cols) shard of
+    the `whole` matrix, all-gathered whole first when `gathered` (tp_mode duplicated on a TP-sharded matrix). The
+    largest of its phases (MuonStepBytes): each phase's bytes per element over the shard, the whole matrix (when
+    gathered), the matrix orthogonalized (whole when gathered, else the shard) and its m x m Gram matrix, m that
+    matrix's smaller side."""
+    shard, full = local[0] * local[1], whole[0] * whole[1]
+    ortho = whole if gathered else local
+    size, side = ortho[0] * ortho[1], min(ortho)
+    return max(ph.local * shard + ph.gathered * (full if gathered else 0.0) + ph.ortho * size + ph.square * side ** 2
+               for ph in step.phases.values())
 
 
 def bytes_per_param(tensors: list[StateTensor], shard_size: float) -> float:

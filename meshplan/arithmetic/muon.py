@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from meshplan.arithmetic.flops import Gemm, Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import gemm_efficiency
+from meshplan.arithmetic.memory_states import MuonStepBytes, muon_matrix_step_bytes
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import MuonFacts
 from meshplan.schema.model import Architecture
@@ -108,3 +109,22 @@ def matrix_params(arch: Architecture, shard: Shard, kinds: list[bool], muon: Muo
             else:
                 dense += n * mat.params
     return dense, expert
+
+
+def step_working_bytes(arch: Architecture, shard: Shard, kinds: list[bool], muon: MuonFacts,
+                       step: MuonStepBytes) -> float:
+    """The bytes Muon's step allocates at its peak on this rank, for a stage whose layers are `kinds` (True: MoE):
+    the step updates one matrix at a time, so its largest matrix decides (memory_states.muon_matrix_step_bytes):
+    this rank's shard of it, all-gathered whole over tensor parallelism in tp_mode duplicated. Every matrix of the
+    stage counts, as the layer-wise distributed optimizer may give any of them to this rank."""
+    local_view = muon.model_copy(update={"tp_mode": "blockwise"})
+    whole_view = muon.model_copy(update={"tp_mode": "duplicated"})
+    gather = muon.tp_mode == "duplicated"
+    out = 0.0
+    for is_moe in {bool(k) for k in kinds}:
+        pairs = zip(layer_matrices(arch, shard, is_moe, local_view), layer_matrices(arch, shard, is_moe, whole_view),
+                    strict=True)
+        for local, whole in pairs:
+            gathered = gather and whole.rows * whole.cols > local.rows * local.cols
+            out = max(out, muon_matrix_step_bytes(step, (local.rows, local.cols), (whole.rows, whole.cols), gathered))
+    return out

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from meshplan.arithmetic.flops import Shard
 from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
     frozen_gathered_transient,
     gathered_transient,
+    lazy_state_bytes,
     muon_saved_bytes,
     optimizer_step_temporaries,
     state_bytes,
 )
+from meshplan.arithmetic.muon import step_working_bytes
 from meshplan.arithmetic.offload import offload_stage
 from meshplan.arithmetic.schedule import in_flight
 from meshplan.estimate.fsdp_walk import WalkStage, freed_grads_reserved, stage_step_peak
@@ -89,6 +92,7 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
     top = allocs.index(max(allocs))
     allocated = moments[top]
     detail["allocated_peak"] = int(allocs[top])
+    detail["first_iteration_allocated_peak"] = int(first_iteration_allocated(terms, params, moments, allocs))
     if rest.gathered is not None:
         detail["gathered_layers"] = int(rest.gathered)
     if moments[-1].step_temporaries:
@@ -130,17 +134,63 @@ def reserved_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads,
 def step_moment(terms: MemoryTerms, params: StageParams, states: dict[str, float]) -> Overheads:
     """The moment of optimizer.step(): every gradient allocated, the activations gone, and what the step of the
     framework's implementation allocates on top (memory_states.optimizer_step_temporaries), over the parameters this
-    GPU's optimizer steps (its shard where the optimizer is sharded, less what the CPU optimizer steps). Adam only:
-    Muon's step and a LoRA job's adapters are left out (none)."""
+    GPU's optimizer steps (its shard where the optimizer is sharded, less what the CPU optimizer steps); under Muon
+    also its working set on the largest matrix (muon_step_bytes). A LoRA job's adapters are left out (none)."""
     temp = 0.0
-    if terms.plan.optimizer == "adam" and terms.job.lora is None:
+    if terms.job.lora is None:
         stepped = (params.dense / terms.dense_dp + params.experts / terms.expert_dp if terms.optimizer_sharded
                    else params.dense + params.experts) * (1 - terms.offload.cpu_optimizer)
         temp = optimizer_step_temporaries(
             terms.step, terms.tensors, stepped=stepped, largest_tensor=largest_tensor(terms, params),
-            zero_stage=terms.plan.zero_stage)
+            zero_stage=terms.plan.zero_stage) + muon_step_bytes(terms, params)
     return Overheads(0.0, terms.other_fixed + temp, temp, STEP_MOMENT, gathered=0.0 if terms.gathered else None,
                      step_temporaries=temp)
+
+
+def muon_step_bytes(terms: MemoryTerms, params: StageParams) -> float:
+    """What Muon's step allocates while it orthogonalizes the stage's largest matrix (muon.step_working_bytes, as
+    the framework card's muon section runs it); 0 under Adam. The Adam-stepped rest (embedding, output layer, norms)
+    is stepped in place by the fused Adam beside it."""
+    muon = framework_card(terms.job.framework).muon
+    if terms.plan.optimizer != "muon" or muon is None or not params.layers:
+        return 0.0
+    plan = terms.plan
+    shard = Shard(1, plan.tp, plan.ep, plan.etp, plan.sequence_parallel)
+    kinds = [bool(terms.table.moe[i]) for i in params.layers]
+    return step_working_bytes(terms.job.model, shard, kinds, muon, terms.card.muon_step)
+
+
+def first_iteration_allocated(terms: MemoryTerms, params: StageParams, moments: list[Overheads],
+                              allocs: list[float]) -> float:
+    """The allocated peak of the first iteration, what a peak read after iteration 1 shows: an implementation that
+    allocates its optimizer state inside the first step (cards/memory.yaml optimizer_steps state_allocated) runs the
+    first forward and backward without it, so the backward's moments count that much less, and the first step's
+    moment counts it whole (`moments`/`allocs`: the stage's moments, the step's last, and their allocated bytes)."""
+    lazy = lazy_optimizer_state(terms, params)
+    backward = [a - lazy for o, a in zip(moments, allocs, strict=True) if o.moment != STEP_MOMENT]
+    step = [a for o, a in zip(moments, allocs, strict=True) if o.moment == STEP_MOMENT]
+    return max(backward + step)
+
+
+def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
+    """The optimizer-state bytes this GPU allocates inside the first step (memory_states.lazy_state_bytes): the
+    moments over its dense and expert parameters (a LoRA job's: its adapters), each sharded over its group, less what
+    Muon does not keep, less the share the optimizer keeps on the host."""
+    plan, tensors, step = terms.plan, terms.tensors, terms.step
+    if step.state_allocated != "first_step":
+        return 0.0
+    if terms.job.lora is not None:
+        dense, experts = adapter_params(terms.job.model, params.layers, terms.job.lora,
+                                        lora_engine(terms.job.framework, plan.zero_stage),
+                                        tp=plan.tp, ep=plan.ep, etp=plan.etp)
+        kept = 0.0
+    else:
+        dense, experts = params.dense, params.experts
+        kept = (muon_saved_bytes(plan, tensors, params.linear - params.head - experts, terms.dense_dp)
+                + muon_saved_bytes(plan, tensors, experts, terms.expert_dp))
+    lazy = (lazy_state_bytes(step, tensors, dense, terms.dense_dp)
+            + lazy_state_bytes(step, tensors, experts, terms.expert_dp) - kept)
+    return lazy * (1 - terms.offload.in_step.get("optimizer", 0.0))
 
 
 def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:

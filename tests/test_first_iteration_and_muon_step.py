@@ -1,0 +1,138 @@
+"""Two moments of the optimizer step (issue 24): the first iteration's allocated peak when the optimizer state is
+allocated inside the first step (cards/memory.yaml optimizer_steps state_allocated; memory_stage.
+first_iteration_allocated), and what Muon's step allocates while it orthogonalizes a matrix (cards/memory.yaml
+muon_step; memory_states.muon_matrix_step_bytes, muon.step_working_bytes, memory_stage.step_moment)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.arithmetic.flops import Shard
+from meshplan.arithmetic.memory_states import memory_card, muon_matrix_step_bytes
+from meshplan.arithmetic.muon import step_working_bytes
+from meshplan.estimate.memory import estimate_memory, memory_terms
+from meshplan.estimate.memory_stage import (
+    STEP_MOMENT,
+    Overheads,
+    first_iteration_allocated,
+    lazy_optimizer_state,
+    muon_step_bytes,
+)
+from meshplan.estimate.memory_terms import stage_params
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import resolve
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
+
+
+def job(model: str, framework: str, gpus: int, **extra) -> Job:
+    arch = resolve(Request(model=model, framework=framework))[0].model
+    return Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8, seq_length=4096,
+               global_batch_size=32, framework=framework, **extra)
+
+
+def stage0(j: Job, p: Plan):
+    terms = memory_terms(j, p, [])
+    return terms, stage_params(terms, 0, terms.pipeline.chunks[0])
+
+
+# --------------------------------------------------------------------------- Muon's working set, by hand
+
+
+def test_muon_gathered_matrix_peaks_when_newton_schulz_converts_back_to_fp32():
+    """An 8 x 4 matrix, 4 x 4 on this rank, all-gathered (duplicated): shard 16, whole 32, Gram side 4. finish:
+    4 x 16 (Nesterov) + 8 x 32 (gathered shards and their cat) + 6 x 32 (bf16 X and its fp32 copy) + 4 x 16 (A, B)
+    = 576, above normalize 512, update 512, gram 480 and scale 12 x 16 + 4 x 32 = 320."""
+    step = memory_card().muon_step
+    assert muon_matrix_step_bytes(step, (4, 4), (8, 4), gathered=True) == 576
+
+
+def test_muon_blockwise_matrix_peaks_at_the_scaling():
+    """The same shard orthogonalized alone (blockwise): finish 4 x 16 + 6 x 16 + 4 x 16 = 224, scale 12 x 16 +
+    4 x 16 = 256 (the fp32 result, two scaled copies and the Nesterov momentum)."""
+    step = memory_card().muon_step
+    assert muon_matrix_step_bytes(step, (4, 4), (8, 4), gathered=False) == 256
+
+
+def test_the_stages_largest_matrix_decides_and_duplicated_costs_more_than_blockwise():
+    """Llama-3-70B at TP4: fc1 (2 x 28672 x 8192, 14336 rows on a rank) is the largest matrix; duplicated mode
+    gathers it whole."""
+    j = job("llama-3-70b", "megatron-core", 32)
+    muon = framework_card("megatron-core").muon
+    step = memory_card().muon_step
+    shard = Shard(1, 4, 1, 1, True)
+    fc1 = muon_matrix_step_bytes(step, (14336, 8192), (57344, 8192), gathered=True)
+    assert muon.tp_mode == "duplicated"
+    assert step_working_bytes(j.model, shard, [False], muon, step) == pytest.approx(fc1)
+    blockwise = muon.model_copy(update={"tp_mode": "blockwise"})
+    assert step_working_bytes(j.model, shard, [False], blockwise, step) == pytest.approx(
+        muon_matrix_step_bytes(step, (14336, 8192), (14336, 8192), gathered=False))
+    assert fc1 > 3 * step_working_bytes(j.model, shard, [False], blockwise, step)
+
+
+def test_muon_step_moment_carries_the_working_set_and_adam_none():
+    """Under Muon the step moment's temporaries are Megatron's fp32 grad copies (none with fp32 main grads) plus
+    the working set; under Adam the working set is 0."""
+    j = job("llama-3-70b", "megatron-core", 32)
+    muon_plan = Plan(tp=4, pp=4, dp=2, sequence_parallel=True, optimizer="muon")
+    terms, params = stage0(j, muon_plan)
+    work = muon_step_bytes(terms, params)
+    shard = Shard(1, 4, 1, 1, True)
+    assert work == step_working_bytes(j.model, shard, [False], framework_card("megatron-core").muon,
+                                      memory_card().muon_step)
+    report = estimate_memory(j, muon_plan)
+    assert report.stages[0].detail["optimizer_step_temporaries"] == int(work)
+    adam_terms, adam_params = stage0(j, muon_plan.model_copy(update={"optimizer": "adam"}))
+    assert muon_step_bytes(adam_terms, adam_params) == 0
+
+
+# --------------------------------------------------------------------------- the first iteration
+
+
+def test_lazy_state_is_the_moments_on_this_gpu_and_none_for_deepspeed():
+    """Megatron's FusedAdam allocates exp_avg and exp_avg_sq (8 B, sharded over dp) inside its first step;
+    DeepSpeed builds them at construction."""
+    j = job("llama-3.1-8b", "megatron-core", 8)
+    terms, params = stage0(j, Plan(tp=2, pp=2, dp=2))
+    assert terms.step.state_allocated == "first_step"
+    assert lazy_optimizer_state(terms, params) == pytest.approx(8 * (params.dense + params.experts) / 2)
+    ds = job("llama-3.1-8b", "deepspeed", 8)
+    ds_terms, ds_params = stage0(ds, Plan(dp=8, zero_stage=1))
+    assert ds_terms.step.state_allocated == "init"
+    assert lazy_optimizer_state(ds_terms, ds_params) == 0
+
+
+def test_muon_lazy_state_is_its_one_momentum_on_the_matrices():
+    j = job("llama-3.1-8b", "megatron-core", 8)
+    adam_terms, params = stage0(j, Plan(tp=2, pp=2, dp=2))
+    muon_terms, _ = stage0(j, Plan(tp=2, pp=2, dp=2, optimizer="muon"))
+    matrices = params.linear - params.head - params.experts
+    assert lazy_optimizer_state(muon_terms, params) == pytest.approx(
+        lazy_optimizer_state(adam_terms, params) - 4 * matrices / 2)
+
+
+def test_first_iteration_backward_runs_without_the_lazy_state():
+    """max(each backward moment less the lazy state, the step moment): the backward at 100 GB and the step at
+    50 GB give 100 GB less the moments, or the step where that is lower."""
+    j = job("llama-3.1-8b", "megatron-core", 8)
+    terms, params = stage0(j, Plan(tp=2, pp=2, dp=2))
+    lazy = lazy_optimizer_state(terms, params)
+    moments = [Overheads(1.0, 0.0, 0.0, None), Overheads(0.0, 0.0, 0.0, STEP_MOMENT)]
+    assert first_iteration_allocated(terms, params, moments, [100e9, 50e9]) == 100e9 - lazy
+    assert first_iteration_allocated(terms, params, moments, [lazy + 1e9, 50e9]) == 50e9
+
+
+def test_bridge_fp8_sft_first_iteration_peaks_at_the_first_step():
+    """Megatron-Bridge's Llama-3-70B FP8-CS SFT perf recipe (TP4 PP4 VPP5 DP2, bf16 main grads): the steady
+    backward peak holds the moments; the first iteration's peak is its step moment (states, the fp32 copies of
+    the bf16 grad shard, the fixed overhead), below the steady one by more than a fifth."""
+    j = job("llama-3-70b", "megatron-bridge", 32, precision="fp8")
+    plan = Plan(tp=4, pp=4, vpp=5, dp=2, sequence_parallel=True, fp8_recipe="tensorwise", grad_reduce_in_fp32=False)
+    report = estimate_memory(j, plan)
+    terms, _ = stage0(j, plan)
+    s = report.stages[0]
+    step = s.weights_bytes + s.gradients_bytes + s.optimizer_bytes + terms.other_fixed \
+        + s.detail["optimizer_step_temporaries"]
+    assert s.detail["first_iteration_allocated_peak"] == pytest.approx(step, abs=8)
+    assert s.detail["first_iteration_allocated_peak"] < 0.8 * s.detail["allocated_peak"]
