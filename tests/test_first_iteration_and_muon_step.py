@@ -136,3 +136,34 @@ def test_bridge_fp8_sft_first_iteration_peaks_at_the_first_step():
         + s.detail["optimizer_step_temporaries"]
     assert s.detail["first_iteration_allocated_peak"] == pytest.approx(step, abs=8)
     assert s.detail["first_iteration_allocated_peak"] < 0.8 * s.detail["allocated_peak"]
+
+
+# --------------------------------------------------------------------------- fp8: the out-projection's saved input
+
+
+def test_out_projection_keeps_an_fp8_copy_only_under_delayed_scaling_in_megatron():
+    """Megatron's attention.py sets save_original_input on linear_proj for every fp8 recipe but delayed: the
+    out-projection then saves the bf16 attention output the kernel keeps anyway, not a second, fp8 copy. torchao's
+    Float8Linear (torchtitan) saves bf16 inputs under every recipe."""
+    from meshplan.arithmetic.memory_states import fp8_out_proj_copy, with_precision
+
+    def copy(framework: str, recipe: str | None, precision: str = "fp8") -> bool:
+        j = job("llama-3.1-8b", framework, 8, precision=precision)
+        p = Plan(tp=2, dp=4, fp8_recipe=recipe)
+        return fp8_out_proj_copy(j, p, with_precision(j, p)[1])
+
+    assert copy("megatron-bridge", "delayed") and copy("megatron-core", "delayed")
+    assert not copy("megatron-bridge", "tensorwise") and not copy("megatron-core", "mxfp8")
+    assert not copy("megatron-core", None, "bf16") and not copy("torchtitan", "tensorwise")
+
+
+def test_the_fp8_copy_is_one_byte_per_attention_output_element():
+    from meshplan.arithmetic.activations import Layout, layer_activations, shape_of
+
+    arch = job("llama-3-70b", "megatron-bridge", 32).model
+    lay = Layout(tokens=4096, seq_kv=4096, tp=4, sp=True, etp=1, flash=True, dropout=False, swiglu_unfused=False,
+                 fp8=True)
+    shape = shape_of(arch)
+    without = layer_activations(shape, lay, False, "none")["attention"]
+    with_copy = layer_activations(shape, lay._replace(fp8_out_proj_copy=True), False, "none")["attention"]
+    assert with_copy - without == 4096 * 64 * 128 / 4

@@ -209,6 +209,9 @@ class Layout(NamedTuple):
     qkv_fused: bool = True  # GQA's Q, K, V from one linear or three (op-SAC counts each mm; qkv_projections)
     attn: AttentionSaves = AttentionSaves()  # what the attention code keeps beside Q, K, V (the convention's switches)
     routed_load: float = 1.0  # routed tokens on this (the most loaded) EP rank over the mean (memory.ep_rank_load)
+    # under fp8, the out-projection keeps its own fp8 copy of the attention output beside the bf16 one (memory_states.
+    # fp8_out_proj_copy); off by default, the smaller count, so a layout built without it stays a floor
+    fp8_out_proj_copy: bool = False
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
@@ -305,7 +308,7 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     if "core_attn" in sel:
         core = 0.0  # core attention is recomputed from Q, K, V
     attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
-    if lay.fp8:
+    if lay.fp8 and lay.fp8_out_proj_copy:
         attn += t * v_dim / tp  # the out-projection keeps its own fp8 copy of that input
     if lay.dropout:
         attn += t * h / ts  # output dropout mask

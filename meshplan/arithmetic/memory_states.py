@@ -56,6 +56,9 @@ class Convention(_Card):
     fp8_saved_inputs: Literal["fp8", "high_precision"] = Field(
         "fp8", description="what an fp8 linear layer saves of its input for the backward: fp8 (Transformer Engine's "
                            "one-byte copy) or high_precision (torchao's Float8Linear: the bf16 input, as without fp8)")
+    fp8_out_proj_original_input: list[Fp8Recipe] = Field(
+        [], description="fp8 recipes under which the attention's out-projection saves its bf16 input (which the "
+                        "attention kernel keeps anyway) instead of an fp8 copy (Megatron's set_save_original_input)")
     qkv_projections: Literal["fused", "separate"] = Field(
         "fused", description="GQA's Q, K, V projections: one fused linear or three (op-level SAC counts each mm)")
     gathered_layers: int = Field(0, ge=0)
@@ -230,6 +233,13 @@ def fp8_inputs(job: Job, conv: Convention) -> bool:
     """Whether the linear layers keep their saved inputs in one byte: fp8 under a convention whose fp8 linears save
     fp8 copies (Transformer Engine); torchao's Float8Linear saves the bf16 input, as bf16 training does."""
     return job.precision == "fp8" and conv.fp8_saved_inputs == "fp8"
+
+
+def fp8_out_proj_copy(job: Job, plan: Plan, conv: Convention) -> bool:
+    """Whether the attention's out-projection keeps its own fp8 copy of the core attention's output beside the bf16
+    one: under fp8 linear inputs (fp8_inputs) and a recipe the convention does not list in
+    fp8_out_proj_original_input (Megatron: delayed scaling; its other recipes save the original bf16 input)."""
+    return fp8_inputs(job, conv) and fp8_recipe(job, plan) not in conv.fp8_out_proj_original_input
 
 
 def precision_aware(plan: Plan) -> bool:

@@ -27,6 +27,7 @@ from meshplan.arithmetic.lora import lora_engine
 from meshplan.arithmetic.memory_states import (
     describe_tensors,
     fp8_inputs,
+    fp8_out_proj_copy,
     fp8_param_gather,
     memory_card,
     optimizer_implementation,
@@ -170,6 +171,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
         moe=moe_bytes(conv, job.model), qkv_fused=conv.qkv_projections == "fused",
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
+        fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv),
     )
 
 
