@@ -14,6 +14,8 @@ stage's memory step by step is memory_stage.py; torch FSDP2's backward walk, fsd
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.activations import (
     Layout,
@@ -120,6 +122,37 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
     )
 
 
+class FitVerdict(NamedTuple):
+    """What memory_fit found of a plan's report without building it: the largest fit figure and host bytes per node
+    among the stages it evaluated (the report's fit_bytes and host_bytes_per_node when `complete`), and the stage
+    found over the budget, where one was (then not every stage was evaluated)."""
+
+    figure: int
+    host_per_node: int
+    complete: bool
+    over: int | None
+
+
+def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0) -> FitVerdict:
+    """Whether estimate_memory's report of the plan fits `budget` (fit_bytes <= budget) with host_bytes_per_node
+    <= `host` where given, from the same stages (stage_memory) without the report: stage `first` first (the one the
+    caller expects over), then the others in order, stopping at the first over. A fitting plan evaluates every stage
+    and so gives the report's exact figures; one over stops early with a floor of them. Raises as estimate_memory."""
+    require_estimable(job, plan)
+    terms = memory_terms(job, plan, [])
+    chunks = terms.pipeline.chunks
+    first = first if 0 <= first < len(chunks) else 0
+    figure = host_node = 0
+    for rank in (first, *(r for r in range(len(chunks)) if r != first)):
+        stage = stage_memory(terms, rank, chunks[rank]).memory
+        fig = int(stage_fit_bytes(stage, plan, terms.card))
+        stage_host = stage.host_bytes * job.gpus_per_node
+        figure, host_node = max(figure, fig), max(host_node, stage_host)
+        if fig > budget or (host is not None and stage_host > host):
+            return FitVerdict(figure, host_node, False, rank)
+    return FitVerdict(figure, host_node, True, None)
+
+
 def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
     """The terms every stage shares: the byte convention with the plan's precision knobs, the data-parallel sizes,
     the padded vocabulary, the pipeline layout, one layer's activations per kind and recompute mode, what the
@@ -191,8 +224,14 @@ def fit_figure(stages: list[StageMemory], plan: Plan, card) -> tuple[int, str]:
     every cached free page and maps it where the failing allocation needs it before raising OOM (PyTorch
     CUDACachingAllocator.cpp, Note [Expandable Segments], release_cached_blocks -> unmap_block), so the allocated
     peak decides, plus the page rounding of the free ranges next to live blocks (cards/memory.yaml)."""
-    figure = max(peak_fit_bytes(s.total_bytes, s.total_bytes - stage_allocated(s), plan, card) for s in stages)
+    figure = max(stage_fit_bytes(s, plan, card) for s in stages)
     return int(figure), "allocated" if plan.expandable_segments else "reserved"
+
+
+def stage_fit_bytes(stage: StageMemory, plan: Plan, card) -> float:
+    """One stage's share of fit_figure: its reserved peak, or with expandable segments its allocated peak plus the
+    page slack."""
+    return peak_fit_bytes(stage.total_bytes, stage.total_bytes - stage_allocated(stage), plan, card)
 
 
 def budget_bytes(capacity: int, headroom: float) -> int:

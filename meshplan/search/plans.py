@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
 from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
@@ -57,6 +58,9 @@ class Caches:
     budget, so a search of the same job at another budget shares them (`shared`); what fits does."""
 
     memory: dict[PlanKey, MemoryReport] = field(default_factory=dict)
+    # What Engine.memory_fit found of a plan whose report the search did not need (SearchPlans.fits): exact where
+    # complete, else a floor of the report's figures (settles another budget only where that floor is over it).
+    verdicts: dict[PlanKey, FitVerdict] = field(default_factory=dict)
     throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
     terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # a step's terms before its pipeline's replay
     checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
@@ -78,8 +82,8 @@ class Caches:
 
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
-        return Caches(memory=self.memory, throughput=self.throughput, terms=self.terms, checks=self.checks,
-                      token_time=self.token_time, pp_units=self.pp_units,
+        return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
+                      checks=self.checks, token_time=self.token_time, pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
                       seed_keys=self.seed_keys, space=self.space, tiers=self.tiers, seeds=self.seeds)
 
@@ -101,7 +105,12 @@ class SearchPlans:
     a2a_open: bool = False  # the search chooses moe_a2a_overlap (an MoE model, a framework that renders it, not fixed)
     domain: int = 8  # GPUs per NVLink domain (a node, or a rack for GB200 NVL72)
     budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
-    near: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)  # plans over capacity, least first
+    # The keys this search estimated first (by report or verdict) that may be over capacity, in order; `near` builds
+    # the list of those that are from them (near_list, near_done: as far as it has read them).
+    missed: list[PlanKey] = field(default_factory=list)
+    near_list: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)
+    near_done: int = 0
+    over_stage: dict[int, int] = field(default_factory=dict)  # per pp: the stage memory_fit last found over
     caches: Caches = field(default_factory=Caches)
     calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
     overlaps: dict[tuple[Layout, int, str], bool] = field(default_factory=dict)  # a2a_overlap per layout/ZeRO/recompute
@@ -110,6 +119,7 @@ class SearchPlans:
     refused: tuple[int, ...] = ()  # ZeRO stages rule AD001 refuses on every layout (space.adapter_refused_zeros)
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
+    floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -178,11 +188,16 @@ class SearchPlans:
         return hit
 
     def memory(self, lay: Layout, zero: int, recompute: str, mbs: int) -> MemoryReport:
+        """The plan's memory report, counted once per job with its verdict (fit_verdict) where that came first."""
         key = (lay, zero, recompute, mbs)
-        new = key not in self.caches.memory
-        report = self._estimate("memory", self.caches.memory, key)
-        if new and not report.fits:
-            self._remember_miss(report)
+        report = self.caches.memory.get(key)
+        if report is None:
+            if key in self.caches.verdicts:
+                report = self.caches.memory[key] = self.engine.memory(self.job, self.plan(*key))
+            else:
+                report = self._estimate("memory", self.caches.memory, key)
+                if not report.fits:
+                    self.missed.append(key)
         return report
 
     def check_error(self, lay: Layout, zero: int, recompute: str, mbs: int) -> str | None:
@@ -222,12 +237,22 @@ class SearchPlans:
             terms = self.caches.terms[key] = self.engine.terms(self.job, self.plan(*key))
         return terms.floor
 
-    def _remember_miss(self, report: MemoryReport) -> None:
-        over = report.fit_bytes - report.capacity_bytes
-        self.near.append((over, report.plan, report))
-        if len(self.near) > 64:
-            self.near.sort(key=lambda t: t[0])
-            del self.near[16:]
+    @property
+    def near(self) -> list[tuple[int, Plan, MemoryReport]]:
+        """The plans over capacity this search estimated first, as (bytes over, plan, report), in the order estimated
+        and trimmed to the 16 least over whenever more than 64 gather; the reports of the plans only a verdict
+        settled are built here (not counted again), for the answer that names the closest."""
+        for key in self.missed[self.near_done:]:
+            report = self.caches.memory.get(key)
+            if report is None:
+                report = self.caches.memory[key] = self.engine.memory(self.job, self.plan(*key))
+            self.near_done += 1
+            if not report.fits:
+                self.near_list.append((report.fit_bytes - report.capacity_bytes, report.plan, report))
+                if len(self.near_list) > 64:
+                    self.near_list.sort(key=lambda t: t[0])
+                    del self.near_list[16:]
+        return self.near_list
 
     def variants(self) -> int:
         return len(self.zeros) * len(self.recomputes)
@@ -302,9 +327,34 @@ class SearchPlans:
         a higher ZeRO stage, so the staircase's order holds)."""
         if not self.floor_fits(lay, zero, recompute, mbs):
             return False
-        report = self.memory(lay, zero, recompute, mbs)
+        key = (lay, zero, recompute, mbs)
         host = self.job.cpu_memory_per_node
+        report = self.caches.memory.get(key)
+        if report is None and self.engine.memory_fit is not None:
+            return self.fit_verdict(key, host)
+        report = self.memory(lay, zero, recompute, mbs)
         return report.fit_bytes <= self.budget and (host is None or report.host_bytes_per_node <= host)
+
+    def fit_verdict(self, key: PlanKey, host: int | None) -> bool:
+        """fits from Engine.memory_fit, without the report: counted as the memory estimate once per job; a verdict
+        of another budget is reused where it settles this one. The stage found over last (per pp) is asked first.
+        A plan that may be over capacity is remembered for `near` as memory() remembers its report."""
+        known = self.caches.verdicts.get(key)
+        if known is not None:
+            if known.figure > self.budget or (host is not None and known.host_per_node > host):
+                return False
+            if known.complete:
+                return True
+        else:
+            self.calls["memory"] += 1
+        pp = key[0].pp
+        verdict = self.caches.verdicts[key] = self.engine.memory_fit(  # type: ignore[misc]
+            self.job, self.plan(*key), self.budget, host, self.over_stage.get(pp, 0))
+        if verdict.over is not None:
+            self.over_stage[pp] = verdict.over
+        if known is None and not (verdict.complete and verdict.figure <= memory_budget(self.job)):
+            self.missed.append(key)
+        return verdict.complete
 
     def lightest(self, lay: Layout) -> tuple[int, ...]:
         """The ZeRO stages whose least recompute bounds every stage's: all of them. A higher stage shards more, but
@@ -319,14 +369,28 @@ class SearchPlans:
         heaviest recompute is asked first: where even it is over (most layouts of a large job), the search's
         assumption that more recompute never adds memory says no lighter one fits, in one floor instead of one per
         recompute."""
-        n_r = len(self.recomputes)
-        return min(next((i for i, r in enumerate(self.recomputes) if self.floor_fits(lay, zero, r, mbs)), n_r)
-                   if self.may_fit(lay, zero, mbs) else n_r for zero in self.lightest(lay))
+        needs = self.zero_needs(lay, mbs)
+        return min(needs[self.zeros.index(zero)] for zero in self.lightest(lay))
 
     def may_fit(self, lay: Layout, zero: int, mbs: int) -> bool:
         """Whether any recompute of this stage can fit, from the cheapest bounds: the model states' (cached per
         layout), then the first stage's floor under the heaviest recompute (more recompute never adds memory)."""
-        return self.states_bound(lay, zero) <= self.budget and self.floor_fits(lay, zero, self.recomputes[-1], mbs)
+        return self.zero_needs(lay, mbs)[self.zeros.index(zero)] < len(self.recomputes)
+
+    def zero_needs(self, lay: Layout, mbs: int) -> tuple[int, ...]:
+        """Per ZeRO stage of `zeros`, the least recompute whose first-stage floor fits, len(recomputes) where none
+        can (the model states' bound over budget, or the heaviest recompute's floor over); once per own_memory layout
+        and micro-batch under this budget: all that need_floor and may_fit read of a layout (its degrees, its TP's
+        sequence parallelism and the floors of own_memory)."""
+        own = lay.own_memory()
+        hit = self.floor_needs.get((own, mbs))
+        if hit is None:
+            recomputes, n_r = self.recomputes, len(self.recomputes)
+            hit = self.floor_needs[(own, mbs)] = tuple(
+                next((i for i, r in enumerate(recomputes) if self.floor_fits(own, zero, r, mbs)), n_r)
+                if self.states_bound(own, zero) <= self.budget and self.floor_fits(own, zero, recomputes[-1], mbs)
+                else n_r for zero in self.zeros)
+        return hit
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
         """The least recompute index that fits at any of the `alive` ZeRO stages (those the structural rules pass;
