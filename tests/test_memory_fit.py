@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, memory_fit
 from meshplan.schema.request import Request
@@ -71,6 +72,26 @@ def test_the_fit_path_gives_the_reports_verdict_and_figures(req):
                         over += 1
         checked += 1
     assert checked >= 10 and over > 0
+
+
+@pytest.mark.parametrize("req", REQUESTS, ids=lambda r: f"{r.model}-{r.framework}")
+def test_a_plan_the_structural_rules_pass_needs_no_second_look(req):
+    """The search passes `checked` where check_config (structural rules only) found no error on the exact plan: then
+    no blocking rule fires (the estimators' require_estimable runs the same rules' errors) and the verdict is the
+    same; where it found one, the estimate is refused."""
+    passed = refused = 0
+    for job, plan in sampled_plans(req, 40, seed=len(req.model) + 1):
+        ok = not any(f.severity == "error" for f in check_config(job, plan, include_memory=False).findings)
+        try:
+            verdict = memory_fit(job, plan, job.gpu.memory_bytes)
+        except MeshplanError:
+            assert not ok, plan
+            refused += 1
+            continue
+        assert ok, plan
+        assert memory_fit(job, plan, job.gpu.memory_bytes, None, 0, True) == verdict
+        passed += 1
+    assert passed >= 5
 
 
 def without_fit_path(engine):

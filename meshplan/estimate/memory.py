@@ -133,12 +133,15 @@ class FitVerdict(NamedTuple):
     over: int | None
 
 
-def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0) -> FitVerdict:
+def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0,
+               checked: bool = False) -> FitVerdict:
     """Whether estimate_memory's report of the plan fits `budget` (fit_bytes <= budget) with host_bytes_per_node
     <= `host` where given, from the same stages (stage_memory) without the report: stage `first` first (the one the
     caller expects over), then the others in order, stopping at the first over. A fitting plan evaluates every stage
-    and so gives the report's exact figures; one over stops early with a floor of them. Raises as estimate_memory."""
-    require_estimable(job, plan)
+    and so gives the report's exact figures; one over stops early with a floor of them. Raises as estimate_memory;
+    `checked`: the caller found no error among the plan's structural rules (check_config), so none blocks it."""
+    if not checked:
+        require_estimable(job, plan)
     terms = memory_terms(job, plan, [])
     chunks = terms.pipeline.chunks
     first = first if 0 <= first < len(chunks) else 0

@@ -197,15 +197,14 @@ def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:
     """The stage's largest parameter tensor on this GPU (the per-tensor loop's step): the embedding or output table, a
     dense MLP projection (ffn x hidden / tp) or a MoE layer's routed-expert projection held as one 3-D tensor (local
     experts x expert ffn x hidden / etp), over its sharding group where the optimizer is sharded."""
-    arch, plan = terms.job.model, terms.plan
+    arch, plan, moe = terms.job.model, terms.plan, terms.table.moe
     dense = [params.embedding, params.output_layer]
     experts = [0.0]
-    for i in params.layers:
-        if terms.table.moe[i] and arch.moe is not None:
-            experts.append(arch.moe.num_experts / plan.ep * arch.moe.expert_ffn_hidden_size * arch.hidden_size
-                           / plan.etp)
-        else:
-            dense.append(arch.ffn_hidden_size * arch.hidden_size / plan.tp)
+    kinds = {moe[i] and arch.moe is not None for i in params.layers}  # every MoE layer's is the same size, as a dense's
+    if True in kinds:
+        experts.append(arch.moe.num_experts / plan.ep * arch.moe.expert_ffn_hidden_size * arch.hidden_size / plan.etp)
+    if False in kinds:
+        dense.append(arch.ffn_hidden_size * arch.hidden_size / plan.tp)
     if not terms.optimizer_sharded:
         return max(*dense, *experts)
     return max(max(dense) / terms.dense_dp, max(experts) / terms.expert_dp)

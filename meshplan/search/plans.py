@@ -74,8 +74,6 @@ class Caches:
     space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
     tiers: Tiers | None = None  # run_search's split of the space
     seeds: dict[int, Seeds] = field(default_factory=dict)  # per tier (0 inside the NVLink domain, 1 across)
-    # Per (non-interleaved layout, ZeRO stage, recompute, micro-batch): the first stage's memory floor is in budget.
-    floor_fits: dict[PlanKey, bool] = field(default_factory=dict)
     # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
     # when nothing does. It only grows with the micro-batch, and interleaving only adds to its base's.
     least_recompute: dict[Layout, dict[int, int]] = field(default_factory=dict)
@@ -280,6 +278,8 @@ class SearchPlans:
         ceiling; a non-interleaved base's need is a floor for its interleaved layouts."""
         known = self.caches.least_recompute
         low, high = 0, len(self.recomputes)
+        if lay not in known and lay.own_memory() not in known:  # nothing known yet (most layouts when first asked)
+            return low, high
         for key in (lay, lay.own_memory()):
             for b, need in known.get(key, {}).items():
                 if b <= mbs:
@@ -302,16 +302,13 @@ class SearchPlans:
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
         own = lay.own_memory()
         key = (own, zero, recompute, mbs)
-        hit = self.caches.floor_fits.get(key)
-        if hit is None:
-            floor = self.caches.floors.get(key)
-            if floor is None:
-                floor = self.caches.floors[key] = first_stage_floor(
-                    self.job, own, zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
-                    reserved=not self.fixed.carried.get("expandable_segments"),
-                    activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
-            hit = self.caches.floor_fits[key] = floor <= self.budget
-        return hit
+        floor = self.caches.floors.get(key)
+        if floor is None:
+            floor = self.caches.floors[key] = first_stage_floor(
+                self.job, own, zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
+                reserved=not self.fixed.carried.get("expandable_segments"),
+                activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
+        return floor <= self.budget
 
     def states_bound(self, lay: Layout, zero: int) -> float:
         """states_lower_bound of the layout at that ZeRO stage, once per job and degrees (all it reads)."""
@@ -348,8 +345,10 @@ class SearchPlans:
         else:
             self.calls["memory"] += 1
         pp = key[0].pp
+        check = self.caches.checks.get(key)  # the structural rules, where the search ran them on this plan
+        checked = check is not None and not any(f.severity == "error" for f in check.findings)
         verdict = self.caches.verdicts[key] = self.engine.memory_fit(  # type: ignore[misc]
-            self.job, self.plan(*key), self.budget, host, self.over_stage.get(pp, 0))
+            self.job, self.plan(*key), self.budget, host, self.over_stage.get(pp, 0), checked)
         if verdict.over is not None:
             self.over_stage[pp] = verdict.over
         if known is None and not (verdict.complete and verdict.figure <= memory_budget(self.job)):
