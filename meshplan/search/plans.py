@@ -104,7 +104,7 @@ class SearchPlans:
     domain: int = 8  # GPUs per NVLink domain (a node, or a rack for GB200 NVL72)
     budget_bytes: int = 0  # memory a ranked plan may use: capacity less the MEM002 headroom (0 = capacity)
     # The keys this search estimated first (by report or verdict) that may be over capacity, in order; `near` builds
-    # the list of those that are from them (near_list, near_done: as far as it has read them).
+    # from them the list of those that are (near_list; near_done: how many of the keys it has read).
     missed: list[PlanKey] = field(default_factory=list)
     near_list: list[tuple[int, Plan, MemoryReport]] = field(default_factory=list)
     near_done: int = 0
