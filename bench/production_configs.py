@@ -48,9 +48,13 @@ Compared:
 - peak memory: the row's peak_memory_gb_per_gpu is in GB (1e9 bytes: the two rows that also give GiB
   agree only so). What it measured is read from the row (`peak_convention`): "allocated" when the row says
   so, torchtitan rows "reserved" (torchtitan logs max_reserved_gib, torchtitan/components/metrics.py
-  DeviceMemoryMonitor), else "not stated". meshplan's peak (the worst stage) is compared as
-  bench/memory_accuracy.py does: reserved = peak - CUDA context; allocated = peak - context - allocator
-  reserve; not stated = the device total meshplan reports.
+  DeviceMemoryMonitor), a row whose source names its framework's benchmark harness the basis of the memory report
+  that harness reads (the framework card's memory_report), else "not stated". meshplan's peak (the worst stage) is
+  compared as bench/memory_accuracy.py does: reserved = peak - CUDA context; allocated = peak - context - allocator
+  reserve; not stated = the device total meshplan reports. When it was read (`peak_moment`): the iteration the row
+  states, else the moment of that harness's report (Megatron-Bridge's scripts/performance: after iteration 1,
+  compared with the stage's first_iteration_allocated_peak, the optimizer state allocated inside that step), else
+  a later iteration's (steady). Bridge's published measured peaks: --validation bench/data/megatron_bridge_memory.
 - throughput: tokens/s per GPU where the row gives it, else its TFLOP/s per GPU turned into tokens/s with
   meshplan's model FLOPs per token (Megatron's causal formula; a source that counted otherwise shows up as
   error). RL rows (their step includes the rollout) and runs the source marks as not absolute throughput
@@ -136,7 +140,8 @@ def print_rows(rows: list[dict[str, Any]], scores: list[Score]) -> None:
         if s.rule_errors:
             extra.append("errors " + ",".join(s.rule_errors))
         if s.peak_error is not None:
-            extra.append(f"peak {s.measured_peak_bytes / GB:.1f} GB {s.convention}: {_pct(s.peak_error)}")
+            moment = " after iteration 1" if s.moment == "first_iteration" else ""
+            extra.append(f"peak {s.measured_peak_bytes / GB:.1f} GB {s.convention}{moment}: {_pct(s.peak_error)}")
         if s.tps_error is not None:
             extra.append(f"{s.tps_basis} {_pct(s.tps_error)}")
         if s.refused:

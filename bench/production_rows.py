@@ -20,7 +20,7 @@ import yaml
 
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.knowledge.cards import framework_card, model_card, model_card_names
+from meshplan.knowledge.cards import MemoryReportFacts, framework_card, model_card, model_card_names
 from meshplan.knowledge.catalog import catalog_architecture, resolve_model
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.knowledge.published_runs import TITAN_OP_TOMLS
@@ -499,6 +499,8 @@ def precision_for(row: dict[str, Any], framework: str) -> tuple[str, dict[str, A
     megatron = framework in ("megatron-core", "megatron-bridge", "verl", "skyrl")
     sharding = str(row["parallelism"]["zero_or_distributed_optimizer"]).lower()
     words = row_text(low, row["outcome"]["other"]).lower()
+    if megatron and re.search(r"grad_reduce_in_fp32\s*=\s*false|bf16 grad(?:ient)? reduc", words):
+        fields["grad_reduce_in_fp32"] = False  # the row states bf16 main grads (Megatron's grad_reduce_in_fp32)
     if re.search(r"bf16 optimizer states|precision-aware optimizer|bf16 grads/moments", words):
         if megatron:
             fields["optimizer_state_dtype"] = "bf16"
@@ -604,11 +606,33 @@ def run_knobs(row: dict[str, Any]) -> dict[str, str]:
     return knobs
 
 
-def peak_convention(row: dict[str, Any]) -> str:
-    """What the row's measured peak is: allocated, reserved or not stated, from the row itself."""
+def peak_convention(row: dict[str, Any], framework: str | None = None) -> str:
+    """What the row's measured peak is: allocated, reserved or not stated, from the row itself, else the basis of
+    the memory report its framework's harness reads when the row's source is that harness (harness_report)."""
     words = row_text(row["outcome"]["other"], row["flags"]["memory_note"], row["source"]["location"]).lower()
     if "allocated" in words:
         return "allocated"
+    if framework is not None and (report := harness_report(row, framework)) is not None:
+        return report.basis
     if "torchtitan" in str(row["framework"]).lower():
         return "reserved"  # torchtitan's logged memory is max_reserved_gib (components/metrics.py)
     return "not stated"
+
+
+def harness_report(row: dict[str, Any], framework: str) -> MemoryReportFacts | None:
+    """The memory report of the framework's own benchmark harness (its card's memory_report) when the row's source
+    (citation or location) names that harness's path; None otherwise."""
+    report = framework_card(framework).memory_report
+    cited = row_text(row["source"]["citation"], row["source"]["location"]).lower()
+    return report if report is not None and report.harness.lower() in cited else None
+
+
+def peak_moment(row: dict[str, Any], framework: str) -> str:
+    """When the row's measured peak was read: the iteration the row's own words state ("after iteration 1":
+    first_iteration; a later one: steady), else the moment of its framework harness's memory report when the row's
+    source is that harness (harness_report), else steady (a peak over a run's later iterations)."""
+    words = row_text(row["outcome"]["other"], row["flags"]["memory_note"], row["source"]["location"]).lower()
+    if stated := re.search(r"after (?:iteration|step) (\d+)|\b(first|1st) (?:iteration|step)\b", words):
+        return "first_iteration" if stated.group(2) or int(stated.group(1)) == 1 else "steady"
+    report = harness_report(row, framework)
+    return report.moment if report is not None else "steady"

@@ -18,6 +18,7 @@ from production_rows import (
     Mapping,
     load_rows,
     peak_convention,
+    peak_moment,
     read_row,
     row_text,
     stated_memory_settings,
@@ -48,6 +49,7 @@ class Score:
     fits: bool | None = None
     measured_peak_bytes: float | None = None
     convention: str | None = None
+    moment: str | None = None  # when the measured peak was read (production_rows.peak_moment)
     compared_peak_bytes: float | None = None
     measured_tps: float | None = None
     tps_basis: str | None = None
@@ -124,16 +126,25 @@ def _score(row: dict[str, Any], mapping: Mapping, score: Score) -> Score:
     measured = row["outcome"]["peak_memory_gb_per_gpu"]
     if measured is not None:
         score.measured_peak_bytes = measured * GB
-        score.convention = peak_convention(row)
-        context = memory_card().cuda_context_bytes
-        compared = float(memory.peak_bytes)
-        if score.convention in ("reserved", "allocated"):
-            compared -= context
-        if score.convention == "allocated":  # the allocated peak, found at its own moment (memory.stage_allocated)
-            compared = float(max(stage_allocated(s) for s in memory.stages)) - context
-        score.compared_peak_bytes = compared
+        score.convention = peak_convention(row, job.framework)
+        score.moment = peak_moment(row, job.framework)
+        score.compared_peak_bytes = compared_peak(memory, score.convention, score.moment)
     _score_throughput(row, req, job, score)
     return score
+
+
+def compared_peak(memory, convention: str, moment: str) -> float:
+    """meshplan's figure for a measured peak of `convention` read at `moment` (production_rows.peak_convention,
+    peak_moment): not stated, the device total; reserved, less the CUDA context; allocated, the worst stage's
+    allocated peak less the context, found at its own moment (memory.stage_allocated), or, read after the first
+    iteration, the worst stage's first_iteration_allocated_peak (its optimizer state allocated inside that step)."""
+    context = memory_card().cuda_context_bytes
+    if convention == "allocated" and moment == "first_iteration":
+        return float(max(s.detail.get("first_iteration_allocated_peak", stage_allocated(s))
+                         for s in memory.stages)) - context
+    if convention == "allocated":
+        return float(max(stage_allocated(s) for s in memory.stages)) - context
+    return float(memory.peak_bytes) - (context if convention == "reserved" else 0)
 
 
 def over_note(stage, over: int) -> str:

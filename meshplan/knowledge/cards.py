@@ -400,6 +400,19 @@ class AllocatorFacts(_Card):
     source: str
 
 
+class MemoryReportFacts(_Card):
+    """Which peak the framework's own benchmark harness publishes: the memory report of the training log it reads
+    (the moment) and its basis. A measured peak that harness took is compared with meshplan's figure at that moment."""
+
+    harness: str = Field(description="The harness's path in the framework's repository, as a measured row's source "
+                                     "names it")
+    moment: Literal["first_iteration", "steady"] = Field(
+        description="first_iteration: the peak up to the end of iteration 1, whose step allocates a lazily built "
+                    "optimizer state (stage detail first_iteration_allocated_peak); steady: a later iteration's")
+    basis: Literal["allocated", "reserved"]
+    source: str
+
+
 # How an engine runs its optimizer step on CUDA, which decides the step's own temporaries (cards/memory.yaml
 # optimizer_steps, memory_states.optimizer_step_temporaries)
 OptimizerImplementation = Literal["fused", "foreach", "for_loop", "megatron_distributed", "deepspeed_zero"]
@@ -585,6 +598,8 @@ class FrameworkCard(_Card):
         None, description="Absent: the framework has no switch forcing balanced routing; renders say nothing")
     allocator: AllocatorFacts | None = Field(
         None, description="Absent: the framework launches with PyTorch's default allocator (no expandable segments)")
+    memory_report: MemoryReportFacts | None = Field(
+        None, description="Absent: no harness of the framework publishes peaks (a measured row says its own moment)")
     optimizer_step: OptimizerStepFacts | None = Field(
         None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
