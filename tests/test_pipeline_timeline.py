@@ -178,3 +178,31 @@ def test_recommend_never_ranks_an_idle_pipeline_first():
         plan = cand.plan
         if plan.pp > 1:
             assert 32 // (plan.micro_batch_size * plan.dp) >= plan.pp
+
+
+@pytest.mark.parametrize("order", ["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble",
+                                   "dualpipev", "combined_1f1b"])
+def test_precomputed_replay_is_the_op_by_op_replay_to_the_bit(order):
+    """_replay runs each shape's ops in one precomputed order (_program) and keeps each input's step: the same
+    floats, to the last bit, as the op-by-op replay that visits the ranks in turn (_replay_actions, timed_actions'),
+    on sampled shapes, seconds, hops and weight-gradient shares; asked twice or afresh, the same number."""
+    rnd = random.Random(order)
+    checked = 0
+    while checked < 25:
+        pp, m = rnd.choice([1, 2, 3, 4, 8]), rnd.randint(1, 48)
+        vpp = 2 if order in ("zbv_zero_bubble", "dualpipev") else rnd.choice([2, 3, 5]) if "interleaved" in order \
+            or order == "combined_1f1b" else 1
+        shape = shape_for(order, rnd.choice(["pp", "rounds"]), pp, vpp, m)  # type: ignore[arg-type]
+        fwd = [rnd.uniform(1e-3, 1e-2) for _ in range(shape.pp)]
+        bwd = [f * rnd.uniform(1.0, 3.0) for f in fwd]
+        wgrad = [b * rnd.uniform(0.0, 0.6) for b in bwd]
+        hop = rnd.choice([0.0, 3e-4, 2e-3])
+        try:
+            expected = tl._replay_actions(shape, fwd, bwd, hop, wgrad)
+        except (AssertionError, ValueError):  # an order that cannot run this shape (the rules refuse it)
+            continue
+        assert tl._replay(shape, fwd, bwd, hop, wgrad) == expected, shape
+        assert tl._replay(shape, tuple(fwd), tuple(bwd), hop, tuple(wgrad)) == expected
+        tl._REPLAYS.clear()
+        assert tl._replay(shape, fwd, bwd, hop, wgrad) == expected
+        checked += 1

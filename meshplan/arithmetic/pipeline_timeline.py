@@ -34,6 +34,7 @@ Orders, as the frameworks build them:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -404,43 +405,146 @@ def _replay(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float
             wgrad: Sequence[float] = ()) -> float:
     """The step's seconds: every rank runs its order; an op starts when its rank is free and its input has arrived
     (a forward from the previous virtual stage, a backward from the next, each one hop later; the last stage's
-    backward follows its own forward). The plain orders take this loop; the rest _replay_actions."""
-    if shape.order not in ("gpipe", "1f1b", "interleaved_1f1b"):
-        return _replay_actions(shape, fwd, bwd, hop, wgrad or (0.0,) * shape.pp)
+    backward follows its own forward), a fused pair when both inputs have. Each op ends at max(its rank's previous
+    end, its input's end + hop) + its seconds whatever order the ops are visited in, so the replay runs the shape's
+    ops in one precomputed order (_program) and keeps the step of each distinct input (a pure function of them)."""
+    key = (shape, tuple(fwd), tuple(bwd), hop, tuple(wgrad))
+    hit = _REPLAYS.get(key)
+    if hit is None:
+        if len(_REPLAYS) >= 4096:
+            _REPLAYS.clear()
+        hit = _REPLAYS[key] = _run_program(_program(shape), key[1], key[2], hop, key[4] or (0.0,) * shape.pp)
+    return hit
+
+
+_REPLAYS: dict[tuple, float] = {}  # _replay's steps by their inputs
+
+
+class _Program(NamedTuple):
+    """A shape's ops in an order where each comes after its rank's previous op and its inputs: per op, the op
+    before it on its rank, its input (ops are numbered from 1; 0: none), whether the input crosses a hop, a fused
+    pair's second input and hop (0 where there is none; both empty where nothing is fused), and which of `seconds`
+    it takes; and each rank's last op."""
+
+    prev: array
+    dep: array
+    hopped: array
+    dep2: array
+    hopped2: array
+    takes: array
+    seconds: tuple[tuple[int, tuple[str, ...]], ...]  # (rank, kinds): an op's seconds, a fused pair's both
+    last: tuple[int, ...]
+
+
+@lru_cache(maxsize=64)
+def _program(shape: Shape) -> _Program:
+    """The ops of `shape` in the order the ranks can run them, visiting the ranks in turn, each as far as its
+    inputs allow (each op's position fixed by the order alone, not by its seconds)."""
+    if shape.order in ("gpipe", "1f1b", "interleaved_1f1b"):
+        return _plain_program(shape)
     p = shape.pp
-    steps = [_rank_steps(shape, r) for r in range(p)]
+    steps = [_action_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
-    done_f, done_b = [-1.0] * size, [-1.0] * size
-    pos, free = [0] * p, [0.0] * p
+    done = ([0] * size, [0] * size)  # the op that ends each slot's forward / backward (B or I); 0: not yet run
+    pos, last = [0] * p, [0] * p
+    columns: tuple[list[int], ...] = ([], [], [], [], [], [])  # _Program's first six, in order
+    seconds: dict[tuple[int, tuple[str, ...]], int] = {}
     remaining = sum(map(len, steps))
     while remaining:
         moved = 0
         for r in range(p):
-            order, k, t, f, b = steps[r], pos[r], free[r], fwd[r], bwd[r]
-            end = len(order)
-            while k < end:
-                backward, slot, dep, hopped = order[k]
-                if backward:
-                    ready = done_f[dep] if not hopped else done_b[dep]
+            order, k = steps[r], pos[r]
+            while k < len(order):
+                run = order[k:k + 2] if order[k][5] else order[k:k + 1]
+                inputs = [0, 0, 0, 0]  # (input, hop) of each op of the run
+                for i, (_, _, dep, source, hopped, _) in enumerate(run):
+                    if dep >= 0:
+                        inputs[2 * i], inputs[2 * i + 1] = done[source][dep], hopped
+                        if not inputs[2 * i]:
+                            break
                 else:
-                    ready = done_f[dep] if dep >= 0 else 0.0
-                if ready < 0:
-                    break
-                if hopped:
-                    ready += hop
-                if backward:
-                    t = (t if t > ready else ready) + b
-                    done_b[slot] = t
-                else:
-                    t = (t if t > ready else ready) + f
-                    done_f[slot] = t
-                k += 1
+                    for column, value in zip(columns, (last[r], *inputs, seconds.setdefault(
+                            (r, tuple(step[0] for step in run)), len(seconds))), strict=True):
+                        column.append(value)
+                    last[r] = len(columns[0])
+                    for kind, slot, *_ in run:
+                        if kind != "W":
+                            done[_FROM_F if kind == "F" else _FROM_B][slot] = last[r]
+                    k += len(run)
+                    continue
+                break
             moved += k - pos[r]
-            pos[r], free[r] = k, t
+            pos[r] = k
         if not moved:
             raise AssertionError(f"pipeline order deadlocks: {shape}")
         remaining -= moved
-    return max(free)
+    if not any(columns[3]):  # nothing fused: no second inputs
+        columns[3].clear()
+        columns[4].clear()
+    return _Program(*(array("b" if i in (2, 4) else "l", column) for i, column in enumerate(columns)),
+                    seconds=tuple(seconds), last=tuple(last))
+
+
+def _plain_program(shape: Shape) -> _Program:
+    """_program of the plain orders (no split backward, nothing fused), from their steps (_rank_steps)."""
+    p = shape.pp
+    steps = [_rank_steps(shape, r) for r in range(p)]
+    size = shape.stages * shape.microbatches
+    done_f, done_b = [0] * size, [0] * size
+    pos, last = [0] * p, [0] * p
+    prev: list[int] = []
+    dep_of: list[int] = []
+    hops: list[bool] = []
+    takes: list[int] = []
+    remaining = sum(map(len, steps))
+    while remaining:
+        moved = 0
+        for r in range(p):
+            order, k, op = steps[r], pos[r], last[r]
+            end = len(order)
+            while k < end:
+                backward, slot, dep, hopped = order[k]
+                source = done_b if backward and hopped else done_f
+                ran = source[dep] if dep >= 0 else 0
+                if not ran and dep >= 0:
+                    break
+                prev.append(op)
+                dep_of.append(ran)
+                hops.append(hopped)
+                takes.append(2 * r + backward)
+                op = len(prev)
+                (done_b if backward else done_f)[slot] = op
+                k += 1
+            moved += k - pos[r]
+            pos[r], last[r] = k, op
+        if not moved:
+            raise AssertionError(f"pipeline order deadlocks: {shape}")
+        remaining -= moved
+    seconds = tuple((r, (kind,)) for r in range(p) for kind in "FB")  # 2 r + backward
+    return _Program(array("l", prev), array("l", dep_of), array("b", hops), array("l"), array("b"), array("l", takes),
+                    seconds, tuple(last))
+
+
+def _run_program(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: float,
+                 wgrad: tuple[float, ...]) -> float:
+    """The program's step: each op ends at max(its rank's previous end, its inputs' ends + their hops) + its seconds
+    (an input without a hop: + 0.0, the same number); a fused pair takes both ops' seconds."""
+    per_kind = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(len(fwd))]
+    seconds = [sum(per_kind[r][kind] for kind in kinds) for r, kinds in prog.seconds]
+    hops = (0.0, hop)
+    ends = [0.0]  # ends[i]: the end of op i (0: nothing, at 0.0)
+    append = ends.append
+    if not prog.dep2:
+        for prev, dep, hopped, takes in zip(prog.prev, prog.dep, prog.hopped, prog.takes, strict=True):
+            free, ready = ends[prev], ends[dep] + hops[hopped]
+            append((free if free > ready else ready) + seconds[takes])
+    else:
+        for prev, dep, hopped, dep2, hopped2, takes in zip(*prog[:6], strict=True):
+            free, ready, other = ends[prev], ends[dep] + hops[hopped], ends[dep2] + hops[hopped2]
+            if ready > free:
+                free = ready
+            append((free if free > other else other) + seconds[takes])
+    return max(ends[op] for op in prog.last)
 
 
 # What a step's op waits for: a forward's output (F) or a backward's input gradient (B or I).
