@@ -115,3 +115,61 @@ def test_a_layer_key_is_built_once_per_context_and_equals_one_built_afresh():
     dense, moe = layer_key(ctx, False), layer_key(ctx, True)
     assert dense.context is moe.context and dense.plan is moe.plan and dense.moe != moe.moe
     assert layer_key(dataclasses.replace(ctx), True) == moe
+
+
+def _plain_seed_keys(search: BestFirstSearch, lay: Layout, sizes: tuple[int, ...], ideal: float,
+                     rate: tuple[int, float, float]) -> list[float]:
+    """The seed keys as bounds.py wrote them before their factors were kept: max(ideal_time, token bound) per size."""
+    from meshplan.estimate.moe_time import a2a_steady_share
+
+    b_tok, per_token, exposed = rate
+    s, pp, vpp, job = search.job.seq_length, lay.pp, lay.vpp, search.job
+    moe = job.model.moe
+    sync = len(moe.moe_layers) * search.engine.moe_layer_fixed_s if moe is not None else 0.0
+    keys = []
+    for mbs in sizes:
+        m = max(1, job.global_batch_size // (mbs * lay.dp))
+        low = ideal * (1.0 + ((pp - 1) / (m * vpp) if lay.bubble_stages() else 0.0))
+        tokens = -(-s // lay.cp) * mbs
+        value = per_token
+        if exposed:
+            value += (1.0 - a2a_steady_share(m, pp, vpp)) * exposed
+        per_stage = tokens * value / pp
+        if sync:
+            per_stage += sync * max(0.0, 1.0 - tokens / (b_tok * s)) / pp
+        keys.append(max(low, per_stage * (m + lay.bubble_stages())))
+    return keys
+
+
+def test_seed_keys_and_pipeline_bounds_from_their_memos_equal_the_plain_arithmetic():
+    """The seed keys read each layout's pipeline factors from a memo per (dp, pp, vpp, bubble, sizes), and the
+    pipeline bound is kept per arguments: the same floats as the plain arithmetic, and as a fresh search's, on an MoE
+    job whose EP overlap makes the keys charge the micro-batches outside the steady state."""
+    from meshplan.search.estimators import ideal_time
+
+    req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    engine = default_engine(job.framework)
+    searches = [BestFirstSearch.for_job(job, fixed, engine, 1) for _ in range(2)]
+    layouts, _ = enumerate_layouts(job, fixed)
+    ideal = ideal_time(job, engine)
+    for search in searches:
+        search.sized(layouts)
+    used, fresh = searches
+    exposed = checked = 0
+    for lay in layouts[::7]:
+        sizes = used.sizes(lay)
+        if not sizes:
+            continue
+        rate = used.token_rate(lay, sizes[0], used.recomputes[0])
+        exposed += rate[2] > 0
+        assert used.seed_keys(lay, sizes, ideal, rate) == _plain_seed_keys(used, lay, sizes, ideal, rate), lay
+        for recompute in used.recomputes:
+            for interleave in (False, True):
+                kept = [used.pipeline_bound(lay, mbs, recompute, interleave) for mbs in sizes[:2]]
+                assert kept == [used.pipeline_bound(lay, mbs, recompute, interleave) for mbs in sizes[:2]]
+                assert kept == [fresh.pipeline_bound(lay, mbs, recompute, interleave) for mbs in sizes[:2]], lay
+                fresh.pipeline_bounds.clear()
+        checked += 1
+    assert checked > 50 and exposed > 10 and used.factors and used.pipeline_bounds

@@ -31,6 +31,14 @@ class StepTimeBounds(SearchPlans):
     cp_mbs: dict[tuple[int, int], int] = field(default_factory=dict)  # largest micro-batch per (tp, cp)
     work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
     pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
+    # Per (dp, pp, vpp, bubble stages, micro-batch sizes, ideal time): per size, (m + bubble stages, the share of
+    # micro-batches outside the EP overlap's steady state, ideal_time): what stretch and seed_keys read of a layout's
+    # pipeline (stretch_factors).
+    factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)
+    p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
+    # pipeline_bound per (layout, micro-batch, recompute, interleave): what it reads is the job's (shared by a search
+    # of the same job at another budget, like Caches)
+    pipeline_bounds: dict[tuple[Layout, int, str, bool], float] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return max(1, self.job.global_batch_size // (mbs * lay.dp))
@@ -161,49 +169,69 @@ class StepTimeBounds(SearchPlans):
         return b_tok, per_token, exposed
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float,
-                exposed: float = 0.0) -> list[float]:
+                exposed: float = 0.0, factors: list[tuple[float, float, float]] | None = None) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
-        `exposed` more per token, as the estimate charges them."""
-        s, pp, vpp = self.job.seq_length, lay.pp, lay.vpp
+        `exposed` more per token, as the estimate charges them. `factors`: the layout's stretch_factors."""
+        s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
         moe = self.job.model.moe
         sync = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
-        bubble = lay.bubble_stages()
         bounds = []
-        microbatches = self.microbatches
-        for mbs in sizes:  # the hot loop of seeding: what does not change with the micro-batch read once
-            m = microbatches(lay, mbs)
+        for mbs, (stages, outside, _) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
+            # the hot loop of seeding: what does not change with the micro-batch read once
             tokens = per_rank * mbs
-            rate = per_token
-            if exposed:
-                rate += (1.0 - a2a_steady_share(m, pp, vpp)) * exposed
-            per_stage = tokens * rate / pp
+            per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
             if sync:
                 # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
                 # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
                 spread = tokens / (b_tok * s)
                 per_stage += sync * max(0.0, 1.0 - spread) / pp
-            bounds.append(per_stage * (m + bubble))
+            bounds.append(per_stage * stages)
         return bounds
+
+    def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
+                                                                                                   float]]:
+        """Per micro-batch size, what the bounds read of the layout's pipeline: m + its bubble stages, the share of
+        its micro-batches outside the EP overlap's steady state (1 - moe_time.a2a_steady_share) and ideal_time;
+        once per (dp, pp, vpp, bubble, sizes, ideal), all they read."""
+        bubble = lay.bubble_stages()
+        key = (lay.dp, lay.pp, lay.vpp, bubble, sizes, ideal)
+        hit = self.factors.get(key)
+        if hit is None:
+            ms = [self.microbatches(lay, mbs) for mbs in sizes]
+            hit = self.factors[key] = [(m + bubble, 1.0 - a2a_steady_share(m, lay.pp, lay.vpp), low) for m, low in
+                                       zip(ms, self.ideal_times(lay, sizes, ideal), strict=True)]
+        return hit
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
         """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
-        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp)."""
-        bound = self.token_bound(lay, mbs, recompute, exact=True)
-        if interleave and lay.vpp > 1:
-            bound += (lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs)
-                      * (self.microbatches(lay, mbs) + lay.bubble_stages()))
+        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp). Once per arguments: it reads
+        only them and the job (the exact token bound, pp_unit's cached units), not the seeded shards' sizes."""
+        key = (lay, mbs, recompute, interleave)
+        bound = self.pipeline_bounds.get(key)
+        if bound is None:
+            bound = self.token_bound(lay, mbs, recompute, exact=True)
+            if interleave and lay.vpp > 1:
+                bound += (lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs)
+                          * (self.microbatches(lay, mbs) + lay.bubble_stages()))
+            self.pipeline_bounds[key] = bound
         return bound
 
     def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
         """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the
         framework overlaps the steady state's (its card's pipeline.steady_p2p_overlap) the least over ranks of 1 -
         steady_share, at the interleaved order's warm-up (combined 1F1B's is one longer: more blocks)."""
-        if lay.vpp == 1 or not framework_card(self.job.framework).pipeline.steady_p2p_overlap:
+        if lay.vpp == 1:
             return 1.0
-        shape = plan_shape(self.job.framework, lay.pp, lay.vpp, self.microbatches(lay, mbs))
-        return min(1.0 - steady_share(shape, r) for r in range(lay.pp))
+        key = (lay.pp, lay.vpp, self.microbatches(lay, mbs))
+        hit = self.p2p_shares.get(key)
+        if hit is None:
+            hit = self.p2p_shares[key] = 1.0
+            if framework_card(self.job.framework).pipeline.steady_p2p_overlap:
+                shape = plan_shape(self.job.framework, *key)
+                hit = self.p2p_shares[key] = min(1.0 - steady_share(shape, r) for r in range(lay.pp))
+        return hit
 
     def seed_rate(self, lay: Layout, mbs: int, rates: dict[tuple, tuple[int, float, float]]) -> tuple[int, float,
                                                                                                     float]:
@@ -219,13 +247,10 @@ class StepTimeBounds(SearchPlans):
     def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float,
                   rate: tuple[int, float, float] | None = None) -> list[float]:
         """The seed key of each micro-batch: the larger of the ideal time and the per-token bound, whose
-        references are the same for all of them (token_rate, or `rate` when the caller has it); once per job (its
-        micro-batches and ideal time are the job's) and references."""
+        references are the same for all of them (token_rate, or `rate` when the caller has it). The search keeps each
+        shape's keys with its seeds (Seeds), so they are worked out once per shape."""
         if rate is None:
             rate = self.token_rate(lay, sizes[0], self.recomputes[0])
-        hit = self.caches.seed_keys.get((lay.shape(), rate))
-        if hit is None:
-            bounds = self.stretch(lay, sizes, *rate)
-            hit = self.caches.seed_keys[(lay.shape(), rate)] = [
-                max(low, bound) for low, bound in zip(self.ideal_times(lay, sizes, ideal), bounds, strict=True)]
-        return hit
+        factors = self.stretch_factors(lay, sizes, ideal)
+        bounds = self.stretch(lay, sizes, *rate, factors=factors)
+        return [low if low >= bound else bound for (_, _, low), bound in zip(factors, bounds, strict=True)]  # the max
