@@ -584,35 +584,24 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
     none of them are counted (the estimate keeps a few layers on the GPU). `memo`: a dict the caller keeps for one job
     and preset per ZeRO stage (the search's), where the parts shared by many layouts are kept (the same arithmetic)."""
-    arch = job.model
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     memo = {} if memo is None else memo
-    card = memo.get("card")
-    if card is None:
-        card = memo["card"] = memory_card()
-    pre = _prefix(arch)
+    part = memo.get((lay, zero_stage))
+    if part is None:
+        part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo)
     pp, tp = lay.pp, lay.tp
-    spans_key = ("spans", zero_stage, tp, pp, lay.vpp, lay.first, lay.last,
-                 lay.split.counts if lay.split is not None else None)
-    hit = memo.get(spans_key)
-    if hit is None:
-        spans = first_stage_spans(job, lay, zero_stage)
-        hit = memo[spans_key] = (spans, tuple(spans), sum(b - a for a, b in spans),
-                                 int(sum(pre.moe[b] - pre.moe[a] for a, b in spans)))
-    spans, span_key, n0, n_moe = hit
     m = max(1, job.global_batch_size // (mbs * lay.dp))
-    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
-    states_key = ("states", zero_stage, span_key, tp, pp, lay.cp, lay.ep, lay.etp, lay.dp, m == 1)
-    states = memo.get(states_key)
-    if states is None:
-        vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
-        states = memo[states_key] = _first_stage_states(job, lay, spans, tensors, vocab, walk and conv.grads_set_to_none
-                                                        and m == 1)
+    states = part.states[m == 1]
+    if states is None:  # shared by the layouts with these spans and degrees
+        key = ("states", zero_stage, tuple(part.spans), tp, pp, lay.cp, lay.ep, lay.etp, lay.dp, m == 1)
+        states = part.states[m == 1] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
+            job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and m == 1))
     tokens = -(-job.seq_length // lay.cp) * mbs
     acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
     sums = memo.get(acts_key)
     if sums is None:
         sums = memo[acts_key] = _layer_activation_sums(job, conv, tokens, tp, sp, lay.etp, recompute)
+    n0, n_moe, walk = part.n0, part.n_moe, part.walk
     per_mb = n_moe * sums[0]
     per_mb += (n0 - n_moe) * sums[1]
     held = 1 if pp == 1 else min(m, pp)
@@ -620,20 +609,52 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     if recompute == "full" and n0 and not walk:
         acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
     if pp == 1:
-        ts = tp if sp else 1
-        vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp)
-        acts += output_activations(conv, tokens, vocab, tp, arch.hidden_size, ts)
+        acts += output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1)
     transient = acts
+    if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
+        transient += part.gathered
+    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+    reserve = 0.0 if not reserved else part.reserve_fraction * transient
+    return states + transient + reserve + part.fixed[0] + part.fixed[1]
+
+
+@dataclass
+class _FloorPart:
+    """What first_stage_floor reads of one layout at one ZeRO stage whatever the micro-batch."""
+
+    spans: list[tuple[int, int]]  # the first rank's layers, with their count n0 and MoE layers n_moe
+    n0: int
+    n_moe: int
+    vocab: int  # padded
+    walk: bool  # the peak is the FSDP backward walk's
+    states: list[float | None]  # the model states with more than one micro-batch and with one (None until asked)
+    gathered: float | None  # the FSDP gathered layers' bytes (None: none)
+    reserve_fraction: float
+    fixed: tuple[float, float]  # the memory card's fixed overhead and CUDA context, each its own term
+
+
+def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
+                memo: dict) -> _FloorPart:
+    """first_stage_floor's part of a layout at a ZeRO stage (its spans shared by the layouts of the same split)."""
+    card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
+    pre = _prefix(job.model)
+    spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts)
+    hit = memo.get(spans_key)
+    if hit is None:
+        spans = first_stage_spans(job, lay, zero_stage)
+        hit = memo[spans_key] = (spans, sum(b - a for a, b in spans), sum(pre.moe[b] - pre.moe[a] for a, b in spans))
+    spans, n0, n_moe = hit
+    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
+    gathered = None
     if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
                                                         for t in tensors):
-        # FSDP / ZeRO-3 gathers whole layers; the biggest of the stage's is at least its first or last one
-        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
+        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / lay.tp + (pre.replicated[i + 1] - pre.replicated[i])
                       + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp)
                       for i in (spans[0][0], spans[-1][1] - 1))
-        transient += conv.gathered_layers * conv.gathered_bytes * biggest
-    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-    reserve = 0.0 if not reserved else getattr(card, "allocator_reserve_fraction", 0.0) * transient
-    return states + transient + reserve + card.fixed_overhead_bytes + card.cuda_context_bytes
+        gathered = conv.gathered_layers * conv.gathered_bytes * biggest
+    return _FloorPart(spans, n0, n_moe, padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), walk,
+                      [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
+                      (card.fixed_overhead_bytes, card.cuda_context_bytes))
 
 
 def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], tensors: list[StateTensor],
