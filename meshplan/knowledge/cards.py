@@ -647,9 +647,16 @@ class FrameworkCard(_Card):
 
 
 def framework_card(name: str) -> FrameworkCard:
+    card = _framework_cards.get(name)  # once checked (the search asks hundreds of thousands of times)
+    if card is not None:
+        return card
     if name not in framework_names():
         raise CardError(f"No framework card {name!r}.", fix=f"Known: {', '.join(framework_names())}.")
     card = load_card(f"frameworks/{name}", FrameworkCard)
     if card.name != name:
         raise CardError(f"cards/frameworks/{name}.yaml: name {card.name!r} does not match its file name.")
+    _framework_cards[name] = card
     return card
+
+
+_framework_cards: dict[str, FrameworkCard] = {}

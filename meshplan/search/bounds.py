@@ -36,6 +36,7 @@ class StepTimeBounds(SearchPlans):
     # pipeline (stretch_factors).
     factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
+    sync_s: float | None = None  # moe_sync_s, once
     # pipeline_bound per (layout, micro-batch, recompute, interleave): what it reads is the job's (shared by a search
     # of the same job at another budget, like Caches)
     pipeline_bounds: dict[tuple[Layout, int, str, bool], float] = field(default_factory=dict)
@@ -169,26 +170,35 @@ class StepTimeBounds(SearchPlans):
         return b_tok, per_token, exposed
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float,
-                exposed: float = 0.0, factors: list[tuple[float, float, float]] | None = None) -> list[float]:
+                exposed: float = 0.0, factors: list[tuple[float, float, float]] | None = None,
+                ideal: bool = False) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
-        `exposed` more per token, as the estimate charges them. `factors`: the layout's stretch_factors."""
+        `exposed` more per token, as the estimate charges them. `factors`: the layout's stretch_factors; `ideal`: each
+        bound the larger of it and their ideal_time (the seed keys)."""
         s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
-        moe = self.job.model.moe
-        sync = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
+        sync = self.moe_sync_s()
         bounds = []
-        for mbs, (stages, outside, _) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
+        for mbs, (stages, outside, low) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
             tokens = per_rank * mbs
             per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
             if sync:
                 # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
                 # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
-                spread = tokens / (b_tok * s)
-                per_stage += sync * max(0.0, 1.0 - spread) / pp
-            bounds.append(per_stage * stages)
+                rest = 1.0 - tokens / (b_tok * s)  # 1 - the share of b_tok sequences it holds
+                per_stage += sync * (rest if rest > 0.0 else 0.0) / pp  # max(0, rest)
+            bound = per_stage * stages
+            bounds.append(low if ideal and low >= bound else bound)
         return bounds
+
+    def moe_sync_s(self) -> float:
+        """The MoE layers' host sync per micro-batch (Engine.moe_layer_fixed_s each), 0 for a dense model."""
+        if self.sync_s is None:
+            moe = self.job.model.moe
+            self.sync_s = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
+        return self.sync_s
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float]]:
@@ -251,6 +261,4 @@ class StepTimeBounds(SearchPlans):
         shape's keys with its seeds (Seeds), so they are worked out once per shape."""
         if rate is None:
             rate = self.token_rate(lay, sizes[0], self.recomputes[0])
-        factors = self.stretch_factors(lay, sizes, ideal)
-        bounds = self.stretch(lay, sizes, *rate, factors=factors)
-        return [low if low >= bound else bound for (_, _, low), bound in zip(factors, bounds, strict=True)]  # the max
+        return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True)

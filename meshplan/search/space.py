@@ -467,9 +467,9 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                     for vpp, first, last, split in options:
                         if not fixed.allows("vpp", vpp):
                             continue
+                        runs = schedule_options(job.framework, pp, vpp, fixed)  # once per option, not per ep
                         found += [Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp, first=first, last=last,
-                                         split=split, schedule=schedule) for ep, etp in experts
-                                  for schedule in schedule_options(job.framework, pp, vpp, fixed)]
+                                         split=split, schedule=schedule) for ep, etp in experts for schedule in runs]
     groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
     return found, groups
 
