@@ -96,3 +96,41 @@ def test_a_knob_the_adapter_cannot_write_is_one_verdict(framework, knobs):
     with pytest.raises(MeshplanError, match="cannot express") as forced:
         api.render_config(framework, req, force=True)
     assert forced.value.fix == found[0].fix
+
+
+def test_the_layout_knob_kept_per_knobs_in_use_is_missing_knobs_own_answer():
+    """Rule AD001 asks missing_layout_knob, which keeps the first layout knob missing per (adapter, version, variant,
+    the layout knobs in use, schedule, attention backend): on sampled plans of every renderable framework, its answer
+    (the knob, its wording from the plan, the reason and the card's fix) is missing_knob's with only=LAYOUT_KNOBS,
+    and the layout knobs it reads are knobs_in_use's, in order."""
+    import random
+
+    from meshplan.knowledge.adapter_knobs import (
+        DEFAULT_VARIANTS,
+        LAYOUT_KNOBS,
+        default_render,
+        knobs_in_use,
+        missing_knob,
+        missing_layout_knob,
+    )
+    from meshplan.request.resolve import resolve
+    from meshplan.schema.plan import Plan
+
+    rnd = random.Random(23)
+    missing = 0
+    for framework in DEFAULT_VARIANTS:
+        job = resolve(Request(model="mixtral-8x7b", num_gpus=64, framework=framework, gpu="h100"))[0]
+        for _ in range(40):
+            plan = Plan(tp=rnd.choice([1, 2]), pp=rnd.choice([1, 2]), vpp=rnd.choice([1, 2]), cp=rnd.choice([1, 2]),
+                        ep=rnd.choice([1, 2]), etp=rnd.choice([1, 2]), zero_stage=rnd.choice([0, 1, 2, 3]))
+            target = default_render(framework, job, plan)
+            if target is None:
+                continue
+            expected = missing_knob(framework, *target, job, plan, LAYOUT_KNOBS)
+            for _ in range(2):  # computed, then kept
+                assert missing_layout_knob(framework, *target, job, plan) == expected, (framework, plan)
+            used = [name for name in knobs_in_use(job, plan) if name in LAYOUT_KNOBS]
+            assert used == [f"zero_{plan.zero_stage}", *(n for n in ("tp", "pp", "vpp", "cp", "ep", "etp")
+                                                         if getattr(plan, n) > 1)]
+            missing += expected is not None
+    assert missing > 20

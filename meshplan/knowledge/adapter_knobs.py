@@ -171,6 +171,28 @@ def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Pla
     return None
 
 
+def missing_layout_knob(framework: str, version: str, variant: str, job: Job, plan: Plan) -> MissingKnob | None:
+    """missing_knob(..., only=LAYOUT_KNOBS), what rule AD001 asks of every plan the search checks. The layout knobs a
+    plan uses (knobs_in_use's, in its order: its ZeRO stage, then each degree over 1) and whether the version and
+    variant can write them depend on few fields, so the first one missing is kept per (card's adapter section,
+    version, variant, those knobs, pipeline schedule, attention backend); its setting is worded from the plan."""
+    section = adapter_section(framework)
+    used = (f"zero_{plan.zero_stage}", *(name for name in _DEGREES if getattr(plan, name) > 1))
+    key = (id(section), framework, version, variant, used, plan.pipeline_schedule, plan.attention_backend)
+    hit = _layout_missing.get(key)
+    if hit is None:
+        found = missing_knob(framework, version, variant, job, plan, LAYOUT_KNOBS)
+        hit = _layout_missing[key] = (section, found and (found.knob, found.reason, found.instead))
+    if hit[1] is None:
+        return None
+    name, reason, instead = hit[1]
+    return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
+
+
+_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")  # the degrees knobs_in_use names, in its order
+_layout_missing: dict[tuple, tuple[AdapterSection, tuple[str, str, str] | None]] = {}  # (the section kept alive)
+
+
 def default_render(framework: str, job: Job, plan: Plan) -> tuple[str, str] | None:
     """(version, variant) `render` writes for this job when neither is given, or None when the framework has no
     adapter: the request's release when the adapter has that version, else the card's default version."""

@@ -8,7 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.knowledge.adapter_knobs import LAYOUT_KNOBS, default_render, missing_knob
+from meshplan.knowledge.adapter_knobs import default_render, missing_layout_knob
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, fmt_set, rule
 from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
@@ -157,7 +157,7 @@ def adapter_cannot_write(ctx: Context) -> Values:
     if target is None:
         return None
     version, variant = target
-    missing = missing_knob(ctx.framework, version, variant, ctx.job, ctx.plan, LAYOUT_KNOBS)
+    missing = missing_layout_knob(ctx.framework, version, variant, ctx.job, ctx.plan)
     if missing is None:
         return None
     return {"setting": missing.setting, "display": framework_card(ctx.framework).display_name, "version": version,
