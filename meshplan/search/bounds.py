@@ -37,9 +37,9 @@ class StepTimeBounds(SearchPlans):
     factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
     sync_s: float | None = None  # moe_sync_s, once
-    # pipeline_bound per (layout, micro-batch, recompute, interleave): what it reads is the job's (shared by a search
-    # of the same job at another budget, like Caches)
-    pipeline_bounds: dict[tuple[Layout, int, str, bool], float] = field(default_factory=dict)
+    # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
+    # shard sizes (shared by a search of the same job at another budget, like Caches)
+    bounds_memo: dict[tuple, float] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return max(1, self.job.global_batch_size // (mbs * lay.dp))
@@ -142,8 +142,14 @@ class StepTimeBounds(SearchPlans):
         references bound every layout: per (tp, ep, etp, recompute) with cp = 1, and per (tp, cp) for the
         context-parallel traffic, at a power-of-two micro-batch holding at least this layout's tokens per rank
         (`exact`: the smallest such; otherwise the most any layout of the shard uses, one reference for all):
-        step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp)."""
-        return self.stretch(lay, (mbs,), *self.token_rate(lay, mbs, recompute, exact))[0]
+        step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp). Kept per what it reads: the
+        layout, micro-batch and recompute, and without `exact` its shard's largest micro-batches."""
+        key = (lay, mbs, recompute, exact, None if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp)),
+               None if exact else self.cp_mbs.get((lay.tp, lay.cp)))
+        bound = self.bounds_memo.get(key)
+        if bound is None:
+            bound = self.bounds_memo[key] = self.stretch(lay, (mbs,), *self.token_rate(lay, mbs, recompute, exact))[0]
+        return bound
 
     def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float]:
         """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a
@@ -219,13 +225,13 @@ class StepTimeBounds(SearchPlans):
         vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp). Once per arguments: it reads
         only them and the job (the exact token bound, pp_unit's cached units), not the seeded shards' sizes."""
         key = (lay, mbs, recompute, interleave)
-        bound = self.pipeline_bounds.get(key)
+        bound = self.bounds_memo.get(key)
         if bound is None:
             bound = self.token_bound(lay, mbs, recompute, exact=True)
             if interleave and lay.vpp > 1:
                 bound += (lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs)
                           * (self.microbatches(lay, mbs) + lay.bubble_stages()))
-            self.pipeline_bounds[key] = bound
+            self.bounds_memo[key] = bound
         return bound
 
     def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:

@@ -442,7 +442,7 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
         search.caches = share.caches.shared()
         search.overlaps, search.pipeline_overlap = share.overlaps, share.pipeline_overlap
         search.sizes_by_dp, search.floor_parts = share.sizes_by_dp, share.floor_parts
-        search.pipeline_bounds = share.pipeline_bounds
+        search.bounds_memo = share.bounds_memo
     tiers = search.caches.tiers
     if tiers is None:
         tiers = search.caches.tiers = split_space(search)
