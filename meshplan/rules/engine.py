@@ -253,7 +253,7 @@ class Context:
     def model_parallel(self) -> int:
         return self.plan.tp * self.plan.pp * self.plan.cp
 
-    @property
+    @cached_property
     def expert_grid(self) -> int:
         return mesh.expert_group(self.plan)
 
@@ -262,10 +262,11 @@ class Context:
         """GPUs one GPU reaches over NVLink/xGMI (mesh.fast_domain)."""
         return mesh.fast_domain(self.job.gpu, self.job.gpus_per_node)
 
-    @property
+    @cached_property
     def microbatches(self) -> int:
         """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over
-        the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step)."""
+        the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step); once per
+        Context (several rules read it)."""
         m = self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
         return m // self.plan.schedule_runs(self.job.global_batch_size)
 
