@@ -179,6 +179,16 @@ def mesh_groups(plan: Plan, dp: int | None = None, edp: int = 1) -> MeshGroups:
                       edp=Group(edp, plan.ep * plan.etp))
 
 
+def replica_groups(group: Group, replicas: int) -> tuple[Group, Group]:
+    """Hybrid sharding (Plan.dp_replicate): a data-parallel `group` split into `replicas` replicas, as (the shard
+    group one replica's states are sharded over: group.size / replicas consecutive members, the same stride; the
+    replica group: one member of each replica, group.size / replicas members apart). Megatron-Core's
+    parallel_state.py intra/inter partial data-parallel groups (create_hierarchical_groups over
+    [intra size, num_distributed_optimizer_instances]); torchtitan's and FSDP2's (dp_replicate, dp_shard) mesh."""
+    inner = max(1, group.size // replicas)
+    return Group(inner, group.stride), Group(replicas, group.stride * inner)
+
+
 def hierarchical_cp_groups(plan: Plan, gpus_per_node: int) -> tuple[Group, Group]:
     """a2a+p2p context parallelism's two levels (hierarchical_cp_sizes): the all-to-all over the CP ranks inside one
     node (stride tp) and the ring over those groups (stride tp x the all-to-all's size)."""

@@ -181,8 +181,8 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
     return MemoryTerms(
-        job=job, plan=plan, conv_name=conv_name, conv=conv, tensors=tensors, card=card, dense_dp=plan.dp * plan.cp,
-        expert_dp=expert_dp, vocab=vocab, pipeline=pipeline, table=table, ts=ts,
+        job=job, plan=plan, conv_name=conv_name, conv=conv, tensors=tensors, card=card, dense_dp=plan.dp * plan.cp // plan.dp_replicate,
+        expert_dp=expert_dp / plan.dp_replicate, vocab=vocab, pipeline=pipeline, table=table, ts=ts,
         norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1), m=m, tokens=tokens, lay=lay,
         selective=selective, per_kind=_per_kind(job, plan, lay, selective),
         stored_mode="selective" if plan.recompute == "selective" else "none",
@@ -317,8 +317,11 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
     sp = "/tp (sequence parallel)" if lay.sp else "replicated over TP (no sequence parallelism)"
     out = [
         f"Model states per parameter ({conv_name} convention, zero_stage {plan.zero_stage}): "
-        f"{describe_tensors(tensors)}; 'sharded' = over dp*cp = {dense_dp}"
-        + (f" for dense parameters and over expert-dp = world/(pp*ep*etp) = {expert_dp:g} for routed experts."
+        f"{describe_tensors(tensors)}; 'sharded' = over dp*cp"
+        + (f"/dp_replicate (hybrid sharding, {plan.dp_replicate} replicas)" if plan.dp_replicate > 1 else "")
+        + f" = {dense_dp}"
+        + (f" for dense parameters and over expert-dp = world/(pp*ep*etp)"
+           f"{'/dp_replicate' if plan.dp_replicate > 1 else ''} = {expert_dp:g} for routed experts."
            if job.model.moe else "."),
         "Parameters per stage: its decoder layers (attention, MLP and shared experts / tp; norms and router "
         "replicated; routed experts / (ep*etp)); embedding on the first stage; output layer (a tied copy when "

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from meshplan.arithmetic.comm import Links, ring_time
+from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import uses_fsdp
@@ -117,6 +117,19 @@ class DpTraffic:
     dense: Group  # dense weights are replicated over DP x CP (mesh.MeshGroups.dp_cp)
     expert: Group  # routed experts over expert-DP (mesh.MeshGroups.edp)
     seen: dict[tuple[float, float, float], float] = field(default_factory=dict)
+    # hybrid sharding (Plan.dp_replicate > 1): dense/expert are one replica's shard groups and these the groups
+    # across the replicas (mesh.replica_groups); None: no replicas
+    replicas: tuple[Group, Group] | None = None
+
+    def replica_allreduce(self, dense: float, expert: float, nbytes: float) -> float:
+        """Hybrid sharding's once-per-step all-reduce across the replicas of each rank's gradient shard (its
+        `dense` and `expert` elements over the shard groups), after the reduce-scatter inside the replica
+        (Megatron-Core DDP/Megatron-FSDP with num_distributed_optimizer_instances; FSDP2 HSDP); 0 without replicas."""
+        if self.replicas is None:
+            return 0.0
+        return sum(allreduce_time(n / shard.size * nbytes, rep.size, rep.stride, self.lk)
+                   for n, shard, rep in ((dense, self.dense, self.replicas[0]), (expert, self.expert, self.replicas[1]))
+                   if n > 0)
 
     @property
     def dense_group(self) -> int:

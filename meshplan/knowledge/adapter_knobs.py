@@ -43,7 +43,7 @@ def knob_table(framework: str, version: str, variant: str) -> dict[str, AdapterK
 def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     """The knobs a plan actually uses (a degree of 1 or an off switch uses nothing)."""
     used = ["micro_batch_size", "global_batch_size", f"zero_{plan.zero_stage}"]
-    for name in ("tp", "pp", "vpp", "cp", "ep", "etp"):
+    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate"):
         if getattr(plan, name) > 1:
             used.append(name)
     if plan.cp > 1 and plan.cp_comm_type != "p2p":
@@ -150,7 +150,8 @@ class MissingKnob:
 
 # The knobs of the parallel layout itself (degrees and ZeRO stage): the ones rule AD001 asks about. The rest (fp8,
 # account_for_embedding, ...) are settings an adapter may not write yet; `render` alone refuses those.
-LAYOUT_KNOBS: frozenset[str] = frozenset({"tp", "pp", "vpp", "cp", "ep", "etp", "zero_0", "zero_1", "zero_2", "zero_3"})
+LAYOUT_KNOBS: frozenset[str] = frozenset({"tp", "pp", "vpp", "cp", "ep", "etp", "zero_0", "zero_1", "zero_2", "zero_3",
+                                         "dp_replicate"})
 
 
 def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Plan,

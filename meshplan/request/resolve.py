@@ -72,7 +72,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpn = req.gpus_per_node or gpu.gpus_per_node
     plan = Plan(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
-        sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
+        sequence_parallel=sp, zero_stage=zero, dp_replicate=req.dp_replicate or 1, micro_batch_size=mbs,
         recompute=recompute, recompute_layers=req.recompute_layers, selective_ac_option=req.selective_ac_option,
         recompute_method=req.recompute_method, recompute_modules=req.recompute_modules,
         cp_comm_type=req.cp_comm_type or "p2p", moe_token_dispatcher=req.moe_token_dispatcher or "alltoall",

@@ -107,3 +107,26 @@ def kempnerforge_product(ctx: Context) -> Values:
     unit = p.tp * p.pp * p.cp * p.ep
     return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "product": product,
             "world": ctx.world, "unit": unit, "gpus": neighbours(ctx.world, unit)}
+
+
+@rule("DP001")
+def dp_replicate_divides_dp(ctx: Context) -> Values:
+    """Hybrid sharding: the replicas split dp (and, for a MoE model, the expert-data-parallel ranks) evenly
+    (Megatron parallel_state: dp*cp and expert-dp % num_distributed_optimizer_instances; torchtitan: dp_replicate *
+    dp_shard = dp)."""
+    p = ctx.plan
+    n = p.dp_replicate
+    edp = mesh.expert_dp(ctx.world, p) if ctx.num_experts else float(p.dp)  # a dense model: dp alone
+    if n == 1 or (p.dp % n == 0 and edp % n == 0):
+        return None
+    common = [d for d in divisors(p.dp) if edp % d == 0]
+    return {"n": n, "dp": p.dp, "edp": f"{edp:g}", "fits": fmt_set(common[-LISTED:])}
+
+
+@rule("DP002")
+def dp_replicate_needs_sharding(ctx: Context) -> Values:
+    """dp_replicate > 1 replicates sharded states; at zero_stage 0 nothing is sharded."""
+    p = ctx.plan
+    if p.dp_replicate == 1 or p.zero_stage > 0:
+        return None
+    return {"n": p.dp_replicate}

@@ -84,6 +84,9 @@ class Plan(StrictModel):
     dp: int = Field(1, ge=1)
     sequence_parallel: bool = False
     zero_stage: int = Field(1, ge=0, le=3)
+    dp_replicate: int = Field(
+        1, ge=1, description="Data-parallel replicas (hybrid sharding, HSDP): sharded states split over the dp*cp / "
+                             "dp_replicate ranks of one replica and replicated across the dp_replicate replicas")
     micro_batch_size: int = Field(1, ge=1)
     recompute: Recompute = "none"
     recompute_layers: int | None = None

@@ -85,6 +85,13 @@ class Request(StrictModel):
     zero_stage: int | None = Field(
         None, ge=0, le=3, description="0-3; FSDP = 3; Megatron distributed optimizer = 1 (default: framework's)"
     )
+    dp_replicate: int | None = Field(
+        None, ge=1, le=MAX_GPUS,
+        description="Hybrid sharding (HSDP): data-parallel replicas, each sharding the model states over dp / "
+                    "dp_replicate ranks (Megatron num_distributed_optimizer_instances, torchtitan "
+                    "data_parallel_replicate_degree, AutoModel dp_replicate_size, verl fsdp_size = dp / dp_replicate); "
+                    "divides dp, needs zero_stage >= 1 (default 1: states sharded over all of dp; never searched)",
+    )
     recompute: Recompute | None = Field(
         None, description="Activation recomputation (default: none for an estimate; searched by recommend)"
     )
