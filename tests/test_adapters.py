@@ -193,6 +193,14 @@ CASES: list[tuple[str, str | None, dict]] = [
                                   attention_backend="unfused")),
     ("nemo-automodel", None, dict(model="llama-3.1-70b", num_gpus=8, tp=8, global_batch_size=32, lora_rank=16,
                                   lora_targets=["linear_qkv", "linear_fc2"])),
+    # hybrid sharding (dp_replicate): each framework's own key, read back
+    ("megatron-core", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, dp_replicate=2, global_batch_size=128)),
+    ("megatron-core", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=8, zero_stage=3, dp_replicate=4,
+                                 global_batch_size=128)),
+    ("megatron-bridge", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, dp_replicate=2, global_batch_size=128)),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, global_batch_size=128)),
+    ("nemo-automodel", None, dict(model="llama-3.1-8b", num_gpus=32, dp_replicate=4, global_batch_size=128)),
+    ("verl", "fsdp", dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, global_batch_size=128)),
 ]
 
 

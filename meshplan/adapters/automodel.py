@@ -69,6 +69,8 @@ def distributed_section(job: Job, plan: Plan, version: str) -> tuple[Section, li
     notes: list[str] = []
     section: Section = [("strategy", "ddp" if plan.zero_stage == 0 else "fsdp2"), ("dp_size", plan.dp),
                         ("tp_size", plan.tp), ("cp_size", plan.cp), ("pp_size", plan.pp), ("ep_size", plan.ep)]
+    if plan.dp_replicate > 1:  # HSDP (FSDP2 only): dp_shard = dp_size / dp_replicate_size
+        section.insert(2, ("dp_replicate_size", plan.dp_replicate))
     if plan.zero_stage != 0:
         section.append(("sequence_parallel", plan.sequence_parallel))
     ac = {"none": False, "full": True, "selective": "selective"}[plan.recompute]

@@ -132,6 +132,8 @@ def parallel_flags(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
                   ("--ckpt-format", "fsdp_dtensor")]
         notes.append("zero_stage 2/3 renders Megatron-FSDP (optim_grads / optim_grads_params); it needs "
                      "--ckpt-format fsdp_dtensor and CUDA_DEVICE_MAX_CONNECTIONS other than 1.")
+    if plan.dp_replicate > 1:  # hybrid sharding: states over dp*cp / N, N replicas (outer strategy no_shard)
+        flags.append(("--num-distributed-optimizer-instances", plan.dp_replicate))
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size)]
     rec = megatron_recompute(plan)
     if rec["recompute_granularity"]:
@@ -256,6 +258,8 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
     fsdp = plan.zero_stage in (2, 3)
     s += [("ddp.use_distributed_optimizer", plan.zero_stage >= 1),
           ("optimizer.use_distributed_optimizer", plan.zero_stage >= 1)]
+    if plan.dp_replicate > 1:  # hybrid sharding (DistributedDataParallelConfig)
+        s.append(("ddp.num_distributed_optimizer_instances", plan.dp_replicate))
     if fsdp:
         s += [("dist.use_megatron_fsdp", True), ("ddp.use_megatron_fsdp", True),
               ("ddp.data_parallel_sharding_strategy", _sharding(plan)), ("checkpoint.ckpt_format", "fsdp_dtensor")]

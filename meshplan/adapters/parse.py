@@ -133,6 +133,7 @@ def _core(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         f.get("--data-parallel-sharding-strategy"), 0) if "--use-megatron-fsdp" in f else 0
     out = {"tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": _world(launch["--nnodes"], launch["--nproc-per-node"])
            // (tp * pp * cp), "sequence_parallel": "--sequence-parallel" in f, "zero_stage": zero,
+           "dp_replicate": int(f.get("--num-distributed-optimizer-instances", 1)),
            "micro_batch_size": int(f["--micro-batch-size"]),
            "first_stage_layers": int(first) if first else None, "last_stage_layers": int(last) if last else None,
            "pipeline_layout": layout, "account_for_embedding": "--account-for-embedding-in-pipeline-split" in f,
@@ -177,6 +178,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                zero_stage={"optim_grads": 2, "optim_grads_params": 3}.get(fsdp, 1 if s["ddp.use_distributed_optimizer"]
                                                                          else 0),
                micro_batch_size=int(s["train.micro_batch_size"]),
+               dp_replicate=int(s.get("ddp.num_distributed_optimizer_instances", 1)),
                first_stage_layers=m.get("num_layers_in_first_pipeline_stage"),
                last_stage_layers=m.get("num_layers_in_last_pipeline_stage"),
                pipeline_layout=m.get("pipeline_model_parallel_layout"),
@@ -217,7 +219,9 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                                                                        o.get("actor_rollout_ref.model.lora.target_modules"))
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
+        shard = int(o.get("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1))  # -1: every rank
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "micro_batch_size": mbs,
+                "dp_replicate": world // shard if 0 < shard < world else 1,
                 **_attention("verl", "fsdp", o.get("actor_rollout_ref.model.override_config.attn_implementation")),
                 "recompute": "full" if o["actor_rollout_ref.model.enable_gradient_checkpointing"] else "none",
                 "activation_offload": bool(o.get("actor_rollout_ref.model.enable_activation_offload")),
@@ -303,6 +307,7 @@ def _torchtitan(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out = {"tp": par["tensor_parallel_degree"], "pp": pp, "cp": par["context_parallel_degree"],
            "ep": par["expert_parallel_degree"], "etp": etp, "dp": rep * shard, "zero_stage": 3 if shard > 1 or
            rep == 1 else 0, "sequence_parallel": sp, "recompute": ac, "vpp": 1,
+           "dp_replicate": rep if shard > 1 else 1,  # HSDP: replicas of the FSDP2 shards
            **torchtitan_batch(train["local_batch_size"], par.get("pipeline_parallel_microbatch_size"), pp,
                               dp=rep * shard, global_batch_size=train.get("global_batch_size"))}
     if dispatcher is not None:
@@ -408,6 +413,7 @@ def _automodel(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     ac = d.get("activation_checkpointing", False)
     out: dict[str, Any] = {
         "tp": d["tp_size"], "pp": pp, "cp": d["cp_size"], "ep": d["ep_size"], "etp": 1, "dp": d["dp_size"],
+        "dp_replicate": int(d.get("dp_replicate_size") or 1),
         "zero_stage": 0 if d.get("strategy") == "ddp" else 2 if d.get("reshard_after_forward") is False else 3,
         "sequence_parallel": bool(d.get("sequence_parallel", False)),
         "recompute": "selective" if ac == "selective" else "full" if ac is True else "none",

@@ -177,7 +177,9 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
             o += [("critic.strategy", "fsdp2"), ("critic.ulysses_sequence_parallel_size", plan.cp)]
         o += [("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
               ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
-              ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
+              # the shard group: all ranks (-1), or one replica's dp*cp / dp_replicate (HSDP)
+              ("actor_rollout_ref.actor.fsdp_config.fsdp_size",
+               -1 if plan.dp_replicate == 1 else plan.dp * plan.cp // plan.dp_replicate),
               ("actor_rollout_ref.model.enable_gradient_checkpointing", plan.recompute == "full"),
               ("actor_rollout_ref.model.use_remove_padding", True)]
         backend = attention_value("verl", "fsdp", plan.attention_backend)

@@ -20,8 +20,9 @@ from meshplan.schema.plan import Job, Plan
 
 
 def _dp(plan: Plan) -> tuple[int, int]:
-    """(replicate, shard) degrees: FSDP2 shards for zero_stage 3, replicates (DDP) for 0."""
-    return (1, plan.dp) if plan.zero_stage == 3 else (plan.dp, 1)
+    """(replicate, shard) degrees: FSDP2 shards for zero_stage 3 (over dp / dp_replicate, HSDP with dp_replicate
+    replicas), replicates (DDP) for 0."""
+    return (plan.dp_replicate, plan.dp // plan.dp_replicate) if plan.zero_stage == 3 else (plan.dp, 1)
 
 
 def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:

@@ -181,7 +181,8 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
     return MemoryTerms(
-        job=job, plan=plan, conv_name=conv_name, conv=conv, tensors=tensors, card=card, dense_dp=plan.dp * plan.cp // plan.dp_replicate,
+        job=job, plan=plan, conv_name=conv_name, conv=conv, tensors=tensors, card=card,
+        dense_dp=plan.dp * plan.cp // plan.dp_replicate,
         expert_dp=expert_dp / plan.dp_replicate, vocab=vocab, pipeline=pipeline, table=table, ts=ts,
         norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1), m=m, tokens=tokens, lay=lay,
         selective=selective, per_kind=_per_kind(job, plan, lay, selective),
