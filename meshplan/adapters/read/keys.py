@@ -24,7 +24,7 @@ from meshplan.schema.request import Request
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
 VALUE_KNOBS = frozenset({"tp", "pp", "cp", "ep", "etp", "cp_comm_type", "micro_batch_size", "global_batch_size",
                          "recompute_layers", "recompute_method", "recompute_modules", "optimizer_offload_fraction",
-                         "lora_rank", "lora_targets", "optimizer", "selective_ac_option"})
+                         "lora_rank", "lora_targets", "optimizer", "selective_ac_option", "dp_replicate"})
 # Knobs that are on/off switches: a flag given alone, or a true/false value.
 SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offload", "optimizer_offload",
                           "tp_comm_overlap", "torch_compile", "fp8_param_gather", "account_for_embedding",
@@ -225,6 +225,11 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
     if str(value).strip("'\"") in ("null", "None", "~") and (m.target in VALUE_KNOBS or m.target in
                                                               Request.model_fields):
         reading.notes.append(f"{s.where(reading.path)} = null: the framework's default")
+        return True
+    if m.target == "dp_replicate" and s.key.endswith("fsdp_size"):  # verl: the shard group's size, not replicas
+        if int(str(value).strip("'\"")) > 0:
+            reading.notes.append(f"{s.where(reading.path)} = {value}: states sharded over {value} ranks; set "
+                                 f"dp_replicate = dp*cp / {value} (hybrid sharding, not read from the group size)")
         return True
     if m.target in VALUE_KNOBS:
         reading.state(m.target, value, s)
