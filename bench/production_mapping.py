@@ -15,6 +15,7 @@ from production_rows import (
     dispatcher_for,
     framework_for,
     gpu_for,
+    hsdp_fields,
     model_for,
     offload_fields,
     optimizer_for,
@@ -88,6 +89,9 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     knobs |= k
     zero, k = zero_for(row)
     knobs |= k
+    if "hsdp" in knobs and (f := hsdp_fields(row, framework)):  # a plan field since issue 24 (dp_replicate)
+        fields |= f
+        knobs.pop("hsdp")
     fields |= optimizer_for(row)
     offload, k = offload_fields(row)
     fields |= offload

@@ -550,6 +550,18 @@ def zero_for(row: dict[str, Any]) -> tuple[int | None, dict[str, str]]:
     return None, knobs
 
 
+def hsdp_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """Request.dp_replicate (hybrid sharding) where the row states its shard group (parallelism.fsdp below dp and
+    dividing it) and the framework's adapter writes hybrid sharding (its card's dp_replicate key); else nothing (the
+    row keeps its "hsdp" knob: not expressible)."""
+    p = row["parallelism"]
+    dp, shard = p["dp"], p["fsdp"]
+    section = framework_card(framework).adapter
+    if not dp or not shard or shard >= dp or dp % shard or section is None or not section.renders("dp_replicate"):
+        return {}
+    return {"dp_replicate": dp // shard}
+
+
 def offload_fields(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """(Request offload fields, knobs) from the row's offload text: verl's phase offloads (param/grad, OFFLOAD_OPTIM
     or ALL_OFFLOAD for the optimizer) and Megatron-Core's in-step CPU optimizer (optimizer_offload_fraction, or

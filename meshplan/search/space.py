@@ -294,6 +294,11 @@ framework's default, as `meshplan memory` and `meshplan throughput` take it). Th
 optimizer trains the model is a training decision, not a layout (Muon's memory and Newton-Schulz time are estimated
 for the optimizer asked for)."""
 
+GIVEN_ONLY_FIELDS = ("dp_replicate",)
+"""Plan fields the search never chooses and carries only when the request gives them (left out: the plan's default,
+with nothing said): hybrid sharding's replicas (Plan.dp_replicate), a user's statement about how the job shards, kept
+by every ranked plan; a layout whose dp it does not divide is refused by rule DP001."""
+
 
 @dataclass
 class Fixed:
@@ -311,7 +316,8 @@ class Fixed:
                  "tp_comm_overlap", "first_stage_layers", "last_stage_layers", "pipeline_schedule",
                  *SPLIT_FIELDS)
         values = {name: getattr(req, name) for name in names if name in chosen and getattr(req, name) is not None}
-        given = frozenset(n for n in CARRIED_FIELDS if n in chosen and getattr(req, n) is not None)
+        given = frozenset(n for n in (*CARRIED_FIELDS, *GIVEN_ONLY_FIELDS)
+                          if n in chosen and getattr(req, n) is not None)
         return cls(values, carried_fields(req), given)
 
     def allows(self, name: str, value: object) -> bool:
@@ -340,7 +346,8 @@ def carried_fields(req: Request) -> dict[str, object]:
               "expandable_segments": _expandable_segments(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [])}
-    return {k: fields[k] for k in CARRIED_FIELDS}
+    given = {k: getattr(req, k) for k in GIVEN_ONLY_FIELDS if getattr(req, k) is not None}
+    return {**{k: fields[k] for k in CARRIED_FIELDS}, **given}
 
 
 def _tp_ok(job: Job, tp: int) -> bool:
