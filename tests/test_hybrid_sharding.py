@@ -118,3 +118,10 @@ def test_recommend_keeps_a_given_dp_replicate():
     rec = api.recommend(Request(framework="megatron-core", dp_replicate=2, **DENSE))
     assert rec.candidates and all(c.plan.dp_replicate == 2 and c.plan.dp % 2 == 0 for c in rec.candidates)
     assert all(c.plan.dp_replicate == 1 for c in api.recommend(Request(framework="megatron-core", **DENSE)).candidates)
+
+
+def test_torchtitan_ep_borrows_one_replicas_ranks():
+    """WS005 over dp_shard = dp / dp_replicate: EP 8 fits 32 shard ranks, not the 4 of one of 8 replicas."""
+    fields = dict(MOE, framework="torchtitan", zero_stage=3)
+    assert "WS005" not in _ids(**fields, dp_replicate=4)
+    assert "WS005" in _ids(**fields, dp_replicate=8)

@@ -89,11 +89,12 @@ def torchtitan_product(ctx: Context) -> Values:
 @rule("WS005")
 def torchtitan_ep_divides(ctx: Context) -> Values:
     p = ctx.plan
-    room = p.dp * p.cp * p.tp
+    shard = p.dp // p.dp_replicate  # data_parallel_shard_degree (dp_replicate: hybrid sharding's replicas)
+    room = shard * p.cp * p.tp
     if p.ep == 1 or room % p.ep == 0:
         return None
     eps = working_ep(ctx, room)
-    return {"ep": p.ep, "room": room, "dp": p.dp, "cp": p.cp, "tp": p.tp,
+    return {"ep": p.ep, "room": room, "dp": shard, "cp": p.cp, "tp": p.tp,
             "eps": fmt_set(eps) if eps else "none"}
 
 
