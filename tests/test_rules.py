@@ -90,6 +90,10 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**MIX, "framework": "torchtitan", "num_gpus": 16, "tp": 2, "ep": 8}),
     "WS006": ({**MIX, "framework": "kempnerforge", "num_gpus": 12, "tp": 4, "ep": 8},
               {**MIX, "framework": "kempnerforge", "num_gpus": 32, "tp": 4, "ep": 2}),
+    # hybrid sharding (dp_replicate): replicas split dp evenly, and need sharded states
+    "DP001": ({**L8B, "num_gpus": 16, "tp": 2, "dp_replicate": 3}, {**L8B, "num_gpus": 16, "tp": 2, "dp_replicate": 4}),
+    "DP002": ({**L8B, "num_gpus": 16, "zero_stage": 0, "dp_replicate": 2},
+              {**L8B, "num_gpus": 16, "zero_stage": 1, "dp_replicate": 2}),
     "TP001": ({**L8B, "num_gpus": 3, "tp": 3}, {**L8B, "num_gpus": 4, "tp": 4}),
     "TP002": ({**L8B, "num_gpus": 6, "tp": 6, "arch": {"num_attention_heads": 36, "num_kv_heads": 9}},
               {**L70B, "num_gpus": 16, "tp": 16}),
