@@ -442,7 +442,8 @@ def test_automodel_loads_the_rendered_yaml_with_its_own_code():
             assert answer["grad_acc_steps"] == job.global_batch_size // (plan.micro_batch_size * plan.dp)
             continue
         assert answer["strategy"] == "FSDP2Config"
-        assert answer["mesh"]["shape"] == [plan.pp, 1, plan.dp, plan.cp, plan.tp]  # pp, dp_replicate, dp_shard ...
+        assert answer["mesh"]["shape"] == [plan.pp, plan.dp_replicate, plan.dp // plan.dp_replicate, plan.cp,
+                                           plan.tp]  # pp, dp_replicate, dp_shard ...
         assert answer["sequence_parallel"] == plan.sequence_parallel
         assert answer["reshard_after_forward"] is (False if plan.zero_stage == 2 else None)
         assert answer["async_tp"] == plan.tp_comm_overlap
