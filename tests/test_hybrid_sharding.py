@@ -75,9 +75,11 @@ def test_fsdp_gathers_inside_a_node_are_faster_across_nodes():
     """Megatron-FSDP over 32 ranks crosses nodes; with 4 replicas each shard group is one node of 8, its gathers and
     reduce-scatters on NVLink, one cross-node all-reduce of the shard per step: the step is shorter."""
     fields = dict(DENSE, framework="megatron-core", zero_stage=3)
-    full = api.estimate_throughput(Request(**fields)).step_time_s
-    hybrid = api.estimate_throughput(Request(**fields, dp_replicate=4)).step_time_s
-    assert hybrid < full
+    full = api.estimate_throughput(Request(**fields))
+    hybrid = api.estimate_throughput(Request(**fields, dp_replicate=4))
+    assert hybrid.step_time_s < full.step_time_s
+    assert any("one replica's 8 ranks" in a for a in hybrid.assumptions)
+    assert not any("Hybrid sharding" in a for a in full.assumptions)
 
 
 def _ids(**fields):

@@ -84,6 +84,17 @@ def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
             "them, plus the first layer's all-gather and the last one's reduce-scatter).")
 
 
+def hybrid_sharding_assumption(plan: Plan) -> str:
+    """With dp_replicate replicas: which group the DP collectives above run over, and the step's extra all-reduce
+    (estimate/perf.dp_traffic, sharding_traffic.DpTraffic.replica_allreduce); empty without replicas."""
+    n = plan.dp_replicate
+    if n == 1:
+        return ""
+    return (f" Hybrid sharding, {n} replicas: 'dp x cp' above is one replica's {plan.dp * plan.cp // n} ranks "
+            f"(expert-DP / {n} likewise); then each rank's gradient shard is all-reduced across the {n} replicas once "
+            "per step, hidden as the gradient reduction is.")
+
+
 def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration,
                            ctx: LayerContext) -> list[str]:
     """Every assumption of the estimate (`m` micro-batches, `worst` the slowest stage), then the job's notes."""
@@ -142,7 +153,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
-        dp_assumption(job, plan, cal),
+        dp_assumption(job, plan, cal) + hybrid_sharding_assumption(plan),
         "Links: NVLink inside the domain, the GPU's NIC across domains (rings use every NIC of the domain); "
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
         f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",
