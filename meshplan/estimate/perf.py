@@ -241,19 +241,21 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         # time and GPU time is serialised behind the longer one instead of hidden under it.
         host_sync=cal.pp_host_sync if plan.pp > 1 else 0.0,
         sharding=sharding_schedule(job, plan, cal),
-        traffic=dp_traffic(plan, lk, groups),
+        traffic=dp_traffic(plan, lk, groups, cal),
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
         muon=framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None)
 
 
-def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups) -> DpTraffic:
+def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:
     """The data-parallel collectives' groups: DP x CP and expert-DP, or with hybrid sharding (plan.dp_replicate > 1)
-    one replica's shard groups, the replicas' groups beside them (mesh.replica_groups)."""
+    one replica's shard groups, the replicas' groups beside them (mesh.replica_groups), and whether the replicas'
+    all-reduce runs with each FSDP unit's reduce-scatter (cal.fsdp_hybrid_allreduce_last_microbatch)."""
     if plan.dp_replicate == 1:
         return DpTraffic(plan=plan, lk=lk, dense=groups.dp_cp, expert=groups.edp)
     dense, dense_replicas = mesh.replica_groups(groups.dp_cp, plan.dp_replicate)
     expert, expert_replicas = mesh.replica_groups(groups.edp, plan.dp_replicate)
-    return DpTraffic(plan=plan, lk=lk, dense=dense, expert=expert, replicas=(dense_replicas, expert_replicas))
+    return DpTraffic(plan=plan, lk=lk, dense=dense, expert=expert, replicas=(dense_replicas, expert_replicas),
+                     replicas_with_each_reduce=cal.fsdp_hybrid_allreduce_last_microbatch < 0.5)
 
 
 class PipelineP2p(NamedTuple):
@@ -370,18 +372,23 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:
     bwd = row.compute - row.fwd + row.recompute
     # later stages finish their last backward (and start their first forward) earlier: slack
     slack = s * bwd / max(1, plan.vpp)
-    # hybrid sharding: the shard's gradients all-reduced across the replicas once per step (0 without replicas)
-    replicas = traffic.replica_allreduce(row.dense_params, row.expert_params, grad_bytes)
     if inp.sharding.per_step:  # ZeRO-2/3, FSDP: the once-per-step gathers / reduce-scatters, unit by unit
+        # (hybrid sharding: each unit's reduction includes its all-reduce across replicas, DpTraffic.reduce, or
+        # it runs once in the last micro-batch, its backward hiding dp_overlap of it: Megatron-FSDP)
         exposed = max(0.0, row.sharding.step_gather - s * row.fwd / max(1, plan.vpp))
-        exposed += max(0.0, row.sharding.step_reduce + replicas - slack)
+        exposed += max(0.0, row.sharding.step_reduce - slack)
+        if not traffic.replicas_with_each_reduce:
+            replicas = traffic.replica_allreduce(row.dense_params, row.expert_params, grad_bytes)
+            exposed += max(0.0, replicas - cal.dp_overlap * bwd - slack)
     elif plan.zero_stage == 0 or cal.zero_grad_allreduce >= 0.5:
         sync = (allreduce_time(row.dense_params * grad_bytes, traffic.dense.size, traffic.dense.stride, lk)
                 + allreduce_time(row.expert_params * grad_bytes, traffic.expert.size, traffic.expert.stride, lk))
-        sync += replicas
+        sync += traffic.replica_allreduce(row.dense_params, row.expert_params, grad_bytes)
         exposed = max(0.0, sync - (cal.zero_grad_overlap if sharded_opt else cal.dp_overlap) * bwd - slack)
     else:
-        sync = traffic(row.dense_params, row.expert_params, grad_bytes) + replicas
+        # ZeRO-1/2: the buckets' reduce-scatter, then (hybrid sharding) the shard's all-reduce across the replicas
+        sync = (traffic(row.dense_params, row.expert_params, grad_bytes)
+                + traffic.replica_allreduce(row.dense_params, row.expert_params, grad_bytes))
         exposed = max(0.0, sync - cal.zero_grad_overlap * bwd - slack)
     if sharded_opt:  # ZeRO-1/2: the updated bf16 parameters are all-gathered once per step
         gather = traffic(row.dense_params, row.expert_params, BF16)

@@ -120,6 +120,16 @@ class DpTraffic:
     # hybrid sharding (Plan.dp_replicate > 1): dense/expert are one replica's shard groups and these the groups
     # across the replicas (mesh.replica_groups); None: no replicas
     replicas: tuple[Group, Group] | None = None
+    # the replicas' all-reduce runs with each unit's reduce-scatter (FSDP2); False: once, in the last micro-batch
+    # (Megatron-FSDP; cards/calibration.yaml fsdp_hybrid_allreduce_last_microbatch), timed by the step's DP term
+    replicas_with_each_reduce: bool = True
+
+    def reduce(self, dense: float, expert: float, nbytes: float) -> float:
+        """A sharded unit's gradient reduction: the reduce-scatter over the shard groups, then with replicas (where
+        they run with each reduce, FSDP2 HSDP: foreach_reduce's all-reduce in post-backward) the all-reduce of the
+        shard across them, so it hides where the reduce-scatter does."""
+        with_each = self.replica_allreduce(dense, expert, nbytes) if self.replicas_with_each_reduce else 0.0
+        return self(dense, expert, nbytes) + with_each
 
     def replica_allreduce(self, dense: float, expert: float, nbytes: float) -> float:
         """Hybrid sharding's once-per-step all-reduce across the replicas of each rank's gradient shard (its
@@ -182,7 +192,7 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
     kinds = stage.kinds
     tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
     if stage.first:
-        units.append(ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic(embed_params, 0.0, grad_bytes),
+        units.append(ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes),
                                0.0, 0.0, resharded=not tied_one_unit))
     # MTP blocks cost like the last layer
     index = list(stage.layers) + [arch.num_layers - 1] * (len(kinds) - len(stage.layers))
@@ -200,11 +210,11 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
             waits = unprefetched_shares(weights, max_live)
             if not kinds[start]:  # a dense layer's weights, one collective each (each pays its ring's latency)
                 gather = sum(traffic(w, 0.0, weight_bytes) for w in weights)
-        units.append(ShardUnit(end - start, gather, traffic(dense, expert, grad_bytes), fwd, bwd, True, *waits))
+        units.append(ShardUnit(end - start, gather, traffic.reduce(dense, expert, grad_bytes), fwd, bwd, True, *waits))
         start = end
     if stage.head_stage:
         head_params = 0.0 if tied_one_unit else embed_params
-        units.append(ShardUnit(1, traffic(head_params, 0.0, BF16), traffic(head_params, 0.0, grad_bytes),
+        units.append(ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),
                                head / TRAINING_PASSES_PER_FORWARD, head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
                                resharded=False))
     return units

@@ -107,6 +107,7 @@ class Calibration:
     fsdp_keep_params_under_pp: float
     fsdp_defer_grad_sync: float
     fsdp_defer_grad_sync_under_pp: float
+    fsdp_hybrid_allreduce_last_microbatch: float
 
     def with_overrides(self, **values: float) -> Calibration:
         return replace(self, **values)
