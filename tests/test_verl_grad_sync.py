@@ -30,8 +30,10 @@ def test_verl_overrides_the_overlaps_megatron_core_keeps():
     verl, mcore = calibration("verl"), calibration("megatron-core")
     assert (verl.dp_overlap, verl.zero_grad_overlap, verl.param_gather_overlap) == (0.0, 0.0, 0.0)
     assert (mcore.dp_overlap, mcore.zero_grad_overlap, mcore.param_gather_overlap) == (0.8, 0.8, 0.8)
-    # everything else is the shared constants
-    assert verl.with_overrides(dp_overlap=0.8, zero_grad_overlap=0.8, param_gather_overlap=0.8) == mcore
+    # everything else is the shared constants, but FSDP2's hybrid-sharding all-reduce with every reduce-scatter
+    assert (verl.fsdp_hybrid_allreduce_last_microbatch, mcore.fsdp_hybrid_allreduce_last_microbatch) == (0.0, 1.0)
+    assert verl.with_overrides(dp_overlap=0.8, zero_grad_overlap=0.8, param_gather_overlap=0.8,
+                               fsdp_hybrid_allreduce_last_microbatch=1.0) == mcore
 
 
 @pytest.mark.parametrize("gpus", [8, 16, 32])
