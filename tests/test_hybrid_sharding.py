@@ -131,3 +131,10 @@ def test_torchtitan_ep_borrows_one_replicas_ranks():
     fields = dict(MOE, framework="torchtitan", zero_stage=3)
     assert "WS005" not in _ids(**fields, dp_replicate=4)
     assert "WS005" in _ids(**fields, dp_replicate=8)
+
+
+def test_rule_verdict_does_not_depend_on_an_earlier_plan_without_replicas():
+    """AD001's per-knob memo (knowledge/adapter_knobs.missing_layout_knob) keys dp_replicate too: a plan without
+    replicas checked first must not answer for one with them on a framework that cannot write them."""
+    assert "AD001" not in _ids(framework="deepspeed", zero_stage=3, **DENSE)
+    assert "AD001" in _ids(framework="deepspeed", zero_stage=3, dp_replicate=2, **DENSE)

@@ -43,7 +43,7 @@ def knob_table(framework: str, version: str, variant: str) -> dict[str, AdapterK
 def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     """The knobs a plan actually uses (a degree of 1 or an off switch uses nothing)."""
     used = ["micro_batch_size", "global_batch_size", f"zero_{plan.zero_stage}"]
-    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate"):
+    for name in _DEGREES:
         if getattr(plan, name) > 1:
             used.append(name)
     if plan.cp > 1 and plan.cp_comm_type != "p2p":
@@ -190,7 +190,7 @@ def missing_layout_knob(framework: str, version: str, variant: str, job: Job, pl
     return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
 
 
-_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")  # the degrees knobs_in_use names, in its order
+_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # the degrees a plan uses when over 1, in order
 _layout_missing: dict[tuple, tuple[AdapterSection, tuple[str, str, str] | None]] = {}  # (the section kept alive)
 
 
