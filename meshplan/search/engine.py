@@ -188,7 +188,9 @@ class BestFirstSearch(StepTimeBounds):
     def refine_bound(self, key: float, lay: Layout, mbs: int) -> None:
         """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits:
         dropped) and the per-token bound with it."""
-        floor = max(self.need_range(lay, mbs)[0], self.need_floor(lay, mbs))
+        floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
+        if floor < len(self.recomputes):
+            floor = max(self.need_range(lay, mbs)[0], floor)
         if floor >= len(self.recomputes):
             self.rejected[self.engine.memory_rule] += self.variants()
             return

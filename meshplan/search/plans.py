@@ -23,6 +23,10 @@ from meshplan.search.estimators import Engine
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.space import Fixed, Layout, Prefiltered, first_stage_floor, micro_batches, states_lower_bound
 
+# Relative: how far over the budget a floor must be to settle the larger micro-batches of its range (over_from); a
+# floor is a sum of a few dozen non-negative terms, so its rounding is many orders smaller.
+FLOOR_MARGIN = 1e-9
+
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
 Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
 
@@ -118,6 +122,7 @@ class SearchPlans:
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
+    over_at: dict = field(default_factory=dict)  # over_from's memo per (layout, ZeRO stage), all_over's per layout
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -300,15 +305,18 @@ class SearchPlans:
 
     def floor_fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
-        own = lay.own_memory()
+        return self.floor_bytes(lay.own_memory(), zero, recompute, mbs) <= self.budget
+
+    def floor_bytes(self, own: Layout, zero: int, recompute: str, mbs: int) -> float:
+        """first_stage_floor of an own_memory layout, once per job (Caches.floors)."""
         key = (own, zero, recompute, mbs)
         floor = self.caches.floors.get(key)
         if floor is None:
             floor = self.caches.floors[key] = first_stage_floor(
-                self.job, own, zero, recompute, mbs, self.sequence_parallel(lay), self.presets[zero],
+                self.job, own, zero, recompute, mbs, self.sequence_parallel(own), self.presets[zero],
                 reserved=not self.fixed.carried.get("expandable_segments"),
                 activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
-        return floor <= self.budget
+        return floor
 
     def states_bound(self, lay: Layout, zero: int) -> float:
         """states_lower_bound of the layout at that ZeRO stage, once per job and degrees (all it reads)."""
@@ -369,7 +377,10 @@ class SearchPlans:
         assumption that more recompute never adds memory says no lighter one fits, in one floor instead of one per
         recompute."""
         needs = self.zero_needs(lay, mbs)
-        return min(needs[self.zeros.index(zero)] for zero in self.lightest(lay))
+        lightest = self.lightest(lay)
+        if lightest is self.zeros:
+            return min(needs)
+        return min(needs[self.zeros.index(zero)] for zero in lightest)
 
     def may_fit(self, lay: Layout, zero: int, mbs: int) -> bool:
         """Whether any recompute of this stage can fit, from the cheapest bounds: the model states' (cached per
@@ -385,10 +396,53 @@ class SearchPlans:
         hit = self.floor_needs.get((own, mbs))
         if hit is None:
             recomputes, n_r = self.recomputes, len(self.recomputes)
+            if mbs in self.all_over(own):  # every stage over: the whole tuple at once
+                hit = self.floor_needs[(own, mbs)] = (n_r,) * len(self.zeros)
+                return hit
+            steady = self.steady_floor(own, mbs)
             hit = self.floor_needs[(own, mbs)] = tuple(
                 next((i for i, r in enumerate(recomputes) if self.floor_fits(own, zero, r, mbs)), n_r)
-                if self.states_bound(own, zero) <= self.budget and self.floor_fits(own, zero, recomputes[-1], mbs)
+                if self.states_bound(own, zero) <= self.budget
+                and not (steady and 0 < self.over_from(own, zero) <= mbs)
+                and self.floor_fits(own, zero, recomputes[-1], mbs)
                 else n_r for zero in self.zeros)
+        return hit
+
+    def steady_floor(self, lay: Layout, mbs: int) -> bool:
+        """Whether the micro-batch is in its layout's range where the first-stage floor (space.first_stage_floor)
+        cannot fall as the micro-batch grows: more than one micro-batch per step (m > 1: the model states are
+        those of m > 1) and at least pp of them (pp == 1 or m >= pp: min(m, pp) micro-batches in flight, a
+        constant). There every other term is a sum of non-negative multiples of the micro-batch's tokens plus
+        non-negative constants (activations.layer_activations, memory_states.output_activations; the gathered
+        FSDP layers, the fixed overheads), and the allocator reserve a non-negative fraction of the transient part.
+        Below pp micro-batches (m < pp) the in-flight count m = local / mbs falls as the micro-batch grows, so
+        per-micro-batch constants (a router's gate weight) make the floor fall: not in the range."""
+        m = max(1, self.job.global_batch_size // (mbs * lay.dp))
+        return m > 1 and (lay.pp == 1 or m >= lay.pp)
+
+    def all_over(self, own: Layout) -> frozenset[int]:
+        """The micro-batches of the steady range at which every ZeRO stage is over the budget (its model states'
+        bound, else from its over_from on); once per layout under this budget."""
+        hit = self.over_at.get(own)
+        if hit is None:
+            froms = [1 if self.states_bound(own, zero) > self.budget else self.over_from(own, zero)
+                     for zero in self.zeros]
+            least = 0 if 0 in froms else max(froms)
+            hit = self.over_at[own] = frozenset(
+                mbs for mbs in self.sizes(own) if least and mbs >= least and self.steady_floor(own, mbs))
+        return hit
+
+    def over_from(self, own: Layout, zero: int) -> int:
+        """The least micro-batch of the layout's steady range (steady_floor) whose floor under the heaviest recompute
+        is over the budget by more than FLOOR_MARGIN, 0 where none is: every larger micro-batch of the range is
+        then over the budget too (its floor is at least as large; the margin exceeds any rounding of the floor's
+        sum), so zero_needs settles it without its floor. Once per layout and ZeRO stage under this budget."""
+        key = (own, zero)
+        hit = self.over_at.get(key)
+        if hit is None:
+            hit = self.over_at[key] = next(
+                (mbs for mbs in self.sizes(own) if self.steady_floor(own, mbs)
+                 and self.floor_bytes(own, zero, self.recomputes[-1], mbs) > self.budget * (1.0 + FLOOR_MARGIN)), 0)
         return hit
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
