@@ -4,13 +4,19 @@ publication, beside the card's (in sample).
 
 The fitted constants (a card entry with a `fitted` field, and a framework whose values were fitted; a test holds this
 list to the card) and how each is refitted here:
-- `gemm_peak_fraction` (the shared value: every framework but nanotron): the Megatron-family pool, Megatron-Bridge's
-  published table (bench/bridge_published.py, the recipes' pipeline splits from meshplan/knowledge/published_runs.py)
-  and the classic tables (bench/throughput_accuracy.py: Korthikanti 2022 Table 5, Narayanan 2021 Table 1, the
-  Megatron-Core H100 table of Megatron-LM's README, Megatron-LM's functional-test golden values); a grid on the
-  pool's median |log error| of tokens/s per GPU, the MoE constants at the card's values.
-- `moe_gemm_half_ridges`, `moe_host_sync_s`: bench/moe_fit.py's pool (Bridge's table and the dev set's MoE rows), its
-  grid, under the gemm_peak_fraction fitted without the same source.
+- `gemm_peak_fraction` (the shared value: every framework but nanotron), `moe_gemm_half_ridges`, `moe_host_sync_s`:
+  one fit of the three on one pool, the union of the Megatron-family pool (Megatron-Bridge's published table,
+  bench/bridge_published.py, the recipes' pipeline splits from meshplan/knowledge/published_runs.py, and the classic
+  tables of bench/throughput_accuracy.py: Korthikanti 2022 Table 5, Narayanan 2021 Table 1, the Megatron-Core H100
+  table of Megatron-LM's README, Megatron-LM's functional-test golden values) and bench/moe_fit.py's MoE pool (Bridge's
+  MoE rows, the dev set's MoE rows), each measured row once: the least median |log error| of tokens/s per GPU over
+  the grid GEMM_GRID x moe_fit.GRID (14 x 15 x 25 points; ties to the lowest GEMM value, then ridges, then sync).
+  Fitting them one after the other (the GEMM value under the card's MoE constants, then the MoE constants under it)
+  fitted the card, not the data: each fit moves with where the other stands, and alternating the two did not settle
+  and landed on different values from different starts. A dense row reads no MoE constant, so it is estimated once
+  per GEMM value; every (row, point) is estimated once into one error table (joint_table, kept under the temporary
+  folder keyed by a hash of the cards, meshplan's sources and the pool), and each held-out fit is the same argmin
+  over that table's columns without the held publication's rows: no refit, a subset.
 - `eager_elementwise_passes`: fitted on one pair of one publication (torchtitan's 2024-12 benchmark, eager against
   compiled blocks). Without it no source identifies an eager framework's pass count; the held rows are scored with
   the only other fit of eager kernels' elementwise passes, nanotron's (`frameworks.nanotron.elementwise_passes`,
@@ -30,9 +36,14 @@ Run: python bench/fitted_constants.py [--validation DIR]   (prints each constant
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
+import re
 import statistics
 import sys
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -76,9 +87,8 @@ def fitted_constants() -> list[Fitted]:
     """Every fitted constant of the card: the shared entries with a `fitted` field, and a framework's values whose
     summary says they were fitted (nanotron's, less those its source derives: read from nanotron's code)."""
     card = calibration_card()
-    how = {"gemm_peak_fraction": "refit on the Megatron pool without the held source",
-           "moe_gemm_half_ridges": "refit (bench/moe_fit.py) without the held source",
-           "moe_host_sync_s": "refit (bench/moe_fit.py) without the held source",
+    joint = "refit with the other two on the joint pool without the held source"
+    how = {"gemm_peak_fraction": joint, "moe_gemm_half_ridges": joint, "moe_host_sync_s": joint,
            EAGER: "its one source held: nanotron's fitted eager pass count"}
     out = [Fitted(name, None, str(c.fitted), how.get(name, f"one source ({PLAYBOOK}): out of sample elsewhere; "
                                                             "held-out groups: throughput_accuracy.py --fit half"))
@@ -92,7 +102,7 @@ def fitted_constants() -> list[Fitted]:
     return out
 
 
-# --------------------------------------------------------------------------- the Megatron pool and its GEMM fit
+# --------------------------------------------------------------------------- the Megatron pool
 
 
 @cache
@@ -105,34 +115,10 @@ def megatron_pool() -> tuple[moe_fit.Row, ...]:
     return tuple(rows)
 
 
-@cache
-def gemm_table() -> tuple[tuple[float | None, ...], ...]:
-    """log(predicted / measured) of every pool row (columns) at every GEMM_GRID value (rows); None where refused."""
-    table = []
-    for g in GEMM_GRID:
-        row = []
-        for r in megatron_pool():
-            try:
-                cal = calibration(r.job.framework).with_overrides(gemm_peak_fraction=g)
-                row.append(math.log(estimate_throughput(r.job, r.plan, cal).tokens_per_s_per_gpu / r.measured_tps))
-            except MeshplanError:
-                row.append(None)
-        table.append(tuple(row))
-    return tuple(table)
+# --------------------------------------------------------------------------- one fit of the three constants
 
 
-def fit_gemm(without: str | None = None) -> float:
-    """gemm_peak_fraction fitted on the pool without the rows of publication `without` (None: all of them)."""
-    keep = [r.publication != without for r in megatron_pool()]
-    table = gemm_table()
-
-    def loss(i: int) -> float:
-        errs = [abs(e) for e, k in zip(table[i], keep, strict=True) if k and e is not None]
-        return statistics.median(errs) if errs else math.inf
-    return GEMM_GRID[min(range(len(GEMM_GRID)), key=lambda i: (loss(i), i))]
-
-
-# --------------------------------------------------------------------------- the MoE constants under that GEMM value
+MOE_CONSTANTS = ("moe_gemm_half_ridges", "moe_host_sync_s")
 
 
 @cache
@@ -141,14 +127,75 @@ def moe_pool(validation: Path) -> tuple[moe_fit.Row, ...]:
 
 
 @cache
-def moe_table(validation: Path, gemm: float) -> list[list[float | None]]:
-    return moe_fit.error_table(list(moe_pool(validation)), gemm_peak_fraction=gemm)
+def joint_pool(validation: Path) -> tuple[moe_fit.Row, ...]:
+    """The union of the two pools, each measured row once (Bridge's MoE rows are in both)."""
+    seen: set[tuple[str, str, str, float]] = set()
+    out = []
+    for r in megatron_pool() + moe_pool(validation):
+        key = (r.source, r.name, r.publication, r.measured_tps)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return tuple(out)
 
 
-def fit_moe(validation: Path, gemm: float, without: str | None = None) -> dict[str, float]:
-    data = moe_pool(validation)
-    best = moe_fit.fit_on(moe_table(validation, gemm), [r.publication != without for r in data])
-    return moe_fit.grid()[best]
+def joint_grid() -> list[dict[str, float]]:
+    """Every (gemm_peak_fraction, moe_gemm_half_ridges, moe_host_sync_s) point: GEMM_GRID x moe_fit.grid(), the GEMM
+    value outermost (the order ties are broken in: the lowest GEMM value, then ridges, then sync)."""
+    return [{"gemm_peak_fraction": g, **ov} for g in GEMM_GRID for ov in moe_fit.grid()]
+
+
+def row_errors(r: moe_fit.Row) -> list[float | None]:
+    """log(predicted / measured) of one row at every joint_grid() point, None where refused. A dense row does not
+    read the MoE constants: it is estimated once per GEMM value and repeated over the MoE points."""
+    moe_points = moe_fit.grid() if r.job.model.moe is not None else [{}]
+    out: list[float | None] = []
+    for g in GEMM_GRID:
+        errs: list[float | None] = []
+        for ov in moe_points:
+            try:
+                cal = calibration(r.job.framework).with_overrides(gemm_peak_fraction=g, **ov)
+                errs.append(math.log(estimate_throughput(r.job, r.plan, cal).tokens_per_s_per_gpu / r.measured_tps))
+            except MeshplanError:
+                errs.append(None)
+        out += errs if len(errs) > 1 else errs * len(moe_fit.grid())
+    return out
+
+
+def table_key(pool: tuple[moe_fit.Row, ...]) -> str:
+    """A hash of what the error table depends on: the cards, meshplan's sources, the pool's rows and the grid."""
+    root = Path(__file__).resolve().parents[1]
+    text = re.sub(r"meshplan-moefit-\w+", "", repr((pool, joint_grid())))  # moe_fit.rows' temporary folder
+    h = hashlib.sha256(text.encode())
+    for path in sorted([*(root / "cards").rglob("*.yaml"), *(root / "meshplan").rglob("*.py")]):
+        h.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return h.hexdigest()[:20]
+
+
+@cache
+def joint_table(validation: Path) -> tuple[tuple[float | None, ...], ...]:
+    """log(predicted / measured) of every joint_pool() row (columns) at every joint_grid() point (rows), each (row,
+    point) estimated once; kept under the system's temporary folder, keyed by table_key, for the next run."""
+    pool = joint_pool(validation)
+    path = Path(tempfile.gettempdir()) / f"meshplan-joint-fit-{table_key(pool)}.json"
+    if path.exists():
+        return tuple(tuple(row) for row in json.loads(path.read_text()))
+    table = tuple(zip(*(row_errors(r) for r in pool), strict=True))
+    path.write_text(json.dumps(table))
+    return table
+
+
+def joint_point(table: Sequence[Sequence[float | None]], keep: list[bool]) -> int:
+    """The point (index into the table's rows) with the least median |log error| over the kept columns; ties go to
+    the lowest index. One argmin over the whole grid: no start, no alternation."""
+    return moe_fit.fit_on(table, keep)
+
+
+def fit_joint(validation: Path, without: str | None = None) -> dict[str, float]:
+    """gemm_peak_fraction, moe_gemm_half_ridges and moe_host_sync_s fitted together on the joint pool without the
+    rows of publication `without` (None: all of them)."""
+    keep = [r.publication != without for r in joint_pool(validation)]
+    return joint_grid()[joint_point(joint_table(validation), keep)]
 
 
 # --------------------------------------------------------------------------- leave one source out
@@ -170,8 +217,7 @@ def without(validation: Path, source: str) -> dict[str, float]:
     values = card_values()
     if not fed(validation, source):
         return values
-    gemm = fit_gemm(source)
-    values |= {"gemm_peak_fraction": gemm, **fit_moe(validation, gemm, source)}
+    values |= fit_joint(validation, source)
     if source == EAGER_SOURCE:
         values[EAGER] = calibration("nanotron").elementwise_passes
     return values
@@ -190,17 +236,28 @@ def applicable(framework: str, constants: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in constants.items() if own is None or k not in own.values}
 
 
-def pool_errors(source: str) -> tuple[int, float, str, str]:
-    """A publication of the Megatron pool: its rows, gemm_peak_fraction fitted without it, and its median |error| of
-    tokens/s per GPU under the card's value (in sample) and under that one (out of sample)."""
-    cols = [j for j, r in enumerate(megatron_pool()) if r.publication == source]
-    held = fit_gemm(source)
+def card_point() -> int | None:
+    """The card's values' index in joint_grid(), None where they are off the grid."""
+    card = {k: v for k, v in card_values().items() if k != EAGER}
+    return next((i for i, p in enumerate(joint_grid()) if all(math.isclose(p[k], card[k]) for k in p)), None)
 
-    def median_abs(g: float) -> str:
-        row = gemm_table()[GEMM_GRID.index(g)]
-        errs = [abs(math.exp(row[j]) - 1) for j in cols if row[j] is not None]
+
+def pool_errors(validation: Path, source: str) -> tuple[int, str, str, str]:
+    """A publication of the joint pool: its rows, the three constants fitted without it, and its median |error| of
+    tokens/s per GPU under the card's values (in sample) and under those (out of sample)."""
+    cols = [j for j, r in enumerate(joint_pool(validation)) if r.publication == source]
+    held = fit_joint(validation, source)
+
+    def median_abs(point: int | None) -> str:
+        row = joint_table(validation)[point] if point is not None else []
+        errs = [abs(math.exp(row[j]) - 1) for j in cols if row and row[j] is not None]
         return f"{statistics.median(errs):.1%}" if errs else "-"
-    return len(cols), held, median_abs(calibration().gemm_peak_fraction), median_abs(held)
+    return len(cols), show(held), median_abs(card_point()), median_abs(joint_grid().index(held))
+
+
+def show(values: dict[str, float]) -> str:
+    return (f"gemm {values['gemm_peak_fraction']:g}, half_ridges {values['moe_gemm_half_ridges']:g}, "
+            f"sync {values['moe_host_sync_s'] * 1e3:.2f} ms")
 
 
 def main() -> int:
@@ -211,14 +268,15 @@ def main() -> int:
     print("|---|---|---|")
     for f in fitted_constants():
         print(f"| {f.name} | {f.framework or 'shared'} | {f.held_out} |")
-    print(f"card: {card_values()}; refit on every source: gemm {fit_gemm()}, "
-          f"MoE {fit_moe(args.validation, fit_gemm())}")
-    print("| held source (Megatron pool) | rows | gemm_peak_fraction without it | in sample | out of sample |")
+    pool = joint_pool(args.validation)
+    every = fit_joint(args.validation)
+    print(f"joint pool: {len(pool)} rows ({sum(r.job.model.moe is not None for r in pool)} MoE); card: "
+          f"{card_values()}; fitted on every source: {show(every)}")
+    print("| held source | rows | fitted without it | in sample (card) | out of sample |")
     print("|---|---|---|---|---|")
-    for source in sorted({r.publication for r in megatron_pool()}):
-        print(f"| {source} | " + " | ".join(str(x) for x in pool_errors(source)) + " |")
-    sources = {r.publication for r in megatron_pool()} | {r.publication for r in moe_pool(args.validation)}
-    for source, values in held_out(args.validation, sources | {EAGER_SOURCE}).items():
+    for source in sorted({r.publication for r in pool}):
+        print(f"| {source} | " + " | ".join(str(x) for x in pool_errors(args.validation, source)) + " |")
+    for source, values in held_out(args.validation, {r.publication for r in pool} | {EAGER_SOURCE}).items():
         print(f"without {source}: {values}")
     return 0
 

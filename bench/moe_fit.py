@@ -14,8 +14,10 @@ older rows run fast under any fit of the newer ones. Balancing the two sets' med
 first fitted in c42b431) held the newer runs 15% slow to keep the older ones near; the pooled median leans to the
 stack the framework cards describe (Megatron-Bridge 0.6.2) without dropping the older runs.
 Held out: leave one model out (fit on every other model's rows, score that model's rows), and one data set out
-(fit on Bridge's table, score the dev set, and back). No per-row or per-model constant: each split refits the
-same two numbers.
+(fit on Bridge's table, score the dev set, and back). This fit holds gemm_peak_fraction at the card's value, and the
+MoE pair it finds moves with that value: the card's three values come from bench/fitted_constants.py's one fit of the
+three on the Megatron-family and MoE pools together (its leave-one-source-out too); this module gives the pool, the
+grid and the MoE-only views. No per-row or per-model constant: each split refits the same two numbers.
 
 Run: python bench/moe_fit.py [--validation DIR]
 """

@@ -152,6 +152,35 @@ def test_every_fitted_constant_of_the_card_is_held_out_by_the_benches():
     assert fc.applicable("megatron-core", {"gemm_peak_fraction": 0.5}) == {"gemm_peak_fraction": 0.5}
 
 
+def test_the_joint_fit_of_the_gemm_and_moe_constants_is_one_argmin_with_no_start():
+    """bench/fitted_constants.py fits gemm_peak_fraction and the MoE pair as one argmin over one error table: on a
+    table where fitting one constant under the other (from a start, alternating) settles on a different point from
+    each start, the joint point is the brute-force least median |error|, whatever the start; leaving a column out is
+    the same argmin over the rest, ties to the lowest index."""
+    import statistics
+
+    import fitted_constants as fc
+
+    # points (a, b) of a 2 x 2 grid, index 2a + b; one column: |error| 1 at (0, 0), 0.5 at (1, 1), 2 off the diagonal
+    table = [[1.0], [2.0], [-2.0], [0.5]]
+
+    def alternate(a: int, b: int) -> tuple[int, int]:
+        for _ in range(8):
+            a = min((0, 1), key=lambda x: abs(table[2 * x + b][0]))
+            b = min((0, 1), key=lambda y: abs(table[2 * a + y][0]))
+        return a, b
+    assert {alternate(a, b) for a in (0, 1) for b in (0, 1)} == {(0, 0), (1, 1)}  # the start decides
+    assert fc.joint_point(table, [True]) == 3  # (1, 1), from no start
+
+    table = [[0.3, -0.1, None, 0.8, -0.2], [0.1, 0.4, -0.6, None, 0.05], [-0.2, 0.2, 0.3, 0.1, -0.7],
+             [0.5, -0.5, 0.1, 0.1, 0.1], [0.05, 0.05, 0.05, 0.05, 0.05], [-0.05, -0.05, -0.05, -0.05, -0.05]]
+    for keep in ([True] * 5, [True, True, False, True, True], [False, True, True, True, False], [True] + [False] * 4):
+        def loss(i: int, keep: list[bool] = keep) -> float:
+            return statistics.median(abs(e) for e, k in zip(table[i], keep, strict=True) if k and e is not None)
+        assert fc.joint_point(table, keep) == min(range(len(table)), key=lambda i: (loss(i), i))
+    assert fc.joint_point(table, [True] * 5) == 4  # 0.05 at points 4 and 5: the lower index
+
+
 def test_a_torchtitan_pipeline_row_maps_its_local_batch_as_the_import_does(production_rows):
     """A torchtitan row's micro_batch_size is torchtitan's local batch: under PP it is one run of the schedule, cut
     by the release its date falls in (2024-12: into pp micro-batches), as adapters/common.torchtitan_batch cuts it."""
