@@ -39,6 +39,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -118,9 +119,6 @@ def megatron_pool() -> tuple[moe_fit.Row, ...]:
 # --------------------------------------------------------------------------- one fit of the three constants
 
 
-MOE_CONSTANTS = ("moe_gemm_half_ridges", "moe_host_sync_s")
-
-
 @cache
 def moe_pool(validation: Path) -> tuple[moe_fit.Row, ...]:
     return tuple(moe_fit.rows(validation))
@@ -158,7 +156,7 @@ def row_errors(r: moe_fit.Row) -> list[float | None]:
                 errs.append(math.log(estimate_throughput(r.job, r.plan, cal).tokens_per_s_per_gpu / r.measured_tps))
             except MeshplanError:
                 errs.append(None)
-        out += errs if len(errs) > 1 else errs * len(moe_fit.grid())
+        out += errs if r.job.model.moe is not None else errs * len(moe_fit.grid())
     return out
 
 
@@ -181,7 +179,9 @@ def joint_table(validation: Path) -> tuple[tuple[float | None, ...], ...]:
     if path.exists():
         return tuple(tuple(row) for row in json.loads(path.read_text()))
     table = tuple(zip(*(row_errors(r) for r in pool), strict=True))
-    path.write_text(json.dumps(table))
+    part = path.with_suffix(f".{os.getpid()}.part")  # another run may read it meanwhile: renamed when whole
+    part.write_text(json.dumps(table))
+    part.replace(path)
     return table
 
 
