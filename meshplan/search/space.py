@@ -1,12 +1,11 @@
 """The layouts a framework can express for a job, enumerated over divisors only, with cheap bounds.
 
-`recommend` (meshplan/search/) searches this space. The space is defined here, separately, so it can
-be counted and tested on its own: a `Layout` is the structural part of a plan (tp, pp, vpp, cp, ep, etp,
-dp and an uneven pipeline split when pp does not divide the layers); the per-layout choices are the
-ZeRO / FSDP stage, the recompute mode and the micro-batch size. World-size laws (cards/frameworks,
-shared/reference/frameworks.md section 8): Megatron family and DeepSpeed, tp*pp*cp*dp == W with ep*etp
-dividing W/pp; torchtitan, the same product with ep dividing dp*cp*tp and no expert TP; KempnerForge,
-ep takes ranks of its own, tp*pp*cp*dp*ep == W.
+`recommend` (meshplan/search/) searches this space, defined here so it can be counted and tested on its own: a
+`Layout` is the structural part of a plan (tp, pp, vpp, cp, ep, etp, dp and an uneven pipeline split when pp does not
+divide the layers); the per-layout choices are the ZeRO / FSDP stage, the recompute mode and the micro-batch size.
+World-size laws (cards/frameworks, shared/reference/frameworks.md section 8): Megatron family and DeepSpeed,
+tp*pp*cp*dp == W with ep*etp dividing W/pp; torchtitan, the same product with ep dividing dp*cp*tp and no expert TP;
+KempnerForge, ep takes ranks of its own, tp*pp*cp*dp*ep == W.
 """
 
 from __future__ import annotations
@@ -284,20 +283,15 @@ def schedule_options(framework: str, pp: int, vpp: int, fixed: Fixed) -> tuple[s
 OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimizer_offload",
                   "optimizer_offload_fraction")
 """The offload knobs (meshplan/arithmetic/offload.py): the request's, in every plan the search ranks; what they move on
-each ZeRO
-stage's engine is the framework card's offload section, and a stage whose engine lacks one is refused by rule OF001."""
+each ZeRO stage's engine is the card's offload section; a stage whose engine lacks one is refused by rule OF001."""
 
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
                   "torch_compile", "expandable_segments", "attention_backend", "dropout", *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
-framework's default, as `meshplan memory` and `meshplan throughput` take it). The optimizer is one: which
-optimizer trains the model is a training decision, not a layout (Muon's memory and Newton-Schulz time are estimated
-for the optimizer asked for)."""
+framework's default, as `meshplan memory` and `throughput` take it). The optimizer is a training decision, not a
+layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
 
-GIVEN_ONLY_FIELDS = ("dp_replicate",)
-"""Plan fields the search never chooses and carries only when the request gives them (left out: the plan's default,
-with nothing said): hybrid sharding's replicas (Plan.dp_replicate), a user's statement about how the job shards, kept
-by every ranked plan; a layout whose dp it does not divide is refused by rule DP001."""
+GIVEN_ONLY_FIELDS = ("dp_replicate",)  # never chosen, carried only when given (hybrid sharding's replicas; DP001)
 
 
 @dataclass
@@ -338,8 +332,7 @@ class Prefiltered:
 
 
 def carried_fields(req: Request) -> dict[str, object]:
-    """CARRIED_FIELDS as `request.resolve` fills them for this request (its own precision, compile and offload
-    defaults; the offload defaults of the engine at the request's ZeRO stage, else the framework's default stage)."""
+    """CARRIED_FIELDS as request.resolve fills them (precision, compile, offload at the request's ZeRO stage)."""
     card = framework_card(req.framework)
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
