@@ -11,6 +11,7 @@ from __future__ import annotations
 from meshplan.knowledge.adapter_knobs import default_render, missing_layout_knob
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, fmt_set, rule
+from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
 
 
@@ -115,15 +116,9 @@ def automodel_ep_divides(ctx: Context) -> Values:
 def automodel_pipeline_microbatches(ctx: Context) -> Values:
     """train_ft.py: local_batch_size // pp_microbatch_size >= pp_size, for every schedule: the micro-batches of one
     run of the schedule (Context.microbatches, over Plan.pipeline_microbatches' runs per step)."""
-    p = ctx.plan
-    m = ctx.microbatches
-    if p.pp == 1 or m >= p.pp:
+    if ctx.plan.pp == 1 or ctx.microbatches >= ctx.plan.pp:
         return None
-    unit = p.micro_batch_size * p.dp * p.pp
-    gbs = ctx.job.global_batch_size
-    mbs = gbs // (p.dp * p.pp) if gbs % (p.dp * p.pp) == 0 and gbs >= p.dp * p.pp else 0
-    return {"m": m, "pp": p.pp, "target": unit, "unit": unit, "most": max(1, m),
-            "mbs": f", micro_batch_size={mbs} at this batch" if mbs else ""}
+    return fewer_microbatches_than_stages(ctx)
 
 
 

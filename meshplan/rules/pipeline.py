@@ -166,9 +166,16 @@ def shallow_pipeline(ctx: Context) -> Values:
 def torch_1f1b_microbatches(ctx: Context) -> Values:
     """torch Schedule1F1B.__init__: n_microbatches >= the number of stages (torchtitan's 1F1B at vpp = 1)."""
     p = ctx.plan
-    m = ctx.microbatches
-    if p.pp == 1 or p.vpp > 1 or m >= p.pp or named_order(p) not in (None, "1f1b"):  # GPipe has no such check
+    if p.pp == 1 or p.vpp > 1 or ctx.microbatches >= p.pp or named_order(p) not in (None, "1f1b"):  # GPipe: no check
         return None
+    return fewer_microbatches_than_stages(ctx)
+
+
+def fewer_microbatches_than_stages(ctx: Context) -> Values:
+    """The values of a rule refusing a schedule run with fewer micro-batches than stages (PP010, AM003): the count,
+    the batch unit that gives one per stage, and the micro-batch size this global batch allows for it."""
+    p = ctx.plan
+    m = ctx.microbatches
     unit = p.micro_batch_size * p.dp * p.pp
     gbs = ctx.job.global_batch_size
     mbs = gbs // (p.dp * p.pp) if gbs % (p.dp * p.pp) == 0 and gbs >= p.dp * p.pp else 0
