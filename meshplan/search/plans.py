@@ -73,8 +73,6 @@ class Caches:
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
     floors: dict[PlanKey, float] = field(default_factory=dict)  # first_stage_floor per non-interleaved plan
     states: dict[tuple[int, ...], float] = field(default_factory=dict)  # states_lower_bound per (degrees, ZeRO)
-    # Per (layout shape, token_rate): the seed keys of its micro-batches, in order (a pure function of the two).
-    seed_keys: dict[tuple[tuple, tuple[int, float]], list[float]] = field(default_factory=dict)  # by Layout.shape
     space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
     tiers: Tiers | None = None  # run_search's split of the space
     seeds: dict[int, Seeds] = field(default_factory=dict)  # per tier (0 inside the NVLink domain, 1 across)
@@ -87,7 +85,7 @@ class Caches:
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
                       checks=self.checks, token_time=self.token_time, pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
-                      seed_keys=self.seed_keys, space=self.space, tiers=self.tiers, seeds=self.seeds)
+                      space=self.space, tiers=self.tiers, seeds=self.seeds)
 
 
 @dataclass(kw_only=True)
