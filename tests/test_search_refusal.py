@@ -179,3 +179,13 @@ def test_min_gpus_stops_on_a_rule_no_gpu_count_passes_instead_of_scanning_to_its
     assert "LORA001" in out + err and "Traceback" not in err
     answer = api.minimum_gpus(Request(model="llama-3.1-8b", gpu="h100", tp=2), max_gpus=64)
     assert answer.num_gpus is not None and answer.num_gpus % 2 == 0
+
+
+def test_the_search_entry_refuses_an_rl_job_and_names_the_rl_planner():
+    # meshplan.search.recommend ranks training layouts; an RL request used to reach the rollout memory estimate with no
+    # rollout engine chosen and raise KeyError. api.recommend routes it to the RL planner; the search entry refuses it.
+    from meshplan.search import recommend
+    req = Request(model="qwen3-30b-a3b", num_gpus=16, gpu="h100", job="rl", algorithm="grpo", framework="verl")
+    with pytest.raises(MeshplanError) as err:
+        recommend(req)
+    assert "RL" in err.value.reason and "meshplan.api.recommend" in err.value.fix

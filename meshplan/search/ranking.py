@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import shared_layers
+from meshplan.rl.job import is_rl_request
 from meshplan.schema.reports import Recommendation
 from meshplan.schema.request import Request
 from meshplan.search.answer import headroom_assumption, ranked_answer
@@ -44,8 +45,21 @@ def recommend(req: Request, top_k: int = 5, engine: Engine | None = None, *,
     decision table or the nothing-fits answer, which read the ranked search and change none of its rows."""
     if top_k < 1:
         raise MeshplanError(f"top_k must be at least 1, got {top_k}.", fix="Use top_k=5.")
+    refuse_rl(req)
     with collector_paused(), shared_layers():  # one layer's time computed once per search (layer_records)
         return _recommend(req, top_k, engine, rows_only)
+
+
+def refuse_rl(req: Request) -> None:
+    """This search ranks a training job's layouts; an RL job (job=rl, or an RL field given) is planned by the RL
+    recommend (meshplan/search/rl.py, which sits above this module and calls it for the trainer's actor layouts), which
+    meshplan.api.recommend routes it to. Refused here rather than searched as if it were a training job."""
+    if is_rl_request(req):
+        raise MeshplanError(
+            "meshplan.search.recommend ranks training layouts; this request is an RL job (job=rl or an RL field "
+            "given), which the RL planner ranks (actor layout, rollout engine, memory fraction, offloads).",
+            fix="Call meshplan.api.recommend (or meshplan.search.rl.recommend_rl) with it, or drop job=rl and the RL "
+                "fields to rank the trainer's layouts alone.")
 
 
 def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool = False) -> Recommendation:
