@@ -4,6 +4,7 @@ count it answers is the one recommend's own search ranks a layout at; RL jobs ge
 import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,11 +12,12 @@ from meshplan import api
 from meshplan.arithmetic.memory_states import bytes_per_param
 from meshplan.core.errors import MeshplanError
 from meshplan.faces.cli import main
+from meshplan.schema.reports import Finding
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, minimum_gpus, recommend, search_job
 from meshplan.search.engine import bound_preset
-from meshplan.search.gpu_count import states_floor
-from meshplan.search.policy import memory_budget, min_headroom_fraction
+from meshplan.search.gpu_count import fits_somewhere, states_floor
+from meshplan.search.policy import headroom_for, memory_budget, min_headroom_fraction
 from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, params_split, state_preset
 
 
@@ -176,3 +178,41 @@ def test_the_scan_counts_work_not_time(monkeypatch):
     cut = minimum_gpus(Request(model="llama-3.1-70b", gpu="h100"))
     assert cut.num_gpus is None and cut.stopped_by == "counts" and len(calls) == 1
     assert "1 full searches" in cut.rationale and "not proof" in cut.rationale
+
+
+def _scan_at(model: str, num_gpus: int, engine=None):
+    """fits_somewhere's arguments for `model` on num_gpus H100 at the default headroom, with `engine`."""
+    req = Request(model=model, gpu="h100")
+    job, _ = search_job(req.model_copy(update={"num_gpus": num_gpus}))
+    return job, Fixed.from_request(req), engine or default_engine(job.framework), memory_budget(job, headroom_for(req))
+
+
+def test_the_scan_asks_the_rules_only_of_a_stage_whose_lightest_variant_fits():
+    # Kimi-K2 on 248 H100: every layout's lightest variant is over the headroom, so no count-248 search runs; the
+    # scan's condition settles it from the floors and the estimates alone (it asked ~1,300 rule checks, mostly
+    # PP015/PP005 on every micro-batch of interleaved splits, before asking the estimate).
+    base = default_engine("megatron-core")
+    asked = []
+    engine = replace(base, check=lambda job, plan: asked.append(plan) or base.check(job, plan))
+    assert not fits_somewhere(*_scan_at("kimi-k2", 248, engine))
+    assert asked == []
+    assert fits_somewhere(*_scan_at("kimi-k2", 256, engine))  # and where one fits, the rules are still asked
+    assert asked
+
+
+def test_the_scan_raises_an_estimate_the_rules_would_block_only_where_they_pass():
+    # the estimate comes before the rules; one that raises is held until some micro-batch passes the rules (as if
+    # they were asked first): a stage the rules reject on every micro-batch is skipped, not an error
+    base = default_engine("megatron-core")
+
+    def blocked(*_, **__):
+        raise MeshplanError("blocked by a rule")
+
+    def rejecting(job, plan):
+        report = base.check(job, plan)
+        finding = Finding(id="PP015", severity="error", message="rejected", fix="none")
+        return report.model_copy(update={"ok": False, "findings": [finding]})
+
+    assert not fits_somewhere(*_scan_at("llama-3.1-8b", 8, replace(base, memory_fit=blocked, check=rejecting)))
+    with pytest.raises(MeshplanError, match="blocked by a rule"):
+        fits_somewhere(*_scan_at("llama-3.1-8b", 8, replace(base, memory_fit=blocked)))

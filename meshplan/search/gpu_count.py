@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import bytes_per_param
 from meshplan.core.cancel import checkpoint
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import lcm
 from meshplan.schema.plan import Job
@@ -36,26 +37,46 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
     ZeRO sharding that passes the structural rules, the heaviest recompute, the smallest micro-batch) peaks within
     `budget`. The rules are asked as the search asks them (at the lightest recompute), and the search's own
     assumptions (more sharding, more recompute and a smaller micro-batch never add memory) make a False here a proof
-    that the search ranks nothing. Layouts with the smallest model-state bound first; stops at the first over it."""
+    that the search ranks nothing. Layouts with the smallest model-state bound first (ties in enumeration order: the
+    answer is the same in any order); stops at the first over it."""
     search = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget)
     layouts, _ = enumerate_layouts(job, fixed)
     recompute = search.recomputes[-1]
     lightest = search.zeros[-1]
-    scored = sorted((search.states_bound(lay, lightest), lay) for lay in layouts)
-    for bound, lay in scored:
+    bounds = [search.states_bound(lay, lightest) for lay in layouts]
+    for index in sorted(range(len(layouts)), key=bounds.__getitem__):
         checkpoint()
-        if bound > budget:
+        lay = layouts[index]
+        if bounds[index] > budget:
             return False
         sizes = micro_batches(job, lay, fixed)
         if not sizes or not any(search.floor_fits(lay, z, recompute, sizes[0]) for z in search.lightest(lay)):
             continue
         # A rule may forbid the most sharded stage (e.g. FSDP with pipelines) but allow a lighter one, and no stage is
         # lighter than every other (plans.lightest), so each is tried.
-        for zero in reversed(search.zeros):
-            if (any(search.check_error(lay, zero, search.recomputes[0], mbs) is None for mbs in sizes)
-                    and search.fits(lay, zero, recompute, sizes[0])):  # the memory floor first, then the estimate
-                return True
+        if any(lightest_passes(search, lay, zero, recompute, sizes) for zero in reversed(search.zeros)):
+            return True
     return False
+
+
+def lightest_passes(search: BestFirstSearch, lay: Layout, zero: int, recompute: str, sizes: tuple[int, ...]) -> bool:
+    """Whether the layout's lightest variant at this ZeRO stage (`recompute`, the smallest micro-batch) fits and some
+    micro-batch passes the structural rules (asked as the search asks them, at the lightest recompute): the first
+    stage's memory floor (a cached sum), then the estimate, then the rules (one check per micro-batch, where most
+    stages that fit fail on every micro-batch of an interleaved or combined-1F1B split). An estimate the rules would
+    block is raised only where some micro-batch passes them, as when the rules were asked first."""
+    if not search.floor_fits(lay, zero, recompute, sizes[0]):
+        return False
+    blocked = None
+    try:
+        fits = search.fits(lay, zero, recompute, sizes[0])
+    except MeshplanError as exc:
+        fits, blocked = True, exc
+    if not fits or all(search.check_error(lay, zero, search.recomputes[0], mbs) for mbs in sizes):
+        return False
+    if blocked is not None:
+        raise blocked
+    return True
 
 
 def count_unit(job: Job, fixed: Fixed) -> int:
