@@ -46,6 +46,23 @@ def test_the_seed_floor_bounds_every_seed_key_of_the_layout(req):
     assert checked > 50
 
 
+@pytest.mark.parametrize("req", [*JOBS, Request(model="qwen3-8b", num_gpus=16, framework="skyrl", gpu="h100")],
+                         ids=lambda r: f"{r.model}-{r.framework}")
+def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
+    # split_space counts the plans of each dp once (plans_of and refused_plans read only a layout's micro-batches):
+    # the same totals as adding them layout by layout, the refused ZeRO stages' (AD001: torchtitan's ZeRO-1, SkyRL's ZeRO-0) included
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    tiers = split_space(search)
+    layouts = [*tiers.inside, *tiers.across]
+    assert tiers.across_plans == sum(search.plans_of(lay) for lay in tiers.across)
+    refused = sum(search.refused_plans(lay) for lay in layouts)
+    assert tiers.rejected["AD001"] == refused
+    assert tiers.considered - sum(n for k, n in tiers.rejected.items() if k != "AD001") == (
+        sum(search.plans_of(lay) for lay in layouts) + refused)
+    assert refused > 0 or job.framework not in ("torchtitan", "skyrl")
+
+
 def test_the_probe_with_the_seed_floor_answers_as_the_probe_computing_every_key(monkeypatch):
     """On sampled requests (the oracle test's sampler) with headrooms that leave layouts below them, the whole answer
     is the same with the seed floor and with it disabled (every key computed), and the floor skipped shapes."""

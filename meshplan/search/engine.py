@@ -484,15 +484,29 @@ def split_space(search: BestFirstSearch) -> Tiers:
         considered += count
         rejected[error or group.reason] += count
     inside: dict[tuple[int, int], bool] = {}  # within_nvlink per (tp, etp), all it reads
+    tier1: list[Layout] = []
+    tier2: list[Layout] = []
     for lay in layouts:
-        if (lay.tp, lay.etp) not in inside:
-            inside[lay.tp, lay.etp] = within_nvlink(search.job, lay)
-    tier1 = [lay for lay in layouts if inside[lay.tp, lay.etp]]
-    tier2 = [lay for lay in layouts if not inside[lay.tp, lay.etp]]
-    for lay in layouts:
-        considered += search.plans_of(lay) + search.refused_plans(lay)
-        rejected[ADAPTER_RULE] += search.refused_plans(lay)
-    return Tiers(tier1, tier2, considered, rejected, sum(search.plans_of(lay) for lay in tier2))
+        ok = inside.get((lay.tp, lay.etp))
+        if ok is None:
+            ok = inside[lay.tp, lay.etp] = within_nvlink(search.job, lay)
+        (tier1 if ok else tier2).append(lay)
+    # plans_of and refused_plans read of a layout only its dp (its micro-batches): counted once per dp
+    by_dp: dict[int, list] = {}  # per dp: [a layout, how many in all, how many across the domain]
+    for tier, across in ((tier1, 0), (tier2, 1)):
+        for lay in tier:
+            entry = by_dp.get(lay.dp)
+            if entry is None:
+                entry = by_dp[lay.dp] = [lay, 0, 0]
+            entry[1] += 1
+            entry[2] += across
+    across_plans = 0
+    for example, count, across in by_dp.values():
+        plans, refused = search.plans_of(example), search.refused_plans(example)
+        considered += count * (plans + refused)
+        rejected[ADAPTER_RULE] += count * refused
+        across_plans += across * plans
+    return Tiers(tier1, tier2, considered, rejected, across_plans)
 
 
 def budget_cut(search: BestFirstSearch) -> str:
