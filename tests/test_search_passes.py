@@ -50,7 +50,8 @@ def test_the_seed_floor_bounds_every_seed_key_of_the_layout(req):
                          ids=lambda r: f"{r.model}-{r.framework}")
 def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
     # split_space counts the plans of each dp once (plans_of and refused_plans read only a layout's micro-batches):
-    # the same totals as adding them layout by layout, the refused ZeRO stages' (AD001: torchtitan's ZeRO-1, SkyRL's ZeRO-0) included
+    # the same totals as adding them layout by layout, the refused ZeRO stages' included (AD001: torchtitan's ZeRO-1,
+    # SkyRL's ZeRO-0)
     job, _ = search_job(req)
     search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
     tiers = split_space(search)
