@@ -15,26 +15,20 @@ from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
 from meshplan.rl.memory import job_memory
-from meshplan.rules.engine import Context, EstimateBlocked, finding, rules_for
+from meshplan.rules.engine import Context, EstimateBlocked, finding, rules_for, verdicts
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemorySummary
 
 
 def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckReport:
     """Every applicable rule over the plan; `ok` is False when any finding is an error."""
-    ctx = Context(job, plan)
-    findings: list[Finding] = []
+    findings = verdicts(job).findings(plan)  # the structural rules in card order (rules/engine.py Verdicts)
     next_steps: list[str] = []
-    structural_error = False
-    for spec, condition in rules_for(job.framework, ctx.backend, False):
-        values = condition(ctx)
-        if values is not None:
-            findings.append(finding(spec, values))
-            structural_error = structural_error or spec.severity == "error"
+    structural_error = any(f.severity == "error" for f in findings)
     memory: MemorySummary | None = None
     if include_memory:
         findings = [_ranked_split(job, plan, f) if f.id == "PP001" else f for f in findings]
-        memory, note = _memory_findings(ctx, findings)
+        memory, note = _memory_findings(Context(job, plan), findings)
         if note:
             next_steps.append(note)
     ok = not any(f.severity == "error" for f in findings)

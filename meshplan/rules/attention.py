@@ -12,7 +12,7 @@ from meshplan.rules.engine import Context, Values, rule
 from meshplan.schema.choices import FRAMEWORKS
 
 
-@rule("AT001")
+@rule("AT001", reads=("zero_stage", "attention_backend", "dropout"))
 def attention_setting_without_a_key(ctx: Context) -> Values:
     """attention_backend (other than auto) or dropout on where the framework's adapter knob has no key, or no value
     for that backend, on the engine the plan's ZeRO stage selects (the card's variant_knobs of that engine)."""
@@ -34,7 +34,7 @@ def attention_setting_without_a_key(ctx: Context) -> Values:
 
 
 
-@rule("AT002")
+@rule("AT002", reads=("zero_stage", "attention_backend"))
 def flash_on_unequal_head_widths(ctx: Context) -> Values:
     """attention_backend=flash through Megatron-Core on a model whose Q/K and V heads differ in width (MLA): only
     Transformer Engine 2.17 and later pad V for FlashAttention-2."""
@@ -48,7 +48,7 @@ def flash_on_unequal_head_widths(ctx: Context) -> Values:
 
 
 
-@rule("CO001")
+@rule("CO001", reads=("torch_compile",))
 def compile_needs_a_switch(ctx: Context) -> Values:
     """torch_compile on a framework whose card has no compile section (nothing renders or models it)."""
     if not ctx.plan.torch_compile:

@@ -16,7 +16,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import Any, Literal, get_args
+from operator import itemgetter
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -119,11 +120,15 @@ RULE_MODULES: tuple[str, ...] = (
 )
 
 
-def rule(rule_id: str) -> Callable[[Condition], Condition]:
-    """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it."""
+def rule(rule_id: str, reads: tuple[str, ...] | None = None) -> Callable[[Condition], Condition]:
+    """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it. `reads`: every Plan
+    field its verdict depends on, directly or through Context (backend: zero_stage; model_parallel: tp, pp, cp;
+    expert_grid: pp, ep, etp; microbatches: micro_batch_size, dp, pipeline_microbatches) and what it calls; the job's
+    verdicts are kept per their values (rules/verdicts.py). None: the condition runs on every plan."""
 
     def tag(fn: Condition) -> Condition:
         fn.rule_id = rule_id  # type: ignore[attr-defined]
+        fn.reads = reads  # type: ignore[attr-defined]
         return fn
 
     return tag
@@ -192,12 +197,30 @@ def require_estimable(job: Job, plan: Plan) -> None:
     """Raise EstimateBlocked for the first blocking rule of the job's framework that the plan breaks.
 
     The estimators call this instead of validating on their own, so a layout is refused in one wording
-    with one threshold, the rule's; `meshplan check` reports every other rule."""
+    with one threshold, the rule's; `meshplan check` reports every other rule. The job's verdicts answer it
+    (Verdicts.first_error: the same rule, its same finding)."""
+    found = verdicts(job).first_error(plan)
+    if found is not None:
+        raise EstimateBlocked(found)
+
+
+def first_blocking(job: Job, plan: Plan) -> Finding | None:
+    """The finding of the first blocking rule the plan breaks, each rule run on the plan in card order (what
+    require_estimable raises; Verdicts falls back to it where a condition raises)."""
     ctx = Context(job, plan)
     for spec, condition in blocking_rules(job.framework, plan.zero_stage):
         values = condition(ctx)
         if values is not None:
-            raise EstimateBlocked(finding(spec, values))
+            return finding(spec, values)
+    return None
+
+
+def structural_findings(job: Job, plan: Plan) -> list[Finding]:
+    """Every structural rule's finding on the plan, each rule run on it in card order (what check_config reports
+    before the memory rules; Verdicts.findings gives the same list from the job's kept verdicts)."""
+    ctx = Context(job, plan)
+    return [finding(spec, values) for spec, condition in rules_for(job.framework, ctx.backend, False)
+            if (values := condition(ctx)) is not None]
 
 
 def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
@@ -273,6 +296,153 @@ class Context:
     @property
     def num_experts(self) -> int:
         return self.arch.moe.num_experts if self.arch.moe else 0
+
+
+# --------------------------------------------------------------------------- one job's verdicts
+
+KEPT_JOBS = 8  # jobs whose verdicts are kept: a search asks one job (a few, with a gbs or GPU count changed)
+MEMO_CAP = 1 << 16  # verdicts one group keeps before it starts over (bounds a long-running server's memory)
+LIST_FIELDS = frozenset(name for name, field in Plan.model_fields.items()
+                        if list in (get_origin(a) for a in (field.annotation, *get_args(field.annotation))))
+Fired = tuple[tuple[int, Finding], ...]  # (card position, finding) of the rules that fire, in card order
+
+
+@dataclass(frozen=True)
+class RuleGroup:
+    """Rules whose verdicts depend on `fields` of the plan (or fewer), and those verdicts per the fields' values."""
+
+    fields: tuple[str, ...]
+    rules: tuple[tuple[int, RuleSpec, Condition], ...]  # (card position, spec, condition)
+    memo: dict[Any, Fired]
+
+    @cached_property
+    def key(self) -> Callable[[dict[str, Any]], Any]:
+        """The memo key from a plan's field values: itemgetter over `fields`, a list field as a tuple."""
+        if not self.fields:
+            return lambda values: ()
+        get = itemgetter(*self.fields)
+        listed = [i for i, name in enumerate(self.fields) if name in LIST_FIELDS]
+        if not listed:
+            return get
+        one = len(self.fields) == 1
+
+        def key(values: dict[str, Any]) -> tuple:
+            out = [get(values)] if one else list(get(values))
+            for i in listed:
+                out[i] = None if out[i] is None else tuple(out[i])
+            return tuple(out)
+
+        return key
+
+
+def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[RuleGroup, ...], Fired]:
+    """The rules (in card order) in groups: each rule with declared reads joins the group of the largest field set
+    that holds its own (those fields decide its verdict too, so one key serves both); the rules without reads are
+    returned apart (card position, spec, condition), to run on every plan."""
+    declared = [(i, spec, cond, frozenset(cond.reads)) for i, (spec, cond) in enumerate(rules)
+                if getattr(cond, "reads", None) is not None]
+    tops: list[frozenset[str]] = []
+    for fields in sorted({d[3] for d in declared}, key=lambda f: (-len(f), sorted(f))):
+        if not any(fields <= top for top in tops):
+            tops.append(fields)
+    members: dict[frozenset[str], list] = {top: [] for top in tops}
+    for i, spec, cond, fields in declared:
+        members[next(top for top in tops if fields <= top)].append((i, spec, cond))
+    always = tuple((i, spec, cond) for i, (spec, cond) in enumerate(rules) if getattr(cond, "reads", None) is None)
+    return tuple(RuleGroup(tuple(sorted(top)), tuple(m), {}) for top, m in members.items()), always
+
+
+def _fire(rules: Iterable[tuple[int, RuleSpec, Condition]], ctx: Context) -> Fired:
+    return tuple((i, finding(spec, values)) for i, spec, cond in rules if (values := cond(ctx)) is not None)
+
+
+Program = tuple[tuple[tuple[Callable[[dict[str, Any]], Any], dict[Any, Fired], Fired], ...], Fired]
+
+
+class Verdicts:
+    """The structural rules' verdicts on one job's plans, each group's kept per the values of the plan fields its
+    rules read (`@rule(reads=...)`): a search asks thousands of plans that differ in a few fields (degrees, micro-batch,
+    recompute, ZeRO stage) and most rules read few of them. The answers are structural_findings' and first_blocking's
+    (the same findings, in card order): where a condition raises, those run the plan instead (and raise as before)."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self._programs: dict[str, Program] = {}  # per engine (Context.backend)
+        self._by_zero: dict[int, Program] = {}
+
+    def _program(self, zero_stage: int) -> Program:
+        """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
+        hit = self._by_zero.get(zero_stage)
+        if hit is None:
+            backend = backend_of(self.job.framework, zero_stage)
+            hit = self._programs.get(backend)
+            if hit is None:
+                groups, always = rule_groups(rules_for(self.job.framework, backend, False))
+                hit = self._programs[backend] = tuple((g.key, g.memo, g.rules) for g in groups), always
+            self._by_zero[zero_stage] = hit
+        return hit
+
+    def _fired(self, plan: Plan) -> list[tuple[int, Finding]]:
+        groups, always = self._program(plan.zero_stage)
+        values = plan.__dict__
+        ctx = None
+        fired: list[tuple[int, Finding]] = []
+        for key, memo, rules in groups:
+            key = key(values)
+            hit = memo.get(key)
+            if hit is None:
+                ctx = ctx or Context(self.job, plan)
+                if len(memo) >= MEMO_CAP:
+                    memo.clear()
+                hit = memo[key] = _fire(rules, ctx)
+            if hit:
+                fired.extend(hit)
+        if always:
+            fired.extend(_fire(always, ctx or Context(self.job, plan)))
+        if len(fired) > 1:
+            fired.sort(key=itemgetter(0))
+        return fired
+
+    def findings(self, plan: Plan) -> list[Finding]:
+        """structural_findings(job, plan), from the kept verdicts."""
+        try:
+            fired = self._fired(plan)
+        except Exception:  # the plain run raises it again, or finds a blocking rule before it
+            return structural_findings(self.job, plan)
+        return [found for _, found in fired]
+
+    def first_error(self, plan: Plan) -> Finding | None:
+        """first_blocking(job, plan), from the kept verdicts."""
+        try:
+            fired = self._fired(plan)
+        except Exception:  # as findings
+            return first_blocking(self.job, plan)
+        return next((found for _, found in fired if found.severity == "error"), None)
+
+
+_kept: dict[tuple, Verdicts] = {}  # by job_key, the most recently asked last
+_last: list[tuple[Job, Verdicts]] = []
+
+
+def job_key(job: Job) -> tuple:
+    """The job's field values (a nested record by identity: the kept Verdicts' job holds it, so the id stays its)."""
+    return tuple(id(v) if isinstance(v, BaseModel) else tuple(v) if isinstance(v, list) else v
+                 for v in job.__dict__.values())
+
+
+def verdicts(job: Job) -> Verdicts:
+    """The job's Verdicts, kept for the last KEPT_JOBS jobs asked (by value: a copy of the job finds them)."""
+    if _last and _last[0][0] is job:
+        return _last[0][1]
+    key = job_key(job)
+    hit = _kept.pop(key, None)
+    if hit is None:
+        hit = Verdicts(job)
+        if len(_kept) >= KEPT_JOBS:
+            del _kept[next(iter(_kept))]
+    _kept[key] = hit
+    _last[:] = [(job, hit)]
+    return hit
 
 
 # --------------------------------------------------------------------------- helpers for computed fixes

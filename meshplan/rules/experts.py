@@ -12,7 +12,7 @@ from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule
 from meshplan.schema.choices import FRAMEWORKS
 
 
-@rule("EP001")
+@rule("EP001", reads=("ep",))
 def ep_needs_moe(ctx: Context) -> Values:
     if ctx.plan.ep == 1 or ctx.arch.is_moe:
         return None
@@ -20,7 +20,7 @@ def ep_needs_moe(ctx: Context) -> Values:
 
 
 
-@rule("EP002")
+@rule("EP002", reads=("ep",))
 def experts_divisible(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
         return None
@@ -28,7 +28,7 @@ def experts_divisible(ctx: Context) -> Values:
 
 
 
-@rule("EP003")
+@rule("EP003", reads=("tp", "ep", "sequence_parallel"))
 def ep_tp_without_sp(ctx: Context) -> Values:
     p = ctx.plan
     if p.ep == 1 or p.tp == 1 or p.sequence_parallel:
@@ -51,7 +51,7 @@ def _biased_linear(ctx: Context) -> list[str]:
 
 
 
-@rule("EP004")
+@rule("EP004", reads=("etp",))
 def moe_bias_needs_etp1(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.plan.etp == 1:
         return None
@@ -62,7 +62,7 @@ def moe_bias_needs_etp1(ctx: Context) -> Values:
 
 
 
-@rule("EP005")
+@rule("EP005", reads=())
 def topk_within_experts(ctx: Context) -> Values:
     moe = ctx.arch.moe
     if moe is None or moe.top_k <= moe.num_experts:
@@ -71,7 +71,7 @@ def topk_within_experts(ctx: Context) -> Values:
 
 
 
-@rule("EP006")
+@rule("EP006", reads=("moe_token_dispatcher",))
 def flex_needs_moe(ctx: Context) -> Values:
     if ctx.plan.moe_token_dispatcher != "flex" or ctx.arch.is_moe:
         return None
@@ -79,7 +79,7 @@ def flex_needs_moe(ctx: Context) -> Values:
 
 
 
-@rule("EP007")
+@rule("EP007", reads=("zero_stage", "moe_token_dispatcher"))
 def flex_dispatcher_available(ctx: Context) -> Values:
     card = framework_card(ctx.framework)
     # the engines that run it: Megatron-Core's, and those a card names (NeMo AutoModel vendors the flex dispatcher
@@ -93,7 +93,7 @@ def flex_dispatcher_available(ctx: Context) -> Values:
 
 
 
-@rule("EP008")
+@rule("EP008", reads=("ep", "etp", "moe_token_dispatcher"))
 def flex_needs_expert_parallelism(ctx: Context) -> Values:
     p = ctx.plan
     if p.moe_token_dispatcher != "flex" or not ctx.arch.is_moe or p.ep * p.etp > 1:
@@ -102,7 +102,7 @@ def flex_needs_expert_parallelism(ctx: Context) -> Values:
 
 
 
-@rule("EP009")
+@rule("EP009", reads=("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "moe_a2a_overlap"))
 def a2a_overlap_preconditions(ctx: Context) -> Values:
     """The first of Megatron-Core's overlap_moe_expert_parallel_comm asserts the plan breaks, with a fix that works."""
     p, arch = ctx.plan, ctx.arch

@@ -15,7 +15,7 @@ from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
 
 
-@rule("TT001")
+@rule("TT001", reads=("etp",))
 def torchtitan_no_etp(ctx: Context) -> Values:
     if ctx.plan.etp == 1:
         return None
@@ -23,7 +23,7 @@ def torchtitan_no_etp(ctx: Context) -> Values:
 
 
 
-@rule("DS001")
+@rule("DS001", reads=("ep", "dp"))
 def deepspeed_ep_divides_dp(ctx: Context) -> Values:
     p = ctx.plan
     if p.ep == 1 or p.dp % p.ep == 0:
@@ -33,7 +33,7 @@ def deepspeed_ep_divides_dp(ctx: Context) -> Values:
 
 
 
-@rule("DS002")
+@rule("DS002", reads=("pp", "zero_stage"))
 def deepspeed_zero_with_pp(ctx: Context) -> Values:
     p = ctx.plan
     if p.pp == 1 or p.zero_stage < 2:
@@ -42,7 +42,7 @@ def deepspeed_zero_with_pp(ctx: Context) -> Values:
 
 
 
-@rule("DS003")
+@rule("DS003", reads=("tp", "etp"))
 def deepspeed_etp(ctx: Context) -> Values:
     p = ctx.plan
     if p.etp in (1, p.tp):
@@ -51,7 +51,7 @@ def deepspeed_etp(ctx: Context) -> Values:
 
 
 
-@rule("KF001")
+@rule("KF001", reads=("pp",))
 def kempnerforge_moe_pp(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.plan.pp == 1:
         return None
@@ -59,7 +59,7 @@ def kempnerforge_moe_pp(ctx: Context) -> Values:
 
 
 
-@rule("KF002")
+@rule("KF002", reads=("pp",))
 def kempnerforge_tied_pp(ctx: Context) -> Values:
     if not ctx.arch.tie_word_embeddings or ctx.plan.pp == 1:
         return None
@@ -67,7 +67,7 @@ def kempnerforge_tied_pp(ctx: Context) -> Values:
 
 
 
-@rule("KF003")
+@rule("KF003", reads=("tp",))
 def kempnerforge_fp8_tp(ctx: Context) -> Values:
     if ctx.job.precision != "fp8" or ctx.plan.tp == 1:
         return None
@@ -75,7 +75,7 @@ def kempnerforge_fp8_tp(ctx: Context) -> Values:
 
 
 
-@rule("KF004")
+@rule("KF004", reads=("etp",))
 def kempnerforge_no_etp(ctx: Context) -> Values:
     if ctx.plan.etp == 1:
         return None
@@ -83,7 +83,7 @@ def kempnerforge_no_etp(ctx: Context) -> Values:
 
 
 
-@rule("SK002")
+@rule("SK002", reads=("cp",))
 def skyrl_cp_padding(ctx: Context) -> Values:
     if ctx.plan.cp == 1:
         return None
@@ -91,28 +91,28 @@ def skyrl_cp_padding(ctx: Context) -> Values:
 
 
 
-@rule("VL002")
+@rule("VL002", reads=("cp",))
 def verl_ulysses_padding(ctx: Context) -> Values:
     if ctx.plan.cp == 1:
         return None
     return {"u": ctx.plan.cp}
 
 
-@rule("AM001")
+@rule("AM001", reads=("tp", "pp", "cp", "dp"))
 def automodel_mesh_product(ctx: Context) -> Values:
     """_create_fsdp2_device_mesh: the mesh (pp, dp_replicate, dp_shard, cp, tp) covers the world, as torchtitan's."""
     return torchtitan_product(ctx)
 
 
 
-@rule("AM002")
+@rule("AM002", reads=("tp", "cp", "dp", "dp_replicate", "ep"))
 def automodel_ep_divides(ctx: Context) -> Values:
     """_create_fsdp2_device_mesh: dp*cp*tp must be a multiple of ep (the EP mesh reshapes those ranks)."""
     return torchtitan_ep_divides(ctx)
 
 
 
-@rule("AM003")
+@rule("AM003", reads=("pp", "dp", "micro_batch_size", "pipeline_microbatches"))
 def automodel_pipeline_microbatches(ctx: Context) -> Values:
     """train_ft.py: local_batch_size // pp_microbatch_size >= pp_size, for every schedule: the micro-batches of one
     run of the schedule (Context.microbatches, over Plan.pipeline_microbatches' runs per step)."""
@@ -122,7 +122,7 @@ def automodel_pipeline_microbatches(ctx: Context) -> Values:
 
 
 
-@rule("AM004")
+@rule("AM004", reads=("tp", "pp", "cp", "ep", "zero_stage"))
 def automodel_ddp_alone(ctx: Context) -> Values:
     """_create_device_meshes: DDPConfig requires tp, pp, cp and ep of 1."""
     p = ctx.plan
@@ -134,7 +134,7 @@ def automodel_ddp_alone(ctx: Context) -> Values:
 
 
 
-@rule("AM005")
+@rule("AM005", reads=("ep", "moe_token_dispatcher"))
 def automodel_torch_dispatcher(ctx: Context) -> Values:
     """GroupedExperts.forward: the torch dispatcher gathers the EP group's tokens and all-reduces the output."""
     p = ctx.plan
@@ -144,7 +144,8 @@ def automodel_torch_dispatcher(ctx: Context) -> Values:
 
 
 
-@rule("AD001")
+@rule("AD001", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
+      "attention_backend"))
 def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default."""

@@ -12,7 +12,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
-@rule("LORA001")
+@rule("LORA001", reads=("zero_stage",))
 def lora_needs_an_engine_with_it(ctx: Context) -> Values:
     spec = ctx.job.lora
     if spec is None or lora_engine(ctx.framework, ctx.plan.zero_stage) is not None:
@@ -29,7 +29,7 @@ def lora_needs_an_engine_with_it(ctx: Context) -> Values:
     return {"framework": card.display_name, "rank": spec.rank, "where": where, "fix": fix}
 
 
-@rule("LORA002")
+@rule("LORA002", reads=())
 def lora_targets_the_model_has(ctx: Context) -> Values:
     spec = ctx.job.lora
     if spec is None:

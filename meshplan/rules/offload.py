@@ -8,7 +8,8 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
-@rule("OF001")
+@rule("OF001", reads=("zero_stage", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
+      "optimizer_offload_fraction"))
 def offload_the_engine_lacks(ctx: Context) -> Values:
     problems = unsupported_offloads(ctx.framework, ctx.plan)
     if not problems:
@@ -23,7 +24,7 @@ def offload_the_engine_lacks(ctx: Context) -> Values:
     return {"knob": knob, "framework": card.display_name, "zero": ctx.plan.zero_stage, "why": why, "fix": fix}
 
 
-@rule("OF002")
+@rule("OF002", reads=("zero_stage", "recompute", "activation_offload"))
 def activation_offload_needs_recompute(ctx: Context) -> Values:
     plan = ctx.plan
     if not plan.activation_offload:

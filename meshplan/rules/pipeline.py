@@ -33,7 +33,8 @@ def _uneven_hint(ctx: Context, pp: int) -> str:
 
 
 
-@rule("PP001")
+@rule("PP001", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+      "account_for_embedding", "account_for_loss"))
 def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
@@ -45,7 +46,8 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
 
 
 
-@rule("PP002")
+@rule("PP002", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+      "account_for_embedding", "account_for_loss"))
 def layers_divisible_by_vpp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
@@ -62,7 +64,7 @@ def layers_divisible_by_vpp(ctx: Context) -> Values:
 
 
 
-@rule("PP003")
+@rule("PP003", reads=("pp", "vpp"))
 def vpp_needs_pp(ctx: Context) -> Values:
     if ctx.plan.vpp == 1 or ctx.plan.pp > 1:
         return None
@@ -70,7 +72,8 @@ def vpp_needs_pp(ctx: Context) -> Values:
 
 
 
-@rule("PP004")
+@rule("PP004", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+      "account_for_embedding", "account_for_loss"))
 def uneven_split_valid(ctx: Context) -> Values:
     """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
     the split the search enumerates for this pp and vpp (schedule.uneven_split). With a layout or the embedding/loss
@@ -89,7 +92,8 @@ def uneven_split_valid(ctx: Context) -> Values:
 
 
 
-@rule("PP009")
+@rule("PP009", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+      "account_for_embedding", "account_for_loss"))
 def pipeline_layout_valid(ctx: Context) -> Values:
     """An explicit pipeline_model_parallel_layout, or the embedding/loss counted in the split, that Megatron-Core
     would refuse (schedule.plan_layout_problem); the fix is a layout that works for this pp and vpp."""
@@ -111,7 +115,7 @@ def _explicit_split(p: Plan) -> bool:
 
 
 
-@rule("PP005")
+@rule("PP005", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches"))
 def interleave_microbatches(ctx: Context) -> Values:
     p = ctx.plan
     if p.vpp == 1 or p.pp == 1:
@@ -125,7 +129,7 @@ def interleave_microbatches(ctx: Context) -> Values:
 
 
 
-@rule("PP006")
+@rule("PP006", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches"))
 def bubble(ctx: Context) -> Values:
     p = ctx.plan
     m = ctx.microbatches
@@ -140,7 +144,7 @@ def bubble(ctx: Context) -> Values:
 
 
 
-@rule("PP007")
+@rule("PP007", reads=("pp", "vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
 def stages_have_layers(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     chunks = p.pp * p.vpp
@@ -150,7 +154,7 @@ def stages_have_layers(ctx: Context) -> Values:
 
 
 
-@rule("PP008")
+@rule("PP008", reads=("pp",))
 def shallow_pipeline(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     minimum = ctx_param(ctx, "PP008", "min_layers_per_stage")
@@ -162,7 +166,7 @@ def shallow_pipeline(ctx: Context) -> Values:
 
 
 
-@rule("PP010")
+@rule("PP010", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule"))
 def torch_1f1b_microbatches(ctx: Context) -> Values:
     """torch Schedule1F1B.__init__: n_microbatches >= the number of stages (torchtitan's 1F1B at vpp = 1)."""
     p = ctx.plan
@@ -193,7 +197,7 @@ def _torch_interleavable(microbatches: int, pp: int) -> bool:
     return microbatches % torch_interleave_rounds(microbatches, pp) == 0
 
 
-@rule("PP011")
+@rule("PP011", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule"))
 def torch_interleaved_microbatches(ctx: Context) -> Values:
     """torch ScheduleInterleaved1F1B.__init__: n_microbatches a multiple of max(1, n_microbatches // pp)."""
     p = ctx.plan
@@ -230,7 +234,7 @@ def offered_schedules(framework: str) -> list[str]:
     return [s for s in get_args(PipelineSchedule) if s in names]
 
 
-@rule("PP012")
+@rule("PP012", reads=("vpp", "pipeline_schedule"))
 def schedule_offered(ctx: Context) -> Values:
     """The framework's card lists the order the named schedule runs at this vpp (zero_bubble: ZBV at vpp 2,
     interleaved zero-bubble above)."""
@@ -257,7 +261,7 @@ def _zero_bubble_words(framework: str) -> str:
     return " and ".join(words for order, words in forms.items() if order in schedules)
 
 
-@rule("PP013")
+@rule("PP013", reads=("pp", "vpp", "pipeline_schedule"))
 def schedule_chunks(ctx: Context) -> Values:
     """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two."""
     p = ctx.plan
@@ -286,7 +290,7 @@ def schedule_chunks(ctx: Context) -> Values:
     return None
 
 
-@rule("PP014")
+@rule("PP014", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule"))
 def dualpipev_microbatches(ctx: Context) -> Values:
     """torch ScheduleDualPipeV.__init__: n_microbatches >= the stages (2 x pp)."""
     p = ctx.plan
@@ -301,7 +305,7 @@ def dualpipev_microbatches(ctx: Context) -> Values:
             "mbs": f", micro_batch_size={mbs} at this batch" if mbs and mbs != p.micro_batch_size else ""}
 
 
-@rule("PP015")
+@rule("PP015", reads=("pp", "vpp", "zero_stage", "pipeline_schedule", "moe_a2a_overlap"))
 def combined_1f1b_as_named(ctx: Context) -> Values:
     """Megatron-Core runs combined 1F1B exactly when overlap_moe_expert_parallel_comm is on (a named schedule other
     than combined_1f1b cannot keep moe_a2a_overlap), and refuses it with Megatron-FSDP over virtual stages."""

@@ -13,7 +13,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
-@rule("FP001")
+@rule("FP001", reads=())
 def fp8_needs_hardware(ctx: Context) -> Values:
     if ctx.job.precision != "fp8" or ctx.job.gpu.fp8_flops is not None:
         return None
@@ -33,7 +33,7 @@ def _lacks(framework: str, name: str) -> str | None:
 
 
 
-@rule("PR001")
+@rule("PR001", reads=("zero_stage", "optimizer_state_dtype"))
 def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     p = ctx.plan
     if p.optimizer_state_dtype in (None, "fp32"):
@@ -56,7 +56,8 @@ def _offloads_optimizer(plan) -> bool:
 
 
 
-@rule("PR002")
+@rule("PR002", reads=("zero_stage", "fp8_param_gather", "fp8_recipe", "optimizer_offload",
+      "optimizer_offload_fraction"))
 def fp8_param_gather_needs_fp8(ctx: Context) -> Values:
     p, job = ctx.plan, ctx.job
     if not p.fp8_param_gather:
@@ -104,7 +105,7 @@ def runnable_recipes(framework: str, gpu) -> list[str]:
 
 
 
-@rule("PR003")
+@rule("PR003", reads=("fp8_recipe",))
 def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
     p, job = ctx.plan, ctx.job
     if p.fp8_recipe is None:
@@ -132,7 +133,7 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
 
 
 
-@rule("PR004")
+@rule("PR004", reads=("grad_reduce_in_fp32",))
 def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     p = ctx.plan
     if p.grad_reduce_in_fp32 is None:
@@ -148,7 +149,8 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
 
 
 
-@rule("PR005")
+@rule("PR005", reads=("zero_stage", "optimizer", "optimizer_state_dtype", "optimizer_offload",
+      "optimizer_offload_fraction"))
 def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
     """Muon runs in Megatron-Core's emerging-optimizer path only: no FSDP, no precision-aware or CPU optimizer."""
     p = ctx.plan

@@ -11,7 +11,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
-@rule("RC002")
+@rule("RC002", reads=("recompute", "selective_ac_option"))
 def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
     p = ctx.plan
     if p.selective_ac_option is None:
@@ -31,7 +31,7 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
 
 
 
-@rule("RC003")
+@rule("RC003", reads=("recompute", "recompute_layers", "recompute_method"))
 def recompute_method_needs_full(ctx: Context) -> Values:
     p = ctx.plan
     if p.recompute_method is None:
@@ -52,7 +52,7 @@ def recompute_method_needs_full(ctx: Context) -> Values:
 
 
 
-@rule("RC004")
+@rule("RC004", reads=("recompute", "recompute_modules"))
 def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
     p, arch = ctx.plan, ctx.arch
     if p.recompute_modules is None:
@@ -79,7 +79,7 @@ def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
 
 
 
-@rule("RC001")
+@rule("RC001", reads=("recompute", "recompute_layers"))
 def recompute_layers_need_full(ctx: Context) -> Values:
     p = ctx.plan
     if p.recompute_layers is None or p.recompute == "full":

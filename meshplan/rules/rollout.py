@@ -15,7 +15,7 @@ from meshplan.rules.engine import Context, Values, divisors, fmt_set, neighbours
 from meshplan.schema.plan import Plan
 
 
-@rule("RL001")
+@rule("RL001", reads=("rollout_tp", "rollout_dp", "rollout_ep"))
 def rollout_ep_is_tp_dp(ctx: Context) -> Values:
     p, card = ctx.plan, rl_card(ctx.framework)
     if p.rollout_ep is None or card is None or not card.ep_equals_tp_dp or p.rollout_ep == 1:
@@ -28,7 +28,7 @@ def rollout_ep_is_tp_dp(ctx: Context) -> Values:
             "dp_fix": dp_fix, "ep_one": ", or rollout_ep=1 (experts sharded by the rollout TP)"}
 
 
-@rule("RL002")
+@rule("RL002", reads=("rollout_tp", "rollout_dp", "rollout_gpus"))
 def rollout_replicas_whole(ctx: Context) -> Values:
     p = ctx.plan
     if p.rollout_gpus is None or p.rollout_tp is None or p.rollout_dp is None:  # not chosen yet
@@ -41,7 +41,7 @@ def rollout_replicas_whole(ctx: Context) -> Values:
             "near": neighbours(p.rollout_gpus, size)}
 
 
-@rule("RL003")
+@rule("RL003", reads=("placement", "rollout_gpus"))
 def colocated_spans_trainer(ctx: Context) -> Values:
     p, card = ctx.plan, rl_card(ctx.framework)
     if p.placement != "colocated" or card is None or not card.colocated_gpus_equal_training:
@@ -51,7 +51,7 @@ def colocated_spans_trainer(ctx: Context) -> Values:
     return {"gpus": p.rollout_gpus, "trainer": ctx.world, "framework": ctx.framework}
 
 
-@rule("RL004")
+@rule("RL004", reads=("rollout_tp",))
 def rollout_tp_in_node(ctx: Context) -> Values:
     p = ctx.plan
     if p.rollout_tp is None:

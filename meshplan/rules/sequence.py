@@ -10,7 +10,7 @@ from __future__ import annotations
 from meshplan.rules.engine import LISTED, Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
 
 
-@rule("CP001")
+@rule("CP001", reads=("cp",))
 def cp_sequence_divisible(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     if cp == 1 or seq % (2 * cp) == 0:
@@ -21,7 +21,7 @@ def cp_sequence_divisible(ctx: Context) -> Values:
 
 
 
-@rule("CP002")
+@rule("CP002", reads=("cp",))
 def cp_short_sequence(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     minimum = int(ctx_param(ctx, "CP002", "min_tokens_per_rank"))
@@ -32,7 +32,7 @@ def cp_short_sequence(ctx: Context) -> Values:
 
 
 
-@rule("CP003")
+@rule("CP003", reads=("tp", "cp", "cp_comm_type"))
 def cp_a2a_heads(ctx: Context) -> Values:
     p = ctx.plan
     if p.cp == 1 or p.cp_comm_type not in ("a2a", "a2a+p2p"):
@@ -47,7 +47,7 @@ def cp_a2a_heads(ctx: Context) -> Values:
 
 
 
-@rule("CP004")
+@rule("CP004", reads=("cp",))
 def cp_within_sequence(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     if cp <= seq:
@@ -56,7 +56,7 @@ def cp_within_sequence(ctx: Context) -> Values:
 
 
 
-@rule("TT002")
+@rule("TT002", reads=("tp", "cp", "sequence_parallel"))
 def torchtitan_sequence_divisible(ctx: Context) -> Values:
     p, seq = ctx.plan, ctx.job.seq_length
     unit = (p.tp if p.sequence_parallel else 1) * (2 * p.cp if p.cp > 1 else 1)
@@ -66,7 +66,7 @@ def torchtitan_sequence_divisible(ctx: Context) -> Values:
 
 
 
-@rule("UL001")
+@rule("UL001", reads=("cp",))
 def ulysses_heads(ctx: Context) -> Values:
     u = ctx.plan.cp
     heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
@@ -77,7 +77,7 @@ def ulysses_heads(ctx: Context) -> Values:
 
 
 
-@rule("SQ001")
+@rule("SQ001", reads=())
 def learned_positions(ctx: Context) -> Values:
     table = ctx.arch.learned_position_embeddings
     if not table or ctx.job.seq_length <= table:
@@ -86,7 +86,7 @@ def learned_positions(ctx: Context) -> Values:
 
 
 
-@rule("SQ002")
+@rule("SQ002", reads=())
 def beyond_trained_context(ctx: Context) -> Values:
     limit = ctx.arch.max_position_embeddings
     if ctx.arch.learned_position_embeddings or limit is None or ctx.job.seq_length <= limit:

@@ -32,7 +32,7 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
 
 
 
-@rule("TP001")
+@rule("TP001", reads=("tp",))
 def heads_divisible(ctx: Context) -> Values:
     tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
     if heads % tp == 0:
@@ -41,7 +41,7 @@ def heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP002")
+@rule("TP002", reads=("tp",))
 def kv_groups_megatron(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if kv % tp == 0 or tp % kv == 0:
@@ -50,7 +50,7 @@ def kv_groups_megatron(ctx: Context) -> Values:
 
 
 
-@rule("TP003")
+@rule("TP003", reads=("tp",))
 def kv_heads_divisible(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if tp == 1 or kv % tp == 0:
@@ -59,7 +59,7 @@ def kv_heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP004")
+@rule("TP004", reads=("tp",))
 def tp_inside_nvlink(ctx: Context) -> Values:
     gpu, tp = ctx.job.gpu, ctx.plan.tp
     domain = ctx.fast_domain
@@ -72,7 +72,7 @@ def tp_inside_nvlink(ctx: Context) -> Values:
 
 
 
-@rule("TP005")
+@rule("TP005", reads=("tp", "sequence_parallel", "tp_comm_overlap", "torch_compile"))
 def tp_overlap_preconditions(ctx: Context) -> Values:
     """tp_comm_overlap on a framework without the switch, or without what its switch needs (the card's
     tp_overlap: sequence parallelism for Transformer Engine's userbuffers, torch.compile for async TP)."""
@@ -98,7 +98,7 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
 
 
 
-@rule("FS001")
+@rule("FS001", reads=("tp", "pp", "ep"))
 def fsdp_backend_degrees(ctx: Context) -> Values:
     p = ctx.plan
     used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
@@ -108,7 +108,7 @@ def fsdp_backend_degrees(ctx: Context) -> Values:
 
 
 
-@rule("SP001")
+@rule("SP001", reads=("tp", "sequence_parallel"))
 def sp_needs_tp(ctx: Context) -> Values:
     if not (ctx.plan.sequence_parallel and ctx.plan.tp == 1):
         return None
@@ -116,7 +116,7 @@ def sp_needs_tp(ctx: Context) -> Values:
 
 
 
-@rule("SP002")
+@rule("SP002", reads=("tp", "sequence_parallel"))
 def sp_advised_with_tp(ctx: Context) -> Values:
     if ctx.plan.tp == 1 or ctx.plan.sequence_parallel:
         return None
@@ -124,7 +124,7 @@ def sp_advised_with_tp(ctx: Context) -> Values:
 
 
 
-@rule("SP003")
+@rule("SP003", reads=("tp", "sequence_parallel"))
 def skyrl_sets_sp(ctx: Context) -> Values:
     derived = ctx.plan.tp > 1
     if ctx.plan.sequence_parallel == derived:

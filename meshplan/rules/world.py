@@ -20,7 +20,7 @@ def _product_divisors(ctx: Context) -> str:
 
 
 
-@rule("WS001")
+@rule("WS001", reads=("tp", "pp", "cp"))
 def dense_grid_divides_world(ctx: Context) -> Values:
     mp = ctx.model_parallel
     if ctx.world % mp == 0:
@@ -50,7 +50,7 @@ def _etp_one_fix(ctx: Context) -> str:
 
 
 
-@rule("WS002")
+@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp"))
 def expert_grid_divides_world(ctx: Context) -> Values:
     p = ctx.plan
     grid = ctx.expert_grid
@@ -65,7 +65,7 @@ def expert_grid_divides_world(ctx: Context) -> Values:
 
 
 
-@rule("WS003")
+@rule("WS003", reads=("tp", "pp", "cp", "dp"))
 def dp_matches_law(ctx: Context) -> Values:
     mp = ctx.model_parallel
     if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
@@ -74,7 +74,7 @@ def dp_matches_law(ctx: Context) -> Values:
 
 
 
-@rule("WS004")
+@rule("WS004", reads=("tp", "pp", "cp", "dp"))
 def torchtitan_product(ctx: Context) -> Values:
     p = ctx.plan
     product = p.dp * p.cp * p.tp * p.pp
@@ -86,7 +86,7 @@ def torchtitan_product(ctx: Context) -> Values:
 
 
 
-@rule("WS005")
+@rule("WS005", reads=("tp", "cp", "dp", "dp_replicate", "ep"))
 def torchtitan_ep_divides(ctx: Context) -> Values:
     p = ctx.plan
     shard = p.dp // p.dp_replicate  # data_parallel_shard_degree (dp_replicate: hybrid sharding's replicas)
@@ -99,7 +99,7 @@ def torchtitan_ep_divides(ctx: Context) -> Values:
 
 
 
-@rule("WS006")
+@rule("WS006", reads=("tp", "pp", "cp", "ep", "dp"))
 def kempnerforge_product(ctx: Context) -> Values:
     p = ctx.plan
     product = p.dp * p.tp * p.pp * p.cp * p.ep
@@ -110,7 +110,7 @@ def kempnerforge_product(ctx: Context) -> Values:
             "world": ctx.world, "unit": unit, "gpus": neighbours(ctx.world, unit)}
 
 
-@rule("DP001")
+@rule("DP001", reads=("pp", "ep", "etp", "dp", "dp_replicate"))
 def dp_replicate_divides_dp(ctx: Context) -> Values:
     """Hybrid sharding: the replicas split dp (and, for a MoE model, the expert-data-parallel ranks) evenly
     (Megatron parallel_state: dp*cp and expert-dp % num_distributed_optimizer_instances; torchtitan: dp_replicate *
@@ -124,7 +124,7 @@ def dp_replicate_divides_dp(ctx: Context) -> Values:
     return {"n": n, "dp": p.dp, "edp": f"{edp:g}", "fits": fmt_set(common[-LISTED:])}
 
 
-@rule("DP002")
+@rule("DP002", reads=("zero_stage", "dp_replicate"))
 def dp_replicate_needs_sharding(ctx: Context) -> Values:
     """dp_replicate > 1 replicates sharded states; at zero_stage 0 nothing is sharded."""
     p = ctx.plan

@@ -1,0 +1,224 @@
+"""The structural rules' kept verdicts (rules/engine.py Verdicts, issue 23): each rule declares the plan fields it
+reads (`@rule(reads=...)`), and a job's verdicts are kept per their values. The findings must be exactly the plain
+run's, on every plan: the same ids, order, messages and fixes, the same first blocking rule. Jobs come from the search
+oracle's sampler (every framework, dense, MoE and MLA models), plus RL, LoRA and fp8 jobs; plans are fuzzed over every
+field, so rules fire, pass and raise."""
+
+import random
+import typing
+
+import pytest
+from test_search_oracle import sampled_request
+
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import resolve
+from meshplan.rules import engine
+from meshplan.rules.engine import (
+    Context,
+    Verdicts,
+    first_blocking,
+    load_rules,
+    rule_specs,
+    structural_findings,
+    verdicts,
+)
+from meshplan.schema.plan import Plan
+from meshplan.schema.request import Request
+
+FIELDS = tuple(Plan.model_fields)
+DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "dp_replicate")
+EXTRA_JOBS = [
+    dict(model="kimi-k2", num_gpus=256, gpu="h100"),
+    dict(model="deepseek-v3", num_gpus=2048, gpu="h100"),
+    dict(model="llama-3.1-70b", num_gpus=64, gpu="h100", precision="fp8"),
+    dict(model="qwen3-30b-a3b", num_gpus=16, gpu="h100", framework="verl", job="rl"),
+    dict(model="qwen3-8b", num_gpus=8, gpu="h100", framework="skyrl", job="rl"),
+    dict(model="llama-3.1-8b", num_gpus=8, gpu="h100", job="lora"),
+    dict(model="qwen3-30b-a3b", num_gpus=16, gpu="h100", framework="nemo-automodel"),
+    dict(model="deepseek-v2-lite", num_gpus=16, gpu="h100", framework="megatron-bridge"),
+]
+
+
+def _choices(name: str) -> list:
+    """Values a plan field takes in the fuzz: its Literal choices, None, both booleans, a few sizes and strings."""
+    annotation = Plan.model_fields[name].annotation
+    out: list = []
+    args = (annotation,) if typing.get_origin(annotation) is typing.Literal else typing.get_args(annotation)
+    for arg in args or (annotation,):
+        if typing.get_origin(arg) is typing.Literal:
+            out += list(typing.get_args(arg))
+        elif arg is type(None):
+            out.append(None)
+        elif arg is bool:
+            out += [True, False]
+        elif arg is int:
+            out += [0, 1, 2, 3, 4, 8, 16]
+        elif arg is float:
+            out += [0.0, 0.5, 1.0]
+        elif arg is str:
+            out += ["op", "2", "Et|tt|tL", "E|t*4|L"]
+        elif typing.get_origin(arg) is list:
+            out += [["core_attn"], ["moe", "mlp"], ["shared_experts", "mla_up_proj"]]
+    return [value for value in out if _valid(name, value)]
+
+
+def _valid(name: str, value) -> bool:
+    try:
+        Plan(**{name: value})
+    except ValueError:
+        return False
+    return True
+
+
+CHOICES = {name: _choices(name) for name in FIELDS}
+assert all(CHOICES.values())
+
+
+def _plan(rng: random.Random, base: Plan, fields: typing.Iterable[str]) -> Plan | None:
+    values = dict(base.__dict__)
+    for name in fields:
+        values[name] = rng.choice(CHOICES[name])
+    try:
+        return Plan(**values)
+    except ValueError:  # a value the schema refuses: not a plan
+        return None
+
+
+def fuzzed_plans(rng: random.Random, base: Plan, count: int) -> list[Plan]:
+    """Plans near `base`: a few fields changed, the degrees more often (most plans the search asks differ there)."""
+    out = []
+    while len(out) < count:
+        fields = rng.sample(FIELDS, rng.randint(0, 5)) + [d for d in DEGREES if rng.random() < 0.3]
+        plan = _plan(rng, base, fields)
+        if plan is not None:
+            out.append(plan)
+    return out
+
+
+def sampled_jobs():
+    reqs = [sampled_request(seed)[0] for seed in range(40)] + [Request(**fields) for fields in EXTRA_JOBS]
+    out = []
+    for req in reqs:
+        try:
+            out.append(resolve(req))
+        except MeshplanError:
+            continue
+    return out
+
+
+JOBS = sampled_jobs()
+
+
+def _outcome(fn, *args):
+    """What a call gives: its value dumped, or the exception's type and words."""
+    try:
+        value = fn(*args)
+    except Exception as exc:  # the kept verdicts must raise as the plain run does
+        return ("raised", type(exc).__name__, str(exc))
+    if isinstance(value, list):
+        return [f.model_dump() for f in value]
+    return value.model_dump() if hasattr(value, "model_dump") else value
+
+
+def test_kept_verdicts_give_the_plain_runs_findings_and_first_blocking_rule():
+    rng = random.Random(23)
+    compared = fired = 0
+    for job, base in JOBS:
+        kept = Verdicts(job)
+        for plan in fuzzed_plans(rng, base, 60):
+            plain = _outcome(structural_findings, job, plan)
+            assert _outcome(kept.findings, plan) == plain, (job.model.name, job.framework, plan)
+            assert _outcome(kept.first_error, plan) == _outcome(first_blocking, job, plan), (job.model.name, plan)
+            if isinstance(plain, list):  # check_config's structural report holds the same findings
+                report = check_config(job, plan, include_memory=False)
+                assert [f.model_dump() for f in report.findings] == plain
+                fired += bool(plain)
+            compared += 1
+    assert compared > 2000 and fired > 500  # the fuzz stays meaningful: many plans, many of them break rules
+
+
+def test_a_rules_verdict_depends_only_on_the_fields_it_reads():
+    """The memo's premise, rule by rule: a twin plan with every field the rule does not read drawn anew gets the
+    same verdict (the same finding, or None, or the same exception)."""
+    rng = random.Random(7)
+    specs = rule_specs()
+    structural = [(rid, cond) for rid, cond in load_rules().items() if not specs[rid].memory]
+    assert all(cond.reads is not None for _, cond in structural)
+    twins = 0
+    for job, base in JOBS[::2]:
+        for plan in fuzzed_plans(rng, base, 25):
+            for rid, cond in structural:
+                others = [f for f in FIELDS if f not in cond.reads]
+                twin = _plan(rng, plan, others)
+                if twin is None:
+                    continue
+                twins += 1
+                assert _outcome(_values, cond, job, plan) == _outcome(_values, cond, job, twin), (rid, plan, twin)
+    assert twins > 0.8 * len(structural) * 25 * len(JOBS[::2])  # most twins are plans the schema takes
+
+
+def _values(cond, job, plan):
+    values = cond(Context(job, plan))
+    return None if values is None else {k: str(v) for k, v in values.items()}
+
+
+class _Recording(Plan):
+    """A plan that notes each field read (through Context, and whatever a condition calls)."""
+
+    def __getattribute__(self, name):
+        if name in FIELDS:
+            READ.add(name)
+        return super().__getattribute__(name)
+
+
+READ: set[str] = set()
+# AD001 asks knowledge/adapter_knobs.missing_layout_knob, which keeps its own answer per the fields AD001 declares and
+# reads the plan's other knobs only to build it: the twin test above holds it to its declaration.
+OWN_MEMO = {"AD001"}
+
+
+def test_each_rule_reads_no_field_beyond_its_declared_ones():
+    rng = random.Random(11)
+    specs = rule_specs()
+    for job, base in JOBS[1::3]:
+        for plan in fuzzed_plans(rng, base, 25):
+            recording = _Recording.model_construct(**plan.__dict__)
+            for rid, cond in load_rules().items():
+                if specs[rid].memory or rid in OWN_MEMO:
+                    continue
+                READ.clear()
+                try:
+                    cond(Context(job, recording))
+                except Exception:  # what it read before raising still counts
+                    pass
+                assert READ <= set(cond.reads), (rid, sorted(READ - set(cond.reads)))
+
+
+def test_a_condition_that_raises_runs_the_plain_loop(monkeypatch):
+    job, plan = JOBS[0]
+    kept = Verdicts(job)
+
+    def broken(rules, ctx):
+        raise RuntimeError("a condition raised")
+
+    monkeypatch.setattr(engine, "_fire", broken)
+    assert kept.findings(plan) == structural_findings(job, plan)
+    assert kept.first_error(plan) == first_blocking(job, plan)
+
+
+def test_a_copy_of_the_job_finds_its_verdicts_and_another_batch_does_not():
+    job, _ = JOBS[0]
+    assert verdicts(job.model_copy()) is verdicts(job)
+    other = job.model_copy(update={"global_batch_size": job.global_batch_size * 2})
+    assert verdicts(other) is not verdicts(job)
+
+
+@pytest.mark.parametrize("fields", [(), ("tp",), ("recompute_modules",), ("tp", "recompute_modules")])
+def test_a_groups_key_holds_a_list_field_as_a_tuple(fields):
+    group = engine.RuleGroup(fields, (), {})
+    plan = Plan(recompute="selective", recompute_modules=["core_attn"], tp=2)
+    key = group.key(plan.__dict__)
+    hash(key)  # hashable, so the memo can keep it
+    if fields == ("recompute_modules",):
+        assert key == (("core_attn",),)
