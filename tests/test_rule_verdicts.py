@@ -12,6 +12,7 @@ from test_search_oracle import sampled_request
 
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import CardError
 from meshplan.request.resolve import resolve
 from meshplan.rules import engine
 from meshplan.rules.engine import (
@@ -23,7 +24,7 @@ from meshplan.rules.engine import (
     structural_findings,
     verdicts,
 )
-from meshplan.schema.plan import Plan
+from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
 FIELDS = tuple(Plan.model_fields)
@@ -122,14 +123,17 @@ def _outcome(fn, *args):
 
 
 def test_kept_verdicts_give_the_plain_runs_findings_and_first_blocking_rule():
+    """Over many plans of each job, and of copies of it at other global batch sizes (which share its Verdicts)."""
     rng = random.Random(23)
     compared = fired = 0
-    for job, base in JOBS:
-        kept = Verdicts(job)
+    for first, base in JOBS:
+        kept = Verdicts(first)
         for plan in fuzzed_plans(rng, base, 60):
+            job = first if rng.random() < 0.7 else first.model_copy(
+                update={"global_batch_size": rng.choice((1, 7, 64, 1024, first.global_batch_size * 2))})
             plain = _outcome(structural_findings, job, plan)
-            assert _outcome(kept.findings, plan) == plain, (job.model.name, job.framework, plan)
-            assert _outcome(kept.first_error, plan) == _outcome(first_blocking, job, plan), (job.model.name, plan)
+            assert _outcome(kept.findings, job, plan) == plain, (job.model.name, job.framework, plan)
+            assert _outcome(kept.first_error, job, plan) == _outcome(first_blocking, job, plan), (job.model.name, plan)
             if isinstance(plain, list):  # check_config's structural report holds the same findings
                 report = check_config(job, plan, include_memory=False)
                 assert [f.model_dump() for f in report.findings] == plain
@@ -154,7 +158,9 @@ def test_a_rules_verdict_depends_only_on_the_fields_it_reads():
                 if twin is None:
                     continue
                 twins += 1
-                assert _outcome(_values, cond, job, plan) == _outcome(_values, cond, job, twin), (rid, plan, twin)
+                twin_job = job if "global_batch_size" in cond.reads else job.model_copy(
+                    update={"global_batch_size": rng.choice((1, 3, 64, 4096))})
+                assert _outcome(_values, cond, job, plan) == _outcome(_values, cond, twin_job, twin), (rid, plan, twin)
     assert twins > 0.8 * len(structural) * 25 * len(JOBS[::2])  # most twins are plans the schema takes
 
 
@@ -172,6 +178,15 @@ class _Recording(Plan):
         return super().__getattribute__(name)
 
 
+class _RecordingJob(Job):
+    """A job that notes each read of a field a rule may declare (engine.JOB_READS)."""
+
+    def __getattribute__(self, name):
+        if name in engine.JOB_READS:
+            READ.add(name)
+        return super().__getattribute__(name)
+
+
 READ: set[str] = set()
 # AD001 asks knowledge/adapter_knobs.missing_layout_knob, which keeps its own answer per the fields AD001 declares and
 # reads the plan's other knobs only to build it: the twin test above holds it to its declaration.
@@ -184,12 +199,13 @@ def test_each_rule_reads_no_field_beyond_its_declared_ones():
     for job, base in JOBS[1::3]:
         for plan in fuzzed_plans(rng, base, 25):
             recording = _Recording.model_construct(**plan.__dict__)
+            recording_job = _RecordingJob.model_construct(**job.__dict__)
             for rid, cond in load_rules().items():
                 if specs[rid].memory or rid in OWN_MEMO:
                     continue
                 READ.clear()
                 try:
-                    cond(Context(job, recording))
+                    cond(Context(recording_job, recording))
                 except Exception:  # what it read before raising still counts
                     pass
                 assert READ <= set(cond.reads), (rid, sorted(READ - set(cond.reads)))
@@ -203,15 +219,28 @@ def test_a_condition_that_raises_runs_the_plain_loop(monkeypatch):
         raise RuntimeError("a condition raised")
 
     monkeypatch.setattr(engine, "_fire", broken)
-    assert kept.findings(plan) == structural_findings(job, plan)
-    assert kept.first_error(plan) == first_blocking(job, plan)
+    assert kept.findings(job, plan) == structural_findings(job, plan)
+    assert kept.first_error(job, plan) == first_blocking(job, plan)
 
 
-def test_a_copy_of_the_job_finds_its_verdicts_and_another_batch_does_not():
+def test_a_copy_of_the_job_or_another_batch_finds_its_verdicts_and_another_gpu_count_does_not():
     job, _ = JOBS[0]
     assert verdicts(job.model_copy()) is verdicts(job)
-    other = job.model_copy(update={"global_batch_size": job.global_batch_size * 2})
-    assert verdicts(other) is not verdicts(job)
+    assert verdicts(job.model_copy(update={"global_batch_size": job.global_batch_size * 2})) is verdicts(job)
+    assert verdicts(job.model_copy(update={"num_gpus": job.num_gpus * 2})) is not verdicts(job)
+
+
+def test_a_rule_reading_an_unknown_field_is_a_card_error(monkeypatch):
+    cond = load_rules()["TP001"]
+    monkeypatch.setattr(cond, "reads", ("tp", "tensor_parallel"))
+    engine.load_rules.cache_clear()
+    try:
+        with pytest.raises(CardError, match="TP001: tensor_parallel"):
+            engine.load_rules()
+    finally:
+        monkeypatch.undo()
+        engine.load_rules.cache_clear()
+        engine.load_rules()
 
 
 @pytest.mark.parametrize("fields", [(), ("tp",), ("recompute_modules",), ("tp", "recompute_modules")])

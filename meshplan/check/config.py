@@ -22,7 +22,7 @@ from meshplan.schema.reports import CheckReport, Finding, MemorySummary
 
 def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckReport:
     """Every applicable rule over the plan; `ok` is False when any finding is an error."""
-    findings = verdicts(job).findings(plan)  # the structural rules in card order (rules/engine.py Verdicts)
+    findings = verdicts(job).findings(job, plan)  # the structural rules in card order (rules/engine.py Verdicts)
     next_steps: list[str] = []
     structural_error = any(f.severity == "error" for f in findings)
     memory: MemorySummary | None = None

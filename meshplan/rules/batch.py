@@ -18,7 +18,7 @@ def _mbs_options(per_rank: int) -> str:
 
 
 
-@rule("BS001", reads=("dp", "micro_batch_size"))
+@rule("BS001", reads=("dp", "micro_batch_size", "global_batch_size"))
 def batch_divisible(ctx: Context) -> Values:
     p, gbs = ctx.plan, ctx.job.global_batch_size
     unit = p.micro_batch_size * p.dp
@@ -31,7 +31,7 @@ def batch_divisible(ctx: Context) -> Values:
 
 
 
-@rule("VL001", reads=("dp", "zero_stage", "micro_batch_size"))
+@rule("VL001", reads=("dp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def verl_batch(ctx: Context) -> Values:
     p, gbs = ctx.plan, ctx.job.global_batch_size
     if ctx.backend == "megatron":
@@ -44,7 +44,7 @@ def verl_batch(ctx: Context) -> Values:
 
 
 
-@rule("SK001", reads=("tp", "pp", "cp", "zero_stage", "micro_batch_size"))
+@rule("SK001", reads=("tp", "pp", "cp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def skyrl_batch(ctx: Context) -> Values:
     p, gbs = ctx.plan, ctx.job.global_batch_size
     dp = ctx.world // (ctx.model_parallel if ctx.backend == "megatron" else p.cp)

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -123,8 +123,9 @@ RULE_MODULES: tuple[str, ...] = (
 def rule(rule_id: str, reads: tuple[str, ...] | None = None) -> Callable[[Condition], Condition]:
     """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it. `reads`: every Plan
     field its verdict depends on, directly or through Context (backend: zero_stage; model_parallel: tp, pp, cp;
-    expert_grid: pp, ep, etp; microbatches: micro_batch_size, dp, pipeline_microbatches) and what it calls; the job's
-    verdicts are kept per their values (rules/verdicts.py). None: the condition runs on every plan."""
+    expert_grid: pp, ep, etp; microbatches: micro_batch_size, dp, pipeline_microbatches, and the job's
+    global_batch_size) and what it calls, and those of JOB_READS it reads; a job's verdicts are kept per their values
+    (Verdicts). None: the condition runs on every plan."""
 
     def tag(fn: Condition) -> Condition:
         fn.rule_id = rule_id  # type: ignore[attr-defined]
@@ -159,6 +160,11 @@ def load_rules() -> dict[str, Condition]:
             + ("; " if only_card and only_code else "")
             + (f"no card entry for {', '.join(only_code)}" if only_code else "")
         )
+    unknown = sorted(f"{rule_id}: {name}" for rule_id, fn in found.items() for name in (fn.reads or ())
+                     if name not in Plan.model_fields and name not in JOB_READS)
+    if unknown:
+        raise CardError(f"a rule reads a field that is neither a Plan field nor one of {JOB_READS}: "
+                        + ", ".join(unknown))
     return {rule_id: found[rule_id] for rule_id in specs}
 
 
@@ -199,7 +205,7 @@ def require_estimable(job: Job, plan: Plan) -> None:
     The estimators call this instead of validating on their own, so a layout is refused in one wording
     with one threshold, the rule's; `meshplan check` reports every other rule. The job's verdicts answer it
     (Verdicts.first_error: the same rule, its same finding)."""
-    found = verdicts(job).first_error(plan)
+    found = verdicts(job).first_error(job, plan)
     if found is not None:
         raise EstimateBlocked(found)
 
@@ -300,7 +306,10 @@ class Context:
 
 # --------------------------------------------------------------------------- one job's verdicts
 
-KEPT_JOBS = 8  # jobs whose verdicts are kept: a search asks one job (a few, with a gbs or GPU count changed)
+KEPT_JOBS = 8  # jobs whose verdicts are kept: a search asks one job (and a few with another GPU count)
+# The job fields a rule may name in its reads: jobs that differ only in them share one Verdicts (the search asks its
+# job's plans again at other global batch sizes), each group that reads one keyed by its value too.
+JOB_READS: tuple[str, ...] = ("global_batch_size",)
 MEMO_CAP = 1 << 16  # verdicts one group keeps before it starts over (bounds a long-running server's memory)
 LIST_FIELDS = frozenset(name for name, field in Plan.model_fields.items()
                         if list in (get_origin(a) for a in (field.annotation, *get_args(field.annotation))))
@@ -309,22 +318,36 @@ Fired = tuple[tuple[int, Finding], ...]  # (card position, finding) of the rules
 
 @dataclass(frozen=True)
 class RuleGroup:
-    """Rules whose verdicts depend on `fields` of the plan (or fewer), and those verdicts per the fields' values."""
+    """Rules whose verdicts depend on `fields` of the plan and of JOB_READS (or fewer), and those verdicts per the
+    fields' values."""
 
     fields: tuple[str, ...]
     rules: tuple[tuple[int, RuleSpec, Condition], ...]  # (card position, spec, condition)
     memo: dict[Any, Fired]
 
     @cached_property
-    def key(self) -> Callable[[dict[str, Any]], Any]:
-        """The memo key from a plan's field values: itemgetter over `fields`, a list field as a tuple."""
-        if not self.fields:
+    def job_fields(self) -> tuple[str, ...]:
+        return tuple(name for name in self.fields if name in JOB_READS)
+
+    @cached_property
+    def key(self) -> Callable[..., Any]:
+        """The memo key from a plan's field values (and the job, where job_fields): itemgetter over the plan's
+        fields, a list field as a tuple."""
+        plan_key = self.plan_key(tuple(name for name in self.fields if name not in JOB_READS))
+        if not self.job_fields:
+            return plan_key
+        job_values = attrgetter(*self.job_fields)
+        return lambda values, job: (job_values(job), plan_key(values))
+
+    @staticmethod
+    def plan_key(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
+        if not fields:
             return lambda values: ()
-        get = itemgetter(*self.fields)
-        listed = [i for i, name in enumerate(self.fields) if name in LIST_FIELDS]
+        get = itemgetter(*fields)
+        listed = [i for i, name in enumerate(fields) if name in LIST_FIELDS]
         if not listed:
             return get
-        one = len(self.fields) == 1
+        one = len(fields) == 1
 
         def key(values: dict[str, Any]) -> tuple:
             out = [get(values)] if one else list(get(values))
@@ -356,17 +379,18 @@ def _fire(rules: Iterable[tuple[int, RuleSpec, Condition]], ctx: Context) -> Fir
     return tuple((i, finding(spec, values)) for i, spec, cond in rules if (values := cond(ctx)) is not None)
 
 
-Program = tuple[tuple[tuple[Callable[[dict[str, Any]], Any], dict[Any, Fired], Fired], ...], Fired]
+Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Fired, bool], ...], Fired]
 
 
 class Verdicts:
     """The structural rules' verdicts on one job's plans, each group's kept per the values of the plan fields its
     rules read (`@rule(reads=...)`): a search asks thousands of plans that differ in a few fields (degrees, micro-batch,
     recompute, ZeRO stage) and most rules read few of them. The answers are structural_findings' and first_blocking's
-    (the same findings, in card order): where a condition raises, those run the plan instead (and raise as before)."""
+    (the same findings, in card order): where a condition raises, those run the plan instead (and raise as before).
+    The findings are shared by the reports that hold them: read them, never change them in place."""
 
     def __init__(self, job: Job):
-        self.job = job
+        self.job = job  # the first job asked; others differ from it in JOB_READS only
         self._programs: dict[str, Program] = {}  # per engine (Context.backend)
         self._by_zero: dict[int, Program] = {}
 
@@ -378,45 +402,46 @@ class Verdicts:
             hit = self._programs.get(backend)
             if hit is None:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
-                hit = self._programs[backend] = tuple((g.key, g.memo, g.rules) for g in groups), always
+                hit = self._programs[backend] = tuple((g.key, g.memo, g.rules, bool(g.job_fields))
+                                                      for g in groups), always
             self._by_zero[zero_stage] = hit
         return hit
 
-    def _fired(self, plan: Plan) -> list[tuple[int, Finding]]:
+    def _fired(self, job: Job, plan: Plan) -> list[tuple[int, Finding]]:
         groups, always = self._program(plan.zero_stage)
         values = plan.__dict__
         ctx = None
         fired: list[tuple[int, Finding]] = []
-        for key, memo, rules in groups:
-            key = key(values)
+        for key, memo, rules, reads_job in groups:
+            key = key(values, job) if reads_job else key(values)
             hit = memo.get(key)
             if hit is None:
-                ctx = ctx or Context(self.job, plan)
+                ctx = ctx or Context(job, plan)
                 if len(memo) >= MEMO_CAP:
                     memo.clear()
                 hit = memo[key] = _fire(rules, ctx)
             if hit:
                 fired.extend(hit)
         if always:
-            fired.extend(_fire(always, ctx or Context(self.job, plan)))
+            fired.extend(_fire(always, ctx or Context(job, plan)))
         if len(fired) > 1:
             fired.sort(key=itemgetter(0))
         return fired
 
-    def findings(self, plan: Plan) -> list[Finding]:
-        """structural_findings(job, plan), from the kept verdicts."""
+    def findings(self, job: Job, plan: Plan) -> list[Finding]:
+        """structural_findings(job, plan), from the kept verdicts (job: this one's, or one differing in JOB_READS)."""
         try:
-            fired = self._fired(plan)
+            fired = self._fired(job, plan)
         except Exception:  # the plain run raises it again, or finds a blocking rule before it
-            return structural_findings(self.job, plan)
+            return structural_findings(job, plan)
         return [found for _, found in fired]
 
-    def first_error(self, plan: Plan) -> Finding | None:
-        """first_blocking(job, plan), from the kept verdicts."""
+    def first_error(self, job: Job, plan: Plan) -> Finding | None:
+        """first_blocking(job, plan), from the kept verdicts (job: as findings)."""
         try:
-            fired = self._fired(plan)
+            fired = self._fired(job, plan)
         except Exception:  # as findings
-            return first_blocking(self.job, plan)
+            return first_blocking(job, plan)
         return next((found for _, found in fired if found.severity == "error"), None)
 
 
@@ -425,13 +450,15 @@ _last: list[tuple[Job, Verdicts]] = []
 
 
 def job_key(job: Job) -> tuple:
-    """The job's field values (a nested record by identity: the kept Verdicts' job holds it, so the id stays its)."""
+    """The job's field values but JOB_READS (a nested record by identity: the kept Verdicts' job holds it, so the id
+    stays its)."""
     return tuple(id(v) if isinstance(v, BaseModel) else tuple(v) if isinstance(v, list) else v
-                 for v in job.__dict__.values())
+                 for name, v in job.__dict__.items() if name not in JOB_READS)
 
 
 def verdicts(job: Job) -> Verdicts:
-    """The job's Verdicts, kept for the last KEPT_JOBS jobs asked (by value: a copy of the job finds them)."""
+    """The job's Verdicts, kept for the last KEPT_JOBS jobs asked (by value: a copy of the job, or one with another
+    global batch size, finds them); ask them with the job itself (findings, first_error)."""
     if _last and _last[0][0] is job:
         return _last[0][1]
     key = job_key(job)

@@ -112,7 +112,7 @@ def automodel_ep_divides(ctx: Context) -> Values:
 
 
 
-@rule("AM003", reads=("pp", "dp", "micro_batch_size", "pipeline_microbatches"))
+@rule("AM003", reads=("pp", "dp", "micro_batch_size", "pipeline_microbatches", "global_batch_size"))
 def automodel_pipeline_microbatches(ctx: Context) -> Values:
     """train_ft.py: local_batch_size // pp_microbatch_size >= pp_size, for every schedule: the micro-batches of one
     run of the schedule (Context.microbatches, over Plan.pipeline_microbatches' runs per step)."""

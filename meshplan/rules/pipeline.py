@@ -115,7 +115,7 @@ def _explicit_split(p: Plan) -> bool:
 
 
 
-@rule("PP005", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches"))
+@rule("PP005", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "global_batch_size"))
 def interleave_microbatches(ctx: Context) -> Values:
     p = ctx.plan
     if p.vpp == 1 or p.pp == 1:
@@ -129,7 +129,7 @@ def interleave_microbatches(ctx: Context) -> Values:
 
 
 
-@rule("PP006", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches"))
+@rule("PP006", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "global_batch_size"))
 def bubble(ctx: Context) -> Values:
     p = ctx.plan
     m = ctx.microbatches
@@ -166,7 +166,8 @@ def shallow_pipeline(ctx: Context) -> Values:
 
 
 
-@rule("PP010", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule"))
+@rule("PP010", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule",
+      "global_batch_size"))
 def torch_1f1b_microbatches(ctx: Context) -> Values:
     """torch Schedule1F1B.__init__: n_microbatches >= the number of stages (torchtitan's 1F1B at vpp = 1)."""
     p = ctx.plan
@@ -197,7 +198,8 @@ def _torch_interleavable(microbatches: int, pp: int) -> bool:
     return microbatches % torch_interleave_rounds(microbatches, pp) == 0
 
 
-@rule("PP011", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule"))
+@rule("PP011", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule",
+      "global_batch_size"))
 def torch_interleaved_microbatches(ctx: Context) -> Values:
     """torch ScheduleInterleaved1F1B.__init__: n_microbatches a multiple of max(1, n_microbatches // pp)."""
     p = ctx.plan
@@ -290,7 +292,8 @@ def schedule_chunks(ctx: Context) -> Values:
     return None
 
 
-@rule("PP014", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule"))
+@rule("PP014", reads=("pp", "vpp", "dp", "micro_batch_size", "pipeline_microbatches", "pipeline_schedule",
+      "global_batch_size"))
 def dualpipev_microbatches(ctx: Context) -> Values:
     """torch ScheduleDualPipeV.__init__: n_microbatches >= the stages (2 x pp)."""
     p = ctx.plan
