@@ -466,7 +466,7 @@ def verdicts(job: Job) -> Verdicts:
     if hit is None:
         hit = Verdicts(job)
         if len(_kept) >= KEPT_JOBS:
-            del _kept[next(iter(_kept))]
+            _kept.pop(next(iter(_kept)), None)
     _kept[key] = hit
     _last[:] = [(job, hit)]
     return hit
