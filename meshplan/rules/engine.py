@@ -359,9 +359,10 @@ class RuleGroup:
 
 
 def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[RuleGroup, ...], Fired]:
-    """The rules (in card order) in groups: each rule with declared reads joins the group of the largest field set
-    that holds its own (those fields decide its verdict too, so one key serves both); the rules without reads are
-    returned apart (card position, spec, condition), to run on every plan."""
+    """The rules (in card order) in groups, one per maximal field set among their reads: each rule with declared reads
+    joins the smallest of those that holds its own (those fields decide its verdict too, so one key serves both, and
+    the smallest key changes least often: Kimi-K2's layout rules no longer miss with each ZeRO stage AD001 keys);
+    the rules without reads are returned apart (card position, spec, condition), to run on every plan."""
     declared = [(i, spec, cond, frozenset(cond.reads)) for i, (spec, cond) in enumerate(rules)
                 if getattr(cond, "reads", None) is not None]
     tops: list[frozenset[str]] = []
@@ -370,7 +371,7 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
             tops.append(fields)
     members: dict[frozenset[str], list] = {top: [] for top in tops}
     for i, spec, cond, fields in declared:
-        members[next(top for top in tops if fields <= top)].append((i, spec, cond))
+        members[min((top for top in tops if fields <= top), key=len)].append((i, spec, cond))
     always = tuple((i, spec, cond) for i, (spec, cond) in enumerate(rules) if getattr(cond, "reads", None) is None)
     return tuple(RuleGroup(tuple(sorted(top)), tuple(m), {}) for top, m in members.items()), always
 
