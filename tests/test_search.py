@@ -32,22 +32,23 @@ def test_search_finds_the_exhaustive_top_k(fields):
 
 def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(monkeypatch):
     """Every refinement pushes its node to a later level (at equal keys the lower level pops first), seeds enter at
-    FLOOR (or RULES when no micro-batch divides the batch), and a small job passes through all seven."""
+    GROUP (or RULES when no micro-batch divides the batch), an opened group pushes its nodes at FLOOR, and a small
+    job passes through all eight."""
     import heapq
 
     from meshplan.search import BestFirstSearch, Level
 
     at: list[int | None] = [None]
     moves: list[tuple[int | None, int]] = []
-    real_seed, real_push, real_pop = BestFirstSearch.seed, BestFirstSearch.push, heapq.heappop
+    real_seed, real_push, real_pop = BestFirstSearch.seed, heapq.heappush, heapq.heappop
 
     def seed(self, layouts, ideal, tier=None):
         at[0] = None
         real_seed(self, layouts, ideal, tier)
 
-    def push(self, key, level, payload):
-        moves.append((at[0], level))
-        real_push(self, key, level, payload)
+    def push(heap, entry):
+        moves.append((at[0], entry[1]))
+        real_push(heap, entry)
 
     def pop(heap):
         entry = real_pop(heap)
@@ -55,10 +56,11 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
         return entry
 
     monkeypatch.setattr(BestFirstSearch, "seed", seed)
-    monkeypatch.setattr(BestFirstSearch, "push", push)
+    monkeypatch.setattr(heapq, "heappush", push)
     monkeypatch.setattr(heapq, "heappop", pop)
     recommend(Request(model="llama-3.1-8b", num_gpus=8, seq_length=2048), top_k=2)
-    assert {to for came, to in moves if came is None} <= {Level.FLOOR, Level.RULES}
+    assert {to for came, to in moves if came is None} <= {Level.GROUP, Level.RULES}
+    assert {to for came, to in moves if came == Level.GROUP} == {Level.FLOOR}
     backwards = [(came, to) for came, to in moves if came is not None and to <= came]
     assert not backwards
     assert {to for _, to in moves} == set(Level)

@@ -1,7 +1,9 @@
 """The passes a recommend or min-gpus runs give the answers of the separate, full passes (issue 23's speed work): the
-thinner-headroom probe skips the shapes whose seed keys are all over its cutoff by a lower bound of them
-(BestFirstSearch.seed_floor) instead of computing every key, and min-gpus settles a count with recommend's ranked rows
-only (no probe, decision table or nothing-fits scan: it reads none of them)."""
+queue is seeded with a node per group of layouts (one degrees tuple) keyed by a lower bound of their seed keys
+(seed_groups.group_floor), and only a group reaching the top has its keys computed and its nodes pushed, instead of
+every node pushed at seeding; the thinner-headroom probe leaves out the groups whose floor is over its cutoff; and
+min-gpus settles a count with recommend's ranked rows only (no probe, decision table or nothing-fits scan: it reads
+none of them)."""
 
 from __future__ import annotations
 
@@ -11,39 +13,53 @@ import math
 import pytest
 from test_search_oracle import sampled_request
 
+import meshplan.search.engine as search_engine
 import meshplan.search.gpu_count as gpu_count
 import meshplan.search.ranking as ranking
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.request import Request
-from meshplan.search import BestFirstSearch, default_engine, minimum_gpus, recommend, search_job
+from meshplan.search import BestFirstSearch, Level, default_engine, minimum_gpus, recommend, search_job
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
+from meshplan.search.seed_groups import group_floor
 from meshplan.search.space import Fixed
 
 JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
         Request(model="qwen3-30b-a3b", num_gpus=12, framework="megatron-bridge", gpu="a100-80gb", seq_length=32768),
-        Request(model="llama-3.1-8b", num_gpus=16, framework="torchtitan", gpu="h100", global_batch_size=64)]
+        Request(model="llama-3.1-8b", num_gpus=16, framework="torchtitan", gpu="h100", global_batch_size=64),
+        Request(model="deepseek-v3", num_gpus=256, gpu="h100")]
 
 
 @pytest.mark.parametrize("req", JOBS, ids=lambda r: r.model)
-def test_the_seed_floor_bounds_every_seed_key_of_the_layout(req):
+def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
+    """group_floor, from the group's least seed rate and least bubble, is at most every seed key (bounds.seed_keys)
+    of every layout of its group, and above the ideal time for most groups (it is a real bound, not zero)."""
     job, _ = search_job(req)
     fixed = Fixed.from_request(req)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, fixed, engine, 1)
     tiers = split_space(search)
     ideal = ideal_time(job, engine)
-    checked = 0
+    checked = above = 0
     for layouts in (tiers.inside, tiers.across):
         seeds = search.sized(layouts)
-        for lay, sizes, _ in seeds.layouts:
-            if not sizes:
+        assert sum(group.nodes for group in seeds.groups) == seeds.nodes
+        assert sum(len(group.members) for group in seeds.groups) == len(layouts)
+        for group in seeds.groups:
+            if not group.sizes:
                 continue
-            rate = search.seed_rate(lay, sizes[0], {})
-            floor = search.seed_floor(lay, sizes, rate[1])
-            assert 0.0 <= floor <= min(search.seed_keys(lay, sizes, ideal, rate)), (lay, sizes)
-            checked += floor > 0.0  # 0 where the reference cannot be timed (bounds._per_token)
-    assert checked > 50
+            rates = {}
+            per_token = min(search.seed_rate(lay, group.sizes[0], rates)[1] for lay in group.by_vpp.values())
+            first = group.members[0][0]
+            floor = group_floor(job.seq_length, job.global_batch_size, first, group.sizes, per_token, group.bubble,
+                                ideal)
+            for lay, _, _ in group.members:
+                assert lay.shape()[:6] == first.shape()[:6] and search.sizes(lay) == group.sizes
+                keys = search.seed_keys(lay, group.sizes, ideal, search.seed_rate(lay, group.sizes[0], rates))
+                assert ideal * (1.0 - 1e-9) <= floor <= min(keys), (lay, group.sizes)
+            checked += 1
+            above += floor > ideal * 1.01
+    assert checked > 20 and above > checked // 2
 
 
 @pytest.mark.parametrize("req", [*JOBS, Request(model="qwen3-8b", num_gpus=16, framework="skyrl", gpu="h100")],
@@ -64,30 +80,61 @@ def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
     assert refused > 0 or job.framework not in ("torchtitan", "skyrl")
 
 
-def test_the_probe_with_the_seed_floor_answers_as_the_probe_computing_every_key(monkeypatch):
-    """On sampled requests (the oracle test's sampler) with headrooms that leave layouts below them, the whole answer
-    is the same with the seed floor and with it disabled (every key computed), and the floor skipped shapes."""
-    skipped = [0]
-    real = BestFirstSearch.seed_floor
+def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
+    """On sampled requests (the oracle test's sampler), with headrooms that leave layouts below them (the probe and its
+    cutoff), the whole answer (ranked rows, every rejected count, the estimates counted) is the same with the group
+    floors as with every group opened before any node pops (a floor of -inf: every node pushed with its seed key, in
+    seeding order, as before groups); and groups were left unopened or out."""
+    opened, seeded = [0], [0]
+    real_open, real_floor = BestFirstSearch.open_group, search_engine.group_floor
 
-    def counting(self, lay, sizes, per_token):
-        value = real(self, lay, sizes, per_token)
-        skipped[0] += value > self.cutoff
-        return value
+    def counting_open(self, *args):
+        opened[0] += 1
+        real_open(self, *args)
+
+    def counting_floor(*args):
+        seeded[0] += 1
+        return real_floor(*args)
 
     compared = 0
     for seed in range(40):
         req, top_k = sampled_request(seed)
         req = req.model_copy(update={"headroom": (0.1, 0.25, 0.4)[seed % 3]})
-        monkeypatch.setattr(BestFirstSearch, "seed_floor", counting)
+        monkeypatch.setattr(BestFirstSearch, "open_group", counting_open)
+        monkeypatch.setattr(search_engine, "group_floor", counting_floor)
         try:
             fast = recommend(req, top_k=top_k).model_dump(mode="json")
         except MeshplanError:
             continue
-        monkeypatch.setattr(BestFirstSearch, "seed_floor", lambda *_: -math.inf)
+        monkeypatch.setattr(BestFirstSearch, "open_group", real_open)
+        monkeypatch.setattr(search_engine, "group_floor", lambda *_: -math.inf)
         assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (seed, req)
         compared += 1
-    assert compared >= 20 and skipped[0] > 0
+    assert compared >= 20 and opened[0] < seeded[0]
+
+
+@pytest.mark.parametrize("spent", [False, True], ids=["run", "budget spent"])
+def test_groups_pop_before_their_nodes_and_estimate_nothing(spent):
+    """Every node an opened group pushes has a key at least its group's floor (so the group pops first); opening a
+    group estimates nothing, so a search whose estimate budget is spent at seeding opens the groups on top and stops
+    at its first node, as it did when every node was pushed at seeding."""
+    req = Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    engine = default_engine(job.framework)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 2)
+    search.seed(split_space(search).inside, ideal_time(job, engine), tier=0)
+    assert {entry[1] for entry in search.heap} <= {Level.GROUP, Level.RULES}
+    floors = {id(entry[3][0]): entry[0] for entry in search.heap if entry[1] == Level.GROUP}
+    group_of = {id(lay): id(group) for group in search.caches.seeds[0].groups for lay, _, _ in group.members}
+    spent_at = search.evaluations
+    if spent:
+        search.max_evaluations = spent_at
+    search.run()
+    assert bool(search.found) is not spent and search.stopped_by_budget is spent
+    assert search.evaluations == spent_at or not spent
+    nodes = [(key, payload) for key, level, _, payload in search.heap if level == Level.FLOOR]
+    assert nodes
+    assert all(key >= floors[group_of[id(payload[0])]] for key, payload in nodes)
 
 
 def test_recommends_rows_only_are_its_full_answers_rows():

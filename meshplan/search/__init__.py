@@ -6,6 +6,8 @@ times the ZeRO/FSDP stage, the recompute mode and the micro-batch size. It is se
 layouts. Each (layout, micro-batch) enters the queue with an optimistic step time and is refined a step
 at a time, each step pushing it back with a tighter key at a later level (engine.Level, in this order):
 
+0. GROUP: seeded: the layouts of one degrees tuple as one node, keyed by a lower bound of all their seed keys;
+   popped, it pushes its (layout, micro-batch) nodes at FLOOR (most groups of a large job never pop);
 1. FLOOR: seeded with the time per token of single-stage reference plans (it only falls as a rank sees more
    tokens), times the tokens each stage handles, stretched by the pipeline bubble (p-1)/(m*v); the memory floor
    of the first stage (model states plus in-flight activations) says which recompute is needed at least: if
@@ -27,6 +29,7 @@ The parts, each one job (each imports only the parts above it):
     space.py       the layouts each framework law allows, and their cheap memory bounds
     policy.py      the headroom policy, the cards/search.yaml limits, "X% slower", the SEARCH-* buckets
     estimators.py  the estimators the search calls (Engine, injectable) and the cost model's best step time
+    seed_groups.py the seeds per degrees tuple and the lower bound of their keys that seeds the queue
     plans.py       the plans a search compares (SearchPlans): knobs per plan, estimates cached per job, the fit
     bounds.py      the optimistic step times that order the queue (StepTimeBounds)
     engine.py      the best-first search (BestFirstSearch): its queue levels, its loop, run_search

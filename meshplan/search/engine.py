@@ -40,6 +40,7 @@ from meshplan.search.policy import (
     same_numbers,
     search_limits,
 )
+from meshplan.search.seed_groups import SeedGroup, group_floor
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -57,6 +58,9 @@ from meshplan.search.space import (
 class Level(IntEnum):
     """The queue's levels, in the order a node passes through them. At equal keys the lower level pops first."""
 
+    GROUP = 0
+    """Seeded: the layouts of one degrees tuple (seed_groups.SeedGroup) keyed by a lower bound of all their seed
+    keys; popped, its (layout, micro-batch) nodes enter FLOOR with their seed keys, in the order seeding gives them."""
     FLOOR = 1
     """Seeded with the per-token bound: the least recompute the first stage's memory floor allows (none: dropped)."""
     SHARD = 2
@@ -132,6 +136,7 @@ class BestFirstSearch(StepTimeBounds):
     max_evaluations: int = 1 << 62
     heap: list = field(default_factory=list)
     seq: int = 0
+    seed_rates: dict[tuple, tuple[int, float, float]] = field(default_factory=dict)  # seed_rate's, per seeding
 
     @classmethod
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
@@ -284,10 +289,10 @@ class BestFirstSearch(StepTimeBounds):
     # -- the loop ----------------------------------------------------------------------------------
 
     def seed(self, layouts: list[Layout], ideal: float, tier: int | None = None) -> None:
-        """Push each layout's micro-batches with their seed keys. What a key reads of a layout is its degrees and
-        bubble (space.Layout.shape), so the keys and the model-state bound are worked out once per shape; the
-        layouts (splits, schedules) are pushed one by one, in order. A `tier` of run_search is seeded once per job
-        (Caches.seeds): a search at another budget (the thinner-headroom probe) pushes the same keys."""
+        """Seed the queue with the layouts' micro-batches, a group per degrees tuple (push_seeds). What a seed key
+        reads of a layout is its degrees and bubble (space.Layout.shape), so the keys and the model-state bound are
+        worked out once per shape, the keys only when a group of the shape is opened. A `tier` of run_search is sized
+        once per job (Caches.seeds): a search at another budget (the thinner-headroom probe) reads the same keys."""
         seeds = self.caches.seeds.get(tier) if tier is not None else None
         if seeds is None:
             seeds = self.sized(layouts)
@@ -300,9 +305,12 @@ class BestFirstSearch(StepTimeBounds):
 
     def sized(self, layouts: list[Layout]) -> Seeds:
         """What seeding these layouts reads before any budget: their micro-batches, the largest per shard
-        (cp_mbs, work_mbs: the non-exact token bounds' references), and each shape's model-state bound."""
+        (cp_mbs, work_mbs: the non-exact token bounds' references), each shape's model-state bound, the groups per
+        degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes."""
         shapes: dict[tuple, list] = {}  # per shape: [states bound, seed keys, least seed key]
         entries = []
+        groups: dict[tuple, SeedGroup] = {}  # per degrees: the shape's first six
+        nodes = 0
         for lay in layouts:
             sizes = self.sizes(lay)
             if sizes:
@@ -315,53 +323,64 @@ class BestFirstSearch(StepTimeBounds):
             if entry is None:
                 entry = shapes[shape] = [self.states_bound(lay, self.zeros[-1]), None, math.inf]
             entries.append((lay, sizes, entry))
-        return Seeds(entries, dict(self.cp_mbs), dict(self.work_mbs))
+            group = groups.get(shape[:6])
+            if group is None:
+                group = groups[shape[:6]] = SeedGroup(sizes, nodes)
+            group.add(lay, entry, nodes, shape[-1])
+            nodes += max(1, len(sizes))
+        return Seeds(entries, dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
 
     def push_seeds(self, seeds: Seeds, ideal: float) -> None:
-        """Seed the queue: a layout whose model states are over budget is rejected, one whose share of the batch no
-        micro-batch divides goes to the batch rule, the others' micro-batches under the cutoff are pushed."""
-        rates: dict[tuple, tuple[int, float, float]] = {}  # token_rate per its references (seed_rate)
-        level, push, cutoff, variants = Level.FLOOR, self.push, self.cutoff, self.variants()
-        for lay, sizes, entry in seeds.layouts:
+        """Seed the queue, a group of layouts per degrees tuple (seed_groups.py): one whose model states are over
+        budget is rejected, one whose share of the batch no micro-batch divides goes to the batch rule, the others
+        enter as one node keyed by their group floor (over the cutoff: left out). Each (layout, micro-batch) node
+        keeps the place in the queue's ties its index in the tier gives it (seeds' seq, reserved here, before any
+        refinement's), so the queue pops the same nodes in the same order as if every node were pushed here."""
+        base, cutoff, variants = self.seq, self.cutoff, self.variants()
+        self.seq += seeds.nodes
+        rates = self.seed_rates = {}
+        for group in seeds.groups:
             checkpoint()
-            bound = entry[0]
+            lay, entry, first = group.members[0]
+            bound = entry[0]  # the degrees' model-state bound, the same for every layout of the group
             if bound > self.budget:
-                # even the most sharded model states do not fit: no variant of this layout can
-                self.rejected[self.memory_rule_for(bound)] += variants * max(1, len(sizes))
+                # even the most sharded model states do not fit: no variant of these layouts can
+                self.rejected[self.memory_rule_for(bound)] += variants * group.nodes
                 continue
-            if not sizes:
-                # No micro-batch divides this layout's share of the batch: let the batch rule say so.
+            if not group.sizes:
+                # No micro-batch divides these layouts' share of the batch: let the batch rule say so.
                 mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
-                push(0.0, Level.RULES, (lay, mbs, 0))
+                for lay, _, index in group.members:
+                    heapq.heappush(self.heap, (0.0, Level.RULES, base + index + 1, (lay, mbs, 0)))
                 continue
+            # every seed rate a layout of the group reads, computed here as the seeding of each layout did
+            per_token = min(self.seed_rate(one, group.sizes[0], rates)[1] for one in group.by_vpp.values())
+            key = group_floor(self.job.seq_length, self.job.global_batch_size, lay, group.sizes, per_token,
+                              group.bubble, ideal)
+            if key > cutoff:
+                self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
+                continue
+            heapq.heappush(self.heap, (key, Level.GROUP, base + first + 1, (group, base, ideal)))
+
+    def open_group(self, key: float, group: SeedGroup, base: int, ideal: float) -> None:
+        """Level.GROUP: push the group's (layout, micro-batch) nodes with their seed keys (worked out once per shape,
+        Seeds) and their seeding's seq; those over the cutoff are counted as never queued (drain)."""
+        cutoff, variants, sizes, heap = self.cutoff, self.variants(), group.sizes, self.heap
+        for lay, entry, index in group.members:
             keys = entry[1]
             if keys is None:
-                rate = self.seed_rate(lay, sizes[0], rates)
-                if cutoff < math.inf and self.seed_floor(lay, sizes, rate[1]) > cutoff:
-                    self.beyond_cutoff += variants * len(sizes)  # no key of this shape is under the cutoff
-                    continue
-                keys = entry[1] = self.seed_keys(lay, sizes, ideal, rate)
+                keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates))
                 entry[2] = min(keys)
             if entry[2] > cutoff:
                 self.beyond_cutoff += variants * len(sizes)
                 continue
-            for mbs, key in zip(sizes, keys, strict=True):
-                if key > cutoff:
+            seq = base + index
+            for mbs, seed_key in zip(sizes, keys, strict=True):
+                seq += 1
+                if seed_key > cutoff:
                     self.beyond_cutoff += variants
                     continue
-                push(key, level, (lay, mbs))
-
-    def seed_floor(self, lay: Layout, sizes: tuple[int, ...], per_token: float) -> float:
-        """A lower bound of the layout's seed keys (bounds.seed_keys) without computing them, for a search with a
-        cutoff (the thinner-headroom probe's across the NVLink domain, where every key is usually over it). Each key is
-        at least its per-token bound (bounds.stretch): a micro-batch's tokens per rank x seconds per token / pp, times
-        (m + bubble), plus the MoE host sync and the exposed all-to-all; without the bubble and those two, which only
-        add, that is the tokens per rank of the whole step x seconds per token / pp. The least over the micro-batches,
-        less a relative 1e-12 for rounding (tests/test_search_passes.py holds it under every key)."""
-        per_rank = -(-self.job.seq_length // lay.cp)
-        gbs, dp = self.job.global_batch_size, lay.dp
-        step_mbs = min(mbs * max(1, gbs // (mbs * dp)) for mbs in sizes)  # sequences per rank per step
-        return per_rank * step_mbs * per_token / lay.pp * (1.0 - 1e-12)
+                heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
 
     def wanted(self) -> bool:
         """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
@@ -378,6 +397,10 @@ class BestFirstSearch(StepTimeBounds):
                  Level.TIME: self.time_plan, Level.RANK: self.accept}
         while self.heap and self.wanted():
             checkpoint()  # a cancelled MCP call stops here; no clock decides what is returned
+            if self.heap[0][1] == Level.GROUP:  # estimates nothing: the budget is asked before a node's pop only
+                key, _, _, payload = heapq.heappop(self.heap)
+                self.open_group(key, *payload)
+                continue
             if self.evaluations >= self.max_evaluations:
                 self.stopped_by_budget = True
                 self.best_so_far()
@@ -389,8 +412,8 @@ class BestFirstSearch(StepTimeBounds):
         """Out of its estimate budget: rank the plans already timed (they fit), fastest first, then, while fewer than
         top_k rows are ranked, the plans whose step's floor is known, in the order of their floors (their pipelines
         replayed now); without proof that nothing unexplored is faster."""
-        timed = sorted((entry for entry in self.heap if entry[1] == Level.RANK), key=lambda e: e[0])
-        floored = sorted((entry for entry in self.heap if entry[1] == Level.TIME), key=lambda e: e[0])
+        timed = sorted((entry for entry in self.heap if entry[1] == Level.RANK), key=lambda e: (e[0], e[2]))
+        floored = sorted((entry for entry in self.heap if entry[1] == Level.TIME), key=lambda e: (e[0], e[2]))
         self.heap = [entry for entry in self.heap if entry[1] not in (Level.RANK, Level.TIME)]
         heapq.heapify(self.heap)
         for index, (key, _, _, payload) in enumerate(timed):
@@ -411,6 +434,8 @@ class BestFirstSearch(StepTimeBounds):
 
     def covered(self, level: Level, payload: tuple) -> int:
         """How many plans (ZeRO stage x recompute) a queued node stands for."""
+        if level == Level.GROUP:
+            return self.variants() * payload[0].nodes
         if level <= Level.RULES:
             return self.variants()
         if level == Level.NEED:
@@ -427,7 +452,7 @@ class BestFirstSearch(StepTimeBounds):
         if not self.heap:
             return
         variants = self.variants()  # what every node up to Level.RULES stands for
-        self.rejected[bucket] += sum(variants if level <= Level.RULES else self.covered(level, payload)
+        self.rejected[bucket] += sum(variants if Level.FLOOR <= level <= Level.RULES else self.covered(level, payload)
                                      for _, level, _, payload in self.heap)
         self.heap.clear()
 

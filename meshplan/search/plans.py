@@ -21,6 +21,7 @@ from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import HEADROOM_RULE
+from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, first_stage_floor, micro_batches, states_lower_bound
 
 # Relative: how far over the budget a floor must be to settle the larger micro-batches of its range (over_from); a
@@ -35,12 +36,16 @@ Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
 class Seeds:
     """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: each layout in order with its
     micro-batches and its shape's entry, [model-state bound at the lightest ZeRO stage, seed keys, least seed key]
-    (the keys None until a budget the bound keeps asks for them), and the largest micro-batches per (tp, cp) and
-    (tp, ep, etp) once the tier is seeded (the bounds' references read them)."""
+    (the keys None until a group of the shape is opened under a budget the bound keeps), and the largest
+    micro-batches per (tp, cp) and (tp, ep, etp) once the tier is seeded (the bounds' references read them); the
+    same layouts per degrees tuple (`groups`, what the queue is seeded with) and how many (layout, micro-batch) nodes
+    they make (`nodes`)."""
 
     layouts: list[tuple[Layout, tuple[int, ...], list]]
     cp_mbs: dict[tuple[int, int], int]
     work_mbs: dict[tuple[int, int, int], float]
+    groups: list[SeedGroup] = field(default_factory=list)
+    nodes: int = 0
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""The search's seeds grouped by degrees: the layouts of one (tp, pp, cp, ep, etp, dp) enter the queue as one node
+keyed by a lower bound of all their seed keys (`group_floor`), and only a group that reaches the top of the queue has
+its layouts' keys worked out and its (layout, micro-batch) nodes pushed (meshplan/search/engine.py, Level.GROUP).
+On a large job most groups never do: DeepSeek-V3 on 2,048 H100 pops FLOOR nodes from about a fifth of its groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.search.space import Layout
+
+# Relative: what a group floor gives up for rounding. The floor and the keys it bounds are products and sums of a
+# few non-negative terms in another order, so they differ by a few ulps at most; this is many orders more.
+GROUP_MARGIN = 1e-12
+
+
+@dataclass
+class SeedGroup:
+    """The layouts of one degrees tuple in a tier's seeding (engine.BestFirstSearch.sized), in seeding order, each
+    with its shape's entry (plans.Seeds) and the index of its first node among the tier's (layout, micro-batch)
+    nodes (which orders its nodes' ties in the queue as if every node had been pushed at seeding). They share the
+    micro-batches (space.micro_batches reads dp) and the model-state bound (states_bound reads the degrees)."""
+
+    sizes: tuple[int, ...]
+    first: int  # the index of the group's first node
+    members: list[tuple[Layout, list, int]] = field(default_factory=list)  # (layout, shape entry, first node index)
+    nodes: int = 0  # (layout, micro-batch) nodes, one per layout without a micro-batch (the batch rule's)
+    bubble: float = float("inf")  # the least bubble_stages of its layouts
+    by_vpp: dict[int, Layout] = field(default_factory=dict)  # one layout per vpp: the seed rates' keys read (pp, vpp)
+
+    def add(self, lay: Layout, entry: list, index: int, bubble: float) -> None:
+        self.members.append((lay, entry, index))
+        self.nodes += max(1, len(self.sizes))
+        self.bubble = min(self.bubble, bubble)
+        self.by_vpp.setdefault(lay.vpp, lay)
+
+
+def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[int, ...], per_token: float,
+                bubble: float, ideal: float) -> float:
+    """A lower bound of every seed key (bounds.seed_keys) of a group's layouts: `lay` any of them, `per_token` the
+    least seconds per token of their seed rates, `bubble` their least bubble_stages. A layout's key for a micro-batch
+    of b sequences is the larger of its ideal time, ideal x (1 + bubble/m), and its per-token bound (bounds.stretch),
+    tokens x (seconds per token + the exposed all-to-all's share) / pp x (m + bubble) plus the MoE host sync's
+    share; every added term is non-negative, so each is at least the same with the group's least seconds per token
+    and least bubble, and nothing else read (sequence per CP rank, pp, m from dp) differs in a group. The least over
+    the micro-batches, less GROUP_MARGIN for rounding (tests/test_search_passes.py holds it under every key)."""
+    per_rank = -(-seq_length // lay.cp)
+    pp, dp = lay.pp, lay.dp
+    least = float("inf")
+    for mbs in sizes:
+        m = max(1, global_batch // (mbs * dp))
+        low = ideal * (1.0 + bubble / m)
+        token = per_rank * mbs * per_token / pp * (m + bubble)
+        least = min(least, token if token > low else low)
+    return least * (1.0 - GROUP_MARGIN)
