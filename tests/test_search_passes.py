@@ -86,27 +86,28 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
     floors as with every group opened before any node pops (a floor of -inf: every node pushed with its seed key, in
     seeding order, as before groups); and groups were left unopened or out."""
     opened, seeded = [0], [0]
-    real_open, real_floor = BestFirstSearch.open_group, search_engine.group_floor
+    real_open, real_seeds = BestFirstSearch.open_group, BestFirstSearch.push_seeds
 
     def counting_open(self, *args):
         opened[0] += 1
         real_open(self, *args)
 
-    def counting_floor(*args):
-        seeded[0] += 1
-        return real_floor(*args)
+    def counting_seeds(self, seeds, ideal):
+        seeded[0] += len(seeds.groups)
+        real_seeds(self, seeds, ideal)
 
     compared = 0
     for seed in range(40):
         req, top_k = sampled_request(seed)
         req = req.model_copy(update={"headroom": (0.1, 0.25, 0.4)[seed % 3]})
         monkeypatch.setattr(BestFirstSearch, "open_group", counting_open)
-        monkeypatch.setattr(search_engine, "group_floor", counting_floor)
+        monkeypatch.setattr(BestFirstSearch, "push_seeds", counting_seeds)
         try:
             fast = recommend(req, top_k=top_k).model_dump(mode="json")
         except MeshplanError:
             continue
         monkeypatch.setattr(BestFirstSearch, "open_group", real_open)
+        monkeypatch.setattr(BestFirstSearch, "push_seeds", real_seeds)
         monkeypatch.setattr(search_engine, "group_floor", lambda *_: -math.inf)
         assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (seed, req)
         compared += 1

@@ -307,27 +307,23 @@ class BestFirstSearch(StepTimeBounds):
         """What seeding these layouts reads before any budget: their micro-batches, the largest per shard
         (cp_mbs, work_mbs: the non-exact token bounds' references), each shape's model-state bound, the groups per
         degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes."""
-        shapes: dict[tuple, list] = {}  # per shape: [states bound, seed keys, least seed key]
         entries = []
-        groups: dict[tuple, SeedGroup] = {}  # per degrees: the shape's first six
+        groups: dict[tuple, SeedGroup] = {}  # per degrees, all that the sizes and the states bound read
         nodes = 0
         for lay in layouts:
-            sizes = self.sizes(lay)
-            if sizes:
-                key = (lay.tp, lay.cp)
-                self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
-                work = (lay.tp, lay.ep, lay.etp)
-                self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
-            shape = lay.shape()
-            entry = shapes.get(shape)
-            if entry is None:
-                entry = shapes[shape] = [self.states_bound(lay, self.zeros[-1]), None, math.inf]
-            entries.append((lay, sizes, entry))
-            group = groups.get(shape[:6])
+            degrees = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+            group = groups.get(degrees)
             if group is None:
-                group = groups[shape[:6]] = SeedGroup(sizes, nodes)
-            group.add(lay, entry, nodes, shape[-1])
-            nodes += max(1, len(sizes))
+                sizes = self.sizes(lay)
+                if sizes:
+                    key = (lay.tp, lay.cp)
+                    self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
+                    work = (lay.tp, lay.ep, lay.etp)
+                    self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
+                group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
+            entry = group.add(lay, nodes)
+            entries.append((lay, group.sizes, entry))
+            nodes += len(group.sizes) or 1
         return Seeds(entries, dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
 
     def push_seeds(self, seeds: Seeds, ideal: float) -> None:
@@ -341,8 +337,8 @@ class BestFirstSearch(StepTimeBounds):
         rates = self.seed_rates = {}
         for group in seeds.groups:
             checkpoint()
-            lay, entry, first = group.members[0]
-            bound = entry[0]  # the degrees' model-state bound, the same for every layout of the group
+            lay, _, first = group.members[0]
+            bound = group.states
             if bound > self.budget:
                 # even the most sharded model states do not fit: no variant of these layouts can
                 self.rejected[self.memory_rule_for(bound)] += variants * group.nodes
@@ -353,10 +349,12 @@ class BestFirstSearch(StepTimeBounds):
                 for lay, _, index in group.members:
                     heapq.heappush(self.heap, (0.0, Level.RULES, base + index + 1, (lay, mbs, 0)))
                 continue
-            # every seed rate a layout of the group reads, computed here as the seeding of each layout did
-            per_token = min(self.seed_rate(one, group.sizes[0], rates)[1] for one in group.by_vpp.values())
-            key = group_floor(self.job.seq_length, self.job.global_batch_size, lay, group.sizes, per_token,
-                              group.bubble, ideal)
+            key = group.floor.get(ideal)
+            if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
+                # every seed rate a layout of the group reads, computed here as the seeding of each layout did
+                per_token = min(self.seed_rate(one, group.sizes[0], rates)[1] for one in group.by_vpp.values())
+                key = group.floor[ideal] = group_floor(self.job.seq_length, self.job.global_batch_size, lay,
+                                                       group.sizes, per_token, group.bubble, ideal)
             if key > cutoff:
                 self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
                 continue

@@ -18,22 +18,33 @@ GROUP_MARGIN = 1e-12
 @dataclass
 class SeedGroup:
     """The layouts of one degrees tuple in a tier's seeding (engine.BestFirstSearch.sized), in seeding order, each
-    with its shape's entry (plans.Seeds) and the index of its first node among the tier's (layout, micro-batch)
-    nodes (which orders its nodes' ties in the queue as if every node had been pushed at seeding). They share the
-    micro-batches (space.micro_batches reads dp) and the model-state bound (states_bound reads the degrees)."""
+    with its shape's entry (plans.Seeds: the shape is the degrees, vpp and bubble_stages) and the index of its first
+    node among the tier's (layout, micro-batch) nodes (which orders its nodes' ties in the queue as if every node had
+    been pushed at seeding). They share the micro-batches (space.micro_batches reads dp) and the model-state bound
+    (states_bound reads the degrees)."""
 
     sizes: tuple[int, ...]
     first: int  # the index of the group's first node
+    states: float  # the model-state bound at the lightest ZeRO stage
     members: list[tuple[Layout, list, int]] = field(default_factory=list)  # (layout, shape entry, first node index)
     nodes: int = 0  # (layout, micro-batch) nodes, one per layout without a micro-batch (the batch rule's)
     bubble: float = float("inf")  # the least bubble_stages of its layouts
     by_vpp: dict[int, Layout] = field(default_factory=dict)  # one layout per vpp: the seed rates' keys read (pp, vpp)
+    shapes: dict[tuple[int, float], list] = field(default_factory=dict)  # per (vpp, bubble_stages): its entry
+    floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
 
-    def add(self, lay: Layout, entry: list, index: int, bubble: float) -> None:
+    def add(self, lay: Layout, index: int) -> list:
+        """Add a layout whose first node has this index; its shape's entry (new: [states bound, None, inf])."""
+        bubble = lay.bubble_stages()
+        entry = self.shapes.get((lay.vpp, bubble))
+        if entry is None:
+            entry = self.shapes[lay.vpp, bubble] = [self.states, None, float("inf")]
+            self.by_vpp.setdefault(lay.vpp, lay)
+            if bubble < self.bubble:
+                self.bubble = bubble
         self.members.append((lay, entry, index))
-        self.nodes += max(1, len(self.sizes))
-        self.bubble = min(self.bubble, bubble)
-        self.by_vpp.setdefault(lay.vpp, lay)
+        self.nodes += len(self.sizes) or 1
+        return entry
 
 
 def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[int, ...], per_token: float,
