@@ -89,7 +89,8 @@ def test_render_writes_it_where_the_framework_takes_it():
 
 
 def test_search_floor_without_reserve_bounds_the_fit_figure():
-    from meshplan.search.space import Layout, first_stage_floor
+    from meshplan.search.floors import first_stage_floor
+    from meshplan.search.space import Layout
 
     req = Request(**BASE, framework="megatron-core", expandable_segments=True)
     job, plan = resolve(req)

@@ -180,9 +180,10 @@ def test_gradients_absent_only_with_one_micro_batch():
 
 
 def test_search_floor_stays_below_the_walked_estimate():
-    """space.first_stage_floor drops the terms the walk does not add at the loss moment (recomputed layer, gathered
+    """floors.first_stage_floor drops the terms the walk does not add at the loss moment (recomputed layer, gathered
     unit) and, with gradients set to None and one micro-batch, the gradients: it stays a floor."""
-    from meshplan.search.space import Layout, first_stage_floor
+    from meshplan.search.floors import first_stage_floor
+    from meshplan.search.space import Layout
 
     for version, recompute in (("0.2", "full"), ("0.2", "none"), (None, "full"), (None, "selective")):
         job = cut_job("llama-3.1-8b", 4, 8192, 1, "torchtitan", version)

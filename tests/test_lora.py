@@ -157,10 +157,11 @@ def test_validation_rows_fit_once_lora_is_expressed():
 
 
 def test_search_floors_stay_floors_and_recommend_finds_lora_layouts():
-    """The search prunes on memory floors (space.py, search/gpu_count.py): for a LoRA job they count the frozen base's
+    """The search prunes on memory floors (search/floors.py, gpu_count.py): for a LoRA job they count the frozen base's
     weights only, so they stay below the estimate, and recommend finds layouts full fine-tuning has none of."""
+    from meshplan.search.floors import first_stage_floor
     from meshplan.search.gpu_count import states_floor
-    from meshplan.search.space import Fixed, enumerate_layouts, first_stage_floor, params_split, states_lower_bound
+    from meshplan.search.space import Fixed, enumerate_layouts, params_split, states_lower_bound
 
     request = dict(model="llama-3.1-70b", framework="megatron-bridge", num_gpus=8, seq_length=4096,
                    global_batch_size=32)

@@ -96,7 +96,8 @@ def test_memory_floors_take_the_carried_fields(fields, framework):
     from meshplan.estimate.memory import estimate_memory
     from meshplan.rules.engine import EstimateBlocked
     from meshplan.search import BestFirstSearch, default_engine, search_job
-    from meshplan.search.space import Fixed, enumerate_layouts, first_stage_floor, micro_batches, states_lower_bound
+    from meshplan.search.floors import first_stage_floor
+    from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, states_lower_bound
 
     req = Request(model="deepseek-v2-lite", num_gpus=16, framework=framework, **fields)
     job, _ = search_job(req)

@@ -8,7 +8,8 @@ import pickle
 from meshplan.arithmetic.schedule import VirtualSplit
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
-from meshplan.search.space import Fixed, Layout, enumerate_layouts, first_stage_floor, micro_batches
+from meshplan.search.floors import first_stage_floor
+from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches
 
 
 def test_first_stage_floor_with_a_shared_memo_equals_the_floor_computed_afresh():

@@ -13,11 +13,11 @@ from meshplan.estimate.memory import estimate_memory
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
 from meshplan.search import search_job
+from meshplan.search.floors import first_stage_floor
 from meshplan.search.space import (
     Fixed,
     divisors,
     enumerate_layouts,
-    first_stage_floor,
     micro_batches,
     states_lower_bound,
     zero_ladder,

@@ -20,9 +20,10 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
+from meshplan.search.floors import first_stage_floor
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
-from meshplan.search.space import Fixed, Layout, Prefiltered, first_stage_floor, micro_batches, states_lower_bound
+from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
 
 # Relative: how far over the budget a floor must be to settle the larger micro-batches of its range (over_from); a
 # floor is a sum of a few dozen non-negative terms, so its rounding is many orders smaller.
@@ -412,7 +413,7 @@ class SearchPlans:
         return hit
 
     def steady_floor(self, lay: Layout, mbs: int) -> bool:
-        """Whether the micro-batch is in its layout's range where the first-stage floor (space.first_stage_floor)
+        """Whether the micro-batch is in its layout's range where the first-stage floor (floors.first_stage_floor)
         cannot fall as the micro-batch grows: more than one micro-batch per step (m > 1: the model states are
         those of m > 1) and at least pp of them (pp == 1 or m >= pp: min(m, pp) micro-batches in flight, a
         constant). There every other term is a sum of non-negative multiples of the micro-batch's tokens plus

@@ -17,8 +17,6 @@ from functools import cache
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.activations import Layout as ActLayout
-from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
 from meshplan.arithmetic.lora import base_tensors
 from meshplan.arithmetic.memory_states import (
     Convention,
@@ -26,8 +24,6 @@ from meshplan.arithmetic.memory_states import (
     bytes_per_param,
     convention,
     memory_card,
-    output_activations,
-    state_bytes,
     with_precision,
 )
 from meshplan.arithmetic.offload import offload_plan
@@ -35,9 +31,7 @@ from meshplan.arithmetic.pipeline_timeline import schedule_order
 from meshplan.arithmetic.schedule import (
     VirtualSplit,
     accounted_counts,
-    padded_vocab,
     parse_layout,
-    stages_for,
 )
 from meshplan.check.split import (
     PipelineOption,
@@ -49,7 +43,7 @@ from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import SearchKnobs, framework_card, load_card
-from meshplan.knowledge.model_counts import layer_params, per_architecture
+from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
 from meshplan.schema.choices import Recompute
 from meshplan.schema.plan import Job, Plan
@@ -538,163 +532,3 @@ def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[i
     dense_gpu = dense / (layout.pp * layout.tp)
     expert_gpu = routed / (layout.pp * layout.ep * layout.etp)
     return bytes_per_param(tensors, dense_shard) * dense_gpu + bytes_per_param(tensors, expert_shard) * expert_gpu
-
-
-class _Prefix:
-    """Prefix sums over the decoder layers of one architecture (cached per object), for stage-0 floors."""
-
-    def __init__(self, arch) -> None:
-        self.arch = arch
-        self.sharded, self.replicated, self.experts, self.moe = [0], [0], [0], [0]
-        for i in range(arch.num_layers):
-            p = layer_params(arch, i)
-            self.sharded.append(self.sharded[-1] + p["attention"] + p["dense_mlp"] + p["shared_experts"])
-            self.replicated.append(self.replicated[-1] + p["norms"] + p["router"])
-            self.experts.append(self.experts[-1] + p["routed_experts"])
-            self.moe.append(self.moe[-1] + (1 if arch.is_moe_layer(i) else 0))
-
-
-_prefix = per_architecture(_Prefix, limit=64)
-
-
-def first_stage_spans(job: Job, lay: Layout, zero_stage: int) -> list[tuple[int, int]]:
-    """The decoder layers the first pipeline rank holds, as non-empty [start, end) runs: the framework's convention
-    (schedule.stages_for) or the layout's virtual split (its virtual stages 0, pp, 2 pp, ...); none where no estimate
-    takes the split (the rules say why), which keeps a floor a floor."""
-    if lay.split is not None:
-        counts = lay.split.counts
-        runs = [(sum(counts[:k]), sum(counts[:k + 1])) for k in range(0, len(counts), lay.pp)]
-        return [(a, b) for a, b in runs if b > a]
-    try:
-        n0 = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last).counts[0]
-    except MeshplanError:
-        return []
-    return [(0, n0)] if n0 else []
-
-def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
-                      preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
-                      activation_offload: bool = False, memo: dict | None = None) -> float:
-    """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
-    presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
-    embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
-    logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
-    least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
-    floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
-    carried fields, else the framework's plain one. `reserved=False`: the floor of the figure that decides the fit with
-    expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
-    none of them are counted (the estimate keeps a few layers on the GPU). `memo`: a dict the caller keeps for one job
-    and preset per ZeRO stage (the search's), where the parts shared by many layouts are kept (the same arithmetic)."""
-    conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
-    memo = {} if memo is None else memo
-    part = memo.get((lay, zero_stage))
-    if part is None:
-        part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo)
-    pp, tp = lay.pp, lay.tp
-    m = max(1, job.global_batch_size // (mbs * lay.dp))
-    states = part.states[m == 1]
-    if states is None:  # shared by the layouts with these spans and degrees
-        key = ("states", zero_stage, tuple(part.spans), tp, pp, lay.cp, lay.ep, lay.etp, lay.dp, m == 1)
-        states = part.states[m == 1] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
-            job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and m == 1))
-    tokens = -(-job.seq_length // lay.cp) * mbs
-    acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
-    sums = memo.get(acts_key)
-    if sums is None:
-        sums = memo[acts_key] = _layer_activation_sums(job, conv, tokens, tp, sp, lay.etp, recompute)
-    n0, n_moe, walk = part.n0, part.n_moe, part.walk
-    per_mb = n_moe * sums[0]
-    per_mb += (n0 - n_moe) * sums[1]
-    held = 1 if pp == 1 else min(m, pp)
-    acts = 0.0 if activation_offload else held * per_mb
-    if recompute == "full" and n0 and not walk:
-        acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
-    if pp == 1:
-        acts += output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1)
-    transient = acts
-    if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
-        transient += part.gathered
-    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-    reserve = 0.0 if not reserved else part.reserve_fraction * transient
-    return states + transient + reserve + part.fixed[0] + part.fixed[1]
-
-
-@dataclass
-class _FloorPart:
-    """What first_stage_floor reads of one layout at one ZeRO stage whatever the micro-batch."""
-
-    spans: list[tuple[int, int]]  # the first rank's layers, with their count n0 and MoE layers n_moe
-    n0: int
-    n_moe: int
-    vocab: int  # padded
-    walk: bool  # the peak is the FSDP backward walk's
-    states: list[float | None]  # the model states with more than one micro-batch and with one (None until asked)
-    gathered: float | None  # the FSDP gathered layers' bytes (None: none)
-    reserve_fraction: float
-    fixed: tuple[float, float]  # the memory card's fixed overhead and CUDA context, each its own term
-
-
-def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
-                memo: dict) -> _FloorPart:
-    """first_stage_floor's part of a layout at a ZeRO stage (its spans shared by the layouts of the same split)."""
-    card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
-    pre = _prefix(job.model)
-    spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts)
-    hit = memo.get(spans_key)
-    if hit is None:
-        spans = first_stage_spans(job, lay, zero_stage)
-        hit = memo[spans_key] = (spans, sum(b - a for a, b in spans), sum(pre.moe[b] - pre.moe[a] for a, b in spans))
-    spans, n0, n_moe = hit
-    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
-    gathered = None
-    if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
-                                                        for t in tensors):
-        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / lay.tp + (pre.replicated[i + 1] - pre.replicated[i])
-                      + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp)
-                      for i in (spans[0][0], spans[-1][1] - 1))
-        gathered = conv.gathered_layers * conv.gathered_bytes * biggest
-    return _FloorPart(spans, n0, n_moe, padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), walk,
-                      [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
-                      (card.fixed_overhead_bytes, card.cuda_context_bytes))
-
-
-def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], tensors: list[StateTensor],
-                        vocab: int, no_grads: bool) -> float:
-    """first_stage_floor's model states: the first stage's layers and the embedding, dense split tp ways and sharded
-    over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group; `no_grads`: less the
-    gradients (FSDP2 sets them to None before a one-micro-batch backward)."""
-    arch = job.model
-    pre = _prefix(arch)
-    tp = lay.tp
-
-    def held(prefix: list) -> float:
-        return sum(prefix[b] - prefix[a] for a, b in spans)
-
-    dense = held(pre.sharded) / tp + held(pre.replicated) + vocab * arch.hidden_size / tp
-    experts = held(pre.experts) / (lay.ep * lay.etp)
-    law = framework_card(job.framework).world_size_law
-    world = mesh.replica_size(law, tp, lay.pp, lay.cp, lay.ep) * lay.dp
-    expert_dp = mesh.expert_dp(world, lay)
-    states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
-    states += sum(state_bytes(tensors, experts, expert_dp).values())
-    if no_grads:
-        states -= state_bytes(tensors, dense, lay.dp * lay.cp)["gradients"]
-        states -= state_bytes(tensors, experts, expert_dp)["gradients"]
-    return states
-
-
-def _layer_activation_sums(job: Job, conv: Convention, tokens: int, tp: int, sp: bool, etp: int,
-                           recompute: str) -> tuple[float, float, float, float]:
-    """Bytes one micro-batch of `tokens` per rank saves in a MoE and in a dense layer under `recompute` (this
-    framework's selective), then in each without recompute (what full recompute rebuilds for one layer)."""
-    arch = job.model
-    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=conv.flash_attention,
-                    qkv_fused=conv.qkv_projections == "fused",
-                    dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
-                    moe=moe_bytes(conv, arch), attn=attention_saves(conv))
-    shape = shape_of(arch)
-    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
-    mode = activation_mode(recompute, selective)
-    return (sum(layer_activations(shape, act, True, mode).values()),
-            sum(layer_activations(shape, act, False, mode).values()),
-            sum(layer_activations(shape, act, True, "none").values()),
-            sum(layer_activations(shape, act, False, "none").values()))
