@@ -14,6 +14,7 @@ from test_memory_fit import REQUESTS
 
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
+from meshplan.search.floors import layout_floor
 from meshplan.search.space import Fixed, enumerate_layouts
 
 GIB = 1 << 30
@@ -83,3 +84,24 @@ def test_below_pp_micro_batches_a_floor_can_fall_so_the_range_leaves_them_out():
                 floors = [search.floor_bytes(own, zero, recompute, mbs) for mbs in below]
                 fell += [own for a, b in itertools.pairwise(floors) if b < a]
     assert fell
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_the_layout_floor_is_under_every_micro_batch_and_recompute_floor_to_the_last_bit(req):
+    """floors.layout_floor (SearchPlans.layout_over) settles a layout's ZeRO stage at every micro-batch and recompute
+    with no margin: it must be at most each first-stage floor exactly, not within a rounding; and where every stage is
+    over it, all_over holds every micro-batch, those below the steady range too."""
+    whole = 0
+    for _job, layouts, search in searches(req):
+        rng = random.Random(11 + search.budget)
+        for lay in rng.sample(layouts, min(40, len(layouts))):
+            own = lay.own_memory()
+            for zero in search.zeros:
+                low = layout_floor(search.job, own, zero, search.presets[zero], memo=search.floor_parts,
+                                   reserved=not search.fixed.carried.get("expandable_segments"))
+                assert all(low <= search.floor_bytes(own, zero, recompute, mbs)
+                           for recompute in search.recomputes for mbs in search.sizes(own)), (req, own, zero)
+            if all(search.layout_over(own, zero) for zero in search.zeros):
+                assert search.all_over(own) == frozenset(search.sizes(own))
+                whole += 1
+    assert whole or req.num_gpus < 256  # on the largest jobs, some layouts settled whole by the layout floor

@@ -13,7 +13,7 @@ from meshplan.estimate.memory import estimate_memory
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
 from meshplan.search import search_job
-from meshplan.search.floors import first_stage_floor
+from meshplan.search.floors import first_stage_floor, layout_floor
 from meshplan.search.space import (
     Fixed,
     divisors,
@@ -149,6 +149,7 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
                 except EstimateBlocked:  # a structural error: the search drops it before any bound
                     continue
                 assert first_stage_floor(job, lay, zero, recompute, mbs, sp) <= peak * (1 + 1e-9), plan
+                assert layout_floor(job, lay, zero) <= peak * (1 + 1e-9), plan
                 from meshplan.search.space import params_split
 
                 assert states_lower_bound(job, lay, zero, params_split(job)) <= peak * (1 + 1e-9), plan

@@ -76,10 +76,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     pp, tp = lay.pp, lay.tp
     m = max(1, job.global_batch_size // (mbs * lay.dp))
     states = part.states[m == 1]
-    if states is None:  # shared by the layouts with these spans and degrees
-        key = ("states", zero_stage, tuple(part.spans), tp, pp, lay.cp, lay.ep, lay.etp, lay.dp, m == 1)
-        states = part.states[m == 1] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
-            job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and m == 1))
+    if states is None:
+        states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
     tokens = -(-job.seq_length // lay.cp) * mbs
     acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
     sums = memo.get(acts_key)
@@ -100,6 +98,50 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
     reserve = 0.0 if not reserved else part.reserve_fraction * transient
     return states + transient + reserve + part.fixed[0] + part.fixed[1]
+
+
+def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,
+                 *, reserved: bool = True, memo: dict | None = None) -> float:
+    """Bytes the first pipeline stage needs at least at EVERY micro-batch size and recompute: first_stage_floor's
+    sum with no activations (its activation terms are sums and products of non-negative bytes and counts: the
+    layers' saved activations, the recomputed layer, the logits) and the lesser of its two model-state figures (one
+    micro-batch per step or more); the gathered layers, the reserve on them and the fixed overheads are the same
+    terms. Each of first_stage_floor's figures is then at least this one, to the last bit: the same operations in the
+    same order on arguments at least as large, and rounding to nearest never reverses an order. So a layout and ZeRO
+    stage whose layout_floor is over a budget have every micro-batch and recompute over it, with no floor of each
+    (SearchPlans.layout_over). Arguments as first_stage_floor's; kept in `memo` per (layout, ZeRO stage)."""
+    conv, tensors = preset or state_preset(job, zero_stage, {})
+    memo = {} if memo is None else memo
+    key = ("layout", lay, zero_stage)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    part = memo.get((lay, zero_stage))
+    if part is None:
+        part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo)
+    states = part.states[False]
+    if states is None:
+        states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
+    if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
+        one = part.states[True]
+        states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo) if one is None
+                     else one)
+    transient = 0.0
+    if part.gathered is not None:
+        transient += part.gathered
+    reserve = 0.0 if not reserved else part.reserve_fraction * transient
+    memo[key] = floor = states + transient + reserve + part.fixed[0] + part.fixed[1]
+    return floor
+
+
+def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
+                 tensors: list[StateTensor], one: bool, memo: dict) -> float:
+    """first_stage_floor's model states with one micro-batch per step (`one`) or more, kept in `part` and shared in
+    `memo` by the layouts with these spans and degrees."""
+    key = ("states", zero_stage, tuple(part.spans), lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
+    states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
+        job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and one))
+    return states
 
 
 @dataclass

@@ -20,7 +20,7 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
-from meshplan.search.floors import first_stage_floor
+from meshplan.search.floors import first_stage_floor, layout_floor
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
@@ -322,6 +322,13 @@ class SearchPlans:
                 activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
         return floor
 
+    def layout_over(self, own: Layout, zero: int) -> bool:
+        """Whether floors.layout_floor of an own_memory layout at this ZeRO stage is over the budget: then so is the
+        first-stage floor of every micro-batch and recompute (to the last bit, no margin), and zero_needs settles the
+        stage without one. The floor once per job (floor_parts)."""
+        return layout_floor(self.job, own, zero, self.presets[zero], reserved=not self.fixed.carried.get(
+            "expandable_segments"), memo=self.floor_parts) > self.budget
+
     def states_bound(self, lay: Layout, zero: int) -> float:
         """states_lower_bound of the layout at that ZeRO stage, once per job and degrees (all it reads)."""
         key = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, zero)
@@ -400,13 +407,13 @@ class SearchPlans:
         hit = self.floor_needs.get((own, mbs))
         if hit is None:
             recomputes, n_r = self.recomputes, len(self.recomputes)
-            if mbs in self.all_over(own):  # every stage over: the whole tuple at once
+            if mbs in self.all_over(own):  # every stage over (all_over): the whole tuple at once
                 hit = self.floor_needs[(own, mbs)] = (n_r,) * len(self.zeros)
                 return hit
             steady = self.steady_floor(own, mbs)
             hit = self.floor_needs[(own, mbs)] = tuple(
                 next((i for i, r in enumerate(recomputes) if self.floor_fits(own, zero, r, mbs)), n_r)
-                if self.states_bound(own, zero) <= self.budget
+                if self.states_bound(own, zero) <= self.budget and not self.layout_over(own, zero)
                 and not (steady and 0 < self.over_from(own, zero) <= mbs)
                 and self.floor_fits(own, zero, recomputes[-1], mbs)
                 else n_r for zero in self.zeros)
@@ -425,12 +432,16 @@ class SearchPlans:
         return m > 1 and (lay.pp == 1 or m >= lay.pp)
 
     def all_over(self, own: Layout) -> frozenset[int]:
-        """The micro-batches of the steady range at which every ZeRO stage is over the budget (its model states'
-        bound, else from its over_from on); once per layout under this budget."""
+        """The micro-batches at which every ZeRO stage is over the budget: all of them where each stage's model
+        states' bound or layout floor is (layout_over: every micro-batch and recompute over), else those of the
+        steady range from the largest of the stages' over_from on; once per layout under this budget."""
         hit = self.over_at.get(own)
         if hit is None:
-            froms = [1 if self.states_bound(own, zero) > self.budget else self.over_from(own, zero)
-                     for zero in self.zeros]
+            dead = [self.states_bound(own, zero) > self.budget or self.layout_over(own, zero) for zero in self.zeros]
+            if all(dead):
+                hit = self.over_at[own] = frozenset(self.sizes(own))
+                return hit
+            froms = [1 if over else self.over_from(own, zero) for over, zero in zip(dead, self.zeros, strict=True)]
             least = 0 if 0 in froms else max(froms)
             hit = self.over_at[own] = frozenset(
                 mbs for mbs in self.sizes(own) if least and mbs >= least and self.steady_floor(own, mbs))
