@@ -15,6 +15,7 @@ from test_memory_fit import REQUESTS
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
 from meshplan.search.floors import layout_floor
+from meshplan.search.plans import FLOOR_MARGIN
 from meshplan.search.space import Fixed, enumerate_layouts
 
 GIB = 1 << 30
@@ -105,3 +106,18 @@ def test_the_layout_floor_is_under_every_micro_batch_and_recompute_floor_to_the_
                 assert search.all_over(own) == frozenset(search.sizes(own))
                 whole += 1
     assert whole or req.num_gpus < 256  # on the largest jobs, some layouts settled whole by the layout floor
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_over_from_finds_the_first_micro_batch_a_plain_scan_finds(req):
+    """over_from doubles then halves over the steady range instead of a floor per micro-batch: on sampled layouts at
+    budgets from tight to full it names the micro-batch the plain ascending scan names."""
+    for _job, layouts, search in searches(req):
+        limit = search.budget * (1.0 + FLOOR_MARGIN)
+        rng = random.Random(13 + search.budget)
+        for lay in rng.sample(layouts, min(40, len(layouts))):
+            own = lay.own_memory()
+            for zero in search.zeros:
+                plain = next((mbs for mbs in search.sizes(own) if search.steady_floor(own, mbs)
+                              and search.floor_bytes(own, zero, search.recomputes[-1], mbs) > limit), 0)
+                assert search.over_from(own, zero) == plain, (req, own, zero, search.budget)

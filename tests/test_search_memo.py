@@ -8,7 +8,7 @@ import pickle
 from meshplan.arithmetic.schedule import VirtualSplit
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
-from meshplan.search.floors import first_stage_floor
+from meshplan.search.floors import first_stage_floor, first_stage_floors
 from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches
 
 
@@ -31,6 +31,28 @@ def test_first_stage_floor_with_a_shared_memo_equals_the_floor_computed_afresh()
                     checked += 1
     assert checked > 100
     assert any(key[0] == "acts" for key in memo) and any(key[0] == "states" for key in memo)
+
+
+def test_the_floors_of_every_recompute_in_one_pass_are_each_recomputes_floor():
+    """floors.first_stage_floors (SearchPlans.floor_bytes fills Caches.floors a row at a time) gives each recompute's
+    first_stage_floor to the last bit, on a MoE job with pp 1 (the logits counted) and deeper pipelines."""
+    req = Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+    layouts, _ = enumerate_layouts(job, fixed)
+    pps = set()
+    for lay in layouts[::5]:
+        for zero in search.zeros:
+            for mbs in micro_batches(job, lay, fixed)[:3]:
+                sp = search.sequence_parallel(lay)
+                row = first_stage_floors(job, lay, zero, search.recomputes, mbs, sp, search.presets[zero])
+                assert row == tuple(first_stage_floor(job, lay, zero, r, mbs, sp, search.presets[zero], memo={})
+                                    for r in search.recomputes), (lay, zero, mbs)
+                assert search.floor_bytes(lay.own_memory(), zero, search.recomputes[0], mbs) == first_stage_floor(
+                    job, lay.own_memory(), zero, search.recomputes[0], mbs, sp, search.presets[zero])
+                pps.add(lay.pp)
+    assert 1 in pps and len(pps) > 1
 
 
 def test_a_layout_hashes_as_its_fields_and_drops_what_it_caches_when_pickled():

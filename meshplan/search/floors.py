@@ -68,6 +68,16 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     expandable segments (no allocator reserve). `activation_offload`: the plan offloads its saved activations, so
     none of them are counted (the estimate keeps a few layers on the GPU). `memo`: a dict the caller keeps for one job
     and preset per ZeRO stage (the search's), where the parts shared by many layouts are kept (the same arithmetic)."""
+    return first_stage_floors(job, lay, zero_stage, (recompute,), mbs, sp, preset, reserved=reserved,
+                              activation_offload=activation_offload, memo=memo)[0]
+
+
+def first_stage_floors(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[str, ...], mbs: int, sp: bool,
+                       preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
+                       activation_offload: bool = False, memo: dict | None = None) -> tuple[float, ...]:
+    """first_stage_floor under each of `recomputes`, in one pass: what does not depend on the recompute (the model
+    states, the in-flight count, the last stage's logits) is read once, and each figure is the same operations in the
+    same order as first_stage_floor's, so the same float to the last bit."""
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     memo = {} if memo is None else memo
     part = memo.get((lay, zero_stage))
@@ -79,25 +89,30 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
     if states is None:
         states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
     tokens = -(-job.seq_length // lay.cp) * mbs
-    acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
-    sums = memo.get(acts_key)
-    if sums is None:
-        sums = memo[acts_key] = _layer_activation_sums(job, conv, tokens, tp, sp, lay.etp, recompute)
     n0, n_moe, walk = part.n0, part.n_moe, part.walk
-    per_mb = n_moe * sums[0]
-    per_mb += (n0 - n_moe) * sums[1]
     held = 1 if pp == 1 else min(m, pp)
-    acts = 0.0 if activation_offload else held * per_mb
-    if recompute == "full" and n0 and not walk:
-        acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
-    if pp == 1:
-        acts += output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1)
-    transient = acts
-    if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
-        transient += part.gathered
-    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-    reserve = 0.0 if not reserved else part.reserve_fraction * transient
-    return states + transient + reserve + part.fixed[0] + part.fixed[1]
+    logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) if pp == 1 \
+        else 0.0
+    floors = []
+    for recompute in recomputes:
+        acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
+        sums = memo.get(acts_key)
+        if sums is None:
+            sums = memo[acts_key] = _layer_activation_sums(job, conv, tokens, tp, sp, lay.etp, recompute)
+        per_mb = n_moe * sums[0]
+        per_mb += (n0 - n_moe) * sums[1]
+        acts = 0.0 if activation_offload else held * per_mb
+        if recompute == "full" and n0 and not walk:
+            acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
+        if pp == 1:
+            acts += logits
+        transient = acts
+        if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
+            transient += part.gathered
+        # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+        reserve = 0.0 if not reserved else part.reserve_fraction * transient
+        floors.append(states + transient + reserve + part.fixed[0] + part.fixed[1])
+    return tuple(floors)
 
 
 def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,

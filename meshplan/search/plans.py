@@ -20,7 +20,7 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
-from meshplan.search.floors import first_stage_floor, layout_floor
+from meshplan.search.floors import first_stage_floors, layout_floor
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
@@ -127,6 +127,7 @@ class SearchPlans:
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
     over_at: dict = field(default_factory=dict)  # over_from's memo per (layout, ZeRO stage), all_over's per layout
+    over_stages: dict[Layout, tuple[bool, ...]] = field(default_factory=dict)  # stages_over's memo
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -312,14 +313,19 @@ class SearchPlans:
         return self.floor_bytes(lay.own_memory(), zero, recompute, mbs) <= self.budget
 
     def floor_bytes(self, own: Layout, zero: int, recompute: str, mbs: int) -> float:
-        """first_stage_floor of an own_memory layout, once per job (Caches.floors)."""
+        """first_stage_floor of an own_memory layout, once per job (Caches.floors): those of every recompute of the
+        search at once where it is one of them (floors.first_stage_floors, the same figures)."""
         key = (own, zero, recompute, mbs)
         floor = self.caches.floors.get(key)
         if floor is None:
-            floor = self.caches.floors[key] = first_stage_floor(
-                self.job, own, zero, recompute, mbs, self.sequence_parallel(own), self.presets[zero],
+            row = self.recomputes if recompute in self.recomputes else (recompute,)
+            floors = first_stage_floors(
+                self.job, own, zero, row, mbs, self.sequence_parallel(own), self.presets[zero],
                 reserved=not self.fixed.carried.get("expandable_segments"),
                 activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
+            for r, value in zip(row, floors, strict=True):
+                self.caches.floors[(own, zero, r, mbs)] = value
+            floor = self.caches.floors[key]
         return floor
 
     def layout_over(self, own: Layout, zero: int) -> bool:
@@ -410,13 +416,21 @@ class SearchPlans:
             if mbs in self.all_over(own):  # every stage over (all_over): the whole tuple at once
                 hit = self.floor_needs[(own, mbs)] = (n_r,) * len(self.zeros)
                 return hit
-            steady = self.steady_floor(own, mbs)
+            steady, budget, floor = self.steady_floor(own, mbs), self.budget, self.floor_bytes
             hit = self.floor_needs[(own, mbs)] = tuple(
-                next((i for i, r in enumerate(recomputes) if self.floor_fits(own, zero, r, mbs)), n_r)
-                if self.states_bound(own, zero) <= self.budget and not self.layout_over(own, zero)
-                and not (steady and 0 < self.over_from(own, zero) <= mbs)
-                and self.floor_fits(own, zero, recomputes[-1], mbs)
-                else n_r for zero in self.zeros)
+                next((i for i, r in enumerate(recomputes) if floor(own, zero, r, mbs) <= budget), n_r)
+                if not over and not (steady and 0 < self.over_from(own, zero) <= mbs)
+                and floor(own, zero, recomputes[-1], mbs) <= budget
+                else n_r for zero, over in zip(self.zeros, self.stages_over(own), strict=True))
+        return hit
+
+    def stages_over(self, own: Layout) -> tuple[bool, ...]:
+        """Per ZeRO stage of `zeros`: whether its model states' bound or its layout floor (layout_over) is over the
+        budget, so that no micro-batch or recompute of the stage fits; once per layout under this budget."""
+        hit = self.over_stages.get(own)
+        if hit is None:
+            hit = self.over_stages[own] = tuple(self.states_bound(own, zero) > self.budget
+                                                or self.layout_over(own, zero) for zero in self.zeros)
         return hit
 
     def steady_floor(self, lay: Layout, mbs: int) -> bool:
@@ -437,7 +451,7 @@ class SearchPlans:
         steady range from the largest of the stages' over_from on; once per layout under this budget."""
         hit = self.over_at.get(own)
         if hit is None:
-            dead = [self.states_bound(own, zero) > self.budget or self.layout_over(own, zero) for zero in self.zeros]
+            dead = self.stages_over(own)
             if all(dead):
                 hit = self.over_at[own] = frozenset(self.sizes(own))
                 return hit
@@ -451,13 +465,29 @@ class SearchPlans:
         """The least micro-batch of the layout's steady range (steady_floor) whose floor under the heaviest recompute
         is over the budget by more than FLOOR_MARGIN, 0 where none is: every larger micro-batch of the range is
         then over the budget too (its floor is at least as large; the margin exceeds any rounding of the floor's
-        sum), so zero_needs settles it without its floor. Once per layout and ZeRO stage under this budget."""
+        sum), so zero_needs settles it without its floor. Once per layout and ZeRO stage under this budget.
+        The range's floors do not fall as the micro-batch grows, so those over form its upper end, found by steps
+        that double from the smallest micro-batch and then halve (a few floors, not one per micro-batch); any it
+        returns is over by the margin, which is all that settling the larger ones relies on."""
         key = (own, zero)
         hit = self.over_at.get(key)
         if hit is None:
-            hit = self.over_at[key] = next(
-                (mbs for mbs in self.sizes(own) if self.steady_floor(own, mbs)
-                 and self.floor_bytes(own, zero, self.recomputes[-1], mbs) > self.budget * (1.0 + FLOOR_MARGIN)), 0)
+            steady = [mbs for mbs in self.sizes(own) if self.steady_floor(own, mbs)]
+            limit, heaviest = self.budget * (1.0 + FLOOR_MARGIN), self.recomputes[-1]
+            lo, hi, step = 0, len(steady), 1
+            while lo < hi:  # doubling: [lo, hi) holds the first micro-batch over, if any
+                probe = min(lo + step - 1, hi - 1)
+                if self.floor_bytes(own, zero, heaviest, steady[probe]) > limit:
+                    hi = probe
+                    break
+                lo, step = probe + 1, step * 2
+            while lo < hi:  # halving: steady[hi] is over, or hi is past the range
+                mid = (lo + hi) // 2
+                if self.floor_bytes(own, zero, heaviest, steady[mid]) > limit:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            hit = self.over_at[key] = steady[lo] if lo < len(steady) else 0
         return hit
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
