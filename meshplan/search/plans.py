@@ -413,10 +413,13 @@ class SearchPlans:
         hit = self.floor_needs.get((own, mbs))
         if hit is None:
             recomputes, n_r = self.recomputes, len(self.recomputes)
-            if mbs in self.all_over(own):  # every stage over (all_over): the whole tuple at once
+            steady = self.steady_floor(own, mbs)
+            # every stage over (all_over): the whole tuple at once; below the steady range only a layout whose every
+            # stage is over (stages_over) has it, so the steady range's scans are left for the micro-batches in it
+            if (mbs in self.all_over(own)) if steady else all(self.stages_over(own)):
                 hit = self.floor_needs[(own, mbs)] = (n_r,) * len(self.zeros)
                 return hit
-            steady, budget, floor = self.steady_floor(own, mbs), self.budget, self.floor_bytes
+            budget, floor = self.budget, self.floor_bytes
             hit = self.floor_needs[(own, mbs)] = tuple(
                 next((i for i, r in enumerate(recomputes) if floor(own, zero, r, mbs) <= budget), n_r)
                 if not over and not (steady and 0 < self.over_from(own, zero) <= mbs)
