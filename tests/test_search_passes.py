@@ -114,6 +114,43 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
     assert compared >= 20 and opened[0] < seeded[0]
 
 
+def test_seeds_left_out_as_dead_are_counted_as_a_queue_holding_them_would(monkeypatch):
+    """The seeds open_group leaves out because every ZeRO stage is over the budget at their micro-batch (dead_sizes)
+    are counted by settle_dead as their FLOOR pops would have counted them: on sampled requests with headrooms (the
+    probe's cutoff), on a job most of whose layouts do not fit (Kimi-K2 on 256 H100: its rejected counts split between
+    the memory rule and SEARCH-SLOWER), and with the estimate budget spent part-way, the whole answer is the one of a
+    queue holding every seed (dead_sizes empty); and seeds were left out."""
+    left_out = [0]
+    real_dead = BestFirstSearch.dead_sizes
+
+    def counting(self, lay):
+        dead = real_dead(self, lay)
+        left_out[0] += len(dead)
+        return dead
+
+    requests = [(req.model_copy(update={"headroom": (0.1, 0.25, 0.4)[seed % 3]}), top_k)
+                for seed in range(24) for req, top_k in [sampled_request(seed)]]
+    requests.append((Request(model="kimi-k2", num_gpus=256, gpu="h100"), 5))
+    compared = 0
+    for req, top_k in requests:
+        for budget in (None, 60):
+            if budget is not None:
+                limits = search_engine.search_limits()
+                monkeypatch.setattr(search_engine, "search_limits",
+                                    lambda limits=limits, b=budget: limits.model_copy(update={"max_evaluations": b}))
+            monkeypatch.setattr(BestFirstSearch, "dead_sizes", counting)
+            try:
+                fast = recommend(req, top_k=top_k).model_dump(mode="json")
+            except MeshplanError:
+                monkeypatch.undo()
+                continue
+            monkeypatch.setattr(BestFirstSearch, "dead_sizes", lambda self, lay: frozenset())
+            assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (req, budget)
+            monkeypatch.undo()
+            compared += 1
+    assert compared >= 20 and left_out[0] > 1000
+
+
 @pytest.mark.parametrize("spent", [False, True], ids=["run", "budget spent"])
 def test_groups_pop_before_their_nodes_and_estimate_nothing(spent):
     """Every node an opened group pushes has a key at least its group's floor (so the group pops first); opening a

@@ -137,6 +137,9 @@ class BestFirstSearch(StepTimeBounds):
     heap: list = field(default_factory=list)
     seq: int = 0
     seed_rates: dict[tuple, tuple[int, float, float]] = field(default_factory=dict)  # seed_rate's, per seeding
+    # Seeds never queued because their FLOOR pop could only reject them (open_group), as (key, seq): run() counts
+    # them as that pop would have (settle_dead), so the counts are those of a queue that held them.
+    dead: list[tuple[float, int]] = field(default_factory=list)
 
     @classmethod
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
@@ -373,27 +376,39 @@ class BestFirstSearch(StepTimeBounds):
                 self.beyond_cutoff += variants * len(sizes)
                 continue
             seq = base + index
+            dead = self.dead_sizes(lay)
             for mbs, seed_key in zip(sizes, keys, strict=True):
                 seq += 1
                 if seed_key > cutoff:
                     self.beyond_cutoff += variants
-                    continue
-                heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
+                elif mbs in dead:
+                    self.dead.append((seed_key, seq))
+                else:
+                    heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
 
     def wanted(self) -> bool:
-        """More to rank: fewer than top_k distinct rows, or the next node could still tie the last one ranked
-        (a clone with the same numbers joins its row instead of being counted as slower)."""
-        if self.heap[0][0] > self.cutoff:
+        """More to rank: the next node is (wants)."""
+        return self.wants(self.heap[0][0])
+
+    def wants(self, key: float) -> bool:
+        """A node of this key is still wanted: fewer than top_k distinct rows, or it could still tie the last one
+        ranked (a clone with the same numbers joins its row instead of being counted as slower)."""
+        if key > self.cutoff:
             return False
         if len(self.rows) < self.top_k:
             return True
-        return self.heap[0][0] <= self.found[-1].time * (1.0 + TIE)
+        return key <= self.found[-1].time * (1.0 + TIE)
 
     def run(self) -> None:
         steps = {Level.FLOOR: self.refine_bound, Level.SHARD: self.refine_shard, Level.RULES: self.apply_rules,
                  Level.NEED: self.confirm_need, Level.STAIRCASE: self.staircase, Level.STEP: self.step_bound,
                  Level.TIME: self.time_plan, Level.RANK: self.accept}
-        while self.heap and self.wanted():
+        last: tuple = (-math.inf,)  # the last node popped (key, level, seq)
+        stop: tuple | None = None  # the node the loop stopped at, None where the queue ran out
+        while self.heap:
+            if not self.wanted():
+                stop = self.heap[0][:3]
+                break
             checkpoint()  # a cancelled MCP call stops here; no clock decides what is returned
             if self.heap[0][1] == Level.GROUP:  # estimates nothing: the budget is asked before a node's pop only
                 key, _, _, payload = heapq.heappop(self.heap)
@@ -401,10 +416,40 @@ class BestFirstSearch(StepTimeBounds):
                 continue
             if self.evaluations >= self.max_evaluations:
                 self.stopped_by_budget = True
+                stop = self.heap[0][:3]
                 self.best_so_far()
                 break
-            key, level, _, payload = heapq.heappop(self.heap)
+            key, level, seq, payload = heapq.heappop(self.heap)
+            last = (key, level, seq)
             steps[level](key, *payload)
+        self.settle_dead(last, stop)
+
+    def dead_sizes(self, lay: Layout) -> frozenset[int]:
+        """The micro-batches whose FLOOR pop could only reject the layout's node, whatever the queue holds: those at
+        which every ZeRO stage is over the budget (plans.all_over, the first answer of zero_needs: need_floor is then
+        len(recomputes) and refine_bound rejects the node)."""
+        return self.all_over(lay.own_memory())
+
+    def settle_dead(self, last: tuple, stop: tuple | None) -> None:
+        """Count the seeds open_group left out because refine_bound could only reject them (every ZeRO stage over
+        the budget at their micro-batch: plans.all_over), as a queue holding them would have: a pop rejects such a
+        node under the memory rule, and pops change nothing else (no estimate, no ranked row), so the other nodes
+        pop in the same order and the loop stops at the same one. Popped, in that queue: each before the last node
+        popped (the loop went on past it, and wanted() holds for a smaller key whenever it holds for a larger one at
+        the same ranked rows), and, after it, each the loop's stopping test would have let through with the final
+        rows, up to the node it stopped at (none after a budget stop: the budget is asked before every pop). The rest
+        were never popped: left for drain, like a seed over the cutoff."""
+        if not self.dead:
+            return
+        popped = 0
+        for key, seq in self.dead:
+            node = (key, Level.FLOOR, seq)
+            if node < last or (not self.stopped_by_budget and (stop is None or node < stop) and self.wants(key)):
+                popped += 1
+        variants = self.variants()
+        self.rejected[self.engine.memory_rule] += popped * variants
+        self.beyond_cutoff += (len(self.dead) - popped) * variants
+        self.dead.clear()
 
     def best_so_far(self) -> None:
         """Out of its estimate budget: rank the plans already timed (they fit), fastest first, then, while fewer than
