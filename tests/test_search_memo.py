@@ -206,3 +206,45 @@ def test_seed_keys_and_pipeline_bounds_from_their_memos_equal_the_plain_arithmet
     for search in searches:
         search.work_mbs[lay.tp, lay.ep, lay.etp] *= 64
     assert used.token_bound(lay, mbs, "none") == fresh.token_bound(lay, mbs, "none") != before
+
+
+def test_token_rates_are_kept_per_what_they_read_and_equal_the_rates_worked_out_afresh(monkeypatch):
+    """bounds.shard_rate keeps a layout's references per (tp, ep, etp, cp, EP overlap, recompute, the shard's largest
+    micro-batches, the micro-batch where those are unset): layouts that differ in their pipeline share one rate, and
+    every token and pipeline bound read from it is the float a search without the memo computes."""
+    from meshplan.search.bounds import StepTimeBounds
+
+    req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    engine = default_engine(job.framework)
+    used, fresh = (BestFirstSearch.for_job(job, fixed, engine, 1) for _ in range(2))
+    layouts, _ = enumerate_layouts(job, fixed)
+    for search in (used, fresh):
+        search.sized(layouts)
+    worked: list[tuple] = []
+    plain = StepTimeBounds._shard_rate
+
+    def counted(self, lay, mbs, recompute, work, most, overlap):
+        if self is used:
+            worked.append((lay.tp, lay.ep, lay.etp, lay.cp, overlap, recompute, work, most, mbs))
+        return plain(self, lay, mbs, recompute, work, most, overlap)
+
+    monkeypatch.setattr(StepTimeBounds, "_shard_rate", counted)
+    calls = 0
+    for lay in layouts[::3]:
+        for mbs in used.sizes(lay)[:2]:
+            for recompute in used.recomputes:
+                for exact in (False, True):
+                    calls += 1
+                    kept = used.token_bound(lay, mbs, recompute, exact)
+                    fresh.bounds_memo.clear()
+                    assert kept == fresh.token_bound(lay, mbs, recompute, exact), (lay, mbs, recompute, exact)
+                kept = used.pipeline_bound(lay, mbs, recompute, interleave=True)
+                fresh.bounds_memo.clear()
+                assert kept == fresh.pipeline_bound(lay, mbs, recompute, interleave=True), (lay, mbs, recompute)
+    assert len(worked) == len(set(worked)) and calls > 4 * len(worked)  # once per what a rate reads, shared
+    lay = next(lay for lay in layouts if lay.vpp == 1 and lay.pp > 1)
+    mbs = used.sizes(lay)[0]
+    assert used.pipeline_bound(lay, mbs, "none", interleave=True) == used.pipeline_bound(lay, mbs, "none")
+    assert (lay, mbs, "none", True) not in used.bounds_memo  # no interleaving to add: one entry for both

@@ -38,8 +38,9 @@ class StepTimeBounds(SearchPlans):
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
     sync_s: float | None = None  # moe_sync_s, once
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
-    # shard sizes (shared by a search of the same job at another budget, like Caches)
-    bounds_memo: dict[tuple, float] = field(default_factory=dict)
+    # shard sizes (shared by a search of the same job at another budget, like Caches); and shard_rate's ("rate", ...)
+    bounds_memo: dict[tuple, float | tuple[int, float, float]] = field(default_factory=dict)
+    one_factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)  # stretch_one's
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return max(1, self.job.global_batch_size // (mbs * lay.dp))
@@ -144,22 +145,42 @@ class StepTimeBounds(SearchPlans):
         (`exact`: the smallest such; otherwise the most any layout of the shard uses, one reference for all):
         step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp). Kept per what it reads: the
         layout, micro-batch and recompute, and without `exact` its shard's largest micro-batches."""
-        key = (lay, mbs, recompute, exact, None if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp)),
-               None if exact else self.cp_mbs.get((lay.tp, lay.cp)))
+        work = None if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp))
+        most = None if exact else self.cp_mbs.get((lay.tp, lay.cp))
+        key = (lay, mbs, recompute, exact, work, most)
         bound = self.bounds_memo.get(key)
         if bound is None:
-            bound = self.bounds_memo[key] = self.stretch(lay, (mbs,), *self.token_rate(lay, mbs, recompute, exact))[0]
-        return bound
+            bound = self.bounds_memo[key] = self.stretch_one(lay, mbs,
+                                                             *self.shard_rate(lay, mbs, recompute, work, most))
+        return bound  # type: ignore[return-value]
 
     def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float]:
         """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a
         micro-batch outside the steady state adds: its all-to-all exposed). Without `exact` it is the same for every
         micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest), so `seed` reads it once."""
-        s = self.job.seq_length
-        tokens = -(-s // lay.cp) * mbs
-        most = tokens / s if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp), tokens / s)
-        b_tok = pow2_at_least(most)
+        if exact:
+            return self.shard_rate(lay, mbs, recompute, None, None)
+        return self.shard_rate(lay, mbs, recompute, self.work_mbs.get((lay.tp, lay.ep, lay.etp)),
+                               self.cp_mbs.get((lay.tp, lay.cp)))
+
+    def shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None,
+                   most: int | None) -> tuple[int, float, float]:
+        """token_rate given what it reads of the seeded shards (`work`: work_mbs of the layout's (tp, ep, etp), `most`:
+        cp_mbs of its (tp, cp); both None for the exact bound, or where the shard is not seeded), kept in bounds_memo
+        per all it reads: tp, ep, etp, cp, whether the pipeline may overlap the all-to-all, recompute, those two, and
+        the micro-batch only where one is None (the references then read it)."""
         overlap = self.pipeline_overlaps(lay)
+        key = ("rate", lay.tp, lay.ep, lay.etp, lay.cp, overlap, recompute, work, most,
+               mbs if work is None or most is None else 0)
+        hit = self.bounds_memo.get(key)
+        if hit is None:
+            hit = self.bounds_memo[key] = self._shard_rate(lay, mbs, recompute, work, most, overlap)
+        return hit  # type: ignore[return-value]
+
+    def _shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None, most: int | None,
+                    overlap: bool) -> tuple[int, float, float]:
+        s = self.job.seq_length
+        b_tok = pow2_at_least(-(-s // lay.cp) * mbs / s if work is None else work)
         per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap), lay.tp, 1, lay.ep,
                                     lay.etp, b_tok, recompute, "work", overlap)
         exposed = 0.0
@@ -170,7 +191,7 @@ class StepTimeBounds(SearchPlans):
         if lay.cp > 1:
             # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
             # bound, since the time per token only falls with more tokens, but one reference for all of them)
-            b_cp = pow2_at_least(mbs if exact else self.cp_mbs.get((lay.tp, lay.cp), mbs))
+            b_cp = pow2_at_least(mbs if most is None else most)
             per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
                                          self.recomputes[0], "cp")
         return b_tok, per_token, exposed
@@ -206,6 +227,15 @@ class StepTimeBounds(SearchPlans):
             self.sync_s = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
         return self.sync_s
 
+    def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float) -> float:
+        """stretch of one micro-batch size (token_bound's), its stretch_factors kept per (dp, pp, vpp, schedule,
+        micro-batch): all they read of the layout."""
+        key = (lay.dp, lay.pp, lay.vpp, lay.schedule, mbs)
+        factors = self.one_factors.get(key)
+        if factors is None:
+            factors = self.one_factors[key] = self.stretch_factors(lay, (mbs,))
+        return self.stretch(lay, (mbs,), b_tok, per_token, exposed, factors)[0]
+
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float]]:
         """Per micro-batch size, what the bounds read of the layout's pipeline: m + its bubble stages, the share of
@@ -224,15 +254,16 @@ class StepTimeBounds(SearchPlans):
         """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
         vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp). Once per arguments: it reads
         only them and the job (the exact token bound, pp_unit's cached units), not the seeded shards' sizes."""
+        interleave = interleave and lay.vpp > 1  # without virtual stages there is no interleaving to add
         key = (lay, mbs, recompute, interleave)
         bound = self.bounds_memo.get(key)
         if bound is None:
-            bound = self.token_bound(lay, mbs, recompute, exact=True)
-            if interleave and lay.vpp > 1:
+            bound = self.stretch_one(lay, mbs, *self.shard_rate(lay, mbs, recompute, None, None))  # exact token_bound
+            if interleave:
                 bound += (lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs)
                           * (self.microbatches(lay, mbs) + lay.bubble_stages()))
             self.bounds_memo[key] = bound
-        return bound
+        return bound  # type: ignore[return-value]
 
     def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
         """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the
