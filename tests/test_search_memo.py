@@ -248,3 +248,43 @@ def test_token_rates_are_kept_per_what_they_read_and_equal_the_rates_worked_out_
     mbs = used.sizes(lay)[0]
     assert used.pipeline_bound(lay, mbs, "none", interleave=True) == used.pipeline_bound(lay, mbs, "none")
     assert (lay, mbs, "none", True) not in used.bounds_memo  # no interleaving to add: one entry for both
+
+
+def test_the_pipeline_unit_is_the_bases_traffic_even_where_the_rules_refuse_the_base():
+    """bounds.pp_unit reads perf.pipeline_unit once per (tp, cp, dp, pp, micro-batch, sequence parallelism): the
+    traffic the interleaved plan's own estimate charges per hop, whether or not a rule refuses the non-interleaved
+    base (torchtitan's TP003 here); an Engine without pipeline_unit keeps the per-base refusal (0)."""
+    from dataclasses import replace
+
+    from meshplan.arithmetic.comm import links
+    from meshplan.core.errors import MeshplanError
+    from meshplan.estimate.perf import pipeline_p2p, pipeline_unit
+    from meshplan.knowledge.calibration import calibration
+    from meshplan.rules.engine import require_estimable
+
+    req = Request(model="llama-3.1-70b", num_gpus=64, framework="torchtitan", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    engine = default_engine(job.framework)
+    search = BestFirstSearch.for_job(job, fixed, engine, 1)
+    refused = 0
+    for lay in enumerate_layouts(job, fixed)[0]:
+        if lay.vpp == 1 or refused > 3:
+            continue
+        for mbs in search.sizes(lay)[:2]:
+            base = search.plan(lay.base(), search.zeros[0], search.recomputes[0], mbs)
+            try:
+                require_estimable(job, base)
+                continue
+            except MeshplanError:
+                refused += 1
+            m = search.microbatches(lay, mbs)
+            unit = pipeline_unit(job, base)
+            assert unit and search.pp_unit(lay, mbs) == m * unit / m
+            cal = calibration(job.framework)
+            lk = links(job.gpu, job.gpus_per_node, cal)
+            own = search.plan(lay, search.zeros[0], search.recomputes[0], mbs)
+            assert pipeline_p2p(job, own, cal, lk) == pipeline_p2p(job, base, cal, lk)  # the same hop
+            old = BestFirstSearch.for_job(job, fixed, replace(engine, pipeline_unit=None), 1)
+            assert old.pp_unit(lay, mbs) == 0.0
+    assert refused

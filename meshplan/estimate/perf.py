@@ -283,6 +283,13 @@ def exposed_pipeline_p2p(job: Job, plan: Plan) -> float | None:
     bound multiplies by vpp). Refused like step_terms (require_estimable); None where the per-layer host sync makes
     it depend on the slowest stage's layers (the step's terms give it)."""
     require_estimable(job, plan)
+    return pipeline_unit(job, plan)
+
+
+def pipeline_unit(job: Job, plan: Plan) -> float | None:
+    """exposed_pipeline_p2p's arithmetic whatever the rules say of the plan: it reads of the plan only its degrees
+    (tp, cp, dp, pp: the pipeline group's span), micro-batch, sequence parallelism and vpp, so a refused plan's is
+    the traffic of any plan with those (the search's pipeline bound reads a non-interleaved base's)."""
     cal = calibration(job.framework)
     p2p = pipeline_p2p(job, plan, cal, links(job.gpu, job.gpus_per_node, cal))
     if p2p.cross_layer:

@@ -38,8 +38,9 @@ class StepTimeBounds(SearchPlans):
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
     sync_s: float | None = None  # moe_sync_s, once
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
-    # shard sizes (shared by a search of the same job at another budget, like Caches); and shard_rate's ("rate", ...)
-    bounds_memo: dict[tuple, float | tuple[int, float, float]] = field(default_factory=dict)
+    # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...) and
+    # pp_unit's ("unit", ...: None where only the base's step terms give it)
+    bounds_memo: dict[tuple, float | tuple[int, float, float] | None] = field(default_factory=dict)
     one_factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)  # stretch_one's
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
@@ -58,9 +59,24 @@ class StepTimeBounds(SearchPlans):
 
     def pp_unit(self, lay: Layout, mbs: int) -> float:
         """Exposed pipeline send/receive per stage per micro-batch without interleaving, read from the
-        non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021). Once per base (0 where an
-        estimate refuses the base); from the Engine's pp_unit where it has one, without building the base's step."""
-        key = (lay.base(), self.zeros[0], self.recomputes[0], mbs)
+        non-interleaved base; interleaving multiplies it by vpp (Narayanan et al. 2021). With the Engine's
+        pipeline_unit, once per what it reads (tp, cp, dp, pp, micro-batch, sequence parallelism), whether or not the
+        rules refuse the base: the base is only the arithmetic's device, and the interleaved plan's own hop (what its
+        estimate charges vpp times per micro-batch) reads the same fields. Otherwise once per base (0 where an estimate
+        refuses it); from the Engine's pp_unit where it has one, without building the base's step."""
+        base = lay.base()
+        if self.engine.pipeline_unit is not None:
+            sp = self.sequence_parallel(base)
+            key = ("unit", base.tp, base.cp, base.dp, base.pp, mbs, sp)
+            if key not in self.bounds_memo:
+                unit = self.engine.pipeline_unit(self.job, self.plan(base, self.zeros[0], self.recomputes[0], mbs))
+                m = self.microbatches(base, mbs)
+                # the estimate's pp_comm_s (m x the stage's) per micro-batch, to the last bit (as _pp_unit)
+                self.bounds_memo[key] = None if unit is None else m * unit / m  # type: ignore[assignment]
+            unit = self.bounds_memo[key]
+            if unit is not None:
+                return unit  # type: ignore[return-value]
+        key = (base, self.zeros[0], self.recomputes[0], mbs)
         hit = self.caches.pp_units.get(key)
         if hit is None:
             hit = self.caches.pp_units[key] = self._pp_unit(key)

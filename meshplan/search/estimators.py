@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from meshplan.arithmetic.flops import model_flops_per_step
 from meshplan.check.config import check_config
 from meshplan.estimate.memory import FitVerdict, estimate_memory, memory_fit, memory_summary
-from meshplan.estimate.perf import StepTerms, estimate_throughput, exposed_pipeline_p2p, step_terms, throughput_of
+from meshplan.estimate.perf import (
+    StepTerms,
+    estimate_throughput,
+    exposed_pipeline_p2p,
+    pipeline_unit,
+    step_terms,
+    throughput_of,
+)
 from meshplan.knowledge.calibration import calibration
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, MemoryReport, MemorySummary, ThroughputReport
@@ -36,6 +43,9 @@ class Engine:
     # building its step, for the pipeline bound; None from it where only the step's terms give it. None: the bound
     # reads it from the plan's step terms.
     pp_unit: Callable[[Job, Plan], float | None] | None = None
+    # pp_unit's arithmetic whatever the rules say of the plan (perf.pipeline_unit: it reads only the plan's degrees,
+    # micro-batch and sequence parallelism), once per those. None: the bound asks pp_unit per base plan.
+    pipeline_unit: Callable[[Job, Plan], float | None] | None = None
     # Whether `memory`'s report would fit a budget (and a host limit), without the report (memory.memory_fit: the
     # same stages, stopping at the first over). None: the search reads `memory`'s report.
     memory_fit: Callable[..., FitVerdict] | None = None
@@ -58,6 +68,7 @@ def default_engine(framework: str) -> Engine:
         terms=step_terms,
         finish=throughput_of,
         pp_unit=exposed_pipeline_p2p,
+        pipeline_unit=pipeline_unit,
         memory_fit=memory_fit,
     )
 
