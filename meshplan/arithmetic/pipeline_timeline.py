@@ -338,17 +338,51 @@ def _dualpipev_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
 @lru_cache(maxsize=4096)
 def in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
     """Micro-batches whose activations rank `rank` holds per virtual chunk at the first moment it holds the most
-    (forwards run, backwards not yet): the order alone decides it, not the op times."""
+    (forwards run, backwards not yet): the order alone decides it, not the op times. The orders rank_order builds
+    (GPipe, 1F1B, interleaved and combined 1F1B) in closed form (plain_in_flight), the split ones replayed."""
+    if shape.order in SPLIT_ORDERS:
+        return replayed_in_flight(shape, rank)
+    return plain_in_flight(shape, rank)
+
+
+def plain_in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
+    """in_flight of rank_order's orders without replaying them. Each runs its warm-up forwards W, then a forward
+    and a backward in turn, then the rest of the backwards (GPipe and one stage: every forward first, W = m v): the
+    held count rises to W + 1 at the first steady forward (m v where there is none) and never passes it after, as
+    each later forward follows a backward. So the peak is the first min(W + 1, m v) forwards of the rank's table,
+    counted per chunk: 1F1B's one chunk; the interleaved orders' groups of G micro-batches, chunk by chunk within a
+    group (_chunk_microbatches). tests/test_pipeline_timeline.py holds it equal to the replay."""
+    m, p, v = shape.microbatches, shape.pp, shape.vpp
+    if shape.order == "gpipe" or p == 1:
+        return (m,) + (0,) * (v - 1)
+    if shape.order == "1f1b":
+        return (min(p - rank, m),) + (0,) * (v - 1)
+    left = min(_warmup(shape, rank) + 1, m * v)  # forwards run at the peak, taken group by group
+    held = [0] * v
+    for start in range(0, m, shape.group):
+        size = min(shape.group, m - start)
+        for chunk in range(v):
+            take = min(size, left)
+            held[chunk] += take
+            left -= take
+            if not left:
+                return tuple(held)
+    return tuple(held)
+
+
+def replayed_in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
+    """in_flight by replaying the rank's order op by op (a split backward frees its activations only with its W)."""
     held = [0] * shape.vpp
-    best, peak = 0, tuple(held)
+    best, peak, total = 0, tuple(held), 0  # total: sum(held), kept as the ops change it
     if shape.order in SPLIT_ORDERS:  # a split backward frees its activations only with its W (I keeps them)
         ops = [(-1 if a.kind in "BW" else 0 if a.kind == "I" else 1, a.chunk) for a in rank_actions(shape, rank)]
     else:
         ops = [(-1 if backward else 1, chunk) for backward, chunk, _ in rank_order(shape, rank)]
     for change, chunk in ops:
         held[chunk] += change
-        if sum(held) > best:
-            best, peak = sum(held), tuple(held)
+        total += change
+        if total > best:
+            best, peak = total, tuple(held)
     return peak
 
 
