@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -77,18 +79,43 @@ def mcp_row(repeat: int) -> str:
             f"{met(wall, MCP_TARGET)} |")  # the target's own figure; on a loaded machine it also times the queue
 
 
+WARM_UP = Request(model="llama-3.1-8b", num_gpus=8, **H100)  # another request: loads the cards, not this one's memos
+
+
+def first_ask(index: int) -> float:
+    """CPU s of case `index` asked once in a fresh process whose cards are loaded by another request (WARM_UP): what a
+    user's first ask of it costs, with none of the per-job memos a repeat in the same process finds (the rules' kept
+    verdicts, the estimates' per-layout terms)."""
+    out = subprocess.run([sys.executable, __file__, "--first-ask", str(index)], capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def first_ask_child(index: int) -> float:
+    api.recommend(WARM_UP)
+    start = time.process_time()
+    CASES[index][1]()
+    return time.process_time() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--first-ask", type=int, default=None, help=argparse.SUPPRESS)  # one child run (first_ask)
     args = parser.parse_args()
+    if args.first_ask is not None:
+        print(first_ask_child(args.first_ask))
+        return
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min), {os.cpu_count()} CPUs")
-    print("| job | target s | wall s (median) | CPU s (median) | layouts | estimates | #1 | met |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, call, target in CASES:
+    print("| job | target s | wall s (median) | CPU s (median) | CPU s, first ask (median) | layouts | estimates | #1 "
+          "| met |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for index, (name, call, target) in enumerate(CASES):
         if args.only.lower() not in name.lower():
             continue
+        first = statistics.median(first_ask(index) for _ in range(args.repeat))
         call()  # warm the caches
         walls, cpus = [], []
         for _ in range(args.repeat):
@@ -99,7 +126,8 @@ def main() -> None:
         layouts, estimates, best = describe(result)
         cpu = statistics.median(cpus)
         print(f"| {name} | {target if target else '-'} | {statistics.median(walls):.3f} | "
-              f"{cpu:.3f} | {layouts} | {estimates} | {best} | {met(cpu, target)} |", flush=True)
+              f"{cpu:.3f} | {first:.3f} | {layouts} | {estimates} | {best} | {met(max(cpu, first), target)} |",
+              flush=True)
     if args.only.lower() in "mcp server start":
         print(mcp_row(args.repeat), flush=True)
     load = os.getloadavg()
