@@ -149,15 +149,17 @@ def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
     return LayerKey(moe, *parts)
 
 
-_MEMO: ContextVar[dict[LayerKey, tuple[tuple, LayerTime]] | None] = ContextVar("layer_memo", default=None)
+# LayerKey -> (objects, LayerTime), and scope_memo's named memos
+_MEMO: ContextVar[dict | None] = ContextVar("layer_memo", default=None)
 
 
 @contextmanager
 def shared_layers() -> Iterator[None]:
     """Within it (one recommend, min-gpus or RL search: one request, so one set of cards and calibration), one layer's
-    time is computed once per LayerKey and shared by every estimate that asks for it (memo_layer). Per context (a
-    thread, an MCP call), bounded (MEMO_LIMIT), dropped on exit; nested scopes share the outer one. Outside any
-    scope every estimate computes its own."""
+    time is computed once per LayerKey and shared by every estimate that asks for it (memo_layer), as are the other
+    estimates' named memos (scope_memo: a layout's memory terms, memory.layout_terms). Per context (a thread, an MCP
+    call), bounded (MEMO_LIMIT), dropped on exit; nested scopes share the outer one. Outside any scope every estimate
+    computes its own."""
     if _MEMO.get() is not None:
         yield
         return
@@ -166,6 +168,18 @@ def shared_layers() -> Iterator[None]:
         yield
     finally:
         _MEMO.reset(token)
+
+
+def scope_memo(name: str) -> dict | None:
+    """The current shared_layers scope's memo `name` (the other estimates' own, beside the layers'), None outside a
+    scope: made on first use, bounded (MEMO_LIMIT: cleared when full), dropped with the scope."""
+    memo = _MEMO.get()
+    if memo is None:
+        return None
+    own = memo.get(name)
+    if own is None or len(own) >= MEMO_LIMIT:
+        own = memo[name] = {}
+    return own
 
 
 def memo_layer(compute: Callable[[LayerContext, bool], LayerTime], ctx: LayerContext, moe: bool) -> LayerTime:

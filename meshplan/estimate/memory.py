@@ -14,6 +14,7 @@ stage's memory step by step is memory_stage.py; torch FSDP2's backward walk, fsd
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
@@ -40,8 +41,9 @@ from meshplan.arithmetic.offload import offload_plan, offload_time
 from meshplan.arithmetic.schedule import padded_vocab, plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
+from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, stage_memory
-from meshplan.estimate.memory_terms import MemoryTerms, param_table
+from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
@@ -160,43 +162,86 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
     """The terms every stage shares: the byte convention with the plan's precision knobs, the data-parallel sizes,
     the padded vocabulary, the pipeline layout, one layer's activations per kind and recompute mode, what the
     offload knobs move. What it assumed where the layout breaks a rule that does not block goes to `warnings`."""
-    arch = job.model
-    conv_name, conv, tensors = with_precision(job, plan)  # the convention with the plan's precision knobs
-    card = memory_card()
-    _, expert_dp, world_warnings = _world(job, plan)
-    warnings += world_warnings
-    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
-    pipeline = plan_stages(job, plan)
-    warnings += list(pipeline.warnings)
-    table = param_table(arch)
-    ts = plan.tp if plan.sequence_parallel else 1
+    base = layout_terms(job, plan)
+    warnings += base.warnings
     if job.global_batch_size % (plan.micro_batch_size * plan.dp):
         warnings.append(
             f"global_batch_size {job.global_batch_size} is not a multiple of micro_batch_size*dp = "
             f"{plan.micro_batch_size * plan.dp}; micro-batches rounded down (run `meshplan check`)."
         )
-    m = plan.num_microbatches(job.global_batch_size)
-    tokens = -(-job.seq_length // plan.cp) * plan.micro_batch_size
-    lay = _layer_layout(job, plan, conv, tokens)
-    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
-    sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
+    tokens, lay, per_kind, logits_bytes = micro_batch_terms(job, plan, base)
     return MemoryTerms(
-        job=job, plan=plan, conv_name=conv_name, conv=conv, tensors=tensors, card=card,
-        dense_dp=plan.dp * plan.cp // plan.dp_replicate,
-        expert_dp=expert_dp / plan.dp_replicate, vocab=vocab, pipeline=pipeline, table=table, ts=ts,
-        norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1), m=m, tokens=tokens, lay=lay,
-        selective=selective, per_kind=_per_kind(job, plan, lay, selective),
+        job=job, plan=plan, conv_name=base.conv_name, conv=base.conv, tensors=base.tensors, card=base.card,
+        dense_dp=base.dense_dp, expert_dp=base.expert_dp, vocab=base.vocab, pipeline=base.pipeline, table=base.table,
+        ts=base.ts, norm_width=base.norm_width, m=plan.num_microbatches(job.global_batch_size), tokens=tokens,
+        lay=lay, selective=base.selective, per_kind=per_kind,
         stored_mode="selective" if plan.recompute == "selective" else "none",
-        every_nth=every_nth_blocks(plan), group=uniform_group(plan),
+        every_nth=every_nth_blocks(plan), group=uniform_group(plan), gathered=base.gathered,
+        other_fixed=base.other_fixed, logits_bytes=logits_bytes, offload=base.offload,
+        optimizer_sharded=base.optimizer_sharded, step=base.step, stages=base.stages,
+    )
+
+
+_LAYOUT_FIELDS = tuple(name for name in Plan.model_fields if name not in MEMORY_PER_PLAN_FIELDS)
+_LAYOUT_KEY = itemgetter(*_LAYOUT_FIELDS)  # every one a hashable value (Plan's only list field is left out)
+
+
+def layout_terms(job: Job, plan: Plan) -> LayoutTerms:
+    """The plan's LayoutTerms, once per job and plan fields but MEMORY_PER_PLAN_FIELDS inside a shared_layers scope
+    (layer_records.scope_memo; the entry keeps the job alive, so its id stays its own); outside one, its own."""
+    memo = scope_memo("memory_layouts")
+    if memo is None:
+        return _layout_terms(job, plan)
+    key = (id(job), _LAYOUT_KEY(plan.__dict__))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (job, _layout_terms(job, plan))
+    return hit[1]
+
+
+def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
+    """What the stages share that no micro-batch or recompute field changes (LayoutTerms)."""
+    arch = job.model
+    conv_name, conv, tensors = with_precision(job, plan)  # the convention with the plan's precision knobs
+    card = memory_card()
+    _, expert_dp, world_warnings = _world(job, plan)
+    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
+    pipeline = plan_stages(job, plan)
+    sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
+    return LayoutTerms(
+        conv_name=conv_name, conv=conv, tensors=tensors, card=card,
+        dense_dp=plan.dp * plan.cp // plan.dp_replicate, expert_dp=expert_dp / plan.dp_replicate, vocab=vocab,
+        pipeline=pipeline, table=param_table(arch), ts=plan.tp if plan.sequence_parallel else 1,
+        norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1),
+        selective=framework_card(job.framework).recompute.selective,  # what this framework's "selective" saves
         gathered=conv.gathered_layers if sharded_weights else 0,
         other_fixed=card.fixed_overhead_bytes + card.cuda_context_bytes,
-        # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss is)
-        logits_bytes=output_activations(conv, tokens, vocab, plan.tp, arch.hidden_size, ts),
         # what the offload knobs move to host memory on this framework's engine (cards/frameworks/*.yaml offload)
         offload=offload_plan(job.framework, plan),
         optimizer_sharded=any(t.shard == "dp" for t in tensors if t.tensor_class == "optimizer"),
         step=card.optimizer_steps[optimizer_implementation(job, plan)],
+        warnings=(*world_warnings, *pipeline.warnings),
     )
+
+
+def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Layout, dict[tuple[bool, str], float],
+                                                                         float]:
+    """(tokens of one micro-batch on one GPU, one layer's Layout, its activations per kind and recompute mode, what
+    the output layer and loss keep of one micro-batch): once per micro-batch size and recompute modules of the
+    layout (base.micro_batches), the rest of the plan's recompute fields being read by no term of them."""
+    modules = tuple(plan.recompute_modules or ("core_attn",))  # Megatron's recompute_modules (its default)
+    key = (plan.micro_batch_size, modules)
+    hit = base.micro_batches.get(key)
+    if hit is None:
+        arch, conv = job.model, base.conv
+        tokens = -(-job.seq_length // plan.cp) * plan.micro_batch_size
+        lay = _layer_layout(job, plan, conv, tokens)
+        hit = base.micro_batches[key] = (
+            tokens, lay, _per_kind(job, lay, base.selective, modules),
+            # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss
+            # is)
+            output_activations(conv, tokens, base.vocab, plan.tp, arch.hidden_size, base.ts))
+    return hit
 
 
 def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
@@ -212,10 +257,9 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
     )
 
 
-def _per_kind(job: Job, plan: Plan, lay: Layout, selective: str) -> dict[tuple[bool, str], float]:
+def _per_kind(job: Job, lay: Layout, selective: str, modules: tuple[str, ...]) -> dict[tuple[bool, str], float]:
     """One layer's activations for one micro-batch, per (MoE layer, recompute mode)."""
     shape = shape_of(job.model)
-    modules = tuple(plan.recompute_modules or ("core_attn",))  # Megatron's recompute_modules (its default)
     return {
         (moe, mode): sum(layer_activations(shape, lay, moe, activation_mode(mode, selective), modules).values())
         for moe in (False, True) for mode in ("none", "selective", "full")

@@ -7,6 +7,7 @@ the caching allocator's reserve.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import NamedTuple
 
 from meshplan.arithmetic.flops import Shard
@@ -61,17 +62,43 @@ class Overheads(NamedTuple):
     step_temporaries: float = 0.0  # what optimizer.step() allocates (the optimizer step moment)
 
 
+class StageStates(NamedTuple):
+    """What of a stage no micro-batch or recompute field changes (memory_terms.MEMORY_PER_PLAN_FIELDS): its
+    parameters, their model states and the report's detail of them, the optimizer step's moment and the optimizer
+    state allocated inside the first step. Shared by the plans of a layout: no caller mutates it."""
+
+    params: StageParams
+    states: dict[str, float]
+    detail: dict[str, int]  # the first entries of the stage's detail, in order
+    step: Overheads  # step_moment
+    lazy: float  # lazy_optimizer_state
+    gathered: float  # gathered_units where the weights are sharded (terms.gathered), else 0
+
+
+def stage_states(terms: MemoryTerms, rank: int, chunks) -> StageStates:
+    """StageStates of pipeline stage `rank` (`chunks`: the layout's, terms.pipeline.chunks[rank]), once per rank of
+    the terms' layout (terms.stages)."""
+    hit = terms.stages.get(rank)
+    if hit is None:
+        detail: dict[str, int] = {}
+        params = stage_params(terms, rank, chunks)
+        if params.first:
+            detail["embedding_params"] = params.embedding
+        if params.last:
+            detail["output_layer_params"] = params.output_layer
+        if params.mtp:
+            detail["mtp_params"] = params.mtp_params
+        states = model_states(terms, params, detail)
+        hit = terms.stages[rank] = StageStates(params, states, detail, step_moment(terms, params, states),
+                                               lazy_optimizer_state(terms, params),
+                                               gathered_units(terms, params) if terms.gathered else 0.0)
+    return hit
+
+
 def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
-    """The memory per GPU of pipeline stage `rank` (its virtual chunks' layers in `chunks`)."""
-    detail: dict[str, int] = {}
-    params = stage_params(terms, rank, chunks)
-    if params.first:
-        detail["embedding_params"] = params.embedding
-    if params.last:
-        detail["output_layer_params"] = params.output_layer
-    if params.mtp:
-        detail["mtp_params"] = params.mtp_params
-    states = model_states(terms, params, detail)
+    """The memory per GPU of pipeline stage `rank` (its virtual chunks' layers in `chunks`: terms.pipeline's)."""
+    shared = stage_states(terms, rank, chunks)
+    params, states, detail = shared.params, shared.states, dict(shared.detail)
     acts = held_activations(terms, rank, chunks)
     detail["microbatches_in_flight"] = sum(acts.held)
     detail["layer_activations"] = int(acts.bytes)
@@ -83,8 +110,8 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
         stored += work
         detail["recompute_working_layer"] = int(work)
     stored = _edge_activations(terms, params, acts.held, stored, detail)
-    moments = _overheads(terms, params, acts, states, stored, detail)
-    moments.append(step_moment(terms, params, states))
+    moments = _overheads(terms, params, acts, states, stored, detail, shared.gathered)
+    moments.append(shared.step)
     # the reported moment: the reserved peak; the allocated peak is found at its own moment
     allocs = [allocated_bytes(terms, states, o) for o in moments]  # each moment's allocated bytes, once
     reserved = [reserved_bytes(terms, states, o, a) for o, a in zip(moments, allocs, strict=True)]
@@ -92,7 +119,8 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
     top = allocs.index(max(allocs))
     allocated = moments[top]
     detail["allocated_peak"] = int(allocs[top])
-    detail["first_iteration_allocated_peak"] = int(first_iteration_allocated(terms, params, moments, allocs))
+    detail["first_iteration_allocated_peak"] = int(first_iteration_allocated(terms, params, moments, allocs,
+                                                                             shared.lazy))
     if rest.gathered is not None:
         detail["gathered_layers"] = int(rest.gathered)
     if moments[-1].step_temporaries:
@@ -116,8 +144,8 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
 
 def allocated_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> float:
     """What torch's allocator hands out at moment `o` (with the fixed overhead and CUDA context, as the total)."""
-    weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
-    return weights + int(grads - o.absent) + opt + int(o.activations) + int(o.other)
+    return (int(states["weights"]) + int(int(states["gradients"]) - o.absent) + int(states["optimizer"])
+            + int(o.activations) + int(o.other))
 
 
 def reserved_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads,
@@ -161,12 +189,14 @@ def muon_step_bytes(terms: MemoryTerms, params: StageParams) -> float:
 
 
 def first_iteration_allocated(terms: MemoryTerms, params: StageParams, moments: list[Overheads],
-                              allocs: list[float]) -> float:
+                              allocs: list[float], lazy: float | None = None) -> float:
     """The allocated peak of the first iteration, what a peak read after iteration 1 shows: an implementation that
     allocates its optimizer state inside the first step (cards/memory.yaml optimizer_steps state_allocated) runs the
     first forward and backward without it, so the backward's moments count that much less, and the first step's
-    moment counts it whole (`moments`/`allocs`: the stage's moments, the step's last, and their allocated bytes)."""
-    lazy = lazy_optimizer_state(terms, params)
+    moment counts it whole (`moments`/`allocs`: the stage's moments, the step's last, and their allocated bytes;
+    `lazy`: lazy_optimizer_state, where the caller has it)."""
+    if lazy is None:
+        lazy = lazy_optimizer_state(terms, params)
     backward = [a - lazy for o, a in zip(moments, allocs, strict=True) if o.moment != STEP_MOMENT]
     step = [a for o, a in zip(moments, allocs, strict=True) if o.moment == STEP_MOMENT]
     return max(backward + step)
@@ -255,6 +285,9 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
     runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's (torchtitan)
     held = in_flight(rank, plan.pp, terms.vpp, terms.m // runs, framework_card(terms.job.framework).pipeline.group,
                      plan.runs_schedule)
+    if not (group or every_nth) and (plan.recompute != "full" or plan.recompute_layers is None
+                                     or plan.recompute_method == "uniform"):
+        return _one_mode_activations(terms, chunks, held, "full" if plan.recompute == "full" else terms.stored_mode)
     acts = 0.0
     built = 0
     modes: dict[int, str] = {}
@@ -278,6 +311,20 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
             chunk_bytes += per_kind[(terms.table.moe[i], mode)]
         acts += count * chunk_bytes
     return HeldActivations(acts, held, modes)
+
+
+def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mode: str) -> HeldActivations:
+    """held_activations where every layer runs in one recompute mode (no uniform chunks, no every-N-th block, no
+    full recompute of only the first layers): the same sums, layer by layer in order."""
+    moe, per_kind = terms.table.moe, terms.per_kind
+    bytes_of = {False: per_kind[(False, mode)], True: per_kind[(True, mode)]}
+    acts = 0.0
+    for chunk, count in zip(chunks, held, strict=True):
+        chunk_bytes = 0.0
+        for i in chunk:
+            chunk_bytes += bytes_of[moe[i]]
+        acts += count * chunk_bytes
+    return HeldActivations(acts, held, dict.fromkeys(chain.from_iterable(chunks), mode))
 
 
 def _offloaded(terms: MemoryTerms, params: StageParams, states: dict[str, float], acts: float,
@@ -333,11 +380,12 @@ def _edge_activations(terms: MemoryTerms, params: StageParams, held: tuple[int, 
 
 
 def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, states: dict[str, float],
-               acts: float, detail: dict[str, int]) -> list[Overheads]:
+               acts: float, detail: dict[str, int], gathered: float) -> list[Overheads]:
     """The backward's candidate moments: the fixed overhead plus the FSDP/ZeRO-3 gathered units, at the moments
     FSDP2's backward walk finds (its reserved and its allocated peak, which also decide the activations alive and the
-    gradients not yet allocated), else at the worst unit's backward with every activation."""
-    conv, plan = terms.conv, terms.plan
+    gradients not yet allocated), else at the worst unit's backward with every activation (`gathered`: the stage's
+    gathered_units)."""
+    conv = terms.conv
     walk = (terms.gathered and conv.step_peak == "backward_walk" and not terms.offload.activations and not terms.group
             and terms.job.lora is None)
     if walk:
@@ -352,12 +400,17 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
                                  freed_reserved=freed_grads_reserved(conv, absent), gathered=moment.transient))
         return out
     if terms.gathered:
-        # the stage's FSDP units in forward order: embedding, decoder layers, output layer (with the final norm)
-        table = terms.table
-        units = [params.embedding] if params.first else []
-        units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
-                  for i in params.layers]
-        units += [params.output_layer + terms.norm_width] if params.last else []
-        gathered = (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(conv, units)
         return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered), None, gathered=gathered)]
     return [Overheads(acts, terms.other_fixed, acts, None)]
+
+
+def gathered_units(terms: MemoryTerms, params: StageParams) -> float:
+    """FSDP/ZeRO-3's gathered units at the worst unit's backward (memory_states.gathered_transient; LoRA's frozen
+    base: frozen_gathered_transient) over the stage's units in forward order: embedding, decoder layers, output layer
+    (with the final norm)."""
+    plan, table = terms.plan, terms.table
+    units = [params.embedding] if params.first else []
+    units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
+              for i in params.layers]
+    units += [params.output_layer + terms.norm_width] if params.last else []
+    return (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(terms.conv, units)

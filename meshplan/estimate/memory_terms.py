@@ -5,7 +5,7 @@ data-parallel sizes, the pipeline layout, one layer's activations per kind and r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from meshplan.arithmetic.activations import Layout
@@ -51,6 +51,42 @@ class ParamTable:
 param_table = per_architecture(ParamTable)
 
 
+MEMORY_PER_PLAN_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_layers", "recompute_method",
+                                    "recompute_modules", "selective_ac_option"})
+"""Plan fields a layout's memory terms (LayoutTerms) and its stages' model states (memory_stage.StageStates) never
+read: the micro-batch and the recompute. So the plans of one search that differ only in these share them
+(memory.layout_terms); tests/test_memory_memo.py holds the estimate to it field by field."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutTerms:
+    """What MemoryTerms holds that no field of MEMORY_PER_PLAN_FIELDS changes (memory.layout_terms builds it), the
+    warnings it gave, and two memos of the plans that share it: per (micro-batch size, recompute modules) the
+    activation terms (memory.micro_batch_terms), per pipeline rank the stage's model states
+    (memory_stage.stage_states)."""
+
+    conv_name: str
+    conv: Convention
+    tensors: list[StateTensor]
+    card: MemoryCard
+    dense_dp: int
+    expert_dp: float
+    vocab: int
+    pipeline: Stages
+    table: ParamTable
+    ts: int
+    norm_width: int
+    selective: str
+    gathered: int
+    other_fixed: float
+    offload: OffloadPlan
+    optimizer_sharded: bool
+    step: OptimizerStepBytes
+    warnings: tuple[str, ...]
+    micro_batches: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryTerms:
     """What every stage of one (job, plan) shares."""
@@ -82,6 +118,9 @@ class MemoryTerms:
     offload: OffloadPlan
     optimizer_sharded: bool
     step: OptimizerStepBytes  # what the engine's optimizer.step() allocates (cards/memory.yaml optimizer_steps)
+    # per pipeline rank, the stage's model states (memory_stage.stage_states): the LayoutTerms' memo where the terms
+    # come from one, shared by the plans of the layout
+    stages: dict = field(default_factory=dict)
 
     @property
     def vpp(self) -> int:
