@@ -104,3 +104,13 @@ def test_recommend_is_the_same_with_and_without_sharing(monkeypatch):
 
     monkeypatch.setattr(perf, "memo_layer", lambda compute, ctx, moe: compute(ctx, moe))
     assert api.recommend(req).model_dump() == shared
+
+
+def test_key_holds_a_list_field_by_its_values():
+    """recompute_modules (the plan's one list field) enters the key as a tuple: equal lists share a key, a
+    different list or None does not."""
+    _, plan, ctx = contexts(CASES[0])
+    keyed = [layer_key(dataclasses.replace(ctx, plan=plan.model_copy(update={"recompute_modules": modules})), False)
+             for modules in (["mlp"], ["mlp"], ["mlp", "core_attn"], None)]
+    assert keyed[0] == keyed[1] and hash(keyed[0]) == hash(keyed[1])
+    assert keyed[0] != keyed[2] and keyed[0] != keyed[3]

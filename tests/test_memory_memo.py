@@ -124,3 +124,13 @@ def test_one_mode_activations_are_the_layer_by_layer_sums():
                 expected += count * chunk_bytes
             assert acts.bytes == expected
             assert acts.modes == {i: mode for chunk in chunks for i in chunk}
+
+
+def test_layouts_with_the_same_layer_layout_share_its_activations():
+    """One layer's activations per kind and mode (memory.per_kind_activations) depend on the model's Shape and the
+    Layout only: two layouts that differ in pp, dp and ZeRO stage but not in the layer's layout share them."""
+    job, plan = resolved(CASES[0])
+    one = memory_terms(job, plan, [])
+    other = memory_terms(job, plan.model_copy(update={"pp": 1, "dp": 4, "zero_stage": 2}), [])
+    assert one.lay == other.lay
+    assert one.per_kind is other.per_kind

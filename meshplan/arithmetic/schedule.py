@@ -22,6 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import chain
 
 from meshplan.arithmetic.memory_states import convention
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
@@ -410,7 +411,7 @@ class Stages:
 
     def layers(self, rank: int) -> tuple[int, ...]:
         """Every decoder layer rank `rank` holds, over all its virtual chunks."""
-        return tuple(i for chunk in self.chunks[rank] for i in chunk)
+        return tuple(chain.from_iterable(self.chunks[rank]))
 
     @property
     def counts(self) -> tuple[int, ...]:

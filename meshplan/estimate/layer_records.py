@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
-from typing import NamedTuple
+from operator import itemgetter
+from typing import NamedTuple, get_args, get_origin
 
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.flops import Shard
@@ -122,6 +123,10 @@ differ only in these share one layer's time; tests/test_layer_memo.py holds laye
 _PLAN_FIELDS = tuple(name for name in Plan.model_fields if name not in PER_STEP_FIELDS)
 _OBJECT_FIELDS = ("arch", "cal", "lora", "lora_engine")  # unhashable or costly to hash: by identity, kept alive
 _CONTEXT_FIELDS = tuple(f.name for f in fields(LayerContext) if f.name not in ("plan", *_OBJECT_FIELDS))
+_PLAN_VALUES = itemgetter(*_PLAN_FIELDS)  # read from the fields' own dicts (a pydantic model's, a dataclass's)
+_CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
+_LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if get_origin(Plan.model_fields[name].annotation) is list
+                 or list in map(get_origin, get_args(Plan.model_fields[name].annotation)))
 MEMO_LIMIT = 1 << 14  # entries per scope: a search sees a few thousand distinct layers (bench/recommend_speed.py)
 
 
@@ -141,11 +146,11 @@ def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
     asks for its dense and its MoE layer) and kept on it (frozen: it cannot change)."""
     parts = ctx.__dict__.get("_key_parts")
     if parts is None:
-        plan = ctx.plan
+        plan = _PLAN_VALUES(ctx.plan.__dict__)
+        if any(isinstance(plan[k], list) for k in _LIST_AT):  # a list field set: its values, as a tuple
+            plan = tuple(tuple(v) if isinstance(v, list) else v for v in plan)
         parts = ctx.__dict__["_key_parts"] = (
-            tuple(getattr(ctx, name) for name in _CONTEXT_FIELDS),
-            tuple(tuple(v) if isinstance(v := getattr(plan, name), list) else v for name in _PLAN_FIELDS),
-            tuple(id(getattr(ctx, name)) for name in _OBJECT_FIELDS))
+            _CONTEXT_VALUES(ctx.__dict__), plan, tuple(id(ctx.__dict__[name]) for name in _OBJECT_FIELDS))
     return LayerKey(moe, *parts)
 
 

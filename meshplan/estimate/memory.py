@@ -14,12 +14,14 @@ stage's memory step by step is memory_stage.py; torch FSDP2's backward walk, fsd
 
 from __future__ import annotations
 
+from functools import lru_cache
 from operator import itemgetter
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.activations import (
     Layout,
+    Shape,
     activation_mode,
     attention_saves,
     layer_activations,
@@ -45,6 +47,7 @@ from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, stage_memory
 from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.model_counts import per_architecture
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory
@@ -259,7 +262,16 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
 
 def _per_kind(job: Job, lay: Layout, selective: str, modules: tuple[str, ...]) -> dict[tuple[bool, str], float]:
     """One layer's activations for one micro-batch, per (MoE layer, recompute mode)."""
-    shape = shape_of(job.model)
+    return per_kind_activations(architecture_shape(job.model), lay, selective, modules)
+
+
+architecture_shape = per_architecture(shape_of)  # one Shape per model object
+
+
+@lru_cache(maxsize=4096)  # a pure function of values: the search's layouts share a few hundred Layouts
+def per_kind_activations(shape: Shape, lay: Layout, selective: str,
+                         modules: tuple[str, ...]) -> dict[tuple[bool, str], float]:
+    """_per_kind of a model's Shape (the same dict for the same values: no caller mutates it)."""
     return {
         (moe, mode): sum(layer_activations(shape, lay, moe, activation_mode(mode, selective), modules).values())
         for moe in (False, True) for mode in ("none", "selective", "full")
