@@ -15,6 +15,7 @@ from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.request.resolve import resolve
+from meshplan.schema.plan import LoraSpec
 from meshplan.schema.request import Request
 
 CASES = [
@@ -114,3 +115,48 @@ def test_key_holds_a_list_field_by_its_values():
              for modules in (["mlp"], ["mlp"], ["mlp", "core_attn"], None)]
     assert keyed[0] == keyed[1] and hash(keyed[0]) == hash(keyed[1])
     assert keyed[0] != keyed[2] and keyed[0] != keyed[3]
+
+
+# for every field a dense layer's key leaves out, a value other than the resolved one
+DENSE_PERTURBED_PLAN = {"ep": lambda p: 2 * p.ep, "etp": lambda p: 2 * p.etp,
+                        "moe_token_dispatcher": lambda p: "alltoall" if p.moe_token_dispatcher == "flex" else "flex",
+                        "moe_a2a_overlap": lambda p: not p.moe_a2a_overlap}
+DENSE_PERTURBED_CONTEXT = {"a2a_steady_share": lambda c: c.a2a_steady_share + 0.25,
+                           "routed_load": lambda c: c.routed_load + 0.3,
+                           "moe_host_syncs": lambda c: c.moe_host_syncs + 1,
+                           "gather_dispatch": lambda c: not c.gather_dispatch,
+                           "experts_fused": lambda c: not c.experts_fused}
+
+
+def test_dense_perturbed_covers_every_left_out_field():
+    assert set(DENSE_PERTURBED_PLAN) == set(layer_records.MOE_ONLY_FIELDS)
+    assert set(DENSE_PERTURBED_CONTEXT) == set(layer_records.MOE_ONLY_CONTEXT)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["model"])
+def test_dense_layer_reads_no_moe_only_field(case):
+    """If a dense layer's formula starts reading one of these, take it out of MOE_ONLY_FIELDS / MOE_ONLY_CONTEXT."""
+    _, plan, ctx = contexts(case)
+    base = layer_time(ctx, False)
+    changed = [dataclasses.replace(ctx, plan=plan.model_copy(update={name: value(plan)}))
+               for name, value in DENSE_PERTURBED_PLAN.items()]
+    changed += [dataclasses.replace(ctx, **{name: value(ctx)}) for name, value in DENSE_PERTURBED_CONTEXT.items()]
+    changed.append(dataclasses.replace(ctx, shard=dataclasses.replace(ctx.shard, ep=2 * ctx.shard.ep,
+                                                                      etp=2 * ctx.shard.etp)))
+    for other in changed:
+        assert layer_key(other, False) == layer_key(ctx, False)
+        assert layer_time(other, False) == base
+        if ctx.arch.moe is not None:  # an MoE layer keys them all
+            assert layer_key(other, True) != layer_key(ctx, True)
+
+
+def test_dense_key_still_holds_what_a_dense_layer_reads():
+    _, plan, ctx = contexts(CASES[0])
+    for name, value in {"tp": 4, "cp": 1, "sequence_parallel": not plan.sequence_parallel,
+                        "micro_batch_size": 2, "cp_comm_type": "a2a"}.items():
+        other = dataclasses.replace(ctx, plan=plan.model_copy(update={name: value}))
+        assert layer_key(other, False) != layer_key(ctx, False), name
+    assert layer_key(dataclasses.replace(ctx, shard=dataclasses.replace(ctx.shard, tokens=1.0)), False) \
+        != layer_key(ctx, False)
+    lora = dataclasses.replace(ctx, lora=LoraSpec(rank=8, targets=["linear_qkv"]))
+    assert layer_key(dataclasses.replace(lora, routed_load=1.3), False) != layer_key(lora, False)  # LoRA: all kept

@@ -127,6 +127,16 @@ _PLAN_VALUES = itemgetter(*_PLAN_FIELDS)  # read from the fields' own dicts (a p
 _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
 _LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if get_origin(Plan.model_fields[name].annotation) is list
                  or list in map(get_origin, get_args(Plan.model_fields[name].annotation)))
+MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
+MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused"})
+"""Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
+reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
+overlap, the routed tokens' load and host syncs, the routed experts' fused activation (an MoE layer's own terms: its
+expert GEMMs, dispatch, expert TP, routed FFN elements). So a dense layer is shared by plans that differ only in these
+(layer_key); tests/test_layer_memo.py holds it field by field. A LoRA job's dense key keeps them all."""
+_DENSE_PLAN_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name not in MOE_ONLY_FIELDS)
+_DENSE_CONTEXT_AT = tuple(k for k, name in enumerate(_CONTEXT_FIELDS) if name not in MOE_ONLY_CONTEXT)
+_SHARD_AT = _CONTEXT_FIELDS.index("shard")
 MEMO_LIMIT = 1 << 14  # entries per scope: a search sees a few thousand distinct layers (bench/recommend_speed.py)
 
 
@@ -143,7 +153,8 @@ class LayerKey:
 
 def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
     """The key of one layer kind of this context: what it reads of the context, built once per context (an estimate
-    asks for its dense and its MoE layer) and kept on it (frozen: it cannot change)."""
+    asks for its dense and its MoE layer) and kept on it (frozen: it cannot change); a dense layer's without
+    MOE_ONLY_FIELDS and MOE_ONLY_CONTEXT (its shard as tokens, tp and sp) unless the job has LoRA adapters."""
     parts = ctx.__dict__.get("_key_parts")
     if parts is None:
         plan = _PLAN_VALUES(ctx.plan.__dict__)
@@ -151,7 +162,12 @@ def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
             plan = tuple(tuple(v) if isinstance(v, list) else v for v in plan)
         parts = ctx.__dict__["_key_parts"] = (
             _CONTEXT_VALUES(ctx.__dict__), plan, tuple(id(ctx.__dict__[name]) for name in _OBJECT_FIELDS))
-    return LayerKey(moe, *parts)
+    if moe or ctx.lora is not None:
+        return LayerKey(moe, *parts)
+    context, plan, objects = parts
+    shard = context[_SHARD_AT]
+    context = tuple(context[k] if k != _SHARD_AT else (shard.tokens, shard.tp, shard.sp) for k in _DENSE_CONTEXT_AT)
+    return LayerKey(False, context, tuple(plan[k] for k in _DENSE_PLAN_AT), objects)
 
 
 # LayerKey -> (objects, LayerTime), and scope_memo's named memos
