@@ -116,8 +116,15 @@ class Calibration:
 CALIBRATION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Calibration))
 
 
+_MATCHED: list[CalibrationCard] = []  # the loaded card calibration_card last found to match (load_card caches it)
+
+
 def calibration_card() -> CalibrationCard:
+    """cards/calibration.yaml, checked to hold exactly the cost model's constants: once per loaded card (a reloaded
+    card is a new object, checked again)."""
     card = load_card("calibration", CalibrationCard)
+    if _MATCHED and _MATCHED[0] is card:
+        return card
     missing = set(CALIBRATION_KEYS) - set(card.constants)
     unknown = set(card.constants) - set(CALIBRATION_KEYS)
     bad_fw = {k for fw in card.frameworks.values() for k in fw.values} - set(CALIBRATION_KEYS)
@@ -127,6 +134,7 @@ def calibration_card() -> CalibrationCard:
             f"missing {sorted(missing)}, unknown {sorted(unknown | bad_fw)}.",
             fix=f"Keys must be exactly: {', '.join(CALIBRATION_KEYS)}.",
         )
+    _MATCHED[:] = [card]
     return card
 
 
