@@ -38,8 +38,19 @@ def gemm_seconds(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak
                  ridge_rows: float = 0.0) -> float:
     """Forward + weight-gradient + data-gradient of each GEMM (3x the forward FLOPs). ridge_rows: the GPU's
     expert_ridge_rows, needed when the list holds routed experts' GEMMs."""
+    return summed(gemm_terms(gemms, cal, bf16_peak, fp8_peak, ridge_rows))
+
+
+def gemm_terms(gemms: list[Gemm], cal: Calibration, bf16_peak: float, fp8_peak: float | None,
+               ridge_rows: float = 0.0) -> list[float]:
+    """gemm_seconds of each GEMM alone, in order: what a caller that sums several subsets of one list reads once."""
+    return [TRAINING_PASSES_PER_FORWARD * g.flops / ((fp8_peak if (fp8_peak and g.fp8) else bf16_peak)
+                                                     * gemm_efficiency(g, cal, ridge_rows)) for g in gemms]
+
+
+def summed(terms: list[float]) -> float:
+    """gemm_terms (or a subset of them, in order) added up as gemm_seconds adds them: left to right from 0.0."""
     total = 0.0
-    for g in gemms:
-        peak = fp8_peak if (fp8_peak and g.fp8) else bf16_peak
-        total += TRAINING_PASSES_PER_FORWARD * g.flops / (peak * gemm_efficiency(g, cal, ridge_rows))
+    for t in terms:
+        total += t
     return total

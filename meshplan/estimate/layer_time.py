@@ -9,7 +9,7 @@ context_parallel, tp_overlap, moe_time, recompute, lora_gemms.
 from __future__ import annotations
 
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
-from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
@@ -22,14 +22,15 @@ from meshplan.estimate.tp_overlap import exposed_tp
 def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     """Seconds of one layer (an MoE layer when `moe`) per micro-batch on one rank, part by part."""
     gemms = layer_gemms(ctx, moe)
-    gemm, gemm_fwd = gemm_time(ctx, gemms, moe)
+    terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)  # each GEMM's seconds, once
+    gemm, gemm_fwd = gemm_time(ctx, gemms, moe, terms)
     attention_fwd, attention = attention_seconds(ctx)
     load = elementwise_load(ctx, moe)
     elementwise = elementwise_seconds(ctx, load)
     overhead = layer_overhead(ctx, moe)
     fwd_compute = gemm_fwd + attention_fwd + elementwise / TRAINING_PASSES_PER_FORWARD
-    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise)
-    tp = exposed_tp(ctx, gemms, moe)
+    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
+    tp = exposed_tp(ctx, gemms, moe, terms)
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
     compute = gemm + attention + elementwise + overhead  # LayerTime.compute
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
@@ -49,12 +50,14 @@ def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:
     return gemms
 
 
-def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> tuple[float, float]:
+def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None) -> tuple[float, float]:
     """(forward + backward, forward) GEMM seconds: all three passes of each, or under LoRA the frozen linears'
-    forward and data gradient plus the adapters'."""
+    forward and data gradient plus the adapters' (`terms`: the GEMMs' gemm_terms, where the caller has them)."""
     if ctx.lora is not None:
         return lora_gemm_seconds(ctx, gemms, moe)
-    total = gemm_seconds(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    if terms is None:
+        terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    total = summed(terms)
     return total, total / TRAINING_PASSES_PER_FORWARD
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.arithmetic.flops import Gemm
-from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds, gemm_terms, summed
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.knowledge.calibration import Calibration
 
@@ -24,10 +24,13 @@ GATED_ACT_PASSES = 3.0
 PLAIN_ACT_PASSES = 2.0
 
 
-def module_forwards(gemms: list[Gemm], cal: Calibration, ctx: LayerContext) -> dict[str, float]:
-    """Forward seconds of the GEMMs each Megatron recompute module repeats."""
-    return {m: gemm_seconds([g for g in gemms if g.name.startswith(prefixes)], cal, ctx.bf16_peak, ctx.fp8_peak,
-                            ctx.ridge_rows)
+def module_forwards(gemms: list[Gemm], cal: Calibration, ctx: LayerContext,
+                    terms: list[float] | None = None) -> dict[str, float]:
+    """Forward seconds of the GEMMs each Megatron recompute module repeats (`terms`: the GEMMs' gemm_terms, where the
+    caller has them)."""
+    if terms is None:
+        terms = gemm_terms(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    return {m: summed([t for g, t in zip(gemms, terms, strict=True) if g.name.startswith(prefixes)])
             / TRAINING_PASSES_PER_FORWARD for m, prefixes in MODULE_GEMMS.items()}
 
 
@@ -65,11 +68,11 @@ def op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
 
 
 def recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseLoad,
-                        elementwise: float) -> tuple[dict[str, float], float]:
+                        elementwise: float, terms: list[float] | None = None) -> tuple[dict[str, float], float]:
     """(per Megatron recompute module, torchtitan's op-level SAC) forward seconds of one layer that each would run
     again: each module's GEMMs and memory-bound passes; the GEMMs op-level SAC does not keep and the forward share
-    of all memory-bound work (`elementwise`: its forward + backward seconds)."""
-    module_fwd = module_forwards(gemms, ctx.cal, ctx)
+    of all memory-bound work (`elementwise`: its forward + backward seconds; `terms`: the GEMMs' gemm_terms)."""
+    module_fwd = module_forwards(gemms, ctx.cal, ctx, terms)
     for m, t in module_memory_bound(ctx, load).items():
         module_fwd[m] = module_fwd.get(m, 0.0) + t
     recomputed = op_sac_recomputed(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None)

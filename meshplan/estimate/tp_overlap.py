@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from meshplan.arithmetic.comm import ring_time
 from meshplan.arithmetic.flops import Gemm
-from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds, gemm_terms, summed
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, TpSms
 from meshplan.knowledge.calibration import Calibration
@@ -54,11 +54,12 @@ def tp_sms(gpu: GpuSpec, facts: TpOverlapFacts, fp8: bool = False) -> TpSms | No
     return TpSms(gpu.sm_count, fprop, facts.wgrad_rs_sms, facts.wgrad_rs_sm_margin)
 
 
-def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> float:
+def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None) -> float:
     """Exposed TP seconds of one layer per micro-batch, forward + backward: two all-gather + reduce-scatter pairs
     (or two all-reduces) each way, attention's pair alone in a layer of routed experts only, expert TP's pair
     around the experts; less what the framework's overlap mode hides (a calibrated fraction, or tp_hidden beside
-    the GEMMs), plus async TP's work outside its pipelines."""
+    the GEMMs), plus async TP's work outside its pipelines (`terms`: the GEMMs' gemm_terms, where the caller has
+    them)."""
     arch, plan, cal = ctx.arch, ctx.plan, ctx.cal
     act_bytes = ctx.shard.tokens * arch.hidden_size * BF16
     tp_ops = TP_COLLECTIVES_PER_LAYER
@@ -72,7 +73,7 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> float:
     if ctx.tp_overlap_mode == "fraction":
         return (1.0 - cal.tp_overlap) * tp_comm
     # the expert-TP gathers run in the token dispatcher, beside no GEMM
-    pairs = tp_pairs(gemms, cal, ctx, moe)
+    pairs = tp_pairs(gemms, cal, ctx, moe, terms)
     exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, tp_one, pairs, plan.tp,
                                   plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
     if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
@@ -81,13 +82,16 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> float:
     return exposed
 
 
-def tp_pairs(gemms: list[Gemm], cal: Calibration, ctx: LayerContext, moe: bool) -> list[tuple[float, float]]:
+def tp_pairs(gemms: list[Gemm], cal: Calibration, ctx: LayerContext, moe: bool,
+             terms: list[float] | None = None) -> list[tuple[float, float]]:
     """(input side, output side) forward GEMM seconds of each TP pair of the layer: attention's, and the MLP's
     where it has one (a dense MLP, or an MoE layer's shared expert: routed experts only keep attention's pair,
-    TP_COLLECTIVES_ATTENTION_ONLY)."""
+    TP_COLLECTIVES_ATTENTION_ONLY); `terms`: the GEMMs' gemm_terms, where the caller has them."""
+    if terms is None:
+        terms = gemm_terms(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+
     def fwd(names: tuple[str, ...]) -> float:
-        picked = [g for g in gemms if g.name in names]
-        return gemm_seconds(picked, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) / TRAINING_PASSES_PER_FORWARD
+        return summed([t for g, t in zip(gemms, terms, strict=True) if g.name in names]) / TRAINING_PASSES_PER_FORWARD
     out = [(fwd(a), fwd(b)) for a, b in TP_PAIR_GEMMS]
     return out[:1] if moe and out[1] == (0.0, 0.0) else out
 
