@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
@@ -172,11 +173,13 @@ def mesh_groups(plan: Plan, dp: int | None = None, edp: int = 1) -> MeshGroups:
     """The plan's process groups with `dp` data-parallel ranks (default plan.dp) and `edp` expert-data-parallel ranks
     (pass it where the expert-DP group is read): the one place the rank-order strides are written (mesh_axes draws
     them, the estimates time their collectives over them)."""
-    tp, cp = plan.tp, plan.cp
-    dp = plan.dp if dp is None else dp
-    return MeshGroups(tp=Group(tp, 1), cp=Group(cp, tp), dp=Group(dp, tp * cp), pp=Group(plan.pp, tp * cp * dp),
-                      dp_cp=Group(dp * cp, tp), etp=Group(plan.etp, 1), ep=Group(plan.ep, plan.etp),
-                      edp=Group(edp, plan.ep * plan.etp))
+    return _mesh_groups(plan.tp, plan.cp, plan.dp if dp is None else dp, plan.pp, plan.etp, plan.ep, edp)
+
+
+@lru_cache(maxsize=4096)  # a pure function of seven ints, asked per stage and per layer of every estimate
+def _mesh_groups(tp: int, cp: int, dp: int, pp: int, etp: int, ep: int, edp: int) -> MeshGroups:
+    return MeshGroups(tp=Group(tp, 1), cp=Group(cp, tp), dp=Group(dp, tp * cp), pp=Group(pp, tp * cp * dp),
+                      dp_cp=Group(dp * cp, tp), etp=Group(etp, 1), ep=Group(ep, etp), edp=Group(edp, ep * etp))
 
 
 def replica_groups(group: Group, replicas: int) -> tuple[Group, Group]:
