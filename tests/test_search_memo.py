@@ -136,7 +136,9 @@ def test_a_layer_key_is_built_once_per_context_and_equals_one_built_afresh():
                                                                sequence_parallel=True, cp_comm_type="p2p")
     ctx = step_terms(job, plan).ctx
     dense, moe = layer_key(ctx, False), layer_key(ctx, True)
-    assert dense.context is moe.context and dense.plan is moe.plan and dense.moe != moe.moe
+    again = layer_key(ctx, False), layer_key(ctx, True)
+    assert again[0].context is dense.context and again[0].plan is dense.plan  # once per context and kind
+    assert again[1].context is moe.context and again[1].plan is moe.plan and dense.moe != moe.moe
     assert layer_key(dataclasses.replace(ctx), True) == moe
 
 

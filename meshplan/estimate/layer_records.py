@@ -164,10 +164,14 @@ def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
             _CONTEXT_VALUES(ctx.__dict__), plan, tuple(id(ctx.__dict__[name]) for name in _OBJECT_FIELDS))
     if moe or ctx.lora is not None:
         return LayerKey(moe, *parts)
-    context, plan, objects = parts
-    shard = context[_SHARD_AT]
-    context = tuple(context[k] if k != _SHARD_AT else (shard.tokens, shard.tp, shard.sp) for k in _DENSE_CONTEXT_AT)
-    return LayerKey(False, context, tuple(plan[k] for k in _DENSE_PLAN_AT), objects)
+    dense = ctx.__dict__.get("_dense_parts")
+    if dense is None:
+        context, plan, objects = parts
+        shard = context[_SHARD_AT]
+        dense = ctx.__dict__["_dense_parts"] = (
+            tuple(context[k] if k != _SHARD_AT else (shard.tokens, shard.tp, shard.sp) for k in _DENSE_CONTEXT_AT),
+            tuple(plan[k] for k in _DENSE_PLAN_AT), objects)
+    return LayerKey(False, *dense)
 
 
 # LayerKey -> (objects, LayerTime), and scope_memo's named memos
