@@ -1,8 +1,7 @@
 """A pipeline step replayed op by op: each rank runs its forward and backward chunks in its schedule's order, each
 op waits for the op of the same micro-batch on the neighbouring virtual stage (plus one p2p hop), and the step ends
 when the last rank finishes. The step time and the idle share come from that timeline for any micro-batch count,
-instead of the (p-1)/(v*m) bubble that holds only in steady state; the activations a rank holds at its peak come
-from the same order.
+not the steady state's (p-1)/(v*m) bubble; the activations a rank holds at its peak, from the same order.
 
 Orders, as the frameworks build them:
 - GPipe: every forward, then every backward (torch.distributed.pipelining ScheduleGPipe).
@@ -338,42 +337,31 @@ def _dualpipev_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
 @lru_cache(maxsize=4096)
 def in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
     """Micro-batches whose activations rank `rank` holds per virtual chunk at the first moment it holds the most
-    (forwards run, backwards not yet): the order alone decides it, not the op times. The orders rank_order builds
-    (GPipe, 1F1B, interleaved and combined 1F1B) in closed form (plain_in_flight), the split ones replayed."""
-    if shape.order in SPLIT_ORDERS:
-        return replayed_in_flight(shape, rank)
-    return plain_in_flight(shape, rank)
+    (forwards run, backwards not yet): the order alone decides it, not the op times; the split orders replayed."""
+    return replayed_in_flight(shape, rank) if shape.order in SPLIT_ORDERS else plain_in_flight(shape, rank)
 
 
 def plain_in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
-    """in_flight of rank_order's orders without replaying them. Each runs its warm-up forwards W, then a forward
-    and a backward in turn, then the rest of the backwards (GPipe and one stage: every forward first, W = m v): the
-    held count rises to W + 1 at the first steady forward (m v where there is none) and never passes it after, as
-    each later forward follows a backward. So the peak is the first min(W + 1, m v) forwards of the rank's table,
-    counted per chunk: 1F1B's one chunk; the interleaved orders' groups of G micro-batches, chunk by chunk within a
-    group (_chunk_microbatches). tests/test_pipeline_timeline.py holds it equal to the replay."""
+    """in_flight of rank_order's orders unreplayed: W warm-up forwards, a forward and a backward in turn, the other
+    backwards (GPipe, one stage: forwards first), so the first min(W + 1, m v) forwards of the rank's table are held
+    at the peak, never passed after (tests/test_pipeline_timeline.py holds it equal to the replay)."""
     m, p, v = shape.microbatches, shape.pp, shape.vpp
     if shape.order == "gpipe" or p == 1:
         return (m,) + (0,) * (v - 1)
     if shape.order == "1f1b":
         return (min(p - rank, m),) + (0,) * (v - 1)
-    left = min(_warmup(shape, rank) + 1, m * v)  # forwards run at the peak, taken group by group
-    held = [0] * v
+    left, held = min(_warmup(shape, rank) + 1, m * v), [0] * v  # forwards at the peak, group by group, chunk by chunk
     for start in range(0, m, shape.group):
-        size = min(shape.group, m - start)
         for chunk in range(v):
-            take = min(size, left)
+            take = min(shape.group, m - start, left)
             held[chunk] += take
             left -= take
-            if not left:
-                return tuple(held)
     return tuple(held)
 
 
 def replayed_in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
-    """in_flight by replaying the rank's order op by op (a split backward frees its activations only with its W)."""
-    held = [0] * shape.vpp
-    best, peak, total = 0, tuple(held), 0  # total: sum(held), kept as the ops change it
+    """in_flight by replaying the rank's order op by op."""
+    held, best, peak, total = [0] * shape.vpp, 0, (0,) * shape.vpp, 0  # total: sum(held), kept as the ops change it
     if shape.order in SPLIT_ORDERS:  # a split backward frees its activations only with its W (I keeps them)
         ops = [(-1 if a.kind in "BW" else 0 if a.kind == "I" else 1, a.chunk) for a in rank_actions(shape, rank)]
     else:
