@@ -1,10 +1,12 @@
 """The best-first search: the exact top K of the cost model without timing most layouts.
 
-Each (layout, micro-batch) enters a priority queue with an optimistic step time and is refined one level at a
-time (`Level`, in the order a node passes through them), each step pushing it back with a tighter key; a plan
-reaching the top at the last level is ranked, since nothing left in the queue can be faster. Everything dropped is
-counted under the rule id that dropped it (or a SEARCH-* bucket, meshplan/search/policy.py), so
-considered = ranked + rejected.
+The layouts enter a priority queue a group per degrees tuple (Level.GROUP, meshplan/search/seed_groups.py); an
+opened group's (layout, micro-batch) nodes carry an optimistic step time and are refined one level at a time
+(`Level`, in the order a node passes through them), each step pushing it back with a tighter key; a plan reaching
+the top at the last level is ranked, since nothing left in the queue can be faster. Everything dropped is counted
+under the rule id that dropped it (or a SEARCH-* bucket, meshplan/search/policy.py), so considered = ranked +
+rejected; the nodes of a layout over the budget at every ZeRO stage never enter the queue, and are counted as it
+would have counted them (settle_dead).
 
 The plans and their cached estimates are meshplan/search/plans.py; the bounds that order the queue,
 meshplan/search/bounds.py.
