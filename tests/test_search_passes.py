@@ -115,17 +115,17 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
 
 
 def test_seeds_left_out_as_dead_are_counted_as_a_queue_holding_them_would(monkeypatch):
-    """The seeds open_group leaves out because every ZeRO stage is over the budget at their micro-batch (dead_sizes)
-    are counted by settle_dead as their FLOOR pops would have counted them: on sampled requests with headrooms (the
-    probe's cutoff), on a job most of whose layouts do not fit (Kimi-K2 on 256 H100: its rejected counts split between
-    the memory rule and SEARCH-SLOWER), and with the estimate budget spent part-way, the whole answer is the one of a
-    queue holding every seed (dead_sizes empty); and seeds were left out."""
+    """The seeds open_group leaves out because every ZeRO stage is over the budget at any micro-batch and recompute
+    (is_dead) are counted by settle_dead as their FLOOR pops would have counted them: on sampled requests with
+    headrooms (the probe's cutoff), on a job most of whose layouts do not fit (Kimi-K2 on 256 H100: its rejected counts
+    split between the memory rule and SEARCH-SLOWER), and with the estimate budget spent part-way, the whole answer is
+    the one of a queue holding every seed (is_dead never true); and seeds were left out."""
     left_out = [0]
-    real_dead = BestFirstSearch.dead_sizes
+    real_dead = BestFirstSearch.is_dead
 
     def counting(self, lay):
         dead = real_dead(self, lay)
-        left_out[0] += len(dead)
+        left_out[0] += len(self.sizes(lay)) if dead else 0
         return dead
 
     requests = [(req.model_copy(update={"headroom": (0.1, 0.25, 0.4)[seed % 3]}), top_k)
@@ -138,13 +138,13 @@ def test_seeds_left_out_as_dead_are_counted_as_a_queue_holding_them_would(monkey
                 limits = search_engine.search_limits()
                 monkeypatch.setattr(search_engine, "search_limits",
                                     lambda limits=limits, b=budget: limits.model_copy(update={"max_evaluations": b}))
-            monkeypatch.setattr(BestFirstSearch, "dead_sizes", counting)
+            monkeypatch.setattr(BestFirstSearch, "is_dead", counting)
             try:
                 fast = recommend(req, top_k=top_k).model_dump(mode="json")
             except MeshplanError:
                 monkeypatch.undo()
                 continue
-            monkeypatch.setattr(BestFirstSearch, "dead_sizes", lambda self, lay: frozenset())
+            monkeypatch.setattr(BestFirstSearch, "is_dead", lambda self, lay: False)
             assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (req, budget)
             monkeypatch.undo()
             compared += 1

@@ -312,7 +312,6 @@ class BestFirstSearch(StepTimeBounds):
         """What seeding these layouts reads before any budget: their micro-batches, the largest per shard
         (cp_mbs, work_mbs: the non-exact token bounds' references), each shape's model-state bound, the groups per
         degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes."""
-        entries = []
         groups: dict[tuple, SeedGroup] = {}  # per degrees, all that the sizes and the states bound read
         nodes = 0
         for lay in layouts:
@@ -326,10 +325,9 @@ class BestFirstSearch(StepTimeBounds):
                     work = (lay.tp, lay.ep, lay.etp)
                     self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
                 group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
-            entry = group.add(lay, nodes)
-            entries.append((lay, group.sizes, entry))
+            group.add(lay, nodes)
             nodes += len(group.sizes) or 1
-        return Seeds(entries, dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
+        return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
 
     def push_seeds(self, seeds: Seeds, ideal: float) -> None:
         """Seed the queue, a group of layouts per degrees tuple (seed_groups.py): one whose model states are over
@@ -378,12 +376,12 @@ class BestFirstSearch(StepTimeBounds):
                 self.beyond_cutoff += variants * len(sizes)
                 continue
             seq = base + index
-            dead = self.dead_sizes(lay)
+            dead = self.is_dead(lay)
             for mbs, seed_key in zip(sizes, keys, strict=True):
                 seq += 1
                 if seed_key > cutoff:
                     self.beyond_cutoff += variants
-                elif mbs in dead:
+                elif dead:
                     self.dead.append((seed_key, seq))
                 else:
                     heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
@@ -426,18 +424,17 @@ class BestFirstSearch(StepTimeBounds):
             steps[level](key, *payload)
         self.settle_dead(last, stop)
 
-    def dead_sizes(self, lay: Layout) -> frozenset[int]:
-        """Micro-batches whose FLOOR pop could only reject the layout's node, whatever the queue holds: all of them
-        where every ZeRO stage is over the budget at any micro-batch and recompute (plans.stages_over: its model
-        states' bound or its layout floor; zero_needs then answers len(recomputes) and refine_bound rejects the node),
-        else none. plans.all_over would also name the steady range's micro-batches over from over_from, but its scans
-        cost more than the pops they save on the layouts that are never popped (DeepSeek-V3 on 2,048 H100)."""
-        own = lay.own_memory()
-        return frozenset(self.sizes(own)) if all(self.stages_over(own)) else frozenset()
+    def is_dead(self, lay: Layout) -> bool:
+        """Whether a FLOOR pop could only reject the layout's nodes, whatever the queue holds: every ZeRO stage is
+        over the budget at any micro-batch and recompute (plans.stages_over: its model states' bound or its layout
+        floor; zero_needs then answers len(recomputes) and refine_bound rejects the node). plans.all_over would also
+        name the steady range's micro-batches over from over_from, but its scans cost more than the pops they save on
+        the layouts that are never popped (DeepSeek-V3 on 2,048 H100)."""
+        return all(self.stages_over(lay.own_memory()))
 
     def settle_dead(self, last: tuple, stop: tuple | None) -> None:
         """Count the seeds open_group left out because refine_bound could only reject them (every ZeRO stage over
-        the budget at their micro-batch: plans.all_over), as a queue holding them would have: a pop rejects such a
+        the budget: is_dead), as a queue holding them would have: a pop rejects such a
         node under the memory rule, and pops change nothing else (no estimate, no ranked row), so the other nodes
         pop in the same order and the loop stops at the same one. Popped, in that queue: each before the last node
         popped (the loop went on past it, and wanted() holds for a smaller key whenever it holds for a larger one at

@@ -35,18 +35,16 @@ Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
 
 @dataclass
 class Seeds:
-    """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: each layout in order with its
-    micro-batches and its shape's entry, [model-state bound at the lightest ZeRO stage, seed keys, least seed key]
-    (the keys None until a group of the shape is opened under a budget the bound keeps), and the largest
-    micro-batches per (tp, cp) and (tp, ep, etp) once the tier is seeded (the bounds' references read them); the
-    same layouts per degrees tuple (`groups`, what the queue is seeded with) and how many (layout, micro-batch) nodes
-    they make (`nodes`)."""
+    """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: its layouts per degrees tuple
+    in order (`groups`, what the queue is seeded with; each layout with its shape's entry, [model-state bound at the
+    lightest ZeRO stage, seed keys, least seed key], the keys None until a group of the shape is opened under a budget
+    the bound keeps), how many (layout, micro-batch) nodes they make (`nodes`), and the largest micro-batches per
+    (tp, cp) and (tp, ep, etp) once the tier is seeded (the bounds' references read them)."""
 
-    layouts: list[tuple[Layout, tuple[int, ...], list]]
     cp_mbs: dict[tuple[int, int], int]
     work_mbs: dict[tuple[int, int, int], float]
-    groups: list[SeedGroup] = field(default_factory=list)
-    nodes: int = 0
+    groups: list[SeedGroup]
+    nodes: int
 
 
 @dataclass
