@@ -16,6 +16,7 @@ from meshplan.knowledge.cards import (
     CardError,
     MemoryConvention,
     OptimizerImplementation,
+    checked_once,
     framework_card,
     load_card,
 )
@@ -170,23 +171,19 @@ class MemoryCard(_Card):
     conventions: dict[str, Convention]
 
 
-_COMPLETE: list[MemoryCard] = []  # the loaded card memory_card last found complete (load_card caches it)
-
-
 def memory_card() -> MemoryCard:
-    """cards/memory.yaml, checked to name every convention and optimizer implementation the framework cards may name:
-    once per loaded card (a reloaded card is a new object, checked again)."""
-    card = load_card("memory", MemoryCard)
-    if _COMPLETE and _COMPLETE[0] is card:
-        return card
+    """cards/memory.yaml, checked to name every convention and optimizer implementation the framework cards may name
+    (once per loaded card: checked_once)."""
+    return checked_once(load_card("memory", MemoryCard), _complete)
+
+
+def _complete(card: MemoryCard) -> None:
     for name in get_args(MemoryConvention):  # every convention a framework card may name
         if name not in card.conventions:
             raise CardError(f"cards/memory.yaml: key conventions.{name} is missing.")
     for name in get_args(OptimizerImplementation):  # every implementation a framework card may name
         if name not in card.optimizer_steps:
             raise CardError(f"cards/memory.yaml: key optimizer_steps.{name} is missing.")
-    _COMPLETE[:] = [card]
-    return card
 
 
 def convention_name(framework: str, zero_stage: int, version: str | None = None) -> str:

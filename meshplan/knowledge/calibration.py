@@ -13,7 +13,7 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import CardError, load_card
+from meshplan.knowledge.cards import CardError, checked_once, load_card
 
 
 class Constant(BaseModel):
@@ -116,15 +116,13 @@ class Calibration:
 CALIBRATION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Calibration))
 
 
-_MATCHED: list[CalibrationCard] = []  # the loaded card calibration_card last found to match (load_card caches it)
-
-
 def calibration_card() -> CalibrationCard:
-    """cards/calibration.yaml, checked to hold exactly the cost model's constants: once per loaded card (a reloaded
-    card is a new object, checked again)."""
-    card = load_card("calibration", CalibrationCard)
-    if _MATCHED and _MATCHED[0] is card:
-        return card
+    """cards/calibration.yaml, checked to hold exactly the cost model's constants (once per loaded card:
+    checked_once)."""
+    return checked_once(load_card("calibration", CalibrationCard), _matches)
+
+
+def _matches(card: CalibrationCard) -> None:
     missing = set(CALIBRATION_KEYS) - set(card.constants)
     unknown = set(card.constants) - set(CALIBRATION_KEYS)
     bad_fw = {k for fw in card.frameworks.values() for k in fw.values} - set(CALIBRATION_KEYS)
@@ -134,8 +132,6 @@ def calibration_card() -> CalibrationCard:
             f"missing {sorted(missing)}, unknown {sorted(unknown | bad_fw)}.",
             fix=f"Keys must be exactly: {', '.join(CALIBRATION_KEYS)}.",
         )
-    _MATCHED[:] = [card]
-    return card
 
 
 @cache

@@ -7,6 +7,7 @@ Each card is parsed once per process (cached).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any, Literal, TypeVar
 
@@ -70,6 +71,18 @@ def load_card(name: str, schema: type[T]) -> T:
     if key not in _cache:
         _cache[key] = validate_card(name, read_card(name), schema)
     return _cache[key]
+
+
+_checked: dict[Callable[..., None], Any] = {}  # per check: the loaded card it last passed
+
+
+def checked_once(card: T, check: Callable[[T], None]) -> T:
+    """`card` (load_card's) once `check` passes on it (raising CardError where the card does not hold what the code
+    needs), run once per loaded card: load_card caches it, and a reloaded card is a new object, checked again."""
+    if _checked.get(check) is not card:
+        check(card)
+        _checked[check] = card
+    return card
 
 
 # --------------------------------------------------------------------------- card schemas owned here
