@@ -31,7 +31,7 @@ class StepTimeBounds(SearchPlans):
     cp_mbs: dict[tuple[int, int], int] = field(default_factory=dict)  # largest micro-batch per (tp, cp)
     work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
     pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
-    # Per (dp, pp, vpp, bubble stages, micro-batch sizes, ideal time): per size, (m + bubble stages, the share of
+    # Per (dp, pp, vpp, schedule, micro-batch sizes, ideal time): per size, (m + bubble stages, the share of
     # micro-batches outside the EP overlap's steady state, ideal_time): what stretch and seed_keys read of a layout's
     # pipeline (stretch_factors).
     factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)
@@ -41,7 +41,6 @@ class StepTimeBounds(SearchPlans):
     # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...) and
     # pp_unit's ("unit", ...: None where only the base's step terms give it)
     bounds_memo: dict[tuple, float | tuple[int, float, float] | None] = field(default_factory=dict)
-    one_factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)  # stretch_one's
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return max(1, self.job.global_batch_size // (mbs * lay.dp))
@@ -244,23 +243,19 @@ class StepTimeBounds(SearchPlans):
         return self.sync_s
 
     def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float) -> float:
-        """stretch of one micro-batch size (token_bound's), its stretch_factors kept per (dp, pp, vpp, schedule,
-        micro-batch): all they read of the layout."""
-        key = (lay.dp, lay.pp, lay.vpp, lay.schedule, mbs)
-        factors = self.one_factors.get(key)
-        if factors is None:
-            factors = self.one_factors[key] = self.stretch_factors(lay, (mbs,))
-        return self.stretch(lay, (mbs,), b_tok, per_token, exposed, factors)[0]
+        """stretch of one micro-batch size (token_bound's and the exact one pipeline_bound adds to)."""
+        sizes = (mbs,)
+        return self.stretch(lay, sizes, b_tok, per_token, exposed, self.stretch_factors(lay, sizes))[0]
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float]]:
         """Per micro-batch size, what the bounds read of the layout's pipeline: m + its bubble stages, the share of
         its micro-batches outside the EP overlap's steady state (1 - moe_time.a2a_steady_share) and ideal_time;
-        once per (dp, pp, vpp, bubble, sizes, ideal), all they read."""
-        bubble = lay.bubble_stages()
-        key = (lay.dp, lay.pp, lay.vpp, bubble, sizes, ideal)
+        once per (dp, pp, vpp, schedule, sizes, ideal), all they read (the bubble stages read pp, vpp and schedule)."""
+        key = (lay.dp, lay.pp, lay.vpp, lay.schedule, sizes, ideal)
         hit = self.factors.get(key)
         if hit is None:
+            bubble = lay.bubble_stages()
             ms = [self.microbatches(lay, mbs) for mbs in sizes]
             hit = self.factors[key] = [(m + bubble, 1.0 - a2a_steady_share(m, lay.pp, lay.vpp), low) for m, low in
                                        zip(ms, self.ideal_times(lay, sizes, ideal), strict=True)]
