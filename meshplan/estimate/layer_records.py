@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
-from typing import NamedTuple, get_args, get_origin
+from typing import NamedTuple
 
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.flops import Shard
@@ -20,7 +20,7 @@ from meshplan.arithmetic.gemm import expert_ridge_rows
 from meshplan.arithmetic.lora import LoraEngine
 from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.model import Architecture
-from meshplan.schema.plan import LoraSpec, Plan
+from meshplan.schema.plan import PLAN_LIST_FIELDS, LoraSpec, Plan
 
 BF16 = 2  # bytes per activation element on the wire
 # Communication that runs once in the forward runs mirrored once in the backward (activations forward, their
@@ -125,8 +125,7 @@ _OBJECT_FIELDS = ("arch", "cal", "lora", "lora_engine")  # unhashable or costly 
 _CONTEXT_FIELDS = tuple(f.name for f in fields(LayerContext) if f.name not in ("plan", *_OBJECT_FIELDS))
 _PLAN_VALUES = itemgetter(*_PLAN_FIELDS)  # read from the fields' own dicts (a pydantic model's, a dataclass's)
 _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
-_LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if get_origin(Plan.model_fields[name].annotation) is list
-                 or list in map(get_origin, get_args(Plan.model_fields[name].annotation)))
+_LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name in PLAN_LIST_FIELDS)
 MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
 MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never

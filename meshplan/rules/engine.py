@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from operator import attrgetter, itemgetter
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,7 +25,7 @@ from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError, Engine, framework_card, load_card
 from meshplan.schema.choices import FRAMEWORKS, Severity
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.reports import Finding, MemoryReport
 
 Backend = Engine  # the engines a framework card's engine.by_zero_stage names
@@ -311,8 +311,6 @@ KEPT_JOBS = 8  # jobs whose verdicts are kept: a search asks one job (and a few 
 # job's plans again at other global batch sizes), each group that reads one keyed by its value too.
 JOB_READS: tuple[str, ...] = ("global_batch_size",)
 MEMO_CAP = 1 << 16  # verdicts one group keeps before it starts over (bounds a long-running server's memory)
-LIST_FIELDS = frozenset(name for name, field in Plan.model_fields.items()
-                        if list in (get_origin(a) for a in (field.annotation, *get_args(field.annotation))))
 Fired = tuple[tuple[int, Finding], ...]  # (card position, finding) of the rules that fire, in card order
 
 
@@ -344,7 +342,7 @@ class RuleGroup:
         if not fields:
             return lambda values: ()
         get = itemgetter(*fields)
-        listed = [i for i, name in enumerate(fields) if name in LIST_FIELDS]
+        listed = [i for i, name in enumerate(fields) if name in PLAN_LIST_FIELDS]
         if not listed:
             return get
         one = len(fields) == 1

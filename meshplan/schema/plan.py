@@ -5,7 +5,7 @@ pure function of the two; units are bytes, seconds and FLOP/s.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import Field
 
@@ -171,3 +171,10 @@ class Plan(StrictModel):
         if self.pipeline_schedule is not None:
             parts.append(self.pipeline_schedule)
         return " ".join(parts)
+
+
+# The Plan fields that hold a list (today recompute_modules): a memo keyed by a plan's values
+# reads them as tuples (rules/engine.py RuleGroup, estimate/layer_records.py layer_key).
+PLAN_LIST_FIELDS: frozenset[str] = frozenset(
+    name for name, field in Plan.model_fields.items()
+    if list in (get_origin(a) for a in (field.annotation, *get_args(field.annotation))))
