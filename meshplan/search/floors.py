@@ -80,14 +80,10 @@ def first_stage_floors(job: Job, lay: Layout, zero_stage: int, recomputes: tuple
     same order as first_stage_floor's, so the same float to the last bit."""
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     memo = {} if memo is None else memo
-    part = memo.get((lay, zero_stage))
-    if part is None:
-        part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo)
+    part = _part(job, lay, zero_stage, conv, tensors, memo)
     pp, tp = lay.pp, lay.tp
     m = max(1, job.global_batch_size // (mbs * lay.dp))
-    states = part.states[m == 1]
-    if states is None:
-        states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
+    states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
     tokens = -(-job.seq_length // lay.cp) * mbs
     n0, n_moe, walk = part.n0, part.n_moe, part.walk
     held = 1 if pp == 1 else min(m, pp)
@@ -106,13 +102,20 @@ def first_stage_floors(job: Job, lay: Layout, zero_stage: int, recomputes: tuple
             acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
         if pp == 1:
             acts += logits
-        transient = acts
-        if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
-            transient += part.gathered
-        # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-        reserve = 0.0 if not reserved else part.reserve_fraction * transient
-        floors.append(states + transient + reserve + part.fixed[0] + part.fixed[1])
+        floors.append(_floor_sum(part, states, acts, reserved))
     return tuple(floors)
+
+
+def _floor_sum(part: _FloorPart, states: float, acts: float, reserved: bool) -> float:
+    """A first-stage floor from its model states and activations: the FSDP gathered layers with the activations
+    (the transient part), the allocator reserve on that, the fixed overheads; one sum for first_stage_floors and
+    layout_floor, so the latter (no activations, the lesser states) stays under the former to the last bit."""
+    transient = acts
+    if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
+        transient += part.gathered
+    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+    reserve = 0.0 if not reserved else part.reserve_fraction * transient
+    return states + transient + reserve + part.fixed[0] + part.fixed[1]
 
 
 def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,
@@ -131,28 +134,29 @@ def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Conventio
     hit = memo.get(key)
     if hit is not None:
         return hit
+    part = _part(job, lay, zero_stage, conv, tensors, memo)
+    states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
+    if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
+        states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo))
+    memo[key] = floor = _floor_sum(part, states, 0.0, reserved)
+    return floor
+
+
+def _part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
+          memo: dict) -> _FloorPart:
+    """The layout's _FloorPart at this ZeRO stage, kept in `memo`."""
     part = memo.get((lay, zero_stage))
     if part is None:
         part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo)
-    states = part.states[False]
-    if states is None:
-        states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
-    if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
-        one = part.states[True]
-        states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo) if one is None
-                     else one)
-    transient = 0.0
-    if part.gathered is not None:
-        transient += part.gathered
-    reserve = 0.0 if not reserved else part.reserve_fraction * transient
-    memo[key] = floor = states + transient + reserve + part.fixed[0] + part.fixed[1]
-    return floor
+    return part
 
 
 def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
                  tensors: list[StateTensor], one: bool, memo: dict) -> float:
     """first_stage_floor's model states with one micro-batch per step (`one`) or more, kept in `part` and shared in
     `memo` by the layouts with these spans and degrees."""
+    if part.states[one] is not None:
+        return part.states[one]  # type: ignore[return-value]
     key = ("states", zero_stage, tuple(part.spans), lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
         job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and one))
