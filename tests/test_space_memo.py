@@ -1,11 +1,13 @@
-"""enumerate_layouts' layouts built by copying a template's fields (space.variants): the same layouts, equal and
-hashing equal to those Layout(...) builds."""
+"""enumerate_layouts once per request scope (space.space_key) and its layouts built by copying a template's fields
+(space.variants): the same layouts, equal and hashing equal to those Layout(...) builds."""
 
 from dataclasses import fields
 
+from meshplan.estimate.layer_records import shared_layers
 from meshplan.schema.request import Request
 from meshplan.search import search_job
-from meshplan.search.space import Fixed, Layout, enumerate_layouts, variants
+from meshplan.search.job import job_at
+from meshplan.search.space import SPACES_KEPT, Fixed, Layout, enumerate_layouts, variants
 
 
 def job_for(model: str, num_gpus: int, **extra):
@@ -40,3 +42,24 @@ def test_enumerated_layouts_match_the_constructor_on_moe_and_schedules():
             assert set(lay.__dict__) == {f.name for f in fields(Layout)}  # no cached hash or base copied
             ref = rebuilt(lay)
             assert lay == ref and hash(lay) == hash(ref)
+
+
+def test_one_enumeration_per_scope_and_what_it_reads():
+    req = Request(model="kimi-k2", num_gpus=256, gpu="h100")
+    job, fixed = search_job(req)[0], Fixed.from_request(req)
+    outside = enumerate_layouts(job, fixed)
+    assert enumerate_layouts(job, fixed)[0][0] is not outside[0][0]  # no scope: enumerated afresh
+    with shared_layers():
+        first, dropped = enumerate_layouts(job, fixed)
+        again, dropped_again = enumerate_layouts(job_at(job, 256, user_gbs=True), Fixed.from_request(req))
+        assert again == first == outside[0] and dropped_again == dropped
+        assert again is not first and all(a is b for a, b in zip(again, first, strict=True))  # the same layouts
+        again.clear()  # a caller's own list
+        assert enumerate_layouts(job, fixed)[0] == first
+        other, _ = enumerate_layouts(job_at(job, 128, user_gbs=False), fixed)  # another count: its own space
+        assert other == enumerate_layouts(job_at(job, 128, user_gbs=False), Fixed())[0] != first
+        pinned, _ = enumerate_layouts(job, Fixed({"tp": 8}))  # other fixed fields: their own space
+        assert pinned and all(lay.tp == 8 for lay in pinned) and len(pinned) < len(first)
+        for world in range(8, 8 * (SPACES_KEPT + 2), 8):  # bounded: the oldest dropped, the answers unchanged
+            enumerate_layouts(job_at(job, world, user_gbs=False), fixed)
+        assert enumerate_layouts(job, fixed)[0] == first

@@ -41,6 +41,7 @@ from meshplan.check.split import (
 )
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import SearchKnobs, framework_card, load_card
 from meshplan.knowledge.model_counts import layer_params
@@ -386,12 +387,45 @@ def _expert_options(job: Job, law: str, world: int, tp: int, pp: int, cp: int, d
                 yield ep, etp
 
 
+SPACES_KEPT = 4
+"""enumerate_layouts' results kept per request scope: one count's space is asked by refuse_impossible, split_space
+and min-gpus' count checks in turn, and a min-gpus scan moves on to the next count (each space up to ~10^5 layouts)."""
+
+
 def enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
     """Every layout of the framework's world-size law over divisors of the GPU count, respecting fixed fields.
 
     Layouts that break a cheap structural law (heads vs tp, seq_length vs cp, pp deeper than the
     model) are returned as `Prefiltered` groups instead, so the caller can count them under a rule id.
+
+    Inside a shared_layers scope (one recommend or min-gpus request: one set of cards) the space is enumerated once
+    per what it reads (space_key) and each caller gets its own lists of the same Layout objects (SPACES_KEPT kept).
     """
+    memo = scope_memo("layouts")
+    key = space_key(job, fixed) if memo is not None else None
+    if key is None:
+        return _enumerate_layouts(job, fixed)
+    hit = memo.get(key)  # type: ignore[union-attr]
+    if hit is None:
+        if len(memo) >= SPACES_KEPT:  # type: ignore[arg-type]
+            memo.clear()  # type: ignore[union-attr]
+        hit = memo[key] = (job.model, *_enumerate_layouts(job, fixed))  # type: ignore[index]
+    return list(hit[1]), list(hit[2])
+
+
+def space_key(job: Job, fixed: Fixed) -> tuple | None:
+    """What enumerate_layouts reads: the job's framework (its card's law and knobs), GPU count, sequence length and
+    model (by identity: the memo entry keeps it alive, so its id stays its own), and the fixed fields' values; None
+    when a fixed value cannot be hashed (then it is enumerated afresh)."""
+    key = (job.framework, job.num_gpus, job.seq_length, id(job.model), tuple(fixed.values.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
     law = framework_card(job.framework).world_size_law
     kn = knobs(job.framework)
     arch = job.model
