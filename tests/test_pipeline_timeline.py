@@ -222,3 +222,22 @@ def test_the_closed_form_in_flight_is_the_replayed_one():
                             assert tl.plain_in_flight(shape, rank) == tl.replayed_in_flight(shape, rank), (shape, rank)
                             checked += 1
     assert checked == 57600
+
+
+def test_held_by_chunk_is_the_table_taken_row_by_row():
+    # _held_by_chunk (plain_in_flight's interleaved count, O(v)) gives what taking the rank's table row by row gives,
+    # at micro-batch counts past the replay test's (up to 300), groups that do and do not divide them
+    def by_rows(forwards, m, v, group):
+        held, left = [0] * v, forwards
+        for start in range(0, m, group):
+            for chunk in range(v):
+                take = min(group, m - start, left)
+                held[chunk] += take
+                left -= take
+        return tuple(held)
+
+    for m in (1, 7, 40, 128, 129, 300):
+        for v in (1, 2, 5):
+            for group in {g for g in (1, 3, 4, 8, 16, m) if g <= m}:
+                for forwards in range(0, m * v + 1, max(1, m * v // 97)):
+                    assert tl._held_by_chunk(forwards, m, v, group) == by_rows(forwards, m, v, group)

@@ -350,12 +350,22 @@ def plain_in_flight(shape: Shape, rank: int) -> tuple[int, ...]:
         return (m,) + (0,) * (v - 1)
     if shape.order == "1f1b":
         return (min(p - rank, m),) + (0,) * (v - 1)
-    left, held = min(_warmup(shape, rank) + 1, m * v), [0] * v  # forwards at the peak, group by group, chunk by chunk
-    for start in range(0, m, shape.group):
-        for chunk in range(v):
-            take = min(shape.group, m - start, left)
-            held[chunk] += take
-            left -= take
+    return _held_by_chunk(min(_warmup(shape, rank) + 1, m * v), m, v, shape.group)
+
+
+def _held_by_chunk(forwards: int, m: int, v: int, group: int) -> tuple[int, ...]:
+    """Per chunk, how many of the rank's first `forwards` forwards it runs: its table (_chunk_microbatches) takes
+    rows of `group` micro-batches on each chunk in turn (the last row the rest, m % group), so every chunk has
+    `group` per whole row taken, and the row being taken fills its chunks in order (O(v), not one step per row)."""
+    whole = m // group  # rows of a full group
+    rows = min(forwards // (v * group), whole)  # rows taken whole
+    held = [rows * group] * v
+    left = forwards - rows * v * group
+    row = group if rows < whole else m - whole * group  # the size of the next row (the rest: 0 when none)
+    for chunk in range(v):
+        take = min(row, left)
+        held[chunk] += take
+        left -= take
     return tuple(held)
 
 
