@@ -241,3 +241,14 @@ def test_held_by_chunk_is_the_table_taken_row_by_row():
             for group in {g for g in (1, 3, 4, 8, 16, m) if g <= m}:
                 for forwards in range(0, m * v + 1, max(1, m * v // 97)):
                     assert tl._held_by_chunk(forwards, m, v, group) == by_rows(forwards, m, v, group)
+
+
+def test_a_plain_replay_caches_its_program_not_its_ops():
+    # the plain orders' program reads each rank's order once (_plain_order, _rank_steps: uncached, the same order as
+    # rank_order): no per-op tuples stay behind in a cache for the garbage collector to walk
+    shape = tl.Shape("interleaved_1f1b", 4, 3, 131, 4)
+    assert tl._plain_order(shape, 1) == tl.rank_order(shape, 1)
+    tl.rank_order.cache_clear()
+    tl.simulate(shape, (1.0,) * 4, (2.0,) * 4, 0.1)
+    assert tl.rank_order.cache_info().currsize == 0 and not hasattr(tl._rank_steps, "cache_info")
+    assert tl._program.cache_info().currsize >= 1

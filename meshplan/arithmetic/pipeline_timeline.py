@@ -153,9 +153,17 @@ def _chunk_microbatches(shape: Shape) -> list[tuple[int, int]]:
 def rank_order(shape: Shape, rank: int) -> tuple[Op, ...]:
     """The forwards and backwards rank `rank` runs, in its schedule's order (the plain orders; the others:
     rank_actions)."""
-    m, p, v = shape.microbatches, shape.pp, shape.vpp
-    if shape.order in SPLIT_ORDERS and p > 1:
+    if shape.order in SPLIT_ORDERS and shape.pp > 1:
         return tuple((a.kind != "F", a.chunk, a.mb) for a in rank_actions(shape, rank) if a.kind != "W")
+    return _plain_order(shape, rank)
+
+
+def _plain_order(shape: Shape, rank: int) -> tuple[Op, ...]:
+    """rank_order of the orders that do not split the backward (GPipe, 1F1B, interleaved and combined 1F1B), uncached:
+    a replay's program (_plain_program, cached per shape) reads it once, and a cached copy of its ~10^4 small tuples
+    per shape would stay for the garbage collector to walk (Llama-3.1-70B on 64 H100: 0.34 M tuples, 20 ms of a first
+    ask's collection)."""
+    m, p, v = shape.microbatches, shape.pp, shape.vpp
     if shape.order == "gpipe" or p == 1:
         return tuple((False, 0, k) for k in range(m)) + tuple((True, 0, k) for k in range(m))
     if shape.order == "1f1b":
@@ -417,20 +425,20 @@ class Timeline:
         return 1.0 - sum(self.busy) / (len(self.busy) * self.seconds)
 
 
-@lru_cache(maxsize=256)
-def _rank_steps(shape: Shape, rank: int) -> tuple[tuple[bool, int, int, bool], ...]:
+def _rank_steps(shape: Shape, rank: int) -> list[tuple[bool, int, int, bool]]:
     """Each op of the rank's order as (backward?, its slot, the slot it waits for (-1: none), whether that input
-    crosses a hop); a slot is stage * m + micro-batch, the input a forward's slot for the last stage's backward."""
+    crosses a hop); a slot is stage * m + micro-batch, the input a forward's slot for the last stage's backward.
+    Uncached, like _plain_order: only _plain_program reads it, once per shape."""
     p, s, m = shape.pp, shape.stages, shape.microbatches
     steps = []
-    for backward, chunk, mb in rank_order(shape, rank):
+    for backward, chunk, mb in _plain_order(shape, rank):
         stage = chunk * p + rank
         slot = stage * m + mb
         if backward:
             steps.append((True, slot, slot if stage == s - 1 else slot + m, stage < s - 1))
         else:
             steps.append((False, slot, slot - m if stage else -1, stage > 0))
-    return tuple(steps)
+    return steps
 
 
 def _replay(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float,
