@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate import memory
-from meshplan.estimate.layer_records import shared_layers
+from meshplan.estimate.layer_records import scope_memo, shared_layers
 from meshplan.estimate.memory import _layout_terms, estimate_memory, layout_terms, memory_fit, memory_terms
-from meshplan.estimate.memory_stage import held_activations, stage_states
-from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS
+from meshplan.estimate.memory_stage import _stage_states, held_activations, layer_classes, stage_states, states_key
+from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS, stage_params
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
@@ -134,3 +135,67 @@ def test_layouts_with_the_same_layer_layout_share_its_activations():
     other = memory_terms(job, plan.model_copy(update={"pp": 1, "dp": 4, "zero_stage": 2}), [])
     assert one.lay == other.lay
     assert one.per_kind is other.per_kind
+
+
+# a value other than the resolved one for every pipeline-shape field (memory_terms.PIPELINE_SHAPE_FIELDS)
+PIPELINE_VARIANTS = {"vpp": 2, "pipeline_schedule": "gpipe", "pipeline_microbatches": 4, "first_stage_layers": 3,
+                     "last_stage_layers": 5, "pipeline_layout": None, "account_for_embedding": True,
+                     "account_for_loss": True}
+
+
+def test_pipeline_variants_cover_every_pipeline_shape_field():
+    assert set(PIPELINE_VARIANTS) == set(PIPELINE_SHAPE_FIELDS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['model']}-{c.get('framework', 'megatron-core')}")
+def test_stage_states_shared_across_ranks_and_pipeline_shapes_are_each_stages_own(case):
+    """Inside a scope a stage's model states are kept per states_key, so stages of other ranks and of layouts that
+    differ in a pipeline-shape field share them: each must equal the stage's own states computed afresh (if a term
+    read a pipeline-shape field, or a layer's value the layer classes do not compare, some stage would differ)."""
+    job, plan = resolved(case)
+    variants = [plan, *(plan.model_copy(update={name: value}) for name, value in PIPELINE_VARIANTS.items())]
+    variants += [plan.model_copy(update={"pp": 1, "vpp": 1, "first_stage_layers": None, "last_stage_layers": None})]
+    shared = 0
+    with shared_layers():
+        for p in variants:
+            try:
+                terms = memory_terms(job, p, [])
+            except MeshplanError:  # a variant the layout cannot hold (an uneven split past the layers)
+                continue
+            for rank, chunks in enumerate(terms.pipeline.chunks):
+                mine = stage_states(terms, rank, chunks)
+                shared += mine.params.layers != stage_params(terms, rank, chunks).layers
+                assert mine == _stage_states(terms, rank, chunks), (p.short(), rank)
+    memo_sizes = []
+    with shared_layers():
+        for p in variants[:3]:
+            terms = memory_terms(job, p, [])
+            for rank, chunks in enumerate(terms.pipeline.chunks):
+                stage_states(terms, rank, chunks)
+        memo_sizes.append(len(scope_memo("stage_states")))
+    assert shared == 0
+    assert memo_sizes[0] < sum(len(memory_terms(job, p, []).pipeline.chunks) for p in variants[:3]) or plan.pp == 1
+
+
+def test_states_key_tells_stages_with_other_layers_apart():
+    job, plan = resolved(CASES[1])  # DeepSeek-V3: dense first layers, then MoE
+    terms = memory_terms(job, plan, [])
+    keys = [states_key(terms, rank, chunks) for rank, chunks in enumerate(terms.pipeline.chunks)]
+    assert keys[1] == keys[2]  # two middle stages of 16 MoE layers
+    assert len({keys[0], keys[1], keys[3]}) == 3  # the first (with the dense layers and the embedding), the last
+    classes = layer_classes(job.model)
+    assert classes[0] != classes[-1] and len(set(classes)) == 2
+
+
+def test_stage_states_shared_across_layouts_of_other_depths_are_each_stages_own():
+    """Layouts of 1 to 8 stages on one world (middle and last stages of the same layers, tied and untied
+    embeddings, ZeRO stages): every stage's shared states are its own."""
+    for model in ("gemma-2-27b", "llama-3.1-8b"):  # tied embeddings; untied
+        job, base = resolve(Request(model=model, gpu="h100", num_gpus=16, tp=1, pp=2))
+        with shared_layers():
+            for pp in (1, 2, 4, 8):
+                for zero in (1, 3):
+                    plan = base.model_copy(update={"pp": pp, "dp": 16 // pp, "zero_stage": zero})
+                    terms = memory_terms(job, plan, [])
+                    for rank, chunks in enumerate(terms.pipeline.chunks):
+                        assert stage_states(terms, rank, chunks) == _stage_states(terms, rank, chunks), (pp, rank)

@@ -8,6 +8,7 @@ the caching allocator's reserve.
 from __future__ import annotations
 
 from itertools import chain
+from operator import itemgetter
 from typing import NamedTuple
 
 from meshplan.arithmetic.flops import Shard
@@ -24,8 +25,19 @@ from meshplan.arithmetic.muon import step_working_bytes
 from meshplan.arithmetic.offload import offload_stage
 from meshplan.arithmetic.schedule import in_flight
 from meshplan.estimate.fsdp_walk import WalkStage, freed_grads_reserved, stage_step_peak
-from meshplan.estimate.memory_terms import MemoryTerms, StageParams, stage_params
+from meshplan.estimate.layer_records import scope_memo
+from meshplan.estimate.memory_terms import (
+    MEMORY_PER_PLAN_FIELDS,
+    PIPELINE_SHAPE_FIELDS,
+    MemoryTerms,
+    StageParams,
+    param_table,
+    stage_params,
+)
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.model_counts import per_architecture
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Plan
 from meshplan.schema.reports import StageMemory
 
 STEP_MOMENT = "optimizer step"
@@ -77,22 +89,63 @@ class StageStates(NamedTuple):
 
 def stage_states(terms: MemoryTerms, rank: int, chunks) -> StageStates:
     """StageStates of pipeline stage `rank` (`chunks`: the layout's, terms.pipeline.chunks[rank]), once per rank of
-    the terms' layout (terms.stages)."""
+    the terms' layout (terms.stages), and inside a shared_layers scope once per states_key: a stage of another rank
+    or layout with the same key gives the same states, only its params' layers are this stage's own."""
     hit = terms.stages.get(rank)
     if hit is None:
-        detail: dict[str, int] = {}
-        params = stage_params(terms, rank, chunks)
-        if params.first:
-            detail["embedding_params"] = params.embedding
-        if params.last:
-            detail["output_layer_params"] = params.output_layer
-        if params.mtp:
-            detail["mtp_params"] = params.mtp_params
-        states = model_states(terms, params, detail)
-        hit = terms.stages[rank] = StageStates(params, states, detail, step_moment(terms, params, states),
-                                               lazy_optimizer_state(terms, params),
-                                               gathered_units(terms, params) if terms.gathered else 0.0)
+        memo = scope_memo("stage_states")
+        key = states_key(terms, rank, chunks) if memo is not None else None
+        shared = memo.get(key) if memo is not None else None
+        if shared is None:
+            hit = _stage_states(terms, rank, chunks)
+            if memo is not None:
+                memo[key] = (terms.job, hit)  # the entry keeps the job alive, so its id stays its own
+        else:
+            same = shared[1]
+            hit = StageStates(StageParams([i for chunk in chunks for i in chunk], *same.params[1:]), *same[1:])
+        terms.stages[rank] = hit
     return hit
+
+
+def _stage_states(terms: MemoryTerms, rank: int, chunks) -> StageStates:
+    detail: dict[str, int] = {}
+    params = stage_params(terms, rank, chunks)
+    if params.first:
+        detail["embedding_params"] = params.embedding
+    if params.last:
+        detail["output_layer_params"] = params.output_layer
+    if params.mtp:
+        detail["mtp_params"] = params.mtp_params
+    states = model_states(terms, params, detail)
+    return StageStates(params, states, detail, step_moment(terms, params, states), lazy_optimizer_state(terms, params),
+                       gathered_units(terms, params) if terms.gathered else 0.0)
+
+
+_STATES_FIELDS = tuple(name for name in Plan.model_fields
+                       if name not in MEMORY_PER_PLAN_FIELDS and name not in PIPELINE_SHAPE_FIELDS)
+_STATES_KEY = itemgetter(*_STATES_FIELDS)  # every one a hashable value (Plan's only list field is left out)
+
+
+def states_key(terms: MemoryTerms, rank: int, chunks) -> tuple:
+    """What a stage's StageStates read: the job, the plan's fields but the per-plan and pipeline-shape ones
+    (MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS), whether the stage holds the embedding, the output layer and the
+    MTP blocks (memory_terms.stage_params' tests), and its layers in order by value (layer_classes: every per-layer
+    term of the states is read from the ParamTable columns those compare); a LoRA job's by index (its adapters are
+    counted per layer, arithmetic/lora.adapter_params)."""
+    pipeline, arch = terms.pipeline, terms.job.model
+    layers = tuple(i for chunk in chunks for i in chunk)
+    mtp = bool(arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at)
+    by_value = layers if terms.job.lora is not None else tuple(map(layer_classes(arch).__getitem__, layers))
+    return id(terms.job), _STATES_KEY(terms.plan.__dict__), rank == 0, rank == pipeline.head_rank, mtp, by_value
+
+
+@per_architecture
+def layer_classes(arch: Architecture) -> tuple[int, ...]:
+    """Per decoder layer, a number shared by exactly the layers whose ParamTable entries (TP-sharded, replicated,
+    routed-expert and linear parameters, MoE or not) are all equal."""
+    table, seen = param_table(arch), {}
+    rows = zip(table.tp_sharded, table.replicated, table.experts, table.linear_dense, table.moe, strict=True)
+    return tuple(seen.setdefault(row, len(seen)) for row in rows)
 
 
 def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
@@ -128,18 +181,36 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
     if any(o.moment is not None and o.moment != STEP_MOMENT for o in moments):  # FSDP2's walk
         detail["gradients_absent_at_peak"] = int(rest.absent)
         detail["freed_gradients_reserved"] = int(rest.freed_reserved)
-    states = {**states, "gradients": states["gradients"] - rest.absent}
-    # the caching allocator reserves more than it hands out for what is freed and re-allocated every step
-    detail["allocator_reserve"] = int(terms.card.allocator_reserve_fraction * rest.transient) + int(rest.freed_reserved)
-    other = rest.other + detail["allocator_reserve"]
-    weights, grads, opt = (int(states[c]) for c in ("weights", "gradients", "optimizer"))
-    total = weights + grads + opt + int(rest.activations) + int(other)
+    peak = peak_total(terms, states, rest)
+    detail["allocator_reserve"] = peak.reserve
+    weights, grads, opt, other, total = peak.weights, peak.gradients, peak.optimizer, peak.other, peak.total
     memory = StageMemory(
         stage=rank, layers=len(params.layers), weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
         activations_bytes=int(rest.activations), other_bytes=int(other), total_bytes=total, detail=detail,
         host_bytes=int(host),
     )
     return StageResult(memory, rest.moment, allocated.moment if allocated is not rest else None)
+
+
+class PeakTotal(NamedTuple):
+    """A stage's report figures when moment `o` is its reserved peak (peak_total)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    reserve: int  # the allocator's reserve (detail allocator_reserve)
+    other: float  # the fixed and transient rest with that reserve
+    total: int
+
+
+def peak_total(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> PeakTotal:
+    """The stage's model states, allocator reserve, other bytes and total at moment `o` (its reserved peak): the
+    gradients less those not allocated yet, and the caching allocator's reserve over what is freed and re-allocated
+    every step plus the freed gradients it keeps."""
+    reserve = int(terms.card.allocator_reserve_fraction * o.transient) + int(o.freed_reserved)
+    other = o.other + reserve
+    weights, grads, opt = int(states["weights"]), int(states["gradients"] - o.absent), int(states["optimizer"])
+    return PeakTotal(weights, grads, opt, reserve, other, weights + grads + opt + int(o.activations) + int(other))
 
 
 def allocated_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> float:
@@ -282,9 +353,7 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
     """Each layer's activations in the mode the plan's recompute runs it in, times the micro-batches its chunk
     holds at the stage's peak (the schedule's in_flight)."""
     plan, per_kind, group, every_nth = terms.plan, terms.per_kind, terms.group, terms.every_nth
-    runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's (torchtitan)
-    held = in_flight(rank, plan.pp, terms.vpp, terms.m // runs, framework_card(terms.job.framework).pipeline.group,
-                     plan.runs_schedule)
+    held = stage_held(terms, rank)
     if not (group or every_nth) and (plan.recompute != "full" or plan.recompute_layers is None
                                      or plan.recompute_method == "uniform"):
         return _one_mode_activations(terms, chunks, held, "full" if plan.recompute == "full" else terms.stored_mode)
@@ -311,6 +380,14 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
             chunk_bytes += per_kind[(terms.table.moe[i], mode)]
         acts += count * chunk_bytes
     return HeldActivations(acts, held, modes)
+
+
+def stage_held(terms: MemoryTerms, rank: int) -> tuple[int, ...]:
+    """Micro-batches stage `rank` holds at its peak per virtual chunk (the schedule's in_flight)."""
+    plan = terms.plan
+    runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's (torchtitan)
+    return in_flight(rank, plan.pp, terms.vpp, terms.m // runs, framework_card(terms.job.framework).pipeline.group,
+                     plan.runs_schedule)
 
 
 def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mode: str) -> HeldActivations:
@@ -386,9 +463,7 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
     gradients not yet allocated), else at the worst unit's backward with every activation (`gathered`: the stage's
     gathered_units)."""
     conv = terms.conv
-    walk = (terms.gathered and conv.step_peak == "backward_walk" and not terms.offload.activations and not terms.group
-            and terms.job.lora is None)
-    if walk:
+    if walks(terms):
         out = []
         for moment in stage_step_peak(WalkStage(
                 terms=terms, params=params, modes=held.modes, layer_acts=detail["layer_activations"],
@@ -404,6 +479,13 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
     return [Overheads(acts, terms.other_fixed, acts, None)]
 
 
+def walks(terms: MemoryTerms) -> bool:
+    """Whether the stages' backward moments are FSDP2's walk (fsdp_walk.stage_step_peak), not one moment with every
+    activation."""
+    return bool(terms.gathered and terms.conv.step_peak == "backward_walk" and not terms.offload.activations
+                and not terms.group and terms.job.lora is None)
+
+
 def gathered_units(terms: MemoryTerms, params: StageParams) -> float:
     """FSDP/ZeRO-3's gathered units at the worst unit's backward (memory_states.gathered_transient; LoRA's frozen
     base: frozen_gathered_transient) over the stage's units in forward order: embedding, decoder layers, output layer
@@ -414,3 +496,50 @@ def gathered_units(terms: MemoryTerms, params: StageParams) -> float:
               for i in params.layers]
     units += [params.output_layer + terms.norm_width] if params.last else []
     return (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(terms.conv, units)
+
+
+class Dominance:
+    """The middle stages (neither embedding, output layer nor MTP) memory_fit evaluated for one plan, to leave out
+    the stages whose fit figure and host bytes provably are at most one of theirs (covers)."""
+
+    def __init__(self, terms: MemoryTerms):
+        # no offload: every stage's host bytes are 0 and its activations stay on the GPU; no FSDP2 walk: a stage's
+        # moments are its backward, with every activation, and the optimizer step's
+        self.terms = terms
+        self.on = not terms.offload.any and not walks(terms)
+        self.seen: list[tuple[StageStates, tuple[int, ...], tuple[int, ...], int, bool]] = []
+
+    def covers(self, rank: int, chunks) -> bool:
+        """Whether stage `rank` is at most a middle stage already evaluated: it is a middle stage with the same model
+        states (the same stage_states memo entry: the same layers by value) and the same layers per virtual chunk,
+        holding no more micro-batches in any chunk. Its activations are then the same per-chunk sums times no larger
+        counts, so its backward moment is at most the other's term by term, its optimizer step's the same, and every
+        step from them to the fit figure (float sums, products by non-negative counts, int()) is monotone: its
+        reserved peak is at most the other's, and so is its fit figure, unless it peaks at the optimizer step where
+        the other peaks in its backward (a step total the other's figure then bounds: checked). Host bytes are 0."""
+        if not self.on or not self.seen:
+            return False
+        terms = self.terms
+        mine = stage_states(terms, rank, chunks)
+        if not _middle(mine.params):
+            return False
+        lengths, held = tuple(map(len, chunks)), stage_held(terms, rank)
+        for states, their_lengths, their_held, fit, step_peak in self.seen:
+            if (states.states is mine.states and their_lengths == lengths
+                    and all(a <= b for a, b in zip(held, their_held, strict=True))
+                    and (step_peak or terms.plan.expandable_segments
+                         or peak_total(terms, mine.states, mine.step).total <= fit)):
+                return True
+        return False
+
+    def add(self, rank: int, chunks, fit: int, moment: str | None) -> None:
+        """Stage `rank` evaluated: its fit figure, and the moment its reserved peak is at."""
+        if self.on:
+            mine = stage_states(self.terms, rank, chunks)
+            if _middle(mine.params):
+                self.seen.append((mine, tuple(map(len, chunks)), stage_held(self.terms, rank), fit,
+                                  moment == STEP_MOMENT))
+
+
+def _middle(params: StageParams) -> bool:
+    return not (params.first or params.last or params.mtp)

@@ -57,6 +57,13 @@ MEMORY_PER_PLAN_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_
 read: the micro-batch and the recompute. So the plans of one search that differ only in these share them
 (memory.layout_terms); tests/test_memory_memo.py holds the estimate to it field by field."""
 
+PIPELINE_SHAPE_FIELDS = frozenset({"vpp", "pipeline_schedule", "pipeline_microbatches", "first_stage_layers",
+                                   "last_stage_layers", "pipeline_layout", "account_for_embedding", "account_for_loss"})
+"""Plan fields that change a stage's model states (memory_stage.StageStates) only through which layers the stage
+holds and whether it holds the embedding, the output layer or the MTP blocks: the pipeline's shape. So stages of one
+search with the same layers (by value, memory_stage.layer_classes) and the same ends share their states across
+layouts that differ only in these (memory_stage.stage_states); tests/test_memory_memo.py holds them to it."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutTerms:
