@@ -12,7 +12,8 @@ import pytest
 
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate.memory import estimate_memory, memory_fit
+from meshplan.estimate.memory import estimate_memory, memory_fit, memory_terms
+from meshplan.estimate.memory_stage import stage_fit, stage_memory
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, recommend, search_job
 from meshplan.search.space import Fixed, enumerate_layouts, micro_batches
@@ -183,3 +184,23 @@ def test_the_near_misses_of_a_search_are_the_same_from_verdicts_as_from_reports(
     assert [(over, plan, mem.fit_bytes) for over, plan, mem in fast.near] == [
         (over, plan, mem.fit_bytes) for over, plan, mem in full.near]
     assert (fast.memory_calls, fast.rejected) == (full.memory_calls, full.rejected)
+
+
+@pytest.mark.parametrize("req", REQUESTS, ids=lambda r: f"{r.model}-{r.framework}")
+def test_stage_fit_reads_the_stage_reports_figures(req):
+    """memory_fit reads each stage through memory_stage.stage_fit, the report's figures without the report: its
+    total, allocated peak, host bytes and peak moment are stage_memory's, on offloaded, FSDP2-walked and
+    expandable-segment jobs alike."""
+    checked = 0
+    for job, plan in sampled_plans(req, 20, seed=len(req.model) + 1):
+        try:
+            terms = memory_terms(job, plan, [])
+        except MeshplanError:
+            continue
+        for rank, chunks in enumerate(terms.pipeline.chunks):
+            row = stage_memory(terms, rank, chunks)
+            stage = row.memory
+            assert stage_fit(terms, rank, chunks) == (stage.total_bytes, stage.detail["allocated_peak"],
+                                                      stage.host_bytes, row.moment), (plan, rank)
+            checked += 1
+    assert checked >= 10

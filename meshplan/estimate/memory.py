@@ -15,6 +15,7 @@ stage's memory step by step is memory_stage.py; torch FSDP2's backward walk, fsd
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -44,7 +45,7 @@ from meshplan.arithmetic.schedule import padded_vocab, plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
-from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, stage_memory
+from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, stage_fit, stage_memory
 from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import per_architecture
@@ -152,17 +153,16 @@ def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first
     first = first if 0 <= first < len(chunks) else 0
     figure = host_node = 0
     dominance = Dominance(terms)  # a stage no more than one evaluated before it changes neither the figure nor `over`
-    for rank in (first, *(r for r in range(len(chunks)) if r != first)):
+    for rank in chain((first,), (r for r in range(len(chunks)) if r != first)):
         if dominance.covers(rank, chunks[rank]):
             continue
-        row = stage_memory(terms, rank, chunks[rank])
-        stage = row.memory
-        fig = int(stage_fit_bytes(stage, plan, terms.card))
-        dominance.add(rank, chunks[rank], fig, row.moment)
-        stage_host = stage.host_bytes * job.gpus_per_node
+        stage = stage_fit(terms, rank, chunks[rank])  # stage_memory's figures without its report
+        fig = int(peak_fit_bytes(stage.total, stage.total - stage.allocated, plan, terms.card))  # stage_fit_bytes
+        stage_host = stage.host * job.gpus_per_node
         figure, host_node = max(figure, fig), max(host_node, stage_host)
         if fig > budget or (host is not None and stage_host > host):
             return FitVerdict(figure, host_node, False, rank)
+        dominance.add(rank, chunks[rank], fig, stage.moment)
     return FitVerdict(figure, host_node, True, None)
 
 

@@ -150,6 +150,45 @@ def layer_classes(arch: Architecture) -> tuple[int, ...]:
 
 def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
     """The memory per GPU of pipeline stage `rank` (its virtual chunks' layers in `chunks`: terms.pipeline's)."""
+    peak = stage_peak(terms, rank, chunks)
+    params, detail, moments, allocs, rest = peak.params, peak.detail, peak.moments, peak.allocs, peak.rest
+    allocated = moments[peak.top]
+    detail["allocated_peak"] = int(allocs[peak.top])
+    detail["first_iteration_allocated_peak"] = int(first_iteration_allocated(terms, params, moments, allocs,
+                                                                             peak.lazy))
+    if rest.gathered is not None:
+        detail["gathered_layers"] = int(rest.gathered)
+    if moments[-1].step_temporaries:
+        detail["optimizer_step_temporaries"] = int(moments[-1].step_temporaries)
+    if any(o.moment is not None and o.moment != STEP_MOMENT for o in moments):  # FSDP2's walk
+        detail["gradients_absent_at_peak"] = int(rest.absent)
+        detail["freed_gradients_reserved"] = int(rest.freed_reserved)
+    total = peak_total(terms, peak.states, rest)
+    detail["allocator_reserve"] = total.reserve
+    memory = StageMemory(
+        stage=rank, layers=len(params.layers), weights_bytes=total.weights, gradients_bytes=total.gradients,
+        optimizer_bytes=total.optimizer, activations_bytes=int(rest.activations), other_bytes=int(total.other),
+        total_bytes=total.total, detail=detail, host_bytes=int(peak.host),
+    )
+    return StageResult(memory, rest.moment, allocated.moment if allocated is not rest else None)
+
+
+class StagePeak(NamedTuple):
+    """A stage's moments and the ones it peaks at (stage_peak), before its report is written."""
+
+    params: StageParams
+    states: dict[str, float]  # on the GPU, after what the offload knobs move
+    detail: dict[str, int]  # the report's detail so far
+    host: float
+    moments: list[Overheads]  # the backward's candidates, then the optimizer step's
+    allocs: list[float]  # each moment's allocated bytes
+    rest: Overheads  # the reserved peak's moment
+    top: int  # the allocated peak's moment (index)
+    lazy: float
+
+
+def stage_peak(terms: MemoryTerms, rank: int, chunks) -> StagePeak:
+    """Stage `rank`'s model states, activations and moments, and the moments of its reserved and allocated peaks."""
     shared = stage_states(terms, rank, chunks)
     params, states, detail = shared.params, shared.states, dict(shared.detail)
     acts = held_activations(terms, rank, chunks)
@@ -169,27 +208,24 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
     allocs = [allocated_bytes(terms, states, o) for o in moments]  # each moment's allocated bytes, once
     reserved = [reserved_bytes(terms, states, o, a) for o, a in zip(moments, allocs, strict=True)]
     rest = moments[reserved.index(max(reserved))]  # the first of the largest, as max() picks
-    top = allocs.index(max(allocs))
-    allocated = moments[top]
-    detail["allocated_peak"] = int(allocs[top])
-    detail["first_iteration_allocated_peak"] = int(first_iteration_allocated(terms, params, moments, allocs,
-                                                                             shared.lazy))
-    if rest.gathered is not None:
-        detail["gathered_layers"] = int(rest.gathered)
-    if moments[-1].step_temporaries:
-        detail["optimizer_step_temporaries"] = int(moments[-1].step_temporaries)
-    if any(o.moment is not None and o.moment != STEP_MOMENT for o in moments):  # FSDP2's walk
-        detail["gradients_absent_at_peak"] = int(rest.absent)
-        detail["freed_gradients_reserved"] = int(rest.freed_reserved)
-    peak = peak_total(terms, states, rest)
-    detail["allocator_reserve"] = peak.reserve
-    weights, grads, opt, other, total = peak.weights, peak.gradients, peak.optimizer, peak.other, peak.total
-    memory = StageMemory(
-        stage=rank, layers=len(params.layers), weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
-        activations_bytes=int(rest.activations), other_bytes=int(other), total_bytes=total, detail=detail,
-        host_bytes=int(host),
-    )
-    return StageResult(memory, rest.moment, allocated.moment if allocated is not rest else None)
+    return StagePeak(params, states, detail, host, moments, allocs, rest, allocs.index(max(allocs)), shared.lazy)
+
+
+class StageFit(NamedTuple):
+    """What memory_fit reads of a stage's report (stage_fit): its total, allocated peak and host bytes, and the
+    moment of its reserved peak."""
+
+    total: int
+    allocated: int
+    host: int
+    moment: str | None
+
+
+def stage_fit(terms: MemoryTerms, rank: int, chunks) -> StageFit:
+    """stage_memory's total_bytes, detail allocated_peak, host_bytes and moment, without its report."""
+    peak = stage_peak(terms, rank, chunks)
+    return StageFit(peak_total(terms, peak.states, peak.rest).total, int(peak.allocs[peak.top]), int(peak.host),
+                    peak.rest.moment)
 
 
 class PeakTotal(NamedTuple):
