@@ -42,6 +42,20 @@ def check_structure(job: Job, plan: Plan) -> list[Finding]:
     return check_config(job, plan, include_memory=False).findings
 
 
+class StructuralCheck:
+    """check_config without the memory rules (check_structure's report: what the search prunes with), and
+    `first_error`: the first error among its findings, without building the report."""
+
+    def __call__(self, job: Job, plan: Plan) -> CheckReport:
+        return check_config(job, plan, include_memory=False)
+
+    @staticmethod
+    def first_error(job: Job, plan: Plan) -> Finding | None:
+        """The first finding of severity error in check_config(job, plan, include_memory=False).findings: the same
+        findings (the job's kept verdicts, Verdicts.findings), the same one."""
+        return next((f for f in verdicts(job).findings(job, plan) if f.severity == "error"), None)
+
+
 def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> list[str]:
     if structural_error:
         ids = ", ".join(sorted({f.id for f in findings if f.severity == "error"}))

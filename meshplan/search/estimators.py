@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.arithmetic.flops import model_flops_per_step
-from meshplan.check.config import check_config
+from meshplan.check.config import StructuralCheck, check_config
 from meshplan.estimate.memory import FitVerdict, estimate_memory, memory_fit, memory_summary
 from meshplan.estimate.perf import (
     StepTerms,
@@ -28,7 +28,9 @@ class Engine:
 
     memory: Callable[[Job, Plan], MemoryReport]
     throughput: Callable[[Job, Plan], ThroughputReport]
-    check: Callable[[Job, Plan], CheckReport]  # structural rules only (no memory estimate)
+    # structural rules only (no memory estimate); where it has a `first_error` (config.StructuralCheck), the search
+    # asks that for the first error's finding instead of building the report
+    check: Callable[[Job, Plan], CheckReport]
     full_check: Callable[[Job, Plan], CheckReport]  # every rule, memory included
     summary: Callable[[MemoryReport], MemorySummary]
     memory_rule: str = "MEM001"
@@ -57,7 +59,7 @@ def default_engine(framework: str) -> Engine:
     return Engine(
         memory=estimate_memory,
         throughput=estimate_throughput,
-        check=lambda job, plan: check_config(job, plan, include_memory=False),
+        check=StructuralCheck(),
         full_check=check_config,
         summary=memory_summary,
         memory_rule=memory_rule_id(),

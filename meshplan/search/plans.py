@@ -71,7 +71,7 @@ class Caches:
     verdicts: dict[PlanKey, FitVerdict] = field(default_factory=dict)
     throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
     terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # a step's terms before its pipeline's replay
-    checks: dict[PlanKey, CheckReport] = field(default_factory=dict)  # the structural rules' reports
+    checks: dict[PlanKey, Finding | None] = field(default_factory=dict)  # the structural rules' first error, or None
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
     pp_units: dict[PlanKey, float] = field(default_factory=dict)  # bounds.pp_unit per non-interleaved base
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
@@ -207,9 +207,19 @@ class SearchPlans:
         return report
 
     def check_error(self, lay: Layout, zero: int, recompute: str, mbs: int) -> str | None:
-        """First error id of the structural rules, or None."""
-        report = self._estimate("check", self.caches.checks, (lay, zero, recompute, mbs))
-        error = next((f for f in report.findings if f.severity == "error"), None)
+        """First error id of the structural rules, or None: their first error's finding once per job (Caches.checks),
+        from the check's first_error where it has one (config.StructuralCheck: the same finding), else its report."""
+        key = (lay, zero, recompute, mbs)
+        error = self.caches.checks.get(key, False)
+        if error is False:
+            self.calls["check"] += 1
+            first = getattr(self.engine.check, "first_error", None)
+            if first is not None:
+                error = first(self.job, self.plan(*key))
+            else:
+                report = self.engine.check(self.job, self.plan(*key))
+                error = next((f for f in report.findings if f.severity == "error"), None)
+            self.caches.checks[key] = error
         if error is None:
             return None
         self.caches.first_finding.setdefault(error.id, error)
@@ -368,8 +378,7 @@ class SearchPlans:
         else:
             self.calls["memory"] += 1
         pp = key[0].pp
-        check = self.caches.checks.get(key)  # the structural rules, where the search ran them on this plan
-        checked = check is not None and not any(f.severity == "error" for f in check.findings)
+        checked = self.caches.checks.get(key, False) is None  # the search ran the structural rules: no error
         verdict = self.caches.verdicts[key] = self.engine.memory_fit(  # type: ignore[misc]
             self.job, self.plan(*key), self.budget, host, self.over_stage.get(pp, 0), checked)
         if verdict.over is not None:

@@ -1,0 +1,119 @@
+"""The search answers its rule checks from the first error alone (check/config.StructuralCheck.first_error, not the
+report): on every plan of several searches, the error is the full report's first, and a search whose check has no
+first_error answers the same. Every plan the search builds is the validated plan, field for field."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.check.config import check_config
+from meshplan.rules.engine import Context, backend_of, load_rules
+from meshplan.schema.request import Request
+from meshplan.search import recommend
+from meshplan.search.estimators import default_engine
+from meshplan.search.plans import SearchPlans
+from meshplan.search.space import enumerate_layouts
+
+REQUESTS = [
+    Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100"),  # MoE across nodes: flex dispatcher, EP overlap
+    Request(model="mixtral-8x7b", num_gpus=32, gpu="h100", framework="megatron-bridge", precision="fp8"),
+    Request(model="llama-3.1-8b", num_gpus=16, gpu="h100", optimizer="muon", expandable_segments=True,
+            account_for_embedding=True, account_for_loss=True),  # carried fields, a virtual split's fields
+    Request(model="qwen3-30b-a3b", num_gpus=16, gpu="a100-80gb", framework="torchtitan"),
+    Request(model="deepseek-v2-lite", num_gpus=8, gpu="h100", framework="deepspeed", micro_batch_size=2),
+]
+
+
+def _overlap(search: SearchPlans, lay, zero, recompute) -> bool:
+    """moe_a2a_overlap as the search chose it before (EP009 probed per layout, ZeRO stage and recompute)."""
+    if "moe_a2a_overlap" in search.fixed:
+        return bool(search.fixed.values["moe_a2a_overlap"])
+    if lay.schedule == "combined_1f1b":
+        return True
+    if not search.a2a_open or lay.ep <= 1:
+        return False
+    probe = _validated(search, lay, zero, recompute, 1, overlap=True)
+    return load_rules()["EP009"](Context(search.job, probe)) is None
+
+
+def _validated(search: SearchPlans, lay, zero, recompute, mbs, overlap=None):
+    """The plan as the search built it before (every plan validated)."""
+    if overlap is None:
+        overlap = _overlap(search, lay, zero, recompute)
+    fixed = search.fixed.values.get("moe_token_dispatcher")
+    dispatcher = str(fixed) if fixed is not None else "flex" if (
+        search.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, search.domain)
+        and backend_of(search.job.framework, zero) == "megatron") else "alltoall"
+    return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
+                    sequence_parallel=search.sequence_parallel(lay), cp_comm_type=search.cp_comm,
+                    moe_token_dispatcher=dispatcher, moe_a2a_overlap=overlap,
+                    tp_comm_overlap=search.tp_overlap and lay.tp > 1, **search.fixed.carried)
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Every (search, arguments, plan) SearchPlans.plan built for REQUESTS."""
+    calls = []
+    plan = SearchPlans.plan
+
+    def recording(self, *args, **kwargs):
+        out = plan(self, *args, **kwargs)
+        calls.append((self, args, kwargs, out))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SearchPlans, "plan", recording)
+        for req in REQUESTS:
+            recommend(req)
+    return calls
+
+
+def test_every_plan_is_the_validated_plan(built):
+    assert len(built) > 1000
+    assert len({id(search) for search, *_ in built}) >= len(REQUESTS)
+    assert any(out.moe_token_dispatcher == "flex" for *_, out in built)
+    assert any(out.moe_a2a_overlap for *_, out in built)
+    assert any(out.account_for_embedding and out.optimizer == "muon" for *_, out in built)
+    for search, args, kwargs, out in built:
+        want = _validated(search, *args, **kwargs)
+        assert type(out) is type(want)
+        assert out == want
+        assert out.model_dump() == want.model_dump()
+        assert out.model_fields_set == want.model_fields_set
+        assert list(out.__dict__) == list(want.__dict__)
+
+
+def test_every_overlap_is_ep009s_on_the_layouts_own_probe(built):
+    """a2a_overlap's memo (per what EP009 reads) answers each layout of the space as a probe of that layout does."""
+    searches = {id(search): search for search, *_ in built if search.a2a_open}.values()
+    assert searches
+    answers = set()
+    for search in searches:
+        for lay in enumerate_layouts(search.job, search.fixed)[0]:
+            for zero in search.zeros:
+                for recompute in search.recomputes:
+                    answer = search.a2a_overlap(lay, zero, recompute)
+                    assert answer == _overlap(search, lay, zero, recompute), (lay, zero, recompute)
+                    answers.add((lay.pp > 1, lay.vpp > 1, answer))
+    assert {(True, True, True), (True, False, False)} <= answers
+
+
+def test_every_first_error_is_the_reports(built):
+    searches = {id(search): search for search, *_ in built}.values()
+    errors = 0
+    for search in searches:
+        for key, error in search.caches.checks.items():
+            report = check_config(search.job, _validated(search, *key), include_memory=False)
+            want = next((f for f in report.findings if f.severity == "error"), None)
+            assert error == want
+            errors += error is not None
+    assert errors > 0
+
+
+@pytest.mark.parametrize("req", REQUESTS[:2] + REQUESTS[3:4], ids=lambda r: f"{r.model}-{r.num_gpus}")
+def test_a_check_without_first_error_answers_the_same(req):
+    fast = recommend(req)
+    engine = default_engine(req.framework)
+    plain = recommend(req, engine=replace(engine, check=lambda job, plan: engine.check(job, plan)))
+    assert plain.model_dump() == fast.model_dump()
