@@ -1,6 +1,7 @@
-"""The search answers its rule checks from the first error alone (check/config.StructuralCheck.first_error, not the
-report): on every plan of several searches, the error is the full report's first, and a search whose check has no
-first_error answers the same. Every plan the search builds is the validated plan, field for field."""
+"""The search builds its plans without validating each again (search/plans.SearchPlans.plan: a layout's first plan
+validated, the others copies of it with the knobs that change) and answers its rule checks from the first error alone
+(check/config.StructuralCheck.first_error): on every plan of several searches, each is the plan and the error the
+validated build and the full report give, and a search whose check has no first_error answers the same."""
 
 from dataclasses import replace
 
@@ -12,8 +13,8 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.request import Request
 from meshplan.search import recommend
 from meshplan.search.estimators import default_engine
-from meshplan.search.plans import SearchPlans
-from meshplan.search.space import enumerate_layouts
+from meshplan.search.plans import OVERLAP_READS, SearchPlans
+from meshplan.search.space import CARRIED_FIELDS, enumerate_layouts
 
 REQUESTS = [
     Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100"),  # MoE across nodes: flex dispatcher, EP overlap
@@ -109,6 +110,13 @@ def test_every_first_error_is_the_reports(built):
             assert error == want
             errors += error is not None
     assert errors > 0
+
+
+def test_the_overlap_probe_is_keyed_by_all_ep009_reads():
+    """a2a_overlap keys its probe by pp, vpp, ep, ZeRO stage and recompute: every field EP009 reads that varies
+    between a search's plans (recompute_modules is never carried, the probe's overlap is on)."""
+    assert set(load_rules()["EP009"].reads) <= set(OVERLAP_READS)
+    assert "recompute_modules" not in CARRIED_FIELDS
 
 
 @pytest.mark.parametrize("req", REQUESTS[:2] + REQUESTS[3:4], ids=lambda r: f"{r.model}-{r.num_gpus}")

@@ -29,6 +29,10 @@ from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, sta
 # floor is a sum of a few dozen non-negative terms, so its rounding is many orders smaller.
 FLOOR_MARGIN = 1e-9
 
+# The Plan fields rule EP009 reads (its `reads`): of a search's plan (`SearchPlans.plan`) they vary with pp, vpp, ep,
+# the ZeRO stage and the recompute only (recompute_modules is never set, the overlap is on in a2a_overlap's probe).
+OVERLAP_READS = ("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "moe_a2a_overlap")
+
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
 Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
 
@@ -83,13 +87,14 @@ class Caches:
     # Per layout and micro-batch: the least recompute (index) that fits at the lightest ZeRO stage; len(recomputes)
     # when nothing does. It only grows with the micro-batch, and interleaving only adds to its base's.
     least_recompute: dict[Layout, dict[int, int]] = field(default_factory=dict)
+    plans: dict[Layout, Plan] = field(default_factory=dict)  # each layout's first plan, validated (SearchPlans.plan)
 
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
                       checks=self.checks, token_time=self.token_time, pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
-                      space=self.space, tiers=self.tiers, seeds=self.seeds)
+                      space=self.space, tiers=self.tiers, seeds=self.seeds, plans=self.plans)
 
 
 @dataclass(kw_only=True)
@@ -117,7 +122,8 @@ class SearchPlans:
     over_stage: dict[int, int] = field(default_factory=dict)  # per pp: the stage memory_fit last found over
     caches: Caches = field(default_factory=Caches)
     calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
-    overlaps: dict[tuple[Layout, int, str], bool] = field(default_factory=dict)  # a2a_overlap per layout/ZeRO/recompute
+    overlaps: dict[tuple[int, int, int, int, str], bool] = field(default_factory=dict)  # a2a_overlap's memo
+    dispatchers: dict[tuple[int, int, int], str] = field(default_factory=dict)  # dispatcher's per (ep, etp, ZeRO)
     tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
     presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
     refused: tuple[int, ...] = ()  # ZeRO stages rule AD001 refuses on every layout (space.adapter_refused_zeros)
@@ -133,26 +139,37 @@ class SearchPlans:
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
-        the request's TP overlap wherever there is TP, and the request's carried fields."""
+        the request's TP overlap wherever there is TP, and the request's carried fields. The layout's first plan is
+        validated (Caches.plans); the others are copies of it with the knobs that change between a layout's plans
+        (Plan.model_copy: not validated again), each a value validation returns unchanged: a ZeRO stage of the
+        ladder (0-3) or the request's, a recompute of RECOMPUTE_ORDER or the request's, a micro-batch that is a
+        positive int (space.micro_batches), a dispatcher of MoeDispatcher, a bool. The same plan, field for field
+        and in the fields set (tests/test_search_plans_built.py builds both on every plan of several searches)."""
         if overlap is None:
             overlap = self.a2a_overlap(lay, zero, recompute)
-        return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
-                        sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
-                        moe_token_dispatcher=self.dispatcher(lay, zero), moe_a2a_overlap=overlap,
-                        tp_comm_overlap=self.tp_overlap and lay.tp > 1, **self.fixed.carried)
+        knobs = {"zero_stage": zero, "recompute": recompute, "micro_batch_size": mbs,
+                 "moe_token_dispatcher": self.dispatcher(lay, zero), "moe_a2a_overlap": overlap}
+        template = self.caches.plans.get(lay)
+        if template is None:
+            template = self.caches.plans[lay] = lay.plan(  # type: ignore[arg-type]
+                **knobs, sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
+                tp_comm_overlap=self.tp_overlap and lay.tp > 1, **self.fixed.carried)
+            return template
+        return template.model_copy(update=knobs)
 
     def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
         """moe_a2a_overlap: the user's, else on wherever rule EP009 (Megatron-Core's asserts) allows it. Overlap never
         adds time in the cost model (moe_time.overlapped_a2a exposes at most the plain all-to-all) and no memory
         (memory.py does not read it), so the plan with it dominates the plan without: one plan per key, as with
-        the flex dispatcher, rather than twice the space."""
+        the flex dispatcher, rather than twice the space. EP009's verdict on the plan with the overlap on, once per
+        what it reads of it (OVERLAP_READS)."""
         if "moe_a2a_overlap" in self.fixed:
             return bool(self.fixed.values["moe_a2a_overlap"])
         if lay.schedule == "combined_1f1b":  # the overlap's own schedule (a request that names it)
             return True
         if not self.a2a_open or lay.ep <= 1:
             return False
-        key = (lay, zero, recompute)
+        key = (lay.pp, lay.vpp, lay.ep, zero, recompute)  # what EP009 reads of a search's plan (OVERLAP_READS)
         hit = self.overlaps.get(key)
         if hit is None:
             probe = self.plan(lay, zero, recompute, 1, overlap=True)
@@ -163,13 +180,19 @@ class SearchPlans:
         """The MoE token dispatcher: the user's, else flex (DeepEP/HybridEP) when the expert group leaves the
         NVLink domain and the framework (on its Megatron-Core engine) can render it - it never sends more
         than all-to-all - else alltoall."""
-        fixed = self.fixed.values.get("moe_token_dispatcher")
-        if fixed is not None:
-            return str(fixed)
-        if (self.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, self.domain)
-                and backend_of(self.job.framework, zero) == "megatron"):
-            return "flex"
-        return "alltoall"
+        key = (lay.ep, lay.etp, zero)  # all it reads of the plan
+        hit = self.dispatchers.get(key)
+        if hit is None:
+            fixed = self.fixed.values.get("moe_token_dispatcher")
+            if fixed is not None:
+                hit = str(fixed)
+            elif (self.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, self.domain)
+                  and backend_of(self.job.framework, zero) == "megatron"):
+                hit = "flex"
+            else:
+                hit = "alltoall"
+            self.dispatchers[key] = hit
+        return hit
 
     @property
     def memory_calls(self) -> int:
@@ -181,8 +204,10 @@ class SearchPlans:
 
     @property
     def evaluations(self) -> int:
-        """Memory and throughput estimates this search computed (what the answer reports as `evaluated`)."""
-        return self.memory_calls + self.perf_calls
+        """Memory and throughput estimates this search computed (what the answer reports as `evaluated`; the queue
+        asks it before each pop, so the counts are read here directly)."""
+        calls = self.calls
+        return calls["memory"] + calls["throughput"]
 
     def _estimate(self, kind: str, cache: dict[PlanKey, Report], key: PlanKey) -> Report:
         """The Engine's `kind` estimate of the plan `key`, once per job: counted before the call, so one that raises
