@@ -33,13 +33,16 @@ def test_search_finds_the_exhaustive_top_k(fields):
 def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(monkeypatch):
     """Every refinement pushes its node to a later level (at equal keys the lower level pops first), seeds enter at
     GROUP (or RULES when no micro-batch divides the batch), an opened group pushes its nodes at FLOOR, and a small
-    job passes through all eight."""
+    job passes through all eight. The one push at the level it pops from is a layout's first FLOOR node releasing
+    the seeds it held (engine.release): each after it in the queue's order, as seeded."""
     import heapq
 
     from meshplan.search import BestFirstSearch, Level
 
     at: list[int | None] = [None]
+    popped: list[tuple] = [()]
     moves: list[tuple[int | None, int]] = []
+    released: list[bool] = []
     real_seed, real_push, real_pop = BestFirstSearch.seed, heapq.heappush, heapq.heappop
 
     def seed(self, layouts, ideal, tier=None):
@@ -47,12 +50,16 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
         real_seed(self, layouts, ideal, tier)
 
     def push(heap, entry):
-        moves.append((at[0], entry[1]))
+        if at[0] == entry[1] == Level.FLOOR:  # a held seed released: after the node popping, of the same layout
+            last = popped[0]
+            released.append(entry[:3] > last[:3] and len(last[3]) == 3 and entry[3][0] is last[3][0])
+        else:
+            moves.append((at[0], entry[1]))
         real_push(heap, entry)
 
     def pop(heap):
         entry = real_pop(heap)
-        at[0] = entry[1]
+        at[0], popped[0] = entry[1], entry
         return entry
 
     monkeypatch.setattr(BestFirstSearch, "seed", seed)
@@ -63,6 +70,7 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     assert {to for came, to in moves if came == Level.GROUP} == {Level.FLOOR}
     backwards = [(came, to) for came, to in moves if came is not None and to <= came]
     assert not backwards
+    assert released and all(released)
     assert {to for _, to in moves} == set(Level)
 
 

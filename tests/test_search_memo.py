@@ -34,7 +34,7 @@ def test_first_stage_floor_with_a_shared_memo_equals_the_floor_computed_afresh()
 
 
 def test_the_floors_of_every_recompute_in_one_pass_are_each_recomputes_floor():
-    """floors.first_stage_floors (SearchPlans.floor_bytes fills Caches.floors a row at a time) gives each recompute's
+    """floors.first_stage_floors (SearchPlans.floor_row fills Caches.floors a layout at a time) gives each recompute's
     first_stage_floor to the last bit, on a MoE job with pp 1 (the logits counted) and deeper pipelines."""
     req = Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100")
     job, _ = search_job(req)

@@ -8,6 +8,7 @@ none of them)."""
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 
 import pytest
@@ -114,19 +115,41 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
     assert compared >= 20 and opened[0] < seeded[0]
 
 
-def test_seeds_left_out_as_dead_are_counted_as_a_queue_holding_them_would(monkeypatch):
+def plain_open_group(self, key, group, base, ideal):
+    """open_group as a queue holding every seed: each (layout, micro-batch) node pushed at FLOOR with its seed key
+    and seeding seq, none left out as dead or held by its layout's first node."""
+    variants, sizes = self.variants(), group.sizes
+    for lay, entry, index in group.members:
+        if entry[1] is None:
+            entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates))
+            entry[2] = min(entry[1])
+        for offset, (mbs, seed_key) in enumerate(zip(sizes, entry[1], strict=True)):
+            if seed_key > self.cutoff:
+                self.beyond_cutoff += variants
+            else:
+                heapq.heappush(self.heap, (seed_key, Level.FLOOR, base + index + offset + 1, (lay, mbs)))
+
+
+def test_seeds_left_out_as_dead_or_held_are_counted_as_a_queue_holding_them_would(monkeypatch):
     """The seeds open_group leaves out because every ZeRO stage is over the budget at any micro-batch and recompute
-    (is_dead) are counted by settle_dead as their FLOOR pops would have counted them: on sampled requests with
-    headrooms (the probe's cutoff), on a job most of whose layouts do not fit (Kimi-K2 on 256 H100: its rejected counts
-    split between the memory rule and SEARCH-SLOWER), and with the estimate budget spent part-way, the whole answer is
-    the one of a queue holding every seed (is_dead never true); and seeds were left out."""
-    left_out = [0]
-    real_dead = BestFirstSearch.is_dead
+    (is_dead), and those a layout's first node holds until it pops (release: queued then, or left out where the memory
+    floor leaves no recompute at that micro-batch), are counted by settle_dead as their FLOOR pops would have counted
+    them: on sampled requests with headrooms (the probe's cutoff), on a job most of whose layouts do not fit (Kimi-K2
+    on 256 H100: its rejected counts split between the memory rule and SEARCH-SLOWER), and with the estimate budget
+    spent part-way, the whole answer is the one of a queue holding every seed (plain_open_group); and seeds were
+    left out both ways."""
+    left_out = [0, 0]
+    real_dead, real_release = BestFirstSearch.is_dead, BestFirstSearch.release
 
     def counting(self, lay):
         dead = real_dead(self, lay)
         left_out[0] += len(self.sizes(lay)) if dead else 0
         return dead
+
+    def releasing(self, lay, held):
+        before = len(self.dead)
+        real_release(self, lay, held)
+        left_out[1] += len(self.dead) - before
 
     requests = [(req.model_copy(update={"headroom": (0.1, 0.25, 0.4)[seed % 3]}), top_k)
                 for seed in range(24) for req, top_k in [sampled_request(seed)]]
@@ -139,16 +162,17 @@ def test_seeds_left_out_as_dead_are_counted_as_a_queue_holding_them_would(monkey
                 monkeypatch.setattr(search_engine, "search_limits",
                                     lambda limits=limits, b=budget: limits.model_copy(update={"max_evaluations": b}))
             monkeypatch.setattr(BestFirstSearch, "is_dead", counting)
+            monkeypatch.setattr(BestFirstSearch, "release", releasing)
             try:
                 fast = recommend(req, top_k=top_k).model_dump(mode="json")
             except MeshplanError:
                 monkeypatch.undo()
                 continue
-            monkeypatch.setattr(BestFirstSearch, "is_dead", lambda self, lay: False)
+            monkeypatch.setattr(BestFirstSearch, "open_group", plain_open_group)
             assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (req, budget)
             monkeypatch.undo()
             compared += 1
-    assert compared >= 20 and left_out[0] > 1000
+    assert compared >= 20 and left_out[0] > 1000 and left_out[1] > 1000
 
 
 @pytest.mark.parametrize("spent", [False, True], ids=["run", "budget spent"])

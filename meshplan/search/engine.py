@@ -5,8 +5,9 @@ opened group's (layout, micro-batch) nodes carry an optimistic step time and are
 (`Level`, in the order a node passes through them), each step pushing it back with a tighter key; a plan reaching
 the top at the last level is ranked, since nothing left in the queue can be faster. Everything dropped is counted
 under the rule id that dropped it (or a SEARCH-* bucket, meshplan/search/policy.py), so considered = ranked +
-rejected; the nodes of a layout over the budget at every ZeRO stage never enter the queue, and are counted as it
-would have counted them (settle_dead).
+rejected; the nodes of a layout over the budget at every ZeRO stage never enter the queue, nor those its memory
+floor leaves no recompute once its first node pops (release), and are counted as it would have counted them
+(settle_dead).
 
 The plans and their cached estimates are meshplan/search/plans.py; the bounds that order the queue,
 meshplan/search/bounds.py.
@@ -132,7 +133,9 @@ class BestFirstSearch(StepTimeBounds):
     found: list[Found] = field(default_factory=list)
     rows: set[tuple[float, int]] = field(default_factory=set)  # distinct (step time, peak) among found: the top K
     cutoff: float = math.inf  # nothing slower than this step time is wanted (a probe for much faster layouts)
-    beyond_cutoff: int = 0  # plans of seeds over the cutoff, never queued (never popped: keys only grow); drain counts
+    # plans drain counts though not queued: seeds over the cutoff (never popped: keys only grow), and the seeds a
+    # layout's first node holds until it pops (open_group, release)
+    beyond_cutoff: int = 0
     untimed_reasons: list[str] = field(default_factory=list)
     stopped_by_budget: bool = False  # the estimate budget (cards/search.yaml max_evaluations) ran out: not exact
     max_evaluations: int = 1 << 62
@@ -195,9 +198,12 @@ class BestFirstSearch(StepTimeBounds):
 
     # -- the levels: each pop refines one node a little and pushes it back with a tighter key ----------
 
-    def refine_bound(self, key: float, lay: Layout, mbs: int) -> None:
+    def refine_bound(self, key: float, lay: Layout, mbs: int, held: tuple = ()) -> None:
         """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits:
-        dropped) and the per-token bound with it."""
+        dropped) and the per-token bound with it. `held`: the layout's other seeds, which its first node holds until
+        it pops (open_group), released first."""
+        if held:
+            self.release(lay, held)
         floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
         if floor < len(self.recomputes):
             floor = max(self.need_range(lay, mbs)[0], floor)
@@ -207,6 +213,21 @@ class BestFirstSearch(StepTimeBounds):
         if floor > 0:
             key = max(key, self.token_bound(lay, mbs, self.recomputes[floor]))
         self.push(key, Level.SHARD, (lay, mbs, floor))
+
+    def release(self, lay: Layout, held: tuple) -> None:
+        """The seeds a layout's first node held (open_group), as (seed key, seq, micro-batch), when it pops: each
+        enters the queue as it was seeded, or, where the memory floor leaves no recompute at any ZeRO stage
+        (need_floor, the same at any point of this search: its FLOOR pop could only reject it), joins the dead seeds
+        that settle_dead counts as a queue holding them would have. Every held seed comes after the node popping now
+        in the queue's order, so the queue pops the same nodes in the same order as if each were pushed at opening;
+        until now drain counted them (beyond_cutoff), as it would have counted them queued."""
+        n_r, heap, dead = len(self.recomputes), self.heap, self.dead
+        self.beyond_cutoff -= self.variants() * len(held)
+        for seed_key, seq, mbs in held:
+            if self.need_floor(lay, mbs) >= n_r:
+                dead.append((seed_key, seq))
+            else:
+                heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
 
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
@@ -365,7 +386,10 @@ class BestFirstSearch(StepTimeBounds):
 
     def open_group(self, key: float, group: SeedGroup, base: int, ideal: float) -> None:
         """Level.GROUP: push the group's (layout, micro-batch) nodes with their seed keys (worked out once per shape,
-        Seeds) and their seeding's seq; those over the cutoff are counted as never queued (drain)."""
+        Seeds) and their seeding's seq; those over the cutoff are counted as never queued (drain). A layout's nodes
+        enter as one, its first in the queue's order, holding the others until it pops (refine_bound, release): a
+        layout never popped costs one push, and one popped has its memory floors worked out for every micro-batch
+        at once (plans.needs_row) before its other nodes are queued."""
         cutoff, variants, sizes, heap = self.cutoff, self.variants(), group.sizes, self.heap
         for lay, entry, index in group.members:
             keys = entry[1]
@@ -377,6 +401,7 @@ class BestFirstSearch(StepTimeBounds):
                 continue
             seq = base + index
             dead = self.is_dead(lay)
+            nodes = []
             for mbs, seed_key in zip(sizes, keys, strict=True):
                 seq += 1
                 if seed_key > cutoff:
@@ -384,7 +409,12 @@ class BestFirstSearch(StepTimeBounds):
                 elif dead:
                     self.dead.append((seed_key, seq))
                 else:
-                    heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
+                    nodes.append((seed_key, seq, mbs))
+            if nodes:
+                first = min(nodes)
+                nodes.remove(first)
+                self.beyond_cutoff += variants * len(nodes)  # held: drain counts them until the first pops
+                heapq.heappush(heap, (first[0], Level.FLOOR, first[1], (lay, first[2], tuple(nodes))))
 
     def wanted(self) -> bool:
         """More to rank: the next node is (wants)."""
@@ -427,10 +457,8 @@ class BestFirstSearch(StepTimeBounds):
     def is_dead(self, lay: Layout) -> bool:
         """Whether a FLOOR pop could only reject the layout's nodes, whatever the queue holds: every ZeRO stage is
         over the budget at any micro-batch and recompute (plans.stages_over: its model states' bound or its layout
-        floor; zero_needs then answers len(recomputes) and refine_bound rejects the node). plans.all_over would also
-        name the steady range's micro-batches over from over_from, but its scans cost more than the pops they save on
-        the layouts that are never popped (DeepSeek-V3 on 2,048 H100)."""
-        return all(self.stages_over(lay.own_memory()))
+        floor is over it; zero_needs then answers len(recomputes) and refine_bound rejects the node)."""
+        return self.all_stages_over(lay.own_memory())
 
     def settle_dead(self, last: tuple, stop: tuple | None) -> None:
         """Count the seeds open_group left out because refine_bound could only reject them (every ZeRO stage over

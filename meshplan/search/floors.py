@@ -78,44 +78,89 @@ def first_stage_floors(job: Job, lay: Layout, zero_stage: int, recomputes: tuple
     """first_stage_floor under each of `recomputes`, in one pass: what does not depend on the recompute (the model
     states, the in-flight count, the last stage's logits) is read once, and each figure is the same operations in the
     same order as first_stage_floor's, so the same float to the last bit."""
+    return first_stage_floor_rows(job, lay, zero_stage, recomputes, (mbs,), sp, preset, reserved=reserved,
+                                  activation_offload=activation_offload, memo=memo)[0]
+
+
+def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[str, ...],
+                           sizes: tuple[int, ...], sp: bool, preset: tuple[Convention, list[StateTensor]] | None = None,
+                           *, reserved: bool = True, activation_offload: bool = False,
+                           memo: dict | None = None) -> list[tuple[float, ...]]:
+    """first_stage_floors at each micro-batch of `sizes`, in one pass (the search asks a layout's whole row at once,
+    SearchPlans.floor_row): the layout's part, its spans and the activation memo's entries are read once per row, and
+    each figure is the same operations in the same order as first_stage_floor's, so the same float to the last bit."""
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     memo = {} if memo is None else memo
     part = _part(job, lay, zero_stage, conv, tensors, memo)
-    pp, tp = lay.pp, lay.tp
-    m = max(1, job.global_batch_size // (mbs * lay.dp))
-    states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
-    tokens = -(-job.seq_length // lay.cp) * mbs
+    pp, tp, dp, gbs = lay.pp, lay.tp, lay.dp, job.global_batch_size
+    per_rank = -(-job.seq_length // lay.cp)
     n0, n_moe, walk = part.n0, part.n_moe, part.walk
-    held = 1 if pp == 1 else min(m, pp)
-    logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) if pp == 1 \
-        else 0.0
+    n_dense = n0 - n_moe
+    full_adds = bool(n0) and not walk
+    by_tokens = _activation_sums(zero_stage, tp, sp, lay.etp, recomputes, memo)
+    rows = []
+    for mbs in sizes:
+        m = max(1, gbs // (mbs * dp))
+        states = part.states[m == 1]
+        if states is None:
+            states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
+        tokens = per_rank * mbs
+        held = 1 if pp == 1 else min(m, pp)
+        logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) \
+            if pp == 1 else 0.0
+        all_sums = by_tokens.get(tokens)
+        if all_sums is None:
+            all_sums = by_tokens[tokens] = [_recompute_sums(job, conv, zero_stage, tokens, tp, sp, lay.etp, recompute,
+                                                            memo) for recompute in recomputes]
+        figures = []
+        for recompute, sums in zip(recomputes, all_sums, strict=True):
+            per_mb = n_moe * sums[0]
+            per_mb += n_dense * sums[1]
+            acts = 0.0 if activation_offload else held * per_mb
+            if full_adds and recompute == "full":  # the one layer full recompute rebuilds, the larger kind held
+                acts += (max(sums[2], sums[3]) if n_dense else sums[2]) if n_moe else sums[3]
+            if pp == 1:
+                acts += logits
+            figures.append(acts)
+        rows.append(_floor_sums(part, states, figures, reserved))
+    return rows
+
+
+def _activation_sums(zero_stage: int, tp: int, sp: bool, etp: int, recomputes: tuple[str, ...],
+                     memo: dict) -> dict[int, list[tuple[float, float, float, float]]]:
+    """Per tokens per rank, _layer_activation_sums under each of `recomputes` (filled as asked), kept in `memo`."""
+    key = ("acts", zero_stage, tp, sp, etp, recomputes)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = {}
+    return hit
+
+
+def _recompute_sums(job: Job, conv: Convention, zero_stage: int, tokens: int, tp: int, sp: bool, etp: int,
+                    recompute: str, memo: dict) -> tuple[float, float, float, float]:
+    """_layer_activation_sums under one recompute, kept in `memo`."""
+    key = ("acts", zero_stage, tokens, tp, sp, etp, recompute)
+    sums = memo.get(key)
+    if sums is None:
+        sums = memo[key] = _layer_activation_sums(job, conv, tokens, tp, sp, etp, recompute)
+    return sums
+
+
+def _floor_sums(part: _FloorPart, states: float, figures: list[float], reserved: bool) -> tuple[float, ...]:
+    """First-stage floors from their model states and each of their activations' `figures`: the FSDP gathered layers
+    with the activations (the transient part), the allocator reserve on that, the fixed overheads; one sum for
+    first_stage_floors and layout_floor, so the latter (no activations, the lesser states) stays under the former to
+    the last bit."""
+    gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
     floors = []
-    for recompute in recomputes:
-        acts_key = ("acts", zero_stage, tokens, tp, sp, lay.etp, recompute)
-        sums = memo.get(acts_key)
-        if sums is None:
-            sums = memo[acts_key] = _layer_activation_sums(job, conv, tokens, tp, sp, lay.etp, recompute)
-        per_mb = n_moe * sums[0]
-        per_mb += (n0 - n_moe) * sums[1]
-        acts = 0.0 if activation_offload else held * per_mb
-        if recompute == "full" and n0 and not walk:
-            acts += max(([sums[2]] if n_moe else []) + ([sums[3]] if n0 - n_moe else []))
-        if pp == 1:
-            acts += logits
-        floors.append(_floor_sum(part, states, acts, reserved))
+    for acts in figures:
+        transient = acts
+        if gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
+            transient += gathered
+        # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+        reserve = 0.0 if not reserved else fraction * transient
+        floors.append(states + transient + reserve + overhead + context)
     return tuple(floors)
-
-
-def _floor_sum(part: _FloorPart, states: float, acts: float, reserved: bool) -> float:
-    """A first-stage floor from its model states and activations: the FSDP gathered layers with the activations
-    (the transient part), the allocator reserve on that, the fixed overheads; one sum for first_stage_floors and
-    layout_floor, so the latter (no activations, the lesser states) stays under the former to the last bit."""
-    transient = acts
-    if part.gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
-        transient += part.gathered
-    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-    reserve = 0.0 if not reserved else part.reserve_fraction * transient
-    return states + transient + reserve + part.fixed[0] + part.fixed[1]
 
 
 def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,
@@ -127,7 +172,7 @@ def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Conventio
     terms. Each of first_stage_floor's figures is then at least this one, to the last bit: the same operations in the
     same order on arguments at least as large, and rounding to nearest never reverses an order. So a layout and ZeRO
     stage whose layout_floor is over a budget have every micro-batch and recompute over it, with no floor of each
-    (SearchPlans.layout_over). Arguments as first_stage_floor's; kept in `memo` per (layout, ZeRO stage)."""
+    (SearchPlans.stage_over). Arguments as first_stage_floor's; kept in `memo` per (layout, ZeRO stage)."""
     conv, tensors = preset or state_preset(job, zero_stage, {})
     memo = {} if memo is None else memo
     key = ("layout", lay, zero_stage)
@@ -138,7 +183,7 @@ def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Conventio
     states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
     if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
         states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo))
-    memo[key] = floor = _floor_sum(part, states, 0.0, reserved)
+    memo[key] = floor = _floor_sums(part, states, [0.0], reserved)[0]
     return floor
 
 
@@ -157,6 +202,9 @@ def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv:
     `memo` by the layouts with these spans and degrees."""
     if part.states[one] is not None:
         return part.states[one]  # type: ignore[return-value]
+    if one and not (part.walk and conv.grads_set_to_none):  # the same arguments as more micro-batches': one figure
+        states = part.states[True] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
+        return states
     key = ("states", zero_stage, tuple(part.spans), lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
         job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and one))
@@ -211,11 +259,13 @@ def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], ten
     pre = _prefix(arch)
     tp = lay.tp
 
-    def held(prefix: list) -> float:
-        return sum(prefix[b] - prefix[a] for a, b in spans)
-
-    dense = held(pre.sharded) / tp + held(pre.replicated) + vocab * arch.hidden_size / tp
-    experts = held(pre.experts) / (lay.ep * lay.etp)
+    sharded = replicated = routed = 0  # parameter counts (integers, exact in any order)
+    for a, b in spans:
+        sharded += pre.sharded[b] - pre.sharded[a]
+        replicated += pre.replicated[b] - pre.replicated[a]
+        routed += pre.experts[b] - pre.experts[a]
+    dense = sharded / tp + replicated + vocab * arch.hidden_size / tp
+    experts = routed / (lay.ep * lay.etp)
     law = framework_card(job.framework).world_size_law
     world = mesh.replica_size(law, tp, lay.pp, lay.cp, lay.ep) * lay.dp
     expert_dp = mesh.expert_dp(world, lay)

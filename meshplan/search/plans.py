@@ -20,14 +20,10 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
-from meshplan.search.floors import first_stage_floors, layout_floor
+from meshplan.search.floors import first_stage_floor_rows, first_stage_floors, layout_floor
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
-
-# Relative: how far over the budget a floor must be to settle the larger micro-batches of its range (over_from); a
-# floor is a sum of a few dozen non-negative terms, so its rounding is many orders smaller.
-FLOOR_MARGIN = 1e-9
 
 # The Plan fields rule EP009 reads (its `reads`): of a search's plan (`SearchPlans.plan`) they vary with pp, vpp, ep,
 # the ZeRO stage and the recompute only (recompute_modules is never set, the overlap is on in a2a_overlap's probe).
@@ -79,8 +75,11 @@ class Caches:
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
     pp_units: dict[PlanKey, float] = field(default_factory=dict)  # bounds.pp_unit per non-interleaved base
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
-    floors: dict[PlanKey, float] = field(default_factory=dict)  # first_stage_floor per non-interleaved plan
+    # first_stage_floors per own_memory layout and ZeRO stage, per micro-batch: one figure per recompute of the search
+    floors: dict[tuple[Layout, int], dict[int, tuple[float, ...]]] = field(default_factory=dict)
     states: dict[tuple[int, ...], float] = field(default_factory=dict)  # states_lower_bound per (degrees, ZeRO)
+    # per layout: its model states' bound per ZeRO stage and its layout floors as asked (SearchPlans.stage_over)
+    stage_floors: dict[Layout, tuple[list[float], list[float | None]]] = field(default_factory=dict)
     space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
     tiers: Tiers | None = None  # run_search's split of the space
     seeds: dict[int, Seeds] = field(default_factory=dict)  # per tier (0 inside the NVLink domain, 1 across)
@@ -94,6 +93,7 @@ class Caches:
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
                       checks=self.checks, token_time=self.token_time, pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
+                      stage_floors=self.stage_floors,
                       space=self.space, tiers=self.tiers, seeds=self.seeds, plans=self.plans)
 
 
@@ -130,8 +130,6 @@ class SearchPlans:
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
-    over_at: dict = field(default_factory=dict)  # over_from's memo per (layout, ZeRO stage), all_over's per layout
-    over_stages: dict[Layout, tuple[bool, ...]] = field(default_factory=dict)  # stages_over's memo
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -346,27 +344,34 @@ class SearchPlans:
         return self.floor_bytes(lay.own_memory(), zero, recompute, mbs) <= self.budget
 
     def floor_bytes(self, own: Layout, zero: int, recompute: str, mbs: int) -> float:
-        """first_stage_floor of an own_memory layout, once per job (Caches.floors): those of every recompute of the
-        search at once where it is one of them (floors.first_stage_floors, the same figures)."""
-        key = (own, zero, recompute, mbs)
-        floor = self.caches.floors.get(key)
-        if floor is None:
-            row = self.recomputes if recompute in self.recomputes else (recompute,)
-            floors = first_stage_floors(
-                self.job, own, zero, row, mbs, self.sequence_parallel(own), self.presets[zero],
+        """first_stage_floor of an own_memory layout, once per job: read from its row (floor_row, every recompute of
+        the search at once) where the recompute is one of them, else computed alone (the same figure)."""
+        if recompute not in self.recomputes:
+            return first_stage_floors(
+                self.job, own, zero, (recompute,), mbs, self.sequence_parallel(own), self.presets[zero],
+                reserved=not self.fixed.carried.get("expandable_segments"),
+                activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)[0]
+        row = self.caches.floors.get((own, zero))
+        floors = None if row is None else row.get(mbs)
+        if floors is None:
+            floors = self.floor_row(own, zero, (mbs,))[mbs]
+        return floors[self.recomputes.index(recompute)]
+
+    def floor_row(self, own: Layout, zero: int, sizes: tuple[int, ...]) -> dict[int, tuple[float, ...]]:
+        """The first-stage floors of an own_memory layout at this ZeRO stage per micro-batch, each a figure per
+        recompute of the search (floors.first_stage_floor_rows: the same floats as first_stage_floor's), with those
+        of `sizes` among them; once per job (Caches.floors), the missing ones in one call."""
+        row = self.caches.floors.get((own, zero))
+        if row is None:
+            row = self.caches.floors[(own, zero)] = {}
+        missing = tuple(b for b in sizes if b not in row)
+        if missing:
+            rows = first_stage_floor_rows(
+                self.job, own, zero, self.recomputes, missing, self.sequence_parallel(own), self.presets[zero],
                 reserved=not self.fixed.carried.get("expandable_segments"),
                 activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
-            for r, value in zip(row, floors, strict=True):
-                self.caches.floors[(own, zero, r, mbs)] = value
-            floor = self.caches.floors[key]
-        return floor
-
-    def layout_over(self, own: Layout, zero: int) -> bool:
-        """Whether floors.layout_floor of an own_memory layout at this ZeRO stage is over the budget: then so is the
-        first-stage floor of every micro-batch and recompute (to the last bit, no margin), and zero_needs settles the
-        stage without one. The floor once per job (floor_parts)."""
-        return layout_floor(self.job, own, zero, self.presets[zero], reserved=not self.fixed.carried.get(
-            "expandable_segments"), memo=self.floor_parts) > self.budget
+            row.update(zip(missing, rows, strict=True))
+        return row
 
     def states_bound(self, lay: Layout, zero: int) -> float:
         """states_lower_bound of the layout at that ZeRO stage, once per job and degrees (all it reads)."""
@@ -438,92 +443,77 @@ class SearchPlans:
 
     def zero_needs(self, lay: Layout, mbs: int) -> tuple[int, ...]:
         """Per ZeRO stage of `zeros`, the least recompute whose first-stage floor fits, len(recomputes) where none
-        can (the model states' bound over budget, or the heaviest recompute's floor over); once per own_memory layout
-        and micro-batch under this budget: all that need_floor and may_fit read of a layout (its degrees, its TP's
-        sequence parallelism and the floors of own_memory)."""
+        can (the model states' bound or the layout floor over: stages_over; or the heaviest recompute's floor over);
+        all that need_floor and may_fit read of a layout (its degrees, its TP's sequence parallelism and the floors
+        of own_memory). Worked out for every micro-batch of the layout at once (needs_row), under this budget."""
         own = lay.own_memory()
         hit = self.floor_needs.get((own, mbs))
         if hit is None:
-            recomputes, n_r = self.recomputes, len(self.recomputes)
-            steady = self.steady_floor(own, mbs)
-            # every stage over (all_over): the whole tuple at once; below the steady range only a layout whose every
-            # stage is over (stages_over) has it, so the steady range's scans are left for the micro-batches in it
-            if (mbs in self.all_over(own)) if steady else all(self.stages_over(own)):
-                hit = self.floor_needs[(own, mbs)] = (n_r,) * len(self.zeros)
-                return hit
-            budget, floor = self.budget, self.floor_bytes
-            hit = self.floor_needs[(own, mbs)] = tuple(
-                next((i for i, r in enumerate(recomputes) if floor(own, zero, r, mbs) <= budget), n_r)
-                if not over and not (steady and 0 < self.over_from(own, zero) <= mbs)
-                and floor(own, zero, recomputes[-1], mbs) <= budget
-                else n_r for zero, over in zip(self.zeros, self.stages_over(own), strict=True))
+            sizes = self.sizes(own)
+            if mbs not in sizes:  # a micro-batch outside the layout's (a node the batch rule settles)
+                sizes = (mbs,)
+            needs = self.floor_needs
+            for b, row in zip(sizes, self.needs_row(own, sizes), strict=True):
+                needs[(own, b)] = row
+            hit = needs[(own, mbs)]
         return hit
+
+    def needs_row(self, own: Layout, sizes: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """zero_needs of an own_memory layout at each of `sizes`: per ZeRO stage, none where stages_over says the
+        stage is over at every micro-batch and recompute, else from the stage's floors (floor_row, one call for the
+        micro-batches): none where the heaviest recompute's is over the budget, else the least recompute whose floor
+        fits (the heaviest one at most)."""
+        n_r, budget = len(self.recomputes), self.budget
+        none = (n_r,) * len(sizes)
+        columns = []
+        for zero, over in zip(self.zeros, self.stages_over(own), strict=True):
+            if over:
+                columns.append(none)
+                continue
+            row = self.floor_row(own, zero, sizes)
+            column = []
+            for b in sizes:
+                floors = row[b]
+                i = 0
+                if floors[-1] > budget:
+                    i = n_r
+                else:
+                    while floors[i] > budget:  # stops at the heaviest recompute at the latest
+                        i += 1
+                column.append(i)
+            columns.append(column)
+        return list(zip(*columns, strict=True))
 
     def stages_over(self, own: Layout) -> tuple[bool, ...]:
-        """Per ZeRO stage of `zeros`: whether its model states' bound or its layout floor (layout_over) is over the
-        budget, so that no micro-batch or recompute of the stage fits; once per layout under this budget."""
-        hit = self.over_stages.get(own)
-        if hit is None:
-            hit = self.over_stages[own] = tuple(self.states_bound(own, zero) > self.budget
-                                                or self.layout_over(own, zero) for zero in self.zeros)
-        return hit
+        """Per ZeRO stage of `zeros`: whether the own_memory layout's model states' bound (states_bound) or its layout
+        floor (floors.layout_floor: under every micro-batch's and recompute's first-stage floor to the last bit) is
+        over the budget, so that no micro-batch or recompute of the stage fits (stage_over)."""
+        over = self.stage_over
+        return tuple([over(own, index) for index in range(len(self.zeros))])
 
-    def steady_floor(self, lay: Layout, mbs: int) -> bool:
-        """Whether the micro-batch is in its layout's range where the first-stage floor (floors.first_stage_floor)
-        cannot fall as the micro-batch grows: more than one micro-batch per step (m > 1: the model states are
-        those of m > 1) and at least pp of them (pp == 1 or m >= pp: min(m, pp) micro-batches in flight, a
-        constant). There every other term is a sum of non-negative multiples of the micro-batch's tokens plus
-        non-negative constants (activations.layer_activations, memory_states.output_activations; the gathered
-        FSDP layers, the fixed overheads), and the allocator reserve a non-negative fraction of the transient part.
-        Below pp micro-batches (m < pp) the in-flight count m = local / mbs falls as the micro-batch grows, so
-        per-micro-batch constants (a router's gate weight) make the floor fall: not in the range."""
-        m = max(1, self.job.global_batch_size // (mbs * lay.dp))
-        return m > 1 and (lay.pp == 1 or m >= lay.pp)
+    def all_stages_over(self, own: Layout) -> bool:
+        """all(stages_over), asked from the most sharded stage down (the likeliest to fit), stopping at one that
+        may fit: a layout that is never popped has no more of its layout floors worked out."""
+        return all(self.stage_over(own, index) for index in reversed(range(len(self.zeros))))
 
-    def all_over(self, own: Layout) -> frozenset[int]:
-        """The micro-batches at which every ZeRO stage is over the budget: all of them where each stage's model
-        states' bound or layout floor is (layout_over: every micro-batch and recompute over), else those of the
-        steady range from the largest of the stages' over_from on; once per layout under this budget."""
-        hit = self.over_at.get(own)
-        if hit is None:
-            dead = self.stages_over(own)
-            if all(dead):
-                hit = self.over_at[own] = frozenset(self.sizes(own))
-                return hit
-            froms = [1 if over else self.over_from(own, zero) for over, zero in zip(dead, self.zeros, strict=True)]
-            least = 0 if 0 in froms else max(froms)
-            hit = self.over_at[own] = frozenset(
-                mbs for mbs in self.sizes(own) if least and mbs >= least and self.steady_floor(own, mbs))
-        return hit
-
-    def over_from(self, own: Layout, zero: int) -> int:
-        """The least micro-batch of the layout's steady range (steady_floor) whose floor under the heaviest recompute
-        is over the budget by more than FLOOR_MARGIN, 0 where none is: every larger micro-batch of the range is
-        then over the budget too (its floor is at least as large; the margin exceeds any rounding of the floor's
-        sum), so zero_needs settles it without its floor. Once per layout and ZeRO stage under this budget.
-        The range's floors do not fall as the micro-batch grows, so those over form its upper end, found by steps
-        that double from the smallest micro-batch and then halve (a few floors, not one per micro-batch); any it
-        returns is over by the margin, which is all that settling the larger ones relies on."""
-        key = (own, zero)
-        hit = self.over_at.get(key)
-        if hit is None:
-            steady = [mbs for mbs in self.sizes(own) if self.steady_floor(own, mbs)]
-            limit, heaviest = self.budget * (1.0 + FLOOR_MARGIN), self.recomputes[-1]
-            lo, hi, step = 0, len(steady), 1
-            while lo < hi:  # doubling: [lo, hi) holds the first micro-batch over, if any
-                probe = min(lo + step - 1, hi - 1)
-                if self.floor_bytes(own, zero, heaviest, steady[probe]) > limit:
-                    hi = probe
-                    break
-                lo, step = probe + 1, step * 2
-            while lo < hi:  # halving: steady[hi] is over, or hi is past the range
-                mid = (lo + hi) // 2
-                if self.floor_bytes(own, zero, heaviest, steady[mid]) > limit:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            hit = self.over_at[key] = steady[lo] if lo < len(steady) else 0
-        return hit
+    def stage_over(self, own: Layout, index: int) -> bool:
+        """stages_over at the ZeRO stage zeros[index]: the model states' bound first, the layout floor only where
+        that is within the budget. Both are the same at any budget, so they are kept once per job (Caches.
+        stage_floors, per layout: the bounds per stage, the layout floors as asked) and a search at another budget
+        (the thinner-headroom probe) only compares."""
+        entry = self.caches.stage_floors.get(own)
+        if entry is None:
+            entry = self.caches.stage_floors[own] = (
+                [self.states_bound(own, zero) for zero in self.zeros], [None] * len(self.zeros))
+        states, lows = entry
+        if states[index] > self.budget:
+            return True
+        low = lows[index]
+        if low is None:
+            zero = self.zeros[index]
+            low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
+                                             reserved=not self.fixed.carried.get("expandable_segments"))
+        return low > self.budget
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
         """The least recompute index that fits at any of the `alive` ZeRO stages (those the structural rules pass;

@@ -1,0 +1,117 @@
+"""The first-stage floors a search reads a layout's row at a time (issue 23's speed work): floors.first_stage_floor_rows
+gives each micro-batch's and recompute's first_stage_floor to the last bit, zero_needs (worked out for every
+micro-batch of a layout at once, SearchPlans.needs_row) answers exactly as the plain walk over each ZeRO stage's
+floors, and the layout floor that settles a stage without them is under every one of them to the last bit; on
+sampled layouts of dense, MoE, MLA, long-context, offloaded, expandable-segment and FSDP2 jobs at budgets from tight to
+full."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_memory_fit import REQUESTS
+
+from meshplan.schema.request import Request
+from meshplan.search import BestFirstSearch, default_engine, search_job
+from meshplan.search.floors import first_stage_floor, first_stage_floor_rows, layout_floor
+from meshplan.search.space import Fixed, enumerate_layouts
+
+CASES = [*REQUESTS, Request(model="deepseek-v3", num_gpus=256, framework="megatron-bridge", gpu="h100"),
+         Request(model="kimi-k2", num_gpus=256, gpu="h100"),
+         Request(model="llama-3.1-8b", num_gpus=8, framework="megatron-core", gpu="h100", activation_offload=True)]
+
+
+def searches(req: Request):
+    """The request's job, its layouts, and searches of it at budgets from a quarter of the GPU to all of it."""
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    layouts, _ = enumerate_layouts(job, fixed)
+    engine = default_engine(job.framework)
+    for part in (0.25, 0.5, 0.75, 1.0):
+        yield job, layouts, BestFirstSearch.for_job(job, fixed, engine, 1,
+                                                    budget_bytes=int(part * job.gpu.memory_bytes))
+
+
+def plain_needs(search, lay, mbs) -> tuple[int, ...]:
+    """zero_needs without the layout floor or the row: each ZeRO stage's floors walked one by one, each computed
+    alone with a fresh memo."""
+    n_r = len(search.recomputes)
+    own = lay.own_memory()
+    carried = search.fixed.carried
+
+    def fits(zero, recompute):
+        return first_stage_floor(search.job, own, zero, recompute, mbs, search.sequence_parallel(own),
+                                 search.presets[zero], reserved=not carried.get("expandable_segments"),
+                                 activation_offload=bool(carried.get("activation_offload"))) <= search.budget
+
+    return tuple(next((i for i, r in enumerate(search.recomputes) if fits(zero, r)), n_r)
+                 if search.states_bound(own, zero) <= search.budget and fits(zero, search.recomputes[-1]) else n_r
+                 for zero in search.zeros)
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_zero_needs_from_the_rows_equal_the_plain_walk(req):
+    settled = 0
+    for _job, layouts, search in searches(req):
+        rng = random.Random(len(req.model) + search.budget)
+        for lay in rng.sample(layouts, min(40, len(layouts))):
+            sizes = list(search.sizes(lay))
+            rng.shuffle(sizes)  # any order the queue pops them in
+            for mbs in sizes:
+                assert search.zero_needs(lay, mbs) == plain_needs(search, lay, mbs), (req, lay, mbs, search.budget)
+            settled += sum(search.stages_over(lay.own_memory()))
+    assert settled  # some stages settled by their model states' bound or layout floor, without a row
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_a_row_of_floors_is_each_micro_batch_and_recompute_floor_to_the_last_bit(req):
+    """first_stage_floor_rows (one call per layout and ZeRO stage, a memo shared by every layout) gives the floor
+    first_stage_floor computes alone with a fresh memo, bit for bit, at every micro-batch (one per step, fewer than
+    pp in flight, pp == 1 with its logits) and recompute."""
+    job, layouts, search = next(searches(req))
+    carried = search.fixed.carried
+    options = dict(reserved=not carried.get("expandable_segments"),
+                   activation_offload=bool(carried.get("activation_offload")))
+    rng = random.Random(5)
+    memo: dict = {}
+    plain: dict = {}
+    ones = 0
+    for lay in rng.sample(layouts, min(30, len(layouts))):
+        own, sizes = lay.own_memory(), search.sizes(lay)
+        sp = search.sequence_parallel(own)
+        for zero in search.zeros:
+            rows = first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, search.presets[zero],
+                                          memo=memo, **options)
+            assert rows == [tuple(first_stage_floor(job, own, zero, r, mbs, sp, search.presets[zero], **options)
+                                  for r in search.recomputes) for mbs in sizes], (req, own, zero)
+            assert dict(zip(sizes, rows, strict=True)) == {b: search.floor_row(own, zero, sizes)[b] for b in sizes}
+            # the framework's own preset, gradients kept (FSDP2 drops them before a one-micro-batch backward)
+            rows = first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, memo=plain, **options)
+            assert rows == [tuple(first_stage_floor(job, own, zero, r, mbs, sp, **options)
+                                  for r in search.recomputes) for mbs in sizes], (req, own, zero)
+        ones += sum(job.global_batch_size // (mbs * own.dp) <= 1 for mbs in sizes)
+    assert ones  # the one-micro-batch states are in the rows
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_the_layout_floor_is_under_every_micro_batch_and_recompute_floor_to_the_last_bit(req):
+    """floors.layout_floor (SearchPlans.stage_over) settles a layout's ZeRO stage at every micro-batch and recompute
+    with no margin: it must be at most each first-stage floor exactly, not within a rounding; and where every stage is
+    over (is_dead: the layout's nodes are left out of the queue), zero_needs leaves no recompute at any micro-batch."""
+    whole = 0
+    for _job, layouts, search in searches(req):
+        rng = random.Random(11 + search.budget)
+        for lay in rng.sample(layouts, min(40, len(layouts))):
+            own = lay.own_memory()
+            for zero in search.zeros:
+                low = layout_floor(search.job, own, zero, search.presets[zero], memo=search.floor_parts,
+                                   reserved=not search.fixed.carried.get("expandable_segments"))
+                assert all(low <= search.floor_bytes(own, zero, recompute, mbs)
+                           for recompute in search.recomputes for mbs in search.sizes(own)), (req, own, zero)
+            if search.is_dead(lay):
+                assert all(search.stages_over(own))
+                n_r = len(search.recomputes)
+                assert all(search.zero_needs(lay, mbs) == (n_r,) * len(search.zeros) for mbs in search.sizes(own))
+                whole += 1
+    assert whole or req.num_gpus < 256  # on the largest jobs, some layouts settled whole by the layout floor
