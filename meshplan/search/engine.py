@@ -198,13 +198,14 @@ class BestFirstSearch(StepTimeBounds):
 
     # -- the levels: each pop refines one node a little and pushes it back with a tighter key ----------
 
-    def refine_bound(self, key: float, lay: Layout, mbs: int, held: tuple = ()) -> None:
+    def refine_bound(self, key: float, lay: Layout, mbs: int, held: tuple = (), floor: int = -1) -> None:
         """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits:
         dropped) and the per-token bound with it. `held`: the layout's other seeds, which its first node holds until
-        it pops (open_group), released first."""
+        it pops (open_group), released first; `floor`: need_floor where release already read it."""
         if held:
             self.release(lay, held)
-        floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
+        if floor < 0:
+            floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
         if floor < len(self.recomputes):
             floor = max(self.need_range(lay, mbs)[0], floor)
         if floor >= len(self.recomputes):
@@ -224,10 +225,11 @@ class BestFirstSearch(StepTimeBounds):
         n_r, heap, dead = len(self.recomputes), self.heap, self.dead
         self.beyond_cutoff -= self.variants() * len(held)
         for seed_key, seq, mbs in held:
-            if self.need_floor(lay, mbs) >= n_r:
+            floor = self.need_floor(lay, mbs)
+            if floor >= n_r:
                 dead.append((seed_key, seq))
             else:
-                heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs)))
+                heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs, (), floor)))
 
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
