@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
-from meshplan.arithmetic.pipeline_timeline import Shape, fused_share, steady_share
+from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
+from meshplan.arithmetic.pipeline_timeline import Shape
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.estimate.layer_records import FORWARD_AND_BACKWARD
 from meshplan.estimate.perf import step_terms

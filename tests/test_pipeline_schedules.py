@@ -16,15 +16,8 @@ from meshplan.adapters.parse import parse_plan
 from meshplan.adapters.render import render
 from meshplan.arithmetic import pipeline_timeline as tl
 from meshplan.arithmetic.flops import model_flops_per_token, weight_gradient_share
-from meshplan.arithmetic.pipeline_timeline import (
-    Shape,
-    fused_share,
-    in_flight,
-    rank_actions,
-    schedule_order,
-    shape_for,
-    simulate,
-)
+from meshplan.arithmetic.pipeline_counts import fused_share, in_flight
+from meshplan.arithmetic.pipeline_timeline import Shape, rank_actions, schedule_order, shape_for, simulate
 from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share

@@ -11,8 +11,10 @@ import re
 import pytest
 
 from meshplan import api
+from meshplan.arithmetic import pipeline_counts as counts
 from meshplan.arithmetic import pipeline_timeline as tl
-from meshplan.arithmetic.pipeline_timeline import Shape, in_flight, rank_order, shape_for, simulate
+from meshplan.arithmetic.pipeline_counts import in_flight
+from meshplan.arithmetic.pipeline_timeline import Shape, rank_order, shape_for, simulate
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -219,7 +221,8 @@ def test_the_closed_form_in_flight_is_the_replayed_one():
                     for m in range(1, 41):
                         shape = shape_for(order, convention, pp, vpp, m)
                         for rank in range(pp):
-                            assert tl.plain_in_flight(shape, rank) == tl.replayed_in_flight(shape, rank), (shape, rank)
+                            plain = counts.plain_in_flight(shape, rank)
+                            assert plain == counts.replayed_in_flight(shape, rank), (shape, rank)
                             checked += 1
     assert checked == 57600
 
@@ -240,7 +243,7 @@ def test_held_by_chunk_is_the_table_taken_row_by_row():
         for v in (1, 2, 5):
             for group in {g for g in (1, 3, 4, 8, 16, m) if g <= m}:
                 for forwards in range(0, m * v + 1, max(1, m * v // 97)):
-                    assert tl._held_by_chunk(forwards, m, v, group) == by_rows(forwards, m, v, group)
+                    assert counts._held_by_chunk(forwards, m, v, group) == by_rows(forwards, m, v, group)
 
 
 def test_a_plain_replay_caches_its_program_not_its_ops():

@@ -25,8 +25,8 @@ from functools import lru_cache
 from itertools import chain
 
 from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.pipeline_counts import in_flight as timeline_in_flight
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
-from meshplan.arithmetic.pipeline_timeline import in_flight as timeline_in_flight
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import InterleaveGroup, framework_card
 from meshplan.schema.model import Architecture
@@ -647,7 +647,7 @@ def plan_shape(framework: str, pp: int, vpp: int, microbatches: int, schedule: s
 def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: InterleaveGroup = "pp",
               schedule: str | None = None) -> tuple[int, ...]:
     """Micro-batches whose activations rank `rank` holds at its peak, per virtual chunk, read from the schedule's
-    order (pipeline_timeline.in_flight).
+    order (pipeline_counts.in_flight).
 
     1F1B: the first backward starts after p - rank - 1 warm-up forwards, so min(m, p - rank) are held.
     Interleaved: the warm-up (p - rank - 1)*2 + (v - 1)*G plus the steady-state forward, capped at m*v; forward k

@@ -28,7 +28,8 @@ from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token,
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import convention, uses_fsdp
-from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, fused_share, simulate, steady_share
+from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
+from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer
@@ -301,7 +302,7 @@ def _exposed_p2p(job: Job, plan: Plan, cal: Calibration, hop: float) -> tuple[fl
     """Each pipeline rank's blocking p2p seconds per micro-batch: one transfer after each chunk's forward and backward
     (2 x vpp hops), less pp_overlap; where the framework overlaps the steady state's transfers with compute (its
     card's pipeline.steady_p2p_overlap, with virtual stages: Megatron's overlap_p2p_comm), only those of the rank's
-    warm-up and cool-down ops (1 - pipeline_timeline.steady_share of its replayed order)."""
+    warm-up and cool-down ops (1 - pipeline_counts.steady_share of its replayed order)."""
     full = (1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * hop
     if plan.pp == 1 or plan.vpp == 1 or not framework_card(job.framework).pipeline.steady_p2p_overlap:
         return (full,) * plan.pp

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.pipeline_timeline import steady_share
+from meshplan.arithmetic.pipeline_counts import steady_share
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share
