@@ -25,6 +25,7 @@ from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import Convention, StateTensor
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import step_terms
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, EstimateBlocked, load_rules, require_estimable
 from meshplan.schema.plan import Job, Plan
@@ -56,6 +57,7 @@ from meshplan.search.space import (
     within_nvlink,
     zero_ladder,
 )
+from meshplan.search.tier_floor import tier_floor
 
 
 class Level(IntEnum):
@@ -537,7 +539,8 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
                cutoff: float = math.inf) -> tuple[BestFirstSearch, int]:
     """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
     fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
-    `cutoff`: no slower step time is wanted. Appends to `warnings` what the answer must say about the run."""
+    `cutoff`: no slower step time is wanted (the TP-across tier is then left out whole where its floor, across_floor,
+    is over it). Appends to `warnings` what the answer must say about the run."""
     search = BestFirstSearch.for_job(job, fixed, engine, top_k, budget_bytes=budget_bytes)
     search.cutoff = cutoff
     if share is not None:  # what does not depend on the budget: the estimates, and the per-search memos below
@@ -554,8 +557,14 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
     search.run()
     if not search.found and not search.stopped_by_budget and tiers.across:
         search.drain(SLOWER)
-        search.seed(tiers.across, ideal, tier=1)
-        search.run()
+        if cutoff < math.inf and across_floor(search, tiers) > cutoff:
+            # Every plan across the domain is slower than the cutoff (tier_floor): none is wanted, so the tier is not
+            # seeded and its plans are counted as seeds over the cutoff (drained SLOWER). Only a finite cutoff skips:
+            # the thinner-headroom probe, whose counts the answer does not read (ranking.py).
+            search.beyond_cutoff += tiers.across_plans
+        else:
+            search.seed(tiers.across, ideal, tier=1)
+            search.run()
         if search.found:
             warnings.append("No layout with TP inside one NVLink domain fits; the ranked layouts use TP across "
                             "domains, so every layer's TP traffic crosses the network.")
@@ -567,6 +576,19 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
     if search.stopped_by_budget:
         warnings.append(budget_cut(search))
     return search, tiers.considered
+
+
+def across_floor(search: BestFirstSearch, tiers: Tiers) -> float:
+    """tier_floor of the layouts across the NVLink domain, once per job (kept with the search's bounds, which a
+    search of the job at another budget shares); 0 (no bound) for an engine other than the cost model's own, which
+    the bound reads."""
+    if search.engine.terms is not step_terms:
+        return 0.0
+    key = ("tier_floor", 1)
+    hit = search.bounds_memo.get(key)
+    if hit is None:
+        hit = search.bounds_memo[key] = tier_floor(search.job, tiers.across, search.sizes, search.tp_overlap)
+    return hit  # type: ignore[return-value]
 
 
 def split_space(search: BestFirstSearch) -> Tiers:
