@@ -559,8 +559,9 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
         search.drain(SLOWER)
         if cutoff < math.inf and across_floor(search, tiers) > cutoff:
             # Every plan across the domain is slower than the cutoff (tier_floor): none is wanted, so the tier is not
-            # seeded and its plans are counted as seeds over the cutoff (drained SLOWER). Only a finite cutoff skips:
-            # the thinner-headroom probe, whose counts the answer does not read (ranking.py).
+            # seeded and all its plans are drained SLOWER, including any that seeding would have counted under the
+            # memory rule (dead seeds): so only a finite cutoff skips, the thinner-headroom probe's, whose counts the
+            # answer does not read (ranking.py keeps its found plan alone).
             search.beyond_cutoff += tiers.across_plans
         else:
             search.seed(tiers.across, ideal, tier=1)
