@@ -14,7 +14,7 @@ from test_memory_fit import REQUESTS
 
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
-from meshplan.search.floors import first_stage_floor, first_stage_floor_rows, layout_floor
+from meshplan.search.floors import first_stage_floor, first_stage_floor_rows, layout_floor, layout_floors
 from meshplan.search.space import Fixed, enumerate_layouts
 
 CASES = [*REQUESTS, Request(model="deepseek-v3", num_gpus=256, framework="megatron-bridge", gpu="h100"),
@@ -115,3 +115,55 @@ def test_the_layout_floor_is_under_every_micro_batch_and_recompute_floor_to_the_
                 assert all(search.zero_needs(lay, mbs) == (n_r,) * len(search.zeros) for mbs in search.sizes(own))
                 whole += 1
     assert whole or req.num_gpus < 256  # on the largest jobs, some layouts settled whole by the layout floor
+
+
+def degree_groups(layouts) -> list[list]:
+    """The own_memory layouts grouped by degrees (a seed group's), each group in enumeration order, duplicates kept."""
+    groups: dict[tuple, list] = {}
+    for lay in layouts:
+        groups.setdefault((lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp), []).append(lay.own_memory())
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_a_groups_layout_floors_are_each_layout_floor_to_the_last_bit(req):
+    """floors.layout_floors (a seed group's layouts at once, the degrees' parts read once) gives each layout's
+    layout_floor computed alone with a fresh memo, bit for bit (so each is under every first-stage floor of its
+    layout, as the test above holds layout_floor), with the search's preset and memo and with the framework's plain
+    preset; and the parts it keeps give first_stage_floor_rows the figures of a fresh memo."""
+    job, layouts, search = next(searches(req))
+    reserved = not search.fixed.carried.get("expandable_segments")
+    rng = random.Random(7)
+    groups = degree_groups(layouts)
+    compared = 0
+    for group in rng.sample(groups, min(12, len(groups))):
+        group = group[:40] + group[:2]  # a layout asked twice gets its kept floor
+        for zero in search.zeros:
+            preset = search.presets[zero]
+            assert layout_floors(job, group, zero, preset, memo=search.floor_parts, reserved=reserved) == [
+                layout_floor(job, own, zero, preset, memo={}, reserved=reserved) for own in group], (req, zero)
+            assert layout_floors(job, group, zero, reserved=reserved) == [
+                layout_floor(job, own, zero, reserved=reserved) for own in group], (req, zero)
+            own = group[0]
+            sizes, sp = search.sizes(own), search.sequence_parallel(own)
+            assert first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, preset,
+                                          memo=search.floor_parts, reserved=reserved) == first_stage_floor_rows(
+                job, own, zero, search.recomputes, sizes, sp, preset, memo={}, reserved=reserved)
+            compared += len(group)
+    assert compared
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_a_groups_verdicts_are_each_layouts_all_stages_over(req):
+    """SearchPlans.group_over (open_group's is_dead for a whole seed group) answers all_stages_over of each layout
+    and keeps the same bounds and layout floors (Caches.stage_floors) as a search asking them layout by layout, at
+    budgets from tight to full; and some layouts are found over at every stage, some not."""
+    verdicts = set()
+    for job, layouts, search in searches(req):
+        plain = BestFirstSearch.for_job(job, search.fixed, search.engine, 1, budget_bytes=search.budget)
+        for group in degree_groups(layouts):
+            over = search.group_over(group)
+            assert over == [plain.all_stages_over(own) for own in group], (req, search.budget)
+            verdicts.update(over)
+        assert search.caches.stage_floors == plain.caches.stage_floors
+    assert verdicts == {True, False} or req.num_gpus < 256

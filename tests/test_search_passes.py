@@ -132,18 +132,18 @@ def plain_open_group(self, key, group, base, ideal):
 
 def test_seeds_left_out_as_dead_or_held_are_counted_as_a_queue_holding_them_would(monkeypatch):
     """The seeds open_group leaves out because every ZeRO stage is over the budget at any micro-batch and recompute
-    (is_dead), and those a layout's first node holds until it pops (release: queued then, or left out where the memory
-    floor leaves no recompute at that micro-batch), are counted by settle_dead as their FLOOR pops would have counted
-    them: on sampled requests with headrooms (the probe's cutoff), on a job most of whose layouts do not fit (Kimi-K2
-    on 256 H100: its rejected counts split between the memory rule and SEARCH-SLOWER), and with the estimate budget
-    spent part-way, the whole answer is the one of a queue holding every seed (plain_open_group); and seeds were
-    left out both ways."""
+    (is_dead, asked a group at a time: group_dead), and those a layout's first node holds until it pops (release:
+    queued then, or left out where the memory floor leaves no recompute at that micro-batch), are counted by
+    settle_dead as their FLOOR pops would have counted them: on sampled requests with headrooms (the probe's cutoff),
+    on a job most of whose layouts do not fit (Kimi-K2 on 256 H100: its rejected counts split between the memory rule
+    and SEARCH-SLOWER), and with the estimate budget spent part-way, the whole answer is the one of a queue holding
+    every seed (plain_open_group); and seeds were left out both ways."""
     left_out = [0, 0]
-    real_dead, real_release = BestFirstSearch.is_dead, BestFirstSearch.release
+    real_dead, real_release = BestFirstSearch.group_dead, BestFirstSearch.release
 
-    def counting(self, lay):
-        dead = real_dead(self, lay)
-        left_out[0] += len(self.sizes(lay)) if dead else 0
+    def counting(self, lays):
+        dead = real_dead(self, lays)
+        left_out[0] += sum(len(self.sizes(lay)) for lay, one in zip(lays, dead, strict=True) if one)
         return dead
 
     def releasing(self, lay, held):
@@ -161,7 +161,7 @@ def test_seeds_left_out_as_dead_or_held_are_counted_as_a_queue_holding_them_woul
                 limits = search_engine.search_limits()
                 monkeypatch.setattr(search_engine, "search_limits",
                                     lambda limits=limits, b=budget: limits.model_copy(update={"max_evaluations": b}))
-            monkeypatch.setattr(BestFirstSearch, "is_dead", counting)
+            monkeypatch.setattr(BestFirstSearch, "group_dead", counting)
             monkeypatch.setattr(BestFirstSearch, "release", releasing)
             try:
                 fast = recommend(req, top_k=top_k).model_dump(mode="json")

@@ -393,18 +393,18 @@ class BestFirstSearch(StepTimeBounds):
         Seeds) and their seeding's seq; those over the cutoff are counted as never queued (drain). A layout's nodes
         enter as one, its first in the queue's order, holding the others until it pops (refine_bound, release): a
         layout never popped costs one push, and one popped has its memory floors worked out for every micro-batch
-        at once (plans.needs_row) before its other nodes are queued."""
+        at once (plans.needs_row) before its other nodes are queued. The layouts left out as dead (is_dead) are found
+        for the group's layouts under the cutoff together (group_dead)."""
         cutoff, variants, sizes, heap = self.cutoff, self.variants(), group.sizes, self.heap
-        for lay, entry, index in group.members:
-            keys = entry[1]
-            if keys is None:
+        for lay, entry, _ in group.members:
+            if entry[1] is None:
                 keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates))
                 entry[2] = min(keys)
-            if entry[2] > cutoff:
-                self.beyond_cutoff += variants * len(sizes)
-                continue
+        under = [member for member in group.members if member[1][2] <= cutoff]
+        self.beyond_cutoff += variants * len(sizes) * (len(group.members) - len(under))
+        for (lay, entry, index), dead in zip(under, self.group_dead([lay for lay, _, _ in under]), strict=True):
+            keys = entry[1]
             seq = base + index
-            dead = self.is_dead(lay)
             nodes = []
             for mbs, seed_key in zip(sizes, keys, strict=True):
                 seq += 1
@@ -463,6 +463,10 @@ class BestFirstSearch(StepTimeBounds):
         over the budget at any micro-batch and recompute (plans.stages_over: its model states' bound or its layout
         floor is over it; zero_needs then answers len(recomputes) and refine_bound rejects the node)."""
         return self.all_stages_over(lay.own_memory())
+
+    def group_dead(self, lays: list[Layout]) -> list[bool]:
+        """is_dead of each of a seed group's layouts, together (plans.group_over: the same verdicts)."""
+        return self.group_over([lay.own_memory() for lay in lays])
 
     def settle_dead(self, last: tuple, stop: tuple | None) -> None:
         """Count the seeds open_group left out because refine_bound could only reject them (every ZeRO stage over

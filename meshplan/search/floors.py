@@ -180,11 +180,61 @@ def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Conventio
     if hit is not None:
         return hit
     part = _part(job, lay, zero_stage, conv, tensors, memo)
-    states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
-    if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
-        states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo))
-    memo[key] = floor = _floor_sums(part, states, [0.0], reserved)[0]
+    memo[key] = floor = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo)
     return floor
+
+
+def layout_floors(job: Job, lays: list[Layout], zero_stage: int,
+                  preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
+                  memo: dict | None = None) -> list[float]:
+    """layout_floor of each of `lays`, layouts of one degrees tuple (tp, pp, cp, ep, etp, dp: a seed group's, which
+    differ only in their split, first/last sizes, vpp and schedule), in one pass: what reads only the degrees (the
+    memory card, the padded vocabulary, the expert data-parallel size: _Degrees) is read once, and each figure is
+    layout_floor's own sum of the same terms, so the same float to the last bit, kept in `memo` as layout_floor keeps
+    it (so each is a floor for the same reason: see layout_floor)."""
+    conv, tensors = preset or state_preset(job, zero_stage, {})
+    memo = {} if memo is None else memo
+    floors, degrees = [], None
+    for lay in lays:
+        key = ("layout", lay, zero_stage)
+        hit = memo.get(key)
+        if hit is None:
+            if degrees is None:
+                degrees = _degrees(job, lay, conv, memo)
+            part = memo.get((lay, zero_stage))
+            if part is None:
+                part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo, degrees)
+            hit = memo[key] = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo, degrees)
+        floors.append(hit)
+    return floors
+
+
+def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
+                tensors: list[StateTensor], reserved: bool, memo: dict, degrees: _Degrees | None = None) -> float:
+    """layout_floor's figure from the layout's part: the lesser model states, no activations."""
+    states = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo, degrees)
+    if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
+        states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees))
+    return _floor_sums(part, states, [0.0], reserved)[0]
+
+
+@dataclass
+class _Degrees:
+    """What the floors read of a layout's degrees alone (the same for a seed group's layouts)."""
+
+    card: object  # the memory card
+    pre: _Prefix
+    vocab: int  # padded
+    expert_dp: float
+
+
+def _degrees(job: Job, lay: Layout, conv: Convention, memo: dict) -> _Degrees:
+    """The _Degrees of a layout: the same calls as _floor_part's and _first_stage_states' own."""
+    card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
+    law = framework_card(job.framework).world_size_law
+    world = mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp
+    return _Degrees(card, _prefix(job.model), padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp),
+                    mesh.expert_dp(world, lay))
 
 
 def _part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
@@ -197,17 +247,18 @@ def _part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: lis
 
 
 def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
-                 tensors: list[StateTensor], one: bool, memo: dict) -> float:
+                 tensors: list[StateTensor], one: bool, memo: dict, degrees: _Degrees | None = None) -> float:
     """first_stage_floor's model states with one micro-batch per step (`one`) or more, kept in `part` and shared in
     `memo` by the layouts with these spans and degrees."""
     if part.states[one] is not None:
         return part.states[one]  # type: ignore[return-value]
     if one and not (part.walk and conv.grads_set_to_none):  # the same arguments as more micro-batches': one figure
-        states = part.states[True] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo)
+        states = part.states[True] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo, degrees)
         return states
     key = ("states", zero_stage, tuple(part.spans), lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
-        job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and one))
+        job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and one,
+        None if degrees is None else degrees.expert_dp))
     return states
 
 
@@ -227,10 +278,15 @@ class _FloorPart:
 
 
 def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
-                memo: dict) -> _FloorPart:
-    """first_stage_floor's part of a layout at a ZeRO stage (its spans shared by the layouts of the same split)."""
-    card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
-    pre = _prefix(job.model)
+                memo: dict, degrees: _Degrees | None = None) -> _FloorPart:
+    """first_stage_floor's part of a layout at a ZeRO stage (its spans shared by the layouts of the same split);
+    `degrees`: its _Degrees where the caller has them (layout_floors)."""
+    if degrees is None:
+        card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
+        pre = _prefix(job.model)
+        vocab = padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp)
+    else:
+        card, pre, vocab = degrees.card, degrees.pre, degrees.vocab
     spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts)
     hit = memo.get(spans_key)
     if hit is None:
@@ -245,16 +301,17 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
                       + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp)
                       for i in (spans[0][0], spans[-1][1] - 1))
         gathered = conv.gathered_layers * conv.gathered_bytes * biggest
-    return _FloorPart(spans, n0, n_moe, padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), walk,
+    return _FloorPart(spans, n0, n_moe, vocab, walk,
                       [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
                       (card.fixed_overhead_bytes, card.cuda_context_bytes))
 
 
 def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], tensors: list[StateTensor],
-                        vocab: int, no_grads: bool) -> float:
+                        vocab: int, no_grads: bool, expert_dp: float | None = None) -> float:
     """first_stage_floor's model states: the first stage's layers and the embedding, dense split tp ways and sharded
     over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group; `no_grads`: less the
-    gradients (FSDP2 sets them to None before a one-micro-batch backward)."""
+    gradients (FSDP2 sets them to None before a one-micro-batch backward). `expert_dp`: that group's size where the
+    caller has it (_Degrees: the same call)."""
     arch = job.model
     pre = _prefix(arch)
     tp = lay.tp
@@ -266,9 +323,10 @@ def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], ten
         routed += pre.experts[b] - pre.experts[a]
     dense = sharded / tp + replicated + vocab * arch.hidden_size / tp
     experts = routed / (lay.ep * lay.etp)
-    law = framework_card(job.framework).world_size_law
-    world = mesh.replica_size(law, tp, lay.pp, lay.cp, lay.ep) * lay.dp
-    expert_dp = mesh.expert_dp(world, lay)
+    if expert_dp is None:
+        law = framework_card(job.framework).world_size_law
+        world = mesh.replica_size(law, tp, lay.pp, lay.cp, lay.ep) * lay.dp
+        expert_dp = mesh.expert_dp(world, lay)
     states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
     states += sum(state_bytes(tensors, experts, expert_dp).values())
     if no_grads:

@@ -20,7 +20,7 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
-from meshplan.search.floors import first_stage_floor_rows, first_stage_floors, layout_floor
+from meshplan.search.floors import first_stage_floor_rows, first_stage_floors, layout_floor, layout_floors
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
@@ -495,6 +495,42 @@ class SearchPlans:
         """all(stages_over), asked from the most sharded stage down (the likeliest to fit), stopping at one that
         may fit: a layout that is never popped has no more of its layout floors worked out."""
         return all(self.stage_over(own, index) for index in reversed(range(len(self.zeros))))
+
+    def group_over(self, owns: list[Layout]) -> list[bool]:
+        """all_stages_over of each of `owns`, own_memory layouts of one degrees tuple (a seed group's), the same
+        verdicts with the same floors worked out and kept (Caches.stage_floors): the model states' bounds are read
+        once (states_bound reads only the degrees), and at each ZeRO stage, from the most sharded down, the layout
+        floors of the layouts not yet found to fit whose bound is within the budget are worked out together
+        (floors.layout_floors: layout_floor's floats)."""
+        budget, kept, zeros = self.budget, self.caches.stage_floors, self.zeros
+        entries, bounds = [], None
+        for own in owns:
+            entry = kept.get(own)
+            if entry is None:
+                if bounds is None:
+                    bounds = [self.states_bound(own, zero) for zero in zeros]
+                entry = kept[own] = (list(bounds), [None] * len(zeros))
+            entries.append(entry)
+        over = [True] * len(owns)
+        pending = list(range(len(owns)))
+        for index in reversed(range(len(zeros))):
+            asked = [i for i in pending if entries[i][0][index] <= budget and entries[i][1][index] is None]
+            if asked:
+                zero = zeros[index]
+                lows = layout_floors(self.job, [owns[i] for i in asked], zero, self.presets[zero],
+                                     memo=self.floor_parts,
+                                     reserved=not self.fixed.carried.get("expandable_segments"))
+                for i, low in zip(asked, lows, strict=True):
+                    entries[i][1][index] = low
+            still = []
+            for i in pending:
+                states, lows = entries[i]
+                if states[index] > budget or lows[index] > budget:  # type: ignore[operator]
+                    still.append(i)
+                else:
+                    over[i] = False
+            pending = still
+        return over
 
     def stage_over(self, own: Layout, index: int) -> bool:
         """stages_over at the ZeRO stage zeros[index]: the model states' bound first, the layout floor only where
