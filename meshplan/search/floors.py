@@ -92,18 +92,40 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
     conv, tensors = preset or state_preset(job, zero_stage, {})  # a LoRA job's adapters left out: a floor
     memo = {} if memo is None else memo
     part = _part(job, lay, zero_stage, conv, tensors, memo)
-    pp, tp, dp, gbs = lay.pp, lay.tp, lay.dp, job.global_batch_size
-    per_rank = -(-job.seq_length // lay.cp)
-    n0, n_moe, walk = part.n0, part.n_moe, part.walk
-    n_dense = n0 - n_moe
-    full_adds = bool(n0) and not walk
-    by_tokens = _activation_sums(zero_stage, tp, sp, lay.etp, recomputes, memo)
+    dp, gbs = lay.dp, job.global_batch_size
     rows = []
-    for mbs in sizes:
+    for mbs, figures in zip(sizes, _row_figures(job, lay, zero_stage, conv, part, recomputes, sizes, sp,
+                                                activation_offload, memo), strict=True):
         m = max(1, gbs // (mbs * dp))
         states = part.states[m == 1]
         if states is None:
             states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
+        rows.append(_floor_sums(part, states, figures, reserved))
+    return rows
+
+
+def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part: _FloorPart,
+                 recomputes: tuple[str, ...], sizes: tuple[int, ...], sp: bool, activation_offload: bool,
+                 memo: dict) -> list[list[float]]:
+    """first_stage_floor's activations at each micro-batch of `sizes`, a figure per recompute of `recomputes`: what a
+    layout's own layers add (saved activations of min(m, pp) micro-batches, the layer full recompute rebuilds, the last
+    stage's logits when pp == 1). They read of the layout only its degrees and its first rank's layer counts (n0, MoE
+    n_moe) and of the part only those and walk and the padded vocabulary, so they are kept in `memo` per those: the
+    layouts of a seed group whose first ranks hold as many layers of each kind share them (the same floats)."""
+    pp, tp, dp, gbs = lay.pp, lay.tp, lay.dp, job.global_batch_size
+    n0, n_moe = part.n0, part.n_moe
+    key = ("figures", zero_stage, tp, pp, lay.cp, lay.etp, dp, sp, part.vocab, part.walk, n0, n_moe,
+           activation_offload, recomputes, sizes)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    per_rank = -(-job.seq_length // lay.cp)
+    n_dense = n0 - n_moe
+    full_adds = bool(n0) and not part.walk
+    by_tokens = _activation_sums(zero_stage, tp, sp, lay.etp, recomputes, memo)
+    out = []
+    for mbs in sizes:
+        m = max(1, gbs // (mbs * dp))
         tokens = per_rank * mbs
         held = 1 if pp == 1 else min(m, pp)
         logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) \
@@ -122,8 +144,9 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
             if pp == 1:
                 acts += logits
             figures.append(acts)
-        rows.append(_floor_sums(part, states, figures, reserved))
-    return rows
+        out.append(figures)
+    memo[key] = out
+    return out
 
 
 def _activation_sums(zero_stage: int, tp: int, sp: bool, etp: int, recomputes: tuple[str, ...],
