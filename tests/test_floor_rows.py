@@ -169,3 +169,25 @@ def test_a_groups_verdicts_are_each_layouts_all_stages_over(req):
             verdicts.update(over)
         assert search.caches.stage_floors == plain.caches.stage_floors
     assert verdicts == {True, False} or req.num_gpus < 256
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_floors_from_one_memo_kept_for_every_layout_are_a_fresh_memos(req):
+    """The floors' memo (SearchPlans.floor_parts: one per job and preset, every layout's parts, the model states per
+    degrees and first-rank parameter counts, the activation figures per degrees and first-rank layer counts) gives
+    each layout's layout_floor and row of first_stage_floor_rows the floats of a fresh memo, on layouts of every
+    degrees asked in a shuffled order."""
+    job, layouts, search = next(searches(req))
+    reserved = not search.fixed.carried.get("expandable_segments")
+    rng = random.Random(3)
+    memo: dict = {}
+    for lay in rng.sample(layouts, min(160, len(layouts))):
+        own = lay.own_memory()
+        sizes, sp = search.sizes(own), search.sequence_parallel(own)
+        for zero in search.zeros:
+            preset = search.presets[zero]
+            assert layout_floor(job, own, zero, preset, memo=memo, reserved=reserved) == layout_floor(
+                job, own, zero, preset, memo={}, reserved=reserved), (req, own, zero)
+            assert first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, preset, memo=memo,
+                                          reserved=reserved) == first_stage_floor_rows(
+                job, own, zero, search.recomputes, sizes, sp, preset, memo={}, reserved=reserved), (req, own, zero)

@@ -272,15 +272,17 @@ def _part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: lis
 def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
                  tensors: list[StateTensor], one: bool, memo: dict, degrees: _Degrees | None = None) -> float:
     """first_stage_floor's model states with one micro-batch per step (`one`) or more, kept in `part` and shared in
-    `memo` by the layouts with these spans and degrees."""
+    `memo` by the layouts with these degrees whose first ranks hold as many parameters of each kind (_span_params:
+    the figure reads nothing else of the spans)."""
     if part.states[one] is not None:
         return part.states[one]  # type: ignore[return-value]
     if one and not (part.walk and conv.grads_set_to_none):  # the same arguments as more micro-batches': one figure
         states = part.states[True] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo, degrees)
         return states
-    key = ("states", zero_stage, tuple(part.spans), lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
+    params = _span_params(job.model, part.spans)
+    key = ("states", zero_stage, params, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
-        job, lay, part.spans, tensors, part.vocab, part.walk and conv.grads_set_to_none and one,
+        job, lay, params, tensors, part.vocab, part.walk and conv.grads_set_to_none and one,
         None if degrees is None else degrees.expert_dp))
     return states
 
@@ -329,21 +331,27 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
                       (card.fixed_overhead_bytes, card.cuda_context_bytes))
 
 
-def _first_stage_states(job: Job, lay: Layout, spans: list[tuple[int, int]], tensors: list[StateTensor],
+def _span_params(arch, spans: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """The parameter counts of the decoder layers of `spans`: split tp ways, replicated, routed experts (integers,
+    exact in any order)."""
+    pre = _prefix(arch)
+    sharded = replicated = routed = 0
+    for a, b in spans:
+        sharded += pre.sharded[b] - pre.sharded[a]
+        replicated += pre.replicated[b] - pre.replicated[a]
+        routed += pre.experts[b] - pre.experts[a]
+    return sharded, replicated, routed
+
+
+def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], tensors: list[StateTensor],
                         vocab: int, no_grads: bool, expert_dp: float | None = None) -> float:
     """first_stage_floor's model states: the first stage's layers and the embedding, dense split tp ways and sharded
     over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group; `no_grads`: less the
     gradients (FSDP2 sets them to None before a one-micro-batch backward). `expert_dp`: that group's size where the
     caller has it (_Degrees: the same call)."""
     arch = job.model
-    pre = _prefix(arch)
     tp = lay.tp
-
-    sharded = replicated = routed = 0  # parameter counts (integers, exact in any order)
-    for a, b in spans:
-        sharded += pre.sharded[b] - pre.sharded[a]
-        replicated += pre.replicated[b] - pre.replicated[a]
-        routed += pre.experts[b] - pre.experts[a]
+    sharded, replicated, routed = params  # the first rank's layers' (_span_params)
     dense = sharded / tp + replicated + vocab * arch.hidden_size / tp
     experts = routed / (lay.ep * lay.etp)
     if expert_dp is None:
