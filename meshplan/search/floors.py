@@ -279,7 +279,7 @@ def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv:
     if one and not (part.walk and conv.grads_set_to_none):  # the same arguments as more micro-batches': one figure
         states = part.states[True] = _part_states(job, lay, zero_stage, part, conv, tensors, False, memo, degrees)
         return states
-    params = _span_params(job.model, part.spans)
+    params = part.params
     key = ("states", zero_stage, params, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
         job, lay, params, tensors, part.vocab, part.walk and conv.grads_set_to_none and one,
@@ -294,6 +294,7 @@ class _FloorPart:
     spans: list[tuple[int, int]]  # the first rank's layers, with their count n0 and MoE layers n_moe
     n0: int
     n_moe: int
+    params: tuple[int, int, int]  # its parameters of each kind (_span_params)
     vocab: int  # padded
     walk: bool  # the peak is the FSDP backward walk's
     states: list[float | None]  # the model states with more than one micro-batch and with one (None until asked)
@@ -316,8 +317,9 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
     hit = memo.get(spans_key)
     if hit is None:
         spans = first_stage_spans(job, lay, zero_stage)
-        hit = memo[spans_key] = (spans, sum(b - a for a, b in spans), sum(pre.moe[b] - pre.moe[a] for a, b in spans))
-    spans, n0, n_moe = hit
+        hit = memo[spans_key] = (spans, sum(b - a for a, b in spans), sum(pre.moe[b] - pre.moe[a] for a, b in spans),
+                                 _span_params(job.model, spans))
+    spans, n0, n_moe, params = hit
     walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
     gathered = None
     if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
@@ -326,7 +328,7 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
                       + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp)
                       for i in (spans[0][0], spans[-1][1] - 1))
         gathered = conv.gathered_layers * conv.gathered_bytes * biggest
-    return _FloorPart(spans, n0, n_moe, vocab, walk,
+    return _FloorPart(spans, n0, n_moe, params, vocab, walk,
                       [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
                       (card.fixed_overhead_bytes, card.cuda_context_bytes))
 
