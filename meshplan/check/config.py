@@ -9,7 +9,9 @@ the advice is a number, not a slogan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
@@ -54,6 +56,12 @@ class StructuralCheck:
         """The first finding of severity error in check_config(job, plan, include_memory=False).findings: the same
         findings (the job's kept verdicts, Verdicts.findings), the same one."""
         return next((f for f in verdicts(job).findings(job, plan) if f.severity == "error"), None)
+
+    @staticmethod
+    def first_error_of(job: Job, knobs: dict[str, Any], base: Plan | None, build: Callable[[], Plan]) -> Finding | None:
+        """first_error(job, build()) from the kept verdicts without building the plan where they are kept (Verdicts.
+        first_error_of: the plan's values are base's, a plan that differs from it in the knobs only, with the knobs)."""
+        return verdicts(job).first_error_of(job, knobs, base, build)
 
 
 def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> list[str]:

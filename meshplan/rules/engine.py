@@ -311,6 +311,7 @@ KEPT_JOBS = 8  # jobs whose verdicts are kept: a search asks one job (and a few 
 # job's plans again at other global batch sizes), each group that reads one keyed by its value too.
 JOB_READS: tuple[str, ...] = ("global_batch_size",)
 MEMO_CAP = 1 << 16  # verdicts one group keeps before it starts over (bounds a long-running server's memory)
+_job_values = attrgetter(*JOB_READS)
 Fired = tuple[tuple[int, Finding], ...]  # (card position, finding) of the rules that fire, in card order
 
 
@@ -392,6 +393,8 @@ class Verdicts:
         self.job = job  # the first job asked; others differ from it in JOB_READS only
         self._programs: dict[str, Program] = {}  # per engine (Context.backend)
         self._by_zero: dict[int, Program] = {}
+        self._groups: dict[str, tuple[RuleGroup, ...]] = {}  # per engine: its program's groups
+        self._parts: dict[tuple[Any, tuple[str, ...]], tuple[Part, ...] | None] = {}  # per ZeRO stage/engine, knobs
 
     def _program(self, zero_stage: int) -> Program:
         """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
@@ -401,6 +404,7 @@ class Verdicts:
             hit = self._programs.get(backend)
             if hit is None:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
+                self._groups[backend] = groups
                 hit = self._programs[backend] = tuple((g.key, g.memo, g.rules, bool(g.job_fields))
                                                       for g in groups), always
             self._by_zero[zero_stage] = hit
@@ -442,6 +446,114 @@ class Verdicts:
         except Exception:  # as findings
             return first_blocking(job, plan)
         return next((found for _, found in fired if found.severity == "error"), None)
+
+
+    def _parts_of(self, zero_stage: int, knobs: tuple[str, ...]) -> tuple[Part, ...] | None:
+        """The groups of the plan's engine in parts by the knob fields they read (knob_parts), once per engine and
+        knobs; None where a rule runs on every plan."""
+        hit = self._parts.get((zero_stage, knobs), False)
+        if hit is False:
+            _, always = self._program(zero_stage)
+            backend = backend_of(self.job.framework, zero_stage)
+            hit = self._parts.get((backend, knobs), False)
+            if hit is False:
+                hit = self._parts[(backend, knobs)] = None if always else knob_parts(self._groups[backend], knobs)
+            self._parts[(zero_stage, knobs)] = hit
+        return hit
+
+    def first_error_of(self, job: Job, knobs: dict[str, Any], base: Plan | None,
+                       build: Callable[[], Plan]) -> Finding | None:
+        """The first error of findings(job, plan) for the plan build() makes, from each part's kept first error
+        (knob_parts), keyed by the values of the fields its rules read: the plan's values are base's (a plan that
+        differs from it in `knobs` only, field -> value) updated with the knobs, so the plan is built only where a
+        group's verdict is not kept (base None: built). Where a condition raises, the plan's own findings answer (as
+        findings: the plain run raises again or finds its error)."""
+        parts = self._parts_of(knobs["zero_stage"], tuple(knobs))
+        if parts is None:
+            return next((f for f in self.findings(job, build()) if f.severity == "error"), None)
+        plans = _Lazy(base.__dict__ | knobs if base is not None else None, build)
+        values = plans.values()
+        first: tuple[int, Finding] | None = None
+        for key, reads_job, memo, groups in parts:
+            key = key(values, job) if reads_job else key(values)
+            hit = memo.get(key, False)
+            if hit is False:
+                try:
+                    hit = _part_error(groups, job, plans)
+                except Exception:  # as findings
+                    return next((f for f in structural_findings(job, plans.plan()) if f.severity == "error"), None)
+                if len(memo) >= MEMO_CAP:
+                    memo.clear()
+                memo[key] = hit
+            if hit is not None and (first is None or hit[0] < first[0]):
+                first = hit
+        return None if first is None else first[1]
+
+
+ProgramGroup = tuple[Callable[..., Any], dict[Any, Fired], tuple[tuple[int, RuleSpec, Condition], ...], bool]
+# A part of a program's groups: its key (from the plan's values, and the job where it reads JOB_READS), whether it
+# reads JOB_READS, its first errors per key (card position, finding; None: no error), its groups as a program's.
+Part = tuple[Callable[..., Any], bool, dict[Any, tuple[int, Finding] | None], tuple[ProgramGroup, ...]]
+
+
+def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[Part, ...]:
+    """The groups in parts: those that read no knob, then one part per maximal set of the knob fields the others read
+    (a group joins the smallest that holds its own, as rule_groups does with fields). A part's first error is decided
+    by every field its groups read (its key), so one lookup answers the part; grouped by the knobs they read, the
+    groups of a part change key together (a search's plans of one layout differ in the knobs), and the rules that read
+    only the layout's fields miss once per layout."""
+    reads = [frozenset(g.fields) & frozenset(knobs) for g in groups]
+    tops: list[frozenset[str]] = [frozenset()] if frozenset() in reads else []
+    for fields in sorted(set(reads) - {frozenset()}, key=lambda f: (-len(f), sorted(f))):
+        if not any(fields <= top for top in tops if top):
+            tops.append(fields)
+    members: dict[frozenset[str], list[RuleGroup]] = {top: [] for top in tops}
+    for group, fields in zip(groups, reads, strict=True):
+        members[min((top for top in tops if fields <= top and (top or not fields)), key=len)].append(group)
+    out = []
+    for member in members.values():
+        union = RuleGroup(tuple(sorted({name for g in member for name in g.fields})), (), {})
+        out.append((union.key, bool(union.job_fields), {},
+                    tuple((g.key, g.memo, g.rules, bool(g.job_fields)) for g in member)))
+    return tuple(out)
+
+
+class _Lazy:
+    """One plan's field values and the plan, each made once when first asked: the values given (a base plan's updated
+    with the knobs), else the plan's own."""
+
+    def __init__(self, values: dict[str, Any] | None, build: Callable[[], Plan]):
+        self._values, self.build = values, build
+        self._plan: Plan | None = None
+
+    def plan(self) -> Plan:
+        if self._plan is None:
+            self._plan = self.build()
+        return self._plan
+
+    def values(self) -> dict[str, Any]:
+        if self._values is None:
+            self._values = self.plan().__dict__
+        return self._values
+
+
+def _part_error(groups: tuple[ProgramGroup, ...], job: Job, plans: _Lazy) -> tuple[int, Finding] | None:
+    """The first error (card position, finding) among the groups' kept verdicts on the plan (run where not kept)."""
+    values = plans.values()
+    ctx = None
+    first: tuple[int, Finding] | None = None
+    for key, memo, rules, reads_job in groups:
+        key = key(values, job) if reads_job else key(values)
+        hit = memo.get(key)
+        if hit is None:
+            ctx = ctx or Context(job, plans.plan())
+            if len(memo) >= MEMO_CAP:
+                memo.clear()
+            hit = memo[key] = _fire(rules, ctx)
+        error = next(((i, found) for i, found in hit if found.severity == "error"), None) if hit else None
+        if error is not None and (first is None or error[0] < first[0]):
+            first = error
+    return first
 
 
 _kept: dict[tuple, Verdicts] = {}  # by job_key, the most recently asked last

@@ -143,10 +143,7 @@ class SearchPlans:
         ladder (0-3) or the request's, a recompute of RECOMPUTE_ORDER or the request's, a micro-batch that is a
         positive int (space.micro_batches), a dispatcher of MoeDispatcher, a bool. The same plan, field for field
         and in the fields set (tests/test_search_plans_built.py builds both on every plan of several searches)."""
-        if overlap is None:
-            overlap = self.a2a_overlap(lay, zero, recompute)
-        knobs = {"zero_stage": zero, "recompute": recompute, "micro_batch_size": mbs,
-                 "moe_token_dispatcher": self.dispatcher(lay, zero), "moe_a2a_overlap": overlap}
+        knobs = self.knobs(lay, zero, recompute, mbs, overlap)
         template = self.caches.plans.get(lay)
         if template is None:
             template = self.caches.plans[lay] = lay.plan(  # type: ignore[arg-type]
@@ -154,6 +151,13 @@ class SearchPlans:
                 tp_comm_overlap=self.tp_overlap and lay.tp > 1, **self.fixed.carried)
             return template
         return template.model_copy(update=knobs)
+
+    def knobs(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> dict:
+        """The fields in which a layout's plans differ (plan: the layout's first plan with these), by field name."""
+        if overlap is None:
+            overlap = self.a2a_overlap(lay, zero, recompute)
+        return {"zero_stage": zero, "recompute": recompute, "micro_batch_size": mbs,
+                "moe_token_dispatcher": self.dispatcher(lay, zero), "moe_a2a_overlap": overlap}
 
     def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
         """moe_a2a_overlap: the user's, else on wherever rule EP009 (Megatron-Core's asserts) allows it. Overlap never
@@ -231,13 +235,19 @@ class SearchPlans:
 
     def check_error(self, lay: Layout, zero: int, recompute: str, mbs: int) -> str | None:
         """First error id of the structural rules, or None: their first error's finding once per job (Caches.checks),
-        from the check's first_error where it has one (config.StructuralCheck: the same finding), else its report."""
+        from the check's first_error_of where it has one (config.StructuralCheck: the same finding from the kept
+        verdicts, read from the layout's first plan's values with this key's knobs: the plan is built only where a
+        verdict is not kept), else its first_error, else its report."""
         key = (lay, zero, recompute, mbs)
         error = self.caches.checks.get(key, False)
         if error is False:
             self.calls["check"] += 1
+            first_of = getattr(self.engine.check, "first_error_of", None)
             first = getattr(self.engine.check, "first_error", None)
-            if first is not None:
+            if first_of is not None:  # a layout's plans differ from its first in their knobs only (plan)
+                error = first_of(self.job, self.knobs(lay, zero, recompute, mbs), self.caches.plans.get(lay),
+                                 lambda: self.plan(*key))
+            elif first is not None:
                 error = first(self.job, self.plan(*key))
             else:
                 report = self.engine.check(self.job, self.plan(*key))
