@@ -5,14 +5,24 @@ numbers as without the scope."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from dataclasses import fields
+
 import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate import memory
 from meshplan.estimate.layer_records import scope_memo, shared_layers
-from meshplan.estimate.memory import _layout_terms, estimate_memory, layout_terms, memory_fit, memory_terms
+from meshplan.estimate.memory import (
+    _layer_layout,
+    _layout_terms,
+    estimate_memory,
+    layout_terms,
+    memory_fit,
+    memory_terms,
+)
 from meshplan.estimate.memory_stage import _stage_states, held_activations, layer_classes, stage_states, states_key
-from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS, stage_params
+from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS, MemoryTerms, stage_params
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
@@ -125,6 +135,24 @@ def test_one_mode_activations_are_the_layer_by_layer_sums():
                 expected += count * chunk_bytes
             assert acts.bytes == expected
             assert acts.modes == {i: mode for chunk in chunks for i in chunk}
+            assert held_activations(terms, rank, chunks, False) == (acts.bytes, acts.held, {})  # modes unasked
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['model']}-{c.get('framework', 'megatron-core')}")
+def test_terms_built_by_copy_are_the_constructors_record(case):
+    """memory.built_terms fills MemoryTerms by copy from its LayoutTerms: every field and nothing else, the record the
+    dataclass's constructor makes of the same values; and the layer's Layout made from the layout's one of 0 tokens
+    is the one _layer_layout makes of the plan with its tokens (no other field of it reads the micro-batch or the
+    recompute), inside a scope and without."""
+    job, plan = resolved(case)
+    names = {f.name for f in fields(MemoryTerms)}
+    for scope in (False, True):
+        with shared_layers() if scope else nullcontext():
+            for update in ({}, *({name: value} for name, value in PERTURBED.items()), {"micro_batch_size": 4}):
+                terms = memory_terms(job, plan.model_copy(update=update), [])
+                assert set(vars(terms)) == names, update
+                assert MemoryTerms(**{name: getattr(terms, name) for name in names}) == terms, update
+                assert terms.lay == _layer_layout(job, terms.plan, terms.conv, terms.tokens), update
 
 
 def test_layouts_with_the_same_layer_layout_share_its_activations():

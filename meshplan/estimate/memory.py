@@ -14,6 +14,7 @@ stage's memory step by step is memory_stage.py; torch FSDP2's backward walk, fsd
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import lru_cache
 from itertools import chain
 from operator import itemgetter
@@ -178,16 +179,28 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
             f"{plan.micro_batch_size * plan.dp}; micro-batches rounded down (run `meshplan check`)."
         )
     tokens, lay, per_kind, logits_bytes = micro_batch_terms(job, plan, base)
-    return MemoryTerms(
-        job=job, plan=plan, conv_name=base.conv_name, conv=base.conv, tensors=base.tensors, card=base.card,
-        dense_dp=base.dense_dp, expert_dp=base.expert_dp, vocab=base.vocab, pipeline=base.pipeline, table=base.table,
-        ts=base.ts, norm_width=base.norm_width, m=plan.num_microbatches(job.global_batch_size), tokens=tokens,
-        lay=lay, selective=base.selective, per_kind=per_kind,
-        stored_mode="selective" if plan.recompute == "selective" else "none",
-        every_nth=every_nth_blocks(plan), group=uniform_group(plan), gathered=base.gathered,
-        other_fixed=base.other_fixed, logits_bytes=logits_bytes, offload=base.offload,
-        optimizer_sharded=base.optimizer_sharded, step=base.step, stages=base.stages,
-    )
+    return built_terms(base, dict(
+        job=job, plan=plan, m=plan.num_microbatches(job.global_batch_size), tokens=tokens, lay=lay,
+        per_kind=per_kind, stored_mode="selective" if plan.recompute == "selective" else "none",
+        every_nth=every_nth_blocks(plan), group=uniform_group(plan), logits_bytes=logits_bytes,
+    ))
+
+
+_FROM_LAYOUT = tuple(f.name for f in fields(MemoryTerms) if f.name in {g.name for g in fields(LayoutTerms)})
+
+
+def built_terms(base: LayoutTerms, own: dict) -> MemoryTerms:
+    """MemoryTerms(**own, and the rest of its fields from `base`, its LayoutTerms): filled in by copy, the fields the
+    layout's plans share from one dict kept on it (base.shared), without the frozen dataclass's field-by-field
+    __init__ (it checks nothing; tests/test_memory_memo.py holds the copy to the constructor's record)."""
+    shared = base.shared
+    if not shared:
+        shared.update((name, getattr(base, name)) for name in _FROM_LAYOUT)
+    terms = object.__new__(MemoryTerms)
+    values = terms.__dict__
+    values.update(shared)
+    values.update(own)
+    return terms
 
 
 _LAYOUT_FIELDS = tuple(name for name in Plan.model_fields if name not in MEMORY_PER_PLAN_FIELDS)
@@ -228,7 +241,7 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
         offload=offload_plan(job.framework, plan),
         optimizer_sharded=any(t.shard == "dp" for t in tensors if t.tensor_class == "optimizer"),
         step=card.optimizer_steps[optimizer_implementation(job, plan)],
-        warnings=(*world_warnings, *pipeline.warnings),
+        warnings=(*world_warnings, *pipeline.warnings), layer_layout=_layer_layout(job, plan, conv, 0),
     )
 
 
@@ -243,7 +256,7 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
     if hit is None:
         arch, conv = job.model, base.conv
         tokens = -(-job.seq_length // plan.cp) * plan.micro_batch_size
-        lay = _layer_layout(job, plan, conv, tokens)
+        lay = Layout(tokens, *base.layer_layout[1:])  # _layer_layout(job, plan, conv, tokens): only tokens differ
         hit = base.micro_batches[key] = (
             tokens, lay, _per_kind(job, lay, base.selective, modules),
             # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss
@@ -253,7 +266,8 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
 
 
 def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
-    """What of the plan and the convention changes one layer's activations."""
+    """What of the plan and the convention changes one layer's activations (no MEMORY_PER_PLAN_FIELDS but through
+    `tokens`: memory_terms' tests hold it to it)."""
     flash, dropout = attention_switches(conv, plan)
     return Layout(
         tokens=tokens, seq_kv=job.seq_length, tp=plan.tp, sp=plan.sequence_parallel, etp=plan.etp,

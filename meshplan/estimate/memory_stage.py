@@ -191,7 +191,7 @@ def stage_peak(terms: MemoryTerms, rank: int, chunks) -> StagePeak:
     """Stage `rank`'s model states, activations and moments, and the moments of its reserved and allocated peaks."""
     shared = stage_states(terms, rank, chunks)
     params, states, detail = shared.params, shared.states, dict(shared.detail)
-    acts = held_activations(terms, rank, chunks)
+    acts = held_activations(terms, rank, chunks, walks(terms))  # the modes only for FSDP2's walk (_overheads)
     detail["microbatches_in_flight"] = sum(acts.held)
     detail["layer_activations"] = int(acts.bytes)
     stored, host = acts.bytes, 0.0
@@ -223,9 +223,31 @@ class StageFit(NamedTuple):
 
 def stage_fit(terms: MemoryTerms, rank: int, chunks) -> StageFit:
     """stage_memory's total_bytes, detail allocated_peak, host_bytes and moment, without its report."""
+    if not terms.offload.any and not walks(terms):
+        return _plain_fit(terms, rank, chunks)
     peak = stage_peak(terms, rank, chunks)
     return StageFit(peak_total(terms, peak.states, peak.rest).total, int(peak.allocs[peak.top]), int(peak.host),
                     peak.rest.moment)
+
+
+def _plain_fit(terms: MemoryTerms, rank: int, chunks) -> StageFit:
+    """stage_fit of a stage with nothing offloaded and no FSDP2 walk: stage_peak's sums in its order without the
+    report's detail or the layers' modes. Its moments are the backward's one (_overheads: every activation, and the
+    gathered units where the weights are sharded) and the optimizer step's; the reserved peak is the first of the
+    larger (as max() and index() pick in stage_peak), the allocated peak the larger; no host bytes."""
+    shared = stage_states(terms, rank, chunks)
+    params, states = shared.params, shared.states
+    acts = held_activations(terms, rank, chunks, False)
+    stored = acts.bytes
+    work = recompute_working_layer(terms, params, chunks)
+    if work is not None:
+        stored += work
+    stored = _edge_activations(terms, params, acts.held, stored, {})
+    back, step = _overheads(terms, params, acts, states, stored, {}, shared.gathered)[0], shared.step
+    alloc_back, alloc_step = allocated_bytes(terms, states, back), allocated_bytes(terms, states, step)
+    rest = (back if reserved_bytes(terms, states, back, alloc_back) >= reserved_bytes(terms, states, step, alloc_step)
+            else step)
+    return StageFit(peak_total(terms, states, rest).total, int(max(alloc_back, alloc_step)), 0, rest.moment)
 
 
 class PeakTotal(NamedTuple):
@@ -385,14 +407,16 @@ def lora_states(terms: MemoryTerms, layers: list[int], states: dict[str, float],
     return out
 
 
-def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
+def held_activations(terms: MemoryTerms, rank: int, chunks, modes: bool = True) -> HeldActivations:
     """Each layer's activations in the mode the plan's recompute runs it in, times the micro-batches its chunk
-    holds at the stage's peak (the schedule's in_flight)."""
+    holds at the stage's peak (the schedule's in_flight). `modes`: whether the caller reads the modes (FSDP2's walk);
+    without, a one-mode stage leaves them empty."""
     plan, per_kind, group, every_nth = terms.plan, terms.per_kind, terms.group, terms.every_nth
     held = stage_held(terms, rank)
     if not (group or every_nth) and (plan.recompute != "full" or plan.recompute_layers is None
                                      or plan.recompute_method == "uniform"):
-        return _one_mode_activations(terms, chunks, held, "full" if plan.recompute == "full" else terms.stored_mode)
+        return _one_mode_activations(terms, chunks, held, "full" if plan.recompute == "full" else terms.stored_mode,
+                                     modes)
     acts = 0.0
     built = 0
     modes: dict[int, str] = {}
@@ -419,16 +443,23 @@ def held_activations(terms: MemoryTerms, rank: int, chunks) -> HeldActivations:
 
 
 def stage_held(terms: MemoryTerms, rank: int) -> tuple[int, ...]:
-    """Micro-batches stage `rank` holds at its peak per virtual chunk (the schedule's in_flight)."""
+    """Micro-batches stage `rank` holds at its peak per virtual chunk (the schedule's in_flight), once per
+    (micro-batch size, rank) of the terms' layout (terms.held): of MEMORY_PER_PLAN_FIELDS only the micro-batch size
+    reaches them (through the micro-batches per step)."""
     plan = terms.plan
-    runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's (torchtitan)
-    return in_flight(rank, plan.pp, terms.vpp, terms.m // runs, framework_card(terms.job.framework).pipeline.group,
-                     plan.runs_schedule)
+    key = (plan.micro_batch_size, rank)
+    hit = terms.held.get(key)
+    if hit is None:
+        runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's
+        hit = terms.held[key] = in_flight(rank, plan.pp, terms.vpp, terms.m // runs,
+                                          framework_card(terms.job.framework).pipeline.group, plan.runs_schedule)
+    return hit
 
 
-def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mode: str) -> HeldActivations:
+def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mode: str,
+                          modes: bool = True) -> HeldActivations:
     """held_activations where every layer runs in one recompute mode (no uniform chunks, no every-N-th block, no
-    full recompute of only the first layers): the same sums, layer by layer in order."""
+    full recompute of only the first layers): the same sums, layer by layer in order (the modes only if `modes`)."""
     moe, per_kind = terms.table.moe, terms.per_kind
     bytes_of = {False: per_kind[(False, mode)], True: per_kind[(True, mode)]}
     acts = 0.0
@@ -437,7 +468,7 @@ def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mod
         for i in chunk:
             chunk_bytes += bytes_of[moe[i]]
         acts += count * chunk_bytes
-    return HeldActivations(acts, held, dict.fromkeys(chain.from_iterable(chunks), mode))
+    return HeldActivations(acts, held, dict.fromkeys(chain.from_iterable(chunks), mode) if modes else {})
 
 
 def _offloaded(terms: MemoryTerms, params: StageParams, states: dict[str, float], acts: float,

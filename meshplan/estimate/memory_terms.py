@@ -68,9 +68,10 @@ layouts that differ only in these (memory_stage.stage_states); tests/test_memory
 @dataclass(frozen=True, kw_only=True)
 class LayoutTerms:
     """What MemoryTerms holds that no field of MEMORY_PER_PLAN_FIELDS changes (memory.layout_terms builds it), the
-    warnings it gave, and two memos of the plans that share it: per (micro-batch size, recompute modules) the
+    warnings it gave, and the memos of the plans that share it: per (micro-batch size, recompute modules) the
     activation terms (memory.micro_batch_terms), per pipeline rank the stage's model states
-    (memory_stage.stage_states)."""
+    (memory_stage.stage_states), per (micro-batch size, rank) the micro-batches the stage holds in flight
+    (memory_stage.stage_held: no recompute field changes them)."""
 
     conv_name: str
     conv: Convention
@@ -90,8 +91,11 @@ class LayoutTerms:
     optimizer_sharded: bool
     step: OptimizerStepBytes
     warnings: tuple[str, ...]
+    layer_layout: Layout  # one layer's Layout of 0 tokens: memory.micro_batch_terms puts in a micro-batch's
     micro_batches: dict = field(default_factory=dict)
     stages: dict = field(default_factory=dict)
+    held: dict = field(default_factory=dict)
+    shared: dict = field(default_factory=dict)  # the MemoryTerms fields of its own, by name (memory.built_terms)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +132,7 @@ class MemoryTerms:
     # per pipeline rank, the stage's model states (memory_stage.stage_states): the LayoutTerms' memo where the terms
     # come from one, shared by the plans of the layout
     stages: dict = field(default_factory=dict)
+    held: dict = field(default_factory=dict)  # per (micro-batch size, rank): memory_stage.stage_held, the layout's
 
     @property
     def vpp(self) -> int:
