@@ -102,7 +102,7 @@ def stage_states(terms: MemoryTerms, rank: int, chunks) -> StageStates:
                 memo[key] = (terms.job, hit)  # the entry keeps the job alive, so its id stays its own
         else:
             same = shared[1]
-            hit = StageStates(StageParams([i for chunk in chunks for i in chunk], *same.params[1:]), *same[1:])
+            hit = StageStates(StageParams(list(chain.from_iterable(chunks)), *same.params[1:]), *same[1:])
         terms.stages[rank] = hit
     return hit
 
@@ -133,7 +133,7 @@ def states_key(terms: MemoryTerms, rank: int, chunks) -> tuple:
     term of the states is read from the ParamTable columns those compare); a LoRA job's by index (its adapters are
     counted per layer, arithmetic/lora.adapter_params)."""
     pipeline, arch = terms.pipeline, terms.job.model
-    layers = tuple(i for chunk in chunks for i in chunk)
+    layers = tuple(chain.from_iterable(chunks))
     mtp = bool(arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at)
     by_value = layers if terms.job.lora is not None else tuple(map(layer_classes(arch).__getitem__, layers))
     return id(terms.job), _STATES_KEY(terms.plan.__dict__), rank == 0, rank == pipeline.head_rank, mtp, by_value

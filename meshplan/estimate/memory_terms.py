@@ -6,6 +6,7 @@ data-parallel sizes, the pipeline layout, one layer's activations per kind and r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import NamedTuple
 
 from meshplan.arithmetic.activations import Layout
@@ -160,7 +161,7 @@ def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
     layer (a tied copy when pp > 1) and final norm on the last, the MTP blocks where the layout puts them."""
     arch, plan, table, pipeline = terms.job.model, terms.plan, terms.table, terms.pipeline
     tp, vocab, h = plan.tp, terms.vocab, arch.hidden_size
-    layers = [i for chunk in chunks for i in chunk]
+    layers = list(chain.from_iterable(chunks))
     first, last = rank == 0, rank == pipeline.head_rank
     dense = sum(map(table.tp_sharded.__getitem__, layers)) / tp + sum(map(table.replicated.__getitem__, layers))
     experts = sum(map(table.experts.__getitem__, layers)) / (plan.ep * plan.etp)
