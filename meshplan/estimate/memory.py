@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 from functools import lru_cache
-from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -152,19 +151,31 @@ def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first
     terms = memory_terms(job, plan, [])
     chunks = terms.pipeline.chunks
     first = first if 0 <= first < len(chunks) else 0
-    figure = host_node = 0
+    # stage `first` alone first: most plans a search asks end there (over, or one stage); the rest walk on
+    figure, host_node, moment = _stage_figures(job, terms, first, chunks[first])
+    if figure > budget or (host is not None and host_node > host):
+        return FitVerdict(figure, host_node, False, first)
+    if len(chunks) == 1:
+        return FitVerdict(figure, host_node, True, None)
     dominance = Dominance(terms)  # a stage no more than one evaluated before it changes neither the figure nor `over`
-    for rank in chain((first,), (r for r in range(len(chunks)) if r != first)):
-        if dominance.covers(rank, chunks[rank]):
+    dominance.add(first, chunks[first], figure, moment)
+    for rank in range(len(chunks)):
+        if rank == first or dominance.covers(rank, chunks[rank]):
             continue
-        stage = stage_fit(terms, rank, chunks[rank])  # stage_memory's figures without its report
-        fig = int(peak_fit_bytes(stage.total, stage.total - stage.allocated, plan, terms.card))  # stage_fit_bytes
-        stage_host = stage.host * job.gpus_per_node
+        fig, stage_host, moment = _stage_figures(job, terms, rank, chunks[rank])
         figure, host_node = max(figure, fig), max(host_node, stage_host)
         if fig > budget or (host is not None and stage_host > host):
             return FitVerdict(figure, host_node, False, rank)
-        dominance.add(rank, chunks[rank], fig, stage.moment)
+        dominance.add(rank, chunks[rank], fig, moment)
     return FitVerdict(figure, host_node, True, None)
+
+
+def _stage_figures(job: Job, terms: MemoryTerms, rank: int, chunks) -> tuple[int, int, str | None]:
+    """A stage's fit figure (stage_fit_bytes), host bytes per node and reserved peak's moment, from stage_fit: the
+    report's figures without its report."""
+    stage = stage_fit(terms, rank, chunks)
+    return (int(peak_fit_bytes(stage.total, stage.total - stage.allocated, terms.plan, terms.card)),
+            stage.host * job.gpus_per_node, stage.moment)
 
 
 def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
