@@ -1,13 +1,15 @@
 """Every memory_fit and step_terms a search asks inside its shared_layers scope (where the stages' model states are
 shared across ranks and layouts, a dominated middle stage is left out, layer times are shared) gives the numbers the
-same call gives alone, outside any scope (every stage evaluated afresh): replayed on every plan of whole searches."""
+same call gives alone, outside any scope (every stage evaluated afresh): replayed on every plan of whole searches.
+Every stage_work the per-token references ask gives what step_terms of the same plan gives alone."""
 
 from __future__ import annotations
 
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, memory_fit
-from meshplan.estimate.perf import step_terms
+from meshplan.estimate.perf import stage_work, step_terms
 from meshplan.schema.request import Request
 from meshplan.search import estimators, recommend
 
@@ -21,6 +23,16 @@ KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h100")  # the big MoE search:
 
 def step_figures(terms):
     return (terms.floor, terms.m, terms.worst, terms.dp_exposed, terms.optimizer, terms.offload_s, terms.rows)
+
+
+def work_of(job, plan):
+    """step_terms' m and slowest row's compute, recompute, TP, CP, EP (what stage_work stands for), or its refusal."""
+    try:
+        t = step_terms(job, plan)
+    except MeshplanError as e:
+        return str(e)
+    row = t.rows[t.worst]
+    return (t.m, row.compute, row.recompute, row.tp, row.cp, row.ep)
 
 
 @pytest.mark.parametrize("req", [*REQUESTS, pytest.param(KIMI, marks=pytest.mark.slow)],
@@ -38,10 +50,23 @@ def test_a_searchs_estimates_are_the_plain_ones(req, monkeypatch):
         steps.append((job, plan, step_figures(terms)))
         return terms
 
+    def recorded_work(job, plan):
+        try:
+            work = stage_work(job, plan)
+        except MeshplanError as e:
+            works.append((job, plan, str(e)))
+            raise
+        works.append((job, plan, tuple(work)))
+        return work
+
+    works: list = []
     monkeypatch.setattr(estimators, "memory_fit", recorded_fit)
     monkeypatch.setattr(estimators, "step_terms", recorded_terms)
+    monkeypatch.setattr(estimators, "stage_work", recorded_work)
     recommend(req)
-    assert len(fits) > 50 and len(steps) > 20
+    assert len(fits) > 50 and len(steps) > 20 and len(works) > 5
+    for job, plan, work in works:
+        assert work_of(job, plan) == work, plan.short()
     for job, plan, args, verdict in fits:
         assert memory_fit(job, plan, *args) == verdict, (plan.short(), args)
         assert_reports_verdict(job, plan, args, verdict)
@@ -59,3 +84,33 @@ def assert_reports_verdict(job, plan, args, verdict):
         return
     assert verdict.figure <= report.fit_bytes and verdict.host_per_node <= report.host_bytes_per_node, plan.short()
     assert verdict.figure > budget or (host is not None and verdict.host_per_node > host), plan.short()
+
+
+WORK_CASES = [  # single stage (stage_work's own arithmetic) and its step_terms fallbacks (a pipeline, offload)
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, tp=2, pp=1, cp=2, seq_length=8192, recompute="full"),
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, tp=2, pp=2, cp=2, seq_length=8192),
+    dict(model="deepseek-v3", gpu="h100", num_gpus=256, tp=2, pp=1, ep=32, etp=1, moe_a2a_overlap=True,
+         framework="megatron-bridge"),
+    dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, tp=2, pp=1, ep=4, etp=2, framework="megatron-core",
+         zero_stage=3, recompute="selective"),
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, tp=2, pp=1, framework="megatron-bridge", lora_rank=16),
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, tp=1, pp=1, framework="deepspeed", zero_stage=3,
+         optimizer_offload=True),
+    dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, tp=1, pp=1, framework="deepspeed", zero_stage=2,
+         optimizer_offload=True),  # refused (OF001): the same refusal
+]
+
+
+@pytest.mark.parametrize("case", WORK_CASES, ids=lambda c: f"{c['model']}-pp{c['pp']}-{c.get('framework', '')}")
+def test_stage_work_is_step_terms_slowest_row(case):
+    from meshplan.request.resolve import resolve
+
+    try:
+        job, plan = resolve(Request(**case))
+    except MeshplanError as e:  # a case the request layer refuses tests nothing
+        pytest.skip(str(e))
+    try:
+        work = tuple(stage_work(job, plan))
+    except MeshplanError as e:
+        work = str(e)
+    assert work == work_of(job, plan)

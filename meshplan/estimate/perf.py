@@ -28,6 +28,7 @@ from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token,
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import convention, uses_fsdp
+from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
@@ -37,7 +38,15 @@ from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
 from meshplan.estimate.sharding_traffic import DpTraffic, grad_reduce_bytes, sharding_schedule
-from meshplan.estimate.stage_time import Recompute, StageInputs, StageTime, stage_time
+from meshplan.estimate.stage_time import (
+    Recompute,
+    StageInputs,
+    StageTime,
+    layer_sums,
+    stage_compute,
+    stage_kinds,
+    stage_time,
+)
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
 from meshplan.estimate.tp_overlap import tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
@@ -46,8 +55,8 @@ from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
 
-__all__ = ["StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token", "pipeline_p2p",
-           "stage_layers", "step_terms", "throughput_of"]
+__all__ = ["StageWork", "StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token",
+           "pipeline_p2p", "stage_layers", "stage_work", "step_terms", "throughput_of"]
 
 
 class Peaks(NamedTuple):
@@ -157,6 +166,39 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     offload_s, offload_how = step_offload_time(job, plan, compute_s=m * rows[worst].compute)
     return StepTerms(job, plan, m, peaks, ctx, inputs, rows, worst, dp_exposed, optimizer, offload_s, offload_how,
                      warnings)
+
+
+class StageWork(NamedTuple):
+    """What the search's per-token references read of a plan's step (search/bounds._per_token): its micro-batches
+    and its slowest stage's compute, recompute, TP, CP and EP seconds per micro-batch, as step_terms' row has them."""
+
+    m: int
+    compute: float
+    recompute: float
+    tp: float
+    cp: float
+    ep: float
+
+
+def stage_work(job: Job, plan: Plan) -> StageWork:
+    """step_terms(job, plan)'s m and its slowest row's work terms, to the last bit, with the same refusals. A single
+    stage without offload is the slowest (the only) one, and those terms read neither the once-per-step terms (DP
+    sync, optimizer, offload) nor the stage's parameters, Muon, sharding traffic or host floor: they are left out
+    (the search's references are such plans). Offload (whose estimate may refuse) or a pipeline: from step_terms."""
+    if plan.pp > 1 or offload_plan(job.framework, plan).any:
+        t = step_terms(job, plan)
+        row = t.rows[t.worst]
+        return StageWork(t.m, row.compute, row.recompute, row.tp, row.cp, row.ep)
+    require_estimable(job, plan)
+    cal = calibration(job.framework)
+    peaks = _peaks(job, cal)
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    inputs = stage_inputs(job, plan, layer_context(job, plan, cal, lk, peaks, m, None))
+    layers = inputs.pipeline.layers(0)
+    sums = layer_sums(len(layers), stage_kinds(0, layers, inputs), inputs)
+    compute, _ = stage_compute(sums, inputs.pipeline.head_rank == 0, inputs)
+    return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep)
 
 
 def throughput_of(t: StepTerms) -> ThroughputReport:

@@ -122,11 +122,8 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     the head, the pipeline traffic, the sharding traffic, and the host floor."""
     kinds = stage_kinds(s, layers, inp)
     sums = layer_sums(len(layers), kinds, inp)
-    compute, fwd = sums.compute, sums.fwd
     head_stage = s == inp.pipeline.head_rank
-    if head_stage:
-        compute += inp.head
-        fwd += inp.head / TRAINING_PASSES_PER_FORWARD
+    compute, fwd = stage_compute(sums, head_stage, inp)
     dense_p, expert_p = stage_params(s, layers, inp)
     # Cross-node pipeline stages with host-synchronous p2p (nanotron) lose time on every layer
     # of every micro-batch, growing with the TP ranks that must meet in each collective.
@@ -141,6 +138,15 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     return StageTime(compute=compute, fwd=fwd, tp=sums.tp, cp=sums.cp, ep=sums.ep, recompute=sums.recompute, pp=pp,
                      host=host, sharding=sharding, dense_params=dense_p, expert_params=expert_p, muon=muon,
                      launch_bound=launch_bound, total=gpu + launch_bound)
+
+
+def stage_compute(sums: LayerSums, head_stage: bool, inp: StageInputs) -> tuple[float, float]:
+    """(compute, its forward share) of a stage per micro-batch: its layers', and the head's on the head stage."""
+    compute, fwd = sums.compute, sums.fwd
+    if head_stage:
+        compute += inp.head
+        fwd += inp.head / TRAINING_PASSES_PER_FORWARD
+    return compute, fwd
 
 
 def stage_kinds(s: int, layers: Sequence[int], inp: StageInputs) -> list[bool]:

@@ -129,8 +129,12 @@ class StepTimeBounds(SearchPlans):
                 total = (x.cp_comm_s if part == "cp" else
                          x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
             else:  # the same breakdown terms (perf.throughput_of: m x the slowest stage's), without the report
-                t = self.engine.terms(job_ref, plan)
-                row, m = t.rows[t.worst], t.m
+                if self.engine.stage_work is not None:  # only what they read of the step (perf.stage_work)
+                    row = self.engine.stage_work(job_ref, plan)
+                    m = row.m
+                else:
+                    t = self.engine.terms(job_ref, plan)
+                    row, m = t.rows[t.worst], t.m  # type: ignore[assignment]
                 total = m * row.cp if part == "cp" else m * row.compute + m * row.recompute + m * row.tp + m * row.ep
             value = (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens
         except MeshplanError:

@@ -9,10 +9,12 @@ from meshplan.arithmetic.flops import model_flops_per_step
 from meshplan.check.config import StructuralCheck, check_config
 from meshplan.estimate.memory import FitVerdict, estimate_memory, memory_fit, memory_summary
 from meshplan.estimate.perf import (
+    StageWork,
     StepTerms,
     estimate_throughput,
     exposed_pipeline_p2p,
     pipeline_unit,
+    stage_work,
     step_terms,
     throughput_of,
 )
@@ -41,6 +43,9 @@ class Engine:
     # pipeline (the costly part): `terms` then `finish` give exactly `throughput`. None: the search calls `throughput`.
     terms: Callable[[Job, Plan], StepTerms] | None = None
     finish: Callable[[StepTerms], ThroughputReport] | None = None
+    # What the per-token references read of a plan's step (perf.stage_work: `terms`' m and slowest row's compute,
+    # recompute, TP, CP, EP, bit for bit, without the once-per-step terms). None: the references read `terms`.
+    stage_work: Callable[[Job, Plan], StageWork] | None = None
     # A non-interleaved plan's exposed pipeline send/receive per micro-batch (its breakdown's pp_comm_s / m) without
     # building its step, for the pipeline bound; None from it where only the step's terms give it. None: the bound
     # reads it from the plan's step terms.
@@ -69,6 +74,7 @@ def default_engine(framework: str) -> Engine:
         moe_layer_fixed_s=cal.moe_host_sync_s,
         terms=step_terms,
         finish=throughput_of,
+        stage_work=stage_work,
         pp_unit=exposed_pipeline_p2p,
         pipeline_unit=pipeline_unit,
         memory_fit=memory_fit,
