@@ -45,7 +45,7 @@ from meshplan.estimate.stage_time import (
     layer_sums,
     stage_compute,
     stage_kinds,
-    stage_time,
+    stage_rows,
 )
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
 from meshplan.estimate.tp_overlap import tp_overlap_mode, tp_sms
@@ -152,7 +152,7 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
     ctx = layer_context(job, plan, cal, lk, peaks, m, attention_kernel)
     inputs = stage_inputs(job, plan, ctx)
-    rows = [stage_time(s, inputs.pipeline.layers(s), inputs) for s in range(plan.pp)]
+    rows = stage_rows(inputs)
     totals = [r.total for r in rows]
     worst = max(range(len(totals)), key=totals.__getitem__)
     dp_exposed = optimizer = 0.0

@@ -44,6 +44,15 @@ def layer_param_split(arch: Architecture) -> tuple[list[float], list[float]]:
     return dense, experts
 
 
+@per_architecture
+def uniform_layers(arch: Architecture) -> bool:
+    """Whether every decoder layer has the same parameters (both columns of layer_param_split) and the same kind (MoE
+    or not, as stage_kinds reads it): then a stage's time reads of its layers only their count (stage_rows)."""
+    dense, experts = layer_param_split(arch)
+    moe_set = set(arch.moe.moe_layers) if arch.moe else set()
+    return len(set(dense)) <= 1 and len(set(experts)) <= 1 and len({i in moe_set for i in range(arch.num_layers)}) <= 1
+
+
 class Recompute(NamedTuple):
     """What the plan's recompute repeats beyond its mode: what its framework's "selective" means (the card),
     torchtitan's every-N-th block (0: none), Megatron's recompute modules."""
@@ -138,6 +147,29 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     return StageTime(compute=compute, fwd=fwd, tp=sums.tp, cp=sums.cp, ep=sums.ep, recompute=sums.recompute, pp=pp,
                      host=host, sharding=sharding, dense_params=dense_p, expert_params=expert_p, muon=muon,
                      launch_bound=launch_bound, total=gpu + launch_bound)
+
+
+def stage_rows(inp: StageInputs) -> list[StageTime]:
+    """stage_time of every pipeline stage, computed once per distinct stage. A stage's time reads of its rank `s`
+    only whether it is the first (the embedding), the head's and the MTP blocks' stage (stage_kinds), and its p2p
+    seconds (pp_comm[s]); of its layers, their kinds and their parameters by index (stage_params, shard_units: the
+    same float sums where the values are the same). Where every layer is alike (uniform_layers) and no LoRA adapters
+    (whose parameters read the layers' indices), stages alike in those and in their count of layers are the same
+    StageTime (frozen: shared)."""
+    pipeline, pp = inp.pipeline, inp.plan.pp
+    if pp == 1 or inp.job.lora is not None or not uniform_layers(inp.ctx.arch):
+        return [stage_time(s, pipeline.layers(s), inp) for s in range(pp)]
+    rows: list[StageTime] = []
+    alike: dict[tuple, StageTime] = {}
+    head, mtp = pipeline.head_rank, pipeline.mtp_at
+    for s in range(pp):
+        layers = pipeline.layers(s)
+        key = (len(layers), s == 0, s == head, s == mtp, inp.pp_comm[s])
+        row = alike.get(key)
+        if row is None:
+            row = alike[key] = stage_time(s, layers, inp)
+        rows.append(row)
+    return rows
 
 
 def stage_compute(sums: LayerSums, head_stage: bool, inp: StageInputs) -> tuple[float, float]:
