@@ -142,11 +142,26 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     host = inp.ctx.cal.host_time_per_layer_s * len(kinds)
     muon = muon_stage(kinds, inp)
     sharding = stage_sharding(StageShards(layers, kinds, sums.windows, s == 0, head_stage), inp)
-    gpu = sum((compute, sums.tp, sums.cp, sums.ep, sums.recompute, pp, sharding.micro))
+    return finished_stage(compute, fwd, (sums.tp, sums.cp, sums.ep, sums.recompute), pp, host, sharding,
+                          (dense_p, expert_p), muon, inp)
+
+
+def finished_stage(compute: float, fwd: float, comm: tuple[float, float, float, float], pp: float, host: float,
+                   sharding: ShardingExposed, params: tuple[float, float], muon: MuonStage,
+                   inp: StageInputs) -> StageTime:
+    """The stage's row from its parts (`comm`: TP, CP, EP, recompute): its GPU seconds, the host floor's wait."""
+    tp, cp, ep, recompute = comm
+    gpu = sum((compute, tp, cp, ep, recompute, pp, sharding.micro))
     launch_bound = max(0.0, host - gpu) + inp.host_sync * min(host, gpu)
-    return StageTime(compute=compute, fwd=fwd, tp=sums.tp, cp=sums.cp, ep=sums.ep, recompute=sums.recompute, pp=pp,
-                     host=host, sharding=sharding, dense_params=dense_p, expert_params=expert_p, muon=muon,
+    return StageTime(compute=compute, fwd=fwd, tp=tp, cp=cp, ep=ep, recompute=recompute, pp=pp, host=host,
+                     sharding=sharding, dense_params=params[0], expert_params=params[1], muon=muon,
                      launch_bound=launch_bound, total=gpu + launch_bound)
+
+
+def with_p2p(row: StageTime, pp: float, inp: StageInputs) -> StageTime:
+    """A stage alike `row` in all but its pipeline p2p seconds `pp` (stage_rows)."""
+    return finished_stage(row.compute, row.fwd, (row.tp, row.cp, row.ep, row.recompute), pp, row.host, row.sharding,
+                          (row.dense_params, row.expert_params), row.muon, inp)
 
 
 def stage_rows(inp: StageInputs) -> list[StageTime]:
@@ -155,19 +170,24 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
     seconds (pp_comm[s]); of its layers, their kinds and their parameters by index (stage_params, shard_units: the
     same float sums where the values are the same). Where every layer is alike (uniform_layers) and no LoRA adapters
     (whose parameters read the layers' indices), stages alike in those and in their count of layers are the same
-    StageTime (frozen: shared)."""
+    StageTime (frozen: shared), or one with another p2p (with_p2p: its pp, GPU seconds and host wait redone)."""
     pipeline, pp = inp.pipeline, inp.plan.pp
     if pp == 1 or inp.job.lora is not None or not uniform_layers(inp.ctx.arch):
         return [stage_time(s, pipeline.layers(s), inp) for s in range(pp)]
     rows: list[StageTime] = []
-    alike: dict[tuple, StageTime] = {}
-    head, mtp = pipeline.head_rank, pipeline.mtp_at
+    alike: dict[tuple, tuple[float, StageTime]] = {}  # per key, the first such stage's pp_comm and row
+    head, mtp, pp_comm = pipeline.head_rank, pipeline.mtp_at, inp.pp_comm
     for s in range(pp):
         layers = pipeline.layers(s)
-        key = (len(layers), s == 0, s == head, s == mtp, inp.pp_comm[s])
-        row = alike.get(key)
-        if row is None:
-            row = alike[key] = stage_time(s, layers, inp)
+        key = (len(layers), s == 0, s == head, s == mtp)
+        hit = alike.get(key)
+        if hit is None:
+            row = stage_time(s, layers, inp)
+            alike[key] = (pp_comm[s], row)
+        elif pp_comm[s] == hit[0]:
+            row = hit[1]
+        else:  # stage_time's pp: its own p2p, the same per-layer term (as many layers and MTP blocks)
+            row = with_p2p(hit[1], pp_comm[s] + inp.pp_cross_layer * len(stage_kinds(s, layers, inp)), inp)
         rows.append(row)
     return rows
 
