@@ -1,7 +1,7 @@
 """Every memory_fit and step_terms a search asks inside its shared_layers scope (where the stages' model states are
 shared across ranks and layouts, a dominated middle stage is left out, layer times are shared) gives the numbers the
 same call gives alone, outside any scope (every stage evaluated afresh): replayed on every plan of whole searches.
-Every stage_work the per-token references ask gives what step_terms of the same plan gives alone."""
+Every stage_work and stage_cp the per-token references ask gives what step_terms of the same plan gives alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, memory_fit
-from meshplan.estimate.perf import stage_work, step_terms
+from meshplan.estimate.perf import stage_cp, stage_work, step_terms
 from meshplan.schema.request import Request
 from meshplan.search import estimators, recommend
 
@@ -33,6 +33,12 @@ def work_of(job, plan):
         return str(e)
     row = t.rows[t.worst]
     return (t.m, row.compute, row.recompute, row.tp, row.cp, row.ep)
+
+
+def cp_of(job, plan):
+    """step_terms' m and slowest row's cp (what stage_cp stands for), or its refusal."""
+    work = work_of(job, plan)
+    return work if isinstance(work, str) else (work[0], work[4])
 
 
 @pytest.mark.parametrize("req", [*REQUESTS, pytest.param(KIMI, marks=pytest.mark.slow)],
@@ -59,14 +65,27 @@ def test_a_searchs_estimates_are_the_plain_ones(req, monkeypatch):
         works.append((job, plan, tuple(work)))
         return work
 
+    def recorded_cp(job, plan):
+        try:
+            cp = stage_cp(job, plan)
+        except MeshplanError as e:
+            cps.append((job, plan, str(e)))
+            raise
+        cps.append((job, plan, tuple(cp)))
+        return cp
+
     works: list = []
+    cps: list = []
     monkeypatch.setattr(estimators, "memory_fit", recorded_fit)
     monkeypatch.setattr(estimators, "step_terms", recorded_terms)
     monkeypatch.setattr(estimators, "stage_work", recorded_work)
+    monkeypatch.setattr(estimators, "stage_cp", recorded_cp)
     recommend(req)
     assert len(fits) > 50 and len(steps) > 20 and len(works) > 5
     for job, plan, work in works:
         assert work_of(job, plan) == work, plan.short()
+    for job, plan, cp in cps:
+        assert cp_of(job, plan) == cp, plan.short()
     for job, plan, args, verdict in fits:
         assert memory_fit(job, plan, *args) == verdict, (plan.short(), args)
         assert_reports_verdict(job, plan, args, verdict)
@@ -91,6 +110,10 @@ WORK_CASES = [  # single stage (stage_work's own arithmetic) and its step_terms 
     dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, tp=2, pp=2, cp=2, seq_length=8192),
     dict(model="deepseek-v3", gpu="h100", num_gpus=256, tp=2, pp=1, ep=32, etp=1, moe_a2a_overlap=True,
          framework="megatron-bridge"),
+    dict(model="deepseek-v3", gpu="h100", num_gpus=512, tp=2, pp=1, cp=4, ep=32, etp=1, seq_length=16384,
+         framework="megatron-core"),  # MTP blocks and dense first layers, a K/V ring
+    dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=32, tp=2, pp=1, cp=4, ep=4, etp=1, seq_length=32768,
+         framework="megatron-core", cp_comm_type="a2a+p2p"),
     dict(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, tp=2, pp=1, ep=4, etp=2, framework="megatron-core",
          zero_stage=3, recompute="selective"),
     dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, tp=2, pp=1, framework="megatron-bridge", lora_rank=16),
@@ -114,3 +137,8 @@ def test_stage_work_is_step_terms_slowest_row(case):
     except MeshplanError as e:
         work = str(e)
     assert work == work_of(job, plan)
+    try:
+        cp = tuple(stage_cp(job, plan))
+    except MeshplanError as e:
+        cp = str(e)
+    assert cp == cp_of(job, plan)

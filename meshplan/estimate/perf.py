@@ -32,7 +32,8 @@ from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
-from meshplan.estimate.attention_time import attention_efficiency
+from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
+from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer
 from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
@@ -42,6 +43,8 @@ from meshplan.estimate.stage_time import (
     Recompute,
     StageInputs,
     StageTime,
+    kinds_cp,
+    layer_kinds,
     layer_sums,
     stage_compute,
     stage_kinds,
@@ -55,8 +58,8 @@ from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
 
-__all__ = ["StageWork", "StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token",
-           "pipeline_p2p", "stage_layers", "stage_work", "step_terms", "throughput_of"]
+__all__ = ["StageCp", "StageWork", "StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token",
+           "pipeline_p2p", "stage_cp", "stage_layers", "stage_work", "step_terms", "throughput_of"]
 
 
 class Peaks(NamedTuple):
@@ -199,6 +202,32 @@ def stage_work(job: Job, plan: Plan) -> StageWork:
     sums = layer_sums(len(layers), stage_kinds(0, layers, inputs), inputs)
     compute, _ = stage_compute(sums, inputs.pipeline.head_rank == 0, inputs)
     return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep)
+
+
+class StageCp(NamedTuple):
+    """What the search's context-parallel references read of a plan's step (search/bounds._per_token): its
+    micro-batches and its slowest stage's CP seconds per micro-batch, as step_terms' row has them."""
+
+    m: int
+    cp: float
+
+
+def stage_cp(job: Job, plan: Plan) -> StageCp:
+    """step_terms(job, plan)'s m and its slowest row's cp, to the last bit, with the same refusals. On a single stage
+    without offload (stage_work's case) that is layer_sums' cp: count x one layer's CP traffic per kind, and a layer's
+    CP traffic (context_parallel.cp_time) reads of the layer only its attention core (attention_seconds), the same in
+    a dense and an MoE layer: so only that is computed, not the layers' GEMMs, MLPs or experts. Otherwise stage_work."""
+    if plan.pp > 1 or offload_plan(job.framework, plan).any:
+        work = stage_work(job, plan)
+        return StageCp(work.m, work.cp)
+    require_estimable(job, plan)
+    cal = calibration(job.framework)
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
+    ctx = layer_context(job, plan, cal, lk, _peaks(job, cal), m, None)
+    pipeline = stage_layers(job, plan)
+    _, one = cp_time(ctx, *attention_seconds(ctx))  # layer_time's cp
+    return StageCp(m, kinds_cp(layer_kinds(0, pipeline.layers(0), job.model, pipeline), one))
 
 
 def throughput_of(t: StepTerms) -> ThroughputReport:

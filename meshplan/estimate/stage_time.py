@@ -204,12 +204,27 @@ def stage_compute(sums: LayerSums, head_stage: bool, inp: StageInputs) -> tuple[
 def stage_kinds(s: int, layers: Sequence[int], inp: StageInputs) -> list[bool]:
     """Each layer of the stage, True for an MoE layer; the model's MTP blocks appended on the stage that trains
     them (each costs like the last layer)."""
-    arch = inp.ctx.arch
+    return layer_kinds(s, layers, inp.ctx.arch, inp.pipeline)
+
+
+def layer_kinds(s: int, layers: Sequence[int], arch: Architecture, pipeline: Stages) -> list[bool]:
+    """stage_kinds of the model `arch` split as `pipeline`."""
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
     kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
-    if s == inp.pipeline.mtp_at and arch.num_mtp_layers and inp.pipeline.mtp_trained:
+    if s == pipeline.mtp_at and arch.num_mtp_layers and pipeline.mtp_trained:
         kinds += [arch.is_moe_layer(arch.num_layers - 1)] * arch.num_mtp_layers
     return kinds
+
+
+def kinds_cp(kinds: list[bool], one: float) -> float:
+    """layer_sums' CP seconds of a stage whose layers of both kinds have `one` CP seconds each (a layer's CP traffic
+    reads its attention, not its MLP: perf.stage_cp): count x one per kind present, dense first."""
+    n_moe = sum(kinds)
+    cp = 0.0
+    for count in (len(kinds) - n_moe, n_moe):
+        if count:
+            cp += count * one
+    return cp
 
 
 def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[str, int, int]:

@@ -129,7 +129,10 @@ class StepTimeBounds(SearchPlans):
                 total = (x.cp_comm_s if part == "cp" else
                          x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
             else:  # the same breakdown terms (perf.throughput_of: m x the slowest stage's), without the report
-                if self.engine.stage_work is not None:  # only what they read of the step (perf.stage_work)
+                if part == "cp" and self.engine.stage_cp is not None:  # only its CP seconds (perf.stage_cp)
+                    row = self.engine.stage_cp(job_ref, plan)
+                    m = row.m
+                elif self.engine.stage_work is not None:  # only what they read of the step (perf.stage_work)
                     row = self.engine.stage_work(job_ref, plan)
                     m = row.m
                 else:

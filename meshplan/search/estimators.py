@@ -9,11 +9,13 @@ from meshplan.arithmetic.flops import model_flops_per_step
 from meshplan.check.config import StructuralCheck, check_config
 from meshplan.estimate.memory import FitVerdict, estimate_memory, memory_fit, memory_summary
 from meshplan.estimate.perf import (
+    StageCp,
     StageWork,
     StepTerms,
     estimate_throughput,
     exposed_pipeline_p2p,
     pipeline_unit,
+    stage_cp,
     stage_work,
     step_terms,
     throughput_of,
@@ -46,6 +48,9 @@ class Engine:
     # What the per-token references read of a plan's step (perf.stage_work: `terms`' m and slowest row's compute,
     # recompute, TP, CP, EP, bit for bit, without the once-per-step terms). None: the references read `terms`.
     stage_work: Callable[[Job, Plan], StageWork] | None = None
+    # What the context-parallel references read (perf.stage_cp: `terms`' m and slowest row's cp, bit for bit, without
+    # the layers' other terms). None: they read stage_work (or `terms`).
+    stage_cp: Callable[[Job, Plan], StageCp] | None = None
     # A non-interleaved plan's exposed pipeline send/receive per micro-batch (its breakdown's pp_comm_s / m) without
     # building its step, for the pipeline bound; None from it where only the step's terms give it. None: the bound
     # reads it from the plan's step terms.
@@ -75,6 +80,7 @@ def default_engine(framework: str) -> Engine:
         terms=step_terms,
         finish=throughput_of,
         stage_work=stage_work,
+        stage_cp=stage_cp,
         pp_unit=exposed_pipeline_p2p,
         pipeline_unit=pipeline_unit,
         memory_fit=memory_fit,
