@@ -7,7 +7,7 @@ a plain run of the rules on the plan (structural_findings); a rule that no longe
 
 import pytest
 
-from meshplan.check.config import StructuralCheck
+from meshplan.check.config import check_structure
 from meshplan.rules import engine
 from meshplan.rules.engine import Verdicts, knob_parts, load_rules, structural_findings
 from meshplan.schema.plan import Plan
@@ -102,7 +102,7 @@ def test_kept_verdicts_answer_without_building_the_plan():
 
 
 def test_a_condition_that_raises_answers_as_first_error(monkeypatch):
-    """Where a condition raises, the plan's own findings answer, as StructuralCheck.first_error does."""
+    """Where a condition raises, the plan's own findings answer: the first error of the plain structural check."""
     search = _searches(DEEPSPEED)[0]
     job = search.job
     kept = Verdicts(job)
@@ -113,8 +113,8 @@ def test_a_condition_that_raises_answers_as_first_error(monkeypatch):
     monkeypatch.setattr(engine, "_fire", broken)
     for key in list(search.caches.checks)[:40]:
         plan = search.plan(*key)
-        assert kept.first_error_of(job, search.knobs(*key), None, lambda p=plan: p) == \
-            StructuralCheck.first_error(job, plan)
+        plain = next((f for f in check_structure(job, plan) if f.severity == "error"), None)
+        assert kept.first_error_of(job, search.knobs(*key), None, lambda p=plan: p) == plain
 
 
 TWINS = {"tp": 4, "pp": 4, "ep": 2, "dp": 2, "micro_batch_size": 2, "zero_stage": 3, "recompute": "selective",

@@ -1,7 +1,7 @@
 """The search builds its plans without validating each again (search/plans.SearchPlans.plan: a layout's first plan
 validated, the others copies of it with the knobs that change) and answers its rule checks from the first error alone
-(check/config.StructuralCheck.first_error): on every plan of several searches, each is the plan and the error the
-validated build and the full report give, and a search whose check has no first_error answers the same."""
+(check/config.StructuralCheck.first_error_of): on every plan of several searches, each is the plan and the error the
+validated build and the full report give, and a search whose check has no first_error_of answers the same."""
 
 from dataclasses import replace
 
@@ -120,7 +120,7 @@ def test_the_overlap_probe_is_keyed_by_all_ep009_reads():
 
 
 @pytest.mark.parametrize("req", REQUESTS[:2] + REQUESTS[3:4], ids=lambda r: f"{r.model}-{r.num_gpus}")
-def test_a_check_without_first_error_answers_the_same(req):
+def test_a_check_without_first_error_of_answers_the_same(req):
     fast = recommend(req)
     engine = default_engine(req.framework)
     plain = recommend(req, engine=replace(engine, check=lambda job, plan: engine.check(job, plan)))

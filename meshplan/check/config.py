@@ -46,21 +46,16 @@ def check_structure(job: Job, plan: Plan) -> list[Finding]:
 
 class StructuralCheck:
     """check_config without the memory rules (check_structure's report: what the search prunes with), and
-    `first_error`: the first error among its findings, without building the report."""
+    `first_error_of`: the first error among its findings, without building the report."""
 
     def __call__(self, job: Job, plan: Plan) -> CheckReport:
         return check_config(job, plan, include_memory=False)
 
     @staticmethod
-    def first_error(job: Job, plan: Plan) -> Finding | None:
-        """The first finding of severity error in check_config(job, plan, include_memory=False).findings: the same
-        findings (the job's kept verdicts, Verdicts.findings), the same one."""
-        return next((f for f in verdicts(job).findings(job, plan) if f.severity == "error"), None)
-
-    @staticmethod
     def first_error_of(job: Job, knobs: dict[str, Any], base: Plan | None, build: Callable[[], Plan]) -> Finding | None:
-        """first_error(job, build()) from the kept verdicts without building the plan where they are kept (Verdicts.
-        first_error_of: the plan's values are base's, a plan that differs from it in the knobs only, with the knobs)."""
+        """The first error of check_structure(job, build()) from the kept verdicts, without building the plan where
+        they are kept (Verdicts.first_error_of: the plan's values are base's, a plan that differs from it in the knobs
+        only, with the knobs)."""
         return verdicts(job).first_error_of(job, knobs, base, build)
 
 

@@ -32,8 +32,8 @@ class Engine:
 
     memory: Callable[[Job, Plan], MemoryReport]
     throughput: Callable[[Job, Plan], ThroughputReport]
-    # structural rules only (no memory estimate); where it has a `first_error` (config.StructuralCheck), the search
-    # asks that for the first error's finding instead of building the report
+    # structural rules only (no memory estimate); where it has a `first_error_of` (config.StructuralCheck), the
+    # search asks that for the first error's finding instead of building the report
     check: Callable[[Job, Plan], CheckReport]
     full_check: Callable[[Job, Plan], CheckReport]  # every rule, memory included
     summary: Callable[[MemoryReport], MemorySummary]

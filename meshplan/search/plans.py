@@ -237,18 +237,15 @@ class SearchPlans:
         """First error id of the structural rules, or None: their first error's finding once per job (Caches.checks),
         from the check's first_error_of where it has one (config.StructuralCheck: the same finding from the kept
         verdicts, read from the layout's first plan's values with this key's knobs: the plan is built only where a
-        verdict is not kept), else its first_error, else its report."""
+        verdict is not kept), else its report."""
         key = (lay, zero, recompute, mbs)
         error = self.caches.checks.get(key, False)
         if error is False:
             self.calls["check"] += 1
             first_of = getattr(self.engine.check, "first_error_of", None)
-            first = getattr(self.engine.check, "first_error", None)
             if first_of is not None:  # a layout's plans differ from its first in their knobs only (plan)
                 error = first_of(self.job, self.knobs(lay, zero, recompute, mbs), self.caches.plans.get(lay),
                                  lambda: self.plan(*key))
-            elif first is not None:
-                error = first(self.job, self.plan(*key))
             else:
                 report = self.engine.check(self.job, self.plan(*key))
                 error = next((f for f in report.findings if f.severity == "error"), None)
