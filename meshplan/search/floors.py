@@ -197,14 +197,7 @@ def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Conventio
     stage whose layout_floor is over a budget have every micro-batch and recompute over it, with no floor of each
     (SearchPlans.stage_over). Arguments as first_stage_floor's; kept in `memo` per (layout, ZeRO stage)."""
     conv, tensors = preset or state_preset(job, zero_stage, {})
-    memo = {} if memo is None else memo
-    key = ("layout", lay, zero_stage)
-    hit = memo.get(key)
-    if hit is not None:
-        return hit
-    part = _part(job, lay, zero_stage, conv, tensors, memo)
-    memo[key] = floor = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo)
-    return floor
+    return _kept_layout_floor(job, lay, zero_stage, conv, tensors, reserved, {} if memo is None else memo)
 
 
 def layout_floors(job: Job, lays: list[Layout], zero_stage: int,
@@ -217,19 +210,20 @@ def layout_floors(job: Job, lays: list[Layout], zero_stage: int,
     it (so each is a floor for the same reason: see layout_floor)."""
     conv, tensors = preset or state_preset(job, zero_stage, {})
     memo = {} if memo is None else memo
-    floors, degrees = [], None
-    for lay in lays:
-        key = ("layout", lay, zero_stage)
-        hit = memo.get(key)
-        if hit is None:
-            if degrees is None:
-                degrees = _degrees(job, lay, conv, memo)
-            part = memo.get((lay, zero_stage))
-            if part is None:
-                part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo, degrees)
-            hit = memo[key] = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo, degrees)
-        floors.append(hit)
-    return floors
+    degrees = _degrees(job, lays[0], conv, memo) if lays else None
+    return [_kept_layout_floor(job, lay, zero_stage, conv, tensors, reserved, memo, degrees) for lay in lays]
+
+
+def _kept_layout_floor(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
+                       reserved: bool, memo: dict, degrees: _Degrees | None = None) -> float:
+    """layout_floor's figure, kept in `memo` per (layout, ZeRO stage); `degrees`: its _Degrees where the caller has
+    them (layout_floors)."""
+    key = ("layout", lay, zero_stage)
+    hit = memo.get(key)
+    if hit is None:
+        part = _part(job, lay, zero_stage, conv, tensors, memo, degrees)
+        hit = memo[key] = _layout_sum(job, lay, zero_stage, part, conv, tensors, reserved, memo, degrees)
+    return hit
 
 
 def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: Convention,
@@ -253,19 +247,27 @@ class _Degrees:
 
 def _degrees(job: Job, lay: Layout, conv: Convention, memo: dict) -> _Degrees:
     """The _Degrees of a layout: the same calls as _floor_part's and _first_stage_states' own."""
-    card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
+    return _Degrees(_card(memo), _prefix(job.model),
+                    padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), _expert_dp(job, lay))
+
+
+def _card(memo: dict):
+    """The memory card, kept in `memo`."""
+    return memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
+
+
+def _expert_dp(job: Job, lay: Layout) -> float:
+    """The layout's expert data-parallel size (mesh.expert_dp of its world under the framework's law)."""
     law = framework_card(job.framework).world_size_law
-    world = mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp
-    return _Degrees(card, _prefix(job.model), padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp),
-                    mesh.expert_dp(world, lay))
+    return mesh.expert_dp(mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp, lay)
 
 
 def _part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
-          memo: dict) -> _FloorPart:
+          memo: dict, degrees: _Degrees | None = None) -> _FloorPart:
     """The layout's _FloorPart at this ZeRO stage, kept in `memo`."""
     part = memo.get((lay, zero_stage))
     if part is None:
-        part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo)
+        part = memo[(lay, zero_stage)] = _floor_part(job, lay, zero_stage, conv, tensors, memo, degrees)
     return part
 
 
@@ -308,7 +310,7 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
     """first_stage_floor's part of a layout at a ZeRO stage (its spans shared by the layouts of the same split);
     `degrees`: its _Degrees where the caller has them (layout_floors)."""
     if degrees is None:
-        card = memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
+        card = _card(memo)
         pre = _prefix(job.model)
         vocab = padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp)
     else:
@@ -357,9 +359,7 @@ def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], ten
     dense = sharded / tp + replicated + vocab * arch.hidden_size / tp
     experts = routed / (lay.ep * lay.etp)
     if expert_dp is None:
-        law = framework_card(job.framework).world_size_law
-        world = mesh.replica_size(law, tp, lay.pp, lay.cp, lay.ep) * lay.dp
-        expert_dp = mesh.expert_dp(world, lay)
+        expert_dp = _expert_dp(job, lay)
     states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
     states += sum(state_bytes(tensors, experts, expert_dp).values())
     if no_grads:
