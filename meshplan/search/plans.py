@@ -350,14 +350,24 @@ class SearchPlans:
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
         return self.floor_bytes(lay.own_memory(), zero, recompute, mbs) <= self.budget
 
+    @property
+    def reserved_floors(self) -> bool:
+        """Whether the floors count the allocator reserve: the fit's figure has none with expandable segments."""
+        return not self.fixed.carried.get("expandable_segments")
+
+    @property
+    def offloaded_activations(self) -> bool:
+        """Whether the request offloads the saved activations (the floors then count none)."""
+        return bool(self.fixed.carried.get("activation_offload"))
+
     def floor_bytes(self, own: Layout, zero: int, recompute: str, mbs: int) -> float:
         """first_stage_floor of an own_memory layout, once per job: read from its row (floor_row, every recompute of
         the search at once) where the recompute is one of them, else computed alone (the same figure)."""
         if recompute not in self.recomputes:
             return first_stage_floors(
                 self.job, own, zero, (recompute,), mbs, self.sequence_parallel(own), self.presets[zero],
-                reserved=not self.fixed.carried.get("expandable_segments"),
-                activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)[0]
+                reserved=self.reserved_floors,
+                activation_offload=self.offloaded_activations, memo=self.floor_parts)[0]
         row = self.caches.floors.get((own, zero))
         floors = None if row is None else row.get(mbs)
         if floors is None:
@@ -375,8 +385,8 @@ class SearchPlans:
         if missing:
             rows = first_stage_floor_rows(
                 self.job, own, zero, self.recomputes, missing, self.sequence_parallel(own), self.presets[zero],
-                reserved=not self.fixed.carried.get("expandable_segments"),
-                activation_offload=bool(self.fixed.carried.get("activation_offload")), memo=self.floor_parts)
+                reserved=self.reserved_floors,
+                activation_offload=self.offloaded_activations, memo=self.floor_parts)
             row.update(zip(missing, rows, strict=True))
         return row
 
@@ -526,7 +536,7 @@ class SearchPlans:
                 zero = zeros[index]
                 lows = layout_floors(self.job, [owns[i] for i in asked], zero, self.presets[zero],
                                      memo=self.floor_parts,
-                                     reserved=not self.fixed.carried.get("expandable_segments"))
+                                     reserved=self.reserved_floors)
                 for i, low in zip(asked, lows, strict=True):
                     entries[i][1][index] = low
             still = []
@@ -555,7 +565,7 @@ class SearchPlans:
         if low is None:
             zero = self.zeros[index]
             low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
-                                             reserved=not self.fixed.carried.get("expandable_segments"))
+                                             reserved=self.reserved_floors)
         return low > self.budget
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
