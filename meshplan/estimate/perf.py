@@ -150,10 +150,7 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     require_estimable(job, plan)
     warnings = batch_warnings(job, plan)
     cal = calibration_override or calibration(job.framework)
-    peaks = _peaks(job, cal)
-    lk = links(job.gpu, job.gpus_per_node, cal)
-    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
-    ctx = layer_context(job, plan, cal, lk, peaks, m, attention_kernel)
+    m, peaks, ctx = _step_context(job, plan, cal, attention_kernel)
     inputs = stage_inputs(job, plan, ctx)
     rows = stage_rows(inputs)
     totals = [r.total for r in rows]
@@ -169,6 +166,20 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     offload_s, offload_how = step_offload_time(job, plan, compute_s=m * rows[worst].compute)
     return StepTerms(job, plan, m, peaks, ctx, inputs, rows, worst, dp_exposed, optimizer, offload_s, offload_how,
                      warnings)
+
+
+def _step_context(job: Job, plan: Plan, cal: Calibration,
+                  attention_kernel: str | None = None) -> tuple[int, Peaks, LayerContext]:
+    """The step's micro-batches, the GPU's peaks and its layers' context (what step_terms, stage_work and stage_cp
+    build alike)."""
+    m = plan.num_microbatches(job.global_batch_size)
+    peaks = _peaks(job, cal)
+    return m, peaks, layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), peaks, m, attention_kernel)
+
+
+def _single_stage(job: Job, plan: Plan) -> bool:
+    """One pipeline stage and nothing offloaded: stage_work's and stage_cp's own arithmetic, else step_terms'."""
+    return plan.pp == 1 and not offload_plan(job.framework, plan).any
 
 
 class StageWork(NamedTuple):
@@ -188,16 +199,13 @@ def stage_work(job: Job, plan: Plan) -> StageWork:
     stage without offload is the slowest (the only) one, and those terms read neither the once-per-step terms (DP
     sync, optimizer, offload) nor the stage's parameters, Muon, sharding traffic or host floor: they are left out
     (the search's references are such plans). Offload (whose estimate may refuse) or a pipeline: from step_terms."""
-    if plan.pp > 1 or offload_plan(job.framework, plan).any:
+    if not _single_stage(job, plan):
         t = step_terms(job, plan)
         row = t.rows[t.worst]
         return StageWork(t.m, row.compute, row.recompute, row.tp, row.cp, row.ep)
     require_estimable(job, plan)
-    cal = calibration(job.framework)
-    peaks = _peaks(job, cal)
-    lk = links(job.gpu, job.gpus_per_node, cal)
-    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
-    inputs = stage_inputs(job, plan, layer_context(job, plan, cal, lk, peaks, m, None))
+    m, _, ctx = _step_context(job, plan, calibration(job.framework))
+    inputs = stage_inputs(job, plan, ctx)
     layers = inputs.pipeline.layers(0)
     sums = layer_sums(len(layers), stage_kinds(0, layers, inputs), inputs)
     compute, _ = stage_compute(sums, inputs.pipeline.head_rank == 0, inputs)
@@ -217,14 +225,11 @@ def stage_cp(job: Job, plan: Plan) -> StageCp:
     without offload (stage_work's case) that is layer_sums' cp: count x one layer's CP traffic per kind, and a layer's
     CP traffic (context_parallel.cp_time) reads of the layer only its attention core (attention_seconds), the same in
     a dense and an MoE layer: so only that is computed, not the layers' GEMMs, MLPs or experts. Otherwise stage_work."""
-    if plan.pp > 1 or offload_plan(job.framework, plan).any:
+    if not _single_stage(job, plan):
         work = stage_work(job, plan)
         return StageCp(work.m, work.cp)
     require_estimable(job, plan)
-    cal = calibration(job.framework)
-    lk = links(job.gpu, job.gpus_per_node, cal)
-    m = max(1, job.global_batch_size // (plan.micro_batch_size * plan.dp))
-    ctx = layer_context(job, plan, cal, lk, _peaks(job, cal), m, None)
+    m, _, ctx = _step_context(job, plan, calibration(job.framework))
     pipeline = stage_layers(job, plan)
     _, one = cp_time(ctx, *attention_seconds(ctx))  # layer_time's cp
     return StageCp(m, kinds_cp(layer_kinds(0, pipeline.layers(0), job.model, pipeline), one))
