@@ -41,6 +41,19 @@ def cp_of(job, plan):
     return work if isinstance(work, str) else (work[0], work[4])
 
 
+def recording(estimator, calls: list):
+    """`estimator` that appends (job, plan, its answer as a tuple, or its refusal's text) to `calls`."""
+    def recorded(job, plan):
+        try:
+            answer = estimator(job, plan)
+        except MeshplanError as e:
+            calls.append((job, plan, str(e)))
+            raise
+        calls.append((job, plan, tuple(answer)))
+        return answer
+    return recorded
+
+
 @pytest.mark.parametrize("req", [*REQUESTS, pytest.param(KIMI, marks=pytest.mark.slow)],
                          ids=lambda r: f"{r.model}-{r.framework}")
 def test_a_searchs_estimates_are_the_plain_ones(req, monkeypatch):
@@ -56,30 +69,12 @@ def test_a_searchs_estimates_are_the_plain_ones(req, monkeypatch):
         steps.append((job, plan, step_figures(terms)))
         return terms
 
-    def recorded_work(job, plan):
-        try:
-            work = stage_work(job, plan)
-        except MeshplanError as e:
-            works.append((job, plan, str(e)))
-            raise
-        works.append((job, plan, tuple(work)))
-        return work
-
-    def recorded_cp(job, plan):
-        try:
-            cp = stage_cp(job, plan)
-        except MeshplanError as e:
-            cps.append((job, plan, str(e)))
-            raise
-        cps.append((job, plan, tuple(cp)))
-        return cp
-
     works: list = []
     cps: list = []
     monkeypatch.setattr(estimators, "memory_fit", recorded_fit)
     monkeypatch.setattr(estimators, "step_terms", recorded_terms)
-    monkeypatch.setattr(estimators, "stage_work", recorded_work)
-    monkeypatch.setattr(estimators, "stage_cp", recorded_cp)
+    monkeypatch.setattr(estimators, "stage_work", recording(stage_work, works))
+    monkeypatch.setattr(estimators, "stage_cp", recording(stage_cp, cps))
     recommend(req)
     assert len(fits) > 50 and len(steps) > 20 and len(works) > 5
     for job, plan, work in works:
