@@ -15,7 +15,8 @@ from meshplan.schema.request import Request
 from meshplan.search import recommend
 from meshplan.search.plans import SearchPlans
 
-KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h100")  # PP015 (ZeRO stage, EP overlap), PP005 (micro-batch)
+# H200: the pipelined layouts whose middle ranks are over an H100 (floors.ranks_floor) fit: their plans reach the rules
+KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h200")  # PP015 (ZeRO stage, EP overlap), PP005 (micro-batch)
 QWEN = Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100")  # flex dispatcher, EP overlap, PP015
 DEEPSPEED = Request(model="deepseek-v2-lite", num_gpus=8, gpu="h100", framework="deepspeed", micro_batch_size=2)
 REQUESTS = [KIMI, QWEN, DEEPSPEED, Request(model="llama-3.1-70b", num_gpus=64, gpu="h100"),

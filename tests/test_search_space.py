@@ -13,7 +13,7 @@ from meshplan.estimate.memory import estimate_memory
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
 from meshplan.search import search_job
-from meshplan.search.floors import first_stage_floor, layout_floor
+from meshplan.search.floors import first_stage_floor, layout_floor, ranks_floor
 from meshplan.search.space import (
     Fixed,
     divisors,
@@ -124,6 +124,8 @@ CASES = [
     ("gpt-oss-20b", 16, "verl"),
     ("glm-4.5-air", 64, "megatron-bridge"),
     ("llama-3.1-8b", 16, "nanotron"),
+    ("kimi-k2", 256, "megatron-core"),
+    ("qwen3-235b-a22b", 256, "megatron-bridge"),
 ]
 
 
@@ -145,11 +147,13 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
                 plan = lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs, sequence_parallel=sp,
                                 cp_comm_type="p2p")
                 try:
-                    peak = estimate_memory(job, plan).peak_bytes
+                    report = estimate_memory(job, plan)
                 except EstimateBlocked:  # a structural error: the search drops it before any bound
                     continue
+                peak = report.peak_bytes
                 assert first_stage_floor(job, lay, zero, recompute, mbs, sp) <= peak * (1 + 1e-9), plan
                 assert layout_floor(job, lay, zero) <= peak * (1 + 1e-9), plan
+                assert ranks_floor(job, lay, zero) <= report.fit_bytes * (1 + 1e-9), plan
                 from meshplan.search.space import params_split
 
                 assert states_lower_bound(job, lay, zero, params_split(job)) <= peak * (1 + 1e-9), plan

@@ -144,9 +144,10 @@ class BestFirstSearch(StepTimeBounds):
     heap: list = field(default_factory=list)
     seq: int = 0
     seed_rates: dict[tuple, tuple[int, float, float]] = field(default_factory=dict)  # seed_rate's, per seeding
-    # Seeds never queued because their FLOOR pop could only reject them (open_group), as (key, seq): run() counts
-    # them as that pop would have (settle_dead), so the counts are those of a queue that held them.
+    # Seeds never queued because no plan of their layout can fit (open_group, is_dead), as (key, seq): run() counts
+    # them as their FLOOR pop would have (settle_dead), so the counts are those of a queue that held them.
     dead: list[tuple[float, int]] = field(default_factory=list)
+    dead_layouts: dict[Layout, bool] = field(default_factory=dict)  # is_dead per layout asked, under this budget
 
     @classmethod
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
@@ -201,16 +202,17 @@ class BestFirstSearch(StepTimeBounds):
     # -- the levels: each pop refines one node a little and pushes it back with a tighter key ----------
 
     def refine_bound(self, key: float, lay: Layout, mbs: int, held: tuple = (), floor: int = -1) -> None:
-        """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits:
-        dropped) and the per-token bound with it. `held`: the layout's other seeds, which its first node holds until
-        it pops (open_group), released first; `floor`: need_floor where release already read it."""
+        """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits, or
+        no plan of the layout can: dropped) and the per-token bound with it. `held`: the layout's other seeds, which
+        its first node holds until it pops (open_group), released first; `floor`: need_floor where release already
+        read it."""
         if held:
             self.release(lay, held)
         if floor < 0:
             floor = self.need_floor(lay, mbs)  # where it is len(recomputes), no known need can raise it further
         if floor < len(self.recomputes):
             floor = max(self.need_range(lay, mbs)[0], floor)
-        if floor >= len(self.recomputes):
+        if floor >= len(self.recomputes) or self.is_dead(lay):  # dead: open_group never queues it
             self.rejected[self.engine.memory_rule] += self.variants()
             return
         if floor > 0:
@@ -248,6 +250,8 @@ class BestFirstSearch(StepTimeBounds):
                 self.rejected[error] += n_r
             elif (bound := self.states_bound(lay, zero)) > self.budget:
                 self.rejected[self.memory_rule_for(bound)] += n_r
+            elif (later := self.ranks_bytes(lay, zero)) > self.budget:  # a later pipeline rank's states alone
+                self.rejected[self.memory_rule_for(later)] += n_r
             else:
                 alive.append(zero)
         if alive:
@@ -459,18 +463,27 @@ class BestFirstSearch(StepTimeBounds):
         self.settle_dead(last, stop)
 
     def is_dead(self, lay: Layout) -> bool:
-        """Whether a FLOOR pop could only reject the layout's nodes, whatever the queue holds: every ZeRO stage is
-        over the budget at any micro-batch and recompute (plans.stages_over: its model states' bound or its layout
-        floor is over it; zero_needs then answers len(recomputes) and refine_bound rejects the node)."""
-        return self.all_stages_over(lay.own_memory())
+        """Whether no plan of the layout can fit, whatever the queue holds: every ZeRO stage is over the budget at any
+        micro-batch and recompute (plans.layout_over: its model states' bound, its first rank's layout floor or a
+        later rank's states are over it). Its nodes are rejected under the memory rule where a queue holding them
+        would have popped them (settle_dead), as refine_bound rejects a node its floors leave no recompute."""
+        hit = self.dead_layouts.get(lay)
+        if hit is None:
+            hit = self.dead_layouts[lay] = self.layout_over(lay)
+        return hit
 
     def group_dead(self, lays: list[Layout]) -> list[bool]:
-        """is_dead of each of a seed group's layouts, together (plans.group_over: the same verdicts)."""
-        return self.group_over([lay.own_memory() for lay in lays])
+        """is_dead of each of a seed group's layouts, together: their first ranks' floors at once (plans.group_over:
+        the same verdicts), then a later rank's states (layout_over) for those these leave alive."""
+        over = self.group_over([lay.own_memory() for lay in lays])
+        kept = self.dead_layouts
+        for lay, dead in zip(lays, over, strict=True):
+            kept[lay] = dead or self.layout_over(lay)
+        return [kept[lay] for lay in lays]
 
     def settle_dead(self, last: tuple, stop: tuple | None) -> None:
-        """Count the seeds open_group left out because refine_bound could only reject them (every ZeRO stage over
-        the budget: is_dead), as a queue holding them would have: a pop rejects such a
+        """Count the seeds open_group left out because no plan of their layout can fit (every ZeRO stage over the
+        budget: is_dead), as a queue holding them would have: a pop rejects such a
         node under the memory rule, and pops change nothing else (no estimate, no ranked row), so the other nodes
         pop in the same order and the loop stops at the same one. Popped, in that queue: each before the last node
         popped (the loop went on past it, and wanted() holds for a smaller key whenever it holds for a larger one at

@@ -1,6 +1,7 @@
-"""The first pipeline stage's memory floor: the bytes the first rank needs at least for a layout, ZeRO stage, recompute
-and micro-batch, from the memory model's own terms, before any estimate (the search's memory floors,
-meshplan/search/plans.py; tests/test_search_space.py checks it against estimate_memory)."""
+"""The pipeline stages' memory floors: the bytes the first rank needs at least for a layout, ZeRO stage, recompute
+and micro-batch, and the model states the heaviest later rank holds at any of them (ranks_floor), from the memory
+model's own terms, before any estimate (the search's memory floors, meshplan/search/plans.py;
+tests/test_search_space.py checks them against estimate_memory)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from meshplan.arithmetic.memory_states import (
     output_activations,
     state_bytes,
 )
-from meshplan.arithmetic.schedule import padded_vocab, stages_for
+from meshplan.arithmetic.schedule import padded_vocab, plan_stages, stages_for
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
@@ -233,6 +234,91 @@ def _layout_sum(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv: 
     if part.walk and conv.grads_set_to_none:  # else one micro-batch's states are the same figure
         states = min(states, _part_states(job, lay, zero_stage, part, conv, tensors, True, memo, degrees))
     return _floor_sums(part, states, [0.0], reserved)[0]
+
+
+def ranks_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,
+                *, memo: dict | None = None) -> float:
+    """Bytes the most loaded pipeline rank after the first needs at least at EVERY micro-batch size and recompute:
+    the model states of the decoder layers it holds (schedule.plan_stages, the stages the estimate weighs: its virtual
+    chunks, a V placement) sharded as first_stage_floor shards the first rank's, and the fixed overheads; the output
+    layer, the MTP blocks, activations, gathered layers and the reserve are left out, so it stays a floor of that
+    rank's fit figure (tests/test_search_space.py checks it against estimate_memory). layout_floor weighs the first
+    rank only, which holds fewer layers where the first stage is shortened for the embedding: Kimi-K2 on PP16 splits
+    3 + 14 x 4 + 2, and a middle rank's four MoE layers hold a third more expert states than the first rank's three.
+    0 (no floor) with one stage, or where no estimate takes the layout's stages (the rules say why). Kept in `memo`
+    per (layout, ZeRO stage)."""
+    if lay.pp == 1:
+        return 0.0
+    conv, tensors = preset or state_preset(job, zero_stage, {})
+    memo = {} if memo is None else memo
+    key = ("ranks", lay, zero_stage)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _ranks_sum(job, lay, zero_stage, conv, tensors, memo)
+    return hit
+
+
+def _ranks_sum(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
+               memo: dict) -> float:
+    """ranks_floor's figure: the heaviest later rank's states (per its parameters of each kind, _rank_params, at the
+    degrees' bytes per parameter, _rank_rates) and the memory card's fixed overhead and CUDA context."""
+    params = _rank_params(job, lay, zero_stage, conv.pipeline_partition, memo)
+    if not params:
+        return 0.0
+    dense_rate, expert_rate, fixed = _rank_rates(job, lay, zero_stage, conv, tensors, memo)
+    tp, experts_split = lay.tp, lay.ep * lay.etp
+    return max(dense_rate * (sharded / tp + replicated) + expert_rate * (routed / experts_split)
+               for sharded, replicated, routed in params) + fixed
+
+
+def _rank_rates(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
+                memo: dict) -> tuple[float, float, float]:
+    """Per degrees and ZeRO stage (kept in `memo`): the state bytes per dense parameter of a rank (split tp ways:
+    sharded over dp x cp as first_stage_floor shards them) and per expert parameter (split ep x etp ways: over the
+    expert data-parallel group), without the gradients where the FSDP walk's peak may come before them (layout_floor's
+    lesser states), and the fixed overheads (the memory card's overhead and CUDA context)."""
+    key = ("rank_rates", zero_stage, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+    hit = memo.get(key)
+    if hit is None:
+        no_grads = conv.step_peak == "backward_walk" and conv.grads_set_to_none
+        kept = [t for t in tensors if not (no_grads and t.tensor_class == "gradients")]
+        card = _card(memo)
+        hit = memo[key] = (sum(state_bytes(kept, 1.0, lay.dp * lay.cp).values()),
+                           sum(state_bytes(kept, 1.0, _expert_dp(job, lay)).values()),
+                           card.fixed_overhead_bytes + card.cuda_context_bytes)
+    return hit
+
+
+def _rank_params(job: Job, lay: Layout, zero_stage: int, partition: str,
+                 memo: dict) -> frozenset[tuple[int, int, int]]:
+    """The parameters of each kind (_span_params' split) of the decoder layers each pipeline rank after the first
+    holds, as a set (ranks holding alike layers count once); kept in `memo` per what the stages read of the layout
+    and the ZeRO stage's convention (its pipeline `partition`, the same for most stages). Empty where no estimate
+    takes the stages."""
+    key = ("rank_params", partition, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
+    hit = memo.get(key)
+    if hit is None:
+        plain = Layout(tp=lay.tp, pp=lay.pp, cp=1, ep=1, etp=1, dp=1, vpp=lay.vpp, first=lay.first, last=lay.last,
+                       split=lay.split, schedule=lay.schedule)
+        try:
+            stages = plan_stages(job, plain.plan(zero_stage=zero_stage, recompute="none", micro_batch_size=1,
+                                                 sequence_parallel=False, cp_comm_type="p2p"))
+        except (MeshplanError, ValueError):  # a layout no estimate takes (a pydantic error is a ValueError)
+            stages = None
+        pre = _prefix(job.model)
+        hit = memo[key] = frozenset() if stages is None else frozenset(
+            _layer_params(pre, stages.layers(rank)) for rank in range(1, lay.pp))
+    return hit
+
+
+def _layer_params(pre: _Prefix, layers: tuple[int, ...]) -> tuple[int, int, int]:
+    """The parameter counts of these decoder layers: split tp ways, replicated, routed experts (_span_params')."""
+    sharded = replicated = routed = 0
+    for i in layers:
+        sharded += pre.sharded[i + 1] - pre.sharded[i]
+        replicated += pre.replicated[i + 1] - pre.replicated[i]
+        routed += pre.experts[i + 1] - pre.experts[i]
+    return sharded, replicated, routed
 
 
 @dataclass

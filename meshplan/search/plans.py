@@ -20,7 +20,13 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemoryReport, ThroughputReport
 from meshplan.search.estimators import Engine
-from meshplan.search.floors import first_stage_floor_rows, first_stage_floors, layout_floor, layout_floors
+from meshplan.search.floors import (
+    first_stage_floor_rows,
+    first_stage_floors,
+    layout_floor,
+    layout_floors,
+    ranks_floor,
+)
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
@@ -548,6 +554,20 @@ class SearchPlans:
                     over[i] = False
             pending = still
         return over
+
+    def ranks_bytes(self, lay: Layout, zero: int) -> float:
+        """floors.ranks_floor of the layout at this ZeRO stage: the heaviest pipeline rank after the first, its
+        layers' model states alone (kept per layout and stage in the job's floor memo, so a search at another budget
+        only compares)."""
+        return ranks_floor(self.job, lay, zero, self.presets[zero], memo=self.floor_parts)
+
+    def layout_over(self, lay: Layout) -> bool:
+        """Whether every ZeRO stage of the layout is over the budget at every micro-batch and recompute: its first
+        rank's floors (stage_over of its own_memory) or a later rank's states (ranks_bytes), from the most sharded
+        stage down, stopping at one that may fit."""
+        own, budget = lay.own_memory(), self.budget
+        return all(self.stage_over(own, index) or self.ranks_bytes(lay, self.zeros[index]) > budget
+                   for index in reversed(range(len(self.zeros))))
 
     def stage_over(self, own: Layout, index: int) -> bool:
         """stages_over at the ZeRO stage zeros[index]: the model states' bound first, the layout floor only where
