@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
+from meshplan.arithmetic.pipeline_numbering import plain_numbered
 from meshplan.knowledge.cards import InterleaveGroup as Group
 from meshplan.knowledge.cards import PipelineOrder
 
@@ -396,7 +397,8 @@ class _Program(NamedTuple):
     """A shape's ops in an order where each comes after its rank's previous op and its inputs: per op, the op
     before it on its rank, its input (ops are numbered from 1; 0: none), whether the input crosses a hop, a fused
     pair's second input and hop (0 where there is none; both empty where nothing is fused), and which of `seconds`
-    it takes; and each rank's last op."""
+    it takes; and each rank's last op. A row that waits for nothing (prev and input 0) and that no op reads may pad
+    the numbering (plain_numbered's)."""
 
     prev: array
     dep: array
@@ -458,7 +460,19 @@ def _program(shape: Shape) -> _Program:
 
 
 def _plain_program(shape: Shape) -> _Program:
-    """_program of the plain orders (no split backward, nothing fused), from their steps (_rank_steps)."""
+    """_program of the plain orders (no split backward, nothing fused): numbered in closed form where it can be
+    (pipeline_numbering.plain_numbered), else from their steps (_rank_steps) replayed rank by rank."""
+    p = shape.pp
+    seconds = tuple((r, (kind,)) for r in range(p) for kind in "FB")  # 2 r + backward
+    numbered = _numbered(shape)
+    if numbered is not None:
+        return _Program(*numbered[:3], array("i"), array("b"), numbered[3], seconds, numbered[4])
+    return _stepped_program(shape, seconds)
+
+
+def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], ...]) -> _Program:
+    """_plain_program found by visiting the ranks in turn, each as far as its inputs allow, from their steps
+    (_rank_steps): for the shapes plain_numbered does not number."""
     p = shape.pp
     steps = [_rank_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
@@ -492,9 +506,21 @@ def _plain_program(shape: Shape) -> _Program:
         if not moved:
             raise AssertionError(f"pipeline order deadlocks: {shape}")
         remaining -= moved
-    seconds = tuple((r, (kind,)) for r in range(p) for kind in "FB")  # 2 r + backward
     return _Program(array("i", prev), array("i", dep_of), array("b", hops), array("i"), array("b"), array("i", takes),
                     seconds, tuple(last))
+
+
+def _numbered(shape: Shape) -> tuple[array, array, array, array, tuple[int, ...]] | None:
+    """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_plain_order's:
+    every forward for GPipe, min(p - r - 1, m) for 1F1B); None where it does not number the shape."""
+    p, m = shape.pp, shape.microbatches
+    if p == 1 or (shape.vpp > 1 and shape.order != "interleaved_1f1b"):
+        return None
+    if shape.order == "interleaved_1f1b":
+        warmups = [warmup_forwards(shape, r) for r in range(p)]
+    else:
+        warmups = [m if shape.order == "gpipe" else min(p - r - 1, m) for r in range(p)]
+    return plain_numbered(p, shape.vpp, m, shape.group, warmups)
 
 
 def _run_program(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: float,

@@ -1,0 +1,86 @@
+"""pipeline_numbering.plain_numbered: the plain orders' replay program numbered in closed form ends every op where the
+op-by-op replay does (to the bit), on every shape it numbers; where it declines, the program found by visiting the
+ranks in turn runs."""
+
+from __future__ import annotations
+
+import random
+from operator import lt
+
+import pytest
+
+from meshplan.arithmetic import pipeline_timeline as tl
+from meshplan.arithmetic.pipeline_numbering import plain_numbered
+from meshplan.arithmetic.pipeline_timeline import shape_for
+
+
+def _chains(prog: tl._Program, fwd: list[float], bwd: list[float], hop: float) -> list[list[float]]:
+    """Each rank's op ends in its order, read from the program's run (_run_program's arithmetic): from the rank's
+    last op back along prev."""
+    seconds = [(fwd[r], bwd[r])[kinds[0] == "B"] for r, kinds in prog.seconds]
+    ends = [0.0]
+    for prev, dep, hopped, takes in zip(prog.prev, prog.dep, prog.hopped, prog.takes, strict=True):
+        ends.append(max(ends[prev], ends[dep] + (0.0, hop)[hopped]) + seconds[takes])
+    chains = []
+    for op in prog.last:
+        chain = []
+        while op:
+            chain.append(ends[op])
+            op = prog.prev[op - 1]
+        chains.append(chain[::-1])
+    return chains
+
+
+def _shapes(order: str) -> list[tl.Shape]:
+    shapes = []
+    for pp in (2, 3, 4, 8):
+        for vpp in (1,) if order != "interleaved_1f1b" else (2, 3, 5):
+            for m in sorted({1, 2, pp - 1, pp, pp + 1, 2 * pp, 3 * pp + 1, 17, 24, 40}):
+                shapes += [shape_for(order, convention, pp, vpp, max(1, m)) for convention in ("pp", "rounds")]  # type: ignore[arg-type]
+    return [*dict.fromkeys(shapes), tl.Shape(order, 8, 10 if order == "interleaved_1f1b" else 1, 136, 8)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["gpipe", "1f1b", "interleaved_1f1b"])
+def test_the_numbered_program_ends_every_op_where_the_replay_does(order):
+    rnd = random.Random(order)
+    numbered = 0
+    for shape in _shapes(order):
+        try:
+            prog = tl._plain_program(shape)
+        except AssertionError:  # an order that deadlocks on this shape (the rules refuse it): never numbered
+            assert tl._numbered(shape) is None
+            continue
+        fwd = [rnd.uniform(1e-3, 1e-2) for _ in range(shape.pp)]
+        bwd = [f * rnd.uniform(1.0, 3.0) for f in fwd]
+        hop = rnd.choice([0.0, 3e-4, 2e-3])
+        timed = tl.timed_actions(shape, fwd, bwd, hop)
+        assert _chains(prog, fwd, bwd, hop) == [[a.end for a in rank] for rank in timed], shape
+        assert tl._run_program(prog, tuple(fwd), tuple(bwd), hop, (0.0,) * shape.pp) == \
+            tl._replay_actions(shape, fwd, bwd, hop, [0.0] * shape.pp)
+        if tl._numbered(shape) is not None:
+            numbered += 1
+            assert all(map(lt, prog.dep, range(1, len(prog.dep) + 1)))  # every input first
+            assert all(map(lt, prog.prev, range(1, len(prog.prev) + 1)))
+            assert len(prog.prev) == (2 * shape.microbatches * shape.vpp + shape.pp) * shape.pp  # p rows of padding
+    assert numbered >= 20
+
+
+def test_the_searchs_long_shapes_are_numbered_and_the_rest_stepped():
+    # Llama-3.1-70B on 64 H100 replays pp 8 and 4, vpp up to 20, 128-144 micro-batches in groups of pp: numbered in
+    # closed form; a group that leaves a remainder puts a first-rank forward after the last rank's later position
+    # (no column order runs it), so it is found by visiting the ranks in turn, to the same ends
+    for shape in (tl.Shape("interleaved_1f1b", 8, 10, 144, 8), tl.Shape("interleaved_1f1b", 4, 20, 136, 4),
+                  tl.Shape("1f1b", 8, 1, 144), tl.Shape("gpipe", 4, 1, 128)):
+        assert tl._numbered(shape) is not None, shape
+    shape = shape_for("interleaved_1f1b", "pp", 4, 3, 10)
+    assert shape.microbatches % shape.group and tl._numbered(shape) is None
+    seconds = tuple((r, (kind,)) for r in range(4) for kind in "FB")
+    assert tl._plain_program(shape) == tl._stepped_program(shape, seconds)
+
+
+def test_a_warm_up_that_rises_with_the_rank_is_not_numbered():
+    # the proof for the inputs between neighbouring ranks needs warm-ups that fall with the rank (strictly below N)
+    assert plain_numbered(2, 1, 4, 1, [1, 0]) is not None
+    assert plain_numbered(2, 1, 4, 1, [0, 1]) is None
+    assert plain_numbered(2, 1, 4, 1, [1, 1]) is None
+    assert plain_numbered(2, 1, 4, 1, [4, 4]) is not None  # GPipe: both ranks warm up with every forward
