@@ -21,8 +21,21 @@ from meshplan.estimate.memory import (
     memory_fit,
     memory_terms,
 )
-from meshplan.estimate.memory_stage import _stage_states, held_activations, layer_classes, stage_states, states_key
-from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS, MemoryTerms, stage_params
+from meshplan.estimate.memory_stage import (
+    _stage_states,
+    held_activations,
+    layer_classes,
+    stage_states,
+    states_key,
+)
+from meshplan.estimate.memory_terms import (
+    MEMORY_PER_PLAN_FIELDS,
+    PIPELINE_SHAPE_FIELDS,
+    STATES_BY_SIZE_FIELDS,
+    STATES_UNREAD_FIELDS,
+    MemoryTerms,
+    stage_params,
+)
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
@@ -227,3 +240,49 @@ def test_stage_states_shared_across_layouts_of_other_depths_are_each_stages_own(
                     terms = memory_terms(job, plan, [])
                     for rank, chunks in enumerate(terms.pipeline.chunks):
                         assert stage_states(terms, rank, chunks) == _stage_states(terms, rank, chunks), (pp, rank)
+
+
+# a value other than the resolved one for every field the states' key leaves out (memory_terms.STATES_UNREAD_FIELDS)
+UNREAD_VARIANTS = {"cp_comm_type": "a2a", "moe_token_dispatcher": "flex", "moe_a2a_overlap": True,
+                   "tp_comm_overlap": True, "attention_backend": "unfused", "dropout": True,
+                   "expandable_segments": True}
+# layouts of the same dp*cp (the sizes the states' key holds instead of cp and dp: STATES_BY_SIZE_FIELDS)
+SIZE_VARIANTS = ({"cp": 2, "dp": 1}, {"cp": 1, "dp": 2})
+
+
+def test_unread_variants_cover_every_unread_field():
+    assert set(UNREAD_VARIANTS) == set(STATES_UNREAD_FIELDS)
+    assert {name for update in SIZE_VARIANTS for name in update} == set(STATES_BY_SIZE_FIELDS)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['model']}-{c.get('framework', 'megatron-core')}")
+def test_states_key_leaves_out_the_fields_the_states_do_not_read(case):
+    """If a stage's model states start reading one of STATES_UNREAD_FIELDS (or cp or dp other than through the
+    layout's data-parallel sizes), take it out of that set: each such variant keys every stage as the plan does, and
+    its states computed afresh are the plan's."""
+    job, plan = resolved(case)
+    terms = memory_terms(job, plan, [])
+    keys = [states_key(terms, r, c) for r, c in enumerate(terms.pipeline.chunks)]
+    states = [_stage_states(terms, r, c) for r, c in enumerate(terms.pipeline.chunks)]
+    total = plan.cp * plan.dp
+    variants = {**UNREAD_VARIANTS, **{f"size{i}": u for i, u in enumerate(SIZE_VARIANTS)}}
+    for name, value in variants.items():
+        update = {name: value} if name in UNREAD_VARIANTS else {"cp": value["cp"], "dp": total // value["cp"]}
+        other = plan.model_copy(update=update)
+        try:
+            other_terms = memory_terms(job, other, [])
+        except MeshplanError:  # a variant the framework does not run
+            continue
+        chunks = other_terms.pipeline.chunks
+        assert [states_key(other_terms, r, c) for r, c in enumerate(chunks)] == keys, name
+        assert [_stage_states(other_terms, r, c) for r, c in enumerate(chunks)] == states, name
+
+
+def test_states_key_shares_layouts_of_the_same_dense_dp_and_tells_other_sizes_apart():
+    job, plan = resolved(CASES[0])  # cp=2, dp=2
+    terms = memory_terms(job, plan, [])
+    swapped = memory_terms(job, plan.model_copy(update={"cp": 1, "dp": 4}), [])
+    halved = memory_terms(job, plan.model_copy(update={"cp": 1, "dp": 2}), [])
+    chunks = terms.pipeline.chunks[0]
+    assert states_key(swapped, 0, chunks) == states_key(terms, 0, chunks)
+    assert states_key(halved, 0, chunks) != states_key(terms, 0, chunks)  # dense_dp 2, not 4

@@ -29,6 +29,8 @@ from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_terms import (
     MEMORY_PER_PLAN_FIELDS,
     PIPELINE_SHAPE_FIELDS,
+    STATES_BY_SIZE_FIELDS,
+    STATES_UNREAD_FIELDS,
     MemoryTerms,
     StageParams,
     param_table,
@@ -121,22 +123,24 @@ def _stage_states(terms: MemoryTerms, rank: int, chunks) -> StageStates:
                        gathered_units(terms, params) if terms.gathered else 0.0)
 
 
-_STATES_FIELDS = tuple(name for name in Plan.model_fields
-                       if name not in MEMORY_PER_PLAN_FIELDS and name not in PIPELINE_SHAPE_FIELDS)
+_STATES_FIELDS = tuple(name for name in Plan.model_fields if name not in MEMORY_PER_PLAN_FIELDS
+                       and name not in PIPELINE_SHAPE_FIELDS | STATES_BY_SIZE_FIELDS | STATES_UNREAD_FIELDS)
 _STATES_KEY = itemgetter(*_STATES_FIELDS)  # every one a hashable value (Plan's only list field is left out)
 
 
 def states_key(terms: MemoryTerms, rank: int, chunks) -> tuple:
-    """What a stage's StageStates read: the job, the plan's fields but the per-plan and pipeline-shape ones
-    (MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS), whether the stage holds the embedding, the output layer and the
-    MTP blocks (memory_terms.stage_params' tests), and its layers in order by value (layer_classes: every per-layer
-    term of the states is read from the ParamTable columns those compare); a LoRA job's by index (its adapters are
-    counted per layer, arithmetic/lora.adapter_params)."""
+    """What a stage's StageStates read: the job, the plan's fields but the per-plan, pipeline-shape and unread ones
+    (MEMORY_PER_PLAN_FIELDS, PIPELINE_SHAPE_FIELDS, STATES_UNREAD_FIELDS), the data-parallel sizes in place of the
+    fields read only through them (STATES_BY_SIZE_FIELDS), whether the stage holds the embedding, the output layer
+    and the MTP blocks (memory_terms.stage_params' tests), and its layers in order by value (layer_classes: every
+    per-layer term of the states is read from the ParamTable columns those compare); a LoRA job's by index (its
+    adapters are counted per layer, arithmetic/lora.adapter_params)."""
     pipeline, arch = terms.pipeline, terms.job.model
     layers = tuple(chain.from_iterable(chunks))
     mtp = bool(arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at)
     by_value = layers if terms.job.lora is not None else tuple(map(layer_classes(arch).__getitem__, layers))
-    return id(terms.job), _STATES_KEY(terms.plan.__dict__), rank == 0, rank == pipeline.head_rank, mtp, by_value
+    return (id(terms.job), _STATES_KEY(terms.plan.__dict__), terms.dense_dp, terms.expert_dp, rank == 0,
+            rank == pipeline.head_rank, mtp, by_value)
 
 
 @per_architecture

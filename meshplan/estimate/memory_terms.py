@@ -65,6 +65,18 @@ holds and whether it holds the embedding, the output layer or the MTP blocks: th
 search with the same layers (by value, memory_stage.layer_classes) and the same ends share their states across
 layouts that differ only in these (memory_stage.stage_states); tests/test_memory_memo.py holds them to it."""
 
+STATES_BY_SIZE_FIELDS = frozenset({"cp", "dp"})
+"""Plan fields a stage's model states (memory_stage.StageStates) read only through the layout's data-parallel sizes
+(LayoutTerms.dense_dp and expert_dp), so the states' memo key holds those two sizes instead of these (layouts of
+one search with the same dp*cp, e.g. cp=2 dp=8 and cp=1 dp=16, share their stages' states); tests/test_memory_memo.py
+holds them to it."""
+
+STATES_UNREAD_FIELDS = frozenset({"cp_comm_type", "moe_token_dispatcher", "moe_a2a_overlap", "tp_comm_overlap",
+                                  "attention_backend", "dropout", "expandable_segments"})
+"""Plan fields no term of a stage's model states reads (they change its activations, its step time or the fit
+figure, not its parameters, their states, the optimizer step or the gathered units): left out of the states' memo
+key; tests/test_memory_memo.py holds them to it."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutTerms:
