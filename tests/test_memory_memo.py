@@ -11,7 +11,7 @@ from dataclasses import fields
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.estimate import memory
+from meshplan.estimate import memory, memory_stage
 from meshplan.estimate.layer_records import scope_memo, shared_layers
 from meshplan.estimate.memory import (
     _layer_layout,
@@ -22,9 +22,11 @@ from meshplan.estimate.memory import (
     memory_terms,
 )
 from meshplan.estimate.memory_stage import (
+    _plain_stage_fit,
     _stage_states,
     held_activations,
     layer_classes,
+    stage_fit,
     stage_states,
     states_key,
 )
@@ -286,3 +288,45 @@ def test_states_key_shares_layouts_of_the_same_dense_dp_and_tells_other_sizes_ap
     chunks = terms.pipeline.chunks[0]
     assert states_key(swapped, 0, chunks) == states_key(terms, 0, chunks)
     assert states_key(halved, 0, chunks) != states_key(terms, 0, chunks)  # dense_dp 2, not 4
+
+
+FIT_VARIANTS = [{}, {"recompute": "selective"}, {"recompute": "full"}, {"micro_batch_size": 2},
+                {"recompute": "full", "recompute_method": "block", "recompute_layers": 1},
+                {"recompute": "full", "recompute_method": "uniform", "recompute_layers": 2},
+                {"dropout": True}, {"dropout": False}, {"attention_backend": "unfused"}, {"vpp": 2},
+                {"cp": 1, "dp": 4}, {"cp": 1, "dp": 4, "micro_batch_size": 2}, {"expandable_segments": True},
+                {"zero_stage": 2}, {}]
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c['model']}-{c.get('framework', 'megatron-core')}")
+def test_stage_fits_shared_inside_a_scope_are_each_stages_own(case, monkeypatch):
+    """Inside a scope a plain stage's fit (Megatron's: no FSDP2 walk) is kept per plain_fit_key, so plans of other
+    layouts whose stages have the same states, chunks, held micro-batches and activation terms share it: every
+    memory_fit inside the scope gives the numbers it gives without one (if the key left out something the fit reads,
+    some variant would take another's figure), and the shared stages are evaluated fewer times."""
+    job, plan = resolved(case)
+    variants = [plan.model_copy(update=u) for u in FIT_VARIANTS]
+    plain = [outcome(memory_fit, job, p, job.gpu.memory_bytes) for p in variants]
+    calls = []
+
+    def counted(terms, shared, rank, chunks):
+        calls.append(rank)
+        return _plain_stage_fit(terms, shared, rank, chunks)
+
+    monkeypatch.setattr(memory_stage, "_plain_stage_fit", counted)
+    with shared_layers():
+        assert [outcome(memory_fit, job, p, job.gpu.memory_bytes) for p in variants] == plain
+        shared_calls = len(calls)
+        for p in variants:  # each stage's kept fit is its own
+            try:
+                terms = memory_terms(job, p, [])
+            except MeshplanError:
+                continue
+            for rank, chunks in enumerate(terms.pipeline.chunks):
+                if not terms.offload.any and not memory_stage.walks(terms):
+                    fresh = _plain_stage_fit(terms, stage_states(terms, rank, chunks), rank, chunks)
+                    assert stage_fit(terms, rank, chunks) == fresh, (p.short(), rank)
+    calls.clear()
+    for p in variants:
+        outcome(memory_fit, job, p, job.gpu.memory_bytes)
+    assert shared_calls < len(calls)

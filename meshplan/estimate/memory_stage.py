@@ -235,11 +235,39 @@ def stage_fit(terms: MemoryTerms, rank: int, chunks) -> StageFit:
 
 
 def _plain_fit(terms: MemoryTerms, rank: int, chunks) -> StageFit:
-    """stage_fit of a stage with nothing offloaded and no FSDP2 walk: stage_peak's sums in its order without the
-    report's detail or the layers' modes. Its moments are the backward's one (_overheads: every activation, and the
-    gathered units where the weights are sharded) and the optimizer step's; the reserved peak is the first of the
-    larger (as max() and index() pick in stage_peak), the allocated peak the larger; no host bytes."""
+    """stage_fit of a stage with nothing offloaded and no FSDP2 walk, inside a shared_layers scope once per
+    plain_fit_key (_plain_stage_fit: the same StageFit for the same key)."""
     shared = stage_states(terms, rank, chunks)
+    memo = scope_memo("stage_fits")
+    if memo is None:
+        return _plain_stage_fit(terms, shared, rank, chunks)
+    key = plain_fit_key(terms, shared, rank, chunks)
+    hit = memo.get(key)
+    if hit is None:  # the entry keeps the states and activations dicts alive, so their ids stay their own
+        hit = memo[key] = (shared.states, terms.per_kind, _plain_stage_fit(terms, shared, rank, chunks))
+    return hit[2]
+
+
+def plain_fit_key(terms: MemoryTerms, shared: StageStates, rank: int, chunks) -> tuple:
+    """What _plain_stage_fit reads of a stage beside what its StageStates pins: the states' memo entry (the states
+    dict's id: one per stage_states entry, so one job, its states_key's plan fields, ends and layers by value in
+    order), the layers per virtual chunk (with those, each chunk's layers by value), the micro-batches held per
+    chunk, one layer's activations per kind and mode (the dict's id: per_kind_activations gives one per value), the
+    recompute fields and switches the activations' and working layer's modes read, and the micro-batch's tokens,
+    dropout and logits bytes (the edge activations: the activations dict's Layout pins them too, they are kept
+    explicit); the rest (the sequence-parallel split, the gathered layers, the fixed overhead, the recompute flavour)
+    follows from the job and the states' plan fields."""
+    plan = terms.plan
+    return (id(shared.states), tuple(map(len, chunks)), stage_held(terms, rank), id(terms.per_kind), plan.recompute,
+            plan.recompute_layers, plan.recompute_method, terms.group, terms.every_nth, terms.tokens,
+            terms.lay.dropout, terms.logits_bytes)
+
+
+def _plain_stage_fit(terms: MemoryTerms, shared: StageStates, rank: int, chunks) -> StageFit:
+    """_plain_fit computed: stage_peak's sums in its order without the report's detail or the layers' modes. Its
+    moments are the backward's one (_overheads: every activation, and the gathered units where the weights are
+    sharded) and the optimizer step's; the reserved peak is the first of the larger (as max() and index() pick in
+    stage_peak), the allocated peak the larger; no host bytes."""
     params, states = shared.params, shared.states
     acts = held_activations(terms, rank, chunks, False)
     stored = acts.bytes
