@@ -10,10 +10,13 @@ from dataclasses import fields
 
 import pytest
 
+from meshplan.arithmetic.memory_states import optimizer_implementation, with_precision
+from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate import memory, memory_stage
 from meshplan.estimate.layer_records import scope_memo, shared_layers
 from meshplan.estimate.memory import (
+    ENGINE_FIELDS,
     _layer_layout,
     _layout_terms,
     estimate_memory,
@@ -330,3 +333,57 @@ def test_stage_fits_shared_inside_a_scope_are_each_stages_own(case, monkeypatch)
     for p in variants:
         outcome(memory_fit, job, p, job.gpu.memory_bytes)
     assert shared_calls < len(calls)
+
+
+class _Reads:
+    """A plan that records which of its fields are read."""
+
+    def __init__(self, plan):
+        self.plan, self.read = plan, set()
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self.plan, name)
+
+
+ENGINE_CASES = [*CASES,
+                dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, precision="fp8", fp8_recipe="delayed",
+                     optimizer_state_dtype="bf16", torch_compile=True, grad_reduce_in_fp32=False),
+                dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="deepspeed", zero_stage=3,
+                     optimizer_offload=True, param_offload=True)]
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: f"{c['model']}-{c.get('framework', 'megatron-core')}")
+def test_engine_terms_read_only_the_engine_fields(case):
+    """memory.engine_terms keeps with_precision, offload_plan and optimizer_implementation per ENGINE_FIELDS: if one
+    of them starts reading another plan field, add it there."""
+    job, plan = resolved(case)
+    reads = _Reads(plan)
+    assert with_precision(job, reads) == with_precision(job, plan)
+    assert offload_plan(job.framework, reads) == offload_plan(job.framework, plan)
+    assert optimizer_implementation(job, reads) == optimizer_implementation(job, plan)
+    assert reads.read <= set(ENGINE_FIELDS), reads.read - set(ENGINE_FIELDS)
+    assert "zero_stage" in reads.read
+
+
+def test_engine_terms_shared_inside_a_scope_by_the_engine_fields(monkeypatch):
+    """Layouts of other degrees share the engine's terms inside a scope, and each is the one computed afresh; another
+    ZeRO stage or precision knob is its own."""
+    job, plan = resolved(CASES[0])
+    calls = []
+
+    def counted(j, p):
+        calls.append(p)
+        return with_precision(j, p)
+
+    monkeypatch.setattr(memory, "with_precision", counted)
+    others = [plan.model_copy(update=u) for u in ({"pp": 1, "dp": 4}, {"tp": 4, "pp": 1, "cp": 2, "dp": 2})]
+    with shared_layers():
+        first = memory.engine_terms(job, plan)
+        for other in others:
+            assert memory.engine_terms(job, other) is first
+        assert len(calls) == 1
+        for update in ({"zero_stage": 0}, {"optimizer_state_dtype": "bf16"}, {"grad_reduce_in_fp32": False}):
+            other = plan.model_copy(update=update)
+            assert memory.engine_terms(job, other) is not first, update
+            assert memory.engine_terms(job, other)[:3] == with_precision(job, other), update

@@ -31,6 +31,8 @@ from meshplan.arithmetic.activations import (
 )
 from meshplan.arithmetic.lora import lora_engine
 from meshplan.arithmetic.memory_states import (
+    Convention,
+    StateTensor,
     describe_tensors,
     fp8_inputs,
     fp8_out_proj_copy,
@@ -40,14 +42,14 @@ from meshplan.arithmetic.memory_states import (
     output_activations,
     with_precision,
 )
-from meshplan.arithmetic.offload import offload_plan, offload_time
+from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
 from meshplan.arithmetic.schedule import padded_vocab, plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, stage_fit, stage_memory
 from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import OptimizerImplementation, framework_card
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
@@ -234,7 +236,7 @@ def layout_terms(job: Job, plan: Plan) -> LayoutTerms:
 def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
     """What the stages share that no micro-batch or recompute field changes (LayoutTerms)."""
     arch = job.model
-    conv_name, conv, tensors = with_precision(job, plan)  # the convention with the plan's precision knobs
+    conv_name, conv, tensors, offload, implementation = engine_terms(job, plan)
     card = memory_card()
     _, expert_dp, world_warnings = _world(job, plan)
     vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
@@ -249,11 +251,43 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
         gathered=conv.gathered_layers if sharded_weights else 0,
         other_fixed=card.fixed_overhead_bytes + card.cuda_context_bytes,
         # what the offload knobs move to host memory on this framework's engine (cards/frameworks/*.yaml offload)
-        offload=offload_plan(job.framework, plan),
+        offload=offload,
         optimizer_sharded=any(t.shard == "dp" for t in tensors if t.tensor_class == "optimizer"),
-        step=card.optimizer_steps[optimizer_implementation(job, plan)],
+        step=card.optimizer_steps[implementation],
         warnings=(*world_warnings, *pipeline.warnings), layer_layout=_layer_layout(job, plan, conv, 0),
     )
+
+
+class EngineTerms(NamedTuple):
+    """What of a layout's terms the engine's precision, optimizer and offload knobs decide (engine_terms)."""
+
+    conv_name: str
+    conv: Convention  # the convention with the plan's precision knobs (memory_states.with_precision)
+    tensors: list[StateTensor]
+    offload: OffloadPlan  # what the offload knobs move to host memory on this framework's engine (offload_plan)
+    implementation: OptimizerImplementation  # the engine's Adam step (memory_states.optimizer_implementation)
+
+
+ENGINE_FIELDS = ("zero_stage", "fp8_recipe", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32",
+                 "torch_compile", "param_offload", "grad_offload", "optimizer_offload", "optimizer_offload_fraction",
+                 "activation_offload")
+"""The plan fields with_precision, offload_plan and optimizer_implementation read (tests/test_memory_memo.py records
+their reads)."""
+_ENGINE_KEY = itemgetter(*ENGINE_FIELDS)
+
+
+def engine_terms(job: Job, plan: Plan) -> EngineTerms:
+    """The plan's EngineTerms, inside a shared_layers scope once per job and ENGINE_FIELDS (layouts of other degrees
+    or pipeline shapes share them; the entry keeps the job alive, so its id stays its own); outside one, its own."""
+    memo = scope_memo("memory_engines")
+    key = (id(job), _ENGINE_KEY(plan.__dict__)) if memo is not None else None
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        hit = (job, EngineTerms(*with_precision(job, plan), offload_plan(job.framework, plan),
+                                optimizer_implementation(job, plan)))
+        if memo is not None:
+            memo[key] = hit
+    return hit[1]
 
 
 def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Layout, dict[tuple[bool, str], float],
