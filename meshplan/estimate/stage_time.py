@@ -13,7 +13,7 @@ from meshplan.arithmetic.lora import adapter_params
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.arithmetic.muon import matrix_params, newton_schulz_seconds
 from meshplan.arithmetic.schedule import Stages
-from meshplan.estimate.layer_records import LayerContext, LayerTime
+from meshplan.estimate.layer_records import LayerContext, LayerTime, scope_memo
 from meshplan.estimate.recompute import recompute_time
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -318,9 +318,41 @@ def muon_stage(kinds: list[bool], inp: StageInputs) -> MuonStage:
 
 def stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
     """ZeRO-2/3 / FSDP: unit-by-unit gathers and reduce-scatters, each hidden behind its neighbours' compute;
-    per micro-batch (inside the pipeline), or once per step (the step's DP term)."""
+    per micro-batch (inside the pipeline), or once per step (the step's DP term). Inside a shared_layers scope once
+    per what it reads (sharding_key): a search's plans that differ in what it does not read (virtual stages and
+    schedules of one grid, micro-batch counts, recompute modes leaving the layers' windows alike) share the figure;
+    the entry keeps the architecture and calibration alive, so their ids stay their own."""
     if not inp.sharding.per_step:
         return ShardingExposed()
+    memo = scope_memo("stage_sharding")
+    if memo is None:
+        return _stage_sharding(stage, inp)
+    key = sharding_key(stage, inp)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (inp.ctx.arch, inp.ctx.cal, _stage_sharding(stage, inp))
+    return hit[-1]
+
+
+def sharding_key(stage: StageShards, inp: StageInputs) -> tuple:
+    """Everything _stage_sharding reads: the stage's layers (shard_units reads their parameters by index: where
+    every layer is alike, uniform_layers, only their count), their kinds and windows, whether it holds the embedding
+    and the head (shard_units); of the plan its TP / EP grid, sequence parallelism (layer_weights), whether it is one
+    stage (tied embeddings), and the fields the bytes per element read (grad_reduce_bytes, param_gather_bytes); the
+    head's seconds, the DP groups, links and replicas (DpTraffic), the schedule (exposed_by_schedule); of the job its
+    framework (its card's zero3_prefetch) and precision (param_gather_bytes); the architecture and calibration by
+    identity."""
+    plan, traffic = inp.plan, inp.traffic
+    layers = len(stage.layers) if uniform_layers(inp.ctx.arch) else tuple(stage.layers)
+    return (layers, tuple(stage.kinds), tuple(stage.windows.items()), stage.first, stage.head_stage,
+            plan.tp, plan.ep, plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32,
+            plan.fp8_param_gather, inp.head, traffic.dense, traffic.expert, traffic.lk, traffic.replicas,
+            traffic.replicas_with_each_reduce, inp.sharding, inp.job.framework, inp.job.precision, id(inp.ctx.arch),
+            id(inp.ctx.cal))
+
+
+def _stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
+    """stage_sharding's figure, computed (per StageInputs once per distinct units: stages repeat layers)."""
     arch, plan = inp.ctx.arch, inp.plan
     prefetch = framework_card(inp.job.framework).zero3_prefetch  # DeepSpeed's live-parameter limit
     units = tuple(shard_units(stage, params=layer_param_split(arch), plan=plan, arch=arch, head=inp.head,
