@@ -173,7 +173,7 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
     StageTime (frozen: shared), or one with another p2p (with_p2p: its pp, GPU seconds and host wait redone)."""
     pipeline, pp = inp.pipeline, inp.plan.pp
     if pp == 1 or inp.job.lora is not None or not uniform_layers(inp.ctx.arch):
-        return [stage_time(s, pipeline.layers(s), inp) for s in range(pp)]
+        return [stage_once(s, pipeline.layers(s), inp) for s in range(pp)]
     rows: list[StageTime] = []
     alike: dict[tuple, tuple[float, StageTime]] = {}  # per key, the first such stage's pp_comm and row
     head, mtp, pp_comm = pipeline.head_rank, pipeline.mtp_at, inp.pp_comm
@@ -182,7 +182,7 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
         key = (len(layers), s == 0, s == head, s == mtp)
         hit = alike.get(key)
         if hit is None:
-            row = stage_time(s, layers, inp)
+            row = stage_once(s, layers, inp)
             alike[key] = (pp_comm[s], row)
         elif pp_comm[s] == hit[0]:
             row = hit[1]
@@ -190,6 +190,41 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
             row = with_p2p(hit[1], pp_comm[s] + inp.pp_cross_layer * len(stage_kinds(s, layers, inp)), inp)
         rows.append(row)
     return rows
+
+
+def stage_once(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
+    """stage_time(s, layers, inp); inside a shared_layers scope once per what it reads but its p2p (stage_key), so a
+    search's plans alike in a stage but for its pipeline p2p share it, that redone with their own (with_p2p: the
+    sums stage_time finishes its row with). The entry keeps the layer times, architecture and calibration alive, so
+    their ids stay their own. Layers not alike (uniform_layers: their parameters read by index, rarely the same
+    tuple twice in a search), LoRA (adapters, per engine) and Muon: computed."""
+    memo = scope_memo("stages") if inp.job.lora is None and inp.muon is None and uniform_layers(inp.ctx.arch) \
+        else None
+    if memo is None:
+        return stage_time(s, layers, inp)
+    kinds = stage_kinds(s, layers, inp)
+    key = stage_key(s, layers, kinds, inp)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (inp.dense, inp.moe, inp.ctx.arch, inp.ctx.cal, stage_time(s, layers, inp))
+    row, pp = hit[-1], inp.pp_comm[s] + inp.pp_cross_layer * len(kinds)  # stage_time's pp
+    return row if row.pp == pp else with_p2p(row, pp, inp)
+
+
+def stage_key(s: int, layers: Sequence[int], kinds: list[bool], inp: StageInputs) -> tuple:
+    """Everything stage_time reads of a stage without LoRA or Muon but its p2p: its layers (their parameters by index:
+    where every layer is alike, uniform_layers, only their count) and kinds (MTP blocks appended), whether it holds
+    the embedding and the head, the head's seconds; the layer times (layer_sums) and the recompute they run (the
+    plan's mode, layers and method, Recompute); the plan's grid and the DP groups, links and schedule its sharding
+    and side collectives read (sharding_key, other_link_collectives); the host's blocking share (finished_stage);
+    the architecture, calibration and layer times by identity."""
+    plan, traffic, ctx = inp.plan, inp.traffic, inp.ctx
+    return (len(layers) if uniform_layers(ctx.arch) else tuple(layers), tuple(kinds), s == 0,
+            s == inp.pipeline.head_rank, inp.head, id(inp.dense), id(inp.moe), id(ctx.arch), id(ctx.cal),
+            inp.recompute, plan.recompute, plan.recompute_layers, plan.recompute_method, plan.tp, plan.cp, plan.ep,
+            plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32, plan.fp8_param_gather,
+            inp.sharding, traffic.dense, traffic.expert, traffic.lk, ctx.lk.domain, traffic.replicas,
+            traffic.replicas_with_each_reduce, inp.host_sync, inp.job.framework, inp.job.precision)
 
 
 def stage_compute(sums: LayerSums, head_stage: bool, inp: StageInputs) -> tuple[float, float]:
