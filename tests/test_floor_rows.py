@@ -162,16 +162,19 @@ def test_a_groups_layout_floors_are_each_layout_floor_to_the_last_bit(req):
 
 
 @pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
-def test_a_groups_verdicts_are_each_layouts_all_stages_over(req):
-    """SearchPlans.group_over (open_group's is_dead for a whole seed group) answers all_stages_over of each layout
-    and keeps the same bounds and layout floors (Caches.stage_floors) as a search asking them layout by layout, at
-    budgets from tight to full; and some layouts are found over at every stage, some not."""
+def test_a_groups_verdicts_are_each_layouts_stages_over(req):
+    """SearchPlans.group_over (open_group's is_dead for a whole seed group) answers whether each layout's every
+    stage is over (stage_over) and keeps the same bounds and layout floors (Caches.stage_floors) as a search
+    asking them layout by layout, at budgets from tight to full; and some layouts are found over at every stage,
+    some not."""
     verdicts = set()
     for job, layouts, search in searches(req):
         plain = BestFirstSearch.for_job(job, search.fixed, search.engine, 1, budget_bytes=search.budget)
         for group in degree_groups(layouts):
             over = search.group_over(group)
-            assert over == [plain.all_stages_over(own) for own in group], (req, search.budget)
+            # layout by layout, from the most sharded stage down, stopping at one that may fit (the floors kept alike)
+            assert over == [all(plain.stage_over(own, index) for index in reversed(range(len(plain.zeros))))
+                            for own in group], (req, search.budget)
             verdicts.update(over)
         assert search.caches.stage_floors == plain.caches.stage_floors
     assert verdicts == {True, False} or req.num_gpus < 256

@@ -305,20 +305,11 @@ def _rank_params(job: Job, lay: Layout, zero_stage: int, partition: str,
                                                  sequence_parallel=False, cp_comm_type="p2p"))
         except (MeshplanError, ValueError):  # a layout no estimate takes (a pydantic error is a ValueError)
             stages = None
-        pre = _prefix(job.model)
+        # each virtual chunk is a run of consecutive layers (schedule.stages_from_counts): a span of _span_params
         hit = memo[key] = frozenset() if stages is None else frozenset(
-            _layer_params(pre, stages.layers(rank)) for rank in range(1, lay.pp))
+            _span_params(job.model, [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[rank] if chunk])
+            for rank in range(1, lay.pp))
     return hit
-
-
-def _layer_params(pre: _Prefix, layers: tuple[int, ...]) -> tuple[int, int, int]:
-    """The parameter counts of these decoder layers: split tp ways, replicated, routed experts (_span_params')."""
-    sharded = replicated = routed = 0
-    for i in layers:
-        sharded += pre.sharded[i + 1] - pre.sharded[i]
-        replicated += pre.replicated[i + 1] - pre.replicated[i]
-        routed += pre.experts[i + 1] - pre.experts[i]
-    return sharded, replicated, routed
 
 
 @dataclass

@@ -514,14 +514,10 @@ class SearchPlans:
         over = self.stage_over
         return tuple([over(own, index) for index in range(len(self.zeros))])
 
-    def all_stages_over(self, own: Layout) -> bool:
-        """all(stages_over), asked from the most sharded stage down (the likeliest to fit), stopping at one that
-        may fit: a layout that is never popped has no more of its layout floors worked out."""
-        return all(self.stage_over(own, index) for index in reversed(range(len(self.zeros))))
-
     def group_over(self, owns: list[Layout]) -> list[bool]:
-        """all_stages_over of each of `owns`, own_memory layouts of one degrees tuple (a seed group's), the same
-        verdicts with the same floors worked out and kept (Caches.stage_floors): the model states' bounds are read
+        """Whether every ZeRO stage of each of `owns` is over (stage_over, asked from the most sharded stage down,
+        stopping at one that may fit), for own_memory layouts of one degrees tuple (a seed group's): the same
+        verdicts with the same floors worked out and kept (Caches.stage_floors); the model states' bounds are read
         once (states_bound reads only the degrees), and at each ZeRO stage, from the most sharded down, the layout
         floors of the layouts not yet found to fit whose bound is within the budget are worked out together
         (floors.layout_floors: layout_floor's floats)."""
