@@ -82,6 +82,24 @@ def production_rows():
     return {r["id"]: r for r in yaml.safe_load(data.read_text(encoding="utf-8"))}
 
 
+@pytest.fixture
+def record_calls(monkeypatch):
+    """record_calls(owner, name): `owner.name` replaced for this test by a wrapper that still calls it and appends
+    each call's positional arguments to the list returned (the memo tests count what is computed)."""
+    def record(owner, name: str) -> list[tuple]:
+        calls: list[tuple] = []
+        original = getattr(owner, name)
+
+        def recorded(*args):
+            calls.append(args)
+            return original(*args)
+
+        monkeypatch.setattr(owner, name, recorded)
+        return calls
+
+    return record
+
+
 @pytest.fixture(scope="session")
 def http_server(tmp_path_factory):
     """`meshplan serve --transport http` started once per test run (per xdist worker): the MCP endpoint's URL

@@ -92,15 +92,9 @@ def test_layout_key_holds_the_fields_the_terms_read():
         assert layout_terms(other_job, plan) is not first  # per job
 
 
-def test_memo_resolves_each_layout_once_and_only_inside_a_scope(monkeypatch):
+def test_memo_resolves_each_layout_once_and_only_inside_a_scope(record_calls):
     job, plan = resolved(CASES[0])
-    calls = []
-
-    def counted(j, p):
-        calls.append(p)
-        return _layout_terms(j, p)
-
-    monkeypatch.setattr(memory, "_layout_terms", counted)
+    calls = record_calls(memory, "_layout_terms")
     variants = [plan.model_copy(update={"recompute": r, "micro_batch_size": b})
                 for r in ("none", "selective", "full") for b in (1, 2)]
     for p in variants:
@@ -302,7 +296,7 @@ FIT_VARIANTS = [{}, {"recompute": "selective"}, {"recompute": "full"}, {"micro_b
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: f"{c['model']}-{c.get('framework', 'megatron-core')}")
-def test_stage_fits_shared_inside_a_scope_are_each_stages_own(case, monkeypatch):
+def test_stage_fits_shared_inside_a_scope_are_each_stages_own(case, record_calls):
     """Inside a scope a plain stage's fit (Megatron's: no FSDP2 walk) is kept per plain_fit_key, so plans of other
     layouts whose stages have the same states, chunks, held micro-batches and activation terms share it: every
     memory_fit inside the scope gives the numbers it gives without one (if the key left out something the fit reads,
@@ -310,13 +304,7 @@ def test_stage_fits_shared_inside_a_scope_are_each_stages_own(case, monkeypatch)
     job, plan = resolved(case)
     variants = [plan.model_copy(update=u) for u in FIT_VARIANTS]
     plain = [outcome(memory_fit, job, p, job.gpu.memory_bytes) for p in variants]
-    calls = []
-
-    def counted(terms, shared, rank, chunks):
-        calls.append(rank)
-        return _plain_stage_fit(terms, shared, rank, chunks)
-
-    monkeypatch.setattr(memory_stage, "_plain_stage_fit", counted)
+    calls = record_calls(memory_stage, "_plain_stage_fit")
     with shared_layers():
         assert [outcome(memory_fit, job, p, job.gpu.memory_bytes) for p in variants] == plain
         shared_calls = len(calls)
@@ -366,17 +354,11 @@ def test_engine_terms_read_only_the_engine_fields(case):
     assert "zero_stage" in reads.read
 
 
-def test_engine_terms_shared_inside_a_scope_by_the_engine_fields(monkeypatch):
+def test_engine_terms_shared_inside_a_scope_by_the_engine_fields(record_calls):
     """Layouts of other degrees share the engine's terms inside a scope, and each is the one computed afresh; another
     ZeRO stage or precision knob is its own."""
     job, plan = resolved(CASES[0])
-    calls = []
-
-    def counted(j, p):
-        calls.append(p)
-        return with_precision(j, p)
-
-    monkeypatch.setattr(memory, "with_precision", counted)
+    calls = record_calls(memory, "with_precision")
     others = [plan.model_copy(update=u) for u in ({"pp": 1, "dp": 4}, {"tp": 4, "pp": 1, "cp": 2, "dp": 2})]
     with shared_layers():
         first = memory.engine_terms(job, plan)

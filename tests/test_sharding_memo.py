@@ -55,15 +55,8 @@ def test_memoised_figure_is_each_plans_own():
             assert shared == alone
 
 
-def test_plans_alike_in_what_it_reads_share_one(monkeypatch):
-    computed = []
-    original = stage_time._stage_sharding
-
-    def counted(stage, inp):
-        computed.append(inp.plan)
-        return original(stage, inp)
-
-    monkeypatch.setattr(stage_time, "_stage_sharding", counted)
+def test_plans_alike_in_what_it_reads_share_one(record_calls):
+    computed = record_calls(stage_time, "_stage_sharding")
     one = resolve(Request(**{**BASE, "pp": 4}))
     other = resolve(Request(**{**BASE, "pp": 4, "vpp": 2}))  # the same layers per rank, in two chunks
     with shared_layers():

@@ -97,24 +97,11 @@ def test_each_input_it_reads_gives_its_own_row(name):
         assert stage_time.stage_once(base_s, layers, inp) == base
 
 
-def counting_stage_times(monkeypatch) -> list:
-    """stage_time.stage_time recorded from now on: each stage it computes appended to the list returned."""
-    computed: list = []
-    original = stage_time.stage_time
-
-    def counted(s, layers, inp):
-        computed.append(s)
-        return original(s, layers, inp)
-
-    monkeypatch.setattr(stage_time, "stage_time", counted)
-    return computed
-
-
-def test_plans_alike_in_a_stage_share_it(monkeypatch):
+def test_plans_alike_in_a_stage_share_it(record_calls):
     job, plan = resolve(Request(**BASE))
     interleaved = plan.model_copy(update={"vpp": 2})  # the same layers per rank in two chunks, other p2p
     alone = perf.step_terms(job, interleaved).rows
-    computed = counting_stage_times(monkeypatch)
+    computed = record_calls(stage_time, "stage_time")
     with shared_layers():
         perf.step_terms(job, plan)
         first = len(computed)
@@ -124,8 +111,8 @@ def test_plans_alike_in_a_stage_share_it(monkeypatch):
     assert len(computed) == 2 * first
 
 
-def test_layers_not_alike_lora_and_muon_are_computed(monkeypatch):
-    computed = counting_stage_times(monkeypatch)
+def test_layers_not_alike_lora_and_muon_are_computed(record_calls):
+    computed = record_calls(stage_time, "stage_time")
     cases = [dict(model="deepseek-v3", gpu="h100", num_gpus=1024, tp=2, pp=16, ep=32, etp=1,
                   framework="megatron-core", first_stage_layers=3, last_stage_layers=2),
              dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, tp=2, pp=4, framework="megatron-bridge", lora_rank=16)]

@@ -29,23 +29,16 @@ def one_by_one(inputs):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['model']}-pp{c['pp']}-{c['framework']}")
-def test_shared_stages_are_each_stage_timed_alone(case, monkeypatch):
+def test_shared_stages_are_each_stage_timed_alone(case, record_calls):
     job, plan = resolve(Request(**case))
-    timed = []
-    original = stage_time.stage_time
-
-    def counted(s, layers, inp):
-        timed.append(s)
-        return original(s, layers, inp)
-
-    monkeypatch.setattr(stage_time, "stage_time", counted)
+    timed = record_calls(stage_time, "stage_time")
     terms = perf.step_terms(job, plan)
-    monkeypatch.setattr(stage_time, "stage_time", original)
+    counted = len(timed)
     assert terms.rows == one_by_one(terms.inputs)
     if uniform_layers(job.model) and job.lora is None:
-        assert len(timed) < plan.pp  # the middle stages are one (interleaved: with each rank's own p2p)
+        assert counted < plan.pp  # the middle stages are one (interleaved: with each rank's own p2p)
     else:
-        assert len(timed) == plan.pp
+        assert counted == plan.pp
 
 
 def test_uniform_layers_reads_kinds_and_parameters():
