@@ -1,7 +1,8 @@
 """The optimistic step times that order the search's queue (meshplan/search/engine.py). Each bound is at most the
 step time the estimator would predict, so a plan reaching the top of the queue is faster than anything left in it:
 the ideal time (every GPU at the cost model's best fraction of peak), the per-token bound of single-stage reference
-plans stretched over a layout's stages and micro-batches, and the pipeline traffic interleaving multiplies.
+plans stretched over a layout's stages and micro-batches, the pipeline traffic interleaving multiplies, and a
+ZeRO-2/3 / FSDP stage's sharding traffic per micro-batch.
 """
 
 from __future__ import annotations
@@ -282,6 +283,20 @@ class StepTimeBounds(SearchPlans):
                           * (self.microbatches(lay, mbs) + lay.bubble_stages()))
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]
+
+    def sharding_bound(self, lay: Layout, zero: int, mbs: int) -> float:
+        """A bound of every plan of the layout at this ZeRO stage and micro-batch, at any recompute: m x the least
+        seconds its slowest stage takes per micro-batch for the sharding traffic each micro-batch moves (the Engine's
+        sharding_floor: 0 where none is per micro-batch, or without one). The figure is kept per what it reads of a
+        search's plan (the grid and the ZeRO stage: sequence parallelism follows tp, the rest is the request's)."""
+        if self.engine.sharding_floor is None:
+            return 0.0
+        key = ("sharding", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero)
+        per_micro = self.bounds_memo.get(key)
+        if per_micro is None:
+            per_micro = self.bounds_memo[key] = self.engine.sharding_floor(
+                self.job, self.plan(lay, zero, self.recomputes[0], mbs))
+        return self.microbatches(lay, mbs) * per_micro  # type: ignore[operator]
 
     def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
         """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the

@@ -71,7 +71,8 @@ class Level(IntEnum):
     SHARD = 2
     """The pipeline bound of this exact shard, with the send/receive traffic interleaving multiplies."""
     RULES = 3
-    """The structural rules and the model-state lower bound, per ZeRO stage."""
+    """The structural rules and the model-state lower bound, per ZeRO stage; a stage whose sharding traffic per
+    micro-batch (bounds.sharding_bound) is beyond the key leaves in a NEED node of its own, at that bound (carry)."""
     NEED = 4
     """The least recompute that really fits at any ZeRO stage the rules pass, estimated."""
     STAIRCASE = 5
@@ -255,11 +256,25 @@ class BestFirstSearch(StepTimeBounds):
             else:
                 alive.append(zero)
         if alive:
-            self.push(key, Level.NEED, (lay, mbs, tuple(alive), low))
+            self.carry(key, lay, mbs, tuple(alive), low)
+
+    def carry(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
+        """The NEED node of the ZeRO stages the rules pass, or where a stage's sharding traffic per micro-batch
+        (sharding_bound, at any recompute) puts its plans beyond `key`, one node per distinct key, each with its
+        stages in the ladder's order: a node for some of the stages is still their bound (its need, the least
+        recompute that fits at any of them, is at least theirs together), so a stage whose traffic alone is slower
+        than what is ranked is never estimated."""
+        keys = [max(key, self.sharding_bound(lay, zero, mbs)) for zero in alive]
+        if len(alive) == 1 or len(set(keys)) == 1:
+            self.push(keys[0], Level.NEED, (lay, mbs, alive, low))
+            return
+        for k in sorted(set(keys)):
+            self.push(k, Level.NEED, (lay, mbs, tuple(z for z, kz in zip(alive, keys, strict=True) if kz == k), low))
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
-        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass, estimated; every stage needs
-        at least that much. If nothing fits, nothing does at any larger micro-batch either."""
+        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry),
+        estimated; every stage needs at least that much. If nothing fits, nothing does at any larger micro-batch
+        either."""
         n_r = len(self.recomputes)
         need = self.need(lay, mbs, alive)
         if need >= n_r:

@@ -20,6 +20,7 @@ from meshplan.estimate.perf import (
     step_terms,
     throughput_of,
 )
+from meshplan.estimate.sharding_floor import sharding_floor
 from meshplan.knowledge.calibration import calibration
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, MemoryReport, MemorySummary, ThroughputReport
@@ -61,6 +62,10 @@ class Engine:
     # Whether `memory`'s report would fit a budget (and a host limit), without the report (memory.memory_fit: the
     # same stages, stopping at the first over). None: the search reads `memory`'s report.
     memory_fit: Callable[..., FitVerdict] | None = None
+    # Seconds per micro-batch a ZeRO-2/3 / FSDP plan's slowest stage takes at least at any recompute, from the sharding
+    # traffic each micro-batch moves (sharding_floor.sharding_floor: m x it is under `terms`' floor). None: no such
+    # bound (the search carries such plans at the keys of their layout's other stages).
+    sharding_floor: Callable[[Job, Plan], float] | None = None
 
 
 def default_engine(framework: str) -> Engine:
@@ -84,6 +89,7 @@ def default_engine(framework: str) -> Engine:
         pp_unit=exposed_pipeline_p2p,
         pipeline_unit=pipeline_unit,
         memory_fit=memory_fit,
+        sharding_floor=sharding_floor,
     )
 
 

@@ -1,0 +1,96 @@
+"""A lower bound of a ZeRO-2/3 / FSDP plan's slowest stage per micro-batch from its sharding traffic alone, at any
+recompute: what the search reads to carry such a plan at its own key before estimating its memory or step
+(search/engine.py, Level.RULES)."""
+
+from __future__ import annotations
+
+import math
+
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.comm import links
+from meshplan.estimate.layer_records import BF16
+from meshplan.estimate.perf import dp_traffic
+from meshplan.estimate.sharding_traffic import (
+    DpTraffic,
+    grad_reduce_bytes,
+    layer_weights,
+    param_gather_bytes,
+    sharding_schedule,
+)
+from meshplan.estimate.stage_time import layer_param_split
+from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.model_counts import per_architecture
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
+
+
+def sharding_floor(job: Job, plan: Plan) -> float:
+    """Seconds per micro-batch the slowest pipeline stage (StageTime.total, so m x this is under step_terms' floor)
+    takes at least, from the sharding traffic each micro-batch moves (sharding_traffic.exposed_by_schedule's `micro`).
+
+    Why it holds at any recompute: exposed_sharding charges each unit's traffic less one window (a forward for the
+    next all-gather, a backward for its neighbours' all-gather and reduce-scatter), each window used at most once, so
+    exposed + those windows >= every all-gather and reduce-scatter of the pass; the windows sum to at most the stage's
+    compute, recompute and TP / CP / EP seconds (stage_time.layer_sums: its layers' forward and backward with their
+    recompute and side collectives, the head's forward and backward), all of which the stage's GPU seconds hold, and
+    its total is at least its GPU seconds. So a stage's total is at least its units' traffic per micro-batch, which
+    reads neither the layers' times nor the recompute. The slowest stage is at least the stages' mean: the model's
+    decoder layers (each at the least traffic of a layer of its kind: shard_units times a run of layers by its first),
+    the embedding and the output head, over pp. It reads of the plan its grid (tp, cp, dp, pp, ep, etp), ZeRO stage,
+    sequence parallelism, dp_replicate, grad_reduce_in_fp32 and fp8_param_gather; 0 where no traffic is per
+    micro-batch (the schedule's gather_each_microbatch and reduce_each_microbatch)."""
+    cal = calibration(job.framework)
+    sched = sharding_schedule(job, plan, cal)
+    gathers = 2 * sched.gather_each_microbatch  # forward and backward (every decoder layer is resharded)
+    reduces = 1 if sched.reduce_each_microbatch else 0
+    if not gathers and not reduces:
+        return 0.0
+    arch = job.model
+    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1)
+    traffic = dp_traffic(plan, links(job.gpu, job.gpus_per_node, cal), groups, cal)
+    grad_bytes = grad_reduce_bytes(plan, cal)
+    total = _layers_traffic(job, plan, traffic, (gathers, reduces), grad_bytes)
+    # the embedding (first stage) and the output head (head stage), as shard_units has them
+    embed = arch.vocab_size * arch.hidden_size / plan.tp
+    tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
+    head = 0.0 if tied_one_unit else embed
+    embed_gathers = gathers if not tied_one_unit else gathers // 2  # not resharded: gathered forward only
+    total += (embed_gathers * traffic(embed, 0.0, BF16) + reduces * traffic.reduce(embed, 0.0, grad_bytes)
+              + (gathers // 2) * traffic(head, 0.0, BF16) + reduces * traffic.reduce(head, 0.0, grad_bytes))
+    return total / plan.pp
+
+
+@per_architecture
+def kind_shapes(arch: Architecture) -> tuple[tuple[bool, int, tuple[tuple[float, float], ...]], ...]:
+    """Per kind of decoder layer (True: MoE) the model has: its count of layers and their distinct (dense, routed)
+    parameters (layer_param_split's columns). Cached per object."""
+    dense_col, expert_col = layer_param_split(arch)
+    moe_set = set(arch.moe.moe_layers) if arch.moe else set()
+    kinds = []
+    for moe in (False, True):
+        layers = [i for i in range(arch.num_layers) if (i in moe_set) == moe]
+        if layers:
+            kinds.append((moe, len(layers), tuple(sorted({(dense_col[i], expert_col[i]) for i in layers}))))
+    return tuple(kinds)
+
+
+def _layers_traffic(job: Job, plan: Plan, traffic: DpTraffic, counts: tuple[int, int], grad_bytes: float) -> float:
+    """The decoder layers' sharding traffic per micro-batch (`counts`: all-gathers and reduce-scatters of each
+    layer), each layer at the least of its kind's (shard_units' gather and reduce of one layer)."""
+    arch = job.model
+    weight_bytes = param_gather_bytes(job, plan)
+    prefetch = framework_card(job.framework).zero3_prefetch  # DeepSpeed: a dense layer's weights one by one
+    gathers, reduces = counts
+    total = 0.0
+    for moe, count, shapes in kind_shapes(arch):
+        least = math.inf
+        for dense, expert in shapes:
+            dense, expert = dense / plan.tp, expert / (plan.ep * plan.etp)
+            if prefetch is not None and not moe:
+                gather = sum(traffic(w, 0.0, weight_bytes) for w in layer_weights(arch, plan, False))
+            else:
+                gather = traffic(dense, expert, weight_bytes)
+            least = min(least, gathers * gather + reduces * traffic.reduce(dense, expert, grad_bytes))
+        total += count * least
+    return total
