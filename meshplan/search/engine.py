@@ -266,21 +266,42 @@ class BestFirstSearch(StepTimeBounds):
         than what is ranked is never estimated."""
         keys = [max(key, self.sharding_bound(lay, zero, mbs)) for zero in alive]
         if len(alive) == 1 or len(set(keys)) == 1:
-            self.push(keys[0], Level.NEED, (lay, mbs, alive, low))
+            self.need_alive(keys[0], lay, mbs, alive, low)
             return
         for k in sorted(set(keys)):
-            self.push(k, Level.NEED, (lay, mbs, tuple(z for z, kz in zip(alive, keys, strict=True) if kz == k), low))
+            self.need_alive(k, lay, mbs, tuple(z for z, kz in zip(alive, keys, strict=True) if kz == k), low)
+
+    def need_alive(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
+        """The NEED node of the ZeRO stages the rules pass, `alive`: the floor level's `low` read the first rank's
+        floors at every ZeRO stage (need_floor), but where the rules reject the stages whose floors fit with less
+        recompute, the least recompute whose floor fits at an alive stage (zero_needs, kept per layout and micro-batch)
+        is higher: no recompute (every plan over the memory rule, as confirm_need would find after its estimates), or
+        a heavier one whose pipeline bound raises the key (the bound confirm_need would raise it to, so a node over
+        the cutoff is never estimated). The recomputes under `low` are counted over the memory rule here, the rest
+        by confirm_need or, never popped, by drain (covered)."""
+        n_r = len(self.recomputes)
+        needs = self.zero_needs(lay, mbs)
+        floor = min(needs[self.zeros.index(zero)] for zero in alive)
+        if floor >= n_r:
+            self.rejected[self.engine.memory_rule] += n_r * len(alive)
+            return
+        if floor > low:
+            key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True))
+            low = floor
+        self.rejected[self.engine.memory_rule] += low * len(alive)
+        self.push(key, Level.NEED, (lay, mbs, alive, low))
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
         """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry),
         estimated; every stage needs at least that much. If nothing fits, nothing does at any larger micro-batch
-        either."""
+        either. `low`: what need_alive found at the alive stages' floors (need's ceiling from a larger micro-batch
+        reads every stage's need)."""
         n_r = len(self.recomputes)
-        need = self.need(lay, mbs, alive)
+        need = max(low, self.need(lay, mbs, alive))
         if need >= n_r:
-            self.rejected[self.engine.memory_rule] += n_r * len(alive)
+            self.rejected[self.engine.memory_rule] += (n_r - low) * len(alive)
             return
-        self.rejected[self.engine.memory_rule] += need * len(alive)
+        self.rejected[self.engine.memory_rule] += (need - low) * len(alive)  # those under `low`: need_alive
         if need > low:
             key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[need], interleave=True))
         self.push(key, Level.STAIRCASE, (lay, mbs, alive, need))
@@ -547,8 +568,8 @@ class BestFirstSearch(StepTimeBounds):
             return self.variants() * payload[0].nodes
         if level <= Level.RULES:
             return self.variants()
-        if level == Level.NEED:
-            return len(payload[2]) * len(self.recomputes)
+        if level == Level.NEED:  # those under its low: counted by need_alive
+            return len(payload[2]) * (len(self.recomputes) - payload[3])
         if level == Level.STAIRCASE:
             return len(payload[2]) * (len(self.recomputes) - payload[3])
         return 1
