@@ -13,9 +13,9 @@ from meshplan.search.space import Layout
 from tests.test_ranks_floor import kimi_search
 
 GIB = 2**30
-# TP8 PP2 VPP31, one layer per virtual stage after an embedding-only first one
+# TP8 PP2 VPP31, one layer per virtual stage and a loss-only last one
 PP2_VPP31 = Layout(tp=8, pp=2, cp=1, ep=128, etp=1, dp=16, vpp=31,
-                   split=VirtualSplit(counts=(0,) + (1,) * 61, embedding=True))
+                   split=VirtualSplit(counts=(1,) * 61 + (0,), loss=True))
 # TP1 PP8 VPP4 CP8 EP32 DP4, "Et|(tt|)*30L"
 PP8_VPP4 = Layout(tp=1, pp=8, cp=8, ep=32, etp=1, dp=4, vpp=4,
                   split=VirtualSplit(counts=(1,) + (2,) * 30 + (0,), layout="Et|(tt|)*30L"))
@@ -35,13 +35,13 @@ def test_a_node_whose_alive_stages_floors_leave_no_recompute_is_settled_at_the_r
     the node; the rules reject ZeRO 3 (PP015), and ZeRO 1's floor is over with every recompute: every plan of the
     alive stage is rejected under the memory rule, with no memory estimate and no NEED node."""
     search = kimi_search(budget_bytes=int(0.9 * 79.6 * GIB))
-    needs = search.zero_needs(PP2_VPP31, 4)
+    needs = search.zero_needs(PP2_VPP31, 2)
     n_r = len(search.recomputes)
-    assert search.need_floor(PP2_VPP31, 4) < n_r
-    alive = alive_zeros(search, PP2_VPP31, 4)
+    assert search.need_floor(PP2_VPP31, 2) < n_r
+    alive = alive_zeros(search, PP2_VPP31, 2)
     assert alive and all(needs[search.zeros.index(zero)] == n_r for zero in alive)
     calls = search.memory_calls
-    search.apply_rules(0.0, PP2_VPP31, 4, search.need_floor(PP2_VPP31, 4))
+    search.apply_rules(0.0, PP2_VPP31, 2, search.need_floor(PP2_VPP31, 2))
     assert not search.heap
     assert search.memory_calls == calls
     assert sum(search.rejected.values()) == n_r * len(search.zeros)  # the rejected stages' by the rules' level

@@ -13,6 +13,8 @@ from meshplan.arithmetic.activations import activation_mode, attention_saves, la
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
+    frozen_gathered_transient,
+    gathered_transient,
     memory_card,
     output_activations,
     state_bytes,
@@ -403,13 +405,31 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
     gathered = None
     if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
                                                         for t in tensors):
-        biggest = max((pre.sharded[i + 1] - pre.sharded[i]) / lay.tp + (pre.replicated[i + 1] - pre.replicated[i])
-                      + (pre.experts[i + 1] - pre.experts[i]) / (lay.ep * lay.etp)
-                      for i in (spans[0][0], spans[-1][1] - 1))
-        gathered = conv.gathered_layers * conv.gathered_bytes * biggest
+        gathered = _first_rank_gathered(job, lay, zero_stage, conv, spans, vocab, memo)
     return _FloorPart(spans, n0, n_moe, params, vocab, walk,
                       [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
                       (card.fixed_overhead_bytes, card.cuda_context_bytes))
+
+
+def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Convention, spans: list[tuple[int, int]],
+                         vocab: int, memo: dict) -> float:
+    """The FSDP/ZeRO-3 gathered units of the first rank at its worst unit's backward, as the estimate works them out
+    (memory_stage.gathered_units: memory_states.gathered_transient, LoRA's frozen_gathered_transient, over the units
+    in forward order, each unit's own parameters plus the prefetched one before it) over a prefix of the estimate's
+    units: the embedding and the first rank's layers of `spans` in order (the rank's chunks, chained), less the
+    output layer of a single stage; the embedding's learned positions and the byte the estimate's int() drops left
+    out, so it stays under the estimate's figure. Kept in `memo` per what it reads (the spans, TP, EP x ETP, the
+    padded vocabulary and the ZeRO stage's convention)."""
+    key = ("gathered", zero_stage, lay.tp, lay.ep * lay.etp, vocab, tuple(spans))
+    hit = memo.get(key)
+    if hit is None:
+        pre, tp, experts_split = _prefix(job.model), lay.tp, lay.ep * lay.etp
+        units = [float(int(vocab * job.model.hidden_size / tp))]
+        units += [(pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
+                  + (pre.experts[i + 1] - pre.experts[i]) / experts_split for a, b in spans for i in range(a, b)]
+        transient = frozen_gathered_transient if job.lora is not None else gathered_transient
+        hit = memo[key] = float(int(transient(conv, units)))
+    return hit
 
 
 def _span_params(arch, spans: list[tuple[int, int]]) -> tuple[int, int, int]:
