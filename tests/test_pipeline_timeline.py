@@ -254,4 +254,17 @@ def test_a_plain_replay_caches_its_program_not_its_ops():
     tl.rank_order.cache_clear()
     tl.simulate(shape, (1.0,) * 4, (2.0,) * 4, 0.1)
     assert tl.rank_order.cache_info().currsize == 0 and not hasattr(tl._rank_steps, "cache_info")
-    assert tl._program.cache_info().currsize >= 1
+    assert tl._stepped_program.cache_info().currsize >= 1  # 131 micro-batches in groups of 4: not numbered, kept
+
+
+def test_a_numbered_program_is_built_as_lists_and_kept_by_none():
+    # a numbered plain program (plain_numbered) is built afresh for each replay, as lists (cheaper to build and to run
+    # than arrays filled from Python ints): a first ask builds each of its shapes once; nothing keeps it
+    shape = tl.Shape("interleaved_1f1b", 8, 10, 144, 8)
+    tl._stepped_program.cache_clear()
+    tl._REPLAYS.clear()
+    prog = tl._program(shape)
+    assert all(type(column) is list for column in (prog.prev, prog.dep, prog.takes))
+    assert not hasattr(tl._program, "cache_info")
+    tl.simulate(shape, (1.0,) * 8, (2.0,) * 8, 0.1)
+    assert tl._stepped_program.cache_info().currsize == 0

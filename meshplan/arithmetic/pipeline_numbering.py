@@ -9,11 +9,12 @@ q + p - r in the cool-down (where a backward waits for the same position on the 
 first). The program is the rows in order; it is used only where every op's input has a smaller number
 (_inputs_first: proven for the inputs between neighbouring ranks, checked one by one for the rest; a replay's ends
 then read the same numbers in the same sums, whatever order the ops are numbered in), else None and the caller
-replays the ranks in turn."""
+replays the ranks in turn. Its columns are lists, not arrays: a first ask builds each of its shapes once, and
+filling arrays from Python ints cost more than building the lists, iterating them costs more than lists too
+(pipeline_timeline._program keeps none of them)."""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from itertools import pairwise
 from operator import lt
@@ -42,7 +43,7 @@ def _slices(p: int, n: int, r: int, w: int) -> tuple[slice, ...]:
 
 
 def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
-                   warmups: Sequence[int]) -> tuple[array, array, array, array, tuple[int, ...]] | None:
+                   warmups: Sequence[int]) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
     """(prev, dep, hopped, takes, last) of pipeline_timeline._Program for a plain order of p > 1 ranks whose rank r
     warms up with warmups[r] forwards (all N for GPipe); None where the numbering does not put every input first.
     Rows no op takes (p per rank: past its last op and where its cool-down is shifted) wait for nothing and are
@@ -65,6 +66,8 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
     wrap_forward = [last_forwards[i - length[i]] if chunk[i] else 0 for i in range(n)]
     wrap_backward = [first_backwards[i - length[i]] if chunk[i] else last_forwards[i + (v - 1) * length[i]]
                      for i in range(n)]
+    if not _inputs_first(warmups, n, (wrap_forward, forward_numbers[0]), (wrap_backward, backward_numbers[p - 1])):
+        return None
     for r, w in enumerate(warmups):
         fk, bk = forward_numbers[r], backward_numbers[r]
         f_dep, f_hop = (forward_numbers[r - 1], b"\x01" * n) if r else (wrap_forward, crossing)
@@ -81,10 +84,7 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
             hopped[part] = hops[lo:hi]
             prev[part] = before[lo:hi]
             takes[part] = [2 * r + backward] * (hi - lo)
-    if not _inputs_first(warmups, n, (wrap_forward, forward_numbers[0]), (wrap_backward, backward_numbers[p - 1])):
-        return None
-    return (array("i", prev), array("i", dep), array("b", hopped), array("i", takes),
-            tuple(numbers[n - 1] for numbers in backward_numbers))
+    return prev, dep, hopped, takes, tuple(numbers[n - 1] for numbers in backward_numbers)
 
 
 def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[int]]) -> bool:

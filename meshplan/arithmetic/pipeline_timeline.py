@@ -400,22 +400,28 @@ class _Program(NamedTuple):
     it takes; and each rank's last op. A row that waits for nothing (prev and input 0) and that no op reads may pad
     the numbering (plain_numbered's)."""
 
-    prev: array
-    dep: array
-    hopped: array
-    dep2: array
-    hopped2: array
-    takes: array
+    prev: Sequence[int]  # arrays where the program is kept, lists where it is built afresh (_plain_program)
+    dep: Sequence[int]
+    hopped: Sequence[int]
+    dep2: Sequence[int]
+    hopped2: Sequence[int]
+    takes: Sequence[int]
     seconds: tuple[tuple[int, tuple[str, ...]], ...]  # (rank, kinds): an op's seconds, a fused pair's both
     last: tuple[int, ...]
 
 
-@lru_cache(maxsize=64)  # about 13 bytes an op: 0.3 MB for the largest shapes the search replays (23 k ops)
 def _program(shape: Shape) -> _Program:
-    """The ops of `shape` in the order the ranks can run them, visiting the ranks in turn, each as far as its
-    inputs allow (each op's position fixed by the order alone, not by its seconds)."""
+    """The ops of `shape` in the order the ranks can run them: a plain order's (_plain_program: numbered afresh, the
+    rest kept), else the kept one (_action_program)."""
     if shape.order in ("gpipe", "1f1b", "interleaved_1f1b"):
         return _plain_program(shape)
+    return _action_program(shape)
+
+
+@lru_cache(maxsize=64)  # about 13 bytes an op: 0.3 MB for the largest shapes the search replays (23 k ops)
+def _action_program(shape: Shape) -> _Program:
+    """_program of the orders that split or fuse ops: visiting the ranks in turn, each as far as its inputs allow
+    (each op's position fixed by the order alone, not by its seconds)."""
     p = shape.pp
     steps = [_action_steps(shape, r) for r in range(p)]
     size = shape.stages * shape.microbatches
@@ -461,15 +467,17 @@ def _program(shape: Shape) -> _Program:
 
 def _plain_program(shape: Shape) -> _Program:
     """_program of the plain orders (no split backward, nothing fused): numbered in closed form where it can be
-    (pipeline_numbering.plain_numbered), else from their steps (_rank_steps) replayed rank by rank."""
+    (pipeline_numbering.plain_numbered: lists built afresh for each replay, cheaper than arrays to build and to run,
+    and kept by none), else from their steps (_rank_steps) replayed rank by rank (kept)."""
     p = shape.pp
     seconds = tuple((r, (kind,)) for r in range(p) for kind in "FB")  # 2 r + backward
     numbered = _numbered(shape)
     if numbered is not None:
-        return _Program(*numbered[:3], array("i"), array("b"), numbered[3], seconds, numbered[4])
+        return _Program(*numbered[:3], [], b"", numbered[3], seconds, numbered[4])
     return _stepped_program(shape, seconds)
 
 
+@lru_cache(maxsize=64)
 def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], ...]) -> _Program:
     """_plain_program found by visiting the ranks in turn, each as far as its inputs allow, from their steps
     (_rank_steps): for the shapes plain_numbered does not number."""
@@ -510,7 +518,7 @@ def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], .
                     seconds, tuple(last))
 
 
-def _numbered(shape: Shape) -> tuple[array, array, array, array, tuple[int, ...]] | None:
+def _numbered(shape: Shape) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
     """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_plain_order's:
     every forward for GPipe, min(p - r - 1, m) for 1F1B); None where it does not number the shape."""
     p, m = shape.pp, shape.microbatches
