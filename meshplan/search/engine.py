@@ -511,7 +511,7 @@ class BestFirstSearch(StepTimeBounds):
     def group_dead(self, lays: list[Layout]) -> list[bool]:
         """is_dead of each of a seed group's layouts, together: their first ranks' floors at once (plans.group_over:
         the same verdicts), then a later rank's states (layout_over) for those these leave alive."""
-        over = self.group_over([lay.own_memory() for lay in lays])
+        over = self.group_over([self.own(lay) for lay in lays])
         kept = self.dead_layouts
         for lay, dead in zip(lays, over, strict=True):
             kept[lay] = dead or self.layout_over(lay)

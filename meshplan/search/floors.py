@@ -19,7 +19,8 @@ from meshplan.arithmetic.memory_states import (
     output_activations,
     state_bytes,
 )
-from meshplan.arithmetic.schedule import padded_vocab, plan_stages, stages_for
+from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
+from meshplan.arithmetic.schedule import Stages, padded_vocab, plan_stages, stages_for, v_placed
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
@@ -45,9 +46,15 @@ _prefix = per_architecture(_Prefix, limit=64)
 
 
 def first_stage_spans(job: Job, lay: Layout, zero_stage: int) -> list[tuple[int, int]]:
-    """The decoder layers the first pipeline rank holds, as non-empty [start, end) runs: the framework's convention
-    (schedule.stages_for) or the layout's virtual split (its virtual stages 0, pp, 2 pp, ...); none where no estimate
-    takes the split (the rules say why), which keeps a floor a floor."""
+    """The decoder layers the first pipeline rank holds, as non-empty [start, end) runs: its virtual chunks in the
+    stages the estimate weighs (schedule.plan_stages: the framework's convention or the layout's virtual split, its
+    interleaved order, a V placement), so an interleaved rank 0 holds chunks 0, pp, 2 pp, ..., not the first layers
+    (Llama-4-Maverick's alternate dense and MoE: on PP4 VPP12 rank 0 holds dense layers only). Where no estimate
+    takes the stages (the rules say why): the split's virtual stages 0, pp, 2 pp, ..., else none, which keeps a floor
+    a floor."""
+    stages = _estimate_stages(job, lay, zero_stage)
+    if stages is not None:
+        return [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[0] if chunk]
     if lay.split is not None:
         counts = lay.split.counts
         runs = [(sum(counts[:k]), sum(counts[:k + 1])) for k in range(0, len(counts), lay.pp)]
@@ -57,6 +64,61 @@ def first_stage_spans(job: Job, lay: Layout, zero_stage: int) -> list[tuple[int,
     except MeshplanError:
         return []
     return [(0, n0)] if n0 else []
+
+
+def _estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
+    """schedule.plan_stages of the layout's plans at this ZeRO stage (the decoder layers of each rank's virtual
+    chunks, the output layer's rank), None where no estimate takes them (a pydantic error is a ValueError). Without
+    a split, plan_stages' own steps (the convention's stages, placed in a V for a V order) with no plan built."""
+    if lay.split is None:
+        try:
+            stages = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last)
+        except MeshplanError:
+            return None
+        v_order = lay.schedule and lay.pp > 1 and schedule_order(lay.schedule, lay.vpp) in V_ORDERS
+        return v_placed(stages, lay.pp) if v_order else stages
+    plain = Layout(tp=lay.tp, pp=lay.pp, cp=1, ep=1, etp=1, dp=1, vpp=lay.vpp, first=lay.first, last=lay.last,
+                   split=lay.split, schedule=lay.schedule)
+    try:
+        return plan_stages(job, plain.plan(zero_stage=zero_stage, recompute="none", micro_batch_size=1,
+                                           sequence_parallel=False, cp_comm_type="p2p"))
+    except (MeshplanError, ValueError):
+        return None
+
+
+def own_memory(job: Job, lay: Layout, zeros: tuple[int, ...], memo: dict) -> Layout:
+    """The layout whose floors the search reads for `lay` (Layout.own_memory): its non-interleaved base only where,
+    at every ZeRO stage of `zeros`, each rank holds layers of the same kinds (dense or MoE: all the floors and the
+    estimate read of a layer) in the same order under both, and the same output layer and MTP ranks, so the base's
+    first-rank floors are the layout's own to the last bit and its estimates under every rank's; else the layout
+    itself. Llama-4-Maverick's alternating layers on PP4 VPP12: rank 0 holds dense layers only, where the base's
+    rank 0 holds six of each. Kept in `memo` per layout and per what the stages read of it."""
+    hit = memo.get(("own", lay))
+    if hit is not None:
+        return hit
+    own = lay.own_memory()
+    if own is not lay:
+        key = ("own", lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.schedule, zeros)
+        same = memo.get(key)
+        if same is None:
+            same = memo[key] = all(_rank_kinds(job, lay, zero) == _rank_kinds(job, own, zero) for zero in zeros)
+        own = own if same else lay
+    memo[("own", lay)] = own
+    return own
+
+
+def _rank_kinds(job: Job, lay: Layout, zero_stage: int) -> tuple | None:
+    """Per pipeline rank the kinds of its decoder layers in order (MoE or dense), with the output layer's and the MTP
+    blocks' ranks, in the stages the estimate weighs; None where no estimate takes them."""
+    stages = _estimate_stages(job, lay, zero_stage)
+    if stages is None:
+        return None
+    arch = job.model
+    if _prefix(arch).moe[-1] in (0, arch.num_layers):  # every layer of one kind: each rank's count says it
+        return stages.head_rank, stages.mtp_at, stages.counts
+    return (stages.head_rank, stages.mtp_at,
+            tuple(tuple(arch.is_moe_layer(i) for i in stages.layers(rank)) for rank in range(lay.pp)))
+
 
 def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mbs: int, sp: bool,
                       preset: tuple[Convention, list[StateTensor]] | None = None, *, reserved: bool = True,
@@ -300,13 +362,7 @@ def _rank_params(job: Job, lay: Layout, zero_stage: int, partition: str,
     key = ("rank_params", partition, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
     hit = memo.get(key)
     if hit is None:
-        plain = Layout(tp=lay.tp, pp=lay.pp, cp=1, ep=1, etp=1, dp=1, vpp=lay.vpp, first=lay.first, last=lay.last,
-                       split=lay.split, schedule=lay.schedule)
-        try:
-            stages = plan_stages(job, plain.plan(zero_stage=zero_stage, recompute="none", micro_batch_size=1,
-                                                 sequence_parallel=False, cp_comm_type="p2p"))
-        except (MeshplanError, ValueError):  # a layout no estimate takes (a pydantic error is a ValueError)
-            stages = None
+        stages = _estimate_stages(job, lay, zero_stage)
         # each virtual chunk is a run of consecutive layers (schedule.stages_from_counts): a span of _span_params
         hit = memo[key] = frozenset() if stages is None else frozenset(
             _span_params(job.model, [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[rank] if chunk])
@@ -394,7 +450,8 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
         vocab = padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp)
     else:
         card, pre, vocab = degrees.card, degrees.pre, degrees.vocab
-    spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts)
+    spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts,
+                 lay.schedule)
     hit = memo.get(spans_key)
     if hit is None:
         spans = first_stage_spans(job, lay, zero_stage)

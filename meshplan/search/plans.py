@@ -25,6 +25,7 @@ from meshplan.search.floors import (
     first_stage_floors,
     layout_floor,
     layout_floors,
+    own_memory,
     ranks_floor,
 )
 from meshplan.search.policy import HEADROOM_RULE
@@ -329,12 +330,12 @@ class SearchPlans:
     def need_range(self, lay: Layout, mbs: int) -> tuple[int, int]:
         """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
         Memory grows with the micro-batch, so a smaller micro-batch's need is a floor and a larger one's a
-        ceiling; a non-interleaved base's need is a floor for its interleaved layouts."""
+        ceiling; a non-interleaved base's need is a floor for its interleaved layouts where it is their own (own)."""
         known = self.caches.least_recompute
         low, high = 0, len(self.recomputes)
-        if lay not in known and lay.own_memory() not in known:  # nothing known yet (most layouts when first asked)
+        if lay not in known and self.own(lay) not in known:  # nothing known yet (most layouts when first asked)
             return low, high
-        for key in (lay, lay.own_memory()):
+        for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():
                 if b <= mbs:
                     low = max(low, need)
@@ -343,6 +344,13 @@ class SearchPlans:
         if mbs in known.get(lay, {}):
             low = high = known[lay][mbs]
         return low, max(low, high)
+
+    def own(self, lay: Layout) -> Layout:
+        """The layout whose floors and least recompute stand for `lay`'s (floors.own_memory: its non-interleaved base
+        where the ranks hold layers of the same kinds in the same order, else itself)."""
+        if lay.vpp == 1 or lay.split is not None:
+            return lay
+        return own_memory(self.job, lay, self.zeros, self.floor_parts)
 
     @property
     def budget(self) -> int:
@@ -354,7 +362,7 @@ class SearchPlans:
 
     def floor_fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:
         """False when the first stage's memory floor alone is over capacity (no estimate needed)."""
-        return self.floor_bytes(lay.own_memory(), zero, recompute, mbs) <= self.budget
+        return self.floor_bytes(self.own(lay), zero, recompute, mbs) <= self.budget
 
     @property
     def reserved_floors(self) -> bool:
@@ -469,7 +477,7 @@ class SearchPlans:
         can (the model states' bound or the layout floor over: stages_over; or the heaviest recompute's floor over);
         all that need_floor and may_fit read of a layout (its degrees, its TP's sequence parallelism and the floors
         of own_memory). Worked out for every micro-batch of the layout at once (needs_row), under this budget."""
-        own = lay.own_memory()
+        own = self.own(lay)
         hit = self.floor_needs.get((own, mbs))
         if hit is None:
             sizes = self.sizes(own)
@@ -561,7 +569,7 @@ class SearchPlans:
         """Whether every ZeRO stage of the layout is over the budget at every micro-batch and recompute: its first
         rank's floors (stage_over of its own_memory) or a later rank's states (ranks_bytes), from the most sharded
         stage down, stopping at one that may fit."""
-        own, budget = lay.own_memory(), self.budget
+        own, budget = self.own(lay), self.budget
         return all(self.stage_over(own, index) or self.ranks_bytes(lay, self.zeros[index]) > budget
                    for index in reversed(range(len(self.zeros))))
 

@@ -242,7 +242,9 @@ class Layout:
         """The layout whose first stage's memory floor bounds this one's: its base, except for a virtual split,
         whose ranks hold other layers than a first/last split of the same sizes (rank 0 of E+t | (tt|)*30 | mL over
         pp 8 holds layers 0, 8-9, 24-25, ..., not 0-7): on a model whose layers differ (dense and MoE) the base's
-        floor could exceed its peak, so it is its own."""
+        floor could exceed its peak, so it is its own. The same holds of its base on such a model (Llama-4-Maverick's
+        alternating layers over PP4 VPP12: rank 0 holds dense layers only), so the search takes it only where every
+        rank holds layers of the same kinds in the same order (floors.own_memory)."""
         return self if self.split is not None else self.base()
 
     def short(self) -> str:

@@ -1,0 +1,84 @@
+"""The first rank's memory floor of an interleaved layout reads the layers that rank holds in the estimate's stages
+(floors.first_stage_spans: schedule.plan_stages' chunks 0, pp, 2 pp, ...), and the search reads a non-interleaved
+base's floors for it only where each rank holds layers of the same kinds in the same order (floors.own_memory). Both
+read the first layers before: on Llama-4-Maverick, whose layers alternate dense and MoE, TP2 PP4 VPP12's rank 0 holds
+dense layers only, and the base's floor (six layers of each kind) was 75.7 GB against the estimate's 11.2 GB, so the
+search dropped plans that fit (issue 23: bounds must never over-count memory)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
+from meshplan.arithmetic.schedule import plan_stages
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.schema.request import Request
+from meshplan.search import search_job
+from meshplan.search.floors import first_stage_floor, first_stage_spans, layout_floor, own_memory
+from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, zero_ladder
+
+
+def maverick(gpus: int = 256, framework: str = "megatron-core", seq: int = 8192):
+    return search_job(Request(model="llama-4-maverick", num_gpus=gpus, framework=framework, seq_length=seq,
+                              global_batch_size=2 * gpus))[0]
+
+
+def test_an_interleaved_first_rank_holds_its_chunks_not_the_first_layers():
+    job = maverick()
+    lay = Layout(tp=1, pp=4, cp=64, ep=4, etp=1, dp=1, vpp=12)
+    spans = first_stage_spans(job, lay, 1)
+    assert spans == [(k, k + 1) for k in range(0, 48, 4)]  # one layer per chunk: 0, 4, 8, ..., 44
+    assert not any(job.model.is_moe_layer(a) for a, _ in spans)  # Maverick's MoE layers are the odd ones
+    plan = lay.plan(zero_stage=1, recompute="full", micro_batch_size=1, sequence_parallel=False, cp_comm_type="p2p")
+    assert [layer for a, b in spans for layer in range(a, b)] == list(plan_stages(job, plan).layers(0))
+
+
+def test_the_base_stands_for_an_interleaved_layout_only_where_the_ranks_hold_the_same_kinds():
+    job, zeros = maverick(), (1,)
+    twelve = Layout(tp=1, pp=4, cp=64, ep=4, etp=1, dp=1, vpp=12)
+    assert own_memory(job, twelve, zeros, {}) is twelve  # rank 0: 12 dense layers; its base's: 6 of each
+    two = Layout(tp=1, pp=4, cp=64, ep=4, etp=1, dp=1, vpp=2)  # chunks of 6: d M d M d M, as the base's ranks
+    assert own_memory(job, two, zeros, {}) == two.base()
+    llama, _ = search_job(Request(model="llama-3.1-70b", num_gpus=64))
+    lay = Layout(tp=8, pp=4, cp=1, ep=1, etp=1, dp=2, vpp=5)  # layers all alike: the base's floors are its own
+    assert own_memory(llama, lay, (1,), {}) == lay.base()
+
+
+@pytest.mark.parametrize(("model", "gpus", "framework", "seq"), [
+    ("llama-4-maverick", 256, "megatron-core", 8192),
+    ("llama-4-maverick", 128, "megatron-bridge", 4096),
+    ("llama-4-maverick", 128, "torchtitan", 8192),
+    ("llama-4-scout", 64, "megatron-core", 8192),
+    ("gemma-2-27b", 64, "megatron-core", 8192),
+    ("gpt-oss-120b", 64, "torchtitan", 8192),
+])
+def test_interleaved_floors_stay_under_the_first_stages_estimate(model, gpus, framework, seq):
+    """The floors the search reads for an interleaved layout (its own_memory's) under the estimate's first stage, on
+    models whose layers are not alike (dense and MoE, sliding windows); V placements left out (their first rank holds
+    fewer micro-batches of its last chunk than the floor's min(m, pp))."""
+    rng = random.Random(3)
+    job = search_job(Request(model=model, num_gpus=gpus, framework=framework, seq_length=seq,
+                             global_batch_size=2 * gpus))[0]
+    zeros, memo = tuple(zero_ladder(framework)), {}
+    lays = [lay for lay in enumerate_layouts(job, Fixed())[0] if lay.vpp > 1
+            and not (lay.schedule and schedule_order(lay.schedule, lay.vpp) in V_ORDERS)]
+    checked = 0
+    for lay in rng.sample(lays, min(40, len(lays))):
+        own, sizes = own_memory(job, lay, zeros, memo), micro_batches(job, lay, Fixed())
+        for zero in zeros:
+            for recompute in ("none", "selective", "full"):
+                mbs, sp = rng.choice(sizes[:3]), lay.tp > 1
+                plan = lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs, sequence_parallel=sp,
+                                cp_comm_type="p2p")
+                try:
+                    first = estimate_memory(job, plan).stages[0].total_bytes
+                except MeshplanError:
+                    continue
+                assert first_stage_floor(job, own, zero, recompute, mbs, sp) <= first * (1 + 1e-9), plan
+                assert layout_floor(job, own, zero) <= first * (1 + 1e-9), plan
+                checked += 1
+    assert checked > 100
+
