@@ -35,9 +35,10 @@ def searches(req: Request):
 
 def plain_needs(search, lay, mbs) -> tuple[int, ...]:
     """zero_needs without the layout floor or the row: each ZeRO stage's floors walked one by one, each computed
-    alone with a fresh memo."""
+    alone with a fresh memo, of the layout whose floors the search reads (SearchPlans.own: a V order's is its own,
+    its first rank holding the estimate's micro-batches per chunk, not its base's min(m, pp))."""
     n_r = len(search.recomputes)
-    own = lay.own_memory()
+    own = search.own(lay)
     carried = search.fixed.carried
 
     def fits(zero, recompute):
@@ -60,7 +61,7 @@ def test_zero_needs_from_the_rows_equal_the_plain_walk(req):
             rng.shuffle(sizes)  # any order the queue pops them in
             for mbs in sizes:
                 assert search.zero_needs(lay, mbs) == plain_needs(search, lay, mbs), (req, lay, mbs, search.budget)
-            settled += sum(search.stages_over(lay.own_memory()))
+            settled += sum(search.stages_over(search.own(lay)))
     assert settled  # some stages settled by their model states' bound or layout floor, without a row
 
 

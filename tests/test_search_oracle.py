@@ -75,6 +75,12 @@ NAMED = [
     # rows and a slower one.
     dict(model="llama-4-maverick", num_gpus=256, gpu="h200", framework="megatron-core", seq_length=4096,
          global_batch_size=512, tp=1, pp=8, vpp=2, ep=32, zero_stage=0, micro_batch_size=2, headroom=0.0),
+    # torchtitan's ZBV (zero_bubble at VPP2) places rank 0's chunks in a V: stage 0 holds 4 micro-batches, the last
+    # stage 1 (pipeline_counts.in_flight); the first-rank floor counted 4 on both, 81.4 GB of fit figure against the
+    # plan's 75.4 GB and a budget of 78.7 GB (headroom 8% of 85.5 GB), so the search answered nothing where it fits.
+    dict(model="llama-3.1-8b", num_gpus=16, gpu="h100", framework="torchtitan", seq_length=4096, global_batch_size=32,
+         tp=1, pp=4, vpp=2, cp=1, pipeline_schedule="zero_bubble", zero_stage=0, recompute="none", micro_batch_size=2,
+         headroom=0.08),
 ]
 
 

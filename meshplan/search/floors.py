@@ -20,7 +20,7 @@ from meshplan.arithmetic.memory_states import (
     state_bytes,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
-from meshplan.arithmetic.schedule import Stages, padded_vocab, plan_stages, stages_for, v_placed
+from meshplan.arithmetic.schedule import Stages, in_flight, padded_vocab, plan_stages, stages_for, v_placed
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
@@ -52,18 +52,27 @@ def first_stage_spans(job: Job, lay: Layout, zero_stage: int) -> list[tuple[int,
     (Llama-4-Maverick's alternate dense and MoE: on PP4 VPP12 rank 0 holds dense layers only). Where no estimate
     takes the stages (the rules say why): the split's virtual stages 0, pp, 2 pp, ..., else none, which keeps a floor
     a floor."""
+    return _first_rank_layers(job, lay, zero_stage)[0]
+
+
+def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tuple[int, int]], tuple | None]:
+    """first_stage_spans, with the first rank's layers per virtual chunk in the estimate's order, each (layers, MoE
+    layers), empty chunks kept (what the estimate's in-flight counts multiply: memory_stage.held_activations); None
+    where no estimate takes the stages or the rank holds one chunk."""
     stages = _estimate_stages(job, lay, zero_stage)
     if stages is not None:
-        return [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[0] if chunk]
+        moe = _prefix(job.model).moe
+        chunks = tuple((len(c), moe[c[-1] + 1] - moe[c[0]]) if c else (0, 0) for c in stages.chunks[0])
+        return [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[0] if chunk], chunks if len(chunks) > 1 else None
     if lay.split is not None:
         counts = lay.split.counts
         runs = [(sum(counts[:k]), sum(counts[:k + 1])) for k in range(0, len(counts), lay.pp)]
-        return [(a, b) for a, b in runs if b > a]
+        return [(a, b) for a, b in runs if b > a], None
     try:
         n0 = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last).counts[0]
     except MeshplanError:
-        return []
-    return [(0, n0)] if n0 else []
+        return [], None
+    return ([(0, n0)] if n0 else []), None
 
 
 def _estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
@@ -125,7 +134,8 @@ def first_stage_floor(job: Job, lay: Layout, zero_stage: int, recompute: str, mb
                       activation_offload: bool = False, memo: dict | None = None) -> float:
     """Bytes the first pipeline stage needs at least, after the memory model's own terms (cards/memory.yaml
     presets, activations.py per layer, 1F1B in-flight micro-batches): its layers' model states plus the
-    embedding, min(m, pp) micro-batches of activations (interleaving only holds more), the last stage's
+    embedding, min(m, pp) micro-batches of activations (interleaving only holds more; a named schedule's chunks each
+    hold the estimate's count, fewer on a V order's last: _chunks_held), the last stage's
     logits when pp == 1, the FSDP gathered layers, the allocator reserve and the fixed overhead. The peak is at
     least this; terms that are hard to bound (fp8 copies, embedding activations) are left out so it stays a
     floor (tests/test_search_space.py checks it against estimate_memory). `preset`: state_preset's for the request's
@@ -173,14 +183,16 @@ def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part:
                  recomputes: tuple[str, ...], sizes: tuple[int, ...], sp: bool, activation_offload: bool,
                  memo: dict) -> list[list[float]]:
     """first_stage_floor's activations at each micro-batch of `sizes`, a figure per recompute of `recomputes`: what a
-    layout's own layers add (saved activations of min(m, pp) micro-batches, the layer full recompute rebuilds, the last
-    stage's logits when pp == 1). They read of the layout only its degrees and its first rank's layer counts (n0, MoE
-    n_moe) and of the part only those and walk and the padded vocabulary, so they are kept in `memo` per those: the
+    layout's own layers add (saved activations of min(m, pp) micro-batches, or each chunk's count where a named
+    schedule's are not that (_chunks_held), the layer full recompute rebuilds, the last stage's logits when pp == 1).
+    They read of the layout only its degrees and its first rank's layer counts (n0, MoE n_moe; per chunk with those
+    counts) and of the part only those and walk and the padded vocabulary, so they are kept in `memo` per those: the
     layouts of a seed group whose first ranks hold as many layers of each kind share them (the same floats)."""
     pp, tp, dp, gbs = lay.pp, lay.tp, lay.dp, job.global_batch_size
     n0, n_moe = part.n0, part.n_moe
+    fewer = None if part.chunks is None or activation_offload else _layers_held(job, lay, part.chunks, sizes, memo)
     key = ("figures", zero_stage, tp, pp, lay.cp, lay.etp, dp, sp, part.vocab, part.walk, n0, n_moe,
-           activation_offload, recomputes, sizes)
+           activation_offload, recomputes, sizes, fewer)
     hit = memo.get(key)
     if hit is not None:
         return hit
@@ -189,9 +201,10 @@ def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part:
     full_adds = bool(n0) and not part.walk
     by_tokens = _activation_sums(zero_stage, tp, sp, lay.etp, recomputes, memo)
     out = []
-    for mbs in sizes:
+    for at, mbs in enumerate(sizes):
         m = max(1, gbs // (mbs * dp))
         tokens = per_rank * mbs
+        layers_held = None if fewer is None else fewer[at]
         held = 1 if pp == 1 else min(m, pp)
         logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) \
             if pp == 1 else 0.0
@@ -203,7 +216,8 @@ def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part:
         for recompute, sums in zip(recomputes, all_sums, strict=True):
             per_mb = n_moe * sums[0]
             per_mb += n_dense * sums[1]
-            acts = 0.0 if activation_offload else held * per_mb
+            acts = 0.0 if activation_offload else held * per_mb if layers_held is None else \
+                layers_held[0] * sums[0] + layers_held[1] * sums[1]
             if full_adds and recompute == "full":  # the one layer full recompute rebuilds, the larger kind held
                 acts += (max(sums[2], sums[3]) if n_dense else sums[2]) if n_moe else sums[3]
             if pp == 1:
@@ -212,6 +226,56 @@ def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part:
         out.append(figures)
     memo[key] = out
     return out
+
+
+def _chunks_held(job: Job, lay: Layout, sizes: tuple[int, ...], memo: dict) -> tuple | None:
+    """Per micro-batch of `sizes`, the micro-batches the first rank holds per virtual chunk at its peak where they
+    are not min(m, pp) on each (a V order's last chunk holds fewer: ZBV one, DualPipeV), else None for that size;
+    None where they are at every size. A named schedule's counts are the estimate's (schedule.in_flight, as
+    memory_stage.stage_held reads them: the plan's schedule, the framework's group, the step's micro-batches, the
+    search's plans running one schedule per step); the framework's default is capped at min(m, pp) (the estimate
+    may run combined 1F1B there, never holding fewer; pipeline_counts' orders all hold at least that much but the V
+    ones). Where the order cannot run them (DualPipeV under 2 pp micro-batches) no estimate does either. Kept in
+    `memo` per the degrees and the schedule it reads."""
+    key = ("held", lay.pp, lay.vpp, lay.dp, lay.schedule, sizes)
+    if key in memo:
+        return memo[key]
+    group, out = framework_card(job.framework).pipeline.group, []
+    for mbs in sizes:
+        m = max(1, job.global_batch_size // (mbs * lay.dp))
+        cap = min(m, lay.pp)
+        try:
+            held = in_flight(0, lay.pp, lay.vpp, m, group, lay.schedule or None)
+        except (MeshplanError, ValueError):
+            held = (cap,)
+        if not lay.schedule:
+            held = tuple(min(cap, count) for count in held)
+        out.append(None if all(count == cap for count in held) else held)
+    hit = memo[key] = tuple(out) if any(out) else None
+    return hit
+
+
+def _layers_held(job: Job, lay: Layout, chunks: tuple, sizes: tuple[int, ...], memo: dict) -> tuple | None:
+    """Per micro-batch of `sizes`, _held_layers of the first rank's `chunks` where _chunks_held has counts, else None;
+    None where it has none. Kept in `memo` per the chunks and what _chunks_held reads."""
+    key = ("layers held", lay.pp, lay.vpp, lay.dp, lay.schedule, sizes, chunks)
+    if key in memo:
+        return memo[key]
+    counts = _chunks_held(job, lay, sizes, memo)
+    hit = memo[key] = None if counts is None else tuple(None if held is None else _held_layers(chunks, held)
+                                                        for held in counts)
+    return hit
+
+
+def _held_layers(chunks: tuple, held: tuple[int, ...]) -> tuple[int, int]:
+    """Where the first rank's chunks hold unlike counts (_chunks_held): its MoE and its dense layers each times the
+    micro-batches its chunk holds (`chunks`: _first_rank_layers'), summed; times one micro-batch's bytes of each kind
+    they are the saved activations the estimate sums chunk by chunk (memory_stage.held_activations)."""
+    moe = dense = 0
+    for (layers, moe_layers), count in zip(chunks, held, strict=True):
+        moe += count * moe_layers
+        dense += count * (layers - moe_layers)
+    return moe, dense
 
 
 def _activation_sums(zero_stage: int, tp: int, sp: bool, etp: int, recomputes: tuple[str, ...],
@@ -432,6 +496,7 @@ class _FloorPart:
     n0: int
     n_moe: int
     params: tuple[int, int, int]  # its parameters of each kind (_span_params)
+    chunks: tuple | None  # its layers and MoE layers per virtual chunk (_first_rank_layers; None: one chunk)
     vocab: int  # padded
     walk: bool  # the peak is the FSDP backward walk's
     states: list[float | None]  # the model states with more than one micro-batch and with one (None until asked)
@@ -454,16 +519,16 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
                  lay.schedule)
     hit = memo.get(spans_key)
     if hit is None:
-        spans = first_stage_spans(job, lay, zero_stage)
+        spans, chunks = _first_rank_layers(job, lay, zero_stage)
         hit = memo[spans_key] = (spans, sum(b - a for a, b in spans), sum(pre.moe[b] - pre.moe[a] for a, b in spans),
-                                 _span_params(job.model, spans))
-    spans, n0, n_moe, params = hit
+                                 _span_params(job.model, spans), chunks)
+    spans, n0, n_moe, params, chunks = hit
     walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
     gathered = None
     if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
                                                         for t in tensors):
         gathered = _first_rank_gathered(job, lay, zero_stage, conv, spans, vocab, memo)
-    return _FloorPart(spans, n0, n_moe, params, vocab, walk,
+    return _FloorPart(spans, n0, n_moe, params, chunks, vocab, walk,
                       [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
                       (card.fixed_overhead_bytes, card.cuda_context_bytes))
 
