@@ -341,3 +341,18 @@ def test_torchs_round_rule_follows_the_schedule_that_has_rounds():
     assert "PP011" not in {f.id for f in zbv.findings}
     gpipe = api.check_config(parse_request({**fields, "global_batch_size": 4, "pipeline_schedule": "gpipe"}))
     assert "PP010" not in {f.id for f in gpipe.findings}  # Schedule1F1B's minimum, not ScheduleGPipe's
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "nemo-automodel"])
+def test_one_stage_with_virtual_chunks_holds_one_micro_batch_per_chunk(framework):
+    """pp=1 runs each micro-batch through every chunk before the next, so each of the vpp chunks an embedding/loss
+    split gives one rank holds one micro-batch: the figures of vpp=1 (schedule.in_flight answered (1,) for every
+    vpp, and the memory estimate, and recommend, which searches these splits where no rule refuses vpp at pp=1,
+    raised a bare ValueError from zip: gpt-oss-20b on 2 H100 below)."""
+    fields = dict(model="gpt-oss-20b", num_gpus=2, gpu="h100", framework=framework, seq_length=4096,
+                  global_batch_size=4, pp=1, ep=2, zero_stage=3, micro_batch_size=1, recompute="selective")
+    split = Request(**fields, vpp=5, account_for_loss=True)
+    assert api.estimate_memory(split).peak_bytes == api.estimate_memory(Request(**fields)).peak_bytes
+    assert api.estimate_throughput(split).step_time_s == api.estimate_throughput(Request(**fields)).step_time_s
+    searched = {k: v for k, v in fields.items() if k not in ("pp", "ep", "zero_stage", "micro_batch_size", "recompute")}
+    api.recommend(Request(**searched, account_for_loss=True, headroom=0.6))  # no pp=1 split raises

@@ -654,7 +654,7 @@ def in_flight(rank: int, pp: int, vpp: int, microbatches: int, group: Interleave
     of the rank runs chunk (k // G) % v. G is the framework's group: pp for Megatron-Core (shrunk to m when fewer),
     torch's m // max(1, m // pp) for torchtitan.
     """
-    if pp == 1:
-        return (1,)
+    if pp == 1:  # no pipeline: each micro-batch runs every chunk forward and backward before the next
+        return (1,) * vpp
     order = "1f1b" if schedule is None else schedule_order(schedule, vpp)
     return timeline_in_flight(shape_for(order, group, pp, vpp, microbatches), rank)
