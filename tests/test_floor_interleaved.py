@@ -16,7 +16,7 @@ from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory
 from meshplan.schema.request import Request
-from meshplan.search import search_job
+from meshplan.search import recommend, search_job
 from meshplan.search.floors import _chunks_held, first_stage_floor, first_stage_spans, layout_floor, own_memory
 from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, zero_ladder
 
@@ -124,3 +124,18 @@ def test_a_zbv_first_rank_holds_one_micro_batch_of_its_last_chunk():
     zbv = Layout(tp=2, pp=8, cp=1, ep=1, etp=1, dp=8, vpp=2, schedule="zero_bubble")
     assert _chunks_held(job, zbv, (4, 1), {}) == ((8, 1), (15, 1))  # m = 256 / (4 x 8) = 8, then 32
     assert _chunks_held(job, zbv.base(), (4, 1), {}) is None
+
+
+@pytest.mark.parametrize(("framework", "gpus", "rule"), [("megatron-core", 3, "PP012"), ("nanotron", 12, "PP012")])
+def test_a_v_order_at_one_chunk_per_rank_is_left_to_the_rules(framework, gpus, rule):
+    """A request's fixed dualpipev reaches the search's layouts at vpp=1 (and uneven first/last splits) too; the
+    floors placed their single chunk in a V (schedule.v_placed reads two per rank) and recommend raised a bare
+    IndexError. Now no estimate takes those stages (floors._estimate_stages: None, the floors of no split), and the
+    search answers with the rules that refuse them."""
+    req = Request(model="mistral-7b", num_gpus=gpus, gpu="b200", framework=framework, seq_length=4096,
+                  global_batch_size=gpus, headroom=0.05, pipeline_schedule="dualpipev")
+    job = search_job(req)[0]
+    lay = Layout(tp=1, pp=3, cp=1, ep=1, etp=1, dp=1, vpp=1, first=11, last=10, schedule="dualpipev")
+    assert first_stage_spans(job, lay, 0) == [(0, 11)]  # stages_for's first stage
+    rec = recommend(req, top_k=3)
+    assert not rec.candidates and rec.rejected[rule] > 0

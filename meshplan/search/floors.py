@@ -78,7 +78,10 @@ def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tup
 def _estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
     """schedule.plan_stages of the layout's plans at this ZeRO stage (the decoder layers of each rank's virtual
     chunks, the output layer's rank), None where no estimate takes them (a pydantic error is a ValueError). Without
-    a split, plan_stages' own steps (the convention's stages, placed in a V for a V order) with no plan built."""
+    a split, plan_stages' own steps (the convention's stages, placed in a V for a V order) with no plan built. A V
+    order holds two chunks per rank: at another vpp (a request's fixed dualpipev) the rules refuse it (PP012, PP013)."""
+    if lay.schedule and lay.pp > 1 and lay.vpp != 2 and schedule_order(lay.schedule, lay.vpp) in V_ORDERS:
+        return None
     if lay.split is None:
         try:
             stages = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last)
