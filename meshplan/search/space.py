@@ -569,7 +569,18 @@ def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple
     moved = offload_plan(job.framework, plan).in_step  # what the step keeps in host memory (offload.offload_stage)
     if any(moved.values()):
         tensors = [t.model_copy(update={"bytes": t.bytes * (1.0 - moved.get(t.tensor_class, 0.0))}) for t in tensors]
-    return conv, base_tensors(job, tensors)
+    return conv, base_tensors(job, fp8_primary_weights(job, conv, tensors))
+
+
+def fp8_primary_weights(job: Job, conv: Convention, tensors: list[StateTensor]) -> list[StateTensor]:
+    """The floors' weight bytes where fp8 weights replace the unsharded bf16 ones (fp8_param_gather, Megatron-Bridge's
+    default for delayed, tensorwise and mxfp8): the estimate adds conv.fp8_weight_bytes, then negative, per
+    linear-layer parameter of the rank (memory_stage.model_states), which the floors leave out; it is taken off every
+    parameter's unsharded weight here (the embedding's, norms' too: fewer bytes, so still a floor)."""
+    if job.precision != "fp8" or conv.fp8_weight_bytes >= 0:
+        return tensors
+    return [t.model_copy(update={"bytes": t.bytes + conv.fp8_weight_bytes})
+            if t.tensor_class == "weights" and t.shard == "none" else t for t in tensors]
 
 
 def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int],
