@@ -208,6 +208,12 @@ def lora_flops_per_token(arch: Architecture, seq_length: int, spec: LoraSpec,
     """Model FLOPs of one LoRA training token: Megatron's formula with the frozen linears' weight gradients left
     out (the formula is linear in the sequence: its seq-independent part is the linears and logits, 6 FLOPs per
     weight, of which 2 are the weight gradient) plus the adapters, trained in full."""
+    return frozen_flops_per_token(arch, seq_length) + adapter_flops_per_token(arch, spec, engine)
+
+
+def frozen_flops_per_token(arch: Architecture, seq_length: int) -> float:
+    """lora_flops_per_token without the adapters: Megatron's formula less the frozen linears' weight gradients (the
+    search's ideal step time of a LoRA job reads it: any adapter only adds)."""
     full = model_flops_per_token(arch, seq_length)
     linear = model_flops_per_token(arch, 0)
-    return full - linear * (1 - FROZEN_PASSES_PER_FORWARD / 3) + adapter_flops_per_token(arch, spec, engine)
+    return full - linear * (1 - FROZEN_PASSES_PER_FORWARD / 3)
