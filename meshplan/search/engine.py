@@ -265,9 +265,6 @@ class BestFirstSearch(StepTimeBounds):
         recompute that fits at any of them, is at least theirs together), so a stage whose traffic alone is slower
         than what is ranked is never estimated."""
         keys = [max(key, self.sharding_bound(lay, zero, mbs)) for zero in alive]
-        if len(alive) == 1 or len(set(keys)) == 1:
-            self.need_alive(keys[0], lay, mbs, alive, low)
-            return
         for k in sorted(set(keys)):
             self.need_alive(k, lay, mbs, tuple(z for z, kz in zip(alive, keys, strict=True) if kz == k), low)
 

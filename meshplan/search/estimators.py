@@ -98,7 +98,8 @@ def ideal_time(job: Job, engine: Engine) -> float:
     """Step time at the cost model's best achievable fraction of peak on every GPU, with no communication; a LoRA
     job's FLOPs without the frozen linears' weight gradients (lora.frozen_flops_per_token)."""
     peak = engine.peak_flops(job) if engine.peak_flops else job.gpu.bf16_flops
-    flops = model_flops_per_step(job.model, job.seq_length, job.global_batch_size)
     if job.lora is not None:
         flops = frozen_flops_per_token(job.model, job.seq_length) * job.seq_length * job.global_batch_size
+    else:
+        flops = model_flops_per_step(job.model, job.seq_length, job.global_batch_size)
     return flops / (job.num_gpus * peak * engine.efficiency_cap)

@@ -80,14 +80,14 @@ def _estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
     chunks, the output layer's rank), None where no estimate takes them (a pydantic error is a ValueError). Without
     a split, plan_stages' own steps (the convention's stages, placed in a V for a V order) with no plan built. A V
     order holds two chunks per rank: at another vpp (a request's fixed dualpipev) the rules refuse it (PP012, PP013)."""
-    if lay.schedule and lay.pp > 1 and lay.vpp != 2 and schedule_order(lay.schedule, lay.vpp) in V_ORDERS:
+    v_order = bool(lay.schedule) and lay.pp > 1 and schedule_order(lay.schedule, lay.vpp) in V_ORDERS
+    if v_order and lay.vpp != 2:
         return None
     if lay.split is None:
         try:
             stages = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last)
         except MeshplanError:
             return None
-        v_order = lay.schedule and lay.pp > 1 and schedule_order(lay.schedule, lay.vpp) in V_ORDERS
         return v_placed(stages, lay.pp) if v_order else stages
     plain = Layout(tp=lay.tp, pp=lay.pp, cp=1, ep=1, etp=1, dp=1, vpp=lay.vpp, first=lay.first, last=lay.last,
                    split=lay.split, schedule=lay.schedule)
