@@ -19,6 +19,9 @@ from meshplan.search.plans import SearchPlans
 KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h200")  # PP015 (ZeRO stage, EP overlap), PP005 (micro-batch)
 QWEN = Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100")  # flex dispatcher, EP overlap, PP015
 DEEPSPEED = Request(model="deepseek-v2-lite", num_gpus=8, gpu="h100", framework="deepspeed", micro_batch_size=2)
+# OF002 reads the recompute: DeepSpeed's activation offload needs full recompute (first_errors_over's varying part)
+OFFLOAD = Request(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,
+                  seq_length=2048, global_batch_size=8, headroom=0.1)
 REQUESTS = [KIMI, QWEN, DEEPSPEED, Request(model="llama-3.1-70b", num_gpus=64, gpu="h100"),
             Request(model="mixtral-8x7b", num_gpus=32, gpu="h100", framework="megatron-bridge", precision="fp8")]
 KNOBS = ("zero_stage", "recompute", "micro_batch_size", "moe_token_dispatcher", "moe_a2a_overlap")
@@ -33,14 +36,19 @@ def _searches(req: Request) -> list[SearchPlans]:
     """The SearchPlans of one recommend, each with the checks it answered (Caches.checks), from fresh verdicts."""
     _forget_verdicts()
     seen: dict[int, SearchPlans] = {}
-    check = SearchPlans.check_error
+    check, checks = SearchPlans.check_error, SearchPlans.check_errors
 
     def recording(self, *key):
         seen[id(self)] = self
         return check(self, *key)
 
+    def recording_all(self, *key):  # a layout's recomputes at once (first_errors_over)
+        seen[id(self)] = self
+        return checks(self, *key)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(SearchPlans, "check_error", recording)
+        mp.setattr(SearchPlans, "check_errors", recording_all)
         recommend(req)
     return list(seen.values())
 
@@ -67,7 +75,7 @@ def test_every_check_of_a_search_is_the_plain_runs_first_error(req):
 
 
 @pytest.mark.parametrize(("dropped", "req"), [("micro_batch_size", KIMI), ("zero_stage", QWEN),
-                                              ("zero_stage", DEEPSPEED), ("ep", DEEPSPEED)])
+                                              ("zero_stage", DEEPSPEED), ("ep", DEEPSPEED), ("recompute", OFFLOAD)])
 def test_a_rule_that_drops_a_field_it_reads_gives_another_answer(monkeypatch, dropped, req):
     """Each rule's reads without one knob field: the parts' and groups' keys no longer tell apart plans that differ in
     it, and some check answers another plan's verdict."""
@@ -132,11 +140,12 @@ def test_each_group_joins_one_part_whose_key_reads_its_fields():
     groups = kept._groups[engine.backend_of(job.framework, 0)]
     parts = knob_parts(groups, KNOBS)
     fields_of = {id(g.memo): g.fields for g in groups}
-    assert sorted(id(memo) for *_, members in parts for _, memo, _, _ in members) == sorted(fields_of)
+    assert sorted(id(memo) for *_, members, _ in parts for _, memo, _, _ in members) == sorted(fields_of)
     plan = Plan(tp=2, pp=2, ep=4, dp=4, recompute="full")
-    for key, reads_job, _, members in parts:
+    for key, reads_job, _, members, knobs in parts:
         union = {name for _, memo, _, _ in members for name in fields_of[id(memo)]}
         assert reads_job == ("global_batch_size" in union)
+        assert union & set(KNOBS) <= knobs  # the knobs first_errors_over reads a part by
         for name, value in TWINS.items():
             twin = plan.model_copy(update={name: value})
             keys = [key(p.__dict__, job) if reads_job else key(p.__dict__) for p in (plan, twin)]

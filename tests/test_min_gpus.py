@@ -15,10 +15,10 @@ from meshplan.faces.cli import main
 from meshplan.schema.reports import Finding
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, minimum_gpus, recommend, search_job
-from meshplan.search.engine import bound_preset
 from meshplan.search.gpu_count import fits_somewhere, states_floor
 from meshplan.search.policy import headroom_for, memory_budget, min_headroom_fraction
 from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, params_split, state_preset
+from meshplan.search.zero_stages import bound_preset
 
 
 def _floor(model: str, gpu: str = "h100", **fields) -> int:
@@ -200,9 +200,10 @@ def test_the_scan_asks_the_rules_only_of_a_stage_whose_lightest_variant_fits():
     assert asked
 
 
-def test_the_scan_raises_an_estimate_the_rules_would_block_only_where_they_pass():
-    # the estimate comes before the rules; one that raises is held until some micro-batch passes the rules (as if
-    # they were asked first): a stage the rules reject on every micro-batch is skipped, not an error
+def test_an_estimate_the_rules_block_counts_as_a_fit_where_they_pass_another_plan():
+    # the estimate comes before the rules; one that raises proves nothing of the stage's other plans (EP009 refuses
+    # the overlap at full recompute only), so it counts as a fit where the rules pass some plan of the stage (the
+    # count is left to recommend's search), and a stage the rules reject on every plan is skipped, not an error
     base = default_engine("megatron-core")
 
     def blocked(*_, **__):
@@ -214,5 +215,24 @@ def test_the_scan_raises_an_estimate_the_rules_would_block_only_where_they_pass(
         return report.model_copy(update={"ok": False, "findings": [finding]})
 
     assert not fits_somewhere(*_scan_at("llama-3.1-8b", 8, replace(base, memory_fit=blocked, check=rejecting)))
-    with pytest.raises(MeshplanError, match="blocked by a rule"):
-        fits_somewhere(*_scan_at("llama-3.1-8b", 8, replace(base, memory_fit=blocked)))
+    assert fits_somewhere(*_scan_at("llama-3.1-8b", 8, replace(base, memory_fit=blocked)))
+
+
+RECOMPUTE_RULED = [
+    # OF002: DeepSpeed's activation offload needs full recompute; the scan asked the rules at none only and found
+    # no count up to its bound
+    (dict(model="llama-3.1-8b", gpu="h100", framework="deepspeed", activation_offload=True, seq_length=2048,
+          global_batch_size=8, headroom=0.1), 2),
+    # EP009: a fixed moe_a2a_overlap refuses full recompute; the scan's estimate at full raised out of min-gpus
+    (dict(model="deepseek-v2-lite", gpu="b200", framework="megatron-core", moe_a2a_overlap=True, seq_length=2048,
+          global_batch_size=24, headroom=0.4), 4),
+]
+
+
+@pytest.mark.parametrize(("fields", "count"), RECOMPUTE_RULED, ids=["OF002", "EP009"])
+def test_the_scan_reads_the_rules_at_every_recompute(fields, count):
+    """fits_somewhere asks the rules at each recompute, and an estimate they block counts as a fit: the count is the
+    first the scan checks (its floor), where recommend ranks a layout."""
+    got = minimum_gpus(Request(**fields))
+    assert got.num_gpus == count and f"from {count}:" in got.rationale
+    assert recommend(Request(**fields, num_gpus=count), top_k=1).candidates

@@ -86,6 +86,16 @@ NAMED = [
     # and the search answered 0.2014 s first (search.estimators.ideal_time now reads lora.frozen_flops_per_token).
     dict(model="mistral-7b", num_gpus=2, gpu="b200", framework="megatron-bridge", lora_rank=64, seq_length=1024,
          global_batch_size=16, headroom=0.0),
+    # Rules that read the recompute (engine.apply_rules asked them at the lightest one and took the verdict for every
+    # recompute). OF002: DeepSpeed offloads only the inputs its checkpointing keeps, so activation_offload needs full
+    # recompute: every layout was rejected at `none`, and the search answered nothing where the oracle ranks 0.910 s
+    # (ZeRO-3 mbs 2 full).
+    dict(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,
+         seq_length=2048, global_batch_size=8, headroom=0.1),
+    # EP009: a fixed moe_a2a_overlap refuses full recompute; the rules passed at `none`, so the staircase's memory
+    # estimate at `full` raised out of recommend (EstimateBlocked) where the oracle ranks 0.264 s.
+    dict(model="deepseek-v2-lite", num_gpus=6, gpu="b200", framework="megatron-core", moe_a2a_overlap=True,
+         seq_length=2048, global_batch_size=24, headroom=0.4),
 ]
 
 
@@ -100,31 +110,6 @@ def test_the_search_finds_the_oracles_top_k_on_named_requests(fields):
         rows_of((r.step_time_s, r.peak_bytes) for r in oracle))
 
 
-# Requests where the search is still not the oracle (a generic sampler found them; pre-existing at 2e32021): the
-# structural rules' verdict is read at the lightest recompute (engine.apply_rules) and taken for every recompute, but
-# two rules depend on it. OF002: DeepSpeed offloads only checkpointed inputs, so activation_offload needs full
-# recompute, and every layout is rejected at `none`; EP009: a fixed moe_a2a_overlap refuses full recompute, and the
-# memory walk's estimate at `full` raises out of recommend (EstimateBlocked).
-KNOWN_WRONG = [
-    dict(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,
-         seq_length=2048, global_batch_size=8, headroom=0.1),  # oracle 0.910 s (ZeRO-3 mbs 2 full); search: nothing
-    dict(model="deepseek-v2-lite", num_gpus=6, gpu="b200", framework="megatron-core", moe_a2a_overlap=True,
-         seq_length=2048, global_batch_size=24, headroom=0.4),  # oracle 0.264 s; search: EP009 raised
-]
-
-
-@pytest.mark.xfail(strict=True, reason="rules that depend on the recompute are read at the lightest one")
-@pytest.mark.parametrize("fields", KNOWN_WRONG)
-def test_the_search_finds_the_oracles_top_k_where_a_rule_reads_the_recompute(fields):
-    req = Request(**fields)
-    oracle = exhaustive_top_k(req, 3)
-    assert oracle
-    rec = recommend(req, top_k=3)
-    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
-        [r.step_time_s for r in oracle], rel=1e-12)
-
-
-@pytest.mark.xfail(strict=True, reason="rules that depend on the recompute are read at the lightest one (PP015 here)")
 def test_the_search_finds_the_oracles_top_k_on_llama_4_scout_with_fixed_degrees():
     """Found by a generic sampler (pre-existing at 2e32021): the search answers one row, 16.93 s (ZeRO-1 mbs 1 full),
     where the oracle's next four are ZeRO-3 plans that fit (17.09 s at 49.2 GB, 17.92 s at 55.7 GB, 20.72 s, 27.76 s on

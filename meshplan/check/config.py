@@ -46,7 +46,7 @@ def check_structure(job: Job, plan: Plan) -> list[Finding]:
 
 class StructuralCheck:
     """check_config without the memory rules (check_structure's report: what the search prunes with), and
-    `first_error_of`: the first error among its findings, without building the report."""
+    `first_error_of` / `first_errors_over`: the first error among its findings, without building the report."""
 
     def __call__(self, job: Job, plan: Plan) -> CheckReport:
         return check_config(job, plan, include_memory=False)
@@ -57,6 +57,13 @@ class StructuralCheck:
         they are kept (Verdicts.first_error_of: the plan's values are base's, a plan that differs from it in the knobs
         only, with the knobs)."""
         return verdicts(job).first_error_of(job, knobs, base, build)
+
+    @staticmethod
+    def first_errors_over(job: Job, variants: list[dict[str, Any]], base: Plan | None,
+                          builds: list[Callable[[], Plan]]) -> list[Finding | None]:
+        """first_error_of of each of plans that differ from one another in a few knobs (Verdicts.first_errors_over:
+        the rules that read none of the knobs that differ are asked once)."""
+        return verdicts(job).first_errors_over(job, variants, base, builds)
 
 
 def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> list[str]:

@@ -395,6 +395,8 @@ class Verdicts:
         self._by_zero: dict[int, Program] = {}
         self._groups: dict[str, tuple[RuleGroup, ...]] = {}  # per engine: its program's groups
         self._parts: dict[tuple[Any, tuple[str, ...]], tuple[Part, ...] | None] = {}  # per ZeRO stage/engine, knobs
+        # first_errors_over's parts per ZeRO stage, knobs and the knobs that differ: (those reading none, the others)
+        self._splits: dict[tuple[int, tuple[str, ...], frozenset[str]], tuple[tuple[Part, ...], ...] | None] = {}
 
     def _program(self, zero_stage: int) -> Program:
         """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
@@ -472,28 +474,66 @@ class Verdicts:
         if parts is None:
             return next((f for f in self.findings(job, build()) if f.severity == "error"), None)
         plans = _Lazy(base.__dict__ | knobs if base is not None else None, build)
-        values = plans.values()
-        first: tuple[int, Finding] | None = None
-        for key, reads_job, memo, groups in parts:
-            key = key(values, job) if reads_job else key(values)
-            hit = memo.get(key, False)
-            if hit is False:
-                try:
-                    hit = _part_error(groups, job, plans)
-                except Exception:  # as findings
-                    return next((f for f in structural_findings(job, plans.plan()) if f.severity == "error"), None)
-                if len(memo) >= MEMO_CAP:
-                    memo.clear()
-                memo[key] = hit
-            if hit is not None and (first is None or hit[0] < first[0]):
-                first = hit
+        try:
+            first = _first_of_parts(parts, job, plans)
+        except Exception:  # as findings
+            return next((f for f in structural_findings(job, plans.plan()) if f.severity == "error"), None)
         return None if first is None else first[1]
+
+    def first_errors_over(self, job: Job, variants: list[dict[str, Any]], base: Plan | None,
+                          builds: list[Callable[[], Plan]]) -> list[Finding | None]:
+        """first_error_of for each of plans that differ from one another in a few knobs (a layout's recomputes at one
+        ZeRO stage and micro-batch, with the EP overlap each allows): the parts whose rules read none of the knobs
+        that differ answer every variant as they answer the first, so only the others are asked per variant."""
+        head = variants[0]
+        names = tuple(head)
+        changed = frozenset(name for knobs in variants[1:] for name in names if knobs[name] != head[name])
+        split = self._splits.get((head["zero_stage"], names, changed), False)
+        if split is False:
+            parts = self._parts_of(head["zero_stage"], names)
+            split = self._splits[(head["zero_stage"], names, changed)] = None if (
+                parts is None or "zero_stage" in changed) else (tuple(p for p in parts if not p[4] & changed),
+                                                               tuple(p for p in parts if p[4] & changed))
+        if split is None or base is None:
+            return [self.first_error_of(job, k, base, b) for k, b in zip(variants, builds, strict=True)]
+        common, varying = split
+        values = base.__dict__ | head  # updated in place with each variant's knobs: the keys read it, not the plans
+        out: list[Finding | None] = []
+        try:
+            shared = _first_of_parts(common, job, _Lazy(values, builds[0]))
+            for knobs, build in zip(variants, builds, strict=True):
+                values.update(knobs)
+                own = _first_of_parts(varying, job, _Lazy(values, build))
+                first = own if shared is None or (own is not None and own[0] < shared[0]) else shared
+                out.append(None if first is None else first[1])
+        except Exception:  # a condition raised: each variant as first_error_of answers it
+            return [self.first_error_of(job, k, base, b) for k, b in zip(variants, builds, strict=True)]
+        return out
+
+
+def _first_of_parts(parts: tuple[Part, ...], job: Job, plans: _Lazy) -> tuple[int, Finding] | None:
+    """The first error (card position, finding) of the parts' kept first errors on the plan (asked where not kept);
+    a condition that raises raises here."""
+    values = plans.values()
+    first: tuple[int, Finding] | None = None
+    for key, reads_job, memo, groups, _ in parts:
+        key = key(values, job) if reads_job else key(values)
+        hit = memo.get(key, False)
+        if hit is False:
+            hit = _part_error(groups, job, plans)
+            if len(memo) >= MEMO_CAP:
+                memo.clear()
+            memo[key] = hit
+        if hit is not None and (first is None or hit[0] < first[0]):
+            first = hit
+    return first
 
 
 ProgramGroup = tuple[Callable[..., Any], dict[Any, Fired], tuple[tuple[int, RuleSpec, Condition], ...], bool]
 # A part of a program's groups: its key (from the plan's values, and the job where it reads JOB_READS), whether it
-# reads JOB_READS, its first errors per key (card position, finding; None: no error), its groups as a program's.
-Part = tuple[Callable[..., Any], bool, dict[Any, tuple[int, Finding] | None], tuple[ProgramGroup, ...]]
+# reads JOB_READS, its first errors per key (card position, finding; None: no error), its groups as a program's, the
+# knob fields they read.
+Part = tuple[Callable[..., Any], bool, dict[Any, tuple[int, Finding] | None], tuple[ProgramGroup, ...], frozenset[str]]
 
 
 def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[Part, ...]:
@@ -511,10 +551,10 @@ def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[P
     for group, fields in zip(groups, reads, strict=True):
         members[min((top for top in tops if fields <= top and (top or not fields)), key=len)].append(group)
     out = []
-    for member in members.values():
+    for top, member in members.items():
         union = RuleGroup(tuple(sorted({name for g in member for name in g.fields})), (), {})
         out.append((union.key, bool(union.job_fields), {},
-                    tuple((g.key, g.memo, g.rules, bool(g.job_fields)) for g in member)))
+                    tuple((g.key, g.memo, g.rules, bool(g.job_fields)) for g in member), top))
     return tuple(out)
 
 

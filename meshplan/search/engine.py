@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.memory_states import Convention, StateTensor
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import step_terms
 from meshplan.knowledge.cards import framework_card
-from meshplan.rules.engine import Context, EstimateBlocked, load_rules, require_estimable
+from meshplan.rules.engine import Context, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds
@@ -53,11 +52,11 @@ from meshplan.search.space import (
     enumerate_layouts,
     knobs,
     params_split,
-    state_preset,
     within_nvlink,
     zero_ladder,
 )
 from meshplan.search.tier_floor import tier_floor
+from meshplan.search.zero_stages import bound_preset, estimable_zeros, first_valid
 
 
 class Level(IntEnum):
@@ -94,37 +93,6 @@ class Found:
     plan: Plan
     memory: MemoryReport
     throughput: ThroughputReport
-
-
-def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int, ...]:
-    """The ZeRO stages an estimate can take with the request's carried fields: a stage where a blocking rule refuses
-    the plainest layout (no model parallelism) while another stage passes is left out of the ladder, e.g. FSDP with
-    optimizer=muon (PR005). The search's model-state bounds take the ladder's last stage as the lightest, so a stage
-    no estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
-    if not fixed.given:  # the frameworks' own defaults block no stage
-        return zeros
-    plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=job.num_gpus)
-    ok = []
-    for zero in zeros:
-        try:
-            require_estimable(job, plain.plan(zero_stage=zero, recompute="none", micro_batch_size=1,
-                                              sequence_parallel=False, cp_comm_type="p2p", **fixed.carried))
-        except EstimateBlocked:
-            continue
-        ok.append(zero)
-    return tuple(ok) or zeros
-
-
-def bound_preset(job: Job, zero: int, carried: dict[str, object]) -> tuple[Convention, list[StateTensor]]:
-    """space.state_preset as the search's memory bounds read it (the model-state bounds, the first stage's floor, the
-    smallest GPU count's floor). Where the trainer sets the gradients to None before each backward (the convention's
-    grads_set_to_none: torch FSDP2), the estimate's peak with one micro-batch per step comes before the gradients
-    exist (estimate/fsdp_walk.py), so the bounds count none: Moonlight-16B-A3B on 3 A100 with verl, ZeRO-3, fits in
-    72.8 GB though its states are 85.1 GB (tests/test_search_oracle.py found it)."""
-    conv, tensors = state_preset(job, zero, carried)
-    if conv.grads_set_to_none:
-        tensors = [t for t in tensors if t.tensor_class != "gradients"]
-    return conv, tensors
 
 
 @dataclass(kw_only=True)
@@ -242,23 +210,33 @@ class BestFirstSearch(StepTimeBounds):
         self.push(max(key, bound), Level.RULES, (lay, mbs, floor))
 
     def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
-        """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage."""
-        n_r = len(self.recomputes)
+        """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage. The rules are asked at every
+        recompute (check_errors: some read it, or the EP overlap it allows), each plan they refuse counted under its
+        own first error; a stage goes on with the mask of the recomputes they pass (bit i: recomputes[i])."""
         alive: list[int] = []
+        masks: list[int] = []
+        rejected = self.rejected
         for zero in self.zeros:
-            error = self.check_error(lay, zero, self.recomputes[0], mbs)
-            if error:
-                self.rejected[error] += n_r
-            elif (bound := self.states_bound(lay, zero)) > self.budget:
-                self.rejected[self.memory_rule_for(bound)] += n_r
+            mask = 0
+            for i, error in enumerate(self.check_errors(lay, zero, mbs)):
+                if error:
+                    rejected[error] += 1
+                else:
+                    mask |= 1 << i
+            if not mask:
+                continue
+            if (bound := self.states_bound(lay, zero)) > self.budget:
+                rejected[self.memory_rule_for(bound)] += mask.bit_count()
             elif (later := self.ranks_bytes(lay, zero)) > self.budget:  # a later pipeline rank's states alone
-                self.rejected[self.memory_rule_for(later)] += n_r
+                rejected[self.memory_rule_for(later)] += mask.bit_count()
             else:
                 alive.append(zero)
+                masks.append(mask)
         if alive:
-            self.carry(key, lay, mbs, tuple(alive), low)
+            self.carry(key, lay, mbs, tuple(alive), tuple(masks), low)
 
-    def carry(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
+    def carry(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
+              low: int) -> None:
         """The NEED node of the ZeRO stages the rules pass, or where a stage's sharding traffic per micro-batch
         (sharding_bound, at any recompute) puts its plans beyond `key`, one node per distinct key, each with its
         stages in the ladder's order: a node for some of the stages is still their bound (its need, the least
@@ -266,57 +244,67 @@ class BestFirstSearch(StepTimeBounds):
         than what is ranked is never estimated."""
         keys = [max(key, self.sharding_bound(lay, zero, mbs)) for zero in alive]
         for k in sorted(set(keys)):
-            self.need_alive(k, lay, mbs, tuple(z for z, kz in zip(alive, keys, strict=True) if kz == k), low)
+            picked = [i for i, kz in enumerate(keys) if kz == k]
+            self.need_alive(k, lay, mbs, tuple(alive[i] for i in picked), tuple(masks[i] for i in picked), low)
 
-    def need_alive(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
-        """The NEED node of the ZeRO stages the rules pass, `alive`: the floor level's `low` read the first rank's
-        floors at every ZeRO stage (need_floor), but where the rules reject the stages whose floors fit with less
-        recompute, the least recompute whose floor fits at an alive stage (zero_needs, kept per layout and micro-batch)
-        is higher: no recompute (every plan over the memory rule, as confirm_need would find after its estimates), or
-        a heavier one whose pipeline bound raises the key (the bound confirm_need would raise it to, so a node over
-        the cutoff is never estimated). The recomputes under `low` are counted over the memory rule here, the rest
-        by confirm_need or, never popped, by drain (covered)."""
+    def need_alive(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
+                   low: int) -> None:
+        """The NEED node of the ZeRO stages the rules pass, `alive`, at the recomputes they pass (`masks`): the floor
+        level's `low` read the first rank's floors at every ZeRO stage (need_floor), but where the rules reject the
+        stages or recomputes whose floors fit with less recompute, the least recompute whose floor fits at an alive
+        stage and that the rules pass there (zero_needs, kept per layout and micro-batch) is higher: none (every
+        plan over the memory rule, as confirm_need would find after its estimates), or a heavier one whose pipeline
+        bound raises the key (the bound confirm_need would raise it to, so a node over the cutoff is never
+        estimated). The plans under `low` are counted over the memory rule here, the rest by confirm_need or, never
+        popped, by drain (covered)."""
         n_r = len(self.recomputes)
         needs = self.zero_needs(lay, mbs)
-        floor = min(needs[self.zeros.index(zero)] for zero in alive)
+        floor = min(first_valid(mask, needs[self.zeros.index(zero)], n_r)
+                    for zero, mask in zip(alive, masks, strict=True))
         if floor >= n_r:
-            self.rejected[self.engine.memory_rule] += n_r * len(alive)
+            self.rejected[self.engine.memory_rule] += sum(mask.bit_count() for mask in masks)
             return
         if floor > low:
             key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True))
             low = floor
-        self.rejected[self.engine.memory_rule] += low * len(alive)
-        self.push(key, Level.NEED, (lay, mbs, alive, low))
+        self.rejected[self.engine.memory_rule] += sum(mask.bit_count() - (mask >> low).bit_count() for mask in masks)
+        self.push(key, Level.NEED, (lay, mbs, alive, masks, low))
 
-    def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], low: int) -> None:
-        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry),
-        estimated; every stage needs at least that much. If nothing fits, nothing does at any larger micro-batch
-        either. `low`: what need_alive found at the alive stages' floors (need's ceiling from a larger micro-batch
-        reads every stage's need)."""
+    def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
+                     low: int) -> None:
+        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry) and
+        that they pass there, estimated; every stage needs at least that much. If nothing fits, nothing does at any
+        larger micro-batch either. `low`: what need_alive found at the alive stages' floors (need's ceiling from a
+        larger micro-batch reads every stage's need)."""
         n_r = len(self.recomputes)
-        need = max(low, self.need(lay, mbs, alive))
+        need = max(low, self.need(lay, mbs, alive, masks))
+        above = [(mask >> low).bit_count() for mask in masks]
         if need >= n_r:
-            self.rejected[self.engine.memory_rule] += (n_r - low) * len(alive)
+            self.rejected[self.engine.memory_rule] += sum(above)
             return
-        self.rejected[self.engine.memory_rule] += (need - low) * len(alive)  # those under `low`: need_alive
+        # the plans from `low` up to the need (those under `low`: need_alive)
+        self.rejected[self.engine.memory_rule] += sum(above) - sum((mask >> need).bit_count() for mask in masks)
         if need > low:
             key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[need], interleave=True))
-        self.push(key, Level.STAIRCASE, (lay, mbs, alive, need))
+        self.push(key, Level.STAIRCASE, (lay, mbs, alive, masks, need))
 
-    def staircase(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], need: int) -> None:
-        """Level.STAIRCASE: for each ZeRO stage the least recompute that fits; heavier recompute of the same stage
-        is dominated, lighter does not fit. No stage is lighter than every other (plans.lightest), so each walks up
-        from `need`, the least that fits at any of them."""
+    def staircase(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
+                  need: int) -> None:
+        """Level.STAIRCASE: for each ZeRO stage the least recompute that fits among those the rules pass there;
+        heavier recompute of the same stage is dominated, lighter does not fit. No stage is lighter than every other
+        (plans.lightest), so each walks up from `need`, the least that fits at any of them."""
         n_r = len(self.recomputes)
-        for zero in reversed(alive):
-            i = need
+        for zero, mask in reversed(tuple(zip(alive, masks, strict=True))):
+            i = first_valid(mask, need, n_r)
             while i < n_r and not self.fits(lay, zero, self.recomputes[i], mbs):
-                i += 1
+                i = first_valid(mask, i + 1, n_r)
+            above = (mask >> need).bit_count()
             if i == n_r:
-                self.rejected[self.engine.memory_rule] += n_r - need
+                self.rejected[self.engine.memory_rule] += above
                 continue
-            self.rejected[self.engine.memory_rule] += i - need
-            self.rejected[DOMINATED] += n_r - i - 1
+            rest = (mask >> i).bit_count()  # this plan and the heavier ones the rules pass
+            self.rejected[self.engine.memory_rule] += above - rest
+            self.rejected[DOMINATED] += rest - 1
             bound = key if i == need else self.pipeline_bound(lay, mbs, self.recomputes[i], interleave=True)
             self.push(max(key, bound), Level.STEP, (lay, mbs, zero, self.recomputes[i]))
 
@@ -565,10 +553,8 @@ class BestFirstSearch(StepTimeBounds):
             return self.variants() * payload[0].nodes
         if level <= Level.RULES:
             return self.variants()
-        if level == Level.NEED:  # those under its low: counted by need_alive
-            return len(payload[2]) * (len(self.recomputes) - payload[3])
-        if level == Level.STAIRCASE:
-            return len(payload[2]) * (len(self.recomputes) - payload[3])
+        if level in (Level.NEED, Level.STAIRCASE):  # the plans the rules pass from its low (or need) up
+            return sum((mask >> payload[4]).bit_count() for mask in payload[3])
         return 1
 
     def drain(self, bucket: str) -> None:

@@ -21,12 +21,13 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import lcm
 from meshplan.schema.plan import Job
 from meshplan.search.answer import fixed_text, keeps
-from meshplan.search.engine import BestFirstSearch, bound_preset, run_search
+from meshplan.search.engine import BestFirstSearch, run_search
 from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
 from meshplan.search.policy import memory_budget, search_limits
 from meshplan.search.refusal import rule_blocking_every_count
 from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split
+from meshplan.search.zero_stages import bound_preset
 
 Ranks = Callable[[int, Job], bool]
 """Whether recommend ranks a layout at a GPU count (the count, and the job there)."""
@@ -35,7 +36,7 @@ Ranks = Callable[[int, Job], bool]
 def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
     """A necessary condition for recommend to rank a layout of this job: some layout's lightest variant (the most
     ZeRO sharding that passes the structural rules, the heaviest recompute, the smallest micro-batch) peaks within
-    `budget`. The rules are asked as the search asks them (at the lightest recompute), and the search's own
+    `budget`. The rules are asked as the search asks them (at every recompute), and the search's own
     assumptions (more sharding, more recompute and a smaller micro-batch never add memory) make a False here a proof
     that the search ranks nothing. Layouts with the smallest model-state bound first (ties in enumeration order: the
     answer is the same in any order); stops at the first over it."""
@@ -60,23 +61,19 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
 
 
 def lightest_passes(search: BestFirstSearch, lay: Layout, zero: int, recompute: str, sizes: tuple[int, ...]) -> bool:
-    """Whether the layout's lightest variant at this ZeRO stage (`recompute`, the smallest micro-batch) fits and some
-    micro-batch passes the structural rules (asked as the search asks them, at the lightest recompute): the first
-    stage's memory floor (a cached sum), then the estimate, then the rules (one check per micro-batch, where most
-    stages that fit fail on every micro-batch of an interleaved or combined-1F1B split). An estimate the rules would
-    block is raised only where some micro-batch passes them, as when the rules were asked first."""
+    """Whether the layout's lightest variant at this ZeRO stage (`recompute`, the heaviest, and the smallest
+    micro-batch) fits and the structural rules pass some plan of the stage (asked as the search asks them, at every
+    recompute: some read it, engine.apply_rules): the first stage's memory floor (a cached sum), then the estimate,
+    then the rules (three checks per micro-batch, where most stages that fit fail on every micro-batch of an
+    interleaved or combined-1F1B split). An estimate the rules block proves nothing of the stage's other plans (EP009
+    refuses the EP overlap with full recompute only): it counts as a fit, and recommend settles the count."""
     if not search.floor_fits(lay, zero, recompute, sizes[0]):
         return False
-    blocked = None
     try:
         fits = search.fits(lay, zero, recompute, sizes[0])
-    except MeshplanError as exc:
-        fits, blocked = True, exc
-    if not fits or all(search.check_error(lay, zero, search.recomputes[0], mbs) for mbs in sizes):
-        return False
-    if blocked is not None:
-        raise blocked
-    return True
+    except MeshplanError:
+        fits = True
+    return fits and any(None in search.check_errors(lay, zero, mbs) for mbs in sizes)
 
 
 def count_unit(job: Job, fixed: Fixed) -> int:

@@ -262,6 +262,29 @@ class SearchPlans:
         self.caches.first_finding.setdefault(error.id, error)
         return error.id
 
+    def check_errors(self, lay: Layout, zero: int, mbs: int) -> tuple[str | None, ...]:
+        """check_error at each recompute of the search: a layout's plans at one ZeRO stage and micro-batch differ in
+        the recompute and the EP overlap it allows, and rules read both (OF002: DeepSpeed's activation offload needs
+        full recompute; EP009 refuses the overlap with full recompute; PP015 reads the overlap). Asked together
+        (the check's first_errors_over, where it has one): the rules that read neither are asked once."""
+        keys = [(lay, zero, recompute, mbs) for recompute in self.recomputes]
+        checks = self.caches.checks
+        over = getattr(self.engine.check, "first_errors_over", None)
+        found = [checks.get(key, False) for key in keys]
+        if over is None:
+            return tuple(self.check_error(*key) for key in keys)
+        if any(error is False for error in found):
+            self.calls["check"] += len(keys)
+            found = over(self.job, [self.knobs(*key) for key in keys], self.caches.plans.get(lay),
+                         [lambda key=key: self.plan(*key) for key in keys])
+            for key, error in zip(keys, found, strict=True):
+                checks[key] = error
+        first = self.caches.first_finding
+        for error in found:
+            if error is not None:
+                first.setdefault(error.id, error)
+        return tuple(None if error is None else error.id for error in found)
+
     def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
         """The plan's estimate, finished from its step's terms when the search already computed them (the same
         numbers: estimate_throughput is step_terms then throughput_of)."""
@@ -592,17 +615,19 @@ class SearchPlans:
                                              reserved=self.reserved_floors)
         return low > self.budget
 
-    def need(self, lay: Layout, mbs: int, alive: tuple[int, ...]) -> int:
-        """The least recompute index that fits at any of the `alive` ZeRO stages (those the structural rules pass;
-        plans.lightest). The memory floor is usually right, so its answer is tried first and the walk goes up from
-        there. Remembered for the other micro-batches (need_range) only when every stage is alive: fewer stages
-        need no less, so a need of all of them stays a floor for any."""
+    def need(self, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...]) -> int:
+        """The least recompute index that fits at any of the `alive` ZeRO stages where the structural rules pass it
+        (`masks`: per stage, bit i set where they pass recomputes[i]; plans.lightest). The memory floor is usually
+        right, so its answer is tried first and the walk goes up from there. Remembered for the other micro-batches
+        (need_range) only when every stage is alive at every recompute: fewer stages or recomputes need no less, so a
+        need of all of them stays a floor for any."""
         low, high = self.need_range(lay, mbs)
         n_r = len(self.recomputes)
         i = max(low, min(high, self.need_floor(lay, mbs)))
-        lightest = tuple(zero for zero in alive if self.may_fit(lay, zero, mbs))
-        while i < min(high, n_r) and not any(self.fits(lay, zero, self.recomputes[i], mbs) for zero in lightest):
+        lightest = tuple((zero, mask) for zero, mask in zip(alive, masks, strict=True) if self.may_fit(lay, zero, mbs))
+        while i < min(high, n_r) and not any(mask >> i & 1 and self.fits(lay, zero, self.recomputes[i], mbs)
+                                             for zero, mask in lightest):
             i += 1
-        if set(alive) == set(self.zeros):
+        if set(alive) == set(self.zeros) and all(mask == (1 << n_r) - 1 for mask in masks):
             self.caches.least_recompute.setdefault(lay, {})[mbs] = i
         return i

@@ -1,0 +1,48 @@
+"""The ZeRO stages a search takes and what it reads of each: the stages an estimate can take with the request's carried
+fields, their model-state presets as the memory bounds read them, and the recomputes the structural rules pass at a
+stage (a mask per stage, engine.apply_rules)."""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.memory_states import Convention, StateTensor
+from meshplan.rules.engine import EstimateBlocked, require_estimable
+from meshplan.schema.plan import Job
+from meshplan.search.space import Fixed, Layout, state_preset
+
+
+def first_valid(mask: int, low: int, n_r: int) -> int:
+    """The least recompute index from `low` up whose bit is set in `mask` (the recomputes the rules pass at a ZeRO
+    stage: apply_rules), `n_r` where there is none."""
+    rest = mask >> low
+    return low + (rest & -rest).bit_length() - 1 if rest else n_r
+
+
+def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO stages an estimate can take with the request's carried fields: a stage where a blocking rule refuses
+    the plainest layout (no model parallelism) while another stage passes is left out of the ladder, e.g. FSDP with
+    optimizer=muon (PR005). The search's model-state bounds take the ladder's last stage as the lightest, so a stage
+    no estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
+    if not fixed.given:  # the frameworks' own defaults block no stage
+        return zeros
+    plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=job.num_gpus)
+    ok = []
+    for zero in zeros:
+        try:
+            require_estimable(job, plain.plan(zero_stage=zero, recompute="none", micro_batch_size=1,
+                                              sequence_parallel=False, cp_comm_type="p2p", **fixed.carried))
+        except EstimateBlocked:
+            continue
+        ok.append(zero)
+    return tuple(ok) or zeros
+
+
+def bound_preset(job: Job, zero: int, carried: dict[str, object]) -> tuple[Convention, list[StateTensor]]:
+    """space.state_preset as the search's memory bounds read it (the model-state bounds, the first stage's floor, the
+    smallest GPU count's floor). Where the trainer sets the gradients to None before each backward (the convention's
+    grads_set_to_none: torch FSDP2), the estimate's peak with one micro-batch per step comes before the gradients
+    exist (estimate/fsdp_walk.py), so the bounds count none: Moonlight-16B-A3B on 3 A100 with verl, ZeRO-3, fits in
+    72.8 GB though its states are 85.1 GB (tests/test_search_oracle.py found it)."""
+    conv, tensors = state_preset(job, zero, carried)
+    if conv.grads_set_to_none:
+        tensors = [t for t in tensors if t.tensor_class != "gradients"]
+    return conv, tensors
