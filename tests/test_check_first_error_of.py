@@ -17,7 +17,8 @@ from meshplan.search.plans import SearchPlans
 
 # H200: the pipelined layouts whose middle ranks are over an H100 (floors.ranks_floor) fit: their plans reach the rules
 KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h200")  # PP015 (ZeRO stage, EP overlap), PP005 (micro-batch)
-QWEN = Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100")  # flex dispatcher, EP overlap, PP015
+# flex dispatcher, EP overlap asked for: PP015 (ZeRO-3 over virtual stages), EP009 (full recompute)
+QWEN = Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100", moe_a2a_overlap=True)
 DEEPSPEED = Request(model="deepseek-v2-lite", num_gpus=8, gpu="h100", framework="deepspeed", micro_batch_size=2)
 # OF002 reads the recompute: DeepSpeed's activation offload needs full recompute (first_errors_over's varying part)
 OFFLOAD = Request(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,

@@ -4,6 +4,7 @@ account of the terms it rests on (cards/accuracy.yaml)."""
 
 import pytest
 
+from meshplan.check.config import check_config
 from meshplan.estimate.accuracy import terms
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.request.resolve import resolve
@@ -13,8 +14,9 @@ from meshplan.search import exhaustive_top_k, recommend
 
 @pytest.mark.parametrize("fields", [
     {"model": "olmoe-1b-7b", "num_gpus": 8, "seq_length": 2048, "pp": 2, "tp": 1},
+    # ZeRO-1: at ZeRO-3 over virtual stages PP015 refuses the overlap, and those plans (without it) are faster here
     {"model": "qwen3-30b-a3b", "num_gpus": 32, "seq_length": 1024, "tp": 1, "cp": 1, "pp": 2,
-     "global_batch_size": 256},
+     "global_batch_size": 256, "zero_stage": 1},
 ])
 def test_search_with_ep_overlap_finds_the_exhaustive_top_k(fields):
     """The overlap's bound (references at a steady share of 1, plus what each micro-batch outside the steady state
@@ -46,6 +48,26 @@ def test_overlap_is_chosen_where_the_rule_allows_it_and_said_with_its_price():
     # a pipeline without virtual stages cannot overlap (Megatron-Core asserts vpp with pp > 1)
     piped = recommend(Request(**{**fields, "pp": 2, "vpp": 1}, framework="megatron-bridge"), top_k=2)
     assert not any(c.plan.moe_a2a_overlap for c in piped.candidates)
+
+
+def test_the_overlap_is_off_where_pp015_refuses_it():
+    """Megatron-Core refuses the EP overlap (its combined 1F1B) with Megatron-FSDP over virtual stages (PP015), so
+    there the valid plan is the one without it; the search took the overlap wherever EP009 allowed it, and every
+    ZeRO-3 plan over virtual stages broke PP015. Qwen3-30B-A3B on 32 H100 at PP2 now ranks ZeRO-3 interleaved plans
+    without the overlap first (the oracle's top 4), faster than the ZeRO-1 overlapped ones it answered before."""
+    req = Request(model="qwen3-30b-a3b", num_gpus=32, seq_length=1024, tp=1, cp=1, pp=2, global_batch_size=256)
+    rec = recommend(req, top_k=4)
+    oracle = exhaustive_top_k(req, 4)
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle], rel=1e-12)
+    best = rec.candidates[0].plan
+    assert best.zero_stage == 3 and best.vpp > 1 and not best.moe_a2a_overlap
+    job, plan = resolve(Request(**{**req.model_dump(exclude_unset=True), **{
+        k: getattr(best, k) for k in ("ep", "vpp", "micro_batch_size", "zero_stage", "recompute")}},
+        moe_a2a_overlap=True))
+    assert "PP015" in {f.id for f in check_config(job, plan, include_memory=False).findings if f.severity == "error"}
+    zero1 = recommend(req.model_copy(update={"zero_stage": 1}), top_k=1).candidates[0]
+    assert zero1.plan.moe_a2a_overlap and zero1.throughput.step_time_s > rec.candidates[0].throughput.step_time_s
 
 
 def test_the_optimizer_is_kept_never_searched():

@@ -13,7 +13,7 @@ from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.request import Request
 from meshplan.search import recommend
 from meshplan.search.estimators import default_engine
-from meshplan.search.plans import OVERLAP_READS, SearchPlans
+from meshplan.search.plans import OVERLAP_READS, OVERLAP_RULES, SearchPlans
 from meshplan.search.space import CARRIED_FIELDS, enumerate_layouts
 
 REQUESTS = [
@@ -27,7 +27,8 @@ REQUESTS = [
 
 
 def _overlap(search: SearchPlans, lay, zero, recompute) -> bool:
-    """moe_a2a_overlap as the search chose it before (EP009 probed per layout, ZeRO stage and recompute)."""
+    """moe_a2a_overlap as the search chooses it, probed per layout, ZeRO stage and recompute: on where neither EP009
+    nor PP015 refuses it."""
     if "moe_a2a_overlap" in search.fixed:
         return bool(search.fixed.values["moe_a2a_overlap"])
     if lay.schedule == "combined_1f1b":
@@ -35,7 +36,7 @@ def _overlap(search: SearchPlans, lay, zero, recompute) -> bool:
     if not search.a2a_open or lay.ep <= 1:
         return False
     probe = _validated(search, lay, zero, recompute, 1, overlap=True)
-    return load_rules()["EP009"](Context(search.job, probe)) is None
+    return all(load_rules()[rule](Context(search.job, probe)) is None for rule in ("EP009", "PP015"))
 
 
 def _validated(search: SearchPlans, lay, zero, recompute, mbs, overlap=None):
@@ -85,8 +86,8 @@ def test_every_plan_is_the_validated_plan(built):
         assert list(out.__dict__) == list(want.__dict__)
 
 
-def test_every_overlap_is_ep009s_on_the_layouts_own_probe(built):
-    """a2a_overlap's memo (per what EP009 reads) answers each layout of the space as a probe of that layout does."""
+def test_every_overlap_is_its_rules_on_the_layouts_own_probe(built):
+    """a2a_overlap's memo (per what its rules read) answers each layout of the space as a probe of that layout does."""
     searches = {id(search): search for search, *_ in built if search.a2a_open}.values()
     assert searches
     answers = set()
@@ -112,10 +113,14 @@ def test_every_first_error_is_the_reports(built):
     assert errors > 0
 
 
-def test_the_overlap_probe_is_keyed_by_all_ep009_reads():
-    """a2a_overlap keys its probe by pp, vpp, ep, ZeRO stage and recompute: every field EP009 reads that varies
-    between a search's plans (recompute_modules is never carried, the probe's overlap is on)."""
-    assert set(load_rules()["EP009"].reads) <= set(OVERLAP_READS)
+def test_the_overlap_probe_is_keyed_by_all_its_rules_reads():
+    """a2a_overlap keys its probe by pp, vpp, ep, ZeRO stage, recompute and the layout's named schedule: every field
+    the rules that refuse the overlap read that varies between a search's plans (recompute_modules is never carried,
+    the probe's overlap is on); every rule that reads the overlap is one of them."""
+    for rule in OVERLAP_RULES:
+        assert set(load_rules()[rule].reads) <= set(OVERLAP_READS)
+    reading = {name for name, cond in load_rules().items() if "moe_a2a_overlap" in (cond.reads or ())}
+    assert reading == set(OVERLAP_RULES)
     assert "recompute_modules" not in CARRIED_FIELDS
 
 

@@ -32,9 +32,13 @@ from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
 
-# The Plan fields rule EP009 reads (its `reads`): of a search's plan (`SearchPlans.plan`) they vary with pp, vpp, ep,
-# the ZeRO stage and the recompute only (recompute_modules is never set, the overlap is on in a2a_overlap's probe).
-OVERLAP_READS = ("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "moe_a2a_overlap")
+# The rules that refuse moe_a2a_overlap on a plan (Megatron-Core's asserts: EP009 its preconditions, PP015 a named
+# schedule other than combined 1F1B, or Megatron-FSDP over virtual stages), and the Plan fields they read (their
+# `reads`): of a search's plan (`SearchPlans.plan`) these vary with pp, vpp, ep, the ZeRO stage, the recompute and the
+# layout's named schedule only (recompute_modules is never set, the overlap is on in a2a_overlap's probe).
+OVERLAP_RULES = ("EP009", "PP015")
+OVERLAP_READS = ("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "pipeline_schedule",
+                 "moe_a2a_overlap")
 
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
 Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
@@ -129,7 +133,7 @@ class SearchPlans:
     over_stage: dict[int, int] = field(default_factory=dict)  # per pp: the stage memory_fit last found over
     caches: Caches = field(default_factory=Caches)
     calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
-    overlaps: dict[tuple[int, int, int, int, str], bool] = field(default_factory=dict)  # a2a_overlap's memo
+    overlaps: dict[tuple[int, int, int, int, str, str], bool] = field(default_factory=dict)  # a2a_overlap's memo
     dispatchers: dict[tuple[int, int, int], str] = field(default_factory=dict)  # dispatcher's per (ep, etp, ZeRO)
     tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
     presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
@@ -167,22 +171,23 @@ class SearchPlans:
                 "moe_token_dispatcher": self.dispatcher(lay, zero), "moe_a2a_overlap": overlap}
 
     def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
-        """moe_a2a_overlap: the user's, else on wherever rule EP009 (Megatron-Core's asserts) allows it. Overlap never
-        adds time in the cost model (moe_time.overlapped_a2a exposes at most the plain all-to-all) and no memory
-        (memory.py does not read it), so the plan with it dominates the plan without: one plan per key, as with
-        the flex dispatcher, rather than twice the space. EP009's verdict on the plan with the overlap on, once per
-        what it reads of it (OVERLAP_READS)."""
+        """moe_a2a_overlap: the user's, else on wherever the rules that refuse it (OVERLAP_RULES: Megatron-Core's
+        asserts) allow it. Overlap never adds time in the cost model (moe_time.overlapped_a2a exposes at most the plain
+        all-to-all) and no memory (memory.py does not read it), so the plan with it dominates the plan without where
+        both are valid: one plan per key, as with the flex dispatcher, rather than twice the space; where the rules
+        refuse it (e.g. PP015: ZeRO-3's Megatron-FSDP over virtual stages) the plan without it is the valid one. The
+        rules' verdicts on the plan with the overlap on, once per what they read of it (OVERLAP_READS)."""
         if "moe_a2a_overlap" in self.fixed:
             return bool(self.fixed.values["moe_a2a_overlap"])
         if lay.schedule == "combined_1f1b":  # the overlap's own schedule (a request that names it)
             return True
         if not self.a2a_open or lay.ep <= 1:
             return False
-        key = (lay.pp, lay.vpp, lay.ep, zero, recompute)  # what EP009 reads of a search's plan (OVERLAP_READS)
+        key = (lay.pp, lay.vpp, lay.ep, zero, recompute, lay.schedule)  # what the rules read of it (OVERLAP_READS)
         hit = self.overlaps.get(key)
         if hit is None:
-            probe = self.plan(lay, zero, recompute, 1, overlap=True)
-            hit = self.overlaps[key] = load_rules()["EP009"](Context(self.job, probe)) is None
+            ctx, rules = Context(self.job, self.plan(lay, zero, recompute, 1, overlap=True)), load_rules()
+            hit = self.overlaps[key] = all(rules[rule](ctx) is None for rule in OVERLAP_RULES)
         return hit
 
     def dispatcher(self, lay: Layout, zero: int) -> str:
