@@ -280,7 +280,10 @@ class SearchPlans:
             return tuple(self.check_error(*key) for key in keys)
         if any(error is False for error in found):
             self.calls["check"] += len(keys)
-            found = over(self.job, [self.knobs(*key) for key in keys], self.caches.plans.get(lay),
+            base = self.caches.plans.get(lay)
+            if base is None:  # the layout's first plan (plan keeps it): the others are read from its values
+                base = self.plan(*keys[0])
+            found = over(self.job, [self.knobs(*key) for key in keys], base,
                          [lambda key=key: self.plan(*key) for key in keys])
             for key, error in zip(keys, found, strict=True):
                 checks[key] = error
