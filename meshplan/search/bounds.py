@@ -147,9 +147,17 @@ class StepTimeBounds(SearchPlans):
         return value
 
     def pipeline_overlaps(self, lay: Layout) -> bool:
-        """Whether EP009 lets this layout's pipeline shape overlap the EP all-to-all (Megatron-Core wants virtual
-        stages when pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it."""
-        if not self.a2a_open or lay.ep <= 1:
+        """Whether this layout's plans may overlap the EP all-to-all: as the request fixes it, on with the combined
+        1F1B schedule, else where EP009 lets its pipeline shape overlap it (Megatron-Core wants virtual stages when
+        pp > 1), asked once per (pp, vpp): a layout that cannot is bounded by a reference without it. A plan with the
+        overlap fixed on is never slower than its bound's reference with it (a reference without it would be)."""
+        if lay.ep <= 1:
+            return False
+        if "moe_a2a_overlap" in self.fixed:
+            return bool(self.fixed.values["moe_a2a_overlap"])
+        if lay.schedule == "combined_1f1b":
+            return True
+        if not self.a2a_open:
             return False
         key = (lay.pp, lay.vpp)
         hit = self.pipeline_overlap.get(key)
