@@ -8,10 +8,10 @@ import math
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import links
-from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.perf import dp_traffic
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
+    edge_units,
     grad_reduce_bytes,
     layer_weights,
     param_gather_bytes,
@@ -42,22 +42,18 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     micro-batch (the schedule's gather_each_microbatch and reduce_each_microbatch)."""
     cal = calibration(job.framework)
     sched = sharding_schedule(job, plan, cal)
-    gathers = 2 * sched.gather_each_microbatch  # forward and backward (every decoder layer is resharded)
-    reduces = 1 if sched.reduce_each_microbatch else 0
-    if not gathers and not reduces:
+    gathered, reduced = sched.gather_each_microbatch, sched.reduce_each_microbatch
+    if not gathered and not reduced:
         return 0.0
     arch = job.model
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1)
     traffic = dp_traffic(plan, links(job.gpu, job.gpus_per_node, cal), groups, cal)
     grad_bytes = grad_reduce_bytes(plan, cal)
-    total = _layers_traffic(job, plan, traffic, (gathers, reduces), grad_bytes)
-    # the embedding (first stage) and the output head (head stage), as shard_units has them
-    embed = arch.vocab_size * arch.hidden_size / plan.tp
-    tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
-    head = 0.0 if tied_one_unit else embed
-    embed_gathers = gathers if not tied_one_unit else gathers // 2  # not resharded: gathered forward only
-    total += (embed_gathers * traffic(embed, 0.0, BF16) + reduces * traffic.reduce(embed, 0.0, grad_bytes)
-              + (gathers // 2) * traffic(head, 0.0, BF16) + reduces * traffic.reduce(head, 0.0, grad_bytes))
+    # every decoder layer is resharded: gathered forward and backward
+    total = _layers_traffic(job, plan, traffic, (2 * gathered, 1 if reduced else 0), grad_bytes)
+    # the embedding (first stage) and the output head (head stage): shard_units' own units (their windows unread)
+    embedding, output = edge_units(arch, plan, arch.vocab_size * arch.hidden_size / plan.tp, 0.0, traffic, grad_bytes)
+    total += embedding.moved(gathered, reduced) + output.moved(gathered, reduced)
     return total / plan.pp
 
 

@@ -32,6 +32,12 @@ class ShardUnit(NamedTuple):
     waits_fwd: float = 0.0  # share of its all-gather no prefetch can start early, forward (unprefetched_shares)
     waits_bwd: float = 0.0  # the same in the backward
 
+    def moved(self, gathered: bool, reduced: bool) -> float:
+        """Seconds of all its traffic in one forward and backward, hidden or not: each unit's all-gather forward
+        and, resharded, again backward (`gathered`), and its reduce-scatter (`reduced`)."""
+        gathers = (2 if self.resharded else 1) * self.gather if gathered else 0.0
+        return self.count * (gathers + (self.reduce if reduced else 0.0))
+
 
 def grad_reduce_bytes(plan: Plan, cal: Calibration) -> float:
     """Bytes per gradient element the data-parallel reduction moves: 4 or 2 as the plan's grad_reduce_in_fp32 says
@@ -190,10 +196,9 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
     `weight_bytes` each (param_gather_bytes), the embedding and the output head bf16."""
     units: list[ShardUnit] = []
     kinds = stage.kinds
-    tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
+    embedding, output = edge_units(arch, plan, embed_params, head, traffic, grad_bytes)
     if stage.first:
-        units.append(ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes),
-                               0.0, 0.0, resharded=not tied_one_unit))
+        units.append(embedding)
     # MTP blocks cost like the last layer
     index = list(stage.layers) + [arch.num_layers - 1] * (len(kinds) - len(stage.layers))
     start = 0
@@ -213,11 +218,23 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
         units.append(ShardUnit(end - start, gather, traffic.reduce(dense, expert, grad_bytes), fwd, bwd, True, *waits))
         start = end
     if stage.head_stage:
-        head_params = 0.0 if tied_one_unit else embed_params
-        units.append(ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),
-                               head / TRAINING_PASSES_PER_FORWARD, head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
-                               resharded=False))
+        units.append(output)
     return units
+
+
+def edge_units(arch: Architecture, plan: Plan, embed_params: float, head: float, traffic: DpTraffic,
+               grad_bytes: float) -> tuple[ShardUnit, ShardUnit]:
+    """The embedding's unit (first stage: no compute before it to hide its gather) and the output head's (head
+    stage: `head` its seconds, kept gathered into its backward: torchtitan does not reshard norm + output,
+    Megatron-FSDP's root keeps the output layer), bf16 each. Tied embeddings without PP are one unit (torchtitan
+    groups them, not resharded): the head's moves nothing of its own."""
+    tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
+    head_params = 0.0 if tied_one_unit else embed_params
+    return (ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes), 0.0, 0.0,
+                      resharded=not tied_one_unit),
+            ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),
+                      head / TRAINING_PASSES_PER_FORWARD, head * (1 - 1 / TRAINING_PASSES_PER_FORWARD),
+                      resharded=False))
 
 
 @dataclass(frozen=True)
