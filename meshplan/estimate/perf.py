@@ -46,6 +46,7 @@ from meshplan.estimate.stage_time import (
     kinds_cp,
     layer_kinds,
     layer_sums,
+    one_layer_work,
     stage_compute,
     stage_kinds,
     stage_rows,
@@ -184,7 +185,10 @@ def _single_stage(job: Job, plan: Plan) -> bool:
 
 class StageWork(NamedTuple):
     """What the search's per-token references read of a plan's step (search/bounds._per_token): its micro-batches
-    and its slowest stage's compute, recompute, TP, CP and EP seconds per micro-batch, as step_terms' row has them."""
+    and its slowest stage's compute, recompute, TP, CP and EP seconds per micro-batch, as step_terms' row has them;
+    of a one-stage plan, also one layer of each kind's work and one decoder layer's recompute (stage_time.
+    one_layer_work: 0 for a kind it has none of) and the output head's compute, what a pipeline rank holding n layers
+    of each kind and the head takes at least (search/rank_chains.py)."""
 
     m: int
     compute: float
@@ -192,6 +196,11 @@ class StageWork(NamedTuple):
     tp: float
     cp: float
     ep: float
+    dense: float = 0.0
+    moe: float = 0.0
+    dense_rec: float = 0.0
+    moe_rec: float = 0.0
+    head: float = 0.0
 
 
 def stage_work(job: Job, plan: Plan) -> StageWork:
@@ -202,14 +211,26 @@ def stage_work(job: Job, plan: Plan) -> StageWork:
     if not _single_stage(job, plan):
         t = step_terms(job, plan)
         row = t.rows[t.worst]
-        return StageWork(t.m, row.compute, row.recompute, row.tp, row.cp, row.ep)
+        return StageWork(t.m, row.compute, row.recompute, row.tp, row.cp, row.ep, *_one_stage_parts(t.inputs))
     require_estimable(job, plan)
     m, _, ctx = _step_context(job, plan, calibration(job.framework))
     inputs = stage_inputs(job, plan, ctx)
     layers = inputs.pipeline.layers(0)
-    sums = layer_sums(len(layers), stage_kinds(0, layers, inputs), inputs)
+    kinds = stage_kinds(0, layers, inputs)
+    sums = layer_sums(len(layers), kinds, inputs)
     compute, _ = stage_compute(sums, inputs.pipeline.head_rank == 0, inputs)
-    return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep)
+    head = inputs.head if inputs.pipeline.head_rank == 0 else 0.0
+    return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep, *one_layer_work(len(layers), kinds, inputs),
+                     head)
+
+
+def _one_stage_parts(inputs: StageInputs) -> tuple[float, ...]:
+    """StageWork's layer and head parts of a one-stage plan's inputs; none of a pipeline's (its stages differ)."""
+    if inputs.plan.pp != 1:
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    layers = inputs.pipeline.layers(0)
+    return (*one_layer_work(len(layers), stage_kinds(0, layers, inputs), inputs),
+            inputs.head if inputs.pipeline.head_rank == 0 else 0.0)
 
 
 class StageCp(NamedTuple):

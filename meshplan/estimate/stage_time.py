@@ -300,6 +300,27 @@ def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
     return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
 
 
+def one_layer_work(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[float, float, float, float]:
+    """(dense, MoE, dense recompute, MoE recompute): one layer of each kind of the stage, its seconds per micro-batch
+    as layer_sums adds them up (compute, TP, EP), and the recompute of one of its decoder layers where the stage
+    recomputes every one of that kind (else none: a lower bound of any one layer's; the MTP blocks appended to
+    `kinds` never recompute); 0 for a kind the stage holds none of."""
+    cal, rc = inp.ctx.cal, inp.recompute
+    mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp)
+    n_moe, moe_decoder = sum(kinds), sum(kinds[:n_layers])
+    work, rec = [], []
+    for lt, count, decoder, recomputed in ((inp.dense, len(kinds) - n_moe, n_layers - moe_decoder,
+                                            n_recompute - n_moe_recompute),
+                                           (inp.moe, n_moe, moe_decoder, n_moe_recompute)):
+        if not count or lt is None:
+            work.append(0.0)
+            rec.append(0.0)
+            continue
+        work.append(lt.compute + lt.tp + lt.ep)
+        rec.append(recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed == decoder else 0.0)
+    return work[0], work[1], rec[0], rec[1]
+
+
 def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[float, float]:
     """(forward, backward) seconds of a layer's exposed TP, CP and EP collectives that run on other links than its
     data-parallel sharding traffic (one inside the fast domain, the other across the network). The all-gathers and

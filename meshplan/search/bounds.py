@@ -15,8 +15,10 @@ from meshplan.arithmetic.pipeline_counts import steady_share
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share
+from meshplan.estimate.perf import StageWork
 from meshplan.knowledge.cards import framework_card
 from meshplan.search.plans import PlanKey, SearchPlans
+from meshplan.search.rank_chains import RankLoad, Ranks, chain_bound, pipeline_ranks
 from meshplan.search.space import Layout
 
 
@@ -39,9 +41,10 @@ class StepTimeBounds(SearchPlans):
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
     sync_s: float | None = None  # moe_sync_s, once
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
-    # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...) and
-    # pp_unit's ("unit", ...: None where only the base's step terms give it)
-    bounds_memo: dict[tuple, float | tuple[int, float, float] | None] = field(default_factory=dict)
+    # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...),
+    # pp_unit's ("unit", ...: None where only the base's step terms give it), last_ranks' ("last", ... and "ranks")
+    # and light_ranks' ("light", ...)
+    bounds_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
         return max(1, self.job.global_batch_size // (mbs * lay.dp))
@@ -136,6 +139,8 @@ class StepTimeBounds(SearchPlans):
                 elif self.engine.stage_work is not None:  # only what they read of the step (perf.stage_work)
                     row = self.engine.stage_work(job_ref, plan)
                     m = row.m
+                    if part == "work":  # its layers' and head's parts, what token_parts reads
+                        self._keep_parts(key, row, tokens, overlap)
                 else:
                     t = self.engine.terms(job_ref, plan)
                     row, m = t.rows[t.worst], t.m  # type: ignore[assignment]
@@ -185,9 +190,10 @@ class StepTimeBounds(SearchPlans):
                                                              *self.shard_rate(lay, mbs, recompute, work, most))
         return bound  # type: ignore[return-value]
 
-    def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float]:
+    def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float, tuple]:
         """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a
-        micro-batch outside the steady state adds: its all-to-all exposed). Without `exact` it is the same for every
+        micro-batch outside the steady state adds: its all-to-all exposed; what names the references, for
+        token_parts). Without `exact` it is the same for every
         micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest), so `seed` reads it once."""
         if exact:
             return self.shard_rate(lay, mbs, recompute, None, None)
@@ -195,7 +201,7 @@ class StepTimeBounds(SearchPlans):
                                self.cp_mbs.get((lay.tp, lay.cp)))
 
     def shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None,
-                   most: int | None) -> tuple[int, float, float]:
+                   most: int | None) -> tuple[int, float, float, tuple]:
         """token_rate given what it reads of the seeded shards (`work`: work_mbs of the layout's (tp, ep, etp), `most`:
         cp_mbs of its (tp, cp); both None for the exact bound, or where the shard is not seeded), kept in bounds_memo
         per all it reads: tp, ep, etp, cp, whether the pipeline may overlap the all-to-all, recompute, those two, and
@@ -209,7 +215,7 @@ class StepTimeBounds(SearchPlans):
         return hit  # type: ignore[return-value]
 
     def _shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None, most: int | None,
-                    overlap: bool) -> tuple[int, float, float]:
+                    overlap: bool) -> tuple[int, float, float, tuple]:
         s = self.job.seq_length
         b_tok = pow2_at_least(-(-s // lay.cp) * mbs / s if work is None else work)
         per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap), lay.tp, 1, lay.ep,
@@ -219,24 +225,28 @@ class StepTimeBounds(SearchPlans):
             alone = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, False), lay.tp, 1, lay.ep,
                                     lay.etp, b_tok, recompute, "work")
             exposed = max(0.0, alone - per_token)
+        b_cp = 0
         if lay.cp > 1:
             # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
             # bound, since the time per token only falls with more tokens, but one reference for all of them)
             b_cp = pow2_at_least(mbs if most is None else most)
             per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
                                          self.recomputes[0], "cp")
-        return b_tok, per_token, exposed
+        return b_tok, per_token, exposed, (lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap, lay.cp, b_cp)
 
-    def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float,
-                exposed: float = 0.0, factors: list[tuple[float, float, float]] | None = None,
+    def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
+                refs: tuple | None = None, factors: list[tuple[float, float, float]] | None = None,
                 ideal: bool = False) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
-        `exposed` more per token, as the estimate charges them. `factors`: the layout's stretch_factors; `ideal`: each
-        bound the larger of it and their ideal_time (the seed keys)."""
+        `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
+        work (last_rank.py), its stages as chain_factor takes them (`refs`: the rate's references; the ideal time
+        then without its bubble). `factors`: the layout's stretch_factors; `ideal`: each bound the larger of it and
+        their ideal_time (the seed keys)."""
         s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
         sync = self.moe_sync_s()
+        light = None if refs is None else self.light_ranks(lay, (b_tok, per_token, exposed, refs))
         bounds = []
         for mbs, (stages, outside, low) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
@@ -248,8 +258,104 @@ class StepTimeBounds(SearchPlans):
                 rest = 1.0 - tokens / (b_tok * s)  # 1 - the share of b_tok sequences it holds
                 per_stage += sync * (rest if rest > 0.0 else 0.0) / pp  # max(0, rest)
             bound = per_stage * stages
+            if light is not None:
+                share = self.chain_factor(lay, mbs, (b_tok, per_token, exposed, refs), light)
+                if share < 1.0:
+                    m = self.microbatches(lay, mbs)
+                    bound *= share
+                    low = low * m / (m + lay.bubble_stages())  # the ideal time: no bubble counted
             bounds.append(low if ideal and low >= bound else bound)
         return bounds
+
+    def last_ranks(self, lay: Layout) -> Ranks | None:
+        """rank_chains.pipeline_ranks of the layout at the search's ZeRO stages (None where the stretch holds), kept
+        per what they read of it (one object per those) and per layout."""
+        hit = self.bounds_memo.get(("ranks", lay), False)
+        if hit is False:
+            key = ("last", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
+            if key not in self.bounds_memo:
+                self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
+            hit = self.bounds_memo[("ranks", lay)] = self.bounds_memo[key]
+        return hit  # type: ignore[return-value]
+
+    def chain_factor(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple],
+                     light: tuple | None = None) -> float:
+        """What share of the stretch's m + (pp-1)/v stage-times of W/pp the step provably takes (rank_chains): the
+        least over the layout's stages whose last rank may hold less than 1/pp of the work (light_ranks) of their
+        chain_bound over the stretch, where under 1; else 1. W per micro-batch is the stretch's (per_stage x pp); a
+        rank's least time per micro-batch its layers of each kind and head (token_parts) and its share of the layers'
+        CP traffic; the last rank's also its share of the exposed all-to-all and its MoE layers' host syncs beyond
+        what the reference spreads. `light`: light_ranks(lay, rate) where the caller has it."""
+        if light is None:
+            light = self.light_ranks(lay, rate)
+            if light is None:
+                return 1.0
+        b_tok, per_token, exposed, _ = rate
+        s = self.job.seq_length
+        tokens = -(-s // lay.cp) * mbs
+        m, pp, vpp = self.microbatches(lay, mbs), lay.pp, lay.vpp
+        outside = (1.0 - a2a_steady_share(m, pp, vpp)) * exposed if exposed else 0.0
+        rest = max(0.0, 1.0 - tokens / (b_tok * s))
+        whole = tokens * (per_token + outside) + self.moe_sync_s() * rest
+        stretched = whole / pp * (m + lay.bubble_stages())
+        if stretched <= 0.0:
+            return 1.0
+        weights = (tokens, tokens * outside, self.engine.moe_layer_fixed_s * rest)
+        least = stretched
+        for last, chains in light:
+            seconds = weights[0] * last[0] + weights[1] * last[1] + weights[2] * last[2]
+            least = chain_bound(m, pp, vpp, whole, seconds, chains, weights, least)
+        return least / stretched
+
+    def light_ranks(self, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
+        """Per stages of the layout (last_ranks) whose last rank may hold less than 1/pp of the work at this rate:
+        (its last rank's least time's parts: seconds per token, its share of the exposed all-to-all, its MoE layers'
+        host syncs; and each of its chains' parts, rank_chains.chain_bound's); None where none may. A
+        rank holding at least 1/pp of the seconds per token (its layers of each kind, head and CP share), of the
+        exposed all-to-all and of the host syncs holds 1/pp of W at every micro-batch. Kept per ranks and rate."""
+        ranks = self.last_ranks(lay)
+        if ranks is None:
+            return None
+        _, per_token, exposed, refs = rate
+        key = ("light", ranks, refs)  # (the rate is its references')
+        if key in self.bounds_memo:
+            return self.bounds_memo[key]  # type: ignore[return-value]
+        dense, moe, dense_rec, moe_rec, head, cp = self.token_parts(refs)
+        pp, sync = lay.pp, self.moe_sync_s()
+        n_moe = len(self.job.model.moe.moe_layers) if self.job.model.moe is not None else 0
+        def least(r: RankLoad) -> tuple[float, float, float]:
+            return (r.dense * dense + r.moe * moe + r.dense_decoder * dense_rec + r.moe_decoder * moe_rec
+                    + r.head * head + r.layers * cp, r.moe_layers, float(r.moe))
+
+        light = []
+        v = lay.vpp
+        for last_load, chains in ranks.stages:
+            last = least(last_load)
+            if pp * last[0] < per_token or (exposed and pp * last[1] < 1.0) or (sync and pp * last[2] < n_moe):
+                light.append((last, [(*least(load), *(x / v for x in least(before))) for load, before in chains]))
+        hit = self.bounds_memo[key] = tuple(light) or None
+        return hit
+
+    def _keep_parts(self, key: tuple, work: StageWork, tokens: float, overlap: bool) -> None:
+        """token_parts' layer and head parts per token of the work reference `key` of _per_token, from its StageWork:
+        with EP overlap the second micro-batch's increment over one alone (whose own _per_token kept its parts)."""
+        parts = tuple(work.m * x for x in (work.dense, work.moe, work.dense_rec, work.moe_rec, work.head))
+        kept = self.caches.token_parts
+        alone = kept.get((*key[:-1], False)) if overlap else None
+        if not overlap:
+            kept[key] = tuple(x / tokens for x in parts)
+        elif alone is not None:  # (one alone without its parts: none kept, token_parts reads none)
+            kept[key] = tuple(max(0.0, x - a * tokens) / tokens for x, a in zip(parts, alone, strict=True))
+
+    def token_parts(self, refs: tuple) -> tuple[float, float, float, float, float, float]:
+        """Per token at a rate's references (shard_rate's last element): one dense layer's work, one MoE layer's, one
+        dense and one MoE decoder layer's recompute, the head's (perf.stage_work's parts of the work reference, kept
+        by _per_token), and the CP reference's seconds (every layer's). Zeros where the references have no parts (an
+        engine without stage_work, a refused reference): no share of the work."""
+        tp, ep, etp, recompute, b_tok, may_overlap, cp, b_cp = refs
+        work = self.caches.token_parts.get(("work", tp, ep, etp, recompute, b_tok, may_overlap))
+        cp_s = self.caches.token_time.get(("cp", tp, cp, b_cp), 0.0) if cp > 1 else 0.0
+        return (*(work or (0.0, 0.0, 0.0, 0.0, 0.0)), cp_s)  # type: ignore[return-value]
 
     def moe_sync_s(self) -> float:
         """The MoE layers' host sync per micro-batch (Engine.moe_layer_fixed_s each), 0 for a dense model."""
@@ -258,10 +364,11 @@ class StepTimeBounds(SearchPlans):
             self.sync_s = len(moe.moe_layers) * self.engine.moe_layer_fixed_s if moe is not None else 0.0
         return self.sync_s
 
-    def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float) -> float:
+    def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float,
+                    refs: tuple | None = None) -> float:
         """stretch of one micro-batch size (token_bound's and the exact one pipeline_bound adds to)."""
         sizes = (mbs,)
-        return self.stretch(lay, sizes, b_tok, per_token, exposed, self.stretch_factors(lay, sizes))[0]
+        return self.stretch(lay, sizes, b_tok, per_token, exposed, refs, self.stretch_factors(lay, sizes))[0]
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float]]:
@@ -279,16 +386,22 @@ class StepTimeBounds(SearchPlans):
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
         """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
-        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp). Once per arguments: it reads
-        only them and the job (the exact token bound, pp_unit's cached units), not the seeded shards' sizes."""
+        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp) (where the last rank may hold
+        less, chain_factor, m of them: each chain holds a rank's m micro-batches, each transfer at least the unit's).
+        Once per arguments: it reads only them and the job (the exact token bound, pp_unit's
+        cached units), not the seeded shards' sizes."""
         interleave = interleave and lay.vpp > 1  # without virtual stages there is no interleaving to add
         key = (lay, mbs, recompute, interleave)
         bound = self.bounds_memo.get(key)
         if bound is None:
-            bound = self.stretch_one(lay, mbs, *self.shard_rate(lay, mbs, recompute, None, None))  # exact token_bound
+            rate = self.shard_rate(lay, mbs, recompute, None, None)
+            bound = self.stretch_one(lay, mbs, *rate)  # exact token_bound
             if interleave:
-                bound += (lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs)
-                          * (self.microbatches(lay, mbs) + lay.bubble_stages()))
+                m = self.microbatches(lay, mbs)
+                light = self.light_ranks(lay, rate)
+                stages = m + lay.bubble_stages() if light is None or self.chain_factor(lay, mbs, rate, light) == 1.0 \
+                    else m
+                bound += lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs) * stages
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]
 
@@ -321,8 +434,8 @@ class StepTimeBounds(SearchPlans):
                 hit = self.p2p_shares[key] = min(1.0 - steady_share(shape, r) for r in range(lay.pp))
         return hit
 
-    def seed_rate(self, lay: Layout, mbs: int, rates: dict[tuple, tuple[int, float, float]]) -> tuple[int, float,
-                                                                                                    float]:
+    def seed_rate(self, lay: Layout, mbs: int,
+                  rates: dict[tuple, tuple[int, float, float, tuple]]) -> tuple[int, float, float, tuple]:
         """token_rate of a seeded layout (no recompute, not `exact`), kept in `rates` for one seeding: there it reads
         of the layout only its tp, ep, etp, cp and whether its pipeline may overlap the all-to-all (work_mbs and
         cp_mbs hold the shard's largest micro-batch, set before any key is read)."""
@@ -333,7 +446,7 @@ class StepTimeBounds(SearchPlans):
         return hit
 
     def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float,
-                  rate: tuple[int, float, float] | None = None) -> list[float]:
+                  rate: tuple[int, float, float, tuple] | None = None) -> list[float]:
         """The seed key of each micro-batch: the larger of the ideal time and the per-token bound, whose
         references are the same for all of them (token_rate, or `rate` when the caller has it). The search keeps each
         shape's keys with its seeds (Seeds), so they are worked out once per shape."""

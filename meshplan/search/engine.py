@@ -112,7 +112,7 @@ class BestFirstSearch(StepTimeBounds):
     max_evaluations: int = 1 << 62
     heap: list = field(default_factory=list)
     seq: int = 0
-    seed_rates: dict[tuple, tuple[int, float, float]] = field(default_factory=dict)  # seed_rate's, per seeding
+    seed_rates: dict[tuple, tuple[int, float, float, tuple]] = field(default_factory=dict)  # seed_rate's, per seeding
     # Seeds never queued because no plan of their layout can fit (open_group, is_dead), as (key, seq): run() counts
     # them as their FLOOR pop would have (settle_dead), so the counts are those of a queue that held them.
     dead: list[tuple[float, int]] = field(default_factory=list)
@@ -375,7 +375,7 @@ class BestFirstSearch(StepTimeBounds):
                     work = (lay.tp, lay.ep, lay.etp)
                     self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
                 group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
-            group.add(lay, nodes)
+            group.add(lay, nodes, self.last_ranks(lay))
             nodes += len(group.sizes) or 1
         return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
 
@@ -406,8 +406,10 @@ class BestFirstSearch(StepTimeBounds):
             if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
                 # every seed rate a layout of the group reads, computed here as the seeding of each layout did
                 per_token = min(self.seed_rate(one, group.sizes[0], rates)[1] for one in group.by_vpp.values())
+                bubble = group.least_bubble(lambda one, mbs=group.sizes[0]:
+                                            self.light_ranks(one, self.seed_rate(one, mbs, rates)) is not None)
                 key = group.floor[ideal] = group_floor(self.job.seq_length, self.job.global_batch_size, lay,
-                                                       group.sizes, per_token, group.bubble, ideal)
+                                                       group.sizes, per_token, bubble, ideal)
             if key > cutoff:
                 self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
                 continue

@@ -84,6 +84,8 @@ class Caches:
     terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # a step's terms before its pipeline's replay
     checks: dict[PlanKey, Finding | None] = field(default_factory=dict)  # the structural rules' first error, or None
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
+    # per work reference of token_time: its layers' and head's parts per token (bounds.token_parts)
+    token_parts: dict[tuple, tuple[float, ...]] = field(default_factory=dict)
     pp_units: dict[PlanKey, float] = field(default_factory=dict)  # bounds.pp_unit per non-interleaved base
     first_finding: dict[str, Finding] = field(default_factory=dict)  # per rule id that rejected a plan: its first
     # first_stage_floors per own_memory layout and ZeRO stage, per micro-batch: one figure per recompute of the search
@@ -102,7 +104,8 @@ class Caches:
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
-                      checks=self.checks, token_time=self.token_time, pp_units=self.pp_units,
+                      checks=self.checks, token_time=self.token_time, token_parts=self.token_parts,
+                      pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
                       stage_floors=self.stage_floors,
                       space=self.space, tiers=self.tiers, seeds=self.seeds, plans=self.plans)

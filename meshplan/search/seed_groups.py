@@ -6,6 +6,7 @@ On a large job most groups never do: DeepSeek-V3 on 2,048 H100 pops FLOOR nodes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meshplan.search.space import Layout
@@ -28,23 +29,40 @@ class SeedGroup:
     states: float  # the model-state bound at the lightest ZeRO stage
     members: list[tuple[Layout, list, int]] = field(default_factory=list)  # (layout, shape entry, first node index)
     nodes: int = 0  # (layout, micro-batch) nodes, one per layout without a micro-batch (the batch rule's)
-    bubble: float = float("inf")  # the least bubble_stages of its layouts
+    bubble: float = float("inf")  # the least bubble_stages of its layouts without last ranks (add)
+    chained: list[tuple[Layout, float]] = field(default_factory=list)  # a layout and bubble per shape with them
     by_vpp: dict[int, Layout] = field(default_factory=dict)  # one layout per vpp: the seed rates' keys read (pp, vpp)
-    shapes: dict[tuple[int, float], list] = field(default_factory=dict)  # per (vpp, bubble_stages): its entry
+    # per (vpp, bubble_stages), with bounds.last_ranks where not None: its entry
+    shapes: dict[tuple, list] = field(default_factory=dict)
     floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
 
-    def add(self, lay: Layout, index: int) -> list:
-        """Add a layout whose first node has this index; its shape's entry (new: [states bound, None, inf])."""
+    def add(self, lay: Layout, index: int, last: tuple | None = None) -> list:
+        """Add a layout whose first node has this index; its shape's entry (new: [states bound, None, inf]). `last`:
+        its last ranks where it may hold less than 1/pp of the work (bounds.last_ranks), which its keys read (a shape
+        of their own) and which may take the bubble out of them (least_bubble)."""
         bubble = lay.bubble_stages()
-        entry = self.shapes.get((lay.vpp, bubble))
+        shape = (lay.vpp, bubble) if last is None else (lay.vpp, bubble, last)
+        entry = self.shapes.get(shape)
         if entry is None:
-            entry = self.shapes[lay.vpp, bubble] = [self.states, None, float("inf")]
+            entry = self.shapes[shape] = [self.states, None, float("inf")]
             self.by_vpp.setdefault(lay.vpp, lay)
-            if bubble < self.bubble:
+            if last is not None:
+                self.chained.append((lay, bubble))
+            elif bubble < self.bubble:
                 self.bubble = bubble
         self.members.append((lay, entry, index))
         self.nodes += len(self.sizes) or 1
         return entry
+
+    def least_bubble(self, light: Callable[[Layout], bool]) -> float:
+        """The least bubble any seed key of the group counts (group_floor's `bubble`): a shape's bubble_stages, none
+        for a shape whose last rank may hold less than 1/pp of the work at its seed rate (`light`: bounds.light_ranks
+        not None; its keys then count at most the last rank's chain, at least m, bounds.chain_factor)."""
+        least = self.bubble
+        for lay, bubble in self.chained:
+            if bubble < least:
+                least = 0.0 if light(lay) else bubble
+        return least
 
 
 def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[int, ...], per_token: float,

@@ -1,0 +1,135 @@
+"""The pipeline ranks' loads and the chains of the replayed timeline they bound the step by, for the search's
+step-time bounds (search/bounds.py) on an uneven split.
+
+The bounds stretch a layout's work per micro-batch W (single-stage references) over its stages: W/pp x (m + (pp-1)/v).
+The replayed pipeline (arithmetic/pipeline_timeline.py: GPipe, 1F1B, interleaved and combined 1F1B, the orders with
+a bubble; each rank's chunk t/v) starts rank r's first op, the forward of chunk 0, only after the forward of chunk 0
+on every earlier rank, runs its m micro-batches (m x t_r), and ends on its backward of chunk 0, which every earlier
+rank then runs: so the step is at least m t_r + (the earlier ranks' times)/v for every rank r; for the last one,
+(m - 1/v) t_last + (every rank's time)/v, with that sum at least W. Where t_last >= W/pp that is the bounds'
+stretch. An uneven split (Megatron's first/last stage sizes, a virtual layout, an even split's remainder, the
+output layer elsewhere) may leave the last rank less: the bounds then take the largest of these chains, with each
+rank's least time from its layers of each kind and its head (a reference's parts: perf.StageWork), and m x W/pp (the
+slowest rank is at least the average), where that is under their stretch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.arithmetic.schedule import Stages
+from meshplan.estimate.stage_time import layer_kinds
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job
+from meshplan.search.floors import _estimate_stages
+from meshplan.search.space import Layout
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """What one pipeline rank holds of the model, as the estimate weighs its stages (or several ranks', summed)."""
+
+    dense: int  # dense layers, its MTP blocks of that kind included
+    moe: int  # MoE layers, its MTP blocks of that kind included (each pays the MoE host sync: bounds.moe_sync_s)
+    dense_decoder: int  # dense decoder layers (what recomputes: the MTP blocks do not)
+    moe_decoder: int  # MoE decoder layers
+    head: int  # the output layer and the loss (1 where it holds them)
+    layers: float  # its share of the model's layers and MTP blocks (the CP traffic, the same per layer)
+    moe_layers: float  # its share of the MoE layers and MoE MTP blocks (the exposed all-to-all, per MoE layer)
+
+    def plus(self, other: RankLoad) -> RankLoad:
+        return RankLoad(self.dense + other.dense, self.moe + other.moe, self.dense_decoder + other.dense_decoder,
+                        self.moe_decoder + other.moe_decoder, self.head + other.head, self.layers + other.layers,
+                        self.moe_layers + other.moe_layers)
+
+
+NOTHING = RankLoad(0, 0, 0, 0, 0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class Ranks:
+    """Per distinct stages a layout's plans take at the search's ZeRO stages: the last rank's load and, per distinct
+    load, the latest rank holding it (a rank alike before it has as much of its own and less before it) with the
+    earlier ranks' loads summed, the chains the bounds weigh (chain_bound). One object per layout shape: the bounds
+    key their memos by it."""
+
+    stages: tuple[tuple[RankLoad, tuple[tuple[RankLoad, RankLoad], ...]], ...]
+
+
+def pipeline_ranks(job: Job, lay: Layout, zeros: tuple[int, ...]) -> Ranks | None:
+    """The ranks' loads of the layout's stages at each ZeRO stage (the convention may read it), None where the bounds'
+    stretch already holds: no bubble (a zero-bubble schedule's bound is m x W/pp), or at every ZeRO stage the last
+    rank holds at least 1/pp of each kind of layer, of all layers and the output layer (then t_last >= W/pp). ZeRO
+    stages whose stages no estimate takes have no plan to bound."""
+    if lay.pp == 1 or not lay.bubble_stages():
+        return None
+    found: dict[tuple[RankLoad, ...], None] = {}
+    for zero in zeros:
+        stages = _estimate_stages(job, lay, zero)
+        if stages is not None:
+            found[tuple(rank_load(job.model, stages, s) for s in range(lay.pp))] = None
+    if all(holds_its_share(loads[-1], job.model, lay.pp) for loads in found):
+        return None
+    return Ranks(tuple((loads[-1], latest_chains(loads)) for loads in found))
+
+
+def latest_chains(loads: tuple[RankLoad, ...]) -> tuple[tuple[RankLoad, RankLoad], ...]:
+    """Per distinct load of `loads` (in rank order), its latest rank's (load, the earlier ranks' loads summed)."""
+    latest: dict[RankLoad, tuple[RankLoad, RankLoad]] = {}
+    before = NOTHING
+    for load in loads:
+        latest.pop(load, None)
+        latest[load] = (load, before)
+        before = before.plus(load)
+    return tuple(latest.values())
+
+
+def rank_load(arch: Architecture, stages: Stages, s: int) -> RankLoad:
+    """Rank s of `stages`: its layers' kinds as the estimate counts them (stage_time.layer_kinds, its MTP blocks
+    appended where it trains them)."""
+    layers = stages.layers(s)
+    kinds = layer_kinds(s, layers, arch, stages)
+    moe, moe_decoder = sum(kinds), sum(kinds[:len(layers)])
+    total, moe_total = model_layers(arch)
+    return RankLoad(dense=len(kinds) - moe, moe=moe, dense_decoder=len(layers) - moe_decoder, moe_decoder=moe_decoder,
+                    head=int(stages.head_rank == s), layers=len(kinds) / total,
+                    moe_layers=moe / moe_total if moe_total else 1.0)
+
+
+def model_layers(arch: Architecture) -> tuple[int, int]:
+    """(layers, MoE layers), both with the MTP blocks (every one a reference may train)."""
+    mtp = arch.num_mtp_layers
+    moe = len(arch.moe.moe_layers) if arch.moe else 0
+    mtp_moe = mtp if mtp and arch.is_moe_layer(arch.num_layers - 1) else 0
+    return arch.num_layers + mtp, moe + mtp_moe
+
+
+def holds_its_share(rank: RankLoad, arch: Architecture, pp: int) -> bool:
+    """Whether the rank holds at least 1/pp of each part of the work a reference counts (so its time is at least
+    W/pp): of the dense and of the MoE layers (MTP blocks included: the host syncs too), of all layers (CP), of each
+    kind's decoder layers (their recompute), and the output layer."""
+    total, moe_total = model_layers(arch)
+    moe_decoder = len(arch.moe.moe_layers) if arch.moe else 0
+    return (bool(rank.head) and pp * rank.dense >= total - moe_total and pp * rank.moe >= moe_total
+            and pp * (rank.dense + rank.moe) >= total and pp * rank.moe_decoder >= moe_decoder
+            and pp * rank.dense_decoder >= arch.num_layers - moe_decoder)
+
+
+def chain_bound(m: int, pp: int, vpp: int, whole: float, last: float, chains: list[tuple[float, ...]],
+                weights: tuple[float, float, float], cap: float) -> float:
+    """Seconds the step takes at least (the module's chains), at most `cap`: the largest of m x whole/pp (the slowest
+    rank), the last rank's chain (m - 1/v) last + whole/v, and m t_r + (earlier ranks)/v of each of `chains` (each
+    t_r's parts then the earlier ranks' over v: per token, per exposed all-to-all of the whole model, per MoE host
+    sync), weighed by `weights` (tokens per rank, the exposed all-to-all's seconds per micro-batch, the host sync's).
+    `cap` once a chain reaches it (the bounds' stretch: what they take where it holds)."""
+    w0, w1, w2 = weights
+    bound = m * whole / pp
+    for a, ms, mo, a_before, ms_before, mo_before in chains:
+        chain = m * (w0 * a + w1 * ms + w2 * mo) + w0 * a_before + w1 * ms_before + w2 * mo_before
+        if chain > bound:
+            if chain >= cap:
+                return cap
+            bound = chain
+    tail = (m - 1.0 / vpp) * last + whole / vpp
+    if tail > bound:
+        bound = tail
+    return bound if bound < cap else cap
