@@ -18,7 +18,7 @@ from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
 from meshplan.knowledge.cards import framework_card
 from meshplan.search.plans import PlanKey, SearchPlans
-from meshplan.search.rank_chains import RankLoad, Ranks, chain_bound, pipeline_ranks
+from meshplan.search.rank_chains import RankLoad, Ranks, pipeline_ranks, stages_bound
 from meshplan.search.space import Layout
 
 
@@ -240,13 +240,14 @@ class StepTimeBounds(SearchPlans):
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
-        work (last_rank.py), its stages as chain_factor takes them (`refs`: the rate's references; the ideal time
-        then without its bubble). `factors`: the layout's stretch_factors; `ideal`: each bound the larger of it and
-        their ideal_time (the seed keys)."""
+        work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound, as chain_factor; `refs`:
+        the rate's references; the ideal time then without its bubble). `factors`: the layout's stretch_factors;
+        `ideal`: each bound the larger of it and their ideal_time (the seed keys)."""
         s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
         sync = self.moe_sync_s()
         light = None if refs is None else self.light_ranks(lay, (b_tok, per_token, exposed, refs))
+        fixed = self.engine.moe_layer_fixed_s
         bounds = []
         for mbs, (stages, outside, low) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
@@ -259,11 +260,12 @@ class StepTimeBounds(SearchPlans):
                 per_stage += sync * (rest if rest > 0.0 else 0.0) / pp  # max(0, rest)
             bound = per_stage * stages
             if light is not None:
-                share = self.chain_factor(lay, mbs, (b_tok, per_token, exposed, refs), light)
-                if share < 1.0:
-                    m = self.microbatches(lay, mbs)
-                    bound *= share
-                    low = low * m / (m + lay.bubble_stages())  # the ideal time: no bubble counted
+                m, rest = self.microbatches(lay, mbs), 1.0 - tokens / (b_tok * s)
+                weights = (tokens, tokens * outside * exposed, fixed * rest if rest > 0.0 else 0.0)
+                least = stages_bound(m, pp, lay.vpp, per_stage * pp, light, weights, bound)
+                if least < bound:
+                    bound = least
+                    low = low * m / stages  # the ideal time: no bubble counted
             bounds.append(low if ideal and low >= bound else bound)
         return bounds
 
@@ -301,11 +303,7 @@ class StepTimeBounds(SearchPlans):
         if stretched <= 0.0:
             return 1.0
         weights = (tokens, tokens * outside, self.engine.moe_layer_fixed_s * rest)
-        least = stretched
-        for last, chains in light:
-            seconds = weights[0] * last[0] + weights[1] * last[1] + weights[2] * last[2]
-            least = chain_bound(m, pp, vpp, whole, seconds, chains, weights, least)
-        return least / stretched
+        return stages_bound(m, pp, vpp, whole, light, weights, stretched) / stretched
 
     def light_ranks(self, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
         """Per stages of the layout (last_ranks) whose last rank may hold less than 1/pp of the work at this rate:

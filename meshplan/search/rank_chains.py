@@ -133,3 +133,13 @@ def chain_bound(m: int, pp: int, vpp: int, whole: float, last: float, chains: li
     if tail > bound:
         bound = tail
     return bound if bound < cap else cap
+
+
+def stages_bound(m: int, pp: int, vpp: int, whole: float, light: tuple, weights: tuple[float, float, float],
+                 cap: float) -> float:
+    """chain_bound of each of `light`'s stages (bounds.light_ranks: the last rank's parts and the chains), their
+    least, at most `cap`."""
+    w0, w1, w2 = weights
+    for last, chains in light:
+        cap = chain_bound(m, pp, vpp, whole, w0 * last[0] + w1 * last[1] + w2 * last[2], chains, weights, cap)
+    return cap
