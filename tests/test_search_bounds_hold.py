@@ -141,7 +141,8 @@ UNEVEN_JOBS = [(Request(model="qwen3-8b", num_gpus=8, gpu="h100", framework="meg
                         global_batch_size=32), 1),
                (Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100"), 7),
                (Request(model="llama-3.1-8b", num_gpus=16, framework="torchtitan", gpu="h100",
-                        global_batch_size=64), 2)]
+                        global_batch_size=64), 2),
+               (Request(model="llama-3.1-70b", num_gpus=64, gpu="h100", seq_length=16384), 41)]
 
 
 def uneven(lay) -> bool:
