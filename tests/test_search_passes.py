@@ -64,6 +64,27 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
     assert checked > 20 and above > checked // 2
 
 
+@pytest.mark.parametrize("req", JOBS, ids=lambda r: r.model)
+def test_a_groups_dead_layouts_are_each_layouts_own_verdict(req):
+    """group_dead (the first ranks' floors of a seed group at once, then layout_over given each layout's own_memory
+    layout) gives each layout of every group the verdict layout_over gives it alone in a fresh search, at budgets
+    that leave some dead and some alive."""
+    job, _ = search_job(req)
+    fixed, engine = Fixed.from_request(req), default_engine(job.framework)
+    seen = set()
+    for share in (0.1, 0.4, 1.0):
+        budget = int(job.gpu.memory_bytes * share)
+        together = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget)
+        alone = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget)
+        groups = [group for group in together.sized(split_space(together).inside).groups if group.sizes]
+        verdicts = [dead for group in groups for dead in together.group_dead([lay for lay, _, _ in group.members])]
+        lays = [lay for group in groups for lay, _, _ in group.members]
+        assert verdicts == [alone.layout_over(lay) for lay in lays], share
+        assert verdicts == [alone.layout_over(lay, alone.own(lay)) for lay in lays], share
+        seen.update(verdicts)
+    assert seen == {True, False}
+
+
 @pytest.mark.parametrize("req", [*JOBS, Request(model="qwen3-8b", num_gpus=16, framework="skyrl", gpu="h100")],
                          ids=lambda r: f"{r.model}-{r.framework}")
 def test_the_space_split_counts_per_dp_what_each_layout_counts(req):

@@ -498,11 +498,10 @@ class BestFirstSearch(StepTimeBounds):
     def group_dead(self, lays: list[Layout]) -> list[bool]:
         """is_dead of each of a seed group's layouts, together: their first ranks' floors at once (plans.group_over:
         the same verdicts), then a later rank's states (layout_over) for those these leave alive."""
-        over = self.group_over([self.own(lay) for lay in lays])
-        kept = self.dead_layouts
-        for lay, dead in zip(lays, over, strict=True):
-            kept[lay] = dead or self.layout_over(lay)
-        return [kept[lay] for lay in lays]
+        owns, over_of = [self.own(lay) for lay in lays], self.layout_over
+        dead = [over or over_of(lay, own) for lay, own, over in zip(lays, owns, self.group_over(owns), strict=True)]
+        self.dead_layouts.update(zip(lays, dead, strict=True))
+        return dead
 
     def settle_dead(self, last: tuple, stop: tuple | None) -> None:
         """Count the seeds open_group left out because no plan of their layout can fit (every ZeRO stage over the

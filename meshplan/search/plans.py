@@ -599,13 +599,15 @@ class SearchPlans:
         only compares)."""
         return ranks_floor(self.job, lay, zero, self.presets[zero], memo=self.floor_parts)
 
-    def layout_over(self, lay: Layout) -> bool:
+    def layout_over(self, lay: Layout, own: Layout | None = None) -> bool:
         """Whether every ZeRO stage of the layout is over the budget at every micro-batch and recompute: its first
-        rank's floors (stage_over of its own_memory) or a later rank's states (ranks_bytes), from the most sharded
-        stage down, stopping at one that may fit."""
-        own, budget = self.own(lay), self.budget
-        return all(self.stage_over(own, index) or self.ranks_bytes(lay, self.zeros[index]) > budget
-                   for index in reversed(range(len(self.zeros))))
+        rank's floors (stage_over of its own_memory, `own` where the caller has it) or a later rank's states
+        (ranks_bytes), from the most sharded stage down, stopping at one that may fit."""
+        own, budget, zeros, over = self.own(lay) if own is None else own, self.budget, self.zeros, self.stage_over
+        for index in reversed(range(len(zeros))):
+            if not over(own, index) and self.ranks_bytes(lay, zeros[index]) <= budget:
+                return False
+        return True
 
     def stage_over(self, own: Layout, index: int) -> bool:
         """stages_over at the ZeRO stage zeros[index]: the model states' bound first, the layout floor only where
