@@ -18,7 +18,7 @@ from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
 from meshplan.knowledge.cards import framework_card
 from meshplan.search.plans import PlanKey, SearchPlans
-from meshplan.search.rank_chains import RankLoad, Ranks, pipeline_ranks, stages_bound
+from meshplan.search.rank_chains import Ranks, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.space import Layout
 
 
@@ -43,7 +43,7 @@ class StepTimeBounds(SearchPlans):
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
     # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...),
     # pp_unit's ("unit", ...: None where only the base's step terms give it), last_ranks' ("last", ... and "ranks")
-    # and light_ranks' ("light", ...)
+    # (light_ranks' in each Ranks)
     bounds_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
@@ -274,17 +274,18 @@ class StepTimeBounds(SearchPlans):
         per what they read of it (one object per those) and per layout."""
         hit = self.bounds_memo.get(("ranks", lay), False)
         if hit is False:
-            key = ("last", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
-            if key not in self.bounds_memo:
-                self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
-            hit = self.bounds_memo[("ranks", lay)] = self.bounds_memo[key]
+            key = ("last", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)  # (a split hashes once)
+            hit = self.bounds_memo.get(key, False)
+            if hit is False:
+                hit = self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
+            self.bounds_memo[("ranks", lay)] = hit
         return hit  # type: ignore[return-value]
 
     def chain_factor(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple],
                      light: tuple | None = None) -> float:
         """What share of the stretch's m + (pp-1)/v stage-times of W/pp the step provably takes (rank_chains): the
         least over the layout's stages whose last rank may hold less than 1/pp of the work (light_ranks) of their
-        chain_bound over the stretch, where under 1; else 1. W per micro-batch is the stretch's (per_stage x pp); a
+        stages_bound over the stretch, where under 1; else 1. W per micro-batch is the stretch's (per_stage x pp); a
         rank's least time per micro-batch its layers of each kind and head (token_parts) and its share of the layers'
         CP traffic; the last rank's also its share of the exposed all-to-all and its MoE layers' host syncs beyond
         what the reference spreads. `light`: light_ranks(lay, rate) where the caller has it."""
@@ -308,30 +309,18 @@ class StepTimeBounds(SearchPlans):
     def light_ranks(self, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
         """Per stages of the layout (last_ranks) whose last rank may hold less than 1/pp of the work at this rate:
         (its last rank's least time's parts: seconds per token, its share of the exposed all-to-all, its MoE layers'
-        host syncs; and each of its chains' parts, rank_chains.chain_bound's); None where none may. A
+        host syncs; and each of its chains' parts, rank_chains.stages_bound reads); None where none may. A
         rank holding at least 1/pp of the seconds per token (its layers of each kind, head and CP share), of the
         exposed all-to-all and of the host syncs holds 1/pp of W at every micro-batch. Kept per ranks and rate."""
         ranks = self.last_ranks(lay)
         if ranks is None:
             return None
-        _, per_token, exposed, refs = rate
-        key = ("light", ranks, refs)  # (the rate is its references')
-        if key in self.bounds_memo:
-            return self.bounds_memo[key]  # type: ignore[return-value]
-        dense, moe, dense_rec, moe_rec, head, cp = self.token_parts(refs)
-        pp, sync = lay.pp, self.moe_sync_s()
-        n_moe = len(self.job.model.moe.moe_layers) if self.job.model.moe is not None else 0
-        def least(r: RankLoad) -> tuple[float, float, float]:
-            return (r.dense * dense + r.moe * moe + r.dense_decoder * dense_rec + r.moe_decoder * moe_rec
-                    + r.head * head + r.layers * cp, r.moe_layers, float(r.moe))
-
-        light = []
-        v = lay.vpp
-        for last_load, chains in ranks.stages:
-            last = least(last_load)
-            if pp * last[0] < per_token or (exposed and pp * last[1] < 1.0) or (sync and pp * last[2] < n_moe):
-                light.append((last, [(*least(load), *(x / v for x in least(before))) for load, before in chains]))
-        hit = self.bounds_memo[key] = tuple(light) or None
+        refs = rate[3]  # (the rate is its references')
+        hit = ranks.light.get(refs, False)
+        if hit is False:
+            n_moe = len(self.job.model.moe.moe_layers) if self.job.model.moe is not None else 0
+            hit = ranks.light[refs] = light_stages(ranks.flat, self.token_parts(refs),
+                                                   (rate[1], rate[2], self.moe_sync_s(), n_moe, lay.pp), lay.vpp)
         return hit
 
     def _keep_parts(self, key: tuple, work: StageWork, tokens: float, overlap: bool) -> None:

@@ -14,7 +14,7 @@ slowest rank is at least the average), where that is under their stretch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.stage_time import layer_kinds
@@ -49,10 +49,12 @@ NOTHING = RankLoad(0, 0, 0, 0, 0, 0.0, 0.0)
 class Ranks:
     """Per distinct stages a layout's plans take at the search's ZeRO stages: the last rank's load and, per distinct
     load, the latest rank holding it (a rank alike before it has as much of its own and less before it) with the
-    earlier ranks' loads summed, the chains the bounds weigh (chain_bound). One object per layout shape: the bounds
+    earlier ranks' loads summed, the chains the bounds weigh (stages_bound). One object per layout shape: the bounds
     key their memos by it."""
 
     stages: tuple[tuple[RankLoad, tuple[tuple[RankLoad, RankLoad], ...]], ...]
+    flat: tuple = ()  # the stages as light_stages reads them (flat_stages), once per layout shape
+    light: dict[tuple, tuple | None] = field(default_factory=dict)  # bounds.light_ranks per rate's references
 
 
 def pipeline_ranks(job: Job, lay: Layout, zeros: tuple[int, ...]) -> Ranks | None:
@@ -69,7 +71,8 @@ def pipeline_ranks(job: Job, lay: Layout, zeros: tuple[int, ...]) -> Ranks | Non
             found[tuple(rank_load(job.model, stages, s) for s in range(lay.pp))] = None
     if all(holds_its_share(loads[-1], job.model, lay.pp) for loads in found):
         return None
-    return Ranks(tuple((loads[-1], latest_chains(loads)) for loads in found))
+    stages = tuple((loads[-1], latest_chains(loads)) for loads in found)
+    return Ranks(stages, flat_stages(stages, lay.vpp))
 
 
 def latest_chains(loads: tuple[RankLoad, ...]) -> tuple[tuple[RankLoad, RankLoad], ...]:
@@ -81,6 +84,40 @@ def latest_chains(loads: tuple[RankLoad, ...]) -> tuple[tuple[RankLoad, RankLoad
         latest[load] = (load, before)
         before = before.plus(load)
     return tuple(latest.values())
+
+
+def coefficients(load: RankLoad) -> tuple[int, int, int, int, int, float]:
+    """What a load's least time per token weighs each of a reference's parts by (bounds.token_parts' order)."""
+    return load.dense, load.moe, load.dense_decoder, load.moe_decoder, load.head, load.layers
+
+
+def flat_stages(stages: tuple[tuple[RankLoad, tuple[tuple[RankLoad, RankLoad], ...]], ...], vpp: int) -> tuple:
+    """Per stages, what light_stages reads of their loads, as flat tuples: the last rank's coefficients, its share
+    of the MoE layers and its MoE layers; per chain the rank's coefficients, share and MoE layers, then the earlier
+    ranks' coefficients, share over vpp and MoE layers over vpp (what does not read the reference, divided once)."""
+    return tuple((coefficients(last), last.moe_layers, float(last.moe),
+                  tuple((*coefficients(load), load.moe_layers, float(load.moe), *coefficients(before),
+                         before.moe_layers / vpp, float(before.moe) / vpp) for load, before in chains))
+                 for last, chains in stages)
+
+
+def light_stages(flat: tuple, parts: tuple[float, ...], rate: tuple[float, float, float, int, int],
+                 vpp: int) -> tuple | None:
+    """bounds.light_ranks of flat_stages `flat` at a reference's `parts` (bounds.token_parts): per stages whose last
+    rank may hold less than 1/pp of the work, (its last rank's least time per token, its share of the MoE layers,
+    its MoE layers) and per chain (the rank's three, the earlier ranks' three over vpp); None where none may.
+    `rate`: seconds per token, exposed all-to-all, host sync, MoE layers and pp."""
+    dense, moe, dense_rec, moe_rec, head, cp = parts
+    per_token, exposed, sync, n_moe, pp = rate
+    light = []
+    for (c0, c1, c2, c3, c4, c5), share, moes, chains in flat:
+        least = c0 * dense + c1 * moe + c2 * dense_rec + c3 * moe_rec + c4 * head + c5 * cp
+        if pp * least < per_token or (exposed and pp * share < 1.0) or (sync and pp * moes < n_moe):
+            light.append(((least, share, moes), [
+                (a0 * dense + a1 * moe + a2 * dense_rec + a3 * moe_rec + a4 * head + a5 * cp, ms, mo,
+                 (b0 * dense + b1 * moe + b2 * dense_rec + b3 * moe_rec + b4 * head + b5 * cp) / vpp, ms_b, mo_b)
+                for a0, a1, a2, a3, a4, a5, ms, mo, b0, b1, b2, b3, b4, b5, ms_b, mo_b in chains]))
+    return tuple(light) or None
 
 
 def rank_load(arch: Architecture, stages: Stages, s: int) -> RankLoad:
@@ -114,32 +151,28 @@ def holds_its_share(rank: RankLoad, arch: Architecture, pp: int) -> bool:
             and pp * rank.dense_decoder >= arch.num_layers - moe_decoder)
 
 
-def chain_bound(m: int, pp: int, vpp: int, whole: float, last: float, chains: list[tuple[float, ...]],
-                weights: tuple[float, float, float], cap: float) -> float:
-    """Seconds the step takes at least (the module's chains), at most `cap`: the largest of m x whole/pp (the slowest
-    rank), the last rank's chain (m - 1/v) last + whole/v, and m t_r + (earlier ranks)/v of each of `chains` (each
-    t_r's parts then the earlier ranks' over v: per token, per exposed all-to-all of the whole model, per MoE host
-    sync), weighed by `weights` (tokens per rank, the exposed all-to-all's seconds per micro-batch, the host sync's).
-    `cap` once a chain reaches it (the bounds' stretch: what they take where it holds)."""
-    w0, w1, w2 = weights
-    bound = m * whole / pp
-    for a, ms, mo, a_before, ms_before, mo_before in chains:
-        chain = m * (w0 * a + w1 * ms + w2 * mo) + w0 * a_before + w1 * ms_before + w2 * mo_before
-        if chain > bound:
-            if chain >= cap:
-                return cap
-            bound = chain
-    tail = (m - 1.0 / vpp) * last + whole / vpp
-    if tail > bound:
-        bound = tail
-    return bound if bound < cap else cap
-
-
 def stages_bound(m: int, pp: int, vpp: int, whole: float, light: tuple, weights: tuple[float, float, float],
                  cap: float) -> float:
-    """chain_bound of each of `light`'s stages (bounds.light_ranks: the last rank's parts and the chains), their
-    least, at most `cap`."""
+    """Seconds the step takes at least (the module's chains) at the least of `light`'s stages (bounds.light_ranks:
+    each one's last rank's parts and chains), at most `cap`. Per stages, the largest of m x whole/pp (the slowest
+    rank), the last rank's chain (m - 1/v) last + whole/v, and m t_r + (earlier ranks)/v of each chain (each t_r's
+    parts then the earlier ranks' over v: per token, per exposed all-to-all of the whole model, per MoE host sync),
+    weighed by `weights` (tokens per rank, the exposed all-to-all's seconds per micro-batch, the host sync's); `cap`
+    once a chain reaches it (the bounds' stretch: what they take where it holds)."""
     w0, w1, w2 = weights
-    for last, chains in light:
-        cap = chain_bound(m, pp, vpp, whole, w0 * last[0] + w1 * last[1] + w2 * last[2], chains, weights, cap)
+    slowest, before_last, spread = m * whole / pp, m - 1.0 / vpp, whole / vpp
+    for (last0, last1, last2), chains in light:
+        bound = slowest
+        for a, ms, mo, a_before, ms_before, mo_before in chains:
+            chain = m * (w0 * a + w1 * ms + w2 * mo) + w0 * a_before + w1 * ms_before + w2 * mo_before
+            if chain > bound:
+                if chain >= cap:
+                    break  # this stages' bound is the cap
+                bound = chain
+        else:
+            tail = before_last * (w0 * last0 + w1 * last1 + w2 * last2) + spread
+            if tail > bound:
+                bound = tail
+            if bound < cap:
+                cap = bound
     return cap
