@@ -42,7 +42,7 @@ class StepTimeBounds(SearchPlans):
     sync_s: float | None = None  # moe_sync_s, once
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
     # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...),
-    # pp_unit's ("unit", ...: None where only the base's step terms give it), last_ranks' ("last", ... and "ranks")
+    # pp_unit's ("unit", ...: None where only the base's step terms give it), last_ranks' ("last", ...)
     # (light_ranks' in each Ranks)
     bounds_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
 
@@ -271,14 +271,14 @@ class StepTimeBounds(SearchPlans):
 
     def last_ranks(self, lay: Layout) -> Ranks | None:
         """rank_chains.pipeline_ranks of the layout at the search's ZeRO stages (None where the stretch holds), kept
-        per what they read of it (one object per those) and per layout."""
-        hit = self.bounds_memo.get(("ranks", lay), False)
+        per what they read of it (one object per those; not per layout: the seeding asks it of every layout, most of
+        which nothing else hashes)."""
+        if lay.pp == 1:
+            return None  # (pipeline_ranks': no bubble)
+        key = ("last", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
+        hit = self.bounds_memo.get(key, False)
         if hit is False:
-            key = ("last", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)  # (a split hashes once)
-            hit = self.bounds_memo.get(key, False)
-            if hit is False:
-                hit = self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
-            self.bounds_memo[("ranks", lay)] = hit
+            hit = self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
         return hit  # type: ignore[return-value]
 
     def chain_factor(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple],
@@ -318,9 +318,8 @@ class StepTimeBounds(SearchPlans):
         refs = rate[3]  # (the rate is its references')
         hit = ranks.light.get(refs, False)
         if hit is False:
-            n_moe = len(self.job.model.moe.moe_layers) if self.job.model.moe is not None else 0
-            hit = ranks.light[refs] = light_stages(ranks.flat, self.token_parts(refs),
-                                                   (rate[1], rate[2], self.moe_sync_s(), n_moe, lay.pp), lay.vpp)
+            hit = ranks.light[refs] = light_stages(ranks.flat, self.token_parts(refs), rate[1], rate[2],
+                                                   self.moe_sync_s(), lay.pp, lay.vpp)
         return hit
 
     def _keep_parts(self, key: tuple, work: StageWork, tokens: float, overlap: bool) -> None:

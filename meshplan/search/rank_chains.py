@@ -72,7 +72,7 @@ def pipeline_ranks(job: Job, lay: Layout, zeros: tuple[int, ...]) -> Ranks | Non
     if all(holds_its_share(loads[-1], job.model, lay.pp) for loads in found):
         return None
     stages = tuple((loads[-1], latest_chains(loads)) for loads in found)
-    return Ranks(stages, flat_stages(stages, lay.vpp))
+    return Ranks(stages, flat_stages(stages, lay.pp, lay.vpp, len(job.model.moe.moe_layers) if job.model.moe else 0))
 
 
 def latest_chains(loads: tuple[RankLoad, ...]) -> tuple[tuple[RankLoad, RankLoad], ...]:
@@ -91,32 +91,39 @@ def coefficients(load: RankLoad) -> tuple[int, int, int, int, int, float]:
     return load.dense, load.moe, load.dense_decoder, load.moe_decoder, load.head, load.layers
 
 
-def flat_stages(stages: tuple[tuple[RankLoad, tuple[tuple[RankLoad, RankLoad], ...]], ...], vpp: int) -> tuple:
-    """Per stages, what light_stages reads of their loads, as flat tuples: the last rank's coefficients, its share
-    of the MoE layers and its MoE layers; per chain the rank's coefficients, share and MoE layers, then the earlier
-    ranks' coefficients, share over vpp and MoE layers over vpp (what does not read the reference, divided once)."""
-    return tuple((coefficients(last), last.moe_layers, float(last.moe),
-                  tuple((*coefficients(load), load.moe_layers, float(load.moe), *coefficients(before),
-                         before.moe_layers / vpp, float(before.moe) / vpp) for load, before in chains))
+def flat_stages(stages: tuple[tuple[RankLoad, tuple[tuple[RankLoad, RankLoad], ...]], ...], pp: int, vpp: int,
+                n_moe: int) -> tuple:
+    """Per stages, what light_stages reads of their loads, as flat tuples: the last rank's coefficients, whether it
+    holds less than 1/pp of the MoE layers (their exposed all-to-all) and of the model's `n_moe` MoE layers (their
+    host syncs), its share of the MoE layers and its MoE layers; per chain, the rank's with the most layers first
+    (stages_bound's first to reach its cap, which any may), the rank's coefficients (None for the last rank's load:
+    its least time is the last rank's), share and MoE layers, then the earlier ranks' coefficients (None where there
+    are none: no time), share over vpp and MoE layers over vpp (what does not read the reference, divided once)."""
+    return tuple((coefficients(last), pp * last.moe_layers < 1.0, pp * float(last.moe) < n_moe, last.moe_layers,
+                  float(last.moe),
+                  tuple((None if load == last else coefficients(load), load.moe_layers, float(load.moe),
+                         None if before == NOTHING else coefficients(before), before.moe_layers / vpp,
+                         float(before.moe) / vpp)
+                        for load, before in sorted(chains, key=lambda chain: -chain[0].layers)))
                  for last, chains in stages)
 
 
-def light_stages(flat: tuple, parts: tuple[float, ...], rate: tuple[float, float, float, int, int],
+def light_stages(flat: tuple, parts: tuple[float, ...], per_token: float, exposed: float, sync: float, pp: int,
                  vpp: int) -> tuple | None:
-    """bounds.light_ranks of flat_stages `flat` at a reference's `parts` (bounds.token_parts): per stages whose last
-    rank may hold less than 1/pp of the work, (its last rank's least time per token, its share of the MoE layers,
-    its MoE layers) and per chain (the rank's three, the earlier ranks' three over vpp); None where none may.
-    `rate`: seconds per token, exposed all-to-all, host sync, MoE layers and pp."""
+    """bounds.light_ranks of flat_stages `flat` at a reference's `parts` (bounds.token_parts), `per_token` seconds,
+    `exposed` all-to-all and `sync` host syncs: per stages whose last rank may hold less than 1/pp of the work, (its
+    last rank's least time per token, its share of the MoE layers, its MoE layers) and per chain (the rank's three,
+    the earlier ranks' three over vpp); None where none may."""
     dense, moe, dense_rec, moe_rec, head, cp = parts
-    per_token, exposed, sync, n_moe, pp = rate
     light = []
-    for (c0, c1, c2, c3, c4, c5), share, moes, chains in flat:
+    for (c0, c1, c2, c3, c4, c5), short_a2a, short_sync, share, moes, chains in flat:
         least = c0 * dense + c1 * moe + c2 * dense_rec + c3 * moe_rec + c4 * head + c5 * cp
-        if pp * least < per_token or (exposed and pp * share < 1.0) or (sync and pp * moes < n_moe):
+        if pp * least < per_token or (exposed and short_a2a) or (sync and short_sync):
             light.append(((least, share, moes), [
-                (a0 * dense + a1 * moe + a2 * dense_rec + a3 * moe_rec + a4 * head + a5 * cp, ms, mo,
-                 (b0 * dense + b1 * moe + b2 * dense_rec + b3 * moe_rec + b4 * head + b5 * cp) / vpp, ms_b, mo_b)
-                for a0, a1, a2, a3, a4, a5, ms, mo, b0, b1, b2, b3, b4, b5, ms_b, mo_b in chains]))
+                (least if a is None else a[0] * dense + a[1] * moe + a[2] * dense_rec + a[3] * moe_rec + a[4] * head
+                 + a[5] * cp, ms, mo, 0.0 if b is None else (b[0] * dense + b[1] * moe + b[2] * dense_rec
+                                                            + b[3] * moe_rec + b[4] * head + b[5] * cp) / vpp,
+                 ms_b, mo_b) for a, ms, mo, b, ms_b, mo_b in chains]))
     return tuple(light) or None
 
 
