@@ -24,12 +24,14 @@ class OracleRow(NamedTuple):
 
 def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     """The top K distinct rows of every plan with TP inside the NVLink domain (what the search ranks whenever one of
-    them fits): each passes the structural rules, peaks within the request's headroom, and is timed. A plan is left
-    out when the same layout fits with less recompute (the search calls it dominated: strictly slower, same
-    choice); plans with the same predicted step time and peak memory are one row, as in the search's answer."""
+    them fits): each passes the structural rules, peaks within the request's headroom, leaves what it offloads within
+    the host's cpu_memory_per_node (MEM003), and is timed. A plan is left out when the same layout fits with less
+    recompute (the search calls it dominated: strictly slower, same choice); plans with the same predicted step time
+    and peak memory are one row, as in the search's answer."""
     job, _ = search_job(req)
     engine = default_engine(job.framework)
     budget = memory_budget(job, headroom_for(req))
+    host = job.cpu_memory_per_node
     fixed = Fixed.from_request(req)
     space = BestFirstSearch.for_job(job, fixed, engine, top_k)  # its knobs and plan building only
     layouts, _ = enumerate_layouts(job, fixed)
@@ -46,6 +48,8 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
                     memory = engine.memory(job, plan)
                     peak = memory.peak_bytes
                     if memory.fit_bytes > budget:  # what decides the fit (memory.fit_figure), as the search
+                        continue
+                    if host is not None and memory.host_bytes_per_node > host:  # rule MEM003, as `check` and the search
                         continue
                     row = OracleRow(engine.throughput(job, plan).step_time_s, peak, plan)
                     key = same_numbers(row.step_time_s, peak)
