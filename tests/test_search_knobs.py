@@ -162,6 +162,25 @@ def test_the_requests_offloads_are_kept_in_every_ranked_plan():
     assert "optimizer_offload_fraction=1.0 (given)" in " ".join(rec.assumptions)
 
 
+@pytest.mark.parametrize("extra", [{"recompute": "full"}, {}])
+def test_the_requests_recompute_layers_are_kept_in_every_ranked_plan(extra):
+    """Full recompute of some layers per stage (Megatron recompute_num_layers, recompute_method) is part of every
+    plan the search ranks, as the request gives it (it once dropped both silently and ranked every layer recomputed:
+    3.575 s where 2 layers per stage take 2.826 s); left with the recompute open, RC001 keeps it to full recompute.
+    The same top K as the oracle."""
+    req = Request(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, recompute_layers=2, recompute_method="block",
+                  **extra)
+    rec = recommend(req, top_k=3)
+    assert rec.candidates
+    for c in rec.candidates:
+        assert (c.plan.recompute, c.plan.recompute_layers, c.plan.recompute_method) == ("full", 2, "block")
+    plain = recommend(Request(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, recompute="full"), top_k=1)
+    assert rec.candidates[0].throughput.step_time_s < plain.candidates[0].throughput.step_time_s
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in exhaustive_top_k(req, 3)], rel=1e-12)
+    assert "recompute_layers=2 (given)" in " ".join(rec.assumptions)
+
+
 def test_the_requests_tp_overlap_is_kept_wherever_there_is_tp():
     """tp_comm_overlap is the request's (not searched), on every ranked plan with TP to overlap; a TP-1 layout has
     none, so the switch does not rule it out (rule TP005 would refuse tp=1 with it)."""

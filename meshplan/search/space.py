@@ -288,7 +288,9 @@ CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "gra
 framework's default, as `meshplan memory` and `throughput` take it). The optimizer is a training decision, not a
 layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
 
-GIVEN_ONLY_FIELDS = ("dp_replicate",)  # never chosen, carried only when given (hybrid sharding's replicas; DP001)
+# never chosen, carried only when given: hybrid sharding's replicas (DP001); the layers per stage full recompute takes
+# and how (Megatron's recompute_num_layers / recompute_method; RC001 refuses them at a lighter recompute)
+GIVEN_ONLY_FIELDS = ("dp_replicate", "recompute_layers", "recompute_method")
 
 
 @dataclass
