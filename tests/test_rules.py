@@ -511,6 +511,22 @@ def test_uneven_split_checks_follow_megatron():
     assert "first_stage_layers=3 is not divisible by vpp=2" in f.message
 
 
+def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_every_engine():
+    """OLMoE (16 layers) at pp=16 with last_stage_layers=5 leaves 11 layers for 15 middle stages. PP004 (Megatron's
+    own checks) covers the Megatron engines only; elsewhere the estimate split them evenly into empty stages and
+    raised a bare ValueError out of `memory` and recommend (found by a sampler of requests that fix knobs)."""
+    from meshplan.core.errors import MeshplanError
+    from meshplan.estimate.memory import estimate_memory
+    fields = dict(model="olmoe-1b-7b", framework="nemo-automodel", gpu="h200", num_gpus=32, pp=16, zero_stage=3,
+                  global_batch_size=256, seq_length=1024)
+    f = finding_of("PP007", *make(**fields, last_stage_layers=5))
+    assert "15 model chunks (the 15 stages between the given first/last stages x vpp 1) but only 11 layers" in f.message
+    assert "first_stage_layers + last_stage_layers <= 1" in f.fix
+    with pytest.raises(MeshplanError, match="PP007"):
+        estimate_memory(*make(**fields, last_stage_layers=5))
+    assert "PP007" not in {f.id for f in check_config(*make(**fields, last_stage_layers=1)).findings}  # 15 for 15
+
+
 def test_moe_bias_rule_is_about_add_bias_linear():
     # gpt-oss has biased linears: etp must be 1 whatever tp is; Mixtral has none.
     assert "EP004" in ids(*make(**GPT_OSS, num_gpus=8, ep=4, etp=2))

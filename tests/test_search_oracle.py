@@ -107,6 +107,11 @@ NAMED = [
     # that fix knobs; oracle.exhaustive_top_k now skips a plan over the host's memory).
     dict(model="deepseek-v2-lite", num_gpus=4, gpu="h100", framework="skyrl", cpu_memory_per_node=64.0,
          seq_length=2048, global_batch_size=32),
+    # OLMoE's 16 layers at pp=16 with last_stage_layers=5 leave 11 layers for 15 middle stages: PP004 checks that on
+    # the Megatron engines only, so on NeMo AutoModel the estimate split them into empty stages and a bare ValueError
+    # came out of recommend and the oracle (PP007 now counts the middle stages' chunks on every engine).
+    dict(model="olmoe-1b-7b", num_gpus=32, gpu="h200", framework="nemo-automodel", last_stage_layers=5,
+         seq_length=1024, global_batch_size=256, headroom=0.02),
 ]
 
 

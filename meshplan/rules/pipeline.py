@@ -144,13 +144,25 @@ def bubble(ctx: Context) -> Values:
 
 
 
-@rule("PP007", reads=("pp", "vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
+@rule("PP007", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+      "account_for_embedding", "account_for_loss"))
 def stages_have_layers(ctx: Context) -> Values:
+    """Every chunk holds a layer: pp*vpp chunks for the model's layers, or, with first/last stage sizes given, the
+    middle stages' chunks for the layers those sizes leave (schedule.layers_per_rank splits them evenly; PP004 checks
+    Megatron's own conditions, this one every engine's)."""
     p, layers = ctx.plan, ctx.arch.num_layers
-    chunks = p.pp * p.vpp
-    if chunks <= layers or _explicit_split(p):  # a stage may hold E, m or L alone there (PP009 checks it)
+    if _explicit_split(p):  # a stage may hold E, m or L alone there (PP009 checks it)
         return None
-    return {"pp": p.pp, "vpp": p.vpp, "chunks": chunks, "layers": layers}
+    chunks = p.pp * p.vpp
+    if chunks > layers:
+        return {"chunks": chunks, "what": f"pp*vpp = {p.pp}*{p.vpp}", "layers": layers, "fix": f"pp*vpp <= {layers}"}
+    given = [n for n in (p.first_stage_layers, p.last_stage_layers) if n is not None]
+    middle, left = p.pp - len(given), layers - sum(given)
+    if p.pp == 1 or not given or middle <= 0 or middle * p.vpp <= left:
+        return None
+    return {"chunks": middle * p.vpp, "what": f"the {middle} stages between the given first/last stages x vpp {p.vpp}",
+            "layers": left, "fix": f"first_stage_layers + last_stage_layers <= {layers - middle * p.vpp}, or fewer "
+                                   "stages"}
 
 
 
