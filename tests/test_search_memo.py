@@ -72,7 +72,7 @@ def test_the_pipeline_bound_reads_the_step_terms_pp_comm_without_building_the_st
     refused by the same rule as the step."""
     import pytest
 
-    from meshplan.estimate.perf import exposed_pipeline_p2p, step_terms
+    from meshplan.estimate.perf import exposed_pipeline_p2p, pipeline_unit, step_terms
     from meshplan.rules.engine import EstimateBlocked
 
     cases = [("llama-3.1-70b", "megatron-core", 64, Layout(tp=2, pp=8, cp=1, ep=1, etp=1, dp=4)),
@@ -91,6 +91,8 @@ def test_the_pipeline_bound_reads_the_step_terms_pp_comm_without_building_the_st
     across = Layout(tp=1, pp=4, cp=1, ep=1, etp=1, dp=8).plan(zero_stage=0, recompute="none", micro_batch_size=1,
                                                                  sequence_parallel=False, cp_comm_type="p2p")
     assert step_terms(job, across).inputs.pp_cross_layer > 0 and exposed_pipeline_p2p(job, across) is None
+    # what the interleaved bound multiplies by vpp: the transfers only, the per-layer sync left out (paid per layer)
+    assert pipeline_unit(job, across) == max(step_terms(job, across).inputs.pp_comm) > 0
     job, _ = search_job(Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"))
     refused = Layout(tp=1, pp=3, cp=1, ep=1, etp=1, dp=4).plan(zero_stage=1, recompute="none", micro_batch_size=1,
                                                                   sequence_parallel=False, cp_comm_type="p2p")

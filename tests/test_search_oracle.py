@@ -138,3 +138,16 @@ def test_the_search_finds_the_oracles_top_k_on_llama_4_scout_with_fixed_degrees(
     rec = recommend(req, top_k=5)
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
         [r.step_time_s for r in oracle], rel=1e-12)
+
+
+def test_the_search_finds_the_oracles_first_on_nanotron_interleaved_across_nodes():
+    """Found by a sampler of requests that fix knobs: nanotron's pipeline p2p across NVLink domains pays a host sync
+    per layer (perf.pipeline_p2p's cross_layer), as many on a rank at any vpp; the pipeline bound multiplied the
+    non-interleaved base's whole unit, sync included, by vpp. TP1 PP2 VPP7 CP2 EP2 DP3 (the loss counted in the split)
+    was keyed 15.51 s for a plan of 14.62 s, and at top_k=1 the search answered 15.08 s (VPP2)."""
+    req = Request(model="deepseek-v2-lite", framework="nanotron", gpu="a100-80gb", num_gpus=12, seq_length=16384,
+                  global_batch_size=48, pp=2, ep=2, cp=2, account_for_loss=True)
+    oracle = exhaustive_top_k(req, 1)
+    assert [c.throughput.step_time_s for c in recommend(req, top_k=1).candidates] == pytest.approx(
+        [r.step_time_s for r in oracle], rel=1e-12)
+    assert oracle[0].plan.vpp == 7

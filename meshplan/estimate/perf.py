@@ -381,17 +381,19 @@ def exposed_pipeline_p2p(job: Job, plan: Plan) -> float | None:
     bound multiplies by vpp). Refused like step_terms (require_estimable); None where the per-layer host sync makes
     it depend on the slowest stage's layers (the step's terms give it)."""
     require_estimable(job, plan)
-    return pipeline_unit(job, plan)
-
-
-def pipeline_unit(job: Job, plan: Plan) -> float | None:
-    """exposed_pipeline_p2p's arithmetic whatever the rules say of the plan: it reads of the plan only its degrees
-    (tp, cp, dp, pp: the pipeline group's span), micro-batch, sequence parallelism and vpp, so a refused plan's is
-    the traffic of any plan with those (the search's pipeline bound reads a non-interleaved base's)."""
     cal = calibration(job.framework)
     p2p = pipeline_p2p(job, plan, cal, links(job.gpu, job.gpus_per_node, cal))
-    if p2p.cross_layer:
-        return None
+    return None if p2p.cross_layer else max(_exposed_p2p(job, plan, cal, p2p.hop))
+
+
+def pipeline_unit(job: Job, plan: Plan) -> float:
+    """The exposed transfers of exposed_pipeline_p2p (what interleaving multiplies by vpp: one per chunk), whatever
+    the rules say of the plan: it reads of the plan only its degrees (tp, cp, dp, pp: the pipeline group's span),
+    micro-batch, sequence parallelism and vpp, so a refused plan's is the traffic of any plan with those (the search's
+    pipeline bound reads a non-interleaved base's). Without nanotron's per-layer host sync across NVLink domains: that
+    is paid per layer, as many on a rank at any vpp, so a bound that multiplies the unit by vpp leaves it out."""
+    cal = calibration(job.framework)
+    p2p = pipeline_p2p(job, plan, cal, links(job.gpu, job.gpus_per_node, cal))
     return max(_exposed_p2p(job, plan, cal, p2p.hop))
 
 

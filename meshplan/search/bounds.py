@@ -104,7 +104,8 @@ class StepTimeBounds(SearchPlans):
         except MeshplanError:
             return 0.0
         terms = self.caches.terms[key]
-        return terms.m * terms.rows[terms.worst].pp / self.microbatches(lay, mbs)  # the estimate's pp_comm_s
+        # the estimate's pp_comm_s without nanotron's per-layer host sync (paid per layer, not per chunk: pipeline_unit)
+        return terms.m * terms.inputs.pp_comm[terms.worst] / self.microbatches(lay, mbs)
 
     def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
                    may_overlap: bool = False) -> float:
