@@ -112,6 +112,11 @@ NAMED = [
     # came out of recommend and the oracle (PP007 now counts the middle stages' chunks on every engine).
     dict(model="olmoe-1b-7b", num_gpus=32, gpu="h200", framework="nemo-automodel", last_stage_layers=5,
          seq_length=1024, global_batch_size=256, headroom=0.02),
+    # TP fixed over the node: no plan keeps TP inside the NVLink domain, so the search ranks its second tier (TP
+    # across domains, engine.run_search); the oracle searched the first tier only and had nothing to hold it to (it
+    # now takes the second where the first has no row).
+    dict(model="llama-3.1-8b", num_gpus=16, gpu="h100", framework="megatron-core", tp=8, gpus_per_node=4,
+         seq_length=4096, global_batch_size=32),
 ]
 
 

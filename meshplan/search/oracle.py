@@ -11,7 +11,7 @@ from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget, same_numbers
-from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, within_nvlink
+from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, within_nvlink
 
 
 class OracleRow(NamedTuple):
@@ -23,22 +23,27 @@ class OracleRow(NamedTuple):
 
 
 def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
-    """The top K distinct rows of every plan with TP inside the NVLink domain (what the search ranks whenever one of
-    them fits): each passes the structural rules, peaks within the request's headroom, leaves what it offloads within
-    the host's cpu_memory_per_node (MEM003), and is timed. A plan is left out when the same layout fits with less
-    recompute (the search calls it dominated: strictly slower, same choice); plans with the same predicted step time
-    and peak memory are one row, as in the search's answer."""
+    """The top K distinct rows of every plan with TP inside the NVLink domain, or, where none of those fits, of every
+    plan with TP across it (the search's two tiers, engine.run_search): each passes the structural rules, peaks within
+    the request's headroom, leaves what it offloads within the host's cpu_memory_per_node (MEM003), and is timed. A
+    plan is left out when the same layout fits with less recompute (the search calls it dominated: strictly slower,
+    same choice); plans with the same predicted step time and peak memory are one row, as in the search's answer."""
     job, _ = search_job(req)
-    engine = default_engine(job.framework)
+    fixed = Fixed.from_request(req)
+    space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), top_k)  # its knobs and plan building
+    layouts, _ = enumerate_layouts(job, fixed)
+    inside = [lay for lay in layouts if within_nvlink(job, lay)]
+    rows = _rows(req, space, inside) or _rows(req, space, [lay for lay in layouts if not within_nvlink(job, lay)])
+    return sorted(rows.values(), key=lambda r: r.step_time_s)[:top_k]
+
+
+def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[tuple[float, int], OracleRow]:
+    """exhaustive_top_k's distinct rows of these layouts, by brute force."""
+    job, engine, fixed = space.job, space.engine, space.fixed
     budget = memory_budget(job, headroom_for(req))
     host = job.cpu_memory_per_node
-    fixed = Fixed.from_request(req)
-    space = BestFirstSearch.for_job(job, fixed, engine, top_k)  # its knobs and plan building only
-    layouts, _ = enumerate_layouts(job, fixed)
     rows: dict[tuple[float, int], OracleRow] = {}
     for lay in layouts:
-        if not within_nvlink(job, lay):
-            continue
         for mbs in micro_batches(job, lay, fixed):
             for zero in space.zeros:
                 for recompute in space.recomputes:
@@ -56,4 +61,4 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
                     if key not in rows or row.step_time_s < rows[key].step_time_s:
                         rows[key] = row
                     break  # heavier recompute of the same plan is dominated
-    return sorted(rows.values(), key=lambda r: r.step_time_s)[:top_k]
+    return rows
