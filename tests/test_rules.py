@@ -525,6 +525,10 @@ def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_
     with pytest.raises(MeshplanError, match="PP007"):
         estimate_memory(*make(**fields, last_stage_layers=5))
     assert "PP007" not in {f.id for f in check_config(*make(**fields, last_stage_layers=1)).findings}  # 15 for 15
+    # without middle stages the given sizes must add up to the model's layers (the estimate raised it, unnamed)
+    f = finding_of("PP007", *make(**{**fields, "pp": 2}, first_stage_layers=4, last_stage_layers=1))
+    assert f.message == ("With pp=2, first_stage_layers + last_stage_layers = 5 on the given stages, but the model "
+                         "has 16 layers.") and f.fix == "Use last_stage_layers=12."
 
 
 def test_moe_bias_rule_is_about_add_bias_linear():

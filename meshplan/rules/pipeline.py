@@ -147,22 +147,32 @@ def bubble(ctx: Context) -> Values:
 @rule("PP007", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
       "account_for_embedding", "account_for_loss"))
 def stages_have_layers(ctx: Context) -> Values:
-    """Every chunk holds a layer: pp*vpp chunks for the model's layers, or, with first/last stage sizes given, the
-    middle stages' chunks for the layers those sizes leave (schedule.layers_per_rank splits them evenly; PP004 checks
-    Megatron's own conditions, this one every engine's)."""
+    """Every chunk holds a layer and every layer a stage: pp*vpp chunks for the model's layers, or, with first/last
+    stage sizes given, the middle stages' chunks for the layers those sizes leave (schedule.layers_per_rank splits
+    them evenly, and refuses sizes over the model or, without middle stages, short of it; PP004 checks Megatron's own
+    conditions, this one every engine's)."""
     p, layers = ctx.plan, ctx.arch.num_layers
     if _explicit_split(p):  # a stage may hold E, m or L alone there (PP009 checks it)
         return None
     chunks = p.pp * p.vpp
     if chunks > layers:
-        return {"chunks": chunks, "what": f"pp*vpp = {p.pp}*{p.vpp}", "layers": layers, "fix": f"pp*vpp <= {layers}"}
+        return {"problem": f"pp*vpp = {p.pp}*{p.vpp} = {chunks} model chunks but only {layers} layers: some stages "
+                           "would hold no layer", "fix": f"pp*vpp <= {layers}"}
     given = [n for n in (p.first_stage_layers, p.last_stage_layers) if n is not None]
-    middle, left = p.pp - len(given), layers - sum(given)
-    if p.pp == 1 or not given or middle <= 0 or middle * p.vpp <= left:
+    if p.pp == 1 or not given:
         return None
-    return {"chunks": middle * p.vpp, "what": f"the {middle} stages between the given first/last stages x vpp {p.vpp}",
-            "layers": left, "fix": f"first_stage_layers + last_stage_layers <= {layers - middle * p.vpp}, or fewer "
-                                   "stages"}
+    middle, left = p.pp - len(given), layers - sum(given)
+    sizes = f"first_stage_layers + last_stage_layers = {sum(given)}" if len(given) == 2 else f"{given[0]} layers"
+    if left < 0 or (not middle and left):
+        fix = (f"last_stage_layers={layers - given[0]}" if not middle else
+               "first and last stage sizes that leave layers for the middle stages")
+        return {"problem": f"With pp={p.pp}, {sizes} on the given stages, but the model has {layers} layers",
+                "fix": fix}
+    if middle * p.vpp <= left:
+        return None
+    return {"problem": f"{middle * p.vpp} model chunks (the {middle} stages between the given first/last stages x vpp "
+                       f"{p.vpp}) but only {left} layers for them: some stages would hold no layer",
+            "fix": f"first_stage_layers + last_stage_layers <= {layers - middle * p.vpp}, or fewer stages"}
 
 
 
