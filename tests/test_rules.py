@@ -531,6 +531,18 @@ def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_
                          "has 16 layers.") and f.fix == "Use last_stage_layers=12."
 
 
+def test_virtual_stages_on_a_framework_without_an_interleaved_schedule_are_pp013():
+    """nanotron and DeepSpeed run one stage per rank (their cards' pipeline.interleaved is null): vpp > 1 without a
+    named schedule was accepted and estimated as interleaved."""
+    for framework in ("nanotron", "deepspeed"):
+        f = finding_of("PP013", *make(**L8B, framework=framework, num_gpus=8, pp=2, vpp=2, zero_stage=0))
+        assert "with vpp=2: they run one stage per rank" in f.message and f.fix == "Use vpp=1."
+    for framework in ("megatron-core", "kempnerforge"):
+        assert "PP013" not in {f.id for f in check_config(*make(**L8B, framework=framework, num_gpus=8, pp=2, vpp=2,
+                                                                 zero_stage=0 if framework == "megatron-core" else 3
+                                                                 )).findings}
+
+
 def test_moe_bias_rule_is_about_add_bias_linear():
     # gpt-oss has biased linears: etp must be 1 whatever tp is; Mixtral has none.
     assert "EP004" in ids(*make(**GPT_OSS, num_gpus=8, ep=4, etp=2))

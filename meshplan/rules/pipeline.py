@@ -294,6 +294,12 @@ def schedule_chunks(ctx: Context) -> Values:
         return {"schedule": name, "vpp": p.vpp, "reason": "it schedules the virtual stages of a pipeline, and pp=1 "
                                                           "has none",
                 "fix": "Use pp >= 2 (vpp=2), or leave pipeline_schedule out."}
+    card = framework_card(ctx.framework)
+    if name is None and p.pp > 1 and p.vpp > 1 and card.pipeline.interleaved is None:
+        # no schedule named: the framework's own, and it has no interleaved one (its card: nanotron, DeepSpeed)
+        return {"schedule": f"{' or '.join(offered_schedules(ctx.framework))} (all {card.display_name} runs)",
+                "vpp": p.vpp, "reason": "they run one stage per rank (the framework has no interleaved schedule)",
+                "fix": "Use vpp=1."}
     if name is None or p.pp == 1:
         return None
     if name in SINGLE_CHUNK and p.vpp > 1:
