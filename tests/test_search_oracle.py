@@ -186,6 +186,11 @@ NAMED = [
     # estimate's MeshplanError came out of recommend where the oracle ranks 31.12 s (PP007 now refuses it).
     dict(model="mixtral-8x7b", num_gpus=16, gpu="h200", framework="nemo-automodel", pp=4, first_stage_layers=4,
          last_stage_layers=1, gpus_per_node=4, seq_length=32768, global_batch_size=32),
+    # pipeline_schedule=combined_1f1b turns the EP overlap on in every plan the search builds (plans.a2a_overlap), but
+    # the up-front refusal (refusal.Space.plan) probed the plans with it off, where PP015 refuses every one: recommend
+    # raised "No layout can pass rule PP015" where the oracle ranks 0.2753 s (TP1 PP2 VPP7 EP8 DP8).
+    dict(model="qwen3-30b-a3b", num_gpus=16, gpu="b200", framework="megatron-core", pipeline_schedule="combined_1f1b",
+         seq_length=2048, global_batch_size=16),
 ]
 
 

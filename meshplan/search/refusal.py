@@ -70,9 +70,12 @@ class Space:
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int) -> Plan:
         """The plan as the search builds it (the per-plan dispatcher and overlaps at the request's values, else off:
-        no structural rule turns on them)."""
+        no structural rule turns on them; but the EP overlap on with the combined 1F1B schedule, its own, as
+        plans.a2a_overlap sets it)."""
         sp = self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
         extra = {k: self.fixed.values[k] for k in ("moe_token_dispatcher", "moe_a2a_overlap") if k in self.fixed}
+        if lay.schedule == "combined_1f1b":
+            extra.setdefault("moe_a2a_overlap", True)
         return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,  # type: ignore[arg-type]
                         sequence_parallel=sp, cp_comm_type=self.cp_comm, **extra,
                         tp_comm_overlap=bool(self.fixed.values.get("tp_comm_overlap")) and lay.tp > 1,
