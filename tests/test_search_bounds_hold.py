@@ -150,6 +150,18 @@ def uneven(lay) -> bool:
                            or bool(lay.schedule))
 
 
+def uneven_layouts(search, stride: int):
+    """Every `stride`-th uneven layout of each tier (seeded, as the search reads its bounds) that has micro-batches,
+    with them."""
+    tiers = split_space(search)
+    for layouts in (tiers.inside, tiers.across):
+        search.sized(layouts)
+        for lay in [lay for lay in layouts if uneven(lay)][::stride]:
+            sizes = search.sizes(lay)
+            if sizes:
+                yield lay, sizes
+
+
 @pytest.mark.parametrize(("req", "stride"), UNEVEN_JOBS, ids=[req.model for req, _ in UNEVEN_JOBS])
 def test_the_step_time_bounds_are_under_the_estimate_on_uneven_splits(req, stride):
     """Every bound of every `stride`-th uneven layout (its first two micro-batches) is at most the estimate of every
@@ -158,30 +170,24 @@ def test_the_step_time_bounds_are_under_the_estimate_on_uneven_splits(req, strid
     job, _ = search_job(req)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 1)
-    tiers = split_space(search)
     ideal = ideal_time(job, engine)
     compared = chained = 0
-    for layouts in (tiers.inside, tiers.across):
-        search.sized(layouts)
-        for lay in [lay for lay in layouts if uneven(lay)][::stride]:
-            sizes = search.sizes(lay)
-            if not sizes:
-                continue
-            keys = search.seed_keys(lay, sizes, ideal)
-            chained += any(search.chain_factor(lay, mbs, search.token_rate(lay, mbs, search.recomputes[0])) < 1.0
-                           for mbs in sizes)
-            for mbs, seed_key in list(zip(sizes, keys, strict=True))[:2]:
-                for i, recompute in enumerate(search.recomputes):
-                    bounds = [search.token_bound(lay, mbs, recompute), search.token_bound(lay, mbs, recompute, True),
-                              search.pipeline_bound(lay, mbs, recompute, interleave=True)]
-                    for zero in search.zeros:
-                        for heavier in search.recomputes[i:]:
-                            try:
-                                step = search.throughput(lay, zero, heavier, mbs).step_time_s
-                            except MeshplanError:
-                                continue
-                            limit = step * (1.0 + ROUNDING)
-                            assert seed_key <= limit, (lay, mbs, zero, heavier, "seed", seed_key, step)
-                            assert max(bounds) <= limit, (lay, mbs, zero, heavier, recompute, bounds, step)
-                            compared += 1
+    for lay, sizes in uneven_layouts(search, stride):
+        keys = search.seed_keys(lay, sizes, ideal)
+        chained += any(search.chain_factor(lay, mbs, search.token_rate(lay, mbs, search.recomputes[0])) < 1.0
+                       for mbs in sizes)
+        for mbs, seed_key in list(zip(sizes, keys, strict=True))[:2]:
+            for i, recompute in enumerate(search.recomputes):
+                bounds = [search.token_bound(lay, mbs, recompute), search.token_bound(lay, mbs, recompute, True),
+                          search.pipeline_bound(lay, mbs, recompute, interleave=True)]
+                for zero in search.zeros:
+                    for heavier in search.recomputes[i:]:
+                        try:
+                            step = search.throughput(lay, zero, heavier, mbs).step_time_s
+                        except MeshplanError:
+                            continue
+                        limit = step * (1.0 + ROUNDING)
+                        assert seed_key <= limit, (lay, mbs, zero, heavier, "seed", seed_key, step)
+                        assert max(bounds) <= limit, (lay, mbs, zero, heavier, recompute, bounds, step)
+                        compared += 1
     assert compared > 30 and (chained > 0) == (req.model != "llama-3.1-8b")  # its last ranks hold the output layer

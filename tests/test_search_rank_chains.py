@@ -7,11 +7,10 @@ the cap. The chains' order is free: stages_bound's result reads none of it."""
 
 from __future__ import annotations
 
-from test_search_bounds_hold import uneven
+from test_search_bounds_hold import uneven_layouts
 
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
-from meshplan.search.engine import split_space
 from meshplan.search.rank_chains import RankLoad, stages_bound
 from meshplan.search.space import Fixed
 
@@ -63,24 +62,18 @@ def test_the_kept_chains_are_the_loads_chains_to_the_last_bit():
     for req, stride in JOBS:
         job, _ = search_job(req)
         search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
-        tiers = split_space(search)
-        for layouts in (tiers.inside, tiers.across):
-            search.sized(layouts)
-            for lay in [lay for lay in layouts if uneven(lay)][::stride]:
-                sizes = search.sizes(lay)
-                if not sizes:
-                    continue
-                rate = search.token_rate(lay, sizes[0], search.recomputes[0])
-                kept, defined = search.light_ranks(lay, rate), defined_light(search, lay, rate)
-                assert (kept is None) == (defined is None), lay
-                if kept is None:
-                    continue
-                assert [(last, sorted(chains)) for last, chains in kept] == list(defined), lay
-                for mbs in sizes:
-                    m, whole, tokens = search.microbatches(lay, mbs), rate[1] * mbs, float(mbs)
-                    for weights in ((tokens, 0.0, 0.0), (tokens, 0.3 * tokens * rate[2], 1e-4)):
-                        cap = whole / lay.pp * (m + lay.bubble_stages())
-                        assert stages_bound(m, lay.pp, lay.vpp, whole, kept, weights, cap) == \
-                            defined_bound(m, lay.pp, lay.vpp, whole, defined, weights, cap), (lay, mbs, weights)
-                checked += 1
+        for lay, sizes in uneven_layouts(search, stride):
+            rate = search.token_rate(lay, sizes[0], search.recomputes[0])
+            kept, defined = search.light_ranks(lay, rate), defined_light(search, lay, rate)
+            assert (kept is None) == (defined is None), lay
+            if kept is None:
+                continue
+            assert [(last, sorted(chains)) for last, chains in kept] == list(defined), lay
+            for mbs in sizes:
+                m, whole, tokens = search.microbatches(lay, mbs), rate[1] * mbs, float(mbs)
+                for weights in ((tokens, 0.0, 0.0), (tokens, 0.3 * tokens * rate[2], 1e-4)):
+                    cap = whole / lay.pp * (m + lay.bubble_stages())
+                    assert stages_bound(m, lay.pp, lay.vpp, whole, kept, weights, cap) == \
+                        defined_bound(m, lay.pp, lay.vpp, whole, defined, weights, cap), (lay, mbs, weights)
+            checked += 1
     assert checked > 20
