@@ -174,8 +174,7 @@ def test_the_step_time_bounds_are_under_the_estimate_on_uneven_splits(req, strid
     compared = chained = 0
     for lay, sizes in uneven_layouts(search, stride):
         keys = search.seed_keys(lay, sizes, ideal)
-        chained += any(search.chain_factor(lay, mbs, search.token_rate(lay, mbs, search.recomputes[0])) < 1.0
-                       for mbs in sizes)
+        chained += any(search.chained(lay, mbs, search.token_rate(lay, mbs, search.recomputes[0])) for mbs in sizes)
         for mbs, seed_key in list(zip(sizes, keys, strict=True))[:2]:
             for i, recompute in enumerate(search.recomputes):
                 bounds = [search.token_bound(lay, mbs, recompute), search.token_bound(lay, mbs, recompute, True),

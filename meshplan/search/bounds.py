@@ -241,7 +241,7 @@ class StepTimeBounds(SearchPlans):
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
-        work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound, as chain_factor; `refs`:
+        work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound; `refs`:
         the rate's references; the ideal time then without its bubble). `factors`: the layout's stretch_factors;
         `ideal`: each bound the larger of it and their ideal_time (the seed keys)."""
         s, pp = self.job.seq_length, lay.pp
@@ -282,30 +282,10 @@ class StepTimeBounds(SearchPlans):
             hit = self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
         return hit  # type: ignore[return-value]
 
-    def chain_factor(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple],
-                     light: tuple | None = None) -> float:
-        """What share of the stretch's m + (pp-1)/v stage-times of W/pp the step provably takes (rank_chains): the
-        least over the layout's stages whose last rank may hold less than 1/pp of the work (light_ranks) of their
-        stages_bound over the stretch, where under 1; else 1. W per micro-batch is the stretch's (per_stage x pp); a
-        rank's least time per micro-batch its layers of each kind and head (token_parts) and its share of the layers'
-        CP traffic; the last rank's also its share of the exposed all-to-all and its MoE layers' host syncs beyond
-        what the reference spreads. `light`: light_ranks(lay, rate) where the caller has it."""
-        if light is None:
-            light = self.light_ranks(lay, rate)
-            if light is None:
-                return 1.0
-        b_tok, per_token, exposed, _ = rate
-        s = self.job.seq_length
-        tokens = -(-s // lay.cp) * mbs
-        m, pp, vpp = self.microbatches(lay, mbs), lay.pp, lay.vpp
-        outside = (1.0 - a2a_steady_share(m, pp, vpp)) * exposed if exposed else 0.0
-        rest = max(0.0, 1.0 - tokens / (b_tok * s))
-        whole = tokens * (per_token + outside) + self.moe_sync_s() * rest
-        stretched = whole / pp * (m + lay.bubble_stages())
-        if stretched <= 0.0:
-            return 1.0
-        weights = (tokens, tokens * outside, self.engine.moe_layer_fixed_s * rest)
-        return stages_bound(m, pp, vpp, whole, light, weights, stretched) / stretched
+    def chained(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple]) -> bool:
+        """Whether the stretch at this rate takes the pipeline's chains (rank_chains.stages_bound under it, where the
+        last rank may hold less than 1/pp of the work): its bound with the rate's references under the one without."""
+        return self.stretch_one(lay, mbs, *rate) < self.stretch_one(lay, mbs, *rate[:3])
 
     def light_ranks(self, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
         """Per stages of the layout (last_ranks) whose last rank may hold less than 1/pp of the work at this rate:
@@ -374,7 +354,8 @@ class StepTimeBounds(SearchPlans):
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False) -> float:
         """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
         vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp) (where the last rank may hold
-        less, chain_factor, m of them: each chain holds a rank's m micro-batches, each transfer at least the unit's).
+        less and the stretch takes the pipeline's chains, m of them: each chain holds a rank's m micro-batches, each
+        transfer at least the unit's).
         Once per arguments: it reads only them and the job (the exact token bound, pp_unit's
         cached units), not the seeded shards' sizes."""
         interleave = interleave and lay.vpp > 1  # without virtual stages there is no interleaving to add
@@ -385,9 +366,8 @@ class StepTimeBounds(SearchPlans):
             bound = self.stretch_one(lay, mbs, *rate)  # exact token_bound
             if interleave:
                 m = self.microbatches(lay, mbs)
-                light = self.light_ranks(lay, rate)
-                stages = m + lay.bubble_stages() if light is None or self.chain_factor(lay, mbs, rate, light) == 1.0 \
-                    else m
+                # where the stretch took the chains, m transfers (each chain holds a rank's m micro-batches)
+                stages = m if bound < self.stretch_one(lay, mbs, *rate[:3]) else m + lay.bubble_stages()
                 bound += lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs) * stages
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]

@@ -57,7 +57,7 @@ class SeedGroup:
     def least_bubble(self, light: Callable[[Layout], bool]) -> float:
         """The least bubble any seed key of the group counts (group_floor's `bubble`): a shape's bubble_stages, none
         for a shape whose last rank may hold less than 1/pp of the work at its seed rate (`light`: bounds.light_ranks
-        not None; its keys then count at most the last rank's chain, at least m, bounds.chain_factor)."""
+        not None; its keys then count at most the last rank's chain, at least m, bounds.chained)."""
         least = self.bubble
         for lay, bubble in self.chained:
             if bubble < least:
