@@ -130,7 +130,7 @@ def test_a_zbv_first_rank_holds_one_micro_batch_of_its_last_chunk():
 def test_a_v_order_at_one_chunk_per_rank_is_left_to_the_rules(framework, gpus, rule):
     """A request's fixed dualpipev reaches the search's layouts at vpp=1 (and uneven first/last splits) too; the
     floors placed their single chunk in a V (schedule.v_placed reads two per rank) and recommend raised a bare
-    IndexError. Now no estimate takes those stages (floors._estimate_stages: None, the floors of no split), and the
+    IndexError. Now no estimate takes those stages (floors.estimate_stages: None, the floors of no split), and the
     search answers with the rules that refuse them."""
     req = Request(model="mistral-7b", num_gpus=gpus, gpu="b200", framework=framework, seq_length=4096,
                   global_batch_size=gpus, headroom=0.05, pipeline_schedule="dualpipev")

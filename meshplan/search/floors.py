@@ -59,7 +59,7 @@ def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tup
     """first_stage_spans, with the first rank's layers per virtual chunk in the estimate's order, each (layers, MoE
     layers), empty chunks kept (what the estimate's in-flight counts multiply: memory_stage.held_activations); None
     where no estimate takes the stages or the rank holds one chunk."""
-    stages = _estimate_stages(job, lay, zero_stage)
+    stages = estimate_stages(job, lay, zero_stage)
     if stages is not None:
         moe = _prefix(job.model).moe
         chunks = tuple((len(c), moe[c[-1] + 1] - moe[c[0]]) if c else (0, 0) for c in stages.chunks[0])
@@ -75,7 +75,7 @@ def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tup
     return ([(0, n0)] if n0 else []), None
 
 
-def _estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
+def estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
     """schedule.plan_stages of the layout's plans at this ZeRO stage (the decoder layers of each rank's virtual
     chunks, the output layer's rank), None where no estimate takes them (a pydantic error is a ValueError). Without
     a split, plan_stages' own steps (the convention's stages, placed in a V for a V order) with no plan built. A V
@@ -122,7 +122,7 @@ def own_memory(job: Job, lay: Layout, zeros: tuple[int, ...], memo: dict) -> Lay
 def _rank_kinds(job: Job, lay: Layout, zero_stage: int) -> tuple | None:
     """Per pipeline rank the kinds of its decoder layers in order (MoE or dense), with the output layer's and the MTP
     blocks' ranks, in the stages the estimate weighs; None where no estimate takes them."""
-    stages = _estimate_stages(job, lay, zero_stage)
+    stages = estimate_stages(job, lay, zero_stage)
     if stages is None:
         return None
     arch = job.model
@@ -429,7 +429,7 @@ def _rank_params(job: Job, lay: Layout, zero_stage: int, partition: str,
     key = ("rank_params", partition, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
     hit = memo.get(key)
     if hit is None:
-        stages = _estimate_stages(job, lay, zero_stage)
+        stages = estimate_stages(job, lay, zero_stage)
         # each virtual chunk is a run of consecutive layers (schedule.stages_from_counts): a span of _span_params
         hit = memo[key] = frozenset() if stages is None else frozenset(
             _span_params(job.model, [(chunk[0], chunk[-1] + 1) for chunk in stages.chunks[rank] if chunk])

@@ -265,6 +265,10 @@ class SearchPlans:
                 report = self.engine.check(self.job, self.plan(*key))
                 error = next((f for f in report.findings if f.severity == "error"), None)
             self.caches.checks[key] = error
+        return self.rule_id(error)
+
+    def rule_id(self, error: Finding | None) -> str | None:
+        """A first error's rule id, its finding kept as the first of that rule (Caches.first_finding); None: none."""
         if error is None:
             return None
         self.caches.first_finding.setdefault(error.id, error)
@@ -276,11 +280,11 @@ class SearchPlans:
         full recompute; EP009 refuses the overlap with full recompute; PP015 reads the overlap). Asked together
         (the check's first_errors_over, where it has one): the rules that read neither are asked once."""
         keys = [(lay, zero, recompute, mbs) for recompute in self.recomputes]
-        checks = self.caches.checks
         over = getattr(self.engine.check, "first_errors_over", None)
-        found = [checks.get(key, False) for key in keys]
         if over is None:
             return tuple(self.check_error(*key) for key in keys)
+        checks = self.caches.checks
+        found = [checks.get(key, False) for key in keys]
         if any(error is False for error in found):
             self.calls["check"] += len(keys)
             base = self.caches.plans.get(lay)
@@ -290,11 +294,7 @@ class SearchPlans:
                          [lambda key=key: self.plan(*key) for key in keys])
             for key, error in zip(keys, found, strict=True):
                 checks[key] = error
-        first = self.caches.first_finding
-        for error in found:
-            if error is not None:
-                first.setdefault(error.id, error)
-        return tuple(None if error is None else error.id for error in found)
+        return tuple(self.rule_id(error) for error in found)
 
     def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
         """The plan's estimate, finished from its step's terms when the search already computed them (the same

@@ -20,7 +20,7 @@ from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.stage_time import layer_kinds
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
-from meshplan.search.floors import _estimate_stages
+from meshplan.search.floors import estimate_stages
 from meshplan.search.space import Layout
 
 
@@ -66,7 +66,7 @@ def pipeline_ranks(job: Job, lay: Layout, zeros: tuple[int, ...]) -> Ranks | Non
         return None
     found: dict[tuple[RankLoad, ...], None] = {}
     for zero in zeros:
-        stages = _estimate_stages(job, lay, zero)
+        stages = estimate_stages(job, lay, zero)
         if stages is not None:
             found[tuple(rank_load(job.model, stages, s) for s in range(lay.pp))] = None
     if all(holds_its_share(loads[-1], job.model, lay.pp) for loads in found):
