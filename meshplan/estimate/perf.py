@@ -219,18 +219,18 @@ def stage_work(job: Job, plan: Plan) -> StageWork:
     kinds = stage_kinds(0, layers, inputs)
     sums = layer_sums(len(layers), kinds, inputs)
     compute, _ = stage_compute(sums, inputs.pipeline.head_rank == 0, inputs)
-    head = inputs.head if inputs.pipeline.head_rank == 0 else 0.0
-    return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep, *one_layer_work(len(layers), kinds, inputs),
-                     head)
+    return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep, *_one_stage_parts(inputs, kinds))
 
 
-def _one_stage_parts(inputs: StageInputs) -> tuple[float, ...]:
-    """StageWork's layer and head parts of a one-stage plan's inputs; none of a pipeline's (its stages differ)."""
+def _one_stage_parts(inputs: StageInputs, kinds: list[bool] | None = None) -> tuple[float, ...]:
+    """StageWork's layer and head parts of a one-stage plan's inputs (`kinds`: its stage_kinds, where the caller has
+    them); none of a pipeline's (its stages differ)."""
     if inputs.plan.pp != 1:
         return 0.0, 0.0, 0.0, 0.0, 0.0
     layers = inputs.pipeline.layers(0)
-    return (*one_layer_work(len(layers), stage_kinds(0, layers, inputs), inputs),
-            inputs.head if inputs.pipeline.head_rank == 0 else 0.0)
+    if kinds is None:
+        kinds = stage_kinds(0, layers, inputs)
+    return (*one_layer_work(len(layers), kinds, inputs), inputs.head if inputs.pipeline.head_rank == 0 else 0.0)
 
 
 class StageCp(NamedTuple):
