@@ -147,7 +147,7 @@ def test_a_layer_key_is_built_once_per_context_and_equals_one_built_afresh():
 def _plain_seed_keys(search: BestFirstSearch, lay: Layout, sizes: tuple[int, ...], ideal: float,
                      rate: tuple[int, float, float, tuple]) -> list[float]:
     """The seed keys as bounds.py wrote them before their factors were kept: max(ideal_time, token bound) per size
-    (a layout whose last rank holds at least 1/pp of the work: search/last_rank.py)."""
+    (a layout whose last rank holds at least 1/pp of the work: search/rank_chains.py)."""
     from meshplan.estimate.moe_time import a2a_steady_share
 
     b_tok, per_token, exposed, _ = rate

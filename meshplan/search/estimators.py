@@ -49,7 +49,7 @@ class Engine:
     finish: Callable[[StepTerms], ThroughputReport] | None = None
     # What the per-token references read of a plan's step (perf.stage_work: `terms`' m and slowest row's compute,
     # recompute, TP, CP, EP, bit for bit, without the once-per-step terms; one layer of each kind and the head, what
-    # search/last_rank.py weighs a last rank by). None: the references read `terms` (and no layer's work).
+    # search/rank_chains.py weighs a last rank by). None: the references read `terms` (and no layer's work).
     stage_work: Callable[[Job, Plan], StageWork] | None = None
     # What the context-parallel references read (perf.stage_cp: `terms`' m and slowest row's cp, bit for bit, without
     # the layers' other terms). None: they read stage_work (or `terms`).
