@@ -139,12 +139,17 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
 
 def plain_open_group(self, key, group, base, ideal):
     """open_group as a queue holding every seed: each (layout, micro-batch) node pushed at FLOOR with its seed key
-    and seeding seq, none left out as dead or held by its layout's first node."""
+    (raised to the once-per-step DP bound where a layout of the group under the cutoff may fit, as open_group raises
+    them) and seeding seq, none left out as dead or held by its layout's first node."""
     variants, sizes = self.variants(), group.sizes
-    for lay, entry, index in group.members:
+    for lay, entry, _ in group.members:
         if entry[1] is None:
             entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates))
             entry[2] = min(entry[1])
+    under = [member for member in group.members if member[1][2] <= self.cutoff]
+    if not all(self.group_dead([lay for lay, _, _ in under])):
+        self.raise_to_sync(group, under)
+    for lay, entry, index in group.members:
         for offset, (mbs, seed_key) in enumerate(zip(sizes, entry[1], strict=True)):
             if seed_key > self.cutoff:
                 self.beyond_cutoff += variants

@@ -1,8 +1,9 @@
 """The optimistic step times that order the search's queue (meshplan/search/engine.py). Each bound is at most the
 step time the estimator would predict, so a plan reaching the top of the queue is faster than anything left in it:
 the ideal time (every GPU at the cost model's best fraction of peak), the per-token bound of single-stage reference
-plans stretched over a layout's stages and micro-batches, the pipeline traffic interleaving multiplies, and a
-ZeRO-2/3 / FSDP stage's sharding traffic per micro-batch.
+plans stretched over a layout's stages and micro-batches, the pipeline traffic interleaving multiplies, a
+ZeRO-2/3 / FSDP stage's sharding traffic per micro-batch, and the once-per-step DP term after the pipeline (the first
+rank's gradient reduction and parameter all-gather, less what its compute may hide: estimate/sync_floor.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
+from meshplan.estimate.sync_floor import SyncFloor, SyncRates, layers_params
 from meshplan.knowledge.cards import framework_card
+from meshplan.schema.plan import Plan
+from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.space import Layout
@@ -280,7 +284,21 @@ class StepTimeBounds(SearchPlans):
         hit = self.bounds_memo.get(key, False)
         if hit is False:
             hit = self.bounds_memo[key] = pipeline_ranks(self.job, lay, self.zeros)  # type: ignore[assignment]
+            self.note_rank0(lay)
         return hit  # type: ignore[return-value]
+
+    def note_rank0(self, lay: Layout) -> None:
+        """Keep, per pp and ZeRO stage, the least first-rank parameters of each kind (rank0_params) over the pipeline
+        shapes seen (seeding asks last_ranks of every layout, so every shape of the space with pp > 1): what
+        group_syncs reads of a seed group's layouts, none with less. A shape no estimate takes leaves them."""
+        for zero in self.zeros:
+            params = self.rank0_params(lay, zero)
+            if params is None:
+                continue
+            key = ("least rank0", lay.pp, zero)
+            least = self.bounds_memo.get(key)
+            self.bounds_memo[key] = params if least is None else (  # type: ignore[assignment]
+                min(least[0], params[0]), min(least[1], params[1]))  # type: ignore[index]
 
     def chained(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple]) -> bool:
         """Whether the stretch at this rate takes the pipeline's chains (rank_chains.stages_bound under it, where the
@@ -375,16 +393,137 @@ class StepTimeBounds(SearchPlans):
     def sharding_bound(self, lay: Layout, zero: int, mbs: int) -> float:
         """A bound of every plan of the layout at this ZeRO stage and micro-batch, at any recompute: m x the least
         seconds its slowest stage takes per micro-batch for the sharding traffic each micro-batch moves (the Engine's
-        sharding_floor: 0 where none is per micro-batch, or without one). The figure is kept per what it reads of a
-        search's plan (the grid and the ZeRO stage: sequence parallelism follows tp, the rest is the request's)."""
+        sharding_floor: 0 where none is per micro-batch, or without one)."""
+        return self.microbatches(lay, mbs) * self.sharding_per_micro(lay, zero)
+
+    def sharding_per_micro(self, lay: Layout, zero: int) -> float:
+        """sharding_bound's seconds per micro-batch, kept per what it reads of a search's plan (the grid and the ZeRO
+        stage: sequence parallelism follows tp, the rest is the request's)."""
         if self.engine.sharding_floor is None:
             return 0.0
         key = ("sharding", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero)
         per_micro = self.bounds_memo.get(key)
         if per_micro is None:
-            per_micro = self.bounds_memo[key] = self.engine.sharding_floor(
-                self.job, self.plan(lay, zero, self.recomputes[0], mbs))
-        return self.microbatches(lay, mbs) * per_micro  # type: ignore[operator]
+            per_micro = self.bounds_memo[key] = self.engine.sharding_floor(self.job, self.grid_plan(lay, zero))
+        return per_micro  # type: ignore[return-value]
+
+    def first_rank_sync(self, lay: Layout, zero: int, params: tuple[float, float] | None = None) -> SyncFloor | None:
+        """The SyncFloor of the layout's plans at this ZeRO stage, or of a first rank holding `params` (dense, routed,
+        unsharded; default: the layout's own, rank0_params); None where there is none (no such Engine estimator, a
+        LoRA job, no estimate takes the layout's stages). Kept per grid, ZeRO stage and parameters."""
+        if params is None:
+            params = self.rank0_params(lay, zero)
+            if params is None:
+                return None
+        key = ("sync", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero, params)
+        hit = self.bounds_memo.get(key, False)
+        if hit is False:
+            rates = self.grid_sync(lay, zero)
+            hit = self.bounds_memo[key] = None if rates is None else rates.floor(*params)
+        return hit  # type: ignore[return-value]
+
+    def grid_sync(self, lay: Layout, zero: int) -> SyncRates | None:
+        """The Engine's sync_rates of the layout's grid at this ZeRO stage (a plan of the grid: the DP traffic reads
+        of a plan its degrees, its ZeRO stage and the request's fields), once per those."""
+        if self.engine.sync_rates is None:
+            return None
+        key = ("rates", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero)
+        hit = self.bounds_memo.get(key, False)
+        if hit is False:
+            grid = ("rates", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)  # another ZeRO stage's: same groups
+            other = self.bounds_memo.get(grid)
+            plan = self.grid_plan(lay, zero)
+            if other is None:
+                hit = self.bounds_memo[grid] = self.engine.sync_rates(self.job, plan)
+            else:
+                hit = other.at(plan)  # type: ignore[union-attr]
+            self.bounds_memo[key] = hit
+        return hit  # type: ignore[return-value]
+
+    def grid_plan(self, lay: Layout, zero: int) -> Plan:
+        """A plan of the layout's grid (its degrees, no virtual stages or split) at this ZeRO stage, with the
+        request's fields and sequence parallelism as the search sets them: all that sharding_per_micro's and
+        grid_sync's estimators read of a plan. A copy of the search's first such plan with those fields changed
+        (Plan has no validator beyond its fields' ranges, which a layout's degrees meet): validating one per grid
+        cost more than the bounds it serves."""
+        key = ("grid plan", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero)
+        plan = self.bounds_memo.get(key)
+        if plan is not None:
+            return plan  # type: ignore[return-value]
+        base = self.bounds_memo.get("grid plan")
+        if base is None:
+            one = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1)
+            base = self.bounds_memo["grid plan"] = self.plan(one, self.zeros[0], self.recomputes[0], 1)
+        plan = self.bounds_memo[key] = base.model_copy(update={  # type: ignore[union-attr]
+            "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp, "zero_stage": zero,
+            "sequence_parallel": self.sequence_parallel(lay), "tp_comm_overlap": self.tp_overlap and lay.tp > 1})
+        return plan
+
+    def rank0_params(self, lay: Layout, zero: int) -> tuple[float, float] | None:
+        """The (dense, routed) parameters of the decoder layers the layout's first pipeline rank holds at this ZeRO
+        stage (floors.estimate_stages: the stages the estimate weighs), unsharded; None where no estimate takes them.
+        Kept per the pipeline shape (what the stages read of the layout)."""
+        key = ("rank0", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule, zero)
+        hit = self.bounds_memo.get(key, False)
+        if hit is False:
+            stages = estimate_stages(self.job, lay, zero)
+            hit = self.bounds_memo[key] = None if stages is None else layers_params(self.job.model, stages.layers(0))
+        return hit  # type: ignore[return-value]
+
+    def sync_bound(self, lay: Layout, zero: int, mbs: int, pipe: float) -> float:
+        """A bound of every plan of the layout at this ZeRO stage and micro-batch, at any recompute, where `pipe` bounds
+        their pipeline: the pipeline is at least that, their sharding traffic (sharding_bound) and m x the first rank's
+        compute and recompute per micro-batch, and the once-per-step DP term after it at least its traffic less a
+        share of that (first_rank_sync): the least their sum can be (least_with_sync)."""
+        pipe = max(pipe, self.sharding_bound(lay, zero, mbs))
+        floor = self.first_rank_sync(lay, zero)
+        if floor is None or floor.seconds <= 0.0:
+            return pipe
+        return least_with_sync(pipe, self.microbatches(lay, mbs), floor)
+
+    def group_syncs(self, lays: list[Layout]) -> tuple[tuple[float, float, float], ...]:
+        """Per ZeRO stage of the search, for these layouts (one grid: a seed group's): the sharding traffic's seconds
+        per micro-batch (sharding_per_micro) and the SyncFloor (seconds, hidden) of the least first-rank parameters of
+        each kind among them (the floor only grows with either; none where one of them has no stages at that ZeRO
+        stage, or no such Engine estimator): what synced reads; () where no stage has either (nothing to raise)."""
+        lay, syncs = lays[0], []
+        for zero in self.zeros:
+            least = self.bounds_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
+            if least is None:  # one stage (one shape), or none noted: the layouts' own
+                params = [self.rank0_params(one, zero) for one in lays]
+                if all(p is not None for p in params):
+                    least = (min(p[0] for p in params), min(p[1] for p in params))  # type: ignore[index]
+            floor = None if least is None else self.first_rank_sync(lay, zero, least)  # type: ignore[arg-type]
+            if floor is None or floor.seconds <= 0.0:
+                floor = SyncFloor()
+            syncs.append((self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden))
+        return () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
+
+    @staticmethod
+    def synced(pipes: list[float], ms: list[int], syncs: tuple[tuple[float, float, float], ...]) -> list[float]:
+        """Per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a group_syncs' layouts
+        with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages of sync_bound's
+        (the pipeline at least the bound and m x the sharding traffic per micro-batch; the once-per-step DP term after
+        it at least its floor's, least_with_sync, written out here: the seeds' hot loop). It only grows with m."""
+        if not syncs:
+            return pipes
+        raised = []
+        for pipe, m in zip(pipes, ms, strict=True):
+            least = math.inf
+            for per_micro, seconds, hidden in syncs:
+                bound = m * per_micro
+                if bound < pipe:
+                    bound = pipe
+                if seconds > 0.0:  # least_with_sync(bound, m, floor)
+                    at_pipe = bound + max(0.0, seconds - hidden * bound / m)
+                    if hidden > 0.0:
+                        at_sync = m * seconds / hidden
+                        at_pipe = min(at_pipe, at_sync if at_sync > bound else bound)
+                    bound = at_pipe
+                if bound < least:
+                    least = bound
+            raised.append(least if least > pipe else pipe)
+        return raised
 
     def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
         """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the
@@ -420,3 +559,14 @@ class StepTimeBounds(SearchPlans):
         if rate is None:
             rate = self.token_rate(lay, sizes[0], self.recomputes[0])
         return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True)
+
+
+def least_with_sync(pipe: float, m: int, floor: SyncFloor) -> float:
+    """The least of max(pipe, m u) + max(0, seconds - hidden u) over u >= 0 (u: the first rank's compute and
+    recompute per micro-batch, which m micro-batches leave under the pipeline; the sum: the pipeline and the DP term
+    after it). Convex and piecewise linear in u: least at a break, u = pipe / m or seconds / hidden."""
+    at_pipe = pipe + max(0.0, floor.seconds - floor.hidden * pipe / m)
+    if floor.hidden <= 0.0:
+        return at_pipe
+    u = floor.seconds / floor.hidden
+    return min(at_pipe, max(pipe, m * u))

@@ -207,7 +207,8 @@ class BestFirstSearch(StepTimeBounds):
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
         bound = self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True)
-        self.push(max(key, bound), Level.RULES, (lay, mbs, floor))
+        self.push(max(key, min(self.sync_bound(lay, zero, mbs, bound) for zero in self.zeros)), Level.RULES,
+                  (lay, mbs, floor))
 
     def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
         """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage. The rules are asked at every
@@ -242,7 +243,8 @@ class BestFirstSearch(StepTimeBounds):
         stages in the ladder's order: a node for some of the stages is still their bound (its need, the least
         recompute that fits at any of them, is at least theirs together), so a stage whose traffic alone is slower
         than what is ranked is never estimated."""
-        keys = [max(key, self.sharding_bound(lay, zero, mbs)) for zero in alive]
+        pipe = self.pipeline_bound(lay, mbs, self.recomputes[low], interleave=True)  # (refine_shard's, kept)
+        keys = [max(key, self.sync_bound(lay, zero, mbs, pipe)) for zero in alive]
         for k in sorted(set(keys)):
             picked = [i for i, kz in enumerate(keys) if kz == k]
             self.need_alive(k, lay, mbs, tuple(alive[i] for i in picked), tuple(masks[i] for i in picked), low)
@@ -429,7 +431,10 @@ class BestFirstSearch(StepTimeBounds):
                 entry[2] = min(keys)
         under = [member for member in group.members if member[1][2] <= cutoff]
         self.beyond_cutoff += variants * len(sizes) * (len(group.members) - len(under))
-        for (lay, entry, index), dead in zip(under, self.group_dead([lay for lay, _, _ in under]), strict=True):
+        deads = self.group_dead([lay for lay, _, _ in under])
+        if not all(deads):  # (a group none of whose layouts can fit is only counted: its seeds' own keys place them)
+            self.raise_to_sync(group, under)
+        for (lay, entry, index), dead in zip(under, deads, strict=True):
             keys = entry[1]
             seq = base + index
             nodes = []
@@ -446,6 +451,20 @@ class BestFirstSearch(StepTimeBounds):
                 nodes.remove(first)
                 self.beyond_cutoff += variants * len(nodes)  # held: drain counts them until the first pops
                 heapq.heappush(heap, (first[0], Level.FLOOR, first[1], (lay, first[2], tuple(nodes))))
+
+    def raise_to_sync(self, group: SeedGroup, members: list) -> None:
+        """Raise the seed keys of these members of the group to the once-per-step DP bound (bounds.group_syncs,
+        synced), once per shape entry: a budget-free bound, so kept with the keys (a search of the job at another
+        budget reads them raised)."""
+        if group.syncs is None:
+            group.syncs = self.group_syncs([lay for lay, _, _ in group.members])
+        if not group.syncs:
+            return
+        for lay, entry, _ in members:
+            if not entry[3]:
+                keys = entry[1] = self.synced(entry[1], [self.microbatches(lay, mbs) for mbs in group.sizes],
+                                              group.syncs)
+                entry[2], entry[3] = min(keys), True
 
     def wanted(self) -> bool:
         """More to rank: the next node is (wants)."""

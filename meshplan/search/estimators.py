@@ -22,6 +22,7 @@ from meshplan.estimate.perf import (
     throughput_of,
 )
 from meshplan.estimate.sharding_floor import sharding_floor
+from meshplan.estimate.sync_floor import SyncRates, sync_rates
 from meshplan.knowledge.calibration import calibration
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, MemoryReport, MemorySummary, ThroughputReport
@@ -68,6 +69,10 @@ class Engine:
     # traffic each micro-batch moves (sharding_floor.sharding_floor: m x it is under `terms`' floor). None: no such
     # bound (the search carries such plans at the keys of their layout's other stages).
     sharding_floor: Callable[[Job, Plan], float] | None = None
+    # What the floor of a plan's once-per-step DP term reads of its grid and ZeRO stage (sync_floor.sync_rates; its
+    # `floor` of the first rank's parameters: that term, added after the pipeline, is at least the rank's traffic less
+    # a share of one micro-batch's compute and recompute). None: no such bound.
+    sync_rates: Callable[[Job, Plan], SyncRates | None] | None = None
 
 
 def default_engine(framework: str) -> Engine:
@@ -92,6 +97,7 @@ def default_engine(framework: str) -> Engine:
         pipeline_unit=pipeline_unit,
         memory_fit=memory_fit,
         sharding_floor=sharding_floor,
+        sync_rates=sync_rates,
     )
 
 

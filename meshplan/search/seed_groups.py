@@ -35,16 +35,18 @@ class SeedGroup:
     # per (vpp, bubble_stages), with bounds.last_ranks where not None: its entry
     shapes: dict[tuple, list] = field(default_factory=dict)
     floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
+    syncs: tuple | None = None  # bounds.group_syncs of its layouts, once opened (the same at any budget)
 
     def add(self, lay: Layout, index: int, last: tuple | None = None) -> list:
-        """Add a layout whose first node has this index; its shape's entry (new: [states bound, None, inf]). `last`:
+        """Add a layout whose first node has this index; its shape's entry (new: [states bound, its seed keys (None
+        until opened), their least (inf), whether they are raised to the DP bound (engine.raise_to_sync)]). `last`:
         its last ranks where it may hold less than 1/pp of the work (bounds.last_ranks), which its keys read (a shape
         of their own) and which may take the bubble out of them (least_bubble)."""
         bubble = lay.bubble_stages()
         shape = (lay.vpp, bubble) if last is None else (lay.vpp, bubble, last)
         entry = self.shapes.get(shape)
         if entry is None:
-            entry = self.shapes[shape] = [self.states, None, float("inf")]
+            entry = self.shapes[shape] = [self.states, None, float("inf"), False]
             self.by_vpp.setdefault(lay.vpp, lay)
             if last is not None:
                 self.chained.append((lay, bubble))

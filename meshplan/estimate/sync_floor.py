@@ -1,0 +1,94 @@
+"""A lower bound of a plan's once-per-step data-parallel term (perf._dp_exposed: the gradients' reduction and ZeRO-1/2's
+parameter all-gather after the pipeline) from the first pipeline rank's traffic alone, at any micro-batch and
+recompute: what the search adds to its pipeline bounds (search/bounds.py sync_bound) before estimating a plan."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from meshplan.arithmetic import mesh
+from meshplan.arithmetic.comm import Links, links
+from meshplan.estimate.perf import dp_traffic, step_sync
+from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
+from meshplan.estimate.stage_time import layer_param_split
+from meshplan.knowledge.calibration import Calibration, calibration
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
+
+
+class SyncFloor(NamedTuple):
+    """The first rank's once-per-step DP traffic before any of it is hidden (`seconds`), and how much of it one second
+    of that rank's compute and recompute per micro-batch can hide at most (`hidden`): its exposed DP term is at least
+    seconds - hidden x (compute + recompute of one micro-batch)."""
+
+    seconds: float = 0.0
+    hidden: float = 0.0
+
+
+@dataclass(frozen=True)
+class SyncRates:
+    """What sync_floor reads of a plan besides its first rank's decoder layers: its DP groups and links, its ZeRO
+    stage's sharding schedule (the same for every layout of a grid and ZeRO stage)."""
+
+    job: Job
+    plan: Plan
+    cal: Calibration
+    lk: Links
+    traffic: DpTraffic
+    per_step: bool  # the sharding schedule's units move the gradients (ZeRO-2/3, FSDP)
+
+    def floor(self, dense: float, expert: float) -> SyncFloor:
+        """The SyncFloor of a first rank whose decoder layers hold `dense` and `expert` parameters (layer_param_split's
+        columns summed over them, unsharded), with the embedding (and, with one stage, the output layer): the
+        parameters stage_params gives that rank. More of either never lowers it (each collective's time grows with its
+        bytes), so it also bounds a rank holding more."""
+        plan, arch = self.plan, self.job.model
+        embedding = arch.vocab_size * arch.hidden_size / plan.tp
+        dense_p = dense / plan.tp + embedding
+        if plan.pp == 1 and not arch.tie_word_embeddings:
+            dense_p += embedding  # the output layer (tied on one stage: the embedding's own weights)
+        sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, dense_p, expert / (plan.ep * plan.etp),
+                         self.per_step)
+        reduce = 0.0 if self.per_step and self.traffic.replicas_with_each_reduce else sync.reduce
+        gather = sync.gather if sync.gather_hidden >= 0.0 else 0.0
+        return SyncFloor(reduce + gather, max(sync.reduce_hidden, sync.gather_hidden, 0.0))
+
+
+    def at(self, plan: Plan) -> SyncRates:
+        """The SyncRates of a plan of the same grid (degrees and the request's fields) at another ZeRO stage: the same
+        groups and links, its own sharding schedule."""
+        return SyncRates(self.job, plan, self.cal, self.lk, self.traffic,
+                         sharding_schedule(self.job, plan, self.cal).per_step)
+
+
+def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
+    """The SyncRates of the plan's grid and ZeRO stage; None for a LoRA job (its adapters are what it reduces: no
+    floor here)."""
+    if job.lora is not None:
+        return None
+    cal = calibration(job.framework)
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if job.model.moe else 1)
+    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan, cal).per_step)
+
+
+def layers_params(arch: Architecture, layers: Sequence[int]) -> tuple[float, float]:
+    """The (dense, routed) parameters of these decoder layers, unsharded (stage_params' sums)."""
+    dense_col, expert_col = layer_param_split(arch)
+    return sum(map(dense_col.__getitem__, layers)), sum(map(expert_col.__getitem__, layers))
+
+
+def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
+    """A lower bound of the plan's exposed once-per-step DP term (perf._dp_exposed), as a SyncFloor: the first pipeline
+    rank holds decoder `layers` (schedule.Stages.layers(0)) and the embedding.
+
+    Why it holds: the step's DP term is the largest over ranks of _dp_exposed, and the first rank's has no slack (it
+    finishes the last backward). Its terms are max(0, reduce - reduce_hidden x bwd) and max(0, gather - gather_hidden x
+    fwd) (step_sync), each at least its traffic less that share of the last micro-batch's backward or forward, and
+    bwd + fwd is that micro-batch's compute and recompute, so the term is at least reduce + gather - the larger share x
+    (compute + recompute). FSDP's per-unit gathers and reduce-scatters (the sharding schedule's per-step units) are not
+    counted (0 is their floor), nor a LoRA job's adapters (no floor: SyncFloor())."""
+    rates = sync_rates(job, plan)
+    return SyncFloor() if rates is None else rates.floor(*layers_params(job.model, layers))
