@@ -143,6 +143,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("render_config", {**L8, "num_gpus": 8, "framework": "kempnerforge", "attention_backend": "unfused"}),
     ("check_config", {**L8, "num_gpus": 8, "framework": "torchtitan", "attention_backend": "fused"}),
     ("estimate_memory", {**L8, "num_gpus": 8, "attention_backend": "triton"}),
+    # recompute_layers where the framework has no key for it: RC005 with the card's instead; recommend refuses up front
+    ("check_config", {**L8, "num_gpus": 8, "framework": "torchtitan", "recompute": "full", "recompute_layers": 2}),
+    ("recommend_parallelism", {**L8, "num_gpus": 8, "framework": "nanotron", "recompute_layers": 2}),
 ]
 
 

@@ -224,6 +224,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "num_gpus": 8, "recompute": "full", "recompute_method": "block", "recompute_layers": 2}),
     "RC004": ({**L8B, "num_gpus": 8, "recompute": "selective", "recompute_modules": ["core_attn", "mla_up_proj"]},
               {**L8B, "num_gpus": 8, "recompute": "selective", "recompute_modules": ["core_attn", "mlp"]}),
+    "RC005": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "recompute": "full", "recompute_layers": 2},
+              {**L8B, "num_gpus": 8, "recompute": "full", "recompute_layers": 2}),
     "SQ001": ({"model": "gpt3-175b", "num_gpus": 8, "tp": 8, "seq_length": 4096},
               {"model": "gpt3-175b", "num_gpus": 8, "tp": 8, "seq_length": 2048}),
     "SQ002": ({"model": "qwen3-8b", "num_gpus": 8, "seq_length": 65536}, {"model": "qwen3-8b", "num_gpus": 8}),

@@ -2,7 +2,8 @@
 
 Knobs a framework lacks carry `key: null` and an `instead` saying what to do. `missing_knob` names the first knob a
 plan uses that a version and variant cannot express: `render` refuses with it (adapters/capabilities.py
-refuse_missing) and rule AD001 reports it in `check`, so both ask this one function and cannot drift.
+refuse_missing) and rule AD001 reports it in `check`, so both ask this one function and cannot drift. `unwritable`
+asks the same tables (or a card's `cannot_run`, without an adapter) of one knob, for rule RC005.
 """
 
 from __future__ import annotations
@@ -188,6 +189,17 @@ def missing_layout_knob(framework: str, version: str, variant: str, job: Job, pl
         return None
     name, reason, instead = hit[1]
     return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
+
+
+def unwritable(framework: str, job: Job, plan: Plan, name: str) -> str | None:
+    """What to do instead where the framework cannot run the knob `name` for this plan: on the version and variant
+    `render` writes by default, a key null (its `instead`); on a card without an adapter, its `cannot_run` entry.
+    None where it can. Rule RC005 asks it (the plan's fields it reads: zero_stage, tp, pp, through DEFAULT_VARIANTS)."""
+    target = default_render(framework, job, plan)
+    if target is None:
+        return framework_card(framework).cannot_run.get(name)
+    knob = knob_table(framework, *target)[name]
+    return knob.instead if knob.key is None else None
 
 
 _DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # the degrees a plan uses when over 1, in order

@@ -625,8 +625,17 @@ class FrameworkCard(_Card):
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"
     )
+    cannot_run: dict[str, str] = Field(
+        default_factory=dict, description="A card without an adapter: the adapter knobs (ADAPTER_KNOBS) the framework "
+                                          "cannot run, each with what to use instead (rules RC003, RC005)")
     sources: list[str]
     notes: list[str] = []
+
+    @model_validator(mode="after")
+    def _cannot_run_names_knobs(self) -> FrameworkCard:
+        if set(self.cannot_run) - set(ADAPTER_KNOBS) or (self.cannot_run and self.adapter is not None):
+            raise ValueError("cannot_run names adapter knobs, on a card without an adapter (whose knobs say it)")
+        return self
 
     @property
     def renderable(self) -> bool:

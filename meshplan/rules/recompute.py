@@ -7,6 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.knowledge.adapter_knobs import default_render, unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
@@ -41,7 +42,8 @@ def recompute_method_needs_full(ctx: Context) -> Values:
               "framework": card.display_name}
     if card.adapter is None or not card.adapter.renders("recompute_method"):
         return {**values, "why": f"{card.display_name} checkpoints each layer on its own (no recompute_method).",
-                "fix": "Drop recompute_method (recompute=full recomputes every layer)."}
+                "fix": _instead(ctx.framework, "recompute_method")
+                or "Drop recompute_method (recompute=full recomputes every layer)."}
     if p.recompute != "full":
         return {**values, "why": "recompute_method applies to full recompute only.",
                 "fix": "Use recompute=full with it, or drop recompute_method."}
@@ -85,3 +87,32 @@ def recompute_layers_need_full(ctx: Context) -> Values:
     if p.recompute_layers is None or p.recompute == "full":
         return None
     return {"layers": p.recompute_layers, "recompute": p.recompute}
+
+
+
+def _instead(framework: str, name: str) -> str | None:
+    """What the card says to do where the framework's default version has no key for the knob (a card without an
+    adapter: its cannot_run entry), or None."""
+    card = framework_card(framework)
+    if card.adapter is None:
+        return card.cannot_run.get(name)
+    knob = card.adapter.versions[card.adapter.default_version].knobs[name]
+    return knob.instead if knob.key is None else None
+
+
+
+@rule("RC005", reads=("tp", "pp", "zero_stage", "recompute_layers"))
+def recompute_layers_need_a_key(ctx: Context) -> Values:
+    """recompute_layers where the config `render` writes by default has no key for it (or, on a card without an
+    adapter, where the card says the framework cannot run it): the framework recomputes every layer, so the estimate
+    would price a recompute it does not run."""
+    p = ctx.plan
+    if p.recompute_layers is None:
+        return None
+    instead = unwritable(ctx.framework, ctx.job, p, "recompute_layers")
+    if instead is None:
+        return None
+    target = default_render(ctx.framework, ctx.job, p)
+    where = f" {target[0]} ({target[1]})" if target else ""
+    return {"layers": p.recompute_layers, "framework": framework_card(ctx.framework).display_name, "where": where,
+            "fix": instead}

@@ -1,0 +1,105 @@
+"""Settings a framework cannot run are refused, not estimated (issue 23's "seen, not fixed" list): recompute_layers
+(RC005) and recompute_method (RC003) where the framework's card has no key for them, with the card's `instead` as the
+fix; recommend refuses such a request up front with the same rule and fix, on the api and the CLI (exit 2, no
+traceback; MCP through tests/test_faces_agree.py's CASES). Before: `check` said ok and recommend ranked plans pricing
+N layers recomputed where the framework recomputes every one."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.faces import cli
+from meshplan.knowledge.adapter_knobs import default_render, knob_table
+from meshplan.knowledge.cards import framework_card, framework_names
+from meshplan.schema.plan import Plan
+from meshplan.schema.request import Request
+from meshplan.search.job import search_job
+
+L8 = dict(model="llama-3.1-8b", num_gpus=8)
+
+
+def card_instead(framework: str, zero_stage: int, name: str) -> str | None:
+    """The card's own words for a knob the framework lacks (the render target's table; a card without an adapter:
+    cannot_run), None where it has a key."""
+    job, _ = search_job(Request(**L8, framework=framework, zero_stage=zero_stage))
+    target = default_render(framework, job, Plan(zero_stage=zero_stage))
+    if target is None:
+        return framework_card(framework).cannot_run.get(name)
+    knob = knob_table(framework, *target)[name]
+    return knob.instead if knob.key is None else None
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+# (framework, ZeRO stage): every card whose default render target (or card, without an adapter) has no key for
+# recompute_layers, and every one that has it.
+LACKS_LAYERS = [("torchtitan", 3), ("deepspeed", 1), ("kempnerforge", 3), ("nemo-automodel", 3), ("nanotron", 1),
+                ("verl", 3), ("skyrl", 3)]
+HAS_LAYERS = [("megatron-core", 1), ("megatron-bridge", 1), ("verl", 1), ("skyrl", 1)]
+
+
+def test_the_lists_cover_every_framework_card():
+    assert {f for f, _ in LACKS_LAYERS} | {f for f, _ in HAS_LAYERS} == set(framework_names())
+    assert all(card_instead(f, z, "recompute_layers") for f, z in LACKS_LAYERS)
+    assert not any(card_instead(f, z, "recompute_layers") for f, z in HAS_LAYERS)
+
+
+@pytest.mark.parametrize("framework,zero", LACKS_LAYERS)
+def test_check_refuses_recompute_layers_with_the_cards_instead(framework, zero):
+    req = Request(**L8, framework=framework, zero_stage=zero, recompute="full", recompute_layers=2)
+    found = [f for f in api.check_config(req).findings if f.id == "RC005"]
+    assert len(found) == 1 and found[0].severity == "error"
+    assert found[0].fix == card_instead(framework, zero, "recompute_layers")
+    assert "recompute_layers=2" in found[0].message
+
+
+@pytest.mark.parametrize("framework,zero", HAS_LAYERS)
+def test_a_framework_with_the_key_still_passes(framework, zero):
+    req = Request(**L8, framework=framework, zero_stage=zero, recompute="full", recompute_layers=2)
+    findings = api.check_config(req).findings
+    assert not [f for f in findings if f.severity == "error" and not f.id.startswith("MEM")]  # memory is not the point
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed", "kempnerforge", "nemo-automodel", "nanotron"])
+def test_recompute_method_is_refused_with_the_cards_instead(framework):
+    """RC003 refused it before too, with a generic fix; the fix is now the card's."""
+    req = Request(**L8, framework=framework, recompute="full", recompute_layers=2, recompute_method="uniform")
+    found = [f for f in api.check_config(req).findings if f.id == "RC003"]
+    assert len(found) == 1 and found[0].fix == card_instead(framework, 1, "recompute_method")
+
+
+@pytest.mark.parametrize("framework,zero", [("torchtitan", None), ("nanotron", None), ("verl", 3)])
+def test_recommend_refuses_recompute_layers_up_front(framework, zero):
+    fields = dict(L8, framework=framework, recompute="full", recompute_layers=2)
+    if zero is not None:
+        fields["zero_stage"] = zero
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**fields))
+    assert exc.value.reason.startswith("RC005:") and "every one of the" in exc.value.reason
+    assert exc.value.fix == card_instead(framework, zero or 3, "recompute_layers")
+    argv = ["recommend", "llama-3.1-8b", "--num-gpus", "8", "--framework", framework, "--recompute", "full",
+            "--recompute-layers", "2", *(["--zero-stage", str(zero)] if zero is not None else [])]
+    code, out, err = run_cli(argv)
+    assert code == cli.EXIT_USAGE and "RC005" in err and exc.value.fix in err and "Traceback" not in err + out
+
+
+def test_recommend_with_recompute_layers_open_to_the_search_is_refused_too():
+    """recompute left open: RC005 reads no recompute mode, so every plan of the space breaks it."""
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**L8, framework="torchtitan", recompute_layers=2))
+    assert exc.value.reason.startswith("RC005:")
+
+
+def test_recommend_still_ranks_recompute_layers_where_the_framework_has_the_key():
+    rec = api.recommend(Request(**L8, recompute="full", recompute_layers=2), top_k=1)
+    assert rec.candidates and rec.candidates[0].plan.recompute_layers == 2
