@@ -146,6 +146,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # recompute_layers where the framework has no key for it: RC005 with the card's instead; recommend refuses up front
     ("check_config", {**L8, "num_gpus": 8, "framework": "torchtitan", "recompute": "full", "recompute_layers": 2}),
     ("recommend_parallelism", {**L8, "num_gpus": 8, "framework": "nanotron", "recompute_layers": 2}),
+    # nanotron runs no cp or ep as modelled: NT001 with its card's cannot_run; recommend refuses a fixed one up front
+    ("check_config", {**L8, "num_gpus": 8, "framework": "nanotron", "cp": 2}),
+    ("recommend_parallelism", {**L8, "num_gpus": 8, "framework": "nanotron", "cp": 2}),
 ]
 
 

@@ -103,3 +103,58 @@ def test_recommend_with_recompute_layers_open_to_the_search_is_refused_too():
 def test_recommend_still_ranks_recompute_layers_where_the_framework_has_the_key():
     rec = api.recommend(Request(**L8, recompute="full", recompute_layers=2), top_k=1)
     assert rec.candidates and rec.candidates[0].plan.recompute_layers == 2
+
+
+# nanotron (the Ultra-Scale Playbook sweep's convention) opens no cp, ep or etp in its search; its card's cannot_run
+# says why (huggingface/nanotron: Llama has no context parallelism, the MoE layer no all-to-all over the EP group).
+# Before: check accepted cp=2 / ep=2 / etp=2 and recommend ranked TP2 CP2 DP2 for a fixed cp=2.
+MIX = dict(model="mixtral-8x7b", num_gpus=64, framework="nanotron")
+NT_DEGREES = [("cp", dict(L8, framework="nanotron", cp=2)), ("ep", dict(MIX, ep=2)), ("etp", dict(MIX, ep=2, etp=2))]
+
+
+def test_every_card_without_an_adapter_says_why_each_closed_degree_cannot_run():
+    for name in framework_names():
+        card = framework_card(name)
+        if card.adapter is None:
+            closed = {k for k in ("cp", "ep", "etp") if not getattr(card.search, k)}
+            assert closed <= set(card.cannot_run), (name, closed - set(card.cannot_run))
+
+
+@pytest.mark.parametrize("name,fields", NT_DEGREES)
+def test_check_refuses_a_degree_nanotron_does_not_run(name, fields):
+    found = [f for f in api.check_config(Request(**fields)).findings if f.id == "NT001"]
+    first = "ep" if name == "etp" else name  # ep and etp both over 1: the first in (cp, ep, etp) is named
+    assert len(found) == 1 and found[0].severity == "error"
+    assert found[0].fix == framework_card("nanotron").cannot_run[first]
+    assert found[0].message.startswith(f"{first}={fields[first]}:")
+
+
+def test_nanotron_without_those_degrees_still_passes():
+    findings = api.check_config(Request(**L8, framework="nanotron", tp=2)).findings
+    assert not [f for f in findings if f.severity == "error" and not f.id.startswith("MEM")]
+
+
+@pytest.mark.parametrize("name,fields", NT_DEGREES)
+def test_recommend_refuses_a_fixed_degree_on_nanotron_up_front(name, fields):
+    """The ep/etp requests: the layouts a cheap law drops (tp over the heads, pp over the layers) keep the fixed
+    expert degrees (refusal.fixed_experts), so NT001 is proven on every plan; before, recommend searched them."""
+    first = "ep" if name == "etp" else name
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**fields))
+    assert exc.value.reason.startswith(f"NT001: {first}=") and "every one of the" in exc.value.reason
+    assert exc.value.fix == framework_card("nanotron").cannot_run[first]
+    argv = [fields["model"], *[a for k, v in fields.items() if k != "model" for a in ("--" + k.replace("_", "-"),
+                                                                                    str(v))]]
+    code, out, err = run_cli(["recommend", *argv])
+    assert code == cli.EXIT_USAGE and "NT001" in err and exc.value.fix in err and "Traceback" not in err + out
+
+
+def test_a_dropped_groups_example_carries_the_fixed_expert_degrees():
+    from meshplan.search.refusal import Space, fixed_experts
+    from meshplan.search.space import Fixed
+    req = Request(**MIX, ep=2, etp=2)
+    job, _ = search_job(req)
+    space = Space.of(job, Fixed.from_request(req))
+    assert space.dropped and all(g.example.ep == 1 for g in space.dropped)  # the law drops before experts
+    assert all((fixed_experts(space, g.example).ep, fixed_experts(space, g.example).etp) == (2, 2)
+               for g in space.dropped)

@@ -208,6 +208,8 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "framework": "nemo-automodel", "num_gpus": 8, "zero_stage": 0}),
     "AM005": ({**MIX, "framework": "nemo-automodel", "num_gpus": 8, "ep": 8},
               {**MIX, "framework": "nemo-automodel", "num_gpus": 8, "ep": 8, "moe_token_dispatcher": "flex"}),
+    "NT001": ({**L8B, "framework": "nanotron", "num_gpus": 8, "cp": 2},
+              {**L8B, "framework": "nanotron", "num_gpus": 8, "tp": 2}),
     "AD001": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "zero_stage": 1},
               {**L8B, "framework": "torchtitan", "num_gpus": 8, "zero_stage": 3}),
     "SK002": ({**L8B, "framework": "skyrl", "num_gpus": 8, "cp": 2, "seq_length": 8192},

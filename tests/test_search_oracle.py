@@ -224,9 +224,11 @@ def test_nanotron_is_never_ranked_interleaved():
     pipeline.interleaved is null), but with the loss counted in the split the search enumerated virtual stages and no
     rule refused them without a named schedule: DeepSeek-V2-Lite on 12 A100 ranked TP1 PP2 VPP7 CP2 EP2 DP3 first
     (14.62 s); PP013 now refuses vpp > 1 where the framework cannot interleave. (Its pipeline bound there was also
-    over the plan, nanotron's per-layer host sync multiplied by vpp: perf.pipeline_unit leaves it out.)"""
-    req = Request(model="deepseek-v2-lite", framework="nanotron", gpu="a100-80gb", num_gpus=12, seq_length=16384,
-                  global_batch_size=48, pp=2, ep=2, cp=2, account_for_loss=True)
+    over the plan, nanotron's per-layer host sync multiplied by vpp: perf.pipeline_unit leaves it out.) The request
+    fixed ep=2 and cp=2 too, which rule NT001 now refuses on nanotron (tests/test_knob_refusals.py); without them, on
+    the 16 GPUs the shorter-sharded plans need."""
+    req = Request(model="deepseek-v2-lite", framework="nanotron", gpu="a100-80gb", num_gpus=16, seq_length=16384,
+                  global_batch_size=48, pp=2, account_for_loss=True)
     oracle = exhaustive_top_k(req, 3)
     rec = recommend(req, top_k=3)
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(

@@ -627,7 +627,7 @@ class FrameworkCard(_Card):
     )
     cannot_run: dict[str, str] = Field(
         default_factory=dict, description="A card without an adapter: the adapter knobs (ADAPTER_KNOBS) the framework "
-                                          "cannot run, each with what to use instead (rules RC003, RC005)")
+                                          "cannot run, each with what to use instead (rules RC003, RC005, NT001)")
     sources: list[str]
     notes: list[str] = []
 

@@ -144,6 +144,21 @@ def automodel_torch_dispatcher(ctx: Context) -> Values:
 
 
 
+@rule("NT001", reads=("cp", "ep", "etp"))
+def nanotron_degree_not_modelled(ctx: Context) -> Values:
+    """cp, ep or etp over 1 where the card's cannot_run (a card without an adapter: nanotron's) says the framework
+    cannot run it: the first, in that order."""
+    cannot_run = framework_card(ctx.framework).cannot_run
+    for name in ("cp", "ep", "etp"):
+        value = getattr(ctx.plan, name)
+        instead = cannot_run.get(name) if value > 1 else None
+        if instead is not None:
+            return {"setting": f"{name}={value}", "framework": framework_card(ctx.framework).display_name,
+                    "instead": instead}
+    return None
+
+
+
 @rule("AD001", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
       "attention_backend"))
 def adapter_cannot_write(ctx: Context) -> Values:

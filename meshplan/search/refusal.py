@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
@@ -125,7 +125,7 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
         candidates = set.intersection(*({f.id for f in p} for p in probes))
         for rule_id in sorted(candidates, key=list(rule_specs()).index):
             if all(_fires(job, plan, rule_id) for lay in space.layouts for plan in space.plans(lay)) and all(
-                    _fires(job, space.plan(group.example, z, r, 1), rule_id)
+                    _fires(job, space.plan(fixed_experts(space, group.example), z, r, 1), rule_id)
                     for group in space.dropped for z in space.zeros for r in space.recomputes):
                 total = sum(space.count(lay) for lay in space.layouts) + sum(space.dropped_by().values())
                 return next(f for f in probes[0] if f.id == rule_id), total
@@ -137,6 +137,13 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
     example = space.plan(space.dropped[0].example, space.zeros[0], space.recomputes[0], 1)
     found = next((f for f in first_errors(job, example) if f.id == rule_id), None)
     return (found, dropped[rule_id]) if found else None
+
+
+def fixed_experts(space: Space, example: Layout) -> Layout:
+    """A dropped group's example with the request's fixed ep and etp: a cheap law (tp over the heads, pp over the
+    layers) drops a layout before its experts are chosen, so under the Megatron law the example has ep = etp = 1
+    where every plan of the group has the fixed ones (a rule that reads them, NT001, must fire there too)."""
+    return replace(example, **{k: int(space.fixed.values[k]) for k in ("ep", "etp") if k in space.fixed})  # type: ignore[call-overload]
 
 
 def first_errors(job: Job, plan: Plan) -> list[Finding]:
