@@ -294,3 +294,23 @@ def test_the_pipeline_unit_is_the_bases_traffic_even_where_the_rules_refuse_the_
             old = BestFirstSearch.for_job(job, fixed, replace(engine, pipeline_unit=None), 1)
             assert old.pp_unit(lay, mbs) == 0.0
     assert refused
+
+
+def test_states_bound_with_bytes_per_param_kept_per_shard_equals_the_plain_bound():
+    """SearchPlans.states_bound reads the preset's bytes per parameter once per (ZeRO stage, shard size)
+    (Caches.per_param): each bound is the float states_lower_bound computes without the memo, on a MoE job whose
+    dense and expert shards differ, and the memo holds a few shard sizes for many degrees tuples."""
+    from meshplan.search.space import states_lower_bound
+
+    req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+    layouts, _ = enumerate_layouts(job, fixed)
+    degrees = {(lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp): lay for lay in layouts}
+    for lay in degrees.values():
+        for zero in search.zeros:
+            plain = states_lower_bound(job, lay, zero, search.split, search.presets[zero][1])
+            assert search.states_bound(lay, zero) == plain, (lay, zero)  # the same float, not just close
+    assert len(degrees) > 20 and len(search.caches.per_param) < len(degrees) * len(search.zeros)
+    assert search.caches.shared().per_param is search.caches.per_param

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
+from meshplan.arithmetic.memory_states import bytes_per_param
 from meshplan.arithmetic.mesh import crosses_domains
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
@@ -91,6 +93,7 @@ class Caches:
     # first_stage_floors per own_memory layout and ZeRO stage, per micro-batch: one figure per recompute of the search
     floors: dict[tuple[Layout, int], dict[int, tuple[float, ...]]] = field(default_factory=dict)
     states: dict[tuple[int, ...], float] = field(default_factory=dict)  # states_lower_bound per (degrees, ZeRO)
+    per_param: dict[tuple[int, int], float] = field(default_factory=dict)  # its bytes per parameter per (ZeRO, shard)
     # per layout: its model states' bound per ZeRO stage and its layout floors as asked (SearchPlans.stage_over)
     stage_floors: dict[Layout, tuple[list[float], list[float | None]]] = field(default_factory=dict)
     space: tuple[list[Layout], list[Prefiltered]] | None = None  # enumerate_layouts of the job
@@ -107,7 +110,7 @@ class Caches:
                       checks=self.checks, token_time=self.token_time, token_parts=self.token_parts,
                       pp_units=self.pp_units,
                       first_finding=self.first_finding, floors=self.floors, states=self.states,
-                      stage_floors=self.stage_floors,
+                      per_param=self.per_param, stage_floors=self.stage_floors,
                       space=self.space, tiers=self.tiers, seeds=self.seeds, plans=self.plans)
 
 
@@ -443,7 +446,16 @@ class SearchPlans:
         key = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, zero)
         hit = self.caches.states.get(key)
         if hit is None:
-            hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split, self.presets[zero][1])
+            hit = self.caches.states[key] = states_lower_bound(self.job, lay, zero, self.split, self.presets[zero][1],
+                                                               partial(self.bytes_per_param, zero))
+        return hit
+
+    def bytes_per_param(self, zero: int, shard: int) -> float:
+        """memory_states.bytes_per_param of the ZeRO stage's preset at this shard size, once per job (all it reads:
+        states_bound asks a few shard sizes of every degrees tuple)."""
+        hit = self.caches.per_param.get((zero, shard))
+        if hit is None:
+            hit = self.caches.per_param[zero, shard] = bytes_per_param(self.presets[zero][1], shard)
         return hit
 
     def fits(self, lay: Layout, zero: int, recompute: str, mbs: int) -> bool:

@@ -10,9 +10,9 @@ KempnerForge, ep takes ranks of its own, tp*pp*cp*dp*ep == W.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -586,17 +586,21 @@ def fp8_primary_weights(job: Job, conv: Convention, tensors: list[StateTensor]) 
 
 
 def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[int, int],
-                       tensors: list[StateTensor] | None = None) -> float:
+                       tensors: list[StateTensor] | None = None,
+                       per_param: Callable[[int], float] | None = None) -> float:
     """Bytes of model states on the most loaded GPU can be no fewer than this: the average stage's share of
     the parameters (dense split tp ways, experts ep*etp ways) times the preset's bytes per parameter
     (cards/memory.yaml; `tensors`: state_preset's, else the framework's plain preset) with sharding over the largest
-    group the framework could use. No activations."""
+    group the framework could use. No activations. `per_param`: bytes_per_param of those tensors per shard size
+    (a caller's memo of it: the search asks a few shard sizes of thousands of layouts)."""
     if tensors is None:
         tensors = state_preset(job, zero_stage, {})[1]
+    if per_param is None:
+        per_param = partial(bytes_per_param, tensors)
     dense, routed = split
     world = job.num_gpus
     dense_shard = layout.dp * layout.cp
     expert_shard = max(world // (layout.pp * layout.ep * layout.etp), dense_shard)
     dense_gpu = dense / (layout.pp * layout.tp)
     expert_gpu = routed / (layout.pp * layout.ep * layout.etp)
-    return bytes_per_param(tensors, dense_shard) * dense_gpu + bytes_per_param(tensors, expert_shard) * expert_gpu
+    return per_param(dense_shard) * dense_gpu + per_param(expert_shard) * expert_gpu
