@@ -314,3 +314,30 @@ def test_states_bound_with_bytes_per_param_kept_per_shard_equals_the_plain_bound
             assert search.states_bound(lay, zero) == plain, (lay, zero)  # the same float, not just close
     assert len(degrees) > 20 and len(search.caches.per_param) < len(degrees) * len(search.zeros)
     assert search.caches.shared().per_param is search.caches.per_param
+
+
+def test_seed_shapes_worked_out_once_per_pipeline_are_each_layouts_own():
+    """BestFirstSearch.sized works out a layout's seed shape (seed_groups.seed_shape: vpp, bubble_stages, the last
+    ranks where they may hold less) once per (pp, vpp, first, last, split, schedule), all it reads: each member's
+    entry is its group's entry of the shape worked out for that layout alone, and layouts of one pipeline in
+    different groups share one shape."""
+    from meshplan.search.seed_groups import seed_shape
+
+    req = Request(model="deepseek-v3", num_gpus=256, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+    layouts, _ = enumerate_layouts(job, fixed)
+    seeds = search.sized(layouts)
+    by_pipe: dict[tuple, tuple] = {}
+    chained = 0
+    for group in seeds.groups:
+        entries = {id(entry): shape for shape, entry in group.shapes.items()}
+        for lay, entry, _ in group.members:
+            shape = entries[id(entry)]
+            assert shape == seed_shape(lay, search.last_ranks(lay)), lay
+            assert shape[:2] == (lay.vpp, lay.bubble_stages()), lay
+            chained += len(shape) == 3
+            kept = by_pipe.setdefault((lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule), shape)
+            assert kept is shape, lay
+    assert chained and len(by_pipe) < len(seeds.groups)

@@ -43,7 +43,7 @@ from meshplan.search.policy import (
     same_numbers,
     search_limits,
 )
-from meshplan.search.seed_groups import SeedGroup, group_floor
+from meshplan.search.seed_groups import SeedGroup, group_floor, seed_shape
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -365,6 +365,7 @@ class BestFirstSearch(StepTimeBounds):
         (cp_mbs, work_mbs: the non-exact token bounds' references), each shape's model-state bound, the groups per
         degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes."""
         groups: dict[tuple, SeedGroup] = {}  # per degrees, all that the sizes and the states bound read
+        shapes: dict[tuple, tuple] = {}  # seed_shape per what it reads of a layout
         nodes = 0
         for lay in layouts:
             degrees = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
@@ -377,7 +378,11 @@ class BestFirstSearch(StepTimeBounds):
                     work = (lay.tp, lay.ep, lay.etp)
                     self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
                 group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
-            group.add(lay, nodes, self.last_ranks(lay))
+            pipe = (lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
+            shape = shapes.get(pipe)
+            if shape is None:
+                shape = shapes[pipe] = seed_shape(lay, self.last_ranks(lay))
+            group.add(lay, nodes, shape)
             nodes += len(group.sizes) or 1
         return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
 

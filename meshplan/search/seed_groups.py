@@ -37,18 +37,17 @@ class SeedGroup:
     floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
     syncs: tuple | None = None  # bounds.group_syncs of its layouts, once opened (the same at any budget)
 
-    def add(self, lay: Layout, index: int, last: tuple | None = None) -> list:
-        """Add a layout whose first node has this index; its shape's entry (new: [states bound, its seed keys (None
-        until opened), their least (inf), whether they are raised to the DP bound (engine.raise_to_sync)]). `last`:
-        its last ranks where it may hold less than 1/pp of the work (bounds.last_ranks), which its keys read (a shape
-        of their own) and which may take the bubble out of them (least_bubble)."""
-        bubble = lay.bubble_stages()
-        shape = (lay.vpp, bubble) if last is None else (lay.vpp, bubble, last)
+    def add(self, lay: Layout, index: int, shape: tuple) -> list:
+        """Add a layout whose first node has this index and its seed_shape; the shape's entry (new: [states bound, its
+        seed keys (None until opened), their least (inf), whether they are raised to the DP bound
+        (engine.raise_to_sync)]). A shape with last ranks (its third element) has its keys read them, and they may
+        take the bubble out of them (least_bubble)."""
         entry = self.shapes.get(shape)
         if entry is None:
             entry = self.shapes[shape] = [self.states, None, float("inf"), False]
             self.by_vpp.setdefault(lay.vpp, lay)
-            if last is not None:
+            bubble = shape[1]
+            if len(shape) == 3:
                 self.chained.append((lay, bubble))
             elif bubble < self.bubble:
                 self.bubble = bubble
@@ -65,6 +64,14 @@ class SeedGroup:
             if bubble < least:
                 least = 0.0 if light(lay) else bubble
         return least
+
+
+def seed_shape(lay: Layout, last: tuple | None) -> tuple:
+    """What a layout's seed keys read of it besides its degrees (SeedGroup.shapes' key): its vpp and bubble_stages,
+    and `last`, its last ranks where it may hold less than 1/pp of the work (bounds.last_ranks), where not None. It
+    reads the layout's pp, vpp, first, last, split and schedule: the seeding works it out once per those."""
+    bubble = lay.bubble_stages()
+    return (lay.vpp, bubble) if last is None else (lay.vpp, bubble, last)
 
 
 def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[int, ...], per_token: float,
