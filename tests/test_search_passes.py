@@ -22,7 +22,7 @@ from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, Level, default_engine, minimum_gpus, recommend, search_job
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
-from meshplan.search.seed_groups import group_floor
+from meshplan.search.seed_groups import GROUP_MARGIN, group_floor
 from meshplan.search.space import Fixed
 
 JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
@@ -55,6 +55,7 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
             bubble = group.least_bubble(lambda one, mbs=group.sizes[0], rates=rates:
                                         search.light_ranks(one, search.seed_rate(one, mbs, rates)) is not None)
             floor = group_floor(job.seq_length, job.global_batch_size, first, group.sizes, per_token, bubble, ideal)
+            assert floor == _plain_group_floor(job, first, group.sizes, per_token, bubble, ideal)  # to the last bit
             for lay, _, _ in group.members:
                 assert lay.shape()[:6] == first.shape()[:6] and search.sizes(lay) == group.sizes
                 keys = search.seed_keys(lay, group.sizes, ideal, search.seed_rate(lay, group.sizes[0], rates))
@@ -62,6 +63,15 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
             checked += 1
             above += floor > ideal * 1.01
     assert checked > 20 and above > checked // 2
+
+
+def _plain_group_floor(job, lay, sizes, per_token, bubble, ideal):
+    """group_floor's arithmetic as its docstring says it, in its order of operations (it loops without calls)."""
+    per_rank = -(-job.seq_length // lay.cp)
+    least = min(max(ideal * (1.0 + bubble / max(1, job.global_batch_size // (mbs * lay.dp))),
+                    per_rank * mbs * per_token / lay.pp * (max(1, job.global_batch_size // (mbs * lay.dp)) + bubble))
+                for mbs in sizes)
+    return least * (1.0 - GROUP_MARGIN)
 
 
 @pytest.mark.parametrize("req", JOBS, ids=lambda r: r.model)

@@ -86,9 +86,14 @@ def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[in
     per_rank = -(-seq_length // lay.cp)
     pp, dp = lay.pp, lay.dp
     least = float("inf")
-    for mbs in sizes:
-        m = max(1, global_batch // (mbs * dp))
+    for mbs in sizes:  # (the hot loop of seeding: no calls)
+        m = global_batch // (mbs * dp)
+        if m < 1:
+            m = 1
         low = ideal * (1.0 + bubble / m)
         token = per_rank * mbs * per_token / pp * (m + bubble)
-        least = min(least, token if token > low else low)
+        if token > low:
+            low = token
+        if low < least:
+            least = low
     return least * (1.0 - GROUP_MARGIN)
