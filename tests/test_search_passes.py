@@ -52,8 +52,9 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
             rates = {}
             per_token = min(search.seed_rate(lay, group.sizes[0], rates)[1] for lay in group.by_vpp.values())
             first = group.members[0][0]
-            bubble = group.least_bubble(lambda one, mbs=group.sizes[0], rates=rates:
+            bubble = group.least_bubble(lambda one, ranks, mbs=group.sizes[0], rates=rates:
                                         search.light_ranks(one, search.seed_rate(one, mbs, rates)) is not None)
+            assert all(ranks is search.last_ranks(one) for one, _, ranks in group.chained)
             floor = group_floor(job.seq_length, job.global_batch_size, first, group.sizes, per_token, bubble, ideal)
             assert floor == _plain_group_floor(job, first, group.sizes, per_token, bubble, ideal)  # to the last bit
             for lay, _, _ in group.members:

@@ -312,8 +312,10 @@ class StepTimeBounds(SearchPlans):
         rank holding at least 1/pp of the seconds per token (its layers of each kind, head and CP share), of the
         exposed all-to-all and of the host syncs holds 1/pp of W at every micro-batch. Kept per ranks and rate."""
         ranks = self.last_ranks(lay)
-        if ranks is None:
-            return None
+        return None if ranks is None else self.ranks_light(ranks, lay, rate)
+
+    def ranks_light(self, ranks: Ranks, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
+        """light_ranks of a layout whose last_ranks the caller has (not None): the seeding keeps them per shape."""
         refs = rate[3]  # (the rate is its references')
         hit = ranks.light.get(refs, False)
         if hit is False:

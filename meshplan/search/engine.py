@@ -413,8 +413,8 @@ class BestFirstSearch(StepTimeBounds):
             if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
                 # every seed rate a layout of the group reads, computed here as the seeding of each layout did
                 per_token = min(self.seed_rate(one, group.sizes[0], rates)[1] for one in group.by_vpp.values())
-                bubble = group.least_bubble(lambda one, mbs=group.sizes[0]:
-                                            self.light_ranks(one, self.seed_rate(one, mbs, rates)) is not None)
+                bubble = group.least_bubble(lambda one, ranks, mbs=group.sizes[0]:
+                                            self.ranks_light(ranks, one, self.seed_rate(one, mbs, rates)) is not None)
                 key = group.floor[ideal] = group_floor(self.job.seq_length, self.job.global_batch_size, lay,
                                                        group.sizes, per_token, bubble, ideal)
             if key > cutoff:

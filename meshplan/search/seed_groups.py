@@ -30,7 +30,8 @@ class SeedGroup:
     members: list[tuple[Layout, list, int]] = field(default_factory=list)  # (layout, shape entry, first node index)
     nodes: int = 0  # (layout, micro-batch) nodes, one per layout without a micro-batch (the batch rule's)
     bubble: float = float("inf")  # the least bubble_stages of its layouts without last ranks (add)
-    chained: list[tuple[Layout, float]] = field(default_factory=list)  # a layout and bubble per shape with them
+    # a layout, its bubble and last ranks per shape with them
+    chained: list[tuple[Layout, float, object]] = field(default_factory=list)
     by_vpp: dict[int, Layout] = field(default_factory=dict)  # one layout per vpp: the seed rates' keys read (pp, vpp)
     # per (vpp, bubble_stages), with bounds.last_ranks where not None: its entry
     shapes: dict[tuple, list] = field(default_factory=dict)
@@ -48,21 +49,22 @@ class SeedGroup:
             self.by_vpp.setdefault(lay.vpp, lay)
             bubble = shape[1]
             if len(shape) == 3:
-                self.chained.append((lay, bubble))
+                self.chained.append((lay, bubble, shape[2]))
             elif bubble < self.bubble:
                 self.bubble = bubble
         self.members.append((lay, entry, index))
         self.nodes += len(self.sizes) or 1
         return entry
 
-    def least_bubble(self, light: Callable[[Layout], bool]) -> float:
+    def least_bubble(self, light: Callable[[Layout, object], bool]) -> float:
         """The least bubble any seed key of the group counts (group_floor's `bubble`): a shape's bubble_stages, none
-        for a shape whose last rank may hold less than 1/pp of the work at its seed rate (`light`: bounds.light_ranks
-        not None; its keys then count at most the last rank's chain, at least m, bounds.chained)."""
+        for a shape whose last rank may hold less than 1/pp of the work at its seed rate (`light` of the layout and
+        its last ranks: bounds.ranks_light not None; its keys then count at most the last rank's chain, at least m,
+        bounds.chained)."""
         least = self.bubble
-        for lay, bubble in self.chained:
+        for lay, bubble, ranks in self.chained:
             if bubble < least:
-                least = 0.0 if light(lay) else bubble
+                least = 0.0 if light(lay, ranks) else bubble
         return least
 
 
