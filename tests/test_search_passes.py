@@ -41,7 +41,8 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
     search = BestFirstSearch.for_job(job, fixed, engine, 1)
     tiers = split_space(search)
     ideal = ideal_time(job, engine)
-    checked = above = 0
+    checked = above = pushed = 0
+    floors: dict[int, float] = {}
     for layouts in (tiers.inside, tiers.across):
         seeds = search.sized(layouts)
         assert sum(group.nodes for group in seeds.groups) == seeds.nodes
@@ -63,7 +64,11 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
                 assert ideal * (1.0 - 1e-9) <= floor <= min(keys), (lay, group.sizes)
             checked += 1
             above += floor > ideal * 1.01
-    assert checked > 20 and above > checked // 2
+            floors[id(group)] = floor
+        search.push_seeds(seeds, ideal)  # its own floors, from the same rates and least bubbles: the same floats
+        pushed += sum(group.floor[ideal] == floors[id(group)] for group in seeds.groups if group.floor)
+        assert all(group.floor[ideal] == floors[id(group)] for group in seeds.groups if group.floor)
+    assert checked > 20 and above > checked // 2 and pushed > 20
 
 
 def _plain_group_floor(job, lay, sizes, per_token, bubble, ideal):
