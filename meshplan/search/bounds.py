@@ -23,6 +23,7 @@ from meshplan.schema.plan import Plan
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, light_stages, pipeline_ranks, stages_bound
+from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Layout
 
 
@@ -500,6 +501,20 @@ class StepTimeBounds(SearchPlans):
                 floor = SyncFloor()
             syncs.append((self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden))
         return () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
+
+    def raise_to_sync(self, group: SeedGroup, members: list) -> None:
+        """Raise the seed keys of these members of an opened seed group (engine.open_group: where one of its layouts
+        may fit) to the once-per-step DP bound (group_syncs, synced), once per shape entry: a budget-free bound, so
+        kept with the keys (a search of the job at another budget reads them raised)."""
+        if group.syncs is None:
+            group.syncs = self.group_syncs([lay for lay, _, _ in group.members])
+        if not group.syncs:
+            return
+        for lay, entry, _ in members:
+            if not entry[3]:
+                keys = entry[1] = self.synced(entry[1], [self.microbatches(lay, mbs) for mbs in group.sizes],
+                                              group.syncs)
+                entry[2], entry[3] = min(keys), True
 
     @staticmethod
     def synced(pipes: list[float], ms: list[int], syncs: tuple[tuple[float, float, float], ...]) -> list[float]:

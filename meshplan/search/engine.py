@@ -457,20 +457,6 @@ class BestFirstSearch(StepTimeBounds):
                 self.beyond_cutoff += variants * len(nodes)  # held: drain counts them until the first pops
                 heapq.heappush(heap, (first[0], Level.FLOOR, first[1], (lay, first[2], tuple(nodes))))
 
-    def raise_to_sync(self, group: SeedGroup, members: list) -> None:
-        """Raise the seed keys of these members of the group to the once-per-step DP bound (bounds.group_syncs,
-        synced), once per shape entry: a budget-free bound, so kept with the keys (a search of the job at another
-        budget reads them raised)."""
-        if group.syncs is None:
-            group.syncs = self.group_syncs([lay for lay, _, _ in group.members])
-        if not group.syncs:
-            return
-        for lay, entry, _ in members:
-            if not entry[3]:
-                keys = entry[1] = self.synced(entry[1], [self.microbatches(lay, mbs) for mbs in group.sizes],
-                                              group.syncs)
-                entry[2], entry[3] = min(keys), True
-
     def wanted(self) -> bool:
         """More to rank: the next node is (wants)."""
         return self.wants(self.heap[0][0])
