@@ -56,7 +56,7 @@ def check_bounds(req: Request, stride: int, tightest: list[float] | None = None,
                 for i, recompute in enumerate(search.recomputes):
                     pipe = search.pipeline_bound(lay, mbs, recompute, interleave=True)
                     bounds = [search.token_bound(lay, mbs, recompute), search.token_bound(lay, mbs, recompute, True),
-                              pipe]
+                              pipe, search.grid_synced(lay, mbs, pipe)]  # (refine_shard's key: the last)
                     for zero in search.zeros:
                         # at any recompute, and with the DP term at this one and heavier (refine_shard, carry)
                         sharding = search.sharding_bound(lay, zero, mbs)

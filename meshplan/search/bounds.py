@@ -500,7 +500,17 @@ class StepTimeBounds(SearchPlans):
             if floor is None or floor.seconds <= 0.0:
                 floor = SyncFloor()
             syncs.append((self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden))
-        return () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
+        found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
+        self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
+        return found
+
+    def grid_synced(self, lay: Layout, mbs: int, pipe: float) -> float:
+        """synced of one node, where `pipe` bounds its plans' pipeline: with its grid's group_syncs (its seed group's,
+        kept when it opened; worked out for this layout otherwise)."""
+        syncs = self.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp))
+        if syncs is None:
+            syncs = self.group_syncs([lay])
+        return self.synced([pipe], [self.microbatches(lay, mbs)], syncs)[0] if syncs else pipe  # type: ignore[arg-type]
 
     def raise_to_sync(self, group: SeedGroup, members: list) -> None:
         """Raise the seed keys of these members of an opened seed group (engine.open_group: where one of its layouts

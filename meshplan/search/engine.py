@@ -207,8 +207,7 @@ class BestFirstSearch(StepTimeBounds):
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
         bound = self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True)
-        self.push(max(key, min(self.sync_bound(lay, zero, mbs, bound) for zero in self.zeros)), Level.RULES,
-                  (lay, mbs, floor))
+        self.push(max(key, self.grid_synced(lay, mbs, bound)), Level.RULES, (lay, mbs, floor))
 
     def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
         """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage. The rules are asked at every
