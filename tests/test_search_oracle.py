@@ -166,7 +166,8 @@ NAMED = [
     dict(model="mixtral-8x7b", num_gpus=16, gpu="h100", framework="megatron-core", moe_a2a_overlap=True,
          seq_length=4096, global_batch_size=64),
     # The oracle left out rule MEM003 (the host holds what the plan offloads) that `check` and the search's fit
-    # apply: SkyRL offloads the optimizer by default, 351 GiB of host memory per node against cpu_memory_per_node 64,
+    # apply: SkyRL offloads the optimizer by default, 351 GiB of host memory per node against cpu_memory_per_node 64
+    # (176 GiB since the node is charged the job's 4 ranks, not 8: mesh.ranks_per_node),
     # so the search answered nothing where the oracle ranked 1.677 s (ZeRO-1 mbs 1) (found by a sampler of requests
     # that fix knobs; oracle.exhaustive_top_k now skips a plan over the host's memory).
     dict(model="deepseek-v2-lite", num_gpus=4, gpu="h100", framework="skyrl", cpu_memory_per_node=64.0,

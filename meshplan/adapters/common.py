@@ -46,7 +46,7 @@ class Nodes:
 
 def nodes(job: Job) -> Nodes:
     """torchrun/Ray launch the same number of processes on every node, so the GPUs must fill whole nodes."""
-    per_node = min(job.num_gpus, job.gpus_per_node)
+    per_node = mesh.ranks_per_node(job)
     if job.num_gpus % per_node:
         raise MeshplanError(
             f"{job.num_gpus} GPUs do not fill whole {job.gpus_per_node}-GPU nodes; launchers start the same "

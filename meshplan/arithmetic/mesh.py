@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol
 
 from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
 from meshplan.schema.hardware import GpuSpec
-from meshplan.schema.plan import Plan
+from meshplan.schema.plan import Job, Plan
 
 # --------------------------------------------------------------------------- GPU counts
 
@@ -92,6 +92,16 @@ def expert_group(plan: ExpertDegrees) -> int:
 def expert_dp(world: int, plan: ExpertDegrees) -> float:
     """Megatron-Core's expert-data-parallel size world / (pp*ep*etp), at least 1 (exact when the rules pass)."""
     return max(1.0, world / expert_group(plan))
+
+
+# --------------------------------------------------------------------------- ranks on a node
+
+
+def ranks_per_node(job: Job) -> int:
+    """The most ranks of the job one node holds: a node's GPUs, or every GPU of a job smaller than a node (a
+    launcher fills each node before the next: 12 GPUs on 8-GPU nodes put 8 on the first). What multiplies a rank's
+    host bytes into the node's (the estimate's host_bytes_per_node, MEM003 and its floor before the search)."""
+    return min(job.gpus_per_node, job.num_gpus)
 
 
 # --------------------------------------------------------------------------- the fast domain

@@ -8,6 +8,7 @@ when its rule passes, else the numbers for the card's message and fix templates.
 
 from __future__ import annotations
 
+from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.alternatives import fitting_alternatives
 from meshplan.check.split import headroom_threshold
@@ -68,7 +69,7 @@ def host_memory_short(ctx: Context) -> Values:
     if capacity is None or report.host_bytes_per_node <= capacity:
         return None
     stage = max(report.stages, key=lambda s: s.host_bytes)
-    gpus = ctx.job.gpus_per_node
+    gpus = ranks_per_node(ctx.job)
     kinds = {k.removeprefix("host_"): v for k, v in stage.detail.items() if k.startswith("host_")}
     what = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
     return {"host": gib(report.host_bytes_per_node), "per_gpu": gib(stage.host_bytes), "stage": stage.stage,

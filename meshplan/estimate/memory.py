@@ -118,7 +118,7 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
         assumptions.append(walk_assumption(terms.conv, peak, moment, terms.m))
     assumptions.extend(step_assumptions(terms, peak, rows[peak.stage]))
     # a node's GPUs usually share one pipeline stage (TP, EP and DP ranks fill a node first); the worst stage bounds it
-    host_per_node = max(s.host_bytes for s in stages) * job.gpus_per_node
+    host_per_node = max(s.host_bytes for s in stages) * mesh.ranks_per_node(job)
     if terms.offload.any:
         assumptions.append(offload_assumption(job, plan, terms.offload, host_per_node))
     return MemoryReport(
@@ -177,7 +177,7 @@ def _stage_figures(job: Job, terms: MemoryTerms, rank: int, chunks) -> tuple[int
     report's figures without its report."""
     stage = stage_fit(terms, rank, chunks)
     return (int(peak_fit_bytes(stage.total, stage.total - stage.allocated, terms.plan, terms.card)),
-            stage.host * job.gpus_per_node, stage.moment)
+            stage.host * mesh.ranks_per_node(job), stage.moment)
 
 
 def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
@@ -415,7 +415,8 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
     if offload.activations:
         parts.append("saved activations on the host except the layers in flight")
     return (f"Offload on {framework_card(job.framework).display_name}: " + "; ".join(parts)
-            + f". Host memory per node: {host_per_node / GIB:,.1f} GiB (the worst stage x {job.gpus_per_node} GPUs)"
+            + f". Host memory per node: {host_per_node / GIB:,.1f} GiB (the worst stage x "
+              f"{mesh.ranks_per_node(job)} GPUs)"
             + (f" of {job.cpu_memory_per_node / GIB:,.0f} GiB." if job.cpu_memory_per_node else "."))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from meshplan.arithmetic.memory_states import MemoryCard, memory_card
+from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.units import GIB
 from meshplan.estimate.memory import estimate_memory, memory_budget, peak_fit_bytes, stage_allocated
@@ -199,7 +200,7 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host_ext
     rl = job.rl
     top = max(phases, key=lambda p: p.peak_bytes)
     deciding = max(phases, key=lambda p: p.fit_bytes)
-    host = update.host_bytes_per_node + int(host_extra * job.gpus_per_node)
+    host = update.host_bytes_per_node + int(host_extra * ranks_per_node(job))
     limited = ("gpu" if deciding.fit_bytes > memory_budget(job)
                else "host" if job.cpu_memory_per_node and host > job.cpu_memory_per_node else None)
     words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)

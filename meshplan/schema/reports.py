@@ -73,7 +73,7 @@ class MemoryReport(StrictModel):
         "reserved", description="Which peak decided the fit: reserved (peak_bytes, the caching allocator's reserve "
                                 "included) or allocated (expandable segments: cached pages are unmapped before OOM)")
     host_bytes_per_node: int = Field(
-        0, description="Host memory one node needs for what its GPUs offload (the worst stage x GPUs per node)"
+        0, description="Host memory a node needs for what its GPUs offload (worst stage x the job's GPUs on a node)"
     )
     host_capacity_bytes: int | None = Field(None, description="cpu_memory_per_node when given, bytes")
     phases: list[PhaseMemory] = Field(

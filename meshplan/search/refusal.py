@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
@@ -153,13 +154,14 @@ def first_errors(job: Job, plan: Plan) -> list[Finding]:
 def host_floor(job: Job, zero: int, plan: Plan) -> float:
     """Host bytes per node the CPU optimizer needs at least on any layout at this ZeRO stage: its bytes per
     parameter (cards/offload.yaml) for its share of every decoder-layer, embedding and output parameter, spread
-    over all the GPUs (no shard is smaller than an even split), times the GPUs of a node (the estimate's
-    host_bytes_per_node). Other offloads only add to it. 0 for a LoRA job (the frozen base steps no optimizer)."""
+    over all the GPUs (no shard is smaller than an even split), times the job's ranks on a node (ranks_per_node, as
+    the estimate's host_bytes_per_node). Other offloads only add to it. 0 for a LoRA job (the frozen base steps no
+    optimizer)."""
     off = offload_plan(job.framework, plan.model_copy(update={"zero_stage": zero}))
     if job.lora is not None or not off.cpu_optimizer:
         return 0.0
-    params = sum(params_split(job))
-    return offload_card().cpu_optimizer_bytes_per_param * off.cpu_optimizer * params / job.num_gpus * job.gpus_per_node
+    per_gpu = offload_card().cpu_optimizer_bytes_per_param * off.cpu_optimizer * sum(params_split(job)) / job.num_gpus
+    return per_gpu * ranks_per_node(job)
 
 
 def host_refusal(space: Space) -> MeshplanError | None:
@@ -176,7 +178,7 @@ def host_refusal(space: Space) -> MeshplanError | None:
     share = offload_plan(job.framework, plan.model_copy(update={"zero_stage": space.zeros[-1]})).cpu_optimizer
     per_share = floor / share if share else floor
     fraction = int(capacity / per_share * 100) / 100
-    nodes = -(-int(floor * job.num_gpus / job.gpus_per_node) // int(capacity))
+    nodes = -(-int(floor * job.num_gpus / ranks_per_node(job)) // int(capacity))  # the whole job's host bytes
     options = [f"optimizer_offload_fraction={fraction:g} (the CPU optimizer's share that fits)" if fraction > 0
                else "drop the optimizer offload",
                f"at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
@@ -184,7 +186,7 @@ def host_refusal(space: Space) -> MeshplanError | None:
     return MeshplanError(
         f"MEM003: the offloaded optimizer needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout "
         f"({offload_card().cpu_optimizer_bytes_per_param:g} B per parameter for {share:.0%} of "
-        f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {job.num_gpus:,} GPUs, {job.gpus_per_node} per node), "
+        f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {job.num_gpus:,} GPUs, {ranks_per_node(job)} per node), "
         f"but cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no layout passes rule MEM003.",
         "Use " + "; or ".join(options) + ".")
 
