@@ -13,9 +13,12 @@ from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 from meshplan.search import exhaustive_top_k
+from meshplan.search.engine import BestFirstSearch
+from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job
+from meshplan.search.policy import headroom_for, memory_budget
 from meshplan.search.refusal import Space, host_floor
-from meshplan.search.space import Fixed
+from meshplan.search.space import Fixed, enumerate_layouts, micro_batches
 
 OFFLOAD = dict(model="llama-3.1-8b", optimizer_offload_fraction=1.0)  # 16 B per parameter on the host, ~119.7 GiB
 
@@ -68,3 +71,40 @@ def test_a_host_between_the_old_and_the_new_figure_passes_everywhere():
         [r.step_time_s for r in oracle], rel=1e-12)
     least = api.minimum_gpus(Request(**OFFLOAD, cpu_memory_per_node=200))
     assert least.num_gpus == 1 and least.candidate.memory.host_bytes_per_node / GIB == pytest.approx(119.66, abs=0.01)
+
+
+def host_and_gpu_rejects(req: Request) -> tuple[int, int]:
+    """By brute force (as search/oracle.py walks the space): the plans that pass the structural rules and are over
+    the GPU budget, and those within it whose offloads are over cpu_memory_per_node (what `check` calls MEM003)."""
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+    budget = memory_budget(job, headroom_for(req))
+    gpu = host = 0
+    for lay in enumerate_layouts(job, fixed)[0]:
+        for mbs in micro_batches(job, lay, fixed):
+            for zero in space.zeros:
+                for recompute in space.recomputes:
+                    plan = space.plan(lay, zero, recompute, mbs)
+                    if space.engine.check(job, plan).ok:
+                        memory = space.engine.memory(job, plan)
+                        gpu += memory.fit_bytes > budget
+                        host += memory.fit_bytes <= budget and memory.host_bytes_per_node > job.cpu_memory_per_node
+    return gpu, host
+
+
+@pytest.mark.parametrize("fields", [
+    dict(model="deepseek-v2-lite", gpu="h100", seq_length=2048, global_batch_size=32, cpu_memory_per_node=64.0),
+    # a need the host raised at one micro-batch is no floor of GPU memory at a larger one: read as one (need_range),
+    # 3 plans within the GPU budget were counted under MEM001 at the larger micro-batches
+    dict(model="qwen3-8b", seq_length=16384, global_batch_size=4, cpu_memory_per_node=60.0),
+])
+def test_the_search_counts_plans_only_the_host_rejects_under_mem003(fields):
+    """Before: under MEM001 (the GPU's rule). SkyRL offloads the optimizer itself (DeepSeek-V2-Lite: 176 GiB of host
+    memory per node on 4 GPUs, against 64), so nothing is ranked and every plan is counted: those within the GPU
+    budget under MEM003."""
+    req = Request(num_gpus=4, framework="skyrl", **fields)
+    rec = api.recommend(req, top_k=3)
+    gpu, host = host_and_gpu_rejects(req)
+    assert not rec.candidates and rec.considered == sum(rec.rejected.values())
+    assert (rec.rejected["MEM001"], rec.rejected["MEM003"]) == (gpu, host) and host > 0

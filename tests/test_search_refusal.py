@@ -103,6 +103,8 @@ def test_the_search_applies_mem003_like_check():
     capacity = (below + top) / 2 / GIB
     rec = api.recommend(Request(**base, cpu_memory_per_node=capacity), top_k=3)
     assert rec.candidates
+    # the plans within the GPU budget that only the host rejects are counted under MEM003, not the GPU's MEM001
+    assert rec.rejected["MEM003"] > 0 and rec.considered == len(rec.candidates) + sum(rec.rejected.values())
     for c in rec.candidates:
         assert c.memory.host_bytes_per_node <= capacity * GIB
         p = c.plan

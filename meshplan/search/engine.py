@@ -280,6 +280,8 @@ class BestFirstSearch(StepTimeBounds):
         n_r = len(self.recomputes)
         need = max(low, self.need(lay, mbs, alive, masks))
         above = [(mask >> low).bit_count() for mask in masks]
+        if self.host_short:  # those of them only the host rejects: MEM003
+            self.host_recount(self.rejected, lay, mbs, zip(alive, masks, strict=True), low, min(need, n_r))
         if need >= n_r:
             self.rejected[self.engine.memory_rule] += sum(above)
             return
@@ -300,6 +302,8 @@ class BestFirstSearch(StepTimeBounds):
             while i < n_r and not self.fits(lay, zero, self.recomputes[i], mbs):
                 i = first_valid(mask, i + 1, n_r)
             above = (mask >> need).bit_count()
+            if self.host_short:
+                self.host_recount(self.rejected, lay, mbs, ((zero, mask),), need, i)
             if i == n_r:
                 self.rejected[self.engine.memory_rule] += above
                 continue
@@ -582,13 +586,14 @@ class BestFirstSearch(StepTimeBounds):
 
 def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: list[str],
                budget_bytes: int = 0, share: BestFirstSearch | None = None,
-               cutoff: float = math.inf) -> tuple[BestFirstSearch, int]:
+               cutoff: float = math.inf, counted: bool = True) -> tuple[BestFirstSearch, int]:
     """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
     fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
     `cutoff`: no slower step time is wanted (the TP-across tier is then left out whole where its floor, across_floor,
-    is over it). Appends to `warnings` what the answer must say about the run."""
+    is over it); `counted`: False where only what it ranks is read (the MEM003 count is then not told apart).
+    Appends to `warnings` what the answer must say about the run."""
     search = BestFirstSearch.for_job(job, fixed, engine, top_k, budget_bytes=budget_bytes)
-    search.cutoff = cutoff
+    search.cutoff, search.count_host = cutoff, counted
     if share is not None:  # what does not depend on the budget: the estimates, and the per-search memos below
         search.caches = share.caches.shared()
         search.overlaps, search.pipeline_overlap = share.overlaps, share.pipeline_overlap

@@ -15,6 +15,7 @@ from meshplan.search.estimators import Engine
 from meshplan.search.gpu_count import scan_minimum
 from meshplan.search.policy import (
     HEADROOM_RULE,
+    HOST_RULE,
     SEARCH_BUCKETS,
     headroom_that_ranks,
     search_comparison,
@@ -92,7 +93,7 @@ def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engi
             probe_closest(job, fixed, search, limits.closest_layouts)
         rec.closest = closest(search, engine, limits.closest_layouts)
         rec.evaluated = search.evaluations
-        memory_rules = (engine.memory_rule, HEADROOM_RULE)
+        memory_rules = (engine.memory_rule, HEADROOM_RULE, HOST_RULE)  # memory, not a space the rules empty
         memory_rejects = sum(rec.rejected.get(rule, 0) for rule in memory_rules)
         rule_rejects = {k: v for k, v in rec.rejected.items() if k not in memory_rules and k not in SEARCH_BUCKETS}
         if not memory_rejects and rule_rejects:

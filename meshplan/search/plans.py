@@ -30,6 +30,7 @@ from meshplan.search.floors import (
     own_memory,
     ranks_floor,
 )
+from meshplan.search.host_counts import HostCounts
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
 from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
@@ -115,7 +116,7 @@ class Caches:
 
 
 @dataclass(kw_only=True)
-class SearchPlans:
+class SearchPlans(HostCounts):
     """A job's plans under one memory budget: the plan of each key, its estimates (cached), whether it fits."""
 
     job: Job
@@ -147,6 +148,13 @@ class SearchPlans:
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
+    # The plans fits() rejected under cpu_memory_per_node that may be within the GPU budget: True where they are
+    # (only the host rejected them: rule MEM003, as `check` names it), None until settled (host_counts.py); host_seen
+    # counts the rejections noted; gpu_over, per pp, the stage a verdict settled without the host last found over.
+    host_short: dict[PlanKey, bool | None] = field(default_factory=dict)
+    host_seen: int = 0
+    gpu_over: dict[int, int] = field(default_factory=dict)
+    count_host: bool = True  # False where nothing reads the counts (the GPU-count scan): no plan is noted
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -468,9 +476,13 @@ class SearchPlans:
         host = self.job.cpu_memory_per_node
         report = self.caches.memory.get(key)
         if report is None and self.engine.memory_fit is not None:
-            return self.fit_verdict(key, host)
-        report = self.memory(lay, zero, recompute, mbs)
-        return report.fit_bytes <= self.budget and (host is None or report.host_bytes_per_node <= host)
+            fits = self.fit_verdict(key, host)
+        else:
+            report = self.memory(lay, zero, recompute, mbs)
+            fits = report.fit_bytes <= self.budget and (host is None or report.host_bytes_per_node <= host)
+        if not fits and host is not None and self.count_host:
+            self.host_rejected(key, report)
+        return fits
 
     def fit_verdict(self, key: PlanKey, host: int | None) -> bool:
         """fits from Engine.memory_fit, without the report: counted as the memory estimate once per job; a verdict
@@ -650,9 +662,13 @@ class SearchPlans:
         n_r = len(self.recomputes)
         i = max(low, min(high, self.need_floor(lay, mbs)))
         lightest = tuple((zero, mask) for zero, mask in zip(alive, masks, strict=True) if self.may_fit(lay, zero, mbs))
+        start, seen = i, self.host_seen
         while i < min(high, n_r) and not any(mask >> i & 1 and self.fits(lay, zero, self.recomputes[i], mbs)
                                              for zero, mask in lightest):
             i += 1
-        if set(alive) == set(self.zeros) and all(mask == (1 << n_r) - 1 for mask in masks):
+        # not where only the host rejected some (MEM003): the need a larger micro-batch reads stays one of GPU memory
+        host = seen != self.host_seen and any(mask >> j & 1 and self.host_only((lay, zero, self.recomputes[j], mbs))
+                                              for j in range(start, min(i + 1, n_r)) for zero, mask in lightest)
+        if not host and set(alive) == set(self.zeros) and all(mask == (1 << n_r) - 1 for mask in masks):
             self.caches.least_recompute.setdefault(lay, {})[mbs] = i
         return i

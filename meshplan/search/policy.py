@@ -23,6 +23,7 @@ from meshplan.search.space import SearchComparison, SearchLimits, search_card
 # Buckets for variants that no rule rejected but the search did not rank (ids never change meaning).
 SLOWER = "SEARCH-SLOWER"  # valid or not yet checked, but its optimistic time is behind the top K
 HEADROOM_RULE = "MEM002"  # cards/rules.yaml: fits, but with less than the minimum headroom
+HOST_RULE = "MEM003"  # cards/rules.yaml: fits the GPU, but the node's host cannot hold what the plan offloads
 ADAPTER_RULE = "AD001"  # cards/rules.yaml: the adapter has no key for a layout setting (space.adapter_refused_zeros)
 DOMINATED = "SEARCH-DOMINATED"  # the same layout fits with less recompute, which is faster
 NVLINK = "SEARCH-NVLINK"  # TP beyond the NVLink domain, not searched because layouts inside it fit
