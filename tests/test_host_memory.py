@@ -31,7 +31,7 @@ def test_a_node_is_charged_the_jobs_ranks_on_it(gpus, ranks):
     report = api.estimate_memory(parse_request(dict(OFFLOAD, num_gpus=gpus, tp=1, pp=1)))
     worst = max(s.host_bytes for s in report.stages)
     assert report.host_bytes_per_node == worst * ranks
-    assert f"x {ranks} GPUs" in " ".join(report.assumptions)
+    assert f"x {ranks} GPU{'s' if ranks > 1 else ''})" in " ".join(report.assumptions)
 
 
 def test_a_job_within_a_node_needs_the_same_host_whatever_the_nodes_size():

@@ -416,7 +416,7 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
         parts.append("saved activations on the host except the layers in flight")
     return (f"Offload on {framework_card(job.framework).display_name}: " + "; ".join(parts)
             + f". Host memory per node: {host_per_node / GIB:,.1f} GiB (the worst stage x "
-              f"{mesh.ranks_per_node(job)} GPUs)"
+              f"{mesh.ranks_per_node(job)} GPU{'s' if mesh.ranks_per_node(job) > 1 else ''})"
             + (f" of {job.cpu_memory_per_node / GIB:,.0f} GiB." if job.cpu_memory_per_node else "."))
 
 

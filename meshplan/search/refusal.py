@@ -179,16 +179,16 @@ def host_refusal(space: Space) -> MeshplanError | None:
     per_share = floor / share if share else floor
     fraction = int(capacity / per_share * 100) / 100
     nodes = -(-int(floor * job.num_gpus / ranks_per_node(job)) // int(capacity))  # the whole job's host bytes
-    options = [f"optimizer_offload_fraction={fraction:g} (the CPU optimizer's share that fits)" if fraction > 0
+    options = [f"use optimizer_offload_fraction={fraction:g} (the CPU optimizer's share that fits)" if fraction > 0
                else "drop the optimizer offload",
-               f"at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
-               f"nodes with at least {floor / GIB:,.1f} GiB of host memory"]
+               f"use at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
+               f"use nodes with at least {floor / GIB:,.1f} GiB of host memory"]
     return MeshplanError(
         f"MEM003: the offloaded optimizer needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout "
         f"({offload_card().cpu_optimizer_bytes_per_param:g} B per parameter for {share:.0%} of "
         f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {job.num_gpus:,} GPUs, {ranks_per_node(job)} per node), "
         f"but cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no layout passes rule MEM003.",
-        "Use " + "; or ".join(options) + ".")
+        (text := "; or ".join(options))[:1].upper() + text[1:] + ".")
 
 
 def refuse_impossible(job: Job, fixed: Fixed) -> None:
