@@ -210,3 +210,28 @@ def test_the_step_time_bounds_are_under_the_estimate_on_uneven_splits(req, strid
                         assert max(bounds) <= limit, (lay, mbs, zero, heavier, recompute, bounds, step)
                         compared += 1
     assert compared > 30 and (chained > 0) == (req.model != "llama-3.1-8b")  # its last ranks hold the output layer
+
+
+@pytest.mark.parametrize("req", [Request(model="kimi-k2", num_gpus=256, gpu="h100"),
+                                 Request(model="llama-3.1-70b", num_gpus=64, gpu="h100")], ids=["kimi-k2", "llama"])
+def test_a_group_whose_seeds_no_zero_stage_raises_keeps_their_keys(req):
+    """group_syncs stops at a ZeRO stage that raises none of the seeds it is given (their least keys per micro-batch
+    size): every seed key and every larger key of the group's layouts is then what the full group_syncs gives them."""
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    ideal = ideal_time(job, search.engine)
+    stopped = 0
+    for group in search.sized(split_space(search).inside).groups[::3]:
+        if not group.sizes:
+            continue
+        lays = [lay for lay, _, _ in group.members]
+        ms = [search.microbatches(lays[0], mbs) for mbs in group.sizes]
+        keys = [search.seed_keys(lay, group.sizes, ideal) for lay in lays]
+        seeds = [(min(k[i] for k in keys), m) for i, m in enumerate(ms)]
+        lazy, full = search.group_syncs(lays, seeds), search.group_syncs(lays)
+        stopped += lazy == () and full != ()
+        for k in keys:
+            for scale in (1.0, 1.5):  # the seeds' keys, and larger ones (a later level's pipeline bound)
+                scaled = [x * scale for x in k]
+                assert search.synced(scaled, ms, lazy) == search.synced(scaled, ms, full)
+    assert stopped > 0

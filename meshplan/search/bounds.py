@@ -484,11 +484,16 @@ class StepTimeBounds(SearchPlans):
             return pipe
         return least_with_sync(pipe, self.microbatches(lay, mbs), floor)
 
-    def group_syncs(self, lays: list[Layout]) -> tuple[tuple[float, float, float], ...]:
+    def group_syncs(self, lays: list[Layout], seeds: list[tuple[float, int]] | None = None) -> tuple[
+            tuple[float, float, float], ...]:
         """Per ZeRO stage of the search, for these layouts (one grid: a seed group's): the sharding traffic's seconds
         per micro-batch (sharding_per_micro) and the SyncFloor (seconds, hidden) of the least first-rank parameters of
         each kind among them (the floor only grows with either; none where one of them has no stages at that ZeRO
-        stage, or no such Engine estimator): what synced reads; () where no stage has either (nothing to raise)."""
+        stage, or no such Engine estimator): what synced reads; () where no stage has either (nothing to raise), or
+        where a stage raises none of `seeds` (per micro-batch size, the least pipeline bound of the seeds to raise
+        and their micro-batches: synced's own test, which only grows easier with a larger bound, so that stage keeps
+        every later key of those layouts too, and the least over the stages is the key; the later stages are not
+        worked out)."""
         lay, syncs = lays[0], []
         for zero in self.zeros:
             least = self.bounds_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
@@ -499,7 +504,13 @@ class StepTimeBounds(SearchPlans):
             floor = None if least is None else self.first_rank_sync(lay, zero, least)  # type: ignore[arg-type]
             if floor is None or floor.seconds <= 0.0:
                 floor = SyncFloor()
-            syncs.append((self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden))
+            per_micro, seconds, hidden = self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden
+            # (synced's own test, term for term)
+            if seeds is not None and all(m * per_micro <= key and (seconds <= 0.0 or seconds - hidden * key / m <= 0.0)
+                                         for key, m in seeds):
+                syncs = []  # this stage raises none of them
+                break
+            syncs.append((per_micro, seconds, hidden))
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
         self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
         return found
@@ -516,14 +527,15 @@ class StepTimeBounds(SearchPlans):
         """Raise the seed keys of these members of an opened seed group (engine.open_group: where one of its layouts
         may fit) to the once-per-step DP bound (group_syncs, synced), once per shape entry: a budget-free bound, so
         kept with the keys (a search of the job at another budget reads them raised)."""
-        if group.syncs is None:
-            group.syncs = self.group_syncs([lay for lay, _, _ in group.members])
+        ms = [self.microbatches(members[0][0], mbs) for mbs in group.sizes]  # (they read the group's dp)
+        if group.syncs is None:  # (its members' keys unraised until now)
+            seeds = [(min(entry[1][i] for _, entry, _ in members), m) for i, m in enumerate(ms)]
+            group.syncs = self.group_syncs([lay for lay, _, _ in group.members], seeds)
         if not group.syncs:
             return
-        for lay, entry, _ in members:
+        for _, entry, _ in members:
             if not entry[3]:
-                keys = entry[1] = self.synced(entry[1], [self.microbatches(lay, mbs) for mbs in group.sizes],
-                                              group.syncs)
+                keys = entry[1] = self.synced(entry[1], ms, group.syncs)
                 entry[2], entry[3] = min(keys), True
 
     @staticmethod
