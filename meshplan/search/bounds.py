@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.pipeline_counts import steady_share
@@ -484,8 +485,7 @@ class StepTimeBounds(SearchPlans):
             return pipe
         return least_with_sync(pipe, self.microbatches(lay, mbs), floor)
 
-    def group_syncs(self, lays: list[Layout], seeds: list[tuple[float, int]] | None = None) -> tuple[
-            tuple[float, float, float], ...]:
+    def group_syncs(self, lays: list[Layout], seeds: list[tuple[float, int]] | None = None) -> tuple[StageSync, ...]:
         """Per ZeRO stage of the search, for these layouts (one grid: a seed group's): the sharding traffic's seconds
         per micro-batch (sharding_per_micro) and the SyncFloor (seconds, hidden) of the least first-rank parameters of
         each kind among them (the floor only grows with either; none where one of them has no stages at that ZeRO
@@ -510,7 +510,7 @@ class StepTimeBounds(SearchPlans):
                                          for key, m in seeds):
                 syncs = []  # this stage raises none of them
                 break
-            syncs.append((per_micro, seconds, hidden))
+            syncs.append(StageSync(per_micro, seconds, hidden))
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
         self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
         return found
@@ -539,7 +539,7 @@ class StepTimeBounds(SearchPlans):
                 entry[2], entry[3] = min(keys), True
 
     @staticmethod
-    def synced(pipes: list[float], ms: list[int], syncs: tuple[tuple[float, float, float], ...]) -> list[float]:
+    def synced(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
         """Per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a group_syncs' layouts
         with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages of sync_bound's
         (the pipeline at least the bound and m x the sharding traffic per micro-batch; the once-per-step DP term after
@@ -598,6 +598,15 @@ class StepTimeBounds(SearchPlans):
         if rate is None:
             rate = self.token_rate(lay, sizes[0], self.recomputes[0])
         return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True)
+
+
+class StageSync(NamedTuple):
+    """What synced reads of one ZeRO stage of a grid (bounds.group_syncs): its sharding traffic per micro-batch and
+    its first ranks' SyncFloor (seconds, hidden)."""
+
+    per_micro: float
+    seconds: float
+    hidden: float
 
 
 def least_with_sync(pipe: float, m: int, floor: SyncFloor) -> float:

@@ -36,7 +36,7 @@ class SeedGroup:
     # per (vpp, bubble_stages), with bounds.last_ranks where not None: its entry
     shapes: dict[tuple, list] = field(default_factory=dict)
     floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
-    syncs: tuple | None = None  # bounds.group_syncs of its layouts, once opened (the same at any budget)
+    syncs: tuple | None = None  # bounds.group_syncs of its layouts (StageSync each), once opened (at any budget)
 
     def add(self, lay: Layout, index: int, shape: tuple) -> list:
         """Add a layout whose first node has this index and its seed_shape; the shape's entry (new: [states bound, its
