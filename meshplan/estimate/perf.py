@@ -475,43 +475,40 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:
     bwd = row.compute - row.fwd + row.recompute
     # later stages finish their last backward (and start their first forward) earlier: slack
     slack = s * bwd / max(1, plan.vpp)
-    sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, row.dense_params, row.expert_params,
-                     inp.sharding.per_step)
+    exposed = 0.0
     if inp.sharding.per_step:  # ZeRO-2/3, FSDP: the once-per-step gathers / reduce-scatters, unit by unit
-        # (hybrid sharding: each unit's reduction includes its all-reduce across replicas, DpTraffic.reduce, or
-        # it runs once in the last micro-batch, its backward hiding dp_overlap of it: Megatron-FSDP)
         exposed = max(0.0, row.sharding.step_gather - s * row.fwd / max(1, plan.vpp))
         exposed += max(0.0, row.sharding.step_reduce - slack)
-        if not traffic.replicas_with_each_reduce:
-            exposed += max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
-    else:
-        exposed = max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
-    if sync.gather_hidden >= 0.0:  # ZeRO-1/2: the updated bf16 parameters are all-gathered once per step
-        exposed += max(0.0, sync.gather - sync.gather_hidden * row.fwd)
-    return exposed
+    sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, row.dense_params, row.expert_params,
+                     inp.sharding.per_step)
+    exposed += max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
+    return exposed + max(0.0, sync.gather - sync.gather_hidden * row.fwd)
 
 
 class StepSync(NamedTuple):
     """A rank's once-per-step DP collectives outside FSDP's units (_dp_exposed): the gradients' reduction, hidden by
     up to `reduce_hidden` of the last micro-batch's backward, and ZeRO-1/2's all-gather of the updated parameters,
-    hidden by up to `gather_hidden` of the next forward (-1: no such all-gather)."""
+    hidden by up to `gather_hidden` of the next forward (0 and 0 where there is none of either)."""
 
     reduce: float
     reduce_hidden: float
     gather: float = 0.0
-    gather_hidden: float = -1.0
+    gather_hidden: float = 0.0
 
 
 def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraffic, dense: float, expert: float,
               per_step: bool) -> StepSync:
     """The once-per-step collectives of a rank holding `dense` and `expert` parameters (`per_step`: the sharding
-    schedule's units move the gradients, so only hybrid sharding's all-reduce across the replicas is left here)."""
+    schedule's units move the gradients, so only hybrid sharding's all-reduce across the replicas is left here, where
+    it runs once in the last micro-batch, its backward hiding dp_overlap of it: Megatron-FSDP; with each unit's
+    reduction, DpTraffic.reduce, it is the units' own)."""
     grad_bytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
     # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
     sharded_opt = plan.zero_stage > 0 and not uses_fsdp(job.framework, plan.zero_stage)
     if per_step:
-        sync = StepSync(traffic.replica_allreduce(dense, expert, grad_bytes), cal.dp_overlap)
+        replicas = 0.0 if traffic.replicas_with_each_reduce else traffic.replica_allreduce(dense, expert, grad_bytes)
+        sync = StepSync(replicas, cal.dp_overlap)
     elif plan.zero_stage == 0 or cal.zero_grad_allreduce >= 0.5:
         reduce = (allreduce_time(dense * grad_bytes, traffic.dense.size, traffic.dense.stride, lk)
                   + allreduce_time(expert * grad_bytes, traffic.expert.size, traffic.expert.stride, lk))

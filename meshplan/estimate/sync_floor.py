@@ -51,10 +51,7 @@ class SyncRates:
             dense_p += embedding  # the output layer (tied on one stage: the embedding's own weights)
         sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, dense_p, expert / (plan.ep * plan.etp),
                          self.per_step)
-        reduce = 0.0 if self.per_step and self.traffic.replicas_with_each_reduce else sync.reduce
-        gather = sync.gather if sync.gather_hidden >= 0.0 else 0.0
-        return SyncFloor(reduce + gather, max(sync.reduce_hidden, sync.gather_hidden, 0.0))
-
+        return SyncFloor(sync.reduce + sync.gather, max(sync.reduce_hidden, sync.gather_hidden))
 
     def at(self, plan: Plan) -> SyncRates:
         """The SyncRates of a plan of the same grid (degrees and the request's fields) at another ZeRO stage: the same
