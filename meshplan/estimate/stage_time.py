@@ -348,16 +348,28 @@ def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float
     first stage, the output layer on the head stage (unless tied to the embedding on one stage); under LoRA only
     the adapters (the only parameters with gradients to reduce and states to step)."""
     job, plan, arch = inp.job, inp.plan, inp.ctx.arch
-    params = layer_param_split(arch)
-    dense_p = sum(map(params[0].__getitem__, layers)) / plan.tp
-    expert_p = sum(map(params[1].__getitem__, layers)) / (plan.ep * plan.etp)
-    if s == 0:
-        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
-    if s == inp.pipeline.head_rank and (not arch.tie_word_embeddings or plan.pp > 1):
-        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
     if job.lora is not None:
-        dense_p, expert_p = adapter_params(arch, layers, job.lora, inp.ctx.lora_engine, tp=plan.tp, ep=plan.ep,
-                                           etp=plan.etp)
+        return adapter_params(arch, layers, job.lora, inp.ctx.lora_engine, tp=plan.tp, ep=plan.ep, etp=plan.etp)
+    return rank_params(arch, plan, *layers_params(arch, layers), first=s == 0, head=s == inp.pipeline.head_rank)
+
+
+def layers_params(arch: Architecture, layers: Sequence[int]) -> tuple[float, float]:
+    """The (dense, routed) parameters of these decoder layers, unsharded (layer_param_split's columns summed)."""
+    dense_col, expert_col = layer_param_split(arch)
+    return sum(map(dense_col.__getitem__, layers)), sum(map(expert_col.__getitem__, layers))
+
+
+def rank_params(arch: Architecture, plan: Plan, dense: float, expert: float, *, first: bool,
+                head: bool) -> tuple[float, float]:
+    """(dense, routed) parameters a rank holds whose decoder layers hold `dense` and `expert` (layers_params): their
+    TP / EP shards, the embedding on the first stage, the output layer on the head stage (unless tied to the
+    embedding on one stage). Without LoRA (stage_params: its adapters instead)."""
+    dense_p = dense / plan.tp
+    expert_p = expert / (plan.ep * plan.etp)
+    if first:
+        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
+    if head and (not arch.tie_word_embeddings or plan.pp > 1):
+        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
     return dense_p, expert_p
 
 

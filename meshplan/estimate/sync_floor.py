@@ -12,9 +12,8 @@ from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, links
 from meshplan.estimate.perf import dp_traffic, step_sync
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
-from meshplan.estimate.stage_time import layer_param_split
+from meshplan.estimate.stage_time import layers_params, rank_params
 from meshplan.knowledge.calibration import Calibration, calibration
-from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
 
@@ -40,17 +39,14 @@ class SyncRates:
     per_step: bool  # the sharding schedule's units move the gradients (ZeRO-2/3, FSDP)
 
     def floor(self, dense: float, expert: float) -> SyncFloor:
-        """The SyncFloor of a first rank whose decoder layers hold `dense` and `expert` parameters (layer_param_split's
-        columns summed over them, unsharded), with the embedding (and, with one stage, the output layer): the
-        parameters stage_params gives that rank. More of either never lowers it (each collective's time grows with its
-        bytes), so it also bounds a rank holding more."""
-        plan, arch = self.plan, self.job.model
-        embedding = arch.vocab_size * arch.hidden_size / plan.tp
-        dense_p = dense / plan.tp + embedding
-        if plan.pp == 1 and not arch.tie_word_embeddings:
-            dense_p += embedding  # the output layer (tied on one stage: the embedding's own weights)
-        sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, dense_p, expert / (plan.ep * plan.etp),
-                         self.per_step)
+        """The SyncFloor of a first rank whose decoder layers hold `dense` and `expert` parameters (layers_params),
+        with the embedding (and, with one stage, the output layer): what stage_params gives that rank (rank_params).
+        More of either never lowers it (each collective's time grows with its bytes), so it also bounds a rank
+        holding more."""
+        plan = self.plan
+        # (with more than one stage the output layer is on another rank but a V order's: left out, a lower bound)
+        held = rank_params(self.job.model, plan, dense, expert, first=True, head=plan.pp == 1)
+        sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, *held, self.per_step)
         return SyncFloor(sync.reduce + sync.gather, max(sync.reduce_hidden, sync.gather_hidden))
 
     def at(self, plan: Plan) -> SyncRates:
@@ -69,12 +65,6 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     lk = links(job.gpu, job.gpus_per_node, cal)
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if job.model.moe else 1)
     return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan, cal).per_step)
-
-
-def layers_params(arch: Architecture, layers: Sequence[int]) -> tuple[float, float]:
-    """The (dense, routed) parameters of these decoder layers, unsharded (stage_params' sums)."""
-    dense_col, expert_col = layer_param_split(arch)
-    return sum(map(dense_col.__getitem__, layers)), sum(map(expert_col.__getitem__, layers))
 
 
 def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:

@@ -18,7 +18,8 @@ from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
-from meshplan.estimate.sync_floor import SyncFloor, SyncRates, layers_params
+from meshplan.estimate.stage_time import layers_params
+from meshplan.estimate.sync_floor import SyncFloor, SyncRates
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Plan
 from meshplan.search.floors import estimate_stages
