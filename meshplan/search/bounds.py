@@ -479,12 +479,10 @@ class StepTimeBounds(SearchPlans):
         """A bound of every plan of the layout at this ZeRO stage and micro-batch, at any recompute, where `pipe` bounds
         their pipeline: the pipeline is at least that, their sharding traffic (sharding_bound) and m x the first rank's
         compute and recompute per micro-batch, and the once-per-step DP term after it at least its traffic less a
-        share of that (first_rank_sync): the least their sum can be (least_with_sync)."""
-        pipe = max(pipe, self.sharding_bound(lay, zero, mbs))
-        floor = self.first_rank_sync(lay, zero)
-        if floor is None or floor.seconds <= 0.0:
-            return pipe
-        return least_with_sync(pipe, self.microbatches(lay, mbs), floor)
+        share of that (first_rank_sync): the least their sum can be (synced, of this ZeRO stage alone)."""
+        floor = self.first_rank_sync(lay, zero) or SyncFloor()
+        stage = StageSync(self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden)
+        return self.synced([pipe], [self.microbatches(lay, mbs)], (stage,))[0]
 
     def group_syncs(self, lays: list[Layout], seeds: list[tuple[float, int]] | None = None) -> tuple[StageSync, ...]:
         """Per ZeRO stage of the search, for these layouts (one grid: a seed group's): the sharding traffic's seconds
@@ -542,9 +540,12 @@ class StepTimeBounds(SearchPlans):
     @staticmethod
     def synced(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
         """Per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a group_syncs' layouts
-        with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages of sync_bound's
-        (the pipeline at least the bound and m x the sharding traffic per micro-batch; the once-per-step DP term after
-        it at least its floor's, least_with_sync, written out here: the seeds' hot loop). It only grows with m."""
+        with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages of the pipeline
+        (at least the bound B and m x the sharding traffic per micro-batch) plus the once-per-step DP term after it.
+        With u the first rank's compute and recompute per micro-batch, which m micro-batches leave under the
+        pipeline, that sum is at least max(B, m u) + max(0, seconds - hidden u) (sync_floor.SyncFloor): convex and
+        piecewise linear in u, least at a break, u = B / m or seconds / hidden. It only grows with B and with m.
+        (The seeds' hot loop: written out, no calls.)"""
         if not syncs:
             return pipes
         raised = []
@@ -554,7 +555,7 @@ class StepTimeBounds(SearchPlans):
                 bound = m * per_micro
                 if bound < pipe:
                     bound = pipe
-                if seconds > 0.0:  # least_with_sync(bound, m, floor)
+                if seconds > 0.0:
                     at_pipe = bound + max(0.0, seconds - hidden * bound / m)
                     if hidden > 0.0:
                         at_sync = m * seconds / hidden
@@ -608,14 +609,3 @@ class StageSync(NamedTuple):
     per_micro: float
     seconds: float
     hidden: float
-
-
-def least_with_sync(pipe: float, m: int, floor: SyncFloor) -> float:
-    """The least of max(pipe, m u) + max(0, seconds - hidden u) over u >= 0 (u: the first rank's compute and
-    recompute per micro-batch, which m micro-batches leave under the pipeline; the sum: the pipeline and the DP term
-    after it). Convex and piecewise linear in u: least at a break, u = pipe / m or seconds / hidden."""
-    at_pipe = pipe + max(0.0, floor.seconds - floor.hidden * pipe / m)
-    if floor.hidden <= 0.0:
-        return at_pipe
-    u = floor.seconds / floor.hidden
-    return min(at_pipe, max(pipe, m * u))
