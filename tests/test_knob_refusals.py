@@ -78,6 +78,29 @@ def test_recompute_method_is_refused_with_the_cards_instead(framework):
     assert len(found) == 1 and found[0].fix == card_instead(framework, 1, "recompute_method")
 
 
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+@pytest.mark.parametrize("name,fields", [("recompute_method", dict(recompute="full", recompute_method="uniform")),
+                                         ("recompute_modules", dict(recompute="selective", recompute_modules=["mlp"]))])
+def test_the_fsdp_backends_refuse_recompute_method_and_modules(framework, name, fields):
+    """RC003 and RC004 read the table of the config `render` writes for the plan (zero_stage 3: the FSDP backend,
+    which checkpoints whole layers), not the default version's Megatron table only: before, recompute_method=uniform
+    passed at ZeRO 3 and render dropped it. The Megatron backend (zero_stage 1) still takes both."""
+    rule = {"recompute_method": "RC003", "recompute_modules": "RC004"}[name]
+    fsdp = [f for f in api.check_config(Request(**L8, framework=framework, zero_stage=3, **fields)).findings
+            if f.id == rule]
+    assert len(fsdp) == 1 and fsdp[0].severity == "error" and "(fsdp)" in fsdp[0].message
+    assert fsdp[0].fix == card_instead(framework, 3, name) and "drop " + name in fsdp[0].fix
+    megatron = api.check_config(Request(**L8, framework=framework, zero_stage=1, **fields)).findings
+    assert card_instead(framework, 1, name) is None and not [f for f in megatron if f.id == rule]
+
+
+def test_recommend_with_recompute_method_on_verl_ranks_only_the_megatron_backend():
+    """Before, the FSDP backend's plans ranked with a recompute_method its config has no key for."""
+    rec = api.recommend(Request(**L8, framework="verl", recompute="full", recompute_method="uniform"), top_k=5)
+    assert rec.candidates and all(c.plan.zero_stage != 3 for c in rec.candidates)
+    assert rec.rejected.get("RC003", 0) > 0
+
+
 @pytest.mark.parametrize("framework,zero", [("torchtitan", None), ("nanotron", None), ("verl", 3)])
 def test_recommend_refuses_recompute_layers_up_front(framework, zero):
     fields = dict(L8, framework=framework, recompute="full", recompute_layers=2)

@@ -7,7 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.knowledge.adapter_knobs import default_render, unwritable
+from meshplan.knowledge.adapter_knobs import default_render, knob_table, unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
@@ -32,18 +32,20 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
 
 
 
-@rule("RC003", reads=("recompute", "recompute_layers", "recompute_method"))
+@rule("RC003", reads=("tp", "pp", "zero_stage", "recompute", "recompute_layers", "recompute_method"))
 def recompute_method_needs_full(ctx: Context) -> Values:
+    """recompute_method where the config `render` writes for the plan by default has a key for it (verl's and
+    SkyRL's FSDP backends at ZeRO 3 have none, their Megatron backends do: _no_key), with full recompute."""
     p = ctx.plan
     if p.recompute_method is None:
         return None
     card = framework_card(ctx.framework)
     values = {"method": p.recompute_method, "recompute": p.recompute, "layers": p.recompute_layers,
               "framework": card.display_name}
-    if card.adapter is None or not card.adapter.renders("recompute_method"):
-        return {**values, "why": f"{card.display_name} checkpoints each layer on its own (no recompute_method).",
-                "fix": _instead(ctx.framework, "recompute_method")
-                or "Drop recompute_method (recompute=full recomputes every layer)."}
+    if (instead := _no_key(ctx, "recompute_method")) is not None:
+        return {**values, "why": f"{card.display_name}{_where(ctx)} checkpoints each layer on its own (no "
+                                 "recompute_method).",
+                "fix": instead or "Drop recompute_method (recompute=full recomputes every layer)."}
     if p.recompute != "full":
         return {**values, "why": "recompute_method applies to full recompute only.",
                 "fix": "Use recompute=full with it, or drop recompute_method."}
@@ -54,17 +56,17 @@ def recompute_method_needs_full(ctx: Context) -> Values:
 
 
 
-@rule("RC004", reads=("recompute", "recompute_modules"))
+@rule("RC004", reads=("tp", "pp", "zero_stage", "recompute", "recompute_modules"))
 def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
+    """recompute_modules where the config `render` writes for the plan by default has a key for them (_no_key), with
+    selective recompute, naming only modules the model has."""
     p, arch = ctx.plan, ctx.arch
     if p.recompute_modules is None:
         return None
     card = framework_card(ctx.framework)
     values = {"modules": ",".join(p.recompute_modules), "recompute": p.recompute, "framework": card.display_name}
-    if card.adapter is None or not card.adapter.renders("recompute_modules"):
-        instead = card.adapter.versions[card.adapter.default_version].knobs["recompute_modules"].instead \
-            if card.adapter is not None else None
-        return {**values, "why": f"{card.display_name} has no per-module recompute.",
+    if (instead := _no_key(ctx, "recompute_modules")) is not None:
+        return {**values, "why": f"{card.display_name}{_where(ctx)} has no per-module recompute.",
                 "fix": instead or "Drop recompute_modules; use recompute=selective or full."}
     if p.recompute != "selective":
         return {**values, "why": "recompute_modules apply to selective recompute only.",
@@ -90,14 +92,21 @@ def recompute_layers_need_full(ctx: Context) -> Values:
 
 
 
-def _instead(framework: str, name: str) -> str | None:
-    """What the card says to do where the framework's default version has no key for the knob (a card without an
-    adapter: its cannot_run entry), or None."""
-    card = framework_card(framework)
-    if card.adapter is None:
-        return card.cannot_run.get(name)
-    knob = card.adapter.versions[card.adapter.default_version].knobs[name]
-    return knob.instead if knob.key is None else None
+def _no_key(ctx: Context, name: str) -> str | None:
+    """Where the config `render` writes for this plan by default (its version and variant: verl's and SkyRL's
+    zero_stage 3 is their FSDP backend) has no key for the knob, what the card says to do instead ("" where it says
+    nothing); a card without an adapter has none (its cannot_run entry, or ""). None where there is a key."""
+    target = default_render(ctx.framework, ctx.job, ctx.plan)
+    if target is None:
+        return framework_card(ctx.framework).cannot_run.get(name, "")
+    knob = knob_table(ctx.framework, *target)[name]
+    return (knob.instead or "") if knob.key is None else None
+
+
+def _where(ctx: Context) -> str:
+    """' <version> (<variant>)' of the config `render` writes for the plan by default, or ''."""
+    target = default_render(ctx.framework, ctx.job, ctx.plan)
+    return f" {target[0]} ({target[1]})" if target else ""
 
 
 
@@ -112,7 +121,5 @@ def recompute_layers_need_a_key(ctx: Context) -> Values:
     instead = unwritable(ctx.framework, ctx.job, p, "recompute_layers")
     if instead is None:
         return None
-    target = default_render(ctx.framework, ctx.job, p)
-    where = f" {target[0]} ({target[1]})" if target else ""
-    return {"layers": p.recompute_layers, "framework": framework_card(ctx.framework).display_name, "where": where,
-            "fix": instead}
+    return {"layers": p.recompute_layers, "framework": framework_card(ctx.framework).display_name,
+            "where": _where(ctx), "fix": instead}
