@@ -66,6 +66,16 @@ def test_a_layout_hashes_as_its_fields_and_drops_what_it_caches_when_pickled():
     assert lay.shape() == (2, 2, 1, 4, 1, 2, 2, 0.0)  # zero-bubble: no bubble for the seed keys to count
 
 
+def test_a_virtual_split_hashes_as_its_fields_once_and_drops_the_hash_when_pickled():
+    """VirtualSplit keeps its hash (the seeding hashes every layout's split with its pipeline): the dataclass's own
+    value (sets and dicts order as before), equal splits equal, and a pickled copy without the cached value."""
+    split = VirtualSplit((3, 4, 4, 2), layout="Et|tttt|tttt|ttL")
+    assert hash(split) == hash(((3, 4, 4, 2), "Et|tttt|tttt|ttL", False, False)) == hash(split)
+    assert split.__dict__["_hash"] == hash(split) and split == VirtualSplit((3, 4, 4, 2), layout="Et|tttt|tttt|ttL")
+    copy = pickle.loads(pickle.dumps(split))
+    assert "_hash" not in copy.__dict__ and copy == split and hash(copy) == hash(split)
+
+
 def test_the_pipeline_bound_reads_the_step_terms_pp_comm_without_building_the_step():
     """perf.exposed_pipeline_p2p (the search's pp_unit) is the breakdown's pp_comm_s per micro-batch of a plan without
     interleaving, to the last bit; None where nanotron's per-layer host sync makes it depend on the stage's layers;

@@ -14,6 +14,7 @@ import math
 import pytest
 from test_search_oracle import sampled_request
 
+import meshplan.search.bounds as search_bounds
 import meshplan.search.engine as search_engine
 import meshplan.search.gpu_count as gpu_count
 import meshplan.search.ranking as ranking
@@ -147,7 +148,7 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
             continue
         monkeypatch.setattr(BestFirstSearch, "open_group", real_open)
         monkeypatch.setattr(BestFirstSearch, "push_seeds", real_seeds)
-        monkeypatch.setattr(search_engine, "group_floor", lambda *_: -math.inf)
+        monkeypatch.setattr(search_bounds, "group_floor", lambda *_: -math.inf)
         assert recommend(req, top_k=top_k).model_dump(mode="json") == fast, (seed, req)
         compared += 1
     assert compared >= 20 and opened[0] < seeded[0]

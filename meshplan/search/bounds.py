@@ -25,7 +25,7 @@ from meshplan.schema.plan import Plan
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, light_stages, pipeline_ranks, stages_bound
-from meshplan.search.seed_groups import SeedGroup
+from meshplan.search.seed_groups import SeedGroup, group_floor
 from meshplan.search.space import Layout
 
 
@@ -166,8 +166,9 @@ class StepTimeBounds(SearchPlans):
         overlap fixed on is never slower than its bound's reference with it (a reference without it would be)."""
         if lay.ep <= 1:
             return False
-        if "moe_a2a_overlap" in self.fixed:
-            return bool(self.fixed.values["moe_a2a_overlap"])
+        fixed = self.fixed.values  # (its dict: the seeding asks this of some 25,000 layouts on DeepSeek-V3/2,048)
+        if "moe_a2a_overlap" in fixed:
+            return bool(fixed["moe_a2a_overlap"])
         if lay.schedule == "combined_1f1b":
             return True
         if not self.a2a_open:
@@ -581,16 +582,36 @@ class StepTimeBounds(SearchPlans):
                 hit = self.p2p_shares[key] = min(1.0 - steady_share(shape, r) for r in range(lay.pp))
         return hit
 
-    def seed_rate(self, lay: Layout, mbs: int,
-                  rates: dict[tuple, tuple[int, float, float, tuple]]) -> tuple[int, float, float, tuple]:
+    def seed_rate(self, lay: Layout, mbs: int, rates: dict[tuple, tuple[int, float, float, tuple]],
+                  overlap: bool | None = None) -> tuple[int, float, float, tuple]:
         """token_rate of a seeded layout (no recompute, not `exact`), kept in `rates` for one seeding: there it reads
         of the layout only its tp, ep, etp, cp and whether its pipeline may overlap the all-to-all (work_mbs and
-        cp_mbs hold the shard's largest micro-batch, set before any key is read)."""
-        key = (lay.tp, lay.ep, lay.etp, lay.cp, self.pipeline_overlaps(lay))
+        cp_mbs hold the shard's largest micro-batch, set before any key is read); `overlap`: pipeline_overlaps of the
+        layout where the caller has it."""
+        if overlap is None:
+            overlap = self.pipeline_overlaps(lay)
+        key = (lay.tp, lay.ep, lay.etp, lay.cp, overlap)
         hit = rates.get(key)
         if hit is None:
             hit = rates[key] = self.token_rate(lay, mbs, self.recomputes[0])
         return hit
+
+    def group_key(self, group: SeedGroup, lay: Layout, ideal: float,
+                  rates: dict[tuple, tuple[int, float, float, tuple]]) -> float:
+        """A seed group's key: group_floor at the least seconds per token of its layouts' seed rates and their least
+        bubble (least_bubble), `lay` any of its layouts. seed_rate reads of a layout of the group only whether its
+        pipeline may overlap the all-to-all (pipeline_overlaps; the degrees are the group's), so one rate per
+        distinct answer over its vpps (by_vpp) gives their least, as asking each would."""
+        mbs = group.sizes[0]
+        rated: dict[bool, float] = {}
+        for one in group.by_vpp.values():
+            overlap = self.pipeline_overlaps(one)
+            if overlap not in rated:
+                rated[overlap] = self.seed_rate(one, mbs, rates, overlap)[1]
+        bubble = group.least_bubble(lambda one, ranks:
+                                    self.ranks_light(ranks, one, self.seed_rate(one, mbs, rates)) is not None)
+        return group_floor(self.job.seq_length, self.job.global_batch_size, lay, group.sizes, min(rated.values()),
+                           bubble, ideal)
 
     def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float,
                   rate: tuple[int, float, float, tuple] | None = None) -> list[float]:

@@ -43,7 +43,7 @@ from meshplan.search.policy import (
     same_numbers,
     search_limits,
 )
-from meshplan.search.seed_groups import SeedGroup, group_floor, seed_shape
+from meshplan.search.seed_groups import SeedGroup, seed_shape
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -386,7 +386,7 @@ class BestFirstSearch(StepTimeBounds):
             if shape is None:
                 shape = shapes[pipe] = seed_shape(lay, self.last_ranks(lay))
             group.add(lay, nodes, shape)
-            nodes += len(group.sizes) or 1
+            nodes += group.step
         return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
 
     def push_seeds(self, seeds: Seeds, ideal: float) -> None:
@@ -414,12 +414,7 @@ class BestFirstSearch(StepTimeBounds):
                 continue
             key = group.floor.get(ideal)
             if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
-                # every seed rate a layout of the group reads, computed here as the seeding of each layout did
-                per_token = min(self.seed_rate(one, group.sizes[0], rates)[1] for one in group.by_vpp.values())
-                bubble = group.least_bubble(lambda one, ranks, mbs=group.sizes[0]:
-                                            self.ranks_light(ranks, one, self.seed_rate(one, mbs, rates)) is not None)
-                key = group.floor[ideal] = group_floor(self.job.seq_length, self.job.global_batch_size, lay,
-                                                       group.sizes, per_token, bubble, ideal)
+                key = group.floor[ideal] = self.group_key(group, lay, ideal, rates)
             if key > cutoff:
                 self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
                 continue

@@ -14,6 +14,7 @@ from meshplan.search.space import Layout
 # Relative: what a group floor gives up for rounding. The floor and the keys it bounds are products and sums of a
 # few non-negative terms in another order, so they differ by a few ulps at most; this is many orders more.
 GROUP_MARGIN = 1e-12
+INF = float("inf")  # a seed entry's least key until its keys are worked out (one float shared, not one per entry)
 
 
 @dataclass
@@ -37,23 +38,28 @@ class SeedGroup:
     shapes: dict[tuple, list] = field(default_factory=dict)
     floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
     syncs: tuple | None = None  # bounds.group_syncs of its layouts (StageSync each), once opened (at any budget)
+    step: int = field(init=False)  # (layout, micro-batch) nodes per layout: len(sizes), or 1 without a micro-batch
+
+    def __post_init__(self) -> None:
+        self.step = len(self.sizes) or 1  # nodes per layout (add, and the seeding's running index)
 
     def add(self, lay: Layout, index: int, shape: tuple) -> list:
         """Add a layout whose first node has this index and its seed_shape; the shape's entry (new: [states bound, its
         seed keys (None until opened), their least (inf), whether they are raised to the DP bound
         (engine.raise_to_sync)]). A shape with last ranks (its third element) has its keys read them, and they may
-        take the bubble out of them (least_bubble)."""
+        take the bubble out of them (least_bubble). (The seeding's hot loop, once per layout: no calls but the
+        shapes' look-up.)"""
         entry = self.shapes.get(shape)
         if entry is None:
-            entry = self.shapes[shape] = [self.states, None, float("inf"), False]
-            self.by_vpp.setdefault(lay.vpp, lay)
-            bubble = shape[1]
+            entry = self.shapes[shape] = [self.states, None, INF, False]
+            if lay.vpp not in self.by_vpp:
+                self.by_vpp[lay.vpp] = lay
             if len(shape) == 3:
-                self.chained.append((lay, bubble, shape[2]))
-            elif bubble < self.bubble:
-                self.bubble = bubble
+                self.chained.append((lay, shape[1], shape[2]))
+            elif shape[1] < self.bubble:
+                self.bubble = shape[1]
         self.members.append((lay, entry, index))
-        self.nodes += len(self.sizes) or 1
+        self.nodes += self.step
         return entry
 
     def least_bubble(self, light: Callable[[Layout, object], bool]) -> float:
