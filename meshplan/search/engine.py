@@ -655,20 +655,22 @@ def split_space(search: BestFirstSearch) -> Tiers:
     inside: dict[tuple[int, int], bool] = {}  # within_nvlink per (tp, etp), all it reads
     tier1: list[Layout] = []
     tier2: list[Layout] = []
+    # plans_of and refused_plans read of a layout only its dp (its micro-batches): counted once per dp, in the same
+    # pass over the layouts (one read of each layout's fields: ~40,000 on DeepSeek-V3 over 2,048 GPUs)
+    by_dp: dict[int, list] = {}  # per dp: [a layout, how many in all, how many across the domain]
     for lay in layouts:
         ok = inside.get((lay.tp, lay.etp))
         if ok is None:
             ok = inside[lay.tp, lay.etp] = within_nvlink(search.job, lay)
-        (tier1 if ok else tier2).append(lay)
-    # plans_of and refused_plans read of a layout only its dp (its micro-batches): counted once per dp
-    by_dp: dict[int, list] = {}  # per dp: [a layout, how many in all, how many across the domain]
-    for tier, across in ((tier1, 0), (tier2, 1)):
-        for lay in tier:
-            entry = by_dp.get(lay.dp)
-            if entry is None:
-                entry = by_dp[lay.dp] = [lay, 0, 0]
-            entry[1] += 1
-            entry[2] += across
+        entry = by_dp.get(lay.dp)
+        if entry is None:
+            entry = by_dp[lay.dp] = [lay, 0, 0]
+        entry[1] += 1
+        if ok:
+            tier1.append(lay)
+        else:
+            tier2.append(lay)
+            entry[2] += 1
     across_plans = 0
     for example, count, across in by_dp.values():
         plans, refused = search.plans_of(example), search.refused_plans(example)
