@@ -23,7 +23,7 @@ from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, Level, default_engine, minimum_gpus, recommend, search_job
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
-from meshplan.search.seed_groups import GROUP_MARGIN, group_floor
+from meshplan.search.seed_groups import GROUP_MARGIN, group_floor, seed_shape
 from meshplan.search.space import Fixed
 
 JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
@@ -56,7 +56,8 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
             first = group.members[0][0]
             bubble = group.least_bubble(lambda one, ranks, mbs=group.sizes[0], rates=rates:
                                         search.light_ranks(one, search.seed_rate(one, mbs, rates)) is not None)
-            assert all(ranks is search.last_ranks(one) for one, _, ranks in group.chained)
+            assert all(shape[2] is search.last_ranks(one) and shape == seed_shape(one, shape[2])
+                       for one, shape in zip(group.chained, group.chained_shapes, strict=True))
             floor = group_floor(job.seq_length, job.global_batch_size, first, group.sizes, per_token, bubble, ideal)
             assert floor == _plain_group_floor(job, first, group.sizes, per_token, bubble, ideal)  # to the last bit
             for lay, _, _ in group.members:

@@ -31,8 +31,10 @@ class SeedGroup:
     members: list[tuple[Layout, list, int]] = field(default_factory=list)  # (layout, shape entry, first node index)
     nodes: int = 0  # (layout, micro-batch) nodes, one per layout without a micro-batch (the batch rule's)
     bubble: float = float("inf")  # the least bubble_stages of its layouts without last ranks (add)
-    # a layout, its bubble and last ranks per shape with them
-    chained: list[tuple[Layout, float, object]] = field(default_factory=list)
+    # per shape with last ranks: a layout of it (chained) and the shape (chained_shapes), two lists rather than a tuple
+    # per layout (most of DeepSeek-V3's ~19,000 seeded layouts have a shape of their own)
+    chained: list[Layout] = field(default_factory=list)
+    chained_shapes: list[tuple] = field(default_factory=list)
     by_vpp: dict[int, Layout] = field(default_factory=dict)  # one layout per vpp: the seed rates' keys read (pp, vpp)
     # per (vpp, bubble_stages), with bounds.last_ranks where not None: its entry
     shapes: dict[tuple, list] = field(default_factory=dict)
@@ -55,7 +57,8 @@ class SeedGroup:
             if lay.vpp not in self.by_vpp:
                 self.by_vpp[lay.vpp] = lay
             if len(shape) == 3:
-                self.chained.append((lay, shape[1], shape[2]))
+                self.chained.append(lay)
+                self.chained_shapes.append(shape)
             elif shape[1] < self.bubble:
                 self.bubble = shape[1]
         self.members.append((lay, entry, index))
@@ -68,7 +71,7 @@ class SeedGroup:
         its last ranks: bounds.ranks_light not None; its keys then count at most the last rank's chain, at least m,
         bounds.chained)."""
         least = self.bubble
-        for lay, bubble, ranks in self.chained:
+        for lay, (_, bubble, ranks) in zip(self.chained, self.chained_shapes, strict=True):
             if bubble < least:
                 least = 0.0 if light(lay, ranks) else bubble
         return least
