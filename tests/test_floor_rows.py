@@ -201,3 +201,44 @@ def test_floors_from_one_memo_kept_for_every_layout_are_a_fresh_memos(req):
             assert first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, preset, memo=memo,
                                           reserved=reserved) == first_stage_floor_rows(
                 job, own, zero, search.recomputes, sizes, sp, preset, memo={}, reserved=reserved), (req, own, zero)
+
+
+def test_zero_stages_with_the_same_activation_switches_share_their_figures():
+    """floors._row_figures reads of a ZeRO stage only its convention's activation switches (and, with one pipeline
+    stage, its logits): DeepSeek-V3 under Megatron-Core has the same switches at ZeRO-0, 1 and 3 (ZeRO-3's
+    convention differs in its gathered layers only), so a layout's rows at the three stages keep one entry of
+    figures and one of activation sums per tokens, not one per stage, and each row is still a fresh memo's floats."""
+    job, layouts, search = next(searches(Request(model="deepseek-v3", num_gpus=256, framework="megatron-core",
+                                                 gpu="h100")))
+    lay = next(lay for lay in layouts if lay.pp > 1)
+    own, memo = lay.own_memory(), {}
+    sizes, sp = search.sizes(own), search.sequence_parallel(own)
+    convs = {search.presets[zero][0].model_dump(exclude={"zero"}).__repr__() for zero in search.zeros}
+    assert len(search.zeros) == 3 and len(convs) > 1  # the conventions differ, the switches do not
+    for zero in search.zeros:
+        assert first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, search.presets[zero],
+                                      memo=memo) == first_stage_floor_rows(
+            job, own, zero, search.recomputes, sizes, sp, search.presets[zero], memo={}), zero
+    assert len([key for key in memo if key[0] == "figures"]) == 1
+    assert len([key for key in memo if key[0] == "acts" and len(key) == 6]) == 1
+
+
+@pytest.mark.parametrize("req", CASES[-3:], ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_needs_row_reads_a_stage_from_its_row_without_its_layout_floor(req):
+    """SearchPlans.needs_row settles a ZeRO stage from its row of floors without working out its layout floor first
+    (the layout floor is under every floor of the row, so it cannot settle a stage the row does not): where a stage's
+    model states' bound is within the budget and its layout floor was not asked before, it stays unasked
+    (Caches.stage_floors), and the needs are the plain walk's."""
+    unasked = 0
+    for _job, layouts, search in searches(req):
+        rng = random.Random(13 + search.budget)
+        for lay in rng.sample(layouts, min(30, len(layouts))):
+            own = search.own(lay)
+            fresh = own not in search.caches.stage_floors
+            for mbs in search.sizes(lay):
+                assert search.zero_needs(lay, mbs) == plain_needs(search, lay, mbs), (req, lay, mbs)
+            states, lows = search.caches.stage_floors[own]
+            if fresh:
+                assert all(low is None for low in lows)
+                unasked += sum(bound <= search.budget for bound in states)
+    assert unasked

@@ -195,10 +195,10 @@ class BestFirstSearch(StepTimeBounds):
         that settle_dead counts as a queue holding them would have. Every held seed comes after the node popping now
         in the queue's order, so the queue pops the same nodes in the same order as if each were pushed at opening;
         until now drain counted them (beyond_cutoff), as it would have counted them queued."""
-        n_r, heap, dead = len(self.recomputes), self.heap, self.dead
+        n_r, heap, dead, need_floor = len(self.recomputes), self.heap, self.dead, self.need_floor
         self.beyond_cutoff -= self.variants() * len(held)
         for seed_key, seq, mbs in held:
-            floor = self.need_floor(lay, mbs)
+            floor = need_floor(lay, mbs)
             if floor >= n_r:
                 dead.append((seed_key, seq))
             else:

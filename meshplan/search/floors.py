@@ -172,7 +172,7 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
     part = _part(job, lay, zero_stage, conv, tensors, memo)
     dp, gbs = lay.dp, job.global_batch_size
     rows = []
-    for mbs, figures in zip(sizes, _row_figures(job, lay, zero_stage, conv, part, recomputes, sizes, sp,
+    for mbs, figures in zip(sizes, _row_figures(job, lay, conv, part, recomputes, sizes, sp,
                                                 activation_offload, memo), strict=True):
         m = max(1, gbs // (mbs * dp))
         states = part.states[m == 1]
@@ -182,7 +182,7 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
     return rows
 
 
-def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part: _FloorPart,
+def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
                  recomputes: tuple[str, ...], sizes: tuple[int, ...], sp: bool, activation_offload: bool,
                  memo: dict) -> list[list[float]]:
     """first_stage_floor's activations at each micro-batch of `sizes`, a figure per recompute of `recomputes`: what a
@@ -190,19 +190,22 @@ def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part:
     schedule's are not that (_chunks_held), the layer full recompute rebuilds, the last stage's logits when pp == 1).
     They read of the layout only its degrees and its first rank's layer counts (n0, MoE n_moe; per chunk with those
     counts) and of the part only those and walk and the padded vocabulary, so they are kept in `memo` per those: the
-    layouts of a seed group whose first ranks hold as many layers of each kind share them (the same floats)."""
+    layouts of a seed group whose first ranks hold as many layers of each kind share them (the same floats). Of the
+    ZeRO stage they read only its convention's activation switches (_activation_reads: the stages of one switches
+    share them) and, with one pipeline stage, the convention's logits (output_activations)."""
     pp, tp, dp, gbs = lay.pp, lay.tp, lay.dp, job.global_batch_size
     n0, n_moe = part.n0, part.n_moe
     fewer = None if part.chunks is None or activation_offload else _layers_held(job, lay, part.chunks, sizes, memo)
-    key = ("figures", zero_stage, tp, pp, lay.cp, lay.etp, dp, sp, part.vocab, part.walk, n0, n_moe,
-           activation_offload, recomputes, sizes, fewer)
+    reads, switches, own = _activation_reads(job, conv, memo)
+    key = ("figures", switches, own if pp == 1 else 0, tp, pp, lay.cp, lay.etp, dp, sp, part.vocab, part.walk, n0,
+           n_moe, activation_offload, recomputes, sizes, fewer)
     hit = memo.get(key)
     if hit is not None:
         return hit
     per_rank = -(-job.seq_length // lay.cp)
     n_dense = n0 - n_moe
     full_adds = bool(n0) and not part.walk
-    by_tokens = _activation_sums(zero_stage, tp, sp, lay.etp, recomputes, memo)
+    by_tokens = _activation_sums(switches, tp, sp, lay.etp, recomputes, memo)
     out = []
     for at, mbs in enumerate(sizes):
         m = max(1, gbs // (mbs * dp))
@@ -213,7 +216,7 @@ def _row_figures(job: Job, lay: Layout, zero_stage: int, conv: Convention, part:
             if pp == 1 else 0.0
         all_sums = by_tokens.get(tokens)
         if all_sums is None:
-            all_sums = by_tokens[tokens] = [_recompute_sums(job, conv, zero_stage, tokens, tp, sp, lay.etp, recompute,
+            all_sums = by_tokens[tokens] = [_recompute_sums(job, reads, switches, tokens, tp, sp, lay.etp, recompute,
                                                             memo) for recompute in recomputes]
         figures = []
         for recompute, sums in zip(recomputes, all_sums, strict=True):
@@ -281,23 +284,40 @@ def _held_layers(chunks: tuple, held: tuple[int, ...]) -> tuple[int, int]:
     return moe, dense
 
 
-def _activation_sums(zero_stage: int, tp: int, sp: bool, etp: int, recomputes: tuple[str, ...],
+def _activation_reads(job: Job, conv: Convention, memo: dict) -> tuple[tuple, int, int]:
+    """What the activations read of a ZeRO stage's convention (_layer_activation_sums' switches: ActLayout's), a
+    number naming those switches in `memo` (the same for the stages whose conventions have the same switches: their
+    figures are the same floats, so they are kept once) and a number naming the convention itself (what the logits
+    read of it, output_activations); kept per convention object (itself kept, so its id names no other)."""
+    key = ("acts conv", id(conv))
+    hit = memo.get(key)
+    if hit is None or hit[0] is not conv:
+        reads = (conv.flash_attention, conv.qkv_projections == "fused", conv.dropout, conv.swiglu_unfused,
+                 moe_bytes(conv, job.model), attention_saves(conv))
+        numbers, convs = memo.setdefault("acts numbers", {}), memo.setdefault("acts conventions", [])
+        convs.append(conv)
+        hit = memo[key] = (conv, reads, numbers.setdefault(reads, len(numbers)), len(convs))
+    return hit[1], hit[2], hit[3]
+
+
+def _activation_sums(switches: int, tp: int, sp: bool, etp: int, recomputes: tuple[str, ...],
                      memo: dict) -> dict[int, list[tuple[float, float, float, float]]]:
-    """Per tokens per rank, _layer_activation_sums under each of `recomputes` (filled as asked), kept in `memo`."""
-    key = ("acts", zero_stage, tp, sp, etp, recomputes)
+    """Per tokens per rank, _layer_activation_sums under each of `recomputes` (filled as asked), kept in `memo` per
+    the convention's activation switches (`switches`: their number, _activation_reads)."""
+    key = ("acts", switches, tp, sp, etp, recomputes)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = {}
     return hit
 
 
-def _recompute_sums(job: Job, conv: Convention, zero_stage: int, tokens: int, tp: int, sp: bool, etp: int,
+def _recompute_sums(job: Job, reads: tuple, switches: int, tokens: int, tp: int, sp: bool, etp: int,
                     recompute: str, memo: dict) -> tuple[float, float, float, float]:
-    """_layer_activation_sums under one recompute, kept in `memo`."""
-    key = ("acts", zero_stage, tokens, tp, sp, etp, recompute)
+    """_layer_activation_sums under one recompute, kept in `memo` per the switches' number."""
+    key = ("acts", switches, tokens, tp, sp, etp, recompute)
     sums = memo.get(key)
     if sums is None:
-        sums = memo[key] = _layer_activation_sums(job, conv, tokens, tp, sp, etp, recompute)
+        sums = memo[key] = _layer_activation_sums(job, reads, tokens, tp, sp, etp, recompute)
     return sums
 
 
@@ -590,15 +610,15 @@ def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], ten
     return states
 
 
-def _layer_activation_sums(job: Job, conv: Convention, tokens: int, tp: int, sp: bool, etp: int,
+def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: bool, etp: int,
                            recompute: str) -> tuple[float, float, float, float]:
     """Bytes one micro-batch of `tokens` per rank saves in a MoE and in a dense layer under `recompute` (this
-    framework's selective), then in each without recompute (what full recompute rebuilds for one layer)."""
+    framework's selective), then in each without recompute (what full recompute rebuilds for one layer). `reads`:
+    the convention's switches (_activation_reads), all the layers' activations read of it."""
     arch = job.model
-    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=conv.flash_attention,
-                    qkv_fused=conv.qkv_projections == "fused",
-                    dropout=conv.dropout, swiglu_unfused=conv.swiglu_unfused, fp8=job.precision == "fp8",
-                    moe=moe_bytes(conv, arch), attn=attention_saves(conv))
+    flash, qkv_fused, dropout, swiglu_unfused, moe, attn = reads
+    act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
+                    dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn)
     shape = shape_of(arch)
     selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
     mode = activation_mode(recompute, selective)

@@ -148,6 +148,7 @@ class SearchPlans(HostCounts):
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
+    floor_least: dict[tuple[Layout, int], int] = field(default_factory=dict)  # need_floor's memo
     # The plans fits() rejected under cpu_memory_per_node that may be within the GPU budget: True where they are
     # (only the host rejected them: rule MEM003, as `check` names it), None until settled (host_counts.py); host_seen
     # counts the rejections noted; gpu_over, per pp, the stage a verdict settled without the host last found over.
@@ -438,9 +439,11 @@ class SearchPlans(HostCounts):
         recompute of the search (floors.first_stage_floor_rows: the same floats as first_stage_floor's), with those
         of `sizes` among them; once per job (Caches.floors), the missing ones in one call."""
         row = self.caches.floors.get((own, zero))
-        if row is None:
+        if row is None:  # (most rows: asked once, all their micro-batches)
             row = self.caches.floors[(own, zero)] = {}
-        missing = tuple(b for b in sizes if b not in row)
+            missing = sizes
+        else:
+            missing = tuple([b for b in sizes if b not in row])
         if missing:
             rows = first_stage_floor_rows(
                 self.job, own, zero, self.recomputes, missing, self.sequence_parallel(own), self.presets[zero],
@@ -518,12 +521,18 @@ class SearchPlans(HostCounts):
         """The least recompute whose first-stage floor fits at some ZeRO stage (no estimate needed). The
         heaviest recompute is asked first: where even it is over (most layouts of a large job), the search's
         assumption that more recompute never adds memory says no lighter one fits, in one floor instead of one per
-        recompute."""
-        needs = self.zero_needs(lay, mbs)
-        lightest = self.lightest(lay)
-        if lightest is self.zeros:
-            return min(needs)
-        return min(needs[self.zeros.index(zero)] for zero in lightest)
+        recompute. Kept per layout and micro-batch (floor_least): release asks it of each of a layout's seeds, and
+        refine_bound of each as it pops."""
+        hit = self.floor_least.get((lay, mbs))
+        if hit is None:
+            needs = self.zero_needs(lay, mbs)
+            lightest = self.lightest(lay)
+            if lightest is self.zeros:
+                hit = min(needs)
+            else:
+                hit = min(needs[self.zeros.index(zero)] for zero in lightest)
+            self.floor_least[(lay, mbs)] = hit
+        return hit
 
     def may_fit(self, lay: Layout, zero: int, mbs: int) -> bool:
         """Whether any recompute of this stage can fit, from the cheapest bounds: the model states' (cached per
@@ -548,15 +557,19 @@ class SearchPlans(HostCounts):
         return hit
 
     def needs_row(self, own: Layout, sizes: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """zero_needs of an own_memory layout at each of `sizes`: per ZeRO stage, none where stages_over says the
-        stage is over at every micro-batch and recompute, else from the stage's floors (floor_row, one call for the
-        micro-batches): none where the heaviest recompute's is over the budget, else the least recompute whose floor
-        fits (the heaviest one at most)."""
+        """zero_needs of an own_memory layout at each of `sizes`: per ZeRO stage, none where its model states' bound
+        or its layout floor as far as known (stage_floors) is over the budget, else from the stage's floors (floor_row,
+        one call for the micro-batches): none where the heaviest recompute's is over the budget, else the least
+        recompute whose floor fits (the heaviest one at most). A layout floor not yet worked out is not asked: it is
+        under every floor of the row to the last bit (floors.layout_floor), so where it is over the budget, so is
+        each heaviest recompute's floor, and the row says none as stage_over would have."""
         n_r, budget = len(self.recomputes), self.budget
         none = (n_r,) * len(sizes)
+        states, lows = self.stage_floors(own)
         columns = []
-        for zero, over in zip(self.zeros, self.stages_over(own), strict=True):
-            if over:
+        for index, zero in enumerate(self.zeros):
+            low = lows[index]
+            if states[index] > budget or (low is not None and low > budget):
                 columns.append(none)
                 continue
             row = self.floor_row(own, zero, sizes)
@@ -638,11 +651,7 @@ class SearchPlans(HostCounts):
         that is within the budget. Both are the same at any budget, so they are kept once per job (Caches.
         stage_floors, per layout: the bounds per stage, the layout floors as asked) and a search at another budget
         (the thinner-headroom probe) only compares."""
-        entry = self.caches.stage_floors.get(own)
-        if entry is None:
-            entry = self.caches.stage_floors[own] = (
-                [self.states_bound(own, zero) for zero in self.zeros], [None] * len(self.zeros))
-        states, lows = entry
+        states, lows = self.stage_floors(own)
         if states[index] > self.budget:
             return True
         low = lows[index]
@@ -651,6 +660,15 @@ class SearchPlans(HostCounts):
             low = lows[index] = layout_floor(self.job, own, zero, self.presets[zero], memo=self.floor_parts,
                                              reserved=self.reserved_floors)
         return low > self.budget
+
+    def stage_floors(self, own: Layout) -> tuple[list[float], list[float | None]]:
+        """The own_memory layout's entry of Caches.stage_floors: its model states' bound per ZeRO stage and its layout
+        floors as asked (None until then)."""
+        entry = self.caches.stage_floors.get(own)
+        if entry is None:
+            entry = self.caches.stage_floors[own] = (
+                [self.states_bound(own, zero) for zero in self.zeros], [None] * len(self.zeros))
+        return entry
 
     def need(self, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...]) -> int:
         """The least recompute index that fits at any of the `alive` ZeRO stages where the structural rules pass it
