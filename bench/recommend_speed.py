@@ -18,6 +18,7 @@ machine; only these times do.
 from __future__ import annotations
 
 import argparse
+import heapq
 import os
 import statistics
 import subprocess
@@ -79,6 +80,28 @@ def mcp_row(repeat: int) -> str:
             f"{met(wall, MCP_TARGET)} |")  # the target's own figure; on a loaded machine it also times the queue
 
 
+def reference_loop() -> float:
+    """CPU s of a fixed pure-Python workload like the search's own (heap pushes and pops of tuples, dict gets and
+    sets, float arithmetic): the same on every machine, so a figure measured on another machine compares through it
+    (the search's times scale with the interpreter's speed, not with the core count). Median of 5."""
+    def once() -> float:
+        start = time.process_time()
+        heap: list = []
+        memo: dict = {}
+        total = 0.0
+        for i in range(200_000):
+            key = (i * 7919) % 10_007
+            hit = memo.get(key)
+            if hit is None:
+                hit = memo[key] = 1.0 + key * 0.5 / (i + 1.0)
+            total += hit * 1.000001
+            heapq.heappush(heap, (total % 97.0, i, key))
+            if len(heap) > 64:
+                heapq.heappop(heap)
+        return time.process_time() - start
+    return statistics.median(once() for _ in range(5))
+
+
 WARM_UP = Request(model="llama-3.1-8b", num_gpus=8, **H100)  # another request: loads the cards, not this one's memos
 
 
@@ -109,6 +132,8 @@ def main() -> None:
         return
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min), {os.cpu_count()} CPUs")
+    print(f"machine reference: {reference_loop():.3f} s CPU (bench/recommend_speed.py reference_loop: compare machines "
+          "by it)")
     print("| job | target s | wall s (median) | CPU s (median) | CPU s, first ask (median) | layouts | estimates | #1 "
           "| met |")
     print("|---|---|---|---|---|---|---|---|---|")
