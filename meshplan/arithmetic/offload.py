@@ -63,7 +63,11 @@ def optimizer_share(plan: Plan) -> float:
 
 def offload_plan(framework: str, plan: Plan) -> OffloadPlan:
     """The plan's offload knobs read through the framework card. A knob the engine lacks is left out here: rule
-    OF001 reports it (with the framework's nearest knob), so an estimate never silently pretends to offload."""
+    OF001 reports it (with the framework's nearest knob), so an estimate never silently pretends to offload. A plan
+    with no offload knob set moves nothing whatever the card says (every share below is 0): the empty plan, unread."""
+    if not (plan.param_offload or plan.grad_offload or plan.optimizer_offload or plan.optimizer_offload_fraction > 0
+            or plan.activation_offload):
+        return OffloadPlan()
     sem: EngineOffload | None = framework_card(framework).offload_at(plan.zero_stage)
     out = OffloadPlan()
     if sem is None:

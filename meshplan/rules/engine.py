@@ -598,6 +598,10 @@ def _part_error(groups: tuple[ProgramGroup, ...], job: Job, plans: _Lazy) -> tup
 
 _kept: dict[tuple, Verdicts] = {}  # by job_key, the most recently asked last
 _last: list[tuple[Job, Verdicts]] = []
+# The jobs asked lately, by identity (each entry holds its job, so its id stays its own): a search asks its job and a
+# few copies of it with other global batch sizes (its per-token references' jobs) in turn, each found without its key.
+_recent: dict[int, tuple[Job, Verdicts]] = {}
+RECENT_JOBS = 32  # entries _recent holds at most (cleared when full)
 
 
 def job_key(job: Job) -> tuple:
@@ -612,6 +616,10 @@ def verdicts(job: Job) -> Verdicts:
     global batch size, finds them); ask them with the job itself (findings, first_error)."""
     if _last and _last[0][0] is job:
         return _last[0][1]
+    seen = _recent.get(id(job))
+    if seen is not None and seen[0] is job:
+        _last[:] = [seen]
+        return seen[1]
     key = job_key(job)
     hit = _kept.pop(key, None)
     if hit is None:
@@ -619,7 +627,10 @@ def verdicts(job: Job) -> Verdicts:
         if len(_kept) >= KEPT_JOBS:
             _kept.pop(next(iter(_kept)), None)
     _kept[key] = hit
-    _last[:] = [(job, hit)]
+    if len(_recent) >= RECENT_JOBS:
+        _recent.clear()
+    _recent[id(job)] = entry = (job, hit)
+    _last[:] = [entry]
     return hit
 
 

@@ -21,7 +21,7 @@ from meshplan.estimate.perf import StageWork
 from meshplan.estimate.stage_time import layers_params
 from meshplan.estimate.sync_floor import SyncFloor, SyncRates
 from meshplan.knowledge.cards import framework_card
-from meshplan.schema.plan import Plan
+from meshplan.schema.plan import Job, Plan
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, light_stages, pipeline_ranks, stages_bound
@@ -47,6 +47,7 @@ class StepTimeBounds(SearchPlans):
     factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
     sync_s: float | None = None  # moe_sync_s, once
+    ref_jobs: dict[int, Job] = field(default_factory=dict)  # _per_token's job per global batch size (a few)
     # pipeline_bound and token_bound per what each reads (their keys, 4 and 6 long): the job's, and token_bound's
     # shard sizes (shared by a search of the same job at another budget, like Caches); shard_rate's ("rate", ...),
     # pp_unit's ("unit", ...: None where only the base's step terms give it), last_ranks' ("last", ...)
@@ -133,7 +134,10 @@ class StepTimeBounds(SearchPlans):
             # 1), the least any micro-batch pays.
             alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) * tokens
         plan = self.plan(ref, self.zeros[0], recompute, b, overlap=overlap)
-        job_ref = self.job.model_copy(update={"global_batch_size": (2 if overlap else 1) * b * dp_ref})
+        gbs = (2 if overlap else 1) * b * dp_ref
+        job_ref = self.ref_jobs.get(gbs)
+        if job_ref is None:
+            job_ref = self.ref_jobs[gbs] = self.job.model_copy(update={"global_batch_size": gbs})
         try:
             self.calls["throughput"] += 1
             if self.engine.terms is None:
@@ -245,13 +249,14 @@ class StepTimeBounds(SearchPlans):
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
                 refs: tuple | None = None, factors: list[tuple[float, float, float]] | None = None,
-                ideal: bool = False) -> list[float]:
+                ideal: bool = False, plain: list[float] | None = None) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
         work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound; `refs`:
         the rate's references; the ideal time then without its bubble). `factors`: the layout's stretch_factors;
-        `ideal`: each bound the larger of it and their ideal_time (the seed keys)."""
+        `ideal`: each bound the larger of it and their ideal_time (the seed keys); `plain`: where given, each bound
+        without the chains is appended to it (the stretch without `refs`, the same floats: chained reads both)."""
         s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
         sync = self.moe_sync_s()
@@ -268,6 +273,8 @@ class StepTimeBounds(SearchPlans):
                 rest = 1.0 - tokens / (b_tok * s)  # 1 - the share of b_tok sequences it holds
                 per_stage += sync * (rest if rest > 0.0 else 0.0) / pp  # max(0, rest)
             bound = per_stage * stages
+            if plain is not None:
+                plain.append(bound)
             if light is not None:
                 m, rest = self.microbatches(lay, mbs), 1.0 - tokens / (b_tok * s)
                 weights = (tokens, tokens * outside * exposed, fixed * rest if rest > 0.0 else 0.0)
@@ -307,7 +314,8 @@ class StepTimeBounds(SearchPlans):
     def chained(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple]) -> bool:
         """Whether the stretch at this rate takes the pipeline's chains (rank_chains.stages_bound under it, where the
         last rank may hold less than 1/pp of the work): its bound with the rate's references under the one without."""
-        return self.stretch_one(lay, mbs, *rate) < self.stretch_one(lay, mbs, *rate[:3])
+        plain: list[float] = []
+        return self.stretch_one(lay, mbs, *rate, plain=plain) < plain[0]
 
     def light_ranks(self, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
         """Per stages of the layout (last_ranks) whose last rank may hold less than 1/pp of the work at this rate:
@@ -356,10 +364,11 @@ class StepTimeBounds(SearchPlans):
         return self.sync_s
 
     def stretch_one(self, lay: Layout, mbs: int, b_tok: int, per_token: float, exposed: float,
-                    refs: tuple | None = None) -> float:
+                    refs: tuple | None = None, plain: list[float] | None = None) -> float:
         """stretch of one micro-batch size (token_bound's and the exact one pipeline_bound adds to)."""
         sizes = (mbs,)
-        return self.stretch(lay, sizes, b_tok, per_token, exposed, refs, self.stretch_factors(lay, sizes))[0]
+        return self.stretch(lay, sizes, b_tok, per_token, exposed, refs, self.stretch_factors(lay, sizes),
+                            plain=plain)[0]
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
                                                                                                    float]]:
@@ -387,11 +396,12 @@ class StepTimeBounds(SearchPlans):
         bound = self.bounds_memo.get(key)
         if bound is None:
             rate = self.shard_rate(lay, mbs, recompute, None, None)
-            bound = self.stretch_one(lay, mbs, *rate)  # exact token_bound
-            if interleave:
+            plain: list[float] | None = [] if interleave else None
+            bound = self.stretch_one(lay, mbs, *rate, plain=plain)  # exact token_bound
+            if plain:
                 m = self.microbatches(lay, mbs)
-                # where the stretch took the chains, m transfers (each chain holds a rank's m micro-batches)
-                stages = m if bound < self.stretch_one(lay, mbs, *rate[:3]) else m + lay.bubble_stages()
+                # where the stretch took the chains (chained), m transfers (each chain holds a rank's m micro-batches)
+                stages = m if bound < plain[0] else m + lay.bubble_stages()
                 bound += lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs) * stages
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]

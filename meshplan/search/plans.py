@@ -142,6 +142,7 @@ class SearchPlans(HostCounts):
     calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
     overlaps: dict[tuple[int, int, int, int, str, str], bool] = field(default_factory=dict)  # a2a_overlap's memo
     dispatchers: dict[tuple[int, int, int], str] = field(default_factory=dict)  # dispatcher's per (ep, etp, ZeRO)
+    knob_rows: dict[tuple, list[dict]] = field(default_factory=dict)  # check_errors' knobs per what knobs reads
     tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
     presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
     refused: tuple[int, ...] = ()  # ZeRO stages rule AD001 refuses on every layout (space.adapter_refused_zeros)
@@ -302,11 +303,20 @@ class SearchPlans(HostCounts):
             base = self.caches.plans.get(lay)
             if base is None:  # the layout's first plan (plan keeps it): the others are read from its values
                 base = self.plan(*keys[0])
-            found = over(self.job, [self.knobs(*key) for key in keys], base,
-                         [lambda key=key: self.plan(*key) for key in keys])
+            found = over(self.job, self.knob_row(lay, zero, mbs), base, [partial(self.plan, *key) for key in keys])
             for key, error in zip(keys, found, strict=True):
                 checks[key] = error
         return tuple(self.rule_id(error) for error in found)
+
+    def knob_row(self, lay: Layout, zero: int, mbs: int) -> list[dict]:
+        """knobs of the layout's plans at this ZeRO stage and micro-batch, one per recompute of the search, kept per
+        all they read of a layout (a2a_overlap: pp, vpp, ep and the named schedule; dispatcher: ep, etp): the same
+        dicts for every layout alike in those (read, never changed: first_errors_over copies what it updates)."""
+        key = (lay.pp, lay.vpp, lay.ep, lay.etp, lay.schedule, zero, mbs)
+        row = self.knob_rows.get(key)
+        if row is None:
+            row = self.knob_rows[key] = [self.knobs(lay, zero, recompute, mbs) for recompute in self.recomputes]
+        return row
 
     def throughput(self, lay: Layout, zero: int, recompute: str, mbs: int) -> ThroughputReport:
         """The plan's estimate, finished from its step's terms when the search already computed them (the same
