@@ -33,8 +33,9 @@ def test_search_finds_the_exhaustive_top_k(fields):
 def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(monkeypatch):
     """Every refinement pushes its node to a later level (at equal keys the lower level pops first), seeds enter at
     GROUP (or RULES when no micro-batch divides the batch), an opened group pushes its nodes at FLOOR, and a small
-    job passes through all eight. The one push at the level it pops from is a layout's first FLOOR node releasing
-    the seeds it held (engine.release): each after it in the queue's order, as seeded."""
+    job passes through all eight. The pushes at the level they pop from are a layout's first FLOOR node releasing
+    the seeds it held (engine.release): each after it in the queue's order, as seeded; and an opening group pushed
+    back at a greater key (engine.open_group)."""
     import heapq
 
     from meshplan.search import BestFirstSearch, Level
@@ -43,6 +44,7 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     popped: list[tuple] = [()]
     moves: list[tuple[int | None, int]] = []
     released: list[bool] = []
+    deferred: list[bool] = []
     real_seed, real_push, real_pop = BestFirstSearch.seed, heapq.heappush, heapq.heappop
 
     def seed(self, layouts, ideal, tier=None):
@@ -53,6 +55,9 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
         if at[0] == entry[1] == Level.FLOOR:  # a held seed released: after the node popping, of the same layout
             last = popped[0]
             released.append(entry[:3] > last[:3] and len(last[3]) == 3 and entry[3][0] is last[3][0])
+        elif at[0] == entry[1] == Level.GROUP:  # a group pushed back: itself, at a greater key, its seeding's seq
+            last = popped[0]
+            deferred.append(entry[0] > last[0] and entry[2] == last[2] and entry[3][0] is last[3][0])
         else:
             moves.append((at[0], entry[1]))
         real_push(heap, entry)
@@ -71,6 +76,7 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     backwards = [(came, to) for came, to in moves if came is not None and to <= came]
     assert not backwards
     assert released and all(released)
+    assert deferred and all(deferred)
     assert {to for _, to in moves} == set(Level)
 
 

@@ -23,6 +23,7 @@ from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, Level, default_engine, minimum_gpus, recommend, search_job
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
+from meshplan.search.policy import headroom_for, memory_budget
 from meshplan.search.seed_groups import GROUP_MARGIN, group_floor, seed_shape
 from meshplan.search.space import Fixed
 
@@ -130,7 +131,7 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
     real_open, real_seeds = BestFirstSearch.open_group, BestFirstSearch.push_seeds
 
     def counting_open(self, *args):
-        opened[0] += 1
+        opened[0] += len(args) == 4  # a group's first pop (the later ones: the same group, part-way open)
         real_open(self, *args)
 
     def counting_seeds(self, seeds, ideal):
@@ -218,6 +219,38 @@ def test_seeds_left_out_as_dead_or_held_are_counted_as_a_queue_holding_them_woul
             monkeypatch.undo()
             compared += 1
     assert compared >= 20 and left_out[0] > 1000 and left_out[1] > 1000
+
+
+def test_an_opened_group_pushes_and_checks_only_the_layouts_the_queue_reaches(monkeypatch):
+    """open_group pushes a group's layouts as the queue reaches their least keys, each checked for death (is_dead,
+    group_dead) then: on Llama-3.1-70B on 64 H100 some layouts under the cutoff of the groups it opened (their keys
+    worked out) are never checked, and a group waits part-way open at a greater key than the one it popped at. The
+    answer stays that of a queue holding every seed (the test above)."""
+    waits: list[bool] = []
+    real_push = heapq.heappush
+
+    def push(heap, entry):
+        if entry[1] == Level.GROUP and len(entry[3]) > 3:  # a group part-way open: above the key popping now
+            waits.append(entry[0] > popped[0])
+        real_push(heap, entry)
+
+    popped = [-math.inf]
+    real_open = BestFirstSearch.open_group
+
+    def opening(self, key, *payload):
+        popped[0] = key
+        real_open(self, key, *payload)
+
+    monkeypatch.setattr(heapq, "heappush", push)
+    monkeypatch.setattr(BestFirstSearch, "open_group", opening)
+    req = Request(model="llama-3.1-70b", num_gpus=64, gpu="h100")
+    job, _ = search_job(req)
+    search, _ = search_engine.run_search(job, Fixed.from_request(req), default_engine(job.framework), 5, [],
+                                         memory_budget(job, headroom_for(req)))
+    opened = [lay for group in search.caches.seeds[0].groups for lay, entry, _ in group.members
+              if entry[1] is not None and entry[2] <= search.cutoff]
+    assert opened and any(lay not in search.dead_layouts for lay in opened)
+    assert waits and all(waits)
 
 
 @pytest.mark.parametrize("spent", [False, True], ids=["run", "budget spent"])

@@ -60,7 +60,8 @@ class Level(IntEnum):
 
     GROUP = 0
     """Seeded: the layouts of one degrees tuple (seed_groups.SeedGroup) keyed by a lower bound of all their seed
-    keys; popped, its (layout, micro-batch) nodes enter FLOOR with their seed keys, in the order seeding gives them."""
+    keys; popped, its (layout, micro-batch) nodes enter FLOOR with their seed keys, in the order seeding gives them,
+    each layout's once the queue reaches its least key (open_group: till then the group waits at that key)."""
     FLOOR = 1
     """Seeded with the per-token bound: the least recompute the first stage's memory floor allows (none: dropped)."""
     SHARD = 2
@@ -416,33 +417,88 @@ class BestFirstSearch(StepTimeBounds):
                 continue
             heapq.heappush(self.heap, (key, Level.GROUP, base + first + 1, (group, base, ideal)))
 
-    def open_group(self, key: float, group: SeedGroup, base: int, ideal: float) -> None:
+    def open_group(self, key: float, group: SeedGroup, base: int, ideal: float, pending: list | None = None,
+                   live: bool = False) -> None:
         """Level.GROUP: push the group's (layout, micro-batch) nodes with their seed keys (worked out once per shape,
         Seeds) and their seeding's seq; those over the cutoff are counted as never queued (drain). A layout's nodes
         enter as one, its first in the queue's order, holding the others until it pops (refine_bound, release): a
         layout never popped costs one push, and one popped has its memory floors worked out for every micro-batch
         at once (plans.needs_row) before its other nodes are queued. The layouts left out as dead (is_dead) are found
-        for the group's layouts under the cutoff together (group_dead)."""
-        cutoff, variants, sizes, heap = self.cutoff, self.variants(), group.sizes, self.heap
+        together where the group may not fit (group_dead; raise_live).
+
+        A group opens over several pops, as the queue reaches its layouts: the first works out the keys and keeps the
+        members under the cutoff (`pending`, by least key); then, once its least key is due, raise_live finds whether
+        one of them may fit and raises their keys to the DP bound (`live`) if so; each later pop pushes the members
+        whose least key is due (none could pop before the queue's next key: `horizon`), a member's layout checked for
+        death then. Whatever is left waits in the queue at its least key (level GROUP, the group's seq): every node it
+        stands for (queued, held, dead or over the cutoff) comes after it in the queue's order, so the queue pops the
+        same nodes in the same order and stops at the same one, since wants() grows no easier with the key (none of
+        those nodes would have popped where the loop stops before it); drain counts it as those nodes (covered) and
+        settle_dead counts the dead seeds it pushed, as a queue that held every node would. The members under the
+        cutoff are those of the first pop, so the DP raise reads the same seeds and a dead seed's key is raised where
+        and only where the group may fit, as when a group was opened at once."""
+        if pending is None:
+            pending = self.group_under(group, ideal)
+        heap = self.heap
+        horizon = max(key, heap[0][0]) if heap else math.inf
+        if not live and pending:
+            if pending[0][1][2] > horizon:
+                heapq.heappush(heap, (pending[0][1][2], Level.GROUP, base + group.first + 1,
+                                      (group, base, ideal, pending, False)))
+                return
+            pending = self.raise_live(group, base, pending)
+        due = 0
+        while due < len(pending) and pending[due][1][2] <= horizon:
+            due += 1
+        if due:
+            ready, pending = pending[:due], pending[due:]
+            deads = [self.is_dead(ready[0][0])] if due == 1 else self.group_dead([lay for lay, _, _ in ready])
+            self.push_members(group, base, ready, deads)
+        if pending:
+            heapq.heappush(heap, (pending[0][1][2], Level.GROUP, base + group.first + 1,
+                                  (group, base, ideal, pending, True)))
+
+    def group_under(self, group: SeedGroup, ideal: float) -> list:
+        """The members of a group under the cutoff, by least seed key (its keys worked out where its shape's are not
+        yet), those over it counted as never queued."""
+        sizes = group.sizes
         for lay, entry, _ in group.members:
             if entry[1] is None:
                 keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates))
                 entry[2] = min(keys)
-        under = [member for member in group.members if member[1][2] <= cutoff]
-        self.beyond_cutoff += variants * len(sizes) * (len(group.members) - len(under))
-        deads = self.group_dead([lay for lay, _, _ in under])
-        if not all(deads):  # (a group none of whose layouts can fit is only counted: its seeds' own keys place them)
+        under = sorted((member for member in group.members if member[1][2] <= self.cutoff),
+                       key=lambda member: member[1][2])
+        self.beyond_cutoff += self.variants() * len(sizes) * (len(group.members) - len(under))
+        return under
+
+    def raise_live(self, group: SeedGroup, base: int, under: list) -> list:
+        """Whether a group's members under the cutoff may fit (is_dead, the least key's first: where it may, the rest
+        wait): if so, their seed keys raised to the DP bound (raise_to_sync; a group none of whose layouts can fit is
+        only counted, its seeds' own keys placing them); the members checked pushed, the rest returned by raised
+        least key."""
+        if not self.is_dead(under[0][0]):
             self.raise_to_sync(group, under)
-        for (lay, entry, index), dead in zip(under, deads, strict=True):
-            keys = entry[1]
+            self.push_members(group, base, under[:1], [False])
+            return sorted(under[1:], key=lambda member: member[1][2])
+        deads = [True, *self.group_dead([lay for lay, _, _ in under[1:]])]
+        if not all(deads):
+            self.raise_to_sync(group, under)
+        self.push_members(group, base, under, deads)
+        return []
+
+    def push_members(self, group: SeedGroup, base: int, members: list, deads: list[bool]) -> None:
+        """Push each of a group's `members` (its nodes: the first, holding the others), or leave its seeds out where
+        it is dead (`deads`); the seeds over the cutoff counted as never queued."""
+        cutoff, variants, sizes, heap, dead_seeds = self.cutoff, self.variants(), group.sizes, self.heap, self.dead
+        for (lay, entry, index), dead in zip(members, deads, strict=True):
             seq = base + index
             nodes = []
-            for mbs, seed_key in zip(sizes, keys, strict=True):
+            for mbs, seed_key in zip(sizes, entry[1], strict=True):
                 seq += 1
                 if seed_key > cutoff:
                     self.beyond_cutoff += variants
                 elif dead:
-                    self.dead.append((seed_key, seq))
+                    dead_seeds.append((seed_key, seq))
                 else:
                     nodes.append((seed_key, seq, mbs))
             if nodes:
@@ -554,8 +610,9 @@ class BestFirstSearch(StepTimeBounds):
 
     def covered(self, level: Level, payload: tuple) -> int:
         """How many plans (ZeRO stage x recompute) a queued node stands for."""
-        if level == Level.GROUP:
-            return self.variants() * payload[0].nodes
+        if level == Level.GROUP:  # a group, or what is left of one part-way open (open_group's `pending`)
+            group = payload[0]
+            return self.variants() * (group.nodes if len(payload) == 3 else len(group.sizes) * len(payload[3]))
         if level <= Level.RULES:
             return self.variants()
         if level in (Level.NEED, Level.STAIRCASE):  # the plans the rules pass from its low (or need) up
