@@ -33,7 +33,7 @@ from meshplan.search.floors import (
 from meshplan.search.host_counts import HostCounts
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
-from meshplan.search.space import Fixed, Layout, Prefiltered, micro_batches, states_lower_bound
+from meshplan.search.space import Fixed, Layout, Prefiltered, Tiers, micro_batches, states_lower_bound
 
 # The rules that refuse moe_a2a_overlap on a plan (Megatron-Core's asserts: EP009 its preconditions, PP015 a named
 # schedule other than combined 1F1B, or Megatron-FSDP over virtual stages), and the Plan fields they read (their
@@ -59,19 +59,6 @@ class Seeds:
     work_mbs: dict[tuple[int, int, int], float]
     groups: list[SeedGroup]
     nodes: int
-
-
-@dataclass
-class Tiers:
-    """A job's space as run_search splits it, the same at any memory budget: the layouts with TP inside the NVLink
-    domain and across it, the plans considered, those counted rejected before the queue (a cheap law's groups, rule
-    AD001's ZeRO stages), and the plans of the layouts across the domain."""
-
-    inside: list[Layout]
-    across: list[Layout]
-    considered: int
-    rejected: Counter
-    across_plans: int
 
 
 @dataclass

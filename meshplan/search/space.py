@@ -10,6 +10,7 @@ KempnerForge, ep takes ranks of its own, tp*pp*cp*dp*ep == W.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, partial
@@ -604,3 +605,16 @@ def states_lower_bound(job: Job, layout: Layout, zero_stage: int, split: tuple[i
     dense_gpu = dense / (layout.pp * layout.tp)
     expert_gpu = routed / (layout.pp * layout.ep * layout.etp)
     return per_param(dense_shard) * dense_gpu + per_param(expert_shard) * expert_gpu
+
+
+@dataclass
+class Tiers:
+    """A job's space as run_search splits it, the same at any memory budget: the layouts with TP inside the NVLink
+    domain and across it, the plans considered, those counted rejected before the queue (a cheap law's groups, rule
+    AD001's ZeRO stages), and the plans of the layouts across the domain."""
+
+    inside: list[Layout]
+    across: list[Layout]
+    considered: int
+    rejected: Counter
+    across_plans: int

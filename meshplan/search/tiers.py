@@ -8,9 +8,8 @@ from collections import Counter
 
 from meshplan.estimate.perf import step_terms
 from meshplan.search.bounds import StepTimeBounds
-from meshplan.search.plans import Tiers
 from meshplan.search.policy import ADAPTER_RULE
-from meshplan.search.space import Layout, enumerate_layouts, within_nvlink
+from meshplan.search.space import Layout, Tiers, enumerate_layouts, within_nvlink
 from meshplan.search.tier_floor import tier_floor
 
 
