@@ -7,7 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.knowledge.adapter_knobs import default_render, knob_table, unwritable
+from meshplan.knowledge.adapter_knobs import default_render, unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
@@ -94,13 +94,13 @@ def recompute_layers_need_full(ctx: Context) -> Values:
 
 def _no_key(ctx: Context, name: str) -> str | None:
     """Where the config `render` writes for this plan by default (its version and variant: verl's and SkyRL's
-    zero_stage 3 is their FSDP backend) has no key for the knob, what the card says to do instead ("" where it says
-    nothing); a card without an adapter has none (its cannot_run entry, or ""). None where there is a key."""
-    target = default_render(ctx.framework, ctx.job, ctx.plan)
-    if target is None:
-        return framework_card(ctx.framework).cannot_run.get(name, "")
-    knob = knob_table(ctx.framework, *target)[name]
-    return (knob.instead or "") if knob.key is None else None
+    zero_stage 3 is their FSDP backend) has no key for the knob, what the card says to do instead (unwritable; a
+    key null always has one); a card without an adapter has no key for any knob (its cannot_run entry, or "").
+    None where there is a key."""
+    instead = unwritable(ctx.framework, ctx.job, ctx.plan, name)
+    if instead is None and default_render(ctx.framework, ctx.job, ctx.plan) is None:
+        return ""
+    return instead
 
 
 def _where(ctx: Context) -> str:
