@@ -143,6 +143,21 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
                        engine_note=engine_note)
 
 
+def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> float:
+    """Host bytes per node a colocated RL step takes at least on any trainer layout where the framework itself offloads
+    every trainer model around the rollout (SkyRL's colocate_all: stage_phases' host): the trainer's states, twice
+    with a critic, and the reference model's bf16 weights. `state_bytes`: the states every layout holds across all
+    GPUs at least (search/zero_stages.least_state_bytes), `params`: the model's parameters, each on some GPU. The
+    worst stage's GPU holds at least the average, 1/N; the node's host, ranks_per_node of them (the estimate's
+    host_bytes_per_node). 0 where the framework does not offload by itself (verl: its knobs, which the search tries
+    with and without)."""
+    setting = phase_setting(job, plan)
+    if not setting.auto:
+        return 0.0
+    total = state_bytes * (2 if setting.has_critic else 1) + (ENGINE_BYTES * params if setting.has_ref else 0.0)
+    return total / job.num_gpus * ranks_per_node(job)
+
+
 def worst_stage(name: str, values: list[StagePeak], *, plan: Plan, mem: MemoryCard, pool: str = "trainer",
                 reserves: list[float] | None = None) -> PhaseMemory:
     """The phase's peak on its worst stage. With expandable segments the training phases' fit is their allocated

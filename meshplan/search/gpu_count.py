@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.memory_states import bytes_per_param
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -26,8 +25,8 @@ from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
 from meshplan.search.policy import memory_budget, search_limits
 from meshplan.search.refusal import rule_blocking_every_count
-from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches, params_split
-from meshplan.search.zero_stages import bound_preset
+from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches
+from meshplan.search.zero_stages import least_state_bytes
 
 Ranks = Callable[[int, Job], bool]
 """Whether recommend ranks a layout at a GPU count (the count, and the job there)."""
@@ -113,16 +112,10 @@ def gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator
 
 
 def states_floor(job: Job, zeros: tuple[int, ...], budget: int, carried: dict[str, object] | None = None) -> int:
-    """No count below this can hold the model states within `budget`. Sharding splits a parameter's state tensors and
-    replication copies them, so across all N GPUs every parameter, routed experts included, holds at least its bytes
-    per parameter unsharded (bytes_per_param at a shard of 1); the most loaded GPU holds at least the average, 1/N of
-    that. At the lightest ZeRO stage allowed, with the request's carried fields (a LoRA job's frozen base keeps its
-    weights only; offloaded tensors leave the GPU; gradients a trainer frees before each backward are not counted,
-    engine.bound_preset): a lower bound, never an over-count (tests/test_min_gpus.py holds estimates of sampled layouts
+    """No count below this can hold the model states within `budget`: the most loaded GPU holds at least 1/N of
+    least_state_bytes (a lower bound, never an over-count: tests/test_min_gpus.py holds estimates of sampled layouts
     to it)."""
-    dense, routed = params_split(job)
-    need = min(bytes_per_param(bound_preset(job, z, carried or {})[1], 1.0) for z in zeros) * (dense + routed)
-    return max(1, math.ceil(need / max(1, budget)))
+    return max(1, math.ceil(least_state_bytes(job, zeros, carried) / max(1, budget)))
 
 
 @dataclass

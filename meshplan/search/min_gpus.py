@@ -23,6 +23,7 @@ from meshplan.search.gpu_count import Scan, count_bound_text, scan_minimum
 from meshplan.search.job import job_at, search_job
 from meshplan.search.policy import headroom_for, search_limits
 from meshplan.search.ranking import collector_paused, recommend
+from meshplan.search.refusal import HostRefused
 from meshplan.search.rl import recommend_rl
 from meshplan.search.space import Fixed
 
@@ -82,7 +83,10 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
 
     def ranks(trainer_gpus: int, _: Job) -> bool:
         world = trainer_gpus + pool
-        answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
+        try:
+            answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
+        except HostRefused:  # the host holds what the framework offloads only on more nodes: none at this count
+            return False
         return bool(rec.candidates)
 
     scan = scan_minimum(job, fixed, engine, headroom_for(req), True, max(1, limit - pool),

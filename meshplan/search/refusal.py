@@ -151,6 +151,11 @@ def first_errors(job: Job, plan: Plan) -> list[Finding]:
     return [f for f in check_structure(job, plan) if f.severity == "error"]
 
 
+class HostRefused(MeshplanError):
+    """MEM003 before the search: the node's host cannot hold what every layout offloads at this GPU count. More GPUs
+    spread it over more nodes, so the min-gpus scan takes it as "none at this count" and goes on."""
+
+
 def host_floor(job: Job, zero: int, plan: Plan) -> float:
     """Host bytes per node the CPU optimizer needs at least on any layout at this ZeRO stage: its bytes per
     parameter (cards/offload.yaml) for its share of every decoder-layer, embedding and output parameter, spread
@@ -164,7 +169,7 @@ def host_floor(job: Job, zero: int, plan: Plan) -> float:
     return per_gpu * ranks_per_node(job)
 
 
-def host_refusal(space: Space) -> MeshplanError | None:
+def host_refusal(space: Space) -> HostRefused | None:
     """MEM003 before the search: the host cannot hold the offloaded optimizer on any layout of the space."""
     job = space.job
     capacity = job.cpu_memory_per_node
@@ -183,7 +188,7 @@ def host_refusal(space: Space) -> MeshplanError | None:
                else "drop the optimizer offload",
                f"use at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
                f"use nodes with at least {floor / GIB:,.1f} GiB of host memory"]
-    return MeshplanError(
+    return HostRefused(
         f"MEM003: the offloaded optimizer needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout "
         f"({offload_card().cpu_optimizer_bytes_per_param:g} B per parameter for {share:.0%} of "
         f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {job.num_gpus:,} GPUs, {ranks_per_node(job)} per node), "

@@ -14,18 +14,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
 from meshplan.rl.job import resolve_rl
-from meshplan.rl.memory import rl_memory, trainer_reports
+from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import Candidate, Recommendation
 from meshplan.schema.request import Request
-from meshplan.search.policy import headroom_for
+from meshplan.search.job import search_job
+from meshplan.search.policy import HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
+from meshplan.search.refusal import HostRefused
+from meshplan.search.space import Fixed, params_split, zero_ladder
+from meshplan.search.zero_stages import least_state_bytes
 
 # The largest memory fraction tried: verl's perf guide sets 0.8-0.9 with offload (docs/perf/best_practices.rst);
 # above it the engine's own activations and NCCL buffers outside the estimate have no room.
@@ -139,6 +144,9 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
             if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
                 out.reject("RL005" if memory.peak_bytes > limit else "SEARCH-NO-KV")
                 continue
+            if job.cpu_memory_per_node is not None and memory.host_bytes_per_node > job.cpu_memory_per_node:
+                out.reject(HOST_RULE)  # fits the GPUs, but the node's host cannot hold what it offloads, as check says
+                continue
             timing, update, words, _ = rl_step_time(job, plan, reports, update)
             report = rl_report(job, plan, timing, update, words)
             why = (f"RL step {timing.step_s:,.0f} s ({timing.limited_by} the largest part: generation "
@@ -159,6 +167,7 @@ def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
 def _recommend_rl(req: Request, top_k: int) -> Recommendation:
     training = _training(req)
     job, base = resolve(req)
+    refuse_host(job, base, training)
     headroom = headroom_for(req)
     limit = (1 - headroom) * job.gpu.memory_bytes
     out = RLRanking()
@@ -176,6 +185,35 @@ def _recommend_rl(req: Request, top_k: int) -> Recommendation:
     return _answer(job, req, actors, candidates, out, headroom)
 
 
+def refuse_host(job, base: Plan, training: Request) -> None:
+    """MEM003 before any search: where the framework offloads every trainer model around the rollout itself, the
+    node's host must hold the trainer's states (and the reference model's weights) on any layout; a host smaller
+    than that floor (least_framework_host) is refused with the numbers and the changes that open it, not searched
+    until the estimate budget runs out."""
+    capacity = job.cpu_memory_per_node
+    if capacity is None:
+        return
+    trainer, _ = search_job(training)
+    fixed = Fixed.from_request(training)
+    zeros = (int(fixed.values["zero_stage"]),) if "zero_stage" in fixed else zero_ladder(trainer.framework)  # type: ignore[call-overload]
+    params = sum(params_split(trainer))
+    floor = least_framework_host(job, base, least_state_bytes(trainer, zeros, fixed.carried), params)
+    if floor <= capacity:
+        return
+    nodes = -(-int(floor * job.num_gpus / job.gpus_per_node) // int(capacity))
+    setting = phase_setting(job, base)
+    ref = (" and the reference model's bf16 weights" if setting.has_ref else "") + (
+        ", the critic's states too" if setting.has_critic else "")
+    raise HostRefused(
+        f"MEM003: {job.framework} offloads the trainer's models to the host around the rollout ({base.placement} "
+        f"placement), which needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout (the states "
+        f"of {params / 1e9:,.2f}B parameters{ref} over {job.num_gpus:,} GPUs, {job.gpus_per_node} per node), but "
+        f"cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no RL step passes rule MEM003.",
+        f"Use nodes with at least {floor / GIB:,.1f} GiB of host memory; or use at least "
+        f"{nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller share per node); or placement=separate "
+        "with rollout_gpus (the trainer then keeps its models on the GPU).")
+
+
 def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidate], out: RLRanking,
             headroom: float) -> Recommendation:
     """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
@@ -187,9 +225,13 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
     elif not actors.candidates:
         rationale = f"No actor layout for the trainer's step, so no RL step: {actors.rationale}"
     else:
-        rationale = (f"No RL step fits with the headroom kept on the training search's best "
-                     f"{len(actors.candidates)} actor layouts: each rollout shape and phase offload leaves a phase "
-                     "over the headroom (RL005) or no room for one sequence's KV cache (SEARCH-NO-KV).")
+        why = {"RL005": "a phase over the headroom", "SEARCH-NO-KV": "no room for one sequence's KV cache",
+               HOST_RULE: "more offloaded state than the node's host holds (cpu_memory_per_node)"}
+        counts = ", ".join(f"{why[rule]} ({rule}) x{n:,}" for rule, n in sorted(out.rejected.items(),
+                                                                                key=lambda kv: -kv[1]))
+        rationale = (f"No RL step fits on the training search's best {len(actors.candidates)} actor layouts (its "
+                     f"fastest; a slower one is not proven not to fit): every rollout shape and phase offload of them "
+                     f"leaves {counts}.")
     rejected = out.rejected if actors.candidates else dict(actors.rejected)
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,

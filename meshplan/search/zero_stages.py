@@ -4,10 +4,10 @@ stage (a mask per stage, engine.apply_rules)."""
 
 from __future__ import annotations
 
-from meshplan.arithmetic.memory_states import Convention, StateTensor
+from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param
 from meshplan.rules.engine import EstimateBlocked, require_estimable
 from meshplan.schema.plan import Job
-from meshplan.search.space import Fixed, Layout, state_preset
+from meshplan.search.space import Fixed, Layout, params_split, state_preset
 
 
 def first_valid(mask: int, low: int, n_r: int) -> int:
@@ -46,3 +46,15 @@ def bound_preset(job: Job, zero: int, carried: dict[str, object]) -> tuple[Conve
     if conv.grads_set_to_none:
         tensors = [t for t in tensors if t.tensor_class != "gradients"]
     return conv, tensors
+
+
+def least_state_bytes(job: Job, zeros: tuple[int, ...], carried: dict[str, object] | None = None) -> float:
+    """Model-state bytes (weights, gradients, optimizer) every layout of the job holds across all its GPUs at least.
+    Sharding splits a parameter's state tensors and replication copies them, so across the N GPUs every parameter,
+    routed experts included, holds at least its bytes per parameter unsharded (bytes_per_param at a shard of 1), at
+    the lightest of the ZeRO stages `zeros`, with the request's carried fields (bound_preset: a LoRA job's frozen
+    base keeps its weights only; what the step offloads leaves the GPU; gradients a trainer frees before each
+    backward are not counted). The most loaded GPU holds at least 1/N of it: the smallest GPU count's floor
+    (gpu_count.states_floor) and the host a framework offloading every state needs (search/rl.py) read it."""
+    dense, routed = params_split(job)
+    return min(bytes_per_param(bound_preset(job, z, carried or {})[1], 1.0) for z in zeros) * (dense + routed)

@@ -1,0 +1,96 @@
+"""Rule MEM003 in the RL recommend: an RL step whose offloads the node's host cannot hold (cpu_memory_per_node) is not
+ranked, as `check` refuses it; and where the framework offloads every trainer model around the rollout by itself
+(SkyRL's colocate_all), a host below the floor of what that takes on any layout is refused before any search, with
+the numbers and the changes that open it (it used to search until the estimate budget ran out, then answer that this
+was "not proof that none fits")."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import GIB
+from meshplan.request.resolve import resolve
+from meshplan.rl.memory import least_framework_host, rl_memory
+from meshplan.schema.request import Request
+from meshplan.search.job import search_job
+from meshplan.search.refusal import HostRefused
+from meshplan.search.rl import _training, refuse_host
+from meshplan.search.space import Fixed, params_split, zero_ladder
+from meshplan.search.zero_stages import least_state_bytes
+
+SKYRL = dict(model="qwen3-30b-a3b", framework="skyrl", gpu="h100", num_gpus=16, job="rl", algorithm="grpo")
+VERL = dict(model="qwen3-30b-a3b", framework="verl", gpu="h100", num_gpus=16, job="rl", algorithm="grpo")
+
+
+def floor_of(req: Request) -> float:
+    """least_framework_host of the request, as refuse_host reads it."""
+    job, base = resolve(req)
+    training = _training(req)
+    trainer, _ = search_job(training)
+    fixed = Fixed.from_request(training)
+    states = least_state_bytes(trainer, zero_ladder(trainer.framework), fixed.carried)
+    return least_framework_host(job, base, states, sum(params_split(trainer)))
+
+
+LAYOUTS = [dict(tp=1, pp=1, dp=16, zero_stage=3), dict(tp=2, pp=2, dp=4, zero_stage=1, ep=4),
+           dict(tp=4, pp=1, dp=4, zero_stage=1, ep=4), dict(tp=1, pp=4, dp=4, zero_stage=1, ep=4),
+           dict(tp=1, pp=4, dp=4, zero_stage=1), dict(tp=2, pp=1, dp=8, zero_stage=1, ep=8),
+           dict(tp=8, pp=2, dp=1, zero_stage=1)]
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_the_framework_host_floor_never_over_counts(model, algorithm):
+    """The floor is at most the host every plan's RL memory estimate takes (dense and MoE, with a reference model,
+    with a critic; ZeRO 0, 1 and 3; experts over EP where the layout has it)."""
+    base = dict(SKYRL, model=model, algorithm=algorithm)
+    floor = floor_of(Request(**base))
+    assert floor > 0
+    checked = 0
+    for fields in LAYOUTS:
+        if not model.endswith("a3b"):
+            fields = {k: v for k, v in fields.items() if k != "ep"}  # expert parallelism: the MoE model's only
+        try:
+            job, plan = resolve(Request(**base, **fields))
+            host = rl_memory(job, plan).host_bytes_per_node
+        except MeshplanError:
+            continue  # a layout the framework's rules refuse
+        checked += 1
+        assert floor <= host, (fields, floor / GIB, host / GIB)
+    assert checked >= 4
+
+
+def test_verl_offloads_by_its_knobs_so_it_has_no_framework_floor():
+    assert floor_of(Request(**VERL)) == 0.0
+
+
+def test_a_host_below_the_floor_is_refused_with_the_numbers_and_a_fix_that_works():
+    req = Request(**SKYRL, cpu_memory_per_node=113.7)
+    floor = floor_of(req)
+    assert 113.7 * GIB < floor < 302 * GIB  # the ranked layouts take 301.8 GiB
+    with pytest.raises(HostRefused) as err:  # min-gpus takes it as "none at this count" and scans on
+        api.recommend(req)
+    assert err.value.reason.startswith("MEM003")
+    assert f"{floor / GIB:,.1f} GiB" in err.value.reason and "113.7 GiB" in err.value.reason
+    assert "32 GPUs" in err.value.fix and "placement=separate" in err.value.fix
+    bigger = Request(**{**SKYRL, "num_gpus": 32}, cpu_memory_per_node=113.7)
+    job, base = resolve(bigger)
+    refuse_host(job, base, _training(bigger))  # the fix's GPU count passes the floor
+    assert floor_of(bigger) <= 113.7 * GIB
+
+
+def test_an_rl_step_whose_offloads_the_host_cannot_hold_is_not_ranked():
+    """verl's phase offloads put 398.6 GiB per node on the host for the fastest steps; with 100 GiB they are counted
+    under MEM003 and the steps without them ranked, so `check` passes the #1 (it ranked a plan `check` refused)."""
+    req = Request(**VERL, cpu_memory_per_node=100)
+    rec = api.recommend(req)
+    assert rec.candidates and rec.rejected.get("MEM003", 0) > 0
+    assert all(c.memory.host_bytes_per_node <= 100 * GIB for c in rec.candidates)
+    plan = rec.candidates[0].plan
+    fields = {k: getattr(plan, k) for k in ("tp", "pp", "vpp", "ep", "etp", "dp", "cp", "zero_stage", "recompute",
+                                              "micro_batch_size", "rollout_tp", "rollout_dp", "rollout_ep",
+                                              "rollout_memory_fraction", "param_offload", "optimizer_offload")}
+    report = api.check_config(Request(**VERL, cpu_memory_per_node=100, **fields))
+    assert not [f for f in report.findings if f.severity == "error"], report.findings
