@@ -84,6 +84,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("recommend_parallelism", {**L70, "num_gpus": 8, "lora_rank": 16}),  # refused up front: LORA001 on every plan
     ("recommend_parallelism", {**L8, "num_gpus": 8, "optimizer_offload_fraction": 1.0,
                                "cpu_memory_per_node": 1}),  # refused up front: MEM003's host floor
+    ("recommend_parallelism", {**Q30, "framework": "skyrl", "num_gpus": 16, "job": "rl", "algorithm": "grpo",
+                               "cpu_memory_per_node": 113.7}),  # refused up front: SkyRL's colocated offload floor
     ("recommend_parallelism", {**L8, "num_gpus": 8, "seq_length": 2048, "cp": 2,
                                "micro_batch_size": 3}),  # an empty space: each rule's count, the change that opens it
     ("estimate_memory", {**DSV3, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 64, "etp": 1, "recompute": "full",
