@@ -233,6 +233,8 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
                      f"fastest; a slower one is not proven not to fit): every rollout shape and phase offload of them "
                      f"leaves {counts}.")
     rejected = out.rejected if actors.candidates else dict(actors.rejected)
+    host = ("" if job.cpu_memory_per_node is None else
+            f" and whose offloads the node's {job.cpu_memory_per_node / GIB:,.1f} GiB host holds (MEM003)")
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
         considered=out.tried if actors.candidates else actors.considered, rejected=rejected,
@@ -241,6 +243,6 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
         warnings=list(actors.warnings),
         assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
                      "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "
-                     f"largest memory fraction (<= {MAX_FRACTION}) whose phases keep the headroom; ranked by the RL "
-                     f"step time.", *job.notes],
+                     f"largest memory fraction (<= {MAX_FRACTION}) whose phases keep the headroom{host}; ranked by "
+                     "the RL step time.", *job.notes],
     )
