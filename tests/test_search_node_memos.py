@@ -1,10 +1,13 @@
 """What the SHARD and RULES levels and the per-token references keep instead of working out again, each the same
 values as worked out afresh: check_errors' knobs per what knobs reads of a layout (SearchPlans.knob_row), the
 stretch's bound without the chains from the same pass (stretch's `plain`: pipeline_bound and chained read both), the
-references' jobs per global batch size (_per_token), the rules' verdicts found by the job's identity (verdicts), and
-an offload plan with no knob set (offload_plan: nothing moves, whatever the card)."""
+references' jobs per global batch size (_per_token), the rules' verdicts found by the job's identity (verdicts), an
+offload plan with no knob set (offload_plan: nothing moves, whatever the card), and a reference whose EP overlap the
+rules refuse estimated once with the plain one (_plain_twin)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan
 from meshplan.rules import engine as rules_engine
@@ -73,3 +76,30 @@ def test_no_offload_knob_moves_nothing():
     for framework in ("megatron-core", "deepspeed", "torchtitan", "verl"):
         assert offload_plan(framework, plan) == OffloadPlan()
         assert not offload_plan(framework, plan).any
+
+
+def test_a_reference_whose_overlap_the_rules_refuse_is_the_plain_reference_estimated_once():
+    """A work reference that may overlap its EP all-to-all where no ZeRO stage's rules let it (full recompute) is the
+    plain reference's plan: _per_token estimates it once and gives both keys the plain one's figure and parts."""
+    search = search_of(KIMI)
+    planned: list = []
+    work = search.engine.stage_work
+    assert work is not None
+
+    def counted(job, plan):
+        planned.append(plan)
+        return work(job, plan)
+
+    search.engine = dataclasses.replace(search.engine, stage_work=counted)
+    lay = Layout(tp=2, pp=4, cp=1, ep=32, etp=1, dp=32, vpp=2)
+    ref = Layout(tp=2, pp=1, cp=1, ep=32, etp=1, dp=128)
+    assert search.pipeline_overlaps(lay) and not any(search.a2a_overlap(ref, zero, "full") for zero in search.zeros)
+    b_tok, per_token, exposed, refs = search.token_rate(lay, 1, "full", exact=True)
+    assert len(planned) == 1 and not planned[0].moe_a2a_overlap  # one estimate for both keys
+    kept, parts = search.caches.token_time, search.caches.token_parts
+    plain, overlapped = ("work", 2, 32, 1, "full", b_tok, False), ("work", 2, 32, 1, "full", b_tok, True)
+    assert kept[overlapped] == kept[plain] == per_token and exposed == 0.0
+    assert parts[overlapped] == parts[plain] == search.token_parts(refs)[:5]
+    fresh = search_of(KIMI)  # the plain reference worked out alone: the same figure and parts
+    assert fresh._per_token(plain, 2, 1, 32, 1, b_tok, "full", "work") == per_token
+    assert fresh.caches.token_parts[plain] == parts[plain]

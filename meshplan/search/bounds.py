@@ -125,6 +125,8 @@ class StepTimeBounds(SearchPlans):
         dp_ref = mesh.derived_dp(self.law, self.job.num_gpus, tp, 1, cp, ep)
         ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
         overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
+        if may_overlap and not overlap:
+            return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)
         tokens = b * self.job.seq_length / cp
         alone = 0.0
         if overlap:
@@ -161,6 +163,16 @@ class StepTimeBounds(SearchPlans):
         except MeshplanError:
             value = 0.0
         self.caches.token_time[key] = value
+        return value
+
+    def _plain_twin(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str) -> float:
+        """_per_token of a reference that may overlap its EP all-to-all where no ZeRO stage's rules let it: the plan,
+        and so the figure and parts, of the plain reference (the key without overlap), estimated once for both."""
+        plain = (*key[:-1], False)
+        value = self.caches.token_time[key] = self._per_token(plain, tp, cp, ep, etp, b, recompute, part)
+        parts = self.caches.token_parts.get(plain)
+        if parts is not None:
+            self.caches.token_parts[key] = parts
         return value
 
     def pipeline_overlaps(self, lay: Layout) -> bool:
