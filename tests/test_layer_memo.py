@@ -160,3 +160,40 @@ def test_dense_key_still_holds_what_a_dense_layer_reads():
         != layer_key(ctx, False)
     lora = dataclasses.replace(ctx, lora=LoraSpec(rank=8, targets=["linear_qkv"]))
     assert layer_key(dataclasses.replace(lora, routed_load=1.3), False) != layer_key(lora, False)  # LoRA: all kept
+
+
+class _ReadPlan:
+    """A plan that notes the fields read of it."""
+
+    def __init__(self, plan):
+        self._plan, self.read = plan, set()
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._plan, name)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["model"])
+def test_job_facts_read_of_the_plan_only_fact_reads_and_are_the_same_inside_a_scope(case):
+    """perf.job_facts keeps layer_context's job-level fields per the values of FACT_READS: if a formula there starts
+    reading another plan field, add it to FACT_READS (and the memo's key). Inside a scope the contexts and the layer
+    kinds (stage_time.layer_kinds, kept per model and layers) are the ones built without it."""
+    from meshplan.arithmetic.comm import links
+    from meshplan.estimate import perf
+    from meshplan.estimate.stage_time import layer_kinds
+
+    job, plan, ctx = contexts(case)
+    cal = calibration(job.framework)
+    peaks, lk = perf._peaks(job, cal), links(job.gpu, job.gpus_per_node, cal)
+    for lora in (None, LoraSpec(rank=8, targets=["linear_qkv"])):
+        lora_job = job.model_copy(update={"lora": lora})
+        watched = _ReadPlan(plan)
+        perf._job_facts(lora_job, watched, cal, lk, peaks, None)  # type: ignore[arg-type]
+        assert watched.read <= set(perf.FACT_READS), watched.read - set(perf.FACT_READS)
+    pipeline = perf.stage_layers(job, plan)
+    kinds = [layer_kinds(s, pipeline.layers(s), job.model, pipeline) for s in range(plan.pp)]
+    with shared_layers():
+        for _ in range(2):
+            _, _, scoped = perf._step_context(job, plan, cal)
+            assert scoped == ctx
+            assert [layer_kinds(s, pipeline.layers(s), job.model, pipeline) for s in range(plan.pp)] == kinds

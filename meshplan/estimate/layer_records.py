@@ -136,13 +136,17 @@ expert GEMMs, dispatch, expert TP, routed FFN elements). So a dense layer is sha
 _DENSE_PLAN_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name not in MOE_ONLY_FIELDS)
 _DENSE_CONTEXT_AT = tuple(k for k, name in enumerate(_CONTEXT_FIELDS) if name not in MOE_ONLY_CONTEXT)
 _SHARD_AT = _CONTEXT_FIELDS.index("shard")
+# the dense key's parts read at C speed: the context's values before and after its shard (kept as tokens, tp, sp)
+_DENSE_PLAN = itemgetter(*_DENSE_PLAN_AT)
+_DENSE_BEFORE = itemgetter(*(k for k in _DENSE_CONTEXT_AT if k < _SHARD_AT), _SHARD_AT)
+_DENSE_AFTER = itemgetter(*(k for k in _DENSE_CONTEXT_AT if k > _SHARD_AT))
 MEMO_LIMIT = 1 << 14  # entries per scope: a search sees a few thousand distinct layers (bench/recommend_speed.py)
 
 
-@dataclass(frozen=True)
-class LayerKey:
+class LayerKey(NamedTuple):
     """What one layer's time depends on: the context's values, the plan's fields but PER_STEP_FIELDS, and the
-    identity of the context's objects (architecture, calibration, LoRA), which a memo entry keeps alive."""
+    identity of the context's objects (architecture, calibration, LoRA), which a memo entry keeps alive. A tuple:
+    hashed and compared at C speed (memo_layer finds one per estimate and layer kind)."""
 
     moe: bool
     context: tuple
@@ -166,10 +170,9 @@ def layer_key(ctx: LayerContext, moe: bool) -> LayerKey:
     dense = ctx.__dict__.get("_dense_parts")
     if dense is None:
         context, plan, objects = parts
-        shard = context[_SHARD_AT]
+        *before, shard = _DENSE_BEFORE(context)
         dense = ctx.__dict__["_dense_parts"] = (
-            tuple(context[k] if k != _SHARD_AT else (shard.tokens, shard.tp, shard.sp) for k in _DENSE_CONTEXT_AT),
-            tuple(plan[k] for k in _DENSE_PLAN_AT), objects)
+            (*before, (shard.tokens, shard.tp, shard.sp), *_DENSE_AFTER(context)), _DENSE_PLAN(plan), objects)
     return LayerKey(False, *dense)
 
 

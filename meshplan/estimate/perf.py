@@ -34,7 +34,7 @@ from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, simula
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
 from meshplan.estimate.context_parallel import cp_time
-from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer
+from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
 from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
@@ -172,10 +172,19 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
 def _step_context(job: Job, plan: Plan, cal: Calibration,
                   attention_kernel: str | None = None) -> tuple[int, Peaks, LayerContext]:
     """The step's micro-batches, the GPU's peaks and its layers' context (what step_terms, stage_work and stage_cp
-    build alike)."""
+    build alike); the job's links and peaks once per job and calibration inside a shared_layers scope (a search asks
+    for hundreds of plans of a few jobs)."""
     m = plan.num_microbatches(job.global_batch_size)
-    peaks = _peaks(job, cal)
-    return m, peaks, layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), peaks, m, attention_kernel)
+    memo = scope_memo("job_links")
+    if memo is None:
+        peaks, lk = _peaks(job, cal), links(job.gpu, job.gpus_per_node, cal)
+    else:
+        key = (id(job), id(cal))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (job, cal, _peaks(job, cal), links(job.gpu, job.gpus_per_node, cal))
+        peaks, lk = hit[2], hit[3]
+    return m, peaks, layer_context(job, plan, cal, lk, peaks, m, attention_kernel)
 
 
 def _single_stage(job: Job, plan: Plan) -> bool:
@@ -290,22 +299,50 @@ def _peaks(job: Job, cal: Calibration) -> Peaks:
 
 def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks, m: int,
                   attention_kernel: str | None) -> LayerContext:
-    """What the per-layer model needs for this job and plan (`m` micro-batches per step), computed once."""
+    """What the per-layer model needs for this job and plan (`m` micro-batches per step), computed once: what reads
+    of the plan only FACT_READS from job_facts, the rest here."""
     tokens = plan.micro_batch_size * job.seq_length / plan.cp
     shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel)
-    hbm = job.gpu.hbm_bandwidth * cal.hbm_efficiency
+    return LayerContext(
+        plan=plan, shard=shard, a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
+        moe_host_syncs=moe_host_syncs(job, plan), routed_load=ep_rank_load(job, plan),
+        **job_facts(job, plan, cal, lk, peaks, attention_kernel))
+
+
+FACT_READS = ("attention_backend", "zero_stage", "dropout", "tp_comm_overlap", "torch_compile")
+"""The plan fields job_facts reads (ZeRO stage: the memory convention's flash attention and dropout, the attention
+kernel's engine, LoRA's engine); tests/test_layer_memo.py holds it."""
+
+
+def job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
+              attention_kernel: str | None) -> dict:
+    """layer_context's fields that read of the plan only FACT_READS: the job's model, calibration, links, peaks, HBM
+    bandwidth, attention kernel and switches, compile scope and TP overlap. Inside a shared_layers scope once per job,
+    calibration, links and peaks (by identity: the entry keeps them alive, so their ids stay theirs), attention kernel
+    and the values of FACT_READS."""
+    memo = scope_memo("job_facts")
+    if memo is None:
+        return _job_facts(job, plan, cal, lk, peaks, attention_kernel)
+    key = (id(job), id(cal), id(lk), id(peaks), attention_kernel, plan.attention_backend, plan.zero_stage,
+           plan.dropout, plan.tp_comm_overlap, plan.torch_compile)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (job, cal, lk, peaks, _job_facts(job, plan, cal, lk, peaks, attention_kernel))
+    return hit[-1]
+
+
+def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
+               attention_kernel: str | None) -> dict:
     _, conv, _ = convention(job.framework, plan.zero_stage)
     flash, dropout = attention_switches(conv, plan)
     kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend, plan.zero_stage)
     overlap = framework_card(job.framework).tp_overlap
-    return LayerContext(
-        arch=job.model, plan=plan, seq=job.seq_length, cal=cal, lk=lk, shard=shard, bf16_peak=peaks.bf16,
-        fp8_peak=peaks.fp8, hbm=hbm, flash=flash, dropout=dropout, lora=job.lora,
+    return dict(
+        arch=job.model, seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
+        hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.framework, plan.zero_stage) if job.lora else None,
-        a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
-        moe_host_syncs=moe_host_syncs(job, plan), eager=eager_blocks(job, plan),
-        experts_fused=experts_fused(job), attention_fraction=fraction,
-        attention_kernel=kernel, routed_load=ep_rank_load(job, plan),
+        eager=eager_blocks(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
+        attention_kernel=kernel,
         gather_dispatch=(framework_card(job.framework).model_extra or {}).get("moe_dispatch", {}).get(
             "alltoall_as") == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.framework, plan), tp_rs_splits=overlap.rs_splits,

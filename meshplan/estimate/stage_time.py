@@ -243,10 +243,23 @@ def stage_kinds(s: int, layers: Sequence[int], inp: StageInputs) -> list[bool]:
 
 
 def layer_kinds(s: int, layers: Sequence[int], arch: Architecture, pipeline: Stages) -> list[bool]:
-    """stage_kinds of the model `arch` split as `pipeline`."""
+    """stage_kinds of the model `arch` split as `pipeline`: inside a shared_layers scope once per model (by identity,
+    kept alive by the entry), layers and whether the stage trains the MTP blocks (a copy: the caller's own list)."""
+    mtp = s == pipeline.mtp_at and bool(arch.num_mtp_layers) and pipeline.mtp_trained
+    memo = scope_memo("layer_kinds")
+    if memo is None:
+        return _layer_kinds(layers, arch, mtp)
+    key = (id(arch), tuple(layers), mtp)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (arch, _layer_kinds(layers, arch, mtp))
+    return list(hit[1])
+
+
+def _layer_kinds(layers: Sequence[int], arch: Architecture, mtp: bool) -> list[bool]:
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
     kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
-    if s == pipeline.mtp_at and arch.num_mtp_layers and pipeline.mtp_trained:
+    if mtp:
         kinds += [arch.is_moe_layer(arch.num_layers - 1)] * arch.num_mtp_layers
     return kinds
 
