@@ -351,3 +351,34 @@ def test_seed_shapes_worked_out_once_per_pipeline_are_each_layouts_own():
             kept = by_pipe.setdefault((lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule), shape)
             assert kept is shape, lay
     assert chained and len(by_pipe) < len(seeds.groups)
+
+
+def test_seed_entries_keep_their_last_ranks_and_the_keys_read_them():
+    """A seed group's shape entry keeps its layouts' last_ranks (seed_groups.SeedGroup.add: the shape's third element),
+    which engine.group_under hands to seed_keys rather than having stretch look them up: the same object, and the same
+    keys as the look-up gives, on layouts whose stretch takes the pipeline's chains; stretch_factors' m per size is
+    the layout's micro-batches."""
+    from meshplan.search.estimators import ideal_time
+
+    req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    engine = default_engine(job.framework)
+    search = BestFirstSearch.for_job(job, fixed, engine, 1)
+    layouts, _ = enumerate_layouts(job, fixed)
+    ideal, rates = ideal_time(job, engine), {}
+    seeds = search.sized(layouts)
+    with_ranks = chained = 0
+    for group in seeds.groups:
+        for lay, entry, _ in group.members:
+            assert entry[4] is search.last_ranks(lay)
+            if not group.sizes:
+                continue
+            factors = search.stretch_factors(lay, group.sizes, ideal)
+            assert [f[3] for f in factors] == [search.microbatches(lay, mbs) for mbs in group.sizes]
+            rate = search.seed_rate(lay, group.sizes[0], rates)
+            keys = search.seed_keys(lay, group.sizes, ideal, rate, entry[4])
+            assert keys == search.seed_keys(lay, group.sizes, ideal, rate), lay
+            with_ranks += entry[4] is not None
+            chained += any(search.chained(lay, mbs, rate) for mbs in group.sizes)
+    assert with_ranks > 10 and chained > 10

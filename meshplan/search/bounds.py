@@ -42,9 +42,9 @@ class StepTimeBounds(SearchPlans):
     work_mbs: dict[tuple[int, int, int], float] = field(default_factory=dict)  # most sequences per rank per shard
     pipeline_overlap: dict[tuple[int, int], bool] = field(default_factory=dict)  # pipeline_overlaps per (pp, vpp)
     # Per (dp, pp, vpp, schedule, micro-batch sizes, ideal time): per size, (m + bubble stages, the share of
-    # micro-batches outside the EP overlap's steady state, ideal_time): what stretch and seed_keys read of a layout's
-    # pipeline (stretch_factors).
-    factors: dict[tuple, list[tuple[float, float, float]]] = field(default_factory=dict)
+    # micro-batches outside the EP overlap's steady state, ideal_time, m): what stretch and seed_keys read of a
+    # layout's pipeline (stretch_factors).
+    factors: dict[tuple, list[tuple[float, float, float, int]]] = field(default_factory=dict)
     p2p_shares: dict[tuple[int, int, int], float] = field(default_factory=dict)  # blocking_p2p_share per (pp, vpp, m)
     sync_s: float | None = None  # moe_sync_s, once
     ref_jobs: dict[int, Job] = field(default_factory=dict)  # _per_token's job per global batch size (a few)
@@ -260,35 +260,41 @@ class StepTimeBounds(SearchPlans):
         return b_tok, per_token, exposed, (lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap, lay.cp, b_cp)
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
-                refs: tuple | None = None, factors: list[tuple[float, float, float]] | None = None,
-                ideal: bool = False, plain: list[float] | None = None) -> list[float]:
+                refs: tuple | None = None, factors: list[tuple[float, float, float, int]] | None = None,
+                ideal: bool = False, plain: list[float] | None = None, ranks: Ranks | bool | None = False
+                ) -> list[float]:
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
         work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound; `refs`:
         the rate's references; the ideal time then without its bubble). `factors`: the layout's stretch_factors;
         `ideal`: each bound the larger of it and their ideal_time (the seed keys); `plain`: where given, each bound
-        without the chains is appended to it (the stretch without `refs`, the same floats: chained reads both)."""
+        without the chains is appended to it (the stretch without `refs`, the same floats: chained reads both); `ranks`:
+        the layout's last_ranks where the caller has them (the seeding keeps them with each shape's entry)."""
         s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
         sync = self.moe_sync_s()
-        light = None if refs is None else self.light_ranks(lay, (b_tok, per_token, exposed, refs))
+        if refs is None:
+            light = None
+        elif ranks is False:
+            light = self.light_ranks(lay, (b_tok, per_token, exposed, refs))
+        else:
+            light = None if ranks is None else self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))
         fixed = self.engine.moe_layer_fixed_s
         bounds = []
-        for mbs, (stages, outside, low) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
+        for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
             tokens = per_rank * mbs
             per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
+            rest = 1.0 - tokens / (b_tok * s)  # 1 - the share of b_tok sequences it holds
             if sync:
                 # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
                 # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
-                rest = 1.0 - tokens / (b_tok * s)  # 1 - the share of b_tok sequences it holds
                 per_stage += sync * (rest if rest > 0.0 else 0.0) / pp  # max(0, rest)
             bound = per_stage * stages
             if plain is not None:
                 plain.append(bound)
             if light is not None:
-                m, rest = self.microbatches(lay, mbs), 1.0 - tokens / (b_tok * s)
                 weights = (tokens, tokens * outside * exposed, fixed * rest if rest > 0.0 else 0.0)
                 least = stages_bound(m, pp, lay.vpp, per_stage * pp, light, weights, bound)
                 if least < bound:
@@ -383,16 +389,16 @@ class StepTimeBounds(SearchPlans):
                             plain=plain)[0]
 
     def stretch_factors(self, lay: Layout, sizes: tuple[int, ...], ideal: float = 0.0) -> list[tuple[float, float,
-                                                                                                   float]]:
+                                                                                                   float, int]]:
         """Per micro-batch size, what the bounds read of the layout's pipeline: m + its bubble stages, the share of
-        its micro-batches outside the EP overlap's steady state (1 - moe_time.a2a_steady_share) and ideal_time;
+        its micro-batches outside the EP overlap's steady state (1 - moe_time.a2a_steady_share), ideal_time and m;
         once per (dp, pp, vpp, schedule, sizes, ideal), all they read (the bubble stages read pp, vpp and schedule)."""
         key = (lay.dp, lay.pp, lay.vpp, lay.schedule, sizes, ideal)
         hit = self.factors.get(key)
         if hit is None:
             bubble = lay.bubble_stages()
             ms = [self.microbatches(lay, mbs) for mbs in sizes]
-            hit = self.factors[key] = [(m + bubble, 1.0 - a2a_steady_share(m, lay.pp, lay.vpp), low) for m, low in
+            hit = self.factors[key] = [(m + bubble, 1.0 - a2a_steady_share(m, lay.pp, lay.vpp), low, m) for m, low in
                                        zip(ms, self.ideal_times(lay, sizes, ideal), strict=True)]
         return hit
 
@@ -636,13 +642,16 @@ class StepTimeBounds(SearchPlans):
                            bubble, ideal)
 
     def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float,
-                  rate: tuple[int, float, float, tuple] | None = None) -> list[float]:
+                  rate: tuple[int, float, float, tuple] | None = None, ranks: Ranks | bool | None = False
+                  ) -> list[float]:
         """The seed key of each micro-batch: the larger of the ideal time and the per-token bound, whose
-        references are the same for all of them (token_rate, or `rate` when the caller has it). The search keeps each
-        shape's keys with its seeds (Seeds), so they are worked out once per shape."""
+        references are the same for all of them (token_rate, or `rate` when the caller has it; `ranks`: the layout's
+        last_ranks where it has them). The search keeps each shape's keys with its seeds (Seeds), so they are worked
+        out once per shape."""
         if rate is None:
             rate = self.token_rate(lay, sizes[0], self.recomputes[0])
-        return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True)
+        return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True,
+                            ranks=ranks)
 
 
 class StageSync(NamedTuple):

@@ -464,7 +464,8 @@ class BestFirstSearch(StepTimeBounds):
         sizes = group.sizes
         for lay, entry, _ in group.members:
             if entry[1] is None:
-                keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates))
+                keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates),
+                                                 entry[4])
                 entry[2] = min(keys)
         under = sorted((member for member in group.members if member[1][2] <= self.cutoff),
                        key=lambda member: member[1][2])

@@ -48,12 +48,12 @@ class SeedGroup:
     def add(self, lay: Layout, index: int, shape: tuple) -> list:
         """Add a layout whose first node has this index and its seed_shape; the shape's entry (new: [states bound, its
         seed keys (None until opened), their least (inf), whether they are raised to the DP bound
-        (engine.raise_to_sync)]). A shape with last ranks (its third element) has its keys read them, and they may
-        take the bubble out of them (least_bubble). (The seeding's hot loop, once per layout: no calls but the
-        shapes' look-up.)"""
+        (engine.raise_to_sync), its last ranks or None: bounds.seed_keys reads them]). A shape with last ranks (its
+        third element) has its keys read them, and they may take the bubble out of them (least_bubble). (The
+        seeding's hot loop, once per layout: no calls but the shapes' look-up.)"""
         entry = self.shapes.get(shape)
         if entry is None:
-            entry = self.shapes[shape] = [self.states, None, INF, False]
+            entry = self.shapes[shape] = [self.states, None, INF, False, shape[2] if len(shape) == 3 else None]
             if lay.vpp not in self.by_vpp:
                 self.by_vpp[lay.vpp] = lay
             if len(shape) == 3:
