@@ -382,3 +382,37 @@ def test_seed_entries_keep_their_last_ranks_and_the_keys_read_them():
             with_ranks += entry[4] is not None
             chained += any(search.chained(lay, mbs, rate) for mbs in group.sizes)
     assert with_ranks > 10 and chained > 10
+
+
+def test_synced_is_its_docstring_formula_to_the_last_bit():
+    """bounds.synced (written out, no calls) gives, per pipeline bound B and micro-batches m, the least over the ZeRO
+    stages of max(B, m per_micro) + max(0, seconds - hidden x that / m), taken at the break u = seconds / hidden where
+    it is under it, and never under B: the same floats as the formula written with max and min, on bounds at, under
+    and over each stage's breaks, stages without DP traffic or without hidden share included."""
+    import math
+
+    from meshplan.search.bounds import StageSync, StepTimeBounds
+
+    def plain(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
+        raised = []
+        for pipe, m in zip(pipes, ms, strict=True):
+            least = math.inf
+            for per_micro, seconds, hidden in syncs:
+                bound = max(pipe, m * per_micro)
+                if seconds > 0.0:
+                    at_pipe = bound + max(0.0, seconds - hidden * bound / m)
+                    if hidden > 0.0:
+                        at_pipe = min(at_pipe, max(bound, m * seconds / hidden))
+                    bound = at_pipe
+                least = min(least, bound)
+            raised.append(max(least, pipe))
+        return raised
+
+    stages = (StageSync(0.0, 0.0, 0.0), StageSync(0.01, 0.0, 0.0), StageSync(0.0, 0.3, 0.0), StageSync(0.002, 0.3, 0.5),
+              StageSync(0.004, 1.2, 0.25), StageSync(0.0, 0.7, 1.0))
+    ms = [1, 2, 3, 8, 16, 64]
+    pipes = [0.0, 0.05, 0.3, 0.6, 1.0, 1.2, 2.4, 4.8, 7.0]
+    for i in range(len(stages)):
+        for syncs in (stages[i:i + 1], stages[i:], stages[:i + 1]):
+            for m in ms:
+                assert StepTimeBounds.synced(pipes, [m] * len(pipes), syncs) == plain(pipes, [m] * len(pipes), syncs)

@@ -577,18 +577,21 @@ class StepTimeBounds(SearchPlans):
         (The seeds' hot loop: written out, no calls.)"""
         if not syncs:
             return pipes
-        raised = []
+        raised, inf = [], math.inf
         for pipe, m in zip(pipes, ms, strict=True):
-            least = math.inf
+            least = inf
             for per_micro, seconds, hidden in syncs:
                 bound = m * per_micro
                 if bound < pipe:
                     bound = pipe
                 if seconds > 0.0:
-                    at_pipe = bound + max(0.0, seconds - hidden * bound / m)
+                    exposed = seconds - hidden * bound / m
+                    at_pipe = bound + (exposed if exposed > 0.0 else 0.0)  # max(0.0, exposed)
                     if hidden > 0.0:
                         at_sync = m * seconds / hidden
-                        at_pipe = min(at_pipe, at_sync if at_sync > bound else bound)
+                        at_sync = at_sync if at_sync > bound else bound
+                        if at_sync < at_pipe:  # min(at_pipe, at_sync)
+                            at_pipe = at_sync
                     bound = at_pipe
                 if bound < least:
                     least = bound
