@@ -12,9 +12,16 @@ import random
 import pytest
 from test_memory_fit import REQUESTS
 
+from meshplan.arithmetic.memory_states import state_bytes, state_classes, state_sums
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
-from meshplan.search.floors import first_stage_floor, first_stage_floor_rows, layout_floor, layout_floors
+from meshplan.search.floors import (
+    first_stage_floor,
+    first_stage_floor_rows,
+    first_stage_needs,
+    layout_floor,
+    layout_floors,
+)
 from meshplan.search.space import Fixed, enumerate_layouts
 
 CASES = [*REQUESTS, Request(model="deepseek-v3", num_gpus=256, framework="megatron-bridge", gpu="h100"),
@@ -242,3 +249,48 @@ def test_needs_row_reads_a_stage_from_its_row_without_its_layout_floor(req):
                 assert all(low is None for low in lows)
                 unasked += sum(bound <= search.budget for bound in states)
     assert unasked
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_a_column_of_needs_kept_per_what_its_floors_read_is_each_layouts_own(req):
+    """floors.first_stage_needs (SearchPlans.needs_row's column: kept in the job's memo per the activation figures, the
+    model states, the gathered layers and the budget, so layouts whose first ranks' floors are the same floats share
+    it) is, for each layout asked in a shuffled order at budgets from tight to full with one memo, the least recompute
+    whose floor in the layout's own row (first_stage_floor_rows, a fresh memo) is within the budget, none where the
+    heaviest's is over; and some columns are shared."""
+    memo: dict = {}
+    asked = 0
+    for job, layouts, search in searches(req):
+        carried = search.fixed.carried
+        options = dict(reserved=not carried.get("expandable_segments"),
+                       activation_offload=bool(carried.get("activation_offload")))
+        rng = random.Random(13 + search.budget)
+        n_r, budget = len(search.recomputes), search.budget
+        for lay in rng.sample(layouts, min(60, len(layouts))):
+            own, sizes = search.own(lay), search.sizes(lay)
+            sp = search.sequence_parallel(own)
+            for zero in search.zeros:
+                column = first_stage_needs(job, own, zero, search.recomputes, sizes, sp, search.presets[zero], budget,
+                                           memo=memo, **options)
+                rows = first_stage_floor_rows(job, own, zero, search.recomputes, sizes, sp, search.presets[zero],
+                                              memo={}, **options)
+                assert column == tuple(n_r if floors[-1] > budget else
+                                       next(i for i, floor in enumerate(floors) if floor <= budget)
+                                       for floors in rows), (req, own, zero, budget)
+                asked += 1
+    assert len([key for key in memo if key[0] == "needs"]) < asked
+
+
+@pytest.mark.parametrize("req", CASES, ids=lambda r: f"{r.model}-{r.framework}-{r.num_gpus}")
+def test_state_sums_are_state_bytes_sums_to_the_last_bit(req):
+    """memory_states.state_sums (the first rank's model states without state_bytes' dict) gives
+    sum(state_bytes(...).values()) and its gradients' entry, bit for bit, for every ZeRO stage's preset at the shard
+    sizes and parameter counts a search's layouts give."""
+    _job, layouts, search = next(searches(req))
+    for zero in search.zeros:
+        tensors = search.presets[zero][1]
+        classes = state_classes(tensors, {})
+        for lay in random.Random(zero).sample(layouts, min(40, len(layouts))):
+            for params, shard in ((1.3e9 / lay.tp + 7 * lay.pp, lay.dp * lay.cp), (4.1e10 / lay.ep, lay.dp / 3)):
+                plain = state_bytes(tensors, params, shard)
+                assert state_sums(classes, params, shard) == (sum(plain.values()), plain["gradients"]), (req, zero)

@@ -314,6 +314,30 @@ def state_bytes(tensors: list[StateTensor], params: float, shard_size: float) ->
     return out
 
 
+_CLASSES = ("weights", "gradients", "optimizer")  # state_bytes' classes, in its dict's order
+
+
+def state_classes(tensors: list[StateTensor], memo: dict) -> tuple[tuple[int, float, bool], ...]:
+    """What state_bytes reads of each of `tensors`, in order: its class's place in state_bytes' dict, its bytes per
+    parameter and whether it is sharded; kept in `memo` per list (a caller's kept lists: an id names no other)."""
+    key = ("classes", id(tensors))
+    hit = memo.get(key)
+    if hit is None or hit[0] is not tensors:
+        hit = memo[key] = (tensors, tuple((_CLASSES.index(t.tensor_class), t.bytes, t.shard == "dp") for t in tensors))
+    return hit[1]
+
+
+def state_sums(classes: tuple[tuple[int, float, bool], ...], params: float, shard_size: float) -> tuple[float, float]:
+    """sum(state_bytes(tensors, params, shard_size).values()) and its gradients' entry, from the tensors'
+    state_classes: the same operations in the same order (each class summed from 0.0 in the tensors' order, then the
+    classes in the dict's), so the same floats to the last bit without building the dict (the search's floors ask it
+    of thousands of layouts)."""
+    totals = [0.0, 0.0, 0.0]
+    for index, size, sharded in classes:
+        totals[index] += size * params / (shard_size if sharded else 1)
+    return sum(totals), totals[1]
+
+
 def muon_saved_bytes(plan: Plan, tensors: list[StateTensor], matrices: float, shard_size: float) -> float:
     """Optimizer bytes Muon does not keep on `matrices` 2-D parameters: the convention's Adam moments (m, v) less its
     one momentum buffer (cards/memory.yaml optimizers), sharded as the moments are; 0 under Adam. With the fp32

@@ -18,6 +18,8 @@ from meshplan.arithmetic.memory_states import (
     memory_card,
     output_activations,
     state_bytes,
+    state_classes,
+    state_sums,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
 from meshplan.arithmetic.schedule import Stages, in_flight, padded_vocab, plan_stages, stages_for, v_placed
@@ -180,6 +182,43 @@ def first_stage_floor_rows(job: Job, lay: Layout, zero_stage: int, recomputes: t
             states = _part_states(job, lay, zero_stage, part, conv, tensors, m == 1, memo)
         rows.append(_floor_sums(part, states, figures, reserved))
     return rows
+
+
+def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[str, ...], sizes: tuple[int, ...],
+                      sp: bool, preset: tuple[Convention, list[StateTensor]], budget: float, *, reserved: bool = True,
+                      activation_offload: bool = False, memo: dict) -> tuple[int, ...]:
+    """Per micro-batch of `sizes`, the least index of `recomputes` whose first_stage_floor is within `budget`, or
+    len(recomputes) where the last (heaviest) one's is over it (SearchPlans.needs_row's column): compared floor by
+    floor from first_stage_floor_rows' own figures (the same floats). A row's floors read only the activations'
+    figures (_row_figures, kept in `memo` per all they read, so one list object per distinct row: its id names it,
+    as _activation_reads' names a convention), the two model-state figures and the part's gathered layers, reserve and
+    fixed terms: layouts alike in those (a seed group's splits whose first ranks hold the same layers) have the same
+    column, kept in `memo` per those and the budget (the memo is shared by a search at another budget)."""
+    conv, tensors = preset
+    part = _part(job, lay, zero_stage, conv, tensors, memo)
+    figures = _row_figures(job, lay, conv, part, recomputes, sizes, sp, activation_offload, memo)
+    dp, gbs = lay.dp, job.global_batch_size
+    ones = [max(1, gbs // (mbs * dp)) == 1 for mbs in sizes]
+    states = [part.states[False], part.states[True]]
+    for one in (False, True):
+        if states[one] is None and one in ones:
+            states[one] = _part_states(job, lay, zero_stage, part, conv, tensors, one, memo)
+    key = ("needs", id(figures), states[0], states[1], part.gathered, part.reserve_fraction, part.fixed, reserved,
+           budget)
+    hit = memo.get(key)
+    if hit is None:
+        n_r, column = len(recomputes), []
+        for one, row in zip(ones, figures, strict=True):
+            floors = _floor_sums(part, states[one], row, reserved)  # type: ignore[arg-type]
+            i = 0
+            if floors[-1] > budget:
+                i = n_r
+            else:
+                while floors[i] > budget:  # stops at the heaviest recompute at the latest
+                    i += 1
+            column.append(i)
+        hit = memo[key] = tuple(column)
+    return hit
 
 
 def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
@@ -435,7 +474,7 @@ def _rank_rates(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
         kept = [t for t in tensors if not (no_grads and t.tensor_class == "gradients")]
         card = _card(memo)
         hit = memo[key] = (sum(state_bytes(kept, 1.0, lay.dp * lay.cp).values()),
-                           sum(state_bytes(kept, 1.0, _expert_dp(job, lay)).values()),
+                           sum(state_bytes(kept, 1.0, _expert_dp(job, lay, memo)).values()),
                            card.fixed_overhead_bytes + card.cuda_context_bytes)
     return hit
 
@@ -470,7 +509,17 @@ class _Degrees:
 def _degrees(job: Job, lay: Layout, conv: Convention, memo: dict) -> _Degrees:
     """The _Degrees of a layout: the same calls as _floor_part's and _first_stage_states' own."""
     return _Degrees(_card(memo), _prefix(job.model),
-                    padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), _expert_dp(job, lay))
+                    padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), _expert_dp(job, lay, memo))
+
+
+def _padded(job: Job, conv: Convention, tp: int, memo: dict) -> int:
+    """schedule.padded_vocab of the job's vocabulary under the convention's multiple, kept in `memo` per (multiple,
+    tp)."""
+    key = ("vocab", conv.vocab_pad_multiple, tp)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, tp)
+    return hit
 
 
 def _card(memo: dict):
@@ -478,10 +527,17 @@ def _card(memo: dict):
     return memo["card"] if "card" in memo else memo.setdefault("card", memory_card())
 
 
-def _expert_dp(job: Job, lay: Layout) -> float:
-    """The layout's expert data-parallel size (mesh.expert_dp of its world under the framework's law)."""
-    law = framework_card(job.framework).world_size_law
-    return mesh.expert_dp(mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp, lay)
+def _expert_dp(job: Job, lay: Layout, memo: dict | None = None) -> float:
+    """The layout's expert data-parallel size (mesh.expert_dp of its world under the framework's law), kept in `memo`
+    (where given) per the degrees it reads."""
+    key = ("expert dp", lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+    hit = None if memo is None else memo.get(key)
+    if hit is None:
+        law = framework_card(job.framework).world_size_law
+        hit = mesh.expert_dp(mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp, lay)
+        if memo is not None:
+            memo[key] = hit
+    return hit
 
 
 def _part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
@@ -507,7 +563,7 @@ def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv:
     key = ("states", zero_stage, params, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp, one)
     states = part.states[one] = memo[key] if key in memo else memo.setdefault(key, _first_stage_states(
         job, lay, params, tensors, part.vocab, part.walk and conv.grads_set_to_none and one,
-        None if degrees is None else degrees.expert_dp))
+        _expert_dp(job, lay, memo) if degrees is None else degrees.expert_dp, memo))
     return states
 
 
@@ -515,7 +571,7 @@ def _part_states(job: Job, lay: Layout, zero_stage: int, part: _FloorPart, conv:
 class _FloorPart:
     """What first_stage_floor reads of one layout at one ZeRO stage whatever the micro-batch."""
 
-    spans: list[tuple[int, int]]  # the first rank's layers, with their count n0 and MoE layers n_moe
+    spans: tuple[tuple[int, int], ...]  # the first rank's layers, with their count n0 and MoE layers n_moe
     n0: int
     n_moe: int
     params: tuple[int, int, int]  # its parameters of each kind (_span_params)
@@ -535,7 +591,7 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
     if degrees is None:
         card = _card(memo)
         pre = _prefix(job.model)
-        vocab = padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp)
+        vocab = _padded(job, conv, lay.tp, memo)
     else:
         card, pre, vocab = degrees.card, degrees.pre, degrees.vocab
     spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts,
@@ -543,8 +599,8 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
     hit = memo.get(spans_key)
     if hit is None:
         spans, chunks = _first_rank_layers(job, lay, zero_stage)
-        hit = memo[spans_key] = (spans, sum(b - a for a, b in spans), sum(pre.moe[b] - pre.moe[a] for a, b in spans),
-                                 _span_params(job.model, spans), chunks)
+        hit = memo[spans_key] = (tuple(spans), sum(b - a for a, b in spans),
+                                 sum(pre.moe[b] - pre.moe[a] for a, b in spans), _span_params(job.model, spans), chunks)
     spans, n0, n_moe, params, chunks = hit
     walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
     gathered = None
@@ -556,7 +612,7 @@ def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensor
                       (card.fixed_overhead_bytes, card.cuda_context_bytes))
 
 
-def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Convention, spans: list[tuple[int, int]],
+def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Convention, spans: tuple[tuple[int, int], ...],
                          vocab: int, memo: dict) -> float:
     """The FSDP/ZeRO-3 gathered units of the first rank at its worst unit's backward, as the estimate works them out
     (memory_stage.gathered_units: memory_states.gathered_transient, LoRA's frozen_gathered_transient, over the units
@@ -565,15 +621,28 @@ def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Conventio
     output layer of a single stage; the embedding's learned positions and the byte the estimate's int() drops left
     out, so it stays under the estimate's figure. Kept in `memo` per what it reads (the spans, TP, EP x ETP, the
     padded vocabulary and the ZeRO stage's convention)."""
-    key = ("gathered", zero_stage, lay.tp, lay.ep * lay.etp, vocab, tuple(spans))
+    key = ("gathered", zero_stage, lay.tp, lay.ep * lay.etp, vocab, spans)
     hit = memo.get(key)
     if hit is None:
-        pre, tp, experts_split = _prefix(job.model), lay.tp, lay.ep * lay.etp
-        units = [float(int(vocab * job.model.hidden_size / tp))]
-        units += [(pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
-                  + (pre.experts[i + 1] - pre.experts[i]) / experts_split for a, b in spans for i in range(a, b)]
+        units = [float(int(vocab * job.model.hidden_size / lay.tp))]
+        layers = _layer_units(job, lay.tp, lay.ep * lay.etp, memo)
+        for a, b in spans:
+            units += layers[a:b]
         transient = frozen_gathered_transient if job.lora is not None else gathered_transient
         hit = memo[key] = float(int(transient(conv, units)))
+    return hit
+
+
+def _layer_units(job: Job, tp: int, experts_split: int, memo: dict) -> list[float]:
+    """Each decoder layer's FSDP unit per GPU (_first_rank_gathered's: split tp ways, replicated, routed experts split
+    ep x etp ways), kept in `memo` per (tp, ep x etp): the layouts' spans slice it."""
+    key = ("layer units", tp, experts_split)
+    hit = memo.get(key)
+    if hit is None:
+        pre = _prefix(job.model)
+        hit = memo[key] = [(pre.sharded[i + 1] - pre.sharded[i]) / tp + (pre.replicated[i + 1] - pre.replicated[i])
+                           + (pre.experts[i + 1] - pre.experts[i]) / experts_split
+                           for i in range(job.model.num_layers)]
     return hit
 
 
@@ -590,11 +659,12 @@ def _span_params(arch, spans: list[tuple[int, int]]) -> tuple[int, int, int]:
 
 
 def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], tensors: list[StateTensor],
-                        vocab: int, no_grads: bool, expert_dp: float | None = None) -> float:
+                        vocab: int, no_grads: bool, expert_dp: float | None = None, memo: dict | None = None) -> float:
     """first_stage_floor's model states: the first stage's layers and the embedding, dense split tp ways and sharded
     over dp x cp, experts split ep x etp ways and sharded over the expert data-parallel group; `no_grads`: less the
     gradients (FSDP2 sets them to None before a one-micro-batch backward). `expert_dp`: that group's size where the
-    caller has it (_Degrees: the same call)."""
+    caller has it (_Degrees: the same call). Each sum is state_bytes' (memory_states.state_sums: its operations in its
+    order)."""
     arch = job.model
     tp = lay.tp
     sharded, replicated, routed = params  # the first rank's layers' (_span_params)
@@ -602,11 +672,13 @@ def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], ten
     experts = routed / (lay.ep * lay.etp)
     if expert_dp is None:
         expert_dp = _expert_dp(job, lay)
-    states = sum(state_bytes(tensors, dense, lay.dp * lay.cp).values())
-    states += sum(state_bytes(tensors, experts, expert_dp).values())
+    classes = state_classes(tensors, {} if memo is None else memo)
+    states, dense_grads = state_sums(classes, dense, lay.dp * lay.cp)
+    expert_states, expert_grads = state_sums(classes, experts, expert_dp)
+    states += expert_states
     if no_grads:
-        states -= state_bytes(tensors, dense, lay.dp * lay.cp)["gradients"]
-        states -= state_bytes(tensors, experts, expert_dp)["gradients"]
+        states -= dense_grads
+        states -= expert_grads
     return states
 
 

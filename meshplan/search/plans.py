@@ -25,6 +25,7 @@ from meshplan.search.estimators import Engine
 from meshplan.search.floors import (
     first_stage_floor_rows,
     first_stage_floors,
+    first_stage_needs,
     layout_floor,
     layout_floors,
     own_memory,
@@ -136,7 +137,7 @@ class SearchPlans(HostCounts):
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
-    floor_least: dict[tuple[Layout, int], int] = field(default_factory=dict)  # need_floor's memo
+    floor_least: dict[Layout, dict[int, int]] = field(default_factory=dict)  # need_floor's memo, per micro-batch
     # The plans fits() rejected under cpu_memory_per_node that may be within the GPU budget: True where they are
     # (only the host rejected them: rule MEM003, as `check` names it), None until settled (host_counts.py); host_seen
     # counts the rejections noted; gpu_over, per pp, the stage a verdict settled without the host last found over.
@@ -518,18 +519,29 @@ class SearchPlans(HostCounts):
         """The least recompute whose first-stage floor fits at some ZeRO stage (no estimate needed). The
         heaviest recompute is asked first: where even it is over (most layouts of a large job), the search's
         assumption that more recompute never adds memory says no lighter one fits, in one floor instead of one per
-        recompute. Kept per layout and micro-batch (floor_least): release asks it of each of a layout's seeds, and
-        refine_bound of each as it pops."""
-        hit = self.floor_least.get((lay, mbs))
-        if hit is None:
-            needs = self.zero_needs(lay, mbs)
-            lightest = self.lightest(lay)
-            if lightest is self.zeros:
-                hit = min(needs)
-            else:
-                hit = min(needs[self.zeros.index(zero)] for zero in lightest)
-            self.floor_least[(lay, mbs)] = hit
+        recompute. Kept per layout, for all its micro-batches at once (floor_least: zero_needs works out the row
+        at once, and release asks it of each of a layout's seeds, refine_bound of each as it pops)."""
+        row = self.floor_least.get(lay)
+        if row is None:
+            row = self.floor_least[lay] = {}
+            own = self.own(lay)
+            sizes = self.sizes(own)
+            if mbs in sizes:
+                self.zero_needs(lay, mbs)  # the row of every micro-batch of the layout
+                needs, least = self.floor_needs, self.least
+                for b in sizes:
+                    row[b] = least(lay, needs[(own, b)])
+        hit = row.get(mbs)
+        if hit is None:  # a micro-batch outside the layout's (a node the batch rule settles)
+            hit = row[mbs] = self.least(lay, self.zero_needs(lay, mbs))
         return hit
+
+    def least(self, lay: Layout, needs: tuple[int, ...]) -> int:
+        """need_floor from the layout's zero_needs: the least of its lightest ZeRO stages'."""
+        lightest = self.lightest(lay)
+        if lightest is self.zeros:
+            return min(needs)
+        return min(needs[self.zeros.index(zero)] for zero in lightest)
 
     def may_fit(self, lay: Layout, zero: int, mbs: int) -> bool:
         """Whether any recompute of this stage can fit, from the cheapest bounds: the model states' (cached per
@@ -555,12 +567,14 @@ class SearchPlans(HostCounts):
 
     def needs_row(self, own: Layout, sizes: tuple[int, ...]) -> list[tuple[int, ...]]:
         """zero_needs of an own_memory layout at each of `sizes`: per ZeRO stage, none where its model states' bound
-        or its layout floor as far as known (stage_floors) is over the budget, else from the stage's floors (floor_row,
-        one call for the micro-batches): none where the heaviest recompute's is over the budget, else the least
-        recompute whose floor fits (the heaviest one at most). A layout floor not yet worked out is not asked: it is
-        under every floor of the row to the last bit (floors.layout_floor), so where it is over the budget, so is
-        each heaviest recompute's floor, and the row says none as stage_over would have."""
+        or its layout floor as far as known (stage_floors) is over the budget, else from the stage's floors
+        (floors.first_stage_needs, one call for the micro-batches): none where the heaviest recompute's is over
+        the budget, else the least recompute whose floor fits (the heaviest one at most). A layout floor not yet
+        worked out is not asked: it is under every floor of the row to the last bit (floors.layout_floor), so where
+        it is over the budget, so is each heaviest recompute's floor, and the row says none as stage_over would
+        have."""
         n_r, budget = len(self.recomputes), self.budget
+        sp, reserved, offload = self.sequence_parallel(own), self.reserved_floors, self.offloaded_activations
         none = (n_r,) * len(sizes)
         states, lows = self.stage_floors(own)
         columns = []
@@ -569,18 +583,9 @@ class SearchPlans(HostCounts):
             if states[index] > budget or (low is not None and low > budget):
                 columns.append(none)
                 continue
-            row = self.floor_row(own, zero, sizes)
-            column = []
-            for b in sizes:
-                floors = row[b]
-                i = 0
-                if floors[-1] > budget:
-                    i = n_r
-                else:
-                    while floors[i] > budget:  # stops at the heaviest recompute at the latest
-                        i += 1
-                column.append(i)
-            columns.append(column)
+            columns.append(first_stage_needs(
+                self.job, own, zero, self.recomputes, sizes, sp, self.presets[zero], budget, reserved=reserved,
+                activation_offload=offload, memo=self.floor_parts))
         return list(zip(*columns, strict=True))
 
     def stages_over(self, own: Layout) -> tuple[bool, ...]:
