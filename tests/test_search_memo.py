@@ -416,3 +416,46 @@ def test_synced_is_its_docstring_formula_to_the_last_bit():
         for syncs in (stages[i:i + 1], stages[i:], stages[:i + 1]):
             for m in ms:
                 assert StepTimeBounds.synced(pipes, [m] * len(pipes), syncs) == plain(pipes, [m] * len(pipes), syncs)
+
+
+def test_grid_plans_at_each_zero_stage_are_the_full_copy_of_the_first_plan():
+    """bounds.grid_plan copies a grid's plan at another ZeRO stage from the grid's first (only zero_stage changed):
+    the same plan, fields set included, as the copy of the search's first plan with every grid field changed."""
+    req = Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100")
+    job, _ = search_job(req)
+    fixed = Fixed.from_request(req)
+    search = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), 1)
+    layouts, _ = enumerate_layouts(job, fixed)
+    assert len(search.zeros) > 1
+    for lay in layouts[::11]:
+        for zero in (*search.zeros[::-1], *search.zeros):
+            plan = search.grid_plan(lay, zero)
+            full = search.bounds_memo["grid plan"].model_copy(update={  # type: ignore[union-attr]
+                "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp,
+                "zero_stage": zero, "sequence_parallel": search.sequence_parallel(lay),
+                "tp_comm_overlap": search.tp_overlap and lay.tp > 1})
+            assert plan == full and plan.model_fields_set == full.model_fields_set and plan.zero_stage == zero
+
+
+def test_light_stages_is_the_dot_products_of_each_chain():
+    """rank_chains.light_stages (written out) gives per light stages the last rank's least time and per chain the
+    rank's and the earlier ranks' over vpp: each a dot product of its coefficients with the reference's parts, in
+    token_parts' order, as stages_bound reads them."""
+    from meshplan.search.rank_chains import light_stages
+
+    def dot(c: tuple, parts: tuple) -> float:
+        total = c[0] * parts[0]
+        for x, y in zip(c[1:], parts[1:], strict=True):
+            total = total + x * y
+        return total
+
+    last = (0, 3, 0, 3, 1, 0.05)
+    chains = ((None, 0.4, 3.0, (2, 10, 2, 10, 0, 0.2), 0.3, 2.5), ((1, 4, 1, 4, 0, 0.08), 0.5, 4.0, None, 0.0, 0.0))
+    flat = ((last, True, True, 0.4, 3.0, chains),)
+    for parts, per_token, vpp in (((1e-9, 3e-9, 2e-10, 5e-10, 7e-9, 0.0), 1e-6, 2),
+                                  ((2e-9, 1e-9, 0.0, 0.0, 3e-9, 4e-10), 3e-7, 4)):
+        least = dot(last, parts)
+        want = (((least, 0.4, 3.0), [(least, 0.4, 3.0, dot(chains[0][3], parts) / vpp, 0.3, 2.5),
+                                     (dot(chains[1][0], parts), 0.5, 4.0, 0.0, 0.0, 0.0)]),)
+        assert light_stages(flat, parts, per_token, 0.0, 1.0, 4, vpp) == want
+    assert light_stages(flat, (1.0,) * 6, 1e-9, 0.0, 0.0, 4, 2) is None  # the last rank holds its share: not light

@@ -55,7 +55,8 @@ class StepTimeBounds(SearchPlans):
     bounds_memo: dict[tuple, float | tuple | None] = field(default_factory=dict)
 
     def microbatches(self, lay: Layout, mbs: int) -> int:
-        return max(1, self.job.global_batch_size // (mbs * lay.dp))
+        m = self.job.global_batch_size // (mbs * lay.dp)
+        return m if m > 1 else 1  # max(1, m), without the call (asked some 15,000 times a search)
 
     def ideal_time(self, lay: Layout, mbs: int, ideal: float) -> float:
         """Every GPU at the cost model's best fraction of peak, stretched by the bubble (p-1)/(m*v)."""
@@ -480,10 +481,15 @@ class StepTimeBounds(SearchPlans):
         grid_sync's estimators read of a plan. A copy of the search's first such plan with those fields changed
         (Plan has no validator beyond its fields' ranges, which a layout's degrees meet): validating one per grid
         cost more than the bounds it serves."""
-        key = ("grid plan", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp, zero)
+        grid = ("grid plan", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)
+        key = (*grid, zero)
         plan = self.bounds_memo.get(key)
         if plan is not None:
             return plan  # type: ignore[return-value]
+        other = self.bounds_memo.get(grid)  # the grid's at another ZeRO stage: only that field to change
+        if other is not None:
+            plan = self.bounds_memo[key] = other.model_copy(update={"zero_stage": zero})  # type: ignore[union-attr]
+            return plan
         base = self.bounds_memo.get("grid plan")
         if base is None:
             one = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1)
@@ -491,6 +497,7 @@ class StepTimeBounds(SearchPlans):
         plan = self.bounds_memo[key] = base.model_copy(update={  # type: ignore[union-attr]
             "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp, "zero_stage": zero,
             "sequence_parallel": self.sequence_parallel(lay), "tp_comm_overlap": self.tp_overlap and lay.tp > 1})
+        self.bounds_memo[grid] = plan
         return plan
 
     def rank0_params(self, lay: Layout, zero: int) -> tuple[float, float] | None:
@@ -557,7 +564,12 @@ class StepTimeBounds(SearchPlans):
         kept with the keys (a search of the job at another budget reads them raised)."""
         ms = [self.microbatches(members[0][0], mbs) for mbs in group.sizes]  # (they read the group's dp)
         if group.syncs is None:  # (its members' keys unraised until now)
-            seeds = [(min(entry[1][i] for _, entry, _ in members), m) for i, m in enumerate(ms)]
+            least = list(members[0][1][1])  # per micro-batch size, the least of the members' keys
+            for _, entry, _ in members:
+                for i, key in enumerate(entry[1]):
+                    if key < least[i]:
+                        least[i] = key
+            seeds = list(zip(least, ms, strict=True))
             group.syncs = self.group_syncs([lay for lay, _, _ in group.members], seeds)
         if not group.syncs:
             return

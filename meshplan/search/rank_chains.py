@@ -119,11 +119,20 @@ def light_stages(flat: tuple, parts: tuple[float, ...], per_token: float, expose
     for (c0, c1, c2, c3, c4, c5), short_a2a, short_sync, share, moes, chains in flat:
         least = c0 * dense + c1 * moe + c2 * dense_rec + c3 * moe_rec + c4 * head + c5 * cp
         if pp * least < per_token or (exposed and short_a2a) or (sync and short_sync):
-            light.append(((least, share, moes), [
-                (least if a is None else a[0] * dense + a[1] * moe + a[2] * dense_rec + a[3] * moe_rec + a[4] * head
-                 + a[5] * cp, ms, mo, 0.0 if b is None else (b[0] * dense + b[1] * moe + b[2] * dense_rec
-                                                            + b[3] * moe_rec + b[4] * head + b[5] * cp) / vpp,
-                 ms_b, mo_b) for a, ms, mo, b, ms_b, mo_b in chains]))
+            rows = []  # (asked once per stages and reference: unpacked and written out, no comprehension)
+            for a, ms, mo, b, ms_b, mo_b in chains:
+                if a is None:
+                    t = least
+                else:
+                    a0, a1, a2, a3, a4, a5 = a
+                    t = a0 * dense + a1 * moe + a2 * dense_rec + a3 * moe_rec + a4 * head + a5 * cp
+                if b is None:
+                    t_b = 0.0
+                else:
+                    b0, b1, b2, b3, b4, b5 = b
+                    t_b = (b0 * dense + b1 * moe + b2 * dense_rec + b3 * moe_rec + b4 * head + b5 * cp) / vpp
+                rows.append((t, ms, mo, t_b, ms_b, mo_b))
+            light.append(((least, share, moes), rows))
     return tuple(light) or None
 
 
