@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from read_watch import ReadPlan
 
 from meshplan import api
 from meshplan.estimate import layer_records
@@ -162,17 +163,6 @@ def test_dense_key_still_holds_what_a_dense_layer_reads():
     assert layer_key(dataclasses.replace(lora, routed_load=1.3), False) != layer_key(lora, False)  # LoRA: all kept
 
 
-class _ReadPlan:
-    """A plan that notes the fields read of it."""
-
-    def __init__(self, plan):
-        self._plan, self.read = plan, set()
-
-    def __getattr__(self, name):
-        self.read.add(name)
-        return getattr(self._plan, name)
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["model"])
 def test_job_facts_read_of_the_plan_only_fact_reads_and_are_the_same_inside_a_scope(case):
     """perf.job_facts keeps layer_context's job-level fields per the values of FACT_READS: if a formula there starts
@@ -187,7 +177,7 @@ def test_job_facts_read_of_the_plan_only_fact_reads_and_are_the_same_inside_a_sc
     peaks, lk = perf._peaks(job, cal), links(job.gpu, job.gpus_per_node, cal)
     for lora in (None, LoraSpec(rank=8, targets=["linear_qkv"])):
         lora_job = job.model_copy(update={"lora": lora})
-        watched = _ReadPlan(plan)
+        watched = ReadPlan(plan)
         perf._job_facts(lora_job, watched, cal, lk, peaks, None)  # type: ignore[arg-type]
         assert watched.read <= set(perf.FACT_READS), watched.read - set(perf.FACT_READS)
     pipeline = perf.stage_layers(job, plan)

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 from dataclasses import fields
 
 import pytest
+from read_watch import ReadPlan
 
 from meshplan.arithmetic.memory_states import optimizer_implementation, with_precision
 from meshplan.arithmetic.offload import offload_plan
@@ -323,17 +324,6 @@ def test_stage_fits_shared_inside_a_scope_are_each_stages_own(case, record_calls
     assert shared_calls < len(calls)
 
 
-class _Reads:
-    """A plan that records which of its fields are read."""
-
-    def __init__(self, plan):
-        self.plan, self.read = plan, set()
-
-    def __getattr__(self, name):
-        self.read.add(name)
-        return getattr(self.plan, name)
-
-
 ENGINE_CASES = [*CASES,
                 dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, precision="fp8", fp8_recipe="delayed",
                      optimizer_state_dtype="bf16", torch_compile=True, grad_reduce_in_fp32=False),
@@ -346,7 +336,7 @@ def test_engine_terms_read_only_the_engine_fields(case):
     """memory.engine_terms keeps with_precision, offload_plan and optimizer_implementation per ENGINE_FIELDS: if one
     of them starts reading another plan field, add it there."""
     job, plan = resolved(case)
-    reads = _Reads(plan)
+    reads = ReadPlan(plan)
     assert with_precision(job, reads) == with_precision(job, plan)
     assert offload_plan(job.framework, reads) == offload_plan(job.framework, plan)
     assert optimizer_implementation(job, reads) == optimizer_implementation(job, plan)
