@@ -49,7 +49,7 @@ from meshplan.search.space import (
     adapter_refused_zeros,
     knobs,
     params_split,
-    zero_ladder,
+    request_zeros,
 )
 from meshplan.search.tiers import across_floor, split_space
 from meshplan.search.zero_stages import bound_preset, estimable_zeros, first_valid
@@ -120,10 +120,7 @@ class BestFirstSearch(StepTimeBounds):
                 budget_bytes: int = 0) -> BestFirstSearch:
         """A search of `job` with the knobs its framework opens, less what the request fixes."""
         kn = knobs(job.framework)
-        zeros = zero_ladder(job.framework)
-        if "zero_stage" in fixed:
-            zeros = tuple(z for z in (int(fixed.values["zero_stage"]),))  # type: ignore[call-overload]
-        zeros = estimable_zeros(job, fixed, zeros)
+        zeros = estimable_zeros(job, fixed, request_zeros(job.framework, fixed))
         refused = adapter_refused_zeros(job, zeros)
         if len(refused) < len(zeros):  # all refused: kept, so the rules say why
             zeros = tuple(zero for zero in zeros if zero not in refused)

@@ -34,7 +34,7 @@ from meshplan.search.space import (
     knobs,
     micro_batches,
     params_split,
-    zero_ladder,
+    request_zeros,
 )
 
 WORLD_SIZE = "WS001"  # what a layout no GPU count holds breaks (cards/rules.yaml), when no check names another rule
@@ -57,9 +57,7 @@ class Space:
     @classmethod
     def of(cls, job: Job, fixed: Fixed) -> Space:
         kn = knobs(job.framework)
-        zeros = zero_ladder(job.framework)
-        if "zero_stage" in fixed:
-            zeros = (int(fixed.values["zero_stage"]),)  # type: ignore[call-overload]
+        zeros = request_zeros(job.framework, fixed)
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
@@ -169,6 +167,12 @@ def host_floor(job: Job, zero: int, plan: Plan) -> float:
     return per_gpu * ranks_per_node(job)
 
 
+def nodes_to_hold(job: Job, per_node: float, capacity: int) -> int:
+    """Nodes whose hosts, `capacity` bytes each, hold the whole job's host bytes (`per_node` on each of the job's
+    nodes, ranks_per_node GPUs apiece): the GPU count a MEM003 refusal names as a fix."""
+    return -(-int(per_node * job.num_gpus / ranks_per_node(job)) // int(capacity))
+
+
 def host_refusal(space: Space) -> HostRefused | None:
     """MEM003 before the search: the host cannot hold the offloaded optimizer on any layout of the space."""
     job = space.job
@@ -183,7 +187,7 @@ def host_refusal(space: Space) -> HostRefused | None:
     share = offload_plan(job.framework, plan.model_copy(update={"zero_stage": space.zeros[-1]})).cpu_optimizer
     per_share = floor / share if share else floor
     fraction = int(capacity / per_share * 100) / 100
-    nodes = -(-int(floor * job.num_gpus / ranks_per_node(job)) // int(capacity))  # the whole job's host bytes
+    nodes = nodes_to_hold(job, floor, capacity)
     options = [f"use optimizer_offload_fraction={fraction:g} (the CPU optimizer's share that fits)" if fraction > 0
                else "drop the optimizer offload",
                f"use at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",

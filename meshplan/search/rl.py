@@ -28,8 +28,8 @@ from meshplan.schema.request import Request
 from meshplan.search.job import search_job
 from meshplan.search.policy import HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
-from meshplan.search.refusal import HostRefused
-from meshplan.search.space import Fixed, params_split, zero_ladder
+from meshplan.search.refusal import HostRefused, nodes_to_hold
+from meshplan.search.space import Fixed, params_split, request_zeros
 from meshplan.search.zero_stages import least_state_bytes
 
 # The largest memory fraction tried: verl's perf guide sets 0.8-0.9 with offload (docs/perf/best_practices.rst);
@@ -195,12 +195,12 @@ def refuse_host(job, base: Plan, training: Request) -> None:
         return
     trainer, _ = search_job(training)
     fixed = Fixed.from_request(training)
-    zeros = (int(fixed.values["zero_stage"]),) if "zero_stage" in fixed else zero_ladder(trainer.framework)  # type: ignore[call-overload]
     params = sum(params_split(trainer))
-    floor = least_framework_host(job, base, least_state_bytes(trainer, zeros, fixed.carried), params)
+    states = least_state_bytes(trainer, request_zeros(trainer.framework, fixed), fixed.carried)
+    floor = least_framework_host(job, base, states, params)
     if floor <= capacity:
         return
-    nodes = -(-int(floor * job.num_gpus / job.gpus_per_node) // int(capacity))
+    nodes = nodes_to_hold(job, floor, capacity)
     setting = phase_setting(job, base)
     ref = (" and the reference model's bf16 weights" if setting.has_ref else "") + (
         ", the critic's states too" if setting.has_critic else "")

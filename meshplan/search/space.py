@@ -122,6 +122,14 @@ def zero_ladder(framework: str) -> tuple[int, ...]:
     return tuple(stages)
 
 
+def request_zeros(framework: str, fixed: Fixed) -> tuple[int, ...]:
+    """The ZeRO stages a request leaves open: its zero_stage where it fixes one, else the framework's zero_ladder
+    (what the search, the space's refusals and the RL host floor start from)."""
+    if "zero_stage" in fixed:
+        return (int(fixed.values["zero_stage"]),)  # type: ignore[call-overload]
+    return zero_ladder(framework)
+
+
 def adapter_refused_zeros(job: Job, zeros: tuple[int, ...]) -> tuple[int, ...]:
     """The ZeRO stages of `zeros` that rule AD001 refuses on every layout of this job: the framework's adapter (the
     version and variant `render` writes by default, knowledge/adapter_knobs.missing_knob) has no key for the stage,
