@@ -73,6 +73,15 @@ def test_suggest_shrinks_to_the_gpus_and_resplits_layers():
         assert (p.pp == 2 and middle == 0) or middle % (p.pp - 2) == 0
 
 
+def test_suggest_names_each_shrunk_degree_once():
+    """Shrinking a row to a small GPU count takes several halvings; the note gives each degree's first and last
+    value once (PP 16 -> 1, not four PP notes)."""
+    s = _suggest(model="deepseek-v3", num_gpus=8)
+    world = [a for a in s.adjustments if "8 GPUs do not hold" in a]
+    assert world == ["PP 16 -> 1, EP 64 -> 8: 8 GPUs do not hold the row's layout."]
+    assert (s.plan.pp, s.plan.ep) == (1, 8)
+
+
 def test_suggest_sequence_length_sets_cp():
     s = _suggest(model="llama-3.1-8b", num_gpus=64, seq_length=65536)
     assert s.plan.cp == 4 and s.sequence_row == "seq-32k-128k"

@@ -147,27 +147,27 @@ def _fit_framework(job: Job, card: FrameworkCard, deg: _Degrees, notes: list[str
 
 def _fit_world(law: str, world: int, deg: _Degrees, notes: list[str]) -> None:
     """Shrink the row's degrees until both grids divide the GPU count: PP first (it only adds a bubble), then CP,
-    then EP, then TP, matching the order in which the tables add them."""
+    then EP, then TP, matching the order in which the tables add them. One note for all the steps (each degree's
+    first and last value), not one per halving."""
+    was = {"PP": deg.pp, "CP": deg.cp, "EP": deg.ep, "ETP": deg.etp, "TP": deg.tp}
     while True:
         if world % deg.dense_size(law) == 0 and mesh.expert_grid_fits(
                 law, world, deg.tp, deg.pp, deg.cp, world // deg.dense_size(law), deg.ep, deg.etp):
             break
         if deg.pp > 1:
-            notes.append(f"PP {deg.pp} -> {deg.pp // 2}: {world} GPUs do not hold the row's layout.")
             deg.pp, deg.first, deg.last = deg.pp // 2, None, None
         elif deg.cp > 1:
-            notes.append(f"CP {deg.cp} -> {deg.cp // 2}: {world} GPUs do not hold the row's layout.")
             deg.cp //= 2
         elif deg.ep > 1:
-            new_ep = gcd(deg.ep, world) if gcd(deg.ep, world) < deg.ep else deg.ep // 2
-            notes.append(f"EP {deg.ep} -> {new_ep}: {world} GPUs do not hold the row's layout.")
-            deg.ep = new_ep
+            deg.ep = gcd(deg.ep, world) if gcd(deg.ep, world) < deg.ep else deg.ep // 2
         elif deg.etp > 1:
             deg.etp //= 2
         else:
-            new_tp = _largest_power_of_two_divisor(world, deg.tp) if world % deg.tp else deg.tp // 2
-            notes.append(f"TP {deg.tp} -> {new_tp}: {world} GPUs do not hold the row's layout.")
-            deg.tp = new_tp
+            deg.tp = _largest_power_of_two_divisor(world, deg.tp) if world % deg.tp else deg.tp // 2
+    now = {"PP": deg.pp, "CP": deg.cp, "EP": deg.ep, "ETP": deg.etp, "TP": deg.tp}
+    moved = [f"{name} {was[name]} -> {now[name]}" for name in was if was[name] != now[name]]
+    if moved:
+        notes.append(f"{', '.join(moved)}: {world} GPUs do not hold the row's layout.")
 
 
 def _fit_layers(job: Job, deg: _Degrees, vpp: int, notes: list[str]) -> None:
