@@ -84,7 +84,7 @@ class StagePeak(NamedTuple):
 @dataclass(frozen=True)
 class StagePhases:
     """One pipeline stage in every phase (the rollout only where the engine shares the GPUs), the allocator reserve
-    inside its log-prob and update peaks, and what it puts on the host beyond the offload knobs."""
+    inside its log-prob and update peaks."""
 
     rollout: StagePeak | None
     log_prob: StagePeak
@@ -92,7 +92,6 @@ class StagePhases:
     critic: StagePeak | None
     forward_reserve: float
     update_reserve: float  # what of the update's peak is not allocated at its allocated peak (memory.stage_allocated)
-    host_extra: float
     engine_note: str
 
 
@@ -132,15 +131,32 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
         critic = StagePeak(s.total_bytes + between + ref_resident + graphs,
                            {"update": s.total_bytes, "actor_resident": between, "reference_resident": ref_resident,
                             "cuda_graphs": graphs}, "the critic's update, counted as the actor's")
-    # beyond what the offload knobs already put on the host (update.host_bytes_per_node): the reference model,
-    # PPO's critic (its host share as the actor's), the states the framework offloads by itself
-    auto_host = sum(v for cls, v in states.items() if cls not in x.knob_classes) if x.auto else 0.0
-    host_extra = ((ref if plan.param_offload or x.auto else 0.0)
-                  + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
     return StagePhases(rollout=rollout, log_prob=log_prob, actor=actor, critic=critic,
                        forward_reserve=acts * mem.allocator_reserve_fraction,
-                       update_reserve=s.total_bytes - stage_allocated(s), host_extra=host_extra,
-                       engine_note=engine_note)
+                       update_reserve=s.total_bytes - stage_allocated(s), engine_note=engine_note)
+
+
+def stage_host_extra(setting: PhaseSetting, plan: Plan, s) -> float:
+    """What one stage's GPU puts on the host beyond what the offload knobs already put there (its update report
+    `s`'s host_bytes): the reference model's bf16 weights where they are offloaded, PPO's critic (its host share as
+    the actor's), the states the framework offloads by itself (SkyRL's colocate_all)."""
+    x = setting
+    states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
+    ref = ENGINE_BYTES * s.detail.get("params_on_gpu", 0) if x.has_ref else 0.0
+    auto_host = sum(v for cls, v in states.items() if cls not in x.knob_classes) if x.auto else 0.0
+    return ((ref if plan.param_offload or x.auto else 0.0)
+            + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
+
+
+def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) -> int:
+    """Host bytes per node of the RL step (rule MEM003's figure): the actor update's report `update` (what its offload
+    knobs put there) plus the most any stage's GPU adds beyond them (stage_host_extra), ranks_per_node of them. The
+    one home of that rule: rl_memory's host, and the RL recommend's actor search (search/rl_actor.py) per layout."""
+    setting = setting or phase_setting(job, plan)
+    host_extra = 0.0
+    for s in update.stages:
+        host_extra = max(host_extra, stage_host_extra(setting, plan, s))
+    return update.host_bytes_per_node + int(host_extra * ranks_per_node(job))
 
 
 def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> float:
@@ -201,21 +217,17 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     critic = [stage.critic for stage in stages if stage.critic is not None]
     if critic:
         phases.append(worst_stage("critic_update", critic, plan=plan, mem=mem, reserves=update_reserve))
-    host_extra = 0.0
-    for stage in stages:
-        host_extra = max(host_extra, stage.host_extra)
-    return _with_phases(job, plan, update, phases=phases, host_extra=host_extra, engine_note=engine_note,
-                        phase_classes=setting.phase_classes)
+    return _with_phases(job, plan, update, phases=phases, host=rl_host_bytes(job, plan, update, setting),
+                        engine_note=engine_note, phase_classes=setting.phase_classes)
 
 
-def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host_extra: float, engine_note: str,
+def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: int, engine_note: str,
                  phase_classes: frozenset[str]):
     """The update's report with the phases: the peak is the highest phase's, the fit the one that decides it."""
     capacity = job.gpu.memory_bytes
     rl = job.rl
     top = max(phases, key=lambda p: p.peak_bytes)
     deciding = max(phases, key=lambda p: p.fit_bytes)
-    host = update.host_bytes_per_node + int(host_extra * ranks_per_node(job))
     limited = ("gpu" if deciding.fit_bytes > memory_budget(job)
                else "host" if job.cpu_memory_per_node and host > job.cpu_memory_per_node else None)
     words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)
