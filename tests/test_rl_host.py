@@ -17,6 +17,7 @@ from meshplan.schema.request import Request
 from meshplan.search.job import search_job
 from meshplan.search.refusal import HostRefused
 from meshplan.search.rl import _training, refuse_host
+from meshplan.search.rl_actor import ActorHost, actor_layout, offload_options
 from meshplan.search.space import Fixed, params_split, zero_ladder
 from meshplan.search.zero_stages import least_state_bytes
 
@@ -94,3 +95,63 @@ def test_an_rl_step_whose_offloads_the_host_cannot_hold_is_not_ranked():
                                               "rollout_memory_fraction", "param_offload", "optimizer_offload")}
     report = api.check_config(Request(**VERL, cpu_memory_per_node=100, **fields))
     assert not [f for f in report.findings if f.severity == "error"], report.findings
+
+
+def fields_of(plan) -> dict:
+    """The plan's fields a request can fix, for `check` of a ranked RL plan."""
+    return {k: getattr(plan, k) for k in ("tp", "pp", "vpp", "ep", "etp", "dp", "cp", "zero_stage", "recompute",
+                                          "micro_batch_size", "rollout_tp", "rollout_dp", "rollout_ep",
+                                          "rollout_memory_fraction", "param_offload", "optimizer_offload")}
+
+
+def test_a_host_between_the_floor_and_the_fastest_layouts_host_ranks_the_layouts_that_fit():
+    """SkyRL's colocated offload puts ~290-370 GiB per node on the host for the training search's fastest layouts
+    (ZeRO-1, little model parallelism); with 290 GiB it used to answer that no RL step fits on its best 256 (all
+    MEM003). The actor search now counts each layout's RL step host (search/rl_actor.py), so it ranks the sharded
+    layouts whose RL step fits, and `check` passes the #1."""
+    req = Request(**SKYRL, cpu_memory_per_node=290)
+    rec = api.recommend(req)
+    assert rec.candidates, rec.rationale
+    assert all(c.memory.host_bytes_per_node <= 290 * GIB for c in rec.candidates)
+    report = api.check_config(Request(**SKYRL, cpu_memory_per_node=290, **fields_of(rec.candidates[0].plan)))
+    assert not [f for f in report.findings if f.severity == "error"], report.findings
+
+
+def test_the_actor_search_host_is_the_rl_steps():
+    """One home for MEM003's figure: the host the actor search reads per layout (ActorHost) is the host rl_memory
+    reports for that layout's RL step (rl_host_bytes)."""
+    req = Request(**SKYRL, cpu_memory_per_node=290)
+    job, base = resolve(req)
+    for fields in ({"tp": 8, "pp": 2, "dp": 1, "zero_stage": 1}, {"tp": 2, "pp": 2, "ep": 4, "dp": 4, "zero_stage": 1}):
+        _, actor = resolve(_training(Request(**SKYRL, **fields)))
+        host = ActorHost(job, base, req)(actor)
+        plan = actor_layout(actor, base).model_copy(update={k: getattr(base, k) for k in (
+            "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction")})
+        assert host == rl_memory(job, plan).host_bytes_per_node > 250 * GIB
+
+
+def test_an_rl_recommend_never_ranks_one_plan_twice():
+    """SkyRL resolves optimizer_offload on (offload_after_step, its default) and its colocate_all offloads every
+    trainer model anyway: the variant 'with the phase offload' was the plan as resolved, so #1 and #2 were one plan.
+    No two candidates are equal once their rank is dropped, and their table rows differ."""
+    from meshplan.faces.display import rl_table
+
+    rec = api.recommend(Request(**SKYRL))
+    plans = [c.model_copy(update={"rank": 0}).model_dump_json() for c in rec.candidates]
+    assert len(rec.candidates) == 5 and len(set(plans)) == len(plans)
+    rows = [tuple(cells[1:]) for cells in zip(*(col._cells for col in rl_table(rec.candidates).columns), strict=True)]
+    assert len(set(rows)) == len(rows)
+
+
+def test_the_phase_offload_variants_are_each_a_different_rl_step():
+    """verl: without and with its phase offloads (two RL steps). SkyRL colocated: its own offload of every model
+    makes the knob move nothing more, so only its default; placed separately, without and with it."""
+    for spec, expected in ((VERL, [{}, {"param_offload": True, "optimizer_offload": True}]),
+                           (SKYRL, [{}]),
+                           ({**SKYRL, "placement": "separate", "rollout_gpus": 8}, [{}, {"optimizer_offload": False}])):
+        req = Request(**spec)
+        job, base = resolve(req)
+        assert offload_options(job, base, req) == expected, spec
+    fixed = Request(**VERL, optimizer_offload=False)
+    job, base = resolve(fixed)
+    assert offload_options(job, base, fixed) == [{}]

@@ -21,7 +21,6 @@ from meshplan.request.resolve import resolve
 from meshplan.rl.job import resolve_rl
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
-from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import Candidate, Recommendation
 from meshplan.schema.request import Request
@@ -29,6 +28,7 @@ from meshplan.search.job import search_job
 from meshplan.search.policy import HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
 from meshplan.search.refusal import HostRefused, nodes_to_hold
+from meshplan.search.rl_actor import actor_engine, actor_layout, offload_options
 from meshplan.search.space import Fixed, params_split, request_zeros
 from meshplan.search.zero_stages import least_state_bytes
 
@@ -70,14 +70,6 @@ def _rollout_shapes(job, plan: Plan, fixed: dict) -> list[tuple[int, int, int]]:
     return keep or [(fixed.get("rollout_tp", 1), fixed.get("rollout_dp", 1), fixed.get("rollout_ep", 1))]
 
 
-def _offload_options(job, plan: Plan, req: Request) -> list[dict]:
-    """No offload, and the framework's phase offloads (they free the rollout and log-prob passes, not the update)."""
-    if any(getattr(req, k) is not None for k in ("param_offload", "grad_offload", "optimizer_offload")):
-        return [{}]  # the user chose; resolve already put them on the plan
-    knobs = phase_knobs(job.framework, plan)
-    return [{}, dict.fromkeys(knobs, True)] if knobs else [{}]
-
-
 def _largest_fraction(job, plan: Plan, reports: tuple, limit: float) -> float | None:
     """The largest memory fraction (a FRACTION_STEP multiple, at most MAX_FRACTION) whose phases stay under `limit`:
     only the rollout phase depends on it, linearly for both engines, so two estimates give the line."""
@@ -116,6 +108,16 @@ class RLRanking:
     ranked: list[tuple[float, Candidate]] = field(default_factory=list)
     tried: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)  # every plan timed, as JSON: none is ranked twice
+
+    def first_time(self, plan: Plan) -> bool:
+        """Whether the plan is new to the ranking (two actor layouts, or two offload variants, that make the same RL
+        plan give it once)."""
+        key = plan.model_dump_json()
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
 
     def reject(self, rule: str) -> None:
         self.rejected[rule] = self.rejected.get(rule, 0) + 1
@@ -124,10 +126,8 @@ class RLRanking:
 def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate, limit: float) -> None:
     """Every rollout shape and phase offload of one actor layout, each at its largest memory fraction, into `out`."""
     fixed = _fixed(req)
-    layout = actor.plan.model_copy(update={k: getattr(base, k) for k in (
-        "rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload", "grad_offload",
-        "optimizer_offload", "optimizer_offload_fraction", "activation_offload")})
-    for offload in _offload_options(job, layout, req):
+    layout = actor_layout(actor.plan, base)
+    for offload in offload_options(job, layout, req):
         plan0 = layout.model_copy(update=offload)
         reports = trainer_reports(job, plan0)
         update = None
@@ -139,6 +139,8 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
                 out.reject("RL005")
                 continue
             plan = shape.model_copy(update={"rollout_memory_fraction": fraction})
+            if not out.first_time(plan):
+                continue
             memory = rl_memory(job, plan, reports)
             rollout = next(p for p in memory.phases if p.phase == "rollout")
             if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
@@ -171,9 +173,10 @@ def _recommend_rl(req: Request, top_k: int) -> Recommendation:
     headroom = headroom_for(req)
     limit = (1 - headroom) * job.gpu.memory_bytes
     out = RLRanking()
+    engine = actor_engine(job, base, req, training.framework)  # under a host limit: the RL step's host per layout
     count, seen = ACTOR_LAYOUTS, 0
     while True:
-        actors = recommend(training, top_k=count)
+        actors = recommend(training, top_k=count, engine=engine)
         for actor in actors.candidates[seen:]:
             _rank_actor(out, job, base, req, actor, limit)
         seen = len(actors.candidates)
@@ -223,7 +226,10 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
                      f"DP{best.plan.rollout_dp} EP{best.plan.rollout_ep} at {best.plan.rollout_memory_fraction:g}; "
                      f"{best.rationale}.")
     elif not actors.candidates:
-        rationale = f"No actor layout for the trainer's step, so no RL step: {actors.rationale}"
+        host = ("" if job.cpu_memory_per_node is None or not actors.rejected.get(HOST_RULE) else
+                " (under cpu_memory_per_node the actor search counts a layout whose RL step's offloads the node's "
+                "host cannot hold, on any phase offload, under MEM003)")
+        rationale = f"No actor layout for the trainer's step{host}, so no RL step: {actors.rationale}"
     else:
         why = {"RL005": "a phase over the headroom", "SEARCH-NO-KV": "no room for one sequence's KV cache",
                HOST_RULE: "more offloaded state than the node's host holds (cpu_memory_per_node)"}

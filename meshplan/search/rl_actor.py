@@ -1,0 +1,99 @@
+"""What the RL recommend (search/rl.py) makes of one actor layout of the training search: its RL layout (the actor's
+degrees with the RL job's rollout and offload fields), the phase offload variants it tries, and the host its RL step
+takes; and the engine the training search ranks actor layouts with under a host limit, so that it ranks only those
+whose RL step the node's host can hold (rule MEM003).
+
+Why an engine: where the framework offloads every trainer model to the host around the rollout by itself (SkyRL's
+colocate_all), the RL step's host is the trainer's states on the worst stage's GPU times the ranks per node, not what
+the training step's own offload knobs put there. A training search that knows only the latter ranks first the layouts
+that shard least (the fastest), whose RL steps all fail MEM003, and widening its top-k never reaches the sharded ones
+that fit. With the RL step's host (rl_host_bytes, the figure rl_memory reports) as its memory estimates' host, the
+search's own MEM003 machinery (SearchPlans.fits, host_counts.py) rejects them and ranks the next ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshplan.estimate.memory import FitVerdict, estimate_memory
+from meshplan.rl.memory import phase_setting, rl_host_bytes
+from meshplan.rules.rollout import phase_knobs
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
+from meshplan.search.estimators import Engine, default_engine
+
+# The Plan fields an actor layout takes from the RL job's resolved plan: the rollout's and the offloads.
+ACTOR_FIELDS = ("rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload",
+                "grad_offload", "optimizer_offload", "optimizer_offload_fraction", "activation_offload")
+OFFLOAD_KNOBS = ("param_offload", "grad_offload", "optimizer_offload")
+
+
+def actor_layout(actor: Plan, base: Plan) -> Plan:
+    """The actor's plan with the RL job's rollout and offload fields (`base`: resolve's plan of the RL request)."""
+    return actor.model_copy(update={k: getattr(base, k) for k in ACTOR_FIELDS})
+
+
+def offload_options(job, plan: Plan, req: Request) -> list[dict]:
+    """The phase offload variants of one actor layout, each a different RL step: the plan as resolved (the
+    framework's default), and the framework's phase offload knobs all off and all on, unless the user set one
+    (resolve put it on the plan). A variant that moves the same states off the GPU between phases as one kept before
+    it is the same RL step and is left out: where the framework offloads every trainer model around the rollout by
+    itself (SkyRL's colocate_all, whose Megatron workers offload the optimizer whatever offload_after_step says), its
+    knob moves nothing more, so only the default is tried."""
+    if any(getattr(req, k) is not None for k in OFFLOAD_KNOBS):
+        return [{}]
+    knobs = phase_knobs(job.framework, plan)
+    out: list[dict] = [{}]
+    moved = [phase_setting(job, plan).phase_classes]
+    for value in (False, True):
+        option = dict.fromkeys(knobs, value)
+        if all(getattr(plan, k) == value for k in knobs):
+            continue  # the plan as resolved
+        classes = phase_setting(job, plan.model_copy(update=option)).phase_classes
+        if classes not in moved:
+            out.append(option)
+            moved.append(classes)
+    return out
+
+
+@dataclass(frozen=True)
+class ActorHost:
+    """The host per node of the RL step on an actor plan of the training search: the least over its phase offload
+    variants (the RL recommend tries each), each rl_host_bytes of the actor update's report as rl_memory reads it."""
+
+    job: Job  # the RL job (resolve of the RL request)
+    base: Plan
+    req: Request
+
+    def __call__(self, actor: Plan) -> int:
+        layout = actor_layout(actor, self.base)
+        least = None
+        for option in offload_options(self.job, layout, self.req):
+            plan = layout.model_copy(update=option)
+            host = rl_host_bytes(self.job, plan, estimate_memory(self.job, plan))
+            least = host if least is None else min(least, host)
+        return least  # type: ignore[return-value]
+
+
+def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None:
+    """The training search's engine for the RL recommend's actor layouts: under a host limit, its memory estimates
+    carry the RL step's host (ActorHost) instead of the training step's, so the search's MEM003 rejects the layouts
+    whose RL step no offload variant fits on the node's host; their GPU figures are the training step's, unchanged.
+    None (the default engine, the search exact as before) without a host limit."""
+    if job.cpu_memory_per_node is None:
+        return None
+    inner = default_engine(framework)
+    host_of = ActorHost(job, base, req)
+
+    def memory(trainer: Job, plan: Plan):
+        return inner.memory(trainer, plan).model_copy(update={"host_bytes_per_node": host_of(plan)})
+
+    def memory_fit(trainer: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0,
+                   checked: bool = False) -> FitVerdict:
+        verdict = inner.memory_fit(trainer, plan, budget, None, first, checked)  # type: ignore[misc]
+        if not verdict.complete:  # over the GPU budget: no host figure (0 is a floor of any)
+            return FitVerdict(verdict.figure, 0, False, verdict.over)
+        need = host_of(plan)
+        return FitVerdict(verdict.figure, need, host is None or need <= host, None)
+
+    return replace(inner, memory=memory, memory_fit=memory_fit)
