@@ -163,10 +163,10 @@ def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> 
     """Host bytes per node a colocated RL step takes at least on any trainer layout where the framework itself offloads
     every trainer model around the rollout (SkyRL's colocate_all: stage_phases' host): the trainer's states, twice
     with a critic, and the reference model's bf16 weights. `state_bytes`: the states every layout holds across all
-    GPUs at least (search/zero_stages.least_state_bytes), `params`: the model's parameters, each on some GPU. The
-    worst stage's GPU holds at least the average, 1/N; the node's host, ranks_per_node of them (the estimate's
-    host_bytes_per_node). 0 where the framework does not offload by itself (verl: its knobs, which the search tries
-    with and without)."""
+    GPUs at least (search/zero_stages.least_offloaded_state_bytes), `params`: the model's parameters, each on some
+    GPU. The worst stage's GPU holds at least the average, 1/N; the node's host, ranks_per_node of them (the
+    estimate's host_bytes_per_node). 0 where the framework does not offload by itself (verl: its knobs, which the
+    search tries with and without)."""
     setting = phase_setting(job, plan)
     if not setting.auto:
         return 0.0

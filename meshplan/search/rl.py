@@ -30,7 +30,7 @@ from meshplan.search.ranking import recommend
 from meshplan.search.refusal import HostRefused, nodes_to_hold
 from meshplan.search.rl_actor import actor_engine, actor_layout, offload_options
 from meshplan.search.space import Fixed, params_split, request_zeros
-from meshplan.search.zero_stages import least_state_bytes
+from meshplan.search.zero_stages import least_offloaded_state_bytes
 
 # The largest memory fraction tried: verl's perf guide sets 0.8-0.9 with offload (docs/perf/best_practices.rst);
 # above it the engine's own activations and NCCL buffers outside the estimate have no room.
@@ -199,7 +199,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
     trainer, _ = search_job(training)
     fixed = Fixed.from_request(training)
     params = sum(params_split(trainer))
-    states = least_state_bytes(trainer, request_zeros(trainer.framework, fixed), fixed.carried)
+    states = least_offloaded_state_bytes(trainer, request_zeros(trainer.framework, fixed), fixed.carried)
     floor = least_framework_host(job, base, states, params)
     if floor <= capacity:
         return

@@ -58,3 +58,12 @@ def least_state_bytes(job: Job, zeros: tuple[int, ...], carried: dict[str, objec
     (gpu_count.states_floor) and the host a framework offloading every state needs (search/rl.py) read it."""
     dense, routed = params_split(job)
     return min(bytes_per_param(bound_preset(job, z, carried or {})[1], 1.0) for z in zeros) * (dense + routed)
+
+
+def least_offloaded_state_bytes(job: Job, zeros: tuple[int, ...], carried: dict[str, object] | None = None) -> float:
+    """Model-state bytes every layout of the job holds across all its GPUs at least where the framework offloads them
+    to the host between an RL step's phases (search/rl.py's host floor): least_state_bytes with the gradients a
+    trainer frees before each backward counted, as the RL step's host counts the update's gradients
+    (rl/memory.stage_host_extra); what the step keeps in host memory is still left out, a floor either way."""
+    dense, routed = params_split(job)
+    return min(bytes_per_param(state_preset(job, z, carried or {})[1], 1.0) for z in zeros) * (dense + routed)
