@@ -176,13 +176,17 @@ def _recommend_rl(req: Request, top_k: int) -> Recommendation:
     engine = actor_engine(job, base, req, training.framework)  # under a host limit: the RL step's host per layout
     count, seen = ACTOR_LAYOUTS, 0
     while True:
-        actors = recommend(training, top_k=count, engine=engine)
+        # the ranked rows are all the RL ranking reads of it: not the thinner-headroom probe (a training step's
+        # headroom, not the RL phases') nor the decision table
+        actors = recommend(training, top_k=count, engine=engine, rows_only=True)
         for actor in actors.candidates[seen:]:
             _rank_actor(out, job, base, req, actor, limit)
         seen = len(actors.candidates)
         if out.ranked or seen < count or count >= MAX_ACTOR_LAYOUTS:
             break
         count *= ACTOR_WIDENING
+    if not actors.candidates:  # why no actor layout: the training search's whole answer (its nothing-fits reasons)
+        actors = recommend(training, top_k=count, engine=engine)
     out.ranked.sort(key=lambda x: x[0])
     candidates = [c.model_copy(update={"rank": i + 1}) for i, (_, c) in enumerate(out.ranked[:top_k])]
     return _answer(job, req, actors, candidates, out, headroom)
