@@ -418,6 +418,10 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
         states["weights"] += conv.fp8_weight_bytes * params.linear
         detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * params.linear)
     detail["params_on_gpu"] = int(dense + experts)
+    # the parameters whose stored weights this GPU holds: their shard where the weights are sharded (ZeRO-3, FSDP),
+    # as a model built the same way keeps them (the RL step's reference model: rl/memory.reference_bytes)
+    sharded = any(t.tensor_class == "weights" and t.shard == "dp" for t in tensors)
+    detail["weight_params"] = int(dense / terms.dense_dp + experts / terms.expert_dp if sharded else dense + experts)
     return states
 
 

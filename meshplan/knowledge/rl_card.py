@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import Engine, framework_card
 from meshplan.schema.choices import FRAMEWORKS, Placement, RLAlgorithm, RolloutEngine
 
 
@@ -63,6 +63,17 @@ class RLCard(_Card):
     colocated_offload_source: str
     reference_model: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm keeps a reference model")
     critic: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm trains a critic")
+    reference_on_host: dict[Engine, Literal["always", "param_offload"]] = Field(
+        description="Where the trainer engine keeps the reference model's weights between its passes: always on the "
+                    "host (verl's FSDP workers build it with CPU offload), or on the host only with the actor's "
+                    "param_offload (and with colocated_offload); on the GPU otherwise. Either way it is built like "
+                    "the actor, so its weights are sharded as the actor's are (FSDP: over the FSDP group)"
+    )
+    gradients_freed_after_update: dict[Engine, bool] = Field(
+        description="Whether the trainer engine frees the actor's gradients after its update (optimizer.zero_grad, "
+                    "set_to_none), so that between phases they are neither on the GPU nor on the host"
+    )
+    trainer_memory_source: str
     rules_source: str
 
 

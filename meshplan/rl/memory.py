@@ -16,6 +16,7 @@ from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.units import GIB
 from meshplan.estimate.memory import estimate_memory, memory_budget, peak_fit_bytes, stage_allocated
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
 from meshplan.schema.plan import Plan
@@ -48,14 +49,26 @@ class PhaseSetting:
 
     knob_classes: frozenset[str]  # what the offload knobs move to the host between phases
     phase_classes: frozenset[str]  # what leaves the GPU between phases (every state when the framework offloads)
+    freed: frozenset[str]  # what the engine frees after the update: between phases on neither GPU nor host
     auto: bool  # the framework offloads every trainer model itself (SkyRL's colocate_all)
     has_ref: bool
+    ref_on_host: bool  # the reference model's weights are on the host between its passes
     has_critic: bool
     mem: MemoryCard
     fixed: float
     colocated: bool
     capacity: float
     graphs: float
+
+
+def freed_classes(framework: str, zero_stage: int) -> frozenset[str]:
+    """The state classes the trainer engine at this ZeRO stage frees after the actor's update, so that between phases
+    they are on neither the GPU nor the host: the FSDP engines' gradients (verl's and SkyRL's last
+    optimizer.zero_grad() sets them to None; the card's rl.gradients_freed_after_update, with its sources)."""
+    card = rl_card(framework)
+    engine = framework_card(framework).engine_at(zero_stage)
+    freed = card is not None and card.gradients_freed_after_update.get(engine, False)
+    return frozenset({"gradients"}) if freed else frozenset()
 
 
 def phase_setting(job, plan: Plan) -> PhaseSetting:
@@ -65,9 +78,12 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
     auto = card.colocated_offload and plan.placement == "colocated"  # SkyRL's colocate_all offloads every model
     mem = memory_card()
     colocated = plan.placement == "colocated"
+    ref_host = card.reference_on_host.get(framework_card(job.framework).engine_at(plan.zero_stage), "param_offload")
     return PhaseSetting(
-        knob_classes=knob_classes, phase_classes=frozenset(STATE_CLASSES) if auto else knob_classes, auto=auto,
-        has_ref=card.reference_model[rl.algorithm], has_critic=card.critic[rl.algorithm], mem=mem,
+        knob_classes=knob_classes, phase_classes=frozenset(STATE_CLASSES) if auto else knob_classes,
+        freed=freed_classes(job.framework, plan.zero_stage), auto=auto,
+        has_ref=card.reference_model[rl.algorithm],
+        ref_on_host=ref_host == "always" or plan.param_offload or auto, has_critic=card.critic[rl.algorithm], mem=mem,
         fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
         graphs=rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0,
     )
@@ -95,15 +111,24 @@ class StagePhases:
     engine_note: str
 
 
+def reference_bytes(setting: PhaseSetting, s) -> float:
+    """The reference model's (GRPO's and PPO's KL) bf16 weights on one GPU of stage report `s`: built as the actor is,
+    in its layout and sharded as its weights are (the estimate's weight_params: over the FSDP group under ZeRO-3,
+    verl's and SkyRL's FSDP reference workers; the actor's TP/PP/EP under Megatron), 0 without one."""
+    return ENGINE_BYTES * s.detail.get("weight_params", 0) if setting.has_ref else 0.0
+
+
 def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
-    """One stage's phases from its update report `s` and forward-only report `f`. The reference model (GRPO's and
-    PPO's KL) keeps bf16 weights in the trainer's layout, offloaded with param_offload as verl's
-    ref.megatron.param_offload follows the actor's; PPO's critic is counted as a second copy of the actor's states."""
+    """One stage's phases from its update report `s` and forward-only report `f`. The reference model keeps its
+    weights (reference_bytes) on the GPU between its passes unless on the host (setting.ref_on_host: verl's FSDP
+    reference always, else with param_offload as verl's ref.megatron.param_offload follows the actor's); the states
+    the engine frees after the update (setting.freed) are not resident; PPO's critic is counted as a second copy of
+    the actor's states."""
     x, mem, fixed, graphs = setting, setting.mem, setting.fixed, setting.graphs
     states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
-    between = sum(v for cls, v in states.items() if cls not in x.phase_classes)
-    ref = ENGINE_BYTES * s.detail.get("params_on_gpu", 0) if x.has_ref else 0.0
-    ref_resident = 0.0 if plan.param_offload or x.auto else ref
+    between = sum(v for cls, v in states.items() if cls not in x.phase_classes | x.freed)
+    ref = reference_bytes(x, s)
+    ref_resident = 0.0 if x.ref_on_host else ref
     critic_resident = between if x.has_critic else 0.0
     acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
     fwd = acts * (1 + mem.allocator_reserve_fraction)
@@ -136,15 +161,15 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
                        update_reserve=s.total_bytes - stage_allocated(s), engine_note=engine_note)
 
 
-def stage_host_extra(setting: PhaseSetting, plan: Plan, s) -> float:
+def stage_host_extra(setting: PhaseSetting, s) -> float:
     """What one stage's GPU puts on the host beyond what the offload knobs already put there (its update report
-    `s`'s host_bytes): the reference model's bf16 weights where they are offloaded, PPO's critic (its host share as
-    the actor's), the states the framework offloads by itself (SkyRL's colocate_all)."""
+    `s`'s host_bytes): the reference model's bf16 weights where they are on the host (reference_bytes), PPO's
+    critic (its host share as the actor's), the states the framework offloads by itself (SkyRL's colocate_all) less
+    those the engine frees after the update (FSDP's gradients: setting.freed)."""
     x = setting
     states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
-    ref = ENGINE_BYTES * s.detail.get("params_on_gpu", 0) if x.has_ref else 0.0
-    auto_host = sum(v for cls, v in states.items() if cls not in x.knob_classes) if x.auto else 0.0
-    return ((ref if plan.param_offload or x.auto else 0.0)
+    auto_host = sum(v for cls, v in states.items() if cls not in x.knob_classes | x.freed) if x.auto else 0.0
+    return ((reference_bytes(x, s) if x.ref_on_host else 0.0)
             + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
 
 
@@ -155,7 +180,7 @@ def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) 
     setting = setting or phase_setting(job, plan)
     host_extra = 0.0
     for s in update.stages:
-        host_extra = max(host_extra, stage_host_extra(setting, plan, s))
+        host_extra = max(host_extra, stage_host_extra(setting, s))
     return update.host_bytes_per_node + int(host_extra * ranks_per_node(job))
 
 

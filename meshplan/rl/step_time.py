@@ -5,14 +5,13 @@ resharding the weights to the engine and the phase offloads' transfers, and the 
 from __future__ import annotations
 
 from meshplan.arithmetic.flops import model_flops_per_token
-from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, kv_bytes_per_token, rl_constant
-from meshplan.rl.memory import STATE_CLASSES, rl_memory
+from meshplan.rl.memory import phase_setting, reference_bytes, rl_memory
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import RLStepTime
 
@@ -100,13 +99,11 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     cross = plan.placement == "separate" or trainer_group > job.gpus_per_node or group_size > job.gpus_per_node
     link = gpu.network_bandwidth * cal.network_efficiency if cross else gpu.intra_node_bandwidth * cal.nvlink_efficiency
     reshard = weights / link
-    phase_classes = offload_plan(job.framework, plan).phase
-    if card.colocated_offload and plan.placement == "colocated":
-        phase_classes = frozenset(STATE_CLASSES)
+    setting = phase_setting(job, plan)  # what rl_memory moves between phases: the same states, the same reference
     update_stage = max(memory.stages, key=lambda s: s.total_bytes)
-    moved = sum(getattr(update_stage, f"{cls}_bytes") for cls in phase_classes)
-    if (plan.param_offload or card.colocated_offload) and card.reference_model[rl.algorithm]:
-        moved += ENGINE_BYTES * update_stage.detail.get("params_on_gpu", 0)
+    moved = sum(getattr(update_stage, f"{cls}_bytes") for cls in setting.phase_classes - setting.freed)
+    if setting.ref_on_host:
+        moved += reference_bytes(setting, update_stage)
     offload = 2 * moved / gpu.host_bandwidth
     train_side = log_prob + update_s + offload
     if plan.placement == "colocated":

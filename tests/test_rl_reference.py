@@ -1,0 +1,109 @@
+"""The RL step's memory under the FSDP engines (ZeRO-3 on verl and SkyRL), as their workers hold it: the reference model
+is FSDP-wrapped as the actor is, so each GPU holds its shard of the bf16 weights (verl's on the host always, its
+CPUOffload; SkyRL's on the GPU unless colocate_all offloads it), and the actor's gradients are freed by the update's
+last optimizer.zero_grad(), so between phases they are on neither the GPU nor the host (cards/frameworks/verl.yaml and
+skyrl.yaml rl.trainer_memory_source). Under Megatron the reference takes the actor's TP/PP/EP, unsharded over DP, and
+the gradient buffer stays."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.arithmetic.mesh import ranks_per_node
+from meshplan.request.resolve import resolve
+from meshplan.rl.engine import ENGINE_BYTES
+from meshplan.rl.memory import rl_memory
+from meshplan.schema.request import Request
+from meshplan.search.job import search_job
+from meshplan.search.rl import _training
+from meshplan.search.space import Fixed, params_split
+from meshplan.search.zero_stages import least_offloaded_state_bytes
+
+BASE = dict(model="qwen3-8b", gpu="h100", num_gpus=16, job="rl", algorithm="grpo")
+
+
+def memory(framework: str, **fields):
+    job, plan = resolve(Request(**BASE, framework=framework, **fields))
+    report = rl_memory(job, plan)
+    return job, plan, report, report.stages[0]
+
+
+def phase(report, name: str):
+    return next(p for p in report.phases if p.phase == name)
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_under_fsdp_a_gpu_holds_its_shard_of_the_reference_weights(framework):
+    """ZeRO-3 over 16 GPUs: the weights a GPU holds are 1/16 of the model's (the reference read 2 B x the unsharded
+    count: 16x too much); under Megatron (ZeRO-1, TP 2) all its TP shard's."""
+    _, plan, _, s = memory(framework, zero_stage=3)
+    assert plan.dp * plan.cp == 16
+    assert s.detail["weight_params"] == pytest.approx(s.detail["params_on_gpu"] / 16, rel=1e-6)
+    _, _, _, s = memory(framework, zero_stage=1, tp=2)
+    assert s.detail["weight_params"] == s.detail["params_on_gpu"]
+
+
+def test_verl_fsdp_keeps_its_reference_shard_on_the_host_without_param_offload():
+    """verl builds the FSDP reference with CPUOffload(offload_params=True): its shard is on the host whatever
+    param_offload says, and not on the GPU between phases (it was counted unsharded on the GPU, 16 GB of an 8B model
+    in the rollout, and no host)."""
+    job, plan, report, s = memory("verl", zero_stage=3)
+    assert not plan.param_offload and not plan.optimizer_offload
+    ref = ENGINE_BYTES * s.detail["weight_params"]
+    assert report.host_bytes_per_node == pytest.approx(ref * ranks_per_node(job), rel=1e-6)
+    assert phase(report, "rollout").detail["reference_resident"] == 0
+
+
+def test_fsdp_gradients_are_neither_resident_nor_on_the_host_between_phases():
+    """verl's FSDP actor: without the phase offloads the GPU keeps its weights and optimizer through the rollout, not
+    its gradients; with them the host takes the weights, optimizer and reference shard, not the gradients."""
+    _, _, report, s = memory("verl", zero_stage=3)
+    assert s.gradients_bytes > 0
+    assert phase(report, "rollout").detail["trainer_resident"] == pytest.approx(s.weights_bytes + s.optimizer_bytes,
+                                                                                rel=1e-6)
+    job, _, report, s = memory("verl", zero_stage=3, param_offload=True, optimizer_offload=True)
+    held = s.weights_bytes + s.optimizer_bytes + ENGINE_BYTES * s.detail["weight_params"]
+    assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
+
+
+def test_skyrl_colocate_all_offloads_the_fsdp_states_without_gradients_and_the_reference_shard():
+    job, plan, report, s = memory("skyrl", zero_stage=3)
+    assert plan.placement == "colocated"
+    held = s.weights_bytes + s.optimizer_bytes + ENGINE_BYTES * s.detail["weight_params"]
+    assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
+
+
+def test_skyrl_fsdp_placed_apart_keeps_the_reference_shard_on_the_gpu():
+    """Placed apart, SkyRL offloads only the optimizer (offload_after_step): the log-prob passes find the actor's
+    weights and the reference's shard resident, no gradients."""
+    _, plan, report, s = memory("skyrl", zero_stage=3, placement="separate", rollout_gpus=8)
+    assert plan.optimizer_offload
+    resident = s.weights_bytes + ENGINE_BYTES * s.detail["weight_params"]
+    assert phase(report, "log_prob").detail["resident"] == pytest.approx(resident, rel=1e-6)
+
+
+def test_megatron_keeps_its_gradient_buffer_between_phases():
+    """The freed gradients are the FSDP engines' only: verl's Megatron actor keeps its gradient buffer on the GPU."""
+    _, _, report, s = memory("verl", zero_stage=1, tp=2)
+    assert s.gradients_bytes > 0
+    assert phase(report, "rollout").detail["trainer_resident"] == pytest.approx(
+        s.weights_bytes + s.gradients_bytes + s.optimizer_bytes, rel=1e-6)
+
+
+def test_the_floor_leaves_out_the_fsdp_gradients_and_a_zero3_layout_reaches_it():
+    """search/rl.py's host floor under SkyRL's colocate_all: at ZeRO-3 the states are fp32 weights and Adam's two
+    moments, 12 B per parameter (no gradients: the RL step's host has none), and the ZeRO-3 layout over every GPU
+    takes exactly the floor's host: the floor is a floor of the rl_host_bytes figure, and a tight one."""
+    from meshplan.rl.memory import least_framework_host
+
+    req = Request(**BASE, framework="skyrl")
+    job, base = resolve(req)
+    training = _training(req)
+    trainer, _ = search_job(training)
+    fixed = Fixed.from_request(training)
+    params = sum(params_split(trainer))
+    assert least_offloaded_state_bytes(trainer, (3,), fixed.carried) == pytest.approx(12 * params, rel=1e-9)
+    states = least_offloaded_state_bytes(trainer, (0, 1, 3), fixed.carried)
+    floor = least_framework_host(job, base, states, params)
+    _, _, report, _ = memory("skyrl", zero_stage=3)
+    assert floor <= report.host_bytes_per_node <= floor * 1.001
