@@ -82,18 +82,47 @@ def test_skyrl_fsdp_placed_apart_keeps_the_reference_shard_on_the_gpu():
     assert phase(report, "log_prob").detail["resident"] == pytest.approx(resident, rel=1e-6)
 
 
-def test_megatron_keeps_its_gradient_buffer_between_phases():
-    """The freed gradients are the FSDP engines' only: verl's Megatron actor keeps its gradient buffer on the GPU."""
+def test_megatron_keeps_its_gradient_buffer_between_phases_unless_an_offload_releases_it():
+    """verl's Megatron actor keeps its gradient buffer on the GPU; param_offload releases it (storage resized to 0,
+    megatron_utils.offload_megatron_model_to_cpu): off the GPU, and not on the host either (it was counted there)."""
     _, _, report, s = memory("verl", zero_stage=1, tp=2)
     assert s.gradients_bytes > 0
     assert phase(report, "rollout").detail["trainer_resident"] == pytest.approx(
         s.weights_bytes + s.gradients_bytes + s.optimizer_bytes, rel=1e-6)
+    job, _, report, s = memory("verl", zero_stage=1, tp=2, param_offload=True)
+    assert phase(report, "rollout").detail["trainer_resident"] == pytest.approx(s.optimizer_bytes, rel=1e-6)
+    held = s.weights_bytes + ENGINE_BYTES * s.detail["weight_params"]  # the actor's and the reference's weights
+    assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
 
 
-def test_the_floor_leaves_out_the_fsdp_gradients_and_a_zero3_layout_reaches_it():
-    """search/rl.py's host floor under SkyRL's colocate_all: at ZeRO-3 the states are fp32 weights and Adam's two
-    moments, 12 B per parameter (no gradients: the RL step's host has none), and the ZeRO-3 layout over every GPU
-    takes exactly the floor's host: the floor is a floor of the rl_host_bytes figure, and a tight one."""
+def test_skyrl_colocate_all_on_megatron_releases_the_gradients_and_copies_the_rest():
+    """SkyRL's Megatron offload_to_cpu: parameters and optimizer to the host, the gradient buffers released
+    (Megatron-Core offload_grad_buffers, no host copy)."""
+    job, _, report, s = memory("skyrl", zero_stage=1, tp=2)
+    assert s.gradients_bytes > 0
+    assert phase(report, "rollout").detail["trainer_resident"] == 0
+    held = s.weights_bytes + s.optimizer_bytes + ENGINE_BYTES * s.detail["weight_params"]
+    assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
+
+
+def test_skyrl_fsdp_without_offload_after_step_keeps_the_optimizer_on_the_gpu():
+    """SkyRL's FSDP strategy offloads the optimizer around the rollout only with offload_after_step (the
+    optimizer_offload knob, manual_offload_optimizer): without it colocate_all moves the weights and the reference, the
+    optimizer stays resident. The Megatron workers offload it either way, so there the knob is one RL step."""
+    job, _, report, s = memory("skyrl", zero_stage=3, optimizer_offload=False)
+    assert phase(report, "rollout").detail["trainer_resident"] == pytest.approx(s.optimizer_bytes, rel=1e-6)
+    held = s.weights_bytes + ENGINE_BYTES * s.detail["weight_params"]
+    assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
+    on = memory("skyrl", zero_stage=1, tp=2)[2]
+    off = memory("skyrl", zero_stage=1, tp=2, optimizer_offload=False)[2]
+    assert off.host_bytes_per_node == on.host_bytes_per_node and off.peak_bytes == on.peak_bytes
+
+
+def test_the_floor_is_what_the_framework_copies_and_a_zero3_layout_reaches_it():
+    """search/rl.py's host floor under SkyRL's colocate_all: at ZeRO-3 what its own offload copies is the fp32
+    weights, 4 B per parameter (the optimizer only with offload_after_step, the gradients never), at ZeRO-1 the bf16
+    weights and the optimizer; and the ZeRO-3 layout over every GPU without offload_after_step takes exactly the
+    floor's host: the floor is a floor of the rl_host_bytes figure, and a tight one."""
     from meshplan.rl.memory import least_framework_host
 
     req = Request(**BASE, framework="skyrl")
@@ -102,8 +131,9 @@ def test_the_floor_leaves_out_the_fsdp_gradients_and_a_zero3_layout_reaches_it()
     trainer, _ = search_job(training)
     fixed = Fixed.from_request(training)
     params = sum(params_split(trainer))
-    assert least_offloaded_state_bytes(trainer, (3,), fixed.carried) == pytest.approx(12 * params, rel=1e-9)
+    assert least_offloaded_state_bytes(trainer, (3,), fixed.carried) == pytest.approx(4 * params, rel=1e-9)
+    assert least_offloaded_state_bytes(trainer, (1,), fixed.carried) > 4 * params
     states = least_offloaded_state_bytes(trainer, (0, 1, 3), fixed.carried)
     floor = least_framework_host(job, base, states, params)
-    _, _, report, _ = memory("skyrl", zero_stage=3)
+    _, _, report, _ = memory("skyrl", zero_stage=3, optimizer_offload=False)
     assert floor <= report.host_bytes_per_node <= floor * 1.001

@@ -40,11 +40,13 @@ class OffloadPlan:
 
     in_step: share of each state class kept in host memory during the training step; cpu_optimizer: share of the
     optimizer stepped on the CPU (its host tensors are cards/offload.yaml's cpu_optimizer_bytes_per_param);
-    phase: classes moved to the host only between RL phases; activations: whether saved activations go to host."""
+    phase: classes off the GPU only between RL phases, on the host but `phase_freed` (released, no host copy);
+    activations: whether saved activations go to host."""
 
     in_step: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
     cpu_optimizer: float = 0.0
     phase: frozenset[str] = frozenset()
+    phase_freed: frozenset[str] = frozenset()
     activations: bool = False
     cpu_classes: frozenset[str] = frozenset()  # classes the CPU optimizer's own host tensors stand for
 
@@ -74,6 +76,7 @@ def offload_plan(framework: str, plan: Plan) -> OffloadPlan:
         return out
     in_step = dict.fromkeys(CLASSES, 0.0)
     phase: set[str] = set()
+    freed: set[str] = set()
     cpu_classes: set[str] = set()
     cpu_optimizer = 0.0
 
@@ -82,7 +85,8 @@ def offload_plan(framework: str, plan: Plan) -> OffloadPlan:
         if share <= 0 or knob.when == "none":
             return
         if knob.when == "phase":
-            phase.update(knob.moves)
+            phase.update(knob.moves, knob.frees)
+            freed.update(knob.frees)
             return
         for cls in knob.moves:
             in_step[cls] = max(in_step[cls], share)
@@ -102,8 +106,8 @@ def offload_plan(framework: str, plan: Plan) -> OffloadPlan:
             cpu_optimizer = max(cpu_optimizer, plan.optimizer_offload_fraction)
             cpu_classes.add("optimizer")
     activations = plan.activation_offload and sem.activation == "in_step"
-    return OffloadPlan(in_step=in_step, cpu_optimizer=cpu_optimizer, phase=frozenset(phase), activations=activations,
-                       cpu_classes=frozenset(cpu_classes))
+    return OffloadPlan(in_step=in_step, cpu_optimizer=cpu_optimizer, phase=frozenset(phase),
+                       phase_freed=frozenset(freed), activations=activations, cpu_classes=frozenset(cpu_classes))
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ def offload_stage(off: OffloadPlan, states: dict[str, float], optimizer_params: 
         if moved and cls not in off.cpu_classes:
             host += moved
             detail[f"host_{cls}"] = int(moved)
-    phase = sum(kept[cls] for cls in off.phase)
+    phase = sum(kept[cls] for cls in off.phase - off.phase_freed)
     if phase:
         host += phase
         detail["host_between_phases"] = int(phase)

@@ -409,9 +409,11 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
         parts.append("in the step on the host: " + ", ".join(moved)
                      + (f" (the CPU optimizer steps {offload.cpu_optimizer:.0%} of this GPU's shard, with fp32 "
                         "parameters, a gradient copy and Adam moments on the host)" if offload.cpu_optimizer else ""))
-    if offload.phase:
+    if offload.phase - offload.phase_freed:
         parts.append("between RL phases only (the training step's peak is unchanged): "
-                     + ", ".join(sorted(offload.phase)))
+                     + ", ".join(sorted(offload.phase - offload.phase_freed)))
+    if offload.phase_freed:
+        parts.append("released between RL phases, no host copy: " + ", ".join(sorted(offload.phase_freed)))
     if offload.activations:
         parts.append("saved activations on the host except the layers in flight")
     return (f"Offload on {framework_card(job.framework).display_name}: " + "; ".join(parts)

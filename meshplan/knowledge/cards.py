@@ -360,11 +360,16 @@ class OffloadKnob(_Card):
 
     when: OffloadWhen = "none"
     moves: list[StateClass] = Field(default_factory=list)
+    frees: list[StateClass] = Field(
+        default_factory=list, description="Classes a `phase` knob releases from the GPU between phases without a host "
+                                          "copy (Megatron's gradient buffer, its storage resized to 0): on neither")
 
     @model_validator(mode="after")
     def _moves_something(self) -> OffloadKnob:
         if self.when != "none" and not self.moves:
             raise ValueError("an offload that happens must say which state classes it moves")
+        if self.frees and self.when != "phase":
+            raise ValueError("only a phase offload frees state classes (between the phases of an RL job)")
         return self
 
 

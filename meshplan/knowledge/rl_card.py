@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import Engine, framework_card
+from meshplan.knowledge.cards import Engine, StateClass, framework_card
 from meshplan.schema.choices import FRAMEWORKS, Placement, RLAlgorithm, RolloutEngine
 
 
@@ -48,6 +48,13 @@ class RolloutEngineFacts(_Card):
     why: str
 
 
+class FrameworkOffload(_Card):
+    """What a framework's own offload around the rollout does with the actor's states on one engine."""
+
+    moves: list[StateClass] = Field(description="Classes it copies to the host")
+    frees: list[StateClass] = Field(default_factory=list, description="Classes it releases, no host copy")
+
+
 class RLCard(_Card):
     """The `rl` section of a framework card."""
 
@@ -60,6 +67,9 @@ class RLCard(_Card):
         description="With colocated engines the framework itself moves every trainer model (policy, reference, critic:"
                     " weights, gradients, optimizer) to the host between phases, whatever the offload knobs say"
     )
+    colocated_offload_states: dict[Engine, FrameworkOffload] = Field(
+        default_factory=dict, description="Per trainer engine, what that offload does with the actor's states (the "
+                                          "offload knobs' classes come on top); needed where colocated_offload is on")
     colocated_offload_source: str
     reference_model: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm keeps a reference model")
     critic: dict[RLAlgorithm, bool] = Field(description="Whether the algorithm trains a critic")
@@ -77,11 +87,23 @@ class RLCard(_Card):
     rules_source: str
 
 
+def _engines_covered(card: RLCard, framework: str) -> None:
+    if card.colocated_offload:
+        engines = set(framework_card(framework).engine.by_zero_stage.values())
+        missing = engines - set(card.colocated_offload_states)
+        if missing:
+            raise ValueError(f"{framework}: rl.colocated_offload_states lacks the engines {sorted(missing)}")
+
+
 @cache
 def rl_card(framework: str) -> RLCard | None:
     """The framework's `rl` card section, validated; None when it runs no RL job."""
     raw = (framework_card(framework).model_extra or {}).get("rl")
-    return RLCard.model_validate(raw) if raw is not None else None
+    if raw is None:
+        return None
+    card = RLCard.model_validate(raw)
+    _engines_covered(card, framework)
+    return card
 
 
 def rl_frameworks() -> list[str]:

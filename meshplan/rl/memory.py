@@ -22,8 +22,6 @@ from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import PhaseMemory
 
-STATE_CLASSES = ("weights", "gradients", "optimizer")
-
 
 def job_memory(job, plan: Plan):
     """The memory report every caller takes: the training step's, or for an RL job the peak over its phases."""
@@ -47,9 +45,9 @@ class PhaseSetting:
     """What every pipeline stage's phases share: the states that leave the GPU between phases, the models the
     algorithm keeps, the fixed overheads and a colocated engine's CUDA graphs."""
 
-    knob_classes: frozenset[str]  # what the offload knobs move to the host between phases
-    phase_classes: frozenset[str]  # what leaves the GPU between phases (every state when the framework offloads)
-    freed: frozenset[str]  # what the engine frees after the update: between phases on neither GPU nor host
+    knob_classes: frozenset[str]  # what the offload knobs move to the host between phases (the estimate's host)
+    phase_classes: frozenset[str]  # what is on the host between phases: the knobs' and the framework's own offload's
+    freed: frozenset[str]  # what is released between phases, on neither GPU nor host (the gradients, by the engine)
     auto: bool  # the framework offloads every trainer model itself (SkyRL's colocate_all)
     has_ref: bool
     ref_on_host: bool  # the reference model's weights are on the host between its passes
@@ -71,17 +69,32 @@ def freed_classes(framework: str, zero_stage: int) -> frozenset[str]:
     return frozenset({"gradients"}) if freed else frozenset()
 
 
+def framework_offload(framework: str, zero_stage: int) -> tuple[frozenset[str], frozenset[str]]:
+    """What the framework's own offload around a colocated rollout (SkyRL's colocate_all) does with the actor's
+    states on the engine of this ZeRO stage, beyond the offload knobs: (copied to the host, released), the card's
+    rl.colocated_offload_states with its sources, less what the engine already freed after the update. Empty where
+    the framework offloads only by its knobs (verl)."""
+    card = rl_card(framework)
+    if card is None or not card.colocated_offload:
+        return frozenset(), frozenset()
+    own = card.colocated_offload_states[framework_card(framework).engine_at(zero_stage)]
+    done = freed_classes(framework, zero_stage)
+    return frozenset(own.moves) - done, frozenset(own.frees) - done
+
+
 def phase_setting(job, plan: Plan) -> PhaseSetting:
     card = rl_card(job.framework)
     rl = job.rl
-    knob_classes = offload_plan(job.framework, plan).phase
+    off = offload_plan(job.framework, plan)
+    knob_classes = off.phase - off.phase_freed
     auto = card.colocated_offload and plan.placement == "colocated"  # SkyRL's colocate_all offloads every model
+    own_moves, own_frees = framework_offload(job.framework, plan.zero_stage) if auto else (frozenset(), frozenset())
+    freed = freed_classes(job.framework, plan.zero_stage) | off.phase_freed | own_frees
     mem = memory_card()
     colocated = plan.placement == "colocated"
     ref_host = card.reference_on_host.get(framework_card(job.framework).engine_at(plan.zero_stage), "param_offload")
     return PhaseSetting(
-        knob_classes=knob_classes, phase_classes=frozenset(STATE_CLASSES) if auto else knob_classes,
-        freed=freed_classes(job.framework, plan.zero_stage), auto=auto,
+        knob_classes=knob_classes, phase_classes=(knob_classes | own_moves) - freed, freed=freed, auto=auto,
         has_ref=card.reference_model[rl.algorithm],
         ref_on_host=ref_host == "always" or plan.param_offload or auto, has_critic=card.critic[rl.algorithm], mem=mem,
         fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
@@ -168,7 +181,7 @@ def stage_host_extra(setting: PhaseSetting, s) -> float:
     those the engine frees after the update (FSDP's gradients: setting.freed)."""
     x = setting
     states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
-    auto_host = sum(v for cls, v in states.items() if cls not in x.knob_classes | x.freed) if x.auto else 0.0
+    auto_host = sum(v for cls, v in states.items() if cls in x.phase_classes - x.knob_classes)
     return ((reference_bytes(x, s) if x.ref_on_host else 0.0)
             + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
 
@@ -186,9 +199,10 @@ def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) 
 
 def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> float:
     """Host bytes per node a colocated RL step takes at least on any trainer layout where the framework itself offloads
-    every trainer model around the rollout (SkyRL's colocate_all: stage_phases' host): the trainer's states, twice
-    with a critic, and the reference model's bf16 weights. `state_bytes`: the states every layout holds across all
-    GPUs at least (search/zero_stages.least_offloaded_state_bytes), `params`: the model's parameters, each on some
+    every trainer model around the rollout (SkyRL's colocate_all: stage_host_extra's host): the trainer's states it
+    copies to the host, twice with a critic, and the reference model's bf16 weights. `state_bytes`: those states
+    every layout holds across all GPUs at least (search/zero_stages.least_offloaded_state_bytes, with
+    framework_offload's classes), `params`: the model's parameters, each on some
     GPU. The worst stage's GPU holds at least the average, 1/N; the node's host, ranks_per_node of them (the
     estimate's host_bytes_per_node). 0 where the framework does not offload by itself (verl: its knobs, which the
     search tries with and without)."""
@@ -243,11 +257,11 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     if critic:
         phases.append(worst_stage("critic_update", critic, plan=plan, mem=mem, reserves=update_reserve))
     return _with_phases(job, plan, update, phases=phases, host=rl_host_bytes(job, plan, update, setting),
-                        engine_note=engine_note, phase_classes=setting.phase_classes)
+                        engine_note=engine_note, setting=setting)
 
 
 def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: int, engine_note: str,
-                 phase_classes: frozenset[str]):
+                 setting: PhaseSetting):
     """The update's report with the phases: the peak is the highest phase's, the fit the one that decides it."""
     capacity = job.gpu.memory_bytes
     rl = job.rl
@@ -258,9 +272,12 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: in
     words = ", ".join(f"{p.phase} {p.peak_bytes / GIB:.1f} GiB" for p in phases)
     assumptions = [f"RL step ({rl.algorithm}, {plan.placement}): peak per phase {words}; {top.phase} peaks. "
                    f"Stages are the actor update's.", engine_note + "."]
-    if phase_classes:
-        assumptions.append(f"Phase offloads ({', '.join(sorted(phase_classes))}) are on the host during the rollout "
-                           "and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
+    if setting.phase_classes:
+        assumptions.append(f"Phase offloads ({', '.join(sorted(setting.phase_classes))}) are on the host during the "
+                           "rollout and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
+    if setting.freed:
+        assumptions.append(f"Between phases the {', '.join(sorted(setting.freed))} are released (on neither the GPU "
+                           "nor the host) and allocated again in the update.")
     return update.model_copy(update={
         "peak_bytes": top.peak_bytes, "peak_stage": top.stage, "fits": deciding.fit_bytes <= memory_budget(job),
         "headroom_bytes": capacity - deciding.fit_bytes, "fit_bytes": deciding.fit_bytes,

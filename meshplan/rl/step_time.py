@@ -101,7 +101,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     reshard = weights / link
     setting = phase_setting(job, plan)  # what rl_memory moves between phases: the same states, the same reference
     update_stage = max(memory.stages, key=lambda s: s.total_bytes)
-    moved = sum(getattr(update_stage, f"{cls}_bytes") for cls in setting.phase_classes - setting.freed)
+    moved = sum(getattr(update_stage, f"{cls}_bytes") for cls in setting.phase_classes)
     if setting.ref_on_host:
         moved += reference_bytes(setting, update_stage)
     offload = 2 * moved / gpu.host_bandwidth

@@ -33,23 +33,29 @@ def actor_layout(actor: Plan, base: Plan) -> Plan:
     return actor.model_copy(update={k: getattr(base, k) for k in ACTOR_FIELDS})
 
 
+def off_gpu(setting) -> frozenset[str]:
+    """The states off the GPU between phases: on the host or released."""
+    return setting.phase_classes | setting.freed
+
+
 def offload_options(job, plan: Plan, req: Request) -> list[dict]:
     """The phase offload variants of one actor layout, each a different RL step: the plan as resolved (the
     framework's default), and the framework's phase offload knobs all off and all on, unless the user set one
-    (resolve put it on the plan). A variant that moves the same states off the GPU between phases as one kept before
-    it is the same RL step and is left out: where the framework offloads every trainer model around the rollout by
-    itself (SkyRL's colocate_all, whose Megatron workers offload the optimizer whatever offload_after_step says), its
-    knob moves nothing more, so only the default is tried."""
+    (resolve put it on the plan). A variant that takes the same states off the GPU between phases as one kept before
+    it is the same RL step and is left out: where the framework's own offload around the rollout already moves what
+    the knob moves (SkyRL's colocate_all on its Megatron workers, which offload the optimizer whatever
+    offload_after_step says), only the default is tried; on its FSDP workers colocate_all moves the optimizer only
+    with offload_after_step (rl/memory.framework_offload), so both are."""
     if any(getattr(req, k) is not None for k in OFFLOAD_KNOBS):
         return [{}]
     knobs = phase_knobs(job.framework, plan)
     out: list[dict] = [{}]
-    moved = [phase_setting(job, plan).phase_classes]
+    moved = [off_gpu(phase_setting(job, plan))]
     for value in (False, True):
         option = dict.fromkeys(knobs, value)
         if all(getattr(plan, k) == value for k in knobs):
             continue  # the plan as resolved
-        classes = phase_setting(job, plan.model_copy(update=option)).phase_classes
+        classes = off_gpu(phase_setting(job, plan.model_copy(update=option)))
         if classes not in moved:
             out.append(option)
             moved.append(classes)

@@ -5,7 +5,7 @@ stage (a mask per stage, engine.apply_rules)."""
 from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param
-from meshplan.rl.memory import freed_classes
+from meshplan.rl.memory import framework_offload
 from meshplan.rules.engine import EstimateBlocked, require_estimable
 from meshplan.schema.plan import Job
 from meshplan.search.space import Fixed, Layout, params_split, state_preset
@@ -62,16 +62,17 @@ def least_state_bytes(job: Job, zeros: tuple[int, ...], carried: dict[str, objec
 
 
 def least_offloaded_state_bytes(job: Job, zeros: tuple[int, ...], carried: dict[str, object] | None = None) -> float:
-    """Model-state bytes every layout of the job holds across all its GPUs at least where the framework offloads them
-    to the host between an RL step's phases (search/rl.py's host floor): least_state_bytes with the gradients a
-    trainer frees before each backward counted where the RL step's host counts the update's gradients, and left out
-    at a ZeRO stage whose engine frees them after the update (rl/memory.freed_classes: FSDP), as
-    rl/memory.stage_host_extra leaves them out; what the step keeps in host memory is still left out, a floor."""
+    """Model-state bytes every layout of the job puts on the host across all its GPUs at least where the framework
+    offloads them by itself between an RL step's phases (search/rl.py's host floor): at each ZeRO stage the classes
+    its own offload copies to the host on that stage's engine (rl/memory.framework_offload: SkyRL's Megatron workers
+    the weights and optimizer, its FSDP workers the weights; the gradients are released, never on the host), as
+    rl/memory.stage_host_extra counts them, unsharded (bytes_per_param at a shard of 1). The offload knobs may add
+    more, a floor either way."""
     dense, routed = params_split(job)
 
     def per_param(zero: int) -> float:
-        freed = freed_classes(job.framework, zero)
+        copied, _ = framework_offload(job.framework, zero)
         return bytes_per_param([t for t in state_preset(job, zero, carried or {})[1]
-                                if t.tensor_class not in freed], 1.0)
+                                if t.tensor_class in copied], 1.0)
 
     return min(per_param(z) for z in zeros) * (dense + routed)
