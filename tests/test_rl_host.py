@@ -144,11 +144,14 @@ def test_an_rl_recommend_never_ranks_one_plan_twice():
 
 
 def test_the_phase_offload_variants_are_each_a_different_rl_step():
-    """verl: without and with its phase offloads (two RL steps). SkyRL colocated: its own offload of every model
-    makes the knob move nothing more, so only its default; placed separately, without and with it."""
+    """verl: without and with its phase offloads (two RL steps). SkyRL, colocated or placed apart (where
+    colocate_policy_ref still swaps the policy and the reference through the host): its Megatron workers' own offload
+    moves the optimizer whatever the knob says, so only its default; its FSDP workers move the optimizer only with
+    offload_after_step, so with it and without."""
+    apart = {**SKYRL, "placement": "separate", "rollout_gpus": 8}
     for spec, expected in ((VERL, [{}, {"param_offload": True, "optimizer_offload": True}]),
-                           (SKYRL, [{}]),
-                           ({**SKYRL, "placement": "separate", "rollout_gpus": 8}, [{}, {"optimizer_offload": False}])):
+                           (SKYRL, [{}]), (apart, [{}]),
+                           ({**apart, "zero_stage": 3}, [{}, {"optimizer_offload": False}])):
         req = Request(**spec)
         job, base = resolve(req)
         assert offload_options(job, base, req) == expected, spec
@@ -168,3 +171,12 @@ def test_the_floors_fix_names_the_count_min_gpus_finds():
     assert "at least 24 GPUs" in err.value.fix
     spec = {k: v for k, v in SKYRL.items() if k != "num_gpus"}
     assert api.minimum_gpus(Request(**spec, cpu_memory_per_node=64)).num_gpus == 24
+
+
+def test_skyrl_placed_apart_ranks_an_rl_step_on_its_eight_trainer_gpus():
+    """Placed apart (8 rollout + 8 trainer GPUs), the reference waits on the host while the policy updates
+    (colocate_policy_ref): the training search's fastest layouts fit the RL step. Counted resident beside the update
+    (8 GB more), every one of the 256 actor layouts tried was over the headroom (RL005) and nothing was ranked."""
+    rec = api.recommend(Request(**SKYRL, placement="separate", rollout_gpus=8))
+    assert rec.candidates and "RL005" not in rec.rejected
+    assert rec.candidates[0].memory.peak_bytes <= 0.9 * rec.candidates[0].memory.capacity_bytes

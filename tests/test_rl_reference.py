@@ -73,13 +73,20 @@ def test_skyrl_colocate_all_offloads_the_fsdp_states_without_gradients_and_the_r
     assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
 
 
-def test_skyrl_fsdp_placed_apart_keeps_the_reference_shard_on_the_gpu():
-    """Placed apart, SkyRL offloads only the optimizer (offload_after_step): the log-prob passes find the actor's
-    weights and the reference's shard resident, no gradients."""
-    _, plan, report, s = memory("skyrl", zero_stage=3, placement="separate", rollout_gpus=8)
+def test_skyrl_placed_apart_swaps_the_policy_and_the_reference_through_the_host():
+    """Placed apart, SkyRL still keeps the policy and the reference on the same GPUs (placement.colocate_policy_ref,
+    on by default) and offloads the one not running (worker_dispatch._should_manage_offload): the log-prob passes
+    find none of the actor's states resident (weights and, with offload_after_step, the optimizer on the host; FSDP's
+    gradients freed), the update finds the reference on the host. With offload_after_step off the optimizer stays."""
+    job, plan, report, s = memory("skyrl", zero_stage=3, placement="separate", rollout_gpus=8)
     assert plan.optimizer_offload
-    resident = s.weights_bytes + ENGINE_BYTES * s.detail["weight_params"]
-    assert phase(report, "log_prob").detail["resident"] == pytest.approx(resident, rel=1e-6)
+    assert phase(report, "log_prob").detail["resident"] == 0
+    assert phase(report, "actor_update").detail["reference_resident"] == 0
+    ref = ENGINE_BYTES * s.detail["weight_params"]
+    held = s.weights_bytes + s.optimizer_bytes + ref
+    assert report.host_bytes_per_node == pytest.approx(held * ranks_per_node(job), rel=1e-6)
+    _, _, kept, s = memory("skyrl", zero_stage=3, placement="separate", rollout_gpus=8, optimizer_offload=False)
+    assert phase(kept, "log_prob").detail["resident"] == pytest.approx(s.optimizer_bytes, rel=1e-6)
 
 
 def test_megatron_keeps_its_gradient_buffer_between_phases_unless_an_offload_releases_it():

@@ -67,6 +67,11 @@ class RLCard(_Card):
         description="With colocated engines the framework itself moves every trainer model (policy, reference, critic:"
                     " weights, gradients, optimizer) to the host between phases, whatever the offload knobs say"
     )
+    separate_offload: bool = Field(
+        False, description="Where the rollout is placed apart, the framework still keeps the policy and the "
+                           "reference model on the same GPUs and offloads the one not running, as colocated_offload "
+                           "does (SkyRL's placement.colocate_policy_ref, on by default)")
+    separate_offload_source: str = ""
     colocated_offload_states: dict[Engine, FrameworkOffload] = Field(
         default_factory=dict, description="Per trainer engine, what that offload does with the actor's states (the "
                                           "offload knobs' classes come on top); needed where colocated_offload is on")

@@ -87,7 +87,9 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
     rl = job.rl
     off = offload_plan(job.framework, plan)
     knob_classes = off.phase - off.phase_freed
-    auto = card.colocated_offload and plan.placement == "colocated"  # SkyRL's colocate_all offloads every model
+    # SkyRL's colocate_all offloads every model around the rollout; placed apart, colocate_policy_ref still swaps the
+    # policy and the reference through the host
+    auto = card.colocated_offload and (plan.placement == "colocated" or card.separate_offload)
     own_moves, own_frees = framework_offload(job.framework, plan.zero_stage) if auto else (frozenset(), frozenset())
     freed = freed_classes(job.framework, plan.zero_stage) | off.phase_freed | own_frees
     mem = memory_card()
