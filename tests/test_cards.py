@@ -46,13 +46,20 @@ def test_unknown_gpu_suggests():
 def test_the_framework_list_is_the_card_files():
     from typing import get_args
 
-    from meshplan.core.card_files import card_root
+    from meshplan.adapters.capabilities import renderable_frameworks
+    from meshplan.core.card_files import card_root, frameworks_with_section, has_section
     from meshplan.schema.choices import FRAMEWORKS, Framework
 
     files = sorted(p.name.removesuffix(".yaml") for p in card_root().joinpath("frameworks").iterdir()
                    if p.name.endswith(".yaml"))
     assert FRAMEWORKS == tuple(files) == get_args(Framework)
     assert not framework_card("nanotron").renderable and framework_card("verl").renderable
+    # The MCP server names the renderable frameworks from the files' text, before any card is parsed.
+    assert frameworks_with_section("adapter") == renderable_frameworks() == tuple(
+        name for name in FRAMEWORKS if framework_card(name).adapter is not None)
+    assert [has_section(text, "adapter") for text in ("adapter:\n  v: 1\n", "adapter:  # c\n\n  # x\n  v: 1",
+            "adapter:\nrl: 1\n", "adapter: null\n", "x:\n  adapter:\n    v: 1\n", "# adapter:\n  v: 1\n")] == [
+        True, True, False, False, False, False]
     with pytest.raises(CardError, match=r"No framework card 'megatron'.*Known: deepspeed"):
         framework_card("megatron")
 

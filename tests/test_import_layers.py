@@ -51,6 +51,16 @@ LAZY = {
     ("meshplan.faces.mcp.__main__", "meshplan.faces.mcp.server"): "the entry point reports a bad flag first",
     ("meshplan.faces.mcp.tools", "meshplan.search"): "recommend's next steps name the headroom that would rank a "
                                                       "layout: the search is loaded then, not at server start-up",
+    ("meshplan.faces.mcp.tools", "meshplan.api"): "the api (the request parser, the card loader, the estimators) "
+                                                   "loads on the first tool call, not while a host waits for its tools",
+    ("meshplan.faces.mcp.tools", "meshplan.request.parse"): "the parser (and the cards it reads) loads on the first "
+                                                             "tool call",
+    ("meshplan.faces.mcp.tools", "meshplan.check.headline"): "the framework cards load on the first check_config",
+    ("meshplan.faces.mcp.resources", "meshplan.api"): "the model catalog loads on the first read of catalog://models",
+    ("meshplan.faces.mcp.resources", "meshplan.knowledge.cards"): "the card loader (yaml, the card schemas) loads on "
+                                                                   "the first card read",
+    ("meshplan.faces.mcp.resources", "meshplan.knowledge.hardware"): "the hardware card loads on the first read of "
+                                                                      "catalog://hardware",
 }
 
 

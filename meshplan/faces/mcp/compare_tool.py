@@ -11,10 +11,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from meshplan import api
 from meshplan.schema.measured import RunComparison
 
-from .tools import _KW, register_tool, request_parameters, to_request, tool_errors, with_signature
+from .tools import _KW, api, register_tool, request_parameters, to_request, tool_errors, with_signature
 
 
 class CompareAnswer(RunComparison):

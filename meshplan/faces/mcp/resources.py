@@ -21,10 +21,8 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources import FunctionResource
 
-from meshplan import api
+from meshplan.core.card_files import card_names
 from meshplan.core.errors import closest
-from meshplan.knowledge.cards import card_names, card_text
-from meshplan.knowledge.hardware import gpu_catalog
 
 SKILLS_PACKAGE = "meshplan.skills"
 _MIME = {".md": "text/markdown", ".yaml": "application/yaml", ".yml": "application/yaml", ".json": "application/json"}
@@ -69,6 +67,13 @@ def _missing(kind: str, name: str, known: list[str]) -> ResourceNotFoundError:
     return ResourceNotFoundError(f"No {kind} named {name!r}.{hint} The index resource lists all of them.")
 
 
+def card_text(name: str) -> str:
+    """One card's YAML; the card loader (yaml, the card schemas) is imported on the first read, not at start-up."""
+    from meshplan.knowledge.cards import card_text as text
+
+    return text(name)
+
+
 def read_card(name: str) -> str:
     names = card_names()
     if name not in names:
@@ -92,10 +97,14 @@ def skill_index() -> str:
 
 
 def model_catalog() -> str:
+    from meshplan import api  # the catalog loads on the first read
+
     return json.dumps([m.model_dump(mode="json") for m in api.list_models()], indent=1)
 
 
 def hardware_catalog() -> str:
+    from meshplan.knowledge.hardware import gpu_catalog  # the hardware card loads on the first read
+
     return json.dumps([g.model_dump(mode="json") for g in gpu_catalog().values()], indent=1)
 
 

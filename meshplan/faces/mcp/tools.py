@@ -20,12 +20,9 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from meshplan import api
-from meshplan.adapters.capabilities import renderable_frameworks
-from meshplan.check.headline import layout_text
+from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent
-from meshplan.request.parse import parse_request, unknown_field_error, validation_message
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
 
@@ -42,11 +39,26 @@ from .results import (
     extend,
 )
 
+
+class _Api:
+    """`meshplan.api`, imported on the first tool call rather than at start-up: the request parser, the card loader
+    and the estimators come with it, and a host waits for the server's tool list while it starts."""
+
+    def __getattr__(self, name: str) -> Any:
+        from meshplan import api as loaded
+
+        return getattr(loaded, name)
+
+
+api: Any = _Api()
+
 # Every tool is a pure computation over the catalog: nothing is written, nothing leaves the machine.
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
-# The frameworks the adapters can write a config for: those whose card has an `adapter` section.
-RenderTarget = Literal[renderable_frameworks()]  # type: ignore[valid-type]
+# The frameworks the adapters can write a config for: those whose card has an `adapter` section (read from the card
+# files' text: the card loader waits for the first call; adapters.capabilities.renderable_frameworks, from the
+# loaded cards, is the same tuple, tests/test_cards.py).
+RenderTarget = Literal[frameworks_with_section("adapter")]  # type: ignore[valid-type]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 _MODEL = Request.model_fields["model"]
@@ -108,6 +120,8 @@ def tool_errors() -> Iterator[None]:
     except MeshplanError as exc:
         raise ToolError(str(exc)) from exc
     except ValidationError as exc:
+        from meshplan.request.parse import validation_message  # loaded with the first call (see _Api)
+
         raise ToolError(validation_message(exc)) from exc
 
 
@@ -119,6 +133,8 @@ def to_request(args: dict[str, Any]) -> Request:
         given = {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
         imported = api.import_config(text, framework=given.get("framework"), config_format=fmt)
         return api.request_from_config(imported, given)
+    from meshplan.request.parse import parse_request
+
     return parse_request(args)
 
 
@@ -142,6 +158,8 @@ def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Call
         with tool_errors():
             for name in arguments:
                 if name not in arg_model.model_fields:  # named as every face names a request's fields
+                    from meshplan.request.parse import unknown_field_error
+
                     raise unknown_field_error(name, [f for f in arg_model.model_fields if f not in CONFIG_NAMES])
             validated = arg_model.model_validate(arguments, strict=True)  # Request's types: no `true` as 1, no "8"
         return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
@@ -293,6 +311,8 @@ def check_config(**args: Any) -> CheckAnswer:
         framework = args.get("framework")
         config = api.import_config(text, framework=framework, config_format=fmt) if text is not None else None
         report = api.check_config(to_request(args), config=config)  # with config_text: fixes in the file's keys
+    from meshplan.check.headline import layout_text  # the framework cards load with the first check
+
     counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")}
     where = f"{layout_text(report)} on {report.framework}"
     if report.ok:
