@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import anyio
 import pytest
@@ -385,6 +386,44 @@ async def test_wrapped_tools_publish_the_same_schemas():
         assert (wrapped.__name__, wrapped.__doc__) == (fn.__name__, fn.__doc__)
         assert inspect.signature(wrapped) == inspect.signature(fn)
         assert inspect.iscoroutinefunction(wrapped)
+
+
+# The server as the SDK builds it tool by tool (each tool's output schema derived on its own: register_tool without
+# one), served over the same stdio transport: what start-up shares between tools must not show on the wire.
+SDK_BUILT_SERVER = """
+from meshplan.faces.mcp import server, tools
+
+def one_by_one(mcp, specs):
+    for spec in specs:
+        tools.register_tool(mcp, *spec)
+
+server.register_tools = one_by_one
+server.app = server.build_server()
+server.run()
+"""
+WIRE = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, request(2), request(3, "resources/list"),
+        request(4, "resources/templates/list"), request(5, "prompts/list"),
+        call(6, "describe_model", {"model": "deepseek-v3"}), call(7, "estimate_memory", MEMORY_ARGS),
+        call(8, "estimate_memory", {**MEMORY_ARGS, "tensor_parallel": 2}), call(9, "check_config", {"tp": "2"}),
+        call(10, "render_config", {**MEMORY_ARGS, "framework": "nanotron"}), call(11, "list_models", {})]
+
+
+def test_the_wire_is_byte_for_byte_the_sdk_built_servers(tmp_path):
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this tree, wherever it is installed from
+    replies = []
+    for argv in (SERVER, [sys.executable, "-c", SDK_BUILT_SERVER]):
+        server = RawServer(argv, tmp_path, env=env)
+        lines = []
+        for message in WIRE:
+            server.send(message)
+            if "id" in message:
+                lines.append(server.proc.stdout.readline())
+        server.proc.stdin.close()
+        assert server.proc.wait(timeout=30) == 0
+        replies.append(lines)
+    assert all(line.startswith('{"jsonrpc":"2.0","id":') for line in replies[0]), replies[0]
+    assert [json.loads(line)["id"] for line in replies[0]] == [m["id"] for m in WIRE if "id" in m]
+    assert replies[0] == replies[1]
 
 
 # A server with one more tool that reports, from inside the server process, how many computations run.

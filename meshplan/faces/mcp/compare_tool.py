@@ -13,7 +13,7 @@ from pydantic import Field
 
 from meshplan.schema.measured import RunComparison
 
-from .tools import _KW, api, register_tool, request_parameters, to_request, tool_errors, with_signature
+from .tools import _KW, api, request_parameters, to_request, tool_errors, with_signature
 
 
 class CompareAnswer(RunComparison):
@@ -57,6 +57,3 @@ def compare_run(**args: Any) -> CompareAnswer:
 
 COMPARE_TOOL = (compare_run, "Compare a run's log with the prediction", COMPARE_RUN)
 
-
-def register_compare_tool(server: Any) -> None:
-    register_tool(server, *COMPARE_TOOL)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.core.units import gib
 from meshplan.schema.plan import Plan
 
-from .tools import _KW, register_tool, request_parameters, to_request, tool_errors, with_signature
+from .tools import _KW, request_parameters, to_request, tool_errors, with_signature
 
 REPORT_URI = "report://meshplan/report.html"
 
@@ -95,6 +95,3 @@ def render_report(**args: Any) -> CallToolResult:
 
 REPORT_TOOL = (render_report, "Draw a plan (memory, mesh, schedule)", RENDER_REPORT)
 
-
-def register_report_tool(server: Any) -> None:
-    register_tool(server, *REPORT_TOOL)

@@ -22,13 +22,13 @@ from mcp.server.transport_security import TransportSecuritySettings
 from meshplan import __version__
 from meshplan.core.errors import MeshplanError
 
-from .compare_tool import register_compare_tool
+from .compare_tool import COMPARE_TOOL
 from .http_edges import InvalidIdGuard
 from .prompts import register_prompts
-from .report_tool import register_report_tool
+from .report_tool import REPORT_TOOL
 from .resources import register_resources
 from .stdio import serve_stdio
-from .tools import register_tools
+from .tools import TOOLS, register_tools
 
 INSTRUCTIONS = """\
 meshplan answers "how should I parallelize this LLM training job?" with numbers: exact parameter counts, \
@@ -67,9 +67,7 @@ def build_server() -> MCPServer:
         version=__version__,
         log_level="WARNING",
     )
-    register_tools(server)
-    register_report_tool(server)
-    register_compare_tool(server)
+    register_tools(server, [*TOOLS, REPORT_TOOL, COMPARE_TOOL])
     register_resources(server)
     register_prompts(server)
     return server

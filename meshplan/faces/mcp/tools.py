@@ -27,6 +27,7 @@ from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
 
 from .cancellable import cancellable
+from .output_schemas import output_schemas, result_model
 from .results import (
     CheckAnswer,
     MemoryAnswer,
@@ -508,7 +509,9 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
     return extend(report, MinimumGpusAnswer, summary=summary, next_steps=steps)
 
 
-TOOLS: list[tuple[Callable[..., Any], str, str]] = [
+ToolSpec = tuple[Callable[..., Any], str, str]  # the function, its title, its description
+
+TOOLS: list[ToolSpec] = [
     (recommend_parallelism, "Recommend a parallel layout", RECOMMEND),
     (check_config, "Check a parallel layout", CHECK_CONFIG),
     (estimate_memory, "Estimate per-GPU memory", ESTIMATE_MEMORY),
@@ -520,16 +523,25 @@ TOOLS: list[tuple[Callable[..., Any], str, str]] = [
 ]
 
 
-def register_tool(server: Any, fn: Callable[..., Any], title: str, description: str) -> None:
-    """One tool: cancellable, read-only, its arguments checked as sent."""
-    server.tool(name=fn.__name__, title=title, description=description, annotations=READ_ONLY)(cancellable(fn))
+def register_tool(server: Any, fn: Callable[..., Any], title: str, description: str,
+                  output: tuple[type[BaseModel], dict[str, Any]] | None = None) -> None:
+    """One tool: cancellable, read-only, its arguments checked as sent. `output` is its result model with that
+    model's output schema (output_schemas.py); without it the SDK derives both from the return annotation."""
+    server.add_tool(cancellable(fn), name=fn.__name__, title=title, description=description, annotations=READ_ONLY,
+                    structured_output=False if output else None)
     tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
     meta = tool.fn_metadata
+    model, schema = output or (meta.output_model, meta.output_schema)
     tool.fn = strict_arguments(tool.fn, meta.arg_model)
-    tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=meta.output_schema,
-                                        output_model=meta.output_model, wrap_output=meta.wrap_output)
+    tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=schema, output_model=model,
+                                        wrap_output=meta.wrap_output)
 
 
-def register_tools(server: Any) -> None:
-    for fn, title, description in TOOLS:
-        register_tool(server, fn, title, description)
+def register_tools(server: Any, specs: Iterable[ToolSpec]) -> None:
+    """Every tool, with the output schemas of all their result models generated in one pass."""
+    specs = list(specs)
+    models = {fn: result_model(fn) for fn, _, _ in specs}
+    schemas = output_schemas([m for m in dict.fromkeys(models.values()) if m is not None])
+    for fn, title, description in specs:
+        model = models[fn]
+        register_tool(server, fn, title, description, (model, schemas[model]) if model in schemas else None)
