@@ -388,16 +388,13 @@ async def test_wrapped_tools_publish_the_same_schemas():
         assert inspect.iscoroutinefunction(wrapped)
 
 
-# The server as the SDK builds it tool by tool (each tool's output schema derived on its own: register_tool without
-# one), served over the same stdio transport: what start-up shares between tools must not show on the wire.
+# The server as the SDK builds it tool by tool (each tool's argument model and output schema derived on its own:
+# sdk_tool without an output schema), served over the same stdio transport: what start-up shares between tools
+# must not show on the wire.
 SDK_BUILT_SERVER = """
 from meshplan.faces.mcp import server, tools
 
-def one_by_one(mcp, specs):
-    for spec in specs:
-        tools.register_tool(mcp, *spec)
-
-server.register_tools = one_by_one
+server.build_tools = lambda specs: [tools.sdk_tool(*spec) for spec in specs]
 server.app = server.build_server()
 server.run()
 """
@@ -405,7 +402,8 @@ WIRE = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, request
         request(4, "resources/templates/list"), request(5, "prompts/list"),
         call(6, "describe_model", {"model": "deepseek-v3"}), call(7, "estimate_memory", MEMORY_ARGS),
         call(8, "estimate_memory", {**MEMORY_ARGS, "tensor_parallel": 2}), call(9, "check_config", {"tp": "2"}),
-        call(10, "render_config", {**MEMORY_ARGS, "framework": "nanotron"}), call(11, "list_models", {})]
+        call(10, "render_config", {**MEMORY_ARGS, "framework": "nanotron"}), call(11, "list_models", {}),
+        call(12, "estimate_throughput", {**MEMORY_ARGS, "num_gpus": 0})]
 
 
 def test_the_wire_is_byte_for_byte_the_sdk_built_servers(tmp_path):

@@ -28,7 +28,7 @@ from .prompts import register_prompts
 from .report_tool import REPORT_TOOL
 from .resources import register_resources
 from .stdio import serve_stdio
-from .tools import TOOLS, register_tools
+from .tools import TOOLS, build_tools
 
 INSTRUCTIONS = """\
 meshplan answers "how should I parallelize this LLM training job?" with numbers: exact parameter counts, \
@@ -66,8 +66,8 @@ def build_server() -> MCPServer:
         instructions=INSTRUCTIONS,
         version=__version__,
         log_level="WARNING",
+        tools=build_tools([*TOOLS, REPORT_TOOL, COMPARE_TOOL]),
     )
-    register_tools(server, [*TOOLS, REPORT_TOOL, COMPARE_TOOL])
     register_resources(server)
     register_prompts(server)
     return server

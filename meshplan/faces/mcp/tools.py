@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, Literal, get_args
 
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
@@ -101,6 +102,9 @@ CONFIG_PARAMETERS = [
                                                                           "detected from the text)")]),
 ]
 
+
+# The signature of the tools that take the request alone: one list, so they share one argument model (build_tools).
+REQUEST_PARAMETERS = request_parameters()
 
 def with_signature(params: list[inspect.Parameter], returns: type) -> Callable[[Callable], Callable]:
     """Give a `**kwargs` tool function the explicit signature the SDK turns into its input schema."""
@@ -235,7 +239,7 @@ def _band_words(band: ErrorBand | None) -> str:
     return f" Error measured in this regime: {band.text}." if band is not None else ""
 
 
-@with_signature(request_parameters(), MemoryAnswer)
+@with_signature(REQUEST_PARAMETERS, MemoryAnswer)
 def estimate_memory(**args: Any) -> MemoryAnswer:
     with tool_errors():
         report = api.estimate_memory(to_request(args))
@@ -273,7 +277,7 @@ ESTIMATE_THROUGHPUT = (
 _OVERHEADS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "dp_comm_s", "pp_comm_s", "bubble_s", "recompute_s", "other_s")
 
 
-@with_signature(request_parameters(), ThroughputAnswer)
+@with_signature(REQUEST_PARAMETERS, ThroughputAnswer)
 def estimate_throughput(**args: Any) -> ThroughputAnswer:
     with tool_errors():
         report = api.estimate_throughput(to_request(args))
@@ -305,7 +309,7 @@ CHECK_CONFIG = (
 )
 
 
-@with_signature(request_parameters(), CheckAnswer)
+@with_signature(REQUEST_PARAMETERS, CheckAnswer)
 def check_config(**args: Any) -> CheckAnswer:
     text, fmt = args.get("config_text"), args.get("config_format")
     with tool_errors():
@@ -523,25 +527,50 @@ TOOLS: list[ToolSpec] = [
 ]
 
 
-def register_tool(server: Any, fn: Callable[..., Any], title: str, description: str,
-                  output: tuple[type[BaseModel], dict[str, Any]] | None = None) -> None:
-    """One tool: cancellable, read-only, its arguments checked as sent. `output` is its result model with that
-    model's output schema (output_schemas.py); without it the SDK derives both from the return annotation."""
-    server.add_tool(cancellable(fn), name=fn.__name__, title=title, description=description, annotations=READ_ONLY,
-                    structured_output=False if output else None)
-    tool = server._tool_manager.get_tool(fn.__name__)  # the SDK's registry; mcp is pinned <3
+def _checked(tool: Tool, output: tuple[type[BaseModel], dict[str, Any]] | None) -> Tool:
+    """`tool` with its arguments checked as sent and, when `output` is given, that result model and output schema."""
     meta = tool.fn_metadata
     model, schema = output or (meta.output_model, meta.output_schema)
     tool.fn = strict_arguments(tool.fn, meta.arg_model)
     tool.fn_metadata = _ArgumentsAsSent(arg_model=meta.arg_model, output_schema=schema, output_model=model,
                                         wrap_output=meta.wrap_output)
+    return tool
 
 
-def register_tools(server: Any, specs: Iterable[ToolSpec]) -> None:
-    """Every tool, with the output schemas of all their result models generated in one pass."""
+def sdk_tool(fn: Callable[..., Any], title: str, description: str,
+             output: tuple[type[BaseModel], dict[str, Any]] | None = None) -> Tool:
+    """One tool as the SDK builds it from the function: cancellable, read-only, its arguments checked as sent. `output`
+    is its result model with that model's output schema (output_schemas.py); without it the SDK derives both."""
+    tool = Tool.from_function(cancellable(fn), name=fn.__name__, title=title, description=description,
+                              annotations=READ_ONLY, structured_output=False if output else None)
+    return _checked(tool, output)
+
+
+def _twin(first: Tool, fn: Callable[..., Any], title: str, description: str,
+          output: tuple[type[BaseModel], dict[str, Any]]) -> Tool:
+    """A tool declared with the very parameters of `first`: the SDK would build the same argument model and input
+    schema again, so it takes `first`'s, the schema retitled `<name>Arguments` as the SDK titles a function's."""
+    name = fn.__name__
+    tool = Tool(fn=cancellable(fn), name=name, title=title, description=description, is_async=True,
+                parameters={**first.parameters, "title": f"{name}Arguments"}, annotations=READ_ONLY,
+                fn_metadata=FuncMetadata(arg_model=first.fn_metadata.arg_model))
+    return _checked(tool, output)
+
+
+def build_tools(specs: Iterable[ToolSpec]) -> list[Tool]:
+    """Every tool, built once per start-up with the work tools share done once: the output schemas of all their result
+    models in one pass, and one argument model per parameter list (REQUEST_PARAMETERS). The tool list is the SDK's
+    own, byte for byte (tests/test_mcp_protocol_edges.py builds every tool with sdk_tool alone and compares)."""
     specs = list(specs)
     models = {fn: result_model(fn) for fn, _, _ in specs}
     schemas = output_schemas([m for m in dict.fromkeys(models.values()) if m is not None])
+    built: list[tuple[list[inspect.Parameter], Tool]] = []
     for fn, title, description in specs:
-        model = models[fn]
-        register_tool(server, fn, title, description, (model, schemas[model]) if model in schemas else None)
+        params = list(inspect.signature(fn).parameters.values())
+        output = (models[fn], schemas[models[fn]]) if models[fn] in schemas else None
+        first = next((tool for same, tool in built if len(same) == len(params) and all(
+            a is b for a, b in zip(same, params, strict=True))), None)
+        tool = _twin(first, fn, title, description, output) if first and output else sdk_tool(
+            fn, title, description, output)
+        built.append((params, tool))
+    return [tool for _, tool in built]
