@@ -361,3 +361,23 @@ def test_a_client_that_hangs_up_over_http_cancels_its_call(hang_up_server):
         req_id += 1
     assert now == {"running": 0, "cancelled": 1}, now  # stopped at a checkpoint, not run to its end
     assert computations(req_id + 1) == {"running": 0, "cancelled": 1}  # still serving
+
+
+def test_start_up_pauses_the_collector_and_freezes_what_it_built():
+    import gc
+
+    from meshplan.faces.mcp import start_up
+
+    frozen = gc.get_freeze_count()
+    try:
+        with start_up():
+            assert not gc.isenabled()
+            built = [[] for _ in range(100)]  # what start-up builds lives as long as the process
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(built)
+        gc.disable()
+        with start_up():  # a caller that had paused it keeps it paused
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.unfreeze()  # this test process is not a server: give its objects back to the collector
+        gc.enable()

@@ -21,6 +21,7 @@ from meshplan import __version__, api
 from meshplan.adapters.capabilities import renderable_frameworks
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
+from meshplan.faces.mcp import start_up
 from meshplan.request.parse import ascii_float, ascii_int, parse_request, validation_message
 from meshplan.schema.request import Request
 
@@ -388,7 +389,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The MCP server; it says on stderr what it waits for, and Ctrl-C ends it with status 130, no traceback."""
-    from meshplan.faces.mcp.server import run
+    with start_up():
+        from meshplan.faces.mcp.server import run
 
     run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
     return EXIT_OK

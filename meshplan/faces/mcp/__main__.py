@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from meshplan.core.errors import MeshplanError
+from meshplan.faces.mcp import start_up
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,7 +21,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from meshplan.faces.mcp.server import EXIT_INTERRUPTED, run
+    with start_up():
+        from meshplan.faces.mcp.server import EXIT_INTERRUPTED, run
 
     try:
         run(transport=args.transport, host=args.host, port=args.port, allowed_hosts=args.allowed_host)
