@@ -126,6 +126,11 @@ class StagePhases:
     engine_note: str
 
 
+def state_bytes(s) -> dict[str, float]:
+    """One stage report's model states per class (the classes the offload knobs and the framework's offload name)."""
+    return {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
+
+
 def reference_bytes(setting: PhaseSetting, s) -> float:
     """The reference model's (GRPO's and PPO's KL) bf16 weights on one GPU of stage report `s`: built as the actor is,
     in its layout and sharded as its weights are (the estimate's weight_params: over the FSDP group under ZeRO-3,
@@ -140,7 +145,7 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
     the engine frees after the update (setting.freed) are not resident; PPO's critic is counted as a second copy of
     the actor's states."""
     x, mem, fixed, graphs = setting, setting.mem, setting.fixed, setting.graphs
-    states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
+    states = state_bytes(s)
     between = sum(v for cls, v in states.items() if cls not in x.phase_classes | x.freed)
     ref = reference_bytes(x, s)
     ref_resident = 0.0 if x.ref_on_host else ref
@@ -182,7 +187,7 @@ def stage_host_extra(setting: PhaseSetting, s) -> float:
     critic (its host share as the actor's), the states the framework offloads by itself (SkyRL's colocate_all) less
     those the engine frees after the update (FSDP's gradients: setting.freed)."""
     x = setting
-    states = {"weights": s.weights_bytes, "gradients": s.gradients_bytes, "optimizer": s.optimizer_bytes}
+    states = state_bytes(s)
     auto_host = sum(v for cls, v in states.items() if cls in x.phase_classes - x.knob_classes)
     return ((reference_bytes(x, s) if x.ref_on_host else 0.0)
             + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
