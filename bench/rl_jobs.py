@@ -3,8 +3,9 @@
 Data: the RL rows (category rl) of ../shared/validation/production_configs_dev.yaml, whatever their ids (measured
 peak GPU memory, step seconds and actor MFU from their fields; host memory per node, rollout seconds and mean
 response length from their notes, read by one rule for every row), and verl docs/advance/one_step_off.md (colocated
-vs one-step-off DAPO step seconds). The rows state the trainer layout; the RL workload of each (prompts, samples,
-lengths, rollout TP and memory fraction, offloads) is what the script the row cites sets:
+vs one-step-off DAPO step seconds). The rows state the trainer layout, and where they state them its pipeline split
+(production_sources.stage_layers) and offloads (production_mapping.offload_fields); the RL workload of each
+(prompts, samples, lengths, rollout TP and memory fraction, offloads) is what the script the row cites sets:
 bench/data/rl_workloads.yaml, keyed by the script, each with its source. A row citing no script there is listed with
 that reason. Nothing here is fitted: every figure is meshplan.api on a Request, as a user would ask.
 
@@ -20,6 +21,8 @@ import sys
 from pathlib import Path
 
 import yaml
+from production_mapping import offload_fields
+from production_sources import stage_layers
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
@@ -63,9 +66,13 @@ def score_row(row: dict, work: dict) -> dict:
     hw, out = row["hardware"], row.get("outcome") or {}
     fields = {**work["request"], "num_gpus": hw["num_gpus"], "gpu": str(hw["gpu_type"]).split("-")[0].lower()}
     layout = {k: v for k, v in (row.get("parallelism") or {}).items() if k in ("tp", "pp", "ep", "etp", "cp") and v}
-    if layout.get("pp", fields.get("pp")) != fields.get("pp"):  # the script's split is for its own pp
+    own_pp = layout.get("pp", fields.get("pp")) == fields.get("pp")
+    if not own_pp:  # the script's split (and its MTP variant) is for its own pp: the row's own split then
         fields.pop("pipeline_layout", None)
+        first, last, split, _, _ = stage_layers(row, fields["model"])
+        fields |= {k: v for k, v in (("first_stage_layers", first), ("last_stage_layers", last)) if v} | split
     fields |= layout  # the row states its trainer layout
+    fields |= offload_fields(row)[0]  # and its offloads, where it states them (the table's per-scale settings)
     mem = api.estimate_memory(parse_request(fields))
     mean = noted(row, "mean response", "tokens")
     step = api.estimate_throughput(parse_request({**fields, **({"response_length": int(mean)} if mean else {})}))
@@ -79,7 +86,7 @@ def score_row(row: dict, work: dict) -> dict:
            "parts_s": {k: round(getattr(step.rl, k), 1) for k in ("prefill_s", "decode_s", "log_prob_s", "update_s",
                                                                    "reshard_s", "offload_s")},
            "update_mfu": round(step.rl.update_mfu, 3), "mfu_measured": out.get("mfu")}
-    if work.get("with_mtp"):
+    if work.get("with_mtp") and own_pp:
         mtp = api.estimate_memory(parse_request({k: v for k, v in {**fields, **work["with_mtp"]}.items()
                                                  if v is not None}))
         res["with_mtp"] = {"peak_gb": round(mtp.peak_bytes / GB, 1), "peak_phase": mtp.peak_phase,

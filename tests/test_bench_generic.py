@@ -195,3 +195,25 @@ def test_a_torchtitan_pipeline_row_maps_its_local_batch_as_the_import_does(produ
     w, fields = pmap.pipeline_batch(row, "torchtitan", row["workload"])
     assert w["micro_batch_size"] == 1 and fields == {"pipeline_microbatches": 32}
     assert pmap.pipeline_batch(row, "megatron-core", row["workload"]) == (row["workload"], {})
+
+
+def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
+    """bench/rl_jobs.py takes the RL workload from the script a row cites, and the trainer from the row: a row at
+    another pp than its script's is scored with the split it states (Megatron's last-stage size alone: the other
+    stages share the rest evenly), not refused for the script's split or its MTP variant, and the optimizer share it
+    offloads is the row's, not the script's default."""
+    import rl_jobs
+
+    scripts = rl_jobs.workloads()["scripts"]
+    row = copy.deepcopy(production_rows["verl_dsv3_h20_96"])
+    row["id"], row["hardware"]["num_gpus"] = "synthetic_rl_zz", 128
+    row["parallelism"].update(pp=16, pp_layout="num_layers_in_last_pipeline_stage=1")
+    work = rl_jobs.workload_of(row, scripts)
+    assert work is not None and work["request"]["pp"] != 16  # the script's own split is for another pp
+    hosts = []
+    for share in (0.5, 1.0):
+        row["memory"]["offload"] = f"param/grad offload; optimizer_offload_fraction={share}"
+        res = rl_jobs.score_row(row, work)
+        assert "with_mtp" not in res and res["num_gpus"] == 128
+        hosts.append(res["host_tb_per_node"])
+    assert hosts[0] < hosts[1]  # half the optimizer on the host holds less of it there
