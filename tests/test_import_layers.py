@@ -49,6 +49,9 @@ LAZY = {
     ("meshplan.faces.mcp.report_tool", "meshplan.faces.report"): "the report loads on the first render_report call, "
                                                                   "not at server start-up",
     ("meshplan.faces.mcp.__main__", "meshplan.faces.mcp.server"): "the entry point reports a bad flag first",
+    ("meshplan.faces.mcp.deferred", "meshplan.faces.mcp.tool_list"): "the tools' functions, argument and result "
+                                                                       "models load on a tool's first call: the server "
+                                                                       "lists them from tool_schemas.json",
     ("meshplan.faces.mcp.tools", "meshplan.search"): "recommend's next steps name the headroom that would rank a "
                                                       "layout: the search is loaded then, not at server start-up",
     ("meshplan.faces.mcp.tools", "meshplan.api"): "the api (the request parser, the card loader, the estimators) "

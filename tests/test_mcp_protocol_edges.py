@@ -389,12 +389,12 @@ async def test_wrapped_tools_publish_the_same_schemas():
 
 
 # The server as the SDK builds it tool by tool (each tool's argument model and output schema derived on its own:
-# sdk_tool without an output schema), served over the same stdio transport: what start-up shares between tools
-# must not show on the wire.
+# sdk_tool without an output schema), served over the same stdio transport: the tools listed from the published
+# file (tool_schemas.json) and built on their first call must not show on the wire, and a stale file fails here.
 SDK_BUILT_SERVER = """
-from meshplan.faces.mcp import server, tools
+from meshplan.faces.mcp import server, tool_list, tools
 
-server.build_tools = lambda specs: [tools.sdk_tool(*spec) for spec in specs]
+server.deferred_tools = lambda: [tools.sdk_tool(*spec) for spec in tool_list.SPECS]
 server.app = server.build_server()
 server.run()
 """

@@ -421,13 +421,16 @@ def cmd_docs(args: argparse.Namespace) -> int:
     pages = plural(len(docs.skill_pages()), "skill page")
     if args.check and drift:
         for path in drift:
-            print(f"out of date with its cards: {path} (run 'meshplan docs')", file=sys.stderr)
-        print(f"checked {pages} under skills/ against the cards: {len(drift):,} out of date", file=sys.stderr)
+            print(f"out of date with its sources: {path} (run 'meshplan docs')", file=sys.stderr)
+        print(f"checked {pages} under skills/ against the cards and the MCP tool list against the tools: "
+              f"{len(drift):,} out of date", file=sys.stderr)
         return EXIT_FINDINGS
     if args.check:
-        print(f"checked {pages} under skills/ against the cards: every generated table is up to date")
+        print(f"checked {pages} under skills/ against the cards and the MCP tool list against the tools: every "
+              "generated file is up to date")
     else:
-        print(f"rendered the generated tables of {pages} under skills/ from the cards: "
+        print(f"rendered the generated tables of {pages} under skills/ from the cards and the MCP tool list from the "
+              "tools: "
               + (f"{len(drift):,} rewritten ({', '.join(drift)})" if drift else "all were up to date"))
     return EXIT_OK
 
@@ -563,8 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_import_parser(sub)
     add_compare_parser(sub)
 
-    p = sub.add_parser("docs", help="Render the skill tables from the cards (--check: fail on drift)")
-    p.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a table differs from the cards")
+    p = sub.add_parser("docs", help="Render the skill tables and the MCP tool list from their sources (--check: drift)")
+    p.add_argument("--check", action="store_true", help="Write nothing; exit 1 if a generated file is out of date")
     p.set_defaults(func=cmd_docs)
     return parser
 

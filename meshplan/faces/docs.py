@@ -6,8 +6,9 @@ A markdown file under skills/ marks each generated block with a pair of HTML com
     ...generated, do not edit...
     <!-- meshplan:end dense-by-size -->
 
-`render_all(check=False)` rewrites every block from its card; `render_all(check=True)` writes
-nothing and returns the files whose blocks differ (`meshplan docs --check`, run by a test). Prose
+`render_all(check=False)` rewrites every block from its card, and the MCP server's published tool list
+(meshplan/faces/mcp/tool_schemas.json, from the tools' functions: faces/mcp/tool_list.py); `render_all(check=True)`
+writes nothing and returns the files that differ (`meshplan docs --check`, run by a test). Prose
 outside the markers is written by hand. Rows that name a model, a GPU count and a layout show the
 tool's own predicted memory and throughput, so regenerating after an estimator change is how the
 documents follow the tools. Output is deterministic: fixed row order, fixed rounding.
@@ -32,6 +33,8 @@ from meshplan.core.units import GIB
 from meshplan.estimate.accuracy import accuracy_card
 from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.perf import estimate_throughput
+from meshplan.faces.mcp import tool_list
+from meshplan.faces.mcp.deferred import SCHEMA_FILE
 from meshplan.knowledge.adapter_knobs import adapter_section
 from meshplan.knowledge.cards import HardwareCard, framework_card, load_card
 from meshplan.knowledge.catalog import describe_architecture, resolve_model
@@ -479,15 +482,22 @@ def skill_pages() -> list[Path]:
     return sorted(root.rglob("*.md"))
 
 
+def tool_schemas_path() -> Path:
+    """The MCP server's published tool list, next to the module that builds it."""
+    return Path(tool_list.__file__).with_name(SCHEMA_FILE)
+
+
 def render_all(check: bool = False) -> list[str]:
-    """Regenerate every block under skills/ (check=True: write nothing); returns the files that differ."""
+    """Regenerate every block under skills/ and the MCP tool list (check=True: write nothing); returns the files that
+    differ."""
     root = skills_root()
+    generated = [(path, render_text(path.read_text(encoding="utf-8"), str(path.relative_to(root))))
+                 for path in skill_pages()]
+    generated.append((tool_schemas_path(), tool_list.published_text()))
     drift: list[str] = []
-    for path in skill_pages():
-        old = path.read_text(encoding="utf-8")
-        new = render_text(old, str(path.relative_to(root)))
-        if new != old:
-            drift.append(str(path.relative_to(root.parent)))
+    for path, new in generated:
+        if not path.is_file() or path.read_text(encoding="utf-8") != new:
+            drift.append(str(path.relative_to(root.parent)) if path.is_relative_to(root.parent) else str(path))
             if not check:
                 path.write_text(new, encoding="utf-8")
     return drift

@@ -2,8 +2,9 @@
 
 It holds no planning logic; the tools call `meshplan.api` (see tools.py). Start-up cost matters,
 because hosts launch the server on demand and time out slow ones: only the SDK, the request schema
-and the card file names are loaded here; the estimators are imported on the first call that needs
-them. In stdio mode stdout carries JSON-RPC only: stray prints and all logging go to stderr, and a
+and the card file names are loaded here; the tools are listed from their published schemas
+(deferred.py) and each is built on its first call, the estimators imported with the first call that
+needs them. In stdio mode stdout carries JSON-RPC only: stray prints and all logging go to stderr, and a
 line that is not JSON-RPC gets an error reply (stdio.py).
 """
 
@@ -22,13 +23,11 @@ from mcp.server.transport_security import TransportSecuritySettings
 from meshplan import __version__
 from meshplan.core.errors import MeshplanError
 
-from .compare_tool import COMPARE_TOOL
+from .deferred import deferred_tools
 from .http_edges import InvalidIdGuard
 from .prompts import register_prompts
-from .report_tool import REPORT_TOOL
 from .resources import register_resources
 from .stdio import serve_stdio
-from .tools import TOOLS, build_tools
 
 INSTRUCTIONS = """\
 meshplan answers "how should I parallelize this LLM training job?" with numbers: exact parameter counts, \
@@ -66,7 +65,7 @@ def build_server() -> MCPServer:
         instructions=INSTRUCTIONS,
         version=__version__,
         log_level="WARNING",
-        tools=build_tools([*TOOLS, REPORT_TOOL, COMPARE_TOOL]),
+        tools=deferred_tools(),
     )
     register_resources(server)
     register_prompts(server)

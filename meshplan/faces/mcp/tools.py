@@ -28,7 +28,6 @@ from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
 
 from .cancellable import cancellable
-from .output_schemas import output_schemas, result_model
 from .results import (
     CheckAnswer,
     MemoryAnswer,
@@ -103,7 +102,7 @@ CONFIG_PARAMETERS = [
 ]
 
 
-# The signature of the tools that take the request alone: one list, so they share one argument model (build_tools).
+# The signature of the tools that take the request alone.
 REQUEST_PARAMETERS = request_parameters()
 
 def with_signature(params: list[inspect.Parameter], returns: type) -> Callable[[Callable], Callable]:
@@ -540,37 +539,7 @@ def _checked(tool: Tool, output: tuple[type[BaseModel], dict[str, Any]] | None) 
 def sdk_tool(fn: Callable[..., Any], title: str, description: str,
              output: tuple[type[BaseModel], dict[str, Any]] | None = None) -> Tool:
     """One tool as the SDK builds it from the function: cancellable, read-only, its arguments checked as sent. `output`
-    is its result model with that model's output schema (output_schemas.py); without it the SDK derives both."""
+    is its result model with that model's output schema as published (tool_list.py); without it the SDK derives both."""
     tool = Tool.from_function(cancellable(fn), name=fn.__name__, title=title, description=description,
                               annotations=READ_ONLY, structured_output=False if output else None)
     return _checked(tool, output)
-
-
-def _twin(first: Tool, fn: Callable[..., Any], title: str, description: str,
-          output: tuple[type[BaseModel], dict[str, Any]]) -> Tool:
-    """A tool declared with the very parameters of `first`: the SDK would build the same argument model and input
-    schema again, so it takes `first`'s, the schema retitled `<name>Arguments` as the SDK titles a function's."""
-    name = fn.__name__
-    tool = Tool(fn=cancellable(fn), name=name, title=title, description=description, is_async=True,
-                parameters={**first.parameters, "title": f"{name}Arguments"}, annotations=READ_ONLY,
-                fn_metadata=FuncMetadata(arg_model=first.fn_metadata.arg_model))
-    return _checked(tool, output)
-
-
-def build_tools(specs: Iterable[ToolSpec]) -> list[Tool]:
-    """Every tool, built once per start-up with the work tools share done once: the output schemas of all their result
-    models in one pass, and one argument model per parameter list (REQUEST_PARAMETERS). The tool list is the SDK's
-    own, byte for byte (tests/test_mcp_protocol_edges.py builds every tool with sdk_tool alone and compares)."""
-    specs = list(specs)
-    models = {fn: result_model(fn) for fn, _, _ in specs}
-    schemas = output_schemas([m for m in dict.fromkeys(models.values()) if m is not None])
-    built: list[tuple[list[inspect.Parameter], Tool]] = []
-    for fn, title, description in specs:
-        params = list(inspect.signature(fn).parameters.values())
-        output = (models[fn], schemas[models[fn]]) if models[fn] in schemas else None
-        first = next((tool for same, tool in built if len(same) == len(params) and all(
-            a is b for a, b in zip(same, params, strict=True))), None)
-        tool = _twin(first, fn, title, description, output) if first and output else sdk_tool(
-            fn, title, description, output)
-        built.append((params, tool))
-    return [tool for _, tool in built]
