@@ -16,7 +16,7 @@ from contextlib import contextmanager
 def start_up() -> Iterator[None]:
     """The server process's start-up (importing the SDK, building the server) with the cyclic garbage collector paused.
 
-    Start-up allocates some 140,000 objects that live as long as the process (the SDK's protocol models, meshplan's
+    Start-up allocates some 130,000 objects that live as long as the process (the SDK's protocol models, meshplan's
     schemas and tools) and next to no garbage (about 3,000 objects in cycles), yet the collector walked the growing
     heap over and over meanwhile: about a tenth of the start-up's CPU. When it resumes, what start-up built is frozen
     (`gc.freeze`), so neither the first collection after the pause nor any later one walks it again.
