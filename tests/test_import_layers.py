@@ -53,12 +53,10 @@ LAZY = {
                                                                        "models load on a tool's first call: the server "
                                                                        "lists them from tool_schemas.json",
     ("meshplan.faces.mcp.tools", "meshplan.search"): "recommend's next steps name the headroom that would rank a "
-                                                      "layout: the search is loaded then, not at server start-up",
-    ("meshplan.faces.mcp.tools", "meshplan.api"): "the api (the request parser, the card loader, the estimators) "
-                                                   "loads on the first tool call, not while a host waits for its tools",
-    ("meshplan.faces.mcp.tools", "meshplan.request.parse"): "the parser (and the cards it reads) loads on the first "
-                                                             "tool call",
-    ("meshplan.faces.mcp.tools", "meshplan.check.headline"): "the framework cards load on the first check_config",
+                                                      "layout: the search is loaded then, not with another tool's "
+                                                      "first call",
+    ("meshplan.faces.mcp.tools", "meshplan.check.headline"): "the framework cards load on the first check_config, "
+                                                              "not with another tool's first call",
     ("meshplan.faces.mcp.resources", "meshplan.api"): "the model catalog loads on the first read of catalog://models",
     ("meshplan.faces.mcp.resources", "meshplan.knowledge.cards"): "the card loader (yaml, the card schemas) loads on "
                                                                    "the first card read",

@@ -21,9 +21,11 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
+from meshplan import api
 from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent
+from meshplan.request.parse import parse_request, unknown_field_error, validation_message
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
 
@@ -39,19 +41,6 @@ from .results import (
     ThroughputAnswer,
     extend,
 )
-
-
-class _Api:
-    """`meshplan.api`, imported on the first tool call rather than at start-up: the request parser, the card loader
-    and the estimators come with it, and a host waits for the server's tool list while it starts."""
-
-    def __getattr__(self, name: str) -> Any:
-        from meshplan import api as loaded
-
-        return getattr(loaded, name)
-
-
-api: Any = _Api()
 
 # Every tool is a pure computation over the catalog: nothing is written, nothing leaves the machine.
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -124,8 +113,6 @@ def tool_errors() -> Iterator[None]:
     except MeshplanError as exc:
         raise ToolError(str(exc)) from exc
     except ValidationError as exc:
-        from meshplan.request.parse import validation_message  # loaded with the first call (see _Api)
-
         raise ToolError(validation_message(exc)) from exc
 
 
@@ -137,8 +124,6 @@ def to_request(args: dict[str, Any]) -> Request:
         given = {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
         imported = api.import_config(text, framework=given.get("framework"), config_format=fmt)
         return api.request_from_config(imported, given)
-    from meshplan.request.parse import parse_request
-
     return parse_request(args)
 
 
@@ -162,8 +147,6 @@ def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Call
         with tool_errors():
             for name in arguments:
                 if name not in arg_model.model_fields:  # named as every face names a request's fields
-                    from meshplan.request.parse import unknown_field_error
-
                     raise unknown_field_error(name, [f for f in arg_model.model_fields if f not in CONFIG_NAMES])
             validated = arg_model.model_validate(arguments, strict=True)  # Request's types: no `true` as 1, no "8"
         return fn(**{name: getattr(validated, name) for name in arg_model.model_fields})
