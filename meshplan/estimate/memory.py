@@ -47,8 +47,8 @@ from meshplan.arithmetic.schedule import padded_vocab, plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
-from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, stage_fit, stage_memory
-from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table
+from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, forward_gathered, stage_fit, stage_memory
+from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table, stage_params
 from meshplan.knowledge.cards import OptimizerImplementation, framework_card
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.rules.engine import require_estimable
@@ -197,6 +197,15 @@ def memory_terms(job: Job, plan: Plan, warnings: list[str]) -> MemoryTerms:
         per_kind=per_kind, stored_mode="selective" if plan.recompute == "selective" else "none",
         every_nth=every_nth_blocks(plan), group=uniform_group(plan), logits_bytes=logits_bytes,
     ))
+
+
+def forward_gathered_bytes(job: Job, plan: Plan) -> list[float]:
+    """Per pipeline stage, FSDP's gathered parameters at the worst moment of a forward-only pass
+    (memory_stage.forward_gathered): what an RL step's log-prob passes hold beside their activations. Read from the
+    layout alone (no micro-batch)."""
+    terms = built_terms(layout_terms(job, plan), dict(job=job, plan=plan))
+    return [forward_gathered(terms, stage_params(terms, rank, chunks))
+            for rank, chunks in enumerate(terms.pipeline.chunks)]
 
 
 _FROM_LAYOUT = tuple(f.name for f in fields(MemoryTerms) if f.name in {g.name for g in fields(LayoutTerms)})

@@ -601,6 +601,27 @@ def gathered_units(terms: MemoryTerms, params: StageParams) -> float:
     return (frozen_gathered_transient if terms.job.lora is not None else gathered_transient)(terms.conv, units)
 
 
+def forward_gathered(terms: MemoryTerms, params: StageParams) -> float:
+    """FSDP's gathered parameters at the worst moment of a forward-only pass (an RL step's log-prob passes), which
+    the training step's backward figure (gathered_units) does not give; 0 where the weights are not sharded. The root
+    unit (the output layer and final norm; the embedding too where it is tied, as the RL frameworks' apply_fsdp2
+    leaves it there) is gathered at the root's pre-forward and held through the whole forward, beside the unit that
+    runs (`unsharded_param_bytes`) and the next one prefetched (`prefetched_bytes`), in forward order: the embedding
+    where untied, then the decoder layers."""
+    if not terms.gathered:
+        return 0.0
+    conv, plan, table = terms.conv, terms.plan, terms.table
+    running = conv.unsharded_param_bytes or conv.prefetched_bytes
+    tied = params.first and params.last and not params.output_layer
+    root = (params.output_layer + terms.norm_width if params.last else 0.0) + (params.embedding if tied else 0.0)
+    units = [params.embedding] if params.first and not tied else []
+    units += [table.tp_sharded[i] / plan.tp + table.replicated[i] + table.experts[i] / (plan.ep * plan.etp)
+              for i in params.layers]
+    step = max((running * p + conv.prefetched_bytes * (units[k + 1] if k + 1 < len(units) else 0.0)
+                for k, p in enumerate(units)), default=0.0)
+    return running * root + step
+
+
 class Dominance:
     """The middle stages (neither embedding, output layer nor MTP) memory_fit evaluated for one plan, to leave out
     the stages whose fit figure and host bytes provably are at most one of theirs (covers)."""

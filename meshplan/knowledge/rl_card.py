@@ -84,6 +84,13 @@ class RLCard(_Card):
                     "param_offload (and with colocated_offload); on the GPU otherwise. Either way it is built like "
                     "the actor, so its weights are sharded as the actor's are (FSDP: over the FSDP group)"
     )
+    reference_pass_weights: dict[Engine, Literal["whole", "per_unit"]] = Field(
+        description="How the reference model's weights that are on the host between its passes are on the GPU during "
+                    "its own log-prob pass: whole (its shard is loaded back before the pass: the param_offload knobs, "
+                    "SkyRL's backload_to_gpu), or per_unit (FSDP CPU offload: each FSDP unit's shard is copied to the "
+                    "GPU at its all-gather and freed at its reshard, so the pass holds only the gathered units)"
+    )
+    reference_pass_source: str
     gradients_freed_after_update: dict[Engine, bool] = Field(
         description="Whether the trainer engine frees the actor's gradients after its update (optimizer.zero_grad, "
                     "set_to_none), so that between phases they are neither on the GPU nor on the host"

@@ -15,7 +15,13 @@ from meshplan.arithmetic.memory_states import MemoryCard, memory_card
 from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.core.units import GIB
-from meshplan.estimate.memory import estimate_memory, memory_budget, peak_fit_bytes, stage_allocated
+from meshplan.estimate.memory import (
+    estimate_memory,
+    forward_gathered_bytes,
+    memory_budget,
+    peak_fit_bytes,
+    stage_allocated,
+)
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
@@ -51,6 +57,7 @@ class PhaseSetting:
     auto: bool  # the framework offloads every trainer model itself (SkyRL's colocate_all)
     has_ref: bool
     ref_on_host: bool  # the reference model's weights are on the host between its passes
+    ref_per_unit: bool  # ...and come back one FSDP unit at a time in its pass (verl's FSDP CPU offload), not whole
     has_critic: bool
     mem: MemoryCard
     fixed: float
@@ -94,11 +101,14 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
     freed = freed_classes(job.framework, plan.zero_stage) | off.phase_freed | own_frees
     mem = memory_card()
     colocated = plan.placement == "colocated"
-    ref_host = card.reference_on_host.get(framework_card(job.framework).engine_at(plan.zero_stage), "param_offload")
+    engine = framework_card(job.framework).engine_at(plan.zero_stage)
+    ref_host = card.reference_on_host.get(engine, "param_offload")
+    ref_on_host = ref_host == "always" or plan.param_offload or auto
     return PhaseSetting(
         knob_classes=knob_classes, phase_classes=(knob_classes | own_moves) - freed, freed=freed, auto=auto,
         has_ref=card.reference_model[rl.algorithm],
-        ref_on_host=ref_host == "always" or plan.param_offload or auto, has_critic=card.critic[rl.algorithm], mem=mem,
+        ref_on_host=ref_on_host, ref_per_unit=ref_on_host and card.reference_pass_weights.get(engine) == "per_unit",
+        has_critic=card.critic[rl.algorithm], mem=mem,
         fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
         graphs=rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0,
     )
@@ -138,17 +148,19 @@ def reference_bytes(setting: PhaseSetting, s) -> float:
     return ENGINE_BYTES * s.detail.get("weight_params", 0) if setting.has_ref else 0.0
 
 
-def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
+def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float = 0.0) -> StagePhases:
     """One stage's phases from its update report `s` and forward-only report `f`. The reference model keeps its
     weights (reference_bytes) on the GPU between its passes unless on the host (setting.ref_on_host: verl's FSDP
-    reference always, else with param_offload as verl's ref.megatron.param_offload follows the actor's); the states
-    the engine frees after the update (setting.freed) are not resident; PPO's critic is counted as a second copy of
-    the actor's states."""
+    reference always, else with param_offload as verl's ref.megatron.param_offload follows the actor's); in its pass
+    they are back whole, or one FSDP unit at a time (setting.ref_per_unit). Every forward pass of an FSDP model holds
+    its gathered units (`gathered`: estimate.memory.forward_gathered_bytes). The states the engine frees after the
+    update (setting.freed) are not resident. PPO's critic is counted as a second copy of the actor's states."""
     x, mem, fixed, graphs = setting, setting.mem, setting.fixed, setting.graphs
     states = state_bytes(s)
     between = sum(v for cls, v in states.items() if cls not in x.phase_classes | x.freed)
     ref = reference_bytes(x, s)
     ref_resident = 0.0 if x.ref_on_host else ref
+    ref_pass = 0.0 if x.ref_per_unit else ref  # the reference's own weights on the GPU in its pass, beside `gathered`
     critic_resident = between if x.has_critic else 0.0
     acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
     fwd = acts * (1 + mem.allocator_reserve_fraction)
@@ -163,10 +175,12 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f) -> StagePhases:
                              "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
                              "sequences_at_once": engine.sequences_at_once, "fixed": fixed}, engine.note)
     actor_fwd = states["weights"] + between - (states["weights"] if "weights" not in x.phase_classes else 0)
-    log_prob = StagePeak(max(actor_fwd + ref_resident, between + ref) + critic_resident + fwd + fixed + graphs,
-                         {"policy_or_reference_weights": max(states["weights"], ref), "forward_activations": fwd,
-                          "resident": between + ref_resident + critic_resident, "cuda_graphs": graphs,
-                          "fixed": fixed}, "old-policy and reference forward passes, one micro-batch")
+    log_prob = StagePeak(max(actor_fwd + ref_resident, between + ref_pass) + critic_resident + gathered + fwd + fixed
+                         + graphs,
+                         {"policy_or_reference_weights": max(states["weights"], ref_pass), "gathered_units": gathered,
+                          "forward_activations": fwd, "resident": between + ref_resident + critic_resident,
+                          "cuda_graphs": graphs, "fixed": fixed}, "old-policy and reference forward passes, one "
+                         "micro-batch")
     actor = StagePeak(s.total_bytes + ref_resident + critic_resident + graphs,
                       {"update": s.total_bytes, "reference_resident": ref_resident,
                        "critic_resident": critic_resident, "cuda_graphs": graphs},
@@ -239,7 +253,10 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     engine holds its memory fraction during the rollout and its CUDA graphs in every phase."""
     update, forward = reports or trainer_reports(job, plan)
     setting = phase_setting(job, plan)
-    stages = [stage_phases(job, plan, setting, s, f) for s, f in zip(update.stages, forward.stages, strict=True)]
+    gathered = (forward_gathered_bytes(job, plan) if framework_card(job.framework).engine_at(plan.zero_stage) == "fsdp"
+                else [0.0] * len(update.stages))
+    stages = [stage_phases(job, plan, setting, s, f, g)
+              for s, f, g in zip(update.stages, forward.stages, gathered, strict=True)]
     engine_note = ""
     for stage in stages:
         engine_note = engine_note or stage.engine_note
@@ -282,6 +299,10 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: in
     if setting.phase_classes:
         assumptions.append(f"Phase offloads ({', '.join(sorted(setting.phase_classes))}) are on the host during the "
                            "rollout and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
+    if setting.has_ref and setting.ref_per_unit:
+        assumptions.append(f"The reference model's weights stay on the host ({job.framework}'s FSDP CPU offload): its "
+                           "log-prob pass brings one FSDP unit at a time to the GPU (the gathered units), not its "
+                           "whole shard.")
     if setting.freed:
         assumptions.append(f"Between phases the {', '.join(sorted(setting.freed))} are released (on neither the GPU "
                            "nor the host) and allocated again in the update.")
