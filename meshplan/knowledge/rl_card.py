@@ -91,6 +91,12 @@ class RLCard(_Card):
                     "GPU at its all-gather and freed at its reshard, so the pass holds only the gathered units)"
     )
     reference_pass_source: str
+    critic_apart_when_separate: bool = Field(
+        description="Where the rollout is placed apart, PPO's critic runs on GPUs of its own (as many as the "
+                    "policy's: meshplan renders it with the policy's count and layout), not beside the actor; the "
+                    "job's GPUs are then the policy's, the critic's and the rollout's"
+    )
+    critic_placement_source: str
     gradients_freed_after_update: dict[Engine, bool] = Field(
         description="Whether the trainer engine frees the actor's gradients after its update (optimizer.zero_grad, "
                     "set_to_none), so that between phases they are neither on the GPU nor on the host"

@@ -33,6 +33,7 @@ class ResolvedRL(BaseModel):
     placement: Placement
     rollout_gpus: int | None
     enforce_eager: bool = False
+    critic_apart: bool = False  # PPO's critic on GPUs of its own, as many as the policy's (SkyRL, placement separate)
 
     def plan_fields(self, trainer_gpus: int) -> dict:
         """The plan's rollout_* fields; a colocated engine spans the trainer's GPUs unless the request said else."""
@@ -98,12 +99,13 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     defaults = _Defaults(req.framework, notes)
     work = _workload(req, card.defaults, defaults)
     rollout = _rollout_fields(req, card, defaults)
-    rollout_gpus, trainer_gpus = _pools(req, rollout, notes)
+    critic_apart = card.critic[work.algorithm] and card.critic_apart_when_separate and rollout.placement == "separate"
+    rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
                 prompt_length=work.prompt, response_length=work.response)
     rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
                     memory_fraction=rollout.memory_fraction, placement=rollout.placement,
-                    rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager))
+                    rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager), critic_apart=critic_apart)
     trainer = req.model_copy(update={"num_gpus": trainer_gpus, "seq_length": work.prompt + work.response,
                                      "global_batch_size": work.prompts * work.samples})
     return trainer, rl
@@ -172,9 +174,11 @@ def _rollout_fields(req: Request, card: RLCard, defaults: _Defaults) -> _Rollout
     return _Rollout(engine=engine, tp=tp, dp=dp, ep=ep, memory_fraction=fraction, placement=placement)
 
 
-def _pools(req: Request, rollout: _Rollout, notes: list[str]) -> tuple[int | None, int | None]:
+def _pools(req: Request, rollout: _Rollout, notes: list[str], critic_apart: bool) -> tuple[int | None, int | None]:
     """The rollout engine's GPUs and the trainer's: a separate pool takes its GPUs out of num_gpus (and must be
-    given); a colocated engine spans the trainer's GPUs unless the request says else."""
+    given), and where the framework then runs PPO's critic on GPUs of its own (`critic_apart`: SkyRL), half of the
+    rest are the critic's (meshplan renders it with the policy's count); a colocated engine spans the trainer's GPUs
+    unless the request says else."""
     rollout_gpus = req.rollout_gpus
     trainer_gpus = req.num_gpus
     tp, dp = rollout.tp, rollout.dp
@@ -188,11 +192,32 @@ def _pools(req: Request, rollout: _Rollout, notes: list[str]) -> tuple[int | Non
                                     "trainer (placement separate takes them out of num_gpus).",
                                     fix=f"Pass rollout_gpus below {trainer_gpus}, or placement colocated.")
             trainer_gpus -= rollout_gpus
-            notes.append(f"placement separate: the trainer runs on {trainer_gpus} GPUs, the rollout engine on "
-                         f"{rollout_gpus}.")
+            if critic_apart:
+                trainer_gpus = _critic_split(req, trainer_gpus, rollout_gpus)
+                notes.append(f"placement separate with PPO on {req.framework}: the policy and reference run on "
+                             f"{trainer_gpus} GPUs, the critic on {trainer_gpus} of its own (as many as the "
+                             f"policy's), the rollout engine on {rollout_gpus}.")
+            else:
+                notes.append(f"placement separate: the trainer runs on {trainer_gpus} GPUs, the rollout engine on "
+                             f"{rollout_gpus}.")
+        elif critic_apart:
+            notes.append(f"placement separate with PPO on {req.framework}: the critic runs on GPUs of its own, as many "
+                         "as the policy's, beside the rollout engine's.")
     elif rollout_gpus is None:
         notes.append("rollout_gpus not given: the trainer's GPUs (colocated).")
     return rollout_gpus, trainer_gpus
+
+
+def _critic_split(req: Request, rest: int, rollout_gpus: int) -> int:
+    """The policy's GPUs where PPO's critic takes as many of its own: half of those the rollout leaves."""
+    if rest % 2:
+        raise MeshplanError(
+            f"num_gpus {req.num_gpus} - rollout_gpus {rollout_gpus} = {rest} GPUs cannot be split evenly between the "
+            f"policy and PPO's critic: {req.framework} with placement separate runs the critic on GPUs of its own, as "
+            "many as the policy's.",
+            fix=f"Pass num_gpus = rollout_gpus + twice the policy's GPUs (e.g. {rollout_gpus + rest + 1}), or a "
+                "rollout_gpus that leaves an even number, or placement colocated.")
+    return rest // 2
 
 
 def is_rl(plan: Plan) -> bool:

@@ -59,6 +59,7 @@ class PhaseSetting:
     ref_on_host: bool  # the reference model's weights are on the host between its passes
     ref_per_unit: bool  # ...and come back one FSDP unit at a time in its pass (verl's FSDP CPU offload), not whole
     has_critic: bool
+    critic_apart: bool  # PPO's critic runs on GPUs of its own (SkyRL with the rollout placed apart)
     mem: MemoryCard
     fixed: float
     colocated: bool
@@ -89,6 +90,14 @@ def framework_offload(framework: str, zero_stage: int) -> tuple[frozenset[str], 
     return frozenset(own.moves) - done, frozenset(own.frees) - done
 
 
+def critic_apart(job, plan: Plan) -> bool:
+    """Whether PPO's critic runs on GPUs of its own, as many as the policy's: where the framework puts it there with
+    the rollout placed apart (the card's rl.critic_apart_when_separate, with its source: SkyRL), not beside the actor
+    (verl's trainer pool)."""
+    card = rl_card(job.framework)
+    return card.critic[job.rl.algorithm] and plan.placement == "separate" and card.critic_apart_when_separate
+
+
 def phase_setting(job, plan: Plan) -> PhaseSetting:
     card = rl_card(job.framework)
     rl = job.rl
@@ -104,11 +113,12 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
     engine = framework_card(job.framework).engine_at(plan.zero_stage)
     ref_host = card.reference_on_host.get(engine, "param_offload")
     ref_on_host = ref_host == "always" or plan.param_offload or auto
+    has_critic = card.critic[rl.algorithm]
     return PhaseSetting(
         knob_classes=knob_classes, phase_classes=(knob_classes | own_moves) - freed, freed=freed, auto=auto,
         has_ref=card.reference_model[rl.algorithm],
         ref_on_host=ref_on_host, ref_per_unit=ref_on_host and card.reference_pass_weights.get(engine) == "per_unit",
-        has_critic=card.critic[rl.algorithm], mem=mem,
+        has_critic=has_critic, critic_apart=critic_apart(job, plan), mem=mem,
         fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
         graphs=rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0,
     )
@@ -154,14 +164,15 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
     reference always, else with param_offload as verl's ref.megatron.param_offload follows the actor's); in its pass
     they are back whole, or one FSDP unit at a time (setting.ref_per_unit). Every forward pass of an FSDP model holds
     its gathered units (`gathered`: estimate.memory.forward_gathered_bytes). The states the engine frees after the
-    update (setting.freed) are not resident. PPO's critic is counted as a second copy of the actor's states."""
+    update (setting.freed) are not resident. PPO's critic is counted as a second copy of the actor's states: on the
+    actor's GPUs, or on its own (setting.critic_apart) where only its update is."""
     x, mem, fixed, graphs = setting, setting.mem, setting.fixed, setting.graphs
     states = state_bytes(s)
     between = sum(v for cls, v in states.items() if cls not in x.phase_classes | x.freed)
     ref = reference_bytes(x, s)
     ref_resident = 0.0 if x.ref_on_host else ref
     ref_pass = 0.0 if x.ref_per_unit else ref  # the reference's own weights on the GPU in its pass, beside `gathered`
-    critic_resident = between if x.has_critic else 0.0
+    critic_resident = between if x.has_critic and not x.critic_apart else 0.0
     acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
     fwd = acts * (1 + mem.allocator_reserve_fraction)
     resident = between + ref_resident + critic_resident
@@ -186,7 +197,10 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
                        "critic_resident": critic_resident, "cuda_graphs": graphs},
                       "meshplan.estimate.memory.estimate_memory")
     critic = None
-    if x.has_critic:
+    if x.critic_apart:
+        critic = StagePeak(s.total_bytes, {"update": s.total_bytes},
+                           "the critic's update on its own GPUs, counted as the actor's")
+    elif x.has_critic:
         critic = StagePeak(s.total_bytes + between + ref_resident + graphs,
                            {"update": s.total_bytes, "actor_resident": between, "reference_resident": ref_resident,
                             "cuda_graphs": graphs}, "the critic's update, counted as the actor's")
@@ -198,13 +212,14 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
 def stage_host_extra(setting: PhaseSetting, s) -> float:
     """What one stage's GPU puts on the host beyond what the offload knobs already put there (its update report
     `s`'s host_bytes): the reference model's bf16 weights where they are on the host (reference_bytes), PPO's
-    critic (its host share as the actor's), the states the framework offloads by itself (SkyRL's colocate_all) less
-    those the engine frees after the update (FSDP's gradients: setting.freed)."""
+    critic where it shares the actor's GPUs (its host share as the actor's; on GPUs of its own it is never offloaded),
+    the states the framework offloads by itself (SkyRL's colocate_all) less those the engine frees after the update
+    (FSDP's gradients: setting.freed)."""
     x = setting
     states = state_bytes(s)
     auto_host = sum(v for cls, v in states.items() if cls in x.phase_classes - x.knob_classes)
     return ((reference_bytes(x, s) if x.ref_on_host else 0.0)
-            + ((s.host_bytes + auto_host) if x.has_critic else 0.0) + auto_host)
+            + ((s.host_bytes + auto_host) if x.has_critic and not x.critic_apart else 0.0) + auto_host)
 
 
 def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) -> int:
@@ -230,7 +245,8 @@ def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> 
     setting = phase_setting(job, plan)
     if not setting.auto:
         return 0.0
-    total = state_bytes * (2 if setting.has_critic else 1) + (ENGINE_BYTES * params if setting.has_ref else 0.0)
+    copies = 2 if setting.has_critic and not setting.critic_apart else 1
+    total = state_bytes * copies + (ENGINE_BYTES * params if setting.has_ref else 0.0)
     return total / job.num_gpus * ranks_per_node(job)
 
 
@@ -279,9 +295,23 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
                               reserves=update_reserve))
     critic = [stage.critic for stage in stages if stage.critic is not None]
     if critic:
-        phases.append(worst_stage("critic_update", critic, plan=plan, mem=mem, reserves=update_reserve))
+        phases.append(worst_stage("critic_update", critic, plan=plan, mem=mem, reserves=update_reserve,
+                                  pool="critic" if setting.critic_apart else "trainer"))
     return _with_phases(job, plan, update, phases=phases, host=rl_host_bytes(job, plan, update, setting),
                         engine_note=engine_note, setting=setting)
+
+
+def _model_assumptions(setting: PhaseSetting, job) -> list[str]:
+    """Where the reference model's and PPO's critic's memory is, where it is not the actor's GPUs as a whole."""
+    out = []
+    if setting.has_ref and setting.ref_per_unit:
+        out.append(f"The reference model's weights stay on the host ({job.framework}'s FSDP CPU offload): its log-prob "
+                   "pass brings one FSDP unit at a time to the GPU (the gathered units), not its whole shard.")
+    if setting.critic_apart:
+        out.append(f"PPO's critic runs on GPUs of its own ({job.framework} with the rollout placed apart), as many as "
+                   f"the policy's {job.num_gpus} at its layout: its update (critic_update) is on them, not on the "
+                   "actor's GPUs, and the job takes the policy's GPUs twice plus the rollout's.")
+    return out
 
 
 def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: int, engine_note: str,
@@ -299,10 +329,7 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: in
     if setting.phase_classes:
         assumptions.append(f"Phase offloads ({', '.join(sorted(setting.phase_classes))}) are on the host during the "
                            "rollout and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
-    if setting.has_ref and setting.ref_per_unit:
-        assumptions.append(f"The reference model's weights stay on the host ({job.framework}'s FSDP CPU offload): its "
-                           "log-prob pass brings one FSDP unit at a time to the GPU (the gathered units), not its "
-                           "whole shard.")
+    assumptions += _model_assumptions(setting, job)
     if setting.freed:
         assumptions.append(f"Between phases the {', '.join(sorted(setting.freed))} are released (on neither the GPU "
                            "nor the host) and allocated again in the update.")

@@ -32,7 +32,9 @@ class PhaseMemory(StrictModel):
     """One phase of an RL step on the worst GPU of the pool it runs on (meshplan/rl/rollout.py)."""
 
     phase: Literal["rollout", "log_prob", "actor_update", "critic_update"]
-    pool: Literal["trainer", "rollout"] = Field(description="The GPUs it runs on (one pool when colocated)")
+    pool: Literal["trainer", "rollout", "critic"] = Field(
+        description="The GPUs it runs on (one pool when colocated; PPO's critic has its own where the framework puts "
+                    "it apart from the actor)")
     peak_bytes: int
     fit_bytes: int = Field(description="What decides this phase's fit: its peak, or with expandable segments a "
                                        "training phase's allocated peak (memory.fit_figure)")

@@ -72,9 +72,13 @@ def _minimum_gpus(req: Request, max_gpus: int | None, engine: Engine | None) -> 
 def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     """An RL job: the trainer's GPU counts scanned (its states floor, its layouts' fit: necessary for any RL step to
     fit), each count that passes settled by the RL recommend on the whole job; a separate rollout pool adds its
-    rollout_gpus to every count."""
-    probe, rl = resolve_rl(req.model_copy(update={"num_gpus": node + (req.rollout_gpus or 0)}), [])
+    rollout_gpus to every count, and where PPO's critic runs on GPUs of its own (rl/job.py critic_apart) each
+    trainer count is taken twice."""
+    # twice a node: a critic of its own halves what the rollout leaves (rl/job.py _critic_split)
+    probe_gpus = node * (2 if req.placement == "separate" else 1) + (req.rollout_gpus or 0)
+    probe, rl = resolve_rl(req.model_copy(update={"num_gpus": probe_gpus}), [])
     pool = (req.rollout_gpus or 0) if rl is not None and rl.placement == "separate" else 0
+    copies = 2 if rl is not None and rl.critic_apart else 1
     # the host is the RL step's, settled by the RL recommend at each count (refuse_host, the actor search's
     # ActorHost), not the training step's with the phase offloads as resolved: an RL step may turn them off
     # (SkyRL's FSDP optimizer left on the GPU takes less host), so the trainer's scan checks the GPU only
@@ -85,19 +89,20 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     answers: dict[int, Recommendation] = {}
 
     def ranks(trainer_gpus: int, _: Job) -> bool:
-        world = trainer_gpus + pool
+        world = trainer_gpus * copies + pool
         try:
             answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
         except HostRefused:  # the host holds what the framework offloads only on more nodes: none at this count
             return False
         return bool(rec.candidates)
 
-    scan = scan_minimum(job, fixed, engine, headroom_for(req), True, max(1, limit - pool),
+    scan = scan_minimum(job, fixed, engine, headroom_for(req), True, max(1, (limit - pool) // copies),
                         at=lambda t: job_at(job, t, user_gbs=True), ranks=ranks)
     if pool:
-        shift = {k: getattr(scan, k) + pool for k in ("first", "last", "floor", "limit")}
-        scan = replace(scan, num_gpus=None if scan.num_gpus is None else scan.num_gpus + pool,
-                       stepping=f"the trainer's {scan.stepping}, plus the {pool:,} rollout GPUs", **shift)
+        shift = {k: getattr(scan, k) * copies + pool for k in ("first", "last", "floor", "limit")}
+        critic = " twice (the policy's and PPO's critic's)" if copies == 2 else ""
+        scan = replace(scan, num_gpus=None if scan.num_gpus is None else scan.num_gpus * copies + pool,
+                       stepping=f"the trainer's {scan.stepping}{critic}, plus the {pool:,} rollout GPUs", **shift)
     batch = (f"The RL step's batch at every count: {job.global_batch_size:,} sequences (prompts x samples) of "
              f"{job.seq_length:,} tokens (prompt + response); each count is settled by the RL recommend (actor "
              "layout, rollout engine, memory fraction and offloads).")
