@@ -29,8 +29,9 @@ JOBS = [  # (framework, variant, request fields)
                           "rollout_ep": 8, "optimizer_offload_fraction": 1.0}),
     ("verl", "fsdp", {**GRPO, "framework": "verl", "zero_stage": 3, "ep": 1, "etp": None}),
     ("skyrl", "rl", {**GRPO, "framework": "skyrl", "param_offload": None, "rollout_enforce_eager": True}),
-    ("skyrl", "rl", {**GRPO, "framework": "skyrl", "algorithm": "ppo", "param_offload": None,
-                     "placement": "separate", "rollout_gpus": 8}),
+    # PPO on SkyRL's FSDP strategy: its Megatron one trains no critic (utils.py validate_megatron_cfg)
+    ("skyrl", "fsdp", {**GRPO, "framework": "skyrl", "algorithm": "ppo", "param_offload": None, "ep": 1,
+                       "etp": None, "placement": "separate", "rollout_gpus": 8}),
 ]
 
 def renderings(framework: str):

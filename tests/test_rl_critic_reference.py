@@ -147,3 +147,19 @@ def test_min_gpus_counts_the_critics_gpus_beside_the_policys_and_the_rollouts():
     plan = result.candidate.plan
     assert plan.dp * plan.cp * plan.tp * plan.pp == (result.num_gpus - 8) // 2
     assert api.recommend(Request(**fields, num_gpus=result.num_gpus), top_k=1).candidates[0].plan == plan
+
+
+def test_skyrl_trains_ppos_critic_only_on_its_fsdp_strategy():
+    """SkyRL's validate_megatron_cfg refuses a critic: PPO there takes zero_stage 3 (FSDP) when left out, noted, and
+    recommend ranks only FSDP layouts; a Megatron zero_stage is refused with the reason. verl trains a critic on
+    both."""
+    job, plan = resolve(Request(**BASE, framework="skyrl", num_gpus=16, algorithm="ppo"))
+    assert plan.zero_stage == 3 and any("critic only on its fsdp engine" in n for n in job.notes)
+    rec = api.recommend(Request(**BASE, framework="skyrl", num_gpus=16, algorithm="ppo"), top_k=3)
+    assert rec.candidates and {c.plan.zero_stage for c in rec.candidates} == {3}
+    with pytest.raises(MeshplanError, match="runs only on its fsdp engine, not on zero_stage 1's megatron"):
+        api.estimate_memory(Request(**BASE, framework="skyrl", num_gpus=16, algorithm="ppo", zero_stage=1))
+    _, plan = resolve(Request(**BASE, framework="skyrl", num_gpus=16, algorithm="grpo"))
+    assert plan.zero_stage == 1  # no critic: SkyRL's default strategy
+    _, plan = resolve(Request(**BASE, framework="verl", num_gpus=16, algorithm="ppo"))
+    assert plan.zero_stage == 1

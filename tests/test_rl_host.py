@@ -38,7 +38,7 @@ def floor_of(req: Request) -> float:
 LAYOUTS = [dict(tp=1, pp=1, dp=16, zero_stage=3), dict(tp=2, pp=2, dp=4, zero_stage=1, ep=4),
            dict(tp=4, pp=1, dp=4, zero_stage=1, ep=4), dict(tp=1, pp=4, dp=4, zero_stage=1, ep=4),
            dict(tp=1, pp=4, dp=4, zero_stage=1), dict(tp=2, pp=1, dp=8, zero_stage=1, ep=8),
-           dict(tp=8, pp=2, dp=1, zero_stage=1)]
+           dict(tp=8, pp=2, dp=1, zero_stage=1), dict(tp=1, pp=1, dp=8, cp=2, zero_stage=3)]
 
 
 @pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-30b-a3b"])
@@ -60,7 +60,7 @@ def test_the_framework_host_floor_never_over_counts(model, algorithm):
             continue  # a layout the framework's rules refuse
         checked += 1
         assert floor <= host, (fields, floor / GIB, host / GIB)
-    assert checked >= 4
+    assert checked >= (4 if algorithm == "grpo" else 2)  # SkyRL trains PPO's critic on its FSDP strategy only
 
 
 def test_verl_offloads_by_its_knobs_so_it_has_no_framework_floor():

@@ -97,6 +97,10 @@ class RLCard(_Card):
                     "job's GPUs are then the policy's, the critic's and the rollout's"
     )
     critic_placement_source: str
+    critic_engines: list[Engine] = Field(
+        description="The trainer engines on which the framework trains PPO's critic (an algorithm with a critic on "
+                    "another engine is refused, and a zero_stage left out takes the lowest one on these)")
+    critic_engines_source: str
     gradients_freed_after_update: dict[Engine, bool] = Field(
         description="Whether the trainer engine frees the actor's gradients after its update (optimizer.zero_grad, "
                     "set_to_none), so that between phases they are neither on the GPU nor on the host"

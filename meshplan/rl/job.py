@@ -11,6 +11,7 @@ from typing import NamedTuple
 from pydantic import BaseModel
 
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.rl_card import RLCard, RLDefaults, rl_card, rl_frameworks
 from meshplan.schema.choices import Placement, RLAlgorithm, RolloutEngine
 from meshplan.schema.plan import Plan, RLJob
@@ -98,6 +99,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
         notes.append(f"job not given: rl, as {', '.join(given)} {'is' if len(given) == 1 else 'are'} given.")
     defaults = _Defaults(req.framework, notes)
     work = _workload(req, card.defaults, defaults)
+    req = _critic_engine(req, card, work.algorithm, notes)
     rollout = _rollout_fields(req, card, defaults)
     critic_apart = card.critic[work.algorithm] and card.critic_apart_when_separate and rollout.placement == "separate"
     rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
@@ -157,6 +159,30 @@ def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:
         raise MeshplanError(f"seq_length {req.seq_length} is not prompt_length + response_length = {prompt} + "
                             f"{response} = {prompt + response}.", fix="Leave seq_length out for an RL job.")
     return _Workload(algorithm=algorithm, prompts=prompts, samples=n, prompt=prompt, response=response)
+
+
+def _critic_engine(req: Request, card: RLCard, algorithm: RLAlgorithm, notes: list[str]) -> Request:
+    """An algorithm with a critic runs on an engine the framework trains a critic on (the card's rl.critic_engines:
+    SkyRL's FSDP strategy only): a zero_stage of another engine is refused, one left out becomes the lowest stage of
+    those engines where the framework's default is not one (so recommend searches only them)."""
+    if not card.critic[algorithm]:
+        return req
+    fc = framework_card(req.framework)
+    allowed = card.critic_engines
+    stages = sorted(z for z, engine in fc.engine.by_zero_stage.items() if engine in allowed)
+    if req.zero_stage is not None:
+        if fc.engine_at(req.zero_stage) not in allowed:
+            raise MeshplanError(
+                f"{algorithm.upper()} trains a critic, which {req.framework} runs only on its "
+                f"{' or '.join(allowed)} engine, not on zero_stage {req.zero_stage}'s "
+                f"{fc.engine_at(req.zero_stage)}.",
+                fix=f"Use zero_stage {' or '.join(map(str, stages))}, or algorithm grpo or dapo (no critic).")
+        return req
+    if fc.engine_at(fc.defaults.zero_stage) in allowed:
+        return req
+    notes.append(f"zero_stage not given: {stages[0]}, as {req.framework} trains {algorithm.upper()}'s critic only on "
+                 f"its {' or '.join(allowed)} engine.")
+    return req.model_copy(update={"zero_stage": stages[0]})
 
 
 def _rollout_fields(req: Request, card: RLCard, defaults: _Defaults) -> _Rollout:
