@@ -64,11 +64,19 @@ async def in_process(calls: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def child_env() -> dict[str, str]:
+    """A launched interpreter's environment: nothing of this shell's but its PYTHONPATH, so a bench run with
+    PYTHONPATH=<a checkout> times that checkout's server, as a host with that path would launch it (without it,
+    the installed meshplan)."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": path} if path else {}
+
+
 class Pipe:
     def __init__(self, cwd: str):
         self.proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.mcp"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env={}, text=True,
-                                     bufsize=1)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, env=child_env(),
+                                     text=True, bufsize=1)
 
     def ask(self, message: dict) -> dict:
         self.proc.stdin.write(json.dumps(message) + "\n")
@@ -103,7 +111,7 @@ def launch_to_tools_list(cwd: str) -> tuple[float, float]:
 def import_cpu(code: str) -> float:
     """CPU time of a fresh interpreter running `code`: the floor any server start-up pays."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", code], check=True, env={})
+    subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

@@ -10,8 +10,9 @@ process (the machine is shared: CPU time is the figure that depends least on oth
 layouts in the space, the memory / throughput estimates the search computed and its #1, whether the target is met
 (by the CPU median, since the wall time on a loaded machine measures the queue for a CPU; the MCP row by its wall
 time, the target's own figure), and the load average before and after (the figures are only comparable at a similar
-load). The MCP row launches `python -m meshplan.faces.mcp` and times it to the answer of its first tools/list (wall),
-with the server's CPU time from start-up to exit. No clock bounds the search, so the answers do not depend on the
+load). The MCP row launches `python -m meshplan.faces.mcp` (the installed meshplan, or the checkout PYTHONPATH names:
+bench/mcp_speed.child_env) and times it to the answer of its first tools/list (wall), with the server's CPU time from
+start-up to exit. No clock bounds the search, so the answers do not depend on the
 machine; only these times do.
 """
 
