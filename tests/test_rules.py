@@ -402,10 +402,24 @@ def finding_of(rule_id: str, job, plan, include_memory=False):
 
 
 def test_tp_heads_fix_names_working_values():
-    f = finding_of("TP001", *make(**L8B, num_gpus=3, tp=3))
+    f = finding_of("TP001", *make(**L8B, num_gpus=24, tp=3))
     assert f.message == "tp=3 does not divide 32 attention heads."
     assert f.fix == "tp in {1, 2, 4, 8} works."
     assert f.severity == "error" and f.source
+    # on 3 GPUs tp 2, 4 and 8 divide the heads but not the GPU count (WS001): only tp=1 works there
+    assert finding_of("TP001", *make(**L8B, num_gpus=3, tp=3)).fix == "tp in {1} works."
+
+
+def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
+    # Each value a fix names passes its own rule and WS001/WS002 at this GPU count: before, Qwen2.5-7B's 28 heads
+    # listed tp=7, GLM-4.5's 160 experts ep 5, 10, ..., 160, and seq 8200's divisors cp 5, 10, 20, 25, none of
+    # which divides 64 GPUs.
+    assert finding_of("TP001", *make(model="qwen2.5-7b", num_gpus=64, tp=8)).fix == "tp in {1, 2, 4} works."
+    assert finding_of("EP002", *make(model="glm-4.5", num_gpus=64, ep=64)).fix == "ep in {1, 2, 4, 8, 16, 32} works."
+    cp = finding_of("CP001", *make(**L8B, num_gpus=64, cp=16, seq_length=8200))
+    assert cp.fix == "Use seq_length = 8192 or 8224, or cp in {2, 4}."
+    # where no value tiles the count (with cp=4 no tp divides 7 GPUs: WS001 names the count), the rule's own stay
+    assert finding_of("TP001", *make(**L8B, num_gpus=7, tp=7, cp=4, seq_length=8200)).fix == "tp in {1, 2, 4, 8} works."
 
 
 def test_megatron_kv_rule_is_multiple_or_divisor_but_kempnerforge_is_strict():
@@ -557,7 +571,7 @@ def test_moe_bias_rule_is_about_add_bias_linear():
 
 def test_ep_divisors_fix():
     f = finding_of("EP002", *make(**QWEN_MOE, num_gpus=12, ep=12))
-    assert f.fix.startswith("ep in {1, 2, 4, 8")
+    assert f.fix == "ep in {1, 2, 4} works."  # 8 and above divide the 128 experts, not the 12 GPUs
 
 
 def test_structural_check_skips_memory():

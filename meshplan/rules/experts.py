@@ -8,7 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.cards import framework_card
-from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule
+from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule, tiling
 from meshplan.schema.choices import FRAMEWORKS
 
 
@@ -20,11 +20,12 @@ def ep_needs_moe(ctx: Context) -> Values:
 
 
 
-@rule("EP002", reads=("ep",))
+@rule("EP002", reads=("tp", "pp", "cp", "ep", "etp", "dp"))
 def experts_divisible(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
         return None
-    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": fmt_set(divisors(ctx.num_experts))}
+    working = tiling(ctx, "ep", divisors(ctx.num_experts))
+    return {"ep": ctx.plan.ep, "experts": ctx.num_experts, "working": fmt_set(working)}
 
 
 

@@ -7,15 +7,15 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.rules.engine import LISTED, Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+from meshplan.rules.engine import LISTED, Context, Values, ctx_param, divisors, fmt_set, neighbours, rule, tiling
 
 
-@rule("CP001", reads=("cp",))
+@rule("CP001", reads=("tp", "pp", "cp", "ep"))
 def cp_sequence_divisible(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     if cp == 1 or seq % (2 * cp) == 0:
         return None
-    good = [c for c in divisors(seq // 2) if c > 1][:LISTED] if seq % 2 == 0 else []
+    good = tiling(ctx, "cp", [c for c in divisors(seq // 2) if c > 1])[:LISTED] if seq % 2 == 0 else []
     return {"cp": cp, "seq": seq, "unit": 2 * cp, "seqs": neighbours(seq, 2 * cp),
             "cps": fmt_set(good) if good else "none (odd length)"}
 

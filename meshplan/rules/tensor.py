@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic import mesh
 from meshplan.knowledge.cards import framework_card
-from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule
+from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule, tiling
 from meshplan.schema.choices import FRAMEWORKS
 
 
@@ -26,13 +26,13 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
             return kv % t == 0
         return True
 
-    good = [t for t in divisors(heads) if ok(t)]
+    good = tiling(ctx, "tp", [t for t in divisors(heads) if ok(t)])
     inside = [t for t in good if t <= ctx.fast_domain]
     return fmt_set(inside or good)
 
 
 
-@rule("TP001", reads=("tp",))
+@rule("TP001", reads=("tp", "pp", "cp", "ep"))
 def heads_divisible(ctx: Context) -> Values:
     tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
     if heads % tp == 0:
@@ -41,7 +41,7 @@ def heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP002", reads=("tp",))
+@rule("TP002", reads=("tp", "pp", "cp", "ep"))
 def kv_groups_megatron(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if kv % tp == 0 or tp % kv == 0:
@@ -50,7 +50,7 @@ def kv_groups_megatron(ctx: Context) -> Values:
 
 
 
-@rule("TP003", reads=("tp",))
+@rule("TP003", reads=("tp", "pp", "cp", "ep"))
 def kv_heads_divisible(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if tp == 1 or kv % tp == 0:
