@@ -657,23 +657,6 @@ def divisors(n: int, upto: int | None = None) -> list[int]:
     return [d for d in out if upto is None or d <= upto]
 
 
-def tiling(ctx: Context, degree: Literal["tp", "cp", "ep"], values: Iterable[int]) -> list[int]:
-    """Of `values` for one degree, those that keep this GPU count tiled as WS001 (the dense replica) and, for ep,
-    WS002 (the expert grid) test it, so a fix never names a value the world-size rules then refuse; all of them
-    when none does (then the GPU count is what to change, and WS001/WS002 say so)."""
-    p = ctx.plan
-    degrees = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep}
-
-    def tiles(v: int) -> bool:
-        d = {**degrees, degree: v}
-        if ctx.world % mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"]):
-            return False
-        return degree != "ep" or mesh.expert_grid_fits(ctx.law, ctx.world, d["tp"], d["pp"], d["cp"], p.dp, v, p.etp)
-
-    pool = list(values)
-    return [v for v in pool if tiles(v)] or pool
-
-
 def fmt_set(values: Iterable[Any], limit: int = 8) -> str:
     """'{1, 2, 4, 8}', shortened to the first and last values when long."""
     items = list(values)

@@ -6,6 +6,9 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Literal
+
 from meshplan.arithmetic import mesh
 from meshplan.rules.engine import LISTED, Context, Values, divisors, fmt_set, neighbours, rule
 
@@ -17,6 +20,24 @@ def _product_divisors(ctx: Context) -> str:
     """tp*pp*cp products that divide the GPU count, near the requested one, for a fix."""
     near = [d for d in divisors(ctx.world) if d <= PRODUCT_REACH * ctx.model_parallel]
     return fmt_set(near[-LISTED:])
+
+
+
+def tiling(ctx: Context, degree: Literal["tp", "cp", "ep"], values: Iterable[int]) -> list[int]:
+    """Of `values` for one degree, those that keep this GPU count tiled as WS001 (the dense replica) and, for ep,
+    WS002 (the expert grid) test it, so a fix never names a value the world-size rules then refuse; all of them
+    when none does (then the GPU count is what to change, and WS001/WS002 say so)."""
+    p = ctx.plan
+    degrees = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep}
+
+    def tiles(v: int) -> bool:
+        d = {**degrees, degree: v}
+        if ctx.world % mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"]):
+            return False
+        return degree != "ep" or mesh.expert_grid_fits(ctx.law, ctx.world, d["tp"], d["pp"], d["cp"], p.dp, v, p.etp)
+
+    pool = list(values)
+    return [v for v in pool if tiles(v)] or pool
 
 
 
