@@ -418,6 +418,14 @@ def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
     assert finding_of("EP002", *make(model="glm-4.5", num_gpus=64, ep=64)).fix == "ep in {1, 2, 4, 8, 16, 32} works."
     cp = finding_of("CP001", *make(**L8B, num_gpus=64, cp=16, seq_length=8200))
     assert cp.fix == "Use seq_length = 8192 or 8224, or cp in {2, 4}."
+    # PP001: Qwen2.5-7B's 28 layers listed pp 7, 14, 28 on 24 GPUs; UL001 (verl's Ulysses) a size 28 on 64
+    pp = finding_of("PP001", *make(model="qwen2.5-7b", num_gpus=24, pp=3))
+    assert pp.fix.startswith("pp in {1, 2, 4} splits evenly;")
+    ul = finding_of("UL001", *make(model="qwen2.5-7b", framework="verl", num_gpus=64, cp=8, zero_stage=3))
+    assert ul.fix == "Use a Ulysses size (cp) in {1, 2, 4}."
+    # WS002 where no ep tiles the count said "or ep in none at this GPU count at this GPU count"
+    ws = finding_of("WS002", *make(**MIX, num_gpus=64, ep=8, pp=3))
+    assert ws.fix.endswith("use a multiple of it (48 or 72); no ep tiles 64 GPUs at pp=3, etp=1.")
     # where no value tiles the count (with cp=4 no tp divides 7 GPUs: WS001 names the count), the rule's own stay
     assert finding_of("TP001", *make(**L8B, num_gpus=7, tp=7, cp=4, seq_length=8200)).fix == "tp in {1, 2, 4, 8} works."
 

@@ -21,7 +21,7 @@ def ep_needs_moe(ctx: Context) -> Values:
 
 
 
-@rule("EP002", reads=("tp", "pp", "cp", "ep", "etp", "dp"))
+@rule("EP002", reads=("tp", "pp", "cp", "ep", "etp"))
 def experts_divisible(ctx: Context) -> Values:
     if not ctx.arch.is_moe or ctx.num_experts % ctx.plan.ep == 0:
         return None

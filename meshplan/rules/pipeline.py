@@ -15,6 +15,7 @@ from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_or
 from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Plan
 
@@ -33,7 +34,8 @@ def _uneven_hint(ctx: Context, pp: int) -> str:
 
 
 
-@rule("PP001", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+@rule("PP001", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
+      "pipeline_layout",
       "account_for_embedding", "account_for_loss"))
 def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
@@ -41,7 +43,8 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
         return None
     if _explicit_split(p):
         return None
-    return {"layers": layers, "pp": p.pp, "working": fmt_set(divisors(layers, upto=MAX_LISTED_PP)),
+    working = tiling(ctx, "pp", divisors(layers, upto=MAX_LISTED_PP))
+    return {"layers": layers, "pp": p.pp, "working": fmt_set(working),
             "uneven": _uneven_hint(ctx, p.pp)}
 
 
@@ -72,7 +75,8 @@ def vpp_needs_pp(ctx: Context) -> Values:
 
 
 
-@rule("PP004", reads=("pp", "vpp", "first_stage_layers", "last_stage_layers", "pipeline_layout",
+@rule("PP004", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
+      "pipeline_layout",
       "account_for_embedding", "account_for_loss"))
 def uneven_split_valid(ctx: Context) -> Values:
     """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
@@ -87,7 +91,7 @@ def uneven_split_valid(ctx: Context) -> Values:
         return None
     split = uneven_split(layers, p.pp, p.vpp)
     fix = (f"first_stage_layers={split[0]}, last_stage_layers={split[2]}" if split
-           else f"pp in {fmt_set(divisors(layers, upto=MAX_LISTED_PP))} with an even split")
+           else f"pp in {fmt_set(tiling(ctx, 'pp', divisors(layers, upto=MAX_LISTED_PP)))} with an even split")
     return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
 
 

@@ -11,7 +11,7 @@ from meshplan.rules.engine import LISTED, Context, Values, ctx_param, divisors, 
 from meshplan.rules.world import tiling
 
 
-@rule("CP001", reads=("tp", "pp", "cp", "ep"))
+@rule("CP001", reads=("tp", "pp", "cp", "ep", "etp"))
 def cp_sequence_divisible(ctx: Context) -> Values:
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     if cp == 1 or seq % (2 * cp) == 0:
@@ -67,13 +67,13 @@ def torchtitan_sequence_divisible(ctx: Context) -> Values:
 
 
 
-@rule("UL001", reads=("cp",))
+@rule("UL001", reads=("tp", "pp", "cp", "ep", "etp"))
 def ulysses_heads(ctx: Context) -> Values:
     u = ctx.plan.cp
     heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
     if u == 1 or (heads % u == 0 and (kv % u == 0 or u % kv == 0)):
         return None
-    good = [d for d in divisors(heads) if kv % d == 0 or d % kv == 0]
+    good = tiling(ctx, "cp", [d for d in divisors(heads) if kv % d == 0 or d % kv == 0])
     return {"u": u, "heads": heads, "kv": kv, "working": fmt_set(good)}
 
 

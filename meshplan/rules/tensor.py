@@ -33,7 +33,7 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
 
 
 
-@rule("TP001", reads=("tp", "pp", "cp", "ep"))
+@rule("TP001", reads=("tp", "pp", "cp", "ep", "etp"))
 def heads_divisible(ctx: Context) -> Values:
     tp, heads = ctx.plan.tp, ctx.arch.num_attention_heads
     if heads % tp == 0:
@@ -42,7 +42,7 @@ def heads_divisible(ctx: Context) -> Values:
 
 
 
-@rule("TP002", reads=("tp", "pp", "cp", "ep"))
+@rule("TP002", reads=("tp", "pp", "cp", "ep", "etp"))
 def kv_groups_megatron(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if kv % tp == 0 or tp % kv == 0:
@@ -51,7 +51,7 @@ def kv_groups_megatron(ctx: Context) -> Values:
 
 
 
-@rule("TP003", reads=("tp", "pp", "cp", "ep"))
+@rule("TP003", reads=("tp", "pp", "cp", "ep", "etp"))
 def kv_heads_divisible(ctx: Context) -> Values:
     tp, kv = ctx.plan.tp, ctx.arch.num_kv_heads
     if tp == 1 or kv % tp == 0:

@@ -23,18 +23,20 @@ def _product_divisors(ctx: Context) -> str:
 
 
 
-def tiling(ctx: Context, degree: Literal["tp", "cp", "ep"], values: Iterable[int]) -> list[int]:
-    """Of `values` for one degree, those that keep this GPU count tiled as WS001 (the dense replica) and, for ep,
-    WS002 (the expert grid) test it, so a fix never names a value the world-size rules then refuse; all of them
-    when none does (then the GPU count is what to change, and WS001/WS002 say so)."""
+def tiling(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterable[int]) -> list[int]:
+    """Of `values` for one degree, those that keep this GPU count tiled as WS001 (the dense replica) and WS002 (the
+    expert grid) test it, so a fix never names a value the world-size rules then refuse; all of them when none does
+    (then the GPU count is what to change, and WS001/WS002 say so). A rule calling it reads tp, pp, cp, ep, etp."""
     p = ctx.plan
     degrees = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep}
 
     def tiles(v: int) -> bool:
         d = {**degrees, degree: v}
-        if ctx.world % mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"]):
+        replica = mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"])
+        if ctx.world % replica:
             return False
-        return degree != "ep" or mesh.expert_grid_fits(ctx.law, ctx.world, d["tp"], d["pp"], d["cp"], p.dp, v, p.etp)
+        return mesh.expert_grid_fits(ctx.law, ctx.world, d["tp"], d["pp"], d["cp"], ctx.world // replica, d["ep"],
+                                     p.etp)
 
     pool = list(values)
     return [v for v in pool if tiles(v)] or pool
@@ -82,7 +84,9 @@ def expert_grid_divides_world(ctx: Context) -> Values:
     eps = working_ep(ctx, room)
     return {"world": ctx.world, "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp, "minimum": minimum,
             "etp_one": _etp_one_fix(ctx),
-            "gpus": neighbours(ctx.world, minimum), "eps": fmt_set(eps) if eps else "none at this GPU count"}
+            "gpus": neighbours(ctx.world, minimum),
+            "eps": f", or ep in {fmt_set(eps)} at this GPU count" if eps
+            else f"; no ep tiles {ctx.world} GPUs at pp={p.pp}, etp={p.etp}"}
 
 
 
