@@ -181,3 +181,40 @@ def test_a_dropped_groups_example_carries_the_fixed_expert_degrees():
     assert space.dropped and all(g.example.ep == 1 for g in space.dropped)  # the law drops before experts
     assert all((fixed_experts(space, g.example).ep, fixed_experts(space, g.example).etp) == (2, 2)
                for g in space.dropped)
+
+
+KF_TOML = """[model]
+n_layers = 32
+dim = 4096
+ffn_hidden_dim = 14336
+n_heads = 32
+n_kv_heads = 8
+vocab_size = 128256
+
+[train]
+seq_len = 8192
+
+[distributed]
+dp_shard = 4
+tp = 2
+cp = 2
+"""
+
+
+def test_kempnerforge_runs_no_context_parallelism():
+    """KempnerForge declares distributed.cp for its world-size product but wires no context parallelism (the card's
+    search.cp and adapter cp, with the source): recommend never ranks cp > 1 on it, even at 128K tokens where
+    torchtitan's ranked layouts all take CP; check refuses cp=2 with the card's words; and a file that sets
+    distributed.cp is read as cp=2 and refused, not read as cp=1 (which left its world-size product short)."""
+    long = dict(model="llama-3.1-8b", gpu="h100", num_gpus=64, seq_length=131072, global_batch_size=64)
+    ranked = api.recommend(Request(**long, framework="kempnerforge")).candidates
+    assert ranked and all(c.plan.cp == 1 for c in ranked)
+    assert all(c.plan.cp > 1 for c in api.recommend(Request(**long, framework="torchtitan")).candidates)
+    instead = card_instead("kempnerforge", 3, "cp")
+    assert instead and "not wired" in instead
+    report = api.check_config(Request(**L8, framework="kempnerforge", cp=2))
+    assert not report.ok and any(f.id == "AD001" and f.fix == instead for f in report.findings)
+    imported = api.import_config(KF_TOML, framework="kempnerforge")
+    req = api.request_from_config(imported, {"gpu": "h100", "num_gpus": 16})
+    assert req.cp == 2
+    assert {f.id for f in api.check_config(req, config=imported).findings if f.severity == "error"} == {"AD001"}
