@@ -43,8 +43,8 @@ CASES: list[tuple[str, str | None, dict]] = [
                         recompute="selective")),
     ("verl", "fsdp", dict(model="qwen3-8b", num_gpus=16, cp=4, zero_stage=3, global_batch_size=256,
                           recompute="full")),
-    ("skyrl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, vpp=5, cp=2, global_batch_size=512,
-                         recompute="selective")),
+    ("skyrl", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, cp=2, global_batch_size=512,
+                         recompute="selective")),  # no vpp: SkyRL runs no virtual stages (test_knob_refusals)
     ("skyrl", "sft", dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, pp=2, ep=8, etp=1, global_batch_size=128)),
     ("skyrl", "fsdp", dict(model="qwen3-8b", num_gpus=8, cp=2, zero_stage=3, global_batch_size=64)),
     ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2, global_batch_size=512,
@@ -569,7 +569,7 @@ GOLDEN_CASES = {
                                   global_batch_size=4096, recompute="full", recompute_layers=1,
                                   first_stage_layers=4, last_stage_layers=1),  # 61 = 4 + 14*4 + 1
 }
-# Per framework the layout it can express (KempnerForge: MoE needs pp=1 and EP takes its own ranks).
+# Per framework the layout it can express (KempnerForge: MoE needs pp=1 and EP takes its own ranks; SkyRL: no vpp).
 GOLDEN_OVERRIDES = {
     ("kempnerforge", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4,
                                                    global_batch_size=512, recompute="full"),
@@ -577,6 +577,8 @@ GOLDEN_OVERRIDES = {
                                                    global_batch_size=256),
     ("kempnerforge", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, tp=8, ep=64,
                                                    global_batch_size=4096, recompute="full"),
+    ("skyrl", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, cp=2,
+                                            global_batch_size=512, recompute="selective"),  # no virtual stages
     ("torchtitan", "llama-3.1-70b_64xh100"): dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2,
                                                  global_batch_size=512, recompute="selective"),
     ("torchtitan", "deepseek-v3_1024xh100"): dict(model="deepseek-v3", num_gpus=1024, pp=16, ep=64,

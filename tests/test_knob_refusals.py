@@ -218,3 +218,35 @@ def test_kempnerforge_runs_no_context_parallelism():
     req = api.request_from_config(imported, {"gpu": "h100", "num_gpus": 16})
     assert req.cp == 2
     assert {f.id for f in api.check_config(req, config=imported).findings if f.severity == "error"} == {"AD001"}
+
+
+SKYRL_SH = """python -m skyrl.train.entrypoints.main_base \\
+  trainer.strategy=megatron \\
+  trainer.policy.model.path=meta-llama/Llama-3.1-70B \\
+  trainer.placement.policy_num_nodes=8 \\
+  trainer.placement.policy_num_gpus_per_node=8 \\
+  trainer.train_batch_size=64 \\
+  trainer.policy.megatron_config.tensor_model_parallel_size=4 \\
+  trainer.policy.megatron_config.pipeline_model_parallel_size=4 \\
+  trainer.policy.megatron_config.transformer_config_kwargs.virtual_pipeline_model_parallel_size=5
+"""
+
+
+def test_skyrl_runs_no_virtual_pipeline_stages():
+    """SkyRL initializes Megatron-Core without virtual_pipeline_model_parallel_size (its MegatronStrategy's
+    setup_distributed), so its workers run the non-interleaved 1F1B, which asserts one model chunk (the card's
+    search.vpp and adapter vpp, with the source): recommend never ranks vpp > 1 on it (it ranked TP2 PP8 VPP10 CP2
+    first for Llama-3.1-70B on 64 H100), check refuses vpp=5 with the card's words, and a file that sets
+    transformer_config_kwargs.virtual_pipeline_model_parallel_size is read as vpp=5 and refused, not as vpp=1."""
+    l70 = dict(model="llama-3.1-70b", gpu="h100", num_gpus=64, global_batch_size=512)
+    ranked = api.recommend(Request(**l70, framework="skyrl")).candidates
+    assert ranked and all(c.plan.vpp == 1 for c in ranked) and any(c.plan.pp > 1 for c in ranked)
+    assert any(c.plan.vpp > 1 for c in api.recommend(Request(**l70, framework="verl")).candidates)
+    instead = card_instead("skyrl", 1, "vpp")
+    assert instead and "virtual_pipeline_model_parallel_size" in instead
+    report = api.check_config(Request(**l70, framework="skyrl", tp=4, pp=4, vpp=5))
+    assert not report.ok and any(f.id == "AD001" and f.fix == instead for f in report.findings)
+    imported = api.import_config(SKYRL_SH, framework="skyrl")
+    req = api.request_from_config(imported, {"gpu": "h100"})
+    assert (req.pp, req.vpp) == (4, 5)
+    assert {f.id for f in api.check_config(req, config=imported).findings if f.severity == "error"} == {"AD001"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP4 PP4 VPP5 CP2 DP2 (SkyRL 0.4.0, rl, rendered by meshplan)
+# Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP4 PP4 CP2 DP2 (SkyRL 0.4.0, rl, rendered by meshplan)
 set -euo pipefail
 python -m skyrl.train.entrypoints.main_base \
   trainer.strategy=megatron \
@@ -21,7 +21,6 @@ python -m skyrl.train.entrypoints.main_base \
   trainer.policy.megatron_config.context_parallel_size=2 \
   trainer.policy.megatron_config.expert_model_parallel_size=1 \
   trainer.policy.megatron_config.expert_tensor_parallel_size=1 \
-  trainer.policy.megatron_config.transformer_config_kwargs.virtual_pipeline_model_parallel_size=5 \
   trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity=selective \
   trainer.policy.megatron_config.transformer_config_kwargs.recompute_method=null \
   trainer.policy.megatron_config.transformer_config_kwargs.recompute_num_layers=null \
@@ -31,7 +30,6 @@ python -m skyrl.train.entrypoints.main_base \
   trainer.ref.megatron_config.context_parallel_size=2 \
   trainer.ref.megatron_config.expert_model_parallel_size=1 \
   trainer.ref.megatron_config.expert_tensor_parallel_size=1 \
-  trainer.ref.megatron_config.transformer_config_kwargs.virtual_pipeline_model_parallel_size=5 \
   trainer.ref.megatron_config.transformer_config_kwargs.recompute_granularity=selective \
   trainer.ref.megatron_config.transformer_config_kwargs.recompute_method=null \
   trainer.ref.megatron_config.transformer_config_kwargs.recompute_num_layers=null \
