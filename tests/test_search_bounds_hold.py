@@ -137,8 +137,9 @@ def test_the_pipeline_bound_is_under_the_estimate_on_a_virtual_split():
 def test_the_seed_key_is_under_the_estimate_on_an_uneven_interleaved_split():
     """Found by a generic sampler (pre-existing at 2e32021): Gemma-2-27B (46 layers) on 4 B200 with SkyRL, seq
     131072, TP1 PP4 VPP2 first 12 last 10, mbs 4, ZeRO-1, no recompute: seed key 338.89 s over the estimate's
-    334.00 s (the sampled answers still equal the oracle's: those plans do not fit)."""
-    req = Request(model="gemma-2-27b", num_gpus=4, gpu="b200", framework="skyrl", seq_length=131072,
+    334.00 s (the sampled answers still equal the oracle's: those plans do not fit). Asked on verl's Megatron engine
+    since SkyRL runs no virtual stages (its card, twelfth round): the bounds are the framework's engine's, not its."""
+    req = Request(model="gemma-2-27b", num_gpus=4, gpu="b200", framework="verl", seq_length=131072,
                   global_batch_size=32, headroom=0.0)
     job, _ = search_job(req)
     engine = default_engine(job.framework)
@@ -157,7 +158,7 @@ def test_the_seed_key_is_under_the_estimate_on_an_uneven_interleaved_split():
 # sequences (where the output layer's share of a rank is large, and where it is next to nothing).
 UNEVEN_JOBS = [(Request(model="qwen3-8b", num_gpus=8, gpu="h100", framework="megatron-core", seq_length=2048,
                         global_batch_size=32, recompute="none"), 3),
-               (Request(model="gemma-2-27b", num_gpus=4, gpu="b200", framework="skyrl", seq_length=131072,
+               (Request(model="gemma-2-27b", num_gpus=4, gpu="b200", framework="verl", seq_length=131072,
                         global_batch_size=32), 1),
                (Request(model="deepseek-v2-lite", num_gpus=32, framework="megatron-core", gpu="h100"), 7),
                (Request(model="llama-3.1-8b", num_gpus=16, framework="torchtitan", gpu="h100",
