@@ -108,6 +108,11 @@ class RLCard(_Card):
     trainer_memory_source: str
     rules_source: str
 
+    def critic_on_own_gpus(self, algorithm: RLAlgorithm, placement: Placement) -> bool:
+        """Whether PPO's critic runs on GPUs of its own, as many as the policy's (critic_apart_when_separate, with
+        the rollout placed apart), not beside the actor: what the job's pools and every figure of the step read."""
+        return self.critic[algorithm] and self.critic_apart_when_separate and placement == "separate"
+
 
 def _engines_covered(card: RLCard, framework: str) -> None:
     if card.colocated_offload:

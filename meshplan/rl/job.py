@@ -101,7 +101,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     work = _workload(req, card.defaults, defaults)
     req = _critic_engine(req, card, work.algorithm, notes)
     rollout = _rollout_fields(req, card, defaults)
-    critic_apart = card.critic[work.algorithm] and card.critic_apart_when_separate and rollout.placement == "separate"
+    critic_apart = card.critic_on_own_gpus(work.algorithm, rollout.placement)
     rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
                 prompt_length=work.prompt, response_length=work.response)

@@ -66,6 +66,12 @@ class PhaseSetting:
     capacity: float
     graphs: float
 
+    @property
+    def critic_beside_actor(self) -> bool:
+        """PPO's critic on the actor's GPUs (and host): its states resident beside the actor's and offloaded with
+        them; on GPUs of its own (critic_apart) only its update counts, on its own pool."""
+        return self.has_critic and not self.critic_apart
+
 
 def freed_classes(framework: str, zero_stage: int) -> frozenset[str]:
     """The state classes the trainer engine at this ZeRO stage frees after the actor's update, so that between phases
@@ -94,8 +100,7 @@ def critic_apart(job, plan: Plan) -> bool:
     """Whether PPO's critic runs on GPUs of its own, as many as the policy's: where the framework puts it there with
     the rollout placed apart (the card's rl.critic_apart_when_separate, with its source: SkyRL), not beside the actor
     (verl's trainer pool)."""
-    card = rl_card(job.framework)
-    return card.critic[job.rl.algorithm] and plan.placement == "separate" and card.critic_apart_when_separate
+    return rl_card(job.framework).critic_on_own_gpus(job.rl.algorithm, plan.placement)
 
 
 def phase_setting(job, plan: Plan) -> PhaseSetting:
@@ -172,7 +177,7 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
     ref = reference_bytes(x, s)
     ref_resident = 0.0 if x.ref_on_host else ref
     ref_pass = 0.0 if x.ref_per_unit else ref  # the reference's own weights on the GPU in its pass, beside `gathered`
-    critic_resident = between if x.has_critic and not x.critic_apart else 0.0
+    critic_resident = between if x.critic_beside_actor else 0.0
     acts = f.detail.get("recompute_working_layer", 0) + f.detail.get("logits_and_loss", 0)
     fwd = acts * (1 + mem.allocator_reserve_fraction)
     resident = between + ref_resident + critic_resident
@@ -219,7 +224,7 @@ def stage_host_extra(setting: PhaseSetting, s) -> float:
     states = state_bytes(s)
     auto_host = sum(v for cls, v in states.items() if cls in x.phase_classes - x.knob_classes)
     return ((reference_bytes(x, s) if x.ref_on_host else 0.0)
-            + ((s.host_bytes + auto_host) if x.has_critic and not x.critic_apart else 0.0) + auto_host)
+            + ((s.host_bytes + auto_host) if x.critic_beside_actor else 0.0) + auto_host)
 
 
 def rl_host_bytes(job, plan: Plan, update, setting: PhaseSetting | None = None) -> int:
@@ -245,7 +250,7 @@ def least_framework_host(job, plan: Plan, state_bytes: float, params: float) -> 
     setting = phase_setting(job, plan)
     if not setting.auto:
         return 0.0
-    copies = 2 if setting.has_critic and not setting.critic_apart else 1
+    copies = 2 if setting.critic_beside_actor else 1
     total = state_bytes * copies + (ENGINE_BYTES * params if setting.has_ref else 0.0)
     return total / job.num_gpus * ranks_per_node(job)
 

@@ -210,7 +210,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
     nodes = nodes_to_hold(job, floor, capacity)
     setting = phase_setting(job, base)
     ref = (" and the reference model's bf16 weights" if setting.has_ref else "") + (
-        ", the critic's states too" if setting.has_critic and not setting.critic_apart else "")
+        ", the critic's states too" if setting.critic_beside_actor else "")
     raise HostRefused(
         f"MEM003: {job.framework} offloads the trainer's models to the host around the rollout ({base.placement} "
         f"placement), which needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout (the states "
