@@ -27,6 +27,12 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
      [{"sequence_parallel": False}]),
     ("Set sequence_parallel=false.", {"sequence_parallel": False}, []),  # already so: no change
     ("Drop dp (it is derived: 4) or set num_gpus = dp*tp*pp*cp = 2*4 = 8.", {}, [{"num_gpus": 8}]),
+    # a product's value is no assignment of its last factor (it read ep=32 and pp=12 here), and a chain sets each name
+    ("Use num_gpus = 32 (multiples of tp*pp*cp*ep = 32) or leave dp to be derived.", {}, [{"num_gpus": 32}]),
+    ("Use global_batch_size = 60 or 72 (multiples of mbs*dp*pp = 12), or vpp=1.", {},
+     [{"global_batch_size": 60}, {"vpp": 1}]),
+    ("Use zero_stage 0-2 for the Megatron engine, or set tp=pp=ep=1 and shard with FSDP.", {},
+     [{"tp": 1, "pp": 1, "ep": 1}]),
 ])
 def test_fix_words_to_field_changes(fix, current, options):
     assert fix_changes(fix, current) == options

@@ -21,8 +21,10 @@ from meshplan.schema.imported import ConfigFix, FileChange, ImportedConfig
 from meshplan.schema.reports import Finding
 from meshplan.schema.request import Request
 
-# `name = value`, and `name = dp*tp*pp = 2*4 = 8` (a chain: its last value); a value that is a product is none.
-ASSIGN = re.compile(r"\b([a-z][a-z0-9_]*)\s*=\s*(?:[\w.*+\-]+\s*=\s*)*([A-Za-z0-9_.+\-]+)(?![\w*])")
+# `name = value`, and `name = dp*tp*pp = 2*4 = 8` (a chain: its last value); a value that is a product is none, and
+# so is a name that ends a product (`mbs*dp*pp = 12` states a product's value, not pp=12).
+ASSIGN = re.compile(r"(?<![\w*/])([a-z][a-z0-9_]*)\s*=\s*((?:[\w.*+\-]+\s*=\s*)*)([A-Za-z0-9_.+\-]+)(?![\w*])")
+NAME = re.compile(r"[a-z][a-z0-9_]*")
 CHOICE = re.compile(r"\b([a-z][a-z0-9_]*) in \{?\[?(\d[\d, ]*)")
 SOURCE = re.compile(r"^(?P<path>\S+):(?P<line>\d+) (?P<key>\S+)(?: \(\$(?P<via>[^)]*)\))?$")
 NO_FIX = re.compile(r"\bnone of\b", re.I)
@@ -35,7 +37,7 @@ def fix_changes(fix: str, current: dict[str, Any]) -> list[dict[str, Any]]:
     no field with a value the field accepts, or only the values already set, gives none."""
     options: list[dict[str, Any]] = []
     for alternative in re.split(r",?\s+or\s+", fix):
-        found = [(m.group(1), m.group(2)) for m in ASSIGN.finditer(alternative)]
+        found = [(name, m.group(3)) for m in ASSIGN.finditer(alternative) for name in _assigned(m)]
         found += [(m.group(1), m.group(2).split(",")[0]) for m in CHOICE.finditer(alternative)]
         change: dict[str, Any] = {}
         for name, text in found:
@@ -49,6 +51,13 @@ def fix_changes(fix: str, current: dict[str, Any]) -> list[dict[str, Any]]:
         if change and change not in options:
             options.append(change)
     return options[:MAX_OPTIONS]
+
+
+def _assigned(match: re.Match[str]) -> list[str]:
+    """The names an assignment sets: its first, and each plain name of a chain (`tp=pp=ep=1` sets all three; in
+    `num_gpus = dp*tp*pp = 8` the product is a formula, not a name)."""
+    chained = [part.strip() for part in match.group(2).split("=")]
+    return [match.group(1), *(part for part in chained if NAME.fullmatch(part))]
 
 
 def _value_text(value: Any, style: str) -> str:
