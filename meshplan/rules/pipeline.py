@@ -13,9 +13,10 @@ from typing import get_args
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
+from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
-from meshplan.rules.world import tiling
+from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Plan
 
@@ -67,11 +68,44 @@ def layers_divisible_by_vpp(ctx: Context) -> Values:
 
 
 
-@rule("PP003", reads=("pp", "vpp"))
+@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage"))
 def vpp_needs_pp(ctx: Context) -> Values:
-    if ctx.plan.vpp == 1 or ctx.plan.pp > 1:
+    """Megatron-Core refuses virtual stages without a pipeline; torchtitan, KempnerForge and NeMo AutoModel build no
+    pipeline at pp=1 and run the model whole, so the vpp named is not the layout they run. vpp=1 always works; pp
+    values only where interleaved_pps finds some."""
+    p = ctx.plan
+    if p.vpp == 1 or p.pp > 1:
         return None
-    return {"vpp": ctx.plan.vpp}
+    how = ("Megatron-Core refuses it ('pipeline-model-parallel size should be greater than 1')"
+           if ctx.backend == "megatron" else
+           f"{framework_card(ctx.framework).display_name} builds no pipeline at pp=1 and runs the model whole, "
+           "not the layout named")
+    pps = interleaved_pps(ctx, p.vpp)
+    return {"vpp": p.vpp, "how": how,
+            "pipeline": f", or pp in {fmt_set(pps)} with vpp={p.vpp}" if pps else ""}
+
+
+
+def interleaves(ctx: Context) -> bool:
+    """Whether the framework runs virtual pipeline stages for this job at this ZeRO stage: its card has an
+    interleaved schedule and the adapter `render` writes with a pipeline has a vpp key (AD001's table). A fix names
+    vpp > 1 only where this holds. Reads zero_stage and tp, pp (the variant DEFAULT_VARIANTS picks)."""
+    card = framework_card(ctx.framework)
+    if card.pipeline.interleaved is None:
+        return False
+    p = ctx.plan
+    target = default_render(ctx.framework, ctx.job, p.model_copy(update={"pp": max(p.pp, 2), "vpp": max(p.vpp, 2)}))
+    return target is None or knob_table(ctx.framework, *target)["vpp"].key is not None
+
+
+def interleaved_pps(ctx: Context, vpp: int) -> list[int]:
+    """pp values over 1 at which this job runs `vpp` virtual stages: the framework interleaves, the layers split
+    evenly over pp*vpp chunks, and the GPU count stays tiled (world.tiled); none where nothing does. Reads tp, pp, cp,
+    ep, etp, zero_stage."""
+    if not interleaves(ctx):
+        return []
+    layers = ctx.arch.num_layers
+    return tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
 
 
 
@@ -289,15 +323,18 @@ def _zero_bubble_words(framework: str) -> str:
     return " and ".join(words for order, words in forms.items() if order in schedules)
 
 
-@rule("PP013", reads=("pp", "vpp", "pipeline_schedule"))
+@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "pipeline_schedule"))
 def schedule_chunks(ctx: Context) -> Values:
-    """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two."""
+    """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two. A
+    fix names virtual stages only where the framework runs them (interleaves)."""
     p = ctx.plan
     name = p.pipeline_schedule
     if name in MULTI_CHUNK and p.pp == 1 and p.vpp == 1:  # vpp > 1 without a pipeline: PP003
+        pps = interleaved_pps(ctx, 2)
         return {"schedule": name, "vpp": p.vpp, "reason": "it schedules the virtual stages of a pipeline, and pp=1 "
                                                           "has none",
-                "fix": "Use pp >= 2 (vpp=2), or leave pipeline_schedule out."}
+                "fix": f"Use pp in {fmt_set(pps)} with vpp=2, or leave pipeline_schedule out." if pps else
+                       "Leave pipeline_schedule out."}
     card = framework_card(ctx.framework)
     if name is None and p.pp > 1 and p.vpp > 1 and card.pipeline.interleaved is None:
         # no schedule named: the framework's own, and it has no interleaved one (its card: nanotron, DeepSpeed)
@@ -307,7 +344,7 @@ def schedule_chunks(ctx: Context) -> Values:
     if name is None or p.pp == 1:
         return None
     if name in SINGLE_CHUNK and p.vpp > 1:
-        multi = [s for s in offered_schedules(ctx.framework) if s in MULTI_CHUNK]
+        multi = [s for s in offered_schedules(ctx.framework) if s in MULTI_CHUNK] if interleaves(ctx) else []
         return {"schedule": name, "vpp": p.vpp, "reason": "it runs one stage per rank (torchtitan refuses more for a "
                                                            "single-stage schedule; Megatron-Core interleaves whenever "
                                                            "vpp > 1)",
@@ -316,11 +353,14 @@ def schedule_chunks(ctx: Context) -> Values:
         per_rank = ctx.arch.num_layers // p.pp
         working = [v for v in range(2, 9) if per_rank % v == 0] or [2]
         exact = name == "dualpipev"
+        if not interleaves(ctx):  # the framework runs one stage per rank: the schedule is what to change
+            fix = ("Use vpp=1 and pipeline_schedule=1f1b (or leave pipeline_schedule out)." if p.vpp > 1 else
+                   "Use pipeline_schedule=1f1b, or leave it out.")
+        else:
+            fix = "Use vpp=2." if exact else f"Use vpp={working[0]} (or leave vpp out: 2), or pipeline_schedule=1f1b."
         return {"schedule": name, "vpp": p.vpp,
                 "reason": "it runs exactly two virtual stages per rank, in a V" if exact else
-                          "it runs two or more virtual stages per rank",
-                "fix": "Use vpp=2." if exact else f"Use vpp={working[0]} (or leave vpp out: 2), or "
-                                                  "pipeline_schedule=1f1b."}
+                          "it runs two or more virtual stages per rank", "fix": fix}
     return None
 
 

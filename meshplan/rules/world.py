@@ -27,6 +27,14 @@ def tiling(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterab
     """Of `values` for one degree, those that keep this GPU count tiled as WS001 (the dense replica) and WS002 (the
     expert grid) test it, so a fix never names a value the world-size rules then refuse; all of them when none does
     (then the GPU count is what to change, and WS001/WS002 say so). A rule calling it reads tp, pp, cp, ep, etp."""
+    pool = list(values)
+    return tiled(ctx, degree, pool) or pool
+
+
+
+def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterable[int]) -> list[int]:
+    """Of `values` for one degree, those that keep this GPU count tiled (tiling's test), none when none does: for a
+    fix that names the degree only as an alternative to a change that always works. Reads tp, pp, cp, ep, etp."""
     p = ctx.plan
     degrees = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep}
 
@@ -38,8 +46,7 @@ def tiling(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterab
         return mesh.expert_grid_fits(ctx.law, ctx.world, d["tp"], d["pp"], d["cp"], ctx.world // replica, d["ep"],
                                      p.etp)
 
-    pool = list(values)
-    return [v for v in pool if tiles(v)] or pool
+    return [v for v in values if tiles(v)]
 
 
 
