@@ -1,11 +1,102 @@
-"""A rule's fix names changes that work: PP003 and PP013 name virtual stages only where the framework runs them
-(its adapter writes vpp) and pipelines only where they tile the GPU count; torchtitan's vpp at pp=1, a pipeline it
-never builds, is refused."""
+"""A rule's fix names changes that work: applied to the request, the rule it fixes no longer fires, and no change it
+names is one the framework's adapter refuses (AD001) or one that breaks the GPU count's tiling (WS*, AM001). Checked on
+a seeded sample of refused layouts over every framework, each fix read as `check --config` reads it
+(adapters/read/fixes.fix_changes: one request change per alternative; `drop <field>` clears it)."""
 
 from __future__ import annotations
 
+import random
+import re
+
+import pytest
+
 from meshplan import api
+from meshplan.adapters.read.fixes import fix_changes
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import resolve
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
+
+MODELS = ("llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mixtral-8x7b", "qwen3-30b-a3b")
+EXTRA = {"recompute": ["none", "selective", "full"], "precision": ["bf16", "fp8"], "sequence_parallel": [True, False],
+         "moe_token_dispatcher": ["alltoall", "flex"], "moe_a2a_overlap": [True], "tp_comm_overlap": [True],
+         "optimizer_offload": [True], "activation_offload": [True], "cp_comm_type": ["a2a", "p2p"],
+         "dp_replicate": [2], "micro_batch_size": [1, 2, 4], "optimizer": ["muon", "adam"],
+         "fp8_recipe": ["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"],
+         "zero_stage": [0, 1, 2, 3], "pipeline_schedule": ["1f1b", "interleaved_1f1b", "zero_bubble", "dualpipev",
+                                                           "gpipe"]}
+# Rules that name the first of several settings a framework lacks: fixing it may reveal the next one (another setting).
+FIRST_OF_SEVERAL = ("AD001", "NT001", "OF001")
+NEW_ERRORS = ("AD001", "WS001", "WS002", "WS004", "WS006", "AM001")  # a change must not bring these in
+
+
+def sampled_requests(seed: int, n: int):
+    rng = random.Random(seed)
+    for _ in range(n):
+        req = dict(model=rng.choice(MODELS), framework=rng.choice(FRAMEWORKS), gpu="h100",
+                   num_gpus=rng.choice([8, 16, 24, 64]), tp=rng.choice([1, 2, 4, 8]), pp=rng.choice([1, 1, 2, 3, 4, 8]),
+                   vpp=rng.choice([1, 2, 2, 3]), global_batch_size=rng.choice([16, 64, 256]))
+        if rng.random() < 0.3:
+            req["ep"] = rng.choice([2, 4, 8])
+        if rng.random() < 0.2:
+            req["cp"] = 2
+        for name in rng.sample(sorted(EXTRA), 3):
+            req[name] = rng.choice(EXTRA[name])
+        yield req
+
+
+def structural(req: dict):
+    job, plan = resolve(Request(**req))
+    return check_config(job, plan, include_memory=False).findings, plan
+
+
+def applied(fix: str, req: dict, current: dict) -> list[dict]:
+    """Each alternative of the fix as the request it makes (fix_changes per alternative, `drop x` clearing x)."""
+    out = []
+    for alternative in re.split(r",?\s+or\s+", fix):
+        change = (fix_changes(alternative, current) or [{}])[0]
+        change |= {name: None for name in re.findall(r"\b[Dd]rop ([a-z][a-z0-9_]*)", alternative)
+                   if name in Request.model_fields}
+        if change:
+            out.append({k: v for k, v in {**req, **change}.items() if v is not None})
+    return out
+
+
+def broken(req: dict, found, before: set[str]) -> list[str]:
+    """What is still wrong once the fix's change is applied: the rule itself (for a first-of-several rule, on the same
+    setting), or an adapter/world-size error the change brought in."""
+    try:
+        after = {f.id: f for f in structural(req)[0] if f.severity == "error"}
+    except MeshplanError as exc:
+        return [f"refused: {exc}"]
+    out = []
+    if found.id in after and not (found.id in FIRST_OF_SEVERAL and
+                                  after[found.id].message.split(":")[0] != found.message.split(":")[0]):
+        out.append(f"{found.id} again: {after[found.id].message}")
+    out += [f"{r} brought in: {after[r].message}" for r in NEW_ERRORS if r in after and r not in before]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_concrete_fix_clears_its_rule_without_an_adapter_or_tiling_error(seed):
+    failures, tried = [], 0
+    for req in sampled_requests(seed, 150):
+        try:
+            findings, plan = structural(req)
+        except MeshplanError:
+            continue
+        before = {f.id for f in findings}
+        current = {**plan.model_dump(), **req}
+        for found in findings:
+            if found.severity != "error":
+                continue
+            for fixed in applied(found.fix, req, current):
+                tried += 1
+                failures += [f"{req} {found.id} fix {found.fix!r} -> {fixed}: {why}"
+                             for why in broken(fixed, found, before)]
+    assert tried > 300
+    assert not failures, "\n".join(failures[:5])
 
 
 def fix_of(rule_id: str, **fields) -> str:
@@ -48,3 +139,26 @@ def test_named_schedules_offer_virtual_stages_only_where_the_framework_runs_them
                   pipeline_schedule="zero_bubble") == "Leave pipeline_schedule out."
     assert fix_of("PP013", model="llama-3.1-8b", gpu="h100", num_gpus=8, tp=2, pipeline_schedule="zero_bubble") == \
         "Use pp in {2, 4} with vpp=2, or leave pipeline_schedule out."
+
+
+def test_offload_and_precision_fixes_clear_the_setting_they_replace():
+    # OF001 named the nearest knob (recompute=full) but left the offload on, so OF001 fired again
+    assert fix_of("OF001", model="llama-3.1-8b", framework="skyrl", gpu="h100", num_gpus=8, zero_stage=1,
+                  activation_offload=True).startswith("Set activation_offload=false; ")
+    # PR003 offered precision=fp8 for a recipe the GPU cannot run (mxfp8 on H100), refused again under fp8
+    assert fix_of("PR003", model="llama-3.1-8b", gpu="h100", num_gpus=8, fp8_recipe="mxfp8") == \
+        "Drop fp8_recipe (mxfp8 does not run on NVIDIA H100 SXM5 80GB with Megatron-Core / Megatron-LM)."
+    assert fix_of("PR003", model="llama-3.1-8b", gpu="h100", num_gpus=8, fp8_recipe="blockwise") == \
+        "Use precision=fp8 with it, or drop fp8_recipe."
+    # PR005 at ZeRO-2 named zero_stage=1, where the optimizer offload is refused next
+    assert fix_of("PR005", model="llama-3.1-8b", gpu="h100", num_gpus=8, zero_stage=2, optimizer="muon",
+                  optimizer_offload=True).startswith("Use zero_stage=1 and optimizer_offload=false ")
+
+
+def test_deepspeed_offloads_the_whole_optimizer_at_zero_1():
+    """offload_optimizer runs at ZeRO stages 1-3; only a ratio below 1 (ZeRO-Offload++) needs ZeRO-3. The resolver's
+    fraction 1.0 beside optimizer_offload is the whole optimizer: OF001 refused it at ZeRO-1 and told the user to drop a
+    fraction they never gave."""
+    base = dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=8, optimizer_offload=True)
+    assert "OF001" not in {f.id for f in api.check_config(Request(**base)).findings}
+    assert "OF001" in {f.id for f in api.check_config(Request(**base, optimizer_offload_fraction=0.5)).findings}

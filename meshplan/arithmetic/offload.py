@@ -187,7 +187,10 @@ def unsupported_offloads(framework: str, plan: Plan) -> list[tuple[str, str]]:
         "param_offload": plan.param_offload,
         "grad_offload": plan.grad_offload,
         "optimizer_offload": plan.optimizer_offload,
-        "optimizer_offload_fraction": plan.optimizer_offload_fraction > 0,
+        # the whole optimizer (1.0, what the resolver fills beside optimizer_offload) is the optimizer knob itself, not
+        # a share: DeepSpeed's ZeRO-1/2 offload_optimizer moves everything, only a ratio below 1 needs ZeRO-3
+        "optimizer_offload_fraction": plan.optimizer_offload_fraction > 0 and not (
+            plan.optimizer_offload and plan.optimizer_offload_fraction >= 1.0),
     }
     out = []
     for knob, on in asked.items():

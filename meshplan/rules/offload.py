@@ -16,10 +16,13 @@ def offload_the_engine_lacks(ctx: Context) -> Values:
         return None
     knob, fix = problems[0]
     card = framework_card(ctx.framework)
+    needs_zero = fix.startswith("Use zero_stage")
+    if not needs_zero:  # the card's nearest knob works only with this one off: the fix says so first
+        fix = f"Set {knob}={'0' if knob == 'optimizer_offload_fraction' else 'false'}; {fix}"
     sem = card.offload_at(ctx.plan.zero_stage)
     has = sem is not None and any((sem.activation != "none", sem.param.when != "none", sem.grad.when != "none",
                                    sem.optimizer.when != "none"))
-    why = ("it needs a higher zero_stage there" if has and fix.startswith("Use zero_stage")
+    why = ("it needs a higher zero_stage there" if has and needs_zero
            else f"the {card.engine_at(ctx.plan.zero_stage)} engine has no such offload")
     return {"knob": knob, "framework": card.display_name, "zero": ctx.plan.zero_stage, "why": why, "fix": fix}
 

@@ -113,17 +113,19 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
     card = framework_card(ctx.framework)
     values = {"recipe": p.fp8_recipe, "precision": job.precision, "gpu": job.gpu.name,
               "framework": card.display_name}
-    if job.precision != "fp8":
+    if job.precision != "fp8":  # precision=fp8 offered only where the recipe then runs (the checks below)
+        runs = job.gpu.fp8_flops is not None and p.fp8_recipe in runnable_recipes(ctx.framework, job.gpu)
         return {**values, "why": "the recipe scales fp8 tensors, and this run has none.",
-                "fix": "Use precision=fp8 with it, or drop fp8_recipe."}
+                "fix": "Use precision=fp8 with it, or drop fp8_recipe." if runs else
+                       f"Drop fp8_recipe ({p.fp8_recipe} does not run on {job.gpu.name} with {card.display_name})."}
     if job.gpu.fp8_flops is None:
         return None  # FP001 says it
     both = runnable_recipes(ctx.framework, job.gpu)
     nearest = nearest_recipe(p.fp8_recipe, both)
     instead = _lacks(ctx.framework, f"fp8_{p.fp8_recipe}")
     fix = (f"Use fp8_recipe={nearest} (what {job.gpu.name} and {card.display_name} both run: {', '.join(both)})."
-           if nearest else instead or f"{card.display_name} runs none of {job.gpu.name}'s FP8 recipes; use "
-                                      "precision=bf16.")
+           if nearest else (instead or f"{card.display_name} runs none of {job.gpu.name}'s FP8 recipes; use "
+                                       "precision=bf16.") + " Drop fp8_recipe with fp8.")
     if p.fp8_recipe not in job.gpu.fp8_recipes:
         return {**values, "why": f"{job.gpu.name}'s tensor cores do not run it (it runs "
                                  f"{', '.join(job.gpu.fp8_recipes)}).", "fix": fix}
@@ -161,9 +163,13 @@ def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
     instead = _lacks(ctx.framework, "optimizer")
     if instead:
         return {**values, "why": f"{card.display_name} has no Muon meshplan can write.", "fix": instead}
-    if p.zero_stage >= 2:
+    if p.zero_stage >= 2:  # the fix also names what the branch below would refuse at zero_stage 1
+        also = "".join(f" and {c}" for c, on in (("optimizer_state_dtype=fp32", p.optimizer_state_dtype not in
+                                                  (None, "fp32")), ("optimizer_offload=false", _offloads_optimizer(p)))
+                       if on)
         return {**values, "why": "Megatron-Core's Muon supports neither torch FSDP2 nor Megatron-FSDP.",
-                "fix": "Use zero_stage=1 (Muon's layer-wise distributed optimizer) or 0, or leave optimizer out."}
+                "fix": f"Use zero_stage=1{also} (Muon's layer-wise distributed optimizer) or 0, or leave optimizer "
+                       "out."}
     if p.optimizer_state_dtype not in (None, "fp32") or _offloads_optimizer(p):
         return {**values, "why": "the precision-aware and CPU-offloaded optimizers need Megatron's distributed "
                                  "optimizer, which Muon replaces by its layer-wise one.",
