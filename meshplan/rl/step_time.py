@@ -11,6 +11,7 @@ from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, kv_bytes_per_token, rl_constant
+from meshplan.rl.job import rl_job_gpus
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import RLStepTime
@@ -143,9 +144,8 @@ def rl_report(job, plan: Plan, timing, update, words: str):
                "separate pools: generation overlaps the training side (one step off)."))
     return update.model_copy(update={
         "step_time_s": timing.step_s, "tokens_per_s": tokens / timing.step_s,
-        "tokens_per_s_per_gpu": tokens / timing.step_s / (job.num_gpus * (2 if critic_apart(job, plan) else 1)
-                                                           + (plan.rollout_gpus if plan.placement == "separate"
-                                                              else 0)),
+        "tokens_per_s_per_gpu": tokens / timing.step_s / rl_job_gpus(job.num_gpus, critic_apart(job, plan),
+                                                                     plan.placement, plan.rollout_gpus),
         "rl": timing, "assumptions": [note, "mfu is the actor update's, as verl reports it.", *update.assumptions],
     })
 

@@ -77,8 +77,8 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     # twice a node: a critic of its own halves what the rollout leaves (rl/job.py _critic_split)
     probe_gpus = node * (2 if req.placement == "separate" else 1) + (req.rollout_gpus or 0)
     probe, rl = resolve_rl(req.model_copy(update={"num_gpus": probe_gpus}), [])
-    pool = (req.rollout_gpus or 0) if rl is not None and rl.placement == "separate" else 0
-    copies = 2 if rl is not None and rl.critic_apart else 1
+    total = rl.job_gpus if rl is not None else (lambda trainer: trainer)  # the job's GPUs per trainer count
+    pool, copies = total(0), 2 if rl is not None and rl.critic_apart else 1  # the scan's limit and words
     # the host is the RL step's, settled by the RL recommend at each count (refuse_host, the actor search's
     # ActorHost), not the training step's with the phase offloads as resolved: an RL step may turn them off
     # (SkyRL's FSDP optimizer left on the GPU takes less host), so the trainer's scan checks the GPU only
@@ -89,7 +89,7 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     answers: dict[int, Recommendation] = {}
 
     def ranks(trainer_gpus: int, _: Job) -> bool:
-        world = trainer_gpus * copies + pool
+        world = total(trainer_gpus)
         try:
             answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
         except HostRefused:  # the host holds what the framework offloads only on more nodes: none at this count
@@ -99,9 +99,9 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     scan = scan_minimum(job, fixed, engine, headroom_for(req), True, max(1, (limit - pool) // copies),
                         at=lambda t: job_at(job, t, user_gbs=True), ranks=ranks)
     if pool:
-        shift = {k: getattr(scan, k) * copies + pool for k in ("first", "last", "floor", "limit")}
+        shift = {k: total(getattr(scan, k)) for k in ("first", "last", "floor", "limit")}
         critic = " twice (the policy's and PPO's critic's)" if copies == 2 else ""
-        scan = replace(scan, num_gpus=None if scan.num_gpus is None else scan.num_gpus * copies + pool,
+        scan = replace(scan, num_gpus=None if scan.num_gpus is None else total(scan.num_gpus),
                        stepping=f"the trainer's {scan.stepping}{critic}, plus the {pool:,} rollout GPUs", **shift)
     batch = (f"The RL step's batch at every count: {job.global_batch_size:,} sequences (prompts x samples) of "
              f"{job.seq_length:,} tokens (prompt + response); each count is settled by the RL recommend (actor "

@@ -1,0 +1,39 @@
+"""An RL job's GPUs in all have one home, rl/job.py rl_job_gpus: the trainer's (twice where PPO's critic runs on as
+many of its own) plus a separate rollout pool's. The RL step's report (tokens per GPU) and min-gpus' scan (each trainer
+count turned into the job's) both read it, so the three agree on colocated, separate and SkyRL PPO placed apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.request.resolve import resolve
+from meshplan.rl.job import resolve_rl, rl_job_gpus
+from meshplan.rl.memory import critic_apart
+from meshplan.schema.request import Request
+
+JOBS = {
+    "colocated": (dict(model="qwen2.5-7b", framework="verl", job="rl", algorithm="grpo", gpu="h100"), 8, 8),
+    "separate": (dict(model="qwen2.5-7b", framework="verl", job="rl", algorithm="grpo", gpu="h100",
+                      placement="separate", rollout_gpus=8), 16, 8),
+    "skyrl-ppo-separate": (dict(model="qwen2.5-7b", framework="skyrl", job="rl", algorithm="ppo", zero_stage=3,
+                                gpu="h100", placement="separate", rollout_gpus=8), 24, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_the_jobs_gpus_are_one_function_the_report_and_min_gpus_read(name):
+    fields, num_gpus, trainer = JOBS[name]
+    req = Request(**fields, num_gpus=num_gpus)
+    job, plan = resolve(req)
+    assert job.num_gpus == trainer  # the trainer's (the policy's): what _pools leaves of num_gpus
+    total = rl_job_gpus(job.num_gpus, critic_apart(job, plan), plan.placement, plan.rollout_gpus)
+    assert total == num_gpus
+    report = api.estimate_throughput(req)
+    assert report.tokens_per_s / report.tokens_per_s_per_gpu == pytest.approx(total, rel=1e-9)
+    found = api.minimum_gpus(Request(**fields))
+    assert found.num_gpus is not None
+    trainer_req, rl = resolve_rl(Request(**fields, num_gpus=found.num_gpus), [])
+    assert rl is not None and rl.job_gpus(trainer_req.num_gpus) == found.num_gpus
+    p = found.candidate.plan
+    assert p.dp * p.cp * p.tp * p.pp == trainer_req.num_gpus  # the layout at the count is the trainer's
