@@ -3,7 +3,9 @@ never inside a function (except the lazy imports listed here, each with its reas
 each other, directly or around a loop.
 
 The layers, bottom up, are the folders ARCHITECTURE.md names; the order below is the one it gives. The test walks
-every `import` and `from ... import` with `ast`, including those inside functions and `if TYPE_CHECKING:` blocks.
+every `import` and `from ... import` with `ast`, including those inside functions and `if TYPE_CHECKING:` blocks; an
+import against the order is allowed only inside `if TYPE_CHECKING:` and only where TYPING_ONLY lists it (never run,
+so no load-time dependency and no cycle: it names a type for a reader and a type checker).
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ LAZY = {
 }
 
 
+# Imports against the order allowed inside `if TYPE_CHECKING:` (never run), each (importing module, imported module)
+# with why.
+TYPING_ONLY = {
+    ("meshplan.schema.plan", "meshplan.knowledge.cards"): "Job.card's type: the resolver attaches the job's framework "
+                                                          "card (request/resolve.carry_cards); schema never loads one",
+    ("meshplan.schema.plan", "meshplan.knowledge.rl_card"): "Job.rl_card's type, likewise",
+}
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -77,14 +88,27 @@ def layer_of(module: str) -> str:
 
 def imports(path: Path) -> list[tuple[str, int, bool]]:
     """(imported meshplan module, line, inside a function) for every import in the file."""
+    return [(target, line, in_function) for target, line, in_function, _ in typed_imports(path)]
+
+
+def is_type_checking(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`) with no else: its body never runs."""
+    test = getattr(node, "test", None)
+    name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
+    return isinstance(node, ast.If) and name == "TYPE_CHECKING" and not node.orelse
+
+
+def typed_imports(path: Path) -> list[tuple[str, int, bool, bool]]:
+    """(imported meshplan module, line, inside a function, inside `if TYPE_CHECKING:`) for every import in the file."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
-    found: list[tuple[str, int, bool]] = []
+    found: list[tuple[str, int, bool, bool]] = []
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, typing_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import):
-                found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("meshplan"))
+                found.extend((a.name, child.lineno, in_function, typing_only) for a in child.names
+                             if a.name.startswith("meshplan"))
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = package.split(".")[: len(package.split(".")) - child.level + 1]
@@ -94,12 +118,18 @@ def imports(path: Path) -> list[tuple[str, int, bool]]:
                 if target.startswith("meshplan"):
                     for alias in child.names:  # `from meshplan.x import y` may name a module y
                         sub = f"{target}.{alias.name}"
-                        found.append((sub if known(sub) else target, child.lineno, in_function))
+                        found.append((sub if known(sub) else target, child.lineno, in_function, typing_only))
             else:
-                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+                      typing_only or is_type_checking(child))
 
-    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    visit(ast.parse(path.read_text(encoding="utf-8")), False, False)
     return found
+
+
+def allowed_typing_only(me: str, target: str, typing_only: bool) -> bool:
+    """A TYPING_ONLY import, and inside `if TYPE_CHECKING:` (the same import run at load time is not allowed)."""
+    return typing_only and (me, owner(target)) in TYPING_ONLY
 
 
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
@@ -133,10 +163,10 @@ def test_imports_go_down_only():
     rank = {layer: i for i, layer in enumerate(LAYERS)}
     wrong = []
     for me, path in MODULES.items():
-        for target, line, _ in imports(path):
+        for target, line, _, typing_only in typed_imports(path):
             target = owner(target)
-            if target == "meshplan":
-                continue  # __version__
+            if target == "meshplan" or allowed_typing_only(me, target, typing_only):
+                continue  # __version__; a listed type named for a reader, never imported at run time
             if rank[layer_of(target)] > rank[layer_of(me)]:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} (layer {layer_of(target)} is above "
                              f"{layer_of(me)})")
@@ -157,8 +187,18 @@ def test_every_listed_lazy_import_is_still_there():
     assert set(LAZY) <= seen, sorted(set(LAZY) - seen)
 
 
+def test_every_listed_typing_only_import_is_still_there_and_never_run():
+    seen = {(me, owner(t)) for me, path in MODULES.items() for t, _, _, typing_only in typed_imports(path)
+            if typing_only}
+    assert set(TYPING_ONLY) <= seen, sorted(set(TYPING_ONLY) - seen)
+    typing_block, with_else = ast.parse("if TYPE_CHECKING:\n    import meshplan.a\n"
+                                        "if typing.TYPE_CHECKING:\n    import meshplan.a\nelse:\n    import b\n").body
+    assert is_type_checking(typing_block) and not is_type_checking(with_else)  # an else branch runs
+
+
 def test_no_cycles():
-    graph = {me: {owner(t) for t, _, _ in imports(path)} - {me, "meshplan"} for me, path in MODULES.items()}
+    graph = {me: {owner(t) for t, _, _, typing_only in typed_imports(path)
+                  if not allowed_typing_only(me, t, typing_only)} - {me, "meshplan"} for me, path in MODULES.items()}
     # a package's __init__ importing its own modules is how a package is read, not a cycle
     for me in graph:
         graph[me] = {t for t in graph[me] if not (MODULES[me].name == "__init__.py" and t.startswith(me + "."))}

@@ -62,3 +62,27 @@ def test_a_frameworks_own_key_names_the_field(typed, meant):
     with pytest.raises(MeshplanError, match=f"Did you mean '{meant}'"):
         parse_request({"model": "llama-3.1-8b", typed: 2})
     assert all(alias.isidentifier() for alias in field_aliases())  # no prose key such as '(implicit: ...)'
+
+
+def test_the_resolved_job_carries_its_framework_cards_and_a_hand_built_or_re_framed_one_is_refused():
+    """Resolve once: the resolver attaches the job's framework card and its RL section (request/resolve.carry_cards),
+    which estimators read as job.card / job.rl_card; a job that did not come through the resolver, or a copy whose
+    framework changed, is refused with what to do, never given a wrong card; the cards are no field (nothing dumped)."""
+    from meshplan.knowledge.cards import framework_card
+    from meshplan.knowledge.rl_card import rl_card
+    from meshplan.request.resolve import carry_cards
+    from meshplan.schema.plan import Job
+
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=8, framework="verl"))
+    assert job.card is framework_card("verl") and job.rl_card is rl_card("verl")
+    assert job.model_copy(update={"num_gpus": 16}).card is job.card  # a copy keeps them
+    assert resolve(Request(model="llama-3.1-8b", num_gpus=8))[0].rl_card is None  # megatron-core runs no RL job
+    with pytest.raises(MeshplanError, match=r"carries 'verl''s \(a copy changed its framework\).*carry_cards"):
+        _ = job.model_copy(update={"framework": "torchtitan"}).card
+    hand = Job(**job.model_dump())
+    assert hand.model_dump() == job.model_dump() and "_cards" not in job.model_dump_json()
+    with pytest.raises(MeshplanError, match=r"built by hand, not by the resolver.*resolve\(Request"):
+        _ = hand.rl_card
+    assert carry_cards(hand).card is job.card and hand == job
+    with pytest.raises(MeshplanError, match=r"The card of 'torchtitan' cannot go with a job of framework 'verl'"):
+        hand.attach_cards(framework_card("torchtitan"), None)

@@ -17,6 +17,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
+from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.job import resolve_rl
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -100,7 +101,14 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
         lora=resolve_lora(req, arch, zero, notes),
     )
-    return job, plan
+    return carry_cards(job), plan
+
+
+def carry_cards(job: Job) -> Job:
+    """Attach the job's framework card and its RL section, once: every estimator, rule and search reads them from
+    the job (`job.card`, `job.rl_card`) and never looks a card up by name. The resolver calls it on every job it
+    makes; a job built by hand (tests, the bench) calls it too."""
+    return job.attach_cards(framework_card(job.framework), rl_card(job.framework))
 
 
 # Schedules that run two or more virtual chunks per rank (torchtitan's default for them: two stages per rank).

@@ -5,10 +5,11 @@ pure function of the two; units are bytes, seconds and FLOP/s.
 
 from __future__ import annotations
 
-from typing import Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
+from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
@@ -29,6 +30,10 @@ from meshplan.schema.choices import (
 )
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
+
+if TYPE_CHECKING:  # typing only, never run: schema sits below knowledge (tests/test_import_layers.py TYPING_ONLY)
+    from meshplan.knowledge.cards import FrameworkCard
+    from meshplan.knowledge.rl_card import RLCard
 
 
 class LoraSpec(StrictModel):
@@ -70,6 +75,40 @@ class Job(StrictModel):
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "
                                           "minimum)")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
+    # The framework's card and its RL section, set once by the resolver (request/resolve.carry_cards) so estimators
+    # never look a card up by name: a private attribute, so no field, no schema, nothing serialized; model_copy
+    # carries it (the `card` property refuses a copy whose framework changed).
+    _cards: Any = PrivateAttr(None)
+
+    def attach_cards(self, card: FrameworkCard, rl: RLCard | None) -> Job:
+        """Give the job its framework's cards (the resolver's one step; request/resolve.carry_cards looks them up)."""
+        if card.name != self.framework:
+            raise MeshplanError(f"The card of {card.name!r} cannot go with a job of framework {self.framework!r}.",
+                                fix="Attach the job's own framework card (request/resolve.carry_cards).")
+        self._cards = (card, rl)
+        return self
+
+    @property
+    def card(self) -> FrameworkCard:
+        """The job's framework card, as the resolver attached it."""
+        return self._checked_cards()[0]
+
+    @property
+    def rl_card(self) -> RLCard | None:
+        """The `rl` section of the job's framework card (None: the framework runs no RL job)."""
+        return self._checked_cards()[1]
+
+    def _checked_cards(self) -> tuple[FrameworkCard, RLCard | None]:
+        """The attached cards, refused where none were attached or a copy changed the framework (a stale card)."""
+        cards = self._cards
+        if cards is None or cards[0].name != self.framework:
+            raise MeshplanError(
+                f"This job (framework {self.framework!r}) carries no card of its framework"
+                + (f": it carries {cards[0].name!r}'s (a copy changed its framework)." if cards else
+                   ": it was built by hand, not by the resolver."),
+                fix="Build jobs with meshplan.request.resolve.resolve(Request(...)), or give a hand-built or "
+                    "re-framed job its cards with meshplan.request.resolve.carry_cards(job).")
+        return cards
 
 
 class Plan(StrictModel):
