@@ -90,25 +90,29 @@ class Job(StrictModel):
 
     @property
     def card(self) -> FrameworkCard:
-        """The job's framework card, as the resolver attached it."""
-        return self._checked_cards()[0]
+        """The job's framework card, as the resolver attached it (read from the private dict: the estimators ask it
+        tens of thousands of times a search, and pydantic's __getattr__ for a private attribute costs 20x)."""
+        cards = self.__pydantic_private__["_cards"]
+        if cards is None or cards[0].name != self.framework:
+            self._refuse_cards(cards)
+        return cards[0]
 
     @property
     def rl_card(self) -> RLCard | None:
         """The `rl` section of the job's framework card (None: the framework runs no RL job)."""
-        return self._checked_cards()[1]
-
-    def _checked_cards(self) -> tuple[FrameworkCard, RLCard | None]:
-        """The attached cards, refused where none were attached or a copy changed the framework (a stale card)."""
-        cards = self._cards
+        cards = self.__pydantic_private__["_cards"]
         if cards is None or cards[0].name != self.framework:
-            raise MeshplanError(
-                f"This job (framework {self.framework!r}) carries no card of its framework"
-                + (f": it carries {cards[0].name!r}'s (a copy changed its framework)." if cards else
-                   ": it was built by hand, not by the resolver."),
-                fix="Build jobs with meshplan.request.resolve.resolve(Request(...)), or give a hand-built or "
-                    "re-framed job its cards with meshplan.request.resolve.carry_cards(job).")
-        return cards
+            self._refuse_cards(cards)
+        return cards[1]
+
+    def _refuse_cards(self, cards: tuple | None) -> None:
+        """No card attached, or a copy changed the framework (its card would be stale): what to do instead."""
+        raise MeshplanError(
+            f"This job (framework {self.framework!r}) carries no card of its framework"
+            + (f": it carries {cards[0].name!r}'s (a copy changed its framework)." if cards else
+               ": it was built by hand, not by the resolver."),
+            fix="Build jobs with meshplan.request.resolve.resolve(Request(...)), or give a hand-built or re-framed "
+                "job its cards with meshplan.request.resolve.carry_cards(job).")
 
 
 class Plan(StrictModel):
