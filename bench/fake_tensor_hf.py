@@ -35,7 +35,7 @@ import yaml
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -120,8 +120,8 @@ def catalog(model: str) -> Architecture:
 
 def meshplan_layer(model: str, tokens: int, recompute: str, moe: bool) -> float:
     """estimate_memory's layer_activations of a one-layer copy (dense or MoE) on verl's FSDP engine (zero_stage 3)."""
-    job = Job(model=cut(catalog(model), [moe]), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
-              seq_length=tokens, global_batch_size=WORLD, framework=FRAMEWORK)
+    job = carry_cards(Job(model=cut(catalog(model), [moe]), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
+                          seq_length=tokens, global_batch_size=WORLD, framework=FRAMEWORK))
     plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=1, recompute=recompute)
     return estimate_memory(job, plan).stages[0].detail["layer_activations"]
 
@@ -153,8 +153,9 @@ def meshplan_step(model: str, layers: int, tokens: int, recompute: str, world: i
     on the cut model as torch's allocator counts it: less the CUDA context and the fixed overhead, which a tracker of
     tensor storages does not see."""
     arch = catalog(model)
-    job = Job(model=cut(arch, [arch.is_moe_layer(i) for i in range(layers)]), gpu=get_gpu("h100"), num_gpus=world,
-              gpus_per_node=8, seq_length=tokens, global_batch_size=world, framework=FRAMEWORK)
+    job = carry_cards(Job(model=cut(arch, [arch.is_moe_layer(i) for i in range(layers)]), gpu=get_gpu("h100"),
+                          num_gpus=world, gpus_per_node=8, seq_length=tokens, global_batch_size=world,
+                          framework=FRAMEWORK))
     stage = estimate_memory(job, Plan(dp=world, zero_stage=3, micro_batch_size=1, recompute=recompute)).stages[0]
     card = memory_card()
     return stage_allocated(stage) - card.cuda_context_bytes - card.fixed_overhead_bytes

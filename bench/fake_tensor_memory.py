@@ -39,7 +39,7 @@ from pathlib import Path
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -123,8 +123,8 @@ def cut(arch: Architecture, moe_flags: list[bool]) -> Architecture:
 
 def meshplan_report(arch: Architecture, spec: dict, recompute: str, moe_flags: list[bool],
                     selective_ac_option: str | None = None):
-    job = Job(model=cut(arch, moe_flags), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
-              seq_length=spec["seq"], global_batch_size=WORLD * spec["batch"], framework="torchtitan")
+    job = carry_cards(Job(model=cut(arch, moe_flags), gpu=get_gpu("h100"), num_gpus=WORLD, gpus_per_node=8,
+                          seq_length=spec["seq"], global_batch_size=WORLD * spec["batch"], framework="torchtitan"))
     plan = Plan(dp=WORLD, zero_stage=3, micro_batch_size=spec["batch"], recompute=recompute,
                 selective_ac_option=selective_ac_option)
     return estimate_memory(job, plan)

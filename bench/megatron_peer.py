@@ -93,7 +93,7 @@ def peer_module() -> types.ModuleType:
 def peer_args(job: Job, plan: Plan) -> argparse.Namespace:
     """The Megatron arguments the function reads, from meshplan's job and plan."""
     arch = job.model
-    _, conv, _ = convention(job.framework, plan.zero_stage, job.framework_version)
+    _, conv, _ = convention(job.card, plan.zero_stage, job.framework_version)
     moe, mla = arch.moe, arch.mla
     return argparse.Namespace(
         hidden_size=arch.hidden_size, num_layers=arch.num_layers, num_attention_heads=arch.num_attention_heads,

@@ -30,6 +30,7 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import carry_cards
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.model import Architecture, MLASpec, MoESpec
 from meshplan.schema.plan import Job, Plan
@@ -66,8 +67,8 @@ def playbook_case(row: dict[str, str]) -> tuple[Job, Plan]:
     tp = int(row["tp"])
     plan = Plan(tp=tp, pp=int(row["pp"]), dp=int(row["dp"]), sequence_parallel=tp > 1,
                 zero_stage=int(row["zero_stage"]), micro_batch_size=int(row["mbs"]))
-    job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=int(row["gpus"]), gpus_per_node=8,
-              seq_length=int(row["seq_len"]), global_batch_size=int(row["gbs_seqs"]), framework="nanotron")
+    job = carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=int(row["gpus"]), gpus_per_node=8,
+                          seq_length=int(row["seq_len"]), global_batch_size=int(row["gbs_seqs"]), framework="nanotron"))
     return job, plan
 
 
@@ -187,9 +188,10 @@ def megatron_case(row: dict[str, str]) -> tuple[Job, Plan]:
                 recompute_modules=row["recompute-modules"].strip("[]").split() or None
                 if recompute == "selective" and row.get("recompute-modules") else None,
                 **{k: v for word, fields in CASE_SETTINGS.items() if word in row["case"] for k, v in fields.items()})
-    job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
-              seq_length=_int(row, "seq-length", 1024), global_batch_size=_int(row, "global-batch-size", mbs * dp),
-              precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core")
+    job = carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8,
+                          seq_length=_int(row, "seq-length", 1024),
+                          global_batch_size=_int(row, "global-batch-size", mbs * dp),
+                          precision="fp8" if row["fp8-format"] else "bf16", framework="megatron-core"))
     # --attention-backend as the row sets it (local: Megatron's own DotProductAttention, unfused too); Megatron's
     # default attention and hidden dropout is 0.1 unless the recipe file says otherwise
     backend = {"unfused": "unfused", "local": "unfused", "flash": "flash", "fused": "fused"}.get(

@@ -34,6 +34,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.hardware import get_gpu
+from meshplan.request.resolve import carry_cards
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
@@ -94,8 +95,9 @@ def sweep_cases(validation: Path) -> list[Case]:
                               r["tied_embeddings"] == "True")
             tp, pp, dp = int(r["tp"]), int(r["pp"]), int(r["dp"])
             mbs, acc = int(r["mbs"]), int(r["grad_acc"])
-            job = Job(model=arch, gpu=h100, num_gpus=int(r["gpus"]), gpus_per_node=8, seq_length=int(r["seq_len"]),
-                      global_batch_size=dp * mbs * acc, framework="nanotron")
+            job = carry_cards(Job(model=arch, gpu=h100, num_gpus=int(r["gpus"]), gpus_per_node=8,
+                                  seq_length=int(r["seq_len"]),
+                                  global_batch_size=dp * mbs * acc, framework="nanotron"))
             plan = Plan(tp=tp, pp=pp, dp=dp, sequence_parallel=tp > 1, zero_stage=int(r["zero_stage"]),
                         micro_batch_size=mbs)
             cases.append(Case("playbook sweep", f"{r['model_label']} x{r['nodes']} nodes", job, plan,
@@ -107,8 +109,8 @@ def gpt_job(label: str, layers: int, hidden: int, heads: int, vocab: int, tied: 
             seq: int, gbs: int) -> Job:
     """A GPT-shaped (GeLU 4h, MHA) Megatron-Core job of the classic tables."""
     arch = llama_like(label, layers, hidden, heads, heads, 4 * hidden, vocab, tied, gated=False)
-    return Job(model=arch, gpu=get_gpu(gpu_key), num_gpus=gpus, gpus_per_node=8, seq_length=seq,
-               global_batch_size=gbs, framework="megatron-core")
+    return carry_cards(Job(model=arch, gpu=get_gpu(gpu_key), num_gpus=gpus, gpus_per_node=8, seq_length=seq,
+                           global_batch_size=gbs, framework="megatron-core"))
 
 
 def classic_cases() -> list[Case]:
@@ -189,8 +191,9 @@ def golden_cases(validation: Path) -> list[Case]:
                 L // p // int(r["num-layers-per-virtual-pipeline-stage"])
                 if r["num-layers-per-virtual-pipeline-stage"] else 1)
             gbs, mbs, s = int(r["global-batch-size"]), int(r["micro-batch-size"]), int(r["seq-length"])
-            job = Job(model=arch, gpu=h100, num_gpus=8, gpus_per_node=8, seq_length=s, global_batch_size=gbs,
-                      framework="megatron-core")
+            job = carry_cards(Job(model=arch, gpu=h100, num_gpus=8, gpus_per_node=8, seq_length=s,
+                                  global_batch_size=gbs,
+                                  framework="megatron-core"))
             plan = Plan(tp=t, pp=p, vpp=v, dp=8 // (t * p), sequence_parallel=r["sequence-parallel"] == "True",
                         micro_batch_size=mbs, zero_stage=1 if r["use-distributed-optimizer"] == "True" else 0)
             out.append(Case("Megatron golden", "classic", job, plan, gbs * s / float(r["iter_time_s_median"]) / 8))

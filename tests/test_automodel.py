@@ -12,6 +12,7 @@ from meshplan.adapters.read import detect_format, import_config
 from meshplan.adapters.render import render
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -217,10 +218,10 @@ def test_automodel_keeps_parameters_grads_and_adam_moments_in_bf16():
     torchtitan's fp32 4 + 4 + 8 on the same plan; its optimizer step is torch's foreach (one moment-dtype copy)."""
     from meshplan.arithmetic.memory_states import bytes_per_param, convention, optimizer_implementation
 
-    name, _, tensors = convention("nemo-automodel", 3)
+    name, _, tensors = convention(framework_card("nemo-automodel"), 3)
     assert name == "fsdp2_automodel"
     assert bytes_per_param(tensors, 8) == pytest.approx((2 + 2 + 4) / 8)
-    assert bytes_per_param(convention("torchtitan", 3, "0.2.2")[2], 8) == pytest.approx(16 / 8)
+    assert bytes_per_param(convention(framework_card("torchtitan"), 3, "0.2.2")[2], 8) == pytest.approx(16 / 8)
     fields = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=32, micro_batch_size=1)
     auto = api.estimate_memory(Request(framework="nemo-automodel", **fields)).stages[0]
     titan = api.estimate_memory(Request(framework="torchtitan", framework_version="0.2.2", **fields)).stages[0]
@@ -235,7 +236,7 @@ def test_automodel_loss_is_the_fp32_cross_entropy_without_the_bf16_logits():
     the backward: 4 + 4 + 4 B per logit, one chunk."""
     from meshplan.arithmetic.memory_states import convention
 
-    conv = convention("nemo-automodel", 3)[1]
+    conv = convention(framework_card("nemo-automodel"), 3)[1]
     assert (conv.logits_bytes_per_element, conv.loss_chunks) == (12, 1)
     assert (conv.qkv_projections, conv.rope_saves) == ("separate", "shared_tables")
 

@@ -64,28 +64,26 @@ def test_the_framework_list_is_the_card_files():
         framework_card("megatron")
 
 
-def _patched(monkeypatch, module, framework: str, **sections):
-    """Make `module` see `framework`'s card with some sections replaced (the code must read the card)."""
+def _patched(framework: str, **sections):
+    """`framework`'s card with some sections replaced (the code must read the card it is given)."""
     card = framework_card(framework)
-    patched = card.model_copy(update={k: getattr(card, k).model_copy(update=v) for k, v in sections.items()})
-    monkeypatch.setattr(module, "framework_card", lambda name: patched if name == framework else framework_card(name))
+    return card.model_copy(update={k: getattr(card, k).model_copy(update=v) for k, v in sections.items()})
 
 
-def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card(monkeypatch):
-    import meshplan.arithmetic.memory_states as memory_states
-    import meshplan.rules.engine as rulebook
+def test_engine_and_zero3_bytes_per_zero_stage_come_from_the_card():
+    from meshplan.arithmetic.memory_states import convention_name
+    from meshplan.rules.engine import backend_of
 
-    assert [rulebook.backend_of("verl", z) for z in range(4)] == ["megatron", "megatron", "megatron", "fsdp"]
-    assert {rulebook.backend_of("megatron-core", z) for z in range(4)} == {"megatron"}
-    assert [memory_states.convention_name("megatron-bridge", z) for z in range(4)] == ["megatron"] * 3 + [
+    assert [backend_of(framework_card("verl"), z) for z in range(4)] == ["megatron", "megatron", "megatron", "fsdp"]
+    assert {backend_of(framework_card("megatron-core"), z) for z in range(4)} == {"megatron"}
+    assert [convention_name(framework_card("megatron-bridge"), z) for z in range(4)] == ["megatron"] * 3 + [
         "megatron_fsdp"]
-    assert memory_states.convention_name("skyrl", 3) == "fsdp2_hf" and memory_states.convention_name("deepspeed", 3) \
-        == "deepspeed"
-    _patched(monkeypatch, rulebook, "megatron-core", engine={"by_zero_stage": {0: "megatron", 1: "megatron",
-                                                                               2: "megatron", 3: "fsdp"}})
-    _patched(monkeypatch, memory_states, "megatron-core", engine={"zero3_memory_convention": "fsdp2"})
-    assert rulebook.backend_of("megatron-core", 3) == "fsdp"
-    assert memory_states.convention_name("megatron-core", 3) == "fsdp2"
+    assert convention_name(framework_card("skyrl"), 3) == "fsdp2_hf"
+    assert convention_name(framework_card("deepspeed"), 3) == "deepspeed"
+    engines = _patched("megatron-core", engine={"by_zero_stage": {0: "megatron", 1: "megatron", 2: "megatron",
+                                                                    3: "fsdp"}})
+    assert backend_of(engines, 3) == "fsdp"
+    assert convention_name(_patched("megatron-core", engine={"zero3_memory_convention": "fsdp2"}), 3) == "fsdp2"
 
 
 def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it():
@@ -99,22 +97,23 @@ def test_an_unset_etp_is_tp_only_where_the_card_says_megatron_core_defaults_it()
     assert resolve(Request(model="llama-3.1-8b", num_gpus=16, tp=2, framework="verl"))[1].etp == 1  # dense
 
 
-def test_mem001_raises_zero_as_far_as_the_card_allows(monkeypatch):
+def test_mem001_raises_zero_as_far_as_the_card_allows():
     import meshplan.check.alternatives as rules
     from meshplan.request.resolve import resolve
     from meshplan.rules.engine import Context
     from meshplan.schema.request import Request
 
-    def zeros(framework: str, pp: int) -> list[str]:
+    def zeros(framework: str, pp: int, card=None) -> list[str]:
         job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pp=pp, zero_stage=0, framework=framework))
+        if card is not None:
+            job.attach_cards(card, job.rl_card)
         return [label for label, _ in rules._candidates(Context(job, plan)) if label.startswith("zero_stage")]
 
     assert zeros("deepspeed", 1) == ["zero_stage=1", "zero_stage=2", "zero_stage=3"]
     assert zeros("deepspeed", 2) == ["zero_stage=1"]  # DS002: ZeRO-2/3 do not combine with its pipeline engine
     assert zeros("megatron-core", 2) == ["zero_stage=1", "zero_stage=2", "zero_stage=3"]
     assert zeros("verl", 1) == [] and zeros("torchtitan", 1) == []
-    _patched(monkeypatch, rules, "verl", memory_fix={"highest_zero_stage": 1})
-    assert zeros("verl", 1) == ["zero_stage=1"]
+    assert zeros("verl", 1, _patched("verl", memory_fix={"highest_zero_stage": 1})) == ["zero_stage=1"]
 
 
 def test_flex_dispatcher_support_is_where_the_adapter_renders_it():

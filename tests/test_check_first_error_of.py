@@ -138,7 +138,7 @@ def test_each_group_joins_one_part_whose_key_reads_its_fields():
     job = _searches(QWEN)[0].job
     kept = engine.verdicts(job)
     kept._program(0)
-    groups = kept._groups[engine.backend_of(job.framework, 0)]
+    groups = kept._groups[engine.backend_of(job.card, 0)]
     parts = knob_parts(groups, KNOBS)
     fields_of = {id(g.memo): g.fields for g in groups}
     assert sorted(id(memo) for *_, members, _ in parts for _, memo, _, _ in members) == sorted(fields_of)

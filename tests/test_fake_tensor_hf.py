@@ -12,6 +12,7 @@ import pytest
 
 from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
 from meshplan.arithmetic.memory_states import convention_name, memory_card
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +32,11 @@ def norm(width: int, rows: int = T) -> int:
 
 
 def test_verl_and_skyrl_fsdp_engines_use_the_hf_preset():
-    assert convention_name("verl", 3) == "fsdp2_hf" and convention_name("skyrl", 3) == "fsdp2_hf"
-    assert convention_name("verl", 1) == "megatron"
-    assert convention_name("kempnerforge", 3) == "fsdp2" and convention_name("torchtitan", 3) == "fsdp2_chunked_loss"
+    assert convention_name(framework_card("verl"), 3) == "fsdp2_hf"
+    assert convention_name(framework_card("skyrl"), 3) == "fsdp2_hf"
+    assert convention_name(framework_card("verl"), 1) == "megatron"
+    assert convention_name(framework_card("kempnerforge"), 3) == "fsdp2"
+    assert convention_name(framework_card("torchtitan"), 3) == "fsdp2_chunked_loss"
 
 
 def test_llama_layer_counts_what_transformers_saves():

@@ -21,15 +21,15 @@ from meshplan.estimate.memory_stage import (
 from meshplan.estimate.memory_terms import stage_params
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
 
 def job(model: str, framework: str, gpus: int, **extra) -> Job:
     arch = resolve(Request(model=model, framework=framework))[0].model
-    return Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8, seq_length=4096,
-               global_batch_size=32, framework=framework, **extra)
+    return carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8, seq_length=4096,
+                           global_batch_size=32, framework=framework, **extra))
 
 
 def stage0(j: Job, p: Plan):

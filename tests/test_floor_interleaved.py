@@ -15,6 +15,7 @@ from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
 from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.cards import framework_card
 from meshplan.schema.request import Request
 from meshplan.search import recommend, search_job
 from meshplan.search.floors import _chunks_held, first_stage_floor, first_stage_spans, layout_floor, own_memory
@@ -62,7 +63,7 @@ def test_interleaved_floors_stay_under_the_first_stages_estimate(model, gpus, fr
     rng = random.Random(3)
     job = search_job(Request(model=model, num_gpus=gpus, framework=framework, seq_length=seq,
                              global_batch_size=2 * gpus))[0]
-    zeros, memo = tuple(zero_ladder(framework)), {}
+    zeros, memo = tuple(zero_ladder(framework_card(framework))), {}
     lays = [lay for lay in enumerate_layouts(job, Fixed())[0] if lay.vpp > 1
             and not (lay.schedule and schedule_order(lay.schedule, lay.vpp) in V_ORDERS)]
     checked = 0
@@ -97,7 +98,7 @@ def test_v_order_floors_stay_under_the_first_stages_estimate(model, gpus, seq):
     rng = random.Random(3)
     job = search_job(Request(model=model, num_gpus=gpus, framework="torchtitan", seq_length=seq,
                              global_batch_size=2 * gpus))[0]
-    zeros, memo = tuple(zero_ladder("torchtitan")), {}
+    zeros, memo = tuple(zero_ladder(framework_card("torchtitan"))), {}
     lays = [lay for lay in enumerate_layouts(job, Fixed())[0] if lay.schedule and lay.pp > 1
             and schedule_order(lay.schedule, lay.vpp) in V_ORDERS]
     checked = 0

@@ -8,7 +8,7 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_backward_moments, fsdp_step_peak
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
@@ -63,8 +63,8 @@ def test_verl_step_walks_with_8_bytes_per_logit():
     assert (card.step_peak, card.logits_bytes_per_element, card.output_held_bytes) == ("backward_walk", 8, 4)
     assert card.grads_set_to_none and card.output_resharded_at_loss
     arch = resolve(Request(model="llama-3.1-8b", framework="verl"))[0].model
-    job = Job(model=arch, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=8192,
-              global_batch_size=8, framework="verl")
+    job = carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=8192,
+                          global_batch_size=8, framework="verl"))
     stage = estimate_memory(job, Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")).stages[0]
     tokens, hidden, vocab = 8192, arch.hidden_size, arch.vocab_size
     assert stage.detail["logits_and_loss"] == int(8 * tokens * vocab + 8 * tokens * hidden)

@@ -8,7 +8,7 @@ from meshplan.arithmetic.memory_states import memory_card, output_activations
 from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_backward_moments, fsdp_step_peak, job_logits
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
@@ -84,8 +84,8 @@ def cut_job(model: str, layers: int, seq: int, batch: int, framework: str = "tor
     arch = resolve(Request(model=model, framework="torchtitan"))[0].model
     moe = arch.moe.model_copy(update={"moe_layers": []}) if arch.moe else None
     arch = arch.model_copy(update={"num_layers": layers, "moe": moe, "num_mtp_layers": 0})
-    return Job(model=arch, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=seq,
-               global_batch_size=8 * batch, framework=framework, framework_version=version)
+    return carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=seq,
+                           global_batch_size=8 * batch, framework=framework, framework_version=version))
 
 
 def test_torchtitan_llama_cut_peaks_in_the_output_reduce_inside_the_loss():
@@ -118,8 +118,9 @@ def test_torchtitan_deepseek_cut_peaks_in_the_moe_units_reduce():
     arch = resolve(Request(model="deepseek-v3", framework="torchtitan"))[0].model
     arch = arch.model_copy(update={"num_layers": 4, "num_mtp_layers": 0,
                                    "moe": arch.moe.model_copy(update={"moe_layers": [3]})})
-    job = Job(model=arch, gpu=get_gpu("h200"), num_gpus=8, gpus_per_node=8, seq_length=4096, global_batch_size=32,
-              framework="torchtitan")
+    job = carry_cards(Job(model=arch, gpu=get_gpu("h200"), num_gpus=8, gpus_per_node=8, seq_length=4096,
+                          global_batch_size=32,
+                          framework="torchtitan"))
     plan = Plan(dp=8, zero_stage=3, micro_batch_size=4)
     report = estimate_memory(job, plan)
     dense = estimate_memory(job.model_copy(update={"model": arch.model_copy(update={

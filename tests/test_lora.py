@@ -16,6 +16,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
 from meshplan.schema.plan import LoraSpec
 from meshplan.schema.request import Request
@@ -38,7 +39,7 @@ def test_adapter_params_per_projection_is_hugging_face_peft():
     """verl/SkyRL's FSDP engines run PEFT: q, k, v and gate, up each get their own A. Llama-3-8B r=16 on every
     linear is PEFT's published 41,943,040 trainable parameters."""
     job, plan = resolve(Request(**{**L8B, "framework": "verl"}, zero_stage=3, lora_rank=16))
-    engine = lora_engine("verl", plan.zero_stage)
+    engine = lora_engine(framework_card("verl"), plan.zero_stage)
     assert engine.adapters == "per_projection"
     assert total_adapter_params(job.model, job.lora, engine) == 41_943_040
 
@@ -49,10 +50,11 @@ def test_adapters_shard_over_tp_and_experts_share_one_adapter():
     assert adapter_params(job.model, [0], job.lora, None, tp=4, ep=1, etp=1) == (one[0] / 4, 0.0)
     moe, _ = resolve(Request(model="qwen3-30b-a3b", framework="megatron-bridge", num_gpus=8, ep=8, lora_rank=8))
     h, e = 2048, 768  # hidden, expert ffn; 32 heads + 2 x 4 KV heads of 128
-    dense, expert = adapter_params(moe.model, [0], moe.lora, lora_engine("megatron-bridge", 1), tp=1, ep=8, etp=1)
+    dense, expert = adapter_params(moe.model, [0], moe.lora, lora_engine(framework_card("megatron-bridge"), 1), tp=1,
+                                   ep=8, etp=1)
     assert dense == 8 * ((h + 40 * 128) + (32 * 128 + h))
     assert expert == 8 * ((h + 2 * e) + (e + h))  # shared across the 16 local experts, not x 16
-    per_expert = adapter_params(moe.model, [0], moe.lora, lora_engine("verl", 3), tp=1, ep=8, etp=1)[1]
+    per_expert = adapter_params(moe.model, [0], moe.lora, lora_engine(framework_card("verl"), 3), tp=1, ep=8, etp=1)[1]
     assert per_expert == 128 / 8 * 8 * ((2 * h + 2 * e) + (e + h))
 
 
@@ -187,11 +189,11 @@ def test_frozen_units_gather_their_weights_but_reduce_no_gradient():
     frozen_gathered_transient); a preset that does not say unsharded_param_bytes keeps gathered_transient."""
     from meshplan.arithmetic.memory_states import convention, frozen_gathered_transient, gathered_transient
 
-    conv = convention("torchtitan", 3, "0.2.2")[1]
+    conv = convention(framework_card("torchtitan"), 3, "0.2.2")[1]
     units = [10.0, 4.0, 30.0]
     assert frozen_gathered_transient(conv, units) == pytest.approx(max(
         conv.unsharded_param_bytes * 10.0, conv.unsharded_param_bytes * 4.0 + conv.prefetched_bytes * 10.0,
         conv.unsharded_param_bytes * 30.0 + conv.prefetched_bytes * 4.0))
     assert frozen_gathered_transient(conv, units) < gathered_transient(conv, units)
-    ds = convention("deepspeed", 3)[1]
+    ds = convention(framework_card("deepspeed"), 3)[1]
     assert frozen_gathered_transient(ds, units) == gathered_transient(ds, units)

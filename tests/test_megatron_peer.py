@@ -18,6 +18,8 @@ from meshplan.schema.plan import Job, Plan
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import megatron_peer
 
+from meshplan.request.resolve import carry_cards
+
 pytestmark = pytest.mark.slow
 
 H, LAYERS, HEADS, HEAD_DIM, FFN, VOCAB, SEQ = 1024, 4, 16, 64, 4096, 50257, 1024
@@ -29,8 +31,9 @@ def dense_job(**arch) -> Job:
                          num_attention_heads=HEADS, num_kv_heads=HEADS, head_dim=HEAD_DIM, vocab_size=VOCAB,
                          tie_word_embeddings=True, gated_mlp=False, activation="gelu", norm_type="layernorm",
                          origin="test", **arch)
-    return Job(model=model, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=SEQ, global_batch_size=8,
-               framework="megatron-core")
+    return carry_cards(Job(model=model, gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=8, seq_length=SEQ,
+                           global_batch_size=8,
+                           framework="megatron-core"))
 
 
 def test_runs_the_wheels_own_source():

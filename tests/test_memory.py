@@ -10,9 +10,11 @@ from meshplan.arithmetic.schedule import compute_balanced_counts, in_flight, meg
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import estimate_memory, memory_summary
 from meshplan.faces.cli import main
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.model_counts import layer_params
+from meshplan.request.resolve import carry_cards
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -23,8 +25,8 @@ GIB = 1 << 30
 def job_for(model: str | Architecture, num_gpus: int, framework: str = "megatron-core", seq: int = 4096,
             gbs: int = 256, precision: str = "bf16") -> Job:
     arch = resolve_model(model) if isinstance(model, str) else model
-    return Job(model=arch, gpu=get_gpu("h100"), num_gpus=num_gpus, gpus_per_node=8, seq_length=seq,
-               global_batch_size=gbs, precision=precision, framework=framework)
+    return carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=num_gpus, gpus_per_node=8, seq_length=seq,
+                           global_batch_size=gbs, precision=precision, framework=framework))
 
 
 # --------------------------------------------------------------------------- model states
@@ -35,7 +37,7 @@ def job_for(model: str | Architecture, num_gpus: int, framework: str = "megatron
 ])
 def test_zero_paper_figure_1(stage, exact, figure):
     """Rajbhandari et al. 2019, Figure 1: 7.5B parameters, 64 data-parallel GPUs, K = 12."""
-    _, _, tensors = convention("deepspeed", stage)
+    _, _, tensors = convention(framework_card("deepspeed"), stage)
     total = sum(state_bytes(tensors, 7.5e9, 64).values())
     assert total == pytest.approx(exact, rel=1e-12)
     assert round(total / 1e9, 1) == figure
@@ -43,13 +45,13 @@ def test_zero_paper_figure_1(stage, exact, figure):
 
 def test_megatron_distributed_optimizer_bytes_per_param():
     """Megatron-LM dist_optimizer.md: bf16 params + fp32 grads = 18 B, or 6 + 12/d distributed."""
-    assert bytes_per_param(convention("megatron-core", 0)[2], 8) == 18
-    assert bytes_per_param(convention("megatron-core", 1)[2], 8) == 6 + 12 / 8
-    assert bytes_per_param(convention("nanotron", 0)[2], 8) == 20  # playbook "BF16 w/ FP32 grad acc"
-    assert convention("megatron-core", 3)[0] == "megatron_fsdp"
-    assert convention("verl", 3)[0] == "fsdp2_hf"
+    assert bytes_per_param(convention(framework_card("megatron-core"), 0)[2], 8) == 18
+    assert bytes_per_param(convention(framework_card("megatron-core"), 1)[2], 8) == 6 + 12 / 8
+    assert bytes_per_param(convention(framework_card("nanotron"), 0)[2], 8) == 20  # playbook "BF16 w/ FP32 grad acc"
+    assert convention(framework_card("megatron-core"), 3)[0] == "megatron_fsdp"
+    assert convention(framework_card("verl"), 3)[0] == "fsdp2_hf"
     with pytest.raises(MeshplanError, match="zero_stage"):
-        convention("nanotron", 3)
+        convention(framework_card("nanotron"), 3)
 
 
 def test_expert_parameters_shard_over_expert_data_parallel():
@@ -192,7 +194,8 @@ def test_selective_means_the_frameworks_own_selective():
     per = {mode: sum(layer_activations(shape_of(arch), lay, False, mode).values()) for mode in ("op_sac", "none")}
     assert stage.detail["layer_activations"] == int(arch.num_layers * per["op_sac"])
     assert stage.detail["recompute_working_layer"] == int(per["none"] - per["op_sac"])
-    mc = estimate_memory(job.model_copy(update={"framework": "megatron-core"}), Plan(dp=8, recompute="selective"))
+    mc = estimate_memory(carry_cards(job.model_copy(update={"framework": "megatron-core"})),
+                         Plan(dp=8, recompute="selective"))
     assert "recompute_working_layer" not in mc.stages[0].detail
 
 
@@ -377,7 +380,8 @@ def test_torchtitan_chunked_loss_and_unchunked_fsdp2_loss():
     tokens, vocab, h = 8192 * 2, 128256, 4096
     titan = estimate_memory(job_for(arch, 8, framework="torchtitan", seq=8192, gbs=16),
                             Plan(dp=8, zero_stage=3, micro_batch_size=2)).stages[0]
-    assert convention("torchtitan", 3)[0] == "fsdp2_chunked_loss" and convention("kempnerforge", 3)[0] == "fsdp2"
+    assert convention(framework_card("torchtitan"), 3)[0] == "fsdp2_chunked_loss"
+    assert convention(framework_card("kempnerforge"), 3)[0] == "fsdp2"
     assert titan.detail["logits_and_loss"] == int(14 * tokens / 8 * vocab + 4 * tokens * h + 6 * tokens * h)
     kempner = estimate_memory(job_for(arch, 8, framework="kempnerforge", seq=8192, gbs=16),
                               Plan(dp=8, zero_stage=3, micro_batch_size=2)).stages[0]

@@ -338,7 +338,7 @@ def test_engine_terms_read_only_the_engine_fields(case):
     job, plan = resolved(case)
     reads = ReadPlan(plan)
     assert with_precision(job, reads) == with_precision(job, plan)
-    assert offload_plan(job.framework, reads) == offload_plan(job.framework, plan)
+    assert offload_plan(job.card, reads) == offload_plan(job.card, plan)
     assert optimizer_implementation(job, reads) == optimizer_implementation(job, plan)
     assert reads.read <= set(ENGINE_FIELDS), reads.read - set(ENGINE_FIELDS)
     assert "zero_stage" in reads.read

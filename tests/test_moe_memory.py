@@ -15,6 +15,7 @@ from meshplan.arithmetic.activations import (
     shape_of,
 )
 from meshplan.arithmetic.memory_states import convention, memory_card
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.schema.request import Request
 
@@ -101,7 +102,7 @@ def test_generic_convention_keeps_the_older_count():
         "fsdp2": "generic", "fsdp2_chunked_loss": "fp32_router", "fsdp2_hf": "hf", "fsdp2_automodel": "generic",
         "nanotron": "generic"}
     assert set(MOE_BYTES) == {"megatron_core", "generic", "fp32_router", "hf"}
-    assert MOE_BYTES[convention("megatron-bridge", 1)[1].moe_activations] is MEGATRON_CORE_MOE
+    assert MOE_BYTES[convention(framework_card("megatron-bridge"), 1)[1].moe_activations] is MEGATRON_CORE_MOE
 
 
 def _qwen3_ep16() -> Request:

@@ -116,7 +116,7 @@ def test_activation_transfers_cost_only_what_the_compute_cannot_hide():
 def test_phase_offload_has_no_step_time():
     job, plan = resolve(parse_request(dict(model="qwen3-30b-a3b", framework="verl", num_gpus=16, ep=8,
                                            param_offload=True, optimizer_offload=True)))
-    off = offload_plan(job.framework, plan)
+    off = offload_plan(job.card, plan)
     assert off.phase == {"weights", "gradients", "optimizer"} and off.cpu_optimizer == 0  # 0.9.1: grads go with params
     assert offload_time(job, plan, optimizer_params=1e9, host_activation_bytes=0, param_bytes_moved=0,
                         compute_s=1.0)[0] == 0

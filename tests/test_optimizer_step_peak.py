@@ -17,7 +17,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_allocated_peak, fsdp_step_peak
 from meshplan.estimate.memory import estimate_memory, stage_allocated
 from meshplan.knowledge.hardware import get_gpu
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
@@ -27,8 +27,8 @@ def job(model: str, framework: str, gpus: int, seq: int = 4096, layers: int | No
     if layers is not None:
         moe = arch.moe.model_copy(update={"moe_layers": []}) if arch.moe else None
         arch = arch.model_copy(update={"num_layers": layers, "moe": moe, "num_mtp_layers": 0})
-    return Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8, seq_length=seq,
-               global_batch_size=gpus, framework=framework)
+    return carry_cards(Job(model=arch, gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=8, seq_length=seq,
+                           global_batch_size=gpus, framework=framework))
 
 
 def steps():

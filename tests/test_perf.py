@@ -15,6 +15,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.perf import estimate_throughput, stage_layers
 from meshplan.knowledge.calibration import CALIBRATION_KEYS, calibration, calibration_card
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.model_counts import total_params
@@ -155,10 +156,10 @@ def test_nanotron_balances_stages_with_the_lm_head_as_a_block():
         "num_kv_heads": 32, "head_dim": 64, "vocab_size": 131072})
     h = arch.hidden_size
     assert 4 * arch.num_attention_heads * arch.head_dim * h + 3 * arch.ffn_hidden_size * h == 2**26
-    two = stages_for(arch, "nanotron", 1, 1, 2, 1, None, None)
+    two = stages_for(arch, framework_card("nanotron"), 1, 1, 2, 1, None, None)
     # cumulative cost equals the half-way threshold after 10 layers (not above it), so layer 11 stays on rank 0
     assert two.counts == (11, 5) and two.head_rank == 1
-    four = stages_for(arch, "nanotron", 1, 1, 4, 1, None, None)
+    four = stages_for(arch, framework_card("nanotron"), 1, 1, 4, 1, None, None)
     assert four.counts == (6, 5, 5, 0) and four.head_rank == 3  # the last rank holds only the LM head
     assert [i for r in range(4) for i in four.layers(r)] == list(range(16))
 

@@ -48,7 +48,7 @@ def _pp(fields: dict) -> tuple[list[float], float, object]:
 def test_megatron_with_virtual_stages_blocks_only_in_warmup_and_cooldown():
     pps, full, terms = _pp({**L70, "framework": "megatron-core", "vpp": 2})
     assert full > 0
-    shape = plan_shape("megatron-core", 4, 2, terms.m, None)
+    shape = plan_shape(framework_card("megatron-core"), 4, 2, terms.m, None)
     assert pps == pytest.approx([full * (1.0 - steady_share(shape, r)) for r in range(4)])
     assert pps[0] > pps[3]  # the first rank warms up longest
 

@@ -9,6 +9,7 @@ from meshplan import api
 from meshplan.arithmetic.schedule import end_light_splits, megatron_stages, parse_layout, stages_from_counts
 from meshplan.check.alternatives import _deeper_pipeline
 from meshplan.check.split import fastest_split, pipeline_options, split_words, writes_layouts
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
 from meshplan.request.resolve import resolve
@@ -30,7 +31,8 @@ def test_end_light_splits_keep_the_middle_at_the_least_heaviest_stage():
 def _shapes(layers: int, pp: int, mtp: int) -> set[tuple[int, tuple[int, ...]]]:
     """(vpp, decoder layers per virtual stage) of every option the search enumerates for Megatron-Bridge."""
     out = set()
-    for option in pipeline_options(layers, pp, True, True, layouts=writes_layouts("megatron-bridge"), mtp_layers=mtp):
+    layouts = writes_layouts(framework_card("megatron-bridge"))
+    for option in pipeline_options(layers, pp, True, True, layouts=layouts, mtp_layers=mtp):
         if option.split is not None:
             out.add((option.vpp, option.split.counts))
         else:
@@ -70,8 +72,8 @@ def test_the_search_reaches_every_published_bridge_split():
 def test_frameworks_without_a_layout_key_get_no_layout(framework):
     """Only a framework whose adapter writes pipeline_model_parallel_layout and account_for_* is searched with them
     (verl and SkyRL write first/last stage sizes only; the others none)."""
-    assert not writes_layouts(framework)
-    assert writes_layouts("megatron-core") and writes_layouts("megatron-bridge")
+    assert not writes_layouts(framework_card(framework))
+    assert writes_layouts(framework_card("megatron-core")) and writes_layouts(framework_card("megatron-bridge"))
 
 
 def test_a_virtual_split_is_the_same_stages_as_its_fields():

@@ -31,7 +31,7 @@ def floor_of(req: Request) -> float:
     training = _training(req)
     trainer, _ = search_job(training)
     fixed = Fixed.from_request(training)
-    states = least_offloaded_state_bytes(trainer, zero_ladder(trainer.framework), fixed.carried)
+    states = least_offloaded_state_bytes(trainer, zero_ladder(trainer.card), fixed.carried)
     return least_framework_host(job, base, states, sum(params_split(trainer)))
 
 

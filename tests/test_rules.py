@@ -7,13 +7,14 @@ import pytest
 from meshplan.arithmetic.schedule import uneven_split
 from meshplan.check.config import check_config
 from meshplan.core.units import gib
-from meshplan.knowledge.cards import CardError, validate_card
+from meshplan.knowledge.cards import CardError, framework_card, validate_card
 from meshplan.request.resolve import resolve
 from meshplan.rules.engine import (
     RULE_MODULES,
     Context,
     EstimateBlocked,
     RulesCard,
+    backend_of,
     blocking_rules,
     finding,
     load_rules,
@@ -343,7 +344,7 @@ def test_every_structural_error_blocks_the_estimates():
     """One verdict on every face: the estimators run exactly the structural errors check reports."""
     assert {"WS001", "TP001", "TP005", "EP007", "PP007", "EP002", "BS001", "FP001"} <= set(BLOCKING)
     blocking = {spec.id for framework in FRAMEWORKS for zero in range(4)
-                for spec, _ in blocking_rules(framework, zero)}
+                for spec, _ in blocking_rules(framework, backend_of(framework_card(framework), zero))}
     assert blocking == set(BLOCKING)
 
 

@@ -21,14 +21,14 @@ from meshplan.arithmetic.schedule import (
 )
 from meshplan.check.config import check_structure
 from meshplan.estimate.memory import estimate_memory
-from meshplan.knowledge.cards import model_card_names
+from meshplan.knowledge.cards import framework_card, model_card_names
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.rules.engine import EstimateBlocked, backend_of, rule_specs
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
-from meshplan.search.space import Fixed, enumerate_layouts, knobs, megatron_uneven, pipeline_options, writes_layouts
+from meshplan.search.space import Fixed, enumerate_layouts, megatron_uneven, pipeline_options, writes_layouts
 
 MAX_PP = 32
 SPLIT = re.compile(r"first_stage_layers=(\d+), last_stage_layers=(\d+)")
@@ -40,20 +40,20 @@ def _jobs():
     for name in model_card_names():
         arch = resolve_model(name)
         for framework in FRAMEWORKS:
-            yield arch, framework, base.model_copy(update={"model": arch, "framework": framework})
+            yield arch, framework, carry_cards(base.model_copy(update={"model": arch, "framework": framework}))
 
 
 def _plans(arch, framework):
     """Per pp: the plan without a split (remainder on the first stages; also interleaved by 2 where the framework
     interleaves) and every (vpp, first, last) the search enumerates for it."""
-    kn = knobs(framework)
+    kn = framework_card(framework).search
     zero = 1 if framework == "skyrl" else 0  # SkyRL's config has no ZeRO-0 (its card's adapter; rule AD001)
     for pp in range(2, min(arch.num_layers, MAX_PP) + 1):
         yield Plan(pp=pp, zero_stage=zero)
         if kn.vpp and 2 * pp <= arch.num_layers:
             yield Plan(pp=pp, vpp=2, zero_stage=zero)
         for vpp, first, last, split in pipeline_options(arch.num_layers, pp, kn.vpp, megatron_uneven(framework),
-                                                        layouts=writes_layouts(framework),
+                                                        layouts=writes_layouts(framework_card(framework)),
                                                         mtp_layers=arch.num_mtp_layers):
             if (vpp, first, last, split) != (1, None, None, None):
                 yield Plan(pp=pp, vpp=vpp, zero_stage=zero, first_stage_layers=first, last_stage_layers=last,
@@ -128,10 +128,10 @@ def test_check_suggests_a_split_recommend_enumerates_and_recommend_enumerates_wh
     checked = suggested = 0
     for arch, framework, template in _jobs():
         pp004 = rule_specs()["PP004"]
-        if not pp004.applies_to(framework, backend_of(framework, 0)):
+        if not pp004.applies_to(framework, backend_of(framework_card(framework), 0)):
             continue
         L = arch.num_layers
-        vpps = [1, 2, 3, 4] if knobs(framework).vpp else [1]
+        vpps = [1, 2, 3, 4] if framework_card(framework).search.vpp else [1]
         for pp in range(2, min(L, MAX_PP) + 1):
             job = template.model_copy(update={"num_gpus": pp})
             for vpp in vpps:

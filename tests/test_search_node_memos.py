@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules import engine as rules_engine
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, search_job
@@ -74,8 +75,8 @@ def test_no_offload_knob_moves_nothing():
     plan = Layout(tp=4, pp=4, cp=1, ep=16, etp=1, dp=16).plan(zero_stage=1, recompute="none", micro_batch_size=1,
                                                               sequence_parallel=True, cp_comm_type="p2p")
     for framework in ("megatron-core", "deepspeed", "torchtitan", "verl"):
-        assert offload_plan(framework, plan) == OffloadPlan()
-        assert not offload_plan(framework, plan).any
+        assert offload_plan(framework_card(framework), plan) == OffloadPlan()
+        assert not offload_plan(framework_card(framework), plan).any
 
 
 def test_a_reference_whose_overlap_the_rules_refuse_is_the_plain_reference_estimated_once():

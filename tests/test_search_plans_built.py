@@ -46,7 +46,7 @@ def _validated(search: SearchPlans, lay, zero, recompute, mbs, overlap=None):
     fixed = search.fixed.values.get("moe_token_dispatcher")
     dispatcher = str(fixed) if fixed is not None else "flex" if (
         search.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, search.domain)
-        and backend_of(search.job.framework, zero) == "megatron") else "alltoall"
+        and backend_of(search.job.card, zero) == "megatron") else "alltoall"
     return lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                     sequence_parallel=search.sequence_parallel(lay), cp_comm_type=search.cp_comm,
                     moe_token_dispatcher=dispatcher, moe_a2a_overlap=overlap,

@@ -10,6 +10,7 @@ import pytest
 
 from meshplan.arithmetic.schedule import pipeline_split
 from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
 from meshplan.search import search_job
@@ -85,13 +86,13 @@ def test_deepspeed_searches_no_cp_and_no_interleaving():
     job = job_for("llama-3.1-8b", 16, "deepspeed")
     layouts, _ = enumerate_layouts(job, Fixed())
     assert all(lay.cp == 1 and lay.vpp == 1 for lay in layouts)
-    assert zero_ladder("deepspeed") == (0, 1, 2, 3)
+    assert zero_ladder(framework_card("deepspeed")) == (0, 1, 2, 3)
 
 
 def test_zero_ladder_skips_identical_presets():
     # Megatron's stage 2 keeps the full grad buffer, so it is the same bytes as stage 1 and is not searched twice.
-    assert zero_ladder("megatron-core") == (0, 1, 3)
-    assert zero_ladder("nanotron") == (0, 1)
+    assert zero_ladder(framework_card("megatron-core")) == (0, 1, 3)
+    assert zero_ladder(framework_card("nanotron")) == (0, 1)
 
 
 def test_fixed_fields_and_prefilter_groups():
@@ -140,7 +141,7 @@ def test_memory_bounds_never_exceed_the_estimate(model, gpus, framework):
         sizes = micro_batches(job, lay, Fixed())
         if not sizes:
             continue
-        for zero in zero_ladder(framework):
+        for zero in zero_ladder(framework_card(framework)):
             for recompute in ("none", "selective", "full"):
                 mbs = rng.choice(sizes[:4])
                 sp = lay.tp > 1
@@ -174,7 +175,7 @@ def test_memory_floors_take_off_fp8_primary_weights():
     checked = 0
     for lay in rng.sample(layouts, min(40, len(layouts))):
         sizes = micro_batches(job, lay, Fixed())
-        for zero in zero_ladder("megatron-bridge"):
+        for zero in zero_ladder(framework_card("megatron-bridge")):
             for recompute in ("none", "full"):
                 sp = lay.tp > 1
                 mbs = sizes[0]

@@ -12,7 +12,7 @@ from meshplan.arithmetic.mesh import Group
 from meshplan.estimate import perf, stage_time
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.sharding_traffic import ShardingSchedule
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.request import Request
 
 BASE = dict(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="torchtitan", zero_stage=3, tp=2, pp=2)
@@ -120,7 +120,7 @@ def _perturbed(st, inp):
         "schedule": with_inp(sharding=ShardingSchedule(True, True, False, True)),
         "tp": with_plan(tp=4),
         "grad_reduce_in_fp32": with_plan(grad_reduce_in_fp32=False),
-        "framework": with_inp(job=inp.job.model_copy(update={"framework": "deepspeed"})),
+        "framework": with_inp(job=carry_cards(inp.job.model_copy(update={"framework": "deepspeed"}))),
         "precision": with_inp(job=inp.job.model_copy(update={"precision": "fp8"})),
     }
 

@@ -12,7 +12,7 @@ from meshplan.arithmetic.mesh import Group
 from meshplan.estimate import perf, stage_time
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.sharding_traffic import ShardingSchedule
-from meshplan.request.resolve import resolve
+from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.request import Request
 
 BASE = dict(model="llama-3.1-8b", gpu="h100", num_gpus=32, framework="torchtitan", zero_stage=3, tp=2, pp=4, cp=2)
@@ -47,7 +47,7 @@ def _perturbed(inp):
         "sharding schedule": with_inp(sharding=ShardingSchedule(True, True, True, True)),
         "dense group": with_inp(traffic=replace(tr, dense=Group(tr.dense.size * 2, tr.dense.stride), seen={})),
         "links": with_inp(traffic=replace(tr, lk=replace(tr.lk, intra_bw=tr.lk.intra_bw / 4), seen={})),
-        "framework": with_inp(job=inp.job.model_copy(update={"framework": "deepspeed"})),
+        "framework": with_inp(job=carry_cards(inp.job.model_copy(update={"framework": "deepspeed"}))),
         "p2p": with_inp(pp_comm=tuple(3 * x for x in inp.pp_comm)),  # not in the key: redone with_p2p
     }
 

@@ -14,6 +14,7 @@ import meshplan.search.impossible as impossible
 from meshplan.arithmetic.comm import links
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.cards import framework_card
 from meshplan.schema.request import Request
 from meshplan.search import BestFirstSearch, default_engine, recommend, search_job
 from meshplan.search.engine import across_floor, split_space
@@ -42,7 +43,7 @@ def test_the_tier_floor_is_under_the_estimate_of_every_sampled_plan_across_the_d
     assert tiers.across
     cal = calibration(job.framework)
     lk = links(job.gpu, job.gpus_per_node, cal)
-    share = exposed_share(job.framework, search.tp_overlap, cal)
+    share = exposed_share(job.card, search.tp_overlap, cal)
     tier = tier_floor(job, tiers.across, search.sizes, search.tp_overlap)
     rng = random.Random(7)
     timed = tight = 0
@@ -68,10 +69,10 @@ def test_the_tier_floor_is_under_the_estimate_of_every_sampled_plan_across_the_d
 def test_the_fraction_mode_counts_only_its_exposed_share():
     # nanotron's TP path is the calibrated fraction (1 - tp_overlap of tp_comm exposed); the modes that work out what
     # each GEMM hides keep the whole of tp_comm in compute + exposed TP
-    assert exposed_share("nanotron", False, calibration("nanotron")) == pytest.approx(
+    assert exposed_share(framework_card("nanotron"), False, calibration("nanotron")) == pytest.approx(
         1.0 - calibration("nanotron").tp_overlap)
-    assert exposed_share("megatron-core", True, calibration("megatron-core")) == 1.0
-    assert exposed_share("torchtitan", False, calibration("torchtitan")) == 1.0
+    assert exposed_share(framework_card("megatron-core"), True, calibration("megatron-core")) == 1.0
+    assert exposed_share(framework_card("torchtitan"), False, calibration("torchtitan")) == 1.0
 
 
 def test_a_lora_job_has_no_tier_floor():

@@ -34,7 +34,7 @@ def test_hidden_per_mode_exact_cases():
 def test_mode_follows_the_framework_card_and_the_switch():
     def mode(framework, **fields):
         job, plan = resolve(Request(framework=framework, **{**L70, **fields}))
-        return tp_overlap_mode(job.framework, plan)
+        return tp_overlap_mode(job.card, plan)
 
     assert mode("megatron-core") == "wgrad"
     assert mode("megatron-core", tp_comm_overlap=True) == "userbuffers"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from meshplan import api
-from meshplan.estimate import stage_time
 from meshplan.estimate.sharding_traffic import ShardUnit, exposed_sharding, unprefetched_shares
 from meshplan.knowledge.cards import framework_card
+from meshplan.request import resolve as resolver
 from meshplan.schema.request import Request
 
 
@@ -39,7 +39,7 @@ def test_deepspeed_zero3_pays_a_collective_per_weight_and_waits_past_the_live_li
     card = framework_card("deepspeed")
 
     def dp_comm(prefetch) -> float:
-        monkeypatch.setattr(stage_time, "framework_card", lambda name: card.model_copy(
+        monkeypatch.setattr(resolver, "framework_card", lambda name: card.model_copy(  # the card the job carries
             update={"zero3_prefetch": prefetch}))
         return api.estimate_throughput(req).breakdown.dp_comm_s
 

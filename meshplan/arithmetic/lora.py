@@ -9,7 +9,6 @@ keyed by engine; this module reads them and does the arithmetic that memory.py a
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.schema.choices import FRAMEWORKS, LoraTarget
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, LoraSpec
@@ -44,27 +43,35 @@ class LoraEngine(BaseModel):
     source: str
 
 
-@cache
-def lora_engines(framework: str) -> dict[str, LoraEngine]:
-    """The framework's LoRA engines from its card (empty: it runs no LoRA job)."""
-    raw = (framework_card(framework).model_extra or {}).get("lora") or {}
-    return {engine: LoraEngine.model_validate(spec) for engine, spec in raw.items()}
+def lora_engines(card: FrameworkCard) -> dict[str, LoraEngine]:
+    """The framework's LoRA engines from its card (empty: it runs no LoRA job), read once per card: the layer memos
+    key an engine by identity (estimate/layer_records.py), and each entry keeps its card alive, so its id stays its
+    own."""
+    hit = _ENGINES.get(id(card))
+    if hit is None:
+        raw = (card.model_extra or {}).get("lora") or {}
+        hit = _ENGINES[id(card)] = (card, {engine: LoraEngine.model_validate(spec) for engine, spec in raw.items()})
+    return hit[1]
 
 
-def lora_engine(framework: str, zero_stage: int) -> LoraEngine | None:
+_ENGINES: dict[int, tuple[FrameworkCard, dict[str, LoraEngine]]] = {}
+
+
+def lora_engine(card: FrameworkCard, zero_stage: int) -> LoraEngine | None:
     """LoRA as the engine of this ZeRO stage runs it; None when that engine has none (rule LORA001)."""
-    return lora_engines(framework).get(framework_card(framework).engine_at(zero_stage))
+    return lora_engines(card).get(card.engine_at(zero_stage))
 
 
 def lora_frameworks() -> list[str]:
     """The frameworks whose card runs LoRA jobs."""
-    return [f for f in FRAMEWORKS if lora_engines(f)]
+    return [f for f in FRAMEWORKS if lora_engines(framework_card(f))]
 
 
 # --------------------------------------------------------------------------- the request
 
 
-def resolve_lora(req: Request, arch: Architecture, zero_stage: int, notes: list[str]) -> LoraSpec | None:
+def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_stage: int,
+                 notes: list[str]) -> LoraSpec | None:
     """The job's LoRA adapters: job=lora or a lora_rank (unless job is pretrain/sft), each default noted; None for a
     job that trains every weight. A framework without LoRA is left to rule LORA001 (it names the nearest), so check
     reports it like any other finding; here its default rank is Megatron-Bridge's (the LoRA dataclass's dim)."""
@@ -76,7 +83,7 @@ def resolve_lora(req: Request, arch: Architecture, zero_stage: int, notes: list[
         return None
     if req.job is None:
         notes.append("job not given: lora, as lora_rank or lora_targets is given.")
-    engine = lora_engine(req.framework, zero_stage)
+    engine = lora_engine(card, zero_stage)
     rank = req.lora_rank
     if rank is None:
         rank = engine.default_rank if engine else BRIDGE_DEFAULT_RANK

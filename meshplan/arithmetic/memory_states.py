@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import (
     CardError,
+    FrameworkCard,
     MemoryConvention,
     OptimizerImplementation,
     checked_once,
-    framework_card,
     load_card,
 )
 from meshplan.schema.choices import Fp8Recipe
@@ -186,32 +186,31 @@ def _complete(card: MemoryCard) -> None:
             raise CardError(f"cards/memory.yaml: key optimizer_steps.{name} is missing.")
 
 
-def convention_name(framework: str, zero_stage: int, version: str | None = None) -> str:
+def convention_name(card: FrameworkCard, zero_stage: int, version: str | None = None) -> str:
     """The byte preset: the framework card's memory_convention (of that release, where one differs), or at ZeRO-3
     its engine.zero3_memory_convention where it has one (Megatron-FSDP for Megatron-Core/Bridge; FSDP2 where verl
     and SkyRL switch engine)."""
-    card = framework_card(framework)
     if zero_stage == 3 and card.engine.zero3_memory_convention is not None:
         return card.engine.zero3_memory_convention
     return card.convention_for(version)
 
 
-def uses_fsdp(framework: str, zero_stage: int) -> bool:
+def uses_fsdp(card: FrameworkCard, zero_stage: int) -> bool:
     """FSDP-style sharding: torchtitan/KempnerForge always; verl/SkyRL/DeepSpeed at zero_stage 3."""
-    return framework_card(framework).memory_convention.startswith("fsdp2") or zero_stage == 3
+    return card.memory_convention.startswith("fsdp2") or zero_stage == 3
 
 
-def convention(framework: str, zero_stage: int,
+def convention(card: FrameworkCard, zero_stage: int,
                version: str | None = None) -> tuple[str, Convention, list[StateTensor]]:
     """The preset and its tensor list for this ZeRO stage; an unsupported stage is a clear error."""
-    name = convention_name(framework, zero_stage, version)
+    name = convention_name(card, zero_stage, version)
     conv = memory_card().conventions[name]
     stage = zero_stage
     if name.startswith("fsdp2") and stage == 1:
         stage = 2  # FSDP has no optimizer-only sharding; SHARD_GRAD_OP is the nearest
     if stage not in conv.zero:
         raise MeshplanError(
-            f"zero_stage={zero_stage} is not a mode of {framework} (memory convention {name!r}).",
+            f"zero_stage={zero_stage} is not a mode of {card.name} (memory convention {name!r}).",
             fix=f"Use zero_stage in {sorted(conv.zero)}.",
         )
     return name, conv, conv.zero[stage]
@@ -221,7 +220,7 @@ def fp8_recipe(job: Job, plan: Plan) -> Fp8Recipe | None:
     """The FP8 recipe an fp8 job runs: the plan's, else the framework card's default; None without fp8."""
     if job.precision != "fp8":
         return None
-    return plan.fp8_recipe or framework_card(job.framework).defaults.fp8_recipe
+    return plan.fp8_recipe or job.card.defaults.fp8_recipe
 
 
 def fp8_param_gather(job: Job, plan: Plan) -> bool:
@@ -230,7 +229,7 @@ def fp8_param_gather(job: Job, plan: Plan) -> bool:
     if plan.fp8_param_gather is not None:
         return plan.fp8_param_gather
     recipe = fp8_recipe(job, plan)
-    presets = (framework_card(job.framework).model_extra or {}).get("mixed_precision_presets", {})
+    presets = (job.card.model_extra or {}).get("mixed_precision_presets", {})
     return recipe is not None and f"{recipe}/true" in presets
 
 
@@ -258,7 +257,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
     bf16 or delayed-scaling fp8), the main grads in fp32 or bf16 (grad_reduce_in_fp32), and the fp8 weight bytes per
     linear-layer parameter for the recipe and GPU (less the bf16 weight with fp8_param_gather); and torch.compile's
     loss and SwiGLU bytes (compiled)."""
-    name, conv, tensors = convention(job.framework, plan.zero_stage, job.framework_version)
+    name, conv, tensors = convention(job.card, plan.zero_stage, job.framework_version)
     prec = memory_card().precision
     recipe = fp8_recipe(job, plan)
     aware = precision_aware(plan)
@@ -294,7 +293,7 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
 def compiled(job: Job, plan: Plan) -> dict:
     """The convention fields torch.compile rewrites (cards/memory.yaml compile), for what the framework compiles
     (its card's compile section): a compiled loss keeps no fp32 copy of the logits, compiled blocks a fused SwiGLU."""
-    scope = framework_card(job.framework).compile
+    scope = job.card.compile
     if not plan.torch_compile or scope is None:
         return {}
     comp = memory_card().compile
@@ -353,7 +352,7 @@ def muon_saved_bytes(plan: Plan, tensors: list[StateTensor], matrices: float, sh
 def optimizer_implementation(job: Job, plan: Plan) -> OptimizerImplementation:
     """The implementation the job's engine builds its Adam step with on CUDA (the framework card's optimizer_step
     section; a card that has none: fused, no temporaries)."""
-    card = framework_card(job.framework)
+    card = job.card
     facts = card.optimizer_step
     engine = card.engine.by_zero_stage[plan.zero_stage]
     return facts.by_engine.get(engine, "fused") if facts is not None else "fused"

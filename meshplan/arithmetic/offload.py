@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import EngineOffload, framework_card, load_card
+from meshplan.knowledge.cards import EngineOffload, FrameworkCard, load_card
 from meshplan.schema.plan import Job, Plan
 
 CLASSES = ("weights", "gradients", "optimizer")
@@ -63,14 +63,14 @@ def optimizer_share(plan: Plan) -> float:
     return 1.0 if plan.optimizer_offload else 0.0
 
 
-def offload_plan(framework: str, plan: Plan) -> OffloadPlan:
+def offload_plan(card: FrameworkCard, plan: Plan) -> OffloadPlan:
     """The plan's offload knobs read through the framework card. A knob the engine lacks is left out here: rule
     OF001 reports it (with the framework's nearest knob), so an estimate never silently pretends to offload. A plan
     with no offload knob set moves nothing whatever the card says (every share below is 0): the empty plan, unread."""
     if not (plan.param_offload or plan.grad_offload or plan.optimizer_offload or plan.optimizer_offload_fraction > 0
             or plan.activation_offload):
         return OffloadPlan()
-    sem: EngineOffload | None = framework_card(framework).offload_at(plan.zero_stage)
+    sem: EngineOffload | None = card.offload_at(plan.zero_stage)
     out = OffloadPlan()
     if sem is None:
         return out
@@ -156,7 +156,7 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
     (not hidden), plus the host transfers the step's compute cannot cover (activations out in the forward and
     back in the backward, each micro-batch; in-step parameter offload: the shard in for every forward and backward
     gather and its gradient out, each micro-batch)."""
-    off = offload_plan(job.framework, plan)
+    off = offload_plan(job.card, plan)
     if not off.any:
         return 0.0, ""
     card = offload_card()
@@ -177,10 +177,9 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
     return adam + exposed, "; ".join(parts)
 
 
-def unsupported_offloads(framework: str, plan: Plan) -> list[tuple[str, str]]:
+def unsupported_offloads(card: FrameworkCard, plan: Plan) -> list[tuple[str, str]]:
     """(knob, the framework's nearest knob) for each offload knob set that the engine of this ZeRO stage lacks,
     or that needs a higher zero_stage there."""
-    card = framework_card(framework)
     sem = card.offload_at(plan.zero_stage)
     asked = {
         "activation_offload": plan.activation_offload,

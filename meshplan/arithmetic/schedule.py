@@ -28,7 +28,7 @@ from meshplan.arithmetic.memory_states import convention
 from meshplan.arithmetic.pipeline_counts import in_flight as timeline_in_flight
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import InterleaveGroup, framework_card
+from meshplan.knowledge.cards import FrameworkCard, InterleaveGroup
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
@@ -592,11 +592,11 @@ def balanced_stages(num_layers: int, pp: int, vpp: int, layer_cost: int, head_co
     return stages_from_counts(counts, pp, head_rank, warnings)
 
 
-def stages_for(arch: Architecture, framework: str, zero_stage: int, tp: int, pp: int, vpp: int,
+def stages_for(arch: Architecture, card: FrameworkCard, zero_stage: int, tp: int, pp: int, vpp: int,
                first: int | None, last: int | None) -> Stages:
     """The stages of a layout under the framework's pipeline convention: explicit first/last stage sizes win;
     otherwise the convention of the framework's byte preset (cards/memory.yaml pipeline_partition)."""
-    _, conv, _ = convention(framework, zero_stage)
+    _, conv, _ = convention(card, zero_stage)
     if conv.pipeline_partition == "compute_balanced" and pp > 1 and first is None and last is None:
         layer_cost, head_cost = block_costs(arch, padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp))
         return balanced_stages(arch.num_layers, pp, vpp, layer_cost, head_cost)
@@ -631,7 +631,7 @@ def plan_stages(job: Job, plan: Plan) -> Stages:
                 "MTP block(s), as Megatron-Core builds none without mtp_num_layers (with it, the layout must place "
                 "them).")))
         return stages
-    stages = stages_for(job.model, job.framework, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
+    stages = stages_for(job.model, job.card, plan.zero_stage, plan.tp, plan.pp, plan.vpp,
                         plan.first_stage_layers, plan.last_stage_layers)
     if plan.runs_schedule is not None and plan.pp > 1 and schedule_order(plan.runs_schedule, plan.vpp) in V_ORDERS:
         return v_placed(stages, plan.pp)
@@ -649,11 +649,11 @@ def v_placed(stages: Stages, pp: int) -> Stages:
 # --------------------------------------------------------------------------- micro-batches in flight
 
 
-def plan_shape(framework: str, pp: int, vpp: int, microbatches: int, schedule: str | None = None) -> Shape:
+def plan_shape(card: FrameworkCard, pp: int, vpp: int, microbatches: int, schedule: str | None = None) -> Shape:
     """The pipeline schedule a plan runs under its framework (the framework card's pipeline section): its order,
     and with vpp > 1 the interleaved one with the framework's micro-batch group; a named schedule (the plan's
     pipeline_schedule) its own order (pipeline_timeline.schedule_order)."""
-    facts = framework_card(framework).pipeline
+    facts = card.pipeline
     order = facts.order if schedule is None else schedule_order(schedule, vpp)
     return shape_for(order, facts.group, pp, vpp, microbatches)
 

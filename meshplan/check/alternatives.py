@@ -13,7 +13,6 @@ from meshplan.check.config import check_structure
 from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
-from meshplan.knowledge.cards import framework_card
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import Context, ctx_param
 from meshplan.schema.plan import Plan
@@ -39,7 +38,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if p.recompute == "none":
         out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None,
                                             "recompute_method": None}))
-    raise_to = framework_card(ctx.framework).memory_fix  # how far this framework's ZeRO may go, and why
+    raise_to = ctx.card.memory_fix  # how far this framework's ZeRO may go, and why
     max_zero = p.zero_stage if raise_to.highest_zero_stage is None else raise_to.highest_zero_stage
     if p.pp > 1 and raise_to.highest_zero_stage_with_pp is not None:
         max_zero = min(max_zero, raise_to.highest_zero_stage_with_pp)

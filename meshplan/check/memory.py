@@ -112,10 +112,10 @@ def rl_phase_fits(ctx: Context) -> Values:
     over = top.peak_bytes - capacity
     parts = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f} GiB" for k, v in d.items()
                       if k != "sequences_at_once" and v)
-    phase_off = offload_plan(ctx.framework, plan).phase
+    phase_off = offload_plan(ctx.card, plan).phase
     if top.phase == "rollout" and top.pool == "trainer":
         fixes = []
-        knobs = phase_knobs(ctx.framework, plan)
+        knobs = phase_knobs(ctx.card, plan)
         if d.get("trainer_resident", 0) and not phase_off and knobs:
             fixes.append(f"{' and '.join(knobs)} move the trainer's {d['trainer_resident'] / GIB:.1f} GiB to the "
                          "host during the rollout")

@@ -21,7 +21,7 @@ from meshplan.arithmetic.schedule import (
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import budget_bytes
 from meshplan.estimate.perf import estimate_throughput
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rl.memory import job_memory
 from meshplan.rules.engine import divisors, rule_specs
 from meshplan.schema.plan import Job, Plan
@@ -97,11 +97,10 @@ def chosen_split(first: int, middle: int, last: int) -> bool:
     return first == min(middle, first + last) or (middle - first <= 1 and middle - last <= 1)
 
 
-@cache
-def writes_layouts(framework: str) -> bool:
+def writes_layouts(card: FrameworkCard) -> bool:
     """Whether the framework's adapter (its default version) writes an explicit pipeline layout and the
     embedding/loss accounting (cards/frameworks/*.yaml adapter knobs pipeline_layout, account_for_*)."""
-    section = framework_card(framework).adapter
+    section = card.adapter
     if section is None:
         return False
     knobs_ = section.versions[section.default_version].knobs
@@ -112,9 +111,9 @@ def writes_layouts(framework: str) -> bool:
 def framework_options(job: Job, pp: int) -> tuple[PipelineOption, ...]:
     """The options the search enumerates for this job's model and framework at `pp` (no split fixed)."""
     arch = job.model
-    card = framework_card(job.framework)
+    card = job.card
     return pipeline_options(arch.num_layers, pp, bool(card.search.vpp), megatron_uneven(job.framework),
-                            layouts=writes_layouts(job.framework), mtp_layers=arch.num_mtp_layers)
+                            layouts=writes_layouts(job.card), mtp_layers=arch.num_mtp_layers)
 
 
 def with_option(plan: Plan, option: PipelineOption) -> Plan:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic.mesh import fast_domain, mesh_groups
 from meshplan.arithmetic.offload import offload_plan
-from meshplan.knowledge.cards import framework_card, load_card
+from meshplan.knowledge.cards import load_card
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ErrorBand, MemoryReport, ThroughputReport
 
@@ -96,7 +96,7 @@ def accuracy_card() -> AccuracyCard:
 
 
 def _engine(job: Job, plan: Plan) -> str:
-    return framework_card(job.framework).engine_at(plan.zero_stage)
+    return job.card.engine_at(plan.zero_stage)
 
 
 def _ep_crosses(job: Job, plan: Plan) -> bool:
@@ -106,7 +106,7 @@ def _ep_crosses(job: Job, plan: Plan) -> bool:
 
 def _offloads(job: Job, plan: Plan) -> bool:
     """Whether anything leaves the GPU, in the framework's own meaning of its knobs (offload.offload_plan)."""
-    return offload_plan(job.framework, plan).any
+    return offload_plan(job.card, plan).any
 
 
 def regime_name(job: Job, plan: Plan, kind: Kind) -> str:

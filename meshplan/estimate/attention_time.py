@@ -7,7 +7,6 @@ from meshplan.arithmetic.flops import Gemm, attention_core_flops
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.knowledge.calibration import Calibration, attention_fraction
-from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Job
 
 # Flash attention's backward recomputes the scores: five matmuls (S, dV, dP, dQ, dK) to the forward's two, 2.5x
@@ -26,7 +25,7 @@ def attention_efficiency(job: Job, cal: Calibration, kernel: str | None = None,
     on an older release that still picked FA2. `kernel` names the one a run used instead (bench only: a published
     run of a trainer meshplan does not support, scored with another framework's card, e.g. LLM Foundry's Triton
     attention, which no framework meshplan renders can be told to run)."""
-    fw = framework_card(job.framework)
+    fw = job.card
     card = fw.attention
     if kernel is None and card is not None:
         engine = fw.engine_at(zero_stage) if zero_stage is not None else None

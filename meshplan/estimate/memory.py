@@ -49,7 +49,7 @@ from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, forward_gathered, stage_fit, stage_memory
 from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table, stage_params
-from meshplan.knowledge.cards import OptimizerImplementation, framework_card
+from meshplan.knowledge.cards import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
@@ -75,7 +75,7 @@ def _assumed(job: Job, plan: Plan) -> list[str]:
 def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
     """World size of the layout and the expert-data-parallel size world/(pp*ep*etp) (the world-size and
     expert-grid rules of the framework already hold: they block the estimate)."""
-    world = mesh.world_size(framework_card(job.framework).world_size_law, plan)
+    world = mesh.world_size(job.card.world_size_law, plan)
     warnings = []
     group = mesh.expert_group(plan)
     if job.model.moe is not None and world % group:
@@ -256,7 +256,7 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
         dense_dp=plan.dp * plan.cp // plan.dp_replicate, expert_dp=expert_dp / plan.dp_replicate, vocab=vocab,
         pipeline=pipeline, table=param_table(arch), ts=plan.tp if plan.sequence_parallel else 1,
         norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1),
-        selective=framework_card(job.framework).recompute.selective,  # what this framework's "selective" saves
+        selective=job.card.recompute.selective,  # what this framework's "selective" saves
         gathered=conv.gathered_layers if sharded_weights else 0,
         other_fixed=card.fixed_overhead_bytes + card.cuda_context_bytes,
         # what the offload knobs move to host memory on this framework's engine (cards/frameworks/*.yaml offload)
@@ -292,7 +292,7 @@ def engine_terms(job: Job, plan: Plan) -> EngineTerms:
     key = (id(job), _ENGINE_KEY(plan.__dict__)) if memo is not None else None
     hit = memo.get(key) if memo is not None else None
     if hit is None:
-        hit = (job, EngineTerms(*with_precision(job, plan), offload_plan(job.framework, plan),
+        hit = (job, EngineTerms(*with_precision(job, plan), offload_plan(job.card, plan),
                                 optimizer_implementation(job, plan)))
         if memo is not None:
             memo[key] = hit
@@ -425,7 +425,7 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
         parts.append("released between RL phases, no host copy: " + ", ".join(sorted(offload.phase_freed)))
     if offload.activations:
         parts.append("saved activations on the host except the layers in flight")
-    return (f"Offload on {framework_card(job.framework).display_name}: " + "; ".join(parts)
+    return (f"Offload on {job.card.display_name}: " + "; ".join(parts)
             + f". Host memory per node: {host_per_node / GIB:,.1f} GiB (the worst stage x "
               f"{mesh.ranks_per_node(job)} GPU{'s' if mesh.ranks_per_node(job) > 1 else ''})"
             + (f" of {job.cpu_memory_per_node / GIB:,.0f} GiB." if job.cpu_memory_per_node else "."))
@@ -434,7 +434,7 @@ def offload_assumption(job: Job, plan: Plan, offload, host_per_node: int) -> str
 def lora_assumption(job: Job, plan: Plan) -> str:
     """What the LoRA estimate kept and left out."""
     assert job.lora is not None
-    engine = lora_engine(job.framework, plan.zero_stage)
+    engine = lora_engine(job.card, plan.zero_stage)
     how = engine.adapters if engine else "fused"
     return (f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)} ({how} adapters): base weights frozen "
             "(weight bytes only, no gradients or optimizer state); adapters A (in x r) and B (r x out) sharded over "
@@ -592,7 +592,7 @@ def step_offload_time(job: Job, plan: Plan, *, compute_s: float) -> tuple[float,
     """offload.offload_time for a whole step, read from the memory estimate's worst-hosting stage: its CPU optimizer's
     parameters, the activations one micro-batch sends to the host, and the parameter shard an in-step parameter
     offload brings back for each gather (its 16-bit copy). Zero, with no estimate, when nothing is offloaded."""
-    if not offload_plan(job.framework, plan).any:
+    if not offload_plan(job.card, plan).any:
         return 0.0, ""
     report = estimate_memory(job, plan)
     stage = max(report.stages, key=lambda s: s.host_bytes)

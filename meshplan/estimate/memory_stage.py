@@ -36,7 +36,6 @@ from meshplan.estimate.memory_terms import (
     param_table,
     stage_params,
 )
-from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
@@ -340,7 +339,7 @@ def muon_step_bytes(terms: MemoryTerms, params: StageParams) -> float:
     """What Muon's step allocates while it orthogonalizes the stage's largest matrix (muon.step_working_bytes, as
     the framework card's muon section runs it); 0 under Adam. The Adam-stepped rest (embedding, output layer, norms)
     is stepped in place by the fused Adam beside it."""
-    muon = framework_card(terms.job.framework).muon
+    muon = terms.job.card.muon
     if terms.plan.optimizer != "muon" or muon is None or not params.layers:
         return 0.0
     plan = terms.plan
@@ -372,7 +371,7 @@ def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
         return 0.0
     if terms.job.lora is not None:
         dense, experts = adapter_params(terms.job.model, params.layers, terms.job.lora,
-                                        lora_engine(terms.job.framework, plan.zero_stage),
+                                        lora_engine(terms.job.card, plan.zero_stage),
                                         tp=plan.tp, ep=plan.ep, etp=plan.etp)
         kept = 0.0
     else:
@@ -433,7 +432,7 @@ def lora_states(terms: MemoryTerms, layers: list[int], states: dict[str, float],
     parameters are."""
     job, plan = terms.job, terms.plan
     assert job.lora is not None
-    dense, experts = adapter_params(job.model, layers, job.lora, lora_engine(job.framework, plan.zero_stage),
+    dense, experts = adapter_params(job.model, layers, job.lora, lora_engine(job.card, plan.zero_stage),
                                     tp=plan.tp, ep=plan.ep, etp=plan.etp)
     out = {"weights": states["weights"], "gradients": 0.0, "optimizer": 0.0}
     for params, group in ((dense, terms.dense_dp), (experts, terms.expert_dp)):
@@ -488,7 +487,7 @@ def stage_held(terms: MemoryTerms, rank: int) -> tuple[int, ...]:
     if hit is None:
         runs = plan.schedule_runs(terms.job.global_batch_size)  # the schedule's micro-batches are one run's
         hit = terms.held[key] = in_flight(rank, plan.pp, terms.vpp, terms.m // runs,
-                                          framework_card(terms.job.framework).pipeline.group, plan.runs_schedule)
+                                          terms.job.card.pipeline.group, plan.runs_schedule)
     return hit
 
 

@@ -54,7 +54,6 @@ from meshplan.estimate.stage_time import (
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
 from meshplan.estimate.tp_overlap import tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
@@ -93,14 +92,14 @@ def eager_blocks(job: Job, plan: Plan) -> bool:
     """Whether the blocks' memory-bound ops run as separate eager kernels: a framework whose card has a compile
     switch that compiles the blocks (torchtitan, KempnerForge) with torch_compile off. Frameworks without one run
     fused kernels either way (Megatron-Core / Transformer Engine), the count elementwise_passes is."""
-    scope = framework_card(job.framework).compile
+    scope = job.card.compile
     return scope is not None and scope.blocks and not plan.torch_compile
 
 
 def experts_fused(job: Job) -> bool:
     """Whether the framework runs its routed experts' activation as one fused kernel even where its blocks are eager
     (its card's compile.experts_fused: NeMo AutoModel's grouped experts)."""
-    scope = framework_card(job.framework).compile
+    scope = job.card.compile
     return scope is not None and scope.experts_fused
 
 
@@ -189,7 +188,7 @@ def _step_context(job: Job, plan: Plan, cal: Calibration,
 
 def _single_stage(job: Job, plan: Plan) -> bool:
     """One pipeline stage and nothing offloaded: stage_work's and stage_cp's own arithmetic, else step_terms'."""
-    return plan.pp == 1 and not offload_plan(job.framework, plan).any
+    return plan.pp == 1 and not offload_plan(job.card, plan).any
 
 
 class StageWork(NamedTuple):
@@ -333,19 +332,19 @@ def job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
 
 def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
                attention_kernel: str | None) -> dict:
-    _, conv, _ = convention(job.framework, plan.zero_stage)
+    _, conv, _ = convention(job.card, plan.zero_stage)
     flash, dropout = attention_switches(conv, plan)
     kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend, plan.zero_stage)
-    overlap = framework_card(job.framework).tp_overlap
+    overlap = job.card.tp_overlap
     return dict(
         arch=job.model, seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
-        lora_engine=lora_engine(job.framework, plan.zero_stage) if job.lora else None,
+        lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
         eager=eager_blocks(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel,
-        gather_dispatch=(framework_card(job.framework).model_extra or {}).get("moe_dispatch", {}).get(
+        gather_dispatch=(job.card.model_extra or {}).get("moe_dispatch", {}).get(
             "alltoall_as") == "allgather",
-        tp_overlap_mode=tp_overlap_mode(job.framework, plan), tp_rs_splits=overlap.rs_splits,
+        tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 
@@ -357,7 +356,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     dense_lt = memo_layer(layer_time, ctx, False) if dense else None  # shared across plans inside a search
     moe_lt = memo_layer(layer_time, ctx, True) if arch.moe is not None and arch.moe.moe_layers else None
     pipeline = stage_layers(job, plan)
-    recompute = Recompute(selective=framework_card(job.framework).recompute.selective,  # what "selective" repeats
+    recompute = Recompute(selective=job.card.recompute.selective,  # what "selective" repeats
                           every_nth=every_nth_blocks(plan), modules=tuple(plan.recompute_modules or ("core_attn",)))
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
     head = gemm_seconds([logits_gemm(arch, ctx.shard)], cal, ctx.bf16_peak, None)
@@ -378,7 +377,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         sharding=sharding_schedule(job, plan, cal),
         traffic=dp_traffic(plan, lk, groups, cal),
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
-        muon=framework_card(job.framework).muon if plan.optimizer == "muon" and job.lora is None else None)
+        muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None)
 
 
 def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:
@@ -440,10 +439,10 @@ def _exposed_p2p(job: Job, plan: Plan, cal: Calibration, hop: float) -> tuple[fl
     card's pipeline.steady_p2p_overlap, with virtual stages: Megatron's overlap_p2p_comm), only those of the rank's
     warm-up and cool-down ops (1 - pipeline_counts.steady_share of its replayed order)."""
     full = (1.0 - cal.pp_overlap) * FORWARD_AND_BACKWARD * plan.vpp * hop
-    if plan.pp == 1 or plan.vpp == 1 or not framework_card(job.framework).pipeline.steady_p2p_overlap:
+    if plan.pp == 1 or plan.vpp == 1 or not job.card.pipeline.steady_p2p_overlap:
         return (full,) * plan.pp
     m = plan.schedule_microbatches(job.global_batch_size)
-    shape = plan_shape(job.framework, plan.pp, plan.vpp, m, plan.runs_schedule)
+    shape = plan_shape(job.card, plan.pp, plan.vpp, m, plan.runs_schedule)
     return tuple(full * (1.0 - steady_share(shape, r)) for r in range(plan.pp))
 
 
@@ -452,7 +451,7 @@ def _a2a_steady(job: Job, plan: Plan, m: int) -> float:
     moe_a2a_overlap runs, Plan.runs_schedule), the fused steps of its replayed order on the first rank; without one,
     the count of forward_backward_no_pipelining's combined steps (moe_time.a2a_steady_share)."""
     if plan.runs_schedule == "combined_1f1b" and plan.pp > 1:
-        return fused_share(plan_shape(job.framework, plan.pp, plan.vpp, m, plan.runs_schedule), 0)
+        return fused_share(plan_shape(job.card, plan.pp, plan.vpp, m, plan.runs_schedule), 0)
     return a2a_steady_share(m, plan.pp, plan.vpp)
 
 
@@ -467,7 +466,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     if plan.pp == 1:
         return PipelineTime(worst, m * t_max, 0.0)
     runs = plan.schedule_runs(inp.job.global_batch_size)  # the schedule run per accumulation step (torchtitan)
-    shape = plan_shape(inp.job.framework, plan.pp, plan.vpp, m // runs, plan.runs_schedule)
+    shape = plan_shape(inp.job.card, plan.pp, plan.vpp, m // runs, plan.runs_schedule)
     fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
     bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
     wgrad = None
@@ -476,7 +475,7 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
         wgrad = [share * (r.compute - r.fwd) / shape.vpp for r in rows]
     timeline = simulate(shape, fwd, bwd, inp.pp_hop, wgrad)
     seconds = max(runs * timeline.seconds, m * t_max)
-    facts = framework_card(inp.job.framework).pipeline
+    facts = inp.job.card.pipeline
     name = facts.interleaved if shape.order == "interleaved_1f1b" and facts.interleaved else facts.schedule
     if plan.runs_schedule is not None:
         name = facts.schedules.get(shape.order, shape.order)
@@ -542,7 +541,7 @@ def step_sync(job: Job, plan: Plan, cal: Calibration, lk: Links, traffic: DpTraf
     grad_bytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     # ZeRO-1/2 (not FSDP) may still all-reduce the whole gradient (nanotron without DDP) and may
     # run it after the backward instead of bucket by bucket inside it (zero_grad_* in the card).
-    sharded_opt = plan.zero_stage > 0 and not uses_fsdp(job.framework, plan.zero_stage)
+    sharded_opt = plan.zero_stage > 0 and not uses_fsdp(job.card, plan.zero_stage)
     if per_step:
         replicas = 0.0 if traffic.replicas_with_each_reduce else traffic.replica_allreduce(dense, expert, grad_bytes)
         sync = StepSync(replicas, cal.dp_overlap)

@@ -19,7 +19,6 @@ from meshplan.estimate.sharding_traffic import (
 )
 from meshplan.estimate.stage_time import layer_param_split
 from meshplan.knowledge.calibration import calibration
-from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -76,7 +75,7 @@ def _layers_traffic(job: Job, plan: Plan, traffic: DpTraffic, counts: tuple[int,
     layer), each layer at the least of its kind's (shard_units' gather and reduce of one layer)."""
     arch = job.model
     weight_bytes = param_gather_bytes(job, plan)
-    prefetch = framework_card(job.framework).zero3_prefetch  # DeepSpeed: a dense layer's weights one by one
+    prefetch = job.card.zero3_prefetch  # DeepSpeed: a dense layer's weights one by one
     gathers, reduces = counts
     total = 0.0
     for moe, count, shapes in kind_shapes(arch):

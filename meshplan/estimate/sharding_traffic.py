@@ -255,7 +255,7 @@ class ShardingSchedule:
 def sharding_schedule(job: Job, plan: Plan, cal: Calibration) -> ShardingSchedule:
     """FSDP2 (torchtitan, KempnerForge), Megatron-FSDP and DeepSpeed ZeRO-3 shard parameters; ZeRO-2 gradients
     too; ZeRO-1 only the optimizer (its traffic stays once per step, in the step's DP term)."""
-    fsdp = uses_fsdp(job.framework, plan.zero_stage)
+    fsdp = uses_fsdp(job.card, plan.zero_stage)
     params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
     grads = params or plan.zero_stage >= 2
     pp = plan.pp > 1

@@ -26,7 +26,7 @@ from meshplan.estimate.sharding_traffic import (
     param_gather_bytes,
     shard_units,
 )
-from meshplan.knowledge.cards import MuonFacts, framework_card
+from meshplan.knowledge.cards import MuonFacts
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -435,7 +435,7 @@ def sharding_key(stage: StageShards, inp: StageInputs) -> tuple:
 def _stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
     """stage_sharding's figure, computed (per StageInputs once per distinct units: stages repeat layers)."""
     arch, plan = inp.ctx.arch, inp.plan
-    prefetch = framework_card(inp.job.framework).zero3_prefetch  # DeepSpeed's live-parameter limit
+    prefetch = inp.job.card.zero3_prefetch  # DeepSpeed's live-parameter limit
     units = tuple(shard_units(stage, params=layer_param_split(arch), plan=plan, arch=arch, head=inp.head,
                               embed_params=arch.vocab_size * arch.hidden_size / plan.tp, traffic=inp.traffic,
                               grad_bytes=grad_reduce_bytes(plan, inp.ctx.cal), weight_bytes=param_gather_bytes(

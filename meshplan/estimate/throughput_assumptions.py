@@ -14,7 +14,6 @@ from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER
 from meshplan.knowledge.calibration import Calibration, calibration_summary
-from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Job, Plan
 
 # What each TP overlap mode hides (tp_overlap.tp_hidden), for the breakdown's assumptions.
@@ -110,7 +109,7 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                    + ("one more forward of each recomputed layer (with its TP traffic)." if plan.recompute == "full"
                       else "the forward of the ops op-level SAC does not keep (every second linear, the router "
                       "and routed experts, pointwise and norms, TP all-gathers)."
-                      if framework_card(job.framework).recompute.selective == "op_sac"
+                      if job.card.recompute.selective == "op_sac"
                       else "core attention forward again."))
     if plan.optimizer == "muon":
         out.append(_muon_assumption(job, cal))
@@ -138,7 +137,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         f"forward and backward chunks in order, each waiting for its neighbour stage and one p2p hop); slowest "
         f"stage {worst}"
         + ("; layers split nanotron's way (cost-balanced, LM head counted as vocab x hidden)."
-           if convention(job.framework, plan.zero_stage)[1].pipeline_partition == "compute_balanced"
+           if convention(job.card, plan.zero_stage)[1].pipeline_partition == "compute_balanced"
            and plan.pp > 1 else "."),
         f"GEMM time = {TRAINING_PASSES_PER_FORWARD:g} x forward FLOPs / (peak x {cal.gemm_peak_fraction:.2f} x prod "
         f"d/(d+{cal.gemm_half_dim:.0f}) "
@@ -185,7 +184,7 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
 
 def _muon_assumption(job: Job, cal: Calibration) -> str:
     """How Muon's step was timed, as the framework card says the framework runs it (or that it runs none)."""
-    muon = framework_card(job.framework).muon
+    muon = job.card.muon
     if muon is None or job.lora is not None:
         return f"Muon: {job.framework} runs no Muon meshplan knows; its optimizer step is timed as Adam's."
     return (f"Muon: each weight matrix's momentum orthogonalized by {muon.ns_steps} Newton-Schulz iterations, three "

@@ -12,7 +12,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds, 
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, TpSms
 from meshplan.knowledge.calibration import Calibration
-from meshplan.knowledge.cards import TpOverlapFacts, framework_card
+from meshplan.knowledge.cards import FrameworkCard, TpOverlapFacts
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Plan
 
@@ -38,10 +38,10 @@ TP_PAIR_GEMMS = ((("qkv", "q_proj", "q_down", "kv_down"), ("attn_out",)),
                  (("mlp_fc1", "shared_expert_fc1"), ("mlp_fc2", "shared_expert_fc2")))
 
 
-def tp_overlap_mode(framework: str, plan: Plan) -> str:
+def tp_overlap_mode(card: FrameworkCard, plan: Plan) -> str:
     """Which TP collectives the plan runs beside a GEMM: its framework's switch mode when tp_comm_overlap is on,
     else the framework's base mode (the card's tp_overlap)."""
-    facts = framework_card(framework).tp_overlap
+    facts = card.tp_overlap
     return facts.switch if plan.tp_comm_overlap and facts.switch else facts.base
 
 

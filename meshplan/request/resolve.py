@@ -99,7 +99,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
-        lora=resolve_lora(req, arch, zero, notes),
+        lora=resolve_lora(req, card, arch, zero, notes),
     )
     return carry_cards(job), plan
 
@@ -398,7 +398,7 @@ def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,
                          + (f" ({kernel} on {gpu.arch}; cards/frameworks/{req.framework}.yaml attention)." if kernel
                             else " (a fused flash-class kernel: cards/calibration.yaml attention_peak_fraction)."))
     if req.dropout is None:
-        name = convention_name(req.framework, zero, version)
+        name = convention_name(card, zero, version)
         on = memory_card().conventions[name].dropout
         notes.append(f"dropout not given: {'on' if on else 'off'}, as {card.display_name} recipes run "
                      f"(cards/memory.yaml {name} dropout; dropout=true for a run with attention and hidden dropout, "

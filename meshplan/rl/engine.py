@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from meshplan.core.units import GIB
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
-from meshplan.knowledge.rl_card import RLDefaults, rl_card
+from meshplan.knowledge.rl_card import RLDefaults
 from meshplan.schema.plan import Plan
 
 ENGINE_BYTES = 2  # the engine's weights and KV cache in bf16 (verl rollout.dtype, SkyRL model_dtype: bfloat16)
@@ -87,7 +87,7 @@ class EngineMemory(BaseModel):
 def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     """The engine on one GPU where `free_bytes` are free when it starts (the trainer's resident state taken): vLLM's
     fraction is a share of total memory, SGLang's of the free memory (the framework card's `memory_fraction_of`)."""
-    card = rl_card(job.framework)
+    card = job.rl_card
     facts = card.engines[plan.rollout_engine]
     arch, rl = job.model, job.rl
     fraction = plan.rollout_memory_fraction

@@ -22,10 +22,8 @@ from meshplan.estimate.memory import (
     peak_fit_bytes,
     stage_allocated,
 )
-from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
-from meshplan.schema.plan import Plan
+from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import PhaseMemory
 
 
@@ -73,26 +71,26 @@ class PhaseSetting:
         return self.has_critic and not self.critic_apart
 
 
-def freed_classes(framework: str, zero_stage: int) -> frozenset[str]:
+def freed_classes(job: Job, zero_stage: int) -> frozenset[str]:
     """The state classes the trainer engine at this ZeRO stage frees after the actor's update, so that between phases
     they are on neither the GPU nor the host: the FSDP engines' gradients (verl's and SkyRL's last
     optimizer.zero_grad() sets them to None; the card's rl.gradients_freed_after_update, with its sources)."""
-    card = rl_card(framework)
-    engine = framework_card(framework).engine_at(zero_stage)
+    card = job.rl_card
+    engine = job.card.engine_at(zero_stage)
     freed = card is not None and card.gradients_freed_after_update.get(engine, False)
     return frozenset({"gradients"}) if freed else frozenset()
 
 
-def framework_offload(framework: str, zero_stage: int) -> tuple[frozenset[str], frozenset[str]]:
+def framework_offload(job: Job, zero_stage: int) -> tuple[frozenset[str], frozenset[str]]:
     """What the framework's own offload around a colocated rollout (SkyRL's colocate_all) does with the actor's
     states on the engine of this ZeRO stage, beyond the offload knobs: (copied to the host, released), the card's
     rl.colocated_offload_states with its sources, less what the engine already freed after the update. Empty where
     the framework offloads only by its knobs (verl)."""
-    card = rl_card(framework)
+    card = job.rl_card
     if card is None or not card.colocated_offload:
         return frozenset(), frozenset()
-    own = card.colocated_offload_states[framework_card(framework).engine_at(zero_stage)]
-    done = freed_classes(framework, zero_stage)
+    own = card.colocated_offload_states[job.card.engine_at(zero_stage)]
+    done = freed_classes(job, zero_stage)
     return frozenset(own.moves) - done, frozenset(own.frees) - done
 
 
@@ -100,22 +98,22 @@ def critic_apart(job, plan: Plan) -> bool:
     """Whether PPO's critic runs on GPUs of its own, as many as the policy's: where the framework puts it there with
     the rollout placed apart (the card's rl.critic_apart_when_separate, with its source: SkyRL), not beside the actor
     (verl's trainer pool)."""
-    return rl_card(job.framework).critic_on_own_gpus(job.rl.algorithm, plan.placement)
+    return job.rl_card.critic_on_own_gpus(job.rl.algorithm, plan.placement)
 
 
 def phase_setting(job, plan: Plan) -> PhaseSetting:
-    card = rl_card(job.framework)
+    card = job.rl_card
     rl = job.rl
-    off = offload_plan(job.framework, plan)
+    off = offload_plan(job.card, plan)
     knob_classes = off.phase - off.phase_freed
     # SkyRL's colocate_all offloads every model around the rollout; placed apart, colocate_policy_ref still swaps the
     # policy and the reference through the host
     auto = card.colocated_offload and (plan.placement == "colocated" or card.separate_offload)
-    own_moves, own_frees = framework_offload(job.framework, plan.zero_stage) if auto else (frozenset(), frozenset())
-    freed = freed_classes(job.framework, plan.zero_stage) | off.phase_freed | own_frees
+    own_moves, own_frees = framework_offload(job, plan.zero_stage) if auto else (frozenset(), frozenset())
+    freed = freed_classes(job, plan.zero_stage) | off.phase_freed | own_frees
     mem = memory_card()
     colocated = plan.placement == "colocated"
-    engine = framework_card(job.framework).engine_at(plan.zero_stage)
+    engine = job.card.engine_at(plan.zero_stage)
     ref_host = card.reference_on_host.get(engine, "param_offload")
     ref_on_host = ref_host == "always" or plan.param_offload or auto
     has_critic = card.critic[rl.algorithm]
@@ -274,7 +272,7 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
     engine holds its memory fraction during the rollout and its CUDA graphs in every phase."""
     update, forward = reports or trainer_reports(job, plan)
     setting = phase_setting(job, plan)
-    gathered = (forward_gathered_bytes(job, plan) if framework_card(job.framework).engine_at(plan.zero_stage) == "fsdp"
+    gathered = (forward_gathered_bytes(job, plan) if job.card.engine_at(plan.zero_stage) == "fsdp"
                 else [0.0] * len(update.stages))
     stages = [stage_phases(job, plan, setting, s, f, g)
               for s, f, g in zip(update.stages, forward.stages, gathered, strict=True)]

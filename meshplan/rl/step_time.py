@@ -9,7 +9,6 @@ from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.model_counts import expert_params, total_params
-from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, kv_bytes_per_token, rl_constant
 from meshplan.rl.job import rl_job_gpus
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
@@ -70,7 +69,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     recompute or gradient sync). Resharding moves the bf16 weights once over the slowest link the trainer's
     model-parallel group or the rollout pool spans. Phase offloads move their states out and back over the host
     link. Colocated parts add; a separate rollout pool generates the next batch while the trainer trains."""
-    card, rl, arch, gpu = rl_card(job.framework), job.rl, job.model, job.gpu
+    card, rl, arch, gpu = job.rl_card, job.rl, job.model, job.gpu
     cal = calibration(job.framework)
     update = update or estimate_throughput(job, plan)
     b = update.breakdown

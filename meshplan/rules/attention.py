@@ -16,7 +16,7 @@ from meshplan.schema.choices import FRAMEWORKS
 def attention_setting_without_a_key(ctx: Context) -> Values:
     """attention_backend (other than auto) or dropout on where the framework's adapter knob has no key, or no value
     for that backend, on the engine the plan's ZeRO stage selects (the card's variant_knobs of that engine)."""
-    p, card = ctx.plan, framework_card(ctx.framework)
+    p, card = ctx.plan, ctx.card
     if card.adapter is None:
         return None
     section = card.adapter
@@ -53,7 +53,7 @@ def compile_needs_a_switch(ctx: Context) -> Values:
     """torch_compile on a framework whose card has no compile section (nothing renders or models it)."""
     if not ctx.plan.torch_compile:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     if card.compile is not None and card.adapter is not None and card.adapter.renders("torch_compile"):
         return None
     supported = [n for n in FRAMEWORKS if framework_card(n).compile is not None]

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import CardError, Engine, framework_card, load_card
+from meshplan.knowledge.cards import CardError, Engine, FrameworkCard, load_card
+from meshplan.knowledge.rl_card import RLCard
 from meshplan.schema.choices import FRAMEWORKS, Severity
 from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.reports import Finding, MemoryReport
@@ -180,12 +181,11 @@ def rules_for(framework: str, backend: str, include_memory: bool) -> tuple[tuple
 
 
 @cache
-def blocking_rules(framework: str, zero_stage: int) -> tuple[tuple[RuleSpec, Condition], ...]:
+def blocking_rules(framework: str, backend: Backend) -> tuple[tuple[RuleSpec, Condition], ...]:
     """The rules of one framework (on the engine its ZeRO stage selects) that an estimate cannot proceed
     past, in card order: every structural rule of severity error, so a layout `check` refuses is refused by
     the estimators with the same id and fix (one verdict on every face). Cached: the search estimates in
     hot loops."""
-    backend = backend_of(framework, zero_stage)
     return tuple((spec, condition) for spec, condition in rules_for(framework, backend, False)
                  if spec.severity == "error")
 
@@ -214,7 +214,7 @@ def first_blocking(job: Job, plan: Plan) -> Finding | None:
     """The finding of the first blocking rule the plan breaks, each rule run on the plan in card order (what
     require_estimable raises; Verdicts falls back to it where a condition raises)."""
     ctx = Context(job, plan)
-    for spec, condition in blocking_rules(job.framework, plan.zero_stage):
+    for spec, condition in blocking_rules(job.framework, ctx.backend):
         values = condition(ctx)
         if values is not None:
             return finding(spec, values)
@@ -244,10 +244,10 @@ def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
 # --------------------------------------------------------------------------- what a condition sees
 
 
-def backend_of(framework: str, zero_stage: int) -> Backend:
+def backend_of(card: FrameworkCard, zero_stage: int) -> Backend:
     """Which engine runs the model at this ZeRO stage: the framework card's engine.by_zero_stage (verl and SkyRL
     switch from Megatron-Core to FSDP at zero_stage 3)."""
-    return framework_card(framework).engine_at(zero_stage)
+    return card.engine_at(zero_stage)
 
 
 @dataclass(frozen=True)
@@ -267,16 +267,26 @@ class Context:
         return self.job.framework
 
     @property
+    def card(self) -> FrameworkCard:
+        """The job's framework card (the resolver attached it: Job.card)."""
+        return self.job.card
+
+    @property
+    def rl_card(self) -> RLCard | None:
+        """The `rl` section of the job's framework card (Job.rl_card)."""
+        return self.job.rl_card
+
+    @property
     def world(self) -> int:
         return self.job.num_gpus
 
     @cached_property
     def backend(self) -> Backend:
-        return backend_of(self.job.framework, self.plan.zero_stage)
+        return backend_of(self.job.card, self.plan.zero_stage)
 
     @cached_property
     def law(self) -> str:
-        return framework_card(self.job.framework).world_size_law
+        return self.job.card.world_size_law
 
     @property
     def model_parallel(self) -> int:
@@ -402,7 +412,7 @@ class Verdicts:
         """Each group of the rules the plan's engine runs as (key, memo, rules), and the rules run on every plan."""
         hit = self._by_zero.get(zero_stage)
         if hit is None:
-            backend = backend_of(self.job.framework, zero_stage)
+            backend = backend_of(self.job.card, zero_stage)
             hit = self._programs.get(backend)
             if hit is None:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
@@ -456,7 +466,7 @@ class Verdicts:
         hit = self._parts.get((zero_stage, knobs), False)
         if hit is False:
             _, always = self._program(zero_stage)
-            backend = backend_of(self.job.framework, zero_stage)
+            backend = backend_of(self.job.card, zero_stage)
             hit = self._parts.get((backend, knobs), False)
             if hit is False:
                 hit = self._parts[(backend, knobs)] = None if always else knob_parts(self._groups[backend], knobs)

@@ -83,7 +83,7 @@ def flex_needs_moe(ctx: Context) -> Values:
 
 @rule("EP007", reads=("zero_stage", "moe_token_dispatcher"))
 def flex_dispatcher_available(ctx: Context) -> Values:
-    card = framework_card(ctx.framework)
+    card = ctx.card
     # the engines that run it: Megatron-Core's, and those a card names (NeMo AutoModel vendors the flex dispatcher
     # into its FSDP2 engine)
     engines = ("megatron", *(card.model_extra or {}).get("flex_dispatcher", {}).get("engines", []))
@@ -110,7 +110,7 @@ def a2a_overlap_preconditions(ctx: Context) -> Values:
     p, arch = ctx.plan, ctx.arch
     if not p.moe_a2a_overlap:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     if not arch.is_moe:
         return {"reason": f"{arch.name} has no experts", "fix": "Leave moe_a2a_overlap unset for a dense model."}
     if not (card.adapter is not None and card.adapter.renders("moe_a2a_overlap")) or ctx.backend != "megatron":

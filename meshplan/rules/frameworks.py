@@ -9,7 +9,6 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import default_render, missing_layout_knob
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, fmt_set, rule
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
@@ -148,12 +147,12 @@ def automodel_torch_dispatcher(ctx: Context) -> Values:
 def nanotron_degree_not_modelled(ctx: Context) -> Values:
     """cp, ep or etp over 1 where the card's cannot_run (a card without an adapter: nanotron's) says the framework
     cannot run it: the first, in that order."""
-    cannot_run = framework_card(ctx.framework).cannot_run
+    cannot_run = ctx.card.cannot_run
     for name in ("cp", "ep", "etp"):
         value = getattr(ctx.plan, name)
         instead = cannot_run.get(name) if value > 1 else None
         if instead is not None:
-            return {"setting": f"{name}={value}", "framework": framework_card(ctx.framework).display_name,
+            return {"setting": f"{name}={value}", "framework": ctx.card.display_name,
                     "instead": instead}
     return None
 
@@ -171,5 +170,5 @@ def adapter_cannot_write(ctx: Context) -> Values:
     missing = missing_layout_knob(ctx.framework, version, variant, ctx.job, ctx.plan)
     if missing is None:
         return None
-    return {"setting": missing.setting, "display": framework_card(ctx.framework).display_name, "version": version,
+    return {"setting": missing.setting, "display": ctx.card.display_name, "version": version,
             "variant": variant, "reason": missing.reason, "instead": missing.instead, "knob": missing.knob}

@@ -8,16 +8,15 @@ message and fix templates; the facts are the framework cards' `lora` sections an
 from __future__ import annotations
 
 from meshplan.arithmetic.lora import lora_engine, lora_frameworks, model_targets
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
 @rule("LORA001", reads=("zero_stage",))
 def lora_needs_an_engine_with_it(ctx: Context) -> Values:
     spec = ctx.job.lora
-    if spec is None or lora_engine(ctx.framework, ctx.plan.zero_stage) is not None:
+    if spec is None or lora_engine(ctx.card, ctx.plan.zero_stage) is not None:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     engine = card.engine_at(ctx.plan.zero_stage)
     adapter = card.adapter
     instead = None

@@ -4,18 +4,17 @@ Whether the node's host memory holds what is offloaded (MEM003) reads the memory
 from __future__ import annotations
 
 from meshplan.arithmetic.offload import unsupported_offloads
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
 @rule("OF001", reads=("zero_stage", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
       "optimizer_offload_fraction"))
 def offload_the_engine_lacks(ctx: Context) -> Values:
-    problems = unsupported_offloads(ctx.framework, ctx.plan)
+    problems = unsupported_offloads(ctx.card, ctx.plan)
     if not problems:
         return None
     knob, fix = problems[0]
-    card = framework_card(ctx.framework)
+    card = ctx.card
     needs_zero = fix.startswith("Use zero_stage")
     if not needs_zero:  # the card's nearest knob works only with this one off: the fix says so first
         fix = f"Set {knob}={'0' if knob == 'optimizer_offload_fraction' else 'false'}; {fix}"
@@ -32,8 +31,8 @@ def activation_offload_needs_recompute(ctx: Context) -> Values:
     plan = ctx.plan
     if not plan.activation_offload:
         return None
-    sem = framework_card(ctx.framework).offload_at(plan.zero_stage)
+    sem = ctx.card.offload_at(plan.zero_stage)
     if sem is None or not sem.activation_requires or plan.recompute in sem.activation_requires:
         return None
-    return {"recompute": plan.recompute, "framework": framework_card(ctx.framework).display_name,
+    return {"recompute": plan.recompute, "framework": ctx.card.display_name,
             "what": "the inputs its activation checkpointing keeps", "allowed": "|".join(sem.activation_requires)}

@@ -14,7 +14,7 @@ from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.rules.engine import Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
@@ -78,7 +78,7 @@ def vpp_needs_pp(ctx: Context) -> Values:
         return None
     how = ("Megatron-Core refuses it ('pipeline-model-parallel size should be greater than 1')"
            if ctx.backend == "megatron" else
-           f"{framework_card(ctx.framework).display_name} builds no pipeline at pp=1 and runs the model whole, "
+           f"{ctx.card.display_name} builds no pipeline at pp=1 and runs the model whole, "
            "not the layout named")
     pps = interleaved_pps(ctx, p.vpp)
     return {"vpp": p.vpp, "how": how,
@@ -90,7 +90,7 @@ def interleaves(ctx: Context) -> bool:
     """Whether the framework runs virtual pipeline stages for this job at this ZeRO stage: its card has an
     interleaved schedule and the adapter `render` writes with a pipeline has a vpp key (AD001's table). A fix names
     vpp > 1 only where this holds. Reads zero_stage and tp, pp (the variant DEFAULT_VARIANTS picks)."""
-    card = framework_card(ctx.framework)
+    card = ctx.card
     if card.pipeline.interleaved is None:
         return False
     p = ctx.plan
@@ -289,9 +289,9 @@ def named_order(p: Plan) -> str | None:
     return schedule_order(p.pipeline_schedule, p.vpp) if p.pipeline_schedule is not None else None
 
 
-def offered_schedules(framework: str) -> list[str]:
+def offered_schedules(card: FrameworkCard) -> list[str]:
     """The pipeline_schedule values a framework runs (its card's pipeline.schedules), in the Literal's order."""
-    orders = framework_card(framework).pipeline.schedules or {framework_card(framework).pipeline.order: ""}
+    orders = card.pipeline.schedules or {card.pipeline.order: ""}
     names = {SCHEDULE_OF_ORDER[o] for o in orders}
     return [s for s in get_args(PipelineSchedule) if s in names]
 
@@ -304,12 +304,12 @@ def schedule_offered(ctx: Context) -> Values:
     order = named_order(p)
     if order is None:
         return None
-    facts = framework_card(ctx.framework).pipeline
+    facts = ctx.card.pipeline
     if order in (facts.schedules or {facts.order: ""}):
         return None
-    offered = offered_schedules(ctx.framework)
+    offered = offered_schedules(ctx.card)
     runs_other = p.pipeline_schedule in offered  # zero_bubble: the framework runs it at another vpp
-    where = f" at vpp={p.vpp} (it runs it as {_zero_bubble_words(ctx.framework)})" if runs_other else ""
+    where = f" at vpp={p.vpp} (it runs it as {_zero_bubble_words(ctx.card)})" if runs_other else ""
     others = [n for n in FRAMEWORKS if schedule_order(p.pipeline_schedule, p.vpp) in
               (framework_card(n).pipeline.schedules or {})]
     return {"schedule": p.pipeline_schedule, "framework": ctx.job.framework, "where": where,
@@ -317,8 +317,8 @@ def schedule_offered(ctx: Context) -> Values:
             "others": f"frameworks that run it here: {', '.join(others)}." if others else "no framework runs it here."}
 
 
-def _zero_bubble_words(framework: str) -> str:
-    schedules = framework_card(framework).pipeline.schedules
+def _zero_bubble_words(card: FrameworkCard) -> str:
+    schedules = card.pipeline.schedules
     forms = {"zbv_zero_bubble": "ZBV at vpp=2", "interleaved_zero_bubble": "interleaved zero-bubble at vpp > 2"}
     return " and ".join(words for order, words in forms.items() if order in schedules)
 
@@ -335,16 +335,16 @@ def schedule_chunks(ctx: Context) -> Values:
                                                           "has none",
                 "fix": f"Use pp in {fmt_set(pps)} with vpp=2, or leave pipeline_schedule out." if pps else
                        "Leave pipeline_schedule out."}
-    card = framework_card(ctx.framework)
+    card = ctx.card
     if name is None and p.pp > 1 and p.vpp > 1 and card.pipeline.interleaved is None:
         # no schedule named: the framework's own, and it has no interleaved one (its card: nanotron, DeepSpeed)
-        return {"schedule": f"{' or '.join(offered_schedules(ctx.framework))} (all {card.display_name} runs)",
+        return {"schedule": f"{' or '.join(offered_schedules(ctx.card))} (all {card.display_name} runs)",
                 "vpp": p.vpp, "reason": "they run one stage per rank (the framework has no interleaved schedule)",
                 "fix": "Use vpp=1."}
     if name is None or p.pp == 1:
         return None
     if name in SINGLE_CHUNK and p.vpp > 1:
-        multi = [s for s in offered_schedules(ctx.framework) if s in MULTI_CHUNK] if interleaves(ctx) else []
+        multi = [s for s in offered_schedules(ctx.card) if s in MULTI_CHUNK] if interleaves(ctx) else []
         return {"schedule": name, "vpp": p.vpp, "reason": "it runs one stage per rank (torchtitan refuses more for a "
                                                            "single-stage schedule; Megatron-Core interleaves whenever "
                                                            "vpp > 1)",
@@ -393,7 +393,7 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
         return {"reason": f"pipeline_schedule={p.pipeline_schedule} with moe_a2a_overlap=true: with the overlap on "
                           "Megatron-Core always runs its combined 1F1B",
                 "fix": "Use pipeline_schedule=combined_1f1b, or moe_a2a_overlap=false."}
-    if p.runs_schedule == "combined_1f1b" and p.pp > 1 and p.vpp > 1 and uses_fsdp(ctx.job.framework, p.zero_stage):
+    if p.runs_schedule == "combined_1f1b" and p.pp > 1 and p.vpp > 1 and uses_fsdp(ctx.job.card, p.zero_stage):
         return {"reason": f"combined 1F1B (moe_a2a_overlap) with zero_stage={p.zero_stage} (Megatron-FSDP) over "
                           f"vpp={p.vpp}: Megatron-Core refuses EP overlap 1F1B with FSDP for interleaved pipelines "
                           "(combined_1f1b.py)",

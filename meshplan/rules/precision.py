@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.offload import optimizer_share
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rules.engine import Context, Values, rule
 
 
@@ -21,10 +21,9 @@ def fp8_needs_hardware(ctx: Context) -> Values:
 
 
 
-def _lacks(framework: str, name: str) -> str | None:
+def _lacks(card: FrameworkCard, name: str) -> str | None:
     """Why no version of the framework can set this knob (the default version's `instead`), or None when one can
     (render refuses a version that lacks it with that version's `instead`)."""
-    card = framework_card(framework)
     if card.adapter is None:
         return f"meshplan models no such knob for {card.display_name}; leave it out."
     if any(v.knobs[name].key is not None for v in card.adapter.versions.values()):
@@ -38,9 +37,9 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     p = ctx.plan
     if p.optimizer_state_dtype in (None, "fp32"):
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     values = {"dtype": p.optimizer_state_dtype, "framework": card.display_name, "zero": p.zero_stage}
-    instead = _lacks(ctx.framework, "optimizer_state_dtype")
+    instead = _lacks(ctx.card, "optimizer_state_dtype")
     if instead:
         return {**values, "why": f"{card.display_name} has no low-precision Adam moments.", "fix": instead}
     if p.zero_stage != 1:
@@ -62,12 +61,12 @@ def fp8_param_gather_needs_fp8(ctx: Context) -> Values:
     p, job = ctx.plan, ctx.job
     if not p.fp8_param_gather:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     values = {"precision": job.precision, "zero": p.zero_stage, "framework": card.display_name}
     if job.precision != "fp8":
         return {**values, "why": "fp8 primary weights exist only in an fp8 run.",
                 "fix": "Use precision=fp8 with it, or drop fp8_param_gather."}
-    instead = _lacks(ctx.framework, "fp8_param_gather")
+    instead = _lacks(ctx.card, "fp8_param_gather")
     if instead:
         return {**values, "why": f"{card.display_name} keeps bf16 weights.", "fix": instead}
     if ctx.backend == "megatron" and p.zero_stage == 0:
@@ -99,9 +98,9 @@ def nearest_recipe(recipe: str, allowed: list[str]) -> str | None:
 
 
 
-def runnable_recipes(framework: str, gpu) -> list[str]:
+def runnable_recipes(card: FrameworkCard, gpu) -> list[str]:
     """The recipes both the GPU (hardware.yaml fp8_recipes) and the framework (its fp8_<recipe> knobs) run."""
-    return [r for r in RECIPE_GRANULARITY if r in gpu.fp8_recipes and _lacks(framework, f"fp8_{r}") is None]
+    return [r for r in RECIPE_GRANULARITY if r in gpu.fp8_recipes and _lacks(card, f"fp8_{r}") is None]
 
 
 
@@ -110,19 +109,19 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
     p, job = ctx.plan, ctx.job
     if p.fp8_recipe is None:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     values = {"recipe": p.fp8_recipe, "precision": job.precision, "gpu": job.gpu.name,
               "framework": card.display_name}
     if job.precision != "fp8":  # precision=fp8 offered only where the recipe then runs (the checks below)
-        runs = job.gpu.fp8_flops is not None and p.fp8_recipe in runnable_recipes(ctx.framework, job.gpu)
+        runs = job.gpu.fp8_flops is not None and p.fp8_recipe in runnable_recipes(ctx.card, job.gpu)
         return {**values, "why": "the recipe scales fp8 tensors, and this run has none.",
                 "fix": "Use precision=fp8 with it, or drop fp8_recipe." if runs else
                        f"Drop fp8_recipe ({p.fp8_recipe} does not run on {job.gpu.name} with {card.display_name})."}
     if job.gpu.fp8_flops is None:
         return None  # FP001 says it
-    both = runnable_recipes(ctx.framework, job.gpu)
+    both = runnable_recipes(ctx.card, job.gpu)
     nearest = nearest_recipe(p.fp8_recipe, both)
-    instead = _lacks(ctx.framework, f"fp8_{p.fp8_recipe}")
+    instead = _lacks(ctx.card, f"fp8_{p.fp8_recipe}")
     fix = (f"Use fp8_recipe={nearest} (what {job.gpu.name} and {card.display_name} both run: {', '.join(both)})."
            if nearest else (instead or f"{card.display_name} runs none of {job.gpu.name}'s FP8 recipes; use "
                                        "precision=bf16.") + " Drop fp8_recipe with fp8.")
@@ -141,10 +140,10 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
     if p.grad_reduce_in_fp32 is None:
         return None
     knob = "grad_reduce_fp32" if p.grad_reduce_in_fp32 else "grad_reduce_bf16"
-    instead = _lacks(ctx.framework, knob)
+    instead = _lacks(ctx.card, knob)
     if instead is None:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
             "why": f"{card.display_name} cannot reduce gradients in {'fp32' if p.grad_reduce_in_fp32 else 'bf16'}.",
             "fix": instead}
@@ -158,9 +157,9 @@ def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
     p = ctx.plan
     if p.optimizer != "muon":
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     values = {"framework": card.display_name, "zero": p.zero_stage}
-    instead = _lacks(ctx.framework, "optimizer")
+    instead = _lacks(ctx.card, "optimizer")
     if instead:
         return {**values, "why": f"{card.display_name} has no Muon meshplan can write.", "fix": instead}
     if p.zero_stage >= 2:  # the fix also names what the branch below would refuse at zero_stage 1

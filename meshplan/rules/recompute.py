@@ -8,7 +8,6 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import default_render, unwritable
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
@@ -17,7 +16,7 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
     p = ctx.plan
     if p.selective_ac_option is None:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     if card.recompute.selective != "op_sac":
         layers = card.adapter is not None and card.adapter.renders("recompute_layers")
         return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
@@ -39,7 +38,7 @@ def recompute_method_needs_full(ctx: Context) -> Values:
     p = ctx.plan
     if p.recompute_method is None:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     values = {"method": p.recompute_method, "recompute": p.recompute, "layers": p.recompute_layers,
               "framework": card.display_name}
     if (instead := _no_key(ctx, "recompute_method")) is not None:
@@ -63,7 +62,7 @@ def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
     p, arch = ctx.plan, ctx.arch
     if p.recompute_modules is None:
         return None
-    card = framework_card(ctx.framework)
+    card = ctx.card
     values = {"modules": ",".join(p.recompute_modules), "recompute": p.recompute, "framework": card.display_name}
     if (instead := _no_key(ctx, "recompute_modules")) is not None:
         return {**values, "why": f"{card.display_name}{_where(ctx)} has no per-module recompute.",
@@ -121,5 +120,5 @@ def recompute_layers_need_a_key(ctx: Context) -> Values:
     instead = unwritable(ctx.framework, ctx.job, p, "recompute_layers")
     if instead is None:
         return None
-    return {"layers": p.recompute_layers, "framework": framework_card(ctx.framework).display_name,
+    return {"layers": p.recompute_layers, "framework": ctx.card.display_name,
             "where": _where(ctx), "fix": instead}

@@ -9,15 +9,14 @@ message and fix templates; the facts they test are in the framework cards' `rl` 
 from __future__ import annotations
 
 from meshplan.arithmetic import mesh
-from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.rl_card import rl_card
+from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rules.engine import Context, Values, divisors, fmt_set, neighbours, rule
 from meshplan.schema.plan import Plan
 
 
 @rule("RL001", reads=("rollout_tp", "rollout_dp", "rollout_ep"))
 def rollout_ep_is_tp_dp(ctx: Context) -> Values:
-    p, card = ctx.plan, rl_card(ctx.framework)
+    p, card = ctx.plan, ctx.rl_card
     if p.rollout_ep is None or card is None or not card.ep_equals_tp_dp or p.rollout_ep == 1:
         return None
     tp, dp = p.rollout_tp, p.rollout_dp
@@ -43,7 +42,7 @@ def rollout_replicas_whole(ctx: Context) -> Values:
 
 @rule("RL003", reads=("placement", "rollout_gpus"))
 def colocated_spans_trainer(ctx: Context) -> Values:
-    p, card = ctx.plan, rl_card(ctx.framework)
+    p, card = ctx.plan, ctx.rl_card
     if p.placement != "colocated" or card is None or not card.colocated_gpus_equal_training:
         return None
     if p.rollout_gpus is None or p.rollout_gpus == ctx.world:
@@ -64,9 +63,9 @@ def rollout_tp_in_node(ctx: Context) -> Values:
             "intra": f"{gpu.intra_node_bandwidth / 1e9:.0f}", "working": fmt_set(divisors(domain))}
 
 
-def phase_knobs(framework: str, plan: Plan) -> list[str]:
+def phase_knobs(card: FrameworkCard, plan: Plan) -> list[str]:
     """The offload knobs that move state to the host between RL phases on this framework's engine (its card)."""
-    sem = framework_card(framework).offload_at(plan.zero_stage)
+    sem = card.offload_at(plan.zero_stage)
     if sem is None:
         return []
     return [f"{name}_offload" for name, knob in (("param", sem.param), ("grad", sem.grad), ("optimizer", sem.optimizer))

@@ -80,7 +80,7 @@ def tp_overlap_preconditions(ctx: Context) -> Values:
     p = ctx.plan
     if not p.tp_comm_overlap:
         return None
-    facts = framework_card(ctx.framework).tp_overlap
+    facts = ctx.card.tp_overlap
     if facts.switch is None:
         supported = [n for n in FRAMEWORKS if framework_card(n).tp_overlap.switch is not None]
         return {"reason": f"{ctx.job.framework} has no TP communication overlap switch meshplan renders",

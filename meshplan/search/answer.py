@@ -74,7 +74,7 @@ def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[s
         "layout; pass optimizer=muon to rank layouts for Muon (its memory, one fp32 momentum on the matrices in place "
         "of Adam's two moments, and its Newton-Schulz time, meshplan/arithmetic/muon.py, are estimated)."
     ]
-    dropped = [z for z in zero_ladder(job.framework) if z not in zeros]
+    dropped = [z for z in zero_ladder(job.card) if z not in zeros]
     if dropped and "zero_stage" not in fixed:
         out.append(f"ZeRO stage{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))} not searched: a "
                    "rule that blocks the estimate refuses it for every layout with the request's "

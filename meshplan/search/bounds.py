@@ -20,7 +20,6 @@ from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
 from meshplan.estimate.stage_time import layers_params
 from meshplan.estimate.sync_floor import SyncFloor, SyncRates
-from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
@@ -620,8 +619,8 @@ class StepTimeBounds(SearchPlans):
         hit = self.p2p_shares.get(key)
         if hit is None:
             hit = self.p2p_shares[key] = 1.0
-            if framework_card(self.job.framework).pipeline.steady_p2p_overlap:
-                shape = plan_shape(self.job.framework, *key)
+            if self.job.card.pipeline.steady_p2p_overlap:
+                shape = plan_shape(self.job.card, *key)
                 hit = self.p2p_shares[key] = min(1.0 - steady_share(shape, r) for r in range(lay.pp))
         return hit
 

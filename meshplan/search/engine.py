@@ -24,7 +24,6 @@ from enum import IntEnum
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
@@ -47,7 +46,6 @@ from meshplan.search.space import (
     Fixed,
     Layout,
     adapter_refused_zeros,
-    knobs,
     params_split,
     request_zeros,
 )
@@ -119,8 +117,8 @@ class BestFirstSearch(StepTimeBounds):
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
                 budget_bytes: int = 0) -> BestFirstSearch:
         """A search of `job` with the knobs its framework opens, less what the request fixes."""
-        kn = knobs(job.framework)
-        zeros = estimable_zeros(job, fixed, request_zeros(job.framework, fixed))
+        kn = job.card.search
+        zeros = estimable_zeros(job, fixed, request_zeros(job.card, fixed))
         refused = adapter_refused_zeros(job, zeros)
         if len(refused) < len(zeros):  # all refused: kept, so the rules say why
             zeros = tuple(zero for zero in zeros if zero not in refused)
@@ -129,7 +127,7 @@ class BestFirstSearch(StepTimeBounds):
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
-        card = framework_card(job.framework)
+        card = job.card
         sp = card.defaults.sequence_parallel_when_tp
         if "sequence_parallel" in fixed:
             sp = bool(fixed.values["sequence_parallel"])

@@ -24,7 +24,6 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
 from meshplan.arithmetic.schedule import Stages, in_flight, padded_vocab, plan_stages, stages_for, v_placed
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.plan import Job
 from meshplan.search.space import Layout, state_preset
@@ -71,7 +70,7 @@ def _first_rank_layers(job: Job, lay: Layout, zero_stage: int) -> tuple[list[tup
         runs = [(sum(counts[:k]), sum(counts[:k + 1])) for k in range(0, len(counts), lay.pp)]
         return [(a, b) for a, b in runs if b > a], None
     try:
-        n0 = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last).counts[0]
+        n0 = stages_for(job.model, job.card, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last).counts[0]
     except MeshplanError:
         return [], None
     return ([(0, n0)] if n0 else []), None
@@ -87,7 +86,7 @@ def estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
         return None
     if lay.split is None:
         try:
-            stages = stages_for(job.model, job.framework, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last)
+            stages = stages_for(job.model, job.card, zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last)
         except MeshplanError:
             return None
         return v_placed(stages, lay.pp) if v_order else stages
@@ -285,7 +284,7 @@ def _chunks_held(job: Job, lay: Layout, sizes: tuple[int, ...], memo: dict) -> t
     key = ("held", lay.pp, lay.vpp, lay.dp, lay.schedule, sizes)
     if key in memo:
         return memo[key]
-    group, out = framework_card(job.framework).pipeline.group, []
+    group, out = job.card.pipeline.group, []
     for mbs in sizes:
         m = max(1, job.global_batch_size // (mbs * lay.dp))
         cap = min(m, lay.pp)
@@ -533,7 +532,7 @@ def _expert_dp(job: Job, lay: Layout, memo: dict | None = None) -> float:
     key = ("expert dp", lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
     hit = None if memo is None else memo.get(key)
     if hit is None:
-        law = framework_card(job.framework).world_size_law
+        law = job.card.world_size_law
         hit = mesh.expert_dp(mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp, lay)
         if memo is not None:
             memo[key] = hit
@@ -692,7 +691,7 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn)
     shape = shape_of(arch)
-    selective = framework_card(job.framework).recompute.selective  # what this framework's "selective" saves
+    selective = job.card.recompute.selective  # what this framework's "selective" saves
     mode = activation_mode(recompute, selective)
     return (sum(layer_activations(shape, act, True, mode).values()),
             sum(layer_activations(shape, act, False, mode).values()),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import lcm
 from meshplan.schema.plan import Job
 from meshplan.search.answer import fixed_text, keeps
@@ -81,7 +80,7 @@ def count_unit(job: Job, fixed: Fixed) -> int:
     def v(name: str) -> int:
         return int(fixed.values.get(name, 1))  # type: ignore[call-overload]
 
-    return mesh.smallest_world(framework_card(job.framework).world_size_law,
+    return mesh.smallest_world(job.card.world_size_law,
                                v("tp"), v("pp"), v("cp"), v("dp"), v("ep"), v("etp"))
 
 

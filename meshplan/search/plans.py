@@ -205,7 +205,7 @@ class SearchPlans(HostCounts):
             if fixed is not None:
                 hit = str(fixed)
             elif (self.flex and lay.ep > 1 and crosses_domains(lay.ep, lay.etp, self.domain)
-                  and backend_of(self.job.framework, zero) == "megatron"):
+                  and backend_of(self.job.card, zero) == "megatron"):
                 hit = "flex"
             else:
                 hit = "alltoall"

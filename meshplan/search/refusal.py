@@ -20,7 +20,6 @@ from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, backend_of, load_rules, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
@@ -31,7 +30,6 @@ from meshplan.search.space import (
     Layout,
     Prefiltered,
     enumerate_layouts,
-    knobs,
     micro_batches,
     params_split,
     request_zeros,
@@ -56,12 +54,12 @@ class Space:
 
     @classmethod
     def of(cls, job: Job, fixed: Fixed) -> Space:
-        kn = knobs(job.framework)
-        zeros = request_zeros(job.framework, fixed)
+        kn = job.card.search
+        zeros = request_zeros(job.card, fixed)
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
-        default_sp = framework_card(job.framework).defaults.sequence_parallel_when_tp
+        default_sp = job.card.defaults.sequence_parallel_when_tp
         sp = bool(fixed.values.get("sequence_parallel", default_sp))
         layouts, dropped = enumerate_layouts(job, fixed)
         return cls(job, fixed, tuple(layouts), tuple(dropped), zeros, recomputes, sp,
@@ -108,7 +106,7 @@ def first_error(job: Job, plan: Plan) -> Finding | None:
 
 def _fires(job: Job, plan: Plan, rule_id: str) -> bool:
     """Whether the rule applies to the plan's framework and engine and its condition fires on the plan."""
-    if not rule_specs()[rule_id].applies_to(job.framework, backend_of(job.framework, plan.zero_stage)):
+    if not rule_specs()[rule_id].applies_to(job.framework, backend_of(job.card, plan.zero_stage)):
         return False
     return load_rules()[rule_id](Context(job, plan)) is not None
 
@@ -160,7 +158,7 @@ def host_floor(job: Job, zero: int, plan: Plan) -> float:
     over all the GPUs (no shard is smaller than an even split), times the job's ranks on a node (ranks_per_node, as
     the estimate's host_bytes_per_node). Other offloads only add to it. 0 for a LoRA job (the frozen base steps no
     optimizer)."""
-    off = offload_plan(job.framework, plan.model_copy(update={"zero_stage": zero}))
+    off = offload_plan(job.card, plan.model_copy(update={"zero_stage": zero}))
     if job.lora is not None or not off.cpu_optimizer:
         return 0.0
     per_gpu = offload_card().cpu_optimizer_bytes_per_param * off.cpu_optimizer * sum(params_split(job)) / job.num_gpus
@@ -184,7 +182,7 @@ def host_refusal(space: Space) -> HostRefused | None:
     floor = min(host_floor(job, z, plan) for z in space.zeros)
     if floor <= capacity:
         return None
-    share = offload_plan(job.framework, plan.model_copy(update={"zero_stage": space.zeros[-1]})).cpu_optimizer
+    share = offload_plan(job.card, plan.model_copy(update={"zero_stage": space.zeros[-1]})).cpu_optimizer
     per_share = floor / share if share else floor
     fraction = int(capacity / per_share * 100) / 100
     nodes = nodes_to_hold(job, floor, capacity)

@@ -203,7 +203,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
     trainer, _ = search_job(training)
     fixed = Fixed.from_request(training)
     params = sum(params_split(trainer))
-    states = least_offloaded_state_bytes(trainer, request_zeros(trainer.framework, fixed), fixed.carried)
+    states = least_offloaded_state_bytes(trainer, request_zeros(trainer.card, fixed), fixed.carried)
     floor = least_framework_host(job, base, states, params)
     if floor <= capacity:
         return

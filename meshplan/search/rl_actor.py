@@ -48,7 +48,7 @@ def offload_options(job, plan: Plan, req: Request) -> list[dict]:
     with offload_after_step (rl/memory.framework_offload), so both are."""
     if any(getattr(req, k) is not None for k in OFFLOAD_KNOBS):
         return [{}]
-    knobs = phase_knobs(job.framework, plan)
+    knobs = phase_knobs(job.card, plan)
     out: list[dict] = [{}]
     moved = [off_gpu(phase_setting(job, plan))]
     for value in (False, True):

@@ -44,7 +44,7 @@ from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
-from meshplan.knowledge.cards import SearchKnobs, framework_card, load_card
+from meshplan.knowledge.cards import FrameworkCard, SearchKnobs, framework_card, load_card
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
 from meshplan.schema.choices import Recompute
@@ -98,20 +98,14 @@ def search_card() -> SearchCard:
     return load_card("search", SearchCard)
 
 
-def knobs(framework: str) -> SearchKnobs:
-    """The knobs the search opens on this framework: the `search` section of its card."""
-    return framework_card(framework).search
-
-
-@cache
-def zero_ladder(framework: str) -> tuple[int, ...]:
+def zero_ladder(card: FrameworkCard) -> tuple[int, ...]:
     """ZeRO / FSDP stages worth searching, most memory first: those with a byte preset (cards/memory.yaml),
     skipping a stage whose tensors are identical to a lower stage's (Megatron has no distinct stage 2)."""
     seen: list[tuple] = []
     stages: list[int] = []
     for stage in range(4):
         try:
-            name, _, tensors = convention(framework, stage)
+            name, _, tensors = convention(card, stage)
         except MeshplanError:
             continue
         signature = (name, tuple((t.tensor_class, t.bytes, t.shard) for t in tensors))
@@ -122,12 +116,12 @@ def zero_ladder(framework: str) -> tuple[int, ...]:
     return tuple(stages)
 
 
-def request_zeros(framework: str, fixed: Fixed) -> tuple[int, ...]:
+def request_zeros(card: FrameworkCard, fixed: Fixed) -> tuple[int, ...]:
     """The ZeRO stages a request leaves open: its zero_stage where it fixes one, else the framework's zero_ladder
     (what the search, the space's refusals and the RL host floor start from)."""
     if "zero_stage" in fixed:
         return (int(fixed.values["zero_stage"]),)  # type: ignore[call-overload]
-    return zero_ladder(framework)
+    return zero_ladder(card)
 
 
 def adapter_refused_zeros(job: Job, zeros: tuple[int, ...]) -> tuple[int, ...]:
@@ -272,12 +266,11 @@ class Layout:
 ZERO_BUBBLE_SCHEDULES = ("zero_bubble", "dualpipev")
 
 
-def schedule_options(framework: str, pp: int, vpp: int, fixed: Fixed) -> tuple[str, ...]:
+def schedule_options(card: FrameworkCard, pp: int, vpp: int, fixed: Fixed) -> tuple[str, ...]:
     """The pipeline_schedule values the search tries for a layout ("" = the framework's default): the request's, or
     the default and each of ZERO_BUBBLE_SCHEDULES the framework runs at this vpp and its adapter renders."""
     if "pipeline_schedule" in fixed:
         return (str(fixed.values["pipeline_schedule"]),)
-    card = framework_card(framework)
     if pp == 1 or vpp == 1 or card.adapter is None:
         return ("",)
     knob = card.adapter.versions[card.adapter.default_version].knobs["pipeline_schedule"]
@@ -439,8 +432,8 @@ def space_key(job: Job, fixed: Fixed) -> tuple | None:
 
 
 def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefiltered]]:
-    law = framework_card(job.framework).world_size_law
-    kn = knobs(job.framework)
+    law = job.card.world_size_law
+    kn = job.card.search
     arch = job.model
     W, L = job.num_gpus, arch.num_layers
     moe = arch.moe
@@ -463,7 +456,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
     if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
         fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
     uneven_interleave = megatron_uneven(job.framework)
-    layouts = writes_layouts(job.framework) and fixed_split is None
+    layouts = writes_layouts(job.card) and fixed_split is None
     given_split = any(fixed.values.get(name) for name in SPLIT_FIELDS)
     for ep_k in ep_own:
         rest = W // ep_k
@@ -508,7 +501,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
                     for vpp, first, last, split in options:
                         if not fixed.allows("vpp", vpp):
                             continue
-                        runs = schedule_options(job.framework, pp, vpp, fixed)  # once per option, not per ep
+                        runs = schedule_options(job.card, pp, vpp, fixed)  # once per option, not per ep
                         found += variants(Layout(tp=tp, pp=pp, cp=cp, ep=1, etp=1, dp=dp, vpp=vpp, first=first,
                                                  last=last, split=split), experts, runs)
     groups = [Prefiltered(reason, example, count) for reason, (example, count) in dropped.items()]
@@ -577,7 +570,7 @@ def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple
         counts = memory_card().optimizers.moment_buffers
         kept = counts["muon"] / counts["adam"]
         tensors = [t.model_copy(update={"bytes": t.bytes * kept}) if t.role == "moments" else t for t in tensors]
-    moved = offload_plan(job.framework, plan).in_step  # what the step keeps in host memory (offload.offload_stage)
+    moved = offload_plan(job.card, plan).in_step  # what the step keeps in host memory (offload.offload_stage)
     if any(moved.values()):
         tensors = [t.model_copy(update={"bytes": t.bytes * (1.0 - moved.get(t.tensor_class, 0.0))}) for t in tensors]
     return conv, base_tensors(job, fp8_primary_weights(job, conv, tensors))

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.schedule import uneven_split
-from meshplan.knowledge.cards import FrameworkCard, framework_card
+from meshplan.knowledge.cards import FrameworkCard
 from meshplan.knowledge.model_counts import count_components
 from meshplan.knowledge.tables import Layout, SeqRow, strategies_card
 from meshplan.schema.plan import Job, Plan
@@ -199,7 +199,7 @@ def suggest(job: Job) -> TableSuggestion:
     _fit_cp(job, deg, seq, notes)
     _fit_tp(job, deg, notes)
     _fit_experts(job, deg, notes)
-    card = framework_card(job.framework)
+    card = job.card
     law = card.world_size_law
     _fit_framework(job, card, deg, notes)
     _fit_world(law, job.num_gpus, deg, notes)

@@ -11,6 +11,7 @@ from meshplan.arithmetic.comm import Links, links, ring_time
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.tp_overlap import TP_COLLECTIVES_ATTENTION_ONLY, TP_COLLECTIVES_PER_LAYER, tp_overlap_mode
 from meshplan.knowledge.calibration import Calibration, calibration
+from meshplan.knowledge.cards import FrameworkCard
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.space import Layout
 
@@ -47,12 +48,12 @@ def tp_step_floor(job: Job, lay: Layout, sizes: tuple[int, ...], lk: Links, shar
     return least
 
 
-def exposed_share(framework: str, tp_comm_overlap: bool, cal: Calibration) -> float:
+def exposed_share(card: FrameworkCard, tp_comm_overlap: bool, cal: Calibration) -> float:
     """The least share of a layer's tp_comm its compute + exposed TP is (tp_step_floor): 1 - tp_overlap (at most 1,
     not below 0) in the overlap mode "fraction", 1 in every mode tp_hidden works out beside the GEMMs. The mode is
     tp_overlap.tp_overlap_mode's for a plan with TP and this tp_comm_overlap (the search sets it on every plan with
     TP: plans.SearchPlans.plan)."""
-    if tp_overlap_mode(framework, Plan(tp=2, tp_comm_overlap=tp_comm_overlap)) != "fraction":
+    if tp_overlap_mode(card, Plan(tp=2, tp_comm_overlap=tp_comm_overlap)) != "fraction":
         return 1.0
     return max(0.0, min(1.0, 1.0 - cal.tp_overlap))
 
@@ -66,7 +67,7 @@ def tier_floor(job: Job, layouts: Iterable[Layout], sizes: Callable[[Layout], tu
         return 0.0
     cal = calibration(job.framework)
     lk = links(job.gpu, job.gpus_per_node, cal)
-    share = exposed_share(job.framework, tp_comm_overlap, cal)
+    share = exposed_share(job.card, tp_comm_overlap, cal)
     seen: set[tuple[int, int, int, int]] = set()
     least = float("inf")
     for lay in layouts:

@@ -71,7 +71,7 @@ def least_offloaded_state_bytes(job: Job, zeros: tuple[int, ...], carried: dict[
     dense, routed = params_split(job)
 
     def per_param(zero: int) -> float:
-        copied, _ = framework_offload(job.framework, zero)
+        copied, _ = framework_offload(job, zero)
         return bytes_per_param([t for t in state_preset(job, zero, carried or {})[1]
                                 if t.tensor_class in copied], 1.0)
 

@@ -30,6 +30,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.request.resolve import carry_cards
+
 HERE = Path(__file__).resolve().parent
 CARD = HERE.parent.parent / "cards" / "validator_agreement.yaml"
 
@@ -310,8 +312,9 @@ def job_and_plan(case: dict, framework: str):
         max_position_embeddings=1 << 20, qkv_bias=bias, o_bias=bias, mlp_bias=bias, moe=moe, origin="generated",
     )
     gpu = get_gpu("h100")
-    job = Job(model=arch, gpu=gpu, num_gpus=case["num_gpus"], gpus_per_node=gpu.gpus_per_node,
-              seq_length=case["seq_length"], global_batch_size=case["global_batch_size"], framework=framework)
+    job = carry_cards(Job(model=arch, gpu=gpu, num_gpus=case["num_gpus"], gpus_per_node=gpu.gpus_per_node,
+                          seq_length=case["seq_length"], global_batch_size=case["global_batch_size"],
+                          framework=framework))
     plan = Plan(tp=case["tp"], pp=case["pp"], vpp=case["vpp"], cp=case["cp"], ep=case["ep"], etp=case["etp"],
                 dp=case.get("dp") or case_dp(case), sequence_parallel=case["sequence_parallel"],
                 zero_stage=3 if framework in ("torchtitan", "kempnerforge") else 1,

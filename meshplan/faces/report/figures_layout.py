@@ -23,6 +23,7 @@ from meshplan.faces.report.shapes import (
     seconds,
     text,
 )
+from meshplan.knowledge.cards import framework_card
 from meshplan.schema.reports import Candidate, NearMiss, Recommendation
 
 MAX_DRAWN_RANKS = 256  # a larger world is drawn by its first ranks (whole groups of the inner axes), and says so
@@ -126,7 +127,7 @@ def schedule_shape(report: PlanReport, microbatches: int) -> TimelineShape:
     or the plan's pipeline_schedule), at the drawn micro-batch count."""
     plan = report.plan
     assert plan is not None
-    return plan_shape(report.framework, plan.pp, plan.vpp, microbatches, plan.runs_schedule)
+    return plan_shape(framework_card(report.framework), plan.pp, plan.vpp, microbatches, plan.runs_schedule)
 
 
 def _schedule_slots(shape: TimelineShape) -> tuple[list[Shape], float]:
