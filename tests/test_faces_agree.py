@@ -71,6 +71,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # RL jobs (meshplan/rl/rollout.py): memory per phase, the RL step's parts, the rollout rules, the RL command
     ("estimate_memory", {**Q30, **RL, "param_offload": True, "optimizer_offload": True}),
     ("estimate_throughput", {**Q30, **RL, "rollout_enforce_eager": True}),
+    ("estimate_throughput", {**Q30, **RL, "mean_response_length": 1024}),  # the passes at the mean, a drain to 4096
+    ("estimate_throughput", {**Q30, **RL, "mean_response_length": 5000}),  # over response_length: refused
     ("check_config", {**Q30, **RL, "rollout_tp": 2, "rollout_ep": 4}),
     ("render_config", {"framework": "verl", **Q30, **RL, "rollout_tp": 4, "param_offload": True}),
     ("recommend_parallelism", {**Q30, **RL}),

@@ -18,8 +18,8 @@ from meshplan.schema.plan import Plan, RLJob
 from meshplan.schema.request import Request
 
 RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-             "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
-             "rollout_gpus", "rollout_enforce_eager")
+             "mean_response_length", "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep",
+             "rollout_memory_fraction", "placement", "rollout_gpus", "rollout_enforce_eager")
 
 
 class ResolvedRL(BaseModel):
@@ -74,13 +74,15 @@ class _Defaults:
 
 
 class _Workload(NamedTuple):
-    """The step's sequences as resolved: the algorithm, prompts x samples, prompt + response tokens."""
+    """The step's sequences as resolved: the algorithm, prompts x samples, prompt + response tokens (the longest
+    response, and the mean where the request states one)."""
 
     algorithm: RLAlgorithm
     prompts: int
     samples: int
     prompt: int
     response: int
+    mean_response: int | None = None
 
 
 class _Rollout(NamedTuple):
@@ -115,7 +117,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     critic_apart = card.critic_on_own_gpus(work.algorithm, rollout.placement)
     rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
-                prompt_length=work.prompt, response_length=work.response)
+                prompt_length=work.prompt, response_length=work.response, mean_response_length=work.mean_response)
     rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
                     memory_fraction=rollout.memory_fraction, placement=rollout.placement,
                     rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager), critic_apart=critic_apart)
@@ -169,7 +171,19 @@ def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:
     if seq_given and req.seq_length != prompt + response:
         raise MeshplanError(f"seq_length {req.seq_length} is not prompt_length + response_length = {prompt} + "
                             f"{response} = {prompt + response}.", fix="Leave seq_length out for an RL job.")
-    return _Workload(algorithm=algorithm, prompts=prompts, samples=n, prompt=prompt, response=response)
+    return _Workload(algorithm=algorithm, prompts=prompts, samples=n, prompt=prompt, response=response,
+                     mean_response=_mean_response(req.mean_response_length, response))
+
+
+def _mean_response(mean: int | None, response: int) -> int | None:
+    """The responses' mean length, at most the longest (response_length): the trainer's memory is planned for the
+    longest, its passes cost the mean. None: every response at response_length."""
+    if mean is not None and mean > response:
+        raise MeshplanError(f"mean_response_length {mean} is over response_length {response}: the mean of the "
+                            "responses' lengths cannot exceed the longest.",
+                            fix=f"Pass mean_response_length from 1 to {response} (response_length), or raise "
+                                "response_length to the longest response.")
+    return mean
 
 
 def _critic_engine(req: Request, card: RLCard, algorithm: RLAlgorithm, notes: list[str]) -> Request:

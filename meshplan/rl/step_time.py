@@ -4,6 +4,8 @@ resharding the weights to the engine and the phase offloads' transfers, and the 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
@@ -11,6 +13,7 @@ from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, kv_bytes_per_token, rl_constant
 from meshplan.rl.job import rl_job_gpus
+from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import RLStepTime
@@ -59,40 +62,129 @@ def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[fl
     return max(memory_s, compute_s) + comm_s + eager_s, words
 
 
+class Decode(NamedTuple):
+    """One engine DP rank's decode of its share of the responses (`decode_seconds`)."""
+
+    seconds: float
+    sequences: int  # decoded at once (the full batch)
+    rounds: int  # of the full batch to finish the share
+    step: float  # seconds of one step at the full batch
+    words: str
+
+
+def decode_seconds(job, plan: Plan, share_of_rank: int, planned: int, held: int) -> Decode:
+    """Seconds one engine DP rank decodes its `share_of_rank` responses, `planned` (the KV cache at the longest) or
+    `held` (at the tokens in flight, `sequences_per_rank`) at once.
+
+    Every response at response_length M (no mean stated): rounds of the planned batch B, M steps each at the mean
+    context prompt + M / 2. With a mean m < M, continuous batching (vLLM's scheduler admits a waiting sequence as soon
+    as one finishes, up to max_num_seqs and its KV blocks): while sequences wait, the `held` slots B all decode, at
+    the mean context in flight (rl/lengths.age_in_flight), for k whole rounds of m steps each (k = (N - B) // B),
+    then until the share r = (N - B) / B - k of the slots that take one more response have freed, the r-quantile of
+    the lengths (the rounds of equal lengths, the continuous queue of spread ones); then each slot's last response
+    drains, the batch shrinking as they finish (B x P(L > t), at least the longest one),
+    until the longest ends at M, in calibration.yaml's rl.response_drain_segments segments, each at its mean live
+    batch and context. Never more than every response at M (the step is convex in the context: near m = M the
+    segments could add a hair over it)."""
+    rl = job.rl
+    prompt, longest, mean = rl.prompt_length, rl.response_length, rl.mean_response
+    batch = min(planned, share_of_rank)
+    rounds = -(-share_of_rank // batch)
+    step, words = decode_step_seconds(job, plan, batch, prompt + longest / 2)
+    at_max = rounds * longest * step
+    if mean >= longest:
+        return Decode(at_max, batch, rounds, step, words)
+    share = mean / longest
+    u = rate(share)
+    batch = min(max(planned, held), share_of_rank)
+    step, words = decode_step_seconds(job, plan, batch, prompt + longest * age_in_flight(u, share))
+    whole, part = divmod(share_of_rank - batch, batch)
+    waiting = whole * mean + longest * quantile(u, part / batch)
+    seconds = waiting * step
+    segments = int(rl_constant("response_drain_segments"))
+    for k in range(segments):
+        x0, x1 = k / segments, (k + 1) / segments
+        live = max(1.0, batch * survival_mean(u, x0, x1))
+        seconds += longest / segments * decode_step_seconds(job, plan, live, prompt + longest * (x0 + x1) / 2)[0]
+    words += (f"; responses of mean {mean:,} and at most {longest:,} tokens, continuous batching: "
+              f"{waiting:,.0f} steps at the full batch while sequences wait, then the "
+              f"last ones drain over {longest:,} steps")
+    return Decode(min(seconds, at_max), batch, -(-share_of_rank // batch), step, words)
+
+
+def sequences_per_rank(job, plan: Plan, rollout: dict) -> tuple[int, int]:
+    """Sequences one engine DP rank holds at once: as many as its KV cache holds at prompt + the longest response
+    (the engine's own figure, at most max_num_seqs), and with a mean below the longest, as many as it holds at the
+    most tokens a sequence needs in `decode_seconds`' schedule (vLLM allocates KV blocks as the tokens come and
+    admits waiting sequences while blocks and max_num_seqs allow: calibration.yaml rl.response_drain_segments'
+    source): prompt + the mean tokens in flight while the queue keeps the batch full, or in the drain the survivors'
+    prompt + t times P(L > t) at its largest (the longest at the maximum: the engine's own figure); at most
+    max_num_seqs. Preemptions when the tokens in flight swing over their mean are not counted. `rollout` is the
+    rollout phase's detail (rl_memory)."""
+    planned = max(1, int(rollout.get("sequences_at_once", 0) // plan.rollout_dp))
+    rl = job.rl
+    prompt, longest = rl.prompt_length, rl.response_length
+    if rl.mean_response >= longest:
+        return planned, planned
+    share = rl.mean_response / longest
+    u = rate(share)
+    need = longest * max(prompt / longest + age_in_flight(u, share), drain_need(u, prompt / longest))
+    held = int(rollout.get("kv_cache", 0) // (kv_bytes_per_token(job.model, plan.rollout_tp) * need))
+    return planned, max(planned, min(held, job.rl_card.defaults.max_num_seqs))
+
+
+def at_tokens(update, share: float) -> float:
+    """The update's seconds at `share` of the tokens it was estimated at: what scales with the tokens (the
+    micro-batches' compute, TP/CP/EP/PP traffic and bubble) by the share, the step's gradient sync, optimizer and
+    other terms and its offload unchanged (attention's cost, quadratic per sequence, is taken as linear here)."""
+    if share >= 1:
+        return update.step_time_s
+    b = update.breakdown
+    fixed = min(update.step_time_s, b.dp_comm_s + b.other_s + b.offload_s)
+    return fixed + (update.step_time_s - fixed) * share
+
+
+def flops_share(job) -> float:
+    """The model FLOPs of the responses at their mean length over those at the longest (tokens and attention's
+    reach): what the update's MFU counts, as verl counts the real sequences' FLOPs."""
+    rl = job.rl
+    mean, longest = rl.prompt_length + rl.mean_response, rl.prompt_length + rl.response_length
+    return mean * model_flops_per_token(job.model, mean) / (longest * model_flops_per_token(job.model, longest))
+
+
 def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     """Seconds of one RL step and its parts (schema.RLStepTime), and the actor update's ThroughputReport.
 
-    Generation: each replica's share of prompts x samples sequences decodes in waves of as many sequences as its
-    KV cache holds (at most max_num_seqs per DP rank), response_length steps per wave, each step read-bound or
-    compute-bound (decode_step_seconds, at the mean context prompt + response / 2); prefill is the prompts' forward
-    FLOPs. Log-prob passes are forwards of the update's batch (a third of its compute and communication, no
-    recompute or gradient sync). Resharding moves the bf16 weights once over the slowest link the trainer's
-    model-parallel group or the rollout pool spans. Phase offloads move their states out and back over the host
-    link. Colocated parts add; a separate rollout pool generates the next batch while the trainer trains."""
+    Generation: each replica's share of prompts x samples sequences decodes as many at once as its KV cache holds
+    (`sequences_per_rank`), each step read-bound or compute-bound (decode_step_seconds), timed by `decode_seconds`;
+    prefill is the prompts' forward FLOPs. Log-prob passes are forwards of the update's batch (a third of its compute
+    and communication, no recompute or gradient sync). They and the update are estimated at prompt + response_length
+    tokens (what memory plans for) and cost prompt + the mean response (dynamic batches pack the real tokens):
+    `at_tokens`. Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or
+    the rollout pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a
+    separate rollout pool generates the next batch while the trainer trains."""
     card, rl, arch, gpu = job.rl_card, job.rl, job.model, job.gpu
     cal = calibration(job.framework)
     update = update or estimate_throughput(job, plan)
     b = update.breakdown
     forward = (b.compute_s - b.recompute_s + b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s + b.bubble_s) / 3
     passes = 1 + card.reference_model[rl.algorithm] + card.critic[rl.algorithm]
-    log_prob = passes * forward
-    update_s = update.step_time_s * (2 if card.critic[rl.algorithm] else 1)
+    share = (rl.prompt_length + rl.mean_response) / (rl.prompt_length + rl.response_length)
+    log_prob = passes * forward * share if share < 1 else passes * forward
+    one_update = at_tokens(update, share)
+    update_s = one_update * (2 if card.critic[rl.algorithm] else 1)
 
     memory = rl_memory(job, plan, reports)
     rollout_phase = next(p for p in memory.phases if p.phase == "rollout")
-    per_rank = max(1, int(rollout_phase.detail.get("sequences_at_once", 0) // plan.rollout_dp))
+    planned, held = sequences_per_rank(job, plan, rollout_phase.detail)
     group_size = plan.rollout_tp * plan.rollout_dp
     replicas = max(1, plan.rollout_gpus // group_size)
     sequences = rl.prompts_per_step * rl.samples_per_prompt
     per_dp_rank = -(-sequences // (replicas * plan.rollout_dp))
-    batch = min(per_rank, per_dp_rank)
-    waves = -(-per_dp_rank // batch)
-    context = rl.prompt_length + rl.response_length / 2
-    step, words = decode_step_seconds(job, plan, batch, context)
-    decode = waves * rl.response_length * step
+    decode = decode_seconds(job, plan, per_dp_rank, planned, held)
     prefill_flops = model_flops_per_token(arch, rl.prompt_length, mtp_layers=0) / 3 * rl.prompt_length * per_dp_rank
     prefill = prefill_flops / plan.rollout_tp / (gpu.bf16_flops * cal.gemm_peak_fraction)
-    generation = prefill + decode
+    generation = prefill + decode.seconds
 
     weights = ENGINE_BYTES * total_params(arch)
     trainer_group = plan.tp * plan.pp * plan.ep * plan.cp
@@ -114,11 +206,12 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
              "offload": offload}
     limited = max(parts, key=parts.get)
     return RLStepTime(
-        step_s=total, generation_s=generation, prefill_s=prefill, decode_s=decode, log_prob_s=log_prob,
+        step_s=total, generation_s=generation, prefill_s=prefill, decode_s=decode.seconds, log_prob_s=log_prob,
         update_s=update_s, reshard_s=reshard, offload_s=offload, replicas=replicas,
-        sequences_at_once=per_rank * plan.rollout_dp, decode_waves=waves, decode_step_s=step, update_mfu=update.mfu,
+        sequences_at_once=held * plan.rollout_dp, decode_waves=decode.rounds, decode_step_s=decode.step,
+        update_mfu=update.mfu * flops_share(job) * update.step_time_s / one_update if share < 1 else update.mfu,
         limited_by=limited,
-    ), update, words, memory
+    ), update, decode.words, memory
 
 
 def rl_throughput(job, plan: Plan):
@@ -130,13 +223,18 @@ def rl_throughput(job, plan: Plan):
 
 def rl_report(job, plan: Plan, timing, update, words: str):
     """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too)."""
-    tokens = update.tokens_per_s * update.step_time_s
     rl = job.rl
+    tokens = update.tokens_per_s * update.step_time_s  # at prompt + response_length; the trained ones at the mean
+    share = (rl.prompt_length + rl.mean_response) / (rl.prompt_length + rl.response_length)
+    if share < 1:
+        tokens *= share
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
             f"{timing.prefill_s:,.0f} s, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
             f"{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}, {timing.sequences_at_once} sequences at once, "
-            f"{timing.decode_waves} waves of {rl.response_length:,} steps of {timing.decode_step_s * 1e3:.1f} ms, "
+            + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of " if rl.mean_response_length is None
+               or rl.mean_response_length >= rl.response_length else "steps at the full batch of ")
+            + f"{timing.decode_step_s * 1e3:.1f} ms, "
             f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s, resharding "
             f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "
             + ("colocated: the parts add." if plan.placement == "colocated" else
@@ -145,6 +243,8 @@ def rl_report(job, plan: Plan, timing, update, words: str):
         "step_time_s": timing.step_s, "tokens_per_s": tokens / timing.step_s,
         "tokens_per_s_per_gpu": tokens / timing.step_s / rl_job_gpus(job.num_gpus, critic_apart(job, plan),
                                                                      plan.placement, plan.rollout_gpus),
+        "mfu": timing.update_mfu,
+        "model_flops_per_step": update.model_flops_per_step * (flops_share(job) if share < 1 else 1.0),
         "rl": timing, "assumptions": [note, "mfu is the actor update's, as verl reports it.", *update.assumptions],
     })
 

@@ -52,6 +52,12 @@ class RLJob(StrictModel):
     samples_per_prompt: int = Field(ge=1)
     prompt_length: int = Field(ge=1)
     response_length: int = Field(ge=1)
+    mean_response_length: int | None = Field(None, ge=1, description="None: every response at response_length")
+
+    @property
+    def mean_response(self) -> int:
+        """The responses' mean length: response_length where the request stated none."""
+        return self.response_length if self.mean_response_length is None else self.mean_response_length
 
 
 class Job(StrictModel):

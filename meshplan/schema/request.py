@@ -223,6 +223,11 @@ class Request(StrictModel):
         None, ge=1, le=MAX_TOKENS, description="Longest response, tokens; the trainer's sequence is prompt + response "
                                                "(default: the framework's, verl 512, SkyRL 1024)",
     )
+    mean_response_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Mean response, tokens, at most response_length: the log-prob passes "
+                                               "and the update cost the mean, generation runs to the longest "
+                                               "(default: every response at response_length)",
+    )
     rollout_engine: RolloutEngine | None = Field(
         None, description="Rollout inference engine: vllm or sglang (default vllm; SkyRL runs vLLM only)"
     )

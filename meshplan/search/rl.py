@@ -97,8 +97,8 @@ def _training(req: Request) -> Request:
         raise MeshplanError("recommend_rl needs an RL job.", fix="Pass job=rl with framework verl or skyrl.")
     return trainer_req.model_copy(update={k: None for k in (
         "job", "algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-        "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "placement",
-        "rollout_gpus")})
+        "mean_response_length", "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction",
+        "placement", "rollout_gpus")})
 
 
 @dataclass
