@@ -7,7 +7,8 @@ vs one-step-off DAPO step seconds). The rows state the trainer layout, and where
 (production_sources.stage_layers) and offloads (production_mapping.offload_fields); the RL workload of each
 (prompts, samples, lengths, rollout TP and memory fraction, offloads) is what the script the row cites sets:
 bench/data/rl_workloads.yaml, keyed by the script, each with its source. A row citing no script there is listed with
-that reason. Nothing here is fitted: every figure is meshplan.api on a Request, as a user would ask.
+that reason. A row's mean response length (its notes) is passed as mean_response_length beside the script's
+maximum. Nothing here is fitted: every figure is meshplan.api on a Request, as a user would ask.
 
 Run: python bench/rl_jobs.py [--validation DIR] [--json]
 """
@@ -75,17 +76,23 @@ def score_row(row: dict, work: dict) -> dict:
     fields |= offload_fields(row)[0]  # and its offloads, where it states them (the table's per-scale settings)
     mem = api.estimate_memory(parse_request(fields))
     mean = noted(row, "mean response", "tokens")
-    step = api.estimate_throughput(parse_request({**fields, **({"response_length": int(mean)} if mean else {})}))
+    # the row's mean response (its notes) beside the script's maximum: the passes cost the mean, the rollout drains
+    # to the maximum; a row with no mean decodes every response at the maximum
+    step = api.estimate_throughput(parse_request({**fields, **({"mean_response_length": int(mean)} if mean else {})}))
     res = {"script": work["script"], "num_gpus": hw["num_gpus"],
            "phases_gb": {p.phase: round(p.peak_bytes / GB, 1) for p in mem.phases}, "peak_phase": mem.peak_phase,
            "peak_gb": round(mem.peak_bytes / GB, 1), "peak_measured_gb": out.get("peak_memory_gb_per_gpu"),
            "fits": mem.fits, "host_tb_per_node": round(mem.host_bytes_per_node / 1e12, 2),
            "host_measured_tb": (lambda x: x and x / 1e3)(noted(row, "CPU memory", "GB")),
-           "step_s": round(step.step_time_s), "step_measured_s": out.get("step_time_s"),
+           "mean_response": mean, "step_s": round(step.step_time_s), "step_measured_s": out.get("step_time_s"),
            "generation_s": round(step.rl.generation_s), "generation_measured_s": noted(row, "rollout", "s"),
            "parts_s": {k: round(getattr(step.rl, k), 1) for k in ("prefill_s", "decode_s", "log_prob_s", "update_s",
                                                                    "reshard_s", "offload_s")},
            "update_mfu": round(step.rl.update_mfu, 3), "mfu_measured": out.get("mfu")}
+    if mean:  # beside it, every response at the script's maximum (what a request stating no mean is answered)
+        top = api.estimate_throughput(parse_request(fields)).rl
+        res["at_max_s"] = {"step": round(top.step_s), "generation": round(top.generation_s),
+                           "log_prob": round(top.log_prob_s), "update": round(top.update_s)}
     if work.get("with_mtp") and own_pp:
         mtp = api.estimate_memory(parse_request({k: v for k, v in {**fields, **work["with_mtp"]}.items()
                                                  if v is not None}))
@@ -142,11 +149,16 @@ def report(res: dict) -> None:
         if d["host_measured_tb"]:
             print(f"  host per node {d['host_tb_per_node']} TB vs {d['host_measured_tb']} TB "
                   f"({err(d['host_tb_per_node'], d['host_measured_tb'])})")
-        if d["step_measured_s"]:
-            print(f"  step {d['step_s']} s vs {d['step_measured_s']} ({err(d['step_s'], d['step_measured_s'])})"
-                  + (f"; rollout {d['generation_s']} s vs {d['generation_measured_s']} "
-                     f"({err(d['generation_s'], d['generation_measured_s'])})" if d["generation_measured_s"] else ""))
-            print(f"  phases (GB) {d['phases_gb']}; parts {d['parts_s']}")
+        mean = (f"mean response {d['mean_response']:,.0f} tokens" if d["mean_response"] else
+                "no mean: every response at the maximum")
+        print(f"  step {d['step_s']} s" + (f" vs {d['step_measured_s']} ({err(d['step_s'], d['step_measured_s'])})"
+                                          if d["step_measured_s"] else "")
+              + f"; rollout {d['generation_s']} s" + (f" vs {d['generation_measured_s']} "
+                                                      f"({err(d['generation_s'], d['generation_measured_s'])})"
+                                                      if d["generation_measured_s"] else "") + f" ({mean})")
+        print(f"  phases (GB) {d['phases_gb']}; parts {d['parts_s']}")
+        if "at_max_s" in d:
+            print(f"  every response at the maximum instead (s): {d['at_max_s']}")
         if "with_mtp" in d:
             m = d["with_mtp"]
             print(f"  with the MTP block trained: peak {m['peak_gb']} GB in {m['peak_phase']}, host "
