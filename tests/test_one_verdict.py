@@ -77,7 +77,7 @@ def test_faces_give_one_verdict(layout):
 
 @pytest.mark.parametrize("framework, knobs", [
     ("torchtitan", {"zero_stage": 1}), ("kempnerforge", {"zero_stage": 1}),
-    ("deepspeed", {"zero_stage": 1, "cp": 2}), ("deepspeed", {"zero_stage": 1, "ep": 4}),
+    ("deepspeed", {"zero_stage": 1, "cp": 2}), ("deepspeed", {"zero_stage": 1, "etp": 2, "tp": 2, "ep": 2}),
 ])
 def test_a_knob_the_adapter_cannot_write_is_one_verdict(framework, knobs):
     """AD001 (check) and render's refusal read one card function: check names the knob and the card's fix, both

@@ -432,15 +432,18 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
             f"pp={plan.pp}.", fix="Use zero_stage=1 with pipeline parallelism, or pp=1 for ZeRO-2/3.")
     config = ds_config(job, plan)
     if variant == "config":
-        if plan.tp > 1 or plan.pp > 1:
-            raise MeshplanError("A plain ds_config.json cannot express tp/pp > 1.",
+        if plan.tp > 1 or plan.pp > 1 or plan.ep > 1:
+            raise MeshplanError("A plain ds_config.json cannot express tp/pp/ep > 1.",
                                 fix="Use variant 'megatron-deepspeed', which adds the Megatron-DeepSpeed flags.")
         return Built(template="deepspeed.j2", context={"config": config}, format="json",
                      filename="ds_config.json",
                      notes=["Pass it with deepspeed.initialize(config='ds_config.json') or --deepspeed_config."])
     m = job.model
+    experts, moe_notes = deepspeed_experts(job, plan)
+    every_layer_moe = m.moe is not None and len(m.moe.moe_layers) == m.num_layers
     flags: list[Flag] = [
-        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size), ("--ffn-hidden-size", m.ffn_hidden_size),
+        ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
+        ("--ffn-hidden-size", m.moe.expert_ffn_hidden_size if every_layer_moe else m.ffn_hidden_size),
         ("--num-attention-heads", m.num_attention_heads), ("--num-key-value-heads", m.num_kv_heads),
         ("--seq-length", job.seq_length),
         ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0)),
@@ -453,6 +456,7 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
     flags += [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
     if plan.pp == 1:
         flags.append(("--no-pipeline-parallel", None))
+    flags += experts
     flags += [("--micro-batch-size", plan.micro_batch_size), ("--global-batch-size", job.global_batch_size),
               ("--bf16", None), ("--deepspeed", None), ("--deepspeed_config", "ds_config.json"),
               ("--zero-stage", plan.zero_stage)]
@@ -467,7 +471,36 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
                  notes=["Megatron-DeepSpeed (deepspeedai/Megatron-DeepSpeed) is not on PyPI: the flags used here are "
                         "listed with their source in cards/frameworks/deepspeed.yaml (megatron_deepspeed_flags).",
                         "Norm, bias and tokenizer flags differ between Megatron-DeepSpeed forks; add your model's.",
-                        *deepspeed_architecture_notes(job, swiglu)])
+                        *deepspeed_architecture_notes(job, swiglu), *moe_notes])
+
+
+def deepspeed_experts(job: Job, plan: Plan) -> tuple[list[Flag], list[str]]:
+    """A MoE model's flags for Megatron-DeepSpeed, which builds each layer with more than one expert as
+    deepspeed.moe.layer.MoE(ep_size=--moe-expert-parallel-size) (megatron/model/transformer.py): without them it
+    trains a dense model. --expert-interval defaults to 2, so it is written as 1 with one expert count per layer where
+    not every layer is MoE (1 = a dense MLP); ZeRO's optimizers need the MoE parameters in a group of their own."""
+    m = job.model
+    if m.moe is None:
+        return [], []
+    moe = m.moe
+    counts = moe.num_experts if len(moe.moe_layers) == m.num_layers else [
+        moe.num_experts if i in set(moe.moe_layers) else 1 for i in range(m.num_layers)]
+    flags: list[Flag] = [("--num-experts", counts), ("--topk", moe.top_k), ("--expert-interval", 1),
+                         ("--moe-expert-parallel-size", plan.ep), ("--create-moe-param-group", None)]
+    missing = []
+    if moe.num_shared_experts:
+        missing.append(f"{moe.num_shared_experts} shared expert(s)")
+    if len(moe.moe_layers) < m.num_layers and m.ffn_hidden_size != moe.expert_ffn_hidden_size:
+        missing.append(f"dense layers {m.ffn_hidden_size} wide beside experts {moe.expert_ffn_hidden_size} wide "
+                       "(one --ffn-hidden-size builds both)")
+    if moe.num_groups > 1 or moe.score_correction_bias or moe.router_bias:
+        missing.append("its router (grouped top-k, routing biases)")
+    notes = ["DeepSpeed-MoE's gate gives each expert a fixed capacity (top-k x tokens / experts at the default "
+             "--moe-train-capacity-factor 1.0) and drops the tokens over it, so each expert computes the mean load "
+             "meshplan estimates at moe_routing_imbalance 1.0."]
+    if missing:
+        notes.append(f"Megatron-DeepSpeed's MoE flags cannot state {m.name}'s " + ", ".join(missing) + ".")
+    return flags, notes
 
 
 def deepspeed_architecture_notes(job: Job, swiglu: bool) -> list[str]:

@@ -391,6 +391,7 @@ def _deepspeed(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         dp = _world(launch["--nnodes"], launch["--nproc-per-node"]) // (tp * pp)
     zero = cfg["zero_optimization"]
     out = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero["stage"],
+           "ep": int(flags.get("--moe-expert-parallel-size", 1)),
            "micro_batch_size": cfg["train_micro_batch_size_per_gpu"],
            "param_offload": zero.get("offload_param", {}).get("device") == "cpu",
            "optimizer_offload": zero.get("offload_optimizer", {}).get("device") == "cpu",

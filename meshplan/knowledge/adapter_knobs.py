@@ -18,7 +18,7 @@ from meshplan.schema.plan import Job, Plan
 DEFAULT_VARIANTS: dict[str, Callable[[Job, Plan], str]] = {
     "megatron-core": lambda job, plan: "pretrain_gpt",
     "megatron-bridge": lambda job, plan: "python",
-    "deepspeed": lambda job, plan: "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 else "config",
+    "deepspeed": lambda job, plan: "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 or plan.ep > 1 else "config",
     "verl": lambda job, plan: "fsdp" if plan.zero_stage == 3 else "megatron",
     "skyrl": lambda job, plan: "fsdp" if plan.zero_stage == 3 else "rl",
     "torchtitan": lambda job, plan: "cli",

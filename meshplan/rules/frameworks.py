@@ -22,10 +22,13 @@ def torchtitan_no_etp(ctx: Context) -> Values:
 
 
 
-@rule("DS001", reads=("ep", "dp"))
+@rule("DS001", reads=("ep", "etp", "dp"))
 def deepspeed_ep_divides_dp(ctx: Context) -> Values:
+    """With experts split over the TP group (etp=tp, DS003) the expert groups are carved out of each TP rank's
+    data-parallel group; with experts whole (etp=1) they are consecutive ranks of a pipeline stage, where WS002's
+    megatron law (ep divides tp*dp) is DeepSpeed's own test."""
     p = ctx.plan
-    if p.ep == 1 or p.dp % p.ep == 0:
+    if p.ep == 1 or p.etp == 1 or p.dp % p.ep == 0:
         return None
     eps = working_ep(ctx, p.dp)
     return {"ep": p.ep, "dp": p.dp, "eps": fmt_set(eps) if eps else "none"}
@@ -47,6 +50,19 @@ def deepspeed_etp(ctx: Context) -> Values:
     if p.etp in (1, p.tp):
         return None
     return {"etp": p.etp, "tp": p.tp}
+
+
+
+@rule("DS004", reads=("tp", "pp", "ep", "zero_stage"))
+def deepspeed_moe_zero3(ctx: Context) -> Values:
+    """Megatron-DeepSpeed (which meshplan renders for tp, pp or ep over 1) builds a MoE model's expert layers as
+    deepspeed.moe.layer.MoE, and DeepSpeed's engine asserts that no such layer runs under ZeRO-3; a plain ds_config
+    (tp = pp = ep = 1) trains the user's own model code, which need not use DeepSpeed-MoE."""
+    p = ctx.plan
+    if not ctx.arch.is_moe or p.zero_stage != 3 or max(p.tp, p.pp, p.ep) == 1:
+        return None
+    used = ", ".join(f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1)
+    return {"used": used, "model": ctx.arch.name}
 
 
 

@@ -33,6 +33,11 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --use-rotary-position-embeddings \
   --tensor-model-parallel-size 8 \
   --pipeline-model-parallel-size 16 \
+  --num-experts 1 1 1 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 \
+  --topk 8 \
+  --expert-interval 1 \
+  --moe-expert-parallel-size 1 \
+  --create-moe-param-group \
   --micro-batch-size 1 \
   --global-batch-size 4096 \
   --bf16 \
