@@ -180,7 +180,8 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
                       VERL_DISPATCHER]
         else:
             probes = ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
-                      "actor_rollout_ref.actor.strategy"]
+                      "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
+                      "critic.fsdp.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.strategy"]
         jobs.append([ov, probes])
     jobs.append([["actor_rollout_ref.actor.megatron.grad_offload=true", "model_engine=megatron"], []])  # stale key
     proc = subprocess.run([str(python), "-c", COMPOSE, str(config_dir)], input=json.dumps(jobs),
@@ -198,8 +199,10 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
             assert values["actor_rollout_ref.actor.strategy"] == "megatron"
             moe = "moe_token_dispatcher" in parse_plan("verl", result.variant, result.text, 0)
             assert values[VERL_DISPATCHER] == (result.plan.moe_token_dispatcher if moe else None)
-        else:
-            assert values["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"] == result.plan.cp
+        else:  # the keys each engine reads (verl 0.9.1: actor/ref fsdp_config, critic.fsdp; the critic is rendered
+            # for a job that is no RL job or is PPO)
+            for key in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
+                assert values[f"{key}.ulysses_sequence_parallel_size"] == result.plan.cp, key
 
 
 READ_BACK = r"""

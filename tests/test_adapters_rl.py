@@ -150,3 +150,32 @@ def test_rl_card_defaults_are_the_pinned_packages_own():
     assert d.response_length == _dataclass_defaults(source, "SamplingParams")["max_generate_length"]
     trainer = _dataclass_defaults(source, "TrainerConfig")
     assert (d.prompts_per_step, d.prompt_length) == (trainer["train_batch_size"], trainer["max_prompt_length"])
+
+
+VERL_DEPRECATED_ULYSSES = """python3 -m verl.trainer.main_ppo \\
+  actor_rollout_ref.model.path=Qwen/Qwen3-8B \\
+  trainer.nnodes=2 trainer.n_gpus_per_node=8 \\
+  actor_rollout_ref.actor.strategy=fsdp2 \\
+  actor_rollout_ref.actor.ulysses_sequence_parallel_size=4 \\
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \\
+  data.train_batch_size=64
+"""
+
+
+def test_verl_fsdp_ulysses_goes_to_each_engines_own_key():
+    """verl 0.9.1 builds each FSDP engine from an EngineConfig: the actor's and the reference's fsdp_config, the
+    critic's critic.fsdp (workers/config/critic.py; its deprecated top-level ulysses_sequence_parallel_size is copied
+    nowhere, so writing it left the critic at Ulysses 1 beside an actor at cp). The deprecated actor key, which 0.9.1
+    still copies into the actor's and reference's fsdp_config (and the legacy worker read), is read as cp."""
+    from meshplan import api
+
+    job, plan = resolve(parse_request({"framework": "verl", "model": "qwen3-8b", "num_gpus": 16, "zero_stage": 3,
+                                       "cp": 4, "job": "rl", "algorithm": "ppo"}))
+    o = overrides(shell_tokens(render("verl", job, plan).text))
+    assert {k: o.get(f"{k}.ulysses_sequence_parallel_size") for k in (
+        "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")} == dict.fromkeys(
+        ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"), "4")
+    assert "critic.ulysses_sequence_parallel_size" not in o
+    imported = api.import_config(VERL_DEPRECATED_ULYSSES, framework="verl")
+    assert imported.sources["cp"].endswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    assert api.request_from_config(imported, {"gpu": "h100"}).cp == 4

@@ -174,7 +174,9 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
     else:
         o.append(("actor_rollout_ref.actor.strategy", "fsdp2"))
         if _has_critic(job):
-            o += [("critic.strategy", "fsdp2"), ("critic.ulysses_sequence_parallel_size", plan.cp)]
+            # the critic's engine is critic.fsdp (0.9.1 ray_trainer: engine_config = critic_cfg.engine); unlike the
+            # actor's, its deprecated top-level ulysses_sequence_parallel_size is not copied there
+            o += [("critic.strategy", "fsdp2"), ("critic.fsdp.ulysses_sequence_parallel_size", plan.cp)]
         o += [("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
               ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", plan.cp),
               # the shard group: all ranks (-1), or one replica's dp*cp / dp_replicate (HSDP)
