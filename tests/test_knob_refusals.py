@@ -14,7 +14,7 @@ import pytest
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
-from meshplan.knowledge.adapter_knobs import default_render, knob_table
+from meshplan.knowledge.adapter_knobs import default_render, knob_table, missing_knob
 from meshplan.knowledge.cards import framework_card, framework_names
 from meshplan.schema.plan import Plan
 from meshplan.schema.request import Request
@@ -250,3 +250,42 @@ def test_skyrl_runs_no_virtual_pipeline_stages():
     req = api.request_from_config(imported, {"gpu": "h100"})
     assert (req.pp, req.vpp) == (4, 5)
     assert {f.id for f in api.check_config(req, config=imported).findings if f.severity == "error"} == {"AD001"}
+
+
+# A plan that uses one knob a card's `search:` section opens (and the degrees it needs), per knob.
+SEARCHED_KNOB_PROBES = {
+    "vpp": (dict(model="llama-3.1-8b", num_gpus=16, global_batch_size=64), dict(pp=2, vpp=2)),
+    "cp": (dict(model="llama-3.1-8b", num_gpus=16, global_batch_size=64, seq_length=8192), dict(cp=2)),
+    "ep": (dict(model="qwen3-30b-a3b", num_gpus=16, global_batch_size=64), dict(ep=2)),
+    "etp": (dict(model="qwen3-30b-a3b", num_gpus=16, global_batch_size=64),
+            dict(tp=2, ep=2, etp=2, sequence_parallel=True)),
+}
+
+
+@pytest.mark.parametrize("framework", sorted(f for f in framework_names() if framework_card(f).adapter is not None))
+def test_every_knob_the_search_opens_is_one_the_adapter_writes(framework):
+    """The search enumerates a knob (vpp, cp, ep, etp, each recompute) only where the framework's adapter can write it:
+    at every ZeRO stage the search takes, a plan using it breaks no rule but memory's, or a rule besides AD001 refuses
+    it too (verl's and SkyRL's FSDP engines: FS001), and at one stage at least it is written. Before: DeepSpeed
+    searched ep (its adapter refused it) and KempnerForge vpp (it builds one pipeline stage per rank)."""
+    from meshplan.search import BestFirstSearch, default_engine
+    from meshplan.search.space import Fixed
+
+    search = framework_card(framework).search
+    for knob in [k for k in SEARCHED_KNOB_PROBES if getattr(search, k)]:
+        base, fields = SEARCHED_KNOB_PROBES[knob]
+        req = Request(**base, gpu="h100", framework=framework)
+        job, _ = search_job(req)
+        zeros = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(framework), 1).zeros
+        written = []
+        for zero in zeros:
+            errors = {f.id for f in api.check_config(Request(**base, gpu="h100", framework=framework, zero_stage=zero,
+                                                             **fields)).findings if f.severity == "error"}
+            assert errors - {"MEM001", "MEM002"} != {"AD001"}, (framework, knob, zero)
+            written += [zero] if "AD001" not in errors else []
+        assert written, (framework, knob, zeros)
+    for recompute in search.recompute:
+        plan = Plan(zero_stage=framework_card(framework).defaults.zero_stage, recompute=recompute)
+        job, _ = search_job(Request(**L8, framework=framework))
+        target = default_render(framework, job, plan)
+        assert missing_knob(framework, *target, job, plan) is None, (framework, recompute)
