@@ -17,7 +17,7 @@ from meshplan.schema.request import Request
 from meshplan.search.job import search_job
 from meshplan.search.refusal import HostRefused
 from meshplan.search.rl import _training, refuse_host
-from meshplan.search.rl_actor import ActorHost, actor_layout, offload_options
+from meshplan.search.rl_actor import ActorHost, actor_engine, actor_layout, offload_options
 from meshplan.search.space import Fixed, params_split, zero_ladder
 from meshplan.search.zero_stages import least_offloaded_state_bytes
 
@@ -128,6 +128,25 @@ def test_the_actor_search_host_is_the_rl_steps():
         plan = actor_layout(actor, base).model_copy(update={k: getattr(base, k) for k in (
             "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction")})
         assert host == rl_memory(job, plan).host_bytes_per_node > 200 * GIB
+
+
+def test_the_gpu_fit_alone_costs_no_rl_host_estimate(monkeypatch):
+    """host_counts.host_only asks the actor engine for the GPU's fit alone (host=None) to tell MEM003 from MEM001; the
+    RL step's host (ActorHost: an estimate per offload variant) is then not worked out, while a verdict under the host
+    limit still reads it and refuses a plan over it."""
+    req = Request(**SKYRL, cpu_memory_per_node=290)
+    job, base = resolve(req)
+    trainer = resolve(_training(Request(**SKYRL, tp=2, pp=2, ep=4, dp=4, zero_stage=1)))
+    engine = actor_engine(job, base, req, job.framework)
+    asked: list[int] = []
+    real = ActorHost.__call__
+    monkeypatch.setattr(ActorHost, "__call__", lambda self, actor: asked.append(1) or real(self, actor))
+    budget = job.gpu.memory_bytes
+    alone = engine.memory_fit(trainer[0], trainer[1], budget, None)
+    assert alone.complete and not asked
+    limited = engine.memory_fit(trainer[0], trainer[1], budget, 290 * GIB)
+    assert asked and limited.figure == alone.figure and limited.host_per_node > 200 * GIB
+    assert not engine.memory_fit(trainer[0], trainer[1], budget, 200 * GIB).complete
 
 
 def test_an_rl_recommend_never_ranks_one_plan_twice():

@@ -97,9 +97,12 @@ def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None
     def memory_fit(trainer: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0,
                    checked: bool = False) -> FitVerdict:
         verdict = inner.memory_fit(trainer, plan, budget, None, first, checked)  # type: ignore[misc]
-        if not verdict.complete:  # over the GPU budget: no host figure (0 is a floor of any)
-            return FitVerdict(verdict.figure, 0, False, verdict.over)
+        if not verdict.complete or host is None:
+            # over the GPU budget, or only the GPU's fit asked (host_counts.host_only completes a verdict the host
+            # stopped, and reads nothing else of it): no host figure, 0 (a floor of any). The RL step's host costs
+            # an estimate per offload variant (ActorHost), so it is worked out only where a host limit is asked.
+            return FitVerdict(verdict.figure, 0, verdict.complete, verdict.over)
         need = host_of(plan)
-        return FitVerdict(verdict.figure, need, host is None or need <= host, None)
+        return FitVerdict(verdict.figure, need, need <= host, None)
 
     return replace(inner, memory=memory, memory_fit=memory_fit)
