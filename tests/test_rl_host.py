@@ -17,7 +17,14 @@ from meshplan.schema.request import Request
 from meshplan.search.job import search_job
 from meshplan.search.refusal import HostRefused
 from meshplan.search.rl import _training, refuse_host
-from meshplan.search.rl_actor import ActorHost, actor_engine, actor_layout, offload_options
+from meshplan.search.rl_actor import (
+    HOST_FREE_FIELDS,
+    ActorHost,
+    actor_engine,
+    actor_layout,
+    host_key,
+    offload_options,
+)
 from meshplan.search.space import Fixed, params_split, zero_ladder
 from meshplan.search.zero_stages import least_offloaded_state_bytes
 
@@ -147,6 +154,48 @@ def test_the_gpu_fit_alone_costs_no_rl_host_estimate(monkeypatch):
     limited = engine.memory_fit(trainer[0], trainer[1], budget, 290 * GIB)
     assert asked and limited.figure == alone.figure and limited.host_per_node > 200 * GIB
     assert not engine.memory_fit(trainer[0], trainer[1], budget, 200 * GIB).complete
+
+
+HOST_FREE_VARIANTS = [{"micro_batch_size": 4}, {"recompute": "full"}, {"recompute": "selective"},
+                      {"recompute": "full", "recompute_layers": 2, "recompute_method": "uniform"},
+                      {"recompute": "full", "recompute_layers": 2, "recompute_method": "block"},
+                      {"recompute": "selective", "recompute_modules": ["core_attn", "mlp"]},
+                      {"recompute": "selective", "selective_ac_option": "2"}]
+
+
+@pytest.mark.parametrize("fields", [dict(tp=2, pp=2, ep=4, dp=4, zero_stage=1), dict(tp=1, pp=1, dp=16, zero_stage=3)])
+@pytest.mark.parametrize("framework", ["skyrl", "verl"])
+def test_the_rl_host_reads_no_micro_batch_or_recompute_unless_activations_go_to_the_host(framework, fields):
+    """ActorHost keeps one host figure per host_key, every field but HOST_FREE_FIELDS: each of those, varied alone,
+    leaves the RL step's host (worked out afresh) as it was; with activations offloaded the host reads the
+    micro-batch, so such a layout has no key."""
+    assert set().union(*HOST_FREE_VARIANTS) == HOST_FREE_FIELDS
+    req = Request(**{**SKYRL, "framework": framework}, cpu_memory_per_node=290)
+    job, base = resolve(req)
+    _, actor = resolve(_training(Request(**{**SKYRL, "framework": framework}, **fields)))
+    plain = ActorHost(job, base, req)(actor)
+    tried = set()
+    for update in HOST_FREE_VARIANTS:
+        varied = actor.model_copy(update=update)
+        try:
+            host = ActorHost(job, base, req)(varied)
+        except MeshplanError:  # a setting this engine refuses (its rule says why): nothing to hold
+            continue
+        assert host == plain, update
+        assert host_key(actor_layout(varied, base)) == host_key(actor_layout(actor, base))
+        tried |= set(update)
+    assert {"micro_batch_size", "recompute"} <= tried
+
+
+def test_a_layout_offloading_activations_has_no_host_key():
+    """With activations offloaded (verl's FSDP enable_activation_offload) the RL step's host grows with the
+    micro-batch: no key, each plan's host worked out."""
+    req = Request(**VERL, cpu_memory_per_node=290, activation_offload=True)
+    job, base = resolve(req)
+    _, actor = resolve(_training(Request(**VERL, tp=1, pp=1, dp=16, zero_stage=3)))
+    assert base.activation_offload and host_key(actor_layout(actor, base)) is None
+    hosts = [ActorHost(job, base, req)(actor.model_copy(update={"micro_batch_size": b})) for b in (1, 8)]
+    assert hosts[1] > hosts[0]  # the offloaded activations grow with the micro-batch
 
 
 def test_an_rl_recommend_never_ranks_one_plan_twice():

@@ -13,12 +13,13 @@ search's own MEM003 machinery (SearchPlans.fits, host_counts.py) rejects them an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
 
 from meshplan.estimate.memory import FitVerdict, estimate_memory
 from meshplan.rl.memory import phase_setting, rl_host_bytes
 from meshplan.rules.rollout import phase_knobs
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.request import Request
 from meshplan.search.estimators import Engine, default_engine
 
@@ -26,6 +27,29 @@ from meshplan.search.estimators import Engine, default_engine
 ACTOR_FIELDS = ("rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload",
                 "grad_offload", "optimizer_offload", "optimizer_offload_fraction", "activation_offload")
 OFFLOAD_KNOBS = ("param_offload", "grad_offload", "optimizer_offload")
+
+HOST_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_layers", "recompute_method",
+                              "recompute_modules", "selective_ac_option"})
+"""Plan fields the RL step's host (rl_host_bytes) never reads unless activations are offloaded: the node's host holds
+the model states the offloads move (arithmetic/offload.offload_stage: a class's share moved in the step, the CPU
+optimizer's fp32 share, the states kept between phases), the reference model's weights and the states the framework
+offloads by itself (rl/memory.stage_host_extra), none of which depends on the micro-batch or on what is recomputed;
+only offloaded activations do. So ActorHost keeps one figure per the other fields for a layout that offloads no
+activations; tests/test_rl_host.py holds the host to it field by field."""
+_HOST_FIELDS = tuple(name for name in Plan.model_fields if name not in HOST_FREE_FIELDS)
+_HOST_VALUES = itemgetter(*_HOST_FIELDS)  # read from the plan's own field dict
+_HOST_LISTS = tuple(i for i, name in enumerate(_HOST_FIELDS) if name in PLAN_LIST_FIELDS)
+
+
+def host_key(plan: Plan) -> tuple | None:
+    """What the RL step's host reads of an RL layout (every field but HOST_FREE_FIELDS), hashable; None where it
+    offloads activations (the host then reads the micro-batch and the recompute too)."""
+    if plan.activation_offload:
+        return None
+    values = list(_HOST_VALUES(plan.__dict__))
+    for i in _HOST_LISTS:
+        values[i] = None if values[i] is None else tuple(values[i])
+    return tuple(values)
 
 
 def actor_layout(actor: Plan, base: Plan) -> Plan:
@@ -70,14 +94,20 @@ class ActorHost:
     job: Job  # the RL job (resolve of the RL request)
     base: Plan
     req: Request
+    kept: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)  # per host_key
 
     def __call__(self, actor: Plan) -> int:
         layout = actor_layout(actor, self.base)
-        least = None
+        key = host_key(layout)
+        least = None if key is None else self.kept.get(key)
+        if least is not None:
+            return least
         for option in offload_options(self.job, layout, self.req):
             plan = layout.model_copy(update=option)
             host = rl_host_bytes(self.job, plan, estimate_memory(self.job, plan))
             least = host if least is None else min(least, host)
+        if key is not None:
+            self.kept[key] = least  # type: ignore[assignment]
         return least  # type: ignore[return-value]
 
 
