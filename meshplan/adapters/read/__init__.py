@@ -3,7 +3,8 @@ meshplan's request, field by field with the file's key and line. Nothing in a fi
 
 One module per format: shell.py (a shell script read, not run), settings.py (files as key/value/line settings),
 keys.py (which request field a framework key sets, from the framework cards), launch.py (Megatron-LM,
-Megatron-DeepSpeed, Megatron-Bridge), hydra.py (verl, SkyRL), files.py (torchtitan, KempnerForge, DeepSpeed JSON),
+Megatron-DeepSpeed, Megatron-Bridge), model_match.py (the catalog model a script's architecture flags describe),
+hydra.py (verl, SkyRL), files.py (torchtitan, KempnerForge, DeepSpeed JSON),
 automodel.py (a NeMo AutoModel recipe YAML),
 pyconfig.py (torchtitan's Python config registry, parsed with ast); fixes.py (check's fixes in the file's keys).
 """
@@ -132,6 +133,11 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any]) -> dict[s
     it only chose how the file was read."""
     values = dict(imported.request)
     values.update({name: value for name, value in given.items() if value is not None})
+    unread = [line for line in imported.unresolved if line.startswith("model: ") or ": model: " in line]
+    if "model" not in values and unread and "names no model" not in unread[0]:
+        raise MeshplanError(f"{imported.path}: the file's model is not read. {unread[0]}.",
+                            fix="Pass the model beside the file (--model, or the tool's model argument): a catalog "
+                                "key or the model's config.json.")
     return values
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from meshplan.adapters.common import torchtitan_batch
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
-from meshplan.adapters.read.launch import SHAPE_FIELDS, launch_command, match_model, read_deepspeed_settings, world
+from meshplan.adapters.read.launch import launch_command, read_deepspeed_settings, world
+from meshplan.adapters.read.model_match import SHAPE_FIELDS, match_stated, stated_fields
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
 from meshplan.adapters.read.shell import read_script
 from meshplan.knowledge.cards import framework_card
@@ -124,9 +125,11 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     """A KempnerForge configs/train/*.toml: [distributed], [train] and the [model] shape."""
     reading = Reading("kempnerforge", path, variant="toml")
     settings = toml_settings(text, path)
-    shape_keys = read_section("kempnerforge").get("model_shape", [])
+    section = read_section("kempnerforge")
+    shape_keys = section.get("model_shape", [])
     values = {s.key: s.value for s in settings}
-    left = apply(reading, [s for s in settings if s.key not in shape_keys], key_table("kempnerforge"),
+    model_keys = {*shape_keys, *section.get("model_flags", {})}
+    left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
                  _ZERO | {"global_batch_size", "fp8"})
     for s, m in left:
         if m.target == "fp8" and str(s.value) == "fp8":
@@ -144,7 +147,7 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     shape = dict(zip(SHAPE_FIELDS, (values.get(k) for k in shape_keys), strict=True))
     if shape["num_kv_heads"] is None:
         shape["num_kv_heads"] = shape["num_attention_heads"]
-    match_model(shape, reading, shape_keys)
+    match_stated(stated_fields(reading, section, shape, {s.key: s for s in settings}, []), reading)
     world(reading)
     return reading
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.model_match import SHAPE_FIELDS, Stated, match_stated, stated_fields
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
 
 
 def launch_command(script: Script, launchers: list[str], framework: str) -> tuple[Command, int]:
@@ -64,48 +64,27 @@ def world(reading: Reading) -> None:
         reading.state("gpus_per_node", per_node, reading.extra["gpus_per_node"][1])
 
 
-SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
-
-
-def match_model(shape: dict[str, Any], reading: Reading, keys: list[str], rope: tuple[Any, bool] | None = None
-                ) -> None:
-    """The catalog model with the file's shape (layers, hidden, FFN, heads, KV heads, vocabulary), or the shape
-    reported; among models of one shape, those with the file's rotary base and rope scaling (`rope`) first."""
-    given = {k: int(v) for k, v in shape.items() if v is not None and str(v).lstrip("-").isdigit()}
-    if len(given) < 3:
-        reading.unresolved.append("model: the file names no model (pass --model)")
-        return
-    fields = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
-    hits = []
-    for key in catalog_keys():
-        arch = catalog_architecture(key)
-        if arch.moe is None and all(getattr(arch, f) == given[f] for f in fields if f in given):
-            hits.append(key)
-    if rope is not None and len(hits) > 1:
-        def same_rope(key: str) -> bool:
-            spec = catalog_architecture(key).rope
-            theta_ok = rope[0] is None or (spec is not None and spec.theta == float(rope[0]))
-            return theta_ok and (spec is not None and spec.scaling is not None) == rope[1]
-        hits.sort(key=lambda key: not same_rope(key))
-    stated = ", ".join(f"{k} {given[f]}" for k, f in zip(keys, fields, strict=False) if f in given)
-    if len(hits) >= 1:
-        reading.state("model", hits[0], f"{reading.path} ({stated}: the shape of {hits[0]})")
-        if len(hits) > 1:
-            reading.notes.append(f"model: {', '.join(hits)} share this shape; {hits[0]} taken")
-    else:
-        reading.unresolved.append(f"model: no catalog model has this shape ({stated}); pass --model with a "
-                                  "config.json")
-
-
-def _flag_shape(reading: Reading, settings: list[Setting], keys: list[str]) -> None:
-    """The model's shape from its flags; a card's model_shape entry `a|b` takes the first of those flags given
-    (Megatron-DeepSpeed's --pad-vocab-size-to beside --vocab-size)."""
-    values = {s.key.replace("_", "-"): s.value for s in settings}
-    shape = dict(zip(SHAPE_FIELDS, (next((values[a] for a in k.split("|") if a in values), None) for k in keys),
-                     strict=True))
-    if shape["num_kv_heads"] is None and "--group-query-attention" not in values:
-        shape["num_kv_heads"] = shape["num_attention_heads"]
-    match_model(shape, reading, keys, (values.get("--rotary-base"), "--use-rope-scaling" in values))
+def _flag_shape(reading: Reading, settings: list[Setting], section: dict[str, Any], words: list[Word]) -> None:
+    """The model from its flags (model_match.py); a card's model_shape entry `a|b` takes the first of those flags
+    given (Megatron-DeepSpeed's --pad-vocab-size-to beside --vocab-size)."""
+    flags = {s.key.replace("_", "-"): s for s in settings}
+    values = {k: s.value for k, s in flags.items()}
+    shape = dict(zip(SHAPE_FIELDS, (next((values[a] for a in k.split("|") if a in values), None)
+                                    for k in section.get("model_shape", [])), strict=True))
+    ignored = None
+    if "--group-query-attention" not in values:
+        if "--num-query-groups" in values and shape["num_kv_heads"] is not None:  # Megatron-LM reads it only with GQA
+            ignored = f"--num-query-groups {shape['num_kv_heads']} without --group-query-attention"
+            reading.notes.append(f"{flags['--num-query-groups'].where(reading.path)}: ignored without "
+                                 "--group-query-attention (Megatron-LM's argument_utils.py passes num_query_groups "
+                                 "only with it): one KV head per query head")
+        shape["num_kv_heads"] = shape["num_attention_heads"] if ignored or shape["num_kv_heads"] is None else \
+            shape["num_kv_heads"]
+    stated = stated_fields(reading, section, shape, flags, words)
+    if stated is not None and ignored and "num_kv_heads" in stated:
+        stated["num_kv_heads"] = Stated("num_kv_heads", stated["num_kv_heads"].value,
+                                        f"{ignored}: {stated['num_kv_heads'].value}")
+    match_stated(stated, reading, (values.get("--rotary-base"), "--use-rope-scaling" in values))
 
 
 def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Reading:
@@ -120,8 +99,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     special = frozenset({"vpp", "zero_0", "zero_1", "zero_2", "zero_3", "uneven_pp", "fp8", "micro_batch_size",
                          "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
                                                                                  "zero_3", "fp8"})
-    shape_keys = read.get("model_shape", [])
-    shape_flags = {a for k in shape_keys for a in k.split("|")}
+    shape_flags = {a for k in read.get("model_shape", []) for a in k.split("|")} | set(read.get("model_flags", {}))
     left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags], table, special)
     flags = {s.key.replace("_", "-"): s for s in settings}
     for s, m in left:
@@ -139,7 +117,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
             if name not in reading.request:
                 reading.state(name, value, f"{path} (not given: Megatron-LM's default)")
                 reading.defaults[name] = value
-    _flag_shape(reading, settings, shape_keys)
+    _flag_shape(reading, settings, read, command.words)
     world(reading)
     return reading
 

@@ -1,0 +1,289 @@
+"""The catalog model a launch script's architecture flags describe. Every field the script states, and every one it
+leaves to the framework's own default (Megatron-LM builds a dense MLP without --num-experts, tied embeddings without
+--untie-embeddings-and-output-weights), is compared with each catalog model, so an MoE or MLA script is never read as
+the dense model of the same width and depth; where none matches, the fields that differ are named.
+
+Which flag states which field, and the framework's default for an absent one, come from the framework card's
+`read.model_flags` and `read.model_defaults`, never from a table here.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any, NamedTuple
+
+from meshplan.adapters.read.keys import Reading, as_bool
+from meshplan.adapters.read.settings import Setting
+from meshplan.adapters.read.shell import Word
+from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
+from meshplan.schema.model import Architecture
+
+SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm"})
+MOE_DETAILS = ("top_k", "expert_ffn_hidden_size", "shared_expert_ffn_hidden_size", "moe_layers", "num_groups",
+               "group_topk")
+MLA_DETAILS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+class ArchValues(NamedTuple):
+    """One model's architecture in the terms a launch script states it (0 experts: dense)."""
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    head_dim: int
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    shared_expert_ffn_hidden_size: int
+    moe_layers: tuple[int, ...]
+    num_groups: int
+    group_topk: int
+    mla: bool
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    untied: bool
+    swiglu: bool
+    qk_layernorm: bool
+    num_mtp_layers: int
+
+
+def arch_values(arch: Architecture) -> ArchValues:
+    moe, mla = arch.moe, arch.mla
+    return ArchValues(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads, num_kv_heads=arch.num_kv_heads, vocab_size=arch.vocab_size,
+        head_dim=arch.head_dim, num_experts=moe.num_experts if moe else 0, top_k=moe.top_k if moe else 0,
+        expert_ffn_hidden_size=moe.expert_ffn_hidden_size if moe else 0,
+        shared_expert_ffn_hidden_size=moe.shared_expert_ffn_hidden_size if moe else 0,
+        moe_layers=tuple(moe.moe_layers) if moe else (), num_groups=moe.num_groups if moe else 1,
+        group_topk=moe.group_topk if moe else 1, mla=mla is not None, q_lora_rank=mla.q_lora_rank if mla else None,
+        kv_lora_rank=mla.kv_lora_rank if mla else 0, qk_nope_head_dim=mla.qk_nope_head_dim if mla else 0,
+        qk_rope_head_dim=mla.qk_rope_head_dim if mla else 0, v_head_dim=mla.v_head_dim if mla else 0,
+        untied=not arch.tie_word_embeddings, swiglu=arch.gated_mlp and arch.activation == "silu",
+        qk_layernorm=arch.qk_norm != "none", num_mtp_layers=arch.num_mtp_layers)
+
+
+@dataclass(frozen=True)
+class Stated:
+    """One architecture field as the script states it (or its framework's default for an absent flag)."""
+
+    field: str
+    value: Any
+    said: str  # how the report names it: '--num-experts 8', '--swiglu not given'
+
+
+def applies(name: str, arch: ArchValues, stated: dict[str, Stated]) -> bool:
+    """Whether a stated field is compared with this model: a dense width only where the model has a dense layer,
+    expert details only for an MoE model, MLA dims only for an MLA model (whose head width and latent norms they
+    set instead of --kv-channels and --qk-layernorm)."""
+    if name == "ffn_hidden_size":
+        return len(arch.moe_layers) < arch.num_layers
+    if name in MOE_DETAILS:
+        return arch.num_experts > 0 and stated.get("num_experts", Stated("", 1, "")).value != 0
+    if name in MLA_DETAILS:
+        return arch.mla and bool(stated.get("mla", Stated("", True, "")).value)
+    if name in ("head_dim", "qk_layernorm"):
+        return not arch.mla
+    return True
+
+
+def differences(arch: ArchValues, stated: dict[str, Stated], key: str) -> list[str]:
+    """Each stated field this model does not have, with the model's own value."""
+    return [f"{s.said} ({key}: {_show(getattr(arch, name))})" for name, s in stated.items()
+            if applies(name, arch, stated) and getattr(arch, name) != s.value]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"MoE layers {_layers(value)}"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _layers(layers: tuple[int, ...]) -> str:
+    if not layers:
+        return "none"
+    if layers == tuple(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    steps = {b - a for a, b in pairwise(layers)}
+    if len(steps) == 1 and len(layers) > 3:
+        return f"{layers[0]},{layers[1]},...,{layers[-1]}"
+    return ",".join(map(str, layers)) if len(layers) <= 8 else f"{len(layers)} layers from {layers[0]}"
+
+
+def _distance(arch: Architecture, stated: dict[str, Stated]) -> float:
+    """How far a model's depth and width are from the script's, for naming the nearest of those that differ."""
+    return sum(abs(math.log(getattr(arch, f) / stated[f].value)) for f in ("num_layers", "hidden_size")
+               if f in stated and stated[f].value > 0)
+
+
+# --------------------------------------------------------------------------- reading the flags
+
+
+def _pattern(text: str) -> list[int]:
+    """Megatron-LM's --moe-layer-freq list expression ('[0]*3+[1]*58', '([1]*3+[0])*2') read without running it:
+    lists of integers, + and * by an integer only (megatron/training/arguments.py moe_freq_type evaluates it)."""
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and right < 1 << 16:
+                return left * right
+        raise ValueError(text)
+    out = value(ast.parse(text.strip().strip("'\""), mode="eval").body)
+    if not isinstance(out, list) or any(not isinstance(v, int) for v in out):
+        raise ValueError(text)
+    return out
+
+
+def _moe_layers(freq: Any, interval: Any, layers: int) -> tuple[int, ...]:
+    """The MoE layers (0-based): Megatron-LM's --moe-layer-freq (k: every layer i with i % k == 0; a list: 1 marks
+    an MoE layer, megatron/core/models/gpt/gpt_layer_specs.py) or Megatron-DeepSpeed's --expert-interval (layer
+    n, 1-based, when n % interval == 0: megatron/model/transformer.py get_num_experts_per_layer)."""
+    if interval is not None:
+        return tuple(i for i in range(layers) if (i + 1) % int(interval) == 0)
+    text = str(freq).strip().strip("'\"")
+    if "[" not in text:
+        return tuple(i for i in range(layers) if i % int(text) == 0)
+    pattern = _pattern(text)
+    if len(pattern) != layers:
+        raise ValueError(f"its pattern has {len(pattern)} entries for {layers} layers")
+    return tuple(i for i, v in enumerate(pattern) if v)
+
+
+def _flag_values(words: list[Word], flag: str) -> list[str]:
+    """Every value after `flag` up to the next flag (Megatron-DeepSpeed's --num-experts takes one per MoE layer)."""
+    out: list[str] = []
+    for k, word in enumerate(words):
+        if word.text.replace("_", "-") == flag:
+            out = []
+            for later in words[k + 1:]:
+                if later.text.startswith("--"):
+                    break
+                out.append(later.text)
+    return out
+
+
+def _convert(name: str, value: Any) -> Any:
+    if name in SWITCHES:  # a switch given is on (a word after it that is no false-like value is another word)
+        return as_bool(value) is not False
+    if value is None or str(value).strip("'\"") in ("None", "null"):
+        return None
+    return int(str(value).strip("'\""))
+
+
+def stated_fields(reading: Reading, section: dict[str, Any], shape: dict[str, Any], flags: dict[str, Setting],
+                  words: list[Word]) -> dict[str, Stated] | None:
+    """The script's architecture: its shape flags, the card's `model_flags` given and, for those absent, the card's
+    `model_defaults` (the framework's own); the derived ones (MoE layers, the experts' width) as the framework
+    derives them. None where a flag's value cannot be read (an unset variable) or the script's model is none
+    meshplan builds, said in `reading.unresolved`."""
+    keys = section.get("model_shape", [])
+    out = {f: Stated(f, int(v), f"{k.split('|')[0]} {v}") for f, k, v in zip(SHAPE_FIELDS, keys, shape.values(),
+                                                                                strict=False)
+           if v is not None and str(v).lstrip("-").isdigit()}
+    raw: dict[str, Any] = {}
+    defaults = section.get("model_defaults", {})
+    for flag, name in section.get("model_flags", {}).items():
+        if flag in flags:
+            raw[name] = (flags[flag].value, f"{flag} {flags[flag].value}" if name not in SWITCHES else flag)
+            values = _flag_values(words, flag)
+            if name == "num_experts" and len(set(values)) > 1:
+                reading.unresolved.append(f"model: {flags[flag].where(reading.path)} {' '.join(values)}: a "
+                                          "different expert count per MoE layer is no model meshplan builds (pass "
+                                          "--model with the model's config.json)")
+                return None
+        elif name in defaults:
+            raw[name] = (defaults[name], f"{flag} not given" if name in SWITCHES or defaults[name] in (None, 0)
+                         else f"{flag} not given: {defaults[name]}")
+    for name, (value, said) in raw.items():
+        if name in ("moe_layer_freq", "expert_interval"):
+            continue
+        try:
+            out[name] = Stated(name, _convert(name, value), said)
+        except ValueError:  # an unset variable: the script's model cannot be told from the catalog's
+            reading.unresolved.append(f"model: {said}: {value!r} is not a whole number, so the script's model is "
+                                      "not read (pass --model)")
+            return None
+    return out if _derived(reading, out, raw) else None
+
+
+def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> bool:
+    """The experts' width (the dense width where not given, as Megatron-LM's validate_args and Megatron-DeepSpeed's
+    ParallelMLP take it) and the MoE layers, for an MoE script; False where its MoE layers cannot be read."""
+    experts = out.get("num_experts")
+    if experts is not None and (experts.value is None or experts.value <= 1):
+        out["num_experts"] = Stated("num_experts", 0, experts.said)  # one expert is a dense MLP (Megatron-DeepSpeed)
+        return True
+    if experts is None:
+        return True
+    if "expert_ffn_hidden_size" not in out and "ffn_hidden_size" in out:
+        out["expert_ffn_hidden_size"] = Stated("expert_ffn_hidden_size", out["ffn_hidden_size"].value,
+                                               f"{out['ffn_hidden_size'].said} (the experts' width)")
+    source = raw.get("expert_interval") or raw.get("moe_layer_freq")
+    if source is None or "num_layers" not in out:
+        return True
+    try:
+        layers = _moe_layers(*(raw.get(k, (None, ""))[0] for k in ("moe_layer_freq", "expert_interval")),
+                             out["num_layers"].value)
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
+        reading.unresolved.append(f"model: {source[1]}: not a MoE layer pattern meshplan can read ({exc}), so the "
+                                  "script's model is not read (pass --model)")
+        return False
+    out["moe_layers"] = Stated("moe_layers", layers, f"{source[1]} (MoE layers {_layers(layers)})")
+    return True
+
+
+def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple[Any, bool] | None = None) -> None:
+    """The catalog model whose architecture matches every stated field, or the nearest ones with the fields that
+    differ; among models that match, those with the file's rotary base and rope scaling (`rope`) first."""
+    if stated is None:
+        return
+    if len([f for f in SHAPE_FIELDS if f in stated]) < 3:
+        reading.unresolved.append("model: the file names no model (pass --model)")
+        return
+    misses: dict[str, list[str]] = {}
+    for key in catalog_keys():
+        misses[key] = differences(arch_values(catalog_architecture(key)), stated, key)
+    hits = [key for key, miss in misses.items() if not miss]
+    if rope is not None and len(hits) > 1:
+        def same_rope(key: str) -> bool:
+            spec = catalog_architecture(key).rope
+            theta_ok = rope[0] is None or (spec is not None and spec.theta == float(rope[0]))
+            return theta_ok and (spec is not None and spec.scaling is not None) == rope[1]
+        hits.sort(key=lambda key: not same_rope(key))
+    experts = stated.get("num_experts")
+    moe = experts is not None and experts.value != 0
+    said = ", ".join(s.said for s in stated.values() if s.field in SHAPE_FIELDS or (s.field == "mla" and s.value) or (
+        moe and s.field in ("num_experts", "top_k")))
+    if hits:
+        reading.state("model", hits[0], f"{reading.path} ({said}: the architecture of {hits[0]})")
+        if len(hits) > 1:
+            reading.notes.append(f"model: {', '.join(hits)} share this architecture; {hits[0]} taken")
+        return
+    kind = "MoE " if moe else ""
+    def nearness(key: str) -> tuple[float, bool, int, str]:
+        arch = catalog_architecture(key)
+        return _distance(arch, stated), arch.is_moe != moe, len(misses[key]), key
+    nearest = sorted(misses, key=nearness)[:2]
+    reading.unresolved.append(
+        f"model: no catalog model has this {kind}architecture ({said}); nearest: "
+        + "; ".join(f"{key} differs in {', '.join(misses[key])}" for key in nearest)
+        + ". Pass --model with the model's config.json")
+
