@@ -145,3 +145,20 @@ def test_kempnerforge_experts_are_read():
     assert any("model.num_experts 8 (llama-3-8b: 0)" in u for u in moe.unresolved)
     assert not any("num_experts" in u for u in moe.unsupported)
 
+
+BRIDGE = "python scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config{extra}\n"
+
+
+def test_bridge_recipe_model_under_architecture_overrides():
+    """run_recipe.py's model.* overrides change the recipe's model: the recipe's model stands only where every
+    override states what it has; otherwise the file's model is not read, the changed fields named."""
+    assert import_config(BRIDGE.format(extra=""), "run.sh").request["model"] == "qwen3-30b-a3b"
+    same = import_config(BRIDGE.format(extra=" model.num_moe_experts=128 model.moe_router_topk=8"), "run.sh")
+    assert same.request["model"] == "qwen3-30b-a3b" and not same.unsupported
+    changed = import_config(BRIDGE.format(extra=" model.num_moe_experts=64 model.tensor_model_parallel_size=2"),
+                            "run.sh")
+    assert "model" not in changed.request and changed.request["tp"] == 2
+    line = next(u for u in changed.unresolved if u.startswith("model:"))
+    assert "nearest: qwen3-30b-a3b differs in model.num_moe_experts=64 (qwen3-30b-a3b: 128);" in line
+    with pytest.raises(MeshplanError, match=r"model\.num_moe_experts=64"):
+        api.request_from_config(changed, {"num_gpus": 8})

@@ -11,7 +11,7 @@ from typing import Any
 
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
-from meshplan.adapters.read.model_match import SHAPE_FIELDS, Stated, match_stated, stated_fields
+from meshplan.adapters.read.model_match import SHAPE_FIELDS, Stated, match_stated, recipe_overrides, stated_fields
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
@@ -223,11 +223,13 @@ def read_bridge(text: str, path: str) -> Reading:
     reading = Reading("megatron-bridge", path, variant="run_recipe")
     reading.unresolved += script.unresolved
     settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
-    _bridge_settings(reading, settings)
+    overrides = set(read_section("megatron-bridge").get("model_flags", {}))
+    _bridge_settings(reading, [s for s in settings if s.key not in overrides])
     world(reading)
     recipe = reading.value("recipe")
     if recipe is not None:
         state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line)
+        recipe_overrides(reading, settings, read_section("megatron-bridge"))
         reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
                              "recipe's (its name's model, GPUs and precision are read; its body is read from its "
                              "module: meshplan import RECIPE_MODULE.py:NAME)")

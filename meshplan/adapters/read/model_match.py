@@ -250,9 +250,11 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
     return True
 
 
-def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple[Any, bool] | None = None) -> None:
-    """The catalog model whose architecture matches every stated field, or the nearest ones with the fields that
-    differ; among models that match, those with the file's rotary base and rope scaling (`rope`) first."""
+def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple[Any, bool] | None = None,
+                 named: str | None = None) -> None:
+    """The catalog model whose architecture matches every stated field, or the nearest ones (the model the file
+    `named`, first) with the fields that differ; among models that match, those with the file's rotary base and rope
+    scaling (`rope`) first."""
     if stated is None:
         return
     if len([f for f in SHAPE_FIELDS if f in stated]) < 3:
@@ -278,12 +280,48 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
             reading.notes.append(f"model: {', '.join(hits)} share this architecture; {hits[0]} taken")
         return
     kind = "MoE " if moe else ""
-    def nearness(key: str) -> tuple[float, bool, int, str]:
+    def nearness(key: str) -> tuple[bool, float, bool, int, str]:
         arch = catalog_architecture(key)
-        return _distance(arch, stated), arch.is_moe != moe, len(misses[key]), key
+        return key != named, _distance(arch, stated), arch.is_moe != moe, len(misses[key]), key
     nearest = sorted(misses, key=nearness)[:2]
     reading.unresolved.append(
         f"model: no catalog model has this {kind}architecture ({said}); nearest: "
         + "; ".join(f"{key} differs in {', '.join(misses[key])}" for key in nearest)
         + ". Pass --model with the model's config.json")
 
+
+def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[str, Any]) -> list[Setting]:
+    """A recipe's model under the file's architecture overrides (Megatron-Bridge's `model.num_moe_experts=64`, keys
+    from the card's `read.model_flags`): where one changes the recipe's model, the catalog model with the changed
+    architecture, else none, the fields named (never the recipe's model with its overrides dropped). Returns the
+    settings that are no architecture override."""
+    keys = section.get("model_flags", {})
+    given = {keys[s.key]: s for s in settings if s.key in keys}
+    model = reading.request.get("model")
+    if model is None or not given:
+        return [s for s in settings if s.key not in keys]
+    recipe = arch_values(catalog_architecture(model))
+    stated = {name: Stated(name, getattr(recipe, name), f"{model}'s {name} {_show(getattr(recipe, name))}")
+              for name in ArchValues._fields}
+    raw = {}
+    for name, s in given.items():
+        if name == "moe_layer_freq":
+            raw[name] = (s.value, f"{s.key}={s.value}")
+            continue
+        try:
+            stated[name] = Stated(name, _convert(name, s.value), f"{s.key}={s.value}")
+        except ValueError:
+            stated = None
+            reading.unresolved.append(f"model: {s.where(reading.path)} = {s.value!r} is not a whole number, so the "
+                                      f"recipe's {model} with it is not read (pass --model)")
+            break
+    if stated is not None and {"num_layers", "moe_layer_freq", "num_experts"} & set(given):
+        del stated["moe_layers"]  # the recipe's MoE layers no longer apply; a stated pattern gives them again
+        if raw and not _derived(reading, stated, raw):
+            stated = None
+    if stated is None or all(getattr(recipe, name) == stated[name].value for name in stated):
+        return [s for s in settings if s.key not in keys]
+    reading.request.pop("model")
+    reading.sources.pop("model", None)
+    match_stated(stated, reading, named=model)
+    return [s for s in settings if s.key not in keys]
