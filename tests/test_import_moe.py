@@ -162,3 +162,11 @@ def test_bridge_recipe_model_under_architecture_overrides():
     assert "nearest: qwen3-30b-a3b differs in model.num_moe_experts=64 (qwen3-30b-a3b: 128);" in line
     with pytest.raises(MeshplanError, match=r"model\.num_moe_experts=64"):
         api.request_from_config(changed, {"num_gpus": 8})
+
+
+def test_group_query_attention_without_groups_is_one_group():
+    """--group-query-attention alone: Megatron-LM's --num-query-groups defaults to 1 (one KV head)."""
+    imported = import_config(MIXTRAL.format(extra=" --num-experts 8").replace(" --num-query-groups 8", ""), "run.sh")
+    assert "model" not in imported.request
+    assert "--group-query-attention without --num-query-groups: 1 (mixtral-8x7b: 8)" in next(
+        u for u in imported.unresolved if u.startswith("model:"))

@@ -71,20 +71,33 @@ def _flag_shape(reading: Reading, settings: list[Setting], section: dict[str, An
     values = {k: s.value for k, s in flags.items()}
     shape = dict(zip(SHAPE_FIELDS, (next((values[a] for a in k.split("|") if a in values), None)
                                     for k in section.get("model_shape", [])), strict=True))
-    ignored = None
-    if "--group-query-attention" not in values:
-        if "--num-query-groups" in values and shape["num_kv_heads"] is not None:  # Megatron-LM reads it only with GQA
-            ignored = f"--num-query-groups {shape['num_kv_heads']} without --group-query-attention"
-            reading.notes.append(f"{flags['--num-query-groups'].where(reading.path)}: ignored without "
-                                 "--group-query-attention (Megatron-LM's argument_utils.py passes num_query_groups "
-                                 "only with it): one KV head per query head")
-        shape["num_kv_heads"] = shape["num_attention_heads"] if ignored or shape["num_kv_heads"] is None else \
-            shape["num_kv_heads"]
+    said = _kv_heads(reading, shape, flags, section)
     stated = stated_fields(reading, section, shape, flags, words)
-    if stated is not None and ignored and "num_kv_heads" in stated:
+    if stated is not None and said and "num_kv_heads" in stated:
         stated["num_kv_heads"] = Stated("num_kv_heads", stated["num_kv_heads"].value,
-                                        f"{ignored}: {stated['num_kv_heads'].value}")
+                                        f"{said}: {stated['num_kv_heads'].value}")
     match_stated(stated, reading, (values.get("--rotary-base"), "--use-rope-scaling" in values))
+
+
+def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting], section: dict[str, Any]
+              ) -> str | None:
+    """The KV heads Megatron-LM builds: --num-query-groups only with --group-query-attention (argument_utils.py
+    passes it only then), whose argparse default is 1 group; without GQA one KV head per query head. Returns how the
+    report says it where that is not the flag's own value."""
+    gqa, groups = "--group-query-attention" in flags, "--num-query-groups" in section.get("model_shape", [])
+    if groups and not gqa and "--num-query-groups" in flags:
+        shape["num_kv_heads"] = shape["num_attention_heads"]
+        reading.notes.append(f"{flags['--num-query-groups'].where(reading.path)}: ignored without "
+                             "--group-query-attention (Megatron-LM's argument_utils.py passes num_query_groups only "
+                             "with it): one KV head per query head")
+        return f"--num-query-groups {flags['--num-query-groups'].value} without --group-query-attention"
+    if groups and gqa and shape["num_kv_heads"] is None:
+        shape["num_kv_heads"] = 1  # TransformerConfig.num_query_groups' argparse default
+        return "--group-query-attention without --num-query-groups"
+    if not gqa and shape["num_kv_heads"] is None and shape["num_attention_heads"] is not None:
+        shape["num_kv_heads"] = shape["num_attention_heads"]
+        return f"{section['model_shape'][SHAPE_FIELDS.index('num_kv_heads')]} not given"
+    return None
 
 
 def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Reading:
