@@ -170,3 +170,19 @@ def test_group_query_attention_without_groups_is_one_group():
     assert "model" not in imported.request
     assert "--group-query-attention without --num-query-groups: 1 (mixtral-8x7b: 8)" in next(
         u for u in imported.unresolved if u.startswith("model:"))
+
+
+def test_bridge_recipe_module_architecture_assignments(tmp_path):
+    """A recipe module's cfg.model.* architecture assignments apply to the model it builds from, as run_recipe.py's
+    overrides do: a Mixtral recipe with 16 experts is not mixtral-8x7b."""
+    text = ("def mixtral_8x7b_pretrain_8gpu_h100_bf16_config() -> ConfigContainer:\n    cfg = ConfigContainer()\n"
+            "    cfg.model = AutoBridge.from_hf_pretrained('mistralai/Mixtral-8x7B-v0.1').to_megatron_provider()\n"
+            "    cfg.model.num_moe_experts = {experts}\n    cfg.model.expert_model_parallel_size = 8\n    return cfg\n")
+    path = tmp_path / "recipes.py"
+    path.write_text(text.format(experts=8), encoding="utf-8")
+    same = import_file(str(path))
+    assert same.request["model"] == "mixtral-8x7b" and same.request["ep"] == 8 and not same.unsupported
+    path.write_text(text.format(experts=16), encoding="utf-8")
+    changed = import_file(str(path))
+    assert "model" not in changed.request and changed.request["ep"] == 8
+    assert any("mixtral-8x7b differs in model.num_moe_experts=16 (mixtral-8x7b: 8)" in u for u in changed.unresolved)
