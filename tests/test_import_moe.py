@@ -186,3 +186,9 @@ def test_bridge_recipe_module_architecture_assignments(tmp_path):
     changed = import_file(str(path))
     assert "model" not in changed.request and changed.request["ep"] == 8
     assert any("mixtral-8x7b differs in model.num_moe_experts=16 (mixtral-8x7b: 8)" in u for u in changed.unresolved)
+
+
+def test_bridge_override_that_cannot_be_read_reads_no_model():
+    imported = import_config(BRIDGE.format(extra=" model.num_moe_experts=$E"), "run.sh")
+    assert "model" not in imported.request
+    assert any(u.startswith("model: run.sh:1 model.num_moe_experts") for u in imported.unresolved)

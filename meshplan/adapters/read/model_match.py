@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from meshplan.adapters.read.keys import Reading, as_bool
 from meshplan.adapters.read.settings import Setting
 from meshplan.adapters.read.shell import Word
-from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
+from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
 from meshplan.schema.model import Architecture
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
@@ -290,20 +290,21 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         + ". Pass --model with the model's config.json")
 
 
-def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[str, Any]) -> list[Setting]:
+def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[str, Any]) -> None:
     """A recipe's model under the file's architecture overrides (Megatron-Bridge's `model.num_moe_experts=64`, keys
     from the card's `read.model_flags`): where one changes the recipe's model, the catalog model with the changed
-    architecture, else none, the fields named (never the recipe's model with its overrides dropped). Returns the
-    settings that are no architecture override."""
+    architecture, else none, the fields named; one that cannot be read leaves the model unread (never the recipe's
+    model with its overrides dropped)."""
     keys = section.get("model_flags", {})
     given = {keys[s.key]: s for s in settings if s.key in keys}
     model = reading.request.get("model")
     if model is None or not given:
-        return [s for s in settings if s.key not in keys]
-    recipe = arch_values(catalog_architecture(model))
-    stated = {name: Stated(name, getattr(recipe, name), f"{model}'s {name} {_show(getattr(recipe, name))}")
-              for name in ArchValues._fields}
-    raw = {}
+        return
+    recipe = arch_values(catalog_architecture(model) if model in catalog_keys() else resolve_model(model))
+    stated: dict[str, Stated] | None = {
+        name: Stated(name, getattr(recipe, name), f"{model}'s {name} {_show(getattr(recipe, name))}")
+        for name in ArchValues._fields}
+    raw: dict[str, Any] = {}
     for name, s in given.items():
         if name == "moe_layer_freq":
             raw[name] = (s.value, f"{s.key}={s.value}")
@@ -319,9 +320,8 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[st
         del stated["moe_layers"]  # the recipe's MoE layers no longer apply; a stated pattern gives them again
         if raw and not _derived(reading, stated, raw):
             stated = None
-    if stated is None or all(getattr(recipe, name) == stated[name].value for name in stated):
-        return [s for s in settings if s.key not in keys]
+    if stated is not None and all(getattr(recipe, name) == stated[name].value for name in stated):
+        return
     reading.request.pop("model")
     reading.sources.pop("model", None)
     match_stated(stated, reading, named=model)
-    return [s for s in settings if s.key not in keys]
