@@ -592,10 +592,24 @@ def balanced_stages(num_layers: int, pp: int, vpp: int, layer_cost: int, head_co
     return stages_from_counts(counts, pp, head_rank, warnings)
 
 
+@lru_cache(maxsize=4096)
+def own_stages(num_layers: int, pp: int, vpp: int) -> Stages:
+    """A framework that partitions the layers itself (its card's pipeline.partition remainder_first, DeepSpeed's
+    partition_balanced over its transformer layers): floor(L/pp) per rank, one more on each of the first L % pp;
+    no warning, since no other split can be told."""
+    warnings: list[str] = []
+    counts = _over_chunks(_split(num_layers, pp), vpp, warnings)
+    _no_empty_chunk(counts, num_layers, pp, vpp)
+    return stages_from_counts(counts, pp, warnings=warnings)
+
+
 def stages_for(arch: Architecture, card: FrameworkCard, zero_stage: int, tp: int, pp: int, vpp: int,
                first: int | None, last: int | None) -> Stages:
     """The stages of a layout under the framework's pipeline convention: explicit first/last stage sizes win;
-    otherwise the convention of the framework's byte preset (cards/memory.yaml pipeline_partition)."""
+    then the framework's own partition (its card's pipeline.partition); otherwise the convention of the
+    framework's byte preset (cards/memory.yaml pipeline_partition)."""
+    if card.pipeline.partition == "remainder_first" and first is None and last is None:
+        return own_stages(arch.num_layers, pp, vpp)
     _, conv, _ = convention(card, zero_stage)
     if conv.pipeline_partition == "compute_balanced" and pp > 1 and first is None and last is None:
         layer_cost, head_cost = block_costs(arch, padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp))

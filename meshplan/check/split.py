@@ -50,7 +50,7 @@ def megatron_uneven(framework: str) -> bool:
 
 def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interleave: bool,
                      fixed_split: tuple[int | None, int | None] | None = None, *, layouts: bool = False,
-                     mtp_layers: int = 0) -> tuple[PipelineOption, ...]:
+                     mtp_layers: int = 0, own_partition: bool = False) -> tuple[PipelineOption, ...]:
     """(vpp, first, last, split) the search tries for one pp: for each vpp dividing the layers (every part of a split
     is a multiple of vpp), the split schedule.pipeline_split chooses. Where the framework splits unevenly the
     Megatron-Core way (`uneven_interleave`, rule PP004 its law) also, without interleaving, every first/last of
@@ -59,7 +59,9 @@ def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interlea
     pipeline_model_parallel_layout and account_for_embedding/loss_in_pipeline_split), every end_light_splits split
     over pp x vpp virtual stages at any vpp, as the embedding/loss counted or a layout string (schedule.virtual_split,
     its MTP layers with the loss). A user's first/last stays as given: with vpp 1 even when invalid (so a rule can
-    say why), and with every vpp > 1 that PP004 accepts."""
+    say why), and with every vpp > 1 that PP004 accepts. A framework that partitions the layers itself
+    (`own_partition`: its card's pipeline.partition, DeepSpeed's) can be told no split: its one option is no split
+    (schedule.own_stages gives its counts), at any vpp that splits every stage evenly."""
     if fixed_split is not None:
         first, last = fixed_split
         out: list[PipelineOption] = [PipelineOption(1, first, last)]
@@ -69,6 +71,9 @@ def pipeline_options(num_layers: int, pp: int, interleave: bool, uneven_interlea
         return tuple(out)
     if pp > num_layers:
         return ()
+    if own_partition:
+        return tuple(PipelineOption(v, None, None) for v in (divisors(num_layers) if pp > 1 and interleave else [1])
+                     if v == 1 or num_layers % (pp * v) == 0)
     out = []
     for v in divisors(num_layers) if pp > 1 and interleave else [1]:
         split = pipeline_split(num_layers, pp, v)
@@ -113,7 +118,14 @@ def framework_options(job: Job, pp: int) -> tuple[PipelineOption, ...]:
     arch = job.model
     card = job.card
     return pipeline_options(arch.num_layers, pp, bool(card.search.vpp), megatron_uneven(job.framework),
-                            layouts=writes_layouts(job.card), mtp_layers=arch.num_mtp_layers)
+                            layouts=writes_layouts(job.card), mtp_layers=arch.num_mtp_layers,
+                            own_partition=own_partition(card))
+
+
+def own_partition(card: FrameworkCard) -> bool:
+    """Whether the framework partitions the pipeline's layers itself, so no split can be told it (its card's
+    pipeline.partition)."""
+    return card.pipeline.partition != "told"
 
 
 def with_option(plan: Plan, option: PipelineOption) -> Plan:

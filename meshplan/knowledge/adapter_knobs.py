@@ -155,6 +155,12 @@ LAYOUT_KNOBS: frozenset[str] = frozenset({"tp", "pp", "vpp", "cp", "ep", "etp", 
                                          "dp_replicate"})
 
 
+# The knobs that tell a pipeline its split. Rule AD001 asks about them where the framework partitions the layers itself
+# (its card's pipeline.partition, DeepSpeed's): there a given split is not the split that runs, so the layout itself
+# differs; where a framework is told its split, a key missing is render's refusal alone.
+SPLIT_KNOBS: frozenset[str] = frozenset({"uneven_pp", "pipeline_layout", "account_for_embedding", "account_for_loss"})
+
+
 def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Plan,
                  only: frozenset[str] | None = None) -> MissingKnob | None:
     """The first knob the plan uses (of `only`, when given) that this framework version and variant cannot express,

@@ -531,12 +531,19 @@ class PipelineFacts(_Card):
                            "asynchronously and waits for them only before the next op (Megatron's overlap_p2p_comm), "
                            "so they run beside compute; the warm-up forwards' and cool-down backwards' transfers stay "
                            "blocking. False: every transfer blocks its rank")
+    partition: Literal["told", "remainder_first"] = Field(
+        "told", description="told: the framework is given its split (even, first/last stage sizes or a layout); "
+                            "remainder_first: it partitions the layers itself, floor(L/pp) per stage and the first "
+                            "L % pp stages one more, and can be told no other split (its source: partition_source)")
+    partition_source: str | None = None
     source: str
 
     @model_validator(mode="after")
     def _runs_its_default(self) -> PipelineFacts:
         if self.schedules and self.order not in self.schedules:
             raise ValueError(f"schedules must hold the default order {self.order!r}")
+        if self.partition != "told" and not self.partition_source:
+            raise ValueError("partition_source must say where the framework's own partition rule comes from")
         return self
 
 

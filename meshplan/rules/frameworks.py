@@ -8,7 +8,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.knowledge.adapter_knobs import default_render, missing_layout_knob
+from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, default_render, missing_knob, missing_layout_knob
 from meshplan.rules.engine import Context, Values, fmt_set, rule
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
@@ -175,15 +175,19 @@ def nanotron_degree_not_modelled(ctx: Context) -> Values:
 
 
 @rule("AD001", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
-      "attention_backend"))
+      "attention_backend", "first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
+      "account_for_loss"))
 def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
-    it writes by default."""
+    it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),
+    which would run its own split instead."""
     target = default_render(ctx.framework, ctx.job, ctx.plan)
     if target is None:
         return None
     version, variant = target
     missing = missing_layout_knob(ctx.framework, version, variant, ctx.job, ctx.plan)
+    if missing is None and ctx.card.pipeline.partition != "told":
+        missing = missing_knob(ctx.framework, version, variant, ctx.job, ctx.plan, SPLIT_KNOBS)
     if missing is None:
         return None
     return {"setting": missing.setting, "display": ctx.card.display_name, "version": version,

@@ -37,6 +37,7 @@ from meshplan.arithmetic.schedule import (
 from meshplan.check.split import (
     PipelineOption,
     megatron_uneven,
+    own_partition,
     pipeline_options,
     writes_layouts,
 )
@@ -457,6 +458,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
         fixed_split = (fixed.values.get("first_stage_layers"), fixed.values.get("last_stage_layers"))
     uneven_interleave = megatron_uneven(job.framework)
     layouts = writes_layouts(job.card) and fixed_split is None
+    own = own_partition(job.card)
     given_split = any(fixed.values.get(name) for name in SPLIT_FIELDS)
     for ep_k in ep_own:
         rest = W // ep_k
@@ -465,7 +467,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
             for pp in choices("pp", max(1, rest // tp)):
                 options = (given_options(L, pp, fixed) if given_split else
                            pipeline_options(L, pp, kn.vpp, uneven_interleave, fixed_split,  # type: ignore[arg-type]
-                                            layouts=layouts, mtp_layers=arch.num_mtp_layers))
+                                            layouts=layouts, mtp_layers=arch.num_mtp_layers, own_partition=own))
                 for cp in choices("cp", max(1, rest // (tp * pp))) if kn.cp or "cp" in fixed else (1,):
                     checkpoint()
                     dp = max(1, rest // (tp * pp * cp))

@@ -172,8 +172,15 @@ def _fit_world(law: str, world: int, deg: _Degrees, notes: list[str]) -> None:
 
 def _fit_layers(job: Job, deg: _Degrees, vpp: int, notes: list[str]) -> None:
     """Layers the pipeline does not divide: the uneven split the split check's fix and the search use, else fewer
-    stages."""
+    stages; on a framework that partitions the layers itself, no split (the row's first/last dropped)."""
     layers = job.model.num_layers
+    if job.card.pipeline.partition != "told":  # it can be told no split: its own (schedule.own_stages)
+        deg.first = deg.last = None
+        if deg.pp > 1 and layers % deg.pp and deg.pp <= layers:
+            base, extra = divmod(layers, deg.pp)
+            notes.append(f"{layers} layers over PP {deg.pp}: {job.card.display_name} partitions them itself, "
+                         f"{base + 1} on the first {extra} stages and {base} on the other {deg.pp - extra}.")
+        return
     if not (deg.pp > 1 and deg.first is None and layers % deg.pp):
         return
     split = uneven_split(layers, deg.pp, vpp)
