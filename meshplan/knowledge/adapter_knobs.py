@@ -200,7 +200,8 @@ def missing_layout_knob(framework: str, version: str, variant: str, job: Job, pl
 def unwritable(framework: str, job: Job, plan: Plan, name: str) -> str | None:
     """What to do instead where the framework cannot run the knob `name` for this plan: on the version and variant
     `render` writes by default, a key null (its `instead`); on a card without an adapter, its `cannot_run` entry.
-    None where it can. Rule RC005 asks it (the plan's fields it reads: zero_stage, tp, pp, through DEFAULT_VARIANTS)."""
+    None where it can. Rule RC005 asks it (the plan's fields it reads: zero_stage, tp, pp, ep, through
+    DEFAULT_VARIANTS)."""
     target = default_render(framework, job, plan)
     if target is None:
         return framework_card(framework).cannot_run.get(name)

@@ -31,7 +31,7 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
 
 
 
-@rule("RC003", reads=("tp", "pp", "zero_stage", "recompute", "recompute_layers", "recompute_method"))
+@rule("RC003", reads=("tp", "pp", "ep", "zero_stage", "recompute", "recompute_layers", "recompute_method"))
 def recompute_method_needs_full(ctx: Context) -> Values:
     """recompute_method where the config `render` writes for the plan by default has a key for it (verl's and
     SkyRL's FSDP backends at ZeRO 3 have none, their Megatron backends do: _no_key), with full recompute."""
@@ -55,7 +55,7 @@ def recompute_method_needs_full(ctx: Context) -> Values:
 
 
 
-@rule("RC004", reads=("tp", "pp", "zero_stage", "recompute", "recompute_modules"))
+@rule("RC004", reads=("tp", "pp", "ep", "zero_stage", "recompute", "recompute_modules"))
 def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
     """recompute_modules where the config `render` writes for the plan by default has a key for them (_no_key), with
     selective recompute, naming only modules the model has."""
@@ -109,7 +109,7 @@ def _where(ctx: Context) -> str:
 
 
 
-@rule("RC005", reads=("tp", "pp", "zero_stage", "recompute_layers"))
+@rule("RC005", reads=("tp", "pp", "ep", "zero_stage", "recompute_layers"))
 def recompute_layers_need_a_key(ctx: Context) -> Values:
     """recompute_layers where the config `render` writes by default has no key for it (or, on a card without an
     adapter, where the card says the framework cannot run it): the framework recomputes every layer, so the estimate
