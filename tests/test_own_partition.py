@@ -146,3 +146,28 @@ def test_the_decision_table_names_no_split_on_deepspeed():
     table = rec.decision_table
     assert table is not None and "partitions them itself" in str(table)
     assert "first_stage_layers" not in str(table)
+
+
+def kempnerforge_counts(num_layers: int, pp: int) -> tuple[int, ...]:
+    """KempnerInstitute/KempnerForge 5666d0d kempnerforge/distributed/pipeline_parallel.py compute_layer_assignment:
+    n_layers // pp_size per stage, one more on the stages whose index is under n_layers % pp_size."""
+    base, remainder = divmod(num_layers, pp)
+    return tuple(base + (1 if stage < remainder else 0) for stage in range(pp))
+
+
+def test_every_ranked_kempnerforge_row_renders_with_its_own_split():
+    """KempnerForge assigns the layers itself too (the card's pipeline.partition): Llama-3.1-405B on 512 GPUs ranked
+    PP32 first/last 3/3 and PP64 1/1, which its adapter refuses; every ranked row now renders, and each stage holds
+    what compute_layer_assignment gives it."""
+    base = dict(model="llama-3.1-405b", gpu="h100", framework="kempnerforge", num_gpus=512)
+    rec = api.recommend(Request(**base))
+    assert any(c.plan.pp > 1 and 126 % c.plan.pp for c in rec.candidates)  # an uneven pipeline is ranked
+    for cand in rec.candidates:
+        p = cand.plan
+        assert p.first_stage_layers is None and p.last_stage_layers is None and p.pipeline_layout is None
+        req = Request(**{**base, **{k: getattr(p, k) for k in ("tp", "pp", "dp", "zero_stage", "micro_batch_size",
+                                                                "recompute")}})
+        api.render_config("kempnerforge", req)  # no refusal
+        memory = api.estimate_memory(req)
+        assert memory.peak_bytes == cand.memory.peak_bytes
+        assert tuple(s.layers for s in memory.stages) == kempnerforge_counts(126, p.pp)
