@@ -17,8 +17,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
 from meshplan.faces import cli, display
 from meshplan.schema.request import Request
-from meshplan.search.job import search_job
-from meshplan.search.refusal import Space, blocking_rule, host_floor
+from meshplan.search import refusal
+from meshplan.search.job import job_at, search_job
+from meshplan.search.refusal import COUNT_READ_FIELDS, Space, blocking_rule, host_floor, reads_no_count
 from meshplan.search.space import Fixed
 
 LORA = dict(model="llama-3.1-70b", num_gpus=8, lora_rank=16)  # megatron-core, the default: no LoRA
@@ -182,6 +183,81 @@ def test_min_gpus_stops_on_a_rule_no_gpu_count_passes_instead_of_scanning_to_its
     assert "LORA001" in out + err and "Traceback" not in err
     answer = api.minimum_gpus(Request(model="llama-3.1-8b", gpu="h100", tp=2), max_gpus=64)
     assert answer.num_gpus is not None and answer.num_gpus % 2 == 0
+
+
+@pytest.mark.parametrize("fields", [dict(model="qwen3-30b-a3b"), dict(model="llama-3.1-8b", framework="torchtitan"),
+                                    dict(model="mixtral-8x7b", framework="deepspeed"),
+                                    dict(model="deepseek-v2-lite", framework="megatron-bridge", recompute="full")])
+def test_only_the_count_read_fields_take_other_values_at_another_count(fields):
+    """COUNT_READ_FIELDS: of the plans of two counts' spaces, every other field takes the same values at both (what
+    lets min-gpus stop on a rule reading none of them after one count)."""
+    job, _ = search_job(Request(gpu="h100", num_gpus=8, **fields))
+    fixed = Fixed.from_request(Request(gpu="h100", num_gpus=8, **fields))
+    seen = []
+    for world in (8, 64):
+        space = Space.of(job_at(job, world, False), fixed)
+        assert space.layouts
+        values: dict[str, set] = {}
+        for lay in space.layouts:
+            for plan in space.plans(lay):
+                for name, value in plan.__dict__.items():
+                    values.setdefault(name, set()).add(tuple(value) if isinstance(value, list) else value)
+        seen.append(values)
+    differ = {name for name in seen[0] if seen[0][name] != seen[1][name]}
+    assert differ and differ <= COUNT_READ_FIELDS, differ - COUNT_READ_FIELDS
+
+
+def test_min_gpus_stops_after_one_count_on_a_rule_that_reads_no_count(monkeypatch):
+    """recompute_layers with recompute=none breaks RC001 whatever the layout, and RC001 reads neither field a count
+    changes: min-gpus names it after the first count (it built every plan of 1,048,576 GPUs' space before, 25 s),
+    while a rule reading a degree keeps the other counts probed."""
+    probed = []
+    real = refusal.blocking_rule
+    monkeypatch.setattr(refusal, "blocking_rule", lambda space: probed.append(space.job.num_gpus) or real(space))
+    answer = api.minimum_gpus(Request(model="qwen3-30b-a3b", recompute="none", recompute_layers=1))
+    assert answer.num_gpus is None and answer.stopped_by == "rules" and "RC001" in answer.rationale
+    assert probed == [8]
+    assert reads_no_count("RC001") and not reads_no_count("RC003")  # RC003 reads tp, pp and ep
+
+
+@pytest.mark.parametrize("fields", [dict(recompute="none", recompute_method="uniform"),  # RC003: reads tp, pp, ep
+                                    dict(recompute="none", recompute_layers=1),  # RC001: reads no degree
+                                    dict(recompute="selective", recompute_layers=2),
+                                    dict(model="mixtral-8x7b", framework="deepspeed", zero_stage=3),  # DS004 (ep)
+                                    dict(recompute="full", recompute_method="block")])  # passes: no blocker
+def test_a_blocker_read_on_the_layouts_told_apart_is_the_one_every_plan_breaks(fields):
+    """blocking_rule asks a rule of one layout per distinct value of what it reads of a layout (layouts_told_apart):
+    the same answer as asking it of every plan of the space."""
+    req = Request(**{"model": "qwen3-30b-a3b", "gpu": "h100", "num_gpus": 64, **fields})
+    job, _ = search_job(req)
+    space = Space.of(job, Fixed.from_request(req))
+    fast = blocking_rule(space)
+    plainest = space.layouts[0]
+    candidates = {f.id for f in refusal.first_errors(job, space.plan(plainest, space.zeros[0], space.recomputes[0],
+                                                                         space.sizes(plainest)[0]))}
+    every = [rule_id for rule_id in sorted(candidates, key=list(refusal.rule_specs()).index)
+             if all(refusal._fires(job, plan, rule_id) for lay in space.layouts for plan in space.plans(lay))]
+    assert (fast[0].id if fast else None) == (every[0] if every else None)
+    if fast:
+        assert len(refusal.layouts_told_apart(space, fast[0].id)) < len(space.layouts)
+
+
+def test_no_rule_that_reads_the_gpu_count_is_taken_as_reading_no_count():
+    """reads_no_count trusts a rule's declared reads for everything but the GPU count, which no reads name
+    (Context.world, the job's num_gpus): every rule that reads it is one reads_no_count refuses (a COUNT_DEPENDENT
+    family, or reads that name a field the count changes: DP001, VL001, SK001)."""
+    import ast
+    import inspect
+
+    readers = []
+    for rule_id, cond in refusal.load_rules().items():
+        tree = ast.parse(inspect.getsource(inspect.getmodule(cond)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == cond.__name__:
+                names = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                if names & {"world", "num_gpus"}:
+                    readers.append(rule_id)
+    assert readers and not [rule_id for rule_id in readers if refusal.reads_no_count(rule_id)]
 
 
 def test_the_search_entry_refuses_an_rl_job_and_names_the_rl_planner():

@@ -121,7 +121,8 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
                   for z in space.zeros]
         candidates = set.intersection(*({f.id for f in p} for p in probes))
         for rule_id in sorted(candidates, key=list(rule_specs()).index):
-            if all(_fires(job, plan, rule_id) for lay in space.layouts for plan in space.plans(lay)) and all(
+            if all(_fires(job, plan, rule_id) for lay in layouts_told_apart(space, rule_id)
+                   for plan in space.plans(lay)) and all(
                     _fires(job, space.plan(fixed_experts(space, group.example), z, r, 1), rule_id)
                     for group in space.dropped for z in space.zeros for r in space.recomputes):
                 total = sum(space.count(lay) for lay in space.layouts) + sum(space.dropped_by().values())
@@ -212,21 +213,63 @@ def refuse_impossible(job: Job, fixed: Fixed) -> None:
         raise host
 
 
-COUNT_DEPENDENT = ("WS", "BS")
-"""Rule families whose verdict reads the GPU count (the world-size laws; the batch's divisibility by the
-data-parallel size): a refusal at the probed counts says nothing of the others, so min-gpus leaves them to its scan."""
+COUNT_DEPENDENT = ("WS", "BS", "RL")
+"""Rule families whose verdict reads the GPU count (Context.world: the world-size laws; the batch's divisibility by
+the data-parallel size; the rollout's GPUs against the trainer's): a refusal at the probed counts says nothing of the
+others, so min-gpus leaves them to its scan (tests/test_search_refusal.py: no other rule reads the count)."""
+
+
+LAYOUT_READS: dict[str, tuple[str, ...]] = {
+    # a plan field -> the Layout attributes that set it in Space.plan (Layout.plan: its degrees, pipeline split and
+    # schedule; sequence parallelism and the TP overlap with tp, the EP overlap with the schedule), or "sizes": the
+    # micro-batches Space tries for the layout
+    "tp": ("tp",), "pp": ("pp",), "vpp": ("vpp",), "cp": ("cp",), "ep": ("ep",), "etp": ("etp",), "dp": ("dp",),
+    "first_stage_layers": ("first",), "last_stage_layers": ("last",), "pipeline_layout": ("split",),
+    "account_for_embedding": ("split",), "account_for_loss": ("split",), "pipeline_schedule": ("schedule",),
+    "moe_a2a_overlap": ("schedule",), "sequence_parallel": ("tp",), "tp_comm_overlap": ("tp",),
+    "micro_batch_size": ("sizes",)}
+COUNT_READ_FIELDS = frozenset(LAYOUT_READS) | {"global_batch_size"}  # with the job's batch, re-derived per count
+"""The plan and job fields whose values a GPU count changes among the plans of its space; every other field a plan
+of the search holds takes the same values at any count (the ZeRO stages and recomputes the request and the card
+allow, the fields it fixes: Space.of). tests/test_search_refusal.py holds it against the spaces of two counts."""
+
+
+def layouts_told_apart(space: Space, rule_id: str) -> list[Layout]:
+    """One layout per distinct value of what the rule reads of a layout (LAYOUT_READS of its declared reads; the rest
+    of a plan is the same knobs at every layout): layouts alike in those give the same verdicts on their plans, so
+    whether the rule fires on every plan is read on these alone (every layout where it declares no reads)."""
+    reads = getattr(load_rules()[rule_id], "reads", None)
+    if reads is None:
+        return list(space.layouts)
+    attrs = sorted({attr for name in reads for attr in LAYOUT_READS.get(name, ())})
+    first: dict[tuple, Layout] = {}
+    for lay in space.layouts:
+        first.setdefault(tuple(space.sizes(lay) if a == "sizes" else getattr(lay, a) for a in attrs), lay)
+    return list(first.values())
+
+
+def reads_no_count(rule_id: str) -> bool:
+    """Whether the rule's condition declares what it reads (`@rule(reads=...)`) and none of it is a field the GPU count
+    changes: a rule every plan of one count's space breaks then breaks every plan at any count."""
+    reads = getattr(load_rules()[rule_id], "reads", None)
+    return reads is not None and not COUNT_READ_FIELDS.intersection(reads) and not rule_id.startswith(COUNT_DEPENDENT)
 
 
 def rule_blocking_every_count(job: Job, fixed: Fixed, counts: list[int], user_gbs: bool) -> Finding | None:
     """A framework rule that refuses every plan at each of `counts` GPUs (the min-gpus scan probes the first, second
     and last count it would visit) and does not read the count (LoRA on a framework without it): the scan stops on
-    it at once instead of running to its work bound."""
+    it at once instead of running to its work bound. A rule reading no field a count changes (reads_no_count) that
+    blocks every plan of a count whose space holds layouts blocks them at every count: the other counts are not
+    probed (the last count's space can hold millions of plans)."""
     first: Finding | None = None
     for world in counts:
-        blocked = blocking_rule(Space.of(job_at(job, world, user_gbs), fixed))
+        space = Space.of(job_at(job, world, user_gbs), fixed)
+        blocked = blocking_rule(space)
         if blocked is None or blocked[0].id.startswith(COUNT_DEPENDENT) or (first and blocked[0].id != first.id):
             return None
         first = first or blocked[0]
+        if space.layouts and reads_no_count(first.id):
+            return first
     return first
 
 
