@@ -19,7 +19,10 @@ from meshplan.search.plans import SearchPlans
 KIMI = Request(model="kimi-k2", num_gpus=256, gpu="h200")  # PP015 (ZeRO stage, EP overlap), PP005 (micro-batch)
 # flex dispatcher, EP overlap asked for: PP015 (ZeRO-3 over virtual stages), EP009 (full recompute)
 QWEN = Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100", moe_a2a_overlap=True)
-DEEPSPEED = Request(model="deepseek-v2-lite", num_gpus=8, gpu="h100", framework="deepspeed", micro_batch_size=2)
+# DeepSpeed-MoE: DS004 (ZeRO-3 with ep/tp/pp > 1) reads zero_stage and ep, DS002 the batch; the headroom keeps the
+# search checking past its first fits (since DeepSpeed runs EP, deepseek-v2-lite/8 checks too few plans to tell)
+DEEPSPEED = Request(model="mixtral-8x7b", num_gpus=16, gpu="h100", framework="deepspeed", micro_batch_size=1,
+                    headroom=0.3)
 # OF002 reads the recompute: DeepSpeed's activation offload needs full recompute (first_errors_over's varying part)
 OFFLOAD = Request(model="llama-3.1-8b", num_gpus=2, gpu="h100", framework="deepspeed", activation_offload=True,
                   seq_length=2048, global_batch_size=8, headroom=0.1)
