@@ -169,8 +169,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     b = update.breakdown
     forward = (b.compute_s - b.recompute_s + b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s + b.bubble_s) / 3
     passes = 1 + card.reference_model[rl.algorithm] + card.critic[rl.algorithm]
-    share = (rl.prompt_length + rl.mean_response) / (rl.prompt_length + rl.response_length)
-    log_prob = passes * forward * share if share < 1 else passes * forward
+    share = rl.token_share
+    log_prob = passes * forward * share
     one_update = at_tokens(update, share)
     update_s = one_update * (2 if card.critic[rl.algorithm] else 1)
 
@@ -224,16 +224,14 @@ def rl_throughput(job, plan: Plan):
 def rl_report(job, plan: Plan, timing, update, words: str):
     """The update's ThroughputReport turned into the RL step's (recommend builds its candidates with it too)."""
     rl = job.rl
-    tokens = update.tokens_per_s * update.step_time_s  # at prompt + response_length; the trained ones at the mean
-    share = (rl.prompt_length + rl.mean_response) / (rl.prompt_length + rl.response_length)
-    if share < 1:
-        tokens *= share
+    share = rl.token_share
+    tokens = update.tokens_per_s * update.step_time_s * share  # estimated at response_length, trained at the mean
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
             f"{timing.prefill_s:,.0f} s, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
             f"{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}, {timing.sequences_at_once} sequences at once, "
-            + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of " if rl.mean_response_length is None
-               or rl.mean_response_length >= rl.response_length else "steps at the full batch of ")
+            + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of " if share >= 1
+               else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "
             f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s, resharding "
             f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "

@@ -59,6 +59,12 @@ class RLJob(StrictModel):
         """The responses' mean length: response_length where the request stated none."""
         return self.response_length if self.mean_response_length is None else self.mean_response_length
 
+    @property
+    def token_share(self) -> float:
+        """A sequence's tokens at the mean response over those at the longest: what dynamic batches pack of what the
+        trainer is planned and estimated for (1.0 where no mean is stated)."""
+        return (self.prompt_length + self.mean_response) / (self.prompt_length + self.response_length)
+
 
 class Job(StrictModel):
     """What is trained, on what, with which settings: everything but the layout."""
@@ -96,23 +102,21 @@ class Job(StrictModel):
 
     @property
     def card(self) -> FrameworkCard:
-        """The job's framework card, as the resolver attached it (read from the private dict: the estimators ask it
-        tens of thousands of times a search, and pydantic's __getattr__ for a private attribute costs 20x)."""
-        cards = self.__pydantic_private__["_cards"]
-        if cards is None or cards[0].name != self.framework:
-            self._refuse_cards(cards)
-        return cards[0]
+        """The job's framework card, as the resolver attached it."""
+        return self._attached()[0]
 
     @property
     def rl_card(self) -> RLCard | None:
         """The `rl` section of the job's framework card (None: the framework runs no RL job)."""
-        cards = self.__pydantic_private__["_cards"]
-        if cards is None or cards[0].name != self.framework:
-            self._refuse_cards(cards)
-        return cards[1]
+        return self._attached()[1]
 
-    def _refuse_cards(self, cards: tuple | None) -> None:
-        """No card attached, or a copy changed the framework (its card would be stale): what to do instead."""
+    def _attached(self) -> tuple:
+        """The attached (card, rl section), read from the private dict (the estimators ask them tens of thousands of
+        times a search, and pydantic's __getattr__ for a private attribute costs 20x); refused where none is attached
+        or a copy changed the framework (its card would be stale), with what to do instead."""
+        cards = self.__pydantic_private__["_cards"]
+        if cards is not None and cards[0].name == self.framework:
+            return cards
         raise MeshplanError(
             f"This job (framework {self.framework!r}) carries no card of its framework"
             + (f": it carries {cards[0].name!r}'s (a copy changed its framework)." if cards else
