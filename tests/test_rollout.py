@@ -224,6 +224,37 @@ def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
     assert "eager kernel launches" in words
 
 
+def test_decode_all_reduces_carry_the_batch_activations_at_the_ring_bandwidth():
+    """Each decode step all-reduces a batch x hidden bf16 tensor twice per layer over the rollout TP: across
+    nodes (TP32 over 4 H20 nodes, verl's DeepSeek-V3 recipe) its bytes count beside the one latency, so the
+    collectives grow with the batch; with EP the MoE layers' dispatch and combine carry every DP rank's tokens."""
+    from meshplan.arithmetic.comm import links, small_allreduce_time
+    from meshplan.knowledge.calibration import calibration
+    from meshplan.rl.step_time import decode_collectives
+
+    job, plan = resolve(parse_request({
+        "model": "deepseek-v3", "gpu": "h20", "num_gpus": 96, "framework": "verl", "job": "rl", "tp": 8, "pp": 12,
+        "ep": 8, "prompts_per_step": 96, "samples_per_prompt": 8, "response_length": 9632, "rollout_tp": 32}))
+    cal = calibration(job.framework)
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    arch = job.model
+    ring_bw = min(lk.intra_bw, 8 ** lk.nic_scaling * lk.inter_bw)  # 8 of the 32 ranks share a node
+    one = 2 * 68 * arch.hidden_size * 2 * 31 / 32 / ring_bw + lk.inter_lat
+    assert small_allreduce_time(68 * arch.hidden_size * 2, 32, 1, lk) == pytest.approx(one)
+    assert decode_collectives(job, plan, 68, cal) == pytest.approx(2 * arch.num_layers * one)
+    assert decode_collectives(job, plan, 68, cal) > decode_collectives(job, plan, 1, cal) > 2 * arch.num_layers * (
+        lk.inter_lat)
+    # inside one node the same bytes move over NVLink at the intra-node latency
+    inside = plan.model_copy(update={"rollout_tp": 8, "rollout_dp": 4})
+    tp8 = 2 * 68 * arch.hidden_size * 2 * 7 / 8 / lk.intra_bw + lk.intra_lat
+    assert decode_collectives(job, inside, 68, cal) == pytest.approx(2 * arch.num_layers * tp8)
+    # EP over TP x DP: attention's all-reduce stays on the TP, the MoE layers' carry the DP ranks' tokens
+    ep = inside.model_copy(update={"rollout_ep": 32})
+    moe = len(arch.moe.moe_layers)
+    routed = small_allreduce_time(4 * 68 * arch.hidden_size * 2, 32, 1, lk)
+    assert decode_collectives(job, ep, 68, cal) == pytest.approx((2 * arch.num_layers - moe) * tp8 + moe * routed)
+
+
 def test_skyrl_colocated_offloads_every_model_itself_and_verl_only_on_request():
     from meshplan.rl.memory import rl_memory
 

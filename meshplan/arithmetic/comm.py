@@ -46,6 +46,12 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration) -> Links:
     )
 
 
+def _ring_bw(k: int, size: int, lk: Links) -> float:
+    """Bytes/s a ring of `size` ranks, `k` of them per fast domain, moves: NVLink inside one domain, else the
+    domain's NICs (k**nic_scaling of them) capped by NVLink."""
+    return lk.intra_bw if k >= size else min(lk.intra_bw, k**lk.nic_scaling * lk.inter_bw)
+
+
 def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     """All-gather or reduce-scatter of a tensor of `nbytes` (the full, unsharded size) over a ring."""
     if size <= 1 or nbytes <= 0:
@@ -55,13 +61,24 @@ def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     if k >= size:
         return moved / lk.intra_bw + (size - 1) * lk.intra_lat
     domains = -(-size // k)
-    bw = min(lk.intra_bw, k**lk.nic_scaling * lk.inter_bw)
-    return moved / bw + (k - 1) * lk.intra_lat + (domains - 1) * lk.inter_lat
+    return moved / _ring_bw(k, size, lk) + (k - 1) * lk.intra_lat + (domains - 1) * lk.inter_lat
 
 
 def allreduce_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     """Ring all-reduce = reduce-scatter + all-gather."""
     return 2.0 * ring_time(nbytes, size, stride, lk)
+
+
+def small_allreduce_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
+    """All-reduce of one decode step's activations (a batch x hidden tensor: kilobytes to a few megabytes): the
+    ring's two passes of bytes at its bandwidth plus one small-message latency of the slowest link the group
+    crosses, where `allreduce_time` adds a latency per ring hop (its per-hop latencies are the training
+    collectives' calibration)."""
+    if size <= 1 or nbytes <= 0:
+        return 0.0
+    k = per_domain(size, stride, lk.domain)
+    latency = lk.intra_lat if k >= size else lk.inter_lat
+    return 2.0 * nbytes * (size - 1) / size / _ring_bw(k, size, lk) + latency
 
 
 def alltoall_time(nbytes: float, size: int, stride: int, lk: Links) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from meshplan.arithmetic.comm import links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
@@ -32,10 +33,31 @@ def _engine_param_split(arch, plan: Plan) -> tuple[float, float, float]:
     return engine_weight_bytes(arch, plan) - expert_total, per_expert, experts_here
 
 
+def decode_collectives(job, plan: Plan, batch: float, cal) -> float:
+    """Seconds of one decode step's collectives on one engine GPU, each on a batch x hidden bf16 tensor at the
+    ring's bandwidth plus one small-message latency (arithmetic/comm.small_allreduce_time): per layer attention's
+    output all-reduce over the rollout TP (vLLM RowParallelLinear o_proj), and the MLP's over the TP too (down_proj,
+    or the MoE layer's one all-reduce after the routed and shared experts), or with EP the MoE layer's dispatch
+    and combine over TP x DP: vLLM's default EP path all-gathers every DP rank's tokens and reduce-scatters them
+    back (all2all.py AgRsAll2AllManager), an all-reduce's bytes of the DP ranks' batches. At a decode batch these
+    are latency-bound inside a node; across nodes (a TP group of 32 over 4 nodes) the bytes count too."""
+    arch = job.model
+    lk = links(job.gpu, job.gpus_per_node, cal)
+    activations = batch * arch.hidden_size * ENGINE_BYTES
+    tp = small_allreduce_time(activations, plan.rollout_tp, 1, lk)
+    moe = len(arch.moe.moe_layers) if arch.moe is not None else 0
+    if plan.rollout_ep > 1:
+        group = plan.rollout_tp * plan.rollout_dp
+        routed = small_allreduce_time(activations * plan.rollout_dp, group, 1, lk)
+    else:
+        routed = tp
+    return (2 * arch.num_layers - moe) * tp + moe * routed
+
+
 def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[float, str]:
     """One decode step of `batch` sequences at `context` tokens on one engine GPU: the larger of reading its weights
     (every dense weight, and the routed experts the batch's tokens reach) plus the batch's KV cache from HBM, and
-    the step's FLOPs; plus two TP all-reduces (or EP all-to-alls) per layer at the link's small-message latency."""
+    the step's FLOPs; plus the layers' collectives on the batch's activations (`decode_collectives`)."""
     cal = calibration(job.framework)
     arch, gpu = job.model, job.gpu
     fixed, per_expert, experts_here = _engine_param_split(arch, plan)
@@ -49,10 +71,7 @@ def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[fl
     memory_s = (fixed + touched + kv) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
     flops = model_flops_per_token(arch, int(context), mtp_layers=0) / 3 * batch / plan.rollout_tp
     compute_s = flops / (gpu.bf16_flops * cal.gemm_peak_fraction)
-    domain = job.gpus_per_node
-    group = plan.rollout_tp * (plan.rollout_dp if plan.rollout_ep > 1 else 1)
-    latency = cal.latency_intra_s if group <= domain else cal.latency_inter_s
-    comm_s = 2 * arch.num_layers * latency if group > 1 else 0.0
+    comm_s = decode_collectives(job, plan, batch, cal)
     # without CUDA graphs the host launches every layer's kernels each step (calibration.yaml rl)
     eager_s = arch.num_layers * rl_constant("eager_launch_s_per_layer") if plan.rollout_enforce_eager else 0.0
     bound = "HBM" if memory_s >= compute_s else "compute"
