@@ -8,9 +8,10 @@ import pytest
 
 from meshplan import api
 from meshplan.request.resolve import resolve
-from meshplan.rl.job import resolve_rl, rl_job_gpus
+from meshplan.rl.job import ResolvedRL, resolve_rl, rl_job_gpus
 from meshplan.rl.memory import critic_apart
 from meshplan.schema.request import Request
+from meshplan.search import min_gpus
 
 JOBS = {
     "colocated": (dict(model="qwen2.5-7b", framework="verl", job="rl", algorithm="grpo", gpu="h100"), 8, 8),
@@ -37,3 +38,25 @@ def test_the_jobs_gpus_are_one_function_the_report_and_min_gpus_read(name):
     assert rl is not None and rl.job_gpus(trainer_req.num_gpus) == found.num_gpus
     p = found.candidate.plan
     assert p.dp * p.cp * p.tp * p.pp == trainer_req.num_gpus  # the layout at the count is the trainer's
+
+
+def test_min_gpus_scans_the_trainer_counts_the_one_home_of_the_jobs_gpus_allows(monkeypatch):
+    """min-gpus turns its GPU limit into the trainer's by rl_job_gpus alone (through ResolvedRL.job_gpus): it derived
+    the critic's copies again beside it (2 where critic_apart), so a change to that home left the scan's limit behind.
+    Here the home counts every trainer GPU twice (as a critic of its own would) on a job whose critic is not apart:
+    the scan must stop at the trainer count whose job fits max_gpus."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def scan(job, fixed, engine, headroom, user_gbs, limit, **_):
+        seen["limit"] = limit
+        raise Stop
+
+    monkeypatch.setattr(ResolvedRL, "job_gpus", lambda self, trainer: 2 * trainer + (self.rollout_gpus or 0))
+    monkeypatch.setattr(min_gpus, "scan_minimum", scan)
+    fields, _, _ = JOBS["separate"]
+    with pytest.raises(Stop):
+        api.minimum_gpus(Request(**fields), max_gpus=64)
+    assert seen["limit"] == (64 - 8) // 2
