@@ -162,3 +162,55 @@ def test_deepspeed_offloads_the_whole_optimizer_at_zero_1():
     base = dict(model="llama-3.1-8b", framework="deepspeed", gpu="h100", num_gpus=8, optimizer_offload=True)
     assert "OF001" not in {f.id for f in api.check_config(Request(**base)).findings}
     assert "OF001" in {f.id for f in api.check_config(Request(**base, optimizer_offload_fraction=0.5)).findings}
+
+
+MESH_PRODUCT = {"torchtitan": "WS004", "nemo-automodel": "AM001", "kempnerforge": "WS006"}
+
+
+@pytest.mark.parametrize("framework", sorted(MESH_PRODUCT))
+def test_a_mesh_product_fix_names_only_changes_that_work_with_dp_given_or_derived(framework):
+    """WS004, AM001 and WS006 ended with 'or leave dp to be derived' even where dp already was (the GPU count is off the
+    multiples of the model-parallel product: deriving changes nothing), and named GPU counts a dp given explicitly does
+    not fill. Every alternative, each GPU count listed included, applied, now clears the rule; 'drop dp' only where dp
+    was given and the derived one tiles the count."""
+    rule_id, failures, tried = MESH_PRODUCT[framework], [], 0
+    for num_gpus, tp, pp, dp in ((g, t, p, d) for g in (8, 12, 16, 24) for t in (2, 4, 8) for p in (1, 2)
+                                 for d in (None, 1, 2, 3)):
+        req = {k: v for k, v in dict(model="mixtral-8x7b", framework=framework, gpu="h100", num_gpus=num_gpus, tp=tp,
+                                     pp=pp, dp=dp, ep=2 if framework == "kempnerforge" else None).items()
+               if v is not None}
+        try:
+            findings, plan = structural(req)
+        except MeshplanError:
+            continue
+        found = next((f for f in findings if f.id == rule_id), None)
+        if found is None:
+            continue
+        current = {**plan.model_dump(), **req}
+        every_count = re.sub(r"num_gpus = (\d+) or (\d+)", r"num_gpus = \1, or num_gpus = \2", found.fix)
+        alternatives = applied(every_count, req, current)
+        assert alternatives, f"{req}: {found.fix!r} names no change"
+        unit = plan.tp * plan.pp * plan.cp * (plan.ep if framework == "kempnerforge" else 1)
+        assert ("drop dp" in found.fix) == (dp is not None and dp != max(1, num_gpus // unit) and num_gpus % unit == 0)
+        for fixed in alternatives:
+            if "dp" in fixed and "dp = num_gpus/" in found.fix:  # a dp given as derived follows the count, the fix says
+                fixed["dp"] = fixed["num_gpus"] // unit
+            tried += 1
+            failures += [f"{req} fix {found.fix!r} -> {fixed}: {why}"
+                         for why in broken(fixed, found, {f.id for f in findings})]
+    assert tried > 20
+    assert not failures, "\n".join(failures[:5])
+
+
+def test_a_mesh_product_fix_offers_deriving_dp_only_where_it_was_given():
+    torchtitan = dict(model="llama-3.1-8b", framework="torchtitan", gpu="h100", tp=8)
+    assert fix_of("WS004", **torchtitan, num_gpus=12) == \
+        "Use num_gpus = 8 or 16 (multiples of cp*tp*pp = 8; dp = num_gpus/8)."
+    assert fix_of("WS004", **torchtitan, num_gpus=16, dp=1) == (
+        "Use num_gpus = dp*cp*tp*pp = 1*8 = 8, or drop dp (data_parallel_shard_degree=-1 derives 16/(cp*tp*pp) = 16/8 "
+        "= 2).")
+    assert fix_of("WS004", **torchtitan, num_gpus=12, dp=2) == "Use num_gpus = dp*cp*tp*pp = 2*8 = 16."
+    assert fix_of("AM001", **{**torchtitan, "framework": "nemo-automodel"}, num_gpus=24, dp=1).endswith(
+        ", or drop dp (dp_size: null derives 24/(cp*tp*pp) = 24/8 = 3).")
+    assert fix_of("WS006", model="mixtral-8x7b", framework="kempnerforge", gpu="h100", tp=4, ep=2, num_gpus=12) == \
+        "Use num_gpus = 8 or 16 (multiples of tp*pp*cp*ep = 8; dp = num_gpus/8)."

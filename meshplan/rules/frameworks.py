@@ -11,7 +11,7 @@ from __future__ import annotations
 from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, default_render, missing_knob, missing_layout_knob
 from meshplan.rules.engine import Context, Values, fmt_set, rule
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
-from meshplan.rules.world import torchtitan_ep_divides, torchtitan_product, working_ep
+from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
 
 
 @rule("TT001", reads=("etp",))
@@ -115,8 +115,9 @@ def verl_ulysses_padding(ctx: Context) -> Values:
 
 @rule("AM001", reads=("tp", "pp", "cp", "dp"))
 def automodel_mesh_product(ctx: Context) -> Values:
-    """_create_fsdp2_device_mesh: the mesh (pp, dp_replicate, dp_shard, cp, tp) covers the world, as torchtitan's."""
-    return torchtitan_product(ctx)
+    """_create_fsdp2_device_mesh: the mesh (pp, dp_replicate, dp_shard, cp, tp) covers the world, as torchtitan's;
+    dp_size left out (null) is derived (_infer_dp_size)."""
+    return mesh_product(ctx, "dp_size: null")
 
 
 

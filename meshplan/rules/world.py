@@ -106,15 +106,39 @@ def dp_matches_law(ctx: Context) -> Values:
 
 
 
+def product_fix(ctx: Context, unit: int, formula: str, derive: str) -> dict[str, str]:
+    """The fix of a mesh whose dp*`unit` is not the GPU count (WS004, WS006, AM001), naming only what works here.
+    With dp as the law derives it (left out, or given as that), only the GPU count can change: the multiples of
+    `unit`, each with its dp (what leaving dp out derives there; a dp given as this count's must follow). With another
+    dp given: the count its degrees need (dp*unit), and dropping dp only where the derived dp tiles the count
+    (`derive`: how the framework's config leaves dp to be derived); a count off the multiples of `unit` no dp fixes.
+    Reads tp, pp, cp, dp (and ep, where the law gives EP ranks of its own)."""
+    p = ctx.plan
+    derived = mesh.derived_dp(ctx.law, ctx.world, p.tp, p.pp, p.cp, p.ep)
+    if p.dp == derived:
+        return {"gpus": f"{neighbours(ctx.world, unit)} (multiples of {formula} = {unit}; dp = num_gpus/{unit})",
+                "derive": ""}
+    return {"gpus": f"dp*{formula} = {p.dp}*{unit} = {p.dp * unit}",
+            "derive": "" if ctx.world % unit else
+            f", or drop dp ({derive} derives {ctx.world}/({formula}) = {ctx.world}/{unit} = {derived})"}
+
+
+
 @rule("WS004", reads=("tp", "pp", "cp", "dp"))
 def torchtitan_product(ctx: Context) -> Values:
+    return mesh_product(ctx, "data_parallel_shard_degree=-1")
+
+
+def mesh_product(ctx: Context, derive: str) -> Values:
+    """torchtitan's test (and NeMo AutoModel's: AM001), dp*cp*tp*pp == world, with its fix (product_fix; `derive`:
+    how the framework's config leaves dp to be derived)."""
     p = ctx.plan
     product = p.dp * p.cp * p.tp * p.pp
     if product == ctx.world:
         return None
     mp = p.cp * p.tp * p.pp
-    return {"dp": p.dp, "cp": p.cp, "tp": p.tp, "pp": p.pp, "product": product, "world": ctx.world,
-            "gpus": neighbours(ctx.world, mp), "mp": mp}
+    return {"dp": p.dp, "cp": p.cp, "tp": p.tp, "pp": p.pp, "product": product, "world": ctx.world, "mp": mp,
+            **product_fix(ctx, mp, "cp*tp*pp", derive)}
 
 
 
@@ -139,7 +163,7 @@ def kempnerforge_product(ctx: Context) -> Values:
         return None
     unit = p.tp * p.pp * p.cp * p.ep
     return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "product": product,
-            "world": ctx.world, "unit": unit, "gpus": neighbours(ctx.world, unit)}
+            "world": ctx.world, "unit": unit, **product_fix(ctx, unit, "tp*pp*cp*ep", "dp_shard=-1")}
 
 
 @rule("DP001", reads=("pp", "ep", "etp", "dp", "dp_replicate"))
