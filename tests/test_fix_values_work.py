@@ -15,6 +15,8 @@ from meshplan.adapters.read.fixes import fix_changes
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
 from meshplan.request.resolve import resolve
+from meshplan.rules.engine import load_rules
+from meshplan.rules.pipeline import MICROBATCH_RULES
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
@@ -214,3 +216,47 @@ def test_a_mesh_product_fix_offers_deriving_dp_only_where_it_was_given():
         ", or drop dp (dp_size: null derives 24/(cp*tp*pp) = 24/8 = 3).")
     assert fix_of("WS006", model="mixtral-8x7b", framework="kempnerforge", gpu="h100", tp=4, ep=2, num_gpus=12) == \
         "Use num_gpus = 8 or 16 (multiples of tp*pp*cp*ep = 8; dp = num_gpus/8)."
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pipeline_sizes_a_fix_names_pass_the_micro_batch_rules(seed):
+    """PP003 and PP013 named every pp that splits the layers and tiles the GPUs; at the job's global batch some of those
+    leave a micro-batch count that PP005/PP011 (or AM003, PP014) refuse. Each pp they name (every one of the set), with
+    its vpp, applied, now passes them."""
+    failures, tried = [], 0
+    for req in sampled_requests(seed, 300):
+        try:
+            findings = structural(req)[0]
+        except MeshplanError:
+            continue
+        for found in (f for f in findings if f.id in ("PP003", "PP013")):
+            named = re.search(r"pp in \{([\d, ]+)\} with vpp=(\d+)", found.fix)
+            for pp in [int(v) for v in named.group(1).split(", ")] if named else []:
+                tried += 1
+                after = {f.id for f in structural({**req, "pp": pp, "vpp": int(named.group(2))})[0]
+                         if f.severity == "error"}
+                if after & set(MICROBATCH_RULES):
+                    failures.append(f"{req} {found.id} fix {found.fix!r} -> pp={pp}: "
+                                    f"{sorted(after & set(MICROBATCH_RULES))}")
+    assert tried > 30
+    assert not failures, "\n".join(failures[:5])
+
+
+def test_pp003_names_the_pipeline_sizes_the_batch_rules_pass_and_says_when_none_does():
+    # torchtitan, 64 GPUs at tp=8, 20 sequences: pp=2 leaves 5 micro-batches over 2 rounds (torch's interleaved 1F1B
+    # refuses them: PP011); pp=4 and pp=8 leave 10 and 20, which divide into their rounds
+    assert fix_of("PP003", model="llama-3.1-70b", framework="torchtitan", gpu="h100", num_gpus=64, tp=8, vpp=2,
+                  global_batch_size=20) == "Set vpp=1, or pp in {4, 8} with vpp=2."
+    # Megatron-Core, 8 GPUs, 12 sequences: pp 2, 4, 8 leave 3, 6, 12 micro-batches, none a multiple of pp (PP005)
+    assert fix_of("PP003", model="llama-3.1-8b", gpu="h100", num_gpus=8, vpp=2, global_batch_size=12) == (
+        "Set vpp=1 (pp {2, 4, 8} would split the layers into pp*vpp chunks, but at a global batch of 12 each breaks "
+        "PP005).")
+
+
+def test_pp003_and_pp013_read_what_the_micro_batch_rules_they_run_read():
+    """Their verdicts are kept per the fields they read (engine.Verdicts): those include what the micro-batch rules read
+    (but pp, vpp and dp, which the fix sets itself)."""
+    conditions = load_rules()
+    needed = {name for r in MICROBATCH_RULES for name in conditions[r].reads} - {"pp", "vpp", "dp"}
+    for rule_id in ("PP003", "PP013"):
+        assert needed <= set(conditions[rule_id].reads), (rule_id, needed - set(conditions[rule_id].reads))

@@ -10,12 +10,23 @@ from __future__ import annotations
 import math
 from typing import get_args
 
+from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
 from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
-from meshplan.rules.engine import Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+from meshplan.rules.engine import (
+    Context,
+    Values,
+    ctx_param,
+    divisors,
+    fmt_set,
+    load_rules,
+    neighbours,
+    rule,
+    rule_specs,
+)
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Plan
@@ -68,11 +79,18 @@ def layers_divisible_by_vpp(ctx: Context) -> Values:
 
 
 
-@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage"))
+# What a pp a fix names must pass beside its layers and tiling (interleaved_pps): the rules that count a schedule run's
+# micro-batches against pp, each framework's own (Megatron-Core's interleaving, torch's schedules, NeMo AutoModel's).
+MICROBATCH_RULES = ("PP005", "PP010", "PP011", "PP014", "AM003")
+MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule", "global_batch_size")
+
+
+@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS))
 def vpp_needs_pp(ctx: Context) -> Values:
     """Megatron-Core refuses virtual stages without a pipeline; torchtitan, KempnerForge and NeMo AutoModel build no
     pipeline at pp=1 and run the model whole, so the vpp named is not the layout they run. vpp=1 always works; pp
-    values only where interleaved_pps finds some."""
+    values only where interleaved_pps finds some, and where the layers split but the batch rules refuse every such pp,
+    the fix says so beside vpp=1."""
     p = ctx.plan
     if p.vpp == 1 or p.pp > 1:
         return None
@@ -80,9 +98,14 @@ def vpp_needs_pp(ctx: Context) -> Values:
            if ctx.backend == "megatron" else
            f"{ctx.card.display_name} builds no pipeline at pp=1 and runs the model whole, "
            "not the layout named")
-    pps = interleaved_pps(ctx, p.vpp)
-    return {"vpp": p.vpp, "how": how,
-            "pipeline": f", or pp in {fmt_set(pps)} with vpp={p.vpp}" if pps else ""}
+    split = splitting_pps(ctx, p.vpp)
+    refused = {d: microbatch_refusals(ctx, d, p.vpp) for d in split}
+    pps = [d for d in split if not refused[d]]
+    ids = sorted({r for rules in refused.values() for r in rules})
+    pipeline = (f", or pp in {fmt_set(pps)} with vpp={p.vpp}" if pps else
+                f" (pp {fmt_set(split)} would split the layers into pp*vpp chunks, but at a global batch of "
+                f"{ctx.job.global_batch_size} each breaks {', '.join(ids)})" if split else "")
+    return {"vpp": p.vpp, "how": how, "pipeline": pipeline}
 
 
 
@@ -99,13 +122,30 @@ def interleaves(ctx: Context) -> bool:
 
 
 def interleaved_pps(ctx: Context, vpp: int) -> list[int]:
-    """pp values over 1 at which this job runs `vpp` virtual stages: the framework interleaves, the layers split
-    evenly over pp*vpp chunks, and the GPU count stays tiled (world.tiled); none where nothing does. Reads tp, pp, cp,
-    ep, etp, zero_stage."""
+    """pp values over 1 at which this job runs `vpp` virtual stages: splitting_pps, and the micro-batch rules pass
+    (microbatch_refusals); none where nothing does. Reads tp, pp, cp, ep, etp, zero_stage and MICROBATCH_READS."""
+    return [d for d in splitting_pps(ctx, vpp) if not microbatch_refusals(ctx, d, vpp)]
+
+
+def splitting_pps(ctx: Context, vpp: int) -> list[int]:
+    """pp values over 1 that take `vpp` virtual stages on this job's layers and GPUs: the framework interleaves, the
+    layers split evenly over pp*vpp chunks, and the GPU count stays tiled (world.tiled). Reads tp, pp, cp, ep, etp,
+    zero_stage."""
     if not interleaves(ctx):
         return []
     layers = ctx.arch.num_layers
     return tiled(ctx, "pp", [d for d in divisors(layers, upto=MAX_LISTED_PP) if d > 1 and layers % (d * vpp) == 0])
+
+
+def microbatch_refusals(ctx: Context, pp: int, vpp: int) -> list[str]:
+    """The MICROBATCH_RULES the job's framework runs that refuse its plan at `pp` and `vpp`, dp derived from the GPU
+    count as the resolver derives it (dp left out), at the job's global batch: each rule's own condition, run on that
+    plan. Reads tp, cp, ep, zero_stage and MICROBATCH_READS."""
+    p = ctx.plan
+    at = Context(ctx.job, p.model_copy(update={"pp": pp, "vpp": vpp,
+                                               "dp": mesh.derived_dp(ctx.law, ctx.world, p.tp, pp, p.cp, p.ep)}))
+    specs, conditions = rule_specs(), load_rules()
+    return [r for r in MICROBATCH_RULES if specs[r].applies_to(ctx.framework, at.backend) and conditions[r](at)]
 
 
 
@@ -323,7 +363,7 @@ def _zero_bubble_words(card: FrameworkCard) -> str:
     return " and ".join(words for order, words in forms.items() if order in schedules)
 
 
-@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "pipeline_schedule"))
+@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS))
 def schedule_chunks(ctx: Context) -> Values:
     """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two. A
     fix names virtual stages only where the framework runs them (interleaves)."""
