@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tree_under_test import tree_env
+
 
 def free_port() -> int:
     """A loopback port nothing listens on now."""
@@ -27,7 +29,7 @@ def serving(argv: list[str], cwd: Path, start_s: float = 60.0) -> Iterator[int]:
     Its stderr goes to cwd/stderr.log (a file, not a pipe: a full pipe would stall the server) and is shown if it
     does not start."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "PATH")}
+    env = tree_env({k: v for k, v in os.environ.items() if k in ("HOME", "PATH")})
     log = cwd / "stderr.log"
     with open(log, "w") as err:
         proc = subprocess.Popen([*argv, str(port)], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)

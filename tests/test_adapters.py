@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tree_under_test import tree_env
 
 from meshplan.adapters.capabilities import KNOBS
 from meshplan.adapters.parse import parse_plan, shell_tokens
@@ -631,13 +632,16 @@ def test_golden_files_match():
 
 def test_cli_render_prints_the_snippet_and_json(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "render", "torchtitan", "llama-3.1-8b",
-                           "--num-gpus", "8", "--tp", "2", "--json"], capture_output=True, text=True, cwd=tmp_path)
+                           "--num-gpus", "8", "--tp", "2", "--json"], capture_output=True, text=True, cwd=tmp_path,
+                          env=tree_env())
     assert proc.returncode == 0, proc.stderr
     assert '"framework": "torchtitan"' in proc.stdout and "--parallelism.tensor_parallel_degree 2" in proc.stdout
     etp = [sys.executable, "-m", "meshplan.faces.cli", "render", "torchtitan", "--model", "qwen3-30b-a3b",
            "--num-gpus", "16",
            "--ep", "8", "--etp", "2"]
-    proc = subprocess.run(etp, capture_output=True, text=True)  # the rules refuse it first (TT001): exit 1
+    # the rules refuse it first (TT001): exit 1
+    proc = subprocess.run(etp, capture_output=True, text=True, env=tree_env())
     assert proc.returncode == 1 and "TT001" in proc.stderr and "expert_tensor_parallel_degree" in proc.stderr
-    proc = subprocess.run([*etp, "--force"], capture_output=True, text=True)  # then the adapter has no such knob
+    # then the adapter has no such knob
+    proc = subprocess.run([*etp, "--force"], capture_output=True, text=True, env=tree_env())
     assert proc.returncode == 2 and "expert_tensor_parallel_degree" in proc.stderr and "Traceback" not in proc.stderr

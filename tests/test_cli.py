@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+from tree_under_test import tree_env
+
 from meshplan.faces.cli import main
 
 
@@ -24,7 +26,7 @@ def test_models_json_lists_the_catalog(capsys):
 
 def test_unknown_model_is_an_error_without_traceback():
     proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "describe", "no-such-model"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=tree_env())
     assert proc.returncode == 2
     assert "Unknown model 'no-such-model'" in proc.stderr
     assert "Traceback" not in proc.stderr

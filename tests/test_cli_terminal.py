@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tree_under_test import tree_env
 
 from meshplan import __version__
 from meshplan.faces.cli import ECHO_CHARS, MAX_LINE_CHARS, main
@@ -84,7 +85,7 @@ def test_batch_reads_stdin_and_refuses_flags_it_would_ignore(tmp_path, capsys, m
 def test_batch_through_a_real_process_matches_line_numbers():
     proc = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "check", "--batch", "-"],
                           input=json.dumps(CHECK_FAILS) + "\n\n" + json.dumps(GOOD) + "\n",
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=tree_env())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert [json.loads(line)["line"] for line in proc.stdout.splitlines()] == [1, 2, 3]
 
@@ -94,7 +95,7 @@ def test_batch_through_a_real_process_matches_line_numbers():
 
 def _serve(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "meshplan.faces.cli", "serve", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tree_env())
 
 
 def _stop(proc: subprocess.Popen, ready: str, timeout: float = 60) -> tuple[int, str, str]:
@@ -135,7 +136,7 @@ def test_serve_over_http_prints_its_url_and_stops_on_ctrl_c():
 
 def test_meshplan_mcp_entry_point_stops_cleanly_too():
     proc = subprocess.Popen([sys.executable, "-m", "meshplan.faces.mcp"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tree_env())
     code, out, err = _stop(proc, "waiting for a client's JSON-RPC")
     assert code in (0, 130) and "Traceback" not in err and out == ""
 

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+from tree_under_test import tree_env
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
@@ -266,7 +267,8 @@ def anyio_backend():
 
 async def test_cli_mcp_and_api_give_identical_results(tmp_path):
     assert len(CASES) >= 30 and {tool for tool, _ in CASES} == set(TOOLS)
-    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path),
+                                    env=tree_env({}))
     disagreements = []
     with anyio.fail_after(600):
         async with Client(params) as client:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from framework_packages import TORCHTITAN_VENV, venv_python, wheel_tree
+from tree_under_test import tree_env
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "bench" / "fake_tensor_harness.py"
@@ -106,5 +107,5 @@ def test_the_harness_never_enters_meshplan():
     assert "import meshplan" not in source and "from meshplan" not in source
     proc = subprocess.run([sys.executable, "-c", "import sys, meshplan.estimate.memory, "
                            "meshplan.arithmetic.activations; print('torch' in sys.modules)"],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=tree_env())
     assert proc.stdout.strip() == "False"

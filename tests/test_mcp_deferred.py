@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
+from tree_under_test import tree_env
 
 from meshplan.faces import docs
 from meshplan.faces.cli import main
@@ -21,7 +21,6 @@ from meshplan.faces.mcp import deferred, tool_list
 from meshplan.faces.mcp.results import MemoryAnswer
 
 pytestmark = pytest.mark.anyio
-TREE = str(Path(__file__).resolve().parents[1])  # this tree, wherever meshplan is installed from
 
 
 @pytest.fixture
@@ -90,7 +89,7 @@ server.run()
 
 async def test_the_server_lists_its_tools_before_importing_the_report_models(tmp_path):
     params = StdioServerParameters(command=sys.executable, args=["-c", LOADED_SERVER], cwd=str(tmp_path),
-                                   env={"PYTHONPATH": TREE})
+                                   env=tree_env({}))
     async with Client(params) as client:
         with anyio.fail_after(60):
             names = [tool.name for tool in (await client.list_tools()).tools]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tree_under_test import tree_env
 
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 NPX = shutil.which("npx")
@@ -26,8 +27,8 @@ NETWORK_HINTS = ("ETIMEDOUT", "ECONNRESET", "EAI_AGAIN", "ENOTFOUND", "network",
 
 
 def inspector(cwd: Path, *method_args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "npm_config_yes": "true", "npm_config_update_notifier": "false",
-           "npm_config_fund": "false", "npm_config_audit": "false", "MCP_INSPECTOR_SECRET_STORE": "memory"}
+    env = tree_env({**os.environ, "npm_config_yes": "true", "npm_config_update_notifier": "false",
+           "npm_config_fund": "false", "npm_config_audit": "false", "MCP_INSPECTOR_SECRET_STORE": "memory"})
     argv = [NPX, "-y", INSPECTOR, "--cli", sys.executable, "-m", "meshplan.faces.mcp", "--", *method_args,
             "--format", "json"]
     for attempt in range(2):

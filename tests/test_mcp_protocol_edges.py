@@ -16,13 +16,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.server import MCPServer
 from test_mcp_transports import INIT, MEMORY_ARGS, SERVER, RawServer, call
+from tree_under_test import tree_env
 
 from meshplan.core import cancel
 from meshplan.core.errors import Cancelled, MeshplanError
@@ -46,7 +46,7 @@ def anyio_backend():
 
 @pytest.fixture
 def raw(tmp_path):
-    server = RawServer(SERVER, tmp_path, env={})
+    server = RawServer(SERVER, tmp_path, env=tree_env({}))
     yield server
     if server.proc.poll() is None:
         server.proc.kill()
@@ -271,7 +271,7 @@ USER_ERRORS = [
 def test_user_errors_leave_no_traceback_on_stderr(tmp_path):
     log = tmp_path / "stderr.log"
     with open(log, "w") as err:  # a file, not a pipe: a chatty server would stall on a full pipe
-        server = RawServer(SERVER, tmp_path, env={}, stderr=err)
+        server = RawServer(SERVER, tmp_path, env=tree_env({}), stderr=err)
     try:
         server.initialize()
         for line in USER_ERRORS:
@@ -299,7 +299,7 @@ server.run()
 def test_a_crash_is_an_internal_error_and_keeps_its_traceback(tmp_path):
     log = tmp_path / "stderr.log"
     with open(log, "w") as err:
-        server = RawServer([sys.executable, "-c", CRASHING_PROMPT], tmp_path, env={}, stderr=err)
+        server = RawServer([sys.executable, "-c", CRASHING_PROMPT], tmp_path, env=tree_env({}), stderr=err)
     try:
         server.initialize()
         reply = server.ask(request(2, "prompts/get", {"name": "broken"}))
@@ -407,7 +407,7 @@ WIRE = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, request
 
 
 def test_the_wire_is_byte_for_byte_the_sdk_built_servers(tmp_path):
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this tree, wherever it is installed from
+    env = tree_env({})  # this tree, wherever it is installed from
     replies = []
     for argv in (SERVER, [sys.executable, "-c", SDK_BUILT_SERVER]):
         server = RawServer(argv, tmp_path, env=env)
@@ -439,7 +439,8 @@ SLOW = {"model": "deepseek-v3", "gpu": "h100", "num_gpus": 6144}  # several seco
 
 
 async def test_cancelling_a_slow_recommend_over_stdio_stops_the_work(tmp_path):
-    params = StdioServerParameters(command=sys.executable, args=["-c", COUNTING_SERVER], cwd=str(tmp_path))
+    params = StdioServerParameters(command=sys.executable, args=["-c", COUNTING_SERVER], cwd=str(tmp_path),
+                                    env=tree_env({}))
     async with Client(params) as client:
 
         async def computations() -> dict:

@@ -21,6 +21,7 @@ import anyio
 import pytest
 from http_servers import serving
 from mcp import Client, StdioServerParameters
+from tree_under_test import tree_env
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +42,8 @@ def anyio_backend():
 
 async def test_stdio_round_trip_from_outside_the_repo(tmp_path):
     # env=None: the SDK passes only its short allow-list (HOME, PATH, SHELL, TERM, USER, LOGNAME).
-    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path),
+                                    env=tree_env({}))
     async with Client(params) as client:
         assert client.server_info.name == "meshplan"
         assert len((await client.list_tools()).tools) == 10
@@ -89,7 +91,7 @@ class RawServer:
 
 @pytest.fixture
 def raw(tmp_path):
-    server = RawServer(SERVER, tmp_path, env={})  # a truly empty environment
+    server = RawServer(SERVER, tmp_path, env=tree_env({}))  # an empty environment but the tree under test
     yield server
     if server.proc.poll() is None:
         server.proc.kill()
@@ -152,7 +154,7 @@ server.run()
 
 
 def test_stray_prints_go_to_stderr_not_into_the_stream(tmp_path):
-    noisy = RawServer([sys.executable, "-c", NOISY_SERVER], tmp_path, env={})
+    noisy = RawServer([sys.executable, "-c", NOISY_SERVER], tmp_path, env=tree_env({}))
     try:
         noisy.initialize()
         reply = noisy.ask(call(2, "noisy", {}))
@@ -173,7 +175,7 @@ def test_stray_prints_go_to_stderr_not_into_the_stream(tmp_path):
     [str(SCRIPTS / "meshplan"), "serve"],
 ], ids=["meshplan-mcp", "meshplan-serve"])
 def test_entry_points_speak_mcp_over_stdio(argv, tmp_path):
-    server = RawServer(argv, tmp_path, env={})
+    server = RawServer(argv, tmp_path, env=tree_env({}))
     try:
         info = server.initialize()["result"]
         assert info["serverInfo"]["name"] == "meshplan" and info["instructions"]
@@ -185,7 +187,8 @@ def test_entry_points_speak_mcp_over_stdio(argv, tmp_path):
 
 def test_start_up_imports_nothing_heavy(tmp_path):
     code = "import json, sys, meshplan.faces.mcp.server; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env=tree_env())
     loaded = set(json.loads(out.stdout))
     lazy = {"meshplan.estimate.memory", "meshplan.estimate.perf", "meshplan.check.config", "meshplan.search",
             "meshplan.knowledge.catalog", "meshplan.knowledge.model_config", "meshplan.request.resolve",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from framework_packages import python_executable, venv_python
 from test_mcp_transports import RawServer
+from tree_under_test import tree_env
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -123,7 +124,8 @@ def run_installed(bin_dir: Path, cwd: Path, *argv: str) -> subprocess.CompletedP
 def run_source(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     """The same command on the source tree (the editable install this session runs on)."""
     code = "import sys; from meshplan.faces.cli import main; sys.exit(main())"
-    return subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, capture_output=True, text=True,
+                          env=tree_env())
 
 
 def test_wheel_in_fresh_venv_runs_describe_outside_the_repo(installed, tmp_path):

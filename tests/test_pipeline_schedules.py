@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from tree_under_test import tree_env
 
 from meshplan import api
 from meshplan.adapters.parse import parse_plan
@@ -253,7 +254,7 @@ def test_cli_json_gives_the_api_answer():
     args = ["--model", "llama-3.1-70b", "--num-gpus", "64", "--tp", "8", "--pp", "4", "--global-batch-size", "64",
             "--framework", "torchtitan", "--zero-stage", "3", "--pipeline-schedule", "dualpipev", "--json"]
     out = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "throughput", *args], capture_output=True,
-                         text=True, timeout=300, check=True).stdout
+                         text=True, timeout=300, check=True, env=tree_env()).stdout
     cli = json.loads(out)
     assert cli["step_time_s"] == api.estimate_throughput(parse_request({**L70, "pipeline_schedule": "dualpipev"})
                                                          ).step_time_s

@@ -14,6 +14,7 @@ import sys
 import pytest
 from chromium_cdp import Browser, chromium_path
 from report_cases import CASES, report_for
+from tree_under_test import tree_env
 
 from meshplan.faces.report import figures, render_html
 
@@ -76,7 +77,8 @@ def test_the_page_end_to_end_gives_the_cli_numbers(browser, served, tmp_path):
     browser.wait_for("Page.loadEventFired", loaded)
     shown = json.loads(browser.evaluate("document.querySelector('#answer-json').textContent"))
     cli = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "recommend", "llama-3.1-8b", "--gpu", "h100",
-                          "--num-gpus", "16", "--framework", "megatron-core", "--json"], capture_output=True, text=True)
+                          "--num-gpus", "16", "--framework", "megatron-core", "--json"], capture_output=True, text=True,
+                         env=tree_env())
     assert shown == json.loads(cli.stdout)
     best = shown["candidates"][0]
     totals = browser.evaluate("[...document.querySelectorAll('rect.stage-bar')].map(r => +r.dataset.totalBytes)")

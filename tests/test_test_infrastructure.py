@@ -4,10 +4,13 @@
   under its lock, and a reader sees it whole or not at all (never half-unpacked, never a half-built venv).
 - The dataset tests' guard (tests/conftest.py): without ../shared they fail saying where it must be; they skip
   only under MESHPLAN_NO_SHARED=1, and never under CI=true.
+- The processes a test starts import meshplan from the tree under test (tests/tree_under_test.py), not from wherever
+  the package is installed.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from framework_packages import cached_dir, venv_python
+from tree_under_test import TREE, tree_env
 
 TESTS = Path(__file__).resolve().parent
 
@@ -151,3 +155,48 @@ def test_ci_fails_when_a_dataset_test_skipped_for_any_reason(tmp_path):
     assert subprocess.run(run, cwd=tmp_path, capture_output=True, env=clean).returncode == 0
     proc = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, env={**clean, "CI": "true"})
     assert proc.returncode == 1 and "CI=true: 1 dataset tests skipped" in proc.stdout
+
+
+# --------------------------------------------------------------------------- the tree a started process imports
+
+# Calls that start the MCP server or the CLI (or code importing meshplan) in a process of their own; test_packaging
+# runs the installed wheel on purpose.
+STARTERS = ("StdioServerParameters", "RawServer", "run", "Popen")
+INSTALLED_ON_PURPOSE = ("test_packaging.py",)
+
+
+def test_a_started_process_imports_meshplan_from_the_tree_under_test(tmp_path):
+    """From elsewhere, with a host's near-empty environment plus tree_env's, `import meshplan` is this tree's: the MCP
+    server of tests/test_faces_agree.py imported the installed package (another clone's, from a lane)."""
+    code = "import meshplan, pathlib; print(pathlib.Path(meshplan.__file__).resolve())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=tree_env({}), capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(Path(TREE) / "meshplan" / "__init__.py")
+
+
+def _starts_meshplan(call: ast.Call, source: str) -> bool:
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    if name not in STARTERS:
+        return False
+    if name in ("StdioServerParameters", "RawServer"):
+        return True
+    argv = ast.get_source_segment(source, call.args[0]) if call.args else ""
+    return "meshplan" in (argv or "")
+
+
+def test_every_process_a_test_starts_gets_the_tree_under_test():
+    """Each call that starts the server or the CLI passes env=tree_env(...): without it the SDK's allow-list, an empty
+    env or an inherited PYTHONPATH-less one imports the installed package."""
+    missing = []
+    for path in sorted(TESTS.glob("*.py")):
+        if path.name in INSTALLED_ON_PURPOSE:
+            continue
+        source = path.read_text()
+        for call in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)):
+            if not _starts_meshplan(call, source):
+                continue
+            env = next((k.value for k in call.keywords if k.arg == "env"), None)
+            given = ast.get_source_segment(source, env) or "" if env is not None else ""
+            if "tree_env(" not in given and not (isinstance(env, ast.Name) and f"{env.id} = tree_env(" in source):
+                missing.append(f"{path.name}:{call.lineno}")
+    assert not missing, f"started without env=tree_env(...): {missing}"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
+from tree_under_test import tree_env
 
 from meshplan import api
 from meshplan.adapters.render import RefusedLayout
@@ -265,7 +266,7 @@ def test_the_moe_size_table_names_etp_where_its_layout_sets_it():
 
 
 def test_piped_tables_are_not_wrapped_at_80_columns(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR")}
+    env = tree_env({k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR")})
     out = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "check", "llama-3.1-8b", "--num-gpus", "8",
                           "--tp", "3"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
