@@ -21,6 +21,8 @@ import pytest
 from framework_packages import cached_dir, venv_python
 from tree_under_test import TREE, tree_env
 
+from meshplan.knowledge.cards import card_names
+
 TESTS = Path(__file__).resolve().parent
 
 # A builder that takes a second between its two halves, and logs each time it runs.
@@ -166,12 +168,14 @@ INSTALLED_ON_PURPOSE = ("test_packaging.py",)
 
 
 def test_a_started_process_imports_meshplan_from_the_tree_under_test(tmp_path):
-    """From elsewhere, with a host's near-empty environment plus tree_env's, `import meshplan` is this tree's: the MCP
-    server of tests/test_faces_agree.py imported the installed package (another clone's, from a lane)."""
-    code = "import meshplan, pathlib; print(pathlib.Path(meshplan.__file__).resolve())"
+    """From elsewhere, with a host's near-empty environment plus tree_env's, a process imports the meshplan this one
+    does, its cards included: the MCP server of tests/test_faces_agree.py imported the installed package (another
+    clone's, from a lane) while the api it was compared with ran the lane's."""
+    code = ("import meshplan, meshplan.knowledge.cards as c, pathlib; "
+            "print(pathlib.Path(meshplan.__file__).resolve()); print(len(c.card_names()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=tree_env({}), capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == str(Path(TREE) / "meshplan" / "__init__.py")
+                         check=True).stdout.splitlines()
+    assert out == [str(Path(TREE) / "meshplan" / "__init__.py"), str(len(card_names()))]
 
 
 def _starts_meshplan(call: ast.Call, source: str) -> bool:
