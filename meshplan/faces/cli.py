@@ -362,6 +362,9 @@ def _listing_render_targets(base: type[argparse.HelpFormatter]) -> type[argparse
     return Formatter
 
 
+LINE_VALUE = 60  # the widest `field = value` the import listing aligns its sources after
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """What the file states (field, value, its line and key), what it leaves to the framework, what meshplan cannot
     express or could not read; exit 0 (a file meshplan cannot read at all is an error, exit 2)."""
@@ -372,7 +375,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     variant = f" ({imported.variant})" if imported.variant else ""
     print(f"{imported.path}: {imported.framework}{variant}")
     print("stated by the file:")
-    width = max((len(f"{k} = {v}") for k, v in imported.request.items()), default=0)
+    widths = [len(f"{k} = {v}") for k, v in imported.request.items()]
+    width = max((w for w in widths if w <= LINE_VALUE), default=0)  # a longer value (a flags model) is not padded to
     for name, value in imported.request.items():
         print(f"  {f'{name} = {value}':<{width}}  {imported.sources.get(name, '')}")
     defaults = [n for n in imported.notes if n.split(" = ", 1)[0] in imported.defaults]

@@ -1,5 +1,6 @@
 """The model catalog (cards/models/) and the one look-up every face uses: `resolve_model` takes a catalog key, a
-Hugging Face id or alias (fine-tuned variants included), a config.json path or a size; `describe_model` reports its
+Hugging Face id or alias (fine-tuned variants included), a config.json path, a size or a launch script's
+architecture flags (knowledge/flag_models.py); `describe_model` reports its
 exact parameter counts under each vendor's convention, beside the published ones.
 """
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from meshplan.core.errors import MeshplanError, closest
 from meshplan.knowledge.cards import ModelCard, model_card, model_card_names
+from meshplan.knowledge.flag_models import NAME, flags_architecture, flags_report
 from meshplan.knowledge.generic_models import generic_architecture, parse_size
 from meshplan.knowledge.model_config import architecture_from_config, architecture_from_file
 from meshplan.knowledge.model_counts import count_components, mtp_params
@@ -87,13 +89,16 @@ def _looks_like_path(name: str) -> bool:
 
 def resolve_model(name: str) -> Architecture:
     """A catalog key, HF id or alias (case-insensitive, Instruct/Base/Chat variants included), a path to a
-    config.json (re-read when the file changes), or a size such as '70B'."""
+    config.json (re-read when the file changes), a size such as '70B', or a launch script's architecture flags
+    ('megatron-core flags: --num-layers 40 ...', what `meshplan import` states for a model no catalog card has)."""
     if not isinstance(name, str) or not name.strip():
         raise MeshplanError("model must be a non-empty string.", fix="Try 'meshplan models' for the catalog.")
     name = name.strip()
     key = _catalog_index().get(name.lower())
     if key:
         return catalog_architecture(key)
+    if NAME.match(name):
+        return flags_architecture(name)
     if _looks_like_path(name):
         try:
             path = Path(name).expanduser()
@@ -150,6 +155,7 @@ def describe_architecture(arch: Architecture, published: dict | None = None) -> 
             f"FFN {arch.ffn_hidden_size:,}, vocab {arch.vocab_size:,}; the shaping rules are in "
             "cards/model_shapes.yaml). Pass a catalog key or a config.json for exact numbers."
         )
+    assumptions += flags_report(arch)
     if arch.key and arch.origin == VARIANT_ORIGIN.format(key=arch.key):
         assumptions.append(
             f"{arch.name.split(' (architecture of ')[0]} is not in the catalog under that name: it is read as a "

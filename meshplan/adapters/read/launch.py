@@ -11,7 +11,14 @@ from typing import Any
 
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
-from meshplan.adapters.read.model_match import SHAPE_FIELDS, Stated, match_stated, recipe_overrides, stated_fields
+from meshplan.adapters.read.model_match import (
+    SHAPE_FIELDS,
+    Stated,
+    flags_model,
+    match_stated,
+    recipe_overrides,
+    stated_fields,
+)
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
@@ -76,7 +83,8 @@ def _flag_shape(reading: Reading, settings: list[Setting], section: dict[str, An
     if stated is not None and said and "num_kv_heads" in stated:
         stated["num_kv_heads"] = Stated("num_kv_heads", stated["num_kv_heads"].value,
                                         f"{said}: {stated['num_kv_heads'].value}")
-    match_stated(stated, reading, (values.get("--rotary-base"), "--use-rope-scaling" in values))
+    if match_stated(stated, reading, (values.get("--rotary-base"), "--use-rope-scaling" in values)):
+        flags_model(reading, flags)
 
 
 def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting], section: dict[str, Any]

@@ -9,7 +9,6 @@ Which flag states which field, and the framework's default for an absent one, co
 
 from __future__ import annotations
 
-import ast
 import math
 from dataclasses import dataclass
 from itertools import pairwise
@@ -18,7 +17,9 @@ from typing import Any, NamedTuple
 from meshplan.adapters.read.keys import Reading, as_bool
 from meshplan.adapters.read.settings import Setting
 from meshplan.adapters.read.shell import Word
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
+from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, model_flags, moe_layers
 from meshplan.schema.model import Architecture
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
@@ -131,42 +132,6 @@ def _distance(arch: Architecture, stated: dict[str, Stated]) -> float:
 # --------------------------------------------------------------------------- reading the flags
 
 
-def _pattern(text: str) -> list[int]:
-    """Megatron-LM's --moe-layer-freq list expression ('[0]*3+[1]*58', '([1]*3+[0])*2') read without running it:
-    lists of integers, + and * by an integer only (megatron/training/arguments.py moe_freq_type evaluates it)."""
-    def value(node: ast.AST) -> Any:
-        if isinstance(node, ast.List):
-            return [value(e) for e in node.elts]
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
-                return left + right
-            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and right < 1 << 16:
-                return left * right
-        raise ValueError(text)
-    out = value(ast.parse(text.strip().strip("'\""), mode="eval").body)
-    if not isinstance(out, list) or any(not isinstance(v, int) for v in out):
-        raise ValueError(text)
-    return out
-
-
-def _moe_layers(freq: Any, interval: Any, layers: int) -> tuple[int, ...]:
-    """The MoE layers (0-based): Megatron-LM's --moe-layer-freq (k: every layer i with i % k == 0; a list: 1 marks
-    an MoE layer, megatron/core/models/gpt/gpt_layer_specs.py) or Megatron-DeepSpeed's --expert-interval (layer
-    n, 1-based, when n % interval == 0: megatron/model/transformer.py get_num_experts_per_layer)."""
-    if interval is not None:
-        return tuple(i for i in range(layers) if (i + 1) % int(interval) == 0)
-    text = str(freq).strip().strip("'\"")
-    if "[" not in text:
-        return tuple(i for i in range(layers) if i % int(text) == 0)
-    pattern = _pattern(text)
-    if len(pattern) != layers:
-        raise ValueError(f"its pattern has {len(pattern)} entries for {layers} layers")
-    return tuple(i for i, v in enumerate(pattern) if v)
-
-
 def _flag_values(words: list[Word], flag: str) -> list[str]:
     """Every value after `flag` up to the next flag (Megatron-DeepSpeed's --num-experts takes one per MoE layer)."""
     out: list[str] = []
@@ -240,7 +205,7 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
     if source is None or "num_layers" not in out:
         return True
     try:
-        layers = _moe_layers(*(raw.get(k, (None, ""))[0] for k in ("moe_layer_freq", "expert_interval")),
+        layers = moe_layers(*(raw.get(k, (None, ""))[0] for k in ("moe_layer_freq", "expert_interval")),
                              out["num_layers"].value)
     except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
         reading.unresolved.append(f"model: {source[1]}: not a MoE layer pattern meshplan can read ({exc}), so the "
@@ -251,15 +216,15 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
 
 
 def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple[Any, bool] | None = None,
-                 named: str | None = None) -> None:
+                 named: str | None = None) -> bool:
     """The catalog model whose architecture matches every stated field, or the nearest ones (the model the file
     `named`, first) with the fields that differ; among models that match, those with the file's rotary base and rope
-    scaling (`rope`) first."""
+    scaling (`rope`) first. True where the file states a model and no catalog model has it."""
     if stated is None:
-        return
+        return False
     if len([f for f in SHAPE_FIELDS if f in stated]) < 3:
         reading.unresolved.append("model: the file names no model (pass --model)")
-        return
+        return False
     misses: dict[str, list[str]] = {}
     for key in catalog_keys():
         misses[key] = differences(arch_values(catalog_architecture(key)), stated, key)
@@ -278,16 +243,46 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         reading.state("model", hits[0], f"{reading.path} ({said}: the architecture of {hits[0]})")
         if len(hits) > 1:
             reading.notes.append(f"model: {', '.join(hits)} share this architecture; {hits[0]} taken")
-        return
+        return False
     kind = "MoE " if moe else ""
-    def nearness(key: str) -> tuple[bool, float, bool, int, str]:
+    def nearness(key: str) -> tuple[bool, bool, int, float, str]:
+        """The named model, then those of the script's kind (dense or MoE), then the fewest fields that differ,
+        then depth and width."""
         arch = catalog_architecture(key)
-        return key != named, _distance(arch, stated), arch.is_moe != moe, len(misses[key]), key
+        return key != named, arch.is_moe != moe, len(misses[key]), _distance(arch, stated), key
     nearest = sorted(misses, key=nearness)[:2]
     reading.unresolved.append(
         f"model: no catalog model has this {kind}architecture ({said}); nearest: "
         + "; ".join(f"{key} differs in {', '.join(misses[key])}" for key in nearest)
         + ". Pass --model with the model's config.json")
+    return True
+
+
+MISSED = "model: no catalog model has this "
+
+
+def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
+    """A model no catalog card has, built from the script's own flags as Megatron-LM builds it
+    (knowledge/flag_models.py), each field with the flag and line that set it; where it cannot be built, the flag
+    and what to do."""
+    if reading.framework not in BUILDERS:
+        return
+    known = model_flags(reading.framework)
+    try:
+        built = build_from_flags(reading.framework, {k: s.value for k, s in flags.items() if k in known})
+    except MeshplanError as exc:
+        reading.unresolved.append(f"model: not built from the file's flags either: {exc.reason} {exc.fix}")
+        return
+    reading.unresolved = [u for u in reading.unresolved if not u.startswith(MISSED)]
+    reading.state("model", built.arch.origin, f"{reading.path} (built from its flags: no catalog model has this "
+                                              "architecture)")
+    said = [f"{f.name} {_show(f.value)} ({flags[f.flag].where(reading.path) if f.given else f.flag + ' not given'})"
+            for f in built.fields if f.given or f.value is not False]
+    reading.notes.append("model: no catalog model has this architecture, so it is built from the file's flags as "
+                         f"Megatron-LM builds it: {'; '.join(said)}"
+                         + (f"; vocabulary {built.padded_from:,} padded to {built.arch.vocab_size:,} "
+                            "(--make-vocab-size-divisible-by x --tensor-model-parallel-size)"
+                            if built.padded_from is not None else ""))
 
 
 def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[str, Any]) -> None:

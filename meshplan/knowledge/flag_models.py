@@ -1,0 +1,367 @@
+"""A model no catalog card has, built from a Megatron-LM launch script's own architecture flags exactly as Megatron-LM
+builds it (every flag left out at Megatron-LM's default), so a user's own model can be planned with.
+
+A request names such a model by its flags, `megatron-core flags: --num-layers 40 --hidden-size 5120 ...` (what
+`meshplan import` states for the script): a plain string every face can carry, resolved here again on every request,
+with nothing kept beside it. The reader (adapters/read/) and the resolver (knowledge/catalog.resolve_model) both build
+it here. Which flag sets which field, Megatron-LM's defaults, the values meshplan can express and the flags whose model
+it cannot come from the framework card's `read` section (model_shape, model_flags, model_defaults, model_build*).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+import shlex
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.model_config import shapes_card
+from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
+
+SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+BUILDERS = ("megatron-core",)  # the frameworks whose launch-script models are built from their flags
+NAME = re.compile(r"^\s*([a-z][a-z0-9-]*) flags:(.*)$", re.S)
+FALSE_WORDS = ("false", "0", "no", "off")
+FIX = "Pass --model (the tool's model argument) with the model's config.json, or a catalog key."
+# the flags whose fields are integers meshplan bounds (cards/model_shapes.yaml), by bound
+BOUNDS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
+          "num_attention_heads": "num_attention_heads", "num_kv_heads": "num_attention_heads",
+          "vocab_size": "vocab_size", "head_dim": "head_dim", "num_experts": "num_experts",
+          "expert_ffn_hidden_size": "intermediate_size", "shared_expert_ffn_hidden_size": "intermediate_size",
+          "max_position_embeddings": "max_position_embeddings", "num_mtp_layers": "num_nextn_predict_layers",
+          "q_lora_rank": "lora_rank", "kv_lora_rank": "lora_rank", "qk_nope_head_dim": "head_dim",
+          "qk_rope_head_dim": "head_dim", "v_head_dim": "head_dim"}
+
+
+class FlagField(NamedTuple):
+    """One field of the built model: its value, the flag that sets it, and whether the script gives that flag."""
+
+    name: str
+    value: Any
+    flag: str
+    given: bool
+
+
+class FlagModel(NamedTuple):
+    """The architecture a script's flags build, and each field with where it came from."""
+
+    arch: Architecture
+    fields: list[FlagField]
+    padded_from: int | None  # the --vocab-size given, where Megatron-LM pads it
+
+
+def _read(framework: str) -> dict[str, Any]:
+    return (framework_card(framework).model_extra or {}).get("read", {})
+
+
+def model_flags(framework: str) -> dict[str, str]:
+    """Every flag that decides the model Megatron-LM builds, and the field it sets."""
+    read = _read(framework)
+    shape = {k.split("|")[0]: f for f, k in zip(SHAPE_FIELDS, read.get("model_shape", []), strict=False)}
+    return {**shape, **read.get("model_flags", {}), **read.get("model_build", {})}
+
+
+def flags_name(framework: str, given: dict[str, Any]) -> str:
+    """The request's name of the model the flags `given` build: the model's flags in the card's order (a switch
+    alone), so one architecture stated the same way is one name."""
+    words = []
+    for flag in model_flags(framework):
+        if flag in given:
+            value = given[flag]
+            words.append(flag if value is True else f"{flag} {shlex.quote(str(value))}")
+    return f"{framework} flags: {' '.join(words)}"
+
+
+def parse_flags_name(name: str) -> tuple[str, dict[str, Any]] | None:
+    """The framework and flags of a flags name; None where `name` is none."""
+    match = NAME.match(name)
+    if match is None:
+        return None
+    framework, text = match.group(1), match.group(2)
+    if framework not in BUILDERS:
+        raise MeshplanError(f"model {name[:80]!r}: {framework!r} launch scripts' models are not built from their "
+                            f"flags (those of {', '.join(BUILDERS)} are).", fix=FIX)
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise MeshplanError(f"model {name[:80]!r}: its flags cannot be split into words ({exc}).", fix=FIX) from None
+    known = model_flags(framework)
+    given: dict[str, Any] = {}
+    for k, word in enumerate(words):
+        if not word.startswith("--"):
+            if k == 0 or not words[k - 1].startswith("--"):
+                raise MeshplanError(f"model {name[:80]!r}: {word!r} follows no flag.",
+                                    fix=f"Write it as '{framework} flags: --flag value --switch ...'.")
+            continue
+        if word not in known:
+            raise MeshplanError(f"model {name[:80]!r}: {word} is no architecture flag meshplan reads.",
+                                fix=f"Allowed: {', '.join(known)}.")
+        has_value = k + 1 < len(words) and not words[k + 1].startswith("--")
+        given[word] = words[k + 1] if has_value else True
+    return framework, given
+
+
+@lru_cache(maxsize=256)
+def flags_architecture(name: str) -> Architecture:
+    """The model a flags name builds; one object per name, so per-architecture caches hit."""
+    parsed = parse_flags_name(name)
+    assert parsed is not None
+    return build_from_flags(*parsed).arch
+
+
+def flags_report(arch: Architecture) -> list[str]:
+    """How describe_model says where a flags model's fields came from (empty for any other model)."""
+    parsed = parse_flags_name(arch.origin) if NAME.match(arch.origin) else None
+    if parsed is None:
+        return []
+    built = build_from_flags(*parsed)
+    given = [f"{f.name} {_show(f.value)} ({f.flag})" for f in built.fields if f.given]
+    left = [f"{f.name} {_show(f.value)} ({f.flag} not given)" for f in built.fields
+            if not f.given and f.value is not False]
+    out = [f"Built from a {framework_card(parsed[0]).display_name} launch script's flags as Megatron-LM builds the "
+           f"model: {'; '.join(given)}. Left to Megatron-LM's defaults: {'; '.join(left)}."]
+    if built.padded_from is not None:
+        out.append(f"The vocabulary is padded as Megatron-LM pads it: {built.padded_from:,} to {arch.vocab_size:,}, "
+                   "a multiple of --make-vocab-size-divisible-by x --tensor-model-parallel-size of the script.")
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return f"{len(value)} MoE layers"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- building
+
+
+class _Flags:
+    """The script's flags read as Megatron-LM reads them: a given flag's value, else the card's default."""
+
+    def __init__(self, framework: str, given: dict[str, Any]):
+        read = _read(framework)
+        self.framework, self.given = framework, given
+        self.flag_of = {field: flag for flag, field in model_flags(framework).items()}
+        self.defaults = {**read.get("model_defaults", {}), **read.get("model_build_defaults", {})}
+        self.values = read.get("model_build_values", {})
+        self.bounds = shapes_card().bounds
+        self.fields: list[FlagField] = []
+        for flag, why in read.get("model_build_refused", {}).items():
+            if flag in given:
+                raise MeshplanError(f"{flag}: {why}, which meshplan's parameter counts cannot express, so the model "
+                                    "is not built from the script's flags.", fix=FIX)
+
+    def raw(self, name: str) -> tuple[Any, bool]:
+        flag = self.flag_of.get(name, f"--{name.replace('_', '-')}")
+        if flag in self.given:
+            return self.given[flag], True
+        return self.defaults.get(name), False
+
+    def _note(self, name: str, value: Any, given: bool) -> Any:
+        self.fields.append(FlagField(name, value, self.flag_of.get(name, name), given))
+        return value
+
+    def switch(self, name: str) -> bool:
+        value, given = self.raw(name)
+        on = bool(value) and str(value).strip("'\"").lower() not in FALSE_WORDS
+        return self._note(name, on, given)
+
+    def text(self, name: str) -> str:
+        value, given = self.raw(name)
+        text = str(value).strip("'\"")
+        allowed = self.values.get(self.flag_of.get(name, ""))
+        if allowed is not None and text not in allowed:
+            raise MeshplanError(f"{self.flag_of[name]} {text}: meshplan builds models with {' or '.join(allowed)} "
+                                "only, so the model is not built from the script's flags.", fix=FIX)
+        return self._note(name, text, given)
+
+    def number(self, name: str) -> float:
+        value, given = self.raw(name)
+        try:
+            number = float(str(value).strip("'\""))
+        except ValueError:
+            raise MeshplanError(f"{self.flag_of[name]} {value!r} is not a number.", fix=FIX) from None
+        if not math.isfinite(number) or number <= 0:
+            raise MeshplanError(f"{self.flag_of[name]} {value!r}: allowed a number above 0.", fix=FIX)
+        return self._note(name, number, given)
+
+    def int(self, name: str, *, need: str | None = None, default: Any = None, note: bool = True) -> Any:
+        """The whole number a flag gives (None where neither it nor a default does: an error saying `need` when
+        given); within the field's bound in cards/model_shapes.yaml."""
+        value, given = self.raw(name)
+        if value is None:
+            value = default
+        if value is None or str(value).strip("'\"") in ("None", "null"):
+            if need:
+                raise MeshplanError(f"{self.flag_of.get(name, name)} is not given: {need}", fix=FIX)
+            return None
+        text = str(value).strip("'\"")
+        if not text.lstrip("-").isdigit():
+            raise MeshplanError(f"{self.flag_of.get(name, name)} {value!r} is not a whole number.", fix=FIX)
+        number = int(text)
+        if number == 0 and self.defaults.get(name) == 0:  # none: no experts, no shared experts, no MTP
+            return self._note(name, 0, given) if note else 0
+        spec = self.bounds.get(BOUNDS.get(name, ""))
+        low, high = (spec.min, spec.max) if spec else (1, 1 << 20)
+        if not low <= number <= high:
+            raise MeshplanError(f"{self.flag_of.get(name, name)} {number} is out of range: allowed {low:,} to "
+                                f"{high:,}." + (f" {spec.why[0].upper()}{spec.why[1:]}." if spec else ""), fix=FIX)
+        return self._note(name, number, given) if note else number
+
+
+def moe_pattern(text: str) -> list[int]:
+    """Megatron-LM's --moe-layer-freq list expression ('[0]*3+[1]*58', '([1]*3+[0])*2') read without running it:
+    lists of integers, + and * by an integer only (megatron/training/arguments.py moe_freq_type evaluates it)."""
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and right < 1 << 16:
+                return left * right
+        raise ValueError(text)
+    out = value(ast.parse(text.strip().strip("'\""), mode="eval").body)
+    if not isinstance(out, list) or any(not isinstance(v, int) for v in out):
+        raise ValueError(text)
+    return out
+
+
+def moe_layers(freq: Any, interval: Any, layers: int) -> tuple[int, ...]:
+    """The MoE layers (0-based): Megatron-LM's --moe-layer-freq (k: every layer i with i % k == 0; a list: 1 marks
+    an MoE layer, megatron/core/models/gpt/gpt_layer_specs.py) or Megatron-DeepSpeed's --expert-interval (layer
+    n, 1-based, when n % interval == 0: megatron/model/transformer.py get_num_experts_per_layer)."""
+    if interval is not None:
+        return tuple(i for i in range(layers) if (i + 1) % int(interval) == 0)
+    text = str(freq).strip().strip("'\"")
+    if "[" not in text:
+        return tuple(i for i in range(layers) if i % int(text) == 0)
+    pattern = moe_pattern(text)
+    if len(pattern) != layers:
+        raise ValueError(f"its pattern has {len(pattern)} entries for {layers} layers")
+    return tuple(i for i, v in enumerate(pattern) if v)
+
+
+def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
+    """Routed and shared experts (Megatron-LM's validate_args: the experts' width is --ffn-hidden-size when
+    --moe-ffn-hidden-size is not given); the router has no bias (its expert bias is a buffer, no parameter)."""
+    experts = f.int("num_experts", note=False)
+    if not experts:
+        f._note("num_experts", 0, f.raw("num_experts")[1])
+        return None
+    f._note("num_experts", experts, True)
+    top_k = f.int("top_k")
+    if top_k < 1 or top_k > experts:
+        raise MeshplanError(f"{f.flag_of['top_k']} {top_k}: allowed 1 to the {experts} experts.", fix=FIX)
+    width = f.int("expert_ffn_hidden_size", default=ffn)
+    shared = f.int("shared_expert_ffn_hidden_size", default=0) or 0
+    if shared and bias:
+        raise MeshplanError(f"{f.flag_of['shared_expert_ffn_hidden_size']} without --disable-bias-linear: "
+                            "meshplan counts shared experts without biases, so the model is not built from the "
+                            "script's flags.", fix=FIX)
+    freq, given = f.raw("moe_layer_freq")
+    try:
+        layer_list = moe_layers(freq, None, layers)
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
+        raise MeshplanError(f"{f.flag_of['moe_layer_freq']} {freq}: not a MoE layer pattern meshplan can read "
+                            f"({exc}).", fix=FIX) from None
+    f._note("moe_layers", layer_list, given)
+    groups = f.int("num_groups", default=1) or 1
+    group_topk = f.int("group_topk", default=1) or 1
+    return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=int(shared > 0),
+                   shared_expert_ffn_hidden_size=shared, moe_layers=list(layer_list), expert_bias=bias,
+                   num_groups=groups, group_topk=group_topk)
+
+
+def _mla(f: _Flags, bias: bool) -> MLASpec | None:
+    if not f.switch("mla"):
+        return None
+    if bias:
+        raise MeshplanError("--multi-latent-attention without --disable-bias-linear: meshplan counts MLA's "
+                            "projections without biases, so the model is not built from the script's flags.", fix=FIX)
+    return MLASpec(q_lora_rank=f.int("q_lora_rank") or None, kv_lora_rank=f.int("kv_lora_rank"),
+                   qk_nope_head_dim=f.int("qk_nope_head_dim"), qk_rope_head_dim=f.int("qk_rope_head_dim"),
+                   v_head_dim=f.int("v_head_dim"))
+
+
+def _positions(f: _Flags, max_positions: int) -> tuple[int, RopeSpec | None]:
+    """The learned position table's rows and the rotary embedding, as Megatron-LM's validate_args reads the flags."""
+    kind = "rope" if f.switch("rotary") else f.text("position_embedding")
+    if f.switch("no_position_embedding") and kind != "rope":
+        raise MeshplanError(f"--no-position-embedding with --position-embedding-type {kind}: Megatron-LM refuses it "
+                            "(deprecated; use --position-embedding-type).", fix=FIX)
+    if kind == "learned_absolute":
+        return max_positions, None
+    if kind == "none":
+        return 0, None
+    percent = f.number("rotary_percent")
+    return 0, RopeSpec(theta=f.number("rotary_base"), fraction=min(percent, 1.0))
+
+
+def _vocab(f: _Flags) -> tuple[int, int | None]:
+    """The vocabulary Megatron-LM builds: --vocab-size padded to a multiple of --make-vocab-size-divisible-by x
+    --tensor-model-parallel-size (build_tokenizer.py vocab_size_with_padding)."""
+    vocab = f.int("vocab_size", need="Megatron-LM takes the vocabulary from the tokenizer (--tokenizer-type, "
+                                      "--vocab-file, --tokenizer-model), which meshplan does not read; add "
+                                      "--vocab-size N with the tokenizer's size.")
+    multiple = (f.int("vocab_multiple", note=False) or 1) * (f.int("tp", note=False) or 1)
+    padded = -(-vocab // multiple) * multiple
+    return padded, vocab if padded != vocab else None
+
+
+def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
+    """The model Megatron-LM builds from these flags; a clear error naming the flag where one is missing, has a
+    value meshplan cannot express, or builds something meshplan cannot count."""
+    if framework not in BUILDERS:
+        raise MeshplanError(f"{framework_card(framework).display_name} launch scripts' models are not built from "
+                            f"their flags (those of {', '.join(BUILDERS)} are).", fix=FIX)
+    f = _Flags(framework, given)
+    need = "Megatron-LM requires it."
+    layers = f.int("num_layers", need=need)
+    hidden = f.int("hidden_size", need=need)
+    heads = f.int("num_attention_heads", need=need)
+    swiglu, quick_geglu, squared_relu = f.switch("swiglu"), f.switch("quick_geglu"), f.switch("squared_relu")
+    gated = swiglu or quick_geglu
+    ffn = f.int("ffn_hidden_size", default=int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden)
+    kv_heads = f.int("num_kv_heads", default=1) if f.switch("gqa") else heads
+    if heads % kv_heads:
+        raise MeshplanError(f"{f.flag_of['num_kv_heads']} {kv_heads} does not divide --num-attention-heads {heads}.",
+                            fix=FIX)
+    vocab, padded_from = _vocab(f)
+    max_positions = f.int("max_position_embeddings", need=need)
+    bias = not f.switch("no_bias_linear")
+    qkv_bias = f.switch("qkv_bias") or bias  # Megatron-LM: add_qkv_bias follows add_bias_linear
+    norm = f.text("normalization")
+    mla = _mla(f, bias)
+    if mla is None and hidden % heads and f.raw("head_dim")[0] is None:
+        raise MeshplanError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}, and "
+                            "--kv-channels is not given.", fix=FIX)
+    head_dim = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) if mla else f.int("head_dim", default=hidden // heads)
+    qk_norm = f.switch("qk_layernorm") and mla is None
+    if qk_norm and norm != "RMSNorm":
+        raise MeshplanError("--qk-layernorm with --normalization LayerNorm: meshplan counts q/k norms of RMSNorm "
+                            "only, so the model is not built from the script's flags.", fix=FIX)
+    learned, rope = _positions(f, max_positions)
+    moe = _moe(f, layers, ffn, bias)
+    mtp = f.int("num_mtp_layers", default=0) or 0
+    untied = f.switch("untied")
+    arch = Architecture(
+        name=f"{framework} launch script model ({layers} layers, hidden {hidden}"
+             + (f", {moe.num_experts} experts top-{moe.top_k}" if moe else "") + ")",
+        model_type="megatron", num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn,
+        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
+        max_position_embeddings=max_positions, tie_word_embeddings=not untied, gated_mlp=gated,
+        activation="silu" if swiglu else "quick_gelu" if quick_geglu else "relu2" if squared_relu else "gelu",
+        qkv_bias=qkv_bias, o_bias=bias, mlp_bias=bias, qk_norm="head" if qk_norm else "none",
+        norm_type="rmsnorm" if norm == "RMSNorm" else "layernorm", learned_position_embeddings=learned, rope=rope,
+        moe=moe, mla=mla, num_mtp_layers=mtp, origin=flags_name(framework, given))
+    return FlagModel(arch, f.fields, padded_from)
