@@ -65,6 +65,11 @@ def model_flags(framework: str) -> dict[str, str]:
     return {**shape, **read.get("model_flags", {}), **read.get("model_build", {})}
 
 
+def read_flags(framework: str) -> set[str]:
+    """The flags the builder reads from a script: those of the model and those whose model it refuses."""
+    return set(model_flags(framework)) | set(_read(framework).get("model_build_refused", {}))
+
+
 def flags_name(framework: str, given: dict[str, Any]) -> str:
     """The request's name of the model the flags `given` build: the model's flags in the card's order (a switch
     alone), so one architecture stated the same way is one name."""

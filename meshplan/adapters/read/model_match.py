@@ -19,7 +19,7 @@ from meshplan.adapters.read.settings import Setting
 from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
-from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, model_flags, moe_layers
+from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, read_flags
 from meshplan.schema.model import Architecture
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
@@ -267,7 +267,7 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
     and what to do."""
     if reading.framework not in BUILDERS:
         return
-    known = model_flags(reading.framework)
+    known = read_flags(reading.framework)
     try:
         built = build_from_flags(reading.framework, {k: s.value for k, s in flags.items() if k in known})
     except MeshplanError as exc:

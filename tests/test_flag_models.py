@@ -1,0 +1,142 @@
+"""A Megatron-LM launch script's model that no catalog card has is built from its own flags as Megatron-LM builds it
+(meshplan/knowledge/flag_models.py): exact counts against Megatron-LM's own module arithmetic, the catalog shape an MoE
+script states, the errors naming the flag, and every face planning with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.adapters.read import import_config, import_file, model_match
+from meshplan.core.errors import MeshplanError
+from meshplan.faces import cli
+from meshplan.knowledge.catalog import describe_model, resolve_model
+from meshplan.knowledge.model_counts import total_params
+
+CONFIGS = Path(__file__).parent / "configs"
+LLAMA2_13B = """torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 40 --hidden-size 5120 \\
+  --ffn-hidden-size 13824 --num-attention-heads 40 --seq-length 4096 --max-position-embeddings 4096 \\
+  --micro-batch-size 1 --global-batch-size 512 --tensor-model-parallel-size {tp} --pipeline-model-parallel-size 2 \\
+  --bf16 --swiglu --vocab-size 32000 --untie-embeddings-and-output-weights{extra}
+"""
+LLAMA = " --normalization RMSNorm --disable-bias-linear --position-embedding-type rope"
+
+
+def _model(text: str, path: str = "train.sh") -> str:
+    imported = import_config(text, path)
+    assert "model" in imported.request, imported.unresolved
+    return imported.request["model"]
+
+
+def test_llama2_13b_script_counts_the_published_model_exactly():
+    """Llama-2-13B's shape (RMSNorm, no biases, rope; 32000 a multiple of 128 at tp 1): 13,015,864,320, the count of
+    meta-llama/Llama-2-13b-hf, the published 13.0B."""
+    arch = resolve_model(_model(LLAMA2_13B.format(tp=1, extra=LLAMA)))
+    assert total_params(arch) == 13_015_864_320
+    assert (arch.norm_type, arch.qkv_bias, arch.mlp_bias, arch.learned_position_embeddings) == ("rmsnorm", False,
+                                                                                             False, 0)
+
+
+def test_flags_left_out_are_megatron_defaults_and_the_vocabulary_is_padded():
+    """The brief's script as written: Megatron-LM's LayerNorm, biases on every linear, a learned position table of
+    --max-position-embeddings rows, and the vocabulary padded to a multiple of 128 x tp (32000 -> 32256 at tp 4);
+    per layer (megatron/core/transformer): linear_qkv 3h^2+3h, linear_proj h^2+h, fc1 2fh+2f, fc2 fh+h, two
+    LayerNorms 4h."""
+    imported = import_config(LLAMA2_13B.format(tp=4, extra=""), "train.sh")
+    arch = resolve_model(imported.request["model"])
+    h, f, v, layers = 5120, 13824, 32256, 40
+    per_layer = 3 * h * h + 3 * h + h * h + h + 2 * f * h + 2 * f + f * h + h + 4 * h
+    assert total_params(arch) == layers * per_layer + 2 * v * h + 4096 * h + 2 * h
+    note = next(n for n in imported.notes if n.startswith("model: "))
+    assert "normalization LayerNorm (--normalization not given)" in note
+    assert "num_layers 40 (train.sh:1 --num-layers)" in note
+    assert "vocabulary 32,000 padded to 32,256" in note
+    assert imported.sources["model"].startswith("train.sh (built from its flags")
+
+
+def test_gpt3_175b_script_with_its_catalog_card_hidden(monkeypatch):
+    """Megatron-LM's own GPT-3 175B script (examples/gpt3/train_gpt3_175b_distributed.sh), its tokenizer's
+    vocabulary stated: with no catalog card to match, the model Megatron-LM builds, 50257 padded to 51200 at tp 8."""
+    monkeypatch.setattr(model_match, "catalog_keys", lambda: [k for k in api_keys() if k != "gpt3-175b"])
+    text = (CONFIGS / "megatron_gpt3_175b.sh").read_text().replace("--num-layers 96", "--num-layers 96 --vocab-size "
+                                                                                      "50257")
+    arch = resolve_model(_model(text))
+    h, layers, v = 12288, 96, 51200
+    assert total_params(arch) == layers * (12 * h * h + 13 * h) + v * h + 2048 * h + 2 * h  # tied, learned, biases
+    assert 174e9 < total_params(arch) < 176e9  # the paper's 175B
+
+
+def api_keys() -> list[str]:
+    return [m.key for m in api.list_models()]
+
+
+def test_mixtral_script_with_its_catalog_card_hidden_builds_mixtrals_shape(monkeypatch, tmp_path):
+    """Megatron-LM's Mixtral 8x7B script, its Llama2Tokenizer's 32000 tokens stated as the error asks (meshplan
+    reads no tokenizer file)."""
+    monkeypatch.setattr(model_match, "catalog_keys", lambda: [k for k in api_keys() if k != "mixtral-8x7b"])
+    text = (CONFIGS / "megatron_mixtral_8x7b.sh").read_text()
+    assert "add --vocab-size N" in " ".join(import_config(text, "mixtral.sh").unresolved)
+    path = tmp_path / "mixtral.sh"
+    path.write_text(text.replace("--num-layers 32", "--num-layers 32 --vocab-size 32000"))
+    imported = import_file(str(path))
+    built, catalog = resolve_model(imported.request["model"]), resolve_model("mixtral-8x7b")
+    assert built.moe is not None and catalog.moe is not None
+    assert (built.moe.num_experts, built.moe.top_k, built.moe.expert_ffn_hidden_size, built.moe.moe_layers) == (
+        catalog.moe.num_experts, catalog.moe.top_k, catalog.moe.expert_ffn_hidden_size, catalog.moe.moe_layers)
+    assert (built.num_kv_heads, built.head_dim, built.vocab_size) == (8, 128, 32000)
+    assert total_params(built) == total_params(catalog)  # the router's expert bias is a buffer, no parameter
+    assert describe_model(imported.request["model"]).active_params == describe_model("mixtral-8x7b").active_params
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (" --moe-shared-expert-gate", "--moe-shared-expert-gate: a gate of hidden_size weights"),
+    (" --position-embedding-type relative", "--position-embedding-type relative: meshplan builds models with"),
+    (" --normalization LayerNorm1P", "--normalization LayerNorm1P"),
+    (" --qk-layernorm", "--qk-layernorm with --normalization LayerNorm"),
+])
+def test_a_flag_meshplan_cannot_express_is_named(extra, said):
+    imported = import_config(LLAMA2_13B.format(tp=1, extra=extra), "train.sh")
+    assert "model" not in imported.request
+    line = next(u for u in imported.unresolved if u.startswith("model: not built from the file's flags"))
+    assert said in line and "config.json" in line
+
+
+def test_a_missing_field_is_named_with_what_to_do():
+    text = LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--vocab-size 32000 ", "")
+    line = next(u for u in import_config(text, "train.sh").unresolved if "not built" in u)
+    assert "--vocab-size is not given" in line and "add --vocab-size N" in line
+    text = LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--max-position-embeddings 4096 ", "")
+    line = next(u for u in import_config(text, "train.sh").unresolved if "not built" in u)
+    assert "--max-position-embeddings is not given: Megatron-LM requires it" in line
+
+
+def test_a_bad_flags_name_is_a_clear_error():
+    with pytest.raises(MeshplanError, match="--hidden-sise is no architecture flag"):
+        resolve_model("megatron-core flags: --num-layers 2 --hidden-sise 64")
+    with pytest.raises(MeshplanError, match="--num-layers 0 is out of range"):
+        resolve_model("megatron-core flags: --num-layers 0 --hidden-size 64 --num-attention-heads 4 "
+                      "--vocab-size 128 --max-position-embeddings 64")
+    with pytest.raises(MeshplanError, match="'torchtitan' launch scripts' models are not built"):
+        resolve_model("torchtitan flags: --num-layers 2")
+
+
+def test_every_face_plans_with_it(tmp_path, capsys):
+    """check --config, memory, throughput, recommend and render on the CLI, the api and MCP's string model alike."""
+    path = tmp_path / "train.sh"
+    path.write_text(LLAMA2_13B.format(tp=4, extra=LLAMA))
+    imported = import_file(str(path))
+    model = imported.request["model"]
+    req = api.request_from_config(imported, {"num_gpus": 16})
+    assert (req.model, req.tp, req.pp) == (model, 4, 2)
+    memory = api.estimate_memory(req)
+    assert cli.main(["memory", "--config", str(path), "--num-gpus", "16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_bytes"] == memory.peak_bytes
+    assert cli.main(["check", "--config", str(path), "--num-gpus", "16"]) == 0
+    assert "launch script model (40 layers, hidden 5120)" in capsys.readouterr().out
+    assert api.estimate_throughput(req).tokens_per_s_per_gpu > 0
+    assert api.recommend(req.model_copy(update={"tp": None, "pp": None}), top_k=1).candidates
+    assert "--num-layers 40" in api.render_config("megatron-core", req).text
+    assert "Built from a Megatron-Core" in " ".join(api.describe_model(model).assumptions)
