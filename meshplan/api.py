@@ -25,11 +25,34 @@ from meshplan.schema.reports import (
 )
 from meshplan.schema.request import Request
 
+SCRIPT_SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch")  # the launch scripts `model` may name (import_file's shell)
+
+
+def script_model(model: str) -> str:
+    """`model` the path of a launch script: the model its flags state (the catalog model they match, or the one they
+    build, knowledge/flag_models.py), read again on every call, so an edited script is read as it is now."""
+    if not isinstance(model, str) or not model.strip().endswith(SCRIPT_SUFFIXES):
+        return model
+    from meshplan.adapters.read import import_file
+
+    imported = import_file(model.strip(), config_format="shell")
+    if "model" in imported.request:
+        return imported.request["model"]
+    said = " ".join(u for u in imported.unresolved if u.startswith("model:"))
+    raise MeshplanError(f"model {model.strip()[:200]}: the launch script's model is not read. "
+                        + (said or "The script states no architecture flags."),
+                        fix="Pass a catalog key or the model's config.json as model.")
+
+
+def script_request(req: Request) -> Request:
+    model = script_model(req.model)
+    return req if model == req.model else req.model_copy(update={"model": model})
+
 
 def describe_model(model: str) -> ModelReport:
     from meshplan.knowledge.catalog import describe_model as describe
 
-    return describe(model)
+    return describe(script_model(model))
 
 
 def list_models() -> list[ModelSummary]:
@@ -43,7 +66,7 @@ def estimate_memory(req: Request) -> MemoryReport:
     from meshplan.request.resolve import resolve
     from meshplan.rl.memory import job_memory as estimate  # an RL job: the peak over its phases
 
-    job, plan = resolve(req)
+    job, plan = resolve(script_request(req))
     return with_band(estimate(job, plan), job, plan)  # the error measured in its regime (cards/accuracy.yaml)
 
 
@@ -53,7 +76,7 @@ def estimate_throughput(req: Request) -> ThroughputReport:
     from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
     from meshplan.request.resolve import resolve
 
-    job, plan = resolve(req)
+    job, plan = resolve(script_request(req))
     report = _model_throughput(job, plan)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
@@ -72,7 +95,7 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
     from meshplan.check.config import check_config as check
     from meshplan.request.resolve import resolve
 
-    job, plan = resolve(req)
+    job, plan = resolve(script_request(req))
     report = check(job, plan)
     if config is None:
         return report
@@ -87,17 +110,17 @@ def recommend(req: Request, top_k: int = 5) -> Recommendation:
     if is_rl_request(req):  # the whole RL step: actor layout, rollout engine, memory fraction, offloads
         from meshplan.search.rl import recommend_rl
 
-        return recommend_rl(req, top_k=top_k)
+        return recommend_rl(script_request(req), top_k=top_k)
     from meshplan.search import recommend as search
 
-    return search(req, top_k=top_k)
+    return search(script_request(req), top_k=top_k)
 
 
 def minimum_gpus(req: Request, max_gpus: int | None = None) -> MinimumGpus:
     """The smallest GPU count at which a layout passes the rules and keeps the headroom, and the best layout there."""
     from meshplan.search import minimum_gpus as scan
 
-    return scan(req, max_gpus=max_gpus)
+    return scan(script_request(req), max_gpus=max_gpus)
 
 
 def render_config(framework: str, req: Request, *, force: bool = False, **options: Any) -> RenderResult:
@@ -109,7 +132,7 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     from meshplan.request.resolve import resolve
 
     require_target(framework)
-    job, plan = resolve(req.model_copy(update={"framework": framework}))
+    job, plan = resolve(script_request(req).model_copy(update={"framework": framework}))
     notes, warnings = vet_layout(job, plan, check(job, plan), force=force)
     result = render(framework, job, plan, **options)
     return result.model_copy(update={"notes": [*result.notes, *notes], "warnings": [*warnings, *result.warnings]})
@@ -155,7 +178,7 @@ def compare_run(req: Request, log_text: str, *, log_path: str = "<log_text>", ca
     from meshplan.request.resolve import resolve
     from meshplan.rl.memory import job_memory
 
-    job, plan = resolve(req)
+    job, plan = resolve(script_request(req))
     measured = read_log(log_text, path=log_path, framework=job.framework)
     throughput = _model_throughput(job, plan)
     memory = with_band(job_memory(job, plan), job, plan)

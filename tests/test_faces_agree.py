@@ -42,6 +42,9 @@ TOOLS = {
 }
 
 L8 = {"model": "llama-3.1-8b", "gpu": "h100"}
+FLAGS_13B = ("megatron-core flags: --num-layers 40 --hidden-size 5120 --ffn-hidden-size 13824 --num-attention-heads 40 "
+             "--vocab-size 32000 --swiglu --untie-embeddings-and-output-weights --normalization RMSNorm "
+             "--disable-bias-linear --position-embedding-type rope --max-position-embeddings 4096")
 L70 = {"model": "llama-3.1-70b", "gpu": "h100"}
 Q30 = {"model": "qwen3-30b-a3b", "gpu": "h100"}
 DSV3 = {"model": "deepseek-v3", "gpu": "h100"}
@@ -128,6 +131,10 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("describe_model", {"model": "deepseek-v3"}),
     ("describe_model", {"model": "70B"}),
     ("describe_model", {"model": "Qwen/Qwen3-30B-A3B"}),
+    # a model no catalog card has, named by the Megatron-LM flags that build it (knowledge/flag_models.py)
+    ("describe_model", {"model": FLAGS_13B}),
+    ("estimate_memory", {"model": FLAGS_13B, "gpu": "h100", "num_gpus": 16, "tp": 4, "pp": 2}),
+    ("check_config", {"model": FLAGS_13B + " --hidden-sise 5120", "gpu": "h100", "num_gpus": 16}),
     ("list_models", {}),
     ("minimum_gpus", {"model": "llama-3.1-405b", "gpu": "h100"}),
     ("minimum_gpus", {"model": "deepseek-v3", "gpu": "h20", "headroom": 0.05}),

@@ -15,6 +15,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
 from meshplan.knowledge.catalog import describe_model, resolve_model
 from meshplan.knowledge.model_counts import total_params
+from meshplan.schema.request import Request
 
 CONFIGS = Path(__file__).parent / "configs"
 LLAMA2_13B = """torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 40 --hidden-size 5120 \\
@@ -91,6 +92,23 @@ def test_mixtral_script_with_its_catalog_card_hidden_builds_mixtrals_shape(monke
     assert describe_model(imported.request["model"]).active_params == describe_model("mixtral-8x7b").active_params
 
 
+def test_megatron_deepspeed_script_builds_what_megatron_deepspeed_builds():
+    """Megatron-DeepSpeed's Llama-2 example: RMSNorm, no biases, rotary, 4 KV heads by --num-key-value-heads, and
+    its learned position table too (kept unless --no-position-embedding, language_model.py), which this script does
+    not turn off; --mlp-type residual (PR-MoE) refused naming the flag."""
+    text = (CONFIGS / "mds_pretrain_llama2.sh").read_text().replace("--num-layers $NUM_LAYERS", "--num-layers "
+                                                                    "$NUM_LAYERS --vocab-size 32000")
+    arch = resolve_model(_model(text))
+    h, f, layers, kv, v, seq = 2048, 5504, 24, 4, 32000, 2048  # 32000 a multiple of 128 x tp 2
+    per_layer = 2 * h * h + 2 * h * kv * 128 + 3 * h * f + 2 * h
+    assert total_params(arch) == layers * per_layer + 2 * v * h + seq * h + h
+    assert arch.learned_position_embeddings == seq and arch.rope is not None
+    residual = import_config(text.replace("--swiglu", "--swiglu --num-experts 8 --mlp-type residual"), "mds.sh")
+    line = next(u for u in residual.unresolved if "not built" in u)
+    assert "--mlp-type residual: meshplan builds models with standard only (residual is PR-MoE" in line
+    assert "config.json" in line
+
+
 @pytest.mark.parametrize(("extra", "said"), [
     (" --moe-shared-expert-gate", "--moe-shared-expert-gate: a gate of hidden_size weights"),
     (" --position-embedding-type relative", "--position-embedding-type relative: meshplan builds models with"),
@@ -110,7 +128,7 @@ def test_a_missing_field_is_named_with_what_to_do():
     assert "--vocab-size is not given" in line and "add --vocab-size N" in line
     text = LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--max-position-embeddings 4096 ", "")
     line = next(u for u in import_config(text, "train.sh").unresolved if "not built" in u)
-    assert "--max-position-embeddings is not given: Megatron-LM requires it" in line
+    assert "--max-position-embeddings is not given: Megatron-Core / Megatron-LM requires it" in line
 
 
 def test_a_bad_flags_name_is_a_clear_error():
@@ -140,3 +158,51 @@ def test_every_face_plans_with_it(tmp_path, capsys):
     assert api.recommend(req.model_copy(update={"tp": None, "pp": None}), top_k=1).candidates
     assert "--num-layers 40" in api.render_config("megatron-core", req).text
     assert "Built from a Megatron-Core" in " ".join(api.describe_model(model).assumptions)
+
+
+def test_a_launch_scripts_path_is_a_model_read_again_when_it_changes(tmp_path):
+    """`model` the path of a launch script (api, so the CLI's --model and MCP's model argument): the model its flags
+    state, read from the file on every call."""
+    path = tmp_path / "train.sh"
+    path.write_text(LLAMA2_13B.format(tp=1, extra=LLAMA))
+    assert api.describe_model(str(path)).total_params == 13_015_864_320
+    same = api.estimate_memory(Request(model=str(path), num_gpus=16, tp=4, pp=2))
+    assert same == api.estimate_memory(Request(model=_model(path.read_text()), num_gpus=16, tp=4, pp=2))
+    path.write_text(LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--num-layers 40", "--num-layers 48"))
+    assert api.describe_model(str(path)).architecture.num_layers == 48
+    path.write_text(LLAMA2_13B.format(tp=1, extra=LLAMA + " --moe-shared-expert-gate"))
+    with pytest.raises(MeshplanError, match=r"the launch script's model is not read.*--moe-shared-expert-gate"):
+        api.estimate_memory(Request(model=str(path), num_gpus=16))
+    seven = LLAMA2_13B.format(tp=1, extra=LLAMA)
+    for was, now in (("layers 40", "layers 32"), ("size 5120", "size 4096"), ("size 13824", "size 11008"),
+                     ("heads 40", "heads 32")):
+        seven = seven.replace(was, now)
+    path.write_text(seven)
+    assert api.describe_model(str(path)).key == "llama-2-7b"  # a catalog model's flags: the catalog model
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_mcp_plans_with_a_scripts_model(tmp_path):
+    """MCP's tools take the script's path or its flags as `model` (beside its text as config_text too): one
+    answer."""
+    from mcp import Client
+
+    from meshplan.faces.mcp.server import app
+
+    text = LLAMA2_13B.format(tp=4, extra=LLAMA)
+    path = tmp_path / "train.sh"
+    path.write_text(text)
+    model = _model(text)
+    fixed = {"num_gpus": 16, "gpu": "h100", "tp": 4, "pp": 2}
+    async with Client(app) as client:
+        answers = [(await client.call_tool("estimate_memory", args)).structured_content for args in (
+            {"config_text": text, "model": str(path), "num_gpus": 16, "sequence_parallel": True, "zero_stage": 1},
+            {"model": str(path), **fixed}, {"model": model, **fixed})]
+        described = (await client.call_tool("describe_model", {"model": str(path)})).structured_content
+    assert answers[0]["peak_bytes"] == answers[1]["peak_bytes"] == answers[2]["peak_bytes"]
+    assert described["total_params"] == api.describe_model(model).total_params

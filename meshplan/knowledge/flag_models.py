@@ -23,7 +23,7 @@ from meshplan.knowledge.model_config import shapes_card
 from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
-BUILDERS = ("megatron-core",)  # the frameworks whose launch-script models are built from their flags
+BUILDERS = ("megatron-core", "deepspeed")  # the frameworks whose launch scripts' models are built from their flags
 NAME = re.compile(r"^\s*([a-z][a-z0-9-]*) flags:(.*)$", re.S)
 FALSE_WORDS = ("false", "0", "no", "off")
 FIX = "Pass --model (the tool's model argument) with the model's config.json, or a catalog key."
@@ -127,10 +127,11 @@ def flags_report(arch: Architecture) -> list[str]:
     given = [f"{f.name} {_show(f.value)} ({f.flag})" for f in built.fields if f.given]
     left = [f"{f.name} {_show(f.value)} ({f.flag} not given)" for f in built.fields
             if not f.given and f.value is not False]
-    out = [f"Built from a {framework_card(parsed[0]).display_name} launch script's flags as Megatron-LM builds the "
-           f"model: {'; '.join(given)}. Left to Megatron-LM's defaults: {'; '.join(left)}."]
+    name = framework_card(parsed[0]).display_name
+    out = [f"Built from a {name} launch script's flags as {name} builds the model: {'; '.join(given)}. Left to its "
+           f"defaults: {'; '.join(left)}."]
     if built.padded_from is not None:
-        out.append(f"The vocabulary is padded as Megatron-LM pads it: {built.padded_from:,} to {arch.vocab_size:,}, "
+        out.append(f"The vocabulary is padded as {name} pads it: {built.padded_from:,} to {arch.vocab_size:,}, "
                    "a multiple of --make-vocab-size-divisible-by x --tensor-model-parallel-size of the script.")
     return out
 
@@ -156,11 +157,18 @@ class _Flags:
         self.defaults = {**read.get("model_defaults", {}), **read.get("model_build_defaults", {})}
         self.values = read.get("model_build_values", {})
         self.bounds = shapes_card().bounds
+        self.table = read.get("model_build_position_table", "by_type")
         self.fields: list[FlagField] = []
         for flag, why in read.get("model_build_refused", {}).items():
             if flag in given:
                 raise MeshplanError(f"{flag}: {why}, which meshplan's parameter counts cannot express, so the model "
                                     "is not built from the script's flags.", fix=FIX)
+        for flag, spec in self.values.items():
+            value = str(given.get(flag, "")).strip("'\"")
+            if flag in given and value not in spec["allowed"]:
+                raise MeshplanError(f"{flag} {value}: meshplan builds models with {' or '.join(spec['allowed'])} "
+                                    f"only ({spec['why']}), so the model is not built from the script's flags.",
+                                    fix=FIX)
 
     def raw(self, name: str) -> tuple[Any, bool]:
         flag = self.flag_of.get(name, f"--{name.replace('_', '-')}")
@@ -168,8 +176,10 @@ class _Flags:
             return self.given[flag], True
         return self.defaults.get(name), False
 
-    def _note(self, name: str, value: Any, given: bool) -> Any:
-        self.fields.append(FlagField(name, value, self.flag_of.get(name, name), given))
+    def _note(self, name: str, value: Any, given: bool, flag: str | None = None) -> Any:
+        """Records a field the framework has a flag for (not rotary_base where no flag sets it)."""
+        if flag or name in self.flag_of:
+            self.fields.append(FlagField(name, value, flag or self.flag_of[name], given))
         return value
 
     def switch(self, name: str) -> bool:
@@ -179,12 +189,7 @@ class _Flags:
 
     def text(self, name: str) -> str:
         value, given = self.raw(name)
-        text = str(value).strip("'\"")
-        allowed = self.values.get(self.flag_of.get(name, ""))
-        if allowed is not None and text not in allowed:
-            raise MeshplanError(f"{self.flag_of[name]} {text}: meshplan builds models with {' or '.join(allowed)} "
-                                "only, so the model is not built from the script's flags.", fix=FIX)
-        return self._note(name, text, given)
+        return self._note(name, str(value).strip("'\""), given)
 
     def number(self, name: str) -> float:
         value, given = self.raw(name)
@@ -260,7 +265,7 @@ def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
     """Routed and shared experts (Megatron-LM's validate_args: the experts' width is --ffn-hidden-size when
     --moe-ffn-hidden-size is not given); the router has no bias (its expert bias is a buffer, no parameter)."""
     experts = f.int("num_experts", note=False)
-    if not experts:
+    if not experts or experts == f.defaults.get("num_experts"):  # Megatron-DeepSpeed: one expert is a dense MLP
         f._note("num_experts", 0, f.raw("num_experts")[1])
         return None
     f._note("num_experts", experts, True)
@@ -273,13 +278,14 @@ def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
         raise MeshplanError(f"{f.flag_of['shared_expert_ffn_hidden_size']} without --disable-bias-linear: "
                             "meshplan counts shared experts without biases, so the model is not built from the "
                             "script's flags.", fix=FIX)
-    freq, given = f.raw("moe_layer_freq")
+    name = "expert_interval" if "expert_interval" in f.flag_of else "moe_layer_freq"
+    value, given = f.raw(name)
     try:
-        layer_list = moe_layers(freq, None, layers)
+        layer_list = moe_layers(*((None, value) if name == "expert_interval" else (value, None)), layers)
     except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
-        raise MeshplanError(f"{f.flag_of['moe_layer_freq']} {freq}: not a MoE layer pattern meshplan can read "
-                            f"({exc}).", fix=FIX) from None
-    f._note("moe_layers", layer_list, given)
+        raise MeshplanError(f"{f.flag_of[name]} {value}: not a MoE layer pattern meshplan can read ({exc}).",
+                            fix=FIX) from None
+    f._note("moe_layers", layer_list, given, f.flag_of[name])
     groups = f.int("num_groups", default=1) or 1
     group_topk = f.int("group_topk", default=1) or 1
     return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=int(shared > 0),
@@ -299,23 +305,27 @@ def _mla(f: _Flags, bias: bool) -> MLASpec | None:
 
 
 def _positions(f: _Flags, max_positions: int) -> tuple[int, RopeSpec | None]:
-    """The learned position table's rows and the rotary embedding, as Megatron-LM's validate_args reads the flags."""
+    """The learned position table's rows and the rotary embedding, as the framework reads the flags: Megatron-LM
+    keeps the table for --position-embedding-type learned_absolute only, Megatron-DeepSpeed unless
+    --no-position-embedding (the card's model_build_position_table)."""
     kind = "rope" if f.switch("rotary") else f.text("position_embedding")
-    if f.switch("no_position_embedding") and kind != "rope":
+    off = f.switch("no_position_embedding")
+    if f.table == "by_type" and off and kind != "rope":
         raise MeshplanError(f"--no-position-embedding with --position-embedding-type {kind}: Megatron-LM refuses it "
                             "(deprecated; use --position-embedding-type).", fix=FIX)
-    if kind == "learned_absolute":
-        return max_positions, None
-    if kind == "none":
-        return 0, None
+    table = 0 if off else max_positions
+    if f.table == "by_type":
+        table = max_positions if kind == "learned_absolute" else 0
+    if kind in ("learned_absolute", "none"):
+        return table, None
     percent = f.number("rotary_percent")
-    return 0, RopeSpec(theta=f.number("rotary_base"), fraction=min(percent, 1.0))
+    return table, RopeSpec(theta=f.number("rotary_base"), fraction=min(percent, 1.0))
 
 
 def _vocab(f: _Flags) -> tuple[int, int | None]:
     """The vocabulary Megatron-LM builds: --vocab-size padded to a multiple of --make-vocab-size-divisible-by x
     --tensor-model-parallel-size (build_tokenizer.py vocab_size_with_padding)."""
-    vocab = f.int("vocab_size", need="Megatron-LM takes the vocabulary from the tokenizer (--tokenizer-type, "
+    vocab = f.int("vocab_size", need="the framework takes the vocabulary from the tokenizer (--tokenizer-type, "
                                       "--vocab-file, --tokenizer-model), which meshplan does not read; add "
                                       "--vocab-size N with the tokenizer's size.")
     multiple = (f.int("vocab_multiple", note=False) or 1) * (f.int("tp", note=False) or 1)
@@ -324,20 +334,23 @@ def _vocab(f: _Flags) -> tuple[int, int | None]:
 
 
 def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
-    """The model Megatron-LM builds from these flags; a clear error naming the flag where one is missing, has a
-    value meshplan cannot express, or builds something meshplan cannot count."""
+    """The model Megatron-LM (or Megatron-DeepSpeed) builds from these flags; a clear error naming the flag where one
+    is missing, has a value meshplan cannot express, or builds something meshplan cannot count."""
     if framework not in BUILDERS:
         raise MeshplanError(f"{framework_card(framework).display_name} launch scripts' models are not built from "
                             f"their flags (those of {', '.join(BUILDERS)} are).", fix=FIX)
     f = _Flags(framework, given)
-    need = "Megatron-LM requires it."
+    need = f"{framework_card(framework).display_name} requires it."
     layers = f.int("num_layers", need=need)
     hidden = f.int("hidden_size", need=need)
     heads = f.int("num_attention_heads", need=need)
     swiglu, quick_geglu, squared_relu = f.switch("swiglu"), f.switch("quick_geglu"), f.switch("squared_relu")
     gated = swiglu or quick_geglu
     ffn = f.int("ffn_hidden_size", default=int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden)
-    kv_heads = f.int("num_kv_heads", default=1) if f.switch("gqa") else heads
+    if "gqa" in f.flag_of:  # Megatron-LM: --num-query-groups only with --group-query-attention, 1 group by default
+        kv_heads = f.int("num_kv_heads", default=1) if f.switch("gqa") else heads
+    else:
+        kv_heads = f.int("num_kv_heads", default=heads)
     if heads % kv_heads:
         raise MeshplanError(f"{f.flag_of['num_kv_heads']} {kv_heads} does not divide --num-attention-heads {heads}.",
                             fix=FIX)
@@ -345,14 +358,14 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
     max_positions = f.int("max_position_embeddings", need=need)
     bias = not f.switch("no_bias_linear")
     qkv_bias = f.switch("qkv_bias") or bias  # Megatron-LM: add_qkv_bias follows add_bias_linear
-    norm = f.text("normalization")
+    rms = f.text("normalization").lower() == "rmsnorm"
     mla = _mla(f, bias)
     if mla is None and hidden % heads and f.raw("head_dim")[0] is None:
         raise MeshplanError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}, and "
                             "--kv-channels is not given.", fix=FIX)
     head_dim = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) if mla else f.int("head_dim", default=hidden // heads)
     qk_norm = f.switch("qk_layernorm") and mla is None
-    if qk_norm and norm != "RMSNorm":
+    if qk_norm and not rms:
         raise MeshplanError("--qk-layernorm with --normalization LayerNorm: meshplan counts q/k norms of RMSNorm "
                             "only, so the model is not built from the script's flags.", fix=FIX)
     learned, rope = _positions(f, max_positions)
@@ -367,6 +380,6 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
         max_position_embeddings=max_positions, tie_word_embeddings=not untied, gated_mlp=gated,
         activation="silu" if swiglu else "quick_gelu" if quick_geglu else "relu2" if squared_relu else "gelu",
         qkv_bias=qkv_bias, o_bias=bias, mlp_bias=bias, qk_norm="head" if qk_norm else "none",
-        norm_type="rmsnorm" if norm == "RMSNorm" else "layernorm", learned_position_embeddings=learned, rope=rope,
+        norm_type="rmsnorm" if rms else "layernorm", learned_position_embeddings=learned, rope=rope,
         moe=moe, mla=mla, num_mtp_layers=mtp, origin=flags_name(framework, given))
     return FlagModel(arch, f.fields, padded_from)

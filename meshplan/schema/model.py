@@ -98,7 +98,8 @@ class Architecture(StrictModel):
     mla: MLASpec | None = None
     num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
     generic: bool = Field(False, description="True when built from a size alone, not a real config")
-    origin: str = Field("catalog", description="catalog | config.json path | generic size")
+    origin: str = Field("catalog", description="catalog | config.json path | generic size | a launch "
+                                                "script's architecture flags the model is built from")
 
     @property
     def is_moe(self) -> bool:

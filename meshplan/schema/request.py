@@ -52,7 +52,9 @@ class Request(StrictModel):
     model: str = Field(
         max_length=4096,  # PATH_MAX: longer is never a real name or path, and would be echoed in errors
         description="Catalog key (llama-3.1-70b), Hugging Face id (meta-llama/Llama-3.1-70B), path to a "
-        "config.json, or a size alone ('70B')",
+        "config.json, a size alone ('70B'), the path of a launch script (train.sh: the model its flags state), or "
+        "a Megatron-LM script's architecture flags as import states them ('megatron-core flags: --num-layers 40 "
+        "--hidden-size 5120 ...')",
     )
     gpu: str = Field(
         "h100", max_length=64, description="GPU type from the hardware catalog (h100, h200, b200, a100-80gb, ...)"

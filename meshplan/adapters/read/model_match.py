@@ -18,6 +18,7 @@ from meshplan.adapters.read.keys import Reading, as_bool
 from meshplan.adapters.read.settings import Setting
 from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
 from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, read_flags
 from meshplan.schema.model import Architecture
@@ -262,7 +263,7 @@ MISSED = "model: no catalog model has this "
 
 
 def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
-    """A model no catalog card has, built from the script's own flags as Megatron-LM builds it
+    """A model no catalog card has, built from the script's own flags as its framework builds it
     (knowledge/flag_models.py), each field with the flag and line that set it; where it cannot be built, the flag
     and what to do."""
     if reading.framework not in BUILDERS:
@@ -279,7 +280,7 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
     said = [f"{f.name} {_show(f.value)} ({flags[f.flag].where(reading.path) if f.given else f.flag + ' not given'})"
             for f in built.fields if f.given or f.value is not False]
     reading.notes.append("model: no catalog model has this architecture, so it is built from the file's flags as "
-                         f"Megatron-LM builds it: {'; '.join(said)}"
+                         f"{framework_card(reading.framework).display_name} builds it: {'; '.join(said)}"
                          + (f"; vocabulary {built.padded_from:,} padded to {built.arch.vocab_size:,} "
                             "(--make-vocab-size-divisible-by x --tensor-model-parallel-size)"
                             if built.padded_from is not None else ""))

@@ -166,7 +166,8 @@ DESCRIBE_MODEL = (
     "architecture is. Returns exact total and active counts from the config (biases, norms, tied "
     "embeddings, MLA, shared experts; MTP blocks separately), the other active-count conventions vendors "
     "publish, and a per-component breakdown. `model` is a catalog key, a Hugging Face id, a path to a "
-    "config.json, or a size alone such as '70B' (a generic dense model, flagged as such)."
+    "config.json, a size alone such as '70B' (a generic dense model, flagged as such), or a Megatron-LM launch "
+    "script (its path, or its architecture flags as import_config states them): the model its flags build."
 )
 
 

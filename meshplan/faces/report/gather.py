@@ -69,6 +69,7 @@ def _pick(rec: Recommendation) -> tuple[Plan | None, str]:
 
 def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanReport:
     """The api's answers for `req` (searched first with `recommend`), ready to draw."""
+    req = api.script_request(req)  # a launch script's path as model: the model its flags state, once for all
     rec = api.recommend(req, top_k=top_k) if recommend else None
     drawn, drawn_as, notes = req, "the plan as requested (defaults filled as `meshplan memory` fills them)", []
     if rec is not None:
