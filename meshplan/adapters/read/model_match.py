@@ -1,7 +1,8 @@
 """The catalog model a launch script's architecture flags describe. Every field the script states, and every one it
 leaves to the framework's own default (Megatron-LM builds a dense MLP without --num-experts, tied embeddings without
 --untie-embeddings-and-output-weights), is compared with each catalog model, so an MoE or MLA script is never read as
-the dense model of the same width and depth; where none matches, the fields that differ are named.
+the dense model of the same width and depth; where none matches, the fields that differ are named, and a Megatron-LM
+or Megatron-DeepSpeed script's model is built from its own flags (knowledge/flag_models.py, `flags_model`).
 
 Which flag states which field, and the framework's default for an absent one, come from the framework card's
 `read.model_flags` and `read.model_defaults`, never from a table here.
