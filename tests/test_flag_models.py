@@ -90,6 +90,11 @@ def test_mixtral_script_with_its_catalog_card_hidden_builds_mixtrals_shape(monke
     assert (built.num_kv_heads, built.head_dim, built.vocab_size) == (8, 128, 32000)
     assert total_params(built) == total_params(catalog)  # the router's expert bias is a buffer, no parameter
     assert describe_model(imported.request["model"]).active_params == describe_model("mixtral-8x7b").active_params
+    plans = []  # and it plans as the catalog's Mixtral does
+    for name in (imported.request["model"], "mixtral-8x7b"):
+        req = Request(model=name, num_gpus=32, tp=1, pp=4, ep=8, gpu="h100")
+        plans.append((api.estimate_memory(req).peak_bytes, api.estimate_throughput(req).step_time_s))
+    assert plans[0] == plans[1]
 
 
 def test_megatron_deepspeed_script_builds_what_megatron_deepspeed_builds():
@@ -124,8 +129,12 @@ def test_a_flag_meshplan_cannot_express_is_named(extra, said):
 
 def test_a_missing_field_is_named_with_what_to_do():
     text = LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--vocab-size 32000 ", "")
-    line = next(u for u in import_config(text, "train.sh").unresolved if "not built" in u)
+    unresolved = import_config(text, "train.sh").unresolved
+    line = next(u for u in unresolved if "not built" in u)
     assert "--vocab-size is not given" in line and "add --vocab-size N" in line
+    # the near misses of a dense script are dense models first (a 48-layer MoE was named nearest before)
+    nearest = next(u for u in unresolved if "nearest: " in u).split("nearest: ")[1].split(" differs")[0]
+    assert resolve_model(nearest).moe is None
     text = LLAMA2_13B.format(tp=1, extra=LLAMA).replace("--max-position-embeddings 4096 ", "")
     line = next(u for u in import_config(text, "train.sh").unresolved if "not built" in u)
     assert "--max-position-embeddings is not given: Megatron-Core / Megatron-LM requires it" in line
