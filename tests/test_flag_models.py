@@ -141,11 +141,17 @@ def test_a_missing_field_is_named_with_what_to_do():
 
 
 def test_a_bad_flags_name_is_a_clear_error():
+    tiny = ("megatron-core flags: --num-layers 4 --hidden-size 256 --num-attention-heads 4 --vocab-size 1024 "
+            "--max-position-embeddings 128")
     with pytest.raises(MeshplanError, match="--hidden-sise is no architecture flag"):
         resolve_model("megatron-core flags: --num-layers 2 --hidden-sise 64")
     with pytest.raises(MeshplanError, match="--num-layers 0 is out of range"):
         resolve_model("megatron-core flags: --num-layers 0 --hidden-size 64 --num-attention-heads 4 "
                       "--vocab-size 128 --max-position-embeddings 64")
+    with pytest.raises(MeshplanError, match="--moe-router-num-groups 3 and --moe-router-group-topk 1: the 8 experts"):
+        resolve_model(f"{tiny} --num-experts 8 --moe-router-num-groups 3")
+    assert resolve_model(f"{tiny} --swiglu=false") is resolve_model(f"{tiny} --swiglu=false")
+    assert not resolve_model(f"{tiny} --swiglu=false").gated_mlp and resolve_model(f"{tiny} --swiglu").gated_mlp
     with pytest.raises(MeshplanError, match="'torchtitan' launch scripts' models are not built"):
         resolve_model("torchtitan flags: --num-layers 2")
 

@@ -90,8 +90,9 @@ def parse_flags_name(name: str) -> tuple[str, dict[str, Any]] | None:
     if framework not in BUILDERS:
         raise MeshplanError(f"model {name[:80]!r}: {framework!r} launch scripts' models are not built from their "
                             f"flags (those of {', '.join(BUILDERS)} are).", fix=FIX)
-    try:
-        words = shlex.split(text)
+    try:  # --flag=value as --flag value, as argparse reads it
+        words = [part for word in shlex.split(text) for part in (word.split("=", 1) if word.startswith("--") else
+                                                                  [word])]
     except ValueError as exc:
         raise MeshplanError(f"model {name[:80]!r}: its flags cannot be split into words ({exc}).", fix=FIX) from None
     known = model_flags(framework)
@@ -288,6 +289,10 @@ def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
     f._note("moe_layers", layer_list, given, f.flag_of[name])
     groups = f.int("num_groups", default=1) or 1
     group_topk = f.int("group_topk", default=1) or 1
+    if experts % groups or group_topk > groups or top_k > group_topk * (experts // groups):
+        raise MeshplanError(f"{f.flag_of['num_groups']} {groups} and {f.flag_of['group_topk']} {group_topk}: the "
+                            f"{experts} experts must split into equal groups and a token's {top_k} experts fit in "
+                            "the groups it may use (Megatron-Core's TransformerConfig checks).", fix=FIX)
     return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=int(shared > 0),
                    shared_expert_ffn_hidden_size=shared, moe_layers=list(layer_list), expert_bias=bias,
                    num_groups=groups, group_topk=group_topk)
