@@ -150,6 +150,9 @@ def test_a_bad_flags_name_is_a_clear_error():
                       "--vocab-size 128 --max-position-embeddings 64")
     with pytest.raises(MeshplanError, match="--moe-router-num-groups 3 and --moe-router-group-topk 1: the 8 experts"):
         resolve_model(f"{tiny} --num-experts 8 --moe-router-num-groups 3")
+    for flag in ("--num-layers", "--normalization", "--rotary-percent --position-embedding-type rope"):
+        with pytest.raises(MeshplanError, match=f"{flag.split()[0]} is given without a value"):
+            resolve_model(f"{tiny} {flag}")
     assert resolve_model(f"{tiny} --swiglu=false") is resolve_model(f"{tiny} --swiglu=false")
     assert not resolve_model(f"{tiny} --swiglu=false").gated_mlp and resolve_model(f"{tiny} --swiglu").gated_mlp
     with pytest.raises(MeshplanError, match="'torchtitan' launch scripts' models are not built"):

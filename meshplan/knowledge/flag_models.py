@@ -166,14 +166,16 @@ class _Flags:
                                     "is not built from the script's flags.", fix=FIX)
         for flag, spec in self.values.items():
             value = str(given.get(flag, "")).strip("'\"")
-            if flag in given and value not in spec["allowed"]:
+            if flag in given and given[flag] is not True and value not in spec["allowed"]:
                 raise MeshplanError(f"{flag} {value}: meshplan builds models with {' or '.join(spec['allowed'])} "
                                     f"only ({spec['why']}), so the model is not built from the script's flags.",
                                     fix=FIX)
 
-    def raw(self, name: str) -> tuple[Any, bool]:
+    def raw(self, name: str, switch: bool = False) -> tuple[Any, bool]:
         flag = self.flag_of.get(name, f"--{name.replace('_', '-')}")
         if flag in self.given:
+            if self.given[flag] is True and not switch:
+                raise MeshplanError(f"{flag} is given without a value.", fix=FIX)
             return self.given[flag], True
         return self.defaults.get(name), False
 
@@ -184,7 +186,7 @@ class _Flags:
         return value
 
     def switch(self, name: str) -> bool:
-        value, given = self.raw(name)
+        value, given = self.raw(name, switch=True)
         on = bool(value) and str(value).strip("'\"").lower() not in FALSE_WORDS
         return self._note(name, on, given)
 
