@@ -174,7 +174,9 @@ def test_every_face_plans_with_it(tmp_path, capsys):
     assert "launch script model (40 layers, hidden 5120)" in capsys.readouterr().out
     assert api.estimate_throughput(req).tokens_per_s_per_gpu > 0
     assert api.recommend(req.model_copy(update={"tp": None, "pp": None}), top_k=1).candidates
-    assert "--num-layers 40" in api.render_config("megatron-core", req).text
+    rendered = api.render_config("megatron-core", req).text  # the model's own flags, Megatron-LM's norm epsilon
+    assert "--num-layers 40" in rendered and "--disable-bias-linear" in rendered and "--norm-epsilon 1e-05" in rendered
+    assert "does not know" not in rendered
     assert "Built from a Megatron-Core" in " ".join(api.describe_model(model).assumptions)
 
 

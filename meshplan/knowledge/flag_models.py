@@ -379,6 +379,9 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
     moe = _moe(f, layers, ffn, bias)
     mtp = f.int("num_mtp_layers", default=0) or 0
     untied = f.switch("untied")
+    eps = f.number("norm_eps")
+    if eps >= 0.1:
+        raise MeshplanError(f"{f.flag_of['norm_eps']} {eps:g}: allowed above 0 and below 0.1.", fix=FIX)
     arch = Architecture(
         name=f"{framework} launch script model ({layers} layers, hidden {hidden}"
              + (f", {moe.num_experts} experts top-{moe.top_k}" if moe else "") + ")",
@@ -388,5 +391,5 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
         activation="silu" if swiglu else "quick_gelu" if quick_geglu else "relu2" if squared_relu else "gelu",
         qkv_bias=qkv_bias, o_bias=bias, mlp_bias=bias, qk_norm="head" if qk_norm else "none",
         norm_type="rmsnorm" if rms else "layernorm", learned_position_embeddings=learned, rope=rope,
-        moe=moe, mla=mla, num_mtp_layers=mtp, origin=flags_name(framework, given))
+        norm_eps=eps, moe=moe, mla=mla, num_mtp_layers=mtp, origin=flags_name(framework, given))
     return FlagModel(arch, f.fields, padded_from)
