@@ -33,41 +33,44 @@ def _model(text: str, path: str = "train.sh") -> str:
 
 
 def test_llama2_13b_script_counts_the_published_model_exactly():
-    """Llama-2-13B's shape (RMSNorm, no biases, rope; 32000 a multiple of 128 at tp 1): 13,015,864,320, the count of
-    meta-llama/Llama-2-13b-hf, the published 13.0B."""
-    arch = resolve_model(_model(LLAMA2_13B.format(tp=1, extra=LLAMA)))
+    """Llama-2-13B's shape (RMSNorm, no biases, rope): 13,015,864,320, the count of meta-llama/Llama-2-13b-hf, the
+    published 13.0B; one model at any tp (Megatron-LM's run-time vocabulary padding is the estimates')."""
+    arch = resolve_model(_model(LLAMA2_13B.format(tp=4, extra=LLAMA)))
+    assert arch is resolve_model(_model(LLAMA2_13B.format(tp=1, extra=LLAMA)))
     assert total_params(arch) == 13_015_864_320
     assert (arch.norm_type, arch.qkv_bias, arch.mlp_bias, arch.learned_position_embeddings) == ("rmsnorm", False,
                                                                                              False, 0)
 
 
-def test_flags_left_out_are_megatron_defaults_and_the_vocabulary_is_padded():
+def test_flags_left_out_are_megatron_defaults():
     """The brief's script as written: Megatron-LM's LayerNorm, biases on every linear, a learned position table of
-    --max-position-embeddings rows, and the vocabulary padded to a multiple of 128 x tp (32000 -> 32256 at tp 4);
-    per layer (megatron/core/transformer): linear_qkv 3h^2+3h, linear_proj h^2+h, fc1 2fh+2f, fc2 fh+h, two
-    LayerNorms 4h."""
+    --max-position-embeddings rows; per layer (megatron/core/transformer): linear_qkv 3h^2+3h, linear_proj h^2+h,
+    fc1 2fh+2f, fc2 fh+h, two LayerNorms 4h. The vocabulary is the tokenizer's, as a checkpoint counts it (the
+    estimates pad it per plan's tp, as for every model)."""
     imported = import_config(LLAMA2_13B.format(tp=4, extra=""), "train.sh")
     arch = resolve_model(imported.request["model"])
-    h, f, v, layers = 5120, 13824, 32256, 40
+    h, f, v, layers = 5120, 13824, 32000, 40
     per_layer = 3 * h * h + 3 * h + h * h + h + 2 * f * h + 2 * f + f * h + h + 4 * h
     assert total_params(arch) == layers * per_layer + 2 * v * h + 4096 * h + 2 * h
     note = next(n for n in imported.notes if n.startswith("model: "))
     assert "normalization LayerNorm (--normalization not given)" in note
+    assert "linear_biases on (--disable-bias-linear not given)" in note
+    assert "num_kv_heads 40 (--group-query-attention not given)" in note
     assert "num_layers 40 (train.sh:1 --num-layers)" in note
-    assert "vocabulary 32,000 padded to 32,256" in note
     assert imported.sources["model"].startswith("train.sh (built from its flags")
 
 
 def test_gpt3_175b_script_with_its_catalog_card_hidden(monkeypatch):
-    """Megatron-LM's own GPT-3 175B script (examples/gpt3/train_gpt3_175b_distributed.sh), its tokenizer's
-    vocabulary stated: with no catalog card to match, the model Megatron-LM builds, 50257 padded to 51200 at tp 8."""
+    """Megatron-LM's own GPT-3 175B script (examples/gpt3/train_gpt3_175b_distributed.sh), its GPT-2 tokenizer's
+    vocabulary stated: with no catalog card to match, the model Megatron-LM builds counts what the catalog's card
+    (GPT-2's layout at 175B) counts."""
     monkeypatch.setattr(model_match, "catalog_keys", lambda: [k for k in api_keys() if k != "gpt3-175b"])
     text = (CONFIGS / "megatron_gpt3_175b.sh").read_text().replace("--num-layers 96", "--num-layers 96 --vocab-size "
                                                                                       "50257")
     arch = resolve_model(_model(text))
-    h, layers, v = 12288, 96, 51200
+    h, layers, v = 12288, 96, 50257
     assert total_params(arch) == layers * (12 * h * h + 13 * h) + v * h + 2048 * h + 2 * h  # tied, learned, biases
-    assert 174e9 < total_params(arch) < 176e9  # the paper's 175B
+    assert total_params(arch) == total_params(resolve_model("gpt3-175b"))  # 174.6B, the paper's 175B
 
 
 def api_keys() -> list[str]:
@@ -178,6 +181,7 @@ def test_every_face_plans_with_it(tmp_path, capsys):
     assert "--num-layers 40" in rendered and "--disable-bias-linear" in rendered and "--norm-epsilon 1e-05" in rendered
     assert "does not know" not in rendered
     assert "Built from a Megatron-Core" in " ".join(api.describe_model(model).assumptions)
+    assert "Vocabulary padded to 32256 (multiple of 128*tp)." in memory.assumptions  # at the plan's tp 4
 
 
 def test_a_launch_scripts_path_is_a_model_read_again_when_it_changes(tmp_path):

@@ -51,7 +51,6 @@ class FlagModel(NamedTuple):
 
     arch: Architecture
     fields: list[FlagField]
-    padded_from: int | None  # the --vocab-size given, where Megatron-LM pads it
 
 
 def _read(framework: str) -> dict[str, Any]:
@@ -131,9 +130,9 @@ def flags_report(arch: Architecture) -> list[str]:
     name = framework_card(parsed[0]).display_name
     out = [f"Built from a {name} launch script's flags as {name} builds the model: {'; '.join(given)}. Left to its "
            f"defaults: {'; '.join(left)}."]
-    if built.padded_from is not None:
-        out.append(f"The vocabulary is padded as {name} pads it: {built.padded_from:,} to {arch.vocab_size:,}, "
-                   "a multiple of --make-vocab-size-divisible-by x --tensor-model-parallel-size of the script.")
+    out.append(f"The vocabulary is the tokenizer's, {arch.vocab_size:,}, as a checkpoint counts it; {name} pads it "
+               "at run time to a multiple of --make-vocab-size-divisible-by (128) x tp, which the memory and time "
+               "estimates do for the plan's tp.")
     return out
 
 
@@ -185,10 +184,15 @@ class _Flags:
             self.fields.append(FlagField(name, value, flag or self.flag_of[name], given))
         return value
 
-    def switch(self, name: str) -> bool:
+    def switch(self, name: str, shown: str | None = None) -> bool:
+        """A switch given (and no false-like word after it) is on; noted as `shown`, its meaning inverted where the
+        flag turns something off (--disable-bias-linear: linear_biases)."""
         value, given = self.raw(name, switch=True)
         on = bool(value) and str(value).strip("'\"").lower() not in FALSE_WORDS
-        return self._note(name, on, given)
+        if shown is None:
+            return self._note(name, on, given)
+        self._note(shown, not on, given, self.flag_of.get(name))
+        return on
 
     def text(self, name: str) -> str:
         value, given = self.raw(name)
@@ -329,15 +333,13 @@ def _positions(f: _Flags, max_positions: int) -> tuple[int, RopeSpec | None]:
     return table, RopeSpec(theta=f.number("rotary_base"), fraction=min(percent, 1.0))
 
 
-def _vocab(f: _Flags) -> tuple[int, int | None]:
-    """The vocabulary Megatron-LM builds: --vocab-size padded to a multiple of --make-vocab-size-divisible-by x
-    --tensor-model-parallel-size (build_tokenizer.py vocab_size_with_padding)."""
-    vocab = f.int("vocab_size", need="the framework takes the vocabulary from the tokenizer (--tokenizer-type, "
-                                      "--vocab-file, --tokenizer-model), which meshplan does not read; add "
-                                      "--vocab-size N with the tokenizer's size.")
-    multiple = (f.int("vocab_multiple", note=False) or 1) * (f.int("tp", note=False) or 1)
-    padded = -(-vocab // multiple) * multiple
-    return padded, vocab if padded != vocab else None
+def _vocab(f: _Flags) -> int:
+    """The tokenizer's vocabulary, as a checkpoint counts it: Megatron-LM pads it at run time to a multiple of
+    --make-vocab-size-divisible-by x tp (build_tokenizer.py vocab_size_with_padding), which the estimates do per plan
+    for every model (cards/memory.yaml vocab_pad_multiple), so a model here is the same at every tp."""
+    return f.int("vocab_size", need="the framework takes the vocabulary from the tokenizer (--tokenizer-type, "
+                                    "--vocab-file, --tokenizer-model), which meshplan does not read; add --vocab-size "
+                                    "N with the tokenizer's size.")
 
 
 def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
@@ -355,15 +357,16 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
     gated = swiglu or quick_geglu
     ffn = f.int("ffn_hidden_size", default=int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden)
     if "gqa" in f.flag_of:  # Megatron-LM: --num-query-groups only with --group-query-attention, 1 group by default
-        kv_heads = f.int("num_kv_heads", default=1) if f.switch("gqa") else heads
+        kv_heads = f.int("num_kv_heads", default=1) if f.switch("gqa") else f._note("num_kv_heads", heads, False,
+                                                                                    f.flag_of["gqa"])
     else:
         kv_heads = f.int("num_kv_heads", default=heads)
     if heads % kv_heads:
         raise MeshplanError(f"{f.flag_of['num_kv_heads']} {kv_heads} does not divide --num-attention-heads {heads}.",
                             fix=FIX)
-    vocab, padded_from = _vocab(f)
+    vocab = _vocab(f)
     max_positions = f.int("max_position_embeddings", need=need)
-    bias = not f.switch("no_bias_linear")
+    bias = not f.switch("no_bias_linear", shown="linear_biases")
     qkv_bias = f.switch("qkv_bias") or bias  # Megatron-LM: add_qkv_bias follows add_bias_linear
     rms = f.text("normalization").lower() == "rmsnorm"
     mla = _mla(f, bias)
@@ -392,4 +395,4 @@ def build_from_flags(framework: str, given: dict[str, Any]) -> FlagModel:
         qkv_bias=qkv_bias, o_bias=bias, mlp_bias=bias, qk_norm="head" if qk_norm else "none",
         norm_type="rmsnorm" if rms else "layernorm", learned_position_embeddings=learned, rope=rope,
         norm_eps=eps, moe=moe, mla=mla, num_mtp_layers=mtp, origin=flags_name(framework, given))
-    return FlagModel(arch, f.fields, padded_from)
+    return FlagModel(arch, f.fields)

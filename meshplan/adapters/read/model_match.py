@@ -281,10 +281,7 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
     said = [f"{f.name} {_show(f.value)} ({flags[f.flag].where(reading.path) if f.given else f.flag + ' not given'})"
             for f in built.fields if f.given or f.value is not False]
     reading.notes.append("model: no catalog model has this architecture, so it is built from the file's flags as "
-                         f"{framework_card(reading.framework).display_name} builds it: {'; '.join(said)}"
-                         + (f"; vocabulary {built.padded_from:,} padded to {built.arch.vocab_size:,} "
-                            "(--make-vocab-size-divisible-by x --tensor-model-parallel-size)"
-                            if built.padded_from is not None else ""))
+                         f"{framework_card(reading.framework).display_name} builds it: {'; '.join(said)}")
 
 
 def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[str, Any]) -> None:
