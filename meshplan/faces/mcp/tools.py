@@ -192,7 +192,8 @@ def describe_model(model: ModelName) -> ModelAnswer:
 LIST_MODELS = (
     "Use to see which models meshplan knows by name before passing one as `model`: every catalog entry "
     "with its key, Hugging Face id, family, model type and exact total and active parameter counts. Any "
-    "Hugging Face config.json path or a size like '70B' also works as `model`."
+    "Hugging Face config.json path, a size like '70B', or a Megatron-LM launch script (its path, or its "
+    "architecture flags as import_config states them) also works as `model`."
 )
 
 
