@@ -156,6 +156,10 @@ def test_a_bad_flags_name_is_a_clear_error():
     for flag in ("--num-layers", "--normalization", "--rotary-percent --position-embedding-type rope"):
         with pytest.raises(MeshplanError, match=f"{flag.split()[0]} is given without a value"):
             resolve_model(f"{tiny} {flag}")
+    with pytest.raises(MeshplanError, match=r"--num-layers 9{37}\.\.\. is not a whole number"):
+        resolve_model(f"{tiny} --num-layers {'9' * 5000}")  # past Python's int() digit limit, never a traceback
+    with pytest.raises(MeshplanError, match="not a MoE layer pattern meshplan can read"):
+        resolve_model(f"{tiny} --num-experts 8 --moe-layer-freq '([1]*65535)*65535'")  # never built in memory
     assert resolve_model(f"{tiny} --swiglu=false") is resolve_model(f"{tiny} --swiglu=false")
     assert not resolve_model(f"{tiny} --swiglu=false").gated_mlp and resolve_model(f"{tiny} --swiglu").gated_mlp
     with pytest.raises(MeshplanError, match="'torchtitan' launch scripts' models are not built"):

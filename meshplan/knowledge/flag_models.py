@@ -1,5 +1,5 @@
-"""A model no catalog card has, built from a Megatron-LM launch script's own architecture flags exactly as Megatron-LM
-builds it (every flag left out at Megatron-LM's default), so a user's own model can be planned with.
+"""A model no catalog card has, built from a Megatron-LM (or Megatron-DeepSpeed) launch script's own architecture flags
+exactly as that framework builds it (every flag left out at its default), so a user's own model can be planned with.
 
 A request names such a model by its flags, `megatron-core flags: --num-layers 40 --hidden-size 5120 ...` (what
 `meshplan import` states for the script): a plain string every face can carry, resolved here again on every request,
@@ -26,6 +26,7 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
 BUILDERS = ("megatron-core", "deepspeed")  # the frameworks whose launch scripts' models are built from their flags
 NAME = re.compile(r"^\s*([a-z][a-z0-9-]*) flags:(.*)$", re.S)
 FALSE_WORDS = ("false", "0", "no", "off")
+PATTERN_MAX = 1 << 16  # the longest --moe-layer-freq list read: far above any depth (model_shapes.yaml: 1,024 layers)
 FIX = "Pass --model (the tool's model argument) with the model's config.json, or a catalog key."
 # the flags whose fields are integers meshplan bounds (cards/model_shapes.yaml), by bound
 BOUNDS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
@@ -136,6 +137,12 @@ def flags_report(arch: Architecture) -> list[str]:
     return out
 
 
+def _said(value: Any) -> str:
+    """A value as an error echoes it, short whatever the script wrote."""
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -166,9 +173,9 @@ class _Flags:
         for flag, spec in self.values.items():
             value = str(given.get(flag, "")).strip("'\"")
             if flag in given and given[flag] is not True and value not in spec["allowed"]:
-                raise MeshplanError(f"{flag} {value}: meshplan builds models with {' or '.join(spec['allowed'])} "
-                                    f"only ({spec['why']}), so the model is not built from the script's flags.",
-                                    fix=FIX)
+                allowed = " or ".join(spec["allowed"])
+                raise MeshplanError(f"{flag} {_said(value)}: meshplan builds models with {allowed} only "
+                                    f"({spec['why']}), so the model is not built from the script's flags.", fix=FIX)
 
     def raw(self, name: str, switch: bool = False) -> tuple[Any, bool]:
         flag = self.flag_of.get(name, f"--{name.replace('_', '-')}")
@@ -203,9 +210,9 @@ class _Flags:
         try:
             number = float(str(value).strip("'\""))
         except ValueError:
-            raise MeshplanError(f"{self.flag_of[name]} {value!r} is not a number.", fix=FIX) from None
+            raise MeshplanError(f"{self.flag_of[name]} {_said(value)} is not a number.", fix=FIX) from None
         if not math.isfinite(number) or number <= 0:
-            raise MeshplanError(f"{self.flag_of[name]} {value!r}: allowed a number above 0.", fix=FIX)
+            raise MeshplanError(f"{self.flag_of[name]} {_said(value)}: allowed a number above 0.", fix=FIX)
         return self._note(name, number, given)
 
     def int(self, name: str, *, need: str | None = None, default: Any = None, note: bool = True) -> Any:
@@ -219,8 +226,8 @@ class _Flags:
                 raise MeshplanError(f"{self.flag_of.get(name, name)} is not given: {need}", fix=FIX)
             return None
         text = str(value).strip("'\"")
-        if not text.lstrip("-").isdigit():
-            raise MeshplanError(f"{self.flag_of.get(name, name)} {value!r} is not a whole number.", fix=FIX)
+        if not re.fullmatch(r"-?[0-9]{1,18}", text):
+            raise MeshplanError(f"{self.flag_of.get(name, name)} {_said(value)} is not a whole number.", fix=FIX)
         number = int(text)
         if number == 0 and self.defaults.get(name) == 0:  # none: no experts, no shared experts, no MTP
             return self._note(name, 0, given) if note else 0
@@ -242,9 +249,11 @@ def moe_pattern(text: str) -> list[int]:
             return node.value
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list) and len(
+                    left) + len(right) <= PATTERN_MAX:
                 return left + right
-            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and right < 1 << 16:
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and 0 <= len(
+                    left) * right <= PATTERN_MAX:
                 return left * right
         raise ValueError(text)
     out = value(ast.parse(text.strip().strip("'\""), mode="eval").body)
@@ -290,8 +299,8 @@ def _moe(f: _Flags, layers: int, ffn: int, bias: bool) -> MoESpec | None:
     try:
         layer_list = moe_layers(*((None, value) if name == "expert_interval" else (value, None)), layers)
     except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
-        raise MeshplanError(f"{f.flag_of[name]} {value}: not a MoE layer pattern meshplan can read ({exc}).",
-                            fix=FIX) from None
+        raise MeshplanError(f"{f.flag_of[name]} {_said(value)}: not a MoE layer pattern meshplan can read "
+                            f"({_said(exc)}).", fix=FIX) from None
     f._note("moe_layers", layer_list, given, f.flag_of[name])
     groups = f.int("num_groups", default=1) or 1
     group_topk = f.int("group_topk", default=1) or 1
