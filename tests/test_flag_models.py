@@ -117,6 +117,25 @@ def test_megatron_deepspeed_script_builds_what_megatron_deepspeed_builds():
     assert "config.json" in line
 
 
+@pytest.mark.parametrize(("script", "key", "vocab", "buffers"), [
+    ("megatron_qwen3_30b_a3b_excerpt.sh", "qwen3-30b-a3b", 151936, 0),
+    # MLA, group-limited routing, a shared expert, --moe-layer-freq [0]*3+[1]*58: Megatron-Core keeps the routing
+    # bias of --moe-router-enable-expert-bias as a buffer (router.py register_buffer), HF's checkpoint as the
+    # parameter e_score_correction_bias, 256 per MoE layer
+    ("megatron_deepseek_v3_excerpt.sh", "deepseek-v3", 129280, 58 * 256),
+])
+def test_catalog_scripts_with_their_cards_hidden_build_the_catalog_model(monkeypatch, script, key, vocab, buffers):
+    text = (CONFIGS / script).read_text()
+    assert import_config(text, script).request["model"] == key
+    monkeypatch.setattr(model_match, "catalog_keys", lambda: [k for k in api_keys() if k != key])
+    built = describe_model(_model(text.replace("--num-layers", f"--vocab-size {vocab} --num-layers", 1), script))
+    catalog = describe_model(key)
+    assert catalog.total_params - built.total_params == buffers
+    assert catalog.active_params - built.active_params == buffers
+    assert built.architecture.moe.moe_layers == catalog.architecture.moe.moe_layers
+    assert built.mtp_params == catalog.mtp_params - buffers // 58 * catalog.architecture.num_mtp_layers
+
+
 @pytest.mark.parametrize(("extra", "said"), [
     (" --moe-shared-expert-gate", "--moe-shared-expert-gate: a gate of hidden_size weights"),
     (" --position-embedding-type relative", "--position-embedding-type relative: meshplan builds models with"),
