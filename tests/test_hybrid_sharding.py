@@ -59,7 +59,7 @@ def test_replica_groups_follow_megatrons_rank_order():
 def test_replica_allreduce_by_hand():
     job, plan = resolve(Request(framework="megatron-core", zero_stage=1, tp=2, dp_replicate=4, **DENSE))
     lk = links(job.gpu, job.gpus_per_node, calibration())
-    groups = mesh.mesh_groups(plan)
+    groups = mesh.mesh_groups(plan, law=job.card.world_size_law)
     traffic = dp_traffic(plan, lk, groups, calibration())
     assert (traffic.dense, traffic.replicas[0]) == (Group(4, 2), Group(4, 8))  # dp 16 / 4 replicas, stride tp 2
     dense, nbytes = 1.0e9, 4.0

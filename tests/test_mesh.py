@@ -51,7 +51,7 @@ def test_world_size_laws(law, plan, world):
 
 def test_expert_grid_and_expert_dp():
     plan = Plan(tp=2, pp=8, ep=64, etp=1, dp=64)
-    assert mesh.expert_dp(1024, plan) == 2.0                       # DeepSeek-V3 on 1,024: 1024 / (8*64*1)
+    assert mesh.expert_dp(1024, plan, "megatron") == 2.0           # DeepSeek-V3 on 1,024: 1024 / (8*64*1)
     assert mesh.expert_grid_fits("megatron", 1024, 2, 8, 1, 64, 64, 1)
     assert not mesh.expert_grid_fits("megatron", 1024, 2, 8, 1, 64, 64, 4)   # 1024/8 = 128 is not a multiple of 256
     assert not mesh.expert_grid_fits("torchtitan", 96, 2, 1, 1, 48, 64, 1)  # ep must divide dp*cp*tp = 96
@@ -86,7 +86,7 @@ def test_mesh_axes_are_megatron_s_rank_order(tp, cp, pp, ep, etp, world):
             out.append(c)
         return [*out, rank]
 
-    axes = {a.name: a for a in mesh.mesh_axes(plan, world, domain=8, moe=ep > 1)}
+    axes = {a.name: a for a in mesh.mesh_axes(plan, world, domain=8, moe=ep > 1, law="megatron")}
     wanted = {n: v for n, v in dense.items() if v[0] > 1} | ({n: v for n, v in expert.items() if v[0] > 1}
                                                             if ep > 1 else {})
     assert {n: (a.size, a.stride) for n, a in axes.items()} == wanted
@@ -111,11 +111,30 @@ def test_mesh_groups_are_the_one_home_of_the_strides():
     tp (dense gradients, Megatron-FSDP's dense shards), expert-DP at stride ep*etp, the pipeline at tp*cp*dp, and
     a2a+p2p CP's two levels (the all-to-all inside a node at stride tp, the ring over them)."""
     plan = Plan(tp=2, cp=4, pp=2, dp=4, ep=8, etp=2)
-    g = mesh.mesh_groups(plan, edp=2)
+    g = mesh.mesh_groups(plan, edp=2, law="megatron")
     assert (g.dp_cp, g.edp, g.pp, g.ep, g.cp) == ((16, 2), (2, 16), (2, 32), (8, 2), (4, 2))
-    assert mesh.mesh_groups(plan, dp=3).pp == (2, 24)
+    assert mesh.mesh_groups(plan, dp=3, law="megatron").pp == (2, 24)
     assert mesh.hierarchical_cp_groups(plan, gpus_per_node=4) == ((2, 2), (2, 4))
     assert g.edp.crosses(8) and not g.ep.crosses(16)
+
+
+@pytest.mark.parametrize(("tp", "ep", "dp"), [(8, 2, 4), (4, 4, 2), (1, 8, 4), (2, 1, 8)])
+def test_kempnerforge_groups_are_its_device_mesh(tp, ep, dp):
+    """KempnerForge's DeviceMesh (kempnerforge/distributed/setup.py: dims dp_shard, ep, tp row-major, tp innermost):
+    rank = tp_i + tp*(ep_i + ep*dp_i). Its EP group is the ranks sharing tp_i and dp_i (stride tp), its data group the
+    ranks sharing tp_i and ep_i (stride tp*ep), and its FSDP shards the experts over that data group too
+    (parallel.py apply_fsdp2 gives every fully_shard the dp_shard mesh): expert_dp = dp, not world/(pp*ep*etp)."""
+    plan = Plan(tp=tp, pp=1, cp=1, dp=dp, ep=ep, etp=1)
+    world = tp * ep * dp
+    g = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(world, plan, "kempnerforge")), law="kempnerforge")
+    assert (g.tp, g.ep, g.dp, g.dp_cp, g.edp) == ((tp, 1), (ep, tp), (dp, tp * ep), (dp, tp * ep), (dp, tp * ep))
+    assert mesh.expert_dp(world, plan, "kempnerforge") == dp
+    assert mesh.expert_dp(world, plan, "megatron") == world / ep  # Megatron folds the TP ranks into expert-DP
+    for rank in range(world):
+        t, e, d = rank % tp, rank // tp % ep, rank // (tp * ep)
+        assert rank == g.ep.stride * e + t + g.dp.stride * d
+    axes = {a.name: (a.size, a.stride) for a in mesh.mesh_axes(plan, world, domain=8, moe=True, law="kempnerforge")}
+    assert axes.get("EP", (1, 1)) == ((ep, tp) if ep > 1 else (1, 1)) and axes.get("DP") == (dp, tp * ep)
 
 
 def test_estimates_do_not_place_ranks_by_hand():

@@ -6,6 +6,8 @@ expert-data-parallel size, and the *fast domain*: the GPUs one GPU reaches over 
 (NVLink / xGMI) without touching the network. A process group is `size` ranks spaced `stride` apart in
 Megatron-Core's rank order (TP innermost, then CP, then DP, PP outermost; experts ETP, EP, expert-DP, PP);
 groups are aligned to domain boundaries, so how many members share a domain decides which link carries them.
+KempnerForge's law has its own order (EP a mesh dimension between the data ranks and TP) and shards the experts
+over the data ranks alone (mesh_groups, expert_dp).
 
 Sources: NVIDIA/Megatron-LM megatron/core/parallel_state.py (initialize_model_parallel: world % (tp*pp*cp) and
 world % (etp*ep*pp), rank order 'tp-cp-ep-dp-pp'); torchtitan ParallelDims (EP borrows from dp_shard*cp*tp);
@@ -89,9 +91,25 @@ def expert_group(plan: ExpertDegrees) -> int:
     return plan.pp * plan.ep * plan.etp
 
 
-def expert_dp(world: int, plan: ExpertDegrees) -> float:
-    """Megatron-Core's expert-data-parallel size world / (pp*ep*etp), at least 1 (exact when the rules pass)."""
-    return max(1.0, world / expert_group(plan))
+def expert_dp_formula(law: WorldSizeLaw) -> str:
+    """expert_dp as a reader checks it by hand."""
+    return "world/(pp*ep*etp" + ("*tp)" if ep_has_own_ranks(law) else ")")
+
+
+class ExpertShardDegrees(ExpertDegrees, Protocol):
+    """What expert_dp reads: the expert degrees and tp (KempnerForge's TP ranks hold copies of the experts)."""
+
+    tp: int
+
+
+def expert_dp(world: int, plan: ExpertShardDegrees, law: WorldSizeLaw) -> float:
+    """The ranks the routed experts' states are sharded over, at least 1 (exact when the rules pass): Megatron-Core's
+    expert-data-parallel size world / (pp*ep*etp) (torchtitan's EP borrows the same ranks); under KempnerForge's law
+    world / (pp*ep*etp*tp) = dp x cp, its FSDP mesh: fully_shard wraps every unit, the MoE block's experts too, over
+    dp_shard (x dp_replicate) alone (kempnerforge/distributed/parallel.py apply_fsdp2, get_dp_mesh), and its TP ranks
+    hold copies of the experts (tensor_parallel.py _build_block_tp_plan leaves an MoE block's mlp unsharded)."""
+    copies = plan.tp if ep_has_own_ranks(law) else 1
+    return max(1.0, world / (expert_group(plan) * copies))
 
 
 # --------------------------------------------------------------------------- ranks on a node
@@ -167,7 +185,8 @@ class MeshGroups(NamedTuple):
     """Every process group of a plan, in Megatron-Core's rank order (parallel_state.py RankGenerator
     'tp-cp-ep-dp-pp'): dense TP (stride 1), CP (stride tp), DP (stride tp*cp), PP (stride tp*cp*dp), and the data
     and context ranks together (DP x CP, stride tp: what dense gradients are reduced and Megatron-FSDP shards over);
-    experts ETP (stride 1), EP (stride etp), expert-DP (stride ep*etp) within a pipeline stage."""
+    experts ETP (stride 1), EP (stride etp), expert-DP (stride ep*etp) within a pipeline stage. KempnerForge's law
+    orders them its own way (_mesh_groups)."""
 
     tp: Group
     cp: Group
@@ -179,15 +198,25 @@ class MeshGroups(NamedTuple):
     edp: Group
 
 
-def mesh_groups(plan: Plan, dp: int | None = None, edp: int = 1) -> MeshGroups:
+def mesh_groups(plan: Plan, dp: int | None = None, edp: int = 1, *, law: WorldSizeLaw) -> MeshGroups:
     """The plan's process groups with `dp` data-parallel ranks (default plan.dp) and `edp` expert-data-parallel ranks
-    (pass it where the expert-DP group is read): the one place the rank-order strides are written (mesh_axes draws
-    them, the estimates time their collectives over them)."""
-    return _mesh_groups(plan.tp, plan.cp, plan.dp if dp is None else dp, plan.pp, plan.etp, plan.ep, edp)
+    (pass it where the expert-DP group is read), in the rank order of the framework's `law`: the one place the
+    rank-order strides are written (mesh_axes draws them, the estimates time their collectives over them)."""
+    return _mesh_groups(plan.tp, plan.cp, plan.dp if dp is None else dp, plan.pp, plan.etp, plan.ep, edp,
+                        ep_has_own_ranks(law))
 
 
-@lru_cache(maxsize=4096)  # a pure function of seven ints, asked per stage and per layer of every estimate
-def _mesh_groups(tp: int, cp: int, dp: int, pp: int, etp: int, ep: int, edp: int) -> MeshGroups:
+@lru_cache(maxsize=4096)  # a pure function of seven ints and a flag, asked per stage and per layer of every estimate
+def _mesh_groups(tp: int, cp: int, dp: int, pp: int, etp: int, ep: int, edp: int, ep_own: bool) -> MeshGroups:
+    if ep_own:
+        # KempnerForge's DeviceMesh (kempnerforge/distributed/setup.py init_distributed: dims pp, dp_replicate,
+        # dp_shard, ep, tp, row-major, tp innermost): EP ranks tp apart, the data ranks tp*ep apart, and its FSDP
+        # shards the experts over those same data ranks (expert_dp); cp is no dimension of it (not wired), kept
+        # beside tp so the product holds.
+        data = Group(dp * cp, tp * ep)  # dp_shard (cp is 1: KempnerForge's cp is refused, adapter knob cp)
+        return MeshGroups(tp=Group(tp, 1), cp=Group(cp, tp), dp=Group(dp, tp * cp * ep),
+                          pp=Group(pp, tp * cp * ep * dp), dp_cp=data, etp=Group(etp, 1), ep=Group(ep, tp * cp),
+                          edp=data)
     return MeshGroups(tp=Group(tp, 1), cp=Group(cp, tp), dp=Group(dp, tp * cp), pp=Group(pp, tp * cp * dp),
                       dp_cp=Group(dp * cp, tp), etp=Group(etp, 1), ep=Group(ep, etp), edp=Group(edp, ep * etp))
 
@@ -232,12 +261,13 @@ class MeshAxis:
         return [first + i * self.stride for i in range(self.size)]
 
 
-def mesh_axes(plan: Plan, world: int, domain: int, moe: bool) -> list[MeshAxis]:
-    """The groups of size > 1 a plan forms over `world` ranks, in Megatron-Core's order (parallel_state.py
-    RankGenerator 'tp-cp-ep-dp-pp'): dense TP (stride 1), CP (stride tp), DP (stride tp*cp), PP (stride tp*cp*dp);
-    with experts, ETP (stride 1), EP (stride etp), expert-DP (stride ep*etp) within a pipeline stage."""
-    dp = max(1, world // (plan.tp * plan.cp * plan.pp))
-    g = mesh_groups(plan, dp, max(1, world // (plan.pp * plan.ep * plan.etp)))
+def mesh_axes(plan: Plan, world: int, domain: int, moe: bool, law: WorldSizeLaw) -> list[MeshAxis]:
+    """The groups of size > 1 a plan forms over `world` ranks, in the rank order of the framework's `law`
+    (mesh_groups; Megatron-Core's parallel_state.py RankGenerator 'tp-cp-ep-dp-pp': dense TP (stride 1), CP (stride
+    tp), DP (stride tp*cp), PP (stride tp*cp*dp); with experts, ETP (stride 1), EP (stride etp), expert-DP (stride
+    ep*etp) within a pipeline stage)."""
+    dp = max(1, world // replica_size(law, plan.tp, plan.pp, plan.cp, plan.ep))
+    g = mesh_groups(plan, dp, int(expert_dp(world, plan, law)), law=law)
     found = [MeshAxis(name, group.size, group.stride, group.crosses(domain))
              for name, group in [("TP", g.tp), ("CP", g.cp), ("DP", g.dp), ("PP", g.pp)] if group.size > 1]
     if moe and plan.ep > 1:

@@ -101,7 +101,8 @@ def _engine(job: Job, plan: Plan) -> str:
 
 def _ep_crosses(job: Job, plan: Plan) -> bool:
     domain = fast_domain(job.gpu, job.gpus_per_node)
-    return job.model.moe is not None and plan.ep > 1 and mesh_groups(plan).ep.crosses(domain)
+    moe_ep = job.model.moe is not None and plan.ep > 1
+    return moe_ep and mesh_groups(plan, law=job.card.world_size_law).ep.crosses(domain)
 
 
 def _offloads(job: Job, plan: Plan) -> bool:
@@ -164,7 +165,7 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
         out.append("ETP > 1")
     if plan.cp > 1:
         out.append("CP > 1")
-        if mesh_groups(plan).cp.crosses(domain):
+        if mesh_groups(plan, law=job.card.world_size_law).cp.crosses(domain):
             out.append("CP across nodes")
         if plan.cp_comm_type != "p2p":
             out.append(f"CP {plan.cp_comm_type} exchange")

@@ -61,7 +61,7 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     tokens = ctx.shard.tokens
     kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
     attention_bwd = attention_fwd_bwd - attention_fwd
-    group = mesh_groups(plan).cp
+    group = mesh_groups(plan, law=ctx.law).cp
     if plan.cp_comm_type == "allgather":
         one = ring_time(c * kv_bytes, group.size, group.stride, lk)
         return one, FORWARD_AND_BACKWARD * one

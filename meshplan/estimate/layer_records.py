@@ -19,6 +19,7 @@ from meshplan.arithmetic.flops import Shard
 from meshplan.arithmetic.gemm import expert_ridge_rows
 from meshplan.arithmetic.lora import LoraEngine
 from meshplan.knowledge.calibration import Calibration
+from meshplan.knowledge.cards import WorldSizeLaw
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import PLAN_LIST_FIELDS, LoraSpec, Plan
 
@@ -45,6 +46,7 @@ class LayerContext:
 
     arch: Architecture
     plan: Plan
+    law: WorldSizeLaw  # the framework's world-size law: its rank order (mesh.mesh_groups)
     seq: int
     cal: Calibration
     lk: Links

@@ -73,7 +73,7 @@ def _assumed(job: Job, plan: Plan) -> list[str]:
 
 
 def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
-    """World size of the layout and the expert-data-parallel size world/(pp*ep*etp) (the world-size and
+    """World size of the layout and the expert-data-parallel size (mesh.expert_dp) (the world-size and
     expert-grid rules of the framework already hold: they block the estimate)."""
     world = mesh.world_size(job.card.world_size_law, plan)
     warnings = []
@@ -83,7 +83,7 @@ def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:
             f"world {world} is not divisible by pp*ep*etp = {group}; expert-data-parallel size taken as "
             f"{world / group:.2f} (run `meshplan check`)."
         )
-    return world, mesh.expert_dp(world, plan), warnings
+    return world, mesh.expert_dp(world, plan, job.card.world_size_law), warnings
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -453,7 +453,7 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
         f"{describe_tensors(tensors)}; 'sharded' = over dp*cp"
         + (f"/dp_replicate (hybrid sharding, {plan.dp_replicate} replicas)" if plan.dp_replicate > 1 else "")
         + f" = {dense_dp}"
-        + (f" for dense parameters and over expert-dp = world/(pp*ep*etp)"
+        + (f" for dense parameters and over expert-dp = {mesh.expert_dp_formula(job.card.world_size_law)}"
            f"{'/dp_replicate' if plan.dp_replicate > 1 else ''} = {expert_dp:g} for routed experts."
            if job.model.moe else "."),
         "Parameters per stage: its decoder layers (attention, MLP and shared experts / tp; norms and router "

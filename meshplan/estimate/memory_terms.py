@@ -122,7 +122,7 @@ class MemoryTerms:
     tensors: list[StateTensor]  # the convention's model-state tensors
     card: MemoryCard
     dense_dp: int  # dp*cp: what dense parameters' sharded states are split over
-    expert_dp: float  # world/(pp*ep*etp): what routed experts' sharded states are split over
+    expert_dp: float  # mesh.expert_dp: what routed experts' sharded states are split over
     vocab: int  # padded
     pipeline: Stages
     table: ParamTable

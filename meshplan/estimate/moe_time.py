@@ -54,7 +54,7 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     if arch.moe is None or plan.ep <= 1:
         return 0.0
     local = ctx.shard.tokens / (plan.tp if plan.sequence_parallel else 1)
-    ep = mesh_groups(plan).ep
+    ep = mesh_groups(plan, law=ctx.law).ep
     if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
         return gather_ep(local * arch.hidden_size * BF16, ep.size, ep.stride, ctx.lk)
     sent = local * arch.hidden_size * BF16 * ctx.routed_load

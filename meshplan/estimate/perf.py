@@ -303,7 +303,8 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
     tokens = plan.micro_batch_size * job.seq_length / plan.cp
     shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel)
     return LayerContext(
-        plan=plan, shard=shard, a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
+        plan=plan, law=job.card.world_size_law, shard=shard,
+        a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
         moe_host_syncs=moe_host_syncs(job, plan), routed_load=ep_rank_load(job, plan),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
@@ -365,7 +366,8 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / plan.tp / ctx.hbm
     p2p = pipeline_p2p(job, plan, cal, lk)
     pp_hop = p2p.hop
-    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1)
+    law = ctx.law
+    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1, law=law)
     return StageInputs(
         job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, pipeline=pipeline, recompute=recompute, head=head,
         pp_comm=_exposed_p2p(job, plan, cal, pp_hop), pp_hop=pp_hop,
@@ -405,7 +407,7 @@ def pipeline_p2p(job: Job, plan: Plan, cal: Calibration, lk: Links) -> PipelineP
     if plan.pp == 1:
         return PipelineP2p(0.0, 0.0)
     tokens = plan.micro_batch_size * job.seq_length / plan.cp  # layer_context's shard.tokens
-    cross = mesh.mesh_groups(plan).pp.crosses(lk.domain)
+    cross = mesh.mesh_groups(plan, law=job.card.world_size_law).pp.crosses(lk.domain)
     nbytes = tokens * job.model.hidden_size * BF16 / (plan.tp if plan.sequence_parallel else 1)
     return PipelineP2p(p2p_time(nbytes, cross, lk, cal.pp_latency_inter_s),
                        cal.pp_cross_sync_per_layer_s * plan.tp if cross else 0.0)

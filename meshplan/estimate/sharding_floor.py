@@ -44,8 +44,9 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     gathered, reduced = sched.gather_each_microbatch, sched.reduce_each_microbatch
     if not gathered and not reduced:
         return 0.0
-    arch = job.model
-    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if arch.moe else 1)
+    arch, law = job.model, job.card.world_size_law
+    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1,
+                             law=law)
     traffic = dp_traffic(plan, links(job.gpu, job.gpus_per_node, cal), groups, cal)
     grad_bytes = grad_reduce_bytes(plan, cal)
     # every decoder layer is resharded: gathered forward and backward

@@ -346,7 +346,7 @@ def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[
     dense ring and its routed experts' expert-DP ring."""
     domain, traffic = inp.ctx.lk.domain, inp.traffic
     sharding_crosses = traffic.dense.crosses(domain) or (moe and traffic.expert.crosses(domain))
-    groups = mesh_groups(inp.plan)
+    groups = mesh_groups(inp.plan, law=inp.ctx.law)
     fwd = bwd = 0.0
     for seconds, forward, group in ((lt.tp, lt.tp / 2, groups.tp), (lt.cp, lt.cp_fwd, groups.cp),
                                     (lt.ep, lt.ep / 2, groups.ep)):

@@ -62,8 +62,9 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     if job.lora is not None:
         return None
     cal = calibration(job.framework)
-    lk = links(job.gpu, job.gpus_per_node, cal)
-    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan)) if job.model.moe else 1)
+    lk, law = links(job.gpu, job.gpus_per_node, cal), job.card.world_size_law
+    groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
+                             law=law)
     return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan, cal).per_step)
 
 

@@ -44,7 +44,7 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
     """Where the layout's traffic leaves the NVLink domain, a pipeline mostly bubble, a term timed as an upper
     bound."""
     out = []
-    groups = mesh_groups(plan)
+    groups = mesh_groups(plan, law=job.card.world_size_law)
     if groups.tp.crosses(lk.domain):
         out.append(f"TP {plan.tp} spans more than one {lk.domain}-GPU NVLink domain: every layer's TP traffic "
                    "crosses the network.")

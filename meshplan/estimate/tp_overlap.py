@@ -65,7 +65,7 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[floa
     tp_ops = TP_COLLECTIVES_PER_LAYER
     if moe and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size:
         tp_ops = TP_COLLECTIVES_ATTENTION_ONLY
-    groups = mesh_groups(plan)
+    groups = mesh_groups(plan, law=ctx.law)
     tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
     tp_comm = tp_ops * tp_one
     if moe and plan.etp > 1:

@@ -96,7 +96,7 @@ def _numbers(row_json: str) -> RowNumbers:
     check = check_config(job, plan)
     counts = describe_architecture(job.model)
     return RowNumbers(
-        plan=plan, dp=plan.dp, expert_dp=int(mesh.expert_dp(job.num_gpus, plan)),
+        plan=plan, dp=plan.dp, expert_dp=int(mesh.expert_dp(job.num_gpus, plan, job.card.world_size_law)),
         total_params=counts.total_params, active_params=counts.active_params,
         peak_bytes=memory.peak_bytes, peak_stage=memory.peak_stage, capacity_bytes=memory.capacity_bytes,
         fits=memory.fits, tokens_per_s_per_gpu=speed.tokens_per_s_per_gpu, mfu=speed.mfu,

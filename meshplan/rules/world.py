@@ -173,7 +173,7 @@ def dp_replicate_divides_dp(ctx: Context) -> Values:
     dp_shard = dp)."""
     p = ctx.plan
     n = p.dp_replicate
-    edp = mesh.expert_dp(ctx.world, p) if ctx.num_experts else float(p.dp)  # a dense model: dp alone
+    edp = mesh.expert_dp(ctx.world, p, ctx.law) if ctx.num_experts else float(p.dp)  # a dense model: dp alone
     if n == 1 or (p.dp % n == 0 and edp % n == 0):
         return None
     common = [d for d in divisors(p.dp) if edp % d == 0]

@@ -533,7 +533,7 @@ def _expert_dp(job: Job, lay: Layout, memo: dict | None = None) -> float:
     hit = None if memo is None else memo.get(key)
     if hit is None:
         law = job.card.world_size_law
-        hit = mesh.expert_dp(mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp, lay)
+        hit = mesh.expert_dp(mesh.replica_size(law, lay.tp, lay.pp, lay.cp, lay.ep) * lay.dp, lay, law)
         if memo is not None:
             memo[key] = hit
     return hit

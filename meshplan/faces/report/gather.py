@@ -91,7 +91,8 @@ def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanRepo
     return PlanReport(
         request=req, drawn=drawn, memory=memory, throughput=throughput, recommendation=rec,
         plan=memory.plan if memory is not None else None,
-        axes=mesh_axes(memory.plan, world, domain, job.model.moe is not None) if memory is not None else [],
+        axes=mesh_axes(memory.plan, world, domain, job.model.moe is not None,
+                                                     job.card.world_size_law) if memory is not None else [],
         world=world, gpus_per_node=job.gpus_per_node, domain=domain, gpu_name=job.gpu.name, framework=job.framework,
         microbatches=memory.plan.num_microbatches(job.global_batch_size) if memory is not None else 0,
         headroom=headroom, budget_bytes=memory_budget(job, headroom), drawn_as=drawn_as, notes=notes,
