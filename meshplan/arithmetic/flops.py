@@ -9,7 +9,7 @@ run?", because the achievable fraction of peak depends on those shapes, not on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.schema.model import Architecture
 
@@ -125,6 +125,17 @@ class Shard:
     ep: int
     etp: int
     sp: bool
+    moe_whole: bool = False  # TP leaves the MoE block whole (the card's moe_tp): each TP rank runs it on every token
+
+    def moe_view(self) -> Shard:
+        """The shard an MoE block's router, experts and dispatcher see: this one, or where TP leaves the block whole
+        (KempnerForge) the one of tp 1 without sequence parallelism (the same tokens, every weight whole)."""
+        return replace(self, tp=1, sp=False, moe_whole=False) if self.moe_whole and self.tp > 1 else self
+
+    @property
+    def moe_tokens(self) -> float:
+        """Tokens one rank routes per micro-batch: its sequence shard under SP, else every token."""
+        return self.tokens / self.tp if self.sp or self.tp == 1 else self.tokens
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -180,10 +191,12 @@ def mlp_gemms(arch: Architecture, sh: Shard, width: int, name: str, count: float
 
 
 def moe_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
-    """Router, the local experts (balanced routing) and the shared experts of one MoE layer."""
+    """Router, the local experts (balanced routing) and the shared experts of one MoE layer, as the block's shard cuts
+    them (Shard.moe_view)."""
     moe = arch.moe
     assert moe is not None
-    local_tokens = sh.tokens / sh.tp if sh.sp or sh.tp == 1 else sh.tokens
+    sh = sh.moe_view()
+    local_tokens = sh.moe_tokens
     # The ep*etp ranks of an expert block pool their tokens; each expert gets its top-k share of them.
     rows = sh.ep * sh.etp * local_tokens * moe.top_k / moe.num_experts
     out = [Gemm("router", local_tokens, moe.num_experts, arch.hidden_size, fp8=False)]

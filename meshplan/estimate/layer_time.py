@@ -69,10 +69,11 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
     t_sp = plan.tp if plan.sequence_parallel else 1
     hidden = sh.tokens * arch.hidden_size / t_sp
     if moe and arch.moe is not None:
-        local = sh.tokens / t_sp
+        block = sh.moe_view()  # the MoE block's cut: the layer's, or where TP leaves it whole every token and weight
+        local = block.moe_tokens
         routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp * ctx.routed_load
-        shared_ffn = sh.tokens * arch.moe.shared_expert_ffn_hidden_size / plan.tp
-        dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx, t_sp)
+        shared_ffn = block.tokens * arch.moe.shared_expert_ffn_hidden_size / block.tp
+        dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx)
         return ElementwiseLoad(hidden=hidden, routed_ffn=routed_ffn, shared_ffn=shared_ffn,
                                dispatch_bytes=dispatch_bytes, router_bytes=router_bytes)
     return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp)

@@ -34,15 +34,16 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     return 1.0
 
 
-def dispatch_and_router_bytes(ctx: LayerContext, t_sp: int) -> tuple[float, float]:
+def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
     """(dispatcher, router) memory-bound bytes of one MoE layer, forward + backward: the routed copies (tokens x top_k
     hidden vectors on the busiest rank) permuted, sorted by expert, unsorted and unpermuted; the router's fp32
-    logits (scores, top-k, probs). `t_sp`: the sequence-parallel shard of the tokens."""
-    arch, sh, cal = ctx.arch, ctx.shard, ctx.cal
+    logits (scores, top-k, probs), over the tokens the rank routes (Shard.moe_tokens of the block's shard)."""
+    arch, cal = ctx.arch, ctx.cal
     assert arch.moe is not None
-    routed = sh.tokens / t_sp * arch.moe.top_k * arch.hidden_size / ctx.plan.etp * ctx.routed_load
+    local = ctx.shard.moe_view().moe_tokens
+    routed = local * arch.moe.top_k * arch.hidden_size / ctx.plan.etp * ctx.routed_load
     dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed
-    router_bytes = cal.moe_router_bytes_per_logit * sh.tokens / t_sp * arch.moe.num_experts
+    router_bytes = cal.moe_router_bytes_per_logit * local * arch.moe.num_experts
     return dispatch_bytes, router_bytes
 
 
@@ -53,7 +54,7 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
     arch, plan = ctx.arch, ctx.plan
     if arch.moe is None or plan.ep <= 1:
         return 0.0
-    local = ctx.shard.tokens / (plan.tp if plan.sequence_parallel else 1)
+    local = ctx.shard.moe_view().moe_tokens  # what the rank routes: its SP shard, or (the block whole) every token
     ep = mesh_groups(plan, law=ctx.law).ep
     if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
         return gather_ep(local * arch.hidden_size * BF16, ep.size, ep.stride, ctx.lk)

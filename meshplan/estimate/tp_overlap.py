@@ -14,6 +14,7 @@ from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerCon
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import FrameworkCard, TpOverlapFacts
 from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
 
 # Sequence-parallel TP: an all-gather before and a reduce-scatter after attention and after the MLP, 4 ring
@@ -54,17 +55,24 @@ def tp_sms(gpu: GpuSpec, facts: TpOverlapFacts, fp8: bool = False) -> TpSms | No
     return TpSms(gpu.sm_count, fprop, facts.wgrad_rs_sms, facts.wgrad_rs_sm_margin)
 
 
+def moe_layer_tp_ops(arch: Architecture, moe_whole: bool) -> float:
+    """TP collectives of an MoE layer: attention's pair alone where the block has no TP-sharded weight (routed
+    experts only, or TP leaves the block whole: the card's moe_tp), else the attention's and the shared experts'."""
+    if arch.moe is not None and (not arch.moe.shared_expert_ffn_hidden_size or moe_whole):
+        return TP_COLLECTIVES_ATTENTION_ONLY
+    return TP_COLLECTIVES_PER_LAYER
+
+
 def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None) -> float:
     """Exposed TP seconds of one layer per micro-batch, forward + backward: two all-gather + reduce-scatter pairs
-    (or two all-reduces) each way, attention's pair alone in a layer of routed experts only, expert TP's pair
+    (or two all-reduces) each way, attention's pair alone in an MoE layer without TP-sharded weights
+    (moe_layer_tp_ops), expert TP's pair
     around the experts; less what the framework's overlap mode hides (a calibrated fraction, or tp_hidden beside
     the GEMMs), plus async TP's work outside its pipelines (`terms`: the GEMMs' gemm_terms, where the caller has
     them)."""
     arch, plan, cal = ctx.arch, ctx.plan, ctx.cal
     act_bytes = ctx.shard.tokens * arch.hidden_size * BF16
-    tp_ops = TP_COLLECTIVES_PER_LAYER
-    if moe and arch.moe is not None and not arch.moe.shared_expert_ffn_hidden_size:
-        tp_ops = TP_COLLECTIVES_ATTENTION_ONLY
+    tp_ops = moe_layer_tp_ops(arch, ctx.shard.moe_whole) if moe else TP_COLLECTIVES_PER_LAYER
     groups = mesh_groups(plan, law=ctx.law)
     tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
     tp_comm = tp_ops * tp_one

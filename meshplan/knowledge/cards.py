@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.tp_card import MoeTensorParallel, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
 
@@ -453,41 +454,6 @@ class MoeRoutingFacts(_Card):
     source: str
 
 
-TpOverlapMode = Literal["fraction", "none", "wgrad", "userbuffers", "async_tp"]
-
-
-class TpOverlapFacts(_Card):
-    """Which TP/SP collectives the framework runs beside a GEMM, without and with its TP overlap switch
-    (Plan.tp_comm_overlap); meshplan/estimate/tp_overlap.py tp_hidden turns each mode into the time hidden, at most that
-    GEMM's."""
-
-    base: TpOverlapMode = Field(description="Without the switch: none; wgrad (the column-parallel backward's "
-                                           "reduce-scatter beside the weight-gradient GEMM); fraction (the "
-                                           "calibration's tp_overlap, where the framework's own TP is unread)")
-    switch: Literal["userbuffers", "async_tp"] | None = Field(
-        None, description="With the switch: userbuffers (Transformer Engine: every all-gather and reduce-scatter "
-                          "pipelined with, or in bulk beside, its GEMM), async_tp (torch's micro-pipelined "
-                          "all-gather-matmul / matmul-reduce-scatter); None: no switch")
-    default: bool = False  # the framework's own default (a request that leaves tp_comm_overlap out gets it)
-    rs_splits: int = Field(0, ge=0, description="Chunks a pipelined forward reduce-scatter is split into (0: tp)")
-    fprop_rs_sms: tuple[int, int] = Field(
-        (0, 0), description="With the switch: SMs the pipelined forward reduce-scatter kernel holds beside attention's "
-                            "and the MLP's output GEMM, which are launched on the GPU's other SMs (perf.tp_hidden)")
-    fp8_fprop_rs_sms: tuple[int, int] | None = Field(
-        None, description="The same where the GEMMs run in FP8, if the framework's FP8 configs set other ones; None: "
-                          "fprop_rs_sms")
-    wgrad_rs_sms: tuple[int, int] = Field(
-        (0, 0), description="With the switch: SMs the bulk dgrad reduce-scatter kernel holds beside attention's and "
-                            "the MLP's input-side weight-gradient GEMM")
-    wgrad_rs_sm_margin: bool = Field(
-        False, description="That weight-gradient GEMM launched on the other SMs for its whole time (Transformer "
-                           "Engine's set_sm_margin); False: it shares them only while the kernel runs")
-    comm_sms_source: str = ""
-    needs_sequence_parallel: bool = False
-    needs_compile: bool = False
-    source: str
-
-
 class MuonFacts(_Card):
     """How the framework runs Muon's Newton-Schulz orthogonalization (meshplan/arithmetic/muon.py times it)."""
 
@@ -628,6 +594,9 @@ class FrameworkCard(_Card):
     optimizer_step: OptimizerStepFacts | None = Field(
         None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
+    moe_tp: MoeTensorParallel | None = Field(
+        None, description="Absent: Megatron-Core's cut (shared experts over TP, routed experts over ETP, the TP ranks' "
+                          "tokens split into the EP group)")
     muon: MuonFacts | None = Field(None, description="Absent: the framework runs no Muon meshplan can time")
     zero3_prefetch: Zero3Prefetch | None = Field(
         None, description="Absent: a ZeRO-3 / FSDP unit's all-gather is prefetched behind the unit before it whatever "

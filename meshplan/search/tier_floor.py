@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 from meshplan.arithmetic.comm import Links, links, ring_time
 from meshplan.estimate.layer_records import BF16
-from meshplan.estimate.tp_overlap import TP_COLLECTIVES_ATTENTION_ONLY, TP_COLLECTIVES_PER_LAYER, tp_overlap_mode
+from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER, moe_layer_tp_ops, tp_overlap_mode
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.schema.plan import Job, Plan
@@ -24,11 +24,11 @@ def tp_step_floor(job: Job, lay: Layout, sizes: tuple[int, ...], lk: Links, shar
       least the sum over its decoder layers of the layer's compute + exposed TP (every other part is non-negative);
       some stage holds at least ceil(num_layers / pp) of the decoder layers;
     - a layer's exposed TP is tp_comm less what its overlap mode hides (tp_hidden), plus non-negative extras, with
-      tp_comm >= its TP collectives (TP_COLLECTIVES_PER_LAYER, or TP_COLLECTIVES_ATTENTION_ONLY in an MoE layer
-      without a shared expert) x ring_time of the layer's activations (tokens x hidden x BF16, tokens = micro-batch x
-      seq_length / cp) over the TP group (tp ranks at stride 1: arithmetic/mesh.mesh_groups). In the mode
-      "fraction" it is (1 - tp_overlap) x tp_comm. Otherwise tp_hidden is at most 2 x (input + output forward GEMM
-      seconds) per TP pair (each min(...) at most its GEMM's share, and the slowed GEMMs' extra seconds taken back),
+      tp_comm >= its TP collectives (TP_COLLECTIVES_PER_LAYER, or an MoE layer's moe_layer_tp_ops where fewer) x
+      ring_time of the layer's activations (tokens x hidden x BF16, tokens = micro-batch x seq_length / cp) over
+      the TP group (tp ranks at stride 1: arithmetic/mesh.mesh_groups). In the mode "fraction" it is
+      (1 - tp_overlap) x tp_comm. Otherwise tp_hidden is at most 2 x (input + output forward GEMM seconds)
+      per TP pair (each min(...) at most its GEMM's share, and the slowed GEMMs' extra seconds taken back),
       at most 2/3 of the layer's GEMM seconds (their three passes, gemm_time), which its compute holds: compute +
       exposed TP >= tp_comm. So each layer costs at least `share` (exposed_share) x tp_comm.
     - m = max(1, global batch // (micro-batch x dp)), as the estimate counts it.
@@ -37,8 +37,8 @@ def tp_step_floor(job: Job, lay: Layout, sizes: tuple[int, ...], lk: Links, shar
         return 0.0
     arch = job.model
     ops = TP_COLLECTIVES_PER_LAYER
-    if arch.moe is not None and arch.moe.moe_layers and not arch.moe.shared_expert_ffn_hidden_size:
-        ops = min(ops, TP_COLLECTIVES_ATTENTION_ONLY)
+    if arch.moe is not None and arch.moe.moe_layers:
+        ops = min(ops, moe_layer_tp_ops(arch, job.card.moe_tp is not None and job.card.moe_tp.whole_over_tp))
     layers = -(-arch.num_layers // lay.pp)
     least = float("inf")
     for mbs in sizes:

@@ -1,0 +1,65 @@
+"""KempnerForge's MoE layout as its source builds it (cards/frameworks/kempnerforge.yaml, arithmetic/mesh.py): EP a
+mesh dimension of its own between the data ranks and TP, every FSDP unit (the experts too) sharded over dp_shard
+alone, and TP leaving the MoE block whole, each TP rank routing and computing every token of its micro-batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.arithmetic.comm import links
+from meshplan.arithmetic.flops import moe_gemms
+from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.estimate.layer_time import elementwise_load
+from meshplan.estimate.memory import _world
+from meshplan.estimate.perf import _peaks, layer_context
+from meshplan.estimate.tp_overlap import TP_COLLECTIVES_ATTENTION_ONLY, moe_layer_tp_ops
+from meshplan.knowledge.calibration import calibration
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+MOE = dict(model="deepseek-v2-lite", num_gpus=16, global_batch_size=64, micro_batch_size=2, gpu="h100")
+
+
+def _ctx(framework: str, tp: int, ep: int):
+    job, plan = resolve(Request(framework=framework, tp=tp, ep=ep, **MOE))
+    cal = calibration(framework)
+    return job, plan, layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), _peaks(job, cal), 4, None)
+
+
+def _rows(ctx, prefix: str) -> float:
+    return sum(g.m * g.count for g in moe_gemms(ctx.arch, ctx.shard) if g.name.startswith(prefix))
+
+
+def test_experts_are_sharded_over_the_data_ranks_alone():
+    """KempnerForge's fully_shard takes the dp_shard mesh for the experts too (parallel.py apply_fsdp2): its expert
+    states split over dp, while Megatron-Core's expert-DP is world / (pp*ep*etp), the TP ranks folded in."""
+    job, plan, _ = _ctx("kempnerforge", tp=2, ep=2)
+    assert plan.dp == 4 and _world(job, plan)[1] == plan.dp
+    mjob, mplan, _ = _ctx("megatron-core", tp=2, ep=2)
+    assert _world(mjob, mplan)[1] == 16 / (mplan.pp * mplan.ep * mplan.etp) == 4  # etp 2 by default there
+
+
+def test_ep_ranks_are_tp_apart():
+    """KempnerForge's mesh (dp_shard, ep, tp): EP2 beside TP4 spans 8 ranks; the Megatron order puts EP at stride etp."""
+    job, plan, _ = _ctx("kempnerforge", tp=4, ep=2)
+    assert mesh_groups(plan, law=job.card.world_size_law).ep == (2, 4)
+    tjob, tplan, _ = _ctx("torchtitan", tp=4, ep=2)
+    assert tplan.etp == 1 and mesh_groups(tplan, law=tjob.card.world_size_law).ep == (2, 1)
+
+
+def test_moe_block_runs_every_token_on_each_tp_rank():
+    """TP leaves KempnerForge's MoE block whole (tensor_parallel.py: no mlp.* entry, no sequence parallelism for
+    MoE): its routed rows, shared expert and router are TP1's on every TP rank; torchtitan's TP2 halves them."""
+    _, _, kf1 = _ctx("kempnerforge", tp=1, ep=2)
+    _, _, kf2 = _ctx("kempnerforge", tp=2, ep=2)
+    for prefix in ("expert_", "shared_expert_", "router"):
+        assert _rows(kf1, prefix) > 0 and _rows(kf2, prefix) == pytest.approx(_rows(kf1, prefix))
+    shared = [g for g in moe_gemms(kf2.arch, kf2.shard) if g.name == "shared_expert_fc2"]
+    assert shared[0].k == kf2.arch.moe.shared_expert_ffn_hidden_size  # the shared expert whole, not / tp
+    _, _, mc1 = _ctx("torchtitan", tp=1, ep=2)
+    _, _, mc2 = _ctx("torchtitan", tp=2, ep=2)
+    assert _rows(mc2, "expert_") == pytest.approx(_rows(mc1, "expert_") / 2)  # its TP ranks' sequence shards
+    assert elementwise_load(kf2, True).dispatch_bytes == pytest.approx(elementwise_load(kf1, True).dispatch_bytes)
+    # no TP collective inside the block: attention's alone, though the model has a shared expert
+    assert kf2.arch.moe.shared_expert_ffn_hidden_size and moe_layer_tp_ops(kf2.arch, kf2.shard.moe_whole) \
+        == TP_COLLECTIVES_ATTENTION_ONLY < moe_layer_tp_ops(mc2.arch, mc2.shard.moe_whole)
