@@ -40,7 +40,7 @@ def test_experts_are_sharded_over_the_data_ranks_alone():
 
 
 def test_ep_ranks_are_tp_apart():
-    """KempnerForge's mesh (dp_shard, ep, tp): EP2 beside TP4 spans 8 ranks; the Megatron order puts EP at stride etp."""
+    """KempnerForge's mesh (dp_shard, ep, tp): EP2 beside TP4 spans 8 ranks; Megatron's order puts EP at stride etp."""
     job, plan, _ = _ctx("kempnerforge", tp=4, ep=2)
     assert mesh_groups(plan, law=job.card.world_size_law).ep == (2, 4)
     tjob, tplan, _ = _ctx("torchtitan", tp=4, ep=2)
@@ -63,3 +63,23 @@ def test_moe_block_runs_every_token_on_each_tp_rank():
     # no TP collective inside the block: attention's alone, though the model has a shared expert
     assert kf2.arch.moe.shared_expert_ffn_hidden_size and moe_layer_tp_ops(kf2.arch, kf2.shard.moe_whole) \
         == TP_COLLECTIVES_ATTENTION_ONLY < moe_layer_tp_ops(mc2.arch, mc2.shard.moe_whole)
+
+
+def test_moe_block_activations_are_whole_on_each_tp_rank():
+    """The MoE block's saved tensors (router, dispatched copies, experts, shared expert) on a KempnerForge TP rank are
+    TP1's of the same micro-batch; the attention's stay TP-sharded. The estimate builds its layout with it."""
+    from meshplan.arithmetic.activations import layer_activations
+    from meshplan.arithmetic.memory_states import memory_card
+    from meshplan.estimate.memory import _layer_layout, architecture_shape
+    from meshplan.knowledge.cards import framework_card
+
+    job, plan, _ = _ctx("kempnerforge", tp=2, ep=2)
+    conv = memory_card().conventions[framework_card("kempnerforge").convention_for(None)]
+    lay = _layer_layout(job, plan, conv, 8192)
+    assert lay.moe_whole and lay.tp == 2
+    shape = architecture_shape(job.model)
+    whole = layer_activations(shape, lay, True, "none")
+    tp1 = layer_activations(shape, lay._replace(tp=1, sp=False), True, "none")
+    split = layer_activations(shape, lay._replace(moe_whole=False), True, "none")
+    assert whole["moe"] == pytest.approx(tp1["moe"]) and whole["moe"] > 1.5 * split["moe"]
+    assert whole["attention"] == pytest.approx(split["attention"]) and whole["attention"] < tp1["attention"]

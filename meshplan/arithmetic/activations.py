@@ -212,6 +212,13 @@ class Layout(NamedTuple):
     # under fp8, the out-projection keeps its own fp8 copy of the attention output beside the bf16 one (memory_states.
     # fp8_out_proj_copy); off by default, the smaller count, so a layout built without it stays a floor
     fp8_out_proj_copy: bool = False
+    # TP leaves the MoE block whole (the card's moe_tp, KempnerForge): it keeps TP1's tensors of every token on each
+    # TP rank (moe_view); off by default, the smaller count, so a layout built without it stays a floor
+    moe_whole: bool = False
+
+    def moe_view(self) -> Layout:
+        """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
+        return self._replace(tp=1, sp=False, moe_whole=False) if self.moe_whole and self.tp > 1 else self
 
 
 def _mlp(shape: Shape, width: int, rows: float, tp: int, lin: int, unfused: bool, act: bool = True) -> float:
@@ -257,10 +264,12 @@ def layer_activations(shape: Shape, lay: Layout, moe_layer: bool, recompute: str
     out["attention"] = _attention(shape, lay, sel, lin)
     # MLP / MoE
     mlp = 0.0 if "layernorm" in sel else lin * t * h / ts  # fc1 (or router + expert) input
+    block = lay.moe_view()
+    block_ts = block.tp if block.sp else 1  # what SP shards of the MoE block's tensors
     if moe_layer and shape.experts and "moe" in sel:
-        out["moe"] = BF16 * t * h / ts  # the checkpointed MoE layer keeps its input
+        out["moe"] = BF16 * t * h / block_ts  # the checkpointed MoE layer keeps its input
     elif moe_layer and shape.experts:
-        out["moe"] = _moe_layer(shape, lay, sel, lin, mlp)
+        out["moe"] = _moe_layer(shape, block, sel, lin, 0.0 if "layernorm" in sel else lin * t * h / block_ts)
     elif "mlp" in sel:
         out["mlp"] = BF16 * t * h / ts  # the checkpointed MLP keeps its input
     else:

@@ -329,7 +329,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         swiglu_unfused=conv.swiglu_unfused, fp8=fp8_inputs(job, conv), ep=plan.ep,
         moe=moe_bytes(conv, job.model), qkv_fused=conv.qkv_projections == "fused",
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
-        fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv),
+        fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
     )
 
 
@@ -463,7 +463,9 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
         if vocab != job.model.vocab_size else "Vocabulary not padded.",
         "Activations per layer after Korthikanti et al. 2022, generalised (GQA K/V of kv_heads*head_dim, gated "
         f"MLP fc1 output 2*ffn, MLA latents, MoE top-k rows + router + dispatch copies): tokens per GPU = "
-        f"seq/cp * micro_batch = {lay.tokens}; norm and dropout tensors {sp}; the rest / tp.",
+        f"seq/cp * micro_batch = {lay.tokens}; norm and dropout tensors {sp}; the rest / tp"
+        + (" but an MoE block's, whole on every TP rank (TP leaves it whole: the card's moe_tp)."
+           if job.model.moe and lay.moe_whole and plan.tp > 1 else "."),
         "Attention: " + ("flash (no s^2 tensor; fp32 log-sum-exp kept)" if lay.flash
                          else "unfused (softmax" + (" + dropout mask/output" if lay.dropout else "") + " s^2 tensors)")
         + (", dropout masks kept." if lay.dropout else ", no dropout."),

@@ -301,9 +301,8 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
     """What the per-layer model needs for this job and plan (`m` micro-batches per step), computed once: what reads
     of the plan only FACT_READS from job_facts, the rest here."""
     tokens = plan.micro_batch_size * job.seq_length / plan.cp
-    moe_tp = job.card.moe_tp
     shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel,
-                  moe_whole=moe_tp is not None and moe_tp.whole_over_tp)
+                  moe_whole=job.card.moe_whole_over_tp)
     return LayerContext(
         plan=plan, law=job.card.world_size_law, shard=shard,
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,

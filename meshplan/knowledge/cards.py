@@ -624,6 +624,11 @@ class FrameworkCard(_Card):
         return self.adapter is not None
 
     @property
+    def moe_whole_over_tp(self) -> bool:
+        """TP leaves the MoE block whole (moe_tp): every TP rank runs it on the whole micro-batch."""
+        return self.moe_tp is not None and self.moe_tp.whole_over_tp
+
+    @property
     def flex_dispatcher(self) -> bool:
         """Megatron-Core's flex MoE token dispatcher (DeepEP / HybridEP): where the adapter renders it."""
         return self.adapter is not None and self.adapter.renders("moe_flex_dispatcher")

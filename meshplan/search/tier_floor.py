@@ -38,7 +38,7 @@ def tp_step_floor(job: Job, lay: Layout, sizes: tuple[int, ...], lk: Links, shar
     arch = job.model
     ops = TP_COLLECTIVES_PER_LAYER
     if arch.moe is not None and arch.moe.moe_layers:
-        ops = min(ops, moe_layer_tp_ops(arch, job.card.moe_tp is not None and job.card.moe_tp.whole_over_tp))
+        ops = min(ops, moe_layer_tp_ops(arch, job.card.moe_whole_over_tp))
     layers = -(-arch.num_layers // lay.pp)
     least = float("inf")
     for mbs in sizes:
