@@ -166,7 +166,7 @@ def kempnerforge_product(ctx: Context) -> Values:
             "world": ctx.world, "unit": unit, **product_fix(ctx, unit, "tp*pp*cp*ep", "dp_shard=-1")}
 
 
-@rule("DP001", reads=("pp", "ep", "etp", "dp", "dp_replicate"))
+@rule("DP001", reads=("tp", "pp", "ep", "etp", "dp", "dp_replicate"))  # tp: KempnerForge's expert_dp
 def dp_replicate_divides_dp(ctx: Context) -> Values:
     """Hybrid sharding: the replicas split dp (and, for a MoE model, the expert-data-parallel ranks) evenly
     (Megatron parallel_state: dp*cp and expert-dp % num_distributed_optimizer_instances; torchtitan: dp_replicate *
