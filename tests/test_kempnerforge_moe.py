@@ -80,6 +80,19 @@ def test_moe_block_activations_are_whole_on_each_tp_rank():
     shape = architecture_shape(job.model)
     whole = layer_activations(shape, lay, True, "none")
     tp1 = layer_activations(shape, lay._replace(tp=1, sp=False), True, "none")
-    split = layer_activations(shape, lay._replace(moe_whole=False), True, "none")
+    split = layer_activations(shape, lay._replace(moe_whole=False, sp=True), True, "none")  # Megatron-Core's cut
     assert whole["moe"] == pytest.approx(tp1["moe"]) and whole["moe"] > 1.5 * split["moe"]
-    assert whole["attention"] == pytest.approx(split["attention"]) and whole["attention"] < tp1["attention"]
+    assert whole["attention"] < tp1["attention"]  # attention's stay TP-sharded
+
+
+def test_sequence_parallel_is_off_for_moe_and_tied_models():
+    """apply_tensor_parallel: seq_parallel = not is_pp_stage and not tie and not is_moe. A request that leaves
+    sequence_parallel out gets it off for an MoE or tied-embedding model, on for the rest; other frameworks keep it."""
+    _, plan, _ = _ctx("kempnerforge", tp=2, ep=2)
+    assert not plan.sequence_parallel
+    dense = dict(num_gpus=64, global_batch_size=64, micro_batch_size=1, gpu="h100", tp=8, framework="kempnerforge")
+    assert resolve(Request(model="llama-3.1-8b", **dense))[1].sequence_parallel
+    assert not resolve(Request(model="gpt3-175b", **dense))[1].sequence_parallel  # tied embeddings
+    assert resolve(Request(model="gpt3-175b", **{**dense, "framework": "torchtitan"}))[1].sequence_parallel
+    _, tplan, _ = _ctx("torchtitan", tp=2, ep=2)
+    assert tplan.sequence_parallel

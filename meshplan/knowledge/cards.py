@@ -19,6 +19,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.tp_card import MoeTensorParallel, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.model import Architecture
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -227,6 +228,10 @@ class AdapterSection(_Card):
 class FrameworkDefaults(_Card):
     zero_stage: int = Field(ge=0, le=3)
     sequence_parallel_when_tp: bool = True
+    sequence_parallel_off_for: list[Literal["moe", "tied_embeddings"]] = Field(
+        default_factory=list, description="Models the framework turns sequence parallelism off for, whatever tp "
+                                          "(its why in sequence_parallel_why)")
+    sequence_parallel_why: str | None = None
     etp: Literal["tp", 1] = Field(1, description="An MoE model's expert TP when the request leaves etp unset")
     etp_why: str | None = None
     etp_recipes: str | None = Field(
@@ -245,7 +250,16 @@ class FrameworkDefaults(_Card):
             raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
         if self.fp8_recipe is not None and not self.fp8_recipe_why:
             raise ValueError("fp8_recipe needs fp8_recipe_why (the framework source that defaults it so)")
+        if self.sequence_parallel_off_for and not self.sequence_parallel_why:
+            raise ValueError("sequence_parallel_off_for needs sequence_parallel_why (the framework source)")
         return self
+
+    def sequence_parallel_with_tp(self, arch: Architecture) -> bool:
+        """Whether the framework runs sequence parallelism beside TP > 1 for this model (a request that leaves
+        sequence_parallel out gets it): sequence_parallel_when_tp, unless the model is of a kind it turns it off for."""
+        off = (("moe" in self.sequence_parallel_off_for and arch.is_moe)
+               or ("tied_embeddings" in self.sequence_parallel_off_for and arch.tie_word_embeddings))
+        return self.sequence_parallel_when_tp and not off
 
 
 class EngineFacts(_Card):

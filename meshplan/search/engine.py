@@ -128,7 +128,7 @@ class BestFirstSearch(StepTimeBounds):
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
         card = job.card
-        sp = card.defaults.sequence_parallel_when_tp
+        sp = card.defaults.sequence_parallel_with_tp(job.model)
         if "sequence_parallel" in fixed:
             sp = bool(fixed.values["sequence_parallel"])
         cp_comm = str(fixed.values.get("cp_comm_type", "p2p"))

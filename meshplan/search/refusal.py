@@ -59,7 +59,7 @@ class Space:
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
-        default_sp = job.card.defaults.sequence_parallel_when_tp
+        default_sp = job.card.defaults.sequence_parallel_with_tp(job.model)
         sp = bool(fixed.values.get("sequence_parallel", default_sp))
         layouts, dropped = enumerate_layouts(job, fixed)
         return cls(job, fixed, tuple(layouts), tuple(dropped), zeros, recomputes, sp,
