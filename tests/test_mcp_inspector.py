@@ -29,8 +29,9 @@ NETWORK_HINTS = ("ETIMEDOUT", "ECONNRESET", "EAI_AGAIN", "ENOTFOUND", "network",
 def inspector(cwd: Path, *method_args: str) -> subprocess.CompletedProcess:
     env = tree_env({**os.environ, "npm_config_yes": "true", "npm_config_update_notifier": "false",
            "npm_config_fund": "false", "npm_config_audit": "false", "MCP_INSPECTOR_SECRET_STORE": "memory"})
-    argv = [NPX, "-y", INSPECTOR, "--cli", sys.executable, "-m", "meshplan.faces.mcp", "--", *method_args,
-            "--format", "json"]
+    # the Inspector starts the server with an environment of its own: the tree under test is passed to it with -e
+    argv = [NPX, "-y", INSPECTOR, "--cli", "-e", f"PYTHONPATH={env['PYTHONPATH']}", sys.executable, "-m",
+            "meshplan.faces.mcp", *method_args, "--format", "json"]
     for attempt in range(2):
         proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=FIRST_RUN_TIMEOUT)
         if proc.returncode in (0, 5) or attempt or not any(h in proc.stderr for h in NETWORK_HINTS):
