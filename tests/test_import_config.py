@@ -251,6 +251,19 @@ def test_bad_files_name_the_line(tmp_path):
         import_config("if [ 1 -eq 1 ]; then\n torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n")
 
 
+def test_a_whole_number_field_refuses_a_fraction_or_an_infinity_instead_of_truncating_it(tmp_path):
+    """ZeRO stage 2.5 was read as stage 2 and 1e400 (JSON's infinity) raised OverflowError: both are the file's
+    error, named with its key; 3.0 is still stage 3."""
+    for stage, shown in (("2.5", "2.5"), ("1e400", "inf")):
+        text = '{"zero_optimization": {"stage": ' + stage + "}}"
+        with pytest.raises(MeshplanError, match=rf"zero_optimization.stage: {shown} is not a valid zero_stage "
+                                                r"\(expected a whole number"):
+            import_config(text, "ds.json")
+    assert import_config('{"zero_optimization": {"stage": 3.0}}', "ds.json").request["zero_stage"] == 3
+    with pytest.raises(MeshplanError, match=r"'2.5' is not a valid tp \(expected a whole number"):
+        import_config("torchrun pretrain_gpt.py \\\n  --tensor-model-parallel-size 2.5\n", "job.sh")
+
+
 def test_json_auto_values_are_left_to_the_trainer():
     result = import_config('{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', "ds.json")

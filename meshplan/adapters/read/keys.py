@@ -133,6 +133,16 @@ def as_bool(value: Any) -> bool | None:
             "off": False}.get(text)
 
 
+def _whole(value: Any) -> int:
+    """A whole number as a file writes it (8, "8", 8.0, "8.0"); 2.5 or inf is an error, never truncated to 2."""
+    if isinstance(value, float) or (isinstance(value, str) and "." in value):
+        number = float(value)
+        if not number.is_integer():
+            raise ValueError(f"expected a whole number, got {value!r}")
+        return int(number)
+    return int(value)
+
+
 def convert(name: str, value: Any) -> Any:
     """A file's value as the request field `name` takes it; raises ValueError when it cannot be one."""
     kind = _field_type(name)
@@ -146,7 +156,7 @@ def convert(name: str, value: Any) -> Any:
     if kind is int:
         if isinstance(value, bool):
             raise ValueError(f"expected a whole number, got {value!r}")
-        return int(float(value)) if str(value).replace(".", "", 1).lstrip("-").isdigit() else int(value)
+        return _whole(value)
     if kind is float:
         return float(value)
     if get_origin(kind) is list:
