@@ -264,6 +264,14 @@ def test_a_whole_number_field_refuses_a_fraction_or_an_infinity_instead_of_trunc
         import_config("torchrun pretrain_gpt.py \\\n  --tensor-model-parallel-size 2.5\n", "job.sh")
 
 
+def test_a_framework_given_for_a_format_it_is_not_read_from_names_what_would_work():
+    """Told the framework, the refusal said 'Pass --framework', which was passed: it names the formats that framework
+    is read from and the frameworks read from this format instead."""
+    with pytest.raises(MeshplanError, match=r"reads torchtitan from shell or toml files, not from a json file") as exc:
+        import_config('{"zero_optimization": {"stage": 3}}', "ds.json", framework="torchtitan")
+    assert "Pass --framework" not in exc.value.fix and "(deepspeed)" in exc.value.fix
+
+
 def test_json_auto_values_are_left_to_the_trainer():
     result = import_config('{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', "ds.json")

@@ -115,8 +115,13 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
         reader = READERS.get((framework, fmt))
     if reader is None:
         readable = ", ".join(f"{f} ({k})" for f, k in READERS)
-        raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for"
-                            + (f" (it reads {framework} from other formats)" if framework else "") + ".",
+        if framework is not None:  # told the framework: passing it again cannot help, another format or framework can
+            kinds = " or ".join(k for f, k in READERS if f == framework)
+            readers = " or ".join(f for f, k in READERS if k == fmt)
+            raise MeshplanError(f"{path}: meshplan reads {framework} from {kinds} files, not from a {fmt} file.",
+                                fix=f"Pass {framework}'s {kinds} file, or the framework this {fmt} file is for "
+                                    f"({readers}), or the file's format if it is not {fmt}.")
+        raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
                             fix=f"Pass --framework; meshplan reads: {readable}.")
     reading = reader(text, path)
     reading.request.setdefault("framework", reading.framework)
