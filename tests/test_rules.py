@@ -550,7 +550,7 @@ def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_
                   global_batch_size=256, seq_length=1024)
     f = finding_of("PP007", *make(**fields, last_stage_layers=5))
     assert "15 model chunks (the 15 stages between the given first/last stages x vpp 1) but only 11 layers" in f.message
-    assert "first_stage_layers + last_stage_layers <= 1" in f.fix
+    assert "Use last_stage_layers <= 1, or fewer stages" in f.fix  # the field given, not one left unset
     with pytest.raises(MeshplanError, match="PP007"):
         estimate_memory(*make(**fields, last_stage_layers=5))
     assert "PP007" not in {f.id for f in check_config(*make(**fields, last_stage_layers=1)).findings}  # 15 for 15
@@ -558,6 +558,11 @@ def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_
     f = finding_of("PP007", *make(**{**fields, "pp": 2}, first_stage_layers=4, last_stage_layers=1))
     assert f.message == ("With pp=2, first_stage_layers + last_stage_layers = 5 on the given stages, but the model "
                          "has 16 layers.") and f.fix == "Use last_stage_layers=12."
+    # sizes over the model with stages left to fill: the bound that leaves each of them a layer (it said "Use first
+    # and last stage sizes that leave layers for the middle stages", at pp=2 where there is none)
+    f = finding_of("PP007", *make(**{**fields, "pp": 2}, first_stage_layers=20))
+    assert f.fix == "Use first_stage_layers <= 15."
+    assert "PP007" not in {f.id for f in check_config(*make(**{**fields, "pp": 2}, first_stage_layers=15)).findings}
 
 
 def test_virtual_stages_on_a_framework_without_an_interleaved_schedule_are_pp013():

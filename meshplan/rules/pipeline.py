@@ -241,16 +241,17 @@ def stages_have_layers(ctx: Context) -> Values:
         return None
     middle, left = p.pp - len(given), layers - sum(given)
     sizes = f"first_stage_layers + last_stage_layers = {sum(given)}" if len(given) == 2 else f"{given[0]} layers"
+    named = " + ".join(name for name in ("first_stage_layers", "last_stage_layers") if getattr(p, name) is not None)
+    bound = f"{named} <= {layers - middle * p.vpp}"  # what leaves every other stage's chunks a layer
     if left < 0 or (not middle and left):
-        fix = (f"last_stage_layers={layers - given[0]}" if not middle else
-               "first and last stage sizes that leave layers for the middle stages")
+        fix = f"last_stage_layers={layers - given[0]}" if not middle else bound
         return {"problem": f"With pp={p.pp}, {sizes} on the given stages, but the model has {layers} layers",
                 "fix": fix}
     if middle * p.vpp <= left:
         return None
     return {"problem": f"{middle * p.vpp} model chunks (the {middle} stages between the given first/last stages x vpp "
                        f"{p.vpp}) but only {left} layers for them: some stages would hold no layer",
-            "fix": f"first_stage_layers + last_stage_layers <= {layers - middle * p.vpp}, or fewer stages"}
+            "fix": f"{bound}, or fewer stages"}
 
 
 
