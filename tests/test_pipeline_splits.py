@@ -113,6 +113,23 @@ def test_mem001_deeper_pipelines_name_the_fastest_split():
     assert fastest.vpp == 1 and (fastest.first_stage_layers, fastest.last_stage_layers) == (12, 10)
 
 
+def test_mem001_deeper_pipelines_name_the_split_and_vpp_they_clear():
+    """Llama-3.1-8B PP2 on 8 H100 with first_stage_layers=31 is over memory; the fix named "pp=4", whose peak was
+    estimated at the even split, but pp=4 with first_stage_layers=31 kept leaves 1 layer for 3 stages (PP004, PP007):
+    the label says the split it drops, and so does a vpp it resets."""
+    fields = dict(model="llama-3.1-8b", num_gpus=8, pp=2, first_stage_layers=31)
+    report = api.check_config(Request(**fields))
+    fix = next(f.fix for f in report.findings if f.id == "MEM001")
+    assert "pp=4 (drop first_stage_layers) (" in fix
+    kept = api.check_config(Request(**{**fields, "pp": 4}))
+    assert {"PP004", "PP007"} <= {f.id for f in kept.findings if f.severity == "error"}
+    dropped = api.check_config(Request(**{**fields, "pp": 4, "first_stage_layers": None}))
+    assert dropped.ok and dropped.memory.fits
+    job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pp=2, vpp=2))
+    label, change = _deeper_pipeline(Context(job, plan), 4)
+    assert label.startswith("pp=4, vpp=1") and change["vpp"] == 1
+
+
 @pytest.mark.parametrize(("framework", "refused"), [("torchtitan", (1,)), ("kempnerforge", (1,)), ("skyrl", (0,)),
                                                    ("megatron-core", ())])
 def test_zero_stages_the_adapter_cannot_write_are_not_searched(framework, refused):

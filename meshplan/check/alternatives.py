@@ -75,18 +75,31 @@ def _deeper_pipeline(ctx: Context, pp: int) -> tuple[str, dict[str, Any]]:
     (schedule.pipeline_split: uneven only when pp does not divide the layers)."""
     change: dict[str, Any] = {"pp": pp, "first_stage_layers": None, "last_stage_layers": None, "vpp": 1,
                               "pipeline_layout": None, "account_for_embedding": False, "account_for_loss": False}
-    label = f"pp={pp}"
     plan = _neighbour(ctx, change)
     fastest = fastest_split(ctx.job, plan) if plan is not None and pp <= ctx.job.model.num_layers else None
+    words = None
     if fastest is not None:
-        change |= {k: getattr(fastest, k) for k in ("first_stage_layers", "last_stage_layers", "pipeline_layout",
-                                                    "account_for_embedding", "account_for_loss")}
-        return (label if split_words(fastest) == "the even split" else f"{label} ({split_words(fastest)})"), change
-    split = pipeline_split(ctx.job.model.num_layers, pp) if ctx.backend == "megatron" else None
-    if split and split[0] is not None:
+        change |= {k: getattr(fastest, k) for k in SPLIT_FIELDS}
+        words = None if split_words(fastest) == "the even split" else split_words(fastest)
+    elif (split := pipeline_split(ctx.job.model.num_layers, pp) if ctx.backend == "megatron" else None) and \
+            split[0] is not None:
         change |= {"first_stage_layers": split[0], "last_stage_layers": split[1]}
-        label += f" (first/last stage {split[0]}/{split[1]} layers)"
-    return label, change
+        words = f"first_stage_layers={split[0]}, last_stage_layers={split[1]}"
+    return _pipeline_label(ctx.plan, pp, change, words), change
+
+
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
+                "account_for_loss")
+
+
+def _pipeline_label(plan: Plan, pp: int, change: dict[str, Any], words: str | None) -> str:
+    """The deeper pipeline in the fields it changes: the plan's own split or vpp kept beside pp=4 could break the
+    rules (first_stage_layers=31 leaves 1 layer for 3 stages), so the ones it clears are named (`drop x`, vpp=1)."""
+    label = f"pp={pp}" + (", vpp=1" if plan.vpp > 1 else "")
+    dropped = [f"drop {name}" for name in SPLIT_FIELDS
+               if getattr(plan, name) not in (None, False) and change[name] in (None, False)]
+    said = ([words] if words else []) + dropped
+    return f"{label} ({', '.join(said)})" if said else label
 
 
 def _neighbour(ctx: Context, change: dict[str, Any]) -> Plan | None:
