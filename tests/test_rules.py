@@ -698,6 +698,18 @@ def test_headroom_threshold_is_ten_percent():
     assert load_rules()["MEM002"](Context(job, plan, memory_report=report(72.0, 80.0))) is None
 
 
+def test_headroom_fix_names_only_changes_the_plan_has_not_made():
+    """MEM002's fix was one sentence for every plan: recompute=selective on a plan recomputing in full (more memory),
+    micro_batch_size=1 at 1, a larger zero_stage at the framework's highest. It names what this plan can still do."""
+    rule_ = load_rules()["MEM002"]
+    job, plan = make(**L70B, num_gpus=16, tp=8, pp=2, recompute="full", zero_stage=1)
+    values = rule_(Context(job, plan, memory_report=report(72.5, 80.0)))
+    assert values["changes"] == "zero_stage=2 or a larger pp"  # tp=16 leaves the 8-GPU NVLink domain
+    job, plan = make(**L8B, num_gpus=8, micro_batch_size=2, zero_stage=3)
+    values = rule_(Context(job, plan, memory_report=report(72.5, 80.0)))
+    assert values["changes"] == "micro_batch_size=1, recompute=selective or a larger pp or tp"
+
+
 # --------------------------------------------------------------------------- published recipes pass
 
 

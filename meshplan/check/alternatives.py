@@ -38,11 +38,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if p.recompute == "none":
         out.append(("recompute=selective", {"recompute": "selective", "recompute_layers": None,
                                             "recompute_method": None}))
-    raise_to = ctx.card.memory_fix  # how far this framework's ZeRO may go, and why
-    max_zero = p.zero_stage if raise_to.highest_zero_stage is None else raise_to.highest_zero_stage
-    if p.pp > 1 and raise_to.highest_zero_stage_with_pp is not None:
-        max_zero = min(max_zero, raise_to.highest_zero_stage_with_pp)
-    for zero in range(p.zero_stage + 1, max_zero + 1):
+    for zero in range(p.zero_stage + 1, highest_zero_stage(ctx) + 1):
         out.append((f"zero_stage={zero}", {"zero_stage": zero}))
     if p.optimizer == "adam" and p.optimizer_state_dtype in (None, "fp32"):  # PR001 drops it where Adam cannot
         out.append(("optimizer_state_dtype=bf16", {"optimizer_state_dtype": "bf16"}))
@@ -67,6 +63,15 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
     if not p.param_offload:
         out.append(("param_offload=true", {"param_offload": True}))
     return out
+
+
+def highest_zero_stage(ctx: Context) -> int:
+    """How far a fix may raise the plan's ZeRO stage on its framework (the card's memory_fix, which says why)."""
+    p, raise_to = ctx.plan, ctx.card.memory_fix
+    highest = p.zero_stage if raise_to.highest_zero_stage is None else raise_to.highest_zero_stage
+    if p.pp > 1 and raise_to.highest_zero_stage_with_pp is not None:
+        highest = min(highest, raise_to.highest_zero_stage_with_pp)
+    return max(highest, p.zero_stage)
 
 
 def _deeper_pipeline(ctx: Context, pp: int) -> tuple[str, dict[str, Any]]:

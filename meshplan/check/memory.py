@@ -8,9 +8,9 @@ when its rule passes, else the numbers for the card's message and fix templates.
 
 from __future__ import annotations
 
-from meshplan.arithmetic.mesh import ranks_per_node
+from meshplan.arithmetic.mesh import ranks_per_node, tp_fits_domain
 from meshplan.arithmetic.offload import offload_card, offload_plan
-from meshplan.check.alternatives import fitting_alternatives
+from meshplan.check.alternatives import fitting_alternatives, highest_zero_stage
 from meshplan.check.split import headroom_threshold
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
@@ -58,7 +58,23 @@ def low_headroom(ctx: Context) -> Values:
     if not report.fits or report.headroom_bytes >= minimum * report.capacity_bytes:
         return None
     return {"headroom": gib(report.headroom_bytes), "share": f"{report.headroom_bytes / report.capacity_bytes:.1%}",
-            "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": gib(report.peak_bytes)}
+            "stage": report.peak_stage, "minimum": f"{minimum:.0%}", "peak": gib(report.peak_bytes),
+            "changes": _lighter_changes(ctx)}
+
+
+def _lighter_changes(ctx: Context) -> str:
+    """The changes that take memory off this plan, each one it has not made yet: recompute=selective on a plan
+    recomputing already, or micro_batch_size=1 at 1, would change nothing (or add memory)."""
+    p = ctx.plan
+    changes = ["micro_batch_size=1"] if p.micro_batch_size > 1 else []
+    if p.recompute != "full" or p.recompute_layers is not None:
+        changes.append("recompute=selective" if p.recompute == "none" else "recompute=full")
+    if p.zero_stage < highest_zero_stage(ctx):
+        changes.append(f"zero_stage={p.zero_stage + 1}")
+    deeper = [name for name, more in (("pp", 2 * p.pp <= ctx.job.model.num_layers),
+                                      ("tp", tp_fits_domain(2 * p.tp, ctx.fast_domain))) if more]
+    changes.append(f"a larger {' or '.join(deeper)}" if deeper else "more GPUs (`meshplan recommend`)")
+    return ", ".join(changes[:-1]) + (" or " if len(changes) > 1 else "") + changes[-1]
 
 
 @rule("MEM003")
