@@ -127,12 +127,13 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     """The plan in `framework`'s own keys, after its rules: a rule error (a layout the framework rejects, or one
     that does not fit) raises `RefusedLayout` with the findings and their fixes, unless `force`; then, and for
     warnings, the findings travel in `warnings`."""
-    from meshplan.adapters.render import render, require_target, vet_layout
+    from meshplan.adapters.render import render, request_at_version, require_target, vet_layout
     from meshplan.check.config import check_config as check
     from meshplan.request.resolve import resolve
 
     require_target(framework)
-    job, plan = resolve(script_request(req).model_copy(update={"framework": framework}))
+    req = request_at_version(framework, script_request(req), options.get("version"))
+    job, plan = resolve(req.model_copy(update={"framework": framework}))
     notes, warnings = vet_layout(job, plan, check(job, plan), force=force)
     result = render(framework, job, plan, **options)
     return result.model_copy(update={"notes": [*result.notes, *notes], "warnings": [*warnings, *result.warnings]})

@@ -105,3 +105,24 @@ def test_render_writes_the_release_the_request_names():
     old = api.render_config("torchtitan", parse_request(dict(fields, framework_version="0.2")))
     new = api.render_config("torchtitan", parse_request(fields))
     assert (old.version, old.format) == ("0.2.2", "toml") and (new.version, new.format) == ("0.3.0", "shell")
+
+
+def test_a_render_version_is_the_release_the_layout_is_checked_at():
+    """render's version option wrote a torchtitan 0.2 config for a layout checked at 0.3.0's chunked loss: Llama-3.1-8B
+    at micro-batch 2 and 5,120 tokens fits at 0.3 (74 GiB allocated) and not at 0.2 (86 GiB), and was rendered. The
+    version is the request's framework_version now, so the same refusal as framework_version="0.2"; two versions
+    naming different releases are an error."""
+    from meshplan.adapters.render import RefusedLayout
+
+    fields = dict(model="llama-3.1-8b", framework="torchtitan", num_gpus=8, micro_batch_size=2, seq_length=5120,
+                  global_batch_size=128)
+    assert api.render_config("torchtitan", parse_request(fields)).version == "0.3.0"
+    with pytest.raises(RefusedLayout, match="MEM001"):
+        api.render_config("torchtitan", parse_request(fields), version="0.2")
+    with pytest.raises(RefusedLayout, match="MEM001"):
+        api.render_config("torchtitan", parse_request(dict(fields, framework_version="0.2")))
+    with pytest.raises(MeshplanError, match=r"framework_version '0.3' \(release 0.3.0\) and the render version '0.2'"):
+        api.render_config("torchtitan", parse_request(dict(fields, framework_version="0.3")), version="0.2")
+    small = dict(fields, micro_batch_size=1)
+    assert api.render_config("torchtitan", parse_request(dict(small, framework_version="0.2.2")),
+                             version="0.2").version == "0.2.2"

@@ -25,10 +25,13 @@ from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import gib
 from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS, adapter_section
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.releases import resolve_release
+from meshplan.request.parse import parse_request
 from meshplan.rules.engine import memory_rules
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemorySummary, RenderResult
+from meshplan.schema.request import Request
 
 # --------------------------------------------------------------------------- value formatting (filters)
 
@@ -257,3 +260,21 @@ def allocator_setting(framework: str, plan: Plan, fmt: str) -> tuple[str | None,
         return ALLOCATOR_ENV, []
     where = facts.how if sets_it else f"export {ALLOCATOR_ENV} before the launch (the framework does not set it)"
     return None, [f"expandable_segments=true: {where}; the fit is decided by the allocated peak."]
+
+
+def request_at_version(framework: str, req: Request, version: str | None) -> Request:
+    """The request at the version the config is written for: its facts (memory convention, knobs) vet the layout,
+    so a torchtitan 0.2 config is not passed on 0.3's chunked loss. A framework_version naming another release is
+    an error, not a silent choice between them."""
+    if version is None or req.framework_version == version:
+        return req
+    if req.framework_version is None:
+        return parse_request({**req.model_dump(exclude_unset=True), "framework_version": version})
+    card = framework_card(framework)
+    asked, given = resolve_release(card, version).release, resolve_release(card, req.framework_version).release
+    if asked != given:
+        raise MeshplanError(
+            f"Two different {card.display_name} versions given: framework_version {req.framework_version!r} "
+            f"(release {given}) and the render version {version!r} (release {asked}).",
+            fix="Give the version once: the config is written for the release the estimate and the rules read.")
+    return req

@@ -333,7 +333,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.framework is not None and args.framework != args.target:
         raise MeshplanError(f"Two different frameworks given: FRAMEWORK {args.target!r} and --framework "
                             f"{args.framework!r}.", fix="Give the framework once, as the FRAMEWORK argument.")
-    options = {k: v for k, v in {"variant": args.variant, "version": args.version}.items() if v}
+    options = {k: v for k, v in {"variant": args.variant, "version": args.version}.items() if v is not None}
     try:
         result = api.render_config(args.target, req, force=args.force, **options)
     except RefusedLayout as exc:
