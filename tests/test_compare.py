@@ -123,6 +123,24 @@ def test_detection_and_errors():
         read_log(log("torchtitan_dcp_zoc.log"), framework="nanotron")
 
 
+def test_a_negative_or_infinite_figure_is_left_out_with_its_line_not_compared():
+    """'elapsed time per iteration (ms): -5.0' was compared as a measured step of -0.005 s (error -905,399%), and a
+    memory report of 1e400 MiB raised OverflowError: a logged time, rate or peak is finite and not negative."""
+    steps = ("iteration 2/10 | elapsed time per iteration (ms): 5000.0 |\n"
+             "iteration 3/10 | elapsed time per iteration (ms): -5.0 |\n"
+             "iteration 4/10 | elapsed time per iteration (ms): 1e400 |\n"
+             "iteration 5/10 | elapsed time per iteration (ms): 7000.0 |\n")
+    run = read_log(steps, "run.log")
+    assert run.step_time_s == pytest.approx(7.0)  # steps 3 and 4 left out, step 2 the warm-up
+    assert any(n.startswith("run.log:2: step_time_s = -0.005 is not a measurement") for n in run.notes)
+    assert any(n.startswith("run.log:3: step_time_s = inf is not a measurement") for n in run.notes)
+    memory = ("[Rank 0] (after 1 iterations) memory (MB) | allocated: 1e400 | max allocated: 1e400 | reserved: 2048"
+              " | max reserved: 2048\n")
+    run = read_log(memory, "run.log")
+    assert run.peak_allocated_bytes is None and run.peak_reserved_bytes == 2048 * 2**20
+    assert any(n.startswith("run.log:1: allocated_bytes = inf is not a measurement") for n in run.notes)
+
+
 # --------------------------------------------------------------------------- the comparison
 
 

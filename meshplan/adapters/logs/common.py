@@ -8,6 +8,7 @@ prints "GB" (Megatron: MB = 1024**2).
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field, fields
@@ -45,11 +46,11 @@ class StepFigures:
 
 @dataclass
 class MemoryFigures:
-    """One memory report: the peaks it states, bytes (None: not stated)."""
+    """One memory report: the peaks it states, bytes as logged (None: not stated; whole bytes once summarised)."""
 
     line: int
-    allocated_bytes: int | None = None
-    reserved_bytes: int | None = None
+    allocated_bytes: float | None = None
+    reserved_bytes: float | None = None
 
 
 @dataclass
@@ -84,25 +85,42 @@ def steady(steps: list[StepFigures]) -> tuple[list[StepFigures], str]:
     return unique, "the one logged step"
 
 
+def _measured(records: list, attr: str, notes: list[str], path: str) -> list:
+    """The records whose `attr` is a measurement: a logged time, rate, batch or peak is finite and not negative
+    (a negative or infinite one, such as 'elapsed time per iteration (ms): -5.0', was compared as measured and
+    an infinite peak raised OverflowError); the others are left out, each named with its line."""
+    kept = []
+    for record in records:
+        value = getattr(record, attr)
+        if value is None:
+            continue
+        if math.isfinite(value) and value >= 0:
+            kept.append(record)
+        else:
+            notes.append(f"{path}:{record.line}: {attr} = {value:g} is not a measurement (a logged time, rate or "
+                         "peak is finite and not negative): left out")
+    return kept
+
+
 def summarise(reading: LogReading) -> MeasuredRun:
     """One MeasuredRun: the largest peak any memory report states, the median of each step figure."""
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
+    notes = list(reading.notes)
     for name, attr in (("peak_allocated_bytes", "allocated_bytes"), ("peak_reserved_bytes", "reserved_bytes")):
-        stated = [m for m in reading.memory if getattr(m, attr) is not None]
+        stated = _measured(reading.memory, attr, notes, reading.path)
         if stated:
             top = max(stated, key=lambda m: getattr(m, attr))
-            values[name] = getattr(top, attr)
+            values[name] = int(getattr(top, attr))
             sources[name] = f"{reading.path}:{top.line}"
     kept, how = steady(reading.steps)
     for name in STEP_FIGURES:
-        stated = [s for s in kept if getattr(s, name) is not None]
+        stated = _measured(kept, name, notes, reading.path)
         if stated:
             median = statistics.median(getattr(s, name) for s in stated)
             values[name] = int(median) if name == "global_batch_size" else float(median)
             lines = sorted({s.line for s in stated})
             sources[name] = f"{reading.path}:{lines[0]}" + (f"-{lines[-1]}" if len(lines) > 1 else "")
-    notes = list(reading.notes)
     if kept:
         notes.append(f"step figures: {how}")
     return MeasuredRun(framework=reading.framework, path=reading.path, steps=len(reading.steps), sources=sources,

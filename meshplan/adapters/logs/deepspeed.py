@@ -29,10 +29,10 @@ def read(text: str, path: str, framework: str = "deepspeed") -> LogReading:
     for i, line in enumerate(lines, start=1):
         if (found := TIMER.search(line)) is not None:
             timer_steps.append(StepFigures(line=i, step=int(found.group(1)), samples_per_s=number(found.group(3))))
-            reading.memory.append(MemoryFigures(line=i, allocated_bytes=int(number(found.group(5)) * GIB)))
+            reading.memory.append(MemoryFigures(line=i, allocated_bytes=number(found.group(5)) * GIB))
         elif (found := SEE_MEMORY.search(line)) is not None:
-            reading.memory.append(MemoryFigures(line=i, allocated_bytes=int(number(found.group(2)) * GIB),
-                                                reserved_bytes=int(number(found.group(4)) * GIB)))
+            reading.memory.append(MemoryFigures(line=i, allocated_bytes=number(found.group(2)) * GIB,
+                                                reserved_bytes=number(found.group(4)) * GIB))
     megatron.read_lines(reading, lines)  # Megatron-DeepSpeed: its iteration lines carry the step time
     if not reading.steps:
         reading.steps = timer_steps

@@ -32,7 +32,7 @@ def read(text: str, path: str, framework: str = "kempnerforge") -> LogReading:
             figures.step_time_s = number(step.group(1))
         reading.steps.append(figures)
         if (mem := re.fullmatch(rf"({NUMBER})/{NUMBER}GB", parts.get("mem", ""))) is not None:
-            reading.memory.append(MemoryFigures(line=i, allocated_bytes=int(number(mem.group(1)) * GIB)))
+            reading.memory.append(MemoryFigures(line=i, allocated_bytes=number(mem.group(1)) * GIB))
     if reading.memory:
         reading.notes.append("peak allocated: KempnerForge's `mem` (max_memory_allocated, GiB to one decimal)")
     return reading

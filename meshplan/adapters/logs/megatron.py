@@ -52,8 +52,8 @@ def read_lines(reading: LogReading, lines: list[str]) -> None:
     for i, text in enumerate(lines, start=1):
         memory = MEMORY.search(text)
         if memory is not None:
-            reading.memory.append(MemoryFigures(line=i, allocated_bytes=int(number(memory.group(2)) * MIB),
-                                                reserved_bytes=int(number(memory.group(4)) * MIB)))
+            reading.memory.append(MemoryFigures(line=i, allocated_bytes=number(memory.group(2)) * MIB,
+                                                reserved_bytes=number(memory.group(4)) * MIB))
             continue
         figures = iteration_figures(text, i)
         if figures is not None:

@@ -34,7 +34,7 @@ def read(text: str, path: str, framework: str = "torchtitan") -> LogReading:
                 setattr(figures, attr, number(found.group(1)) * scale)
         reading.steps.append(figures)
         if (memory := MEMORY.search(line)) is not None:
-            reading.memory.append(MemoryFigures(line=i, reserved_bytes=int(number(memory.group(1)) * GIB)))
+            reading.memory.append(MemoryFigures(line=i, reserved_bytes=number(memory.group(1)) * GIB))
     if reading.memory:
         reading.notes.append("peak reserved: torchtitan's `memory` (max_memory_reserved since the previous log line)")
     return reading

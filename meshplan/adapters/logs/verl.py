@@ -36,7 +36,7 @@ def read(text: str, path: str, framework: str = "verl") -> LogReading:
                               **{attr: values[key] for key, attr in STEP_KEYS.items() if key in values})
         if any(getattr(figures, attr) is not None for attr in STEP_KEYS.values()):
             reading.steps.append(figures)
-        memory = {attr: int(values[key] * GIB) for key, attr in MEMORY_KEYS.items() if key in values}
+        memory = {attr: values[key] * GIB for key, attr in MEMORY_KEYS.items() if key in values}
         if memory:
             reading.memory.append(MemoryFigures(line=line, **memory))
     if reading.steps:
