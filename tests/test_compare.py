@@ -139,6 +139,10 @@ def test_a_negative_or_infinite_figure_is_left_out_with_its_line_not_compared():
     run = read_log(memory, "run.log")
     assert run.peak_allocated_bytes is None and run.peak_reserved_bytes == 2048 * 2**20
     assert any(n.startswith("run.log:1: allocated_bytes = inf is not a measurement") for n in run.notes)
+    run = read_log("iteration 2/10 | elapsed time per iteration (ms): 5000.0 | global batch size: 1e400 |\n", "b.log")
+    assert run.global_batch_size is None and run.step_time_s == 5.0
+    assert read_log("iteration 2/10 | global batch size: 2.5 | elapsed time per iteration (ms): 5000.0 |\n",
+                    "b.log").global_batch_size is None  # was read as 2
 
 
 # --------------------------------------------------------------------------- the comparison

@@ -41,7 +41,7 @@ class StepFigures:
     samples_per_s: float | None = None
     mfu: float | None = None
     tflops_per_gpu: float | None = None
-    global_batch_size: int | None = None
+    global_batch_size: float | None = None  # as logged; a measured one is whole
 
 
 @dataclass
@@ -86,19 +86,19 @@ def steady(steps: list[StepFigures]) -> tuple[list[StepFigures], str]:
 
 
 def _measured(records: list, attr: str, notes: list[str], path: str) -> list:
-    """The records whose `attr` is a measurement: a logged time, rate, batch or peak is finite and not negative
-    (a negative or infinite one, such as 'elapsed time per iteration (ms): -5.0', was compared as measured and
-    an infinite peak raised OverflowError); the others are left out, each named with its line."""
+    """The records whose `attr` is a measurement: a logged time, rate, batch or peak is finite and not negative, a
+    batch whole (a negative step time such as 'elapsed time per iteration (ms): -5.0' was compared as measured, and
+    an infinite peak or batch raised OverflowError); the others are left out, each named with its line."""
     kept = []
     for record in records:
         value = getattr(record, attr)
         if value is None:
             continue
-        if math.isfinite(value) and value >= 0:
+        if math.isfinite(value) and value >= 0 and (attr != "global_batch_size" or float(value).is_integer()):
             kept.append(record)
         else:
             notes.append(f"{path}:{record.line}: {attr} = {value:g} is not a measurement (a logged time, rate or "
-                         "peak is finite and not negative): left out")
+                         "peak is finite and not negative, a batch whole): left out")
     return kept
 
 

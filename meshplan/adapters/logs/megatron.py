@@ -43,8 +43,7 @@ def iteration_figures(text: str, line: int) -> StepFigures | None:
         if target is None or not re.fullmatch(NUMBER, value.strip()):
             continue
         attr, scale = target
-        scaled = number(value.strip()) * scale
-        setattr(figures, attr, int(scaled) if attr == "global_batch_size" else scaled)
+        setattr(figures, attr, number(value.strip()) * scale)  # a batch made whole once measured (common.summarise)
     return figures
 
 
