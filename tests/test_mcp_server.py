@@ -256,6 +256,21 @@ async def test_check_config_errors(client):
     assert "less than or equal to 3" in error_text(await client.call_tool("check_config", {**SMALL, "zero_stage": 4}))
 
 
+async def test_a_deepspeed_json_config_text_is_read_through_the_server(client):
+    """Through the SDK, a config_text holding JSON was parsed into a dict (its pre-parse of every field not typed
+    exactly `str`) and refused as not a string; check_config then read it with the framework argument's default,
+    megatron-core, which reads no JSON. Both tools now answer as the api does for the same text."""
+    text = '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}'
+    args = {"model": "llama-3.1-8b", "num_gpus": 8, "config_text": text}
+    expected = api.estimate_memory(api.request_from_config(api.import_config(text), {"num_gpus": 8,
+                                                                                      "model": "llama-3.1-8b"}))
+    memory = await client.call_tool("estimate_memory", args)
+    assert not memory.is_error and memory.structured_content["peak_bytes"] == expected.peak_bytes
+    check = await client.call_tool("check_config", args)
+    assert not check.is_error and check.structured_content["framework"] == "deepspeed"
+    assert check.structured_content["plan"]["zero_stage"] == 3
+
+
 # --------------------------------------------------------------------------- recommend_parallelism
 
 

@@ -26,6 +26,7 @@ from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib, percent
 from meshplan.request.parse import parse_request, unknown_field_error, validation_message
+from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.reports import ErrorBand, Recommendation
 from meshplan.schema.request import MAX_GPUS, Request
 
@@ -116,15 +117,30 @@ def tool_errors() -> Iterator[None]:
         raise ToolError(validation_message(exc)) from exc
 
 
-def to_request(args: dict[str, Any]) -> Request:
+def to_request(args: dict[str, Any], config: ImportedConfig | None = None) -> Request:
     """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out. With
-    config_text, the file's fields first and the arguments over them (meshplan.api.request_from_config)."""
+    config_text, the file's fields first (`config`: read_config's reading of it) and the arguments over them
+    (meshplan.api.request_from_config)."""
     text, fmt = args.pop("config_text", None), args.pop("config_format", None)
-    if text is not None:  # an argument left at its default (the SDK fills every one) does not override the file
-        given = {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
-        imported = api.import_config(text, framework=given.get("framework"), config_format=fmt)
+    if text is not None:
+        given = _given(args)
+        imported = config or api.import_config(text, framework=given.get("framework"), config_format=fmt)
         return api.request_from_config(imported, given)
     return parse_request(args)
+
+
+def _given(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the caller set: one left at its default (the SDK fills every one) neither overrides the file
+    nor picks its reader (framework="megatron-core", the default, read a DeepSpeed JSON as a Megatron script)."""
+    return {k: v for k, v in args.items() if k not in Request.model_fields or v != Request.model_fields[k].default}
+
+
+def read_config(args: dict[str, Any]) -> ImportedConfig | None:
+    """config_text read as to_request reads it (None without one), for the tools that also answer in its keys."""
+    text = args.get("config_text")
+    if text is None:
+        return None
+    return api.import_config(text, framework=_given(args).get("framework"), config_format=args.get("config_format"))
 
 
 class _ArgumentsAsSent(FuncMetadata):
@@ -135,7 +151,17 @@ class _ArgumentsAsSent(FuncMetadata):
     """
 
     def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
-        return self.pre_parse_json(arguments_to_validate)
+        """The SDK's pre-parse (a list sent as a JSON string, as some clients do), except for a field that takes
+        text: it parses a string for every field not annotated exactly `str`, so a DeepSpeed JSON config sent as
+        config_text (`str | None`) arrived as a dict and was refused as not a string."""
+        parsed = self.pre_parse_json(arguments_to_validate)
+        fields = self.arg_model.model_fields
+        return {name: arguments_to_validate[name] if name in fields and _takes_text(fields[name].annotation) else value
+                for name, value in parsed.items()}
+
+
+def _takes_text(annotation: Any) -> bool:
+    return annotation is str or str in get_args(annotation)
 
 
 def strict_arguments(fn: Callable[..., Any], arg_model: type[BaseModel]) -> Callable[..., Any]:
@@ -295,11 +321,9 @@ CHECK_CONFIG = (
 
 @with_signature(REQUEST_PARAMETERS, CheckAnswer)
 def check_config(**args: Any) -> CheckAnswer:
-    text, fmt = args.get("config_text"), args.get("config_format")
     with tool_errors():
-        framework = args.get("framework")
-        config = api.import_config(text, framework=framework, config_format=fmt) if text is not None else None
-        report = api.check_config(to_request(args), config=config)  # with config_text: fixes in the file's keys
+        config = read_config(args)
+        report = api.check_config(to_request(args, config), config=config)  # with config_text: fixes in its keys
     from meshplan.check.headline import layout_text  # the framework cards load with the first check
 
     counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")}
