@@ -88,7 +88,8 @@ async def test_request_tools_take_the_request_fields_with_their_descriptions(cli
     assert tools["render_config"].input_schema["properties"]["framework"]["enum"] == [  # card files, sorted
         "deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "nemo-automodel", "skyrl", "torchtitan",
         "verl"]
-    assert set(tools["recommend_parallelism"].input_schema["required"]) == {"model", "num_gpus"}
+    # model may come from config_text (a torchtitan TOML names it, as `meshplan check --config` reads it)
+    assert set(tools["recommend_parallelism"].input_schema["required"]) == {"num_gpus"}
     assert tools["estimate_memory"].input_schema["properties"]["precision"]["enum"] == ["bf16", "fp8"]
 
 
@@ -269,6 +270,18 @@ async def test_a_deepspeed_json_config_text_is_read_through_the_server(client):
     check = await client.call_tool("check_config", args)
     assert not check.is_error and check.structured_content["framework"] == "deepspeed"
     assert check.structured_content["plan"]["zero_stage"] == 3
+
+
+async def test_a_config_text_naming_the_model_needs_no_model_argument(client):
+    """The schema required `model`, so a torchtitan TOML that names Llama-3-8B could not be checked without
+    repeating it, where the CLI's `check --config FILE` reads it from the file; without either, the error says so."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "configs" / "torchtitan_llama3_8b.toml").read_text()
+    result = await client.call_tool("check_config", {"config_text": text, "num_gpus": 8})
+    assert not result.is_error and result.structured_content["framework"] == "torchtitan"
+    assert result.structured_content["model"] == "Llama-3.1-8B"
+    assert "A model is required" in error_text(await client.call_tool("estimate_memory", {"num_gpus": 8}))
 
 
 # --------------------------------------------------------------------------- recommend_parallelism

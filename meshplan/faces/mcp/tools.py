@@ -73,6 +73,9 @@ def request_parameters(*, skip: Iterable[str] = (), required: Iterable[str] = ()
         annotation = Annotated[(kind, *field.metadata,
                                 Field(description=description, json_schema_extra=field.json_schema_extra))]
         default = inspect.Parameter.empty if field.is_required() or name in required else field.default
+        if name == "model":  # config_text may name it, as `meshplan check --config FILE` reads it from the file
+            annotation = Annotated[(kind | None, *field.metadata, Field(description=description))]
+            default = None
         params.append(inspect.Parameter(name, _KW, annotation=annotation, default=default))
     return params + CONFIG_PARAMETERS
 
@@ -84,8 +87,8 @@ CONFIG_PARAMETERS = [
         None, max_length=1 << 20, description="The text of the user's framework config or launch script (a "
         "Megatron-LM, DeepSpeed, Megatron-Bridge, verl, SkyRL or torchtitan shell script, a torchtitan or "
         "KempnerForge TOML, a DeepSpeed JSON, a NeMo AutoModel recipe YAML): read, never run; its fields start the "
-        "request and every argument given beside it with a value other than its default overrides them (default: "
-        "none)")]),
+        "request (the model too, where it names one: then `model` may be left out) and every argument given beside "
+        "it with a value other than its default overrides them (default: none)")]),
     inspect.Parameter("config_format", _KW, default=None, annotation=Annotated[
         Literal["shell", "toml", "json", "yaml"] | None, Field(None, description="config_text's format (default: "
                                                                           "detected from the text)")]),
