@@ -47,6 +47,14 @@ def test_batch_answers_every_input_line_in_order_with_its_number(tmp_path, capsy
     assert "Unknown field 'tpp'" in out[4]["error"] and "'tp'" in out[4]["error"]
 
 
+def test_batch_refuses_a_field_given_twice_with_two_values(tmp_path, capsys):
+    """{"num_gpus": 8, "num_gpus": 16} was answered at 16 (json keeps the last value): two answers to one question."""
+    code, out = _batch(tmp_path, capsys, "memory", ['{"model": "llama-3.1-8b", "num_gpus": 8, "num_gpus": 16}',
+                                                    '{"model": "llama-3.1-8b", "num_gpus": 8, "num_gpus": 8}'])
+    assert code == 2 and out[0]["error"].startswith("num_gpus is given twice, as 8 and 16.")
+    assert out[1]["plan"]["dp"] == 8  # the same value twice says one thing
+
+
 def test_batch_exit_status_all_good_is_0_and_a_failed_check_is_1(tmp_path, capsys):
     code, out = _batch(tmp_path, capsys, "throughput", [json.dumps(GOOD)] * 2)
     assert code == 0 and [o["line"] for o in out] == [1, 2]

@@ -219,12 +219,26 @@ def _batch_result(text: str, length: int, run: Callable[[Request], BaseModel]) -
     if not text.strip():
         raise MeshplanError("Blank line: no request.", fix=f"Remove it or put a request there: {example}.")
     try:
-        values = json.loads(text)
+        values = json.loads(text, object_pairs_hook=_one_value_per_field)
     except json.JSONDecodeError as exc:
         raise MeshplanError(f"Not JSON ({exc.msg} at column {exc.colno}): {_echo(text)}.", fix=example) from None
+    except MeshplanError:
+        raise
     except (ValueError, RecursionError):  # nested too deep, or a number too long to convert
         raise MeshplanError(f"Not a readable JSON request: {_echo(text)}.", fix=example) from None
     return run(parse_request(values))
+
+
+def _one_value_per_field(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of a batch line; a field given twice ({"num_gpus": 8, "num_gpus": 16} ran at 16, json's last
+    value) is two answers to one question, refused."""
+    values: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in values and values[name] != value:
+            raise MeshplanError(f"{name} is given twice, as {values[name]!r} and {value!r}.",
+                                fix=f"Give {name} once per line.")
+        values[name] = value
+    return values
 
 
 def _error_line(number: int, message: str) -> str:
