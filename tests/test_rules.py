@@ -260,6 +260,11 @@ CASES: dict[str, tuple[dict, dict]] = {
     "RL005": ({**QWEN_MOE, **RL, "response_length": 4096, "with_memory": True},  # the rollout wakes beside the trainer
               {**QWEN_MOE, **RL, "response_length": 4096, "param_offload": True,
                "optimizer_offload": True, "recompute": "full", "with_memory": True}),
+    # a fraction whose budget the engine's weights fill: vLLM cannot start (check said ok, throughput estimated it)
+    "RL006": ({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "rl", "rollout_memory_fraction": 0.01,
+               "with_memory": True},
+              {"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "rl", "rollout_memory_fraction": 0.11,
+               "with_memory": True}),
 }
 
 
@@ -296,7 +301,7 @@ def test_card_and_code_agree_and_every_rule_has_a_lifecycle():
         assert entry.get("status") in ("stable", "preview", "deprecated"), rule_id
         assert isinstance(entry.get("since"), str) and entry["since"].count(".") == 2, rule_id
     assert set(load_rules()) == code_ids
-    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL005"}
+    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL005", "RL006"}
 
 
 def load_card_raw() -> dict:
@@ -708,6 +713,22 @@ def test_headroom_fix_names_only_changes_the_plan_has_not_made():
     job, plan = make(**L8B, num_gpus=8, micro_batch_size=2, zero_stage=3)
     values = rule_(Context(job, plan, memory_report=report(72.5, 80.0)))
     assert values["changes"] == "micro_batch_size=1, recompute=selective or a larger pp or tp"
+
+
+def test_a_rollout_fraction_holding_no_sequence_is_rl006_with_fixes_that_clear_it():
+    """Qwen3-8B GRPO on 8 H100 at rollout_memory_fraction 0.01: vLLM's 0.8 GiB cannot hold its 7.6 GiB of weights,
+    yet check said ok and throughput estimated a step (the RL recommend counts it under SEARCH-NO-KV). Each value the
+    fix names clears RL006."""
+    base = dict(model="qwen3-8b", framework="verl", num_gpus=8, job="rl")
+    for fraction, named in ((0.01, ["rollout_memory_fraction=0.11"]),
+                            (0.08, ["rollout_memory_fraction=0.11", "rollout_tp=4"])):
+        job, plan = make(**base, rollout_memory_fraction=fraction)
+        f = finding_of("RL006", job, plan, include_memory=True)
+        assert "the engine cannot start" in f.message and all(n in f.fix for n in named), f.fix
+        for change in ({"rollout_memory_fraction": 0.11}, {"rollout_tp": 4}):
+            if any(n.split("=")[0] in change for n in named):
+                fixed = check_config(*make(**base, **{"rollout_memory_fraction": fraction, **change}))
+                assert "RL006" not in {x.id for x in fixed.findings}, change
 
 
 # --------------------------------------------------------------------------- published recipes pass

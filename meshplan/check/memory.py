@@ -8,12 +8,15 @@ when its rule passes, else the numbers for the card's message and fix templates.
 
 from __future__ import annotations
 
+import math
+
 from meshplan.arithmetic.mesh import ranks_per_node, tp_fits_domain
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.alternatives import fitting_alternatives, highest_zero_stage
 from meshplan.check.split import headroom_threshold
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
+from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token, rl_constant
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import MemoryReport
@@ -155,3 +158,45 @@ def rl_phase_fits(ctx: Context) -> Values:
                "(`meshplan recommend`).")
     return {"phase": top.phase, "peak": f"{top.peak_bytes / GIB:.1f} GiB", "capacity": f"{capacity / GIB:.1f} GiB",
             "pool": top.pool, "parts": parts, "over": f"{over / GIB:.1f} GiB", "fix": fix}
+
+
+
+
+@rule("RL006")
+def rollout_holds_no_sequence(ctx: Context) -> Values:
+    """The engine's fraction leaves no KV cache for one sequence (vLLM and SGLang refuse to start): what the RL search
+    counts under SEARCH-NO-KV, said by check instead of a step estimated at one sequence the engine cannot hold."""
+    report = ctx.memory_report
+    rollout = next((p for p in report.phases if p.phase == "rollout"), None) if report is not None else None
+    if rollout is None or rollout.detail.get("sequences_at_once", 1) >= 1:
+        return None
+    job, plan = ctx.job, ctx.plan
+    length = job.rl.prompt_length + job.rl.response_length
+    need, weights, working, sequence = _engine_needs(job, plan, length)
+    of_free = job.rl_card.engines[plan.rollout_engine].memory_fraction_of == "free"
+    graphs = 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
+    budget = rollout.detail["engine"] - graphs - (working if of_free else 0.0)  # engine_memory's gpu_bytes, undone
+    fixes = []
+    if budget > 0 and (fraction := math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100) <= 1:
+        fixes.append(f"rollout_memory_fraction={fraction:g} or more")
+    wider = plan.model_copy(update={"rollout_tp": 2 * plan.rollout_tp})
+    gpus = plan.rollout_gpus or ctx.world
+    if gpus % (2 * plan.rollout_tp * plan.rollout_dp) == 0 and wider.rollout_tp <= ctx.fast_domain and \
+            _engine_needs(job, wider, length)[0] <= budget:  # whole replicas (RL002) in the NVLink domain (RL004)
+        fixes.append(f"rollout_tp={wider.rollout_tp} (the engine's weights and KV cache split over twice the GPUs)")
+    knobs = [k for k in phase_knobs(ctx.card, plan) if not getattr(plan, k)]
+    if of_free and knobs and rollout.pool == "trainer":  # its fraction is of the memory the trainer leaves free
+        fixes.append(f"{' and '.join(f'{k}=true' for k in knobs)} (the trainer's states leave the GPUs for the "
+                     "rollout, so more is free when the engine starts)")
+    return {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
+            "weights": gib(weights), "working": gib(working), "kv": gib(rollout.detail.get("kv_cache", 0)),
+            "length": f"{length:,}", "sequence": gib(sequence),
+            "fix": " or ".join(fixes) if fixes else "GPUs with more memory: no fraction holds one sequence here"}
+
+
+def _engine_needs(job, plan, length: int) -> tuple[float, float, float, float]:
+    """(the least budget the engine starts with, its weights, its activations, one sequence's KV cache), bytes."""
+    weights = engine_weight_bytes(job.model, plan)
+    working = engine_working_bytes(job.model, plan, job.rl_card.defaults)
+    sequence = kv_bytes_per_token(job.model, plan.rollout_tp) * length
+    return weights + working + sequence, weights, working, sequence
