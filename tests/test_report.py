@@ -219,6 +219,21 @@ def test_cli_writes_the_html_and_one_svg_per_picture(tmp_path, capsys):
     assert "report needs somewhere to write" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_report_path_it_cannot_write_before_the_search(tmp_path, capsys, monkeypatch):
+    """--html naming a folder raised a bare '[Errno 21] Is a directory' after the search; each bad path is named,
+    with what works, before anything is computed."""
+    from meshplan.faces import report
+
+    monkeypatch.setattr(report, "gather", lambda *a, **k: pytest.fail("searched before the path was checked"))
+    (tmp_path / "file.svg").write_text("")
+    for flags, said in ((["--html", str(tmp_path)], "is a folder"),
+                        (["--html", str(tmp_path / "no" / "r.html")], "which is not an existing folder"),
+                        (["--svg", str(tmp_path / "file.svg")], "is a file, not a folder")):
+        assert main(["report", "llama-3.1-8b", "--num-gpus", "8", *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Fix: Pass --" in err and "Errno" not in err
+
+
 def test_mcp_render_report_gives_text_then_the_svg_then_the_html():
     from meshplan.faces.mcp.server import app
 

@@ -422,14 +422,32 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if not args.html and not args.svg:
         raise MeshplanError("report needs somewhere to write.", fix="Add --html FILE.html and/or --svg DIR.")
+    html, svg = (Path(args.html) if args.html else None), (Path(args.svg) if args.svg else None)
+    _writable(html, svg)  # before the search, which a bad path would waste
     found = report.gather(request_from_args(args), recommend=args.recommend, top_k=args.top_k)
-    if args.html:
-        Path(args.html).write_text(report.render_html(found), encoding="utf-8")
-        print(f"wrote {args.html}", file=sys.stderr)
-    if args.svg:
-        for path in report.render_svgs(found, Path(args.svg)):
-            print(f"wrote {path}", file=sys.stderr)
+    try:
+        if html is not None:
+            html.write_text(report.render_html(found), encoding="utf-8")
+            print(f"wrote {html}", file=sys.stderr)
+        if svg is not None:
+            for path in report.render_svgs(found, svg):
+                print(f"wrote {path}", file=sys.stderr)
+    except OSError as exc:
+        raise MeshplanError(f"Cannot write the report to {exc.filename or html or svg}: {exc.strerror or exc}.",
+                            fix="Pass --html a file and --svg a folder where you can write.") from None
     return EXIT_OK
+
+
+def _writable(html: Any, svg: Any) -> None:
+    """--html names a file in an existing folder, --svg a folder (made if absent): said before anything is computed,
+    where the write raised a bare '[Errno 21] Is a directory' after the search."""
+    if html is not None and (html.is_dir() or not html.parent.is_dir()):
+        why = "is a folder" if html.is_dir() else f"is in {str(html.parent)!r}, which is not an existing folder"
+        raise MeshplanError(f"--html {str(html)!r} {why}.", fix="Pass --html a file path in an existing folder, "
+                                                               "e.g. --html plan.html.")
+    if svg is not None and svg.exists() and not svg.is_dir():
+        raise MeshplanError(f"--svg {str(svg)!r} is a file, not a folder.",
+                            fix="Pass --svg a folder (it is made if absent): one SVG per picture is written there.")
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
