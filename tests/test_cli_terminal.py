@@ -55,6 +55,13 @@ def test_batch_refuses_a_field_given_twice_with_two_values(tmp_path, capsys):
     assert out[1]["plan"]["dp"] == 8  # the same value twice says one thing
 
 
+def test_batch_file_it_cannot_read_is_named_with_the_fix(tmp_path, capsys):
+    """--batch naming a folder printed a bare '[Errno 21] Is a directory'."""
+    assert main(["memory", "--batch", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"Cannot read the batch file {tmp_path}: Is a directory." in err and "Fix: Pass --batch a file" in err
+
+
 def test_batch_exit_status_all_good_is_0_and_a_failed_check_is_1(tmp_path, capsys):
     code, out = _batch(tmp_path, capsys, "throughput", [json.dumps(GOOD)] * 2)
     assert code == 0 and [o["line"] for o in out] == [1, 2]

@@ -259,7 +259,11 @@ def _batch(args: argparse.Namespace, run: Callable[[Request], BaseModel]) -> int
         stdin = getattr(sys.stdin, "buffer", None)
         source = io.TextIOWrapper(stdin, encoding="utf-8-sig", errors="replace") if stdin else sys.stdin
     else:
-        source = open(args.batch, encoding="utf-8-sig", errors="replace")  # bad bytes become a JSON error, per line
+        try:
+            source = open(args.batch, encoding="utf-8-sig", errors="replace")  # bad bytes: a JSON error, per line
+        except OSError as exc:  # a folder or a missing file: said as every other file flag says it, not as Errno
+            raise MeshplanError(f"Cannot read the batch file {args.batch}: {exc.strerror or exc}.",
+                                fix="Pass --batch a file of JSON requests, one per line, or - for stdin.") from None
     status, lines = EXIT_OK, 0
     try:
         for number, (text, length) in enumerate(_lines(source, MAX_LINE_CHARS), start=1):
