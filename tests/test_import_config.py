@@ -272,6 +272,20 @@ def test_a_framework_given_for_a_format_it_is_not_read_from_names_what_would_wor
     assert "Pass --framework" not in exc.value.fix and "(deepspeed)" in exc.value.fix
 
 
+def test_a_value_flag_left_alone_by_an_unset_variable_is_unresolved_and_a_flag_beside_fills_it():
+    """`--micro-batch-size $MBS` with MBS set at launch (MBS=2 bash train.sh) refused the whole script ("True is not a
+    valid micro_batch_size"), and no flag beside the file could help; `--micro-batch-size=$MBS` was already left
+    unresolved. Both are now, and the field given beside the file is used."""
+    script = ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --micro-batch-size $MBS \\\n"
+              "  --global-batch-size 64 --context-parallel-size\n")
+    imported = import_config(script, "job.sh")
+    assert "micro_batch_size" not in imported.request and "cp" not in imported.request
+    assert "job.sh:1 --micro-batch-size: no value (an unset variable?)" in imported.unresolved
+    assert "job.sh:2 --context-parallel-size: no value (an unset variable?)" in imported.unresolved
+    request = api.request_from_config(imported, {"model": "llama-3.1-8b", "num_gpus": 8, "micro_batch_size": 2})
+    assert (request.micro_batch_size, request.tp) == (2, 2)
+
+
 def test_json_auto_values_are_left_to_the_trainer():
     result = import_config('{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', "ds.json")

@@ -184,6 +184,10 @@ class Reading:
     def state(self, name: str, value: Any, source: Setting | str) -> None:
         """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""
         where = source.where(self.path) if isinstance(source, Setting) else source
+        if value is True and isinstance(source, Setting) and source.alone and _field_type(name) is not bool:
+            # `--micro-batch-size $MBS` with MBS unset (set at launch): the flag stands alone, as `--flag=$MBS` gives ""
+            self.unresolved.append(f"{where}: no value (an unset variable?)")
+            return
         try:
             value = convert(name, value)
             Request.model_validate({"model": "x", name: value})

@@ -22,6 +22,7 @@ class Setting:
     value: Any  # True for a flag given alone
     line: int
     via: str | None = None  # "TP at line 12": the script variable the value came from
+    alone: bool = False  # a flag with no value word after it (a switch, or a value flag whose variable is unset)
 
     def where(self, path: str) -> str:
         return f"{path}:{self.line} {self.key}" + (f" (${self.via})" if self.via else "")
@@ -43,7 +44,7 @@ def flag_settings(words: list[Word]) -> list[Setting]:
                 out.append(_setting(text, words[i + 1].text, w, words[i + 1]))
                 i += 1
             else:
-                out.append(Setting(text, True, w.line))
+                out.append(Setting(text, True, w.line, alone=True))
         elif "=" in text and not text.startswith("-") and re.match(r"^[+~]{0,2}[A-Za-z_][\w.\-]*=", text):
             key, value = text.split("=", 1)
             out.append(_setting(key, value, w, w))
