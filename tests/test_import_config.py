@@ -286,6 +286,22 @@ def test_a_value_flag_left_alone_by_an_unset_variable_is_unresolved_and_a_flag_b
     assert (request.micro_batch_size, request.tp) == (2, 2)
 
 
+def test_a_node_count_the_file_does_not_give_is_not_taken_as_one_node():
+    """`--nnodes $NODES` (set at launch) was read as one node, num_gpus 8 'stated by the file'; torchrun's elastic
+    `--nnodes 1:4`, or 'abc', raised ValueError out of the import; `--nnodes=$NODES` was read as one node too."""
+    line = "torchrun --nproc_per_node 8 --nnodes {} pretrain_gpt.py --tensor-model-parallel-size 2\n"
+    for nodes, said in (("$NODES", "nodes has no value"), ("1:4", "nodes '1:4' is not a count"),
+                        ("abc", "nodes 'abc' is not a count")):
+        imported = import_config(line.format(nodes), "job.sh")
+        assert "num_gpus" not in imported.request, nodes
+        assert f"num_gpus: the file's {said} (pass --num-gpus)" in imported.unresolved, imported.unresolved
+    imported = import_config(line.replace("--nnodes {}", "--nnodes=$NODES"), "job.sh")
+    assert "num_gpus" not in imported.request
+    assert import_config(line.format("2:2"), "job.sh").request["num_gpus"] == 16  # torchrun's MIN:MAX, one count
+    with pytest.raises(MeshplanError, match=r"job.sh:1 --attention-dropout: 'abc' is not a value meshplan reads"):
+        import_config("torchrun pretrain_gpt.py --attention-dropout abc\n", "job.sh")
+
+
 def test_json_auto_values_are_left_to_the_trainer():
     result = import_config('{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', "ds.json")

@@ -180,6 +180,7 @@ class Reading:
     unsupported: list[str] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unread: set[str] = field(default_factory=set)  # targets a key names with no value (`--nnodes=$NODES`, unset)
 
     def state(self, name: str, value: Any, source: Setting | str) -> None:
         """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""
@@ -224,10 +225,18 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
             continue
         if s.value == "" or s.value is None:
             reading.unresolved.append(f"{s.where(reading.path)}: no value (an unset variable?)")
+            reading.unread.update(m.target for m in meanings)
             continue
         for m in meanings:
-            if _direct(reading, s, m, special):
-                continue
+            try:
+                if _direct(reading, s, m, special):
+                    continue
+            except MeshplanError:
+                raise
+            except (ValueError, TypeError) as exc:  # a special conversion (dropout's float ...): the file's error
+                raise MeshplanError(f"{s.where(reading.path)}: {s.value!r} is not a value meshplan reads for "
+                                    f"{m.target} ({exc}).", fix="Fix the value in the file, or drop the key and "
+                                                                "pass the field beside the file.") from None
             left.append((s, m))
     return left
 

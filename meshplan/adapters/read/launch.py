@@ -63,12 +63,29 @@ def world(reading: Reading) -> None:
     if per_node is None:
         reading.unresolved.append("num_gpus: the file does not say how many GPUs (pass --num-gpus)")
         return
-    count = int(nodes or 1) * int(per_node)
+    unread = [(name, value) for name, value in (("nodes", nodes), ("gpus_per_node", per_node))
+              if name in reading.unread or (value is not None and _count(value) is None)]
+    if unread:  # `--nnodes $NODES` set at launch, torchrun's elastic `1:4`, `--nproc_per_node gpu`: not one node
+        said = ", ".join(f"{name} {'has no value' if value in (None, True) else repr(value) + ' is not a count'}"
+                         for name, value in unread)
+        reading.unresolved.append(f"num_gpus: the file's {said} (pass --num-gpus)")
+        return
+    count = _count(nodes or 1) * _count(per_node)
     where = [reading.extra[k][1].where(reading.path) for k in ("nodes",) if k in reading.extra]
     where.append(reading.sources.get("gpus_per_node") or reading.extra["gpus_per_node"][1].where(reading.path))
     reading.state("num_gpus", count, " x ".join(where))
     if "gpus_per_node" not in reading.request:
         reading.state("gpus_per_node", per_node, reading.extra["gpus_per_node"][1])
+
+
+def _count(value: object) -> int | None:
+    """A node or GPU count as a launcher writes it (8, "8", torchrun's "2:2"); None for what is not one (a flag
+    alone, an elastic range "1:4", "gpu", "2.5")."""
+    if value is True or value is False:
+        return None
+    text = str(value).strip().strip("'\"")
+    low, _, high = text.partition(":")
+    return int(low) if low.isdigit() and (not high or high == low) else None
 
 
 def _flag_shape(reading: Reading, settings: list[Setting], section: dict[str, Any], words: list[Word]) -> None:
