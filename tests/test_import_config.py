@@ -302,6 +302,35 @@ def test_a_node_count_the_file_does_not_give_is_not_taken_as_one_node():
         import_config("torchrun pretrain_gpt.py --attention-dropout abc\n", "job.sh")
 
 
+MUTATIONS = [  # (file, its text, the mutated text, what the answer says): each raised out of the import before
+    ("kempnerforge_70b_32gpu_tp4_pp4.toml", "dp_shard = 2", "dp_shard = 1e400", "is not a whole number"),  # Overflow
+    ("kempnerforge_70b_32gpu_tp4_pp4.toml", "dp_shard = 2", "dp_shard = [1]", "is not a whole number"),  # TypeError
+    ("kempnerforge_70b_32gpu_tp4_pp4.toml", "grad_accum_steps = 4", "grad_accum_steps = nan", "is not a whole"),
+    ("automodel_deepseek_v3_te_deepep.yaml", "local_batch_size: 4", "local_batch_size: abc", "is not a whole number"),
+    ("automodel_deepseek_v3_te_deepep.yaml", "layers_per_stage: 2", "layers_per_stage: 0", "is not a whole number"),
+    ("automodel_deepseek_v3_te_deepep.yaml", "layers_per_stage: 2", "layers_per_stage: 99999", "virtual stages, fewer"),
+    ("skyrl_run_fsdp_baseline.sh", "policy_mini_batch_size=64", "policy_mini_batch_size=abc", "is not a whole number"),
+    ("megatron_fsdp_llama3_8b.sh", "--rotary-base 1000000", "--rotary-base abc", None),  # read, no model matches it
+    ("megatron_mixtral_8x7b.sh", "--num-layers 32", "--num-layers 5000", "outside 1 to 1,024 layers"),  # 10**20: OOM
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new", "said"), MUTATIONS)
+def test_a_value_a_reader_converts_itself_is_the_files_error_not_a_traceback(name, old, new, said):
+    """Found by replacing numbers of the sample configs with abc, 1e400, nan, [1], 0, 10**20: ValueError, TypeError,
+    OverflowError and ZeroDivisionError out of the readers' own int()/float(), and a MoE layer list of 10**20 layers
+    that filled the memory."""
+    text = (CONFIGS / name).read_text()
+    assert old in text
+    try:
+        imported = import_config(text.replace(old, new, 1), name)
+    except MeshplanError as exc:
+        assert said is not None and said in str(exc), str(exc)
+        assert f"{name}:" in str(exc)  # the file and its line
+        return
+    assert said is None or any(said in u for u in imported.unresolved), imported.unresolved
+
+
 def test_json_auto_values_are_left_to_the_trainer():
     result = import_config('{"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",\n'
                            ' "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}', "ds.json")

@@ -92,23 +92,27 @@ def _pipeline(reading: Reading, num_layers: int | None) -> None:
         reading.state("micro_batch_size", *reading.extra["pp_micro_batch_size"])
     else:
         reading.default("micro_batch_size", 1, "PipelineConfig.pp_microbatch_size")
-    local = reading.value("local_batch")
+    local = reading.whole("local_batch")
     if local is not None:  # train_ft.py: one run of the schedule over local_batch_size // pp_microbatch_size
         mb = int(reading.request.get("micro_batch_size", 1))
-        reading.state("pipeline_microbatches", max(1, int(local) // mb), reading.extra["local_batch"][1])
+        reading.state("pipeline_microbatches", max(1, local // mb), reading.extra["local_batch"][1])
     schedule = str(reading.value("pp_schedule") or "1f1b").lower().replace("_", "")
-    per_stage = reading.value("layers_per_stage")
+    per_stage = reading.whole("layers_per_stage")
     if schedule not in ("interleaved1f1b", "loopedbfs", "dfs", "vschedule", "zerobubble"):
         return
     if per_stage is None or num_layers is None:
         reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
                                   "layers / (pp x layers_per_stage); pass --vpp")
         return
-    stages = -(-num_layers // int(per_stage))
+    stages = -(-num_layers // per_stage)
     rounding = reading.value("round_stages")
     if stages % pp and rounding in ("up", "down"):
         stages = stages + pp - stages % pp if rounding == "up" else stages - stages % pp
     where = reading.extra["layers_per_stage"][1]
+    if stages < pp:  # rounded down to none, or fewer chunks than ranks: AutoModel builds no such pipeline
+        reading.unresolved.append(f"{where.where(reading.path)}: {num_layers} layers at {per_stage} per stage make "
+                                  f"{stages} virtual stages, fewer than pp={pp}; pass --vpp")
+        return
     reading.state("vpp", max(1, stages // pp), where)
     if num_layers % stages:
         reading.notes.append(f"{where.where(reading.path)}: {num_layers} layers over {stages} virtual stages; "

@@ -10,6 +10,7 @@ from meshplan.adapters.read.launch import launch_command, read_deepspeed_setting
 from meshplan.adapters.read.model_match import SHAPE_FIELDS, match_stated, stated_fields
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
 from meshplan.adapters.read.shell import read_script
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 
 _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
@@ -18,11 +19,13 @@ _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
 def _data_parallel(reading: Reading, shard_key: str, replicate_key: str) -> None:
     """FSDP shard x replicate degrees: zero_stage 3 when parameters are sharded, 0 for plain replication; a shard
     degree of -1 (the GPUs left over) leaves dp to the GPU count."""
-    shard, replicate = reading.extra.get(shard_key), reading.extra.get(replicate_key)
-    rep = int(replicate[0]) if replicate else 1
+    shard, rep = reading.extra.get(shard_key), reading.whole(replicate_key) or 1
     if shard is None:
         return
-    degree = int(shard[0])
+    degree = reading.whole(shard_key, least=-1)  # -1: the GPUs left over
+    if degree == 0:
+        raise MeshplanError(f"{shard[1].where(reading.path)}: 0 is not a shard degree.",
+                            fix="Use -1 (the GPUs left over) or a whole number of at least 1.")
     reading.state("zero_stage", 3 if degree != 1 else 0, shard[1])
     if degree == -1:
         reading.notes.append(f"{shard[1].where(reading.path)} = -1: the data-parallel degree is the GPUs left over "
@@ -137,7 +140,7 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     _data_parallel(reading, "dp_shard", "dp_replicate")
     accumulation, dp = reading.extra.get("accumulation"), reading.request.get("dp")
     if accumulation and dp and "micro_batch_size" in reading.request:
-        reading.state("global_batch_size", reading.request["micro_batch_size"] * int(accumulation[0]) * dp,
+        reading.state("global_batch_size", reading.request["micro_batch_size"] * reading.whole("accumulation") * dp,
                       f"{accumulation[1].where(path)} x batch_size x dp")
     elif accumulation:
         reading.notes.append(f"{accumulation[1].where(path)}: global batch = batch_size x {accumulation[0]} x dp "

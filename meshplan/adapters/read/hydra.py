@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
 from meshplan.adapters.read.launch import launch_command, world
 from meshplan.adapters.read.settings import Setting, flag_settings
 from meshplan.adapters.read.shell import read_script
@@ -55,10 +55,11 @@ def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
                                        "dapo and ppo")
     mini = next((s for s, m in left if getattr(m, "target", None) == "global_batch_size"), None)
     prompts = reading.request.get("prompts_per_step")
-    if mini is not None and reading.request.get("job") == "rl" and prompts is not None and int(mini.value) != prompts:
+    size = whole_value(reading, mini.value, mini) if mini is not None else None
+    if size is not None and reading.request.get("job") == "rl" and prompts is not None and size != prompts:
         # An RL step's batch is its prompts x samples (meshplan/rl/job.py); the PPO mini-batch only splits the update
         # into optimizer steps, which meshplan's RL step does not model: said, not stated as global_batch_size.
-        steps = f" ({int(prompts) // int(mini.value)} optimizer steps per RL step)" if int(mini.value) else ""
+        steps = f" ({int(prompts) // size} optimizer steps per RL step)"
         reading.unsupported.append(f"{mini.where(reading.path)} = {mini.value}: PPO mini-batches of {mini.value} "
                                    f"prompts{steps}; meshplan's update is one pass over all {prompts} prompts")
     elif mini is not None:
@@ -66,7 +67,7 @@ def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
         if n is None:
             n = framework_card(reading.framework).model_extra["rl"]["defaults"]["samples_per_prompt"]
             reading.default("samples_per_prompt", n, f"cards/frameworks/{reading.framework}.yaml rl defaults")
-        reading.state("global_batch_size", int(mini.value) * int(n),
+        reading.state("global_batch_size", size * int(n),
                       f"{mini.where(reading.path)} x samples per prompt {n} (the mini-batch counts prompts)")
 
 

@@ -211,6 +211,27 @@ class Reading:
     def value(self, name: str) -> Any:
         return self.extra[name][0] if name in self.extra else None
 
+    def whole(self, name: str, least: int = 1) -> int | None:
+        """The extra `name` as a whole number of at least `least` (None: the file does not set it); anything else
+        ('abc', 2.5, 1e400, a list, 0 layers per stage) is the file's error, named with its line."""
+        if name not in self.extra:
+            return None
+        return whole_value(self, *self.extra[name], least=least)
+
+
+def whole_value(reading: Reading, value: Any, source: Setting | str, least: int = 1) -> int:
+    """`value` (a setting of the file) as a whole number of at least `least`, or a MeshplanError naming its line."""
+    try:
+        number = None if isinstance(value, bool) else _whole(str(value).strip("'\"") if isinstance(value, str)
+                                                             else value)
+    except (ValueError, TypeError, OverflowError):
+        number = None
+    if number is None or number < least:
+        where = source.where(reading.path) if isinstance(source, Setting) else source
+        raise MeshplanError(f"{where}: {value!r} is not a whole number of at least {least}.",
+                            fix="Fix the value in the file.")
+    return number
+
 
 def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meaning]],
           special: frozenset[str] = frozenset()) -> list[tuple[Setting, Meaning]]:

@@ -22,6 +22,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
 from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, read_flags
+from meshplan.knowledge.model_config import shapes_card
 from meshplan.schema.model import Architecture
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
@@ -206,6 +207,11 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
     source = raw.get("expert_interval") or raw.get("moe_layer_freq")
     if source is None or "num_layers" not in out:
         return True
+    deepest = shapes_card().bounds["num_hidden_layers"].max
+    if not 1 <= out["num_layers"].value <= deepest:  # _moe_layers lists every layer: 10**20 of them filled the memory
+        reading.unresolved.append(f"model: {out['num_layers'].said} is outside 1 to {deepest:,} layers "
+                                  "(cards/model_shapes.yaml), so the script's model is not read (pass --model)")
+        return False
     try:
         layers = moe_layers(*(raw.get(k, (None, ""))[0] for k in ("moe_layer_freq", "expert_interval")),
                              out["num_layers"].value)
@@ -215,6 +221,14 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
         return False
     out["moe_layers"] = Stated("moe_layers", layers, f"{source[1]} (MoE layers {_layers(layers)})")
     return True
+
+
+def _number(value: Any) -> float | None:
+    """A flag's number ('500000', '5e5'); None for what is not one ('abc', a flag alone), which matches no model."""
+    try:
+        return float(str(value).strip("'\""))
+    except ValueError:
+        return None
 
 
 def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple[Any, bool] | None = None,
@@ -234,7 +248,7 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
     if rope is not None and len(hits) > 1:
         def same_rope(key: str) -> bool:
             spec = catalog_architecture(key).rope
-            theta_ok = rope[0] is None or (spec is not None and spec.theta == float(rope[0]))
+            theta_ok = rope[0] is None or (spec is not None and spec.theta == _number(rope[0]))
             return theta_ok and (spec is not None and spec.scaling is not None) == rope[1]
         hits.sort(key=lambda key: not same_rope(key))
     experts = stated.get("num_experts")
