@@ -77,7 +77,7 @@ def _lighter_changes(ctx: Context) -> str:
     deeper = [name for name, more in (("pp", 2 * p.pp <= ctx.job.model.num_layers),
                                       ("tp", tp_fits_domain(2 * p.tp, ctx.fast_domain))) if more]
     changes.append(f"a larger {' or '.join(deeper)}" if deeper else "more GPUs (`meshplan recommend`)")
-    return ", ".join(changes[:-1]) + (" or " if len(changes) > 1 else "") + changes[-1]
+    return " or ".join(changes)  # alternatives, as check --config reads a fix (adapters/read/fixes.py)
 
 
 @rule("MEM003")
