@@ -17,6 +17,7 @@ from meshplan.adapters.read.shell import read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
 from meshplan.request.parse import parse_request
+from meshplan.schema.request import Request
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -329,6 +330,21 @@ def test_a_value_a_reader_converts_itself_is_the_files_error_not_a_traceback(nam
         assert f"{name}:" in str(exc)  # the file and its line
         return
     assert said is None or any(said in u for u in imported.unresolved), imported.unresolved
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge", "verl", "skyrl"])
+def test_an_uneven_split_and_no_recompute_read_back_from_the_rendered_config(framework):
+    """Megatron-Core's --decoder-first-pipeline-num-layers was read as nothing (the estimate then split evenly);
+    verl's and SkyRL's num_layers_in_first/last_pipeline_stage too; and their recompute_granularity=null, what render
+    writes for no recompute, was refused ('null' is not a valid recompute), so a rendered RL config could not be
+    imported at all."""
+    job = {"job": "rl"} if framework in ("verl", "skyrl") else {}
+    req = Request(model="llama-3.1-8b", num_gpus=16, pp=4, first_stage_layers=6, last_stage_layers=6, zero_stage=1,
+                  framework=framework, **job)
+    rendered = api.render_config(framework, req, force=True)
+    imported = api.import_config(rendered.text, path="x", framework=framework)
+    assert (imported.request.get("first_stage_layers"), imported.request.get("last_stage_layers")) == (6, 6)
+    assert imported.request.get("recompute", "none") == "none"
 
 
 def test_json_auto_values_are_left_to_the_trainer():

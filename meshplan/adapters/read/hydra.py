@@ -87,7 +87,7 @@ def read_verl(text: str, path: str) -> Reading:
         elif m.target == "recompute_full" and not megatron:
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":
-            reading.state("recompute", str(s.value).strip("'\""), s)
+            reading.state("recompute", _granularity(s.value), s)
     if not megatron:
         reading.state("zero_stage", 3, f"{path} (verl's FSDP backend shards fully)")
         reading.state("tp", 1, f"{path} (verl's FSDP backend has no tensor parallelism)")
@@ -161,7 +161,7 @@ def read_skyrl(text: str, path: str) -> Reading:
         if m.target == "recompute_full" and reading.variant == "fsdp":
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":
-            reading.state("recompute", str(s.value).strip("'\""), s)
+            reading.state("recompute", _granularity(s.value), s)
     stage = 3 if reading.variant == "fsdp" else framework_card("skyrl").defaults.zero_stage
     source = reading.extra.get("strategy")
     reading.state("zero_stage", stage, source[1] if source else f"{path} (trainer.strategy not given: {strategy})")
@@ -173,3 +173,10 @@ def read_skyrl(text: str, path: str) -> Reading:
     model_named_by_path(reading)
     world(reading)
     return reading
+
+
+def _granularity(value: object) -> str:
+    """Megatron's recompute_granularity as a recompute: null (what render writes for none, Megatron's default) is
+    none; it was passed on as 'null' and the import of a rendered verl/SkyRL config refused it."""
+    text = str(value).strip("'\"")
+    return "none" if text.lower() in ("null", "none", "~", "false") else text

@@ -136,7 +136,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     table = key_table(framework, variant=reading.variant)
     special = frozenset({"vpp", "zero_0", "zero_1", "zero_2", "zero_3", "uneven_pp", "fp8", "micro_batch_size",
                          "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
-                                                                                 "zero_3", "fp8"})
+                                                                                 "zero_3", "fp8", "uneven_pp"})
     shape_flags = {a for k in read.get("model_shape", []) for a in k.split("|")} | set(read.get("model_flags", {}))
     left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags], table, special)
     flags = {s.key.replace("_", "-"): s for s in settings}
