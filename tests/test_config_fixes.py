@@ -33,6 +33,11 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
      [{"global_batch_size": 60}, {"vpp": 1}]),
     ("Use zero_stage 0-2 for the Megatron engine, or set tp=pp=ep=1 and shard with FSDP.", {},
      [{"tp": 1, "pp": 1, "ep": 1}]),
+    # a field the fix drops is cleared where the file sets it (pp=4 with the file's first_stage_layers=31 kept broke
+    # PP004/PP007), and named nowhere else
+    ("pp=4 (drop first_stage_layers) (46.4 GiB peak) or zero_stage=3 (40.0 GiB peak) fit.",
+     {"pp": 2, "first_stage_layers": 31}, [{"pp": 4, "first_stage_layers": None}, {"zero_stage": 3}]),
+    ("pp=4 (drop first_stage_layers) (46.4 GiB peak) fits.", {"pp": 2}, [{"pp": 4}]),
 ])
 def test_fix_words_to_field_changes(fix, current, options):
     assert fix_changes(fix, current) == options
@@ -62,6 +67,15 @@ def test_megatron_script_fixes_use_its_own_flag_and_line():
     assert fixes["SP001"].options[0][0].text.startswith(f"(remove --sequence-parallel)  # line {line}, was True")
     mem = [[c.text for c in option] for option in fixes["MEM001"].options]
     assert ["--pipeline-model-parallel-size 2"] in mem and ["--pipeline-model-parallel-size 4"] in mem
+
+
+def test_a_dropped_field_is_the_files_key_removed_at_its_line():
+    text = ("torchrun --nproc_per_node 8 pretrain_gpt.py --pipeline-model-parallel-size 2 \\\n"
+            "  --decoder-first-pipeline-num-layers 31\n")
+    imported = api.import_config(text, path="job.sh")
+    change = file_change(imported, "first_stage_layers", None)
+    assert (change.key, change.line, change.text) == ("--decoder-first-pipeline-num-layers", 2,
+                                                      "(remove --decoder-first-pipeline-num-layers)  # line 2")
 
 
 def test_torchtitan_toml_fix_is_a_toml_key_of_its_release():

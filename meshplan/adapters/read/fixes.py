@@ -28,6 +28,7 @@ NAME = re.compile(r"[a-z][a-z0-9_]*")
 CHOICE = re.compile(r"\b([a-z][a-z0-9_]*) in \{?\[?(\d[\d, ]*)")
 SOURCE = re.compile(r"^(?P<path>\S+):(?P<line>\d+) (?P<key>\S+)(?: \(\$(?P<via>[^)]*)\))?$")
 NO_FIX = re.compile(r"\bnone of\b", re.I)
+DROP = re.compile(r"\b[Dd]rop ([a-z][a-z0-9_]*)")
 MAX_OPTIONS = 3
 NOT_A_CHANGE = frozenset({"model", "framework"})
 
@@ -48,6 +49,9 @@ def fix_changes(fix: str, current: dict[str, Any]) -> list[dict[str, Any]]:
                     continue
                 if current.get(name) != value:
                     change[name] = value
+        for name in DROP.findall(alternative):  # `pp=4 (drop first_stage_layers)`: a field the file set, cleared
+            if name in Request.model_fields and name not in NOT_A_CHANGE and current.get(name) is not None:
+                change.setdefault(name, None)
         if change and change not in options:
             options.append(change)
     return options[:MAX_OPTIONS]
@@ -123,6 +127,10 @@ def _same_key(imported: ImportedConfig, field: str, value: Any, key: str) -> boo
 def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     fmt = imported.config_format or "shell"
     source = SOURCE.match(imported.sources.get(field, ""))
+    if value is None:  # a field the fix drops: the file's own key taken out, so the framework's default holds
+        where = (source.group("key"), int(source.group("line"))) if source is not None else (None, None)
+        return FileChange(field=field, value=None, key=where[0], line=where[1],
+                          text=f"(remove {where[0]})  # line {where[1]}" if where[0] else f"(leave {field} out)")
     if source is not None and _same_key(imported, field, value, source.group("key")):
         key = source.group("key")
         text = written(key, value, fmt, imported.variant, imported.framework)
