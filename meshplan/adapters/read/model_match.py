@@ -208,7 +208,7 @@ def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> b
     if source is None or "num_layers" not in out:
         return True
     deepest = shapes_card().bounds["num_hidden_layers"].max
-    if not 1 <= out["num_layers"].value <= deepest:  # _moe_layers lists every layer: 10**20 of them filled the memory
+    if not 1 <= out["num_layers"].value <= deepest:  # moe_layers lists every layer: 10**20 of them filled the memory
         reading.unresolved.append(f"model: {out['num_layers'].said} is outside 1 to {deepest:,} layers "
                                   "(cards/model_shapes.yaml), so the script's model is not read (pass --model)")
         return False
