@@ -433,3 +433,13 @@ def gathered_transient(conv: Convention, units: list[float]) -> float:
     the stage's FSDP units in forward order; backward prefetches the previous one)."""
     return max((conv.gathered_layers * conv.gathered_bytes * p + conv.prefetched_bytes * (units[k - 1] if k else 0.0)
                 for k, p in enumerate(units)), default=0.0)
+
+
+def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool) -> float:
+    """Bytes per parameter of the unsharded gradient an FSDP unit holds between a step's micro-batches (the card's
+    grad_accumulation: the trainer turns gradient sync off for all but the last, FSDP2 accumulates in reduce_dtype),
+    over the rank's own parameters (its TP shard, its local experts whole), not their data-parallel shard. 0 with one
+    micro-batch (the only backward reduce-scatters) or where the parameters are not sharded (the replicated gradient
+    is itself the unsharded one)."""
+    facts = card.grad_accumulation
+    return facts.bytes_per_param if facts is not None and facts.unsharded and micro_batches > 1 and sharded else 0.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from meshplan.arithmetic.memory_states import state_bytes
+from meshplan.arithmetic.memory_states import accumulated_grad_bytes, state_bytes
 from meshplan.core.units import GIB
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
@@ -36,9 +36,22 @@ class StepMoment(NamedTuple):
     activations: float
     transient: float
     absent_grads: float
+    accumulated: float = 0.0  # unsharded gradients held between micro-batches (memory_states.accumulated_grad_bytes)
 
 
-def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_absent: bool) -> list[StepMoment]:
+class Accumulation(NamedTuple):
+    """The unsharded gradient each unit holds between a step's micro-batches (memory_states.accumulated_grad_bytes,
+    bytes per parameter; 0: none) and the step's micro-batches."""
+
+    bytes_per_param: float = 0.0
+    micro_batches: int = 1
+
+
+NO_ACCUMULATION = Accumulation()
+
+
+def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_absent: bool,
+                          accumulation: Accumulation = NO_ACCUMULATION) -> list[StepMoment]:
     """Every moment of the backward, unit by unit in reverse forward order, as torch's fully_shard runs it
     (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): in pre_backward the unit is all-gathered
     (`unsharded_param_bytes`) and the unit before it prefetched (`prefetched_bytes`), while its own saved activations
@@ -57,8 +70,9 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     only after its own reduce-scatter, so the units not yet reduced are absent. With `output_held_bytes` the output
     unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
     end-of-backward callback: its gathered parameters and unsharded gradients stay through every later moment, and
-    its reduce-scatter comes last, after the embedding's."""
-    out = []
+    its reduce-scatter comes last, after the embedding's. With an `accumulation` (accumulated_moments) the moments
+    are those of the micro-batches that hold the unsharded gradients."""
+    out, at = [], []
     root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
     for k in range(len(units) - 1, -1, -1):
         u = units[k]
@@ -72,35 +86,68 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         retained = conv.retained_reduce_bytes * last.params if last and last is not root else 0.0
         out.append(StepMoment(f"{u.name} backward", before + u.stored + u.working,
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
+        at.append(k)
         if u is root:
             continue
         reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
         out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
                               reduce + (gathered + retained if u.in_loss else 0.0) + held, absent))
+        at.append(k)
     if root:
         retained = conv.retained_reduce_bytes * units[0].params if len(units) > 1 else 0.0
         out.append(StepMoment(f"{root.name} reduce-scatter (end of backward)", held_other,
                               conv.gathered_layers * conv.gathered_bytes * root.params + retained,
                               root.grads if grads_absent else 0.0))
+        at.append(-1)
+    if not accumulation.bytes_per_param:
+        return out
+    return accumulated_moments(out, at, units, root, accumulation, grads_absent)
+
+
+def accumulated_moments(moments: list[StepMoment], at: list[int], units: list[FsdpUnit], root: FsdpUnit | None,
+                        accumulation: Accumulation, grads_absent: bool) -> list[StepMoment]:
+    """The walk's moments (each at unit `at[i]`; -1: the root's reduce-scatter at the end of the backward) in the
+    micro-batches that hold unsharded gradients, where the trainer turns gradient sync off for all but the last
+    (torch FSDP2 FSDPParamGroup.post_backward with reduce_grads False: to_accumulated_grad_if_needed keeps each
+    gradient in reduce_dtype, later backwards add into it, the last micro-batch's reduce-scatter frees it). The
+    sharded gradients (set to None each step) are written by the last micro-batch's reduce-scatters alone. With three
+    or more micro-batches a middle one holds every unit's accumulated gradient at every moment, none sharded yet, at
+    least what the first and last ones hold (its unit's transient counted as a reducing one's, at most one unit's
+    reduce-scatter input over). With two, the first holds the units backward has passed (the root's after the end of
+    the backward), the last those it has not reduced yet (the root's until the end)."""
+    per = [accumulation.bytes_per_param * u.params for u in units]
+    every = sum(per)
+    all_grads = sum(u.grads for u in units) if grads_absent else 0.0
+    if accumulation.micro_batches > 2:
+        return [s._replace(name=f"{s.name} (a middle micro-batch)", absent_grads=all_grads, accumulated=every)
+                for s in moments]
+    rooted = per[-1] if root is not None else 0.0
+    out = []
+    for s, k in zip(moments, at, strict=True):
+        passed = every - rooted if k < 0 else sum(per[k + 1:]) - (rooted if k + 1 < len(units) else 0.0)
+        out.append(s._replace(name=f"{s.name} (first micro-batch)", absent_grads=all_grads, accumulated=passed))
+        left = rooted if k < 0 else sum(per[:k + 1]) + (rooted if k + 1 < len(units) else 0.0)
+        out.append(s._replace(name=f"{s.name} (last micro-batch)", accumulated=left))
     return out
 
 
 def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
-                   reserve_fraction: float) -> StepMoment:
+                   reserve_fraction: float, accumulation: Accumulation = NO_ACCUMULATION) -> StepMoment:
     """The moment of the backward walk with the largest peak: activations and transient (plus the caching
     allocator's reserve over them, as the estimate counts it) less the gradients not allocated yet."""
-    moments = fsdp_backward_moments(conv, units, held_other, grads_absent)
-    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient) - s.absent_grads
-               + freed_grads_reserved(conv, s.absent_grads))
+    moments = fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation)
+    return max(moments, key=lambda s: (1 + reserve_fraction) * (s.activations + s.transient + s.accumulated)
+               - s.absent_grads + freed_grads_reserved(conv, s.absent_grads))
 
 
-def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool) -> StepMoment:
+def fsdp_allocated_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
+                        accumulation: Accumulation = NO_ACCUMULATION) -> StepMoment:
     """The moment of the backward walk with the largest allocated peak: activations and transient less the gradients
     not allocated yet, with no allocator reserve. It can be another moment than fsdp_step_peak's: the reserve favours
     moments with much churning memory (the loss), while late in the backward, with few activations left, a large
     unit's reduce-scatter beside the gradients already reduced holds more allocated bytes."""
-    moments = fsdp_backward_moments(conv, units, held_other, grads_absent)
-    return max(moments, key=lambda s: s.activations + s.transient - s.absent_grads)
+    moments = fsdp_backward_moments(conv, units, held_other, grads_absent, accumulation)
+    return max(moments, key=lambda s: s.activations + s.transient + s.accumulated - s.absent_grads)
 
 
 def freed_grads_reserved(conv, absent: float) -> float:
@@ -132,11 +179,14 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     (fsdp_step_peak) and on the allocated one (fsdp_allocated_peak), each at its own moment."""
     terms = stage.terms
     units, held_other = walk_units(stage)
-    absent = terms.conv.grads_set_to_none and terms.m == 1
+    accumulation = Accumulation(accumulated_grad_bytes(terms.job.card, terms.m, True), terms.m)
+    # with one micro-batch, or with the sync deferred to the last one, a sharded gradient exists only after the
+    # reduce-scatter that writes it
+    absent = terms.conv.grads_set_to_none and (terms.m == 1 or bool(accumulation.bytes_per_param))
     held = held_other + stage.mtp_acts
     return (fsdp_step_peak(terms.conv, units, held, grads_absent=absent,
-                           reserve_fraction=terms.card.allocator_reserve_fraction),
-            fsdp_allocated_peak(terms.conv, units, held, grads_absent=absent))
+                           reserve_fraction=terms.card.allocator_reserve_fraction, accumulation=accumulation),
+            fsdp_allocated_peak(terms.conv, units, held, grads_absent=absent, accumulation=accumulation))
 
 
 def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
@@ -187,11 +237,15 @@ def job_logits(conv, tokens: float, vocab: float, tp: int) -> float:
 
 def walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:
     """What the backward walk found on the peak stage."""
+    held = stage.detail.get("unsharded_accumulated_gradients", 0)
     grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
              f"reduce-scatter ({stage.detail.get('gradients_absent_at_peak', 0) / GIB:.2f} GiB not yet allocated"
              + ("; still reserved: the caching allocator keeps the freed blocks in the reduce-scatter stream's pool)"
                 if conv.freed_grads_stay_reserved else ")")
-             if conv.grads_set_to_none and m == 1 else
+             + (f"; gradient sync waits for the last of the {m} micro-batches, so the units hold "
+                f"{held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 (the card's grad_accumulation)"
+                if held else "")
+             if conv.grads_set_to_none and (m == 1 or held) else
              "every sharded gradient allocated" + (" (accumulated over the step's micro-batches)"
                                                    if conv.grads_set_to_none else " (zeroed in place, not freed)"))
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.flops import Shard
 from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
+    accumulated_grad_bytes,
     frozen_gathered_transient,
     gathered_transient,
     lazy_state_bytes,
@@ -73,6 +74,7 @@ class Overheads(NamedTuple):
     freed_reserved: float = 0.0  # of those, what the caching allocator still holds (fsdp_walk.freed_grads_reserved)
     gathered: float | None = None  # FSDP/ZeRO-3 gathered units at this moment (detail gathered_layers)
     step_temporaries: float = 0.0  # what optimizer.step() allocates (the optimizer step moment)
+    accumulated: float = 0.0  # unsharded gradients held between micro-batches (memory_states.accumulated_grad_bytes)
 
 
 class StageStates(NamedTuple):
@@ -166,6 +168,8 @@ def stage_memory(terms: MemoryTerms, rank: int, chunks) -> StageResult:
     if any(o.moment is not None and o.moment != STEP_MOMENT for o in moments):  # FSDP2's walk
         detail["gradients_absent_at_peak"] = int(rest.absent)
         detail["freed_gradients_reserved"] = int(rest.freed_reserved)
+    if rest.accumulated:
+        detail["unsharded_accumulated_gradients"] = int(rest.accumulated)
     total = peak_total(terms, peak.states, rest)
     detail["allocator_reserve"] = total.reserve
     memory = StageMemory(
@@ -252,13 +256,14 @@ def plain_fit_key(terms: MemoryTerms, shared: StageStates, rank: int, chunks) ->
     dict's id: one per stage_states entry, so one job, its states_key's plan fields, ends and layers by value in
     order), the layers per virtual chunk (with those, each chunk's layers by value), the micro-batches held per
     chunk, one layer's activations per kind and mode (the dict's id: per_kind_activations gives one per value), the
+    micro-batches per step (the unsharded gradients held between them, memory_states.accumulated_grad_bytes), the
     recompute fields and switches the activations' and working layer's modes read, and the micro-batch's tokens,
     dropout and logits bytes (the edge activations: the activations dict's Layout pins them too, they are kept
     explicit); the rest (the sequence-parallel split, the gathered layers, the fixed overhead, the recompute flavour)
     follows from the job and the states' plan fields."""
     plan = terms.plan
-    return (id(shared.states), tuple(map(len, chunks)), stage_held(terms, rank), id(terms.per_kind), plan.recompute,
-            plan.recompute_layers, plan.recompute_method, terms.group, terms.every_nth, terms.tokens,
+    return (id(shared.states), tuple(map(len, chunks)), stage_held(terms, rank), id(terms.per_kind), terms.m,
+            plan.recompute, plan.recompute_layers, plan.recompute_method, terms.group, terms.every_nth, terms.tokens,
             terms.lay.dropout, terms.logits_bytes)
 
 
@@ -295,17 +300,18 @@ class PeakTotal(NamedTuple):
 def peak_total(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> PeakTotal:
     """The stage's model states, allocator reserve, other bytes and total at moment `o` (its reserved peak): the
     gradients less those not allocated yet, and the caching allocator's reserve over what is freed and re-allocated
-    every step plus the freed gradients it keeps."""
+    every step plus the freed gradients it keeps; the unsharded gradients held between micro-batches are gradients."""
     reserve = int(terms.card.allocator_reserve_fraction * o.transient) + int(o.freed_reserved)
     other = o.other + reserve
-    weights, grads, opt = int(states["weights"]), int(states["gradients"] - o.absent), int(states["optimizer"])
+    weights, opt = int(states["weights"]), int(states["optimizer"])
+    grads = int(states["gradients"] - o.absent) + int(o.accumulated)
     return PeakTotal(weights, grads, opt, reserve, other, weights + grads + opt + int(o.activations) + int(other))
 
 
 def allocated_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads) -> float:
     """What torch's allocator hands out at moment `o` (with the fixed overhead and CUDA context, as the total)."""
-    return (int(states["weights"]) + int(int(states["gradients"]) - o.absent) + int(states["optimizer"])
-            + int(o.activations) + int(o.other))
+    return (int(states["weights"]) + int(int(states["gradients"]) - o.absent) + int(o.accumulated)
+            + int(states["optimizer"]) + int(o.activations) + int(o.other))
 
 
 def reserved_bytes(terms: MemoryTerms, states: dict[str, float], o: Overheads,
@@ -573,11 +579,14 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
                 mtp_acts=detail.get("mtp_activations", 0))):
             absent = min(moment.absent_grads, states["gradients"])  # none on the GPU when offloaded to the host
             out.append(Overheads(moment.activations, terms.other_fixed + moment.transient,
-                                 moment.activations + moment.transient, moment.name, absent=absent,
-                                 freed_reserved=freed_grads_reserved(conv, absent), gathered=moment.transient))
+                                 moment.activations + moment.transient + moment.accumulated, moment.name,
+                                 absent=absent, freed_reserved=freed_grads_reserved(conv, absent),
+                                 gathered=moment.transient, accumulated=moment.accumulated))
         return out
-    if terms.gathered:
-        return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered), None, gathered=gathered)]
+    if terms.gathered:  # every unit's unsharded gradient held where the sync waits for the last micro-batch
+        held = accumulated_grad_bytes(terms.job.card, terms.m, True) * (params.dense + params.experts)
+        return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered) + held, None,
+                          gathered=gathered, accumulated=held)]
     return [Overheads(acts, terms.other_fixed, acts, None)]
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.fsdp_card import GradAccumulationFacts
 from meshplan.knowledge.tp_card import MoeTensorParallel, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
@@ -612,6 +613,9 @@ class FrameworkCard(_Card):
         None, description="Absent: Megatron-Core's cut (shared experts over TP, routed experts over ETP, the TP ranks' "
                           "tokens split into the EP group)")
     muon: MuonFacts | None = Field(None, description="Absent: the framework runs no Muon meshplan can time")
+    grad_accumulation: GradAccumulationFacts | None = Field(
+        None, description="Absent: no unsharded gradient is held between a step's micro-batches (each backward "
+                          "reduce-scatters, or the gradients are not sharded)")
     zero3_prefetch: Zero3Prefetch | None = Field(
         None, description="Absent: a ZeRO-3 / FSDP unit's all-gather is prefetched behind the unit before it whatever "
                           "its size (FSDP2, Megatron-FSDP)")
