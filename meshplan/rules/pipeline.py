@@ -82,7 +82,9 @@ def layers_divisible_by_vpp(ctx: Context) -> Values:
 # What a pp a fix names must pass beside its layers and tiling (interleaved_pps): the rules that count a schedule run's
 # micro-batches against pp, each framework's own (Megatron-Core's interleaving, torch's schedules, NeMo AutoModel's).
 MICROBATCH_RULES = ("PP005", "PP010", "PP011", "PP014", "AM003")
-MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule", "global_batch_size")
+# (and dp: microbatch_refusals sets the plan's dp to the derived one, which those rules then read back, so the verdict
+# does not turn on the given dp, but its reads are declared as read)
+MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule", "global_batch_size", "dp")
 
 
 @rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS))

@@ -112,9 +112,9 @@ def product_fix(ctx: Context, unit: int, formula: str, derive: str) -> dict[str,
     `unit`, each with its dp (what leaving dp out derives there; a dp given as this count's must follow). With another
     dp given: the count its degrees need (dp*unit), and dropping dp only where the derived dp tiles the count
     (`derive`: how the framework's config leaves dp to be derived); a count off the multiples of `unit` no dp fixes.
-    Reads tp, pp, cp, dp (and ep, where the law gives EP ranks of its own)."""
+    Reads tp, pp, cp, dp (and ep, where `unit` holds it: WS006)."""
     p = ctx.plan
-    derived = mesh.derived_dp(ctx.law, ctx.world, p.tp, p.pp, p.cp, p.ep)
+    derived = max(1, ctx.world // unit)  # the rule's own replica (its framework's law): reads what the rule reads
     if p.dp == derived:
         return {"gpus": f"{neighbours(ctx.world, unit)} (multiples of {formula} = {unit}; dp = num_gpus/{unit})",
                 "derive": ""}
