@@ -719,7 +719,7 @@ def test_headroom_fix_names_only_changes_the_plan_has_not_made():
 
 def test_a_rollout_fraction_holding_no_sequence_is_rl006_with_fixes_that_clear_it():
     """Qwen3-8B GRPO on 8 H100 at rollout_memory_fraction 0.01: vLLM's 0.8 GiB cannot hold its 7.6 GiB of weights,
-    yet check said ok and throughput estimated a step (the RL recommend counts it under SEARCH-NO-KV). Each value the
+    yet check said ok and throughput estimated a step (the RL recommend counts it under RL006 too). Each value the
     fix names clears RL006."""
     base = dict(model="qwen3-8b", framework="verl", num_gpus=8, job="rl")
     for fraction, named in ((0.01, ["rollout_memory_fraction=0.11"]),
@@ -731,6 +731,19 @@ def test_a_rollout_fraction_holding_no_sequence_is_rl006_with_fixes_that_clear_i
             if any(n.split("=")[0] in change for n in named):
                 fixed = check_config(*make(**base, **{"rollout_memory_fraction": fraction, **change}))
                 assert "RL006" not in {x.id for x in fixed.findings}, change
+
+
+
+def test_the_rl_recommend_counts_a_fraction_holding_no_sequence_under_rl006():
+    """What check calls RL006 the RL recommend counts under RL006 too (it was SEARCH-NO-KV): one name per condition on
+    every face, and the answer's words say what it means."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    rec = api.recommend(Request(model="qwen3-8b", framework="verl", num_gpus=8, job="rl", algorithm="grpo",
+                                gpu="h100", rollout_memory_fraction=0.01))
+    assert not rec.candidates and rec.rejected.get("RL006", 0) > 0 and "SEARCH-NO-KV" not in rec.rejected
+    assert "no room for one sequence's KV cache (RL006)" in rec.rationale
 
 
 # --------------------------------------------------------------------------- published recipes pass

@@ -165,7 +165,7 @@ def rl_phase_fits(ctx: Context) -> Values:
 @rule("RL006")
 def rollout_holds_no_sequence(ctx: Context) -> Values:
     """The engine's fraction leaves no KV cache for one sequence (vLLM and SGLang refuse to start): what the RL search
-    counts under SEARCH-NO-KV, said by check instead of a step estimated at one sequence the engine cannot hold."""
+    counts under this rule too, said by check instead of a step estimated at one sequence the engine cannot hold."""
     report = ctx.memory_report
     rollout = next((p for p in report.phases if p.phase == "rollout"), None) if report is not None else None
     if rollout is None or rollout.detail.get("sequences_at_once", 1) >= 1:

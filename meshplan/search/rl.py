@@ -144,7 +144,7 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
             memory = rl_memory(job, plan, reports)
             rollout = next(p for p in memory.phases if p.phase == "rollout")
             if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
-                out.reject("RL005" if memory.peak_bytes > limit else "SEARCH-NO-KV")
+                out.reject("RL005" if memory.peak_bytes > limit else "RL006")  # as check names them
                 continue
             if job.cpu_memory_per_node is not None and memory.host_bytes_per_node > job.cpu_memory_per_node:
                 out.reject(HOST_RULE)  # fits the GPUs, but the node's host cannot hold what it offloads, as check says
@@ -235,7 +235,7 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
                 "host cannot hold, on any phase offload, under MEM003)")
         rationale = f"No actor layout for the trainer's step{host}, so no RL step: {actors.rationale}"
     else:
-        why = {"RL005": "a phase over the headroom", "SEARCH-NO-KV": "no room for one sequence's KV cache",
+        why = {"RL005": "a phase over the headroom", "RL006": "no room for one sequence's KV cache",
                HOST_RULE: "more offloaded state than the node's host holds (cpu_memory_per_node)"}
         counts = ", ".join(f"{why[rule]} ({rule}) x{n:,}" for rule, n in sorted(out.rejected.items(),
                                                                                 key=lambda kv: -kv[1]))
