@@ -200,11 +200,20 @@ def recipe_moe(row: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
     return knobs, [f"MoE overlap and graphs from {BRIDGE} {name}"] if knobs else []
 
 
+# A row stating it ran eager, where its framework compiles by default (KempnerForge's train.compile_model)
+NOT_COMPILED = re.compile(r"without torch\.compile|compile_model\s*=\s*false")
+
+
 def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) -> dict[str, Any]:
     """torch_compile=True for a row that states compile on a framework whose card compiles what it ran (torchtitan
-    rows measured once the loss was compiled too); the knob stays recorded otherwise."""
+    rows measured once the loss was compiled too), False for one that states it ran without (NOT_COMPILED) on a
+    framework that compiles by default; the knob stays recorded otherwise."""
     when = str(row["source"].get("version_or_date") or "")
-    if "torch_compile" not in knobs or framework_card(framework).compile is None:
+    scope = framework_card(framework).compile
+    if scope is not None and NOT_COMPILED.search(row_text(row["name"], row["outcome"]["other"]).lower()):
+        knobs.pop("torch_compile", None)
+        return {"torch_compile": False}
+    if "torch_compile" not in knobs or scope is None:
         return {}
     if framework == "torchtitan" and not (re.match(r"\d{4}-\d{2}", when) and when >= TORCHTITAN_LOSS_COMPILED_SINCE):
         return {}
