@@ -142,11 +142,12 @@ def test_conventions_that_do_not_walk_are_unchanged():
 
 
 def test_freed_gradients_stay_reserved(monkeypatch):
-    """torchtitan 0.2 / KempnerForge (fsdp2) walk the backward with the gradients set to None: the loss moment has no
-    sharded gradient allocated, but fully_shard made them in the reduce-scatter stream, whose pool keeps the freed
-    blocks, so the reserved peak holds them (under allocator_reserve, which expandable segments take off)."""
+    """torchtitan 0.2 (fsdp2) / KempnerForge (fsdp2_kempnerforge) walk the backward with the gradients set to None:
+    the loss moment has no sharded gradient allocated, but fully_shard made them in the reduce-scatter stream, whose
+    pool keeps the freed blocks, so the reserved peak holds them (under allocator_reserve, which expandable segments
+    take off)."""
     card = memory_card()
-    for framework, version in (("kempnerforge", None), ("torchtitan", "0.2")):
+    for framework, version, preset in (("kempnerforge", None, "fsdp2_kempnerforge"), ("torchtitan", "0.2", "fsdp2")):
         job = cut_job("llama-3.1-8b", 4, 8192, 1, framework, version)
         plan = Plan(dp=8, zero_stage=3, micro_batch_size=1, recompute="full")
         kept = estimate_memory(job, plan).stages[0]
@@ -156,8 +157,8 @@ def test_freed_gradients_stay_reserved(monkeypatch):
         reserve = int(card.allocator_reserve_fraction * transient)
         assert d["allocator_reserve"] == reserve + d["freed_gradients_reserved"]
         with monkeypatch.context() as mp:
-            mp.setitem(card.conventions, "fsdp2",
-                       card.conventions["fsdp2"].model_copy(update={"freed_grads_stay_reserved": False}))
+            mp.setitem(card.conventions, preset,
+                       card.conventions[preset].model_copy(update={"freed_grads_stay_reserved": False}))
             freed = estimate_memory(job, plan).stages[0]
         assert freed.detail["freed_gradients_reserved"] == 0
         assert kept.total_bytes - freed.total_bytes == d["freed_gradients_reserved"]

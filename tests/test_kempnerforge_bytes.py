@@ -1,4 +1,7 @@
-"""bench/data/kempnerforge_memory holds the measured runs of KempnerForge's own config validation report.
+"""KempnerForge's own byte convention (cards/memory.yaml fsdp2_kempnerforge): it casts the model to bf16 before FSDP2
+shards it (model.to(dtype=param_dtype)) and steps torch AdamW, whose moments take the parameter's dtype, so parameters,
+gradients and moments are bf16 (2 + 2 + 4 B per parameter, not torchtitan's fp32 4 + 4 + 8).
+bench/data/kempnerforge_memory holds the measured runs of KempnerForge's own config validation report.
 
 Part of it tests the bench: it imports the bench's modules (production_mapping, production_scoring)."""
 
@@ -7,11 +10,43 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+from meshplan import api
+from meshplan.arithmetic.memory_states import bytes_per_param, convention, memory_card
+from meshplan.knowledge.cards import framework_card
+from meshplan.schema.request import Request
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import production_mapping as pmap
 import production_scoring as pscore
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "kempnerforge_memory"
+FIELDS = dict(model="llama-3.1-8b", num_gpus=8, gpu="h100", global_batch_size=8, micro_batch_size=1, seq_length=4096,
+              zero_stage=3, recompute="full")
+
+
+def test_parameters_gradients_and_moments_are_bf16():
+    """2 + 2 + 4 B per parameter, sharded at ZeRO-3 and replicated at 0: half of the fsdp2 preset's on one plan."""
+    card = framework_card("kempnerforge")
+    name, _, tensors = convention(card, 3)
+    assert name == "fsdp2_kempnerforge"
+    assert bytes_per_param(tensors, 8) == pytest.approx((2 + 2 + 4) / 8)
+    assert bytes_per_param(convention(card, 0)[2], 8) == pytest.approx(2 + 2 + 4)
+    kf = api.estimate_memory(Request(framework="kempnerforge", **FIELDS)).stages[0]
+    titan = api.estimate_memory(Request(framework="torchtitan", framework_version="0.2.2", **FIELDS)).stages[0]
+    assert kf.weights_bytes == pytest.approx(titan.weights_bytes / 2, rel=1e-6)
+    assert kf.optimizer_bytes == pytest.approx(titan.optimizer_bytes / 2, rel=1e-6)
+
+
+def test_the_fsdp2_transients_and_held_gradients_stay_fsdp2_s():
+    """Only the resident states differ from the fsdp2 preset: the unit's fp32 reduce-scatter input, the
+    prefetched bf16 unit and the backward walk are FSDP2's own (reduce_dtype fp32 in KempnerForge's policy too)."""
+    kf = convention(framework_card("kempnerforge"), 3)[1]
+    base = memory_card().conventions["fsdp2"]
+    for field in ("gathered_bytes", "prefetched_bytes", "step_peak", "unsharded_param_bytes", "retained_reduce_bytes",
+                  "grads_set_to_none", "freed_grads_stay_reserved"):
+        assert getattr(kf, field) == getattr(base, field), field
 
 
 def test_validation_runs_map_with_their_sources():

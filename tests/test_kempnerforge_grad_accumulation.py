@@ -25,10 +25,11 @@ def _peak(framework: str = "kempnerforge", **kw):
 
 
 def test_two_micro_batches_hold_every_parameter_in_fp32():
-    """Two micro-batches per step (global batch 16 over 8 data ranks at micro-batch 1): at the last micro-batch's
-    loss every unit still holds its fp32 accumulated gradient, the model's parameters x 4 bytes."""
+    """Two micro-batches per step (global batch 32 over 8 data ranks at micro-batch 2, where the last micro-batch's
+    loss is the step's peak): there every unit still holds its fp32 accumulated gradient, the model's parameters x 4
+    bytes."""
     params = api.describe_model("mistral-7b").total_params
-    held = _peak(global_batch_size=16)
+    held = _peak(global_batch_size=32, micro_batch_size=2)
     assert held.detail[HELD] == pytest.approx(4 * params, rel=1e-6)
     assert held.gradients_bytes >= held.detail[HELD]
 

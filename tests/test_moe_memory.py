@@ -100,7 +100,7 @@ def test_generic_convention_keeps_the_older_count():
     assert {name: c.moe_activations for name, c in card.conventions.items()} == {
         "megatron": "megatron_core", "megatron_fsdp": "megatron_core", "deepspeed": "generic",
         "fsdp2": "generic", "fsdp2_chunked_loss": "fp32_router", "fsdp2_hf": "hf", "fsdp2_automodel": "generic",
-        "nanotron": "generic"}
+        "fsdp2_kempnerforge": "generic", "nanotron": "generic"}
     assert set(MOE_BYTES) == {"megatron_core", "generic", "fp32_router", "hf"}
     assert MOE_BYTES[convention(framework_card("megatron-bridge"), 1)[1].moe_activations] is MEGATRON_CORE_MOE
 

@@ -150,7 +150,7 @@ def model_card(key: str) -> ModelCard:
 WorldSizeLaw = Literal["megatron", "torchtitan", "kempnerforge"]  # mesh.py implements each law
 # the byte presets of cards/memory.yaml
 MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "fsdp2_hf",
-                          "fsdp2_automodel", "nanotron"]
+                          "fsdp2_automodel", "fsdp2_kempnerforge", "nanotron"]
 Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]  # what rules.yaml's `backends` name
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
