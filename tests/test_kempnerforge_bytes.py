@@ -1,6 +1,7 @@
 """KempnerForge's own byte convention (cards/memory.yaml fsdp2_kempnerforge): it casts the model to bf16 before FSDP2
 shards it (model.to(dtype=param_dtype)) and steps torch AdamW, whose moments take the parameter's dtype, so parameters,
-gradients and moments are bf16 (2 + 2 + 4 B per parameter, not torchtitan's fp32 4 + 4 + 8).
+gradients and moments are bf16 (2 + 2 + 4 B per parameter, not torchtitan's fp32 4 + 4 + 8); its default loss is
+F.cross_entropy on the bf16 logits, no upcast (8 B per logit at its backward, the logits held by the caller).
 bench/data/kempnerforge_memory holds the measured runs of KempnerForge's own config validation report.
 
 Part of it tests the bench: it imports the bench's modules (production_mapping, production_scoring)."""
@@ -39,8 +40,14 @@ def test_parameters_gradients_and_moments_are_bf16():
     assert kf.optimizer_bytes == pytest.approx(titan.optimizer_bytes / 2, rel=1e-6)
 
 
+def test_loss_is_the_bf16_cross_entropy_with_the_logits_held():
+    """logits 2 + saved bf16 log-softmax 2 + nll_loss's bf16 grad 2 + log-softmax backward's output 2, unchunked."""
+    conv = convention(framework_card("kempnerforge"), 3)[1]
+    assert (conv.logits_bytes_per_element, conv.loss_chunks) == (8, 1)
+
+
 def test_the_fsdp2_transients_and_held_gradients_stay_fsdp2_s():
-    """Only the resident states differ from the fsdp2 preset: the unit's fp32 reduce-scatter input, the
+    """Only the resident states and the loss differ from the fsdp2 preset: the unit's fp32 reduce-scatter input, the
     prefetched bf16 unit and the backward walk are FSDP2's own (reduce_dtype fp32 in KempnerForge's policy too)."""
     kf = convention(framework_card("kempnerforge"), 3)[1]
     base = memory_card().conventions["fsdp2"]
