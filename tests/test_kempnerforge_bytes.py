@@ -76,3 +76,24 @@ def test_a_row_that_ran_without_compile_is_scored_without(tmp_path):
         stated = "without torch.compile" not in r["outcome"]["other"]
         compiled[stated].add(pmap.map_row(r, tmp_path).request.torch_compile)
     assert compiled == {True: {True}, False: {False}}
+
+
+def test_logits_are_whole_on_every_tp_rank():
+    """KempnerForge's output head gathers its vocabulary shards to Replicate before the plain cross-entropy
+    (tensor_parallel.py: ColwiseParallel(output_layouts=Replicate())): the loss's bytes do not shrink with TP, where a
+    vocab-parallel loss (torchtitan's loss_parallel) splits them."""
+    from meshplan.arithmetic.memory_states import output_activations
+
+    conv = convention(framework_card("kempnerforge"), 3)[1]
+    assert conv.logits_over_tp == "replicated"
+    tokens, vocab, h = 4 * 4096, 128256, 4096
+    one, four = (output_activations(conv, tokens, vocab, tp, h, tp) for tp in (1, 4))
+    assert one - four == pytest.approx(conv.output_hidden_bytes * tokens * h * 3 / 4)
+    titan = convention(framework_card("torchtitan"), 3, "0.2.2")[1]
+    assert titan.logits_over_tp == "vocab_parallel"
+    assert output_activations(titan, tokens, vocab, 4, h, 4) == pytest.approx(
+        (titan.logits_bytes_per_element * tokens * vocab + titan.output_hidden_bytes * tokens * h) / 4)
+    kf = dict(model="llama-3-8b", num_gpus=12, gpu="h200", global_batch_size=96, micro_batch_size=4, seq_length=4096,
+              tp=4, recompute="full")
+    stage = api.estimate_memory(Request(framework="kempnerforge", **kf)).stages[0]
+    assert stage.detail["logits_and_loss"] >= 8 * tokens * vocab

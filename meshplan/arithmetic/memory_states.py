@@ -49,6 +49,9 @@ class Convention(_Card):
     swiglu_unfused: bool = False
     logits_bytes_per_element: float = Field(gt=0)
     loss_chunks: int = Field(1, ge=1)
+    logits_over_tp: Literal["vocab_parallel", "replicated"] = Field(
+        "vocab_parallel", description="vocab_parallel: each TP rank's loss holds its vocabulary shard of the logits; "
+                                      "replicated: the framework gathers them whole on every TP rank first")
     output_hidden_bytes: float = Field(4, ge=0)
     loss_hidden_bytes: float = Field(0, ge=0)
     fp8_weight_bytes: float = Field(0, ge=0)
@@ -408,10 +411,15 @@ def describe_tensors(tensors: list[StateTensor]) -> str:
 
 def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, hidden: int, ts: int) -> float:
     """Last-stage bytes of one micro-batch past the decoder: the loss at its peak over one of `loss_chunks`
-    pieces of the sequence (logits split over TP by the vocab-parallel loss), the final-norm/output-layer
+    pieces of the sequence (logits split over TP by a vocab-parallel loss: logits_split), the final-norm/output-layer
     inputs (split by sequence parallelism) and what a chunked loss keeps of the hidden states (replicated)."""
-    logits = conv.logits_bytes_per_element * tokens / conv.loss_chunks * vocab / tp
+    logits = conv.logits_bytes_per_element * tokens / conv.loss_chunks * vocab / logits_split(conv, tp)
     return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
+
+
+def logits_split(conv: Convention, tp: int) -> int:
+    """How many ways TP splits the loss's logits: tp under a vocab-parallel loss, 1 where each rank holds them whole."""
+    return tp if conv.logits_over_tp == "vocab_parallel" else 1
 
 
 def frozen_gathered_transient(conv: Convention, units: list[float]) -> float:

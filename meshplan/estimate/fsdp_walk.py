@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from meshplan.arithmetic.memory_states import accumulated_grad_bytes, state_bytes
+from meshplan.arithmetic.memory_states import accumulated_grad_bytes, logits_split, state_bytes
 from meshplan.core.units import GIB
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
@@ -232,7 +232,7 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
 
 def job_logits(conv, tokens: float, vocab: float, tp: int) -> float:
     """Logits of one loss chunk on one GPU (memory_states.output_activations' count)."""
-    return tokens / conv.loss_chunks * vocab / tp
+    return tokens / conv.loss_chunks * vocab / logits_split(conv, tp)
 
 
 def walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:

@@ -538,8 +538,9 @@ def _fp8_assumption(conv, gather: bool) -> str:
 def _loss_assumption(conv) -> str:
     chunks = (f" of one of {conv.loss_chunks} sequence chunks at a time (the framework's chunked loss)"
               if conv.loss_chunks > 1 else " of the whole micro-batch")
+    whole = "; the logits whole on every TP rank (gathered before the loss)" * (conv.logits_over_tp == "replicated")
     return (f"Last stage: output-layer input and logits/loss at {conv.logits_bytes_per_element:g} bytes per logit"
-            f"{chunks} (bf16 logits and the cross-entropy's fp32 tensors at its peak; cards/memory.yaml).")
+            f"{chunks} (bf16 logits and the cross-entropy's fp32 tensors at its peak{whole}; cards/memory.yaml).")
 
 
 # --------------------------------------------------------------------------- for rules and search
