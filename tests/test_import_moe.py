@@ -149,6 +149,40 @@ def test_kempnerforge_experts_are_read():
     assert not any("num_experts" in u for u in moe.unsupported)
 
 
+KF_MOE = """[model]
+dim = 4096
+n_layers = 32
+n_heads = 32
+n_kv_heads = 8
+vocab_size = 32000
+ffn_hidden_dim = 14336
+num_experts = 8
+moe_top_k = 2
+[train]
+batch_size = 1
+seq_len = 4096
+[distributed]
+dp_shard = 4
+tp = 2
+"""
+
+
+def test_kempnerforge_moe_file_defaults_sequence_parallel_off():
+    """KempnerForge turns sequence parallelism off for MoE models (card defaults.sequence_parallel_off_for): an MoE
+    file with tp 2 says so among the framework's defaults, a dense one of the same width keeps it on; a file whose
+    model meshplan cannot name leaves it to the model the request gives."""
+    moe = import_config(KF_MOE, "moe.toml", framework="kempnerforge")
+    assert moe.request["model"] == "mixtral-8x7b" and moe.defaults["sequence_parallel"] is False
+    dense = import_config(KF_MOE.replace("num_experts = 8\nmoe_top_k = 2\n", "").replace("32000", "128256"),
+                          "dense.toml", framework="kempnerforge")
+    assert dense.request["model"] == "llama-3-8b" and dense.defaults["sequence_parallel"] is True
+    unknown = import_config(KF_MOE.replace("num_experts = 8", "num_experts = 6"), "x.toml", framework="kempnerforge")
+    assert "model" not in unknown.request and "sequence_parallel" not in unknown.defaults
+    assert any(n.startswith("sequence_parallel: the framework's default depends on the model") for n in unknown.notes)
+    req = api.request_from_config(unknown, {"model": "mixtral-8x7b", "num_gpus": 8})
+    assert api.estimate_memory(req).plan.sequence_parallel is False
+
+
 BRIDGE = "python scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config{extra}\n"
 
 

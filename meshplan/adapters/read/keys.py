@@ -19,6 +19,7 @@ from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.schema.request import Request
 
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
@@ -377,6 +378,25 @@ def precision_aware_optimizer(reading: Reading) -> None:
     reading.state("optimizer_state_dtype", name, dtype[1])
 
 
+def sequence_parallel_default(reading: Reading, tp: int, where: str) -> None:
+    """The framework's sequence parallelism beside TP, for the file's model where the card turns it off for some kinds
+    (defaults.sequence_parallel_off_for: KempnerForge's MoE and tied-embedding models): from the model the file
+    describes, or, where it names none, left to the model the request will give (resolve decides it then)."""
+    defaults = framework_card(reading.framework).defaults
+    off_for = defaults.sequence_parallel_off_for
+    if tp <= 1 or not off_for:
+        reading.default("sequence_parallel", bool(defaults.sequence_parallel_when_tp and tp > 1),
+                        f"{where} defaults.sequence_parallel_when_tp, tp {tp}")
+    elif "model" in reading.request:
+        on = defaults.sequence_parallel_with_tp(resolve_model(reading.request["model"]))
+        reading.default("sequence_parallel", on, f"{where} defaults.sequence_parallel_when_tp, off for "
+                                                 f"{' and '.join(off_for)} models; {reading.request['model']}, tp {tp}")
+    elif "sequence_parallel" not in reading.request:
+        reading.notes.append(f"sequence_parallel: the framework's default depends on the model ({where} "
+                             f"defaults.sequence_parallel_off_for: off for {' and '.join(off_for)} models), which the "
+                             "file does not name; meshplan sets it from the model you give")
+
+
 def fill_defaults(reading: Reading) -> None:
     """What the file leaves to the framework, with that default as the framework card states it."""
     precision_aware_optimizer(reading)
@@ -387,8 +407,7 @@ def fill_defaults(reading: Reading) -> None:
     if reading.variant != "fsdp":
         reading.default("zero_stage", card.defaults.zero_stage, f"{where} defaults.zero_stage")
     tp = request.get("tp", 1)
-    reading.default("sequence_parallel", bool(card.defaults.sequence_parallel_when_tp and tp > 1),
-                    f"{where} defaults.sequence_parallel_when_tp, tp {tp}")
+    sequence_parallel_default(reading, tp, where)
     if request.get("ep", 1) > 1:
         reading.default("etp", tp if card.defaults.etp == "tp" else 1, f"{where} defaults.etp")
     if request.get("precision") == "fp8" and card.defaults.fp8_recipe:
