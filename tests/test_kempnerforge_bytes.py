@@ -97,3 +97,15 @@ def test_logits_are_whole_on_every_tp_rank():
               tp=4, recompute="full")
     stage = api.estimate_memory(Request(framework="kempnerforge", **kf)).stages[0]
     assert stage.detail["logits_and_loss"] >= 8 * tokens * vocab
+
+
+def test_the_token_embedding_is_whole_on_every_tp_rank():
+    """tensor_parallel.py leaves the token embedding unparallelized ('Token embedding: Replicated'): at TP4 each rank
+    holds the whole vocab x hidden embedding, 2 + 2 + 4 B per parameter sharded over dp, where torchtitan splits it."""
+    fields = dict(model="llama-3-8b", num_gpus=8, gpu="h200", global_batch_size=8, micro_batch_size=1, tp=4,
+                  seq_length=4096, recompute="full")
+    kf = api.estimate_memory(Request(framework="kempnerforge", **fields)).stages[0]
+    titan = api.estimate_memory(Request(framework="torchtitan", framework_version="0.2.2", **fields)).stages[0]
+    embedding = 128256 * 4096  # llama-3-8b's vocab x hidden (untied)
+    assert kf.detail["params_on_gpu"] - titan.detail["params_on_gpu"] == pytest.approx(embedding * 3 / 4, abs=2)
+    assert kf.weights_bytes == pytest.approx(2 * kf.detail["params_on_gpu"] / 2, rel=1e-9)  # bf16, sharded over dp 2

@@ -52,6 +52,9 @@ class Convention(_Card):
     logits_over_tp: Literal["vocab_parallel", "replicated"] = Field(
         "vocab_parallel", description="vocab_parallel: each TP rank's loss holds its vocabulary shard of the logits; "
                                       "replicated: the framework gathers them whole on every TP rank first")
+    embedding_over_tp: Literal["vocab_parallel", "replicated"] = Field(
+        "vocab_parallel", description="vocab_parallel: the token embedding's rows split over the TP ranks; "
+                                      "replicated: every TP rank holds the whole embedding")
     output_hidden_bytes: float = Field(4, ge=0)
     loss_hidden_bytes: float = Field(0, ge=0)
     fp8_weight_bytes: float = Field(0, ge=0)

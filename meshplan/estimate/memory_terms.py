@@ -169,8 +169,9 @@ class StageParams(NamedTuple):
 
 
 def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
-    """Its decoder layers sharded by TP (routed experts by EP*ETP), the embedding on the first stage, the output
-    layer (a tied copy when pp > 1) and final norm on the last, the MTP blocks where the layout puts them."""
+    """Its decoder layers sharded by TP (routed experts by EP*ETP), the embedding on the first stage (split by TP
+    unless the convention keeps it whole), the output layer (a tied copy when pp > 1) and final norm on the last, the
+    MTP blocks where the layout puts them."""
     arch, plan, table, pipeline = terms.job.model, terms.plan, terms.table, terms.pipeline
     tp, vocab, h = plan.tp, terms.vocab, arch.hidden_size
     layers = list(chain.from_iterable(chunks))
@@ -180,7 +181,8 @@ def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
     linear = sum(map(table.linear_dense.__getitem__, layers)) / tp + experts
     embedding = output_layer = mtp = 0
     if first:
-        emb = vocab * h / tp + arch.learned_position_embeddings * h
+        rows = tp if terms.conv.embedding_over_tp == "vocab_parallel" else 1  # KempnerForge keeps it whole
+        emb = vocab * h / rows + arch.learned_position_embeddings * h
         dense += emb
         embedding = int(emb)
     head = 0.0
