@@ -192,6 +192,13 @@ NAMED = [
     # raised "No layout can pass rule PP015" where the oracle ranks 0.2753 s (TP1 PP2 VPP7 EP8 DP8).
     dict(model="qwen3-30b-a3b", num_gpus=16, gpu="b200", framework="megatron-core", pipeline_schedule="combined_1f1b",
          seq_length=2048, global_batch_size=16),
+    # KempnerForge's FSDP units hold their unsharded gradients between micro-batches (card grad_accumulation), so
+    # memory is not monotone in the micro-batch: TP1 EP2 DP2 at mbs 1 (2 micro-batches) holds them and needs more
+    # than any recompute gives, at mbs 2 (one micro-batch) it holds none and fits at 48.8 GB with full recompute. The
+    # search took mbs 1's need as a floor for mbs 2 (need_range) and answered 5.41 s second where the oracle ranks
+    # 2.865 s (slow sampled seed 1064).
+    dict(model="deepseek-v2-lite", num_gpus=4, gpu="a100-80gb", framework="kempnerforge", seq_length=8192,
+         global_batch_size=4),
 ]
 
 

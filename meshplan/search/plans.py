@@ -374,13 +374,19 @@ class SearchPlans(HostCounts):
     def need_range(self, lay: Layout, mbs: int) -> tuple[int, int]:
         """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
         Memory grows with the micro-batch, so a smaller micro-batch's need is a floor and a larger one's a
-        ceiling; a non-interleaved base's need is a floor for its interleaved layouts where it is their own (own)."""
+        ceiling; a non-interleaved base's need is a floor for its interleaved layouts where it is their own (own).
+        Where FSDP units hold their gradients between micro-batches (the card's grad_accumulation), a micro-batch
+        whose step has one micro-batch holds none, so only needs on the same side of that step are compared."""
         known = self.caches.least_recompute
         low, high = 0, len(self.recomputes)
         if lay not in known and self.own(lay) not in known:  # nothing known yet (most layouts when first asked)
             return low, high
+        held, gbs = self.job.card.grad_accumulation, self.job.global_batch_size * 1.0
+        side = held is not None and held.unsharded and gbs >= 2 * mbs * lay.dp  # this micro-batch's step has m > 1
         for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():
+                if held is not None and held.unsharded and (gbs >= 2 * b * lay.dp) != side:
+                    continue  # one side holds the accumulated gradients, the other not: no order between them
                 if b <= mbs:
                     low = max(low, need)
                 elif key is lay and b > mbs:
