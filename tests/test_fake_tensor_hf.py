@@ -35,7 +35,7 @@ def test_verl_and_skyrl_fsdp_engines_use_the_hf_preset():
     assert convention_name(framework_card("verl"), 3) == "fsdp2_hf"
     assert convention_name(framework_card("skyrl"), 3) == "fsdp2_hf"
     assert convention_name(framework_card("verl"), 1) == "megatron"
-    assert convention_name(framework_card("kempnerforge"), 3) == "fsdp2"
+    assert convention_name(framework_card("kempnerforge"), 3) == "fsdp2_kempnerforge"
     assert convention_name(framework_card("torchtitan"), 3) == "fsdp2_chunked_loss"
 
 
