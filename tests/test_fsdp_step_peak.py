@@ -4,8 +4,8 @@ step_peak)."""
 
 from __future__ import annotations
 
-from meshplan.arithmetic.memory_states import memory_card, output_activations
-from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_backward_moments, fsdp_step_peak, job_logits
+from meshplan.arithmetic.memory_states import loss_logits, memory_card, output_activations
+from meshplan.estimate.fsdp_walk import FsdpUnit, fsdp_backward_moments, fsdp_step_peak
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import carry_cards, resolve
@@ -99,7 +99,7 @@ def test_torchtitan_llama_cut_peaks_in_the_output_reduce_inside_the_loss():
     d = stage.detail
     card = memory_card()
     c = card.conventions["fsdp2_chunked_loss"]
-    logits = job_logits(c, 8192, 128256, 1)
+    logits = loss_logits(c, 8192, 128256, 1)
     assert d["logits_and_loss"] == int(output_activations(c, 8192, 128256, 1, 4096, 1))
     kept = d["logits_and_loss"] - (c.logits_bytes_per_element - c.loss_reduce_bytes_per_element) * logits
     assert stage.activations_bytes == int(d["layer_activations"] + d["embedding_activations"] + kept)

@@ -414,15 +414,16 @@ def describe_tensors(tensors: list[StateTensor]) -> str:
 
 def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, hidden: int, ts: int) -> float:
     """Last-stage bytes of one micro-batch past the decoder: the loss at its peak over one of `loss_chunks`
-    pieces of the sequence (logits split over TP by a vocab-parallel loss: logits_split), the final-norm/output-layer
-    inputs (split by sequence parallelism) and what a chunked loss keeps of the hidden states (replicated)."""
-    logits = conv.logits_bytes_per_element * tokens / conv.loss_chunks * vocab / logits_split(conv, tp)
+    pieces of the sequence (its logits: loss_logits), the final-norm/output-layer inputs (split by sequence
+    parallelism) and what a chunked loss keeps of the hidden states (replicated)."""
+    logits = conv.logits_bytes_per_element * loss_logits(conv, tokens, vocab, tp)
     return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
 
 
-def logits_split(conv: Convention, tp: int) -> int:
-    """How many ways TP splits the loss's logits: tp under a vocab-parallel loss, 1 where each rank holds them whole."""
-    return tp if conv.logits_over_tp == "vocab_parallel" else 1
+def loss_logits(conv: Convention, tokens: float, vocab: float, tp: int) -> float:
+    """Logits of one loss chunk on one GPU: split over TP under a vocab-parallel loss, whole where each rank holds
+    them (logits_over_tp)."""
+    return tokens / conv.loss_chunks * vocab / (tp if conv.logits_over_tp == "vocab_parallel" else 1)
 
 
 def frozen_gathered_transient(conv: Convention, units: list[float]) -> float:

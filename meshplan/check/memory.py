@@ -16,7 +16,7 @@ from meshplan.check.alternatives import fitting_alternatives, highest_zero_stage
 from meshplan.check.split import headroom_threshold
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
-from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token, rl_constant
+from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token, outside_budget
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import MemoryReport
@@ -174,8 +174,7 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     length = job.rl.prompt_length + job.rl.response_length
     need, weights, working, sequence = _engine_needs(job, plan, length)
     of_free = job.rl_card.engines[plan.rollout_engine].memory_fraction_of == "free"
-    graphs = 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
-    budget = rollout.detail["engine"] - graphs - (working if of_free else 0.0)  # engine_memory's gpu_bytes, undone
+    budget = rollout.detail["engine"] - outside_budget(job, plan, working)  # engine_memory's gpu_bytes, less that
     fixes = []
     if budget > 0 and (fraction := math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100) <= 1:
         fixes.append(f"rollout_memory_fraction={fraction:g} or more")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from meshplan.arithmetic.memory_states import accumulated_grad_bytes, logits_split, state_bytes
+from meshplan.arithmetic.memory_states import accumulated_grad_bytes, loss_logits, state_bytes
 from meshplan.core.units import GIB
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
@@ -223,16 +223,11 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         head = params.output_layer + terms.norm_width
         kept = 0.0
         if conv.output_reduce_in_loss:  # the chunk's loss tensors are freed but for its logits (and their gradient)
-            logits = job_logits(conv, terms.tokens, terms.vocab, plan.tp)
+            logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
             kept = stage.out_acts - (conv.logits_bytes_per_element - conv.loss_reduce_bytes_per_element) * logits
         units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
                               in_loss=conv.output_reduce_in_loss, kept=kept, loss=True))
     return units, max(0.0, stage.layer_acts - one_batch)
-
-
-def job_logits(conv, tokens: float, vocab: float, tp: int) -> float:
-    """Logits of one loss chunk on one GPU (memory_states.output_activations' count)."""
-    return tokens / conv.loss_chunks * vocab / logits_split(conv, tp)
 
 
 def walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:

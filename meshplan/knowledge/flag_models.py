@@ -121,7 +121,7 @@ def flags_architecture(name: str) -> Architecture:
 
 def flags_report(arch: Architecture) -> list[str]:
     """How describe_model says where a flags model's fields came from (empty for any other model)."""
-    parsed = parse_flags_name(arch.origin) if NAME.match(arch.origin) else None
+    parsed = parse_flags_name(arch.origin)
     if parsed is None:
         return []
     built = build_from_flags(*parsed)

@@ -84,6 +84,19 @@ class EngineMemory(BaseModel):
     note: str
 
 
+def outside_budget(job, plan: Plan, working: float) -> float:
+    """What the engine holds on the GPU beside its fraction's budget: its CUDA graphs (none under enforce_eager), and,
+    where the fraction is of the free memory, its activations (vLLM allocates its whole budget, KV preallocated;
+    SGLang's static pool is weights + KV, activations outside). `working`: engine_working_bytes."""
+    of_free = job.rl_card.engines[plan.rollout_engine].memory_fraction_of == "free"
+    return graph_bytes(plan) + (working if of_free else 0.0)
+
+
+def graph_bytes(plan: Plan) -> float:
+    """The engine's CUDA graphs, outside its fraction (calibration.yaml rl); none under enforce_eager."""
+    return 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
+
+
 def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     """The engine on one GPU where `free_bytes` are free when it starts (the trainer's resident state taken): vLLM's
     fraction is a share of total memory, SGLang's of the free memory (the framework card's `memory_fraction_of`)."""
@@ -105,9 +118,8 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     # an engine of TP x DP GPUs: each DP rank caches its own sequences over its TP ranks
     per_rank = int(kv // (per_token * length))
     seqs = min(per_rank, card.defaults.max_num_seqs) * plan.rollout_dp
-    graphs = 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
-    # vLLM allocates its whole budget (KV preallocated); SGLang's static pool is weights + KV, activations outside
-    on_gpu = budget + graphs + (working if facts.memory_fraction_of == "free" else 0.0)
+    graphs = graph_bytes(plan)
+    on_gpu = budget + outside_budget(job, plan, working)
     note = (f"{plan.rollout_engine} budget {of} = {budget / GIB:.1f} GiB: weights {weights / GIB:.1f} GiB (rollout "
             f"TP{plan.rollout_tp}{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}), activations "
             f"{working / GIB:.1f} GiB, KV cache {kv / GIB:.1f} GiB = {int(kv // per_token):,} tokens = {per_rank:,} "

@@ -22,7 +22,7 @@ from meshplan.estimate.memory import (
     peak_fit_bytes,
     stage_allocated,
 )
-from meshplan.rl.engine import ENGINE_BYTES, engine_memory, rl_constant
+from meshplan.rl.engine import ENGINE_BYTES, engine_memory, graph_bytes
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import PhaseMemory
 
@@ -123,7 +123,7 @@ def phase_setting(job, plan: Plan) -> PhaseSetting:
         ref_on_host=ref_on_host, ref_per_unit=ref_on_host and card.reference_pass_weights.get(engine) == "per_unit",
         has_critic=has_critic, critic_apart=critic_apart(job, plan), mem=mem,
         fixed=mem.fixed_overhead_bytes + mem.cuda_context_bytes, colocated=colocated, capacity=job.gpu.memory_bytes,
-        graphs=rl_constant("cuda_graph_bytes") if colocated and not plan.rollout_enforce_eager else 0.0,
+        graphs=graph_bytes(plan) if colocated else 0.0,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
-from meshplan.arithmetic.memory_states import bytes_per_param
+from meshplan.arithmetic.memory_states import accumulated_grad_bytes, bytes_per_param
 from meshplan.arithmetic.mesh import crosses_domains
 from meshplan.estimate.memory import FitVerdict, memory_budget
 from meshplan.estimate.perf import StepTerms
@@ -375,17 +375,17 @@ class SearchPlans(HostCounts):
         """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
         Memory grows with the micro-batch, so a smaller micro-batch's need is a floor and a larger one's a
         ceiling; a non-interleaved base's need is a floor for its interleaved layouts where it is their own (own).
-        Where FSDP units hold their gradients between micro-batches (the card's grad_accumulation), a micro-batch
-        whose step has one micro-batch holds none, so only needs on the same side of that step are compared."""
+        Where FSDP units hold their gradients between micro-batches (grad_accumulation), a micro-batch whose step
+        has one holds none, so only needs on the same side of that step are compared."""
         known = self.caches.least_recompute
         low, high = 0, len(self.recomputes)
         if lay not in known and self.own(lay) not in known:  # nothing known yet (most layouts when first asked)
             return low, high
-        held, gbs = self.job.card.grad_accumulation, self.job.global_batch_size * 1.0
-        side = held is not None and held.unsharded and gbs >= 2 * mbs * lay.dp  # this micro-batch's step has m > 1
+        card, gbs = self.job.card, self.job.global_batch_size  # held: what its step holds (None: never any)
+        held = accumulated_grad_bytes(card, max(1, gbs // (mbs * lay.dp)), True) if card.grad_accumulation else None
         for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():
-                if held is not None and held.unsharded and (gbs >= 2 * b * lay.dp) != side:
+                if held is not None and accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True) != held:
                     continue  # one side holds the accumulated gradients, the other not: no order between them
                 if b <= mbs:
                     low = max(low, need)

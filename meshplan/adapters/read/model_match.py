@@ -21,11 +21,10 @@ from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
-from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, read_flags
+from meshplan.knowledge.flag_models import BUILDERS, SHAPE_FIELDS, build_from_flags, moe_layers, read_flags
 from meshplan.knowledge.model_config import shapes_card
 from meshplan.schema.model import Architecture
 
-SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
 SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm"})
 MOE_DETAILS = ("top_k", "expert_ffn_hidden_size", "shared_expert_ffn_hidden_size", "moe_layers", "num_groups",
                "group_topk")
