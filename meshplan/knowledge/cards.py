@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
+from meshplan.knowledge.read_card import ReadSection
 from meshplan.knowledge.tp_card import MoeTensorParallel, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
@@ -621,6 +622,7 @@ class FrameworkCard(_Card):
                           "its size (FSDP2, Megatron-FSDP)")
     pipeline: PipelineFacts = Field(MEGATRON_PIPELINE, description="Absent: Megatron-Core's schedules")
     search: SearchKnobs
+    read: ReadSection | None = Field(None, description="Absent: meshplan reads none of the framework's files")
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"
     )

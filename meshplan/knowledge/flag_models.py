@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_config import shapes_card
+from meshplan.knowledge.read_card import NO_READ, SHAPE_FIELDS, ReadSection
 from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
 
-SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
 BUILDERS = ("megatron-core", "deepspeed")  # the frameworks whose launch scripts' models are built from their flags
 NAME = re.compile(r"^\s*([a-z][a-z0-9-]*) flags:(.*)$", re.S)
 FALSE_WORDS = ("false", "0", "no", "off")
@@ -54,20 +54,20 @@ class FlagModel(NamedTuple):
     fields: list[FlagField]
 
 
-def _read(framework: str) -> dict[str, Any]:
-    return (framework_card(framework).model_extra or {}).get("read", {})
+def _read(framework: str) -> ReadSection:
+    return framework_card(framework).read or NO_READ
 
 
 def model_flags(framework: str) -> dict[str, str]:
     """Every flag that decides the model Megatron-LM builds, and the field it sets."""
     read = _read(framework)
-    shape = {k.split("|")[0]: f for f, k in zip(SHAPE_FIELDS, read.get("model_shape", []), strict=False)}
-    return {**shape, **read.get("model_flags", {}), **read.get("model_build", {})}
+    shape = {k.split("|")[0]: f for f, k in zip(SHAPE_FIELDS, read.model_shape, strict=False)}
+    return {**shape, **read.model_flags, **read.model_build}
 
 
 def read_flags(framework: str) -> set[str]:
     """The flags the builder reads from a script: those of the model and those whose model it refuses."""
-    return set(model_flags(framework)) | set(_read(framework).get("model_build_refused", {}))
+    return set(model_flags(framework)) | set(_read(framework).model_build_refused)
 
 
 def flags_name(framework: str, given: dict[str, Any]) -> str:
@@ -161,21 +161,21 @@ class _Flags:
         read = _read(framework)
         self.framework, self.given = framework, given
         self.flag_of = {field: flag for flag, field in model_flags(framework).items()}
-        self.defaults = {**read.get("model_defaults", {}), **read.get("model_build_defaults", {})}
-        self.values = read.get("model_build_values", {})
+        self.defaults: dict[str, Any] = {**read.model_defaults, **read.model_build_defaults}
+        self.values = read.model_build_values
         self.bounds = shapes_card().bounds
-        self.table = read.get("model_build_position_table", "by_type")
+        self.table = read.model_build_position_table
         self.fields: list[FlagField] = []
-        for flag, why in read.get("model_build_refused", {}).items():
+        for flag, why in read.model_build_refused.items():
             if flag in given:
                 raise MeshplanError(f"{flag}: {why}, which meshplan's parameter counts cannot express, so the model "
                                     "is not built from the script's flags.", fix=FIX)
         for flag, spec in self.values.items():
             value = str(given.get(flag, "")).strip("'\"")
-            if flag in given and given[flag] is not True and value not in spec["allowed"]:
-                allowed = " or ".join(spec["allowed"])
+            if flag in given and given[flag] is not True and value not in spec.allowed:
+                allowed = " or ".join(spec.allowed)
                 raise MeshplanError(f"{flag} {_said(value)}: meshplan builds models with {allowed} only "
-                                    f"({spec['why']}), so the model is not built from the script's flags.", fix=FIX)
+                                    f"({spec.why}), so the model is not built from the script's flags.", fix=FIX)
 
     def raw(self, name: str, switch: bool = False) -> tuple[Any, bool]:
         flag = self.flag_of.get(name, f"--{name.replace('_', '-')}")

@@ -18,6 +18,7 @@ from meshplan.adapters.read.keys import Reading, read_section
 from meshplan.adapters.read.model_match import recipe_overrides
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.cards import CardError
 from meshplan.knowledge.catalog import catalog_keys, resolve_model
 from meshplan.knowledge.hardware import gpu_catalog
 
@@ -36,8 +37,11 @@ def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
     found = NAME.match(name)
     if found is None:
         return {}, [f"recipe {name}: not a <model>_<job>[_<N>gpu_<gpu>_<precision>]_config name"]
-    spec = read_section("megatron-bridge")["recipe_names"]
-    fields: dict[str, Any] = {"job": spec["jobs"][found.group("job")]}
+    spec = read_section("megatron-bridge").recipe_names
+    if spec is None:
+        raise CardError("cards/frameworks/megatron-bridge.yaml: read.recipe_names is missing; a recipe's name is read "
+                        "with it.")
+    fields: dict[str, Any] = {"job": spec.jobs[found.group("job")]}
     left: list[str] = []
     models = [key for key in catalog_keys() if _plain(key) == _plain(found.group("model"))]
     if models:
@@ -51,8 +55,8 @@ def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
             fields["gpu"] = gpu
         else:
             left.append(f"GPU {gpu}: not in meshplan's GPU catalog (pass --gpu)")
-        if precision in spec["precisions"]:
-            fields.update(spec["precisions"][precision])
+        if precision in spec.precisions:
+            fields.update(spec.precisions[precision].model_dump(exclude_none=True))
         else:
             left.append(f"precision {precision}: meshplan models bf16 and FP8 (tensorwise, blockwise, mxfp8)")
     return fields, left
@@ -111,7 +115,7 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     reading = Reading("megatron-bridge", file, variant="python")
     settings, elsewhere = _assignments(functions[name], functions)
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
-    overrides = read_section("megatron-bridge").get("model_flags", {})
+    overrides = read_section("megatron-bridge").model_flags
     apply(reading, [s for s in latest.values() if s.key not in overrides])
     state_hf_model(reading, functions[name])
     state_name_facts(reading, name, functions[name].lineno)

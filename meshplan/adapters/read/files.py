@@ -7,11 +7,12 @@ from __future__ import annotations
 from meshplan.adapters.common import torchtitan_batch
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.launch import launch_command, read_deepspeed_settings, world
-from meshplan.adapters.read.model_match import SHAPE_FIELDS, match_stated, stated_fields
+from meshplan.adapters.read.model_match import match_stated, stated_fields
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
 from meshplan.adapters.read.shell import read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.read_card import SHAPE_FIELDS
 
 _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
 
@@ -112,7 +113,7 @@ def read_torchtitan_toml(text: str, path: str) -> Reading:
 def read_torchtitan_cli(text: str, path: str) -> Reading:
     """torchtitan 0.3: `torchrun ... -m torchtitan.train --module M --config C --parallelism.x N ...`."""
     script = read_script(text, path)
-    command, k = launch_command(script, read_section("torchtitan")["launcher"], "torchtitan")
+    command, k = launch_command(script, read_section("torchtitan").launcher, "torchtitan")
     reading = Reading("torchtitan", path, variant="cli")
     reading.unresolved += script.unresolved
     settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
@@ -129,9 +130,9 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     reading = Reading("kempnerforge", path, variant="toml")
     settings = toml_settings(text, path)
     section = read_section("kempnerforge")
-    shape_keys = section.get("model_shape", [])
+    shape_keys = section.model_shape
     values = {s.key: s.value for s in settings}
-    model_keys = {*shape_keys, *section.get("model_flags", {})}
+    model_keys = {*shape_keys, *section.model_flags}
     left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
                  _ZERO | {"global_batch_size", "fp8"})
     for s, m in left:

@@ -26,7 +26,7 @@ ALGORITHMS = {"gae": "ppo", "grpo": "grpo"}
 
 def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]:
     script = read_script(text, path)
-    command, k = launch_command(script, read_section(framework)["launcher"], framework)
+    command, k = launch_command(script, read_section(framework).launcher, framework)
     reading = Reading(framework, path)
     reading.unresolved += script.unresolved
     settings = []

@@ -20,6 +20,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.read_card import NO_READ, ReadSection
 from meshplan.schema.request import Request
 
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
@@ -77,7 +78,7 @@ def key_table(framework: str, version: str | None = None, variant: str | None = 
     for v in dict.fromkeys(versions):
         for key, meanings in _knob_keys(framework, v, variant).items():
             table.setdefault(key, meanings)
-    for key, target in read_section(framework).get("keys", {}).items():
+    for key, target in read_section(framework).keys.items():
         table.setdefault(normalize(key), []).append(Meaning(target))
     return table
 
@@ -99,9 +100,9 @@ def _knob_keys(framework: str, version: str, variant: str) -> dict[str, list[Mea
     return table
 
 
-def read_section(framework: str) -> dict[str, Any]:
+def read_section(framework: str) -> ReadSection:
     """The card's `read` section (cards/frameworks/<name>.yaml): the keys that are no adapter knob."""
-    return (framework_card(framework).model_extra or {}).get("read", {})
+    return framework_card(framework).read or NO_READ
 
 
 def lookup(table: dict[str, list[Meaning]], key: str) -> list[Meaning]:

@@ -12,7 +12,6 @@ from typing import Any
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.model_match import (
-    SHAPE_FIELDS,
     Stated,
     flags_model,
     match_stated,
@@ -23,6 +22,7 @@ from meshplan.adapters.read.settings import Setting, flag_settings, json_setting
 from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 
 
 def launch_command(script: Script, launchers: list[str], framework: str) -> tuple[Command, int]:
@@ -88,13 +88,13 @@ def _count(value: object) -> int | None:
     return int(low) if low.isdigit() and (not high or high == low) else None
 
 
-def _flag_shape(reading: Reading, settings: list[Setting], section: dict[str, Any], words: list[Word]) -> None:
+def _flag_shape(reading: Reading, settings: list[Setting], section: ReadSection, words: list[Word]) -> None:
     """The model from its flags (model_match.py); a card's model_shape entry `a|b` takes the first of those flags
     given (Megatron-DeepSpeed's --pad-vocab-size-to beside --vocab-size)."""
     flags = {s.key.replace("_", "-"): s for s in settings}
     values = {k: s.value for k, s in flags.items()}
     shape = dict(zip(SHAPE_FIELDS, (next((values[a] for a in k.split("|") if a in values), None)
-                                    for k in section.get("model_shape", [])), strict=True))
+                                    for k in section.model_shape), strict=True))
     said = _kv_heads(reading, shape, flags, section)
     stated = stated_fields(reading, section, shape, flags, words)
     if stated is not None and said and "num_kv_heads" in stated:
@@ -104,12 +104,12 @@ def _flag_shape(reading: Reading, settings: list[Setting], section: dict[str, An
         flags_model(reading, flags)
 
 
-def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting], section: dict[str, Any]
+def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting], section: ReadSection
               ) -> str | None:
     """The KV heads Megatron-LM builds: --num-query-groups only with --group-query-attention (argument_utils.py
     passes it only then), whose argparse default is 1 group; without GQA one KV head per query head. Returns how the
     report says it where that is not the flag's own value."""
-    gqa, groups = "--group-query-attention" in flags, "--num-query-groups" in section.get("model_shape", [])
+    gqa, groups = "--group-query-attention" in flags, "--num-query-groups" in section.model_shape
     if groups and not gqa and "--num-query-groups" in flags:
         shape["num_kv_heads"] = shape["num_attention_heads"]
         reading.notes.append(f"{flags['--num-query-groups'].where(reading.path)}: ignored without "
@@ -121,7 +121,7 @@ def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting]
         return "--group-query-attention without --num-query-groups"
     if not gqa and shape["num_kv_heads"] is None and shape["num_attention_heads"] is not None:
         shape["num_kv_heads"] = shape["num_attention_heads"]
-        return f"{section['model_shape'][SHAPE_FIELDS.index('num_kv_heads')]} not given"
+        return f"{section.model_shape[SHAPE_FIELDS.index('num_kv_heads')]} not given"
     return None
 
 
@@ -129,7 +129,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     """A Megatron-LM (or Megatron-DeepSpeed) launch script: torchrun's flags and pretrain_gpt.py's."""
     script = read_script(text, path)
     read = read_section(framework)
-    command, k = launch_command(script, read["launcher"], framework)
+    command, k = launch_command(script, read.launcher, framework)
     reading = Reading(framework, path, variant=None if framework != "deepspeed" else "megatron-deepspeed")
     reading.unresolved += script.unresolved
     settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
@@ -137,7 +137,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     special = frozenset({"vpp", "zero_0", "zero_1", "zero_2", "zero_3", "uneven_pp", "fp8", "micro_batch_size",
                          "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
                                                                                  "zero_3", "fp8", "uneven_pp"})
-    shape_flags = {a for k in read.get("model_shape", []) for a in k.split("|")} | set(read.get("model_flags", {}))
+    shape_flags = {a for k in read.model_shape for a in k.split("|")} | set(read.model_flags)
     left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags], table, special)
     flags = {s.key.replace("_", "-"): s for s in settings}
     for s, m in left:
@@ -151,7 +151,7 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
         _deepspeed_script(reading, script, flags)
     else:
         _megatron_zero(reading, flags)
-        for name, value in read.get("absent", {}).items():
+        for name, value in read.absent.items():
             if name not in reading.request:
                 reading.state(name, value, f"{path} (not given: Megatron-LM's default)")
                 reading.defaults[name] = value
@@ -257,11 +257,11 @@ def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
 def read_bridge(text: str, path: str) -> Reading:
     """Megatron-Bridge's run_recipe.py: --recipe NAME and KEY=VALUE overrides of the recipe's ConfigContainer."""
     script = read_script(text, path)
-    command, k = launch_command(script, read_section("megatron-bridge")["launcher"], "megatron-bridge")
+    command, k = launch_command(script, read_section("megatron-bridge").launcher, "megatron-bridge")
     reading = Reading("megatron-bridge", path, variant="run_recipe")
     reading.unresolved += script.unresolved
     settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
-    overrides = set(read_section("megatron-bridge").get("model_flags", {}))
+    overrides = set(read_section("megatron-bridge").model_flags)
     _bridge_settings(reading, [s for s in settings if s.key not in overrides])
     world(reading)
     recipe = reading.value("recipe")

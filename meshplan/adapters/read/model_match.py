@@ -21,8 +21,9 @@ from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import catalog_architecture, catalog_keys, resolve_model
-from meshplan.knowledge.flag_models import BUILDERS, SHAPE_FIELDS, build_from_flags, moe_layers, read_flags
+from meshplan.knowledge.flag_models import BUILDERS, build_from_flags, moe_layers, read_flags
 from meshplan.knowledge.model_config import shapes_card
+from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 from meshplan.schema.model import Architecture
 
 SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm"})
@@ -155,19 +156,19 @@ def _convert(name: str, value: Any) -> Any:
     return int(str(value).strip("'\""))
 
 
-def stated_fields(reading: Reading, section: dict[str, Any], shape: dict[str, Any], flags: dict[str, Setting],
+def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any], flags: dict[str, Setting],
                   words: list[Word]) -> dict[str, Stated] | None:
     """The script's architecture: its shape flags, the card's `model_flags` given and, for those absent, the card's
     `model_defaults` (the framework's own); the derived ones (MoE layers, the experts' width) as the framework
     derives them. None where a flag's value cannot be read (an unset variable) or the script's model is none
     meshplan builds, said in `reading.unresolved`."""
-    keys = section.get("model_shape", [])
+    keys = section.model_shape
     out = {f: Stated(f, int(v), f"{k.split('|')[0]} {v}") for f, k, v in zip(SHAPE_FIELDS, keys, shape.values(),
                                                                                 strict=False)
            if v is not None and str(v).lstrip("-").isdigit()}
     raw: dict[str, Any] = {}
-    defaults = section.get("model_defaults", {})
-    for flag, name in section.get("model_flags", {}).items():
+    defaults = section.model_defaults
+    for flag, name in section.model_flags.items():
         if flag in flags:
             raw[name] = (flags[flag].value, f"{flag} {flags[flag].value}" if name not in SWITCHES else flag)
             values = _flag_values(words, flag)
@@ -297,12 +298,12 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
                          f"{framework_card(reading.framework).display_name} builds it: {'; '.join(said)}")
 
 
-def recipe_overrides(reading: Reading, settings: list[Setting], section: dict[str, Any]) -> None:
+def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSection) -> None:
     """A recipe's model under the file's architecture overrides (Megatron-Bridge's `model.num_moe_experts=64`, keys
     from the card's `read.model_flags`): where one changes the recipe's model, the catalog model with the changed
     architecture, else none, the fields named; one that cannot be read leaves the model unread (never the recipe's
     model with its overrides dropped)."""
-    keys = section.get("model_flags", {})
+    keys = section.model_flags
     given = {keys[s.key]: s for s in settings if s.key in keys}
     model = reading.request.get("model")
     if model is None or not given:

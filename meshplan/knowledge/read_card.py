@@ -1,0 +1,105 @@
+"""The framework card's `read` section (cards/frameworks/*.yaml): what meshplan's readers of a framework's own files
+(adapters/read/) and the model built from a launch script's flags (knowledge/flag_models.py) take from the card.
+Typed here so a misspelt key fails when the card loads, naming the card and the key, instead of a reader quietly
+finding nothing under it. Apart from cards.py, which holds the card."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+
+from meshplan.schema.choices import Fp8Recipe, JobKind, Precision
+from meshplan.schema.request import Request
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# The fields of a model_shape entry, in its order (the launch script's shape: knowledge/flag_models.py builds them)
+SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size")
+
+# What a model flag sets: a field the readers compare with a catalog model (adapters/read/model_match.py) or the
+# builder reads (knowledge/flag_models.py), by this name.
+ModelField = Literal[
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size", "head_dim",
+    "num_experts", "top_k", "expert_ffn_hidden_size", "shared_expert_ffn_hidden_size", "moe_layer_freq",
+    "expert_interval", "num_groups", "group_topk", "mla", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "untied", "swiglu", "qk_layernorm", "num_mtp_layers", "gqa", "normalization",
+    "no_bias_linear", "qkv_bias", "position_embedding", "rotary", "no_position_embedding", "max_position_embeddings",
+    "squared_relu", "quick_geglu", "rotary_base", "rotary_percent", "norm_eps", "mlp_type"]
+Default = StrictBool | StrictInt | StrictFloat | StrictStr | None  # as the card writes it: never coerced
+FlagDefault = StrictBool | StrictInt | None  # a matched field's default: a count, or a switch
+
+
+class BuildValue(_Card):
+    """A flag whose values meshplan builds only some of (model_build_values): any other is refused with `why`."""
+
+    allowed: list[str] = Field(min_length=1)
+    why: str
+
+
+class RecipePrecision(_Card):
+    """The request fields a recipe name's precision word states (Megatron-Bridge's fp8cs: fp8, tensorwise)."""
+
+    precision: Precision
+    fp8_recipe: Fp8Recipe | None = None
+
+
+class RecipeNames(_Card):
+    """What a Megatron-Bridge recipe function's name states: its job and precision words."""
+
+    jobs: dict[str, JobKind]
+    precisions: dict[str, RecipePrecision]
+    source: str
+
+
+class ReadSection(_Card):
+    """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
+
+    launcher: list[str] = Field(default_factory=list, description="The scripts or modules a launch command runs")
+    keys: dict[str, str] = Field(
+        default_factory=dict, description="A file's key and what it sets: a request field, an adapter knob or a name "
+                                          "the reader takes (nodes, dp_shard, ...)")
+    absent: dict[str, StrictBool | StrictInt] = Field(
+        default_factory=dict, description="Request fields a script leaving their flag out states, at this value")
+    absent_why: str | None = None
+    model_shape: list[str] = Field(
+        default_factory=list, description=f"The flags of {', '.join(SHAPE_FIELDS)}, in that order; `a|b`: the first "
+                                          "of those given")
+    model_flags: dict[str, ModelField] = Field(
+        default_factory=dict, description="The other flags of the model a script's model is matched by")
+    model_defaults: dict[ModelField, FlagDefault] = Field(
+        default_factory=dict, description="The framework's value of a model_flags field its flag is left out of")
+    model_defaults_source: str | None = None
+    model_build: dict[str, ModelField] = Field(
+        default_factory=dict, description="The flags only the model built from the flags reads")
+    model_build_defaults: dict[ModelField, Default] = Field(default_factory=dict)
+    model_build_values: dict[str, BuildValue] = Field(default_factory=dict)
+    model_build_position_table: Literal["by_type", "unless_no_position_embedding"] = Field(
+        "by_type", description="Where the learned position table is: with --position-embedding-type learned_absolute "
+                               "only (Megatron-LM), or unless --no-position-embedding (Megatron-DeepSpeed)")
+    model_build_refused: dict[str, str] = Field(
+        default_factory=dict, description="Flags whose model meshplan cannot count, each with what it adds")
+    model_build_source: str | None = None
+    recipe_names: RecipeNames | None = None
+    source: str
+
+    @model_validator(mode="after")
+    def _entries_agree(self) -> ReadSection:
+        if self.model_shape and len(self.model_shape) != len(SHAPE_FIELDS):
+            raise ValueError(f"model_shape names {len(self.model_shape)} flags; it names those of "
+                             f"{', '.join(SHAPE_FIELDS)}, in that order")
+        if unknown := set(self.absent) - set(Request.model_fields):
+            raise ValueError(f"absent names {sorted(unknown)}, which are no request fields")
+        if unset := set(self.model_defaults) - set(self.model_flags.values()):
+            raise ValueError(f"model_defaults names {sorted(unset)}, which no model_flags entry sets")
+        if unbuilt := set(self.model_build_values) - set(self.model_build):
+            raise ValueError(f"model_build_values names {sorted(unbuilt)}, which are no model_build flags")
+        if both := set(self.model_build_refused) & {*self.model_flags, *self.model_build}:
+            raise ValueError(f"model_build_refused names {sorted(both)}, which the model is built with")
+        return self
+
+
+NO_READ = ReadSection(source="the card has no read section: meshplan reads none of the framework's files")
