@@ -160,6 +160,26 @@ def test_vllm_budget_is_a_share_of_total_and_sglang_of_free_memory():
     assert sglang.gpu_bytes == sglang.budget_bytes + sglang.cuda_graph_bytes + sglang.working_bytes
 
 
+@pytest.mark.parametrize("placement", [{}, {"placement": "separate", "rollout_gpus": 8}])
+def test_the_rollout_phase_carries_its_engine_typed_and_reports_its_bytes_only(placement):
+    """RL006 reads the engine's budget from the rollout phase's typed record (PhaseMemory.engine), never undoing the
+    reported detail's bytes by hand; the record stays out of the report (its bytes are detail's)."""
+    import json
+
+    from meshplan.rl.engine import engine_memory
+    from meshplan.rl.memory import rl_memory
+
+    job, plan = rl("verl", rollout_engine="sglang", **placement)  # a fraction of the free memory, activations outside
+    rollout = phases(rl_memory(job, plan))["rollout"]
+    engine = rollout.engine
+    assert engine is not None and rollout.detail["engine"] == int(engine.gpu_bytes)
+    assert rollout.detail["sequences_at_once"] == engine.sequences_at_once
+    assert engine.gpu_bytes == pytest.approx(engine.budget_bytes + engine.cuda_graph_bytes + engine.working_bytes)
+    if placement:  # the separate pool's engine starts on the GPU less the fixed bytes
+        assert engine == engine_memory(job, plan, job.gpu.memory_bytes - rollout.detail["fixed"])
+    assert "engine" not in json.loads(rollout.model_dump_json()) and "engine" not in rollout.model_dump()
+
+
 def test_a_separate_pool_holds_only_the_engine():
     from meshplan.rl.memory import rl_memory
 

@@ -16,7 +16,7 @@ from meshplan.check.alternatives import fitting_alternatives, highest_zero_stage
 from meshplan.check.split import headroom_threshold
 from meshplan.core.units import GIB, gib
 from meshplan.estimate.memory import estimate_memory, memory_budget
-from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token, outside_budget
+from meshplan.rl.engine import engine_weight_bytes, engine_working_bytes, kv_bytes_per_token
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.reports import MemoryReport
@@ -168,13 +168,14 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
     counts under this rule too, said by check instead of a step estimated at one sequence the engine cannot hold."""
     report = ctx.memory_report
     rollout = next((p for p in report.phases if p.phase == "rollout"), None) if report is not None else None
-    if rollout is None or rollout.detail.get("sequences_at_once", 1) >= 1:
+    engine = rollout.engine if rollout is not None else None
+    if engine is None or engine.sequences_at_once >= 1:
         return None
     job, plan = ctx.job, ctx.plan
     length = job.rl.prompt_length + job.rl.response_length
     need, weights, working, sequence = _engine_needs(job, plan, length)
     of_free = job.rl_card.engines[plan.rollout_engine].memory_fraction_of == "free"
-    budget = rollout.detail["engine"] - outside_budget(job, plan, working)  # engine_memory's gpu_bytes, less that
+    budget = engine.budget_bytes
     fixes = []
     if budget > 0 and (fraction := math.ceil(100 * plan.rollout_memory_fraction * need / budget) / 100) <= 1:
         fixes.append(f"rollout_memory_fraction={fraction:g} or more")
@@ -188,7 +189,7 @@ def rollout_holds_no_sequence(ctx: Context) -> Values:
         fixes.append(f"{' and '.join(f'{k}=true' for k in knobs)} (the trainer's states leave the GPUs for the "
                      "rollout, so more is free when the engine starts)")
     return {"engine": plan.rollout_engine, "fraction": f"{plan.rollout_memory_fraction:g}", "need": gib(need),
-            "weights": gib(weights), "working": gib(working), "kv": gib(rollout.detail.get("kv_cache", 0)),
+            "weights": gib(weights), "working": gib(working), "kv": gib(engine.kv_bytes),
             "length": f"{length:,}", "sequence": gib(sequence),
             "fix": " or ".join(fixes) if fixes else "GPUs with more memory: no fraction holds one sequence here"}
 

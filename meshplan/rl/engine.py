@@ -4,13 +4,12 @@ TP/EP, its profiled activation peak, the KV cache its memory fraction leaves, an
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
 from meshplan.core.units import GIB
 from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.knowledge.rl_card import RLDefaults
 from meshplan.schema.plan import Plan
+from meshplan.schema.reports import EngineMemory
 
 ENGINE_BYTES = 2  # the engine's weights and KV cache in bf16 (verl rollout.dtype, SkyRL model_dtype: bfloat16)
 FP32 = 4  # the sampler's logits
@@ -68,20 +67,6 @@ def engine_working_bytes(arch, plan: Plan, defaults: RLDefaults) -> float:
         shards = plan.rollout_ep if plan.rollout_ep > 1 else plan.rollout_tp
         width = max(width, arch.moe.top_k * arch.moe.expert_ffn_hidden_size / shards)
     return ENGINE_BYTES * tokens * (4 * arch.hidden_size + 3 * width) + FP32 * defaults.max_num_seqs * arch.vocab_size
-
-
-class EngineMemory(BaseModel):
-    """One rollout engine GPU: what the engine takes and how many sequences its KV cache holds at once."""
-
-    budget_bytes: float = Field(description="What the memory fraction gives the engine (weights + activations + KV)")
-    weights_bytes: float
-    working_bytes: float
-    kv_bytes: float = Field(description="KV cache the fraction leaves after weights and activations (0: none)")
-    cuda_graph_bytes: float
-    kv_bytes_per_token: float
-    gpu_bytes: float = Field(description="What the engine holds on the GPU while it runs")
-    sequences_at_once: int = Field(description="Sequences of prompt + response tokens one engine holds at once")
-    note: str
 
 
 def outside_budget(job, plan: Plan, working: float) -> float:

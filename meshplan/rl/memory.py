@@ -24,7 +24,7 @@ from meshplan.estimate.memory import (
 )
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, graph_bytes
 from meshplan.schema.plan import Job, Plan
-from meshplan.schema.reports import PhaseMemory
+from meshplan.schema.reports import EngineMemory, PhaseMemory
 
 
 def job_memory(job, plan: Plan):
@@ -133,6 +133,7 @@ class StagePeak(NamedTuple):
     total: float
     detail: dict
     note: str
+    engine: EngineMemory | None = None  # the rollout's engine
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
                             {"trainer_resident": between, "reference_resident": ref_resident,
                              "critic_resident": critic_resident, "engine": engine.gpu_bytes,
                              "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
-                             "sequences_at_once": engine.sequences_at_once, "fixed": fixed}, engine.note)
+                             "sequences_at_once": engine.sequences_at_once, "fixed": fixed}, engine.note, engine)
     actor_fwd = states["weights"] + between - (states["weights"] if "weights" not in x.phase_classes else 0)
     log_prob = StagePeak(max(actor_fwd + ref_resident, between + ref_pass) + critic_resident + gathered + fwd + fixed
                          + graphs,
@@ -259,11 +260,11 @@ def worst_stage(name: str, values: list[StagePeak], *, plan: Plan, mem: MemoryCa
     peak (memory.peak_fit_bytes): the allocator reserve in them is given back before an OOM. The rollout engine's
     pool is taken up front either way."""
     stage = max(range(len(values)), key=lambda i: values[i][0])
-    total, detail, note = values[stage]
+    total, detail, note, engine = values[stage]
     fit_bytes = (max(peak_fit_bytes(v[0], r, plan, mem) for v, r in zip(values, reserves, strict=True))
                  if reserves else total)
     return PhaseMemory(phase=name, pool=pool, peak_bytes=int(total), fit_bytes=int(fit_bytes),
-                       stage=stage, detail={k: int(v) for k, v in detail.items()}, note=note)
+                       stage=stage, detail={k: int(v) for k, v in detail.items()}, note=note, engine=engine)
 
 
 def rl_memory(job, plan: Plan, reports: tuple | None = None):
@@ -288,7 +289,7 @@ def rl_memory(job, plan: Plan, reports: tuple | None = None):
         engine_note = engine.note
         detail = {"engine": engine.gpu_bytes, "engine_weights": engine.weights_bytes, "kv_cache": engine.kv_bytes,
                   "sequences_at_once": engine.sequences_at_once, "fixed": setting.fixed}
-        phases.append(worst_stage("rollout", [StagePeak(setting.fixed + engine.gpu_bytes, detail, engine.note)],
+        phases.append(worst_stage("rollout", [StagePeak(setting.fixed + engine.gpu_bytes, detail, engine.note, engine)],
                                   plan=plan, mem=mem, pool="rollout"))
     forward_reserve = [stage.forward_reserve for stage in stages]
     update_reserve = [stage.update_reserve for stage in stages]

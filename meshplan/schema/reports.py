@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from meshplan.schema.choices import Framework, Severity, StrictModel
 from meshplan.schema.imported import ConfigFix
@@ -28,6 +29,20 @@ class StageMemory(StrictModel):
     host_bytes: int = Field(0, description="Host (CPU) memory this stage's GPU offloads to, bytes")
 
 
+class EngineMemory(StrictModel):
+    """One rollout engine GPU: what the engine takes and how many sequences its KV cache holds at once."""
+
+    budget_bytes: float = Field(description="What the memory fraction gives the engine (weights + activations + KV)")
+    weights_bytes: float
+    working_bytes: float
+    kv_bytes: float = Field(description="KV cache the fraction leaves after weights and activations (0: none)")
+    cuda_graph_bytes: float
+    kv_bytes_per_token: float
+    gpu_bytes: float = Field(description="What the engine holds on the GPU while it runs")
+    sequences_at_once: int = Field(description="Sequences of prompt + response tokens one engine holds at once")
+    note: str
+
+
 class PhaseMemory(StrictModel):
     """One phase of an RL step on the worst GPU of the pool it runs on (meshplan/rl/rollout.py)."""
 
@@ -41,6 +56,9 @@ class PhaseMemory(StrictModel):
     stage: int = Field(description="The trainer's pipeline stage whose GPU peaks (0 on a separate rollout pool)")
     detail: dict[str, int] = Field(default_factory=dict, description="Where the bytes go")
     note: str = ""
+    engine: SkipJsonSchema[EngineMemory | None] = Field(
+        None, exclude=True, description="The rollout: the engine on that GPU, as rule RL006 reads it; no part of the "
+                                        "report or its schema (detail has its bytes)")
 
 
 class ErrorBand(StrictModel):

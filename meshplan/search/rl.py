@@ -143,7 +143,7 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
                 continue
             memory = rl_memory(job, plan, reports)
             rollout = next(p for p in memory.phases if p.phase == "rollout")
-            if memory.peak_bytes > limit or rollout.detail.get("sequences_at_once", 0) < 1:
+            if memory.peak_bytes > limit or rollout.engine is None or rollout.engine.sequences_at_once < 1:
                 out.reject("RL005" if memory.peak_bytes > limit else "RL006")  # as check names them
                 continue
             if job.cpu_memory_per_node is not None and memory.host_bytes_per_node > job.cpu_memory_per_node:
