@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from meshplan.adapters.common import torchtitan_batch
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
-from meshplan.adapters.read.launch import launch_command, read_deepspeed_settings, world
+from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, world
 from meshplan.adapters.read.model_match import match_stated, stated_fields
-from meshplan.adapters.read.settings import Setting, flag_settings, json_settings, toml_settings
-from meshplan.adapters.read.shell import read_script
+from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS
@@ -112,11 +111,7 @@ def read_torchtitan_toml(text: str, path: str) -> Reading:
 
 def read_torchtitan_cli(text: str, path: str) -> Reading:
     """torchtitan 0.3: `torchrun ... -m torchtitan.train --module M --config C --parallelism.x N ...`."""
-    script = read_script(text, path)
-    command, k = launch_command(script, read_section("torchtitan").launcher, "torchtitan")
-    reading = Reading("torchtitan", path, variant="cli")
-    reading.unresolved += script.unresolved
-    settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
+    _, command, k, reading, settings = read_launch(text, path, "torchtitan", variant="cli")
     for word in command.words[k + 1:]:
         if word.text.startswith("activation-checkpoint:"):
             settings.append(Setting("activation_checkpoint.mode", word.text.split(":", 1)[1], word.line))

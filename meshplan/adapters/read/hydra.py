@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
-from meshplan.adapters.read.launch import launch_command, world
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, whole_value
+from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings
-from meshplan.adapters.read.shell import read_script
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
@@ -25,10 +24,7 @@ ALGORITHMS = {"gae": "ppo", "grpo": "grpo"}
 
 
 def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setting]]:
-    script = read_script(text, path)
-    command, k = launch_command(script, read_section(framework).launcher, framework)
-    reading = Reading(framework, path)
-    reading.unresolved += script.unresolved
+    _, command, k, reading, _ = read_launch(text, path, framework)
     settings = []
     for s in flag_settings(command.words[k + 1:]):
         if s.key.lstrip("+~").startswith(OTHER_MODELS):

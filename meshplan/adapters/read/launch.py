@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, NamedTuple
 
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
@@ -25,8 +25,30 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 
 
-def launch_command(script: Script, launchers: list[str], framework: str) -> tuple[Command, int]:
-    """The command that starts training (its launcher word's index): the last one naming a launcher."""
+class Launch(NamedTuple):
+    """A launch script's training command: the script, the command, its launcher word's index, the reading begun
+    (the script's unresolved words in it) and the flags on both sides of the launcher (torchrun's and the trainer's)."""
+
+    script: Script
+    command: Command
+    k: int
+    reading: Reading
+    settings: list[Setting]
+
+
+def read_launch(text: str, path: str, framework: str, variant: str | None = None) -> Launch:
+    """The training command of a `framework` launch script (its card's read.launcher), read once for every reader."""
+    script = read_script(text, path)
+    command, k = launch_command(script, framework)
+    reading = Reading(framework, path, variant=variant)
+    reading.unresolved += script.unresolved
+    return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
+
+
+def launch_command(script: Script, framework: str) -> tuple[Command, int]:
+    """The command that starts training (its launcher word's index): the last one naming a launcher of the
+    framework's card (read.launcher)."""
+    launchers = read_section(framework).launcher
     found = None
     for command in [*script.commands, *_shell_c_commands(script)]:
         for k, word in enumerate(command.words):
@@ -127,12 +149,9 @@ def _kv_heads(reading: Reading, shape: dict[str, Any], flags: dict[str, Setting]
 
 def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Reading:
     """A Megatron-LM (or Megatron-DeepSpeed) launch script: torchrun's flags and pretrain_gpt.py's."""
-    script = read_script(text, path)
     read = read_section(framework)
-    command, k = launch_command(script, read.launcher, framework)
-    reading = Reading(framework, path, variant=None if framework != "deepspeed" else "megatron-deepspeed")
-    reading.unresolved += script.unresolved
-    settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
+    script, command, _, reading, settings = read_launch(
+        text, path, framework, variant=None if framework != "deepspeed" else "megatron-deepspeed")
     table = key_table(framework, variant=reading.variant)
     special = frozenset({"vpp", "zero_0", "zero_1", "zero_2", "zero_3", "uneven_pp", "fp8", "micro_batch_size",
                          "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
@@ -256,11 +275,7 @@ def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
 
 def read_bridge(text: str, path: str) -> Reading:
     """Megatron-Bridge's run_recipe.py: --recipe NAME and KEY=VALUE overrides of the recipe's ConfigContainer."""
-    script = read_script(text, path)
-    command, k = launch_command(script, read_section("megatron-bridge").launcher, "megatron-bridge")
-    reading = Reading("megatron-bridge", path, variant="run_recipe")
-    reading.unresolved += script.unresolved
-    settings = flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:])
+    reading, settings = read_launch(text, path, "megatron-bridge", variant="run_recipe")[3:]
     overrides = set(read_section("megatron-bridge").model_flags)
     _bridge_settings(reading, [s for s in settings if s.key not in overrides])
     world(reading)
