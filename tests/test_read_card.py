@@ -65,3 +65,13 @@ def test_read_entries_that_disagree_are_refused(change, complaint):
     with pytest.raises(CardError, match=complaint) as exc:
         validate_card("frameworks/deepspeed", _with_read("deepspeed", **change), FrameworkCard)
     assert "cards/frameworks/deepspeed.yaml" in str(exc.value)
+
+
+def test_a_misspelt_registry_entry_fails_at_load_naming_the_card_and_key():
+    data = read_card("frameworks/torchtitan")
+    assert framework_card("torchtitan").registry["llama-3.1-8b"].config == "llama3_8b"
+    broken = {**data, "registry": {**data["registry"], "llama-3.1-8b": {"modul": "llama3", "config": "llama3_8b"}}}
+    with pytest.raises(CardError) as exc:
+        validate_card("frameworks/torchtitan", broken, FrameworkCard)
+    message = str(exc.value)
+    assert "cards/frameworks/torchtitan.yaml" in message and "key registry.llama-3.1-8b.modul:" in message, message

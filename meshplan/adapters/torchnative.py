@@ -72,9 +72,8 @@ def torch_schedule_name(framework: str, plan: Plan) -> str:
 
 def torchtitan_registry(job: Job) -> tuple[str, str] | None:
     """(--module, --config) of torchtitan's config registry for a catalog model, from the card."""
-    table = (framework_card("torchtitan").model_extra or {}).get("registry", {})
-    entry = table.get(job.model.key or "")
-    return (entry["module"], entry["config"]) if entry else None
+    entry = framework_card("torchtitan").registry.get(job.model.key or "")
+    return (entry.module, entry.config) if entry else None
 
 
 # torchtitan 0.2.2 model code that reads parallelism.expert_parallel_comm_backend (infra/parallelize.py);

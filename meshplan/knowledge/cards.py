@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
-from meshplan.knowledge.read_card import ReadSection
+from meshplan.knowledge.read_card import ReadSection, RegistryEntry
 from meshplan.knowledge.tp_card import MoeTensorParallel, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
@@ -570,7 +570,7 @@ class FrameworkAliases(_Card):
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
-    model_config = ConfigDict(extra="allow")  # adapter-specific tables (ds_config keys, registry) live here too
+    model_config = ConfigDict(extra="allow")  # adapter-specific tables (ds_config keys) live here too
 
     name: str
     display_name: str
@@ -623,6 +623,7 @@ class FrameworkCard(_Card):
     pipeline: PipelineFacts = Field(MEGATRON_PIPELINE, description="Absent: Megatron-Core's schedules")
     search: SearchKnobs
     read: ReadSection | None = Field(None, description="Absent: meshplan reads none of the framework's files")
+    registry: dict[str, RegistryEntry] = Field(default_factory=dict, description="Catalog models by registry name")
     adapter: AdapterSection | None = Field(
         None, description="Absent: meshplan estimates the framework but writes no config for it"
     )

@@ -102,4 +102,12 @@ class ReadSection(_Card):
         return self
 
 
+class RegistryEntry(_Card):
+    """A catalog model in a framework's own model registry (torchtitan's --module and --config), which a file names
+    the model by and a rendered command line names it with."""
+
+    module: str
+    config: str
+
+
 NO_READ = ReadSection(source="the card has no read section: meshplan reads none of the framework's files")

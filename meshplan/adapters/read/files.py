@@ -91,8 +91,8 @@ def _torchtitan_model(reading: Reading) -> None:
     if wanted is None:
         reading.unresolved.append("model: the file names no model (pass --model)")
         return
-    registry = (framework_card("torchtitan").model_extra or {}).get("registry", {})
-    hits = [key for key, entry in registry.items() if str(entry.get("config", "")).lower() == wanted.lower()]
+    registry = framework_card("torchtitan").registry
+    hits = [key for key, entry in registry.items() if entry.config.lower() == wanted.lower()]
     source = reading.extra.get("model_config", reading.extra.get("model_flavor", reading.extra.get("model_name")))[1]
     if hits:
         reading.state("model", hits[0], source)
