@@ -15,6 +15,7 @@ from meshplan.adapters.read.settings import Setting, flag_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.rl_card import rl_card
 
 # Models other than the one trained whose keys the scripts repeat: their layout is not a request field.
 OTHER_MODELS = ("actor_rollout_ref.ref.", "critic.", "reward_model.", "trainer.ref.", "trainer.critic.")
@@ -61,7 +62,9 @@ def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
     elif mini is not None:
         n = reading.request.get("samples_per_prompt")
         if n is None:
-            n = framework_card(reading.framework).model_extra["rl"]["defaults"]["samples_per_prompt"]
+            card = rl_card(reading.framework)
+            assert card is not None, "verl and SkyRL run RL jobs: their cards have rl sections"
+            n = card.defaults.samples_per_prompt
             reading.default("samples_per_prompt", n, f"cards/frameworks/{reading.framework}.yaml rl defaults")
         reading.state("global_batch_size", size * int(n),
                       f"{mini.where(reading.path)} x samples per prompt {n} (the mini-batch counts prompts)")
