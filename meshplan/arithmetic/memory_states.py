@@ -447,11 +447,22 @@ def gathered_transient(conv: Convention, units: list[float]) -> float:
                 for k, p in enumerate(units)), default=0.0)
 
 
-def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool) -> float:
+def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool, pp: int = 1) -> float:
     """Bytes per parameter of the unsharded gradient an FSDP unit holds between a step's micro-batches (the card's
     grad_accumulation: the trainer turns gradient sync off for all but the last, FSDP2 accumulates in reduce_dtype),
     over the rank's own parameters (its TP shard, its local experts whole), not their data-parallel shard. 0 with one
     micro-batch (the only backward reduce-scatters) or where the parameters are not sharded (the replicated gradient
-    is itself the unsharded one)."""
+    is itself the unsharded one). Under pp > 1 where the card's `pipeline` says so (torch's PipelineStage defers the
+    sync to the schedule's _post_backward) with any number of micro-batches."""
     facts = card.grad_accumulation
-    return facts.bytes_per_param if facts is not None and facts.unsharded and micro_batches > 1 and sharded else 0.0
+    if facts is None or not sharded:
+        return 0.0
+    return facts.bytes_per_param if (facts.unsharded and micro_batches > 1) or pipeline_held(card, pp) else 0.0
+
+
+def pipeline_held(card: FrameworkCard, pp: int) -> bool:
+    """Whether the stage's FSDP units stay gathered and hold their unsharded gradients from their first backward to
+    the end of the step: pp > 1 on a framework whose card says its stages run in torch's PipelineStage over FSDP2
+    (grad_accumulation.pipeline; torch/distributed/pipelining/stage.py backward_maybe_with_nosync, _post_backward)."""
+    facts = card.grad_accumulation
+    return pp > 1 and facts is not None and facts.pipeline

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from meshplan.arithmetic.memory_states import accumulated_grad_bytes, loss_logits, state_bytes
+from meshplan.arithmetic.memory_states import accumulated_grad_bytes, loss_logits, pipeline_held, state_bytes
 from meshplan.core.units import GIB
 from meshplan.estimate.memory_terms import MemoryTerms, StageParams
 from meshplan.schema.reports import StageMemory
@@ -41,10 +41,16 @@ class StepMoment(NamedTuple):
 
 class Accumulation(NamedTuple):
     """The unsharded gradient each unit holds between a step's micro-batches (memory_states.accumulated_grad_bytes,
-    bytes per parameter; 0: none) and the step's micro-batches."""
+    bytes per parameter; 0: none) and the step's micro-batches. Under a pipeline stage that holds its units
+    (memory_states.pipeline_held): `pipeline`, whether they stay gathered through the forward too (the card's
+    gathered_through_forward), and what other micro-batches a backward that follows a backward holds (`cooldown_other`,
+    None: no backward of the stage follows another without a forward between)."""
 
     bytes_per_param: float = 0.0
     micro_batches: int = 1
+    pipeline: bool = False
+    through_forward: bool = False
+    cooldown_other: float | None = None
 
 
 NO_ACCUMULATION = Accumulation()
@@ -71,7 +77,10 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
     end-of-backward callback: its gathered parameters and unsharded gradients stay through every later moment, and
     its reduce-scatter comes last, after the embedding's. With an `accumulation` (accumulated_moments) the moments
-    are those of the micro-batches that hold the unsharded gradients."""
+    are those of the micro-batches that hold the unsharded gradients; under a pipeline stage that holds its units,
+    pipeline_moments'."""
+    if accumulation.pipeline:
+        return pipeline_moments(conv, units, held_other, accumulation, grads_absent)
     out, at = [], []
     root = units[-1] if units and units[-1].loss and conv.output_held_bytes else None
     for k in range(len(units) - 1, -1, -1):
@@ -131,6 +140,70 @@ def accumulated_moments(moments: list[StepMoment], at: list[int], units: list[Fs
     return out
 
 
+def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulation: Accumulation,
+                     grads_absent: bool) -> list[StepMoment]:
+    """The moments of a pipeline stage whose units torch's PipelineStage holds (torch/distributed/pipelining/stage.py
+    backward_maybe_with_nosync: set_reshard_after_backward(False) and set_requires_gradient_sync(False) for every
+    backward; _post_backward runs each unit's post_backward with sync after the last): no unit reduce-scatters during
+    the backwards, each keeps its gathered parameters (`unsharded_param_bytes`) and its unsharded gradient in
+    reduce_dtype (FSDPParam.to_accumulated_grad_if_needed) to the end of the step. Every backward is walked as one
+    that follows earlier ones (every unit's gradient held, no sharded gradient written yet); a unit that reduces inside
+    the chunked loss (`in_loss`) reduce-scatters in every micro-batch, so it holds neither. Where the forward reshards
+    (not `through_forward`) a backward right after a forward holds gathered the units it has passed, and one right
+    after another backward (`cooldown_other`) all of them; then the _post_backward moments (stage_post_backward)."""
+    held = [u for u in units if not u.in_loss]
+    every = accumulation.bytes_per_param * sum(u.params for u in held)
+    gathered_all = conv.unsharded_param_bytes * sum(u.params for u in held)
+    absent = sum(u.grads for u in held) if grads_absent else 0.0
+    walks = [(held_other, accumulation.through_forward, "")]
+    if accumulation.cooldown_other is not None and not accumulation.through_forward:
+        walks.append((accumulation.cooldown_other, True, ", after a backward"))
+    out = []
+    for other, all_gathered, when in walks:
+        for k in range(len(units) - 1, -1, -1):
+            u = units[k]
+            before = other + sum(v.stored for v in units[:k])
+            own = 0.0 if u.loss and conv.output_resharded_at_loss and not all_gathered else u.params
+            if all_gathered:
+                gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
+            else:
+                passed = [v.params for v in units[k + 1:] if not v.in_loss]
+                prefetch = conv.prefetched_bytes * units[k - 1].params if k and not u.loss else 0.0
+                gathered = conv.unsharded_param_bytes * (sum(passed) + own) + prefetch
+            name = f"{u.name} backward (a middle micro-batch{when})"
+            if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
+                retained = conv.retained_reduce_bytes * u.params
+                out.append(StepMoment(name, before + u.stored + u.working, gathered + retained, absent, every))
+                reduce = conv.gathered_layers * conv.gathered_bytes * u.params + retained
+                out.append(StepMoment(f"{u.name} reduce-scatter (a middle micro-batch{when})", before + u.kept,
+                                      gathered + reduce, absent, every))
+                continue
+            out.append(StepMoment(name, before + u.stored + u.working, gathered, absent, every))
+            # its post_backward: the bf16 unsharded gradient autograd wrote, added into the held one, then freed
+            out.append(StepMoment(f"{u.name} accumulate (a middle micro-batch{when})", before + u.kept,
+                                  gathered + conv.unsharded_param_bytes * u.params, absent, every))
+    return out + stage_post_backward(conv, held, accumulation.bytes_per_param, grads_absent)
+
+
+def stage_post_backward(conv, held: list[FsdpUnit], bytes_per_param: float, grads_absent: bool) -> list[StepMoment]:
+    """The schedule's _post_backward after the stage's last backward (torch stage.py: each FSDP state's
+    post_backward with reshard and sync on, in the order of _state_ctx.all_states, the modules' forward order), no
+    activation left: each unit reshards its parameters, then foreach_reduce copies its held gradient into a
+    reduce-scatter input in reduce_dtype and frees it, the previous unit's input still held
+    (`retained_reduce_bytes`); the units after it are still gathered with their gradients, and with `grads_absent`
+    their sharded gradients not yet written."""
+    out = []
+    for k, u in enumerate(held):
+        rest = held[k + 1:]
+        retained = conv.retained_reduce_bytes * held[k - 1].params if k else 0.0
+        out.append(StepMoment(
+            f"{u.name} reduce-scatter (the schedule's post-backward)", 0.0,
+            conv.unsharded_param_bytes * sum(v.params for v in rest) + bytes_per_param * u.params + retained,
+            sum(v.grads for v in [u, *rest]) if grads_absent else 0.0,
+            bytes_per_param * sum(v.params for v in [u, *rest])))
+    return out
+
+
 def fsdp_step_peak(conv, units: list[FsdpUnit], held_other: float, *, grads_absent: bool,
                    reserve_fraction: float, accumulation: Accumulation = NO_ACCUMULATION) -> StepMoment:
     """The moment of the backward walk with the largest peak: activations and transient (plus the caching
@@ -179,11 +252,18 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     (fsdp_step_peak) and on the allocated one (fsdp_allocated_peak), each at its own moment."""
     terms = stage.terms
     units, held_other = walk_units(stage)
-    accumulation = Accumulation(accumulated_grad_bytes(terms.job.card, terms.m, True), terms.m)
-    # with one micro-batch, or with the sync deferred to the last one, a sharded gradient exists only after the
-    # reduce-scatter that writes it
-    absent = terms.conv.grads_set_to_none and (terms.m == 1 or bool(accumulation.bytes_per_param))
+    card, pp = terms.job.card, terms.plan.pp
     held = held_other + stage.mtp_acts
+    accumulation = Accumulation(accumulated_grad_bytes(card, terms.m, True, pp), terms.m)
+    if pipeline_held(card, pp):
+        one_batch = stage.layer_acts - held_other  # held_other: the layers' other micro-batches in flight
+        accumulation = accumulation._replace(
+            pipeline=True, through_forward=card.grad_accumulation.gathered_through_forward,
+            cooldown_other=max(0.0, held - one_batch) if held_other > 0 else None)
+    # with one micro-batch, or with the sync deferred to the last one, a sharded gradient exists only after the
+    # reduce-scatter that writes it (under a pipeline: in the schedule's first run of the step)
+    once = terms.plan.schedule_runs(terms.job.global_batch_size) == 1 if accumulation.pipeline else terms.m == 1
+    absent = terms.conv.grads_set_to_none and (once or bool(accumulation.bytes_per_param and not accumulation.pipeline))
     return (fsdp_step_peak(terms.conv, units, held, grads_absent=absent,
                            reserve_fraction=terms.card.allocator_reserve_fraction, accumulation=accumulation),
             fsdp_allocated_peak(terms.conv, units, held, grads_absent=absent, accumulation=accumulation))
@@ -230,19 +310,24 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
     return units, max(0.0, stage.layer_acts - one_batch)
 
 
-def walk_assumption(conv, stage: StageMemory, moment: str, m: int) -> str:
-    """What the backward walk found on the peak stage."""
+def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: bool = False) -> str:
+    """What the backward walk found on the peak stage (`pipeline`: memory_states.pipeline_held)."""
     held = stage.detail.get("unsharded_accumulated_gradients", 0)
+    absent = stage.detail.get("gradients_absent_at_peak", 0)
     grads = ("the trainer sets the gradients to None each step, so a unit's sharded gradients exist only after its "
-             f"reduce-scatter ({stage.detail.get('gradients_absent_at_peak', 0) / GIB:.2f} GiB not yet allocated"
+             f"reduce-scatter ({absent / GIB:.2f} GiB not yet allocated"
              + ("; still reserved: the caching allocator keeps the freed blocks in the reduce-scatter stream's pool)"
                 if conv.freed_grads_stay_reserved else ")")
-             + (f"; gradient sync waits for the last of the {m} micro-batches, so the units hold "
-                f"{held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 (the card's grad_accumulation)"
-                if held else "")
-             if conv.grads_set_to_none and (m == 1 or held) else
+             if conv.grads_set_to_none and (m == 1 or held) and (absent or not pipeline) else
              "every sharded gradient allocated" + (" (accumulated over the step's micro-batches)"
                                                    if conv.grads_set_to_none else " (zeroed in place, not freed)"))
+    if held and pipeline:
+        grads += ("; torch's pipeline stage defers gradient sync and resharding to the schedule's post-backward, so "
+                  f"the units stay gathered and hold {held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 "
+                  "(the card's grad_accumulation)")
+    elif held:
+        grads += (f"; gradient sync waits for the last of the {m} micro-batches, so the units hold "
+                  f"{held / GIB:.2f} GiB of unsharded gradients accumulated in fp32 (the card's grad_accumulation)")
     return (f"FSDP2 step peak walked unit by unit through the backward (cards/memory.yaml step_peak): stage "
             f"{stage.stage} peaks at the {moment} moment, {stage.activations_bytes / GIB:.2f} GiB of activations "
             f"and {stage.detail.get('gathered_layers', 0) / GIB:.2f} GiB of gathered parameters, unsharded gradients "

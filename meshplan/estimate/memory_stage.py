@@ -20,6 +20,7 @@ from meshplan.arithmetic.memory_states import (
     lazy_state_bytes,
     muon_saved_bytes,
     optimizer_step_temporaries,
+    pipeline_held,
     state_bytes,
 )
 from meshplan.arithmetic.muon import step_working_bytes
@@ -584,7 +585,10 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
                                  gathered=moment.transient, accumulated=moment.accumulated))
         return out
     if terms.gathered:  # every unit's unsharded gradient held where the sync waits for the last micro-batch
-        held = accumulated_grad_bytes(terms.job.card, terms.m, True) * (params.dense + params.experts)
+        card, stage_params = terms.job.card, params.dense + params.experts
+        held = accumulated_grad_bytes(card, terms.m, True, terms.plan.pp) * stage_params
+        if pipeline_held(card, terms.plan.pp):  # every unit gathered besides the worst one's transient
+            gathered += terms.conv.unsharded_param_bytes * stage_params
         return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered) + held, None,
                           gathered=gathered, accumulated=held)]
     return [Overheads(acts, terms.other_fixed, acts, None)]

@@ -13,12 +13,26 @@ class _Card(BaseModel):
 class GradAccumulationFacts(_Card):
     """Where the trainer turns FSDP2's gradient sync off for every micro-batch of a step but the last
     (set_requires_gradient_sync(False)), each unit keeps its unsharded gradient until the last micro-batch's backward
-    reduce-scatters it: a memory cost per GPU of the rank's whole parameters, not their data-parallel shard."""
+    reduce-scatters it: a memory cost per GPU of the rank's whole parameters, not their data-parallel shard. Two
+    triggers, the same held bytes: the trainer's own loop over micro-batches (`unsharded`) and torch's pipeline
+    stage under pp > 1 (`pipeline`), which also keeps the units gathered."""
 
     unsharded: bool = Field(description="True: with more than one micro-batch per step, every FSDP unit holds its "
                                         "unsharded gradient (the rank's TP and EP shard of its parameters, whole over "
                                         "the data-parallel ranks), accumulated over the micro-batches, from its first "
                                         "backward until the last micro-batch's reduce-scatter")
+    pipeline: bool = Field(False, description="True: with pp > 1 the trainer runs each stage in torch.distributed."
+                                              "pipelining's PipelineStage, whose every backward turns gradient sync "
+                                              "and resharding off (backward_maybe_with_nosync) until the schedule's "
+                                              "_post_backward after the last: the same unsharded gradients are held "
+                                              "(one micro-batch or many), and every unit stays gathered from its "
+                                              "backward to the end of the step")
+    gathered_through_forward: bool = Field(False, description="True: under pp > 1 the units are not resharded "
+                                                              "after their forward either (fully_shard "
+                                                              "reshard_after_forward False), so every unit of the "
+                                                              "stage is gathered at every moment of the step; False: "
+                                                              "each forward reshards them, so a backward that "
+                                                              "follows a forward holds the units it has passed")
     bytes_per_param: float = Field(gt=0, description="Bytes per parameter of that held gradient (FSDP2 keeps it in "
                                                      "the MixedPrecisionPolicy's reduce_dtype)")
     source: str

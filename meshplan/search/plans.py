@@ -382,10 +382,11 @@ class SearchPlans(HostCounts):
         if lay not in known and self.own(lay) not in known:  # nothing known yet (most layouts when first asked)
             return low, high
         card, gbs = self.job.card, self.job.global_batch_size  # held: what its step holds (None: never any)
-        held = accumulated_grad_bytes(card, max(1, gbs // (mbs * lay.dp)), True) if card.grad_accumulation else None
+        held = (accumulated_grad_bytes(card, max(1, gbs // (mbs * lay.dp)), True, lay.pp)
+                if card.grad_accumulation else None)
         for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():
-                if held is not None and accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True) != held:
+                if held is not None and accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True, lay.pp) != held:
                     continue  # one side holds the accumulated gradients, the other not: no order between them
                 if b <= mbs:
                     low = max(low, need)
