@@ -230,9 +230,10 @@ class AdapterSection(_Card):
 class FrameworkDefaults(_Card):
     zero_stage: int = Field(ge=0, le=3)
     sequence_parallel_when_tp: bool = True
-    sequence_parallel_off_for: list[Literal["moe", "tied_embeddings"]] = Field(
-        default_factory=list, description="Models the framework turns sequence parallelism off for, whatever tp "
-                                          "(its why in sequence_parallel_why)")
+    sequence_parallel_off_for: list[Literal["moe", "tied_embeddings", "pipeline"]] = Field(
+        default_factory=list, description="Models the framework turns sequence parallelism off for, whatever tp, and "
+                                          "`pipeline`: off in every pipeline stage (pp > 1) (its why in "
+                                          "sequence_parallel_why)")
     sequence_parallel_why: str | None = None
     etp: Literal["tp", 1] = Field(1, description="An MoE model's expert TP when the request leaves etp unset")
     etp_why: str | None = None
@@ -256,12 +257,17 @@ class FrameworkDefaults(_Card):
             raise ValueError("sequence_parallel_off_for needs sequence_parallel_why (the framework source)")
         return self
 
-    def sequence_parallel_with_tp(self, arch: Architecture) -> bool:
-        """Whether the framework runs sequence parallelism beside TP > 1 for this model (a request that leaves
-        sequence_parallel out gets it): sequence_parallel_when_tp, unless the model is of a kind it turns it off for."""
+    def sequence_parallel_with_tp(self, arch: Architecture, pp: int = 1) -> bool:
+        """Whether the framework runs sequence parallelism beside TP > 1 for this model at this pipeline degree (a
+        request that leaves sequence_parallel out gets it): sequence_parallel_when_tp, unless the model is of a kind
+        it turns it off for, or its pipeline stages run without it."""
         off = (("moe" in self.sequence_parallel_off_for and arch.is_moe)
                or ("tied_embeddings" in self.sequence_parallel_off_for and arch.tie_word_embeddings))
-        return self.sequence_parallel_when_tp and not off
+        return self.sequence_parallel_when_tp and not off and self.sequence_parallel_in_pipeline(pp)
+
+    def sequence_parallel_in_pipeline(self, pp: int) -> bool:
+        """False where the framework turns sequence parallelism off in its pipeline stages and pp > 1."""
+        return pp == 1 or "pipeline" not in self.sequence_parallel_off_for
 
 
 class EngineFacts(_Card):

@@ -66,7 +66,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     zero = _zero_stage(req, card, notes)
     sp = req.sequence_parallel
     if sp is None:
-        sp = tp > 1 and card.defaults.sequence_parallel_with_tp(arch)
+        sp = tp > 1 and card.defaults.sequence_parallel_with_tp(arch, pp)
     mbs = _micro_batch(req, notes)
     recompute = _recompute(req, notes)
     gbs = _global_batch(req, mbs=mbs, dp=dp, notes=notes, runs_per_step=card.pipeline.runs_per_accumulation_step)

@@ -148,7 +148,8 @@ class SearchPlans(HostCounts):
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
-        return self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
+        return self.sp if "sequence_parallel" in self.fixed else (
+            self.sp and lay.tp > 1 and self.job.card.defaults.sequence_parallel_in_pipeline(lay.pp))
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),

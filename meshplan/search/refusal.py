@@ -69,7 +69,8 @@ class Space:
         """The plan as the search builds it (the per-plan dispatcher and overlaps at the request's values, else off:
         no structural rule turns on them; but the EP overlap on with the combined 1F1B schedule, its own, as
         plans.a2a_overlap sets it)."""
-        sp = self.sp if "sequence_parallel" in self.fixed else self.sp and lay.tp > 1
+        sp = self.sp if "sequence_parallel" in self.fixed else (
+            self.sp and lay.tp > 1 and self.job.card.defaults.sequence_parallel_in_pipeline(lay.pp))
         extra = {k: self.fixed.values[k] for k in ("moe_token_dispatcher", "moe_a2a_overlap") if k in self.fixed}
         if lay.schedule == "combined_1f1b":
             extra.setdefault("moe_a2a_overlap", True)

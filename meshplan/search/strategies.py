@@ -216,7 +216,7 @@ def suggest(job: Job) -> TableSuggestion:
     zero = layout.zero_stage if layout.zero_stage is not None else defaults.zero_stage
     plan = Plan(
         tp=deg.tp, pp=deg.pp, vpp=layout.vpp if deg.pp > 1 else 1, cp=deg.cp, ep=deg.ep, etp=deg.etp, dp=dp,
-        sequence_parallel=deg.tp > 1 and defaults.sequence_parallel_with_tp(job.model), zero_stage=zero,
+        sequence_parallel=deg.tp > 1 and defaults.sequence_parallel_with_tp(job.model, deg.pp), zero_stage=zero,
         micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
         cp_comm_type=(seq.cp_comm_type or "p2p") if deg.cp > 1 else "p2p",
         first_stage_layers=deg.first, last_stage_layers=deg.last,

@@ -381,20 +381,23 @@ def precision_aware_optimizer(reading: Reading) -> None:
 
 def sequence_parallel_default(reading: Reading, tp: int, where: str) -> None:
     """The framework's sequence parallelism beside TP, for the file's model where the card turns it off for some kinds
-    (defaults.sequence_parallel_off_for: KempnerForge's MoE and tied-embedding models): from the model the file
-    describes, or, where it names none, left to the model the request will give (resolve decides it then)."""
+    (defaults.sequence_parallel_off_for: KempnerForge's MoE and tied-embedding models, and its pipeline stages): from
+    the model the file describes and its pp, or, where it names no model, left to the model the request will give
+    (resolve decides it then)."""
     defaults = framework_card(reading.framework).defaults
-    off_for = defaults.sequence_parallel_off_for
-    if tp <= 1 or not off_for:
-        reading.default("sequence_parallel", bool(defaults.sequence_parallel_when_tp and tp > 1),
-                        f"{where} defaults.sequence_parallel_when_tp, tp {tp}")
+    pp = reading.request.get("pp", 1)
+    kinds = [k for k in defaults.sequence_parallel_off_for if k != "pipeline"]
+    on = bool(defaults.sequence_parallel_when_tp and tp > 1 and defaults.sequence_parallel_in_pipeline(pp))
+    if tp <= 1 or not kinds or not on:
+        off = "" if defaults.sequence_parallel_in_pipeline(pp) else f" (off in its pipeline stages: pp {pp})"
+        reading.default("sequence_parallel", on, f"{where} defaults.sequence_parallel_when_tp{off}, tp {tp}")
     elif "model" in reading.request:
-        on = defaults.sequence_parallel_with_tp(resolve_model(reading.request["model"]))
+        on = defaults.sequence_parallel_with_tp(resolve_model(reading.request["model"]), pp)
         reading.default("sequence_parallel", on, f"{where} defaults.sequence_parallel_when_tp, off for "
-                                                 f"{' and '.join(off_for)} models; {reading.request['model']}, tp {tp}")
+                                                 f"{' and '.join(kinds)} models; {reading.request['model']}, tp {tp}")
     elif "sequence_parallel" not in reading.request:
         reading.notes.append(f"sequence_parallel: the framework's default depends on the model ({where} "
-                             f"defaults.sequence_parallel_off_for: off for {' and '.join(off_for)} models), which the "
+                             f"defaults.sequence_parallel_off_for: off for {' and '.join(kinds)} models), which the "
                              "file does not name; meshplan sets it from the model you give")
 
 
