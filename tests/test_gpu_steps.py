@@ -46,6 +46,7 @@ def test_the_reserved_peak_with_expandable_segments_is_within_5_percent(rows):
 def test_the_estimate_is_compared_at_the_allocators_own_scope():
     """torch's counters leave out the CUDA context: the row takes it off meshplan's figure, and nothing else."""
     import gpu_steps
+
     from meshplan.arithmetic.memory_states import memory_card
     from meshplan.estimate.memory import estimate_memory, stage_allocated
 

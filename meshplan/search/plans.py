@@ -97,8 +97,7 @@ class Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
                       checks=self.checks, token_time=self.token_time, token_parts=self.token_parts,
-                      pp_units=self.pp_units,
-                      first_finding=self.first_finding, floors=self.floors, states=self.states,
+                      pp_units=self.pp_units, first_finding=self.first_finding, floors=self.floors, states=self.states,
                       per_param=self.per_param, stage_floors=self.stage_floors,
                       space=self.space, tiers=self.tiers, seeds=self.seeds, plans=self.plans)
 
@@ -376,18 +375,18 @@ class SearchPlans(HostCounts):
         """What is already known of the least recompute that fits at the lightest ZeRO stage: (low, high).
         Memory grows with the micro-batch, so a smaller micro-batch's need is a floor and a larger one's a
         ceiling; a non-interleaved base's need is a floor for its interleaved layouts where it is their own (own).
-        Where FSDP units hold their gradients between micro-batches (grad_accumulation), a micro-batch whose step
-        has one holds none, so only needs on the same side of that step are compared."""
+        Where FSDP units hold gradients between micro-batches (grad_accumulation), a step of one micro-batch holds
+        none: only needs on the same side of that step are compared."""
         known = self.caches.least_recompute
         low, high = 0, len(self.recomputes)
         if lay not in known and self.own(lay) not in known:  # nothing known yet (most layouts when first asked)
             return low, high
         card, gbs = self.job.card, self.job.global_batch_size  # held: what its step holds (None: never any)
-        held = (accumulated_grad_bytes(card, max(1, gbs // (mbs * lay.dp)), True, lay.pp)
-                if card.grad_accumulation else None)
+        holds = lambda b: accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True, lay.pp)  # noqa: E731
+        held = holds(mbs) if card.grad_accumulation else None
         for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():
-                if held is not None and accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True, lay.pp) != held:
+                if held is not None and holds(b) != held:
                     continue  # one side holds the accumulated gradients, the other not: no order between them
                 if b <= mbs:
                     low = max(low, need)
@@ -432,8 +431,7 @@ class SearchPlans(HostCounts):
         if recompute not in self.recomputes:
             return first_stage_floors(
                 self.job, own, zero, (recompute,), mbs, self.sequence_parallel(own), self.presets[zero],
-                reserved=self.reserved_floors,
-                activation_offload=self.offloaded_activations, memo=self.floor_parts)[0]
+                reserved=self.reserved_floors, activation_offload=self.offloaded_activations, memo=self.floor_parts)[0]
         row = self.caches.floors.get((own, zero))
         floors = None if row is None else row.get(mbs)
         if floors is None:
