@@ -257,6 +257,9 @@ CASES: dict[str, tuple[dict, dict]] = {
     "RL002": ({**QWEN_MOE, **RL, "rollout_tp": 3}, {**QWEN_MOE, **RL, "rollout_tp": 4}),
     "RL003": ({**QWEN_MOE, **RL, "rollout_gpus": 8}, {**QWEN_MOE, **RL, "rollout_gpus": 16}),
     "RL004": ({**QWEN_MOE, **RL, "rollout_tp": 16}, {**QWEN_MOE, **RL, "rollout_tp": 8}),
+    # vLLM refuses expert parallelism on a model without experts (verl used to label it EP2 and rank it)
+    "RL007": ({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "job": "rl", "rollout_tp": 2, "rollout_ep": 2},
+              {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),
     "RL005": ({**QWEN_MOE, **RL, "response_length": 4096, "with_memory": True},  # the rollout wakes beside the trainer
               {**QWEN_MOE, **RL, "response_length": 4096, "param_offload": True,
                "optimizer_offload": True, "recompute": "full", "with_memory": True}),

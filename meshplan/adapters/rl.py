@@ -78,7 +78,8 @@ def rl_workload(job: Job, plan: Plan, default_n: int) -> tuple[int, int, int, st
     """(samples per prompt, prompts, rollout TP, a note): an RL job's own fields, else derived from the batch."""
     if job.rl is not None:
         return (job.rl.samples_per_prompt, job.rl.prompts_per_step, plan.rollout_tp,
-                f"Rollout engine {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp} EP{plan.rollout_ep} at "
+                f"Rollout engine {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp}"
+                f"{f' EP{plan.rollout_ep}' if job.model.is_moe else ''} at "
                 f"memory fraction {plan.rollout_memory_fraction:g} (meshplan memory gives each phase's peak).")
     n = samples_per_prompt(job, default_n)
     rtp = rollout_tp(job)

@@ -45,6 +45,10 @@ class RolloutEngineFacts(_Card):
                     "share of the memory free when the engine starts (SGLang mem_fraction_static)"
     )
     multi_node_tp: bool = Field(description="Whether the engine runs a tensor-parallel group across nodes")
+    ep_needs_experts: bool = Field(
+        False, description="Rollout EP > 1 on a model without experts is refused when the engine starts (the "
+                           "framework turns the engine's expert parallelism on, and the engine checks the model)")
+    ep_needs_experts_source: str = ""
     why: str
 
 

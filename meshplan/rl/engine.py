@@ -33,6 +33,12 @@ def _param_split(arch) -> tuple[int, int, int]:
     return sharded + vocab_rows, whole, experts
 
 
+def ep_words(arch, plan: Plan) -> str:
+    """" EP<n>" where the rollout engine shards experts over EP ranks, else "": a dense model has no experts, so a
+    rollout_ep there shards nothing (vLLM refuses it: rule RL007) and is never named."""
+    return f" EP{plan.rollout_ep}" if arch.moe is not None and (plan.rollout_ep or 1) > 1 else ""
+
+
 def engine_weight_bytes(arch, plan: Plan) -> float:
     """One engine GPU's weights: attention, dense MLPs, shared experts, embedding and head sharded by the rollout TP;
     norms and routers whole; routed experts over the rollout EP (= TP x DP) when EP > 1, else over its TP."""
@@ -106,7 +112,7 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     graphs = graph_bytes(plan)
     on_gpu = budget + outside_budget(job, plan, working)
     note = (f"{plan.rollout_engine} budget {of} = {budget / GIB:.1f} GiB: weights {weights / GIB:.1f} GiB (rollout "
-            f"TP{plan.rollout_tp}{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}), activations "
+            f"TP{plan.rollout_tp}{ep_words(arch, plan)}), activations "
             f"{working / GIB:.1f} GiB, KV cache {kv / GIB:.1f} GiB = {int(kv // per_token):,} tokens = {per_rank:,} "
             f"sequences of {length:,} tokens per DP rank (max_num_seqs {card.defaults.max_num_seqs}); "
             + ("no CUDA graphs (enforce_eager)" if plan.rollout_enforce_eager else

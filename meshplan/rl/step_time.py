@@ -12,7 +12,7 @@ from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.model_counts import expert_params, total_params
-from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, kv_bytes_per_token, rl_constant
+from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, ep_words, kv_bytes_per_token, rl_constant
 from meshplan.rl.job import rl_job_gpus
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
@@ -248,7 +248,7 @@ def rl_report(job, plan: Plan, timing, update, words: str):
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
             f"{timing.prefill_s:,.0f} s, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
-            f"{f' EP{plan.rollout_ep}' if plan.rollout_ep > 1 else ''}, {timing.sequences_at_once} sequences at once, "
+            f"{ep_words(job.model, plan)}, {timing.sequences_at_once} sequences at once, "
             + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of " if share >= 1
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "

@@ -1,4 +1,4 @@
-"""The structural RL rollout rules of cards/rules.yaml (RL001-RL004): the rollout engine's layout against the
+"""The structural RL rollout rules of cards/rules.yaml (RL001-RL004, RL007): the rollout engine's layout against the
 framework's own checks. RL005, whether each RL phase fits, reads the memory estimate (meshplan/check/memory.py).
 
 Each condition returns None when its rule passes (or the job is not an RL job), else the numbers for the card's
@@ -25,6 +25,20 @@ def rollout_ep_is_tp_dp(ctx: Context) -> Values:
     dp_fix = p.rollout_ep // tp if p.rollout_ep % tp == 0 else dp
     return {"ep": p.rollout_ep, "tp": tp, "dp": dp, "product": tp * dp, "framework": ctx.framework,
             "dp_fix": dp_fix, "ep_one": ", or rollout_ep=1 (experts sharded by the rollout TP)"}
+
+
+@rule("RL007", reads=("rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep"))
+def rollout_ep_needs_experts(ctx: Context) -> Values:
+    """An engine that checks the model when its expert parallelism is on (the card's ep_needs_experts: vLLM) refuses
+    rollout EP > 1 on a dense model."""
+    p, card = ctx.plan, ctx.rl_card
+    if p.rollout_ep is None or p.rollout_ep == 1 or card is None or ctx.job.model.is_moe:
+        return None
+    facts = card.engines.get(p.rollout_engine) if p.rollout_engine is not None else None
+    if facts is None or not facts.ep_needs_experts:
+        return None
+    return {"ep": p.rollout_ep, "model": ctx.job.model.name, "framework": ctx.framework, "engine": p.rollout_engine,
+            "tp": p.rollout_tp, "dp": p.rollout_dp}
 
 
 @rule("RL002", reads=("rollout_tp", "rollout_dp", "rollout_gpus"))

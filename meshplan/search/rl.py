@@ -226,8 +226,9 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
     """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
     best = candidates[0] if candidates else None
     if best is not None:
+        experts = f" EP{best.plan.rollout_ep}" if job.model.is_moe else ""  # a dense model's engine shards no experts
         rationale = (f"#1: {best.plan.short()}, rollout {best.plan.rollout_engine} TP{best.plan.rollout_tp} "
-                     f"DP{best.plan.rollout_dp} EP{best.plan.rollout_ep} at {best.plan.rollout_memory_fraction:g}; "
+                     f"DP{best.plan.rollout_dp}{experts} at {best.plan.rollout_memory_fraction:g}; "
                      f"{best.rationale}.")
     elif not actors.candidates:
         host = ("" if job.cpu_memory_per_node is None or not actors.rejected.get(HOST_RULE) else

@@ -1,0 +1,52 @@
+"""rollout_ep > 1 on a dense model (issue 23): verl and SkyRL turn on vLLM's expert parallelism for it, and vLLM refuses
+it on a model without experts when the engine starts (rule RL007). It used to be ranked and labelled "EP2"; now every
+face refuses it with the rule's finding, and an SGLang engine, which the rule does not cover, is never labelled EP."""
+
+import pytest
+from mcp import Client
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.faces.cli import main
+from meshplan.faces.mcp.server import app
+from meshplan.request.resolve import resolve
+from meshplan.rl.engine import engine_memory
+from meshplan.schema.request import Request
+
+DENSE = dict(model="qwen3-8b", framework="verl", gpu="h100", num_gpus=8, job="rl", algorithm="grpo", rollout_tp=2,
+             rollout_ep=2)
+
+
+def test_the_python_api_refuses_it():
+    with pytest.raises(MeshplanError, match="RL007: rollout_ep=2 on Qwen3-8B, which has no experts") as err:
+        api.recommend(Request(**DENSE), top_k=1)
+    assert "rollout_ep=1" in err.value.fix
+    assert "RL007" in {f.id for f in api.check_config(Request(**DENSE)).findings}
+    assert "RL007" not in {f.id for f in api.check_config(Request(**{**DENSE, "rollout_ep": 1})).findings}
+
+
+def test_the_cli_refuses_it(capsys):
+    args = ["recommend", "qwen3-8b", "--framework", "verl", "--job", "rl", "--algorithm", "grpo", "--gpu", "h100",
+            "--num-gpus", "8", "--rollout-tp", "2", "--rollout-ep", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "RL007" in err and "Traceback" not in err
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_mcp_tool_refuses_it():
+    async with Client(app) as client:
+        result = await client.call_tool("recommend_parallelism", DENSE)
+    assert result.is_error and "RL007" in result.content[0].text
+
+
+def test_an_sglang_engine_on_a_dense_model_is_not_labelled_ep():
+    job, plan = resolve(Request(**{**DENSE, "rollout_engine": "sglang"}))
+    assert plan.rollout_ep == 2
+    note = engine_memory(job, plan, job.gpu.memory_bytes).note
+    assert "rollout TP2)" in note and "EP2" not in note
