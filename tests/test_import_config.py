@@ -299,8 +299,35 @@ def test_a_node_count_the_file_does_not_give_is_not_taken_as_one_node():
     imported = import_config(line.replace("--nnodes {}", "--nnodes=$NODES"), "job.sh")
     assert "num_gpus" not in imported.request
     assert import_config(line.format("2:2"), "job.sh").request["num_gpus"] == 16  # torchrun's MIN:MAX, one count
-    with pytest.raises(MeshplanError, match=r"job.sh:1 --attention-dropout: 'abc' is not a value meshplan reads"):
+    with pytest.raises(MeshplanError, match=r"job.sh:1 --attention-dropout: 'abc' is not a dropout probability"):
         import_config("torchrun pretrain_gpt.py --attention-dropout abc\n", "job.sh")
+
+
+@pytest.mark.parametrize("word", ["gpu", "auto", "cpu"])
+def test_torchruns_own_process_counts_leave_the_gpus_per_node_unsaid(word):
+    """torchrun's --nproc_per_node takes "gpu", "auto", "cpu" (torch/distributed/run.py determine_local_world_size):
+    the node's count at launch. It refused the whole script ('gpu' is not a valid gpus_per_node); now the rest is
+    read, the GPU count is left to the flags beside the file, and the note says why."""
+    imported = import_config(f"torchrun --nproc_per_node {word} --nnodes 2 pretrain_gpt.py "
+                             "--tensor-model-parallel-size 2 --micro-batch-size 2\n", "job.sh")
+    assert imported.request["tp"] == 2 and imported.request["micro_batch_size"] == 2
+    assert "num_gpus" not in imported.request and "gpus_per_node" not in imported.request
+    assert f"num_gpus: the file's gpus_per_node '{word}' is not a count (pass --num-gpus)" in imported.unresolved
+    assert any("job.sh:1 --nproc_per_node = " + word in note and "determine_local_world_size" in note
+               for note in imported.notes)
+    request = api.request_from_config(imported, {"model": "llama-3.1-8b", "num_gpus": 16})
+    assert (request.num_gpus, request.tp) == (16, 2)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1", "1.5"])
+@pytest.mark.parametrize("flag", ["--hidden-dropout", "--attention-dropout"])
+def test_a_dropout_that_is_no_probability_is_refused(flag, value):
+    """`--hidden-dropout nan` was read as dropout off (nan > 0 is false; --hidden-dropout was not read at all): every
+    dropout key the card names is read, and a value outside 0..1 is the file's error, named with its line."""
+    with pytest.raises(MeshplanError, match=rf"job.sh:1 {flag}: '{value}' is not a dropout probability"):
+        import_config(f"torchrun pretrain_gpt.py --attention-dropout 0.0 {flag} {value}\n", "job.sh")
+    on = import_config("torchrun pretrain_gpt.py --attention-dropout 0.0 --hidden-dropout 0.1\n", "job.sh")
+    assert on.request["dropout"] is True  # hidden dropout on: its masks are kept
 
 
 MUTATIONS = [  # (file, its text, the mutated text, what the answer says): each raised out of the import before

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from meshplan.adapters.lora import read_targets
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, state_stage_split
 from meshplan.adapters.read.launch import world
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
@@ -120,6 +120,27 @@ def _pipeline(reading: Reading, num_layers: int | None) -> None:
                              "estimates its own split of them")
 
 
+LAYER = re.compile(r"(?:.*\.)?layers\.(\d+)")
+"""A decoder layer's module name in a model part (AutoModel's generate_hf_model_fqn_per_model_part: model.layers.N)."""
+
+
+def _stage_parts(reading: Reading, s: Setting) -> None:
+    """distributed.pipeline.module_fqns_per_model_part (what meshplan renders for an uneven split): the decoder layers
+    of each part, read back as first/last stage layers (keys.state_stage_split); any other split is named as unread."""
+    parts = s.value if isinstance(s.value, list) and all(isinstance(p, list) for p in s.value) else None
+    layers = [[int(m.group(1)) for name in part if (m := LAYER.fullmatch(str(name)))] for part in parts or []]
+    order = [index for part in layers for index in part]
+    if parts is None:
+        why = "not a list of module-name lists"
+    elif order != list(range(len(order))):
+        why = "its decoder layers are not model.layers.0, 1, ... in order over the parts"
+    else:
+        why = state_stage_split(reading, [len(part) for part in layers], s)
+    if why is not None:
+        reading.unresolved.append(f"{s.where(reading.path)}: {why}, which first/last stage layers do not state; pass "
+                                  "--first-stage-layers/--last-stage-layers (and --vpp)")
+
+
 def _model(reading: Reading) -> int | None:
     """The catalog model the file names (its Hugging Face id); its layer count, for vpp."""
     if "model" not in reading.request:
@@ -155,8 +176,7 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
         elif m.target == "param_offload":
             reading.state("param_offload", True, s)
         elif m.target == "uneven_pp":
-            reading.unresolved.append(f"{s.where(reading.path)}: module names per stage; pass "
-                                      "--first-stage-layers/--last-stage-layers")
+            _stage_parts(reading, s)
     if reading.request.get("tp_comm_overlap") and not reading.request.get("torch_compile"):
         where = reading.sources["tp_comm_overlap"]
         reading.state("tp_comm_overlap", False, where)

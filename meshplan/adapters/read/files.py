@@ -5,12 +5,21 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 from __future__ import annotations
 
 from meshplan.adapters.common import torchtitan_batch
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.keys import (
+    Reading,
+    apply,
+    as_bool,
+    key_table,
+    read_section,
+    state_stage_split,
+    whole_value,
+)
 from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, world
 from meshplan.adapters.read.model_match import match_stated, stated_fields
 from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import SHAPE_FIELDS
 
 _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
@@ -53,6 +62,7 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
                                                     "fp8_tensorwise", "fp8_rowwise", "moe_flex_dispatcher"})
     _data_parallel(reading, "dp_shard", "dp_replicate")
     pp = reading.request.get("pp", 1)
+    first_less: Setting | None = None  # parallelism.pipeline_parallel_first_stage_less_layers
     local = None  # training.local_batch_size under PP: one run of the schedule (adapters/common.torchtitan_batch)
     for s, m in left:
         if m.target == "micro_batch_size" and pp == 1:
@@ -61,8 +71,8 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
             local = s
         elif m.target == "moe_flex_dispatcher":
             reading.state("moe_token_dispatcher", "flex" if str(s.value) == "deepep" else "alltoall", s)
-        elif m.target == "uneven_pp" and int(s.value) > 0:
-            reading.notes.append(f"{s.where(reading.path)}: the first stage holds {s.value} layers fewer")
+        elif m.target == "uneven_pp":
+            first_less = s
     size = reading.extra.get("pp_micro_batch_size")
     if pp > 1 and local is not None:
         fields = torchtitan_batch(int(local.value), int(size[0]) if size else None, pp)
@@ -77,11 +87,54 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
         reading.state("precision", "fp8", reading.extra["converters"][1])
         reading.state("fp8_recipe", "mxfp8", reading.extra["converters"][1])
     _torchtitan_model(reading)
-    schedule = str(reading.value("pp_schedule") or "")
-    if pp > 1 and schedule and ("Interleaved" in schedule or "Loop" in schedule or "ZBV" in schedule
-                                  or "DualPipe" in schedule):
+    _torchtitan_split(reading, first_less)
+    if pp > 1 and _multi_stage(reading):
+        schedule = reading.value("pp_schedule")
         reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
                                   "layers / (pp x pipeline_parallel_layers_per_stage); pass --vpp")
+
+
+def _torchtitan_split(reading: Reading, first_less: Setting | None) -> None:
+    """pipeline_parallel_layers_per_stage with the first/last stages' fewer layers (torchtitan's defaults: 1 each, the
+    embedding and the output counted as a layer) as the layers of each stage, as torchtitan splits them
+    (distributed/pipeline_parallel.py: ceil((layers + first_less + last_less) / layers_per_stage) stages;
+    generate_llm_fqn_per_model_part), then as first/last stage layers (keys.state_stage_split). One stage per rank
+    only (a multi-stage schedule leaves vpp to the flags); without the model, the stages are taken as full, as
+    meshplan renders them."""
+    per_stage, pp = reading.whole("layers_per_stage"), int(reading.request.get("pp", 1))
+    if pp == 1 or per_stage is None or _multi_stage(reading):
+        if first_less is not None:
+            reading.notes.append(f"{first_less.where(reading.path)}: the first stage holds {first_less.value} layers "
+                                 "fewer")
+        return
+    fw = whole_value(reading, first_less.value, first_less, least=0) if first_less is not None else 1
+    lw = reading.whole("last_less", least=0)
+    lw = 1 if lw is None else lw
+    source = reading.extra["layers_per_stage"][1]
+    if "model" in reading.request:
+        layers = resolve_model(reading.request["model"]).num_layers
+        effective = layers + fw + lw
+        stages = -(-effective // per_stage)
+        if stages != pp:
+            reading.notes.append(f"{source.where(reading.path)}: {stages} stages over pp={pp}; the split is not read")
+            return
+        counts = [effective // stages + (index < effective % stages) for index in range(stages)]
+    else:
+        counts = [per_stage] * pp
+        reading.notes.append(f"{source.where(reading.path)}: {per_stage} layers per stage, the first {fw} and the "
+                             f"last {lw} fewer, read as full stages (the file names no model to count its layers)")
+    counts[0] -= fw
+    counts[-1] -= lw
+    why = state_stage_split(reading, counts, source)
+    if why is not None:
+        reading.unresolved.append(f"{source.where(reading.path)}: {why}; pass --first-stage-layers/"
+                                  "--last-stage-layers")
+
+
+def _multi_stage(reading: Reading) -> bool:
+    """Whether the file's pipeline schedule runs several stages per rank (vpp: layers / (pp x layers_per_stage))."""
+    schedule = str(reading.value("pp_schedule") or "")
+    return any(word in schedule for word in ("Interleaved", "Loop", "ZBV", "DualPipe"))
 
 
 def _torchtitan_model(reading: Reading) -> None:

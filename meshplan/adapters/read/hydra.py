@@ -7,6 +7,7 @@ not estimated.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, whole_value
@@ -154,10 +155,13 @@ def read_skyrl(text: str, path: str) -> Reading:
     if sft:
         reading.request.pop("job")
         reading.state("job", "sft", f"{path} (skyrl.train.main_sft)")
+        settings = _sft_keys(settings)
     left = apply(reading, settings, key_table("skyrl", variant=reading.variant),
                  frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full"}))
     for s, m in left:
-        if m.target == "recompute_full" and reading.variant == "fsdp":
+        if m.target == "global_batch_size" and sft:  # SFTConfig.batch_size: sequences, not prompts
+            reading.state("global_batch_size", s.value, s)
+        elif m.target == "recompute_full" and reading.variant == "fsdp":
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":
             reading.state("recompute", _granularity(s.value), s)
@@ -172,6 +176,19 @@ def read_skyrl(text: str, path: str) -> Reading:
     model_named_by_path(reading)
     world(reading)
     return reading
+
+
+def _sft_keys(settings: list[Setting]) -> list[Setting]:
+    """main_sft's keys as the RL entry point's (the card's read.sft_keys: SFTConfig's top-level megatron_config,
+    placement and batch), so one key table reads both."""
+    renames = read_section("skyrl").get("sft_keys", {})
+    out = []
+    for s in settings:
+        key = s.key.lstrip("+")
+        to = renames.get(key) or next((new + key[len(old):] for old, new in renames.items()
+                                        if old.endswith(".") and key.startswith(old)), key)
+        out.append(replace(s, key=to) if to != key else s)
+    return out
 
 
 def _granularity(value: object) -> str:

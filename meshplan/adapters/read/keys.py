@@ -7,6 +7,7 @@ model path). A `Reading` collects what one file states, field by field, with the
 
 from __future__ import annotations
 
+import math
 import re
 import types
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from meshplan.adapters.read.settings import Setting
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
+from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
@@ -91,6 +93,10 @@ def _knob_keys(framework: str, version: str, variant: str) -> dict[str, list[Mea
         for part in spec.key.split(" + ")[:1]:
             part = re.sub(r"^\[([^\]]+)\]\s+", r"\1.", part.strip())  # '[activation_checkpoint] mode'
             tokens = part.split()
+            if knob == "dropout":  # the knob names every dropout key it sets (attention, hidden): each is read
+                for key in tokens:
+                    table.setdefault(normalize(key), []).append(Meaning(knob))
+                continue
             key, word = tokens[0], tokens[1] if len(tokens) > 1 and not tokens[1].startswith("-") else None
             if "=" in key and not key.startswith("-"):
                 key, word = key.split("=", 1)
@@ -301,7 +307,15 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
             on = True if value is True else as_bool(value)
             reading.state("grad_reduce_in_fp32", (m.target == "grad_reduce_fp32") == bool(on), s)
     elif m.target == "dropout":
-        reading.state("dropout", float(str(value).strip("'\"")) > 0, s)
+        # on where any of the file's dropout keys (attention, hidden) is above 0
+        reading.state("dropout", dropout_probability(reading, s) > 0 or reading.request.get("dropout") is True, s)
+    elif m.target == "gpus_per_node" and str(value).strip("'\"").lower() in LOCAL_WORLD_WORDS:
+        # torchrun's --nproc_per_node gpu/auto/cpu/xpu: the node's device count at launch, not in the file; world()
+        # then says num_gpus is unresolved (or reads the request's gpus_per_node given beside the file)
+        reading.extra.setdefault("gpus_per_node", (value, s))
+        word = LOCAL_WORLD_WORDS[str(value).strip("'\"").lower()]
+        reading.notes.append(f"{s.where(reading.path)} = {value}: {word} (torch/distributed/run.py "
+                             "determine_local_world_size), a count the file does not say")
     elif m.target == "attention_backend":
         values = {v: k for k, v in (knob_value_map(reading.framework, reading.variant) or {}).items() if v}
         text = str(value).strip("'\"").removeprefix("AttnBackend.")
@@ -321,6 +335,46 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         reading.extra.setdefault(m.target, (value, s))
         return True
     return True
+
+
+def state_stage_split(reading: Reading, counts: list[int], source: Setting) -> str | None:
+    """The decoder layers of each pipeline stage (vpp 1) stated as first/last stage layers, each where it differs from
+    the middle stages (the split meshplan estimates: the middle stages share the rest evenly, schedule.layers_per_rank);
+    None, or why the split is none meshplan states (then nothing is stated)."""
+    pp = int(reading.request.get("pp", 1))
+    if len(counts) != pp:
+        return f"{len(counts)} model parts for pp={pp} (virtual stages of an uneven split)"
+    if pp > 1 and layers_per_rank(sum(counts), pp, counts[0], counts[-1])[0] != counts:
+        return f"the middle stages' layers {counts[1:-1]} are not an even share of the rest"
+    middle = counts[1] if pp > 2 else None
+    for name, count in (("first_stage_layers", counts[0]), ("last_stage_layers", counts[-1])):
+        if pp > 1 and count != middle:
+            reading.state(name, count, source)
+    return None
+
+
+LOCAL_WORLD_WORDS = {
+    "gpu": "torchrun starts one process per GPU of the node",
+    "auto": "torchrun starts one process per GPU of the node (per CPU without CUDA)",
+    "cpu": "torchrun starts one process per CPU core of the node",
+    "xpu": "torchrun starts one process per XPU of the node",
+}
+"""What torchrun's --nproc_per_node takes beside a number (torch/distributed/run.py determine_local_world_size)."""
+
+
+def dropout_probability(reading: Reading, s: Setting) -> float:
+    """A dropout value as a probability from 0 to 1; anything else (nan, inf, -0.1, 1.5) is the file's error: nan
+    would otherwise compare as dropout off."""
+    text = str(s.value).strip("'\"")
+    try:
+        p = float(text)
+    except ValueError:
+        p = math.nan
+    if not 0.0 <= p <= 1.0:
+        raise MeshplanError(f"{s.where(reading.path)}: {text!r} is not a dropout probability (a number from 0 to 1).",
+                            fix="Fix the value in the file (0 turns dropout off), or drop the key and pass dropout "
+                                "beside the file.")
+    return p
 
 
 def schedule_named(framework: str, text: str) -> str | None:
