@@ -45,11 +45,14 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
     recompute = search.recomputes[-1]
     lightest = search.zeros[-1]
     bounds = [search.states_bound(lay, lightest) for lay in layouts]
+    dead = _Dead(search, layouts)
     for index in sorted(range(len(layouts)), key=bounds.__getitem__):
         checkpoint()
         lay = layouts[index]
         if bounds[index] > budget:
             return False
+        if dead.of(index):
+            continue
         sizes = micro_batches(job, lay, fixed)
         if not sizes or not any(search.floor_fits(lay, z, recompute, sizes[0]) for z in search.lightest(lay)):
             continue
@@ -58,6 +61,31 @@ def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
         if any(lightest_passes(search, lay, zero, recompute, sizes) for zero in reversed(search.zeros)):
             return True
     return False
+
+
+class _Dead:
+    """Whether no plan of a layout can fit (the search's is_dead), asked a degrees tuple at a time when one of its
+    layouts is first asked (group_dead: their layout floors together). A layout floor is under every micro-batch's
+    and recompute's first-stage floor, so a dead layout's lightest variant is over too: skipping it changes nothing
+    but the floors worked out one layout at a time."""
+
+    def __init__(self, search: BestFirstSearch, layouts: list[Layout]) -> None:
+        self.search, self.layouts = search, layouts
+        self.groups: dict[tuple, list[int]] = {}
+        for index, lay in enumerate(layouts):
+            self.groups.setdefault(self.degrees(lay), []).append(index)
+        self.dead: dict[int, bool] = {}
+
+    @staticmethod
+    def degrees(lay: Layout) -> tuple:
+        return (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
+
+    def of(self, index: int) -> bool:
+        if index not in self.dead:
+            members = self.groups[self.degrees(self.layouts[index])]
+            verdicts = self.search.group_dead([self.layouts[i] for i in members])
+            self.dead.update(zip(members, verdicts, strict=True))
+        return self.dead[index]
 
 
 def lightest_passes(search: BestFirstSearch, lay: Layout, zero: int, recompute: str, sizes: tuple[int, ...]) -> bool:
