@@ -50,3 +50,15 @@ def test_an_sglang_engine_on_a_dense_model_is_not_labelled_ep():
     assert plan.rollout_ep == 2
     note = engine_memory(job, plan, job.gpu.memory_bytes).note
     assert "rollout TP2)" in note and "EP2" not in note
+
+
+def test_the_cli_table_names_no_ep_for_a_dense_model(capsys):
+    """SGLang (no source says it refuses EP on a dense model, so RL007 leaves it) is ranked, and the table's rollout
+    cell and the answer's words name its TP and DP only; a MoE model's keep their EP."""
+    base = ["recommend", "--framework", "verl", "--job", "rl", "--algorithm", "grpo", "--gpu", "h100", "--num-gpus",
+            "8", "--top-k", "1"]
+    assert main([*base, "qwen3-8b", "--rollout-engine", "sglang", "--rollout-tp", "2", "--rollout-ep", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "TP2 DP1 " in out and "EP2" not in out
+    assert main([*base, "qwen3-30b-a3b"]) == 0
+    assert " EP" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from meshplan.check.headline import layout_text
 from meshplan.core.units import GIB, percent, plural, si_count
+from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.measured import RunComparison
@@ -290,9 +291,9 @@ def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
             f"--headroom {headroom_that_ranks(m):g} would rank it")
 
 
-def rollout_words(plan: Plan) -> str:
-    """An RL plan's rollout engine in one cell: its TP, DP and EP."""
-    return f"TP{plan.rollout_tp} DP{plan.rollout_dp} EP{plan.rollout_ep}"
+def rollout_words(plan: Plan, moe: bool = True) -> str:
+    """An RL plan's rollout engine in one cell: its TP, DP and EP (a dense model's engine shards no experts: no EP)."""
+    return f"TP{plan.rollout_tp} DP{plan.rollout_dp}" + (f" EP{plan.rollout_ep}" if moe else "")
 
 
 def offload_words(plan: Plan) -> str:
@@ -304,7 +305,7 @@ def offload_words(plan: Plan) -> str:
     return "+".join(on) or "none"
 
 
-def rl_table(candidates: list[Candidate]) -> Table:
+def rl_table(candidates: list[Candidate], moe: bool = True) -> Table:
     """The RL recommend table: the actor's layout and knobs, then what differs between RL steps on one actor layout
     (the rollout engine's TP/DP/EP and memory fraction 'mem', the offloads: param, grad, opt(imizer), act(ivation)),
     the peak over the phases, and the RL step's numbers (the same figures as --json)."""
@@ -314,7 +315,7 @@ def rl_table(candidates: list[Candidate]) -> Table:
                    _col("peak GiB", right=True), _col("tokens/s/GPU", right=True), _col("RL step s", right=True))
     for c in candidates:
         table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
-                      c.plan.recompute, rollout_words(c.plan),
+                      c.plan.recompute, rollout_words(c.plan, moe),
                       f"{c.plan.rollout_memory_fraction:g}", offload_words(c.plan), gib_figure(c.memory.peak_bytes),
                       f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.step_time_s:.2f}")
     return table
@@ -328,7 +329,7 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
         console.print(compared_at(rec, req))
     # The layout wraps between its factors (TP2 PP4 / EP8 DP4); the other cells and every header stay whole.
     if rec.candidates and rec.candidates[0].plan.rollout_engine is not None:
-        _print_whole(console, rl_table(rec.candidates))
+        _print_whole(console, rl_table(rec.candidates, req is None or resolve_model(req.model).is_moe))
     elif rec.candidates:
         table = _table(_col("#", right=True), _col("layout", wrap=True), _col("mbs", right=True),
                        _col("ZeRO", right=True), "recompute", _col("peak GiB", right=True),
