@@ -84,6 +84,10 @@ class ReadSection(_Card):
         default_factory=dict, description="Flags whose model meshplan cannot count, each with what it adds")
     model_build_source: str | None = None
     recipe_names: RecipeNames | None = None
+    sft_keys: dict[str, str] = Field(
+        default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "
+                                          "a prefix ending in '.', and the key it is read as)")
+    sft_source: str | None = None
     source: str
 
     @model_validator(mode="after")

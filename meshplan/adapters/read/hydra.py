@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, whole_value
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings
 from meshplan.core.errors import MeshplanError
@@ -181,7 +181,7 @@ def read_skyrl(text: str, path: str) -> Reading:
 def _sft_keys(settings: list[Setting]) -> list[Setting]:
     """main_sft's keys as the RL entry point's (the card's read.sft_keys: SFTConfig's top-level megatron_config,
     placement and batch), so one key table reads both."""
-    renames = read_section("skyrl").get("sft_keys", {})
+    renames = read_section("skyrl").sft_keys
     out = []
     for s in settings:
         key = s.key.lstrip("+")
