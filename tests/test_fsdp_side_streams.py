@@ -36,16 +36,16 @@ def test_expert_gather_is_a_ring_over_expert_dp_of_the_local_experts():
 
 def test_collectives_on_other_links_widen_the_window_that_hides_sharding_traffic():
     """EP inside the node while the FSDP rings cross nodes: the layer's exposed all-to-alls (half forward) widen
-    both windows; TP and CP in the node the same (CP by its forward share)."""
+    both windows; TP and CP in the node the same (each by its forward share)."""
     inp = _terms(num_gpus=32, ep=8, global_batch_size=64).inputs
-    lt = LayerTime(gemm=1.0, tp=0.4, cp=0.3, cp_fwd=0.1, ep=0.6, fwd_compute=0.3)
+    lt = LayerTime(gemm=1.0, tp=0.4, tp_fwd=0.2, cp=0.3, cp_fwd=0.1, ep=0.6, fwd_compute=0.3)
     assert other_link_collectives(lt, inp, True) == pytest.approx((0.2 + 0.1 + 0.3, 0.2 + 0.2 + 0.3))
 
 
 def test_collectives_on_the_same_links_share_their_bandwidth_instead():
     """EP 16 across two nodes and FSDP across them too: the all-to-alls use the NICs the rings need, left out; an
     8-GPU job keeps every ring in the node, so in-node collectives share NVLink with it."""
-    lt = LayerTime(gemm=1.0, tp=0.4, ep=0.6, fwd_compute=0.3)
+    lt = LayerTime(gemm=1.0, tp=0.4, tp_fwd=0.2, ep=0.6, fwd_compute=0.3)
     cross = _terms(num_gpus=32, ep=16, global_batch_size=64).inputs
     assert other_link_collectives(lt, cross, True) == pytest.approx((0.2, 0.2))  # TP (in the node) only
     in_node = _terms(num_gpus=8, ep=8, global_batch_size=16).inputs

@@ -250,14 +250,15 @@ def test_more_micro_batches_shrink_the_bubble():
 
 
 def test_full_recompute_repeats_the_forward_share_of_each_term():
-    """Exact case: the forward compute, the card's forward share of the fixed overhead, half the TP and EP
-    traffic (their backward mirrors the forward) and the exposed CP traffic of the forward (cp_fwd)."""
+    """Exact case: the forward compute, the card's forward share of the fixed overhead, the TP traffic's forward
+    share (tp_fwd: half where the backward mirrors the forward), half the EP traffic and the exposed CP traffic of the
+    forward (cp_fwd)."""
     from meshplan.estimate.layer_records import LayerTime
     from meshplan.estimate.recompute import recompute_time
 
     cal = calibration("megatron-core")
     assert cal.forward_share_of_layer_overhead == 0.5
-    lt = LayerTime(overhead=6.0, tp=4.0, cp=9.0, cp_fwd=3.0, ep=2.0, fwd_compute=10.0, attention_fwd=1.5)
+    lt = LayerTime(overhead=6.0, tp=4.0, tp_fwd=2.0, cp=9.0, cp_fwd=3.0, ep=2.0, fwd_compute=10.0, attention_fwd=1.5)
     assert recompute_time(lt, "full", cal) == 10.0 + 6.0 * 0.5 + 4.0 / 2 + 9.0 / 3 + 2.0 / 2
     assert recompute_time(lt, "selective", cal) == 1.5 and recompute_time(lt, "none", cal) == 0.0
     half = cal.with_overrides(forward_share_of_layer_overhead=0.25)
@@ -286,7 +287,7 @@ def test_op_sac_repeats_the_gemms_it_does_not_keep():
     assert [g.name for g in op_sac_recomputed(attention_gemms(ds, sh) + moe_gemms(ds, sh), True, True)] == \
         ["router", "expert_fc1", "expert_fc2"]
     cal = calibration("torchtitan")
-    lt = LayerTime(tp=4.0, op_sac_fwd=3.0, attention_fwd=1.5)
+    lt = LayerTime(tp=4.0, tp_fwd=2.0, op_sac_fwd=3.0, attention_fwd=1.5)
     assert recompute_time(lt, "selective", cal, "op_sac") == 3.0 + 4.0 / 2 / 2
     assert recompute_time(lt, "selective", cal) == 1.5
 

@@ -68,6 +68,7 @@ class LayerContext:
     gather_dispatch: bool = False  # the non-flex MoE dispatcher gathers the EP group's tokens (moe_time.gather_ep)
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
     tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)
+    tp_input_ops: tuple[tuple[int, int], ...] = ((1, 1), (1, 1))  # per TP pair (fwd, bwd) input-side collectives
     tp_sms: TpSms | None = None  # SMs the TP communication kernels hold beside their GEMMs (tp_sms; tp_hidden)
 
     @property
@@ -97,6 +98,7 @@ class LayerTime:
     elementwise: float = 0.0
     overhead: float = 0.0
     tp: float = 0.0
+    tp_fwd: float = 0.0  # forward share of tp (what full recompute repeats, the forward's overlap window)
     cp: float = 0.0
     cp_fwd: float = 0.0  # forward share of cp (what full recompute repeats)
     ep: float = 0.0

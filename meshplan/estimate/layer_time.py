@@ -30,13 +30,13 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     overhead = layer_overhead(ctx, moe)
     fwd_compute = gemm_fwd + attention_fwd + elementwise / TRAINING_PASSES_PER_FORWARD
     module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
-    tp = exposed_tp(ctx, gemms, moe, terms)
+    tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms)
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
     compute = gemm + attention + elementwise + overhead  # LayerTime.compute
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
-    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise, overhead=overhead, tp=tp, cp=cp,
-                     cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute, attention_fwd=attention_fwd,
-                     op_sac_fwd=op_sac_fwd, module_fwd=module_fwd)
+    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise, overhead=overhead, tp=tp,
+                     tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
+                     attention_fwd=attention_fwd, op_sac_fwd=op_sac_fwd, module_fwd=module_fwd)
 
 
 def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:

@@ -52,7 +52,7 @@ from meshplan.estimate.stage_time import (
     stage_rows,
 )
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
-from meshplan.estimate.tp_overlap import tp_overlap_mode, tp_sms
+from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
@@ -338,15 +338,17 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
     flash, dropout = attention_switches(conv, plan)
     kernel, fraction = attention_efficiency(job, cal, attention_kernel, plan.attention_backend, plan.zero_stage)
     overlap = job.card.tp_overlap
+    eager = eager_blocks(job, plan)
     return dict(
         arch=job.model, seq=job.seq_length, cal=cal, lk=lk, bf16_peak=peaks.bf16, fp8_peak=peaks.fp8,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
-        eager=eager_blocks(job, plan), experts_fused=experts_fused(job), attention_fraction=fraction,
+        eager=eager, experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel,
         gather_dispatch=(job.card.model_extra or {}).get("moe_dispatch", {}).get(
             "alltoall_as") == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
+        tp_input_ops=tp_input_ops(job.card.tp_input_linears, job.model, eager),
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 

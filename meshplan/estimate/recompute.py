@@ -86,11 +86,11 @@ def recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: s
     """Full recompute runs each layer's forward again: its forward compute, the forward share of its fixed
     overhead (card) and the forward part of its TP, CP and EP traffic (counted constants above)."""
     if recompute == "full":
-        return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp / FORWARD_AND_BACKWARD
+        return (lt.fwd_compute + lt.overhead * cal.forward_share_of_layer_overhead + lt.tp_fwd
                 + lt.cp_fwd + lt.ep / FORWARD_AND_BACKWARD)
     if recompute == "selective" and selective == "op_sac":
         # the unkept GEMMs, every pointwise and norm op and the TP all-gathers (reduce-scatters are kept)
-        return lt.op_sac_fwd + lt.tp / FORWARD_AND_BACKWARD / 2
+        return lt.op_sac_fwd + lt.tp_fwd / 2
     if recompute == "selective":
         # each recompute module's forward again: core attention (Korthikanti et al. 2022), the GEMMs of the others,
         # and a recomputed MoE layer's dispatch and combine

@@ -341,14 +341,14 @@ def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[
     side_stream_for_param_gather and its reduce-scatter stream, FSDP2's all-gather and reduce-scatter streams), so
     while the compute stream waits on such a collective the sharding traffic keeps moving: the collective widens the
     window that hides it like compute does. A collective over the same kind of link shares its bandwidth instead
-    and is left out. The forward holds half of the TP and EP collectives (the same all-gathers / reduce-scatters and
+    and is left out. The forward holds TP's forward share (LayerTime.tp_fwd), half of the EP collectives (the same
     dispatch / combine run again backward) and CP's forward share. An MoE layer's (`moe`) sharding traffic is its
     dense ring and its routed experts' expert-DP ring."""
     domain, traffic = inp.ctx.lk.domain, inp.traffic
     sharding_crosses = traffic.dense.crosses(domain) or (moe and traffic.expert.crosses(domain))
     groups = mesh_groups(inp.plan, law=inp.ctx.law)
     fwd = bwd = 0.0
-    for seconds, forward, group in ((lt.tp, lt.tp / 2, groups.tp), (lt.cp, lt.cp_fwd, groups.cp),
+    for seconds, forward, group in ((lt.tp, lt.tp_fwd, groups.tp), (lt.cp, lt.cp_fwd, groups.cp),
                                     (lt.ep, lt.ep / 2, groups.ep)):
         if seconds > 0 and group.crosses(domain) != sharding_crosses:
             fwd += forward

@@ -13,6 +13,7 @@ from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, TpSms
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import FrameworkCard, TpOverlapFacts
+from meshplan.knowledge.tp_card import TpInputLinears
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
@@ -63,23 +64,56 @@ def moe_layer_tp_ops(arch: Architecture, moe_whole: bool) -> float:
     return TP_COLLECTIVES_PER_LAYER
 
 
-def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None) -> float:
-    """Exposed TP seconds of one layer per micro-batch, forward + backward: two all-gather + reduce-scatter pairs
-    (or two all-reduces) each way, attention's pair alone in an MoE layer without TP-sharded weights
-    (moe_layer_tp_ops), expert TP's pair
-    around the experts; less what the framework's overlap mode hides (a calibrated fraction, or tp_hidden beside
-    the GEMMs), plus async TP's work outside its pipelines (`terms`: the GEMMs' gemm_terms, where the caller has
-    them)."""
+def tp_input_ops(facts: TpInputLinears | None, arch: Architecture, eager: bool) -> tuple[tuple[int, int], ...]:
+    """(forward, backward) collectives on the input side of the attention's and the MLP's TP pair: one each way where
+    the framework reaches a pair's column-parallel linears through one redistribution (no tp_input_linears), else one
+    per such linear each way, but one forward where the blocks are compiled and the compiler merges the gathers of
+    the one input (the card's compile_merges_gathers; `eager`: blocks run uncompiled)."""
+    if facts is None:
+        return ((1, 1), (1, 1))
+    mlp = facts.gated_mlp if arch.gated_mlp else facts.mlp
+    merged = facts.compile_merges_gathers and not eager
+    return ((1 if merged else facts.attention, facts.attention), (1 if merged else mlp, mlp))
+
+
+def tp_ring_passes(input_ops: tuple[tuple[int, int], ...], sp: bool, pairs: int) -> tuple[float, float]:
+    """(forward, backward) ring passes of a layer's first `pairs` TP pairs, each one all-gather or reduce-scatter of
+    the layer's activations (an all-reduce is two). With sequence parallelism, per pair: the input's gathers and the
+    row-parallel output's reduce-scatter forward; the output gradient's gather and the input gradients' reduce-scatters
+    backward. Without: the output's all-reduce forward (the input is already whole on every rank), the input
+    gradients' all-reduces backward. One collective per side each way (tp_input_ops' default) gives 2 + 2 passes per
+    pair, Korthikanti et al.'s 4 (TP_COLLECTIVES_PER_LAYER for two pairs)."""
+    fwd = bwd = 0.0
+    for f_in, b_in in input_ops[:pairs]:
+        if sp:
+            fwd += f_in + 1.0
+            bwd += 1.0 + b_in
+        else:
+            fwd += 2.0
+            bwd += 2.0 * b_in
+    return fwd, bwd
+
+
+def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool,
+               terms: list[float] | None = None) -> tuple[float, float]:
+    """(exposed TP seconds of one layer per micro-batch, forward + backward; their forward share). Its TP pairs'
+    ring passes (tp_ring_passes: attention's and the MLP's, attention's alone in an MoE layer without TP-sharded
+    weights, moe_layer_tp_ops), expert TP's pair around the experts; less what the framework's overlap mode hides (a
+    calibrated fraction, or tp_hidden beside the GEMMs), plus async TP's work outside its pipelines (`terms`: the
+    GEMMs' gemm_terms, where the caller has them). The forward share is the forward's passes over all of them (what
+    full recompute runs again)."""
     arch, plan, cal = ctx.arch, ctx.plan, ctx.cal
     act_bytes = ctx.shard.tokens * arch.hidden_size * BF16
-    tp_ops = moe_layer_tp_ops(arch, ctx.shard.moe_whole) if moe else TP_COLLECTIVES_PER_LAYER
+    attention_only = moe and moe_layer_tp_ops(arch, ctx.shard.moe_whole) == TP_COLLECTIVES_ATTENTION_ONLY
+    fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 1 if attention_only else 2)
+    share = fwd / (fwd + bwd)
     groups = mesh_groups(plan, law=ctx.law)
     tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
-    tp_comm = tp_ops * tp_one
+    tp_comm = (fwd + bwd) * tp_one
     if moe and plan.etp > 1:
         tp_comm += EXPERT_TP_COLLECTIVES_PER_LAYER * ring_time(act_bytes, groups.etp.size, groups.etp.stride, ctx.lk)
     if ctx.tp_overlap_mode == "fraction":
-        return (1.0 - cal.tp_overlap) * tp_comm
+        return (1.0 - cal.tp_overlap) * tp_comm, share
     # the expert-TP gathers run in the token dispatcher, beside no GEMM
     pairs = tp_pairs(gemms, cal, ctx, moe, terms)
     exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, tp_one, pairs, plan.tp,
@@ -87,7 +121,7 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[floa
     if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
         exposed += async_tp_cost(act_bytes, plan.tp, len(pairs), ctx.hbm, ctx.lk.intra_lat,
                                  chunked_gemm_extra(gemms, cal, ctx, moe, plan.tp))
-    return exposed
+    return exposed, share
 
 
 def tp_pairs(gemms: list[Gemm], cal: Calibration, ctx: LayerContext, moe: bool,

@@ -18,7 +18,7 @@ from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
 from meshplan.knowledge.read_card import ReadSection, RegistryEntry
-from meshplan.knowledge.tp_card import MoeTensorParallel, TpOverlapFacts
+from meshplan.knowledge.tp_card import MoeTensorParallel, TpInputLinears, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
@@ -616,6 +616,8 @@ class FrameworkCard(_Card):
     optimizer_step: OptimizerStepFacts | None = Field(
         None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
+    tp_input_linears: TpInputLinears | None = Field(
+        None, description="Absent: a TP pair's input is gathered once and its gradient reduced once, each way")
     moe_tp: MoeTensorParallel | None = Field(
         None, description="Absent: Megatron-Core's cut (shared experts over TP, routed experts over ETP, the TP ranks' "
                           "tokens split into the EP group)")

@@ -55,3 +55,19 @@ class TpOverlapFacts(_Card):
     needs_sequence_parallel: bool = False
     needs_compile: bool = False
     source: str
+
+
+class TpInputLinears(_Card):
+    """Where the framework's TP plan turns a TP pair's input into what its column-parallel linears read: once per pair
+    (Megatron-Core's fused QKV and FC1, torchtitan's PrepareModuleInput on the attention and feed-forward modules), or,
+    here, once per column-parallel linear, each through its own DTensor redistribution. Each such linear then
+    gathers the input in the forward and reduces its own share of the input's gradient in the backward (a
+    reduce-scatter under sequence parallelism, else an all-reduce); the forward's repeated gathers of one tensor are
+    one where torch.compile traces the block (AOTAutograd's common-subexpression pass), the backward's reductions
+    of different gradients stay one per linear."""
+
+    attention: int = Field(ge=1, description="Column-parallel linears reading the attention input (q, k, v: 3)")
+    gated_mlp: int = Field(ge=1, description="Column-parallel linears reading a gated MLP's input (gate, up: 2)")
+    mlp: int = Field(ge=1, description="Column-parallel linears reading a plain MLP's input")
+    compile_merges_gathers: bool = Field(description="Under torch.compile the forward gathers of one input are one")
+    source: str
