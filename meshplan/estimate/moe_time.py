@@ -30,8 +30,12 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
     its input/output splits (EP > 1) or tokens per expert (EP = 1) at cuda_sync_point; flex on DeepEP reads
     tokens_per_expert.sum().item() to permute (_DeepepManager.get_permuted_hidden_states_by_experts); flex on
     HybridEP sizes the combine from tokens_per_expert.sum() ("CPU sync", _HybridEPManager.dispatch) unless a
-    static capacity is set, which meshplan's dropless plans do not. One each, whatever the dispatcher."""
-    return 1.0
+    static capacity is set, which meshplan's dropless plans do not. One each, whatever the dispatcher. A framework
+    with a dispatcher of its own says its count in its card (moe_host_syncs: KempnerForge's three with EP)."""
+    facts = job.card.moe_host_syncs
+    if facts is None:
+        return 1.0
+    return float(facts.with_ep if plan.ep > 1 else facts.without_ep)
 
 
 def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:

@@ -163,12 +163,13 @@ def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     """How an MoE layer's dispatcher, router, expert GEMMs, host syncs and all-to-alls were timed."""
     moe = job.model.moe
     assert moe is not None
+    syncs = moe_host_syncs(job, plan)
     return (f"MoE layers: the token dispatcher moves the routed copies (tokens x top_k x hidden) in "
             f"{cal.moe_dispatch_passes:.0f} bf16 passes forward + backward, the router "
             f"{cal.moe_router_bytes_per_logit:.0f} bytes per fp32 logit, each expert GEMM slowed by its rows "
             f"(tokens per local expert / (that + {cal.moe_gemm_half_ridges:g} x the GPU's ridge rows)), "
             "and each MoE layer forward "
-            f"{moe_host_syncs(job, plan):.0f} host sync of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
+            f"{syncs:.0f} host sync{'s' * (syncs != 1)} of {cal.moe_host_sync_s * 1e3:.2f} ms (the "
             "last two fitted on published MoE runs, bench/moe_fit.py); "
             + ("flex dispatcher: a token crosses the network once per destination NVLink domain holding "
                "one of its experts (DeepEP/HybridEP), then fans out over NVLink"

@@ -1,0 +1,18 @@
+"""The framework card's facts about its MoE layer's own code (cards/frameworks/*.yaml `moe_host_syncs`): how many
+times its dispatch stops the host to read routing counts back. Apart from cards.py, which holds the card."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MoeHostSyncs(BaseModel):
+    """Device-to-host reads per MoE layer forward (each a `.tolist()` / `.item()` of counts the GPU computed, which the
+    host waits for before it can issue the kernels that follow), where the framework's dispatcher is not
+    Megatron-Core's one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    without_ep: int = Field(ge=0, description="With the experts all on the rank (ep 1)")
+    with_ep: int = Field(ge=0, description="With expert parallelism (ep > 1)")
+    source: str
