@@ -112,3 +112,32 @@ def test_dispatch_reads_three_counts_back_with_ep():
             ctx.cal.layer_overhead_s + syncs * ctx.cal.moe_host_sync_s)
     mjob, mplan, _ = _ctx("megatron-core", tp=1, ep=2)
     assert moe_host_syncs(mjob, mplan) == 1.0
+
+
+def test_shared_experts_are_whole_on_each_tp_rank():
+    """No mlp.* entry in its TP plan for an MoE block: the shared experts' weights stay whole on each TP rank, as the
+    router's do (memory_terms.param_table_for), where Megatron-Core splits them over TP."""
+    from meshplan.estimate.memory_terms import param_table_for
+    from meshplan.knowledge.catalog import resolve_model
+    from meshplan.knowledge.model_counts import layer_params
+
+    arch = resolve_model("deepseek-v2-lite")
+    moe_layer = arch.moe.moe_layers[0]
+    p = layer_params(arch, moe_layer)
+    assert p["shared_experts"] > 0
+    whole, split = param_table_for(arch, True), param_table_for(arch, False)
+    assert whole.replicated[moe_layer] == split.replicated[moe_layer] + p["shared_experts"]
+    assert whole.tp_sharded[moe_layer] == split.tp_sharded[moe_layer] - p["shared_experts"]
+    assert whole.linear_whole[moe_layer] == p["shared_experts"] and split.linear_whole[moe_layer] == 0
+    dense = next(i for i in range(arch.num_layers) if not arch.is_moe_layer(i))
+    assert whole.tp_sharded[dense] == split.tp_sharded[dense]
+    from meshplan.estimate.memory import memory_terms
+    from meshplan.estimate.memory_terms import stage_params
+
+    job, plan, _ = _ctx("kempnerforge", tp=2, ep=2)
+    terms = memory_terms(job, plan, [])
+    got = stage_params(terms, 0, [terms.pipeline.layers(0)])
+    layers = range(arch.num_layers)
+    assert got.dense == pytest.approx(sum(whole.tp_sharded[i] / 2 + whole.replicated[i] for i in layers)
+                                      + terms.vocab * arch.hidden_size  # the embedding whole (embedding_over_tp)
+                                      + terms.vocab * arch.hidden_size / 2 + terms.norm_width)  # the head, final norm

@@ -49,7 +49,13 @@ from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, forward_gathered, stage_fit, stage_memory
-from meshplan.estimate.memory_terms import MEMORY_PER_PLAN_FIELDS, LayoutTerms, MemoryTerms, param_table, stage_params
+from meshplan.estimate.memory_terms import (
+    MEMORY_PER_PLAN_FIELDS,
+    LayoutTerms,
+    MemoryTerms,
+    param_table_for,
+    stage_params,
+)
 from meshplan.knowledge.cards import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.rules.engine import require_estimable
@@ -255,7 +261,8 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
     return LayoutTerms(
         conv_name=conv_name, conv=conv, tensors=tensors, card=card,
         dense_dp=plan.dp * plan.cp // plan.dp_replicate, expert_dp=expert_dp / plan.dp_replicate, vocab=vocab,
-        pipeline=pipeline, table=param_table(arch), ts=plan.tp if plan.sequence_parallel else 1,
+        pipeline=pipeline, table=param_table_for(arch, job.card.moe_whole_over_tp),
+        ts=plan.tp if plan.sequence_parallel else 1,
         norm_width=arch.hidden_size * (2 if arch.norm_type == "layernorm" else 1),
         selective=job.card.recompute.selective,  # what this framework's "selective" saves
         gathered=conv.gathered_layers if sharded_weights else 0,

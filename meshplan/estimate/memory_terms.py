@@ -6,6 +6,7 @@ data-parallel sizes, the pipeline layout, one layer's activations per kind and r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
@@ -19,24 +20,29 @@ from meshplan.schema.plan import Job, Plan
 
 
 class ParamTable:
-    """Per-layer parameters split by how they shard: over TP, not at all, over EP*ETP; linear-layer share."""
+    """Per-layer parameters split by how they shard: over TP, not at all, over EP*ETP; linear-layer share (TP-split,
+    and kept whole). `moe_whole`: the framework's TP leaves the MoE block whole (the card's moe_tp), so an MoE layer's
+    shared experts are whole on every TP rank, as its router is."""
 
-    __slots__ = ("arch", "experts", "linear_dense", "moe", "mtp", "replicated", "tp_sharded")
+    __slots__ = ("arch", "experts", "linear_dense", "linear_whole", "moe", "mtp", "replicated", "tp_sharded")
 
-    def __init__(self, arch: Architecture):
+    def __init__(self, arch: Architecture, moe_whole: bool = False):
         self.arch = arch
         self.tp_sharded: list[int] = []
         self.replicated: list[int] = []
         self.experts: list[int] = []
         self.linear_dense: list[int] = []
+        self.linear_whole: list[int] = []
         self.moe: list[bool] = []
         for i in range(arch.num_layers):
             p = layer_params(arch, i)
-            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"]
+            whole = p["shared_experts"] if moe_whole and arch.is_moe_layer(i) else 0
+            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"] - whole
             self.tp_sharded.append(sharded)
-            self.replicated.append(p["norms"] + p["router"])
+            self.replicated.append(p["norms"] + p["router"] + whole)
             self.experts.append(p["routed_experts"])
             self.linear_dense.append(sharded)
+            self.linear_whole.append(whole)
             self.moe.append(arch.is_moe_layer(i))
         self.mtp = (0, 0, 0)
         if arch.num_mtp_layers:
@@ -50,6 +56,13 @@ class ParamTable:
 
 
 param_table = per_architecture(ParamTable)
+_whole_moe_table = per_architecture(partial(ParamTable, moe_whole=True))
+
+
+def param_table_for(arch: Architecture, moe_whole: bool) -> ParamTable:
+    """The model's ParamTable where the framework's TP cuts the MoE block as Megatron-Core does, or leaves it whole
+    (FrameworkCard.moe_whole_over_tp: the shared experts replicated over TP). Cached per architecture."""
+    return _whole_moe_table(arch) if moe_whole and arch.moe is not None else param_table(arch)
 
 
 MEMORY_PER_PLAN_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_layers", "recompute_method",
@@ -178,7 +191,8 @@ def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
     first, last = rank == 0, rank == pipeline.head_rank
     dense = sum(map(table.tp_sharded.__getitem__, layers)) / tp + sum(map(table.replicated.__getitem__, layers))
     experts = sum(map(table.experts.__getitem__, layers)) / (plan.ep * plan.etp)
-    linear = sum(map(table.linear_dense.__getitem__, layers)) / tp + experts
+    linear = (sum(map(table.linear_dense.__getitem__, layers)) / tp + sum(map(table.linear_whole.__getitem__, layers))
+              + experts)
     embedding = output_layer = mtp = 0
     if first:
         rows = tp if terms.conv.embedding_over_tp == "vocab_parallel" else 1  # KempnerForge keeps it whole
