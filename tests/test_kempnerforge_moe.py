@@ -4,6 +4,8 @@ alone, and TP leaving the MoE block whole, each TP rank routing and computing ev
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.arithmetic.comm import links
@@ -141,3 +143,31 @@ def test_shared_experts_are_whole_on_each_tp_rank():
     assert got.dense == pytest.approx(sum(whole.tp_sharded[i] / 2 + whole.replicated[i] for i in layers)
                                       + terms.vocab * arch.hidden_size  # the embedding whole (embedding_over_tp)
                                       + terms.vocab * arch.hidden_size / 2 + terms.norm_width)  # the head, final norm
+
+
+def test_stacked_expert_weights_are_copied_and_kept_each_forward():
+    """grouped_expert_forward stacks every local expert's weights (moe.py lines 50-53) on each forward: a bf16 copy
+    of the local experts (64 / ep x 3 x 2048 x 1408 for DeepSeek-V2-Lite) read and written in the forward, and kept
+    by torch._grouped_mm until the layer's backward unless the block is recomputed."""
+    from meshplan.arithmetic.activations import layer_activations, shape_of, stacked_expert_bytes
+    from meshplan.estimate.layer_time import layer_time
+    from meshplan.estimate.memory import _layer_layout, engine_terms
+
+    job, plan, ctx = _ctx("kempnerforge", tp=1, ep=2)
+    shape = shape_of(job.model)
+    weights = stacked_expert_bytes(shape, 2, 1)
+    assert weights == 2 * 32 * 3 * 2048 * 1408
+    assert ctx.stacked_experts and elementwise_load(ctx, True).weight_copy_bytes == 2 * weights
+    plain = layer_time(replace(ctx, stacked_experts=False), True)
+    stacked = layer_time(ctx, True)
+    assert stacked.elementwise - plain.elementwise == pytest.approx(2 * weights / ctx.hbm)
+    assert stacked.fwd_compute - plain.fwd_compute == pytest.approx(2 * weights / ctx.hbm)
+    conv = engine_terms(job, plan)[1]
+    lay = _layer_layout(job, plan, conv, int(ctx.shard.tokens))
+    assert lay.stacked_experts
+    kept = sum(layer_activations(shape, lay, True, "none").values())
+    assert kept - sum(layer_activations(shape, lay._replace(stacked_experts=False), True, "none").values()) == weights
+    assert layer_activations(shape, lay, True, "full") == layer_activations(
+        shape, lay._replace(stacked_experts=False), True, "full")
+    _, _, mctx = _ctx("megatron-core", tp=1, ep=2)
+    assert not mctx.stacked_experts and elementwise_load(mctx, True).weight_copy_bytes == 0.0

@@ -126,7 +126,8 @@ DENSE_PERTURBED_CONTEXT = {"a2a_steady_share": lambda c: c.a2a_steady_share + 0.
                            "routed_load": lambda c: c.routed_load + 0.3,
                            "moe_host_syncs": lambda c: c.moe_host_syncs + 1,
                            "gather_dispatch": lambda c: not c.gather_dispatch,
-                           "experts_fused": lambda c: not c.experts_fused}
+                           "experts_fused": lambda c: not c.experts_fused,
+                           "stacked_experts": lambda c: not c.stacked_experts}
 
 
 def test_dense_perturbed_covers_every_left_out_field():

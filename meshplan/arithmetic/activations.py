@@ -215,6 +215,9 @@ class Layout(NamedTuple):
     # TP leaves the MoE block whole (the card's moe_tp, KempnerForge): it keeps TP1's tensors of every token on each
     # TP rank (moe_view); off by default, the smaller count, so a layout built without it stays a floor
     moe_whole: bool = False
+    # the MoE layer stacks its local routed experts' weights into new tensors each forward, which its grouped GEMM
+    # keeps for the backward (the card's moe_expert_weights, KempnerForge); off by default, the smaller count
+    stacked_experts: bool = False
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -344,7 +347,16 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
     if shape.f_shared and "shared_experts" not in sel:
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
+    if lay.stacked_experts:
+        mlp += stacked_expert_bytes(shape, lay.ep, lay.etp)
     return mlp
+
+
+def stacked_expert_bytes(shape: Shape, ep: int, etp: int) -> float:
+    """Bytes of one MoE layer's stacked copy of its local routed experts' bf16 weights (fc1, gate too where gated,
+    and fc2, each expert's shard over ETP): what a framework that stacks them per forward (Layout.stacked_experts)
+    writes each forward and keeps until the layer's backward."""
+    return BF16 * shape.experts / ep * (3 if shape.gated else 2) * shape.h * shape.f_expert / etp
 
 
 def _rope(shape: Shape, lay: Layout) -> float:

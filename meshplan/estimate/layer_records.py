@@ -59,6 +59,7 @@ class LayerContext:
     lora: LoraSpec | None = None  # a LoRA job's adapters (meshplan/arithmetic/lora.py); None: every weight trained
     lora_engine: LoraEngine | None = None
     a2a_steady_share: float = 0.0  # moe_a2a_overlap: the share of micro-batch chunks in the 1F1B steady state
+    stacked_experts: bool = False  # MoE layers copy their local experts' weights each forward (stacks_experts)
     moe_host_syncs: float = 1.0  # device-to-host reads per MoE layer forward (moe_host_syncs: the dispatcher's)
     eager: bool = False  # blocks run as eager PyTorch ops (a compile switch left off): eager_elementwise_passes
     experts_fused: bool = False  # ... but the routed experts' activation is a fused kernel (compile.experts_fused)
@@ -87,6 +88,7 @@ class ElementwiseLoad(NamedTuple):
     dense_ffn: float = 0.0
     dispatch_bytes: float = 0.0
     router_bytes: float = 0.0
+    weight_copy_bytes: float = 0.0  # the local experts' weights stacked each forward, read and written
 
 
 @dataclass
@@ -131,7 +133,8 @@ _PLAN_VALUES = itemgetter(*_PLAN_FIELDS)  # read from the fields' own dicts (a p
 _CONTEXT_VALUES = itemgetter(*_CONTEXT_FIELDS)
 _LIST_AT = tuple(k for k, name in enumerate(_PLAN_FIELDS) if name in PLAN_LIST_FIELDS)
 MOE_ONLY_FIELDS = frozenset({"ep", "etp", "moe_token_dispatcher", "moe_a2a_overlap"})
-MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused"})
+MOE_ONLY_CONTEXT = frozenset({"a2a_steady_share", "routed_load", "moe_host_syncs", "gather_dispatch", "experts_fused",
+                              "stacked_experts"})
 """Plan fields and LayerContext fields a dense layer's time (layer_time.layer_time(ctx, False)) without LoRA never
 reads, beside PER_STEP_FIELDS, nor the shard's ep and etp: the expert grid, the dispatcher and its all-to-all's
 overlap, the routed tokens' load and host syncs, the routed experts' fused activation (an MoE layer's own terms: its

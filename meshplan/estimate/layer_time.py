@@ -8,6 +8,7 @@ context_parallel, tp_overlap, moe_time, recompute, lora_gemms.
 
 from __future__ import annotations
 
+from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.estimate.attention_time import attention_seconds
@@ -28,7 +29,8 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     load = elementwise_load(ctx, moe)
     elementwise = elementwise_seconds(ctx, load)
     overhead = layer_overhead(ctx, moe)
-    fwd_compute = gemm_fwd + attention_fwd + elementwise / TRAINING_PASSES_PER_FORWARD
+    copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
+    fwd_compute = gemm_fwd + attention_fwd + (elementwise - copy) / TRAINING_PASSES_PER_FORWARD + copy
     module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms)
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
@@ -74,19 +76,21 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
         routed_ffn = local * arch.moe.top_k * arch.moe.expert_ffn_hidden_size / plan.etp * ctx.routed_load
         shared_ffn = block.tokens * arch.moe.shared_expert_ffn_hidden_size / block.tp
         dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx)
+        copy = 2.0 * stacked_expert_bytes(shape_of(arch), plan.ep, plan.etp) if ctx.stacked_experts else 0.0
         return ElementwiseLoad(hidden=hidden, routed_ffn=routed_ffn, shared_ffn=shared_ffn,
-                               dispatch_bytes=dispatch_bytes, router_bytes=router_bytes)
+                               dispatch_bytes=dispatch_bytes, router_bytes=router_bytes, weight_copy_bytes=copy)
     return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp)
 
 
 def elementwise_seconds(ctx: LayerContext, load: ElementwiseLoad) -> float:
     """Forward + backward seconds of the memory-bound work at the HBM bandwidth it gets: the card's passes (eager
     ones when the blocks run uncompiled, but the fused count over the routed experts' activations where the framework
-    fuses them: ctx.experts_fused) over the hidden and FFN elements, plus the dispatcher's and router's bytes."""
+    fuses them: ctx.experts_fused) over the hidden and FFN elements, plus the dispatcher's and router's bytes and the
+    stacked copy of the local experts' weights a framework makes each forward (read and written)."""
     passes = ctx.cal.eager_elementwise_passes if ctx.eager else ctx.cal.elementwise_passes
     routed = ctx.cal.elementwise_passes if ctx.experts_fused else passes
     elem_bytes = passes * BF16 * (load.hidden + (load.shared_ffn + load.dense_ffn)) + routed * BF16 * load.routed_ffn
-    elem_bytes += load.dispatch_bytes + load.router_bytes
+    elem_bytes += load.dispatch_bytes + load.router_bytes + load.weight_copy_bytes
     return elem_bytes / ctx.hbm
 
 

@@ -58,6 +58,7 @@ from meshplan.estimate.memory_terms import (
 )
 from meshplan.knowledge.cards import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
+from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory
@@ -338,6 +339,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         moe=moe_bytes(conv, job.model), qkv_fused=conv.qkv_projections == "fused",
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
         fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
+        stacked_experts=stacks_experts(job.card.moe_expert_weights),
     )
 
 

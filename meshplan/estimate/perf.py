@@ -54,6 +54,7 @@ from meshplan.estimate.stage_time import (
 from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warnings, throughput_assumptions
 from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
+from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
@@ -307,6 +308,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
         plan=plan, law=job.card.world_size_law, shard=shard,
         a2a_steady_share=_a2a_steady(job, plan, m) if plan.moe_a2a_overlap else 0.0,
         moe_host_syncs=moe_host_syncs(job, plan), routed_load=ep_rank_load(job, plan),
+        stacked_experts=stacks_experts(job.card.moe_expert_weights),
         **job_facts(job, plan, cal, lk, peaks, attention_kernel))
 
 

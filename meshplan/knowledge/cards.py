@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
-from meshplan.knowledge.moe_card import MoeHostSyncs
+from meshplan.knowledge.moe_card import MoeExpertWeights, MoeHostSyncs
 from meshplan.knowledge.read_card import ReadSection, RegistryEntry
 from meshplan.knowledge.tp_card import MoeTensorParallel, TpInputLinears, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
@@ -618,6 +618,7 @@ class FrameworkCard(_Card):
         None, description="Absent: the step's implementation was not read; counted as fused (no temporaries)")
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     moe_host_syncs: MoeHostSyncs | None = Field(None, description="Absent: Megatron-Core's one per MoE layer forward")
+    moe_expert_weights: MoeExpertWeights | None = Field(None, description="Absent: read in place by the grouped GEMM")
     tp_input_linears: TpInputLinears | None = Field(
         None, description="Absent: a TP pair's input is gathered once and its gradient reduced once, each way")
     moe_tp: MoeTensorParallel | None = Field(

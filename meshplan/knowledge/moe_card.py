@@ -16,3 +16,20 @@ class MoeHostSyncs(BaseModel):
     without_ep: int = Field(ge=0, description="With the experts all on the rank (ep 1)")
     with_ep: int = Field(ge=0, description="With expert parallelism (ep > 1)")
     source: str
+
+
+class MoeExpertWeights(BaseModel):
+    """How the framework's grouped GEMM reaches its local routed experts' weights, where it does not read them in
+    place: stacked into new (experts, in, out) tensors on every MoE layer forward (a copy of the local experts'
+    weights, read and written once per forward, and kept by the grouped GEMM for its backward)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stacked_per_forward: bool
+    source: str
+
+
+def stacks_experts(facts: MoeExpertWeights | None) -> bool:
+    """Whether the framework's MoE layers stack their local experts' weights into new tensors on every forward (the
+    card's moe_expert_weights)."""
+    return facts is not None and facts.stacked_per_forward
