@@ -142,7 +142,7 @@ def test_shared_experts_are_whole_on_each_tp_rank():
     layers = range(arch.num_layers)
     assert got.dense == pytest.approx(sum(whole.tp_sharded[i] / 2 + whole.replicated[i] for i in layers)
                                       + terms.vocab * arch.hidden_size  # the embedding whole (embedding_over_tp)
-                                      + terms.vocab * arch.hidden_size / 2 + terms.norm_width)  # the head, final norm
+                                      + terms.vocab * arch.hidden_size + terms.norm_width)  # head (no SP: whole)
 
 
 def test_stacked_expert_weights_are_copied_and_kept_each_forward():

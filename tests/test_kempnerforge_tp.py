@@ -5,6 +5,8 @@ and a ColwiseParallel of its own on each of q, k, v and gate, up, so each gather
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from meshplan.arithmetic.comm import links, ring_time
@@ -98,3 +100,36 @@ def test_import_reads_pipeline_stages_without_sequence_parallelism():
     text = "[model]\nn_layers = 80\n[distributed]\ntp = 4\npp = 4\ndp_shard = 2\n"
     got = import_config(text, path="70b_32gpu_tp4_pp4.toml", framework="kempnerforge")
     assert got.defaults.get("sequence_parallel") is False and "sequence_parallel" not in got.request
+
+
+def test_output_head_whole_without_sequence_parallelism():
+    """The head is ColwiseParallel(output_layouts=Replicate()) only under SP (tensor_parallel.py): with SP the GEMM
+    runs over the vocabulary's TP shard, its logits are all-gathered and the loss reads all of them on each TP rank;
+    without (pipeline stages) the whole head is on each rank, its whole GEMM, no gather. Its parameters likewise."""
+    from meshplan.arithmetic.flops import logits_gemm
+    from meshplan.arithmetic.gemm import gemm_seconds
+    from meshplan.estimate.memory import memory_terms
+    from meshplan.estimate.memory_terms import stage_params
+    from meshplan.estimate.perf import head_seconds
+
+    plan, ctx, _ = _layer("kempnerforge")
+    job = resolve(Request(framework="kempnerforge", **DENSE))[0]
+    arch, cal = ctx.arch, ctx.cal
+    loss = cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / ctx.hbm
+    gather = ring_time(ctx.shard.tokens * arch.vocab_size * BF16, 4, 1, ctx.lk)
+    gemm = gemm_seconds([logits_gemm(arch, ctx.shard)], cal, ctx.bf16_peak, None)
+    assert head_seconds(job, plan, ctx) == pytest.approx(gemm + loss + gather)
+    pp = dict(DENSE, model="llama-3-70b", num_gpus=32, global_batch_size=8, micro_batch_size=1, pp=4)
+    pjob, pplan = resolve(Request(framework="kempnerforge", **pp))
+    _, pctx, _ = _layer("kempnerforge", **pp)
+    whole = gemm_seconds([logits_gemm(pctx.arch, dataclasses.replace(pctx.shard, tp=1))], cal, pctx.bf16_peak, None)
+    ploss = cal.cross_entropy_bytes_per_logit * pctx.shard.tokens * pctx.arch.vocab_size / pctx.hbm
+    assert head_seconds(pjob, pplan, pctx) == pytest.approx(whole + ploss)
+    terms = memory_terms(pjob, pplan, [])
+    last = terms.pipeline.head_rank
+    assert stage_params(terms, last, [terms.pipeline.layers(last)]).head == terms.vocab * pctx.arch.hidden_size
+    tjob, tplan = resolve(Request(framework="torchtitan", **DENSE))
+    _, tctx, _ = _layer("torchtitan")
+    tloss = tctx.cal.cross_entropy_bytes_per_logit * tctx.shard.tokens * tctx.arch.vocab_size / 4 / tctx.hbm
+    assert head_seconds(tjob, tplan, tctx) == pytest.approx(
+        gemm_seconds([logits_gemm(tctx.arch, tctx.shard)], tctx.cal, tctx.bf16_peak, None) + tloss)

@@ -15,6 +15,7 @@ from meshplan.arithmetic.memory_states import Convention, MemoryCard, OptimizerS
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.knowledge.model_counts import layer_params, mtp_params, per_architecture
+from meshplan.knowledge.tp_card import head_tp
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
@@ -201,7 +202,8 @@ def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
         embedding = int(emb)
     head = 0.0
     if last:
-        head = vocab * h / tp if (not arch.tie_word_embeddings or plan.pp > 1) else 0
+        split = head_tp(terms.job.card.output_head_tp, tp, plan.sequence_parallel)
+        head = vocab * h / split if (not arch.tie_word_embeddings or plan.pp > 1) else 0
         dense += head + terms.norm_width
         linear += head
         output_layer = int(head)

@@ -20,10 +20,11 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import Links, allreduce_time, links, p2p_time
+from meshplan.arithmetic.comm import Links, allreduce_time, links, p2p_time, ring_time
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
@@ -55,6 +56,7 @@ from meshplan.estimate.throughput_assumptions import batch_warnings, layout_warn
 from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
+from meshplan.knowledge.tp_card import head_tp
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
@@ -354,6 +356,26 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))
 
 
+def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
+    """The output layer's logits GEMM and cross-entropy per micro-batch on the head stage, forward + backward: the GEMM
+    over the head's vocabulary shard (the whole vocabulary where the card leaves the head whole without sequence
+    parallelism: tp_card.head_tp), the loss's memory-bound passes over the logits each rank holds (all of them where
+    the convention keeps them whole on every TP rank, logits_over_tp), and the all-gather of the shards' logits into
+    them where the head is split."""
+    arch, cal = job.model, ctx.cal
+    split = head_tp(job.card.output_head_tp, plan.tp, plan.sequence_parallel)
+    shard = ctx.shard if split == plan.tp else replace(ctx.shard, tp=split)
+    head = gemm_seconds([logits_gemm(arch, shard)], cal, ctx.bf16_peak, None)
+    if job.lora is not None:  # a frozen output layer: forward and data gradient only
+        head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
+    whole = convention(job.card, plan.zero_stage)[1].logits_over_tp == "replicated"
+    head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / (1 if whole else plan.tp) / ctx.hbm
+    if whole and split > 1:
+        groups = mesh.mesh_groups(plan, law=ctx.law)
+        head += ring_time(ctx.shard.tokens * arch.vocab_size * BF16, groups.tp.size, groups.tp.stride, ctx.lk)
+    return head
+
+
 def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     """One layer of each kind the model has, the stages' layers, the head, the pipeline's p2p, the sharding
     schedule and its DP groups, Muon: what every stage's time reads."""
@@ -365,10 +387,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     recompute = Recompute(selective=job.card.recompute.selective,  # what "selective" repeats
                           every_nth=every_nth_blocks(plan), modules=tuple(plan.recompute_modules or ("core_attn",)))
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
-    head = gemm_seconds([logits_gemm(arch, ctx.shard)], cal, ctx.bf16_peak, None)
-    if job.lora is not None:  # a frozen output layer: forward and data gradient only
-        head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
-    head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / plan.tp / ctx.hbm
+    head = head_seconds(job, plan, ctx)
     p2p = pipeline_p2p(job, plan, cal, lk)
     pp_hop = p2p.hop
     law = ctx.law

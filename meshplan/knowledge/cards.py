@@ -19,7 +19,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
 from meshplan.knowledge.moe_card import MoeExpertWeights, MoeHostSyncs
 from meshplan.knowledge.read_card import ReadSection, RegistryEntry
-from meshplan.knowledge.tp_card import MoeTensorParallel, TpInputLinears, TpOverlapFacts
+from meshplan.knowledge.tp_card import MoeTensorParallel, OutputHeadTp, TpInputLinears, TpOverlapFacts
 from meshplan.schema.choices import Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
@@ -619,6 +619,7 @@ class FrameworkCard(_Card):
     tp_overlap: TpOverlapFacts = TpOverlapFacts(base="fraction", source="not read: the calibration's tp_overlap")
     moe_host_syncs: MoeHostSyncs | None = Field(None, description="Absent: Megatron-Core's one per MoE layer forward")
     moe_expert_weights: MoeExpertWeights | None = Field(None, description="Absent: read in place by the grouped GEMM")
+    output_head_tp: OutputHeadTp | None = Field(None, description="Absent: the head vocabulary-parallel over TP")
     tp_input_linears: TpInputLinears | None = Field(
         None, description="Absent: a TP pair's input is gathered once and its gradient reduced once, each way")
     moe_tp: MoeTensorParallel | None = Field(

@@ -71,3 +71,17 @@ class TpInputLinears(_Card):
     mlp: int = Field(ge=1, description="Column-parallel linears reading a plain MLP's input")
     compile_merges_gathers: bool = Field(description="Under torch.compile the forward gathers of one input are one")
     source: str
+
+
+class OutputHeadTp(_Card):
+    """How the framework's TP cuts the output head where it is not Megatron-Core's vocabulary-parallel linear always."""
+
+    whole_without_sp: bool = Field(description="Without sequence parallelism the head is not parallelized: every TP "
+                                               "rank holds the whole vocabulary's weight and computes all its logits")
+    source: str
+
+
+def head_tp(facts: OutputHeadTp | None, tp: int, sequence_parallel: bool) -> int:
+    """The TP ways the output head's vocabulary is split: tp, or 1 where the card leaves it whole without sequence
+    parallelism."""
+    return 1 if facts is not None and facts.whole_without_sp and not sequence_parallel else tp
