@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import EngineOffload, FrameworkCard, load_card
+from meshplan.knowledge.cards import FrameworkCard, load_card
+from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.schema.plan import Job, Plan
 
 CLASSES = ("weights", "gradients", "optimizer")

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import Engine, StateClass, framework_card
+from meshplan.knowledge.cards import Engine, framework_card
+from meshplan.knowledge.offload_card import StateClass
 from meshplan.schema.choices import FRAMEWORKS, Placement, RLAlgorithm, RolloutEngine
 
 
