@@ -99,3 +99,17 @@ def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[
     if any(a < b or (a == b and a < n) for a, b in pairwise(warmups)):
         return False
     return all(all(map(lt, inputs, numbers)) for inputs, numbers in wraps)
+
+
+def shared_rows(pp: int, vpp: int, group: int, fewer: int, more: int, warmups_fewer: Sequence[int],
+                warmups_more: Sequence[int]) -> int:
+    """How many first rows the numbered programs of one plain order at `fewer` and `more` micro-batches hold alike,
+    both numbered (0: none proven): the rows before column 2N - w0 (N = fewer * v, w0 the largest warm-up), where the
+    warm-ups are the same and `fewer` fills its last group. There every rank's op sits at a position before its
+    cool-down (2N - w_r >= 2N - w0; a cool-down op or a shifted row comes later), which holds the same table entry in
+    both (the tables agree on their first N entries where `fewer` ends a whole group), so the same op; each row's
+    fields follow from its op and the rows of its rank's previous op and its input, which come first (the shorter's
+    inputs come first: it is numbered), so they are the same rows too."""
+    if fewer >= more or fewer % group or list(warmups_fewer) != list(warmups_more):
+        return 0
+    return (2 * fewer * vpp - max(warmups_fewer)) * pp

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from meshplan.arithmetic.pipeline_numbering import plain_numbered
+from meshplan.arithmetic.pipeline_numbering import plain_numbered, shared_rows
+from meshplan.arithmetic.pipeline_split import Action, dualpipev_actions, zbv_actions, zero_bubble_actions
 from meshplan.knowledge.cards import InterleaveGroup as Group
 from meshplan.knowledge.cards import PipelineOrder
 
@@ -57,16 +58,6 @@ Op = tuple[bool, int, int]
 
 # Micro-batches replayed op by op before the step is extended by its steady-state period (see `simulate`).
 EXACT_MICROBATCHES = 128
-
-
-class Action(NamedTuple):
-    """One op of any order: F (forward), B (whole backward), I (input gradient), W (weight gradient) of a virtual
-    chunk on one micro-batch; `fused`: it runs as one step with the next action (combined 1F1B)."""
-
-    kind: Literal["F", "B", "I", "W"]
-    chunk: int
-    mb: int
-    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,11 +186,11 @@ def rank_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
     """Every op rank `rank` runs, in its schedule's order, the backward split into I and W where the order splits it
     and the steady-state forward fused with its backward where the order fuses them."""
     if shape.order == "interleaved_zero_bubble" and shape.pp > 1:
-        return _zero_bubble_actions(shape, rank)
+        return zero_bubble_actions(shape.pp, shape.vpp, shape.microbatches, shape.group, rank)
     if shape.order == "zbv_zero_bubble" and shape.pp > 1:
-        return _zbv_actions(shape, rank)
+        return zbv_actions(shape.pp, shape.microbatches, rank)
     if shape.order == "dualpipev" and shape.pp > 1:
-        return _dualpipev_actions(shape, rank)
+        return dualpipev_actions(shape.pp, shape.microbatches, rank)
     order = rank_order(shape, rank)
     if shape.order != "combined_1f1b" or shape.pp == 1:
         return tuple(Action("B" if backward else "F", chunk, mb) for backward, chunk, mb in order)
@@ -207,140 +198,6 @@ def rank_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
     steady = range(warmup, warmup + 2 * (shape.microbatches * shape.vpp - warmup), 2)  # those forwards' positions
     return tuple(Action("B" if backward else "F", chunk, mb, k in steady)
                  for k, (backward, chunk, mb) in enumerate(order))
-
-
-def _zero_bubble_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
-    """torch ScheduleInterleavedZeroBubble._calculate_single_rank_operations (_get_warmup_ops with multiply_factor
-    1, _get_1f1b_rank_ops with enable_zero_bubble): G = microbatches_per_round."""
-    p, v, m, g = shape.pp, shape.vpp, shape.microbatches, shape.group
-    warmup = min((v - 1) * g + (p - 1 - rank), m * v)
-    steady_end, total = m * v, m * v + warmup  # warm-up + (m*v - warm-up) F/I pairs + warm-up cool-down I's
-    count = {"F": [0] * v, "I": [0] * v, "W": [0] * v}
-    ops: list[Action] = []
-    backward_steps: list[int] = []
-
-    def add(kind: Literal["F", "I", "W"], chunk: int) -> None:
-        ops.append(Action(kind, chunk, count[kind][chunk]))
-        count[kind][chunk] += 1
-
-    def backward_chunk(step: int) -> int:
-        return v - 1 - ((step - warmup) // g) % v
-
-    for step in range(total):
-        if step < steady_end:
-            add("F", (step // g) % v)
-        if step < warmup:
-            continue
-        add("I", backward_chunk(step))
-        backward_steps.append(step)
-        if step - warmup >= rank:  # the W of the oldest backward whose W has not run
-            add("W", backward_chunk(backward_steps[_count_w(count)]))
-    while _count_w(count) < len(backward_steps):
-        add("W", backward_chunk(backward_steps[_count_w(count)]))
-    return tuple(ops)
-
-
-def _count_w(count: dict[str, list[int]]) -> int:
-    return sum(count["W"])
-
-
-def _zbv_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
-    """torch ScheduleZBVZeroBubble._calculate_single_rank_operations: chunk 0 is stage r, chunk 1 stage 2p - 1 - r;
-    the order is written for max(2p - 1, m) micro-batches and the ones past m dropped."""
-    p, m = shape.pp, shape.microbatches
-    n = max(2 * p - 1, m)
-    ops: list[Action] = []
-    f, b = [0, 0], [0, 0]
-
-    def fwd(c: int) -> None:
-        ops.append(Action("F", c, f[c]))
-        f[c] += 1
-
-    def backward(c: int, weight: bool = True) -> None:
-        ops.append(Action("I", c, b[c]))
-        if weight:
-            ops.append(Action("W", c, b[c]))
-        b[c] += 1
-
-    for _ in range(2 * (p - rank) - 1):
-        fwd(0)
-    for _ in range(rank):
-        fwd(1)
-        fwd(0)
-    for _ in range(p - rank):
-        fwd(1)
-        backward(1)
-    while f[1] < f[0] or f[0] < n:
-        if f[0] < n:
-            fwd(0)
-        backward(0)
-        fwd(1)
-        backward(1)
-    w = list(b)
-    for _ in range(rank):
-        backward(0, weight=False)
-        backward(1, weight=False)
-    for _ in range(p - rank):
-        ops.append(Action("I", 0, b[0]))
-        b[0] += 1
-        ops.append(Action("W", 0, w[0]))
-        w[0] += 1
-    ops += [Action("W", 1, k) for k in range(w[1], b[1])] + [Action("W", 0, k) for k in range(w[0], b[0])]
-    return tuple(a for a in ops if a.mb < m)
-
-
-def _dualpipev_actions(shape: Shape, rank: int) -> tuple[Action, ...]:
-    """torch ScheduleDualPipeV._calculate_single_rank_operations (DeepSeek's DualPipeV in eight steps): chunk 0 is
-    stage r, chunk 1 stage 2p - 1 - r; an overlapped forward+backward pair is a forward then a whole backward."""
-    p, m = shape.pp, shape.microbatches
-    if m < 2 * p:
-        raise ValueError(f"DualPipeV needs at least {2 * p} micro-batches (its stages), got {m}")
-    ops: list[Action] = []
-    nxt = {"F": [0, 0], "I": [0, 0]}  # a whole backward B takes the I counter (and its W with it)
-    weights: list[tuple[int, int]] = []  # the W of each lone I, oldest first
-
-    def add(kind: Literal["F", "B", "I"], c: int) -> None:
-        counter = nxt["F" if kind == "F" else "I"]
-        ops.append(Action(kind, c, counter[c]))
-        if kind == "I":
-            weights.append((c, counter[c]))
-        counter[c] += 1
-
-    def weight() -> None:
-        if weights:
-            c, mb = weights.pop(0)
-            ops.append(Action("W", c, mb))
-
-    for _ in range((p - rank - 1) * 2):
-        add("F", 0)
-    for _ in range(rank + 1):
-        add("F", 0)
-        add("F", 1)
-    for _ in range(p - rank - 1):
-        add("I", 1)
-        weight()
-        add("F", 1)
-    for _ in range(m - 2 * p + rank + 1):
-        add("F", 0)  # with B1: one overlapped pair (its halves in turn), or two plain ops on the last rank's first
-        add("B", 1)
-        add("F", 1)
-        add("B", 0)
-    for _ in range(p - rank - 1):
-        add("B", 1)
-        add("F", 1)
-        add("B", 0)
-    split = False
-    for i in range(rank + 1):
-        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
-        add("I" if split else "B", 1)
-        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
-        add("I" if split else "B", 0)
-    for _ in range(p - rank - 1):
-        weight()
-        add("I" if split else "B", 0)
-    for _ in range(rank + 1):
-        weight()
-    return tuple(ops)
 
 
 @dataclass(frozen=True)
@@ -469,12 +326,21 @@ def _plain_program(shape: Shape) -> _Program:
     """_program of the plain orders (no split backward, nothing fused): numbered in closed form where it can be
     (pipeline_numbering.plain_numbered: lists built afresh for each replay, cheaper than arrays to build and to run,
     and kept by none), else from their steps (_rank_steps) replayed rank by rank (kept)."""
-    p = shape.pp
-    seconds = tuple((r, (kind,)) for r in range(p) for kind in "FB")  # 2 r + backward
-    numbered = _numbered(shape)
+    numbered = _numbered_program(shape)
     if numbered is not None:
-        return _Program(*numbered[:3], [], b"", numbered[3], seconds, numbered[4])
-    return _stepped_program(shape, seconds)
+        return numbered
+    return _stepped_program(shape, _plain_seconds(shape.pp))
+
+
+def _plain_seconds(p: int) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    return tuple((r, (kind,)) for r in range(p) for kind in "FB")  # 2 r + backward
+
+
+def _numbered_program(shape: Shape) -> _Program | None:
+    numbered = _numbered(shape)
+    if numbered is None:
+        return None
+    return _Program(*numbered[:3], [], b"", numbered[3], _plain_seconds(shape.pp), numbered[4])
 
 
 @lru_cache(maxsize=64)
@@ -519,38 +385,53 @@ def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], .
 
 
 def _numbered(shape: Shape) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
-    """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_plain_order's:
-    every forward for GPipe, min(p - r - 1, m) for 1F1B); None where it does not number the shape."""
-    p, m = shape.pp, shape.microbatches
-    if p == 1 or (shape.vpp > 1 and shape.order != "interleaved_1f1b"):
+    """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_warmups); None
+    where it does not number the shape."""
+    if shape.pp == 1 or (shape.vpp > 1 and shape.order != "interleaved_1f1b"):
         return None
+    return plain_numbered(shape.pp, shape.vpp, shape.microbatches, shape.group, _warmups(shape))
+
+
+def _warmups(shape: Shape) -> list[int]:
+    """Each rank's warm-up forwards in a plain order (_plain_order's: every forward for GPipe, min(p - r - 1, m) for
+    1F1B)."""
+    p, m = shape.pp, shape.microbatches
     if shape.order == "interleaved_1f1b":
-        warmups = [warmup_forwards(shape, r) for r in range(p)]
-    else:
-        warmups = [m if shape.order == "gpipe" else min(p - r - 1, m) for r in range(p)]
-    return plain_numbered(p, shape.vpp, m, shape.group, warmups)
+        return [warmup_forwards(shape, r) for r in range(p)]
+    return [m if shape.order == "gpipe" else min(p - r - 1, m) for r in range(p)]
 
 
 def _run_program(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: float,
                  wgrad: tuple[float, ...]) -> float:
-    """The program's step: each op ends at max(its rank's previous end, its inputs' ends + their hops) + its seconds
-    (an input without a hop: + 0.0, the same number); a fused pair takes both ops' seconds."""
+    """The program's step: the latest end of a rank's last op (_ends)."""
+    ends = _ends(prog, fwd, bwd, hop, wgrad)
+    return max(ends[op] for op in prog.last)
+
+
+def _ends(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: float, wgrad: tuple[float, ...],
+          known: list[float] | None = None) -> list[float]:
+    """Each op's end (index: its number; 0: nothing, at 0.0): max(its rank's previous end, its inputs' ends + their
+    hops) + its seconds (an input without a hop: + 0.0, the same number); a fused pair takes both ops' seconds.
+    `known`: the ends of the first len(known) - 1 ops, taken as they are (another program's that numbers them
+    alike: _replay_pair), the rest run."""
     per_kind = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(len(fwd))]
     seconds = [sum(per_kind[r][kind] for kind in kinds) for r, kinds in prog.seconds]
     hops = (0.0, hop)
-    ends = [0.0]  # ends[i]: the end of op i (0: nothing, at 0.0)
+    ends = known or [0.0]
+    start = len(ends) - 1
     append = ends.append
     if not prog.dep2:
-        for prev, dep, hopped, takes in zip(prog.prev, prog.dep, prog.hopped, prog.takes, strict=True):
+        for prev, dep, hopped, takes in zip(prog.prev[start:], prog.dep[start:], prog.hopped[start:],
+                                            prog.takes[start:], strict=True):
             free, ready = ends[prev], ends[dep] + hops[hopped]
             append((free if free > ready else ready) + seconds[takes])
     else:
-        for prev, dep, hopped, dep2, hopped2, takes in zip(*prog[:6], strict=True):
+        for prev, dep, hopped, dep2, hopped2, takes in zip(*(column[start:] for column in prog[:6]), strict=True):
             free, ready, other = ends[prev], ends[dep] + hops[hopped], ends[dep2] + hops[hopped2]
             if ready > free:
                 free = ready
             append((free if free > other else other) + seconds[takes])
-    return max(ends[op] for op in prog.last)
+    return ends
 
 
 # What a step's op waits for: a forward's output (F) or a backward's input gradient (B or I).
@@ -652,10 +533,35 @@ def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: floa
     w = tuple(wgrad) if wgrad is not None else (0.0,) * p
     if period and m > start + period:
         base = start + (m - start) % period
-        near = _replay(_resized(shape, base), fwd, bwd, hop, w)
-        before = _replay(_resized(shape, base - period), fwd, bwd, hop, w)
+        near, before = _replay_pair(_resized(shape, base), _resized(shape, base - period), fwd, bwd, hop, w)
         return Timeline(near + (m - base) // period * (near - before), busy)
     return Timeline(_replay(shape, fwd, bwd, hop, w), busy)
+
+
+def _replay_pair(longer: Shape, shorter: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float,
+                 wgrad: tuple[float, ...]) -> tuple[float, float]:
+    """_replay of both shapes (one order at two micro-batch counts: simulate's extension), to the same bits. Where
+    both are 1F1B or interleaved 1F1B numbered in closed form and the shorter's first rows are the longer's
+    (pipeline_numbering.shared_rows), those rows' ops end where the longer's run ends them (each end reads the same
+    ends in the same sums): they are taken from it, and only the shorter's last rows run (Llama-3.1-70B on 64 H100:
+    about 4% of them)."""
+    keys = [(shape, tuple(fwd), tuple(bwd), hop, wgrad) for shape in (longer, shorter)]
+    hits = [_REPLAYS.get(key) for key in keys]
+    shared = 0
+    if hits[0] is None and hits[1] is None and longer.order in ("1f1b", "interleaved_1f1b"):
+        shared = shared_rows(longer.pp, longer.vpp, longer.group, shorter.microbatches, longer.microbatches,
+                             _warmups(shorter), _warmups(longer))
+    programs = (_numbered_program(longer), _numbered_program(shorter)) if shared else (None, None)
+    if programs[0] is None or programs[1] is None:
+        return _replay(longer, fwd, bwd, hop, wgrad), _replay(shorter, fwd, bwd, hop, wgrad)
+    ends = _ends(programs[0], keys[0][1], keys[0][2], hop, wgrad)
+    step = max(ends[op] for op in programs[0].last)
+    del ends[shared + 1:]
+    ends = _ends(programs[1], keys[0][1], keys[0][2], hop, wgrad, ends)
+    if len(_REPLAYS) >= 4095:
+        _REPLAYS.clear()
+    _REPLAYS[keys[0]], _REPLAYS[keys[1]] = step, max(ends[op] for op in programs[1].last)
+    return _REPLAYS[keys[0]], _REPLAYS[keys[1]]
 
 
 def _resized(shape: Shape, microbatches: int) -> Shape:
