@@ -4,6 +4,7 @@ run's, on every plan: the same ids, order, messages and fixes, the same first bl
 oracle's sampler (every framework, dense, MoE and MLA models), plus RL, LoRA and fp8 jobs; plans are fuzzed over every
 field, so rules fire, pass and raise."""
 
+import functools
 import random
 import typing
 
@@ -251,3 +252,33 @@ def test_a_groups_key_holds_a_list_field_as_a_tuple(fields):
     hash(key)  # hashable, so the memo can keep it
     if fields == ("recompute_modules",):
         assert key == (("core_attn",),)
+
+
+def test_a_contexts_derived_values_are_kept_in_its_dict_without_a_lock():
+    # Context works out backend, law, expert_grid, fast_domain and microbatches on their first read and keeps them in
+    # its own dict (engine._Once: functools.cached_property without Python 3.11's lock), the values the plain
+    # expressions give
+    job, plan = JOBS[0]
+    ctx = Context(job, plan)
+    derived = {name for name, value in vars(Context).items() if isinstance(value, engine._Once)}
+    assert derived == {"backend", "law", "expert_grid", "fast_domain", "microbatches"}
+    assert not any(isinstance(value, functools.cached_property) for value in vars(Context).values())
+    for name in derived:
+        assert name not in ctx.__dict__
+        value = getattr(ctx, name)
+        assert ctx.__dict__[name] == value == getattr(ctx, name)
+    gbs = job.global_batch_size
+    assert ctx.microbatches == gbs // (plan.micro_batch_size * plan.dp) // plan.schedule_runs(gbs)
+    assert ctx.expert_grid == plan.pp * plan.ep * plan.etp and ctx.law == job.card.world_size_law
+
+
+@pytest.mark.parametrize("pipeline_microbatches", [None, 1, 3, 4, 64])
+def test_schedule_runs_reads_a_whole_step_in_one_run_first(pipeline_microbatches):
+    # Plan.schedule_runs: 1 where pipeline_microbatches is None (every micro-batch of the step in one run), read before
+    # the micro-batch counts; the runs of the counts otherwise, as before
+    for gbs, mbs, dp in [(1, 1, 1), (7, 2, 3), (512, 1, 8), (1024, 4, 2)]:
+        plan = Plan(micro_batch_size=mbs, dp=dp, pipeline_microbatches=pipeline_microbatches)
+        m = plan.num_microbatches(gbs)
+        assert plan.schedule_runs(gbs) == max(1, m // min(m, pipeline_microbatches or m))
+        if pipeline_microbatches is None:
+            assert plan.schedule_runs(gbs) == 1

@@ -208,6 +208,8 @@ class Plan(StrictModel):
 
     def schedule_runs(self, global_batch_size: int) -> int:
         """Runs of the pipeline schedule per optimizer step (1 unless pipeline_microbatches cuts the step)."""
+        if self.pipeline_microbatches is None:  # every micro-batch in one run, read first (every rule check asks)
+            return 1
         return max(1, self.num_microbatches(global_batch_size) // self.schedule_microbatches(global_batch_size))
 
     def short(self) -> str:
