@@ -10,7 +10,7 @@ from operator import lt
 import pytest
 
 from meshplan.arithmetic import pipeline_timeline as tl
-from meshplan.arithmetic.pipeline_numbering import plain_numbered, shared_rows
+from meshplan.arithmetic.pipeline_numbering import plain_numbered, plain_tail, shared_rows
 from meshplan.arithmetic.pipeline_timeline import shape_for
 
 
@@ -132,3 +132,30 @@ def test_the_searchs_extension_runs_the_shorter_steps_last_rows():
     rows = shared_rows(8, 5, 8, 128, 144, tl._warmups(shorter), tl._warmups(longer))
     assert tl._warmups(shorter)[0] == 46 and rows == (2 * 640 - 46) * 8
     assert len(tl._numbered_program(shorter).prev) - rows == (46 + 8) * 8  # 432 of 10,304
+
+
+def test_the_tail_numbered_alone_is_the_whole_programs_tail():
+    # plain_tail works each row out alone from a column on: the rows plain_numbered gives there, padding included, and
+    # each rank's last op, on every shape plain_numbered numbers with a count that fills its last group (column 0:
+    # the whole program); a short last group: None
+    checked = 0
+    for order in ("1f1b", "interleaved_1f1b"):
+        for convention in ("pp", "rounds"):
+            for pp in (2, 3, 4, 5, 8):
+                for vpp in (1,) if order == "1f1b" else (2, 3, 5):
+                    for m in sorted({pp, 2 * pp, 3 * pp + 1, 4 * pp, 40, 48, 60, 128}):
+                        shape = shape_for(order, convention, pp, vpp, m)  # type: ignore[arg-type]
+                        warmups = tl._warmups(shape)
+                        whole = plain_numbered(pp, vpp, m, shape.group, warmups)
+                        if whole is None:
+                            continue
+                        for column in (0, m, 2 * m * vpp - max(warmups)):
+                            tail = plain_tail(pp, vpp, m, shape.group, warmups, column)
+                            if m % shape.group:
+                                assert tail is None
+                                continue
+                            assert tail is not None and tail[4] == whole[4], (shape, column)
+                            for part in range(4):
+                                assert list(tail[part]) == list(whole[part][column * pp:]), (shape, column, part)
+                            checked += 1
+    assert checked >= 300

@@ -103,13 +103,68 @@ def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[
 
 def shared_rows(pp: int, vpp: int, group: int, fewer: int, more: int, warmups_fewer: Sequence[int],
                 warmups_more: Sequence[int]) -> int:
-    """How many first rows the numbered programs of one plain order at `fewer` and `more` micro-batches hold alike,
-    both numbered (0: none proven): the rows before column 2N - w0 (N = fewer * v, w0 the largest warm-up), where the
-    warm-ups are the same and `fewer` fills its last group. There every rank's op sits at a position before its
+    """How many first rows the programs of one plain order at `fewer` and `more` micro-batches hold alike, the
+    longer's numbered (0: none proven): the rows before column 2N - w0 (N = fewer * v, w0 the largest warm-up), where
+    the warm-ups are the same and `fewer` fills its last group. There every rank's op sits at a position before its
     cool-down (2N - w_r >= 2N - w0; a cool-down op or a shifted row comes later), which holds the same table entry in
     both (the tables agree on their first N entries where `fewer` ends a whole group), so the same op; each row's
-    fields follow from its op and the rows of its rank's previous op and its input, which come first (the shorter's
-    inputs come first: it is numbered), so they are the same rows too."""
+    fields follow from its op and the rows of its rank's previous op and its input, which come first (the longer's
+    inputs come first: it is numbered), so they are the same rows too. The shorter's rows after them: plain_tail."""
     if fewer >= more or fewer % group or list(warmups_fewer) != list(warmups_more):
         return 0
     return (2 * fewer * vpp - max(warmups_fewer)) * pp
+
+
+def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequence[int],
+               column: int) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
+    """plain_numbered's rows from `column` on (row column * p and after; the ops before keep their numbers), each
+    worked out alone, for a count that fills its last group (entry i of a rank's table runs chunk (i // G) % v):
+    rank r's op at position q sits in column q before its cool-down (2N - w_r on), q + p - r in it, the rows between
+    wait for nothing and are read by nothing; its previous op is the one at q - 1, its input as plain_numbered's.
+    None where a row's input or previous op does not come first (the caller runs plain_numbered's program)."""
+    p, v, g = pp, vpp, group
+    n = microbatches * v
+    if microbatches % g:
+        return None
+
+    def forward(r: int, i: int) -> int:
+        w = warmups[r]
+        return (i if i < w else 2 * i - w) * p + r + 1
+
+    def backward(r: int, k: int) -> int:
+        w = warmups[r]
+        return (w + 2 * k + 1 if k < n - w else n + k + p - r) * p + r + 1
+
+    def at(r: int, q: int) -> int:  # the number of rank r's op at position q
+        w = warmups[r]
+        if q < w or (q < 2 * n - w and not (q - w) % 2):
+            return forward(r, q if q < w else (q + w) // 2)
+        return backward(r, (q - w - 1) // 2 if q < 2 * n - w else q - n)
+
+    prev: list[int] = []
+    dep: list[int] = []
+    hopped = bytearray()
+    takes: list[int] = []
+    for c in range(column, 2 * n + p):
+        for r in range(p):
+            w = warmups[r]
+            q = c if c < 2 * n - w else c - (p - r) if c >= 2 * n - w + p - r else -1
+            if q < 0 or q >= 2 * n:  # a shifted row, or past the rank's last op
+                row = (0, 0, 0, 0)
+            elif q < w or (q < 2 * n - w and not (q - w) % 2):  # forward i
+                i = q if q < w else (q + w) // 2
+                chunk = (i // g) % v
+                row = (at(r, q - 1) if q else 0, forward(r - 1, i) if r else forward(p - 1, i - g) if chunk else 0,
+                       1 if r or chunk else 0, 2 * r)
+            else:  # backward k
+                k = (q - w - 1) // 2 if q < 2 * n - w else q - n
+                chunk = (k // g) % v
+                row = (at(r, q - 1), backward(r + 1, k) if r < p - 1 else backward(0, k - g) if chunk
+                       else forward(p - 1, k + (v - 1) * g), 1 if r < p - 1 or chunk else 0, 2 * r + 1)
+            if row[0] > c * p + r or row[1] > c * p + r:
+                return None
+            prev.append(row[0])
+            dep.append(row[1])
+            hopped.append(row[2])
+            takes.append(row[3])
+    return prev, dep, hopped, takes, tuple(backward(r, n - 1) for r in range(p))

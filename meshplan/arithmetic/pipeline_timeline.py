@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from meshplan.arithmetic.pipeline_numbering import plain_numbered, shared_rows
+from meshplan.arithmetic.pipeline_numbering import plain_numbered, plain_tail, shared_rows
 from meshplan.arithmetic.pipeline_split import Action, dualpipev_actions, zbv_actions, zero_bubble_actions
 from meshplan.knowledge.cards import InterleaveGroup as Group
 from meshplan.knowledge.cards import PipelineOrder
@@ -412,21 +412,19 @@ def _ends(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: f
           known: list[float] | None = None) -> list[float]:
     """Each op's end (index: its number; 0: nothing, at 0.0): max(its rank's previous end, its inputs' ends + their
     hops) + its seconds (an input without a hop: + 0.0, the same number); a fused pair takes both ops' seconds.
-    `known`: the ends of the first len(known) - 1 ops, taken as they are (another program's that numbers them
-    alike: _replay_pair), the rest run."""
+    `known`: the ends of the ops numbered before the program's first row (another program's, which numbers them
+    alike: _replay_pair), extended in place."""
     per_kind = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(len(fwd))]
     seconds = [sum(per_kind[r][kind] for kind in kinds) for r, kinds in prog.seconds]
     hops = (0.0, hop)
     ends = known or [0.0]
-    start = len(ends) - 1
     append = ends.append
     if not prog.dep2:
-        for prev, dep, hopped, takes in zip(prog.prev[start:], prog.dep[start:], prog.hopped[start:],
-                                            prog.takes[start:], strict=True):
+        for prev, dep, hopped, takes in zip(prog.prev, prog.dep, prog.hopped, prog.takes, strict=True):
             free, ready = ends[prev], ends[dep] + hops[hopped]
             append((free if free > ready else ready) + seconds[takes])
     else:
-        for prev, dep, hopped, dep2, hopped2, takes in zip(*(column[start:] for column in prog[:6]), strict=True):
+        for prev, dep, hopped, dep2, hopped2, takes in zip(*prog[:6], strict=True):
             free, ready, other = ends[prev], ends[dep] + hops[hopped], ends[dep2] + hops[hopped2]
             if ready > free:
                 free = ready
@@ -543,24 +541,27 @@ def _replay_pair(longer: Shape, shorter: Shape, fwd: Sequence[float], bwd: Seque
     """_replay of both shapes (one order at two micro-batch counts: simulate's extension), to the same bits. Where
     both are 1F1B or interleaved 1F1B numbered in closed form and the shorter's first rows are the longer's
     (pipeline_numbering.shared_rows), those rows' ops end where the longer's run ends them (each end reads the same
-    ends in the same sums): they are taken from it, and only the shorter's last rows run (Llama-3.1-70B on 64 H100:
-    about 4% of them)."""
+    ends in the same sums): they are taken from it, and only the shorter's last rows are numbered (plain_tail) and
+    run (Llama-3.1-70B on 64 H100: about 4% of them)."""
     keys = [(shape, tuple(fwd), tuple(bwd), hop, wgrad) for shape in (longer, shorter)]
     hits = [_REPLAYS.get(key) for key in keys]
-    shared = 0
+    shared, tail, warmups = 0, None, _warmups(shorter)
     if hits[0] is None and hits[1] is None and longer.order in ("1f1b", "interleaved_1f1b"):
         shared = shared_rows(longer.pp, longer.vpp, longer.group, shorter.microbatches, longer.microbatches,
-                             _warmups(shorter), _warmups(longer))
-    programs = (_numbered_program(longer), _numbered_program(shorter)) if shared else (None, None)
-    if programs[0] is None or programs[1] is None:
+                             warmups, _warmups(longer))
+    program = _numbered_program(longer) if shared else None
+    if program is not None:
+        tail = plain_tail(shorter.pp, shorter.vpp, shorter.microbatches, shorter.group, warmups, shared // shorter.pp)
+    if program is None or tail is None:
         return _replay(longer, fwd, bwd, hop, wgrad), _replay(shorter, fwd, bwd, hop, wgrad)
-    ends = _ends(programs[0], keys[0][1], keys[0][2], hop, wgrad)
-    step = max(ends[op] for op in programs[0].last)
+    ends = _ends(program, keys[0][1], keys[0][2], hop, wgrad)
+    step = max(ends[op] for op in program.last)
     del ends[shared + 1:]
-    ends = _ends(programs[1], keys[0][1], keys[0][2], hop, wgrad, ends)
+    ends = _ends(_Program(*tail[:3], [], b"", tail[3], _plain_seconds(shorter.pp), tail[4]), keys[0][1], keys[0][2],
+                 hop, wgrad, ends)
     if len(_REPLAYS) >= 4095:
         _REPLAYS.clear()
-    _REPLAYS[keys[0]], _REPLAYS[keys[1]] = step, max(ends[op] for op in programs[1].last)
+    _REPLAYS[keys[0]], _REPLAYS[keys[1]] = step, max(ends[op] for op in tail[4])
     return _REPLAYS[keys[0]], _REPLAYS[keys[1]]
 
 
