@@ -13,6 +13,7 @@ from test_search_oracle import sampled_request
 
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
+from meshplan.core.once import once
 from meshplan.knowledge.cards import CardError
 from meshplan.request.resolve import resolve
 from meshplan.rules import engine
@@ -256,11 +257,11 @@ def test_a_groups_key_holds_a_list_field_as_a_tuple(fields):
 
 def test_a_contexts_derived_values_are_kept_in_its_dict_without_a_lock():
     # Context works out backend, law, expert_grid, fast_domain and microbatches on their first read and keeps them in
-    # its own dict (engine._Once: functools.cached_property without Python 3.11's lock), the values the plain
+    # its own dict (core/once.py: functools.cached_property without Python 3.11's lock), the values the plain
     # expressions give
     job, plan = JOBS[0]
     ctx = Context(job, plan)
-    derived = {name for name, value in vars(Context).items() if isinstance(value, engine._Once)}
+    derived = {name for name, value in vars(Context).items() if isinstance(value, once)}
     assert derived == {"backend", "law", "expert_grid", "fast_domain", "microbatches"}
     assert not any(isinstance(value, functools.cached_property) for value in vars(Context).values())
     for name in derived:

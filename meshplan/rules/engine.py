@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
+from meshplan.core.once import once
 from meshplan.knowledge.cards import CardError, Engine, FrameworkCard, load_card
 from meshplan.knowledge.rl_card import RLCard
 from meshplan.schema.choices import FRAMEWORKS, Severity
@@ -250,23 +251,6 @@ def backend_of(card: FrameworkCard, zero_stage: int) -> Backend:
     return card.engine_at(zero_stage)
 
 
-class _Once:
-    """A value a Context works out on its first read and keeps in the instance's dict, where later reads find it
-    first (a non-data descriptor): functools.cached_property without the lock Python 3.11's takes on every first
-    read (3.12 dropped it; about 4,000 instructions of each, and a search's first ask makes a Context per plan its
-    kept verdicts do not answer); a Context is made and read by one thread."""
-
-    def __init__(self, func: Callable[[Any], Any]):
-        self.func, self.name = func, func.__name__
-        self.__doc__ = func.__doc__
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        value = instance.__dict__[self.name] = self.func(instance)
-        return value
-
-
 @dataclass(frozen=True)
 class Context:
     """A job and plan with the derived numbers most rules need, computed once per check."""
@@ -297,11 +281,11 @@ class Context:
     def world(self) -> int:
         return self.job.num_gpus
 
-    @_Once
+    @once
     def backend(self) -> Backend:
         return backend_of(self.job.card, self.plan.zero_stage)
 
-    @_Once
+    @once
     def law(self) -> str:
         return self.job.card.world_size_law
 
@@ -309,16 +293,16 @@ class Context:
     def model_parallel(self) -> int:
         return self.plan.tp * self.plan.pp * self.plan.cp
 
-    @_Once
+    @once
     def expert_grid(self) -> int:
         return mesh.expert_group(self.plan)
 
-    @_Once
+    @once
     def fast_domain(self) -> int:
         """GPUs one GPU reaches over NVLink/xGMI (mesh.fast_domain)."""
         return mesh.fast_domain(self.job.gpu, self.job.gpus_per_node)
 
-    @_Once
+    @once
     def microbatches(self) -> int:
         """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over
         the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step); once per
