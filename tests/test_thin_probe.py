@@ -15,7 +15,7 @@ from meshplan.schema.request import Request
 from meshplan.search import exhaustive_top_k, ranking
 from meshplan.search.engine import run_search
 from meshplan.search.impossible import fastest_below_headroom
-from meshplan.search.policy import search_comparison
+from meshplan.search.policy import SLOWER, search_comparison
 from meshplan.search.ranking import recommend
 from meshplan.search.space import within_nvlink
 
@@ -92,6 +92,32 @@ def test_the_probe_answers_as_a_plain_search_at_full_capacity(monkeypatch):
     compared, named, wrong = compare(monkeypatch, headroom_requests(48) + NEAR_CAPACITY)
     assert not wrong, wrong
     assert compared >= 40 and named >= 10  # the sample keeps the probe's answers meaningful
+
+
+def test_a_search_whose_counts_are_unread_finds_the_same_without_counting(monkeypatch):
+    """The probe reads only what its search ranks, so that search skips the counts (run_search tallied=False: the dead
+    seeds are not settled, the queue not drained): on the requests where the probe searches, it ranks the same plans
+    and stops the same way as the same search counting, and counts none of what it left behind."""
+    compared = left = 0
+    for req, top_k in headroom_requests(12) + NEAR_CAPACITY:
+        seen = probes(monkeypatch, req, top_k)
+        if seen is None:
+            continue
+        (job, fixed, engine, search), _ = seen
+        if search.budget >= job.gpu.memory_bytes or search.stopped_by_budget:
+            continue
+        cutoff = min(f.time for f in search.found) * (1.0 - search_comparison().below_headroom_gain) \
+            if search.found else math.inf
+        counting, _ = run_search(job, fixed, engine, 1, [], job.gpu.memory_bytes, share=search, cutoff=cutoff)
+        quiet, _ = run_search(job, fixed, engine, 1, [], job.gpu.memory_bytes, share=search, cutoff=cutoff,
+                              tallied=False)
+        assert [(f.plan, f.time, f.memory.peak_bytes) for f in quiet.found] == \
+            [(f.plan, f.time, f.memory.peak_bytes) for f in counting.found], req
+        assert quiet.stopped_by_budget == counting.stopped_by_budget, req
+        assert quiet.rejected[SLOWER] == 0 and not quiet.heap and not quiet.dead and not quiet.beyond_cutoff, req
+        compared += 1
+        left += counting.rejected[SLOWER] > 0
+    assert compared >= 8 and left >= 4  # and on several, the counting search had plans left to count
 
 
 def test_a_budget_dependent_memo_shared_with_the_probe_is_caught(monkeypatch):

@@ -112,6 +112,9 @@ class BestFirstSearch(StepTimeBounds):
     # them as their FLOOR pop would have (settle_dead), so the counts are those of a queue that held them.
     dead: list[tuple[float, int]] = field(default_factory=list)
     dead_layouts: dict[Layout, bool] = field(default_factory=dict)  # is_dead per layout asked, under this budget
+    # False where no count is read (the thinner-headroom probe, the GPU-count scan: only what it ranks): the dead
+    # seeds and what is left in the queue are then not counted (settle_dead, drain), which decides nothing
+    tallied: bool = True
 
     @classmethod
     def for_job(cls, job: Job, fixed: Fixed, engine: Engine, top_k: int, *,
@@ -568,6 +571,9 @@ class BestFirstSearch(StepTimeBounds):
         the same ranked rows), and, after it, each the loop's stopping test would have let through with the final
         rows, up to the node it stopped at (none after a budget stop: the budget is asked before every pop). The rest
         were never popped: left for drain, like a seed over the cutoff."""
+        if not self.tallied:
+            self.dead.clear()
+            return
         if not self.dead:
             return
         popped = 0
@@ -617,6 +623,10 @@ class BestFirstSearch(StepTimeBounds):
 
     def drain(self, bucket: str) -> None:
         """Count what is left in the queue under `bucket`, with the seeds left out over the cutoff."""
+        if not self.tallied:
+            self.beyond_cutoff = 0
+            self.heap.clear()
+            return
         if self.beyond_cutoff:
             self.rejected[bucket] += self.beyond_cutoff
             self.beyond_cutoff = 0
@@ -630,14 +640,16 @@ class BestFirstSearch(StepTimeBounds):
 
 def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: list[str],
                budget_bytes: int = 0, share: BestFirstSearch | None = None,
-               cutoff: float = math.inf, counted: bool = True) -> tuple[BestFirstSearch, int]:
+               cutoff: float = math.inf, counted: bool = True, tallied: bool = True) -> tuple[BestFirstSearch, int]:
     """Search the whole space of `job` (TP inside the NVLink domain first, across it only when nothing inside
     fits) and count every plan considered. `share`: a search of the same job whose estimates this one reuses;
     `cutoff`: no slower step time is wanted (the TP-across tier is then left out whole where its floor, across_floor,
-    is over it); `counted`: False where only what it ranks is read (the MEM003 count is then not told apart).
+    is over it); `counted`: False where only what it ranks is read (the MEM003 count is then not told apart);
+    `tallied`: False where no count is read at all (the dead seeds and what the queue holds at the end are not
+    counted: the time a search spends on counts alone, BestFirstSearch.tallied).
     Appends to `warnings` what the answer must say about the run."""
     search = BestFirstSearch.for_job(job, fixed, engine, top_k, budget_bytes=budget_bytes)
-    search.cutoff, search.count_host = cutoff, counted
+    search.cutoff, search.count_host, search.tallied = cutoff, counted, tallied
     if share is not None:  # what does not depend on the budget: the estimates, and the per-search memos below
         search.caches = share.caches.shared()
         search.overlaps, search.pipeline_overlap = share.overlaps, share.pipeline_overlap

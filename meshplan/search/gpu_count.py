@@ -224,7 +224,8 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
     budget = memory_budget(job, headroom)
     default_at = at is None
     at = at or (lambda world: job_at(job, world, user_gbs))
-    ranks = ranks or (lambda _, there: bool(run_search(there, fixed, engine, 1, [], budget, counted=False)[0].found))
+    ranks = ranks or (lambda _, there: bool(
+        run_search(there, fixed, engine, 1, [], budget, counted=False, tallied=False)[0].found))
     zeros = BestFirstSearch.for_job(job, fixed, engine, 1, budget_bytes=budget).zeros
     floor = states_floor(job, zeros, budget, fixed.carried)
     counts, stepping = gpu_counts(job, fixed, floor, limit)
