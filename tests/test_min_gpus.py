@@ -112,14 +112,14 @@ def test_the_floor_leaves_out_gradients_a_trainer_frees_before_the_backward():
 
 def test_min_gpus_is_the_count_recommend_ranks_at():
     """The count min-gpus answers is settled by recommend's own search there: its candidate is recommend's #1 at that
-    count, and recommend one GPU below ranks nothing and names the same count."""
+    count, and recommend one node below ranks nothing and names the same count."""
     req = Request(model="mixtral-8x22b", gpu="h100", seq_length=4096)
     result = minimum_gpus(req)
     assert result.num_gpus is not None and result.stopped_by == "found"
     there = recommend(req.model_copy(update={"num_gpus": result.num_gpus}), top_k=1)
     assert there.candidates[0].plan == result.candidate.plan
     assert there.candidates[0].throughput.step_time_s == result.candidate.throughput.step_time_s
-    below = recommend(req.model_copy(update={"num_gpus": result.num_gpus - 1}), top_k=1)
+    below = recommend(req.model_copy(update={"num_gpus": result.num_gpus - 8}), top_k=1)
     assert below.candidates == [] and below.min_gpus == result.num_gpus
 
 
@@ -232,16 +232,27 @@ RECOMPUTE_RULED = [
 @pytest.mark.parametrize(("fields", "count"), RECOMPUTE_RULED, ids=["OF002", "EP009"])
 def test_the_scan_reads_the_rules_at_every_recompute(fields, count):
     """fits_somewhere asks the rules at each recompute, and an estimate they block counts as a fit: the count is the
-    first from the scan's floor where recommend ranks a layout."""
+    first the scan checks (its floor), where recommend ranks a layout."""
     got = minimum_gpus(Request(**fields))
-    assert got.num_gpus == count and f"from {got.searched_from}:" in got.rationale
+    assert got.num_gpus == count and f"from {count}:" in got.rationale
     assert recommend(Request(**fields, num_gpus=count), top_k=1).candidates
-    assert not any(_ranks(Request(**fields, num_gpus=below)) for below in range(got.searched_from, count))
 
 
-def _ranks(req: Request) -> bool:
-    """Whether recommend ranks a layout (a request every plan of which a rule refuses is an error: none)."""
-    try:
-        return bool(recommend(req, top_k=1).candidates)
-    except MeshplanError:
-        return False
+def test_the_count_min_gpus_answers_launches():
+    """recommend ranks layouts on 20 H100 for Llama-3.1-70B at 8K tokens (TP4 PP5), but launchers start the same
+    number of processes on every node (adapters/common.nodes), so 20 GPUs of 8-GPU nodes cannot be launched and
+    render refuses them: min-gpus answers the least count that launches, and render writes its plan."""
+    req = Request(model="llama-3.1-70b", gpu="h100", seq_length=8192)
+    at_20 = recommend(req.model_copy(update={"num_gpus": 20}), top_k=1).candidates
+    assert at_20 and at_20[0].plan.tp * at_20[0].plan.pp * at_20[0].plan.cp * at_20[0].plan.dp == 20
+    result = minimum_gpus(req)
+    assert result.num_gpus == 24 and result.num_gpus % 8 == 0
+    plan = result.candidate.plan.model_dump(exclude_defaults=True)
+    fields = {k: v for k, v in plan.items() if k in Request.model_fields}
+    rendered = api.render_config("megatron-core", req.model_copy(update={
+        "num_gpus": 24, "global_batch_size": result.global_batch_size, **fields}))
+    assert rendered.text
+    with pytest.raises(MeshplanError, match="whole 8-GPU nodes"):
+        twenty = at_20[0].plan.model_dump(exclude_defaults=True)
+        api.render_config("megatron-core", req.model_copy(update={
+            "num_gpus": 20, **{k: v for k, v in twenty.items() if k in Request.model_fields}}), force=True)

@@ -82,8 +82,8 @@ def test_a_host_below_the_floor_is_refused_with_the_numbers_and_a_fix_that_works
         api.recommend(req)
     assert err.value.reason.startswith("MEM003")
     assert f"{floor / GIB:,.1f} GiB" in err.value.reason and "64.0 GiB" in err.value.reason
-    assert "22 GPUs" in err.value.fix and "placement=separate" in err.value.fix  # min-gpus' count at 64 GiB too
-    bigger = Request(**{**SKYRL, "num_gpus": 22}, cpu_memory_per_node=64)
+    assert "24 GPUs" in err.value.fix and "placement=separate" in err.value.fix  # min-gpus' count at 64 GiB too
+    bigger = Request(**{**SKYRL, "num_gpus": 24}, cpu_memory_per_node=64)
     job, base = resolve(bigger)
     refuse_host(job, base, _training(bigger))  # the fix's GPU count passes the floor
     assert floor_of(bigger) <= 64 * GIB
@@ -230,18 +230,15 @@ def test_the_phase_offload_variants_are_each_a_different_rl_step():
 
 def test_the_floors_fix_names_the_count_min_gpus_finds():
     """The floor counts what the RL step's host counts (least_offloaded_state_bytes: the states the framework's own
-    offload copies there): with 64 GiB per node the refusal at 16 GPUs names 22 GPUs, the count min-gpus finds (a
-    node's 8 GPUs hold 8/22 of the 1,365 GiB: 62 GiB; 21 leave 65 GiB per node, over; whole nodes named 24). min-gpus'
-    scan checks the trainer's GPU fit only: the training step's host, with SkyRL's offload_after_step on as resolved,
-    ruled 24 out though the RL step turns it off (it answered 32); and a count the host refuses costs no search of
-    its bound (it stopped at 15 after 8 refusals)."""
+    offload copies there): with 64 GiB per node the refusal at 16 GPUs names 24 GPUs, the count min-gpus finds (the
+    ZeRO-3 layout with the optimizer kept on the GPU takes 56.9 GiB per node there). min-gpus' scan checks the
+    trainer's GPU fit only: the training step's host, with SkyRL's offload_after_step on as resolved, ruled 24 out
+    though the RL step turns it off (it answered 32)."""
     with pytest.raises(HostRefused) as err:
         api.recommend(Request(**SKYRL, cpu_memory_per_node=64))
-    assert "at least 22 GPUs (3 nodes" in err.value.fix
+    assert "at least 24 GPUs" in err.value.fix
     spec = {k: v for k, v in SKYRL.items() if k != "num_gpus"}
-    assert api.minimum_gpus(Request(**spec, cpu_memory_per_node=64)).num_gpus == 22
-    with pytest.raises(HostRefused):
-        api.recommend(Request(**{**SKYRL, "num_gpus": 21}, cpu_memory_per_node=64))
+    assert api.minimum_gpus(Request(**spec, cpu_memory_per_node=64)).num_gpus == 24
 
 
 def test_skyrl_placed_apart_ranks_an_rl_step_on_its_eight_trainer_gpus():

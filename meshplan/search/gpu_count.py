@@ -1,11 +1,10 @@
 """The scan for the smallest GPU count at which recommend ranks a layout (`scan_minimum`, run by `minimum_gpus` in
-meshplan/search/min_gpus.py and by recommend's nothing-fits answer). Counts are checked in increasing order, every one
-the rules allow, never stepped by the node, doubled or bisected: fit is not monotone in the count, since a layout's
-degrees must divide it. Each count is first tested by a necessary condition (`fits_somewhere`: some layout's lightest
-variant passes the structural rules and fits the headroom, the same tests the search prunes with), and a count that
-passes it is settled by recommend's own search there, so `min-gpus` and `recommend --num-gpus` never disagree. The
-scan is bounded by counts of work (cards/search.yaml), never by a clock: the same request gets the same answer on
-every machine.
+meshplan/search/min_gpus.py and by recommend's nothing-fits answer). Counts are checked in increasing order, never
+doubled or bisected: fit is not monotone in the count, since a layout's degrees must divide it. Each count is first
+tested by a necessary condition (`fits_somewhere`: some layout's lightest variant passes the structural rules and
+fits the headroom, the same tests the search prunes with), and a count that passes it is settled by recommend's own
+search there, so `min-gpus` and `recommend --num-gpus` never disagree. The scan is bounded by counts of work
+(cards/search.yaml), never by a clock: the same request gets the same answer on every machine.
 """
 
 from __future__ import annotations
@@ -25,12 +24,11 @@ from meshplan.search.estimators import Engine
 from meshplan.search.job import job_at
 from meshplan.search.policy import memory_budget, search_limits
 from meshplan.search.refusal import rule_blocking_every_count
-from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches
+from meshplan.search.space import Fixed, Layout, divisors, enumerate_layouts, micro_batches
 from meshplan.search.zero_stages import least_state_bytes
 
-Ranks = Callable[[int, Job], bool | None]
-"""Whether recommend ranks a layout at a GPU count (the count, and the job there); None: it ranks none, refused before
-any search (the RL recommend's host floor, refuse_host), so the count costs no search of the scan's bound."""
+Ranks = Callable[[int, Job], bool]
+"""Whether recommend ranks a layout at a GPU count (the count, and the job there)."""
 
 
 def fits_somewhere(job: Job, fixed: Fixed, engine: Engine, budget: int) -> bool:
@@ -115,16 +113,29 @@ def count_unit(job: Job, fixed: Fixed) -> int:
 
 
 def gpu_counts(job: Job, fixed: Fixed, start: int, limit: int) -> tuple[Iterator[int], str]:
-    """GPU counts from `start` to `limit` in increasing order: every count the framework's rules allow, so every count
-    (every multiple of the fixed degrees' smallest world size when some are fixed). None is skipped for the node:
-    the rules and estimates take any count (a launcher runs a count that does not fill whole nodes as fewer
-    processes per node), and fit is not monotone in the count, since a layout's degrees must divide it."""
+    """GPU counts from `start` to `limit` in increasing order: the divisors of one node below it, then the multiples
+    of the node (of lcm(node, the fixed degrees' minimum world size) when some are fixed). Every count is checked:
+    fit is not monotone in the count, since a layout's degrees must divide it."""
+    node = job.gpus_per_node
     unit = count_unit(job, fixed)
     if all(name in fixed for name in ("tp", "pp", "cp", "dp")):  # the degrees fix the world size itself
         only = [unit] if start <= unit <= limit else []
         return iter(only), f"only {unit:,} (tp, pp, cp and dp are all fixed)"
-    text = "every count" if unit == 1 else f"every multiple of {unit:,} (the fixed degrees' smallest world size)"
-    return iter(range(-(-max(start, 1) // unit) * unit, limit + 1, unit)), text
+    step = lcm(node, unit)
+    small = [d for d in divisors(node) if start <= d < node and d % unit == 0]
+    text = ", ".join(f"{c:,}" for c in small) + (", then " if small else "")
+    text += f"every multiple of {step:,}"
+    text += (f" (lcm of the {node}-GPU node and the fixed degrees' smallest world size {unit:,})" if step != node
+             else f" (the {node}-GPU node)")
+
+    def counts() -> Iterator[int]:
+        yield from (c for c in small if c <= limit)
+        c = max(step, -(-start // step) * step)
+        while c <= limit:
+            yield c
+            c += step
+
+    return counts(), text
 
 
 def states_floor(job: Job, zeros: tuple[int, ...], budget: int, carried: dict[str, object] | None = None) -> int:
@@ -242,8 +253,7 @@ def scan_minimum(job: Job, fixed: Fixed, engine: Engine, headroom: float, user_g
         last = world
         checked += 1
         if fits_somewhere(there, fixed, engine, budget):
-            verdict = ranks(world, there)
-            if verdict:
-                return Scan(world, first, last, checked, stepping, "found", floor, limit, searched=searched + 1)
-            searched += verdict is not None
+            searched += 1
+            if ranks(world, there):
+                return Scan(world, first, last, checked, stepping, "found", floor, limit, searched=searched)
     return Scan(None, first, last, checked, stepping, "max_gpus", floor, limit, searched=searched)

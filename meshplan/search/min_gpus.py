@@ -91,12 +91,12 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     fixed = Fixed.from_request(training)
     answers: dict[int, Recommendation] = {}
 
-    def ranks(trainer_gpus: int, _: Job) -> bool | None:
+    def ranks(trainer_gpus: int, _: Job) -> bool:
         world = total(trainer_gpus)
         try:
             answers[world] = rec = recommend_rl(req.model_copy(update={"num_gpus": world}), top_k=1)
-        except HostRefused:  # the host holds what the framework offloads only on more nodes: refused before a search
-            return None
+        except HostRefused:  # the host holds what the framework offloads only on more nodes: none at this count
+            return False
         return bool(rec.candidates)
 
     scan = scan_minimum(job, fixed, engine, headroom_for(req), True, max(1, (limit - pool) // copies),

@@ -11,7 +11,6 @@ for a few structural checks only.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -168,14 +167,10 @@ def host_floor(job: Job, zero: int, plan: Plan) -> float:
     return per_gpu * ranks_per_node(job)
 
 
-def gpus_to_hold(job: Job, per_node: float, capacity: int) -> tuple[int, int]:
-    """(GPUs, nodes) whose hosts, `capacity` bytes each, hold the whole job's host bytes (`per_node` on each of the
-    job's nodes, ranks_per_node GPUs apiece): the GPU count a MEM003 refusal names as a fix. The bytes are the job's
-    states shared over its GPUs, so a node of gpus_per_node GPUs holds gpus_per_node/N of them: the least count N is
-    not a whole number of nodes in general (the min-gpus scan checks every count)."""
-    total = per_node * job.num_gpus / ranks_per_node(job)
-    gpus = max(job.gpus_per_node, math.ceil(job.gpus_per_node * total / capacity))
-    return gpus, -(-gpus // job.gpus_per_node)
+def nodes_to_hold(job: Job, per_node: float, capacity: int) -> int:
+    """Nodes whose hosts, `capacity` bytes each, hold the whole job's host bytes (`per_node` on each of the job's
+    nodes, ranks_per_node GPUs apiece): the GPU count a MEM003 refusal names as a fix."""
+    return -(-int(per_node * job.num_gpus / ranks_per_node(job)) // int(capacity))
 
 
 def host_refusal(space: Space) -> HostRefused | None:
@@ -192,10 +187,10 @@ def host_refusal(space: Space) -> HostRefused | None:
     share = offload_plan(job.card, plan.model_copy(update={"zero_stage": space.zeros[-1]})).cpu_optimizer
     per_share = floor / share if share else floor
     fraction = int(capacity / per_share * 100) / 100
-    gpus, nodes = gpus_to_hold(job, floor, capacity)
+    nodes = nodes_to_hold(job, floor, capacity)
     options = [f"use optimizer_offload_fraction={fraction:g} (the CPU optimizer's share that fits)" if fraction > 0
                else "drop the optimizer offload",
-               f"use at least {gpus:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
+               f"use at least {nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller shard per GPU)",
                f"use nodes with at least {floor / GIB:,.1f} GiB of host memory"]
     return HostRefused(
         f"MEM003: the offloaded optimizer needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout "

@@ -27,7 +27,7 @@ from meshplan.schema.request import Request
 from meshplan.search.job import search_job
 from meshplan.search.policy import HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
-from meshplan.search.refusal import HostRefused, gpus_to_hold
+from meshplan.search.refusal import HostRefused, nodes_to_hold
 from meshplan.search.rl_actor import actor_engine, actor_layout, offload_options
 from meshplan.search.space import Fixed, params_split, request_zeros
 from meshplan.search.zero_stages import least_offloaded_state_bytes
@@ -207,7 +207,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
     floor = least_framework_host(job, base, states, params)
     if floor <= capacity:
         return
-    gpus, nodes = gpus_to_hold(job, floor, capacity)
+    nodes = nodes_to_hold(job, floor, capacity)
     setting = phase_setting(job, base)
     ref = (" and the reference model's bf16 weights" if setting.has_ref else "") + (
         ", the critic's states too" if setting.critic_beside_actor else "")
@@ -217,7 +217,7 @@ def refuse_host(job, base: Plan, training: Request) -> None:
         f"of {params / 1e9:,.2f}B parameters{ref} over {job.num_gpus:,} GPUs, {job.gpus_per_node} per node), but "
         f"cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no RL step passes rule MEM003.",
         f"Use nodes with at least {floor / GIB:,.1f} GiB of host memory; or use at least "
-        f"{gpus:,} GPUs ({nodes:,} nodes, a smaller share per node); or placement=separate "
+        f"{nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller share per node); or placement=separate "
         "with rollout_gpus (the trainer then keeps its models on the GPU).")
 
 
