@@ -8,11 +8,11 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
-from meshplan.estimate.layer_records import FORWARD_AND_BACKWARD, LayerContext
+from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
 from meshplan.estimate.moe_time import moe_host_syncs
 from meshplan.estimate.sharding_traffic import grad_reduce_bytes, sharding_schedule
-from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER
+from meshplan.estimate.tp_overlap import tp_ring_passes
 from meshplan.knowledge.calibration import Calibration, calibration_summary
 from meshplan.schema.plan import Job, Plan
 
@@ -147,9 +147,7 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
            f"{FLASH_ATTENTION_PASSES_PER_FORWARD - 1:g}x backward." if flash else
            "unfused attention: Q.K^T and P.V as batched GEMMs over the full s x s scores, plus "
            "memory-bound softmax" + (" and dropout" if ctx.dropout else "") + " passes over the scores."),
-        f"TP: {TP_COLLECTIVES_PER_LAYER / FORWARD_AND_BACKWARD:g} all-gather/reduce-scatter (or 2 all-reduce) per "
-        "layer forward and as many backward; "
-        + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
+        tp_collectives_text(ctx, plan) + TP_OVERLAP_TEXT[ctx.tp_overlap_mode].format(share=cal.tp_overlap),
         f"Host floor: a stage needs at least {cal.host_time_per_layer_s * 1e3:.2f} ms per layer per micro-batch "
         "to issue its kernels; GPU work shorter than that is launch-bound (counted in other_s with the optimizer).",
         dp_assumption(job, plan, cal) + hybrid_sharding_assumption(plan),
@@ -196,3 +194,12 @@ def _muon_assumption(job: Job, cal: Calibration) -> str:
             f"least the costliest one per rank; {cal.muon_bytes_per_param:g} B per matrix parameter of state "
             f"traffic, Adam's {cal.optimizer_bytes_per_param:g} on the rest (cards/frameworks/{job.framework}.yaml "
             "muon).")
+
+
+def tp_collectives_text(ctx: LayerContext, plan: Plan) -> str:
+    """A layer's TP collectives as its estimate counts them (tp_ring_passes over the framework's input-side
+    collectives, cards' tp_input_linears): Korthikanti's 2 + 2 per pair unless the framework's TP plan says more."""
+    fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 2)
+    if plan.sequence_parallel:
+        return f"TP: {fwd:g} all-gathers/reduce-scatters per layer forward and {bwd:g} backward; "
+    return f"TP: {fwd / 2:g} all-reduces per layer forward and {bwd / 2:g} backward; "
