@@ -35,6 +35,7 @@ def test_the_validation_row_holds_whole_layer_inputs():
 
 def test_search_plans_with_pp_leave_it_off():
     rec = api.recommend(Request(**{k: v for k, v in ROW.items() if k not in ("tp", "dp", "recompute")}), top_k=5)
+    assert any(c.plan.tp > 1 and c.plan.pp > 1 for c in rec.candidates), "no TP + PP candidate to check"
     for c in rec.candidates:
         assert c.plan.sequence_parallel == (c.plan.tp > 1 and c.plan.pp == 1)
 
