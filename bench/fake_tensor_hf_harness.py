@@ -95,7 +95,7 @@ def register_stand_in() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(STAND_IN, flash_attention_mask)
 
 
-def build(case: dict, dtype=BF16):
+def build(case: dict, dtype=BF16, attention: str = STAND_IN):
     """The HF causal-LM class of the config.json fields, cut to `num_layers` decoder layers, on fake tensors (bf16,
     or fp32 for a training step: verl's FSDP engine loads the actor in fp32 and computes in bf16 by FSDP2's
     MixedPrecisionPolicy)."""
@@ -107,10 +107,10 @@ def build(case: dict, dtype=BF16):
     fields.update(case.get("override", {}))
     fields["num_hidden_layers"] = case["num_layers"]
     config = AutoConfig.for_model(model_type, **fields)
-    config._attn_implementation = STAND_IN
+    config._attn_implementation = attention
     torch.set_default_dtype(dtype)
     try:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=STAND_IN, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=dtype)
     finally:
         torch.set_default_dtype(torch.float32)
     model.train()
@@ -170,6 +170,31 @@ class _FlashCrossEntropyStandIn(torch.autograd.Function):
         return logits, None
 
 
+def verl_fsdp2_wrap(model, mesh) -> None:
+    """fully_shard as verl/utils/fsdp_utils.py apply_fsdp2: each `_no_split_modules` layer, the embedding when untied,
+    then the root; MixedPrecisionPolicy bf16 params / fp32 reduce."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": mesh, "reshard_after_forward": True,
+              "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32, cast_forward_inputs=True)}
+    names = set(model._no_split_modules)
+    for module in [m for m in model.modules() if type(m).__name__ in names or (
+            isinstance(m, torch.nn.Embedding) and not model.config.tie_word_embeddings)]:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def verl_loss(model, ids, positions, labels, case: dict, cross_entropy):
+    """verl's actor loss on one packed row: the logits divided in place by the temperature, the log-probs of the next
+    tokens from `cross_entropy` (an autograd Function with flash_attn's memory), a per-token policy loss."""
+    logits = model(input_ids=ids, attention_mask=None, position_ids=positions, use_cache=False).logits
+    logits = logits.squeeze(0)
+    logits.div_(case.get("temperature", 1.0))
+    log_probs = -cross_entropy.apply(logits, labels)
+    del logits
+    return -(log_probs.exp() * torch.ones_like(log_probs)).mean()
+
+
 def step_peak(case: dict) -> dict:
     """One training step as verl's FSDP engine runs it, the peak of rank 0 of a fake process group of `world`
     ranks by category (FSDPMemTracker, over the second step: the first creates the optimizer state). fully_shard
@@ -179,21 +204,13 @@ def step_peak(case: dict) -> dict:
     and zero_grad() (set_to_none, torch's default) after the step. `foreach`: AdamW's foreach argument (None: torch's
     default, the per-tensor loop on the CPU; True: the foreach step torch runs on CUDA)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     world = case["world"]
     mesh = fake_fsdp_mesh(world)
     tokens = case["tokens"]
     with FakeTensorMode():
         model = build(case, dtype=torch.float32)
-        kwargs = {"mesh": mesh, "reshard_after_forward": True,
-                  "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32,
-                                                    cast_forward_inputs=True)}
-        wrap = set(model._no_split_modules)
-        for module in [m for m in model.modules() if type(m).__name__ in wrap or (
-                isinstance(m, torch.nn.Embedding) and not model.config.tie_word_embeddings)]:
-            fully_shard(module, **kwargs)
-        fully_shard(model, **kwargs)
+        verl_fsdp2_wrap(model, mesh)
         # verl builds AdamW with neither foreach nor fused, which torch runs as the foreach step on CUDA and as the
         # per-tensor loop on the CPU (torch/optim/adam.py _default_to_fused_or_foreach); `foreach: true` forces the
         # CUDA path here (its fp32 temporaries: cards/memory.yaml optimizer_steps)
@@ -205,14 +222,7 @@ def step_peak(case: dict) -> dict:
         tracker.track_external(model, optimizer)
         with tracker:
             for step in range(2):
-                logits = model(input_ids=ids, attention_mask=None, position_ids=positions, use_cache=False).logits
-                logits = logits.squeeze(0)
-                logits.div_(case.get("temperature", 1.0))
-                log_probs = -_FlashCrossEntropyStandIn.apply(logits, labels)
-                del logits
-                loss = -(log_probs.exp() * torch.ones_like(log_probs)).mean()  # a per-token policy loss
-                del log_probs
-                loss.backward()
+                verl_loss(model, ids, positions, labels, case, _FlashCrossEntropyStandIn).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=case.get("set_to_none", True))
                 if step == 0:

@@ -36,9 +36,12 @@ import warnings
 
 import torch
 
+# the verl step's model build, FSDP2 wrap and loss, shared with the FakeTensorMode harness (this folder, on sys.path as
+# the script's own); it imports only torch at module level
+from fake_tensor_hf_harness import build, verl_fsdp2_wrap, verl_loss
+
 warnings.filterwarnings("ignore")
 
-BF16 = torch.bfloat16
 ATTENTION = "fa2_torch_kernel"  # no "flash" in the name: transformers would look for a flash_attn package
 CHUNK_ROWS = 128
 FALLBACKS: set[str] = set()  # what ran otherwise than verl would, reported with the case
@@ -99,44 +102,15 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return logits, None
 
 
-def build(case: dict, device: torch.device):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    fields = dict(case["config"])
-    model_type = fields.pop("model_type")
-    fields.pop("architectures", None)
-    fields.update(case.get("override", {}))
-    fields["num_hidden_layers"] = case["num_layers"]
-    config = AutoConfig.for_model(model_type, **fields)
-    config._attn_implementation = ATTENTION
-    with device:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION, dtype=torch.float32)
-    model.train()
-    if case["policy"] == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif case["policy"] != "none":
-        raise ValueError(f"unknown policy {case['policy']!r}: none or full")
-    return model
-
-
-def wrap(model, device: torch.device):
+def one_rank_mesh(device: torch.device):
+    """A real process group of one rank (nccl on a GPU, gloo on a CPU dry run) and its one-dimensional mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    mesh = init_device_mesh(device.type, (1,))
-    kwargs = {"mesh": mesh, "reshard_after_forward": True,
-              "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32,
-                                                cast_forward_inputs=True)}
-    names = set(model._no_split_modules)
-    for module in [m for m in model.modules() if type(m).__name__ in names or (
-            isinstance(m, torch.nn.Embedding) and not model.config.tie_word_embeddings)]:
-        fully_shard(module, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
+    return init_device_mesh(device.type, (1,))
 
 
 class Counters:
@@ -177,7 +151,9 @@ def run(case: dict) -> dict:
         torch.empty(1, device=device)
     used_before = counters.used()
     register_attention()
-    model = wrap(build(case, device), device)
+    with device:
+        model = build(case, dtype=torch.float32, attention=ATTENTION)
+    verl_fsdp2_wrap(model, one_rank_mesh(device))
     params_bytes = counters.allocated()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     tokens = case["tokens"]
@@ -191,13 +167,7 @@ def run(case: dict) -> dict:
         counters.sync()
         start = time.perf_counter()
         counters.reset()
-        logits = model(input_ids=inputs, attention_mask=None, position_ids=positions, use_cache=False).logits
-        logits = logits.squeeze(0)
-        logits.div_(case.get("temperature", 1.0))
-        log_probs = -ChunkedCrossEntropy.apply(logits, labels)
-        del logits
-        loss = -(log_probs.exp() * torch.ones_like(log_probs)).mean()
-        del log_probs
+        loss = verl_loss(model, inputs, positions, labels, case, ChunkedCrossEntropy)
         counters.sync()
         forward_at = time.perf_counter()
         forward_peak = counters.peak()
