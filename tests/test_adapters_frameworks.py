@@ -388,8 +388,8 @@ def test_kempnerforge_keys_and_values_fit_its_documented_schema():
 
 
 def test_deepspeed_keys_are_in_its_card():
-    card = framework_card("deepspeed").model_extra
-    ds_keys, mds_flags = set(card["ds_config_keys"]), set(card["megatron_deepspeed_flags"])
+    card = framework_card("deepspeed")
+    ds_keys, mds_flags = set(card.ds_config_keys), set(card.megatron_deepspeed_flags)
 
     def flat(d, prefix=""):
         for k, v in d.items():

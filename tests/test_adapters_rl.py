@@ -127,7 +127,7 @@ def _dataclass_defaults(path, cls: str) -> dict:
 def test_rl_card_defaults_are_the_pinned_packages_own():
     import yaml
 
-    from meshplan.knowledge.rl_card import rl_card
+    from meshplan.knowledge.cards import rl_card
 
     config = wheel_tree("verl") / "verl" / "trainer" / "config"
     rollout = yaml.safe_load((config / "rollout" / "rollout.yaml").read_text())

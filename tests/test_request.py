@@ -68,8 +68,7 @@ def test_the_resolved_job_carries_its_framework_cards_and_a_hand_built_or_re_fra
     """Resolve once: the resolver attaches the job's framework card and its RL section (request/resolve.carry_cards),
     which estimators read as job.card / job.rl_card; a job that did not come through the resolver, or a copy whose
     framework changed, is refused with what to do, never given a wrong card; the cards are no field (nothing dumped)."""
-    from meshplan.knowledge.cards import framework_card
-    from meshplan.knowledge.rl_card import rl_card
+    from meshplan.knowledge.cards import framework_card, rl_card
     from meshplan.request.resolve import carry_cards
     from meshplan.schema.plan import Job
 

@@ -12,7 +12,7 @@ from mcp import Client
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
-from meshplan.knowledge.rl_card import rl_card
+from meshplan.knowledge.cards import rl_card
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.rl.engine import rl_constant

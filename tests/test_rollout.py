@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.rl_card import rl_card
+from meshplan.knowledge.cards import rl_card
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.rl.engine import engine_weight_bytes, kv_bytes_per_token

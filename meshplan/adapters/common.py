@@ -18,6 +18,7 @@ from meshplan.estimate.memory import ep_rank_load
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_counts import total_params
+from meshplan.knowledge.precision_card import MixedPrecisionPresets
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import RenderFormat
 
@@ -320,3 +321,14 @@ def torchtitan_batch(local_batch_size: int, pp_microbatch_size: int | None, pp: 
     if dp and global_batch_size == local_batch_size * dp:  # one run is the step: resolve's default, left out
         del out["pipeline_microbatches"]
     return out
+
+
+def bridge_presets() -> MixedPrecisionPresets:
+    """Megatron-Bridge's registered mixed-precision presets (its card's mixed_precision_presets): what a recipe names
+    as mixed_precision=<preset>, rendered and read back."""
+    presets = framework_card("megatron-bridge").mixed_precision_presets
+    if presets is None:
+        raise MeshplanError("cards/frameworks/megatron-bridge.yaml has no mixed_precision_presets; its adapter names "
+                            "a registered preset in every config it writes.",
+                            fix="Restore the section (Megatron-Bridge training/mixed_precision.py's presets).")
+    return presets

@@ -14,6 +14,7 @@ from meshplan.adapters.common import (
     DROPOUT_ON,
     Built,
     attention_value,
+    bridge_presets,
     flex_notes,
     hierarchical_cp,
     megatron_cpu_optimizer,
@@ -28,7 +29,6 @@ from meshplan.adapters.common import (
 from meshplan.adapters.lora import BRIDGE_SETUP, bridge_lora
 from meshplan.arithmetic.memory_states import fp8_param_gather, fp8_recipe, precision_aware
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Job, Plan
 
 Flag = tuple[str, Any]  # (flag, value); value None = a switch, a list = several values
@@ -313,17 +313,17 @@ def preset_settings(settings: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     fields = {k.split(".", 1)[1]: v for k, v in settings if k.startswith("mixed_precision.")}
     if not fields:
         return settings
-    presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+    presets = bridge_presets()
     recipe, gather = fields.get("fp8_recipe", "bf16"), fields.get("fp8_param_gather")
-    named = [v for k, v in presets.items() if k.split("/")[0] == recipe
-             and (gather is None or k.split("/")[1] == str(gather).lower())]
-    preset = named[0] if named and fields.get("grad_reduce_in_fp32", True) else None
+    named = presets.of_recipe(str(recipe), None if gather is None else str(gather).lower() == "true")
+    preset = named[0].name if named and fields.get("grad_reduce_in_fp32", True) else None
     if preset is None:
         raise MeshplanError(
             f"Megatron-Bridge's run_recipe.py overrides can name a mixed-precision preset, and none has "
             f"{', '.join(f'{k}={v}' for k, v in fields.items())}.",
             fix="Render variant 'python' (it sets cfg.mixed_precision's fields), or ask for a preset's settings: "
-                + "; ".join(f"{k.replace('/', ' with fp8_param_gather=')} -> {v}" for k, v in presets.items()) + ".")
+                + "; ".join(f"{p.recipe} with fp8_param_gather={str(p.fp8_param_gather).lower()} -> {p.name}"
+                            for p in presets.presets) + ".")
     return [(k, v) for k, v in settings if not k.startswith("mixed_precision.")] + [("mixed_precision", preset)]
 
 
@@ -331,10 +331,10 @@ def bridge_preset(job: Job, plan: Plan) -> str:
     """The registered mixed-precision preset of the plan's recipe (bf16_mixed without fp8), with its fp8_param_gather
     where one has it: what the python variant starts cfg.mixed_precision from before setting its fields (a recipe's
     mixed_precision may be a preset name: recipes/common.py _pretrain_common sets "bf16_mixed")."""
-    presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
+    presets = bridge_presets()
     recipe = fp8_recipe(job, plan) or "bf16"
-    exact = presets.get(f"{recipe}/{str(fp8_param_gather(job, plan)).lower()}")
-    return exact or next(v for k, v in presets.items() if k.split("/")[0] == recipe)  # fields set the rest
+    exact = presets.of_recipe(recipe, fp8_param_gather(job, plan))
+    return (exact or presets.of_recipe(recipe))[0].name  # fields set the rest
 
 
 def build_bridge(job: Job, plan: Plan, variant: str, version: str) -> Built:

@@ -16,10 +16,17 @@ from typing import Any
 
 import yaml
 
-from meshplan.adapters.common import attention_backend_of, plan_recompute, read_offload, torchtitan_batch
+from meshplan.adapters.common import (
+    attention_backend_of,
+    bridge_presets,
+    plan_recompute,
+    read_offload,
+    torchtitan_batch,
+)
 from meshplan.adapters.lora import parsed_lora
 from meshplan.adapters.read.keys import schedule_named
 from meshplan.arithmetic.schedule import parse_layout
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 
 
@@ -198,9 +205,14 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                           m.get("attention_dropout")))
     mp = {}
     if "mixed_precision" in s:  # a registered preset (its fp8_param_gather goes with the recipe), fields over it
-        presets = framework_card("megatron-bridge").model_extra["mixed_precision_presets"]
-        recipe = next(k for k, v in presets.items() if v == s["mixed_precision"]).split("/")[0]
-        mp = {"fp8_recipe": None if recipe == "bf16" else recipe}
+        preset = bridge_presets().named(str(s["mixed_precision"]))
+        if preset is None:
+            raise MeshplanError(
+                f"mixed_precision={s['mixed_precision']!r} is not one of Megatron-Bridge's registered presets that "
+                "meshplan knows.",
+                fix="Name one of " + ", ".join(p.name for p in bridge_presets().presets)
+                    + ", or set the cfg.mixed_precision fields themselves.")
+        mp = {"fp8_recipe": None if preset.recipe == "bf16" else preset.recipe}
     mp.update({k[len("mixed_precision."):]: v for k, v in s.items() if k.startswith("mixed_precision.")})
     out["optimizer"] = "muon" if "muon" in str(s.get("optimizer.optimizer", "adam")) else "adam"
     out.update(_precision(s.get("optimizer.use_precision_aware_optimizer"), s.get("optimizer.exp_avg_dtype"),

@@ -26,7 +26,6 @@ from meshplan.adapters.common import (
 )
 from meshplan.adapters.lora import skyrl_lora, verl_lora
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.rl_card import rl_card
 from meshplan.schema.plan import Job, Plan
 
 Override = tuple[str, Any]
@@ -97,7 +96,7 @@ def verl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]:
         raise MeshplanError("meshplan renders verl's colocated hybrid engine only; a separate rollout pool is verl's "
                             "one-step-off recipe (verl/experimental/one_step_off_policy), another entry point.",
                             fix="Use placement colocated for verl, or SkyRL (colocate_all false) for separate pools.")
-    rl, ref = job.rl, rl_card(job.framework).reference_model[job.rl.algorithm]
+    rl, ref = job.rl, job.rl_card.reference_model[job.rl.algorithm]
     rollout = "actor_rollout_ref.rollout"
     notes.append(f"{rl.algorithm.upper()}: adv_estimator {'gae' if rl.algorithm == 'ppo' else 'grpo'}, "
                  f"use_kl_loss {ref} (a reference model {'is' if ref else 'is not'} loaded); "
@@ -116,7 +115,7 @@ def skyrl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]
     SamplingParams, AlgorithmConfig)."""
     if job.rl is None:
         return []
-    rl, ref = job.rl, rl_card(job.framework).reference_model[job.rl.algorithm]
+    rl, ref = job.rl, job.rl_card.reference_model[job.rl.algorithm]
     engine = "generator.inference_engine"
     o: list[Override] = [("trainer.max_prompt_length", rl.prompt_length),
                          ("generator.sampling_params.max_generate_length", rl.response_length),

@@ -9,14 +9,15 @@ keyed by engine; this module reads them and does the arithmetic that memory.py a
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard, framework_card
+from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.schema.choices import FRAMEWORKS, LoraTarget
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, LoraSpec
@@ -25,36 +26,10 @@ from meshplan.schema.request import Request
 TARGETS: tuple[str, ...] = get_args(LoraTarget)
 
 
-class LoraEngine(BaseModel):
-    """LoRA on one engine of a framework (a `lora.<engine>` entry of its card)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    default_rank: int = Field(ge=1, description="The rank a LoRA job runs when the request leaves lora_rank out")
-    default_rank_why: str
-    adapters: Literal["fused", "per_projection"] = Field(
-        description="fused: one adapter per Megatron-Core linear (fused QKV, fused gate/up: one A each); "
-                    "per_projection: Hugging Face PEFT, one adapter per q/k/v and gate/up projection"
-    )
-    experts: Literal["shared", "per_expert"] = Field(
-        description="shared: one adapter per grouped expert linear, shared by the rank's local experts and "
-                    "replicated over EP (Megatron-Bridge share_expert_adapters=True); per_expert: one per expert"
-    )
-    source: str
-
-
 def lora_engines(card: FrameworkCard) -> dict[str, LoraEngine]:
-    """The framework's LoRA engines from its card (empty: it runs no LoRA job), read once per card: the layer memos
-    key an engine by identity (estimate/layer_records.py), and each entry keeps its card alive, so its id stays its
-    own."""
-    hit = _ENGINES.get(id(card))
-    if hit is None:
-        raw = (card.model_extra or {}).get("lora") or {}
-        hit = _ENGINES[id(card)] = (card, {engine: LoraEngine.model_validate(spec) for engine, spec in raw.items()})
-    return hit[1]
-
-
-_ENGINES: dict[int, tuple[FrameworkCard, dict[str, LoraEngine]]] = {}
+    """The framework's LoRA engines from its card (empty: it runs no LoRA job). The card holds each entry once, so the
+    layer memos that key an engine by identity (estimate/layer_records.py) see the same object every time."""
+    return card.lora
 
 
 def lora_engine(card: FrameworkCard, zero_stage: int) -> LoraEngine | None:

@@ -235,8 +235,8 @@ def fp8_param_gather(job: Job, plan: Plan) -> bool:
     if plan.fp8_param_gather is not None:
         return plan.fp8_param_gather
     recipe = fp8_recipe(job, plan)
-    presets = (job.card.model_extra or {}).get("mixed_precision_presets", {})
-    return recipe is not None and f"{recipe}/true" in presets
+    presets = job.card.mixed_precision_presets
+    return recipe is not None and presets is not None and presets.keeps_fp8_params(recipe)
 
 
 def fp8_inputs(job: Job, conv: Convention) -> bool:

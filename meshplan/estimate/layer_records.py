@@ -17,9 +17,9 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.flops import Shard
 from meshplan.arithmetic.gemm import expert_ridge_rows
-from meshplan.arithmetic.lora import LoraEngine
 from meshplan.knowledge.calibration import Calibration
 from meshplan.knowledge.cards import WorldSizeLaw
+from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import PLAN_LIST_FIELDS, LoraSpec, Plan
 

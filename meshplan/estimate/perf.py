@@ -349,8 +349,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
         eager=eager, experts_fused=experts_fused(job), attention_fraction=fraction,
         attention_kernel=kernel,
-        gather_dispatch=(job.card.model_extra or {}).get("moe_dispatch", {}).get(
-            "alltoall_as") == "allgather",
+        gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
         tp_input_ops=tp_input_ops(job.card.tp_input_linears, job.model, eager),
         tp_sms=tp_sms(job.gpu, overlap, peaks.fp8 is not None))

@@ -17,11 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
-from meshplan.knowledge.moe_card import MoeExpertWeights, MoeHostSyncs
+from meshplan.knowledge.lora_card import LoraEngine
+from meshplan.knowledge.moe_card import FlexDispatcherEngines, MoeDispatch, MoeExpertWeights, MoeHostSyncs
 from meshplan.knowledge.offload_card import EngineOffload
+from meshplan.knowledge.precision_card import MixedPrecisionPresets
 from meshplan.knowledge.read_card import ReadSection, RegistryEntry
+from meshplan.knowledge.rl_card import RLCard
 from meshplan.knowledge.tp_card import MoeTensorParallel, OutputHeadTp, TpInputLinears, TpOverlapFacts
-from meshplan.schema.choices import Fp8Recipe, Recompute
+from meshplan.schema.choices import FRAMEWORKS, Engine, Fp8Recipe, Recompute
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
 
@@ -154,7 +157,6 @@ WorldSizeLaw = Literal["megatron", "torchtitan", "kempnerforge"]  # mesh.py impl
 # the byte presets of cards/memory.yaml
 MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "fsdp2_hf",
                           "fsdp2_automodel", "fsdp2_kempnerforge", "nanotron"]
-Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]  # what rules.yaml's `backends` name
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 # The knobs an adapter section must account for in every version (a key, or `instead` saying what to do).
@@ -531,7 +533,7 @@ class FrameworkAliases(_Card):
 class FrameworkCard(_Card):
     """What meshplan assumes about one training framework, each claim with its source."""
 
-    model_config = ConfigDict(extra="allow")  # adapter-specific tables (ds_config keys) live here too
+    model_config = ConfigDict(extra="forbid")  # a misspelt or unknown section is a CardError, never ignored
 
     name: str
     display_name: str
@@ -587,6 +589,20 @@ class FrameworkCard(_Card):
         None, description="Absent: a ZeRO-3 / FSDP unit's all-gather is prefetched behind the unit before it whatever "
                           "its size (FSDP2, Megatron-FSDP)")
     pipeline: PipelineFacts = Field(MEGATRON_PIPELINE, description="Absent: Megatron-Core's schedules")
+    mixed_precision_presets: MixedPrecisionPresets | None = Field(
+        None, description="Absent: the framework registers no named mixed-precision presets")
+    lora: dict[Engine, LoraEngine] = Field(
+        default_factory=dict, description="LoRA per engine; an engine left out runs no LoRA job (rule LORA001)")
+    moe_dispatch: MoeDispatch | None = Field(None, description="Absent: the all-to-all dispatcher runs as asked")
+    flex_dispatcher_engines: FlexDispatcherEngines | None = Field(
+        None, description="Absent: only Megatron-Core's engine runs the flex dispatcher (rule EP007)")
+    rl: RLCard | None = Field(None, description="Absent: the framework runs no RL job")
+    ds_config_keys: list[str] = Field(
+        default_factory=list, description="The ds_config keys meshplan writes that DeepSpeed accepts, from its source "
+                                          "(the adapter tests check a rendered config against them)")
+    megatron_deepspeed_flags: list[str] = Field(
+        default_factory=list, description="Megatron-DeepSpeed's command-line flags meshplan writes, from its "
+                                          "arguments.py (not on PyPI: the adapter tests check against this list)")
     search: SearchKnobs
     read: ReadSection | None = Field(None, description="Absent: meshplan reads none of the framework's files")
     registry: dict[str, RegistryEntry] = Field(default_factory=dict, description="Catalog models by registry name")
@@ -603,6 +619,15 @@ class FrameworkCard(_Card):
     def _cannot_run_names_knobs(self) -> FrameworkCard:
         if set(self.cannot_run) - set(ADAPTER_KNOBS) or (self.cannot_run and self.adapter is not None):
             raise ValueError("cannot_run names adapter knobs, on a card without an adapter (whose knobs say it)")
+        return self
+
+    @model_validator(mode="after")
+    def _rl_offload_covers_engines(self) -> FrameworkCard:
+        """The framework's own offload around a colocated rollout says what it does on every engine it trains on."""
+        if self.rl is not None and self.rl.colocated_offload:
+            missing = set(self.engine.by_zero_stage.values()) - set(self.rl.colocated_offload_states)
+            if missing:
+                raise ValueError(f"rl.colocated_offload_states lacks the engines {sorted(missing)}")
         return self
 
     @property
@@ -655,3 +680,13 @@ def framework_card(name: str) -> FrameworkCard:
 
 
 _framework_cards: dict[str, FrameworkCard] = {}
+
+
+def rl_card(framework: str) -> RLCard | None:
+    """The framework's `rl` section; None when it runs no RL job."""
+    return framework_card(framework).rl
+
+
+def rl_frameworks() -> list[str]:
+    """The frameworks that run RL jobs."""
+    return [f for f in FRAMEWORKS if rl_card(f) is not None]

@@ -1,9 +1,14 @@
 """The framework card's facts about its MoE layer's own code (cards/frameworks/*.yaml `moe_host_syncs`): how many
-times its dispatch stops the host to read routing counts back. Apart from cards.py, which holds the card."""
+times its dispatch stops the host to read routing counts back, how its experts reach their weights, what runs for
+the all-to-all dispatcher and which engines run the flex one. Apart from cards.py, which holds the card."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.schema.choices import Engine
 
 
 class MoeHostSyncs(BaseModel):
@@ -33,3 +38,24 @@ def stacks_experts(facts: MoeExpertWeights | None) -> bool:
     """Whether the framework's MoE layers stack their local experts' weights into new tensors on every forward (the
     card's moe_expert_weights)."""
     return facts is not None and facts.stacked_per_forward
+
+
+class MoeDispatch(BaseModel):
+    """What runs where a plan asks for the all-to-all token dispatcher, where the framework has none of its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    alltoall_as: Literal["alltoall", "allgather"] = Field(
+        description="allgather: the EP group's tokens are all-gathered, every local expert runs on them, the output "
+                    "is all-reduced (estimate/moe_time.gather_ep)")
+    source: str
+
+
+class FlexDispatcherEngines(BaseModel):
+    """The framework's engines besides Megatron-Core's that run Megatron-Core's flex dispatcher (DeepEP / HybridEP),
+    vendored into their own MoE layer (rule EP007)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[Engine]
+    source: str

@@ -1,18 +1,17 @@
 """The `rl` section of a framework card (cards/frameworks/<name>.yaml): what an RL post-training framework (verl,
 SkyRL) does when a request leaves an RL field out, the rollout engines it runs and what their memory fraction means,
-and the facts its rollout rules test. Below the rules (RL001-RL004 read it) and the RL arithmetic (meshplan/rl/).
+and the facts its rollout rules test. Below the rules (RL001-RL004 read it) and the RL arithmetic (meshplan/rl/);
+cards.py holds it (FrameworkCard.rl, read by rl_card).
 """
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.knowledge.cards import Engine, framework_card
 from meshplan.knowledge.offload_card import StateClass
-from meshplan.schema.choices import FRAMEWORKS, Placement, RLAlgorithm, RolloutEngine
+from meshplan.schema.choices import Engine, Placement, RLAlgorithm, RolloutEngine
 
 
 class _Card(BaseModel):
@@ -117,27 +116,3 @@ class RLCard(_Card):
         """Whether PPO's critic runs on GPUs of its own, as many as the policy's (critic_apart_when_separate, with
         the rollout placed apart), not beside the actor: what the job's pools and every figure of the step read."""
         return self.critic[algorithm] and self.critic_apart_when_separate and placement == "separate"
-
-
-def _engines_covered(card: RLCard, framework: str) -> None:
-    if card.colocated_offload:
-        engines = set(framework_card(framework).engine.by_zero_stage.values())
-        missing = engines - set(card.colocated_offload_states)
-        if missing:
-            raise ValueError(f"{framework}: rl.colocated_offload_states lacks the engines {sorted(missing)}")
-
-
-@cache
-def rl_card(framework: str) -> RLCard | None:
-    """The framework's `rl` card section, validated; None when it runs no RL job."""
-    raw = (framework_card(framework).model_extra or {}).get("rl")
-    if raw is None:
-        return None
-    card = RLCard.model_validate(raw)
-    _engines_covered(card, framework)
-    return card
-
-
-def rl_frameworks() -> list[str]:
-    return [f for f in FRAMEWORKS if rl_card(f) is not None]
-

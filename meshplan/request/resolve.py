@@ -13,11 +13,10 @@ from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
-from meshplan.knowledge.rl_card import rl_card
 from meshplan.rl.job import resolve_rl
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request

@@ -11,8 +11,8 @@ from typing import NamedTuple
 from pydantic import BaseModel
 
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
-from meshplan.knowledge.rl_card import RLCard, RLDefaults, rl_card, rl_frameworks
+from meshplan.knowledge.cards import framework_card, rl_card, rl_frameworks
+from meshplan.knowledge.rl_card import RLCard, RLDefaults
 from meshplan.schema.choices import Placement, RLAlgorithm, RolloutEngine
 from meshplan.schema.plan import Plan, RLJob
 from meshplan.schema.request import Request

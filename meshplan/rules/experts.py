@@ -86,7 +86,7 @@ def flex_dispatcher_available(ctx: Context) -> Values:
     card = ctx.card
     # the engines that run it: Megatron-Core's, and those a card names (NeMo AutoModel vendors the flex dispatcher
     # into its FSDP2 engine)
-    engines = ("megatron", *(card.model_extra or {}).get("flex_dispatcher", {}).get("engines", []))
+    engines = ("megatron", *(card.flex_dispatcher_engines.engines if card.flex_dispatcher_engines else ()))
     if ctx.plan.moe_token_dispatcher != "flex" or (card.flex_dispatcher and ctx.backend in engines):
         return None
     supported = [name for name in FRAMEWORKS if framework_card(name).flex_dispatcher]

@@ -48,6 +48,8 @@ JobKind = Literal["pretrain", "sft", "lora", "rl"]
 # Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: all four)
 LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
+# A framework's training engine family: what rules.yaml's `backends` and the card sections keyed by engine name
+Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]
 RolloutEngine = Literal["vllm", "sglang"]
 Placement = Literal["colocated", "separate"]
 Severity = Literal["error", "warning", "info"]

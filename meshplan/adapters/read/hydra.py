@@ -14,9 +14,8 @@ from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.rl_card import rl_card
 
 # Models other than the one trained whose keys the scripts repeat: their layout is not a request field.
 OTHER_MODELS = ("actor_rollout_ref.ref.", "critic.", "reward_model.", "trainer.ref.", "trainer.critic.")

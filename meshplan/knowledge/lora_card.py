@@ -1,0 +1,27 @@
+"""The framework card's LoRA facts (cards/frameworks/*.yaml `lora`, keyed by engine): whether an engine runs LoRA
+jobs, its default rank and how it lays adapters out. Apart from cards.py, which holds the card; the arithmetic is
+meshplan/arithmetic/lora.py."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LoraEngine(BaseModel):
+    """LoRA on one engine of a framework (a `lora.<engine>` entry of its card)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_rank: int = Field(ge=1, description="The rank a LoRA job runs when the request leaves lora_rank out")
+    default_rank_why: str
+    adapters: Literal["fused", "per_projection"] = Field(
+        description="fused: one adapter per Megatron-Core linear (fused QKV, fused gate/up: one A each); "
+                    "per_projection: Hugging Face PEFT, one adapter per q/k/v and gate/up projection"
+    )
+    experts: Literal["shared", "per_expert"] = Field(
+        description="shared: one adapter per grouped expert linear, shared by the rank's local experts and "
+                    "replicated over EP (Megatron-Bridge share_expert_adapters=True); per_expert: one per expert"
+    )
+    source: str
