@@ -161,6 +161,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     # nanotron runs no cp or ep as modelled: NT001 with its card's cannot_run; recommend refuses a fixed one up front
     ("check_config", {**L8, "num_gpus": 8, "framework": "nanotron", "cp": 2}),
     ("recommend_parallelism", {**L8, "num_gpus": 8, "framework": "nanotron", "cp": 2}),
+    # a count that fills no whole node runs with fewer processes per node (request/resolve.launch_gpus_per_node), at
+    # the default batch recommend compares at (default_global_batch); a prime count over one node is refused
+    ("recommend_parallelism", {**L70, "num_gpus": 20, "seq_length": 8192, "top_k": 2}),
+    ("check_config", {**L70, "num_gpus": 20, "seq_length": 8192, "tp": 4, "pp": 5, "vpp": 4, "micro_batch_size": 2,
+                      "zero_stage": 1, "recompute": "full"}),
+    ("render_config", {"framework": "torchtitan", **L8, "num_gpus": 12, "tp": 2}),
+    ("check_config", {**L8, "num_gpus": 13}),
 ]
 
 
@@ -317,3 +324,33 @@ async def test_a_field_left_out_is_open_on_every_face(tmp_path):
     assert best["plan"] == cli_best.plan.model_dump(mode="json")
     # 70B on 16 H100 only fits with full recompute: the face that fixed recompute=none had nothing to rank.
     assert (best["plan"]["tp"], best["plan"]["pp"], best["plan"]["dp"], best["plan"]["recompute"]) == (4, 2, 2, "full")
+
+
+LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
+
+
+async def test_recommends_first_checks_and_renders_with_the_same_flags_on_every_face(tmp_path):
+    """recommend on 20 H100 (not whole 8-GPU nodes) compares at 520 sequences and 4 nodes x 5; its #1 given back with
+    the same flags and no global_batch_size passes check and renders on every face at that batch and those nodes.
+    Before: check and render took 512 sequences (micro-batch 2 x dp 1) and refused it with PP005, and render refused
+    20 GPUs of 8-GPU nodes."""
+    ask = {**L70, "num_gpus": 20, "seq_length": 8192}
+    rec = api.recommend(parse_request(ask), top_k=1)
+    assert rec.global_batch_size == 520 and rec.gpus_per_node == 5
+    assert any("4 nodes x 5" in note and "3 GPUs of each node sit idle" in note for note in rec.assumptions)
+    best = rec.candidates[0].plan.model_dump()
+    layout = {**ask, **{name: best[name] for name in LAYOUT_FIELDS}}
+    rendered = {"framework": "megatron-core", **layout}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "meshplan.faces.mcp"], cwd=str(tmp_path),
+                                    env=tree_env({}))
+    with anyio.fail_after(300):
+        async with Client(params) as client:
+            checks = [await via_mcp(client, "check_config", layout), via_api("check_config", layout),
+                      via_cli("check_config", layout)]
+            renders = [await via_mcp(client, "render_config", rendered), via_api("render_config", rendered),
+                       via_cli("render_config", rendered)]
+    for kind, check in checks:
+        assert kind == "ok" and check["ok"] and not [f for f in check["findings"] if f["severity"] == "error"], check
+    for kind, render in renders:
+        assert kind == "ok", render
+        assert "--nnodes 4 --nproc-per-node 5" in render["text"] and "--global-batch-size 520" in render["text"]

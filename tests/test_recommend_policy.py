@@ -223,10 +223,10 @@ def test_every_printed_percent_uses_that_definition(small):
 def test_the_default_batch_note_states_the_real_tokens():
     # 4M tokens / 1M-token sequences = 4 sequences, rounded up to one per data-parallel rank: 64M tokens, not "~4M".
     job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=64, seq_length=1 << 20))
-    assert job.global_batch_size == default_global_batch(1 << 20, 1, 64) == 64
+    assert job.global_batch_size == default_global_batch(1 << 20, 64) == 64
     note = next(n for n in job.notes if n.startswith("global_batch_size not given"))
     assert "64 sequences x 1,048,576 tokens = 67.1M tokens per step" in note
-    assert "4 sequences rounded up to 64, a multiple of micro-batch 1 x 64 data-parallel ranks" in note
+    assert "4 sequences rounded up to 64, a multiple of the 64 GPUs, so that every data-parallel size" in note
     assert "~4M" not in note
     _, notes = search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8 << 20))
     assert "16 sequences x 8,388,608 tokens = 134.2M tokens per step" in notes[0]

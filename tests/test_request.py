@@ -44,11 +44,45 @@ def test_dp_derived_per_world_size_law():
 
 
 def test_default_global_batch_is_about_4m_tokens_in_whole_microbatches():
-    assert default_global_batch(4096, 1, 8) == 1024
-    assert default_global_batch(4096, 1, 48) == 1056  # rounded up to a multiple of mbs*dp
-    assert default_global_batch(131072, 1, 8) == 32
+    assert default_global_batch(4096, 8) == 1024
+    assert default_global_batch(4096, 48) == 1056  # rounded up to a multiple of the GPU count
+    assert default_global_batch(131072, 8) == 32
+    assert default_global_batch(4096, 8, micro_batch_size=3, dp=8) == 1032  # and of micro-batch x dp where it is not
     job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=8))
     assert job.global_batch_size == 1024 and any("global_batch_size not given" in n for n in job.notes)
+
+
+def test_the_default_batch_is_the_requests_whatever_the_layout():
+    """One default per request: check of any layout on 20 GPUs takes recommend's 520 sequences (a multiple of the 20
+    GPUs), where it took 512 = 256 micro-batches of 2 x dp 1 and PP005 refused pp 5 (256 % 5)."""
+    ask = {"model": "llama-3.1-70b", "num_gpus": 20, "gpu": "h100", "seq_length": 8192}
+    for layout in ({"tp": 4, "pp": 5, "micro_batch_size": 2}, {"tp": 4}, {"tp": 2, "micro_batch_size": 4}):
+        job, _ = resolve(Request(**ask, **layout))
+        assert job.global_batch_size == 520 == default_global_batch(8192, 20), layout
+    job, _ = resolve(Request(**ask, tp=4, micro_batch_size=3))  # 3 x 5 does not divide 520: a multiple of both
+    assert job.global_batch_size == 540 and any("micro-batch 3 x 5 data-parallel ranks" in n for n in job.notes)
+
+
+@pytest.mark.parametrize(("gpus", "per_node"), [(20, 5), (12, 6), (18, 6), (9, 3), (24, 8), (6, 8), (3, 8)])
+def test_a_count_filling_no_whole_node_runs_as_the_largest_divisor_per_node(gpus, per_node):
+    """Launchers start the same number of processes on every node: a count over one 8-GPU node that is no multiple
+    of it runs as the largest divisor not above 8 per node, said in the notes; whole nodes and one node keep 8."""
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=gpus, gpu="h100"))
+    assert job.gpus_per_node == per_node
+    said = [n for n in job.notes if n.startswith("gpus_per_node not given")]
+    assert bool(said) == (per_node != 8)
+    if said:
+        assert f"{gpus // per_node} nodes x {per_node}" in said[0] and f"{8 - per_node} GPU" in said[0]
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=gpus, gpu="h100", gpus_per_node=2))
+    assert job.gpus_per_node == 2  # the request's own, as given
+
+
+def test_a_prime_count_over_one_node_is_refused_with_counts_that_launch():
+    with pytest.raises(MeshplanError) as err:
+        resolve(Request(model="llama-3.1-8b", num_gpus=13, gpu="h100"))
+    assert "13 GPUs cannot be launched on 8-GPU" in str(err.value)
+    assert "12 (2 nodes x 6) or 14 (2 nodes x 7) or 16 (2 whole nodes)" in err.value.fix
+    assert "gpus_per_node=1" in err.value.fix
 
 
 @pytest.mark.parametrize(("typed", "meant"), [

@@ -60,3 +60,11 @@ def test_min_gpus_scans_the_trainer_counts_the_one_home_of_the_jobs_gpus_allows(
     with pytest.raises(Stop):
         api.minimum_gpus(Request(**fields), max_gpus=64)
     assert seen["limit"] == (64 - 8) // 2
+
+
+def test_the_rl_recommend_states_the_trainers_nodes():
+    """12 GPUs of 8-GPU nodes run as 2 nodes x 6 (request/resolve.launch_gpus_per_node): the RL Recommendation says
+    so as the training one does (its compared-at line), with the note in its assumptions."""
+    rec = api.recommend(Request(model="qwen3-30b-a3b", gpu="h100", framework="verl", job="rl", algorithm="grpo",
+                                num_gpus=12), top_k=1)
+    assert rec.gpus_per_node == 6 and any("2 nodes x 6" in note for note in rec.assumptions)

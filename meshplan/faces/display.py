@@ -265,9 +265,17 @@ def compared_at(rec: Recommendation, req: Request) -> str:
     if rec.global_batch_size:
         tokens = rec.global_batch_size * seq
         parts.append(f"global batch {rec.global_batch_size:,} sequences ({si_count(tokens, 'tokens')})")
-    parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key})", rec.framework,
+    parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){_part_nodes(rec, gpu.gpus_per_node)}", rec.framework,
               f"{percent(headroom)} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
     return "compared at: " + ", ".join(parts)
+
+
+def _part_nodes(rec: Recommendation, node: int) -> str:
+    """The nodes' split where the GPU count fills no whole node (request/resolve.launch_gpus_per_node)."""
+    per = rec.gpus_per_node
+    if per is None or per >= node or rec.num_gpus <= per:
+        return ""
+    return f" as {rec.num_gpus // per:,} nodes x {per} ({node - per} of each {node}-GPU node idle)"
 
 
 FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",

@@ -6,6 +6,7 @@ builds a `Request` from loose values is request/parse.py.)
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
@@ -18,17 +19,19 @@ from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
 from meshplan.rl.job import resolve_rl
+from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
 DEFAULT_BATCH_TOKENS = 1 << 22  # ~4M tokens per step, the Llama 3 pre-training starting batch
 
 
-def default_global_batch(seq_length: int, micro_batch_size: int, dp: int) -> int:
-    """The sequences per step when none is given (the one home of this default): DEFAULT_BATCH_TOKENS worth, at
-    least one sequence, rounded up to a whole number of micro-batches on every data-parallel rank. recommend passes
-    micro-batch 1 and dp = the GPU count, so that every data-parallel size it searches divides the batch."""
-    unit = micro_batch_size * dp
+def default_global_batch(seq_length: int, num_gpus: int, micro_batch_size: int = 1, dp: int = 1) -> int:
+    """The sequences per step when none is given (the one home of this default, every face's): DEFAULT_BATCH_TOKENS
+    worth, at least one sequence, rounded up to a multiple of the GPU count, so that every data-parallel size a
+    search weighs at micro-batch 1 divides it and recommend, check and render of one request take the same batch;
+    a layout whose micro-batch x dp does not divide that takes the next multiple of both (BS001 would refuse it)."""
+    unit = math.lcm(num_gpus, micro_batch_size * dp)
     sequences = max(1, DEFAULT_BATCH_TOKENS // seq_length)
     return max(unit, -(-sequences // unit) * unit)
 
@@ -45,6 +48,51 @@ def default_batch_note(gbs: int, seq_length: int, unit_text: str) -> str:
     if gbs > wanted:
         text += f"; {wanted:,} sequence{'s' if wanted > 1 else ''} rounded up to {gbs:,}, a multiple of {unit_text}"
     return text + ")."
+
+
+def batch_unit_text(num_gpus: int, micro_batch_size: int, dp: int) -> str:
+    """What the default batch was rounded to a multiple of, in words (default_global_batch's unit)."""
+    text = f"the {num_gpus:,} GPUs, so that every data-parallel size divides it"
+    if num_gpus % (micro_batch_size * dp):
+        text += f", and of micro-batch {micro_batch_size} x {dp:,} data-parallel ranks"
+    return text
+
+
+def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: list[str]) -> int:
+    """The processes launched on each node (the job's gpus_per_node: its nodes, NVLink domain and host share).
+    torchrun and Ray start the same number on every node, so a count over one node that is no multiple of the
+    GPU's node runs as the largest divisor of it not above the node, the nodes' other GPUs idle (20 on 8-GPU nodes:
+    4 nodes x 5); one with no divisor from 2 up is refused with the counts that launch."""
+    node = gpu.gpus_per_node
+    if asked is not None or num_gpus <= node or num_gpus % node == 0:
+        return node if asked is None else asked
+    per_node = max(d for d in range(1, node + 1) if num_gpus % d == 0)
+    if per_node < 2:
+        raise MeshplanError(
+            f"{num_gpus} GPUs cannot be launched on {node}-GPU {gpu.name} nodes: launchers (torchrun, Ray) start the "
+            f"same number of processes on every node, and no count from 2 to {node} divides {num_gpus}.",
+            fix=f"Use {_launchable_words(num_gpus, node)}, or set gpus_per_node=1 (one process on each of "
+                f"{num_gpus} nodes).")
+    idle = node - per_node
+    notes.append(f"gpus_per_node not given: {num_gpus} GPUs do not fill whole {node}-GPU nodes and launchers start the "
+                 f"same number of processes on every node, so the job runs as {num_gpus // per_node} nodes x "
+                 f"{per_node} (the largest divisor of {num_gpus} not above {node}); {idle} GPU{'s' if idle > 1 else ''}"
+                 f" of each node sit idle, and the NVLink domain, TP/EP placement and network traffic are those of "
+                 f"{per_node} ranks per node. Pass gpus_per_node to choose another split.")
+    return per_node
+
+
+def _launchable_words(num_gpus: int, node: int) -> str:
+    """The nearest GPU counts below and above `num_gpus` that launch over more than one node, and the next count
+    of whole nodes, in words."""
+    def split(n: int) -> int:
+        return max(d for d in range(1, node + 1) if n % d == 0)
+
+    below = next((n for n in range(num_gpus - 1, node, -1) if split(n) >= 2), None)
+    above = next(n for n in range(num_gpus + 1, num_gpus + node + 1) if split(n) >= 2)
+    whole = -(-num_gpus // node) * node
+    options = [f"{n} ({n // split(n)} nodes x {split(n)})" for n in (below, above) if n is not None and n % node]
+    return " or ".join([*options, f"{whole} ({whole // node} whole nodes)"])
 
 
 def resolve(req: Request) -> tuple[Job, Plan]:
@@ -68,8 +116,9 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         sp = tp > 1 and card.defaults.sequence_parallel_with_tp(arch, pp)
     mbs = _micro_batch(req, notes)
     recompute = _recompute(req, notes)
-    gbs = _global_batch(req, mbs=mbs, dp=dp, notes=notes, runs_per_step=card.pipeline.runs_per_accumulation_step)
-    gpn = req.gpus_per_node or gpu.gpus_per_node
+    gbs = _global_batch(req, num_gpus=num_gpus, mbs=mbs, dp=dp, notes=notes,
+                        runs_per_step=card.pipeline.runs_per_accumulation_step)
+    gpn = launch_gpus_per_node(num_gpus, gpu, req.gpus_per_node, notes)
     plan = Plan(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, dp_replicate=req.dp_replicate or 1, micro_batch_size=mbs,
@@ -201,8 +250,10 @@ def _recompute(req: Request, notes: list[str]) -> str:
     return recompute
 
 
-def _global_batch(req: Request, *, mbs: int, dp: int, notes: list[str], runs_per_step: bool = False) -> int:
-    """The global batch as given, else `default_global_batch` for this micro-batch and data-parallel size; with
+def _global_batch(req: Request, *, num_gpus: int, mbs: int, dp: int, notes: list[str],
+                  runs_per_step: bool = False) -> int:
+    """The global batch as given, else `default_global_batch` for this GPU count (recommend's, so that its ranked
+    layouts check and render at the batch they were compared at) and this micro-batch and data-parallel size; with
     pipeline_microbatches on a framework that runs its schedule per accumulation step, one such step (torchtitan's
     global_batch_size -1: local_batch_size x the data-parallel degree)."""
     gbs = req.global_batch_size
@@ -212,8 +263,8 @@ def _global_batch(req: Request, *, mbs: int, dp: int, notes: list[str], runs_per
                      f"{req.pipeline_microbatches} x dp {dp}, one gradient-accumulation step (torchtitan's "
                      "global_batch_size -1: local_batch_size x the data-parallel degree).")
     elif gbs is None:
-        gbs = default_global_batch(req.seq_length, mbs, dp)
-        notes.append(default_batch_note(gbs, req.seq_length, f"micro-batch {mbs} x {dp:,} data-parallel ranks"))
+        gbs = default_global_batch(req.seq_length, num_gpus, mbs, dp)
+        notes.append(default_batch_note(gbs, req.seq_length, batch_unit_text(num_gpus, mbs, dp)))
     return gbs
 
 

@@ -274,6 +274,9 @@ class Recommendation(StrictModel):
     assumptions: list[str] = []
     evaluated: int = Field(0, description="Memory and throughput estimates the search computed")
     global_batch_size: int | None = Field(None, description="Sequences per step every layout was compared at")
+    gpus_per_node: int | None = Field(
+        None, description="Processes launched on each node, every layout compared at: the request's, else the GPU's "
+                          "node, or fewer where the GPU count fills no whole node (the rest of each node idle)")
     min_gpus: int | None = Field(None, description="When nothing fits: the smallest GPU count where a layout fits")
     closest: list[NearMiss] = Field(default_factory=list, description="When nothing fits: the nearest misses")
     headroom: float | None = Field(

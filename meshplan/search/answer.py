@@ -249,6 +249,6 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
         rationale=rationale, warnings=warnings,
         assumptions=[*notes, *SPACE_ASSUMPTIONS, *carried_assumption(job, fixed, search.zeros),
                      *fixed_assumption(fixed), *([budget_cut(search)] if search.stopped_by_budget else [])],
-        evaluated=search.evaluations, global_batch_size=job.global_batch_size,
+        evaluated=search.evaluations, global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node,
         headroom=headroom,
     )

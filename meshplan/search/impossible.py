@@ -71,10 +71,10 @@ def report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: F
 
 
 def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearch,
-                       headroom: float, default_headroom: bool, user_gbs: bool) -> None:
+                       headroom: float, default_headroom: bool, user_gbs: bool, node_gpus: int) -> None:
     """Nothing is ranked. Either a layout fits with less than the headroom (`rec.best_below_headroom`, named with the
     headroom that would rank it) or none fits at all (the closest misses); then the smallest GPU count where a layout
-    keeps the headroom, from the same scan `minimum_gpus` runs."""
+    keeps the headroom, from the same scan `minimum_gpus` runs, over `node_gpus`-GPU nodes."""
     limits = search_limits()
     thin = rec.best_below_headroom
     if search.stopped_by_budget and thin is None:
@@ -105,7 +105,9 @@ def explain_impossible(rec: Recommendation, job: Job, fixed: Fixed, engine: Engi
                 "recompute, micro-batch 1, every TP/PP/CP/EP split).")
         if rec.closest:
             head += " Closest: " + " ".join(c.rationale for c in rec.closest)
-    scan = scan_minimum(job, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit)
+    # counts of whole nodes, as min-gpus answers (a count that part-fills them runs with fewer per node)
+    whole = job.model_copy(update={"gpus_per_node": node_gpus})
+    scan = scan_minimum(whole, fixed, engine, headroom, user_gbs, limits.min_gpus_search_limit)
     rec.min_gpus = scan.num_gpus
     rec.rationale = head + " " + scan.sentence(headroom, fixed)
 

@@ -1,10 +1,17 @@
 """The job the search compares layouts on: the request resolved with every degree open, and one global batch for
-every layout (the request's, else request.default_global_batch at micro-batch 1 over all the GPUs)."""
+every layout (the request's, else request.default_global_batch for the GPU count, the batch check and render of
+the same request take)."""
 
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
-from meshplan.request.resolve import default_batch_note, default_global_batch, resolve
+from meshplan.request.resolve import (
+    batch_unit_text,
+    default_batch_note,
+    default_global_batch,
+    launch_gpus_per_node,
+    resolve,
+)
 from meshplan.schema.plan import Job
 from meshplan.schema.request import Request
 
@@ -38,21 +45,21 @@ def search_job(req: Request) -> tuple[Job, list[str]]:
             fix="Drop it (recommend weighs torchtitan's selective as op-level SAC), or estimate that layout with "
                 "`meshplan memory` / `meshplan throughput` at fixed degrees.",
         )
-    notes: list[str] = []
     job, _ = resolve(req.model_copy(update=dict.fromkeys(OPEN_FOR_SEARCH)))
+    notes: list[str] = []
+    launch_gpus_per_node(job.num_gpus, job.gpu, req.gpus_per_node, notes)  # its note, where the nodes are part-filled
     # the search holds every estimate to its own budget (policy.memory_budget, the same headroom): its memory reports
     # stay against the whole GPU, so a near miss is measured from capacity
     job = job.model_copy(update={"headroom": None})
     if req.global_batch_size is None:
         job = job_at(job, job.num_gpus, user_gbs=False)
-        notes.append(default_batch_note(job.global_batch_size, job.seq_length,
-                                        f"the {job.num_gpus:,} GPUs, so that every data-parallel size divides it"))
+        notes.append(default_batch_note(job.global_batch_size, job.seq_length, batch_unit_text(job.num_gpus, 1, 1)))
     else:
         job = job.model_copy(update={"notes": []})
     return job, notes
 
 
 def job_at(job: Job, world: int, user_gbs: bool) -> Job:
-    """The job on `world` GPUs; a default batch is re-derived for that count (micro-batch 1 x world ranks)."""
-    gbs = job.global_batch_size if user_gbs else default_global_batch(job.seq_length, 1, world)
+    """The job on `world` GPUs; a default batch is re-derived for that count."""
+    gbs = job.global_batch_size if user_gbs else default_global_batch(job.seq_length, world)
     return job.model_copy(update={"num_gpus": world, "global_batch_size": gbs, "notes": []})

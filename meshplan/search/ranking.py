@@ -90,5 +90,5 @@ def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool 
         report_below_headroom(rec, job, engine, thin, headroom)
     if not rec.candidates:
         explain_impossible(rec, job, fixed, engine, search, headroom, default_headroom,
-                           req.global_batch_size is not None)
+                           req.global_batch_size is not None, req.gpus_per_node or job.gpu.gpus_per_node)
     return rec

@@ -249,8 +249,8 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
         considered=out.tried if actors.candidates else actors.considered, rejected=rejected,
-        global_batch_size=job.global_batch_size, headroom=headroom, rationale=rationale,
-        closest=[] if actors.candidates else actors.closest, min_gpus=None,
+        global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node, headroom=headroom,
+        rationale=rationale, closest=[] if actors.candidates else actors.closest, min_gpus=None,
         warnings=list(actors.warnings),
         assumptions=[f"Actor layouts: the training search's best {len(actors.candidates)} for the trainer's step; "
                      "for each, every rollout TP/DP/EP the engines can run, with and without phase offloads, at the "
