@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import links
+from meshplan.arithmetic.comm import job_links
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.request.resolve import resolve
@@ -33,10 +33,12 @@ def test_fast_domain(gpu, per_node, domain):
 def test_every_caller_sees_the_same_fast_domain():
     for gpu in gpu_catalog().values():
         job, _ = resolve(Request(model="llama-3.1-8b", gpu=gpu.key, num_gpus=gpu.gpus_per_node * 2))
-        domain = mesh.fast_domain(gpu, job.gpus_per_node)
-        assert links(gpu, job.gpus_per_node, calibration(job.framework)).domain == domain, gpu.key
+        domain = mesh.job_domain(job)
+        assert domain == min(mesh.fast_domain(gpu, job.gpus_per_node), job.num_gpus)
+        assert job_links(job, calibration(job.framework)).domain == domain, gpu.key
         for tp in (1, 2, 4, 8, 16, 32, 64):
-            assert within_nvlink(job, Layout(tp=tp, pp=1, cp=1, ep=1, etp=1, dp=1)) == (tp <= domain), (gpu.key, tp)
+            inside = tp <= domain and domain % tp == 0
+            assert within_nvlink(job, Layout(tp=tp, pp=1, cp=1, ep=1, etp=1, dp=1)) == inside, (gpu.key, tp)
 
 
 @pytest.mark.parametrize(("law", "plan", "world"), [
@@ -65,6 +67,29 @@ def test_groups_cross_domains_by_stride():
     assert mesh.crosses_domains(16, 1, 8)           # TP16 needs two nodes
     assert mesh.crosses_domains(2, 8, 8)            # any group strided by a whole node leaves it
     assert mesh.per_domain(64, 2, 8) == 4           # EP64 over ETP2: four members per node
+
+
+def test_a_group_straddling_a_domain_boundary_crosses_it():
+    """Groups are not always aligned to the domain: TP4 on 5 ranks per node puts ranks 4-7 on two nodes (one on the
+    first), TP3 on 8 puts 6-8 on two; the ring is held to its domain with the fewest members. Before, per_domain took
+    min(size, domain // stride) and counted them inside NVLink."""
+    assert mesh.per_domain(4, 1, 5) == 1 and mesh.crosses_domains(4, 1, 5)
+    assert mesh.per_domain(4, 1, 6) == 2 and not mesh.tp_fits_domain(4, 6)
+    assert mesh.per_domain(3, 1, 8) == 1 and mesh.per_domain(6, 1, 8) == 2
+    assert mesh.per_domain(3, 4, 8) == 1            # DP3 over TP4: ranks 0, 4 | 8
+    assert mesh.per_domain(12, 1, 8) == 4           # 0-7 | 8-11 and 12-15 | 16-23: four on the thinner side
+    # aligned groups as before
+    assert mesh.per_domain(4, 2, 8) == 4 and mesh.per_domain(16, 1, 8) == 8 and mesh.per_domain(5, 4, 20) == 5
+    assert mesh.tp_fits_domain(5, 5) and mesh.tp_fits_domain(2, 6)
+
+
+def test_the_jobs_domain_is_its_own_ranks():
+    """20 H100 run as 4 nodes x 5: TP4 crosses nodes; 6 H100 on one node: every group of the 6 ranks is inside."""
+    job, _ = resolve(Request(model="llama-3.1-70b", gpu="h100", num_gpus=20))
+    assert mesh.job_domain(job) == 5 and not mesh.tp_fits_domain(4, mesh.job_domain(job))
+    job, _ = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=6))
+    assert job.gpus_per_node == 8 and mesh.job_domain(job) == 6
+    assert not mesh.crosses_domains(3, 1, 6) and not mesh.crosses_domains(2, 3, 6)
 
 
 @pytest.mark.parametrize(("tp", "cp", "pp", "ep", "etp", "world"), [

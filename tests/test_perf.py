@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from meshplan.arithmetic.comm import alltoall_time, links, p2p_time, per_domain, ring_time
+from meshplan.arithmetic.comm import alltoall_time, job_links, links, p2p_time, per_domain, ring_time
 from meshplan.arithmetic.flops import Gemm, model_flops_per_token, noncausal_flops_per_token
 from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.arithmetic.schedule import megatron_stages, stages_for
@@ -106,7 +106,11 @@ def test_gb200_nvlink_domain_spans_trays():
     cal = calibration()
     lk = links(get_gpu("gb200"), 4, cal)
     assert lk.domain == 72
-    assert per_domain(16, 1, lk.domain) == 16
+    assert per_domain(8, 1, lk.domain) == 8
+    # 72 is no multiple of 16: over more than one rack, the TP16 group of ranks 64-79 has 8 in each
+    assert per_domain(16, 1, lk.domain) == 8
+    job, _ = resolve(Request(model="llama-3.1-70b", gpu="gb200", num_gpus=64))
+    assert job_links(job, cal).domain == 64 and per_domain(16, 1, 64) == 16  # one rack holds every group of 64
 
 
 def test_gemm_efficiency_grows_with_every_dimension():

@@ -16,9 +16,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.arithmetic.mesh import fast_domain, per_domain
+from meshplan.arithmetic.mesh import fast_domain, job_domain, per_domain
 from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.plan import Job
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,14 @@ class Links:
     node: int = 0  # GPUs per host (the a2a level of hierarchical CP stays inside one)
 
 
-def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration) -> Links:
+def job_links(job: Job, cal: Calibration) -> Links:
+    """The job's links: its GPU's, with the fast domain in the job's own ranks (mesh.job_domain)."""
+    return links(job.gpu, job.gpus_per_node, cal, domain=job_domain(job))
+
+
+def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None) -> Links:
     return Links(
-        domain=fast_domain(gpu, gpus_per_node),
+        domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,
         intra_bw=gpu.intra_node_bandwidth * cal.nvlink_efficiency,
         inter_bw=gpu.network_bandwidth * cal.network_efficiency,
         intra_lat=cal.latency_intra_s,

@@ -116,8 +116,9 @@ def expert_dp(world: int, plan: ExpertShardDegrees, law: WorldSizeLaw) -> float:
 
 
 def ranks_per_node(job: Job) -> int:
-    """The most ranks of the job one node holds: a node's GPUs, or every GPU of a job smaller than a node (a
-    launcher fills each node before the next: 12 GPUs on 8-GPU nodes put 8 on the first). What multiplies a rank's
+    """The most ranks of the job one node holds: the processes launched per node (the job's gpus_per_node: 12 GPUs
+    of 8-GPU nodes run as 2 x 6, request/resolve.launch_gpus_per_node), or every GPU of a job smaller than a node.
+    What multiplies a rank's
     host bytes into the node's (the estimate's host_bytes_per_node, MEM003 and its floor before the search)."""
     return min(job.gpus_per_node, job.num_gpus)
 
@@ -137,16 +138,48 @@ def fast_domain(gpu: GpuSpec, gpus_per_node: int) -> int:
     return max(1, min(gpu.nvlink_domain, gpus_per_node))
 
 
+def job_domain(job: Job) -> int:
+    """The fast domain in the job's own ranks: fast_domain, but no more than the job's GPUs (a job on part of one
+    node, or of one rack-scale domain, has all its ranks in it), so every group of the job's ranks is aligned with it
+    there (per_domain)."""
+    return min(fast_domain(job.gpu, job.gpus_per_node), job.num_gpus)
+
+
 def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:
     """A multi-node NVLink domain (GB200 NVL72): what only HybridEP's dispatcher covers."""
     return fast_domain(gpu, gpus_per_node) > gpus_per_node
 
 
 def per_domain(size: int, stride: int, domain: int) -> int:
-    """Members of a group that share one fast domain (groups are aligned to domain boundaries)."""
+    """Members of a group that share one fast domain: where the groups are aligned to domain boundaries (a block of
+    size x stride ranks divides the domain or is a multiple of it, and the stride divides it), the domain's share;
+    otherwise some group straddles a boundary (TP4 on 5 ranks per node: ranks 4-7 on two nodes) and its ring is held
+    to its domain with the fewest members (`straddled_share`)."""
     if stride >= domain:
         return 1
-    return max(1, min(size, domain // stride))
+    block = size * stride
+    if domain % stride == 0 and (domain % block == 0 or block % domain == 0):
+        return max(1, min(size, domain // stride))
+    return straddled_share(size, stride, domain)
+
+
+@lru_cache(maxsize=1024)
+def straddled_share(size: int, stride: int, domain: int) -> int:
+    """The fewest members any group of `size` ranks `stride` apart has in a domain it touches, over the groups of one
+    period of the rank order (lcm of the groups' block and the domain: the pattern repeats after it): at the ends of
+    a group, the members before or after a boundary; in between, at least domain // stride."""
+    block = size * stride
+    fewest = size
+    for start in range(0, math.lcm(block, domain), block):
+        for first in range(start, start + stride):
+            last = first + (size - 1) * stride
+            lo, hi = first // domain, last // domain
+            if lo == hi:
+                continue
+            head = ((lo + 1) * domain - 1 - first) // stride + 1
+            tail = (last - (first + -(-(hi * domain - first) // stride) * stride)) // stride + 1
+            fewest = min(fewest, head, tail, domain // stride if hi - lo > 1 else size)
+    return max(1, fewest)
 
 
 def hierarchical_cp_sizes(cp: int, tp: int, gpus_per_node: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.arithmetic.mesh import fast_domain, mesh_groups
+from meshplan.arithmetic.mesh import job_domain, mesh_groups
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.knowledge.cards import load_card
 from meshplan.schema.plan import Job, Plan
@@ -100,7 +100,7 @@ def _engine(job: Job, plan: Plan) -> str:
 
 
 def _ep_crosses(job: Job, plan: Plan) -> bool:
-    domain = fast_domain(job.gpu, job.gpus_per_node)
+    domain = job_domain(job)
     moe_ep = job.model.moe is not None and plan.ep > 1
     return moe_ep and mesh_groups(plan, law=job.card.world_size_law).ep.crosses(domain)
 
@@ -150,7 +150,7 @@ def terms(job: Job, plan: Plan, kind: Kind) -> list[str]:
     out = [f"framework {job.framework}", f"GPU {job.gpu.key}"]
     engine = _engine(job, plan)
     moe = job.model.moe is not None
-    domain = fast_domain(job.gpu, job.gpus_per_node)
+    domain = job_domain(job)
     if job.precision == "fp8":
         out.append("FP8")
     if moe and plan.ep > 1:

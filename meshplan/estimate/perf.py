@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import Links, allreduce_time, links, p2p_time, ring_time
+from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time, ring_time
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
@@ -179,12 +179,12 @@ def _step_context(job: Job, plan: Plan, cal: Calibration,
     m = plan.num_microbatches(job.global_batch_size)
     memo = scope_memo("job_links")
     if memo is None:
-        peaks, lk = _peaks(job, cal), links(job.gpu, job.gpus_per_node, cal)
+        peaks, lk = _peaks(job, cal), job_links(job, cal)
     else:
         key = (id(job), id(cal))
         hit = memo.get(key)
         if hit is None:
-            hit = memo[key] = (job, cal, _peaks(job, cal), links(job.gpu, job.gpus_per_node, cal))
+            hit = memo[key] = (job, cal, _peaks(job, cal), job_links(job, cal))
         peaks, lk = hit[2], hit[3]
     return m, peaks, layer_context(job, plan, cal, lk, peaks, m, attention_kernel)
 
@@ -443,7 +443,7 @@ def exposed_pipeline_p2p(job: Job, plan: Plan) -> float | None:
     it depend on the slowest stage's layers (the step's terms give it)."""
     require_estimable(job, plan)
     cal = calibration(job.framework)
-    p2p = pipeline_p2p(job, plan, cal, links(job.gpu, job.gpus_per_node, cal))
+    p2p = pipeline_p2p(job, plan, cal, job_links(job, cal))
     return None if p2p.cross_layer else max(_exposed_p2p(job, plan, cal, p2p.hop))
 
 
@@ -454,7 +454,7 @@ def pipeline_unit(job: Job, plan: Plan) -> float:
     pipeline bound reads a non-interleaved base's). Without nanotron's per-layer host sync across NVLink domains: that
     is paid per layer, as many on a rank at any vpp, so a bound that multiplies the unit by vpp leaves it out."""
     cal = calibration(job.framework)
-    p2p = pipeline_p2p(job, plan, cal, links(job.gpu, job.gpus_per_node, cal))
+    p2p = pipeline_p2p(job, plan, cal, job_links(job, cal))
     return max(_exposed_p2p(job, plan, cal, p2p.hop))
 
 

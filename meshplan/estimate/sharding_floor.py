@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import links
+from meshplan.arithmetic.comm import job_links
 from meshplan.estimate.perf import dp_traffic
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -47,7 +47,7 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     arch, law = job.model, job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1,
                              law=law)
-    traffic = dp_traffic(plan, links(job.gpu, job.gpus_per_node, cal), groups, cal)
+    traffic = dp_traffic(plan, job_links(job, cal), groups, cal)
     grad_bytes = grad_reduce_bytes(plan, cal)
     # every decoder layer is resharded: gathered forward and backward
     total = _layers_traffic(job, plan, traffic, (2 * gathered, 1 if reduced else 0), grad_bytes)

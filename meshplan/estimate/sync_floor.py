@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import Links, links
+from meshplan.arithmetic.comm import Links, job_links
 from meshplan.estimate.perf import dp_traffic, step_sync
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
 from meshplan.estimate.stage_time import layers_params, rank_params
@@ -62,7 +62,7 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     if job.lora is not None:
         return None
     cal = calibration(job.framework)
-    lk, law = links(job.gpu, job.gpus_per_node, cal), job.card.world_size_law
+    lk, law = job_links(job, cal), job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
                              law=law)
     return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan, cal).per_step)

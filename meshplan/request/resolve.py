@@ -78,8 +78,21 @@ def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: 
                  f"same number of processes on every node, so the job runs as {num_gpus // per_node} nodes x "
                  f"{per_node} (the largest divisor of {num_gpus} not above {node}); {idle} GPU{'s' if idle > 1 else ''}"
                  f" of each node sit idle, and the NVLink domain, TP/EP placement and network traffic are those of "
-                 f"{per_node} ranks per node. Pass gpus_per_node to choose another split.")
+                 f"{per_node} ranks per node{_aligned_split(num_gpus, per_node)}. Pass gpus_per_node to choose another "
+                 "split.")
     return per_node
+
+
+def _aligned_split(num_gpus: int, per_node: int) -> str:
+    """The largest power of two dividing the count and not above the split's per-node count, where groups of that
+    many ranks (TP or expert groups: powers of two, as heads and experts divide) straddle its nodes, in words."""
+    two = num_gpus & -num_gpus  # the largest power of two dividing num_gpus
+    while two > per_node:
+        two //= 2
+    if two < 2 or per_node % two == 0:
+        return ""
+    return (f" (groups of {two} ranks, TP{two} say, straddle nodes of {per_node}; gpus_per_node={two}, "
+            f"{num_gpus // two} nodes x {two}, keeps them whole on a node)")
 
 
 def _launchable_words(num_gpus: int, node: int) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from meshplan.arithmetic.comm import links, small_allreduce_time
+from meshplan.arithmetic.comm import job_links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
@@ -42,7 +42,7 @@ def decode_collectives(job, plan: Plan, batch: float, cal) -> float:
     back (all2all.py AgRsAll2AllManager), an all-reduce's bytes of the DP ranks' batches. At a decode batch these
     are latency-bound inside a node; across nodes (a TP group of 32 over 4 nodes) the bytes count too."""
     arch = job.model
-    lk = links(job.gpu, job.gpus_per_node, cal)
+    lk = job_links(job, cal)
     activations = batch * arch.hidden_size * ENGINE_BYTES
     tp = small_allreduce_time(activations, plan.rollout_tp, 1, lk)
     moe = len(arch.moe.moe_layers) if arch.moe is not None else 0

@@ -299,8 +299,8 @@ class Context:
 
     @once
     def fast_domain(self) -> int:
-        """GPUs one GPU reaches over NVLink/xGMI (mesh.fast_domain)."""
-        return mesh.fast_domain(self.job.gpu, self.job.gpus_per_node)
+        """GPUs one GPU reaches over NVLink/xGMI, in the job's ranks (mesh.job_domain)."""
+        return mesh.job_domain(self.job)
 
     @once
     def microbatches(self) -> int:

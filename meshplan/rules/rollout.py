@@ -69,7 +69,7 @@ def rollout_tp_in_node(ctx: Context) -> Values:
     p = ctx.plan
     if p.rollout_tp is None:
         return None
-    domain = mesh.fast_domain(ctx.job.gpu, ctx.job.gpus_per_node)
+    domain = mesh.job_domain(ctx.job)
     if p.rollout_tp <= domain:
         return None
     gpu = ctx.job.gpu

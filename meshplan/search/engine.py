@@ -147,7 +147,7 @@ class BestFirstSearch(StepTimeBounds):
                                     "(rule TP005).", blocked["fix"])
         limits = search_limits()
         cap = limits.max_evaluations if job.num_gpus <= limits.largest_cluster_gpus else limits.absurd_max_evaluations
-        domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+        domain = mesh.job_domain(job)
         a2a_open = (job.model.moe is not None and "moe_a2a_overlap" not in fixed and card.adapter is not None
                     and card.adapter.renders("moe_a2a_overlap"))
         return cls(job=job, fixed=fixed, engine=engine, top_k=top_k, zeros=zeros,

@@ -531,7 +531,7 @@ def variants(template: Layout, experts: list[tuple[int, int]], schedules: tuple[
 
 def within_nvlink(job: Job, layout: Layout) -> bool:
     """TP (and expert TP) inside one NVLink domain: the first tier of the search."""
-    domain = mesh.fast_domain(job.gpu, job.gpus_per_node)
+    domain = mesh.job_domain(job)
     return mesh.tp_fits_domain(layout.tp, domain) and mesh.tp_fits_domain(layout.etp, domain)
 
 

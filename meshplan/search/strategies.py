@@ -112,7 +112,7 @@ def _fit_cp(job: Job, deg: _Degrees, seq: SeqRow, notes: list[str]) -> None:
 def _fit_tp(job: Job, deg: _Degrees, notes: list[str]) -> None:
     """TP inside the NVLink domain, halved until it divides the heads (and the KV groups divide or are divided)."""
     arch = job.model
-    tp_cap = mesh.fast_domain(job.gpu, job.gpus_per_node)
+    tp_cap = mesh.job_domain(job)
     if deg.tp > tp_cap:
         notes.append(f"TP {deg.tp} -> {tp_cap}: TP stays inside the NVLink domain (topology row tp-in-nvlink).")
         deg.tp = tp_cap

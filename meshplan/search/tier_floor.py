@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from meshplan.arithmetic.comm import Links, links, ring_time
+from meshplan.arithmetic.comm import Links, job_links, ring_time
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.tp_overlap import TP_COLLECTIVES_PER_LAYER, moe_layer_tp_ops, tp_overlap_mode
 from meshplan.knowledge.calibration import Calibration, calibration
@@ -66,7 +66,7 @@ def tier_floor(job: Job, layouts: Iterable[Layout], sizes: Callable[[Layout], tu
     if job.lora is not None:
         return 0.0
     cal = calibration(job.framework)
-    lk = links(job.gpu, job.gpus_per_node, cal)
+    lk = job_links(job, cal)
     share = exposed_share(job.card, tp_comm_overlap, cal)
     seen: set[tuple[int, int, int, int]] = set()
     least = float("inf")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan import api
-from meshplan.arithmetic.mesh import MeshAxis, fast_domain, mesh_axes, world_size
+from meshplan.arithmetic.mesh import MeshAxis, job_domain, mesh_axes, world_size
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
@@ -86,7 +86,7 @@ def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanRepo
     if drawn is None:
         plan = None
     world = world_size(framework_card(job.framework).world_size_law, memory.plan) if memory is not None else 0
-    domain = fast_domain(job.gpu, job.gpus_per_node)
+    domain = job_domain(job)
     headroom = headroom_for(req)
     return PlanReport(
         request=req, drawn=drawn, memory=memory, throughput=throughput, recommendation=rec,
