@@ -59,7 +59,7 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=16, zero_stage=3, global_batch_size=256)),
     ("deepspeed", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
                              recompute="full")),
-    # 12 GPUs of 8-GPU nodes: 2 nodes x 6 (request/resolve.launch_gpus_per_node), written and read back
+    # 12 GPUs of 8-GPU nodes: 3 nodes x 4 (request/resolve.launch_gpus_per_node), written and read back
     ("megatron-core", None, dict(model="llama-3.1-8b", num_gpus=12, tp=2, global_batch_size=96)),
     ("verl", None, dict(model="llama-3.1-8b", num_gpus=12, tp=2, global_batch_size=96)),
     ("skyrl", None, dict(model="llama-3.1-8b", num_gpus=12, tp=2, global_batch_size=96)),
@@ -653,15 +653,15 @@ def test_cli_render_prints_the_snippet_and_json(tmp_path):
 
 
 @pytest.mark.parametrize(("framework", "launch"), [
-    ("megatron-core", ["--nnodes 2 --nproc-per-node 6"]),
-    ("deepspeed", ["--nnodes 2 --nproc-per-node 6"]),
-    ("torchtitan", ["--nnodes 2 --nproc-per-node 6"]),
-    ("verl", ["trainer.nnodes=2", "trainer.n_gpus_per_node=6"]),
-    ("skyrl", ["trainer.placement.policy_num_nodes=2", "trainer.placement.policy_num_gpus_per_node=6"]),
-    ("nemo-automodel", ["--nproc-per-node 6` on 2 nodes"]),
+    ("megatron-core", ["--nnodes 3 --nproc-per-node 4"]),
+    ("deepspeed", ["--nnodes 3 --nproc-per-node 4"]),
+    ("torchtitan", ["--nnodes 3 --nproc-per-node 4"]),
+    ("verl", ["trainer.nnodes=3", "trainer.n_gpus_per_node=4"]),
+    ("skyrl", ["trainer.placement.policy_num_nodes=3", "trainer.placement.policy_num_gpus_per_node=4"]),
+    ("nemo-automodel", ["--nproc-per-node 4` on 3 nodes"]),
 ])
 def test_a_count_filling_no_whole_node_launches_as_the_jobs_nodes(framework, launch):
-    """12 GPUs of 8-GPU nodes run as 2 nodes x 6 on every framework (before: refused, 'do not fill whole 8-GPU
+    """12 GPUs of 8-GPU nodes run as 3 nodes x 4 on every framework (before: refused, 'do not fill whole 8-GPU
     nodes'); the request's own gpus_per_node=8 is still refused."""
     request = Request(model="llama-3.1-8b", gpu="h100", num_gpus=12, tp=2, framework=framework)
     job, plan = resolve(request)

@@ -330,14 +330,14 @@ LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micr
 
 
 async def test_recommends_first_checks_and_renders_with_the_same_flags_on_every_face(tmp_path):
-    """recommend on 20 H100 (not whole 8-GPU nodes) compares at 520 sequences and 4 nodes x 5; its #1 given back with
+    """recommend on 20 H100 (not whole 8-GPU nodes) compares at 520 sequences and 5 nodes x 4; its #1 given back with
     the same flags and no global_batch_size passes check and renders on every face at that batch and those nodes.
     Before: check and render took 512 sequences (micro-batch 2 x dp 1) and refused it with PP005, and render refused
     20 GPUs of 8-GPU nodes."""
     ask = {**L70, "num_gpus": 20, "seq_length": 8192}
     rec = api.recommend(parse_request(ask), top_k=1)
-    assert rec.global_batch_size == 520 and rec.gpus_per_node == 5
-    assert any("4 nodes x 5" in note and "3 GPUs of each node sit idle" in note for note in rec.assumptions)
+    assert rec.global_batch_size == 520 and rec.gpus_per_node == 4
+    assert any("5 nodes x 4" in note and "4 GPUs of each node sit idle" in note for note in rec.assumptions)
     best = rec.candidates[0].plan.model_dump()
     layout = {**ask, **{name: best[name] for name in LAYOUT_FIELDS}}
     rendered = {"framework": "megatron-core", **layout}
@@ -353,4 +353,4 @@ async def test_recommends_first_checks_and_renders_with_the_same_flags_on_every_
         assert kind == "ok" and check["ok"] and not [f for f in check["findings"] if f["severity"] == "error"], check
     for kind, render in renders:
         assert kind == "ok", render
-        assert "--nnodes 4 --nproc-per-node 5" in render["text"] and "--global-batch-size 520" in render["text"]
+        assert "--nnodes 5 --nproc-per-node 4" in render["text"] and "--global-batch-size 520" in render["text"]

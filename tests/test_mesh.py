@@ -84,8 +84,11 @@ def test_a_group_straddling_a_domain_boundary_crosses_it():
 
 
 def test_the_jobs_domain_is_its_own_ranks():
-    """20 H100 run as 4 nodes x 5: TP4 crosses nodes; 6 H100 on one node: every group of the 6 ranks is inside."""
+    """20 H100 run as 5 nodes x 4 (TP4 inside a node); as 4 nodes x 5, asked, TP4 crosses nodes; 6 H100 on one node:
+    every group of the 6 ranks is inside."""
     job, _ = resolve(Request(model="llama-3.1-70b", gpu="h100", num_gpus=20))
+    assert mesh.job_domain(job) == 4 and mesh.tp_fits_domain(4, mesh.job_domain(job))
+    job, _ = resolve(Request(model="llama-3.1-70b", gpu="h100", num_gpus=20, gpus_per_node=5))
     assert mesh.job_domain(job) == 5 and not mesh.tp_fits_domain(4, mesh.job_domain(job))
     job, _ = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=6))
     assert job.gpus_per_node == 8 and mesh.job_domain(job) == 6

@@ -240,7 +240,7 @@ def test_the_scan_reads_the_rules_at_every_recompute(fields, count):
 
 def test_the_count_min_gpus_answers_launches():
     """recommend ranks layouts on 20 H100 for Llama-3.1-70B at 8K tokens (TP4 PP5), but launchers start the same
-    number of processes on every node (adapters/common.nodes): 20 GPUs run as 4 nodes x 5 (request/resolve
+    number of processes on every node (adapters/common.nodes): 20 GPUs run as 5 nodes x 4 (request/resolve
     launch_gpus_per_node), so render writes that, and refuses 20 where the request says 8 per node. min-gpus still
     answers the least count of whole nodes, and render writes its plan."""
     req = Request(model="llama-3.1-70b", gpu="h100", seq_length=8192)
@@ -256,6 +256,6 @@ def test_the_count_min_gpus_answers_launches():
     twenty = at_20[0].plan.model_dump(exclude_defaults=True)
     layout = {k: v for k, v in twenty.items() if k in Request.model_fields}
     at_twenty = req.model_copy(update={"num_gpus": 20, **layout})
-    assert "--nnodes 4 --nproc-per-node 5" in api.render_config("megatron-core", at_twenty).text
+    assert "--nnodes 5 --nproc-per-node 4" in api.render_config("megatron-core", at_twenty).text
     with pytest.raises(MeshplanError, match="whole 8-GPU nodes"):
         api.render_config("megatron-core", at_twenty.model_copy(update={"gpus_per_node": 8}), force=True)

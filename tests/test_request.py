@@ -63,10 +63,12 @@ def test_the_default_batch_is_the_requests_whatever_the_layout():
     assert job.global_batch_size == 540 and any("micro-batch 3 x 5 data-parallel ranks" in n for n in job.notes)
 
 
-@pytest.mark.parametrize(("gpus", "per_node"), [(20, 5), (12, 6), (18, 6), (9, 3), (24, 8), (6, 8), (3, 8)])
-def test_a_count_filling_no_whole_node_runs_as_the_largest_divisor_per_node(gpus, per_node):
+@pytest.mark.parametrize(("gpus", "per_node"), [(20, 4), (12, 4), (18, 2), (9, 3), (15, 5), (24, 8), (6, 8), (3, 8)])
+def test_a_count_filling_no_whole_node_runs_with_a_share_that_divides_the_node(gpus, per_node):
     """Launchers start the same number of processes on every node: a count over one 8-GPU node that is no multiple
-    of it runs as the largest divisor not above 8 per node, said in the notes; whole nodes and one node keep 8."""
+    of it runs as the largest count dividing both it and the node (20: 5 x 4, so TP4 stays inside a node, where 4 x 5
+    would split it), else as its largest divisor not above 8 (9: 3 x 3), said in the notes; whole nodes and one node
+    keep 8."""
     job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=gpus, gpu="h100"))
     assert job.gpus_per_node == per_node
     said = [n for n in job.notes if n.startswith("gpus_per_node not given")]
@@ -81,7 +83,7 @@ def test_a_prime_count_over_one_node_is_refused_with_counts_that_launch():
     with pytest.raises(MeshplanError) as err:
         resolve(Request(model="llama-3.1-8b", num_gpus=13, gpu="h100"))
     assert "13 GPUs cannot be launched on 8-GPU" in str(err.value)
-    assert "12 (2 nodes x 6) or 14 (2 nodes x 7) or 16 (2 whole nodes)" in err.value.fix
+    assert "12 (3 nodes x 4) or 14 (7 nodes x 2) or 16 (2 whole nodes)" in err.value.fix
     assert "gpus_per_node=1" in err.value.fix
 
 

@@ -63,8 +63,8 @@ def test_min_gpus_scans_the_trainer_counts_the_one_home_of_the_jobs_gpus_allows(
 
 
 def test_the_rl_recommend_states_the_trainers_nodes():
-    """12 GPUs of 8-GPU nodes run as 2 nodes x 6 (request/resolve.launch_gpus_per_node): the RL Recommendation says
+    """12 GPUs of 8-GPU nodes run as 3 nodes x 4 (request/resolve.launch_gpus_per_node): the RL Recommendation says
     so as the training one does (its compared-at line), with the note in its assumptions."""
     rec = api.recommend(Request(model="qwen3-30b-a3b", gpu="h100", framework="verl", job="rl", algorithm="grpo",
                                 num_gpus=12), top_k=1)
-    assert rec.gpus_per_node == 6 and any("2 nodes x 6" in note for note in rec.assumptions)
+    assert rec.gpus_per_node == 4 and any("3 nodes x 4" in note for note in rec.assumptions)

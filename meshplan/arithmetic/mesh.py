@@ -117,7 +117,7 @@ def expert_dp(world: int, plan: ExpertShardDegrees, law: WorldSizeLaw) -> float:
 
 def ranks_per_node(job: Job) -> int:
     """The most ranks of the job one node holds: the processes launched per node (the job's gpus_per_node: 12 GPUs
-    of 8-GPU nodes run as 2 x 6, request/resolve.launch_gpus_per_node), or every GPU of a job smaller than a node.
+    of 8-GPU nodes run as 3 x 4, request/resolve.launch_gpus_per_node), or every GPU of a job smaller than a node.
     What multiplies a rank's
     host bytes into the node's (the estimate's host_bytes_per_node, MEM003 and its floor before the search)."""
     return min(job.gpus_per_node, job.num_gpus)

@@ -61,12 +61,14 @@ def batch_unit_text(num_gpus: int, micro_batch_size: int, dp: int) -> str:
 def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: list[str]) -> int:
     """The processes launched on each node (the job's gpus_per_node: its nodes, NVLink domain and host share).
     torchrun and Ray start the same number on every node, so a count over one node that is no multiple of the
-    GPU's node runs as the largest divisor of it not above the node, the nodes' other GPUs idle (20 on 8-GPU nodes:
-    4 nodes x 5); one with no divisor from 2 up is refused with the counts that launch."""
+    GPU's node runs with fewer, the nodes' other GPUs idle: the largest count dividing both the GPU count and the
+    node (20 on 8-GPU nodes: 5 nodes x 4), so that every group that fits a node's share lies on one node, as the
+    frameworks' power-of-two TP and expert groups then do; where that is 1, the largest divisor of the count not above
+    the node (15: 5 nodes x 3); one with no divisor from 2 up is refused with the counts that launch."""
     node = gpu.gpus_per_node
     if asked is not None or num_gpus <= node or num_gpus % node == 0:
         return node if asked is None else asked
-    per_node = max(d for d in range(1, node + 1) if num_gpus % d == 0)
+    per_node, why = _node_share(num_gpus, node)
     if per_node < 2:
         raise MeshplanError(
             f"{num_gpus} GPUs cannot be launched on {node}-GPU {gpu.name} nodes: launchers (torchrun, Ray) start the "
@@ -76,11 +78,20 @@ def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: 
     idle = node - per_node
     notes.append(f"gpus_per_node not given: {num_gpus} GPUs do not fill whole {node}-GPU nodes and launchers start the "
                  f"same number of processes on every node, so the job runs as {num_gpus // per_node} nodes x "
-                 f"{per_node} (the largest divisor of {num_gpus} not above {node}); {idle} GPU{'s' if idle > 1 else ''}"
+                 f"{per_node} ({why}); {idle} GPU{'s' if idle > 1 else ''}"
                  f" of each node sit idle, and the NVLink domain, TP/EP placement and network traffic are those of "
                  f"{per_node} ranks per node{_aligned_split(num_gpus, per_node)}. Pass gpus_per_node to choose another "
                  "split.")
     return per_node
+
+
+def _node_share(num_gpus: int, node: int) -> tuple[int, str]:
+    """The processes per node of a count that fills no whole node (launch_gpus_per_node's rule), and why, in words."""
+    share = math.gcd(num_gpus, node)
+    if share >= 2:
+        return share, f"the largest count dividing both {num_gpus} and the {node}-GPU node"
+    share = max(d for d in range(1, node + 1) if num_gpus % d == 0)
+    return share, f"the largest divisor of {num_gpus} not above {node}; none from 2 up divides both"
 
 
 def _aligned_split(num_gpus: int, per_node: int) -> str:
@@ -99,7 +110,7 @@ def _launchable_words(num_gpus: int, node: int) -> str:
     """The nearest GPU counts below and above `num_gpus` that launch over more than one node, and the next count
     of whole nodes, in words."""
     def split(n: int) -> int:
-        return max(d for d in range(1, node + 1) if n % d == 0)
+        return _node_share(n, node)[0]
 
     below = next((n for n in range(num_gpus - 1, node, -1) if split(n) >= 2), None)
     above = next(n for n in range(num_gpus + 1, num_gpus + node + 1) if split(n) >= 2)
