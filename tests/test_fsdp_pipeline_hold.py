@@ -123,3 +123,17 @@ def test_kempnerforge_pp4_peak_counts_the_gathered_stage():
     params = first.detail["params_on_gpu"]
     assert first.detail[HELD] == pytest.approx(4 * params, rel=1e-6)
     assert first.detail["gathered_layers"] >= 2 * params
+
+
+def test_automodel_pp2_holds_as_torchtitan_does():
+    """NeMo AutoModel runs FSDP2 under torch's PipelineStage too (pipelining/functional.py), its layers not resharded
+    after forward under PP (parallelizer.py): each stage holds 4 B of unsharded fp32 gradient per parameter and its
+    units gathered, as torchtitan 0.2's (neither chunks its loss); without PP nothing is held."""
+    card = framework_card("nemo-automodel")
+    assert pipeline_held(card, 2) and card.grad_accumulation.gathered_through_forward
+    for stage in _stages("nemo-automodel"):
+        params = stage.detail["params_on_gpu"]
+        assert stage.detail[HELD] == pytest.approx(4 * params, rel=1e-6)
+        assert stage.detail["gathered_layers"] >= 2 * params
+    assert all(HELD not in s.detail for s in _stages("nemo-automodel", pp=1, dp=8))
+

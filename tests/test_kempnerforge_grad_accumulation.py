@@ -10,8 +10,9 @@ import pytest
 from meshplan import api
 from meshplan.arithmetic.memory_states import accumulated_grad_bytes, convention
 from meshplan.estimate.fsdp_walk import Accumulation, FsdpUnit, fsdp_backward_moments
-from meshplan.knowledge.calibration import calibration
+from meshplan.estimate.sharding_traffic import sharding_schedule
 from meshplan.knowledge.cards import framework_card
+from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 DENSE = dict(model="mistral-7b", num_gpus=8, gpu="h100", tp=1, pp=1, micro_batch_size=1, seq_length=4096,
@@ -49,13 +50,13 @@ def test_other_frameworks_reduce_every_micro_batch():
     assert not framework_card("torchtitan").grad_accumulation.unsharded
 
 
-def test_card_and_calibration_say_the_same_schedule():
-    """The card's memory fact and the calibration's time fact (fsdp_defer_grad_sync) come from one source: a card that
-    holds unsharded gradients defers the reduce-scatter to the last micro-batch in the time model too."""
+def test_memory_and_time_read_one_schedule():
+    """The card's grad_accumulation is the one home of when the gradients are reduced: a card that holds unsharded
+    gradients (the memory) reduce-scatters once per step in the time model too (sharding_schedule)."""
     for name in ("kempnerforge", "torchtitan", "verl", "nemo-automodel"):
-        facts = framework_card(name).grad_accumulation
-        if facts is not None and facts.unsharded:
-            assert calibration(name).fsdp_defer_grad_sync >= 0.5
+        job, plan = resolve(Request(framework=name, **{**DENSE, "global_batch_size": 16}))  # 2 micro-batches
+        held = accumulated_grad_bytes(job.card, 2, True, plan.pp) > 0
+        assert sharding_schedule(job, plan).reduce_each_microbatch is not held
 
 
 def test_accumulated_bytes_per_parameter():

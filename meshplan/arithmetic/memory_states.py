@@ -454,10 +454,23 @@ def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: boo
     micro-batch (the only backward reduce-scatters) or where the parameters are not sharded (the replicated gradient
     is itself the unsharded one). Under pp > 1 where the card's `pipeline` says so (torch's PipelineStage defers the
     sync to the schedule's _post_backward) with any number of micro-batches."""
-    facts = card.grad_accumulation
-    if facts is None or not sharded:
+    if not sharded or not defers_grad_sync(card, pp):
         return 0.0
-    return facts.bytes_per_param if (facts.unsharded and micro_batches > 1) or pipeline_held(card, pp) else 0.0
+    return card.grad_accumulation.bytes_per_param if micro_batches > 1 or pipeline_held(card, pp) else 0.0
+
+
+def defers_grad_sync(card: FrameworkCard, pp: int) -> bool:
+    """Whether an FSDP unit's gradient sync waits for the step's last backward (the card's grad_accumulation: the
+    trainer's own loop, or torch's PipelineStage under pp > 1): the memory holds the unsharded gradient meanwhile and
+    the time reduce-scatters once per step, one fact for both."""
+    facts = card.grad_accumulation
+    return facts is not None and (facts.unsharded or pipeline_held(card, pp))
+
+
+def keeps_gathered(card: FrameworkCard, pp: int) -> bool:
+    """Whether the units stay gathered across the step's micro-batches, all-gathered once per step: under torch's
+    PipelineStage (no reshard after backward) where the forward does not reshard either (gathered_through_forward)."""
+    return pipeline_held(card, pp) and card.grad_accumulation.gathered_through_forward
 
 
 def pipeline_held(card: FrameworkCard, pp: int) -> bool:

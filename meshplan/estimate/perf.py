@@ -399,7 +399,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         # the host running ahead of the GPU: per micro-batch, pp_host_sync of the shorter of host issue
         # time and GPU time is serialised behind the longer one instead of hidden under it.
         host_sync=cal.pp_host_sync if plan.pp > 1 else 0.0,
-        sharding=sharding_schedule(job, plan, cal),
+        sharding=sharding_schedule(job, plan),
         traffic=dp_traffic(plan, lk, groups, cal),
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
         muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None)

@@ -40,7 +40,7 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     sequence parallelism, dp_replicate, grad_reduce_in_fp32 and fp8_param_gather; 0 where no traffic is per
     micro-batch (the schedule's gather_each_microbatch and reduce_each_microbatch)."""
     cal = calibration(job.framework)
-    sched = sharding_schedule(job, plan, cal)
+    sched = sharding_schedule(job, plan)
     gathered, reduced = sched.gather_each_microbatch, sched.reduce_each_microbatch
     if not gathered and not reduced:
         return 0.0

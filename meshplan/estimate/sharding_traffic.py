@@ -11,7 +11,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import uses_fsdp
+from meshplan.arithmetic.memory_states import defers_grad_sync, keeps_gathered, uses_fsdp
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.knowledge.calibration import Calibration
@@ -239,8 +239,8 @@ def edge_units(arch: Architecture, plan: Plan, embed_params: float, head: float,
 
 @dataclass(frozen=True)
 class ShardingSchedule:
-    """When a plan's data-parallel sharding moves bytes: per micro-batch or once per step (framework facts in
-    cards/calibration.yaml, fsdp_*)."""
+    """When a plan's data-parallel sharding moves bytes: per micro-batch or once per step (the framework
+    card's grad_accumulation, read through memory_states.defers_grad_sync and keeps_gathered)."""
 
     params_sharded: bool  # ZeRO-3 / FSDP: parameters gathered before use
     grads_sharded: bool  # ZeRO-2/3 / FSDP: gradients reduce-scattered into shards
@@ -252,16 +252,14 @@ class ShardingSchedule:
         return self.params_sharded or self.grads_sharded
 
 
-def sharding_schedule(job: Job, plan: Plan, cal: Calibration) -> ShardingSchedule:
+def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     """FSDP2 (torchtitan, KempnerForge), Megatron-FSDP and DeepSpeed ZeRO-3 shard parameters; ZeRO-2 gradients
     too; ZeRO-1 only the optimizer (its traffic stays once per step, in the step's DP term)."""
     fsdp = uses_fsdp(job.card, plan.zero_stage)
     params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
     grads = params or plan.zero_stage >= 2
-    pp = plan.pp > 1
-    keep = params and pp and cal.fsdp_keep_params_under_pp >= 0.5
-    defer = (cal.fsdp_defer_grad_sync_under_pp if pp else cal.fsdp_defer_grad_sync) >= 0.5
-    return ShardingSchedule(params, grads, params and not keep, grads and not defer)
+    keep = params and keeps_gathered(job.card, plan.pp)
+    return ShardingSchedule(params, grads, params and not keep, grads and not defers_grad_sync(job.card, plan.pp))
 
 
 class ShardingExposed(NamedTuple):

@@ -53,7 +53,7 @@ class SyncRates:
         """The SyncRates of a plan of the same grid (degrees and the request's fields) at another ZeRO stage: the same
         groups and links, its own sharding schedule."""
         return SyncRates(self.job, plan, self.cal, self.lk, self.traffic,
-                         sharding_schedule(self.job, plan, self.cal).per_step)
+                         sharding_schedule(self.job, plan).per_step)
 
 
 def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
@@ -65,7 +65,7 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     lk, law = job_links(job, cal), job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
                              law=law)
-    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan, cal).per_step)
+    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan).per_step)
 
 
 def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:

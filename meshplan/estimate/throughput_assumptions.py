@@ -62,7 +62,7 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
 
 def dp_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
     """How the data-parallel traffic was timed, in the words of the schedule the plan runs."""
-    sched = sharding_schedule(job, plan, cal)
+    sched = sharding_schedule(job, plan)
     nbytes = grad_reduce_bytes(plan, cal)  # the plan's grad_reduce_in_fp32, else the framework's default
     if not sched.per_step:
         return (f"DP: gradients reduced in {nbytes:.0f}-byte elements over dp x cp once per step, "

@@ -104,9 +104,6 @@ class Calibration:
     pp_cross_sync_per_layer_s: float
     cp_overlap: float
     grad_reduce_bytes: float
-    fsdp_keep_params_under_pp: float
-    fsdp_defer_grad_sync: float
-    fsdp_defer_grad_sync_under_pp: float
     fsdp_hybrid_allreduce_last_microbatch: float
 
     def with_overrides(self, **values: float) -> Calibration:
