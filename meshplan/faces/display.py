@@ -18,6 +18,7 @@ from meshplan.check.headline import layout_text
 from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
+from meshplan.rl.engine import ep_words
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.measured import RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
@@ -300,8 +301,8 @@ def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
 
 
 def rollout_words(plan: Plan, moe: bool = True) -> str:
-    """An RL plan's rollout engine in one cell: its TP, DP and EP (a dense model's engine shards no experts: no EP)."""
-    return f"TP{plan.rollout_tp} DP{plan.rollout_dp}" + (f" EP{plan.rollout_ep}" if moe else "")
+    """An RL plan's rollout engine in one cell: its TP, DP and EP (rl/engine.ep_words: the notes' words)."""
+    return f"TP{plan.rollout_tp} DP{plan.rollout_dp}{ep_words(moe, plan)}"
 
 
 def offload_words(plan: Plan) -> str:

@@ -33,10 +33,12 @@ def _param_split(arch) -> tuple[int, int, int]:
     return sharded + vocab_rows, whole, experts
 
 
-def ep_words(arch, plan: Plan) -> str:
-    """" EP<n>" where the rollout engine shards experts over EP ranks, else "": a dense model has no experts, so a
-    rollout_ep there shards nothing (vLLM refuses it: rule RL007) and is never named."""
-    return f" EP{plan.rollout_ep}" if arch.moe is not None and (plan.rollout_ep or 1) > 1 else ""
+def ep_words(moe: bool, plan: Plan) -> str:
+    """" EP<n>" where the rollout engine shards experts over EP ranks, else "": a dense model (`moe` False) has no
+    experts, so a rollout_ep there shards nothing (vLLM refuses it: rule RL007) and is never named; at EP1 a MoE
+    engine's experts are split over its TP (engine_weight_bytes). Every face's words for it (the notes, the RL
+    table's rollout cell)."""
+    return f" EP{plan.rollout_ep}" if moe and (plan.rollout_ep or 1) > 1 else ""
 
 
 def engine_weight_bytes(arch, plan: Plan) -> float:
@@ -112,7 +114,7 @@ def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:
     graphs = graph_bytes(plan)
     on_gpu = budget + outside_budget(job, plan, working)
     note = (f"{plan.rollout_engine} budget {of} = {budget / GIB:.1f} GiB: weights {weights / GIB:.1f} GiB (rollout "
-            f"TP{plan.rollout_tp}{ep_words(arch, plan)}), activations "
+            f"TP{plan.rollout_tp}{ep_words(arch.moe is not None, plan)}), activations "
             f"{working / GIB:.1f} GiB, KV cache {kv / GIB:.1f} GiB = {int(kv // per_token):,} tokens = {per_rank:,} "
             f"sequences of {length:,} tokens per DP rank (max_num_seqs {card.defaults.max_num_seqs}); "
             + ("no CUDA graphs (enforce_eager)" if plan.rollout_enforce_eager else

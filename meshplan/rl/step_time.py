@@ -248,7 +248,7 @@ def rl_report(job, plan: Plan, timing, update, words: str):
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
             f"{timing.prefill_s:,.0f} s, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
-            f"{ep_words(job.model, plan)}, {timing.sequences_at_once} sequences at once, "
+            f"{ep_words(job.model.moe is not None, plan)}, {timing.sequences_at_once} sequences at once, "
             + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of " if share >= 1
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "

@@ -34,7 +34,15 @@ from meshplan.search.floors import (
 from meshplan.search.host_counts import HostCounts
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import SeedGroup
-from meshplan.search.space import Fixed, Layout, Prefiltered, Tiers, micro_batches, states_lower_bound
+from meshplan.search.space import (
+    Fixed,
+    Layout,
+    Prefiltered,
+    Tiers,
+    layout_sequence_parallel,
+    micro_batches,
+    states_lower_bound,
+)
 
 # The rules that refuse moe_a2a_overlap on a plan (Megatron-Core's asserts: EP009 its preconditions, PP015 a named
 # schedule other than combined 1F1B, or Megatron-FSDP over virtual stages), and the Plan fields they read (their
@@ -147,8 +155,7 @@ class SearchPlans(HostCounts):
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
-        return self.sp if "sequence_parallel" in self.fixed else (
-            self.sp and lay.tp > 1 and self.job.card.defaults.sequence_parallel_in_pipeline(lay.pp))
+        return layout_sequence_parallel(self.job, self.fixed, self.sp, lay)
 
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),

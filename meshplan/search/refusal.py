@@ -30,6 +30,7 @@ from meshplan.search.space import (
     Layout,
     Prefiltered,
     enumerate_layouts,
+    layout_sequence_parallel,
     micro_batches,
     params_split,
     request_zeros,
@@ -69,8 +70,7 @@ class Space:
         """The plan as the search builds it (the per-plan dispatcher and overlaps at the request's values, else off:
         no structural rule turns on them; but the EP overlap on with the combined 1F1B schedule, its own, as
         plans.a2a_overlap sets it)."""
-        sp = self.sp if "sequence_parallel" in self.fixed else (
-            self.sp and lay.tp > 1 and self.job.card.defaults.sequence_parallel_in_pipeline(lay.pp))
+        sp = layout_sequence_parallel(self.job, self.fixed, self.sp, lay)
         extra = {k: self.fixed.values[k] for k in ("moe_token_dispatcher", "moe_a2a_overlap") if k in self.fixed}
         if lay.schedule == "combined_1f1b":
             extra.setdefault("moe_a2a_overlap", True)

@@ -546,6 +546,15 @@ def micro_batches(job: Job, layout: Layout, fixed: Fixed) -> tuple[int, ...]:
     return divisors(local)
 
 
+def layout_sequence_parallel(job: Job, fixed: Fixed, sp: bool, lay: Layout) -> bool:
+    """A layout's sequence parallelism as the search builds its plans and the refusal checks them (one home): the
+    request's choice, else the framework's default `sp` where there is TP to pair it with and the card keeps it in a
+    pipeline of the layout's pp."""
+    if "sequence_parallel" in fixed:
+        return sp
+    return sp and lay.tp > 1 and job.card.defaults.sequence_parallel_in_pipeline(lay.pp)
+
+
 # --------------------------------------------------------------------------- cheap bounds
 
 
