@@ -12,13 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from mcp import Client
+from mcp_calls import call_tools
 
 from meshplan import api
 from meshplan.estimate import accuracy
 from meshplan.estimate.accuracy import AccuracyCard, KindFigures, RegimeFigures, SourceRuns, regime, regime_name, terms
 from meshplan.faces import cli, docs
-from meshplan.faces.mcp.server import app
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 
@@ -169,20 +168,13 @@ def test_cli_prints_the_band_under_the_number(capsys, monkeypatch):
     assert "error: " + api.estimate_memory(parse_request(DENSE8)).error_band.text in capsys.readouterr().out
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.mark.anyio
-async def test_mcp_result_carries_the_band_and_says_it():
-    async with Client(app) as client:
-        for tool, estimate in (("estimate_throughput", api.estimate_throughput),
-                               ("estimate_memory", api.estimate_memory)):
-            data = (await client.call_tool(tool, DENSE8)).structured_content
-            band = estimate(parse_request(DENSE8)).error_band
-            assert data["error_band"] == band.model_dump(mode="json")
-            assert band.text in data["summary"]
+def test_mcp_result_carries_the_band_and_says_it():
+    results = call_tools(("estimate_throughput", DENSE8), ("estimate_memory", DENSE8))
+    for estimate, result in zip((api.estimate_throughput, api.estimate_memory), results, strict=True):
+        data = result.structured_content
+        band = estimate(parse_request(DENSE8)).error_band
+        assert data["error_band"] == band.model_dump(mode="json")
+        assert band.text in data["summary"]
 
 
 def test_recommend_top_pick_carries_its_band():

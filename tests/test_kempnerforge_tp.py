@@ -75,33 +75,6 @@ def test_other_frameworks_keep_half_forward():
     assert lt.tp_fwd == lt.tp / 2
 
 
-def test_pipeline_stages_run_without_sequence_parallelism():
-    """is_pp_stage turns SequenceParallel off (tensor_parallel.py line 129): resolve, the search's plans and the
-    import reader leave it off at pp > 1, on at pp 1; the stage's checkpointed inputs are then whole on each TP rank."""
-    from meshplan.api import estimate_memory, recommend
-
-    pp = dict(DENSE, model="llama-3-70b", num_gpus=32, global_batch_size=8, micro_batch_size=1, pp=4)
-    plan, ctx, _ = _layer("kempnerforge", **pp)
-    assert not plan.sequence_parallel and ctx.shard.sp is False
-    assert _layer("kempnerforge", **(pp | {"pp": 1}))[0].sequence_parallel
-    assert _layer("torchtitan", **pp)[0].sequence_parallel
-    off = estimate_memory(Request(framework="kempnerforge", **pp)).peak_bytes
-    on = estimate_memory(Request(framework="kempnerforge", sequence_parallel=True, **pp)).peak_bytes
-    assert off > on
-    rec = recommend(Request(framework="kempnerforge", model="llama-3-8b", gpu="h200", num_gpus=16, gpus_per_node=4,
-                            global_batch_size=32, seq_length=4096))
-    plans = [c.plan for c in rec.candidates]
-    assert plans and all(p.sequence_parallel == (p.tp > 1 and p.pp == 1) for p in plans)
-
-
-def test_import_reads_pipeline_stages_without_sequence_parallelism():
-    from meshplan.api import import_config
-
-    text = "[model]\nn_layers = 80\n[distributed]\ntp = 4\npp = 4\ndp_shard = 2\n"
-    got = import_config(text, path="70b_32gpu_tp4_pp4.toml", framework="kempnerforge")
-    assert got.defaults.get("sequence_parallel") is False and "sequence_parallel" not in got.request
-
-
 def test_output_head_whole_without_sequence_parallelism():
     """The head is ColwiseParallel(output_layouts=Replicate()) only under SP (tensor_parallel.py): with SP the GEMM
     runs over the vocabulary's TP shard, its logits are all-gathered and the loss reads all of them on each TP rank;

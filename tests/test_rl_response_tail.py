@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from mcp import Client
+from mcp_calls import call_tools
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
@@ -150,18 +150,9 @@ def test_a_mean_over_the_maximum_is_refused_by_the_cli(capsys):
     assert code != 0 and "mean_response_length" in err and "greater than or equal to 1" in err
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.mark.anyio
-async def test_a_mean_over_the_maximum_is_refused_by_the_mcp_tools():
-    from meshplan.faces.mcp.server import app
-
-    async with Client(app) as client:
-        over = await client.call_tool("estimate_throughput", {**GRPO, "mean_response_length": 5000})
-        ok = await client.call_tool("estimate_throughput", {**GRPO, "mean_response_length": 1000})
+def test_a_mean_over_the_maximum_is_refused_by_the_mcp_tools():
+    over, ok = call_tools(("estimate_throughput", {**GRPO, "mean_response_length": 5000}),
+                          ("estimate_throughput", {**GRPO, "mean_response_length": 1000}))
     assert over.is_error and ERROR in over.content[0].text and "from 1 to 4096" in over.content[0].text
     assert not ok.is_error
     assert ok.structured_content["rl"] == step(GRPO, mean_response_length=1000).rl.model_dump(mode="json")

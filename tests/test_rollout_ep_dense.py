@@ -3,12 +3,11 @@ it on a model without experts when the engine starts (rule RL007). It used to be
 face refuses it with the rule's finding, and an SGLang engine, which the rule does not cover, is never labelled EP."""
 
 import pytest
-from mcp import Client
+from mcp_calls import call_tool
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces.cli import main
-from meshplan.faces.mcp.server import app
 from meshplan.request.resolve import resolve
 from meshplan.rl.engine import engine_memory
 from meshplan.schema.request import Request
@@ -33,15 +32,8 @@ def test_the_cli_refuses_it(capsys):
     assert "RL007" in err and "Traceback" not in err
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.mark.anyio
-async def test_the_mcp_tool_refuses_it():
-    async with Client(app) as client:
-        result = await client.call_tool("recommend_parallelism", DENSE)
+def test_the_mcp_tool_refuses_it():
+    result = call_tool("recommend_parallelism", DENSE)
     assert result.is_error and "RL007" in result.content[0].text
 
 
