@@ -27,7 +27,7 @@ from meshplan.adapters.read.files import (
     read_torchtitan_toml,
 )
 from meshplan.adapters.read.hydra import read_skyrl, read_verl
-from meshplan.adapters.read.keys import Reading, fill_defaults
+from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, fill_defaults
 from meshplan.adapters.read.launch import read_bridge, read_bridge_module, read_bridge_python, read_megatron
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
@@ -143,6 +143,13 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any]) -> dict[s
         raise MeshplanError(f"{imported.path}: the file's model is not read. {unread[0]}.",
                             fix="Pass the model beside the file (--model, or the tool's model argument): a catalog "
                                 "key or the model's config.json.")
+    split = [line for line in imported.unresolved if SPLIT_NOT_READ in line]
+    if split and not {"first_stage_layers", "last_stage_layers", "pipeline_layout"} & set(values):
+        raise MeshplanError(f"{imported.path}: the file's pipeline split is not read: "
+                            f"{split[0].split('; ' + SPLIT_NOT_READ)[0]}.",
+                            fix="Give the stages' decoder layers beside the file (--first-stage-layers/"
+                                "--last-stage-layers, or the tool's first_stage_layers / last_stage_layers), or a "
+                                "split in the file whose every stage holds a decoder layer.")
     return values
 
 

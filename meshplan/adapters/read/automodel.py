@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from meshplan.adapters.lora import read_targets
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, state_stage_split
+from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, apply, as_bool, key_table, state_stage_split
 from meshplan.adapters.read.launch import world
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
@@ -137,8 +137,8 @@ def _stage_parts(reading: Reading, s: Setting) -> None:
     else:
         why = state_stage_split(reading, [len(part) for part in layers], s)
     if why is not None:
-        reading.unresolved.append(f"{s.where(reading.path)}: {why}, which first/last stage layers do not state; pass "
-                                  "--first-stage-layers/--last-stage-layers (and --vpp)")
+        reading.unresolved.append(f"{s.where(reading.path)}: {why}, which first/last stage layers do not state; "
+                                  f"{SPLIT_NOT_READ} (and --vpp)")
 
 
 def _model(reading: Reading) -> int | None:

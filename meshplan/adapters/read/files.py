@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from meshplan.adapters.common import torchtitan_batch
 from meshplan.adapters.read.keys import (
+    SPLIT_NOT_READ,
     Reading,
     apply,
     as_bool,
@@ -95,14 +96,14 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
 
 
 def _torchtitan_split(reading: Reading, first_less: Setting | None) -> None:
-    """pipeline_parallel_layers_per_stage with the first/last stages' fewer layers (torchtitan's defaults: 1 each, the
-    embedding and the output counted as a layer) as the layers of each stage, as torchtitan splits them
-    (distributed/pipeline_parallel.py: ceil((layers + first_less + last_less) / layers_per_stage) stages;
-    generate_llm_fqn_per_model_part), then as first/last stage layers (keys.state_stage_split). One stage per rank
-    only (a multi-stage schedule leaves vpp to the flags); without the model, the stages are taken as full, as
-    meshplan renders them."""
+    """The decoder layers of each stage as torchtitan splits them (distributed/pipeline_parallel.py, 0.2.2 and 0.3:
+    the embedding and the output counted as first_less and last_less layers, 1 each by default; ceil((layers +
+    first_less + last_less) / layers_per_stage) stages, or pp of them without layers_per_stage;
+    generate_llm_fqn_per_model_part shares the effective layers evenly, the remainder to the first stages), then as
+    first/last stage layers (keys.state_stage_split). One stage per rank only (a multi-stage schedule leaves vpp to
+    the flags); without the model, layers_per_stage's stages are taken as full, as meshplan renders them."""
     per_stage, pp = reading.whole("layers_per_stage"), int(reading.request.get("pp", 1))
-    if pp == 1 or per_stage is None or _multi_stage(reading):
+    if pp == 1 or _multi_stage(reading):
         if first_less is not None:
             reading.notes.append(f"{first_less.where(reading.path)}: the first stage holds {first_less.value} layers "
                                  "fewer")
@@ -110,25 +111,45 @@ def _torchtitan_split(reading: Reading, first_less: Setting | None) -> None:
     fw = whole_value(reading, first_less.value, first_less, least=0) if first_less is not None else 1
     lw = reading.whole("last_less", least=0)
     lw = 1 if lw is None else lw
-    source = reading.extra["layers_per_stage"][1]
+    source: Setting | str = (reading.extra["layers_per_stage"][1] if per_stage is not None else first_less
+                             or f"{reading.sources.get('pp', reading.path)} (torchtitan's default split)")
+    where = source.where(reading.path) if isinstance(source, Setting) else source
     if "model" in reading.request:
-        layers = resolve_model(reading.request["model"]).num_layers
-        effective = layers + fw + lw
-        stages = -(-effective // per_stage)
-        if stages != pp:
-            reading.notes.append(f"{source.where(reading.path)}: {stages} stages over pp={pp}; the split is not read")
+        counts = torchtitan_stage_layers(resolve_model(reading.request["model"]).num_layers, pp, per_stage, fw, lw)
+        if isinstance(counts, str):
+            reading.notes.append(f"{where}: {counts}; the split is not read")
             return
-        counts = [effective // stages + (index < effective % stages) for index in range(stages)]
+    elif per_stage is not None:
+        counts = [per_stage - fw] + [per_stage] * (pp - 2) + [per_stage - lw]
+        reading.notes.append(f"{where}: {per_stage} layers per stage, the first {fw} and the last {lw} fewer, read "
+                             "as full stages (the file names no model to count its layers)")
     else:
-        counts = [per_stage] * pp
-        reading.notes.append(f"{source.where(reading.path)}: {per_stage} layers per stage, the first {fw} and the "
-                             f"last {lw} fewer, read as full stages (the file names no model to count its layers)")
-    counts[0] -= fw
-    counts[-1] -= lw
+        reading.notes.append(f"{where}: torchtitan counts the embedding as {fw} and the output as {lw} layers of "
+                             "the split; not read (the file names no model to count its layers)")
+        return
     why = state_stage_split(reading, counts, source)
     if why is not None:
-        reading.unresolved.append(f"{source.where(reading.path)}: {why}; pass --first-stage-layers/"
-                                  "--last-stage-layers")
+        reading.unresolved.append(f"{where}: {why}; {SPLIT_NOT_READ}")
+
+
+def torchtitan_stage_layers(layers: int, pp: int, per_stage: int | None, first_less: int,
+                            last_less: int) -> list[int] | str:
+    """The decoder layers of each of torchtitan's pp stages (one per rank), or why torchtitan builds no such split:
+    generate_llm_fqn_per_model_part's effective layers (layers + first_less + last_less) shared evenly, the first
+    stages taking the remainder, the first and the last stage then less first_less and last_less. A stage may hold
+    none (only the embedding): the caller states what meshplan can express."""
+    effective = layers + first_less + last_less
+    stages = pp if per_stage is None else -(-effective // per_stage)
+    if stages != pp:
+        return f"{stages} stages over pp={pp}"
+    least = effective // stages
+    if first_less > least or last_less > least:
+        return (f"torchtitan refuses it: first_less {first_less} / last_less {last_less} above the {least} effective "
+                "layers of a stage")
+    counts = [least + (index < effective % stages) for index in range(stages)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return counts
 
 
 def _multi_stage(reading: Reading) -> bool:

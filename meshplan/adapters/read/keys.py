@@ -337,13 +337,23 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
     return True
 
 
-def state_stage_split(reading: Reading, counts: list[int], source: Setting) -> str | None:
+SPLIT_NOT_READ = "pass --first-stage-layers/--last-stage-layers"
+"""What an unread pipeline split's line in `unresolved` ends with (request_values refuses a request from the file that
+gives neither first nor last stage layers: estimating an even split in place of the file's would be wrong)."""
+
+
+def state_stage_split(reading: Reading, counts: list[int], source: Setting | str) -> str | None:
     """The decoder layers of each pipeline stage (vpp 1) stated as first/last stage layers, each where it differs from
     the middle stages (the split meshplan estimates: the middle stages share the rest evenly, schedule.layers_per_rank);
-    None, or why the split is none meshplan states (then nothing is stated)."""
+    None, or why the split is none meshplan states (then nothing is stated): a stage without a decoder layer among
+    them (meshplan's stages each hold one at least)."""
     pp = int(reading.request.get("pp", 1))
     if len(counts) != pp:
         return f"{len(counts)} model parts for pp={pp} (virtual stages of an uneven split)"
+    empty = [index for index, count in enumerate(counts) if count < 1]
+    if empty:
+        return (f"stage {empty[0]} of {pp} holds no decoder layer (the split {counts}); meshplan's pipeline stages "
+                "hold one at least")
     if pp > 1 and layers_per_rank(sum(counts), pp, counts[0], counts[-1])[0] != counts:
         return f"the middle stages' layers {counts[1:-1]} are not an even share of the rest"
     middle = counts[1] if pp > 2 else None

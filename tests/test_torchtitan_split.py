@@ -1,0 +1,69 @@
+"""A torchtitan file's pipeline split read as torchtitan makes it (distributed/pipeline_parallel.py, 0.2.2 and 0.3:
+generate_llm_fqn_per_model_part counts the embedding and the output as first_less and last_less layers, 1 each by
+default, shares the effective layers evenly over the stages, the first ones taking the remainder), with or without
+pipeline_parallel_layers_per_stage; a split with a stage of no decoder layer (torchtitan accepts one: stage 0 holds
+only tok_embeddings) is named on every face, never a traceback and never estimated as an even split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mcp_calls import call_tool
+
+from meshplan import api
+from meshplan.adapters.read.files import torchtitan_stage_layers
+from meshplan.core.errors import MeshplanError
+from meshplan.faces.cli import main
+
+BASE = (Path(__file__).parent / "configs" / "torchtitan_llama3_8b.toml").read_text(encoding="utf-8")  # 32 layers
+
+
+def _toml(parallelism: str) -> str:
+    return BASE.replace("pipeline_parallel_degree = 1", parallelism)
+
+
+def test_the_split_is_torchtitans():
+    """generate_llm_fqn_per_model_part's docstring example (3 layers, 2 stages, weights 2 and 2): [emb, l0, l1],
+    [l2, norm, output]; 32 layers over 4 stages with the default weights: 34 effective, 9 9 8 8, so 8 9 8 7."""
+    assert torchtitan_stage_layers(3, 2, None, 2, 2) == [2, 1]
+    assert torchtitan_stage_layers(32, 4, None, 1, 1) == [8, 9, 8, 7]
+    assert torchtitan_stage_layers(32, 2, 33, 33, 1) == [0, 32]  # torchtitan accepts it: stage 0 holds the embedding
+    assert "stages over pp=4" in torchtitan_stage_layers(32, 4, 8, 1, 1)  # ceil(34 / 8) = 5 stages
+    assert "refuses" in torchtitan_stage_layers(32, 4, None, 12, 1)  # 45 effective: 12 above the 11 of a stage
+
+
+def test_without_layers_per_stage_the_default_split_is_read():
+    """pp=4 and no layers_per_stage: torchtitan's 8 9 8 7, not an even 8 8 8 8."""
+    got = api.import_config(_toml("pipeline_parallel_degree = 4"), path="t.toml", framework="torchtitan")
+    assert got.request["first_stage_layers"] == 8 and got.request["last_stage_layers"] == 7
+    assert "default split" in got.sources["first_stage_layers"]
+    over = api.import_config(_toml("pipeline_parallel_degree = 4\npipeline_parallel_first_stage_less_layers = 3"),
+                             path="t.toml", framework="torchtitan")  # 36 effective: 9 9 9 9, so 6 9 9 8
+    assert over.request["first_stage_layers"] == 6 and over.request["last_stage_layers"] == 8
+
+
+ZERO = _toml("pipeline_parallel_degree = 2\npipeline_parallel_layers_per_stage = 33\n"
+             "pipeline_parallel_first_stage_less_layers = 33")  # 66 effective: 33 33, so 0 32
+
+
+def test_import_names_the_empty_stage_and_reads_the_rest():
+    got = api.import_config(ZERO, path="t.toml", framework="torchtitan")
+    assert got.request["pp"] == 2 and "first_stage_layers" not in got.request
+    assert any("stage 0 of 2 holds no decoder layer" in line for line in got.unresolved)
+
+
+def test_check_refuses_it_on_every_face_unless_the_split_is_given(tmp_path, capsys):
+    path = tmp_path / "zero.toml"
+    path.write_text(ZERO, encoding="utf-8")
+    with pytest.raises(MeshplanError, match="stage 0 of 2 holds no decoder layer") as err:
+        api.request_from_config(api.import_file(str(path)), {"num_gpus": 16})
+    assert "--first-stage-layers" in err.value.fix
+    args = ["check", "--config", str(path), "--num-gpus", "16", "--global-batch-size", "32"]
+    assert main(args) == 2
+    out = capsys.readouterr()
+    assert "stage 0 of 2 holds no decoder layer" in out.err and "Traceback" not in out.err + out.out
+    main([*args, "--first-stage-layers", "1"])
+    assert "TP1 PP2 DP8" in capsys.readouterr().out
+    result = call_tool("check_config", {"config_text": ZERO, "num_gpus": 16, "global_batch_size": 32})
+    assert result.is_error and "stage 0 of 2 holds no decoder layer" in result.content[0].text
