@@ -46,8 +46,7 @@ def test_one_stage_floor_is_the_traffic_its_units_move():
     layers = inp.pipeline.layers(0)
     stage = stage_time.StageShards(layers, stage_time.stage_kinds(0, layers, inp), {False: (0.0, 0.0)}, True, True)
     prefetch = framework_card(job.framework).zero3_prefetch
-    units = shard_units(stage, params=stage_time.layer_param_split(arch), plan=plan, arch=arch, head=0.0,
-                        embed_params=arch.vocab_size * arch.hidden_size / plan.tp, traffic=inp.traffic,
+    units = shard_units(stage, parts=inp.parts, plan=plan, arch=arch, head=0.0, traffic=inp.traffic,
                         grad_bytes=grad_reduce_bytes(plan, inp.ctx.cal), weight_bytes=param_gather_bytes(job, plan),
                         max_live=prefetch.max_live_parameters if prefetch else None)
     moved = exposed_by_schedule(units, inp.sharding).micro

@@ -11,7 +11,7 @@ from itertools import chain
 from typing import NamedTuple
 
 from meshplan.arithmetic.activations import Layout
-from meshplan.arithmetic.memory_states import Convention, MemoryCard, OptimizerStepBytes, StateTensor
+from meshplan.arithmetic.memory_states import Convention, MemoryCard, OptimizerStepBytes, StateTensor, convention
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.knowledge.model_counts import layer_params, mtp_params, per_architecture
@@ -64,6 +64,87 @@ def param_table_for(arch: Architecture, moe_whole: bool) -> ParamTable:
     """The model's ParamTable where the framework's TP cuts the MoE block as Megatron-Core does, or leaves it whole
     (FrameworkCard.moe_whole_over_tp: the shared experts replicated over TP). Cached per architecture."""
     return _whole_moe_table(arch) if moe_whole and arch.moe is not None else param_table(arch)
+
+
+class RankParts(NamedTuple):
+    """Which parameters one rank holds, from the framework card's facts: its decoder layers' TP shards with what its
+    TP keeps whole (norms, routers, and the shared experts where moe_whole_over_tp), the routed experts over EP x ETP,
+    the embedding split over TP or whole (the convention's embedding_over_tp), the output layer over TP or whole
+    (output_head_tp, head_tp) and the final norm. One home: the memory's stage states (stage_params) and the time's
+    FSDP traffic, optimizer step and DP floor (estimate/stage_time.py, sharding_traffic.py, sync_floor.py) read it."""
+
+    table: ParamTable
+    tp: int
+    expert_split: int  # ep x etp
+    embedding: float  # on the first stage
+    head: float  # the output layer on the last stage (0: tied to the embedding on one stage)
+    norm: int  # the final norm's parameters, beside the output layer
+
+    def layer(self, i: int) -> tuple[float, float]:
+        """(dense, routed) parameters of decoder layer `i` on this rank."""
+        return (self.table.tp_sharded[i] / self.tp + self.table.replicated[i],
+                self.table.experts[i] / self.expert_split)
+
+    def sums(self, layers) -> tuple[int, int, int]:
+        """These decoder layers' parameters, unsharded: (what TP splits, what it keeps whole, routed experts)."""
+        return table_sums(self.table, layers)
+
+    def layers(self, layers) -> tuple[float, float]:
+        """(dense, routed) parameters of these decoder layers on this rank (summed, then split)."""
+        return self.split(self.sums(layers))
+
+    def split(self, sums: tuple[float, float, float]) -> tuple[float, float]:
+        """(dense, routed) parameters on this rank of decoder layers whose unsharded parameters are `sums`."""
+        sharded, replicated, experts = sums
+        return sharded / self.tp + replicated, experts / self.expert_split
+
+    def held(self, layers, *, first: bool, last: bool, mtp: bool) -> tuple[float, float]:
+        """(dense, routed) parameters a rank holding these decoder layers holds, with the embedding (`first`), the
+        output layer and final norm (`last`) and the MTP blocks (`mtp`)."""
+        return self.held_sums(self.sums(layers), first=first, last=last, mtp=mtp)
+
+    def held_sums(self, sums: tuple[float, float, float], *, first: bool, last: bool,
+                  mtp: bool) -> tuple[float, float]:
+        """held, of decoder layers whose unsharded parameters are `sums` (RankParts.sums)."""
+        dense, experts = self.split(sums)
+        if first:
+            dense += self.embedding
+        if last:
+            dense += self.head + self.norm
+        if mtp:
+            mtp_sharded, mtp_repl, mtp_experts = self.table.mtp
+            dense += mtp_sharded / self.tp + mtp_repl
+            experts += mtp_experts / self.expert_split
+        return dense, experts
+
+
+def table_sums(table: ParamTable, layers) -> tuple[int, int, int]:
+    """These decoder layers' parameters, unsharded: (what TP splits, what it keeps whole, routed experts)."""
+    return (sum(map(table.tp_sharded.__getitem__, layers)), sum(map(table.replicated.__getitem__, layers)),
+            sum(map(table.experts.__getitem__, layers)))
+
+
+def job_layer_sums(job: Job, layers) -> tuple[int, int, int]:
+    """table_sums of the job's model as its framework's TP cuts it (the card's moe_whole_over_tp)."""
+    return table_sums(param_table_for(job.model, job.card.moe_whole_over_tp), layers)
+
+
+def rank_parts(arch: Architecture, card, conv: Convention, plan: Plan, vocab: int) -> RankParts:
+    """RankParts of a plan on the framework `card` under the byte convention `conv`, the vocabulary `vocab` wide."""
+    h = arch.hidden_size
+    rows = plan.tp if conv.embedding_over_tp == "vocab_parallel" else 1  # KempnerForge keeps it whole
+    split = head_tp(card.output_head_tp, plan.tp, plan.sequence_parallel)
+    return RankParts(table=param_table_for(arch, card.moe_whole_over_tp), tp=plan.tp, expert_split=plan.ep * plan.etp,
+                     embedding=vocab * h / rows + arch.learned_position_embeddings * h,
+                     head=vocab * h / split if (not arch.tie_word_embeddings or plan.pp > 1) else 0,
+                     norm=h * (2 if arch.norm_type == "layernorm" else 1))
+
+
+def time_rank_parts(job: Job, plan: Plan) -> RankParts:
+    """The RankParts the step time reads: the plan's byte convention, the model's own vocabulary (the memory pads it
+    to the convention's vocab_pad_multiple)."""
+    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    return rank_parts(job.model, job.card, conv, plan, job.model.vocab_size)
 
 
 MEMORY_PER_PLAN_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_layers", "recompute_method",
@@ -185,33 +266,23 @@ class StageParams(NamedTuple):
 def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
     """Its decoder layers sharded by TP (routed experts by EP*ETP), the embedding on the first stage (split by TP
     unless the convention keeps it whole), the output layer (a tied copy when pp > 1) and final norm on the last, the
-    MTP blocks where the layout puts them."""
+    MTP blocks where the layout puts them: RankParts, the time's too."""
     arch, plan, table, pipeline = terms.job.model, terms.plan, terms.table, terms.pipeline
-    tp, vocab, h = plan.tp, terms.vocab, arch.hidden_size
+    tp = plan.tp
     layers = list(chain.from_iterable(chunks))
     first, last = rank == 0, rank == pipeline.head_rank
-    dense = sum(map(table.tp_sharded.__getitem__, layers)) / tp + sum(map(table.replicated.__getitem__, layers))
-    experts = sum(map(table.experts.__getitem__, layers)) / (plan.ep * plan.etp)
-    linear = (sum(map(table.linear_dense.__getitem__, layers)) / tp + sum(map(table.linear_whole.__getitem__, layers))
-              + experts)
-    embedding = output_layer = mtp = 0
-    if first:
-        rows = tp if terms.conv.embedding_over_tp == "vocab_parallel" else 1  # KempnerForge keeps it whole
-        emb = vocab * h / rows + arch.learned_position_embeddings * h
-        dense += emb
-        embedding = int(emb)
-    head = 0.0
-    if last:
-        split = head_tp(terms.job.card.output_head_tp, tp, plan.sequence_parallel)
-        head = vocab * h / split if (not arch.tie_word_embeddings or plan.pp > 1) else 0
-        dense += head + terms.norm_width
-        linear += head
-        output_layer = int(head)
     has_mtp = bool(arch.num_mtp_layers and pipeline.mtp_trained and rank == pipeline.mtp_at)
+    parts = rank_parts(arch, terms.job.card, terms.conv, plan, terms.vocab)
+    dense, experts = parts.held(layers, first=first, last=last, mtp=has_mtp)
+    linear = (sum(map(table.linear_dense.__getitem__, layers)) / tp + sum(map(table.linear_whole.__getitem__, layers))
+              + parts.layers(layers)[1])
+    embedding = int(parts.embedding) if first else 0
+    head = parts.head if last else 0.0
+    linear += head
+    output_layer = int(head)
+    mtp = 0
     if has_mtp:
         mtp_sharded, mtp_repl, mtp_experts = table.mtp
-        dense += mtp_sharded / tp + mtp_repl
-        experts += mtp_experts / (plan.ep * plan.etp)
         linear += mtp_sharded / tp + mtp_experts / (plan.ep * plan.etp)
         mtp = int(mtp_sharded / tp + mtp_repl + mtp_experts / (plan.ep * plan.etp))
     return StageParams(layers=layers, first=first, last=last, mtp=has_mtp, dense=dense, experts=experts,

@@ -38,6 +38,7 @@ from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
 from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
+from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
 from meshplan.estimate.sharding_traffic import DpTraffic, grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.stage_time import (
@@ -402,7 +403,8 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         sharding=sharding_schedule(job, plan),
         traffic=dp_traffic(plan, lk, groups, cal),
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
-        muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None)
+        muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None,
+        parts=time_rank_parts(job, plan))
 
 
 def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:

@@ -8,6 +8,7 @@ import math
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import job_links
+from meshplan.estimate.memory_terms import ParamTable, param_table_for, table_sums, time_rank_parts
 from meshplan.estimate.perf import dp_traffic
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -17,10 +18,7 @@ from meshplan.estimate.sharding_traffic import (
     param_gather_bytes,
     sharding_schedule,
 )
-from meshplan.estimate.stage_time import layer_param_split
 from meshplan.knowledge.calibration import calibration
-from meshplan.knowledge.model_counts import per_architecture
-from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
 
@@ -52,23 +50,32 @@ def sharding_floor(job: Job, plan: Plan) -> float:
     # every decoder layer is resharded: gathered forward and backward
     total = _layers_traffic(job, plan, traffic, (2 * gathered, 1 if reduced else 0), grad_bytes)
     # the embedding (first stage) and the output head (head stage): shard_units' own units (their windows unread)
-    embedding, output = edge_units(arch, plan, arch.vocab_size * arch.hidden_size / plan.tp, 0.0, traffic, grad_bytes)
+    embedding, output = edge_units(arch, plan, time_rank_parts(job, plan), 0.0, traffic, grad_bytes)
     total += embedding.moved(gathered, reduced) + output.moved(gathered, reduced)
     return total / plan.pp
 
 
-@per_architecture
-def kind_shapes(arch: Architecture) -> tuple[tuple[bool, int, tuple[tuple[float, float], ...]], ...]:
-    """Per kind of decoder layer (True: MoE) the model has: its count of layers and their distinct (dense, routed)
-    parameters (layer_param_split's columns). Cached per object."""
-    dense_col, expert_col = layer_param_split(arch)
+def kind_shapes(job: Job) -> tuple[tuple[bool, int, tuple[tuple[int, int, int], ...]], ...]:
+    """Per kind of decoder layer (True: MoE) the model has: its count of layers and their distinct parameters as the
+    framework's TP cuts them (RankParts.sums of one layer). Cached per parameter table."""
+    table = param_table_for(job.model, job.card.moe_whole_over_tp)
+    hit = _KINDS.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    arch = job.model
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
     kinds = []
     for moe in (False, True):
         layers = [i for i in range(arch.num_layers) if (i in moe_set) == moe]
         if layers:
-            kinds.append((moe, len(layers), tuple(sorted({(dense_col[i], expert_col[i]) for i in layers}))))
+            kinds.append((moe, len(layers), tuple(sorted({table_sums(table, (i,)) for i in layers}))))
+    if len(_KINDS) > 256:
+        _KINDS.clear()
+    _KINDS[id(table)] = (table, tuple(kinds))
     return tuple(kinds)
+
+
+_KINDS: dict[int, tuple[ParamTable, tuple]] = {}  # kind_shapes' per table (the table kept: ids are not recycled)
 
 
 def _layers_traffic(job: Job, plan: Plan, traffic: DpTraffic, counts: tuple[int, int], grad_bytes: float) -> float:
@@ -79,10 +86,10 @@ def _layers_traffic(job: Job, plan: Plan, traffic: DpTraffic, counts: tuple[int,
     prefetch = job.card.zero3_prefetch  # DeepSpeed: a dense layer's weights one by one
     gathers, reduces = counts
     total = 0.0
-    for moe, count, shapes in kind_shapes(arch):
+    for moe, count, shapes in kind_shapes(job):
         least = math.inf
-        for dense, expert in shapes:
-            dense, expert = dense / plan.tp, expert / (plan.ep * plan.etp)
+        for sharded, replicated, routed in shapes:
+            dense, expert = sharded / plan.tp + replicated, routed / (plan.ep * plan.etp)
             if prefetch is not None and not moe:
                 gather = sum(traffic(w, 0.0, weight_bytes) for w in layer_weights(arch, plan, False))
             else:

@@ -14,6 +14,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import defers_grad_sync, keeps_gathered, uses_fsdp
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
+from meshplan.estimate.memory_terms import RankParts
 from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -183,9 +184,9 @@ def layer_weights(arch: Architecture, plan: Plan, moe: bool) -> list[float]:
     return [g.n * g.k for g in gemms for _ in range(max(1, round(g.count)))]
 
 
-def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], plan: Plan, arch: Architecture,
-                head: float, embed_params: float, traffic: DpTraffic, grad_bytes: float,
-                max_live: float | None = None, weight_bytes: float = BF16) -> list[ShardUnit]:
+def shard_units(stage: StageShards, *, parts: RankParts, plan: Plan, arch: Architecture, head: float,
+                traffic: DpTraffic, grad_bytes: float, max_live: float | None = None,
+                weight_bytes: float = BF16) -> list[ShardUnit]:
     """A stage's FSDP units in forward order: the embedding on the first stage (no compute to hide the next
     gather behind), one unit per decoder layer (runs of one kind summed), the output head on the last stage
     (kept gathered into its backward: torchtitan does not reshard norm + output, Megatron-FSDP's root keeps
@@ -193,10 +194,11 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
     `max_live` (a ZeRO-3 engine's live-parameter limit, the framework card's zero3_prefetch) a decoder layer's
     weights that follow one of at least max_live elements wait whole (unprefetched_shares), and a dense layer's
     weights are gathered one collective each (DeepSpeed fetches per submodule). A decoder layer's weights move
-    `weight_bytes` each (param_gather_bytes), the embedding and the output head bf16."""
+    `weight_bytes` each (param_gather_bytes), the embedding and the output head bf16. Each unit's parameters on this
+    rank: RankParts, as the memory holds them."""
     units: list[ShardUnit] = []
     kinds = stage.kinds
-    embedding, output = edge_units(arch, plan, embed_params, head, traffic, grad_bytes)
+    embedding, output = edge_units(arch, plan, parts, head, traffic, grad_bytes)
     if stage.first:
         units.append(embedding)
     # MTP blocks cost like the last layer
@@ -207,7 +209,7 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
         while end < len(kinds) and kinds[end] == kinds[start]:
             end += 1
         i = index[start]
-        dense, expert = params[0][i] / plan.tp, params[1][i] / (plan.ep * plan.etp)
+        dense, expert = parts.layer(i)
         fwd, bwd = stage.windows[kinds[start]]
         gather, waits = traffic(dense, expert, weight_bytes), (0.0, 0.0)
         if max_live is not None:  # a ZeRO-3 coordinator: one all-gather per submodule, prefetch under max_live
@@ -222,14 +224,16 @@ def shard_units(stage: StageShards, *, params: tuple[list[float], list[float]], 
     return units
 
 
-def edge_units(arch: Architecture, plan: Plan, embed_params: float, head: float, traffic: DpTraffic,
+def edge_units(arch: Architecture, plan: Plan, parts: RankParts, head: float, traffic: DpTraffic,
                grad_bytes: float) -> tuple[ShardUnit, ShardUnit]:
     """The embedding's unit (first stage: no compute before it to hide its gather) and the output head's (head
     stage: `head` its seconds, kept gathered into its backward: torchtitan does not reshard norm + output,
     Megatron-FSDP's root keeps the output layer), bf16 each. Tied embeddings without PP are one unit (torchtitan
-    groups them, not resharded): the head's moves nothing of its own."""
+    groups them, not resharded): the head's moves nothing of its own. Their parameters on this rank: RankParts (the
+    head with the final norm)."""
     tied_one_unit = arch.tie_word_embeddings and plan.pp == 1
-    head_params = 0.0 if tied_one_unit else embed_params
+    embed_params = parts.embedding
+    head_params = 0.0 if tied_one_unit else parts.head + parts.norm
     return (ShardUnit(1, traffic(embed_params, 0.0, BF16), traffic.reduce(embed_params, 0.0, grad_bytes), 0.0, 0.0,
                       resharded=not tied_one_unit),
             ShardUnit(1, traffic(head_params, 0.0, BF16), traffic.reduce(head_params, 0.0, grad_bytes),

@@ -14,6 +14,7 @@ from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.arithmetic.muon import matrix_params, newton_schulz_seconds
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import LayerContext, LayerTime, scope_memo
+from meshplan.estimate.memory_terms import RankParts
 from meshplan.estimate.recompute import recompute_time
 from meshplan.estimate.sharding_traffic import (
     DpTraffic,
@@ -81,6 +82,7 @@ class StageInputs:
     sharding: ShardingSchedule
     traffic: DpTraffic
     muon: MuonFacts | None  # None: Adam
+    parts: RankParts  # which parameters a rank holds (the memory's too)
     seen: dict[tuple[ShardUnit, ...], ShardingExposed] = field(default_factory=dict)  # stages repeat layers
 
 
@@ -357,33 +359,15 @@ def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[
 
 
 def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float, float]:
-    """(dense, routed) parameters this rank of stage `s` holds: its layers' TP / EP shards, the embedding on the
-    first stage, the output layer on the head stage (unless tied to the embedding on one stage); under LoRA only
-    the adapters (the only parameters with gradients to reduce and states to step)."""
-    job, plan, arch = inp.job, inp.plan, inp.ctx.arch
+    """(dense, routed) parameters this rank of stage `s` holds (RankParts, the memory's too): its layers' TP / EP
+    shards with what the framework's TP keeps whole, the embedding on the first stage, the output layer and final norm
+    on the head stage, the MTP blocks where the layout puts them; under LoRA only the adapters (the only parameters
+    with gradients to reduce and states to step)."""
+    job, plan, arch, pipeline = inp.job, inp.plan, inp.ctx.arch, inp.pipeline
     if job.lora is not None:
         return adapter_params(arch, layers, job.lora, inp.ctx.lora_engine, tp=plan.tp, ep=plan.ep, etp=plan.etp)
-    return rank_params(arch, plan, *layers_params(arch, layers), first=s == 0, head=s == inp.pipeline.head_rank)
-
-
-def layers_params(arch: Architecture, layers: Sequence[int]) -> tuple[float, float]:
-    """The (dense, routed) parameters of these decoder layers, unsharded (layer_param_split's columns summed)."""
-    dense_col, expert_col = layer_param_split(arch)
-    return sum(map(dense_col.__getitem__, layers)), sum(map(expert_col.__getitem__, layers))
-
-
-def rank_params(arch: Architecture, plan: Plan, dense: float, expert: float, *, first: bool,
-                head: bool) -> tuple[float, float]:
-    """(dense, routed) parameters a rank holds whose decoder layers hold `dense` and `expert` (layers_params): their
-    TP / EP shards, the embedding on the first stage, the output layer on the head stage (unless tied to the
-    embedding on one stage). Without LoRA (stage_params: its adapters instead)."""
-    dense_p = dense / plan.tp
-    expert_p = expert / (plan.ep * plan.etp)
-    if first:
-        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
-    if head and (not arch.tie_word_embeddings or plan.pp > 1):
-        dense_p += arch.vocab_size * arch.hidden_size / plan.tp
-    return dense_p, expert_p
+    mtp = s == pipeline.mtp_at and bool(arch.num_mtp_layers) and pipeline.mtp_trained
+    return inp.parts.held(layers, first=s == 0, last=s == pipeline.head_rank, mtp=mtp)
 
 
 def muon_stage(kinds: list[bool], inp: StageInputs) -> MuonStage:
@@ -422,22 +406,22 @@ def sharding_key(stage: StageShards, inp: StageInputs) -> tuple:
     stage (tied embeddings), and the fields the bytes per element read (grad_reduce_bytes, param_gather_bytes); the
     head's seconds, the DP groups, links and replicas (DpTraffic), the schedule (exposed_by_schedule); of the job its
     framework (its card's zero3_prefetch) and precision (param_gather_bytes); the architecture and calibration by
-    identity."""
+    identity; the rank's parameter table (by identity: one per architecture and card fact) and edge parameters
+    (RankParts)."""
     plan, traffic = inp.plan, inp.traffic
     layers = len(stage.layers) if uniform_layers(inp.ctx.arch) else tuple(stage.layers)
     return (layers, tuple(stage.kinds), tuple(stage.windows.items()), stage.first, stage.head_stage,
             plan.tp, plan.ep, plan.etp, plan.pp == 1, plan.sequence_parallel, plan.grad_reduce_in_fp32,
             plan.fp8_param_gather, inp.head, traffic.dense, traffic.expert, traffic.lk, traffic.replicas,
             traffic.replicas_with_each_reduce, inp.sharding, inp.job.framework, inp.job.precision, id(inp.ctx.arch),
-            id(inp.ctx.cal))
+            id(inp.ctx.cal), id(inp.parts.table), inp.parts.embedding, inp.parts.head)
 
 
 def _stage_sharding(stage: StageShards, inp: StageInputs) -> ShardingExposed:
     """stage_sharding's figure, computed (per StageInputs once per distinct units: stages repeat layers)."""
     arch, plan = inp.ctx.arch, inp.plan
     prefetch = inp.job.card.zero3_prefetch  # DeepSpeed's live-parameter limit
-    units = tuple(shard_units(stage, params=layer_param_split(arch), plan=plan, arch=arch, head=inp.head,
-                              embed_params=arch.vocab_size * arch.hidden_size / plan.tp, traffic=inp.traffic,
+    units = tuple(shard_units(stage, parts=inp.parts, plan=plan, arch=arch, head=inp.head, traffic=inp.traffic,
                               grad_bytes=grad_reduce_bytes(plan, inp.ctx.cal), weight_bytes=param_gather_bytes(
                                   inp.job, plan), max_live=prefetch.max_live_parameters if prefetch else None))
     if units not in inp.seen:  # pipeline stages often hold the same layers

@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.comm import Links, job_links
+from meshplan.estimate.memory_terms import RankParts, time_rank_parts
 from meshplan.estimate.perf import dp_traffic, step_sync
 from meshplan.estimate.sharding_traffic import DpTraffic, sharding_schedule
-from meshplan.estimate.stage_time import layers_params, rank_params
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.schema.plan import Job, Plan
 
@@ -37,15 +37,16 @@ class SyncRates:
     lk: Links
     traffic: DpTraffic
     per_step: bool  # the sharding schedule's units move the gradients (ZeRO-2/3, FSDP)
+    parts: RankParts  # which parameters a rank holds
 
-    def floor(self, dense: float, expert: float) -> SyncFloor:
-        """The SyncFloor of a first rank whose decoder layers hold `dense` and `expert` parameters (layers_params),
-        with the embedding (and, with one stage, the output layer): what stage_params gives that rank (rank_params).
-        More of either never lowers it (each collective's time grows with its bytes), so it also bounds a rank
-        holding more."""
+    def floor(self, sums: tuple[float, float, float]) -> SyncFloor:
+        """The SyncFloor of a first rank whose decoder layers' unsharded parameters are `sums` (RankParts.sums), with
+        the embedding (and, with one stage, the output layer): what stage_params gives that rank (RankParts.held but
+        the MTP blocks). More of any never lowers it (each collective's time grows with its bytes), so it also bounds
+        a rank holding more."""
         plan = self.plan
         # (with more than one stage the output layer is on another rank but a V order's: left out, a lower bound)
-        held = rank_params(self.job.model, plan, dense, expert, first=True, head=plan.pp == 1)
+        held = self.parts.held_sums(sums, first=True, last=plan.pp == 1, mtp=False)
         sync = step_sync(self.job, plan, self.cal, self.lk, self.traffic, *held, self.per_step)
         return SyncFloor(sync.reduce + sync.gather, max(sync.reduce_hidden, sync.gather_hidden))
 
@@ -53,7 +54,7 @@ class SyncRates:
         """The SyncRates of a plan of the same grid (degrees and the request's fields) at another ZeRO stage: the same
         groups and links, its own sharding schedule."""
         return SyncRates(self.job, plan, self.cal, self.lk, self.traffic,
-                         sharding_schedule(self.job, plan).per_step)
+                         sharding_schedule(self.job, plan).per_step, time_rank_parts(self.job, plan))
 
 
 def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
@@ -65,7 +66,8 @@ def sync_rates(job: Job, plan: Plan) -> SyncRates | None:
     lk, law = job_links(job, cal), job.card.world_size_law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if job.model.moe else 1,
                              law=law)
-    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan).per_step)
+    return SyncRates(job, plan, cal, lk, dp_traffic(plan, lk, groups, cal), sharding_schedule(job, plan).per_step,
+                     time_rank_parts(job, plan))
 
 
 def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
@@ -79,4 +81,4 @@ def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
     (compute + recompute). FSDP's per-unit gathers and reduce-scatters (the sharding schedule's per-step units) are not
     counted (0 is their floor), nor a LoRA job's adapters (no floor: SyncFloor())."""
     rates = sync_rates(job, plan)
-    return SyncFloor() if rates is None else rates.floor(*layers_params(job.model, layers))
+    return SyncFloor() if rates is None else rates.floor(rates.parts.sums(layers))

@@ -16,9 +16,9 @@ from meshplan.arithmetic import mesh
 from meshplan.arithmetic.pipeline_counts import steady_share
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
-from meshplan.estimate.stage_time import layers_params
 from meshplan.estimate.sync_floor import SyncFloor, SyncRates
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.floors import estimate_stages
@@ -326,8 +326,8 @@ class StepTimeBounds(SearchPlans):
                 continue
             key = ("least rank0", lay.pp, zero)
             least = self.bounds_memo.get(key)
-            self.bounds_memo[key] = params if least is None else (  # type: ignore[assignment]
-                min(least[0], params[0]), min(least[1], params[1]))  # type: ignore[index]
+            self.bounds_memo[key] = params if least is None else tuple(  # type: ignore[assignment]
+                map(min, least, params))  # type: ignore[arg-type]
 
     def chained(self, lay: Layout, mbs: int, rate: tuple[int, float, float, tuple]) -> bool:
         """Whether the stretch at this rate takes the pipeline's chains (rank_chains.stages_bound under it, where the
@@ -441,10 +441,12 @@ class StepTimeBounds(SearchPlans):
             per_micro = self.bounds_memo[key] = self.engine.sharding_floor(self.job, self.grid_plan(lay, zero))
         return per_micro  # type: ignore[return-value]
 
-    def first_rank_sync(self, lay: Layout, zero: int, params: tuple[float, float] | None = None) -> SyncFloor | None:
-        """The SyncFloor of the layout's plans at this ZeRO stage, or of a first rank holding `params` (dense, routed,
-        unsharded; default: the layout's own, rank0_params); None where there is none (no such Engine estimator, a
-        LoRA job, no estimate takes the layout's stages). Kept per grid, ZeRO stage and parameters."""
+    def first_rank_sync(self, lay: Layout, zero: int,
+                        params: tuple[float, float, float] | None = None) -> SyncFloor | None:
+        """The SyncFloor of the layout's plans at this ZeRO stage, or of a first rank holding `params` (RankParts.sums:
+        TP-split, TP-whole, routed, unsharded; default: the layout's own, rank0_params); None where there is none (no
+        such Engine estimator, a LoRA job, no estimate takes the layout's stages). Kept per grid, ZeRO stage and
+        parameters."""
         if params is None:
             params = self.rank0_params(lay, zero)
             if params is None:
@@ -453,7 +455,7 @@ class StepTimeBounds(SearchPlans):
         hit = self.bounds_memo.get(key, False)
         if hit is False:
             rates = self.grid_sync(lay, zero)
-            hit = self.bounds_memo[key] = None if rates is None else rates.floor(*params)
+            hit = self.bounds_memo[key] = None if rates is None else rates.floor(params)
         return hit  # type: ignore[return-value]
 
     def grid_sync(self, lay: Layout, zero: int) -> SyncRates | None:
@@ -499,15 +501,15 @@ class StepTimeBounds(SearchPlans):
         self.bounds_memo[grid] = plan
         return plan
 
-    def rank0_params(self, lay: Layout, zero: int) -> tuple[float, float] | None:
-        """The (dense, routed) parameters of the decoder layers the layout's first pipeline rank holds at this ZeRO
-        stage (floors.estimate_stages: the stages the estimate weighs), unsharded; None where no estimate takes them.
-        Kept per the pipeline shape (what the stages read of the layout)."""
+    def rank0_params(self, lay: Layout, zero: int) -> tuple[float, float, float] | None:
+        """The parameters of the decoder layers the layout's first pipeline rank holds at this ZeRO stage
+        (floors.estimate_stages: the stages the estimate weighs), unsharded, as RankParts.sums splits them; None where
+        no estimate takes them. Kept per the pipeline shape (what the stages read of the layout)."""
         key = ("rank0", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule, zero)
         hit = self.bounds_memo.get(key, False)
         if hit is False:
             stages = estimate_stages(self.job, lay, zero)
-            hit = self.bounds_memo[key] = None if stages is None else layers_params(self.job.model, stages.layers(0))
+            hit = self.bounds_memo[key] = None if stages is None else job_layer_sums(self.job, stages.layers(0))
         return hit  # type: ignore[return-value]
 
     def sync_bound(self, lay: Layout, zero: int, mbs: int, pipe: float) -> float:
@@ -534,7 +536,7 @@ class StepTimeBounds(SearchPlans):
             if least is None:  # one stage (one shape), or none noted: the layouts' own
                 params = [self.rank0_params(one, zero) for one in lays]
                 if all(p is not None for p in params):
-                    least = (min(p[0] for p in params), min(p[1] for p in params))  # type: ignore[index]
+                    least = tuple(map(min, zip(*params, strict=True)))  # type: ignore[arg-type]
             floor = None if least is None else self.first_rank_sync(lay, zero, least)  # type: ignore[arg-type]
             if floor is None or floor.seconds <= 0.0:
                 floor = SyncFloor()
