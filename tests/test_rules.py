@@ -437,8 +437,9 @@ def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
     # WS002 where no ep tiles the count said "or ep in none at this GPU count at this GPU count"
     ws = finding_of("WS002", *make(**MIX, num_gpus=64, ep=8, pp=3))
     assert ws.fix.endswith("use a multiple of it (48 or 72); no ep tiles 64 GPUs at pp=3, etp=1.")
-    # where no value tiles the count (with cp=4 no tp divides 7 GPUs: WS001 names the count), the rule's own stay
-    assert finding_of("TP001", *make(**L8B, num_gpus=7, tp=7, cp=4, seq_length=8200)).fix == "tp in {1, 2, 4, 8} works."
+    # where no value tiles the count (with cp=4 no tp divides 7 GPUs: WS001 names the count), the rule's own stay:
+    # those inside the job's fast domain, its 7 GPUs (mesh.job_domain), so not 8
+    assert finding_of("TP001", *make(**L8B, num_gpus=7, tp=7, cp=4, seq_length=8200)).fix == "tp in {1, 2, 4} works."
 
 
 def test_megatron_kv_rule_is_multiple_or_divisor_but_kempnerforge_is_strict():

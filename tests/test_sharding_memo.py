@@ -11,6 +11,7 @@ import pytest
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate import perf, stage_time
 from meshplan.estimate.layer_records import shared_layers
+from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.sharding_traffic import ShardingSchedule
 from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.request import Request
@@ -118,7 +119,8 @@ def _perturbed(st, inp):
         "dense group": with_inp(traffic=replace(tr, dense=Group(tr.dense.size * 2, tr.dense.stride), seen={})),
         "links": with_inp(traffic=replace(tr, lk=replace(tr.lk, intra_bw=tr.lk.intra_bw / 4), seen={})),
         "schedule": with_inp(sharding=ShardingSchedule(True, True, False, True)),
-        "tp": with_plan(tp=4),
+        "tp": with_inp(plan=inp.plan.model_copy(update={"tp": 4}),  # and the rank's parameters it reads through
+                       parts=time_rank_parts(inp.job, inp.plan.model_copy(update={"tp": 4}))),
         "grad_reduce_in_fp32": with_plan(grad_reduce_in_fp32=False),
         "framework": with_inp(job=carry_cards(inp.job.model_copy(update={"framework": "deepspeed"}))),
         "precision": with_inp(job=inp.job.model_copy(update={"precision": "fp8"})),

@@ -11,6 +11,7 @@ import pytest
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate import perf, stage_time
 from meshplan.estimate.layer_records import shared_layers
+from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.sharding_traffic import ShardingSchedule
 from meshplan.request.resolve import carry_cards, resolve
 from meshplan.schema.request import Request
@@ -42,7 +43,8 @@ def _perturbed(inp):
         "head stage": (head, inp.pipeline.layers(head), inp),
         "layer time": with_inp(dense=replace(inp.dense, gemm=inp.dense.gemm * 2)),
         "recompute": with_plan(recompute="full"),
-        "tp": with_plan(tp=4),
+        "tp": with_inp(plan=inp.plan.model_copy(update={"tp": 4}),  # and the rank's parameters it reads through
+                       parts=time_rank_parts(inp.job, inp.plan.model_copy(update={"tp": 4}))),
         "host sync": with_inp(host_sync=0.9),
         "sharding schedule": with_inp(sharding=ShardingSchedule(True, True, True, True)),
         "dense group": with_inp(traffic=replace(tr, dense=Group(tr.dense.size * 2, tr.dense.stride), seen={})),

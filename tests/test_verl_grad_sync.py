@@ -41,9 +41,9 @@ def test_exposed_sync_is_the_dense_and_expert_rings_by_hand(gpus):
     job, plan = qwen30b(gpus)
     assert (plan.dp, plan.zero_stage) == (gpus, 1)
     lk = links(job.gpu, job.gpus_per_node, calibration("verl"))
-    # embeddings, output layer, attention, routers and the layers' norms; the final norm (h weights) is left out of
-    # the stage tables
-    dense = total_params(job.model) - EXPERT_PARAMS - job.model.hidden_size
+    # embeddings, output layer with the final norm beside it (RankParts: as the memory holds it), attention, routers
+    # and the layers' norms: every parameter but the routed experts
+    dense = total_params(job.model) - EXPERT_PARAMS
     expert_dp = gpus // 8  # one EP group per 8-GPU node: the expert-DP group takes one rank from each node
     # fp32 gradients reduce-scattered, then bf16 parameters all-gathered; dense over dp (stride tp 1), experts
     # over the expert-DP group (stride ep 8: across nodes)
