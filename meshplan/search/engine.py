@@ -29,7 +29,6 @@ from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds
 from meshplan.search.estimators import Engine, ideal_time
-from meshplan.search.plans import Seeds
 from meshplan.search.policy import (
     BUDGET,
     DOMINATED,
@@ -40,7 +39,7 @@ from meshplan.search.policy import (
     same_numbers,
     search_limits,
 )
-from meshplan.search.seed_groups import SeedGroup, seed_shape
+from meshplan.search.seed_groups import SeedGroup, Seeds, seed_shape
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,

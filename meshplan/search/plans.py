@@ -33,7 +33,7 @@ from meshplan.search.floors import (
 )
 from meshplan.search.host_counts import HostCounts
 from meshplan.search.policy import HEADROOM_RULE
-from meshplan.search.seed_groups import SeedGroup
+from meshplan.search.seed_groups import Seeds
 from meshplan.search.space import (
     Fixed,
     Layout,
@@ -54,20 +54,6 @@ OVERLAP_READS = ("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_module
 
 PlanKey = tuple[Layout, int, str, int]  # (layout, ZeRO stage, recompute, micro-batch size)
 Report = TypeVar("Report", MemoryReport, ThroughputReport, CheckReport)
-
-
-@dataclass
-class Seeds:
-    """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: its layouts per degrees tuple
-    in order (`groups`, what the queue is seeded with; each layout with its shape's entry, [model-state bound at the
-    lightest ZeRO stage, seed keys, least seed key], the keys None until a group of the shape is opened under a budget
-    the bound keeps), how many (layout, micro-batch) nodes they make (`nodes`), and the largest micro-batches per
-    (tp, cp) and (tp, ep, etp) once the tier is seeded (the bounds' references read them)."""
-
-    cp_mbs: dict[tuple[int, int], int]
-    work_mbs: dict[tuple[int, int, int], float]
-    groups: list[SeedGroup]
-    nodes: int
 
 
 @dataclass

@@ -108,3 +108,17 @@ def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[in
         if low < least:
             least = low
     return least * (1.0 - GROUP_MARGIN)
+
+
+@dataclass
+class Seeds:
+    """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: its layouts per degrees tuple
+    in order (`groups`, what the queue is seeded with; each layout with its shape's entry, [model-state bound at the
+    lightest ZeRO stage, seed keys, least seed key], the keys None until a group of the shape is opened under a budget
+    the bound keeps), how many (layout, micro-batch) nodes they make (`nodes`), and the largest micro-batches per
+    (tp, cp) and (tp, ep, etp) once the tier is seeded (the bounds' references read them)."""
+
+    cp_mbs: dict[tuple[int, int], int]
+    work_mbs: dict[tuple[int, int, int], float]
+    groups: list[SeedGroup]
+    nodes: int
