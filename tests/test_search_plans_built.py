@@ -6,15 +6,17 @@ validated build and the full report give, and a search whose check has no first_
 from dataclasses import replace
 
 import pytest
+from pydantic import ValidationError
 
 from meshplan.arithmetic.mesh import crosses_domains
+from meshplan.arithmetic.schedule import VirtualSplit
 from meshplan.check.config import check_config
 from meshplan.rules.engine import Context, backend_of, load_rules
 from meshplan.schema.request import Request
 from meshplan.search import recommend
 from meshplan.search.estimators import default_engine
 from meshplan.search.plans import OVERLAP_READS, OVERLAP_RULES, SearchPlans
-from meshplan.search.space import CARRIED_FIELDS, enumerate_layouts
+from meshplan.search.space import CARRIED_FIELDS, DEFAULT_PLAN, enumerate_layouts
 
 REQUESTS = [
     Request(model="qwen3-30b-a3b", num_gpus=64, gpu="h100"),  # MoE across nodes: flex dispatcher, EP overlap
@@ -130,3 +132,44 @@ def test_a_check_without_first_error_of_answers_the_same(req):
     engine = default_engine(req.framework)
     plain = recommend(req, engine=replace(engine, check=lambda job, plan: engine.check(job, plan)))
     assert plain.model_dump() == fast.model_dump()
+
+
+def test_a_layouts_first_plan_copied_from_another_is_its_validated_plan(built):
+    """Layout.copied_plan (SearchPlans.first_plan, floors.estimate_stages): every layout of the searches' spaces,
+    splits too, copied from one plan without a split is the plan validated afresh, field for field, in its fields
+    set and its fields' order; copied from DEFAULT_PLAN, the same values. A value validation would change or refuse
+    leaves it None, for plan() to validate (and refuse)."""
+    searches = {id(search): search for search, *_ in built}.values()
+    splits = 0
+    for search in searches:
+        layouts = enumerate_layouts(search.job, search.fixed)[0]
+        model = next((lay for lay in layouts if lay.split is None), None)
+        if model is None:  # every layout split (a request's account_for_embedding): first_plan validates them all
+            continue
+        for lay in layouts:
+            sp, overlap = search.sequence_parallel(lay), search.tp_overlap and lay.tp > 1
+            knobs = search.knobs(lay, search.zeros[-1], search.recomputes[-1], 1)
+            first = model.plan(**knobs, sequence_parallel=search.sequence_parallel(model), cp_comm_type=search.cp_comm,
+                               tp_comm_overlap=search.tp_overlap and model.tp > 1, **search.fixed.carried)
+            want = lay.plan(**knobs, sequence_parallel=sp, cp_comm_type=search.cp_comm, tp_comm_overlap=overlap,
+                            **search.fixed.carried)
+            out = lay.copied_plan(first, knobs, sp, overlap)
+            assert out is not None and out == want and out.model_fields_set == want.model_fields_set
+            assert list(out.__dict__) == list(want.__dict__)
+            plain = {"zero_stage": knobs["zero_stage"], "recompute": "none", "micro_batch_size": 1}
+            default = lay.copied_plan(DEFAULT_PLAN, plain, False, False)
+            assert default is not None
+            assert default.model_dump() == lay.plan(**plain, sequence_parallel=False, cp_comm_type="p2p").model_dump()
+            splits += lay.split is not None
+    assert splits > 0
+    lay = enumerate_layouts(*next((s.job, s.fixed) for s in searches if s.fixed.carried))[0][0]
+    knobs = {"zero_stage": 1, "recompute": "none", "micro_batch_size": 1}
+    for bad in (replace(lay, schedule="no_such_schedule"), replace(lay, split=VirtualSplit((1,), layout="t" * 5000)),
+                replace(lay, first=-1)):
+        assert bad.copied_plan(DEFAULT_PLAN, knobs, False, False) is None
+        with pytest.raises(ValidationError):
+            bad.plan(**knobs, sequence_parallel=False, cp_comm_type="p2p")
+    coerced = replace(lay, tp=True)  # validation makes it the int 1
+    assert coerced.copied_plan(DEFAULT_PLAN, knobs, False, False) is None
+    assert type(coerced.plan(**knobs, sequence_parallel=False, cp_comm_type="p2p").tp) is int
+    assert lay.copied_plan(DEFAULT_PLAN, knobs, 1, False) is None  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from meshplan.arithmetic.schedule import Stages, in_flight, padded_vocab, plan_s
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.plan import Job
-from meshplan.search.space import Layout, state_preset
+from meshplan.search.space import DEFAULT_PLAN, Layout, state_preset
 
 
 class _Prefix:
@@ -92,9 +92,10 @@ def estimate_stages(job: Job, lay: Layout, zero_stage: int) -> Stages | None:
         return v_placed(stages, lay.pp) if v_order else stages
     plain = Layout(tp=lay.tp, pp=lay.pp, cp=1, ep=1, etp=1, dp=1, vpp=lay.vpp, first=lay.first, last=lay.last,
                    split=lay.split, schedule=lay.schedule)
-    try:
-        return plan_stages(job, plain.plan(zero_stage=zero_stage, recompute="none", micro_batch_size=1,
-                                           sequence_parallel=False, cp_comm_type="p2p"))
+    knobs = {"zero_stage": zero_stage, "recompute": "none", "micro_batch_size": 1}
+    try:  # copied from the default plan where it can be (Layout.copied_plan: the same values), else validated
+        return plan_stages(job, plain.copied_plan(DEFAULT_PLAN, knobs, False, False)
+                           or plain.plan(**knobs, sequence_parallel=False, cp_comm_type="p2p"))  # type: ignore[arg-type]
     except (MeshplanError, ValueError):
         return None
 

@@ -138,6 +138,7 @@ class SearchPlans(HostCounts):
     host_seen: int = 0
     gpu_over: dict[int, int] = field(default_factory=dict)
     count_host: bool = True  # False where nothing reads the counts (the GPU-count scan): no plan is noted
+    plain: Plan | None = None  # the first layout's plan without a split, validated: first_plan copies the others
 
     def sequence_parallel(self, lay: Layout) -> bool:
         """The request's choice, else the framework default where there is TP to pair it with."""
@@ -146,19 +147,24 @@ class SearchPlans(HostCounts):
     def plan(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> Plan:
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
         the request's TP overlap wherever there is TP, and the request's carried fields. The layout's first plan is
-        validated (Caches.plans); the others are copies of it with the knobs that change between a layout's plans
+        first_plan's (Caches.plans); the others are copies of it with the knobs that change between a layout's plans
         (Plan.model_copy: not validated again), each a value validation returns unchanged: a ZeRO stage of the
         ladder (0-3) or the request's, a recompute of RECOMPUTE_ORDER or the request's, a micro-batch that is a
-        positive int (space.micro_batches), a dispatcher of MoeDispatcher, a bool. The same plan, field for field
-        and in the fields set (tests/test_search_plans_built.py builds both on every plan of several searches)."""
+        positive int (space.micro_batches), a dispatcher of MoeDispatcher, a bool. The same plan, field for field and
+        in the fields set (tests/test_search_plans_built.py builds both on every plan of several searches)."""
         knobs = self.knobs(lay, zero, recompute, mbs, overlap)
         template = self.caches.plans.get(lay)
         if template is None:
-            template = self.caches.plans[lay] = lay.plan(  # type: ignore[arg-type]
-                **knobs, sequence_parallel=self.sequence_parallel(lay), cp_comm_type=self.cp_comm,
-                tp_comm_overlap=self.tp_overlap and lay.tp > 1, **self.fixed.carried)
-            return template
+            return self.caches.plans.setdefault(lay, self.first_plan(lay, knobs))
         return template.model_copy(update=knobs)
+
+    def first_plan(self, lay: Layout, knobs: dict) -> Plan:
+        """A layout's first plan: copied from `plain` where Layout.copied_plan can (the same plan), else validated."""
+        sp, overlap = self.sequence_parallel(lay), self.tp_overlap and lay.tp > 1
+        plan = lay.copied_plan(self.plain, knobs, sp, overlap) or lay.plan(  # type: ignore[arg-type]
+            **knobs, sequence_parallel=sp, cp_comm_type=self.cp_comm, tp_comm_overlap=overlap, **self.fixed.carried)
+        self.plain = self.plain or (plan if lay.split is None else None)
+        return plan
 
     def knobs(self, lay: Layout, zero: int, recompute: str, mbs: int, overlap: bool | None = None) -> dict:
         """The fields in which a layout's plans differ (plan: the layout's first plan with these), by field name."""

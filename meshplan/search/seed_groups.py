@@ -20,7 +20,7 @@ INF = float("inf")  # a seed entry's least key until its keys are worked out (on
 @dataclass
 class SeedGroup:
     """The layouts of one degrees tuple in a tier's seeding (engine.BestFirstSearch.sized), in seeding order, each
-    with its shape's entry (plans.Seeds: the shape is the degrees, vpp and bubble_stages) and the index of its first
+    with its shape's entry (Seeds: the shape is the degrees, vpp and bubble_stages) and the index of its first
     node among the tier's (layout, micro-batch) nodes (which orders its nodes' ties in the queue as if every node had
     been pushed at seeding). They share the micro-batches (space.micro_batches reads dp) and the model-state bound
     (states_bound reads the degrees)."""

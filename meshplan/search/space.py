@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, partial
+from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,12 +49,17 @@ from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import FrameworkCard, SearchKnobs, framework_card, load_card
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
-from meshplan.schema.choices import Recompute
+from meshplan.schema.choices import PipelineSchedule, Recompute
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
 SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("none", "selective", "full")
+_SCHEDULES: frozenset[str] = frozenset(get_args(PipelineSchedule))  # the pipeline_schedule values a Plan takes
+DEFAULT_PLAN = Plan()  # every field at its default: what Layout.copied_plan copies where no search plan is at hand
+_LAYOUT_LENGTHS: tuple[int, int] = tuple(  # type: ignore[assignment]
+    getattr(m, name) for name in ("min_length", "max_length")
+    for m in Plan.model_fields["pipeline_layout"].metadata if hasattr(m, name))  # the lengths a Plan's layout takes
 
 
 # --------------------------------------------------------------------------- the search card
@@ -191,6 +197,32 @@ class Layout:
             pipeline_schedule=self.schedule or None,  # type: ignore[arg-type]
             **carried,  # type: ignore[arg-type]
         )
+
+    def copied_plan(self, model: Plan | None, knobs: dict[str, object], sequence_parallel: bool,
+                    tp_comm_overlap: bool) -> Plan | None:
+        """plan(**knobs, sequence_parallel=..., tp_comm_overlap=..., cp_comm_type and carried as `model`'s), copied
+        from `model` (another layout's plan built so, without a split) instead of validated again (about a quarter
+        of the instructions): the same plan, field for field and in its fields set (a split's three fields join it
+        as plan() passes them), where every value it takes from this layout is one validation returns unchanged
+        (degrees ints >= 1, stage sizes ints >= 0 or None, a named schedule of PipelineSchedule, bools, a layout
+        string of the lengths Plan allows; the knobs as SearchPlans.knobs makes them); None where one is not, or no
+        model is given, for plan() to validate."""
+        split = self.split.fields() if self.split is not None else {}
+        layout = split.get("pipeline_layout")
+        if (model is None or type(sequence_parallel) is not bool or type(tp_comm_overlap) is not bool
+                or (self.schedule and self.schedule not in _SCHEDULES)
+                or not all(type(v) is int and v >= 1 for v in (self.tp, self.pp, self.vpp, self.cp, self.ep,
+                                                                self.etp, self.dp))
+                or not all(v is None or (type(v) is int and v >= 0) for v in (self.first, self.last))
+                or not all(type(split[name]) is bool for name in split if name != "pipeline_layout")
+                or (layout is not None and not (type(layout) is str and _LAYOUT_LENGTHS[0] <= len(layout)
+                                                <= _LAYOUT_LENGTHS[1]))):
+            return None
+        return model.model_copy(update={
+            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "etp": self.etp,
+            "dp": self.dp, "sequence_parallel": sequence_parallel, **knobs, "first_stage_layers": self.first,
+            "last_stage_layers": self.last, **split, "pipeline_schedule": self.schedule or None,
+            "tp_comm_overlap": tp_comm_overlap})
 
     def bubble_stages(self) -> float:
         """The steady-state bubble a bound may count, in stage-times: (pp - 1) / vpp, or none for a zero-bubble
