@@ -283,3 +283,26 @@ def test_schedule_runs_reads_a_whole_step_in_one_run_first(pipeline_microbatches
         assert plan.schedule_runs(gbs) == max(1, m // min(m, pipeline_microbatches or m))
         if pipeline_microbatches is None:
             assert plan.schedule_runs(gbs) == 1
+
+
+def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
+    """RuleGroup.runs: where a group's verdicts miss, each of its rules that reads fewer fields than the group is
+    answered from its own verdicts, kept per the values of its own reads, so it runs once per those values (the
+    findings stay the plain run's: test_kept_verdicts_give_the_plain_runs_findings_and_first_blocking_rule)."""
+    rng = random.Random(5)
+    first, base = JOBS[0]
+    kept = Verdicts(first)
+    plans = list(fuzzed_plans(rng, base, 200))
+    for plan in plans:
+        assert _outcome(kept.findings, first, plan) == _outcome(structural_findings, first, plan)
+    narrower = 0
+    for groups in kept._groups.values():
+        for group in groups:
+            for *_, cond, own in group.runs:
+                if own is None:
+                    assert frozenset(cond.reads) == frozenset(group.fields)
+                    continue
+                assert frozenset(cond.reads) < frozenset(group.fields)
+                assert len(own[2]) <= len(group.memo)
+                narrower += len(own[2]) < len(group.memo)
+    assert narrower > 0

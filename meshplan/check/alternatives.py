@@ -14,7 +14,8 @@ from meshplan.check.split import fastest_split, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import gib
 from meshplan.rl.memory import job_memory
-from meshplan.rules.engine import Context, ctx_param
+from meshplan.rules.engine import Context
+from meshplan.rules.fix_values import ctx_param
 from meshplan.schema.plan import Plan
 
 # Which neighbours the fix tries and how many it names are MEM001's params in cards/rules.yaml (the why says

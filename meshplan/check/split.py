@@ -23,7 +23,8 @@ from meshplan.estimate.memory import budget_bytes
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rl.memory import job_memory
-from meshplan.rules.engine import divisors, rule_specs
+from meshplan.rules.engine import rule_specs
+from meshplan.rules.fix_values import divisors
 from meshplan.schema.plan import Job, Plan
 
 

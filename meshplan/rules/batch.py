@@ -7,7 +7,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.rules.engine import Context, Values, divisors, fmt_set, neighbours, rule
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import divisors, fmt_set, neighbours
 
 MAX_LISTED_MBS = 64  # micro-batch sizes listed up to 64: beyond, a micro-batch alone is a large global batch
 

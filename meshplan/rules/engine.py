@@ -12,7 +12,6 @@ Ids never change meaning; each rule's `status` and `since` say how settled it is
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -340,6 +339,17 @@ class RuleGroup:
         return tuple(name for name in self.fields if name in JOB_READS)
 
     @cached_property
+    def runs(self) -> Runs:
+        """The rules as _fire_kept runs them on a plan the group's verdicts miss: each that reads fewer fields than
+        the group with its own verdicts, kept per the values of those (the group misses with any of its fields, the
+        rule only with its own: Llama-3.1-70B/64's first ask runs WS002 on 45 values, not on 848 plans)."""
+        fields = frozenset(self.fields)
+        own = {i: RuleGroup(tuple(sorted(cond.reads)), (), {}) for i, _, cond in self.rules
+               if frozenset(cond.reads) < fields}
+        return tuple((i, spec, cond, None if i not in own else (own[i].key, bool(own[i].job_fields), own[i].memo))
+                     for i, spec, cond in self.rules)
+
+    @cached_property
     def key(self) -> Callable[..., Any]:
         """The memo key from a plan's field values (and the job, where job_fields): itemgetter over the plan's
         fields, a list field as a tuple."""
@@ -390,7 +400,49 @@ def _fire(rules: Iterable[tuple[int, RuleSpec, Condition]], ctx: Context) -> Fir
     return tuple((i, finding(spec, values)) for i, spec, cond in rules if (values := cond(ctx)) is not None)
 
 
-Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Fired, bool], ...], Fired]
+# A group's rules as _fire_kept runs them: (card position, spec, condition, and where the rule reads fewer fields than
+# its group, its own verdicts: key, whether it reads JOB_READS, its finding or None per key).
+Runs = tuple[tuple[int, RuleSpec, Condition, tuple[Callable[..., Any], bool, dict[Any, Any]] | None], ...]
+
+
+def _fire_kept(runs: Runs, values: dict[str, Any], job: Job, ctx: _Ctx) -> Fired:
+    """_fire over a group's rules, each with its own verdicts (RuleGroup.runs) answered from them where kept."""
+    out = []
+    for i, spec, cond, own in runs:
+        if own is None:
+            found = cond(ctx.get())
+            hit = None if found is None else (i, finding(spec, found))
+        else:
+            key, reads_job, memo = own
+            key = key(values, job) if reads_job else key(values)
+            hit = memo.get(key, False)
+            if hit is False:
+                found = cond(ctx.get())
+                hit = None if found is None else (i, finding(spec, found))
+                if len(memo) >= MEMO_CAP:
+                    memo.clear()
+                memo[key] = hit
+        if hit is not None:
+            out.append(hit)
+    return tuple(out)
+
+
+class _Ctx:
+    """One plan's Context, made when a rule first runs on it (a Plan, or a _Lazy that builds it then)."""
+
+    __slots__ = ("ctx", "job", "plan")
+
+    def __init__(self, job: Job, plan: Plan | _Lazy):
+        self.job, self.plan, self.ctx = job, plan, None
+
+    def get(self) -> Context:
+        if self.ctx is None:
+            plan = self.plan
+            self.ctx = Context(self.job, plan if isinstance(plan, Plan) else plan.plan())
+        return self.ctx
+
+
+Program = tuple[tuple[tuple[Callable[..., Any], dict[Any, Fired], Runs, bool], ...], Fired]
 
 
 class Verdicts:
@@ -418,7 +470,7 @@ class Verdicts:
             if hit is None:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
                 self._groups[backend] = groups
-                hit = self._programs[backend] = tuple((g.key, g.memo, g.rules, bool(g.job_fields))
+                hit = self._programs[backend] = tuple((g.key, g.memo, g.runs, bool(g.job_fields))
                                                       for g in groups), always
             self._by_zero[zero_stage] = hit
         return hit
@@ -426,20 +478,19 @@ class Verdicts:
     def _fired(self, job: Job, plan: Plan) -> list[tuple[int, Finding]]:
         groups, always = self._program(plan.zero_stage)
         values = plan.__dict__
-        ctx = None
+        ctx = _Ctx(job, plan)
         fired: list[tuple[int, Finding]] = []
-        for key, memo, rules, reads_job in groups:
+        for key, memo, runs, reads_job in groups:
             key = key(values, job) if reads_job else key(values)
             hit = memo.get(key)
             if hit is None:
-                ctx = ctx or Context(job, plan)
                 if len(memo) >= MEMO_CAP:
                     memo.clear()
-                hit = memo[key] = _fire(rules, ctx)
+                hit = memo[key] = _fire_kept(runs, values, job, ctx)
             if hit:
                 fired.extend(hit)
         if always:
-            fired.extend(_fire(always, ctx or Context(job, plan)))
+            fired.extend(_fire(always, ctx.get()))
         if len(fired) > 1:
             fired.sort(key=itemgetter(0))
         return fired
@@ -540,7 +591,7 @@ def _first_of_parts(parts: tuple[Part, ...], job: Job, plans: _Lazy) -> tuple[in
     return first
 
 
-ProgramGroup = tuple[Callable[..., Any], dict[Any, Fired], tuple[tuple[int, RuleSpec, Condition], ...], bool]
+ProgramGroup = tuple[Callable[..., Any], dict[Any, Fired], Runs, bool]
 # A part of a program's groups: its key (from the plan's values, and the job where it reads JOB_READS), whether it
 # reads JOB_READS, its first errors per key (card position, finding; None: no error), its groups as a program's, the
 # knob fields they read.
@@ -565,7 +616,7 @@ def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[P
     for top, member in members.items():
         union = RuleGroup(tuple(sorted({name for g in member for name in g.fields})), (), {})
         out.append((union.key, bool(union.job_fields), {},
-                    tuple((g.key, g.memo, g.rules, bool(g.job_fields)) for g in member), top))
+                    tuple((g.key, g.memo, g.runs, bool(g.job_fields)) for g in member), top))
     return tuple(out)
 
 
@@ -591,16 +642,15 @@ class _Lazy:
 def _part_error(groups: tuple[ProgramGroup, ...], job: Job, plans: _Lazy) -> tuple[int, Finding] | None:
     """The first error (card position, finding) among the groups' kept verdicts on the plan (run where not kept)."""
     values = plans.values()
-    ctx = None
+    ctx = _Ctx(job, plans)
     first: tuple[int, Finding] | None = None
-    for key, memo, rules, reads_job in groups:
+    for key, memo, runs, reads_job in groups:
         key = key(values, job) if reads_job else key(values)
         hit = memo.get(key)
         if hit is None:
-            ctx = ctx or Context(job, plans.plan())
             if len(memo) >= MEMO_CAP:
                 memo.clear()
-            hit = memo[key] = _fire(rules, ctx)
+            hit = memo[key] = _fire_kept(runs, values, job, ctx)
         error = next(((i, found) for i, found in hit if found.severity == "error"), None) if hit else None
         if error is not None and (first is None or error[0] < first[0]):
             first = error
@@ -643,52 +693,3 @@ def verdicts(job: Job) -> Verdicts:
     _recent[id(job)] = entry = (job, hit)
     _last[:] = [entry]
     return hit
-
-
-# --------------------------------------------------------------------------- helpers for computed fixes
-
-# How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
-LISTED = 6  # values a list in a fix shows at most: the ones nearest the request
-
-
-def ctx_param(ctx: Context, rule_id: str, name: str) -> float:
-    """A threshold from the rule's `params` in the card (its reason is in the rule's `why`)."""
-    return rule_specs()[rule_id].params[name]
-
-
-def divisors(n: int, upto: int | None = None) -> list[int]:
-    """Divisors of n in increasing order, optionally only those <= upto."""
-    small, large = [], []
-    for d in range(1, math.isqrt(n) + 1):
-        if n % d == 0:
-            small.append(d)
-            if d != n // d:
-                large.append(n // d)
-    out = small + large[::-1]
-    return [d for d in out if upto is None or d <= upto]
-
-
-def fmt_set(values: Iterable[Any], limit: int = 8) -> str:
-    """'{1, 2, 4, 8}', shortened to the first and last values when long."""
-    items = list(values)
-    if not items:
-        return "{}"
-    if len(items) > limit:
-        head = ", ".join(str(v) for v in items[: limit - 2])
-        return "{" + f"{head}, ..., {items[-1]}" + "}"
-    return "{" + ", ".join(str(v) for v in items) + "}"
-
-
-def neighbours(value: int, unit: int) -> str:
-    """The multiples of `unit` just below and above `value` ('64 or 72')."""
-    below = (value // unit) * unit
-    above = below + unit
-    return f"{below} or {above}" if below > 0 else str(above)
-
-
-def lcm(*values: int) -> int:
-    out = 1
-    for v in values:
-        out = out * v // math.gcd(out, v)
-    return out
-

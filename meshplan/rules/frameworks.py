@@ -9,7 +9,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, default_render, missing_knob, missing_layout_knob
-from meshplan.rules.engine import Context, Values, fmt_set, rule
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
 

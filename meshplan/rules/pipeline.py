@@ -16,17 +16,8 @@ from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_or
 from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
-from meshplan.rules.engine import (
-    Context,
-    Values,
-    ctx_param,
-    divisors,
-    fmt_set,
-    load_rules,
-    neighbours,
-    rule,
-    rule_specs,
-)
+from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
+from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, neighbours
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
 from meshplan.schema.plan import Plan

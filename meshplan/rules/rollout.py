@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from meshplan.arithmetic import mesh
 from meshplan.knowledge.cards import FrameworkCard
-from meshplan.rules.engine import Context, Values, divisors, fmt_set, neighbours, rule
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import divisors, fmt_set, neighbours
 from meshplan.schema.plan import Plan
 
 

@@ -7,7 +7,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.rules.engine import LISTED, Context, Values, ctx_param, divisors, fmt_set, neighbours, rule
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import LISTED, ctx_param, divisors, fmt_set, neighbours
 from meshplan.rules.world import tiling
 
 

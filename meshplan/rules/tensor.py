@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from meshplan.arithmetic import mesh
 from meshplan.knowledge.cards import framework_card
-from meshplan.rules.engine import Context, Values, divisors, fmt_set, rule
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import divisors, fmt_set
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
 

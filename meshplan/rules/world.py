@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from typing import Literal
 
 from meshplan.arithmetic import mesh
-from meshplan.rules.engine import LISTED, Context, Values, divisors, fmt_set, neighbours, rule
+from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.fix_values import LISTED, divisors, fmt_set, neighbours
 
 PRODUCT_REACH = 4  # WS001 lists tp*pp*cp products up to 4x the requested one: two doublings of a degree away
 

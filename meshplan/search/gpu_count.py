@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
-from meshplan.rules.engine import lcm
+from meshplan.rules.fix_values import lcm
 from meshplan.schema.plan import Job
 from meshplan.search.answer import fixed_text, keeps
 from meshplan.search.engine import BestFirstSearch, run_search

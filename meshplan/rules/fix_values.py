@@ -1,0 +1,56 @@
+"""Helpers the rules' computed fixes share: the values a fix lists and how it words them, a rule's threshold from
+the card (moved out of rules/engine.py, which holds the registry and the kept verdicts)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from meshplan.rules.engine import Context, rule_specs
+
+# How much a computed fix lists: presentation, not physics (a fix names a few values that work, not all).
+LISTED = 6  # values a list in a fix shows at most: the ones nearest the request
+
+
+def ctx_param(ctx: Context, rule_id: str, name: str) -> float:
+    """A threshold from the rule's `params` in the card (its reason is in the rule's `why`)."""
+    return rule_specs()[rule_id].params[name]
+
+
+def divisors(n: int, upto: int | None = None) -> list[int]:
+    """Divisors of n in increasing order, optionally only those <= upto."""
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    out = small + large[::-1]
+    return [d for d in out if upto is None or d <= upto]
+
+
+def fmt_set(values: Iterable[Any], limit: int = 8) -> str:
+    """'{1, 2, 4, 8}', shortened to the first and last values when long."""
+    items = list(values)
+    if not items:
+        return "{}"
+    if len(items) > limit:
+        head = ", ".join(str(v) for v in items[: limit - 2])
+        return "{" + f"{head}, ..., {items[-1]}" + "}"
+    return "{" + ", ".join(str(v) for v in items) + "}"
+
+
+def neighbours(value: int, unit: int) -> str:
+    """The multiples of `unit` just below and above `value` ('64 or 72')."""
+    below = (value // unit) * unit
+    above = below + unit
+    return f"{below} or {above}" if below > 0 else str(above)
+
+
+def lcm(*values: int) -> int:
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out
+
