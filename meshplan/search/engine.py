@@ -191,12 +191,16 @@ class BestFirstSearch(StepTimeBounds):
         until now drain counted them (beyond_cutoff), as it would have counted them queued."""
         n_r, heap, dead, need_floor = len(self.recomputes), self.heap, self.dead, self.need_floor
         self.beyond_cutoff -= self.variants() * len(held)
+        need_floor(lay, held[0][2])  # the layout's row (every micro-batch of it at once), read below as need_floor
+        row, floor_level = self.floor_least[lay], Level.FLOOR
         for seed_key, seq, mbs in held:
-            floor = need_floor(lay, mbs)
+            floor = row.get(mbs)
+            if floor is None:
+                floor = need_floor(lay, mbs)
             if floor >= n_r:
                 dead.append((seed_key, seq))
             else:
-                heapq.heappush(heap, (seed_key, Level.FLOOR, seq, (lay, mbs, (), floor)))
+                heapq.heappush(heap, (seed_key, floor_level, seq, (lay, mbs, (), floor)))
 
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
@@ -486,24 +490,36 @@ class BestFirstSearch(StepTimeBounds):
 
     def push_members(self, group: SeedGroup, base: int, members: list, deads: list[bool]) -> None:
         """Push each of a group's `members` (its nodes: the first, holding the others), or leave its seeds out where
-        it is dead (`deads`); the seeds over the cutoff counted as never queued."""
-        cutoff, variants, sizes, heap, dead_seeds = self.cutoff, self.variants(), group.sizes, self.heap, self.dead
+        it is dead (`deads`); the seeds over the cutoff counted as never queued. (The opening's hot loop: the first
+        node found as min() finds it, the least key at the least seq, and the counts added once.)"""
+        cutoff, sizes, heap, dead_seeds, floor = self.cutoff, group.sizes, self.heap, self.dead, Level.FLOOR
+        left_out = 0  # seeds over the cutoff, and those held (drain counts them until their first pops)
         for (lay, entry, index), dead in zip(members, deads, strict=True):
             seq = base + index
-            nodes = []
+            if dead:
+                for seed_key in entry[1]:
+                    seq += 1
+                    if seed_key > cutoff:
+                        left_out += 1
+                    else:
+                        dead_seeds.append((seed_key, seq))
+                continue
+            nodes: list[tuple[float, int, int]] = []
+            least, at = math.inf, -1
             for mbs, seed_key in zip(sizes, entry[1], strict=True):
                 seq += 1
                 if seed_key > cutoff:
-                    self.beyond_cutoff += variants
-                elif dead:
-                    dead_seeds.append((seed_key, seq))
-                else:
-                    nodes.append((seed_key, seq, mbs))
+                    left_out += 1
+                    continue
+                if at < 0 or seed_key < least:
+                    least, at = seed_key, len(nodes)
+                nodes.append((seed_key, seq, mbs))
             if nodes:
-                first = min(nodes)
-                nodes.remove(first)
-                self.beyond_cutoff += variants * len(nodes)  # held: drain counts them until the first pops
-                heapq.heappush(heap, (first[0], Level.FLOOR, first[1], (lay, first[2], tuple(nodes))))
+                _, first, mbs = nodes.pop(at)
+                left_out += len(nodes)
+                heapq.heappush(heap, (least, floor, first, (lay, mbs, tuple(nodes))))
+        if left_out:
+            self.beyond_cutoff += self.variants() * left_out
 
     def wanted(self) -> bool:
         """More to rank: the next node is (wants)."""
@@ -524,21 +540,23 @@ class BestFirstSearch(StepTimeBounds):
                  Level.TIME: self.time_plan, Level.RANK: self.accept}
         last: tuple = (-math.inf,)  # the last node popped (key, level, seq)
         stop: tuple | None = None  # the node the loop stopped at, None where the queue ran out
-        while self.heap:
-            if not self.wanted():
-                stop = self.heap[0][:3]
+        heap, wants, pop, group = self.heap, self.wants, heapq.heappop, Level.GROUP  # (best_so_far's new heap: left)
+        while heap:
+            top = heap[0]
+            if not wants(top[0]):  # wanted()
+                stop = top[:3]
                 break
             checkpoint()  # a cancelled MCP call stops here; no clock decides what is returned
-            if self.heap[0][1] == Level.GROUP:  # estimates nothing: the budget is asked before a node's pop only
-                key, _, _, payload = heapq.heappop(self.heap)
+            if top[1] == group:  # estimates nothing: the budget is asked before a node's pop only
+                key, _, _, payload = pop(heap)
                 self.open_group(key, *payload)
                 continue
             if self.evaluations >= self.max_evaluations:
                 self.stopped_by_budget = True
-                stop = self.heap[0][:3]
+                stop = top[:3]
                 self.best_so_far()
                 break
-            key, level, seq, payload = heapq.heappop(self.heap)
+            key, level, seq, payload = pop(heap)
             last = (key, level, seq)
             steps[level](key, *payload)
         self.settle_dead(last, stop)
