@@ -207,15 +207,22 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
            budget)
     hit = memo.get(key)
     if hit is None:
-        n_r, column = len(recomputes), []
+        # Each floor is _floor_sums' sum, term for term (the same float), worked out only where compared: the
+        # heaviest recompute's first (over: none fits), then from the lightest up (stops at the heaviest at the latest)
+        n_r, column, last = len(recomputes), [], len(recomputes) - 1
+        gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
         for one, row in zip(ones, figures, strict=True):
-            floors = _floor_sums(part, states[one], row, reserved)  # type: ignore[arg-type]
-            i = 0
-            if floors[-1] > budget:
+            held, i = states[one], 0
+            transient = row[last] if gathered is None else row[last] + gathered
+            reserve = 0.0 if not reserved else fraction * transient
+            if held + transient + reserve + overhead + context > budget:  # type: ignore[operator]
                 i = n_r
-            else:
-                while floors[i] > budget:  # stops at the heaviest recompute at the latest
-                    i += 1
+            while i < last:
+                transient = row[i] if gathered is None else row[i] + gathered
+                reserve = 0.0 if not reserved else fraction * transient
+                if not held + transient + reserve + overhead + context > budget:  # type: ignore[operator]
+                    break
+                i += 1
             column.append(i)
         hit = memo[key] = tuple(column)
     return hit
