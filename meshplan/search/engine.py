@@ -79,6 +79,11 @@ class Level(IntEnum):
     """Nothing left in the queue can be faster: the plan's rules run, then it is ranked."""
 
 
+# The levels as module names, read in the queue's hot paths: a member read as Level.X goes through EnumType's
+# __getattr__ hook (a Python-level call, about 0.1 us each), a module name is one dict read.
+GROUP, FLOOR, SHARD, RULES, NEED, STAIRCASE, STEP, TIME, RANK = Level
+
+
 @dataclass
 class Found:
     """A ranked plan: it passes the rules, fits the budget, and has its predicted step time."""
@@ -180,7 +185,7 @@ class BestFirstSearch(StepTimeBounds):
             return
         if floor > 0:
             key = max(key, self.token_bound(lay, mbs, self.recomputes[floor]))
-        self.push(key, Level.SHARD, (lay, mbs, floor))
+        self.push(key, SHARD, (lay, mbs, floor))
 
     def release(self, lay: Layout, held: tuple) -> None:
         """The seeds a layout's first node held (open_group), as (seed key, seq, micro-batch), when it pops: each
@@ -192,7 +197,7 @@ class BestFirstSearch(StepTimeBounds):
         n_r, heap, dead, need_floor = len(self.recomputes), self.heap, self.dead, self.need_floor
         self.beyond_cutoff -= self.variants() * len(held)
         need_floor(lay, held[0][2])  # the layout's row (every micro-batch of it at once), read below as need_floor
-        row, floor_level = self.floor_least[lay], Level.FLOOR
+        row, floor_level = self.floor_least[lay], FLOOR
         for seed_key, seq, mbs in held:
             floor = row.get(mbs)
             if floor is None:
@@ -205,7 +210,7 @@ class BestFirstSearch(StepTimeBounds):
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
         bound = self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True)
-        self.push(max(key, self.grid_synced(lay, mbs, bound)), Level.RULES, (lay, mbs, floor))
+        self.push(max(key, self.grid_synced(lay, mbs, bound)), RULES, (lay, mbs, floor))
 
     def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
         """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage. The rules are asked at every
@@ -267,7 +272,7 @@ class BestFirstSearch(StepTimeBounds):
             key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True))
             low = floor
         self.rejected[self.engine.memory_rule] += sum(mask.bit_count() - (mask >> low).bit_count() for mask in masks)
-        self.push(key, Level.NEED, (lay, mbs, alive, masks, low))
+        self.push(key, NEED, (lay, mbs, alive, masks, low))
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
                      low: int) -> None:
@@ -287,7 +292,7 @@ class BestFirstSearch(StepTimeBounds):
         self.rejected[self.engine.memory_rule] += sum(above) - sum((mask >> need).bit_count() for mask in masks)
         if need > low:
             key = max(key, self.pipeline_bound(lay, mbs, self.recomputes[need], interleave=True))
-        self.push(key, Level.STAIRCASE, (lay, mbs, alive, masks, need))
+        self.push(key, STAIRCASE, (lay, mbs, alive, masks, need))
 
     def staircase(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
                   need: int) -> None:
@@ -309,7 +314,7 @@ class BestFirstSearch(StepTimeBounds):
             self.rejected[self.engine.memory_rule] += above - rest
             self.rejected[DOMINATED] += rest - 1
             bound = key if i == need else self.pipeline_bound(lay, mbs, self.recomputes[i], interleave=True)
-            self.push(max(key, bound), Level.STEP, (lay, mbs, zero, self.recomputes[i]))
+            self.push(max(key, bound), STEP, (lay, mbs, zero, self.recomputes[i]))
 
     def step_bound(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str) -> None:
         """Level.STEP: the plan's step without its pipeline's replay, a bound only the replay can raise."""
@@ -318,7 +323,7 @@ class BestFirstSearch(StepTimeBounds):
         except MeshplanError as exc:
             self.untimed(exc, 1)
             return
-        self.push(max(key, floor), Level.TIME, (lay, mbs, zero, recompute))
+        self.push(max(key, floor), TIME, (lay, mbs, zero, recompute))
 
     def time_plan(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str) -> None:
         """Level.TIME: a plan known to fit gets its predicted step time."""
@@ -327,7 +332,7 @@ class BestFirstSearch(StepTimeBounds):
         except MeshplanError as exc:
             self.untimed(exc, 1)
             return
-        self.push(report.step_time_s, Level.RANK, (lay, mbs, zero, recompute, report))
+        self.push(report.step_time_s, RANK, (lay, mbs, zero, recompute, report))
 
     def accept(self, key: float, lay: Layout, mbs: int, zero: int, recompute: str, report: ThroughputReport) -> None:
         """Level.RANK: nothing left in the queue can be faster; the exact plan's rules run, then it is ranked."""
@@ -408,7 +413,7 @@ class BestFirstSearch(StepTimeBounds):
                 # No micro-batch divides these layouts' share of the batch: let the batch rule say so.
                 mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
                 for lay, _, index in group.members:
-                    heapq.heappush(self.heap, (0.0, Level.RULES, base + index + 1, (lay, mbs, 0)))
+                    heapq.heappush(self.heap, (0.0, RULES, base + index + 1, (lay, mbs, 0)))
                 continue
             key = group.floor.get(ideal)
             if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
@@ -416,7 +421,7 @@ class BestFirstSearch(StepTimeBounds):
             if key > cutoff:
                 self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
                 continue
-            heapq.heappush(self.heap, (key, Level.GROUP, base + first + 1, (group, base, ideal)))
+            heapq.heappush(self.heap, (key, GROUP, base + first + 1, (group, base, ideal)))
 
     def open_group(self, key: float, group: SeedGroup, base: int, ideal: float, pending: list | None = None,
                    live: bool = False) -> None:
@@ -444,7 +449,7 @@ class BestFirstSearch(StepTimeBounds):
         horizon = max(key, heap[0][0]) if heap else math.inf
         if not live and pending:
             if pending[0][1][2] > horizon:
-                heapq.heappush(heap, (pending[0][1][2], Level.GROUP, base + group.first + 1,
+                heapq.heappush(heap, (pending[0][1][2], GROUP, base + group.first + 1,
                                       (group, base, ideal, pending, False)))
                 return
             pending = self.raise_live(group, base, pending)
@@ -456,7 +461,7 @@ class BestFirstSearch(StepTimeBounds):
             deads = [self.is_dead(ready[0][0])] if due == 1 else self.group_dead([lay for lay, _, _ in ready])
             self.push_members(group, base, ready, deads)
         if pending:
-            heapq.heappush(heap, (pending[0][1][2], Level.GROUP, base + group.first + 1,
+            heapq.heappush(heap, (pending[0][1][2], GROUP, base + group.first + 1,
                                   (group, base, ideal, pending, True)))
 
     def group_under(self, group: SeedGroup, ideal: float) -> list:
@@ -492,7 +497,7 @@ class BestFirstSearch(StepTimeBounds):
         """Push each of a group's `members` (its nodes: the first, holding the others), or leave its seeds out where
         it is dead (`deads`); the seeds over the cutoff counted as never queued. (The opening's hot loop: the first
         node found as min() finds it, the least key at the least seq, and the counts added once.)"""
-        cutoff, sizes, heap, dead_seeds, floor = self.cutoff, group.sizes, self.heap, self.dead, Level.FLOOR
+        cutoff, sizes, heap, dead_seeds, floor = self.cutoff, group.sizes, self.heap, self.dead, FLOOR
         left_out = 0  # seeds over the cutoff, and those held (drain counts them until their first pops)
         for (lay, entry, index), dead in zip(members, deads, strict=True):
             seq = base + index
@@ -535,12 +540,12 @@ class BestFirstSearch(StepTimeBounds):
         return key <= self.found[-1].time * (1.0 + TIE)
 
     def run(self) -> None:
-        steps = {Level.FLOOR: self.refine_bound, Level.SHARD: self.refine_shard, Level.RULES: self.apply_rules,
-                 Level.NEED: self.confirm_need, Level.STAIRCASE: self.staircase, Level.STEP: self.step_bound,
-                 Level.TIME: self.time_plan, Level.RANK: self.accept}
+        steps = {FLOOR: self.refine_bound, SHARD: self.refine_shard, RULES: self.apply_rules,
+                 NEED: self.confirm_need, STAIRCASE: self.staircase, STEP: self.step_bound,
+                 TIME: self.time_plan, RANK: self.accept}
         last: tuple = (-math.inf,)  # the last node popped (key, level, seq)
         stop: tuple | None = None  # the node the loop stopped at, None where the queue ran out
-        heap, wants, pop, group = self.heap, self.wants, heapq.heappop, Level.GROUP  # (best_so_far's new heap: left)
+        heap, wants, pop, group = self.heap, self.wants, heapq.heappop, GROUP  # (best_so_far's new heap: left)
         while heap:
             top = heap[0]
             if not wants(top[0]):  # wanted()
@@ -593,10 +598,10 @@ class BestFirstSearch(StepTimeBounds):
             return
         if not self.dead:
             return
-        popped = 0
+        popped, floor, go_on, wants = 0, FLOOR, not self.stopped_by_budget, self.wants  # (read once)
         for key, seq in self.dead:
-            node = (key, Level.FLOOR, seq)
-            if node < last or (not self.stopped_by_budget and (stop is None or node < stop) and self.wants(key)):
+            node = (key, floor, seq)
+            if node < last or (go_on and (stop is None or node < stop) and wants(key)):
                 popped += 1
         variants = self.variants()
         self.rejected[self.engine.memory_rule] += popped * variants
@@ -607,9 +612,9 @@ class BestFirstSearch(StepTimeBounds):
         """Out of its estimate budget: rank the plans already timed (they fit), fastest first, then, while fewer than
         top_k rows are ranked, the plans whose step's floor is known, in the order of their floors (their pipelines
         replayed now); without proof that nothing unexplored is faster."""
-        timed = sorted((entry for entry in self.heap if entry[1] == Level.RANK), key=lambda e: (e[0], e[2]))
-        floored = sorted((entry for entry in self.heap if entry[1] == Level.TIME), key=lambda e: (e[0], e[2]))
-        self.heap = [entry for entry in self.heap if entry[1] not in (Level.RANK, Level.TIME)]
+        timed = sorted((entry for entry in self.heap if entry[1] == RANK), key=lambda e: (e[0], e[2]))
+        floored = sorted((entry for entry in self.heap if entry[1] == TIME), key=lambda e: (e[0], e[2]))
+        self.heap = [entry for entry in self.heap if entry[1] not in (RANK, TIME)]
         heapq.heapify(self.heap)
         for index, (key, _, _, payload) in enumerate(timed):
             if len(self.rows) >= self.top_k:
@@ -629,12 +634,12 @@ class BestFirstSearch(StepTimeBounds):
 
     def covered(self, level: Level, payload: tuple) -> int:
         """How many plans (ZeRO stage x recompute) a queued node stands for."""
-        if level == Level.GROUP:  # a group, or what is left of one part-way open (open_group's `pending`)
+        if level == GROUP:  # a group, or what is left of one part-way open (open_group's `pending`)
             group = payload[0]
             return self.variants() * (group.nodes if len(payload) == 3 else len(group.sizes) * len(payload[3]))
-        if level <= Level.RULES:
+        if level <= RULES:
             return self.variants()
-        if level in (Level.NEED, Level.STAIRCASE):  # the plans the rules pass from its low (or need) up
+        if level in (NEED, STAIRCASE):  # the plans the rules pass from its low (or need) up
             return sum((mask >> payload[4]).bit_count() for mask in payload[3])
         return 1
 
@@ -649,8 +654,8 @@ class BestFirstSearch(StepTimeBounds):
             self.beyond_cutoff = 0
         if not self.heap:
             return
-        variants = self.variants()  # what every node up to Level.RULES stands for
-        self.rejected[bucket] += sum(variants if Level.FLOOR <= level <= Level.RULES else self.covered(level, payload)
+        variants = self.variants()  # what every node up to RULES stands for
+        self.rejected[bucket] += sum(variants if FLOOR <= level <= RULES else self.covered(level, payload)
                                      for _, level, _, payload in self.heap)
         self.heap.clear()
 
