@@ -280,13 +280,13 @@ class StepTimeBounds(SearchPlans):
             light = self.light_ranks(lay, (b_tok, per_token, exposed, refs))
         else:
             light = None if ranks is None else self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))
-        fixed = self.engine.moe_layer_fixed_s
+        fixed, vpp, ref_tokens = self.engine.moe_layer_fixed_s, lay.vpp, b_tok * s  # (an int: the same product)
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
             tokens = per_rank * mbs
             per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
-            rest = 1.0 - tokens / (b_tok * s)  # 1 - the share of b_tok sequences it holds
+            rest = 1.0 - tokens / ref_tokens  # 1 - the share of b_tok sequences it holds
             if sync:
                 # The reference spreads the per-micro-batch host sync of its MoE layers over b_tok sequences;
                 # this layout pays it whole on each of its micro-batches (the average stage holds 1/pp of them).
@@ -296,7 +296,7 @@ class StepTimeBounds(SearchPlans):
                 plain.append(bound)
             if light is not None:
                 weights = (tokens, tokens * outside * exposed, fixed * rest if rest > 0.0 else 0.0)
-                least = stages_bound(m, pp, lay.vpp, per_stage * pp, light, weights, bound)
+                least = stages_bound(m, pp, vpp, per_stage * pp, light, weights, bound)
                 if least < bound:
                     bound = least
                     low = low * m / stages  # the ideal time: no bubble counted
