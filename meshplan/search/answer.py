@@ -10,13 +10,14 @@ from meshplan.core.units import GIB, percent
 from meshplan.estimate.accuracy import accuracy_card, terms, with_band
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
-from meshplan.search.engine import BestFirstSearch, Found, budget_cut
+from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
     HEADROOM_RULE,
     SAME,
     SEARCH_BUCKETS,
     SLOWER,
+    budget_cut,
     memory_budget,
     memory_rule_id,
     same_numbers,
@@ -248,7 +249,8 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
         considered=considered, rejected={k: v for k, v in sorted(search.rejected.items()) if v},
         rationale=rationale, warnings=warnings,
         assumptions=[*notes, *SPACE_ASSUMPTIONS, *carried_assumption(job, fixed, search.zeros),
-                     *fixed_assumption(fixed), *([budget_cut(search)] if search.stopped_by_budget else [])],
+                     *fixed_assumption(fixed),
+                     *([budget_cut(search.max_evaluations)] if search.stopped_by_budget else [])],
         evaluated=search.evaluations, global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node,
         headroom=headroom,
     )

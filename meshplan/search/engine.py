@@ -36,6 +36,7 @@ from meshplan.search.policy import (
     SLOWER,
     TIE,
     UNTIMED,
+    budget_cut,
     same_numbers,
     search_limits,
 )
@@ -79,8 +80,7 @@ class Level(IntEnum):
     """Nothing left in the queue can be faster: the plan's rules run, then it is ranked."""
 
 
-# The levels as module names, read in the queue's hot paths: a member read as Level.X goes through EnumType's
-# __getattr__ hook (a Python-level call, about 0.1 us each), a module name is one dict read.
+# The levels as module names for the hot paths: Level.X goes through EnumType's __getattr__ hook (a call per read).
 GROUP, FLOOR, SHARD, RULES, NEED, STAIRCASE, STEP, TIME, RANK = Level
 
 
@@ -197,15 +197,13 @@ class BestFirstSearch(StepTimeBounds):
         n_r, heap, dead, need_floor = len(self.recomputes), self.heap, self.dead, self.need_floor
         self.beyond_cutoff -= self.variants() * len(held)
         need_floor(lay, held[0][2])  # the layout's row (every micro-batch of it at once), read below as need_floor
-        row, floor_level = self.floor_least[lay], FLOOR
+        row = self.floor_least[lay]
         for seed_key, seq, mbs in held:
-            floor = row.get(mbs)
-            if floor is None:
-                floor = need_floor(lay, mbs)
+            floor = row[mbs] if mbs in row else need_floor(lay, mbs)
             if floor >= n_r:
                 dead.append((seed_key, seq))
             else:
-                heapq.heappush(heap, (seed_key, floor_level, seq, (lay, mbs, (), floor)))
+                heapq.heappush(heap, (seed_key, FLOOR, seq, (lay, mbs, (), floor)))
 
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
         """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
@@ -495,22 +493,18 @@ class BestFirstSearch(StepTimeBounds):
 
     def push_members(self, group: SeedGroup, base: int, members: list, deads: list[bool]) -> None:
         """Push each of a group's `members` (its nodes: the first, holding the others), or leave its seeds out where
-        it is dead (`deads`); the seeds over the cutoff counted as never queued. (The opening's hot loop: the first
-        node found as min() finds it, the least key at the least seq, and the counts added once.)"""
-        cutoff, sizes, heap, dead_seeds, floor = self.cutoff, group.sizes, self.heap, self.dead, FLOOR
-        left_out = 0  # seeds over the cutoff, and those held (drain counts them until their first pops)
+        it is dead (`deads`); those over the cutoff (never queued) and held (till the first pops) counted once for
+        drain (`left_out`). The first node is the one min() would pick: the least key at the least seq."""
+        cutoff, sizes, heap, dead_seeds, left_out = self.cutoff, group.sizes, self.heap, self.dead, 0
         for (lay, entry, index), dead in zip(members, deads, strict=True):
-            seq = base + index
-            if dead:
-                for seed_key in entry[1]:
-                    seq += 1
+            if dead:  # (most members of the groups opened dead: no zip, whose strict= builds a dict per call)
+                for seq, seed_key in enumerate(entry[1], base + index + 1):
                     if seed_key > cutoff:
                         left_out += 1
                     else:
                         dead_seeds.append((seed_key, seq))
                 continue
-            nodes: list[tuple[float, int, int]] = []
-            least, at = math.inf, -1
+            seq, nodes, least, at = base + index, [], math.inf, -1
             for mbs, seed_key in zip(sizes, entry[1], strict=True):
                 seq += 1
                 if seed_key > cutoff:
@@ -522,13 +516,9 @@ class BestFirstSearch(StepTimeBounds):
             if nodes:
                 _, first, mbs = nodes.pop(at)
                 left_out += len(nodes)
-                heapq.heappush(heap, (least, floor, first, (lay, mbs, tuple(nodes))))
+                heapq.heappush(heap, (least, FLOOR, first, (lay, mbs, tuple(nodes))))
         if left_out:
             self.beyond_cutoff += self.variants() * left_out
-
-    def wanted(self) -> bool:
-        """More to rank: the next node is (wants)."""
-        return self.wants(self.heap[0][0])
 
     def wants(self, key: float) -> bool:
         """A node of this key is still wanted: fewer than top_k distinct rows, or it could still tie the last one
@@ -548,7 +538,7 @@ class BestFirstSearch(StepTimeBounds):
         heap, wants, pop, group = self.heap, self.wants, heapq.heappop, GROUP  # (best_so_far's new heap: left)
         while heap:
             top = heap[0]
-            if not wants(top[0]):  # wanted()
+            if not wants(top[0]):  # more to rank: the next node is wanted
                 stop = top[:3]
                 break
             checkpoint()  # a cancelled MCP call stops here; no clock decides what is returned
@@ -589,7 +579,7 @@ class BestFirstSearch(StepTimeBounds):
         budget: is_dead), as a queue holding them would have: a pop rejects such a
         node under the memory rule, and pops change nothing else (no estimate, no ranked row), so the other nodes
         pop in the same order and the loop stops at the same one. Popped, in that queue: each before the last node
-        popped (the loop went on past it, and wanted() holds for a smaller key whenever it holds for a larger one at
+        popped (the loop went on past it, and wants() holds for a smaller key whenever it holds for a larger one at
         the same ranked rows), and, after it, each the loop's stopping test would have let through with the final
         rows, up to the node it stopped at (none after a budget stop: the budget is asked before every pop). The rest
         were never popped: left for drain, like a seed over the cutoff."""
@@ -704,14 +694,6 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
     for reason in search.untimed_reasons[:3]:
         warnings.append(f"The throughput model could not time some layouts that pass the rules: {reason}")
     if search.stopped_by_budget:
-        warnings.append(budget_cut(search))
+        warnings.append(budget_cut(search.max_evaluations))
     return search, tiers.considered
 
-
-def budget_cut(search: BestFirstSearch) -> str:
-    """What an answer cut by the estimate budget says (a warning and an assumption): a count of work, the same on
-    every machine, so the cut answer is still a pure function of the request."""
-    return (f"The search stopped at its budget of {search.max_evaluations:,} memory and throughput estimates "
-            "(cards/search.yaml max_evaluations) before the queue was exhausted: the ranked layouts are the fastest "
-            "found within it, not proven optimal. Fix more fields (tp, pp, ep, micro_batch_size, ...) to shrink the "
-            "space.")

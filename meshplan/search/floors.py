@@ -207,20 +207,14 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
            budget)
     hit = memo.get(key)
     if hit is None:
-        # Each floor is _floor_sums' sum, term for term (the same float), worked out only where compared: the
-        # heaviest recompute's first (over: none fits), then from the lightest up (stops at the heaviest at the latest)
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
         gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
-        for one, row in zip(ones, figures, strict=True):
-            held, i = states[one], 0
-            transient = row[last] if gathered is None else row[last] + gathered
-            reserve = 0.0 if not reserved else fraction * transient
-            if held + transient + reserve + overhead + context > budget:  # type: ignore[operator]
-                i = n_r
-            while i < last:
-                transient = row[i] if gathered is None else row[i] + gathered
-                reserve = 0.0 if not reserved else fraction * transient
-                if not held + transient + reserve + overhead + context > budget:  # type: ignore[operator]
+        for one, row in zip(ones, figures, strict=True):  # each floor _floor_sums' sum term for term, where compared
+            held, t = states[one], row[last] if gathered is None else row[last] + gathered  # t: transient
+            i = n_r if held + t + (fraction * t if reserved else 0.0) + overhead + context > budget else 0  # heaviest
+            while i < last:  # (from the lightest up, where the heaviest fits: it stops there at the latest)
+                t = row[i] if gathered is None else row[i] + gathered
+                if not held + t + (fraction * t if reserved else 0.0) + overhead + context > budget:
                     break
                 i += 1
             column.append(i)

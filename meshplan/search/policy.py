@@ -90,3 +90,12 @@ def memory_rule_id() -> str:
     """The rules card's 'does not fit' error id (the memory rule with severity error)."""
     errors = sorted(r for r in memory_rules() if rule_specs()[r].severity == "error")
     return errors[0] if errors else "MEM001"
+
+
+def budget_cut(max_evaluations: int) -> str:
+    """What an answer cut by the estimate budget (`max_evaluations`, the search's) says (a warning and an assumption):
+    a count of work, the same on every machine, so the cut answer is still a pure function of the request."""
+    return (f"The search stopped at its budget of {max_evaluations:,} memory and throughput estimates "
+            "(cards/search.yaml max_evaluations) before the queue was exhausted: the ranked layouts are the fastest "
+            "found within it, not proven optimal. Fix more fields (tp, pp, ep, micro_batch_size, ...) to shrink the "
+            "space.")
