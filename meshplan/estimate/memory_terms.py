@@ -14,6 +14,7 @@ from meshplan.arithmetic.activations import Layout
 from meshplan.arithmetic.memory_states import Convention, MemoryCard, OptimizerStepBytes, StateTensor, convention
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
+from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.model_counts import layer_params, mtp_params, per_architecture
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.schema.model import Architecture
@@ -142,9 +143,19 @@ def rank_parts(arch: Architecture, card, conv: Convention, plan: Plan, vocab: in
 
 def time_rank_parts(job: Job, plan: Plan) -> RankParts:
     """The RankParts the step time reads: the plan's byte convention, the model's own vocabulary (the memory pads it
-    to the convention's vocab_pad_multiple)."""
+    to the convention's vocab_pad_multiple). Kept per search scope (shared_layers) by what rank_parts reads of the
+    plan: the search asks it for thousands of plans that share a few grids."""
+    memo = scope_memo("rank_parts")
+    key = (id(job.model), id(job.card), job.framework_version, plan.zero_stage, plan.tp, plan.ep * plan.etp,
+           plan.pp > 1, plan.sequence_parallel)
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is job.model and hit[1] is job.card:
+        return hit[2]
     conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
-    return rank_parts(job.model, job.card, conv, plan, job.model.vocab_size)
+    parts = rank_parts(job.model, job.card, conv, plan, job.model.vocab_size)
+    if memo is not None:
+        memo[key] = (job.model, job.card, parts)
+    return parts
 
 
 MEMORY_PER_PLAN_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_layers", "recompute_method",
