@@ -514,8 +514,7 @@ def _degrees(job: Job, lay: Layout, conv: Convention, memo: dict) -> _Degrees:
 
 
 def _padded(job: Job, conv: Convention, tp: int, memo: dict) -> int:
-    """schedule.padded_vocab of the job's vocabulary under the convention's multiple, kept in `memo` per (multiple,
-    tp)."""
+    """schedule.padded_vocab of the job's vocabulary under the convention's multiple, in `memo` per (multiple, tp)."""
     key = ("vocab", conv.vocab_pad_multiple, tp)
     hit = memo.get(key)
     if hit is None:
