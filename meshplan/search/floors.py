@@ -208,14 +208,10 @@ def first_stage_needs(job: Job, lay: Layout, zero_stage: int, recomputes: tuple[
     hit = memo.get(key)
     if hit is None:
         n_r, column, last = len(recomputes), [], len(recomputes) - 1
-        gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
-        for one, row in zip(ones, figures, strict=True):  # each floor _floor_sums' sum term for term, where compared
-            held, t = states[one], row[last] if gathered is None else row[last] + gathered  # t: transient
-            i = n_r if held + t + (fraction * t if reserved else 0.0) + overhead + context > budget else 0  # heaviest
-            while i < last:  # (from the lightest up, where the heaviest fits: it stops there at the latest)
-                t = row[i] if gathered is None else row[i] + gathered
-                if not held + t + (fraction * t if reserved else 0.0) + overhead + context > budget:
-                    break
+        for one, row in zip(ones, figures, strict=True):  # each floor worked out only where compared
+            held = states[one]
+            i = n_r if _floor_sum(part, held, row[last], reserved) > budget else 0  # the heaviest first
+            while i < last and _floor_sum(part, held, row[i], reserved) > budget:  # it stops at the heaviest
                 i += 1
             column.append(i)
         hit = memo[key] = tuple(column)
@@ -366,16 +362,16 @@ def _floor_sums(part: _FloorPart, states: float, figures: list[float], reserved:
     with the activations (the transient part), the allocator reserve on that, the fixed overheads; one sum for
     first_stage_floors and layout_floor, so the latter (no activations, the lesser states) stays under the former to
     the last bit."""
-    gathered, fraction, (overhead, context) = part.gathered, part.reserve_fraction, part.fixed
-    floors = []
-    for acts in figures:
-        transient = acts
-        if gathered is not None:  # FSDP / ZeRO-3 gathers whole layers
-            transient += gathered
-        # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
-        reserve = 0.0 if not reserved else fraction * transient
-        floors.append(states + transient + reserve + overhead + context)
-    return tuple(floors)
+    return tuple(_floor_sum(part, states, acts, reserved) for acts in figures)
+
+
+def _floor_sum(part: _FloorPart, states: float, acts: float, reserved: bool) -> float:
+    """One floor of _floor_sums (first_stage_needs compares them one at a time)."""
+    transient = acts if part.gathered is None else acts + part.gathered  # FSDP / ZeRO-3 gathers whole layers
+    # the allocator reserve decides the fit only without expandable segments (memory.fit_figure)
+    reserve = part.reserve_fraction * transient if reserved else 0.0
+    overhead, context = part.fixed
+    return states + transient + reserve + overhead + context
 
 
 def layout_floor(job: Job, lay: Layout, zero_stage: int, preset: tuple[Convention, list[StateTensor]] | None = None,
