@@ -106,7 +106,7 @@ def test_mem001_raises_zero_as_far_as_the_card_allows():
     def zeros(framework: str, pp: int, card=None) -> list[str]:
         job, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, pp=pp, zero_stage=0, framework=framework))
         if card is not None:
-            job.attach_cards(card, job.rl_card)
+            job.attach_cards(card)
         return [label for label, _ in rules._candidates(Context(job, plan)) if label.startswith("zero_stage")]
 
     assert zeros("deepspeed", 1) == ["zero_stage=1", "zero_stage=2", "zero_stage=3"]

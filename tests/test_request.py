@@ -120,4 +120,4 @@ def test_the_resolved_job_carries_its_framework_cards_and_a_hand_built_or_re_fra
         _ = hand.rl_card
     assert carry_cards(hand).card is job.card and hand == job
     with pytest.raises(MeshplanError, match=r"The card of 'torchtitan' cannot go with a job of framework 'verl'"):
-        hand.attach_cards(framework_card("torchtitan"), None)
+        hand.attach_cards(framework_card("torchtitan"))

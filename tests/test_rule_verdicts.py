@@ -201,7 +201,7 @@ def test_each_rule_reads_no_field_beyond_its_declared_ones():
     for job, base in JOBS[1::3]:
         for plan in fuzzed_plans(rng, base, 25):
             recording = _Recording.model_construct(**plan.__dict__)
-            recording_job = _RecordingJob.model_construct(**job.__dict__).attach_cards(job.card, job.rl_card)
+            recording_job = _RecordingJob.model_construct(**job.__dict__).attach_cards(job.card)
             for rid, cond in load_rules().items():
                 if specs[rid].memory or rid in OWN_MEMO:
                     continue

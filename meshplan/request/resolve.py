@@ -14,7 +14,7 @@ from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import framework_card, rl_card
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
@@ -180,7 +180,7 @@ def carry_cards(job: Job) -> Job:
     """Attach the job's framework card and its RL section, once: every estimator, rule and search reads them from
     the job (`job.card`, `job.rl_card`) and never looks a card up by name. The resolver calls it on every job it
     makes; a job built by hand (tests, the bench) calls it too."""
-    return job.attach_cards(framework_card(job.framework), rl_card(job.framework))
+    return job.attach_cards(framework_card(job.framework))
 
 
 # Schedules that run two or more virtual chunks per rank (torchtitan's default for them: two stages per rank).

@@ -92,12 +92,13 @@ class Job(StrictModel):
     # carries it (the `card` property refuses a copy whose framework changed).
     _cards: Any = PrivateAttr(None)
 
-    def attach_cards(self, card: FrameworkCard, rl: RLCard | None) -> Job:
-        """Give the job its framework's cards (the resolver's one step; request/resolve.carry_cards looks them up)."""
+    def attach_cards(self, card: FrameworkCard) -> Job:
+        """Give the job its framework's card (the resolver's one step; request/resolve.carry_cards looks it up); its
+        `rl` section is kept beside it, read as rl_card."""
         if card.name != self.framework:
             raise MeshplanError(f"The card of {card.name!r} cannot go with a job of framework {self.framework!r}.",
                                 fix="Attach the job's own framework card (request/resolve.carry_cards).")
-        self._cards = (card, rl)
+        self._cards = (card, card.rl)
         return self
 
     @property
@@ -107,7 +108,7 @@ class Job(StrictModel):
 
     @property
     def rl_card(self) -> RLCard | None:
-        """The `rl` section of the job's framework card (None: the framework runs no RL job)."""
+        """The `rl` section of the job's framework card (FrameworkCard.rl; None: the framework runs no RL job)."""
         return self._attached()[1]
 
     def _attached(self) -> tuple:
