@@ -12,10 +12,10 @@ from mcp_calls import call_tools
 from meshplan import api
 from meshplan.core.errors import MeshplanError
 from meshplan.faces import cli
+from meshplan.knowledge.calibration import calibration_card
 from meshplan.knowledge.cards import rl_card
 from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
-from meshplan.rl.engine import rl_constant
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival, survival_mean
 from meshplan.rl.memory import rl_memory
 from meshplan.rl.step_time import at_tokens, decode_step_seconds, rl_step_time, sequences_per_rank
@@ -124,7 +124,8 @@ def test_kv_blocks_on_demand_hold_more_sequences_when_responses_are_shorter():
 
 
 def test_the_drain_is_integrated_in_the_cards_segments():
-    assert rl_constant("response_drain_segments") >= 1 and math.isfinite(rl_constant("response_drain_segments"))
+    segments = calibration_card().rl.response_drain_segments.value
+    assert segments >= 1 and math.isfinite(segments)
 
 
 ERROR = "mean_response_length 5000 is over response_length 4096"

@@ -229,18 +229,18 @@ def test_recommend_for_an_rl_job_ranks_whole_rl_steps_that_fit():
 
 
 def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
-    from meshplan.rl.engine import rl_constant
+    from meshplan.knowledge.calibration import calibration_card
     from meshplan.rl.memory import rl_memory
     from meshplan.rl.step_time import decode_step_seconds
 
     job, plan = resolve(parse_request(DAPO))
     eager = plan.model_copy(update={"rollout_enforce_eager": True})
-    graphs = rl_constant("cuda_graph_bytes")
+    graphs = calibration_card().rl.cuda_graph_bytes.value
     assert phases(rl_memory(job, plan))["actor_update"].detail["cuda_graphs"] == graphs
     assert phases(rl_memory(job, eager))["actor_update"].detail["cuda_graphs"] == 0
     with_graphs, _ = decode_step_seconds(job, plan, 32, 2048)
     without, words = decode_step_seconds(job, eager, 32, 2048)
-    assert without - with_graphs == pytest.approx(48 * rl_constant("eager_launch_s_per_layer"))
+    assert without - with_graphs == pytest.approx(48 * calibration_card().rl.eager_launch_s_per_layer.value)
     assert "eager kernel launches" in words
 
 

@@ -46,6 +46,17 @@ class AttentionKernel(BaseModel):
     fitted: str | None = None
 
 
+class RLConstants(BaseModel):
+    """The constants of RL jobs' rollout engines (meshplan/rl/engine.py, step_time.py), apart from the training cost
+    model's: each named, so a card missing one is refused at load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cuda_graph_bytes: Constant
+    eager_launch_s_per_layer: Constant
+    response_drain_segments: Constant
+
+
 class CalibrationCard(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -55,10 +66,7 @@ class CalibrationCard(BaseModel):
     frameworks: dict[str, FrameworkOverride] = {}
     attention_kernels: dict[str, AttentionKernel] = Field(
         default_factory=dict, description="Attention kernels a framework card can name (its attention section)")
-    rl: dict[str, Constant] = Field(
-        default_factory=dict, description="RL jobs' rollout-engine constants (meshplan/rl/rollout.py), apart from the "
-                                          "training cost model's"
-    )
+    rl: RLConstants = Field(description="RL jobs' rollout-engine constants, apart from the training cost model's")
     fit_report: list[str] = []
 
 

@@ -15,11 +15,6 @@ ENGINE_BYTES = 2  # the engine's weights and KV cache in bf16 (verl rollout.dtyp
 FP32 = 4  # the sampler's logits
 
 
-def rl_constant(name: str) -> float:
-    """A constant of calibration.yaml's `rl` section (CUDA graphs' bytes, eager kernel launches)."""
-    return calibration_card().rl[name].value
-
-
 def _param_split(arch) -> tuple[int, int, int]:
     """The model's parameters by how an engine shards them: over its TP (attention, dense MLPs, shared experts,
     embedding and head), whole (norms, routers), routed experts."""
@@ -87,7 +82,7 @@ def outside_budget(job, plan: Plan, working: float) -> float:
 
 def graph_bytes(plan: Plan) -> float:
     """The engine's CUDA graphs, outside its fraction (calibration.yaml rl); none under enforce_eager."""
-    return 0.0 if plan.rollout_enforce_eager else rl_constant("cuda_graph_bytes")
+    return 0.0 if plan.rollout_enforce_eager else calibration_card().rl.cuda_graph_bytes.value
 
 
 def engine_memory(job, plan: Plan, free_bytes: float) -> EngineMemory:

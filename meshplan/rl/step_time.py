@@ -10,9 +10,9 @@ from meshplan.arithmetic.comm import job_links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
-from meshplan.knowledge.calibration import calibration
+from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
-from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, ep_words, kv_bytes_per_token, rl_constant
+from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, ep_words, kv_bytes_per_token
 from meshplan.rl.job import rl_job_gpus
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
@@ -73,7 +73,8 @@ def decode_step_seconds(job, plan: Plan, batch: int, context: float) -> tuple[fl
     compute_s = flops / (gpu.bf16_flops * cal.gemm_peak_fraction)
     comm_s = decode_collectives(job, plan, batch, cal)
     # without CUDA graphs the host launches every layer's kernels each step (calibration.yaml rl)
-    eager_s = arch.num_layers * rl_constant("eager_launch_s_per_layer") if plan.rollout_enforce_eager else 0.0
+    launch = calibration_card().rl.eager_launch_s_per_layer.value
+    eager_s = arch.num_layers * launch if plan.rollout_enforce_eager else 0.0
     bound = "HBM" if memory_s >= compute_s else "compute"
     words = (f"{bound}-bound: {(fixed + touched) / GIB:.1f} GiB of weights and {kv / GIB:.1f} GiB of KV read "
              f"({memory_s * 1e3:.1f} ms), {compute_s * 1e3:.1f} ms of FLOPs, {comm_s * 1e3:.2f} ms of all-reduces"
@@ -120,7 +121,7 @@ def decode_seconds(job, plan: Plan, share_of_rank: int, planned: int, held: int)
     whole, part = divmod(share_of_rank - batch, batch)
     waiting = whole * mean + longest * quantile(u, part / batch)
     seconds = waiting * step
-    segments = int(rl_constant("response_drain_segments"))
+    segments = int(calibration_card().rl.response_drain_segments.value)
     for k in range(segments):
         x0, x1 = k / segments, (k + 1) / segments
         live = max(1.0, batch * survival_mean(u, x0, x1))
