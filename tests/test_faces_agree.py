@@ -72,7 +72,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                          "fp8_param_gather": True, "optimizer_state_dtype": "bf16", "grad_reduce_in_fp32": False}),
     ("estimate_memory", {**L70, "num_gpus": 64, "tp": 8, "pp": 2, "zero_stage": 1, "optimizer": "muon"}),
     ("check_config", {**L8, "num_gpus": 8, "precision": "fp8", "fp8_recipe": "mxfp8"}),
-    # RL jobs (meshplan/rl/rollout.py): memory per phase, the RL step's parts, the rollout rules, the RL command
+    # RL jobs (meshplan/rl/): memory per phase, the RL step's parts, the rollout rules, the RL command
     ("estimate_memory", {**Q30, **RL, "param_offload": True, "optimizer_offload": True}),
     ("estimate_throughput", {**Q30, **RL, "rollout_enforce_eager": True}),
     ("estimate_throughput", {**Q30, **RL, "mean_response_length": 1024}),  # the passes at the mean, a drain to 4096

@@ -65,7 +65,7 @@ def _transformer_overrides(job: Job, plan: Plan) -> list[Override]:
     return out
 
 
-# --------------------------------------------------------------------------- RL jobs (meshplan/rl/rollout.py)
+# --------------------------------------------------------------------------- RL jobs (meshplan/rl/)
 
 
 def _has_critic(job: Job) -> bool:

@@ -161,7 +161,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
         account_for_loss=bool(req.account_for_loss),
         **_offload_fields(req, card.offload_at(zero), notes),  # activation/param/grad/optimizer offload (offload.py)
-        **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rl/rollout.py)
+        **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rl/job.py)
     )
     job = Job(
         model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,

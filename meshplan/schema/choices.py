@@ -43,7 +43,7 @@ Optimizer = Literal["adam", "muon"]
 # FP8 scaling recipes: Transformer Engine's as Megatron-Core's --fp8-recipe names them (transformer_config.py
 # fp8_recipe), and torchao's per-row scaling (torchtitan's float8 recipe_name rowwise)
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
-# An RL post-training job (meshplan/rl/rollout.py): what is run, with which algorithm, engine and placement.
+# An RL post-training job (meshplan/rl/): what is run, with which algorithm, engine and placement.
 JobKind = Literal["pretrain", "sft", "lora", "rl"]
 # Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: all four)
 LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]

@@ -45,7 +45,7 @@ class LoraSpec(StrictModel):
 
 
 class RLJob(StrictModel):
-    """An RL step's workload: prompts x samples sequences of prompt + response tokens (meshplan/rl/rollout.py)."""
+    """An RL step's workload: prompts x samples sequences of prompt + response tokens (meshplan/rl/)."""
 
     algorithm: RLAlgorithm = "grpo"
     prompts_per_step: int = Field(ge=1)
@@ -164,7 +164,7 @@ class Plan(StrictModel):
     expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
     attention_backend: AttentionBackend = "auto"  # auto: the framework's own pick (its card's attention section)
     dropout: bool | None = None  # attention + hidden dropout; None: the framework's convention (cards/memory.yaml)
-    # the rollout engine of an RL job (None: not an RL job); meshplan/rl/rollout.py
+    # the rollout engine of an RL job (None: not an RL job); meshplan/rl/engine.py
     rollout_engine: RolloutEngine | None = None
     rollout_tp: int | None = Field(None, ge=1)
     rollout_dp: int | None = Field(None, ge=1)

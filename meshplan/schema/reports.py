@@ -44,7 +44,7 @@ class EngineMemory(StrictModel):
 
 
 class PhaseMemory(StrictModel):
-    """One phase of an RL step on the worst GPU of the pool it runs on (meshplan/rl/rollout.py)."""
+    """One phase of an RL step on the worst GPU of the pool it runs on (meshplan/rl/memory.py)."""
 
     phase: Literal["rollout", "log_prob", "actor_update", "critic_update"]
     pool: Literal["trainer", "rollout", "critic"] = Field(
@@ -124,7 +124,7 @@ class ThroughputBreakdown(StrictModel):
 
 
 class RLStepTime(StrictModel):
-    """Seconds of one RL step by part (meshplan/rl/rollout.py): colocated phases add, a separate rollout pool overlaps
+    """Seconds of one RL step by part (meshplan/rl/step_time.py): colocated phases add, a separate rollout pool overlaps
     the next batch's generation with this batch's training (verl one-step-off)."""
 
     step_s: float

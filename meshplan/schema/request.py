@@ -199,7 +199,7 @@ class Request(StrictModel):
                           "job fits when its allocated peak does (the reserved peak is still reported) (default: "
                           "how the framework's own launcher sets it, its card's allocator section)",
     )
-    # --- RL post-training job (meshplan/rl/rollout.py); frameworks with an `rl` card section (verl, SkyRL)
+    # --- RL post-training job (meshplan/rl/); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(
         None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "
                           "and update; verl and SkyRL) (default: pretrain; rl when an RL field is given)",
