@@ -11,7 +11,7 @@ print_rank_0 prints). No torch, no GPU.
 
 Each row's meshplan Job/Plan becomes the `args` Namespace the function reads (`peer_args`): the model's
 shapes (hidden, layers, heads, GQA groups, kv_channels, FFN, swiglu, norm, Megatron's padded vocabulary from
-meshplan.arithmetic.schedule.padded_vocab with the framework's padding multiple, untied embeddings, MoE experts /
+meshplan.arithmetic.memory_states.built_vocab with the framework's padding multiple, untied embeddings, MoE experts /
 top-k /
 expert FFN / shared-expert FFN / the 0-1 moe_layer_freq list, MLA ranks and head dims, MTP layers) and the
 layout (tp, pp, vpp, ep, etp, world size, data-parallel size = world / (tp*pp*cp) as Megatron sets it,
@@ -58,8 +58,7 @@ import production_mapping  # noqa: E402
 import production_rows as prow  # noqa: E402
 from framework_packages import PINS, wheel_tree  # noqa: E402
 
-from meshplan.arithmetic.memory_states import convention, memory_card  # noqa: E402
-from meshplan.arithmetic.schedule import padded_vocab  # noqa: E402
+from meshplan.arithmetic.memory_states import built_vocab, convention, memory_card  # noqa: E402
 from meshplan.core.units import GB  # noqa: E402
 from meshplan.estimate.memory import estimate_memory, stage_allocated  # noqa: E402
 from meshplan.request.resolve import resolve  # noqa: E402
@@ -100,7 +99,7 @@ def peer_args(job: Job, plan: Plan) -> argparse.Namespace:
         kv_channels=arch.head_dim, group_query_attention=mla is None and arch.num_kv_heads != arch.num_attention_heads,
         num_query_groups=arch.num_kv_heads, ffn_hidden_size=arch.ffn_hidden_size, swiglu=arch.gated_mlp,
         normalization="RMSNorm" if arch.norm_type == "rmsnorm" else "LayerNorm",
-        padded_vocab_size=padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp),
+        padded_vocab_size=built_vocab(arch.vocab_size, conv, plan.tp),
         untie_embeddings_and_output_weights=not arch.tie_word_embeddings, add_bias_linear=arch.o_bias,
         num_experts=moe.num_experts if moe else None, moe_router_topk=moe.top_k if moe else 2,
         moe_ffn_hidden_size=moe.expert_ffn_hidden_size if moe else None,

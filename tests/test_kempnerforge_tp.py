@@ -90,12 +90,13 @@ def test_output_head_whole_without_sequence_parallelism():
     arch, cal = ctx.arch, ctx.cal
     loss = cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / ctx.hbm
     gather = ring_time(ctx.shard.tokens * arch.vocab_size * BF16, 4, 1, ctx.lk)
-    gemm = gemm_seconds([logits_gemm(arch, ctx.shard)], cal, ctx.bf16_peak, None)
+    gemm = gemm_seconds([logits_gemm(arch, ctx.shard, arch.vocab_size)], cal, ctx.bf16_peak, None)
     assert head_seconds(job, plan, ctx) == pytest.approx(gemm + loss + gather)
     pp = dict(DENSE, model="llama-3-70b", num_gpus=32, global_batch_size=8, micro_batch_size=1, pp=4)
     pjob, pplan = resolve(Request(framework="kempnerforge", **pp))
     _, pctx, _ = _layer("kempnerforge", **pp)
-    whole = gemm_seconds([logits_gemm(pctx.arch, dataclasses.replace(pctx.shard, tp=1))], cal, pctx.bf16_peak, None)
+    head_gemm = logits_gemm(pctx.arch, dataclasses.replace(pctx.shard, tp=1), pctx.arch.vocab_size)
+    whole = gemm_seconds([head_gemm], cal, pctx.bf16_peak, None)
     ploss = cal.cross_entropy_bytes_per_logit * pctx.shard.tokens * pctx.arch.vocab_size / pctx.hbm
     assert head_seconds(pjob, pplan, pctx) == pytest.approx(whole + ploss)
     terms = memory_terms(pjob, pplan, [])
@@ -105,4 +106,5 @@ def test_output_head_whole_without_sequence_parallelism():
     _, tctx, _ = _layer("torchtitan")
     tloss = tctx.cal.cross_entropy_bytes_per_logit * tctx.shard.tokens * tctx.arch.vocab_size / 4 / tctx.hbm
     assert head_seconds(tjob, tplan, tctx) == pytest.approx(
-        gemm_seconds([logits_gemm(tctx.arch, tctx.shard)], tctx.cal, tctx.bf16_peak, None) + tloss)
+        gemm_seconds([logits_gemm(tctx.arch, tctx.shard, tctx.arch.vocab_size)], tctx.cal, tctx.bf16_peak, None)
+        + tloss)

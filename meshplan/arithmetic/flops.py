@@ -207,5 +207,6 @@ def moe_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
     return out
 
 
-def logits_gemm(arch: Architecture, sh: Shard) -> Gemm:
-    return Gemm("logits", sh.tokens, arch.vocab_size / sh.tp, arch.hidden_size, fp8=False)
+def logits_gemm(arch: Architecture, sh: Shard, vocab: int) -> Gemm:
+    """The output layer's GEMM over `vocab` rows (the vocabulary the framework builds: memory_states.built_vocab)."""
+    return Gemm("logits", sh.tokens, vocab / sh.tp, arch.hidden_size, fp8=False)

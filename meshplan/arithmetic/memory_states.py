@@ -420,6 +420,17 @@ def output_activations(conv: Convention, tokens: float, vocab: float, tp: int, h
     return logits + conv.output_hidden_bytes * tokens * hidden / ts + conv.loss_hidden_bytes * tokens * hidden
 
 
+def built_vocab(vocab: int, conv: Convention, tp: int) -> int:
+    """The vocabulary rows the framework builds, the one figure the memory (embedding, head, logits) and the step time
+    (logits GEMM, cross-entropy, logits traffic, the rank's parameters) both read: padded to a multiple of the
+    convention's vocab_pad_multiple x tp where it pads (Megatron's make_vocab_size_divisible_by; 1 = no padding)."""
+    multiple = conv.vocab_pad_multiple
+    if multiple <= 1:
+        return vocab
+    unit = multiple * tp
+    return -(-vocab // unit) * unit
+
+
 def loss_logits(conv: Convention, tokens: float, vocab: float, tp: int) -> float:
     """Logits of one loss chunk on one GPU: split over TP under a vocab-parallel loss, whole where each rank holds
     them (logits_over_tp)."""

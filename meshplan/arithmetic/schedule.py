@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import chain
 
-from meshplan.arithmetic.memory_states import convention
+from meshplan.arithmetic.memory_states import built_vocab, convention
 from meshplan.arithmetic.pipeline_counts import in_flight as timeline_in_flight
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
 from meshplan.core.errors import MeshplanError
@@ -519,15 +519,6 @@ def block_costs(arch: Architecture, vocab: int) -> tuple[int, int]:
     return layer, vocab * h
 
 
-def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
-    """The vocabulary rows the framework builds: padded to a multiple of `multiple`*tp when it pads
-    (Megatron's make_vocab_size_divisible_by; 1 = no padding)."""
-    if multiple <= 1:
-        return vocab
-    unit = multiple * tp
-    return -(-vocab // unit) * unit
-
-
 def stages_from_counts(counts: Sequence[int], pp: int, head_rank: int | None = None,
                        warnings: Sequence[str] = ()) -> Stages:
     """The stages from the decoder layers of each virtual stage, in virtual-stage order: virtual stage
@@ -612,7 +603,7 @@ def stages_for(arch: Architecture, card: FrameworkCard, zero_stage: int, tp: int
         return own_stages(arch.num_layers, pp, vpp)
     _, conv, _ = convention(card, zero_stage)
     if conv.pipeline_partition == "compute_balanced" and pp > 1 and first is None and last is None:
-        layer_cost, head_cost = block_costs(arch, padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, tp))
+        layer_cost, head_cost = block_costs(arch, built_vocab(arch.vocab_size, conv, tp))
         return balanced_stages(arch.num_layers, pp, vpp, layer_cost, head_cost)
     return megatron_stages(arch.num_layers, pp, vpp, first, last)
 

@@ -33,6 +33,7 @@ from meshplan.arithmetic.lora import lora_engine
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
+    built_vocab,
     describe_tensors,
     fp8_inputs,
     fp8_out_proj_copy,
@@ -44,7 +45,7 @@ from meshplan.arithmetic.memory_states import (
     with_precision,
 )
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
-from meshplan.arithmetic.schedule import padded_vocab, plan_stages
+from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.units import GIB
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
@@ -256,7 +257,7 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
     conv_name, conv, tensors, offload, implementation = engine_terms(job, plan)
     card = memory_card()
     _, expert_dp, world_warnings = _world(job, plan)
-    vocab = padded_vocab(arch.vocab_size, conv.vocab_pad_multiple, plan.tp)
+    vocab = built_vocab(arch.vocab_size, conv, plan.tp)
     pipeline = plan_stages(job, plan)
     sharded_weights = any(t.shard == "dp" and t.tensor_class == "weights" for t in tensors)
     return LayoutTerms(

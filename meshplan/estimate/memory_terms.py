@@ -11,7 +11,14 @@ from itertools import chain
 from typing import NamedTuple
 
 from meshplan.arithmetic.activations import Layout
-from meshplan.arithmetic.memory_states import Convention, MemoryCard, OptimizerStepBytes, StateTensor, convention
+from meshplan.arithmetic.memory_states import (
+    Convention,
+    MemoryCard,
+    OptimizerStepBytes,
+    StateTensor,
+    built_vocab,
+    convention,
+)
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import scope_memo
@@ -142,8 +149,8 @@ def rank_parts(arch: Architecture, card, conv: Convention, plan: Plan, vocab: in
 
 
 def time_rank_parts(job: Job, plan: Plan) -> RankParts:
-    """The RankParts the step time reads: the plan's byte convention, the model's own vocabulary (the memory pads it
-    to the convention's vocab_pad_multiple). Kept per search scope (shared_layers) by what rank_parts reads of the
+    """The RankParts the step time reads: the plan's byte convention, the vocabulary the framework builds
+    (memory_states.built_vocab, as the memory's). Kept per search scope (shared_layers) by what rank_parts reads of the
     plan: the search asks it for thousands of plans that share a few grids."""
     memo = scope_memo("rank_parts")
     key = (id(job.model), id(job.card), job.framework_version, plan.zero_stage, plan.tp, plan.ep * plan.etp,
@@ -152,7 +159,7 @@ def time_rank_parts(job: Job, plan: Plan) -> RankParts:
     if hit is not None and hit[0] is job.model and hit[1] is job.card:
         return hit[2]
     conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
-    parts = rank_parts(job.model, job.card, conv, plan, job.model.vocab_size)
+    parts = rank_parts(job.model, job.card, conv, plan, built_vocab(job.model.vocab_size, conv, plan.tp))
     if memo is not None:
         memo[key] = (job.model, job.card, parts)
     return parts

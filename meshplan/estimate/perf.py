@@ -28,7 +28,7 @@ from meshplan.arithmetic.comm import Links, allreduce_time, job_links, p2p_time,
 from meshplan.arithmetic.flops import Shard, logits_gemm, model_flops_per_token, weight_gradient_share
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
-from meshplan.arithmetic.memory_states import convention, uses_fsdp
+from meshplan.arithmetic.memory_states import built_vocab, convention, uses_fsdp
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, simulate
@@ -363,16 +363,18 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
     the convention keeps them whole on every TP rank, logits_over_tp), and the all-gather of the shards' logits into
     them where the head is split."""
     arch, cal = job.model, ctx.cal
+    conv = convention(job.card, plan.zero_stage, job.framework_version)[1]
+    vocab = built_vocab(arch.vocab_size, conv, plan.tp)  # as the memory's embedding, head and logits
     split = head_tp(job.card.output_head_tp, plan.tp, plan.sequence_parallel)
     shard = ctx.shard if split == plan.tp else replace(ctx.shard, tp=split)
-    head = gemm_seconds([logits_gemm(arch, shard)], cal, ctx.bf16_peak, None)
+    head = gemm_seconds([logits_gemm(arch, shard, vocab)], cal, ctx.bf16_peak, None)
     if job.lora is not None:  # a frozen output layer: forward and data gradient only
         head *= FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
-    whole = convention(job.card, plan.zero_stage)[1].logits_over_tp == "replicated"
-    head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * arch.vocab_size / (1 if whole else plan.tp) / ctx.hbm
+    whole = conv.logits_over_tp == "replicated"
+    head += cal.cross_entropy_bytes_per_logit * ctx.shard.tokens * vocab / (1 if whole else plan.tp) / ctx.hbm
     if whole and split > 1:
         groups = mesh.mesh_groups(plan, law=ctx.law)
-        head += ring_time(ctx.shard.tokens * arch.vocab_size * BF16, groups.tp.size, groups.tp.stride, ctx.lk)
+        head += ring_time(ctx.shard.tokens * vocab * BF16, groups.tp.size, groups.tp.stride, ctx.lk)
     return head
 
 

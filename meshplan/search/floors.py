@@ -13,6 +13,7 @@ from meshplan.arithmetic.activations import activation_mode, attention_saves, la
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
+    built_vocab,
     frozen_gathered_transient,
     gathered_transient,
     memory_card,
@@ -22,7 +23,7 @@ from meshplan.arithmetic.memory_states import (
     state_sums,
 )
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, schedule_order
-from meshplan.arithmetic.schedule import Stages, in_flight, padded_vocab, plan_stages, stages_for, v_placed
+from meshplan.arithmetic.schedule import Stages, in_flight, plan_stages, stages_for, v_placed
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.plan import Job
@@ -506,15 +507,15 @@ class _Degrees:
 def _degrees(job: Job, lay: Layout, conv: Convention, memo: dict) -> _Degrees:
     """The _Degrees of a layout: the same calls as _floor_part's and _first_stage_states' own."""
     return _Degrees(_card(memo), _prefix(job.model),
-                    padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, lay.tp), _expert_dp(job, lay, memo))
+                    built_vocab(job.model.vocab_size, conv, lay.tp), _expert_dp(job, lay, memo))
 
 
 def _padded(job: Job, conv: Convention, tp: int, memo: dict) -> int:
-    """schedule.padded_vocab of the job's vocabulary under the convention's multiple, in `memo` per (multiple, tp)."""
+    """memory_states.built_vocab of the job's vocabulary under the convention, in `memo` per (multiple, tp)."""
     key = ("vocab", conv.vocab_pad_multiple, tp)
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = padded_vocab(job.model.vocab_size, conv.vocab_pad_multiple, tp)
+        hit = memo[key] = built_vocab(job.model.vocab_size, conv, tp)
     return hit
 
 
