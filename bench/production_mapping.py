@@ -31,6 +31,7 @@ from production_rows import (
 from production_sources import (
     allocator_field,
     compile_field,
+    defer_field,
     dynamic_batch_fields,
     framework_version_for,
     lora_for,
@@ -119,6 +120,7 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     if "tp_comm_overlap" in knobs and tp_facts.needs_compile:  # async TP is a torch.compile pass: the run compiled
         knobs.setdefault("torch_compile", "async TP (a torch.compile pass)")
     fields |= compile_field(row, framework, knobs)
+    fields |= defer_field(row, framework)
     if knobs.pop("tp_comm_overlap", None):  # a plan knob since issue 15 item 4; at tp 1 there is nothing to hide
         fields["tp_comm_overlap"] = (p["tp"] or 1) > 1 and tp_facts.switch is not None
         if (p["tp"] or 1) <= 1:

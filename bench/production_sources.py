@@ -221,6 +221,19 @@ def compile_field(row: dict[str, Any], framework: str, knobs: dict[str, str]) ->
     return {"torch_compile": True}
 
 
+DEFERRED_SYNC = re.compile(r"defer_fsdp_grad_sync\s+(true|false)", re.IGNORECASE)
+
+
+def defer_field(row: dict[str, Any], framework: str) -> dict[str, Any]:
+    """defer_fsdp_grad_sync as the config a row cites sets it (its outcome notes name the setting), on a framework
+    that has the setting (its card's grad_accumulation.knob); left out, the framework's default."""
+    facts = framework_card(framework).grad_accumulation
+    found = DEFERRED_SYNC.search(row_text(row["outcome"]["other"]))
+    if facts is None or facts.knob is None or found is None:
+        return {}
+    return {"defer_fsdp_grad_sync": found.group(1).lower() == "true"}
+
+
 def run_attention_kernel(row: dict[str, Any]) -> str | None:
     """The attention kernel the row's run used where its framework card would pick another, else None."""
     return attention_kernel_of_run(row_text(row["source"]["citation"]))

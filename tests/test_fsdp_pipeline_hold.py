@@ -128,12 +128,13 @@ def test_kempnerforge_pp4_peak_counts_the_gathered_stage():
 def test_automodel_pp2_holds_as_torchtitan_does():
     """NeMo AutoModel runs FSDP2 under torch's PipelineStage too (pipelining/functional.py), its layers not resharded
     after forward under PP (parallelizer.py): each stage holds 4 B of unsharded fp32 gradient per parameter and its
-    units gathered, as torchtitan 0.2's (neither chunks its loss); without PP nothing is held."""
+    units gathered, as torchtitan 0.2's (neither chunks its loss); without PP its defer_fsdp_grad_sync decides
+    (tests/test_automodel_defer_grad_sync.py): off, nothing is held."""
     card = framework_card("nemo-automodel")
     assert pipeline_held(card, 2) and card.grad_accumulation.gathered_through_forward
     for stage in _stages("nemo-automodel"):
         params = stage.detail["params_on_gpu"]
         assert stage.detail[HELD] == pytest.approx(4 * params, rel=1e-6)
         assert stage.detail["gathered_layers"] >= 2 * params
-    assert all(HELD not in s.detail for s in _stages("nemo-automodel", pp=1, dp=8))
+    assert all(HELD not in s.detail for s in _stages("nemo-automodel", pp=1, dp=8, defer_fsdp_grad_sync=False))
 

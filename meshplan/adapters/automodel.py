@@ -77,6 +77,8 @@ def distributed_section(job: Job, plan: Plan, version: str) -> tuple[Section, li
     section.append(("activation_checkpointing", ac))
     if plan.zero_stage == 2:  # FSDP2Config: "Set False for a ZeRO-2-like benchmark where gathered parameters stay"
         section.append(("reshard_after_forward", False))
+    if plan.zero_stage != 0 and plan.defer_fsdp_grad_sync is not None:  # FSDP2Config: held unsharded gradients
+        section.append(("defer_fsdp_grad_sync", plan.defer_fsdp_grad_sync))
     if plan.tp_comm_overlap:  # FSDP2Config.enable_async_tensor_parallel: an Inductor pass (rule TP005: compile)
         section.append(("enable_async_tensor_parallel", True))
     if plan.param_offload:  # torch CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU

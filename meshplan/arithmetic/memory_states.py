@@ -458,24 +458,32 @@ def gathered_transient(conv: Convention, units: list[float]) -> float:
                 for k, p in enumerate(units)), default=0.0)
 
 
-def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool, pp: int = 1) -> float:
+def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: bool, pp: int = 1,
+                           defer: bool | None = None, frozen: bool = False) -> float:
     """Bytes per parameter of the unsharded gradient an FSDP unit holds between a step's micro-batches (the card's
     grad_accumulation: the trainer turns gradient sync off for all but the last, FSDP2 accumulates in reduce_dtype),
     over the rank's own parameters (its TP shard, its local experts whole), not their data-parallel shard. 0 with one
     micro-batch (the only backward reduce-scatters) or where the parameters are not sharded (the replicated gradient
     is itself the unsharded one). Under pp > 1 where the card's `pipeline` says so (torch's PipelineStage defers the
-    sync to the schedule's _post_backward) with any number of micro-batches."""
-    if not sharded or not defers_grad_sync(card, pp):
+    sync to the schedule's _post_backward) with any number of micro-batches. `defer`: the plan's
+    defer_fsdp_grad_sync (defers_grad_sync). 0 for a LoRA job (`frozen`): its base weights take no gradient, and its
+    adapters' unsharded gradients (well under 1% of the parameters) are left out."""
+    if not sharded or frozen or not defers_grad_sync(card, pp, defer):
         return 0.0
     return card.grad_accumulation.bytes_per_param if micro_batches > 1 or pipeline_held(card, pp) else 0.0
 
 
-def defers_grad_sync(card: FrameworkCard, pp: int) -> bool:
+def defers_grad_sync(card: FrameworkCard, pp: int, defer: bool | None = None) -> bool:
     """Whether an FSDP unit's gradient sync waits for the step's last backward (the card's grad_accumulation: the
     trainer's own loop, or torch's PipelineStage under pp > 1): the memory holds the unsharded gradient meanwhile and
-    the time reduce-scatters once per step, one fact for both."""
+    the time reduce-scatters once per step, one fact for both. `defer` is the plan's defer_fsdp_grad_sync, the
+    trainer's loop where the card names that knob (NeMo AutoModel); None, or a card without the knob: the card's
+    `unsharded`."""
     facts = card.grad_accumulation
-    return facts is not None and (facts.unsharded or pipeline_held(card, pp))
+    if facts is None:
+        return False
+    own = defer if defer is not None and facts.knob is not None else facts.unsharded
+    return own or pipeline_held(card, pp)
 
 
 def keeps_gathered(card: FrameworkCard, pp: int) -> bool:

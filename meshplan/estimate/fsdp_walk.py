@@ -254,7 +254,9 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     units, held_other = walk_units(stage)
     card, pp = terms.job.card, terms.plan.pp
     held = held_other + stage.mtp_acts
-    accumulation = Accumulation(accumulated_grad_bytes(card, terms.m, True, pp), terms.m)
+    held_bytes = accumulated_grad_bytes(card, terms.m, True, pp, terms.plan.defer_fsdp_grad_sync,
+                                        terms.job.lora is not None)
+    accumulation = Accumulation(held_bytes, terms.m)
     if pipeline_held(card, pp):
         one_batch = stage.layer_acts - held_other  # held_other: the layers' other micro-batches in flight
         accumulation = accumulation._replace(

@@ -586,7 +586,9 @@ def _overheads(terms: MemoryTerms, params: StageParams, held: HeldActivations, s
         return out
     if terms.gathered:  # every unit's unsharded gradient held where the sync waits for the last micro-batch
         card, stage_params = terms.job.card, params.dense + params.experts
-        held = accumulated_grad_bytes(card, terms.m, True, terms.plan.pp) * stage_params
+        plan = terms.plan
+        frozen = terms.job.lora is not None
+        held = accumulated_grad_bytes(card, terms.m, True, plan.pp, plan.defer_fsdp_grad_sync, frozen) * stage_params
         if pipeline_held(card, terms.plan.pp):  # every unit gathered besides the worst one's transient
             gathered += terms.conv.unsharded_param_bytes * stage_params
         return [Overheads(acts, terms.other_fixed + int(gathered), acts + int(gathered) + held, None,

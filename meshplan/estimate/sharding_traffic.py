@@ -11,7 +11,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import defers_grad_sync, keeps_gathered, uses_fsdp
+from meshplan.arithmetic.memory_states import defers_grad_sync, keeps_gathered, pipeline_held, uses_fsdp
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.memory_terms import RankParts
@@ -263,7 +263,12 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
     grads = params or plan.zero_stage >= 2
     keep = params and keeps_gathered(job.card, plan.pp)
-    return ShardingSchedule(params, grads, params and not keep, grads and not defers_grad_sync(job.card, plan.pp))
+    # the trainer's own deferral changes nothing with one micro-batch (its only backward reduces, as the memory's
+    # accumulated_grad_bytes holds none); torch's pipeline stage defers to its post-backward with any number
+    m = plan.num_microbatches(job.global_batch_size)
+    defer = pipeline_held(job.card, plan.pp) or (
+        m > 1 and defers_grad_sync(job.card, plan.pp, plan.defer_fsdp_grad_sync))
+    return ShardingSchedule(params, grads, params and not keep, grads and not defer)
 
 
 class ShardingExposed(NamedTuple):

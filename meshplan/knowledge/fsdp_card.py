@@ -3,6 +3,8 @@ what each FSDP unit holds between the micro-batches of a step. Apart from cards.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -33,6 +35,10 @@ class GradAccumulationFacts(_Card):
                                                               "stage is gathered at every moment of the step; False: "
                                                               "each forward reshards them, so a backward that "
                                                               "follows a forward holds the units it has passed")
+    knob: Literal["defer_fsdp_grad_sync"] | None = Field(
+        None, description="The framework's own setting of `unsharded`, a Plan field of that name (NeMo AutoModel's "
+                          "distributed.defer_fsdp_grad_sync): a job may turn it off or on; `unsharded` is then its "
+                          "default")
     bytes_per_param: float = Field(gt=0, description="Bytes per parameter of that held gradient (FSDP2 keeps it in "
                                                      "the MixedPrecisionPolicy's reduce_dtype)")
     source: str

@@ -154,6 +154,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
         expandable_segments=_expandable_segments(req, card, notes),
+        defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
         # attention backend, dropout (None: the framework's)
         **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
         **_precision_fields(req, card, notes),  # the precision knobs (None: the framework default)
@@ -450,6 +451,23 @@ def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
     return _switch(req.expandable_segments, sets_it,
                    f"expandable_segments=true: {card.display_name} launches with it "
                    f"({card.allocator.how if sets_it else ''}; cards/frameworks/{req.framework}.yaml allocator)", notes)
+
+
+def _defer_grad_sync(req: Request, card, notes: list[str]) -> bool | None:
+    """defer_fsdp_grad_sync as asked where the framework has that setting (its card's grad_accumulation.knob), else
+    its default there (grad_accumulation.unsharded), noted; None where it has none, and a value given there refused."""
+    facts = card.grad_accumulation
+    if facts is None or facts.knob is None:
+        if req.defer_fsdp_grad_sync is not None:
+            raise MeshplanError(
+                f"defer_fsdp_grad_sync={str(req.defer_fsdp_grad_sync).lower()}: {card.display_name} has no such "
+                f"setting (when its FSDP units reduce their gradients is fixed: cards/frameworks/{req.framework}.yaml "
+                "grad_accumulation).", fix="Leave defer_fsdp_grad_sync out for this framework.")
+        return None
+    return _switch(req.defer_fsdp_grad_sync, facts.unsharded,
+                   f"defer_fsdp_grad_sync=true: {card.display_name}'s default; with more than one micro-batch per "
+                   "step every FSDP unit holds its unsharded gradient until the last one reduces it "
+                   f"(cards/frameworks/{req.framework}.yaml grad_accumulation)", notes)
 
 
 def _attention_fields(req: Request, card, gpu, version: str | None, zero: int,

@@ -162,6 +162,9 @@ class Plan(StrictModel):
     tp_comm_overlap: bool = False  # TP/SP collectives pipelined with their GEMMs (the framework card's tp_overlap)
     torch_compile: bool = False  # torch.compile on (what it compiles: the framework card's compile section)
     expandable_segments: bool = False  # PyTorch allocator's expandable segments: the allocated peak decides the fit
+    # every FSDP unit's gradient sync deferred to the step's last micro-batch, which holds its unsharded gradient until
+    # then (NeMo AutoModel's distributed.defer_fsdp_grad_sync); None: the framework card's grad_accumulation.unsharded
+    defer_fsdp_grad_sync: bool | None = None
     attention_backend: AttentionBackend = "auto"  # auto: the framework's own pick (its card's attention section)
     dropout: bool | None = None  # attention + hidden dropout; None: the framework's convention (cards/memory.yaml)
     # the rollout engine of an RL job (None: not an RL job); meshplan/rl/engine.py

@@ -199,6 +199,12 @@ class Request(StrictModel):
                           "job fits when its allocated peak does (the reserved peak is still reported) (default: "
                           "how the framework's own launcher sets it, its card's allocator section)",
     )
+    defer_fsdp_grad_sync: bool | None = Field(
+        None, description="NeMo AutoModel's distributed.defer_fsdp_grad_sync (FSDP2Config): FSDP2's gradient "
+                          "reduce-scatter only in the step's last micro-batch, each unit holding its unsharded fp32 "
+                          "gradient until then (more memory, less traffic); false reduces every micro-batch (default: "
+                          "the framework's own, true for NeMo AutoModel; other frameworks have no such setting)",
+    )
     # --- RL post-training job (meshplan/rl/); frameworks with an `rl` card section (verl, SkyRL)
     job: JobKind | None = Field(
         None, description="What the job is: pretrain, sft (the same training step), or rl (rollout, log-prob passes "

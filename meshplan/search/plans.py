@@ -380,8 +380,9 @@ class SearchPlans(HostCounts):
         low, high = 0, len(self.recomputes)
         if lay not in known and self.own(lay) not in known:  # nothing known yet (most layouts when first asked)
             return low, high
-        card, gbs = self.job.card, self.job.global_batch_size  # held: what its step holds (None: never any)
-        holds = lambda b: accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True, lay.pp)  # noqa: E731
+        card, gbs, lora = self.job.card, self.job.global_batch_size, self.job.lora is not None
+        defer = self.fixed.carried.get("defer_fsdp_grad_sync")
+        holds = lambda b: accumulated_grad_bytes(card, max(1, gbs // (b * lay.dp)), True, lay.pp, defer, lora)  # noqa: E731
         held = holds(mbs) if card.grad_accumulation else None
         for key in (lay, self.own(lay)):
             for b, need in known.get(key, {}).items():

@@ -48,7 +48,13 @@ from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
 from meshplan.knowledge.cards import FrameworkCard, SearchKnobs, framework_card, load_card
 from meshplan.knowledge.model_counts import layer_params
-from meshplan.request.resolve import _expandable_segments, _offload_fields, _precision_fields, _torch_compile
+from meshplan.request.resolve import (
+    _defer_grad_sync,
+    _expandable_segments,
+    _offload_fields,
+    _precision_fields,
+    _torch_compile,
+)
 from meshplan.schema.choices import PipelineSchedule, Recompute
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -318,7 +324,8 @@ OFFLOAD_FIELDS = ("activation_offload", "param_offload", "grad_offload", "optimi
 each ZeRO stage's engine is the card's offload section; a stage whose engine lacks one is refused by rule OF001."""
 
 CARRIED_FIELDS = ("optimizer", "optimizer_state_dtype", "fp8_param_gather", "grad_reduce_in_fp32", "fp8_recipe",
-                  "torch_compile", "expandable_segments", "attention_backend", "dropout", *OFFLOAD_FIELDS)
+                  "torch_compile", "expandable_segments", "defer_fsdp_grad_sync", "attention_backend", "dropout",
+                  *OFFLOAD_FIELDS)
 """Plan fields the search never chooses: every ranked plan keeps them as the request resolves them (left out: the
 framework's default, as `meshplan memory` and `throughput` take it). The optimizer is a training decision, not a
 layout (Muon's memory and Newton-Schulz time are estimated for the optimizer asked for)."""
@@ -371,6 +378,7 @@ def carried_fields(req: Request) -> dict[str, object]:
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
               "expandable_segments": _expandable_segments(req, card, []),
+              "defer_fsdp_grad_sync": _defer_grad_sync(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [])}
     given = {k: getattr(req, k) for k in GIVEN_ONLY_FIELDS if getattr(req, k) is not None}

@@ -1,0 +1,92 @@
+"""NeMo AutoModel's FSDP2Config.defer_fsdp_grad_sync (default True: components/distributed/config.py) turns FSDP2's
+gradient sync off for every micro-batch but the last without PP (recipes/llm/train_ft.py get_sync_ctx), so every unit
+holds its unsharded fp32 gradient until the last micro-batch reduces it (cards/frameworks/nemo-automodel.yaml
+grad_accumulation). A knob: the plan carries it (default from the card), the memory and the time read it, the
+renderer writes it and the reader reads it back; other frameworks have no such setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.sharding_traffic import sharding_schedule
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+from meshplan.search.space import carried_fields
+
+# 16 over 8 data ranks at micro-batch 1: two micro-batches per step
+DENSE = dict(framework="nemo-automodel", model="mistral-7b", num_gpus=8, gpu="h100", tp=1, pp=1, micro_batch_size=1,
+             seq_length=4096, zero_stage=3, recompute="full", global_batch_size=16)
+HELD = "unsharded_accumulated_gradients"
+
+
+def _peak(**kw):
+    report = api.estimate_memory(Request(**{**DENSE, **kw}))
+    return max(report.stages, key=lambda s: s.total_bytes)
+
+
+def test_default_holds_every_unsharded_gradient_in_fp32():
+    job, plan = resolve(Request(**DENSE))
+    assert plan.defer_fsdp_grad_sync is True
+    assert any("defer_fsdp_grad_sync=true" in note for note in job.notes)
+    params = api.describe_model("mistral-7b").total_params
+    assert _peak().detail[HELD] == pytest.approx(4 * params, rel=1e-6)
+    assert not sharding_schedule(job, plan).reduce_each_microbatch  # one reduce-scatter per step
+
+
+def test_off_holds_none_and_reduces_every_micro_batch():
+    on, off = _peak(), _peak(defer_fsdp_grad_sync=False)
+    assert HELD not in off.detail
+    assert on.total_bytes - off.total_bytes > 3 * api.describe_model("mistral-7b").total_params
+    job, plan = resolve(Request(**DENSE, defer_fsdp_grad_sync=False))
+    assert sharding_schedule(job, plan).reduce_each_microbatch
+    slow = api.estimate_throughput(Request(**DENSE, defer_fsdp_grad_sync=False))
+    fast = api.estimate_throughput(Request(**DENSE))
+    assert slow.breakdown.dp_comm_s > fast.breakdown.dp_comm_s
+
+
+def test_one_micro_batch_holds_none_and_reduces_in_its_backward():
+    """With one micro-batch per step the deferral changes nothing (its only backward reduces): no held gradient, and
+    the time reduce-scatters as in any FSDP2 backward, for AutoModel and KempnerForge alike."""
+    assert HELD not in _peak(global_batch_size=8).detail
+    for name in ("nemo-automodel", "kempnerforge"):
+        job, plan = resolve(Request(**{**DENSE, "framework": name, "global_batch_size": 8}))
+        assert sharding_schedule(job, plan).reduce_each_microbatch, name
+
+
+def test_other_frameworks_refuse_the_setting():
+    for name in ("kempnerforge", "torchtitan"):
+        with pytest.raises(MeshplanError, match="has no such setting"):
+            resolve(Request(**{**DENSE, "framework": name}, defer_fsdp_grad_sync=False))
+        assert resolve(Request(**{**DENSE, "framework": name}))[1].defer_fsdp_grad_sync is None
+
+
+def test_the_search_carries_it():
+    assert carried_fields(Request(**DENSE, defer_fsdp_grad_sync=False))["defer_fsdp_grad_sync"] is False
+    assert carried_fields(Request(**DENSE))["defer_fsdp_grad_sync"] is True
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_render_writes_it_and_the_reader_reads_it(value):
+    text = api.render_config("nemo-automodel", Request(**DENSE, defer_fsdp_grad_sync=value)).text
+    assert f"defer_fsdp_grad_sync: {str(value).lower()}" in text
+    assert api.import_config(text, path="r.yaml", framework="nemo-automodel").request["defer_fsdp_grad_sync"] is value
+
+
+def test_published_rows_score_with_their_configs_setting():
+    """The bench's AutoModel rows whose cited config sets defer_fsdp_grad_sync false are scored with it; the rest
+    (their configs leave it out) with AutoModel's default, true."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    import production_mapping as pmap
+    import production_rows as prows
+
+    rows = {r["id"]: r for r in prows.load_rows(bench / "data" / "nemo_automodel" / "production_configs_dev.yaml")}
+    for row_id, stated in (("automodel_llama3_70b_64", False), ("automodel_lora_llama3_70b_16", False),
+                           ("automodel_qwen3_30b_8", None)):
+        req = pmap.map_row(rows[row_id], Path("/nonexistent")).request
+        assert req.defer_fsdp_grad_sync is stated, row_id
