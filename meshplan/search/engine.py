@@ -7,7 +7,7 @@ the top at the last level is ranked, since nothing left in the queue can be fast
 under the rule id that dropped it (or a SEARCH-* bucket, meshplan/search/policy.py), so considered = ranked +
 rejected; the nodes of a layout over the budget at every ZeRO stage never enter the queue, nor those its memory
 floor leaves no recompute once its first node pops (release), and are counted as it would have counted them
-(settle_dead).
+(settle_dead); in an opened group whose least-bubble layout cannot fit, under the memory rule (group_under).
 
 The plans and their cached estimates are meshplan/search/plans.py; the bounds that order the queue,
 meshplan/search/bounds.py.
@@ -431,16 +431,13 @@ class BestFirstSearch(StepTimeBounds):
         together where the group may not fit (group_dead; raise_live).
 
         A group opens over several pops, as the queue reaches its layouts: the first works out the keys and keeps the
-        members under the cutoff (`pending`, by least key); then, once its least key is due, raise_live finds whether
-        one of them may fit and raises their keys to the DP bound (`live`) if so; each later pop pushes the members
-        whose least key is due (none could pop before the queue's next key: `horizon`), a member's layout checked for
-        death then. Whatever is left waits in the queue at its least key (level GROUP, the group's seq): every node it
-        stands for (queued, held, dead or over the cutoff) comes after it in the queue's order, so the queue pops the
-        same nodes in the same order and stops at the same one, since wants() grows no easier with the key (none of
-        those nodes would have popped where the loop stops before it); drain counts it as those nodes (covered) and
-        settle_dead counts the dead seeds it pushed, as a queue that held every node would. The members under the
-        cutoff are those of the first pop, so the DP raise reads the same seeds and a dead seed's key is raised where
-        and only where the group may fit, as when a group was opened at once."""
+        members under the cutoff (`pending`, by least key; group_under); once its least key is due, raise_live finds
+        whether one may fit and raises their keys to the DP bound (`live`) if so; each later pop pushes the members
+        whose least key is due (none could pop before the queue's next key: `horizon`), each checked for death then.
+        The rest waits at its least key (level GROUP, the group's seq): every node it stands for comes after it in
+        the queue's order, so the queue pops the same nodes in the same order and stops at the same one (wants()
+        grows no easier with the key); drain counts it as those nodes (covered), settle_dead its dead seeds, as a
+        queue that held every node would. The DP raise reads the first pop's members, as an opening at once."""
         if pending is None:
             pending = self.group_under(group, ideal)
         heap = self.heap
@@ -464,16 +461,22 @@ class BestFirstSearch(StepTimeBounds):
 
     def group_under(self, group: SeedGroup, ideal: float) -> list:
         """The members of a group under the cutoff, by least seed key (its keys worked out where its shape's are not
-        yet), those over it counted as never queued."""
-        sizes = group.sizes
-        for lay, entry, _ in group.members:
+        yet), those over it counted as never queued. Where the layout of its least bubble (SeedGroup.pick: the least
+        key's, most often) cannot fit, every layout of the group is asked (group_dead) before any key: those that
+        cannot fit are counted under the memory rule here, whatever their keys, and only the others' keys are worked
+        out (most groups of a job that barely fits: Kimi-K2 on 256 H100 opens 1,044 of 1,192 with none that fits)."""
+        members, sizes, variants = group.members, group.sizes, self.variants()
+        if self.is_dead(members[group.pick][0]):
+            deads = self.group_dead([lay for lay, _, _ in members])
+            members = [member for member, dead in zip(members, deads, strict=True) if not dead]
+            self.rejected[self.engine.memory_rule] += variants * len(sizes) * (len(group.members) - len(members))
+        for lay, entry, _ in members:
             if entry[1] is None:
                 keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates),
                                                  entry[4])
                 entry[2] = min(keys)
-        under = sorted((member for member in group.members if member[1][2] <= self.cutoff),
-                       key=lambda member: member[1][2])
-        self.beyond_cutoff += self.variants() * len(sizes) * (len(group.members) - len(under))
+        under = sorted((member for member in members if member[1][2] <= self.cutoff), key=lambda member: member[1][2])
+        self.beyond_cutoff += variants * len(sizes) * (len(members) - len(under))
         return under
 
     def raise_live(self, group: SeedGroup, base: int, under: list) -> list:
@@ -677,10 +680,8 @@ def run_search(job: Job, fixed: Fixed, engine: Engine, top_k: int, warnings: lis
     if not search.found and not search.stopped_by_budget and tiers.across:
         search.drain(SLOWER)
         if cutoff < math.inf and across_floor(search, tiers) > cutoff:
-            # Every plan across the domain is slower than the cutoff (tier_floor): none is wanted, so the tier is not
-            # seeded and all its plans are drained SLOWER, including any that seeding would have counted under the
-            # memory rule (dead seeds): so only a finite cutoff skips, the thinner-headroom probe's, whose counts the
-            # answer does not read (ranking.py keeps its found plan alone).
+            # Every plan across the domain is slower than the cutoff (tier_floor): the tier is drained SLOWER unseeded
+            # (dead seeds too); only the thinner-headroom probe's cutoff is finite, and its counts are not read.
             search.beyond_cutoff += tiers.across_plans
         else:
             search.seed(tiers.across, ideal, tier=1)

@@ -39,6 +39,9 @@ class SeedGroup:
     # per (vpp, bubble_stages), with bounds.last_ranks where not None: its entry
     shapes: dict[tuple, list] = field(default_factory=dict)
     floor: dict[float, float] = field(default_factory=dict)  # group_floor per ideal time (one per job)
+    # the first layout of the least bubble_stages over its shapes (engine.group_under asks it first whether it fits)
+    pick: int = 0
+    pick_bubble: float = float("inf")
     syncs: tuple | None = None  # bounds.group_syncs of its layouts (StageSync each), once opened (at any budget)
     step: int = field(init=False)  # (layout, micro-batch) nodes per layout: len(sizes), or 1 without a micro-batch
 
@@ -54,6 +57,8 @@ class SeedGroup:
         entry = self.shapes.get(shape)
         if entry is None:
             entry = self.shapes[shape] = [self.states, None, INF, False, shape[2] if len(shape) == 3 else None]
+            if shape[1] < self.pick_bubble:
+                self.pick, self.pick_bubble = len(self.members), shape[1]
             if lay.vpp not in self.by_vpp:
                 self.by_vpp[lay.vpp] = lay
             if len(shape) == 3:
