@@ -265,9 +265,9 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     keep = params and keeps_gathered(job.card, plan.pp)
     # the trainer's own deferral changes nothing with one micro-batch (its only backward reduces, as the memory's
     # accumulated_grad_bytes holds none); torch's pipeline stage defers to its post-backward with any number
-    m = plan.num_microbatches(job.global_batch_size)
-    defer = pipeline_held(job.card, plan.pp) or (
-        m > 1 and defers_grad_sync(job.card, plan.pp, plan.defer_fsdp_grad_sync))
+    defer = grads and (pipeline_held(job.card, plan.pp) or (
+        defers_grad_sync(job.card, plan.pp, plan.defer_fsdp_grad_sync) and plan.num_microbatches(
+            job.global_batch_size) > 1))
     return ShardingSchedule(params, grads, params and not keep, grads and not defer)
 
 
