@@ -515,6 +515,13 @@ def _periodic(shape: Shape) -> int:
     return unit * -(-2 * shape.pp // unit)
 
 
+def replays_whole(shape: Shape) -> bool:
+    """Whether `simulate` replays every micro-batch of `shape` rather than extending a shorter replay by its steady
+    state (what pipeline_floor.chain_floor bounds)."""
+    period = _periodic(shape)
+    return not period or shape.microbatches <= EXACT_MICROBATCHES + 2 * period
+
+
 def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float = 0.0,
              wgrad: Sequence[float] | None = None) -> Timeline:
     """The step of `shape` whose rank r takes fwd[r] / bwd[r] seconds per forward / backward chunk of one
@@ -529,7 +536,7 @@ def simulate(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: floa
     period = _periodic(shape)
     start = EXACT_MICROBATCHES + period
     w = tuple(wgrad) if wgrad is not None else (0.0,) * p
-    if period and m > start + period:
+    if not replays_whole(shape):
         base = start + (m - start) % period
         near, before = _replay_pair(_resized(shape, base), _resized(shape, base - period), fwd, bwd, hop, w)
         return Timeline(near + (m - base) // period * (near - before), busy)

@@ -31,7 +31,8 @@ from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lor
 from meshplan.arithmetic.memory_states import built_vocab, convention, uses_fsdp
 from meshplan.arithmetic.offload import offload_plan
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
-from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, simulate
+from meshplan.arithmetic.pipeline_floor import chain_floor
+from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape, replays_whole, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
 from meshplan.estimate.context_parallel import cp_time
@@ -128,9 +129,18 @@ class StepTerms(NamedTuple):
 
     @property
     def floor(self) -> float:
-        """The step can be no shorter: the timeline never ends before m x the slowest stage (`_pipeline` takes the
-        larger of the two), and the once-per-step terms add to it."""
-        return self.m * self.rows[self.worst].total + self.dp_exposed + self.optimizer + self.offload_s
+        """The step can be no shorter: `_pipeline` takes the larger of m x the slowest stage and the replayed timeline
+        (times the schedule's runs), and where the replay runs every micro-batch that timeline is at least each
+        rank's chain through the pipeline (pipeline_floor.chain_floor, with no replay); the once-per-step terms add
+        to it in throughput_of's order."""
+        pipeline = self.m * self.rows[self.worst].total
+        if self.plan.pp > 1:
+            shape, runs = _pipeline_shape(self.m, self.inputs)
+            if replays_whole(shape):
+                chains = runs * chain_floor(shape, *_chunk_seconds(self.rows, shape), self.inputs.pp_hop)
+                if chains > pipeline:
+                    pipeline = chains
+        return pipeline + self.dp_exposed + self.optimizer + self.offload_s
 
 
 def estimate_throughput(
@@ -494,10 +504,8 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     t_max = totals[worst]
     if plan.pp == 1:
         return PipelineTime(worst, m * t_max, 0.0)
-    runs = plan.schedule_runs(inp.job.global_batch_size)  # the schedule run per accumulation step (torchtitan)
-    shape = plan_shape(inp.job.card, plan.pp, plan.vpp, m // runs, plan.runs_schedule)
-    fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
-    bwd = [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
+    shape, runs = _pipeline_shape(m, inp)
+    fwd, bwd = _chunk_seconds(rows, shape)
     wgrad = None
     if shape.order in SPLIT_ORDERS:  # the weight gradients' share of each chunk's backward compute
         share = weight_gradient_share(inp.job.model, inp.job.seq_length)
@@ -518,6 +526,20 @@ def _pipeline(rows: list[StageTime], m: int, inp: StageInputs) -> PipelineTime:
     if runs > 1:
         name += f", run {runs} times per step over {m // runs} micro-batches each"
     return PipelineTime(worst, seconds, seconds - m * t_max, timeline.idle_share, name)
+
+
+def _pipeline_shape(m: int, inp: StageInputs) -> tuple[Shape, int]:
+    """The schedule `_pipeline` replays (pp > 1) over one of its runs' micro-batches, and its runs per accumulation
+    step (torchtitan runs it once per accumulation step)."""
+    plan = inp.plan
+    runs = plan.schedule_runs(inp.job.global_batch_size)
+    return plan_shape(inp.job.card, plan.pp, plan.vpp, m // runs, plan.runs_schedule), runs
+
+
+def _chunk_seconds(rows: list[StageTime], shape: Shape) -> tuple[list[float], list[float]]:
+    """Each rank's forward and backward seconds per chunk of one micro-batch, as `_pipeline` replays them."""
+    fwd = [r.total * _forward_share(r) / shape.vpp for r in rows]
+    return fwd, [r.total / shape.vpp - f for r, f in zip(rows, fwd, strict=True)]
 
 
 def _forward_share(row: StageTime) -> float:

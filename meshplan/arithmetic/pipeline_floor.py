@@ -1,0 +1,55 @@
+"""A lower bound of a replayed pipeline step (pipeline_timeline.simulate) from its ranks' chunk times alone, with no
+replay: what lets the search skip the replay of a plan that cannot be fast enough (estimate/perf.StepTerms.floor).
+
+Why it holds, on the replay's own arithmetic (pipeline_timeline._ends): every op ends at max(its rank's previous
+end, its input's end + its hop) + its seconds (a fused pair: both ops' seconds), so an op ends at least its seconds
+after its rank's previous op and at least hop + its seconds after its input.
+- Rank r's first op is a forward of its lowest stage r (any other op of the rank waits, through the rank's own
+  stages, for one of those), and that forward waits for the same micro-batch's forwards of stages 0..r-1, each on its
+  own rank one hop apart (the looped and the V placements alike put stage u < p on rank u): it starts at least
+  A_r = sum_{u<r} (fwd[u] + hop) in.
+- The rank then runs its m v forwards and m v backwards one at a time (a split backward's I and W add up to bwd[r]),
+  so its last op ends at least A_r + m v (fwd[r] + bwd[r]) in.
+- In the orders that do not split the backward (GPipe, 1F1B, interleaved and combined 1F1B) that last op is the
+  backward of stage r (chunk 0: the last entry of a rank's table is its last chunk, whose backward is chunk 0) of the
+  order's last micro-batch, whose input gradient stages r-1..0 then pass down, each on its own rank one hop later:
+  D_r = sum_{u<r} (bwd[u] + hop) more (a fused pair there takes at least its backward's seconds). The split and the
+  V orders end on other ops: D_r = 0 there.
+So the replay is at least max_r (A_r + m v (fwd[r] + bwd[r]) + D_r), at any stage times and hop; with balanced
+stages that is m x the stage plus the classic (p - 1)/v bubble, where m x the slowest stage alone has none.
+
+Only where simulate replays all m micro-batches (pipeline_timeline.replays_whole). Past EXACT_MICROBATCHES and
+two periods it replays base and base - P micro-batches and extends by k (near - before): the bound holds for `near`,
+but near - before is at least P x the slowest stage only empirically (the steady state). Two provable lower bounds of
+it were tried (each op of the shorter replay aligned with the longer's P micro-batches later, which gains what the
+longer takes to reach stage 0's forward of micro-batch P; aligned with the same op, which gains rank 0's ops after
+the shorter's last): 64-96% of P x the slowest stage on Llama-3.1-70B's shapes, and k (15-23) times the shortfall is
+far over the bubble, so extended shapes keep the caller's floor (m x the slowest stage).
+
+The sums reorder the replay's own non-negative terms: FLOOR_MARGIN (relative) covers their rounding.
+tests/test_pipeline_floor.py replays random heterogeneous shapes of every order against it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape
+
+# Relative: what the bound gives up for rounding (a replay adds up to ~10^5 terms; the bound ~10 per rank).
+FLOOR_MARGIN = 1e-9
+
+
+def chain_floor(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float) -> float:
+    """At most simulate(shape, fwd, bwd, hop, any wgrad).seconds where replays_whole(shape): the module's chain
+    through each rank, max_r (A_r + busy_r + D_r), less FLOOR_MARGIN."""
+    tails = shape.order not in SPLIT_ORDERS and shape.order not in V_ORDERS
+    ops = shape.microbatches * shape.vpp
+    best = before = after = 0.0
+    for f, b in zip(fwd, bwd, strict=True):
+        chain = before + ops * (f + b) + after
+        if chain > best:
+            best = chain
+        before += f + hop
+        if tails:
+            after += b + hop
+    return best * (1.0 - FLOOR_MARGIN)

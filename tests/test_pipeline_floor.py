@@ -1,0 +1,86 @@
+"""The replay's chain floor (meshplan/arithmetic/pipeline_floor.py), the search's STEP bound (estimate/perf.py
+StepTerms.floor): never over the replayed step on random heterogeneous shapes of every order, exact for balanced
+1F1B, and over m x the slowest stage (the floor it replaced) on real plans."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshplan.arithmetic.pipeline_floor import FLOOR_MARGIN, chain_floor
+from meshplan.arithmetic.pipeline_timeline import Shape, replays_whole, shape_for, simulate
+from meshplan.estimate.perf import estimate_throughput, step_terms
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+ORDERS = ["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev",
+          "combined_1f1b"]
+
+
+def _random_shape(rnd: random.Random, order: str) -> Shape:
+    pp = rnd.randint(2, 16)
+    vpp = 2 if order in ("zbv_zero_bubble", "dualpipev") else rnd.randint(2, 8) if order != "gpipe" \
+        and order != "1f1b" else 1
+    convention = rnd.choice(["pp", "rounds"])
+    m = rnd.choice([rnd.randint(1, 40), rnd.randint(41, 300)])
+    if convention == "pp" and order in ("interleaved_1f1b", "combined_1f1b"):
+        m = max(pp, m - m % pp)  # Megatron-Core's groups fill (rule PP005 refuses the rest)
+    return shape_for(order, convention, pp, vpp, m)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_chain_floor_is_never_over_the_replay(order):
+    """Heterogeneous ranks (each forward 0.3-1.5 of a base, its backward 1.4-3 times that, any weight-gradient share),
+    with and without a hop, pp 2-16, vpp 1-8, m 1-300 under both group conventions: the floor is at most the replayed
+    step wherever simulate replays every micro-batch, and is not offered where it extends the steady state."""
+    rnd = random.Random(f"floor-{order}")
+    checked = extended = 0
+    while checked < 40:
+        shape = _random_shape(rnd, order)
+        base = rnd.uniform(1e-3, 1e-1)
+        fwd = [base * rnd.uniform(0.3, 1.5) for _ in range(shape.pp)]
+        bwd = [f * rnd.uniform(1.4, 3.0) for f in fwd]
+        wgrad = [b * rnd.uniform(0.0, 0.6) for b in bwd]
+        hop = rnd.choice([0.0, base * rnd.uniform(0.0, 0.3)])
+        if not replays_whole(shape):
+            extended += 1
+            continue
+        try:
+            step = simulate(shape, fwd, bwd, hop, wgrad).seconds
+        except (AssertionError, ValueError):  # an order that cannot run this shape (the rules refuse it)
+            continue
+        assert chain_floor(shape, fwd, bwd, hop) <= step, (shape, fwd, bwd, hop)
+        checked += 1
+    assert order == "dualpipev" or extended  # the sampler reaches the extension, which the floor leaves alone
+
+
+@pytest.mark.parametrize(("order", "p", "v", "m"), [("1f1b", 4, 1, 8), ("1f1b", 8, 1, 100), ("gpipe", 4, 1, 16),
+                                                    ("interleaved_1f1b", 4, 2, 8)])
+def test_balanced_stages_give_the_classic_bubble(order, p, v, m):
+    """Equal ranks and no hop: the floor is m v (f + b) + (p - 1)(f + b), the (p - 1)/v bubble of the closed form, which
+    the replay reaches exactly (m x the slowest stage has no bubble at all)."""
+    shape = shape_for(order, "pp", p, v, m)  # type: ignore[arg-type]
+    f, b = 0.01, 0.02
+    floor = chain_floor(shape, [f] * p, [b] * p, 0.0)
+    assert floor == pytest.approx((m * v + p - 1) * (f + b), rel=2 * FLOOR_MARGIN)
+    assert floor <= simulate(shape, [f] * p, [b] * p).seconds == pytest.approx(floor, rel=2 * FLOOR_MARGIN)
+
+
+@pytest.mark.parametrize(("framework", "pp", "vpp", "schedule", "tighter"), [
+    ("megatron-core", 8, 1, None, True), ("megatron-core", 4, 2, None, True), ("torchtitan", 8, 1, "gpipe", True),
+    ("torchtitan", 4, 2, "zero_bubble", False), ("torchtitan", 4, 2, "dualpipev", False)])
+def test_a_real_plans_floor_is_over_m_times_its_slowest_stage(framework, pp, vpp, schedule, tighter):
+    """On real plans (Llama-3.1-70B on 64 H100, 64 micro-batches: every one replayed), the STEP floor is at most the
+    estimated step, and over the one it replaced (m x the slowest stage plus the once-per-step terms) by most of the
+    bubble where the order ends on the backward chain; the V orders' first rank holds the embedding and the loss, the
+    slowest, whose chain has nothing before or after it: no tighter there."""
+    knobs = {"pipeline_schedule": schedule} if schedule else {}
+    job, plan = resolve(Request(model="llama-3.1-70b", num_gpus=64, gpu="h100", framework=framework, tp=8, pp=pp,
+                                vpp=vpp, micro_batch_size=1, global_batch_size=64 * 64 // (8 * pp), **knobs))
+    terms = step_terms(job, plan)
+    old = terms.m * terms.rows[terms.worst].total + terms.dp_exposed + terms.optimizer + terms.offload_s
+    step = estimate_throughput(job, plan).step_time_s
+    assert old <= terms.floor <= step
+    if tighter:
+        assert terms.floor - old > 0.5 * (step - old) > 0  # most of the bubble
