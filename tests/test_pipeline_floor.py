@@ -67,6 +67,18 @@ def test_balanced_stages_give_the_classic_bubble(order, p, v, m):
     assert floor <= simulate(shape, [f] * p, [b] * p).seconds == pytest.approx(floor, rel=2 * FLOOR_MARGIN)
 
 
+@pytest.mark.parametrize(("order", "v", "step"), [("1f1b", 1, 31.6), ("interleaved_1f1b", 2, 29.4)])
+def test_a_slowest_first_rank_still_waits_for_its_first_backward(order, v, step):
+    """Two ranks, the first the slower (3.6 s a micro-batch against 3.0), hop 0.1 s, 8 micro-batches: its chain from
+    the first op to the last is 8 x 3.6 = 28.8 s, nothing before or after it; cut at its first backward (which waits
+    for micro-batch 0's forwards through every stage and the second rank's backwards) and its last forward (followed
+    by the last micro-batch's round trip through the second rank) it is the replayed step itself."""
+    shape = shape_for(order, "pp", 2, v, 8)  # type: ignore[arg-type]
+    fwd, bwd = [1.2 / v, 1.0 / v], [2.4 / v, 2.0 / v]
+    assert simulate(shape, fwd, bwd, 0.1).seconds == pytest.approx(step)
+    assert chain_floor(shape, fwd, bwd, 0.1) == pytest.approx(step, rel=2 * FLOOR_MARGIN)
+
+
 @pytest.mark.parametrize(("framework", "pp", "vpp", "schedule", "tighter"), [
     ("megatron-core", 8, 1, None, True), ("megatron-core", 4, 2, None, True), ("torchtitan", 8, 1, "gpipe", True),
     ("torchtitan", 4, 2, "zero_bubble", False), ("torchtitan", 4, 2, "dualpipev", False)])
