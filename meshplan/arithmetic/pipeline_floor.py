@@ -33,63 +33,63 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape, warmup_forwards
+from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape
 
 # Relative: what the bound gives up for rounding (a replay adds up to ~10^5 terms; the bound ~10 per rank).
 FLOOR_MARGIN = 1e-9
+
+# The orders whose ops are neither split nor fused: chain_floor's cuts.
+_CUT_ORDERS = frozenset({"gpipe", "1f1b", "interleaved_1f1b"})
 
 
 def chain_floor(shape: Shape, fwd: Sequence[float], bwd: Sequence[float], hop: float) -> float:
     """At most simulate(shape, fwd, bwd, hop, any wgrad).seconds where replays_whole(shape): the module's chain
     through each rank, max_r (A_r + busy_r + D_r), and in the unfused plain orders its cuts at the rank's first
-    backward and last forward (_cut_chains), less FLOOR_MARGIN."""
-    tails = shape.order not in SPLIT_ORDERS and shape.order not in V_ORDERS
-    cuts = shape.order in ("gpipe", "1f1b", "interleaved_1f1b")
-    ops = shape.microbatches * shape.vpp
+    backward and last forward, less FLOOR_MARGIN.
+
+    The cuts (GPipe, 1F1B, interleaved 1F1B: ops neither split nor fused, each rank's order from its warm-up count w):
+    the rank's first backward x1 (chunk v - 1 of micro-batch 0, stage s = (v - 1)p + r; after min(w + 1, n) of its
+    n = m v forwards) waits for micro-batch 0's forwards through every stage and the backwards of the stages after s,
+    one hop between stages: E_r. Its last forward y1 (chunk v - 1 of the last micro-batch, stage s) is followed by
+    that micro-batch's forwards and backwards of the stages after s (2 (p - 1 - r) hops), then the rank's backward of
+    it and the backwards after that one (the last group's (v - 1) g + 1), or at least the min(w + 1, n) backwards
+    the rank runs after y1; then D_r. The step is at least start(x) + the rank's ops from x to y + what follows y,
+    for x its first op or x1 and y its last op or y1, x not after y."""
+    order = shape.order
+    tails = order not in SPLIT_ORDERS and order not in V_ORDERS
+    p, m, v = shape.pp, shape.microbatches, shape.vpp
+    n = m * v
+    cuts = order in _CUT_ORDERS
+    if cuts:
+        later_f, later_b = sum(fwd), sum(bwd)  # of the ranks after r (r's own taken off at its turn)
+        fill = v * later_f + (p * v - 1) * hop  # micro-batch 0's forwards through every stage
+        g = shape.group if order == "interleaved_1f1b" else 1
+        own = (m - g * ((m - 1) // g)) * (v - 1) + 1  # the rank's backwards from y1's own to its last
+        lead = (v - 1) * g  # interleaved warm-up: 2 (p - r - 1) + (v - 1) g
     best = before = after = 0.0
-    later_f, later_b = sum(fwd), sum(bwd)  # the ranks' after r (r's own taken off at its turn)
-    all_f = shape.vpp * later_f
     for r, (f, b) in enumerate(zip(fwd, bwd, strict=True)):
-        later_f -= f
-        later_b -= b
-        chain = before + ops * (f + b) + after
+        chain = before + n * (f + b) + after
         if cuts:
-            chain = max(chain, _cut_chains(shape, r, f, b, before, after, all_f, later_f, later_b, hop))
+            later_f -= f
+            later_b -= b
+            rest = p - 1 - r
+            w = n if order == "gpipe" else min(rest, m) if order == "1f1b" else min(2 * rest + lead, n)
+            ahead = w + 1 if w < n else n  # forwards up to x1; backwards after y1
+            first_b = fill + later_b + rest * hop  # E_r
+            drain = later_f + later_b + 2 * rest * hop + own * b
+            if ahead * b > drain:
+                drain = ahead * b
+            drain += after
+            cut = first_b + (n - ahead) * f + n * b + after  # (x1, last op)
+            if before + n * f + (n - ahead) * b + drain > cut:  # (first op, y1)
+                cut = before + n * f + (n - ahead) * b + drain
+            if 2 * w + 3 <= 2 * n and first_b + (n - w - 1) * (f + b) + drain > cut:  # (x1, y1): x1 before y1
+                cut = first_b + (n - w - 1) * (f + b) + drain
+            if cut > chain:
+                chain = cut
         if chain > best:
             best = chain
         before += f + hop
         if tails:
             after += b + hop
     return best * (1.0 - FLOOR_MARGIN)
-
-
-def _cut_chains(shape: Shape, r: int, f: float, b: float, before: float, after: float, all_f: float, later_f: float,
-                later_b: float, hop: float) -> float:
-    """Rank r's chain cut at its first backward x1 and its last forward y1, in the orders whose ops are neither split
-    nor fused (GPipe, 1F1B, interleaved 1F1B): x1 (chunk v - 1 of micro-batch 0, stage s = (v - 1)p + r) waits for
-    micro-batch 0's forwards through every stage and the backwards of the stages after s, each one hop on (E); y1
-    (chunk v - 1 of the last micro-batch, stage s) is followed by that micro-batch's forwards and backwards of the
-    stages after s before the rank's backward of it, and then its backwards after that one (or at least the rank's
-    ops after y1), then D_r. The step is at least start(x) + the rank's ops from x to y + what follows y, for x the
-    first op or x1 and y the last op or y1 (x not after y)."""
-    p, v, m = shape.pp, shape.vpp, shape.microbatches
-    n, w = m * v, _warmup(shape, r)
-    rest = p - 1 - r
-    first_b = all_f + (p * v - 1) * hop + later_b + rest * hop  # E: when x1 may start
-    ahead = min(w + 1, n)  # forwards before x1; backwards after y1
-    g = shape.group if shape.order == "interleaved_1f1b" else 1
-    last = m - g * ((m - 1) // g)  # micro-batches in the last group
-    drain = max(later_f + later_b + 2 * rest * hop + (last * (v - 1) + 1) * b, ahead * b) + after  # after y1
-    best = max(first_b + (n - ahead) * f + n * b + after, before + n * f + (n - ahead) * b + drain)
-    if 2 * w + 3 <= 2 * n:  # x1 before y1
-        best = max(best, first_b + (n - w - 1) * (f + b) + drain)
-    return best
-
-
-def _warmup(shape: Shape, rank: int) -> int:
-    """Forwards the rank runs before its first backward (pipeline_timeline._warmups' count)."""
-    if shape.order == "gpipe":
-        return shape.microbatches
-    if shape.order == "1f1b":
-        return min(shape.pp - rank - 1, shape.microbatches)
-    return warmup_forwards(shape, rank)

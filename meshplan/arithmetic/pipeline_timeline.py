@@ -97,6 +97,7 @@ def interleave_group(convention: Group, pp: int, microbatches: int) -> int:
     return min(pp, m)
 
 
+@lru_cache(maxsize=1024)  # small ints and names; asked for each plan's STEP floor and its replay
 def shape_for(order: PipelineOrder | Order, convention: Group, pp: int, vpp: int, microbatches: int) -> Shape:
     """The shape of a plan's pipeline. The frameworks' default orders (gpipe, 1f1b): interleaved only with vpp > 1
     (one chunk per rank is plain 1F1B). A named order keeps its own name (zero-bubble with two chunks is the V of
