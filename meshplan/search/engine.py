@@ -72,9 +72,8 @@ class Level(IntEnum):
     STAIRCASE = 5
     """Per ZeRO stage, the least recompute that fits (heavier recompute of that stage is dominated)."""
     STEP = 6
-    """A plan known to fit gets its step's floor: every term of its estimate but its pipeline's replay (the costly
-    part), m x the slowest stage or each rank's chain through the pipeline in its place (estimate/perf.py
-    StepTerms.floor)."""
+    """A plan known to fit gets its step's floor: its estimate's terms but the pipeline's replay (the costly part),
+    m x the slowest stage or each rank's chain in its place (estimate/perf.py StepTerms.floor)."""
     TIME = 7
     """The plan's pipeline is replayed: its predicted step time."""
     RANK = 8
