@@ -462,28 +462,30 @@ def accumulated_grad_bytes(card: FrameworkCard, micro_batches: int, sharded: boo
                            defer: bool | None = None, frozen: bool = False) -> float:
     """Bytes per parameter of the unsharded gradient an FSDP unit holds between a step's micro-batches (the card's
     grad_accumulation: the trainer turns gradient sync off for all but the last, FSDP2 accumulates in reduce_dtype),
-    over the rank's own parameters (its TP shard, its local experts whole), not their data-parallel shard. 0 with one
-    micro-batch (the only backward reduce-scatters) or where the parameters are not sharded (the replicated gradient
-    is itself the unsharded one). Under pp > 1 where the card's `pipeline` says so (torch's PipelineStage defers the
-    sync to the schedule's _post_backward) with any number of micro-batches. `defer`: the plan's
-    defer_fsdp_grad_sync (defers_grad_sync). 0 for a LoRA job (`frozen`): its base weights take no gradient, and its
-    adapters' unsharded gradients (well under 1% of the parameters) are left out."""
-    if not sharded or frozen or not defers_grad_sync(card, pp, defer):
+    over the rank's own parameters (its TP shard, its local experts whole), not their data-parallel shard, where
+    holds_grads says the step holds them; 0 where the parameters are not sharded (the replicated gradient is itself
+    the unsharded one) and for a LoRA job (`frozen`): its base weights take no gradient, and its adapters' unsharded
+    gradients (well under 1% of the parameters) are left out."""
+    if not sharded or frozen or not holds_grads(card, pp, micro_batches, defer):
         return 0.0
-    return card.grad_accumulation.bytes_per_param if micro_batches > 1 or pipeline_held(card, pp) else 0.0
+    return card.grad_accumulation.bytes_per_param
 
 
-def defers_grad_sync(card: FrameworkCard, pp: int, defer: bool | None = None) -> bool:
-    """Whether an FSDP unit's gradient sync waits for the step's last backward (the card's grad_accumulation: the
-    trainer's own loop, or torch's PipelineStage under pp > 1): the memory holds the unsharded gradient meanwhile and
-    the time reduce-scatters once per step, one fact for both. `defer` is the plan's defer_fsdp_grad_sync, the
-    trainer's loop where the card names that knob (NeMo AutoModel); None, or a card without the knob: the card's
-    `unsharded`."""
+def holds_grads(card: FrameworkCard, pp: int, micro_batches: int, defer: bool | None = None) -> bool:
+    """Whether an FSDP unit's gradient sync waits for the step's last backward, the unit holding its unsharded
+    gradient meanwhile (the card's grad_accumulation): under pp > 1 where torch's PipelineStage defers it to the
+    schedule's _post_backward (pipeline_held), with any number of micro-batches; else by the trainer's own loop, which
+    changes nothing with one micro-batch (its only backward reduces). `defer` is the plan's defer_fsdp_grad_sync, that
+    loop where the card names the knob (NeMo AutoModel); None, or a card without the knob: the card's `unsharded`.
+    One fact for the memory (accumulated_grad_bytes) and the time (sharding_traffic.sharding_schedule: reduce-scatter
+    once per step)."""
     facts = card.grad_accumulation
     if facts is None:
         return False
+    if pipeline_held(card, pp):
+        return True
     own = defer if defer is not None and facts.knob is not None else facts.unsharded
-    return own or pipeline_held(card, pp)
+    return own and micro_batches > 1
 
 
 def keeps_gathered(card: FrameworkCard, pp: int) -> bool:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from meshplan.arithmetic.comm import Links, allreduce_time, ring_time
 from meshplan.arithmetic.flops import Shard, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
-from meshplan.arithmetic.memory_states import defers_grad_sync, keeps_gathered, pipeline_held, uses_fsdp
+from meshplan.arithmetic.memory_states import holds_grads, keeps_gathered, uses_fsdp
 from meshplan.arithmetic.mesh import Group
 from meshplan.estimate.layer_records import BF16
 from meshplan.estimate.memory_terms import RankParts
@@ -244,7 +244,7 @@ def edge_units(arch: Architecture, plan: Plan, parts: RankParts, head: float, tr
 @dataclass(frozen=True)
 class ShardingSchedule:
     """When a plan's data-parallel sharding moves bytes: per micro-batch or once per step (the framework
-    card's grad_accumulation, read through memory_states.defers_grad_sync and keeps_gathered)."""
+    card's grad_accumulation, read through memory_states.holds_grads and keeps_gathered)."""
 
     params_sharded: bool  # ZeRO-3 / FSDP: parameters gathered before use
     grads_sharded: bool  # ZeRO-2/3 / FSDP: gradients reduce-scattered into shards
@@ -263,11 +263,8 @@ def sharding_schedule(job: Job, plan: Plan) -> ShardingSchedule:
     params = fsdp and plan.zero_stage != 0  # FSDP2 at zero_stage 0 is dp_replicate
     grads = params or plan.zero_stage >= 2
     keep = params and keeps_gathered(job.card, plan.pp)
-    # the trainer's own deferral changes nothing with one micro-batch (its only backward reduces, as the memory's
-    # accumulated_grad_bytes holds none); torch's pipeline stage defers to its post-backward with any number
-    defer = grads and (pipeline_held(job.card, plan.pp) or (
-        defers_grad_sync(job.card, plan.pp, plan.defer_fsdp_grad_sync) and plan.num_microbatches(
-            job.global_batch_size) > 1))
+    defer = grads and holds_grads(job.card, plan.pp, plan.num_microbatches(job.global_batch_size),
+                                  plan.defer_fsdp_grad_sync)
     return ShardingSchedule(params, grads, params and not keep, grads and not defer)
 
 
