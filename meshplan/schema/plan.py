@@ -87,40 +87,39 @@ class Job(StrictModel):
                                           "capacity x (1 - headroom) (None: within capacity, MEM002 warning below its "
                                           "minimum)")
     notes: list[str] = Field(default_factory=list, description="How defaults were filled in")
-    # The framework's card and its RL section, set once by the resolver (request/resolve.carry_cards) so estimators
-    # never look a card up by name: a private attribute, so no field, no schema, nothing serialized; model_copy
-    # carries it (the `card` property refuses a copy whose framework changed).
-    _cards: Any = PrivateAttr(None)
+    # The framework's card, set once by the resolver (request/resolve.carry_cards) so estimators never look a card up
+    # by name: a private attribute, so no field, no schema, nothing serialized; model_copy carries it (the `card`
+    # property refuses a copy whose framework changed).
+    _card: Any = PrivateAttr(None)
 
     def attach_cards(self, card: FrameworkCard) -> Job:
-        """Give the job its framework's card (the resolver's one step; request/resolve.carry_cards looks it up); its
-        `rl` section is kept beside it, read as rl_card."""
+        """Give the job its framework's card (the resolver's one step; request/resolve.carry_cards looks it up)."""
         if card.name != self.framework:
             raise MeshplanError(f"The card of {card.name!r} cannot go with a job of framework {self.framework!r}.",
                                 fix="Attach the job's own framework card (request/resolve.carry_cards).")
-        self._cards = (card, card.rl)
+        self._card = card
         return self
 
     @property
     def card(self) -> FrameworkCard:
         """The job's framework card, as the resolver attached it."""
-        return self._attached()[0]
+        return self._attached()
 
     @property
     def rl_card(self) -> RLCard | None:
         """The `rl` section of the job's framework card (FrameworkCard.rl; None: the framework runs no RL job)."""
-        return self._attached()[1]
+        return self._attached().rl
 
-    def _attached(self) -> tuple:
-        """The attached (card, rl section), read from the private dict (the estimators ask them tens of thousands of
+    def _attached(self) -> FrameworkCard:
+        """The attached card, read from the private dict (the estimators ask them tens of thousands of
         times a search, and pydantic's __getattr__ for a private attribute costs 20x); refused where none is attached
         or a copy changed the framework (its card would be stale), with what to do instead."""
-        cards = self.__pydantic_private__["_cards"]
-        if cards is not None and cards[0].name == self.framework:
-            return cards
+        card = self.__pydantic_private__["_card"]
+        if card is not None and card.name == self.framework:
+            return card
         raise MeshplanError(
             f"This job (framework {self.framework!r}) carries no card of its framework"
-            + (f": it carries {cards[0].name!r}'s (a copy changed its framework)." if cards else
+            + (f": it carries {card.name!r}'s (a copy changed its framework)." if card else
                ": it was built by hand, not by the resolver."),
             fix="Build jobs with meshplan.request.resolve.resolve(Request(...)), or give a hand-built or re-framed "
                 "job its cards with meshplan.request.resolve.carry_cards(job).")
