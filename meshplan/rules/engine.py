@@ -16,21 +16,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from operator import attrgetter, itemgetter
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from meshplan.arithmetic import mesh
 from meshplan.core.errors import MeshplanError
-from meshplan.core.once import once
-from meshplan.knowledge.cards import CardError, Engine, FrameworkCard, load_card
-from meshplan.knowledge.rl_card import RLCard
+from meshplan.knowledge.cards import CardError, load_card
+from meshplan.rules.context import BACKENDS, Backend, Context, backend_of
 from meshplan.schema.choices import FRAMEWORKS, Severity
 from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
-from meshplan.schema.reports import Finding, MemoryReport
+from meshplan.schema.reports import Finding
 
-Backend = Engine  # the engines a framework card's engine.by_zero_stage names
-BACKENDS: tuple[str, ...] = get_args(Engine)
 Status = Literal["stable", "preview", "deprecated"]
 
 
@@ -239,79 +235,6 @@ def finding(spec: RuleSpec, values: dict[str, Any]) -> Finding:
         ) from None
     return Finding(id=spec.id, severity=spec.severity, title=spec.title, message=message, fix=fix,
                    source=spec.source)
-
-
-# --------------------------------------------------------------------------- what a condition sees
-
-
-def backend_of(card: FrameworkCard, zero_stage: int) -> Backend:
-    """Which engine runs the model at this ZeRO stage: the framework card's engine.by_zero_stage (verl and SkyRL
-    switch from Megatron-Core to FSDP at zero_stage 3)."""
-    return card.engine_at(zero_stage)
-
-
-@dataclass(frozen=True)
-class Context:
-    """A job and plan with the derived numbers most rules need, computed once per check."""
-
-    job: Job
-    plan: Plan
-    memory_report: MemoryReport | None = None  # set for the memory rules only
-
-    @property
-    def arch(self):
-        return self.job.model
-
-    @property
-    def framework(self) -> str:
-        return self.job.framework
-
-    @property
-    def card(self) -> FrameworkCard:
-        """The job's framework card (the resolver attached it: Job.card)."""
-        return self.job.card
-
-    @property
-    def rl_card(self) -> RLCard | None:
-        """The `rl` section of the job's framework card (Job.rl_card)."""
-        return self.job.rl_card
-
-    @property
-    def world(self) -> int:
-        return self.job.num_gpus
-
-    @once
-    def backend(self) -> Backend:
-        return backend_of(self.job.card, self.plan.zero_stage)
-
-    @once
-    def law(self) -> str:
-        return self.job.card.world_size_law
-
-    @property
-    def model_parallel(self) -> int:
-        return self.plan.tp * self.plan.pp * self.plan.cp
-
-    @once
-    def expert_grid(self) -> int:
-        return mesh.expert_group(self.plan)
-
-    @once
-    def fast_domain(self) -> int:
-        """GPUs one GPU reaches over NVLink/xGMI, in the job's ranks (mesh.job_domain)."""
-        return mesh.job_domain(self.job)
-
-    @once
-    def microbatches(self) -> int:
-        """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over
-        the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step); once per
-        Context (several rules read it)."""
-        m = self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
-        return m // self.plan.schedule_runs(self.job.global_batch_size)
-
-    @property
-    def num_experts(self) -> int:
-        return self.arch.moe.num_experts if self.arch.moe else 0
 
 
 # --------------------------------------------------------------------------- one job's verdicts

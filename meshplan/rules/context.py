@@ -1,0 +1,88 @@
+"""What a rule's condition sees: a job and plan with the derived numbers most rules read (`Context`, each worked out
+once per check), and which engine runs the model at a ZeRO stage (`backend_of`). Apart from the registry
+(rules/engine.py), which runs the conditions over it and keeps their verdicts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import get_args
+
+from meshplan.arithmetic import mesh
+from meshplan.core.once import once
+from meshplan.knowledge.cards import Engine, FrameworkCard
+from meshplan.knowledge.rl_card import RLCard
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.reports import MemoryReport
+
+Backend = Engine  # the engines a framework card's engine.by_zero_stage names
+BACKENDS: tuple[str, ...] = get_args(Engine)
+
+
+def backend_of(card: FrameworkCard, zero_stage: int) -> Backend:
+    """Which engine runs the model at this ZeRO stage: the framework card's engine.by_zero_stage (verl and SkyRL
+    switch from Megatron-Core to FSDP at zero_stage 3)."""
+    return card.engine_at(zero_stage)
+
+
+@dataclass(frozen=True)
+class Context:
+    """A job and plan with the derived numbers most rules need, computed once per check."""
+
+    job: Job
+    plan: Plan
+    memory_report: MemoryReport | None = None  # set for the memory rules only
+
+    @property
+    def arch(self):
+        return self.job.model
+
+    @property
+    def framework(self) -> str:
+        return self.job.framework
+
+    @property
+    def card(self) -> FrameworkCard:
+        """The job's framework card (the resolver attached it: Job.card)."""
+        return self.job.card
+
+    @property
+    def rl_card(self) -> RLCard | None:
+        """The `rl` section of the job's framework card (Job.rl_card)."""
+        return self.job.rl_card
+
+    @property
+    def world(self) -> int:
+        return self.job.num_gpus
+
+    @once
+    def backend(self) -> Backend:
+        return backend_of(self.job.card, self.plan.zero_stage)
+
+    @once
+    def law(self) -> str:
+        return self.job.card.world_size_law
+
+    @property
+    def model_parallel(self) -> int:
+        return self.plan.tp * self.plan.pp * self.plan.cp
+
+    @once
+    def expert_grid(self) -> int:
+        return mesh.expert_group(self.plan)
+
+    @once
+    def fast_domain(self) -> int:
+        """GPUs one GPU reaches over NVLink/xGMI, in the job's ranks (mesh.job_domain)."""
+        return mesh.job_domain(self.job)
+
+    @once
+    def microbatches(self) -> int:
+        """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over
+        the schedule's runs per step (Plan.pipeline_microbatches: torchtitan runs it per accumulation step); once per
+        Context (several rules read it)."""
+        m = self.job.global_batch_size // (self.plan.micro_batch_size * self.plan.dp)
+        return m // self.plan.schedule_runs(self.job.global_batch_size)
+
+    @property
+    def num_experts(self) -> int:
+        return self.arch.moe.num_experts if self.arch.moe else 0
