@@ -143,7 +143,7 @@ def test_each_group_joins_one_part_whose_key_reads_its_fields():
     kept._program(0)
     groups = kept._groups[engine.backend_of(job.card, 0)]
     parts = knob_parts(groups, KNOBS)
-    fields_of = {id(g.memo): g.fields for g in groups}
+    fields_of = {id(g.in_parts[1]): g.fields for g in groups}
     assert sorted(id(memo) for *_, members, _ in parts for _, memo, _, _ in members) == sorted(fields_of)
     plan = Plan(tp=2, pp=2, ep=4, dp=4, recompute="full")
     for key, reads_job, _, members, knobs in parts:

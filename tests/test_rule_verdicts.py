@@ -299,6 +299,9 @@ def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
     for groups in kept._groups.values():
         for group in groups:
             for *_, cond, own in group.runs:
+                if group.screen is not None:  # its own verdicts per screen (test_a_screened_rule_runs_once_per_...)
+                    assert own[0] is cond.screen and frozenset(cond.reads) == frozenset(group.fields)
+                    continue
                 if own is None:
                     assert frozenset(cond.reads) == frozenset(group.fields)
                     continue
@@ -306,3 +309,77 @@ def test_a_rule_reading_fewer_fields_than_its_group_keeps_its_own_verdicts():
                 assert len(own[2]) <= len(group.memo)
                 narrower += len(own[2]) < len(group.memo)
     assert narrower > 0
+
+
+SCREENED = sorted(rid for rid, cond in load_rules().items() if cond.screen is not None)
+
+
+def _fires(cond, job, plan):
+    """Whether the condition fires on the plan (True/False), or the exception's type where it raises."""
+    try:
+        return cond(Context(job, plan)) is not None
+    except Exception as exc:  # a raise is an outcome too: twins with one screen raise alike
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("rid", SCREENED)
+def test_a_screen_decides_whether_its_rule_fires(rid):
+    """`@rule(screen=...)`'s premise: two plans of one job (at any global batch size) with the same screen both pass or
+    both fire. Plans are grouped by screen over the fuzz, with twins that keep a plan's screen but draw other values of
+    the fields it reads (most twins share a screen with some plan); each group has one outcome."""
+    rng = random.Random(31)
+    cond = load_rules()[rid]
+    shared = 0
+    for job, base in JOBS:
+        seen: dict = {}
+        plans = fuzzed_plans(rng, base, 40)
+        fields = [name for name in cond.reads if name in CHOICES]
+        plans += [twin for plan in plans for _ in range(3)
+                  if (twin := _plan(rng, plan, rng.sample(fields, min(2, len(fields)))))]
+        for plan in plans:
+            asked = job if rng.random() < 0.5 else job.model_copy(update={"global_batch_size": rng.choice((1, 7, 64))})
+            screen = cond.screen(plan.__dict__, asked)
+            outcome = _fires(cond, asked, plan)
+            first = seen.setdefault(screen, (outcome, plan))
+            shared += first[1] is not plan
+            assert first[0] == outcome, (rid, job.model.name, job.framework, screen, first[1], plan)
+    assert shared > 1000
+
+
+def test_a_screened_rule_runs_once_per_screen_where_it_passes(monkeypatch):
+    """Verdicts keeps a screened rule's passes per screen (engine.RuleGroup.screen): over plans whose reads all differ,
+    AD001, PP003 and PP013 run once per screen they pass on and on each plan they fire on (without the screen: once
+    per distinct value of their reads, every plan here)."""
+    calls: dict[str, int] = {}
+    conditions = load_rules()
+    for rid in ("AD001", "PP003", "PP013"):
+        def counted(ctx, cond=conditions[rid], rid=rid):
+            calls[rid] = calls.get(rid, 0) + 1
+            return cond(ctx)
+        counted.reads, counted.screen = conditions[rid].reads, conditions[rid].screen
+        monkeypatch.setitem(conditions, rid, counted)
+    engine.rules_for.cache_clear()
+    try:
+        job, base = resolve(Request(model="llama-3.1-70b", num_gpus=64, gpu="h100"))
+        kept = Verdicts(job)
+        plans = [base.model_copy(update={"tp": tp, "pp": pp, "vpp": vpp, "dp": 64 // (tp * pp), "zero_stage": zero})
+                 for tp in (1, 2, 4, 8) for pp in (1, 2, 4) for vpp in (1, 2, 5) for zero in (0, 1, 2, 3)]
+        for plan in plans:
+            assert kept.findings(job, plan) == structural_findings(job, plan)
+        calls.clear()
+        for plan in plans:  # a fresh Verdicts: each condition's calls counted
+            Verdicts(job).findings(job, plan)
+        plain = dict(calls)
+        calls.clear()
+        kept = Verdicts(job)
+        for plan in plans:
+            kept.findings(job, plan)
+    finally:
+        monkeypatch.undo()
+        engine.rules_for.cache_clear()
+    for rid in ("AD001", "PP003", "PP013"):
+        cond = conditions[rid]
+        fired = [p for p in plans if cond(Context(job, p)) is not None]
+        passed = {cond.screen(p.__dict__, job) for p in plans if cond(Context(job, p)) is None}
+        assert plain[rid] == len(plans)
+        assert calls.get(rid, 0) == len(passed) + len(fired) < len(plans), rid

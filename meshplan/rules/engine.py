@@ -117,16 +117,27 @@ RULE_MODULES: tuple[str, ...] = (
 )
 
 
-def rule(rule_id: str, reads: tuple[str, ...] | None = None) -> Callable[[Condition], Condition]:
+Screen = Callable[[dict[str, Any], Job], Any]  # a plan's field values and its job -> a hashable value
+
+
+def rule(rule_id: str, reads: tuple[str, ...] | None = None,
+         screen: Screen | None = None) -> Callable[[Condition], Condition]:
     """Tag a function as the condition of one rule of cards/rules.yaml; load_rules() collects it. `reads`: every Plan
     field its verdict depends on, directly or through Context (backend: zero_stage; model_parallel: tp, pp, cp;
     expert_grid: pp, ep, etp; microbatches: micro_batch_size, dp, pipeline_microbatches, and the job's
     global_batch_size) and what it calls, and those of JOB_READS it reads; a job's verdicts are kept per their values
-    (Verdicts). None: the condition runs on every plan."""
+    (Verdicts). None: the condition runs on every plan. `screen` (with reads): a coarser value of the plan's fields
+    (Plan.__dict__) and its job, equal on two plans of one job only where the rule passes on both or fires on both
+    (its words may read all of `reads`): where a rule's reads make every plan distinct (AD001, PP003, PP013) but a few
+    of their values decide whether it fires, Verdicts keeps per screen that it passes (RuleGroup.runs, in_parts) and
+    runs the condition only on plans whose screen it has not passed."""
+    if screen is not None and reads is None:
+        raise ValueError(f"rule {rule_id}: a screen needs the fields the rule reads")
 
     def tag(fn: Condition) -> Condition:
         fn.rule_id = rule_id  # type: ignore[attr-defined]
         fn.reads = reads  # type: ignore[attr-defined]
+        fn.screen = screen  # type: ignore[attr-defined]
         return fn
 
     return tag
@@ -251,11 +262,13 @@ Fired = tuple[tuple[int, Finding], ...]  # (card position, finding) of the rules
 @dataclass(frozen=True)
 class RuleGroup:
     """Rules whose verdicts depend on `fields` of the plan and of JOB_READS (or fewer), and those verdicts per the
-    fields' values."""
+    fields' values; or one rule with a screen (`@rule(screen=...)`) and its reads, where its verdicts miss answered
+    by the screen where it passed (runs)."""
 
     fields: tuple[str, ...]
     rules: tuple[tuple[int, RuleSpec, Condition], ...]  # (card position, spec, condition)
     memo: dict[Any, Fired]
+    screen: Screen | None = None
 
     @cached_property
     def job_fields(self) -> tuple[str, ...]:
@@ -265,12 +278,25 @@ class RuleGroup:
     def runs(self) -> Runs:
         """The rules as _fire_kept runs them on a plan the group's verdicts miss: each that reads fewer fields than
         the group with its own verdicts, kept per the values of those (the group misses with any of its fields, the
-        rule only with its own: Llama-3.1-70B/64's first ask runs WS002 on 45 values, not on 848 plans)."""
+        rule only with its own: Llama-3.1-70B/64's first ask runs WS002 on 45 values, not on 848 plans). A screened
+        rule's own verdicts are kept per its screen, where it passes only (_Passes): AD001 runs on 49 screens, not on
+        562 layouts and ZeRO stages."""
         fields = frozenset(self.fields)
         own = {i: RuleGroup(tuple(sorted(cond.reads)), (), {}) for i, _, cond in self.rules
-               if frozenset(cond.reads) < fields}
-        return tuple((i, spec, cond, None if i not in own else (own[i].key, bool(own[i].job_fields), own[i].memo))
+               if frozenset(cond.reads) < fields and getattr(cond, "screen", None) is None}
+        return tuple((i, spec, cond, (cond.screen, True, _Passes()) if getattr(cond, "screen", None) is not None
+                      else None if i not in own else (own[i].key, bool(own[i].job_fields), own[i].memo))
                      for i, spec, cond in self.rules)
+
+    @cached_property
+    def in_parts(self) -> ProgramGroup:
+        """The group as the parts of first_errors_over hold it (knob_parts), a screened rule keyed by its screen
+        alone, its verdicts kept where it passes: a part misses only on plans the job's search has not asked yet, and
+        there the screen answers at once. _fired asks the screened rules together under their reads' key instead
+        (_screened_as_one): its plans are asked again warm, where one itemgetter costs less than a screen per rule."""
+        if self.screen is None:
+            return self.key, self.memo, self.runs, bool(self.job_fields)
+        return self.screen, _Passes(), tuple((i, spec, cond, None) for i, spec, cond in self.rules), True
 
     @cached_property
     def key(self) -> Callable[..., Any]:
@@ -305,9 +331,10 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
     """The rules (in card order) in groups, one per maximal field set among their reads: each rule with declared reads
     joins the smallest of those that holds its own (those fields decide its verdict too, so one key serves both, and
     the smallest key changes least often: Kimi-K2's layout rules no longer miss with each ZeRO stage AD001 keys);
-    the rules without reads are returned apart (card position, spec, condition), to run on every plan."""
+    each rule with a screen in a group of its own, after them (RuleGroup.screen); the rules without reads are returned
+    apart (card position, spec, condition), to run on every plan."""
     declared = [(i, spec, cond, frozenset(cond.reads)) for i, (spec, cond) in enumerate(rules)
-                if getattr(cond, "reads", None) is not None]
+                if getattr(cond, "reads", None) is not None and getattr(cond, "screen", None) is None]
     tops: list[frozenset[str]] = []
     for fields in sorted({d[3] for d in declared}, key=lambda f: (-len(f), sorted(f))):
         if not any(fields <= top for top in tops):
@@ -316,7 +343,31 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
     for i, spec, cond, fields in declared:
         members[min((top for top in tops if fields <= top), key=len)].append((i, spec, cond))
     always = tuple((i, spec, cond) for i, (spec, cond) in enumerate(rules) if getattr(cond, "reads", None) is None)
-    return tuple(RuleGroup(tuple(sorted(top)), tuple(m), {}) for top, m in members.items()), always
+    screened = tuple(RuleGroup(tuple(sorted(cond.reads)), ((i, spec, cond),), {}, cond.screen)
+                     for i, (spec, cond) in enumerate(rules) if getattr(cond, "screen", None) is not None)
+    return tuple(RuleGroup(tuple(sorted(top)), tuple(m), {}) for top, m in members.items()) + screened, always
+
+
+def _screened_as_one(groups: tuple[RuleGroup, ...]) -> tuple[RuleGroup, ...]:
+    """The groups as _fired asks them: the screened rules in one group keyed by all their reads (one lookup per plan
+    its verdicts keep, as before they had screens), each still answered by its screen where that misses (runs); the
+    parts keep each apart, keyed by its screen (in_parts)."""
+    screened = [g for g in groups if g.screen is not None]
+    if len(screened) < 2:
+        return groups
+    rules = tuple(sorted((rule for g in screened for rule in g.rules), key=itemgetter(0)))
+    fields = tuple(sorted({name for g in screened for name in g.fields}))
+    return (*(g for g in groups if g.screen is None), RuleGroup(fields, rules, {}))
+
+
+class _Passes(dict):
+    """A screened rule's verdicts per screen: kept where it passes (None, or an empty Fired) and never where it fires,
+    since its finding's words may read fields its screen does not; a plan whose screen fires finds none and runs the
+    rule."""
+
+    def __setitem__(self, key: Any, verdict: Any) -> None:
+        if not verdict:
+            super().__setitem__(key, verdict)
 
 
 def _fire(rules: Iterable[tuple[int, RuleSpec, Condition]], ctx: Context) -> Fired:
@@ -394,7 +445,7 @@ class Verdicts:
                 groups, always = rule_groups(rules_for(self.job.framework, backend, False))
                 self._groups[backend] = groups
                 hit = self._programs[backend] = tuple((g.key, g.memo, g.runs, bool(g.job_fields))
-                                                      for g in groups), always
+                                                      for g in _screened_as_one(groups)), always
             self._by_zero[zero_stage] = hit
         return hit
 
@@ -460,7 +511,7 @@ class Verdicts:
             return next((f for f in self.findings(job, build()) if f.severity == "error"), None)
         plans = _Lazy(base.__dict__ | knobs if base is not None else None, build)
         try:
-            first = _first_of_parts(parts, job, plans)
+            first = _first_of_parts(parts, job, plans.values(), plans.plan)
         except Exception:  # as findings
             return next((f for f in structural_findings(job, plans.plan()) if f.severity == "error"), None)
         return None if first is None else first[1]
@@ -485,10 +536,10 @@ class Verdicts:
         values = base.__dict__ | head  # updated in place with each variant's knobs: the keys read it, not the plans
         out: list[Finding | None] = []
         try:
-            shared = _first_of_parts(common, job, _Lazy(values, builds[0]))
+            shared = _first_of_parts(common, job, values, builds[0])
             for knobs, build in zip(variants, builds, strict=True):
                 values.update(knobs)
-                own = _first_of_parts(varying, job, _Lazy(values, build))
+                own = _first_of_parts(varying, job, values, build)
                 first = own if shared is None or (own is not None and own[0] < shared[0]) else shared
                 out.append(None if first is None else first[1])
         except Exception:  # a condition raised: each variant as first_error_of answers it
@@ -496,15 +547,18 @@ class Verdicts:
         return out
 
 
-def _first_of_parts(parts: tuple[Part, ...], job: Job, plans: _Lazy) -> tuple[int, Finding] | None:
-    """The first error (card position, finding) of the parts' kept first errors on the plan (asked where not kept);
-    a condition that raises raises here."""
-    values = plans.values()
+def _first_of_parts(parts: tuple[Part, ...], job: Job, values: dict[str, Any],
+                    build: Callable[[], Plan]) -> tuple[int, Finding] | None:
+    """The first error (card position, finding) of the parts' kept first errors on the plan whose field values are
+    `values` (asked where not kept, on the plan build() makes, built once and only then); a condition that raises
+    raises here."""
     first: tuple[int, Finding] | None = None
+    plans: _Lazy | None = None
     for key, reads_job, memo, groups, _ in parts:
         key = key(values, job) if reads_job else key(values)
         hit = memo.get(key, False)
         if hit is False:
+            plans = plans or _Lazy(values, build)
             hit = _part_error(groups, job, plans)
             if len(memo) >= MEMO_CAP:
                 memo.clear()
@@ -539,7 +593,7 @@ def knob_parts(groups: tuple[RuleGroup, ...], knobs: tuple[str, ...]) -> tuple[P
     for top, member in members.items():
         union = RuleGroup(tuple(sorted({name for g in member for name in g.fields})), (), {})
         out.append((union.key, bool(union.job_fields), {},
-                    tuple((g.key, g.memo, g.runs, bool(g.job_fields)) for g in member), top))
+                    tuple(g.in_parts for g in member), top))
     return tuple(out)
 
 

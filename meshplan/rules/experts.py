@@ -12,6 +12,7 @@ from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import divisors, fmt_set
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.plan import Job
 
 
 @rule("EP001", reads=("ep",))
@@ -105,7 +106,17 @@ def flex_needs_expert_parallelism(ctx: Context) -> Values:
 
 
 
-@rule("EP009", reads=("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "moe_a2a_overlap"))
+def _overlap_asserts(values: dict, job: Job) -> tuple | None:
+    """EP009's screen: it passes wherever the overlap is off; with it on, the engine (ZeRO stage), whether there is EP,
+    a pipeline without virtual stages, the recompute and 'moe' among its modules decide it (the model beside them)."""
+    if not values["moe_a2a_overlap"]:
+        return None
+    return (values["zero_stage"], values["ep"] > 1, values["pp"] > 1 and values["vpp"] <= 1, values["recompute"],
+            "moe" in (values["recompute_modules"] or ()))
+
+
+@rule("EP009", reads=("pp", "vpp", "ep", "zero_stage", "recompute", "recompute_modules", "moe_a2a_overlap"),
+      screen=_overlap_asserts)
 def a2a_overlap_preconditions(ctx: Context) -> Values:
     """The first of Megatron-Core's overlap_moe_expert_parallel_comm asserts the plan breaks, with a fix that works."""
     p, arch = ctx.plan, ctx.arch

@@ -13,6 +13,7 @@ from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
+from meshplan.schema.plan import Job
 
 
 @rule("TT001", reads=("etp",))
@@ -176,9 +177,22 @@ def nanotron_degree_not_modelled(ctx: Context) -> Values:
 
 
 
+def _layout_knobs_used(values: dict, job: Job) -> tuple:
+    """AD001's screen: whether a layout knob or a split knob is one the adapter cannot write is decided by the knobs
+    the plan uses (its ZeRO stage, which degrees are over 1, whether a split is given: adapter_knobs.knobs_in_use),
+    its schedule and attention backend (the values a knob's key takes), and the variant `render` writes, which those
+    decide (DEFAULT_VARIANTS); the degrees themselves only word the finding."""
+    v = values
+    return (v["zero_stage"], v["tp"] > 1, v["pp"] > 1, v["vpp"] > 1, v["cp"] > 1, v["ep"] > 1, v["etp"] > 1,
+            v["dp_replicate"] > 1, v["pipeline_schedule"], v["attention_backend"],
+            v["first_stage_layers"] is not None or v["last_stage_layers"] is not None,
+            v["pipeline_layout"] is not None, v["account_for_embedding"] not in (None, False),
+            v["account_for_loss"] not in (None, False))
+
+
 @rule("AD001", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", "dp_replicate", "pipeline_schedule",
       "attention_backend", "first_stage_layers", "last_stage_layers", "pipeline_layout", "account_for_embedding",
-      "account_for_loss"))
+      "account_for_loss"), screen=_layout_knobs_used)
 def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),

@@ -20,7 +20,7 @@ from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
 from meshplan.rules.fix_values import ctx_param, divisors, fmt_set, neighbours
 from meshplan.rules.world import tiled, tiling
 from meshplan.schema.choices import FRAMEWORKS, PipelineSchedule
-from meshplan.schema.plan import Plan
+from meshplan.schema.plan import Job, Plan
 
 # Pipeline sizes listed up to 32: at PP008's 4 layers per stage no catalog model (at most 126 layers) takes more.
 MAX_LISTED_PP = 32
@@ -37,9 +37,21 @@ def _uneven_hint(ctx: Context, pp: int) -> str:
 
 
 
+def _explicit(values: dict) -> bool:
+    """_explicit_split of a plan's field values."""
+    return values["pipeline_layout"] is not None or bool(values["account_for_embedding"] or values["account_for_loss"])
+
+
+def _even_or_given(values: dict, job: Job) -> bool:
+    """PP001's screen: it passes wherever there is no pipeline, a split is given or the layers divide over pp, and
+    fires everywhere else."""
+    return (values["pp"] == 1 or values["first_stage_layers"] is not None or values["last_stage_layers"] is not None
+            or job.model.num_layers % values["pp"] == 0 or _explicit(values))
+
+
 @rule("PP001", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
       "pipeline_layout",
-      "account_for_embedding", "account_for_loss"))
+      "account_for_embedding", "account_for_loss"), screen=_even_or_given)
 def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
     if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
@@ -78,7 +90,13 @@ MICROBATCH_RULES = ("PP005", "PP010", "PP011", "PP014", "AM003")
 MICROBATCH_READS = ("micro_batch_size", "pipeline_microbatches", "pipeline_schedule", "global_batch_size", "dp")
 
 
-@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS))
+def _pipeline_or_no_vpp(values: dict, job: Job) -> bool:
+    """PP003's screen: it passes wherever vpp is 1 or there is a pipeline, and fires everywhere else."""
+    return values["vpp"] == 1 or values["pp"] > 1
+
+
+@rule("PP003", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
+      screen=_pipeline_or_no_vpp)
 def vpp_needs_pp(ctx: Context) -> Values:
     """Megatron-Core refuses virtual stages without a pipeline; torchtitan, KempnerForge and NeMo AutoModel build no
     pipeline at pp=1 and run the model whole, so the vpp named is not the layout they run. vpp=1 always works; pp
@@ -142,9 +160,18 @@ def microbatch_refusals(ctx: Context, pp: int, vpp: int) -> list[str]:
 
 
 
+def _uneven_sizes(values: dict, job: Job) -> tuple | None:
+    """PP004's screen: it passes wherever no stage size is given or a layout decides the split; elsewhere the sizes,
+    pp and vpp decide whether Megatron-Core refuses them (split_problem)."""
+    first, last = values["first_stage_layers"], values["last_stage_layers"]
+    if (first is None and last is None) or _explicit(values):
+        return None
+    return values["pp"], values["vpp"], first, last
+
+
 @rule("PP004", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
       "pipeline_layout",
-      "account_for_embedding", "account_for_loss"))
+      "account_for_embedding", "account_for_loss"), screen=_uneven_sizes)
 def uneven_split_valid(ctx: Context) -> Values:
     """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
     the split the search enumerates for this pp and vpp (schedule.uneven_split). With a layout or the embedding/loss
@@ -357,7 +384,14 @@ def _zero_bubble_words(card: FrameworkCard) -> str:
     return " and ".join(words for order, words in forms.items() if order in schedules)
 
 
-@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS))
+def _schedule_and_chunks(values: dict, job: Job) -> tuple:
+    """PP013's screen: whether it fires is decided by the schedule named, whether there is a pipeline and whether vpp
+    is 1, 2 or more (the job's card beside them); the other fields it reads word its fix."""
+    return values["pipeline_schedule"], values["pp"] > 1, min(values["vpp"], 3)
+
+
+@rule("PP013", reads=("tp", "pp", "vpp", "cp", "ep", "etp", "zero_stage", *MICROBATCH_READS),
+      screen=_schedule_and_chunks)
 def schedule_chunks(ctx: Context) -> Values:
     """gpipe and 1f1b run one chunk per rank, interleaved_1f1b and zero_bubble two or more, dualpipev exactly two. A
     fix names virtual stages only where the framework runs them (interleaves)."""
@@ -414,7 +448,14 @@ def dualpipev_microbatches(ctx: Context) -> Values:
             "mbs": f", micro_batch_size={mbs} at this batch" if mbs and mbs != p.micro_batch_size else ""}
 
 
-@rule("PP015", reads=("pp", "vpp", "zero_stage", "pipeline_schedule", "moe_a2a_overlap"))
+def _named_with_overlap(values: dict, job: Job) -> tuple:
+    """PP015's screen: the schedule named, the overlap and the ZeRO stage decide it, with whether the pipeline has
+    virtual stages."""
+    return (values["pipeline_schedule"], values["moe_a2a_overlap"], values["zero_stage"],
+            values["pp"] > 1 and values["vpp"] > 1)
+
+
+@rule("PP015", reads=("pp", "vpp", "zero_stage", "pipeline_schedule", "moe_a2a_overlap"), screen=_named_with_overlap)
 def combined_1f1b_as_named(ctx: Context) -> Values:
     """Megatron-Core runs combined 1F1B exactly when overlap_moe_expert_parallel_comm is on (a named schedule other
     than combined_1f1b cannot keep moe_a2a_overlap), and refuses it with Megatron-FSDP over virtual stages."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from meshplan.knowledge.adapter_knobs import default_render, unwritable
 from meshplan.rules.engine import Context, Values, rule
+from meshplan.schema.plan import Job
 
 
 @rule("RC002", reads=("recompute", "selective_ac_option"))
@@ -31,7 +32,17 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
 
 
 
-@rule("RC003", reads=("tp", "pp", "ep", "zero_stage", "recompute", "recompute_layers", "recompute_method"))
+def _method_given(values: dict, job: Job) -> tuple | None:
+    """RC003's screen: it passes wherever no recompute_method is given, and is decided by every field it reads
+    elsewhere."""
+    if values["recompute_method"] is None:
+        return None
+    return tuple(values[name] for name in ("tp", "pp", "ep", "zero_stage", "recompute", "recompute_layers",
+                                           "recompute_method"))
+
+
+@rule("RC003", reads=("tp", "pp", "ep", "zero_stage", "recompute", "recompute_layers", "recompute_method"),
+      screen=_method_given)
 def recompute_method_needs_full(ctx: Context) -> Values:
     """recompute_method where the config `render` writes for the plan by default has a key for it (verl's and
     SkyRL's FSDP backends at ZeRO 3 have none, their Megatron backends do: _no_key), with full recompute."""
@@ -55,7 +66,16 @@ def recompute_method_needs_full(ctx: Context) -> Values:
 
 
 
-@rule("RC004", reads=("tp", "pp", "ep", "zero_stage", "recompute", "recompute_modules"))
+def _modules_given(values: dict, job: Job) -> tuple | None:
+    """RC004's screen: it passes wherever no recompute_modules are given, and is decided by every field it reads
+    elsewhere."""
+    modules = values["recompute_modules"]
+    if modules is None:
+        return None
+    return values["tp"], values["pp"], values["ep"], values["zero_stage"], values["recompute"], tuple(modules)
+
+
+@rule("RC004", reads=("tp", "pp", "ep", "zero_stage", "recompute", "recompute_modules"), screen=_modules_given)
 def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
     """recompute_modules where the config `render` writes for the plan by default has a key for them (_no_key), with
     selective recompute, naming only modules the model has."""
