@@ -16,8 +16,16 @@ from meshplan.arithmetic.pipeline_timeline import shape_for
 
 def _chains(prog: tl._Program, fwd: list[float], bwd: list[float], hop: float) -> list[list[float]]:
     """Each rank's op ends in its order, read from the program's run (_run_program's arithmetic): from the rank's
-    last op back along prev."""
+    last op back along prev, or without prev (plain_numbered's) p numbers back, the padding rows (index
+    len(seconds): no seconds) skipped."""
     seconds = [(fwd[r], bwd[r])[kinds[0] == "B"] for r, kinds in prog.seconds]
+    if not prog.prev:
+        p = len(fwd)
+        ends, padded = [0.0] * p, [*seconds, 0.0]
+        for number, (dep, hopped, takes) in enumerate(zip(prog.dep, prog.hopped, prog.takes, strict=True), start=p):
+            ends.append(max(ends[number - p], ends[dep] + (0.0, hop)[hopped]) + padded[takes])
+        return [[ends[op] for op in range(last % p, last + 1, p) if op >= p and prog.takes[op - p] < len(seconds)]
+                for last in prog.last]
     ends = [0.0]
     for prev, dep, hopped, takes in zip(prog.prev, prog.dep, prog.hopped, prog.takes, strict=True):
         ends.append(max(ends[prev], ends[dep] + (0.0, hop)[hopped]) + seconds[takes])
@@ -59,9 +67,12 @@ def test_the_numbered_program_ends_every_op_where_the_replay_does(order):
             tl._replay_actions(shape, fwd, bwd, hop, [0.0] * shape.pp)
         if tl._numbered(shape) is not None:
             numbered += 1
-            assert all(map(lt, prog.dep, range(1, len(prog.dep) + 1)))  # every input first
-            assert all(map(lt, prog.prev, range(1, len(prog.prev) + 1)))
-            assert len(prog.prev) == (2 * shape.microbatches * shape.vpp + shape.pp) * shape.pp  # p rows of padding
+            p = shape.pp
+            assert not prog.prev  # each op's previous one: the number p below (numbered from p)
+            assert all(map(lt, prog.dep, range(p, len(prog.dep) + p)))  # every input first
+            assert len(prog.dep) == (2 * shape.microbatches * shape.vpp + p) * p  # p rows of padding per rank
+            padding = [row for row, takes in enumerate(prog.takes) if takes == 2 * p]
+            assert len(padding) == p * p and not any(prog.dep[row] or prog.hopped[row] for row in padding)
     assert numbered >= 20
 
 
@@ -120,7 +131,7 @@ def test_a_shorter_step_shares_the_longer_steps_first_rows():
                         programs = tl._numbered_program(longer), tl._numbered_program(shorter)
                         if rows and None not in programs:
                             shared += 1
-                            for column in range(4):  # prev, dep, hopped, takes
+                            for column in range(1, 4):  # dep, hopped, takes (prev: the number p below)
                                 assert list(programs[0][column][:rows]) == list(programs[1][column][:rows])
     assert shared >= 150
 
@@ -131,7 +142,7 @@ def test_the_searchs_extension_runs_the_shorter_steps_last_rows():
     longer, shorter = tl.Shape("interleaved_1f1b", 8, 5, 144, 8), tl.Shape("interleaved_1f1b", 8, 5, 128, 8)
     rows = shared_rows(8, 5, 8, 128, 144, tl._warmups(shorter), tl._warmups(longer))
     assert tl._warmups(shorter)[0] == 46 and rows == (2 * 640 - 46) * 8
-    assert len(tl._numbered_program(shorter).prev) - rows == (46 + 8) * 8  # 432 of 10,304
+    assert len(tl._numbered_program(shorter).dep) - rows == (46 + 8) * 8  # 432 of 10,304
 
 
 def test_the_tail_numbered_alone_is_the_whole_programs_tail():
@@ -154,8 +165,8 @@ def test_the_tail_numbered_alone_is_the_whole_programs_tail():
                             if m % shape.group:
                                 assert tail is None
                                 continue
-                            assert tail is not None and tail[4] == whole[4], (shape, column)
-                            for part in range(4):
+                            assert tail is not None and tail[3] == whole[3], (shape, column)
+                            for part in range(3):
                                 assert list(tail[part]) == list(whole[part][column * pp:]), (shape, column, part)
                             checked += 1
     assert checked >= 300

@@ -264,7 +264,7 @@ def test_a_numbered_program_is_built_as_lists_and_kept_by_none():
     tl._stepped_program.cache_clear()
     tl._REPLAYS.clear()
     prog = tl._program(shape)
-    assert all(type(column) is list for column in (prog.prev, prog.dep, prog.takes))
+    assert all(type(column) is list for column in (prog.prev, prog.dep, prog.takes)) and not prog.prev
     assert not hasattr(tl._program, "cache_info")
     tl.simulate(shape, (1.0,) * 8, (2.0,) * 8, 0.1)
     assert tl._stepped_program.cache_info().currsize == 0

@@ -6,7 +6,10 @@ Each rank runs w warm-up forwards, then one forward and one backward in turn, th
 (of the rank's table of (chunk, micro-batch)) at position i below w and 2i - w above, backward i at w + 2i + 1 until
 the cool-down and N + i in it (N = m * v). Rank r's op at position q takes row column * p + r, its column q, or
 q + p - r in the cool-down (where a backward waits for the same position on the next rank: the shift puts that rank
-first). The program is the rows in order; it is used only where every op's input has a smaller number
+first); its number is row + p, so an op's previous op on its rank is the number p below (the rows between, shifted
+or past the rank's last op, carry the rank's end on: they wait for nothing and take no seconds), and the program
+lists no previous ops (pipeline_timeline._ends reads them p back). The program is the rows in order; it is used only
+where every op's input has a smaller number
 (_inputs_first: proven for the inputs between neighbouring ranks, checked one by one for the rest; a replay's ends
 then read the same numbers in the same sums, whatever order the ops are numbered in), else None and the caller
 replays the ranks in turn. Its columns are lists, not arrays: a first ask builds each of its shapes once, and
@@ -43,21 +46,21 @@ def _slices(p: int, n: int, r: int, w: int) -> tuple[slice, ...]:
 
 
 def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
-                   warmups: Sequence[int]) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
-    """(prev, dep, hopped, takes, last) of pipeline_timeline._Program for a plain order of p > 1 ranks whose rank r
-    warms up with warmups[r] forwards (all N for GPipe); None where the numbering does not put every input first.
-    Rows no op takes (p per rank: past its last op and where its cool-down is shifted) wait for nothing and are
-    read by nothing."""
+                   warmups: Sequence[int]) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
+    """(dep, hopped, takes, last) of pipeline_timeline._Program for a plain order of p > 1 ranks whose rank r warms
+    up with warmups[r] forwards (all N for GPipe), its previous ops implicit (the number p below); None where the
+    numbering does not put every input first. Rows no op takes (p per rank: past its last op and where its cool-down
+    is shifted) wait for nothing and take index 2p (no seconds): they carry the rank's end to its next op."""
     p, v, m = pp, vpp, microbatches
     n = m * v
     size = (2 * n + p) * p
     chunk, length = _table(m, v, group)
-    prev, dep, takes = [0] * size, [0] * size, [0] * size
+    dep, takes = [0] * size, [2 * p] * size
     hopped = bytearray(size)
     forward_numbers: list[list[int]] = []
     backward_numbers: list[list[int]] = []
-    for r, w in enumerate(warmups):  # an op's number: its row + 1
-        warm, steady_f, steady_b, cool = (range(rows.start + 1, rows.stop + 1, rows.step)
+    for r, w in enumerate(warmups):  # an op's number: its row + p
+        warm, steady_f, steady_b, cool = (range(rows.start + p, rows.stop + p, rows.step)
                                           for rows in _slices(p, n, r, w))
         forward_numbers.append([*warm, *steady_f])
         backward_numbers.append([*steady_b, *cool])
@@ -69,22 +72,16 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
     if not _inputs_first(warmups, n, (wrap_forward, forward_numbers[0]), (wrap_backward, backward_numbers[p - 1])):
         return None
     for r, w in enumerate(warmups):
-        fk, bk = forward_numbers[r], backward_numbers[r]
         f_dep, f_hop = (forward_numbers[r - 1], b"\x01" * n) if r else (wrap_forward, crossing)
         b_dep, b_hop = (backward_numbers[r + 1], b"\x01" * n) if r < p - 1 else (wrap_backward, crossing)
         steady = n - w
-        f_prev = [0, *fk[:w - 1]] if w else []
-        if steady:
-            f_prev += [fk[w - 1] if w else 0, *bk[:steady - 1]]
-        b_prev = fk[w:] + (([bk[steady - 1]] if steady else [fk[n - 1]]) + bk[steady:n - 1] if w else [])
-        for part, (lo, hi, backward, values, hops, before) in zip(_slices(p, n, r, w), (
-                (0, w, 0, f_dep, f_hop, f_prev), (w, n, 0, f_dep, f_hop, f_prev),
-                (0, steady, 1, b_dep, b_hop, b_prev), (steady, n, 1, b_dep, b_hop, b_prev)), strict=True):
+        for part, (lo, hi, backward, values, hops) in zip(_slices(p, n, r, w), (
+                (0, w, 0, f_dep, f_hop), (w, n, 0, f_dep, f_hop),
+                (0, steady, 1, b_dep, b_hop), (steady, n, 1, b_dep, b_hop)), strict=True):
             dep[part] = values[lo:hi]
             hopped[part] = hops[lo:hi]
-            prev[part] = before[lo:hi]
             takes[part] = [2 * r + backward] * (hi - lo)
-    return prev, dep, hopped, takes, tuple(numbers[n - 1] for numbers in backward_numbers)
+    return dep, hopped, takes, tuple(numbers[n - 1] for numbers in backward_numbers)
 
 
 def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[int]]) -> bool:
@@ -116,55 +113,46 @@ def shared_rows(pp: int, vpp: int, group: int, fewer: int, more: int, warmups_fe
 
 
 def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequence[int],
-               column: int) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
-    """plain_numbered's rows from `column` on (row column * p and after; the ops before keep their numbers), each
-    worked out alone, for a count that fills its last group (entry i of a rank's table runs chunk (i // G) % v):
-    rank r's op at position q sits in column q before its cool-down (2N - w_r on), q + p - r in it, the rows between
-    wait for nothing and are read by nothing; its previous op is the one at q - 1, its input as plain_numbered's.
-    None where a row's input or previous op does not come first (the caller runs plain_numbered's program)."""
+               column: int) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
+    """plain_numbered's rows from `column` on (row column * p and after; the ops before keep their numbers), rank by
+    rank, each op worked out alone, for a count that fills its last group (entry i of a rank's table runs chunk
+    (i // G) % v): rank r's op at position q sits in column q before its cool-down (2N - w_r on), q + p - r in it,
+    the rows between and after wait for nothing and take no seconds; its input as plain_numbered's. None where an
+    input does not come first (the caller runs plain_numbered's program)."""
     p, v, g = pp, vpp, group
     n = microbatches * v
     if microbatches % g:
         return None
+    count = (2 * n + p - column) * p
+    dep, takes = [0] * count, [2 * p] * count
+    hopped = bytearray(count)
 
-    def forward(r: int, i: int) -> int:
+    def forward(r: int, i: int) -> int:  # the number of rank r's forward i
         w = warmups[r]
-        return (i if i < w else 2 * i - w) * p + r + 1
+        return (i if i < w else 2 * i - w) * p + r + p
 
     def backward(r: int, k: int) -> int:
         w = warmups[r]
-        return (w + 2 * k + 1 if k < n - w else n + k + p - r) * p + r + 1
+        return (w + 2 * k + 1 if k < n - w else n + k + p - r) * p + r + p
 
-    def at(r: int, q: int) -> int:  # the number of rank r's op at position q
-        w = warmups[r]
-        if q < w or (q < 2 * n - w and not (q - w) % 2):
-            return forward(r, q if q < w else (q + w) // 2)
-        return backward(r, (q - w - 1) // 2 if q < 2 * n - w else q - n)
-
-    prev: list[int] = []
-    dep: list[int] = []
-    hopped = bytearray()
-    takes: list[int] = []
-    for c in range(column, 2 * n + p):
-        for r in range(p):
-            w = warmups[r]
-            q = c if c < 2 * n - w else c - (p - r) if c >= 2 * n - w + p - r else -1
-            if q < 0 or q >= 2 * n:  # a shifted row, or past the rank's last op
-                row = (0, 0, 0, 0)
-            elif q < w or (q < 2 * n - w and not (q - w) % 2):  # forward i
+    for r, w in enumerate(warmups):
+        cool = 2 * n - w  # the rank's first cool-down position
+        first = column if column < cool else max(cool, column - (p - r))
+        for q in range(first, 2 * n):
+            row = ((q if q < cool else q + p - r) - column) * p + r
+            if q < w or (q < cool and not (q - w) % 2):  # forward i
                 i = q if q < w else (q + w) // 2
                 chunk = (i // g) % v
-                row = (at(r, q - 1) if q else 0, forward(r - 1, i) if r else forward(p - 1, i - g) if chunk else 0,
-                       1 if r or chunk else 0, 2 * r)
+                dep[row] = forward(r - 1, i) if r else forward(p - 1, i - g) if chunk else 0
+                hopped[row] = 1 if r or chunk else 0
+                takes[row] = 2 * r
             else:  # backward k
-                k = (q - w - 1) // 2 if q < 2 * n - w else q - n
+                k = (q - w - 1) // 2 if q < cool else q - n
                 chunk = (k // g) % v
-                row = (at(r, q - 1), backward(r + 1, k) if r < p - 1 else backward(0, k - g) if chunk
-                       else forward(p - 1, k + (v - 1) * g), 1 if r < p - 1 or chunk else 0, 2 * r + 1)
-            if row[0] > c * p + r or row[1] > c * p + r:
+                dep[row] = backward(r + 1, k) if r < p - 1 else backward(0, k - g) if chunk \
+                    else forward(p - 1, k + (v - 1) * g)
+                hopped[row] = 1 if r < p - 1 or chunk else 0
+                takes[row] = 2 * r + 1
+            if dep[row] >= row + column * p + p:  # not before the op's own number
                 return None
-            prev.append(row[0])
-            dep.append(row[1])
-            hopped.append(row[2])
-            takes.append(row[3])
-    return prev, dep, hopped, takes, tuple(backward(r, n - 1) for r in range(p))
+    return dep, hopped, takes, tuple(backward(r, n - 1) for r in range(p))

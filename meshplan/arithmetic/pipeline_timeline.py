@@ -255,8 +255,9 @@ class _Program(NamedTuple):
     """A shape's ops in an order where each comes after its rank's previous op and its inputs: per op, the op
     before it on its rank, its input (ops are numbered from 1; 0: none), whether the input crosses a hop, a fused
     pair's second input and hop (0 where there is none; both empty where nothing is fused), and which of `seconds`
-    it takes; and each rank's last op. A row that waits for nothing (prev and input 0) and that no op reads may pad
-    the numbering (plain_numbered's)."""
+    it takes; and each rank's last op. No previous ops (plain_numbered's programs of p ranks): ops are numbered
+    from p, each rank's previous op is the number p below, and a row that waits for nothing and takes index
+    len(seconds) (no seconds) carries its rank's end on (_ends)."""
 
     prev: Sequence[int]  # arrays where the program is kept, lists where it is built afresh (_plain_program)
     dep: Sequence[int]
@@ -341,7 +342,7 @@ def _numbered_program(shape: Shape) -> _Program | None:
     numbered = _numbered(shape)
     if numbered is None:
         return None
-    return _Program(*numbered[:3], [], b"", numbered[3], _plain_seconds(shape.pp), numbered[4])
+    return _Program([], *numbered[:2], [], b"", numbered[2], _plain_seconds(shape.pp), numbered[3])
 
 
 @lru_cache(maxsize=64)
@@ -385,7 +386,7 @@ def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], .
                     seconds, tuple(last))
 
 
-def _numbered(shape: Shape) -> tuple[list[int], list[int], bytearray, list[int], tuple[int, ...]] | None:
+def _numbered(shape: Shape) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
     """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_warmups); None
     where it does not number the shape."""
     if shape.pp == 1 or (shape.vpp > 1 and shape.order != "interleaved_1f1b"):
@@ -413,11 +414,20 @@ def _ends(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: f
           known: list[float] | None = None) -> list[float]:
     """Each op's end (index: its number; 0: nothing, at 0.0): max(its rank's previous end, its inputs' ends + their
     hops) + its seconds (an input without a hop: + 0.0, the same number); a fused pair takes both ops' seconds.
+    Without previous ops (plain_numbered's), the one p below, from p ends of 0.0; a padding row: that end + 0.0.
     `known`: the ends of the ops numbered before the program's first row (another program's, which numbers them
     alike: _replay_pair), extended in place."""
     per_kind = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(len(fwd))]
     seconds = [sum(per_kind[r][kind] for kind in kinds) for r, kinds in prog.seconds]
     hops = (0.0, hop)
+    if not prog.prev:  # each op's previous one p below, read as ends[-p] (ends.append: the list's own fast path)
+        seconds.append(0.0)
+        ends = known or [0.0] * len(fwd)
+        below = -len(fwd)
+        for dep, hopped, takes in zip(prog.dep, prog.hopped, prog.takes, strict=True):
+            free, ready = ends[below], ends[dep] + hops[hopped]
+            ends.append((free if free > ready else ready) + seconds[takes])
+        return ends
     ends = known or [0.0]
     append = ends.append
     if not prog.dep2:
@@ -564,12 +574,12 @@ def _replay_pair(longer: Shape, shorter: Shape, fwd: Sequence[float], bwd: Seque
         return _replay(longer, fwd, bwd, hop, wgrad), _replay(shorter, fwd, bwd, hop, wgrad)
     ends = _ends(program, keys[0][1], keys[0][2], hop, wgrad)
     step = max(ends[op] for op in program.last)
-    del ends[shared + 1:]
-    ends = _ends(_Program(*tail[:3], [], b"", tail[3], _plain_seconds(shorter.pp), tail[4]), keys[0][1], keys[0][2],
-                 hop, wgrad, ends)
+    del ends[shared + shorter.pp:]  # the shared rows' ends (numbered from p)
+    ends = _ends(_Program([], *tail[:2], [], b"", tail[2], _plain_seconds(shorter.pp), tail[3]), keys[0][1],
+                 keys[0][2], hop, wgrad, ends)
     if len(_REPLAYS) >= 4095:
         _REPLAYS.clear()
-    _REPLAYS[keys[0]], _REPLAYS[keys[1]] = step, max(ends[op] for op in tail[4])
+    _REPLAYS[keys[0]], _REPLAYS[keys[1]] = step, max(ends[op] for op in tail[3])
     return _REPLAYS[keys[0]], _REPLAYS[keys[1]]
 
 
