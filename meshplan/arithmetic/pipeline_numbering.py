@@ -23,17 +23,29 @@ from itertools import pairwise
 from operator import lt
 
 
-def _table(m: int, v: int, g: int) -> tuple[list[int], list[int]]:
-    """Per entry of a rank's table (pipeline_timeline._chunk_microbatches): its chunk, and the length of its group
-    (what moving one chunk back subtracts from the entry's index)."""
-    chunks: list[int] = []
-    lengths: list[int] = []
+def _wraps(m: int, v: int, g: int, last_forwards: list[int],
+           first_backwards: list[int]) -> tuple[list[int], list[int], bytearray]:
+    """The inputs that wrap around the ranks, per entry of a rank's table (pipeline_timeline._chunk_microbatches:
+    groups of G micro-batches, the last the rest, each group's chunks in turn): of rank 0's forward (chunk 0: none;
+    else the last rank's forward one chunk back, the group's length of entries before), of the last rank's backward
+    (chunk 0 of the backwards: the last rank's forward of the last chunk, which runs the same micro-batch; else rank
+    0's backward one chunk back), and whether that input crosses a hop (a chunk past the first). Sliced group by
+    group from the two ranks' numbers."""
+    if v == 1:
+        return [0] * m, last_forwards[:m], bytearray(m)
+    wrap_forward: list[int] = []
+    wrap_backward: list[int] = []
+    crossing = bytearray()
     for start in range(0, m, g):
         size = (m if start + g >= m else start + g) - start
-        for c in range(v):
-            chunks += [c] * size
-        lengths += [size] * (size * v)
-    return chunks, lengths
+        first, later = start * v, (v - 1) * size  # the group's first entry (the groups before are whole)
+        wrap_forward += [0] * size
+        wrap_forward += last_forwards[first:first + later]
+        wrap_backward += last_forwards[first + later:first + later + size]
+        wrap_backward += first_backwards[first:first + later]
+        crossing += bytes(size)
+        crossing += b"\x01" * later
+    return wrap_forward, wrap_backward, crossing
 
 
 def _slices(p: int, n: int, r: int, w: int) -> tuple[slice, ...]:
@@ -54,7 +66,6 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
     p, v, m = pp, vpp, microbatches
     n = m * v
     size = (2 * n + p) * p
-    chunk, length = _table(m, v, group)
     dep, takes = [0] * size, [2 * p] * size
     hopped = bytearray(size)
     forward_numbers: list[list[int]] = []
@@ -64,11 +75,7 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
                                           for rows in _slices(p, n, r, w))
         forward_numbers.append([*warm, *steady_f])
         backward_numbers.append([*steady_b, *cool])
-    last_forwards, crossing = forward_numbers[p - 1], bytes(map(bool, chunk))  # a chunk past the first: its hop
-    first_backwards = backward_numbers[0]
-    wrap_forward = [last_forwards[i - length[i]] if chunk[i] else 0 for i in range(n)]
-    wrap_backward = [first_backwards[i - length[i]] if chunk[i] else last_forwards[i + (v - 1) * length[i]]
-                     for i in range(n)]
+    wrap_forward, wrap_backward, crossing = _wraps(m, v, group, forward_numbers[p - 1], backward_numbers[0])
     if not _inputs_first(warmups, n, (wrap_forward, forward_numbers[0]), (wrap_backward, backward_numbers[p - 1])):
         return None
     for r, w in enumerate(warmups):
