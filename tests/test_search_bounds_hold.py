@@ -56,8 +56,9 @@ def check_bounds(req: Request, stride: int, tightest: list[float] | None = None,
                 for i, recompute in enumerate(search.recomputes):
                     pipe = search.pipeline_bound(lay, mbs, recompute, interleave=True)
                     bounds = [search.token_bound(lay, mbs, recompute), search.token_bound(lay, mbs, recompute, True),
-                              pipe, search.grid_synced(lay, mbs, pipe)]  # (refine_shard's key: the last)
-                    for zero in search.zeros:
+                              pipe]
+                    stage_keys = search.grid_stage_keys(lay, mbs, pipe)  # refine_shard's, per ZeRO stage
+                    for zero, stage_key in zip(search.zeros, stage_keys, strict=True):
                         # at any recompute, and with the DP term at this one and heavier (refine_shard, carry)
                         sharding = search.sharding_bound(lay, zero, mbs)
                         synced = search.sync_bound(lay, zero, mbs, pipe)
@@ -69,6 +70,7 @@ def check_bounds(req: Request, stride: int, tightest: list[float] | None = None,
                             limit = step * (1.0 + ROUNDING)
                             assert seed_key <= limit, (req, lay, mbs, zero, heavier, "seed", seed_key, step)
                             assert max(bounds) <= limit, (req, lay, mbs, zero, heavier, recompute, bounds, step)
+                            assert stage_key <= limit, (req, lay, mbs, zero, heavier, recompute, stage_key, step)
                             assert sharding <= limit, (req, lay, mbs, zero, heavier, "sharding", sharding, step)
                             assert synced <= limit, (req, lay, mbs, zero, heavier, recompute, "sync", synced, step)
                             tight = max(tight, sharding / step)

@@ -12,8 +12,10 @@ at a time, each step pushing it back with a tighter key at a later level (engine
    tokens), times the tokens each stage handles, stretched by the pipeline bubble (p-1)/(m*v); the memory floor
    of the first stage (model states plus in-flight activations) says which recompute is needed at least: if
    even full recompute is over capacity the node is dropped unestimated;
-2. SHARD: the exact bound of this pipeline shard, with the traffic interleaving multiplies;
-3. RULES: the structural rules (check_config without memory) and the model-state bound per ZeRO stage;
+2. SHARD: the exact bound of this pipeline shard, with the traffic interleaving multiplies, and per ZeRO stage its
+   sharding traffic and the once-per-step DP term after it: one node per distinct key, with its stages;
+3. RULES: the structural rules (check_config without memory) and the model-state bound per ZeRO stage of the node
+   (a node the queue never reaches is counted slower, its rules never asked);
 4. NEED: estimated memory: the least recompute that fits at any ZeRO stage (if nothing fits, nothing
    fits at any larger micro-batch either);
 5. STAIRCASE: the (stage, recompute) pairs that fit - heavier recompute of a fitting pair is dominated, since

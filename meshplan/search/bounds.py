@@ -33,6 +33,12 @@ def pow2_at_least(x: float) -> int:
     return 1 << max(0, (math.ceil(x) - 1).bit_length()) if x > 1 else 1
 
 
+def by_key(keys: list[float], items: object) -> list[tuple[float, tuple]]:
+    """The items (one per key) per distinct key, in the keys' order and the items' own within each: a node split by
+    the keys of its ZeRO stages (engine.refine_shard, carry)."""
+    return [(k, tuple(item for item, kz in zip(items, keys, strict=True) if kz == k)) for k in sorted(set(keys))]
+
+
 @dataclass(kw_only=True)
 class StepTimeBounds(SearchPlans):
     """The step-time bounds of a search's plans, with the references they share."""
@@ -551,13 +557,17 @@ class StepTimeBounds(SearchPlans):
         self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
         return found
 
-    def grid_synced(self, lay: Layout, mbs: int, pipe: float) -> float:
-        """synced of one node, where `pipe` bounds its plans' pipeline: with its grid's group_syncs (its seed group's,
-        kept when it opened; worked out for this layout otherwise)."""
+    def grid_stage_keys(self, lay: Layout, mbs: int, pipe: float) -> list[float]:
+        """Per ZeRO stage, synced of one node where `pipe` bounds its plans' pipeline, with its grid's group_syncs
+        (its seed group's, kept when it opened; worked out for this layout otherwise): no estimate beyond the group's,
+        so a node's stages are split at no cost (engine.refine_shard); `pipe` for each where none raises it."""
         syncs = self.bounds_memo.get(("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp))
         if syncs is None:
             syncs = self.group_syncs([lay])
-        return self.synced([pipe], [self.microbatches(lay, mbs)], syncs)[0] if syncs else pipe  # type: ignore[arg-type]
+        if not syncs:
+            return [pipe] * len(self.zeros)
+        m = [self.microbatches(lay, mbs)]
+        return [self.synced([pipe], m, (stage,))[0] for stage in syncs]  # type: ignore[union-attr]
 
     def raise_to_sync(self, group: SeedGroup, members: list) -> None:
         """Raise the seed keys of these members of an opened seed group (engine.open_group: where one of its layouts

@@ -7,10 +7,8 @@ the top at the last level is ranked, since nothing left in the queue can be fast
 under the rule id that dropped it (or a SEARCH-* bucket, meshplan/search/policy.py), so considered = ranked +
 rejected; the nodes of a layout over the budget at every ZeRO stage never enter the queue, nor those its memory
 floor leaves no recompute once its first node pops (release), and are counted as it would have counted them
-(settle_dead); in an opened group whose least-bubble layout cannot fit, under the memory rule (group_under).
-
-The plans and their cached estimates are meshplan/search/plans.py; the bounds that order the queue,
-meshplan/search/bounds.py.
+(settle_dead); in an opened group whose least-bubble layout cannot fit, under the memory rule (group_under). The
+plans and their cached estimates are meshplan/search/plans.py; the bounds that order the queue, bounds.py.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.rules.engine import Context, load_rules
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
-from meshplan.search.bounds import StepTimeBounds
+from meshplan.search.bounds import StepTimeBounds, by_key
 from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.policy import (
     BUDGET,
@@ -63,10 +61,10 @@ class Level(IntEnum):
     FLOOR = 1
     """Seeded with the per-token bound: the least recompute the first stage's memory floor allows (none: dropped)."""
     SHARD = 2
-    """The pipeline bound of this exact shard, with the send/receive traffic interleaving multiplies."""
+    """The pipeline bound of this exact shard, with the send/receive traffic interleaving multiplies, and per ZeRO stage
+    the sharding traffic and once-per-step DP term after it: a RULES node per distinct key (refine_shard)."""
     RULES = 3
-    """The structural rules and the model-state lower bound, per ZeRO stage; a stage whose sharding traffic per
-    micro-batch (bounds.sharding_bound) is beyond the key leaves in a NEED node of its own, at that bound (carry)."""
+    """The structural rules and the model-state lower bound, per ZeRO stage of the node."""
     NEED = 4
     """The least recompute that really fits at any ZeRO stage the rules pass, estimated."""
     STAIRCASE = 5
@@ -189,11 +187,10 @@ class BestFirstSearch(StepTimeBounds):
 
     def release(self, lay: Layout, held: tuple) -> None:
         """The seeds a layout's first node held (open_group), as (seed key, seq, micro-batch), when it pops: each
-        enters the queue as it was seeded, or, where the memory floor leaves no recompute at any ZeRO stage
-        (need_floor, the same at any point of this search: its FLOOR pop could only reject it), joins the dead seeds
-        that settle_dead counts as a queue holding them would have. Every held seed comes after the node popping now
-        in the queue's order, so the queue pops the same nodes in the same order as if each were pushed at opening;
-        until now drain counted them (beyond_cutoff), as it would have counted them queued."""
+        enters the queue as seeded, or, where the memory floor leaves no recompute at any ZeRO stage (need_floor: its
+        FLOOR pop could only reject it), joins the dead seeds settle_dead counts. Each comes after the node popping
+        now in the queue's order, so the queue pops the same nodes in the same order as if each were pushed at
+        opening; until now drain counted them (beyond_cutoff), as queued."""
         n_r, heap, dead, need_floor = len(self.recomputes), self.heap, self.dead, self.need_floor
         self.beyond_cutoff -= self.variants() * len(held)
         need_floor(lay, held[0][2])  # the layout's row (every micro-batch of it at once), read below as need_floor
@@ -206,18 +203,22 @@ class BestFirstSearch(StepTimeBounds):
                 heapq.heappush(heap, (seed_key, FLOOR, seq, (lay, mbs, (), floor)))
 
     def refine_shard(self, key: float, lay: Layout, mbs: int, floor: int) -> None:
-        """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic."""
-        bound = self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True)
-        self.push(max(key, self.grid_synced(lay, mbs, bound)), RULES, (lay, mbs, floor))
+        """Level.SHARD: the pipeline bound of this exact shard, with interleaving's traffic, and per ZeRO stage its
+        grid's sharding traffic and DP term after it (grid_stage_keys): a RULES node per distinct key with its stages,
+        so the rules run only on stages the queue reaches (a node never popped: SEARCH-SLOWER, drain)."""
+        pipe = self.pipeline_bound(lay, mbs, self.recomputes[floor], interleave=True)
+        for k, zeros in by_key([max(key, k) for k in self.grid_stage_keys(lay, mbs, pipe)], self.zeros):
+            self.push(k, RULES, (lay, mbs, floor, zeros))
 
-    def apply_rules(self, key: float, lay: Layout, mbs: int, low: int) -> None:
-        """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage. The rules are asked at every
-        recompute (check_errors: some read it, or the EP overlap it allows), each plan they refuse counted under its
-        own first error; a stage goes on with the mask of the recomputes they pass (bit i: recomputes[i])."""
+    def apply_rules(self, key: float, lay: Layout, mbs: int, low: int, zeros: tuple[int, ...] | None = None) -> None:
+        """Level.RULES: structural rules and the model-state lower bound, per ZeRO stage of the node (`zeros`; all
+        where the batch rule's node was seeded), at every recompute (check_errors: some read it, or the EP overlap it
+        allows), each plan refused counted under its first error; a stage goes on with the mask of the recomputes
+        they pass (bit i: recomputes[i])."""
         alive: list[int] = []
         masks: list[int] = []
         rejected = self.rejected
-        for zero in self.zeros:
+        for zero in zeros or self.zeros:
             mask = 0
             for i, error in enumerate(self.check_errors(lay, zero, mbs)):
                 if error:
@@ -238,15 +239,10 @@ class BestFirstSearch(StepTimeBounds):
 
     def carry(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
               low: int) -> None:
-        """The NEED node of the ZeRO stages the rules pass, or where a stage's sharding traffic per micro-batch
-        (sharding_bound, at any recompute) puts its plans beyond `key`, one node per distinct key, each with its
-        stages in the ladder's order: a node for some of the stages is still their bound (its need, the least
-        recompute that fits at any of them, is at least theirs together), so a stage whose traffic alone is slower
-        than what is ranked is never estimated."""
+        """The NEED nodes of the stages the rules pass, split by each one's own DP bound (sync_bound: its layout's)."""
         pipe = self.pipeline_bound(lay, mbs, self.recomputes[low], interleave=True)  # (refine_shard's, kept)
         keys = [max(key, self.sync_bound(lay, zero, mbs, pipe)) for zero in alive]
-        for k in sorted(set(keys)):
-            picked = [i for i, kz in enumerate(keys) if kz == k]
+        for k, picked in by_key(keys, range(len(alive))):
             self.need_alive(k, lay, mbs, tuple(alive[i] for i in picked), tuple(masks[i] for i in picked), low)
 
     def need_alive(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
@@ -274,8 +270,8 @@ class BestFirstSearch(StepTimeBounds):
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
                      low: int) -> None:
-        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry) and
-        that they pass there, estimated; every stage needs at least that much. If nothing fits, nothing does at any
+        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry)
+        and that they pass there, estimated; every stage needs at least that much. If nothing fits, nothing does at any
         larger micro-batch either. `low`: what need_alive found at the alive stages' floors (need's ceiling from a
         larger micro-batch reads every stage's need)."""
         n_r = len(self.recomputes)
@@ -630,6 +626,8 @@ class BestFirstSearch(StepTimeBounds):
         if level == GROUP:  # a group, or what is left of one part-way open (open_group's `pending`)
             group = payload[0]
             return self.variants() * (group.nodes if len(payload) == 3 else len(group.sizes) * len(payload[3]))
+        if level == RULES and len(payload) == 4:  # a node of some ZeRO stages (refine_shard)
+            return len(payload[3]) * len(self.recomputes)
         if level <= RULES:
             return self.variants()
         if level in (NEED, STAIRCASE):  # the plans the rules pass from its low (or need) up
@@ -648,7 +646,7 @@ class BestFirstSearch(StepTimeBounds):
         if not self.heap:
             return
         variants = self.variants()  # what every node up to RULES stands for
-        self.rejected[bucket] += sum(variants if FLOOR <= level <= RULES else self.covered(level, payload)
+        self.rejected[bucket] += sum(variants if FLOOR <= level < RULES else self.covered(level, payload)
                                      for _, level, _, payload in self.heap)
         self.heap.clear()
 
