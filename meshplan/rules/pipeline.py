@@ -54,9 +54,7 @@ def _even_or_given(values: dict, job: Job) -> bool:
       "account_for_embedding", "account_for_loss"), screen=_even_or_given)
 def layers_divisible_by_pp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
-    if p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None or layers % p.pp == 0:
-        return None
-    if _explicit_split(p):
+    if _even_or_given(p.__dict__, ctx.job):
         return None
     working = tiling(ctx, "pp", divisors(layers, upto=MAX_LISTED_PP))
     return {"layers": layers, "pp": p.pp, "working": fmt_set(working),
@@ -103,7 +101,7 @@ def vpp_needs_pp(ctx: Context) -> Values:
     values only where interleaved_pps finds some, and where the layers split but the batch rules refuse every such pp,
     the fix says so beside vpp=1."""
     p = ctx.plan
-    if p.vpp == 1 or p.pp > 1:
+    if _pipeline_or_no_vpp(p.__dict__, ctx.job):
         return None
     how = ("Megatron-Core refuses it ('pipeline-model-parallel size should be greater than 1')"
            if ctx.backend == "megatron" else
@@ -178,7 +176,7 @@ def uneven_split_valid(ctx: Context) -> Values:
     accounting also given, __post_init__ refuses the combination before it looks at the sizes: PP009 reports that."""
     p, layers = ctx.plan, ctx.arch.num_layers
     first, last = p.first_stage_layers, p.last_stage_layers
-    if (first is None and last is None) or _explicit_split(p):
+    if _uneven_sizes(p.__dict__, ctx.job) is None:
         return None
     problem = split_problem(layers, p.pp, p.vpp, first, last)
     if not problem:
@@ -209,7 +207,7 @@ def pipeline_layout_valid(ctx: Context) -> Values:
 
 def _explicit_split(p: Plan) -> bool:
     """A layout or the embedding/loss accounting decides the split; PP009 checks it instead of PP001/PP002/PP007."""
-    return p.pipeline_layout is not None or p.account_for_embedding or p.account_for_loss
+    return _explicit(p.__dict__)
 
 
 
