@@ -270,8 +270,8 @@ class BestFirstSearch(StepTimeBounds):
 
     def confirm_need(self, key: float, lay: Layout, mbs: int, alive: tuple[int, ...], masks: tuple[int, ...],
                      low: int) -> None:
-        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry)
-        and that they pass there, estimated; every stage needs at least that much. If nothing fits, nothing does at any
+        """Level.NEED: the least recompute that fits at any ZeRO stage the rules pass (those of this node: carry) and
+        that they pass there, estimated; every stage needs at least that much. If nothing fits, nothing does at any
         larger micro-batch either. `low`: what need_alive found at the alive stages' floors (need's ceiling from a
         larger micro-batch reads every stage's need)."""
         n_r = len(self.recomputes)
@@ -645,7 +645,7 @@ class BestFirstSearch(StepTimeBounds):
             self.beyond_cutoff = 0
         if not self.heap:
             return
-        variants = self.variants()  # what every node up to RULES stands for
+        variants = self.variants()  # what every node before RULES stands for (a RULES node: its stages, covered)
         self.rejected[bucket] += sum(variants if FLOOR <= level < RULES else self.covered(level, payload)
                                      for _, level, _, payload in self.heap)
         self.heap.clear()
