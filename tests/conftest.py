@@ -41,6 +41,12 @@ def require_shared(path: Path) -> None:
                 pytrace=False)
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per core, at most 4. Each worker holds its own caches and starts its
+    own servers, and the throwaway virtual environments are built once whichever worker asks first (their locks)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "shared_data(path): reads a file of ../shared/validation (fails without it, "
                                        "skips under MESHPLAN_NO_SHARED=1)")
