@@ -41,10 +41,13 @@ def require_shared(path: Path) -> None:
                 pytrace=False)
 
 
+@pytest.hookimpl(wrapper=True, optionalhook=True)  # a checkout without the test extras still loads this file
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pyproject's addopts): one worker per core, at most 4. Each worker holds its own caches and starts its
-    own servers, and the throwaway virtual environments are built once whichever worker asks first (their locks)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    """`-n auto` (pyproject's addopts): xdist's own count of the cores, at most 4 unless PYTEST_XDIST_AUTO_NUM_WORKERS
+    names the count. Each worker holds its own caches and starts its own servers, and the throwaway virtual
+    environments are built once whichever worker asks first (their locks)."""
+    count = yield
+    return count if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else min(4, count)
 
 
 def pytest_configure(config):

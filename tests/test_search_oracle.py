@@ -60,9 +60,10 @@ def test_the_search_finds_the_oracles_top_k_on_sampled_requests():
     assert ranked >= 16  # the sampler stays meaningful: most requests have layouts to rank
 
 
+# One test per request: a failure names its seed, and the test workers (pytest-xdist) share them out evenly.
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(1000, 1300))  # one test per request: a failure names it, and the test
-def test_the_search_finds_the_oracles_top_k_on_300_more(seed):  # workers (pytest-xdist) share them out evenly
+@pytest.mark.parametrize("seed", range(1000, 1300))
+def test_the_search_finds_the_oracles_top_k_on_300_more(seed):
     check_against_the_oracle(seed)
 
 
