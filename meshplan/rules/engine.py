@@ -143,6 +143,16 @@ def rule(rule_id: str, reads: tuple[str, ...] | None = None,
     return tag
 
 
+
+def reads_of(cond: Condition) -> tuple[str, ...] | None:
+    """The fields `rule` tagged the condition with (None: it runs on every plan; an untagged callable reads all)."""
+    return getattr(cond, "reads", None)
+
+
+def screen_of(cond: Condition) -> Screen | None:
+    """The condition's screen from `rule` (None where it has none, or is an untagged callable)."""
+    return getattr(cond, "screen", None)
+
 @cache
 def load_rules() -> dict[str, Condition]:
     """Every rule's condition by id: imports RULE_MODULES and collects their tagged functions, once.
@@ -283,8 +293,8 @@ class RuleGroup:
         562 layouts and ZeRO stages."""
         fields = frozenset(self.fields)
         own = {i: RuleGroup(tuple(sorted(cond.reads)), (), {}) for i, _, cond in self.rules
-               if frozenset(cond.reads) < fields and getattr(cond, "screen", None) is None}
-        return tuple((i, spec, cond, (cond.screen, True, _Passes()) if getattr(cond, "screen", None) is not None
+               if frozenset(cond.reads) < fields and screen_of(cond) is None}
+        return tuple((i, spec, cond, (cond.screen, True, _Passes()) if screen_of(cond) is not None
                       else None if i not in own else (own[i].key, bool(own[i].job_fields), own[i].memo))
                      for i, spec, cond in self.rules)
 
@@ -334,7 +344,7 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
     each rule with a screen in a group of its own, after them (RuleGroup.screen); the rules without reads are returned
     apart (card position, spec, condition), to run on every plan."""
     declared = [(i, spec, cond, frozenset(cond.reads)) for i, (spec, cond) in enumerate(rules)
-                if getattr(cond, "reads", None) is not None and getattr(cond, "screen", None) is None]
+                if reads_of(cond) is not None and screen_of(cond) is None]
     tops: list[frozenset[str]] = []
     for fields in sorted({d[3] for d in declared}, key=lambda f: (-len(f), sorted(f))):
         if not any(fields <= top for top in tops):
@@ -342,9 +352,9 @@ def rule_groups(rules: tuple[tuple[RuleSpec, Condition], ...]) -> tuple[tuple[Ru
     members: dict[frozenset[str], list] = {top: [] for top in tops}
     for i, spec, cond, fields in declared:
         members[min((top for top in tops if fields <= top), key=len)].append((i, spec, cond))
-    always = tuple((i, spec, cond) for i, (spec, cond) in enumerate(rules) if getattr(cond, "reads", None) is None)
+    always = tuple((i, spec, cond) for i, (spec, cond) in enumerate(rules) if reads_of(cond) is None)
     screened = tuple(RuleGroup(tuple(sorted(cond.reads)), ((i, spec, cond),), {}, cond.screen)
-                     for i, (spec, cond) in enumerate(rules) if getattr(cond, "screen", None) is not None)
+                     for i, (spec, cond) in enumerate(rules) if screen_of(cond) is not None)
     return tuple(RuleGroup(tuple(sorted(top)), tuple(m), {}) for top, m in members.items()) + screened, always
 
 

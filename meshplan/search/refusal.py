@@ -20,7 +20,7 @@ from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB
-from meshplan.rules.engine import Context, backend_of, load_rules, rule_specs
+from meshplan.rules.engine import Context, backend_of, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
 from meshplan.search.job import job_at
@@ -239,7 +239,7 @@ def layouts_told_apart(space: Space, rule_id: str) -> list[Layout]:
     """One layout per distinct value of what the rule reads of a layout (LAYOUT_READS of its declared reads; the rest
     of a plan is the same knobs at every layout): layouts alike in those give the same verdicts on their plans, so
     whether the rule fires on every plan is read on these alone (every layout where it declares no reads)."""
-    reads = getattr(load_rules()[rule_id], "reads", None)
+    reads = reads_of(load_rules()[rule_id])
     if reads is None:
         return list(space.layouts)
     attrs = sorted({attr for name in reads for attr in LAYOUT_READS.get(name, ())})
@@ -252,7 +252,7 @@ def layouts_told_apart(space: Space, rule_id: str) -> list[Layout]:
 def reads_no_count(rule_id: str) -> bool:
     """Whether the rule's condition declares what it reads (`@rule(reads=...)`) and none of it is a field the GPU count
     changes: a rule every plan of one count's space breaks then breaks every plan at any count."""
-    reads = getattr(load_rules()[rule_id], "reads", None)
+    reads = reads_of(load_rules()[rule_id])
     return reads is not None and not COUNT_READ_FIELDS.intersection(reads) and not rule_id.startswith(COUNT_DEPENDENT)
 
 
