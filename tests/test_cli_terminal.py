@@ -140,11 +140,13 @@ def test_serve_on_stdio_says_what_it_waits_for_and_stops_on_the_first_ctrl_c():
     assert out == ""  # stdout is the JSON-RPC wire: nothing else goes there
 
 
-def test_serve_over_http_prints_its_url_and_stops_on_ctrl_c():
+@pytest.mark.parametrize("http", [("--transport", "http"), ("--http",)], ids=["transport", "http-flag"])
+def test_serve_over_http_prints_its_url_and_stops_on_ctrl_c(http):
+    # `meshplan serve --http` (the short form the project's guide names) starts the same HTTP server
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code, out, err = _stop(_serve("--transport", "http", "--port", str(port)), "Ctrl-C to stop")
+    code, out, err = _stop(_serve(*http, "--port", str(port)), "Ctrl-C to stop")
     assert f"http://127.0.0.1:{port}/mcp" in err
     assert code in (0, 130) and "Traceback" not in err and out == ""
 

@@ -596,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="Run the MCP server (stdio by default)")
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
                    help="stdio for a host that starts the server; http serves http://HOST:PORT/mcp")
+    p.add_argument("--http", action="store_const", dest="transport", const="http",
+                   help="The same as --transport http: the MCP server at /mcp and the planner's web page at / "
+                        "(default: off, the --transport given)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
     p.add_argument("--port", type=_typed(ascii_int), default=8765, help="HTTP port")
     p.add_argument("--allowed-host", action="append", default=[], metavar="HOST[:PORT]",

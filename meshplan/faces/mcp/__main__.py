@@ -13,6 +13,8 @@ from meshplan.faces.mcp import start_up
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshplan-mcp", description="Run the meshplan MCP server (stdio by default).")
     parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default="stdio")
+    parser.add_argument("--http", action="store_const", dest="transport", const="http",
+                        help="The same as --transport http (meshplan serve --http)")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback unless told otherwise)")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port")
     parser.add_argument(
