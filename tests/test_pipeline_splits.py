@@ -102,6 +102,25 @@ def test_check_names_the_split_recommend_ranks_first():
     assert (top.first_stage_layers, top.last_stage_layers) == (12, 10)
 
 
+def test_pp001_names_a_split_the_rules_pass_where_none_fits():
+    """DeepSeek-V3 (61 layers) at pp=16 vpp=2 on 1,024 H100 with Megatron-Bridge: no split fits at the layout's other
+    settings, and PP001's fix named only "pp in {1} splits evenly". It now names the fastest split the rules pass
+    (fastest_split without must_fit), says it does not fit and by how much; with it set PP001 is gone and MEM001
+    names what clears the memory."""
+    fields = dict(model="deepseek-v3", num_gpus=1024, gpu="h100", framework="megatron-bridge", tp=2, etp=1, pp=16,
+                  vpp=2, ep=64)
+    job, plan = resolve(Request(**fields))
+    assert fastest_split(job, plan) is None
+    passing = fastest_split(job, plan, must_fit=False)
+    assert passing is not None and passing.pipeline_layout is not None
+    fix = next(f.fix for f in api.check_config(Request(**fields)).findings if f.id == "PP001")
+    assert f"or keep pp=16 with a split the rules pass, the fastest: {split_words(passing)}." in fix
+    assert "No split fits this layout's memory" in fix and "of 79.6 GiB" in fix
+    applied = api.check_config(Request(**fields, pipeline_layout=passing.pipeline_layout))
+    errors = {f.id for f in applied.findings if f.severity == "error"}
+    assert errors == {"MEM001"} and not applied.memory.fits
+
+
 def test_mem001_deeper_pipelines_name_the_fastest_split():
     """MEM001's pp neighbours carry the split fastest_split ranks first there, the function PP001's fix uses."""
     job, plan = resolve(Request(**{**QWEN_PP8, "pp": 4, "dp": 32}))

@@ -84,13 +84,23 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
 
 def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
     """PP001's fix naming the split recommend ranks first for this layout (split.fastest_split, what MEM001's deeper
-    pipelines name too) in place of the rule's arithmetic one; as it was where no split passes and fits."""
-    fastest = fastest_split(job, plan)
-    if fastest is None:
-        return found
+    pipelines name too) in place of the rule's arithmetic one. Where no split fits at the layout's other settings,
+    the fastest split the rules pass, said not to fit (else the fix named only the pp that split evenly: DeepSeek-V3's
+    61 layers at pp=16 vpp=2 on Megatron-Bridge got "pp in {1}", though its recipes run pp=16 with a layout string);
+    as it was where no split passes the rules."""
     even = found.fix.split("; or keep")[0].rstrip(".")
-    return found.model_copy(update={"fix": f"{even}; or keep pp={plan.pp} with the split recommend ranks first for "
-                                           f"this layout: {split_words(fastest)}."})
+    fastest = fastest_split(job, plan)
+    if fastest is not None:
+        return found.model_copy(update={"fix": f"{even}; or keep pp={plan.pp} with the split recommend ranks first "
+                                               f"for this layout: {split_words(fastest)}."})
+    passing = fastest_split(job, plan, must_fit=False)
+    if passing is None:
+        return found
+    need = job_memory(job, passing).fit_bytes / 2**30
+    return found.model_copy(update={"fix": (
+        f"{even}; or keep pp={plan.pp} with a split the rules pass, the fastest: {split_words(passing)}. No split "
+        f"fits this layout's memory as it stands (that one needs {need:,.1f} GiB of "
+        f"{job.gpu.memory_bytes / 2**30:,.1f} GiB): with it set, MEM001's fix names what clears it.")})
 
 
 # --------------------------------------------------------------------------- memory rules

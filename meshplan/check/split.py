@@ -149,12 +149,13 @@ def split_words(plan: Plan) -> str:
     return "the even split"
 
 
-def fastest_split(job: Job, plan: Plan) -> Plan | None:
+def fastest_split(job: Job, plan: Plan, *, must_fit: bool = True) -> Plan | None:
     """The plan with the split recommend ranks first for its fixed layout (every other field kept, vpp too): of the
     search's options at this pp and vpp (pipeline_options), the fastest by estimate_throughput among those the rules
     pass (the estimators refuse what they refuse) and that fit the memory recommend ranks by (capacity less the
     request's headroom, else MEM002's; search/policy.py reads the same threshold); the first in the search's order
-    on a tie. None when no option passes."""
+    on a tie. None when no option passes. Without `must_fit`, the fastest the rules pass whether or not it fits (what
+    PP001's fix names where none fits: the split to set before the memory rules can say what clears them)."""
     budget = budget_bytes(job.gpu.memory_bytes, headroom_threshold(job.headroom))
     best: tuple[float, Plan] | None = None
     for option in framework_options(job, plan.pp):
@@ -163,8 +164,8 @@ def fastest_split(job: Job, plan: Plan) -> Plan | None:
         candidate = with_option(plan, option)
         try:
             memory = job_memory(job, candidate)
-            if memory.fit_bytes > budget or (job.cpu_memory_per_node is not None
-                                            and memory.host_bytes_per_node > job.cpu_memory_per_node):
+            if must_fit and (memory.fit_bytes > budget or (job.cpu_memory_per_node is not None
+                                                           and memory.host_bytes_per_node > job.cpu_memory_per_node)):
                 continue
             step = estimate_throughput(job, candidate).step_time_s
         except MeshplanError:  # a rule refuses it (EstimateBlocked), or the model cannot time it
