@@ -61,6 +61,7 @@ EXPECTED = {
         "samples_per_prompt": 5, "rollout_tp": 2, "rollout_engine": "vllm",
         "rollout_memory_fraction": 0.6}),
     "verl_qwen3moe_30b_megatron_96gb.sh": ("verl", {
+        "algorithm": "dapo",  # adv_estimator grpo with use_kl_loss and use_kl_in_reward False: no reference model
         "model": "Qwen/Qwen3-30B-A3B-Base", "num_gpus": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 8, "etp": 1,
         "param_offload": True, "optimizer_offload": True, "optimizer_offload_fraction": 1.0,
         "micro_batch_size": 1,  # use_dynamic_bsz: a budget of prompt + response tokens, not the script's 2
@@ -550,3 +551,39 @@ def test_nested_default_and_a_local_model_copy_named_by_its_folder():
     assert "/verl/models/Qwen3-235B-A22B" in result.sources["model"] and "local copy" in result.sources["model"]
     unknown = import_config(text.replace("Qwen3-235B-A22B", "my-own-model"), "run.sh")
     assert unknown.request["model"] == "/verl/models/my-own-model"  # no catalog name: left as the file says
+
+
+# --------------------------------------------------------------------------- RL: algorithm and rollout round trip
+
+RL_ROUND_TRIP = {"model": "qwen3-30b-a3b", "num_gpus": 16, "job": "rl", "zero_stage": 3, "micro_batch_size": 1,
+                 "samples_per_prompt": 8, "prompts_per_step": 128, "rollout_tp": 2, "rollout_dp": 2, "rollout_ep": 4,
+                 "rollout_memory_fraction": 0.7, "rollout_enforce_eager": True}
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "ppo"])
+def test_a_rendered_rl_config_reads_back_its_algorithm(framework, algorithm):
+    """A PPO config (adv_estimator gae, what render writes) was refused on import ("'gae' is not a valid algorithm"):
+    the card maps the key straight to the request field, so the reader's gae -> ppo never ran. DAPO (grpo without the
+    KL term, so no reference model) was read back as grpo, an estimate with a reference model the run never loads."""
+    fields = {**RL_ROUND_TRIP, "framework": framework, "algorithm": algorithm}
+    rendered = api.render_config(framework, parse_request(fields), force=True)
+    imported = api.import_config(rendered.text, path="run.sh", framework=framework)
+    assert imported.request["algorithm"] == algorithm, imported.sources.get("algorithm")
+
+
+@pytest.mark.parametrize(("framework", "kl", "algorithm"), [
+    ("verl", "", "dapo"),  # verl's actor.use_kl_loss defaults to false: no reference model
+    ("verl", " actor_rollout_ref.actor.use_kl_loss=True", "grpo"),
+    ("verl", " algorithm.use_kl_in_reward=True", "grpo"),
+    ("skyrl", "", "grpo"),  # SkyRL's trainer.algorithm.use_kl_loss defaults to true
+    ("skyrl", " trainer.algorithm.use_kl_loss=false", "dapo"),
+])
+def test_the_reference_model_follows_the_kl_settings_and_their_defaults(framework, kl, algorithm):
+    """verl loads the reference model when use_kl_loss or use_kl_in_reward (verl/trainer/ppo/utils.py
+    need_reference_policy; both false by default); SkyRL likewise (skyrl/train/utils/utils.py, use_kl_loss true by
+    default). A GRPO script without one is meshplan's dapo (no reference, no critic)."""
+    launch = {"verl": "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo",
+              "skyrl": "python -m skyrl.train.entrypoints.main_base trainer.algorithm.advantage_estimator=grpo"}
+    result = import_config(launch[framework] + kl + "\n", "run.sh")
+    assert result.request["algorithm"] == algorithm

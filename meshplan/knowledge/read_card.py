@@ -88,6 +88,9 @@ class ReadSection(_Card):
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "
                                           "a prefix ending in '.', and the key it is read as)")
     sft_source: str | None = None
+    kl_loss_default: StrictBool | None = Field(
+        None, description="An RL launcher's KL-loss switch left out (the reference model is loaded for a KL term)")
+    kl_source: str | None = None
     source: str
 
     @model_validator(mode="after")

@@ -41,15 +41,37 @@ def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setti
     return reading, settings
 
 
+def _algorithm(reading: Reading, left: list[tuple[Setting, object]]) -> None:
+    """The file's advantage estimator as meshplan's algorithm: gae is PPO; grpo is meshplan's grpo where a KL term
+    loads the reference model, else its dapo (no reference, no critic). The key was read as the request field
+    itself, so 'gae' (every PPO config, what render writes) was refused and DAPO came back as grpo."""
+    estimator = next((s for s, m in left if getattr(m, "target", None) == "algorithm"), None)
+    if estimator is None:
+        return
+    text = str(estimator.value).strip("'\"")
+    name = ALGORITHMS.get(text, text)
+    if name not in ("grpo", "ppo", "dapo"):
+        reading.unsupported.append(f"{estimator.where(reading.path)} = {estimator.value}: meshplan models grpo, "
+                                   "dapo and ppo")
+        return
+    read = read_section(reading.framework)
+    terms = [(n, reading.extra[n]) for n in ("kl_loss", "kl_in_reward") if n in reading.extra]
+    on = [s.where(reading.path) for _, (value, s) in terms if value is True or as_bool(value)]
+    if not any(n == "kl_loss" for n, _ in terms) and read.kl_loss_default:
+        on.append(f"the KL loss, on by default (cards/frameworks/{reading.framework}.yaml read.kl_source)")
+    if name == "grpo" and not on:
+        reading.state("algorithm", "dapo", f"{estimator.where(reading.path)} = {text} with no KL term, so no "
+                                           "reference model (meshplan's dapo)")
+    elif name == "ppo" and not on:
+        reading.state("algorithm", "ppo", estimator)
+        reading.notes.append(f"{estimator.where(reading.path)} = {text} with no KL term: the run loads no reference "
+                             "model, which meshplan's ppo counts (its memory and step are over by the reference's)")
+    else:
+        reading.state("algorithm", name, estimator)
+
+
 def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
-    algorithm = reading.extra.get("algorithm")
-    if algorithm is not None:
-        name = ALGORITHMS.get(str(algorithm[0]).strip("'\""), str(algorithm[0]).strip("'\""))
-        if name in ("grpo", "ppo", "dapo"):
-            reading.state("algorithm", name, algorithm[1])
-        else:
-            reading.unsupported.append(f"{algorithm[1].where(reading.path)} = {algorithm[0]}: meshplan models grpo, "
-                                       "dapo and ppo")
+    _algorithm(reading, left)
     mini = next((s for s, m in left if getattr(m, "target", None) == "global_batch_size"), None)
     prompts = reading.request.get("prompts_per_step")
     size = whole_value(reading, mini.value, mini) if mini is not None else None
@@ -77,7 +99,8 @@ def read_verl(text: str, path: str) -> Reading:
                 "megatron" or "megatron" in engine.get("--config-name", "") or any(".megatron." in k for k in engine))
     reading.variant = "megatron" if megatron else "fsdp"
     left = apply(reading, settings, key_table("verl", variant=reading.variant),
-                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full"}))
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full",
+                            "algorithm"}))
     for s, m in left:
         if m.target in ("zero_0", "zero_1") and megatron and "zero_stage" not in reading.request:
             reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
@@ -156,7 +179,8 @@ def read_skyrl(text: str, path: str) -> Reading:
         reading.state("job", "sft", f"{path} (skyrl.train.main_sft)")
         settings = _sft_keys(settings)
     left = apply(reading, settings, key_table("skyrl", variant=reading.variant),
-                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full"}))
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full",
+                            "algorithm"}))
     for s, m in left:
         if m.target == "global_batch_size" and sft:  # SFTConfig.batch_size: sequences, not prompts
             reading.state("global_batch_size", s.value, s)
