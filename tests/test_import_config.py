@@ -587,3 +587,30 @@ def test_the_reference_model_follows_the_kl_settings_and_their_defaults(framewor
               "skyrl": "python -m skyrl.train.entrypoints.main_base trainer.algorithm.advantage_estimator=grpo"}
     result = import_config(launch[framework] + kl + "\n", "run.sh")
     assert result.request["algorithm"] == algorithm
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_a_rendered_rl_config_reads_back_its_rollout_engine(framework):
+    """The rollout engine's data_parallel_size was dropped without a word (its `data` part matched the data-settings
+    pattern) and expert_parallel_size and enforce_eager were "no meshplan field", though render writes all three from
+    rollout_dp, rollout_ep and rollout_enforce_eager: the imported job ran a different engine."""
+    fields = {**RL_ROUND_TRIP, "framework": framework, "algorithm": "grpo"}
+    rendered = api.render_config(framework, parse_request(fields), force=True)
+    imported = api.import_config(rendered.text, path="run.sh", framework=framework)
+    for name in ("rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction", "rollout_enforce_eager"):
+        assert imported.request.get(name) == fields[name], name
+    assert not any("parallel_size" in u or "enforce_eager" in u for u in imported.unsupported), imported.unsupported
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_skyrl_separate_pools_read_back_as_the_job_rendered(algorithm):
+    """SkyRL with colocate_all false was read as a colocated job on the policy's GPUs alone (num_gpus 4 of 16): the
+    rollout engine's own GPUs (num_engines x TP x DP) and PPO's critic's were left out and colocate_all was "no meshplan
+    field"."""
+    fields = {**RL_ROUND_TRIP, "framework": "skyrl", "algorithm": algorithm, "placement": "separate",
+              "rollout_gpus": 8}
+    rendered = api.render_config("skyrl", parse_request(fields), force=True)
+    imported = api.import_config(rendered.text, path="run.sh", framework="skyrl")
+    request = api.request_from_config(imported, {})
+    assert (request.placement, request.rollout_gpus, request.num_gpus) == ("separate", 8, 16)
+    assert api.check_config(request).plan.dp == api.check_config(parse_request(fields)).plan.dp

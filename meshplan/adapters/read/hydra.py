@@ -198,7 +198,48 @@ def read_skyrl(text: str, path: str) -> Reading:
         _rl_fields(reading, left)
     model_named_by_path(reading)
     world(reading)
+    if not sft:
+        skyrl_pools(reading)
     return reading
+
+
+def skyrl_pools(reading: Reading) -> None:
+    """SkyRL's trainer.placement.colocate_all false: the rollout engines on GPUs of their own (placement separate,
+    num_engines x TP x DP of them) and PPO's critic on as many as the policy's (the rl card's
+    critic_apart_when_separate), so num_gpus is the job's, theirs added to the policy's. Read as the policy's alone,
+    such a file was a colocated job on a quarter of its GPUs."""
+    policy = reading.request.get("num_gpus")
+    _other_pools(reading, policy)
+    colocate = reading.extra.get("colocate_all")
+    if colocate is None or as_bool(colocate[0]) is not False:
+        return
+    reading.state("placement", "separate", colocate[1])
+    card = rl_card("skyrl")
+    assert card is not None, "SkyRL runs RL jobs: its card has an rl section"
+    engines = reading.whole("num_engines")
+    tp = int(reading.request.get("rollout_tp", card.defaults.rollout_tp))
+    dp = int(reading.request.get("rollout_dp", card.defaults.rollout_dp))
+    where = reading.extra["num_engines"][1].where(reading.path) if engines else "num_engines 1 (SkyRL's default)"
+    rollout = (engines or 1) * tp * dp
+    reading.state("rollout_gpus", rollout, f"{where} x rollout TP {tp} x DP {dp}")
+    if policy is None:
+        return
+    critic = card.critic_on_own_gpus(reading.request.get("algorithm", card.defaults.algorithm), "separate")
+    reading.state("num_gpus", policy * (2 if critic else 1) + rollout,
+                  f"{reading.sources['num_gpus']} (the policy's){' + as many for the critic' if critic else ''} + "
+                  f"rollout_gpus {rollout} (colocate_all false)")
+
+
+def _other_pools(reading: Reading, policy: int | None) -> None:
+    """The reference's and critic's GPU counts, where the file gives both of a pair: meshplan runs each on as many as
+    the policy's, so another count is said, not dropped."""
+    for role in ("ref", "critic"):
+        nodes, per_node = reading.whole(f"{role}_nodes"), reading.whole(f"{role}_gpus_per_node")
+        if policy is None or nodes is None or per_node is None or nodes * per_node == policy:
+            continue
+        where = reading.extra[f"{role}_gpus_per_node"][1].where(reading.path)
+        reading.unsupported.append(f"{where}: the {role} model on {nodes * per_node} GPUs; meshplan runs it on as "
+                                   f"many as the policy's {policy}")
 
 
 def _sft_keys(settings: list[Setting]) -> list[Setting]:
