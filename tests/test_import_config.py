@@ -614,3 +614,25 @@ def test_skyrl_separate_pools_read_back_as_the_job_rendered(algorithm):
     request = api.request_from_config(imported, {})
     assert (request.placement, request.rollout_gpus, request.num_gpus) == ("separate", 8, 16)
     assert api.check_config(request).plan.dp == api.check_config(parse_request(fields)).plan.dp
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+@pytest.mark.parametrize("zero_stage", [1, 3])  # the Megatron engine (Megatron-Bridge names), FSDP (PEFT names)
+@pytest.mark.parametrize("targets", [["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                                     ["linear_qkv", "linear_fc2"]])
+def test_a_rendered_lora_rl_config_reads_back_its_targets(framework, zero_stage, targets):
+    """The FSDP engines' target_modules (Hugging Face PEFT: all-linear, what render writes for the four, or the
+    projections q_proj, k_proj ...) were refused on import ("['all-linear'] is not a valid lora_targets")."""
+    fields = {**RL_ROUND_TRIP, "model": "qwen2.5-7b", "rollout_ep": 1, "framework": framework, "algorithm": "grpo",
+              "zero_stage": zero_stage, "lora_rank": 16, "lora_targets": targets}
+    rendered = api.render_config(framework, parse_request(fields), force=True)
+    imported = api.import_config(rendered.text, path="run.sh", framework=framework)
+    assert (imported.request["lora_rank"], imported.request["lora_targets"]) == (16, targets)
+
+
+def test_peft_projections_that_make_no_whole_linear_are_said():
+    """q_proj alone is part of Megatron's fused linear_qkv: meshplan cannot adapt it alone, and says so."""
+    result = import_config("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.lora_rank=8 "
+                           "actor_rollout_ref.model.target_modules=[q_proj,v_proj,o_proj]\n", "run.sh")
+    assert result.request["lora_targets"] == ["linear_proj"]
+    assert any("q_proj" in u and "v_proj" in u for u in result.unsupported), result.unsupported

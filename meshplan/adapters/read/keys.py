@@ -15,7 +15,9 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
+from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS
 from meshplan.adapters.read.settings import Setting
+from meshplan.arithmetic.lora import TARGETS
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
@@ -283,7 +285,11 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
             reading.notes.append(f"{s.where(reading.path)} = {value}: states sharded over {value} ranks; set "
                                  f"dp_replicate = dp*cp / {value} (hybrid sharding, not read from the group size)")
         return True
-    if m.target in VALUE_KNOBS:
+    if m.target == "lora_targets":
+        targets = lora_targets(reading, s)
+        if targets:
+            reading.state("lora_targets", targets, s)
+    elif m.target in VALUE_KNOBS:
         reading.state(m.target, value, s)
     elif m.target in SWITCH_KNOBS:
         on = True if value is True else as_bool(value)
@@ -335,6 +341,25 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         reading.extra.setdefault(m.target, (value, s))
         return True
     return True
+
+
+def lora_targets(reading: Reading, s: Setting) -> list[str]:
+    """A target_modules value as Megatron target names: Megatron-Bridge's own names as they are, all-linear (verl's
+    and SkyRL's PEFT default, what render writes for all four) as the four, Hugging Face projection names as the
+    linears they make up (verl's and SkyRL's FSDP engines run PEFT); a projection that is no whole linear (q_proj
+    without k_proj and v_proj) is said, not dropped. Read as the field itself, every PEFT value was refused."""
+    names = convert("lora_targets", s.value)
+    if names == [ALL_LINEAR]:
+        return list(TARGETS)
+    projections = {name for name in names if name not in TARGETS}
+    whole = [t for t in TARGETS if t in names or set(HF_PROJECTIONS[t]) <= projections]
+    left = sorted(projections - {p for t in whole for p in HF_PROJECTIONS.get(t, ())})
+    if left:
+        linears = ", ".join(f"{t} = {' + '.join(HF_PROJECTIONS[t])}" for t in TARGETS)
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {', '.join(left)} adapt part of a fused "
+                                   "linear (or no projection meshplan knows); meshplan adapts whole linears: "
+                                   + linears)
+    return whole
 
 
 SPLIT_NOT_READ = "pass --first-stage-layers/--last-stage-layers"
