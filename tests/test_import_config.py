@@ -73,6 +73,13 @@ EXPECTED = {
         "prompt_length": 512, "response_length": 1024, "rollout_tp": 1}),
     "skyrl_run_fsdp_baseline.sh": ("skyrl", {
         "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4}),
+    # SkyRL's DAPO example: its own entry point (examples.train.algorithms.dapo.main_dapo, main_base's config), once
+    # taken for verl's (main_dapo) and then refused; grpo with use_kl_loss=false is meshplan's dapo
+    "skyrl_run_dapo_gsm8k.sh": ("skyrl", {
+        "job": "rl", "algorithm": "dapo", "model": "Qwen/Qwen2.5-1.5B-Instruct", "num_gpus": 4, "zero_stage": 3,
+        "micro_batch_size": 64, "prompts_per_step": 1024, "samples_per_prompt": 5, "prompt_length": 512,
+        "response_length": 1024, "rollout_tp": 1, "rollout_engine": "vllm", "rollout_memory_fraction": 0.8,
+        "rollout_enforce_eager": True}),
     # pytorch/torchtitan 238fa99: the 0.2-generation TOML job files
     "torchtitan_llama3_8b.toml": ("torchtitan", {
         "model": "llama-3.1-8b", "seq_length": 8192, "tp": 1, "pp": 1, "cp": 1, "recompute": "selective",

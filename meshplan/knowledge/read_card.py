@@ -59,6 +59,7 @@ class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
     launcher: list[str] = Field(default_factory=list, description="The scripts or modules a launch command runs")
+    launcher_source: str | None = None
     keys: dict[str, str] = Field(
         default_factory=dict, description="A file's key and what it sets: a request field, an adapter knob or a name "
                                           "the reader takes (nodes, dp_shard, ...)")

@@ -50,7 +50,11 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
         return read_torchtitan_python
     if BRIDGE_RECIPE.search(text):  # a Megatron-Bridge recipe module (def ...() -> ConfigContainer:)
         return read_bridge_module
-    for pattern, reader in ((r"verl\.trainer|main_ppo|main_dapo", read_verl), (r"skyrl", read_skyrl),
+    # verl's keys (actor_rollout_ref.*) or SkyRL's (generator.*, trainer.policy.*) before the entry point's name:
+    # verl's DAPO recipe and SkyRL's DAPO example both run a main_dapo
+    for pattern, reader in ((r"verl\.trainer|main_ppo|actor_rollout_ref\.", read_verl),
+                            (r"skyrl|(?:^|\s)\+*(?:generator|trainer\.policy)\.[\w.]+=", read_skyrl),
+                            (r"main_dapo", read_verl),
                             (r"(?m)^cfg\.[\w.]+\s*=", read_bridge_python),
                             (r"run_recipe\.py", read_bridge), (r"torchtitan\.train", read_torchtitan_cli),
                             (r"pretrain_\w+\.py|finetune_llama\.py", _megatron_or_deepspeed)):
