@@ -643,3 +643,20 @@ def test_peft_projections_that_make_no_whole_linear_are_said():
                            "actor_rollout_ref.model.target_modules=[q_proj,v_proj,o_proj]\n", "run.sh")
     assert result.request["lora_targets"] == ["linear_proj"]
     assert any("q_proj" in u and "v_proj" in u for u in result.unsupported), result.unsupported
+
+
+@pytest.mark.parametrize(("launch", "epochs", "log_prob"), [
+    ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+     "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+    ("python -m skyrl.train.entrypoints.main_base trainer.micro_train_batch_size_per_gpu=4",
+     "trainer.update_epochs_per_batch", "trainer.micro_forward_batch_size_per_gpu"),
+])
+def test_update_passes_and_a_log_prob_micro_batch_meshplan_does_not_model_are_said(launch, epochs, log_prob):
+    """ppo_epochs / update_epochs_per_batch (update passes per RL step) and the log-prob pass's own micro-batch were
+    dropped without a word (their `epochs` and `log` parts matched the settings that say nothing about memory or
+    speed), though meshplan's update is one pass and its log-prob phase runs the training micro-batch."""
+    said = import_config(f"{launch} {epochs}=3 {log_prob}=32\n", "run.sh").unsupported
+    assert any(epochs in u and "3 passes" in u for u in said), said
+    assert any(log_prob in u and "micro_batch_size 4" in u for u in said), said
+    same = import_config(f"{launch} {epochs}=1 {log_prob}=4\n", "run.sh").unsupported
+    assert not any(epochs in u or log_prob in u for u in same), same

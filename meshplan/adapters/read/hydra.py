@@ -70,8 +70,27 @@ def _algorithm(reading: Reading, left: list[tuple[Setting, object]]) -> None:
         reading.state("algorithm", name, estimator)
 
 
+def _not_modelled(reading: Reading) -> None:
+    """What the file sets that meshplan's RL step does not model, said where it differs from the model: update passes
+    over the batch (meshplan's update is one) and the log-prob passes' own micro-batch (meshplan's log-prob phase runs
+    the training micro-batch). Both were dropped without a word."""
+    epochs = reading.whole("update_epochs")
+    if epochs is not None and epochs > 1:
+        s = reading.extra["update_epochs"][1]
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {epochs} passes over the batch per RL step; "
+                                   f"meshplan's update is one pass (its update time is 1/{epochs} of the run's)")
+    log_prob, train = reading.whole("log_prob_micro_batch"), reading.request.get("micro_batch_size")
+    packed = reading.extra.get("dynamic_batch")  # verl's use_dynamic_bsz: token-budget micro-batches, this size unused
+    if log_prob is not None and log_prob != train and not (packed and (packed[0] is True or as_bool(packed[0]))):
+        s = reading.extra["log_prob_micro_batch"][1]
+        runs = f"micro_batch_size {train}" if train is not None else "the training micro_batch_size"
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: the log-prob passes' micro-batch; "
+                                   f"meshplan's log_prob phase runs {runs} sequences a micro-batch")
+
+
 def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
     _algorithm(reading, left)
+    _not_modelled(reading)
     mini = next((s for s, m in left if getattr(m, "target", None) == "global_batch_size"), None)
     prompts = reading.request.get("prompts_per_step")
     size = whole_value(reading, mini.value, mini) if mini is not None else None
