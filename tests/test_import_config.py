@@ -660,3 +660,13 @@ def test_update_passes_and_a_log_prob_micro_batch_meshplan_does_not_model_are_sa
     assert any(log_prob in u and "micro_batch_size 4" in u for u in said), said
     same = import_config(f"{launch} {epochs}=1 {log_prob}=4\n", "run.sh").unsupported
     assert not any(epochs in u or log_prob in u for u in same), same
+
+
+def test_a_reward_model_the_run_loads_is_said():
+    """verl's reward_model.enable=True loads a reward model beside the actor (10 of its example scripts); its keys were
+    skipped with the other models' layouts and nothing said the estimate leaves a whole model out."""
+    launch = "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo reward_model.model.path=x/rm "
+    said = import_config(launch + "reward_model.enable=True\n", "run.sh").unsupported
+    assert any("reward_model.enable" in u and "reward model" in u for u in said), said
+    assert not any("reward model" in u for u in import_config(launch + "reward_model.enable=False\n",
+                                                                "run.sh").unsupported)

@@ -28,6 +28,9 @@ def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setti
     _, command, k, reading, _ = read_launch(text, path, framework)
     settings = []
     for s in flag_settings(command.words[k + 1:]):
+        if s.key.lstrip("+~") == "reward_model.enable" and as_bool(s.value):
+            reading.unsupported.append(f"{s.where(path)} = {s.value}: a reward model is loaded beside the trained "
+                                       "one; meshplan counts none (its weights and passes are in no phase)")
         if s.key.lstrip("+~").startswith(OTHER_MODELS):
             continue
         if s.key.startswith("~"):
