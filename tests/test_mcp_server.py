@@ -88,8 +88,8 @@ async def test_request_tools_take_the_request_fields_with_their_descriptions(cli
     assert tools["render_config"].input_schema["properties"]["framework"]["enum"] == [  # card files, sorted
         "deepspeed", "kempnerforge", "megatron-bridge", "megatron-core", "nemo-automodel", "skyrl", "torchtitan",
         "verl"]
-    # model may come from config_text (a torchtitan TOML names it, as `meshplan check --config` reads it)
-    assert set(tools["recommend_parallelism"].input_schema["required"]) == {"num_gpus"}
+    # model and num_gpus may come from config_text (as `meshplan recommend --config` reads them from the file)
+    assert not tools["recommend_parallelism"].input_schema.get("required")
     assert tools["estimate_memory"].input_schema["properties"]["precision"]["enum"] == ["bf16", "fp8"]
 
 
@@ -282,6 +282,20 @@ async def test_a_config_text_naming_the_model_needs_no_model_argument(client):
     assert not result.is_error and result.structured_content["framework"] == "torchtitan"
     assert result.structured_content["model"] == "Llama-3.1-8B"
     assert "A model is required" in error_text(await client.call_tool("estimate_memory", {"num_gpus": 8}))
+
+
+async def test_recommend_takes_the_gpu_count_from_config_text(client):
+    """recommend_parallelism required num_gpus in its schema, so a verl script stating trainer.nnodes and
+    n_gpus_per_node was refused ("num_gpus: Field required") where the CLI's `recommend --config FILE` reads the count
+    from the file; without either, the api's own error says what to pass."""
+    text = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen2.5-7B trainer.nnodes=1 "
+            "trainer.n_gpus_per_node=8 actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.ppo_micro_batch_"
+            "size_per_gpu=1 data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=64\n")
+    result = await client.call_tool("recommend_parallelism", {"config_text": text, "top_k": 1})
+    assert not result.is_error, error_text(result)
+    assert result.structured_content["num_gpus"] == 8
+    missing = error_text(await client.call_tool("recommend_parallelism", {"model": "llama-3.1-8b"}))
+    assert "needs the GPU count" in missing and "num_gpus" in missing
 
 
 # --------------------------------------------------------------------------- recommend_parallelism

@@ -365,7 +365,7 @@ RECOMMEND = (
 
 @with_signature(
     [
-        *request_parameters(required=("num_gpus",)),
+        *request_parameters(),  # num_gpus too may come from config_text; without either the api says to pass it
         inspect.Parameter(
             "top_k", _KW, default=5,
             annotation=Annotated[int, Field(ge=1, le=50, description="How many ranked layouts to return")],
