@@ -260,3 +260,13 @@ def test_pp003_and_pp013_read_what_the_micro_batch_rules_they_run_read():
     needed = {name for r in MICROBATCH_RULES for name in conditions[r].reads} - {"pp", "vpp", "dp"}
     for rule_id in ("PP003", "PP013"):
         assert needed <= set(conditions[rule_id].reads), (rule_id, needed - set(conditions[rule_id].reads))
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_rollout_replicas_fix_names_no_rollout_gpus_a_colocated_engine_cannot_take(framework):
+    """RL002's fix offered 'rollout_gpus 6 or 9' for a colocated engine on 8 GPUs, which RL003 refuses (the engines
+    span exactly the trainer's GPUs) or which is more than the job has; apart, the engine's own count is a fix."""
+    rl = {"model": "qwen2.5-7b", "framework": framework, "gpu": "h100", "num_gpus": 8, "job": "rl", "rollout_tp": 3}
+    colocated = fix_of("RL002", **rl)
+    assert "rollout_gpus" not in colocated and "{1, 2, 4, 8}" in colocated
+    assert "rollout_gpus 3 or 6" in fix_of("RL002", **{**rl, "num_gpus": 12}, placement="separate", rollout_gpus=4)

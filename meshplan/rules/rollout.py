@@ -42,17 +42,20 @@ def rollout_ep_needs_experts(ctx: Context) -> Values:
             "tp": p.rollout_tp, "dp": p.rollout_dp}
 
 
-@rule("RL002", reads=("rollout_tp", "rollout_dp", "rollout_gpus"))
+@rule("RL002", reads=("rollout_tp", "rollout_dp", "rollout_gpus", "placement"))
 def rollout_replicas_whole(ctx: Context) -> Values:
-    p = ctx.plan
+    """The fix names other rollout_gpus only for an engine on GPUs of its own: a colocated one spans exactly the
+    trainer's (RL003), so '6 or 9' of 8 GPUs was a fix that rule refuses."""
+    p, card = ctx.plan, ctx.rl_card
     if p.rollout_gpus is None or p.rollout_tp is None or p.rollout_dp is None:  # not chosen yet
         return None
     size = p.rollout_tp * p.rollout_dp
     if p.rollout_gpus % size == 0:
         return None
+    fixed = p.placement == "colocated" and card is not None and card.colocated_gpus_equal_training
     return {"gpus": p.rollout_gpus, "tp": p.rollout_tp, "dp": p.rollout_dp, "size": size,
             "working": fmt_set(divisors(p.rollout_gpus, upto=max(size * 4, 8))[-6:]),
-            "near": neighbours(p.rollout_gpus, size)}
+            "or_gpus": "" if fixed else f", or rollout_gpus {neighbours(p.rollout_gpus, size)}"}
 
 
 @rule("RL003", reads=("placement", "rollout_gpus"))
