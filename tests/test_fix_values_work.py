@@ -270,3 +270,15 @@ def test_rollout_replicas_fix_names_no_rollout_gpus_a_colocated_engine_cannot_ta
     colocated = fix_of("RL002", **rl)
     assert "rollout_gpus" not in colocated and "{1, 2, 4, 8}" in colocated
     assert "rollout_gpus 3 or 6" in fix_of("RL002", **{**rl, "num_gpus": 12}, placement="separate", rollout_gpus=4)
+
+
+def test_rollout_ep_fix_names_a_tp_and_dp_whose_product_is_the_ep():
+    """RL001 (rollout EP must be rollout TP x DP) offered 'rollout_dp=2 with rollout_tp=3' for rollout_ep=4 at TP3 DP2,
+    the layout it refuses: where TP does not divide the EP, the fix takes the largest TP that does."""
+    req = {"model": "qwen3-30b-a3b", "framework": "verl", "gpu": "h100", "num_gpus": 16, "job": "rl", "zero_stage": 3,
+           "rollout_tp": 3, "rollout_dp": 2, "rollout_ep": 4, "rollout_gpus": 16}
+    findings, plan = structural(req)
+    found = next(f for f in findings if f.id == "RL001")
+    assert "rollout_dp=2 with rollout_tp=2" in found.fix, found.fix
+    for fixed in applied(found.fix, req, {**plan.model_dump(), **req}):
+        assert "RL001" not in {f.id for f in structural(fixed)[0]}, (found.fix, fixed)

@@ -23,9 +23,12 @@ def rollout_ep_is_tp_dp(ctx: Context) -> Values:
     tp, dp = p.rollout_tp, p.rollout_dp
     if tp is None or dp is None or p.rollout_ep == tp * dp:  # None: the rollout layout is not chosen yet
         return None
-    dp_fix = p.rollout_ep // tp if p.rollout_ep % tp == 0 else dp
+    # the largest TP up to the engine's that divides the EP, and the DP that makes their product it (with the engine's
+    # own TP where it divides; else keeping TP named the layout refused: 'rollout_dp=2 with rollout_tp=3' for EP 4)
+    tp_fix = max(t for t in range(1, tp + 1) if p.rollout_ep % t == 0)
     return {"ep": p.rollout_ep, "tp": tp, "dp": dp, "product": tp * dp, "framework": ctx.framework,
-            "dp_fix": dp_fix, "ep_one": ", or rollout_ep=1 (experts sharded by the rollout TP)"}
+            "dp_fix": p.rollout_ep // tp_fix, "tp_fix": tp_fix,
+            "ep_one": ", or rollout_ep=1 (experts sharded by the rollout TP)"}
 
 
 @rule("RL007", reads=("rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep"))
