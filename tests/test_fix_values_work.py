@@ -282,3 +282,21 @@ def test_rollout_ep_fix_names_a_tp_and_dp_whose_product_is_the_ep():
     assert "rollout_dp=2 with rollout_tp=2" in found.fix, found.fix
     for fixed in applied(found.fix, req, {**plan.model_dump(), **req}):
         assert "RL001" not in {f.id for f in structural(fixed)[0]}, (found.fix, fixed)
+
+
+@pytest.mark.parametrize(("framework", "algorithm", "layout", "total"), [
+    ("verl", "grpo", {"zero_stage": 1, "tp": 4, "pp": 2}, 26),  # the trainer's 24 + the rollout engine's 2
+    ("skyrl", "ppo", {"zero_stage": 3, "cp": 4}, 58),  # the policy's 28, the critic's as many, the rollout engine's 2
+])
+def test_world_size_fixes_name_the_gpu_count_an_rl_job_placed_apart_passes(framework, algorithm, layout, total):
+    """With the rollout placed apart the trainer's world is num_gpus less the engine's GPUs (and, for SkyRL's PPO, half
+    of the rest): WS001 said 'num_gpus=30' of a request for 32 and offered 'num_gpus = 24 or 32', counts of the
+    trainer's that the request's num_gpus then splits again (24 left 22 to the trainer, WS001 once more)."""
+    req = {"model": "qwen2.5-7b", "framework": framework, "gpu": "h100", "num_gpus": 32 if algorithm == "grpo" else 62,
+           "job": "rl", "algorithm": algorithm, "placement": "separate", "rollout_gpus": 2, **layout}
+    findings, plan = structural(req)
+    found = next(f for f in findings if f.id == "WS001")
+    assert f"num_gpus={req['num_gpus']}" in found.message and "the trainer's 30 GPUs" in found.message, found.message
+    assert f"num_gpus = {total} or" in found.fix, found.fix
+    for fixed in applied(found.fix, req, {**plan.model_dump(), **req}):
+        assert "WS001" not in {f.id for f in structural(fixed)[0]}, (found.fix, fixed)

@@ -28,6 +28,14 @@ from meshplan.schema.plan import Job, Plan
 # --------------------------------------------------------------------------- GPU counts
 
 
+def rl_job_gpus(trainer_gpus: int, critic_apart: bool, placement: str | None, rollout_gpus: int | None) -> int:
+    """The RL job's GPUs in all, from the trainer's: the policy's, twice where PPO's critic runs on as many of its own
+    (critic_apart), plus the rollout engine's where it is placed apart (colocated, it shares the trainer's). The one
+    home of the count rl/job._pools splits num_gpus into; the RL report's per-GPU rate, min-gpus' scan and the
+    world-size rules' fixes (rules/context.request_gpus) read it."""
+    return trainer_gpus * (2 if critic_apart else 1) + ((rollout_gpus or 0) if placement == "separate" else 0)
+
+
 def ep_has_own_ranks(law: WorldSizeLaw) -> bool:
     """KempnerForge's law makes expert parallelism a mesh dimension of its own; Megatron's and torchtitan's fold
     the experts into the data/context/tensor ranks."""

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel
 
+from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card, rl_card, rl_frameworks
 from meshplan.knowledge.rl_card import RLCard, RLDefaults
@@ -45,13 +46,6 @@ class ResolvedRL(BaseModel):
         return dict(rollout_engine=self.engine, rollout_tp=self.tp, rollout_dp=self.dp, rollout_ep=self.ep,
                     rollout_memory_fraction=self.memory_fraction, placement=self.placement,
                     rollout_gpus=self.rollout_gpus or trainer_gpus, rollout_enforce_eager=self.enforce_eager)
-
-
-def rl_job_gpus(trainer_gpus: int, critic_apart: bool, placement: Placement, rollout_gpus: int | None) -> int:
-    """The RL job's GPUs in all, from the trainer's: the policy's, twice where PPO's critic runs on as many of its own
-    (critic_apart), plus the rollout engine's where it is placed apart (colocated, it shares the trainer's). The one
-    home of the count _pools splits num_gpus into; the RL report's per-GPU rate and min-gpus' scan both read it."""
-    return trainer_gpus * (2 if critic_apart else 1) + ((rollout_gpus or 0) if placement == "separate" else 0)
 
 
 def is_rl_request(req: Request) -> bool:

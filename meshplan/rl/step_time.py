@@ -8,12 +8,12 @@ from typing import NamedTuple
 
 from meshplan.arithmetic.comm import job_links, small_allreduce_time
 from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.units import GIB
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration, calibration_card
 from meshplan.knowledge.model_counts import expert_params, total_params
 from meshplan.rl.engine import ENGINE_BYTES, engine_weight_bytes, ep_words, kv_bytes_per_token
-from meshplan.rl.job import rl_job_gpus
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival_mean
 from meshplan.rl.memory import critic_apart, phase_setting, reference_bytes, rl_memory
 from meshplan.schema.plan import Plan

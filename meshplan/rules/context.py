@@ -54,6 +54,35 @@ class Context:
     def world(self) -> int:
         return self.job.num_gpus
 
+    def request_gpus(self, trainer: int) -> int:
+        """The request's num_gpus for `trainer` GPUs of the trainer (the job's world): an RL job whose rollout runs
+        apart adds the engine's GPUs and, where PPO's critic runs on as many of its own, those (mesh.rl_job_gpus), so
+        a world-size fix names the count to pass, not the trainer's (which the request's count would split again)."""
+        rl = self.job.rl
+        if self.rl_card is None or rl is None or self.plan.placement != "separate":
+            return trainer
+        apart = self.rl_card.critic_on_own_gpus(rl.algorithm, self.plan.placement)
+        return mesh.rl_job_gpus(trainer, apart, self.plan.placement, self.plan.rollout_gpus)
+
+    def world_words(self) -> str:
+        """How a world-size rule names the GPU count: num_gpus, and where it is not the trainer's (an RL job placed
+        apart) the trainer's count beside it."""
+        total = self.request_gpus(self.world)
+        return f"num_gpus={total}" if total == self.world else f"num_gpus={total} (the trainer's {self.world} GPUs)"
+
+    def gpus_fix(self, unit: int, multiples: bool = True) -> str:
+        """The GPU counts just below and above the trainer's world that `unit` divides, as the request's num_gpus
+        ('24 or 32 (multiples of 8)'; an RL job placed apart: '26 or 34 (the trainer's 24 or 32, multiples of 8)');
+        without `multiples`, '24 or 32' or '26 or 34: the trainer's 24 or 32'."""
+        below = (self.world // unit) * unit
+        counts = [c for c in (below, below + unit) if c > 0]
+        said = " or ".join(str(self.request_gpus(c)) for c in counts)
+        trainer = " or ".join(map(str, counts))
+        if not multiples:
+            return said if said == trainer else f"{said}: the trainer's {trainer}"
+        return f"{said} (multiples of {unit})" if said == trainer else \
+            f"{said} (the trainer's {trainer}, multiples of {unit})"
+
     @once
     def backend(self) -> Backend:
         return backend_of(self.job.card, self.plan.zero_stage)

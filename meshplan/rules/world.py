@@ -51,13 +51,15 @@ def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterabl
 
 
 
-@rule("WS001", reads=("tp", "pp", "cp"))
+@rule("WS001", reads=("tp", "pp", "cp", "placement", "rollout_gpus"))
 def dense_grid_divides_world(ctx: Context) -> Values:
+    """The counts are the request's num_gpus (Context.request_gpus): an RL job placed apart said 'num_gpus=30' of a
+    request for 32 and offered the trainer's counts, which the request's count then splits again."""
     mp = ctx.model_parallel
     if ctx.world % mp == 0:
         return None
-    return {"world": ctx.world, "mp": mp, "tp": ctx.plan.tp, "pp": ctx.plan.pp, "cp": ctx.plan.cp,
-            "gpus": neighbours(ctx.world, mp), "products": _product_divisors(ctx)}
+    return {"world": ctx.world, "count": ctx.world_words(), "mp": mp, "tp": ctx.plan.tp, "pp": ctx.plan.pp,
+            "cp": ctx.plan.cp, "gpus": ctx.gpus_fix(mp), "products": _product_divisors(ctx)}
 
 
 
@@ -81,7 +83,7 @@ def _etp_one_fix(ctx: Context) -> str:
 
 
 
-@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp"))
+@rule("WS002", reads=("tp", "pp", "cp", "ep", "etp", "dp", "placement", "rollout_gpus"))
 def expert_grid_divides_world(ctx: Context) -> Values:
     p = ctx.plan
     grid = ctx.expert_grid
@@ -90,20 +92,22 @@ def expert_grid_divides_world(ctx: Context) -> Values:
     minimum = mesh.smallest_world(ctx.law, p.tp, p.pp, p.cp, 1, p.ep, p.etp)
     room = ctx.world // (p.pp * p.etp) if ctx.world % (p.pp * p.etp) == 0 else 0
     eps = working_ep(ctx, room)
-    return {"world": ctx.world, "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp, "minimum": minimum,
-            "etp_one": _etp_one_fix(ctx),
-            "gpus": neighbours(ctx.world, minimum),
+    return {"world": ctx.world, "count": ctx.world_words(), "grid": grid, "etp": p.etp, "ep": p.ep, "pp": p.pp,
+            "minimum": minimum, "etp_one": _etp_one_fix(ctx),
+            "gpus": ctx.gpus_fix(minimum, multiples=False),
             "eps": f", or ep in {fmt_set(eps)} at this GPU count" if eps
             else f"; no ep tiles {ctx.world} GPUs at pp={p.pp}, etp={p.etp}"}
 
 
 
-@rule("WS003", reads=("tp", "pp", "cp", "dp"))
+@rule("WS003", reads=("tp", "pp", "cp", "dp", "placement", "rollout_gpus"))
 def dp_matches_law(ctx: Context) -> Values:
     mp = ctx.model_parallel
     if ctx.world % mp or ctx.plan.dp == ctx.world // mp:
         return None
-    return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp, "needed": ctx.plan.dp * mp}
+    needed = ctx.request_gpus(ctx.plan.dp * mp)
+    return {"dp": ctx.plan.dp, "world": ctx.world, "mp": mp, "derived": ctx.world // mp,
+            "needed": needed if needed == ctx.plan.dp * mp else f"{needed} (the trainer's {ctx.plan.dp * mp})"}
 
 
 

@@ -78,8 +78,9 @@ def _minimum_rl(req: Request, limit: int, node: int) -> MinimumGpus:
     probe_gpus = node * (2 if req.placement == "separate" else 1) + (req.rollout_gpus or 0)
     probe, rl = resolve_rl(req.model_copy(update={"num_gpus": probe_gpus}), [])
     total = rl.job_gpus if rl is not None else (lambda trainer: trainer)  # the job's GPUs per trainer count
-    # read off that one count (rl/job.rl_job_gpus, linear in the trainer's): the rollout GPUs beside every count, and
-    # the job's GPUs per trainer GPU (2 where PPO's critic runs on as many of its own): the scan's limit and words
+    # read off that one count (arithmetic/mesh.rl_job_gpus, linear in the trainer's): the rollout GPUs beside every
+    # count, and the job's GPUs per trainer GPU (2 where PPO's critic runs on as many of its own): the scan's limit
+    # and words
     pool = total(0)
     copies = total(1) - pool
     # the host is the RL step's, settled by the RL recommend at each count (refuse_host, the actor search's
