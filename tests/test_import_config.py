@@ -73,6 +73,12 @@ EXPECTED = {
         "prompt_length": 512, "response_length": 1024, "rollout_tp": 1}),
     "skyrl_run_fsdp_baseline.sh": ("skyrl", {
         "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4}),
+    # SkyRL's SFT entry point with strategy=fsdp and a LoRA (main_sft's SFTConfig: model.lora, fsdp_config): once read
+    # as the Megatron strategy (zero_stage 1) with the LoRA keys "no meshplan field"
+    "skyrl_run_sft_lora.sh": ("skyrl", {
+        "job": "sft", "model": "Qwen/Qwen2.5-0.5B-Instruct", "num_gpus": 1, "zero_stage": 3, "tp": 1, "pp": 1,
+        "micro_batch_size": 2, "global_batch_size": 4, "seq_length": 512, "lora_rank": 32,
+        "lora_targets": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], "param_offload": False}),
     # SkyRL's DAPO example: its own entry point (examples.train.algorithms.dapo.main_dapo, main_base's config), once
     # taken for verl's (main_dapo) and then refused; grpo with use_kl_loss=false is meshplan's dapo
     "skyrl_run_dapo_gsm8k.sh": ("skyrl", {

@@ -195,7 +195,8 @@ def read_skyrl(text: str, path: str) -> Reading:
     values = {s.key.lstrip("+"): str(s.value).strip("'\"") for s in settings}
     sft = "main_sft" in text
     strategy = values.get("trainer.strategy", values.get("strategy", "fsdp2" if not sft else "megatron"))
-    reading.variant = "sft" if sft else "fsdp" if strategy.startswith("fsdp") else "rl"
+    # main_sft runs either strategy too (SFTConfig.strategy "megatron" or "fsdp"): its fsdp was read as Megatron's
+    reading.variant = "fsdp" if strategy.startswith("fsdp") else "sft" if sft else "rl"
     if sft:
         reading.request.pop("job")
         reading.state("job", "sft", f"{path} (skyrl.train.main_sft)")
