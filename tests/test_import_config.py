@@ -68,11 +68,14 @@ EXPECTED = {
         "samples_per_prompt": 16, "prompt_length": 2048, "response_length": 8192, "rollout_tp": 4}),
     # NovaSky-AI/SkyRL examples/train/megatron: the megatron and FSDP strategies
     "skyrl_run_megatron.sh": ("skyrl", {
+        # no recompute key: SkyRL's Megatron default (transformer_config_kwargs full, uniform, 1 layer), not none
+        "recompute": "full", "recompute_method": "uniform", "recompute_layers": 1,
         "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "tp": 2, "pp": 2, "cp": 1, "zero_stage": 1,
         "micro_batch_size": 4, "prompts_per_step": 128, "samples_per_prompt": 5,
         "prompt_length": 512, "response_length": 1024, "rollout_tp": 1}),
     "skyrl_run_fsdp_baseline.sh": ("skyrl", {
-        "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4}),
+        "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4,
+        "recompute": "full"}),  # trainer.gradient_checkpointing left at SkyRL's True
     # SkyRL's SFT entry point with strategy=fsdp and a LoRA (main_sft's SFTConfig: model.lora, fsdp_config): once read
     # as the Megatron strategy (zero_stage 1) with the LoRA keys "no meshplan field"
     "skyrl_run_sft_lora.sh": ("skyrl", {
@@ -676,3 +679,22 @@ def test_a_reward_model_the_run_loads_is_said():
     assert any("reward_model.enable" in u and "reward model" in u for u in said), said
     assert not any("reward model" in u for u in import_config(launch + "reward_model.enable=False\n",
                                                                 "run.sh").unsupported)
+
+
+@pytest.mark.parametrize(("launch", "recompute"), [
+    ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.strategy=fsdp2", "full"),  # gradient checkpointing on
+    ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.strategy=fsdp2 "
+     "actor_rollout_ref.model.enable_gradient_checkpointing=False", "none"),
+    ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.strategy=megatron", None),  # recompute_* null: none
+    ("python -m skyrl.train.entrypoints.main_base trainer.strategy=fsdp2", "full"),
+    ("python -m skyrl.train.entrypoints.main_base trainer.strategy=megatron", "full"),
+    ("python -m skyrl.train.entrypoints.main_base trainer.strategy=megatron trainer.gradient_checkpointing=false "
+     "trainer.policy.megatron_config.transformer_config_kwargs.recompute_granularity=full", "none"),
+])
+def test_recompute_left_out_is_the_frameworks_default(launch, recompute):
+    """verl's FSDP actor (model.enable_gradient_checkpointing True by default) and SkyRL's FSDP and Megatron workers
+    (trainer.gradient_checkpointing True; Megatron's transformer_config_kwargs default to full, uniform, 1 layer)
+    checkpoint every layer unless told not to, but a file that left the keys out was read as no recompute; SkyRL's
+    Megatron worker drops the recompute settings when gradient_checkpointing is false."""
+    result = import_config(launch + "\n", "run.sh")
+    assert result.request.get("recompute") == recompute, result.sources.get("recompute")

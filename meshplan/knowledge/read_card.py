@@ -89,6 +89,11 @@ class ReadSection(_Card):
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "
                                           "a prefix ending in '.', and the key it is read as)")
     sft_source: str | None = None
+    absent_by_variant: dict[str, dict[str, StrictBool | StrictInt | StrictStr]] = Field(
+        default_factory=dict, description="Per adapter variant: request fields a file leaving their keys out "
+                                          "states, at the framework's default (a recompute field other than recompute "
+                                          "itself only where the recompute is then full)")
+    absent_by_variant_source: str | None = None
     kl_loss_default: StrictBool | None = Field(
         None, description="An RL launcher's KL-loss switch left out (the reference model is loaded for a KL term)")
     kl_source: str | None = None
@@ -99,7 +104,7 @@ class ReadSection(_Card):
         if self.model_shape and len(self.model_shape) != len(SHAPE_FIELDS):
             raise ValueError(f"model_shape names {len(self.model_shape)} flags; it names those of "
                              f"{', '.join(SHAPE_FIELDS)}, in that order")
-        if unknown := set(self.absent) - set(Request.model_fields):
+        if unknown := set(self.absent).union(*self.absent_by_variant.values()) - set(Request.model_fields):
             raise ValueError(f"absent names {sorted(unknown)}, which are no request fields")
         if unset := set(self.model_defaults) - set(self.model_flags.values()):
             raise ValueError(f"model_defaults names {sorted(unset)}, which no model_flags entry sets")

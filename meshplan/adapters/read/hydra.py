@@ -142,8 +142,31 @@ def read_verl(text: str, path: str) -> Reading:
     _rl_fields(reading, left)
     dynamic_batch(reading)
     model_named_by_path(reading)
+    framework_recompute(reading)
     world(reading)
     return reading
+
+
+def framework_recompute(reading: Reading) -> None:
+    """The recompute a file leaving its keys out runs: the framework's default for its variant (the card's
+    read.absent_by_variant: verl's FSDP actor and SkyRL's workers checkpoint every layer by default, read as none
+    before), the method and layers only where that recompute is full. SkyRL's Megatron worker drops the recompute
+    settings when trainer.gradient_checkpointing is false (megatron_worker.py), whatever the kwargs say."""
+    read, where = read_section(reading.framework), f"cards/frameworks/{reading.framework}.yaml read.absent_by_variant"
+    switch = reading.extra.get("gradient_checkpointing")
+    if switch is not None and as_bool(switch[0]) is False and reading.variant in ("rl", "sft"):
+        for name in ("recompute_method", "recompute_layers", "recompute_modules"):
+            reading.request.pop(name, None)
+            reading.sources.pop(name, None)
+        reading.state("recompute", "none", f"{switch[1].where(reading.path)} (SkyRL's Megatron worker drops "
+                                           "recompute_granularity, method and num_layers without it)")
+    if any(t.startswith("recompute") or t == "gradient_checkpointing" for t in reading.unread):
+        return  # a recompute key with no value (an unset variable): said as unresolved, no default stated over it
+    for name, value in read.absent_by_variant.get(reading.variant or "", {}).items():
+        if name in reading.request or (name != "recompute" and reading.request.get("recompute") != "full"):
+            continue
+        reading.state(name, value, f"{reading.path} (not given: {reading.framework}'s default, {where})")
+        reading.defaults[name] = value
 
 
 def model_named_by_path(reading: Reading) -> None:
@@ -220,6 +243,7 @@ def read_skyrl(text: str, path: str) -> Reading:
     if not sft:
         _rl_fields(reading, left)
     model_named_by_path(reading)
+    framework_recompute(reading)
     world(reading)
     if not sft:
         skyrl_pools(reading)
