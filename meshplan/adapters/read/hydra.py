@@ -31,6 +31,8 @@ def _settings(text: str, path: str, framework: str) -> tuple[Reading, list[Setti
         if s.key.lstrip("+~") == "reward_model.enable" and as_bool(s.value):
             reading.unsupported.append(f"{s.where(path)} = {s.value}: a reward model is loaded beside the trained "
                                        "one; meshplan counts none (its weights and passes are in no phase)")
+        if s.key.lstrip("+~") == "critic.enable":  # verl's need_critic: this, else the estimator (gae)
+            reading.extra["critic_enable"] = (s.value, s)
         if s.key.lstrip("+~").startswith(OTHER_MODELS):
             continue
         if s.key.startswith("~"):
@@ -71,6 +73,12 @@ def _algorithm(reading: Reading, left: list[tuple[Setting, object]]) -> None:
                              "model, which meshplan's ppo counts (its memory and step are over by the reference's)")
     else:
         reading.state("algorithm", name, estimator)
+    enable = reading.extra.get("critic_enable")
+    on = None if enable is None else as_bool(enable[0])
+    if on is not None and on != (name == "ppo"):
+        words = ("a critic is trained beside the actor, which meshplan's grpo and dapo count none of" if on else
+                 "the run trains no critic, which meshplan's ppo counts (its memory and step are over by the critic's)")
+        reading.unsupported.append(f"{enable[1].where(reading.path)} = {enable[0]}: {words}")
 
 
 def _not_modelled(reading: Reading) -> None:
