@@ -73,12 +73,19 @@ def _algorithm(reading: Reading, left: list[tuple[Setting, object]]) -> None:
                              "model, which meshplan's ppo counts (its memory and step are over by the reference's)")
     else:
         reading.state("algorithm", name, estimator)
+    _critic_enable(reading, name == "ppo")
+
+
+def _critic_enable(reading: Reading, ppo: bool) -> None:
+    """verl's critic.enable where it says other than the estimator (need_critic: critic.enable, else gae): meshplan's
+    ppo counts a critic and its grpo and dapo none, so the difference is said."""
     enable = reading.extra.get("critic_enable")
-    on = None if enable is None else as_bool(enable[0])
-    if on is not None and on != (name == "ppo"):
-        words = ("a critic is trained beside the actor, which meshplan's grpo and dapo count none of" if on else
-                 "the run trains no critic, which meshplan's ppo counts (its memory and step are over by the critic's)")
-        reading.unsupported.append(f"{enable[1].where(reading.path)} = {enable[0]}: {words}")
+    trains = None if enable is None else as_bool(enable[0])
+    if trains is None or trains == ppo:
+        return
+    words = ("a critic is trained beside the actor, which meshplan's grpo and dapo count none of" if trains else
+             "the run trains no critic, which meshplan's ppo counts (its memory and step are over by the critic's)")
+    reading.unsupported.append(f"{enable[1].where(reading.path)} = {enable[0]}: {words}")
 
 
 def _not_modelled(reading: Reading) -> None:
