@@ -154,11 +154,13 @@ def import_file(path: str, *, framework: str | None = None, config_format: str |
     return read(path, framework, config_format)
 
 
-def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | None = None) -> Request:
-    """The Request a file states, with the fields `given` beside it (flags, tool arguments) over the file's."""
+def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | None = None, *,
+                        scan_gpus: bool = False) -> Request:
+    """The Request a file states, with the fields `given` beside it (flags, tool arguments) over the file's;
+    `scan_gpus` for minimum_gpus: the file's GPU count left out (the scan finds it)."""
     from meshplan.adapters.read import request_values
 
-    return parse_request(request_values(imported, given or {}))
+    return parse_request(request_values(imported, given or {}, scan_gpus))
 
 
 def read_log(text: str, *, path: str = "<log_text>", framework: str | None = None) -> MeasuredRun:

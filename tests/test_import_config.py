@@ -710,3 +710,19 @@ def test_verl_critic_enable_against_the_estimator_is_said(estimator, enable, sai
                            f"actor_rollout_ref.actor.use_kl_loss=True critic.enable={enable}\n", "run.sh")
     found = [u for u in result.unsupported + result.notes if "critic.enable" in u]
     assert (said in found[0]) if said else not found, found
+
+
+def test_min_gpus_from_a_file_that_states_its_gpu_count(capsys):
+    """`min-gpus --config FILE` (and minimum_gpus with config_text) was refused for every launch script ('num_gpus
+    cannot be given (got 8). Fix: Leave num_gpus out'): the file states the count the scan is to find, and the user
+    gave none. The file's count is left out of the scan; one given beside the file is still refused."""
+    from mcp_calls import call_tool
+
+    path = str(CONFIGS / "megatron_llama3_8b_h100_fp8.sh")
+    assert cli.main(["min-gpus", "--config", path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_gpus"] >= 1
+    assert cli.main(["min-gpus", "--config", path, "--num-gpus", "8"]) == 2
+    assert "num_gpus cannot be given" in capsys.readouterr().err
+    result = call_tool("minimum_gpus", {"config_text": (CONFIGS / "skyrl_run_megatron.sh").read_text(),
+                                        "model": "qwen3-8b"})
+    assert not result.is_error, result.content[0].text

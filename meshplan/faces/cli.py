@@ -133,8 +133,9 @@ def add_request_flags(parser: argparse.ArgumentParser, *, model_positional: bool
                              "(default: none, the flags alone)")
 
 
-def request_from_args(args: argparse.Namespace) -> Request:
-    """The flags as a `Request`, through the same parser as MCP arguments and batch lines."""
+def request_from_args(args: argparse.Namespace, scan_gpus: bool = False) -> Request:
+    """The flags as a `Request`, through the same parser as MCP arguments and batch lines (`scan_gpus`: min-gpus,
+    a --config file's GPU count left out)."""
     values = {name: getattr(args, name) for name in Request.model_fields if getattr(args, name, None) is not None}
     positional = getattr(args, "model_pos", None)
     if positional and values.get("model", positional) != positional:
@@ -146,7 +147,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
         values["model"] = positional
     if getattr(args, "config", None):  # the file's fields, the flags over them
         imported = api.import_file(args.config, framework=values.get("framework") or getattr(args, "target", None))
-        return api.request_from_config(imported, values)
+        return api.request_from_config(imported, values, scan_gpus=scan_gpus)
     return parse_request(values)
 
 
@@ -324,7 +325,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 def cmd_min_gpus(args: argparse.Namespace) -> int:
     """The smallest GPU count that fits (exit 1 when none does within the bounds), and the best layout there."""
-    result = api.minimum_gpus(request_from_args(args), max_gpus=args.max_gpus)
+    result = api.minimum_gpus(request_from_args(args, scan_gpus=True), max_gpus=args.max_gpus)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:

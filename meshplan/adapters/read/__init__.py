@@ -137,10 +137,13 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
                           unresolved=reading.unresolved, notes=reading.notes, config_format=fmt)
 
 
-def request_values(imported: ImportedConfig, given: Mapping[str, Any]) -> dict[str, Any]:
+def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:
     """The file's request with the fields given beside it (flags, tool arguments) over it; a framework given beside
-    it only chose how the file was read."""
+    it only chose how the file was read. `scan_gpus` (min-gpus, which finds the GPU count): the file's count is left
+    out, where it made every launch script's scan refused ('num_gpus cannot be given')."""
     values = dict(imported.request)
+    if scan_gpus:
+        values.pop("num_gpus", None)
     values.update({name: value for name, value in given.items() if value is not None})
     unread = [line for line in imported.unresolved if line.startswith("model: ") or ": model: " in line]
     if "model" not in values and unread and "names no model" not in unread[0]:

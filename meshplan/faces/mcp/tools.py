@@ -120,15 +120,15 @@ def tool_errors() -> Iterator[None]:
         raise ToolError(validation_message(exc)) from exc
 
 
-def to_request(args: dict[str, Any], config: ImportedConfig | None = None) -> Request:
+def to_request(args: dict[str, Any], config: ImportedConfig | None = None, scan_gpus: bool = False) -> Request:
     """The tool's request arguments as a `Request`; a null argument stays open, exactly as if left out. With
     config_text, the file's fields first (`config`: read_config's reading of it) and the arguments over them
-    (meshplan.api.request_from_config)."""
+    (meshplan.api.request_from_config; `scan_gpus`: minimum_gpus, the file's GPU count left out)."""
     text, fmt = args.pop("config_text", None), args.pop("config_format", None)
     if text is not None:
         given = _given(args)
         imported = config or api.import_config(text, framework=given.get("framework"), config_format=fmt)
-        return api.request_from_config(imported, given)
+        return api.request_from_config(imported, given, scan_gpus=scan_gpus)
     return parse_request(args)
 
 
@@ -507,7 +507,7 @@ MINIMUM_GPUS = (
 def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
     max_gpus = args.pop("max_gpus")
     with tool_errors():
-        report = api.minimum_gpus(to_request(args), max_gpus=max_gpus)
+        report = api.minimum_gpus(to_request(args, scan_gpus=True), max_gpus=max_gpus)
     if report.num_gpus is not None and report.candidate is not None:
         best = report.candidate
         summary = (
