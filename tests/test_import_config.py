@@ -726,3 +726,18 @@ def test_min_gpus_from_a_file_that_states_its_gpu_count(capsys):
     result = call_tool("minimum_gpus", {"config_text": (CONFIGS / "skyrl_run_megatron.sh").read_text(),
                                         "model": "qwen3-8b"})
     assert not result.is_error, result.content[0].text
+
+
+@pytest.mark.parametrize(("layout", "micro"), [
+    ("actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", 16),
+    ("actor_rollout_ref.actor.strategy=megatron actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", 16),
+    ("actor_rollout_ref.actor.strategy=fsdp2", 8),
+])
+def test_verl_deprecated_global_micro_batch_is_divided_by_the_data_parallel_size(layout, micro):
+    """verl's deprecated actor.ppo_micro_batch_size (six of its example scripts) counts sequences over the data-parallel
+    ranks: fsdp_workers.py divides it by the FSDP mesh over Ulysses, megatron_workers.py by Megatron's DP, into
+    ppo_micro_batch_size_per_gpu. It was 'no meshplan field' and the micro-batch left to the default."""
+    result = import_config("python3 -m verl.trainer.main_ppo trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+                           f"actor_rollout_ref.actor.ppo_micro_batch_size=64 {layout}\n", "run.sh")
+    assert result.request["micro_batch_size"] == micro, result.sources.get("micro_batch_size")
+    assert not any("ppo_micro_batch_size =" in u for u in result.unsupported), result.unsupported

@@ -7,6 +7,7 @@ not estimated.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -159,7 +160,26 @@ def read_verl(text: str, path: str) -> Reading:
     model_named_by_path(reading)
     framework_recompute(reading)
     world(reading)
+    global_micro_batch(reading)
     return reading
+
+
+def global_micro_batch(reading: Reading) -> None:
+    """verl's deprecated actor.ppo_micro_batch_size, sequences over the data-parallel ranks, as the micro-batch per GPU
+    verl divides it into (fsdp_workers.py: by the device mesh over the Ulysses size; megatron_workers.py: by Megatron's
+    data-parallel size); it was 'no meshplan field' and the micro-batch left to the default."""
+    given = reading.extra.get("global_micro_batch")
+    if given is None or "micro_batch_size" in reading.request:
+        return
+    gpus, where = reading.request.get("num_gpus"), given[1].where(reading.path)
+    dp = gpus // math.prod(int(reading.request.get(n, 1)) for n in ("tp", "pp", "cp")) if gpus else 0
+    size = whole_value(reading, *given)
+    if dp < 1 or size < dp:
+        reading.unresolved.append(f"{where} = {given[0]}: sequences over the data-parallel ranks, which the file's "
+                                  "GPU count does not divide into one a GPU at least (pass micro_batch_size)")
+        return
+    reading.state("micro_batch_size", size // dp, f"{where} = {given[0]} / data-parallel size {dp} (the deprecated "
+                                                  "global micro-batch, divided as verl's workers do)")
 
 
 def framework_recompute(reading: Reading) -> None:
