@@ -741,3 +741,13 @@ def test_verl_deprecated_global_micro_batch_is_divided_by_the_data_parallel_size
                            f"actor_rollout_ref.actor.ppo_micro_batch_size=64 {layout}\n", "run.sh")
     assert result.request["micro_batch_size"] == micro, result.sources.get("micro_batch_size")
     assert not any("ppo_micro_batch_size =" in u for u in result.unsupported), result.unsupported
+
+
+def test_skyrl_fsdp_size_render_writes_is_read():
+    """render writes SkyRL's trainer.policy.fsdp_config.fsdp_size=-1 (shard over every rank) and import called it
+    'no meshplan field'; a shard group of its own (fsdp_size > 0, hybrid sharding) is said as verl's is."""
+    fields = {**RL_ROUND_TRIP, "model": "qwen2.5-7b", "rollout_ep": 1, "framework": "skyrl", "algorithm": "grpo"}
+    text = api.render_config("skyrl", parse_request(fields), force=True).text
+    assert not any("fsdp_size" in u for u in api.import_config(text, framework="skyrl").unsupported)
+    hybrid = api.import_config(text.replace("fsdp_size=-1", "fsdp_size=4"), framework="skyrl")
+    assert any("fsdp_size = 4" in n and "dp_replicate" in n for n in hybrid.notes), hybrid.notes
