@@ -751,3 +751,16 @@ def test_skyrl_fsdp_size_render_writes_is_read():
     assert not any("fsdp_size" in u for u in api.import_config(text, framework="skyrl").unsupported)
     hybrid = api.import_config(text.replace("fsdp_size=-1", "fsdp_size=4"), framework="skyrl")
     assert any("fsdp_size = 4" in n and "dp_replicate" in n for n in hybrid.notes), hybrid.notes
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen2.5-7b"])
+def test_a_rendered_megatron_deepspeed_script_builds_the_untied_model_it_was_planned_for(model):
+    """The Megatron-DeepSpeed render left out --untie-embeddings-and-output-weights (megatron/arguments.py, 4efb479:
+    store_true, tied by default), so the script built Llama-3.1-8B with its output layer tied to the embedding, not
+    the model meshplan planned, and `meshplan import` of it matched no catalog model."""
+    fields = {"model": model, "num_gpus": 8, "tp": 2, "global_batch_size": 64, "micro_batch_size": 1,
+              "framework": "deepspeed"}
+    text = api.render_config("deepspeed", parse_request(fields), force=True).text
+    assert "--untie-embeddings-and-output-weights" in text
+    read = api.import_config(text, framework="deepspeed").request.get("model")  # Llama-3-8B's shape is Llama-3.1's
+    assert read is not None and api.describe_model(read).total_params == api.describe_model(model).total_params

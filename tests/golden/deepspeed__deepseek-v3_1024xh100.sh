@@ -31,6 +31,7 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --max-position-embeddings 163840 \
   --swiglu \
   --use-rotary-position-embeddings \
+  --untie-embeddings-and-output-weights \
   --tensor-model-parallel-size 8 \
   --pipeline-model-parallel-size 16 \
   --num-experts 1 1 1 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 \

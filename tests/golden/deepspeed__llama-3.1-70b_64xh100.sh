@@ -31,6 +31,7 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --max-position-embeddings 131072 \
   --swiglu \
   --use-rotary-position-embeddings \
+  --untie-embeddings-and-output-weights \
   --tensor-model-parallel-size 4 \
   --pipeline-model-parallel-size 4 \
   --micro-batch-size 1 \
