@@ -160,8 +160,30 @@ def read_verl(text: str, path: str) -> Reading:
     model_named_by_path(reading)
     framework_recompute(reading)
     world(reading)
+    one_step_off(reading)
     global_micro_batch(reading)
     return reading
+
+
+def one_step_off(reading: Reading) -> None:
+    """verl's one-step-off recipe (verl.experimental.one_step_off_policy.main_ppo): the rollout on a pool of its own,
+    rollout.nnodes x rollout.n_gpus_per_node (1 x 8 unless set), beside the trainer's (trainer.*: the actor, critic and
+    reference), so placement separate and num_gpus the two together. The trainer's n_gpus_per_node is its share of a
+    node, not the node's GPUs: not stated as gpus_per_node."""
+    if "one_step_off_policy" not in reading.sources.get("job", ""):
+        return
+    nodes, per_node = reading.whole("rollout_nodes") or 1, reading.whole("rollout_gpus_per_node") or 8
+    where = " x ".join(reading.extra[k][1].where(reading.path) for k in ("rollout_nodes", "rollout_gpus_per_node")
+                       if k in reading.extra) or "rollout.nnodes 1 x n_gpus_per_node 8 (one_step_off_ppo_trainer.yaml)"
+    reading.state("placement", "separate", f"{reading.sources['job']} (a rollout pool of its own)")
+    reading.state("rollout_gpus", nodes * per_node, where)
+    if "num_gpus" in reading.request:
+        reading.state("num_gpus", reading.request["num_gpus"] + nodes * per_node,
+                      f"{reading.sources['num_gpus']} (the trainer's) + rollout_gpus {nodes * per_node}")
+    if "trainer.n_gpus_per_node" in reading.sources.get("gpus_per_node", ""):
+        reading.request.pop("gpus_per_node")
+        reading.notes.append(f"{reading.sources.pop('gpus_per_node')}: the trainer's GPUs on each node, beside the "
+                             "rollout's: the node's own count is the GPU's (pass --gpus-per-node)")
 
 
 def global_micro_batch(reading: Reading) -> None:
