@@ -769,3 +769,15 @@ def test_a_rendered_megatron_deepspeed_script_builds_the_untied_model_it_was_pla
     assert "--untie-embeddings-and-output-weights" in text
     read = api.import_config(text, framework="deepspeed").request.get("model")  # Llama-3-8B's shape is Llama-3.1's
     assert read is not None and api.describe_model(read).total_params == api.describe_model(model).total_params
+
+
+@pytest.mark.parametrize(("launch", "algorithm"), [
+    ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True", "ppo"),  # verl's default: gae
+    ("python -m skyrl.train.entrypoints.main_base trainer.algorithm.use_kl_loss=false", "dapo"),  # SkyRL's: grpo
+])
+def test_an_estimator_left_out_is_the_frameworks_default(launch, algorithm):
+    """verl's algorithm.adv_estimator defaults to gae (ppo_trainer.yaml: PPO, with a critic, need_critic) and SkyRL's
+    advantage_estimator to grpo; a file leaving it out was estimated as meshplan's default, grpo: a verl PPO run
+    without its critic."""
+    result = import_config(launch + "\n", "run.sh")
+    assert result.request["algorithm"] == algorithm and "not given" in result.sources["algorithm"]

@@ -94,6 +94,8 @@ class ReadSection(_Card):
                                           "states, at the framework's default (a recompute field other than recompute "
                                           "itself only where the recompute is then full)")
     absent_by_variant_source: str | None = None
+    estimator_default: StrictStr | None = Field(
+        None, description="The advantage estimator an RL launcher leaving it out runs (gae: PPO with a critic)")
     kl_loss_default: StrictBool | None = Field(
         None, description="An RL launcher's KL-loss switch left out (the reference model is loaded for a KL term)")
     kl_source: str | None = None

@@ -51,29 +51,29 @@ def _algorithm(reading: Reading, left: list[tuple[Setting, object]]) -> None:
     """The file's advantage estimator as meshplan's algorithm: gae is PPO; grpo is meshplan's grpo where a KL term
     loads the reference model, else its dapo (no reference, no critic). The key was read as the request field
     itself, so 'gae' (every PPO config, what render writes) was refused and DAPO came back as grpo."""
+    read = read_section(reading.framework)
     estimator = next((s for s, m in left if getattr(m, "target", None) == "algorithm"), None)
-    if estimator is None:
+    if estimator is None and read.estimator_default is None:
         return
-    text = str(estimator.value).strip("'\"")
+    text = read.estimator_default if estimator is None else str(estimator.value).strip("'\"")
+    at = f"{reading.path} (not given: {reading.framework}'s default, cards/frameworks/{reading.framework}.yaml " \
+         "read.estimator_default)" if estimator is None else estimator.where(reading.path)
     name = ALGORITHMS.get(text, text)
     if name not in ("grpo", "ppo", "dapo"):
-        reading.unsupported.append(f"{estimator.where(reading.path)} = {estimator.value}: meshplan models grpo, "
-                                   "dapo and ppo")
+        reading.unsupported.append(f"{at} = {text}: meshplan models grpo, dapo and ppo")
         return
-    read = read_section(reading.framework)
     terms = [(n, reading.extra[n]) for n in ("kl_loss", "kl_in_reward") if n in reading.extra]
     on = [s.where(reading.path) for _, (value, s) in terms if value is True or as_bool(value)]
     if not any(n == "kl_loss" for n, _ in terms) and read.kl_loss_default:
         on.append(f"the KL loss, on by default (cards/frameworks/{reading.framework}.yaml read.kl_source)")
     if name == "grpo" and not on:
-        reading.state("algorithm", "dapo", f"{estimator.where(reading.path)} = {text} with no KL term, so no "
-                                           "reference model (meshplan's dapo)")
+        reading.state("algorithm", "dapo", f"{at} = {text} with no KL term, so no reference model (meshplan's dapo)")
     elif name == "ppo" and not on:
-        reading.state("algorithm", "ppo", estimator)
-        reading.notes.append(f"{estimator.where(reading.path)} = {text} with no KL term: the run loads no reference "
-                             "model, which meshplan's ppo counts (its memory and step are over by the reference's)")
+        reading.state("algorithm", "ppo", at)
+        reading.notes.append(f"{at} = {text} with no KL term: the run loads no reference model, which meshplan's "
+                             "ppo counts (its memory and step are over by the reference's)")
     else:
-        reading.state("algorithm", name, estimator)
+        reading.state("algorithm", name, at)
     _critic_enable(reading, name == "ppo")
 
 
