@@ -228,6 +228,18 @@ def test_recommend_for_an_rl_job_ranks_whole_rl_steps_that_fit():
     assert not [f for f in check_config(job, best, include_memory=True).findings if f.severity == "error"]
 
 
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_recommend_ranks_an_rl_job_with_enforce_eager(framework):
+    """recommend with rollout_enforce_eager (verl's and SkyRL's enforce_eager, as a DAPO script sets it) failed with the
+    training search's own error ('meshplan.search.recommend ranks training layouts; this request is an RL job'): the RL
+    recommend cleared a hand-kept list of the RL fields for the actor search, which lacked rollout_enforce_eager. Its
+    rows keep the switch."""
+    from meshplan import api
+
+    rec = api.recommend(parse_request({**GRPO, "framework": framework, "rollout_enforce_eager": True}), top_k=2)
+    assert rec.candidates and all(c.plan.rollout_enforce_eager for c in rec.candidates)
+
+
 def test_enforce_eager_drops_the_graphs_and_pays_the_launches():
     from meshplan.knowledge.calibration import calibration_card
     from meshplan.rl.memory import rl_memory

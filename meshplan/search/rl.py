@@ -18,7 +18,7 @@ from meshplan.core.units import GIB
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
-from meshplan.rl.job import resolve_rl
+from meshplan.rl.job import resolve_rl, trainer_request
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
 from meshplan.schema.plan import Plan
@@ -95,10 +95,7 @@ def _training(req: Request) -> Request:
     trainer_req, rl = resolve_rl(req, [])
     if rl is None:
         raise MeshplanError("recommend_rl needs an RL job.", fix="Pass job=rl with framework verl or skyrl.")
-    return trainer_req.model_copy(update={k: None for k in (
-        "job", "algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-        "mean_response_length", "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep", "rollout_memory_fraction",
-        "placement", "rollout_gpus")})
+    return trainer_request(trainer_req)  # every RL field (rl/job.RL_FIELDS): a list kept here lacked enforce_eager
 
 
 @dataclass
