@@ -68,3 +68,28 @@ def test_the_rl_recommend_states_the_trainers_nodes():
     rec = api.recommend(Request(model="qwen3-30b-a3b", gpu="h100", framework="verl", job="rl", algorithm="grpo",
                                 num_gpus=12), top_k=1)
     assert rec.gpus_per_node == 4 and any("3 nodes x 4" in note for note in rec.assumptions)
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_the_rl_recommendation_is_on_the_requests_gpus(name, capsys):
+    """The RL recommend answered for the trainer's GPUs: a SkyRL PPO job asked on 24 GPUs (8 the rollout engine's, 8
+    PPO's critic's) said 'Qwen2.5-7B on 8 GPUs' and '8 x H100' on the CLI, MCP and report. Its num_gpus is now the
+    request's, trainer_gpus the trainer's share where the rest runs apart, and the words name each pool."""
+    from meshplan.faces.cli import main
+
+    fields, num_gpus, trainer = JOBS[name]
+    rec = api.recommend(Request(**fields, num_gpus=num_gpus), top_k=1)
+    assert rec.num_gpus == num_gpus
+    assert rec.trainer_gpus == (None if trainer == num_gpus else trainer)
+    p = rec.candidates[0].plan
+    assert p.dp * p.cp * p.tp * p.pp == trainer
+    args = ["recommend", "qwen2.5-7b", "--num-gpus", str(num_gpus)] + [
+        f"--{k.replace('_', '-')}={v}" for k, v in fields.items() if k != "model"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Qwen2.5-7B on {num_gpus} GPUs")
+    compared = next(line for line in out.splitlines() if line.startswith("compared at:"))
+    if trainer != num_gpus:
+        critic = ", PPO's critic's 8" if fields["framework"] == "skyrl" else ""
+        assert f"{num_gpus} x NVIDIA H100 SXM5 80GB (h100; the trainer's {trainer}{critic} and the rollout " \
+               f"engine's 8)" in compared

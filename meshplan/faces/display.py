@@ -266,17 +266,33 @@ def compared_at(rec: Recommendation, req: Request) -> str:
     if rec.global_batch_size:
         tokens = rec.global_batch_size * seq
         parts.append(f"global batch {rec.global_batch_size:,} sequences ({si_count(tokens, 'tokens')})")
-    parts += [f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){_part_nodes(rec, gpu.gpus_per_node)}", rec.framework,
+    trainer = rec.trainer_gpus or rec.num_gpus  # the actor layouts' world (an RL job's engine apart: its share)
+    split = _part_nodes(trainer, rec.gpus_per_node, gpu.gpus_per_node)
+    gpus = f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){split}"
+    if rec.trainer_gpus is not None:
+        gpus = f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}; {_rl_pools(rec)})"
+    parts += [gpus, rec.framework,
               f"{percent(headroom)} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
     return "compared at: " + ", ".join(parts)
 
 
-def _part_nodes(rec: Recommendation, node: int) -> str:
-    """The nodes' split where the GPU count fills no whole node (request/resolve.launch_gpus_per_node)."""
-    per = rec.gpus_per_node
-    if per is None or per >= node or rec.num_gpus <= per:
+def _rl_pools(rec: Recommendation) -> str:
+    """How an RL job placed apart splits its GPUs: the trainer's (the actor layouts' world), the rollout engine's
+    (a ranked plan's rollout_gpus) and PPO's critic's, the rest."""
+    trainer = rec.trainer_gpus or rec.num_gpus
+    rollout = rec.candidates[0].plan.rollout_gpus if rec.candidates else None
+    if rollout is None:
+        return f"the trainer's {trainer:,}, the rest ({rec.num_gpus - trainer:,}) the rollout engine's and critic's"
+    critic = rec.num_gpus - trainer - rollout
+    return (f"the trainer's {trainer:,}" + (f", PPO's critic's {critic:,}" if critic else "")
+            + f" and the rollout engine's {rollout:,}")
+
+
+def _part_nodes(gpus: int, per: int | None, node: int) -> str:
+    """The nodes' split where the trainer's GPU count fills no whole node (request/resolve.launch_gpus_per_node)."""
+    if per is None or per >= node or gpus <= per:
         return ""
-    return f" as {rec.num_gpus // per:,} nodes x {per} ({node - per} of each {node}-GPU node idle)"
+    return f" as {gpus // per:,} nodes x {per} ({node - per} of each {node}-GPU node idle)"
 
 
 FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",

@@ -261,7 +261,11 @@ class Recommendation(StrictModel):
 
     model: str
     framework: str
-    num_gpus: int
+    num_gpus: int = Field(description="The request's GPUs: for an RL job the whole job's (the trainer's, with the "
+                                      "rollout engine's and a critic's where they run on GPUs of their own)")
+    trainer_gpus: int | None = Field(
+        None, description="An RL job whose rollout engine (or PPO's critic) runs on GPUs of its own: the trainer's "
+                          "share of num_gpus, the world every actor layout is a layout of")
     candidates: list[Candidate]
     considered: int = Field(description="Layouts in the searched space; = len(candidates) + sum(rejected)")
     rejected: dict[str, int] = Field(
