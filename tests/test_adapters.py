@@ -181,6 +181,8 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=320, lora_rank=16,
                          lora_targets=["linear_qkv", "linear_fc2"])),
     ("skyrl", "fsdp", dict(model="qwen3-8b", num_gpus=8, zero_stage=3, global_batch_size=64, job="lora")),
+    ("skyrl", "sft", dict(model="qwen3-8b", num_gpus=8, tp=2, global_batch_size=64, lora_rank=32,
+                          lora_targets=["linear_qkv", "linear_proj"])),  # main_sft's model.lora (SFTConfig.model)
     # NeMo AutoModel's recipe YAML: FSDP2 (zero 3), its reshard_after_forward=False (zero 2), DDP (zero 0), PP with
     # interleaving, EP with DeepEP or its torch dispatcher, async TP, compile, fp8, CPU offload, PEFT LoRA.
     ("nemo-automodel", None, dict(model="llama-3.1-70b", num_gpus=64, tp=2, pp=4, vpp=2, global_batch_size=128,

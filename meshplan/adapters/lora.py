@@ -55,14 +55,17 @@ def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
 
 
 def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
-    """SkyRL 0.4.0: trainer.policy.model.lora.{rank,target_modules} (SkyRLLoraConfig); all-linear is the four
-    Megatron targets on the Megatron strategy (megatron_worker.py) and every linear under FSDP (PEFT)."""
+    """SkyRL 0.4.0: trainer.policy.model.lora.{rank,target_modules} (SkyRLLoraConfig), and main_sft's model.lora.*
+    (SFTConfig.model is the same ModelConfig, copied onto trainer.policy.model: sft_config.py
+    build_skyrl_config_for_sft); all-linear is the four Megatron targets on the Megatron strategy (megatron_worker.py)
+    and every linear under FSDP (PEFT)."""
     if job.lora is None:
         return []
     targets: str | list[str] = ALL_LINEAR if set(job.lora.targets) == set(TARGETS) else (
         hf_targets(job.lora.targets) if variant == "fsdp" else list(job.lora.targets))
     notes.append(f"LoRA: rank {job.lora.rank}, alpha left at SkyRL's 16.")
-    return [("trainer.policy.model.lora.rank", job.lora.rank), ("trainer.policy.model.lora.target_modules", targets)]
+    model = "model" if variant == "sft" else "trainer.policy.model"
+    return [(f"{model}.lora.rank", job.lora.rank), (f"{model}.lora.target_modules", targets)]
 
 
 def read_targets(value: Any, hf: bool) -> list[str]:

@@ -266,8 +266,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
 def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     o = {k: _literal(v) for k, v in overrides(shell_tokens(text)).items()}
     assert not any(k.startswith("+") for k in o), "SkyRL rejects a '+' prefix"
-    lora = parsed_lora(o.get("trainer.policy.model.lora.rank"), o.get("trainer.policy.model.lora.target_modules"),
-                       hf=variant == "fsdp")
+    model = "model." if variant == "sft" else "trainer.policy.model."  # main_sft's SFTConfig.model (skyrl_lora)
+    lora = parsed_lora(o.get(f"{model}lora.rank"), o.get(f"{model}lora.target_modules"), hf=variant == "fsdp")
     if variant == "sft":
         world, p = _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"]), "megatron_config."
         mbs = int(o["micro_train_batch_size_per_gpu"])
