@@ -212,12 +212,15 @@ def _recommend(capsys, *args: str) -> tuple[dict, str]:
 
 def _folded(row: dict, plan: dict) -> str:
     """How the table names an equivalent: its degrees, its micro-batch and each knob that differs from its row's."""
+    from meshplan.check.split import split_words
     from meshplan.schema.plan import Plan
 
     labels = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
               "moe_token_dispatcher": "dispatcher"}
     knobs = [f"{label} {plan[k]}" for k, label in labels.items() if plan[k] != row[k]]
-    return " ".join([f"{Plan(**plan).short()} mbs {plan['micro_batch_size']}", *knobs])
+    split = [split_words(Plan(**plan)).replace(", ", " ")] if split_words(Plan(**plan)) != split_words(Plan(**row)) \
+        else []
+    return " ".join([f"{Plan(**plan).short()} mbs {plan['micro_batch_size']}", *knobs, *split])
 
 
 def test_recommend_table_shows_every_folded_equivalent_under_its_row(piped80, capsys):
@@ -254,6 +257,39 @@ def test_folded_equivalents_wrap_between_items_and_are_never_cut():
     assert _wrap_items("= also: ", items[:2], 20) == ["= also: TP1 PP4 CP2 EP16 DP8 mbs 2,",
                                                      "        TP1 PP4 CP4 EP16 DP4 mbs 4"]
     assert _wrap_items("= also: ", items[:1], 80) == ["= also: TP1 PP4 CP2 EP16 DP8 mbs 2"]
+
+
+def _candidate(rank: int, plan, peak_gib: float):
+    from meshplan.schema.reports import Candidate, MemorySummary, ThroughputBreakdown, ThroughputReport
+
+    tput = ThroughputReport(model="m", framework="megatron-core", plan=plan, step_time_s=100.0 + rank,
+                            tokens_per_s_per_gpu=395.0, tokens_per_s=1.0, mfu=0.5, model_flops_per_step=1.0,
+                            breakdown=ThroughputBreakdown(compute_s=1.0), assumptions=[])
+    memory = MemorySummary(peak_bytes=int(peak_gib * (1 << 30)), peak_stage=0, capacity_bytes=40 << 30, fits=True,
+                           headroom_bytes=1 << 30)
+    return Candidate(rank=rank, plan=plan, memory=memory, throughput=tput, rationale="")
+
+
+def test_rows_and_folded_plans_that_differ_only_in_their_split_say_which_split():
+    """Llama-3.1-70B on 96 A100-40GB ranked TP4 PP12 CP2 DP1 twice (first/last 7/3, then 5/5: 33.5 and 29.4 GiB)
+    and the table printed two identical rows; a split spelt as a layout was folded as 'also:' the row itself."""
+    from meshplan.faces.display import _folded, layout_cells
+    from meshplan.schema.plan import Plan
+
+    base = {"tp": 4, "pp": 12, "cp": 2, "dp": 1, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none"}
+    uneven = Plan(**base, first_stage_layers=7, last_stage_layers=3)
+    even_ends = Plan(**base, first_stage_layers=5, last_stage_layers=5)
+    other = Plan(**{**base, "zero_stage": 3}, first_stage_layers=5, last_stage_layers=5)
+    rows = [_candidate(1, uneven, 33.5), _candidate(2, even_ends, 29.4), _candidate(3, other, 27.9)]
+    assert layout_cells(rows) == ["TP4 PP12 CP2 DP1 first_stage_layers=7 last_stage_layers=3",
+                                  "TP4 PP12 CP2 DP1 first_stage_layers=5 last_stage_layers=5",
+                                  "TP4 PP12 CP2 DP1"]  # ZeRO 3 tells the third apart already
+    row = Plan(tp=1, pp=3, vpp=2, dp=4, first_stage_layers=10, last_stage_layers=8)
+    spelt = row.model_copy(update={"first_stage_layers": None, "last_stage_layers": None,
+                                   "pipeline_layout": "Et*5|(t*5|)*4t*3L"})
+    assert _folded(row, spelt) == 'TP1 PP3 VPP2 DP4 mbs 1 pipeline_layout="Et*5|(t*5|)*4t*3L"'
+    assert _folded(row, row.model_copy(update={"cp": 2, "dp": 2, "micro_batch_size": 2})) == \
+        "TP1 PP3 VPP2 CP2 DP2 mbs 2"
 
 
 def test_the_below_headroom_line_takes_its_numbers_from_the_report():

@@ -15,6 +15,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from meshplan.check.headline import layout_text
+from meshplan.check.split import split_words
 from meshplan.core.units import GIB, percent, plural, si_count
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
@@ -299,11 +300,29 @@ FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_paral
                  "moe_token_dispatcher": "dispatcher"}
 
 
+def split_cell(plan: Plan) -> str:
+    """A plan's pipeline split as request fields, without the comma that separates the folded plans of a line."""
+    return split_words(plan).replace(", ", " ")
+
+
 def _folded(row: Plan, other: Plan) -> str:
-    """A plan folded into ROW's line, compactly: its degrees, its micro-batch and any other knob that differs."""
+    """A plan folded into ROW's line, compactly: its degrees, its micro-batch and any other knob that differs,
+    its pipeline split among them (the search folds a split spelt two ways, first/last sizes and a layout)."""
     knobs = [f"{FOLDED_LABELS.get(k, k)} {getattr(other, k)}" for k in FOLDED_KNOBS
              if getattr(other, k) != getattr(row, k)]
-    return " ".join([other.short(), f"mbs {other.micro_batch_size}", *knobs])
+    split = [split_cell(other)] if split_words(other) != split_words(row) else []
+    return " ".join([other.short(), f"mbs {other.micro_batch_size}", *knobs, *split])
+
+
+def layout_cells(candidates: list[Candidate]) -> list[str]:
+    """Each ranked row's layout cell: its degrees, and its pipeline split where another row would read the same
+    (recommend ranks each split of one layout as a row of its own, with its own peak and step time)."""
+    def cells(c: Candidate) -> tuple:
+        return c.plan.short(), c.plan.micro_batch_size, c.plan.zero_stage, c.plan.recompute
+
+    seen = [cells(c) for c in candidates]
+    return [f"{c.plan.short()} {split_cell(c.plan)}" if seen.count(cells(c)) > 1 else c.plan.short()
+            for c in candidates]
 
 
 def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
@@ -359,8 +378,8 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
         table = _table(_col("#", right=True), _col("layout", wrap=True), _col("mbs", right=True),
                        _col("ZeRO", right=True), "recompute", _col("peak GiB", right=True),
                        _col("tokens/s/GPU", right=True), _col("MFU", right=True), _col("step s", right=True))
-        for c in rec.candidates:
-            table.add_row(str(c.rank), c.plan.short(), str(c.plan.micro_batch_size), str(c.plan.zero_stage),
+        for c, layout in zip(rec.candidates, layout_cells(rec.candidates), strict=True):
+            table.add_row(str(c.rank), layout, str(c.plan.micro_batch_size), str(c.plan.zero_stage),
                           c.plan.recompute, gib_figure(c.memory.peak_bytes),
                           f"{c.throughput.tokens_per_s_per_gpu:,.0f}", f"{c.throughput.mfu:.1%}",
                           f"{c.throughput.step_time_s:.2f}")
