@@ -59,6 +59,18 @@ def test_render_framework_given_twice_must_agree(capsys):
     assert "Two different frameworks given" in capsys.readouterr().err
 
 
+def test_render_with_the_model_first_says_framework_comes_first(capsys):
+    """`render llama-3.1-8b --framework torchtitan` took the model for FRAMEWORK and answered 'A model is required'."""
+    assert main(["render", "llama-3.1-8b", "--framework", "torchtitan", "--num-gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "No adapter renders 'llama-3.1-8b'" in err and "A model is required" not in err
+    assert "FRAMEWORK comes first, then MODEL: meshplan render torchtitan llama-3.1-8b." in err
+    assert main(["render", "llama-3.1-8b"]) == 2
+    assert "meshplan render FRAMEWORK llama-3.1-8b" in capsys.readouterr().err
+    assert main(["render", "nanotron"]) == 2  # a framework, named as such: no word on the order
+    assert "memory convention only" in (err := capsys.readouterr().err) and "comes first" not in err
+
+
 def test_every_subcommand_help_renders(monkeypatch):
     """--help is built from the request fields' descriptions; argparse %-formats help text, so a '%' in a
     description (e.g. '30% more') must be escaped, or `meshplan <command> --help` dies with a traceback."""

@@ -23,6 +23,7 @@ from meshplan.core.errors import MeshplanError, closest
 from meshplan.core.units import plural
 from meshplan.faces.mcp import start_up
 from meshplan.request.parse import ascii_float, ascii_int, parse_request, validation_message
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.request import Request
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -346,8 +347,15 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     A layout that breaks a rule is refused with exit 1 and the findings with their fixes, unless --force.
     """
-    from meshplan.adapters.render import RefusedLayout
+    from meshplan.adapters.render import TARGETS, RefusedLayout, require_target
 
+    try:  # before the model: `render llama-3.1-8b --framework torchtitan` took the model for FRAMEWORK
+        require_target(args.target)
+    except MeshplanError as exc:
+        if args.model_pos is not None or args.target in FRAMEWORKS or closest(args.target, TARGETS, n=1):
+            raise
+        order = f"FRAMEWORK comes first, then MODEL: meshplan render {args.framework or 'FRAMEWORK'} {args.target}."
+        raise MeshplanError(exc.reason, fix=f"{order} {exc.fix}") from None
     req = request_from_args(args)
     if args.framework is not None and args.framework != args.target:
         raise MeshplanError(f"Two different frameworks given: FRAMEWORK {args.target!r} and --framework "
