@@ -445,12 +445,16 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
         ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.moe.expert_ffn_hidden_size if every_layer_moe else m.ffn_hidden_size),
         ("--num-attention-heads", m.num_attention_heads), ("--num-key-value-heads", m.num_kv_heads),
-        ("--seq-length", job.seq_length),
-        ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0)),
     ]
+    if m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
+        flags.append(("--kv-channels", m.head_dim))  # else hidden / heads: a narrower or wider attention
+    flags += [("--seq-length", job.seq_length),
+              ("--max-position-embeddings", max(job.seq_length, m.max_position_embeddings or 0))]
     swiglu = m.gated_mlp and m.activation in SILU and m.model_type != "gpt_oss"
     if swiglu:
         flags.append(("--swiglu", None))
+    if not m.tie_word_embeddings:  # Megatron-DeepSpeed ties them unless told: a vocab x hidden matrix fewer
+        flags.append(("--untie-embeddings-and-output-weights", None))
     if not m.learned_position_embeddings:
         flags.append(("--use-rotary-position-embeddings", None))
     if not m.tie_word_embeddings:  # Megatron-DeepSpeed ties them unless told (it built Llama-3's head tied)

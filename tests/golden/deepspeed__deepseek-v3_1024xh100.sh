@@ -30,6 +30,7 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --seq-length 4096 \
   --max-position-embeddings 163840 \
   --swiglu \
+  --untie-embeddings-and-output-weights \
   --use-rotary-position-embeddings \
   --untie-embeddings-and-output-weights \
   --tensor-model-parallel-size 8 \

@@ -30,6 +30,7 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --seq-length 4096 \
   --max-position-embeddings 131072 \
   --swiglu \
+  --untie-embeddings-and-output-weights \
   --use-rotary-position-embeddings \
   --untie-embeddings-and-output-weights \
   --tensor-model-parallel-size 4 \
