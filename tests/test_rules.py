@@ -432,6 +432,12 @@ def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
     # PP001: Qwen2.5-7B's 28 layers listed pp 7, 14, 28 on 24 GPUs; UL001 (verl's Ulysses) a size 28 on 64
     pp = finding_of("PP001", *make(model="qwen2.5-7b", num_gpus=24, pp=3))
     assert pp.fix.startswith("pp in {1, 2, 4} splits evenly;")
+    # with virtual stages it named pp 1 (PP003: vpp without a pipeline) and 2 (PP002: 40 layers over vpp=7) for
+    # Llama-3.1-70B at pp=6 vpp=7 on 72 GB200: the pps the plan's vpp splits, else the even ones at vpp=1
+    pp = finding_of("PP001", *make(model="llama-3.1-70b", gpu="gb200", num_gpus=72, pp=6, vpp=7, cp=4))
+    assert pp.fix.startswith("pp in {1, 2} with vpp=1 splits evenly"), pp.fix
+    pp = finding_of("PP001", *make(model="llama-3.1-70b", num_gpus=96, pp=3, vpp=2))
+    assert pp.fix.startswith("pp in {2, 4, 8} splits evenly"), pp.fix
     ul = finding_of("UL001", *make(model="qwen2.5-7b", framework="verl", num_gpus=64, cp=8, zero_stage=3))
     assert ul.fix == "Use a Ulysses size (cp) in {1, 2, 4}."
     # WS002 where no ep tiles the count said "or ep in none at this GPU count at this GPU count"

@@ -57,8 +57,12 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
     if _even_or_given(p.__dict__, ctx.job):
         return None
     working = tiling(ctx, "pp", divisors(layers, upto=MAX_LISTED_PP))
-    return {"layers": layers, "pp": p.pp, "working": fmt_set(working),
-            "uneven": _uneven_hint(ctx, p.pp)}
+    if p.vpp > 1:  # the plan's virtual stages stay: pp=1 would be PP003's, a pp they do not split PP002's
+        keep = [d for d in working if d > 1 and layers % (d * p.vpp) == 0]
+        named = fmt_set(keep) if keep else f"{fmt_set(working)} with vpp=1"
+    else:
+        named = fmt_set(working)
+    return {"layers": layers, "pp": p.pp, "working": named, "uneven": _uneven_hint(ctx, p.pp)}
 
 
 
