@@ -168,6 +168,19 @@ def test_headroom_and_tokens_are_worded_sanely():
     assert "(1.02T tokens)" in line and "M tokens" not in line
 
 
+def test_given_gpus_per_node_are_the_nodes_not_a_split_with_idle_gpus():
+    """recommend --gpus-per-node 4 on 32 H100 said '8 nodes x 4 (4 of each 8-GPU node idle)': the request's nodes
+    hold 4 GPUs; the idle GPUs are only those of a count that fills no whole node (launch_gpus_per_node)."""
+    rec = Recommendation.model_construct(global_batch_size=1024, num_gpus=32, framework="megatron-core",
+                                         gpus_per_node=4)
+    line = display.compared_at(rec, parse_request({"model": "llama-3.1-70b", "num_gpus": 32, "gpus_per_node": 4}))
+    assert "32 x NVIDIA H100 SXM5 80GB (h100) as 8 nodes x 4, " in line and "idle" not in line
+    rec = Recommendation.model_construct(global_batch_size=1032, num_gpus=12, framework="megatron-core",
+                                         gpus_per_node=4)
+    line = display.compared_at(rec, parse_request({"model": "llama-3.1-70b", "num_gpus": 12}))
+    assert "as 3 nodes x 4 (4 of each 8-GPU node idle)" in line
+
+
 def test_counts_agree_in_number(capsys):
     assert (plural(1, "count"), plural(2, "count"), plural(1000, "count")) == ("1 count", "2 counts", "1,000 counts")
     assert main(["min-gpus", "llama-3.1-8b", "--tp", "8"]) == 0

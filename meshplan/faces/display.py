@@ -268,7 +268,7 @@ def compared_at(rec: Recommendation, req: Request) -> str:
         tokens = rec.global_batch_size * seq
         parts.append(f"global batch {rec.global_batch_size:,} sequences ({si_count(tokens, 'tokens')})")
     trainer = rec.trainer_gpus or rec.num_gpus  # the actor layouts' world (an RL job's engine apart: its share)
-    split = _part_nodes(trainer, rec.gpus_per_node, gpu.gpus_per_node)
+    split = _part_nodes(trainer, rec.gpus_per_node, gpu.gpus_per_node, given=req.gpus_per_node is not None)
     gpus = f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){split}"
     if rec.trainer_gpus is not None:
         gpus = f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}; {_rl_pools(rec)})"
@@ -289,11 +289,14 @@ def _rl_pools(rec: Recommendation) -> str:
             + f" and the rollout engine's {rollout:,}")
 
 
-def _part_nodes(gpus: int, per: int | None, node: int) -> str:
-    """The nodes' split where the trainer's GPU count fills no whole node (request/resolve.launch_gpus_per_node)."""
+def _part_nodes(gpus: int, per: int | None, node: int, given: bool = False) -> str:
+    """The nodes' split of the trainer's GPUs where it is not the GPU's node: the request's gpus_per_node (its nodes,
+    none of them idle), or where the GPU count fills no whole node the launch split
+    request/resolve.launch_gpus_per_node chose."""
     if per is None or per >= node or gpus <= per:
         return ""
-    return f" as {gpus // per:,} nodes x {per} ({node - per} of each {node}-GPU node idle)"
+    idle = "" if given else f" ({node - per} of each {node}-GPU node idle)"
+    return f" as {gpus // per:,} nodes x {per}{idle}"
 
 
 FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
