@@ -190,6 +190,24 @@ def test_unsupported_and_unresolved_are_reported_not_guessed():
     assert any("qwen3_600m: not in meshplan's catalog" in u for u in bridge.unresolved)  # its name's model
 
 
+def test_torchtitan_without_a_global_batch_steps_on_local_batch_times_dp(tmp_path):
+    """torchtitan's global_batch_size left out (-1) is local_batch_size x dp, one micro-step per step: a TOML with
+    local_batch_size 2 on TP8 x dp 8 was estimated at meshplan's 4.2M-token default (512 sequences, 32 micro-batches,
+    93 s per step) instead of its own 16-sequence step."""
+    text = (CONFIGS / "torchtitan_llama3_70b.toml").read_text()
+    assert "local_batch_size = 8" in text and "global_batch_size" not in text
+    left = api.import_file(str(CONFIGS / "torchtitan_llama3_70b.toml"))  # dp_shard -1: the GPUs left over
+    assert "global_batch_size" not in left.request and left.batch_per_dp == 8
+    assert api.request_from_config(left, {"num_gpus": 64}).global_batch_size == 8 * 64 // 8  # TP8: dp 8
+    assert api.request_from_config(left, {"num_gpus": 64, "global_batch_size": 256}).global_batch_size == 256
+    path = tmp_path / "train.toml"
+    path.write_text(text.replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 4"))
+    stated = api.import_file(str(path))
+    assert stated.request["global_batch_size"] == 32 and "local_batch_size x dp" in stated.sources["global_batch_size"]
+    path.write_text(text.replace("local_batch_size = 8", "local_batch_size = 8\nglobal_batch_size = 128"))
+    assert api.import_file(str(path)).request["global_batch_size"] == 128  # the file's own stays
+
+
 # --------------------------------------------------------------------------- the shell reader
 
 

@@ -26,6 +26,10 @@ class ImportedConfig(StrictModel):
                                               "missing model or GPU count (pass them as fields)")
     notes: list[str] = Field(default_factory=list, description="How composed values were derived")
     config_format: str | None = Field(None, description="The file's format as read: shell, toml or json")
+    batch_per_dp: int | None = Field(
+        None, description="Where the file's global batch is this many sequences per data-parallel rank and dp is the "
+                          "GPUs left over (torchtitan: global_batch_size -1 = local_batch_size x dp): the global batch "
+                          "once the GPU count is given")
 
 
 class FileChange(StrictModel):

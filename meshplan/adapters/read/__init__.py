@@ -134,7 +134,8 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
     fill_defaults(reading)
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
-                          unresolved=reading.unresolved, notes=reading.notes, config_format=fmt)
+                          unresolved=reading.unresolved, notes=reading.notes, config_format=fmt,
+                          batch_per_dp=reading.batch_per_dp)
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:
@@ -145,6 +146,10 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
     if scan_gpus:
         values.pop("num_gpus", None)
     values.update({name: value for name, value in given.items() if value is not None})
+    replica = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
+    if imported.batch_per_dp and "global_batch_size" not in values and values.get("num_gpus", 0) % replica == 0 \
+            and isinstance(values.get("num_gpus"), int):  # the file's step, dp = the GPUs left over
+        values["global_batch_size"] = imported.batch_per_dp * values["num_gpus"] // replica
     unread = [line for line in imported.unresolved if line.startswith("model: ") or ": model: " in line]
     if "model" not in values and unread and "names no model" not in unread[0]:
         raise MeshplanError(f"{imported.path}: the file's model is not read. {unread[0]}.",

@@ -68,8 +68,10 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
     for s, m in left:
         if m.target == "micro_batch_size" and pp == 1:
             reading.state("micro_batch_size", s.value, s)
+            _torchtitan_global_batch(reading, s)
         elif m.target == "micro_batch_size":
             local = s
+            _torchtitan_global_batch(reading, s)
         elif m.target == "moe_flex_dispatcher":
             reading.state("moe_token_dispatcher", "flex" if str(s.value) == "deepep" else "alltoall", s)
         elif m.target == "uneven_pp":
@@ -93,6 +95,23 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
         schedule = reading.value("pp_schedule")
         reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
                                   "layers / (pp x pipeline_parallel_layers_per_stage); pass --vpp")
+
+
+def _torchtitan_global_batch(reading: Reading, local: Setting) -> None:
+    """torchtitan's global_batch_size left out (or -1) is local_batch_size x the data-parallel degree, one micro-step
+    per optimizer step (0.3.0 trainer.py, the card's batch semantics), not meshplan's 4.2M-token default: stated
+    where the file gives dp, else said (dp is then the GPUs left over)."""
+    if "global_batch_size" in reading.request:
+        return
+    size, dp = whole_value(reading, local.value, local), reading.request.get("dp")
+    if dp:
+        reading.state("global_batch_size", size * int(dp), f"{local.where(reading.path)} x dp (torchtitan's "
+                                                            "global_batch_size -1: local_batch_size x dp)")
+    else:
+        reading.batch_per_dp = size
+        reading.notes.append(f"{local.where(reading.path)}: without global_batch_size torchtitan steps on "
+                             f"local_batch_size x dp = {size} x num_gpus / (tp x pp x cp) sequences, the global "
+                             "batch once the GPU count is given")
 
 
 def _torchtitan_split(reading: Reading, first_less: Setting | None) -> None:

@@ -191,6 +191,7 @@ class Reading:
     unresolved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unread: set[str] = field(default_factory=set)  # targets a key names with no value (`--nnodes=$NODES`, unset)
+    batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
 
     def state(self, name: str, value: Any, source: Setting | str) -> None:
         """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""
