@@ -303,6 +303,18 @@ def test_skyrl_never_uses_a_plus_prefix_and_sft_is_top_level():
     assert "trainer." not in sft.text
 
 
+def test_a_training_job_rendered_as_an_rl_launch_says_so():
+    """`render skyrl qwen3-8b --job sft` wrote SkyRL's RL entry point (main_base, a derived rollout) and verl's
+    main_ppo with no word that they start a rollout engine the training job's estimate leaves out."""
+    sft = dict(model="qwen3-8b", num_gpus=16, tp=2, job="sft")
+    rl_launch = [w for w in _render("skyrl", None, sft)[2].warnings if "an RL run" in w]
+    assert len(rl_launch) == 1 and "--variant sft" in rl_launch[0] and "skyrl.train.main_sft" in rl_launch[0]
+    assert not any("an RL run" in w for w in _render("skyrl", "sft", sft)[2].warnings)
+    assert any("verl.trainer.main_ppo" in w and "job=rl" in w for w in _render("verl", None, sft)[2].warnings)
+    rl = dict(model="qwen3-8b", num_gpus=8, job="rl")
+    assert not any("an RL run" in w for f in ("verl", "skyrl") for w in _render(f, None, rl)[2].warnings)
+
+
 @pytest.mark.parametrize("framework,fields,knob", [
     ("torchtitan", dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, etp=2), "etp=2"),
     ("torchtitan", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, moe_token_dispatcher="flex"),

@@ -210,6 +210,16 @@ def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
     return o
 
 
+def rl_launch_warning(job: Job, entry: str, instead: str = "") -> list[str]:
+    """What a training job's script runs on an RL framework: its RL trainer, whose rollout engine and reference model
+    the training job's estimate leaves out (`render skyrl llama-3.1-8b --job sft` wrote an RL launch silently)."""
+    if job.rl is not None:
+        return []
+    return [f"This is {entry}, an RL run: beside the training step meshplan estimated for this job it starts a "
+            "rollout engine (vLLM/SGLang), and a reference model where its algorithm's KL term needs one, which that "
+            f"estimate leaves out; ask with job=rl for the RL step's memory and time{instead}."]
+
+
 def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = verl_overrides(job, plan, variant)
     overrides += verl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
@@ -218,7 +228,7 @@ def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
                  filename=f"run_verl_{variant}.sh",
                  notes=[*notes, *flex, "Set data.train_files, data.max_prompt_length + data.max_response_length "
                                        f"(together {job.seq_length} tokens here) and the algorithm for your task."],
-                 warnings=warnings)
+                 warnings=[*rl_launch_warning(job, "verl's PPO trainer (verl.trainer.main_ppo)"), *warnings])
 
 
 # --------------------------------------------------------------------------- SkyRL
@@ -303,5 +313,9 @@ def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides += skyrl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
     flex, warnings = flex_notes(job, plan)
     module = "skyrl.train.main_sft" if variant == "sft" else "skyrl.train.entrypoints.main_base"
+    if variant != "sft":
+        sft = "; variant sft (--variant sft) writes SkyRL's SFT trainer, skyrl.train.main_sft" \
+            if variant == "rl" else ""
+        warnings = [*rl_launch_warning(job, f"SkyRL's RL trainer ({module})", sft), *warnings]
     return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",
                  filename=f"run_skyrl_{variant}.sh", notes=[*notes, *flex], warnings=warnings)
