@@ -282,6 +282,22 @@ def test_the_page_answers_with_recommend_and_keeps_the_host_check():
     assert anyio.run(get, "", "attacker.example:8765")[0] == 421
 
 
+def test_the_page_names_a_pasted_config_json_not_its_temporary_file():
+    """A config.json pasted into the page was named by the temporary file it was written to
+    ('/tmp/meshplan-page-o4xuhe4q/config.json with TP1 PP1 DP8'), in the report, the JSON and its errors."""
+    from meshplan.faces.report.page import PASTED, answer
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+              "intermediate_size": 8192, "num_attention_heads": 16, "num_hidden_layers": 16, "num_key_value_heads": 8,
+              "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+              "tie_word_embeddings": False, "hidden_act": "silu"}
+    body, shown, error = answer({"config": json.dumps(config), "num_gpus": "8", "gpu": "h100"})
+    assert not error and f"{PASTED} with TP" in body and json.loads(shown)["model"] == PASTED
+    assert "meshplan-page-" not in body + shown
+    _, _, error = answer({"config": "{not json", "num_gpus": "8"})
+    assert error.startswith(f"'{PASTED}' is not valid JSON") and "meshplan-page-" not in error
+
+
 def test_a_requested_schedule_is_drawn_from_the_request_through_the_api():
     """pipeline_schedule=zero_bubble on torchtitan (ZBV at two chunks per rank): the report drawn from the request
     shows each rank's F, I and W in the V placement, where the timeline the throughput estimate prices puts them."""

@@ -52,19 +52,26 @@ def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
     return fields
 
 
+PASTED = "pasted config.json"  # the model's name on the page: the temporary file it was read from is gone
+
+
 def answer(values: dict[str, str]) -> tuple[str, str, str]:
     """(report body, recommend's JSON, error) for the form's values: the same call as `meshplan report
-    --recommend` (an error is a MeshplanError's words, never a traceback)."""
+    --recommend` (an error is a MeshplanError's words, never a traceback). A pasted config.json is named as such,
+    not by the temporary file the resolver read it from (a path the reader never saw, deleted once answered)."""
     with tempfile.TemporaryDirectory(prefix="meshplan-page-") as tmp:
+        def named(text: str) -> str:
+            return text.replace(str(Path(tmp) / "config.json"), PASTED)
+
         try:
             req = parse_request(_request_fields(values, Path(tmp)))
             report = gather(req, recommend=True)
         except ValidationError as exc:
-            return "", "", validation_message(exc)
+            return "", "", named(validation_message(exc))
         except MeshplanError as exc:
-            return "", "", str(exc)
-    rec = report.recommendation
-    return render_html(report, fragment=True), rec.model_dump_json(indent=2) if rec else "", ""
+            return "", "", named(str(exc))
+        rec = report.recommendation
+        return named(render_html(report, fragment=True)), named(rec.model_dump_json(indent=2)) if rec else "", ""
 
 
 def page(values: dict[str, str]) -> str:
