@@ -553,6 +553,9 @@ def test_uneven_split_checks_follow_megatron():
     plan = plan.model_copy(update={"first_stage_layers": 3, "last_stage_layers": 2})
     f = finding_of("PP004", job, plan)
     assert "first_stage_layers=3 is not divisible by vpp=2" in f.message
+    # sizes over the model said "the -8 middle layers do not split evenly over 3 middle stages"
+    f = finding_of("PP004", *make(model="llama-3.1-8b", num_gpus=8, pp=4, first_stage_layers=40))
+    assert "the first and last stages given hold 40 layers, more than the model's 32" in f.message, f.message
 
 
 def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_every_engine():

@@ -106,6 +106,9 @@ def split_problem(num_layers: int, pp: int, vpp: int, first: int | None, last: i
         stages -= 1
     if stages < 0:
         return f"pp={pp} has fewer stages than the first and last stages given"
+    if remaining < 0:  # Megatron's modulo would speak of a negative count of middle layers
+        return (f"the first and last stages given hold {num_layers - remaining} layers, more than the model's "
+                f"{num_layers}")
     if bool(remaining) != bool(stages):
         return f"{remaining} middle layers remain for {stages} middle stages"
     if stages and remaining % stages:
