@@ -457,8 +457,6 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
         flags.append(("--untie-embeddings-and-output-weights", None))
     if not m.learned_position_embeddings:
         flags.append(("--use-rotary-position-embeddings", None))
-    if not m.tie_word_embeddings:  # Megatron-DeepSpeed ties them unless told (it built Llama-3's head tied)
-        flags.append(("--untie-embeddings-and-output-weights", None))
     flags += [("--tensor-model-parallel-size", plan.tp), ("--pipeline-model-parallel-size", plan.pp)]
     if plan.pp == 1:
         flags.append(("--no-pipeline-parallel", None))

@@ -32,7 +32,6 @@ torchrun --nnodes 128 --nproc-per-node 8 \
   --swiglu \
   --untie-embeddings-and-output-weights \
   --use-rotary-position-embeddings \
-  --untie-embeddings-and-output-weights \
   --tensor-model-parallel-size 8 \
   --pipeline-model-parallel-size 16 \
   --num-experts 1 1 1 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 256 \

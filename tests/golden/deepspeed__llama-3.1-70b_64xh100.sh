@@ -32,7 +32,6 @@ torchrun --nnodes 8 --nproc-per-node 8 \
   --swiglu \
   --untie-embeddings-and-output-weights \
   --use-rotary-position-embeddings \
-  --untie-embeddings-and-output-weights \
   --tensor-model-parallel-size 4 \
   --pipeline-model-parallel-size 4 \
   --micro-batch-size 1 \
