@@ -335,6 +335,8 @@ class BestFirstSearch(StepTimeBounds):
             self.rejected[error] += 1
             return
         mem = self.memory(lay, zero, recompute, mbs)
+        if mem.plan.moe_a2a_overlap != report.plan.moe_a2a_overlap:  # the plain twin's (overlap_choice): same memory
+            mem = mem.model_copy(update={"plan": report.plan})
         self.found.append(Found(report.step_time_s, report.plan, mem, report))
         self.rows.add(same_numbers(report.step_time_s, mem.peak_bytes))
 

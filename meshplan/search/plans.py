@@ -32,6 +32,7 @@ from meshplan.search.floors import (
     ranks_floor,
 )
 from meshplan.search.host_counts import HostCounts
+from meshplan.search.overlap_choice import OverlapChoice
 from meshplan.search.policy import HEADROOM_RULE
 from meshplan.search.seed_groups import Seeds
 from meshplan.search.space import (
@@ -67,6 +68,7 @@ class Caches:
     verdicts: dict[PlanKey, FitVerdict] = field(default_factory=dict)
     throughput: dict[PlanKey, ThroughputReport] = field(default_factory=dict)
     terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # a step's terms before its pipeline's replay
+    plain_terms: dict[PlanKey, StepTerms] = field(default_factory=dict)  # its plain twin's (overlap_choice.py)
     checks: dict[PlanKey, Finding | None] = field(default_factory=dict)  # the structural rules' first error, or None
     token_time: dict[tuple, float] = field(default_factory=dict)  # seconds per token of single-stage references
     # per work reference of token_time: its layers' and head's parts per token (bounds.token_parts)
@@ -90,6 +92,7 @@ class Caches:
     def shared(self) -> Caches:
         """Caches for a search of the same job at another memory budget: the estimates shared, the fits afresh."""
         return Caches(memory=self.memory, verdicts=self.verdicts, throughput=self.throughput, terms=self.terms,
+                      plain_terms=self.plain_terms,
                       checks=self.checks, token_time=self.token_time, token_parts=self.token_parts,
                       pp_units=self.pp_units, first_finding=self.first_finding, floors=self.floors, states=self.states,
                       per_param=self.per_param, stage_floors=self.stage_floors,
@@ -97,7 +100,7 @@ class Caches:
 
 
 @dataclass(kw_only=True)
-class SearchPlans(HostCounts):
+class SearchPlans(HostCounts, OverlapChoice):
     """A job's plans under one memory budget: the plan of each key, its estimates (cached), whether it fits."""
 
     job: Job
@@ -122,6 +125,7 @@ class SearchPlans(HostCounts):
     caches: Caches = field(default_factory=Caches)
     calls: Counter = field(default_factory=Counter)  # estimates computed by this search, per Engine estimator
     overlaps: dict[tuple[int, int, int, int, str, str], bool] = field(default_factory=dict)  # a2a_overlap's memo
+    plain_twins: dict[PlanKey, Plan | None] = field(default_factory=dict)  # overlap_choice.plain_twin's memo
     dispatchers: dict[tuple[int, int, int], str] = field(default_factory=dict)  # dispatcher's per (ep, etp, ZeRO)
     knob_rows: dict[tuple, list[dict]] = field(default_factory=dict)  # check_errors' knobs per what knobs reads
     tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
@@ -148,10 +152,8 @@ class SearchPlans(HostCounts):
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
         the request's TP overlap wherever there is TP, and the request's carried fields. The layout's first plan is
         first_plan's (Caches.plans); the others are copies of it with the knobs that change between a layout's plans
-        (Plan.model_copy: not validated again), each a value validation returns unchanged: a ZeRO stage of the
-        ladder (0-3) or the request's, a recompute of RECOMPUTE_ORDER or the request's, a micro-batch that is a
-        positive int (space.micro_batches), a dispatcher of MoeDispatcher, a bool. The same plan, field for field and
-        in the fields set (tests/test_search_plans_built.py builds both on every plan of several searches)."""
+        (Plan.model_copy: not validated again), each a value validation returns unchanged (ZeRO stage, recompute,
+        positive micro-batch, dispatcher, bool): the same plan (tests/test_search_plans_built.py builds both)."""
         knobs = self.knobs(lay, zero, recompute, mbs, overlap)
         template = self.caches.plans.get(lay)
         if template is None:
@@ -175,11 +177,9 @@ class SearchPlans(HostCounts):
 
     def a2a_overlap(self, lay: Layout, zero: int, recompute: str) -> bool:
         """moe_a2a_overlap: the user's, else on wherever the rules that refuse it (OVERLAP_RULES: Megatron-Core's
-        asserts) allow it. Overlap never adds time in the cost model (moe_time.overlapped_a2a exposes at most the plain
-        all-to-all) and no memory (memory.py does not read it), so the plan with it dominates the plan without where
-        both are valid: one plan per key, as with the flex dispatcher, rather than twice the space; where the rules
-        refuse it (e.g. PP015: ZeRO-3's Megatron-FSDP over virtual stages) the plan without it is the valid one. The
-        rules' verdicts on the plan with the overlap on, once per what they read of it (OVERLAP_READS)."""
+        asserts, e.g. PP015) allow it. It adds no memory, and without a pipeline only hides time: one plan per key, as
+        with the flex dispatcher; at pp > 1 it runs the combined 1F1B schedule, which may be slower, and the key's
+        plan is the faster of the two (overlap_choice.py). Verdicts once per what the rules read (OVERLAP_READS)."""
         if "moe_a2a_overlap" in self.fixed:
             return bool(self.fixed.values["moe_a2a_overlap"])
         if lay.schedule == "combined_1f1b":  # the overlap's own schedule (a request that names it)
@@ -313,9 +313,9 @@ class SearchPlans(HostCounts):
         if hit is not None:
             return hit
         terms = self.caches.terms.pop(key, None)
-        if terms is None or self.engine.finish is None:
-            return self._estimate("throughput", self.caches.throughput, key)
-        hit = self.caches.throughput[key] = self.engine.finish(terms)
+        hit = (self._estimate("throughput", self.caches.throughput, key) if terms is None or self.engine.finish is None
+               else self.engine.finish(terms))
+        hit = self.caches.throughput[key] = self.faster(key, hit)  # where the EP overlap may be slower (its twin's)
         return hit
 
     def step_floor(self, lay: Layout, zero: int, recompute: str, mbs: int) -> float:
@@ -331,7 +331,7 @@ class SearchPlans(HostCounts):
                 return self.throughput(lay, zero, recompute, mbs).step_time_s
             self.calls["throughput"] += 1
             terms = self.caches.terms[key] = self.engine.terms(self.job, self.plan(*key))
-        return terms.floor
+        return self.least_floor(key, terms.floor)
 
     @property
     def near(self) -> list[tuple[int, Plan, MemoryReport]]:
