@@ -14,6 +14,7 @@ from pathlib import Path
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings
+from meshplan.arithmetic.mesh import rl_job_gpus
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.catalog import resolve_model
@@ -178,7 +179,7 @@ def one_step_off(reading: Reading) -> None:
     reading.state("placement", "separate", f"{reading.sources['job']} (a rollout pool of its own)")
     reading.state("rollout_gpus", nodes * per_node, where)
     if "num_gpus" in reading.request:
-        reading.state("num_gpus", reading.request["num_gpus"] + nodes * per_node,
+        reading.state("num_gpus", rl_job_gpus(reading.request["num_gpus"], False, "separate", nodes * per_node),
                       f"{reading.sources['num_gpus']} (the trainer's) + rollout_gpus {nodes * per_node}")
     if "trainer.n_gpus_per_node" in reading.sources.get("gpus_per_node", ""):
         reading.request.pop("gpus_per_node")
@@ -329,7 +330,7 @@ def skyrl_pools(reading: Reading) -> None:
     if policy is None:
         return
     critic = card.critic_on_own_gpus(reading.request.get("algorithm", card.defaults.algorithm), "separate")
-    reading.state("num_gpus", policy * (2 if critic else 1) + rollout,
+    reading.state("num_gpus", rl_job_gpus(policy, critic, "separate", rollout),
                   f"{reading.sources['num_gpus']} (the policy's){' + as many for the critic' if critic else ''} + "
                   f"rollout_gpus {rollout} (colocate_all false)")
 
