@@ -243,7 +243,7 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
     rejected = out.rejected if actors.candidates else dict(actors.rejected)
     host = ("" if job.cpu_memory_per_node is None else
             f" and whose offloads the node's {job.cpu_memory_per_node / GIB:,.1f} GiB host holds (MEM003)")
-    total = resolve_rl(req, [])[1].job_gpus(job.num_gpus)  # (an RL job here: resolve_rl found its fields)
+    total = req.num_gpus or job.num_gpus  # the request's, which resolve_rl split into the trainer's (job's) share
     return Recommendation(
         model=job.model.name, framework=job.framework, num_gpus=total, candidates=candidates,
         trainer_gpus=job.num_gpus if total != job.num_gpus else None,
