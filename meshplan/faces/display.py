@@ -267,20 +267,17 @@ def compared_at(rec: Recommendation, req: Request) -> str:
     if rec.global_batch_size:
         tokens = rec.global_batch_size * seq
         parts.append(f"global batch {rec.global_batch_size:,} sequences ({si_count(tokens, 'tokens')})")
-    trainer = rec.trainer_gpus or rec.num_gpus  # the actor layouts' world (an RL job's engine apart: its share)
-    split = _part_nodes(trainer, rec.gpus_per_node, gpu.gpus_per_node, given=req.gpus_per_node is not None)
-    gpus = f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){split}"
-    if rec.trainer_gpus is not None:
-        gpus = f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}; {_rl_pools(rec)})"
+    gpus = (f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}; {_rl_pools(rec, rec.trainer_gpus)})"
+            if rec.trainer_gpus is not None else  # an RL job's pools apart, else the nodes' split
+            f"{rec.num_gpus:,} x {gpu.name} ({gpu.key}){_part_nodes(rec, gpu.gpus_per_node, req.gpus_per_node)}")
     parts += [gpus, rec.framework,
               f"{percent(headroom)} of GPU memory kept free" + (" (MEM002 default)" if req.headroom is None else "")]
     return "compared at: " + ", ".join(parts)
 
 
-def _rl_pools(rec: Recommendation) -> str:
+def _rl_pools(rec: Recommendation, trainer: int) -> str:
     """How an RL job placed apart splits its GPUs: the trainer's (the actor layouts' world), the rollout engine's
     (a ranked plan's rollout_gpus) and PPO's critic's, the rest."""
-    trainer = rec.trainer_gpus or rec.num_gpus
     rollout = rec.candidates[0].plan.rollout_gpus if rec.candidates else None
     if rollout is None:
         return f"the trainer's {trainer:,}, the rest ({rec.num_gpus - trainer:,}) the rollout engine's and critic's"
@@ -289,14 +286,14 @@ def _rl_pools(rec: Recommendation) -> str:
             + f" and the rollout engine's {rollout:,}")
 
 
-def _part_nodes(gpus: int, per: int | None, node: int, given: bool = False) -> str:
-    """The nodes' split of the trainer's GPUs where it is not the GPU's node: the request's gpus_per_node (its nodes,
-    none of them idle), or where the GPU count fills no whole node the launch split
-    request/resolve.launch_gpus_per_node chose."""
-    if per is None or per >= node or gpus <= per:
+def _part_nodes(rec: Recommendation, node: int, given: int | None) -> str:
+    """The nodes' split where it is not the GPU's node: the request's gpus_per_node (`given`: its nodes, none of them
+    idle), or where the GPU count fills no whole node the launch split request/resolve.launch_gpus_per_node chose."""
+    per = rec.gpus_per_node
+    if per is None or per >= node or rec.num_gpus <= per:
         return ""
-    idle = "" if given else f" ({node - per} of each {node}-GPU node idle)"
-    return f" as {gpus // per:,} nodes x {per}{idle}"
+    idle = "" if given is not None else f" ({node - per} of each {node}-GPU node idle)"
+    return f" as {rec.num_gpus // per:,} nodes x {per}{idle}"
 
 
 FOLDED_LABELS = {"zero_stage": "ZeRO", "recompute": "recompute", "sequence_parallel": "SP",
