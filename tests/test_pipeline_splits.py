@@ -8,7 +8,7 @@ import pytest
 from meshplan import api
 from meshplan.arithmetic.schedule import end_light_splits, megatron_stages, parse_layout, stages_from_counts
 from meshplan.check.alternatives import _deeper_pipeline
-from meshplan.check.split import fastest_split, pipeline_options, split_words, writes_layouts
+from meshplan.check.split import fastest_split, pipeline_options, split_choice, split_words, writes_layouts
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.published_runs import BRIDGE, RECIPE_SPLITS
@@ -105,13 +105,14 @@ def test_check_names_the_split_recommend_ranks_first():
 def test_pp001_names_a_split_the_rules_pass_where_none_fits():
     """DeepSeek-V3 (61 layers) at pp=16 vpp=2 on 1,024 H100 with Megatron-Bridge: no split fits at the layout's other
     settings, and PP001's fix named only "pp in {1} splits evenly". It now names the fastest split the rules pass
-    (fastest_split without must_fit), says it does not fit and by how much; with it set PP001 is gone and MEM001
+    (split.split_choice), says it does not fit and by how much; with it set PP001 is gone and MEM001
     names what clears the memory."""
     fields = dict(model="deepseek-v3", num_gpus=1024, gpu="h100", framework="megatron-bridge", tp=2, etp=1, pp=16,
                   vpp=2, ep=64)
     job, plan = resolve(Request(**fields))
     assert fastest_split(job, plan) is None
-    passing = fastest_split(job, plan, must_fit=False)
+    choice = split_choice(job, plan)
+    passing = choice.plan if choice is not None and not choice.fits else None
     assert passing is not None and passing.pipeline_layout is not None
     fix = next(f.fix for f in api.check_config(Request(**fields)).findings if f.id == "PP001")
     assert f"or keep pp=16 with a split the rules pass, the fastest: {split_words(passing)}." in fix

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from meshplan.check.split import fastest_split, split_words
+from meshplan.check.split import split_choice, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
 from meshplan.rl.memory import job_memory
@@ -83,22 +83,21 @@ def _next_steps(ok: bool, structural_error: bool, findings: list[Finding]) -> li
 
 
 def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
-    """PP001's fix naming the split recommend ranks first for this layout (split.fastest_split, what MEM001's deeper
+    """PP001's fix naming the split recommend ranks first for this layout (split.split_choice, what MEM001's deeper
     pipelines name too) in place of the rule's arithmetic one. Where no split fits at the layout's other settings,
     the fastest split the rules pass, said not to fit (else the fix named only the pp that split evenly: DeepSeek-V3's
     61 layers at pp=16 vpp=2 on Megatron-Bridge got "pp in {1}", though its recipes run pp=16 with a layout string);
     as it was where no split passes the rules."""
     even = found.fix.split("; or keep")[0].rstrip(".")
-    fastest = fastest_split(job, plan)
-    if fastest is not None:
-        return found.model_copy(update={"fix": f"{even}; or keep pp={plan.pp} with the split recommend ranks first "
-                                               f"for this layout: {split_words(fastest)}."})
-    passing = fastest_split(job, plan, must_fit=False)
-    if passing is None:
+    choice = split_choice(job, plan)
+    if choice is None:
         return found
-    need = job_memory(job, passing).fit_bytes / 2**30
+    if choice.fits:
+        return found.model_copy(update={"fix": f"{even}; or keep pp={plan.pp} with the split recommend ranks first "
+                                               f"for this layout: {split_words(choice.plan)}."})
+    need = choice.fit_bytes / 2**30
     return found.model_copy(update={"fix": (
-        f"{even}; or keep pp={plan.pp} with a split the rules pass, the fastest: {split_words(passing)}. No split "
+        f"{even}; or keep pp={plan.pp} with a split the rules pass, the fastest: {split_words(choice.plan)}. No split "
         f"fits this layout's memory as it stands (that one needs {need:,.1f} GiB of "
         f"{job.gpu.memory_bytes / 2**30:,.1f} GiB): with it set, MEM001's fix names what clears it.")})
 

@@ -149,27 +149,54 @@ def split_words(plan: Plan) -> str:
     return "the even split"
 
 
-def fastest_split(job: Job, plan: Plan, *, must_fit: bool = True) -> Plan | None:
+class SplitChoice(NamedTuple):
+    """split_choice's answer: the plan with its split, whether it fits, and the bytes that decide the fit."""
+
+    plan: Plan
+    fits: bool
+    fit_bytes: int
+
+
+def fastest_split(job: Job, plan: Plan) -> Plan | None:
     """The plan with the split recommend ranks first for its fixed layout (every other field kept, vpp too): of the
     search's options at this pp and vpp (pipeline_options), the fastest by estimate_throughput among those the rules
     pass (the estimators refuse what they refuse) and that fit the memory recommend ranks by (capacity less the
     request's headroom, else MEM002's; search/policy.py reads the same threshold); the first in the search's order
-    on a tie. None when no option passes. Without `must_fit`, the fastest the rules pass whether or not it fits (what
-    PP001's fix names where none fits: the split to set before the memory rules can say what clears them)."""
+    on a tie. None when no option passes."""
+    choice = split_choice(job, plan)
+    return choice.plan if choice is not None and choice.fits else None
+
+
+def split_choice(job: Job, plan: Plan) -> SplitChoice | None:
+    """fastest_split's plan, or where no option fits, the fastest the rules pass, said not to fit (what PP001's fix
+    names: the split to set before the memory rules can say what clears them); None where no option passes. Each
+    option's memory is estimated once; those over the budget are timed only where none fits."""
     budget = budget_bytes(job.gpu.memory_bytes, headroom_threshold(job.headroom))
-    best: tuple[float, Plan] | None = None
+    best: tuple[float, SplitChoice] | None = None
+    over: list[SplitChoice] = []
     for option in framework_options(job, plan.pp):
         if option.vpp != plan.vpp:
             continue
         candidate = with_option(plan, option)
         try:
             memory = job_memory(job, candidate)
-            if must_fit and (memory.fit_bytes > budget or (job.cpu_memory_per_node is not None
-                                                           and memory.host_bytes_per_node > job.cpu_memory_per_node)):
-                continue
-            step = estimate_throughput(job, candidate).step_time_s
-        except MeshplanError:  # a rule refuses it (EstimateBlocked), or the model cannot time it
+        except MeshplanError:  # a rule refuses it (EstimateBlocked)
             continue
-        if best is None or step < best[0]:
-            best = (step, candidate)
+        fits = memory.fit_bytes <= budget and (job.cpu_memory_per_node is None
+                                              or memory.host_bytes_per_node <= job.cpu_memory_per_node)
+        if fits:
+            best = _faster(job, SplitChoice(candidate, True, memory.fit_bytes), best)
+        else:
+            over.append(SplitChoice(candidate, False, memory.fit_bytes))
+    for choice in over if best is None else ():
+        best = _faster(job, choice, best)
     return None if best is None else best[1]
+
+
+def _faster(job: Job, choice: SplitChoice, best: tuple[float, SplitChoice] | None) -> tuple[float, SplitChoice] | None:
+    """The choice timed against the best so far (the earlier on a tie); a choice the model cannot time is passed."""
+    try:
+        step = estimate_throughput(job, choice.plan).step_time_s
+    except MeshplanError:  # a rule refuses it (EstimateBlocked), or the model cannot time it
+        return best
+    return (step, choice) if best is None or step < best[0] else best
