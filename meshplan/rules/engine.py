@@ -143,7 +143,6 @@ def rule(rule_id: str, reads: tuple[str, ...] | None = None,
     return tag
 
 
-
 def reads_of(cond: Condition) -> tuple[str, ...] | None:
     """The fields `rule` tagged the condition with (None: it runs on every plan; an untagged callable reads all)."""
     return getattr(cond, "reads", None)
@@ -152,6 +151,7 @@ def reads_of(cond: Condition) -> tuple[str, ...] | None:
 def screen_of(cond: Condition) -> Screen | None:
     """The condition's screen from `rule` (None where it has none, or is an untagged callable)."""
     return getattr(cond, "screen", None)
+
 
 @cache
 def load_rules() -> dict[str, Condition]:

@@ -147,8 +147,8 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
         values.pop("num_gpus", None)
     values.update({name: value for name, value in given.items() if value is not None})
     replica = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
-    if imported.batch_per_dp and "global_batch_size" not in values and values.get("num_gpus", 0) % replica == 0 \
-            and isinstance(values.get("num_gpus"), int):  # the file's step, dp = the GPUs left over
+    if imported.batch_per_dp and "global_batch_size" not in values and isinstance(values.get("num_gpus"), int) \
+            and values["num_gpus"] % replica == 0:  # the file's step, dp = the GPUs left over
         values["global_batch_size"] = imported.batch_per_dp * values["num_gpus"] // replica
     unread = [line for line in imported.unresolved if line.startswith("model: ") or ": model: " in line]
     if "model" not in values and unread and "names no model" not in unread[0]:
