@@ -149,8 +149,22 @@ def fast_domain(gpu: GpuSpec, gpus_per_node: int) -> int:
 def job_domain(job: Job) -> int:
     """The fast domain in the job's own ranks: fast_domain, but no more than the job's GPUs (a job on part of one
     node, or of one rack-scale domain, has all its ranks in it), so every group of the job's ranks is aligned with it
-    there (per_domain)."""
-    return min(fast_domain(job.gpu, job.gpus_per_node), job.num_gpus)
+    there (per_domain); a job over more than one rack-scale domain, its scheduler segment (`segment_domain`)."""
+    domain = fast_domain(job.gpu, job.gpus_per_node)
+    if job.num_gpus <= domain:
+        return job.num_gpus
+    return segment_domain(job.gpu, job.gpus_per_node, job.num_gpus) or domain
+
+
+def segment_domain(gpu: GpuSpec, gpus_per_node: int, num_gpus: int) -> int | None:
+    """GPUs of one scheduler segment where a job spans several multi-node NVLink domains (GB200 NVL72: the card's
+    segment_nodes, Slurm topology/block): the most whole nodes, at most segment_nodes and no more than one domain
+    holds, that divide the job's nodes (a segment must), filled rank by rank before the next. None: a domain inside
+    one node, or GPUs that fill no whole number of nodes."""
+    if gpu.segment_nodes is None or gpus_per_node >= gpu.nvlink_domain or num_gpus % gpus_per_node:
+        return None
+    nodes, most = num_gpus // gpus_per_node, min(gpu.segment_nodes, gpu.nvlink_domain // gpus_per_node)
+    return max(size for size in range(1, most + 1) if nodes % size == 0) * gpus_per_node
 
 
 def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:
