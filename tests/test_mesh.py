@@ -199,6 +199,9 @@ def test_a_job_over_several_racks_is_placed_by_segments(num_gpus, domain):
     assert job_links(job, calibration(job.framework)).domain == domain
     if num_gpus == 256:
         assert mesh.per_domain(64, 1, domain) == 64 and not mesh.crosses_domains(64, 1, domain)
+        assert "segments of whole nodes (at most 16, a divisor of its 64 nodes: 16)" in mesh.segment_words(job)
+    if num_gpus <= 72:
+        assert mesh.segment_words(job) is None
 
 
 def test_segments_apply_only_to_domains_spanning_nodes():

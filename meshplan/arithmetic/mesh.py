@@ -167,6 +167,18 @@ def segment_domain(gpu: GpuSpec, gpus_per_node: int, num_gpus: int) -> int | Non
     return max(size for size in range(1, most + 1) if nodes % size == 0) * gpus_per_node
 
 
+def segment_words(job: Job) -> str | None:
+    """Why the job's fast domain is a scheduler segment, not its GPU's NVLink domain (job_domain), for the faces that
+    draw or name the domain; None where it is the domain."""
+    domain, physical = job_domain(job), fast_domain(job.gpu, job.gpus_per_node)
+    if job.num_gpus <= physical or domain == physical:
+        return None
+    return (f"fast domain {domain} GPUs: a job over more than one {physical}-GPU NVLink domain is placed in scheduler "
+            f"segments of whole nodes (at most {job.gpu.segment_nodes}, a divisor of its "
+            f"{job.num_gpus // job.gpus_per_node} nodes: {domain // job.gpus_per_node}), its ranks filling one segment "
+            "before the next (cards/hardware.yaml segment_nodes, Slurm topology/block --segment)")
+
+
 def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:
     """A multi-node NVLink domain (GB200 NVL72): what only HybridEP's dispatcher covers."""
     return fast_domain(gpu, gpus_per_node) > gpus_per_node

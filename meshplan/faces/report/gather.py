@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan import api
-from meshplan.arithmetic.mesh import MeshAxis, job_domain, mesh_axes, world_size
+from meshplan.arithmetic.mesh import MeshAxis, job_domain, mesh_axes, segment_words, world_size
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
@@ -87,6 +87,8 @@ def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanRepo
         plan = None
     world = world_size(framework_card(job.framework).world_size_law, memory.plan) if memory is not None else 0
     domain = job_domain(job)
+    if segment_words(job):
+        notes.append(segment_words(job))
     headroom = headroom_for(req)
     return PlanReport(
         request=req, drawn=drawn, memory=memory, throughput=throughput, recommendation=rec,
