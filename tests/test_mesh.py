@@ -184,14 +184,14 @@ def test_estimates_do_not_place_ranks_by_hand():
     (64, 64),     # one rack holds the whole job
     (72, 72),
     (256, 64),    # 64 trays: segments of 16 (64 GPUs), never the 72-GPU rack
-    (96, 48),     # 24 trays: 12 divide them, 16 do not
-    (144, 48),    # 36 trays: 12
+    (96, 48),     # 24 trays: 12 divide them, 18 do not
+    (144, 72),    # 36 trays: whole racks
     (200, 40),    # 50 trays: 10
 ])
 def test_a_job_over_several_racks_is_placed_by_segments(num_gpus, domain):
-    """GB200 NVL72 jobs larger than one rack are placed in scheduler segments of at most 16 trays that divide the
-    job's trays (cards/hardware.yaml segment_nodes: NVIDIA's Slurm block-scheduling guidance; Slurm's --segment must
-    divide the node count), so a job's ranks fill 64 GPUs of a rack, not 72. Before, a 256-GPU job's EP64 groups
+    """GB200 NVL72 jobs larger than one rack are placed in scheduler segments of whole trays inside one rack that
+    divide the job's trays (Slurm's --segment must divide the node count; NVIDIA recommends 16 for large jobs), so a
+    256-GPU job's ranks fill 64 GPUs of a rack, not 72. Before, a 256-GPU job's EP64 groups
     were taken to straddle 72-GPU racks (ranks 64-127 over two) and its all-to-all timed mostly on the network:
     Megatron-Bridge's GB200 DeepSeek-V3 and Qwen3-235B rows fell from -8% / -16% to -45% / -56% tokens/s."""
     job, _ = resolve(Request(model="deepseek-v3", gpu="gb200", num_gpus=num_gpus))
@@ -199,12 +199,11 @@ def test_a_job_over_several_racks_is_placed_by_segments(num_gpus, domain):
     assert job_links(job, calibration(job.framework)).domain == domain
     if num_gpus == 256:
         assert mesh.per_domain(64, 1, domain) == 64 and not mesh.crosses_domains(64, 1, domain)
-        assert "segments of whole nodes (at most 16, a divisor of its 64 nodes: 16)" in mesh.segment_words(job)
+        assert "divide its 64 nodes (the largest: 16)" in mesh.segment_words(job)
     if num_gpus <= 72:
         assert mesh.segment_words(job) is None
 
 
 def test_segments_apply_only_to_domains_spanning_nodes():
-    h100 = get_gpu("h100")
-    assert h100.segment_nodes is None and mesh.segment_domain(h100, 8, 256) is None
+    assert mesh.segment_domain(get_gpu("h100"), 8, 256) is None
     assert mesh.segment_domain(get_gpu("gb200"), 4, 250) is None   # no whole number of trays: the rack stands

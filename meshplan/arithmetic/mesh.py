@@ -157,13 +157,13 @@ def job_domain(job: Job) -> int:
 
 
 def segment_domain(gpu: GpuSpec, gpus_per_node: int, num_gpus: int) -> int | None:
-    """GPUs of one scheduler segment where a job spans several multi-node NVLink domains (GB200 NVL72: the card's
-    segment_nodes, Slurm topology/block): the most whole nodes, at most segment_nodes and no more than one domain
-    holds, that divide the job's nodes (a segment must), filled rank by rank before the next. None: a domain inside
-    one node, or GPUs that fill no whole number of nodes."""
-    if gpu.segment_nodes is None or gpus_per_node >= gpu.nvlink_domain or num_gpus % gpus_per_node:
+    """GPUs of one scheduler segment where a job spans several multi-node NVLink domains (GB200 NVL72, Slurm
+    topology/block --segment): whole nodes inside one domain, as many as divide the job's nodes (a segment must), its
+    ranks filling one segment before the next (cards/hardware.yaml gb200 notes). None: a domain inside one node, or
+    GPUs that fill no whole number of nodes."""
+    if gpus_per_node >= gpu.nvlink_domain or num_gpus % gpus_per_node:
         return None
-    nodes, most = num_gpus // gpus_per_node, min(gpu.segment_nodes, gpu.nvlink_domain // gpus_per_node)
+    nodes, most = num_gpus // gpus_per_node, gpu.nvlink_domain // gpus_per_node
     return max(size for size in range(1, most + 1) if nodes % size == 0) * gpus_per_node
 
 
@@ -174,9 +174,9 @@ def segment_words(job: Job) -> str | None:
     if job.num_gpus <= physical or domain == physical:
         return None
     return (f"fast domain {domain} GPUs: a job over more than one {physical}-GPU NVLink domain is placed in scheduler "
-            f"segments of whole nodes (at most {job.gpu.segment_nodes}, a divisor of its "
-            f"{job.num_gpus // job.gpus_per_node} nodes: {domain // job.gpus_per_node}), its ranks filling one segment "
-            "before the next (cards/hardware.yaml segment_nodes, Slurm topology/block --segment)")
+            f"segments of whole nodes inside one domain that divide its {job.num_gpus // job.gpus_per_node} nodes "
+            f"(the largest: {domain // job.gpus_per_node}), its ranks filling one segment before the next (Slurm "
+            "topology/block --segment; cards/hardware.yaml)")
 
 
 def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:

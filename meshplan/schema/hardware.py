@@ -28,11 +28,6 @@ class GpuSpec(StrictModel):
     hbm_bandwidth: float = Field(gt=0, description="bytes/s")
     intra_node_bandwidth: float = Field(gt=0, description="NVLink/xGMI bytes/s per GPU, one direction")
     nvlink_domain: int = Field(ge=1, description="GPUs in one NVLink/xGMI domain")
-    segment_nodes: int | None = Field(
-        None, ge=1, description="A domain spanning nodes (GB200 NVL72): the most nodes of one scheduler segment, the "
-                                "atomic block a job larger than one domain is placed in (Slurm topology/block "
-                                "--segment, which must divide the job's nodes); its ranks fill one segment before the "
-                                "next (mesh.job_domain). None: a domain inside one node")
     gpus_per_node: int = Field(ge=1)
     network_bandwidth: float = Field(gt=0, description="Scale-out bytes/s per GPU, one direction")
     host_bandwidth: float = Field(gt=0, description="GPU-host link (PCIe / NVLink-C2C) bytes/s per GPU, one direction")
