@@ -188,6 +188,26 @@ def test_counts_agree_in_number(capsys):
     assert "checked 1 count from 8 to 8" in out and "1 counts" not in out
 
 
+ONE_GPU = {"model": "olmoe-1b-7b", "gpu": "h200", "framework": "torchtitan"}  # fits one H200: min-gpus answers 1
+
+
+@pytest.mark.anyio
+async def test_one_gpu_is_one_gpu_on_every_face(capsys):
+    """min-gpus said 'needs at least 1 GPUs' (MCP), 'up to 1 GPUs' (CLI) and recommend 'on 1 GPUs', '1 GPUs do
+    not hold the row's layout': a count of one is singular wherever a GPU count is written."""
+    cli = ["--model", ONE_GPU["model"], "--gpu", ONE_GPU["gpu"], "--framework", ONE_GPU["framework"]]
+    assert main(["min-gpus", *cli, "--max-gpus", "1"]) == 0
+    assert main(["recommend", *cli, "--num-gpus", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "smallest GPU count: 1 x" in out and "up to 1 GPU," in out and "on 1 GPU (torchtitan)" in out
+    assert "1 GPU does not hold" in out and not re.search(r"\b1 GPUs", out)
+    failed, answer, text = await _mcp("minimum_gpus", ONE_GPU)
+    assert not failed and answer["num_gpus"] == 1 and "needs at least 1 GPU to keep" in answer["summary"]
+    failed, answer, _ = await _mcp("recommend_parallelism", {**ONE_GPU, "num_gpus": 1})
+    assert not failed and "on 1 GPU (torchtitan)" in answer["summary"]
+    assert not re.search(r"\b1 GPUs", json.dumps(answer))
+
+
 @pytest.mark.parametrize("name", ["bogus", "foo", "xyz", "zzzz_qqq"])
 @pytest.mark.anyio
 async def test_an_unrelated_name_gets_no_guess(name, tmp_path, capsys):

@@ -4,6 +4,7 @@ and the CLI's tables can import it."""
 from __future__ import annotations
 
 from meshplan.arithmetic import mesh
+from meshplan.core.units import plural
 from meshplan.knowledge.cards import framework_card
 from meshplan.schema.reports import CheckReport
 
@@ -15,5 +16,5 @@ def layout_text(report: CheckReport) -> str:
     if not broken:
         return report.plan.short()
     world = mesh.world_size(framework_card(report.framework).world_size_law, report.plan)
-    return (f"{report.plan.short()} ({world:,} GPUs: the GPU count does not divide into this layout, "
+    return (f"{report.plan.short()} ({plural(world, 'GPU')}: the GPU count does not divide into this layout, "
             f"{', '.join(broken)})")

@@ -12,7 +12,7 @@ model's own prediction, never in place of it.
 from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import memory_card
-from meshplan.core.units import GIB
+from meshplan.core.units import GIB, plural
 from meshplan.estimate.memory import stage_allocated
 from meshplan.schema.measured import ComparedFigure, MeasuredRun, RunComparison
 from meshplan.schema.plan import Job
@@ -56,10 +56,10 @@ def measured_throughput(measured: MeasuredRun, job: Job) -> tuple[float | None, 
         how.append("tokens/s per GPU = samples/s x sequence length / GPUs")
     if step is None and per_gpu:
         step = tokens / (per_gpu * job.num_gpus)
-        how.append(f"step time = {tokens:,} tokens per step / (tokens/s per GPU x {job.num_gpus} GPUs)")
+        how.append(f"step time = {tokens:,} tokens per step / (tokens/s per GPU x {plural(job.num_gpus, 'GPU')})")
     if per_gpu is None and step:
         per_gpu = tokens / (step * job.num_gpus)
-        how.append(f"tokens/s per GPU = {tokens:,} tokens per step / (step time x {job.num_gpus} GPUs)")
+        how.append(f"tokens/s per GPU = {tokens:,} tokens per step / (step time x {plural(job.num_gpus, 'GPU')})")
     return step, per_gpu, "; ".join(how) or "as logged"
 
 

@@ -367,7 +367,7 @@ def rl_table(candidates: list[Candidate], moe: bool = True) -> Table:
 
 def recommendation(rec: Recommendation, req: Request | None = None) -> None:
     console = _console()
-    console.print(f"[bold]{rec.model}[/bold] on {rec.num_gpus} GPUs ({rec.framework}): "
+    console.print(f"[bold]{rec.model}[/bold] on {plural(rec.num_gpus, 'GPU')} ({rec.framework}): "
                   f"{rec.considered:,} layouts considered")
     if req is not None:
         console.print(compared_at(rec, req))
@@ -430,7 +430,7 @@ def _figure_text(value: float | None, figure: str) -> str:
 def comparison(report: RunComparison) -> None:
     """`meshplan compare`: predicted beside measured, the band of the regime and whether the run falls inside."""
     console = _console()
-    console.print(f"[bold]{report.model}[/bold] on {report.framework}, {report.num_gpus:,} GPUs: "
+    console.print(f"[bold]{report.model}[/bold] on {report.framework}, {plural(report.num_gpus, 'GPU')}: "
                   f"{report.plan.short()}; log {report.measured.path} ({plural(report.measured.steps, 'step line')})")
     calibrated = report.calibration is not None
     table = _table("figure", _col("predicted", right=True), _col("measured", right=True), _col("error", right=True),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import plural
 from meshplan.rules.fix_values import lcm
 from meshplan.schema.plan import Job
 from meshplan.search.answer import fixed_text, keeps
@@ -176,7 +177,7 @@ class Scan:
             text = (f"No GPU count from {self.first:,} to {self.last:,} ({self.stepping}) has a layout that {keep}")
         else:
             text = (f"No GPU count up to {self.limit:,} can hold the model: its states alone need at least "
-                    f"{self.floor:,} GPUs for a layout that {keep}, and the counts allowed are {self.stepping}")
+                    f"{plural(self.floor, 'GPU')} for a layout that {keep}, and the counts allowed are {self.stepping}")
         return text + (f" with these fixed fields ({fixed_text(fixed)}); leave them open." if fixed.values else ".")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import plural
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.request.resolve import DEFAULT_BATCH_TOKENS
@@ -128,7 +129,7 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
     assumptions = [
         headroom_assumption(job, headroom, req.headroom is None),
         f"Counts scanned in increasing order: {scan.stepping}, from {scan.floor:,} (no smaller count can hold "
-        f"the model states, every parameter's, within the headroom) up to {limit:,} GPUs, within "
+        f"the model states, every parameter's, within the headroom) up to {plural(limit, 'GPU')}, within "
         f"{count_bound_text()}; no clock bounds the scan. Every count is checked, never bisected: fit is not "
         "monotone in the GPU count, since each layout's degrees must divide it.",
         "A count is skipped when no layout's lightest variant (most ZeRO sharding the rules allow, full recompute, "

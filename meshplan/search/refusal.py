@@ -19,7 +19,7 @@ from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB
+from meshplan.core.units import GIB, plural
 from meshplan.rules.engine import Context, backend_of, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
@@ -195,7 +195,8 @@ def host_refusal(space: Space) -> HostRefused | None:
     return HostRefused(
         f"MEM003: the offloaded optimizer needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout "
         f"({offload_card().cpu_optimizer_bytes_per_param:g} B per parameter for {share:.0%} of "
-        f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {job.num_gpus:,} GPUs, {ranks_per_node(job)} per node), "
+        f"{sum(params_split(job)) / 1e9:,.2f}B parameters over {plural(job.num_gpus, 'GPU')}, "
+        f"{ranks_per_node(job)} per node), "
         f"but cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no layout passes rule MEM003.",
         (text := "; or ".join(options))[:1].upper() + text[1:] + ".")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB
+from meshplan.core.units import GIB, plural
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
@@ -211,7 +211,8 @@ def refuse_host(job, base: Plan, training: Request) -> None:
     raise HostRefused(
         f"MEM003: {job.framework} offloads the trainer's models to the host around the rollout ({base.placement} "
         f"placement), which needs at least {floor / GIB:,.1f} GiB of host memory per node on any layout (the states "
-        f"of {params / 1e9:,.2f}B parameters{ref} over {job.num_gpus:,} GPUs, {job.gpus_per_node} per node), but "
+        f"of {params / 1e9:,.2f}B parameters{ref} over {plural(job.num_gpus, 'GPU')}, "
+        f"{job.gpus_per_node} per node), but "
         f"cpu_memory_per_node is {capacity / GIB:,.1f} GiB: no RL step passes rule MEM003.",
         f"Use nodes with at least {floor / GIB:,.1f} GiB of host memory; or use at least "
         f"{nodes * job.gpus_per_node:,} GPUs ({nodes:,} nodes, a smaller share per node); or placement=separate "

@@ -167,7 +167,8 @@ def _fit_world(law: str, world: int, deg: _Degrees, notes: list[str]) -> None:
     now = {"PP": deg.pp, "CP": deg.cp, "EP": deg.ep, "ETP": deg.etp, "TP": deg.tp}
     moved = [f"{name} {was[name]} -> {now[name]}" for name in was if was[name] != now[name]]
     if moved:
-        notes.append(f"{', '.join(moved)}: {world} GPUs do not hold the row's layout.")
+        gpus = "1 GPU does" if world == 1 else f"{world} GPUs do"  # the count as the row text writes it: no separators
+        notes.append(f"{', '.join(moved)}: {gpus} not hold the row's layout.")
 
 
 def _fit_layers(job: Job, deg: _Degrees, vpp: int, notes: list[str]) -> None:

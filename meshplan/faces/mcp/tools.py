@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 from meshplan import api
 from meshplan.core.card_files import frameworks_with_section
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import gib, percent
+from meshplan.core.units import gib, percent, plural
 from meshplan.request.parse import parse_request, unknown_field_error, validation_message
 from meshplan.schema.imported import ImportedConfig
 from meshplan.schema.reports import ErrorBand, Recommendation
@@ -382,7 +382,7 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
         return extend(rec, RecommendationAnswer, summary=_nothing_ranked(rec), next_steps=_retry_steps(rec))
     best = rec.candidates[0]
     summary = (
-        f"Best of {rec.considered} layouts for {rec.model} on {rec.num_gpus} GPUs ({rec.framework}): "
+        f"Best of {rec.considered} layouts for {rec.model} on {plural(rec.num_gpus, 'GPU')} ({rec.framework}): "
         f"{best.plan.short()}, micro-batch {best.plan.micro_batch_size}, recompute {best.plan.recompute}: "
         f"{best.throughput.step_time_s:.3g} s per step, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s "
         f"per GPU, MFU {best.throughput.mfu:.1%}, peak memory {gib(best.memory.peak_bytes)} of "
@@ -399,7 +399,7 @@ def recommend_parallelism(**args: Any) -> RecommendationAnswer:
 
 def _nothing_ranked(rec: Recommendation) -> str:
     thin = rec.best_below_headroom
-    text = f"No layout of {rec.model} on {rec.num_gpus} GPUs passes the rules and keeps " \
+    text = f"No layout of {rec.model} on {plural(rec.num_gpus, 'GPU')} passes the rules and keeps " \
            f"{percent(rec.headroom or 0)} of GPU memory free ({rec.considered:,} considered)."
     if thin is not None:
         free = thin.memory.headroom_bytes / thin.memory.capacity_bytes
@@ -511,7 +511,8 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
     if report.num_gpus is not None and report.candidate is not None:
         best = report.candidate
         summary = (
-            f"{report.model} on {report.gpu} ({report.framework}) needs at least {report.num_gpus} GPUs to keep "
+            f"{report.model} on {report.gpu} ({report.framework}) needs at least {plural(report.num_gpus, 'GPU')} "
+            "to keep "
             f"{percent(report.headroom)} of memory free: {best.plan.short()}, "
             f"micro-batch {best.plan.micro_batch_size}, "
             f"recompute {best.plan.recompute}, peak {gib(best.memory.peak_bytes)} of "

@@ -10,6 +10,7 @@ from meshplan.arithmetic.mesh import MeshAxis
 from meshplan.arithmetic.pipeline_timeline import Shape as TimelineShape
 from meshplan.arithmetic.pipeline_timeline import rank_actions, timed_actions
 from meshplan.arithmetic.schedule import plan_shape
+from meshplan.core.units import plural
 from meshplan.faces.report.gather import PlanReport
 from meshplan.faces.report.shapes import (
     GROUP_COLOURS,
@@ -220,12 +221,13 @@ def candidates_figure(rec: Recommendation) -> Figure:
         rows.append([label, c.plan.short(), str(c.plan.micro_batch_size), c.plan.recompute, time,
                      f"{speed:,.1f}" if speed else "-", gib_text(c.memory.peak_bytes), c.rationale])
     if rec.candidates:
-        caption = (f"The {len(rec.candidates)} fastest of {rec.considered:,} layouts for {rec.model} on {rec.num_gpus} "
-                   "GPUs: left bar tokens/s per GPU, right bar peak memory against capacity (the line).")
+        caption = (f"The {len(rec.candidates)} fastest of {rec.considered:,} layouts for {rec.model} on "
+                   f"{plural(rec.num_gpus, 'GPU')}: left bar tokens/s per GPU, right bar peak memory against capacity "
+                   "(the line).")
     else:
-        caption = f"Nothing keeps the headroom on {rec.num_gpus} GPUs: the closest layouts, peak memory against " \
-                  "capacity (red: over)." + (f" The smallest GPU count that fits: {rec.min_gpus}." if rec.min_gpus
-                                             else "")
+        caption = (f"Nothing keeps the headroom on {plural(rec.num_gpus, 'GPU')}: the closest layouts, peak memory "
+                   "against capacity (red: over)."
+                   + (f" The smallest GPU count that fits: {rec.min_gpus}." if rec.min_gpus else ""))
     notes = [rec.rationale] + [f"not ranked, {rule}: {n:,}" for rule, n in sorted(rec.rejected.items())]
     header = ["", "plan", "micro-batch", "recompute", "step time", "tokens/s/GPU", "peak memory", "why"]
     return Figure("candidates", "Recommend: candidates side by side", max(560.0, 40 + len(ranked) * 100), 260,
