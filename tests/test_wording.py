@@ -201,7 +201,7 @@ async def test_one_gpu_is_one_gpu_on_every_face(capsys):
     out = capsys.readouterr().out
     assert "smallest GPU count: 1 x" in out and "up to 1 GPU," in out and "on 1 GPU (torchtitan)" in out
     assert "1 GPU does not hold" in out and not re.search(r"\b1 GPUs", out)
-    failed, answer, text = await _mcp("minimum_gpus", ONE_GPU)
+    failed, answer, _ = await _mcp("minimum_gpus", ONE_GPU)
     assert not failed and answer["num_gpus"] == 1 and "needs at least 1 GPU to keep" in answer["summary"]
     failed, answer, _ = await _mcp("recommend_parallelism", {**ONE_GPU, "num_gpus": 1})
     assert not failed and "on 1 GPU (torchtitan)" in answer["summary"]
