@@ -116,3 +116,20 @@ def test_uneven_split():
     assert pipeline_split(80, 4) == (None, None)  # even
     assert pipeline_split(5, 4) == (2, 1)  # 2 + 1 + 1 + 1: the heaviest stage holds ceil(5/4) layers
     assert pipeline_split(3, 4) is None  # fewer layers than stages
+
+
+def test_a_fixed_degree_is_the_one_every_suggestion_names():
+    """recommend qwen3-30b-a3b --num-gpus 16 --ep 2 said the decision table 'suggests TP4 PP2 EP4 DP2' and timed
+    that EP4 layout: a layout the request excludes. The request's degrees replace the row's, and no fitting step
+    (world, experts, framework) moves them."""
+    from meshplan import api
+    from meshplan.search.space import Fixed
+
+    rec = api.recommend(Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=16, ep=2))
+    assert "suggests TP4 PP2 EP2 DP2" in rec.decision_table and "EP 4 -> 2: the request fixes it" in \
+        rec.decision_table and "EP4" not in rec.decision_table.split(" suggests ")[1]
+    req = Request(model="deepseek-v3", num_gpus=256, ep=8, tp=2, pp=4, vpp=2, dp=32)
+    job, _ = resolve(req)
+    plan = suggest(job, Fixed.from_request(req).values).plan
+    assert (plan.tp, plan.pp, plan.vpp, plan.ep, plan.dp) == (2, 4, 2, 8, 32)
+    assert suggest(job).plan.ep != 8  # the row's own EP differs: the test checks the request's wins

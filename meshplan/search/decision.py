@@ -19,9 +19,10 @@ DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
 
 def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | None, budget: int) -> str:
     """What the decision tables suggest, and why the recommendation agrees or differs, in numbers: the table's
-    layout is searched with the same estimators (its knobs left open) and compared with the pick, `best`."""
+    layout is searched with the same estimators (its knobs left open) and compared with the pick, `best`. The
+    suggestion keeps the degrees the request fixed (strategies.suggest) and its search every other fixed field."""
     try:
-        table = suggest(job)
+        table = suggest(job, fixed.values)
     except MeshplanError as exc:
         return f"The decision tables give no suggestion for this job ({exc.reason})."
     sp = table.plan
@@ -32,7 +33,7 @@ def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | Non
     bp = best.plan
     if all(getattr(bp, d) == getattr(sp, d) for d in DEGREES):
         return text + " The search agrees: its best layout has the same degrees."
-    pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in (*DEGREES, "dp")},
+    pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in DEGREES},
                     **{d: getattr(sp, d) for d in DEGREES}}, fixed.carried, fixed.given)
     probe = BestFirstSearch.for_job(job, pinned, engine, 1, budget_bytes=budget)
     layouts, _ = enumerate_layouts(job, pinned)

@@ -1,14 +1,16 @@
 """What the decision tables of cards/strategies.yaml suggest for a job, as a concrete layout.
 
-The search (meshplan/search/decision.py) calls `suggest(job)` to say whether its ranked answer agrees with the
+The search (meshplan/search/decision.py) calls `suggest(job, fixed)` to say whether its ranked answer agrees with the
 published rules of thumb. The tables give ranges and starting points; this module turns the row that
 applies into a `Plan` the job can actually build (TP inside the NVLink domain and dividing the heads,
 degrees that divide the GPU count, CP from the sequence length) and lists every adjustment it made,
-so a reader can see where the job departs from the row.
+so a reader can see where the job departs from the row. A degree the request fixed replaces the row's and no
+fitting step moves it: a suggestion the user could not take (another EP than the one they gave) helps no one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from math import gcd
 
@@ -34,6 +36,10 @@ class TableSuggestion(BaseModel):
     sequence_row: str = Field(description="The sequence_length row that set CP")
     adjustments: list[str] = Field(default_factory=list, description="Where the plan departs from the row, and why")
     source: str
+
+
+FIXABLE = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
+"""The request's degrees a suggestion keeps as given."""
 
 
 def _total_params_b(job: Job) -> float:
@@ -94,6 +100,10 @@ class _Degrees:
     etp: int
     first: int | None
     last: int | None
+    fixed: frozenset[str] = frozenset()  # the degrees the request set: no fitting step moves them
+
+    def free(self, name: str) -> bool:
+        return name not in self.fixed
 
     def dense_size(self, law: str) -> int:
         return mesh.replica_size(law, self.tp, self.pp, self.cp, self.ep)
@@ -101,6 +111,8 @@ class _Degrees:
 
 def _fit_cp(job: Job, deg: _Degrees, seq: SeqRow, notes: list[str]) -> None:
     """CP at least the sequence-length row's, halved until 2*CP divides the sequence."""
+    if not deg.free("cp"):
+        return
     if seq.cp > deg.cp:
         notes.append(f"CP {deg.cp} -> {seq.cp}: sequence length {job.seq_length} ({seq.id}).")
         deg.cp = seq.cp
@@ -113,6 +125,8 @@ def _fit_tp(job: Job, deg: _Degrees, notes: list[str]) -> None:
     """TP inside the NVLink domain, halved until it divides the heads (and the KV groups divide or are divided)."""
     arch = job.model
     tp_cap = mesh.job_domain(job)
+    if not deg.free("tp"):
+        return
     if deg.tp > tp_cap:
         notes.append(f"TP {deg.tp} -> {tp_cap}: TP stays inside the NVLink domain (topology row tp-in-nvlink).")
         deg.tp = tp_cap
@@ -126,44 +140,51 @@ def _fit_experts(job: Job, deg: _Degrees, notes: list[str]) -> None:
     arch = job.model
     if arch.is_moe:
         experts = arch.moe.num_experts
-        if experts % deg.ep:
+        if experts % deg.ep and deg.free("ep"):
             new_ep = gcd(deg.ep, experts)
             notes.append(f"EP {deg.ep} -> {new_ep}: EP must divide {experts} experts.")
             deg.ep = new_ep
     else:
-        deg.ep, deg.etp = 1, 1
+        deg.ep = deg.ep if not deg.free("ep") else 1
+        deg.etp = deg.etp if not deg.free("etp") else 1
 
 
 def _fit_framework(job: Job, card: FrameworkCard, deg: _Degrees, notes: list[str]) -> None:
     """What the framework cannot run: MoE with pipelines, expert tensor parallelism its search does not open."""
-    if job.model.is_moe and deg.pp > 1 and not card.limits.moe_with_pipeline:
+    if job.model.is_moe and deg.pp > 1 and not card.limits.moe_with_pipeline and deg.free("pp"):
         notes.append(f"PP {deg.pp} -> 1: {card.display_name} forbids MoE with pp > 1.")
         deg.pp, deg.first, deg.last = 1, None, None
-    if deg.etp > 1 and not card.search.etp:
+    if deg.etp > 1 and not card.search.etp and deg.free("etp"):
         notes.append(f"ETP -> 1: {card.display_name} {card.version} layouts keep experts whole (its card's search "
                      "opens no expert tensor parallelism).")
         deg.etp = 1
 
 
-def _fit_world(law: str, world: int, deg: _Degrees, notes: list[str]) -> None:
-    """Shrink the row's degrees until both grids divide the GPU count: PP first (it only adds a bubble), then CP,
-    then EP, then TP, matching the order in which the tables add them. One note for all the steps (each degree's
-    first and last value), not one per halving."""
+def _fit_world(law: str, world: int, deg: _Degrees, notes: list[str], dp: int | None) -> None:
+    """Shrink the row's degrees until both grids divide the GPU count (into `dp` replicas where the request fixed
+    it): PP first (it only adds a bubble), then CP, then EP, then TP, matching the order in which the tables add
+    them; a fixed degree stays (where only fixed ones are left the job cannot hold them, and the search says so).
+    One note for all the steps (each degree's first and last value), not one per halving."""
     was = {"PP": deg.pp, "CP": deg.cp, "EP": deg.ep, "ETP": deg.etp, "TP": deg.tp}
     while True:
-        if world % deg.dense_size(law) == 0 and mesh.expert_grid_fits(
-                law, world, deg.tp, deg.pp, deg.cp, world // deg.dense_size(law), deg.ep, deg.etp):
+        dense = deg.dense_size(law)
+        if world % dense == 0 and dp in (None, world // dense) and mesh.expert_grid_fits(
+                law, world, deg.tp, deg.pp, deg.cp, world // dense, deg.ep, deg.etp):
             break
-        if deg.pp > 1:
+        if dp is not None and world // dense > dp:
+            break  # already too many replicas: shrinking makes more
+        if deg.pp > 1 and deg.free("pp"):
             deg.pp, deg.first, deg.last = deg.pp // 2, None, None
-        elif deg.cp > 1:
+        elif deg.cp > 1 and deg.free("cp"):
             deg.cp //= 2
-        elif deg.ep > 1:
+        elif deg.ep > 1 and deg.free("ep"):
             deg.ep = gcd(deg.ep, world) if gcd(deg.ep, world) < deg.ep else deg.ep // 2
-        elif deg.etp > 1:
+        elif deg.etp > 1 and deg.free("etp"):
             deg.etp //= 2
-        else:
+        elif deg.tp > 1 and deg.free("tp"):
             deg.tp = _largest_power_of_two_divisor(world, deg.tp) if world % deg.tp else deg.tp // 2
+        else:
+            break
     now = {"PP": deg.pp, "CP": deg.cp, "EP": deg.ep, "ETP": deg.etp, "TP": deg.tp}
     moved = [f"{name} {was[name]} -> {now[name]}" for name in was if was[name] != now[name]]
     if moved:
@@ -185,6 +206,8 @@ def _fit_layers(job: Job, deg: _Degrees, vpp: int, notes: list[str]) -> None:
     if not (deg.pp > 1 and deg.first is None and layers % deg.pp):
         return
     split = uneven_split(layers, deg.pp, vpp)
+    if split is None and not deg.free("pp"):
+        return  # the request's PP: the rules say why the layers do not split over it
     if split is None:
         new_pp = deg.pp
         while new_pp > 1 and layers % new_pp:
@@ -197,12 +220,21 @@ def _fit_layers(job: Job, deg: _Degrees, vpp: int, notes: list[str]) -> None:
                      + (f", {middle} on each middle stage." if deg.pp > 2 else "."))
 
 
-def suggest(job: Job) -> TableSuggestion:
-    """The decision-table layout for this job, made buildable on its GPUs (see the module docstring)."""
+def suggest(job: Job, fixed: Mapping[str, object] | None = None) -> TableSuggestion:
+    """The decision-table layout for this job, made buildable on its GPUs (see the module docstring); `fixed`: the
+    request's fixed fields (search.space.Fixed.values), whose degrees replace the row's."""
     table, row_id, row_text, layout, source = _row_for(job)
     notes: list[str] = []
+    given = {d: int(v) for d, v in (fixed or {}).items() if d in FIXABLE and isinstance(v, int)}
     deg = _Degrees(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
-                   first=layout.first_stage_layers, last=layout.last_stage_layers)
+                   first=layout.first_stage_layers, last=layout.last_stage_layers, fixed=frozenset(given))
+    vpp = given.get("vpp", layout.vpp)
+    for name, value in given.items():
+        if name in ("tp", "pp", "cp", "ep", "etp") and getattr(deg, name) != value:
+            notes.append(f"{name.upper()} {getattr(deg, name)} -> {value}: the request fixes it.")
+            setattr(deg, name, value)
+            if name == "pp":
+                deg.first = deg.last = None
     seq = _seq_row(job.seq_length)
     _fit_cp(job, deg, seq, notes)
     _fit_tp(job, deg, notes)
@@ -210,13 +242,13 @@ def suggest(job: Job) -> TableSuggestion:
     card = job.card
     law = card.world_size_law
     _fit_framework(job, card, deg, notes)
-    _fit_world(law, job.num_gpus, deg, notes)
-    _fit_layers(job, deg, layout.vpp, notes)
+    _fit_world(law, job.num_gpus, deg, notes, given.get("dp"))
+    _fit_layers(job, deg, vpp, notes)
     dp = max(1, job.num_gpus // deg.dense_size(law))
     defaults = card.defaults
     zero = layout.zero_stage if layout.zero_stage is not None else defaults.zero_stage
     plan = Plan(
-        tp=deg.tp, pp=deg.pp, vpp=layout.vpp if deg.pp > 1 else 1, cp=deg.cp, ep=deg.ep, etp=deg.etp, dp=dp,
+        tp=deg.tp, pp=deg.pp, vpp=vpp if deg.pp > 1 else 1, cp=deg.cp, ep=deg.ep, etp=deg.etp, dp=dp,
         sequence_parallel=deg.tp > 1 and defaults.sequence_parallel_with_tp(job.model, deg.pp), zero_stage=zero,
         micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
         cp_comm_type=(seq.cp_comm_type or "p2p") if deg.cp > 1 else "p2p",
