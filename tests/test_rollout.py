@@ -65,6 +65,27 @@ def test_bad_rl_requests_are_clear_errors(fields, words):
 def test_rl_fields_imply_an_rl_job():
     job, _ = resolve(parse_request({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8, "rollout_tp": 4}))
     assert job.rl is not None and "job not given: rl, as rollout_tp is given." in job.notes
+    job, _ = resolve(parse_request({"model": "qwen3-8b", "framework": "verl", "num_gpus": 8,
+                                    "rollout_enforce_eager": True}))
+    assert job.rl is not None and "job not given: rl, as rollout_enforce_eager is given." in job.notes
+
+
+@pytest.mark.parametrize("job", [None, "sft"])
+def test_a_plan_fed_back_as_a_request_stays_a_training_job(job):
+    """A recommendation's plan passed back as a request (api, or MCP/CLI taking its fields) became an RL job and
+    was refused ('megatron-core runs no RL job (job=rl, rollout_enforce_eager)'; with job=sft 'rollout_enforce_eager
+    is an RL field'): a training plan carries rollout_enforce_eager=False, the frameworks' default, which asks for
+    no RL. The plan's own answer comes back."""
+    from meshplan import api
+    from meshplan.schema.request import Request
+
+    asked = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100", **({"job": job} if job else {})}
+    best = api.recommend(Request(**asked), top_k=1).candidates[0]
+    fields = best.plan.model_dump(exclude_none=True)
+    assert fields["rollout_enforce_eager"] is False
+    report = api.check_config(Request(**asked, **fields))
+    assert report.ok and report.plan == best.plan and report.memory.peak_bytes == best.memory.peak_bytes
+    assert api.estimate_memory(Request(**asked, **fields)).peak_bytes == best.memory.peak_bytes
 
 
 def test_engine_weights_and_kv_per_token_are_exact():

@@ -48,9 +48,21 @@ class ResolvedRL(BaseModel):
                     rollout_gpus=self.rollout_gpus or trainer_gpus, rollout_enforce_eager=self.enforce_eager)
 
 
+TRAINING_VALUES = {name: Plan.model_fields[name].default for name in RL_FIELDS if name in Plan.model_fields}
+"""What a training job's Plan carries in the RL fields it has (rollout_enforce_eager=False, the others None): a
+plan fed back as a request states them without asking for RL."""
+
+
+def rl_fields_given(req: Request) -> list[str]:
+    """The RL fields the request gives a value a training plan does not carry (TRAINING_VALUES): those that ask
+    for an RL job, or that a training job refuses."""
+    return [name for name in RL_FIELDS if getattr(req, name) is not None
+            and getattr(req, name) != TRAINING_VALUES.get(name)]
+
+
 def is_rl_request(req: Request) -> bool:
-    """Whether the request is an RL job: job=rl, or an RL field given with the job left out."""
-    return req.job == "rl" or (req.job is None and any(getattr(req, name) is not None for name in RL_FIELDS))
+    """Whether the request is an RL job: job=rl, or an RL field given (rl_fields_given) with the job left out."""
+    return req.job == "rl" or (req.job is None and bool(rl_fields_given(req)))
 
 
 @dataclass(frozen=True)
@@ -94,7 +106,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     """An RL request as the trainer's request (its GPUs, prompt + response tokens, prompts x samples sequences) and
     the RL settings, every default noted; a training request unchanged with None. RL fields on a training job or on
     a framework without an `rl` card section are errors naming what is allowed."""
-    given = [name for name in RL_FIELDS if getattr(req, name) is not None]
+    given = rl_fields_given(req)
     if req.job in ("pretrain", "sft", "lora") or (req.job is None and not given):
         _refuse_rl_fields(req, given)
         return req, None
