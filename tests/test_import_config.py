@@ -766,6 +766,31 @@ def test_verl_deprecated_global_micro_batch_is_divided_by_the_data_parallel_size
     assert not any("ppo_micro_batch_size =" in u for u in result.unsupported), result.unsupported
 
 
+def test_both_readers_take_the_data_parallel_size_from_one_function(monkeypatch):
+    """torchtitan's local_batch_size x dp (request_values) and verl's global micro-batch / dp (hydra) each worked
+    dp out from the GPU count on their own, and disagreed where tp x pp x cp does not divide it: torchtitan's gave
+    no global batch, verl's floored it (8 GPUs at TP3: a micro-batch of 64 / 2). Both ask arithmetic/mesh's
+    file_data_parallel now: a count that is no whole number of replicas has no data-parallel size."""
+    from meshplan.adapters import read
+    from meshplan.adapters.read import hydra
+    from meshplan.arithmetic import mesh
+
+    assert (mesh.file_data_parallel(64, 8), mesh.file_data_parallel(16, 2, 2, 2), mesh.file_data_parallel(8, 3),
+            mesh.file_data_parallel(4, 8)) == (8, 2, None, None)
+    asked = []
+    counted = lambda *a: asked.append(a) or mesh.file_data_parallel(*a)  # noqa: E731
+    monkeypatch.setattr(read, "file_data_parallel", counted)
+    monkeypatch.setattr(hydra, "file_data_parallel", counted)
+    left = api.import_file(str(CONFIGS / "torchtitan_llama3_70b.toml"))
+    assert api.request_from_config(left, {"num_gpus": 64}).global_batch_size == 64 and asked == [(64, 8, 1, 1)]
+    result = import_config("python3 -m verl.trainer.main_ppo trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+                           "actor_rollout_ref.actor.ppo_micro_batch_size=64 actor_rollout_ref.actor.strategy=megatron "
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3\n", "run.sh")
+    assert asked[1:] == [(8, 3, 1, 1)] and "micro_batch_size" not in result.request
+    assert any("ppo_micro_batch_size = 64" in u and "does not divide" in u for u in result.unresolved), \
+        result.unresolved
+
+
 def test_skyrl_fsdp_size_render_writes_is_read():
     """render writes SkyRL's trainer.policy.fsdp_config.fsdp_size=-1 (shard over every rank) and import called it
     'no meshplan field'; a shard group of its own (fsdp_size > 0, hybrid sharding) is said as verl's is."""

@@ -62,6 +62,15 @@ def derived_dp(law: WorldSizeLaw, num_gpus: int, tp: int, pp: int, cp: int, ep: 
     return max(1, num_gpus // replica_size(law, tp, pp, cp, ep))
 
 
+def file_data_parallel(num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int | None:
+    """The data-parallel size a config file's GPU count leaves over its tp x pp x cp ranks, as the readers turn a
+    per-rank batch into the step's (torchtitan's local_batch_size x dp, verl's global micro-batch / dp: both
+    frameworks' dp is world / (tp x pp x cp)); None where the count is not a whole number of those replicas, which
+    neither framework launches."""
+    replica = tp * pp * cp
+    return num_gpus // replica if num_gpus >= replica and num_gpus % replica == 0 else None
+
+
 def replica_formula(law: WorldSizeLaw, ep: int = 1) -> str:
     """replica_size as a reader checks it by hand."""
     return "tp*pp*cp" + ("*ep" if own_ep_ranks(law, ep) > 1 else "")

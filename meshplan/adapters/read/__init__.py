@@ -31,6 +31,7 @@ from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, fill_defaults
 from meshplan.adapters.read.launch import read_bridge, read_bridge_module, read_bridge_python, read_megatron
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
+from meshplan.arithmetic.mesh import file_data_parallel
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ImportedConfig
@@ -146,10 +147,10 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
     if scan_gpus:
         values.pop("num_gpus", None)
     values.update({name: value for name, value in given.items() if value is not None})
-    replica = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
-    if imported.batch_per_dp and "global_batch_size" not in values and isinstance(values.get("num_gpus"), int) \
-            and values["num_gpus"] % replica == 0:  # the file's step, dp = the GPUs left over
-        values["global_batch_size"] = imported.batch_per_dp * values["num_gpus"] // replica
+    gpus = values.get("num_gpus")
+    dp = file_data_parallel(gpus, *(values.get(n, 1) for n in ("tp", "pp", "cp"))) if isinstance(gpus, int) else None
+    if imported.batch_per_dp and "global_batch_size" not in values and dp:  # the file's step, dp = the GPUs left over
+        values["global_batch_size"] = imported.batch_per_dp * dp
     unread = [line for line in imported.unresolved if line.startswith("model: ") or ": model: " in line]
     if "model" not in values and unread and "names no model" not in unread[0]:
         raise MeshplanError(f"{imported.path}: the file's model is not read. {unread[0]}.",

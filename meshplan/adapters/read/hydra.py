@@ -7,14 +7,13 @@ not estimated.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, flag_settings
-from meshplan.arithmetic.mesh import rl_job_gpus
+from meshplan.arithmetic.mesh import file_data_parallel, rl_job_gpus
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card, rl_card
 from meshplan.knowledge.catalog import resolve_model
@@ -195,9 +194,9 @@ def global_micro_batch(reading: Reading) -> None:
     if given is None or "micro_batch_size" in reading.request:
         return
     gpus, where = reading.request.get("num_gpus"), given[1].where(reading.path)
-    dp = gpus // math.prod(int(reading.request.get(n, 1)) for n in ("tp", "pp", "cp")) if gpus else 0
+    dp = file_data_parallel(gpus, *(int(reading.request.get(n, 1)) for n in ("tp", "pp", "cp"))) if gpus else None
     size = whole_value(reading, *given)
-    if dp < 1 or size < dp:
+    if dp is None or size < dp:
         reading.unresolved.append(f"{where} = {given[0]}: sequences over the data-parallel ranks, which the file's "
                                   "GPU count does not divide into one a GPU at least (pass micro_batch_size)")
         return
