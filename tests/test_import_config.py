@@ -824,3 +824,19 @@ def test_an_estimator_left_out_is_the_frameworks_default(launch, algorithm):
     without its critic."""
     result = import_config(launch + "\n", "run.sh")
     assert result.request["algorithm"] == algorithm and "not given" in result.sources["algorithm"]
+
+
+def test_verl_grad_offload_is_said_to_have_no_effect_not_unknown():
+    """import of a verl Megatron script (run_qwen2-7b_seq_balance_math_megatron.sh and a dozen other examples) said
+    actor.megatron.grad_offload = True: 'no meshplan field'. verl never acts on the key (b178a3c reads it into
+    _is_offload_grad and uses that nowhere; param_offload releases the gradient buffer; 0.9.1 dropped it), so it is
+    not meshplan's grad_offload: the import says why, and param_offload stays what decides."""
+    result = import_config("python3 -m verl.trainer.main_ppo model_engine=megatron trainer.nnodes=1 "
+                           "trainer.n_gpus_per_node=8 actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+                           "actor_rollout_ref.actor.megatron.param_offload=True "
+                           "actor_rollout_ref.actor.megatron.grad_offload=True critic.megatron.grad_offload=True\n",
+                           "run.sh")
+    assert not any("grad_offload" in u for u in result.unsupported + result.unresolved), result.unsupported
+    said = [n for n in result.notes if "actor.megatron.grad_offload = True: no effect" in n]
+    assert len(said) == 1 and "param_offload decides" in said[0], result.notes  # the critic's keys: said apart
+    assert "grad_offload" not in result.request and result.request["param_offload"] is True

@@ -94,6 +94,10 @@ class ReadSection(_Card):
                                           "states, at the framework's default (a recompute field other than recompute "
                                           "itself only where the recompute is then full)")
     absent_by_variant_source: str | None = None
+    said: dict[str, str] = Field(
+        default_factory=dict, description="A file's key that sets no meshplan field, and what it does (or does not do) "
+                                          "to the job meshplan plans: an import says that, not 'no meshplan field'")
+    said_source: str | None = None
     estimator_default: StrictStr | None = Field(
         None, description="The advantage estimator an RL launcher leaving it out runs (gae: PPO with a critic)")
     kl_loss_default: StrictBool | None = Field(

@@ -252,7 +252,9 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
     for s in settings:
         meanings = lookup(table, s.key)
         if not meanings:
-            if not IRRELEVANT.search(normalize(s.key).lstrip("-")):
+            if said := read_section(reading.framework).said.get(normalize(s.key)):
+                reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
+            elif not IRRELEVANT.search(normalize(s.key).lstrip("-")):
                 reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: no meshplan field")
             continue
         if s.value == "" or s.value is None:
