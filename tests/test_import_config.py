@@ -840,3 +840,40 @@ def test_verl_grad_offload_is_said_to_have_no_effect_not_unknown():
     said = [n for n in result.notes if "actor.megatron.grad_offload = True: no effect" in n]
     assert len(said) == 1 and "param_offload decides" in said[0], result.notes  # the critic's keys: said apart
     assert "grad_offload" not in result.request and result.request["param_offload"] is True
+
+
+BRIDGE_LAYOUTS = [{"num_gpus": 64, "tp": 2, "pp": 4},
+                  {"num_gpus": 64, "tp": 1, "pp": 2, "cp": 2, "recompute": "full", "recompute_method": "uniform",
+                   "recompute_layers": 1},
+                  {"num_gpus": 64, "tp": 2, "pp": 2, "vpp": 2, "recompute": "selective", "precision": "fp8",
+                   "optimizer_offload_fraction": 0.5}]
+
+
+def test_a_rendered_bridge_file_imports_back_without_noise():
+    """render megatron-bridge then import showed render's own keys as 'no meshplan field': the model's architecture
+    (model.layernorm_epsilon, gated_linear_unit, rope_scaling, ..., which render restates the recipe's model with),
+    optimizer.use_distributed_optimizer (ZeRO-1's other half) and optimizer.overlap_cpu_optimizer_d2h_h2d. Every key
+    render writes, for every catalog model, both variants, is now read: a layout field, the model's architecture
+    (checked against the recipe's model where the file names one), or said with what it does."""
+    from meshplan.adapters.architecture import FIELDS, megatron_architecture
+    from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
+
+    for model in catalog_keys():
+        assert {s.field for s in megatron_architecture(catalog_architecture(model), 4096)[0] if s.field} <= FIELDS
+        for layout in BRIDGE_LAYOUTS:
+            req = parse_request({"model": model, "framework": "megatron-bridge", **layout})
+            for variant in ("python", "run_recipe"):
+                text = api.render_config("megatron-bridge", req, variant=variant, force=True).text
+                read = api.import_config(text, framework="megatron-bridge",
+                                         config_format="shell" if variant == "run_recipe" else None)
+                assert read.unsupported == [], (model, layout, variant, read.unsupported)
+                assert read.request["tp"] == layout["tp"] and read.request["zero_stage"] == 1
+    req = parse_request({"model": "llama-3.1-8b", "framework": "megatron-bridge", "num_gpus": 8, "tp": 2})
+    text = api.render_config("megatron-bridge", req, variant="run_recipe").text.replace(
+        '"${RECIPE:?set RECIPE to the recipe function of your model}"', "llama31_8b_pretrain_config")
+    read = api.import_config(text, framework="megatron-bridge", config_format="shell")
+    assert read.request["model"] == "llama-3.1-8b" and read.unsupported == []
+    assert any("model.rope_scaling_factor: llama-3.1-8b's architecture, each as it states it" in n for n in read.notes)
+    changed = api.import_config(text.replace("model.layernorm_epsilon=1e-05", "model.layernorm_epsilon=1e-06"),
+                                framework="megatron-bridge", config_format="shell")
+    assert any("model.layernorm_epsilon = 1e-06: not llama-3.1-8b's (its 1e-05)" in u for u in changed.unsupported)

@@ -30,6 +30,18 @@ LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_p
 GPT_OSS_GLU_OFFSET, GPT_OSS_CLAMP = 1.0, 7.0
 
 
+FIELDS = frozenset({
+    "normalization", "layernorm_epsilon", "layernorm_zero_centered_gamma", "gated_linear_unit", "glu_linear_offset",
+    "activation_func_clamp_value", "position_embedding_type", "rotary_base", "rotary_percent", "rope_type",
+    "apply_rope_fusion", "rope_scaling", "rope_scaling_factor", "qk_layernorm", "moe_router_num_groups",
+    "moe_router_group_topk", "yarn_correction_range_round_to_int",
+    *(p + name for p in ("", "yarn_") for name in ("rotary_scaling_factor", "original_max_position_embeddings",
+                                                   "beta_fast", "beta_slow", "mscale", "mscale_all_dim"))})
+"""Every TransformerConfig field megatron_architecture may set (Megatron-Bridge's cfg.model.<field>): the keys a
+rendered Bridge file restates the model with, which its import reads back as the model's, not as layout settings
+(tests/test_import_config.py renders every catalog model and holds the settings to this set)."""
+
+
 @dataclass(frozen=True)
 class Setting:
     """One architecture fact: the config field and its value, and the flag that sets it (None: no flag does)."""
@@ -200,6 +212,11 @@ def core_flags(settings: list[Setting]) -> tuple[list[Flag], list[str]]:
              f"{'it' if len(unset) == 1 else 'them'} on the TransformerConfig (a custom model provider), or render for "
              "Megatron-Bridge, which takes the fields."] if unset else []
     return flags, notes
+
+
+def restated(key: str) -> bool:
+    """Whether a Megatron-Bridge key (model.<field>) restates the model's architecture (FIELDS)."""
+    return key.startswith("model.") and key[len("model."):] in FIELDS
 
 
 def bridge_fields(settings: list[Setting]) -> list[tuple[str, Any]]:

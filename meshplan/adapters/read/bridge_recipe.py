@@ -14,8 +14,9 @@ import ast
 import re
 from typing import Any
 
+from meshplan.adapters.architecture import restated
 from meshplan.adapters.read.keys import Reading, read_section
-from meshplan.adapters.read.model_match import recipe_overrides
+from meshplan.adapters.read.model_match import recipe_overrides, restated_architecture
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError
@@ -115,11 +116,12 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     reading = Reading("megatron-bridge", file, variant="python")
     settings, elsewhere = _assignments(functions[name], functions)
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
-    overrides = read_section("megatron-bridge").model_flags
-    apply(reading, [s for s in latest.values() if s.key not in overrides])
+    section = read_section("megatron-bridge")
+    apply(reading, [s for s in latest.values() if s.key not in section.model_flags and not restated(s.key)])
     state_hf_model(reading, functions[name])
     state_name_facts(reading, name, functions[name].lineno)
-    recipe_overrides(reading, list(latest.values()), read_section("megatron-bridge"))
+    recipe_overrides(reading, list(latest.values()), section)
+    restated_architecture(reading, list(latest.values()), section)
     reading.notes.append(f"read recipe {name}()" + (f"; its base recipes {', '.join(elsewhere)} are in other "
                                                     "modules (not read: pass what they set as flags)" if elsewhere
                                                     else ""))

@@ -9,6 +9,7 @@ import re
 import shlex
 from typing import Any, NamedTuple
 
+from meshplan.adapters.architecture import restated
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.model_match import (
@@ -16,6 +17,7 @@ from meshplan.adapters.read.model_match import (
     flags_model,
     match_stated,
     recipe_overrides,
+    restated_architecture,
     stated_fields,
 )
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
@@ -251,7 +253,9 @@ def read_bridge_python(text: str, path: str) -> Reading:
     if not settings:
         raise MeshplanError(f"{path}: no `cfg.<section>.<field> = value` line and no run_recipe.py command.",
                             fix="Pass the run_recipe.py launch script, or the cfg assignments of your recipe.")
-    _bridge_settings(reading, settings)
+    section = read_section("megatron-bridge")
+    _bridge_settings(reading, [s for s in settings if s.key not in section.model_flags and not restated(s.key)])
+    restated_architecture(reading, settings, section)
     reading.unresolved.append("model, num_gpus: cfg assignments apply to a recipe's config (pass --model and "
                               "--num-gpus)")
     return reading
@@ -276,13 +280,15 @@ def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
 def read_bridge(text: str, path: str) -> Reading:
     """Megatron-Bridge's run_recipe.py: --recipe NAME and KEY=VALUE overrides of the recipe's ConfigContainer."""
     reading, settings = read_launch(text, path, "megatron-bridge", variant="run_recipe")[3:]
-    overrides = set(read_section("megatron-bridge").model_flags)
-    _bridge_settings(reading, [s for s in settings if s.key not in overrides])
+    section = read_section("megatron-bridge")  # the model's keys: compared with the recipe's model, never applied
+    _bridge_settings(reading, [s for s in settings if s.key not in section.model_flags and not restated(s.key)])
     world(reading)
     recipe = reading.value("recipe")
     if recipe is not None:
         state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line)
-        recipe_overrides(reading, settings, read_section("megatron-bridge"))
+        recipe_overrides(reading, settings, section)
+    restated_architecture(reading, settings, section)
+    if recipe is not None:
         reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
                              "recipe's (its name's model, GPUs and precision are read; its body is read from its "
                              "module: meshplan import RECIPE_MODULE.py:NAME)")

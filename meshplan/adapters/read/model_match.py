@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, NamedTuple
 
+from meshplan.adapters.architecture import bridge_fields, megatron_architecture, restated
 from meshplan.adapters.read.keys import Reading, as_bool
 from meshplan.adapters.read.settings import Setting
 from meshplan.adapters.read.shell import Word
@@ -333,3 +334,45 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSec
     reading.request.pop("model")
     reading.sources.pop("model", None)
     match_stated(stated, reading, named=model)
+
+
+def restated_architecture(reading: Reading, settings: list[Setting], section: ReadSection) -> None:
+    """The keys a rendered Megatron-Bridge file restates the model with (adapters/architecture.py FIELDS: norm, rope,
+    gating), read back as the model's, never as 'no meshplan field': compared with the named model's own (a recipe's,
+    as megatron_architecture writes them), each that differs said; where the file names no model (cfg assignments),
+    said with the card's model_flags keys as the architecture of the model to be passed beside the file."""
+    keys = [s for s in settings if restated(s.key) and s.key not in section.model_flags]
+    model = reading.request.get("model")
+    if model is None:
+        shape = [s.key for s in settings if s.key in section.model_flags] + [s.key for s in keys]
+        if shape:
+            reading.notes.append(f"{', '.join(shape)}: the model's architecture (what meshplan's render restates the "
+                                 "recipe's model with), no layout setting; the file names no model to compare them "
+                                 "with: pass the model they describe (--model)")
+        return
+    if not keys:
+        return
+    arch = catalog_architecture(model) if model in catalog_keys() else resolve_model(model)
+    own = dict(bridge_fields(megatron_architecture(arch, 0)[0]))  # the fields alone: no sequence-length note read
+    differ = [f"{s.where(reading.path)} = {s.value}: not {model}'s ({_show_own(own.get(s.key))}); meshplan plans "
+              f"{model} as its config states it" for s in keys if not _same(s.value, own.get(s.key))]
+    reading.unsupported += differ
+    if not differ:
+        reading.notes.append(f"{', '.join(s.key for s in keys)}: {model}'s architecture, each as it states it")
+
+
+def _same(value: Any, own: Any) -> bool:
+    """Whether a file's value (a Python literal or an override's word) is the model's own."""
+    if isinstance(own, bool):
+        return as_bool(value) is own
+    text = str(value).strip().strip("'\"")
+    if isinstance(own, int | float):
+        try:
+            return float(text) == float(own)
+        except ValueError:
+            return False
+    return own is not None and text == str(own)
+
+
+def _show_own(value: Any) -> str:
+    return "not set by it: Megatron-Core's default" if value is None else f"its {value}"
