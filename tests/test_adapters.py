@@ -305,14 +305,36 @@ def test_skyrl_never_uses_a_plus_prefix_and_sft_is_top_level():
 
 def test_a_training_job_rendered_as_an_rl_launch_says_so():
     """`render skyrl qwen3-8b --job sft` wrote SkyRL's RL entry point (main_base, a derived rollout) and verl's
-    main_ppo with no word that they start a rollout engine the training job's estimate leaves out."""
+    main_ppo with no word that they start a rollout engine the training job's estimate leaves out. SkyRL now
+    renders its SFT trainer for a training job unless told --variant rl (test_a_skyrl_training_job_renders_main_sft);
+    told, it still says so."""
     sft = dict(model="qwen3-8b", num_gpus=16, tp=2, job="sft")
-    rl_launch = [w for w in _render("skyrl", None, sft)[2].warnings if "an RL run" in w]
+    rl_launch = [w for w in _render("skyrl", "rl", sft)[2].warnings if "an RL run" in w]
     assert len(rl_launch) == 1 and "--variant sft" in rl_launch[0] and "skyrl.train.main_sft" in rl_launch[0]
-    assert not any("an RL run" in w for w in _render("skyrl", "sft", sft)[2].warnings)
+    assert not any("an RL run" in w for v in ("sft", None) for w in _render("skyrl", v, sft)[2].warnings)
     assert any("verl.trainer.main_ppo" in w and "job=rl" in w for w in _render("verl", None, sft)[2].warnings)
     rl = dict(model="qwen3-8b", num_gpus=8, job="rl")
     assert not any("an RL run" in w for f in ("verl", "skyrl") for w in _render(f, None, rl)[2].warnings)
+
+
+def test_a_skyrl_training_job_renders_main_sft():
+    """`render skyrl` of a training job (SFT, LoRA, pretraining) wrote SkyRL's RL entry point (main_base: a rollout
+    engine and, by default, a reference model beside the trainer) with a warning, though SkyRL has an SFT trainer
+    (main_sft, variant sft). It is the default now, with that trainer's defaults from the card: main_sft sets
+    colocate_all false (sft_config.py build_skyrl_config_for_sft), so offload_after_step never acts
+    (worker_dispatch.py) and the optimizer stays on the GPU; an RL job keeps main_base and its offload."""
+    sft = dict(model="qwen3-8b", num_gpus=16, tp=2, job="sft")
+    job, plan, result = _render("skyrl", None, sft)
+    assert result.variant == "sft" and "python -m skyrl.train.main_sft" in result.text
+    assert "trainer." not in result.text and not any("an RL run" in w for w in result.warnings)
+    assert plan.optimizer_offload is False and not any("optimizer_offload not given" in n for n in job.notes)
+    lora = _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, job="lora", lora_rank=16))[2]
+    assert lora.variant == "sft" and "model.lora.rank=16" in lora.text
+    with pytest.raises(MeshplanError, match="main_sft"):
+        _render("skyrl", None, {**sft, "optimizer_offload": True})
+    rl_job, rl_plan, rl = _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, job="rl"))
+    assert rl.variant == "rl" and "skyrl.train.entrypoints.main_base" in rl.text and rl_plan.optimizer_offload
+    assert any("optimizer_offload not given: on" in n for n in rl_job.notes)
 
 
 @pytest.mark.parametrize("framework,fields,knob", [
@@ -446,7 +468,7 @@ def test_rl_frameworks_render_the_dispatcher_through_megatron_fields():
         p = f"++{role}.megatron.override_transformer_config."
         assert {p + "moe_token_dispatcher_type=flex", p + "moe_flex_dispatcher_backend=deepep"} <= set(
             shell_tokens(verl.text))
-    _, _, skyrl = _render("skyrl", None, dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, ep=16,
+    _, _, skyrl = _render("skyrl", "rl", dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, ep=16,
                                               global_batch_size=320, moe_token_dispatcher="flex"))
     tokens = set(shell_tokens(skyrl.text))
     for role in ("trainer.policy", "trainer.ref"):
@@ -671,7 +693,7 @@ def test_cli_render_prints_the_snippet_and_json(tmp_path):
     ("deepspeed", ["--nnodes 3 --nproc-per-node 4"]),
     ("torchtitan", ["--nnodes 3 --nproc-per-node 4"]),
     ("verl", ["trainer.nnodes=3", "trainer.n_gpus_per_node=4"]),
-    ("skyrl", ["trainer.placement.policy_num_nodes=3", "trainer.placement.policy_num_gpus_per_node=4"]),
+    ("skyrl", ["placement.num_nodes=3", "placement.num_gpus_per_node=4"]),  # main_sft: a training job
     ("nemo-automodel", ["--nproc-per-node 4` on 3 nodes"]),
 ])
 def test_a_count_filling_no_whole_node_launches_as_the_jobs_nodes(framework, launch):

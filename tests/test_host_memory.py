@@ -101,10 +101,10 @@ def host_and_gpu_rejects(req: Request) -> tuple[int, int]:
     dict(model="qwen3-8b", seq_length=16384, global_batch_size=4, cpu_memory_per_node=60.0),
 ])
 def test_the_search_counts_plans_only_the_host_rejects_under_mem003(fields):
-    """Before: under MEM001 (the GPU's rule). SkyRL offloads the optimizer itself (DeepSeek-V2-Lite: 176 GiB of host
-    memory per node on 4 GPUs, against 64), so nothing is ranked and every plan is counted: those within the GPU
-    budget under MEM003."""
-    req = Request(num_gpus=4, framework="skyrl", **fields)
+    """Before: under MEM001 (the GPU's rule). SkyRL offloads the optimizer when asked (DeepSeek-V2-Lite: 176 GiB of
+    host memory per node on 4 GPUs, against 64), so nothing is ranked and every plan is counted: those within the GPU
+    budget under MEM003. (Its SFT trainer offloads nothing by itself: optimizer_offload is asked here.)"""
+    req = Request(num_gpus=4, framework="skyrl", optimizer_offload=True, **fields)
     rec = api.recommend(req, top_k=3)
     gpu, host = host_and_gpu_rejects(req)
     assert not rec.candidates and rec.considered == sum(rec.rejected.values())

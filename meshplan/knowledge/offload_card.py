@@ -56,4 +56,8 @@ class EngineOffload(_Card):
         default_factory=list, description="Knobs the framework turns on unless told otherwise (SkyRL "
                                           "offload_after_step)"
     )
+    on_by_default_when: Literal["always", "rl"] = Field(
+        "always", description="rl: on_by_default holds for an RL job only (SkyRL's RL trainer; its SFT trainer runs "
+                              "the policy alone and never offloads it)"
+    )
     source: str

@@ -18,7 +18,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
-from meshplan.rl.job import resolve_rl
+from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -126,6 +126,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
+    rl_job = is_rl_request(req)  # the framework's RL trainer (its offload defaults), not its SFT one
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
     pp, vpp = _pipeline_degrees(req, notes)
@@ -161,7 +162,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
         account_for_loss=bool(req.account_for_loss),
-        **_offload_fields(req, card.offload_at(zero), notes),  # activation/param/grad/optimizer offload (offload.py)
+        **_offload_fields(req, card.offload_at(zero), notes, rl_job),  # activation/param/grad/optimizer offload
         **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rl/job.py)
     )
     job = Job(
@@ -373,13 +374,15 @@ def _layout_mismatch(req: Request, stages: int) -> MeshplanError:
     )
 
 
-def _offload_fields(req: Request, semantics, notes: list[str]) -> dict[str, Any]:
-    """The plan's offload knobs: left out, the framework's own default (SkyRL's offload_after_step is on); a fraction
-    alone turns the optimizer offload on (Megatron's --optimizer-offload-fraction is read with
-    --optimizer-cpu-offload); switching it off while giving a share is a contradiction, said as such."""
+def _offload_fields(req: Request, semantics, notes: list[str], rl_job: bool) -> dict[str, Any]:
+    """The plan's offload knobs: left out, the framework's own default (SkyRL's offload_after_step is on for its RL
+    trainer, `rl_job`; its SFT trainer never offloads); a fraction alone turns the optimizer offload on (Megatron's
+    --optimizer-offload-fraction is read with --optimizer-cpu-offload); switching it off while giving a share is a
+    contradiction, said as such."""
     fraction = req.optimizer_offload_fraction or 0.0
     optimizer = req.optimizer_offload
-    defaults = semantics.on_by_default if semantics is not None else []
+    defaults = semantics.on_by_default if semantics is not None and (
+        semantics.on_by_default_when == "always" or rl_job) else []
     for knob in defaults:
         if getattr(req, f"{knob}_offload") is None:
             notes.append(f"{knob}_offload not given: on, the {req.framework} default (cards/frameworks/"

@@ -55,6 +55,7 @@ from meshplan.request.resolve import (
     _precision_fields,
     _torch_compile,
 )
+from meshplan.rl.job import is_rl_request
 from meshplan.schema.choices import PipelineSchedule, Recompute
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -380,7 +381,7 @@ def carried_fields(req: Request) -> dict[str, object]:
               "expandable_segments": _expandable_segments(req, card, []),
               "defer_fsdp_grad_sync": _defer_grad_sync(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
-              **_offload_fields(req, card.offload_at(zero), [])}
+              **_offload_fields(req, card.offload_at(zero), [], is_rl_request(req))}
     given = {k: getattr(req, k) for k in GIVEN_ONLY_FIELDS if getattr(req, k) is not None}
     return {**{k: fields[k] for k in CARRIED_FIELDS}, **given}
 
