@@ -842,6 +842,17 @@ def test_verl_grad_offload_is_said_to_have_no_effect_not_unknown():
     assert "grad_offload" not in result.request and result.request["param_offload"] is True
 
 
+def test_verl_dist_checkpointing_is_said_to_be_a_checkpoint_format():
+    """verl's run_moonlight16b_a3b_gsm8k_megatron.sh sets actor.megatron.use_dist_checkpointing=True, which import
+    listed as 'no meshplan field': it picks the format weights load from and checkpoints save in (verl 0.9.1
+    transformer_impl.py), the same model on the GPU; the import says so."""
+    result = import_config("python3 -m verl.trainer.main_ppo model_engine=megatron trainer.nnodes=1 "
+                           "trainer.n_gpus_per_node=8 actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+                           "actor_rollout_ref.actor.megatron.use_dist_checkpointing=True\n", "run.sh")
+    assert not any("use_dist_checkpointing" in u for u in result.unsupported), result.unsupported
+    assert any("use_dist_checkpointing = True: the format the weights are loaded from" in n for n in result.notes)
+
+
 BRIDGE_LAYOUTS = [{"num_gpus": 64, "tp": 2, "pp": 4},
                   {"num_gpus": 64, "tp": 1, "pp": 2, "cp": 2, "recompute": "full", "recompute_method": "uniform",
                    "recompute_layers": 1},
