@@ -888,3 +888,20 @@ def test_a_rendered_bridge_file_imports_back_without_noise():
     changed = api.import_config(text.replace("model.layernorm_epsilon=1e-05", "model.layernorm_epsilon=1e-06"),
                                 framework="megatron-bridge", config_format="shell")
     assert any("model.layernorm_epsilon = 1e-06: not llama-3.1-8b's (its 1e-05)" in u for u in changed.unsupported)
+
+
+@pytest.mark.parametrize("job", ["sft", "rl"])
+def test_a_rendered_skyrl_script_imports_back_without_noise(job):
+    """render skyrl (main_sft for a training job, main_base for an RL one) with CP and a CPU-optimizer share, then
+    import, listed remove_microbatch_padding (which render writes for CP: SkyRL requires it) and the CPU optimizer's
+    companion keys (optimizer_cpu_offload, use_precision_aware_optimizer, overlap_cpu_optimizer_d2h_h2d) as 'no
+    meshplan field'. Each is read back: the layout and the share as stated, the others said with what they do."""
+    fields = {"model": "qwen3-30b-a3b", "framework": "skyrl", "num_gpus": 16, "ep": 8, "cp": 2,
+              "optimizer_offload_fraction": 0.5, "job": job}
+    result = api.render_config("skyrl", parse_request(fields), force=True)
+    read = api.import_config(result.text, framework="skyrl")
+    assert result.variant == job and read.unsupported == [], read.unsupported
+    assert (read.request["cp"], read.request["ep"], read.request["optimizer_offload_fraction"]) == (2, 8, 0.5)
+    said = " ".join(read.notes)
+    assert "remove_microbatch_padding = true: the micro-batches' sequences packed" in said
+    assert "overlap_cpu_optimizer_d2h_h2d = true: the CPU optimizer's D2H/H2D copies" in said
