@@ -905,3 +905,16 @@ def test_a_rendered_skyrl_script_imports_back_without_noise(job):
     said = " ".join(read.notes)
     assert "remove_microbatch_padding = true: the micro-batches' sequences packed" in said
     assert "overlap_cpu_optimizer_d2h_h2d = true: the CPU optimizer's D2H/H2D copies" in said
+
+
+def test_a_rendered_megatron_moe_script_reads_back_its_kernel_and_cpu_optimizer_switches():
+    """render megatron-core of an MoE model with a CPU-optimizer share, then import, listed --moe-grouped-gemm and
+    --overlap-cpu-optimizer-d2h-h2d (both written by render) as 'no meshplan field'; each is said with what meshplan
+    counts for it."""
+    fields = {"model": "qwen3-30b-a3b", "framework": "megatron-core", "num_gpus": 16, "ep": 8,
+              "optimizer_offload_fraction": 0.5}
+    read = api.import_config(api.render_config("megatron-core", parse_request(fields), force=True).text)
+    assert not any("grouped-gemm" in u or "overlap-cpu" in u for u in read.unsupported), read.unsupported
+    said = " ".join(read.notes)
+    assert "--moe-grouped-gemm = True: the routed experts' GEMMs grouped" in said
+    assert "--overlap-cpu-optimizer-d2h-h2d = True: the CPU optimizer's D2H/H2D copies" in said
