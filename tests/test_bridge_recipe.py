@@ -67,6 +67,20 @@ def test_chain_in_one_file_base_first(tmp_path):
     assert result.request["model"] == "llama-3-8b" and result.request["num_gpus"] == 8
 
 
+def test_a_module_constant_is_read_as_its_value(tmp_path):
+    """Megatron-Bridge's recipes/llama/h100/llama3.py sets `cfg.model.seq_length = SEQUENCE_LENGTH_128K`, a constant
+    the module defines (`SEQUENCE_LENGTH_128K: int = 131072`): it was skipped as a helper object, and check estimated
+    the 128K recipe at the default 4,096 tokens and called it ok."""
+    text = ("SEQUENCE_LENGTH_16K = 16384\nSEQUENCE_LENGTH_128K: int = 131072\n\n"
+            "def llama3_8b_pretrain_64gpu_h100_bf16_128k_config() -> ConfigContainer:\n"
+            "    cfg = _pretrain_common()\n    cfg.model.context_parallel_size = 8\n"
+            "    cfg.model.seq_length = SEQUENCE_LENGTH_128K\n    return cfg\n")
+    path = tmp_path / "llama3.py"
+    path.write_text(text, encoding="utf-8")
+    result = api.import_file(f"{path}:llama3_8b_pretrain_64gpu_h100_bf16_128k_config")
+    assert result.request["seq_length"] == 131072 and result.sources["seq_length"] == f"{path}:7 model.seq_length"
+
+
 def test_run_recipe_script_states_what_the_recipe_name_says():
     result = api.import_file(str(CONFIGS / "bridge_qwen3_600m_sft_128k.sh"))
     assert result.request["job"] == "sft" and result.request["num_gpus"] == 8  # the launcher's count

@@ -63,10 +63,35 @@ def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
     return fields, left
 
 
-def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], depth: int = 0
-                 ) -> tuple[list[Setting], list[str]]:
-    """`cfg.a.b = literal` settings of a recipe and, first, of the recipes it starts from (same file); the base
-    recipes named in other modules."""
+def module_constants(tree: ast.Module) -> dict[str, Any]:
+    """The module's own literal constants (`SEQUENCE_LENGTH_128K: int = 131072`, what Bridge's recipes/llama/h100
+    set cfg.model.seq_length to): a recipe's `cfg.a.b = NAME` reads as the value, not as a helper object."""
+    found: dict[str, Any] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target, value = stmt.targets[0], stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+            target, value = stmt.target, stmt.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            try:
+                found[target.id] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                found.pop(target.id, None)  # rebound to something not literal: no longer known
+    return found
+
+
+def _literal(value: ast.expr, constants: dict[str, Any]) -> Any:
+    if isinstance(value, ast.Name) and value.id in constants:
+        return constants[value.id]
+    return ast.literal_eval(value)
+
+
+def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], constants: dict[str, Any],
+                 depth: int = 0) -> tuple[list[Setting], list[str]]:
+    """`cfg.a.b = literal` settings (a module constant's value included) of a recipe and, first, of the recipes it
+    starts from (same file); the base recipes named in other modules."""
     settings: list[Setting] = []
     elsewhere: list[str] = []
     for stmt in node.body:
@@ -76,7 +101,7 @@ def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], d
         if isinstance(target, ast.Name) and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
             base = value.func.id
             if base in functions and depth < MAX_DEPTH:
-                inner, more = _assignments(functions[base], functions, depth + 1)
+                inner, more = _assignments(functions[base], functions, constants, depth + 1)
                 settings, elsewhere = inner + settings, more + elsewhere
             elif base.endswith("_config"):
                 elsewhere.append(base)
@@ -88,7 +113,7 @@ def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], d
                 at = at.value
             if isinstance(at, ast.Name) and at.id == "cfg" and len(parts) >= 2:
                 try:
-                    literal = ast.literal_eval(value)
+                    literal = _literal(value, constants)
                 except (ValueError, SyntaxError):
                     if not re.fullmatch(r"torch\.\w+", ast.unparse(value)):
                         continue  # a helper object (comm_overlap config, env vars): no request field
@@ -114,7 +139,7 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
         raise MeshplanError(f"{file}: no function returning a ConfigContainer.", fix="Pass a Bridge recipe module.")
     name = wanted or recipes[0]
     reading = Reading("megatron-bridge", file, variant="python")
-    settings, elsewhere = _assignments(functions[name], functions)
+    settings, elsewhere = _assignments(functions[name], functions, module_constants(tree))
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
     section = read_section("megatron-bridge")
     apply(reading, [s for s in latest.values() if s.key not in section.model_flags and not restated(s.key)])
