@@ -422,6 +422,18 @@ def test_json_auto_values_are_left_to_the_trainer():
     assert sum('"auto"' in u for u in result.unresolved) == 2
 
 
+def test_json_autotp_size_is_the_tensor_parallel_degree():
+    """DeepSpeedExamples training/tensor_parallel's ds_config sets `"tensor_parallel": {"autotp_size": 4}` (AutoTP
+    training): import stated 'tp = 1 (a ds_config alone: no tensor parallelism)' beside 'autotp_size = 4: no meshplan
+    field', and check estimated a TP1 job. The GPUs are dp x tp (DeepSpeed's dp = world / autotp_size)."""
+    result = import_config('{"train_micro_batch_size_per_gpu": 2, "train_batch_size": 16,\n'
+                           ' "gradient_accumulation_steps": 1,\n "tensor_parallel": {"autotp_size": 4}}', "ds.json")
+    assert result.request["tp"] == 4 and result.sources["tp"] == "ds.json:3 tensor_parallel.autotp_size"
+    assert result.request["dp"] == 8 and result.request["num_gpus"] == 32
+    assert not any("autotp_size" in u for u in result.unsupported)
+    assert import_config('{"zero_optimization": {"stage": 2}}', "ds.json").request["tp"] == 1
+
+
 # --------------------------------------------------------------------------- round trip: render -> import
 
 ROUND_TRIPS = [

@@ -245,16 +245,20 @@ def read_kempnerforge(text: str, path: str) -> Reading:
 
 
 def read_deepspeed_json(text: str, path: str) -> Reading:
-    """A plain ds_config.json (tp = pp = 1: the data-parallel degree is train_batch_size / (micro x accumulation))."""
+    """A plain ds_config.json (pp = 1; tp = 1 unless AutoTP's tensor_parallel.autotp_size sets it: the data-parallel
+    degree is train_batch_size / (micro x accumulation), the GPUs dp x tp)."""
     reading = Reading("deepspeed", path, variant="config")
     read_deepspeed_settings(reading, json_settings(text, path))
+    if "tp" not in reading.request:
+        reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
     accumulation = reading.extra.get("accumulation")
     gbs, mbs = reading.request.get("global_batch_size"), reading.request.get("micro_batch_size")
     if gbs and mbs and accumulation and str(accumulation[0]).isdigit():
         reading.state("dp", gbs // (mbs * int(accumulation[0])), f"{reading.sources['global_batch_size']} / "
                                                                   f"(micro x {accumulation[1].where(path)})")
-        reading.state("num_gpus", reading.request["dp"], reading.sources["dp"])
-    reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
+        tp = reading.request["tp"]
+        reading.state("num_gpus", reading.request["dp"] * tp, reading.sources["dp"] if tp == 1 else
+                      f"dp x tp ({reading.sources['dp']}; {reading.sources['tp']})")
     reading.state("pp", 1, f"{path} (a ds_config alone: no pipeline parallelism)")
     if "recompute" not in reading.request:
         reading.unresolved.append("recompute: a ds_config cannot say which layers the model code checkpoints "
