@@ -69,6 +69,18 @@ def test_megatron_script_fixes_use_its_own_flag_and_line():
     assert ["--pipeline-model-parallel-size 2"] in mem and ["--pipeline-model-parallel-size 4"] in mem
 
 
+def test_no_edit_writes_the_value_the_layout_already_has():
+    """WS002 on a dense script (megatron_gpt3_175b.sh: TP8 PP16 on 8 GPUs) says 'no ep tiles 8 GPUs at pp=16,
+    etp=1': the file leaves etp at its default 1, and check offered `--expert-tensor-parallel-size 1` as WS002's edit,
+    a change that changes nothing."""
+    imported = api.import_file(str(CONFIGS / "megatron_gpt3_175b.sh"))
+    report = api.check_config(api.request_from_config(imported), config=imported)
+    assert "WS002" in {f.id for f in report.findings}
+    plan = report.plan.model_dump()
+    edits = [c for fix in report.config_fixes for option in fix.options for c in option]
+    assert edits and not [c.text for c in edits if c.field in plan and plan[c.field] == c.value]
+
+
 def test_a_dropped_field_is_the_files_key_removed_at_its_line():
     text = ("torchrun --nproc_per_node 8 pretrain_gpt.py --pipeline-model-parallel-size 2 \\\n"
             "  --decoder-first-pipeline-num-layers 31\n")

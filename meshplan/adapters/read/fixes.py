@@ -33,9 +33,12 @@ MAX_OPTIONS = 3
 NOT_A_CHANGE = frozenset({"model", "framework"})
 
 
-def fix_changes(fix: str, current: dict[str, Any]) -> list[dict[str, Any]]:
+def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The request changes each alternative of a fix names (alternatives split at 'or'); an alternative that names
-    no field with a value the field accepts, or only the values already set, gives none."""
+    no field with a value the field accepts, or only the values already set (by the file, `current`, or in the
+    checked layout, `in_effect`: WS002's 'no ep tiles 8 GPUs at pp=16, etp=1' on a file that leaves etp at 1),
+    gives none."""
+    in_effect = in_effect or {}
     options: list[dict[str, Any]] = []
     for alternative in re.split(r",?\s+or\s+", fix):
         found = [(name, m.group(3)) for m in ASSIGN.finditer(alternative) for name in _assigned(m)]
@@ -47,7 +50,7 @@ def fix_changes(fix: str, current: dict[str, Any]) -> list[dict[str, Any]]:
                     value = convert(name, text.rstrip("."))
                 except (ValueError, TypeError):
                     continue
-                if current.get(name) != value:
+                if current.get(name) != value and (name in current or in_effect.get(name) != value):
                     change[name] = value
         for name in DROP.findall(alternative):  # `pp=4 (drop first_stage_layers)`: a field the file set, cleared
             if name in Request.model_fields and name not in NOT_A_CHANGE and current.get(name) is not None:
@@ -159,13 +162,15 @@ def file_change(imported: ImportedConfig, field: str, value: Any) -> FileChange:
     return FileChange(field=field, value=value, key=key, text=text)
 
 
-def config_fixes(imported: ImportedConfig, findings: list[Finding]) -> list[ConfigFix]:
-    """Each finding whose fix names field values, as edits of the imported file."""
+def config_fixes(imported: ImportedConfig, findings: list[Finding],
+                 in_effect: dict[str, Any] | None = None) -> list[ConfigFix]:
+    """Each finding whose fix names field values, as edits of the imported file (none that writes a value the
+    checked layout, `in_effect`, already has)."""
     out = []
     for finding in findings:
         if NO_FIX.search(finding.fix):  # "none of the nearby layouts fits (pp=2: 130 GiB ...)": misses, not fixes
             continue
-        options = fix_changes(finding.fix, imported.request)
+        options = fix_changes(finding.fix, imported.request, in_effect)
         if options:
             out.append(ConfigFix(finding=finding.id, fix=finding.fix, options=[
                 [file_change(imported, field, value) for field, value in option.items()] for option in options]))
