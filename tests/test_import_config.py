@@ -434,6 +434,21 @@ def test_json_autotp_size_is_the_tensor_parallel_degree():
     assert import_config('{"zero_optimization": {"stage": 2}}', "ds.json").request["tp"] == 1
 
 
+@pytest.mark.parametrize(("name", "why"), [
+    ("ds_zero_stage_1_baseline.json", "names no model"),
+    ("bridge_qwen3_600m_sft_128k.sh", "qwen3_600m: not in meshplan's catalog"),
+    ("automodel_llama3_3_70b_instruct_peft_benchmark.yaml", "Llama-3.3-70B-Instruct is not in meshplan's catalog"),
+])
+def test_check_of_a_file_without_a_readable_model_names_the_file(name, why):
+    """`check --config ds_config.json` (a ds_config never names its model) answered 'A model is required. Fix: Pass
+    model: a catalog key (see list_models) ...', the API's words, naming neither the file nor why its model was not
+    read, where import names both."""
+    imported = import_file(str(CONFIGS / name))
+    with pytest.raises(MeshplanError) as exc:
+        api.request_from_config(imported, {"num_gpus": 8})
+    assert str(exc.value).startswith(f"{CONFIGS / name}: ") and why in str(exc.value) and "--model" in str(exc.value)
+
+
 # --------------------------------------------------------------------------- round trip: render -> import
 
 ROUND_TRIPS = [

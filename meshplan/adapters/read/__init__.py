@@ -151,11 +151,14 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
     dp = file_data_parallel(gpus, *(values.get(n, 1) for n in ("tp", "pp", "cp"))) if isinstance(gpus, int) else None
     if imported.batch_per_dp and "global_batch_size" not in values and dp:  # the file's step, dp = the GPUs left over
         values["global_batch_size"] = imported.batch_per_dp * dp
-    unread = [line for line in imported.unresolved if line.startswith("model: ") or ": model: " in line]
-    if "model" not in values and unread and "names no model" not in unread[0]:
-        raise MeshplanError(f"{imported.path}: the file's model is not read. {unread[0]}.",
-                            fix="Pass the model beside the file (--model, or the tool's model argument): a catalog "
-                                "key or the model's config.json.")
+    if "model" not in values:  # said with the file and why, not as a request that forgot its model
+        unread = [line for line in imported.unresolved if line.startswith(("model: ", "model ")) or ": model: " in line
+                  or "not in meshplan's catalog" in line]
+        said = f"the file's model is not read. {unread[0]}" if unread and "names no model" not in unread[0] \
+            else "the file names no model"
+        raise MeshplanError(f"{imported.path}: {said}.", fix="Pass the model beside the file (--model, or the "
+                                                             "tool's model argument): a catalog key or the model's "
+                                                             "config.json.")
     split = [line for line in imported.unresolved if SPLIT_NOT_READ in line]
     if split and not {"first_stage_layers", "last_stage_layers", "pipeline_layout"} & set(values):
         raise MeshplanError(f"{imported.path}: the file's pipeline split is not read: "
