@@ -298,6 +298,17 @@ def test_the_page_names_a_pasted_config_json_not_its_temporary_file():
     assert error.startswith(f"'{PASTED}' is not valid JSON") and "meshplan-page-" not in error
 
 
+def test_the_page_says_a_negative_gpu_count_is_below_one_not_no_integer():
+    """The form's GPUs '-8' answered 'num_gpus: Input should be a valid integer (got '-8')': the page turned only
+    digit strings into numbers, so a signed count reached the parser as text. It is a whole number below 1."""
+    from meshplan.faces.report.page import answer
+
+    _, _, error = answer({"model": "llama-3.1-8b", "num_gpus": "-8", "gpu": "h100"})
+    assert "greater than or equal to 1" in error and "valid integer" not in error
+    _, _, error = answer({"model": "llama-3.1-8b", "num_gpus": "eight", "gpu": "h100"})
+    assert "valid integer (got 'eight')" in error
+
+
 def test_a_requested_schedule_is_drawn_from_the_request_through_the_api():
     """pipeline_schedule=zero_bubble on torchtitan (ZBV at two chunks per rank): the report drawn from the request
     shows each rank's F, I and W in the V placement, where the timeline the throughput estimate prices puts them."""

@@ -9,6 +9,7 @@ page itself loads nothing from anywhere (inline CSS, no script).
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,8 @@ def _form_values(form: dict[str, list[str]]) -> dict[str, str]:
 def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
     """The form as request fields; a pasted config.json is written to a file the resolver reads as a path."""
     fields: dict[str, Any] = {k: values[k] for k in ("model", "gpu", "num_gpus", "framework") if k in values}
-    if fields.get("num_gpus", "").isdigit():  # a form sends text; anything else is left for the parser to name
-        fields["num_gpus"] = int(fields["num_gpus"])
+    if re.fullmatch(r"[+-]?\d+", fields.get("num_gpus", "")):  # a form sends text; a signed whole number is one
+        fields["num_gpus"] = int(fields["num_gpus"])  # (-8 is below 1, not 'no integer'); the parser names the rest
     if "config" in values:
         path = config_dir / "config.json"
         path.write_text(values["config"], encoding="utf-8")
