@@ -21,7 +21,14 @@ from meshplan.arithmetic.pipeline_timeline import V_ORDERS, rank_actions, shape_
 from meshplan.faces.cli import main
 from meshplan.faces.report import figures, gather, render_html
 from meshplan.faces.report.figures import stage_parts
-from meshplan.faces.report.figures_layout import drawn_microbatches, drawn_ranks, schedule_figure, schedule_shape
+from meshplan.faces.report.figures_layout import (
+    MAX_LISTED_RANKS,
+    drawn_microbatches,
+    drawn_ranks,
+    mesh_figure,
+    schedule_figure,
+    schedule_shape,
+)
 from meshplan.request.parse import parse_request
 
 
@@ -82,6 +89,21 @@ def test_mesh_draws_every_group(name):
         for g in list(groups)[:4]:
             ranks = sorted(int(c["data-rank"]) for c in cells if c["data-group"] == str(g))
             assert ranks == [r for r in axis.members(g) if r < shown]
+
+
+def test_a_large_group_0_is_listed_by_its_ends():
+    """The mesh table listed every rank of group 0: recommend llama-3.1-8b on 100,000,000 GPUs on the page wrote DP
+    group 0's 390,625 ranks into one cell (a 4.4 MB page); 8,192 GPUs at TP1 wrote 8,192 numbers. A long group is
+    its first ranks, an ellipsis, its last rank and its size."""
+    report = gather(parse_request({"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8192}))
+    figure = mesh_figure(report)
+    assert figure is not None
+    row = next(r for r in figure.tables[0].rows if r[0] == "DP")
+    dp = next(a for a in report.axes if a.name == "DP")
+    assert row[-1] == " ".join(map(str, dp.members(0)[:MAX_LISTED_RANKS])) + " … 8191 (8,192 ranks)"
+    small = report_for("dense_pp_vpp")
+    listed = mesh_figure(small).tables[0].rows
+    assert [r[-1] for r in listed] == [" ".join(map(str, a.members(0))) for a in small.axes]  # short: every rank
 
 
 def test_the_groups_that_cross_the_network_are_marked():

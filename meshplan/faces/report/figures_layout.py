@@ -30,6 +30,17 @@ from meshplan.schema.reports import Candidate, NearMiss, Recommendation
 MAX_DRAWN_RANKS = 256  # a larger world is drawn by its first ranks (whole groups of the inner axes), and says so
 
 
+MAX_LISTED_RANKS = 16  # a longer group 0 is listed by these first ranks, its last one and its size
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """Group 0's ranks as the table lists them: all of a short group; a long one's first MAX_LISTED_RANKS, its last
+    and how many (a DP group of 390,625 ranks wrote every one into the page)."""
+    if len(ranks) <= MAX_LISTED_RANKS + 1:
+        return " ".join(map(str, ranks))
+    return f"{' '.join(map(str, ranks[:MAX_LISTED_RANKS]))} … {ranks[-1]} ({len(ranks):,} ranks)"
+
+
 def drawn_ranks(world: int) -> int:
     """How many ranks the mesh picture draws: all of them up to MAX_DRAWN_RANKS."""
     return min(world, MAX_DRAWN_RANKS)
@@ -92,7 +103,7 @@ def mesh_figure(report: PlanReport) -> Figure | None:
     for i, axis in enumerate(report.axes):
         shapes += _axis_panel(report, axis, 10 + i * panel_h, shown)
     rows = [[a.name, str(a.size), str(a.stride), str(report.world // a.size), "yes" if a.crosses_network else "no",
-             " ".join(map(str, a.members(0)))] for a in report.axes]
+             ranks_text(a.members(0))] for a in report.axes]
     caption = (f"{report.world} GPUs of {report.gpu_name}, {report.gpus_per_node} per node (columns), fast domain "
                f"{report.domain} GPUs (outlined); each panel colours one kind of group; a red line follows group 0 of "
                "each kind that crosses the network.")
