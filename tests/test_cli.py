@@ -18,6 +18,19 @@ def test_describe_json(capsys):
         assert key in out
 
 
+def test_describe_prints_the_published_counts_source_whole(capsys):
+    """`describe bloom-176b` printed 'published: 176,247,271,424' with no source: the source, in [brackets], began
+    with a lower-case word ('bigscience/bloom model card ...') and the console took it for a markup tag and dropped
+    it; every other source was cut at 100 characters mid-word ('... model card: 8B; archi]')."""
+    from meshplan import api
+
+    for key in ("bloom-176b", "llama-3.1-8b"):
+        assert main(["describe", key]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        source = " ".join(api.describe_model(key).published["source"].split())
+        assert f"[{source}]" in out
+
+
 def test_models_json_lists_the_catalog(capsys):
     assert main(["models", "--json"]) == 0
     keys = {m["key"] for m in json.loads(capsys.readouterr().out)}

@@ -9,6 +9,7 @@ import textwrap
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Column, Table
@@ -139,8 +140,8 @@ def gib(n: int | float) -> str:
 def _notes(console: Console, title: str, lines: list[str]) -> None:
     if lines:
         console.print(f"[bold]{title}[/bold]")
-        for line in lines:
-            console.print(f"  - {line}")
+        for line in lines:  # text from cards, logs and paths: a '[word ...]' in it is no markup tag
+            console.print(f"  - {escape(line)}")
 
 
 def model_report(report: ModelReport) -> None:
@@ -166,7 +167,8 @@ def model_report(report: ModelReport) -> None:
     if report.mtp_params:
         console.print(f"MTP blocks (not in total) {billions(report.mtp_params)}")
     if report.published:
-        console.print(f"published: {report.published.get('text')}  [{report.published.get('source', '')[:100]}]")
+        source = escape(f"[{report.published.get('source', '')}]")  # whole, and not read as a markup tag
+        console.print(f"published: {escape(str(report.published.get('text')))}  {source}")
     _notes(console, "assumptions", report.assumptions)
 
 
