@@ -14,7 +14,7 @@ from __future__ import annotations
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.units import GIB, plural
 from meshplan.estimate.memory import stage_allocated
-from meshplan.schema.measured import ComparedFigure, MeasuredRun, RunComparison
+from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, MeasuredRun, RunComparison
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import ClusterFactor, ErrorBand, MemoryReport, ThroughputReport
 
@@ -36,9 +36,15 @@ def predicted_peaks(memory: MemoryReport) -> tuple[int | None, int, str]:
 
 def _figure(name: str, label: str, predicted: float | None, measured: float | None, band: ErrorBand | None,
             basis: str, calibrated: float | None = None) -> ComparedFigure:
+    """One figure side by side. The throughput band is the step time's median |predicted / measured - 1|; a rate
+    (RATE_FIGURES) is judged on that scale, measured / predicted - 1, so one run's step time and rate are inside or
+    outside together (a run 0.99 band faster had its step time inside, its tokens/s outside)."""
     error = predicted / measured - 1 if predicted is not None and measured else None
     median = band.median_error if band is not None else None
-    inside = abs(error) <= median if error is not None and median is not None else None
+    scaled = error
+    if name in RATE_FIGURES and error is not None:
+        scaled = 1 / (1 + error) - 1 if error > -1 else float("inf")
+    inside = abs(scaled) <= median if scaled is not None and median is not None else None
     return ComparedFigure(figure=name, label=label, predicted=predicted, measured=measured, error=error, band=median,
                           inside=inside, calibrated=calibrated, basis=basis)
 

@@ -22,7 +22,7 @@ from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.rl.engine import ep_words
 from meshplan.rl.job import is_rl_request, resolve_rl
-from meshplan.schema.measured import RunComparison
+from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, RunComparison
 from meshplan.schema.model import ModelReport, ModelSummary
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import (
@@ -429,6 +429,16 @@ def _figure_text(value: float | None, figure: str) -> str:
     return f"{value:,.0f}" if figure == "tokens_per_s_per_gpu" else f"{value:.3g}"
 
 
+def _band_text(f: ComparedFigure) -> str:
+    """The band as the figure's own error may range: ±b, or for a rate -b/(1+b) to +b/(1-b) (the step time's ±b)."""
+    if f.band is None:
+        return "-"
+    if f.figure not in RATE_FIGURES:
+        return f"±{f.band:.0%}"
+    high = f"+{f.band / (1 - f.band):.0%}" if f.band < 1 else "+∞"
+    return f"{-f.band / (1 + f.band):.0%}/{high}"
+
+
 def comparison(report: RunComparison) -> None:
     """`meshplan compare`: predicted beside measured, the band of the regime and whether the run falls inside."""
     console = _console()
@@ -439,7 +449,7 @@ def comparison(report: RunComparison) -> None:
                    _col("band", right=True), "inside", *([_col("calibrated", right=True)] if calibrated else []))
     for f in report.figures:
         row = [f.label, _figure_text(f.predicted, f.figure), _figure_text(f.measured, f.figure),
-               f"{f.error:+.1%}" if f.error is not None else "-", f"±{f.band:.0%}" if f.band is not None else "-",
+               f"{f.error:+.1%}" if f.error is not None else "-", _band_text(f),
                {True: "yes", False: "NO", None: "-"}[f.inside]]
         table.add_row(*row, *([_figure_text(f.calibrated, f.figure)] if calibrated else []))
     console.print(table)

@@ -40,6 +40,9 @@ class MeasuredRun(StrictModel):
     notes: list[str] = Field(default_factory=list, description="How the figures were taken (steps kept, units)")
 
 
+RATE_FIGURES = ("tokens_per_s_per_gpu", "mfu")  # the step time's reciprocals: judged on its band, inverted
+
+
 class ComparedFigure(StrictModel):
     """One figure predicted and measured."""
 
@@ -48,9 +51,12 @@ class ComparedFigure(StrictModel):
     predicted: float | None = Field(description="meshplan's prediction, in the unit of `label`")
     measured: float | None = Field(description="What the log states (or what follows from it), same unit")
     error: float | None = Field(description="predicted / measured - 1 (None: one side is missing)")
-    band: float | None = Field(description="meshplan's published median |error| in this regime (None: unknown)")
+    band: float | None = Field(description="meshplan's published median |error| in this regime, of the memory or "
+                                           "the step time (None: unknown)")
     inside: bool | None = Field(
-        description="|error| <= band: the measurement is as close as meshplan's typical run in this regime")
+        description="|error| <= band: the measurement is as close as meshplan's typical run in this regime; a rate "
+                    "(tokens/s per GPU, MFU), the step time's reciprocal, on the step time's scale: |measured / "
+                    "predicted - 1| <= band")
     calibrated: float | None = Field(
         None, description="The prediction with this cluster's stored factor applied (None: no factor stored)")
     basis: str = Field("", description="How the measured figure was taken or derived")
