@@ -81,6 +81,25 @@ def test_a_module_constant_is_read_as_its_value(tmp_path):
     assert result.request["seq_length"] == 131072 and result.sources["seq_length"] == f"{path}:7 model.seq_length"
 
 
+def test_a_layout_a_helper_sets_is_said_not_read_and_not_estimated_as_an_even_split(tmp_path):
+    """Megatron-Bridge's recipes/deepseek/h100/deepseek_v3.py sets `cfg.model.pipeline_model_parallel_layout = None`
+    and then calls set_deepseek_v3_pipeline_model_parallel_layout(cfg.model), which picks the layout for the pp and
+    vpp: the reader saw only the None, and check answered PP001 '61 layers do not split evenly over pp=8 stages, and
+    no uneven first/last stage sizes are given' of a recipe that gives one."""
+    text = ("def deepseek_v3_pretrain_256gpu_h100_bf16_config() -> ConfigContainer:\n"
+            "    cfg = _pretrain_common()\n    cfg.model.pipeline_model_parallel_size = 8\n"
+            "    cfg.model.expert_model_parallel_size = 32\n    cfg.model.pipeline_model_parallel_layout = None\n"
+            "    set_deepseek_v3_pipeline_model_parallel_layout(cfg.model)\n    return cfg\n")
+    path = tmp_path / "deepseek_v3.py"
+    path.write_text(text, encoding="utf-8")
+    result = api.import_file(f"{path}:deepseek_v3_pretrain_256gpu_h100_bf16_config")
+    assert any("set_deepseek_v3_pipeline_model_parallel_layout" in u and ":6 " in u for u in result.unresolved)
+    with pytest.raises(MeshplanError, match=r"pipeline split is not read.*set_deepseek_v3_pipeline_model_parallel"):
+        api.request_from_config(result)
+    given = api.request_from_config(result, {"pipeline_layout": "Et*3|(tt|)*29,m|L", "vpp": 4})
+    assert given.pipeline_layout == "Et*3|(tt|)*29,m|L"
+
+
 def test_run_recipe_script_states_what_the_recipe_name_says():
     result = api.import_file(str(CONFIGS / "bridge_qwen3_600m_sft_128k.sh"))
     assert result.request["job"] == "sft" and result.request["num_gpus"] == 8  # the launcher's count

@@ -164,8 +164,9 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
         raise MeshplanError(f"{imported.path}: the file's pipeline split is not read: "
                             f"{split[0].split('; ' + SPLIT_NOT_READ)[0]}.",
                             fix="Give the stages' decoder layers beside the file (--first-stage-layers/"
-                                "--last-stage-layers, or the tool's first_stage_layers / last_stage_layers), or a "
-                                "split in the file whose every stage holds a decoder layer.")
+                                "--last-stage-layers or --pipeline-layout, or the tool's first_stage_layers / "
+                                "last_stage_layers / pipeline_layout), or a split in the file whose every stage holds "
+                                "a decoder layer.")
     return values
 
 

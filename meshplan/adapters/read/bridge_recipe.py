@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from meshplan.adapters.architecture import restated
-from meshplan.adapters.read.keys import Reading, read_section
+from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, read_section
 from meshplan.adapters.read.model_match import recipe_overrides, restated_architecture
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
@@ -143,6 +143,7 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
     section = read_section("megatron-bridge")
     apply(reading, [s for s in latest.values() if s.key not in section.model_flags and not restated(s.key)])
+    layout_helpers(reading, functions[name])
     state_hf_model(reading, functions[name])
     state_name_facts(reading, name, functions[name].lineno)
     recipe_overrides(reading, list(latest.values()), section)
@@ -151,6 +152,21 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
                                                     "modules (not read: pass what they set as flags)" if elsewhere
                                                     else ""))
     return reading
+
+
+def layout_helpers(reading: Reading, node: ast.FunctionDef) -> None:
+    """A helper call that sets the model's pipeline layout (DeepSeek-V3's recipes call
+    set_deepseek_v3_pipeline_model_parallel_layout(cfg.model), which picks it for the pp and vpp) is not read: said,
+    so the request from the file asks for the split rather than estimating an even one (PP001 on the recipe)."""
+    if "pipeline_layout" in reading.request or int(reading.request.get("pp", 1)) < 2:
+        return
+    for stmt in node.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
+        name = ast.unparse(call.func) if call is not None else ""
+        if call is not None and re.search(r"pipeline\w*layout", name) and any(
+                ast.unparse(a).startswith("cfg.model") for a in call.args):
+            reading.unresolved.append(f"{reading.path}:{stmt.lineno} {name}(cfg.model): the pipeline layout this "
+                                      f"helper sets is not read; {SPLIT_NOT_READ}")
 
 
 def hf_model(node: ast.FunctionDef) -> tuple[str, int] | None:
