@@ -449,6 +449,23 @@ def test_check_of_a_file_without_a_readable_model_names_the_file(name, why):
     assert str(exc.value).startswith(f"{CONFIGS / name}: ") and why in str(exc.value) and "--model" in str(exc.value)
 
 
+def test_a_file_without_its_gpu_count_is_not_checked_on_one_data_parallel_rank(tmp_path):
+    """KempnerForge's configs/train/7b_32gpu_fsdp.toml (dp_shard = -1: every GPU left over; the count is SLURM's)
+    was checked as TP1 PP1 DP1: 'needs 117.0 GiB ... more GPUs or meshplan recommend are needed', the FSDP job
+    estimated on one GPU, while import says the file does not give the count. The request from such a file asks for
+    it; a file that states dp, or a count given beside it, is estimated as before."""
+    path = tmp_path / "7b_32gpu_fsdp.toml"
+    path.write_text("[model]\ndim = 4096\nn_layers = 32\nn_heads = 32\nn_kv_heads = 8\nvocab_size = 128256\n"
+                    "[distributed]\ndp_shard = -1\ntp = 1\npp = 1\n", encoding="utf-8")
+    imported = import_file(str(path))
+    with pytest.raises(MeshplanError, match=r"the GPU count is not read .*--num-gpus"):
+        api.request_from_config(imported)
+    assert api.request_from_config(imported, {"num_gpus": 32}).num_gpus == 32
+    assert api.request_from_config(imported, scan_gpus=True).num_gpus is None  # min-gpus finds the count itself
+    stated = import_file(str(CONFIGS / "kempnerforge_70b_32gpu_tp4_pp4.toml"))  # dp_shard 2: tp x pp x dp GPUs
+    assert api.check_config(api.request_from_config(stated), config=stated).plan.dp == 2
+
+
 # --------------------------------------------------------------------------- round trip: render -> import
 
 ROUND_TRIPS = [
