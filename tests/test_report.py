@@ -224,6 +224,9 @@ def test_nothing_fits_shows_the_closest_misses():
     expected = ([rec.best_below_headroom.memory.peak_bytes] if rec.best_below_headroom else []) + \
         [m.memory.peak_bytes for m in rec.closest]
     assert peaks == expected
+    capacity = rec.closest[0].memory.capacity_bytes  # a bar cut at 1.2 x capacity says how far over it goes
+    clipped = re.findall(r'<text class="tick clipped"[^>]*>([^<]*)</text>', render_html(report))
+    assert clipped == [f"{p / capacity:.1f}× capacity" for p in expected if p > 1.2 * capacity] and clipped
     if rec.min_gpus:
         assert f"The smallest GPU count that fits: {rec.min_gpus}." in render_html(report)
 
