@@ -168,7 +168,8 @@ def job_domain(job: Job) -> int:
 def segment_domain(gpu: GpuSpec, gpus_per_node: int, num_gpus: int) -> int | None:
     """GPUs of one scheduler segment where a job spans several multi-node NVLink domains (GB200 NVL72, Slurm
     topology/block --segment): whole nodes inside one domain, as many as divide the job's nodes (a segment must), its
-    ranks filling one segment before the next (cards/hardware.yaml gb200 notes). None: a domain inside one node, or
+    ranks filling one segment before the next, as NeMo's and Megatron-Bridge's GB200 performance launchers ask for
+    (cards/hardware.yaml gb200 sources). None: a domain inside one node, or
     GPUs that fill no whole number of nodes."""
     if gpus_per_node >= gpu.nvlink_domain or num_gpus % gpus_per_node:
         return None
