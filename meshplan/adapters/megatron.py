@@ -73,6 +73,8 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
                   ("--moe-ffn-hidden-size", m.moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", None)]
         if m.moe.num_shared_experts:
             flags.append(("--moe-shared-expert-intermediate-size", m.moe.shared_expert_ffn_hidden_size))
+        if m.moe.shared_expert_gate:  # TransformerConfig.moe_shared_expert_gate (Qwen2-MoE's sigmoid gate)
+            flags.append(("--moe-shared-expert-gate", None))
         freq = moe_layer_freq(job)
         if freq:
             flags.append(("--moe-layer-freq", freq))

@@ -35,6 +35,7 @@ SUPPORTED_MODEL_TYPES = {
     "gpt_neox": "classic",
     "mixtral": "moe",
     "qwen3_moe": "moe",
+    "qwen2_moe": "moe",
     "olmoe": "moe",
     "gpt_oss": "moe",
     "llama4": "moe",
@@ -284,13 +285,21 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
             router_bias=model_type == "gpt_oss",
             expert_bias=model_type == "gpt_oss",
         )
-    if model_type == "qwen3_moe":
-        _require(cfg, ["num_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
+    if model_type in ("qwen3_moe", "qwen2_moe"):
+        _require(cfg, ["num_experts", "num_experts_per_tok", "moe_intermediate_size"]
+                 + (["shared_expert_intermediate_size"] if model_type == "qwen2_moe" else []), model_type)
         step = f.int("decoder_sparse_step", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
         dense_only = set(f.layer_list("mlp_only_layers", num_layers) or [])
         layers = [i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0]
         experts, top_k, width = _experts(f, "num_experts", "moe_intermediate_size")
-        return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, moe_layers=layers)
+        if model_type == "qwen3_moe":
+            return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, moe_layers=layers)
+        # Qwen2MoeSparseMoeBlock (transformers models/qwen2_moe/modular_qwen2_moe.py): one shared expert
+        # Qwen2MoeMLP(shared_expert_intermediate_size) whose output is scaled by sigmoid(shared_expert_gate(x)),
+        # a Linear(hidden_size, 1, bias=False), beside the routed experts
+        shared = f.int("shared_expert_intermediate_size", "intermediate_size")
+        return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=1,
+                       shared_expert_ffn_hidden_size=shared, shared_expert_gate=True, moe_layers=layers)
     if model_type in ("llama4", "llama4_text"):
         _require(cfg, ["num_local_experts", "num_experts_per_tok", "intermediate_size"], model_type)
         step = f.int("interleave_moe_layer_step", default=1, lo=1, hi=num_layers, why="at most num_hidden_layers")
@@ -380,7 +389,8 @@ def _read_classic_names(model_type: str, cfg: dict[str, Any], f: _Fields) -> Non
 def _required_keys(model_type: str) -> list[str]:
     """The fields every config of this model type must give (a MoE family's FFN width may be its experts')."""
     need = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
-    if SUPPORTED_MODEL_TYPES[model_type] != "moe" or model_type in ("qwen3_moe", "llama4_text", "glm4_moe"):
+    if SUPPORTED_MODEL_TYPES[model_type] != "moe" or model_type in ("qwen3_moe", "qwen2_moe", "llama4_text",
+                                                                     "glm4_moe"):
         need.append("intermediate_size")
     return need
 
@@ -447,6 +457,8 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
         qkv_bias = o_bias = f.flag("attention_bias", True)
     elif model_type == "qwen2":
         qkv_bias, o_bias = True, False
+    elif model_type == "qwen2_moe":  # Qwen2MoeConfig.qkv_bias (default true; older config.json files omit it)
+        qkv_bias, o_bias = f.flag("qkv_bias", True), False
     elif model_type == "glm4_moe":
         qkv_bias, o_bias = f.flag("attention_bias", False), False
     else:
@@ -467,6 +479,19 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
                          tie_word_embeddings=tied, num_mtp_layers=mtp,
                          mlp_bias=classic or f.flag("mlp_bias", False))
+
+
+def _sliding_window(model_type: str, f: _Fields) -> int | None:
+    """The attention window as the family's transformers config applies it. Qwen2MoeConfig keeps sliding_window only
+    where use_sliding_window (default false), and then on the odd layers below max_window_layers, a pattern meshplan
+    does not model: refused rather than timed as a window on every layer."""
+    if model_type == "qwen2_moe":
+        if not f.flag("use_sliding_window", False):
+            return None
+        raise f.fail("use_sliding_window = true: Qwen2-MoE then windows only the odd layers below max_window_layers, "
+                     "a per-layer attention pattern meshplan does not model.",
+                     fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
+    return f.int("sliding_window", "max_position_embeddings", default=None)
 
 
 def _display_name(cfg: dict[str, Any], model_type: str, name: str | None, hf_id: str | None) -> str:
@@ -496,7 +521,7 @@ def architecture_from_config(
     dense_key = "intermediate_size_mlp" if model_type == "llama4_text" else "intermediate_size"
     dense_ffn = f.int(dense_key, "intermediate_size", default=None)
     positions = f.int("max_position_embeddings", default=None)
-    sliding = f.int("sliding_window", "max_position_embeddings", default=None)
+    sliding = _sliding_window(model_type, f)
     moe = _moe_spec(cfg, model_type, layers, f)
     mla = _mla_spec(cfg, model_type, f)
     head_dim = _head_dim(cfg, f, hidden=hidden, heads=heads, mla=mla)

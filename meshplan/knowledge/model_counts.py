@@ -62,6 +62,8 @@ def router_params(arch: Architecture) -> int:
         params += moe.num_experts
     if moe.score_correction_bias:
         params += moe.num_experts
+    if moe.shared_expert_gate:
+        params += arch.hidden_size  # Qwen2MoeSparseMoeBlock.shared_expert_gate: Linear(hidden, 1, bias=False)
     return params
 
 

@@ -22,6 +22,8 @@ class MoESpec(StrictModel):
     expert_ffn_hidden_size: int = Field(ge=1, description="FFN width of one routed expert")
     num_shared_experts: int = Field(0, ge=0)
     shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="Total FFN width of all shared experts")
+    shared_expert_gate: bool = Field(False, description="A hidden x 1 sigmoid gate scaling the shared experts' output "
+                                                        "(Qwen2-MoE's shared_expert_gate)")
     moe_layers: list[int] = Field(description="Indices (0-based) of the decoder layers that are MoE")
     router_bias: bool = False
     expert_bias: bool = Field(False, description="Biases on the expert linear layers (gpt-oss)")

@@ -1,0 +1,81 @@
+"""Model types read from real Hugging Face config.json files (keys copied from a published checkpoint), each counted
+against the total (and for MoE the active count) its publisher states, and run through describe, memory and
+recommend so a new family is usable end to end, not only countable."""
+
+import json
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.catalog import describe_architecture
+from meshplan.knowledge.model_config import architecture_from_config
+from meshplan.request.parse import parse_request
+
+# Qwen/Qwen1.5-MoE-A2.7B config.json
+QWEN15_MOE_A27B = {
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
+    "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.39.0.dev0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+    "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False, "output_router_logits": False,
+    "router_aux_loss_coef": 0.001,
+}
+
+# Qwen/Qwen2-57B-A14B config.json
+QWEN2_57B_A14B = {
+    **QWEN15_MOE_A27B, "hidden_size": 3584, "intermediate_size": 18944, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "sliding_window": 131072, "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
+    "num_experts_per_tok": 8, "num_experts": 64, "transformers_version": "4.40.1",
+}
+
+
+def _runs_end_to_end(config: dict, tmp_path) -> None:
+    """describe, memory (8 GPUs, TP 2) and recommend (8 GPUs) through the api, as the CLI calls them."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert api.describe_model(str(path)).total_params > 0
+    assert api.estimate_memory(parse_request({"model": str(path), "gpu": "h100", "num_gpus": 8, "tp": 2}))
+    assert api.recommend(parse_request({"model": str(path), "gpu": "h100", "num_gpus": 8}), top_k=1)
+
+
+def _counts(config: dict) -> tuple[int, int]:
+    report = describe_architecture(architecture_from_config(config))
+    return report.total_params, report.active_params
+
+
+def test_qwen2_moe_qwen15_moe_a27b_counts(tmp_path):
+    """Qwen1.5-MoE-A2.7B model card / Qwen blog: 14.3B in total, 2.7B activated (60 routed experts, top-4, and a
+    shared expert 4 x 1408 wide with its own sigmoid gate)."""
+    total, active = _counts(QWEN15_MOE_A27B)
+    assert total == 14_315_784_192 and round(total / 1e9, 1) == 14.3
+    assert active == 2_689_173_504 and round(active / 1e9, 1) == 2.7
+    _runs_end_to_end(QWEN15_MOE_A27B, tmp_path)
+
+
+def test_qwen2_moe_qwen2_57b_a14b_counts():
+    """Qwen2 technical report (arXiv 2407.10671, Table 1): 57B total, 14B activated; the hub lists 57.4B."""
+    total, active = _counts(QWEN2_57B_A14B)
+    assert round(total / 1e9, 1) == 57.4
+    assert round(active / 1e9) == 14
+
+
+def test_qwen2_moe_shared_expert_gate_and_qkv_bias_are_counted():
+    """The shared expert's gate is hidden x 1 per MoE layer and q/k/v carry biases (Qwen2MoeAttention,
+    bias=config.qkv_bias, default true); qkv_bias false removes exactly those biases."""
+    arch = architecture_from_config(QWEN15_MOE_A27B)
+    assert arch.moe.shared_expert_gate and arch.moe.num_shared_experts == 1 and arch.qkv_bias and not arch.o_bias
+    assert arch.moe.shared_expert_ffn_hidden_size == 5632 and arch.sliding_window is None
+    no_bias = architecture_from_config({**QWEN15_MOE_A27B, "qkv_bias": False})
+    total, _ = _counts(QWEN15_MOE_A27B)
+    assert total - describe_architecture(no_bias).total_params == 24 * 3 * 2048
+
+
+def test_qwen2_moe_sliding_window_pattern_is_refused():
+    with pytest.raises(MeshplanError, match="max_window_layers"):
+        architecture_from_config({**QWEN15_MOE_A27B, "use_sliding_window": True})
+
