@@ -79,3 +79,51 @@ def test_qwen2_moe_sliding_window_pattern_is_refused():
     with pytest.raises(MeshplanError, match="max_window_layers"):
         architecture_from_config({**QWEN15_MOE_A27B, "use_sliding_window": True})
 
+
+# microsoft/Phi-3-mini-4k-instruct config.json (auto_map left out)
+PHI3_MINI_4K = {
+    "_name_or_path": "Phi-3-mini-4k-instruct", "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True, "attention_bias": False,
+    "vocab_size": 32064,
+}
+
+# microsoft/phi-4 config.json
+PHI4 = {
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 100257,
+    "embd_pdrop": 0.0, "eos_token_id": 100265, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+    "intermediate_size": 17920, "max_position_embeddings": 16384, "model_type": "phi3", "num_attention_heads": 40,
+    "num_hidden_layers": 40, "num_key_value_heads": 10, "original_max_position_embeddings": 16384,
+    "pad_token_id": 100349, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 250000,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.47.0",
+    "use_cache": True, "vocab_size": 100352,
+}
+
+
+def test_phi3_mini_counts(tmp_path):
+    """Phi-3 technical report (arXiv 2404.14219): phi-3-mini has 3.8B parameters; the hub lists 3.82B. qkv_proj and
+    gate_up_proj are fused (Phi3Attention, Phi3MLP) but hold llama's counts."""
+    total, active = _counts(PHI3_MINI_4K)
+    assert total == active == 3_821_079_552
+    arch = architecture_from_config(PHI3_MINI_4K)
+    assert arch.sliding_window == 2047 and arch.gated_mlp and not arch.tie_word_embeddings
+    _runs_end_to_end(PHI3_MINI_4K, tmp_path)
+
+
+def test_phi3_phi4_counts():
+    """Phi-4 technical report (arXiv 2412.08905): a 14-billion parameter model; the hub lists 14.7B."""
+    total, _ = _counts(PHI4)
+    assert total == 14_659_507_200 and round(total / 1e9, 1) == 14.7
+
+
+def test_phi3_has_no_biases_and_su_rope_is_longrope():
+    """Phi3Attention and Phi3MLP build every linear with bias=False whatever the config says, and Phi3Config reads
+    the old rope types 'su' and 'yarn' as longrope."""
+    assert _counts({**PHI4, "attention_bias": True, "mlp_bias": True}) == _counts(PHI4)
+    arch = architecture_from_config({**PHI3_MINI_4K, "rope_scaling": {"type": "su", "short_factor": [1.0] * 48,
+                                                                       "long_factor": [1.0] * 48}})
+    assert arch.rope.scaling == "longrope"

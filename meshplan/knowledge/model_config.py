@@ -27,6 +27,7 @@ SUPPORTED_MODEL_TYPES = {
     "mistral": "dense",
     "qwen2": "dense",
     "qwen3": "dense",
+    "phi3": "dense",
     "gemma2": "dense",
     "nemotron": "dense",
     "gpt2": "gpt2",
@@ -235,6 +236,8 @@ def _rope_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> RopeSpec | N
     if kind is not None and not isinstance(kind, str):
         raise f.fail(f"rope_scaling.rope_type must be a string, got {_show(kind)}.")
     kind = None if kind in (None, "default") else kind
+    if model_type == "phi3" and kind in ("su", "yarn"):  # Phi3Config.convert_rope_params_to_dict: both mean longrope
+        kind = "longrope"
     theta = cfg.get("rope_theta", params.get("rope_theta"))
     fraction = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor"))
 
@@ -451,8 +454,8 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     flags where the family reads them)."""
     if model_type in ("gpt_oss", "gpt2", "bloom"):
         qkv_bias = o_bias = True
-    elif model_type == "gptj":
-        qkv_bias = o_bias = False  # GPTJAttention: q/k/v/out_proj bias=False
+    elif model_type in ("gptj", "phi3"):
+        qkv_bias = o_bias = False  # GPTJAttention, Phi3Attention (qkv_proj, o_proj): bias=False, no config key
     elif model_type == "gpt_neox":
         qkv_bias = o_bias = f.flag("attention_bias", True)
     elif model_type == "qwen2":
@@ -478,7 +481,7 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
     return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
                          tie_word_embeddings=tied, num_mtp_layers=mtp,
-                         mlp_bias=classic or f.flag("mlp_bias", False))
+                         mlp_bias=classic or (model_type != "phi3" and f.flag("mlp_bias", False)))
 
 
 def _sliding_window(model_type: str, f: _Fields) -> int | None:
