@@ -127,3 +127,81 @@ def test_phi3_has_no_biases_and_su_rope_is_longrope():
     arch = architecture_from_config({**PHI3_MINI_4K, "rope_scaling": {"type": "su", "short_factor": [1.0] * 48,
                                                                        "long_factor": [1.0] * 48}})
     assert arch.rope.scaling == "longrope"
+
+
+# google/gemma-3-1b-pt config.json (text only, model_type gemma3_text)
+GEMMA3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True, "vocab_size": 262144,
+}
+
+# google/gemma-3-27b-pt config.json (multimodal, model_type gemma3): the text_config gives only what differs from
+# Gemma3TextConfig's defaults (vocab_size 262208, gelu_pytorch_tanh, 5:1 window pattern, tied embeddings)
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+
+
+def test_gemma3_text_1b_counts(tmp_path):
+    """Gemma 3 technical report (arXiv 2503.19786, Table 1): the 1B model has 302M embedding and 698M non-embedding
+    parameters (tied embeddings, q/k norms over head_dim 256, 4 norms per layer)."""
+    report = describe_architecture(architecture_from_config(GEMMA3_1B))
+    assert report.total_params == report.active_params == 999_885_952
+    assert round(report.non_embedding_params / 1e6) == 698
+    assert round((report.total_params - report.non_embedding_params) / 1e6) == 302
+    arch = report.architecture
+    assert arch.qk_norm == "head" and arch.norms_per_layer == 4 and arch.tie_word_embeddings
+    assert arch.activation == "gelu_pytorch_tanh" and arch.sliding_window == 512
+    _runs_end_to_end(GEMMA3_1B, tmp_path)
+
+
+def test_gemma3_multimodal_27b_reads_its_text_model(tmp_path):
+    """Gemma 3 report Table 1: the 27B text model has 25,600M non-embedding parameters (its 1,416M embedding row
+    also holds the 1152 x 5376 image projector, and the 417M vision encoder is apart: meshplan plans the text
+    decoder, as it does Llama 4's). Keys the text_config omits take Gemma3TextConfig's defaults."""
+    arch = architecture_from_config(GEMMA3_27B)
+    assert arch.model_type == "gemma3_text" and arch.vocab_size == 262_208 and arch.tie_word_embeddings
+    assert arch.activation == "gelu_pytorch_tanh" and arch.norm_eps == 1e-6 and arch.rope.theta == 1e6
+    report = describe_architecture(arch)
+    assert report.non_embedding_params == 25_599_716_096 and round(report.non_embedding_params / 1e6) == 25_600
+    assert report.total_params == 25_599_716_096 + 262_208 * 5376
+    _runs_end_to_end(GEMMA3_27B, tmp_path)
+
+
+def test_gemma3_window_pattern():
+    """A window is kept while any layer slides (sliding_window_pattern, or layer_types where given); all-global
+    layers have none; a layer kind meshplan does not know is refused."""
+    assert architecture_from_config({**GEMMA3_1B, "sliding_window_pattern": 1}).sliding_window is None
+    every_global = {**GEMMA3_1B, "layer_types": ["full_attention"] * 26}
+    assert architecture_from_config(every_global).sliding_window is None
+    mixed = {**GEMMA3_1B, "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 20}
+    assert architecture_from_config(mixed).sliding_window == 512
+    with pytest.raises(MeshplanError, match="layer_types"):
+        architecture_from_config({**GEMMA3_1B, "layer_types": ["linear_attention"] * 26})
+
+
+def test_gemma3_megatron_notes_name_the_pattern_not_one_window():
+    """Gemma 3's (1 + w) RMSNorm is Megatron's zero-centred gamma, and its core notes send it to Megatron-Bridge's
+    gemma3 bridge; a single --window-size on every layer would be wrong for its global layers."""
+    from meshplan.adapters.architecture import megatron_architecture
+
+    settings, _, core_notes = megatron_architecture(architecture_from_config(GEMMA3_1B), 4096)
+    assert any(s.field == "layernorm_zero_centered_gamma" for s in settings)
+    assert any("gemma3_bridge.py" in note for note in core_notes)
+    assert not any("--window-size" in note for note in core_notes)

@@ -21,7 +21,7 @@ SILU = frozenset({"silu", "swish"})
 TANH_GELU = frozenset({"gelu_pytorch_tanh", "gelu_new", "gelu_fast"})
 # Norms whose weight is applied as (1 + w): Gemma's RMSNorm, Nemotron's LayerNorm1P. Megatron calls it a
 # zero-centred gamma (--apply-layernorm-1p); Megatron-Bridge's gemma2_bridge.py sets it for Gemma 2.
-ZERO_CENTERED_NORM = frozenset({"gemma2", "nemotron"})
+ZERO_CENTERED_NORM = frozenset({"gemma2", "gemma3_text", "nemotron"})
 # Megatron-Core's llama3 rope scaling fixes everything but the factor (RotaryEmbedding._apply_scaling,
 # core/models/common/embeddings/rotary_pos_embedding.py): low_freq_factor 1, high_freq_factor 4, context 8192.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -151,6 +151,11 @@ def _features(m: Architecture, seq_length: int) -> list[str]:
                 "final-logit soft-capping, query_pre_attn_scalar and a sliding window on every other layer; "
                 "pretrain_gpt.py builds none of them: train it through Megatron-Bridge, whose gemma2_bridge.py sets "
                 "them from the checkpoint."]
+    if m.model_type == "gemma3_text":
+        return [f"{name} also has norms after attention and after the MLP (4 per layer), q/k norms, "
+                "query_pre_attn_scalar, and sliding-window layers interleaved with global ones (layer_types; 5:1 "
+                "by default) whose rotary base differs (rope_local_base_freq); pretrain_gpt.py builds none of that "
+                "pattern: train it through Megatron-Bridge, whose gemma3_bridge.py sets them from the checkpoint."]
     if m.model_type == "llama4_text":
         return [f"{name} skips RoPE on every fourth layer, uses chunked attention and (where use_qk_norm) a weightless "
                 "L2 norm on q and k; pretrain_gpt.py cannot build that layer pattern: train it through "

@@ -29,6 +29,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen3": "dense",
     "phi3": "dense",
     "gemma2": "dense",
+    "gemma3_text": "dense",
     "nemotron": "dense",
     "gpt2": "gpt2",
     "bloom": "classic",
@@ -48,8 +49,15 @@ SUPPORTED_MODEL_TYPES = {
 }
 
 # Defaults of each transformers config class for the keys their config.json may omit.
-_TIED_DEFAULT = {"gemma2": True, "gpt2": True, "bloom": True}
-_NORMS_PER_LAYER = {"gemma2": 4, "gptj": 1}  # GPT-J: one ln_1 feeds attention and MLP alike
+_TIED_DEFAULT = {"gemma2": True, "gemma3_text": True, "gpt2": True, "bloom": True}
+# Gemma3TextConfig.__init__ (transformers models/gemma3/configuration_gemma3.py): Gemma 3's multimodal config.json
+# gives its text_config only the keys that differ (no vocab_size, hidden_activation, eps, rope_theta, window pattern)
+_KEY_DEFAULTS = {"gemma3_text": {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "sliding_window": 4096,
+    "sliding_window_pattern": 6}}
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "gptj": 1}  # GPT-J: one ln_1 feeds attention and MLP alike
 _LAYERNORM_TYPES = {"gpt2", "nemotron", "bloom", "gptj", "gpt_neox"}
 # The GPT-2-era families that name their shapes their own way (transformers' BloomConfig, GPTJConfig attribute maps)
 _CLASSIC_NAMES = {"bloom": {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads"},
@@ -347,15 +355,15 @@ def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(config, dict):
         raise MeshplanError("A config.json must be a JSON object.")
     model_type = config.get("model_type")
-    if model_type == "llama4" and isinstance(config.get("text_config"), dict):
-        config = {**config["text_config"], "model_type": "llama4_text"}
-        model_type = "llama4_text"
+    if model_type in ("llama4", "gemma3") and isinstance(config.get("text_config"), dict):
+        model_type = f"{model_type}_text"
+        config = {**config["text_config"], "model_type": model_type}
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise MeshplanError(
             f"Unsupported model_type {model_type!r} in config.json.",
             fix=f"Supported model types: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}.",
         )
-    return model_type, dict(config)
+    return model_type, {**_KEY_DEFAULTS.get(model_type, {}), **config}
 
 
 def _read_gpt2_names(cfg: dict[str, Any], f: _Fields) -> None:
@@ -466,7 +474,7 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
         qkv_bias, o_bias = f.flag("attention_bias", False), False
     else:
         qkv_bias = o_bias = f.flag("attention_bias", False)
-    if model_type in ("qwen3", "qwen3_moe"):
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):  # Gemma3Attention: q_norm, k_norm over head_dim
         qk_norm = "head"
     elif model_type == "olmoe":
         qk_norm = "full"
@@ -475,7 +483,8 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     else:
         qk_norm = "none"  # llama4's qk norm is a weightless L2 norm
     classic = SUPPORTED_MODEL_TYPES[model_type] in ("gpt2", "classic")
-    act = f.text("hidden_act") or f.text("activation_function") or ("gelu" if classic else "silu")
+    act = ((model_type == "gemma3_text" and f.text("hidden_activation")) or f.text("hidden_act")
+           or f.text("activation_function") or ("gelu" if classic else "silu"))
     gated = not classic and model_type != "nemotron"
     tied = f.flag("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
     mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
@@ -494,7 +503,26 @@ def _sliding_window(model_type: str, f: _Fields) -> int | None:
         raise f.fail("use_sliding_window = true: Qwen2-MoE then windows only the odd layers below max_window_layers, "
                      "a per-layer attention pattern meshplan does not model.",
                      fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
+    if model_type == "gemma3_text" and not _gemma3_sliding_layers(f):
+        return None
     return f.int("sliding_window", "max_position_embeddings", default=None)
+
+
+def _gemma3_sliding_layers(f: _Fields) -> int:
+    """How many of Gemma 3's layers are local (sliding_attention): layer_types as given, else every layer but each
+    sliding_window_pattern-th (Gemma3TextConfig: 5 local to 1 global at the default 6). meshplan keeps one window per
+    model and times local layers as full causal attention (an upper bound it reports), so only whether any layer
+    slides decides the architecture; a list that names another layer kind is refused."""
+    layers = f.int("num_hidden_layers")
+    kinds = f.cfg.get("layer_types")
+    if kinds is None:
+        pattern = f.int("sliding_window_pattern", "num_hidden_layers", lo=1)
+        return sum(1 for i in range(layers) if (i + 1) % pattern)
+    allowed = {"sliding_attention", "full_attention"}
+    if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= allowed:
+        raise f.fail(f"layer_types must list {layers} entries, each 'sliding_attention' or 'full_attention', got "
+                     f"{_show(kinds)}.")
+    return kinds.count("sliding_attention")
 
 
 def _display_name(cfg: dict[str, Any], model_type: str, name: str | None, hf_id: str | None) -> str:
