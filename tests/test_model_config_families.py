@@ -205,3 +205,40 @@ def test_gemma3_megatron_notes_name_the_pattern_not_one_window():
     assert any(s.field == "layernorm_zero_centered_gamma" for s in settings)
     assert any("gemma3_bridge.py" in note for note in core_notes)
     assert not any("--window-size" in note for note in core_notes)
+
+
+# MiniMaxAI/MiniMax-M2 config.json (auto_map and quantization_config left out; attn_type_list is 62 ones)
+MINIMAX_M2 = {
+    "architectures": ["MiniMaxM2ForCausalLM"], "attn_type_list": [1] * 62, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 3072, "intermediate_size": 1536, "max_position_embeddings": 196608, "model_type": "minimax_m2",
+    "mtp_transformer_layers": 1, "num_attention_heads": 48, "num_experts_per_tok": 8, "num_hidden_layers": 62,
+    "num_key_value_heads": 8, "num_local_experts": 256, "num_mtp_modules": 3, "qk_norm_type": "per_layer",
+    "rms_norm_eps": 1e-06, "rope_theta": 5000000, "rotary_dim": 64, "scoring_func": "sigmoid",
+    "shared_intermediate_size": 0, "tie_word_embeddings": False, "use_mtp": True, "use_qk_norm": True,
+    "use_routing_bias": True, "vocab_size": 200064,
+}
+
+
+def test_minimax_m2_counts(tmp_path):
+    """MiniMax-M2 model card: 230B total parameters, 10B active (its active figure leaves out the embedding and
+    the output head; the hub lists 229B). Top-8 of 256 experts in every layer, q/k norms over all heads
+    (MiniMaxM2Attention), a per-expert routing bias (e_score_correction_bias), half the head dims rotary."""
+    report = describe_architecture(architecture_from_config(MINIMAX_M2))
+    assert report.total_params == 228_689_764_864 and round(report.total_params / 1e10) == 23
+    assert round(report.active_params_non_embedding / 1e9) == 10
+    arch = report.architecture
+    assert arch.qk_norm == "full" and arch.moe.score_correction_bias and arch.rope.fraction == 0.5
+    _runs_end_to_end(MINIMAX_M2, tmp_path)
+
+
+@pytest.mark.parametrize("config, kind", [
+    ({**MINIMAX_M2, "attn_type_list": [0] * 7 + [1]}, "lightning"),
+    ({"model_type": "nemotron_h"}, "Mamba-2"),
+    ({"model_type": "qwen3_next"}, "Gated DeltaNet"),
+    ({"model_type": "falcon_h1"}, "Mamba-2"),
+    ({"model_type": "jamba"}, "Mamba"),
+    ({"model_type": "kimi_linear"}, "Kimi Delta Attention"),
+])
+def test_hybrid_layer_families_are_refused_naming_the_layer_kind(config, kind):
+    with pytest.raises(MeshplanError, match=kind):
+        architecture_from_config(config)

@@ -40,6 +40,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen2_moe": "moe",
     "olmoe": "moe",
     "gpt_oss": "moe",
+    "minimax_m2": "moe",
     "llama4": "moe",
     "llama4_text": "moe",
     "glm4_moe": "moe",
@@ -47,6 +48,12 @@ SUPPORTED_MODEL_TYPES = {
     "deepseek_v3": "mla",
     "kimi_k2": "mla",
 }
+
+# Families whose layers meshplan has no mechanism for: refused naming the layer kind, never timed as attention
+_UNMODELLED_LAYERS = {
+    "nemotron_h": "Mamba-2 state-space layers", "jamba": "Mamba state-space layers",
+    "falcon_h1": "Mamba-2 state-space mixers beside attention", "qwen3_next": "Gated DeltaNet linear-attention layers",
+    "kimi_linear": "Kimi Delta Attention linear-attention layers", "minimax": "lightning (linear) attention layers"}
 
 # Defaults of each transformers config class for the keys their config.json may omit.
 _TIED_DEFAULT = {"gemma2": True, "gemma3_text": True, "gpt2": True, "bloom": True}
@@ -248,6 +255,10 @@ def _rope_spec(cfg: dict[str, Any], model_type: str, f: _Fields) -> RopeSpec | N
         kind = "longrope"
     theta = cfg.get("rope_theta", params.get("rope_theta"))
     fraction = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor"))
+    if fraction is None and model_type == "minimax_m2" and cfg.get("rotary_dim") is not None:
+        # MiniMax-M2's config.json states rotary_dim (64 of head_dim 128); transformers' MiniMaxM2RotaryEmbedding
+        # rotates head_dim * partial_rotary_factor dims, the same share
+        fraction = f.int("rotary_dim", "head_dim") / f.int("head_dim", default=128)
 
     def real(name: str, hi: float = 1e6, above: bool = True) -> float | None:
         value = scaling.get(name)
@@ -284,7 +295,7 @@ def _norm_eps(cfg: dict[str, Any], f: _Fields) -> float | None:
 
 def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields) -> MoESpec | None:
     """Routed/shared experts and which layers are MoE, by each architecture's own rule."""
-    if model_type in ("mixtral", "olmoe", "gpt_oss"):
+    if model_type in ("mixtral", "olmoe", "gpt_oss", "minimax_m2"):
         experts_key = "num_local_experts" if model_type != "olmoe" else "num_experts"
         _require(cfg, [experts_key, "num_experts_per_tok", "intermediate_size"], model_type)
         experts, top_k, width = _experts(f, experts_key, "intermediate_size")
@@ -295,6 +306,8 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
             moe_layers=list(range(num_layers)),
             router_bias=model_type == "gpt_oss",
             expert_bias=model_type == "gpt_oss",
+            # MiniMaxM2SparseMoeBlock: e_score_correction_bias buffer added to the sigmoid scores (always built)
+            score_correction_bias=model_type == "minimax_m2",
         )
     if model_type in ("qwen3_moe", "qwen2_moe"):
         _require(cfg, ["num_experts", "num_experts_per_tok", "moe_intermediate_size"]
@@ -358,6 +371,12 @@ def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
     if model_type in ("llama4", "gemma3") and isinstance(config.get("text_config"), dict):
         model_type = f"{model_type}_text"
         config = {**config["text_config"], "model_type": model_type}
+    kinds = config.get("attn_type_list") if model_type == "minimax_m2" else None  # MiniMax: 0 lightning, 1 softmax
+    if model_type in _UNMODELLED_LAYERS or (isinstance(kinds, list) and any(k != 1 for k in kinds)):
+        raise MeshplanError(
+            f"model_type {model_type!r} has {_UNMODELLED_LAYERS['minimax' if kinds else model_type]}, which meshplan "
+            "does not model (it times softmax attention, MLA and MLP/MoE layers only).",
+            fix="Plan it with a framework's own tools, or pass a softmax-attention model.")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise MeshplanError(
             f"Unsupported model_type {model_type!r} in config.json.",
@@ -462,8 +481,8 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     flags where the family reads them)."""
     if model_type in ("gpt_oss", "gpt2", "bloom"):
         qkv_bias = o_bias = True
-    elif model_type in ("gptj", "phi3"):
-        qkv_bias = o_bias = False  # GPTJAttention, Phi3Attention (qkv_proj, o_proj): bias=False, no config key
+    elif model_type in ("gptj", "phi3", "minimax_m2"):
+        qkv_bias = o_bias = False  # GPTJAttention, Phi3Attention, MiniMaxM2Attention: bias=False, no config key
     elif model_type == "gpt_neox":
         qkv_bias = o_bias = f.flag("attention_bias", True)
     elif model_type == "qwen2":
@@ -476,7 +495,7 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
         qkv_bias = o_bias = f.flag("attention_bias", False)
     if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):  # Gemma3Attention: q_norm, k_norm over head_dim
         qk_norm = "head"
-    elif model_type == "olmoe":
+    elif model_type in ("olmoe", "minimax_m2"):  # MiniMaxM2Attention is FlexOlmo's (Olmo2's): norms over all heads
         qk_norm = "full"
     elif model_type == "glm4_moe" and f.flag("use_qk_norm", False):
         qk_norm = "head"
