@@ -242,3 +242,35 @@ def test_minimax_m2_counts(tmp_path):
 def test_hybrid_layer_families_are_refused_naming_the_layer_kind(config, kind):
     with pytest.raises(MeshplanError, match=kind):
         architecture_from_config(config)
+
+
+# THUDM/GLM-4-9B-0414 config.json
+GLM4_9B = {
+    "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 32768, "model_type": "glm4",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.52.0.dev0", "use_cache": True, "vocab_size": 151552,
+}
+
+
+def test_glm4_9b_counts(tmp_path):
+    """GLM-4-9B-0414: the hub lists 9.4B parameters (the name says 9B). Four norms per layer (the post-attention
+    and post-MLP norms), q/k/v biases but none on o_proj (GlmAttention), fused gate_up_proj of llama's count."""
+    report = describe_architecture(architecture_from_config(GLM4_9B))
+    assert report.total_params == 9_400_279_040 and round(report.total_params / 1e8) == 94
+    arch = report.architecture
+    assert arch.norms_per_layer == 4 and arch.qkv_bias and not arch.o_bias and arch.rope.fraction == 0.5
+    _runs_end_to_end(GLM4_9B, tmp_path)
+
+
+def test_glm4_defaults_and_megatron_note():
+    """Glm4Config sets partial_rotary_factor 0.5 and attention_bias true when config.json omits them; the
+    Megatron notes name the post-norms pretrain_gpt.py's layer lacks."""
+    from meshplan.adapters.architecture import megatron_architecture
+
+    bare = {k: v for k, v in GLM4_9B.items() if k not in ("partial_rotary_factor", "attention_bias")}
+    arch = architecture_from_config(bare)
+    assert arch.rope.fraction == 0.5 and arch.qkv_bias
+    assert any("post_mlp_layernorm" in note for note in megatron_architecture(arch, 4096)[2])

@@ -156,6 +156,10 @@ def _features(m: Architecture, seq_length: int) -> list[str]:
                 "query_pre_attn_scalar, and sliding-window layers interleaved with global ones (layer_types; 5:1 "
                 "by default) whose rotary base differs (rope_local_base_freq); pretrain_gpt.py builds none of that "
                 "pattern: train it through Megatron-Bridge, whose gemma3_bridge.py sets them from the checkpoint."]
+    if m.model_type == "glm4":
+        return [f"{name} also normalises the attention output and the MLP output before each residual add "
+                "(post_self_attn_layernorm, post_mlp_layernorm: 4 norms per layer); pretrain_gpt.py's GPT layer "
+                "has neither: build a layer spec with them to match the checkpoint."]
     if m.model_type == "llama4_text":
         return [f"{name} skips RoPE on every fourth layer, uses chunked attention and (where use_qk_norm) a weightless "
                 "L2 norm on q and k; pretrain_gpt.py cannot build that layer pattern: train it through "

@@ -28,6 +28,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen2": "dense",
     "qwen3": "dense",
     "phi3": "dense",
+    "glm4": "dense",
     "gemma2": "dense",
     "gemma3_text": "dense",
     "nemotron": "dense",
@@ -63,8 +64,11 @@ _KEY_DEFAULTS = {"gemma3_text": {
     "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
     "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "sliding_window": 4096,
-    "sliding_window_pattern": 6}}
-_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "gptj": 1}  # GPT-J: one ln_1 feeds attention and MLP alike
+    "sliding_window_pattern": 6},
+    # Glm4Config (models/glm4/configuration_glm4.py): partial_rotary_factor 0.5 set in __post_init__, eps 1.5625e-7
+    "glm4": {"partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-07}}
+# GPT-J: one ln_1 feeds attention and MLP alike; GLM-4: post_self_attn_layernorm and post_mlp_layernorm besides
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "glm4": 4, "gptj": 1}
 _LAYERNORM_TYPES = {"gpt2", "nemotron", "bloom", "gptj", "gpt_neox"}
 # The GPT-2-era families that name their shapes their own way (transformers' BloomConfig, GPTJConfig attribute maps)
 _CLASSIC_NAMES = {"bloom": {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads"},
@@ -491,6 +495,8 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
         qkv_bias, o_bias = f.flag("qkv_bias", True), False
     elif model_type == "glm4_moe":
         qkv_bias, o_bias = f.flag("attention_bias", False), False
+    elif model_type == "glm4":  # Glm4Attention (GlmAttention): q/k/v bias=attention_bias (default true), o_proj none
+        qkv_bias, o_bias = f.flag("attention_bias", True), False
     else:
         qkv_bias = o_bias = f.flag("attention_bias", False)
     if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):  # Gemma3Attention: q_norm, k_norm over head_dim
@@ -509,7 +515,7 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
     mtp = f.int("num_nextn_predict_layers", default=0) if model_type in ("deepseek_v3", "glm4_moe") else 0
     return _BlockOptions(qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=qk_norm, activation=act, gated_mlp=gated,
                          tie_word_embeddings=tied, num_mtp_layers=mtp,
-                         mlp_bias=classic or (model_type != "phi3" and f.flag("mlp_bias", False)))
+                         mlp_bias=classic or (model_type not in ("phi3", "glm4") and f.flag("mlp_bias", False)))
 
 
 def _sliding_window(model_type: str, f: _Fields) -> int | None:
