@@ -274,3 +274,17 @@ def test_glm4_defaults_and_megatron_note():
     arch = architecture_from_config(bare)
     assert arch.rope.fraction == 0.5 and arch.qkv_bias
     assert any("post_mlp_layernorm" in note for note in megatron_architecture(arch, 4096)[2])
+
+
+def test_a_qwen2_window_beside_use_sliding_window_false_is_no_window():
+    """Qwen2.5-7B-Instruct's config.json states sliding_window 131072 beside use_sliding_window false, which
+    Qwen2Config turns into no window; meshplan read the window and warned of a sliding window the model does not
+    have. With use_sliding_window true (a per-layer pattern from max_window_layers on) it is refused."""
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+           "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "max_position_embeddings": 32768, "max_window_layers": 28, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+           "sliding_window": 131072, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 152064}
+    assert architecture_from_config(cfg).sliding_window is None
+    assert architecture_from_config({**cfg, "model_type": "qwen3", "head_dim": 128}).sliding_window is None
+    with pytest.raises(MeshplanError, match="max_window_layers"):
+        architecture_from_config({**cfg, "use_sliding_window": True})

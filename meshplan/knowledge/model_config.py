@@ -519,14 +519,21 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
 
 
 def _sliding_window(model_type: str, f: _Fields) -> int | None:
-    """The attention window as the family's transformers config applies it. Qwen2MoeConfig keeps sliding_window only
-    where use_sliding_window (default false), and then on the odd layers below max_window_layers, a pattern meshplan
-    does not model: refused rather than timed as a window on every layer."""
+    """The attention window as the family's transformers config applies it. Qwen2Config, Qwen3Config and Qwen2MoeConfig
+    keep sliding_window only where use_sliding_window (default false; Qwen2.5's config.json states a window of 131,072
+    beside false, which is no window). Where it is true they window some layers only (Qwen2-MoE the odd ones below
+    max_window_layers), a pattern meshplan does not model: refused rather than timed as a window on every layer."""
     if model_type == "qwen2_moe":
         if not f.flag("use_sliding_window", False):
             return None
         raise f.fail("use_sliding_window = true: Qwen2-MoE then windows only the odd layers below max_window_layers, "
                      "a per-layer attention pattern meshplan does not model.",
+                     fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
+    if model_type in ("qwen2", "qwen3", "qwen3_moe"):  # Qwen2Config / Qwen3Config: sliding_window if use_sliding_window
+        if not f.flag("use_sliding_window", False):
+            return None
+        raise f.fail("use_sliding_window = true: Qwen2/Qwen3 then window only the layers from max_window_layers on "
+                     "(their config's layer_types), a per-layer attention pattern meshplan does not model.",
                      fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
     if model_type == "gemma3_text" and not _gemma3_sliding_layers(f):
         return None
