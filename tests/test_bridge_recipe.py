@@ -54,14 +54,18 @@ def test_unknown_recipe_is_an_error():
         api.import_file(f"{MODULE}:llama3_7b_config")
 
 
+def _imported(path, text: str, recipe: str):
+    """A recipe module written to `path` and one of its recipes imported: (path, ImportedConfig)."""
+    path.write_text(text, encoding="utf-8")
+    return path, api.import_file(f"{path}:{recipe}")
+
+
 def test_chain_in_one_file_base_first(tmp_path):
     text = ("def base_pretrain_config() -> ConfigContainer:\n    cfg = ConfigContainer()\n"
             "    cfg.model.tensor_model_parallel_size = 2\n    cfg.train.global_batch_size = 64\n    return cfg\n\n"
             "def llama3_8b_pretrain_8gpu_h100_bf16_config() -> ConfigContainer:\n    cfg = base_pretrain_config()\n"
             "    cfg.model.tensor_model_parallel_size = 4\n    return cfg\n")
-    path = tmp_path / "recipes.py"
-    path.write_text(text, encoding="utf-8")
-    result = api.import_file(f"{path}:llama3_8b_pretrain_8gpu_h100_bf16_config")
+    path, result = _imported(tmp_path / "recipes.py", text, "llama3_8b_pretrain_8gpu_h100_bf16_config")
     assert result.request["tp"] == 4 and result.sources["tp"] == f"{path}:9 model.tensor_model_parallel_size"
     assert result.request["global_batch_size"] == 64  # the base's, in the same file
     assert result.request["model"] == "llama-3-8b" and result.request["num_gpus"] == 8
@@ -75,9 +79,7 @@ def test_a_module_constant_is_read_as_its_value(tmp_path):
             "def llama3_8b_pretrain_64gpu_h100_bf16_128k_config() -> ConfigContainer:\n"
             "    cfg = _pretrain_common()\n    cfg.model.context_parallel_size = 8\n"
             "    cfg.model.seq_length = SEQUENCE_LENGTH_128K\n    return cfg\n")
-    path = tmp_path / "llama3.py"
-    path.write_text(text, encoding="utf-8")
-    result = api.import_file(f"{path}:llama3_8b_pretrain_64gpu_h100_bf16_128k_config")
+    path, result = _imported(tmp_path / "llama3.py", text, "llama3_8b_pretrain_64gpu_h100_bf16_128k_config")
     assert result.request["seq_length"] == 131072 and result.sources["seq_length"] == f"{path}:7 model.seq_length"
 
 
@@ -90,9 +92,7 @@ def test_a_layout_a_helper_sets_is_said_not_read_and_not_estimated_as_an_even_sp
             "    cfg = _pretrain_common()\n    cfg.model.pipeline_model_parallel_size = 8\n"
             "    cfg.model.expert_model_parallel_size = 32\n    cfg.model.pipeline_model_parallel_layout = None\n"
             "    set_deepseek_v3_pipeline_model_parallel_layout(cfg.model)\n    return cfg\n")
-    path = tmp_path / "deepseek_v3.py"
-    path.write_text(text, encoding="utf-8")
-    result = api.import_file(f"{path}:deepseek_v3_pretrain_256gpu_h100_bf16_config")
+    _, result = _imported(tmp_path / "deepseek_v3.py", text, "deepseek_v3_pretrain_256gpu_h100_bf16_config")
     assert any("set_deepseek_v3_pipeline_model_parallel_layout" in u and ":6 " in u for u in result.unresolved)
     with pytest.raises(MeshplanError, match=r"pipeline split is not read.*set_deepseek_v3_pipeline_model_parallel"):
         api.request_from_config(result)

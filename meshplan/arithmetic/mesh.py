@@ -169,8 +169,8 @@ def segment_domain(gpu: GpuSpec, gpus_per_node: int, num_gpus: int) -> int | Non
     """GPUs of one scheduler segment where a job spans several multi-node NVLink domains (GB200 NVL72, Slurm
     topology/block --segment): whole nodes inside one domain, as many as divide the job's nodes (a segment must), its
     ranks filling one segment before the next, as NeMo's and Megatron-Bridge's GB200 performance launchers ask for
-    (cards/hardware.yaml gb200 sources). None: a domain inside one node, or
-    GPUs that fill no whole number of nodes."""
+    (cards/hardware.yaml gb200 sources). None: a domain inside one node, or GPUs that fill no whole number of
+    nodes."""
     if gpus_per_node >= gpu.nvlink_domain or num_gpus % gpus_per_node:
         return None
     nodes, most = num_gpus // gpus_per_node, gpu.nvlink_domain // gpus_per_node

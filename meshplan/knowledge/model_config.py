@@ -518,22 +518,24 @@ def _block_options(model_type: str, f: _Fields) -> _BlockOptions:
                          mlp_bias=classic or (model_type not in ("phi3", "glm4") and f.flag("mlp_bias", False)))
 
 
+# Where use_sliding_window is true, the layers these families window (their transformers config's layer_types)
+_QWEN_WINDOWED = {
+    "qwen2": "Qwen2 then windows only the layers from max_window_layers on",
+    "qwen3": "Qwen3 then windows only the layers from max_window_layers on",
+    "qwen3_moe": "Qwen3-MoE then windows only the layers from max_window_layers on",
+    "qwen2_moe": "Qwen2-MoE then windows only the odd layers below max_window_layers"}
+
+
 def _sliding_window(model_type: str, f: _Fields) -> int | None:
     """The attention window as the family's transformers config applies it. Qwen2Config, Qwen3Config and Qwen2MoeConfig
     keep sliding_window only where use_sliding_window (default false; Qwen2.5's config.json states a window of 131,072
-    beside false, which is no window). Where it is true they window some layers only (Qwen2-MoE the odd ones below
-    max_window_layers), a pattern meshplan does not model: refused rather than timed as a window on every layer."""
-    if model_type == "qwen2_moe":
+    beside false, which is no window). Where it is true they window some layers only (_QWEN_WINDOWED), a pattern
+    meshplan does not model: refused rather than timed as a window on every layer."""
+    if model_type in _QWEN_WINDOWED:
         if not f.flag("use_sliding_window", False):
             return None
-        raise f.fail("use_sliding_window = true: Qwen2-MoE then windows only the odd layers below max_window_layers, "
-                     "a per-layer attention pattern meshplan does not model.",
-                     fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
-    if model_type in ("qwen2", "qwen3", "qwen3_moe"):  # Qwen2Config / Qwen3Config: sliding_window if use_sliding_window
-        if not f.flag("use_sliding_window", False):
-            return None
-        raise f.fail("use_sliding_window = true: Qwen2/Qwen3 then window only the layers from max_window_layers on "
-                     "(their config's layer_types), a per-layer attention pattern meshplan does not model.",
+        raise f.fail(f"use_sliding_window = true: {_QWEN_WINDOWED[model_type]}, a per-layer attention pattern meshplan "
+                     "does not model.",
                      fix="Pass the checkpoint's config.json as published (use_sliding_window false).")
     if model_type == "gemma3_text" and not _gemma3_sliding_layers(f):
         return None

@@ -18,7 +18,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.releases import resolve_release
-from meshplan.rl.job import is_rl_request, resolve_rl
+from meshplan.rl.job import resolve_rl
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
@@ -126,7 +126,6 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
-    rl_job = is_rl_request(req)  # the framework's RL trainer (its offload defaults), not its SFT one
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
     pp, vpp = _pipeline_degrees(req, notes)
@@ -162,7 +161,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         first_stage_layers=req.first_stage_layers, last_stage_layers=req.last_stage_layers,
         pipeline_layout=req.pipeline_layout, account_for_embedding=bool(req.account_for_embedding),
         account_for_loss=bool(req.account_for_loss),
-        **_offload_fields(req, card.offload_at(zero), notes, rl_job),  # activation/param/grad/optimizer offload
+        **_offload_fields(req, card.offload_at(zero), notes, rl is not None),  # activation/param/grad/optimizer offload
         **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rl/job.py)
     )
     job = Job(

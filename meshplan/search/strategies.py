@@ -123,10 +123,10 @@ def _fit_cp(job: Job, deg: _Degrees, seq: SeqRow, notes: list[str]) -> None:
 
 def _fit_tp(job: Job, deg: _Degrees, notes: list[str]) -> None:
     """TP inside the NVLink domain, halved until it divides the heads (and the KV groups divide or are divided)."""
-    arch = job.model
-    tp_cap = mesh.job_domain(job)
     if not deg.free("tp"):
         return
+    arch = job.model
+    tp_cap = mesh.job_domain(job)
     if deg.tp > tp_cap:
         notes.append(f"TP {deg.tp} -> {tp_cap}: TP stays inside the NVLink domain (topology row tp-in-nvlink).")
         deg.tp = tp_cap

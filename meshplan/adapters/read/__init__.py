@@ -159,9 +159,9 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
         raise MeshplanError(f"{imported.path}: {said}.", fix="Pass the model beside the file (--model, or the "
                                                              "tool's model argument): a catalog key or the model's "
                                                              "config.json.")
-    gpus = [line for line in imported.unresolved if line.startswith("num_gpus: ")]
-    if gpus and not scan_gpus and not {"num_gpus", "dp"} & set(values):  # else the layout's product: dp 1
-        said = gpus[0].removeprefix("num_gpus: ").removesuffix(" (pass --num-gpus)")
+    unread_gpus = [line for line in imported.unresolved if line.startswith("num_gpus: ")]
+    if unread_gpus and not scan_gpus and not {"num_gpus", "dp"} & set(values):  # else the layout's product: dp 1
+        said = unread_gpus[0].removeprefix("num_gpus: ").removesuffix(" (pass --num-gpus)")
         raise MeshplanError(f"{imported.path}: the GPU count is not read ({said}), and the file leaves dp to be the "
                             "GPUs left over: estimated on the layout's own GPUs, dp would be 1.",
                             fix="Pass the GPU count beside the file (--num-gpus, or the tool's num_gpus argument).")

@@ -14,9 +14,8 @@ import ast
 import re
 from typing import Any
 
-from meshplan.adapters.architecture import restated
 from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, read_section
-from meshplan.adapters.read.model_match import recipe_overrides, restated_architecture
+from meshplan.adapters.read.model_match import layout_settings, recipe_overrides, restated_architecture
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import CardError
@@ -142,7 +141,7 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     settings, elsewhere = _assignments(functions[name], functions, module_constants(tree))
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
     section = read_section("megatron-bridge")
-    apply(reading, [s for s in latest.values() if s.key not in section.model_flags and not restated(s.key)])
+    apply(reading, layout_settings(list(latest.values()), section))
     layout_helpers(reading, functions[name])
     state_hf_model(reading, functions[name])
     state_name_facts(reading, name, functions[name].lineno)

@@ -9,12 +9,12 @@ import re
 import shlex
 from typing import Any, NamedTuple
 
-from meshplan.adapters.architecture import restated
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.model_match import (
     Stated,
     flags_model,
+    layout_settings,
     match_stated,
     recipe_overrides,
     restated_architecture,
@@ -254,7 +254,7 @@ def read_bridge_python(text: str, path: str) -> Reading:
         raise MeshplanError(f"{path}: no `cfg.<section>.<field> = value` line and no run_recipe.py command.",
                             fix="Pass the run_recipe.py launch script, or the cfg assignments of your recipe.")
     section = read_section("megatron-bridge")
-    _bridge_settings(reading, [s for s in settings if s.key not in section.model_flags and not restated(s.key)])
+    _bridge_settings(reading, layout_settings(settings, section))
     restated_architecture(reading, settings, section)
     reading.unresolved.append("model, num_gpus: cfg assignments apply to a recipe's config (pass --model and "
                               "--num-gpus)")
@@ -281,7 +281,7 @@ def read_bridge(text: str, path: str) -> Reading:
     """Megatron-Bridge's run_recipe.py: --recipe NAME and KEY=VALUE overrides of the recipe's ConfigContainer."""
     reading, settings = read_launch(text, path, "megatron-bridge", variant="run_recipe")[3:]
     section = read_section("megatron-bridge")  # the model's keys: compared with the recipe's model, never applied
-    _bridge_settings(reading, [s for s in settings if s.key not in section.model_flags and not restated(s.key)])
+    _bridge_settings(reading, layout_settings(settings, section))
     world(reading)
     recipe = reading.value("recipe")
     if recipe is not None:

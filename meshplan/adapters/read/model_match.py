@@ -309,7 +309,7 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSec
     model = reading.request.get("model")
     if model is None or not given:
         return
-    recipe = arch_values(catalog_architecture(model) if model in catalog_keys() else resolve_model(model))
+    recipe = arch_values(resolve_model(model))
     stated: dict[str, Stated] | None = {
         name: Stated(name, getattr(recipe, name), f"{model}'s {name} {_show(getattr(recipe, name))}")
         for name in ArchValues._fields}
@@ -336,6 +336,12 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSec
     match_stated(stated, reading, named=model)
 
 
+def layout_settings(settings: list[Setting], section: ReadSection) -> list[Setting]:
+    """A Megatron-Bridge file's settings less the model's own keys (the card's model_flags, and the architecture a
+    rendered file restates: restated_architecture reads both), which are never applied as layout settings."""
+    return [s for s in settings if s.key not in section.model_flags and not restated(s.key)]
+
+
 def restated_architecture(reading: Reading, settings: list[Setting], section: ReadSection) -> None:
     """The keys a rendered Megatron-Bridge file restates the model with (adapters/architecture.py FIELDS: norm, rope,
     gating), read back as the model's, never as 'no meshplan field': compared with the named model's own (a recipe's,
@@ -352,7 +358,7 @@ def restated_architecture(reading: Reading, settings: list[Setting], section: Re
         return
     if not keys:
         return
-    arch = catalog_architecture(model) if model in catalog_keys() else resolve_model(model)
+    arch = resolve_model(model)
     own = dict(bridge_fields(megatron_architecture(arch, 0)[0]))  # the fields alone: no sequence-length note read
     differ = [f"{s.where(reading.path)} = {s.value}: not {model}'s ({_show_own(own.get(s.key))}); meshplan plans "
               f"{model} as its config states it" for s in keys if not _same(s.value, own.get(s.key))]

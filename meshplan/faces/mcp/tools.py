@@ -512,8 +512,7 @@ def minimum_gpus(**args: Any) -> MinimumGpusAnswer:
         best = report.candidate
         summary = (
             f"{report.model} on {report.gpu} ({report.framework}) needs at least {plural(report.num_gpus, 'GPU')} "
-            "to keep "
-            f"{percent(report.headroom)} of memory free: {best.plan.short()}, "
+            f"to keep {percent(report.headroom)} of memory free: {best.plan.short()}, "
             f"micro-batch {best.plan.micro_batch_size}, "
             f"recompute {best.plan.recompute}, peak {gib(best.memory.peak_bytes)} of "
             f"{gib(best.memory.capacity_bytes)}, {best.throughput.tokens_per_s_per_gpu:,.0f} tokens/s per GPU."

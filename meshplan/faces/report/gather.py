@@ -87,8 +87,8 @@ def gather(req: Request, *, recommend: bool = False, top_k: int = 5) -> PlanRepo
         plan = None
     world = world_size(framework_card(job.framework).world_size_law, memory.plan) if memory is not None else 0
     domain = job_domain(job)
-    if segment_words(job):
-        notes.append(segment_words(job))
+    if (segments := segment_words(job)) is not None:
+        notes.append(segments)
     headroom = headroom_for(req)
     return PlanReport(
         request=req, drawn=drawn, memory=memory, throughput=throughput, recommendation=rec,
