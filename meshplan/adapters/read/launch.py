@@ -286,14 +286,13 @@ def read_bridge(text: str, path: str) -> Reading:
     recipe = reading.value("recipe")
     if recipe is not None:
         state_name_facts(reading, str(recipe), reading.extra["recipe"][1].line)
-        recipe_overrides(reading, settings, section)
-    restated_architecture(reading, settings, section)
-    if recipe is not None:
+        recipe_overrides(reading, settings, section)  # before restated_architecture: it may change the model
         reading.notes.append(f"recipe {recipe}: the fields it sets and the file does not override are the "
                              "recipe's (its name's model, GPUs and precision are read; its body is read from its "
                              "module: meshplan import RECIPE_MODULE.py:NAME)")
         reading.unresolved.append(f"{reading.extra['recipe'][1].where(path)} {recipe}: the recipe's own layout and "
                                   "batch are not in this script (pass the fields the file leaves out)")
+    restated_architecture(reading, settings, section)
     return reading
 
 
