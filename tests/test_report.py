@@ -307,6 +307,38 @@ def test_the_page_answers_with_recommend_and_keeps_the_host_check():
     assert anyio.run(get, "", "attacker.example:8765")[0] == 421
 
 
+def test_the_page_answers_head_as_get_without_a_body():
+    """`meshplan serve --http` answered HEAD / with 405 (allow: GET, POST): monitoring and link checkers send HEAD.
+    It answers as GET does (status, headers, the Content-Length of GET's page) and sends no body."""
+    from meshplan.faces.mcp.server import transport_security
+    from meshplan.faces.report.page import PageRouter
+
+    async def fallback(scope, receive, send):
+        raise AssertionError("only / is the page's")
+
+    router = PageRouter(fallback, transport_security("127.0.0.1"))
+
+    async def ask(method: str) -> tuple[dict, bytes]:
+        sent: list[dict] = []
+        scope = {"type": "http", "method": method, "path": "/", "query_string": b"", "headers":
+                 [(b"host", b"127.0.0.1:8765")], "scheme": "http", "server": ("127.0.0.1", 8765), "root_path": ""}
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        await router(scope, receive, send)
+        return sent[0], b"".join(m.get("body", b"") for m in sent[1:])
+
+    (get, page), (head, none) = anyio.run(ask, "GET"), anyio.run(ask, "HEAD")
+    assert head["status"] == get["status"] == 200 and none == b"" and page.startswith(b"<!")
+    assert dict(head["headers"])[b"content-length"] == str(len(page)).encode()
+    assert dict(head["headers"]) == dict(get["headers"])
+    assert anyio.run(ask, "PUT")[0]["status"] == 405
+
+
 def test_the_page_names_a_pasted_config_json_not_its_temporary_file():
     """A config.json pasted into the page was named by the temporary file it was written to
     ('/tmp/meshplan-page-o4xuhe4q/config.json with TP1 PP1 DP8'), in the report, the JSON and its errors."""

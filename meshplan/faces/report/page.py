@@ -20,7 +20,7 @@ from mcp.server.transport_security import TransportSecurityMiddleware, Transport
 from pydantic import ValidationError
 from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from meshplan import __version__, api
 from meshplan.core.errors import MeshplanError
@@ -98,10 +98,12 @@ class PageRouter:
         refused = await self.security.validate_request(request, is_post=False)  # Host and Origin, as for /mcp
         if refused is None:
             refused = await self._respond(request)
+        if request.method == "HEAD":  # GET's answer, its headers (Content-Length too), and no body
+            send = _headers_only(send)
         await refused(scope, receive, send)
 
     async def _respond(self, request: HttpRequest) -> Response:
-        if request.method == "GET":
+        if request.method in ("GET", "HEAD"):  # HEAD: what monitoring and link checkers send
             form = parse_qs(request.url.query)
         elif request.method == "POST":
             declared = request.headers.get("content-length", "")
@@ -109,7 +111,14 @@ class PageRouter:
                 return Response(f"A form is at most {MAX_FORM_BYTES:,} bytes with a Content-Length", 413)
             form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode("utf-8", "replace"))
         else:
-            return Response("Method not allowed: use GET or POST", 405, headers={"Allow": "GET, POST"})
+            return Response("Method not allowed: use GET, HEAD or POST", 405, headers={"Allow": "GET, HEAD, POST"})
         html = await anyio.to_thread.run_sync(page, _form_values(form))
         return HTMLResponse(html, headers={"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
                                                                       "img-src data:; form-action 'self'"})
+
+
+def _headers_only(send: Send) -> Send:
+    """`send` with each body message emptied: a HEAD answer is GET's headers alone (RFC 9110 9.3.2)."""
+    async def headers_only(message: Message) -> None:
+        await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+    return headers_only
