@@ -143,6 +143,27 @@ def test_an_offload_the_engine_lacks_is_refused_not_ignored():
     assert "optimizer_offload" in info.value.fix
 
 
+def test_a_phase_offload_on_a_skyrl_training_job_is_refused_by_check_recommend_and_render_alike():
+    """optimizer_offload=true on a SkyRL SFT job: recommend ranked layouts with it and check passed it, but render
+    refused it, since SkyRL's SFT trainer (main_sft, the training job's entry point) sets colocate_all false and
+    never offloads its policy between phases (the card's offload phase_offloads_when: rl). Rule OF001 now refuses
+    it on such a job, in all three, naming the in-step knob instead; an RL job keeps it."""
+    sft = dict(model="llama-3.1-8b", framework="skyrl", job="sft", num_gpus=8, optimizer_offload=True)
+    for fields in (dict(tp=2), dict(zero_stage=3)):  # SkyRL's megatron and FSDP strategies
+        found = {f.id: f for f in api.check_config(parse_request({**sft, **fields})).findings}
+        assert found["OF001"].severity == "error" and "RL" in found["OF001"].message, found
+        assert "optimizer_offload=false" in found["OF001"].fix
+    assert "optimizer_offload_fraction" in api.check_config(parse_request({**sft, "tp": 2})).findings[0].fix
+    with pytest.raises(MeshplanError, match="No layout can pass rule OF001") as refused:
+        api.recommend(parse_request(sft), top_k=1)
+    assert "optimizer_offload=false" in refused.value.fix
+    with pytest.raises(MeshplanError, match="OF001"):
+        api.render_config("skyrl", parse_request({**sft, "tp": 2}))
+    rl = api.check_config(parse_request(dict(model="llama-3.1-8b", framework="skyrl", job="rl", num_gpus=8, tp=2,
+                                             optimizer_offload=True)))
+    assert "OF001" not in {f.id for f in rl.findings}
+
+
 def test_host_memory_short_names_a_share_that_fits():
     report = api.check_config(parse_request(dict(
         model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS
 from meshplan.knowledge.cards import FrameworkCard, load_card
 from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.schema.plan import Job, Plan
@@ -178,10 +179,12 @@ def offload_time(job: Job, plan: Plan, *, optimizer_params: float, host_activati
     return adam + exposed, "; ".join(parts)
 
 
-def unsupported_offloads(card: FrameworkCard, plan: Plan) -> list[tuple[str, str]]:
-    """(knob, the framework's nearest knob) for each offload knob set that the engine of this ZeRO stage lacks,
-    or that needs a higher zero_stage there."""
+def unsupported_offloads(card: FrameworkCard, job: Job, plan: Plan) -> list[tuple[str, str, str]]:
+    """(knob, why, the framework's nearest knob) for each offload knob set that the engine of this ZeRO stage lacks,
+    or that needs a higher zero_stage there; on a training job, a `phase` knob of an engine whose phase offloads act
+    in an RL job only (phase_offloads_when: rl; the nearest knob then from the variant `render` writes for it)."""
     sem = card.offload_at(plan.zero_stage)
+    no_phases = sem is not None and sem.phase_offloads_when == "rl" and job.rl is None
     asked = {
         "activation_offload": plan.activation_offload,
         "param_offload": plan.param_offload,
@@ -204,22 +207,31 @@ def unsupported_offloads(card: FrameworkCard, plan: Plan) -> list[tuple[str, str
             "optimizer_offload_fraction": sem.optimizer_fraction != "none" or sem.optimizer.when != "none",
         }[knob]
         if not has:
-            out.append((knob, _instead(card, knob, plan.zero_stage)))
+            out.append((knob, f"the {card.engine_at(plan.zero_stage)} engine has no such offload",
+                        _instead(card, knob, plan.zero_stage)))
+            continue
+        if no_phases and knob in _PHASE_KNOBS and getattr(sem, _SEMANTIC_NAME[knob]).when == "phase":
+            out.append((knob, "it acts only between the phases of an RL step (rollout and training), which a "
+                              "training job does not have",
+                        _instead(card, knob, plan.zero_stage, DEFAULT_VARIANTS[card.name](job, plan))))
             continue
         need = sem.requires_zero_stage.get(_SEMANTIC_NAME[knob])
         if need is not None and plan.zero_stage < need:
-            out.append((knob, f"Use zero_stage >= {need} with {knob} on {card.display_name}, or drop {knob}."))
+            out.append((knob, "it needs a higher zero_stage there",
+                        f"Use zero_stage >= {need} with {knob} on {card.display_name}, or drop {knob}."))
     return out
 
 
+_PHASE_KNOBS = ("param_offload", "grad_offload", "optimizer_offload")  # the OffloadKnob ones: `when` in_step or phase
 _SEMANTIC_NAME = {"activation_offload": "activation", "param_offload": "param", "grad_offload": "grad",
                   "optimizer_offload": "optimizer", "optimizer_offload_fraction": "optimizer_fraction"}
 
 
-def _instead(card, knob: str, zero_stage: int) -> str:
-    """The card's own words for the nearest knob: the variant of this engine first (verl's and SkyRL's FSDP)."""
+def _instead(card, knob: str, zero_stage: int, variant_name: str | None = None) -> str:
+    """The card's own words for the nearest knob: the variant's first (`variant_name`, else the one named as this
+    engine: verl's and SkyRL's FSDP)."""
     if card.adapter is not None:
-        variant = card.adapter.variant_knobs.get(card.engine_at(zero_stage), {})
+        variant = card.adapter.variant_knobs.get(variant_name or card.engine_at(zero_stage), {})
         spec = variant.get(knob) or card.adapter.versions[card.adapter.default_version].knobs.get(knob)
         if spec is not None and spec.instead:
             return spec.instead

@@ -56,8 +56,9 @@ class EngineOffload(_Card):
         default_factory=list, description="Knobs the framework turns on unless told otherwise (SkyRL "
                                           "offload_after_step)"
     )
-    on_by_default_when: Literal["always", "rl"] = Field(
-        "always", description="rl: on_by_default holds for an RL job only (SkyRL's RL trainer; its SFT trainer runs "
-                              "the policy alone and never offloads it)"
+    phase_offloads_when: Literal["always", "rl"] = Field(
+        "always", description="rl: the `phase` knobs act in an RL job only, so on_by_default holds there alone and "
+                              "rule OF001 refuses them on another job (SkyRL: a training job runs its SFT trainer, "
+                              "which runs the policy alone and never offloads it)"
     )
     source: str

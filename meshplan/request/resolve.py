@@ -381,7 +381,7 @@ def _offload_fields(req: Request, semantics, notes: list[str], rl_job: bool) -> 
     fraction = req.optimizer_offload_fraction or 0.0
     optimizer = req.optimizer_offload
     defaults = semantics.on_by_default if semantics is not None and (
-        semantics.on_by_default_when == "always" or rl_job) else []
+        semantics.phase_offloads_when == "always" or rl_job) else []
     for knob in defaults:
         if getattr(req, f"{knob}_offload") is None:
             notes.append(f"{knob}_offload not given: on, the {req.framework} default (cards/frameworks/"

@@ -10,20 +10,13 @@ from meshplan.rules.engine import Context, Values, rule
 @rule("OF001", reads=("zero_stage", "activation_offload", "param_offload", "grad_offload", "optimizer_offload",
       "optimizer_offload_fraction"))
 def offload_the_engine_lacks(ctx: Context) -> Values:
-    problems = unsupported_offloads(ctx.card, ctx.plan)
+    problems = unsupported_offloads(ctx.card, ctx.job, ctx.plan)
     if not problems:
         return None
-    knob, fix = problems[0]
-    card = ctx.card
-    needs_zero = fix.startswith("Use zero_stage")
-    if not needs_zero:  # the card's nearest knob works only with this one off: the fix says so first
+    knob, why, fix = problems[0]
+    if not fix.startswith("Use zero_stage"):  # the card's nearest knob works only with this one off: said first
         fix = f"Set {knob}={'0' if knob == 'optimizer_offload_fraction' else 'false'}; {fix}"
-    sem = card.offload_at(ctx.plan.zero_stage)
-    has = sem is not None and any((sem.activation != "none", sem.param.when != "none", sem.grad.when != "none",
-                                   sem.optimizer.when != "none"))
-    why = ("it needs a higher zero_stage there" if has and needs_zero
-           else f"the {card.engine_at(ctx.plan.zero_stage)} engine has no such offload")
-    return {"knob": knob, "framework": card.display_name, "zero": ctx.plan.zero_stage, "why": why, "fix": fix}
+    return {"knob": knob, "framework": ctx.card.display_name, "zero": ctx.plan.zero_stage, "why": why, "fix": fix}
 
 
 @rule("OF002", reads=("zero_stage", "recompute", "activation_offload"))
