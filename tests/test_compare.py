@@ -90,6 +90,28 @@ def test_verl_numpy_values_and_actor_prefix():
     assert run.tokens_per_s_per_gpu == 900.0
 
 
+def test_an_rl_log_is_compared_with_an_rl_prediction_only():
+    """`meshplan compare qwen2.5-7b --framework verl --log verl.log` with no RL field compared verl's RL step (rollout,
+    log-probs, update: 96.6 s) with a pretraining step's prediction (4.2M tokens, 42.5 s) and judged every figure
+    outside the band. A verl or SkyRL RL log is an RL job's: the comparison refuses a training job's prediction,
+    naming the fields to give and the lengths the log states; with job=rl it compares."""
+    run = read_log_file(str(LOGS / "verl_gh200_sglang.log"))
+    assert run.rl_fields == {"prompt_length": 256, "response_length": 1024, "mean_response_length": 325}
+    req = {"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl"}
+    with pytest.raises(MeshplanError, match="RL") as refused:
+        api.compare_run(parse_request(req), log("verl_gh200_sglang.log"))
+    for field in ("job=rl", "prompts_per_step", "samples_per_prompt", "prompt_length=256", "response_length=1024",
+                  "mean_response_length=325"):
+        assert field in refused.value.fix
+    rl = api.compare_run(parse_request({**req, "job": "rl", "prompt_length": 256, "response_length": 1024}),
+                         log("verl_gh200_sglang.log"))
+    assert next(f for f in rl.figures if f.figure == "mfu").label == "MFU (actor update)"
+    skyrl = read_log("Step 3:\n{'timing/step': '286.05', 'timing/generate': '27.65'}\n", framework="skyrl")
+    assert skyrl.rl_fields == {}
+    assert read_log("Step 4: loss=1.2, grad_norm=0.3, tokens_per_second=9000.0", framework="skyrl").rl_fields is None
+    assert read_log_file(str(LOGS / "torchtitan_dcp_zoc.log")).rl_fields is None
+
+
 def test_kempnerforge_metrics_line():
     run = read_log_file(str(LOGS / "kempnerforge_first_run.log"))
     assert run.framework == "kempnerforge"

@@ -12,6 +12,7 @@ model's own prediction, never in place of it.
 from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import memory_card
+from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, plural
 from meshplan.estimate.memory import stage_allocated
 from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, MeasuredRun, RunComparison
@@ -71,7 +72,15 @@ def measured_throughput(measured: MeasuredRun, job: Job) -> tuple[float | None, 
 
 def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, measured: MeasuredRun,
                 factor: ClusterFactor | None = None) -> RunComparison:
-    """The figures side by side; `throughput` is the model's own (uncalibrated) estimate."""
+    """The figures side by side; `throughput` is the model's own (uncalibrated) estimate. A log of RL steps is
+    compared with an RL job's prediction only: a training job's step is not what it measured."""
+    if measured.rl_fields is not None and job.rl is None:
+        stated = "".join(f", {name}={value}" for name, value in measured.rl_fields.items())
+        raise MeshplanError(
+            f"{measured.path} logs RL steps (rollout, log-probs and update: {measured.framework}'s RL trainer), but "
+            "the request is a training job, whose one training step is not what the log measured.",
+            fix=f"Plan it as the RL job it is: pass job=rl with the run's prompts_per_step and samples_per_prompt"
+                f"{' and what the log states' if stated else ''}{stated}.")
     allocated, reserved, where = predicted_peaks(memory)
     mband, tband = memory.error_band, throughput.error_band
     step, per_gpu, how = measured_throughput(measured, job)

@@ -60,6 +60,7 @@ class LogReading:
     steps: list[StepFigures] = field(default_factory=list)
     memory: list[MemoryFigures] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rl_fields: dict[str, int] | None = None  # an RL trainer's log: the RL request fields it states (MeasuredRun's)
 
     @property
     def empty(self) -> bool:
@@ -124,4 +125,4 @@ def summarise(reading: LogReading) -> MeasuredRun:
     if kept:
         notes.append(f"step figures: {how}")
     return MeasuredRun(framework=reading.framework, path=reading.path, steps=len(reading.steps), sources=sources,
-                       notes=notes, **values)
+                       notes=notes, rl_fields=reading.rl_fields, **values)

@@ -2,7 +2,8 @@
 metrics as a pretty-printed dict with floats as strings:
     Step 12:
     {'timing/step': '286.05', 'timing/generate': '27.65', 'trainer/tokens_per_second_per_gpu': '812.3', ...}
-and the trainer's timer (skyrl/train/trainer.py) logs `Finished: 'step', time cost: 288.78s`; the SFT trainer
+and the trainer's timer (skyrl/train/trainer.py; a generate phase marks the RL trainer's steps) logs
+`Finished: 'step', time cost: 288.78s`; the SFT trainer
 (skyrl/train/sft_trainer.py) logs `Step N: loss=..., grad_norm=..., tokens_per_second=...` (the whole job's).
 SkyRL logs no torch memory peak (its Ray GPU monitor reports device-wide use, engine included): memory is left
 unmeasured.
@@ -18,6 +19,9 @@ QUOTED = re.compile(rf"'([\w/@.\-]+)':\s*'?({NUMBER})'?")
 HEADER = re.compile(r"\bStep (\d+):")
 TIMER = re.compile(rf"Finished: 'step', time cost: ({NUMBER})s")
 SFT = re.compile(rf"\bStep (\d+): loss=.*\btokens_per_second=({NUMBER})")
+# the RL trainer's generation phase (skyrl/train/trainer.py Timer("generate"), logged as timing/generate and by the
+# timer itself); the SFT trainer's step has no such phase
+RL_STEP = re.compile(r"'timing/generate'|Finished: 'generate'")
 DETECT = re.compile(r"'timing/step':|Finished: 'step', time cost:|\bStep \d+: loss=.*tokens_per_second=")
 
 KEYS = {"timing/step": "step_time_s", "trainer/tokens_per_second_per_gpu": "tokens_per_s_per_gpu",
@@ -48,4 +52,6 @@ def read(text: str, path: str, framework: str = "skyrl") -> LogReading:
     if not reading.steps:
         reading.steps = timers
     reading.notes.append("SkyRL logs no torch memory peak: memory is not compared")
+    if RL_STEP.search(text):
+        reading.rl_fields = {}  # its lines state no prompt or response length meshplan reads
     return reading

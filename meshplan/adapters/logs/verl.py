@@ -3,7 +3,8 @@ logger; the keys from verl/trainer/ppo/metric_utils.py and the workers):
     step:2 - ... - perf/max_memory_allocated_gb:25.921 - perf/max_memory_reserved_gb:61.611 - ...
         - perf/mfu/actor:0.343 - timing_s/step:96.551 - perf/throughput:3330.4
 perf/max_memory_* are torch's peaks / 1024**3 (newer releases prefix them with actor/); timing_s/step is the
-whole RL step; perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the actor
+whole RL step (verl's PPO trainer logs it; its prompt_length/max, response_length/max and /mean are read as the RL
+request's fields); perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the actor
 update's MFU (a fraction). Values may print as np.float64(...); a pasted line may wrap anywhere.
 """
 
@@ -19,6 +20,9 @@ VALUE = re.compile(rf"(?:^|\s)([\w/@.\-]+):(?:np\.float\d+\()?({NUMBER})")
 DETECT = re.compile(r"(?<![\w/])step:\d+ - .*(?:timing_s/|perf/)")
 
 STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_per_gpu", "perf/mfu/actor": "mfu"}
+# the RL workload a step states, as request fields: the longest prompt and response (what the run allows at least)
+RL_KEYS = {"prompt_length/max": "prompt_length", "response_length/max": "response_length",
+           "response_length/mean": "mean_response_length"}
 MEMORY_KEYS = {"perf/max_memory_allocated_gb": "allocated_bytes", "actor/perf/max_memory_allocated_gb":
                "allocated_bytes", "perf/max_memory_reserved_gb": "reserved_bytes",
                "actor/perf/max_memory_reserved_gb": "reserved_bytes"}
@@ -36,6 +40,8 @@ def read(text: str, path: str, framework: str = "verl") -> LogReading:
                               **{attr: values[key] for key, attr in STEP_KEYS.items() if key in values})
         if any(getattr(figures, attr) is not None for attr in STEP_KEYS.values()):
             reading.steps.append(figures)
+            reading.rl_fields = {**(reading.rl_fields or {}),
+                                 **{field: round(values[key]) for key, field in RL_KEYS.items() if key in values}}
         memory = {attr: values[key] * GIB for key, attr in MEMORY_KEYS.items() if key in values}
         if memory:
             reading.memory.append(MemoryFigures(line=line, **memory))
