@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from tree_under_test import tree_env
 
+from meshplan import api
 from meshplan.adapters.capabilities import KNOBS
 from meshplan.adapters.parse import parse_plan, shell_tokens
 from meshplan.adapters.render import TARGETS, render
@@ -48,6 +49,8 @@ CASES: list[tuple[str, str | None, dict]] = [
                          recompute="selective")),  # no vpp: SkyRL runs no virtual stages (test_knob_refusals)
     ("skyrl", "sft", dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, pp=2, ep=8, etp=1, global_batch_size=128)),
     ("skyrl", "fsdp", dict(model="qwen3-8b", num_gpus=8, cp=2, zero_stage=3, global_batch_size=64)),
+    ("skyrl", None, dict(model="qwen3-8b", num_gpus=16, cp=2, zero_stage=3, global_batch_size=64, recompute="full",
+                         param_offload=True)),  # a training job: main_sft, strategy fsdp (variant sft-fsdp)
     ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2, global_batch_size=512,
                               recompute="selective")),
     ("torchtitan", None, dict(model="qwen3-30b-a3b", num_gpus=16, tp=2, ep=8, cp=2, global_batch_size=128,
@@ -335,6 +338,29 @@ def test_a_skyrl_training_job_renders_main_sft():
     rl_job, rl_plan, rl = _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, job="rl"))
     assert rl.variant == "rl" and "skyrl.train.entrypoints.main_base" in rl.text and rl_plan.optimizer_offload
     assert any("optimizer_offload not given: on" in n for n in rl_job.notes)
+
+
+def test_a_skyrl_zero3_training_job_renders_main_sft_with_fsdp():
+    """A ZeRO-3 training job on SkyRL still rendered the RL entry point (main_base with trainer.strategy=fsdp, a rollout
+    and a reference model the estimate leaves out), though main_sft runs the FSDP strategy too (SFTConfig.strategy
+    "fsdp", fsdp_config, sequence_parallel_size). Variant sft-fsdp is its default now; an RL job keeps fsdp."""
+    sft = dict(model="qwen3-8b", num_gpus=8, zero_stage=3, cp=2, job="sft", recompute="full", param_offload=True)
+    job, plan, result = _render("skyrl", None, sft)
+    assert result.variant == "sft-fsdp" and "python -m skyrl.train.main_sft" in result.text
+    assert "trainer." not in result.text and not any("an RL run" in w for w in result.warnings)
+    tokens = shell_tokens(result.text)
+    assert {"strategy=fsdp", "sequence_parallel_size=2", "fsdp_config.cpu_offload=true"} <= set(tokens)
+    parsed = parse_plan("skyrl", result.variant, result.text, job.model.num_layers)
+    assert {k: plan.model_dump()[k] for k in parsed} == parsed
+    read = api.import_config(result.text, path="run_skyrl_sft-fsdp.sh").request
+    assert (read["job"], read["zero_stage"], read["cp"], read["recompute"]) == ("sft", 3, 2, "full")
+    bare = _render("skyrl", None, {**sft, "recompute": "none", "param_offload": False})[2]
+    assert any("gradient checkpointing" in w for w in bare.warnings)  # main_sft has no key to turn it off
+    lora = _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, zero_stage=3, job="lora", lora_rank=16))[2]
+    assert lora.variant == "sft-fsdp" and "model.lora.rank=16" in lora.text
+    assert _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, zero_stage=3, job="rl"))[2].variant == "fsdp"
+    with pytest.raises(MeshplanError, match="param_offload"):  # its optimizer is offloaded in-step with the rest
+        _render("skyrl", None, {**sft, "optimizer_offload": True})
 
 
 @pytest.mark.parametrize("framework,fields,knob", [

@@ -258,7 +258,7 @@ def test_skyrl_keys_exist_in_its_config_dataclasses(megatron_tree):
     transformer = set(megatron_tree.fields("megatron.core.transformer.transformer_config", "TransformerConfig"))
     assert "virtual_pipeline_model_parallel_size" not in tree.fields("skyrl.train.config.config", "MegatronConfig")
     for result in rendered("skyrl"):
-        root = ("skyrl.train.config.sft_config", "SFTConfig") if result.variant == "sft" else (
+        root = ("skyrl.train.config.sft_config", "SFTConfig") if result.variant in ("sft", "sft-fsdp") else (
             "skyrl.train.config.config", "SkyRLTrainConfig")
         keys = overrides(shell_tokens(result.text))
         assert keys and not any(k.startswith("+") for k in keys)

@@ -154,6 +154,8 @@ def test_a_phase_offload_on_a_skyrl_training_job_is_refused_by_check_recommend_a
         assert found["OF001"].severity == "error" and "RL" in found["OF001"].message, found
         assert "optimizer_offload=false" in found["OF001"].fix
     assert "optimizer_offload_fraction" in api.check_config(parse_request({**sft, "tp": 2})).findings[0].fix
+    assert "param_offload" in next(f.fix for f in api.check_config(parse_request({**sft, "zero_stage": 3})).findings
+                                   if f.id == "OF001")  # the FSDP strategy's in-step offload (variant sft-fsdp)
     with pytest.raises(MeshplanError, match="No layout can pass rule OF001") as refused:
         api.recommend(parse_request(sft), top_k=1)
     assert "optimizer_offload=false" in refused.value.fix

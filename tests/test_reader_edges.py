@@ -70,7 +70,7 @@ def test_a_rendered_uneven_split_imports_back(framework, variant, version):
     fields = dict(model="llama-3.1-405b", num_gpus=1024, tp=8, pp=16, global_batch_size=2560)
     if variant == "rl":
         fields.update(job="rl", algorithm="grpo")
-    if variant == "fsdp":  # the FSDP variants shard fully, without TP
+    if variant in ("fsdp", "sft-fsdp"):  # the FSDP variants shard fully, without TP
         fields.update(zero_stage=3, tp=1, num_gpus=128)
     job, plan = resolve(Request(framework=framework, **fields, first_stage_layers=7, last_stage_layers=7))
     try:

@@ -62,9 +62,9 @@ def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     if job.lora is None:
         return []
     targets: str | list[str] = ALL_LINEAR if set(job.lora.targets) == set(TARGETS) else (
-        hf_targets(job.lora.targets) if variant == "fsdp" else list(job.lora.targets))
+        hf_targets(job.lora.targets) if variant in ("fsdp", "sft-fsdp") else list(job.lora.targets))
     notes.append(f"LoRA: rank {job.lora.rank}, alpha left at SkyRL's 16.")
-    model = "model" if variant == "sft" else "trainer.policy.model"
+    model = "model" if variant in ("sft", "sft-fsdp") else "trainer.policy.model"
     return [(f"{model}.lora.rank", job.lora.rank), (f"{model}.lora.target_modules", targets)]
 
 

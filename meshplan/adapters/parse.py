@@ -266,8 +266,15 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
 def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     o = {k: _literal(v) for k, v in overrides(shell_tokens(text)).items()}
     assert not any(k.startswith("+") for k in o), "SkyRL rejects a '+' prefix"
-    model = "model." if variant == "sft" else "trainer.policy.model."  # main_sft's SFTConfig.model (skyrl_lora)
-    lora = parsed_lora(o.get(f"{model}lora.rank"), o.get(f"{model}lora.target_modules"), hf=variant == "fsdp")
+    sft = variant in ("sft", "sft-fsdp")  # main_sft's SFTConfig keys
+    model = "model." if sft else "trainer.policy.model."  # main_sft's SFTConfig.model (skyrl_lora)
+    lora = parsed_lora(o.get(f"{model}lora.rank"), o.get(f"{model}lora.target_modules"),
+                       hf=variant in ("fsdp", "sft-fsdp"))
+    if variant == "sft-fsdp":  # gradient checkpointing and flash attention: TrainerConfig defaults main_sft keeps
+        cp, world = int(o["sequence_parallel_size"]), _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"])
+        return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "recompute": "full",
+                "micro_batch_size": int(o["micro_train_batch_size_per_gpu"]),
+                "param_offload": bool(o.get("fsdp_config.cpu_offload", False))}
     if variant == "sft":
         world, p = _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"]), "megatron_config."
         mbs = int(o["micro_train_batch_size_per_gpu"])

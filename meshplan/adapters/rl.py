@@ -234,9 +234,29 @@ def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
 # --------------------------------------------------------------------------- SkyRL
 
 
+SKYRL_SFT = ("sft", "sft-fsdp")  # main_sft's variants (SFTConfig keys), the megatron and FSDP strategies
+
+
+def skyrl_sft_fsdp(job: Job, plan: Plan) -> list[Override]:
+    """main_sft with strategy fsdp: SFTConfig's keys (sft_config.py copies fsdp_config and sequence_parallel_size onto
+    the trainer's); gradient checkpointing and flash attention are TrainerConfig defaults it does not expose."""
+    n = nodes(job)
+    o: list[Override] = [
+        ("strategy", "fsdp"), ("model.path", _model_path(job)), ("placement.num_nodes", n.nnodes),
+        ("placement.num_gpus_per_node", n.per_node), ("batch_size", job.global_batch_size),
+        ("micro_train_batch_size_per_gpu", plan.micro_batch_size), ("max_length", job.seq_length),
+        ("sequence_parallel_size", plan.cp), ("fsdp_config.fsdp_size", -1)]
+    if plan.param_offload:
+        o.append(("fsdp_config.cpu_offload", True))
+    return o
+
+
 def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
     n = nodes(job)
     notes: list[str] = []
+    if variant == "sft-fsdp":
+        return skyrl_sft_fsdp(job, plan), ["FSDP strategy: context parallelism is Ulysses sequence parallelism "
+                                           "(sequence_parallel_size)."]
     megatron = variant in ("rl", "sft")
     kwargs = list(megatron_recompute(plan).items()) + [
         (k, v) for k, v in _transformer_overrides(job, plan) if not k.startswith("recompute_")
@@ -312,10 +332,15 @@ def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = skyrl_overrides(job, plan, variant)
     overrides += skyrl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
     flex, warnings = flex_notes(job, plan)
-    module = "skyrl.train.main_sft" if variant == "sft" else "skyrl.train.entrypoints.main_base"
-    if variant != "sft":
-        sft = "; variant sft (--variant sft) writes SkyRL's SFT trainer, skyrl.train.main_sft" \
-            if variant == "rl" else ""
-        warnings = [*rl_launch_warning(job, f"SkyRL's RL trainer ({module})", sft), *warnings]
+    module = "skyrl.train.main_sft" if variant in SKYRL_SFT else "skyrl.train.entrypoints.main_base"
+    if variant not in SKYRL_SFT:
+        sft = "sft-fsdp" if variant == "fsdp" else "sft"
+        warnings = [*rl_launch_warning(job, f"SkyRL's RL trainer ({module})", f"; variant {sft} (--variant {sft}) "
+                                       "writes SkyRL's SFT trainer, skyrl.train.main_sft"), *warnings]
+    if variant == "sft-fsdp" and plan.recompute != "full":
+        warnings.append(f"recompute={plan.recompute}, but SkyRL's SFT trainer checkpoints every layer (gradient "
+                        "checkpointing: TrainerConfig.gradient_checkpointing true, which SFTConfig does not expose): "
+                        "the run recomputes more and holds less than this estimate; ask recompute=full for its "
+                        "figures.")
     return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",
                  filename=f"run_skyrl_{variant}.sh", notes=[*notes, *flex], warnings=warnings)
