@@ -934,6 +934,32 @@ def test_a_rendered_bridge_file_imports_back_without_noise():
     assert any("model.layernorm_epsilon = 1e-06: not llama-3.1-8b's (its 1e-05)" in u for u in changed.unsupported)
 
 
+def test_a_rendered_megatron_core_script_imports_back_without_noise():
+    """render megatron-core then import listed architecture flags render writes (--use-rope-scaling,
+    --rope-scaling-factor, --rope-type, --mscale, --add-qkv-bias, --qk-layernorm, ...) as 'no meshplan field', and
+    dropped others unread (--normalization, --norm-epsilon, --rotary-base: a file's value other than the model's was
+    never said). Every architecture flag render writes, for every catalog model, is now the model's: compared with
+    the model the file's shape names, each that differs said (as the Bridge round trip does)."""
+    from meshplan.adapters.architecture import CORE_FLAGS, megatron_architecture
+    from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
+
+    for model in catalog_keys():
+        flags = {s.flag[0] for s in megatron_architecture(catalog_architecture(model), 4096)[0] if s.flag}
+        assert flags <= CORE_FLAGS, (model, flags - CORE_FLAGS)
+        req = parse_request({"model": model, "framework": "megatron-core", "num_gpus": 64, "tp": 2, "pp": 2})
+        read = api.import_config(api.render_config("megatron-core", req, force=True).text)
+        assert read.unsupported == [], (model, read.unsupported)
+        assert read.request["tp"] == 2 and read.request["pp"] == 2
+    req = parse_request({"model": "llama-3.1-8b", "framework": "megatron-core", "num_gpus": 8, "tp": 2})
+    text = api.render_config("megatron-core", req).text
+    read = api.import_config(text)
+    assert read.request["model"] == "llama-3.1-8b" and read.unsupported == []
+    assert any("--rope-scaling-factor, --disable-bias-linear: llama-3.1-8b's architecture, each as it states it" in n
+               for n in read.notes)
+    changed = api.import_config(text.replace("--norm-epsilon 1e-05", "--norm-epsilon 1e-06"))
+    assert any("--norm-epsilon = 1e-06: not llama-3.1-8b's (its 1e-05)" in u for u in changed.unsupported)
+
+
 @pytest.mark.parametrize("job", ["sft", "rl"])
 def test_a_rendered_skyrl_script_imports_back_without_noise(job):
     """render skyrl (main_sft for a training job, main_base for an RL one) with CP and a CPU-optimizer share, then

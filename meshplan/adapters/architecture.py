@@ -41,6 +41,17 @@ FIELDS = frozenset({
 rendered Bridge file restates the model with, which its import reads back as the model's, not as layout settings
 (tests/test_import_config.py renders every catalog model and holds the settings to this set)."""
 
+CORE_FLAGS = frozenset({
+    "--normalization", "--norm-epsilon", "--apply-layernorm-1p", "--swiglu", "--quick-geglu", "--squared-relu",
+    "--glu-linear-offset", "--activation-func-clamp-value", "--position-embedding-type", "--rotary-base",
+    "--rotary-percent", "--rope-type", "--no-rope-fusion", "--use-rope-scaling", "--rope-scaling-factor",
+    "--rotary-scaling-factor", "--yarn-original-max-position-embeddings", "--yarn-beta-fast", "--yarn-beta-slow",
+    "--mscale", "--mscale-all-dim", "--no-yarn-correction-range-round-to-int", "--qk-layernorm",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--disable-bias-linear", "--add-qkv-bias"})
+"""Every pretrain_gpt.py flag megatron_architecture (Setting.flag) and bias_flags may write: the flags a rendered
+Megatron-Core script restates the model with, which its import reads back as the model's
+(tests/test_import_config.py renders every catalog model and holds the flags to this set)."""
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -226,6 +237,27 @@ def core_flags(settings: list[Setting]) -> tuple[list[Flag], list[str]]:
 def restated(key: str) -> bool:
     """Whether a Megatron-Bridge key (model.<field>) restates the model's architecture (FIELDS)."""
     return key.startswith("model.") and key[len("model."):] in FIELDS
+
+
+def core_restated(key: str) -> bool:
+    """Whether a pretrain_gpt.py flag restates the model's architecture (CORE_FLAGS), in either spelling."""
+    return key.replace("_", "-") in CORE_FLAGS
+
+
+def bias_flags(m: Architecture) -> list[Flag]:
+    """The linear biases as pretrain_gpt.py flags: --disable-bias-linear drops every one, --add-qkv-bias beside it
+    keeps q/k/v's (megatron/training/arguments.py sets add_qkv_bias with add_bias_linear); a model with output or MLP
+    biases keeps Megatron's default, all on."""
+    if m.o_bias or m.mlp_bias:
+        return []
+    return [("--disable-bias-linear", None), *([("--add-qkv-bias", None)] if m.qkv_bias else [])]
+
+
+def core_values(m: Architecture) -> list[tuple[str, Any]]:
+    """The model's architecture as the pretrain_gpt.py flags render writes (CORE_FLAGS), a switch as True (as a
+    script's switch reads)."""
+    flags = core_flags(megatron_architecture(m, 0)[0])[0] + bias_flags(m)
+    return [(flag, True if value is None else value) for flag, value in flags]
 
 
 def bridge_fields(settings: list[Setting]) -> list[tuple[str, Any]]:

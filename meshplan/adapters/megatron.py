@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.architecture import SILU, bridge_fields, core_flags, megatron_architecture
+from meshplan.adapters.architecture import SILU, bias_flags, bridge_fields, core_flags, megatron_architecture
 from meshplan.adapters.common import (
     DROPOUT_ON,
     Built,
@@ -58,10 +58,7 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
     flags += own
     if not m.tie_word_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
-    if not (m.qkv_bias or m.o_bias or m.mlp_bias):
-        flags.append(("--disable-bias-linear", None))
-    elif m.qkv_bias and not (m.o_bias or m.mlp_bias):
-        flags += [("--disable-bias-linear", None), ("--add-qkv-bias", None)]
+    flags += bias_flags(m)
     if m.mla is not None:
         flags += [("--multi-latent-attention", None), ("--kv-lora-rank", m.mla.kv_lora_rank),
                   ("--qk-head-dim", m.mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim),

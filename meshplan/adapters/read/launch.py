@@ -9,6 +9,7 @@ import re
 import shlex
 from typing import Any, NamedTuple
 
+from meshplan.adapters.architecture import core_restated
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.model_match import (
@@ -159,7 +160,9 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
                          "global_batch_size"} if framework == "deepspeed" else {"vpp", "zero_0", "zero_1", "zero_2",
                                                                                  "zero_3", "fp8", "uneven_pp"})
     shape_flags = {a for k in read.model_shape for a in k.split("|")} | set(read.model_flags)
-    left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags], table, special)
+    restated = framework == "megatron-core"  # the architecture flags its render writes: the model's (CORE_FLAGS)
+    left = apply(reading, [s for s in settings if s.key.replace("_", "-") not in shape_flags
+                           and not (restated and core_restated(s.key))], table, special)
     flags = {s.key.replace("_", "-"): s for s in settings}
     for s, m in left:
         if m.target == "uneven_pp":
@@ -177,6 +180,8 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
                 reading.state(name, value, f"{path} (not given: Megatron-LM's default)")
                 reading.defaults[name] = value
     _flag_shape(reading, settings, read, command.words)
+    if restated:
+        restated_architecture(reading, settings, read, core=True)
     world(reading)
     return reading
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, NamedTuple
 
-from meshplan.adapters.architecture import bridge_fields, megatron_architecture, restated
+from meshplan.adapters.architecture import bridge_fields, core_restated, core_values, megatron_architecture, restated
 from meshplan.adapters.read.keys import Reading, as_bool
 from meshplan.adapters.read.settings import Setting
 from meshplan.adapters.read.shell import Word
@@ -342,12 +342,16 @@ def layout_settings(settings: list[Setting], section: ReadSection) -> list[Setti
     return [s for s in settings if s.key not in section.model_flags and not restated(s.key)]
 
 
-def restated_architecture(reading: Reading, settings: list[Setting], section: ReadSection) -> None:
+def restated_architecture(reading: Reading, settings: list[Setting], section: ReadSection, core: bool = False
+                          ) -> None:
     """The keys a rendered Megatron-Bridge file restates the model with (adapters/architecture.py FIELDS: norm, rope,
-    gating), read back as the model's, never as 'no meshplan field': compared with the named model's own (a recipe's,
-    as megatron_architecture writes them), each that differs said; where the file names no model (cfg assignments),
+    gating), or with `core` the flags of a Megatron-Core script (CORE_FLAGS), read back as the model's, never as 'no
+    meshplan field': compared with the named model's own (a recipe's, or the one the script's shape flags name, as
+    megatron_architecture writes them), each that differs said; where the file names no model (cfg assignments),
     said with the card's model_flags keys as the architecture of the model to be passed beside the file."""
-    keys = [s for s in settings if restated(s.key) and s.key not in section.model_flags]
+    restates, face = (core_restated, core_values) if core else (
+        restated, lambda arch: bridge_fields(megatron_architecture(arch, 0)[0]))
+    keys = [s for s in settings if restates(s.key) and s.key not in section.model_flags]
     model = reading.request.get("model")
     if model is None:
         shape = [s.key for s in settings if s.key in section.model_flags] + [s.key for s in keys]
@@ -359,9 +363,10 @@ def restated_architecture(reading: Reading, settings: list[Setting], section: Re
     if not keys:
         return
     arch = resolve_model(model)
-    own = dict(bridge_fields(megatron_architecture(arch, 0)[0]))  # the fields alone: no sequence-length note read
-    differ = [f"{s.where(reading.path)} = {s.value}: not {model}'s ({_show_own(own.get(s.key))}); meshplan plans "
-              f"{model} as its config states it" for s in keys if not _same(s.value, own.get(s.key))]
+    own = dict(face(arch))  # the fields alone: no sequence-length note read
+    key = (lambda k: k.replace("_", "-")) if core else (lambda k: k)  # argparse takes both spellings
+    differ = [f"{s.where(reading.path)} = {s.value}: not {model}'s ({_show_own(own.get(key(s.key)))}); meshplan "
+              f"plans {model} as its config states it" for s in keys if not _same(s.value, own.get(key(s.key)))]
     reading.unsupported += differ
     if not differ:
         reading.notes.append(f"{', '.join(s.key for s in keys)}: {model}'s architecture, each as it states it")
