@@ -159,6 +159,7 @@ def test_a_phase_offload_on_a_skyrl_training_job_is_refused_by_check_recommend_a
     with pytest.raises(MeshplanError, match="No layout can pass rule OF001") as refused:
         api.recommend(parse_request(sft), top_k=1)
     assert "optimizer_offload=false" in refused.value.fix
+    assert "does not have. No layout can pass" in str(refused.value)  # the finding's message is a sentence of its own
     with pytest.raises(MeshplanError, match="OF001"):
         api.render_config("skyrl", parse_request({**sft, "tp": 2}))
     rl = api.check_config(parse_request(dict(model="llama-3.1-8b", framework="skyrl", job="rl", num_gpus=8, tp=2,
