@@ -960,6 +960,24 @@ def test_a_rendered_megatron_core_script_imports_back_without_noise():
     assert any("--norm-epsilon = 1e-06: not llama-3.1-8b's (its 1e-05)" in u for u in changed.unsupported)
 
 
+def test_skyrl_examples_optimizer_and_dataset_keys_are_not_noise():
+    """Importing SkyRL's own examples (NovaSky-AI/SkyRL a956457 examples/train/sft/run_sft_fsdp.sh, run_sft_megatron_
+    apigen_mt.sh, the GRPO scripts) listed the gradient clip, the LR scheduler, the chat dataset's column names, which
+    tokens the loss counts and the policy-loss formula as 'no meshplan field', 44 lines of max_grad_norm alone over
+    its examples: none of them changes a step's memory or time, like the learning rate and seed beside them."""
+    sft = import_config("python -m skyrl.train.main_sft strategy=fsdp model.path=Qwen/Qwen2.5-0.5B-Instruct "
+                        "messages_key=messages tools_key=tools system_key=system train_on_what=all_assistant_messages "
+                        "max_length=512 batch_size=4 micro_train_batch_size_per_gpu=2 optimizer_config.lr=1e-6 "
+                        "optimizer_config.max_grad_norm=1.0 optimizer_config.scheduler=constant_with_warmup "
+                        "placement.num_nodes=1 placement.num_gpus_per_node=1\n", "run_sft_fsdp.sh")
+    rl = import_config("python -m skyrl.train.entrypoints.main_base trainer.strategy=fsdp2 "
+                       "trainer.policy.model.path=Qwen/Qwen2.5-1.5B-Instruct trainer.policy.optimizer_config.lr=1e-6 "
+                       "trainer.policy.optimizer_config.max_grad_norm=0.5 trainer.algorithm.policy_loss_type=regular "
+                       "trainer.placement.policy_num_gpus_per_node=4\n", "run_gsm8k.sh")
+    assert sft.unsupported == [] and rl.unsupported == [], sft.unsupported + rl.unsupported
+    assert sft.request["job"] == "sft" and sft.request["micro_batch_size"] == 2
+
+
 @pytest.mark.parametrize("job", ["sft", "rl"])
 def test_a_rendered_skyrl_script_imports_back_without_noise(job):
     """render skyrl (main_sft for a training job, main_base for an RL one) with CP and a CPU-optimizer share, then
