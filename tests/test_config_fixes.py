@@ -152,3 +152,20 @@ def test_verl_rl_file_with_ppo_mini_batches_is_checkable():
     assert any("4 optimizer steps per RL step" in u for u in imported.unsupported)
     report = api.check_config(api.request_from_config(imported, {"model": "qwen3-30b-a3b"}), config=imported)
     assert report.framework == "verl" and report.findings
+
+
+def test_a_skyrl_sft_script_fix_is_in_main_sft_keys():
+    """`check --config` of SkyRL's examples/train/sft/run_sft_megatron.sh (main_sft, SFTConfig's top-level keys) wrote
+    its fixes as trainer.policy.megatron_config.tensor_model_parallel_size=2 (the RL entry point's key, which main_sft's
+    strict SFTConfig refuses): the import read main_sft's keys as main_base's and recorded the renamed key. The file's
+    own key, at its line, is the one a fix writes; a field the file does not set takes main_sft's key from the card."""
+    text = ("python -m skyrl.train.main_sft strategy=megatron model.path=Qwen/Qwen3-8B max_length=4096 \\\n"
+            "  batch_size=64 micro_train_batch_size_per_gpu=1 placement.num_nodes=1 placement.num_gpus_per_node=8 \\\n"
+            "  megatron_config.tensor_model_parallel_size=1 megatron_config.context_parallel_size=1 \\\n"
+            "  fsdp_config.cpu_offload=false\n")
+    imported = api.import_config(text, path="run_sft_megatron.sh")
+    assert imported.sources["tp"] == "run_sft_megatron.sh:3 megatron_config.tensor_model_parallel_size"
+    report = api.check_config(api.request_from_config(imported, {"gpu": "a100-40gb"}), config=imported)
+    edits = [c.text for fix in report.config_fixes for option in fix.options for c in option]
+    assert edits and not [e for e in edits if e.startswith("trainer.")], edits
+    assert "megatron_config.tensor_model_parallel_size=2  # line 3, was 1" in edits

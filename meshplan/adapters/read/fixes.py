@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert
+from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert, read_section
 from meshplan.adapters.read.pyconfig import AC_MODES
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.schema.imported import ConfigFix, FileChange, ImportedConfig
@@ -114,7 +114,18 @@ def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | N
         return None, f"meshplan knows no {imported.framework} key for {field}"
     if not spec.key or spec.key.startswith("("):
         return None, spec.key or getattr(spec, "instead", None) or f"{imported.framework} has no key for {field}"
-    return spec.key, None
+    return _entry_key(imported, spec.key), None
+
+
+def _entry_key(imported: ImportedConfig, key: str) -> str:
+    """A card key as the file's entry point writes it: SkyRL main_sft's SFTConfig key for the RL entry point's (the
+    card's read.sft_keys, read backwards), whose strict config refuses the other."""
+    if imported.variant not in ("sft", "sft-fsdp"):
+        return key
+    for short, long in read_section(imported.framework).sft_keys.items():
+        if key == long or (long.endswith(".") and key.startswith(long)):
+            return short + key[len(long):]
+    return key
 
 
 def _same_key(imported: ImportedConfig, field: str, value: Any, key: str) -> bool:

@@ -304,6 +304,8 @@ def read_skyrl(text: str, path: str) -> Reading:
     world(reading)
     if not sft:
         skyrl_pools(reading)
+    elif reading.variant == "fsdp":  # read with the RL entry point's FSDP keys; the file is main_sft's (a fix's keys)
+        reading.variant = "sft-fsdp"
     return reading
 
 
@@ -355,7 +357,7 @@ def _sft_keys(settings: list[Setting]) -> list[Setting]:
         key = s.key.lstrip("+")
         to = renames.get(key) or next((new + key[len(old):] for old, new in renames.items()
                                         if old.endswith(".") and key.startswith(old)), key)
-        out.append(replace(s, key=to) if to != key else s)
+        out.append(replace(s, key=to, written=s.key) if to != key else s)
     return out
 
 

@@ -23,9 +23,11 @@ class Setting:
     line: int
     via: str | None = None  # "TP at line 12": the script variable the value came from
     alone: bool = False  # a flag with no value word after it (a switch, or a value flag whose variable is unset)
+    written: str | None = None  # the key as the file writes it, where a reader reads it as another (SkyRL main_sft's)
 
     def where(self, path: str) -> str:
-        return f"{path}:{self.line} {self.key}" + (f" (${self.via})" if self.via else "")
+        """Where the file sets it, in the file's own key: what an import cites and a fix edits."""
+        return f"{path}:{self.line} {self.written or self.key}" + (f" (${self.via})" if self.via else "")
 
 
 def flag_settings(words: list[Word]) -> list[Setting]:
