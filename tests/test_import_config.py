@@ -960,6 +960,17 @@ def test_a_rendered_megatron_core_script_imports_back_without_noise():
     assert any("--norm-epsilon = 1e-06: not llama-3.1-8b's (its 1e-05)" in u for u in changed.unsupported)
 
 
+def test_verl_remove_padding_is_said_not_noise():
+    """actor_rollout_ref.model.use_remove_padding=True, in 87 of verl's own example scripts (volcengine/verl b178a3c
+    examples/), was 'no meshplan field'; it drops the micro-batch's pad tokens (rmpad), verl's default, and meshplan
+    plans each sequence at its length either way: the import says so."""
+    result = import_config("python3 -m verl.trainer.main_ppo trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+                           "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct "
+                           "actor_rollout_ref.model.use_remove_padding=True\n", "run.sh")
+    assert not any("use_remove_padding" in u for u in result.unsupported), result.unsupported
+    assert any("use_remove_padding = True: the micro-batch's pad tokens removed" in n for n in result.notes)
+
+
 def test_skyrl_examples_optimizer_and_dataset_keys_are_not_noise():
     """Importing SkyRL's own examples (NovaSky-AI/SkyRL a956457 examples/train/sft/run_sft_fsdp.sh, run_sft_megatron_
     apigen_mt.sh, the GRPO scripts) listed the gradient clip, the LR scheduler, the chat dataset's column names, which
