@@ -82,9 +82,10 @@ EXPECTED = {
         "model": "Qwen/Qwen3-0.6B", "num_gpus": 4, "zero_stage": 3, "tp": 1, "micro_batch_size": 4,
         "recompute": "full"}),  # trainer.gradient_checkpointing left at SkyRL's True
     # SkyRL's SFT entry point with strategy=fsdp and a LoRA (main_sft's SFTConfig: model.lora, fsdp_config): once read
-    # as the Megatron strategy (zero_stage 1) with the LoRA keys "no meshplan field"
+    # as the Megatron strategy (zero_stage 1) with the LoRA keys "no meshplan field"; then as job sft beside the rank,
+    # which the request refuses: a LoRA job
     "skyrl_run_sft_lora.sh": ("skyrl", {
-        "job": "sft", "model": "Qwen/Qwen2.5-0.5B-Instruct", "num_gpus": 1, "zero_stage": 3, "tp": 1, "pp": 1,
+        "job": "lora", "model": "Qwen/Qwen2.5-0.5B-Instruct", "num_gpus": 1, "zero_stage": 3, "tp": 1, "pp": 1,
         "micro_batch_size": 2, "global_batch_size": 4, "seq_length": 512, "lora_rank": 32,
         "lora_targets": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], "param_offload": False}),
     # SkyRL's DAPO example: its own entry point (examples.train.algorithms.dapo.main_dapo, main_base's config), once
@@ -969,6 +970,20 @@ def test_verl_remove_padding_is_said_not_noise():
                            "actor_rollout_ref.model.use_remove_padding=True\n", "run.sh")
     assert not any("use_remove_padding" in u for u in result.unsupported), result.unsupported
     assert any("use_remove_padding = True: the micro-batch's pad tokens removed" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_a_skyrl_main_sft_lora_script_is_a_lora_job(zero_stage):
+    """render skyrl of a LoRA job writes main_sft with model.lora.rank (SkyRL's run_sft_lora.sh does the same); its
+    import stated job=sft beside lora_rank, which the request refuses ('LoRA fields, not for job=sft'), so `check
+    --config` of the file failed. main_sft with a LoRA rank is a LoRA job."""
+    fields = {"model": "qwen3-8b", "framework": "skyrl", "num_gpus": 8, "job": "lora", "lora_rank": 16,
+              "zero_stage": zero_stage, "recompute": "full"}
+    text = api.render_config("skyrl", parse_request(fields), force=True).text
+    read = api.import_config(text, framework="skyrl")
+    assert (read.request["job"], read.request["lora_rank"]) == ("lora", 16)
+    report = api.check_config(api.request_from_config(read), config=read)
+    assert report.plan.zero_stage == zero_stage
 
 
 def test_skyrl_examples_optimizer_and_dataset_keys_are_not_noise():

@@ -291,6 +291,8 @@ def read_skyrl(text: str, path: str) -> Reading:
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":
             reading.state("recompute", _granularity(s.value), s)
+    if sft and reading.request.get("lora_rank"):  # main_sft trains the adapters alone (SFTConfig.model.lora)
+        reading.state("job", "lora", f"{reading.sources['lora_rank']} (skyrl.train.main_sft with a LoRA rank)")
     stage = 3 if reading.variant == "fsdp" else framework_card("skyrl").defaults.zero_stage
     source = reading.extra.get("strategy")
     reading.state("zero_stage", stage, source[1] if source else f"{path} (trainer.strategy not given: {strategy})")
