@@ -1002,6 +1002,14 @@ def test_skyrl_examples_optimizer_and_dataset_keys_are_not_noise():
                        "trainer.placement.policy_num_gpus_per_node=4\n", "run_gsm8k.sh")
     assert sft.unsupported == [] and rl.unsupported == [], sft.unsupported + rl.unsupported
     assert sft.request["job"] == "sft" and sft.request["micro_batch_size"] == 2
+    # LoRA's alpha scales the adapters' output (alpha / rank): no memory or time (SkyRL's run_sft_lora.sh, verl's
+    # actor_rollout_ref.model.lora_alpha in 9 of its examples)
+    lora = import_config("python -m skyrl.train.main_sft strategy=fsdp model.path=Qwen/Qwen2.5-0.5B-Instruct "
+                         "model.lora.rank=32 model.lora.alpha=16 placement.num_gpus_per_node=1\n", "run_sft_lora.sh")
+    verl = import_config("python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=8 actor_rollout_ref.model.path="
+                         "Qwen/Qwen2.5-3B-Instruct actor_rollout_ref.model.lora_rank=64 "
+                         "actor_rollout_ref.model.lora_alpha=32\n", "run.sh")
+    assert lora.unsupported == [] and verl.unsupported == [], lora.unsupported + verl.unsupported
 
 
 @pytest.mark.parametrize("job", ["sft", "rl"])

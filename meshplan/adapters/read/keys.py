@@ -47,8 +47,8 @@ IRRELEVANT = re.compile(
     r"name|mock_data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
     r"trust_remote_code|env_class|temperature|top_p|top_k|kl\w*|entropy\w*|reward\w*|use_kl\w*|critic_warmup|"
     # the gradient clip, LR schedule, chat columns, loss mask and loss formula (SkyRL's OptimizerConfig, SFTConfig,
-    # AlgorithmConfig): no step's memory or time
-    r"max_grad_norm|scheduler|messages_key|tools_key|system_key|train_on_what|policy_loss_type|"
+    # AlgorithmConfig) and LoRA's output scale (alpha / rank): no step's memory or time
+    r"max_grad_norm|scheduler|messages_key|tools_key|system_key|train_on_what|policy_loss_type|lora_alpha|alpha|"
     r"val\w*|test\w*|return_raw_chat|filter_overlong_prompts|truncation|max_norm|export_dtype|"
     r"config[-_]path|config[-_]name|step_func|node[-_]rank|standalone|train[-_]samples|distributed[-_]backend|"
     r"deepspeed|deepspeed[-_]config|bf16|enabled|steps_per_print|use[-_]mcore[-_]models|mode|recipe|dataset|"
