@@ -296,6 +296,33 @@ def test_op_sac_repeats_the_gemms_it_does_not_keep():
     assert recompute_time(lt, "selective", cal) == 1.5
 
 
+def test_op_sac_terms_are_the_recomputed_gemms_timed_again():
+    """recomputed_forwards reads op-level SAC's GEMM seconds from the layer's own gemm_terms (a gated fc1's halves
+    timed once): the same floats as timing op_sac_recomputed's GEMMs afresh, bf16 and fp8, dense and MoE."""
+    from meshplan.arithmetic.comm import links
+    from meshplan.arithmetic.gemm import gemm_terms
+    from meshplan.estimate import perf
+    from meshplan.estimate.layer_time import layer_gemms
+    from meshplan.estimate.recompute import op_sac_recomputed, op_sac_terms
+
+    halves = 0
+    for fields in (dict(model="llama-3.1-8b", num_gpus=8, tp=2), dict(model="deepseek-v3", num_gpus=256, ep=32),
+                   dict(model="deepseek-v3", num_gpus=256, ep=32, precision="fp8")):
+        job, plan = resolve(Request(gpu="h100", framework="torchtitan", **fields))
+        cal = calibration(job.framework)
+        ctx = perf.layer_context(job, plan, cal, links(job.gpu, job.gpus_per_node, cal), perf._peaks(job, cal), 4,
+                                 None)
+        for moe in (False, True) if job.model.moe else (False,):
+            gemms = layer_gemms(ctx, moe)
+            terms = gemm_terms(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+            again = gemm_terms(op_sac_recomputed(gemms, job.model.gated_mlp, ctx.fp8_peak is not None), cal,
+                               ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+            assert op_sac_terms(gemms, ctx, terms) == again == op_sac_terms(gemms, ctx)
+            halves += sum(g.name.endswith("_fc1") and g not in gemms for g in
+                          op_sac_recomputed(gemms, job.model.gated_mlp, ctx.fp8_peak is not None))
+    assert halves  # some gated fc1 halves were compared
+
+
 def test_recompute_modules_repeat_their_memory_bound_passes():
     """layernorm: 2 norms x (read + write) over the hidden activations; moe_act / mlp / shared_experts: the gated
     activation's 3 passes (plain 2) over their FFN width; moe: its activations plus the forward half of the
@@ -547,3 +574,4 @@ def test_flex_dispatcher_only_changes_cross_node_expert_traffic():
     assert flex.breakdown.ep_comm_s < plain.breakdown.ep_comm_s
     assert flex.breakdown.compute_s == plain.breakdown.compute_s
     assert any("flex dispatcher" in a for a in flex.assumptions)
+

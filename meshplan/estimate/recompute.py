@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.arithmetic.flops import Gemm
-from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds, gemm_terms, summed
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, ElementwiseLoad, LayerContext, LayerTime
 from meshplan.knowledge.calibration import Calibration
 
@@ -54,16 +54,25 @@ def op_sac_recomputed(gemms: list[Gemm], gated: bool, fp8: bool) -> list[Gemm]:
     """The GEMMs torchtitan's op-level SAC runs again (activations.py _op_sac keeps the others' outputs): the
     router gate and the routed experts (_grouped_mm, in no save list) always; of the other mm/linear calls,
     counted per block in call order with a gated fc1 as its w1 and w3, every second one; fp8 (_scaled_mm) none."""
-    out: list[Gemm] = []
+    return [replace(gemms[at], n=gemms[at].n / 2) if half else gemms[at]
+            for at, half in _op_sac_picks(gemms, gated, fp8)]
+
+
+def _op_sac_picks(gemms: list[Gemm], gated: bool, fp8: bool) -> list[tuple[int, bool]]:
+    """op_sac_recomputed's GEMMs in order, each as (index in `gemms`, whether it is half of a gated fc1: its w1 or
+    w3, n halved), so a caller holding the GEMMs' gemm_terms reads the whole ones' terms instead of timing them
+    again (recomputed_forwards)."""
+    out: list[tuple[int, bool]] = []
     count = 0
-    for g in gemms:
+    for at, g in enumerate(gemms):
         if g.name == "router" or g.name.startswith("expert_"):
-            out.append(g)
+            out.append((at, False))
             continue
-        for part in ([replace(g, n=g.n / 2)] * 2 if gated and g.name.endswith("_fc1") else [g]):
+        half = gated and g.name.endswith("_fc1")
+        for _ in range(2 if half else 1):
             count += 1
-            if count % 2 == 0 and not (fp8 and part.fp8):
-                out.append(part)
+            if count % 2 == 0 and not (fp8 and g.fp8):
+                out.append((at, half))
     return out
 
 
@@ -75,10 +84,28 @@ def recomputed_forwards(ctx: LayerContext, gemms: list[Gemm], load: ElementwiseL
     module_fwd = module_forwards(gemms, ctx.cal, ctx, terms)
     for m, t in module_memory_bound(ctx, load).items():
         module_fwd[m] = module_fwd.get(m, 0.0) + t
-    recomputed = op_sac_recomputed(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None)
-    op_sac_fwd = ((gemm_seconds(recomputed, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows) + elementwise)
-                  / TRAINING_PASSES_PER_FORWARD)
+    op_sac_fwd = (summed(op_sac_terms(gemms, ctx, terms)) + elementwise) / TRAINING_PASSES_PER_FORWARD
     return module_fwd, op_sac_fwd
+
+
+def op_sac_terms(gemms: list[Gemm], ctx: LayerContext, terms: list[float] | None = None) -> list[float]:
+    """gemm_terms of op_sac_recomputed's GEMMs, in order (gemm_seconds of them is their sum, `summed`): a whole GEMM's
+    is its term in `terms` (the layer's GEMMs' gemm_terms, where the caller has them: the same float, a GEMM's term
+    reads only the GEMM and the context), a gated fc1's halves are timed once (both halves are the same GEMM)."""
+    if terms is None:
+        return gemm_terms(op_sac_recomputed(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None), ctx.cal,
+                          ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    halves: dict[int, float] = {}
+    out = []
+    for at, half in _op_sac_picks(gemms, ctx.arch.gated_mlp, ctx.fp8_peak is not None):
+        if not half:
+            out.append(terms[at])
+            continue
+        if at not in halves:
+            halves[at] = gemm_terms([replace(gemms[at], n=gemms[at].n / 2)], ctx.cal, ctx.bf16_peak, ctx.fp8_peak,
+                                    ctx.ridge_rows)[0]
+        out.append(halves[at])
+    return out
 
 
 def recompute_time(lt: LayerTime, recompute: str, cal: Calibration, selective: str = "core_attention",
