@@ -210,6 +210,27 @@ def test_floors_from_one_memo_kept_for_every_layout_are_a_fresh_memos(req):
                 job, own, zero, search.recomputes, sizes, sp, preset, memo={}, reserved=reserved), (req, own, zero)
 
 
+def test_layouts_alike_but_in_dp_and_cp_share_their_floor_part_not_their_states():
+    """floors._floor_part's fields but the model states read of a layout only its TP, ep x etp, pipeline shape and
+    schedule: layouts that differ in dp and cp alone keep one entry of them, each its own states (they read dp and
+    cp), and each one's floors are a fresh memo's floats."""
+    job, layouts, search = next(searches(Request(model="deepseek-v3", num_gpus=256, framework="megatron-core",
+                                                 gpu="h100")))
+    alike: dict = {}
+    for lay in layouts:
+        alike.setdefault((lay.tp, lay.ep * lay.etp, lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule),
+                         {})[(lay.dp, lay.cp)] = lay
+    group = next(list(group.values()) for group in alike.values() if len(group) > 2)
+    zero, memo = search.zeros[-1], {}
+    for lay in group:
+        sizes, sp = search.sizes(lay), search.sequence_parallel(lay)
+        assert first_stage_floor_rows(job, lay, zero, search.recomputes, sizes, sp, search.presets[zero],
+                                      memo=memo) == first_stage_floor_rows(
+            job, lay, zero, search.recomputes, sizes, sp, search.presets[zero], memo={}), lay
+    assert len([key for key in memo if key[0] == "part"]) == 1
+    assert len({id(memo[(lay, zero)].states) for lay in group}) == len(group)  # each its own states
+
+
 def test_zero_stages_with_the_same_activation_switches_share_their_figures():
     """floors._row_figures reads of a ZeRO stage only its convention's activation switches (and, with one pipeline
     stage, its logits): DeepSeek-V3 under Megatron-Core has the same switches at ZeRO-0, 1 and 3 (ZeRO-3's

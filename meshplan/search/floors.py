@@ -583,30 +583,33 @@ class _FloorPart:
 
 def _floor_part(job: Job, lay: Layout, zero_stage: int, conv: Convention, tensors: list[StateTensor],
                 memo: dict, degrees: _Degrees | None = None) -> _FloorPart:
-    """first_stage_floor's part of a layout at a ZeRO stage (its spans shared by the layouts of the same split);
-    `degrees`: its _Degrees where the caller has them (layout_floors)."""
-    if degrees is None:
-        card = _card(memo)
-        pre = _prefix(job.model)
-        vocab = _padded(job, conv, lay.tp, memo)
-    else:
-        card, pre, vocab = degrees.card, degrees.pre, degrees.vocab
-    spans_key = ("spans", zero_stage, lay.tp, lay.pp, lay.vpp, lay.first, lay.last, lay.split and lay.split.counts,
-                 lay.schedule)
-    hit = memo.get(spans_key)
-    if hit is None:
-        spans, chunks = _first_rank_layers(job, lay, zero_stage)
-        hit = memo[spans_key] = (tuple(spans), sum(b - a for a, b in spans),
-                                 sum(pre.moe[b] - pre.moe[a] for a, b in spans), _span_params(job.model, spans), chunks)
-    spans, n0, n_moe, params, chunks = hit
-    walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
-    gathered = None
-    if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
-                                                        for t in tensors):
-        gathered = _first_rank_gathered(job, lay, zero_stage, conv, spans, vocab, memo)
-    return _FloorPart(spans, n0, n_moe, params, chunks, vocab, walk,
-                      [None, None], gathered, getattr(card, "allocator_reserve_fraction", 0.0),
-                      (card.fixed_overhead_bytes, card.cuda_context_bytes))
+    """first_stage_floor's part of a layout at a ZeRO stage; `degrees`: its _Degrees where the caller has them
+    (layout_floors). All but its states read of the layout only its TP, ep x etp, pipeline shape and schedule: kept in
+    `memo` per those, so layouts alike in them (half those DeepSeek-V3 on 2,048 H100 asks) share them."""
+    key = ("part", zero_stage, lay.tp, lay.ep * lay.etp, lay.pp, lay.vpp, lay.first, lay.last,
+           lay.split and lay.split.counts, lay.schedule)
+    shared = memo.get(key)
+    if shared is None:
+        card, pre, vocab = (_card(memo), _prefix(job.model), _padded(job, conv, lay.tp, memo)) if degrees is None \
+            else (degrees.card, degrees.pre, degrees.vocab)
+        spans_key = ("spans", *key[1:3], *key[4:])  # (what _first_rank_layers reads: not the expert split)
+        hit = memo.get(spans_key)
+        if hit is None:
+            spans, chunks = _first_rank_layers(job, lay, zero_stage)
+            hit = memo[spans_key] = (tuple(spans), chunks)
+        spans, chunks = hit
+        n0 = sum(b - a for a, b in spans)
+        walk = conv.step_peak == "backward_walk"  # memory.fsdp_step_peak: at least the loss moment, grads maybe absent
+        gathered = None
+        if conv.gathered_layers and n0 and not walk and any(t.shard == "dp" and t.tensor_class == "weights"
+                                                            for t in tensors):
+            gathered = _first_rank_gathered(job, lay, zero_stage, conv, spans, vocab, memo)
+        shared = memo[key] = (spans, n0, sum(pre.moe[b] - pre.moe[a] for a, b in spans),
+                              _span_params(job.model, spans), chunks, vocab, walk, gathered,
+                              getattr(card, "allocator_reserve_fraction", 0.0),
+                              (card.fixed_overhead_bytes, card.cuda_context_bytes))
+    spans, n0, n_moe, params, chunks, vocab, walk, gathered, reserve, fixed = shared
+    return _FloorPart(spans, n0, n_moe, params, chunks, vocab, walk, [None, None], gathered, reserve, fixed)
 
 
 def _first_rank_gathered(job: Job, lay: Layout, zero_stage: int, conv: Convention, spans: tuple[tuple[int, int], ...],
