@@ -575,3 +575,24 @@ def test_flex_dispatcher_only_changes_cross_node_expert_traffic():
     assert flex.breakdown.compute_s == plain.breakdown.compute_s
     assert any("flex dispatcher" in a for a in flex.assumptions)
 
+
+def test_step_terms_work_out_each_stages_dp_sync_once_per_its_parameters(monkeypatch):
+    """step_terms' DP term asks step_sync once per distinct (dense, expert) parameters of its stages (all else it
+    reads is the plan's): the middle stages of a deep pipeline share one, and the term is the same as asking it per
+    stage."""
+    from meshplan.estimate import perf
+
+    job, plan = resolve(Request(model="llama-3.1-70b", gpu="h100", num_gpus=64, tp=4, pp=8, zero_stage=1))
+    asked = []
+    real = perf.step_sync
+
+    def counted(*args):
+        asked.append(args[-3:-1])
+        return real(*args)
+
+    monkeypatch.setattr(perf, "step_sync", counted)
+    terms = perf.step_terms(job, plan)
+    pairs = [(row.dense_params, row.expert_params) for row in terms.rows]
+    assert len(asked) == len(set(pairs)) < plan.pp
+    per_stage = max(perf._dp_exposed(s, row, terms.inputs) for s, row in enumerate(terms.rows))
+    assert terms.dp_exposed == per_stage * plan.schedule_runs(job.global_batch_size)

@@ -170,8 +170,9 @@ def step_terms(job: Job, plan: Plan, calibration_override: Calibration | None = 
     totals = [r.total for r in rows]
     worst = max(range(len(totals)), key=totals.__getitem__)
     dp_exposed = optimizer = 0.0
+    syncs: dict[tuple[float, float], StepSync] = {}  # step_sync per a stage's parameters (stages alike share them)
     for s, row in enumerate(rows):
-        dp_exposed = max(dp_exposed, _dp_exposed(s, row, inputs))
+        dp_exposed = max(dp_exposed, _dp_exposed(s, row, inputs, syncs))
         optimizer = max(optimizer, _optimizer_seconds(row, inputs, m))
     # a framework that runs its schedule once per accumulation step syncs the gradients at each run's last backward
     # (FSDP reshards there too, gathering again in the next run): Plan.pipeline_microbatches
@@ -555,9 +556,11 @@ def _pipeline_words(pipeline: PipelineTime) -> list[str]:
             f"GPU-seconds idle ({pipeline.bubble:.3g} s of bubble)."]
 
 
-def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:
+def _dp_exposed(s: int, row: StageTime, inp: StageInputs, syncs: dict | None = None) -> float:
     """Stage `s`'s exposed once-per-step DP traffic: the gradient reduction (overlapped with the last backward;
-    later stages finish their backward earlier, which gives them slack) and the ZeRO parameter all-gather."""
+    later stages finish their backward earlier, which gives them slack) and the ZeRO parameter all-gather. `syncs`:
+    step_sync per the stage's dense and expert parameters, kept by the caller for one plan's stages (all else it
+    reads is the plan's)."""
     plan, cal, traffic = inp.plan, inp.ctx.cal, inp.traffic
     bwd = row.compute - row.fwd + row.recompute
     # later stages finish their last backward (and start their first forward) earlier: slack
@@ -566,8 +569,12 @@ def _dp_exposed(s: int, row: StageTime, inp: StageInputs) -> float:
     if inp.sharding.per_step:  # ZeRO-2/3, FSDP: the once-per-step gathers / reduce-scatters, unit by unit
         exposed = max(0.0, row.sharding.step_gather - s * row.fwd / max(1, plan.vpp))
         exposed += max(0.0, row.sharding.step_reduce - slack)
-    sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, row.dense_params, row.expert_params,
-                     inp.sharding.per_step)
+    key = (row.dense_params, row.expert_params)
+    sync = None if syncs is None else syncs.get(key)
+    if sync is None:
+        sync = step_sync(inp.job, plan, cal, inp.ctx.lk, traffic, *key, inp.sharding.per_step)
+        if syncs is not None:
+            syncs[key] = sync
     exposed += max(0.0, sync.reduce - sync.reduce_hidden * bwd - slack)
     return exposed + max(0.0, sync.gather - sync.gather_hidden * row.fwd)
 
