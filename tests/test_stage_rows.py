@@ -1,12 +1,12 @@
-"""stage_time.stage_rows: a plan's stages computed once per distinct stage (uniform layers, no LoRA) are the same
-numbers as every stage timed on its own, and alike stages are shared."""
+"""stage_time.stage_rows: a plan's stages computed once per distinct stage (uniform layers, or layers alike within
+each kind; no LoRA) are the same numbers as every stage timed on its own, and alike stages are shared."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshplan.estimate import perf, stage_time
-from meshplan.estimate.stage_time import uniform_layers
+from meshplan.estimate.stage_time import kinds_alike, uniform_layers
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -35,7 +35,7 @@ def test_shared_stages_are_each_stage_timed_alone(case, record_calls):
     terms = perf.step_terms(job, plan)
     counted = len(timed)
     assert terms.rows == one_by_one(terms.inputs)
-    if uniform_layers(job.model) and job.lora is None:
+    if (uniform_layers(job.model) or kinds_alike(terms.inputs.parts, job.model)) and job.lora is None:
         assert counted < plan.pp  # the middle stages are one (interleaved: with each rank's own p2p)
     else:
         assert counted == plan.pp
@@ -44,3 +44,22 @@ def test_shared_stages_are_each_stage_timed_alone(case, record_calls):
 def test_uniform_layers_reads_kinds_and_parameters():
     assert uniform_layers(resolve(Request(model="llama-3.1-70b", gpu="h100", num_gpus=8))[0].model)
     assert not uniform_layers(resolve(Request(model="deepseek-v3", gpu="h100", num_gpus=256))[0].model)  # dense first
+
+
+def test_kinds_alike_reads_each_kinds_parameter_rows():
+    """DeepSeek-V3's layers are not uniform (three dense, then MoE) but alike within each kind, as the rank's
+    parameter table has them (both of its TP cuts of the MoE block); a table whose MoE layers differ is not."""
+    from meshplan.estimate.memory_terms import param_table_for
+
+    job, plan = resolve(Request(model="deepseek-v3", gpu="h100", num_gpus=256))
+    parts = perf.time_rank_parts(job, plan)
+    assert not uniform_layers(job.model) and kinds_alike(parts, job.model)
+    whole = parts._replace(table=param_table_for(job.model, True))
+    assert whole.table is not parts.table and kinds_alike(whole, job.model)
+
+    class Table:  # the same rows but the last MoE layer's experts
+        tp_sharded, replicated, experts = parts.table.tp_sharded, parts.table.replicated, list(parts.table.experts)
+
+    odd = Table()
+    odd.experts[-1] += 1
+    assert not kinds_alike(parts._replace(table=odd), job.model)

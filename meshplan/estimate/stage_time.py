@@ -170,18 +170,22 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
     """stage_time of every pipeline stage, computed once per distinct stage. A stage's time reads of its rank `s`
     only whether it is the first (the embedding), the head's and the MTP blocks' stage (stage_kinds), and its p2p
     seconds (pp_comm[s]); of its layers, their kinds and their parameters by index (stage_params, shard_units: the
-    same float sums where the values are the same). Where every layer is alike (uniform_layers) and no LoRA adapters
-    (whose parameters read the layers' indices), stages alike in those and in their count of layers are the same
-    StageTime (frozen: shared), or one with another p2p (with_p2p: its pp, GPU seconds and host wait redone)."""
-    pipeline, pp = inp.pipeline, inp.plan.pp
-    if pp == 1 or inp.job.lora is not None or not uniform_layers(inp.ctx.arch):
+    same float sums where the values are the same). Without LoRA adapters (whose parameters read the layers'
+    indices), where every layer is alike (uniform_layers), stages alike in those and in their count of layers are the
+    same StageTime (frozen: shared), or one with another p2p (with_p2p: its pp, GPU seconds and host wait redone);
+    where only every layer of a kind is alike (kinds_alike: DeepSeek-V3's dense first layers, then MoE), so are
+    stages alike in those and in their layers' kinds in order."""
+    pipeline, pp, arch = inp.pipeline, inp.plan.pp, inp.ctx.arch
+    plain = pp == 1 or inp.job.lora is not None
+    uniform = not plain and uniform_layers(arch)
+    if plain or not (uniform or kinds_alike(inp.parts, arch)):
         return [stage_once(s, pipeline.layers(s), inp) for s in range(pp)]
     rows: list[StageTime] = []
     alike: dict[tuple, tuple[float, StageTime]] = {}  # per key, the first such stage's pp_comm and row
     head, mtp, pp_comm = pipeline.head_rank, pipeline.mtp_at, inp.pp_comm
     for s in range(pp):
         layers = pipeline.layers(s)
-        key = (len(layers), s == 0, s == head, s == mtp)
+        key = (len(layers) if uniform else tuple(stage_kinds(s, layers, inp)), s == 0, s == head, s == mtp)
         hit = alike.get(key)
         if hit is None:
             row = stage_once(s, layers, inp)
@@ -192,6 +196,27 @@ def stage_rows(inp: StageInputs) -> list[StageTime]:
             row = with_p2p(hit[1], pp_comm[s] + inp.pp_cross_layer * len(stage_kinds(s, layers, inp)), inp)
         rows.append(row)
     return rows
+
+
+def kinds_alike(parts: RankParts, arch: Architecture) -> bool:
+    """Whether every decoder layer of a kind (MoE or not) has the same row of the rank's parameter table (each column
+    that stage_params and shard_units read by index): then a stage's time reads of its layers only their kinds in
+    order (stage_rows). Kept per table (its object: one per architecture and card fact, kept alive)."""
+    table = parts.table
+    hit = _KINDS_ALIKE.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    moe_set = set(arch.moe.moe_layers) if arch.moe else set()
+    first: dict[bool, tuple[int, int, int]] = {}
+    alike = all(first.setdefault(i in moe_set, row) == row for i, row in
+                enumerate(zip(table.tp_sharded, table.replicated, table.experts, strict=True)))
+    if len(_KINDS_ALIKE) > 64:
+        _KINDS_ALIKE.clear()
+    _KINDS_ALIKE[id(table)] = (table, alike)
+    return alike
+
+
+_KINDS_ALIKE: dict[int, tuple[object, bool]] = {}
 
 
 def stage_once(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
