@@ -73,6 +73,13 @@ def test_the_numbered_program_ends_every_op_where_the_replay_does(order):
             assert len(prog.dep) == (2 * shape.microbatches * shape.vpp + p) * p  # p rows of padding per rank
             padding = [row for row, takes in enumerate(prog.takes) if takes == 2 * p]
             assert len(padding) == p * p and not any(prog.dep[row] or prog.hopped[row] for row in padding)
+            # every input is none or crosses a hop (the last stage's backward's own forward: none), and the runs lay
+            # out takes (_numbered_ends adds the hop to every input and reads each row's seconds from the runs)
+            assert all(prog.hopped[row] for row, dep in enumerate(prog.dep) if dep)
+            laid = [2 * p] * len(prog.takes)
+            for rows, takes, count in prog.runs:
+                laid[rows] = [takes] * count
+            assert laid == list(prog.takes)
     assert numbered >= 20
 
 

@@ -28,11 +28,14 @@ def _wraps(m: int, v: int, g: int, last_forwards: list[int],
     """The inputs that wrap around the ranks, per entry of a rank's table (pipeline_timeline._chunk_microbatches:
     groups of G micro-batches, the last the rest, each group's chunks in turn): of rank 0's forward (chunk 0: none;
     else the last rank's forward one chunk back, the group's length of entries before), of the last rank's backward
-    (chunk 0 of the backwards: the last rank's forward of the last chunk, which runs the same micro-batch; else rank
-    0's backward one chunk back), and whether that input crosses a hop (a chunk past the first). Sliced group by
-    group from the two ranks' numbers."""
+    (chunk 0 of the backwards, the last stage's: 0, see below; else rank 0's backward one chunk back), and whether
+    that input crosses a hop (a chunk past the first). Sliced group by group from the two ranks' numbers. The last
+    stage's backward waits for its own forward, which ran before it on the same rank: that forward ends no later
+    than the rank's previous op (op seconds are not negative), so it cannot delay the backward and is written 0
+    (none), leaving every input of the program either none or one that crosses a hop (_numbered_ends adds the hop
+    to every input)."""
     if v == 1:
-        return [0] * m, last_forwards[:m], bytearray(m)
+        return [0] * m, [0] * m, bytearray(m)
     wrap_forward: list[int] = []
     wrap_backward: list[int] = []
     crossing = bytearray()
@@ -41,7 +44,7 @@ def _wraps(m: int, v: int, g: int, last_forwards: list[int],
         first, later = start * v, (v - 1) * size  # the group's first entry (the groups before are whole)
         wrap_forward += [0] * size
         wrap_forward += last_forwards[first:first + later]
-        wrap_backward += last_forwards[first + later:first + later + size]
+        wrap_backward += [0] * size
         wrap_backward += first_backwards[first:first + later]
         crossing += bytes(size)
         crossing += b"\x01" * later
@@ -57,17 +60,23 @@ def _slices(p: int, n: int, r: int, w: int) -> tuple[slice, ...]:
             slice((2 * n - w + cool) * p + r, (2 * n + cool) * p + r, p))
 
 
+Runs = tuple[tuple[slice, int, int], ...]  # (rows, index of seconds they take, how many rows)
+
+
 def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
-                   warmups: Sequence[int]) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
-    """(dep, hopped, takes, last) of pipeline_timeline._Program for a plain order of p > 1 ranks whose rank r warms
-    up with warmups[r] forwards (all N for GPipe), its previous ops implicit (the number p below); None where the
-    numbering does not put every input first. Rows no op takes (p per rank: past its last op and where its cool-down
-    is shifted) wait for nothing and take index 2p (no seconds): they carry the rank's end to its next op."""
+                   warmups: Sequence[int]) -> tuple[list[int], bytearray, list[int], tuple[int, ...], Runs] | None:
+    """(dep, hopped, takes, last, runs) of pipeline_timeline._Program for a plain order of p > 1 ranks whose rank r
+    warms up with warmups[r] forwards (all N for GPipe), its previous ops implicit (the number p below); None where
+    the numbering does not put every input first. Rows no op takes (p per rank: past its last op and where its
+    cool-down is shifted) wait for nothing and take index 2p (no seconds): they carry the rank's end to its next op.
+    runs: the slices `takes` was written by, so a replay lays out each row's seconds the same way (4p slices) rather
+    than reading takes row by row."""
     p, v, m = pp, vpp, microbatches
     n = m * v
     size = (2 * n + p) * p
     dep, takes = [0] * size, [2 * p] * size
     hopped = bytearray(size)
+    runs: list[tuple[slice, int, int]] = []
     forward_numbers: list[list[int]] = []
     backward_numbers: list[list[int]] = []
     for r, w in enumerate(warmups):  # an op's number: its row + p
@@ -88,7 +97,8 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
             dep[part] = values[lo:hi]
             hopped[part] = hops[lo:hi]
             takes[part] = [2 * r + backward] * (hi - lo)
-    return dep, hopped, takes, tuple(numbers[n - 1] for numbers in backward_numbers)
+            runs.append((part, 2 * r + backward, hi - lo))
+    return dep, hopped, takes, tuple(numbers[n - 1] for numbers in backward_numbers), tuple(runs)
 
 
 def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[int]]) -> bool:
@@ -156,8 +166,7 @@ def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequen
             else:  # backward k
                 k = (q - w - 1) // 2 if q < cool else q - n
                 chunk = (k // g) % v
-                dep[row] = backward(r + 1, k) if r < p - 1 else backward(0, k - g) if chunk \
-                    else forward(p - 1, k + (v - 1) * g)
+                dep[row] = backward(r + 1, k) if r < p - 1 else backward(0, k - g) if chunk else 0  # _wraps
                 hopped[row] = 1 if r < p - 1 or chunk else 0
                 takes[row] = 2 * r + 1
             if dep[row] >= row + column * p + p:  # not before the op's own number

@@ -33,13 +33,14 @@ Orders, as the frameworks build them:
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from meshplan.arithmetic.pipeline_numbering import plain_numbered, plain_tail, shared_rows
+from meshplan.arithmetic.pipeline_numbering import Runs, plain_numbered, plain_tail, shared_rows
 from meshplan.arithmetic.pipeline_split import Action, dualpipev_actions, zbv_actions, zero_bubble_actions
 from meshplan.knowledge.cards import InterleaveGroup as Group
 from meshplan.knowledge.cards import PipelineOrder
@@ -256,8 +257,9 @@ class _Program(NamedTuple):
     before it on its rank, its input (ops are numbered from 1; 0: none), whether the input crosses a hop, a fused
     pair's second input and hop (0 where there is none; both empty where nothing is fused), and which of `seconds`
     it takes; and each rank's last op. No previous ops (plain_numbered's programs of p ranks): ops are numbered
-    from p, each rank's previous op is the number p below, and a row that waits for nothing and takes index
-    len(seconds) (no seconds) carries its rank's end on (_ends)."""
+    from p, each rank's previous op is the number p below, a row that waits for nothing and takes index
+    len(seconds) (no seconds) carries its rank's end on, every input crosses a hop (or is none: _numbered_ends), and
+    runs lays out takes by slices where the program has them (plain_numbered's)."""
 
     prev: Sequence[int]  # arrays where the program is kept, lists where it is built afresh (_plain_program)
     dep: Sequence[int]
@@ -267,6 +269,7 @@ class _Program(NamedTuple):
     takes: Sequence[int]
     seconds: tuple[tuple[int, tuple[str, ...]], ...]  # (rank, kinds): an op's seconds, a fused pair's both
     last: tuple[int, ...]
+    runs: Runs = ()
 
 
 def _program(shape: Shape) -> _Program:
@@ -342,7 +345,7 @@ def _numbered_program(shape: Shape) -> _Program | None:
     numbered = _numbered(shape)
     if numbered is None:
         return None
-    return _Program([], *numbered[:2], [], b"", numbered[2], _plain_seconds(shape.pp), numbered[3])
+    return _Program([], *numbered[:2], [], b"", numbered[2], _plain_seconds(shape.pp), *numbered[3:])
 
 
 @lru_cache(maxsize=64)
@@ -386,7 +389,7 @@ def _stepped_program(shape: Shape, seconds: tuple[tuple[int, tuple[str, ...]], .
                     seconds, tuple(last))
 
 
-def _numbered(shape: Shape) -> tuple[list[int], bytearray, list[int], tuple[int, ...]] | None:
+def _numbered(shape: Shape) -> tuple[list[int], bytearray, list[int], tuple[int, ...], Runs] | None:
     """plain_numbered's program of a plain shape of p > 1 ranks, from each rank's warm-up forwards (_warmups); None
     where it does not number the shape."""
     if shape.pp == 1 or (shape.vpp > 1 and shape.order != "interleaved_1f1b"):
@@ -420,8 +423,10 @@ def _ends(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: f
     per_kind = [{"F": fwd[r], "B": bwd[r], "I": bwd[r] - wgrad[r], "W": wgrad[r]} for r in range(len(fwd))]
     seconds = [sum(per_kind[r][kind] for kind in kinds) for r, kinds in prog.seconds]
     hops = (0.0, hop)
-    if not prog.prev:  # each op's previous one p below, read as ends[-p] (ends.append: the list's own fast path)
+    if not prog.prev:
         seconds.append(0.0)
+        if 0.0 <= hop < math.inf:
+            return _numbered_ends(prog, seconds, hop, known or [0.0] * len(fwd))
         ends = known or [0.0] * len(fwd)
         below = -len(fwd)
         for dep, hopped, takes in zip(prog.dep, prog.hopped, prog.takes, strict=True):
@@ -440,6 +445,28 @@ def _ends(prog: _Program, fwd: tuple[float, ...], bwd: tuple[float, ...], hop: f
             if ready > free:
                 free = ready
             append((free if free > other else other) + seconds[takes])
+    return ends
+
+
+def _numbered_ends(prog: _Program, seconds: list[float], hop: float, ends: list[float]) -> list[float]:
+    """_ends of a numbered program (no previous ops: each op's previous one is p below, read as ends[-p]; append: the
+    list's own fast path) and a finite hop, in fewer instructions a row: its inputs are none (op 0) or cross a hop
+    (plain_numbered), so the hop is added to every input with op 0's end held at -hop meanwhile (-hop + hop is 0.0
+    exactly, what an input of none gives: rank 0's first op, the only one that reads op 0 as its previous, starts
+    at 0.0 either way), and each row's seconds are laid out beforehand by the program's runs (its takes read one by
+    one where it has none: plain_tail's rows) rather than looked up in the loop."""
+    if prog.runs:
+        times = [0.0] * len(prog.takes)
+        for rows, takes, count in prog.runs:
+            times[rows] = [seconds[takes]] * count
+    else:
+        times = [seconds[takes] for takes in prog.takes]
+    below = -len(prog.last)
+    ends[0] = -hop
+    for dep, took in zip(prog.dep, times, strict=True):
+        free, ready = ends[below], ends[dep] + hop
+        ends.append((free if free > ready else ready) + took)
+    ends[0] = 0.0
     return ends
 
 
