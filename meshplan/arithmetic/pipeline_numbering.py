@@ -22,6 +22,20 @@ from collections.abc import Sequence
 from itertools import pairwise
 from operator import lt
 
+_NUMBERS: list[int] = []  # numbers' ints
+NUMBERS_KEPT = 1 << 18  # at most (9 MB): a search's programs have up to ~10^5 rows
+
+
+def numbers(count: int) -> list[int]:
+    """A list of the ints 0, 1, ... (at least `count`), kept and grown up to NUMBERS_KEPT: a numbered program's op
+    numbers and a replay's row numbers (pipeline_timeline._numbered_ends) are read from it, since ints past 256 are
+    objects, which making (and freeing) afresh for each program cost more than copying them."""
+    if len(_NUMBERS) < count:
+        if count > NUMBERS_KEPT:
+            return list(range(count))
+        _NUMBERS.extend(range(len(_NUMBERS), count))
+    return _NUMBERS
+
 
 def _wraps(m: int, v: int, g: int, last_forwards: list[int],
            first_backwards: list[int]) -> tuple[list[int], list[int], bytearray]:
@@ -77,13 +91,13 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
     dep, takes = [0] * size, [2 * p] * size
     hopped = bytearray(size)
     runs: list[tuple[slice, int, int]] = []
+    kept = numbers(size + p)
     forward_numbers: list[list[int]] = []
     backward_numbers: list[list[int]] = []
     for r, w in enumerate(warmups):  # an op's number: its row + p
-        warm, steady_f, steady_b, cool = (range(rows.start + p, rows.stop + p, rows.step)
-                                          for rows in _slices(p, n, r, w))
-        forward_numbers.append([*warm, *steady_f])
-        backward_numbers.append([*steady_b, *cool])
+        warm, steady_f, steady_b, cool = (kept[rows.start + p:rows.stop + p:rows.step] for rows in _slices(p, n, r, w))
+        forward_numbers.append(warm + steady_f)
+        backward_numbers.append(steady_b + cool)
     wrap_forward, wrap_backward, crossing = _wraps(m, v, group, forward_numbers[p - 1], backward_numbers[0])
     if not _inputs_first(warmups, n, (wrap_forward, forward_numbers[0]), (wrap_backward, backward_numbers[p - 1])):
         return None
@@ -98,7 +112,7 @@ def plain_numbered(pp: int, vpp: int, microbatches: int, group: int,
             hopped[part] = hops[lo:hi]
             takes[part] = [2 * r + backward] * (hi - lo)
             runs.append((part, 2 * r + backward, hi - lo))
-    return dep, hopped, takes, tuple(numbers[n - 1] for numbers in backward_numbers), tuple(runs)
+    return dep, hopped, takes, tuple(row[n - 1] for row in backward_numbers), tuple(runs)
 
 
 def _inputs_first(warmups: Sequence[int], n: int, *wraps: tuple[list[int], list[int]]) -> bool:
