@@ -21,23 +21,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 from operator import lt
+from threading import Lock
 
-_NUMBERS: list[int] = []  # numbers' ints: never changed once made (a longer list replaces it)
+_NUMBERS: list[int] = []  # numbers' ints: only ever extended, under _GROWING
+_GROWING = Lock()
 NUMBERS_KEPT = 1 << 18  # at most (9 MB): a search's programs have up to ~10^5 rows
 
 
 def numbers(count: int) -> list[int]:
-    """A list of the ints 0, 1, ... (at least `count`), kept (up to NUMBERS_KEPT; a longer one made at least twice as
-    long replaces it, so a thread that reads it never sees it change): a numbered program's op numbers and a
-    replay's row numbers (pipeline_timeline._numbered_ends) are copied from it, since ints past 256 are objects,
-    which making (and freeing) afresh for each program cost more than copying them."""
-    global _NUMBERS
-    kept = _NUMBERS
-    if len(kept) < count:
+    """A list of the ints 0, 1, ... (at least `count`), kept and extended up to NUMBERS_KEPT (under a lock, so two
+    threads cannot both append; a reader reads only the ints it asked for, there before): a numbered program's op
+    numbers and a replay's row numbers (pipeline_timeline._numbered_ends) are copied from it, since ints past 256 are
+    objects, which making (and freeing) afresh for each program cost more than copying them."""
+    if len(_NUMBERS) < count:
         if count > NUMBERS_KEPT:
             return list(range(count))
-        kept = _NUMBERS = list(range(min(NUMBERS_KEPT, max(count, 2 * len(kept)))))
-    return kept
+        with _GROWING:
+            _NUMBERS.extend(range(len(_NUMBERS), count))
+    return _NUMBERS
 
 
 def _wraps(m: int, v: int, g: int, last_forwards: list[int],
