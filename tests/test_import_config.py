@@ -915,6 +915,8 @@ def test_a_rendered_bridge_file_imports_back_without_noise():
     from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
 
     for model in catalog_keys():
+        if catalog_architecture(model).layer_pattern is not None:  # a hybrid: resolve refuses it (test_hybrid_models)
+            continue
         assert {s.field for s in megatron_architecture(catalog_architecture(model), 4096)[0] if s.field} <= FIELDS
         for layout in BRIDGE_LAYOUTS:
             req = parse_request({"model": model, "framework": "megatron-bridge", **layout})

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
+from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
 from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
 
 _MISSING = object()
@@ -48,11 +49,12 @@ SUPPORTED_MODEL_TYPES = {
     "deepseek_v2": "mla",
     "deepseek_v3": "mla",
     "kimi_k2": "mla",
+    "nemotron_h": "hybrid",  # knowledge/hybrid_config.py
 }
 
 # Families whose layers meshplan has no mechanism for: refused naming the layer kind, never timed as attention
 _UNMODELLED_LAYERS = {
-    "nemotron_h": "Mamba-2 state-space layers", "jamba": "Mamba state-space layers",
+    "jamba": "Mamba state-space layers",
     "falcon_h1": "Mamba-2 state-space mixers beside attention", "qwen3_next": "Gated DeltaNet linear-attention layers",
     "kimi_linear": "Kimi Delta Attention linear-attention layers", "minimax": "lightning (linear) attention layers"}
 
@@ -577,6 +579,8 @@ def architecture_from_config(
         _read_gpt2_names(cfg, f)
     elif SUPPORTED_MODEL_TYPES[model_type] == "classic":
         _read_classic_names(model_type, cfg, f)
+    elif model_type == "nemotron_h":
+        read_hybrid_names(cfg, f)
     _require(cfg, _required_keys(model_type), model_type)
     layers = f.int("num_hidden_layers")
     hidden = f.int("hidden_size")
@@ -591,7 +595,7 @@ def architecture_from_config(
     mla = _mla_spec(cfg, model_type, f)
     head_dim = _head_dim(cfg, f, hidden=hidden, heads=heads, mla=mla)
     options = _block_options(model_type, f)
-    return Architecture(
+    arch = Architecture(
         key=key,
         name=_display_name(cfg, model_type, name, hf_id),
         hf_id=hf_id,
@@ -621,6 +625,7 @@ def architecture_from_config(
         mla=mla,
         origin=origin,
     )
+    return hybrid_architecture(arch, f, _groups) if model_type == "nemotron_h" else arch
 
 
 # --------------------------------------------------------------------------- config.json files

@@ -67,17 +67,34 @@ def router_params(arch: Architecture) -> int:
     return params
 
 
+def mamba_params(arch: Architecture) -> int:
+    """One Mamba-2 mixer (transformers' NemotronHMamba2Mixer): in_proj to z, x, B, C and dt, the depthwise conv1d over
+    x, B and C with its bias, dt_bias, A_log and D per head, the gated RMSNorm over the inner width, out_proj."""
+    m = arch.mamba
+    assert m is not None
+    h, inner = arch.hidden_size, m.d_inner
+    in_proj = h * (inner + m.conv_dim + m.num_heads) + (inner + m.conv_dim + m.num_heads if m.proj_bias else 0)
+    conv = m.conv_dim * m.conv_kernel + (m.conv_dim if m.conv_bias else 0)
+    return in_proj + conv + 3 * m.num_heads + inner + inner * h + (h if m.proj_bias else 0)
+
+
 def layer_params(arch: Architecture, index: int) -> dict[str, int]:
-    """Parameters of decoder layer `index`, by component (routed experts counted in full)."""
+    """Parameters of decoder layer `index`, by component (routed experts counted in full). A hybrid model's layer
+    holds its one mixer (arch.layer_pattern) beside its norm."""
+    kind = arch.layer_kind(index)
     out = {
-        "attention": attention_params(arch),
+        "attention": attention_params(arch) if kind in ("block", "*") else 0,
         "norms": arch.norms_per_layer * _norm_params(arch, arch.hidden_size),
         "dense_mlp": 0,
         "routed_experts": 0,
         "shared_experts": 0,
         "router": 0,
     }
-    if arch.is_moe_layer(index):
+    if kind == "M":
+        out["mamba"] = mamba_params(arch)
+    elif kind == "*":
+        return out
+    elif arch.is_moe_layer(index):
         moe = arch.moe
         assert moe is not None
         out["routed_experts"] = moe.num_experts * mlp_params(
@@ -114,6 +131,7 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
         for comp, n in layer_params(arch, i).items():
             sums[comp] = sums.get(comp, 0) + n
     moe_layers = len(arch.moe.moe_layers) if arch.moe else 0
+    kinds = arch.layer_pattern or ""
     inactive = 0
     if arch.moe:
         inactive = moe_layers * (arch.moe.num_experts - arch.moe.top_k) * expert_params(arch)
@@ -127,10 +145,13 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
         comps.append(ComponentCount(name="position_embedding", params=n, active_params=n, note="learned positions"))
     comps.append(
         ComponentCount(name="attention", params=sums["attention"], active_params=sums["attention"],
-                       note=f"{arch.num_layers} layers" + (", MLA" if arch.mla else ""))
+                       note=f"{kinds.count('*') if kinds else arch.num_layers} layers" + (", MLA" if arch.mla else ""))
     )
+    if sums.get("mamba"):
+        comps.append(ComponentCount(name="mamba", params=sums["mamba"], active_params=sums["mamba"],
+                                    note=f"{kinds.count('M')} Mamba-2 mixers"))
     if sums["dense_mlp"]:
-        n_dense = arch.num_layers - moe_layers
+        n_dense = kinds.count("-") if kinds else arch.num_layers - moe_layers
         comps.append(ComponentCount(name="dense_mlp", params=sums["dense_mlp"], active_params=sums["dense_mlp"],
                                     note=f"{n_dense} dense FFN layers"))
     if arch.moe:

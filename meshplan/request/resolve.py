@@ -17,9 +17,11 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
+from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.knowledge.releases import resolve_release
 from meshplan.rl.job import resolve_rl
 from meshplan.schema.hardware import GpuSpec
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.request import Request
 
@@ -119,10 +121,23 @@ def _launchable_words(num_gpus: int, node: int) -> str:
     return " or ".join([*options, f"{whole} ({whole // node} whole nodes)"])
 
 
+def _estimable(arch: Architecture) -> Architecture:
+    """The model, unless its layers are of several kinds (a hybrid's Mamba-2, attention, MLP and MoE layers):
+    describe counts those, but no estimate yet times or sizes a Mamba-2 layer, so none is made rather than one
+    that prices every layer as attention and an MLP."""
+    if arch.layer_pattern is None:
+        return arch
+    kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in PATTERN_KINDS.items()
+                      if k in arch.layer_pattern)
+    raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan counts its parameters but does "
+                        "not yet estimate the memory or step time of its Mamba-2 layers.",
+                        fix=f"Use 'meshplan describe {arch.key or arch.name}' for its exact parameter counts.")
+
+
 def resolve(req: Request) -> tuple[Job, Plan]:
     """Fill the plan's and job's defaults from the framework card and the GPU count. The steps run in a fixed
     order, so the notes read in that order and the first wrong field is the one an error names."""
-    arch = resolve_model(req.model)
+    arch = _estimable(resolve_model(req.model))
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []

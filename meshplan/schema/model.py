@@ -42,6 +42,29 @@ class MLASpec(StrictModel):
     v_head_dim: int
 
 
+class MambaSpec(StrictModel):
+    """A Mamba-2 mixer's shapes as config.json states them (transformers' NemotronHMamba2Mixer, Megatron-Core's
+    MambaMixer): the inner width is heads x head_dim, and B and C carry n_groups x ssm_state_size channels each."""
+
+    num_heads: int = Field(ge=1, description="mamba_num_heads")
+    head_dim: int = Field(ge=1, description="mamba_head_dim")
+    state_size: int = Field(ge=1, description="ssm_state_size: the SSM state per head channel")
+    n_groups: int = Field(ge=1, description="n_groups: heads sharing one B and C")
+    conv_kernel: int = Field(ge=1, description="conv_kernel: the causal depthwise conv1d's width")
+    chunk_size: int = Field(ge=1, description="chunk_size: the SSD scan's chunk length")
+    conv_bias: bool = Field(True, description="use_conv_bias")
+    proj_bias: bool = Field(False, description="use_bias: biases on in_proj and out_proj")
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels through conv1d: x, B and C."""
+        return self.d_inner + 2 * self.n_groups * self.state_size
+
+
 class RopeSpec(StrictModel):
     """Rotary position embedding as config.json states it: rope_theta, rope_scaling (or transformers 5's
     rope_parameters) and partial_rotary_factor. It decides no count; the adapters render it."""
@@ -98,6 +121,10 @@ class Architecture(StrictModel):
     norm_eps: float | None = Field(None, gt=0, lt=1, description="Norm epsilon; None when the config omits it")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    layer_pattern: str | None = Field(None, description="A hybrid model's layers, one character each "
+                                                        "(hybrid_override_pattern: M Mamba-2, * attention, - MLP, "
+                                                        "E MoE); None: every layer is attention and an MLP or MoE")
+    mamba: MambaSpec | None = Field(None, description="The Mamba-2 mixer of a hybrid model's M layers")
     num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
     generic: bool = Field(False, description="True when built from a size alone, not a real config")
     origin: str = Field("catalog", description="catalog | config.json path | generic size | a launch "
@@ -109,6 +136,11 @@ class Architecture(StrictModel):
 
     def is_moe_layer(self, index: int) -> bool:
         return self.moe is not None and index in set(self.moe.moe_layers)
+
+    def layer_kind(self, index: int) -> str:
+        """'M' (Mamba-2), '*' (attention), '-' (MLP) or 'E' (MoE) for a hybrid model's layer; 'block' for every
+        layer of a model that has no pattern (attention and an MLP or MoE in one layer)."""
+        return self.layer_pattern[index] if self.layer_pattern is not None else "block"
 
 
 
