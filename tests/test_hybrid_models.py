@@ -114,3 +114,16 @@ def test_cli_describe_shows_the_layer_pattern():
     out = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "describe", "nemotron-h-8b"],
                          capture_output=True, text=True, env=tree_env(), check=False)
     assert "layer pattern M-M-M-M*-M" in out.stdout and "Mamba-2 128 heads x 64, state 128" in out.stdout
+
+
+def test_a_gpt_script_of_a_hybrids_shape_is_not_named_the_hybrid():
+    """A Megatron-LM GPT script whose flags state Nemotron-H-8B's depth, widths and heads builds 52 attention and MLP
+    layers, not the hybrid's pattern: the import builds its model from its flags instead of naming the catalog's
+    Nemotron-H (whose estimates would then be refused, or made for the wrong layers)."""
+    text = ("torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 52 --hidden-size 4096 "
+            "--ffn-hidden-size 21504 --num-attention-heads 32 --group-query-attention --num-query-groups 8 "
+            "--kv-channels 128 --squared-relu --untie-embeddings-and-output-weights --seq-length 8192 "
+            "--max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 256 --vocab-size 131072 --bf16 "
+            "--position-embedding-type none --normalization RMSNorm --disable-bias-linear\n")
+    model = api.import_config(text, path="gpt.sh", framework="megatron-core").request["model"]
+    assert model.startswith("megatron-core flags: --num-layers 52")

@@ -244,6 +244,8 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         return False
     misses: dict[str, list[str]] = {}
     for key in catalog_keys():
+        if catalog_architecture(key).layer_pattern is not None:
+            continue  # a hybrid: a script's flags build every layer alike (and the card refuses a pattern)
         misses[key] = differences(arch_values(catalog_architecture(key)), stated, key)
     hits = [key for key, miss in misses.items() if not miss]
     if rope is not None and len(hits) > 1:
