@@ -4,9 +4,12 @@ and so does the exhaustive oracle."""
 
 from __future__ import annotations
 
+import re
+
 from meshplan import api
 from meshplan.faces.report.gather import plan_request
 from meshplan.schema.request import Request
+from meshplan.search.bounds import StepTimeBounds
 
 
 def test_a_ranked_plan_is_no_slower_than_its_other_ep_overlap():
@@ -28,3 +31,21 @@ def test_a_ranked_plan_is_no_slower_than_its_other_ep_overlap():
     assert flipped >= 1
     overlapped = plan_request(req, best.plan.model_copy(update={"moe_a2a_overlap": True}), rec.global_batch_size)
     assert api.estimate_throughput(overlapped).step_time_s > best.throughput.step_time_s
+
+
+def test_a_twin_whose_bound_is_over_the_floor_is_not_estimated(monkeypatch):
+    """DeepSeek-V2-Lite on 16 H100: every plain twin the search asks has its bound (twin_bound: its all-to-all
+    exposed) over the overlap's step floor, so none is estimated; the answer is the one that estimates them all but
+    for the estimates it counts."""
+    req = Request(model="deepseek-v2-lite", num_gpus=16, gpu="h100")
+    spared = api.recommend(req).model_dump(mode="json")
+    monkeypatch.setattr(StepTimeBounds, "twin_bound", lambda self, key: 0.0)  # no bound: every twin estimated
+    full = api.recommend(req).model_dump(mode="json")
+    assert spared["evaluated"] < full["evaluated"]
+    assert _uncounted(spared) == _uncounted(full)
+
+
+def _uncounted(answer: dict) -> dict:
+    """An answer without the estimates it counts (`evaluated`, and in its rationale)."""
+    rationale = re.sub(r"evaluated [\d,]+ memory and [\d,]+ throughput estimates", "", answer["rationale"])
+    return {**answer, "evaluated": None, "rationale": rationale}
