@@ -203,6 +203,15 @@ async def test_estimate_memory_tool_errors_name_the_fix(client):
     assert "WS001: num_gpus=8 is not divisible by tp*pp*cp = 64*1*1" in text and "Fix:" in text  # the rule's words
 
 
+async def test_the_tp_fix_without_num_gpus_follows_the_layout(client):
+    """num_gpus left out is the degrees' product: TP001's fix names the tps the heads take, the count following."""
+    args = {"model": "llama-3.1-70b", "gpu": "h100", "tp": 3}
+    assert "Fix: tp in {1, 2, 4, 8} works." in error_text(await client.call_tool("estimate_memory", args))
+    result = await client.call_tool("check_config", args)
+    fixes = {f["id"]: f["fix"] for f in result.structured_content["findings"]}
+    assert fixes["TP001"] == "tp in {1, 2, 4, 8} works."
+
+
 async def test_a_value_of_another_json_type_is_refused_as_on_every_face(client):
     """One strict type policy (schema/request.py Request): "2" or true is not the integer the schema declares."""
     text = error_text(await client.call_tool("estimate_memory", {**SMALL, "tp": "2"}))

@@ -421,6 +421,18 @@ def test_tp_heads_fix_names_working_values():
     assert finding_of("TP001", *make(**L8B, num_gpus=3, tp=3)).fix == "tp in {1} works."
 
 
+def test_a_fix_without_num_gpus_lets_the_gpu_count_follow_the_layout():
+    """num_gpus left out is the degrees' product (resolve), so changing tp changes the count with it: the fix names
+    the tps the heads take inside the GPU's NVLink domain, not only those dividing the 3 GPUs tp=3 implied ({1})."""
+    job, plan = make(**L70B, tp=3)
+    assert job.num_gpus == 3 and job.world_follows_layout
+    assert finding_of("TP001", job, plan).fix == "tp in {1, 2, 4, 8} works."
+    assert finding_of("TP001", *make(**L70B, tp=3, pp=2, dp=2)).fix == "tp in {1, 2, 4, 8} works."
+    # given, the count stays fixed: on 3 GPUs only tp=1 tiles
+    job, plan = make(**L70B, num_gpus=3, tp=3)
+    assert not job.world_follows_layout and finding_of("TP001", job, plan).fix == "tp in {1} works."
+
+
 def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
     # Each value a fix names passes its own rule and WS001/WS002 at this GPU count: before, Qwen2.5-7B's 28 heads
     # listed tp=7, GLM-4.5's 160 experts ep 5, 10, ..., 160, and seq 8200's divisors cp 5, 10, 20, 25, none of

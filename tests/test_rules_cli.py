@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from meshplan.faces.cli import main
 
 
@@ -50,3 +52,22 @@ def test_check_batch(tmp_path, capsys):
     assert results[0]["ok"] is False and "TP001" in {f["id"] for f in results[0]["findings"]}
     assert "error" in results[1] and "error" in results[3]
     assert results[2]["ok"] is True and results[2]["framework"] == "megatron-bridge"
+
+
+def test_the_tp_fix_without_num_gpus_is_the_same_on_every_face(capsys):
+    """num_gpus left out follows the layout, so TP001's fix lists the tps the heads take ({1, 2, 4, 8} inside an H100
+    node), not the one value that divides the 3 GPUs tp=3 implied ({1}): CLI check and memory, the api."""
+    from meshplan import api
+    from meshplan.core.errors import MeshplanError
+    from meshplan.schema.request import Request
+
+    args = ["llama-3.1-70b", "--gpu", "h100", "--tp", "3"]
+    assert main(["check", *args, "--json"]) == 1
+    found = {f["id"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert found["TP001"]["fix"] == "tp in {1, 2, 4, 8} works."
+    assert main(["memory", *args]) != 0
+    assert "TP001: tp=3 does not divide 64 attention heads. Fix: tp in {1, 2, 4, 8} works." in capsys.readouterr().err
+    req = Request(model="llama-3.1-70b", gpu="h100", tp=3)
+    assert {f.id: f.fix for f in api.check_config(req).findings}["TP001"] == "tp in {1, 2, 4, 8} works."
+    with pytest.raises(MeshplanError, match=r"Fix: tp in \{1, 2, 4, 8\} works"):
+        api.estimate_memory(req)

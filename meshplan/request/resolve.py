@@ -180,8 +180,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         **(rl.plan_fields(num_gpus) if rl else {}),  # the rollout engine (meshplan/rl/job.py)
     )
     job = Job(
-        model=arch, gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpn, seq_length=req.seq_length,
-        global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
+        model=arch, gpu=gpu, num_gpus=num_gpus, world_follows_layout=req.num_gpus is None, gpus_per_node=gpn,
+        seq_length=req.seq_length, global_batch_size=gbs, precision=req.precision, framework=req.framework, notes=notes,
         cpu_memory_per_node=None if req.cpu_memory_per_node is None else int(req.cpu_memory_per_node * (1 << 30)),
         framework_version=version, moe_routing_imbalance=_routing_imbalance(req, arch, notes),
         headroom=req.headroom,  # fits, MEM001/MEM002 and recommend keep this one share free (search/policy.py)

@@ -104,6 +104,15 @@ class Context:
         """GPUs one GPU reaches over NVLink/xGMI, in the job's ranks (mesh.job_domain)."""
         return mesh.job_domain(self.job)
 
+    @property
+    def fix_domain(self) -> int:
+        """The fast domain a fix's degree is held to: the job's (fast_domain), or where the request left num_gpus out
+        that of the GPU's own node (mesh.fast_domain), as a larger degree brings its GPUs with it
+        (Job.world_follows_layout) and the nodes they fill (12 implied GPUs launch 4 per node, 32 fill 8-GPU nodes)."""
+        if self.job.world_follows_layout:
+            return mesh.fast_domain(self.job.gpu, self.job.gpu.gpus_per_node)
+        return self.fast_domain
+
     @once
     def microbatches(self) -> int:
         """Micro-batches per run of the pipeline schedule: gbs / (mbs * dp), floored (rules check divisibility), over

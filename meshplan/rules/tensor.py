@@ -16,7 +16,7 @@ from meshplan.schema.choices import FRAMEWORKS
 
 
 def _working_tp(ctx: Context, kv_rule: str) -> str:
-    """TP values that satisfy the head rules, inside the NVLink domain when any do."""
+    """TP values that satisfy the head rules, inside the NVLink domain (Context.fix_domain) when any do."""
     heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
 
     def ok(t: int) -> bool:
@@ -29,7 +29,7 @@ def _working_tp(ctx: Context, kv_rule: str) -> str:
         return True
 
     good = tiling(ctx, "tp", [t for t in divisors(heads) if ok(t)])
-    inside = [t for t in good if t <= ctx.fast_domain]
+    inside = [t for t in good if t <= ctx.fix_domain]
     return fmt_set(inside or good)
 
 

@@ -72,6 +72,9 @@ class Job(StrictModel):
     model: Architecture
     gpu: GpuSpec
     num_gpus: int = Field(ge=1)
+    world_follows_layout: bool = Field(
+        False, description="num_gpus was left out: it is the degrees' product (request/resolve.py), so a fix that "
+                           "changes a degree changes the GPU count with it (rules/world.py tiled)")
     gpus_per_node: int = Field(ge=1)
     seq_length: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
