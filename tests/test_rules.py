@@ -336,6 +336,29 @@ def test_rules_card_requires_a_lifecycle():
         validate_card("rules", dict(good, rules=[dict(good["rules"][0], since="last spring")]), RulesCard)
 
 
+def test_a_rule_message_is_a_sentence_the_card_ends():
+    """The card's message template ends the sentence (one home for its period): a face that adds more after it (the
+    search's refusal, 'No layout can pass rule ...') reads it as it is, so a message without one is refused."""
+    good = rules_card().model_dump()
+    entry = dict(good["rules"][0], message="tp={tp} does not divide {heads} attention heads")
+    with pytest.raises(CardError, match="message"):
+        validate_card("rules", dict(good, rules=[entry]), RulesCard)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_a_fired_rules_message_ends_one_sentence(rule_id):
+    """The values a condition fills in are clauses: the card's template puts the one final period (no '..')."""
+    failing, _ = CASES[rule_id]
+    job, plan = case_job(failing)
+    if failing.get("report") is not None:
+        ctx = Context(job, plan, memory_report=report(*failing["report"]))
+        message = finding(rule_specs()[rule_id], load_rules()[rule_id](ctx)).message
+    else:
+        found = check_config(job, plan, include_memory=failing.get("with_memory", False)).findings
+        message = next(f.message for f in found if f.id == rule_id)
+    assert message.endswith((".", "?", "!")) and not message.endswith(".."), message
+
+
 def test_every_rule_has_a_passing_and_a_failing_case():
     assert set(CASES) == set(rule_specs())
 

@@ -46,5 +46,5 @@ def refuse_missing(framework: str, version: str, variant: str, job: Job, plan: P
     if missing is not None:
         display = framework_card(framework).display_name
         raise MeshplanError(
-            f"{display} {version} ({variant}) cannot express {missing.setting}: {missing.reason}", fix=missing.instead,
+            f"{display} {version} ({variant}) cannot express {missing.setting}: {missing.reason}.", fix=missing.instead,
         )

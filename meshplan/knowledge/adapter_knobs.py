@@ -148,7 +148,7 @@ class MissingKnob:
 
     knob: str  # the adapter knob name (cards' adapter tables)
     setting: str  # the plan's setting, as the user writes it (zero_stage=1)
-    reason: str  # "it has no such knob." or which values its key takes
+    reason: str  # a clause ("it has no such knob", or which values its key takes): the sentence ends it
     instead: str
 
 
@@ -176,9 +176,9 @@ def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Pla
         chosen = plan.pipeline_schedule if name == "pipeline_schedule" else plan.attention_backend
         if knob.values is not None and knob.key is not None and knob.values.get(str(chosen)) is None:
             takes = ", ".join(k for k, v in knob.values.items() if v is not None)
-            return MissingKnob(name, describe_knob(name, plan, job), f"its {knob.key} takes {takes}.", knob.instead)
+            return MissingKnob(name, describe_knob(name, plan, job), f"its {knob.key} takes {takes}", knob.instead)
         if knob.key is None:
-            return MissingKnob(name, describe_knob(name, plan, job), "it has no such knob.", knob.instead)
+            return MissingKnob(name, describe_knob(name, plan, job), "it has no such knob", knob.instead)
     return None
 
 

@@ -66,6 +66,15 @@ class RuleSpec(BaseModel):
             raise ValueError("a rule must apply to at least one framework")
         return value
 
+    @field_validator("message")
+    @classmethod
+    def _one_sentence(cls, value: str) -> str:
+        """The template ends the sentence (the values it fills are clauses), so every face reads it as it is: the
+        search's refusal adds its own sentence after it."""
+        if not value.rstrip().endswith((".", "?", "!")):
+            raise ValueError(f"a rule message must end its sentence with '.', '?' or '!': {value[-40:]!r}")
+        return value
+
     def applies_to(self, framework: str, backend: str) -> bool:
         return ("all" in self.frameworks or framework in self.frameworks) and backend in self.backends
 

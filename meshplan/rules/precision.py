@@ -41,9 +41,9 @@ def optimizer_state_dtype_needs_precision_aware_adam(ctx: Context) -> Values:
     values = {"dtype": p.optimizer_state_dtype, "framework": card.display_name, "zero": p.zero_stage}
     instead = _lacks(ctx.card, "optimizer_state_dtype")
     if instead:
-        return {**values, "why": f"{card.display_name} has no low-precision Adam moments.", "fix": instead}
+        return {**values, "why": f"{card.display_name} has no low-precision Adam moments", "fix": instead}
     if p.zero_stage != 1:
-        return {**values, "why": "Megatron's precision-aware optimizer runs inside the distributed optimizer only.",
+        return {**values, "why": "Megatron's precision-aware optimizer runs inside the distributed optimizer only",
                 "fix": "Use zero_stage=1 (the distributed optimizer), or leave optimizer_state_dtype out (fp32)."}
     return None
 
@@ -64,22 +64,22 @@ def fp8_param_gather_needs_fp8(ctx: Context) -> Values:
     card = ctx.card
     values = {"precision": job.precision, "zero": p.zero_stage, "framework": card.display_name}
     if job.precision != "fp8":
-        return {**values, "why": "fp8 primary weights exist only in an fp8 run.",
+        return {**values, "why": "fp8 primary weights exist only in an fp8 run",
                 "fix": "Use precision=fp8 with it, or drop fp8_param_gather."}
     instead = _lacks(ctx.card, "fp8_param_gather")
     if instead:
-        return {**values, "why": f"{card.display_name} keeps bf16 weights.", "fix": instead}
+        return {**values, "why": f"{card.display_name} keeps bf16 weights", "fix": instead}
     if ctx.backend == "megatron" and p.zero_stage == 0:
-        return {**values, "why": "Megatron gathers fp8 parameters in the distributed optimizer or FSDP only.",
+        return {**values, "why": "Megatron gathers fp8 parameters in the distributed optimizer or FSDP only",
                 "fix": "Use zero_stage=1 (the distributed optimizer) or 3 (Megatron-FSDP)."}
     recipe = fp8_recipe(job, p)
     if card.memory_convention.startswith("fsdp2") and recipe != "tensorwise":
         return {**values, "why": f"torchao casts FSDP2's all-gather to fp8 with tensorwise scaling only (fp8_recipe "
-                                 f"is {recipe}).",
+                                 f"is {recipe})",
                 "fix": "Use fp8_recipe=tensorwise with it, or drop fp8_param_gather."}
     if ctx.backend == "megatron" and _offloads_optimizer(p) and recipe != "delayed":
         return {**values, "why": f"with the optimizer offloaded to the CPU, fp8 parameters need delayed scaling "
-                                 f"(fp8_recipe is {recipe}).",
+                                 f"(fp8_recipe is {recipe})",
                 "fix": "Use fp8_recipe=delayed, drop fp8_param_gather, or keep the optimizer on the GPU."}
     return None
 
@@ -114,7 +114,7 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
               "framework": card.display_name}
     if job.precision != "fp8":  # precision=fp8 offered only where the recipe then runs (the checks below)
         runs = job.gpu.fp8_flops is not None and p.fp8_recipe in runnable_recipes(ctx.card, job.gpu)
-        return {**values, "why": "the recipe scales fp8 tensors, and this run has none.",
+        return {**values, "why": "the recipe scales fp8 tensors, and this run has none",
                 "fix": "Use precision=fp8 with it, or drop fp8_recipe." if runs else
                        f"Drop fp8_recipe ({p.fp8_recipe} does not run on {job.gpu.name} with {card.display_name})."}
     if job.gpu.fp8_flops is None:
@@ -127,9 +127,9 @@ def fp8_recipe_needs_gpu_and_framework(ctx: Context) -> Values:
                                        "precision=bf16.") + " Drop fp8_recipe with fp8.")
     if p.fp8_recipe not in job.gpu.fp8_recipes:
         return {**values, "why": f"{job.gpu.name}'s tensor cores do not run it (it runs "
-                                 f"{', '.join(job.gpu.fp8_recipes)}).", "fix": fix}
+                                 f"{', '.join(job.gpu.fp8_recipes)})", "fix": fix}
     if instead:
-        return {**values, "why": instead, "fix": fix}
+        return {**values, "why": instead.removesuffix("."), "fix": fix}  # the card's sentence
     return None
 
 
@@ -145,7 +145,7 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
         return None
     card = ctx.card
     return {"value": str(p.grad_reduce_in_fp32).lower(), "framework": card.display_name,
-            "why": f"{card.display_name} cannot reduce gradients in {'fp32' if p.grad_reduce_in_fp32 else 'bf16'}.",
+            "why": f"{card.display_name} cannot reduce gradients in {'fp32' if p.grad_reduce_in_fp32 else 'bf16'}",
             "fix": instead}
 
 
@@ -161,17 +161,17 @@ def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
     values = {"framework": card.display_name, "zero": p.zero_stage}
     instead = _lacks(ctx.card, "optimizer")
     if instead:
-        return {**values, "why": f"{card.display_name} has no Muon meshplan can write.", "fix": instead}
+        return {**values, "why": f"{card.display_name} has no Muon meshplan can write", "fix": instead}
     if p.zero_stage >= 2:  # the fix also names what the branch below would refuse at zero_stage 1
         also = "".join(f" and {c}" for c, on in (("optimizer_state_dtype=fp32", p.optimizer_state_dtype not in
                                                   (None, "fp32")), ("optimizer_offload=false", _offloads_optimizer(p)))
                        if on)
-        return {**values, "why": "Megatron-Core's Muon supports neither torch FSDP2 nor Megatron-FSDP.",
+        return {**values, "why": "Megatron-Core's Muon supports neither torch FSDP2 nor Megatron-FSDP",
                 "fix": f"Use zero_stage=1{also} (Muon's layer-wise distributed optimizer) or 0, or leave optimizer "
                        "out."}
     if p.optimizer_state_dtype not in (None, "fp32") or _offloads_optimizer(p):
         return {**values, "why": "the precision-aware and CPU-offloaded optimizers need Megatron's distributed "
-                                 "optimizer, which Muon replaces by its layer-wise one.",
+                                 "optimizer, which Muon replaces by its layer-wise one",
                 "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
                        "use optimizer=adam."}
     return None

@@ -21,13 +21,13 @@ def selective_ac_option_needs_torchtitans_selective(ctx: Context) -> Values:
     if card.recompute.selective != "op_sac":
         layers = card.adapter is not None and card.adapter.renders("recompute_layers")
         return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
-                "why": f"{card.display_name} has no every-N-blocks selective recompute.",
+                "why": f"{card.display_name} has no every-N-blocks selective recompute",
                 "fix": "Drop selective_ac_option; the nearest is recompute=full"
                        + (" with recompute_layers (layers per stage recomputed in full)." if layers else ".")}
     if p.recompute == "selective":
         return None
     return {"option": p.selective_ac_option, "recompute": p.recompute, "framework": card.display_name,
-            "why": "the option is read only with selective activation checkpointing.",
+            "why": "the option is read only with selective activation checkpointing",
             "fix": "Use recompute=selective with it, or drop selective_ac_option."}
 
 
@@ -54,13 +54,13 @@ def recompute_method_needs_full(ctx: Context) -> Values:
               "framework": card.display_name}
     if (instead := _no_key(ctx, "recompute_method")) is not None:
         return {**values, "why": f"{card.display_name}{_where(ctx)} checkpoints each layer on its own (no "
-                                 "recompute_method).",
+                                 "recompute_method)",
                 "fix": instead or "Drop recompute_method (recompute=full recomputes every layer)."}
     if p.recompute != "full":
-        return {**values, "why": "recompute_method applies to full recompute only.",
+        return {**values, "why": "recompute_method applies to full recompute only",
                 "fix": "Use recompute=full with it, or drop recompute_method."}
     if p.recompute_method == "block" and p.recompute_layers is None:
-        return {**values, "why": "the block method needs the number of layers per stage it recomputes.",
+        return {**values, "why": "the block method needs the number of layers per stage it recomputes",
                 "fix": "Give recompute_layers (e.g. 1), or use recompute_method=uniform."}
     return None
 
@@ -85,10 +85,10 @@ def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
     card = ctx.card
     values = {"modules": ",".join(p.recompute_modules), "recompute": p.recompute, "framework": card.display_name}
     if (instead := _no_key(ctx, "recompute_modules")) is not None:
-        return {**values, "why": f"{card.display_name}{_where(ctx)} has no per-module recompute.",
+        return {**values, "why": f"{card.display_name}{_where(ctx)} has no per-module recompute",
                 "fix": instead or "Drop recompute_modules; use recompute=selective or full."}
     if p.recompute != "selective":
-        return {**values, "why": "recompute_modules apply to selective recompute only.",
+        return {**values, "why": "recompute_modules apply to selective recompute only",
                 "fix": "Use recompute=selective with them, or drop recompute_modules."}
     wrong = [m for m in p.recompute_modules if (m == "mla_up_proj" and arch.mla is None)
              or (m in ("moe", "moe_act", "shared_experts") and arch.moe is None)
@@ -96,7 +96,7 @@ def recompute_modules_need_megatron_selective(ctx: Context) -> Values:
     if wrong:
         keep = [m for m in p.recompute_modules if m not in wrong] or ["core_attn"]
         return {**values, "why": f"{', '.join(wrong)} need{'s' if len(wrong) == 1 else ''} a layer this model lacks "
-                                 "(MLA, MoE or shared experts).",
+                                 "(MLA, MoE or shared experts)",
                 "fix": f"Use recompute_modules={','.join(keep)}."}
     return None
 

@@ -208,8 +208,7 @@ def refuse_impossible(job: Job, fixed: Fixed) -> None:
     blocked = blocking_rule(space)
     if blocked is not None:
         found, total = blocked
-        said = found.message if found.message.endswith((".", "?", "!")) else f"{found.message}."  # 10 card messages
-        raise MeshplanError(f"{found.id}: {said} No layout can pass rule {found.id}: it refuses every one "
+        raise MeshplanError(f"{found.id}: {found.message} No layout can pass rule {found.id}: it refuses every one "
                             f"of the {total:,} plans recommend would search.", found.fix)
     host = host_refusal(space)
     if host is not None:
