@@ -354,9 +354,10 @@ def test_a_skyrl_zero3_training_job_renders_main_sft_with_fsdp():
     assert {k: plan.model_dump()[k] for k in parsed} == parsed
     read = api.import_config(result.text, path="run_skyrl_sft-fsdp.sh").request
     assert (read["job"], read["zero_stage"], read["cp"], read["recompute"]) == ("sft", 3, 2, "full")
-    bare = _render("skyrl", None, {**sft, "recompute": "none", "param_offload": False})[2]
-    assert any("gradient checkpointing" in w for w in bare.warnings)  # main_sft has no key to turn it off
-    lora = _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, zero_stage=3, job="lora", lora_rank=16))[2]
+    with pytest.raises(MeshplanError, match=r"cannot express recompute=none"):  # main_sft has no key to turn it off
+        _render("skyrl", None, {**sft, "recompute": "none", "param_offload": False})
+    lora = _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, zero_stage=3, job="lora", lora_rank=16,
+                                           recompute="full"))[2]
     assert lora.variant == "sft-fsdp" and "model.lora.rank=16" in lora.text
     assert _render("skyrl", None, dict(model="qwen3-8b", num_gpus=8, zero_stage=3, job="rl"))[2].variant == "fsdp"
     with pytest.raises(MeshplanError, match="param_offload"):  # its optimizer is offloaded in-step with the rest
@@ -373,7 +374,7 @@ def test_a_skyrl_zero3_training_job_renders_main_sft_with_fsdp():
      "moe_token_dispatcher=flex"),
     ("verl", dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3, moe_token_dispatcher="flex"),
      "moe_token_dispatcher=flex"),
-    ("skyrl", dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3, moe_token_dispatcher="flex"),
+    ("skyrl", dict(model="qwen3-30b-a3b", num_gpus=16, zero_stage=3, moe_token_dispatcher="flex", recompute="full"),
      "moe_token_dispatcher=flex"),
     ("kempnerforge", dict(model="llama-3.1-70b", num_gpus=32, tp=4, pp=4, vpp=2), "vpp=2"),
     ("deepspeed", dict(model="llama-3.1-8b", num_gpus=16, cp=2), "cp=2"),

@@ -291,3 +291,31 @@ def test_every_knob_the_search_opens_is_one_the_adapter_writes(framework):
         job, _ = search_job(Request(**L8, framework=framework))
         target = default_render(framework, job, plan)
         assert missing_knob(framework, *target, job, plan) is None, (framework, recompute)
+
+
+@pytest.mark.parametrize("framework,recompute,variant", [
+    ("skyrl", "none", "sft-fsdp"), ("skyrl", "selective", "sft-fsdp"), ("verl", "selective", "fsdp")])
+def test_a_recompute_mode_the_zero3_config_cannot_set_is_refused_on_every_face(framework, recompute, variant):
+    """SkyRL's main_sft (a training job's config at ZeRO-3, the FSDP strategy) always checkpoints every layer
+    (SFTConfig has no gradient_checkpointing), and verl's and SkyRL's FSDP backends have no selective: before, check
+    said ok, recommend ranked recompute=none first and render only warned (or refused selective). Now RC006 refuses
+    them with the card's instead, recommend ranks none of them, and render refuses with the same rule."""
+    req = Request(**L8, gpu="h100", framework=framework, zero_stage=3, recompute=recompute)
+    found = [f for f in api.check_config(req).findings if f.id == "RC006"]
+    assert len(found) == 1 and found[0].severity == "error" and f"({variant})" in found[0].message
+    assert found[0].fix == card_instead(framework, 3, f"recompute_{recompute}")
+    with pytest.raises(MeshplanError, match="RC006"):
+        api.estimate_memory(req)
+    with pytest.raises(MeshplanError, match="RC006"):
+        api.render_config(framework, req)
+    rec = api.recommend(req.model_copy(update={"recompute": None}), top_k=5)
+    assert rec.candidates and all(c.plan.recompute != recompute for c in rec.candidates)
+    assert rec.rejected.get("RC006", 0) > 0 or recompute == "selective"
+
+
+def test_an_rl_job_or_the_megatron_strategy_sets_recompute_none():
+    """SkyRL's RL trainer (trainer.gradient_checkpointing false) and main_sft's megatron strategy (recompute_granularity
+    null) can turn checkpointing off: RC006 passes there."""
+    for fields in (dict(zero_stage=3, job="rl"), dict(zero_stage=1, tp=2)):
+        req = Request(**L8, gpu="h100", framework="skyrl", recompute="none", **fields)
+        assert "RC006" not in {f.id for f in api.check_config(req).findings}

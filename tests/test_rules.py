@@ -231,6 +231,9 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**L8B, "num_gpus": 8, "recompute": "selective", "recompute_modules": ["core_attn", "mlp"]}),
     "RC005": ({**L8B, "framework": "torchtitan", "num_gpus": 8, "recompute": "full", "recompute_layers": 2},
               {**L8B, "num_gpus": 8, "recompute": "full", "recompute_layers": 2}),
+    # SkyRL's main_sft at ZeRO-3 (the FSDP strategy) always checkpoints every layer; its megatron strategy turns it off
+    "RC006": ({**L8B, "framework": "skyrl", "num_gpus": 8, "zero_stage": 3, "recompute": "none"},
+              {**L8B, "framework": "skyrl", "num_gpus": 8, "zero_stage": 1, "tp": 2, "recompute": "none"}),
     "SQ001": ({"model": "gpt3-175b", "num_gpus": 8, "tp": 8, "seq_length": 4096},
               {"model": "gpt3-175b", "num_gpus": 8, "tp": 8, "seq_length": 2048}),
     "SQ002": ({"model": "qwen3-8b", "num_gpus": 8, "seq_length": 65536}, {"model": "qwen3-8b", "num_gpus": 8}),

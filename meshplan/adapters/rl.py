@@ -337,10 +337,5 @@ def build_skyrl(job: Job, plan: Plan, variant: str, version: str) -> Built:
         sft = "sft-fsdp" if variant == "fsdp" else "sft"
         warnings = [*rl_launch_warning(job, f"SkyRL's RL trainer ({module})", f"; variant {sft} (--variant {sft}) "
                                        "writes SkyRL's SFT trainer, skyrl.train.main_sft"), *warnings]
-    if variant == "sft-fsdp" and plan.recompute != "full":
-        warnings.append(f"recompute={plan.recompute}, but SkyRL's SFT trainer checkpoints every layer (gradient "
-                        "checkpointing: TrainerConfig.gradient_checkpointing true, which SFTConfig does not expose): "
-                        "the run recomputes more and holds less than this estimate; ask recompute=full for its "
-                        "figures.")
     return Built(template="skyrl.j2", context={"overrides": overrides, "module": module}, format="hydra",
                  filename=f"run_skyrl_{variant}.sh", notes=[*notes, *flex], warnings=warnings)

@@ -54,8 +54,7 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("cp_comm_type")
     if plan.sequence_parallel:
         used.append("sequence_parallel")
-    if plan.recompute != "none":
-        used.append(f"recompute_{plan.recompute}")
+    used.append(f"recompute_{plan.recompute}")  # none too: a config may have no way to turn checkpointing off
     if plan.recompute == "full" and plan.recompute_layers is not None:
         used.append("recompute_layers")
         if plan.recompute_method == "uniform" and plan.recompute_layers > 1:
@@ -114,7 +113,8 @@ def precision_knobs(job: Job, plan: Plan) -> list[str]:
 def describe_knob(name: str, plan: Plan, job: Job) -> str:
     value = {
         "zero_0": "zero_stage=0", "zero_1": "zero_stage=1", "zero_2": "zero_stage=2", "zero_3": "zero_stage=3",
-        "recompute_selective": "recompute=selective", "recompute_full": "recompute=full",
+        "recompute_none": "recompute=none", "recompute_selective": "recompute=selective",
+        "recompute_full": "recompute=full",
         "recompute_layers": f"recompute_layers={plan.recompute_layers}",
         "selective_ac_option": f"selective_ac_option={plan.selective_ac_option}",
         "recompute_method": f"recompute_method={plan.recompute_method}",

@@ -162,8 +162,8 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 # The knobs an adapter section must account for in every version (a key, or `instead` saying what to do).
 ADAPTER_KNOBS: tuple[str, ...] = (
     "tp", "pp", "vpp", "cp", "cp_comm_type", "ep", "etp", "sequence_parallel", "zero_0", "zero_1",
-    "zero_2", "zero_3", "recompute_selective", "recompute_full", "recompute_layers", "selective_ac_option",
-    "recompute_method", "recompute_modules", "uneven_pp",
+    "zero_2", "zero_3", "recompute_none", "recompute_selective", "recompute_full", "recompute_layers",
+    "selective_ac_option", "recompute_method", "recompute_modules", "uneven_pp",
     "micro_batch_size", "global_batch_size", "fp8", "moe_flex_dispatcher", "moe_a2a_overlap", "torch_compile",
     "tp_comm_overlap", "pipeline_layout",
     "account_for_embedding",

@@ -142,3 +142,16 @@ def recompute_layers_need_a_key(ctx: Context) -> Values:
         return None
     return {"layers": p.recompute_layers, "framework": ctx.card.display_name,
             "where": _where(ctx), "fix": instead}
+
+
+
+@rule("RC006", reads=("tp", "pp", "ep", "zero_stage", "recompute"))
+def recompute_mode_needs_a_key(ctx: Context) -> Values:
+    """A recompute mode the config `render` writes for the plan by default cannot set (its recompute_<mode> knob has
+    key null: SkyRL's main_sft always checkpoints every layer with the FSDP strategy, verl's and SkyRL's FSDP backends
+    have no selective), so the estimate would price a recompute the run does not do and render refuses it."""
+    p = ctx.plan
+    instead = unwritable(ctx.framework, ctx.job, p, f"recompute_{p.recompute}")
+    if instead is None:
+        return None
+    return {"recompute": p.recompute, "framework": ctx.card.display_name, "where": _where(ctx), "fix": instead}
