@@ -459,6 +459,22 @@ def test_a_fix_without_num_gpus_lets_the_gpu_count_follow_the_layout():
     assert not job.world_follows_layout and finding_of("TP001", job, plan).fix == "tp in {1} works."
 
 
+def test_without_num_gpus_the_gpu_count_holds_the_expert_grid():
+    """num_gpus left out is the fewest GPUs that hold the degrees (mesh.smallest_world): `meshplan memory
+    mixtral-8x7b --ep 8` took 1 GPU (tp*pp*cp*dp) and refused it with WS002 (not divisible by ep*etp = 8); on
+    Megatron-Core the experts fold into the data-parallel ranks, so it is 8 GPUs, dp 8."""
+    job, plan = make(**MIX, ep=8)
+    assert (job.num_gpus, plan.dp) == (8, 8) and not ids(job, plan) & {"WS001", "WS002", "WS003"}
+    assert any(n.startswith("num_gpus not given: 8 = ") for n in job.notes)
+    job, plan = make(**MIX, ep=4, tp=2, pp=2)  # pp*lcm(tp*cp*dp, ep*etp) = 2*lcm(2, 8): etp defaults to tp
+    assert (job.num_gpus, plan.dp) == (16, 4) and not ids(job, plan) & {"WS001", "WS002", "WS003"}
+    job, plan = make(**MIX, ep=8, framework="torchtitan")  # torchtitan borrows EP from dp_shard*cp*tp
+    assert (job.num_gpus, plan.dp) == (8, 8) and not ids(job, plan) & {"WS001", "WS002", "WS005"}
+    assert make(**L70B, tp=4, pp=2)[0].num_gpus == 8  # a dense model: the degrees' product, as before
+    # the fixes follow the same count: TP001 on Mixtral at ep=8 names every tp the heads and node take
+    assert finding_of("TP001", *make(**MIX, tp=3, ep=8)).fix == "tp in {1, 2, 4, 8} works."
+
+
 def test_computed_fixes_name_only_values_that_tile_the_gpu_count():
     # Each value a fix names passes its own rule and WS001/WS002 at this GPU count: before, Qwen2.5-7B's 28 heads
     # listed tp=7, GLM-4.5's 160 experts ep 5, 10, ..., 160, and seq 8200's divisors cp 5, 10, 20, 25, none of

@@ -148,7 +148,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     ep = req.ep or 1
     etp = _expert_tp(req, card, tp=tp, moe=arch.is_moe, notes=notes)
     version = _framework_version(req, card, notes)
-    num_gpus, dp = _world(req, card.world_size_law, tp=tp, pp=pp, cp=cp, ep=ep, notes=notes)
+    num_gpus, dp = _world(req, card.world_size_law, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, notes=notes)
     zero = _zero_stage(req, card, notes)
     sp = req.sequence_parallel
     if sp is None:
@@ -245,13 +245,18 @@ class _World(NamedTuple):
     dp: int
 
 
-def _world(req: Request, law: str, *, tp: int, pp: int, cp: int, ep: int, notes: list[str]) -> _World:
-    """The GPU count and data-parallel size: left out, the GPU count is the degrees' product (dp 1 unless given)
-    and dp is derived from the GPU count by the framework's world-size law."""
+def _world(req: Request, law: str, *, tp: int, pp: int, cp: int, ep: int, etp: int, notes: list[str]) -> _World:
+    """The GPU count and data-parallel size: left out, the GPU count is the fewest GPUs that hold the degrees
+    (mesh.smallest_world: the degrees' product, and where experts fold into those ranks a multiple of ep*etp per
+    pipeline stage, the extra ranks data-parallel; rules/world.py tiled follows it for a fix), and dp is derived from
+    the GPU count by the framework's world-size law."""
     if req.num_gpus is None:
-        dp = req.dp or 1
-        num_gpus = mesh.replica_size(law, tp, pp, cp, ep) * dp
-        notes.append(f"num_gpus not given: {num_gpus} = the product of the parallel degrees.")
+        num_gpus = mesh.smallest_world(law, tp, pp, cp, req.dp or 1, ep, etp)
+        dp = req.dp or mesh.derived_dp(law, num_gpus, tp, pp, cp, ep)
+        product = mesh.replica_size(law, tp, pp, cp, ep) * (req.dp or 1)
+        held = "the product of the parallel degrees" if num_gpus == product else \
+            f"pp*lcm(tp*cp*dp, ep*etp), the fewest GPUs whose data-parallel ranks hold ep*etp = {ep * etp}"
+        notes.append(f"num_gpus not given: {num_gpus} = {held}.")
     else:
         num_gpus = req.num_gpus
         dp = req.dp or mesh.derived_dp(law, num_gpus, tp, pp, cp, ep)

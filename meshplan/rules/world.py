@@ -36,15 +36,16 @@ def tiling(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterab
 def tiled(ctx: Context, degree: Literal["tp", "pp", "cp", "ep"], values: Iterable[int]) -> list[int]:
     """Of `values` for one degree, those that keep this GPU count tiled (tiling's test), none when none does: for a
     fix that names the degree only as an alternative to a change that always works. Where the request left num_gpus
-    out (Job.world_follows_layout), the count is the one the changed degrees imply, as resolve derives it (the
-    replica times dp), so only the expert grid can fail to tile it. Reads tp, pp, cp, ep, etp."""
+    out (Job.world_follows_layout), the count is the one the changed degrees imply, as resolve derives it
+    (mesh.smallest_world), which they tile. Reads tp, pp, cp, ep, etp."""
     p = ctx.plan
     degrees = {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep}
 
     def tiles(v: int) -> bool:
         d = {**degrees, degree: v}
         replica = mesh.replica_size(ctx.law, d["tp"], d["pp"], d["cp"], d["ep"])
-        world = replica * p.dp if ctx.job.world_follows_layout else ctx.world
+        world = mesh.smallest_world(ctx.law, d["tp"], d["pp"], d["cp"], p.dp, d["ep"], p.etp) \
+            if ctx.job.world_follows_layout else ctx.world
         if world % replica:
             return False
         return mesh.expert_grid_fits(ctx.law, world, d["tp"], d["pp"], d["cp"], world // replica, d["ep"], p.etp)
