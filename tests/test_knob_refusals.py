@@ -319,3 +319,16 @@ def test_an_rl_job_or_the_megatron_strategy_sets_recompute_none():
     for fields in (dict(zero_stage=3, job="rl"), dict(zero_stage=1, tp=2)):
         req = Request(**L8, gpu="h100", framework="skyrl", recompute="none", **fields)
         assert "RC006" not in {f.id for f in api.check_config(req).findings}
+
+
+def test_an_estimate_that_leaves_recompute_out_takes_what_the_config_runs():
+    """Left out, recompute is none for an estimate; where the config `render` writes cannot turn checkpointing off
+    (SkyRL's main_sft at ZeRO-3) that refused the request with RC006 though the user asked no recompute: it is full
+    there, with a note; an RL job (trainer.gradient_checkpointing false) keeps none."""
+    sft = Request(**L8, gpu="h100", framework="skyrl", zero_stage=3)
+    report = api.estimate_memory(sft)
+    assert report.plan.recompute == "full"
+    assert any(n.startswith("recompute not given: full") and "main_sft" in n for n in report.assumptions)
+    assert api.estimate_memory(sft.model_copy(update={"job": "rl"})).plan.recompute == "none"
+    megatron = Request(**L8, gpu="h100", framework="skyrl", zero_stage=1, tp=2)
+    assert api.estimate_memory(megatron).plan.recompute == "none"

@@ -14,6 +14,7 @@ from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
@@ -189,7 +190,22 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
         lora=resolve_lora(req, card, arch, zero, notes),
     )
-    return carry_cards(job), plan
+    return _runnable_recompute(req, carry_cards(job), plan)
+
+
+def _runnable_recompute(req: Request, job: Job, plan: Plan) -> tuple[Job, Plan]:
+    """recompute left out is none for an estimate, except where the config `render` writes for the plan cannot turn
+    activation checkpointing off (its recompute_none knob has key null, rule RC006: SkyRL's main_sft at ZeRO-3): there
+    the run recomputes every layer, so the estimate takes full, the mode it runs, rather than refuse a request that
+    asked no recompute."""
+    if req.recompute is not None or plan.recompute != "none":
+        return job, plan
+    instead = unwritable(job.framework, job, plan, "recompute_none")
+    if instead is None:
+        return job, plan
+    note = f"recompute not given: full, what the run does: {instead.split(';')[0]}."
+    notes = [note if n.startswith("recompute not given:") else n for n in job.notes]
+    return job.model_copy(update={"notes": notes}), plan.model_copy(update={"recompute": "full"})
 
 
 def carry_cards(job: Job) -> Job:
