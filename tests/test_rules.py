@@ -600,6 +600,9 @@ def test_uneven_split_is_balanced_and_respects_vpp():
     assert uneven_split(61, 8, 2) is None  # every part even cannot add up to 61
     f = finding_of("PP001", *make(**KIMI, num_gpus=1024, tp=2, pp=16, ep=32))
     assert "first_stage_layers=3, last_stage_layers=2, 4 on each of the 14 middle stages" in f.fix
+    # one middle stage is named as one (it said "27 on each of the 1 middle stages")
+    f = finding_of("PP001", *make(**L70B, num_gpus=24, pp=3))
+    assert f.fix.endswith("first_stage_layers=27, last_stage_layers=26, 27 on the middle stage."), f.fix
 
 
 def test_uneven_split_checks_follow_megatron():

@@ -32,7 +32,8 @@ def _uneven_hint(ctx: Context, pp: int) -> str:
     if split is None:
         return ""
     first, per, last = split
-    middle = f", {per} on each of the {pp - 2} middle stages" if pp > 2 else ""
+    middle = "" if pp < 3 else f", {per} on the middle stage" if pp == 3 else \
+        f", {per} on each of the {pp - 2} middle stages"
     return f"; or keep pp={pp} with an uneven split: first_stage_layers={first}, last_stage_layers={last}{middle}"
 
 
