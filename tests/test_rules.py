@@ -605,6 +605,14 @@ def test_uneven_split_is_balanced_and_respects_vpp():
     assert f.fix.endswith("first_stage_layers=27, last_stage_layers=26, 27 on the middle stage."), f.fix
 
 
+def test_a_short_sequence_fix_names_one_cp_as_one():
+    """CP002 at 4,096 tokens (each rank should keep 4,096) said 'Use cp=1 or less', below which there is nothing."""
+    f = finding_of("CP002", *make(**L8B, num_gpus=8, cp=2))
+    assert f.fix.startswith("Use cp=1 at this length (each rank keeping at least 4096 tokens)"), f.fix
+    f = finding_of("CP002", *make(**L8B, num_gpus=8, cp=8, seq_length=16384))
+    assert f.fix.startswith("Use cp=4 or less at this length"), f.fix
+
+
 def test_uneven_split_checks_follow_megatron():
     job, plan = make(**KIMI, num_gpus=1024, tp=2, pp=16, ep=32, vpp=2)
     plan = plan.model_copy(update={"first_stage_layers": 3, "last_stage_layers": 2})

@@ -29,7 +29,8 @@ def cp_short_sequence(ctx: Context) -> Values:
     minimum = int(ctx_param(ctx, "CP002", "min_tokens_per_rank"))
     if cp == 1 or seq // cp >= minimum:
         return None
-    fewer = max(1, seq // minimum)
+    most = max(1, seq // minimum)
+    fewer = "cp=1" if most == 1 else f"cp={most} or less"  # nothing is less than cp=1
     return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer}
 
 
