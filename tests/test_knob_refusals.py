@@ -88,7 +88,7 @@ def test_the_fsdp_backends_refuse_recompute_method_and_modules(framework, name, 
     rule = {"recompute_method": "RC003", "recompute_modules": "RC004"}[name]
     fsdp = [f for f in api.check_config(Request(**L8, framework=framework, zero_stage=3, **fields)).findings
             if f.id == rule]
-    variant = "sft-fsdp" if framework == "skyrl" else "fsdp"  # a SkyRL training job renders main_sft (f1b7686)
+    variant = "sft-fsdp"  # a training job renders SkyRL's main_sft (f1b7686) and verl's sft_trainer
     assert len(fsdp) == 1 and fsdp[0].severity == "error" and f"({variant})" in fsdp[0].message
     assert fsdp[0].fix == card_instead(framework, 3, name) and "drop " + name in fsdp[0].fix
     megatron = api.check_config(Request(**L8, framework=framework, zero_stage=1, **fields)).findings

@@ -222,8 +222,26 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     return out
 
 
+def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
+    """verl's SFT trainer (variant sft-fsdp): torchrun's world, sft_trainer_engine.yaml's engine, model, data keys."""
+    nodes, per_node = (int(re.search(rf"--{flag}[= ](\d+)", text).group(1)) for flag in ("nnodes", "nproc_per_node"))
+    world, cp = nodes * per_node, int(o["engine.ulysses_sequence_parallel_size"])
+    shard = int(o.get("engine.fsdp_size", -1))
+    return {**parsed_lora(o.get("model.lora_rank"), o.get("model.target_modules"), hf=True),
+            "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3,
+            "micro_batch_size": int(o["data.micro_batch_size_per_gpu"]),
+            "dp_replicate": world // shard if 0 < shard < world else 1,
+            **_attention("verl", "fsdp", o.get("model.override_config.attn_implementation")),
+            "recompute": "full" if o["model.enable_gradient_checkpointing"] else "none",
+            "activation_offload": bool(o.get("model.enable_activation_offload")),
+            "param_offload": bool(o.get("engine.param_offload")),
+            "optimizer_offload": bool(o.get("engine.optimizer_offload"))}
+
+
 def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     o = {k.lstrip("+"): _literal(v) for k, v in overrides(shell_tokens(text)).items()}
+    if variant == "sft-fsdp":
+        return _verl_sft(o, text)
     world = _world(o["trainer.nnodes"], o["trainer.n_gpus_per_node"])
     mbs = int(o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
     lora = parsed_lora(o.get("actor_rollout_ref.model.lora_rank"), o.get("actor_rollout_ref.model.target_modules"),

@@ -220,7 +220,39 @@ def rl_launch_warning(job: Job, entry: str, instead: str = "") -> list[str]:
             f"estimate leaves out; ask with job=rl for the RL step's memory and time{instead}."]
 
 
+def verl_sft_overrides(job: Job, plan: Plan) -> tuple[list[Override], list[str]]:
+    """verl 0.9.1's SFT trainer on the FSDP engine (torchrun -m verl.trainer.sft_trainer, sft_trainer_engine.yaml):
+    the batch in sequences over torchrun's world, use_dynamic_bsz off (on by default) so each micro-batch is the
+    plan's micro_batch_size_per_gpu sequences, max_length the sequence length. A training job on main_ppo started a
+    rollout engine and a reference model the job's estimate leaves out."""
+    o: list[Override] = [
+        ("model.path", _model_path(job)), ("engine.strategy", "fsdp2"),
+        ("engine.ulysses_sequence_parallel_size", plan.cp),
+        ("engine.fsdp_size", -1 if plan.dp_replicate == 1 else plan.dp * plan.cp // plan.dp_replicate),
+        ("data.train_batch_size", job.global_batch_size), ("data.micro_batch_size_per_gpu", plan.micro_batch_size),
+        ("data.use_dynamic_bsz", False), ("data.max_length", job.seq_length),
+        ("model.enable_gradient_checkpointing", plan.recompute == "full"), ("model.use_remove_padding", True)]
+    backend = attention_value("verl", "fsdp", plan.attention_backend)
+    if backend:  # the Hugging Face attn_implementation (hf_model.yaml override_config)
+        o.append(("++model.override_config.attn_implementation", backend))
+    o += [(key, True) for key, on in (("model.enable_activation_offload", plan.activation_offload),
+                                      ("engine.param_offload", plan.param_offload),
+                                      ("engine.optimizer_offload", plan.optimizer_offload)) if on]
+    return o, ["verl's SFT trainer on the FSDP engine: context parallelism is Ulysses sequence parallelism "
+               "(engine.ulysses_sequence_parallel_size, with use_remove_padding); data.train_batch_size is the "
+               "global batch in sequences, split over dp = GPUs / Ulysses size.",
+               "Set data.train_files / val_files and the dataset's keys (data.messages_key) for your task; "
+               "multi-node runs also need torchrun's rendezvous (--rdzv_endpoint or --master_addr)."]
+
+
 def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
+    if variant == "sft-fsdp":
+        overrides, notes = verl_sft_overrides(job, plan)
+        overrides += verl_lora(job, variant, notes)
+        n = nodes(job)
+        return Built(template="verl_sft.j2", context={"overrides": overrides, "nnodes": n.nnodes,
+                                                      "per_node": n.per_node},
+                     format="hydra", filename="run_verl_sft.sh", notes=notes, warnings=flex_notes(job, plan)[1])
     overrides, notes = verl_overrides(job, plan, variant)
     overrides += verl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
     flex, warnings = flex_notes(job, plan)

@@ -55,6 +55,37 @@ class RecipeNames(_Card):
     source: str
 
 
+class SftEntry(_Card):
+    """One SFT entry point of a framework (verl's sft_trainer, its older fsdp_sft_trainer): the module, its keys read
+    as the rendered entry point's, and what a file leaving a key out runs."""
+
+    launcher: str
+    keys_as: dict[str, str] = Field(
+        default_factory=dict, description="This entry point's key (or a prefix ending in '.') and the rendered entry "
+                                          "point's key it is read as")
+    defaults: dict[str, Default] = Field(
+        default_factory=dict, description="A request field or a reader's name (dynamic_batch, token_budget, "
+                                          "remove_padding) and its value when the file leaves its key out")
+    source: str
+
+
+class NeutralValue(_Card):
+    """A key whose default value changes nothing meshplan plans; any other value is said as not modelled."""
+
+    value: Default
+    otherwise: str
+
+
+class SftRead(_Card):
+    """What the readers take from a framework's SFT trainer files beside its adapter knobs (the variant `variant`)."""
+
+    variant: str
+    keys: dict[str, str] = Field(description="The keys that are no adapter knob, and what each sets")
+    entries: list[SftEntry] = Field(min_length=1)
+    neutral: dict[str, NeutralValue] = Field(default_factory=dict)
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -89,6 +120,7 @@ class ReadSection(_Card):
         default_factory=dict, description="A second entry point's keys as the first's (SkyRL's main_sft: a key, or "
                                           "a prefix ending in '.', and the key it is read as)")
     sft_source: str | None = None
+    sft: SftRead | None = Field(None, description="The SFT trainer's own files (verl's sft_trainer, fsdp_sft_trainer)")
     absent_by_variant: dict[str, dict[str, StrictBool | StrictInt | StrictStr]] = Field(
         default_factory=dict, description="Per adapter variant: request fields a file leaving their keys out "
                                           "states, at the framework's default (a recompute field other than recompute "

@@ -4,8 +4,8 @@ meshplan's request, field by field with the file's key and line. Nothing in a fi
 One module per format: shell.py (a shell script read, not run), settings.py (files as key/value/line settings),
 keys.py (which request field a framework key sets, from the framework cards), launch.py (Megatron-LM,
 Megatron-DeepSpeed, Megatron-Bridge), model_match.py (the catalog model a script's architecture flags describe),
-hydra.py (verl, SkyRL), files.py (torchtitan, KempnerForge, DeepSpeed JSON),
-automodel.py (a NeMo AutoModel recipe YAML),
+hydra.py (verl, SkyRL), verl_sft.py (verl's SFT trainer: its launch scripts and YAML),
+files.py (torchtitan, KempnerForge, DeepSpeed JSON), automodel.py (a NeMo AutoModel recipe YAML),
 pyconfig.py (torchtitan's Python config registry, parsed with ast); fixes.py (check's fixes in the file's keys).
 """
 
@@ -31,6 +31,9 @@ from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, fill_defaults
 from meshplan.adapters.read.launch import read_bridge, read_bridge_module, read_bridge_python, read_megatron
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
+from meshplan.adapters.read.verl_sft import DETECT as VERL_SFT
+from meshplan.adapters.read.verl_sft import YAML_DETECT as VERL_SFT_YAML
+from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
 from meshplan.arithmetic.mesh import file_data_parallel
 from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import FRAMEWORKS
@@ -51,6 +54,8 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
         return read_torchtitan_python
     if BRIDGE_RECIPE.search(text):  # a Megatron-Bridge recipe module (def ...() -> ConfigContainer:)
         return read_bridge_module
+    if VERL_SFT.search(text):  # verl's SFT trainer, before the RL reader's verl.trainer
+        return read_verl_sft
     # verl's keys (actor_rollout_ref.*) or SkyRL's (generator.*, trainer.policy.*) before the entry point's name:
     # verl's DAPO recipe and SkyRL's DAPO example both run a main_dapo
     for pattern, reader in ((r"verl\.trainer|main_ppo|actor_rollout_ref\.", read_verl),
@@ -71,7 +76,8 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
                                                 if re.search(r"(?m)^cfg\.[\w.]+\s*=", t) and "run_recipe.py" not in t
                                                 else read_bridge)(t, p),
-    ("verl", "shell"): read_verl,
+    ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
+    ("verl", "yaml"): read_verl_sft_yaml,
     ("skyrl", "shell"): read_skyrl,
     ("torchtitan", "shell"): lambda t, p: (read_torchtitan_python if PYTHON_CONFIG.search(t) else read_torchtitan_cli)(
         t, p),
@@ -81,13 +87,20 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
 }
 
 
+def _yaml_reader(text: str) -> Callable[[str, str], Reading]:
+    """verl's SFT trainer config (read.sft's YAML_DETECT), else a NeMo AutoModel recipe."""
+    return read_verl_sft_yaml if VERL_SFT_YAML.search(text) else read_automodel_yaml
+
+
 def detect_format(text: str) -> str:
     """json when the text is a JSON object, yaml when it has an AutoModel recipe's top-level `distributed:` or
-    `step_scheduler:` mapping, toml when it parses as TOML with a [section], else shell."""
+    `step_scheduler:` mapping or is verl's SFT trainer config, toml when it parses as TOML with a [section], else
+    shell."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
         return "json"
-    if re.search(r"^(distributed|step_scheduler):[ \t]*(#.*)?$", text, re.M):
+    if re.search(r"^(distributed|step_scheduler):[ \t]*(#.*)?$", text, re.M) or (
+            VERL_SFT_YAML.search(text) and re.search(r"^model:[ \t]*(#.*)?$", text, re.M)):
         return "yaml"
     if re.search(r"^\s*\[[\w.\"]+\]\s*(#.*)?$", text, re.M):
         try:
@@ -114,7 +127,7 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
         raise MeshplanError(f"Unknown config_format {config_format!r}.", fix=f"Use one of: {', '.join(FORMATS)}.")
     fmt = config_format or detect_format(text)
     if framework is None:
-        reader = {"json": read_deepspeed_json, "toml": read_toml_any, "yaml": read_automodel_yaml}.get(fmt) or \
+        reader = {"json": read_deepspeed_json, "toml": read_toml_any, "yaml": _yaml_reader(text)}.get(fmt) or \
             _shell_reader(text)
     else:
         reader = READERS.get((framework, fmt))

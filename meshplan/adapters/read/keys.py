@@ -75,9 +75,11 @@ class Meaning:
     word: str | None = None  # the value the key must have for this knob ("selective" for recompute_selective)
 
 
-def key_table(framework: str, version: str | None = None, variant: str | None = None) -> dict[str, list[Meaning]]:
+def key_table(framework: str, version: str | None = None, variant: str | None = None,
+              read_keys: dict[str, str] | None = None) -> dict[str, list[Meaning]]:
     """Every key the card names for `framework` (its adapter knobs of every version, the given or default one first,
-    and read.keys), normalized, with its meanings."""
+    and read.keys, or `read_keys` in their place: another entry point's, verl's SFT trainer), normalized, with its
+    meanings."""
     section = adapter_section(framework)
     variant = variant if variant in section.variants else next(iter(section.variants))
     table: dict[str, list[Meaning]] = {}
@@ -85,7 +87,7 @@ def key_table(framework: str, version: str | None = None, variant: str | None = 
     for v in dict.fromkeys(versions):
         for key, meanings in _knob_keys(framework, v, variant).items():
             table.setdefault(key, meanings)
-    for key, target in read_section(framework).keys.items():
+    for key, target in (read_section(framework).keys if read_keys is None else read_keys).items():
         table.setdefault(normalize(key), []).append(Meaning(target))
     return table
 

@@ -1,0 +1,110 @@
+"""verl's SFT trainer (`torchrun -m verl.trainer.sft_trainer`, verl 0.9.1, and the older
+`verl.trainer.fsdp_sft_trainer`): its launch scripts and Hydra YAML read into a training job, its batch assert as rule
+VL003, and render of a training job on the FSDP engine writing it, read back as the same job. Before, the scripts were
+read as verl's RL trainer (job rl, the SFT keys 'no meshplan field'), the YAML refused, and render wrote main_ppo for
+a training job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.adapters.read import import_config, import_file
+from meshplan.adapters.render import render
+from meshplan.faces.cli import main
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+CONFIGS = Path(__file__).parent / "configs"
+
+# volcengine/verl b178a3c examples/sft (tests/configs/SOURCES.txt): the GPU count is the script's $1
+EXAMPLES = {
+    "verl_sft_deepseek_6b7.sh": {
+        "job": "sft", "model": "deepseek-ai/deepseek-coder-6.7b-instruct", "micro_batch_size": 4, "cp": None,
+        "global_batch_size": 256, "seq_length": 1024, "recompute": "full", "zero_stage": 3, "tp": 1, "pp": 1},
+    "verl_sft_qwen_05_peft.sh": {
+        "job": "lora", "model": "Qwen/Qwen2.5-0.5B-Instruct", "lora_rank": 32, "micro_batch_size": 4,
+        "lora_targets": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], "global_batch_size": 256},
+    # data.micro_batch_size (deprecated) is read by no trainer: micro_batch_size_per_gpu's default 4 runs
+    "verl_sft_qwen_05_sp2.sh": {"job": "sft", "cp": 2, "micro_batch_size": 4, "zero_stage": 3},
+    # verl/trainer/config/sft_trainer.yaml itself: every default, nothing unread
+    "verl_sft_trainer.yaml": {
+        "job": "sft", "model": "~/models/gemma-1.1-7b-it", "global_batch_size": 256, "micro_batch_size": 4,
+        "seq_length": 1024, "recompute": "full", "cp": 1, "zero_stage": 3, "lora_rank": None, "lora_targets": None},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_verl_sft_examples_are_training_jobs(name):
+    got = import_file(str(CONFIGS / name))
+    assert (got.framework, got.variant) == ("verl", "sft-fsdp")
+    for field, value in EXAMPLES[name].items():
+        assert got.request.get(field) == value, (field, got.request, got.sources)
+    assert got.unsupported == [], got.unsupported
+
+
+def test_the_sft_scripts_gpu_count_is_torchruns():
+    text = (CONFIGS / "verl_sft_qwen_05_sp2.sh").read_text().replace("$nproc_per_node", "4", 1)
+    got = import_config(text, "run_qwen_05_sp2.sh")
+    assert (got.request["num_gpus"], got.request["gpus_per_node"]) == (4, 4)
+    assert "trainer.n_gpus_per_node" not in str(got.sources)
+
+
+def test_the_engine_trainer_packs_micro_batches_to_its_token_budget_by_default():
+    """sft_trainer_engine.yaml: use_dynamic_bsz True, max_token_len_per_gpu 8192 (x Ulysses) over max_length 1024."""
+    script = "torchrun --nnodes=1 --nproc_per_node=8 -m verl.trainer.sft_trainer model.path=Qwen/Qwen2.5-7B {}\n"
+    packed = import_config(script.format("engine.ulysses_sequence_parallel_size=2"), "sft.sh")
+    assert (packed.request["micro_batch_size"], packed.request["num_gpus"], packed.request["cp"]) == (16, 8, 2)
+    fixed = import_config(script.format("data.use_dynamic_bsz=false data.micro_batch_size_per_gpu=2"), "sft.sh")
+    assert fixed.request["micro_batch_size"] == 2 and fixed.unsupported == []
+
+
+@pytest.mark.parametrize(("words", "said"), [
+    ("ulysses_sequence_parallel_size=2", "refuses to start"),  # use_remove_padding False by default there
+    ("model.fsdp_config.cpu_offload=true model.fsdp_config.offload_params=true", "CPUOffload"),
+    ("model.use_liger=true", "Liger"),
+    ("model.strategy=ddp", "FSDP"),
+])
+def test_what_the_sft_trainer_runs_but_meshplan_does_not_model_is_said(words, said):
+    got = import_config("torchrun --nproc_per_node=8 -m verl.trainer.fsdp_sft_trainer "
+                        f"model.partial_pretrain=Qwen/Qwen2.5-7B {words}\n", "sft.sh")
+    assert any(said in line for line in got.unsupported), got.unsupported
+
+
+def test_lora_rank_zero_is_no_lora():
+    got = import_config("torchrun --nproc_per_node=8 -m verl.trainer.fsdp_sft_trainer model.lora_rank=0 "
+                        "model.target_modules=all-linear model.partial_pretrain=Qwen/Qwen2.5-7B\n", "sft.sh")
+    assert got.request["job"] == "sft" and "lora_rank" not in got.request and "lora_targets" not in got.request
+
+
+PLANS = [
+    dict(cp=2, micro_batch_size=2, global_batch_size=64, recompute="full"),
+    dict(cp=1, micro_batch_size=1, global_batch_size=32, recompute="none", param_offload=True,
+         optimizer_offload=True, attention_backend="unfused"),
+    dict(cp=4, micro_batch_size=1, global_batch_size=16, job="lora", recompute="full", activation_offload=True),
+]
+
+
+@pytest.mark.parametrize("fields", PLANS)
+def test_render_writes_the_sft_trainer_and_reads_back_the_same_job(fields):
+    request = Request(model="qwen2.5-7b", gpu="h100", num_gpus=16, framework="verl", zero_stage=3, **fields)
+    job, plan = resolve(request)
+    result = render("verl", job, plan)
+    assert result.variant == "sft-fsdp" and "-m verl.trainer.sft_trainer" in result.text
+    assert "main_ppo" not in result.text and "actor_rollout_ref" not in result.text
+    imported = import_config(result.text, "run_verl_sft.sh")
+    assert imported.unsupported == [] and imported.variant == "sft-fsdp", imported.unsupported
+    back_job, back_plan = resolve(api.request_from_config(imported, {"model": "qwen2.5-7b", "gpu": "h100"}))
+    assert back_plan == plan
+    assert (back_job.rl, back_job.global_batch_size, back_job.seq_length, back_job.lora, back_job.num_gpus) == (
+        None, job.global_batch_size, job.seq_length, job.lora, job.num_gpus)
+
+
+def test_check_config_of_an_sft_script(tmp_path, capsys):
+    path = tmp_path / "run_qwen_05_sp2.sh"
+    path.write_text((CONFIGS / "verl_sft_qwen_05_sp2.sh").read_text())
+    assert main(["check", "--config", str(path), "--num-gpus", "8", "--model", "qwen2.5-7b"]) == 0
+    out = capsys.readouterr().out
+    assert "TP1 PP1 CP2 DP4" in out and "ulysses_sequence_parallel_size" in out
