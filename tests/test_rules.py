@@ -190,6 +190,11 @@ CASES: dict[str, tuple[dict, dict]] = {
     "BS001": ({**L8B, "num_gpus": 8, "global_batch_size": 12}, {**L8B, "num_gpus": 8, "global_batch_size": 16}),
     "VL001": ({**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 6},
               {**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 8}),
+    # verl's SFT trainer (a training job on the FSDP engine): 24 over dp 4 is 6 a rank, not whole micro-batches of 4
+    "VL003": ({**L8B, "framework": "verl", "num_gpus": 8, "zero_stage": 3, "cp": 2, "micro_batch_size": 4,
+               "global_batch_size": 24},
+              {**L8B, "framework": "verl", "num_gpus": 8, "zero_stage": 3, "cp": 2, "micro_batch_size": 4,
+               "global_batch_size": 32}),
     "SK001": ({**L8B, "framework": "skyrl", "num_gpus": 8, "global_batch_size": 4},
               {**L8B, "framework": "skyrl", "num_gpus": 8, "global_batch_size": 10}),
     "KF001": ({**MIX, "framework": "kempnerforge", "num_gpus": 8, "pp": 2},

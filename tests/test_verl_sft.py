@@ -15,6 +15,7 @@ from meshplan.adapters.read import import_config, import_file
 from meshplan.adapters.render import render
 from meshplan.faces.cli import main
 from meshplan.request.resolve import resolve
+from meshplan.rules.engine import structural_findings
 from meshplan.schema.request import Request
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -100,6 +101,19 @@ def test_render_writes_the_sft_trainer_and_reads_back_the_same_job(fields):
     assert back_plan == plan
     assert (back_job.rl, back_job.global_batch_size, back_job.seq_length, back_job.lora, back_job.num_gpus) == (
         None, job.global_batch_size, job.seq_length, job.lora, job.num_gpus)
+
+
+def test_the_sft_trainers_batch_assert_is_vl003_not_the_ppo_trainers():
+    """A training job on verl's FSDP engine: VL003 (train_batch_size over dp in whole micro-batches), not VL001's
+    n_gpus minimal batch of main_ppo, which the SFT trainer never checks."""
+    ids = [f.id for f in structural_findings(*resolve(Request(
+        model="llama-3.1-8b", num_gpus=8, framework="verl", zero_stage=3, cp=2, micro_batch_size=4,
+        global_batch_size=24)))]
+    assert "VL003" in ids and "VL001" not in ids
+    ids = [f.id for f in structural_findings(*resolve(Request(
+        model="llama-3.1-8b", num_gpus=8, framework="verl", zero_stage=3, cp=2, micro_batch_size=1,
+        global_batch_size=12)))]  # 12 over dp 4 in micro-batches of 1: the SFT trainer runs it; main_ppo wanted 8 | 12
+    assert ids.count("VL003") == 0 and "VL001" not in ids
 
 
 def test_check_config_of_an_sft_script(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The batch rules of cards/rules.yaml (BS001, VL001, SK001): the global batch against micro-batches and data
+"""The batch rules of cards/rules.yaml (BS001, VL001, VL003, SK001): the global batch against micro-batches and data
 parallelism, in each framework's own law.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
@@ -35,6 +35,8 @@ def batch_divisible(ctx: Context) -> Values:
 @rule("VL001", reads=("dp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def verl_batch(ctx: Context) -> Values:
     p, gbs = ctx.plan, ctx.job.global_batch_size
+    if ctx.job.rl is None and ctx.backend == "fsdp":
+        return None  # a training job on the FSDP engine is the SFT trainer's (render's variant sft): VL003
     if ctx.backend == "megatron":
         unit, how = p.dp * p.micro_batch_size, f"dp*ppo_micro_batch_size_per_gpu = {p.dp}*{p.micro_batch_size}"
     else:
@@ -42,6 +44,22 @@ def verl_batch(ctx: Context) -> Values:
     if gbs % unit == 0:
         return None
     return {"gbs": gbs, "unit": unit, "how": how, "gbss": neighbours(gbs, unit)}
+
+
+
+@rule("VL003", reads=("dp", "zero_stage", "micro_batch_size", "global_batch_size"))
+def verl_sft_batch(ctx: Context) -> Values:
+    """verl's SFT trainer (a training job on the FSDP engine): data.train_batch_size over dp (world / Ulysses) ranks,
+    each rank's share a whole number of micro-batches (fsdp_sft_trainer.py _normalize_config_bsz asserts both; 0.9.1's
+    sft_trainer.py floors the share and workers/engine/utils.py prepare_micro_batches asserts the micro-batches)."""
+    p, gbs = ctx.plan, ctx.job.global_batch_size
+    unit = p.dp * p.micro_batch_size
+    if ctx.job.rl is not None or gbs % unit == 0:
+        return None
+    share = f"{gbs // p.dp}" if gbs % p.dp == 0 else f"{gbs}/{p.dp} (not whole)"
+    options = _mbs_options(gbs // p.dp if gbs % p.dp == 0 else 0)
+    return {"gbs": gbs, "dp": p.dp, "mbs": p.micro_batch_size, "share": share, "gbss": neighbours(gbs, unit),
+            "mbss": f", or micro_batch_size in {options}" if options != "none" else ""}
 
 
 
