@@ -122,3 +122,23 @@ def test_check_config_of_an_sft_script(tmp_path, capsys):
     assert main(["check", "--config", str(path), "--num-gpus", "8", "--model", "qwen2.5-7b"]) == 0
     out = capsys.readouterr().out
     assert "TP1 PP1 CP2 DP4" in out and "ulysses_sequence_parallel_size" in out
+
+
+@pytest.mark.parametrize(("launcher", "key"), [("fsdp_sft_trainer", "ulysses_sequence_parallel_size"),
+                                               ("sft_trainer", "engine.ulysses_sequence_parallel_size")])
+def test_a_fix_is_written_in_the_entry_points_own_key(launcher, key):
+    """check's fix of a field the file leaves out: fsdp_sft_trainer's top-level Ulysses key, not sft_trainer's
+    engine key (which fsdp_sft_trainer's config has not: Hydra refuses it), also for a LoRA job."""
+    from meshplan.adapters.read.fixes import file_change
+
+    imported = import_config(f"torchrun --nproc_per_node=8 -m verl.trainer.{launcher} model.lora_rank=8\n", "sft.sh")
+    assert file_change(imported, "cp", 2).text == f"{key}=2"
+
+
+@pytest.mark.parametrize(("words", "unsupported"), [("engine=fsdp optim=fsdp model=hf_model", False),
+                                                    ("engine=megatron optim=megatron", True)])
+def test_the_engine_trainers_config_groups(words, unsupported):
+    """sft_trainer_engine.yaml's groups (run_sft_engine.sh writes engine=${backend} optim=${backend}): FSDP is what
+    meshplan reads, another engine is said; both were 'no meshplan field'."""
+    got = import_config(f"torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer {words}\n", "sft.sh")
+    assert bool(got.unsupported) is unsupported and all("no meshplan field" not in u for u in got.unsupported)

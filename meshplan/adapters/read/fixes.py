@@ -119,9 +119,17 @@ def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | N
 
 def _entry_key(imported: ImportedConfig, key: str) -> str:
     """A card key as the file's entry point writes it: SkyRL main_sft's SFTConfig key for the RL entry point's (the
-    card's read.sft_keys, read backwards), whose strict config refuses the other."""
+    card's read.sft_keys, read backwards), whose strict config refuses the other; verl's fsdp_sft_trainer key for
+    sft_trainer's (read.sft's keys_as of the entry point the file runs, read backwards)."""
     if imported.variant not in ("sft", "sft-fsdp"):
         return key
+    sft = read_section(imported.framework).sft
+    if sft is not None:
+        entry = next((e for e in sft.entries if re.search(rf"{re.escape(e.launcher)}\b", imported.sources.get(
+            "job", ""))), None)
+        pairs = list(entry.keys_as.items()) if entry is not None else []
+        return next((old + key[len(new):] for old, new in pairs
+                     if key == new or (new.endswith(".") and key.startswith(new))), key)
     for short, long in read_section(imported.framework).sft_keys.items():
         if key == long or (long.endswith(".") and key.startswith(long)):
             return short + key[len(long):]

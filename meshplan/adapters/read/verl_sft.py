@@ -82,7 +82,7 @@ def _read(reading: Reading, settings: list[Setting], entry: SftEntry) -> Reading
         if m.target == "zero_3":
             _strategy(reading, s)
         elif m.target == "lora_rank":
-            _lora(reading, s)
+            _lora(reading, s, entry)
     where = f"{reading.path} (verl's SFT trainer runs the FSDP engine"
     reading.state("zero_stage", 3, f"{where}, which shards fully)")
     reading.state("tp", 1, f"{where}: no tensor parallelism)")
@@ -161,7 +161,7 @@ def _switch(reading: Reading, name: str, entry: SftEntry) -> tuple[Any, str]:
     return entry.defaults.get(name), f"{entry.launcher}'s default {name} ({WHERE})"
 
 
-def _lora(reading: Reading, s: Setting) -> None:
+def _lora(reading: Reading, s: Setting, entry: SftEntry) -> None:
     """model.lora_rank > 0 trains the adapters alone (a LoRA job); 0, verl's default, is no LoRA (read as the field,
     0 was refused as no rank)."""
     rank = whole_value(reading, s.value, s, least=0)
@@ -169,7 +169,7 @@ def _lora(reading: Reading, s: Setting) -> None:
         reading.notes.append(f"{s.where(reading.path)} = 0: no LoRA (verl's default), the whole model trained")
         return
     reading.state("lora_rank", rank, s)
-    reading.state("job", "lora", f"{s.where(reading.path)} (verl's SFT trainer with a LoRA rank)")
+    reading.state("job", "lora", f"{s.where(reading.path)} ({entry.launcher} with a LoRA rank)")
 
 
 def _ulysses_padding(reading: Reading, entry: SftEntry) -> None:
