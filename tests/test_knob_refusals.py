@@ -294,7 +294,7 @@ def test_every_knob_the_search_opens_is_one_the_adapter_writes(framework):
 
 
 @pytest.mark.parametrize("framework,recompute,variant", [
-    ("skyrl", "none", "sft-fsdp"), ("skyrl", "selective", "sft-fsdp"), ("verl", "selective", "fsdp")])
+    ("skyrl", "none", "sft-fsdp"), ("skyrl", "selective", "sft-fsdp"), ("verl", "selective", "sft-fsdp")])
 def test_a_recompute_mode_the_zero3_config_cannot_set_is_refused_on_every_face(framework, recompute, variant):
     """SkyRL's main_sft (a training job's config at ZeRO-3, the FSDP strategy) always checkpoints every layer
     (SFTConfig has no gradient_checkpointing), and verl's and SkyRL's FSDP backends have no selective: before, check

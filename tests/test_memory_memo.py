@@ -117,7 +117,8 @@ def test_estimates_inside_a_scope_are_the_same_numbers(case):
         {"recompute": "selective", "recompute_modules": ["mlp", "core_attn"]})]
     plain = [outcome(estimate_memory, job, p) for p in variants]
     fits = [outcome(memory_fit, job, p, job.gpu.memory_bytes) for p in variants]
-    assert sum(isinstance(r, dict) for r in plain) >= 5
+    # at least four estimated (verl's FSDP engine sets no selective recompute, method or modules: RC006, RC003, RC004)
+    assert sum(isinstance(r, dict) for r in plain) >= 4
     with shared_layers():
         assert [outcome(estimate_memory, job, p) for p in variants] == plain
         assert [outcome(memory_fit, job, p, job.gpu.memory_bytes) for p in variants] == fits
