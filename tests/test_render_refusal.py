@@ -22,6 +22,7 @@ from meshplan.faces.cli import main
 from meshplan.faces.mcp import tools
 from meshplan.knowledge.cards import model_card
 from meshplan.request.resolve import resolve
+from meshplan.rules.engine import unwritable_rules
 from meshplan.schema.request import Request
 
 TP3 = dict(model="llama-3.1-8b", num_gpus=8, tp=3)  # dp = 8/3: WS001, and 32 heads / 3: TP001
@@ -48,6 +49,19 @@ def test_a_layout_the_framework_rejects_is_refused_with_each_finding_and_its_fix
         assert f"{finding.id} (error): {finding.message} Fix: {finding.fix}" in text
     assert "tp*pp*cp = 3*1*1 = 3" in text and "tp in {1, 2, 4, 8} works" in text
     assert "megatron-core would reject it" in text and "--force" in text and "force=true" in text
+
+
+def test_a_setting_the_written_config_has_no_key_for_is_refused_as_that_not_as_the_frameworks_rejection():
+    """SkyRL's main_sft at ZeRO 3 always checkpoints every layer: recompute=none has no key there (RC006, a rule the
+    card marks unwritable). The framework would not reject the layout; meshplan cannot write the setting, and the
+    refusal's headline says that. A layout that breaks a framework's own rule still says the framework rejects it."""
+    req = Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="skyrl", zero_stage=3, recompute="none")
+    with pytest.raises(RefusedLayout) as exc:
+        api.render_config("skyrl", req)
+    headline = str(exc.value).splitlines()[0]
+    assert "RC006" in headline and "would reject it" not in headline
+    assert "the skyrl config meshplan writes has no key for a setting it uses" in headline
+    assert unwritable_rules() == {"AD001", "RC005", "RC006"}
 
 
 def test_a_layout_that_does_not_fit_is_refused_with_its_peak_against_the_capacity():

@@ -27,7 +27,7 @@ from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS, adapter_section
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.releases import resolve_release
 from meshplan.request.parse import parse_request
-from meshplan.rules.engine import memory_rules
+from meshplan.rules.engine import memory_rules, unwritable_rules
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import CheckReport, Finding, MemorySummary, RenderResult
@@ -189,8 +189,10 @@ class RefusedLayout(MeshplanError):
         self.findings = [f for f in report.findings if f.severity == "error"]
         ids = [f.id for f in self.findings]
         why = []
-        if set(ids) - memory_rules():
+        if set(ids) - memory_rules() - unwritable_rules():
             why.append(f"{job.framework} would reject it")
+        if set(ids) & unwritable_rules():
+            why.append(f"the {job.framework} config meshplan writes has no key for a setting it uses")
         memory = report.memory
         if memory is not None and not memory.fits:
             why.append(f"it does not fit: {peak_words(memory)} against {gib(memory.capacity_bytes)} of memory")

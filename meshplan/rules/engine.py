@@ -55,6 +55,9 @@ class RuleSpec(BaseModel):
     source: str = Field(description="Framework file or paper that holds the rule")
     why: str = Field("", description="Why the rule matters, in a sentence or two")
     params: dict[str, float | int] = Field(default_factory=dict, description="Thresholds, with their reason in why")
+    unwritable: bool = Field(False, description="Fires where the config render writes has no key for a setting (the "
+                                                "framework itself might run it): render's refusal says so, not that "
+                                                "the framework would reject the layout")
 
     @field_validator("frameworks")
     @classmethod
@@ -109,6 +112,11 @@ def rule_specs() -> dict[str, RuleSpec]:
 def memory_rules() -> frozenset[str]:
     """Ids of the rules that read the memory estimate (`memory: true` in the card)."""
     return frozenset(spec.id for spec in rule_specs().values() if spec.memory)
+
+
+def unwritable_rules() -> frozenset[str]:
+    """Ids of the rules that fire where the rendered config has no key for a setting (`unwritable: true`)."""
+    return frozenset(spec.id for spec in rule_specs().values() if spec.unwritable)
 
 
 # --------------------------------------------------------------------------- the conditions
