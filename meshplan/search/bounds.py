@@ -232,12 +232,13 @@ class StepTimeBounds(SearchPlans):
                                self.cp_mbs.get((lay.tp, lay.cp)))
 
     def shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None,
-                   most: int | None, plain: bool = False) -> tuple[int, float, float, tuple]:
+                   most: int | None, exposed_a2a: bool = False) -> tuple[int, float, float, tuple]:
         """token_rate given what it reads of the seeded shards (`work`: work_mbs of the layout's (tp, ep, etp), `most`:
         cp_mbs of its (tp, cp); both None for the exact bound, or where the shard is not seeded), kept in bounds_memo
         per all it reads: tp, ep, etp, cp, whether the pipeline may overlap the all-to-all, recompute, those two, and
-        the micro-batch only where one is None (the references then read it). `plain`: of plans without the overlap."""
-        overlap = not plain and self.pipeline_overlaps(lay)
+        the micro-batch only where one is None (the references then read it). `exposed_a2a`: of plans without the
+        EP overlap (the all-to-all exposed)."""
+        overlap = not exposed_a2a and self.pipeline_overlaps(lay)
         key = ("rate", lay.tp, lay.ep, lay.etp, lay.cp, overlap, recompute, work, most,
                mbs if work is None or most is None else 0)
         hit = self.bounds_memo.get(key)
@@ -409,19 +410,19 @@ class StepTimeBounds(SearchPlans):
         return hit
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False,
-                       plain: bool = False) -> float:
+                       exposed_a2a: bool = False) -> float:
         """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
         vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp) (where the last rank may hold
         less and the stretch takes the pipeline's chains, m of them: each chain holds a rank's m micro-batches, each
         transfer at least the unit's).
         Once per arguments: it reads only them and the job (the exact token bound, pp_unit's
-        cached units), not the seeded shards' sizes. `plain`: of the layout's plans without the EP overlap (twin_bound).
-        """
+        cached units), not the seeded shards' sizes. `exposed_a2a`: of the layout's plans without the EP overlap
+        (twin_bound)."""
         interleave = interleave and lay.vpp > 1  # without virtual stages there is no interleaving to add
-        key = (lay, mbs, recompute, interleave, plain)
+        key = (lay, mbs, recompute, interleave, exposed_a2a)
         bound = self.bounds_memo.get(key)
         if bound is None:
-            rate = self.shard_rate(lay, mbs, recompute, None, None, plain)
+            rate = self.shard_rate(lay, mbs, recompute, None, None, exposed_a2a)
             plain: list[float] | None = [] if interleave else None
             bound = self.stretch_one(lay, mbs, *rate, plain=plain)  # exact token_bound
             if plain:
@@ -437,7 +438,8 @@ class StepTimeBounds(SearchPlans):
         that cannot overlap it; the interleaved order's bubble and blocking share, the twin's schedule) and the DP term
         after it (sync_bound)."""
         lay, zero, recompute, mbs = key
-        return self.sync_bound(lay, zero, mbs, self.pipeline_bound(lay, mbs, recompute, interleave=True, plain=True))
+        return self.sync_bound(lay, zero, mbs, self.pipeline_bound(lay, mbs, recompute, interleave=True,
+                                                              exposed_a2a=True))
 
     def sharding_bound(self, lay: Layout, zero: int, mbs: int) -> float:
         """A bound of every plan of the layout at this ZeRO stage and micro-batch, at any recompute: m x the least
