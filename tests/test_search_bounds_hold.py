@@ -249,3 +249,31 @@ def test_a_group_whose_seeds_no_zero_stage_raises_keeps_their_keys(req):
                 scaled = [x * scale for x in k]
                 assert search.synced(scaled, ms, lazy) == search.synced(scaled, ms, full)
     assert stopped > 0
+
+
+@pytest.mark.parametrize(("req", "stride"), [(UNEVEN_JOBS[2][0], 3), (Request(model="deepseek-v3", num_gpus=2048,
+                                                                              gpu="h100"), 97)],
+                         ids=["deepseek-v2-lite", "deepseek-v3"])
+def test_a_rank_heavier_than_its_share_raises_the_exact_bounds(req, stride):
+    """Where the stretch holds (no last rank under 1/pp of the work) but the ranks differ, a rank over W/pp makes its
+    chain, m t_r + the earlier ranks' / v, longer than the stretch (rank_chains.heavy_chains): the exact token bound
+    rises above its stretch on such layouts, and with the pipeline bound it stays under every plan's estimate."""
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    raised = compared = 0
+    for lay, sizes in uneven_layouts(search, stride):
+        mbs, recompute = sizes[0], search.recomputes[0]
+        plain: list[float] = []
+        bound = search.stretch_one(lay, mbs, *search.shard_rate(lay, mbs, recompute, None, None), plain=plain)
+        if bound <= plain[0]:
+            continue
+        raised += 1
+        pipe = search.pipeline_bound(lay, mbs, recompute, interleave=True)
+        for zero in search.zeros:
+            try:
+                step = search.throughput(lay, zero, recompute, mbs).step_time_s
+            except MeshplanError:
+                continue
+            assert max(bound, pipe) <= step * (1.0 + ROUNDING), (lay, mbs, zero, bound, pipe, step)
+            compared += 1
+    assert raised > 3 and compared > 3, (raised, compared)

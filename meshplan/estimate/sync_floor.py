@@ -26,6 +26,15 @@ class SyncFloor(NamedTuple):
     hidden: float = 0.0
 
 
+class StageSync(NamedTuple):
+    """What the search's synced reads of one ZeRO stage of a grid (search/bounds.py group_syncs): its sharding
+    traffic per micro-batch and its first ranks' SyncFloor (seconds, hidden)."""
+
+    per_micro: float
+    seconds: float
+    hidden: float
+
+
 @dataclass(frozen=True)
 class SyncRates:
     """What sync_floor reads of a plan besides its first rank's decoder layers: its DP groups and links, its ZeRO

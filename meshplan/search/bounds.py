@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.pipeline_counts import steady_share
@@ -19,11 +18,11 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
-from meshplan.estimate.sync_floor import SyncFloor, SyncRates
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
-from meshplan.search.rank_chains import Ranks, light_stages, pipeline_ranks, stages_bound
+from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.seed_groups import SeedGroup, group_floor
 from meshplan.search.space import Layout
 
@@ -222,10 +221,10 @@ class StepTimeBounds(SearchPlans):
         return bound  # type: ignore[return-value]
 
     def token_rate(self, lay: Layout, mbs: int, recompute: str, exact: bool = False) -> tuple[int, float, float, tuple]:
-        """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a
-        micro-batch outside the steady state adds: its all-to-all exposed; what names the references, for
-        token_parts). Without `exact` it is the same for every
-        micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest), so `seed` reads it once."""
+        """token_bound's references: (b_tok, seconds per token, and with EP overlap the seconds per token a micro-batch
+        outside the steady state adds: its all-to-all exposed; what names the references, for token_parts). Without
+        `exact` it is the same for every micro-batch of a seeded layout (work_mbs and cp_mbs hold its shard's largest),
+        so `seed` reads it once."""
         if exact:
             return self.shard_rate(lay, mbs, recompute, None, None)
         return self.shard_rate(lay, mbs, recompute, self.work_mbs.get((lay.tp, lay.ep, lay.etp)),
@@ -273,20 +272,22 @@ class StepTimeBounds(SearchPlans):
         """token_bound from its references, per micro-batch size: this layout's tokens per rank over its stages
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
-        work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound; `refs`:
-        the rate's references; the ideal time then without its bubble). `factors`: the layout's stretch_factors;
-        `ideal`: each bound the larger of it and their ideal_time (the seed keys); `plain`: where given, each bound
-        without the chains is appended to it (the stretch without `refs`, the same floats: chained reads both); `ranks`:
-        the layout's last_ranks where the caller has them (the seeding keeps them with each shape's entry)."""
+        work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound; `refs`: the rate's
+        references; the ideal time then without its bubble); elsewhere, but in the seeds, the chains where over it
+        (rank_chains.heavy_chains). `factors`: the layout's stretch_factors; `ideal`: each bound the larger of it and
+        their ideal_time (the seed keys); `plain`: where given, each bound without the chains is appended to it (the
+        stretch without `refs`, the same floats: chained reads both); `ranks`: the layout's last_ranks where the caller
+        has them (the seeding keeps them with each shape's entry)."""
         s, pp = self.job.seq_length, lay.pp
         per_rank = -(-s // lay.cp)
         sync = self.moe_sync_s()
-        if refs is None:
-            light = None
-        elif ranks is False:
+        light = heavy = None
+        if refs is not None and ranks is False:
             light = self.light_ranks(lay, (b_tok, per_token, exposed, refs))
-        else:
-            light = None if ranks is None else self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))
+            if light is None and not ideal:  # (not the seeds': their keys are many, their chains seldom over)
+                heavy = heavy_chains(self.bounds_memo, self.job, lay, self.zeros, refs, self.token_parts)
+        elif refs is not None and ranks is not None:
+            light = self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))  # type: ignore[arg-type]
         fixed, vpp, ref_tokens = self.engine.moe_layer_fixed_s, lay.vpp, b_tok * s  # (an int: the same product)
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
@@ -301,10 +302,11 @@ class StepTimeBounds(SearchPlans):
             bound = per_stage * stages
             if plain is not None:
                 plain.append(bound)
-            if light is not None:
+            if light is not None or heavy is not None:
                 weights = (tokens, tokens * outside * exposed, fixed * rest if rest > 0.0 else 0.0)
-                least = stages_bound(m, pp, vpp, per_stage * pp, light, weights, bound)
-                if least < bound:
+                if heavy is not None:
+                    bound = heavy_bound(m, pp, vpp, per_stage * pp, heavy, weights, bound)
+                elif (least := stages_bound(m, pp, vpp, per_stage * pp, light, weights, bound)) < bound:
                     bound = least
                     low = low * m / stages  # the ideal time: no bubble counted
             bounds.append(low if ideal and low >= bound else bound)
@@ -411,12 +413,11 @@ class StepTimeBounds(SearchPlans):
 
     def pipeline_bound(self, lay: Layout, mbs: int, recompute: str, interleave: bool = False,
                        exposed_a2a: bool = False) -> float:
-        """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives
-        vpp times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp) (where the last rank may hold
-        less and the stretch takes the pipeline's chains, m of them: each chain holds a rank's m micro-batches, each
-        transfer at least the unit's).
-        Once per arguments: it reads only them and the job (the exact token bound, pp_unit's
-        cached units), not the seeded shards' sizes. `exposed_a2a`: of the layout's plans without the EP overlap
+        """The per-token bound plus the pipeline traffic interleaving multiplies: each stage sends and receives vpp
+        times per micro-batch, so step >= (C/pp + vpp*pp_unit)(m + (pp-1)/vpp) (where the last rank may hold less and
+        the stretch takes the pipeline's chains, m of them: each chain holds a rank's m micro-batches, each transfer at
+        least the unit's). Once per arguments: it reads only them and the job (the exact token bound, pp_unit's cached
+        units), not the seeded shards' sizes. `exposed_a2a`: of the layout's plans without the EP overlap
         (twin_bound)."""
         interleave = interleave and lay.vpp > 1  # without virtual stages there is no interleaving to add
         key = (lay, mbs, recompute, interleave, exposed_a2a)
@@ -425,11 +426,12 @@ class StepTimeBounds(SearchPlans):
             rate = self.shard_rate(lay, mbs, recompute, None, None, exposed_a2a)
             plain: list[float] | None = [] if interleave else None
             bound = self.stretch_one(lay, mbs, *rate, plain=plain)  # exact token_bound
-            if plain:
-                m = self.microbatches(lay, mbs)
-                # where the stretch took the chains (chained), m transfers (each chain holds a rank's m micro-batches)
-                stages = m if bound < plain[0] else m + lay.bubble_stages()
-                bound += lay.vpp * self.pp_unit(lay, mbs) * self.blocking_p2p_share(lay, mbs) * stages
+            if plain:  # the stretch's m + bubble transfers, a chain's m (it holds a rank's m micro-batches): the
+                # chains under the stretch (chained) or over it (heavy_chains: the larger, the stretch's held)
+                m, unit = self.microbatches(lay, mbs), lay.vpp * self.pp_unit(lay, mbs)
+                stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, mbs)) * (m + lay.bubble_stages())
+                bound = stretched if bound == plain[0] else bound + unit * m if bound < plain[0] else max(
+                    stretched, bound + unit * m)
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]
 
@@ -690,11 +692,3 @@ class StepTimeBounds(SearchPlans):
         return self.stretch(lay, sizes, *rate, factors=self.stretch_factors(lay, sizes, ideal), ideal=True,
                             ranks=ranks)
 
-
-class StageSync(NamedTuple):
-    """What synced reads of one ZeRO stage of a grid (bounds.group_syncs): its sharding traffic per micro-batch and
-    its first ranks' SyncFloor (seconds, hidden)."""
-
-    per_micro: float
-    seconds: float
-    hidden: float

@@ -10,10 +10,14 @@ rank then runs: so the step is at least m t_r + (the earlier ranks' times)/v for
 stretch. An uneven split (Megatron's first/last stage sizes, a virtual layout, an even split's remainder, the
 output layer elsewhere) may leave the last rank less: the bounds then take the largest of these chains, with each
 rank's least time from its layers of each kind and its head (a reference's parts: perf.StageWork), and m x W/pp (the
-slowest rank is at least the average), where that is under their stretch."""
+slowest rank is at least the average), where that is under their stretch. Where the stretch holds but the ranks
+differ, the same chains raise the exact bounds (heavy_chains): a rank heavier than W/pp makes m t_r the longer.
+DeepSeek-V3's 61 layers fall unevenly on every pp: on 2,048 H100 its pipeline bounds rise about 3%."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic.schedule import Stages
@@ -75,6 +79,32 @@ def pipeline_ranks(job: Job, lay: Layout, zeros: tuple[int, ...]) -> Ranks | Non
     return Ranks(stages, flat_stages(stages, lay.pp, lay.vpp, len(job.model.moe.moe_layers) if job.model.moe else 0))
 
 
+def heavy_chains(memo: dict, job: Job, lay: Layout, zeros: tuple[int, ...], refs: tuple,
+                 parts: Callable[[tuple], tuple[float, ...]]) -> tuple | None:
+    """light_stages of every stages of a layout whose stretch holds (bounds.stretch's exact bounds: pipeline_ranks is
+    None), whatever their last rank holds, at a rate's references `refs` (`parts`: bounds.token_parts); None where
+    no chain can be over the stretch: no bubble, every rank alike at each ZeRO stage, or a reference without parts.
+    The ranks are kept in `memo` per what the stages read of the layout; their chains in the Ranks per references."""
+    key = ("heavy", lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
+    ranks = memo.get(key, False)
+    if ranks is False:
+        ranks = memo[key] = None
+        if lay.pp > 1 and lay.bubble_stages():
+            found = {tuple(rank_load(job.model, stages, s) for s in range(lay.pp)): None for stages in
+                     (estimate_stages(job, lay, zero) for zero in zeros) if stages is not None}
+            if any(len(set(loads)) > 1 for loads in found):
+                stages = tuple((loads[-1], latest_chains(loads)) for loads in found)
+                ranks = memo[key] = Ranks(stages, flat_stages(stages, lay.pp, lay.vpp, model_layers(job.model)[1]))
+    if ranks is None:
+        return None
+    hit = ranks.light.get(refs, False)
+    if hit is False:
+        weights = parts(refs)
+        hit = ranks.light[refs] = light_stages(ranks.flat, weights, 0.0, 0.0, 0.0, lay.pp, lay.vpp, every=True) \
+            if any(weights) else None
+    return hit
+
+
 def latest_chains(loads: tuple[RankLoad, ...]) -> tuple[tuple[RankLoad, RankLoad], ...]:
     """Per distinct load of `loads` (in rank order), its latest rank's (load, the earlier ranks' loads summed)."""
     latest: dict[RankLoad, tuple[RankLoad, RankLoad]] = {}
@@ -109,16 +139,16 @@ def flat_stages(stages: tuple[tuple[RankLoad, tuple[tuple[RankLoad, RankLoad], .
 
 
 def light_stages(flat: tuple, parts: tuple[float, ...], per_token: float, exposed: float, sync: float, pp: int,
-                 vpp: int) -> tuple | None:
+                 vpp: int, every: bool = False) -> tuple | None:
     """bounds.light_ranks of flat_stages `flat` at a reference's `parts` (bounds.token_parts), `per_token` seconds,
     `exposed` all-to-all and `sync` host syncs: per stages whose last rank may hold less than 1/pp of the work, (its
     last rank's least time per token, its share of the MoE layers, its MoE layers) and per chain (the rank's three,
-    the earlier ranks' three over vpp); None where none may."""
+    the earlier ranks' three over vpp); None where none may. `every`: each stages, light or not (heavy_chains)."""
     dense, moe, dense_rec, moe_rec, head, cp = parts
     light = []
     for (c0, c1, c2, c3, c4, c5), short_a2a, short_sync, share, moes, chains in flat:
         least = c0 * dense + c1 * moe + c2 * dense_rec + c3 * moe_rec + c4 * head + c5 * cp
-        if pp * least < per_token or (exposed and short_a2a) or (sync and short_sync):
+        if every or pp * least < per_token or (exposed and short_a2a) or (sync and short_sync):
             rows = []  # (asked once per stages and reference: unpacked and written out, no comprehension)
             for a, ms, mo, b, ms_b, mo_b in chains:
                 if a is None:
@@ -165,6 +195,23 @@ def holds_its_share(rank: RankLoad, arch: Architecture, pp: int) -> bool:
     return (bool(rank.head) and pp * rank.dense >= total - moe_total and pp * rank.moe >= moe_total
             and pp * (rank.dense + rank.moe) >= total and pp * rank.moe_decoder >= moe_decoder
             and pp * rank.dense_decoder >= arch.num_layers - moe_decoder)
+
+
+def heavy_bound(m: int, pp: int, vpp: int, whole: float, heavy: tuple, weights: tuple[float, float, float],
+                stretch: float) -> float:
+    """The least over heavy_chains' stages of the largest of their `stretch` (it holds for each), m x whole/pp, each
+    chain and the last rank's (stages_bound's terms, with the same `weights`): every one is under the replay."""
+    w0, w1, w2 = weights
+    least = math.inf
+    for (last0, last1, last2), chains in heavy:
+        bound = max(stretch, m * whole / pp, (m - 1.0 / vpp) * (w0 * last0 + w1 * last1 + w2 * last2) + whole / vpp)
+        for a, ms, mo, a_before, ms_before, mo_before in chains:
+            chain = m * (w0 * a + w1 * ms + w2 * mo) + w0 * a_before + w1 * ms_before + w2 * mo_before
+            if chain > bound:
+                bound = chain
+        if bound < least:
+            least = bound
+    return least
 
 
 def stages_bound(m: int, pp: int, vpp: int, whole: float, light: tuple, weights: tuple[float, float, float],
