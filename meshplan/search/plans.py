@@ -152,13 +152,13 @@ class SearchPlans(HostCounts, OverlapChoice):
         """The plan of a key, with the knobs chosen per plan (dispatcher, EP overlap; `overlap` forces the latter),
         the request's TP overlap wherever there is TP, and the request's carried fields. The layout's first plan is
         first_plan's (Caches.plans); the others are copies of it with the knobs that change between a layout's plans
-        (Plan.model_copy: not validated again), each a value validation returns unchanged (ZeRO stage, recompute,
+        (Plan.copied: not validated again), each a value validation returns unchanged (ZeRO stage, recompute,
         positive micro-batch, dispatcher, bool): the same plan (tests/test_search_plans_built.py builds both)."""
         knobs = self.knobs(lay, zero, recompute, mbs, overlap)
         template = self.caches.plans.get(lay)
         if template is None:
             return self.caches.plans.setdefault(lay, self.first_plan(lay, knobs))
-        return template.model_copy(update=knobs)
+        return template.copied(knobs)
 
     def first_plan(self, lay: Layout, knobs: dict) -> Plan:
         """A layout's first plan: copied from `plain` where Layout.copied_plan can (the same plan), else validated."""

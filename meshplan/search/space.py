@@ -225,7 +225,7 @@ class Layout:
                 or (layout is not None and not (type(layout) is str and _LAYOUT_LENGTHS[0] <= len(layout)
                                                 <= _LAYOUT_LENGTHS[1]))):
             return None
-        return model.model_copy(update={
+        return model.copied({
             "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "etp": self.etp,
             "dp": self.dp, "sequence_parallel": sequence_parallel, **knobs, "first_stage_layers": self.first,
             "last_stage_layers": self.last, **split, "pipeline_schedule": self.schedule or None,
