@@ -170,23 +170,40 @@ def plain_tail(pp: int, vpp: int, microbatches: int, group: int, warmups: Sequen
         w = warmups[r]
         return (w + 2 * k + 1 if k < n - w else n + k + p - r) * p + r + p
 
+    # Inlined below (a tail's ~2,000 ops cost ~5,000 instructions each through the two calls): rank r's input is
+    # forward(r - 1, i) / backward(r + 1, k) on its neighbours, the wrap-around ones (rank 0's forward, the last
+    # rank's backward past chunk 0) through the calls; the check reads the op's own number, row + column * p + p.
     for r, w in enumerate(warmups):
         cool = 2 * n - w  # the rank's first cool-down position
         first = column if column < cool else max(cool, column - (p - r))
+        before = warmups[r - 1] if r else 0  # the neighbours' warm-ups and number offsets
+        after = warmups[r + 1] if r < p - 1 else 0
+        f_off, b_off, own = r - 1 + p, r + 1 + p, column * p + p
         for q in range(first, 2 * n):
             row = ((q if q < cool else q + p - r) - column) * p + r
             if q < w or (q < cool and not (q - w) % 2):  # forward i
                 i = q if q < w else (q + w) // 2
-                chunk = (i // g) % v
-                dep[row] = forward(r - 1, i) if r else forward(p - 1, i - g) if chunk else 0
-                hopped[row] = 1 if r or chunk else 0
+                if r:
+                    found = (i if i < before else 2 * i - before) * p + f_off
+                    hopped[row] = 1
+                elif (i // g) % v:
+                    found = forward(p - 1, i - g)
+                    hopped[row] = 1
+                else:
+                    found = 0
                 takes[row] = 2 * r
             else:  # backward k
                 k = (q - w - 1) // 2 if q < cool else q - n
-                chunk = (k // g) % v
-                dep[row] = backward(r + 1, k) if r < p - 1 else backward(0, k - g) if chunk else 0  # _wraps
-                hopped[row] = 1 if r < p - 1 or chunk else 0
+                if r < p - 1:
+                    found = (after + 2 * k + 1 if k < n - after else n + k + p - r - 1) * p + b_off
+                    hopped[row] = 1
+                elif (k // g) % v:
+                    found = backward(0, k - g)  # _wraps
+                    hopped[row] = 1
+                else:
+                    found = 0
                 takes[row] = 2 * r + 1
-            if dep[row] >= row + column * p + p:  # not before the op's own number
+            dep[row] = found
+            if found >= row + own:  # not before the op's own number
                 return None
     return dep, hopped, takes, tuple(backward(r, n - 1) for r in range(p))
