@@ -52,17 +52,60 @@ def test_a_plan_over_by_less_than_its_reserve_fits_only_with_expandable_segments
     assert "MEM001" in ids(False) and "MEM001" not in ids(True)
 
 
-@pytest.mark.parametrize("framework, default", [
-    ("megatron-bridge", True), ("torchtitan", True), ("verl", True),
-    ("megatron-core", False), ("nanotron", False), ("deepspeed", False),
+@pytest.mark.parametrize("framework, job_kind, default", [
+    ("megatron-bridge", "sft", True), ("torchtitan", "sft", True), ("verl", "rl", True),
+    ("verl", "sft", False),  # verl's SFT trainer sets none; its RL workers do (cards/frameworks/verl.yaml allocator)
+    ("megatron-core", "sft", False), ("nanotron", "sft", False), ("deepspeed", "sft", False),
 ])
-def test_left_out_it_is_how_the_framework_launches(framework, default):
-    job, plan = resolve(Request(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework))
+def test_left_out_it_is_how_the_framework_launches(framework, job_kind, default):
+    ask = dict(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework, job=job_kind)
+    job, plan = resolve(Request(**ask))
     assert plan.expandable_segments is default
     assert any("expandable_segments=true" in n for n in job.notes) is default
-    _, plan = resolve(Request(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework,
-                              expandable_segments=not default))
+    _, plan = resolve(Request(**ask, expandable_segments=not default))
     assert plan.expandable_segments is (not default)
+
+
+VERL_SFT = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="verl", zero_stage=3, seq_length=4096,
+                global_batch_size=64, micro_batch_size=1, recompute="full")
+
+
+def test_a_verl_training_job_is_estimated_on_its_sft_trainers_allocator():
+    """verl 0.9.1's SFT trainer (sft_trainer.py, TrainingWorker) never calls set_expandable_segments; the RL workers
+    do. Before, every verl job took expandable segments, so a ZeRO-3 SFT job's fit was its allocated peak."""
+    left_out = api.estimate_memory(Request(**VERL_SFT))
+    off = api.estimate_memory(Request(**VERL_SFT, expandable_segments=False))
+    on = api.estimate_memory(Request(**VERL_SFT, expandable_segments=True))
+    assert (left_out.fit_basis, left_out.fit_bytes) == (off.fit_basis, off.fit_bytes) == ("reserved", off.peak_bytes)
+    assert on.fit_basis == "allocated" and on.fit_bytes < left_out.fit_bytes
+    assert any("expandable_segments=false: verl's SFT trainer" in a for a in left_out.assumptions)
+    rl = resolve(Request(**VERL_SFT, job="rl"))[1]  # the RL workers' training phases keep them
+    assert rl.expandable_segments is True
+
+
+def test_recommend_ranks_a_verl_training_job_on_its_sft_trainers_allocator():
+    ask = {k: v for k, v in VERL_SFT.items() if k not in ("zero_stage", "micro_batch_size", "recompute")}
+    plans = [c.plan for c in api.recommend(Request(**ask)).candidates]
+    assert plans and not any(p.expandable_segments for p in plans)
+
+
+def test_verl_sft_script_exports_it_and_reads_back():
+    """The SFT script render writes exports the setting when the plan takes it (the trainer does not set it), and
+    import reads an exported PYTORCH_CUDA_ALLOC_CONF back; left out, the trainer's own (off)."""
+    from meshplan.adapters.read import import_config
+
+    on = api.render_config("verl", Request(**VERL_SFT, expandable_segments=True))
+    assert on.variant == "sft-fsdp" and "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in on.text
+    back = import_config(on.text, "run_verl_sft.sh")
+    assert back.request["expandable_segments"] is True
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in back.sources["expandable_segments"]
+    off = api.render_config("verl", Request(**VERL_SFT))
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in off.text and not any("expandable" in n for n in off.notes[-1:])
+    plain = import_config(off.text, "run_verl_sft.sh")
+    assert "expandable_segments" not in plain.request and plain.defaults["expandable_segments"] is False
+    inline = import_config(off.text.replace("torchrun ", "PYTORCH_ALLOC_CONF=expandable_segments:False torchrun "),
+                           "run.sh")
+    assert inline.request["expandable_segments"] is False
 
 
 def test_round_trip_through_request_json_cli_and_mcp_schema():
@@ -81,10 +124,11 @@ def test_render_writes_it_where_the_framework_takes_it():
     assert "PYTORCH_CUDA_ALLOC_CONF" not in off.text
     titan = api.render_config("torchtitan", Request(**small, framework="torchtitan"))  # run_train.sh sets it
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in titan.text
-    verl = api.render_config("verl", Request(**small, framework="verl"))  # hydra: no key, the workers set it
+    rl = {**small, "framework": "verl", "job": "rl", "param_offload": True, "optimizer_offload": True}
+    verl = api.render_config("verl", Request(**rl))  # hydra: no key, the RL workers set it
     assert "PYTORCH_CUDA_ALLOC_CONF" not in verl.text
     assert any("set_expandable_segments" in n for n in verl.notes)
-    verl_off = api.render_config("verl", Request(**small, framework="verl", expandable_segments=False))
+    verl_off = api.render_config("verl", Request(**rl, expandable_segments=False))
     assert any("expandable_segments=false" in n for n in verl_off.notes)
 
 
@@ -135,3 +179,21 @@ def test_a_rendered_env_line_is_not_read_as_a_config_override():
 
     text = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\ntorchrun run.py model.tp=2 +a.b=3 --x=1\n"
     assert overrides(shell_tokens(text)) == {"model.tp": "2", "+a.b": "3"}
+
+
+def test_an_rl_jobs_actor_search_keeps_the_rl_workers_allocator():
+    """recommend and min-gpus rank an RL job's actor layouts as a training request (rl/job.trainer_request): that
+    request must carry the RL launcher's allocator, not the SFT trainer's a training job left out would take, and the
+    RL plan takes it from the RL job's own (search/rl_actor.actor_layout)."""
+    from meshplan.rl.job import resolve_rl, trainer_request
+    from meshplan.search.rl_actor import actor_layout
+
+    rl = Request(**{**VERL_SFT, "zero_stage": None}, job="rl")
+    training = trainer_request(resolve_rl(rl, [])[0])
+    assert training.job is None and training.expandable_segments is True
+    assert resolve(training)[1].expandable_segments is True
+    asked = trainer_request(resolve_rl(rl.model_copy(update={"expandable_segments": False}), [])[0])
+    assert asked.expandable_segments is False
+    base = resolve(rl)[1]
+    actor = resolve(Request(**VERL_SFT))[1]
+    assert actor_layout(actor, base).expandable_segments is True

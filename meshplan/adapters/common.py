@@ -33,6 +33,7 @@ class Built:
     filename: str
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    exports_env: bool = False  # a shell script of another format (hydra): it exports the allocator setting itself
 
 
 Builder = Callable[[Job, Plan, str, str], Built]

@@ -237,7 +237,7 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
         )
     refuse_missing(framework, version, variant, job, plan)
     built = builder(job, plan, variant, version)
-    env, note = allocator_setting(framework, plan, built.format)
+    env, note = allocator_setting(framework, job, plan, built.format == "shell" or built.exports_env)
     context = {"job": job, "plan": plan, "version": version, "variant": variant, "allocator_env": env,
                **built.context}
     text = environment().get_template(built.template).render(**context)
@@ -250,15 +250,16 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
 ALLOCATOR_ENV = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
-def allocator_setting(framework: str, plan: Plan, fmt: str) -> tuple[str | None, list[str]]:
-    """(env line for a shell snippet, notes): Plan.expandable_segments where the framework takes it. A shell snippet
-    exports it; elsewhere a note says where it goes (the framework's launcher or workers, its card's allocator)."""
-    facts = framework_card(framework).allocator
+def allocator_setting(framework: str, job: Job, plan: Plan, shell: bool) -> tuple[str | None, list[str]]:
+    """(env line for a shell snippet, notes): Plan.expandable_segments where the job's launcher takes it (its card's
+    allocator for an RL or a training job: verl's SFT trainer sets none, its RL workers do). A shell snippet exports
+    it; elsewhere a note says where it goes (the framework's launcher or workers, its card's allocator)."""
+    facts = framework_card(framework).allocator_for(job.rl is not None)
     sets_it = facts is not None and facts.expandable_segments
     if not plan.expandable_segments:
         return None, ([f"expandable_segments=false, but {framework} launches with it ({facts.how}): unset it there "
                        "for the memory this estimate assumes."] if sets_it else [])
-    if fmt == "shell":
+    if shell:
         return ALLOCATOR_ENV, []
     where = facts.how if sets_it else f"export {ALLOCATOR_ENV} before the launch (the framework does not set it)"
     return None, [f"expandable_segments=true: {where}; the fit is decided by the allocated peak."]

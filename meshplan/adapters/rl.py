@@ -252,7 +252,8 @@ def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
         n = nodes(job)
         return Built(template="verl_sft.j2", context={"overrides": overrides, "nnodes": n.nnodes,
                                                       "per_node": n.per_node},
-                     format="hydra", filename="run_verl_sft.sh", notes=notes, warnings=flex_notes(job, plan)[1])
+                     format="hydra", filename="run_verl_sft.sh", notes=notes, warnings=flex_notes(job, plan)[1],
+                     exports_env=True)
     overrides, notes = verl_overrides(job, plan, variant)
     overrides += verl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
     flex, warnings = flex_notes(job, plan)

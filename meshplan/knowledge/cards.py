@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import FlexDispatcherEngines, MoeDispatch, MoeExpertWeights, MoeHostSyncs
@@ -388,16 +389,6 @@ class SearchKnobs(_Card):
     source: str
 
 
-class AllocatorFacts(_Card):
-    """How the framework's own launcher sets PyTorch's caching allocator (Plan.expandable_segments when the request
-    leaves it out), and where a rendered config says so."""
-
-    expandable_segments: bool = Field(description="Whether the framework's launcher or workers enable it")
-    how: str = Field(description="Where the framework takes it, as the rendered config's note says it (an env "
-                                 "line, a config key, or set by the framework itself)")
-    source: str
-
-
 class MemoryReportFacts(_Card):
     """Which peak the framework's own benchmark harness publishes: the memory report of the training log it reads
     (the moment) and its basis. A measured peak that harness took is compared with meshplan's figure at that moment."""
@@ -660,6 +651,10 @@ class FrameworkCard(_Card):
 
     def engine_at(self, zero_stage: int) -> Engine:
         return self.engine.by_zero_stage[zero_stage]
+
+    def allocator_for(self, rl: bool) -> AllocatorSetting | None:
+        """How the launcher of an RL job (`rl`) or a training job sets the allocator (None: PyTorch's default)."""
+        return None if self.allocator is None else self.allocator.for_job(rl)
 
     def offload_at(self, zero_stage: int) -> EngineOffload | None:
         """The offload semantics of the engine this ZeRO stage runs (None: that engine offloads nothing)."""

@@ -169,7 +169,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         pipeline_microbatches=_pipeline_microbatches(req, card, pp=pp, m=max(1, gbs // (mbs * dp)), notes=notes),
         torch_compile=_torch_compile(req, card, notes),
         tp_comm_overlap=_tp_comm_overlap(req, card, tp, notes),
-        expandable_segments=_expandable_segments(req, card, notes),
+        expandable_segments=_expandable_segments(req, card, notes, rl is not None),
         defer_fsdp_grad_sync=_defer_grad_sync(req, card, notes),
         # attention backend, dropout (None: the framework's)
         **_attention_fields(req, card, gpu, version, zero, notes, mla=arch.mla is not None),
@@ -483,12 +483,19 @@ def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:
     return value
 
 
-def _expandable_segments(req: Request, card, notes: list[str]) -> bool:
-    """The allocator setting as asked, else as the framework's own launcher sets it (its card's allocator section)."""
-    sets_it = card.allocator is not None and card.allocator.expandable_segments
-    return _switch(req.expandable_segments, sets_it,
-                   f"expandable_segments=true: {card.display_name} launches with it "
-                   f"({card.allocator.how if sets_it else ''}; cards/frameworks/{req.framework}.yaml allocator)", notes)
+def _expandable_segments(req: Request, card, notes: list[str], rl: bool) -> bool:
+    """The allocator setting as asked, else as the framework's launcher for the job sets it (its card's allocator
+    section: an RL job's launcher, or a training job's where it differs, verl's SFT trainer), noted either way where
+    the framework has a setting, so a job that runs without expandable segments says why."""
+    facts = card.allocator_for(rl)
+    if req.expandable_segments is not None or facts is None:
+        return bool(req.expandable_segments)
+    if not facts.expandable_segments:
+        notes.append(f"expandable_segments=false: {facts.how} (cards/frameworks/{req.framework}.yaml allocator)")
+        return False
+    notes.append(f"expandable_segments=true: {card.display_name} launches with it ({facts.how}; "
+                 f"cards/frameworks/{req.framework}.yaml allocator)")
+    return True
 
 
 def _defer_grad_sync(req: Request, card, notes: list[str]) -> bool | None:

@@ -134,8 +134,13 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
 
 def trainer_request(trainer: Request) -> Request:
     """The trainer's own training request (resolve_rl's first answer with every RL field cleared): what the training
-    search ranks actor layouts for."""
-    return trainer.model_copy(update=dict.fromkeys(("job", *RL_FIELDS)))
+    search ranks actor layouts for, on the RL launcher's allocator where the request leaves it out (verl's workers
+    turn expandable segments on, its SFT trainer, a training job's, does not: the card's allocator)."""
+    cleared = dict.fromkeys(("job", *RL_FIELDS))
+    allocator = framework_card(trainer.framework).allocator_for(True)
+    if trainer.expandable_segments is None and allocator is not None:
+        cleared["expandable_segments"] = allocator.expandable_segments
+    return trainer.model_copy(update=cleared)
 
 
 def _refuse_rl_fields(req: Request, given: list[str]) -> None:

@@ -23,9 +23,11 @@ from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.request import Request
 from meshplan.search.estimators import Engine, default_engine
 
-# The Plan fields an actor layout takes from the RL job's resolved plan: the rollout's and the offloads.
+# The Plan fields an actor layout takes from the RL job's resolved plan: the rollout's, the offloads and the
+# allocator (the RL launcher's, where a training job's differs: verl).
 ACTOR_FIELDS = ("rollout_engine", "rollout_gpus", "placement", "rollout_enforce_eager", "param_offload",
-                "grad_offload", "optimizer_offload", "optimizer_offload_fraction", "activation_offload")
+                "grad_offload", "optimizer_offload", "optimizer_offload_fraction", "activation_offload",
+                "expandable_segments")
 OFFLOAD_KNOBS = ("param_offload", "grad_offload", "optimizer_offload")
 
 HOST_FREE_FIELDS = frozenset({"micro_batch_size", "recompute", "recompute_layers", "recompute_method",

@@ -378,7 +378,7 @@ def carried_fields(req: Request) -> dict[str, object]:
     card = framework_card(req.framework)
     zero = card.defaults.zero_stage if req.zero_stage is None else req.zero_stage
     fields = {**_precision_fields(req, card, []), "torch_compile": _torch_compile(req, card, []),
-              "expandable_segments": _expandable_segments(req, card, []),
+              "expandable_segments": _expandable_segments(req, card, [], is_rl_request(req)),
               "defer_fsdp_grad_sync": _defer_grad_sync(req, card, []),
               "attention_backend": req.attention_backend or "auto", "dropout": req.dropout,
               **_offload_fields(req, card.offload_at(zero), [], is_rl_request(req))}

@@ -517,5 +517,6 @@ def fill_defaults(reading: Reading) -> None:
     reading.default("attention_backend", "auto", f"the framework's own pick, {where} attention")
     if getattr(card, "compile", None) is not None:
         reading.default("torch_compile", card.compile.default, f"{where} compile.default")
-    if getattr(card, "allocator", None) is not None:
-        reading.default("expandable_segments", card.allocator.expandable_segments, f"{where} allocator")
+    allocator = card.allocator_for(request.get("job") == "rl")  # verl's SFT trainer sets none, its RL workers do
+    if allocator is not None:
+        reading.default("expandable_segments", allocator.expandable_segments, f"{where} allocator")
