@@ -142,3 +142,22 @@ def test_the_engine_trainers_config_groups(words, unsupported):
     meshplan reads, another engine is said; both were 'no meshplan field'."""
     got = import_config(f"torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer {words}\n", "sft.sh")
     assert bool(got.unsupported) is unsupported and all("no meshplan field" not in u for u in got.unsupported)
+
+
+def test_yaml_errors_name_the_line_and_the_kind_of_file_on_both_yaml_readers():
+    """verl's SFT YAML and AutoModel's recipe share adapters/read/settings.yaml_settings (compose, the bad line, a
+    non-mapping refused): each names its own kind of file. verl's error said only 'Fix that line.' before."""
+    from meshplan.adapters.read.settings import yaml_settings
+    from meshplan.core.errors import MeshplanError
+
+    with pytest.raises(MeshplanError, match=r"^sft\.yaml:4: not valid YAML") as bad:
+        import_config("engine:\n  strategy: fsdp2\n  fsdp_size: [1\nmodel:\n  path: x\n", "sft.yaml")
+    assert "verl's SFT config is one YAML mapping" in bad.value.fix
+    with pytest.raises(MeshplanError, match=r"^r\.yaml: verl's SFT config is a YAML mapping") as listed:
+        yaml_settings("- 1\n- 2\n", "r.yaml", "verl's SFT config", "Pass sft_trainer.yaml or a copy.")
+    assert listed.value.fix == "Pass sft_trainer.yaml or a copy."
+    with pytest.raises(MeshplanError, match=r"^r\.yaml: an AutoModel recipe is a YAML mapping"):
+        import_config("- distributed\n", "r.yaml", framework="nemo-automodel", config_format="yaml")
+    got = yaml_settings("a:\n  b: null\n  c: [1, 2]\n  p:\n    _target_: x\n", "f.yaml", "a file", "-",
+                        switches=("p",))
+    assert [(s.key, s.value, s.line) for s in got] == [("a.b", "null", 2), ("a.c", [1, 2], 3), ("a.p", True, 4)]

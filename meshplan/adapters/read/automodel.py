@@ -8,12 +8,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
-
 from meshplan.adapters.lora import read_targets
 from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, apply, as_bool, key_table, state_stage_split
 from meshplan.adapters.read.launch import world
-from meshplan.adapters.read.settings import Setting
+from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.catalog import resolve_model
 
@@ -27,41 +25,12 @@ SPECIAL = frozenset({"zero_0", "zero_2", "zero_3", "micro_batch_size", "fp8", "m
                      "vpp", "uneven_pp", "param_offload", "pipeline_schedule"})
 
 
-def _leaves(node: yaml.Node, prefix: str) -> list[Setting]:
-    """Every scalar of a composed YAML mapping as a dotted key with its line; a sequence is one value (a list), a
-    mapping with a `_target_` under offload_policy one switch."""
-    out: list[Setting] = []
-    for key_node, value_node in node.value:
-        key = f"{prefix}{key_node.value}"
-        line = key_node.start_mark.line + 1
-        if isinstance(value_node, yaml.MappingNode):
-            if key.endswith("offload_policy"):
-                out.append(Setting(key, True, line))
-            else:
-                out += _leaves(value_node, key + ".")
-        else:
-            try:
-                value = yaml.safe_load(yaml.serialize(value_node))
-            except yaml.YAMLError:  # a tag the safe loader refuses (!!python/...): its text, never constructed
-                value = value_node.value if isinstance(value_node, yaml.ScalarNode) else None
-            none = value is None or (isinstance(value, str) and value in NONE_WORDS)
-            out.append(Setting(key, "null" if none else value, line))
-    return out
-
-
-def yaml_settings(text: str, path: str) -> list[Setting]:
-    """The settings of the sections AutoModel's layout lives in; a YAML error names its line."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else path
-        raise MeshplanError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)}).",
-                            fix="Fix that line (an AutoModel recipe is one YAML mapping).") from None
-    if not isinstance(root, yaml.MappingNode):
-        raise MeshplanError(f"{path}: an AutoModel recipe is a YAML mapping.",
-                            fix="Start from `distributed:` and `step_scheduler:` sections.")
-    return [s for s in _leaves(root, "") if s.key.split(".")[0] in READ_SECTIONS and not s.key.endswith("._target_")
+def recipe_settings(text: str, path: str) -> list[Setting]:
+    """The settings of the sections AutoModel's layout lives in (a mapping with a `_target_` under offload_policy is
+    one switch; its loader's none words read as null); a YAML error names its line."""
+    settings = yaml_settings(text, path, "an AutoModel recipe", "Start from `distributed:` and `step_scheduler:` "
+                             "sections.", switches=("offload_policy",), none_words=NONE_WORDS)
+    return [s for s in settings if s.key.split(".")[0] in READ_SECTIONS and not s.key.endswith("._target_")
             and (not s.key.startswith("benchmark.") or s.key == "benchmark.num_nodes")]
 
 
@@ -158,7 +127,7 @@ def _model(reading: Reading) -> int | None:
 def read_automodel_yaml(text: str, path: str) -> Reading:
     """An AutoModel recipe YAML (`automodel <recipe>.yaml --nproc-per-node N`)."""
     reading = Reading(FRAMEWORK, path, variant="yaml")
-    settings = yaml_settings(text, path)
+    settings = recipe_settings(text, path)
     left = apply(reading, settings, key_table(FRAMEWORK), SPECIAL)
     _strategy(reading, left)
     for s, m in left:

@@ -1,6 +1,6 @@
 """A configuration file as a list of settings: each key the file sets, its value and the line that sets it.
 
-Shell launch lines give `--flag value` and Hydra `key=value` words (read by shell.py, never run); TOML and JSON
+Shell launch lines give `--flag value` and Hydra `key=value` words (read by shell.py, never run); TOML, JSON and YAML
 files give their dotted keys. Every later step (which framework, which request field) works on these settings.
 """
 
@@ -11,6 +11,8 @@ import re
 import tomllib
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from meshplan.adapters.read.shell import Word
 from meshplan.core.errors import MeshplanError
@@ -121,4 +123,46 @@ def _json_lines(text: str) -> dict[str, int]:
             pending = None
         elif token in "}]" and stack:
             stack.pop()
+    return out
+
+
+def yaml_settings(text: str, path: str, kind: str, fix: str, *, switches: tuple[str, ...] = (),
+                  none_words: frozenset[str] = frozenset()) -> list[Setting]:
+    """Every scalar of a YAML mapping as a dotted key with its line, for each reader of a YAML config (AutoModel's
+    recipe, verl's SFT trainer config), so their checks cannot drift: composed with the safe loader (no tag
+    constructed, no `_target_` imported), a syntax error names its line where YAML gives one, and a file that is not a
+    mapping says what `kind` of file was expected (`fix`: how to start one). `switches`: key suffixes whose mapping
+    value is one switch (True); `none_words`: strings the framework's loader reads as null."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise MeshplanError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)}).",
+                            fix=f"Fix {'that line' if mark is not None else 'the file'} ({kind} is one YAML "
+                                "mapping).") from None
+    if not isinstance(root, yaml.MappingNode):
+        raise MeshplanError(f"{path}: {kind} is a YAML mapping.", fix=fix)
+    return _yaml_leaves(root, "", switches, none_words)
+
+
+def _yaml_leaves(node: yaml.MappingNode, prefix: str, switches: tuple[str, ...],
+                 none_words: frozenset[str]) -> list[Setting]:
+    """A sequence is one value (a list); a null (or one of `none_words`) reads as "null", as a launch line writes it."""
+    out: list[Setting] = []
+    for key_node, value_node in node.value:
+        key = f"{prefix}{key_node.value}"
+        line = key_node.start_mark.line + 1
+        if isinstance(value_node, yaml.MappingNode):
+            if key.endswith(switches):
+                out.append(Setting(key, True, line))
+            else:
+                out += _yaml_leaves(value_node, key + ".", switches, none_words)
+            continue
+        try:
+            value = yaml.safe_load(yaml.serialize(value_node))
+        except yaml.YAMLError:  # a tag the safe loader refuses (!!python/...): its text, never constructed
+            value = value_node.value if isinstance(value_node, yaml.ScalarNode) else None
+        none = value is None or (isinstance(value, str) and value in none_words)
+        out.append(Setting(key, "null" if none else value, line))
     return out

@@ -12,15 +12,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
-
-from meshplan.adapters.read.automodel import _leaves
 from meshplan.adapters.read.hydra import model_named_by_path
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, normalize, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
-from meshplan.adapters.read.settings import Setting
+from meshplan.adapters.read.settings import Setting, yaml_settings
 from meshplan.adapters.read.shell import Var
-from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.read_card import SftEntry, SftRead
 from meshplan.schema.request import Request
 
@@ -76,15 +72,8 @@ def _allocator(reading: Reading, env: dict[str, Var]) -> None:
 
 def read_verl_sft_yaml(text: str, path: str) -> Reading:
     """The SFT trainer's Hydra YAML (verl/trainer/config/sft_trainer.yaml or a copy): every key at its line."""
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise MeshplanError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML "
-                            f"({getattr(exc, 'problem', exc)}).", fix="Fix that line.") from None
-    if not isinstance(root, yaml.MappingNode):
-        raise MeshplanError(f"{path}: verl's SFT config is a YAML mapping.", fix="Pass sft_trainer.yaml or a copy.")
-    settings = [s for s in _leaves(root, "") if s.key.split(".")[0] != "defaults" and not s.key.endswith("_target_")]
+    settings = [s for s in yaml_settings(text, path, "verl's SFT config", "Pass sft_trainer.yaml or a copy.")
+                if s.key.split(".")[0] != "defaults" and not s.key.endswith("_target_")]
     legacy = any(s.key in ("model.partial_pretrain", "ulysses_sequence_parallel_size") for s in settings)
     entry = _sft().entries[-1 if legacy else 0]
     reading = Reading("verl", path)
