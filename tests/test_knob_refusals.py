@@ -332,3 +332,30 @@ def test_an_estimate_that_leaves_recompute_out_takes_what_the_config_runs():
     assert api.estimate_memory(sft.model_copy(update={"job": "rl"})).plan.recompute == "none"
     megatron = Request(**L8, gpu="h100", framework="skyrl", zero_stage=1, tp=2)
     assert api.estimate_memory(megatron).plan.recompute == "none"
+
+
+def test_the_note_quotes_the_cards_reason_and_the_card_requires_one():
+    """request.resolve's note takes what the run does from the knob's own `reason` (cards/frameworks/skyrl.yaml),
+    not from the first ';'-clause of its `instead`; a recompute_none with key null and no reason fails when the card
+    loads, as a reason beside a key or ending in a period does."""
+    from pydantic import ValidationError
+
+    from meshplan.knowledge.adapter_knobs import knob_table
+    from meshplan.knowledge.cards import AdapterKnob, AdapterSection, framework_card
+
+    knob = knob_table("skyrl", framework_card("skyrl").adapter.default_version, "sft-fsdp")["recompute_none"]
+    assert knob.key is None and knob.reason and knob.reason in knob.instead
+    original = knob.reason
+    try:
+        knob.reason = "main_sft checkpoints every layer"
+        job = api.estimate_memory(Request(**L8, gpu="h100", framework="skyrl", zero_stage=3))
+        assert "recompute not given: full, what the run does: main_sft checkpoints every layer." in job.assumptions
+    finally:
+        knob.reason = original
+    section = framework_card("skyrl").adapter.model_dump()
+    del section["variant_knobs"]["sft-fsdp"]["recompute_none"]["reason"]
+    with pytest.raises(ValidationError, match="needs 'reason'"):
+        AdapterSection.model_validate(section)
+    for bad in (dict(key="x", reason="r"), dict(key=None, instead="i", reason="ends.")):
+        with pytest.raises(ValidationError, match="'reason' belongs"):
+            AdapterKnob.model_validate(bad)

@@ -201,6 +201,17 @@ def missing_layout_knob(framework: str, version: str, variant: str, job: Job, pl
     return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
 
 
+def unwritable_reason(framework: str, job: Job, plan: Plan, name: str) -> str | None:
+    """What the run does instead of the missing knob `name` (its card `reason`, REASON_KNOBS), on the version and
+    variant `render` writes by default; None where that config can write it, or on a card without an adapter (whose
+    cannot_run gives no reason: rule RC006 refuses there)."""
+    target = default_render(framework, job, plan)
+    if target is None:
+        return None
+    knob = knob_table(framework, *target)[name]
+    return knob.reason if knob.key is None else None
+
+
 def unwritable(framework: str, job: Job, plan: Plan, name: str) -> str | None:
     """What to do instead where the framework cannot run the knob `name` for this plan: on the version and variant
     `render` writes by default, a key null (its `instead`); on a card without an adapter, its `cannot_run` entry.

@@ -184,12 +184,22 @@ class AdapterKnob(_Card):
         None, description="A knob with a vocabulary (attention_backend, pipeline_schedule): the framework's value for "
                           "each of meshplan's; "
                           "null where the framework has none (refused with 'instead')")
+    reason: str | None = Field(None, description="A missing knob a request gets when it leaves the field out "
+                                                 "(REASON_KNOBS): what the run does instead, the words of the note "
+                                                 "that says so (no final period)")
 
     @model_validator(mode="after")
     def _missing_says_instead(self) -> AdapterKnob:
         if (self.key is None or None in (self.values or {}).values()) and not self.instead:
             raise ValueError("a missing knob (key: null) or value (null) needs 'instead'")
+        if self.reason is not None and (self.key is not None or self.reason.endswith(".")):
+            raise ValueError("'reason' belongs to a missing knob (key: null) and ends without a period")
         return self
+
+
+# Knobs a request that leaves its field out gets: one missing (key null) needs its `reason`, which request.resolve
+# tells that request (recompute left out: full where checkpointing cannot be turned off, SkyRL's main_sft at ZeRO-3).
+REASON_KNOBS = ("recompute_none",)
 
 
 class AdapterVersion(_Card):
@@ -225,6 +235,9 @@ class AdapterSection(_Card):
             unknown = sorted(set(knobs) - set(ADAPTER_KNOBS))
             if variant not in self.variants or unknown:
                 raise ValueError(f"variant_knobs.{variant}: unknown variant or knob ({unknown})")
+        for table in [*self.variant_knobs.values(), *(v.knobs for v in self.versions.values())]:
+            if any(k in table and table[k].key is None and not table[k].reason for k in REASON_KNOBS):
+                raise ValueError(f"a missing {' or '.join(REASON_KNOBS)} needs 'reason' (what the run does instead)")
         return self
 
     def renders(self, knob: str) -> bool:

@@ -14,7 +14,7 @@ from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.adapter_knobs import unwritable
+from meshplan.knowledge.adapter_knobs import unwritable_reason
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
@@ -200,10 +200,10 @@ def _runnable_recompute(req: Request, job: Job, plan: Plan) -> tuple[Job, Plan]:
     asked no recompute."""
     if req.recompute is not None or plan.recompute != "none":
         return job, plan
-    instead = unwritable(job.framework, job, plan, "recompute_none")
-    if instead is None:
+    reason = unwritable_reason(job.framework, job, plan, "recompute_none")
+    if reason is None:
         return job, plan
-    note = f"recompute not given: full, what the run does: {instead.split(';')[0]}."
+    note = f"recompute not given: full, what the run does: {reason}."
     notes = [note if n.startswith("recompute not given:") else n for n in job.notes]
     return job.model_copy(update={"notes": notes}), plan.model_copy(update={"recompute": "full"})
 
