@@ -197,3 +197,20 @@ def test_frozen_units_gather_their_weights_but_reduce_no_gradient():
     assert frozen_gathered_transient(conv, units) < gathered_transient(conv, units)
     ds = convention(framework_card("deepspeed"), 3)[1]
     assert frozen_gathered_transient(ds, units) == gathered_transient(ds, units)
+
+
+@pytest.mark.parametrize("framework, zero, says, bridge_clause", [
+    ("verl", 3, "verl's target_modules all-linear", False),  # the SFT trainer's FSDP engine: Hugging Face PEFT
+    ("skyrl", 3, "SkyRL's target_modules all-linear (SkyRLLoraConfig), Hugging Face PEFT", False),
+    ("verl", 1, "verl's lora.target_modules default", True),  # the Megatron engine: Megatron-Bridge's LoRA
+    ("megatron-bridge", 1, "Megatron-Bridge's LoRA target_modules default", True),
+])
+def test_default_targets_are_said_as_the_engine_sets_them(framework, zero, says, bridge_clause):
+    """lora_targets left out: the note names the engine's own default (its card's lora.<engine>.default_targets_why).
+    A verl or SkyRL FSDP LoRA job said 'Megatron-Bridge's LoRA target_modules default' though Hugging Face PEFT's
+    all-linear builds its adapters (what render writes: model.target_modules=all-linear)."""
+    job, _ = resolve(Request(model="deepseek-v2-lite", gpu="h100", num_gpus=8, framework=framework, job="lora",
+                             zero_stage=zero))
+    note = next(n for n in job.notes if n.startswith("lora_targets not given"))
+    assert says in note and "linear_qkv skipped: DeepSeek-V2-Lite has none" in note
+    assert ("Megatron-Bridge only warns" in note) is bridge_clause

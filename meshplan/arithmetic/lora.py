@@ -68,15 +68,19 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     targets = list(req.lora_targets or [t for t in TARGETS if t in has])
     if req.lora_targets is None:
         skipped = [t for t in TARGETS if t not in has]
-        notes.append("lora_targets not given: " + ", ".join(targets) + " (Megatron-Bridge's LoRA target_modules "
-                     "default" + (f"; {', '.join(skipped)} skipped: {arch.name} has none, and Megatron-Bridge only "
-                                  "warns for a target that matches nothing" if skipped else "") + ").")
+        why = engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
+        bridge = engine is None or engine.adapters == "fused"  # Megatron-Bridge's LoRA builds the adapters
+        said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
+                "target that matches nothing" if bridge else "")) if skipped else ""
+        notes.append("lora_targets not given: " + ", ".join(targets) + f" ({why}{said}).")
     return LoraSpec(rank=rank, targets=targets)
 
 
 # Megatron-Bridge src/megatron/bridge/peft/lora.py: LoRA.dim = 32 (alpha 32), the default of every framework whose
 # card has no LoRA engine (what rule LORA001 then names the nearest of).
 BRIDGE_DEFAULT_RANK = 32
+BRIDGE_TARGETS_WHY = "Megatron-Bridge's LoRA target_modules default"
+"""Where the default targets come from on an engine whose card names no other (LoraEngine.default_targets_why)."""
 
 
 def base_tensors(job: Job, tensors: list[StateTensor]) -> list[StateTensor]:

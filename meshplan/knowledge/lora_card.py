@@ -16,6 +16,9 @@ class LoraEngine(BaseModel):
 
     default_rank: int = Field(ge=1, description="The rank a LoRA job runs when the request leaves lora_rank out")
     default_rank_why: str
+    default_targets_why: str | None = Field(
+        None, description="Where the targets a LoRA job adapts when lora_targets is left out come from (the engine's "
+                          "own default, e.g. Hugging Face PEFT's all-linear); absent: Megatron-Bridge's target_modules")
     adapters: Literal["fused", "per_projection"] = Field(
         description="fused: one adapter per Megatron-Core linear (fused QKV, fused gate/up: one A each); "
                     "per_projection: Hugging Face PEFT, one adapter per q/k/v and gate/up projection"
