@@ -161,3 +161,13 @@ def test_yaml_errors_name_the_line_and_the_kind_of_file_on_both_yaml_readers():
     got = yaml_settings("a:\n  b: null\n  c: [1, 2]\n  p:\n    _target_: x\n", "f.yaml", "a file", "-",
                         switches=("p",))
     assert [(s.key, s.value, s.line) for s in got] == [("a.b", "null", 2), ("a.c", [1, 2], 3), ("a.p", True, 4)]
+
+
+def test_an_empty_configuration_names_every_format_read():
+    """The fix named 'a launch script, TOML or JSON file', leaving out the YAML that verl's SFT trainer and AutoModel
+    are read from."""
+    from meshplan.core.errors import MeshplanError
+
+    with pytest.raises(MeshplanError, match="the configuration is empty") as empty:
+        import_config("  \n", "sft.yaml")
+    assert empty.value.fix == "Pass a launch script or a TOML, JSON or YAML file."

@@ -117,7 +117,9 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
     """The request a configuration file states (see ImportedConfig). `framework` and `config_format` are detected
     when left out; an unreadable file is a MeshplanError naming the line."""
     if not isinstance(text, str) or not text.strip():
-        raise MeshplanError(f"{path}: the configuration is empty.", fix="Pass a launch script, TOML or JSON file.")
+        files = [f.upper() for f in FORMATS if f != "shell"]  # every format a reader takes, YAML too
+        raise MeshplanError(f"{path}: the configuration is empty.",
+                            fix=f"Pass a launch script or a {', '.join(files[:-1])} or {files[-1]} file.")
     if len(text) > MAX_CONFIG_CHARS:
         raise MeshplanError(f"{path}: {len(text):,} characters; a configuration is at most {MAX_CONFIG_CHARS:,}.",
                             fix="Pass the launch script or job file itself.")
