@@ -74,9 +74,10 @@ def estimate_throughput(req: Request) -> ThroughputReport:
     """The step time; with a cluster factor the user stored (meshplan compare --calibrate), scaled by it and said so
     (ThroughputReport.calibration, first assumption)."""
     from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
-    from meshplan.request.resolve import resolve
+    from meshplan.request.resolve import require_step_time, resolve
 
     job, plan = resolve(script_request(req))
+    require_step_time(job.model, "throughput")
     report = _model_throughput(job, plan)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
@@ -93,9 +94,10 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
     """The rules' findings; checked from a config file (`config`, what import_config read), each fix also as edits
     of that file in its own keys and syntax (`config_fixes`)."""
     from meshplan.check.config import check_config as check
-    from meshplan.request.resolve import resolve
+    from meshplan.request.resolve import require_step_time, resolve
 
     job, plan = resolve(script_request(req))
+    require_step_time(job.model, "check (its fixes compare layouts by step time)")
     report = check(job, plan)
     if config is None:
         return report
@@ -113,6 +115,7 @@ def recommend(req: Request, top_k: int = 5) -> Recommendation:
         return recommend_rl(script_request(req), top_k=top_k)
     from meshplan.search import recommend as search
 
+    _require_step_time(req, "recommend")
     return search(script_request(req), top_k=top_k)
 
 
@@ -120,7 +123,16 @@ def minimum_gpus(req: Request, max_gpus: int | None = None) -> MinimumGpus:
     """The smallest GPU count at which a layout passes the rules and keeps the headroom, and the best layout there."""
     from meshplan.search import minimum_gpus as scan
 
+    _require_step_time(req, "min-gpus")
     return scan(script_request(req), max_gpus=max_gpus)
+
+
+def _require_step_time(req: Request, what: str) -> None:
+    """A search ranks layouts by step time: refused for a hybrid model until its Mamba-2 layers are timed."""
+    from meshplan.knowledge.catalog import resolve_model
+    from meshplan.request.resolve import require_step_time
+
+    require_step_time(resolve_model(script_request(req).model), what)
 
 
 def render_config(framework: str, req: Request, *, force: bool = False, **options: Any) -> RenderResult:
@@ -129,11 +141,12 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     warnings, the findings travel in `warnings`."""
     from meshplan.adapters.render import render, request_at_version, require_target, vet_layout
     from meshplan.check.config import check_config as check
-    from meshplan.request.resolve import resolve
+    from meshplan.request.resolve import require_step_time, resolve
 
     require_target(framework)
     req = request_at_version(framework, script_request(req), options.get("version"))
     job, plan = resolve(req.model_copy(update={"framework": framework}))
+    require_step_time(job.model, "render (it checks the layout first)")
     notes, warnings = vet_layout(job, plan, check(job, plan), force=force)
     result = render(framework, job, plan, **options)
     return result.model_copy(update={"notes": [*result.notes, *notes], "warnings": [*warnings, *result.warnings]})

@@ -97,17 +97,21 @@ def test_a_wrong_hybrid_config_is_refused_naming_the_field(change, words):
         architecture_from_config({**NEMOTRON_H_8B, **change})
 
 
-def test_estimates_refuse_a_hybrid_until_mamba_layers_are_modelled(tmp_path):
-    """describe counts it; memory and recommend refuse it rather than price each Mamba-2 layer as attention."""
+def test_a_hybrids_memory_is_estimated_and_its_step_time_refused(tmp_path):
+    """describe counts it, memory estimates it (tests/test_hybrid_memory.py), and the faces that read the step time
+    (throughput, check, recommend, render) refuse it naming what is missing, rather than price each Mamba-2 layer
+    as attention and an MLP."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(NEMOTRON_H_8B))
     assert api.describe_model(str(path)).total_params == 8_100_852_736
     for model in (str(path), "nemotron-3-nano-30b-a3b"):
         req = parse_request({"model": model, "gpu": "h100", "num_gpus": 8})
-        with pytest.raises(MeshplanError, match="Mamba-2 layers"):
-            api.estimate_memory(req)
-        with pytest.raises(MeshplanError, match="hybrid model"):
-            api.recommend(req)
+        assert api.estimate_memory(req).stages
+        for face in (api.estimate_throughput, api.check_config, api.recommend):
+            with pytest.raises(MeshplanError, match="not yet their step time"):
+                face(req)
+        with pytest.raises(MeshplanError, match="not yet their step time"):
+            api.render_config("megatron-bridge", req)
 
 
 def test_cli_describe_shows_the_layer_pattern():

@@ -37,6 +37,9 @@ class Shape(NamedTuple):
     mla: tuple[int, int, int, int, int] | None  # q_lora (0 = none), kv_lora, d_nope, d_rope, d_v
     rope: bool  # rotary positions: rotated copies of Q and K are saved next to the fused QKV output
     qk_norm: bool = False  # a norm over each head of Q and K (Qwen3): counted where the norms save fp32 copies
+    # a hybrid model's Mamba-2 mixer: (hidden, in_proj width, d_inner, n_groups), arithmetic/mamba.py reads it
+    mamba: tuple[int, int, int, int] | None = None
+    kinds: str = ""  # a hybrid model's layer kinds (of M, *, -, E, in that order); "" for every other model
 
 
 def shape_of(arch: Architecture) -> Shape:
@@ -49,8 +52,13 @@ def shape_of(arch: Architecture) -> Shape:
         f_shared=moe.shared_expert_ffn_hidden_size if moe else 0,
         mla=(mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
         if mla else None,
-        rope=arch.learned_position_embeddings == 0,
+        # rotary positions unless learned ones; a hybrid's attention applies none (NemotronHAttention, Megatron-Core's
+        # HybridModel's position_embedding_type default 'none')
+        rope=arch.learned_position_embeddings == 0 and arch.layer_pattern is None,
         qk_norm=arch.qk_norm == "head",
+        mamba=(arch.hidden_size, 2 * arch.mamba.d_inner + 2 * arch.mamba.n_groups * arch.mamba.state_size
+               + arch.mamba.num_heads, arch.mamba.d_inner, arch.mamba.n_groups) if arch.mamba else None,
+        kinds="".join(k for k in "M*-E" if k in (arch.layer_pattern or "")),
     )
 
 
@@ -218,6 +226,8 @@ class Layout(NamedTuple):
     # the MoE layer stacks its local routed experts' weights into new tensors each forward, which its grouped GEMM
     # keeps for the backward (the card's moe_expert_weights, KempnerForge); off by default, the smaller count
     stacked_experts: bool = False
+    # what a Mamba-2 layer saves (cards/memory.yaml mamba2_layer, Mamba2Layer.terms); empty for a model without one
+    mamba: tuple = ()
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""

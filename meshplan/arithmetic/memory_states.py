@@ -11,6 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import (
     CardError,
@@ -174,6 +175,7 @@ class MemoryCard(_Card):
     allocator_reserve_source: str
     expandable_segments_slack_bytes: int = Field(ge=0)
     expandable_segments_source: str
+    mamba2_layer: Mamba2Layer
     conventions: dict[str, Convention]
 
 

@@ -289,7 +289,7 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         units.append(FsdpUnit("embedding", emb, stage.emb_acts, grads=grads(emb)))
     one_batch = 0.0
     for i in params.layers:
-        moe, mode = table.moe[i], stage.modes[i]
+        moe, mode = table.kind[i], stage.modes[i]
         stored = per_kind[(moe, mode)]
         one_batch += stored
         if mode == "full":  # checkpointed: its backward rebuilds the layer's activations

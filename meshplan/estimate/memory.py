@@ -30,6 +30,7 @@ from meshplan.arithmetic.activations import (
     shape_of,
 )
 from meshplan.arithmetic.lora import lora_engine
+from meshplan.arithmetic.mamba import hybrid_layer_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
@@ -341,6 +342,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
         fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
+        mamba=memory_card().mamba2_layer.terms() if job.model.mamba else (),
     )
 
 
@@ -355,7 +357,11 @@ architecture_shape = per_architecture(shape_of)  # one Shape per model object
 @lru_cache(maxsize=4096)  # a pure function of values: the search's layouts share a few hundred Layouts
 def per_kind_activations(shape: Shape, lay: Layout, selective: str,
                          modules: tuple[str, ...]) -> dict[tuple[bool, str], float]:
-    """_per_kind of a model's Shape (the same dict for the same values: no caller mutates it)."""
+    """_per_kind of a model's Shape (the same dict for the same values: no caller mutates it); a hybrid model's keyed
+    by its layer kinds (M, *, -, E: ParamTable.kind) instead of whether the layer is MoE."""
+    if shape.kinds:
+        return {(kind, mode): sum(hybrid_layer_activations(shape, lay, kind, mode, modules).values())
+                for kind in shape.kinds for mode in ("none", "selective", "full")}
     return {
         (moe, mode): sum(layer_activations(shape, lay, moe, activation_mode(mode, selective), modules).values())
         for moe in (False, True) for mode in ("none", "selective", "full")

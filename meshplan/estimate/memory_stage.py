@@ -479,7 +479,7 @@ def held_activations(terms: MemoryTerms, rank: int, chunks, modes: bool = True) 
                 # chunks) is fully checkpointed when k % N == 0 (activation_checkpoint.py _apply_layer_sac)
                 mode = "full" if built % every_nth == 0 else "none"
             modes[i] = mode
-            chunk_bytes += per_kind[(terms.table.moe[i], mode)]
+            chunk_bytes += per_kind[(terms.table.kind[i], mode)]
         acts += count * chunk_bytes
     return HeldActivations(acts, held, modes)
 
@@ -502,13 +502,16 @@ def _one_mode_activations(terms: MemoryTerms, chunks, held: tuple[int, ...], mod
                           modes: bool = True) -> HeldActivations:
     """held_activations where every layer runs in one recompute mode (no uniform chunks, no every-N-th block, no
     full recompute of only the first layers): the same sums, layer by layer in order (the modes only if `modes`)."""
-    moe, per_kind = terms.table.moe, terms.per_kind
-    bytes_of = {False: per_kind[(False, mode)], True: per_kind[(True, mode)]}
+    kind, per_kind = terms.table.kind, terms.per_kind
+    if terms.table.arch.layer_pattern is None:  # MoE or not
+        bytes_of = {False: per_kind[(False, mode)], True: per_kind[(True, mode)]}
+    else:  # a hybrid's layer kinds
+        bytes_of = {k: v for (k, m), v in per_kind.items() if m == mode}
     acts = 0.0
     for chunk, count in zip(chunks, held, strict=True):
         chunk_bytes = 0.0
         for i in chunk:
-            chunk_bytes += bytes_of[moe[i]]
+            chunk_bytes += bytes_of[kind[i]]
         acts += count * chunk_bytes
     return HeldActivations(acts, held, dict.fromkeys(chain.from_iterable(chunks), mode) if modes else {})
 
@@ -520,7 +523,7 @@ def _offloaded(terms: MemoryTerms, params: StageParams, states: dict[str, float]
         optimizer_params = params.dense / terms.dense_dp + params.experts / terms.expert_dp
     else:
         optimizer_params = params.dense + params.experts
-    largest = max((terms.per_kind[(terms.table.moe[i], terms.stored_mode)] for i in params.layers), default=0.0)
+    largest = max((terms.per_kind[(terms.table.kind[i], terms.stored_mode)] for i in params.layers), default=0.0)
     moved = offload_stage(terms.offload, states, optimizer_params, acts, largest)
     detail.update(moved.detail)
     detail["optimizer_params"] = int(optimizer_params)
@@ -529,7 +532,7 @@ def _offloaded(terms: MemoryTerms, params: StageParams, states: dict[str, float]
 
 def recompute_working_layer(terms: MemoryTerms, params: StageParams, chunks) -> float | None:
     """What the layer being recomputed in its backward holds on top (None: no recompute rebuilds a layer)."""
-    plan, per_kind, moe, layers = terms.plan, terms.per_kind, terms.table.moe, params.layers
+    plan, per_kind, moe, layers = terms.plan, terms.per_kind, terms.table.kind, params.layers
     if (plan.recompute == "full" or (terms.every_nth and len(layers) >= terms.every_nth)) and layers:
         # the layer being recomputed in the backward holds its full activations
         work = max(per_kind[(moe[i], "none")] for i in layers)
@@ -552,7 +555,7 @@ def _edge_activations(terms: MemoryTerms, params: StageParams, held: tuple[int, 
         acts += emb_acts
         detail["embedding_activations"] = int(emb_acts)
     mtp_acts = arch.num_mtp_layers * (
-        terms.per_kind[(terms.table.moe[arch.num_layers - 1], terms.stored_mode)] + 4 * 2 * tokens * h / terms.ts
+        terms.per_kind[(terms.table.kind[arch.num_layers - 1], terms.stored_mode)] + 4 * 2 * tokens * h / terms.ts
         + terms.logits_bytes
     ) if params.mtp else 0.0
     if params.last:

@@ -22,7 +22,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import scope_memo
-from meshplan.knowledge.model_counts import layer_params, mtp_params, per_architecture
+from meshplan.knowledge.model_counts import layer_params, mamba_linear_params, mtp_params, per_architecture
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -33,7 +33,7 @@ class ParamTable:
     and kept whole). `moe_whole`: the framework's TP leaves the MoE block whole (the card's moe_tp), so an MoE layer's
     shared experts are whole on every TP rank, as its router is."""
 
-    __slots__ = ("arch", "experts", "linear_dense", "linear_whole", "moe", "mtp", "replicated", "tp_sharded")
+    __slots__ = ("arch", "experts", "kind", "linear_dense", "linear_whole", "moe", "mtp", "replicated", "tp_sharded")
 
     def __init__(self, arch: Architecture, moe_whole: bool = False):
         self.arch = arch
@@ -43,16 +43,22 @@ class ParamTable:
         self.linear_dense: list[int] = []
         self.linear_whole: list[int] = []
         self.moe: list[bool] = []
+        # the key of a layer's activations (MemoryTerms.per_kind): whether it is MoE, or a hybrid's layer kind
+        self.kind: list[bool | str] = []
         for i in range(arch.num_layers):
             p = layer_params(arch, i)
             whole = p["shared_experts"] if moe_whole and arch.is_moe_layer(i) else 0
-            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"] - whole
+            # a Mamba-2 mixer is split over TP whole (heads and groups: in_proj, conv1d, A_log, D, dt_bias, its norm,
+            # out_proj); its in_proj and out_proj are its linear layers
+            mamba = p.get("mamba", 0)
+            sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"] - whole + mamba
             self.tp_sharded.append(sharded)
             self.replicated.append(p["norms"] + p["router"] + whole)
             self.experts.append(p["routed_experts"])
-            self.linear_dense.append(sharded)
+            self.linear_dense.append(sharded - mamba + (mamba_linear_params(arch) if mamba else 0))
             self.linear_whole.append(whole)
             self.moe.append(arch.is_moe_layer(i))
+            self.kind.append(arch.layer_kind(i) if arch.layer_pattern is not None else arch.is_moe_layer(i))
         self.mtp = (0, 0, 0)
         if arch.num_mtp_layers:
             last = layer_params(arch, arch.num_layers - 1)
@@ -245,7 +251,7 @@ class MemoryTerms:
     tokens: int  # tokens of one micro-batch on one GPU
     lay: Layout
     selective: str  # what the framework's "selective" recompute saves
-    per_kind: dict[tuple[bool, str], float]  # one layer's activations per (MoE layer, recompute mode)
+    per_kind: dict[tuple[bool | str, str], float]  # one layer's activations per (ParamTable.kind, recompute mode)
     stored_mode: str  # the mode a layer not fully recomputed runs in
     every_nth: int  # torchtitan 0.2.x's per-layer selective AC: every N-th block fully checkpointed (0: none)
     group: int  # Megatron's uniform method: layers checkpointed together (0: none)

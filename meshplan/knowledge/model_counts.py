@@ -78,6 +78,14 @@ def mamba_params(arch: Architecture) -> int:
     return in_proj + conv + 3 * m.num_heads + inner + inner * h + (h if m.proj_bias else 0)
 
 
+def mamba_linear_params(arch: Architecture) -> int:
+    """The weights of a Mamba-2 mixer's two linear layers, in_proj and out_proj (what fp8 copies and Muon treat as
+    matrices; the conv1d, the per-head vectors and the norm are not)."""
+    m = arch.mamba
+    assert m is not None
+    return arch.hidden_size * (m.d_inner + m.conv_dim + m.num_heads) + m.d_inner * arch.hidden_size
+
+
 def layer_params(arch: Architecture, index: int) -> dict[str, int]:
     """Parameters of decoder layer `index`, by component (routed experts counted in full). A hybrid model's layer
     holds its one mixer (arch.layer_pattern) beside its norm."""

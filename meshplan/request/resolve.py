@@ -20,7 +20,7 @@ from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.knowledge.releases import resolve_release
-from meshplan.rl.job import resolve_rl
+from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -122,23 +122,44 @@ def _launchable_words(num_gpus: int, node: int) -> str:
     return " or ".join([*options, f"{whole} ({whole // node} whole nodes)"])
 
 
-def _estimable(arch: Architecture) -> Architecture:
-    """The model, unless its layers are of several kinds (a hybrid's Mamba-2, attention, MLP and MoE layers):
-    describe counts those, but no estimate yet times or sizes a Mamba-2 layer, so none is made rather than one
-    that prices every layer as attention and an MLP."""
+# The frameworks whose model code builds a hybrid Mamba-2 model as its layers are modelled (Megatron-Core's
+# MambaModel: Megatron-LM pretrain_mamba.py, Megatron-Bridge's NemotronH providers; cards/memory.yaml mamba2_layer)
+HYBRID_FRAMEWORKS = ("megatron-core", "megatron-bridge")
+
+
+def _estimable(arch: Architecture, req: Request) -> Architecture:
+    """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked of what meshplan does not
+    model for one: a framework other than Megatron-Core's (HYBRID_FRAMEWORKS), an RL or LoRA job. Refused rather than
+    priced as if every layer were attention and an MLP."""
     if arch.layer_pattern is None:
         return arch
     kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in PATTERN_KINDS.items()
                       if k in arch.layer_pattern)
-    raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan counts its parameters but does "
-                        "not yet estimate the memory or step time of its Mamba-2 layers.",
-                        fix=f"Use 'meshplan describe {arch.key or arch.name}' for its exact parameter counts.")
+    if req.framework not in HYBRID_FRAMEWORKS:
+        raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan models its Mamba-2 layers as "
+                            f"Megatron-Core trains them, not on {req.framework}.",
+                            fix=f"Use framework {' or '.join(HYBRID_FRAMEWORKS)}, or 'meshplan describe "
+                                f"{arch.key or arch.name}' for its exact parameter counts.")
+    if is_rl_request(req) or req.job == "lora":
+        raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model "
+                            f"{'an RL' if req.job != 'lora' else 'a LoRA'} job of one.",
+                            fix="Ask for a pretrain or sft job.")
+    return arch
+
+
+def require_step_time(arch: Architecture, what: str) -> None:
+    """Refuse `what` (throughput, check, recommend, render) for a hybrid model: the memory of its Mamba-2 layers is
+    modelled, their step time not yet, and those faces read it."""
+    if arch.layer_pattern is not None:
+        raise MeshplanError(f"{arch.name} is a hybrid model: meshplan estimates the memory of its Mamba-2 layers but "
+                            f"not yet their step time, which {what} needs.",
+                            fix=f"Use 'meshplan memory {arch.key or arch.name}' for its memory per GPU.")
 
 
 def resolve(req: Request) -> tuple[Job, Plan]:
     """Fill the plan's and job's defaults from the framework card and the GPU count. The steps run in a fixed
     order, so the notes read in that order and the first wrong field is the one an error names."""
-    arch = _estimable(resolve_model(req.model))
+    arch = _estimable(resolve_model(req.model), req)
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []

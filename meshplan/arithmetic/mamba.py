@@ -1,0 +1,78 @@
+"""A hybrid model's layers (model_type nemotron_h: Mamba-2, attention, MLP and MoE layers, one mixer each) as
+activation bytes: what one Mamba-2 layer keeps for the backward as Megatron-Core trains it (cards/memory.yaml
+mamba2_layer, each saved tensor with its source), and the attention, MLP and MoE layers of the pattern, each one
+norm and one mixer, from the transformer layer's own terms (activations.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.arithmetic.activations import BF16, Layout, Shape, _attention, _norm, layer_activations
+
+
+class MambaSave(BaseModel):
+    """One tensor a Mamba-2 layer saves for the backward, per token (cards/memory.yaml mamba2_layer.saves)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    width: Literal["hidden", "in_proj", "inner", "groups"]
+    bytes: float | Literal["linear"]  # linear: a linear layer's input, 1 byte under fp8, else 2
+    sp: bool = False  # sharded over TP only under sequence parallelism (else over TP always)
+    dropped_by: str | None = None  # the recompute_modules entry that recomputes it
+    dropout: bool = False  # kept only where dropout is on
+    source: str
+
+
+class Mamba2Layer(BaseModel):
+    """cards/memory.yaml mamba2_layer: what Megatron-Core's Mamba-2 layer saves."""
+
+    model_config = ConfigDict(extra="forbid")
+    saves: list[MambaSave] = Field(min_length=1)
+    source: str
+
+    def terms(self) -> tuple[tuple[str, float | str, bool, str | None, bool], ...]:
+        """The saves as hashable rows for a Layout (width, bytes, sp, dropped_by, dropout)."""
+        return tuple((s.width, s.bytes, s.sp, s.dropped_by, s.dropout) for s in self.saves)
+
+
+def mamba_activations(shape: Shape, lay: Layout, sel: set[str]) -> float:
+    """A Mamba-2 mixer's saved bytes for one micro-batch on one GPU (the layer's own norm input included), from the
+    card's rows in lay.mamba: per token, each row's width over TP (over TP under SP for the hidden-wide rows)."""
+    assert shape.mamba is not None
+    widths = dict(zip(("hidden", "in_proj", "inner", "groups"), shape.mamba, strict=True))
+    lin = 1 if lay.fp8 else BF16
+    total = 0.0
+    for width, nbytes, sp, dropped_by, dropout in lay.mamba:
+        if (dropped_by and dropped_by in sel) or (dropout and not lay.dropout):
+            continue
+        split = (lay.tp if lay.sp else 1) if sp else lay.tp
+        total += (lin if nbytes == "linear" else nbytes) * lay.tokens * widths[width] / split
+    return total
+
+
+def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: str,
+                             modules: tuple[str, ...] = ("core_attn",)) -> dict[str, float]:
+    """Bytes per micro-batch of one layer of a hybrid model, by component: kind M (Mamba-2), * (attention), -
+    (MLP) or E (MoE), each one norm and its mixer (Megatron-Core's MambaLayer and TransformerLayer with the other
+    submodule an IdentityOp, as mamba_block.py builds them). recompute: none | selective (Megatron's modules: core_attn
+    reaches the attention layers, mlp and moe their own, layernorm every layer's norm output) | full (the layer's
+    input). torchtitan's op-level SAC runs no hybrid model."""
+    t, h = lay.tokens, shape.h
+    ts = lay.tp if lay.sp else 1
+    if recompute == "full":
+        return {"layer_input": BF16 * t * h / ts}
+    if recompute not in ("none", "selective"):
+        raise ValueError(f"recompute {recompute!r}: no framework that trains a hybrid model runs it")
+    sel = set(modules) if recompute == "selective" else set()
+    if kind == "M":
+        return {"mamba": mamba_activations(shape, lay, sel)}
+    out = {"norm_input": _norm(h, t, lay) / ts}
+    if kind == "*":
+        out["attention"] = _attention(shape, lay, sel, 1 if lay.fp8 else BF16)
+        return out
+    whole = layer_activations(shape, lay, kind == "E", recompute, modules)  # its MLP half: mlp or moe, dropout
+    out.update({k: v for k, v in whole.items() if k in ("mlp", "moe", "dropout_masks")})
+    return out

@@ -1,0 +1,104 @@
+"""A hybrid Mamba-2 model's memory (model_type nemotron_h on Megatron-Core / Megatron-Bridge): each pipeline stage
+weighs what its layers of the pattern weigh, and each layer keeps what its kind saves (cards/memory.yaml
+mamba2_layer for a Mamba-2 layer, the transformer layer's terms for the attention, MLP and MoE layers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from tree_under_test import tree_env
+
+from meshplan import api
+from meshplan.arithmetic.mamba import hybrid_layer_activations
+from meshplan.arithmetic.memory_states import memory_card
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import architecture_shape, memory_terms
+from meshplan.knowledge.catalog import catalog_architecture
+from meshplan.knowledge.model_counts import layer_params
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+
+# Nemotron-H-8B per token on one GPU at tp 1, bf16 (hidden 4096, d_inner 8192, 8 groups x state 128, 128 heads)
+H, INNER, IN_PROJ, GROUPS = 4096, 8192, 2 * 8192 + 2 * 8 * 128 + 128, 8
+MAMBA_TOKEN = 2 * H + 2 * H + 2 * IN_PROJ + 2 * INNER + 2 * INNER + 4 * GROUPS + 2 * INNER  # norm in, in_proj in,
+# zxBCdt, out_x, gated norm input, its rstd, out_proj input
+ATTN_TOKEN = 2 * H + 2 * H + 2 * (32 * 128 + 2 * 8 * 128) + 4 * 32 + 2 * 32 * 128  # no rotary copies: no RoPE
+MLP_TOKEN = 2 * H + 2 * H + 2 * 21504 + 2 * 21504  # squared-ReLU, not gated: fc1 output and fc2 input
+
+
+def _terms(**fields):
+    job, plan = resolve(parse_request({"model": "nemotron-h-8b", "gpu": "h100", "num_gpus": 8, **fields}))
+    return job, plan, memory_terms(job, plan, [])
+
+
+def test_each_layer_kind_keeps_what_its_code_saves():
+    _, _, terms = _terms()
+    per_token = {k: v / terms.tokens for k, v in terms.per_kind.items()}
+    assert per_token[("M", "none")] == MAMBA_TOKEN == 102_688
+    assert per_token[("*", "none")] == ATTN_TOKEN
+    assert per_token[("-", "none")] == MLP_TOKEN
+    for kind in "M*-":
+        assert per_token[(kind, "full")] == 2 * H  # full recompute keeps the layer's input
+
+
+def test_tensor_and_sequence_parallelism_split_every_mamba_term():
+    """Megatron's MambaMixer splits heads and groups over TP (every inner-wide term / tp); sequence parallelism splits
+    the hidden-wide ones (the norm input and in_proj's input)."""
+    _, _, sp = _terms(tp=4, sequence_parallel=True)
+    _, _, no_sp = _terms(tp=4, sequence_parallel=False)
+    assert sp.per_kind[("M", "none")] == MAMBA_TOKEN / 4 * sp.tokens
+    assert no_sp.per_kind[("M", "none")] == (4 * H + (MAMBA_TOKEN - 4 * H) / 4) * no_sp.tokens
+
+
+def test_the_cards_rows_are_what_the_mamba_layer_sums():
+    """A row of cards/memory.yaml mamba2_layer reaches the estimate: dropped by selective recompute of its module,
+    kept under fp8 at one byte where it is a linear layer's input."""
+    job, _, terms = _terms()
+    shape, lay = architecture_shape(job.model), terms.lay
+    saves = memory_card().mamba2_layer.saves
+    assert all(s.source for s in saves) and len(lay.mamba) == len(saves)
+    layernorm = hybrid_layer_activations(shape, lay, "M", "selective", ("layernorm",))["mamba"]
+    assert layernorm == (MAMBA_TOKEN - 2 * H) * terms.tokens
+    fp8 = hybrid_layer_activations(shape, lay._replace(fp8=True), "M", "none")["mamba"]
+    assert fp8 == (MAMBA_TOKEN - H - INNER) * terms.tokens
+    with pytest.raises(ValueError, match="op_sac"):
+        hybrid_layer_activations(shape, lay, "M", "op_sac")
+
+
+def test_each_stage_weighs_its_own_layers():
+    """pp 2: the 52 layers split 26/26, and each stage holds its layers' parameters (Mamba-2 mixers split over TP
+    whole, the norms replicated) and the embedding or the output layer."""
+    arch = catalog_architecture("nemotron-h-8b")
+    report = api.estimate_memory(parse_request({"model": "nemotron-h-8b", "gpu": "h100", "num_gpus": 8, "pp": 2,
+                                                "tp": 2}))
+    vocab_rows = 131072 * 4096 / 2
+    for stage, layers in zip(report.stages, (range(0, 26), range(26, 52)), strict=True):
+        split = sum(sum(v for k, v in layer_params(arch, i).items() if k != "norms") for i in layers) / 2
+        norms = sum(layer_params(arch, i)["norms"] for i in layers)
+        edge = vocab_rows + (4096 if stage.stage == 1 else 0)  # embedding, or output layer and final norm
+        assert stage.detail["params_on_gpu"] == int(split + norms + edge)
+    assert report.stages[0].detail["params_on_gpu"] != report.stages[1].detail["params_on_gpu"]
+
+
+def test_a_hybrid_moe_model_is_estimated_with_expert_parallelism():
+    report = api.estimate_memory(parse_request({"model": "nemotron-3-nano-30b-a3b", "gpu": "h100", "num_gpus": 8,
+                                                "ep": 8}))
+    assert report.stages[0].detail["params_on_gpu"] < 31_577_940_288 / 4
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"framework": "torchtitan"}, "not on torchtitan"),
+    ({"job": "lora"}, "a LoRA job"),
+])
+def test_what_is_not_modelled_for_a_hybrid_is_refused(fields, words):
+    with pytest.raises(MeshplanError, match=words):
+        api.estimate_memory(parse_request({"model": "nemotron-h-8b", "gpu": "h100", "num_gpus": 8, **fields}))
+
+
+def test_cli_memory_of_a_hybrid():
+    out = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "memory", "nemotron-h-8b", "--gpu", "h100",
+                          "--json"], capture_output=True, text=True, env=tree_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    assert '"params_on_gpu": 8100852736' in out.stdout
