@@ -96,6 +96,13 @@ CASES: dict[str, tuple[dict, dict]] = {
     "DP002": ({**L8B, "num_gpus": 16, "zero_stage": 0, "dp_replicate": 2},
               {**L8B, "num_gpus": 16, "zero_stage": 1, "dp_replicate": 2}),
     "TP001": ({**L8B, "num_gpus": 3, "tp": 3}, {**L8B, "num_gpus": 4, "tp": 4}),
+    # a hybrid's Mamba-2 mixer (Nemotron-H-8B: 128 heads, 8 groups; 32 attention heads, 8 KV heads)
+    "HY001": ({"model": "nemotron-h-8b", "num_gpus": 8, "framework": "torchtitan"},
+              {"model": "nemotron-h-8b", "num_gpus": 8, "framework": "megatron-bridge"}),
+    "TP006": ({"model": "nemotron-h-8b", "num_gpus": 16, "tp": 16},
+              {"model": "nemotron-h-8b", "num_gpus": 16, "tp": 8}),
+    "CP005": ({"model": "nemotron-h-8b", "num_gpus": 24, "tp": 8, "cp": 3},
+              {"model": "nemotron-h-8b", "num_gpus": 16, "tp": 8, "cp": 2}),
     "TP002": ({**L8B, "num_gpus": 6, "tp": 6, "arch": {"num_attention_heads": 36, "num_kv_heads": 9}},
               {**L70B, "num_gpus": 16, "tp": 16}),
     "TP003": ({**L70B, "framework": "kempnerforge", "num_gpus": 16, "tp": 16},

@@ -123,21 +123,26 @@ def _launchable_words(num_gpus: int, node: int) -> str:
 
 
 # The frameworks whose model code builds a hybrid Mamba-2 model as its layers are modelled (Megatron-Core's
-# MambaModel: Megatron-LM pretrain_mamba.py, Megatron-Bridge's NemotronH providers; cards/memory.yaml mamba2_layer)
+# HybridModel: Megatron-LM pretrain_mamba.py, Megatron-Bridge's NemotronH providers; cards/memory.yaml mamba2_layer)
 HYBRID_FRAMEWORKS = ("megatron-core", "megatron-bridge")
+# The frameworks that train one through transformers' NemotronH code, whose Mamba-2 memory is not modelled; the
+# others build none, which rule HY001 says
+HF_HYBRID_FRAMEWORKS = ("nemo-automodel", "verl", "skyrl")
 
 
 def _estimable(arch: Architecture, req: Request) -> Architecture:
     """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked of what meshplan does not
-    model for one: a framework other than Megatron-Core's (HYBRID_FRAMEWORKS), an RL or LoRA job. Refused rather than
-    priced as if every layer were attention and an MLP."""
+    model for one: a framework that trains it through transformers' code (HF_HYBRID_FRAMEWORKS; one that builds none
+    is refused by rule HY001), an RL or LoRA job. Refused rather than priced as if every layer were attention and an
+    MLP."""
     if arch.layer_pattern is None:
         return arch
     kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in PATTERN_KINDS.items()
                       if k in arch.layer_pattern)
-    if req.framework not in HYBRID_FRAMEWORKS:
+    if req.framework in HF_HYBRID_FRAMEWORKS:
         raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan models its Mamba-2 layers as "
-                            f"Megatron-Core trains them, not on {req.framework}.",
+                            f"Megatron-Core trains them, not through transformers' NemotronH code as "
+                            f"{req.framework} runs it.",
                             fix=f"Use framework {' or '.join(HYBRID_FRAMEWORKS)}, or 'meshplan describe "
                                 f"{arch.key or arch.name}' for its exact parameter counts.")
     if is_rl_request(req) or req.job == "lora":

@@ -1,6 +1,6 @@
-"""The rules one framework adds (TT001, DS*, KF*, AM*, SK002, VL002): its own limits on etp, ep, ZeRO with pp, the
-mesh, pipeline micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a
-setting the framework's adapter cannot write.
+"""The rules one framework adds (HY001, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2 model where its
+model code builds none; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline micro-batches and dispatcher of
+NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the framework's adapter cannot write.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -14,6 +14,15 @@ from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
 from meshplan.schema.plan import Job
+
+
+@rule("HY001", reads=())
+def no_hybrid_model(ctx: Context) -> Values:
+    """A hybrid Mamba-2 model (nemotron_h) on a framework whose model code builds none (the card lists them)."""
+    pattern = ctx.arch.layer_pattern
+    if pattern is None:
+        return None
+    return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M")}
 
 
 @rule("TT001", reads=("etp",))

@@ -95,3 +95,22 @@ def beyond_trained_context(ctx: Context) -> Values:
     if ctx.arch.learned_position_embeddings or limit is None or ctx.job.seq_length <= limit:
         return None
     return {"seq": ctx.job.seq_length, "limit": limit, "model": ctx.arch.name}
+
+
+def _mamba_cp_splits(heads: int, groups: int, cp: int) -> bool:
+    """Megatron-Core's MambaContextParallel: a TP rank's heads divisible by cp, and its groups by cp or cp by them."""
+    return heads % cp == 0 and (groups % cp == 0 if groups >= cp else cp % groups == 0)
+
+
+@rule("CP005", reads=("tp", "pp", "cp", "ep", "etp"))
+def mamba_cp_heads(ctx: Context) -> Values:
+    """A hybrid model's Mamba-2 mixer under context parallelism: the all-to-all before the scan hands each CP rank
+    whole heads (and whole groups, or one group replicated). Where tp does not divide them TP006 refuses."""
+    m, tp, cp = ctx.arch.mamba, ctx.plan.tp, ctx.plan.cp
+    if m is None or cp == 1 or m.num_heads % tp or m.n_groups % tp:
+        return None
+    heads, groups = m.num_heads // tp, m.n_groups // tp
+    if _mamba_cp_splits(heads, groups, cp):
+        return None
+    good = tiling(ctx, "cp", [c for c in divisors(heads) if _mamba_cp_splits(heads, groups, c)])[:LISTED]
+    return {"cp": cp, "tp": tp, "heads": heads, "groups": groups, "working": fmt_set(good)}

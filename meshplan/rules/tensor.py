@@ -132,3 +132,17 @@ def skyrl_sets_sp(ctx: Context) -> Values:
     if ctx.plan.sequence_parallel == derived:
         return None
     return {"given": ctx.plan.sequence_parallel, "derived": derived, "tp": ctx.plan.tp}
+
+
+@rule("TP006", reads=("tp", "pp", "cp", "ep", "etp"))
+def mamba_heads_divisible(ctx: Context) -> Values:
+    """A hybrid model's Mamba-2 mixer: Megatron-Core's MambaMixer asserts that tp divides its heads and its groups;
+    the fix names the tps that also pass the attention layers' head rules (TP001, TP002)."""
+    m, tp = ctx.arch.mamba, ctx.plan.tp
+    if m is None or (m.num_heads % tp == 0 and m.n_groups % tp == 0):
+        return None
+    heads, kv = ctx.arch.num_attention_heads, ctx.arch.num_kv_heads
+    good = tiling(ctx, "tp", [t for t in divisors(m.n_groups) if m.num_heads % t == 0 and heads % t == 0
+                              and (kv % t == 0 or t % kv == 0)])
+    inside = [t for t in good if t <= ctx.fix_domain]
+    return {"tp": tp, "heads": m.num_heads, "groups": m.n_groups, "working": fmt_set(inside or good)}
