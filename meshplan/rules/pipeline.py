@@ -71,6 +71,8 @@ def layers_divisible_by_pp(ctx: Context) -> Values:
       "account_for_embedding", "account_for_loss"))
 def layers_divisible_by_vpp(ctx: Context) -> Values:
     p, layers = ctx.plan, ctx.arch.num_layers
+    if ctx.arch.layer_pattern is not None:
+        return None  # a hybrid runs no virtual stages without '|' in its pattern (PP016), whatever they split
     if p.vpp == 1 or p.pp == 1 or p.first_stage_layers is not None or p.last_stage_layers is not None:
         return None
     if _explicit_split(p):
@@ -477,4 +479,22 @@ def combined_1f1b_as_named(ctx: Context) -> Values:
                           "(combined_1f1b.py)",
                 "fix": "Use zero_stage=1 (the distributed optimizer), or pp=1, or moe_a2a_overlap=false with another "
                        "pipeline_schedule."}
+    return None
+
+
+@rule("PP016", reads=("vpp", "pipeline_layout", "account_for_embedding", "account_for_loss"))
+def hybrid_pattern_split(ctx: Context) -> Values:
+    """A hybrid model's pipeline: HybridModel cuts the pattern by layer count (select_pipeline_segment), so no
+    virtual stages, explicit layout or embedding/loss accounting without '|' separators in the pattern."""
+    p = ctx.plan
+    if ctx.arch.layer_pattern is None:
+        return None
+    if p.vpp > 1:
+        return {"reason": f"vpp={p.vpp}", "fix": "Use vpp=1 (one chunk per pipeline stage)."}
+    if p.pipeline_layout:
+        return {"reason": "pipeline_layout is set", "fix": "Leave pipeline_layout out; give first_stage_layers / "
+                                                          "last_stage_layers for an uneven split."}
+    if p.account_for_embedding or p.account_for_loss:
+        return {"reason": "account_for_embedding / account_for_loss is set",
+                "fix": "Leave them out; give first_stage_layers / last_stage_layers for lighter end stages."}
     return None
