@@ -145,3 +145,34 @@ def test_attention_and_mlp_layers_equal_transformers_nemotron_h_within_5_percent
     assert abs(ours["-"] - hf["1-"]) <= 0.05 * hf["1-"] and abs(ours["*"] - hf["2*"]) <= 0.05 * hf["2*"]
     assert hf["0M"] > 5 * ours["M"]
 
+
+
+# --------------------------------------------------------------------------- FLOPs (stage 2's terms)
+
+def test_model_flops_follow_megatrons_hybrid_flops():
+    """Nemotron-H-8B at 8,192 tokens, Megatron-LM's hybrid_flops per token written out: 4 attention layers
+    (p = 1, 8 of 32 query groups), 24 squared-ReLU MLPs (expansion 21504 / 4096), 24 Mamba-2 layers (d = 2h), logits."""
+    from meshplan.arithmetic.flops import model_flops_per_token
+
+    h, s = 4096, 8192
+    attention = 4 * h * (h + h * 8 / 32) + 2 * s * h
+    mlp = 4 * (21504 / h) * h * h
+    mamba = 2 * h * (2 * 2 * h + 2 * 8 * 128 + 128) + 7 * 2 * h * 128 + 2 * 2 * h * h
+    expected = 3 * (4 * attention + 24 * mlp + 24 * mamba + 2 * h * 131072)
+    assert model_flops_per_token(catalog_architecture("nemotron-h-8b"), s) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_mamba_layers_gemms_and_scan_on_one_rank():
+    """in_proj and out_proj split over TP; the conv and the SSD chunked scan (chunk 128) per token: conv 2 x 4 taps x
+    10,240 channels, C B^T 2 Q N per group, (L o C B^T) X 2 Q P and the two state products 4 N P per head."""
+    from meshplan.arithmetic.flops import Shard
+    from meshplan.arithmetic.mamba import mamba_gemms, ssd_scan_flops
+
+    arch = catalog_architecture("nemotron-h-8b")
+    for tp in (1, 4):
+        sh = Shard(tokens=8192, tp=tp, ep=1, etp=1, sp=tp > 1)
+        in_proj, out_proj = mamba_gemms(arch, sh)
+        assert (in_proj.m, in_proj.n, in_proj.k) == (8192, IN_PROJ / tp, H)
+        assert (out_proj.m, out_proj.n, out_proj.k) == (8192, H, INNER / tp)
+        per_token = 2 * 4 * (INNER + 2 * 8 * 128) + 8 * 2 * 128 * 128 + 128 * (2 * 128 * 64 + 4 * 128 * 64)
+        assert ssd_scan_flops(arch, sh) == 8192 * per_token / tp

@@ -54,6 +54,8 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     (causal halving since 2025-03). MTP blocks (default: the architecture's) repeat the last
     layer's type and add their norms and 2h->h projection. Vocabulary is used unpadded.
     """
+    if arch.layer_pattern is not None:  # a hybrid: Megatron-LM's hybrid_flops
+        return hybrid_flops_per_token(arch, seq_length)
     mtp = arch.num_mtp_layers if mtp_layers is None else mtp_layers
     h = arch.hidden_size
     n_moe = len(arch.moe.moe_layers) if arch.moe else 0
@@ -67,6 +69,33 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     mtp_extra = 6 * mtp * (3 * h + 2 * h * h)
     logits = 6 * h * arch.vocab_size * (mtp + 1)
     return float(mlp + attention + mtp_extra + logits)
+
+
+def hybrid_flops_per_token(arch: Architecture, seq_length: int) -> float:
+    """Model FLOPs of one training token of a hybrid model (forward + backward), as Megatron-LM counts them for MFU:
+    megatron/training/training.py num_floating_point_operations -> hybrid_flops (d98e8a6), per token. Per layer kind:
+    attention 4hp(h + hg/a) + 2shp (p = heads x head_dim / h; causal halving cancels the FMA's 2), MLP 4fh (x1.5
+    gated), MoE 4h(f_e top-k + f_shared), Mamba-2 mamba_layer_flops: in_proj 2h(2d + 2GN + heads), scan 7dN, out_proj
+    2dh, with d = 2h as Megatron takes it whatever the heads x head_dim (Nemotron-H's are 2h; Nemotron 3 Nano's are
+    not); logits 2hV; all x3. The vocabulary unpadded, as model_flops_per_token takes it."""
+    m, h, s = arch.mamba, arch.hidden_size, seq_length
+    pattern = arch.layer_pattern or ""
+    gated = 1.5 if arch.gated_mlp else 1.0
+    p = arch.head_dim * arch.num_attention_heads / h
+    attention = 4 * h * p * (h + h * arch.num_kv_heads / arch.num_attention_heads) + 2 * s * h * p
+    mlp = 4 * arch.ffn_hidden_size * h * gated
+    mamba = 0.0
+    if m is not None:
+        d_in = 2 * h
+        mamba = 2 * h * (2 * d_in + 2 * m.n_groups * m.state_size + m.num_heads) + 7 * d_in * m.state_size \
+            + 2 * d_in * h
+    moe = 0.0
+    if arch.moe is not None:
+        moe = 4 * h * (arch.moe.expert_ffn_hidden_size * arch.moe.top_k + arch.moe.shared_expert_ffn_hidden_size) \
+            * gated
+    forward = (pattern.count("*") * attention + pattern.count("-") * mlp + pattern.count("M") * mamba
+               + pattern.count("E") * moe + 2 * h * arch.vocab_size)
+    return 3.0 * forward
 
 
 def weight_gradient_share(arch: Architecture, seq_length: int) -> float:

@@ -1,7 +1,10 @@
 """A hybrid model's layers (model_type nemotron_h: Mamba-2, attention, MLP and MoE layers, one mixer each) as
 activation bytes: what one Mamba-2 layer keeps for the backward as Megatron-Core trains it (cards/memory.yaml
 mamba2_layer, each saved tensor with its source), and the attention, MLP and MoE layers of the pattern, each one
-norm and one mixer, from the transformer layer's own terms (activations.py).
+norm and one mixer, from the transformer layer's own terms (activations.py); and as FLOPs: the model's per token as
+Megatron-LM counts them for MFU in flops.hybrid_flops_per_token; here a Mamba-2
+layer's GEMMs on one rank and its conv and SSD chunked scan beside them (not yet read by the step time: the faces
+that need it refuse a hybrid, request/resolve.require_step_time).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic.activations import BF16, Layout, Shape, _attention, _norm, layer_activations
+from meshplan.arithmetic.flops import Gemm, Shard
+from meshplan.schema.model import Architecture
 
 
 class MambaSave(BaseModel):
@@ -76,3 +81,34 @@ def hybrid_layer_activations(shape: Shape, lay: Layout, kind: str, recompute: st
     whole = layer_activations(shape, lay, kind == "E", recompute, modules)  # its MLP half: mlp or moe, dropout
     out.update({k: v for k, v in whole.items() if k in ("mlp", "moe", "dropout_masks")})
     return out
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def mamba_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
+    """A Mamba-2 layer's two GEMMs on one rank: in_proj (column-parallel: z, x, B, C, dt of the rank's heads and
+    groups) and out_proj (row-parallel over the rank's d_inner / tp), over the tokens the rank's mixer sees (gathered
+    under SP)."""
+    m = arch.mamba
+    assert m is not None
+    width = 2 * m.d_inner + 2 * m.n_groups * m.state_size + m.num_heads
+    return [Gemm("mamba_in_proj", sh.tokens, width / sh.tp, arch.hidden_size),
+            Gemm("mamba_out_proj", sh.tokens, arch.hidden_size, m.d_inner / sh.tp)]
+
+
+def ssd_scan_flops(arch: Architecture, sh: Shard) -> float:
+    """Forward FLOPs on one rank of a Mamba-2 layer beside its GEMMs: the causal depthwise conv1d over x, B and C
+    (conv_kernel taps each), and the SSD chunked scan as mamba_ssm's mamba_chunk_scan_combined runs it in chunks of
+    chunk_size Q tokens (ops/triton/ssd_combined.py): per chunk and group C B^T (Q x Q x N, _bmm_chunk_fwd), per
+    chunk and head the intra-chunk output (L o C B^T) X (Q x Q x P, _chunk_scan_fwd), the chunk's state B^T X (N x
+    P per token, _chunk_state_fwd) and the output from the carried state C h (N x P per token, _chunk_scan_fwd);
+    the state passing between chunks (heads x N x P per chunk) is left out, one chunk_size-th of the last term.
+    Context parallelism trades tokens for heads (the all-to-all before the scan), so the product is the same."""
+    m = arch.mamba
+    assert m is not None
+    heads, groups = m.num_heads / sh.tp, m.n_groups / sh.tp
+    q, n, p = m.chunk_size, m.state_size, m.head_dim
+    conv = 2 * m.conv_kernel * m.conv_dim / sh.tp
+    scan = groups * 2 * q * n + heads * (2 * q * p + 4 * n * p)
+    return sh.tokens * (conv + scan)
