@@ -103,6 +103,8 @@ def test_cli_memory_of_a_hybrid():
                           "--json"], capture_output=True, text=True, env=tree_env(), check=False)
     assert out.returncode == 0, out.stderr
     assert '"params_on_gpu": 8100852736' in out.stdout
+    assert "Mamba-2 layers" in out.stdout  # the band names them unvalidated; the assumptions say how they count
+    assert "24 Mamba-2, 4 attention, 24 MLP, 0 MoE" in out.stdout
 
 
 # --------------------------------------------------------------------------- against transformers' own code (slow)

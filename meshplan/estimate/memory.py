@@ -534,7 +534,18 @@ def _assumptions(terms: MemoryTerms) -> list[str]:
     if job.model.moe is not None and plan.moe_token_dispatcher == "flex":
         out.append("Flex dispatcher: DeepEP / HybridEP allocate their own NVLink and RDMA buffers outside "
                    "PyTorch's allocator; they are not counted (their size depends on the backend's settings).")
+    if job.model.layer_pattern is not None:
+        out.append(hybrid_assumption(job.model.layer_pattern))
     return out
+
+
+def hybrid_assumption(pattern: str) -> str:
+    """How a hybrid model's layers are counted (arithmetic/mamba.py)."""
+    return (f"Hybrid layers ({pattern.count('M')} Mamba-2, {pattern.count('*')} attention, {pattern.count('-')} MLP, "
+            f"{pattern.count('E')} MoE): each one norm and one mixer; a Mamba-2 layer keeps what Megatron-Core's "
+            "memory-efficient path saves (in_proj's input and output zxBCdt, the scan output, the gated norm's input "
+            "and rstd, out_proj's input: cards/memory.yaml mamba2_layer), its weights split over TP by heads and "
+            "groups; its attention layers have no rotary embedding. No measured run of a hybrid backs the band.")
 
 
 def _fp8_assumption(conv, gather: bool) -> str:
