@@ -90,7 +90,7 @@ def test_a_hybrid_moe_model_is_estimated_with_expert_parallelism():
 
 @pytest.mark.parametrize("fields, words", [
     ({"framework": "torchtitan"}, "HY001: torchtitan has no model code"),
-    ({"framework": "verl"}, "not through transformers' NemotronH code"),
+    ({"framework": "verl"}, "HY002: verl trains Nemotron-H-8B-Base-8K through transformers' NemotronH code"),
     ({"job": "lora"}, "a LoRA job"),
 ])
 def test_what_is_not_modelled_for_a_hybrid_is_refused(fields, words):

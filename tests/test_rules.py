@@ -99,6 +99,8 @@ CASES: dict[str, tuple[dict, dict]] = {
     # a hybrid's Mamba-2 mixer (Nemotron-H-8B: 128 heads, 8 groups; 32 attention heads, 8 KV heads)
     "HY001": ({"model": "nemotron-h-8b", "num_gpus": 8, "framework": "torchtitan"},
               {"model": "nemotron-h-8b", "num_gpus": 8, "framework": "megatron-bridge"}),
+    "HY002": ({"model": "nemotron-h-8b", "num_gpus": 8, "framework": "verl"},
+              {"model": "nemotron-h-8b", "num_gpus": 8, "framework": "megatron-core"}),
     "PP016": ({"model": "nemotron-h-8b", "num_gpus": 8, "pp": 2, "vpp": 2},
               {"model": "nemotron-h-8b", "num_gpus": 8, "pp": 4}),
     "TP006": ({"model": "nemotron-h-8b", "num_gpus": 16, "tp": 16},

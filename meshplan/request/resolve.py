@@ -122,34 +122,17 @@ def _launchable_words(num_gpus: int, node: int) -> str:
     return " or ".join([*options, f"{whole} ({whole // node} whole nodes)"])
 
 
-# The frameworks whose model code builds a hybrid Mamba-2 model as its layers are modelled (Megatron-Core's
-# HybridModel: Megatron-LM pretrain_mamba.py, Megatron-Bridge's NemotronH providers; cards/memory.yaml mamba2_layer)
-HYBRID_FRAMEWORKS = ("megatron-core", "megatron-bridge")
-# The frameworks that train one through transformers' NemotronH code, whose Mamba-2 memory is not modelled; the
-# others build none, which rule HY001 says
-HF_HYBRID_FRAMEWORKS = ("nemo-automodel", "verl", "skyrl")
-
-
 def _estimable(arch: Architecture, req: Request) -> Architecture:
-    """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked of what meshplan does not
-    model for one: a framework that trains it through transformers' code (HF_HYBRID_FRAMEWORKS; one that builds none
-    is refused by rule HY001), an RL or LoRA job. Refused rather than priced as if every layer were attention and an
-    MLP."""
-    if arch.layer_pattern is None:
+    """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked as an RL or LoRA job, which
+    meshplan does not model for one: refused rather than priced as if every layer were attention and an MLP. The
+    frameworks that build no hybrid, or train it through transformers' code, are the rules' (HY001, HY002)."""
+    if arch.layer_pattern is None or not (is_rl_request(req) or req.job == "lora"):
         return arch
     kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in PATTERN_KINDS.items()
                       if k in arch.layer_pattern)
-    if req.framework in HF_HYBRID_FRAMEWORKS:
-        raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan models its Mamba-2 layers as "
-                            f"Megatron-Core trains them, not through transformers' NemotronH code as "
-                            f"{req.framework} runs it.",
-                            fix=f"Use framework {' or '.join(HYBRID_FRAMEWORKS)}, or 'meshplan describe "
-                                f"{arch.key or arch.name}' for its exact parameter counts.")
-    if is_rl_request(req) or req.job == "lora":
-        raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model "
-                            f"{'an RL' if req.job != 'lora' else 'a LoRA'} job of one.",
-                            fix="Ask for a pretrain or sft job.")
-    return arch
+    raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model "
+                        f"{'an RL' if req.job != 'lora' else 'a LoRA'} job of one.",
+                        fix="Ask for a pretrain or sft job.")
 
 
 def require_step_time(arch: Architecture, what: str) -> None:

@@ -1,10 +1,7 @@
-"""The rules one framework adds (HY001, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2 model where its
-model code builds none; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline micro-batches and dispatcher of
-NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the framework's adapter cannot write.
-
-Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
-it states the framework's own test (the source the card names), not a tidier version of it.
-"""
+"""The rules one framework adds (HY001, HY002, TT001, DS*, KF*, AM*, SK002, VL002): no hybrid Mamba-2 model where
+its model code builds none or meshplan does not model it; its own limits on etp, ep, ZeRO with pp, the mesh, pipeline
+micro-batches and dispatcher of NeMo AutoModel, and the padding its sequence splits need; and AD001, a setting the
+framework's adapter cannot write."""
 
 from __future__ import annotations
 
@@ -23,6 +20,12 @@ def no_hybrid_model(ctx: Context) -> Values:
     if pattern is None:
         return None
     return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M")}
+
+
+@rule("HY002", reads=())
+def hybrid_through_transformers(ctx: Context) -> Values:
+    """A hybrid Mamba-2 model on a framework that trains it through transformers' code (the card lists them)."""
+    return no_hybrid_model(ctx)
 
 
 @rule("TT001", reads=("etp",))
