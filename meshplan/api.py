@@ -109,30 +109,33 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
 def recommend(req: Request, top_k: int = 5) -> Recommendation:
     from meshplan.rl.job import is_rl_request
 
+    req = script_request(req)  # a launch script read once
     if is_rl_request(req):  # the whole RL step: actor layout, rollout engine, memory fraction, offloads
         from meshplan.search.rl import recommend_rl
 
-        return recommend_rl(script_request(req), top_k=top_k)
+        return recommend_rl(req, top_k=top_k)
     from meshplan.search import recommend as search
 
     _require_step_time(req, "recommend")
-    return search(script_request(req), top_k=top_k)
+    return search(req, top_k=top_k)
 
 
 def minimum_gpus(req: Request, max_gpus: int | None = None) -> MinimumGpus:
     """The smallest GPU count at which a layout passes the rules and keeps the headroom, and the best layout there."""
     from meshplan.search import minimum_gpus as scan
 
+    req = script_request(req)  # a launch script read once
     _require_step_time(req, "min-gpus")
-    return scan(script_request(req), max_gpus=max_gpus)
+    return scan(req, max_gpus=max_gpus)
 
 
 def _require_step_time(req: Request, what: str) -> None:
-    """A search ranks layouts by step time: refused for a hybrid model until its Mamba-2 layers are timed."""
+    """A search ranks layouts by step time: refused for a hybrid model until its Mamba-2 layers are timed (`req`:
+    after script_request)."""
     from meshplan.knowledge.catalog import resolve_model
     from meshplan.request.resolve import require_step_time
 
-    require_step_time(resolve_model(script_request(req).model), what)
+    require_step_time(resolve_model(req.model), what)
 
 
 def render_config(framework: str, req: Request, *, force: bool = False, **options: Any) -> RenderResult:
