@@ -201,15 +201,19 @@ def missing_layout_knob(framework: str, version: str, variant: str, job: Job, pl
     return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
 
 
+def _default_knob(framework: str, job: Job, plan: Plan, name: str) -> AdapterKnob | None:
+    """The knob `name` on the version and variant `render` writes by default for this plan; None where the framework
+    has no adapter."""
+    target = default_render(framework, job, plan)
+    return None if target is None else knob_table(framework, *target)[name]
+
+
 def unwritable_reason(framework: str, job: Job, plan: Plan, name: str) -> str | None:
     """What the run does instead of the missing knob `name` (its card `reason`, REASON_KNOBS), on the version and
     variant `render` writes by default; None where that config can write it, or on a card without an adapter (whose
     cannot_run gives no reason: rule RC006 refuses there)."""
-    target = default_render(framework, job, plan)
-    if target is None:
-        return None
-    knob = knob_table(framework, *target)[name]
-    return knob.reason if knob.key is None else None
+    knob = _default_knob(framework, job, plan, name)
+    return knob.reason if knob is not None and knob.key is None else None
 
 
 def unwritable(framework: str, job: Job, plan: Plan, name: str) -> str | None:
@@ -217,10 +221,9 @@ def unwritable(framework: str, job: Job, plan: Plan, name: str) -> str | None:
     `render` writes by default, a key null (its `instead`); on a card without an adapter, its `cannot_run` entry.
     None where it can. Rule RC005 asks it (the plan's fields it reads: zero_stage, tp, pp, ep, through
     DEFAULT_VARIANTS)."""
-    target = default_render(framework, job, plan)
-    if target is None:
+    knob = _default_knob(framework, job, plan, name)
+    if knob is None:
         return framework_card(framework).cannot_run.get(name)
-    knob = knob_table(framework, *target)[name]
     return knob.instead if knob.key is None else None
 
 
