@@ -430,8 +430,12 @@ class StepTimeBounds(SearchPlans):
                 # chains under the stretch (chained) or over it (heavy_chains: the larger, the stretch's held)
                 m, unit = self.microbatches(lay, mbs), lay.vpp * self.pp_unit(lay, mbs)
                 stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, mbs)) * (m + lay.bubble_stages())
-                bound = stretched if bound == plain[0] else bound + unit * m if bound < plain[0] else max(
-                    stretched, bound + unit * m)
+                if bound == plain[0]:
+                    bound = stretched
+                elif bound < plain[0]:
+                    bound += unit * m
+                else:
+                    bound = max(stretched, bound + unit * m)
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]
 
