@@ -101,8 +101,9 @@ def megatron_rows() -> tuple[list[Case], list[Case]]:
     return bridge, classic_cases() + golden_cases(DEFAULT_VALIDATION)
 
 
-def log_errors(rows: list[Case], **overrides: float) -> list[float]:
-    """log(predicted / measured) of every row meshplan can time, with the given constants overridden."""
+def log_errors(rows: list, **overrides: float) -> list[float]:
+    """log(predicted / measured) of every row meshplan can time, with the given constants overridden (any row with
+    .job, .plan and .measured_tps: moe_fit's rows too)."""
     out = []
     for c in rows:
         cal = calibration(c.job.framework).with_overrides(**overrides)
