@@ -4,6 +4,8 @@ itself reads the rendered YAML in tests/test_adapters_frameworks.py (slow)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -59,7 +61,43 @@ def test_zero_stages_dispatcher_and_lora_keys():
     assert any("AM005" in w for w in torch_dispatch.warnings)
     _, _, lora = _render(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, lora_rank=16,
                          lora_targets=["linear_qkv"])
-    assert yaml.safe_load(lora.text)["peft"]["target_modules"] == ["q_proj", "k_proj", "v_proj"]
+    assert yaml.safe_load(lora.text)["peft"]["target_modules"] == ["*.q_proj", "*.k_proj", "*.v_proj"]
+
+
+def _automodel_matches(pattern: str, name: str) -> bool:
+    """nemo-automodel 0.7.0 components/_peft/module_matcher.py ModuleMatcher.match for a pattern whose wildcards are
+    '*': the pattern equal to the module's full dotted name, or its regex (each '*' any text) matching all of it."""
+    return name == pattern or re.fullmatch(pattern.replace("*", "(.*)"), name) is not None
+
+
+@pytest.mark.parametrize(("model", "modules"), [
+    ("llama-3.1-8b", ["model.layers.0.self_attn.q_proj", "model.layers.31.self_attn.o_proj",
+                      "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"]),
+    ("qwen3-30b-a3b", ["model.layers.0.self_attn.k_proj", "model.layers.47.mlp.experts"]),
+])
+def test_lora_targets_match_automodels_module_paths(model, modules):
+    """AutoModel matches peft.target_modules against each module's full dotted name (named_modules), so the bare
+    'q_proj' render wrote matched no module: apply_lora_to_linear_modules patched 0 linears and the LoRA job trained
+    no adapter. A routed expert block is one GroupedExperts module, 'experts', adapted whole."""
+    _, _, result = _render(model=model, num_gpus=16, global_batch_size=64, job="lora")
+    patterns = yaml.safe_load(result.text)["peft"]["target_modules"]
+    for name in modules:
+        assert any(_automodel_matches(p, name) for p in patterns), (name, patterns)
+    assert not any(_automodel_matches(p, "lm_head") or _automodel_matches(p, "model.layers.0.mlp.gate")
+                   for p in patterns)
+    back = import_config(result.text, "recipe.yaml", framework="nemo-automodel", config_format="yaml")
+    assert back.request["lora_targets"] == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+
+
+def test_lora_on_one_expert_linear_has_no_automodel_config():
+    """GroupedExpertsLoRA adapts an expert's gate/up and down together: linear_fc1 alone on a MoE model is refused,
+    not written as a config that adapts more or fewer weights than the estimate counts."""
+    with pytest.raises(MeshplanError, match="adapts an expert's gate/up and down projections together"):
+        _render(model="qwen3-30b-a3b", num_gpus=16, global_batch_size=64, lora_rank=16,
+                lora_targets=["linear_qkv", "linear_fc1"])
+    _, _, dense = _render(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, lora_rank=16,
+                          lora_targets=["linear_fc1"])
+    assert yaml.safe_load(dense.text)["peft"]["target_modules"] == ["*.gate_proj", "*.up_proj"]
 
 
 def test_flex_dispatcher_runs_on_automodels_fsdp_engine_only_where_the_card_says():

@@ -120,10 +120,22 @@ def backend_section(job: Job, plan: Plan, variant: str) -> Section:
 
 
 def peft_section(job: Job) -> Section:
-    """peft (PeftConfig): rank and the Hugging Face projections of the targets (matched by module name)."""
+    """peft (PeftConfig): rank and the targets as wildcards over the module paths. AutoModel's ModuleMatcher compares
+    a pattern with the module's full dotted name (model.layers.0.self_attn.q_proj), so a bare 'q_proj' matches no
+    module and the job trains no adapter; '*.q_proj' matches every layer's. A MoE layer's routed experts are one
+    GroupedExperts module ('experts'), whose GroupedExpertsLoRA adapts gate/up and down together (lora_experts.py):
+    it is targeted where linear_fc1 and linear_fc2 both are, and a request naming one alone has no AutoModel config."""
     if job.lora is None:
         return []
-    targets = [name for target in job.lora.targets for name in HF_PROJECTIONS[target]]
+    targets = [f"*.{name}" for target in job.lora.targets for name in HF_PROJECTIONS[target]]
+    fc = {"linear_fc1", "linear_fc2"} & set(job.lora.targets)
+    if job.model.moe is not None and len(fc) == 1:
+        raise MeshplanError(
+            f"NeMo AutoModel cannot adapt {fc.pop()} alone on {job.model.name}'s routed experts: its "
+            "GroupedExpertsLoRA adapts an expert's gate/up and down projections together.",
+            fix="Give lora_targets both linear_fc1 and linear_fc2, or neither.")
+    if job.model.moe is not None and fc:
+        targets.append("*.experts")
     return [("_target_", "nemo_automodel.components._peft.lora.PeftConfig"), ("dim", job.lora.rank),
             ("target_modules", targets)]
 

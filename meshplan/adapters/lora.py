@@ -78,6 +78,7 @@ def read_targets(value: Any, hf: bool) -> list[str]:
     names = list(value) if isinstance(value, (list, tuple)) else [value]
     if not hf:
         return names
+    names = [str(name).rsplit(".", 1)[-1] for name in names]  # AutoModel's wildcards over module paths: *.q_proj
     return [t for t in TARGETS if set(HF_PROJECTIONS[t]) <= set(names)]
 
 
