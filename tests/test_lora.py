@@ -204,6 +204,7 @@ def test_frozen_units_gather_their_weights_but_reduce_no_gradient():
     ("skyrl", 3, "SkyRL's target_modules all-linear (SkyRLLoraConfig), Hugging Face PEFT", False),
     ("verl", 1, "verl's lora.target_modules default", True),  # the Megatron engine: Megatron-Bridge's LoRA
     ("megatron-bridge", 1, "Megatron-Bridge's LoRA target_modules default", True),
+    ("nemo-automodel", 3, "peft.target_modules wildcards (*.q_proj", False),  # said Megatron-Bridge's default
 ])
 def test_default_targets_are_said_as_the_engine_sets_them(framework, zero, says, bridge_clause):
     """lora_targets left out: the note names the engine's own default (its card's lora.<engine>.default_targets_why).
