@@ -112,6 +112,22 @@ def test_an_rl_log_is_compared_with_an_rl_prediction_only():
     assert read_log_file(str(LOGS / "torchtitan_dcp_zoc.log")).rl_fields is None
 
 
+def test_verl_sft_trainer_log_is_a_training_jobs():
+    """verl.trainer.sft_trainer (0.9.1) logs perf/max_memory_* and train/mfu per step. Its MFU was not read (compare
+    showed MFU '-'); read as a step, it must not count as an RL step, or compare refuses the SFT job it measured."""
+    text = ("step:1 - train/loss:1.234 - perf/max_memory_allocated_gb:30.512 - perf/max_memory_reserved_gb:36.25 - "
+            "train/mfu:0.412 - train/global_tokens:262144\n"
+            "step:2 - train/loss:1.101 - perf/max_memory_allocated_gb:30.61 - perf/max_memory_reserved_gb:36.25 - "
+            "train/mfu:0.425 - train/global_tokens:262144\n")
+    run = read_log(text)
+    assert run.framework == "verl" and run.rl_fields is None and run.mfu == pytest.approx(0.425)
+    assert not any("RL step" in n for n in run.notes)
+    req = {"model": "llama-3.1-8b", "num_gpus": 16, "gpu": "h100", "framework": "verl", "job": "sft",
+           "zero_stage": 3, "cp": 2, "micro_batch_size": 2, "global_batch_size": 64}
+    got = api.compare_run(parse_request(req), text)
+    assert next(f for f in got.figures if f.figure == "mfu").measured == pytest.approx(0.425)
+
+
 def test_kempnerforge_metrics_line():
     run = read_log_file(str(LOGS / "kempnerforge_first_run.log"))
     assert run.framework == "kempnerforge"

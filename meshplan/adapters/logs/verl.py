@@ -6,6 +6,8 @@ perf/max_memory_* are torch's peaks / 1024**3 (newer releases prefix them with a
 whole RL step (verl's PPO trainer logs it; its prompt_length/max, response_length/max and /mean are read as the RL
 request's fields); perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the actor
 update's MFU (a fraction). Values may print as np.float64(...); a pasted line may wrap anywhere.
+The SFT trainer (verl/trainer/sft_trainer.py, verl 0.9.1) logs the same memory keys and train/mfu (its engine's FLOP
+count over the GPUs' peak), no step time and no RL key: its steps are a training job's, so they state no RL fields.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ RECORD = re.compile(r"(?<![\w/])step:(\d+) - ")
 VALUE = re.compile(rf"(?:^|\s)([\w/@.\-]+):(?:np\.float\d+\()?({NUMBER})")
 DETECT = re.compile(r"(?<![\w/])step:\d+ - .*(?:timing_s/|perf/)")
 
-STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_per_gpu", "perf/mfu/actor": "mfu"}
+STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_per_gpu", "perf/mfu/actor": "mfu",
+             "train/mfu": "mfu"}
+SFT_KEYS = ("train/mfu", "train/loss")  # verl.trainer.sft_trainer's metrics (the train/ prefix is its own)
 # the RL workload a step states, as request fields: the longest prompt and response (what the run allows at least)
 RL_KEYS = {"prompt_length/max": "prompt_length", "response_length/max": "response_length",
            "response_length/mean": "mean_response_length"}
@@ -40,11 +44,14 @@ def read(text: str, path: str, framework: str = "verl") -> LogReading:
                               **{attr: values[key] for key, attr in STEP_KEYS.items() if key in values})
         if any(getattr(figures, attr) is not None for attr in STEP_KEYS.values()):
             reading.steps.append(figures)
-            reading.rl_fields = {**(reading.rl_fields or {}),
-                                 **{field: round(values[key]) for key, field in RL_KEYS.items() if key in values}}
+            if not any(key in values for key in SFT_KEYS):
+                reading.rl_fields = {**(reading.rl_fields or {}),
+                                     **{field: round(values[key]) for key, field in RL_KEYS.items() if key in values}}
         memory = {attr: values[key] * GIB for key, attr in MEMORY_KEYS.items() if key in values}
         if memory:
             reading.memory.append(MemoryFigures(line=line, **memory))
-    if reading.steps:
+    if reading.steps and reading.rl_fields is not None:
         reading.notes.append("verl's timing_s/step is the whole RL step (rollout, log-probs, update)")
+    elif reading.steps:
+        reading.notes.append("verl's SFT trainer logs train/mfu and no step time: the MFU is its own FLOP count")
     return reading
