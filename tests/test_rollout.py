@@ -317,3 +317,13 @@ def test_skyrl_colocated_offloads_every_model_itself_and_verl_only_on_request():
         rollout = phases(report)["rollout"].detail
         assert (rollout["trainer_resident"] > 0) == resident and (rollout["reference_resident"] > 0) == resident
         assert (report.host_bytes_per_node > 0) != resident  # SkyRL's own offload needs host memory
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_each_rl_phase_note_is_words_not_a_code_path(framework):
+    """The actor update's phase note read 'meshplan.estimate.memory.estimate_memory' (a Python function's path) in
+    the memory report's phases and the report's RL picture table."""
+    from meshplan import api
+
+    report = api.estimate_memory(parse_request({**GRPO, "framework": framework}))
+    assert report.phases and all("meshplan." not in p.note for p in report.phases), [p.note for p in report.phases]

@@ -199,7 +199,7 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
     actor = StagePeak(s.total_bytes + ref_resident + critic_resident + graphs,
                       {"update": s.total_bytes, "reference_resident": ref_resident,
                        "critic_resident": critic_resident, "cuda_graphs": graphs},
-                      "meshplan.estimate.memory.estimate_memory")
+                      "the training step's peak (the stage table), with the reference and critic held beside it")
     critic = None
     if x.critic_apart:
         critic = StagePeak(s.total_bytes, {"update": s.total_bytes},
