@@ -171,3 +171,16 @@ def test_an_empty_configuration_names_every_format_read():
     with pytest.raises(MeshplanError, match="the configuration is empty") as empty:
         import_config("  \n", "sft.yaml")
     assert empty.value.fix == "Pass a launch script or a TOML, JSON or YAML file."
+
+
+@pytest.mark.parametrize(("job", "key"), [("sft", "model.use_remove_padding"),
+                                          ("rl", "actor_rollout_ref.model.use_remove_padding")])
+def test_vl002_names_the_key_of_the_trainer_render_writes(job, key):
+    """VL002 told a training job (verl's SFT trainer, whose config has no actor_rollout_ref) to set
+    actor_rollout_ref.model.use_remove_padding; it names the key render writes for that trainer."""
+    request = Request(model="qwen2.5-7b", gpu="h100", num_gpus=16, framework="verl", zero_stage=3, cp=2, job=job,
+                      micro_batch_size=1, global_batch_size=64)
+    job_, plan = resolve(request)
+    (finding,) = [f for f in structural_findings(job_, plan) if f.id == "VL002"]
+    assert f"requires {key}=True" in finding.message and finding.fix.startswith(f"Set {key}=True")
+    assert f" {key}=true" in render("verl", job_, plan).text

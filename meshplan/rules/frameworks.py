@@ -122,9 +122,12 @@ def skyrl_cp_padding(ctx: Context) -> Values:
 
 @rule("VL002", reads=("cp",))
 def verl_ulysses_padding(ctx: Context) -> Values:
+    """The switch in the key of the trainer that runs the job: a training job on the FSDP engine is the SFT trainer's
+    (model.use_remove_padding, what render writes there), an RL job main_ppo's actor_rollout_ref.model."""
     if ctx.plan.cp == 1:
         return None
-    return {"u": ctx.plan.cp}
+    trainer = "actor_rollout_ref." if ctx.job.rl is not None else ""
+    return {"u": ctx.plan.cp, "key": f"{trainer}model.use_remove_padding"}
 
 
 @rule("AM001", reads=("tp", "pp", "cp", "dp"))
