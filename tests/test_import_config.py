@@ -1044,3 +1044,19 @@ def test_a_rendered_megatron_moe_script_reads_back_its_kernel_and_cpu_optimizer_
     said = " ".join(read.notes)
     assert "--moe-grouped-gemm = True: the routed experts' GEMMs grouped" in said
     assert "--overlap-cpu-optimizer-d2h-h2d = True: the CPU optimizer's D2H/H2D copies" in said
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_torchtitan_negated_switch_reads_back_as_the_field(sp):
+    """render torchtitan of tp=2 without sequence parallelism writes tyro's --parallelism.no_enable_sequence_parallel;
+    import listed it as 'no meshplan field' and took sequence_parallel's default (on with TP), so memory --config of
+    the rendered script estimated another layout (23.2 GiB, not the plan's 25.5 GiB)."""
+    from meshplan.adapters.render import render
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="torchtitan", tp=2,
+                                sequence_parallel=sp))
+    got = import_config(render("torchtitan", job, plan).text, "run_torchtitan.sh")
+    assert got.unsupported == [] and got.request["sequence_parallel"] is sp, (got.unsupported, got.request)
+    _, back = resolve(api.request_from_config(got, {"model": "llama-3.1-8b", "gpu": "h100"}))
+    assert back == plan

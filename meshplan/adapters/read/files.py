@@ -4,6 +4,8 @@ and a DeepSpeed JSON config. The keys' meanings come from the framework cards (k
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.adapters.common import torchtitan_batch
 from meshplan.adapters.read.keys import (
     SPLIT_NOT_READ,
@@ -202,9 +204,19 @@ def read_torchtitan_toml(text: str, path: str) -> Reading:
     return reading
 
 
+def _tyro_switch(s: Setting) -> Setting:
+    """tyro's negated switch (--parallelism.no_enable_sequence_parallel, what render writes for a false one) as its
+    field set to false; read as a key of its own it was 'no meshplan field' and the field took its default."""
+    head, dot, last = s.key.rpartition(".")
+    if s.value is not True or not last.startswith(("no_", "no-")):
+        return s
+    return replace(s, key=f"{head}{dot}{last[3:]}", value=False, written=s.key)
+
+
 def read_torchtitan_cli(text: str, path: str) -> Reading:
     """torchtitan 0.3: `torchrun ... -m torchtitan.train --module M --config C --parallelism.x N ...`."""
     _, command, k, reading, settings = read_launch(text, path, "torchtitan", variant="cli")
+    settings = [_tyro_switch(s) for s in settings]
     for word in command.words[k + 1:]:
         if word.text.startswith("activation-checkpoint:"):
             settings.append(Setting("activation_checkpoint.mode", word.text.split(":", 1)[1], word.line))
