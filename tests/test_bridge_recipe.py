@@ -104,3 +104,19 @@ def test_run_recipe_script_states_what_the_recipe_name_says():
     result = api.import_file(str(CONFIGS / "bridge_qwen3_600m_sft_128k.sh"))
     assert result.request["job"] == "sft" and result.request["num_gpus"] == 8  # the launcher's count
     assert any("qwen3_600m: not in meshplan's catalog" in u for u in result.unresolved)
+
+
+def test_a_rendered_megatron_fsdp_layout_imports_with_nothing_unexpressed():
+    """render megatron-bridge at zero_stage 3 writes dist.use_megatron_fsdp and ddp.use_megatron_fsdp beside
+    ddp.data_parallel_sharding_strategy; import listed both switches under 'meshplan cannot express' though it read
+    the layout (zero_stage 3, from the strategy key) whole."""
+    from meshplan.adapters.read import import_config
+    from meshplan.adapters.render import render
+    from meshplan.request.resolve import resolve
+    from meshplan.schema.request import Request
+
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, framework="megatron-bridge",
+                                zero_stage=3))
+    got = import_config(render("megatron-bridge", job, plan).text, "layout.py")
+    assert got.unsupported == [] and got.request["zero_stage"] == 3, got.unsupported
+    assert any("use_megatron_fsdp" in note for note in got.notes)
