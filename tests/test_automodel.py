@@ -306,3 +306,20 @@ def test_automodels_routed_experts_activation_is_fused_in_eager_blocks():
     tctx = layer_context(titan, titan_plan, tcal, links(titan.gpu, titan.gpus_per_node, tcal), _peaks(titan, tcal),
                          4, None)
     assert tctx.eager and not tctx.experts_fused
+
+
+@pytest.mark.parametrize(("peft", "said"), [
+    ("  target_modules: '*_proj'\n", True),  # the recipes' own pattern: the experts' GroupedExperts is no *_proj
+    ("", True),  # left out: PeftConfig's ModuleMatcher takes '*_proj'
+    ("  target_modules: ['*_proj', '*.experts']\n", False),
+])
+def test_a_moe_recipes_lora_that_leaves_the_routed_experts_out_is_said(peft, said):
+    """AutoModel's '*_proj' (given or its default) adapts no routed expert, while the four targets it is read as
+    count their adapters: import says so. Left out, the note said PeftConfig 'matches every linear layer'."""
+    text = ("distributed:\n  strategy: fsdp2\n  ep_size: 8\n"
+            "model:\n  pretrained_model_name_or_path: Qwen/Qwen3-30B-A3B\n"
+            "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  dim: 16\n" + peft)
+    got = import_config(text, "recipe.yaml", framework="nemo-automodel", config_format="yaml")
+    assert got.request["lora_rank"] == 16
+    assert any("adapts none of them" in n for n in got.notes) is said, got.notes
+    assert not any("every linear layer" in n for n in got.notes)

@@ -142,6 +142,7 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
             reading.state("moe_token_dispatcher", "flex" if flex else "alltoall", s)
         elif m.target == "lora_targets":
             reading.state("lora_targets", _lora_targets(s.value), s)
+            reading.extra["peft_targets"] = (s.value, s)
         elif m.target == "param_offload":
             reading.state("param_offload", True, s)
         elif m.target == "uneven_pp":
@@ -151,11 +152,34 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
         reading.state("tp_comm_overlap", False, where)
         reading.notes.append(f"{where}: async TP is an Inductor pass (torch._inductor.config._micro_pipeline_tp); "
                              "without compile.enabled or distributed.enable_compile AutoModel runs TP without it")
-    if "lora_rank" in reading.request and "lora_targets" not in reading.request:
-        reading.notes.append("peft.target_modules not given: AutoModel's PeftConfig then matches every linear layer")
+    if "lora_rank" in reading.request:
+        _lora_notes(reading)
     _pipeline(reading, _model(reading))
     world(reading)
     return reading
+
+
+def _lora_notes(reading: Reading) -> None:
+    """What AutoModel's PeftConfig adapts where meshplan's four targets say more: left out, target_modules is '*_proj'
+    (module_matcher.py ModuleMatcher), and neither that nor a projection name matches a MoE layer's routed experts,
+    one GroupedExperts module named 'experts', whose adapters linear_fc1/linear_fc2 count."""
+    stated = reading.extra.get("peft_targets")
+    if stated is None:
+        reading.notes.append("peft.target_modules not given: AutoModel's PeftConfig then targets '*_proj', every "
+                             "attention and MLP projection (not lm_head)")
+    names = [] if stated is None else stated[0] if isinstance(stated[0], list) else [stated[0]]
+    if any("experts" in str(n) or str(n) == "*" for n in names) or "model" not in reading.request:
+        return
+    try:
+        arch = resolve_model(reading.request["model"])
+    except MeshplanError:
+        return
+    if arch.moe is not None:
+        where = stated[1].where(reading.path) if stated else "peft.target_modules"
+        reading.notes.append(f"{where}: no pattern matches {arch.name}'s routed experts (each layer's GroupedExperts, "
+                             "'experts'), so AutoModel adapts none of them, while meshplan's linear_fc1/linear_fc2 "
+                             "count their adapters: the estimate holds more adapter weights than the run ('*.experts' "
+                             "adapts them)")
 
 
 def _lora_targets(value: Any) -> list[str]:
