@@ -76,6 +76,10 @@ def test_size_alone_gives_a_generic_model_of_about_that_size(size, expected):
 def test_unknown_model_type_is_a_clear_error():
     with pytest.raises(MeshplanError, match="Unsupported model_type 'bert'"):
         architecture_from_config({"model_type": "bert"})
+    # a hand-written config without model_type said "Unsupported model_type None"
+    with pytest.raises(MeshplanError, match="states no model_type") as missing:
+        architecture_from_config({"hidden_size": 4096, "num_hidden_layers": 32})
+    assert "llama" in missing.value.fix and "None" not in str(missing.value)
 
 
 def test_missing_field_is_named():

@@ -383,6 +383,10 @@ def _supported_config(config: Any) -> tuple[str, dict[str, Any]]:
             f"model_type {model_type!r} has {_UNMODELLED_LAYERS['minimax' if kinds else model_type]}, which meshplan "
             "does not model (it times softmax attention, MLA and MLP/MoE layers only).",
             fix="Plan it with a framework's own tools, or pass a softmax-attention model.")
+    if model_type is None:  # a hand-written config: the type decides how its fields are read
+        raise MeshplanError("The config.json states no model_type, which decides how its fields are read.",
+                            fix="Add the model's Hugging Face model_type: one of "
+                                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}.")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise MeshplanError(
             f"Unsupported model_type {model_type!r} in config.json.",
