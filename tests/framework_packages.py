@@ -55,6 +55,9 @@ TORCHTITAN_VENV = ["torch==2.13.0", f"torchtitan=={PINS['torchtitan']}", "triton
 # pins in its vllm/sglang/cpu extras (its core range is >=5.5.3,<5.11; SkyRL 0.4.0 takes >=5.6.1,<=5.16.1), on the
 # same torch 2.13.0 CPU wheel. Used by the FakeTensorMode harness of HF model code (bench/fake_tensor_hf.py).
 HF_VENV = ["torch==2.13.0", f"transformers=={PINS['transformers']}"]
+# Hugging Face PEFT beside that transformers: the LoRA verl's and SkyRL's FSDP engines apply (get_peft_model with
+# target_modules; 0.18.1 is the release SkyRL pins). Used by the LoRA count test (bench/peft_lora_count_harness.py).
+PEFT_VENV = [*HF_VENV, "peft==0.18.1"]
 # NeMo AutoModel 0.7.0 with its own dependencies (transformers 5.18.0, torchao, megatron-fsdp, quack-kernels ...) on the
 # CPU torch wheel, to load a rendered recipe YAML with its own config loader (which imports every `_target_`). triton
 # is held at 3.5.1: under triton 3.9 its LoRA kernel's @triton.autotune(key=[..., "S"]) fails at import

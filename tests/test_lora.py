@@ -54,8 +54,56 @@ def test_adapters_shard_over_tp_and_experts_share_one_adapter():
                                    ep=8, etp=1)
     assert dense == 8 * ((h + 40 * 128) + (32 * 128 + h))
     assert expert == 8 * ((h + 2 * e) + (e + h))  # shared across the 16 local experts, not x 16
-    per_expert = adapter_params(moe.model, [0], moe.lora, lora_engine(framework_card("verl"), 3), tp=1, ep=8, etp=1)[1]
+    automodel = lora_engine(framework_card("nemo-automodel"), 3)
+    assert automodel.experts == "per_expert"
+    per_expert = adapter_params(moe.model, [0], moe.lora, automodel, tp=1, ep=8, etp=1)[1]
     assert per_expert == 128 / 8 * 8 * ((2 * h + 2 * e) + (e + h))
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_peft_on_transformers_5_adapts_no_routed_expert(framework):
+    """verl's and SkyRL's FSDP engines apply PEFT's target_modules, which match nn.Linear modules; transformers 5 keeps
+    a layer's routed experts as two 3D parameters, so all-linear adapts Qwen3-30B-A3B's attention only (it has no
+    shared expert): per layer q, k, v, o of r(in + out) each, and the note says why the experts have none."""
+    job, plan = resolve(Request(model="qwen3-30b-a3b", framework=framework, num_gpus=8, zero_stage=3, lora_rank=8))
+    engine = lora_engine(framework_card(framework), plan.zero_stage)
+    assert engine.experts == "none"
+    h, q, kv = 2048, 32 * 128, 4 * 128
+    assert total_adapter_params(job.model, job.lora, engine) == 48 * 8 * ((h + q) + 2 * (h + kv) + (q + h))
+    assert adapter_params(job.model, [0], job.lora, engine, tp=1, ep=1, etp=1)[1] == 0.0
+    assert any("routed experts: none" in n and "3D parameters" in n for n in job.notes)
+
+
+@pytest.mark.slow
+def test_peft_counts_what_meshplan_counts_on_a_moe_model_with_a_shared_expert():
+    """Ground truth from the packages the engines run: PEFT 0.18.1's get_peft_model(all-linear) on transformers
+    5.9.0's GLM-4.5 MoE code (a dense first layer; routed experts as 3D parameters, a shared expert as an MLP of
+    linears, the router a parameter), built on the meta device: its trainable parameters equal meshplan's adapter
+    count on verl's FSDP engine, none under `.experts.`. (Qwen2-MoE's shared_expert_gate, a linear to one output that
+    PEFT adapts too, r(h + 1) a layer, is not counted.)"""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from framework_packages import PEFT_VENV, venv_python
+
+    from meshplan.knowledge.model_config import architecture_from_config
+    from meshplan.schema.plan import LoraSpec
+
+    config = {"model_type": "glm4_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+              "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+              "vocab_size": 1000, "tie_word_embeddings": False}
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
+    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
+                         input=json.dumps({"config": config, "rank": 8, "target_modules": "all-linear"})).stdout
+    peft = json.loads(out.split("RESULT ", 1)[1])
+    arch = architecture_from_config(config)
+    spec = LoraSpec(rank=8, targets=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+    engine = lora_engine(framework_card("verl"), 3)
+    assert peft["experts"] == 0
+    assert total_adapter_params(arch, spec, engine) == peft["trainable"]
 
 
 def test_frozen_base_keeps_weights_and_adapters_carry_the_states():

@@ -73,6 +73,10 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
                 "target that matches nothing" if bridge else "")) if skipped else ""
         notes.append("lora_targets not given: " + ", ".join(targets) + f" ({why}{said}).")
+    if (arch.moe is not None and engine is not None and engine.experts == "none"
+            and {"linear_fc1", "linear_fc2"} & set(targets)):
+        notes.append(f"LoRA on {arch.name}'s routed experts: none ({engine.experts_why}); linear_fc1 / linear_fc2 "
+                     "adapt its dense and shared-expert MLPs only.")
     return LoraSpec(rank=rank, targets=targets)
 
 
@@ -111,11 +115,12 @@ def model_targets(arch: Architecture) -> set[str]:
     return set(TARGETS) - ({"linear_qkv"} if arch.mla is not None else set())
 
 
-def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, adapters: str = "fused") -> list[Adapted]:
-    """The adapted linears of decoder layer `index`. Megatron-Core's linear_qkv is h -> (heads + 2 kv heads) x
-    head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h, linear_fc1 h -> (2 if gated) x ffn and linear_fc2
-    ffn -> h, for the dense MLP, the shared experts and (as expert linears) the routed experts."""
-    h, per = arch.hidden_size, adapters == "per_projection"
+def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraEngine | None) -> list[Adapted]:
+    """The adapted linears of decoder layer `index` on `engine` (None: Megatron-Bridge's layout). Megatron-Core's
+    linear_qkv is h -> (heads + 2 kv heads) x head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h,
+    linear_fc1 h -> (2 if gated) x ffn and linear_fc2 ffn -> h, for the dense MLP, the shared experts and (as expert
+    linears) the routed experts, unless the engine adapts no routed expert (LoraEngine.experts none)."""
+    h, per = arch.hidden_size, engine is not None and engine.adapters == "per_projection"
     gated = 2 if arch.gated_mlp else 1
     out: list[Adapted] = []
     if "linear_qkv" in spec.targets and arch.mla is None:
@@ -127,7 +132,8 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, adapters: str
     mlps: list[tuple[int, bool]] = []
     if arch.is_moe_layer(index):
         assert arch.moe is not None
-        mlps.append((arch.moe.expert_ffn_hidden_size, True))
+        if engine is None or engine.experts != "none":
+            mlps.append((arch.moe.expert_ffn_hidden_size, True))
         if arch.moe.shared_expert_ffn_hidden_size:
             mlps.append((arch.moe.shared_expert_ffn_hidden_size, False))
     else:
@@ -149,11 +155,10 @@ def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine
     A is a RowParallelLinear(in, r) (in split) and B a ColumnParallelLinear(r, out) (out split): r(in + out)/tp
     either way. A routed expert linear is sharded over etp: shared (share_expert_adapters, the default) it is one
     adapter per layer on every EP rank, its gradient all-reduced over EP; per_expert, one per local expert."""
-    adapters = engine.adapters if engine else "fused"
     shared = engine is None or engine.experts == "shared"
     dense = expert = 0.0
     for i in layers:
-        for a in layer_adapters(arch, i, spec, adapters):
+        for a in layer_adapters(arch, i, spec, engine):
             if not a.expert:
                 dense += a.params(spec.rank) / tp
             elif shared:
@@ -181,10 +186,9 @@ FROZEN_PASSES_PER_FORWARD = 2.0
 def adapter_flops_per_token(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None = None) -> float:
     """Forward + backward FLOPs of the adapters per token: 6 per adapter parameter a token passes (a routed token
     passes its top-k experts' adapters, the same shared adapter top-k times)."""
-    adapters = engine.adapters if engine else "fused"
     total = 0.0
     for i in range(arch.num_layers):
-        for a in layer_adapters(arch, i, spec, adapters):
+        for a in layer_adapters(arch, i, spec, engine):
             total += a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1)
     return 6.0 * total
 

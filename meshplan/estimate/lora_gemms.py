@@ -20,9 +20,8 @@ def lora_gemm_seconds(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> tuple[
     assert spec is not None
     base = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     index = next((i for i in range(arch.num_layers) if arch.is_moe_layer(i) == moe), 0)  # a layer of this kind
-    adapters = ctx.lora_engine.adapters if ctx.lora_engine else "fused"
     r, extra = spec.rank, []
-    for a in layer_adapters(arch, index, spec, adapters):
+    for a in layer_adapters(arch, index, spec, ctx.lora_engine):
         t, rows, count = sh.tp, sh.tokens, 1.0
         if a.expert:
             assert arch.moe is not None

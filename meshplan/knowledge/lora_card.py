@@ -23,8 +23,13 @@ class LoraEngine(BaseModel):
         description="fused: one adapter per Megatron-Core linear (fused QKV, fused gate/up: one A each); "
                     "per_projection: Hugging Face PEFT, one adapter per q/k/v and gate/up projection"
     )
-    experts: Literal["shared", "per_expert"] = Field(
+    experts: Literal["shared", "per_expert", "none"] = Field(
         description="shared: one adapter per grouped expert linear, shared by the rank's local experts and "
-                    "replicated over EP (Megatron-Bridge share_expert_adapters=True); per_expert: one per expert"
+                    "replicated over EP (Megatron-Bridge share_expert_adapters=True); per_expert: one per expert; "
+                    "none: the routed experts get no adapter (Hugging Face PEFT's target_modules match nn.Linear "
+                    "modules, and transformers 5 keeps a layer's routed experts as two 3D parameters)"
     )
+    experts_why: str | None = Field(
+        None, description="With experts none: why the routed experts get no adapter and what would adapt them, said in "
+                          "the notes of a MoE model's LoRA job that targets linear_fc1 / linear_fc2")
     source: str
