@@ -153,10 +153,12 @@ def test_yaml_errors_name_the_line_and_the_kind_of_file_on_both_yaml_readers():
     with pytest.raises(MeshplanError, match=r"^sft\.yaml:4: not valid YAML") as bad:
         import_config("engine:\n  strategy: fsdp2\n  fsdp_size: [1\nmodel:\n  path: x\n", "sft.yaml")
     assert "verl's SFT config is one YAML mapping" in bad.value.fix
-    with pytest.raises(MeshplanError, match=r"^r\.yaml: verl's SFT config is a YAML mapping") as listed:
+    with pytest.raises(MeshplanError, match=r"^r\.yaml: the YAML is a list \(2 items\), not a mapping of "
+                                                 r"keys; verl's SFT config is a YAML mapping") as listed:
         yaml_settings("- 1\n- 2\n", "r.yaml", "verl's SFT config", "Pass sft_trainer.yaml or a copy.")
     assert listed.value.fix == "Pass sft_trainer.yaml or a copy."
-    with pytest.raises(MeshplanError, match=r"^r\.yaml: an AutoModel recipe is a YAML mapping"):
+    with pytest.raises(MeshplanError, match=r"^r\.yaml: the YAML is a list \(1 item\), not a mapping of keys; "
+                                                 r"an AutoModel recipe is a YAML mapping"):
         import_config("- distributed\n", "r.yaml", framework="nemo-automodel", config_format="yaml")
     got = yaml_settings("a:\n  b: null\n  c: [1, 2]\n  p:\n    _target_: x\n", "f.yaml", "a file", "-",
                         switches=("p",))

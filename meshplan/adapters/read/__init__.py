@@ -31,6 +31,7 @@ from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, fill_defaults
 from meshplan.adapters.read.launch import read_bridge, read_bridge_module, read_bridge_python, read_megatron
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
+from meshplan.adapters.read.settings import yaml_settings
 from meshplan.adapters.read.verl_sft import DETECT as VERL_SFT
 from meshplan.adapters.read.verl_sft import YAML_DETECT as VERL_SFT_YAML
 from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
@@ -87,9 +88,18 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
 }
 
 
-def _yaml_reader(text: str) -> Callable[[str, str], Reading]:
-    """verl's SFT trainer config (read.sft's YAML_DETECT), else a NeMo AutoModel recipe."""
-    return read_verl_sft_yaml if VERL_SFT_YAML.search(text) else read_automodel_yaml
+YAML_CONFIGS = "each YAML config meshplan reads (a NeMo AutoModel recipe, verl's SFT trainer config)"
+YAML_FIX = ("Pass a NeMo AutoModel recipe (top-level `distributed:` and `step_scheduler:` sections) or verl's SFT "
+            "trainer config (sft_trainer_engine.yaml or a copy), or the launch script that runs the training.")
+
+
+def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
+    """verl's SFT trainer config (read.sft's YAML_DETECT), else a NeMo AutoModel recipe; a file that is no YAML
+    mapping, with no framework named, is refused as what it is (a list, a value), not as a broken AutoModel recipe."""
+    if VERL_SFT_YAML.search(text):
+        return read_verl_sft_yaml
+    yaml_settings(text, path, YAML_CONFIGS, YAML_FIX)  # a syntax error or no mapping: said in every reader's words
+    return read_automodel_yaml
 
 
 def detect_format(text: str) -> str:
@@ -129,8 +139,8 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
         raise MeshplanError(f"Unknown config_format {config_format!r}.", fix=f"Use one of: {', '.join(FORMATS)}.")
     fmt = config_format or detect_format(text)
     if framework is None:
-        reader = {"json": read_deepspeed_json, "toml": read_toml_any, "yaml": _yaml_reader(text)}.get(fmt) or \
-            _shell_reader(text)
+        reader = _yaml_reader(text, path) if fmt == "yaml" else \
+            {"json": read_deepspeed_json, "toml": read_toml_any}.get(fmt) or _shell_reader(text)
     else:
         reader = READERS.get((framework, fmt))
     if reader is None:

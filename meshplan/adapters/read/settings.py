@@ -142,8 +142,20 @@ def yaml_settings(text: str, path: str, kind: str, fix: str, *, switches: tuple[
                             fix=f"Fix {'that line' if mark is not None else 'the file'} ({kind} is one YAML "
                                 "mapping).") from None
     if not isinstance(root, yaml.MappingNode):
-        raise MeshplanError(f"{path}: {kind} is a YAML mapping.", fix=fix)
+        raise MeshplanError(f"{path}: {yaml_kind(root)}, not a mapping of keys; {kind} is a YAML mapping.", fix=fix)
     return _yaml_leaves(root, "", switches, none_words)
+
+
+def yaml_kind(root: yaml.Node | None) -> str:
+    """What a YAML document that is not a mapping is, as an error says it: a list of N items, a scalar value, or
+    nothing but comments."""
+    if root is None:
+        return "the YAML holds no document (only comments)"
+    if isinstance(root, yaml.SequenceNode):
+        n = len(root.value)
+        return f"the YAML is a list ({n} item{'' if n == 1 else 's'})"
+    text = str(root.value)
+    return f"the YAML is a single value ({text[:40] + '...' if len(text) > 40 else text!r})"
 
 
 def _yaml_leaves(node: yaml.MappingNode, prefix: str, switches: tuple[str, ...],
