@@ -31,3 +31,83 @@ def test_a_named_framework_keeps_its_own_words(tmp_path, capsys):
     assert main(["import", str(path), "--framework", "nemo-automodel"]) == 2
     err = capsys.readouterr().err
     assert "the YAML is a list (1 item)" in err and "an AutoModel recipe is a YAML mapping" in err
+
+
+# ------------------------------------------------------------------- PYTORCH_CUDA_ALLOC_CONF in every shell reader
+
+CONFIGS = __import__("pathlib").Path(__file__).parent / "configs"
+SHELL_SCRIPTS = {  # one launch script of each shell reader, and the framework it is read as
+    "megatron_llama3_8b_h100_fp8.sh": "megatron-core", "mds_gpt_1.3b_moe128.sh": "deepspeed",
+    "bridge_qwen3_600m_sft_128k.sh": "megatron-bridge", "skyrl_run_megatron.sh": "skyrl",
+    "verl_sft_qwen_05_sp2.sh": "verl"}
+TORCHTITAN = ("torchrun --nproc_per_node=8 -m torchtitan.train --model.name llama3 --model.flavor 8B "
+              "--training.local_batch_size 2 --training.seq_len 8192\n")
+
+
+def _imported(tmp_path, name: str, env: str, prefix: str = "export "):
+    from meshplan.adapters.read import import_file
+
+    text = TORCHTITAN if name == "torchtitan" else (CONFIGS / name).read_text()
+    path = tmp_path / "job.sh"
+    path.write_text(f"{prefix}{env}\n{text}" if prefix else text.replace("torchrun ", f"{env} torchrun ", 1))
+    return import_file(str(path))
+
+
+@pytest.mark.parametrize("name", [*SHELL_SCRIPTS, "torchtitan"])
+@pytest.mark.parametrize("on", [True, False])
+def test_every_shell_reader_reads_the_allocator_the_script_exports(tmp_path, name, on):
+    """Only verl's SFT reader read it before: a Megatron-LM, DeepSpeed, Bridge, SkyRL or torchtitan script that
+    exported expandable_segments:False was estimated on the card's launcher default."""
+    got = _imported(tmp_path, name, f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:{on}")
+    assert got.request["expandable_segments"] is on
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments" in got.sources["expandable_segments"]
+    assert got.framework == SHELL_SCRIPTS.get(name, "torchtitan")
+    if name in ("torchtitan", "megatron_llama3_8b_h100_fp8.sh", "verl_sft_qwen_05_sp2.sh"):  # `torchrun ` lines
+        inline = _imported(tmp_path, name, f"PYTORCH_ALLOC_CONF=expandable_segments:{on}", prefix="")
+        assert inline.request["expandable_segments"] is on, "the launch line's own prefix"
+
+
+def test_a_framework_that_sets_the_allocator_itself_wins_and_says_so(tmp_path):
+    """verl's RL workers set expandable segments on before every training phase: the script's False is said, not
+    read (the card's over_env, from verl 0.9.1 engine_workers.py update_weights)."""
+    got = _imported(tmp_path, "verl_qwen2_7b_math_megatron.sh", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+    assert "expandable_segments" not in got.request and got.defaults["expandable_segments"] is True
+    said = [n for n in got.notes if "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False: not read" in n]
+    assert said and "set_expandable_segments(True)" in said[0]
+
+
+def test_options_meshplan_does_not_model_are_named(tmp_path):
+    got = _imported(tmp_path, "megatron_llama3_8b_h100_fp8.sh",
+                    "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512,garbage_collection_threshold:0.6,"
+                    "expandable_segments:True,frobnicate:1")
+    assert got.request["expandable_segments"] is True
+    notes = " | ".join(got.notes)
+    assert "max_split_size_mb:512 is not modelled" in notes and "garbage_collection_threshold:0.6 is not modelled" \
+        in notes and "frobnicate is not an allocator option meshplan knows" in notes
+    only = _imported(tmp_path, "megatron_llama3_8b_h100_fp8.sh", "PYTORCH_ALLOC_CONF=max_split_size_mb:256")
+    assert "expandable_segments" not in only.sources or "PYTORCH" not in only.sources["expandable_segments"]
+    assert any("max_split_size_mb:256 is not modelled" in n for n in only.notes)
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:true", "expandable_segments:true is not a value PyTorch takes"),
+    ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments", "'expandable_segments' is not an allocator option"),
+    ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\nexport PYTORCH_ALLOC_CONF=expandable_segments:False",
+     "set expandable_segments both ways")])
+def test_a_malformed_allocator_setting_is_an_error_naming_what_is_allowed(tmp_path, capsys, env, said):
+    path = tmp_path / "job.sh"
+    path.write_text(f"export {env}\n" + (CONFIGS / "megatron_llama3_8b_h100_fp8.sh").read_text())
+    assert main(["check", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_check_config_estimates_on_the_scripts_allocator(tmp_path, capsys):
+    """The fit basis follows the script: torchtitan's card default is on, a script exporting False is reserved."""
+    import json
+
+    path = tmp_path / "job.sh"
+    for on, basis in ((True, "allocated"), (False, "reserved")):
+        path.write_text(f"PYTORCH_ALLOC_CONF=expandable_segments:{on} {TORCHTITAN}")
+        main(["check", "--config", str(path), "--num-gpus", "8", "--gpu", "h100", "--json"])
+        assert json.loads(capsys.readouterr().out)["memory"]["fit_basis"] == basis

@@ -21,6 +21,11 @@ class AllocatorSetting(_Card):
     how: str = Field(description="Where the framework takes it, as the rendered config's note says it (an env "
                                  "line, a config key, or set by the framework itself)")
     source: str
+    over_env: str | None = Field(
+        None, description="Where the framework's own code sets the allocator at run time after start-up "
+                          "(torch.cuda.memory._set_allocator_settings), so a PYTORCH_CUDA_ALLOC_CONF the launch "
+                          "script exports does not decide the phases meshplan estimates: what it does, with its "
+                          "source; absent: the script's environment decides")
 
 
 class AllocatorFacts(AllocatorSetting):
@@ -33,3 +38,27 @@ class AllocatorFacts(AllocatorSetting):
     def for_job(self, rl: bool) -> AllocatorSetting:
         """The setting of the launcher that runs an RL job (`rl`) or a training job."""
         return self if rl or self.training_job is None else self.training_job
+
+
+ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""PyTorch's caching-allocator settings in the environment, under either of its names (c10/cuda/CUDAAllocatorConfig.h
+instance(): 2.8 reads PYTORCH_ALLOC_CONF first, later releases PYTORCH_CUDA_ALLOC_CONF first, so a launch script that
+sets both to different expandable_segments is ambiguous)."""
+
+ALLOC_OPTIONS: dict[str, str] = {
+    "backend": "native or cudaMallocAsync (meshplan estimates the native caching allocator; cudaMallocAsync has no "
+               "expandable segments and its own reserve)",
+    "max_split_size_mb": "blocks above it are never split (less fragmentation, more cudaMalloc calls)",
+    "max_non_split_rounding_mb": "how far a large request may be rounded up to reuse an unsplit block",
+    "roundup_power2_divisions": "request sizes rounded to power-of-two divisions",
+    "garbage_collection_threshold": "cached blocks reclaimed above that share of the memory",
+    "release_lock_on_cudamalloc": "the allocator's lock released around cudaMalloc",
+    "pinned_use_cuda_host_register": "pinned host memory by cudaHostRegister",
+    "pinned_num_register_threads": "threads that register pinned host memory",
+    "pinned_use_background_threads": "pinned host memory allocated on background threads",
+    "graph_capture_record_stream_reuse": "CUDA-graph capture's block reuse",
+    "per_process_memory_fraction": "a cap on the memory the process may allocate",
+}
+"""The options PyTorch's caching allocator takes beside expandable_segments (pytorch/pytorch c10/cuda/
+CUDAAllocatorConfig.cpp parseArgs and c10/core/AllocatorConfig.cpp): what each changes; meshplan models none of
+them (the reserve each leaves is not estimated), so an import names them rather than ignoring them."""

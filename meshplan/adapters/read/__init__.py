@@ -28,7 +28,13 @@ from meshplan.adapters.read.files import (
 )
 from meshplan.adapters.read.hydra import read_skyrl, read_verl
 from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, fill_defaults
-from meshplan.adapters.read.launch import read_bridge, read_bridge_module, read_bridge_python, read_megatron
+from meshplan.adapters.read.launch import (
+    read_allocator,
+    read_bridge,
+    read_bridge_module,
+    read_bridge_python,
+    read_megatron,
+)
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
@@ -154,6 +160,7 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
                             fix=f"Pass --framework; meshplan reads: {readable}.")
     reading = reader(text, path)
+    read_allocator(reading)  # a launch script's PYTORCH_CUDA_ALLOC_CONF, once the job is known
     reading.request.setdefault("framework", reading.framework)
     reading.sources.setdefault("framework", f"{path} (read as {reading.framework}"
                                             + (f", {reading.variant})" if reading.variant else ")"))

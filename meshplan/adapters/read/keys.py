@@ -197,6 +197,7 @@ class Reading:
     notes: list[str] = field(default_factory=list)
     unread: set[str] = field(default_factory=set)  # targets a key names with no value (`--nnodes=$NODES`, unset)
     batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
+    allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
 
     def state(self, name: str, value: Any, source: Setting | str) -> None:
         """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""

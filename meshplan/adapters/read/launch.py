@@ -24,6 +24,7 @@ from meshplan.adapters.read.model_match import (
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 
@@ -45,7 +46,77 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
     command, k = launch_command(script, framework)
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
+    reading.allocator_env = _allocator_env(script, command.words[:k])
     return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
+
+
+def _allocator_env(script: Script, before: list[Word]) -> list[Setting]:
+    """PyTorch's allocator settings the training command starts with: `env NAME=value` words before the launcher
+    over the script's own assignments (exported, or as the command's prefix)."""
+    found = {name: Setting(name, var.value, var.line) for name in ALLOC_ENV if (var := script.env.get(name))}
+    for word in before:
+        name, eq, value = word.text.partition("=")
+        if eq and name in ALLOC_ENV:
+            found[name] = Setting(name, value, word.line)
+    return [found[name] for name in ALLOC_ENV if name in found]
+
+
+def read_allocator(reading: Reading) -> None:
+    """expandable_segments from the launch's PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF (every shell reader): it
+    sets the job's allocator unless the framework's own code sets it at run time over the environment (its card's
+    allocator over_env, verl's RL workers), which is said; the allocator options meshplan does not model are named;
+    a value PyTorch refuses is an error naming what it takes."""
+    values: dict[bool, Setting] = {}
+    for s in reading.allocator_env:
+        on = _expandable(reading, s)
+        if on is not None:
+            values.setdefault(on, s)
+    if len(values) > 1:
+        raise MeshplanError(f"{reading.path}: {' and '.join(_where(reading, s) for s in values.values())} set "
+                            "expandable_segments both ways; which one PyTorch reads depends on its release.",
+                            fix="Set one of PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF.")
+    if not values:
+        return
+    (on, s), = values.items()
+    card = framework_card(reading.framework)
+    facts = card.allocator_for(reading.request.get("job") == "rl")
+    if facts is not None and facts.over_env:
+        reading.notes.append(f"{_where(reading, s)}: not read, {card.display_name} sets it itself: {facts.over_env} "
+                             f"(cards/frameworks/{reading.framework}.yaml allocator)")
+        return
+    reading.state("expandable_segments", on, _where(reading, s))
+
+
+def _where(reading: Reading, s: Setting) -> str:
+    return f"{reading.path}:{s.line} {s.key}={s.value}"
+
+
+def _expandable(reading: Reading, s: Setting) -> bool | None:
+    """The expandable_segments one allocator setting states (None: it leaves it at PyTorch's default); its other
+    options named as not modelled. PyTorch's own parser refuses an entry without `:` and any value but True/False."""
+    text = str(s.value).strip().strip("'\"")
+    on = None
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, colon, value = entry.partition(":")
+        if not colon or not value:
+            raise MeshplanError(f"{_where(reading, s)}: {entry!r} is not an allocator option (PyTorch reads "
+                                "comma-separated option:value pairs).",
+                                fix="Write it as expandable_segments:True (or False), with any other option as "
+                                    "option:value, e.g. max_split_size_mb:512.")
+        if name == "expandable_segments":
+            if value not in ("True", "False"):
+                raise MeshplanError(f"{_where(reading, s)}: expandable_segments:{value} is not a value PyTorch "
+                                    "takes ('Expected a single True/False argument for expandable_segments').",
+                                    fix="Write expandable_segments:True or expandable_segments:False.")
+            on = value == "True"
+        elif name in ALLOC_OPTIONS:
+            reading.notes.append(f"{_where(reading, s)}: {entry} is not modelled ({ALLOC_OPTIONS[name]}): the "
+                                 "estimate takes PyTorch's default for it")
+        else:
+            reading.notes.append(f"{_where(reading, s)}: {name} is not an allocator option meshplan knows "
+                                 f"({', '.join(['expandable_segments', *ALLOC_OPTIONS])}); a PyTorch release that "
+                                 "does not know it either refuses it ('Unrecognized CachingAllocator option')")
+    return on
 
 
 def launch_command(script: Script, framework: str) -> tuple[Command, int]:

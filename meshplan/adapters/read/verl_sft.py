@@ -16,7 +16,6 @@ from meshplan.adapters.read.hydra import model_named_by_path
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, normalize, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
-from meshplan.adapters.read.shell import Var
 from meshplan.knowledge.read_card import SftEntry, SftRead
 from meshplan.schema.request import Request
 
@@ -48,26 +47,7 @@ def read_verl_sft(text: str, path: str) -> Reading:
     word = launch.command.words[launch.k].text
     entry = _entry(word.rsplit("/", 1)[-1].removesuffix(".py").replace("/", "."))
     launch.reading.state("job", "sft", f"{path}:{launch.command.line} {word}")
-    _allocator(launch.reading, launch.script.env)
     return _read(launch.reading, launch.settings, entry)
-
-
-ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-"""PyTorch's allocator settings in the environment, under either of its names."""
-
-
-def _allocator(reading: Reading, env: dict[str, Var]) -> None:
-    """expandable_segments from the script's environment: the SFT trainer sets no allocator itself (the card's
-    allocator.training_job), so only an exported PYTORCH_CUDA_ALLOC_CONF turns expandable segments on; left
-    out, the reading's defaults take the trainer's own."""
-    for name in ALLOC_VARS:
-        var = env.get(name)
-        if var is None:
-            continue
-        conf = var.value.strip("'\"")
-        options = dict(part.split(":", 1) for part in conf.split(",") if ":" in part)
-        value = options.get("expandable_segments", "False").strip()  # PyTorch's default: off
-        reading.state("expandable_segments", value == "True", f"{reading.path}:{var.line} {name}={conf}")
 
 
 def read_verl_sft_yaml(text: str, path: str) -> Reading:
