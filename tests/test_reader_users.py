@@ -111,3 +111,32 @@ def test_check_config_estimates_on_the_scripts_allocator(tmp_path, capsys):
         path.write_text(f"PYTORCH_ALLOC_CONF=expandable_segments:{on} {TORCHTITAN}")
         main(["check", "--config", str(path), "--num-gpus", "8", "--gpu", "h100", "--json"])
         assert json.loads(capsys.readouterr().out)["memory"]["fit_basis"] == basis
+
+
+# --------------------------------------------------------------------------- SkyRL's separate pools do not overlap
+
+SKYRL_APART = {"model": "qwen3-8b", "gpu": "h100", "num_gpus": 16, "framework": "skyrl", "job": "rl",
+               "algorithm": "grpo", "placement": "separate", "rollout_gpus": 8}
+
+
+def test_skyrl_apart_adds_its_parts_and_verl_one_step_off_overlaps():
+    """SkyRL's RayPPOTrainer awaits the generation, then trains, then syncs (skyrl 0.4.0 trainer.py); meshplan took
+    the larger of generation and the training side, as verl's one-step-off recipe runs, so the rollout TP never
+    showed in the step (recommend listed rows differing only in it, at equal step times)."""
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    s = api.estimate_throughput(parse_request(SKYRL_APART)).rl
+    assert s.step_s == pytest.approx(s.generation_s + s.log_prob_s + s.update_s + s.offload_s + s.reshard_s)
+    v = api.estimate_throughput(parse_request({**SKYRL_APART, "framework": "verl"})).rl
+    assert v.step_s == pytest.approx(max(v.generation_s, v.log_prob_s + v.update_s + v.offload_s) + v.reshard_s)
+
+
+def test_skyrl_apart_recommend_ranks_rollout_tp_by_its_generation():
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    rec = api.recommend(parse_request(SKYRL_APART))
+    rows = [(c.plan.model_dump(exclude={"rollout_tp"}), c.throughput.step_time_s) for c in rec.candidates]
+    twins = [(a[1], b[1]) for k, a in enumerate(rows) for b in rows[k + 1:] if a[0] == b[0]]
+    assert twins and all(x != pytest.approx(y, rel=1e-9) for x, y in twins)  # same layout, other rollout TP: timed

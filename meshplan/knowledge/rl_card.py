@@ -76,6 +76,12 @@ class RLCard(_Card):
                            "reference model on the same GPUs and offloads the one not running, as colocated_offload "
                            "does (SkyRL's placement.colocate_policy_ref, on by default)")
     separate_offload_source: str = ""
+    separate_overlaps: bool = Field(
+        description="Where the rollout is placed apart, whether the trainer the framework runs for it generates the "
+                    "next batch while it trains on this one (verl's one-step-off recipe), so the RL step is the "
+                    "longer of the two sides; false: its loop generates, then trains, then syncs the weights, and "
+                    "the parts add as colocated ones do")
+    separate_overlaps_source: str
     colocated_offload_states: dict[Engine, FrameworkOffload] = Field(
         default_factory=dict, description="Per trainer engine, what that offload does with the actor's states (the "
                                           "offload knobs' classes come on top); needed where colocated_offload is on")

@@ -172,6 +172,12 @@ def flops_share(job) -> float:
     return mean * model_flops_per_token(job.model, mean) / (longest * model_flops_per_token(job.model, longest))
 
 
+def overlaps(job, plan: Plan) -> bool:
+    """Whether generation runs beside the training side: a separate rollout pool whose framework trains one step
+    off (card rl.separate_overlaps); SkyRL's trainer waits for the generation at either placement."""
+    return plan.placement == "separate" and job.rl_card.separate_overlaps
+
+
 def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     """Seconds of one RL step and its parts (schema.RLStepTime), and the actor update's ThroughputReport.
 
@@ -182,7 +188,9 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     tokens (what memory plans for) and cost prompt + the mean response (dynamic batches pack the real tokens):
     `at_tokens`. Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or
     the rollout pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a
-    separate rollout pool generates the next batch while the trainer trains."""
+    separate rollout pool generates the next batch while the trainer trains where the framework's trainer runs one
+    step off (its card's rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
+    RayPPOTrainer generates, then trains, then syncs the weights)."""
     card, rl, arch, gpu = job.rl_card, job.rl, job.model, job.gpu
     cal = calibration(job.framework)
     update = update or estimate_throughput(job, plan)
@@ -218,10 +226,10 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
         moved += reference_bytes(setting, update_stage)
     offload = 2 * moved / gpu.host_bandwidth
     train_side = log_prob + update_s + offload
-    if plan.placement == "colocated":
-        total = generation + train_side + reshard
-    else:
+    if overlaps(job, plan):
         total = max(generation, train_side) + reshard
+    else:
+        total = generation + train_side + reshard
     parts = {"generation": generation, "log-prob passes": log_prob, "update": update_s, "resharding": reshard,
              "offload": offload}
     limited = max(parts, key=parts.get)
@@ -255,8 +263,8 @@ def rl_report(job, plan: Plan, timing, update, words: str):
             + f"{timing.decode_step_s * 1e3:.1f} ms, "
             f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s, resharding "
             f"{timing.reshard_s:,.1f} s, phase offloads {timing.offload_s:,.1f} s; "
-            + ("colocated: the parts add." if plan.placement == "colocated" else
-               "separate pools: generation overlaps the training side (one step off)."))
+            + ("separate pools: generation overlaps the training side (one step off)." if overlaps(job, plan) else
+               f"{plan.placement}{' pools' if plan.placement == 'separate' else ''}: the parts add."))
     return update.model_copy(update={
         "step_time_s": timing.step_s, "tokens_per_s": tokens / timing.step_s,
         "tokens_per_s_per_gpu": tokens / timing.step_s / rl_job_gpus(job.num_gpus, critic_apart(job, plan),
