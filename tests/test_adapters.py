@@ -315,7 +315,8 @@ def test_a_training_job_rendered_as_an_rl_launch_says_so():
     rl_launch = [w for w in _render("skyrl", "rl", sft)[2].warnings if "an RL run" in w]
     assert len(rl_launch) == 1 and "--variant sft" in rl_launch[0] and "skyrl.train.main_sft" in rl_launch[0]
     assert not any("an RL run" in w for v in ("sft", None) for w in _render("skyrl", v, sft)[2].warnings)
-    assert any("verl.trainer.main_ppo" in w and "job=rl" in w for w in _render("verl", None, sft)[2].warnings)
+    assert any("verl.trainer.main_ppo" in w and "job=rl" in w for w in _render("verl", "megatron", sft)[2].warnings)
+    assert not any("an RL run" in w for w in _render("verl", None, sft)[2].warnings)  # sft-megatron: no rollout
     rl = dict(model="qwen3-8b", num_gpus=8, job="rl")
     assert not any("an RL run" in w for f in ("verl", "skyrl") for w in _render(f, None, rl)[2].warnings)
 
@@ -490,11 +491,16 @@ def test_megatron_bridge_renders_the_dispatcher_like_its_own_flex_helper():
 
 
 def test_rl_frameworks_render_the_dispatcher_through_megatron_fields():
-    _, _, verl = _render("verl", None, dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, moe_token_dispatcher="flex"))
+    flex = dict(model="qwen3-30b-a3b", num_gpus=32, ep=16, moe_token_dispatcher="flex")
+    _, _, verl = _render("verl", "megatron", flex)
     for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
         p = f"++{role}.megatron.override_transformer_config."
         assert {p + "moe_token_dispatcher_type=flex", p + "moe_flex_dispatcher_backend=deepep"} <= set(
             shell_tokens(verl.text))
+    _, _, sft = _render("verl", None, flex)  # a training job: the SFT trainer's Megatron engine (sft-megatron)
+    p = "++engine.override_transformer_config."
+    assert sft.variant == "sft-megatron" and {p + "moe_token_dispatcher_type=flex",
+                                              p + "moe_flex_dispatcher_backend=deepep"} <= set(shell_tokens(sft.text))
     _, _, skyrl = _render("skyrl", "rl", dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=32, ep=16,
                                               global_batch_size=320, moe_token_dispatcher="flex"))
     tokens = set(shell_tokens(skyrl.text))
@@ -625,7 +631,7 @@ def test_shell_values_are_quoted_with_shlex():
     job, plan = resolve(Request(framework="verl", model="llama-3.1-8b", num_gpus=8, tp=2))
     job = job.model_copy(update={"model": job.model.model_copy(update={"hf_id": "org/model with space"})})
     text = render("verl", job, plan).text
-    assert shlex.quote("actor_rollout_ref.model.path='org/model with space'") in text
+    assert shlex.quote("model.path='org/model with space'") in text  # the SFT trainer's (sft-megatron)
 
 
 # --------------------------------------------------------------------------- golden files
@@ -719,7 +725,7 @@ def test_cli_render_prints_the_snippet_and_json(tmp_path):
     ("megatron-core", ["--nnodes 3 --nproc-per-node 4"]),
     ("deepspeed", ["--nnodes 3 --nproc-per-node 4"]),
     ("torchtitan", ["--nnodes 3 --nproc-per-node 4"]),
-    ("verl", ["trainer.nnodes=3", "trainer.n_gpus_per_node=4"]),
+    ("verl", ["--nnodes=3 --nproc_per_node=4"]),  # sft_trainer: a training job
     ("skyrl", ["placement.num_nodes=3", "placement.num_gpus_per_node=4"]),  # main_sft: a training job
     ("nemo-automodel", ["--nproc-per-node 4` on 3 nodes"]),
 ])

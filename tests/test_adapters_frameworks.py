@@ -155,9 +155,9 @@ from omegaconf import OmegaConf
 config_dir, jobs = sys.argv[1], json.loads(sys.stdin.read())
 out = []
 with initialize_config_dir(config_dir=config_dir, version_base=None):
-    for overrides, probes in jobs:
+    for name, overrides, probes in jobs:
         try:
-            cfg = compose(config_name="ppo_trainer", overrides=overrides)
+            cfg = compose(config_name=name, overrides=overrides)
             out.append({"ok": True, "values": {p: OmegaConf.select(cfg, p) for p in probes}})
         except Exception as exc:  # the test reports Hydra's own message
             out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -175,8 +175,13 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
     jobs = []
     for result in results:
         tokens = shell_tokens(result.text)
-        ov = tokens[tokens.index("verl.trainer.main_ppo") + 1:]
-        if result.variant == "megatron":
+        sft = result.variant.startswith("sft")  # the SFT trainer on sft_trainer_engine.yaml (training jobs)
+        ov = tokens[tokens.index("verl.trainer.sft_trainer" if sft else "verl.trainer.main_ppo") + 1:]
+        if sft:
+            probes = ["engine._target_", "optim._target_", "engine.tensor_model_parallel_size",
+                      "engine.pipeline_model_parallel_size", "engine.ulysses_sequence_parallel_size",
+                      "engine.context_parallel_size", "data.micro_batch_size_per_gpu"]
+        elif result.variant == "megatron":
             probes = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
                       "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
                       "critic.megatron.expert_model_parallel_size", "actor_rollout_ref.actor.strategy",
@@ -185,8 +190,9 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
             probes = ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
                       "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
                       "critic.fsdp.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.strategy"]
-        jobs.append([ov, probes])
-    jobs.append([["actor_rollout_ref.actor.megatron.grad_offload=true", "model_engine=megatron"], []])  # stale key
+        jobs.append(["sft_trainer_engine" if sft else "ppo_trainer", ov, probes])
+    jobs.append(["ppo_trainer", ["actor_rollout_ref.actor.megatron.grad_offload=true", "model_engine=megatron"],
+                 []])  # a stale key
     proc = subprocess.run([str(python), "-c", COMPOSE, str(config_dir)], input=json.dumps(jobs),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -195,7 +201,15 @@ def test_verl_overrides_compose_with_the_packaged_yaml(tmp_path):
     for result, answer in zip(results, answers[:-1], strict=True):
         assert answer["ok"], f"{answer.get('error')}\n{result.text}"
         values = answer["values"]
-        if result.variant == "megatron":
+        if result.variant == "sft-megatron":  # the Megatron engine's config (McoreEngineConfig) and optimizer
+            assert values["engine._target_"] == "verl.workers.config.McoreEngineConfig"
+            assert values["optim._target_"] == "verl.workers.config.McoreOptimizerConfig"
+            assert (values["engine.tensor_model_parallel_size"], values["engine.pipeline_model_parallel_size"],
+                    values["engine.context_parallel_size"]) == (result.plan.tp, result.plan.pp, result.plan.cp)
+            assert values["data.micro_batch_size_per_gpu"] == result.plan.micro_batch_size
+        elif result.variant == "sft-fsdp":
+            assert values["engine.ulysses_sequence_parallel_size"] == result.plan.cp
+        elif result.variant == "megatron":
             assert values["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"] == result.plan.tp
             assert values["actor_rollout_ref.ref.megatron.pipeline_model_parallel_size"] == result.plan.pp
             assert values["critic.megatron.expert_model_parallel_size"] == result.plan.ep

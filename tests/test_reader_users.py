@@ -140,3 +140,94 @@ def test_skyrl_apart_recommend_ranks_rollout_tp_by_its_generation():
     rows = [(c.plan.model_dump(exclude={"rollout_tp"}), c.throughput.step_time_s) for c in rec.candidates]
     twins = [(a[1], b[1]) for k, a in enumerate(rows) for b in rows[k + 1:] if a[0] == b[0]]
     assert twins and all(x != pytest.approx(y, rel=1e-9) for x, y in twins)  # same layout, other rollout TP: timed
+
+
+# --------------------------------------------------------------------------- verl's SFT trainer on the Megatron engine
+
+VERL_TRAIN = {"model": "llama-3.1-8b", "gpu": "h100", "num_gpus": 8, "framework": "verl", "tp": 4}
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_verl_training_job_below_zero_3_renders_the_sft_trainer_on_megatron(tmp_path, capsys, zero):
+    """render wrote main_ppo (the RL trainer: a rollout engine and a reference model the estimate leaves out) for a
+    training job at ZeRO 0-2; verl 0.9.1's sft_trainer runs the Megatron engine (engine=megatron), whose
+    use_distributed_optimizer is ZeRO 1 or 0. Read back, the script is the same training job."""
+    path = tmp_path / "run.sh"
+    assert main(["render", "verl", "--model", "llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--tp", "4",
+                 "--zero-stage", str(zero), "--pp", "2", "--recompute", "full"]) == 0
+    text = capsys.readouterr().out
+    path.write_text(text)
+    assert "-m verl.trainer.sft_trainer" in text and "main_ppo" not in text and "rollout" not in text
+    for words in ("engine=megatron", "optim=megatron", "engine.tensor_model_parallel_size=4",
+                  "engine.pipeline_model_parallel_size=2",
+                  f"engine.use_distributed_optimizer={str(bool(zero)).lower()}",
+                  "++engine.override_transformer_config.recompute_granularity=full"):
+        assert words in text, words
+    assert main(["import", str(path), "--json"]) == 0
+    import json
+
+    got = json.loads(capsys.readouterr().out)
+    assert got["variant"] == "sft-megatron" and not got["unsupported"]
+    assert {k: got["request"][k] for k in ("job", "tp", "pp", "zero_stage", "recompute")} == {
+        "job": "sft", "tp": 4, "pp": 2, "zero_stage": zero, "recompute": "full"}
+
+
+def test_a_verl_training_job_at_zero_2_is_refused_with_its_rule(capsys):
+    assert main(["render", "verl", "--model", "llama-3.1-8b", "--gpu", "h100", "--num-gpus", "8", "--tp", "4",
+                 "--zero-stage", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "AD001" in err and "zero_stage=2" in err and "sft-megatron" in err and "zero_stage 1" in err
+
+
+def test_verl_sft_batch_rule_is_the_sft_trainers_on_either_engine():
+    """A training job on the Megatron engine is the SFT trainer's: VL003 (its batch over dp in micro-batches), not
+    the PPO trainer's VL001."""
+    from meshplan import api
+    from meshplan.request.parse import parse_request
+
+    report = api.check_config(parse_request({**VERL_TRAIN, "global_batch_size": 7}))  # 7 over dp 2
+    ids = [f.id for f in report.findings]
+    assert "VL003" in ids and "VL001" not in ids
+
+
+MEGATRON_SFT = """#!/bin/bash
+torchrun --standalone --nnodes=1 --nproc-per-node=8 -m verl.trainer.sft_trainer \\
+    data.train_files=/data/train.parquet data.train_batch_size=128 data.use_dynamic_bsz=False \\
+    data.micro_batch_size_per_gpu=2 data.max_length=2048 model.path=Qwen/Qwen2.5-7B-Instruct \\
+    model.enable_gradient_checkpointing=True engine=megatron optim=megatron optim.lr=1e-5 \\
+    engine.tensor_model_parallel_size=2 engine.pipeline_model_parallel_size=2 engine.context_parallel_size=2 \\
+    engine.use_distributed_optimizer=False ++engine.override_transformer_config.recompute_granularity=selective \\
+    engine.use_mbridge=True
+"""
+
+
+def test_import_and_check_read_verl_sft_on_the_megatron_engine(tmp_path, capsys):
+    """engine=megatron was 'another engine than FSDP ... meshplan does not read', and the file was read as the FSDP
+    engine's job (ZeRO 3, no TP or PP) with its Megatron keys unread."""
+    from meshplan.adapters.read import import_file
+
+    path = tmp_path / "sft.sh"
+    path.write_text(MEGATRON_SFT)
+    got = import_file(str(path))
+    assert (got.framework, got.variant, got.unsupported) == ("verl", "sft-megatron", [])
+    assert {k: got.request[k] for k in ("job", "tp", "pp", "cp", "zero_stage", "recompute", "micro_batch_size",
+                                         "global_batch_size", "num_gpus")} == {
+        "job": "sft", "tp": 2, "pp": 2, "cp": 2, "zero_stage": 0, "recompute": "selective", "micro_batch_size": 2,
+        "global_batch_size": 128, "num_gpus": 8}
+    assert any("enable_gradient_checkpointing = True: not read on the SFT trainer's Megatron engine" in n
+               for n in got.notes)
+    assert main(["check", "--config", str(path), "--gpu", "h100"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "TP2 PP2 CP2 DP1" in out and "Traceback" not in out
+
+
+def test_the_yaml_defaults_list_names_the_engine(tmp_path):
+    from meshplan.adapters.read import import_config
+
+    text = ("defaults:\n  - model@model: hf_model\n  - engine@engine: megatron\n  - optim@optim: megatron\n"
+            "  - _self_\nengine:\n  tensor_model_parallel_size: 4\ndata:\n  train_batch_size: 64\n")
+    got = import_config(text, "sft.yaml", config_format="yaml")
+    assert got.variant == "sft-megatron" and got.request["tp"] == 4 and got.request["recompute"] == "none"
+    other = import_config(text.replace("engine@engine: megatron", "engine@engine: veomni"), "sft.yaml",
+                          config_format="yaml")
+    assert other.variant == "sft-fsdp" and any("another engine than FSDP or Megatron" in u for u in other.unsupported)

@@ -199,8 +199,11 @@ CASES: dict[str, tuple[dict, dict]] = {
     "PP009": ({**KIMI, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 32, "pipeline_layout": "Et*4|(t*4|)*14L"},
               {**KIMI, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 32, "pipeline_layout": "Et*4|(t*4|)*14tL"}),
     "BS001": ({**L8B, "num_gpus": 8, "global_batch_size": 12}, {**L8B, "num_gpus": 8, "global_batch_size": 16}),
-    "VL001": ({**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 6},
-              {**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 8}),
+    # verl's PPO trainer (an RL job; a training job is its SFT trainer's, VL003): 6 over dp 4 x micro-batch 1
+    "VL001": ({**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 6, "job": "rl",
+               "prompts_per_step": 6, "samples_per_prompt": 1},
+              {**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 8, "job": "rl",
+               "prompts_per_step": 8, "samples_per_prompt": 1}),
     # verl's SFT trainer (a training job on the FSDP engine): 24 over dp 4 is 6 a rank, not whole micro-batches of 4
     "VL003": ({**L8B, "framework": "verl", "num_gpus": 8, "zero_stage": 3, "cp": 2, "micro_batch_size": 4,
                "global_batch_size": 24},

@@ -135,13 +135,15 @@ def test_a_fix_is_written_in_the_entry_points_own_key(launcher, key):
     assert file_change(imported, "cp", 2).text == f"{key}=2"
 
 
-@pytest.mark.parametrize(("words", "unsupported"), [("engine=fsdp optim=fsdp model=hf_model", False),
-                                                    ("engine=megatron optim=megatron", True)])
-def test_the_engine_trainers_config_groups(words, unsupported):
-    """sft_trainer_engine.yaml's groups (run_sft_engine.sh writes engine=${backend} optim=${backend}): FSDP is what
-    meshplan reads, another engine is said; both were 'no meshplan field'."""
+@pytest.mark.parametrize(("words", "unsupported", "variant"), [
+    ("engine=fsdp optim=fsdp model=hf_model", False, "sft-fsdp"),
+    ("engine=megatron optim=megatron", False, "sft-megatron"), ("engine=veomni optim=veomni", True, "sft-fsdp")])
+def test_the_engine_trainers_config_groups(words, unsupported, variant):
+    """sft_trainer_engine.yaml's groups (run_sft_engine.sh writes engine=${backend} optim=${backend}): FSDP and
+    Megatron are what meshplan reads (read.sft engines), another engine is said; all were 'no meshplan field'."""
     got = import_config(f"torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer {words}\n", "sft.sh")
     assert bool(got.unsupported) is unsupported and all("no meshplan field" not in u for u in got.unsupported)
+    assert got.variant == variant
 
 
 def test_yaml_errors_name_the_line_and_the_kind_of_file_on_both_yaml_readers():

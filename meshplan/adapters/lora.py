@@ -43,10 +43,11 @@ def hf_targets(targets: list[str]) -> str | list[str]:
 def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     """verl 0.9.1: the Megatron engine's actor_rollout_ref.model.lora.{rank,target_modules} (a Megatron-Bridge LoRA),
     the FSDP engine's actor_rollout_ref.model.lora_rank / target_modules (Hugging Face PEFT); the SFT trainer's
-    model.lora_rank / target_modules (the same HFModelConfig, sft_trainer_engine.yaml model@model: hf_model)."""
+    model.lora_rank / target_modules, or on its Megatron engine model.lora.* (the same HFModelConfig,
+    sft_trainer_engine.yaml model@model: hf_model)."""
     if job.lora is None:
         return []
-    m = "model." if variant == "sft-fsdp" else "actor_rollout_ref.model."
+    m = "model." if variant in ("sft-fsdp", "sft-megatron") else "actor_rollout_ref.model."
     if variant in ("fsdp", "sft-fsdp"):
         notes.append(f"LoRA (FSDP engine, Hugging Face PEFT): rank {job.lora.rank}, lora_alpha left at verl's 16; "
                      "target_modules name the model's projections (Llama/Qwen naming).")

@@ -224,8 +224,7 @@ def _bridge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
 
 def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
     """verl's SFT trainer (variant sft-fsdp): torchrun's world, sft_trainer_engine.yaml's engine, model, data keys."""
-    nodes, per_node = (int(re.search(rf"--{flag}[= ](\d+)", text).group(1)) for flag in ("nnodes", "nproc_per_node"))
-    world, cp = nodes * per_node, int(o["engine.ulysses_sequence_parallel_size"])
+    world, cp = _torchrun_world(text), int(o["engine.ulysses_sequence_parallel_size"])
     shard = int(o.get("engine.fsdp_size", -1))
     return {**parsed_lora(o.get("model.lora_rank"), o.get("model.target_modules"), hf=True),
             "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3,
@@ -238,15 +237,21 @@ def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
             "optimizer_offload": bool(o.get("engine.optimizer_offload"))}
 
 
+def _torchrun_world(text: str) -> int:
+    nodes, per_node = (int(re.search(rf"--{flag}[= ](\d+)", text).group(1)) for flag in ("nnodes", "nproc_per_node"))
+    return nodes * per_node
+
+
 def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     o = {k.lstrip("+"): _literal(v) for k, v in overrides(shell_tokens(text)).items()}
     if variant == "sft-fsdp":
         return _verl_sft(o, text)
-    world = _world(o["trainer.nnodes"], o["trainer.n_gpus_per_node"])
-    mbs = int(o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
-    lora = parsed_lora(o.get("actor_rollout_ref.model.lora_rank"), o.get("actor_rollout_ref.model.target_modules"),
-                       hf=True) if variant == "fsdp" else parsed_lora(o.get("actor_rollout_ref.model.lora.rank"),
-                                                                       o.get("actor_rollout_ref.model.lora.target_modules"))
+    sft = variant == "sft-megatron"  # the SFT trainer's Megatron engine: engine.*, data.*, model.* keys
+    world = _torchrun_world(text) if sft else _world(o["trainer.nnodes"], o["trainer.n_gpus_per_node"])
+    mbs = int(o["data.micro_batch_size_per_gpu" if sft else "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
+    model = "model." if sft else "actor_rollout_ref.model."
+    lora = parsed_lora(o.get(model + "lora_rank"), o.get(model + "target_modules"), hf=True) if variant == "fsdp" \
+        else parsed_lora(o.get(model + "lora.rank"), o.get(model + "lora.target_modules"))
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
         shard = int(o.get("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1))  # -1: every rank
@@ -257,7 +262,7 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
                 "activation_offload": bool(o.get("actor_rollout_ref.model.enable_activation_offload")),
                 "param_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.param_offload")),
                 "optimizer_offload": bool(o.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload"))}
-    p = "actor_rollout_ref.actor.megatron."
+    p = "engine." if sft else "actor_rollout_ref.actor.megatron."
     t = p + "override_transformer_config."
     m = {k[len(p):]: v for k, v in o.items() if k.startswith(p)}
     out = _megatron_plan(m.get, world, num_layers, int(m["pipeline_model_parallel_size"]))
@@ -273,7 +278,7 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
         out["cp_comm_type"] = o[t + "cp_comm_type"]
     if t + "moe_token_dispatcher_type" in o:
         out["moe_token_dispatcher"] = o[t + "moe_token_dispatcher_type"]
-    optim = "actor_rollout_ref.actor.optim.override_optimizer_config."
+    optim = ("optim." if sft else "actor_rollout_ref.actor.optim.") + "override_optimizer_config."
     cpu = read_offload({**{k[len(t):]: v for k, v in o.items() if k.startswith(t)},
                         **{k[len(optim):]: v for k, v in o.items() if k.startswith(optim)}})
     out.update(cpu, param_offload=bool(m.get("param_offload")), optimizer_offload=bool(m.get("optimizer_offload")))

@@ -245,9 +245,40 @@ def verl_sft_overrides(job: Job, plan: Plan) -> tuple[list[Override], list[str]]
                "multi-node runs also need torchrun's rendezvous (--rdzv_endpoint or --master_addr)."]
 
 
+def verl_sft_megatron_overrides(job: Job, plan: Plan) -> tuple[list[Override], list[str]]:
+    """verl 0.9.1's SFT trainer on the Megatron engine: the engine and optim groups set to megatron (Hydra group
+    overrides, as tests/special_e2e/sft/run_sft_engine.sh does) and the actor's Megatron keys under engine.*
+    (McoreEngineConfig); the batch as the FSDP engine's (data.*, dp = Megatron's data-parallel size)."""
+    e = "engine."
+    o: list[Override] = [
+        ("engine", "megatron"), ("optim", "megatron"), ("model.path", _model_path(job)),
+        (e + "tensor_model_parallel_size", plan.tp), (e + "pipeline_model_parallel_size", plan.pp),
+        (e + "virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
+        (e + "context_parallel_size", plan.cp), (e + "expert_model_parallel_size", plan.ep),
+        (e + "expert_tensor_parallel_size", plan.etp), (e + "sequence_parallel", plan.sequence_parallel),
+        (e + "use_distributed_optimizer", plan.zero_stage >= 1), (e + "use_megatron_fsdp", plan.zero_stage == 3),
+        ("data.train_batch_size", job.global_batch_size), ("data.micro_batch_size_per_gpu", plan.micro_batch_size),
+        ("data.use_dynamic_bsz", False), ("data.max_length", job.seq_length)]
+    o += [(f"++{e}override_transformer_config.{k}", v)
+          for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
+    o += [(e + knob, True) for knob, on in (("param_offload", plan.param_offload),
+                                            ("optimizer_offload", plan.optimizer_offload)) if on]
+    o += [(f"++optim.override_optimizer_config.{k}", v)
+          for k, v in megatron_cpu_optimizer(plan).items() if plan.optimizer_offload_fraction > 0]
+    if plan.activation_offload:
+        o += [(f"++{e}override_transformer_config.fine_grained_activation_offloading", True),
+              (f"++{e}override_transformer_config.offload_modules", offload_modules(job, plan))]
+    return o, ["verl's SFT trainer on the Megatron engine (engine=megatron optim=megatron): data.train_batch_size is "
+               "the global batch in sequences, split over Megatron's data-parallel ranks (GPUs / (tp x pp x cp)).",
+               "override_transformer_config keys use '++' (add or override): the packaged YAML lacks most of them.",
+               "Set data.train_files / val_files and the dataset's keys (data.messages_key) for your task; "
+               "multi-node runs also need torchrun's rendezvous (--rdzv_endpoint or --master_addr)."]
+
+
 def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
-    if variant == "sft-fsdp":
-        overrides, notes = verl_sft_overrides(job, plan)
+    if variant in ("sft-fsdp", "sft-megatron"):
+        sft = verl_sft_overrides if variant == "sft-fsdp" else verl_sft_megatron_overrides
+        overrides, notes = sft(job, plan)
         overrides += verl_lora(job, variant, notes)
         n = nodes(job)
         return Built(template="verl_sft.j2", context={"overrides": overrides, "nnodes": n.nnodes,

@@ -19,8 +19,10 @@ DEFAULT_VARIANTS: dict[str, Callable[[Job, Plan], str]] = {
     "megatron-core": lambda job, plan: "pretrain_gpt",
     "megatron-bridge": lambda job, plan: "python",
     "deepspeed": lambda job, plan: "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 or plan.ep > 1 else "config",
-    # a training job on the FSDP engine: verl's SFT trainer (sft_trainer), which starts no rollout engine
-    "verl": lambda job, plan: ("fsdp" if job.rl is not None else "sft-fsdp") if plan.zero_stage == 3 else "megatron",
+    # a training job: verl's SFT trainer (sft_trainer), which starts no rollout engine, on the FSDP engine at ZeRO-3,
+    # else on the Megatron engine (engine=megatron, cards/frameworks/verl.yaml variant_knobs sft-megatron)
+    "verl": lambda job, plan: ("fsdp" if job.rl is not None else "sft-fsdp") if plan.zero_stage == 3 else (
+        "megatron" if job.rl is not None else "sft-megatron"),
     # a training job: SkyRL's SFT trainer (main_sft), which starts no rollout engine, on either strategy
     # (cards/frameworks/skyrl.yaml); ZeRO-3 is the FSDP strategy
     "skyrl": lambda job, plan: ("fsdp" if plan.zero_stage == 3 else "rl") if job.rl is not None else (

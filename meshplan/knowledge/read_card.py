@@ -69,6 +69,15 @@ class SftEntry(_Card):
     source: str
 
 
+class SftEngine(_Card):
+    """An engine the SFT trainer runs beside its default one (verl's engine=megatron): the adapter variant its keys
+    are read with, and what that engine runs when a key is left out, over the entry point's defaults."""
+
+    variant: str
+    defaults: dict[str, Default] = Field(default_factory=dict)
+    source: str
+
+
 class NeutralValue(_Card):
     """A key whose default value changes nothing meshplan plans; any other value is said as not modelled."""
 
@@ -83,6 +92,9 @@ class SftRead(_Card):
     keys: dict[str, str] = Field(description="The keys that are no adapter knob, and what each sets")
     entries: list[SftEntry] = Field(min_length=1)
     neutral: dict[str, NeutralValue] = Field(default_factory=dict)
+    engines: dict[str, SftEngine] = Field(
+        default_factory=dict, description="The Hydra engine group's other values the trainer runs (engine=NAME), "
+                                          "each read as its own variant; any other engine is said as not read")
     source: str
 
 

@@ -35,8 +35,8 @@ def batch_divisible(ctx: Context) -> Values:
 @rule("VL001", reads=("dp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def verl_batch(ctx: Context) -> Values:
     p, gbs = ctx.plan, ctx.job.global_batch_size
-    if ctx.job.rl is None and ctx.backend == "fsdp":
-        return None  # a training job on the FSDP engine is the SFT trainer's (render's variant sft): VL003
+    if ctx.job.rl is None:
+        return None  # a training job is the SFT trainer's (render's variants sft-fsdp, sft-megatron): VL003
     if ctx.backend == "megatron":
         unit, how = p.dp * p.micro_batch_size, f"dp*ppo_micro_batch_size_per_gpu = {p.dp}*{p.micro_batch_size}"
     else:
@@ -49,8 +49,9 @@ def verl_batch(ctx: Context) -> Values:
 
 @rule("VL003", reads=("dp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def verl_sft_batch(ctx: Context) -> Values:
-    """verl's SFT trainer (a training job on the FSDP engine): data.train_batch_size over dp (world / Ulysses) ranks,
-    each rank's share a whole number of micro-batches (fsdp_sft_trainer.py _normalize_config_bsz asserts both; 0.9.1's
+    """verl's SFT trainer (a training job, on the FSDP or the Megatron engine): data.train_batch_size over the
+    engine's dp ranks (world / Ulysses, or Megatron's world / (tp x pp x cp)), each rank's share a whole number of
+    micro-batches (fsdp_sft_trainer.py _normalize_config_bsz asserts both; 0.9.1's
     sft_trainer.py floors the share and workers/engine/utils.py prepare_micro_batches asserts the micro-batches)."""
     p, gbs = ctx.plan, ctx.job.global_batch_size
     unit = p.dp * p.micro_batch_size

@@ -297,7 +297,7 @@ def framework_verdicts(framework: str, cases: list[dict], timeout: float = 1200)
 def job_and_plan(case: dict, framework: str):
     from meshplan.knowledge.hardware import get_gpu
     from meshplan.schema.model import Architecture, MoESpec
-    from meshplan.schema.plan import Job, Plan
+    from meshplan.schema.plan import Job, Plan, RLJob
 
     m = case["model"]
     moe = None
@@ -312,9 +312,14 @@ def job_and_plan(case: dict, framework: str):
         max_position_embeddings=1 << 20, qkv_bias=bias, o_bias=bias, mlp_bias=bias, moe=moe, origin="generated",
     )
     gpu = get_gpu("h100")
+    # verl's probe runs its PPO trainer's validate_config (one step: train_batch_size = the global batch, rollout.n
+    # 1), whose batch rule VL001 is an RL job's: a training job is verl's SFT trainer (VL003)
+    half = case["seq_length"] // 2
+    rl = RLJob(prompts_per_step=case["global_batch_size"], samples_per_prompt=1, prompt_length=half,
+               response_length=case["seq_length"] - half) if framework == "verl" else None
     job = carry_cards(Job(model=arch, gpu=gpu, num_gpus=case["num_gpus"], gpus_per_node=gpu.gpus_per_node,
                           seq_length=case["seq_length"], global_batch_size=case["global_batch_size"],
-                          framework=framework))
+                          framework=framework, rl=rl))
     plan = Plan(tp=case["tp"], pp=case["pp"], vpp=case["vpp"], cp=case["cp"], ep=case["ep"], etp=case["etp"],
                 dp=case.get("dp") or case_dp(case), sequence_parallel=case["sequence_parallel"],
                 zero_stage=3 if framework in ("torchtitan", "kempnerforge") else 1,

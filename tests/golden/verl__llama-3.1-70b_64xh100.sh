@@ -1,52 +1,24 @@
 #!/usr/bin/env bash
-# Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP4 PP4 VPP5 CP2 DP2 (verl 0.9.1, megatron backend, rendered by meshplan)
+# Llama-3.1-70B on 64 x NVIDIA H100 SXM5 80GB: TP4 PP4 VPP5 CP2 DP2 (verl 0.9.1, SFT trainer, rendered by meshplan)
 set -euo pipefail
-python3 -m verl.trainer.main_ppo \
-  model_engine=megatron \
-  actor_rollout_ref.model.path=meta-llama/Llama-3.1-70B \
-  trainer.nnodes=8 \
-  trainer.n_gpus_per_node=8 \
+torchrun --nnodes=8 --nproc_per_node=8 -m verl.trainer.sft_trainer \
+  engine=megatron \
+  optim=megatron \
+  model.path=meta-llama/Llama-3.1-70B \
+  engine.tensor_model_parallel_size=4 \
+  engine.pipeline_model_parallel_size=4 \
+  engine.virtual_pipeline_model_parallel_size=5 \
+  engine.context_parallel_size=2 \
+  engine.expert_model_parallel_size=1 \
+  engine.expert_tensor_parallel_size=1 \
+  engine.sequence_parallel=true \
+  engine.use_distributed_optimizer=true \
+  engine.use_megatron_fsdp=false \
   data.train_batch_size=512 \
-  actor_rollout_ref.rollout.n=1 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=512 \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \
-  actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
-  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
-  actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4 \
-  actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=5 \
-  actor_rollout_ref.actor.megatron.context_parallel_size=2 \
-  actor_rollout_ref.actor.megatron.expert_model_parallel_size=1 \
-  actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
-  actor_rollout_ref.actor.megatron.sequence_parallel=true \
-  actor_rollout_ref.actor.megatron.use_distributed_optimizer=true \
-  actor_rollout_ref.actor.megatron.use_megatron_fsdp=false \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=null \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=null \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.cp_comm_type=p2p \
-  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4 \
-  actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=4 \
-  actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size=5 \
-  actor_rollout_ref.ref.megatron.context_parallel_size=2 \
-  actor_rollout_ref.ref.megatron.expert_model_parallel_size=1 \
-  actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=1 \
-  actor_rollout_ref.ref.megatron.sequence_parallel=true \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_granularity=selective \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_method=null \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=null \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.cp_comm_type=p2p \
-  critic.megatron.tensor_model_parallel_size=4 \
-  critic.megatron.pipeline_model_parallel_size=4 \
-  critic.megatron.virtual_pipeline_model_parallel_size=5 \
-  critic.megatron.context_parallel_size=2 \
-  critic.megatron.expert_model_parallel_size=1 \
-  critic.megatron.expert_tensor_parallel_size=1 \
-  critic.megatron.sequence_parallel=true \
-  critic.megatron.use_distributed_optimizer=true \
-  critic.megatron.use_megatron_fsdp=false \
-  ++critic.megatron.override_transformer_config.recompute_granularity=selective \
-  ++critic.megatron.override_transformer_config.recompute_method=null \
-  ++critic.megatron.override_transformer_config.recompute_num_layers=null \
-  ++critic.megatron.override_transformer_config.cp_comm_type=p2p
+  data.micro_batch_size_per_gpu=1 \
+  data.use_dynamic_bsz=false \
+  data.max_length=4096 \
+  ++engine.override_transformer_config.recompute_granularity=selective \
+  ++engine.override_transformer_config.recompute_method=null \
+  ++engine.override_transformer_config.recompute_num_layers=null \
+  ++engine.override_transformer_config.cp_comm_type=p2p

@@ -1,52 +1,24 @@
 #!/usr/bin/env bash
-# Qwen3-30B-A3B on 16 x NVIDIA H100 SXM5 80GB: TP1 PP2 EP8 DP8 (verl 0.9.1, megatron backend, rendered by meshplan)
+# Qwen3-30B-A3B on 16 x NVIDIA H100 SXM5 80GB: TP1 PP2 EP8 DP8 (verl 0.9.1, SFT trainer, rendered by meshplan)
 set -euo pipefail
-python3 -m verl.trainer.main_ppo \
-  model_engine=megatron \
-  actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B \
-  trainer.nnodes=2 \
-  trainer.n_gpus_per_node=8 \
+torchrun --nnodes=2 --nproc_per_node=8 -m verl.trainer.sft_trainer \
+  engine=megatron \
+  optim=megatron \
+  model.path=Qwen/Qwen3-30B-A3B \
+  engine.tensor_model_parallel_size=1 \
+  engine.pipeline_model_parallel_size=2 \
+  engine.virtual_pipeline_model_parallel_size=null \
+  engine.context_parallel_size=1 \
+  engine.expert_model_parallel_size=8 \
+  engine.expert_tensor_parallel_size=1 \
+  engine.sequence_parallel=false \
+  engine.use_distributed_optimizer=true \
+  engine.use_megatron_fsdp=false \
   data.train_batch_size=256 \
-  actor_rollout_ref.rollout.n=1 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=256 \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \
-  actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
-  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 \
-  actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
-  actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null \
-  actor_rollout_ref.actor.megatron.context_parallel_size=1 \
-  actor_rollout_ref.actor.megatron.expert_model_parallel_size=8 \
-  actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
-  actor_rollout_ref.actor.megatron.sequence_parallel=false \
-  actor_rollout_ref.actor.megatron.use_distributed_optimizer=true \
-  actor_rollout_ref.actor.megatron.use_megatron_fsdp=false \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=null \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=null \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=null \
-  ++actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall \
-  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1 \
-  actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2 \
-  actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size=null \
-  actor_rollout_ref.ref.megatron.context_parallel_size=1 \
-  actor_rollout_ref.ref.megatron.expert_model_parallel_size=8 \
-  actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=1 \
-  actor_rollout_ref.ref.megatron.sequence_parallel=false \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_granularity=null \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_method=null \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_num_layers=null \
-  ++actor_rollout_ref.ref.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall \
-  critic.megatron.tensor_model_parallel_size=1 \
-  critic.megatron.pipeline_model_parallel_size=2 \
-  critic.megatron.virtual_pipeline_model_parallel_size=null \
-  critic.megatron.context_parallel_size=1 \
-  critic.megatron.expert_model_parallel_size=8 \
-  critic.megatron.expert_tensor_parallel_size=1 \
-  critic.megatron.sequence_parallel=false \
-  critic.megatron.use_distributed_optimizer=true \
-  critic.megatron.use_megatron_fsdp=false \
-  ++critic.megatron.override_transformer_config.recompute_granularity=null \
-  ++critic.megatron.override_transformer_config.recompute_method=null \
-  ++critic.megatron.override_transformer_config.recompute_num_layers=null \
-  ++critic.megatron.override_transformer_config.moe_token_dispatcher_type=alltoall
+  data.micro_batch_size_per_gpu=1 \
+  data.use_dynamic_bsz=false \
+  data.max_length=4096 \
+  ++engine.override_transformer_config.recompute_granularity=null \
+  ++engine.override_transformer_config.recompute_method=null \
+  ++engine.override_transformer_config.recompute_num_layers=null \
+  ++engine.override_transformer_config.moe_token_dispatcher_type=alltoall

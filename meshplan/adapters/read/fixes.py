@@ -121,7 +121,7 @@ def _entry_key(imported: ImportedConfig, key: str) -> str:
     """A card key as the file's entry point writes it: SkyRL main_sft's SFTConfig key for the RL entry point's (the
     card's read.sft_keys, read backwards), whose strict config refuses the other; verl's fsdp_sft_trainer key for
     sft_trainer's (read.sft's keys_as of the entry point the file runs, read backwards)."""
-    if imported.variant not in ("sft", "sft-fsdp"):
+    if imported.variant not in ("sft", "sft-fsdp", "sft-megatron"):
         return key
     sft = read_section(imported.framework).sft
     if sft is not None:

@@ -147,7 +147,7 @@ def read_verl(text: str, path: str) -> Reading:
         elif m.target == "recompute_full" and not megatron:
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":
-            reading.state("recompute", _granularity(s.value), s)
+            reading.state("recompute", granularity(s.value), s)
     if not megatron:
         reading.state("zero_stage", 3, f"{path} (verl's FSDP backend shards fully)")
         reading.state("tp", 1, f"{path} (verl's FSDP backend has no tensor parallelism)")
@@ -290,7 +290,7 @@ def read_skyrl(text: str, path: str) -> Reading:
         elif m.target == "recompute_full" and reading.variant == "fsdp":
             reading.state("recompute", "full" if as_bool(s.value) else "none", s)
         elif m.target == "recompute_full":
-            reading.state("recompute", _granularity(s.value), s)
+            reading.state("recompute", granularity(s.value), s)
     if sft and reading.request.get("lora_rank"):  # main_sft trains the adapters alone (SFTConfig.model.lora)
         reading.state("job", "lora", f"{reading.sources['lora_rank']} (skyrl.train.main_sft with a LoRA rank)")
     stage = 3 if reading.variant == "fsdp" else framework_card("skyrl").defaults.zero_stage
@@ -363,7 +363,7 @@ def _sft_keys(settings: list[Setting]) -> list[Setting]:
     return out
 
 
-def _granularity(value: object) -> str:
+def granularity(value: object) -> str:
     """Megatron's recompute_granularity as a recompute: null (what render writes for none, Megatron's default) is
     none; it was passed on as 'null' and the import of a rendered verl/SkyRL config refused it."""
     text = str(value).strip("'\"")

@@ -2,9 +2,11 @@
 `verl.trainer.fsdp_sft_trainer` (its keys read as sft_trainer's), as a launch script or the trainer's Hydra YAML.
 
 A training job on verl's FSDP engine (a LoRA job with model.lora_rank > 0): zero_stage 3, no TP or PP, Ulysses as cp,
-data.train_batch_size the global batch in sequences, torchrun's world the GPUs. What each entry point runs when a
-key is left out, the keys that are no adapter knob and the values that change nothing meshplan plans are the card's
-(cards/frameworks/verl.yaml read.sft); the RL entry point's reader is hydra.py.
+data.train_batch_size the global batch in sequences, torchrun's world the GPUs. With `engine=megatron` (read.sft
+engines) the Megatron engine's job instead: its engine.* keys (tensor, pipeline, context and expert parallel sizes,
+use_distributed_optimizer, override_transformer_config's recompute) read as render's variant sft-megatron writes
+them. What each entry point runs when a key is left out, the keys that are no adapter knob and the values that change
+nothing meshplan plans are the card's (cards/frameworks/verl.yaml read.sft); the RL entry point's reader is hydra.py.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from meshplan.adapters.read.hydra import model_named_by_path
+from meshplan.adapters.read.hydra import granularity, model_named_by_path
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, normalize, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
-from meshplan.knowledge.read_card import SftEntry, SftRead
+from meshplan.knowledge.read_card import SftEngine, SftEntry, SftRead
 from meshplan.schema.request import Request
 
 DETECT = re.compile(r"verl\.trainer\.(?:fsdp_)?sft_trainer\b")
@@ -51,9 +53,14 @@ def read_verl_sft(text: str, path: str) -> Reading:
 
 
 def read_verl_sft_yaml(text: str, path: str) -> Reading:
-    """The SFT trainer's Hydra YAML (verl/trainer/config/sft_trainer.yaml or a copy): every key at its line."""
-    settings = [s for s in yaml_settings(text, path, "verl's SFT config", "Pass sft_trainer.yaml or a copy.")
-                if s.key.split(".")[0] != "defaults" and not s.key.endswith("_target_")]
+    """The SFT trainer's Hydra YAML (verl/trainer/config/sft_trainer.yaml or a copy): every key at its line; the
+    defaults list's engine group (`- engine@engine: megatron`) read as the `engine=` override it is."""
+    every = yaml_settings(text, path, "verl's SFT config", "Pass sft_trainer.yaml or a copy.")
+    settings = [s for s in every if s.key.split(".")[0] != "defaults" and not s.key.endswith("_target_")]
+    for s in every:
+        if s.key == "defaults" and isinstance(s.value, list):
+            settings += [Setting(group.split("@")[0], value, s.line) for item in s.value if isinstance(item, dict)
+                         for group, value in item.items() if group.split("@")[0] in ("engine", "optim")]
     legacy = any(s.key in ("model.partial_pretrain", "ulysses_sequence_parallel_size") for s in settings)
     entry = _sft().entries[-1 if legacy else 0]
     reading = Reading("verl", path)
@@ -61,26 +68,48 @@ def read_verl_sft_yaml(text: str, path: str) -> Reading:
     return _read(reading, settings, entry)
 
 
+MEGATRON_SPECIAL = frozenset({"zero_0", "zero_1", "zero_3", "recompute_full", "lora_rank"})
+"""The Megatron engine's keys read by _megatron_knob (and lora_rank by _lora), not as the key table's value."""
+
+
+def _engine(settings: list[Setting]) -> tuple[SftEngine | None, list[Setting]]:
+    """The engine group the file names beside the FSDP default (read.sft engines: `engine=megatron`), and the
+    settings less its engine and optim group overrides, which its variant's key table reads instead."""
+    engines = _sft().engines
+    named = next((str(s.value).strip("'\"") for s in settings if s.key.lstrip("+") == "engine"), None)
+    if named not in engines:
+        return None, settings
+    return engines[named], [s for s in settings if not (s.key.lstrip("+") in ("engine", "optim")
+                                                        and str(s.value).strip("'\"") == named)]
+
+
 def _read(reading: Reading, settings: list[Setting], entry: SftEntry) -> Reading:
     sft = _sft()
-    reading.variant = sft.variant
-    table = key_table("verl", variant=sft.variant, read_keys=sft.keys)
+    engine, settings = _engine(settings)
+    reading.variant = engine.variant if engine else sft.variant
+    table = key_table("verl", variant=reading.variant, read_keys=sft.keys)
     settings = _planned(reading, [_renamed(s, entry) for s in settings], table)
-    left = apply(reading, settings, table, frozenset({"zero_3", "lora_rank"}))
+    left = apply(reading, settings, table, MEGATRON_SPECIAL if engine else frozenset({"zero_3", "lora_rank"}))
     for s, m in left:
-        if m.target == "zero_3":
-            _strategy(reading, s)
-        elif m.target == "lora_rank":
+        if m.target == "lora_rank":
             _lora(reading, s, entry)
-    where = f"{reading.path} (verl's SFT trainer runs the FSDP engine"
-    reading.state("zero_stage", 3, f"{where}, which shards fully)")
-    reading.state("tp", 1, f"{where}: no tensor parallelism)")
-    reading.state("pp", 1, f"{where}: no pipeline parallelism)")
+        elif engine is not None:
+            _megatron_knob(reading, s, m.target)
+        elif m.target == "zero_3":
+            _strategy(reading, s)
+    if engine is None:
+        where = f"{reading.path} (verl's SFT trainer runs the FSDP engine"
+        reading.state("zero_stage", 3, f"{where}, which shards fully)")
+        reading.state("tp", 1, f"{where}: no tensor parallelism)")
+        reading.state("pp", 1, f"{where}: no pipeline parallelism)")
+    else:
+        _defaults(reading, engine, f"the Megatron engine's default ({WHERE} engines)")
     _defaults(reading, entry)
     if "lora_rank" not in reading.request:  # no LoRA: the targets name nothing trained
         reading.request.pop("lora_targets", None)
         reading.sources.pop("lora_targets", None)
-    _ulysses_padding(reading, entry)
+    if engine is None:
+        _ulysses_padding(reading, entry)
     _token_budget(reading, entry)
     model_named_by_path(reading)
     world(reading)
@@ -133,11 +162,24 @@ def _strategy(reading: Reading, s: Setting) -> None:
                                    "(fsdp, fsdp2)")
 
 
-def _defaults(reading: Reading, entry: SftEntry) -> None:
-    """The request fields the file leaves to the entry point's defaults, stated with that default's source."""
+def _megatron_knob(reading: Reading, s: Setting, target: str) -> None:
+    """The Megatron engine's ZeRO and recompute keys (engine/megatron.yaml): use_distributed_optimizer is zero_stage
+    1 or 0, use_megatron_fsdp 3, recompute_granularity null none (as the RL reader reads the actor's)."""
+    if target in ("zero_0", "zero_1") and reading.request.get("zero_stage") != 3:
+        reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
+    elif target == "zero_3" and as_bool(s.value):
+        reading.state("zero_stage", 3, s)
+    elif target == "recompute_full":
+        reading.state("recompute", granularity(s.value), s)
+
+
+def _defaults(reading: Reading, entry: SftEntry | SftEngine, said: str | None = None) -> None:
+    """The request fields the file leaves to the entry point's (or its engine's) defaults, stated with that
+    default's source."""
+    said = said or f"{getattr(entry, 'launcher', '')}'s default, {WHERE}"
     for name, value in entry.defaults.items():
         if name in Request.model_fields and name not in reading.request and name not in reading.unread:
-            reading.state(name, value, f"{reading.path} (not given: {entry.launcher}'s default, {WHERE})")
+            reading.state(name, value, f"{reading.path} (not given: {said})")
             reading.defaults[name] = value
 
 
