@@ -228,7 +228,7 @@ def test_megatron_writes_combined_1f1b_as_its_overlap_flag_and_verl_refuses_it()
     job, plan = resolve(Request(**{**Q30, "pipeline_schedule": "combined_1f1b"}))
     assert "--overlap-moe-expert-parallel-comm" in render("megatron-core", job, plan).text
     job, plan = resolve(Request(**{**Q30, "framework": "verl", "pipeline_schedule": "combined_1f1b"}))
-    with pytest.raises(MeshplanError, match=r"verl 0\.9\.1 \(megatron\) cannot express"):
+    with pytest.raises(MeshplanError, match=r"verl 0\.9\.1 \(sft-megatron\) cannot express"):  # a training job
         render("verl", job, plan)  # verl runs Megatron's schedules, but meshplan does not write its overlap
 
 
