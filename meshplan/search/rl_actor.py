@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
 from meshplan.estimate.memory import FitVerdict, estimate_memory
+from meshplan.request.resolve import resolve
+from meshplan.rl.job import resolve_rl
 from meshplan.rl.memory import phase_setting, rl_host_bytes
 from meshplan.rules.rollout import phase_knobs
 from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
@@ -97,19 +99,33 @@ class ActorHost:
     base: Plan
     req: Request
     kept: dict[tuple, int] = field(default_factory=dict, compare=False, repr=False)  # per host_key
+    elsewhere: dict[int, tuple[Job, Plan, Request]] = field(default_factory=dict, compare=False, repr=False)
 
-    def __call__(self, actor: Plan) -> int:
-        layout = actor_layout(actor, self.base)
+    def at(self, trainer_gpus: int) -> tuple[Job, Plan, Request]:
+        """The RL job, its plan and request where the training search asks about another trainer GPU count (an empty
+        answer's min-gpus scan, search/impossible.py): the RL request at the whole job's GPUs for that count."""
+        if trainer_gpus == self.job.num_gpus:
+            return self.job, self.base, self.req
+        if trainer_gpus not in self.elsewhere:
+            _, rl = resolve_rl(self.req, [])
+            req = self.req.model_copy(update={"num_gpus": rl.job_gpus(trainer_gpus) if rl else trainer_gpus})
+            self.elsewhere[trainer_gpus] = (*resolve(req), req)
+        return self.elsewhere[trainer_gpus]
+
+    def __call__(self, actor: Plan, trainer_gpus: int | None = None) -> int:
+        job, base, req = self.at(trainer_gpus or self.job.num_gpus)
+        layout = actor_layout(actor, base)
         key = host_key(layout)
-        least = None if key is None else self.kept.get(key)
+        kept = self.kept if job is self.job else None  # the scan's other counts: rare, not kept
+        least = None if key is None or kept is None else kept.get(key)
         if least is not None:
             return least
-        for option in offload_options(self.job, layout, self.req):
+        for option in offload_options(job, layout, req):
             plan = layout.model_copy(update=option)
-            host = rl_host_bytes(self.job, plan, estimate_memory(self.job, plan))
+            host = rl_host_bytes(job, plan, estimate_memory(job, plan))
             least = host if least is None else min(least, host)
-        if key is not None:
-            self.kept[key] = least  # type: ignore[assignment]
+        if key is not None and kept is not None:
+            kept[key] = least  # type: ignore[assignment]
         return least  # type: ignore[return-value]
 
 
@@ -124,7 +140,7 @@ def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None
     host_of = ActorHost(job, base, req)
 
     def memory(trainer: Job, plan: Plan):
-        return inner.memory(trainer, plan).model_copy(update={"host_bytes_per_node": host_of(plan)})
+        return inner.memory(trainer, plan).model_copy(update={"host_bytes_per_node": host_of(plan, trainer.num_gpus)})
 
     def memory_fit(trainer: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0,
                    checked: bool = False) -> FitVerdict:
@@ -134,7 +150,7 @@ def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None
             # stopped, and reads nothing else of it): no host figure, 0 (a floor of any). The RL step's host costs
             # an estimate per offload variant (ActorHost), so it is worked out only where a host limit is asked.
             return FitVerdict(verdict.figure, 0, verdict.complete, verdict.over)
-        need = host_of(plan)
+        need = host_of(plan, trainer.num_gpus)
         return FitVerdict(verdict.figure, need, need <= host, None)
 
     return replace(inner, memory=memory, memory_fit=memory_fit)
