@@ -277,3 +277,36 @@ def test_a_rank_heavier_than_its_share_raises_the_exact_bounds(req, stride):
             assert max(bound, pipe) <= step * (1.0 + ROUNDING), (lay, mbs, zero, bound, pipe, step)
             compared += 1
     assert raised > 3 and compared > 3, (raised, compared)
+
+
+@pytest.mark.parametrize(("req", "stride"), [(MOE_JOBS[1][0], 3), (Request(model="deepseek-v3", num_gpus=2048,
+                                                                           gpu="h100"), 401)],
+                         ids=["qwen3-30b-a3b", "deepseek-v3"])
+def test_a_cp_rank_holding_part_of_a_sequence_is_bounded_at_its_own_cp(req, stride):
+    """A CP rank whose micro-batch is under its cp holds part of a sequence: the exact bounds' work reference is then
+    a plan at its own cp with as many sequences (a whole sequence at cp 1, which it used before, runs its GEMMs on
+    more rows and so takes less per token: DeepSeek-V3's pipeline bounds sat 5-7% under their step's floor). Its
+    seconds per token are over the whole-sequence reference's, and the pipeline bound stays under every estimate."""
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    tiers = split_space(search)
+    search.sized(tiers.inside)
+    raised = compared = 0
+    for lay in [lay for lay in tiers.inside if lay.cp > 1][::stride]:
+        for mbs in [mbs for mbs in search.sizes(lay) if mbs < lay.cp][:1]:
+            recompute = search.recomputes[0]
+            rate = search.shard_rate(lay, mbs, recompute, None, None)
+            refs = rate[3]
+            whole, _ = search._work_rate(lay, recompute, 1, 1, 1, refs[5])
+            cp_s = search.caches.token_time[("cp", lay.tp, lay.cp, refs[7])]
+            raised += rate[1] > (whole + cp_s) * (1.0 + ROUNDING)
+            pipe = search.pipeline_bound(lay, mbs, recompute, interleave=True)
+            for zero in search.zeros:
+                try:
+                    step = search.throughput(lay, zero, recompute, mbs).step_time_s
+                except MeshplanError:
+                    continue
+                assert pipe <= step * (1.0 + ROUNDING), (lay, mbs, zero, pipe, step)
+                compared += 1
+    assert raised > 3 and compared > 3, (raised, compared)
+

@@ -4,6 +4,7 @@ recompute: what the search adds to its pipeline bounds (search/bounds.py sync_bo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -91,3 +92,35 @@ def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
     counted (0 is their floor), nor a LoRA job's adapters (no floor: SyncFloor())."""
     rates = sync_rates(job, plan)
     return SyncFloor() if rates is None else rates.floor(rates.parts.sums(layers))
+
+
+def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
+    """search/bounds.py's synced: per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a
+    group_syncs' layouts with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages
+    of the pipeline (at least the bound B and m x the sharding traffic per micro-batch) plus the once-per-step DP term
+    after it. With u the first rank's compute and recompute per micro-batch, which m micro-batches leave under the
+    pipeline, that sum is at least max(B, m u) + max(0, seconds - hidden u) (SyncFloor): convex and piecewise linear
+    in u, least at a break, u = B / m or seconds / hidden. It only grows with B and with m. (The seeds' hot loop:
+    written out, no calls.)"""
+    if not syncs:
+        return pipes
+    raised, inf = [], math.inf
+    for pipe, m in zip(pipes, ms, strict=True):
+        least = inf
+        for per_micro, seconds, hidden in syncs:
+            bound = m * per_micro
+            if bound < pipe:
+                bound = pipe
+            if seconds > 0.0:
+                exposed = seconds - hidden * bound / m
+                at_pipe = bound + (exposed if exposed > 0.0 else 0.0)  # max(0.0, exposed)
+                if hidden > 0.0:
+                    at_sync = m * seconds / hidden
+                    at_sync = at_sync if at_sync > bound else bound
+                    if at_sync < at_pipe:  # min(at_pipe, at_sync)
+                        at_pipe = at_sync
+                bound = at_pipe
+            if bound < least:
+                least = bound
+        raised.append(least if least > pipe else pipe)
+    return raised

@@ -18,7 +18,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
-from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
@@ -208,7 +208,8 @@ class StepTimeBounds(SearchPlans):
         its compute does not depend on how the tokens were split by context parallelism. So two single-stage
         references bound every layout: per (tp, ep, etp, recompute) with cp = 1, and per (tp, cp) for the
         context-parallel traffic, at a power-of-two micro-batch holding at least this layout's tokens per rank
-        (`exact`: the smallest such; otherwise the most any layout of the shard uses, one reference for all):
+        (`exact`: the smallest such, and where a CP rank holds part of a sequence the first at its own cp, the
+        least micro-batch holding its sequences; otherwise the most any layout of the shard uses, one for all):
         step >= tokens per rank x (their times per token) / pp x (m + (pp-1)/vpp). Kept per what it reads: the
         layout, micro-batch and recompute, and without `exact` its shard's largest micro-batches."""
         work = None if exact else self.work_mbs.get((lay.tp, lay.ep, lay.etp))
@@ -248,14 +249,15 @@ class StepTimeBounds(SearchPlans):
     def _shard_rate(self, lay: Layout, mbs: int, recompute: str, work: float | None, most: int | None,
                     overlap: bool) -> tuple[int, float, float, tuple]:
         s = self.job.seq_length
-        b_tok = pow2_at_least(-(-s // lay.cp) * mbs / s if work is None else work)
-        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap), lay.tp, 1, lay.ep,
-                                    lay.etp, b_tok, recompute, "work", overlap)
-        exposed = 0.0
-        if overlap:
-            alone = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_tok, False), lay.tp, 1, lay.ep,
-                                    lay.etp, b_tok, recompute, "work")
-            exposed = max(0.0, alone - per_token)
+        b_tok = b_key = pow2_at_least(-(-s // lay.cp) * mbs / s if work is None else work)
+        # A CP rank holding part of a sequence (exact): the reference at its own cp with as many sequences, where the
+        # rules take it (a whole sequence at cp 1 runs more rows: up to 2.8x less per token on DeepSeek-V3)
+        own = (pow2_at_least(mbs), lay.cp) if work is None and mbs < lay.cp else None
+        per_token, exposed = self._work_rate(lay, recompute, own, *own, overlap) if own else (0.0, 0.0)
+        if per_token:
+            b_key, b_tok = own, own[0] / own[1]  # type: ignore[assignment, index]
+        else:
+            per_token, exposed = self._work_rate(lay, recompute, b_key, b_tok, 1, overlap)
         b_cp = 0
         if lay.cp > 1:
             # exact micro-batch when asked; otherwise the largest any layout of this (tp, cp) uses (a weaker
@@ -263,7 +265,19 @@ class StepTimeBounds(SearchPlans):
             b_cp = pow2_at_least(mbs if most is None else most)
             per_token += self._per_token(("cp", lay.tp, lay.cp, b_cp), lay.tp, lay.cp, 1, 1, b_cp,
                                          self.recomputes[0], "cp")
-        return b_tok, per_token, exposed, (lay.tp, lay.ep, lay.etp, recompute, b_tok, overlap, lay.cp, b_cp)
+        return b_tok, per_token, exposed, (lay.tp, lay.ep, lay.etp, recompute, b_key, overlap, lay.cp, b_cp)
+
+    def _work_rate(self, lay: Layout, recompute: str, b_key: int | tuple[int, int], b: int, cp: int,
+                   overlap: bool) -> tuple[float, float]:
+        """_shard_rate's work reference (b sequences a rank at this cp; `b_key` names it): seconds per token, and
+        with EP overlap those a micro-batch outside the steady state adds."""
+        per_token = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_key, overlap), lay.tp, cp, lay.ep,
+                                    lay.etp, b, recompute, "work", overlap)
+        if not overlap:
+            return per_token, 0.0
+        alone = self._per_token(("work", lay.tp, lay.ep, lay.etp, recompute, b_key, False), lay.tp, cp, lay.ep,
+                                lay.etp, b, recompute, "work")
+        return per_token, max(0.0, alone - per_token)
 
     def stretch(self, lay: Layout, sizes: tuple[int, ...], b_tok: int, per_token: float, exposed: float = 0.0,
                 refs: tuple | None = None, factors: list[tuple[float, float, float, int]] | None = None,
@@ -606,37 +620,7 @@ class StepTimeBounds(SearchPlans):
                 keys = entry[1] = self.synced(entry[1], ms, group.syncs)
                 entry[2], entry[3] = min(keys), True
 
-    @staticmethod
-    def synced(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
-        """Per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a group_syncs' layouts
-        with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages of the pipeline
-        (at least the bound B and m x the sharding traffic per micro-batch) plus the once-per-step DP term after it.
-        With u the first rank's compute and recompute per micro-batch, which m micro-batches leave under the
-        pipeline, that sum is at least max(B, m u) + max(0, seconds - hidden u) (sync_floor.SyncFloor): convex and
-        piecewise linear in u, least at a break, u = B / m or seconds / hidden. It only grows with B and with m.
-        (The seeds' hot loop: written out, no calls.)"""
-        if not syncs:
-            return pipes
-        raised, inf = [], math.inf
-        for pipe, m in zip(pipes, ms, strict=True):
-            least = inf
-            for per_micro, seconds, hidden in syncs:
-                bound = m * per_micro
-                if bound < pipe:
-                    bound = pipe
-                if seconds > 0.0:
-                    exposed = seconds - hidden * bound / m
-                    at_pipe = bound + (exposed if exposed > 0.0 else 0.0)  # max(0.0, exposed)
-                    if hidden > 0.0:
-                        at_sync = m * seconds / hidden
-                        at_sync = at_sync if at_sync > bound else bound
-                        if at_sync < at_pipe:  # min(at_pipe, at_sync)
-                            at_pipe = at_sync
-                    bound = at_pipe
-                if bound < least:
-                    least = bound
-            raised.append(least if least > pipe else pipe)
-        return raised
+    synced = staticmethod(synced_keys)  # (estimate/sync_floor.py)
 
     def blocking_p2p_share(self, lay: Layout, mbs: int) -> float:
         """The least share of a rank's pipeline transfers that block it (perf._exposed_p2p): 1, or where the
