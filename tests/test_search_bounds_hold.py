@@ -310,3 +310,34 @@ def test_a_cp_rank_holding_part_of_a_sequence_is_bounded_at_its_own_cp(req, stri
                 compared += 1
     assert raised > 3 and compared > 3, (raised, compared)
 
+
+@pytest.mark.parametrize(("req", "stride"), [(UNEVEN_JOBS[0][0], 1), (UNEVEN_JOBS[2][0], 7)],
+                         ids=["qwen3-8b", "deepseek-v2-lite"])
+def test_a_rank_over_the_stretch_raises_the_exact_bounds_where_every_last_rank_is_light(req, stride):
+    """Where the last rank of every stages a layout's plans take holds less than 1/pp of the work (whole_light), the
+    stretch bounds none of them and each rank's chain does, capped at the stretch or not: a heavier rank's m t_r
+    then raises the exact bounds over the stretch (they stopped at it, up to 12% under the step's floor on
+    DeepSeek-V3's PP4 VPP3), and they stay under every plan's estimate."""
+    job, _ = search_job(req)
+    search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
+    raised = compared = 0
+    for lay, sizes in uneven_layouts(search, stride):
+        mbs = sizes[0]
+        for i, recompute in enumerate(search.recomputes):
+            rate = search.shard_rate(lay, mbs, recompute, None, None)
+            plain: list[float] = []
+            bound = search.stretch_one(lay, mbs, *rate, plain=plain)
+            if not search.whole_light(lay, search.light_ranks(lay, rate)) or bound <= plain[0]:
+                continue
+            raised += 1
+            bounds = (bound, search.token_bound(lay, mbs, recompute),
+                      search.pipeline_bound(lay, mbs, recompute, interleave=True))
+            for zero in search.zeros:
+                for heavier in search.recomputes[i:]:
+                    try:
+                        step = search.throughput(lay, zero, heavier, mbs).step_time_s
+                    except MeshplanError:
+                        continue
+                    assert max(bounds) <= step * (1.0 + ROUNDING), (lay, mbs, zero, heavier, bounds, step)
+                    compared += 1
+    assert raised > 3 and compared > 3, (raised, compared)

@@ -287,7 +287,8 @@ class StepTimeBounds(SearchPlans):
         and micro-batches; with EP overlap, its micro-batches outside the steady state (moe_time.a2a_steady_share) pay
         `exposed` more per token, as the estimate charges them. Where the last rank may hold less than 1/pp of the
         work (light_ranks), the pipeline's chains where under it (rank_chains.stages_bound; `refs`: the rate's
-        references; the ideal time then without its bubble); elsewhere, but in the seeds, the chains where over it
+        references; the ideal time then without its bubble), or over it too where every stages' may (whole_light:
+        then none holds the stretch; not the seeds'); elsewhere, but in the seeds, the chains where over it
         (rank_chains.heavy_chains). `factors`: the layout's stretch_factors; `ideal`: each bound the larger of it and
         their ideal_time (the seed keys); `plain`: where given, each bound without the chains is appended to it (the
         stretch without `refs`, the same floats: chained reads both); `ranks`: the layout's last_ranks where the caller
@@ -302,6 +303,7 @@ class StepTimeBounds(SearchPlans):
                 heavy = heavy_chains(self.bounds_memo, self.job, lay, self.zeros, refs, self.token_parts)
         elif refs is not None and ranks is not None:
             light = self.ranks_light(ranks, lay, (b_tok, per_token, exposed, refs))  # type: ignore[arg-type]
+        whole_light = light is not None and not ideal and ranks is False and self.whole_light(lay, light)
         fixed, vpp, ref_tokens = self.engine.moe_layer_fixed_s, lay.vpp, b_tok * s  # (an int: the same product)
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
@@ -320,6 +322,8 @@ class StepTimeBounds(SearchPlans):
                 weights = (tokens, tokens * outside * exposed, fixed * rest if rest > 0.0 else 0.0)
                 if heavy is not None:
                     bound = heavy_bound(m, pp, vpp, per_stage * pp, heavy, weights, bound)
+                elif whole_light:
+                    bound = stages_bound(m, pp, vpp, per_stage * pp, light, weights, math.inf)
                 elif (least := stages_bound(m, pp, vpp, per_stage * pp, light, weights, bound)) < bound:
                     bound = least
                     low = low * m / stages  # the ideal time: no bubble counted
@@ -366,6 +370,10 @@ class StepTimeBounds(SearchPlans):
         exposed all-to-all and of the host syncs holds 1/pp of W at every micro-batch. Kept per ranks and rate."""
         ranks = self.last_ranks(lay)
         return None if ranks is None else self.ranks_light(ranks, lay, rate)
+
+    def whole_light(self, lay: Layout, light: tuple | None) -> bool:
+        """Whether every stages of the layout's last_ranks is light (light_ranks: `light`)."""
+        return light is not None and len(light) == len(self.last_ranks(lay).flat)  # type: ignore[union-attr]
 
     def ranks_light(self, ranks: Ranks, lay: Layout, rate: tuple[int, float, float, tuple]) -> tuple | None:
         """light_ranks of a layout whose last_ranks the caller has (not None): the seeding keeps them per shape."""
@@ -444,12 +452,17 @@ class StepTimeBounds(SearchPlans):
                 # chains under the stretch (chained) or over it (heavy_chains: the larger, the stretch's held)
                 m, unit = self.microbatches(lay, mbs), lay.vpp * self.pp_unit(lay, mbs)
                 stretched = plain[0] + (unit := unit * self.blocking_p2p_share(lay, mbs)) * (m + lay.bubble_stages())
+                chains = bound
+                if whole := self.whole_light(lay, self.light_ranks(lay, rate)):  # (the chains over it: as capped)
+                    bound = min(bound, plain[0])
                 if bound == plain[0]:
                     bound = stretched
                 elif bound < plain[0]:
                     bound += unit * m
                 else:
                     bound = max(stretched, bound + unit * m)
+                if whole and chains + unit * m > bound:
+                    bound = chains + unit * m
             self.bounds_memo[key] = bound
         return bound  # type: ignore[return-value]
 
