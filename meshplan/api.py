@@ -74,10 +74,9 @@ def estimate_throughput(req: Request) -> ThroughputReport:
     """The step time; with a cluster factor the user stored (meshplan compare --calibrate), scaled by it and said so
     (ThroughputReport.calibration, first assumption)."""
     from meshplan.knowledge.cluster_calibration import calibrated, stored_factor
-    from meshplan.request.resolve import require_step_time, resolve
+    from meshplan.request.resolve import resolve
 
     job, plan = resolve(script_request(req))
-    require_step_time(job.model, "throughput")
     report = _model_throughput(job, plan)
     factor = stored_factor(job.gpu.key, job.framework)
     return calibrated(report, factor) if factor is not None else report
@@ -116,7 +115,7 @@ def recommend(req: Request, top_k: int = 5) -> Recommendation:
         return recommend_rl(req, top_k=top_k)
     from meshplan.search import recommend as search
 
-    _require_step_time(req, "recommend")
+    _require_step_time(req, "recommend (its search bounds read one transformer layer, not a hybrid stage's mix)")
     return search(req, top_k=top_k)
 
 
@@ -125,13 +124,13 @@ def minimum_gpus(req: Request, max_gpus: int | None = None) -> MinimumGpus:
     from meshplan.search import minimum_gpus as scan
 
     req = script_request(req)  # a launch script read once
-    _require_step_time(req, "min-gpus")
+    _require_step_time(req, "min-gpus (its search bounds read one transformer layer, not a hybrid stage's mix)")
     return scan(req, max_gpus=max_gpus)
 
 
 def _require_step_time(req: Request, what: str) -> None:
-    """A search ranks layouts by step time: refused for a hybrid model until its Mamba-2 layers are timed (`req`:
-    after script_request)."""
+    """A search prunes layouts by bounds that read one transformer layer's time and memory: refused for a hybrid
+    model until they take a hybrid stage's mix of layers (`req`: after script_request)."""
     from meshplan.knowledge.catalog import resolve_model
     from meshplan.request.resolve import require_step_time
 

@@ -97,20 +97,21 @@ def test_a_wrong_hybrid_config_is_refused_naming_the_field(change, words):
         architecture_from_config({**NEMOTRON_H_8B, **change})
 
 
-def test_a_hybrids_memory_is_estimated_and_its_step_time_refused(tmp_path):
-    """describe counts it, memory estimates it (tests/test_hybrid_memory.py), and the faces that read the step time
-    (throughput, check, recommend, render) refuse it naming what is missing, rather than price each Mamba-2 layer
-    as attention and an MLP."""
+def test_a_hybrids_memory_and_step_time_are_estimated_and_the_search_refused(tmp_path):
+    """describe counts it, memory estimates it (tests/test_hybrid_memory.py), throughput times it layer kind by kind
+    (tests/test_hybrid_time.py), and the faces that still cannot answer refuse it naming what is missing, rather than
+    price each Mamba-2 layer as attention and an MLP."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(NEMOTRON_H_8B))
     assert api.describe_model(str(path)).total_params == 8_100_852_736
     for model in (str(path), "nemotron-3-nano-30b-a3b"):
         req = parse_request({"model": model, "gpu": "h100", "num_gpus": 8})
         assert api.estimate_memory(req).stages
-        for face in (api.estimate_throughput, api.check_config, api.recommend):
-            with pytest.raises(MeshplanError, match="not yet their step time"):
+        assert api.estimate_throughput(req).step_time_s > 0
+        for face in (api.check_config, api.recommend):
+            with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
                 face(req)
-        with pytest.raises(MeshplanError, match="not yet their step time"):
+        with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
             api.render_config("megatron-bridge", req)
 
 

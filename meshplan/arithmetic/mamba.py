@@ -3,8 +3,7 @@ activation bytes: what one Mamba-2 layer keeps for the backward as Megatron-Core
 mamba2_layer, each saved tensor with its source), and the attention, MLP and MoE layers of the pattern, each one
 norm and one mixer, from the transformer layer's own terms (activations.py); and as FLOPs: the model's per token as
 Megatron-LM counts them for MFU in flops.hybrid_flops_per_token; here a Mamba-2
-layer's GEMMs on one rank and its conv and SSD chunked scan beside them (not yet read by the step time: the faces
-that need it refuse a hybrid, request/resolve.require_step_time).
+layer's GEMMs on one rank and its conv and SSD chunked scan beside them (timed by estimate/hybrid_time.py).
 """
 
 from __future__ import annotations

@@ -34,8 +34,10 @@ from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
 from meshplan.arithmetic.pipeline_floor import chain_floor
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape, replays_whole, simulate
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
 from meshplan.estimate.context_parallel import cp_time
+from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
 from meshplan.estimate.layer_time import layer_time
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
@@ -390,12 +392,18 @@ def head_seconds(job: Job, plan: Plan, ctx: LayerContext) -> float:
 
 
 def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
-    """One layer of each kind the model has, the stages' layers, the head, the pipeline's p2p, the sharding
-    schedule and its DP groups, Muon: what every stage's time reads."""
+    """One layer of each kind the model has (a hybrid's: one per letter of its pattern, hybrid_time.hybrid_layers),
+    the stages' layers, the head, the pipeline's p2p, the sharding schedule and its DP groups, Muon: what every
+    stage's time reads."""
     arch, cal, lk = job.model, ctx.cal, ctx.lk
-    dense = arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers
+    hybrid = hybrid_layers(ctx) if arch.layer_pattern is not None else None
+    if hybrid is not None and plan.optimizer == "muon":
+        raise MeshplanError(f"{arch.name} is a hybrid model: meshplan does not time Muon's Newton-Schulz steps on its "
+                            "Mamba-2 layers' matrices.", fix="Ask for optimizer adam.")
+    dense = hybrid is None and (arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers)
     dense_lt = memo_layer(layer_time, ctx, False) if dense else None  # shared across plans inside a search
-    moe_lt = memo_layer(layer_time, ctx, True) if arch.moe is not None and arch.moe.moe_layers else None
+    moe_lt = memo_layer(layer_time, ctx, True) if hybrid is None and arch.moe is not None and arch.moe.moe_layers \
+        else None
     pipeline = stage_layers(job, plan)
     recompute = Recompute(selective=job.card.recompute.selective,  # what "selective" repeats
                           every_nth=every_nth_blocks(plan), modules=tuple(plan.recompute_modules or ("core_attn",)))
@@ -406,7 +414,8 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     law = ctx.law
     groups = mesh.mesh_groups(plan, edp=int(mesh.expert_dp(job.num_gpus, plan, law)) if arch.moe else 1, law=law)
     return StageInputs(
-        job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, pipeline=pipeline, recompute=recompute, head=head,
+        job=job, plan=plan, ctx=ctx, dense=dense_lt, moe=moe_lt, hybrid=hybrid, pipeline=pipeline, recompute=recompute,
+        head=head,
         pp_comm=_exposed_p2p(job, plan, cal, pp_hop), pp_hop=pp_hop,
         pp_cross_layer=p2p.cross_layer,
         # Blocking p2p (metadata received and read on the host before each activation/gradient) stops

@@ -72,6 +72,7 @@ class StageInputs:
     ctx: LayerContext
     dense: LayerTime | None  # one dense layer (None: the model has none)
     moe: LayerTime | None  # one MoE layer (None: the model has none)
+    hybrid: dict[str, LayerTime] | None = None  # a hybrid model's one layer per kind of its pattern (else None)
     pipeline: Stages
     recompute: Recompute
     head: float  # logits and cross-entropy, forward + backward, on the stage with the output layer
@@ -105,7 +106,7 @@ class LayerSums(NamedTuple):
     cp: float
     ep: float
     recompute: float
-    windows: dict[bool, tuple[float, float]]
+    windows: dict  # per kind (MoE or not; a hybrid's layer letter): one layer's (forward, backward) window
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,7 +284,9 @@ def layer_kinds(s: int, layers: Sequence[int], arch: Architecture, pipeline: Sta
     return list(hit[1])
 
 
-def _layer_kinds(layers: Sequence[int], arch: Architecture, mtp: bool) -> list[bool]:
+def _layer_kinds(layers: Sequence[int], arch: Architecture, mtp: bool) -> list:
+    if arch.layer_pattern is not None:  # a hybrid's: its layers' letters (M, *, -, E); it has no MTP blocks
+        return [arch.layer_pattern[i] for i in layers]
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
     kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
     if mtp:
@@ -318,6 +321,8 @@ def recomputed_counts(n_layers: int, kinds: list[bool], inp: StageInputs) -> tup
 
 def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
     """The stage's layers, (count x one layer) per kind, with the recompute of those that recompute."""
+    if inp.hybrid is not None:
+        return hybrid_sums(n_layers, kinds, inp)
     cal, rc = inp.ctx.cal, inp.recompute
     mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp)
     n_moe = sum(kinds)
@@ -337,6 +342,32 @@ def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
         recompute += rec
         side_fwd, side_bwd = other_link_collectives(lt, inp, is_moe) if inp.sharding.per_step else (0.0, 0.0)
         windows[is_moe] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
+    return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
+
+
+def hybrid_sums(n_layers: int, kinds: list, inp: StageInputs) -> LayerSums:
+    """layer_sums of a hybrid model's stage: (count x one layer) per letter of the pattern it holds (inp.hybrid),
+    the recompute of those among the first recompute_layers (every layer where uniform or left out)."""
+    plan, cal, rc = inp.plan, inp.ctx.cal, inp.recompute
+    assert inp.hybrid is not None
+    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
+        else min(n_layers, plan.recompute_layers)
+    compute = fwd = tp = cp = ep = recompute = 0.0
+    windows: dict[str, tuple[float, float]] = {}
+    for kind, lt in inp.hybrid.items():
+        count = kinds.count(kind)
+        if not count:
+            continue
+        recomputed = kinds[:n_recompute].count(kind)
+        compute += count * lt.compute
+        fwd += count * lt.fwd_compute
+        tp += count * lt.tp
+        cp += count * lt.cp
+        ep += count * lt.ep
+        rec = recomputed * recompute_time(lt, plan.recompute, cal, rc.selective, rc.modules) if recomputed else 0.0
+        recompute += rec
+        side_fwd, side_bwd = other_link_collectives(lt, inp, kind == "E") if inp.sharding.per_step else (0.0, 0.0)
+        windows[kind] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
     return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
 
 

@@ -35,8 +35,9 @@ EXPERT_TP_COLLECTIVES_PER_LAYER = 4.0
 ASYNC_TP_AG_BARRIERS = 3.0
 ASYNC_TP_RS_BARRIERS = 2.0
 # The GEMMs that read a sequence-parallel all-gather's output (the input side of a TP pair) and the GEMM whose
-# output is reduce-scattered (its output side): attention's, then the dense or shared-expert MLP's.
-TP_PAIR_GEMMS = ((("qkv", "q_proj", "q_down", "kv_down"), ("attn_out",)),
+# output is reduce-scattered (its output side): attention's (a hybrid's Mamba-2 layer's in_proj and out_proj in its
+# place: one mixer per layer), then the dense or shared-expert MLP's.
+TP_PAIR_GEMMS = ((("qkv", "q_proj", "q_down", "kv_down", "mamba_in_proj"), ("attn_out", "mamba_out_proj")),
                  (("mlp_fc1", "shared_expert_fc1"), ("mlp_fc2", "shared_expert_fc2")))
 
 
@@ -94,19 +95,23 @@ def tp_ring_passes(input_ops: tuple[tuple[int, int], ...], sp: bool, pairs: int)
     return fwd, bwd
 
 
-def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool,
-               terms: list[float] | None = None) -> tuple[float, float]:
+def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None,
+               pairs: tuple[int, ...] | None = None) -> tuple[float, float]:
     """(exposed TP seconds of one layer per micro-batch, forward + backward; their forward share). Its TP pairs'
     ring passes (tp_ring_passes: attention's and the MLP's, attention's alone in an MoE layer without TP-sharded
     weights, moe_layer_tp_ops), expert TP's pair around the experts; less what the framework's overlap mode hides (a
     calibrated fraction, or tp_hidden beside the GEMMs), plus async TP's work outside its pipelines (`terms`: the
     GEMMs' gemm_terms, where the caller has them). The forward share is the forward's passes over all of them (what
-    full recompute runs again)."""
+    full recompute runs again). `pairs`: the indexes in TP_PAIR_GEMMS of the pairs a hybrid model's layer runs (one
+    mixer each: hybrid_time.layer_pairs); None: a transformer layer's."""
     arch, plan, cal = ctx.arch, ctx.plan, ctx.cal
     act_bytes = ctx.shard.tokens * arch.hidden_size * BF16
-    attention_only = moe and moe_layer_tp_ops(arch, ctx.shard.moe_whole) == TP_COLLECTIVES_ATTENTION_ONLY
-    fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 1 if attention_only else 2)
-    share = fwd / (fwd + bwd)
+    if pairs is None:
+        attention_only = moe and moe_layer_tp_ops(arch, ctx.shard.moe_whole) == TP_COLLECTIVES_ATTENTION_ONLY
+        fwd, bwd = tp_ring_passes(ctx.tp_input_ops, plan.sequence_parallel, 1 if attention_only else 2)
+    else:
+        fwd, bwd = tp_ring_passes(tuple(ctx.tp_input_ops[i] for i in pairs), plan.sequence_parallel, len(pairs))
+    share = fwd / (fwd + bwd) if fwd + bwd else 0.5
     groups = mesh_groups(plan, law=ctx.law)
     tp_one = ring_time(act_bytes, groups.tp.size, groups.tp.stride, ctx.lk)
     tp_comm = (fwd + bwd) * tp_one
@@ -115,11 +120,14 @@ def exposed_tp(ctx: LayerContext, gemms: list[Gemm], moe: bool,
     if ctx.tp_overlap_mode == "fraction":
         return (1.0 - cal.tp_overlap) * tp_comm, share
     # the expert-TP gathers run in the token dispatcher, beside no GEMM
-    pairs = tp_pairs(gemms, cal, ctx, moe, terms)
-    exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, tp_one, pairs, plan.tp,
+    gemm_pairs = tp_pairs(gemms, cal, ctx, moe, terms)
+    if pairs is not None:  # a hybrid layer's: the pairs it runs, each at its own index (the SMs the card gives it)
+        gemm_pairs = [p if i in pairs else (0.0, 0.0) for i, p in enumerate(gemm_pairs)]
+    exposed = tp_comm - tp_hidden(ctx.tp_overlap_mode, tp_one, gemm_pairs, plan.tp,
                                   plan.sequence_parallel, ctx.tp_rs_splits, ctx.tp_sms)
     if ctx.tp_overlap_mode == "async_tp" and plan.tp > 1 and plan.sequence_parallel:
-        exposed += async_tp_cost(act_bytes, plan.tp, len(pairs), ctx.hbm, ctx.lk.intra_lat,
+        exposed += async_tp_cost(act_bytes, plan.tp, len(gemm_pairs if pairs is None else pairs), ctx.hbm,
+                                 ctx.lk.intra_lat,
                                  chunked_gemm_extra(gemms, cal, ctx, moe, plan.tp))
     return exposed, share
 

@@ -84,6 +84,11 @@ class Calibration:
     dropout_bytes_per_score_bwd: float
     hbm_efficiency: float
     elementwise_passes: float
+    hybrid_layer_hidden_share: float
+    mamba_inner_passes: float
+    mamba_conv_passes: float
+    mamba_state_passes: float
+    mamba_scan_passes: float
     eager_elementwise_passes: float
     optimizer_bytes_per_param: float
     muon_bytes_per_param: float

@@ -136,12 +136,13 @@ def _estimable(arch: Architecture, req: Request) -> Architecture:
 
 
 def require_step_time(arch: Architecture, what: str) -> None:
-    """Refuse `what` (throughput, check, recommend, render) for a hybrid model: the memory of its Mamba-2 layers is
-    modelled, their step time not yet, and those faces read it."""
+    """Refuse `what` (check, recommend, min-gpus, render) for a hybrid model: the memory and the step time of its
+    Mamba-2 layers are modelled (throughput answers), but those faces read more than that, which is not yet."""
     if arch.layer_pattern is not None:
-        raise MeshplanError(f"{arch.name} is a hybrid model: meshplan estimates the memory of its Mamba-2 layers but "
-                            f"not yet their step time, which {what} needs.",
-                            fix=f"Use 'meshplan memory {arch.key or arch.name}' for its memory per GPU.")
+        raise MeshplanError(f"{arch.name} is a hybrid model: meshplan estimates the memory and the step time of its "
+                            f"Mamba-2 layers, but {what} does not yet take a hybrid.",
+                            fix=f"Use 'meshplan memory {arch.key or arch.name}' and 'meshplan throughput "
+                                f"{arch.key or arch.name}' for its memory per GPU and step time.")
 
 
 def resolve(req: Request) -> tuple[Job, Plan]:

@@ -1,0 +1,148 @@
+"""One layer of a hybrid model (model_type nemotron_h) per micro-batch on one rank, forward + backward, by its kind
+in the pattern: M a Mamba-2 mixer, * attention, - an MLP, E an MoE layer, each one norm and one mixer as
+Megatron-Core's HybridModel builds them (megatron/core/ssm/mamba_block.py). The same parts as a transformer layer's
+(layer_time.py: GEMMs at their shape's fraction of peak, attention core, memory-bound passes, launch overhead,
+exposed TP / CP / EP traffic, recompute's forward shares), each layer holding one of its mixers; a Mamba-2 layer's
+in_proj and out_proj through the GEMM model, its conv1d, SSD chunk states and gated norm as memory-bound passes, its
+SSD scan's matmuls at the GEMMs' asymptote (cards/calibration.yaml mamba_*), and under context parallelism
+MambaContextParallel's all-to-alls.
+"""
+
+from __future__ import annotations
+
+from meshplan.arithmetic.comm import alltoall_time
+from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms
+from meshplan.arithmetic.mamba import mamba_gemms, ssd_scan_flops
+from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.estimate.attention_time import attention_seconds
+from meshplan.estimate.context_parallel import cp_time
+from meshplan.estimate.layer_records import (
+    BF16,
+    FORWARD_AND_BACKWARD,
+    ElementwiseLoad,
+    LayerContext,
+    LayerTime,
+    layer_key,
+    scope_memo,
+)
+from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds, gemm_time, layer_overhead
+from meshplan.estimate.moe_time import busiest_rank_experts, exposed_ep
+from meshplan.estimate.recompute import recomputed_forwards
+from meshplan.estimate.tp_overlap import exposed_tp
+
+HYBRID_KINDS = ("M", "*", "-", "E")
+FP32 = 4  # bytes per element of the SSD chunk states (mamba_ssm's default state_dtype)
+
+
+def hybrid_layers(ctx: LayerContext) -> dict[str, LayerTime]:
+    """One layer of each kind the model's pattern holds (hybrid_layer_time), inside a shared_layers scope once per
+    layer key and kind (the entry keeps the architecture and calibration alive, so their ids stay their own)."""
+    pattern = ctx.arch.layer_pattern
+    assert pattern is not None
+    memo = scope_memo("hybrid_layers")
+    out = {}
+    for kind in HYBRID_KINDS:
+        if kind not in pattern:
+            continue
+        if memo is None:
+            out[kind] = hybrid_layer_time(ctx, kind)
+            continue
+        key = (layer_key(ctx, kind == "E"), kind)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (ctx.arch, ctx.cal, hybrid_layer_time(ctx, kind))
+        out[kind] = hit[-1]
+    return out
+
+
+def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
+    """Seconds of one hybrid layer of `kind` per micro-batch on one rank, part by part (layer_time's parts)."""
+    moe = kind == "E"
+    gemms = hybrid_gemms(ctx, kind)
+    terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    gemm, gemm_fwd = gemm_time(ctx, gemms, moe, terms)
+    attention_fwd, attention = attention_seconds(ctx) if kind == "*" else (0.0, 0.0)
+    load = hybrid_load(ctx, kind)
+    elementwise = elementwise_seconds(ctx, load)
+    mixer = mamba_mixer_seconds(ctx) if kind == "M" else 0.0  # conv, scan and gated norm: a third in the forward
+    overhead = layer_overhead(ctx, moe)
+    copy = load.weight_copy_bytes / ctx.hbm
+    fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
+    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
+    tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms, pairs=layer_pairs(ctx, kind))
+    cp_fwd, cp = cp_time(ctx, attention_fwd, attention) if kind == "*" else mamba_cp(ctx) if kind == "M" \
+        else (0.0, 0.0)
+    compute = gemm + attention + elementwise + mixer + overhead
+    ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
+    return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
+                     tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
+                     attention_fwd=attention_fwd, op_sac_fwd=op_sac_fwd, module_fwd=module_fwd)
+
+
+def hybrid_gemms(ctx: LayerContext, kind: str) -> list[Gemm]:
+    """The layer's GEMMs on this rank: the Mamba-2 mixer's in_proj and out_proj, attention's, the MLP's, or the MoE
+    layer's (router, shared experts, the routed experts on the most loaded EP rank)."""
+    if kind == "M":
+        return mamba_gemms(ctx.arch, ctx.shard)
+    if kind == "*":
+        return attention_gemms(ctx.arch, ctx.shard)
+    if kind == "-":
+        return mlp_gemms(ctx.arch, ctx.shard, ctx.arch.ffn_hidden_size, "mlp")
+    return busiest_rank_experts(moe_gemms(ctx.arch, ctx.shard), ctx.routed_load)
+
+
+def hybrid_load(ctx: LayerContext, kind: str) -> ElementwiseLoad:
+    """The layer's memory-bound load as a transformer layer's (layer_time.elementwise_load), its hidden-sized term
+    at the card's hybrid_layer_hidden_share (one norm and one residual add, not two), its FFN term only in an MLP or
+    MoE layer."""
+    load = elementwise_load(ctx, kind == "E")
+    hidden = load.hidden * ctx.cal.hybrid_layer_hidden_share
+    if kind in ("M", "*"):
+        return ElementwiseLoad(hidden=hidden)
+    return load._replace(hidden=hidden)
+
+
+def mamba_mixer_seconds(ctx: LayerContext) -> float:
+    """Forward + backward seconds of a Mamba-2 mixer beside its GEMMs, on one rank: the card's bf16 passes over its
+    inner width (scan inputs and outputs, the transpose, the gated RMSNorm) and its conv width (the depthwise conv1d,
+    run again in the backward), its fp32 SSD chunk states per chunk, at the HBM bandwidth memory-bound work gets;
+    and the SSD scan's matmul FLOPs (ssd_scan_flops, forward; mamba_scan_passes of them) at the GEMM model's
+    asymptote. Heads and groups split over TP (the shapes in_proj gives each rank)."""
+    m, cal, sh = ctx.arch.mamba, ctx.cal, ctx.shard
+    assert m is not None
+    tokens, tp = sh.tokens, sh.tp
+    passes = (cal.mamba_inner_passes * m.d_inner + cal.mamba_conv_passes * m.conv_dim) * BF16 \
+        + cal.mamba_state_passes * FP32 * m.num_heads * m.head_dim * m.state_size / m.chunk_size
+    memory = tokens * passes / tp / ctx.hbm
+    scan = cal.mamba_scan_passes * ssd_scan_flops(ctx.arch, sh) / (ctx.bf16_peak * cal.gemm_peak_fraction)
+    return memory + scan
+
+
+def mamba_cp(ctx: LayerContext) -> tuple[float, float]:
+    """(forward, forward + backward) seconds of MambaContextParallel's all-to-alls in one Mamba-2 layer
+    (megatron/core/ssm/mamba_context_parallel.py): pre_conv_ssm sends z, x, B, C and dt from the sequence's shards to
+    the heads' (_all_to_all_cp2hp, one each), post_conv_ssm the output back (_all_to_all_hp2cp); the backward the
+    same in reverse. None is overlapped. B and C are sent whole per group (their replication where cp exceeds the
+    local groups is not counted)."""
+    plan = ctx.plan
+    if plan.cp <= 1:
+        return 0.0, 0.0
+    m, tokens, tp = ctx.arch.mamba, ctx.shard.tokens, ctx.shard.tp
+    assert m is not None
+    group = mesh_groups(plan, law=ctx.law).cp
+    widths = (m.d_inner, m.d_inner, m.n_groups * m.state_size, m.n_groups * m.state_size, m.num_heads, m.d_inner)
+    fwd = sum(alltoall_time(tokens * w / tp * BF16, group.size, group.stride, ctx.lk) for w in widths)
+    return fwd, FORWARD_AND_BACKWARD * fwd
+
+
+def layer_pairs(ctx: LayerContext, kind: str) -> tuple[int, ...]:
+    """The TP pairs (tp_overlap.TP_PAIR_GEMMS indexes) a hybrid layer runs: a Mamba-2 layer's in_proj / out_proj and
+    attention's at the first, an MLP's at the second; an MoE layer's shared experts' at the second where it has them
+    (routed experts only take the sequence-sharded tokens straight into the dispatcher, none)."""
+    if kind in ("M", "*"):
+        return (0,)
+    if kind == "-":
+        return (1,)
+    moe = ctx.arch.moe
+    return (1,) if moe is not None and moe.shared_expert_ffn_hidden_size and not ctx.shard.moe_whole else ()
