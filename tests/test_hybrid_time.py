@@ -36,6 +36,7 @@ def test_throughput_answers_for_a_hybrid_on_every_face():
     req = parse_request({"model": "nemotron-h-8b", "gpu": "h100", "num_gpus": 8})
     report = api.estimate_throughput(req)
     assert report.step_time_s > 0 and 0 < report.mfu < 1
+    assert any(a.startswith("Hybrid layers (24 Mamba-2, 4 attention, 24 MLP)") for a in report.assumptions)
     out = subprocess.run([sys.executable, "-m", "meshplan.faces.cli", "throughput", "nemotron-h-8b", "--gpu", "h100",
                           "--num-gpus", "8", "--json"], capture_output=True, text=True, env=tree_env(), check=True)
     assert json.loads(out.stdout)["step_time_s"] == report.step_time_s

@@ -98,6 +98,8 @@ def throughput_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibr
                            ctx: LayerContext) -> list[str]:
     """Every assumption of the estimate (`m` micro-batches, `worst` the slowest stage), then the job's notes."""
     out = _core_assumptions(job, plan, m, worst, cal, ctx)
+    if job.model.layer_pattern is not None:
+        out.append(_hybrid_assumption(job, cal))
     if job.model.moe is not None:
         out.append(_moe_assumption(job, plan, cal))
         out.append(routing_assumption(job, plan))
@@ -155,6 +157,22 @@ def _core_assumptions(job: Job, plan: Plan, m: int, worst: int, cal: Calibration
         f"{cal.nvlink_efficiency:.0%} / {cal.network_efficiency:.0%} of datasheet bandwidth.",
         f"Constants: cards/calibration.yaml ({calibration_summary(job.framework)}; errors in bench/README.md).",
     ]
+
+
+def _hybrid_assumption(job: Job, cal: Calibration) -> str:
+    """How a hybrid model's layers were timed (estimate/hybrid_time.py)."""
+    pattern = job.model.layer_pattern or ""
+    counts = ", ".join(f"{pattern.count(k)} {name}" for k, name in
+                       (("M", "Mamba-2"), ("*", "attention"), ("-", "MLP"), ("E", "MoE")) if k in pattern)
+    return (f"Hybrid layers ({counts}): each one norm and one mixer timed by its kind, so one TP pair per layer (the "
+            "TP line counts a transformer layer's two) and "
+            f"{cal.hybrid_layer_hidden_share:g} of a transformer layer's hidden-sized passes; a Mamba-2 layer's "
+            "in_proj and out_proj as GEMMs, its conv1d, SSD chunk states, scan inputs and outputs and gated norm as "
+            f"memory-bound passes ({cal.mamba_inner_passes:g} over its inner width, {cal.mamba_conv_passes:g} over "
+            f"its conv width, {cal.mamba_state_passes:g} fp32 over its chunk states), its SSD scan's matmuls x "
+            f"{cal.mamba_scan_passes:g} at the GEMMs' {cal.gemm_peak_fraction:.2f} of peak, MambaContextParallel's "
+            "all-to-alls under CP (cards/calibration.yaml; not validated against a measured hybrid run). Model FLOPs: "
+            "Megatron-LM's hybrid_flops.")
 
 
 def _moe_assumption(job: Job, plan: Plan, cal: Calibration) -> str:
