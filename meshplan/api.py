@@ -93,10 +93,9 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
     """The rules' findings; checked from a config file (`config`, what import_config read), each fix also as edits
     of that file in its own keys and syntax (`config_fixes`)."""
     from meshplan.check.config import check_config as check
-    from meshplan.request.resolve import require_step_time, resolve
+    from meshplan.request.resolve import resolve
 
     job, plan = resolve(script_request(req))
-    require_step_time(job.model, "check (its fixes compare layouts by step time)")
     report = check(job, plan)
     if config is None:
         return report
@@ -143,12 +142,11 @@ def render_config(framework: str, req: Request, *, force: bool = False, **option
     warnings, the findings travel in `warnings`."""
     from meshplan.adapters.render import render, request_at_version, require_target, vet_layout
     from meshplan.check.config import check_config as check
-    from meshplan.request.resolve import require_step_time, resolve
+    from meshplan.request.resolve import resolve
 
     require_target(framework)
     req = request_at_version(framework, script_request(req), options.get("version"))
     job, plan = resolve(req.model_copy(update={"framework": framework}))
-    require_step_time(job.model, "render (it checks the layout first)")
     notes, warnings = vet_layout(job, plan, check(job, plan), force=force)
     result = render(framework, job, plan, **options)
     return result.model_copy(update={"notes": [*result.notes, *notes], "warnings": [*warnings, *result.warnings]})

@@ -99,8 +99,9 @@ def test_a_wrong_hybrid_config_is_refused_naming_the_field(change, words):
 
 def test_a_hybrids_memory_and_step_time_are_estimated_and_the_search_refused(tmp_path):
     """describe counts it, memory estimates it (tests/test_hybrid_memory.py), throughput times it layer kind by kind
-    (tests/test_hybrid_time.py), and the faces that still cannot answer refuse it naming what is missing, rather than
-    price each Mamba-2 layer as attention and an MLP."""
+    (tests/test_hybrid_time.py), check and render answer (tests/test_hybrid_render.py), and the faces that still
+    cannot answer (the search's) refuse it naming what is missing, rather than price each Mamba-2 layer as attention
+    and an MLP."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(NEMOTRON_H_8B))
     assert api.describe_model(str(path)).total_params == 8_100_852_736
@@ -108,11 +109,12 @@ def test_a_hybrids_memory_and_step_time_are_estimated_and_the_search_refused(tmp
         req = parse_request({"model": model, "gpu": "h100", "num_gpus": 8})
         assert api.estimate_memory(req).stages
         assert api.estimate_throughput(req).step_time_s > 0
-        for face in (api.check_config, api.recommend):
-            with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
-                face(req)
+        assert api.check_config(req).plan.tp == 1  # every rule ran (tests/test_hybrid_render.py)
+        assert "hybrid_layer_pattern" in api.render_config("megatron-bridge", req, force=True).text
         with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
-            api.render_config("megatron-bridge", req)
+            api.recommend(req)
+        with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
+            api.minimum_gpus(req)
 
 
 def test_cli_describe_shows_the_layer_pattern():

@@ -915,8 +915,6 @@ def test_a_rendered_bridge_file_imports_back_without_noise():
     from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
 
     for model in catalog_keys():
-        if catalog_architecture(model).layer_pattern is not None:  # a hybrid: render refuses it (test_hybrid_models)
-            continue
         assert {s.field for s in megatron_architecture(catalog_architecture(model), 4096)[0] if s.field} <= FIELDS
         for layout in BRIDGE_LAYOUTS:
             req = parse_request({"model": model, "framework": "megatron-bridge", **layout})
@@ -947,8 +945,6 @@ def test_a_rendered_megatron_core_script_imports_back_without_noise():
     from meshplan.knowledge.catalog import catalog_architecture, catalog_keys
 
     for model in catalog_keys():
-        if catalog_architecture(model).layer_pattern is not None:  # a hybrid: render refuses it (test_hybrid_models)
-            continue
         flags = {s.flag[0] for s in megatron_architecture(catalog_architecture(model), 4096)[0] if s.flag}
         assert flags <= CORE_FLAGS, (model, flags - CORE_FLAGS)
         req = parse_request({"model": model, "framework": "megatron-core", "num_gpus": 64, "tp": 2, "pp": 2})

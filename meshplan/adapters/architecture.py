@@ -34,7 +34,8 @@ FIELDS = frozenset({
     "normalization", "layernorm_epsilon", "layernorm_zero_centered_gamma", "gated_linear_unit", "glu_linear_offset",
     "activation_func_clamp_value", "position_embedding_type", "rotary_base", "rotary_percent", "rope_type",
     "apply_rope_fusion", "rope_scaling", "rope_scaling_factor", "qk_layernorm", "moe_router_num_groups",
-    "moe_router_group_topk", "yarn_correction_range_round_to_int",
+    "moe_router_group_topk", "yarn_correction_range_round_to_int", "hybrid_layer_pattern", "mamba_num_heads",
+    "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "mamba_chunk_size",
     *(p + name for p in ("", "yarn_") for name in ("rotary_scaling_factor", "original_max_position_embeddings",
                                                    "beta_fast", "beta_slow", "mscale", "mscale_all_dim"))})
 """Every TransformerConfig field megatron_architecture may set (Megatron-Bridge's cfg.model.<field>): the keys a
@@ -47,7 +48,8 @@ CORE_FLAGS = frozenset({
     "--rotary-percent", "--rope-type", "--no-rope-fusion", "--use-rope-scaling", "--rope-scaling-factor",
     "--rotary-scaling-factor", "--yarn-original-max-position-embeddings", "--yarn-beta-fast", "--yarn-beta-slow",
     "--mscale", "--mscale-all-dim", "--no-yarn-correction-range-round-to-int", "--qk-layernorm",
-    "--moe-router-num-groups", "--moe-router-group-topk", "--disable-bias-linear", "--add-qkv-bias"})
+    "--moe-router-num-groups", "--moe-router-group-topk", "--disable-bias-linear", "--add-qkv-bias",
+    "--hybrid-layer-pattern", "--mamba-num-heads", "--mamba-head-dim", "--mamba-num-groups", "--mamba-state-dim"})
 """Every pretrain_gpt.py flag megatron_architecture (Setting.flag) and bias_flags may write: the flags a rendered
 Megatron-Core script restates the model with, which its import reads back as the model's
 (tests/test_import_config.py renders every catalog model and holds the flags to this set)."""
@@ -190,6 +192,34 @@ def _features(m: Architecture, seq_length: int) -> list[str]:
     return []
 
 
+# Megatron-Core's MambaMixer builds its conv1d with d_conv 4 and its SSD scan with chunk_size 128 unless told
+# (megatron/core/ssm/mamba_mixer.py; DEFAULT_MAMBA_CHUNK_SIZE in Megatron-Bridge's hybrid_provider.py); no
+# pretrain_mamba.py flag sets either.
+MAMBA_CONV_KERNEL, MAMBA_CHUNK_SIZE = 4, 128
+
+
+def _hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
+    """A hybrid (nemotron_h) model's layer pattern and Mamba-2 mixer as Megatron-Core's HybridModel takes them:
+    Megatron-Bridge's NemotronHBridge maps config.json's hybrid_override_pattern, mamba_num_heads, mamba_head_dim,
+    n_groups, ssm_state_size and chunk_size to hybrid_layer_pattern, mamba_* (nemotron_h_bridge.py CONFIG_MAPPING),
+    and sets position_embedding_type 'none' (no rotary embedding); pretrain_mamba.py takes the same as
+    --hybrid-layer-pattern (which gives the depth: no --num-layers) and the TransformerConfig's --mamba-* flags
+    (Megatron-LM examples/post_training/modelopt/conf/nvidia/Nemotron-H-8B-Base-8K.sh, d98e8a6)."""
+    mm = m.mamba
+    assert mm is not None and m.layer_pattern is not None
+    out = [Setting("position_embedding_type", "none", ("--position-embedding-type", "none")),
+           Setting("hybrid_layer_pattern", m.layer_pattern, ("--hybrid-layer-pattern", m.layer_pattern)),
+           Setting("mamba_num_heads", mm.num_heads, ("--mamba-num-heads", mm.num_heads)),
+           Setting("mamba_head_dim", mm.head_dim, ("--mamba-head-dim", mm.head_dim)),
+           Setting("mamba_num_groups", mm.n_groups, ("--mamba-num-groups", mm.n_groups)),
+           Setting("mamba_state_dim", mm.state_size, ("--mamba-state-dim", mm.state_size)),
+           Setting("mamba_chunk_size", mm.chunk_size, None, default=MAMBA_CHUNK_SIZE)]
+    notes = [] if mm.conv_kernel == MAMBA_CONV_KERNEL else [
+        f"{m.name}'s Mamba-2 conv1d is {mm.conv_kernel} wide, but Megatron-Core's MambaMixer builds d_conv "
+        f"{MAMBA_CONV_KERNEL} and no setting changes it: build the mixer with d_conv={mm.conv_kernel}."]
+    return out, notes
+
+
 def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Setting], list[str], list[str]]:
     """(settings, notes, core notes): the architecture facts as Megatron-Core fields and flags; what neither face
     can express; and what only pretrain_gpt.py lacks (Megatron-Bridge's model bridges set activations and
@@ -206,7 +236,11 @@ def megatron_architecture(m: Architecture, seq_length: int) -> tuple[list[Settin
         settings.append(Setting("layernorm_zero_centered_gamma", True, ("--apply-layernorm-1p", None)))
     act, core_notes = _activation(m)
     settings += act
-    if m.rope is not None:
+    if m.layer_pattern is not None:
+        hybrid, hybrid_notes = _hybrid(m)
+        settings += hybrid
+        notes += hybrid_notes
+    elif m.rope is not None:
         rope, rope_notes = _rope(m, m.rope)
         settings += rope
         notes += rope_notes

@@ -48,7 +48,7 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
     flags: list[Flag] = [
         ("--num-layers", m.num_layers), ("--hidden-size", m.hidden_size),
         ("--ffn-hidden-size", m.ffn_hidden_size), ("--num-attention-heads", m.num_attention_heads),
-    ]
+    ][m.layer_pattern is not None:]  # a hybrid's depth is its --hybrid-layer-pattern's (Megatron-LM ignores it)
     if m.mla is None and m.num_kv_heads != m.num_attention_heads:
         flags += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
     if m.mla is None and m.head_dim * m.num_attention_heads != m.hidden_size:
@@ -72,7 +72,7 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
             flags.append(("--moe-shared-expert-intermediate-size", m.moe.shared_expert_ffn_hidden_size))
         if m.moe.shared_expert_gate:  # TransformerConfig.moe_shared_expert_gate (Qwen2-MoE's sigmoid gate)
             flags.append(("--moe-shared-expert-gate", None))
-        freq = moe_layer_freq(job)
+        freq = moe_layer_freq(job) if m.layer_pattern is None else None  # a hybrid's MoE layers: its pattern's E
         if freq:
             flags.append(("--moe-layer-freq", freq))
     if m.num_mtp_layers:
@@ -189,10 +189,12 @@ def build_core(job: Job, plan: Plan, variant: str, version: str) -> Built:
     model, model_notes = architecture_flags(job)
     flex, flex_warnings = flex_notes(job, plan)
     connections = (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
+    entry = "pretrain_mamba.py" if job.model.layer_pattern is not None else "pretrain_gpt.py"  # HybridModel's
     return Built(
         template="megatron_core.j2",
-        context={"nodes": n, "flags": model + flags, "max_connections": connections, "to_add": model_notes},
-        format="shell", filename="pretrain_gpt.sh",
+        context={"nodes": n, "flags": model + flags, "max_connections": connections, "to_add": model_notes,
+                 "entry": entry},
+        format="shell", filename=entry.replace(".py", ".sh"),
         notes=[*model_notes, *notes, *flex, *routing_notes(job, plan),
                "Data, tokenizer, optimizer and checkpoint flags are yours to add (--data-path, --tokenizer-type, "
                "--lr, --save ...); the flags here fix the model shape and the layout.",

@@ -28,7 +28,8 @@ ModelField = Literal[
     "expert_interval", "num_groups", "group_topk", "mla", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "untied", "swiglu", "qk_layernorm", "num_mtp_layers", "gqa", "normalization",
     "no_bias_linear", "qkv_bias", "position_embedding", "rotary", "no_position_embedding", "max_position_embeddings",
-    "squared_relu", "quick_geglu", "rotary_base", "rotary_percent", "norm_eps", "mlp_type"]
+    "squared_relu", "quick_geglu", "rotary_base", "rotary_percent", "norm_eps", "mlp_type", "layer_pattern",
+    "mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim"]
 Default = StrictBool | StrictInt | StrictFloat | StrictStr | None  # as the card writes it: never coerced
 FlagDefault = StrictBool | StrictInt | None  # a matched field's default: a count, or a switch
 

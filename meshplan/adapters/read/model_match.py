@@ -31,6 +31,8 @@ SWITCHES = frozenset({"mla", "untied", "swiglu", "qk_layernorm"})
 MOE_DETAILS = ("top_k", "expert_ffn_hidden_size", "shared_expert_ffn_hidden_size", "moe_layers", "num_groups",
                "group_topk")
 MLA_DETAILS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MAMBA_DETAILS = ("mamba_num_heads", "mamba_head_dim", "mamba_num_groups", "mamba_state_dim")
+TEXTS = frozenset({"layer_pattern"})  # a field stated as a word, not a count
 
 
 class ArchValues(NamedTuple):
@@ -60,6 +62,11 @@ class ArchValues(NamedTuple):
     swiglu: bool
     qk_layernorm: bool
     num_mtp_layers: int
+    layer_pattern: str | None = None  # a hybrid's (M Mamba-2, * attention, - MLP, E MoE); None: a GPT model
+    mamba_num_heads: int | None = None
+    mamba_head_dim: int | None = None
+    mamba_num_groups: int | None = None
+    mamba_state_dim: int | None = None
 
 
 def arch_values(arch: Architecture) -> ArchValues:
@@ -75,7 +82,10 @@ def arch_values(arch: Architecture) -> ArchValues:
         kv_lora_rank=mla.kv_lora_rank if mla else 0, qk_nope_head_dim=mla.qk_nope_head_dim if mla else 0,
         qk_rope_head_dim=mla.qk_rope_head_dim if mla else 0, v_head_dim=mla.v_head_dim if mla else 0,
         untied=not arch.tie_word_embeddings, swiglu=arch.gated_mlp and arch.activation == "silu",
-        qk_layernorm=arch.qk_norm != "none", num_mtp_layers=arch.num_mtp_layers)
+        qk_layernorm=arch.qk_norm != "none", num_mtp_layers=arch.num_mtp_layers, layer_pattern=arch.layer_pattern,
+        **({} if arch.mamba is None else dict(
+            mamba_num_heads=arch.mamba.num_heads, mamba_head_dim=arch.mamba.head_dim,
+            mamba_num_groups=arch.mamba.n_groups, mamba_state_dim=arch.mamba.state_size)))
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,8 @@ def applies(name: str, arch: ArchValues, stated: dict[str, Stated]) -> bool:
         return arch.mla and bool(stated.get("mla", Stated("", True, "")).value)
     if name in ("head_dim", "qk_layernorm"):
         return not arch.mla
+    if name in MAMBA_DETAILS:  # a hybrid's mixer (the pattern itself tells a hybrid from a GPT model)
+        return arch.layer_pattern is not None
     return True
 
 
@@ -154,6 +166,8 @@ def _convert(name: str, value: Any) -> Any:
         return as_bool(value) is not False
     if value is None or str(value).strip("'\"") in ("None", "null"):
         return None
+    if name in TEXTS:
+        return str(value).strip("'\"")
     return int(str(value).strip("'\""))
 
 
@@ -178,7 +192,7 @@ def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any],
                                           "different expert count per MoE layer is no model meshplan builds (pass "
                                           "--model with the model's config.json)")
                 return None
-        elif name in defaults:
+        elif name in defaults and name not in raw:  # (a field two flags state: the one given, else the default)
             raw[name] = (defaults[name], f"{flag} not given" if name in SWITCHES or defaults[name] in (None, 0)
                          else f"{flag} not given: {defaults[name]}")
     for name, (value, said) in raw.items():
@@ -196,6 +210,12 @@ def stated_fields(reading: Reading, section: ReadSection, shape: dict[str, Any],
 def _derived(reading: Reading, out: dict[str, Stated], raw: dict[str, Any]) -> bool:
     """The experts' width (the dense width where not given, as Megatron-LM's validate_args and Megatron-DeepSpeed's
     ParallelMLP take it) and the MoE layers, for an MoE script; False where its MoE layers cannot be read."""
+    heads, pattern = out.get("mamba_num_heads"), out.get("layer_pattern")
+    if heads is not None and heads.value is None and pattern is not None and pattern.value and "hidden_size" in out \
+            and out.get("mamba_head_dim") is not None and out["mamba_head_dim"].value:
+        # TransformerConfig.mamba_num_heads None: hidden_size x expand (2) // mamba_head_dim
+        value = out["hidden_size"].value * 2 // out["mamba_head_dim"].value
+        out["mamba_num_heads"] = Stated("mamba_num_heads", value, f"{heads.said}: hidden x 2 / head dim = {value}")
     experts = out.get("num_experts")
     if experts is not None and (experts.value is None or experts.value <= 1):
         out["num_experts"] = Stated("num_experts", 0, experts.said)  # one expert is a dense MLP (Megatron-DeepSpeed)
@@ -243,9 +263,7 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         reading.unresolved.append("model: the file names no model (pass --model)")
         return False
     misses: dict[str, list[str]] = {}
-    for key in catalog_keys():
-        if catalog_architecture(key).layer_pattern is not None:
-            continue  # a hybrid: a script's flags build every layer alike (and the card refuses a pattern)
+    for key in catalog_keys():  # a hybrid's pattern is a stated field: a GPT script never matches one, nor the reverse
         misses[key] = differences(arch_values(catalog_architecture(key)), stated, key)
     hits = [key for key, miss in misses.items() if not miss]
     if rope is not None and len(hits) > 1:
@@ -256,7 +274,8 @@ def match_stated(stated: dict[str, Stated] | None, reading: Reading, rope: tuple
         hits.sort(key=lambda key: not same_rope(key))
     experts = stated.get("num_experts")
     moe = experts is not None and experts.value != 0
-    said = ", ".join(s.said for s in stated.values() if s.field in SHAPE_FIELDS or (s.field == "mla" and s.value) or (
+    said = ", ".join(s.said for s in stated.values() if s.field in SHAPE_FIELDS or (
+        s.field in ("mla", "layer_pattern") and s.value) or (
         moe and s.field in ("num_experts", "top_k")))
     if hits:
         reading.state("model", hits[0], f"{reading.path} ({said}: the architecture of {hits[0]})")
@@ -285,6 +304,13 @@ def flags_model(reading: Reading, flags: dict[str, Setting]) -> None:
     (knowledge/flag_models.py), each field with the flag and line that set it; where it cannot be built, the flag
     and what to do."""
     if reading.framework not in BUILDERS:
+        return
+    pattern = [flag for flag, name in framework_card(reading.framework).read.model_flags.items()
+               if name == "layer_pattern" and flag in flags]
+    if pattern:
+        reading.unresolved.append(f"model: not built from the file's flags either: {pattern[0]} states a hybrid "
+                                  "model's layers, which meshplan builds from a config.json (model_type nemotron_h) "
+                                  "only. Pass --model with the model's config.json, or a catalog key.")
         return
     known = read_flags(reading.framework)
     try:
