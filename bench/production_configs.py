@@ -242,7 +242,10 @@ def main() -> int:
     parser.add_argument("--rows", action="store_true", help="print every row's verdict")
     parser.add_argument("--issue", action="store_true", help="also read the rows the way issue 14's baseline did")
     parser.add_argument("--json", action="store_true", help="the figures in and out of sample, as JSON")
+    parser.add_argument("--hybrids", action="store_true",
+                        help="also score the hybrid Mamba-2 rows (Nemotron 3 Nano: the catalog model of its name)")
     args = parser.parse_args()
+    prow.SCORE_HYBRIDS = args.hybrids
     rows, scores, summary = run(args.validation)
     if args.json:
         print(json.dumps(json_report(args.validation, rows, scores, summary), indent=1))

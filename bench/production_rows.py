@@ -258,7 +258,7 @@ def catalog_match(model: dict[str, Any]) -> str | None:
     """The catalog key whose architecture agrees with every model field the row states; None if none does.
     Equal architectures (Llama 3 and 3.1) are told apart by the row's model id, as a user would name it."""
     if model["num_layers"] is None or model["hidden_size"] is None or model["num_attention_heads"] is None:
-        return None
+        return hybrid_by_name(model)
     dense_row = model["arch_type"] == "dense"
     hits = []
     for key in model_card_names():
@@ -275,6 +275,29 @@ def catalog_match(model: dict[str, Any]) -> str | None:
         if named in hits:
             return named
     return hits[0] if hits else None
+
+
+SCORE_HYBRIDS = False
+"""Whether the hybrid Mamba-2 rows are mapped (production_configs.py --hybrids). Off by default: a Mamba-2 layer's step
+time (estimate/hybrid_time.py) is new and its rows are its only measurements; mapping them moves the MoE regime's
+error band that every MoE report prints (cards/accuracy.yaml), so turning it on by default is a separate change that
+regenerates the card."""
+
+
+def hybrid_by_name(model: dict[str, Any]) -> str | None:
+    """A hybrid Mamba-2 row (arch_type hybrid*) that records no dimensions, named by its model id (with SCORE_HYBRIDS):
+    the catalog hybrid whose name is the id's repository name (NVIDIA-Nemotron-3-Nano-30B-A3B: the checkpoints' -BF16
+    / -FP8 suffixes dropped) with the row's layer count; None otherwise (every other row without dimensions stays
+    unmapped)."""
+    if not SCORE_HYBRIDS or not str(model.get("arch_type") or "").startswith("hybrid"):
+        return None
+    name = str(model["id"]).rsplit("/", 1)[-1].lower()
+    for key in model_card_names():
+        arch = catalog_architecture(key)
+        if arch.layer_pattern is not None and arch.name.lower() == name and model["num_layers"] in (
+                None, arch.num_layers):
+            return key
+    return None
 
 
 def _nearest_card(model_type: str, hidden: int) -> Architecture | None:
