@@ -88,3 +88,14 @@ def test_a_script_with_another_pattern_matches_no_catalog_model():
     assert "model" not in read.request
     assert any("nearest: nemotron-h-8b differs in --hybrid-layer-pattern" in u for u in read.unresolved)
     assert any("states a hybrid model's layers" in u for u in read.unresolved)
+
+
+def test_bridge_names_nemotron_3_nano_by_its_recipes_name():
+    """Megatron-Bridge's recipes call NVIDIA-Nemotron-3-Nano-30B-A3B nemotron_3_nano (recipes/nemotronh/
+    nemotron_3_nano.py nemotron_3_nano_pretrain_config): the catalog model of that alias, not 'not in the catalog'."""
+    req = _req("nemotron-3-nano-30b-a3b", num_gpus=16, ep=8)
+    text = api.render_config("megatron-bridge", req, variant="run_recipe", force=True).text.replace(
+        '"${RECIPE:?set RECIPE to the recipe function of your model}"', "nemotron_3_nano_pretrain_config")
+    read = api.import_config(text, framework="megatron-bridge", config_format="shell")
+    assert read.request["model"] == "nemotron-3-nano-30b-a3b" and read.request["ep"] == 8
+    assert read.unsupported == [] and not any("not in meshplan's catalog" in u for u in read.unresolved)

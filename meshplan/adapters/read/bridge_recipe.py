@@ -18,7 +18,7 @@ from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, read_section
 from meshplan.adapters.read.model_match import layout_settings, recipe_overrides, restated_architecture
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import CardError
+from meshplan.knowledge.cards import CardError, model_card
 from meshplan.knowledge.catalog import catalog_keys, resolve_model
 from meshplan.knowledge.hardware import gpu_catalog
 
@@ -32,6 +32,16 @@ def _plain(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
+def recipe_models(name: str) -> list[str]:
+    """The catalog keys a recipe's model name is (nemotronh_8b: nemotron-h-8b), compared without punctuation; where
+    no key is, the models one of whose aliases (its repository name for a Hugging Face id) is (nemotron_3_nano, the
+    Bridge recipes' name of NVIDIA-Nemotron-3-Nano-30B-A3B: the alias nemotron-3-nano)."""
+    plain = _plain(name)
+    keys = [key for key in catalog_keys() if _plain(key) == plain]
+    return keys or [key for key in catalog_keys()
+                    if any(_plain(alias.rsplit("/", 1)[-1]) == plain for alias in model_card(key).aliases)]
+
+
 def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
     """(request fields, what the name states that meshplan cannot use) from a recipe function's name."""
     found = NAME.match(name)
@@ -43,7 +53,7 @@ def name_facts(name: str) -> tuple[dict[str, Any], list[str]]:
                         "with it.")
     fields: dict[str, Any] = {"job": spec.jobs[found.group("job")]}
     left: list[str] = []
-    models = [key for key in catalog_keys() if _plain(key) == _plain(found.group("model"))]
+    models = recipe_models(found.group("model"))
     if models:
         fields["model"] = models[0]
     else:
