@@ -114,7 +114,6 @@ def recommend(req: Request, top_k: int = 5) -> Recommendation:
         return recommend_rl(req, top_k=top_k)
     from meshplan.search import recommend as search
 
-    _require_step_time(req, "recommend (its search bounds read one transformer layer, not a hybrid stage's mix)")
     return search(req, top_k=top_k)
 
 
@@ -123,17 +122,7 @@ def minimum_gpus(req: Request, max_gpus: int | None = None) -> MinimumGpus:
     from meshplan.search import minimum_gpus as scan
 
     req = script_request(req)  # a launch script read once
-    _require_step_time(req, "min-gpus (its search bounds read one transformer layer, not a hybrid stage's mix)")
     return scan(req, max_gpus=max_gpus)
-
-
-def _require_step_time(req: Request, what: str) -> None:
-    """A search prunes layouts by bounds that read one transformer layer's time and memory: refused for a hybrid
-    model until they take a hybrid stage's mix of layers (`req`: after script_request)."""
-    from meshplan.knowledge.catalog import resolve_model
-    from meshplan.request.resolve import require_step_time
-
-    require_step_time(resolve_model(req.model), what)
 
 
 def render_config(framework: str, req: Request, *, force: bool = False, **options: Any) -> RenderResult:

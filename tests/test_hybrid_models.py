@@ -97,11 +97,10 @@ def test_a_wrong_hybrid_config_is_refused_naming_the_field(change, words):
         architecture_from_config({**NEMOTRON_H_8B, **change})
 
 
-def test_a_hybrids_memory_and_step_time_are_estimated_and_the_search_refused(tmp_path):
+def test_every_face_answers_for_a_hybrid(tmp_path):
     """describe counts it, memory estimates it (tests/test_hybrid_memory.py), throughput times it layer kind by kind
-    (tests/test_hybrid_time.py), check and render answer (tests/test_hybrid_render.py), and the faces that still
-    cannot answer (the search's) refuse it naming what is missing, rather than price each Mamba-2 layer as attention
-    and an MLP."""
+    (tests/test_hybrid_time.py), check and render answer (tests/test_hybrid_render.py), recommend and min-gpus search
+    it (tests/test_search_oracle.py), rather than price each Mamba-2 layer as attention and an MLP."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(NEMOTRON_H_8B))
     assert api.describe_model(str(path)).total_params == 8_100_852_736
@@ -111,10 +110,10 @@ def test_a_hybrids_memory_and_step_time_are_estimated_and_the_search_refused(tmp
         assert api.estimate_throughput(req).step_time_s > 0
         assert api.check_config(req).plan.tp == 1  # every rule ran (tests/test_hybrid_render.py)
         assert "hybrid_layer_pattern" in api.render_config("megatron-bridge", req, force=True).text
-        with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
-            api.recommend(req)
-        with pytest.raises(MeshplanError, match="does not yet take a hybrid"):
-            api.minimum_gpus(req)
+    req = parse_request({"model": "nemotron-h-8b", "gpu": "h100", "num_gpus": 8})
+    assert api.recommend(req).candidates  # the search's exactness on hybrids: tests/test_search_oracle.py
+    least = api.minimum_gpus(parse_request({"model": "nemotron-h-8b", "gpu": "h100"}))
+    assert least.num_gpus == 2 and least.candidate is not None  # 1 H100 holds it only with offloads (not searched)
 
 
 def test_cli_describe_shows_the_layer_pattern():

@@ -341,3 +341,16 @@ def test_a_rank_over_the_stretch_raises_the_exact_bounds_where_every_last_rank_i
                     assert max(bounds) <= step * (1.0 + ROUNDING), (lay, mbs, zero, heavier, bounds, step)
                     compared += 1
     assert raised > 3 and compared > 3, (raised, compared)
+
+
+HYBRID_JOBS = [(Request(model="nemotron-h-8b", num_gpus=16, gpu="h100", seq_length=32768), 3),
+               (Request(model="nemotron-3-nano-30b-a3b", num_gpus=16, gpu="h100", framework="megatron-bridge"), 5),
+               (Request(model="nemotron-h-56b", num_gpus=64, gpu="h100"), 11)]
+
+
+@pytest.mark.parametrize(("req", "stride"), HYBRID_JOBS, ids=[req.model for req, _ in HYBRID_JOBS])
+def test_the_step_time_bounds_are_under_the_estimate_on_hybrids(req, stride):
+    """A hybrid's layers differ by kind (Mamba-2, attention, MLP, MoE): every bound, and on its uneven splits the
+    pipeline chains, takes a rank's least layer of each kind and its least share of the CP traffic, so each stays
+    under the estimate of every plan it stands for (before: recommend refused hybrids)."""
+    assert check_bounds(req, stride) > 100

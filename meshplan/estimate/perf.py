@@ -271,7 +271,7 @@ def stage_cp(job: Job, plan: Plan) -> StageCp:
     without offload (stage_work's case) that is layer_sums' cp: count x one layer's CP traffic per kind, and a layer's
     CP traffic (context_parallel.cp_time) reads of the layer only its attention core (attention_seconds), the same in
     a dense and an MoE layer: so only that is computed, not the layers' GEMMs, MLPs or experts. Otherwise stage_work."""
-    if not _single_stage(job, plan):
+    if not _single_stage(job, plan) or job.model.layer_pattern is not None:  # a hybrid's CP differs per layer kind
         work = stage_work(job, plan)
         return StageCp(work.m, work.cp)
     require_estimable(job, plan)

@@ -376,6 +376,8 @@ def one_layer_work(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[
     as layer_sums adds them up (compute, TP, EP), and the recompute of one of its decoder layers where the stage
     recomputes every one of that kind (else none: a lower bound of any one layer's; the MTP blocks appended to
     `kinds` never recompute); 0 for a kind the stage holds none of."""
+    if inp.hybrid is not None:
+        return hybrid_one_layer_work(n_layers, kinds, inp)
     cal, rc = inp.ctx.cal, inp.recompute
     mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp)
     n_moe, moe_decoder = sum(kinds), sum(kinds[:n_layers])
@@ -390,6 +392,32 @@ def one_layer_work(n_layers: int, kinds: list[bool], inp: StageInputs) -> tuple[
         work.append(lt.compute + lt.tp + lt.ep)
         rec.append(recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed == decoder else 0.0)
     return work[0], work[1], rec[0], rec[1]
+
+
+def hybrid_one_layer_work(n_layers: int, kinds: list, inp: StageInputs) -> tuple[float, float, float, float]:
+    """one_layer_work of a hybrid model's stage, as lower bounds of any one layer of its kind: 'dense' the least of its
+    Mamba-2, attention and MLP layers' work (compute, TP, EP) and recompute (a kind's recompute where the stage
+    recomputes every layer of it, else none), 'MoE' its MoE layers'; so count x one of each, what the search's rank
+    chains take (search/rank_chains.py), never exceeds the stage's own layers."""
+    plan, cal, rc = inp.plan, inp.ctx.cal, inp.recompute
+    assert inp.hybrid is not None
+    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
+        else min(n_layers, plan.recompute_layers)
+    dense: list[tuple[float, float]] = []
+    moe = (0.0, 0.0)
+    for kind, lt in inp.hybrid.items():
+        count = kinds.count(kind)
+        if not count:
+            continue
+        every = kinds[:n_recompute].count(kind) == count
+        one = (lt.compute + lt.tp + lt.ep, recompute_time(lt, plan.recompute, cal, rc.selective, rc.modules)
+               if every else 0.0)
+        if kind == "E":
+            moe = one
+        else:
+            dense.append(one)
+    least = (min(w for w, _ in dense), min(r for _, r in dense)) if dense else (0.0, 0.0)
+    return least[0], moe[0], least[1], moe[1]
 
 
 def other_link_collectives(lt: LayerTime, inp: StageInputs, moe: bool) -> tuple[float, float]:

@@ -135,16 +135,6 @@ def _estimable(arch: Architecture, req: Request) -> Architecture:
                         fix="Ask for a pretrain or sft job.")
 
 
-def require_step_time(arch: Architecture, what: str) -> None:
-    """Refuse `what` (check, recommend, min-gpus, render) for a hybrid model: the memory and the step time of its
-    Mamba-2 layers are modelled (throughput answers), but those faces read more than that, which is not yet."""
-    if arch.layer_pattern is not None:
-        raise MeshplanError(f"{arch.name} is a hybrid model: meshplan estimates the memory and the step time of its "
-                            f"Mamba-2 layers, but {what} does not yet take a hybrid.",
-                            fix=f"Use 'meshplan memory {arch.key or arch.name}' and 'meshplan throughput "
-                                f"{arch.key or arch.name}' for its memory per GPU and step time.")
-
-
 def resolve(req: Request) -> tuple[Job, Plan]:
     """Fill the plan's and job's defaults from the framework card and the GPU count. The steps run in a fixed
     order, so the notes read in that order and the first wrong field is the one an error names."""

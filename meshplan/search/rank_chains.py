@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic.schedule import Stages
+from meshplan.estimate.hybrid_time import HYBRID_KINDS
 from meshplan.estimate.stage_time import layer_kinds
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job
@@ -39,11 +40,13 @@ class RankLoad:
     head: int  # the output layer and the loss (1 where it holds them)
     layers: float  # its share of the model's layers and MTP blocks (the CP traffic, the same per layer)
     moe_layers: float  # its share of the MoE layers and MoE MTP blocks (the exposed all-to-all, per MoE layer)
+    kinds: tuple[int, ...] = ()  # a hybrid's layers of each kind of its pattern (HYBRID_KINDS' order); () otherwise
 
     def plus(self, other: RankLoad) -> RankLoad:
         return RankLoad(self.dense + other.dense, self.moe + other.moe, self.dense_decoder + other.dense_decoder,
                         self.moe_decoder + other.moe_decoder, self.head + other.head, self.layers + other.layers,
-                        self.moe_layers + other.moe_layers)
+                        self.moe_layers + other.moe_layers,
+                        tuple(a + b for a, b in zip(self.kinds, other.kinds, strict=True)) if self.kinds else ())
 
 
 NOTHING = RankLoad(0, 0, 0, 0, 0, 0.0, 0.0)
@@ -171,11 +174,28 @@ def rank_load(arch: Architecture, stages: Stages, s: int) -> RankLoad:
     appended where it trains them)."""
     layers = stages.layers(s)
     kinds = layer_kinds(s, layers, arch, stages)
+    if arch.layer_pattern is not None:
+        return hybrid_rank_load(arch, arch.layer_pattern, kinds, int(stages.head_rank == s))
     moe, moe_decoder = sum(kinds), sum(kinds[:len(layers)])
     total, moe_total = model_layers(arch)
     return RankLoad(dense=len(kinds) - moe, moe=moe, dense_decoder=len(layers) - moe_decoder, moe_decoder=moe_decoder,
                     head=int(stages.head_rank == s), layers=len(kinds) / total,
                     moe_layers=moe / moe_total if moe_total else 1.0)
+
+
+def hybrid_rank_load(arch: Architecture, pattern: str, kinds: list, head: int) -> RankLoad:
+    """rank_load of a hybrid model's rank holding the layers of `kinds` (their letters; a hybrid has no MTP blocks):
+    its MoE layers (E) and the others as 'dense' (whose least layer the references' parts give:
+    stage_time.hybrid_one_layer_work), its count of each letter (holds_its_share), and as its share of the CP traffic
+    the least of its shares of the Mamba-2 and of the attention layers, the kinds CP reaches (their traffic per layer
+    differs, so the rank's share of it is a mean of those shares, at least the least)."""
+    counts = tuple(kinds.count(k) for k in HYBRID_KINDS)
+    moe = counts[HYBRID_KINDS.index("E")]
+    cp_share = min((c / pattern.count(k) for k, c in zip(HYBRID_KINDS, counts, strict=True)
+                    if k in ("M", "*") and k in pattern), default=0.0)
+    moe_total = model_layers(arch)[1]
+    return RankLoad(dense=len(kinds) - moe, moe=moe, dense_decoder=len(kinds) - moe, moe_decoder=moe, head=head,
+                    layers=cp_share, moe_layers=moe / moe_total if moe_total else 1.0, kinds=counts)
 
 
 def model_layers(arch: Architecture) -> tuple[int, int]:
@@ -192,6 +212,9 @@ def holds_its_share(rank: RankLoad, arch: Architecture, pp: int) -> bool:
     kind's decoder layers (their recompute), and the output layer."""
     total, moe_total = model_layers(arch)
     moe_decoder = len(arch.moe.moe_layers) if arch.moe else 0
+    if rank.kinds and arch.layer_pattern is not None:  # a hybrid's kinds differ in time: 1/pp of each
+        return bool(rank.head) and all(pp * c >= arch.layer_pattern.count(k)
+                                       for k, c in zip(HYBRID_KINDS, rank.kinds, strict=True))
     return (bool(rank.head) and pp * rank.dense >= total - moe_total and pp * rank.moe >= moe_total
             and pp * (rank.dense + rank.moe) >= total and pp * rank.moe_decoder >= moe_decoder
             and pp * rank.dense_decoder >= arch.num_layers - moe_decoder)
