@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.activations import Layout as ActLayout
 from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
-from meshplan.arithmetic.mamba import hybrid_layer_activations
+from meshplan.arithmetic.mamba import least_kind_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
@@ -683,28 +683,17 @@ def _first_stage_states(job: Job, lay: Layout, params: tuple[int, int, int], ten
     return states
 
 
-# Every Megatron recompute module a hybrid's layers read (arithmetic/mamba.hybrid_layer_activations): a selective
-# floor of a hybrid drops what any of them drops, so it holds whatever modules a plan recomputes.
-HYBRID_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
-
-
 def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: bool, etp: int,
                            recompute: str) -> tuple[float, float, float, float]:
-    """Bytes one micro-batch of `tokens` per rank saves in a MoE and in a dense layer under `recompute` (this
-    framework's selective), then in each without recompute (what full recompute rebuilds for one layer). `reads`:
-    the convention's switches (_activation_reads), all the layers' activations read of it."""
-    arch = job.model
+    """Bytes one micro-batch of `tokens` per rank saves in a MoE and a dense layer (a hybrid's least of each) under
+    `recompute`, then without (what full recompute rebuilds for one layer); `reads`: _activation_reads' switches."""
     flash, qkv_fused, dropout, swiglu_unfused, moe, attn = reads
     act = ActLayout(tokens=tokens, seq_kv=job.seq_length, tp=tp, sp=sp, etp=etp, flash=flash, qkv_fused=qkv_fused,
                     dropout=dropout, swiglu_unfused=swiglu_unfused, fp8=job.precision == "fp8", moe=moe, attn=attn)
-    shape = shape_of(arch)
-    if shape.kinds:  # a hybrid: the least layer of each kind (MoE, else Mamba-2, attention or MLP), at any modules
-        act = act._replace(mamba=memory_card().mamba2_layer.terms())
-        return tuple(min((sum(hybrid_layer_activations(shape, act, kind, mode, HYBRID_MODULES).values())
-                          for kind in shape.kinds if (kind == "E") == moe), default=0.0)
-                     for mode in (recompute, "none") for moe in (True, False))  # type: ignore[return-value]
-    selective = job.card.recompute.selective  # what this framework's "selective" saves
-    mode = activation_mode(recompute, selective)
+    shape = shape_of(job.model)
+    if shape.kinds:  # a hybrid (M, *, -, E layers): arithmetic/mamba.least_kind_activations
+        return least_kind_activations(shape, act._replace(mamba=memory_card().mamba2_layer.terms()), recompute)
+    mode = activation_mode(recompute, job.card.recompute.selective)  # what this framework's "selective" saves
     return (sum(layer_activations(shape, act, True, mode).values()),
             sum(layer_activations(shape, act, False, mode).values()),
             sum(layer_activations(shape, act, True, "none").values()),
