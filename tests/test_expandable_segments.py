@@ -56,9 +56,6 @@ def test_a_plan_over_by_less_than_its_reserve_fits_only_with_expandable_segments
     ("megatron-bridge", "sft", True), ("torchtitan", "sft", True), ("verl", "rl", True),
     ("verl", "sft", False),  # verl's SFT trainer sets none; its RL workers do (cards/frameworks/verl.yaml allocator)
     ("megatron-core", "sft", False), ("nanotron", "sft", False), ("deepspeed", "sft", False),
-    # SkyRL 0.4.0's training workers turn them on after building the model (trainer.use_expandable_segments, default
-    # true), in main_sft as in RL; before, SkyRL had no allocator section and every job was fitted without them
-    ("skyrl", "sft", True), ("skyrl", "rl", True),
 ])
 def test_left_out_it_is_how_the_framework_launches(framework, job_kind, default):
     ask = dict(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework, job=job_kind)
@@ -204,13 +201,13 @@ def test_an_rl_jobs_actor_search_keeps_the_rl_workers_allocator():
 
 def test_a_carried_field_given_keeps_skyrls_fsdp_stage_in_the_search():
     """search/zero_stages.estimable_zeros probed each ZeRO stage at recompute none only; SkyRL's main_sft at ZeRO 3
-    runs full recompute only (RC006), so any carried field given (here the allocator, which SkyRL's card now sets for
-    every job) dropped ZeRO 3 from the search: no FSDP layout considered, and an RL job on 24 H100 with 64 GiB of
-    host per node found no actor layout at all."""
+    runs full recompute only (RC006), so any carried field given (here the allocator) dropped ZeRO 3 from the search:
+    no FSDP layout considered, and an RL job on 24 H100 with 64 GiB of host per node and the allocator given found no
+    actor layout at all."""
     ask = dict(model="qwen3-30b-a3b", framework="skyrl", gpu="h100", num_gpus=24, seq_length=1536,
                global_batch_size=5120)
     plain, given = api.recommend(Request(**ask)), api.recommend(Request(**ask, expandable_segments=True))
     assert "FS001" in plain.rejected and "FS001" in given.rejected  # ZeRO 3's FSDP rule: that stage was searched
     rl = api.recommend(Request(model="qwen3-30b-a3b", framework="skyrl", gpu="h100", num_gpus=24, job="rl",
-                               algorithm="grpo", cpu_memory_per_node=64))
+                               algorithm="grpo", cpu_memory_per_node=64, expandable_segments=True))
     assert rl.candidates and rl.candidates[0].plan.zero_stage == 3

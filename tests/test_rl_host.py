@@ -246,7 +246,5 @@ def test_skyrl_placed_apart_ranks_an_rl_step_on_its_eight_trainer_gpus():
     (colocate_policy_ref): the training search's fastest layouts fit the RL step. Counted resident beside the update
     (8 GB more), every one of the 256 actor layouts tried was over the headroom (RL005) and nothing was ranked."""
     rec = api.recommend(Request(**SKYRL, placement="separate", rollout_gpus=8))
-    # on SkyRL's own allocator (expandable segments: the allocated peak decides) the training search's fastest
-    # layouts hold more in flight, and some of those are over in the RL step (RL005); the ones ranked fit
-    assert rec.candidates and rec.rejected.get("RL005", 0) < 256
+    assert rec.candidates and "RL005" not in rec.rejected
     assert rec.candidates[0].memory.peak_bytes <= 0.9 * rec.candidates[0].memory.capacity_bytes
