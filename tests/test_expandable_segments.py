@@ -198,16 +198,3 @@ def test_an_rl_jobs_actor_search_keeps_the_rl_workers_allocator():
     actor = resolve(Request(**VERL_SFT))[1]
     assert actor_layout(actor, base).expandable_segments is True
 
-
-def test_a_carried_field_given_keeps_skyrls_fsdp_stage_in_the_search():
-    """search/zero_stages.estimable_zeros probed each ZeRO stage at recompute none only; SkyRL's main_sft at ZeRO 3
-    runs full recompute only (RC006), so any carried field given (here the allocator) dropped ZeRO 3 from the search:
-    no FSDP layout considered, and an RL job on 24 H100 with 64 GiB of host per node and the allocator given found no
-    actor layout at all."""
-    ask = dict(model="qwen3-30b-a3b", framework="skyrl", gpu="h100", num_gpus=24, seq_length=1536,
-               global_batch_size=5120)
-    plain, given = api.recommend(Request(**ask)), api.recommend(Request(**ask, expandable_segments=True))
-    assert "FS001" in plain.rejected and "FS001" in given.rejected  # ZeRO 3's FSDP rule: that stage was searched
-    rl = api.recommend(Request(model="qwen3-30b-a3b", framework="skyrl", gpu="h100", num_gpus=24, job="rl",
-                               algorithm="grpo", cpu_memory_per_node=64, expandable_segments=True))
-    assert rl.candidates and rl.candidates[0].plan.zero_stage == 3
