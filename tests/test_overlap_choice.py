@@ -34,14 +34,15 @@ def test_a_ranked_plan_is_no_slower_than_its_other_ep_overlap():
 
 
 def test_a_twin_whose_bound_is_over_the_floor_is_not_estimated(monkeypatch):
-    """DeepSeek-V2-Lite on 16 H100: every plain twin the search asks has its bound (twin_bound: its all-to-all
-    exposed) over the overlap's step floor, so none is estimated; the answer is the one that estimates them all but
-    for the estimates it counts."""
+    """DeepSeek-V2-Lite on 16 H100: the plain twins the search skips on their bound (twin_bound: its all-to-all
+    exposed) change nothing; the answer is the one that estimates them all but for the estimates it counts. (Since
+    speed25's exact bounds the other bounds settle every twin first: twin_bound spared no estimate here, nor on
+    DeepSeek-V2-Lite 8/32/64, Qwen3-30B-A3B 16, Mixtral 16, DeepSeek-V3 256 or Kimi-K2 256.)"""
     req = Request(model="deepseek-v2-lite", num_gpus=16, gpu="h100")
     spared = api.recommend(req).model_dump(mode="json")
     monkeypatch.setattr(StepTimeBounds, "twin_bound", lambda self, key: 0.0)  # no bound: every twin estimated
     full = api.recommend(req).model_dump(mode="json")
-    assert spared["evaluated"] < full["evaluated"]
+    assert spared["evaluated"] <= full["evaluated"]
     assert _uncounted(spared) == _uncounted(full)
 
 
