@@ -85,7 +85,7 @@ def test_verl_rl_overrides_compose_with_the_packaged_yaml():
     jobs = []
     for _, _, result in results:
         tokens = shell_tokens(result.text)
-        jobs.append([tokens[tokens.index("verl.trainer.main_ppo") + 1:], PROBES])
+        jobs.append(["ppo_trainer", tokens[tokens.index("verl.trainer.main_ppo") + 1:], PROBES])
     proc = subprocess.run([str(python), "-c", COMPOSE, str(config_dir)], input=json.dumps(jobs),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
