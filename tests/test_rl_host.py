@@ -248,3 +248,15 @@ def test_skyrl_placed_apart_ranks_an_rl_step_on_its_eight_trainer_gpus():
     rec = api.recommend(Request(**SKYRL, placement="separate", rollout_gpus=8))
     assert rec.candidates and "RL005" not in rec.rejected
     assert rec.candidates[0].memory.peak_bytes <= 0.9 * rec.candidates[0].memory.capacity_bytes
+
+
+@pytest.mark.slow  # about a minute: an RL recommend at every count scanned
+def test_min_gpus_of_an_rl_job_whose_actor_search_is_empty_scans_without_error():
+    """SkyRL with the allocator given searches no ZeRO 3 (main_sft refuses recompute none there, so the search's
+    stage probe drops it: an open defect), so at 24 GPUs its actor search is empty and explains itself by scanning other
+    counts. The actor engine's host (rl_actor.ActorHost) took those counts' plans on the RL job of 24 GPUs: min-gpus
+    ended in WS003 ("dp=1 was given, but num_gpus/(tp*pp*cp) = 24/8 = 3"). ActorHost.at resolves the RL job at the
+    count asked."""
+    spec = {k: v for k, v in SKYRL.items() if k != "num_gpus"}
+    answer = api.minimum_gpus(Request(**spec, cpu_memory_per_node=64, expandable_segments=True))
+    assert answer.num_gpus is not None and answer.num_gpus > 24
