@@ -179,6 +179,16 @@ UNEVEN_JOBS = [(Request(model="qwen3-8b", num_gpus=8, gpu="h100", framework="meg
                (Request(model="llama-3.1-70b", num_gpus=64, gpu="h100", seq_length=16384), 41)]
 
 
+def estimated_steps(search, lay, recomputes, mbs):
+    """(zero stage, recompute, step time) of every estimate the rules let the layout take at this micro-batch."""
+    for zero in search.zeros:
+        for recompute in recomputes:
+            try:
+                yield zero, recompute, search.throughput(lay, zero, recompute, mbs).step_time_s
+            except MeshplanError:
+                continue
+
+
 def uneven(lay) -> bool:
     return lay.pp > 1 and (lay.first is not None or lay.last is not None or lay.split is not None
                            or bool(lay.schedule))
@@ -269,11 +279,7 @@ def test_a_rank_heavier_than_its_share_raises_the_exact_bounds(req, stride):
             continue
         raised += 1
         pipe = search.pipeline_bound(lay, mbs, recompute, interleave=True)
-        for zero in search.zeros:
-            try:
-                step = search.throughput(lay, zero, recompute, mbs).step_time_s
-            except MeshplanError:
-                continue
+        for zero, _, step in estimated_steps(search, lay, [recompute], mbs):
             assert max(bound, pipe) <= step * (1.0 + ROUNDING), (lay, mbs, zero, bound, pipe, step)
             compared += 1
     assert raised > 3 and compared > 3, (raised, compared)
@@ -301,11 +307,7 @@ def test_a_cp_rank_holding_part_of_a_sequence_is_bounded_at_its_own_cp(req, stri
             cp_s = search.caches.token_time[("cp", lay.tp, lay.cp, refs[7])]
             raised += rate[1] > (whole + cp_s) * (1.0 + ROUNDING)
             pipe = search.pipeline_bound(lay, mbs, recompute, interleave=True)
-            for zero in search.zeros:
-                try:
-                    step = search.throughput(lay, zero, recompute, mbs).step_time_s
-                except MeshplanError:
-                    continue
+            for zero, _, step in estimated_steps(search, lay, [recompute], mbs):
                 assert pipe <= step * (1.0 + ROUNDING), (lay, mbs, zero, pipe, step)
                 compared += 1
     assert raised > 3 and compared > 3, (raised, compared)
@@ -332,14 +334,9 @@ def test_a_rank_over_the_stretch_raises_the_exact_bounds_where_every_last_rank_i
             raised += 1
             bounds = (bound, search.token_bound(lay, mbs, recompute),
                       search.pipeline_bound(lay, mbs, recompute, interleave=True))
-            for zero in search.zeros:
-                for heavier in search.recomputes[i:]:
-                    try:
-                        step = search.throughput(lay, zero, heavier, mbs).step_time_s
-                    except MeshplanError:
-                        continue
-                    assert max(bounds) <= step * (1.0 + ROUNDING), (lay, mbs, zero, heavier, bounds, step)
-                    compared += 1
+            for zero, heavier, step in estimated_steps(search, lay, search.recomputes[i:], mbs):
+                assert max(bounds) <= step * (1.0 + ROUNDING), (lay, mbs, zero, heavier, bounds, step)
+                compared += 1
     assert raised > 3 and compared > 3, (raised, compared)
 
 
