@@ -102,6 +102,27 @@ def test_a_malformed_allocator_setting_is_an_error_naming_what_is_allowed(tmp_pa
     assert said in err and "Traceback" not in err
 
 
+def test_a_torchrun_line_of_ones_own_runs_pytorchs_allocator_not_run_train_shs(tmp_path, capsys):
+    """torchtitan's expandable segments are set by its run_train.sh alone (PYTORCH_ALLOC_CONF on its torchrun line;
+    torchtitan/train.py sets none): a user's own `torchrun -m torchtitan.train` line that exports nothing ran on
+    PyTorch's default, and was estimated on run_train.sh's (fails before: expandable_segments was left to the card's
+    True). A TOML job file alone is still taken as launched by run_train.sh, and says so."""
+    import json
+
+    from meshplan.adapters.read import import_file
+
+    path = tmp_path / "job.sh"
+    path.write_text(TORCHTITAN)
+    got = import_file(str(path))
+    assert got.request["expandable_segments"] is False
+    assert "not through run_train.sh" in got.sources["expandable_segments"]
+    main(["check", "--config", str(path), "--num-gpus", "8", "--gpu", "h100", "--json"])
+    assert json.loads(capsys.readouterr().out)["memory"]["fit_basis"] == "reserved"
+    toml = import_file(str(CONFIGS / "torchtitan_llama3_8b.toml"))
+    assert "expandable_segments" not in toml.request and toml.defaults["expandable_segments"] is True
+    assert any(n.startswith("expandable_segments = True") and "launched by run_train.sh" in n for n in toml.notes)
+
+
 def test_check_config_estimates_on_the_scripts_allocator(tmp_path, capsys):
     """The fit basis follows the script: torchtitan's card default is on, a script exporting False is reserved."""
     import json

@@ -21,6 +21,12 @@ class AllocatorSetting(_Card):
     how: str = Field(description="Where the framework takes it, as the rendered config's note says it (an env "
                                  "line, a config key, or set by the framework itself)")
     source: str
+    launch_script: str | None = Field(
+        None, description="The framework's own launch script that sets it in the environment of the torchrun it "
+                          "runs (torchtitan's run_train.sh), not the framework's code: a launch command of the "
+                          "user's own that starts the trainer itself runs PyTorch's default (no expandable "
+                          "segments) unless its own environment sets it; absent: the framework's code or config "
+                          "sets it, whatever command starts it")
     over_env: str | None = Field(
         None, description="Where the framework's own code sets the allocator at run time after start-up "
                           "(torch.cuda.memory._set_allocator_settings), so a PYTORCH_CUDA_ALLOC_CONF the launch "

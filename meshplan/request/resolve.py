@@ -493,7 +493,10 @@ def _expandable_segments(req: Request, card, notes: list[str], rl: bool) -> bool
     if not facts.expandable_segments:
         notes.append(f"expandable_segments=false: {facts.how} (cards/frameworks/{req.framework}.yaml allocator)")
         return False
-    notes.append(f"expandable_segments=true: {card.display_name} launches with it ({facts.how}; "
+    own = f"; assumed launched by {facts.launch_script}: a launch command of your own that starts the trainer " \
+          "without it and sets no PYTORCH_CUDA_ALLOC_CONF runs PyTorch's default, expandable_segments=false" \
+        if facts.launch_script else ""
+    notes.append(f"expandable_segments=true: {card.display_name} launches with it ({facts.how}{own}; "
                  f"cards/frameworks/{req.framework}.yaml allocator)")
     return True
 

@@ -198,6 +198,7 @@ class Reading:
     unread: set[str] = field(default_factory=set)  # targets a key names with no value (`--nnodes=$NODES`, unset)
     batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
     allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
+    launch_line: str | None = None  # `path:line launcher` of the training command a launch script runs (launch.py)
 
     def state(self, name: str, value: Any, source: Setting | str) -> None:
         """Sets request field `name` from the file; a value the field cannot take is an error naming the line."""
@@ -520,4 +521,6 @@ def fill_defaults(reading: Reading) -> None:
         reading.default("torch_compile", card.compile.default, f"{where} compile.default")
     allocator = card.allocator_for(request.get("job") == "rl")  # verl's SFT trainer sets none, its RL workers do
     if allocator is not None:
-        reading.default("expandable_segments", allocator.expandable_segments, f"{where} allocator")
+        launched = f"; the file is taken as launched by {allocator.launch_script}: {allocator.how}" \
+            if allocator.launch_script else ""
+        reading.default("expandable_segments", allocator.expandable_segments, f"{where} allocator{launched}")

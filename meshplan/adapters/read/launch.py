@@ -24,7 +24,7 @@ from meshplan.adapters.read.model_match import (
 from meshplan.adapters.read.settings import Setting, flag_settings, json_settings
 from meshplan.adapters.read.shell import Command, Script, Word, read_script
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS
+from meshplan.knowledge.allocator_card import ALLOC_ENV, ALLOC_OPTIONS, AllocatorSetting
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.read_card import SHAPE_FIELDS, ReadSection
 
@@ -47,6 +47,7 @@ def read_launch(text: str, path: str, framework: str, variant: str | None = None
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
     reading.allocator_env = _allocator_env(script, command.words[:k])
+    reading.launch_line = f"{path}:{command.line} {command.words[k].text}"
     return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
 
 
@@ -75,16 +76,30 @@ def read_allocator(reading: Reading) -> None:
         raise MeshplanError(f"{reading.path}: {' and '.join(_where(reading, s) for s in values.values())} set "
                             "expandable_segments both ways; which one PyTorch reads depends on its release.",
                             fix="Set one of PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF.")
-    if not values:
-        return
-    (on, s), = values.items()
     card = framework_card(reading.framework)
     facts = card.allocator_for(reading.request.get("job") == "rl")
+    if not values:
+        _own_launch_default(reading, facts)
+        return
+    (on, s), = values.items()
     if facts is not None and facts.over_env:
         reading.notes.append(f"{_where(reading, s)}: not read, {card.display_name} sets it itself: {facts.over_env} "
                              f"(cards/frameworks/{reading.framework}.yaml allocator)")
         return
     reading.state("expandable_segments", on, _where(reading, s))
+
+
+def _own_launch_default(reading: Reading, facts: AllocatorSetting | None) -> None:
+    """A launch command of the user's own that starts the trainer itself, where only the framework's launch script
+    (its card's allocator launch_script: torchtitan's run_train.sh) sets expandable segments, and whose environment
+    sets none: PyTorch's default allocator, stated with why; the card's default holds for a job file alone (TOML),
+    which run_train.sh launches, and fill_defaults says so."""
+    if facts is None or not facts.launch_script or reading.launch_line is None or not facts.expandable_segments:
+        return
+    reading.state("expandable_segments", False,
+                  f"{reading.launch_line}: the script starts the trainer itself, not through {facts.launch_script} "
+                  f"({facts.how}), and sets no {' or '.join(ALLOC_ENV)}: PyTorch's default allocator, without "
+                  "expandable segments")
 
 
 def _where(reading: Reading, s: Setting) -> str:
