@@ -188,3 +188,58 @@ def test_vl002_names_the_key_of_the_trainer_render_writes(job, key):
     (finding,) = [f for f in structural_findings(job_, plan) if f.id == "VL002"]
     assert f"requires {key}=True" in finding.message and finding.fix.startswith(f"Set {key}=True")
     assert f" {key}=true" in render("verl", job_, plan).text
+
+
+# verl b178a3c verl/trainer/config/sft_trainer_engine.yaml's shape: no `model:` or `engine:` section (both come from
+# its defaults list), so neither was told by the old `^engine:` / `^model:` lines
+ENGINE_YAML = ("defaults:\n  - model@model: hf_model\n  - engine@engine: fsdp\n  - optim@optim: fsdp\n  - _self_\n"
+               "data:\n  train_batch_size: 128\n  micro_batch_size_per_gpu: 2\n  max_length: 2048\n"
+               "checkpoint:\n  save_contents: [model, optimizer]\n"
+               "trainer:\n  n_gpus_per_node: 8\n  nnodes: 2\n")
+NO_MODEL = "data:\n  train_batch_size: 64\n  max_length: 4096\noptim:\n  lr: 1e-5\ntrainer:\n  n_gpus_per_node: 8\n"
+
+
+@pytest.mark.parametrize("text", [ENGINE_YAML, NO_MODEL, "engine:\n  ulysses_sequence_parallel_size: 2\n"
+                                  "data:\n  train_batch_size: 64\n"])
+def test_a_verl_sft_yaml_without_a_model_section_is_told_by_its_sections(text):
+    """Passed as config_text (no path) it was taken for a shell script ('cannot tell which framework this shell file
+    is for'), and as a .yaml file read as a NeMo AutoModel recipe: the format is told from the YAML's top-level keys
+    (the card's read.sft sections). Fails before."""
+    got = import_config(text)
+    assert (got.config_format, got.framework, got.variant, got.request["job"]) == ("yaml", "verl", "sft-fsdp", "sft")
+    assert got.request["global_batch_size"] in (128, 64)
+    assert import_config(text, "sft.yaml", config_format="yaml").framework == "verl"
+
+
+def test_the_packaged_engine_yaml_reads_its_gpus_and_batch():
+    """The packaged config read as verl's (it was read as an AutoModel recipe stating nothing); its trainer.nnodes and
+    n_gpus_per_node are sft_trainer_ray.py's, torchrun sets this trainer's world."""
+    got = import_config(ENGINE_YAML, "sft_trainer_engine.yaml", config_format="yaml")
+    assert (got.framework, got.request["global_batch_size"], got.request["seq_length"]) == ("verl", 128, 2048)
+    assert any(u.startswith("num_gpus: ") for u in got.unresolved)
+
+
+@pytest.mark.parametrize("face", ["import", "check"])
+def test_a_yaml_mapping_of_neither_config_names_its_keys(tmp_path, capsys, face):
+    """A YAML mapping that is neither an AutoModel recipe nor verl's SFT config is refused with its keys, as config_text
+    and as a file (before: 'this shell file', or read as an AutoModel recipe stating nothing)."""
+    from meshplan.core.errors import MeshplanError
+
+    text = "wandb:\n  project: x\ndata:\n  train_batch_size: 64\n"
+    with pytest.raises(MeshplanError, match=r"cannot tell which framework this YAML file is for: its top-level keys "
+                                            r"\(wandb, data\)") as exc:
+        import_config(text)
+    assert "not wandb" in str(exc.value) and "--framework" in exc.value.fix
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert main([face, *(["--config"] if face == "check" else []), str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell which framework this YAML file is for" in err and "Traceback" not in err
+
+
+def test_the_mcp_tools_read_a_verl_sft_yaml_as_config_text():
+    from meshplan.faces.mcp import tools
+
+    answer = tools.check_config(**{**{p.name: p.default for p in tools.request_parameters()},
+                                   "model": "qwen2.5-7b", "gpu": "h100", "config_text": NO_MODEL, "num_gpus": 8})
+    assert answer.framework == "verl" and answer.plan.zero_stage == 3

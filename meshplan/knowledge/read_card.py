@@ -67,6 +67,10 @@ class SftEntry(_Card):
     defaults: dict[str, Default] = Field(
         default_factory=dict, description="A request field or a reader's name (dynamic_batch, token_budget, "
                                           "remove_padding) and its value when the file leaves its key out")
+    sections: list[str] = Field(
+        min_length=1, description="The top-level keys of this entry point's Hydra YAML (its own and the config "
+                                  "groups its defaults list composes): a YAML mapping whose keys are all among "
+                                  "them is read as its config (adapters/read/detect.py)")
     source: str
 
 

@@ -1,7 +1,8 @@
 """Reads the configurations people actually write (launch scripts, Hydra overrides, TOML and JSON job files) into
 meshplan's request, field by field with the file's key and line. Nothing in a file is ever run.
 
-One module per format: shell.py (a shell script read, not run), settings.py (files as key/value/line settings),
+One module per format: detect.py (which format a pasted text is, from its content), shell.py (a shell script
+read, not run), settings.py (files as key/value/line settings),
 keys.py (which request field a framework key sets, from the framework cards), launch.py (Megatron-LM,
 Megatron-DeepSpeed, Megatron-Bridge), model_match.py (the catalog model a script's architecture flags describe),
 hydra.py (verl, SkyRL), verl_sft.py (verl's SFT trainer: its launch scripts and YAML),
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshplan.adapters.read.automodel import read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
+from meshplan.adapters.read.detect import YAML_CONFIGS, YAML_FIX, detect_format, unknown_yaml, yaml_kind
 from meshplan.adapters.read.files import (
     read_deepspeed_json,
     read_kempnerforge,
@@ -39,7 +40,6 @@ from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
 from meshplan.adapters.read.verl_sft import DETECT as VERL_SFT
-from meshplan.adapters.read.verl_sft import YAML_DETECT as VERL_SFT_YAML
 from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
 from meshplan.arithmetic.mesh import file_data_parallel
 from meshplan.core.errors import MeshplanError
@@ -94,38 +94,15 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
 }
 
 
-YAML_CONFIGS = "each YAML config meshplan reads (a NeMo AutoModel recipe, verl's SFT trainer config)"
-YAML_FIX = ("Pass a NeMo AutoModel recipe (top-level `distributed:` and `step_scheduler:` sections) or verl's SFT "
-            "trainer config (sft_trainer_engine.yaml or a copy), or the launch script that runs the training.")
-
-
 def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
-    """verl's SFT trainer config (read.sft's YAML_DETECT), else a NeMo AutoModel recipe; a file that is no YAML
-    mapping, with no framework named, is refused as what it is (a list, a value), not as a broken AutoModel recipe."""
-    if VERL_SFT_YAML.search(text):
-        return read_verl_sft_yaml
+    """The reader of the YAML config the text is (detect.yaml_kind: an AutoModel recipe or verl's SFT trainer config,
+    by its top-level keys); a file that is no YAML mapping, with no framework named, is refused as what it is (a list,
+    a value), and a mapping that is neither config with its keys, not read as a broken AutoModel recipe."""
+    kind = yaml_kind(text)
+    if kind is not None:
+        return read_verl_sft_yaml if kind == "verl-sft" else read_automodel_yaml
     yaml_settings(text, path, YAML_CONFIGS, YAML_FIX)  # a syntax error or no mapping: said in every reader's words
-    return read_automodel_yaml
-
-
-def detect_format(text: str) -> str:
-    """json when the text is a JSON object, yaml when it has an AutoModel recipe's top-level `distributed:` or
-    `step_scheduler:` mapping or is verl's SFT trainer config, toml when it parses as TOML with a [section], else
-    shell."""
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
-        return "json"
-    if re.search(r"^(distributed|step_scheduler):[ \t]*(#.*)?$", text, re.M) or (
-            VERL_SFT_YAML.search(text) and re.search(r"^model:[ \t]*(#.*)?$", text, re.M)):
-        return "yaml"
-    if re.search(r"^\s*\[[\w.\"]+\]\s*(#.*)?$", text, re.M):
-        try:
-            tomllib.loads(text)
-            return "toml"
-        except tomllib.TOMLDecodeError:
-            if not re.search(r"^\s*(export |python|torchrun|uv |bash|srun|deepspeed)", text, re.M):
-                return "toml"  # a TOML file with an error: read it as TOML, which names the line
-    return "shell"
+    raise unknown_yaml(text, path)
 
 
 def import_config(text: str, path: str = "<config_text>", framework: str | None = None,

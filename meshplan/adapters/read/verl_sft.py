@@ -23,9 +23,6 @@ from meshplan.schema.request import Request
 
 DETECT = re.compile(r"verl\.trainer\.(?:fsdp_)?sft_trainer\b")
 """A launch script of either SFT entry point (checked before the RL reader's `verl.trainer`)."""
-YAML_DETECT = re.compile(r"(?m)^[ \t]+partial_pretrain:|^ulysses_sequence_parallel_size:|^engine:")
-"""The SFT trainer's YAML: fsdp_sft_trainer's sft_trainer.yaml (model.partial_pretrain, a top-level Ulysses size) or a
-config with sft_trainer_engine.yaml's engine section."""
 # The optimizer's hyper-parameters and the data loader's settings: no step's memory or time (optim.optimizer is
 # read.sft neutral); the data keys the trainer reads are in the key table, looked up first.
 UNPLANNED = re.compile(r"^(optim|data|trainer|checkpoint|profiler)\.")

@@ -1,0 +1,98 @@
+"""Which format a pasted configuration is in, and which YAML config a YAML mapping is, from its content: a JSON
+object, a YAML mapping by its top-level keys (a NeMo AutoModel recipe's `distributed:` / `step_scheduler:`, verl's
+SFT trainer config's sections from the card's read.sft entries), TOML with a [section], else a shell script. A YAML
+mapping that is neither config is refused with its keys and what each config holds, never read as a shell script
+or as the wrong framework's file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from functools import lru_cache
+
+import yaml
+
+from meshplan.adapters.read.keys import read_section
+from meshplan.core.errors import MeshplanError
+
+AUTOMODEL_MARKERS = ("distributed", "step_scheduler")
+"""An AutoModel recipe's own top-level sections (its layout's: automodel.py READ_SECTIONS), in no verl config."""
+YAML_CONFIGS = "each YAML config meshplan reads (a NeMo AutoModel recipe, verl's SFT trainer config)"
+YAML_FIX = ("Pass a NeMo AutoModel recipe (top-level `distributed:` and `step_scheduler:` sections) or verl's SFT "
+            "trainer config (sft_trainer_engine.yaml or a copy), or the launch script that runs the training.")
+_BROKEN_VERL = re.compile(r"(?m)^[ \t]+partial_pretrain:|^ulysses_sequence_parallel_size:|^engine:")
+"""verl's SFT YAML told by a line alone where the YAML does not parse (its reader then names the bad line)."""
+_KEY = re.compile(r"^[A-Za-z_][\w.@-]*$")  # a config's section name; a shell line read as a key has spaces or quotes
+
+
+@lru_cache(maxsize=4)  # detect_format, yaml_kind and the refusal each ask of the same text
+def yaml_top_keys(text: str) -> tuple[str, ...] | None:
+    """The top-level keys of a YAML mapping whose every key is a plain name (None: not YAML, not a mapping, or a
+    mapping of words no config writes, as a shell line that YAML happens to parse). Composed only: nothing built."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(root, yaml.MappingNode) or not root.value:
+        return None
+    keys = [str(k.value) for k, _ in root.value if isinstance(k, yaml.ScalarNode)]
+    return tuple(keys) if len(keys) == len(root.value) and all(_KEY.match(k) for k in keys) else None
+
+
+def verl_sft_sections() -> list[str]:
+    """Every top-level key of verl's SFT trainer configs, its entry points' in turn (read.sft entries' sections)."""
+    sft = read_section("verl").sft
+    assert sft is not None, "verl's card has a read.sft section"
+    return list(dict.fromkeys(k for e in sft.entries for k in e.sections))
+
+
+def yaml_kind(text: str) -> str | None:
+    """'automodel' or 'verl-sft' for the YAML config the text is, by its top-level keys (an AutoModel section first;
+    verl's when every key is one of an SFT entry point's sections); a file that does not parse, by its lines, so its
+    reader names the bad one; None: neither."""
+    keys = yaml_top_keys(text)
+    if keys is None:
+        if re.search(rf"^({'|'.join(AUTOMODEL_MARKERS)}):[ \t]*(#.*)?$", text, re.M):
+            return "automodel"
+        return "verl-sft" if _BROKEN_VERL.search(text) and re.search(r"^model:[ \t]*(#.*)?$", text, re.M) else None
+    if set(AUTOMODEL_MARKERS) & set(keys):
+        return "automodel"
+    sft = read_section("verl").sft
+    assert sft is not None, "verl's card has a read.sft section"
+    if set(keys) - {"defaults"} and any(set(keys) <= set(e.sections) for e in sft.entries):
+        return "verl-sft"
+    return None
+
+
+def unknown_yaml(text: str, path: str) -> MeshplanError:
+    """The error for a YAML mapping that is neither config: its top-level keys beside what each config holds."""
+    keys = yaml_top_keys(text) or ()
+    verl = verl_sft_sections()
+    other = [k for k in keys if k not in verl]
+    return MeshplanError(
+        f"{path}: meshplan cannot tell which framework this YAML file is for: its top-level keys "
+        f"({', '.join(keys)}) are neither a NeMo AutoModel recipe's (it has `{AUTOMODEL_MARKERS[0]}:` or "
+        f"`{AUTOMODEL_MARKERS[1]}:`) nor verl's SFT trainer config's (only {', '.join(verl)}"
+        + (f"; not {', '.join(other)}" if other and len(other) < len(keys) else "") + ").",
+        fix="If it is one of theirs, pass --framework nemo-automodel or verl (the tools' framework argument). "
+            + YAML_FIX)
+
+
+def detect_format(text: str) -> str:
+    """json when the text is a JSON object, yaml when it is a YAML mapping of named sections (an AutoModel recipe,
+    verl's SFT trainer config, or one meshplan then says it cannot tell), toml when it parses as TOML with a
+    [section], else shell."""
+    stripped = text.lstrip()
+    if stripped.startswith("{"):
+        return "json"
+    if yaml_kind(text) is not None or yaml_top_keys(text) is not None:
+        return "yaml"
+    if re.search(r"^\s*\[[\w.\"]+\]\s*(#.*)?$", text, re.M):
+        try:
+            tomllib.loads(text)
+            return "toml"
+        except tomllib.TOMLDecodeError:
+            if not re.search(r"^\s*(export |python|torchrun|uv |bash|srun|deepspeed)", text, re.M):
+                return "toml"  # a TOML file with an error: read it as TOML, which names the line
+    return "shell"
