@@ -252,3 +252,40 @@ def test_the_yaml_defaults_list_names_the_engine(tmp_path):
     other = import_config(text.replace("engine@engine: megatron", "engine@engine: veomni"), "sft.yaml",
                           config_format="yaml")
     assert other.variant == "sft-fsdp" and any("another engine than FSDP or Megatron" in u for u in other.unsupported)
+
+
+# --------------------------------------------------------------------------- a launch command held in a variable
+
+HELD = ("TP=4\nCOMMAND={q}torchrun --nproc_per_node 8 pretrain_gpt.py \\\n    --tensor-model-parallel-size $TP "
+        "--pipeline-model-parallel-size 2 --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\\n"
+        "    --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --data-path \"/data/my corpus\"{q}\n"
+        "echo starting\n{run}\n")
+
+
+@pytest.mark.parametrize(("quote", "run"), [
+    ('"', "$COMMAND"), ('"', "${COMMAND}"), ('"', "eval $COMMAND"), ('"', 'eval "$COMMAND"'),
+    ('"', 'eval "${COMMAND}" 2>&1 | tee train.log'), ("'", "eval $COMMAND"), ("'", 'eval "$COMMAND"')])
+def test_a_launch_command_held_in_a_variable_is_read_as_the_launch_line(tmp_path, quote, run):
+    """`eval "$COMMAND"` ran one word, the whole string, that named no launcher ('no command launches
+    pretrain_gpt.py'), and a single-quoted COMMAND's `$TP` was read as the text '$TP': eval reads its words again as
+    a line of the script, as the shell does (quotes inside it, a second expansion). Fails before for the eval forms."""
+    from meshplan.adapters.read import import_file
+
+    if quote == '"':
+        text = HELD.format(q=quote, run=run).replace('"/data/my corpus"', "/data/corpus")
+    else:
+        text = HELD.format(q=quote, run=run)
+    path = tmp_path / "job.sh"
+    path.write_text(text)
+    got = import_file(str(path))
+    assert got.framework == "megatron-core"
+    assert (got.request["tp"], got.request["pp"], got.request["num_gpus"], got.request["global_batch_size"]) == (
+        4, 2, 8, 64)
+    assert "$COMMAND at line 2" in got.sources["pp"] or "job.sh:2 " in got.sources["pp"], got.sources["pp"]
+
+
+def test_an_eval_that_never_ends_is_said_not_run():
+    from meshplan.adapters.read.shell import read_script
+
+    script = read_script("X='eval $X'\neval $X\n", "loop.sh")
+    assert any("eval nested over" in u for u in script.unresolved)

@@ -3,15 +3,16 @@
 Nothing is executed. Assignments (`TP=4`, `export X=...`, `ARGS=( ... )`, `ARGS+=( ... )`) are recorded with their
 line; `$X`, `${X}`, `${X:-4}` (the default used when the script never sets X), `${X[@]}` and `$((a*b))` expand from
 them; `if [ ... ]` / `[[ ... ]]` conditions of string and integer comparisons are evaluated, any other condition
-(a file test, a command's status) leaves both branches unread and says so. Heredocs written to a file (`cat <<EOT >
-$DS_CONFIG`) are kept as that file's text. Command substitutions (`$(...)`), loops and functions are never run;
-what they would have set is reported as unresolved.
+(a file test, a command's status) leaves both branches unread and says so. `eval WORDS` reads its words again as
+a line of the script, as the shell runs them (a launch command held in a variable: `eval "$COMMAND"`).
+Heredocs written to a file (`cat <<EOT > $DS_CONFIG`) are kept as that file's text. Command substitutions
+(`$(...)`), loops and functions are never run; what they would have set is reported as unresolved.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.core.errors import MeshplanError
 
@@ -309,6 +310,7 @@ class Expander:
 
 # --------------------------------------------------------------------------- statements
 
+MAX_EVAL_DEPTH = 4  # `X='eval $X'; eval $X` would never end: evals nested deeper are not read
 ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
 
 
@@ -350,6 +352,7 @@ class Reader:
         self.expand = Expander(self.script)
         self.branches: list[list[bool | None]] = []  # per open `if`: the value of each branch so far
         self.skip_depth = 0  # open loops, functions and case blocks: their bodies are not read
+        self.eval_depth = 0  # evals being read inside one another
         self.lines = logical_lines(text)
         self._slurm_nodes(text)
 
@@ -369,23 +372,50 @@ class Reader:
 
     def read(self) -> Script:
         for logical in self.lines:
-            items = split_words(logical.text)
-            statement: list[_Raw] = []
-            for item in [*items, ";"]:
-                if item in ("&&", "||") and statement and "".join(
-                        t for t, _ in statement[0].parts) in ("if", "elif", "while"):
-                    statement.append(_Raw([(item, "")], 0))  # one condition: `[[ a ]] || [[ b ]]`
-                    continue
-                if isinstance(item, str):
-                    if statement:
-                        self.statement(statement, logical)
-                    statement = []
-                else:
-                    statement.append(item)
+            self.read_line(logical)
         if self.branches:
             raise MeshplanError(f"{self.script.path}: an `if` is never closed by `fi`.",
                                 fix="Check the script's if/fi pairs.")
         return self.script
+
+    def read_line(self, logical: _Line) -> None:
+        """The statements of one logical line, split at ; && || |."""
+        items = split_words(logical.text)
+        statement: list[_Raw] = []
+        for item in [*items, ";"]:
+            if item in ("&&", "||") and statement and "".join(
+                    t for t, _ in statement[0].parts) in ("if", "elif", "while"):
+                statement.append(_Raw([(item, "")], 0))  # one condition: `[[ a ]] || [[ b ]]`
+                continue
+            if isinstance(item, str):
+                if statement:
+                    self.statement(statement, logical)
+                statement = []
+            else:
+                statement.append(item)
+
+    def eval(self, words: list[Word], line: int) -> None:
+        """`eval "$COMMAND"`: its words joined and read again as a line of the script, as eval runs them (a launch
+        command held in a variable, quoted or not, with the quotes inside it); each word it gives keeps the line, and
+        the variable, of the word it came from."""
+        if self.eval_depth >= MAX_EVAL_DEPTH:
+            self.script.note(line, f"eval nested over {MAX_EVAL_DEPTH} deep: not read")
+            return
+        starts, text = [], ""
+        for w in words:
+            starts.append((len(text), w.line))
+            text += w.text + " "
+        origin = {w.line: w for w in words if w.var is not None}  # a word's line -> the variable word it came from
+        first = len(self.script.commands)
+        self.eval_depth += 1
+        try:
+            self.read_line(_Line(text, starts))
+        finally:
+            self.eval_depth -= 1
+        for command in self.script.commands[first:]:
+            command.line = line
+            command.words = [replace(w, var=origin[w.line].var, var_line=origin[w.line].var_line)
+                             if w.var is None and w.line in origin else w for w in command.words]
 
     def statement(self, raws: list[_Raw], logical: _Line) -> None:
         line = logical.line_at(raws[0].offset)
@@ -448,6 +478,9 @@ class Reader:
         if not rest:
             return
         words = [w for r in rest for w in self.expand.words(r, logical.line_at(r.offset))]
+        if len(words) > 1 and words[0].text == "eval":
+            self.eval(words[1:], line)
+            return
         if logical.heredoc is not None:
             self.heredoc(words, logical, line)
         self.script.commands.append(Command(words, line))
