@@ -74,13 +74,116 @@ def test_peft_on_transformers_5_adapts_no_routed_expert(framework):
     assert any("routed experts: none" in n and "3D parameters" in n for n in job.notes)
 
 
+# Small models of the MoE families whose other nn.Linear modules PEFT's all-linear adapts (transformers 5.9.0): h 256,
+# 4 heads; Qwen2-MoE's shared_expert_gate; DeepSeek-V2's router (an nn.Linear) and MLA, with and without q_lora_rank;
+# DeepSeek-V3's MLA (its router a bare weight)
+QWEN2_MOE = {"model_type": "qwen2_moe", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+             "shared_expert_intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 1000,
+             "tie_word_embeddings": False}
+MLA_MOE = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 2,
+           "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 64,
+           "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
+           "n_shared_experts": 1, "num_experts_per_tok": 2, "vocab_size": 1000, "tie_word_embeddings": False}
+PEFT_CONFIGS = {"qwen2_moe": QWEN2_MOE,
+                "deepseek_v2": {**MLA_MOE, "model_type": "deepseek_v2", "q_lora_rank": 96},
+                "deepseek_v2_no_q_lora": {**MLA_MOE, "model_type": "deepseek_v2", "q_lora_rank": None},
+                "deepseek_v3": {**MLA_MOE, "model_type": "deepseek_v3", "q_lora_rank": 96}}
+
+
+def _pair(i: int, o: int, r: int = 8) -> int:
+    return r * (i + o)
+
+
+def _mla(q_lora: int | None) -> int:
+    """A layer's MLA projections (h 256, 4 heads, nope 32, rope 16, v 32, kv_lora 64) and o_proj, rank 8."""
+    q = _pair(256, q_lora) + _pair(q_lora, 4 * 48) if q_lora else _pair(256, 4 * 48)
+    return q + _pair(256, 64 + 16) + _pair(64, 4 * (32 + 32)) + _pair(4 * 32, 256)
+
+
+# PEFT 0.18.1 get_peft_model(all-linear) on transformers 5.9.0, meta device: 63504, 56640, 53568, 54528
+PEFT_EXPECTED = {
+    # 2 MoE layers: q, k, v, o; the shared expert's gate, up, down; shared_expert_gate Linear(h, 1)
+    "qwen2_moe": 2 * (_pair(256, 256) + 2 * _pair(256, 128) + _pair(256, 256) + 2 * _pair(256, 384)
+                      + _pair(384, 256) + _pair(256, 1)),
+    # a dense layer (gate, up, down of 512) and an MoE layer (the shared expert of 128 and the router Linear(h, 8))
+    "deepseek_v2": 2 * _mla(96) + 2 * _pair(256, 512) + _pair(512, 256) + 2 * _pair(256, 128) + _pair(128, 256)
+    + _pair(256, 8),
+    "deepseek_v2_no_q_lora": 2 * _mla(None) + 2 * _pair(256, 512) + _pair(512, 256) + 2 * _pair(256, 128)
+    + _pair(128, 256) + _pair(256, 8),
+    "deepseek_v3": 2 * _mla(96) + 2 * _pair(256, 512) + _pair(512, 256) + 2 * _pair(256, 128) + _pair(128, 256)}
+
+
+@pytest.mark.parametrize("name", sorted(PEFT_CONFIGS))
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_all_linear_adapts_the_models_other_linears(name, framework):
+    """PEFT's all-linear (verl's and SkyRL's FSDP default) adapts every nn.Linear but the output head: MLA's q/kv
+    projections (q_a/q_b or q_proj, kv_a_proj_with_mqa, kv_b_proj), Qwen2-MoE's shared_expert_gate (r(h + 1) a
+    layer) and DeepSeek-V2's router (an nn.Linear in transformers 5.9.0). meshplan counted the four targets' linears
+    only (fails before: DeepSeek-V2 33,792 of 56,640, Qwen2-MoE 59,392 of 63,504). Megatron-Bridge's LoRA default
+    target_modules name no MLA projection (linear_qkv matches nothing there): its count keeps linear_proj and the
+    MLPs."""
+    from meshplan.knowledge.model_config import architecture_from_config
+
+    arch = architecture_from_config(PEFT_CONFIGS[name])
+    spec = LoraSpec(rank=8, targets=[t for t in ALL if t != "linear_qkv" or arch.mla is None])
+    assert total_adapter_params(arch, spec, lora_engine(framework_card(framework), 3)) == PEFT_EXPECTED[name]
+    fused = total_adapter_params(arch, spec, lora_engine(framework_card("megatron-bridge"), 1))
+    if arch.mla is not None:  # no MLA projection, no router; the routed experts shared (one adapter a layer)
+        assert fused == 2 * _pair(128, 256) + _pair(256, 2 * 512) + _pair(512, 256) + 2 * (
+            _pair(256, 2 * 128) + _pair(128, 256))  # o_proj; the dense MLP; the shared expert, the routed experts
+
+
+def test_all_linear_on_an_mla_model_renders_reads_and_checks_as_every_linear(tmp_path, capsys):
+    """verl's FSDP engine: an MLA model's default LoRA is written as all-linear (it was the projections' list, which
+    left MLA's q/kv projections out), and a script with model.target_modules=all-linear (verl's default) read back
+    as the four targets is every linear the model has, not LORA002 'lora_targets linear_qkv ... has no such linear'
+    (fails before)."""
+    from meshplan.faces.cli import main
+
+    job, plan = resolve(Request(model="deepseek-v2-lite", framework="verl", num_gpus=8, zero_stage=3, job="lora",
+                                global_batch_size=64))
+    assert "target_modules=all-linear" in render("verl", job, plan, variant="sft-fsdp").text
+    assert any("other linears too: linear_q_proj, linear_kv_down_proj, linear_kv_up_proj, router" in n
+               for n in job.notes)
+    path = tmp_path / "sft.sh"
+    path.write_text("torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer model.path=deepseek-ai/DeepSeek-V2-Lite "
+                    "data.train_batch_size=64 model.lora_rank=16 model.target_modules=all-linear\n")
+    assert main(["check", "--config", str(path), "--gpu", "h100"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "LORA002" not in out and "Traceback" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PEFT_CONFIGS))
+def test_peft_counts_the_other_linears_as_meshplan_does(name):
+    """The ground truth of test_all_linear_adapts_the_models_other_linears: PEFT's own count, where its venv is."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from framework_packages import PEFT_VENV, venv_python
+
+    from meshplan.knowledge.model_config import architecture_from_config
+
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
+    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
+                         input=json.dumps({"config": PEFT_CONFIGS[name], "rank": 8, "target_modules": "all-linear"}))
+    peft = json.loads(out.stdout.split("RESULT ", 1)[1])
+    arch = architecture_from_config(PEFT_CONFIGS[name])
+    spec = LoraSpec(rank=8, targets=ALL)
+    assert peft["experts"] == 0
+    assert total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3)) == peft["trainable"] \
+        == PEFT_EXPECTED[name]
+
+
 @pytest.mark.slow
 def test_peft_counts_what_meshplan_counts_on_a_moe_model_with_a_shared_expert():
     """Ground truth from the packages the engines run: PEFT 0.18.1's get_peft_model(all-linear) on transformers
     5.9.0's GLM-4.5 MoE code (a dense first layer; routed experts as 3D parameters, a shared expert as an MLP of
     linears, the router a parameter), built on the meta device: its trainable parameters equal meshplan's adapter
-    count on verl's FSDP engine, none under `.experts.`. (Qwen2-MoE's shared_expert_gate, a linear to one output that
-    PEFT adapts too, r(h + 1) a layer, is not counted.)"""
+    count on verl's FSDP engine, none under `.experts.`."""
     import json
     import subprocess
     from pathlib import Path

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.arithmetic.lora import TARGETS
+from meshplan.arithmetic.lora import TARGETS, every_linear
 from meshplan.schema.plan import Job
 
 Setting = tuple[str, Any]
@@ -33,11 +33,14 @@ def bridge_lora(job: Job) -> list[Setting]:
     return [("peft.dim", job.lora.rank), ("peft.target_modules", list(job.lora.targets))]
 
 
-def hf_targets(targets: list[str]) -> str | list[str]:
-    """PEFT target_modules for the Megatron target names: all four = all-linear, else the projections."""
-    if set(targets) == set(TARGETS):
+def hf_targets(job: Job) -> str | list[str]:
+    """PEFT target_modules for the job's Megatron target names: every one the model has (an MLA model has no
+    linear_qkv) = all-linear, which also adapts the model's other linears (arithmetic/lora.py other_linears, as the
+    count takes them), else the projections."""
+    assert job.lora is not None
+    if every_linear(job.model, job.lora):
         return ALL_LINEAR
-    return [name for target in targets for name in HF_PROJECTIONS[target]]
+    return [name for target in job.lora.targets for name in HF_PROJECTIONS[target]]
 
 
 def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
@@ -51,7 +54,7 @@ def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     if variant in ("fsdp", "sft-fsdp"):
         notes.append(f"LoRA (FSDP engine, Hugging Face PEFT): rank {job.lora.rank}, lora_alpha left at verl's 16; "
                      "target_modules name the model's projections (Llama/Qwen naming).")
-        return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job.lora.targets))]
+        return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job))]
     notes.append(f"LoRA (Megatron engine, Megatron-Bridge LoRA): rank {job.lora.rank}, lora.alpha left at verl's 32.")
     return [(m + "lora.rank", job.lora.rank), (m + "lora.target_modules", list(job.lora.targets))]
 
@@ -63,8 +66,8 @@ def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     and every linear under FSDP (PEFT)."""
     if job.lora is None:
         return []
-    targets: str | list[str] = ALL_LINEAR if set(job.lora.targets) == set(TARGETS) else (
-        hf_targets(job.lora.targets) if variant in ("fsdp", "sft-fsdp") else list(job.lora.targets))
+    targets: str | list[str] = hf_targets(job) if variant in ("fsdp", "sft-fsdp") else (
+        ALL_LINEAR if set(job.lora.targets) == set(TARGETS) else list(job.lora.targets))
     notes.append(f"LoRA: rank {job.lora.rank}, alpha left at SkyRL's 16.")
     model = "model" if variant in ("sft", "sft-fsdp") else "trainer.policy.model"
     return [(f"{model}.lora.rank", job.lora.rank), (f"{model}.lora.target_modules", targets)]

@@ -66,6 +66,11 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         notes.append(f"lora_rank not given: {rank} ({why}).")
     has = model_targets(arch)
     targets = list(req.lora_targets or [t for t in TARGETS if t in has])
+    if engine is not None and engine.all_linear and set(targets) == set(TARGETS) and not has >= set(TARGETS):
+        # all four are what PEFT's all-linear reads as (adapters/read/keys.py) and what render writes as all-linear
+        targets = [t for t in TARGETS if t in has]
+        notes.append(f"lora_targets {', '.join(TARGETS)} on this engine: PEFT's all-linear, every linear "
+                     f"{arch.name} has (it has no {', '.join(sorted(set(TARGETS) - has))}).")
     if req.lora_targets is None:
         skipped = [t for t in TARGETS if t not in has]
         why = engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
@@ -73,11 +78,17 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
                 "target that matches nothing" if bridge else "")) if skipped else ""
         notes.append("lora_targets not given: " + ", ".join(targets) + f" ({why}{said}).")
+    spec = LoraSpec(rank=rank, targets=targets)
+    if engine is not None and engine.all_linear and every_linear(arch, spec):
+        others = list(dict.fromkeys(a.target for i in range(arch.num_layers) for a in other_linears(arch, i)))
+        if others:
+            notes.append(f"LoRA on {arch.name}'s other linears too: {', '.join(others)} (every target is "
+                         "written as PEFT's all-linear, which adapts every nn.Linear but the output head).")
     if (arch.moe is not None and engine is not None and engine.experts == "none"
             and {"linear_fc1", "linear_fc2"} & set(targets)):
         notes.append(f"LoRA on {arch.name}'s routed experts: none ({engine.experts_why}); linear_fc1 / linear_fc2 "
                      "adapt its dense and shared-expert MLPs only.")
-    return LoraSpec(rank=rank, targets=targets)
+    return spec
 
 
 # Megatron-Bridge src/megatron/bridge/peft/lora.py: LoRA.dim = 32 (alpha 32), the default of every framework whose
@@ -104,6 +115,8 @@ class Adapted(BaseModel):
     outputs: int
     a_copies: int = Field(1, description="How many A matrices (per_projection: q/k/v or gate/up each have one)")
     expert: bool = False  # a routed-expert linear: sharded by etp (and ep, per_expert), its copies per expert
+    column: bool = Field(False, description="Column-parallel under TP (its output split), else row-parallel or "
+                                            "whole: how the adapter's GEMMs split (estimate/lora_gemms.py)")
 
     def params(self, rank: int) -> int:
         return rank * (self.a_copies * self.inputs + self.outputs)
@@ -115,17 +128,56 @@ def model_targets(arch: Architecture) -> set[str]:
     return set(TARGETS) - ({"linear_qkv"} if arch.mla is not None else set())
 
 
+def every_linear(arch: Architecture, spec: LoraSpec) -> bool:
+    """Whether the targets are every one the model has: what the PEFT engines write as all-linear (adapters/lora.py
+    hf_targets), which adapts the model's other linears too (other_linears)."""
+    return model_targets(arch) <= set(spec.targets)
+
+
+def other_linears(arch: Architecture, index: int) -> list[Adapted]:
+    """The nn.Linear modules of decoder layer `index` in transformers' code (5.9.0) that none of the four targets
+    names, which PEFT's all-linear adapts too (every nn.Linear but the output head: peft 0.18.1
+    tuners/tuners_utils.py _maybe_include_all_linear_layers): MLA's projections (DeepseekV2/V3Attention: q_a_proj
+    h -> q_lora_rank and q_b_proj q_lora_rank -> heads x (nope + rope), or q_proj without a q_lora_rank;
+    kv_a_proj_with_mqa h -> kv_lora_rank + rope; kv_b_proj kv_lora_rank -> heads x (nope + v)), Qwen2-MoE's
+    shared_expert_gate (Linear(h, 1)) and a router built as a Linear(h, experts) (MoESpec.router_linear)."""
+    h, out = arch.hidden_size, []
+    if arch.mla is not None:
+        mla, heads = arch.mla, arch.num_attention_heads
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        if mla.q_lora_rank:
+            out += [Adapted(target="linear_q_down_proj", inputs=h, outputs=mla.q_lora_rank, column=True),
+                    Adapted(target="linear_q_up_proj", inputs=mla.q_lora_rank, outputs=heads * qk, column=True)]
+        else:
+            out.append(Adapted(target="linear_q_proj", inputs=h, outputs=heads * qk, column=True))
+        out += [Adapted(target="linear_kv_down_proj", inputs=h, outputs=mla.kv_lora_rank + mla.qk_rope_head_dim,
+                        column=True),
+                Adapted(target="linear_kv_up_proj", inputs=mla.kv_lora_rank,
+                        outputs=heads * (mla.qk_nope_head_dim + mla.v_head_dim), column=True)]
+    if arch.is_moe_layer(index):
+        assert arch.moe is not None
+        if arch.moe.shared_expert_gate:
+            out.append(Adapted(target="shared_expert_gate", inputs=h, outputs=1))
+        if arch.moe.router_linear:
+            out.append(Adapted(target="router", inputs=h, outputs=arch.moe.num_experts))
+    return out
+
+
 def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraEngine | None) -> list[Adapted]:
     """The adapted linears of decoder layer `index` on `engine` (None: Megatron-Bridge's layout). Megatron-Core's
     linear_qkv is h -> (heads + 2 kv heads) x head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h,
     linear_fc1 h -> (2 if gated) x ffn and linear_fc2 ffn -> h, for the dense MLP, the shared experts and (as expert
-    linears) the routed experts, unless the engine adapts no routed expert (LoraEngine.experts none)."""
+    linears) the routed experts, unless the engine adapts no routed expert (LoraEngine.experts none); on an engine
+    whose every-target default is PEFT's all-linear (LoraEngine.all_linear), with every target, the layer's other
+    linears too (other_linears)."""
     h, per = arch.hidden_size, engine is not None and engine.adapters == "per_projection"
     gated = 2 if arch.gated_mlp else 1
     out: list[Adapted] = []
     if "linear_qkv" in spec.targets and arch.mla is None:
-        out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1,
+        out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1, column=True,
                            outputs=(arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim))
+    if engine is not None and engine.all_linear and every_linear(arch, spec):
+        out += other_linears(arch, index)
     if "linear_proj" in spec.targets:
         width = arch.mla.v_head_dim if arch.mla is not None else arch.head_dim
         out.append(Adapted(target="linear_proj", inputs=arch.num_attention_heads * width, outputs=h))
@@ -141,7 +193,7 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     for width, expert in mlps:
         if "linear_fc1" in spec.targets:
             out.append(Adapted(target="linear_fc1", inputs=h, outputs=gated * width, expert=expert,
-                               a_copies=gated if per else 1))
+                               a_copies=gated if per else 1, column=True))
         if "linear_fc2" in spec.targets:
             out.append(Adapted(target="linear_fc2", inputs=width, outputs=h, expert=expert))
     return out

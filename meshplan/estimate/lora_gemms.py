@@ -28,7 +28,7 @@ def lora_gemm_seconds(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> tuple[
             t, count = sh.etp, arch.moe.num_experts / sh.ep
             local = sh.tokens / sh.tp if sh.sp or sh.tp == 1 else sh.tokens
             rows = sh.ep * sh.etp * local * arch.moe.top_k / arch.moe.num_experts * ctx.routed_load
-        column = a.target in ("linear_qkv", "linear_fc1")
+        column = a.column
         extra += [Gemm(f"lora_a_{a.target}", rows, r / t if column else r, a.inputs if column else a.inputs / t,
                        count * a.a_copies, fp8=False),
                   Gemm(f"lora_b_{a.target}", rows, a.outputs / t, r, count, fp8=False)]

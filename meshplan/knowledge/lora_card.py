@@ -29,6 +29,11 @@ class LoraEngine(BaseModel):
                     "none: the routed experts get no adapter (Hugging Face PEFT's target_modules match nn.Linear "
                     "modules, and transformers 5 keeps a layer's routed experts as two 3D parameters)"
     )
+    all_linear: bool = Field(
+        False, description="Every target is written as Hugging Face PEFT's all-linear (verl's and SkyRL's FSDP "
+                           "engines: their target_modules default), which adapts every nn.Linear but the output head, "
+                           "so the model's other linears too (MLA's q/kv projections, Qwen2-MoE's shared_expert_gate, "
+                           "a router built as a Linear): arithmetic/lora.py other_linears")
     experts_why: str | None = Field(
         None, description="With experts none: why the routed experts get no adapter and what would adapt them, said in "
                           "the notes of a MoE model's LoRA job that targets linear_fc1 / linear_fc2")

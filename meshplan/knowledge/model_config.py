@@ -363,6 +363,9 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
             shared_expert_ffn_hidden_size=shared * width,
             moe_layers=[i for i in range(num_layers) if i >= first_dense and i % freq == 0],
             score_correction_bias=noaux,
+            # DeepseekV2Moe.gate is nn.Linear(hidden_size, n_routed_experts, bias=False) (transformers 5.9.0
+            # models/deepseek_v2); DeepseekV3/Glm4Moe build a TopkRouter holding a bare weight
+            router_linear=model_type == "deepseek_v2",
             **_groups(f, experts, top_k, f.text("topk_method")),
         )
     return None

@@ -25,6 +25,10 @@ class MoESpec(StrictModel):
     shared_expert_gate: bool = Field(False, description="A hidden x 1 sigmoid gate scaling the shared experts' output "
                                                         "(Qwen2-MoE's shared_expert_gate)")
     moe_layers: list[int] = Field(description="Indices (0-based) of the decoder layers that are MoE")
+    router_linear: bool = Field(False, description="transformers builds the router as an nn.Linear module, not a "
+                                                   "bare weight (DeepSeek-V2's DeepseekV2Moe.gate), so PEFT's "
+                                                   "all-linear adapts it; its parameters are the same hidden x "
+                                                   "experts")
     router_bias: bool = False
     expert_bias: bool = Field(False, description="Biases on the expert linear layers (gpt-oss)")
     score_correction_bias: bool = Field(False, description="DeepSeek-V3 style per-expert routing bias")
