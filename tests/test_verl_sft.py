@@ -243,3 +243,47 @@ def test_the_mcp_tools_read_a_verl_sft_yaml_as_config_text():
     answer = tools.check_config(**{**{p.name: p.default for p in tools.request_parameters()},
                                    "model": "qwen2.5-7b", "gpu": "h100", "config_text": NO_MODEL, "num_gpus": 8})
     assert answer.framework == "verl" and answer.plan.zero_stage == 3
+
+
+# ----------------------------------------------------- verl's model.target_parameters (PEFT's ParamWrapper on experts)
+
+TARGET_PARAMETERS = ("torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer {engine}model.path=Qwen/Qwen3-30B-A3B "
+                     "data.train_batch_size=64 {lora}model.target_parameters=[mlp.experts.gate_up_proj,"
+                     "mlp.experts.down_proj]\n")
+
+
+def test_target_parameters_on_the_fsdp_engine_is_refused_an_estimate(tmp_path, capsys):
+    """verl 0.9.1 hands model.target_parameters to PEFT (workers/engine/fsdp/transformer_impl.py LoraConfig), whose
+    ParamWrapper adapts the routed experts' 3D weights: r x experts x (in + out) a parameter that meshplan does not
+    count. It was 'no meshplan field' and the job estimated with unadapted experts; now import says what it is and
+    every estimate from the file is refused, naming the key and what to drop (fails before)."""
+    from meshplan.core.errors import MeshplanError
+
+    text = TARGET_PARAMETERS.format(engine="", lora="model.lora_rank=16 ")
+    got = import_config(text, "sft.sh")
+    said = [u for u in got.unsupported if "model.target_parameters" in u]
+    assert said and "ParamWrapper" in said[0] and "no meshplan field" not in said[0]
+    with pytest.raises(MeshplanError, match=r"sft\.sh:1 model\.target_parameters = .*ParamWrapper") as exc:
+        api.request_from_config(got, {"gpu": "h100"})
+    assert "Drop the key" in exc.value.fix
+    path = tmp_path / "sft.sh"
+    path.write_text(text)
+    assert main(["check", "--config", str(path), "--gpu", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "model.target_parameters" in err and "Traceback" not in err
+    rl = import_config("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B "
+                       "actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_parameters=[down_proj] "
+                       "trainer.n_gpus_per_node=8 trainer.nnodes=1 data.train_batch_size=64\n", "rl.sh")
+    with pytest.raises(MeshplanError, match=r"actor_rollout_ref\.model\.target_parameters"):
+        api.request_from_config(rl, {"gpu": "h100"})
+
+
+def test_target_parameters_beside_no_lora_or_on_the_megatron_engine_is_only_said():
+    """Without a LoRA rank nothing is adapted, and verl's Megatron engine builds Megatron-Bridge's LoRA from
+    model.lora, reading no target_parameters: those files still estimate."""
+    full = import_config(TARGET_PARAMETERS.format(engine="", lora=""), "sft.sh")
+    assert api.request_from_config(full, {"gpu": "h100"}).job == "sft"
+    megatron = import_config(TARGET_PARAMETERS.format(engine="engine=megatron optim=megatron ",
+                                                      lora="model.lora.rank=16 "), "sft.sh")
+    assert any("not read by the engine the file runs (sft-megatron)" in n for n in megatron.notes)
+    assert api.request_from_config(megatron, {"gpu": "h100"}).lora_rank == 16

@@ -103,6 +103,17 @@ class SftRead(_Card):
     source: str
 
 
+class UnmodelledLoraKeys(_Card):
+    """A framework's LoRA keys that adapt what meshplan does not count (verl's target_parameters: PEFT's ParamWrapper
+    on the routed experts' 3D weights), by the adapter variants whose engine reads them: a LoRA job read from a file
+    that sets one is refused an estimate (read/__init__.py request_values), the others only say so."""
+
+    keys: list[str] = Field(min_length=1, description="The file keys, as the readers normalize them")
+    variants: list[str] = Field(min_length=1, description="The adapter variants whose engine reads the keys")
+    what: str = Field(description="What the keys adapt and what meshplan's estimate would leave out")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -147,6 +158,7 @@ class ReadSection(_Card):
         default_factory=dict, description="A file's key that sets no meshplan field, and what it does (or does not do) "
                                           "to the job meshplan plans: an import says that, not 'no meshplan field'")
     said_source: str | None = None
+    lora_unmodelled: UnmodelledLoraKeys | None = None
     estimator_default: StrictStr | None = Field(
         None, description="The advantage estimator an RL launcher leaving it out runs (gae: PPO with a critic)")
     kl_loss_default: StrictBool | None = Field(

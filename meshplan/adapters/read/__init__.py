@@ -28,7 +28,7 @@ from meshplan.adapters.read.files import (
     read_torchtitan_toml,
 )
 from meshplan.adapters.read.hydra import read_skyrl, read_verl
-from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, fill_defaults
+from meshplan.adapters.read.keys import LORA_NOT_MODELLED, SPLIT_NOT_READ, Reading, fill_defaults
 from meshplan.adapters.read.launch import (
     read_allocator,
     read_bridge,
@@ -174,6 +174,11 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
         raise MeshplanError(f"{imported.path}: the GPU count is not read ({said}), and the file leaves dp to be the "
                             "GPUs left over: estimated on the layout's own GPUs, dp would be 1.",
                             fix="Pass the GPU count beside the file (--num-gpus, or the tool's num_gpus argument).")
+    unmodelled = [line for line in imported.unsupported if line.endswith(LORA_NOT_MODELLED)]
+    if unmodelled and (values.get("lora_rank") or values.get("job") == "lora"):
+        raise MeshplanError(f"{unmodelled[0].removesuffix('; ' + LORA_NOT_MODELLED)}: no estimate of this LoRA job "
+                            "would be right.", fix="Drop the key from the file to estimate the job without it (the "
+                                                   "routed experts then get no adapter).")
     split = [line for line in imported.unresolved if SPLIT_NOT_READ in line]
     if split and not {"first_stage_layers", "last_stage_layers", "pipeline_layout"} & set(values):
         raise MeshplanError(f"{imported.path}: the file's pipeline split is not read: "

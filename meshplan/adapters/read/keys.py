@@ -24,7 +24,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.read_card import NO_READ, ReadSection
+from meshplan.knowledge.read_card import NO_READ, ReadSection, UnmodelledLoraKeys
 from meshplan.schema.request import Request
 
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
@@ -256,10 +256,13 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
     """States every setting whose meaning is direct (a value or switch knob, a request field of read.keys); returns
     the settings left for the framework's own reader (`special` knobs, composed values, zero stage ...)."""
     left: list[tuple[Setting, Meaning]] = []
+    section = read_section(reading.framework)
     for s in settings:
         meanings = lookup(table, s.key)
         if not meanings:
-            if said := read_section(reading.framework).said.get(normalize(s.key)):
+            if section.lora_unmodelled is not None and normalize(s.key) in section.lora_unmodelled.keys:
+                lora_unmodelled(reading, s, section.lora_unmodelled)
+            elif said := section.said.get(normalize(s.key)):
                 reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
             elif not IRRELEVANT.search(normalize(s.key).lstrip("-")):
                 reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: no meshplan field")
@@ -370,6 +373,22 @@ def lora_targets(reading: Reading, s: Setting) -> list[str]:
                                    "linear (or no projection meshplan knows); meshplan adapts whole linears: "
                                    + linears)
     return whole
+
+
+LORA_NOT_MODELLED = "meshplan estimates no LoRA job from this file"
+"""What the `unsupported` line of a LoRA key meshplan does not count ends with (read.lora_unmodelled: verl's
+target_parameters); request_values refuses a LoRA request from the file, whose estimate would leave it out."""
+
+
+def lora_unmodelled(reading: Reading, s: Setting, facts: UnmodelledLoraKeys) -> None:
+    """A LoRA key that adapts what meshplan does not count: on an engine that reads it, said as not modelled with
+    LORA_NOT_MODELLED (a LoRA request from the file is refused); on another engine, said as not read there."""
+    where = f"{s.where(reading.path)} = {s.value}"
+    if reading.variant in facts.variants:
+        reading.unsupported.append(f"{where}: {facts.what}; {LORA_NOT_MODELLED}")
+    else:
+        reading.notes.append(f"{where}: not read by the engine the file runs ({reading.variant}); "
+                             f"only {', '.join(facts.variants)} read it")
 
 
 SPLIT_NOT_READ = "pass --first-stage-layers/--last-stage-layers"
