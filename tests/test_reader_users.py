@@ -118,6 +118,9 @@ def test_a_torchrun_line_of_ones_own_runs_pytorchs_allocator_not_run_train_shs(t
     assert "not through run_train.sh" in got.sources["expandable_segments"]
     main(["check", "--config", str(path), "--num-gpus", "8", "--gpu", "h100", "--json"])
     assert json.loads(capsys.readouterr().out)["memory"]["fit_basis"] == "reserved"
+    main(["memory", "--config", str(path), "--num-gpus", "8", "--gpu", "h100", "--json"])
+    said = [n for n in json.loads(capsys.readouterr().out)["assumptions"] if n.startswith("expandable_segments=")]
+    assert said and "PyTorch's default allocator" in said[0] and "only in run_train.sh" in said[0]
     toml = import_file(str(CONFIGS / "torchtitan_llama3_8b.toml"))
     assert "expandable_segments" not in toml.request and toml.defaults["expandable_segments"] is True
     assert any(n.startswith("expandable_segments = True") and "launched by run_train.sh" in n for n in toml.notes)

@@ -488,6 +488,11 @@ def _expandable_segments(req: Request, card, notes: list[str], rl: bool) -> bool
     section: an RL job's launcher, or a training job's where it differs, verl's SFT trainer), noted either way where
     the framework has a setting, so a job that runs without expandable segments says why."""
     facts = card.allocator_for(rl)
+    if req.expandable_segments is False and facts is not None and facts.launch_script and facts.expandable_segments:
+        notes.append(f"expandable_segments=false: PyTorch's default allocator, as given: {card.display_name} turns "
+                     f"expandable segments on only in {facts.launch_script} ({facts.how}), not in its trainer, so a "
+                     "launch command of your own runs without them unless its environment sets them "
+                     f"(cards/frameworks/{req.framework}.yaml allocator)")
     if req.expandable_segments is not None or facts is None:
         return bool(req.expandable_segments)
     if not facts.expandable_segments:
