@@ -84,3 +84,18 @@ def test_hierarchical_sizes_are_what_the_adapters_render_and_what_is_timed():
     assert hierarchical_cp_sizes(4, 16, 8) == (1, 4)  # TP fills more than a node: no a2a level
     job, plan = resolve(Request(**LONG, cp_comm_type="a2a+p2p"))
     assert hierarchical_cp(job, plan) == [8, 4]
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_ulysses_engines_time_cp_as_all_to_alls(framework):
+    """verl's and SkyRL's FSDP engines run cp as Ulysses sequence parallelism (all-to-alls, not overlapped), but the
+    step time timed it as the default p2p K/V ring, hidden behind the attention at 32K: cp comm 0 s. Their Megatron
+    engine keeps Transformer Engine's ring."""
+    common = dict(model="llama-3.1-8b", gpu="h100", num_gpus=8, cp=2, seq_length=32768, global_batch_size=64,
+                  framework=framework, job="sft")
+    ulysses = estimate(**common, zero_stage=3).breakdown.cp_comm_s
+    assert ulysses > 0.0
+    _, plan = resolve(Request(**common, zero_stage=3))
+    assert plan.cp_comm_type == "p2p"  # the plan keeps the default: the engine has no comm type
+    ring = estimate(**common, zero_stage=1, micro_batch_size=1).breakdown.cp_comm_s
+    assert ring == 0.0

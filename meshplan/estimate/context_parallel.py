@@ -53,20 +53,22 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     allgather the K/V gathered forward and dK/dV reduce-scattered backward, not overlapped; a2a+p2p the all-to-all
     over the CP ranks inside one node and a ring of the nodes (mesh.hierarchical_cp_sizes, what the adapters
     render as hierarchical_context_parallel_sizes), each ring step then carrying the same K/V bytes against
-    a2a-size times the attention."""
+    a2a-size times the attention. Where the engine's cp is Ulysses (verl's and SkyRL's FSDP engines: ctx.ulysses),
+    it is a2a whatever cp_comm_type says: those engines have no comm type, and the plan keeps the default p2p."""
     plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
     c = plan.cp
     if c <= 1:
         return 0.0, 0.0
+    comm = "a2a" if ctx.ulysses else plan.cp_comm_type
     tokens = ctx.shard.tokens
     kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
     attention_bwd = attention_fwd_bwd - attention_fwd
     group = mesh_groups(plan, law=ctx.law).cp
-    if plan.cp_comm_type == "allgather":
+    if comm == "allgather":
         one = ring_time(c * kv_bytes, group.size, group.stride, lk)
         return one, FORWARD_AND_BACKWARD * one
-    a2a, ring = (group, Group(1, plan.tp * c)) if plan.cp_comm_type == "a2a" else (Group(1, plan.tp), group)
-    if plan.cp_comm_type == "a2a+p2p":
+    a2a, ring = (group, Group(1, plan.tp * c)) if comm == "a2a" else (Group(1, plan.tp), group)
+    if comm == "a2a+p2p":
         a2a, ring = hierarchical_cp_groups(plan, lk.node)
     a2a_one = alltoall_time(tokens * (q_out_width(arch, plan.tp) + kv_width(arch, plan.tp)) * BF16,
                             a2a.size, a2a.stride, lk)

@@ -294,6 +294,7 @@ class EngineFacts(_Card):
 
     by_zero_stage: dict[int, Engine]
     zero3_memory_convention: MemoryConvention | None = None
+    ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
     why: str
 
     @model_validator(mode="after")
@@ -361,8 +362,7 @@ class AttentionSemantics(_Card):
         None, description="The attention_backend a model with multi-latent attention (Q/K and V head dims differ, "
                           "which FlashAttention-2 refuses) runs on the engines by_engine leaves out, in every release "
                           "(its kernel: backends); None: it follows the release's map")
-    backends: dict[Literal["flash", "fused"], str] = Field(
-        default_factory=dict,
+    backends: dict[Literal["flash", "fused"], str] = Field(default_factory=dict,
         description="The kernel (cards/calibration.yaml attention_kernels) each attention_backend the framework can be "
                     "told to run is; one left out: the shared fraction")
     source: str
