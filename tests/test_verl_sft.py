@@ -287,3 +287,16 @@ def test_target_parameters_beside_no_lora_or_on_the_megatron_engine_is_only_said
                                                       lora="model.lora.rank=16 "), "sft.sh")
     assert any("not read by the engine the file runs (sft-megatron)" in n for n in megatron.notes)
     assert api.request_from_config(megatron, {"gpu": "h100"}).lora_rank == 16
+
+
+def test_cp002_on_a_ulysses_engine_names_its_all_to_alls_and_no_tp():
+    """CP002 told verl's FSDP engine (Ulysses, no TP) that the attention could not hide 'the exchange of K/V chunks'
+    and to 'shard memory with TP/SP'; its all-to-alls are what the short chunk cannot outweigh, recompute its way."""
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="verl", zero_stage=3, cp=2,
+                                job="sft", micro_batch_size=1, global_batch_size=64))
+    (f,) = [f for f in structural_findings(job, plan) if f.id == "CP002"]
+    assert "all-to-alls" in f.message and "K/V chunks" not in f.message and "TP/SP" not in f.fix
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="verl", zero_stage=1, cp=2,
+                                job="rl"))
+    (f,) = [f for f in structural_findings(job, plan) if f.id == "CP002"]
+    assert "K/V chunks" in f.message and "TP/SP" in f.fix  # the Megatron engine's ring

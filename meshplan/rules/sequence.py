@@ -23,15 +23,21 @@ def cp_sequence_divisible(ctx: Context) -> Values:
 
 
 
-@rule("CP002", reads=("cp",))
+@rule("CP002", reads=("cp", "zero_stage"))
 def cp_short_sequence(ctx: Context) -> Values:
+    """Where the engine's cp is Ulysses (verl's and SkyRL's FSDP engines, the card's engine.ulysses) the traffic is
+    its all-to-alls, which nothing hides, and the engine has no TP to shard memory with instead."""
     cp, seq = ctx.plan.cp, ctx.job.seq_length
     minimum = int(ctx_param(ctx, "CP002", "min_tokens_per_rank"))
     if cp == 1 or seq // cp >= minimum:
         return None
     most = max(1, seq // minimum)
     fewer = "cp=1" if most == 1 else f"cp={most} or less"  # nothing is less than cp=1
-    return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer}
+    words = (("outweigh Ulysses' all-to-alls of q, k, v and the output", "save memory with recompute")
+             if ctx.backend in ctx.job.card.engine.ulysses else
+             ("hide the exchange of K/V chunks", "shard memory with TP/SP or recompute"))
+    return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer, "exchange": words[0],
+            "instead": words[1]}
 
 
 
