@@ -6,6 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import alltoall_time, p2p_time, ring_time
 from meshplan.arithmetic.mesh import Group, hierarchical_cp_groups, mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
+from meshplan.knowledge.cards import FrameworkCard
 from meshplan.schema.model import Architecture
 
 # Ring attention (Transformer Engine AttnFuncWithCPAndKVP2P): each of the c-1 ring steps sends the K/V block on
@@ -46,6 +47,14 @@ def ring_exposed(hop_s: float, steps: int, attention_fwd: float, attention_bwd: 
     return fwd, fwd + bwd
 
 
+def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
+    """Whether the engine this ZeRO stage selects runs cp as DeepSpeed-Ulysses sequence parallelism (the card's
+    engine.ulysses: verl's and SkyRL's FSDP engines), whatever cp_comm_type says: those engines have no comm type
+    and the plan keeps the default p2p. The estimate's LayerContext.ulysses and the search's CP references (one per
+    mechanism the search's ZeRO stages run: search/bounds.py) read it."""
+    return card.engine_at(zero_stage) in card.engine.ulysses
+
+
 def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -> tuple[float, float]:
     """(forward, forward + backward) exposed CP traffic of one layer per micro-batch, by cp_comm_type as
     Transformer Engine runs it: p2p a K/V ring overlapped step by step; a2a (Ulysses) q, k, v and the output
@@ -54,7 +63,7 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     over the CP ranks inside one node and a ring of the nodes (mesh.hierarchical_cp_sizes, what the adapters
     render as hierarchical_context_parallel_sizes), each ring step then carrying the same K/V bytes against
     a2a-size times the attention. Where the engine's cp is Ulysses (verl's and SkyRL's FSDP engines: ctx.ulysses),
-    it is a2a whatever cp_comm_type says: those engines have no comm type, and the plan keeps the default p2p."""
+    it is a2a whatever cp_comm_type says (runs_ulysses)."""
     plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
     c = plan.cp
     if c <= 1:

@@ -36,7 +36,7 @@ from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape,
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
-from meshplan.estimate.context_parallel import cp_time
+from meshplan.estimate.context_parallel import cp_time, runs_ulysses
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
 from meshplan.estimate.layer_time import layer_time
@@ -362,7 +362,7 @@ def _job_facts(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peaks,
         hbm=job.gpu.hbm_bandwidth * cal.hbm_efficiency, flash=flash, dropout=dropout, lora=job.lora,
         lora_engine=lora_engine(job.card, plan.zero_stage) if job.lora else None,
         eager=eager, experts_fused=experts_fused(job), attention_fraction=fraction,
-        attention_kernel=kernel, ulysses=job.card.engine_at(plan.zero_stage) in job.card.engine.ulysses,
+        attention_kernel=kernel, ulysses=runs_ulysses(job.card, plan.zero_stage),
         gather_dispatch=job.card.moe_dispatch is not None and job.card.moe_dispatch.alltoall_as == "allgather",
         tp_overlap_mode=tp_overlap_mode(job.card, plan), tp_rs_splits=overlap.rs_splits,
         tp_input_ops=tp_input_ops(job.card.tp_input_linears, job.model, eager),

@@ -20,11 +20,13 @@ from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
 from meshplan.schema.plan import Job, Plan
+from meshplan.search.estimators import reference_seconds
 from meshplan.search.floors import estimate_stages
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.seed_groups import SeedGroup, group_floor
 from meshplan.search.space import Layout
+from meshplan.search.zero_stages import cp_zeros
 
 
 def pow2_at_least(x: float) -> int:
@@ -123,7 +125,9 @@ class StepTimeBounds(SearchPlans):
     def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
                    may_overlap: bool = False) -> float:
         """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank); with
-        `may_overlap`, its EP all-to-all overlapped wherever the reference can overlap it."""
+        `may_overlap`, its EP all-to-all overlapped wherever the reference can overlap it. With cp > 1, the least of
+        the reference at each CP mechanism the search's ZeRO stages run (zero_stages.cp_zeros): neither bounds the
+        other's plans."""
         hit = self.caches.token_time.get(key)
         if hit is not None:
             return hit
@@ -140,33 +144,30 @@ class StepTimeBounds(SearchPlans):
             # micro-batch's increment is one micro-batch fully overlapped (moe_time.overlapped_a2a at a steady share of
             # 1), the least any micro-batch pays.
             alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) * tokens
-        plan = self.plan(ref, self.zeros[0], recompute, b, overlap=overlap)
         gbs = (2 if overlap else 1) * b * dp_ref
         job_ref = self.ref_jobs.get(gbs)
         if job_ref is None:
             job_ref = self.ref_jobs[gbs] = self.job.model_copy(update={"global_batch_size": gbs})
-        try:
-            self.calls["throughput"] += 1
-            if self.engine.terms is None:
-                x = self.engine.throughput(job_ref, plan).breakdown
-                total = (x.cp_comm_s if part == "cp" else
-                         x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s)
-            else:  # the same breakdown terms (perf.throughput_of: m x the slowest stage's), without the report
-                if part == "cp" and self.engine.stage_cp is not None:  # only its CP seconds (perf.stage_cp)
-                    row = self.engine.stage_cp(job_ref, plan)
-                    m = row.m
-                elif self.engine.stage_work is not None:  # only what they read of the step (perf.stage_work)
-                    row = self.engine.stage_work(job_ref, plan)
-                    m = row.m
-                    if part == "work":  # its layers' and head's parts, what token_parts reads
-                        self._keep_parts(key, row, tokens, overlap)
-                else:
-                    t = self.engine.terms(job_ref, plan)
-                    row, m = t.rows[t.worst], t.m  # type: ignore[assignment]
-                total = m * row.cp if part == "cp" else m * row.compute + m * row.recompute + m * row.tp + m * row.ep
-            value = (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens
-        except MeshplanError:
-            value = 0.0
+        zeros = cp_zeros(self.job.card, self.zeros) if cp > 1 else self.zeros[:1]
+        # with EP overlap, the increment over one alone holds within one mechanism: none across them (cp 1 stands)
+        value = 0.0 if overlap and len(zeros) > 1 else math.inf
+        for zero in zeros if value else ():
+            # a CP reference's seconds read no recompute (cp_time): the first the rules pass at this stage
+            for rec in self.recomputes[self.recomputes.index(recompute):] if part == "cp" else (recompute,):
+                try:
+                    self.calls["throughput"] += 1
+                    total, work = reference_seconds(self.engine, job_ref, self.plan(ref, zero, rec, b, overlap=overlap),
+                                                    part)
+                    break
+                except MeshplanError:
+                    total = work = None
+            if work is not None and part == "work":  # its layers' and head's parts, what token_parts reads
+                self._keep_parts(key, work, tokens, overlap)
+            if total is None:  # refused: no bound from this reference
+                self.caches.token_parts.pop(key, None)
+                value = 0.0
+                break
+            value = min(value, (max(0.0, total - alone) if alone else 0.0) / tokens if overlap else total / tokens)
         self.caches.token_time[key] = value
         return value
 
@@ -386,12 +387,14 @@ class StepTimeBounds(SearchPlans):
 
     def _keep_parts(self, key: tuple, work: StageWork, tokens: float, overlap: bool) -> None:
         """token_parts' layer and head parts per token of the work reference `key` of _per_token, from its StageWork:
-        with EP overlap the second micro-batch's increment over one alone (whose own _per_token kept its parts)."""
+        with EP overlap the second micro-batch's increment over one alone (whose own _per_token kept its parts); where
+        the key's references are several (zero_stages.cp_zeros), each part the least of theirs."""
         parts = tuple(work.m * x for x in (work.dense, work.moe, work.dense_rec, work.moe_rec, work.head))
         kept = self.caches.token_parts
         alone = kept.get((*key[:-1], False)) if overlap else None
         if not overlap:
-            kept[key] = tuple(x / tokens for x in parts)
+            own = tuple(x / tokens for x in parts)
+            kept[key] = tuple(map(min, kept[key], own)) if key in kept else own
         elif alone is not None:  # (one alone without its parts: none kept, token_parts reads none)
             kept[key] = tuple(max(0.0, x - a * tokens) / tokens for x, a in zip(parts, alone, strict=True))
 

@@ -110,3 +110,24 @@ def ideal_time(job: Job, engine: Engine) -> float:
     else:
         flops = model_flops_per_step(job.model, job.seq_length, job.global_batch_size)
     return flops / (job.num_gpus * peak * engine.efficiency_cap)
+
+
+def reference_seconds(engine: Engine, job: Job, plan: Plan, part: str) -> tuple[float, StageWork | None]:
+    """What a per-token reference of the search's bounds reads of one plan's step (search/bounds._per_token): its CP
+    seconds (`part` "cp"), else its compute, recompute, TP and EP, through the Engine's cheapest estimator that gives
+    them to the last bit (perf.throughput_of: m x the slowest stage's); with the StageWork it read, if any (its layers'
+    and head's parts)."""
+    if engine.terms is None:
+        x = engine.throughput(job, plan).breakdown
+        return (x.cp_comm_s if part == "cp" else x.compute_s + x.recompute_s + x.tp_comm_s + x.ep_comm_s), None
+    work = None
+    if part == "cp" and engine.stage_cp is not None:  # only its CP seconds (perf.stage_cp)
+        row = engine.stage_cp(job, plan)
+        m = row.m
+    elif engine.stage_work is not None:  # only what they read of the step (perf.stage_work)
+        row = work = engine.stage_work(job, plan)
+        m = row.m
+    else:
+        t = engine.terms(job, plan)
+        row, m = t.rows[t.worst], t.m  # type: ignore[assignment]
+    return (m * row.cp if part == "cp" else m * row.compute + m * row.recompute + m * row.tp + m * row.ep), work
