@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.estimate.context_parallel import kv_width, q_out_width, ring_exposed
+from meshplan.arithmetic.activations import ulysses_heads
+from meshplan.arithmetic.comm import alltoall_time, job_links
+from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.estimate.context_parallel import kv_width, q_out_width, ring_exposed, ulysses_widths
 from meshplan.estimate.perf import estimate_throughput
+from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
@@ -99,3 +103,23 @@ def test_ulysses_engines_time_cp_as_all_to_alls(framework):
     assert plan.cp_comm_type == "p2p"  # the plan keeps the default: the engine has no comm type
     ring = estimate(**common, zero_stage=1, micro_batch_size=1).breakdown.cp_comm_s
     assert ring == 0.0
+
+
+def test_ulysses_sends_q_k_v_and_the_output_one_all_to_all_each_with_k_v_repeated_to_the_degree():
+    """verl's and SkyRL's _ulysses_flash_attention_forward repeat K and V to max(degree // kv_heads, 1) times their
+    heads (repeat_kv), then send q, k, v and later the output through one all-to-all each, the backward the same
+    four on the gradients. Llama-3.1-8B (32 heads, 8 KV heads, head 128) at Ulysses 16: K and V go out at 16 heads
+    each, not 8; the step's cp comm is 32 layers x 2 directions x those four all-to-alls x its micro-batches."""
+    assert [ulysses_heads(8, u) for u in (2, 8, 16)] == [8, 8, 16]
+    assert ulysses_widths(resolve_model("llama-3.1-8b"), 16, False) == (32 * 128, 16 * 128, 16 * 128, 32 * 128)
+    mla = resolve_model("deepseek-v2-lite")  # 16 heads, nope 128 + rope 64, v 128: V and the output padded to 192
+    assert ulysses_widths(mla, 2, True) == (16 * 192,) * 4
+    assert ulysses_widths(mla, 2, False) == (16 * 192, 16 * 192, 16 * 128, 16 * 128)
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=16, cp=16, seq_length=32768,
+                                global_batch_size=16, micro_batch_size=1, framework="verl", job="sft", zero_stage=3))
+    lk = job_links(job, calibration(job.framework))
+    group = mesh_groups(plan, law=job.card.world_size_law).cp
+    tokens = 32768 / 16
+    one = sum(alltoall_time(tokens * w * 2, group.size, group.stride, lk) for w in (4096, 2048, 2048, 4096))
+    m = plan.num_microbatches(job.global_batch_size)
+    assert estimate_throughput(job, plan).breakdown.cp_comm_s == pytest.approx(m * 32 * 2 * one, rel=1e-12)

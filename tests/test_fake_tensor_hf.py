@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import meshplan.estimate.memory as memory
 from meshplan.arithmetic.activations import MOE_BYTES, Layout, attention_saves, layer_activations, shape_of
 from meshplan.arithmetic.memory_states import convention_name, memory_card
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 2048  # tokens of one packed micro-batch
@@ -134,3 +137,33 @@ def test_the_harness_counts_the_hand_counted_llama_layer(rows):
     # with the output counted and the released input not (the torchtitan harness's convention): 2h more
     assert llama["none"]["framework_bytes_with_output"] == expected + T * 2 * h
     assert llama["full"]["framework_per_layer_bytes"] == [T * 2 * h] * 2  # the checkpoint keeps the layer input
+
+
+def test_ulysses_keeps_k_v_at_the_repeated_heads_and_flash_output_beside_the_out_projection_input():
+    """Under Ulysses (verl's and SkyRL's _ulysses_flash_attention_forward) flash attention keeps the q, k, v it gets
+    from the all-to-alls, full sequence and heads / degree, so a rank's q and output are the same bytes as without,
+    but K and V are repeated to max(degree // kv_heads, 1) x kv_heads first (repeat_kv), and flash's output goes
+    through another all-to-all into a new tensor, the o_proj input: both are kept. Llama-3.1-8B (8 KV heads) at
+    Ulysses 16 keeps K and V at 16 heads; DeepSeek-V3's padded output was already counted apart from o_proj's input
+    (test_deepseek_v3_mla_pads_v_for_flash), so MLA adds nothing."""
+    llama = shape_of(resolve_model("llama-3.1-8b"))
+    h, g, d = 4096, 8, 128
+    plain = layer_activations(llama, _layout(), False, "none")["attention"]
+    assert layer_activations(llama, _layout(ulysses=4), False, "none")["attention"] == plain + T * 2 * h
+    assert layer_activations(llama, _layout(ulysses=16), False, "none")["attention"] == (
+        plain + T * 2 * h + T * 2 * 2 * (16 - g) * d)
+    assert layer_activations(llama, _layout(ulysses=16), False, "full") == {"layer_input": T * 2 * h}
+    ds = shape_of(resolve_model("deepseek-v3"))
+    assert layer_activations(ds, _layout(ulysses=8), False, "none") == layer_activations(ds, _layout(), False, "none")
+
+
+def test_the_memory_estimate_of_a_ulysses_plan_counts_them(monkeypatch):
+    """estimate_memory builds the layer's Layout at the plan's Ulysses degree where its engine runs Ulysses
+    (context_parallel.runs_ulysses): verl's FSDP engine, Llama-3.1-8B at Ulysses 4 and 32,768 tokens, no recompute,
+    holds flash's output of each of its 32 layers beside o_proj's input, 8,192 tokens x 4,096 x 2 bytes each."""
+    job, plan = resolve(Request(model="llama-3.1-8b", gpu="h200", num_gpus=8, framework="verl", job="sft", zero_stage=3,
+                                cp=4, seq_length=32768, global_batch_size=4, micro_batch_size=1, recompute="none"))
+    ulysses = memory.estimate_memory(job, plan).stages[0].activations_bytes
+    monkeypatch.setattr(memory, "runs_ulysses", lambda card, zero_stage: False)
+    memory.per_kind_activations.cache_clear()
+    assert ulysses - memory.estimate_memory(job, plan).stages[0].activations_bytes == 32 * 8192 * 4096 * 2

@@ -193,6 +193,13 @@ def attention_saves(conv) -> AttentionSaves:
                           conv.mla_v_pad)
 
 
+def ulysses_heads(kv_heads: int, degree: int) -> int:
+    """K/V heads a rank sends through Ulysses' all-to-all and attends with: verl's and SkyRL's
+    _ulysses_flash_attention_forward repeat K and V max(degree // kv_heads, 1) times first (repeat_kv), so that the
+    degree divides them (UL001 asks kv_heads to divide it or be a multiple of it)."""
+    return kv_heads * max(degree // kv_heads, 1)
+
+
 def _norm(width: float, rows: float, lay: Layout) -> float:
     """What one norm over `width` features of `rows` rows keeps for the backward (AttentionSaves.norms)."""
     if lay.attn.norms == "fp32_composite":
@@ -228,6 +235,10 @@ class Layout(NamedTuple):
     stacked_experts: bool = False
     # what a Mamba-2 layer saves (cards/memory.yaml mamba2_layer, Mamba2Layer.terms); empty for a model without one
     mamba: tuple = ()
+    # the Ulysses degree where the engine runs cp as Ulysses (context_parallel.runs_ulysses): flash attention keeps K
+    # and V at ulysses_heads and its output before the all-to-all that gives the out-projection its input; 1, the
+    # smaller count, so a layout built without it stays a floor
+    ulysses: int = 1
 
     def moe_view(self) -> Layout:
         """The layout an MoE block's tensors see: this one, or where TP leaves the block whole tp 1 without SP."""
@@ -310,12 +321,13 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
             attn += BF16 * t * (2 * q_dim + v_dim) / tp  # per-head Q, K, V
             if lay.attn.mla_v_view:
                 attn += BF16 * t * shape.a * d_nope / tp  # the K-nope half of the up-projection output V views
-        if lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope and "core_attn" not in sel:
+        padded = lay.flash and lay.attn.mla_v_pad and d_v < d_nope + d_rope
+        if padded and "core_attn" not in sel:
             # V padded to the QK head width for flash, and flash's output at that width, sliced into a new tensor
             attn += BF16 * t * (q_dim - v_dim + q_dim) / tp
     else:
-        q_dim, v_dim = shape.a * shape.d, shape.a * shape.d
-        attn += BF16 * t * (q_dim + 2 * shape.g * shape.d) / tp
+        q_dim, v_dim, padded = shape.a * shape.d, shape.a * shape.d, False
+        attn += BF16 * t * (q_dim + 2 * ulysses_heads(shape.g, lay.ulysses) * shape.d) / tp  # K/V as flash keeps them
         if shape.qk_norm and lay.attn.norms == "fp32_composite":  # per-head Q and K norms, each head a row
             attn += (_norm(shape.d, t * shape.a, lay) + _norm(shape.d, t * shape.g, lay)) / tp
     attn += _rope(shape, lay)
@@ -330,6 +342,8 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     if "core_attn" in sel:
         core = 0.0  # core attention is recomputed from Q, K, V
     attn += core + BF16 * t * v_dim / tp  # attention output = out-projection input
+    if lay.ulysses > 1 and lay.flash and not padded and "core_attn" not in sel:
+        attn += BF16 * t * v_dim / tp  # flash's own output, before the all-to-all (a padded one is counted above)
     if lay.fp8 and lay.fp8_out_proj_copy:
         attn += t * v_dim / tp  # the out-projection keeps its own fp8 copy of that input
     if lay.dropout:

@@ -1,8 +1,10 @@
 """Context parallelism's exposed traffic per layer: the K/V ring, Ulysses' all-to-alls, the all-gather, and the
-hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it feeds."""
+hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it feeds; and DeepSpeed-Ulysses as verl's and
+SkyRL's FSDP engines run it (runs_ulysses), which the search's CP references read through the same function."""
 
 from __future__ import annotations
 
+from meshplan.arithmetic.activations import ulysses_heads
 from meshplan.arithmetic.comm import alltoall_time, p2p_time, ring_time
 from meshplan.arithmetic.mesh import Group, hierarchical_cp_groups, mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
@@ -55,6 +57,31 @@ def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
     return card.engine_at(zero_stage) in card.engine.ulysses
 
 
+def ulysses_widths(arch: Architecture, degree: int, v_pad: bool) -> tuple[float, float, float, float]:
+    """Elements per token of q, k, v and the attention output that one rank re-shards between sequence and heads:
+    every head of its tokens (no TP on those engines), K/V at ulysses_heads; MLA's per-head K (nope + rope) and V
+    as the Hugging Face attention hands them to flash attention (`v_pad`: V, and so the output, padded to the QK
+    head width first, the convention's mla_v_pad; the output is sliced back only after its all-to-all)."""
+    if arch.mla is not None:
+        m = arch.mla
+        qk = arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        v = qk if v_pad else arch.num_attention_heads * m.v_head_dim
+        return qk, qk, v, v
+    heads, kv = arch.num_attention_heads * arch.head_dim, ulysses_heads(arch.num_kv_heads, degree) * arch.head_dim
+    return heads, kv, kv, heads
+
+
+def ulysses_time(ctx: LayerContext) -> float:
+    """Forward seconds of one layer's Ulysses all-to-alls per micro-batch (the backward runs the same ones on the
+    gradients: SeqAllToAll's backward): verl's and SkyRL's _ulysses_flash_attention_forward sends q, k and v through
+    one all-to-all each (gather_seq_scatter_heads) before flash attention and its output through another after
+    (gather_heads_scatter_seq), one after another on the compute stream, nothing overlapped."""
+    group = mesh_groups(ctx.plan, law=ctx.law).cp
+    tokens, lk = ctx.shard.tokens, ctx.lk
+    return sum(alltoall_time(tokens * width * BF16, group.size, group.stride, lk)
+               for width in ulysses_widths(ctx.arch, ctx.plan.cp, ctx.mla_v_pad))
+
+
 def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -> tuple[float, float]:
     """(forward, forward + backward) exposed CP traffic of one layer per micro-batch, by cp_comm_type as
     Transformer Engine runs it: p2p a K/V ring overlapped step by step; a2a (Ulysses) q, k, v and the output
@@ -62,22 +89,24 @@ def cp_time(ctx: LayerContext, attention_fwd: float, attention_fwd_bwd: float) -
     allgather the K/V gathered forward and dK/dV reduce-scattered backward, not overlapped; a2a+p2p the all-to-all
     over the CP ranks inside one node and a ring of the nodes (mesh.hierarchical_cp_sizes, what the adapters
     render as hierarchical_context_parallel_sizes), each ring step then carrying the same K/V bytes against
-    a2a-size times the attention. Where the engine's cp is Ulysses (verl's and SkyRL's FSDP engines: ctx.ulysses),
-    it is a2a whatever cp_comm_type says (runs_ulysses)."""
+    a2a-size times the attention. Where the engine runs Ulysses (ctx.ulysses: runs_ulysses), its own all-to-alls
+    (ulysses_time) whatever cp_comm_type says."""
     plan, arch, lk = ctx.plan, ctx.arch, ctx.lk
     c = plan.cp
     if c <= 1:
         return 0.0, 0.0
-    comm = "a2a" if ctx.ulysses else plan.cp_comm_type
+    if ctx.ulysses:
+        one = ulysses_time(ctx)
+        return one, FORWARD_AND_BACKWARD * one
     tokens = ctx.shard.tokens
     kv_bytes = tokens * kv_width(arch, plan.tp) * BF16
     attention_bwd = attention_fwd_bwd - attention_fwd
     group = mesh_groups(plan, law=ctx.law).cp
-    if comm == "allgather":
+    if plan.cp_comm_type == "allgather":
         one = ring_time(c * kv_bytes, group.size, group.stride, lk)
         return one, FORWARD_AND_BACKWARD * one
-    a2a, ring = (group, Group(1, plan.tp * c)) if comm == "a2a" else (Group(1, plan.tp), group)
-    if comm == "a2a+p2p":
+    a2a, ring = (group, Group(1, plan.tp * c)) if plan.cp_comm_type == "a2a" else (Group(1, plan.tp), group)
+    if plan.cp_comm_type == "a2a+p2p":
         a2a, ring = hierarchical_cp_groups(plan, lk.node)
     a2a_one = alltoall_time(tokens * (q_out_width(arch, plan.tp) + kv_width(arch, plan.tp)) * BF16,
                             a2a.size, a2a.stride, lk)

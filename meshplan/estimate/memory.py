@@ -48,6 +48,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
 from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.units import GIB
+from meshplan.estimate.context_parallel import runs_ulysses
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, forward_gathered, stage_fit, stage_memory
@@ -343,6 +344,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
         mamba=memory_card().mamba2_layer.terms() if job.model.mamba else (),
+        ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
     )
 
 
