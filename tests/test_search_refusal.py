@@ -54,6 +54,31 @@ def test_lora_on_a_framework_without_it_is_refused_with_lora001():
     assert api.recommend(Request(**{**LORA, "framework": "megatron-bridge"}), top_k=1).candidates
 
 
+def test_a_refusal_names_no_zero_stage_the_request_left_open():
+    """Before: 'OF001: optimizer_offload on KempnerForge at zero_stage 0: ...' for a request that fixed no ZeRO stage
+    (the plainest plan's stage); the refusal now says the rule at every stage the search tries, and names the one a
+    request fixes alone. Where the stages' fixes differ (SkyRL's Megatron and FSDP engines), each says its stages."""
+    req = dict(model="llama-3.1-8b", num_gpus=16, framework="kempnerforge", optimizer_offload=True)
+    job, _ = search_job(Request(**req))
+    stages = Space.of(job, Fixed.from_request(Request(**req))).zeros
+    assert len(stages) > 1
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**req))
+    words = refusal.either(list(stages))
+    assert exc.value.reason.startswith(f"OF001: optimizer_offload on KempnerForge at zero_stage {words}: ")
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**req, zero_stage=3))
+    assert exc.value.reason.startswith("OF001: optimizer_offload on KempnerForge at zero_stage 3: ")
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**{**req, "framework": "torchtitan", "optimizer": "muon", "optimizer_offload": False}))
+    assert "(zero_stage=0)" not in exc.value.reason and exc.value.reason.startswith("PR005:")
+    with pytest.raises(MeshplanError) as exc:
+        api.recommend(Request(**{**req, "framework": "skyrl"}))
+    assert exc.value.fix.startswith("At zero_stage ") and exc.value.fix.count("At zero_stage ") == 2
+    code, out, err = run_cli(["min-gpus", "llama-3.1-8b", "--framework", "kempnerforge", "--optimizer-offload", "true"])
+    assert code != 0 and f"at zero_stage {words}: " in out + err and "Traceback" not in out + err
+
+
 def test_a_blocker_is_one_no_plan_of_the_space_passes():
     """A rule that fires on the plainest plan but not on every plan is no blocker (TP1 fails nothing here; a fixed
     ep on a dense model fails EP001 everywhere)."""

@@ -20,7 +20,7 @@ from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, plural
-from meshplan.rules.engine import Context, backend_of, load_rules, reads_of, rule_specs
+from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
 from meshplan.search.job import job_at
@@ -127,7 +127,7 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
                     _fires(job, space.plan(fixed_experts(space, group.example), z, r, 1), rule_id)
                     for group in space.dropped for z in space.zeros for r in space.recomputes):
                 total = sum(space.count(lay) for lay in space.layouts) + sum(space.dropped_by().values())
-                return next(f for f in probes[0] if f.id == rule_id), total
+                return worded_over_stages(space, rule_id, next(f for f in probes[0] if f.id == rule_id)), total
         return None
     dropped = space.dropped_by()
     if len(dropped) != 1 or not space.dropped:
@@ -136,6 +136,39 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
     example = space.plan(space.dropped[0].example, space.zeros[0], space.recomputes[0], 1)
     found = next((f for f in first_errors(job, example) if f.id == rule_id), None)
     return (found, dropped[rule_id]) if found else None
+
+
+def either(values: list[int]) -> str:
+    """Values in words: '3', '0 or 3', '0, 1 or 3'."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def worded_over_stages(space: Space, rule_id: str, first: Finding) -> Finding:
+    """The blocker's finding as a refusal of the whole space states it. Where the request fixes no ZeRO stage and the
+    rule's message names one (its values' `zero`: OF001, PR001, PR005, ...), the plainest plan's stage alone would
+    claim a stage the user never chose: the rule is worded again at every stage the search tries, stages it words
+    alike said once ('at zero_stage 0 or 3'). `first`: its finding on the plainest plan at the first stage."""
+    if len(space.zeros) == 1:
+        return first
+    plainest = space.layouts[0]
+    condition = load_rules()[rule_id]
+    spec = rule_specs()[rule_id]
+    said: dict[str, list[tuple[int, dict]]] = {}  # the message with its stage left blank -> each stage's values
+    for zero in space.zeros:
+        values = condition(Context(space.job, space.plan(plainest, zero, space.recomputes[0],
+                                                        space.sizes(plainest)[0])))
+        if not values or "zero" not in values:
+            return first
+        said.setdefault(finding(spec, {**values, "zero": ""}).message, []).append((zero, values))
+    found = [finding(spec, {**stages[0][1], "zero": either([z for z, _ in stages])}) for stages in said.values()]
+    fixes: dict[str, list[int]] = {}  # each fix -> the stages it is the fix at
+    for stages in said.values():
+        for zero, values in stages:
+            fixes.setdefault(finding(spec, values).fix, []).append(zero)
+    fix = next(iter(fixes)) if len(fixes) == 1 else " ".join(
+        f"At zero_stage {either(stages)}: {text}" for text, stages in fixes.items())
+    return first.model_copy(update={"message": " ".join(f.message for f in found), "fix": fix})
 
 
 def fixed_experts(space: Space, example: Layout) -> Layout:
