@@ -266,6 +266,7 @@ def rl_report(job, plan: Plan, timing, update, words: str):
             + ("separate pools: generation overlaps the training side (one step off)." if overlaps(job, plan) else
                f"{plan.placement}{' pools' if plan.placement == 'separate' else ''}: the parts add."))
     return update.model_copy(update={
+        "plan": plan,  # the update may be one estimated for another rollout shape of the same actor (rl_step_time)
         "step_time_s": timing.step_s, "tokens_per_s": tokens / timing.step_s,
         "tokens_per_s_per_gpu": tokens / timing.step_s / rl_job_gpus(job.num_gpus, critic_apart(job, plan),
                                                                      plan.placement, plan.rollout_gpus),

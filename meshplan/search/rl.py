@@ -24,7 +24,7 @@ from meshplan.rl.step_time import rl_report, rl_step_time
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import Candidate, Recommendation
 from meshplan.schema.request import Request
-from meshplan.search.job import search_job
+from meshplan.search.job import OPEN_FOR_SEARCH, search_job
 from meshplan.search.policy import HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
 from meshplan.search.refusal import HostRefused, nodes_to_hold
@@ -39,6 +39,18 @@ FRACTION_STEP = 0.05
 ACTOR_LAYOUTS = 4  # trainer layouts of the training search whose rollout choices are tried (its best ones)
 ACTOR_WIDENING = 4  # when no RL step fits on them: this many times as many actor layouts, again
 MAX_ACTOR_LAYOUTS = 256  # the most actor layouts tried before answering that no RL step fits
+
+
+SEARCHED = (*OPEN_FOR_SEARCH, "zero_stage", "micro_batch_size", "recompute", "rollout_tp", "rollout_dp", "rollout_ep",
+            "rollout_memory_fraction")
+"""The fields an RL recommend chooses where the request leaves them out: the actor's layout, ZeRO stage, micro-batch
+and recompute (the training search), the rollout's shape and memory fraction (_rank_actor)."""
+
+
+def held_notes(notes: list[str]) -> list[str]:
+    """The resolver's notes that hold for every candidate: the default it noted for a field the search chooses
+    ('rollout_tp not given: 2, the verl default') names a value the candidates need not have."""
+    return [n for n in notes if n.split(" not given:", 1)[0] not in SEARCHED]
 
 
 def _fixed(req: Request) -> dict:
@@ -166,6 +178,8 @@ def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
 def _recommend_rl(req: Request, top_k: int) -> Recommendation:
     training = _training(req)
     job, base = resolve(req)
+    job = job.model_copy(update={"notes": held_notes(job.notes)})  # the answer's assumptions
+    quiet = job.model_copy(update={"notes": []})  # the candidates' reports, as the training search's: no resolver note
     refuse_host(job, base, training)
     headroom = headroom_for(req)
     limit = (1 - headroom) * job.gpu.memory_bytes
@@ -177,7 +191,7 @@ def _recommend_rl(req: Request, top_k: int) -> Recommendation:
         # headroom, not the RL phases') nor the decision table
         actors = recommend(training, top_k=count, engine=engine, rows_only=True)
         for actor in actors.candidates[seen:]:
-            _rank_actor(out, job, base, req, actor, limit)
+            _rank_actor(out, quiet, base, req, actor, limit)
         seen = len(actors.candidates)
         if out.ranked or seen < count or count >= MAX_ACTOR_LAYOUTS:
             break
