@@ -75,7 +75,12 @@ def test_a_count_filling_no_whole_node_runs_with_a_share_that_divides_the_node(g
     assert bool(said) == (per_node != 8)
     if said:
         assert f"{gpus // per_node} nodes x {per_node}" in said[0] and f"{8 - per_node} GPU" in said[0]
-    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=gpus, gpu="h100", gpus_per_node=2))
+    given = Request(model="llama-3.1-8b", num_gpus=gpus, gpu="h100", gpus_per_node=2)
+    if gpus % 2:  # nodes of 2 the count leaves part-filled: no launcher starts it (render refuses it too)
+        with pytest.raises(MeshplanError, match="do not fill whole 2-GPU nodes"):
+            resolve(given)
+        return
+    job, _ = resolve(given)
     assert job.gpus_per_node == 2  # the request's own, as given
 
 
@@ -121,3 +126,24 @@ def test_the_resolved_job_carries_its_framework_cards_and_a_hand_built_or_re_fra
     assert carry_cards(hand).card is job.card and hand == job
     with pytest.raises(MeshplanError, match=r"The card of 'torchtitan' cannot go with a job of framework 'verl'"):
         hand.attach_cards(framework_card("torchtitan"))
+
+
+def test_a_given_gpus_per_node_that_leaves_a_node_part_filled_is_refused_on_every_face():
+    """Before: recommend ranked 13 GPUs on nodes of 4 and said they ran 'as 3 nodes x 4' (12 GPUs), memory and
+    throughput estimated them, while render refused the same request (adapters/common.nodes). Now the resolver refuses
+    it for every face; an RL job names the trainer's share it checks."""
+    from meshplan import api
+    from meshplan.faces import cli
+
+    for ask in (api.estimate_memory, api.recommend):
+        with pytest.raises(MeshplanError, match=r"13 GPUs do not fill whole 4-GPU nodes \(gpus_per_node=4\)") as err:
+            ask(Request(model="llama-3.1-8b", num_gpus=13, gpus_per_node=4))
+        assert "12 or 16" in err.value.fix
+    with pytest.raises(MeshplanError, match=r"12 GPUs \(the trainer's share of num_gpus=16\) do not fill whole 8-GPU"):
+        resolve(Request(model="qwen3-8b", framework="verl", job="rl", num_gpus=16, placement="separate", rollout_gpus=4,
+                        gpus_per_node=8))
+    assert cli.main(["recommend", "llama-3.1-8b", "--num-gpus", "13", "--gpus-per-node", "4"]) == cli.EXIT_USAGE
+    _, plan = resolve(Request(model="llama-3.1-8b", num_gpus=12, gpus_per_node=4))  # whole nodes
+    assert plan.dp == 12
+    _, plan = resolve(Request(model="llama-3.1-8b", num_gpus=3, gpus_per_node=4))  # one node, part of it
+    assert plan.dp == 3

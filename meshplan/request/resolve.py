@@ -61,14 +61,25 @@ def batch_unit_text(num_gpus: int, micro_batch_size: int, dp: int) -> str:
     return text
 
 
-def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: list[str]) -> int:
+def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: list[str],
+                         whose: str = "") -> int:
     """The processes launched on each node (the job's gpus_per_node: its nodes, NVLink domain and host share).
     torchrun and Ray start the same number on every node, so a count over one node that is no multiple of the
     GPU's node runs with fewer, the nodes' other GPUs idle: the largest count dividing both the GPU count and the
     node (20 on 8-GPU nodes: 5 nodes x 4), so that every group that fits a node's share lies on one node, as the
     frameworks' power-of-two TP and expert groups then do; where that is 1, the largest divisor of the count not above
-    the node (15: 5 nodes x 3); one with no divisor from 2 up is refused with the counts that launch."""
+    the node (15: 5 nodes x 3); one with no divisor from 2 up is refused with the counts that launch, and so is a
+    gpus_per_node the request gives that leaves a node part-filled (13 GPUs on nodes of 4: render's
+    adapters/common.nodes refuses it too). `whose`: what the count is where it is not the request's num_gpus (an RL
+    job's trainer share)."""
     node = gpu.gpus_per_node
+    if asked is not None and num_gpus > asked and num_gpus % asked:
+        below = num_gpus - num_gpus % asked
+        raise MeshplanError(
+            f"{num_gpus} GPUs{whose} do not fill whole {asked}-GPU nodes (gpus_per_node={asked}): launchers "
+            "(torchrun, Ray) start the same number of processes on every node.",
+            fix=f"Use a multiple of {asked} GPUs ({below} or {below + asked}), gpus_per_node a divisor of {num_gpus}, "
+                "or leave gpus_per_node out (meshplan then picks the launch split).")
     if asked is not None or num_gpus <= node or num_gpus % node == 0:
         return node if asked is None else asked
     per_node, why = _node_share(num_gpus, node)
@@ -142,6 +153,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
+    asked_gpus = req.num_gpus
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
     pp, vpp = _pipeline_degrees(req, notes)
@@ -158,7 +170,8 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     recompute = _recompute(req, notes)
     gbs = _global_batch(req, num_gpus=num_gpus, mbs=mbs, dp=dp, notes=notes,
                         runs_per_step=card.pipeline.runs_per_accumulation_step)
-    gpn = launch_gpus_per_node(num_gpus, gpu, req.gpus_per_node, notes)
+    whose = f" (the trainer's share of num_gpus={asked_gpus})" if asked_gpus not in (None, num_gpus) else ""
+    gpn = launch_gpus_per_node(num_gpus, gpu, req.gpus_per_node, notes, whose)
     plan = Plan(
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp,
         sequence_parallel=sp, zero_stage=zero, dp_replicate=req.dp_replicate or 1, micro_batch_size=mbs,
