@@ -45,6 +45,13 @@ def lora_frameworks() -> list[str]:
 # --------------------------------------------------------------------------- the request
 
 
+def lora_asked(req: Request) -> bool:
+    """Whether the request trains LoRA adapters: job=lora, or lora_rank / lora_targets given with the job left out
+    (or an RL job's); resolve_lora refuses them on a pretrain or sft job."""
+    return req.job == "lora" or (req.job not in ("pretrain", "sft") and (req.lora_rank is not None
+                                                                          or req.lora_targets is not None))
+
+
 def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_stage: int,
                  notes: list[str]) -> LoraSpec | None:
     """The job's LoRA adapters: job=lora or a lora_rank (unless job is pretrain/sft), each default noted; None for a
@@ -54,7 +61,7 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     if req.job in ("pretrain", "sft") and given:
         raise MeshplanError(f"lora_rank / lora_targets are LoRA fields, not for job={req.job}.",
                             fix="Drop them, or pass job=lora (or leave job out).")
-    if req.job != "lora" and not given:
+    if not lora_asked(req):
         return None
     if req.job is None:
         notes.append("job not given: lora, as lora_rank or lora_targets is given.")
