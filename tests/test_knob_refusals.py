@@ -359,3 +359,35 @@ def test_the_note_quotes_the_cards_reason_and_the_card_requires_one():
     for bad in (dict(key="x", reason="r"), dict(key=None, instead="i", reason="ends.")):
         with pytest.raises(ValidationError, match="'reason' belongs"):
             AdapterKnob.model_validate(bad)
+
+
+def named_stages(text: str) -> set[int]:
+    """The ZeRO stages a fix tells the user to take ('zero_stage 0 or 1', 'zero_stage 1, or 3', 'zero_stage 0-2')."""
+    import re
+
+    out: set[int] = set()
+    for found in re.finditer(r"zero_stage[ =](\d(?:\s*(?:, or|,|or|-)\s*\d)*)", text):
+        words = found.group(1)
+        for a, b in re.findall(r"(\d)\s*-\s*(\d)", words):
+            out.update(range(int(a), int(b) + 1))
+        out.update(int(d) for d in re.findall(r"\d", words))
+    return out
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+@pytest.mark.parametrize("degree", ["tp", "pp", "ep"])
+def test_the_fsdp_engines_fixes_name_megatron_stages_that_pass(framework, degree):
+    """verl and SkyRL run their FSDP engine at zero_stage 3, without TP, PP or EP: FS001 and AD001 name the stages
+    of their Megatron engine instead. Before: FS001 said 'zero_stage 0-2' and the cards' AD001 text 'zero_stage 1, or
+    3 for Megatron-FSDP' (verl) and 'zero_stage 0-2' (SkyRL), where AD001 refuses verl's ZeRO-2 and SkyRL's ZeRO-0
+    and ZeRO-2 and zero_stage 3 is the FSDP engine again: each stage a fix names now passes both rules."""
+    model = "qwen3-30b-a3b" if degree == "ep" else "qwen3-8b"
+    ask = dict(model=model, framework=framework, num_gpus=16, **{degree: 2})
+    findings = api.check_config(Request(**ask, zero_stage=3)).findings
+    fixes = [f.fix for f in findings if f.id in ("FS001", "AD001")]
+    assert any(f.id == "FS001" for f in findings) and fixes
+    stages = set().union(*(named_stages(fix) for fix in fixes))
+    assert stages
+    for zero in stages:
+        left = {f.id for f in api.check_config(Request(**ask, zero_stage=zero)).findings if f.severity == "error"}
+        assert not left & {"FS001", "AD001"}, (zero, left)

@@ -14,7 +14,7 @@ import pytest
 
 from meshplan import api
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB
+from meshplan.core.units import GIB, either_or
 from meshplan.faces import cli, display
 from meshplan.schema.request import Request
 from meshplan.search import refusal
@@ -64,7 +64,7 @@ def test_a_refusal_names_no_zero_stage_the_request_left_open():
     assert len(stages) > 1
     with pytest.raises(MeshplanError) as exc:
         api.recommend(Request(**req))
-    words = refusal.either(list(stages))
+    words = either_or(list(stages))
     assert exc.value.reason.startswith(f"OF001: optimizer_offload on KempnerForge at zero_stage {words}: ")
     with pytest.raises(MeshplanError) as exc:
         api.recommend(Request(**req, zero_stage=3))

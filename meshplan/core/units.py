@@ -1,4 +1,5 @@
-"""Byte units, one home: every module that prints or compares GiB or GB reads them here."""
+"""Byte units, one home: every module that prints or compares GiB or GB reads them here; and the few other small
+wording helpers every layer shares."""
 
 import math
 
@@ -42,3 +43,9 @@ def si_count(n: float, unit: str) -> str:
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 count', '2 counts' (`many` for an irregular plural), the count written with thousands separators."""
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def either_or(values: list) -> str:
+    """Alternatives in words: '3', '0 or 3', '0, 1 or 3'."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]

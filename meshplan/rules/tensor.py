@@ -8,7 +8,10 @@ it states the framework's own test (the source the card names), not a tidier ver
 from __future__ import annotations
 
 from meshplan.arithmetic import mesh
+from meshplan.core.units import either_or
+from meshplan.knowledge.adapter_knobs import unwritable
 from meshplan.knowledge.cards import framework_card
+from meshplan.rules.context import backend_of
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import divisors, fmt_set
 from meshplan.rules.world import tiling
@@ -106,7 +109,15 @@ def fsdp_backend_degrees(ctx: Context) -> Values:
     used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
     if not used:
         return None
-    return {"framework": ctx.framework, "used": ", ".join(used)}
+    return {"framework": ctx.framework, "used": ", ".join(used), "stages": either_or(megatron_stages(ctx))}
+
+
+def megatron_stages(ctx: Context) -> list[int]:
+    """The ZeRO stages that select the framework's Megatron engine (its card's engine.by_zero_stage) and that its
+    config as render writes it can express with the plan's degrees (verl has no ZeRO-2 key: AD001): the stages
+    FS001's fix may name."""
+    return [zero for zero in range(4) if backend_of(ctx.card, zero) != ctx.backend and unwritable(
+        ctx.framework, ctx.job, ctx.plan.model_copy(update={"zero_stage": zero}), f"zero_{zero}") is None]
 
 
 

@@ -19,7 +19,7 @@ from meshplan.arithmetic.mesh import ranks_per_node
 from meshplan.arithmetic.offload import offload_card, offload_plan
 from meshplan.check.config import check_structure
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB, plural
+from meshplan.core.units import GIB, either_or, plural
 from meshplan.rules.engine import Context, backend_of, finding, load_rules, reads_of, rule_specs
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import Finding
@@ -138,12 +138,6 @@ def blocking_rule(space: Space) -> tuple[Finding, int] | None:
     return (found, dropped[rule_id]) if found else None
 
 
-def either(values: list[int]) -> str:
-    """Values in words: '3', '0 or 3', '0, 1 or 3'."""
-    words = [str(v) for v in values]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
-
-
 def worded_over_stages(space: Space, rule_id: str, first: Finding) -> Finding:
     """The blocker's finding as a refusal of the whole space states it. Where the request fixes no ZeRO stage and the
     rule's message names one (its values' `zero`: OF001, PR001, PR005, ...), the plainest plan's stage alone would
@@ -161,13 +155,13 @@ def worded_over_stages(space: Space, rule_id: str, first: Finding) -> Finding:
         if not values or "zero" not in values:
             return first
         said.setdefault(finding(spec, {**values, "zero": ""}).message, []).append((zero, values))
-    found = [finding(spec, {**stages[0][1], "zero": either([z for z, _ in stages])}) for stages in said.values()]
+    found = [finding(spec, {**stages[0][1], "zero": either_or([z for z, _ in stages])}) for stages in said.values()]
     fixes: dict[str, list[int]] = {}  # each fix -> the stages it is the fix at
     for stages in said.values():
         for zero, values in stages:
             fixes.setdefault(finding(spec, values).fix, []).append(zero)
     fix = next(iter(fixes)) if len(fixes) == 1 else " ".join(
-        f"At zero_stage {either(stages)}: {text}" for text, stages in fixes.items())
+        f"At zero_stage {either_or(stages)}: {text}" for text, stages in fixes.items())
     return first.model_copy(update={"message": " ".join(f.message for f in found), "fix": fix})
 
 
