@@ -235,13 +235,21 @@ def throughput_report(report: ThroughputReport) -> None:
     _band(console, report.error_band)
     if report.calibration is not None:  # a factor the user stored (meshplan compare --calibrate), never silent
         console.print(Text(report.calibration.words()))
-    table = _table("part", _col("seconds", right=True), _col("share of step", right=True))
-    for name, value in report.breakdown.model_dump().items():
-        share = value / report.step_time_s if report.step_time_s else 0.0
-        table.add_row(name.removesuffix("_s").replace("_", " "), f"{value:.4f}", f"{share:.1%}")
-    console.print(table)
+    console.print(_parts_table(report.parts(), report.step_time_s, "step"))
+    if report.rl is not None:  # the breakdown is the actor update's, one of the RL step's parts
+        update = report.breakdown.model_dump()
+        console.print(_parts_table(update, sum(update.values()), "update"))
     _notes(console, "warnings", report.warnings)
     _notes(console, "assumptions", report.assumptions)
+
+
+def _parts_table(parts: dict[str, float], whole: float, of: str):
+    """Seconds per part and each part's share of `whole` (the step, or an RL step's update)."""
+    table = _table("part", _col("seconds", right=True), _col(f"share of {of}", right=True))
+    for name, value in parts.items():
+        share = value / whole if whole else 0.0
+        table.add_row(name.removesuffix("_s").replace("_", " "), f"{value:.4f}", f"{share:.1%}")
+    return table
 
 
 def check_report(report: CheckReport) -> None:

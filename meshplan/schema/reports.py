@@ -181,6 +181,16 @@ class ThroughputReport(StrictModel):
         None, description="The cluster's step-time factor applied to this answer (meshplan compare --calibrate "
                           "stored it); None: the uncalibrated model")
 
+    def parts(self) -> dict[str, float]:
+        """Where step_time_s goes, part by part (seconds, keyed by field name): an RL step's phases (`rl`: the
+        rollout's generation, the log-prob passes, the update, resharding, phase offloads), of which `breakdown` is
+        the update's alone; else the training step's breakdown. What the CLI's table and the MCP summary word."""
+        if self.rl is None:
+            return self.breakdown.model_dump()
+        r = self.rl
+        return {"generation_s": r.generation_s, "log_prob_s": r.log_prob_s, "update_s": r.update_s,
+                "reshard_s": r.reshard_s, "offload_s": r.offload_s}
+
 
 class Finding(StrictModel):
     id: str

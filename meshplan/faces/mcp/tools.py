@@ -287,6 +287,8 @@ ESTIMATE_THROUGHPUT = (
     "layout arguments as estimate_memory."
 )
 
+RL_PARTS = {"generation_s": "generation", "log_prob_s": "log-prob passes", "update_s": "update",
+            "reshard_s": "resharding", "offload_s": "phase offloads"}  # ThroughputReport.parts of an RL step, worded
 _OVERHEADS = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "dp_comm_s", "pp_comm_s", "bubble_s", "recompute_s", "other_s")
 
 
@@ -296,12 +298,17 @@ def estimate_throughput(**args: Any) -> ThroughputAnswer:
         report = api.estimate_throughput(to_request(args))
     summary = (
         f"{report.model} with {report.plan.short()} on {report.framework}: {report.step_time_s:.3g} s per step, "
-        f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}."
+        f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.1%}"
+        + (" (the actor update's)." if report.rl is not None else ".")
     )
-    costs = {name: getattr(report.breakdown, name) for name in _OVERHEADS}
-    worst = max(costs, key=costs.get)
-    if costs[worst] > 0:
-        summary += f" Largest cost besides compute: {worst[:-2].replace('_', ' ')} ({costs[worst]:.3g} s)."
+    if report.rl is not None:  # an RL step: its phases, of which the breakdown is the update's alone
+        summary += " Parts: " + ", ".join(f"{RL_PARTS[name]} {value:.3g} s"
+                                           for name, value in report.parts().items() if value > 0) + "."
+    else:
+        costs = {name: getattr(report.breakdown, name) for name in _OVERHEADS}
+        worst = max(costs, key=costs.get)
+        if costs[worst] > 0:
+            summary += f" Largest cost besides compute: {worst[:-2].replace('_', ' ')} ({costs[worst]:.3g} s)."
     summary += _band_words(report.error_band)
     if report.calibration is not None:  # the user's stored cluster factor (meshplan compare --calibrate)
         summary += f" {report.calibration.words().capitalize()}."
