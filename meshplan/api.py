@@ -185,9 +185,17 @@ def compare_run(req: Request, log_text: str, *, log_path: str = "<log_text>", ca
 
     job, plan = resolve(script_request(req))
     measured = read_log(log_text, path=log_path, framework=job.framework)
+    logged, taken = measured.global_batch_size, []
+    if req.global_batch_size is None and logged is not None and logged != job.global_batch_size:
+        # the run's own batch where the request left it to the default: a step of the default batch is not what the
+        # log timed
+        job, plan = resolve(script_request(req).model_copy(update={"global_batch_size": logged}))
+        taken = [f"global_batch_size not given: {logged:,} sequences, the log's ({measured.path}), not the default "
+                 "batch: the step predicted is the one the log timed."]
     throughput = _model_throughput(job, plan)
     memory = with_band(job_memory(job, plan), job, plan)
     result = compare(job, memory, throughput, measured, stored_factor(job.gpu.key, job.framework))
+    result = result.model_copy(update={"notes": [*taken, *result.notes]})
     if not calibrate:
         return result
     step = next(f for f in result.figures if f.figure == "step_time")

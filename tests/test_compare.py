@@ -346,3 +346,18 @@ def test_calibration_off_refuses_to_store(monkeypatch):
     monkeypatch.setenv("MESHPLAN_CALIBRATION_FILE", "")
     with pytest.raises(MeshplanError, match="turned off"):
         api.compare_run(parse_request(TITAN), log("torchtitan_dcp_zoc.log"), calibrate=True)
+
+
+def test_a_request_without_a_batch_is_predicted_at_the_logs():
+    """Before: the Mixtral log's run (global batch 128) was compared with a prediction at the default batch of 1,024
+    sequences: step time +140%, 'outside the band', for a step eight times the one the log timed."""
+    fields = {"model": "mixtral-8x7b", "num_gpus": 64, "gpu": "h100-sxm", "framework": "megatron-core", "ep": 8,
+              "pp": 4, "seq_length": 4096}
+    result = api.compare_run(parse_request(fields), log("megatron_mixtral_8x7b_h100.log"))
+    figures = {f.figure: f for f in result.figures}
+    at_128 = api.estimate_throughput(parse_request({**fields, "global_batch_size": 128}))
+    assert figures["step_time"].predicted == pytest.approx(at_128.step_time_s)
+    assert any(n.startswith("global_batch_size not given: 128 sequences, the log's") for n in result.notes)
+    assert not any("is not the request's" in n for n in result.notes)
+    given = api.compare_run(parse_request({**fields, "global_batch_size": 256}), log("megatron_mixtral_8x7b_h100.log"))
+    assert any("global batch size 128 is not the request's 256" in n for n in given.notes)  # a batch given is kept
