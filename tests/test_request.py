@@ -147,3 +147,21 @@ def test_a_given_gpus_per_node_that_leaves_a_node_part_filled_is_refused_on_ever
     assert plan.dp == 12
     _, plan = resolve(Request(model="llama-3.1-8b", num_gpus=3, gpus_per_node=4))  # one node, part of it
     assert plan.dp == 3
+
+
+def test_recompute_layers_or_method_alone_take_full_recompute():
+    """Before: recompute_layers=4 alone was refused with 'RC001: recompute_layers=4 with recompute=none', a recompute
+    the user never chose (recompute_modules alone already take selective, their mode)."""
+    from meshplan import api
+
+    for given in ({"recompute_layers": 4}, {"recompute_method": "uniform"}, {"recompute_layers": 2,
+                                                                            "recompute_method": "block"}):
+        req = Request(model="llama-3.1-8b", num_gpus=8, pp=2, **given)
+        job, plan = resolve(req)
+        assert plan.recompute == "full"
+        assert any(n.startswith("recompute not given: full") for n in job.notes)
+        assert not [f for f in api.check_config(req).findings if f.id == "RC001"]
+    _, plan = resolve(Request(model="llama-3.1-8b", num_gpus=8, recompute="none"))  # a mode given is kept
+    assert plan.recompute == "none"
+    with pytest.raises(MeshplanError, match="RC001: recompute_layers=4 with recompute=selective"):
+        api.estimate_memory(Request(model="llama-3.1-8b", num_gpus=8, recompute="selective", recompute_layers=4))

@@ -313,11 +313,16 @@ def _micro_batch(req: Request, notes: list[str]) -> int:
 
 def _recompute(req: Request, notes: list[str]) -> str:
     """The recompute mode as given; left out, selective when recompute_modules are given (they are its modules),
-    else none for an estimate (recommend searches it)."""
+    full when recompute_layers or recompute_method are (they choose the layers of full recompute: Megatron takes them
+    with recompute_granularity full alone, rule RC001), else none for an estimate (recommend searches it)."""
     recompute = req.recompute
     if recompute is None and req.recompute_modules is not None:
         recompute = "selective"
         notes.append("recompute not given: selective, the recompute that recompute_modules choose the modules of.")
+    elif recompute is None and (req.recompute_layers is not None or req.recompute_method is not None):
+        recompute = "full"
+        given = " and ".join(n for n in ("recompute_layers", "recompute_method") if getattr(req, n) is not None)
+        notes.append(f"recompute not given: full, the recompute whose layers {given} choose.")
     elif recompute is None:
         recompute = "none"
         notes.append("recompute not given: none (recommend searches it).")
