@@ -294,3 +294,19 @@ def test_megatron_deepspeed_gives_swiglu_only_to_silu_and_names_what_to_add():
                for n in result.notes)
     job, plan = resolve(Request(framework="deepspeed", model="llama-3.1-8b", num_gpus=16, tp=2))
     assert "--swiglu" in shell_tokens(render("deepspeed", job, plan).text)
+
+
+@pytest.mark.parametrize(("framework", "variant", "zero", "other"), [
+    ("verl", "megatron", 3, "sft-fsdp"), ("verl", "sft-fsdp", 1, "sft-megatron"), ("skyrl", "sft", 3, "sft-fsdp"),
+    ("skyrl", "fsdp", 1, "sft")])
+def test_a_variant_of_another_engine_than_the_zero_stages_is_refused(framework, variant, zero, other):
+    """verl's and SkyRL's zero_stage 3 runs their FSDP engine, 0-2 their Megatron one: check and the estimates take
+    the plan there. Before: render verl --variant megatron --zero-stage 3 wrote Megatron-FSDP (use_megatron_fsdp=true)
+    for a plan estimated on verl's FSDP2 engine; now it is refused, even forced, naming the variant that runs it."""
+    from meshplan.schema.request import Request
+
+    req = Request(model="qwen3-8b", framework=framework, num_gpus=16, zero_stage=zero)
+    with pytest.raises(MeshplanError, match=f"Variant {variant} runs .* engine, but zero_stage {zero} selects") as exc:
+        api.render_config(framework, req, variant=variant, force=True)
+    assert f"Use variant {other} (or leave variant out)" in exc.value.fix
+    assert api.render_config(framework, req, variant=other, force=True).variant == other

@@ -22,8 +22,14 @@ from meshplan.adapters.capabilities import refuse_missing, renderable_frameworks
 from meshplan.adapters.common import Builder
 from meshplan.check.headline import layout_text
 from meshplan.core.errors import MeshplanError, closest
-from meshplan.core.units import gib
-from meshplan.knowledge.adapter_knobs import DEFAULT_VARIANTS, adapter_section
+from meshplan.core.units import either_or, gib
+from meshplan.knowledge.adapter_knobs import (
+    DEFAULT_VARIANTS,
+    adapter_section,
+    engine_variant,
+    knob_table,
+    variant_engine,
+)
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.releases import resolve_release
 from meshplan.request.parse import parse_request
@@ -220,6 +226,23 @@ def vet_layout(job: Job, plan: Plan, report: CheckReport, *, force: bool = False
     return [finding_line(f) for f in report.findings if f.severity == "info"], warnings
 
 
+def refuse_other_engine(framework: str, version: str, variant: str, job: Job, plan: Plan) -> None:
+    """A variant that runs another engine than the one the plan's ZeRO stage selects (verl's and SkyRL's zero_stage 3
+    is their FSDP engine) is refused: check and the estimates took the plan on that engine, so the config would run
+    one meshplan never checked (verl's variant megatron at zero_stage 3 wrote Megatron-FSDP for an FSDP2 estimate)."""
+    card = framework_card(framework)
+    engine, planned = variant_engine(framework, variant), card.engine_at(plan.zero_stage)
+    if engine is None or engine == planned:
+        return
+    table = knob_table(framework, version, variant)
+    stages = [z for z in range(4) if card.engine_at(z) == engine and table[f"zero_{z}"].key]
+    raise MeshplanError(
+        f"Variant {variant} runs {card.display_name}'s {engine} engine, but zero_stage {plan.zero_stage} selects its "
+        f"{planned} engine, which meshplan checked and estimated this plan on.",
+        fix=f"Use variant {engine_variant(framework, job, plan)} (or leave variant out) for zero_stage "
+            f"{plan.zero_stage}, or zero_stage {either_or(stages)} with variant {variant}.")
+
+
 def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
            version: str | None = None) -> RenderResult:
     """The plan as `framework`'s config snippet; a knob the framework lacks is a MeshplanError."""
@@ -235,6 +258,7 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
             f"{framework} has no variant {variant!r}.",
             fix="Variants: " + "; ".join(f"{k} ({v})" for k, v in section.variants.items()) + ".",
         )
+    refuse_other_engine(framework, version, variant, job, plan)
     refuse_missing(framework, version, variant, job, plan)
     built = builder(job, plan, variant, version)
     env, note = allocator_setting(framework, job, plan, built.format == "shell" or built.exports_env)

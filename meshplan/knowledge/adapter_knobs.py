@@ -12,21 +12,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.knowledge.cards import AdapterKnob, AdapterSection, CardError, framework_card
+from meshplan.schema.choices import Engine
 from meshplan.schema.plan import Job, Plan
+
+# verl's and SkyRL's variants by (RL job, the engine they run): a training job runs their SFT trainer (verl
+# sft_trainer, SkyRL main_sft), which starts no rollout engine, an RL job their RL trainer; on the FSDP engine or the
+# Megatron one, which the plan's ZeRO stage selects (the card's engine.by_zero_stage: zero_stage 3 is FSDP).
+ENGINE_VARIANTS: dict[str, dict[tuple[bool, Engine], str]] = {
+    "verl": {(True, "fsdp"): "fsdp", (False, "fsdp"): "sft-fsdp", (True, "megatron"): "megatron",
+             (False, "megatron"): "sft-megatron"},
+    "skyrl": {(True, "fsdp"): "fsdp", (False, "fsdp"): "sft-fsdp", (True, "megatron"): "rl",
+              (False, "megatron"): "sft"},
+}
+
+
+def engine_variant(framework: str, job: Job, plan: Plan) -> str:
+    """verl's or SkyRL's variant for the job's kind and the engine the plan's ZeRO stage runs (ENGINE_VARIANTS)."""
+    return ENGINE_VARIANTS[framework][(job.rl is not None, framework_card(framework).engine_at(plan.zero_stage))]
+
+
+def variant_engine(framework: str, variant: str) -> Engine | None:
+    """The engine a variant of verl or SkyRL runs (ENGINE_VARIANTS); None for another framework's."""
+    return next((engine for (_, engine), name in ENGINE_VARIANTS.get(framework, {}).items() if name == variant), None)
+
 
 # The variant `render` writes when none is given, per renderable framework (adapters/render.py BUILDERS).
 DEFAULT_VARIANTS: dict[str, Callable[[Job, Plan], str]] = {
     "megatron-core": lambda job, plan: "pretrain_gpt",
     "megatron-bridge": lambda job, plan: "python",
     "deepspeed": lambda job, plan: "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 or plan.ep > 1 else "config",
-    # a training job: verl's SFT trainer (sft_trainer), which starts no rollout engine, on the FSDP engine at ZeRO-3,
-    # else on the Megatron engine (engine=megatron, cards/frameworks/verl.yaml variant_knobs sft-megatron)
-    "verl": lambda job, plan: ("fsdp" if job.rl is not None else "sft-fsdp") if plan.zero_stage == 3 else (
-        "megatron" if job.rl is not None else "sft-megatron"),
-    # a training job: SkyRL's SFT trainer (main_sft), which starts no rollout engine, on either strategy
-    # (cards/frameworks/skyrl.yaml); ZeRO-3 is the FSDP strategy
-    "skyrl": lambda job, plan: ("fsdp" if plan.zero_stage == 3 else "rl") if job.rl is not None else (
-        "sft-fsdp" if plan.zero_stage == 3 else "sft"),
+    "verl": lambda job, plan: engine_variant("verl", job, plan),
+    "skyrl": lambda job, plan: engine_variant("skyrl", job, plan),
     "torchtitan": lambda job, plan: "cli",
     "kempnerforge": lambda job, plan: "toml",
     "nemo-automodel": lambda job, plan: "yaml",
