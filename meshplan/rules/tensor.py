@@ -16,6 +16,7 @@ from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import divisors, fmt_set
 from meshplan.rules.world import tiling
 from meshplan.schema.choices import FRAMEWORKS
+from meshplan.schema.plan import Job, Plan
 
 
 def _working_tp(ctx: Context, kv_rule: str) -> str:
@@ -109,15 +110,15 @@ def fsdp_backend_degrees(ctx: Context) -> Values:
     used = [f"{name}={value}" for name, value in (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
     if not used:
         return None
-    return {"framework": ctx.framework, "used": ", ".join(used), "stages": either_or(megatron_stages(ctx))}
+    return {"framework": ctx.framework, "used": ", ".join(used), "stages": either_or(megatron_stages(ctx.job))}
 
 
-def megatron_stages(ctx: Context) -> list[int]:
+def megatron_stages(job: Job) -> list[int]:
     """The ZeRO stages that select the framework's Megatron engine (its card's engine.by_zero_stage) and that its
-    config as render writes it can express with the plan's degrees (verl has no ZeRO-2 key: AD001): the stages
-    FS001's fix may name."""
-    return [zero for zero in range(4) if backend_of(ctx.card, zero) != ctx.backend and unwritable(
-        ctx.framework, ctx.job, ctx.plan.model_copy(update={"zero_stage": zero}), f"zero_{zero}") is None]
+    config as render writes it has a key for (verl has no ZeRO-2: AD001): the stages FS001's fix may name. Read from
+    the card alone, not the plan (FS001 reads tp, pp and ep only)."""
+    return [zero for zero in range(4) if backend_of(job.card, zero) == "megatron"
+            and unwritable(job.framework, job, Plan(zero_stage=zero), f"zero_{zero}") is None]
 
 
 
