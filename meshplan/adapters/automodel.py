@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshplan.adapters.common import Built, attention_value, nodes, split_fields
-from meshplan.adapters.lora import HF_PROJECTIONS
+from meshplan.adapters.lora import hf_projections
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
@@ -127,7 +127,7 @@ def peft_section(job: Job) -> Section:
     it is targeted where linear_fc1 and linear_fc2 both are, and a request naming one alone has no AutoModel config."""
     if job.lora is None:
         return []
-    targets = [f"*.{name}" for target in job.lora.targets for name in HF_PROJECTIONS[target]]
+    targets = [f"*.{name}" for name in hf_projections(job.lora.targets)]
     fc = {"linear_fc1", "linear_fc2"} & set(job.lora.targets)
     if job.model.moe is not None and len(fc) == 1:
         raise MeshplanError(

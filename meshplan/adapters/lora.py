@@ -10,14 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.arithmetic.lora import TARGETS, every_linear
+from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS, peft_all_linear
 from meshplan.schema.plan import Job
 
 Setting = tuple[str, Any]
 
-# Megatron-Core linear -> the Hugging Face projections it fuses (Llama/Qwen/Mistral naming; PEFT matches by suffix)
+# Megatron-Core linear -> the Hugging Face projections it fuses (Llama/Qwen/Mistral naming; PEFT matches by suffix);
+# MLA's linears -> DeepSeek's names, the same in transformers 5.9.0 (models/deepseek_v3 DeepseekV3Attention) and NeMo
+# AutoModel 0.7.0 (components/models/deepseek_v3/layers.py MLA): q_proj (no q_lora_rank) or q_a_proj and q_b_proj,
+# kv_a_proj_with_mqa, kv_b_proj
 HF_PROJECTIONS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
-                  "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+                  "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",),
+                  "linear_q_proj": ("q_proj",), "linear_q_down_proj": ("q_a_proj",), "linear_q_up_proj": ("q_b_proj",),
+                  "linear_kv_down_proj": ("kv_a_proj_with_mqa",), "linear_kv_up_proj": ("kv_b_proj",)}
+MLA_ONLY = frozenset(HF_PROJECTIONS["linear_q_down_proj"] + HF_PROJECTIONS["linear_q_up_proj"]
+                     + HF_PROJECTIONS["linear_kv_down_proj"] + HF_PROJECTIONS["linear_kv_up_proj"])
+"""The projection names only MLA attention has: a list holding one names DeepSeek's modules, so its q_proj is MLA's
+linear_q_proj (no q_lora_rank), not a third of linear_qkv."""
 ALL_LINEAR = "all-linear"  # verl's and SkyRL's default target_modules: every linear (the same four, per projection)
 
 # Megatron-Bridge: the LoRA class a recipe's cfg.peft must be before its fields are set (a pretrain/SFT recipe has
@@ -36,11 +45,17 @@ def bridge_lora(job: Job) -> list[Setting]:
 def hf_targets(job: Job) -> str | list[str]:
     """PEFT target_modules for the job's Megatron target names: every one the model has (an MLA model has no
     linear_qkv) = all-linear, which also adapts the model's other linears (arithmetic/lora.py other_linears, as the
-    count takes them), else the projections."""
+    count takes them), unless all-linear would wrap a router whose forward returns a tuple (peft_all_linear: Llama 4);
+    else the projections."""
     assert job.lora is not None
-    if every_linear(job.model, job.lora):
+    if peft_all_linear(job.model, job.lora):
         return ALL_LINEAR
-    return [name for target in job.lora.targets for name in HF_PROJECTIONS[target]]
+    return hf_projections(job.lora.targets)
+
+
+def hf_projections(targets: list[str]) -> list[str]:
+    """The Hugging Face projection names of Megatron target names, in order (PEFT's and AutoModel's module names)."""
+    return [name for target in targets for name in HF_PROJECTIONS[target]]
 
 
 def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
@@ -67,7 +82,7 @@ def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     if job.lora is None:
         return []
     targets: str | list[str] = hf_targets(job) if variant in ("fsdp", "sft-fsdp") else (
-        ALL_LINEAR if set(job.lora.targets) == set(TARGETS) else list(job.lora.targets))
+        ALL_LINEAR if set(job.lora.targets) == set(DEFAULT_TARGETS) else list(job.lora.targets))
     notes.append(f"LoRA: rank {job.lora.rank}, alpha left at SkyRL's 16.")
     model = "model" if variant in ("sft", "sft-fsdp") else "trainer.policy.model"
     return [(f"{model}.lora.rank", job.lora.rank), (f"{model}.lora.target_modules", targets)]
@@ -76,14 +91,22 @@ def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
 def read_targets(value: Any, hf: bool) -> list[str]:
     """The Megatron target names a rendered target_modules value stands for (the inverse of the functions above)."""
     if value == ALL_LINEAR:
-        return list(TARGETS)
+        return list(DEFAULT_TARGETS)
     if isinstance(value, str) and value.startswith("["):  # a Hydra list override: [a,b]
         value = [name.strip() for name in value.strip("[]").split(",") if name.strip()]
     names = list(value) if isinstance(value, (list, tuple)) else [value]
     if not hf:
         return names
     names = [str(name).rsplit(".", 1)[-1] for name in names]  # AutoModel's wildcards over module paths: *.q_proj
-    return [t for t in TARGETS if set(HF_PROJECTIONS[t]) <= set(names)]
+    return projection_targets(set(names))
+
+
+def projection_targets(names: set[str]) -> list[str]:
+    """The Megatron target names whole Hugging Face projections make up: q_proj is MLA's linear_q_proj beside an
+    MLA-only name (MLA_ONLY) without k_proj and v_proj, else a third of linear_qkv."""
+    mla = bool(names & MLA_ONLY) and not names & {"k_proj", "v_proj"}
+    return [t for t in TARGETS if set(HF_PROJECTIONS[t]) <= names
+            and not (t == "linear_qkv" and mla) and not (t == "linear_q_proj" and not mla)]
 
 
 def parsed_lora(rank: Any, targets: Any, hf: bool = False) -> dict[str, Any]:

@@ -18,12 +18,17 @@ from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.lora_card import LoraEngine
-from meshplan.schema.choices import FRAMEWORKS, LoraTarget
+from meshplan.schema.choices import FRAMEWORKS, DefaultLoraTarget, LoraTarget, MlaLoraTarget
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, LoraSpec
 from meshplan.schema.request import Request
 
 TARGETS: tuple[str, ...] = get_args(LoraTarget)
+"""Every target name lora_targets takes: Megatron-Bridge's four and MLA attention's own linears."""
+DEFAULT_TARGETS: tuple[str, ...] = get_args(DefaultLoraTarget)
+"""Megatron-Bridge's LoRA.target_modules default (peft/lora.py), what a job that names no target adapts (those the
+model has), what PEFT's all-linear is read as and what SkyRL's all-linear is on its Megatron worker."""
+MLA_TARGETS: tuple[str, ...] = get_args(MlaLoraTarget)
 
 
 def lora_engines(card: FrameworkCard) -> dict[str, LoraEngine]:
@@ -72,25 +77,31 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         why = engine.default_rank_why if engine else "Megatron-Bridge's LoRA dim"
         notes.append(f"lora_rank not given: {rank} ({why}).")
     has = model_targets(arch)
-    targets = list(req.lora_targets or [t for t in TARGETS if t in has])
-    if engine is not None and engine.all_linear and set(targets) == set(TARGETS) and not has >= set(TARGETS):
+    targets = list(req.lora_targets or [t for t in DEFAULT_TARGETS if t in has])
+    if (engine is not None and engine.all_linear and set(targets) == set(DEFAULT_TARGETS)
+            and not has >= set(DEFAULT_TARGETS)):
         # all four are what PEFT's all-linear reads as (adapters/read/keys.py) and what render writes as all-linear
-        targets = [t for t in TARGETS if t in has]
-        notes.append(f"lora_targets {', '.join(TARGETS)} on this engine: PEFT's all-linear, every linear "
-                     f"{arch.name} has (it has no {', '.join(sorted(set(TARGETS) - has))}).")
+        targets = [t for t in DEFAULT_TARGETS if t in has]
+        notes.append(f"lora_targets {', '.join(DEFAULT_TARGETS)} on this engine: PEFT's all-linear, every linear "
+                     f"{arch.name} has (it has no {', '.join(sorted(set(DEFAULT_TARGETS) - has))}).")
     if req.lora_targets is None:
-        skipped = [t for t in TARGETS if t not in has]
+        skipped = [t for t in DEFAULT_TARGETS if t not in has]
         why = engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
         bridge = engine is None or engine.adapters == "fused"  # Megatron-Bridge's LoRA builds the adapters
         said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
                 "target that matches nothing" if bridge else "")) if skipped else ""
         notes.append("lora_targets not given: " + ", ".join(targets) + f" ({why}{said}).")
     spec = LoraSpec(rank=rank, targets=targets)
-    if engine is not None and engine.all_linear and every_linear(arch, spec):
-        others = list(dict.fromkeys(a.target for i in range(arch.num_layers) for a in other_linears(arch, i)))
+    if engine is not None and engine.all_linear and peft_all_linear(arch, spec):
+        others = list(dict.fromkeys(a.target for i in range(arch.num_layers) for a in other_linears(arch, i)
+                                    if a.target not in targets))
         if others:
             notes.append(f"LoRA on {arch.name}'s other linears too: {', '.join(others)} (every target is "
                          "written as PEFT's all-linear, which adapts every nn.Linear but the output head).")
+    elif engine is not None and engine.all_linear and every_linear(arch, spec):
+        notes.append(f"LoRA target_modules on {arch.name}: the projections by name, not PEFT's all-linear (its "
+                     "router is an nn.Linear whose forward returns (scores, logits), Llama4Router: all-linear wraps it "
+                     "and the LoRA layer's forward fails on the tuple); the router gets no adapter.")
     if (arch.moe is not None and engine is not None and engine.experts == "none"
             and {"linear_fc1", "linear_fc2"} & set(targets)):
         notes.append(f"LoRA on {arch.name}'s routed experts: none ({engine.experts_why}); linear_fc1 / linear_fc2 "
@@ -130,37 +141,58 @@ class Adapted(BaseModel):
 
 
 def model_targets(arch: Architecture) -> set[str]:
-    """The LoRA targets the model has: MLA attention has no fused linear_qkv (its q/kv projections have their own
-    names, which lora_targets does not take)."""
-    return set(TARGETS) - ({"linear_qkv"} if arch.mla is not None else set())
+    """The LoRA targets the model has: MLA attention has no fused linear_qkv but its own q/kv linears
+    (mla_linears)."""
+    if arch.mla is None:
+        return set(DEFAULT_TARGETS)
+    return set(DEFAULT_TARGETS) - {"linear_qkv"} | {a.target for a in mla_linears(arch)}
 
 
 def every_linear(arch: Architecture, spec: LoraSpec) -> bool:
-    """Whether the targets are every one the model has: what the PEFT engines write as all-linear (adapters/lora.py
-    hf_targets), which adapts the model's other linears too (other_linears)."""
-    return model_targets(arch) <= set(spec.targets)
+    """Whether the targets take every one of Megatron-Bridge's default four the model has: what the PEFT engines write
+    as all-linear (adapters/lora.py hf_targets, unless peft_all_linear says it cannot run), which adapts the model's
+    other linears too (other_linears)."""
+    return set(DEFAULT_TARGETS) & model_targets(arch) <= set(spec.targets)
+
+
+def peft_all_linear(arch: Architecture, spec: LoraSpec) -> bool:
+    """Whether a PEFT engine's target_modules is written as all-linear: every target (every_linear), unless the model
+    has a router that is an nn.Linear returning a tuple (MoESpec.router_returns_tuple, Llama 4): all-linear wraps every
+    nn.Linear (peft 0.18.1 tuners/tuners_utils.py _maybe_include_all_linear_layers: isinstance(module, nn.Linear)),
+    and lora.Linear's forward adds its delta to the base layer's result, which fails on (scores, logits); there the
+    projections are named instead (adapters/lora.py hf_targets), which adapt no router."""
+    return every_linear(arch, spec) and not (arch.moe is not None and arch.moe.router_returns_tuple)
+
+
+def mla_linears(arch: Architecture) -> list[Adapted]:
+    """MLA attention's q/kv linears at full width (none without MLA), the same in Megatron-Core (MLASelfAttention:
+    linear_q_down_proj h -> q_lora_rank and linear_q_up_proj q_lora_rank -> heads x (nope + rope), or linear_q_proj
+    without a q_lora_rank; linear_kv_down_proj h -> kv_lora_rank + rope; linear_kv_up_proj kv_lora_rank -> heads x
+    (nope + v)) and in transformers' and NeMo AutoModel's DeepSeek code (q_a_proj, q_b_proj or q_proj,
+    kv_a_proj_with_mqa, kv_b_proj: adapters/lora.py HF_PROJECTIONS). Megatron-Bridge's adapter of each is r(in + out)
+    split over TP whether or not the base linear is (peft/utils.py ParallelLinearAdapter: A and B both
+    ColumnParallelLinear for a duplicated base)."""
+    if arch.mla is None:
+        return []
+    h, mla, heads = arch.hidden_size, arch.mla, arch.num_attention_heads
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    if mla.q_lora_rank:
+        out = [Adapted(target="linear_q_down_proj", inputs=h, outputs=mla.q_lora_rank, column=True),
+               Adapted(target="linear_q_up_proj", inputs=mla.q_lora_rank, outputs=heads * qk, column=True)]
+    else:
+        out = [Adapted(target="linear_q_proj", inputs=h, outputs=heads * qk, column=True)]
+    return [*out, Adapted(target="linear_kv_down_proj", inputs=h, outputs=mla.kv_lora_rank + mla.qk_rope_head_dim,
+                          column=True),
+            Adapted(target="linear_kv_up_proj", inputs=mla.kv_lora_rank,
+                    outputs=heads * (mla.qk_nope_head_dim + mla.v_head_dim), column=True)]
 
 
 def other_linears(arch: Architecture, index: int) -> list[Adapted]:
-    """The nn.Linear modules of decoder layer `index` in transformers' code (5.9.0) that none of the four targets
-    names, which PEFT's all-linear adapts too (every nn.Linear but the output head: peft 0.18.1
-    tuners/tuners_utils.py _maybe_include_all_linear_layers): MLA's projections (DeepseekV2/V3Attention: q_a_proj
-    h -> q_lora_rank and q_b_proj q_lora_rank -> heads x (nope + rope), or q_proj without a q_lora_rank;
-    kv_a_proj_with_mqa h -> kv_lora_rank + rope; kv_b_proj kv_lora_rank -> heads x (nope + v)), Qwen2-MoE's
+    """The nn.Linear modules of decoder layer `index` in transformers' code (5.9.0) that none of Megatron-Bridge's
+    default four names, which PEFT's all-linear adapts too (every nn.Linear but the output head: peft 0.18.1
+    tuners/tuners_utils.py _maybe_include_all_linear_layers): MLA's projections (mla_linears), Qwen2-MoE's
     shared_expert_gate (Linear(h, 1)) and a router built as a Linear(h, experts) (MoESpec.router_linear)."""
-    h, out = arch.hidden_size, []
-    if arch.mla is not None:
-        mla, heads = arch.mla, arch.num_attention_heads
-        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-        if mla.q_lora_rank:
-            out += [Adapted(target="linear_q_down_proj", inputs=h, outputs=mla.q_lora_rank, column=True),
-                    Adapted(target="linear_q_up_proj", inputs=mla.q_lora_rank, outputs=heads * qk, column=True)]
-        else:
-            out.append(Adapted(target="linear_q_proj", inputs=h, outputs=heads * qk, column=True))
-        out += [Adapted(target="linear_kv_down_proj", inputs=h, outputs=mla.kv_lora_rank + mla.qk_rope_head_dim,
-                        column=True),
-                Adapted(target="linear_kv_up_proj", inputs=mla.kv_lora_rank,
-                        outputs=heads * (mla.qk_nope_head_dim + mla.v_head_dim), column=True)]
+    h, out = arch.hidden_size, mla_linears(arch)
     if arch.is_moe_layer(index):
         assert arch.moe is not None
         if arch.moe.shared_expert_gate:
@@ -175,16 +207,19 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     linear_qkv is h -> (heads + 2 kv heads) x head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h,
     linear_fc1 h -> (2 if gated) x ffn and linear_fc2 ffn -> h, for the dense MLP, the shared experts and (as expert
     linears) the routed experts, unless the engine adapts no routed expert (LoraEngine.experts none); on an engine
-    whose every-target default is PEFT's all-linear (LoraEngine.all_linear), with every target, the layer's other
-    linears too (other_linears)."""
+    whose every-target default is PEFT's all-linear (LoraEngine.all_linear), with every target written so
+    (peft_all_linear), the layer's other linears too (other_linears); else MLA's q/kv linears the targets name
+    (mla_linears)."""
     h, per = arch.hidden_size, engine is not None and engine.adapters == "per_projection"
     gated = 2 if arch.gated_mlp else 1
     out: list[Adapted] = []
     if "linear_qkv" in spec.targets and arch.mla is None:
         out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1, column=True,
                            outputs=(arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim))
-    if engine is not None and engine.all_linear and every_linear(arch, spec):
+    if engine is not None and engine.all_linear and peft_all_linear(arch, spec):
         out += other_linears(arch, index)
+    else:
+        out += [a for a in mla_linears(arch) if a.target in spec.targets]
     if "linear_proj" in spec.targets:
         width = arch.mla.v_head_dim if arch.mla is not None else arch.head_dim
         out.append(Adapted(target="linear_proj", inputs=arch.num_attention_heads * width, outputs=h))

@@ -337,14 +337,10 @@ def _moe_spec(cfg: dict[str, Any], model_type: str, num_layers: int, f: _Fields)
         if layers is None:
             layers = list(range(step - 1, num_layers, step))
         experts, top_k, width = _experts(f, "num_local_experts", "intermediate_size")
-        return MoESpec(
-            num_experts=experts,
-            top_k=top_k,
-            expert_ffn_hidden_size=width,
-            num_shared_experts=1,
-            shared_expert_ffn_hidden_size=width,
-            moe_layers=layers,
-        )
+        # Llama4TextMoe.router is Llama4Router(nn.Linear) whose forward returns (router_scores, router_logits)
+        # (transformers 5.9.0 models/llama4/modeling_llama4.py)
+        return MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=1,
+                       shared_expert_ffn_hidden_size=width, moe_layers=layers, router_returns_tuple=True)
     if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"):
         _require(cfg, ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"], model_type)
         first_dense = f.int("first_k_dense_replace", default=0, lo=0, hi=num_layers, why="at most num_hidden_layers")

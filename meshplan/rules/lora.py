@@ -7,7 +7,7 @@ message and fix templates; the facts are the framework cards' `lora` sections an
 
 from __future__ import annotations
 
-from meshplan.arithmetic.lora import lora_engine, lora_frameworks, model_targets
+from meshplan.arithmetic.lora import DEFAULT_TARGETS, MLA_TARGETS, lora_engine, lora_frameworks, model_targets
 from meshplan.rules.engine import Context, Values, rule
 
 
@@ -37,7 +37,10 @@ def lora_targets_the_model_has(ctx: Context) -> Values:
     missing = [t for t in spec.targets if t not in has]
     if not missing:
         return None
-    why = " (MLA attention: its q/kv projections are linear_q_proj, linear_kv_down_proj, ... not linear_qkv)" \
-        if ctx.arch.mla is not None and "linear_qkv" in missing else ""
+    mla = sorted(has - set(DEFAULT_TARGETS))
+    why = (f" (MLA attention: its q/kv linears are {', '.join(mla)}, not linear_qkv)"
+           if mla and "linear_qkv" in missing else
+           " (MLA attention's linear_q_proj, or linear_q_down_proj and linear_q_up_proj with a q_lora_rank)"
+           if ctx.arch.mla is not None else " (its attention is not MLA)" if set(missing) & set(MLA_TARGETS) else "")
     return {"model": ctx.arch.name, "missing": ", ".join(missing), "why": why,
             "has": ", ".join(t for t in spec.targets if t in has) or ", ".join(sorted(has))}

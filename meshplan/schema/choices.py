@@ -46,8 +46,14 @@ Optimizer = Literal["adam", "muon"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 # An RL post-training job (meshplan/rl/): what is run, with which algorithm, engine and placement.
 JobKind = Literal["pretrain", "sft", "lora", "rl"]
-# Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: all four)
-LoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+# Megatron-Core linear names LoRA adapts (Megatron-Bridge peft/lora.py LoRA.target_modules; its default: these four)
+DefaultLoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+# MLA attention's own linears (Megatron-Core MLASelfAttention: linear_q_proj without a q_lora_rank, else
+# linear_q_down_proj and linear_q_up_proj; linear_kv_down_proj, linear_kv_up_proj), which Megatron-Bridge's MLA recipes
+# target by name (recipes/moonlight/h100/moonlight_16b.py, recipes/glm/h100/glm5.py peft target_modules)
+MlaLoraTarget = Literal["linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj",
+                        "linear_kv_up_proj"]
+LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
 # A framework's training engine family: what rules.yaml's `backends` and the card sections keyed by engine name
 Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]

@@ -29,6 +29,11 @@ class MoESpec(StrictModel):
                                                    "bare weight (DeepSeek-V2's DeepseekV2Moe.gate), so PEFT's "
                                                    "all-linear adapts it; its parameters are the same hidden x "
                                                    "experts")
+    router_returns_tuple: bool = Field(False, description="transformers builds the router as an nn.Linear subclass "
+                                                          "whose forward returns (scores, logits) (Llama 4's "
+                                                          "Llama4Router): PEFT's all-linear wraps it and the LoRA "
+                                                          "layer's forward fails on the tuple, so the PEFT engines' "
+                                                          "target_modules name the projections instead")
     router_bias: bool = False
     expert_bias: bool = Field(False, description="Biases on the expert linear layers (gpt-oss)")
     score_correction_bias: bool = Field(False, description="DeepSeek-V3 style per-expert routing bias")

@@ -339,7 +339,9 @@ class Request(StrictModel):
     lora_targets: list[LoraTarget] | None = Field(
         None, min_length=1, max_length=len(get_args(LoraTarget)), json_schema_extra={"uniqueItems": True},
         description="LoRA: the Megatron-Core linears adapted (linear_qkv, linear_proj, linear_fc1, linear_fc2; fc1 and "
-                    "fc2 include a MoE model's experts) (default: all four, Megatron-Bridge's LoRA default)",
+                    "fc2 include a MoE model's experts; an MLA model's linear_q_proj, or linear_q_down_proj and "
+                    "linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj) (default: linear_qkv, linear_proj, "
+                    "linear_fc1, linear_fc2, Megatron-Bridge's LoRA default, those the model has)",
     )
 
     @field_validator("recompute_modules", "lora_targets")

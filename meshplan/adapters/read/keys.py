@@ -15,9 +15,9 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
-from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS
+from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, projection_targets
 from meshplan.adapters.read.settings import Setting
-from meshplan.arithmetic.lora import TARGETS
+from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
@@ -363,10 +363,11 @@ def lora_targets(reading: Reading, s: Setting) -> list[str]:
     without k_proj and v_proj) is said, not dropped. Read as the field itself, every PEFT value was refused."""
     names = convert("lora_targets", s.value)
     if names == [ALL_LINEAR]:
-        return list(TARGETS)
+        return list(DEFAULT_TARGETS)
     projections = {name for name in names if name not in TARGETS}
-    whole = [t for t in TARGETS if t in names or set(HF_PROJECTIONS[t]) <= projections]
-    left = sorted(projections - {p for t in whole for p in HF_PROJECTIONS.get(t, ())})
+    made = projection_targets(projections)
+    whole = [t for t in TARGETS if t in names or t in made]
+    left = sorted(projections - {p for t in made for p in HF_PROJECTIONS[t]})
     if left:
         linears = ", ".join(f"{t} = {' + '.join(HF_PROJECTIONS[t])}" for t in TARGETS)
         reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {', '.join(left)} adapt part of a fused "

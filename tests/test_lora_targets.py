@@ -1,0 +1,164 @@
+"""LoRA targets beyond Megatron-Bridge's default four (meshplan/arithmetic/lora.py, adapters/lora.py): MLA attention's
+own linears, named as Bridge's MLA recipes name them, counted from the MLA shapes, rendered and read back on every
+engine; and Llama 4, whose router PEFT's all-linear cannot wrap, rendered for the PEFT engines as its projections."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshplan.adapters.lora import hf_projections
+from meshplan.adapters.render import render
+from meshplan.api import import_config
+from meshplan.arithmetic.lora import adapter_params, lora_engine, peft_all_linear, total_adapter_params
+from meshplan.check.config import check_config
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.model_config import architecture_from_config
+from meshplan.request.resolve import resolve
+from meshplan.schema.plan import LoraSpec
+from meshplan.schema.request import Request
+
+# Megatron-Bridge 067f987 recipes/moonlight/h100/moonlight_16b.py (the PEFT convergence recipe's default_peft_config)
+MOONLIGHT_TARGETS = ["linear_q_proj", "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"]
+# recipes/glm/h100/glm5.py (a q_lora_rank model: q down and up projections)
+Q_LORA_TARGETS = ["linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"]
+BRIDGE = dict(framework="megatron-bridge", job="lora", global_batch_size=64, lora_rank=8)
+
+
+def test_bridge_counts_renders_and_reads_back_moonlights_mla_targets():
+    """Moonlight (h 2048, 16 heads, nope 128 + rope 64, v 128, kv_lora_rank 512, no q_lora_rank, 27 layers): each
+    adapter is r(in + out) from MLASelfAttention's shapes, split over TP (ParallelLinearAdapter), and the recipe's
+    target names are written to cfg.peft.target_modules and read back from both render variants (fails before: the
+    request refused every MLA name)."""
+    job, plan = resolve(Request(model="moonlight-16b-a3b", num_gpus=16, tp=2, lora_targets=MOONLIGHT_TARGETS, **BRIDGE))
+    r, h = 8, 2048
+    layer = r * ((h + 16 * 192) + (h + 512 + 64) + (512 + 16 * (128 + 128)) + (16 * 128 + h))
+    engine = lora_engine(framework_card("megatron-bridge"), plan.zero_stage)
+    assert total_adapter_params(job.model, job.lora, engine) == 27 * layer
+    assert adapter_params(job.model, [0], job.lora, engine, tp=2, ep=1, etp=1) == (layer / 2, 0.0)
+    assert not [f for f in check_config(job, plan).findings if f.id.startswith("LORA")]
+    for variant in ("python", "run_recipe"):
+        result = render("megatron-bridge", job, plan, variant=variant)
+        assert "linear_kv_down_proj" in result.text
+        back = import_config(result.text, path=result.filename, framework="megatron-bridge")
+        assert sorted(back.request["lora_targets"]) == sorted(MOONLIGHT_TARGETS)
+
+
+def test_mla_targets_the_model_lacks_are_refused_with_the_ones_it_has():
+    """LORA002 names the model's own MLA linears: linear_qkv on Moonlight, linear_q_proj on DeepSeek-V3 (a
+    q_lora_rank: down and up), an MLA name on a model without MLA."""
+    def lora002(model, targets):
+        job, plan = resolve(Request(model=model, num_gpus=256, lora_targets=targets, **BRIDGE))
+        return [f.message for f in check_config(job, plan).findings if f.id == "LORA002"]
+
+    assert "linear_kv_down_proj" in lora002("moonlight-16b-a3b", ["linear_qkv", "linear_proj"])[0]
+    assert "linear_q_down_proj" in lora002("deepseek-v3", ["linear_q_proj", "linear_proj"])[0]
+    assert "not MLA" in lora002("llama-3.1-8b", ["linear_kv_up_proj"])[0]
+    assert lora002("deepseek-v3", Q_LORA_TARGETS) == []
+
+
+@pytest.mark.parametrize(("model", "targets", "modules"), [
+    ("moonlight-16b-a3b", MOONLIGHT_TARGETS, ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]),
+    ("deepseek-v3", Q_LORA_TARGETS, ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]),
+])
+def test_automodel_wildcards_match_its_deepseek_modules_and_read_back(model, targets, modules):
+    """NeMo AutoModel 0.7.0 components/models/deepseek_v3/layers.py MLA names its linears q_proj (no q_lora_rank) or
+    q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, under model.layers.N.self_attn; its ModuleMatcher
+    full-matches a wildcard against that dotted name. Each rendered wildcard matches exactly its own module (q_proj's
+    not q_a_proj's), and the recipe reads back as the same targets (fails before: MLA names refused)."""
+    job, plan = resolve(Request(model=model, framework="nemo-automodel", num_gpus=256, job="lora",
+                                global_batch_size=256, lora_targets=targets))
+    result = render("nemo-automodel", job, plan)
+    patterns = yaml.safe_load(result.text)["peft"]["target_modules"]
+    names = ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "kv_a_layernorm"]
+    matched = {n for n in names for p in patterns
+               if re.fullmatch(p.replace("*", "(.*)"), f"model.layers.3.self_attn.{n}")}
+    assert matched == set(modules)
+    back = import_config(result.text, path=result.filename, framework="nemo-automodel", config_format="yaml")
+    assert sorted(back.request["lora_targets"]) == sorted(targets)
+
+
+def test_automodel_default_on_an_mla_moe_model_matches_its_deepseek_module_paths():
+    """The default targets on DeepSeek-V3 (no linear_qkv: o_proj, the MLPs, the routed experts) as wildcards over
+    AutoModel's own module paths: the dense layers' and the shared experts' gate/up/down (MLP), the routed experts
+    (one GroupedExperts, 'experts'); not the router ('gate') nor the output head."""
+    job, plan = resolve(Request(model="deepseek-v3", framework="nemo-automodel", num_gpus=256, job="lora",
+                                global_batch_size=256))
+    patterns = yaml.safe_load(render("nemo-automodel", job, plan).text)["peft"]["target_modules"]
+
+    def hit(name):
+        return any(re.fullmatch(p.replace("*", "(.*)"), name) for p in patterns)
+
+    for name in ["model.layers.0.self_attn.o_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj",
+                 "model.layers.3.mlp.shared_experts.up_proj", "model.layers.3.mlp.experts"]:
+        assert hit(name), (name, patterns)
+    assert not any(hit(n) for n in ["lm_head", "model.layers.3.mlp.gate", "model.layers.3.self_attn.q_a_proj"])
+
+
+@pytest.mark.parametrize(("framework", "variant"), [("verl", "sft-fsdp"), ("verl", "fsdp"), ("skyrl", "fsdp")])
+def test_llama4_on_the_peft_engines_names_its_projections_not_all_linear(framework, variant):
+    """transformers 5.9.0's Llama4Router is an nn.Linear whose forward returns (scores, logits): PEFT's all-linear
+    wraps it and the forward fails ('tuple' object has no attribute 'dtype'). The PEFT engines' render names the
+    projections instead (fails before: all-linear), says why, and reads back as the same job."""
+    job, plan = resolve(Request(model="llama-4-scout", framework=framework, num_gpus=32, zero_stage=3, job="lora",
+                                global_batch_size=64))
+    text = render(framework, job, plan, variant=variant).text
+    assert "all-linear" not in text and "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" in text
+    assert any("Llama4Router" in n for n in job.notes)
+    back = import_config(text, path="run.sh", framework=framework)
+    assert sorted(back.request["lora_targets"]) == sorted(job.lora.targets)
+
+
+def _peft(ask: dict) -> dict:
+    from framework_packages import PEFT_VENV, venv_python
+
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
+    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
+                         input=json.dumps(ask)).stdout
+    return json.loads(out.split("RESULT ", 1)[1])
+
+
+LLAMA4 = {"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 32, "intermediate_size_mlp": 96,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+          "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "vocab_size": 100,
+          "tie_word_embeddings": False}
+
+
+@pytest.mark.slow
+def test_peft_runs_and_counts_what_meshplan_renders_for_llama4():
+    """Ground truth in PEFT 0.18.1 on transformers 5.9.0, a tiny llama4_text model on the CPU: the target_modules
+    meshplan writes on verl's and SkyRL's FSDP engines run a forward and backward, and train exactly meshplan's count
+    (the dense MLP, the shared expert, q/k/v/o; no router, no routed expert); all-linear does not run."""
+    arch = architecture_from_config(LLAMA4)
+    spec = LoraSpec(rank=4, targets=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+    assert not peft_all_linear(arch, spec)
+    ran = _peft({"config": LLAMA4, "rank": 4, "target_modules": hf_projections(spec.targets), "forward": True})
+    assert ran["runs"], ran["error"]
+    assert ran["trainable"] == total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3))
+    assert not _peft({"config": LLAMA4, "rank": 4, "target_modules": "all-linear", "forward": True})["runs"]
+
+
+MLA_V3 = {"model_type": "deepseek_v3", "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+          "num_hidden_layers": 2, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+          "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "q_lora_rank": 96,
+          "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "vocab_size": 1000,
+          "tie_word_embeddings": False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q_lora_rank", [96, None])
+def test_peft_counts_mla_targets_named_as_meshplan_names_them(q_lora_rank):
+    """PEFT 0.18.1 on transformers 5.9.0's DeepSeek-V3 (meta device): the MLA projection names meshplan writes for
+    MLA targets on the PEFT engines adapt exactly the linears meshplan counts from the MLA shapes."""
+    config = {**MLA_V3, "q_lora_rank": q_lora_rank}
+    arch = architecture_from_config(config)
+    q = ["linear_q_down_proj", "linear_q_up_proj"] if q_lora_rank else ["linear_q_proj"]
+    spec = LoraSpec(rank=8, targets=[*q, "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"])
+    peft = _peft({"config": config, "rank": 8, "target_modules": hf_projections(spec.targets)})
+    assert peft["trainable"] == total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3))
