@@ -162,3 +162,17 @@ def test_peft_counts_mla_targets_named_as_meshplan_names_them(q_lora_rank):
     spec = LoraSpec(rank=8, targets=[*q, "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"])
     peft = _peft({"config": config, "rank": 8, "target_modules": hf_projections(spec.targets)})
     assert peft["trainable"] == total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3))
+
+
+@pytest.mark.parametrize(("model", "said"), [("meta-llama/Llama-4-Scout-17B-16E-Instruct", True),
+                                             ("meta-llama/Llama-3.1-8B", False)])
+def test_a_files_all_linear_on_llama4_is_said_not_to_run(model, said):
+    """verl's SFT trainer on the FSDP engine with model.target_modules=all-linear: on Llama 4 the import says the
+    setting fails (its router wrapped) and names the list that runs, the one meshplan counts; on a model without such
+    a router it says nothing (fails before: nothing was said)."""
+    text = (f"torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer model.path={model} data.train_batch_size=64 "
+            "model.lora_rank=16 model.target_modules=all-linear\n")
+    lines = [u for u in import_config(text, path="sft.sh").unsupported if "all-linear" in u]
+    assert bool(lines) == said
+    if said:
+        assert "Llama4Router" in lines[0] and "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" in lines[0]

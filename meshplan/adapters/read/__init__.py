@@ -28,7 +28,13 @@ from meshplan.adapters.read.files import (
     read_torchtitan_toml,
 )
 from meshplan.adapters.read.hydra import read_skyrl, read_verl
-from meshplan.adapters.read.keys import LORA_NOT_MODELLED, SPLIT_NOT_READ, Reading, fill_defaults
+from meshplan.adapters.read.keys import (
+    LORA_NOT_MODELLED,
+    SPLIT_NOT_READ,
+    Reading,
+    all_linear_that_fails,
+    fill_defaults,
+)
 from meshplan.adapters.read.launch import (
     read_allocator,
     read_bridge,
@@ -142,6 +148,7 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
     reading.sources.setdefault("framework", f"{path} (read as {reading.framework}"
                                             + (f", {reading.variant})" if reading.variant else ")"))
     fill_defaults(reading)
+    all_linear_that_fails(reading)  # once the model and the engine's ZeRO stage are known
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
                           unresolved=reading.unresolved, notes=reading.notes, config_format=fmt,

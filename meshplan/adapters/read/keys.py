@@ -15,9 +15,9 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import ValidationError
 
-from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, projection_targets
+from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, hf_projections, projection_targets
 from meshplan.adapters.read.settings import Setting
-from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS
+from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS, lora_engine, peft_all_linear
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
@@ -25,6 +25,7 @@ from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import NO_READ, ReadSection, UnmodelledLoraKeys
+from meshplan.schema.plan import LoraSpec
 from meshplan.schema.request import Request
 
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
@@ -363,6 +364,7 @@ def lora_targets(reading: Reading, s: Setting) -> list[str]:
     without k_proj and v_proj) is said, not dropped. Read as the field itself, every PEFT value was refused."""
     names = convert("lora_targets", s.value)
     if names == [ALL_LINEAR]:
+        reading.extra[PEFT_ALL_LINEAR] = (ALL_LINEAR, s)
         return list(DEFAULT_TARGETS)
     projections = {name for name in names if name not in TARGETS}
     made = projection_targets(projections)
@@ -374,6 +376,33 @@ def lora_targets(reading: Reading, s: Setting) -> list[str]:
                                    "linear (or no projection meshplan knows); meshplan adapts whole linears: "
                                    + linears)
     return whole
+
+
+PEFT_ALL_LINEAR = "lora_all_linear"
+"""The Reading.extra entry of a target_modules that is PEFT's all-linear, which all_linear_that_fails looks at once the
+file's model is known."""
+
+
+def all_linear_that_fails(reading: Reading) -> None:
+    """A file's all-linear on a PEFT engine (verl's or SkyRL's FSDP) for a model whose router is an nn.Linear returning
+    a tuple (Llama 4, arithmetic/lora.py peft_all_linear): said as a setting that does not run, with the projections'
+    list that does, which is what meshplan counts and render writes."""
+    stated, model, stage = (reading.extra.get(PEFT_ALL_LINEAR), reading.request.get("model"),
+                            reading.request.get("zero_stage"))
+    if stated is None or not isinstance(model, str) or not isinstance(stage, int):
+        return
+    try:
+        arch = resolve_model(model)
+    except MeshplanError:
+        return  # an unread model is said where the model is read
+    engine = lora_engine(framework_card(reading.framework), stage)
+    spec = LoraSpec(rank=1, targets=list(reading.request.get("lora_targets") or DEFAULT_TARGETS))
+    if engine is None or not engine.all_linear or peft_all_linear(arch, spec):
+        return
+    reading.unsupported.append(
+        f"{stated[1].where(reading.path)} = all-linear: on {arch.name} PEFT's all-linear wraps the router too "
+        "(Llama4Router, an nn.Linear whose forward returns (scores, logits)) and the LoRA forward fails on the tuple; "
+        f"meshplan counts target_modules=[{','.join(hf_projections(spec.targets))}], which runs")
 
 
 LORA_NOT_MODELLED = "meshplan estimates no LoRA job from this file"
