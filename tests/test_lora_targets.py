@@ -176,3 +176,21 @@ def test_a_files_all_linear_on_llama4_is_said_not_to_run(model, said):
     assert bool(lines) == said
     if said:
         assert "Llama4Router" in lines[0] and "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj" in lines[0]
+
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+@pytest.mark.parametrize(("path", "rank", "targets"), [
+    ("bridge_moonlight_16b_h100.py:moonlight_16b_peft_4gpu_h100_bf16_config", 8, MOONLIGHT_TARGETS),
+    ("bridge_glm5_h100.py:glm52_peft_208gpu_h100_bf16_config", 8, Q_LORA_TARGETS),
+])
+def test_bridge_mla_recipes_peft_is_read(path, rank, targets):
+    """Megatron-Bridge 067f987's MLA recipes set their LoRA under `if peft_scheme is lora`: Moonlight as
+    cfg.peft = default_peft_config(scheme, dim=8, target_modules=[...]), GLM-5 through a peft_cfg variable
+    (peft_cfg.dim = 8; peft_cfg.target_modules = [...]; cfg.peft = peft_cfg). Both are read as the recipe's lora_rank
+    and lora_targets (fails before: neither was read, so the job took rank 32 on the default targets)."""
+    imported = import_config((CONFIGS / path.split(":")[0]).read_text(), path=str(CONFIGS / path),
+                             framework="megatron-bridge")
+    assert imported.request["lora_rank"] == rank
+    assert sorted(imported.request["lora_targets"]) == sorted(targets)

@@ -129,7 +129,44 @@ def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], c
                     literal = ast.unparse(value)  # a torch dtype (optimizer.exp_avg_dtype = torch.bfloat16)
                 if literal is not None:  # None: the field left at Megatron-Core's default
                     settings.append(Setting(".".join(parts), literal, stmt.lineno))
-    return settings, elsewhere
+    return settings + peft_settings(node, constants), elsewhere
+
+
+PEFT_BUILDERS = ("default_peft_config", "LoRA")
+"""What a recipe builds its cfg.peft with (recipes/utils/dataset_utils.py default_peft_config(scheme, **kwargs) passes
+the keywords to LoRA(**kwargs) for 'lora'); its literal keywords are the LoRA's fields."""
+
+
+def peft_settings(node: ast.FunctionDef, constants: dict[str, Any]) -> list[Setting]:
+    """The LoRA a recipe sets as peft.<field> settings, wherever in its body (the MLA recipes set it under `if
+    peft_scheme is lora`, Bridge 067f987 recipes/moonlight/h100/moonlight_16b.py): `cfg.peft = default_peft_config(
+    scheme, dim=8, target_modules=[...])`, or a variable built so (`peft_cfg = default_peft_config(scheme)`), its
+    `peft_cfg.dim = 8` / `peft_cfg.target_modules = [...]` assignments, then `cfg.peft = peft_cfg` (recipes/glm/h100/
+    glm5.py)."""
+    built: dict[str, list[Setting]] = {}
+    out: list[Setting] = []
+    for stmt in sorted((n for n in ast.walk(node) if isinstance(n, ast.Assign) and len(n.targets) == 1),
+                       key=lambda n: n.lineno):
+        target, value = ast.unparse(stmt.targets[0]), stmt.value
+        fields: list[Setting] = []
+        if isinstance(value, ast.Call) and ast.unparse(value.func).rsplit(".", 1)[-1] in PEFT_BUILDERS:
+            for keyword in value.keywords:
+                try:
+                    fields.append(Setting(f"peft.{keyword.arg}", _literal(keyword.value, constants), stmt.lineno))
+                except (ValueError, SyntaxError):
+                    continue  # a value computed at run time: left to the LoRA's default
+            built[target] = fields
+            if target == "cfg.peft":
+                out += fields
+        elif isinstance(value, ast.Name) and value.id in built and target == "cfg.peft":
+            out += built[value.id]
+        elif isinstance(stmt.targets[0], ast.Attribute) and target.rsplit(".", 1)[0] in set(built) - {"cfg.peft"}:
+            try:
+                field = Setting(f"peft.{stmt.targets[0].attr}", _literal(value, constants), stmt.lineno)
+            except (ValueError, SyntaxError):
+                continue
+            built[target.rsplit(".", 1)[0]].append(field)
+    return [s for s in out if s.key in ("peft.dim", "peft.target_modules")]
 
 
 def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
