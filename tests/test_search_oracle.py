@@ -198,6 +198,12 @@ NAMED = [
     # 2.865 s (slow sampled seed 1064).
     dict(model="deepseek-v2-lite", num_gpus=4, gpu="a100-80gb", framework="kempnerforge", seq_length=8192,
          global_batch_size=4),
+    # A carried field given makes the search probe which ZeRO stages an estimate can take (zero_stages.estimable_zeros);
+    # it probed at recompute none only, where SkyRL's main_sft refuses ZeRO 3 (RC006: it runs full recompute), so the
+    # search left ZeRO 3 out, and the oracle, which tried the search's own stages, left it out with it. The oracle now
+    # tries every stage the request leaves open: it ranks 2.040 s (ZeRO 3, full recompute) first.
+    dict(model="moonlight-16b-a3b", num_gpus=8, gpu="h100", framework="skyrl", seq_length=8192, global_batch_size=32,
+         expandable_segments=True),
 ]
 
 

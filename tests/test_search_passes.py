@@ -26,6 +26,7 @@ from meshplan.search.estimators import ideal_time
 from meshplan.search.policy import SLOWER, headroom_for, memory_budget, memory_rule_id
 from meshplan.search.seed_groups import GROUP_MARGIN, group_floor, seed_shape
 from meshplan.search.space import Fixed
+from meshplan.search.zero_stages import left_out_counts
 
 JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
         Request(model="qwen3-30b-a3b", num_gpus=12, framework="megatron-bridge", gpu="a100-80gb", seq_length=32768),
@@ -104,22 +105,28 @@ def test_a_groups_dead_layouts_are_each_layouts_own_verdict(req):
     assert seen == {True, False}
 
 
-@pytest.mark.parametrize("req", [*JOBS, Request(model="qwen3-8b", num_gpus=16, framework="skyrl", gpu="h100")],
+@pytest.mark.parametrize("req", [*JOBS, Request(model="qwen3-8b", num_gpus=16, framework="skyrl", gpu="h100"),
+                                 Request(model="qwen3-8b", num_gpus=8, framework="verl", gpu="h100", recompute="full",
+                                         recompute_method="uniform")],
                          ids=lambda r: f"{r.model}-{r.framework}")
 def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
     # split_space counts the plans of each dp once (plans_of and refused_plans read only a layout's micro-batches):
-    # the same totals as adding them layout by layout, the refused ZeRO stages' included (AD001: torchtitan's ZeRO-1,
-    # SkyRL's ZeRO-0)
+    # the same totals as adding them layout by layout, the ZeRO stages left out included under the rules that refuse
+    # them (zero_stages.search_ladder: AD001, torchtitan's ZeRO-1, SkyRL's ZeRO-0, verl's ZeRO-2; RC003, verl's FSDP
+    # ZeRO-3 with a recompute_method)
     job, _ = search_job(req)
     search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
     tiers = split_space(search)
     layouts = [*tiers.inside, *tiers.across]
     assert tiers.across_plans == sum(search.plans_of(lay) for lay in tiers.across)
     refused = sum(search.refused_plans(lay) for lay in layouts)
-    assert tiers.rejected["AD001"] == refused
-    assert tiers.considered - sum(n for k, n in tiers.rejected.items() if k != "AD001") == (
+    rules = left_out_counts(search.refused)
+    assert sum(rules.values()) == len(search.refused) * len(search.recomputes)
+    for rule, pairs in rules.items():
+        assert tiers.rejected[rule] == pairs * sum(max(1, len(search.sizes(lay))) for lay in layouts), rule
+    assert tiers.considered - sum(n for k, n in tiers.rejected.items() if k not in rules) == (
         sum(search.plans_of(lay) for lay in layouts) + refused)
-    assert refused > 0 or job.framework not in ("torchtitan", "skyrl")
+    assert refused > 0 or job.framework not in ("torchtitan", "skyrl", "verl")
 
 
 def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):

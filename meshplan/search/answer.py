@@ -13,6 +13,7 @@ from meshplan.schema.reports import Candidate, ErrorBand, Recommendation
 from meshplan.search.engine import BestFirstSearch, Found
 from meshplan.search.estimators import Engine
 from meshplan.search.policy import (
+    ADAPTER_RULE,
     HEADROOM_RULE,
     SAME,
     SEARCH_BUCKETS,
@@ -23,7 +24,8 @@ from meshplan.search.policy import (
     same_numbers,
     slower_by,
 )
-from meshplan.search.space import SEARCHED_FIELDS, Fixed, zero_ladder
+from meshplan.search.space import SEARCHED_FIELDS, Fixed
+from meshplan.search.zero_stages import LeftOut
 
 FASTEST = "Fastest predicted layout that passes every rule and fits. "
 
@@ -64,9 +66,9 @@ def fixed_assumption(fixed: Fixed) -> list[str]:
     return [f"Fixed by the request: {fixed_text(fixed)}."] if fixed.values else []
 
 
-def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[str]:
+def carried_assumption(fixed: Fixed, left_out: tuple[LeftOut, ...]) -> list[str]:
     """What every ranked plan keeps as the request resolves it (space.CARRIED_FIELDS), the optimizer first, and the
-    ZeRO stages those fields rule out for every layout."""
+    ZeRO stages the search leaves out (zero_stages.search_ladder), each with the rules that refuse it."""
     words = [f"{k}={'true' if v is True else 'false' if v is False else v}"
              f" ({'given' if k in fixed.given else 'default'})" for k, v in fixed.carried.items() if v is not None]
     out = [
@@ -75,11 +77,19 @@ def carried_assumption(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> list[s
         "layout; pass optimizer=muon to rank layouts for Muon (its memory, one fp32 momentum on the matrices in place "
         "of Adam's two moments, and its Newton-Schulz time, meshplan/arithmetic/muon.py, are estimated)."
     ]
-    dropped = [z for z in zero_ladder(job.card) if z not in zeros]
-    if dropped and "zero_stage" not in fixed:
-        out.append(f"ZeRO stage{'s' if len(dropped) > 1 else ''} {', '.join(map(str, dropped))} not searched: a "
-                   "rule that blocks the estimate refuses it for every layout with the request's "
-                   f"{', '.join(sorted(fixed.given))} (`meshplan check` names it).")
+    if "zero_stage" in fixed:
+        return out
+    by_rules: dict[tuple[str, ...], list[int]] = {}  # stages refused by the same rules: one sentence
+    for stage in left_out:
+        by_rules.setdefault(tuple(dict.fromkeys(stage.rules)), []).append(stage.zero)
+    for rules, zeros in by_rules.items():
+        many, stages = len(rules) > 1, len(zeros) > 1
+        given = (f" with the request's {', '.join(sorted(fixed.given))}"
+                 if fixed.given and ADAPTER_RULE not in rules else "")
+        out.append(f"ZeRO stage{'s' if stages else ''} {', '.join(map(str, zeros))} not searched: "
+                   f"rule{'s' if many else ''} {', '.join(rules)} refuse{'' if many else 's'} "
+                   f"{'them' if stages else 'it'} on every layout{given} ({'their' if stages else 'its'} plans "
+                   f"are counted under {'them' if many else 'it'}; `meshplan check` says why).")
     return out
 
 
@@ -248,7 +258,7 @@ def ranked_answer(job: Job, fixed: Fixed, engine: Engine, search: BestFirstSearc
         model=job.model.name, framework=job.framework, num_gpus=job.num_gpus, candidates=candidates,
         considered=considered, rejected={k: v for k, v in sorted(search.rejected.items()) if v},
         rationale=rationale, warnings=warnings,
-        assumptions=[*notes, *SPACE_ASSUMPTIONS, *carried_assumption(job, fixed, search.zeros),
+        assumptions=[*notes, *SPACE_ASSUMPTIONS, *carried_assumption(fixed, search.refused),
                      *fixed_assumption(fixed),
                      *([budget_cut(search.max_evaluations)] if search.stopped_by_budget else [])],
         evaluated=search.evaluations, global_batch_size=job.global_batch_size, gpus_per_node=job.gpus_per_node,

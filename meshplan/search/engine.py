@@ -43,12 +43,10 @@ from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
     Layout,
-    adapter_refused_zeros,
     params_split,
-    request_zeros,
 )
 from meshplan.search.tiers import across_floor, split_space
-from meshplan.search.zero_stages import bound_preset, estimable_zeros, first_valid
+from meshplan.search.zero_stages import bound_preset, first_valid, search_ladder
 
 
 class Level(IntEnum):
@@ -123,15 +121,10 @@ class BestFirstSearch(StepTimeBounds):
                 budget_bytes: int = 0) -> BestFirstSearch:
         """A search of `job` with the knobs its framework opens, less what the request fixes."""
         kn = job.card.search
-        zeros = estimable_zeros(job, fixed, request_zeros(job.card, fixed))
-        refused = adapter_refused_zeros(job, zeros)
-        if len(refused) < len(zeros):  # all refused: kept, so the rules say why
-            zeros = tuple(zero for zero in zeros if zero not in refused)
-        else:
-            refused = ()
         recomputes = tuple(r for r in RECOMPUTE_ORDER if r in kn.recompute)
         if "recompute" in fixed:
             recomputes = (str(fixed.values["recompute"]),)
+        zeros, left_out = search_ladder(job, fixed, recomputes)
         card = job.card
         sp = card.defaults.sequence_parallel_with_tp(job.model)
         if "sequence_parallel" in fixed:
@@ -157,7 +150,7 @@ class BestFirstSearch(StepTimeBounds):
                    law=card.world_size_law, flex=card.flex_dispatcher and job.model.moe is not None,
                    a2a_open=a2a_open, domain=domain, max_evaluations=cap, budget_bytes=budget_bytes,
                    presets={z: bound_preset(job, z, fixed.carried) for z in zeros}, tp_overlap=tp_overlap,
-                   refused=refused)
+                   refused=left_out)
 
     # -- the queue --------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import default_engine
 from meshplan.search.job import search_job
 from meshplan.search.policy import headroom_for, memory_budget, same_numbers
-from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, within_nvlink
+from meshplan.search.space import Fixed, Layout, enumerate_layouts, micro_batches, request_zeros, within_nvlink
 
 
 class OracleRow(NamedTuple):
@@ -27,7 +27,9 @@ def exhaustive_top_k(req: Request, top_k: int) -> list[OracleRow]:
     plan with TP across it (the search's two tiers, engine.run_search): each passes the structural rules, peaks within
     the request's headroom, leaves what it offloads within the host's cpu_memory_per_node (MEM003), and is timed. A
     plan is left out when the same layout fits with less recompute (the search calls it dominated: strictly slower,
-    same choice); plans with the same predicted step time and peak memory are one row, as in the search's answer."""
+    same choice); plans with the same predicted step time and peak memory are one row, as in the search's answer.
+    Every ZeRO stage the request leaves open is tried, the stages the search leaves out of its ladder too
+    (zero_stages.search_ladder), so a stage left out that some plan could take shows as a miss."""
     job, _ = search_job(req)
     fixed = Fixed.from_request(req)
     space = BestFirstSearch.for_job(job, fixed, default_engine(job.framework), top_k)  # its knobs and plan building
@@ -43,9 +45,10 @@ def _rows(req: Request, space: BestFirstSearch, layouts: list[Layout]) -> dict[t
     budget = memory_budget(job, headroom_for(req))
     host = job.cpu_memory_per_node
     rows: dict[tuple[float, int], OracleRow] = {}
+    zeros = request_zeros(job.card, fixed)  # every stage the request leaves open, not the search's ladder
     for lay in layouts:
         for mbs in micro_batches(job, lay, fixed):
-            for zero in space.zeros:
+            for zero in zeros:
                 for recompute in space.recomputes:
                     plan = space.plan(lay, zero, recompute, mbs)
                     if not engine.check(job, plan).ok:

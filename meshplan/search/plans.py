@@ -130,7 +130,7 @@ class SearchPlans(HostCounts, OverlapChoice):
     knob_rows: dict[tuple, list[dict]] = field(default_factory=dict)  # check_errors' knobs per what knobs reads
     tp_overlap: bool = False  # tp_comm_overlap on every plan with TP to overlap (a TP-1 layout has none)
     presets: dict[int, tuple] = field(default_factory=dict)  # space.state_preset per ZeRO stage: the memory floors'
-    refused: tuple[int, ...] = ()  # ZeRO stages rule AD001 refuses on every layout (space.adapter_refused_zeros)
+    refused: tuple = ()  # zero_stages.LeftOut: ZeRO stages left out, refused on every layout (search_ladder)
     floor_parts: dict = field(default_factory=dict)  # first_stage_floor's memo for this job and these presets
     sizes_by_dp: dict[int, tuple[int, ...]] = field(default_factory=dict)  # micro_batches per dp (all it reads)
     floor_needs: dict[tuple[Layout, int], tuple[int, ...]] = field(default_factory=dict)  # zero_needs' memo
@@ -367,7 +367,7 @@ class SearchPlans(HostCounts, OverlapChoice):
         return self.variants() * max(1, len(self.sizes(lay)))
 
     def refused_plans(self, lay: Layout) -> int:
-        """The plans of the ZeRO stages the search leaves out for rule AD001 (counted as its rejections)."""
+        """The plans of the ZeRO stages the search leaves out (zero_stages.search_ladder: counted as refused)."""
         return len(self.refused) * len(self.recomputes) * max(1, len(self.sizes(lay)))
 
     def need_range(self, lay: Layout, mbs: int) -> tuple[int, int]:

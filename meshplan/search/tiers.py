@@ -8,9 +8,9 @@ from collections import Counter
 
 from meshplan.estimate.perf import step_terms
 from meshplan.search.bounds import StepTimeBounds
-from meshplan.search.policy import ADAPTER_RULE
 from meshplan.search.space import Layout, Tiers, enumerate_layouts, within_nvlink
 from meshplan.search.tier_floor import tier_floor
+from meshplan.search.zero_stages import left_out_counts
 
 
 def across_floor(search: StepTimeBounds, tiers: Tiers) -> float:
@@ -28,7 +28,8 @@ def across_floor(search: StepTimeBounds, tiers: Tiers) -> float:
 
 def split_space(search: StepTimeBounds) -> Tiers:
     """The job's space (enumerate_layouts) split by whether TP stays inside the NVLink domain, with every plan
-    counted: the layouts a cheap law dropped, one check naming the rule for each group, and rule AD001's stages."""
+    counted: the layouts a cheap law dropped, one check naming the rule for each group, and the ZeRO stages the
+    search leaves out under the rules that refuse them (zero_stages.search_ladder: AD001's, a blocking rule's)."""
     if search.caches.space is None:
         search.caches.space = enumerate_layouts(search.job, search.fixed)
     layouts, dropped = search.caches.space
@@ -60,9 +61,12 @@ def split_space(search: StepTimeBounds) -> Tiers:
             tier2.append(lay)
             entry[2] += 1
     across_plans = 0
+    left_out = left_out_counts(search.refused)  # per rule, the left-out stages' (stage, recompute) pairs
     for example, count, across in by_dp.values():
         plans, refused = search.plans_of(example), search.refused_plans(example)
         considered += count * (plans + refused)
-        rejected[ADAPTER_RULE] += count * refused
+        micro = max(1, len(search.sizes(example)))
+        for rule, pairs in left_out.items():
+            rejected[rule] += count * pairs * micro
         across_plans += across * plans
     return Tiers(tier1, tier2, considered, rejected, across_plans)

@@ -4,13 +4,17 @@ stage (a mask per stage, engine.apply_rules)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param
 from meshplan.estimate.context_parallel import runs_ulysses
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rl.memory import framework_offload
 from meshplan.rules.engine import EstimateBlocked, require_estimable
 from meshplan.schema.plan import Job
-from meshplan.search.space import Fixed, Layout, params_split, state_preset
+from meshplan.search.policy import ADAPTER_RULE
+from meshplan.search.space import Fixed, Layout, adapter_refused_zeros, params_split, request_zeros, state_preset
 
 
 def first_valid(mask: int, low: int, n_r: int) -> int:
@@ -20,23 +24,68 @@ def first_valid(mask: int, low: int, n_r: int) -> int:
     return low + (rest & -rest).bit_length() - 1 if rest else n_r
 
 
-def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...]) -> tuple[int, ...]:
-    """The ZeRO stages an estimate can take with the request's carried fields: a stage where a blocking rule refuses
-    the plainest layout (no model parallelism) while another stage passes is left out of the ladder, e.g. FSDP with
-    optimizer=muon (PR005). The search's model-state bounds take the ladder's last stage as the lightest, so a stage
-    no estimate can take cannot stay in it. When every stage is refused the ladder stays whole: the rules say why."""
+@dataclass(frozen=True)
+class LeftOut:
+    """A ZeRO stage the search leaves out of its ladder, its plans counted as refused: per recompute the search runs
+    (in its order), the rule that refuses the stage there (AD001 where the adapter has no key for the stage)."""
+
+    zero: int
+    rules: tuple[str, ...]
+
+
+def estimable_zeros(job: Job, fixed: Fixed, zeros: tuple[int, ...],
+                    recomputes: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[LeftOut, ...]]:
+    """The ZeRO stages an estimate can take with the request's carried fields, and those it cannot: a stage where a
+    blocking rule refuses the plainest layout (no model parallelism) at every recompute the search runs
+    (`recomputes`: the request's, else the framework's) while another stage passes at one is left out of the ladder,
+    e.g. FSDP with optimizer=muon (PR005), or verl's FSDP backend with a recompute_method (RC003, its config has no
+    key for it). A stage estimable at some recompute stays: SkyRL's main_sft at ZeRO 3 runs full recompute only
+    (RC006 at none), so a probe at none alone dropped ZeRO 3 from every SkyRL search that gave a carried field. The
+    search's model-state bounds take the ladder's last stage as the lightest, so a stage no estimate can take cannot
+    stay in it; its plans are counted under the rule that refuses each recompute (LeftOut, tiers.split_space), as
+    the rules count them where the stage is searched. When every stage is refused the ladder stays whole: the rules
+    say why."""
     if not fixed.given:  # the frameworks' own defaults block no stage
-        return zeros
+        return zeros, ()
     plain = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=job.num_gpus)
-    ok = []
-    for zero in zeros:
+
+    def refusing(zero: int, recompute: str) -> str | None:
         try:
-            require_estimable(job, plain.plan(zero_stage=zero, recompute="none", micro_batch_size=1,
+            require_estimable(job, plain.plan(zero_stage=zero, recompute=recompute, micro_batch_size=1,
                                               sequence_parallel=False, cp_comm_type="p2p", **fixed.carried))
-        except EstimateBlocked:
-            continue
-        ok.append(zero)
-    return tuple(ok) or zeros
+        except EstimateBlocked as blocked:
+            return blocked.rule_id
+        return None
+
+    ok, left = [], []
+    for zero in zeros:
+        rules = []
+        for recompute in recomputes:
+            if (rule := refusing(zero, recompute)) is None:
+                ok.append(zero)
+                break
+            rules.append(rule)
+        else:
+            left.append(LeftOut(zero, tuple(rules)))
+    return (tuple(ok), tuple(left)) if ok else (zeros, ())
+
+
+def search_ladder(job: Job, fixed: Fixed, recomputes: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[LeftOut, ...]]:
+    """The ZeRO stages the search takes (the request's, estimable_zeros') less those rule AD001 refuses on every
+    layout (space.adapter_refused_zeros), and the stages it leaves out with the rules that count their plans. Where
+    AD001 refuses every stage left they stay: the rules say why."""
+    zeros, left_out = estimable_zeros(job, fixed, request_zeros(job.card, fixed), recomputes)
+    adapter = adapter_refused_zeros(job, zeros)
+    if len(adapter) == len(zeros):
+        return zeros, left_out
+    return (tuple(zero for zero in zeros if zero not in adapter),
+            left_out + tuple(LeftOut(zero, (ADAPTER_RULE,) * len(recomputes)) for zero in adapter))
+
+
+def left_out_counts(stages: tuple[LeftOut, ...]) -> Counter:
+    """Per rule, the (ZeRO stage, recompute) pairs of the left-out `stages` it refuses: a layout's plans counted
+    under it are these times its micro-batches (tiers.split_space)."""
+    return Counter(rule for stage in stages for rule in stage.rules)
 
 
 def cp_zeros(card: FrameworkCard, zeros: tuple[int, ...]) -> tuple[int, ...]:
