@@ -248,7 +248,8 @@ def test_skyrl_placed_apart_ranks_an_rl_step_on_its_eight_trainer_gpus():
     (8 GB more), every one of the 256 actor layouts tried was over the headroom (RL005) and nothing was ranked."""
     rec = api.recommend(Request(**SKYRL, placement="separate", rollout_gpus=8))
     assert rec.candidates and "RL005" not in rec.rejected
-    assert rec.candidates[0].memory.peak_bytes <= 0.9 * rec.candidates[0].memory.capacity_bytes
+    # the figure that decides the fit (memory.fit_figure): with expandable segments the allocated peak
+    assert rec.candidates[0].memory.fit_bytes <= 0.9 * rec.candidates[0].memory.capacity_bytes
 
 
 @pytest.mark.slow  # about a minute: an RL recommend at every count scanned
@@ -269,3 +270,15 @@ def test_min_gpus_of_an_rl_job_whose_actor_search_is_empty_scans_without_error(m
     spec = {k: v for k, v in SKYRL.items() if k != "num_gpus"}
     answer = api.minimum_gpus(Request(**spec, cpu_memory_per_node=64))
     assert answer.num_gpus is not None and answer.num_gpus > 24
+
+
+def test_the_rl_ranking_fits_a_step_on_the_figure_check_reads():
+    """verl's RL workers run the training phases with expandable segments (cards/frameworks/verl.yaml allocator), so
+    check's RL005 fits them on their allocated peak (rl/memory.worst_stage fit_bytes); the RL ranking compared the
+    reserved peak with the budget and refused (RL005, 60 here) the plans without offload whose reserved peak is over it
+    though their fit is not, ranking the offloaded step, 13.29 s, first (fails before: the top plan's reserved peak
+    was under the budget). It now ranks the 12.09 s step without offload."""
+    rec = api.recommend(Request(**VERL), top_k=1)
+    top = rec.candidates[0].memory
+    assert "RL005" not in rec.rejected and top.fit_basis == "allocated"
+    assert top.fit_bytes <= 0.9 * top.capacity_bytes < top.peak_bytes

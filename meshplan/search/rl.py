@@ -83,12 +83,13 @@ def _rollout_shapes(job, plan: Plan, fixed: dict) -> list[tuple[int, int, int]]:
 
 
 def _largest_fraction(job, plan: Plan, reports: tuple, limit: float) -> float | None:
-    """The largest memory fraction (a FRACTION_STEP multiple, at most MAX_FRACTION) whose phases stay under `limit`:
-    only the rollout phase depends on it, linearly for both engines, so two estimates give the line."""
+    """The largest memory fraction (a FRACTION_STEP multiple, at most MAX_FRACTION) whose phases' fit figures stay
+    under `limit` (each phase's fit_bytes, as check's RL005 reads them: with expandable segments a training phase's
+    allocated peak): only the rollout phase depends on it, linearly for both engines, so two estimates give the line."""
     def phases_at(fraction: float) -> tuple[float, float]:
         m = rl_memory(job, plan.model_copy(update={"rollout_memory_fraction": fraction}), reports)
-        rollout = next(p.peak_bytes for p in m.phases if p.phase == "rollout")
-        return rollout, max((p.peak_bytes for p in m.phases if p.phase != "rollout"), default=0)
+        rollout = next(p.fit_bytes for p in m.phases if p.phase == "rollout")
+        return rollout, max((p.fit_bytes for p in m.phases if p.phase != "rollout"), default=0)
 
     high, others = phases_at(MAX_FRACTION)
     if others > limit:
@@ -152,8 +153,9 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
                 continue
             memory = rl_memory(job, plan, reports)
             rollout = next(p for p in memory.phases if p.phase == "rollout")
-            if memory.peak_bytes > limit or rollout.engine is None or rollout.engine.sequences_at_once < 1:
-                out.reject("RL005" if memory.peak_bytes > limit else "RL006")  # as check names them
+            over = memory.fit_bytes > limit  # the figure check's RL005 reads (memory.fit_figure), not the reserved peak
+            if over or rollout.engine is None or rollout.engine.sequences_at_once < 1:
+                out.reject("RL005" if over else "RL006")  # as check names them
                 continue
             if job.cpu_memory_per_node is not None and memory.host_bytes_per_node > job.cpu_memory_per_node:
                 out.reject(HOST_RULE)  # fits the GPUs, but the node's host cannot hold what it offloads, as check says
