@@ -56,6 +56,10 @@ def test_a_plan_over_by_less_than_its_reserve_fits_only_with_expandable_segments
     ("megatron-bridge", "sft", True), ("torchtitan", "sft", True), ("verl", "rl", True),
     ("verl", "sft", False),  # verl's SFT trainer sets none; its RL workers do (cards/frameworks/verl.yaml allocator)
     ("megatron-core", "sft", False), ("nanotron", "sft", False), ("deepspeed", "sft", False),
+    # SkyRL 0.4.0's training workers turn them on after building the model (trainer.use_expandable_segments, default
+    # true), main_sft's as the RL trainer's (its SFTConfig has no key for it); before, SkyRL had no allocator section
+    # and every job was fitted on the reserved peak
+    ("skyrl", "sft", True), ("skyrl", "rl", True),
 ])
 def test_left_out_it_is_how_the_framework_launches(framework, job_kind, default):
     ask = dict(model="llama-3-8b", gpu="h100", num_gpus=8, seq_length=4096, framework=framework, job=job_kind)
