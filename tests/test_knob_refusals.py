@@ -7,6 +7,7 @@ N layers recomputed where the framework recomputes every one."""
 from __future__ import annotations
 
 import io
+import re
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
@@ -391,3 +392,20 @@ def test_the_fsdp_engines_fixes_name_megatron_stages_that_pass(framework, degree
     for zero in stages:
         left = {f.id for f in api.check_config(Request(**ask, zero_stage=zero)).findings if f.severity == "error"}
         assert not left & {"FS001", "AD001"}, (zero, left)
+
+
+@pytest.mark.parametrize("framework,zero", [("skyrl", 0), ("skyrl", 2), ("verl", 2)])
+def test_a_zero_stage_fix_names_only_stages_that_write_the_plans_degrees(framework, zero):
+    """AD001's fix for a ZeRO stage the config lacks names only stages whose config writes the plan's tp (verl's and
+    SkyRL's FSDP engines at zero_stage 3 have no TP), and following it clears AD001 and FS001. Before: SkyRL's said
+    'use zero_stage=1 (or 3 for FSDP)' to a tp=2 plan, and zero_stage 3 then hit AD001 and FS001."""
+    base = dict(model="qwen3-8b", num_gpus=16, gpu="h100", framework=framework, tp=2)
+    report = api.check_config(Request(**base, zero_stage=zero))
+    fix = next(f.fix for f in report.findings if f.id == "AD001")
+    named = {int(z) for z in re.findall(r"\d", re.search(r"zero_stage=([\d, or]+)", fix).group(1))}
+    assert "3 for FSDP" not in fix and named, fix
+    for z in named:
+        errors = {f.id for f in api.check_config(Request(**base, zero_stage=z)).findings if f.severity == "error"}
+        assert not errors & {"AD001", "FS001"}, (z, errors)
+    plain = api.check_config(Request(**{**base, "tp": 1}, zero_stage=zero))
+    assert next(f.fix for f in plain.findings if f.id == "AD001") == card_instead(framework, zero, f"zero_{zero}")

@@ -5,12 +5,14 @@ framework's adapter cannot write."""
 
 from __future__ import annotations
 
-from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, default_render, missing_knob, missing_layout_knob
+from meshplan.core.units import either_or
+from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, MissingKnob, default_render, missing_knob, missing_layout_knob
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
-from meshplan.schema.plan import Job
+from meshplan.schema.plan import Job, Plan
 
 
 @rule("HY001", reads=())
@@ -212,14 +214,47 @@ def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),
     which would run its own split instead."""
-    target = default_render(ctx.framework, ctx.job, ctx.plan)
+    found = _adapter_refusal(ctx.framework, ctx.job, ctx.plan)
+    if found is None:
+        return None
+    (version, variant), missing = found
+    instead = missing.instead
+    if missing.knob.startswith("zero_"):
+        instead = _zero_stage_instead(ctx, missing.instead)
+    return {"setting": missing.setting, "display": ctx.card.display_name, "version": version,
+            "variant": variant, "reason": missing.reason, "instead": instead, "knob": missing.knob}
+
+
+def _adapter_refusal(framework: str, job: Job, plan: Plan) -> tuple[tuple[str, str], MissingKnob] | None:
+    """The render target (version, variant) and the first layout or split knob of the plan its config cannot write,
+    or None where it writes them all (or the framework has no adapter)."""
+    target = default_render(framework, job, plan)
     if target is None:
         return None
     version, variant = target
-    missing = missing_layout_knob(ctx.framework, version, variant, ctx.job, ctx.plan)
-    if missing is None and ctx.card.pipeline.partition != "told":
-        missing = missing_knob(ctx.framework, version, variant, ctx.job, ctx.plan, SPLIT_KNOBS)
-    if missing is None:
-        return None
-    return {"setting": missing.setting, "display": ctx.card.display_name, "version": version,
-            "variant": variant, "reason": missing.reason, "instead": missing.instead, "knob": missing.knob}
+    missing = missing_layout_knob(framework, version, variant, job, plan)
+    if missing is None and framework_card(framework).pipeline.partition != "told":
+        missing = missing_knob(framework, version, variant, job, plan, SPLIT_KNOBS)
+    return None if missing is None else (target, missing)
+
+
+def _zero_stage_instead(ctx: Context, card_instead: str) -> str:
+    """AD001's fix for a ZeRO stage the config cannot write: the card's words where every stage its config writes
+    for a plain layout also writes this plan's degrees; else only the stages that write them (SkyRL's sft-fsdp
+    variant at zero_stage 3 has no tp: naming it would send a tp=2 plan from AD001 to AD001 and FS001)."""
+    plain = ctx.plan.model_copy(update=dict.fromkeys(_DEGREE_KNOBS, 1))
+    writes = [z for z in range(4) if _adapter_refusal(ctx.framework, ctx.job,
+                                                      ctx.plan.model_copy(update={"zero_stage": z})) is None]
+    plainly = [z for z in range(4) if _adapter_refusal(ctx.framework, ctx.job,
+                                                       plain.model_copy(update={"zero_stage": z})) is None]
+    if writes == plainly:
+        return card_instead
+    used = ", ".join(f"{k}={getattr(ctx.plan, k)}" for k in _DEGREE_KNOBS if getattr(ctx.plan, k) > 1)
+    if not writes:
+        return f"No ZeRO stage of {ctx.card.display_name}'s config writes {used}; set them to 1."
+    left_out = either_or([z for z in plainly if z not in writes])
+    return (f"Use zero_stage={either_or(writes)}: {ctx.card.display_name}'s config at zero_stage {left_out} "
+            f"cannot write {used}.")
+
+
+_DEGREE_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # adapter_knobs' layout degrees
