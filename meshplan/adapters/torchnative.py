@@ -227,8 +227,7 @@ def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Buil
     model = [("sdpa_backend", backend)] if backend else []  # ModelConfig.sdpa_backend (default auto)
     return Built(template="kempnerforge.j2", context={"distributed": distributed, "train": train, "model": model},
                  format="toml", filename="kempnerforge_layout.toml", warnings=warnings,
-                 notes=["KempnerForge gives expert parallelism ranks of its own: dp_replicate*dp_shard*tp*pp*cp*ep "
-                        f"= {replicate * shard * plan.tp * plan.pp * plan.cp * plan.ep} GPUs.",
+                 notes=[*filter(None, [mesh.own_ep_ranks_note(job, plan)]),
                         f"grad_accum_steps {accumulation} = global_batch_size {job.global_batch_size} / "
                         f"(batch_size {plan.micro_batch_size} x data-parallel {plan.dp}).",
                         "Merge these sections into your configs/train/*.toml ([model] stays yours)."])

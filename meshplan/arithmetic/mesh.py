@@ -47,6 +47,24 @@ def own_ep_ranks(law: WorldSizeLaw, ep: int) -> int:
     return ep if ep_has_own_ranks(law) else 1
 
 
+def own_ep_ranks_note(job: Job, plan: Plan) -> str | None:
+    """Where expert parallelism has ranks of its own, what that costs in words: its EP ranks are no data-parallel
+    ranks (KempnerForge's get_dp_info counts dp_replicate x dp_shard only), so each replica's ep GPUs all train the
+    same share of the step, and each GPU trains ep times the sequences the same layout at ep=1 gives it. The one
+    home of the fact: render's note, the memory and throughput reports' warnings (and check's) all word it here."""
+    law = job.card.world_size_law
+    if plan.ep == 1 or not ep_has_own_ranks(law):
+        return None
+    world = world_size(law, plan)
+    at_ep1 = derived_dp(law, world, plan.tp, plan.pp, plan.cp)
+    gbs = job.global_batch_size
+    return (f"{job.card.display_name} gives expert parallelism ranks of its own, not data-parallel ones "
+            f"(dp_replicate*dp_shard*tp*pp*cp*ep = {world} GPUs, data-parallel {plan.dp}): the {plan.ep} EP ranks "
+            f"of a replica train the same {gbs / plan.dp:,.0f} of the step's {gbs:,} sequences, where ep=1 on these "
+            f"GPUs gives each replica {gbs / at_ep1:,.0f} (data-parallel {at_ep1}), {at_ep1 / plan.dp:g}x less work "
+            f"per GPU.")
+
+
 def replica_size(law: WorldSizeLaw, tp: int, pp: int, cp: int, ep: int = 1) -> int:
     """GPUs per data-parallel replica: tp*pp*cp (times ep under KempnerForge's law)."""
     return tp * pp * cp * own_ep_ranks(law, ep)

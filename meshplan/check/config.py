@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from meshplan.arithmetic.mesh import own_ep_ranks_note
 from meshplan.check.split import split_choice, split_words
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
@@ -31,8 +32,7 @@ def check_config(job: Job, plan: Plan, *, include_memory: bool = True) -> CheckR
     if include_memory:
         findings = [_ranked_split(job, plan, f) if f.id == "PP001" else f for f in findings]
         memory, note = _memory_findings(Context(job, plan), findings)
-        if note:
-            next_steps.append(note)
+        next_steps.extend(filter(None, [note, own_ep_ranks_note(job, plan)]))  # the memory report warns it too
     ok = not any(f.severity == "error" for f in findings)
     next_steps.extend(_next_steps(ok, structural_error, findings))
     return CheckReport(ok=ok, framework=job.framework, model=job.model.name, plan=plan, findings=findings,

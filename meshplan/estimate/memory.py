@@ -80,7 +80,8 @@ def _assumed(job: Job, plan: Plan) -> list[str]:
         )
     if arch.moe is None and plan.etp > 1:
         warnings.append(f"etp={plan.etp} ignored: {arch.name} is a dense model.")
-    return warnings
+    own_ep = mesh.own_ep_ranks_note(job, plan)
+    return warnings + ([own_ep] if own_ep else [])
 
 
 def _world(job: Job, plan: Plan) -> tuple[int, float, list[str]]:

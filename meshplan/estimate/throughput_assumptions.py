@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshplan.arithmetic.comm import Links
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import convention
-from meshplan.arithmetic.mesh import mesh_groups
+from meshplan.arithmetic.mesh import mesh_groups, own_ep_ranks_note
 from meshplan.estimate.attention_time import FLASH_ATTENTION_PASSES_PER_FORWARD
 from meshplan.estimate.layer_records import LayerContext
 from meshplan.estimate.memory import routing_assumption
@@ -52,6 +52,9 @@ def layout_warnings(job: Job, plan: Plan, lk: Links, m: int) -> list[str]:
         out.append(f"CP {plan.cp} x TP {plan.tp} spans more than one NVLink domain: the K/V ring uses the network.")
     if plan.ep > 1 and groups.ep.crosses(lk.domain):
         out.append(f"EP {plan.ep} spans more than one NVLink domain: token all-to-alls cross the network.")
+    own_ep = own_ep_ranks_note(job, plan)
+    if own_ep:
+        out.append(own_ep)
     if plan.pp > 1 and m < plan.pp:
         out.append(f"Only {m} micro-batches for {plan.pp} pipeline stages: most of the step is pipeline bubble.")
     if job.model.sliding_window:
