@@ -294,3 +294,19 @@ def test_the_search_entry_refuses_an_rl_job_and_names_the_rl_planner():
     with pytest.raises(MeshplanError) as err:
         recommend(req)
     assert "RL" in err.value.reason and "meshplan.api.recommend" in err.value.fix
+
+
+def test_min_gpus_says_a_rule_stopped_it_at_the_first_count_on_every_face():
+    """Where a rule refuses every count, the scan checks one count: its words say so (api and MCP `stepping`, the
+    CLI's line, the assumption), not the stepping it never took. Before: 'checked 1 count from 1 to 1: 1, 2, 4, then
+    every multiple of 8'."""
+    from meshplan.faces.mcp import tools
+
+    answer = api.minimum_gpus(Request(model="llama-3.1-70b", lora_rank=16))
+    assert answer.stopped_by == "rules" and answer.counts_checked == 1
+    said = f"only the first count, {answer.searched_from:,}: a rule refuses the fixed fields at every count"
+    assert answer.stepping.startswith(said) and answer.assumptions[1].startswith("A rule refuses every count")
+    mcp = tools.minimum_gpus(model="llama-3.1-70b", lora_rank=16, max_gpus=None)
+    assert mcp.stepping == answer.stepping
+    _, out, _ = run_cli(["min-gpus", "llama-3.1-70b", "--lora-rank", "16"])
+    assert f"checked {said}" in out and "checked 1 count from" not in out

@@ -334,9 +334,11 @@ def cmd_min_gpus(args: argparse.Namespace) -> int:
             print(f"smallest GPU count: {result.num_gpus:,} x {result.gpu} (headroom {result.headroom:g})")
         else:
             print(f"no GPU count fits within the bounds (stopped by {result.stopped_by}; headroom {result.headroom:g})")
-        print(f"checked {plural(result.counts_checked, 'count')} from {result.searched_from:,} to "
-              f"{result.searched_to:,}: "
-              f"{result.stepping}")
+        if result.stopped_by == "rules":  # one count checked: its words say so (MinimumGpus.stepping)
+            print(f"checked {result.stepping}")
+        else:
+            print(f"checked {plural(result.counts_checked, 'count')} from {result.searched_from:,} to "
+                  f"{result.searched_to:,}: {result.stepping}")
         print(result.rationale)
         print("assumptions:\n" + "\n".join(f"  - {a}" for a in result.assumptions))
     return EXIT_OK if result.num_gpus is not None else EXIT_FINDINGS

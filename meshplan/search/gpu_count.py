@@ -161,6 +161,14 @@ class Scan:
     rule: str = ""  # stopped_by == rules: the rule that rejects the fixed fields at every count, in words
     searched: int = 0  # counts where the necessary condition held and recommend's search ran
 
+    def scanned(self) -> str:
+        """Which counts were checked, in words (MinimumGpus.stepping on every face): the counts allowed, or, where a
+        rule refuses every count, that the scan stopped at its first."""
+        if self.stopped_by != "rules":
+            return self.stepping
+        return (f"only the first count, {self.first:,}: a rule refuses the fixed fields at every count, so none past "
+                f"it was scanned (the counts allowed: {self.stepping})")
+
     def sentence(self, headroom: float, fixed: Fixed) -> str:
         keep = keeps(headroom)
         if self.num_gpus is not None:

@@ -128,7 +128,9 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
                      f"{scan.first:,}: {scan.stepping}). Best layout there: {candidate.rationale}")
     assumptions = [
         headroom_assumption(job, headroom, req.headroom is None),
-        f"Counts scanned in increasing order: {scan.stepping}, from {scan.floor:,} (no smaller count can hold "
+        ("A rule refuses every count, so the scan stopped at its first; it would step in increasing order: "
+         if scan.stopped_by == "rules" else "Counts scanned in increasing order: ")
+        + f"{scan.stepping}, from {scan.floor:,} (no smaller count can hold "
         f"the model states, every parameter's, within the headroom) up to {plural(limit, 'GPU')}, within "
         f"{count_bound_text()}; no clock bounds the scan. Every count is checked, never bisected: fit is not "
         "monotone in the GPU count, since each layout's degrees must divide it.",
@@ -142,6 +144,6 @@ def _answer(req: Request, job: Job, fixed: Fixed, scan: Scan, rec: Recommendatio
         model=job.model.name, framework=job.framework, gpu=job.gpu.name, num_gpus=scan.num_gpus, candidate=candidate,
         headroom=headroom, global_batch_size=gbs, searched_from=scan.first if scan.checked else scan.floor,
         searched_to=scan.last if scan.checked else limit,
-        counts_checked=scan.checked, stepping=scan.stepping, stopped_by=scan.stopped_by,  # type: ignore[arg-type]
+        counts_checked=scan.checked, stepping=scan.scanned(), stopped_by=scan.stopped_by,  # type: ignore[arg-type]
         rationale=rationale, assumptions=assumptions,
     )
