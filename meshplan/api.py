@@ -101,7 +101,8 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
         return report
     from meshplan.adapters.read.fixes import config_fixes
 
-    return report.model_copy(update={"config_fixes": config_fixes(config, report.findings, report.plan.model_dump())})
+    return report.model_copy(update={"config_fixes": config_fixes(config, report.findings, report.plan.model_dump()),
+                                     "config_unread": config.unsupported + config.unresolved})
 
 
 def recommend(req: Request, top_k: int = 5) -> Recommendation:

@@ -270,6 +270,8 @@ def check_report(report: CheckReport) -> None:
             for n, option in enumerate(fix.options, start=1):
                 label = f"  {fix.finding}" + (f" option {n}" if len(fix.options) > 1 else "") + ":"
                 console.print(Text("\n".join([label, *(f"      {change.text}" for change in option)])))
+    _notes(console, "in your file, meshplan cannot express or could not read (the check does not cover it)",
+           report.config_unread)
     _notes(console, "next steps", report.next_steps)
 
 

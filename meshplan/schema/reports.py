@@ -225,6 +225,10 @@ class CheckReport(StrictModel):
     config_fixes: list[ConfigFix] = Field(
         default_factory=list, description="Checked from a config file: each fix as edits of that file, in its own "
                                           "keys and syntax (flags, Hydra overrides, TOML, JSON)")
+    config_unread: list[str] = Field(
+        default_factory=list, description="Checked from a config file: what it sets that meshplan cannot express, then "
+                                          "what could not be read (`meshplan import`'s lists): the check does not "
+                                          "cover them")
 
 
 class Candidate(StrictModel):
