@@ -534,7 +534,7 @@ class StepTimeBounds(SearchPlans):
         request's fields and sequence parallelism as the search sets them: all that sharding_per_micro's and
         grid_sync's estimators read of a plan. A copy of the search's first such plan with those fields changed
         (Plan has no validator beyond its fields' ranges, which a layout's degrees meet): validating one per grid
-        cost more than the bounds it serves."""
+        cost more than the bounds it serves; copied: model_copy in fewer instructions (StrictModel.copied)."""
         grid = ("grid plan", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)
         key = (*grid, zero)
         plan = self.bounds_memo.get(key)
@@ -542,13 +542,13 @@ class StepTimeBounds(SearchPlans):
             return plan  # type: ignore[return-value]
         other = self.bounds_memo.get(grid)  # the grid's at another ZeRO stage: only that field to change
         if other is not None:
-            plan = self.bounds_memo[key] = other.model_copy(update={"zero_stage": zero})  # type: ignore[union-attr]
+            plan = self.bounds_memo[key] = other.copied({"zero_stage": zero})  # type: ignore[union-attr]
             return plan
         base = self.bounds_memo.get("grid plan")
         if base is None:
             one = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1)
             base = self.bounds_memo["grid plan"] = self.plan(one, self.zeros[0], self.recomputes[0], 1)
-        plan = self.bounds_memo[key] = base.model_copy(update={  # type: ignore[union-attr]
+        plan = self.bounds_memo[key] = base.copied({  # type: ignore[union-attr]
             "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp, "dp": lay.dp, "zero_stage": zero,
             "sequence_parallel": self.sequence_parallel(lay), "tp_comm_overlap": self.tp_overlap and lay.tp > 1})
         self.bounds_memo[grid] = plan
