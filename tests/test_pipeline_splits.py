@@ -163,7 +163,9 @@ def test_zero_stages_the_adapter_cannot_write_are_not_searched(framework, refuse
     req = Request(model="llama-3.1-8b", num_gpus=16, framework=framework, gpu="h100")
     job, _ = search_job(req)
     search = BestFirstSearch.for_job(job, Fixed.from_request(req), default_engine(job.framework), 1)
-    assert search.refused == refused and not set(refused) & set(search.zeros)
+    left_out = tuple(stage.zero for stage in search.refused)  # each left-out stage counted under AD001
+    assert left_out == refused and all(set(stage.rules) == {"AD001"} for stage in search.refused)
+    assert not set(refused) & set(search.zeros)
     rec = api.recommend(req, top_k=2)
     assert bool(rec.rejected.get("AD001")) == bool(refused)
     assert all(c.plan.zero_stage not in refused for c in rec.candidates)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, MissingKnob, default_render, missing_knob, missing_layout_knob
-from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
@@ -233,7 +232,7 @@ def _adapter_refusal(framework: str, job: Job, plan: Plan) -> tuple[tuple[str, s
         return None
     version, variant = target
     missing = missing_layout_knob(framework, version, variant, job, plan)
-    if missing is None and framework_card(framework).pipeline.partition != "told":
+    if missing is None and job.card.pipeline.partition != "told":
         missing = missing_knob(framework, version, variant, job, plan, SPLIT_KNOBS)
     return None if missing is None else (target, missing)
 
