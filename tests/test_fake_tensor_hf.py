@@ -159,7 +159,7 @@ def test_ulysses_keeps_k_v_at_the_repeated_heads_and_flash_output_beside_the_out
 
 def test_the_memory_estimate_of_a_ulysses_plan_counts_them(monkeypatch):
     """estimate_memory builds the layer's Layout at the plan's Ulysses degree where its engine runs Ulysses
-    (context_parallel.runs_ulysses): verl's FSDP engine, Llama-3.1-8B at Ulysses 4 and 32,768 tokens, no recompute,
+    (rules/context.runs_ulysses): verl's FSDP engine, Llama-3.1-8B at Ulysses 4 and 32,768 tokens, no recompute,
     holds flash's output of each of its 32 layers beside o_proj's input, 8,192 tokens x 4,096 x 2 bytes each."""
     job, plan = resolve(Request(model="llama-3.1-8b", gpu="h200", num_gpus=8, framework="verl", job="sft", zero_stage=3,
                                 cp=4, seq_length=32768, global_batch_size=4, micro_batch_size=1, recompute="none"))

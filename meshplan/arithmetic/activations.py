@@ -235,7 +235,7 @@ class Layout(NamedTuple):
     stacked_experts: bool = False
     # what a Mamba-2 layer saves (cards/memory.yaml mamba2_layer, Mamba2Layer.terms); empty for a model without one
     mamba: tuple = ()
-    # the Ulysses degree where the engine runs cp as Ulysses (context_parallel.runs_ulysses): flash attention keeps K
+    # the Ulysses degree where the engine runs cp as Ulysses (rules/context.runs_ulysses): flash attention keeps K
     # and V at ulysses_heads and its output before the all-to-all that gives the out-projection its input; 1, the
     # smaller count, so a layout built without it stays a floor
     ulysses: int = 1

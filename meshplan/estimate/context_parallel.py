@@ -1,6 +1,7 @@
 """Context parallelism's exposed traffic per layer: the K/V ring, Ulysses' all-to-alls, the all-gather, and the
 hierarchical a2a+p2p, as Transformer Engine runs each beside the attention it feeds; and DeepSpeed-Ulysses as verl's and
-SkyRL's FSDP engines run it (runs_ulysses), which the search's CP references read through the same function."""
+SkyRL's FSDP engines run it (rules/context.runs_ulysses), which the search's CP references read through the same
+function."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from meshplan.arithmetic.activations import ulysses_heads
 from meshplan.arithmetic.comm import alltoall_time, p2p_time, ring_time
 from meshplan.arithmetic.mesh import Group, hierarchical_cp_groups, mesh_groups
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext
-from meshplan.knowledge.cards import FrameworkCard
 from meshplan.schema.model import Architecture
 
 # Ring attention (Transformer Engine AttnFuncWithCPAndKVP2P): each of the c-1 ring steps sends the K/V block on
@@ -47,14 +47,6 @@ def ring_exposed(hop_s: float, steps: int, attention_fwd: float, attention_bwd: 
     fwd = (steps - 1) * max(0.0, CP_RING_TRANSFERS_FORWARD * hop_s - overlap * attention_fwd / steps)
     bwd = (steps - 1) * max(0.0, CP_RING_TRANSFERS_BACKWARD * hop_s - overlap * attention_bwd / steps)
     return fwd, fwd + bwd
-
-
-def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
-    """Whether the engine this ZeRO stage selects runs cp as DeepSpeed-Ulysses sequence parallelism (the card's
-    engine.ulysses: verl's and SkyRL's FSDP engines), whatever cp_comm_type says: those engines have no comm type
-    and the plan keeps the default p2p. The estimate's LayerContext.ulysses and the search's CP references (one per
-    mechanism the search's ZeRO stages run: search/bounds.py) read it."""
-    return card.engine_at(zero_stage) in card.engine.ulysses
 
 
 def ulysses_widths(arch: Architecture, degree: int, v_pad: bool) -> tuple[float, float, float, float]:

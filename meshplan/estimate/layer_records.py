@@ -67,7 +67,7 @@ class LayerContext:
     attention_kernel: str | None = None  # that kernel's name (None: the shared fused-kernel fraction)
     routed_load: float = 1.0  # routed tokens on the most loaded EP rank over the mean (memory.ep_rank_load)
     gather_dispatch: bool = False  # the non-flex MoE dispatcher gathers the EP group's tokens (moe_time.gather_ep)
-    ulysses: bool = False  # cp is Ulysses sequence parallelism on this engine (context_parallel.runs_ulysses)
+    ulysses: bool = False  # cp is Ulysses sequence parallelism on this engine (rules/context.runs_ulysses)
     mla_v_pad: bool = False  # MLA's V padded to the QK head width for flash attention (the convention's mla_v_pad)
     tp_overlap_mode: str = "fraction"  # which TP collectives run beside a GEMM (tp_overlap_mode; tp_hidden)
     tp_rs_splits: int = 0  # chunks of a pipelined forward reduce-scatter (the card's tp_overlap.rs_splits; 0: tp)

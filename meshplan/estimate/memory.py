@@ -48,7 +48,6 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.offload import OffloadPlan, offload_plan, offload_time
 from meshplan.arithmetic.schedule import plan_stages
 from meshplan.core.units import GIB
-from meshplan.estimate.context_parallel import runs_ulysses
 from meshplan.estimate.fsdp_walk import walk_assumption
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.estimate.memory_stage import STEP_MOMENT, Dominance, forward_gathered, stage_fit, stage_memory
@@ -62,6 +61,7 @@ from meshplan.estimate.memory_terms import (
 from meshplan.knowledge.cards import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
+from meshplan.rules.context import runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory

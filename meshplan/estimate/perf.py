@@ -36,7 +36,7 @@ from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape,
 from meshplan.arithmetic.schedule import Stages, plan_shape, plan_stages
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.attention_time import attention_efficiency, attention_seconds
-from meshplan.estimate.context_parallel import cp_time, runs_ulysses
+from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
 from meshplan.estimate.layer_time import layer_time
@@ -61,6 +61,7 @@ from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
+from meshplan.rules.context import runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport

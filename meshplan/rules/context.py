@@ -1,5 +1,6 @@
 """What a rule's condition sees: a job and plan with the derived numbers most rules read (`Context`, each worked out
-once per check), and which engine runs the model at a ZeRO stage (`backend_of`). Apart from the registry
+once per check), and which engine runs the model at a ZeRO stage (`backend_of`) and whether it runs cp as Ulysses
+(`runs_ulysses`). Apart from the registry
 (rules/engine.py), which runs the conditions over it and keeps their verdicts."""
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ def backend_of(card: FrameworkCard, zero_stage: int) -> Backend:
     """Which engine runs the model at this ZeRO stage: the framework card's engine.by_zero_stage (verl and SkyRL
     switch from Megatron-Core to FSDP at zero_stage 3)."""
     return card.engine_at(zero_stage)
+
+
+def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
+    """Whether the engine this ZeRO stage selects runs cp as DeepSpeed-Ulysses sequence parallelism (the card's
+    engine.ulysses: verl's and SkyRL's FSDP engines), whatever cp_comm_type says: those engines have no comm type
+    and the plan keeps the default p2p. Rule CP002's words, the estimate's cp_time (LayerContext.ulysses) and memory
+    layout, and the search's CP references (one per mechanism its ZeRO stages run: search/bounds.py) read it."""
+    return card.engine_at(zero_stage) in card.engine.ulysses
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+from meshplan.rules.context import runs_ulysses
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import LISTED, ctx_param, divisors, fmt_set, neighbours
 from meshplan.rules.world import tiling
@@ -34,7 +35,7 @@ def cp_short_sequence(ctx: Context) -> Values:
     most = max(1, seq // minimum)
     fewer = "cp=1" if most == 1 else f"cp={most} or less"  # nothing is less than cp=1
     words = (("outweigh Ulysses' all-to-alls of q, k, v and the output", "save memory with recompute")
-             if ctx.backend in ctx.job.card.engine.ulysses else
+             if runs_ulysses(ctx.job.card, ctx.plan.zero_stage) else
              ("hide the exchange of K/V chunks", "shard memory with TP/SP or recompute"))
     return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer, "exchange": words[0],
             "instead": words[1]}

@@ -8,9 +8,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from meshplan.arithmetic.memory_states import Convention, StateTensor, bytes_per_param
-from meshplan.estimate.context_parallel import runs_ulysses
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.rl.memory import framework_offload
+from meshplan.rules.context import runs_ulysses
 from meshplan.rules.engine import EstimateBlocked, require_estimable
 from meshplan.schema.plan import Job
 from meshplan.search.policy import ADAPTER_RULE
@@ -91,7 +91,7 @@ def left_out_counts(stages: tuple[LeftOut, ...]) -> Counter:
 def cp_zeros(card: FrameworkCard, zeros: tuple[int, ...]) -> tuple[int, ...]:
     """One of the ZeRO stages `zeros` per CP mechanism their engines run, the first of each: Transformer Engine's
     cp_comm_type on a Megatron-Core engine, Ulysses' all-to-alls on verl's and SkyRL's FSDP engine
-    (context_parallel.runs_ulysses, what the estimate's cp_time reads). The search's CP references are estimated at
+    (rules/context.runs_ulysses, what the estimate's cp_time reads). The search's CP references are estimated at
     each, their least kept (bounds._per_token): neither mechanism's time bounds the other's."""
     firsts = {runs_ulysses(card, zero): zero for zero in reversed(zeros)}
     return tuple(sorted(firsts.values()))
