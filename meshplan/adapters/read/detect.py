@@ -15,6 +15,7 @@ import yaml
 
 from meshplan.adapters.read.keys import read_section
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.read_card import SftEntry
 
 AUTOMODEL_MARKERS = ("distributed", "step_scheduler")
 """An AutoModel recipe's own top-level sections (its layout's: automodel.py READ_SECTIONS), in no verl config."""
@@ -40,11 +41,16 @@ def yaml_top_keys(text: str) -> tuple[str, ...] | None:
     return tuple(keys) if len(keys) == len(root.value) and all(_KEY.match(k) for k in keys) else None
 
 
-def verl_sft_sections() -> list[str]:
-    """Every top-level key of verl's SFT trainer configs, its entry points' in turn (read.sft entries' sections)."""
+def verl_sft_entries() -> list[SftEntry]:
+    """verl's SFT trainer entry points (its card's read.sft entries), each with its config's top-level sections."""
     sft = read_section("verl").sft
     assert sft is not None, "verl's card has a read.sft section"
-    return list(dict.fromkeys(k for e in sft.entries for k in e.sections))
+    return sft.entries
+
+
+def verl_sft_sections() -> list[str]:
+    """Every top-level key of verl's SFT trainer configs, its entry points' in turn (read.sft entries' sections)."""
+    return list(dict.fromkeys(k for e in verl_sft_entries() for k in e.sections))
 
 
 def yaml_kind(text: str) -> str | None:
@@ -58,9 +64,7 @@ def yaml_kind(text: str) -> str | None:
         return "verl-sft" if _BROKEN_VERL.search(text) and re.search(r"^model:[ \t]*(#.*)?$", text, re.M) else None
     if set(AUTOMODEL_MARKERS) & set(keys):
         return "automodel"
-    sft = read_section("verl").sft
-    assert sft is not None, "verl's card has a read.sft section"
-    if set(keys) - {"defaults"} and any(set(keys) <= set(e.sections) for e in sft.entries):
+    if set(keys) - {"defaults"} and any(set(keys) <= set(e.sections) for e in verl_sft_entries()):
         return "verl-sft"
     return None
 
