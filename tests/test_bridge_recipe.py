@@ -120,3 +120,21 @@ def test_a_rendered_megatron_fsdp_layout_imports_with_nothing_unexpressed():
     got = import_config(render("megatron-bridge", job, plan).text, "layout.py")
     assert got.unsupported == [] and got.request["zero_stage"] == 3, got.unsupported
     assert any("use_megatron_fsdp" in note for note in got.notes)
+
+
+@pytest.mark.parametrize("recipe", ["moonlight_16b_peft_4gpu_h100_bf16_config",
+                                    "moonlight_16b_sft_8gpu_h100_bf16_config"])
+def test_a_recipe_whose_model_a_provider_function_builds_maps_to_the_catalog_model(recipe):
+    """Megatron-Bridge 067f987's Moonlight recipes build cfg.model through the module's provider functions
+    (_moonlight_16b_finetuning_model_provider -> _moonlight_16b_model_provider ->
+    AutoBridge.from_hf_pretrained(_MOONLIGHT_16B_MODEL_ID)), and the PEFT recipe keeps 163842 tokenizer rows
+    (model.vocab_size) on Moonlight's 163840. Both map to moonlight-16b-a3b through the Hugging Face id, the vocab
+    override said, not read as another architecture (fails before: the name moonlight_16b is no catalog key, and the
+    vocab override left no catalog model)."""
+    result = api.import_file(f"{CONFIGS / 'bridge_moonlight_16b_h100.py'}:{recipe}")
+    assert result.request["model"] == "moonlight-16b-a3b"
+    assert "from_hf_pretrained('moonshotai/Moonlight-16B-A3B')" in result.sources["model"]
+    assert not [u for u in result.unresolved if u.startswith("model")]
+    vocab = [u for u in result.unsupported if "vocab_size" in u]
+    assert bool(vocab) == ("peft" in recipe) and all("163842" in u and "163840" in u for u in vocab)
+    api.check_config(api.request_from_config(result), config=result)

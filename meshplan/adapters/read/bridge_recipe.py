@@ -185,12 +185,13 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
         raise MeshplanError(f"{file}: no function returning a ConfigContainer.", fix="Pass a Bridge recipe module.")
     name = wanted or recipes[0]
     reading = Reading("megatron-bridge", file, variant="python")
-    settings, elsewhere = _assignments(functions[name], functions, module_constants(tree))
+    constants = module_constants(tree)
+    settings, elsewhere = _assignments(functions[name], functions, constants)
     latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
     section = read_section("megatron-bridge")
     apply(reading, layout_settings(list(latest.values()), section))
     layout_helpers(reading, functions[name])
-    state_hf_model(reading, functions[name])
+    state_hf_model(reading, functions[name], functions, constants)
     state_name_facts(reading, name, functions[name].lineno)
     recipe_overrides(reading, list(latest.values()), section)
     restated_architecture(reading, list(latest.values()), section)
@@ -215,24 +216,55 @@ def layout_helpers(reading: Reading, node: ast.FunctionDef) -> None:
                                       f"helper sets is not read; {SPLIT_NOT_READ}")
 
 
-def hf_model(node: ast.FunctionDef) -> tuple[str, int] | None:
-    """(Hugging Face id, line) of the model a recipe builds from (`cfg.model = AutoBridge.from_hf_pretrained("org/name")
-    .to_megatron_provider(...)`, the recipes since Megatron-Bridge's AutoBridge refactor), else None."""
+def hf_model(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], constants: dict[str, Any],
+             depth: int = 0) -> tuple[str, int] | None:
+    """(Hugging Face id, line) of the model a recipe builds from, else None: `cfg.model =
+    AutoBridge.from_hf_pretrained("org/name").to_megatron_provider(...)` (the recipes since Megatron-Bridge's AutoBridge
+    refactor), or a cfg.model built by a provider function of the same module that calls it, the id a module constant
+    (Bridge 067f987 recipes/moonlight/h100/moonlight_16b.py: cfg.model = _moonlight_16b_finetuning_model_provider(...),
+    which calls _moonlight_16b_model_provider(), AutoBridge.from_hf_pretrained(_MOONLIGHT_16B_MODEL_ID)); the recipe's
+    own cfg.model wins over the base recipe's it starts from (`cfg = moonlight_16b_peft_2gpu_h100_bf16_config()`)."""
+    found = None
     for stmt in node.body:
-        if not isinstance(stmt, ast.Assign) or [ast.unparse(t) for t in stmt.targets] != ["cfg.model"]:
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or depth >= MAX_DEPTH:
             continue
-        for call in ast.walk(stmt.value):
-            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                    and call.func.attr == "from_hf_pretrained" and call.args
-                    and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)):
-                return call.args[0].value, stmt.lineno
+        target, value = ast.unparse(stmt.targets[0]), stmt.value
+        base = value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else None
+        if target == "cfg" and base in functions:
+            found = hf_model(functions[base], functions, constants, depth + 1) or found
+        elif target == "cfg.model":
+            built = _built_from(value, functions, constants, depth)
+            found = (built, stmt.lineno) if built is not None else found
+    return found
+
+
+def _built_from(expr: ast.AST, functions: dict[str, ast.FunctionDef], constants: dict[str, Any],
+                depth: int) -> str | None:
+    """The Hugging Face id a from_hf_pretrained call in `expr` names (a string or a module constant), or one a
+    function of the module that `expr` calls does, followed down to MAX_DEPTH calls."""
+    for call in ast.walk(expr):
+        if not isinstance(call, ast.Call):
+            continue
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "from_hf_pretrained" and call.args:
+            try:
+                named = _literal(call.args[0], constants)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(named, str):
+                return named
+        elif isinstance(call.func, ast.Name) and call.func.id in functions and depth < MAX_DEPTH:
+            inner = functions[call.func.id]
+            built = _built_from(ast.Module(body=inner.body, type_ignores=[]), functions, constants, depth + 1)
+            if built is not None:
+                return built
     return None
 
 
-def state_hf_model(reading: Reading, node: ast.FunctionDef) -> None:
+def state_hf_model(reading: Reading, node: ast.FunctionDef, functions: dict[str, ast.FunctionDef],
+                   constants: dict[str, Any]) -> None:
     """The catalog model of the Hugging Face id the recipe builds from (hf_model); one outside the catalog is left to
     the recipe's name (state_name_facts)."""
-    found = hf_model(node)
+    found = hf_model(node, functions, constants)
     if found is None:
         return
     try:

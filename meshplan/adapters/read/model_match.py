@@ -331,7 +331,10 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSec
     """A recipe's model under the file's architecture overrides (Megatron-Bridge's `model.num_moe_experts=64`, keys
     from the card's `read.model_flags`): where one changes the recipe's model, the catalog model with the changed
     architecture, else none, the fields named; one that cannot be read leaves the model unread (never the recipe's
-    model with its overrides dropped)."""
+    model with its overrides dropped). A vocab_size override is the tokenizer's rows on the same model (Bridge 067f987
+    recipes/moonlight/h100/moonlight_16b.py keeps 163842 finetuning-token rows on Moonlight's 163840): said, and the
+    model kept with its own vocabulary (its layers are the same; the embedding and output rows differ by the rows
+    the file adds, times the hidden size)."""
     keys = section.model_flags
     given = {keys[s.key]: s for s in settings if s.key in keys}
     model = reading.request.get("model")
@@ -357,6 +360,12 @@ def recipe_overrides(reading: Reading, settings: list[Setting], section: ReadSec
         del stated["moe_layers"]  # the recipe's MoE layers no longer apply; a stated pattern gives them again
         if raw and not _derived(reading, stated, raw):
             stated = None
+    if stated is not None and "vocab_size" in given and stated["vocab_size"].value != recipe.vocab_size:
+        vocab = given["vocab_size"]
+        reading.unsupported.append(
+            f"{vocab.where(reading.path)} = {vocab.value}: the tokenizer's rows, not {model}'s "
+            f"({recipe.vocab_size}); meshplan plans {model} with its own vocabulary")
+        stated["vocab_size"] = Stated("vocab_size", recipe.vocab_size, f"{model}'s vocab_size {recipe.vocab_size}")
     if stated is not None and all(getattr(recipe, name) == stated[name].value for name in stated):
         return
     reading.request.pop("model")
