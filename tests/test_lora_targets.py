@@ -13,10 +13,13 @@ import pytest
 import yaml
 
 from meshplan.adapters.lora import hf_projections
+from meshplan.adapters.read import request_values
+from meshplan.adapters.read.keys import LORA_NOT_MODELLED
 from meshplan.adapters.render import render
 from meshplan.api import import_config
 from meshplan.arithmetic.lora import adapter_params, lora_engine, peft_all_linear, total_adapter_params
 from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.model_config import architecture_from_config
 from meshplan.request.resolve import resolve
@@ -194,3 +197,44 @@ def test_bridge_mla_recipes_peft_is_read(path, rank, targets):
                              framework="megatron-bridge")
     assert imported.request["lora_rank"] == rank
     assert sorted(imported.request["lora_targets"]) == sorted(targets)
+
+
+def _bridge_recipe(targets: list[str], model: str = "qwen3_30b_a3b") -> str:
+    return ("from megatron.bridge.peft.lora import LoRA\n"
+            f"def {model}_peft_8gpu_h100_bf16_config() -> ConfigContainer:\n    cfg = _peft_common()\n"
+            f"    cfg.peft = LoRA(dim=8, target_modules={targets!r})\n    return cfg\n")
+
+
+@pytest.mark.parametrize(("model", "targets", "read", "refused"), [
+    ("qwen3_30b_a3b", ["*.linear_qkv", "*.linear_proj"], ["linear_qkv", "linear_proj"], False),
+    ("qwen3_30b_a3b", ["linear_qkv", "*.mlp.*linear_fc1", "*linear_fc2"], ["linear_qkv", "linear_fc1", "linear_fc2"],
+     False),
+    # Qwen3-30B-A3B has no dense MLP: decoder.layers.*.mlp.linear_fc1 matches no module (Bridge only warns)
+    ("qwen3_30b_a3b", ["*.linear_qkv", "decoder.layers.*.mlp.linear_fc1", "*.experts.linear_fc2"],
+     ["linear_qkv", "linear_fc2"], False),
+    ("qwen3_30b_a3b", ["decoder.layers.*.mlp.linear_fc1"], None, True),
+    ("qwen3_30b_a3b", ["*.layers.0.*.linear_qkv"], None, True),  # one layer (of each pipeline stage)
+    # DeepSeek-V3: dense MLPs in its first 3 layers; '*.experts.' also matches mlp.shared_experts (a regex dot)
+    ("deepseek_v3", ["*.linear_kv_up_proj", "*.experts.linear_fc1"], ["linear_fc1", "linear_kv_up_proj"], True),
+    ("deepseek_v3", ["*.linear_kv_up_proj", "decoder.layers.*.mlp*.linear_fc1"],
+     ["linear_fc1", "linear_kv_up_proj"], False),
+])
+def test_bridge_path_patterns_are_read_as_bridge_matches_them(model, targets, read, refused):
+    """Megatron-Bridge 0.6.2 peft/module_matcher.py adapts a module whose name equals a target_modules entry or whose
+    path matches it (peft/utils.py wildcard_match: '*' any text, '.' any character), paths from the GPTModel
+    (decoder.layers.<i>.mlp.experts.linear_fc1 ...). A pattern set is read as the targets it adapts in every place
+    the model holds them; one adapting some layers or some of a target's places only is said and refused an estimate
+    (fails before: every pattern was 'no projection meshplan knows' and the job took the default four)."""
+    got = import_config(_bridge_recipe(targets, model), path="r.py", framework="megatron-bridge")
+    assert got.request.get("lora_targets") == read
+    said = [u for u in got.unsupported if u.endswith(LORA_NOT_MODELLED)]
+    assert bool(said) == refused and not [u for u in got.unsupported if "no projection" in u]
+    if refused:
+        with pytest.raises(MeshplanError, match="no estimate of this LoRA job"):
+            request_values(got, {})
+    else:
+        job, plan = resolve(Request(**request_values(got, {"num_gpus": 256})))
+        assert sorted(job.lora.targets) == sorted(read)
+        result = render("megatron-bridge", job, plan)  # the bare names, each Bridge's `name == pattern` matches
+        back = import_config(result.text, path=result.filename, framework="megatron-bridge")
+        assert sorted(back.request["lora_targets"]) == sorted(read)

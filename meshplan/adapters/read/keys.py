@@ -16,6 +16,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import ValidationError
 
 from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, hf_projections, projection_targets
+from meshplan.adapters.read.bridge_lora import is_pattern, model_places, pattern_places, places
 from meshplan.adapters.read.settings import Setting
 from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS, lora_engine, peft_all_linear
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
@@ -361,8 +362,9 @@ def lora_targets(reading: Reading, s: Setting) -> list[str]:
     """A target_modules value as Megatron target names: Megatron-Bridge's own names as they are, all-linear (verl's
     and SkyRL's PEFT default, what render writes for all four) as the four, Hugging Face projection names as the
     linears they make up (verl's and SkyRL's FSDP engines run PEFT); a projection that is no whole linear (q_proj
-    without k_proj and v_proj) is said, not dropped. Read as the field itself, every PEFT value was refused."""
-    names = convert("lora_targets", s.value)
+    without k_proj and v_proj) is said, not dropped; Bridge's path patterns as the targets they adapt (read_patterns).
+    Read as the field itself, every PEFT value was refused."""
+    names = read_patterns(reading, s, convert("lora_targets", s.value))
     if names == [ALL_LINEAR]:
         reading.extra[PEFT_ALL_LINEAR] = (ALL_LINEAR, s)
         return list(DEFAULT_TARGETS)
@@ -376,6 +378,69 @@ def lora_targets(reading: Reading, s: Setting) -> list[str]:
                                    "linear (or no projection meshplan knows); meshplan adapts whole linears: "
                                    + linears)
     return whole
+
+
+PEFT_VARIANTS = ("fsdp", "sft-fsdp")
+"""The adapter variants whose target_modules Hugging Face PEFT reads (verl's and SkyRL's FSDP engines), not Bridge."""
+BRIDGE_PATTERNS = "lora_bridge_patterns"
+"""The Reading.extra entry of a target_modules with Bridge path patterns: ({target: places} of the targets only
+patterns name, the setting), which patterns_on_model compares with the model's places once the model is known."""
+
+
+def read_patterns(reading: Reading, s: Setting, names: list[str]) -> list[str]:
+    """The targets a Bridge engine's target_modules with path patterns adapts somewhere (the rest of `names` is
+    returned as it is, for keys.lora_targets); a pattern naming layers is said and refused an estimate."""
+    if reading.variant in PEFT_VARIANTS or not any(is_pattern(n) for n in names):
+        return names
+    patterns = [n for n in names if is_pattern(n)]
+    every, some = pattern_places(patterns)
+    bridge = patterns + [n for n in names if n in TARGETS]
+    reading.extra[BRIDGE_PATTERNS] = ({t: p for t, p in every.items() if t not in names}, s)  # a bare name: as ever
+    if some:
+        reading.unsupported.append(
+            f"{s.where(reading.path)} = {s.value}: {', '.join(some)} adapt(s) some decoder layers only (Bridge matches "
+            "a path with the layer's index within its pipeline stage); meshplan adapts a target on every layer; "
+            + LORA_NOT_MODELLED)
+    return [t for t in TARGETS if every.get(t) or t in names] + [n for n in names if n not in bridge]
+
+
+def patterns_on_model(reading: Reading) -> None:
+    """A Bridge target_modules with path patterns against the file's model: a target the patterns adapt in every place
+    the model holds it is kept, one they adapt in none of them is dropped (Bridge only warns 'No modules matched'),
+    one they adapt in some of them only is said and refused an estimate."""
+    stated, model = reading.extra.get(BRIDGE_PATTERNS), reading.request.get("model")
+    if stated is None or "lora_targets" not in reading.request:
+        return
+    every, s = stated
+    where = f"{s.where(reading.path)} = {s.value}"
+    try:
+        arch = resolve_model(model) if isinstance(model, str) else None
+    except MeshplanError:
+        arch = None
+    kept = []
+    for target in reading.request["lora_targets"]:
+        if target not in every:
+            kept.append(target)
+            continue
+        have = model_places(arch, target) if arch is not None else set(places(target))
+        adapted = every[target] & have
+        if adapted == have and have:
+            kept.append(target)
+        elif not adapted and arch is not None:
+            reading.notes.append(f"{where}: adapts no {target} of {arch.name} (it holds {target} in its "
+                                 f"{', '.join(sorted(have)) or 'no layer'}); Bridge warns 'No modules matched'")
+        else:
+            of = f"{arch.name}'s" if arch is not None else "the model's (the file names no model)"
+            reading.unsupported.append(
+                f"{where}: adapts {target} in {', '.join(sorted(adapted)) or 'no place'} only, not in "
+                f"{of} {', '.join(sorted(have - adapted))}; meshplan adapts a target in every place the model holds "
+                f"it; {LORA_NOT_MODELLED}")
+            kept.append(target)
+    if kept:
+        reading.request["lora_targets"] = kept
+    else:  # no target left to state: the LoRA request from the file is refused (request_values)
+        reading.request.pop("lora_targets")
+        reading.unsupported.append(f"{where}: adapts no module of the model; {LORA_NOT_MODELLED}")
 
 
 PEFT_ALL_LINEAR = "lora_all_linear"

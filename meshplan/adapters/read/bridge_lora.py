@@ -1,0 +1,81 @@
+"""Megatron-Bridge LoRA target_modules that are wildcards over module paths, read as Bridge matches them.
+
+Megatron-Bridge 0.6.2 (peft/module_matcher.py ModuleMatcher.match) adapts a module when a target_modules entry equals
+its name or matches its full path by peft/utils.py wildcard_match: `re.compile("^" + pattern.replace("*", "(.*)") +
+"$")`, so '*' is any text and '.' any character. The PEFT walks each model chunk before it is wrapped (training/
+setup.py _create_peft_pre_wrap_hook), so paths start at the GPTModel: decoder.layers.<i>.self_attention.linear_qkv,
+decoder.layers.<i>.mlp.linear_fc1 (a dense MLP), mlp.shared_experts.linear_fc1, mlp.experts.linear_fc1 (the grouped
+routed experts), <i> the layer's index within its pipeline stage. verl's and SkyRL's Megatron engines build the same
+LoRA. meshplan adapts a target on every decoder layer the model has it in (arithmetic/lora.py layer_adapters), so a
+pattern set is read as the targets it adapts there, and one that adapts a target in some of those places only (one
+layer's, the dense MLPs' but not the experts') is said and refused an estimate (keys.py read_patterns and
+patterns_on_model, LORA_NOT_MODELLED).
+"""
+
+from __future__ import annotations
+
+import re
+
+from meshplan.arithmetic.lora import TARGETS, model_targets
+from meshplan.schema.model import Architecture
+
+ATTENTION = "decoder.layers.{i}.self_attention.{t}"
+MLP_PLACES = {"dense MLP": "decoder.layers.{i}.mlp.{t}", "shared experts": "decoder.layers.{i}.mlp.shared_experts.{t}",
+              "routed experts": "decoder.layers.{i}.mlp.experts.{t}"}
+"""Where a Megatron-Core GPT layer holds each target (megatron-core 0.19.2 TransformerLayer self_attention / mlp;
+MoELayer shared_experts and experts, TEGroupedMLP's linear_fc1 / linear_fc2)."""
+LAYER_INDICES = (0, 1, 7, 10, 123)
+"""Layer indices a pattern is tried at: one that matches a place at all of them names no layer (its '*' takes the
+index); one that matches at some only names layers."""
+MLP_TARGETS = ("linear_fc1", "linear_fc2")
+
+
+def wildcard_match(pattern: str, path: str) -> bool:
+    """Megatron-Bridge 0.6.2 peft/utils.py wildcard_match, as it is ('.' is a regex dot)."""
+    return re.compile("^" + pattern.replace("*", "(.*)") + "$").match(path) is not None
+
+
+def places(target: str) -> dict[str, str]:
+    """The places a target's module sits in a layer, each a path template."""
+    return dict(MLP_PLACES) if target in MLP_TARGETS else {"attention": ATTENTION}
+
+
+def is_pattern(name: str) -> bool:
+    """Whether a target_modules entry is a Bridge path pattern (not a bare Megatron name, not a Hugging Face
+    projection): it matches some target's module path."""
+    return name not in TARGETS and any(wildcard_match(name, path.format(i=0, t=t))
+                                       for t in TARGETS for path in places(t).values())
+
+
+def pattern_places(patterns: list[str]) -> tuple[dict[str, set[str]], list[str]]:
+    """({target: the places the patterns adapt on every layer}, the patterns that adapt a place on some layers
+    only)."""
+    every: dict[str, set[str]] = {}
+    some: list[str] = []
+    for pattern in patterns:
+        for target in TARGETS:
+            for place, path in places(target).items():
+                hits = [wildcard_match(pattern, path.format(i=i, t=target)) for i in LAYER_INDICES]
+                if all(hits):
+                    every.setdefault(target, set()).add(place)
+                elif any(hits) and pattern not in some:
+                    some.append(pattern)
+    return every, some
+
+
+def model_places(arch: Architecture, target: str) -> set[str]:
+    """The places the model holds a target in (those meshplan counts adapters in on the Bridge engines): attention
+    for an attention target the model has (arithmetic/lora.py model_targets: MLA's linears with MLA, linear_qkv
+    without); linear_fc1 / linear_fc2 in its dense MLPs, its shared experts and its routed experts, where it has
+    each."""
+    if target not in MLP_TARGETS:
+        return {"attention"} if target in model_targets(arch) else set()
+    moe_layers = [i for i in range(arch.num_layers) if arch.is_moe_layer(i)]
+    out = {"dense MLP"} if len(moe_layers) < arch.num_layers else set()
+    if moe_layers:
+        assert arch.moe is not None
+        out.add("routed experts")
+        if arch.moe.shared_expert_ffn_hidden_size:
+            out.add("shared experts")
+    return out
+
