@@ -1,11 +1,16 @@
 """Counts the LoRA parameters Hugging Face PEFT adds to a transformers model (run in the throwaway venv of
 tests/framework_packages.PEFT_VENV; the model is built on the meta device, so nothing is allocated).
 
-Reads {"config": {...}, "rank": r, "target_modules": ...} as JSON on stdin and prints `RESULT {...}` with the trainable
-parameters get_peft_model leaves and how many of them sit under a routed-expert module (`.experts.`). With
-"forward": true the model is built on the CPU instead (a tiny config) and one forward and backward of a few tokens is
-run: `runs` says whether it went through, `error` what failed (an adapted module PEFT cannot run, such as Llama 4's
-router under all-linear).
+Reads {"config": {...}, "rank": r, "target_modules": ..., optionally "target_parameters": [...]} as JSON on stdin
+and prints `RESULT {...}` with the trainable parameters get_peft_model leaves and how many of them sit under a
+routed-expert module (`.experts.`) or a vision tower (`vision_model.`). "auto_class": "image_text_to_text" builds a
+multimodal model as verl's and SkyRL's FSDP engines build one whose config has a vision_config
+(AutoModelForImageTextToText: verl 0.9.1 utils/model.py get_hf_auto_model_class, SkyRL 0.4.0
+workers/model_wrapper.py HFModelWrapper). With "forward": true the model is built on the CPU instead (a tiny config)
+and one forward and backward of a few tokens is run: `runs` says whether it went through, `error` what failed (an
+adapted module PEFT cannot run, such as Llama 4's router under all-linear), `flops` what torch's FlopCounterMode
+counted in it ("experts_implementation": "eager" runs transformers' per-expert loop, whose matmuls it sees, where
+the default grouped_mm's it does not).
 """
 
 import json
@@ -13,23 +18,32 @@ import sys
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoConfig, AutoModelForCausalLM
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 
 def main() -> None:
     ask = json.load(sys.stdin)
     config = AutoConfig.for_model(**ask["config"])
+    if ask.get("experts_implementation"):
+        config._experts_implementation = ask["experts_implementation"]
     forward = bool(ask.get("forward"))
+    auto = AutoModelForImageTextToText if ask.get("auto_class") == "image_text_to_text" else AutoModelForCausalLM
     with torch.device("cpu" if forward else "meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    peft = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=ask["target_modules"]))
+        model = auto.from_config(config)
+    peft = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=ask["target_modules"],
+                                            target_parameters=ask.get("target_parameters"),
+                                            exclude_modules=ask.get("exclude_modules")))
     trained = [(n, p.numel()) for n, p in peft.named_parameters() if p.requires_grad]
-    result = {"trainable": sum(c for _, c in trained), "experts": sum(c for n, c in trained if ".experts." in n)}
+    result = {"trainable": sum(c for _, c in trained), "experts": sum(c for n, c in trained if ".experts." in n),
+              "vision": sum(c for n, c in trained if "vision_model." in n)}
     if forward:
         try:
-            tokens = torch.randint(0, config.vocab_size, (1, 8))
-            peft(input_ids=tokens).logits.float().sum().backward()
-            result.update(runs=True, error=None)
+            torch.manual_seed(0)
+            tokens = torch.randint(0, config.get_text_config().vocab_size, (1, ask.get("tokens", 8)))
+            with FlopCounterMode(display=False) as counted:
+                peft(input_ids=tokens).logits.float().sum().backward()
+            result.update(runs=True, error=None, flops=counted.get_total_flops())
         except Exception as error:  # the failure is the answer: which adapted module cannot run
             result.update(runs=False, error=f"{type(error).__name__}: {error}")
     print("RESULT " + json.dumps(result))

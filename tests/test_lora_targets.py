@@ -238,3 +238,28 @@ def test_bridge_path_patterns_are_read_as_bridge_matches_them(model, targets, re
         result = render("megatron-bridge", job, plan)  # the bare names, each Bridge's `name == pattern` matches
         back = import_config(result.text, path=result.filename, framework="megatron-bridge")
         assert sorted(back.request["lora_targets"]) == sorted(read)
+
+
+QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 1000, "decoder_sparse_step": 1,
+             "mlp_only_layers": [1]}
+
+
+@pytest.mark.slow
+def test_peft_param_wrapper_on_the_experts_costs_what_meshplan_says():
+    """verl's model.target_parameters in PEFT 0.18.1 on transformers 5.9.0, a tiny Qwen3-MoE (one MoE layer, one
+    dense) on the CPU: the ParamWrappers train r x E x (in + out) per expert weight, and one forward and backward
+    (transformers' per-expert loop, so FlopCounterMode sees the experts' matmuls) costs, beyond the same job without
+    them, the experts' weight gradients per routed token and the delta's einsum and its gradients per micro-batch,
+    exactly arithmetic/param_wrapper.py's (fails before: no such count)."""
+    from meshplan.arithmetic.param_wrapper import param_wrapper_flops, param_wrapper_params
+
+    arch, tokens = architecture_from_config(QWEN3_MOE), 64
+    ask = {"config": QWEN3_MOE, "rank": 4, "target_modules": ["q_proj"], "forward": True, "tokens": tokens,
+           "experts_implementation": "eager"}
+    wrapped = _peft({**ask, "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]})
+    plain = _peft(ask)
+    assert wrapped["runs"] and wrapped["experts"] == param_wrapper_params(arch, 4) == 4 * 8 * (64 + 64 + 32 + 64)
+    per_token, per_batch = param_wrapper_flops(arch, 4)
+    assert wrapped["flops"] - plain["flops"] == per_token * tokens + per_batch

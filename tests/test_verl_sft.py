@@ -265,7 +265,8 @@ def test_target_parameters_on_the_fsdp_engine_is_refused_an_estimate(tmp_path, c
     assert said and "ParamWrapper" in said[0] and "no meshplan field" not in said[0]
     with pytest.raises(MeshplanError, match=r"sft\.sh:1 model\.target_parameters = .*ParamWrapper") as exc:
         api.request_from_config(got, {"gpu": "h100"})
-    assert "Drop the key" in exc.value.fix
+    assert "engine=megatron" in exc.value.fix and "drop the key" in exc.value.fix
+    assert "on Qwen3-30B-A3B at rank 16: " in str(exc.value)  # what the ParamWrappers would cost there
     path = tmp_path / "sft.sh"
     path.write_text(text)
     assert main(["check", "--config", str(path), "--gpu", "h100"]) == 2

@@ -111,6 +111,7 @@ class UnmodelledLoraKeys(_Card):
     keys: list[str] = Field(min_length=1, description="The file keys, as the readers normalize them")
     variants: list[str] = Field(min_length=1, description="The adapter variants whose engine reads the keys")
     what: str = Field(description="What the keys adapt and what meshplan's estimate would leave out")
+    fix: str = Field(description="What runs a job meshplan plans instead (the refusal's fix)")
     source: str
 
 

@@ -35,6 +35,8 @@ from meshplan.adapters.read.keys import (
     all_linear_that_fails,
     fill_defaults,
     patterns_on_model,
+    read_section,
+    unmodelled_lora_said,
 )
 from meshplan.adapters.read.launch import (
     read_allocator,
@@ -151,6 +153,7 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
     fill_defaults(reading)
     all_linear_that_fails(reading)  # once the model and the engine's ZeRO stage are known
     patterns_on_model(reading)  # Bridge's target_modules path patterns against the model's layers
+    unmodelled_lora_said(reading)  # with its cost on the file's model
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
                           unresolved=reading.unresolved, notes=reading.notes, config_format=fmt,
@@ -185,11 +188,13 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
                             fix="Pass the GPU count beside the file (--num-gpus, or the tool's num_gpus argument).")
     unmodelled = [line for line in imported.unsupported if line.endswith(LORA_NOT_MODELLED)]
     if unmodelled and (values.get("lora_rank") or values.get("job") == "lora"):
+        facts = read_section(imported.framework).lora_unmodelled
+        key = unmodelled[0].split(" = ", 1)[0]
+        fix = (facts.fix if facts is not None and any(k in key for k in facts.keys) else
+               "Name targets, or patterns, that adapt each target on every layer, in every place the model holds it "
+               "(Megatron-Bridge's own names do), or drop the key")
         raise MeshplanError(f"{unmodelled[0].removesuffix('; ' + LORA_NOT_MODELLED)}: no estimate of this LoRA job "
-                            "would be right.", fix="Drop the key from the file, or change it to what meshplan "
-                                                   "counts (target_parameters: none, the routed experts then get no "
-                                                   "adapter; target_modules: names or patterns that adapt each target "
-                                                   "on every layer, in every place the model holds it).")
+                            "would be right.", fix=fix + ".")
     split = [line for line in imported.unresolved if SPLIT_NOT_READ in line]
     if split and not {"first_stage_layers", "last_stage_layers", "pipeline_layout"} & set(values):
         raise MeshplanError(f"{imported.path}: the file's pipeline split is not read: "

@@ -19,6 +19,7 @@ from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, hf_projections, p
 from meshplan.adapters.read.bridge_lora import is_pattern, model_places, pattern_places, places
 from meshplan.adapters.read.settings import Setting
 from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS, lora_engine, peft_all_linear
+from meshplan.arithmetic.param_wrapper import param_wrapper_flops, param_wrapper_params
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
@@ -476,14 +477,38 @@ target_parameters); request_values refuses a LoRA request from the file, whose e
 
 
 def lora_unmodelled(reading: Reading, s: Setting, facts: UnmodelledLoraKeys) -> None:
-    """A LoRA key that adapts what meshplan does not count: on an engine that reads it, said as not modelled with
-    LORA_NOT_MODELLED (a LoRA request from the file is refused); on another engine, said as not read there."""
-    where = f"{s.where(reading.path)} = {s.value}"
+    """A LoRA key that adapts what meshplan does not count: on an engine that reads it, kept for unmodelled_lora_said
+    (said once the file's model and rank are known); on another engine, said as not read there."""
     if reading.variant in facts.variants:
-        reading.unsupported.append(f"{where}: {facts.what}; {LORA_NOT_MODELLED}")
+        reading.extra[UNMODELLED_LORA] = (facts, s)
     else:
-        reading.notes.append(f"{where}: not read by the engine the file runs ({reading.variant}); "
-                             f"only {', '.join(facts.variants)} read it")
+        reading.notes.append(f"{s.where(reading.path)} = {s.value}: not read by the engine the file runs "
+                             f"({reading.variant}); only {', '.join(facts.variants)} read it")
+
+
+UNMODELLED_LORA = "lora_unmodelled"
+"""The Reading.extra entry of a LoRA key meshplan does not count (read.lora_unmodelled): unmodelled_lora_said."""
+
+
+def unmodelled_lora_said(reading: Reading) -> None:
+    """The LoRA key meshplan does not count, said as not modelled with LORA_NOT_MODELLED (a LoRA request from the file
+    is refused, request_values), with what it would cost on the file's model at its rank where both are read:
+    PEFT's ParamWrapper on the routed experts' two weights (arithmetic/param_wrapper.py)."""
+    stated = reading.extra.get(UNMODELLED_LORA)
+    if stated is None:
+        return
+    facts, s = stated
+    cost = ""
+    model, rank = reading.request.get("model"), reading.request.get("lora_rank")
+    try:
+        arch = resolve_model(model) if isinstance(model, str) and isinstance(rank, int) and rank > 0 else None
+    except MeshplanError:
+        arch = None
+    if arch is not None and arch.moe is not None:
+        per_token, per_batch = param_wrapper_flops(arch, rank)
+        cost = (f" (on {arch.name} at rank {rank}: {param_wrapper_params(arch, rank):,} adapter parameters, "
+                f"{per_token:.3g} FLOPs per token of expert weight gradients and {per_batch:.3g} per micro-batch)")
+    reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {facts.what}{cost}; {LORA_NOT_MODELLED}")
 
 
 SPLIT_NOT_READ = "pass --first-stage-layers/--last-stage-layers"
