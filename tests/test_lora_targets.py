@@ -218,6 +218,8 @@ def _bridge_recipe(targets: list[str], model: str = "qwen3_30b_a3b") -> str:
     ("deepseek_v3", ["*.linear_kv_up_proj", "*.experts.linear_fc1"], ["linear_fc1", "linear_kv_up_proj"], True),
     ("deepseek_v3", ["*.linear_kv_up_proj", "decoder.layers.*.mlp*.linear_fc1"],
      ["linear_fc1", "linear_kv_up_proj"], False),
+    # Bridge's LoRA adapts a router an entry matches (LoRATopKRouter): said, as meshplan counts none
+    ("qwen3_30b_a3b", ["*.linear_qkv", "*.router"], ["linear_qkv"], False),
 ])
 def test_bridge_path_patterns_are_read_as_bridge_matches_them(model, targets, read, refused):
     """Megatron-Bridge 0.6.2 peft/module_matcher.py adapts a module whose name equals a target_modules entry or whose
@@ -229,6 +231,7 @@ def test_bridge_path_patterns_are_read_as_bridge_matches_them(model, targets, re
     assert got.request.get("lora_targets") == read
     said = [u for u in got.unsupported if u.endswith(LORA_NOT_MODELLED)]
     assert bool(said) == refused and not [u for u in got.unsupported if "no projection" in u]
+    assert bool([u for u in got.unsupported if "adapts the router too" in u]) == ("*.router" in targets)
     if refused:
         with pytest.raises(MeshplanError, match="no estimate of this LoRA job"):
             request_values(got, {})

@@ -24,6 +24,9 @@ MLP_PLACES = {"dense MLP": "decoder.layers.{i}.mlp.{t}", "shared experts": "deco
               "routed experts": "decoder.layers.{i}.mlp.experts.{t}"}
 """Where a Megatron-Core GPT layer holds each target (megatron-core 0.19.2 TransformerLayer self_attention / mlp;
 MoELayer shared_experts and experts, TEGroupedMLP's linear_fc1 / linear_fc2)."""
+OTHER_PLACES = {"router": "decoder.layers.{i}.mlp.router", "output layer": "output_layer"}
+"""Modules Bridge's LoRA also adapts when an entry matches them (peft/lora.py LoRA.transform: LoRATopKRouter for a
+MoE router, a linear adapter for the output layer's ColumnParallelLinear), which meshplan counts no adapter on."""
 LAYER_INDICES = (0, 1, 7, 10, 123)
 """Layer indices a pattern is tried at: one that matches a place at all of them names no layer (its '*' takes the
 index); one that matches at some only names layers."""
@@ -42,9 +45,10 @@ def places(target: str) -> dict[str, str]:
 
 def is_pattern(name: str) -> bool:
     """Whether a target_modules entry is a Bridge path pattern (not a bare Megatron name, not a Hugging Face
-    projection): it matches some target's module path."""
-    return name not in TARGETS and any(wildcard_match(name, path.format(i=0, t=t))
-                                       for t in TARGETS for path in places(t).values())
+    projection): it matches some target's module path, or another module's Bridge adapts (OTHER_PLACES)."""
+    paths = [path.format(i=0, t=t) for t in TARGETS for path in places(t).values()]
+    return name not in TARGETS and any(wildcard_match(name, path) for path in
+                                       paths + [path.format(i=0) for path in OTHER_PLACES.values()])
 
 
 def pattern_places(patterns: list[str]) -> tuple[dict[str, set[str]], list[str]]:
@@ -61,6 +65,12 @@ def pattern_places(patterns: list[str]) -> tuple[dict[str, set[str]], list[str]]
                 elif any(hits) and pattern not in some:
                     some.append(pattern)
     return every, some
+
+
+def other_places(patterns: list[str]) -> list[str]:
+    """The modules outside meshplan's targets the patterns adapt too (OTHER_PLACES)."""
+    return [name for name, path in OTHER_PLACES.items()
+            if any(wildcard_match(p, path.format(i=i)) for p in patterns for i in LAYER_INDICES)]
 
 
 def model_places(arch: Architecture, target: str) -> set[str]:

@@ -16,7 +16,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import ValidationError
 
 from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, hf_projections, projection_targets
-from meshplan.adapters.read.bridge_lora import is_pattern, model_places, pattern_places, places
+from meshplan.adapters.read.bridge_lora import is_pattern, model_places, other_places, pattern_places, places
 from meshplan.adapters.read.settings import Setting
 from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS, lora_engine, peft_all_linear
 from meshplan.arithmetic.param_wrapper import param_wrapper_flops, param_wrapper_params
@@ -402,13 +402,16 @@ def read_patterns(reading: Reading, s: Setting, names: list[str]) -> list[str]:
             f"{s.where(reading.path)} = {s.value}: {', '.join(some)} adapt(s) some decoder layers only (Bridge matches "
             "a path with the layer's index within its pipeline stage); meshplan adapts a target on every layer; "
             + LORA_NOT_MODELLED)
+    if others := other_places(patterns):
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: adapts the {' and '.join(others)} too, "
+                                   "which meshplan counts no adapter on")
     return [t for t in TARGETS if every.get(t) or t in names] + [n for n in names if n not in bridge]
 
 
 def patterns_on_model(reading: Reading) -> None:
     """A Bridge target_modules with path patterns against the file's model: a target the patterns adapt in every place
-    the model holds it is kept, one they adapt in none of them is dropped (Bridge only warns 'No modules matched'),
-    one they adapt in some of them only is said and refused an estimate."""
+    the model holds it is kept, one they adapt in none of them is dropped (an entry matching no module at all, Bridge
+    only warns: 'No modules matched'), one they adapt in some of them only is said and refused an estimate."""
     stated, model = reading.extra.get(BRIDGE_PATTERNS), reading.request.get("model")
     if stated is None or "lora_targets" not in reading.request:
         return
@@ -428,8 +431,9 @@ def patterns_on_model(reading: Reading) -> None:
         if adapted == have and have:
             kept.append(target)
         elif not adapted and arch is not None:
-            reading.notes.append(f"{where}: adapts no {target} of {arch.name} (it holds {target} in its "
-                                 f"{', '.join(sorted(have)) or 'no layer'}); Bridge warns 'No modules matched'")
+            if have:  # else the model has no such linear at all: nothing to say
+                reading.notes.append(f"{where}: adapts no {target} of {arch.name} (it holds {target} in its "
+                                     f"{', '.join(sorted(have))}, which the patterns match none of)")
         else:
             of = f"{arch.name}'s" if arch is not None else "the model's (the file names no model)"
             reading.unsupported.append(
