@@ -266,7 +266,7 @@ def test_target_parameters_on_the_fsdp_engine_is_refused_an_estimate(tmp_path, c
     with pytest.raises(MeshplanError, match=r"sft\.sh:1 model\.target_parameters = .*ParamWrapper") as exc:
         api.request_from_config(got, {"gpu": "h100"})
     assert "engine=megatron" in exc.value.fix and "drop the key" in exc.value.fix
-    assert "on Qwen3-30B-A3B at rank 16: " in str(exc.value)  # what the ParamWrappers would cost there
+    assert "on Qwen3-30B-A3B at rank 16, gate_up_proj and down_proj: 629,145,600 adapter" in str(exc.value)
     path = tmp_path / "sft.sh"
     path.write_text(text)
     assert main(["check", "--config", str(path), "--gpu", "h100"]) == 2
@@ -275,8 +275,9 @@ def test_target_parameters_on_the_fsdp_engine_is_refused_an_estimate(tmp_path, c
     rl = import_config("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B "
                        "actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_parameters=[down_proj] "
                        "trainer.n_gpus_per_node=8 trainer.nnodes=1 data.train_batch_size=64\n", "rl.sh")
-    with pytest.raises(MeshplanError, match=r"actor_rollout_ref\.model\.target_parameters"):
+    with pytest.raises(MeshplanError, match=r"actor_rollout_ref\.model\.target_parameters") as exc:
         api.request_from_config(rl, {"gpu": "h100"})
+    assert "down_proj: 276,824,064 adapter" in str(exc.value)  # 48 layers x 16 x 128 experts x (768 + 2048)
 
 
 def test_target_parameters_beside_no_lora_or_on_the_megatron_engine_is_only_said():

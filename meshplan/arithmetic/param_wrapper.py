@@ -30,20 +30,26 @@ def expert_weights(arch: Architecture, index: int) -> list[Adapted]:
             Adapted(target="down_proj", inputs=ffn, outputs=h, expert=True)]
 
 
-def param_wrapper_params(arch: Architecture, rank: int) -> int:
-    """Adapter parameters of rank-r ParamWrappers on every MoE layer's two expert weights: r x E x (in + out) each."""
-    assert arch.moe is not None or not any(arch.is_moe_layer(i) for i in range(arch.num_layers))
+WEIGHTS = ("gate_up_proj", "down_proj")
+"""The routed experts' two 3D weights, as transformers 5 names them (the names target_parameters ends with)."""
+
+
+def param_wrapper_params(arch: Architecture, rank: int, weights: tuple[str, ...] = WEIGHTS) -> int:
+    """Adapter parameters of rank-r ParamWrappers on every MoE layer's expert `weights`: r x E x (in + out) each."""
     experts = arch.moe.num_experts if arch.moe is not None else 0
-    return sum(experts * w.params(rank) for i in range(arch.num_layers) for w in expert_weights(arch, i))
+    return sum(experts * w.params(rank) for i in range(arch.num_layers) for w in expert_weights(arch, i)
+               if w.target in weights)
 
 
-def param_wrapper_flops(arch: Architecture, rank: int) -> tuple[float, float]:
-    """(FLOPs per token, FLOPs per micro-batch) the ParamWrappers add to a LoRA step: the experts' weight gradients
-    (2 x in x out per routed token of each of its top-k experts) and the delta's einsum with its two gradients
-    (6 x E x r x in x out per weight, whatever the micro-batch's tokens)."""
+def param_wrapper_flops(arch: Architecture, rank: int, weights: tuple[str, ...] = WEIGHTS) -> tuple[float, float]:
+    """(FLOPs per token, FLOPs per micro-batch) the ParamWrappers on `weights` add to a LoRA step: the experts' weight
+    gradients (2 x in x out per routed token of each of its top-k experts) and the delta's einsum with its two
+    gradients (6 x E x r x in x out per weight, whatever the micro-batch's tokens)."""
     per_token = per_batch = 0.0
     for i in range(arch.num_layers):
         for w in expert_weights(arch, i):
+            if w.target not in weights:
+                continue
             assert arch.moe is not None
             per_token += 2.0 * arch.moe.top_k * w.inputs * w.outputs
             per_batch += 6.0 * arch.moe.num_experts * rank * w.inputs * w.outputs

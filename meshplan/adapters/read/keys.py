@@ -19,7 +19,7 @@ from meshplan.adapters.lora import ALL_LINEAR, HF_PROJECTIONS, hf_projections, p
 from meshplan.adapters.read.bridge_lora import is_pattern, model_places, other_places, pattern_places, places
 from meshplan.adapters.read.settings import Setting
 from meshplan.arithmetic.lora import DEFAULT_TARGETS, TARGETS, lora_engine, peft_all_linear
-from meshplan.arithmetic.param_wrapper import param_wrapper_flops, param_wrapper_params
+from meshplan.arithmetic.param_wrapper import WEIGHTS, param_wrapper_flops, param_wrapper_params
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
@@ -508,10 +508,13 @@ def unmodelled_lora_said(reading: Reading) -> None:
         arch = resolve_model(model) if isinstance(model, str) and isinstance(rank, int) and rank > 0 else None
     except MeshplanError:
         arch = None
-    if arch is not None and arch.moe is not None:
-        per_token, per_batch = param_wrapper_flops(arch, rank)
-        cost = (f" (on {arch.name} at rank {rank}: {param_wrapper_params(arch, rank):,} adapter parameters, "
-                f"{per_token:.3g} FLOPs per token of expert weight gradients and {per_batch:.3g} per micro-batch)")
+    names = [str(name) for name in convert("lora_targets", s.value)]  # a list as the target names are
+    weights = tuple(w for w in WEIGHTS if any(name.endswith(w) for name in names))
+    if arch is not None and arch.moe is not None and weights:
+        per_token, per_batch = param_wrapper_flops(arch, rank, weights)
+        cost = (f" (on {arch.name} at rank {rank}, {' and '.join(weights)}: "
+                f"{param_wrapper_params(arch, rank, weights):,} adapter parameters, {per_token:.3g} FLOPs per token "
+                f"of expert weight gradients and {per_batch:.3g} per micro-batch)")
     reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {facts.what}{cost}; {LORA_NOT_MODELLED}")
 
 
