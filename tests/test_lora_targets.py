@@ -266,3 +266,31 @@ def test_peft_param_wrapper_on_the_experts_costs_what_meshplan_says():
     assert wrapped["runs"] and wrapped["experts"] == param_wrapper_params(arch, 4) == 4 * 8 * (64 + 64 + 32 + 64)
     per_token, per_batch = param_wrapper_flops(arch, 4)
     assert wrapped["flops"] - plain["flops"] == per_token * tokens + per_batch
+
+
+def test_bridge_lora_matches_module_paths_as_the_pinned_bridge_does():
+    """meshplan's reading of Bridge path patterns against the pinned Megatron-Bridge 0.6.2 wheel: its
+    peft/utils.py wildcard_match (run from the wheel's own source) agrees with bridge_lora.wildcard_match on every
+    pattern and module path meshplan tries, and ModuleMatcher.match takes a module whose name is the entry or whose
+    path the entry matches, and LoRA.transform adapts a matched router (fails before: no such reading)."""
+    import ast
+    from typing import Optional
+
+    from framework_packages import wheel_tree
+
+    from meshplan.adapters.read.bridge_lora import LAYER_INDICES, OTHER_PLACES, places, wildcard_match
+    from meshplan.arithmetic.lora import TARGETS
+
+    peft = wheel_tree("megatron-bridge") / "megatron" / "bridge" / "peft"
+    tree = ast.parse((peft / "utils.py").read_text(encoding="utf-8"))
+    source = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "wildcard_match")
+    namespace = {"re": re, "Optional": Optional}
+    exec(compile(ast.Module(body=[source], type_ignores=[]), "utils.py", "exec"), namespace)
+    paths = [path.format(i=i, t=t) for t in TARGETS for path in places(t).values() for i in LAYER_INDICES]
+    paths += [path.format(i=i) for path in OTHER_PLACES.values() for i in LAYER_INDICES]
+    patterns = ["*.linear_qkv", "decoder.layers.*.mlp.linear_fc1", "*.experts.linear_fc2", "*.layers.0.*.linear_qkv",
+                "*.mlp.*linear_fc1", "*linear_fc2", "*.router", "*", "decoder.layers.1*.self_attention.*"]
+    for pattern in patterns:
+        assert [namespace["wildcard_match"](pattern, p) for p in paths] == [wildcard_match(pattern, p) for p in paths]
+    assert "if name == pattern or wildcard_match(pattern, full_name):" in (peft / "module_matcher.py").read_text()
+    assert "if isinstance(module, TopKRouter):" in (peft / "lora.py").read_text()
