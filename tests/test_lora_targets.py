@@ -294,3 +294,15 @@ def test_bridge_lora_matches_module_paths_as_the_pinned_bridge_does():
         assert [namespace["wildcard_match"](pattern, p) for p in paths] == [wildcard_match(pattern, p) for p in paths]
     assert "if name == pattern or wildcard_match(pattern, full_name):" in (peft / "module_matcher.py").read_text()
     assert "if isinstance(module, TopKRouter):" in (peft / "lora.py").read_text()
+    # the paths: megatron-core 0.19.2 GPTModel.decoder (TransformerBlock: layers, a ModuleList of the stage's own layer
+    # specs, so <i> counts from 0 on every stage) and output_layer; TransformerLayer.self_attention and mlp; MoELayer
+    # experts (TEGroupedMLP linear_fc1 / linear_fc2), shared_experts and router
+    core = wheel_tree("megatron-core") / "megatron" / "core"
+    for file, attributes in [("models/gpt/gpt_model.py", ["self.decoder = ", "self.output_layer = "]),
+                             ("transformer/transformer_block.py", ["self.layers = torch.nn.ModuleList("]),
+                             ("transformer/transformer_layer.py", ["self.self_attention = ", "self.mlp = "]),
+                             ("transformer/moe/moe_layer.py", ["self.experts = ", "self.shared_experts = ",
+                                                               "self.router = "]),
+                             ("transformer/moe/experts.py", ["self.linear_fc1 = ", "self.linear_fc2 = "])]:
+        text = (core / file).read_text(encoding="utf-8")
+        assert all(a in text for a in attributes), file
