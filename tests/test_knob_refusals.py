@@ -341,8 +341,9 @@ def test_the_note_quotes_the_cards_reason_and_the_card_requires_one():
     loads, as a reason beside a key or ending in a period does."""
     from pydantic import ValidationError
 
+    from meshplan.knowledge.adapter_card import AdapterKnob, AdapterSection
     from meshplan.knowledge.adapter_knobs import knob_table
-    from meshplan.knowledge.cards import AdapterKnob, AdapterSection, framework_card
+    from meshplan.knowledge.cards import framework_card
 
     knob = knob_table("skyrl", framework_card("skyrl").adapter.default_version, "sft-fsdp")["recompute_none"]
     assert knob.key is None and knob.reason and knob.reason in knob.instead

@@ -10,8 +10,9 @@ from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.arithmetic.muon import Matrix, layer_matrices, matrix_params, newton_schulz_seconds, ns_gemms
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
-from meshplan.knowledge.cards import MuonFacts, framework_card
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.knowledge.compute_card import MuonFacts
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 

@@ -13,7 +13,8 @@ from meshplan.adapters.render import render
 from meshplan.estimate.attention_time import attention_efficiency
 from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
-from meshplan.knowledge.cards import AttentionSemantics, framework_card
+from meshplan.knowledge.cards import framework_card
+from meshplan.knowledge.compute_card import AttentionSemantics
 from meshplan.knowledge.published_runs import release_ran
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request

@@ -8,8 +8,9 @@ a framework can express.
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_card import ADAPTER_KNOBS
 from meshplan.knowledge.adapter_knobs import adapter_section, missing_knob
-from meshplan.knowledge.cards import ADAPTER_KNOBS, framework_card
+from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.releases import resolve_release
 from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan

@@ -13,14 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.arithmetic.mamba import Mamba2Layer
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import (
-    CardError,
-    FrameworkCard,
-    MemoryConvention,
-    OptimizerImplementation,
-    checked_once,
-    load_card,
-)
+from meshplan.knowledge.cards import CardError, FrameworkCard, checked_once, load_card
+from meshplan.knowledge.engine_card import MemoryConvention, OptimizerImplementation
 from meshplan.schema.choices import Fp8Recipe
 from meshplan.schema.plan import Job, Plan
 

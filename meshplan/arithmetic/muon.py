@@ -15,7 +15,7 @@ from meshplan.arithmetic.flops import Gemm, Shard, attention_gemms, mlp_gemms, m
 from meshplan.arithmetic.gemm import gemm_efficiency
 from meshplan.arithmetic.memory_states import MuonStepBytes, muon_matrix_step_bytes
 from meshplan.knowledge.calibration import Calibration
-from meshplan.knowledge.cards import MuonFacts
+from meshplan.knowledge.compute_card import MuonFacts
 from meshplan.schema.model import Architecture
 
 

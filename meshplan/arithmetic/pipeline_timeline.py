@@ -42,8 +42,8 @@ from typing import Literal, NamedTuple
 
 from meshplan.arithmetic.pipeline_numbering import Runs, numbers, plain_numbered, plain_tail, shared_rows
 from meshplan.arithmetic.pipeline_split import Action, dualpipev_actions, zbv_actions, zero_bubble_actions
-from meshplan.knowledge.cards import InterleaveGroup as Group
-from meshplan.knowledge.cards import PipelineOrder
+from meshplan.knowledge.pipeline_card import InterleaveGroup as Group
+from meshplan.knowledge.pipeline_card import PipelineOrder
 
 # The orders the replay knows: the frameworks' default ones (the cards' PipelineOrder) and the ones a plan's
 # pipeline_schedule names.

@@ -28,7 +28,8 @@ from meshplan.arithmetic.memory_states import built_vocab, convention
 from meshplan.arithmetic.pipeline_counts import in_flight as timeline_in_flight
 from meshplan.arithmetic.pipeline_timeline import V_ORDERS, Shape, schedule_order, shape_for
 from meshplan.core.errors import MeshplanError
-from meshplan.knowledge.cards import FrameworkCard, InterleaveGroup
+from meshplan.knowledge.cards import FrameworkCard
+from meshplan.knowledge.pipeline_card import InterleaveGroup
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 

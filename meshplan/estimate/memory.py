@@ -58,7 +58,7 @@ from meshplan.estimate.memory_terms import (
     param_table_for,
     stage_params,
 )
-from meshplan.knowledge.cards import OptimizerImplementation
+from meshplan.knowledge.engine_card import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.rules.context import runs_ulysses

@@ -27,7 +27,7 @@ from meshplan.estimate.sharding_traffic import (
     param_gather_bytes,
     shard_units,
 )
-from meshplan.knowledge.cards import MuonFacts
+from meshplan.knowledge.compute_card import MuonFacts
 from meshplan.knowledge.model_counts import layer_params, per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan

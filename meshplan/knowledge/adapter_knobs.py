@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshplan.knowledge.cards import AdapterKnob, AdapterSection, CardError, framework_card
+from meshplan.knowledge.adapter_card import AdapterKnob, AdapterSection
+from meshplan.knowledge.cards import CardError, framework_card
 from meshplan.schema.choices import Engine
 from meshplan.schema.plan import Job, Plan
 

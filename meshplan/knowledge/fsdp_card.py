@@ -42,3 +42,15 @@ class GradAccumulationFacts(_Card):
     bytes_per_param: float = Field(gt=0, description="Bytes per parameter of that held gradient (FSDP2 keeps it in "
                                                      "the MixedPrecisionPolicy's reduce_dtype)")
     source: str
+
+
+class Zero3Prefetch(_Card):
+    """How a ZeRO-3 engine prefetches the next parameters (DeepSpeed's PartitionedParameterCoordinator): after it has
+    gathered one submodule's parameters it all-gathers the next ones of the trace, up to prefetch_bucket_size elements
+    (at least one parameter), only while the gathered parameters stay under max_live_parameters elements; the
+    parameter after one at least that large is gathered when its submodule starts, its all-gather exposed whole.
+    Each submodule's parameters are gathered in their own collective (fetch_sub_module), not one per layer."""
+
+    max_live_parameters: float = Field(gt=0, description="stage3_max_live_parameters default, elements")
+    prefetch_bucket_size: float = Field(ge=0, description="stage3_prefetch_bucket_size default, elements")
+    source: str

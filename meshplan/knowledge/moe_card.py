@@ -59,3 +59,14 @@ class FlexDispatcherEngines(BaseModel):
 
     engines: list[Engine]
     source: str
+
+
+class MoeRoutingFacts(BaseModel):
+    """How the framework says 'balanced routing' (Job.moe_routing_imbalance 1.0), and why meshplan does not write it:
+    the rendered config's note on routing imbalance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    force_balance_key: str = Field(description="The framework's switch that forces balanced routing")
+    note: str = Field(description="What a rendered MoE config says about routing; {imbalance} is the estimate's")
+    source: str

@@ -46,7 +46,8 @@ from meshplan.core.cancel import checkpoint
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.adapter_knobs import default_render, missing_knob
-from meshplan.knowledge.cards import FrameworkCard, SearchKnobs, framework_card, load_card
+from meshplan.knowledge.cards import FrameworkCard, framework_card, load_card
+from meshplan.knowledge.defaults_card import SearchKnobs
 from meshplan.knowledge.model_counts import layer_params
 from meshplan.request.resolve import (
     _defer_grad_sync,

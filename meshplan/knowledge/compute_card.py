@@ -1,0 +1,93 @@
+"""The framework card's facts about what its own switches compute (cards/frameworks/*.yaml `recompute`, `compile`,
+`attention`, `muon`): what its selective recompute saves, what torch.compile compiles, which attention kernel it
+runs on each GPU generation and how it runs Muon's Newton-Schulz step. Apart from cards.py, which holds the card."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from meshplan.schema.choices import Engine
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RecomputeSemantics(_Card):
+    """What the framework's own `selective` recompute saves (activations.py models each): Megatron-Core's
+    core-attention recompute, or torchtitan's op-level SAC (outputs of the compute-intensive ops kept except
+    every second mm)."""
+
+    selective: Literal["core_attention", "op_sac"] = "core_attention"
+    source: str | None = None
+
+
+class CompileSemantics(_Card):
+    """What the framework's torch.compile switch compiles: its decoder blocks (or the whole model) and its loss
+    function (cards/memory.yaml compile: the bytes each changes)."""
+
+    default: bool = False  # the framework's own default (a request that leaves torch_compile out gets it)
+    blocks: bool = True
+    loss: bool = False
+    # the routed experts' activation (and routing-weight multiply) is one fused kernel even in eager blocks
+    experts_fused: bool = False
+    source: str
+
+
+class AttentionSemantics(_Card):
+    """Which attention kernel the framework runs on each GPU generation (cards/calibration.yaml attention_kernels: the
+    fraction of peak each reaches): `kernel` maps an arch (cards/hardware.yaml) or "default" to a kernel name;
+    `by_version` gives the same map for releases (a version prefix) that chose differently; `by_engine` the map of an
+    engine that runs one kernel in every release; `mla_backend` the backend a multi-latent-attention model runs."""
+
+    kernel: dict[str, str] = Field(default_factory=dict)
+    by_version: dict[str, dict[str, str]] = Field(default_factory=dict)
+    by_engine: dict[Engine, dict[str, str]] = Field(
+        default_factory=dict, description="An engine whose map holds in every release and for every model (verl's "
+                                          "FSDP engine: Hugging Face flash_attention_2); the others follow the release")
+    mla_backend: Literal["flash", "fused"] | None = Field(
+        None, description="The attention_backend a model with multi-latent attention (Q/K and V head dims differ, "
+                          "which FlashAttention-2 refuses) runs on the engines by_engine leaves out, in every release "
+                          "(its kernel: backends); None: it follows the release's map")
+    backends: dict[Literal["flash", "fused"], str] = Field(
+        default_factory=dict, description="The kernel (cards/calibration.yaml attention_kernels) each "
+                                          "attention_backend the framework can be told to run is; one left out: the "
+                                          "shared fraction")
+    source: str
+
+    @model_validator(mode="after")
+    def _mla_backend_has_a_kernel(self) -> AttentionSemantics:
+        if self.mla_backend is not None and self.mla_backend not in self.backends:
+            raise ValueError(f"mla_backend {self.mla_backend!r} needs its kernel in backends")
+        return self
+
+    def kernel_for(self, version: str | None, arch: str | None, *, engine: str | None = None,
+                   mla: bool = False) -> str | None:
+        """The kernel a release runs on `arch`: the engine's own map (by_engine), else mla_backend's kernel for an MLA
+        model, else the longest matching version prefix's map, else `kernel`."""
+        table = self.kernel
+        if engine in self.by_engine:
+            table = self.by_engine[engine]  # type: ignore[index]
+        elif mla and self.mla_backend is not None:
+            return self.backends.get(self.mla_backend)
+        elif version:
+            for prefix in sorted(self.by_version, key=len, reverse=True):
+                if version == prefix or version.startswith(prefix + "."):
+                    table = self.by_version[prefix]
+                    break
+        return table.get(arch or "", table.get("default"))
+
+
+class MuonFacts(_Card):
+    """How the framework runs Muon's Newton-Schulz orthogonalization (meshplan/arithmetic/muon.py times it)."""
+
+    tp_mode: Literal["blockwise", "duplicated", "distributed"] = Field(
+        description="A tensor-parallel matrix: blockwise (each rank orthogonalizes its own shard), duplicated (each "
+                    "rank all-gathers it and orthogonalizes the whole matrix), distributed (the iteration split "
+                    "over the TP ranks)")
+    ns_steps: int = Field(ge=1, description="Newton-Schulz iterations per matrix per step")
+    split_qkv: bool = Field(description="The fused QKV weight orthogonalized as separate Q, K and V blocks per "
+                                        "query group")
+    source: str

@@ -1,0 +1,92 @@
+"""The framework card's choices a request leaves open and the limits the layout-fitting code keeps to (cards/frameworks/
+*.yaml `defaults`, `memory_fix`, `limits`, `search`): what the framework runs by default, how far MEM001's fix may
+raise the ZeRO stage, what it refuses, and the knobs recommend opens. Apart from cards.py, which holds the card."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from meshplan.schema.choices import Fp8Recipe, Recompute
+from meshplan.schema.model import Architecture
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FrameworkDefaults(_Card):
+    zero_stage: int = Field(ge=0, le=3)
+    sequence_parallel_when_tp: bool = True
+    sequence_parallel_off_for: list[Literal["moe", "tied_embeddings", "pipeline"]] = Field(
+        default_factory=list, description="Models the framework turns sequence parallelism off for, whatever tp, and "
+                                          "`pipeline`: off in every pipeline stage (pp > 1) (its why in "
+                                          "sequence_parallel_why)")
+    sequence_parallel_why: str | None = None
+    etp: Literal["tp", 1] = Field(1, description="An MoE model's expert TP when the request leaves etp unset")
+    etp_why: str | None = None
+    etp_recipes: str | None = Field(
+        None, description="What the framework's own MoE recipes set instead of the default, as resolve()'s etp note "
+                          "says it (its files cited in etp_why)")
+    fp8_recipe: Fp8Recipe | None = Field(
+        None, description="The FP8 recipe the framework runs when precision=fp8 leaves fp8_recipe out (None: it has no "
+                          "fp8 recipe choice meshplan models)")
+    fp8_recipe_why: str | None = None
+
+    @model_validator(mode="after")
+    def _claim_has_why(self) -> FrameworkDefaults:
+        if self.etp != 1 and not self.etp_why:
+            raise ValueError("etp: tp needs etp_why (the framework source that defaults it so)")
+        if self.etp_recipes and self.etp != "tp":
+            raise ValueError("etp_recipes qualifies an etp: tp default; with etp: 1 there is nothing to qualify")
+        if self.fp8_recipe is not None and not self.fp8_recipe_why:
+            raise ValueError("fp8_recipe needs fp8_recipe_why (the framework source that defaults it so)")
+        if self.sequence_parallel_off_for and not self.sequence_parallel_why:
+            raise ValueError("sequence_parallel_off_for needs sequence_parallel_why (the framework source)")
+        return self
+
+    def sequence_parallel_with_tp(self, arch: Architecture, pp: int = 1) -> bool:
+        """Whether the framework runs sequence parallelism beside TP > 1 for this model at this pipeline degree (a
+        request that leaves sequence_parallel out gets it): sequence_parallel_when_tp, unless the model is of a kind
+        it turns it off for, or its pipeline stages run without it."""
+        off = (("moe" in self.sequence_parallel_off_for and arch.is_moe)
+               or ("tied_embeddings" in self.sequence_parallel_off_for and arch.tie_word_embeddings))
+        return self.sequence_parallel_when_tp and not off and self.sequence_parallel_in_pipeline(pp)
+
+    def sequence_parallel_in_pipeline(self, pp: int) -> bool:
+        """False where the framework turns sequence parallelism off in its pipeline stages and pp > 1."""
+        return pp == 1 or "pipeline" not in self.sequence_parallel_off_for
+
+
+class MemoryFix(_Card):
+    """How far MEM001's fix may raise zero_stage on this framework (null: the fix never changes it)."""
+
+    highest_zero_stage: int | None = Field(ge=0, le=3)
+    highest_zero_stage_with_pp: int | None = Field(None, ge=0, le=3)
+    why: str
+
+
+class FrameworkLimits(_Card):
+    """Combinations the framework refuses that the layout-fitting code must avoid (rules.yaml reports them)."""
+
+    moe_with_pipeline: bool = True
+    why: str | None = None
+
+    @model_validator(mode="after")
+    def _claim_has_why(self) -> FrameworkLimits:
+        if not self.moe_with_pipeline and not self.why:
+            raise ValueError("a limit needs a why (the framework source that imposes it)")
+        return self
+
+
+class SearchKnobs(_Card):
+    """The knobs `recommend` opens on this framework; tp, pp, dp and the ZeRO stages of cards/memory.yaml are
+    always searched. Whether the flex MoE dispatcher is searched follows the adapter (FrameworkCard.flex_dispatcher)."""
+
+    vpp: bool
+    cp: bool
+    ep: bool
+    etp: bool
+    recompute: list[Recompute] = Field(min_length=1)
+    source: str

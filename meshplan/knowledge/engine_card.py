@@ -1,0 +1,50 @@
+"""The framework card's engines (cards/frameworks/*.yaml `engine`, `optimizer_step`): which engine runs the model at
+each ZeRO stage and its byte convention (a preset of cards/memory.yaml), and the optimizer implementation each engine
+builds. Apart from cards.py, which holds the card."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from meshplan.schema.choices import Engine
+
+# the byte presets of cards/memory.yaml
+MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "fsdp2_hf",
+                           "fsdp2_automodel", "fsdp2_kempnerforge", "nanotron"]
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineFacts(_Card):
+    """Which engine runs the model at each ZeRO stage (the engines rules.yaml's `backends` name), and the byte
+    convention of ZeRO-3 where it is not the card's memory_convention."""
+
+    by_zero_stage: dict[int, Engine]
+    zero3_memory_convention: MemoryConvention | None = None
+    ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
+    why: str
+
+    @model_validator(mode="after")
+    def _every_stage(self) -> EngineFacts:
+        if set(self.by_zero_stage) != set(ZERO_STAGES):
+            raise ValueError(f"by_zero_stage needs exactly the stages {list(ZERO_STAGES)}, "
+                             f"got {sorted(self.by_zero_stage)}")
+        return self
+
+
+# How an engine runs its optimizer step on CUDA, which decides the step's own temporaries (cards/memory.yaml
+# optimizer_steps, memory_states.optimizer_step_temporaries)
+OptimizerImplementation = Literal["fused", "foreach", "for_loop", "megatron_distributed", "deepspeed_zero"]
+
+
+class OptimizerStepFacts(_Card):
+    """Which optimizer implementation each engine of the framework builds on CUDA when its config leaves the choice
+    to the default (Adam/AdamW)."""
+
+    by_engine: dict[Engine, OptimizerImplementation]
+    source: str
