@@ -128,6 +128,22 @@ def test_the_resolved_job_carries_its_framework_cards_and_a_hand_built_or_re_fra
         hand.attach_cards(framework_card("torchtitan"))
 
 
+def test_render_refuses_a_part_filled_node_of_a_job_built_outside_resolve_in_the_resolvers_words():
+    """One refusal of a count that leaves a node part-filled (arithmetic/mesh.whole_nodes). Before: render's
+    adapters/common.nodes said it in words of its own ('...; launchers start the same number...', a fix without the
+    counts that launch), the resolver in others."""
+    from meshplan.adapters.common import Nodes, nodes
+
+    job, _ = resolve(Request(model="llama-3.1-8b", num_gpus=12, gpus_per_node=4))
+    assert nodes(job) == Nodes(3, 4)
+    with pytest.raises(MeshplanError) as asked:
+        resolve(Request(model="llama-3.1-8b", num_gpus=13, gpus_per_node=4))
+    with pytest.raises(MeshplanError) as built:
+        nodes(job.model_copy(update={"num_gpus": 13}))
+    assert (built.value.reason, built.value.fix) == (asked.value.reason, asked.value.fix)
+    assert "12 or 16" in built.value.fix
+
+
 def test_a_given_gpus_per_node_that_leaves_a_node_part_filled_is_refused_on_every_face():
     """Before: recommend ranked 13 GPUs on nodes of 4 and said they ran 'as 3 nodes x 4' (12 GPUs), memory and
     throughput estimated them, while render refused the same request (adapters/common.nodes). Now the resolver refuses

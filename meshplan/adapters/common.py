@@ -47,15 +47,10 @@ class Nodes:
 
 
 def nodes(job: Job) -> Nodes:
-    """torchrun/Ray launch the same number of processes on every node, so the GPUs must fill whole nodes."""
-    per_node = mesh.ranks_per_node(job)
-    if job.num_gpus % per_node:
-        raise MeshplanError(
-            f"{job.num_gpus} GPUs do not fill whole {job.gpus_per_node}-GPU nodes; launchers start the same "
-            "number of processes on every node.",
-            fix=f"Use a multiple of {job.gpus_per_node} GPUs, or set gpus_per_node to a divisor of {job.num_gpus}.",
-        )
-    return Nodes(job.num_gpus // per_node, per_node)
+    """The nodes and processes per node the launcher starts: torchrun/Ray launch the same number of processes on
+    every node, so the GPUs must fill whole nodes (mesh.whole_nodes, the resolver's refusal, for a Job built outside
+    it)."""
+    return Nodes(mesh.whole_nodes(job.num_gpus, job.gpus_per_node), mesh.ranks_per_node(job))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, Protocol
 
+from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import WorldSizeLaw  # the laws a framework card may name; each is implemented here
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job, Plan
@@ -148,6 +149,23 @@ def expert_dp(world: int, plan: ExpertShardDegrees, law: WorldSizeLaw) -> float:
 
 
 # --------------------------------------------------------------------------- ranks on a node
+
+
+def whole_nodes(num_gpus: int, gpus_per_node: int, whose: str = "") -> int:
+    """The nodes `num_gpus` processes launch on at `gpus_per_node` each (one, part-filled, for a count within a node).
+    Launchers (torchrun, Ray) start the same number of processes on every node, so a count over one node that is no
+    multiple of it cannot launch: refused in one wording wherever it is met, by the resolver for a request's
+    gpus_per_node (request/resolve.launch_gpus_per_node) and by render for a Job built outside it
+    (adapters/common.nodes). `whose`: what the count is where it is not the request's num_gpus (an RL job's trainer
+    share)."""
+    if num_gpus > gpus_per_node and num_gpus % gpus_per_node:
+        below = num_gpus - num_gpus % gpus_per_node
+        raise MeshplanError(
+            f"{num_gpus} GPUs{whose} do not fill whole {gpus_per_node}-GPU nodes (gpus_per_node={gpus_per_node}): "
+            "launchers (torchrun, Ray) start the same number of processes on every node.",
+            fix=f"Use a multiple of {gpus_per_node} GPUs ({below} or {below + gpus_per_node}), gpus_per_node a divisor "
+                f"of {num_gpus}, or leave gpus_per_node out (meshplan then picks the launch split).")
+    return max(1, num_gpus // gpus_per_node)
 
 
 def ranks_per_node(job: Job) -> int:

@@ -69,17 +69,12 @@ def launch_gpus_per_node(num_gpus: int, gpu: GpuSpec, asked: int | None, notes: 
     node (20 on 8-GPU nodes: 5 nodes x 4), so that every group that fits a node's share lies on one node, as the
     frameworks' power-of-two TP and expert groups then do; where that is 1, the largest divisor of the count not above
     the node (15: 5 nodes x 3); one with no divisor from 2 up is refused with the counts that launch, and so is a
-    gpus_per_node the request gives that leaves a node part-filled (13 GPUs on nodes of 4: render's
-    adapters/common.nodes refuses it too). `whose`: what the count is where it is not the request's num_gpus (an RL
-    job's trainer share)."""
+    gpus_per_node the request gives that leaves a node part-filled (13 GPUs on nodes of 4: mesh.whole_nodes, whose
+    words render's adapters/common.nodes gives too). `whose`: what the count is where it is not the request's
+    num_gpus (an RL job's trainer share)."""
     node = gpu.gpus_per_node
-    if asked is not None and num_gpus > asked and num_gpus % asked:
-        below = num_gpus - num_gpus % asked
-        raise MeshplanError(
-            f"{num_gpus} GPUs{whose} do not fill whole {asked}-GPU nodes (gpus_per_node={asked}): launchers "
-            "(torchrun, Ray) start the same number of processes on every node.",
-            fix=f"Use a multiple of {asked} GPUs ({below} or {below + asked}), gpus_per_node a divisor of {num_gpus}, "
-                "or leave gpus_per_node out (meshplan then picks the launch split).")
+    if asked is not None:
+        mesh.whole_nodes(num_gpus, asked, whose)  # refuses a part-filled node, in render's words too
     if asked is not None or num_gpus <= node or num_gpus % node == 0:
         return node if asked is None else asked
     per_node, why = _node_share(num_gpus, node)
