@@ -105,7 +105,8 @@ def test_an_rl_log_is_compared_with_an_rl_prediction_only():
         assert field in refused.value.fix
     rl = api.compare_run(parse_request({**req, "job": "rl", "prompt_length": 256, "response_length": 1024}),
                          log("verl_gh200_sglang.log"))
-    assert next(f for f in rl.figures if f.figure == "mfu").label == "MFU (actor update)"
+    logged = next(f for f in rl.figures if f.figure == "logged_mfu")
+    assert logged.label == "MFU as the framework logs it (actor update)"
     skyrl = read_log("Step 3:\n{'timing/step': '286.05', 'timing/generate': '27.65'}\n", framework="skyrl")
     assert skyrl.rl_fields == {}
     assert read_log("Step 4: loss=1.2, grad_norm=0.3, tokens_per_second=9000.0", framework="skyrl").rl_fields is None
@@ -125,7 +126,7 @@ def test_verl_sft_trainer_log_is_a_training_jobs():
     req = {"model": "llama-3.1-8b", "num_gpus": 16, "gpu": "h100", "framework": "verl", "job": "sft",
            "zero_stage": 3, "cp": 2, "micro_batch_size": 2, "global_batch_size": 64}
     got = api.compare_run(parse_request(req), text)
-    assert next(f for f in got.figures if f.figure == "mfu").measured == pytest.approx(0.425)
+    assert next(f for f in got.figures if f.figure == "logged_mfu").measured == pytest.approx(0.425)
 
 
 def test_kempnerforge_metrics_line():
@@ -207,9 +208,61 @@ def test_comparison_arithmetic_and_band():
     step = figures["step_time"]
     assert step.measured == pytest.approx(job_tokens / (5864 * 8), rel=1e-6)  # derived from torchtitan's tps
     assert step.band == throughput.error_band.median_error
-    assert figures["mfu"].measured == pytest.approx(0.3434) and figures["mfu"].predicted == throughput.mfu
+    assert figures["logged_mfu"].measured == pytest.approx(0.3434) and figures["logged_mfu"].predicted == throughput.mfu
     assert result.calibration is None and result.stored is None
     assert "step time" in result.summary
+
+
+def test_the_measured_mfu_is_the_logged_rate_through_the_estimate_s_own_flops_and_peak(tmp_path, capsys):
+    """compare showed no MFU of the run where the framework logs none (Megatron-LM's iteration lines: MFU '-'), and
+    where it logs one, its own FLOP count beside meshplan's. Now the run's MFU is its measured rate through the
+    estimate's model FLOPs per token and the GPU's peak (ThroughputReport.mfu_at), on every face, with its basis; the
+    framework's own is a figure of its own (logged_mfu)."""
+    from meshplan.faces.mcp.server import app
+    from meshplan.knowledge.hardware import get_gpu
+
+    fields = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
+              "global_batch_size": 128, "seq_length": 4096}
+    req = parse_request(fields)
+    throughput = api.estimate_throughput(req)
+    line = ("iteration {i}/ 100 | consumed samples: 256 | elapsed time per iteration (ms): 9000.0 | "
+            "global batch size: 128 | lm loss: 2.0E+00 |\n")
+    text = "".join(line.format(i=i) for i in (2, 3, 4))
+    figures = {f.figure: f for f in api.compare_run(req, text).figures}
+    mfu = figures["mfu"]
+    peak = get_gpu("h100-sxm").bf16_flops
+    assert mfu.measured == pytest.approx(throughput.model_flops_per_step / (9.0 * 8 * peak))
+    assert mfu.predicted == throughput.mfu and mfu.missing is None and "model FLOPs per token" in mfu.basis
+    assert figures["logged_mfu"].measured is None  # Megatron-LM logs no MFU of its own
+    result = anyio.run(lambda: app.call_tool("compare_run", {**fields, "log_text": text}))
+    structured = result.structured_content if hasattr(result, "structured_content") else result[1]
+    sent = next(f for f in structured["figures"] if f["figure"] == "mfu")
+    assert sent["measured"] == pytest.approx(mfu.measured) and sent["basis"] == mfu.basis
+    (tmp_path / "run.log").write_text(text, encoding="utf-8")
+    assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--gpu", "h100-sxm", "--global-batch-size", "128",
+                     "--log", str(tmp_path / "run.log")]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("MFU (meshplan's model FLOPs)"))
+    assert f"{mfu.predicted:.1%}" in row and f"{mfu.measured:.1%}" in row
+
+
+def test_a_log_without_a_rate_or_an_rl_log_says_what_the_measured_mfu_lacks(capsys, tmp_path):
+    """Where the log states no step time, tokens/s or samples/s, or is an RL run's (whose predicted MFU is the actor
+    update's, not the whole step's), the measured MFU is no number: `missing` says what the log lacks, and the CLI
+    prints it."""
+    memory_only = "[Rank 0] (after 10 iterations) memory (MB) | allocated: 30000.0 | max allocated: 40000.0 | " \
+                  "reserved: 42000.0 | max reserved: 45000.0\n"
+    req = parse_request({"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core"})
+    mfu = next(f for f in api.compare_run(req, memory_only).figures if f.figure == "mfu")
+    assert mfu.measured is None and "step time, tokens/s or samples/s" in mfu.missing
+    (tmp_path / "run.log").write_text(memory_only, encoding="utf-8")
+    assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--gpu", "h100-sxm", "--log",
+                     str(tmp_path / "run.log")]) == 0
+    assert "not measured, the log lacks a step time" in " ".join(capsys.readouterr().out.split())
+    rl = api.compare_run(parse_request({"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl",
+                                        "job": "rl", "prompt_length": 256, "response_length": 1024}),
+                         log("verl_gh200_sglang.log"))
+    mfu = next(f for f in rl.figures if f.figure == "mfu")
+    assert mfu.measured is None and "actor update's own time" in mfu.missing
 
 
 def test_a_rate_is_inside_the_band_exactly_when_its_step_time_is(tmp_path, capsys):

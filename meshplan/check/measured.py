@@ -5,7 +5,9 @@ falls in (cards/accuracy.yaml via the reports' error_band) and whether the measu
 Each side is put in the other's terms, never fitted: torch's counters leave out the CUDA context, so the predicted
 peaks drop it; the allocated peak is the estimate's own (memory.stage_allocated, as bench/accuracy_card.py compares
 with Megatron's mem-max-allocated); a log that states only one of step time and throughput gives the other through the
-job's tokens per step and GPU count. A stored cluster factor (meshplan compare --calibrate) is shown beside the
+job's tokens per step and GPU count. The run's MFU is its measured rate through the estimate's own model FLOPs
+per token and peak (never a second FLOP count), beside the MFU the framework logs with its own count. A stored
+cluster factor (meshplan compare --calibrate) is shown beside the
 model's own prediction, never in place of it.
 """
 
@@ -36,7 +38,7 @@ def predicted_peaks(memory: MemoryReport) -> tuple[int | None, int, str]:
 
 
 def _figure(name: str, label: str, predicted: float | None, measured: float | None, band: ErrorBand | None,
-            basis: str, calibrated: float | None = None) -> ComparedFigure:
+            basis: str, calibrated: float | None = None, missing: str | None = None) -> ComparedFigure:
     """One figure side by side. The throughput band is the step time's median |predicted / measured - 1|; a rate
     (RATE_FIGURES) is judged on that scale, measured / predicted - 1, so one run's step time and rate are inside or
     outside together (a run 0.99 band faster had its step time inside, its tokens/s outside)."""
@@ -47,7 +49,7 @@ def _figure(name: str, label: str, predicted: float | None, measured: float | No
         scaled = 1 / (1 + error) - 1 if error > -1 else float("inf")
     inside = abs(scaled) <= median if scaled is not None and median is not None else None
     return ComparedFigure(figure=name, label=label, predicted=predicted, measured=measured, error=error, band=median,
-                          inside=inside, calibrated=calibrated, basis=basis)
+                          inside=inside, calibrated=calibrated, basis=basis, missing=missing)
 
 
 def measured_throughput(measured: MeasuredRun, job: Job) -> tuple[float | None, float | None, str]:
@@ -96,8 +98,9 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
                 throughput.step_time_s * f if f else None),
         _figure("tokens_per_s_per_gpu", "tokens/s per GPU", throughput.tokens_per_s_per_gpu, per_gpu, tband, how,
                 throughput.tokens_per_s_per_gpu / f if f else None),
-        _figure("mfu", "MFU" + (" (actor update)" if throughput.rl is not None else ""), mfu, measured.mfu, tband,
-                "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
+        measured_mfu(throughput, per_gpu, how, tband, f),
+        _figure("logged_mfu", "MFU as the framework logs it" + (" (actor update)" if throughput.rl else ""), mfu,
+                measured.mfu, tband, "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
                 mfu / f if f else None),
     ]
     notes = []
@@ -107,6 +110,29 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
     return RunComparison(model=throughput.model, framework=throughput.framework, num_gpus=job.num_gpus,
                          plan=throughput.plan, measured=measured, figures=figures, memory_band=mband,
                          throughput_band=tband, calibration=factor, notes=notes, summary=summary_line(figures))
+
+
+def measured_mfu(throughput: ThroughputReport, per_gpu: float | None, how: str, band: ErrorBand | None,
+                 factor: float | None) -> ComparedFigure:
+    """The run's MFU in meshplan's terms beside the predicted one: the measured tokens/s per GPU through the
+    estimate's own model FLOPs per token and peak (ThroughputReport.mfu_at), so the two differ only by the rate.
+    Where the log lacks what that needs, `missing` says what instead of a number: a rate (step time, tokens/s or
+    samples/s), or for an RL job, whose predicted MFU is the actor update's, the update's own time, which an RL
+    log's step rate (rollout, log-probs and update together) does not give."""
+    label = "MFU (meshplan's model FLOPs)"
+    predicted = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
+    calibrated = predicted / factor if factor else None
+    if throughput.rl is not None:
+        return _figure("mfu", label + " (actor update)", predicted, None, band, "", calibrated,
+                       missing="the actor update's own time: the log's step time and tokens/s cover the whole RL step "
+                               "(rollout, log-probs and update), and the MFU predicted is the update's")
+    if per_gpu is None:
+        return _figure("mfu", label, predicted, None, band, "", calibrated,
+                       missing="a step time, tokens/s or samples/s: the log states none, and the run's MFU is its "
+                               "tokens/s per GPU x the model FLOPs per token / the GPU's peak")
+    return _figure("mfu", label, predicted, throughput.mfu_at(per_gpu), band,
+                   f"the measured tokens/s per GPU ({how}) x meshplan's model FLOPs per token / the GPU's peak, the "
+                   "estimate's own (ThroughputReport.mfu_at)", calibrated)
 
 
 def _gib(nbytes: int | None) -> float | None:

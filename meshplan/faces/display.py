@@ -439,7 +439,7 @@ def recommendation(rec: Recommendation, req: Request | None = None) -> None:
 def _figure_text(value: float | None, figure: str) -> str:
     if value is None:
         return "-"
-    if figure == "mfu":
+    if figure in ("mfu", "logged_mfu"):
         return f"{value:.1%}"
     return f"{value:,.0f}" if figure == "tokens_per_s_per_gpu" else f"{value:.3g}"
 
@@ -477,7 +477,8 @@ def comparison(report: RunComparison) -> None:
                            f"{report.stored.cluster!r}, {report.stored.gpu}, {report.stored.framework} in "
                            f"{report.stored.path}; every throughput answer on it now applies and states it"))
     _notes(console, "notes", report.notes)
-    _notes(console, "how each figure was taken", [f"{f.label}: {f.basis}" for f in report.figures if f.measured])
+    _notes(console, "how each figure was taken", [f"{f.label}: {f.basis}" for f in report.figures if f.measured]
+           + [f"{f.label}: not measured, the log lacks {f.missing}" for f in report.figures if f.missing])
     _notes(console, "log", [f"{k}: {v}" for k, v in report.measured.sources.items()] + report.measured.notes)
     console.print(Text(report.summary))
 

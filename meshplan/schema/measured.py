@@ -16,7 +16,8 @@ from meshplan.schema.choices import Framework, StrictModel
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import ClusterFactor, ErrorBand
 
-FigureName = Literal["peak_allocated", "peak_reserved", "step_time", "tokens_per_s_per_gpu", "mfu"]
+FigureName = Literal["peak_allocated", "peak_reserved", "step_time", "tokens_per_s_per_gpu", "mfu",
+                     "logged_mfu"]
 
 
 class MeasuredRun(StrictModel):
@@ -44,7 +45,8 @@ class MeasuredRun(StrictModel):
     notes: list[str] = Field(default_factory=list, description="How the figures were taken (steps kept, units)")
 
 
-RATE_FIGURES = ("tokens_per_s_per_gpu", "mfu")  # the step time's reciprocals: judged on its band, inverted
+# the step time's reciprocals: judged on its band, inverted
+RATE_FIGURES = ("tokens_per_s_per_gpu", "mfu", "logged_mfu")
 
 
 class ComparedFigure(StrictModel):
@@ -64,6 +66,9 @@ class ComparedFigure(StrictModel):
     calibrated: float | None = Field(
         None, description="The prediction with this cluster's stored factor applied (None: no factor stored)")
     basis: str = Field("", description="How the measured figure was taken or derived")
+    missing: str | None = Field(
+        None, description="Where `measured` is None for want of something in the log: what it lacks (None: nothing "
+                          "is missing, or the figure is one the log simply does not state)")
 
 
 class RunComparison(StrictModel):

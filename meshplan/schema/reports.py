@@ -181,6 +181,13 @@ class ThroughputReport(StrictModel):
         None, description="The cluster's step-time factor applied to this answer (meshplan compare --calibrate "
                           "stored it); None: the uncalibrated model")
 
+    def mfu_at(self, tokens_per_s_per_gpu: float) -> float:
+        """The MFU of this report's job run at another rate (a measured one, `meshplan compare`): the estimate's own
+        model FLOPs per token (arithmetic/flops.model_flops_per_token, the LoRA step's under LoRA) over the same
+        GPU's peak (estimate/perf._report), which `mfu` divides by its own rate; so the run's MFU is `mfu` scaled by
+        the rate, never a second FLOP count."""
+        return self.mfu * tokens_per_s_per_gpu / self.tokens_per_s_per_gpu
+
     def parts(self) -> dict[str, float]:
         """Where step_time_s goes, part by part (seconds, keyed by field name): an RL step's phases (`rl`: the
         rollout's generation, the log-prob passes, the update, resharding, phase offloads), of which `breakdown` is
