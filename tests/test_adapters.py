@@ -22,6 +22,7 @@ from meshplan.adapters.parse import parse_plan, shell_tokens
 from meshplan.adapters.render import TARGETS, render
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table, knobs_in_use
+from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
@@ -443,10 +444,10 @@ def test_every_framework_with_an_adapter_card_section_has_a_builder_and_no_other
 
 def test_every_card_knob_with_a_key_is_exercised_and_missing_ones_say_instead():
     for framework in TARGETS:
-        section = adapter_section(framework)
+        section = adapter_section(framework_card(framework))
         for version in section.versions:
             for variant in section.variants:
-                table = knob_table(framework, version, variant)
+                table = knob_table(framework_card(framework), version, variant)
                 assert set(table) == set(KNOBS)
                 assert all(k.key or k.instead for k in table.values())
 

@@ -54,7 +54,7 @@ def rendered_jobs(framework: str):
             if catalog_architecture(key).layer_pattern is not None:  # a hybrid: render refuses it (test_hybrid_models)
                 continue
             job, plan = resolve(Request(framework=framework, model=key, num_gpus=8, seq_length=8192))
-            out += [(job, render(framework, job, plan, variant=v)) for v in adapter_section(framework).variants]
+            out += [(job, render(framework, job, plan, variant=v)) for v in adapter_section(job.card).variants]
     return out
 
 

@@ -28,10 +28,10 @@ def card_instead(framework: str, zero_stage: int, name: str) -> str | None:
     """The card's own words for a knob the framework lacks (the render target's table; a card without an adapter:
     cannot_run), None where it has a key."""
     job, _ = search_job(Request(**L8, framework=framework, zero_stage=zero_stage))
-    target = default_render(framework, job, Plan(zero_stage=zero_stage))
+    target = default_render(job.card, job, Plan(zero_stage=zero_stage))
     if target is None:
         return framework_card(framework).cannot_run.get(name)
-    knob = knob_table(framework, *target)[name]
+    knob = knob_table(job.card, *target)[name]
     return knob.instead if knob.key is None else None
 
 
@@ -290,8 +290,8 @@ def test_every_knob_the_search_opens_is_one_the_adapter_writes(framework):
     for recompute in search.recompute:
         plan = Plan(zero_stage=framework_card(framework).defaults.zero_stage, recompute=recompute)
         job, _ = search_job(Request(**L8, framework=framework))
-        target = default_render(framework, job, plan)
-        assert missing_knob(framework, *target, job, plan) is None, (framework, recompute)
+        target = default_render(job.card, job, plan)
+        assert missing_knob(job.card, *target, job, plan) is None, (framework, recompute)
 
 
 @pytest.mark.parametrize("framework,recompute,variant", [
@@ -345,7 +345,8 @@ def test_the_note_quotes_the_cards_reason_and_the_card_requires_one():
     from meshplan.knowledge.adapter_knobs import knob_table
     from meshplan.knowledge.cards import framework_card
 
-    knob = knob_table("skyrl", framework_card("skyrl").adapter.default_version, "sft-fsdp")["recompute_none"]
+    skyrl = framework_card("skyrl")
+    knob = knob_table(skyrl, skyrl.adapter.default_version, "sft-fsdp")["recompute_none"]
     assert knob.key is None and knob.reason and knob.reason in knob.instead
     original = knob.reason
     try:

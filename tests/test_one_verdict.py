@@ -123,12 +123,12 @@ def test_the_layout_knob_kept_per_knobs_in_use_is_missing_knobs_own_answer():
         for _ in range(40):
             plan = Plan(tp=rnd.choice([1, 2]), pp=rnd.choice([1, 2]), vpp=rnd.choice([1, 2]), cp=rnd.choice([1, 2]),
                         ep=rnd.choice([1, 2]), etp=rnd.choice([1, 2]), zero_stage=rnd.choice([0, 1, 2, 3]))
-            target = default_render(framework, job, plan)
+            target = default_render(job.card, job, plan)
             if target is None:
                 continue
-            expected = missing_knob(framework, *target, job, plan, LAYOUT_KNOBS)
+            expected = missing_knob(job.card, *target, job, plan, LAYOUT_KNOBS)
             for _ in range(2):  # computed, then kept
-                assert missing_layout_knob(framework, *target, job, plan) == expected, (framework, plan)
+                assert missing_layout_knob(job.card, *target, job, plan) == expected, (framework, plan)
             used = [name for name in knobs_in_use(job, plan) if name in LAYOUT_KNOBS]
             assert used == [f"zero_{plan.zero_stage}", *(n for n in ("tp", "pp", "vpp", "cp", "ep", "etp")
                                                          if getattr(plan, n) > 1)]

@@ -44,10 +44,11 @@ def _uneven_renders():
     """(framework, variant, version) of every target that renders an uneven pipeline split."""
     from meshplan.adapters.render import BUILDERS
     from meshplan.knowledge.adapter_knobs import adapter_section
+    from meshplan.knowledge.cards import framework_card
 
     out = []
     for framework in sorted(BUILDERS):
-        section = adapter_section(framework)
+        section = adapter_section(framework_card(framework))
         out += [(framework, variant, version) for variant in section.variants for version in section.versions]
     return out
 

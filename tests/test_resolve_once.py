@@ -1,7 +1,8 @@
 """Resolve once: the resolver attaches the job's framework card and its RL section (request/resolve.carry_cards), and
 the estimators, rules, search, RL and check read them from the job (`job.card`, `job.rl_card`, a rule's `ctx.card`),
 never looking a card up by name again. The one lookup by name left in those layers is a loop over every framework,
-a fact about the others (a fix naming the frameworks that support a feature), plus the few ALLOWED below.
+a fact about the others (a fix naming the frameworks that support a feature), plus the few ALLOWED below; the
+knowledge modules they ask with the job's card (CARD_TAKERS) look none up at all.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("arithmetic", "estimate", "rules", "search", "rl", "check")
+# Knowledge modules those layers ask with the job's card: each function takes the card, never a framework's name
+# (knowledge/adapter_knobs.py: the rules' AD001/RC005/RC006, the search's refused ZeRO stages, the resolver's
+# recompute default; the adapters hand it the card of the framework they write).
+CARD_TAKERS = ("meshplan/knowledge/adapter_knobs.py",)
 LOOKUPS = ("framework_card", "rl_card")
 # The iterables whose loop variable may be looked up: every framework.
 ALL_FRAMEWORKS = ("FRAMEWORKS", "framework_names")
@@ -63,14 +68,14 @@ def lookups_by_name(source: str) -> list[tuple[str, int, str]]:
 
 def test_estimators_rules_search_rl_and_check_read_the_job_s_card_not_a_card_by_name():
     wrong, seen = [], set()
-    for layer in LAYERS:
-        for path in sorted((ROOT / "meshplan" / layer).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            for function, line, call in lookups_by_name(path.read_text(encoding="utf-8")):
-                if (rel, function) in ALLOWED:
-                    seen.add((rel, function))
-                else:
-                    wrong.append(f"{rel}:{line} {function}: {call} (read job.card / job.rl_card / ctx.card)")
+    paths = [path for layer in LAYERS for path in sorted((ROOT / "meshplan" / layer).rglob("*.py"))]
+    for path in [*paths, *(ROOT / name for name in CARD_TAKERS)]:
+        rel = path.relative_to(ROOT).as_posix()
+        for function, line, call in lookups_by_name(path.read_text(encoding="utf-8")):
+            if (rel, function) in ALLOWED:
+                seen.add((rel, function))
+            else:
+                wrong.append(f"{rel}:{line} {function}: {call} (read job.card / job.rl_card / ctx.card)")
     assert not wrong, "\n".join(wrong)
     assert seen == set(ALLOWED), f"allowed but no longer looking a card up: {sorted(set(ALLOWED) - seen)}"
 

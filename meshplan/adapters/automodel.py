@@ -17,6 +17,7 @@ from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.schedule import layers_per_rank
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import knob_table
+from meshplan.knowledge.cards import framework_card
 from meshplan.schema.plan import Job, Plan
 
 Section = list[tuple[str, Any]]
@@ -46,7 +47,7 @@ def pipeline_section(job: Job, plan: Plan, version: str) -> Section:
     split = split_fields(job, plan)
     schedule = "interleaved1f1b" if plan.vpp > 1 else "1f1b"
     if plan.pipeline_schedule is not None:  # the card's values (capabilities.refuse_missing refused the others)
-        values = knob_table("nemo-automodel", version, "yaml")["pipeline_schedule"].values or {}
+        values = knob_table(framework_card("nemo-automodel"), version, "yaml")["pipeline_schedule"].values or {}
         schedule = values.get(plan.pipeline_schedule) or schedule
     section: Section = [("pp_schedule", schedule),
                         ("pp_microbatch_size", plan.micro_batch_size)]

@@ -26,7 +26,7 @@ def renderable_frameworks() -> tuple[str, ...]:
 def resolve_version(framework: str, version: str | None) -> str:
     """The adapter version that renders `version`: the known release whose facts apply to it (the card's resolver,
     knowledge/releases.py: 0.2 or 0.2.0+cu128 -> 0.2.2), which must be one the adapter writes."""
-    section = adapter_section(framework)
+    section = adapter_section(framework_card(framework))
     if version is None:
         return section.default_version
     if version in section.versions:
@@ -43,9 +43,10 @@ def resolve_version(framework: str, version: str | None) -> str:
 def refuse_missing(framework: str, version: str, variant: str, job: Job, plan: Plan) -> None:
     """Raise for the first knob the plan uses that this framework version and variant cannot express (the same
     function rule AD001 asks, knowledge/adapter_knobs.py missing_knob)."""
-    missing = missing_knob(framework, version, variant, job, plan)
+    card = framework_card(framework)
+    missing = missing_knob(card, version, variant, job, plan)
     if missing is not None:
-        display = framework_card(framework).display_name
+        display = card.display_name
         raise MeshplanError(
             f"{display} {version} ({variant}) cannot express {missing.setting}: {missing.reason}.", fix=missing.instead,
         )

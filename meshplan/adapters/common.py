@@ -283,7 +283,8 @@ def attention_value(framework: str, variant: str, backend: str, mla: bool = Fals
         if not mla or attention is None or attention.mla_backend is None:
             return None
         backend = attention.mla_backend
-    knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]
+    card = framework_card(framework)
+    knob = knob_table(card, adapter_section(card).default_version, variant)["attention_backend"]
     return (knob.values or {}).get(backend)
 
 
@@ -291,7 +292,8 @@ def attention_backend_of(framework: str, variant: str, value: Any) -> str:
     """attention_backend read back from a snippet: the meshplan value the framework's value is (absent: auto)."""
     if value is None:
         return "auto"
-    knob = knob_table(framework, adapter_section(framework).default_version, variant)["attention_backend"]
+    card = framework_card(framework)
+    knob = knob_table(card, adapter_section(card).default_version, variant)["attention_backend"]
     return next(ours for ours, theirs in (knob.values or {}).items() if theirs == str(value).lower())
 
 

@@ -234,12 +234,12 @@ def refuse_other_engine(framework: str, version: str, variant: str, job: Job, pl
     engine, planned = variant_engine(framework, variant), card.engine_at(plan.zero_stage)
     if engine is None or engine == planned:
         return
-    table = knob_table(framework, version, variant)
+    table = knob_table(card, version, variant)
     stages = [z for z in range(4) if card.engine_at(z) == engine and table[f"zero_{z}"].key]
     raise MeshplanError(
         f"Variant {variant} runs {card.display_name}'s {engine} engine, but zero_stage {plan.zero_stage} selects its "
         f"{planned} engine, which meshplan checked and estimated this plan on.",
-        fix=f"Use variant {engine_variant(framework, job, plan)} (or leave variant out) for zero_stage "
+        fix=f"Use variant {engine_variant(card, job, plan)} (or leave variant out) for zero_stage "
             f"{plan.zero_stage}, or zero_stage {either_or(stages)} with variant {variant}.")
 
 
@@ -248,11 +248,12 @@ def render(framework: str, job: Job, plan: Plan, *, variant: str | None = None,
     """The plan as `framework`'s config snippet; a knob the framework lacks is a MeshplanError."""
     require_target(framework)
     builder, default_variant = BUILDERS[framework]
-    section = adapter_section(framework)
+    card = framework_card(framework)
+    section = adapter_section(card)
     if version is None and job.framework_version in section.versions:  # the release the request named
         version = job.framework_version
     version = resolve_version(framework, version)
-    variant = variant or default_variant(job, plan)
+    variant = variant or default_variant(card, job, plan)
     if variant not in section.variants:
         raise MeshplanError(
             f"{framework} has no variant {variant!r}.",

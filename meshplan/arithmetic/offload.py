@@ -213,7 +213,7 @@ def unsupported_offloads(card: FrameworkCard, job: Job, plan: Plan) -> list[tupl
         if no_phases and knob in _PHASE_KNOBS and getattr(sem, _SEMANTIC_NAME[knob]).when == "phase":
             out.append((knob, "it acts only between the phases of an RL step (rollout and training), which a "
                               "training job does not have",
-                        _instead(card, knob, plan.zero_stage, DEFAULT_VARIANTS[card.name](job, plan))))
+                        _instead(card, knob, plan.zero_stage, DEFAULT_VARIANTS[card.name](card, job, plan))))
             continue
         need = sem.requires_zero_stage.get(_SEMANTIC_NAME[knob])
         if need is not None and plan.zero_stage < need:

@@ -385,7 +385,7 @@ def block_framework(name: str) -> str:
 
 
 def _knob_table(name: str) -> str:
-    section = adapter_section(name)
+    section = adapter_section(framework_card(name))
     versions = list(section.versions)
     rows = []
     for knob in KNOBS:

@@ -4,6 +4,10 @@ Knobs a framework lacks carry `key: null` and an `instead` saying what to do. `m
 plan uses that a version and variant cannot express: `render` refuses with it (adapters/capabilities.py
 refuse_missing) and rule AD001 reports it in `check`, so both ask this one function and cannot drift. `unwritable`
 asks the same tables (or a card's `cannot_run`, without an adapter) of one knob, for rule RC005.
+
+Every function takes the framework's card, never its name: the rules, the search and the resolver hand it the job's
+own (`job.card`, `ctx.card`: resolved once, tests/test_resolve_once.py), the adapters the card of the framework they
+write.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshplan.knowledge.adapter_card import AdapterKnob, AdapterSection
-from meshplan.knowledge.cards import CardError, framework_card
+from meshplan.knowledge.cards import CardError, FrameworkCard
 from meshplan.schema.choices import Engine
 from meshplan.schema.plan import Job, Plan
 
@@ -27,9 +31,9 @@ ENGINE_VARIANTS: dict[str, dict[tuple[bool, Engine], str]] = {
 }
 
 
-def engine_variant(framework: str, job: Job, plan: Plan) -> str:
+def engine_variant(card: FrameworkCard, job: Job, plan: Plan) -> str:
     """verl's or SkyRL's variant for the job's kind and the engine the plan's ZeRO stage runs (ENGINE_VARIANTS)."""
-    return ENGINE_VARIANTS[framework][(job.rl is not None, framework_card(framework).engine_at(plan.zero_stage))]
+    return ENGINE_VARIANTS[card.name][(job.rl is not None, card.engine_at(plan.zero_stage))]
 
 
 def variant_engine(framework: str, variant: str) -> Engine | None:
@@ -37,30 +41,33 @@ def variant_engine(framework: str, variant: str) -> Engine | None:
     return next((engine for (_, engine), name in ENGINE_VARIANTS.get(framework, {}).items() if name == variant), None)
 
 
-# The variant `render` writes when none is given, per renderable framework (adapters/render.py BUILDERS).
-DEFAULT_VARIANTS: dict[str, Callable[[Job, Plan], str]] = {
-    "megatron-core": lambda job, plan: "pretrain_gpt",
-    "megatron-bridge": lambda job, plan: "python",
-    "deepspeed": lambda job, plan: "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 or plan.ep > 1 else "config",
-    "verl": lambda job, plan: engine_variant("verl", job, plan),
-    "skyrl": lambda job, plan: engine_variant("skyrl", job, plan),
-    "torchtitan": lambda job, plan: "cli",
-    "kempnerforge": lambda job, plan: "toml",
-    "nemo-automodel": lambda job, plan: "yaml",
+# The variant `render` writes when none is given, per renderable framework (adapters/render.py BUILDERS), from the
+# card of the framework written (a job may be rendered for another framework than its own).
+DEFAULT_VARIANTS: dict[str, Callable[[FrameworkCard, Job, Plan], str]] = {
+    "megatron-core": lambda card, job, plan: "pretrain_gpt",
+    "megatron-bridge": lambda card, job, plan: "python",
+    "deepspeed": lambda card, job, plan: "megatron-deepspeed" if plan.tp > 1 or plan.pp > 1 or plan.ep > 1
+    else "config",
+    "verl": engine_variant,
+    "skyrl": engine_variant,
+    "torchtitan": lambda card, job, plan: "cli",
+    "kempnerforge": lambda card, job, plan: "toml",
+    "nemo-automodel": lambda card, job, plan: "yaml",
 }
 
 
-def adapter_section(framework: str) -> AdapterSection:
-    """The `adapter` section of a framework card (meshplan/knowledge/cards.py validates it when the card loads)."""
-    section = framework_card(framework).adapter
+def adapter_section(card: FrameworkCard) -> AdapterSection:
+    """The `adapter` section of a framework card (meshplan/knowledge/adapter_card.py validates it when the card
+    loads)."""
+    section = card.adapter
     if section is None:
-        raise CardError(f"cards/frameworks/{framework}.yaml has no 'adapter' section.")
+        raise CardError(f"cards/frameworks/{card.name}.yaml has no 'adapter' section.")
     return section
 
 
-def knob_table(framework: str, version: str, variant: str) -> dict[str, AdapterKnob]:
+def knob_table(card: FrameworkCard, version: str, variant: str) -> dict[str, AdapterKnob]:
     """The knobs of one version and variant: the version's table with the variant's overrides."""
-    section = adapter_section(framework)
+    section = adapter_section(card)
     return {**section.versions[version].knobs, **section.variant_knobs.get(variant, {})}
 
 
@@ -184,11 +191,11 @@ LAYOUT_KNOBS: frozenset[str] = frozenset({"tp", "pp", "vpp", "cp", "ep", "etp", 
 SPLIT_KNOBS: frozenset[str] = frozenset({"uneven_pp", "pipeline_layout", "account_for_embedding", "account_for_loss"})
 
 
-def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Plan,
+def missing_knob(card: FrameworkCard, version: str, variant: str, job: Job, plan: Plan,
                  only: frozenset[str] | None = None) -> MissingKnob | None:
     """The first knob the plan uses (of `only`, when given) that this framework version and variant cannot express,
     or None."""
-    table = knob_table(framework, version, variant)
+    table = knob_table(card, version, variant)
     for name in knobs_in_use(job, plan):
         if only is not None and name not in only:
             continue
@@ -202,17 +209,17 @@ def missing_knob(framework: str, version: str, variant: str, job: Job, plan: Pla
     return None
 
 
-def missing_layout_knob(framework: str, version: str, variant: str, job: Job, plan: Plan) -> MissingKnob | None:
+def missing_layout_knob(card: FrameworkCard, version: str, variant: str, job: Job, plan: Plan) -> MissingKnob | None:
     """missing_knob(..., only=LAYOUT_KNOBS), what rule AD001 asks of every plan the search checks. The layout knobs a
     plan uses (knobs_in_use's, in its order: its ZeRO stage, then each degree over 1) and whether the version and
     variant can write them depend on few fields, so the first one missing is kept per (card's adapter section,
     version, variant, those knobs, pipeline schedule, attention backend); its setting is worded from the plan."""
-    section = adapter_section(framework)
+    section = adapter_section(card)
     used = (f"zero_{plan.zero_stage}", *(name for name in _DEGREES if getattr(plan, name) > 1))
-    key = (id(section), framework, version, variant, used, plan.pipeline_schedule, plan.attention_backend)
+    key = (id(section), card.name, version, variant, used, plan.pipeline_schedule, plan.attention_backend)
     hit = _layout_missing.get(key)
     if hit is None:
-        found = missing_knob(framework, version, variant, job, plan, LAYOUT_KNOBS)
+        found = missing_knob(card, version, variant, job, plan, LAYOUT_KNOBS)
         hit = _layout_missing[key] = (section, found and (found.knob, found.reason, found.instead))
     if hit[1] is None:
         return None
@@ -220,29 +227,29 @@ def missing_layout_knob(framework: str, version: str, variant: str, job: Job, pl
     return MissingKnob(name, describe_knob(name, plan, job), reason, instead)
 
 
-def _default_knob(framework: str, job: Job, plan: Plan, name: str) -> AdapterKnob | None:
+def _default_knob(card: FrameworkCard, job: Job, plan: Plan, name: str) -> AdapterKnob | None:
     """The knob `name` on the version and variant `render` writes by default for this plan; None where the framework
     has no adapter."""
-    target = default_render(framework, job, plan)
-    return None if target is None else knob_table(framework, *target)[name]
+    target = default_render(card, job, plan)
+    return None if target is None else knob_table(card, *target)[name]
 
 
-def unwritable_reason(framework: str, job: Job, plan: Plan, name: str) -> str | None:
+def unwritable_reason(card: FrameworkCard, job: Job, plan: Plan, name: str) -> str | None:
     """What the run does instead of the missing knob `name` (its card `reason`, REASON_KNOBS), on the version and
     variant `render` writes by default; None where that config can write it, or on a card without an adapter (whose
     cannot_run gives no reason: rule RC006 refuses there)."""
-    knob = _default_knob(framework, job, plan, name)
+    knob = _default_knob(card, job, plan, name)
     return knob.reason if knob is not None and knob.key is None else None
 
 
-def unwritable(framework: str, job: Job, plan: Plan, name: str) -> str | None:
+def unwritable(card: FrameworkCard, job: Job, plan: Plan, name: str) -> str | None:
     """What to do instead where the framework cannot run the knob `name` for this plan: on the version and variant
     `render` writes by default, a key null (its `instead`); on a card without an adapter, its `cannot_run` entry.
     None where it can. Rule RC005 asks it (the plan's fields it reads: zero_stage, tp, pp, ep, through
     DEFAULT_VARIANTS)."""
-    knob = _default_knob(framework, job, plan, name)
+    knob = _default_knob(card, job, plan, name)
     if knob is None:
-        return framework_card(framework).cannot_run.get(name)
+        return card.cannot_run.get(name)
     return knob.instead if knob.key is None else None
 
 
@@ -250,12 +257,11 @@ _DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # the degrees
 _layout_missing: dict[tuple, tuple[AdapterSection, tuple[str, str, str] | None]] = {}  # (the section kept alive)
 
 
-def default_render(framework: str, job: Job, plan: Plan) -> tuple[str, str] | None:
+def default_render(card: FrameworkCard, job: Job, plan: Plan) -> tuple[str, str] | None:
     """(version, variant) `render` writes for this job when neither is given, or None when the framework has no
     adapter: the request's release when the adapter has that version, else the card's default version."""
-    card = framework_card(framework)
-    if not card.renderable or framework not in DEFAULT_VARIANTS:
+    if not card.renderable or card.name not in DEFAULT_VARIANTS:
         return None
-    section = adapter_section(framework)
+    section = adapter_section(card)
     version = job.framework_version if job.framework_version in section.versions else section.default_version
-    return version, DEFAULT_VARIANTS[framework](job, plan)
+    return version, DEFAULT_VARIANTS[card.name](card, job, plan)

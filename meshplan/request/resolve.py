@@ -208,7 +208,7 @@ def _runnable_recompute(req: Request, job: Job, plan: Plan) -> tuple[Job, Plan]:
     asked no recompute."""
     if req.recompute is not None or plan.recompute != "none":
         return job, plan
-    reason = unwritable_reason(job.framework, job, plan, "recompute_none")
+    reason = unwritable_reason(job.card, job, plan, "recompute_none")
     if reason is None:
         return job, plan
     note = f"recompute not given: full, what the run does: {reason}."

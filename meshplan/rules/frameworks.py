@@ -213,7 +213,7 @@ def adapter_cannot_write(ctx: Context) -> Values:
     """A layout knob (degree or ZeRO stage) `render` would refuse: the same card function, on the version and variant
     it writes by default; and a pipeline split given to a framework that partitions the layers itself (SPLIT_KNOBS),
     which would run its own split instead."""
-    found = _adapter_refusal(ctx.framework, ctx.job, ctx.plan)
+    found = _adapter_refusal(ctx.job, ctx.plan)
     if found is None:
         return None
     (version, variant), missing = found
@@ -224,16 +224,17 @@ def adapter_cannot_write(ctx: Context) -> Values:
             "variant": variant, "reason": missing.reason, "instead": instead, "knob": missing.knob}
 
 
-def _adapter_refusal(framework: str, job: Job, plan: Plan) -> tuple[tuple[str, str], MissingKnob] | None:
+def _adapter_refusal(job: Job, plan: Plan) -> tuple[tuple[str, str], MissingKnob] | None:
     """The render target (version, variant) and the first layout or split knob of the plan its config cannot write,
     or None where it writes them all (or the framework has no adapter)."""
-    target = default_render(framework, job, plan)
+    card = job.card
+    target = default_render(card, job, plan)
     if target is None:
         return None
     version, variant = target
-    missing = missing_layout_knob(framework, version, variant, job, plan)
-    if missing is None and job.card.pipeline.partition != "told":
-        missing = missing_knob(framework, version, variant, job, plan, SPLIT_KNOBS)
+    missing = missing_layout_knob(card, version, variant, job, plan)
+    if missing is None and card.pipeline.partition != "told":
+        missing = missing_knob(card, version, variant, job, plan, SPLIT_KNOBS)
     return None if missing is None else (target, missing)
 
 
@@ -242,10 +243,8 @@ def _zero_stage_instead(ctx: Context, card_instead: str) -> str:
     for a plain layout also writes this plan's degrees; else only the stages that write them (SkyRL's sft-fsdp
     variant at zero_stage 3 has no tp: naming it would send a tp=2 plan from AD001 to AD001 and FS001)."""
     plain = ctx.plan.model_copy(update=dict.fromkeys(_DEGREE_KNOBS, 1))
-    writes = [z for z in range(4) if _adapter_refusal(ctx.framework, ctx.job,
-                                                      ctx.plan.model_copy(update={"zero_stage": z})) is None]
-    plainly = [z for z in range(4) if _adapter_refusal(ctx.framework, ctx.job,
-                                                       plain.model_copy(update={"zero_stage": z})) is None]
+    writes = [z for z in range(4) if _adapter_refusal(ctx.job, ctx.plan.model_copy(update={"zero_stage": z})) is None]
+    plainly = [z for z in range(4) if _adapter_refusal(ctx.job, plain.model_copy(update={"zero_stage": z})) is None]
     if writes == plainly:
         return card_instead
     used = ", ".join(f"{k}={getattr(ctx.plan, k)}" for k in _DEGREE_KNOBS if getattr(ctx.plan, k) > 1)

@@ -133,8 +133,8 @@ def interleaves(ctx: Context) -> bool:
     if card.pipeline.interleaved is None:
         return False
     p = ctx.plan
-    target = default_render(ctx.framework, ctx.job, p.model_copy(update={"pp": max(p.pp, 2), "vpp": max(p.vpp, 2)}))
-    return target is None or knob_table(ctx.framework, *target)["vpp"].key is not None
+    target = default_render(card, ctx.job, p.model_copy(update={"pp": max(p.pp, 2), "vpp": max(p.vpp, 2)}))
+    return target is None or knob_table(card, *target)["vpp"].key is not None
 
 
 def interleaved_pps(ctx: Context, vpp: int) -> list[int]:

@@ -116,15 +116,15 @@ def _no_key(ctx: Context, name: str) -> str | None:
     zero_stage 3 is their FSDP backend) has no key for the knob, what the card says to do instead (unwritable; a
     key null always has one); a card without an adapter has no key for any knob (its cannot_run entry, or "").
     None where there is a key."""
-    instead = unwritable(ctx.framework, ctx.job, ctx.plan, name)
-    if instead is None and default_render(ctx.framework, ctx.job, ctx.plan) is None:
+    instead = unwritable(ctx.card, ctx.job, ctx.plan, name)
+    if instead is None and default_render(ctx.card, ctx.job, ctx.plan) is None:
         return ""
     return instead
 
 
 def _where(ctx: Context) -> str:
     """' <version> (<variant>)' of the config `render` writes for the plan by default, or ''."""
-    target = default_render(ctx.framework, ctx.job, ctx.plan)
+    target = default_render(ctx.card, ctx.job, ctx.plan)
     return f" {target[0]} ({target[1]})" if target else ""
 
 
@@ -137,7 +137,7 @@ def recompute_layers_need_a_key(ctx: Context) -> Values:
     p = ctx.plan
     if p.recompute_layers is None:
         return None
-    instead = unwritable(ctx.framework, ctx.job, p, "recompute_layers")
+    instead = unwritable(ctx.card, ctx.job, p, "recompute_layers")
     if instead is None:
         return None
     return {"layers": p.recompute_layers, "framework": ctx.card.display_name,
@@ -151,7 +151,7 @@ def recompute_mode_needs_a_key(ctx: Context) -> Values:
     key null: SkyRL's main_sft always checkpoints every layer with the FSDP strategy, verl's and SkyRL's FSDP backends
     have no selective), so the estimate would price a recompute the run does not do and render refuses it."""
     p = ctx.plan
-    instead = unwritable(ctx.framework, ctx.job, p, f"recompute_{p.recompute}")
+    instead = unwritable(ctx.card, ctx.job, p, f"recompute_{p.recompute}")
     if instead is None:
         return None
     return {"recompute": p.recompute, "framework": ctx.card.display_name, "where": _where(ctx), "fix": instead}

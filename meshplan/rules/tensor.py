@@ -118,7 +118,7 @@ def megatron_stages(job: Job) -> list[int]:
     config as render writes it has a key for (verl has no ZeRO-2: AD001): the stages FS001's fix may name. Read from
     the card alone, not the plan (FS001 reads tp, pp and ep only)."""
     return [zero for zero in range(4) if backend_of(job.card, zero) == "megatron"
-            and unwritable(job.framework, job, Plan(zero_stage=zero), f"zero_{zero}") is None]
+            and unwritable(job.card, job, Plan(zero_stage=zero), f"zero_{zero}") is None]
 
 
 

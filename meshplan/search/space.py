@@ -147,8 +147,8 @@ def adapter_refused_zeros(job: Job, zeros: tuple[int, ...]) -> tuple[int, ...]:
     refused = []
     for zero in zeros:
         probes = [Plan(tp=tp, pp=pp, zero_stage=zero) for tp, pp in ((1, 1), (2, 1), (1, 2))]
-        targets = [default_render(job.framework, job, plan) for plan in probes]
-        if all(t is not None and missing_knob(job.framework, *t, job, plan, frozenset({f"zero_{zero}"}))
+        targets = [default_render(job.card, job, plan) for plan in probes]
+        if all(t is not None and missing_knob(job.card, *t, job, plan, frozenset({f"zero_{zero}"}))
                for t, plan in zip(targets, probes, strict=True)):
             refused.append(zero)
     return tuple(refused)

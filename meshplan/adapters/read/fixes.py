@@ -17,6 +17,7 @@ from typing import Any
 from meshplan.adapters.read.keys import SWITCH_KNOBS, VALUE_KNOBS, convert, read_section
 from meshplan.adapters.read.pyconfig import AC_MODES
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
+from meshplan.knowledge.cards import framework_card
 from meshplan.schema.imported import ConfigFix, FileChange, ImportedConfig
 from meshplan.schema.reports import Finding
 from meshplan.schema.request import Request
@@ -101,12 +102,13 @@ def written(key: str, value: Any, fmt: str, variant: str | None, framework: str 
 def _card_key(imported: ImportedConfig, field: str, value: Any) -> tuple[str | None, str | None]:
     """(the card's key for the field's knob, why there is none): the knob named after the field, or zero_<stage> /
     recompute_<mode> for the fields a knob per value sets."""
-    section = adapter_section(imported.framework)
+    card = framework_card(imported.framework)
+    section = adapter_section(card)
     variant = imported.variant if imported.variant in section.variants else next(iter(section.variants))
     fmt = imported.config_format or "shell"
     version = next((v for v, spec in section.versions.items() if getattr(spec, "format", None) == fmt),
                    section.default_version)  # torchtitan: 0.2's TOML keys for a TOML file, 0.3's flags for a script
-    table = knob_table(imported.framework, version, variant)
+    table = knob_table(card, version, variant)
     knob = field if field in VALUE_KNOBS | SWITCH_KNOBS or field in table else {
         "zero_stage": f"zero_{value}", "recompute": f"recompute_{value}"}.get(field)
     spec = table.get(knob) if knob else None

@@ -83,7 +83,7 @@ def key_table(framework: str, version: str | None = None, variant: str | None = 
     """Every key the card names for `framework` (its adapter knobs of every version, the given or default one first,
     and read.keys, or `read_keys` in their place: another entry point's, verl's SFT trainer), normalized, with its
     meanings."""
-    section = adapter_section(framework)
+    section = adapter_section(framework_card(framework))
     variant = variant if variant in section.variants else next(iter(section.variants))
     table: dict[str, list[Meaning]] = {}
     versions = [version or section.default_version, *(v for v in section.versions if v != version)]
@@ -97,7 +97,7 @@ def key_table(framework: str, version: str | None = None, variant: str | None = 
 
 def _knob_keys(framework: str, version: str, variant: str) -> dict[str, list[Meaning]]:
     table: dict[str, list[Meaning]] = {}
-    for knob, spec in knob_table(framework, version, variant).items():
+    for knob, spec in knob_table(framework_card(framework), version, variant).items():
         if not spec.key or spec.key.startswith("("):
             continue
         for part in spec.key.split(" + ")[:1]:
@@ -588,8 +588,9 @@ def _schedule(reading: Reading, s: Setting) -> None:
 
 
 def knob_value_map(framework: str, variant: str | None) -> dict[str, str | None] | None:
-    section = adapter_section(framework)
-    table = knob_table(framework, section.default_version, variant or next(iter(section.variants)))
+    card = framework_card(framework)
+    section = adapter_section(card)
+    table = knob_table(card, section.default_version, variant or next(iter(section.variants)))
     knob = table.get("attention_backend")
     return knob.values if knob else None
 
