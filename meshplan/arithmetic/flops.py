@@ -98,16 +98,22 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int) -> float:
     return 3.0 * forward
 
 
+def causal_core_flops(arch: Architecture, seq_length: int) -> float:
+    """The attention core's FLOPs (softmax(QK^T)V, no weights) per token per layer, forward and backward, causal
+    (half the score matrix): the s-part of Megatron's attention term (_attention_per_layer). What the weight
+    gradients' share leaves out and what the pre-2025 count doubles."""
+    if arch.mla is not None:
+        m = arch.mla
+        return 6 * seq_length * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
+    return 6 * seq_length * arch.head_dim * arch.num_attention_heads
+
+
 def weight_gradient_share(arch: Architecture, seq_length: int) -> float:
     """The weight gradients' share of the model's backward FLOPs: each linear's backward runs a data-gradient GEMM
     and a weight-gradient GEMM of its forward's FLOPs each, the attention core (softmax(QK^T)V, no weights) two
     data-gradient passes, so W is linear / (2 x (linear + core)) of the backward. The terms are Megatron's
     (model_flops_per_token; the core is the s-part of its attention term, causal)."""
-    if arch.mla is not None:
-        m = arch.mla
-        core = 6 * seq_length * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
-    else:
-        core = 6 * seq_length * arch.head_dim * arch.num_attention_heads
+    core = causal_core_flops(arch, seq_length)
     total = model_flops_per_token(arch, seq_length, mtp_layers=0)
     return max(0.0, total - core * arch.num_layers) / (2 * total)
 
@@ -117,13 +123,9 @@ def model_flops_per_step(arch: Architecture, seq_length: int, global_batch_size:
 
 
 def noncausal_flops_per_token(arch: Architecture, seq_length: int) -> float:
-    """The pre-2025 convention (full s^2 attention), used by nanotron, the playbook and older papers."""
-    if arch.mla is not None:
-        m = arch.mla
-        extra = 6 * seq_length * arch.num_attention_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2
-    else:
-        extra = 6 * seq_length * arch.num_attention_heads * arch.head_dim
-    return model_flops_per_token(arch, seq_length, mtp_layers=0) + extra * arch.num_layers
+    """The pre-2025 convention (full s^2 attention), used by nanotron, the playbook and older papers: the causal
+    count with the other half of the score matrix (causal_core_flops once more per layer)."""
+    return model_flops_per_token(arch, seq_length, mtp_layers=0) + causal_core_flops(arch, seq_length) * arch.num_layers
 
 
 # --------------------------------------------------------------------------- per-rank GEMM shapes
