@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.knowledge.cards import load_card
 from meshplan.schema.choices import FRAMEWORKS, Framework, Precision, Recompute
+from meshplan.schema.plan import degree_words
 
 
 class _Card(BaseModel):
@@ -45,10 +46,7 @@ class Layout(_Card):
     last_stage_layers: int | None = Field(None, ge=1)
 
     def short(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        for name, value in (("VPP", self.vpp), ("CP", self.cp), ("EP", self.ep), ("ETP", self.etp)):
-            if value > 1:
-                parts.append(f"{name}{value}")
+        parts = degree_words(self.tp, self.pp, self.vpp, self.cp, self.ep, self.etp)
         if self.first_stage_layers or self.last_stage_layers:
             parts.append(f"(first {self.first_stage_layers}, last {self.last_stage_layers} layers)")
         return " ".join(parts)

@@ -128,6 +128,13 @@ class Job(StrictModel):
                 "job its cards with meshplan.request.resolve.carry_cards(job).")
 
 
+def degree_words(tp: int, pp: int, vpp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1) -> list[str]:
+    """A layout's degrees as every answer names them: TP and PP always, VPP, CP, EP and ETP where over 1 (Plan.short,
+    the search's Layout.short, a decision table's Layout.short)."""
+    return [f"TP{tp}", f"PP{pp}", *(f"{name}{value}" for name, value in (("VPP", vpp), ("CP", cp), ("EP", ep),
+                                                                        ("ETP", etp)) if value > 1)]
+
+
 class Plan(StrictModel):
     """A parallel layout. GPU count = tp*cp*pp*dp; the MoE part folds ep*etp into the same ranks."""
 
@@ -219,16 +226,7 @@ class Plan(StrictModel):
         return max(1, self.num_microbatches(global_batch_size) // self.schedule_microbatches(global_batch_size))
 
     def short(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        if self.vpp > 1:
-            parts.append(f"VPP{self.vpp}")
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-        if self.etp > 1:
-            parts.append(f"ETP{self.etp}")
-        parts.append(f"DP{self.dp}")
+        parts = [*degree_words(self.tp, self.pp, self.vpp, self.cp, self.ep, self.etp), f"DP{self.dp}"]
         if self.pipeline_schedule is not None:
             parts.append(self.pipeline_schedule)
         return " ".join(parts)

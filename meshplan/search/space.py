@@ -58,7 +58,7 @@ from meshplan.request.resolve import (
 )
 from meshplan.rl.job import is_rl_request
 from meshplan.schema.choices import PipelineSchedule, Recompute
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job, Plan, degree_words
 from meshplan.schema.request import Request
 
 SEARCHED_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "zero_stage", "micro_batch_size", "recompute")
@@ -292,11 +292,7 @@ class Layout:
         return self if self.split is not None else self.base()
 
     def short(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        for name, value in (("VPP", self.vpp), ("CP", self.cp), ("EP", self.ep), ("ETP", self.etp)):
-            if value > 1:
-                parts.append(f"{name}{value}")
-        parts.append(f"DP{self.dp}")
+        parts = [*degree_words(self.tp, self.pp, self.vpp, self.cp, self.ep, self.etp), f"DP{self.dp}"]
         if self.schedule:
             parts.append(self.schedule)
         return " ".join(parts)
