@@ -4,9 +4,9 @@ holds and Muon's share, which the once-per-step terms read (perf.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.lora import adapter_params
@@ -323,13 +323,33 @@ def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
     """The stage's layers, (count x one layer) per kind, with the recompute of those that recompute."""
     if inp.hybrid is not None:
         return hybrid_sums(n_layers, kinds, inp)
-    cal, rc = inp.ctx.cal, inp.recompute
     mode, n_recompute, n_moe_recompute = recomputed_counts(n_layers, kinds, inp)
     n_moe = sum(kinds)
+    return kind_sums(((False, inp.dense, len(kinds) - n_moe, n_recompute - n_moe_recompute, False),
+                      (True, inp.moe, n_moe, n_moe_recompute, True)), mode, inp)
+
+
+def hybrid_sums(n_layers: int, kinds: list, inp: StageInputs) -> LayerSums:
+    """layer_sums of a hybrid model's stage: (count x one layer) per letter of the pattern it holds (inp.hybrid),
+    the recompute of those among the first recompute_layers (every layer where uniform or left out)."""
+    plan = inp.plan
+    assert inp.hybrid is not None
+    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
+        else min(n_layers, plan.recompute_layers)
+    recomputing = kinds[:n_recompute]
+    return kind_sums(((kind, lt, kinds.count(kind), recomputing.count(kind), kind == "E")
+                      for kind, lt in inp.hybrid.items()), plan.recompute, inp)
+
+
+def kind_sums(parts: Iterable[tuple[Any, LayerTime | None, int, int, bool]], mode: str,
+              inp: StageInputs) -> LayerSums:
+    """(count x one layer) summed over a stage's kinds of layer, each part (its key in `windows`, one layer's times,
+    the layers of that kind, how many of them recompute in `mode`, whether it is an MoE layer), with each kind's
+    forward and backward window: the sums layer_sums and hybrid_sums share."""
+    cal, rc = inp.ctx.cal, inp.recompute
     compute = fwd = tp = cp = ep = recompute = 0.0
-    windows: dict[bool, tuple[float, float]] = {}  # per kind (MoE?): one layer's forward and backward
-    for is_moe, lt, count, recomputed in ((False, inp.dense, len(kinds) - n_moe, n_recompute - n_moe_recompute),
-                                          (True, inp.moe, n_moe, n_moe_recompute)):
+    windows: dict[Any, tuple[float, float]] = {}  # per kind: one layer's forward and backward
+    for key, lt, count, recomputed, is_moe in parts:
         if not count:
             continue
         assert lt is not None
@@ -341,33 +361,7 @@ def layer_sums(n_layers: int, kinds: list[bool], inp: StageInputs) -> LayerSums:
         rec = recomputed * recompute_time(lt, mode, cal, rc.selective, rc.modules) if recomputed else 0.0
         recompute += rec
         side_fwd, side_bwd = other_link_collectives(lt, inp, is_moe) if inp.sharding.per_step else (0.0, 0.0)
-        windows[is_moe] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
-    return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
-
-
-def hybrid_sums(n_layers: int, kinds: list, inp: StageInputs) -> LayerSums:
-    """layer_sums of a hybrid model's stage: (count x one layer) per letter of the pattern it holds (inp.hybrid),
-    the recompute of those among the first recompute_layers (every layer where uniform or left out)."""
-    plan, cal, rc = inp.plan, inp.ctx.cal, inp.recompute
-    assert inp.hybrid is not None
-    n_recompute = n_layers if plan.recompute_layers is None or plan.recompute_method == "uniform" \
-        else min(n_layers, plan.recompute_layers)
-    compute = fwd = tp = cp = ep = recompute = 0.0
-    windows: dict[str, tuple[float, float]] = {}
-    for kind, lt in inp.hybrid.items():
-        count = kinds.count(kind)
-        if not count:
-            continue
-        recomputed = kinds[:n_recompute].count(kind)
-        compute += count * lt.compute
-        fwd += count * lt.fwd_compute
-        tp += count * lt.tp
-        cp += count * lt.cp
-        ep += count * lt.ep
-        rec = recomputed * recompute_time(lt, plan.recompute, cal, rc.selective, rc.modules) if recomputed else 0.0
-        recompute += rec
-        side_fwd, side_bwd = other_link_collectives(lt, inp, kind == "E") if inp.sharding.per_step else (0.0, 0.0)
-        windows[kind] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
+        windows[key] = (lt.fwd_compute + side_fwd, lt.compute - lt.fwd_compute + rec / count + side_bwd)
     return LayerSums(compute, fwd, tp, cp, ep, recompute, windows)
 
 
