@@ -406,6 +406,15 @@ def _fire(rules: Iterable[tuple[int, RuleSpec, Condition]], ctx: Context) -> Fir
 Runs = tuple[tuple[int, RuleSpec, Condition, tuple[Callable[..., Any], bool, dict[Any, Any]] | None], ...]
 
 
+def _keep(memo: dict[Any, Any], key: Any, verdict: Any) -> Any:
+    """`verdict` kept in `memo` under `key` (a memo of MEMO_CAP verdicts starts over first), and returned: every kept
+    verdict's store, asked on a miss only."""
+    if len(memo) >= MEMO_CAP:
+        memo.clear()
+    memo[key] = verdict
+    return verdict
+
+
 def _fire_kept(runs: Runs, values: dict[str, Any], job: Job, ctx: _Ctx) -> Fired:
     """_fire over a group's rules, each with its own verdicts (RuleGroup.runs) answered from them where kept."""
     out = []
@@ -419,10 +428,7 @@ def _fire_kept(runs: Runs, values: dict[str, Any], job: Job, ctx: _Ctx) -> Fired
             hit = memo.get(key, False)
             if hit is False:
                 found = cond(ctx.get())
-                hit = None if found is None else (i, finding(spec, found))
-                if len(memo) >= MEMO_CAP:
-                    memo.clear()
-                memo[key] = hit
+                hit = _keep(memo, key, None if found is None else (i, finding(spec, found)))
         if hit is not None:
             out.append(hit)
     return tuple(out)
@@ -485,9 +491,7 @@ class Verdicts:
             key = key(values, job) if reads_job else key(values)
             hit = memo.get(key)
             if hit is None:
-                if len(memo) >= MEMO_CAP:
-                    memo.clear()
-                hit = memo[key] = _fire_kept(runs, values, job, ctx)
+                hit = _keep(memo, key, _fire_kept(runs, values, job, ctx))
             if hit:
                 fired.extend(hit)
         if always:
@@ -586,10 +590,7 @@ def _first_of_parts(parts: tuple[Part, ...], job: Job, values: dict[str, Any],
         hit = memo.get(key, False)
         if hit is False:
             plans = plans or _Lazy(values, build)
-            hit = _part_error(groups, job, plans)
-            if len(memo) >= MEMO_CAP:
-                memo.clear()
-            memo[key] = hit
+            hit = _keep(memo, key, _part_error(groups, job, plans))
         if hit is not None and (first is None or hit[0] < first[0]):
             first = hit
     return first
@@ -652,9 +653,7 @@ def _part_error(groups: tuple[ProgramGroup, ...], job: Job, plans: _Lazy) -> tup
         key = key(values, job) if reads_job else key(values)
         hit = memo.get(key)
         if hit is None:
-            if len(memo) >= MEMO_CAP:
-                memo.clear()
-            hit = memo[key] = _fire_kept(runs, values, job, ctx)
+            hit = _keep(memo, key, _fire_kept(runs, values, job, ctx))
         error = next(((i, found) for i, found in hit if found.severity == "error"), None) if hit else None
         if error is not None and (first is None or error[0] < first[0]):
             first = error
