@@ -258,11 +258,34 @@ def test_a_log_without_a_rate_or_an_rl_log_says_what_the_measured_mfu_lacks(caps
     assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--gpu", "h100-sxm", "--log",
                      str(tmp_path / "run.log")]) == 0
     assert "not measured, the log lacks a step time" in " ".join(capsys.readouterr().out.split())
-    rl = api.compare_run(parse_request({"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl",
-                                        "job": "rl", "prompt_length": 256, "response_length": 1024}),
-                         log("verl_gh200_sglang.log"))
-    mfu = next(f for f in rl.figures if f.figure == "mfu")
-    assert mfu.measured is None and "actor update's own time" in mfu.missing
+    req = parse_request({"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl", "job": "rl",
+                         "prompt_length": 256, "response_length": 1024})
+    text = log("verl_gh200_sglang.log").replace("timing_s/update_actor", "timing_s/update_other")
+    mfu = next(f for f in api.compare_run(req, text).figures if f.figure == "mfu")
+    assert mfu.measured is None and "actor update's own time (verl's timing_s/update_actor)" in mfu.missing
+
+
+def test_an_rl_run_s_mfu_is_its_actor_update_s_flops_over_the_logged_update_time():
+    """An RL job's predicted MFU is the actor update's (RLStepTime.update_mfu, over one actor update's seconds); verl
+    logs that update's own time (timing_s/update_actor: 14.302 s in verl_gh200_sglang.log), so the run's MFU is the
+    same FLOPs over it. Before: no measured MFU for an RL log (the whole step's rate is not the update's)."""
+    from meshplan.request.resolve import resolve
+    from meshplan.rl.step_time import actor_update_seconds
+
+    fields = {"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl", "job": "rl",
+              "prompt_length": 256, "response_length": 1024}
+    assert read_log_file(str(LOGS / "verl_gh200_sglang.log")).actor_update_s == pytest.approx(14.302)
+    result = api.compare_run(parse_request(fields), log("verl_gh200_sglang.log"))
+    mfu = next(f for f in result.figures if f.figure == "mfu")
+    rl = api.estimate_throughput(parse_request(fields)).rl
+    job, _ = resolve(parse_request(fields))
+    assert actor_update_seconds(job, rl) == pytest.approx(rl.update_s)  # GRPO: the actor alone is trained
+    assert mfu.predicted == rl.update_mfu and mfu.missing is None
+    assert mfu.measured == pytest.approx(rl.update_mfu * rl.update_s / 14.302)
+    ppo = {**fields, "algorithm": "ppo"}
+    job, _ = resolve(parse_request(ppo))
+    rl = api.estimate_throughput(parse_request(ppo)).rl
+    assert actor_update_seconds(job, rl) == pytest.approx(rl.update_s / 2)  # the critic's update beside the actor's
 
 
 def test_a_rate_is_inside_the_band_exactly_when_its_step_time_is(tmp_path, capsys):

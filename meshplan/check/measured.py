@@ -17,6 +17,7 @@ from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import GIB, plural
 from meshplan.estimate.memory import stage_allocated
+from meshplan.rl.step_time import actor_update_seconds
 from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, MeasuredRun, RunComparison
 from meshplan.schema.plan import Job
 from meshplan.schema.reports import ClusterFactor, ErrorBand, MemoryReport, ThroughputReport
@@ -98,7 +99,7 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
                 throughput.step_time_s * f if f else None),
         _figure("tokens_per_s_per_gpu", "tokens/s per GPU", throughput.tokens_per_s_per_gpu, per_gpu, tband, how,
                 throughput.tokens_per_s_per_gpu / f if f else None),
-        measured_mfu(throughput, per_gpu, how, tband, f),
+        measured_mfu(job, throughput, measured, per_gpu, how, tband, f),
         _figure("logged_mfu", "MFU as the framework logs it" + (" (actor update)" if throughput.rl else ""), mfu,
                 measured.mfu, tband, "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
                 mfu / f if f else None),
@@ -112,20 +113,28 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
                          throughput_band=tband, calibration=factor, notes=notes, summary=summary_line(figures))
 
 
-def measured_mfu(throughput: ThroughputReport, per_gpu: float | None, how: str, band: ErrorBand | None,
-                 factor: float | None) -> ComparedFigure:
+def measured_mfu(job: Job, throughput: ThroughputReport, measured: MeasuredRun, per_gpu: float | None, how: str,
+                 band: ErrorBand | None, factor: float | None) -> ComparedFigure:
     """The run's MFU in meshplan's terms beside the predicted one: the measured tokens/s per GPU through the
-    estimate's own model FLOPs per token and peak (ThroughputReport.mfu_at), so the two differ only by the rate.
-    Where the log lacks what that needs, `missing` says what instead of a number: a rate (step time, tokens/s or
-    samples/s), or for an RL job, whose predicted MFU is the actor update's, the update's own time, which an RL
-    log's step rate (rollout, log-probs and update together) does not give."""
+    estimate's own model FLOPs per token and peak (ThroughputReport.mfu_at), so the two differ only by the rate; an
+    RL job's, whose predicted MFU is the actor update's, the same update's FLOPs over its logged time (verl's
+    timing_s/update_actor) for the predicted one's (rl/step_time.actor_update_seconds). Where the log lacks what
+    that needs, `missing` says what instead of a number: a rate (step time, tokens/s or samples/s), or the actor
+    update's own time, which an RL log's step rate (rollout, log-probs and update together) does not give."""
     label = "MFU (meshplan's model FLOPs)"
     predicted = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
     calibrated = predicted / factor if factor else None
-    if throughput.rl is not None:
+    if throughput.rl is not None and measured.actor_update_s is None:
         return _figure("mfu", label + " (actor update)", predicted, None, band, "", calibrated,
-                       missing="the actor update's own time: the log's step time and tokens/s cover the whole RL step "
-                               "(rollout, log-probs and update), and the MFU predicted is the update's")
+                       missing="the actor update's own time (verl's timing_s/update_actor): the log's step time and "
+                               "tokens/s cover the whole RL step (rollout, log-probs and update), and the MFU "
+                               "predicted is the update's")
+    if throughput.rl is not None:
+        seconds = actor_update_seconds(job, throughput.rl)
+        return _figure("mfu", label + " (actor update)", predicted, predicted * seconds / measured.actor_update_s,
+                       band, f"the actor update's model FLOPs (the estimate's, at the mean response) over its logged "
+                       f"time, {measured.actor_update_s:.3g} s, for the predicted {seconds:.3g} s, at the GPUs' peak",
+                       calibrated)
     if per_gpu is None:
         return _figure("mfu", label, predicted, None, band, "", calibrated,
                        missing="a step time, tokens/s or samples/s: the log states none, and the run's MFU is its "

@@ -118,6 +118,11 @@ class RLCard(_Card):
     trainer_memory_source: str
     rules_source: str
 
+    def trained_models(self, algorithm: RLAlgorithm) -> int:
+        """The models an RL step's update trains, one after the other: the actor, and the critic where the algorithm
+        has one (PPO): the update's time is that many actor updates."""
+        return 2 if self.critic[algorithm] else 1
+
     def critic_on_own_gpus(self, algorithm: RLAlgorithm, placement: Placement) -> bool:
         """Whether PPO's critic runs on GPUs of its own, as many as the policy's (critic_apart_when_separate, with
         the rollout placed apart), not beside the actor: what the job's pools and every figure of the step read."""

@@ -172,6 +172,12 @@ def flops_share(job) -> float:
     return mean * model_flops_per_token(job.model, mean) / (longest * model_flops_per_token(job.model, longest))
 
 
+def actor_update_seconds(job, timing: RLStepTime) -> float:
+    """One actor update of the RL step, seconds: its update_s less the critic's (RLCard.trained_models), what
+    update_mfu is the MFU over."""
+    return timing.update_s / job.rl_card.trained_models(job.rl.algorithm)
+
+
 def overlaps(job, plan: Plan) -> bool:
     """Whether generation runs beside the training side: a separate rollout pool whose framework trains one step
     off (card rl.separate_overlaps); SkyRL's trainer waits for the generation at either placement."""
@@ -200,7 +206,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     share = rl.token_share
     log_prob = passes * forward * share
     one_update = at_tokens(update, share)
-    update_s = one_update * (2 if card.critic[rl.algorithm] else 1)
+    update_s = one_update * card.trained_models(rl.algorithm)
 
     memory = rl_memory(job, plan, reports)
     rollout_phase = next(p for p in memory.phases if p.phase == "rollout")

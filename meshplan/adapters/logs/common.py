@@ -41,6 +41,7 @@ class StepFigures:
     samples_per_s: float | None = None
     mfu: float | None = None
     tflops_per_gpu: float | None = None
+    actor_update_s: float | None = None  # an RL step's actor update alone (verl's timing_s/update_actor)
     global_batch_size: float | None = None  # as logged; a measured one is whole
 
 

@@ -4,8 +4,9 @@ logger; the keys from verl/trainer/ppo/metric_utils.py and the workers):
         - perf/mfu/actor:0.343 - timing_s/step:96.551 - perf/throughput:3330.4
 perf/max_memory_* are torch's peaks / 1024**3 (newer releases prefix them with actor/); timing_s/step is the
 whole RL step (verl's PPO trainer logs it; its prompt_length/max, response_length/max and /mean are read as the RL
-request's fields); perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the actor
-update's MFU (a fraction). Values may print as np.float64(...); a pasted line may wrap anywhere.
+request's fields); timing_s/update_actor is the actor update alone (verl/trainer/ppo/ray_trainer.py's
+marked_timer("update_actor")); perf/throughput is total tokens / (step seconds x GPUs), per GPU; perf/mfu/actor is the
+actor update's MFU (a fraction). Values may print as np.float64(...); a pasted line may wrap anywhere.
 The SFT trainer (verl/trainer/sft_trainer.py, verl 0.9.1) logs the same memory keys and train/mfu (its engine's FLOP
 count over the GPUs' peak), no step time and no RL key: its steps are a training job's, so they state no RL fields.
 """
@@ -22,7 +23,7 @@ VALUE = re.compile(rf"(?:^|\s)([\w/@.\-]+):(?:np\.float\d+\()?({NUMBER})")
 DETECT = re.compile(r"(?<![\w/])step:\d+ - .*(?:timing_s/|perf/)")
 
 STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_per_gpu", "perf/mfu/actor": "mfu",
-             "train/mfu": "mfu"}
+             "train/mfu": "mfu", "timing_s/update_actor": "actor_update_s"}
 SFT_KEYS = ("train/mfu", "train/loss")  # verl.trainer.sft_trainer's metrics (the train/ prefix is its own)
 # the RL workload a step states, as request fields: the longest prompt and response (what the run allows at least)
 RL_KEYS = {"prompt_length/max": "prompt_length", "response_length/max": "response_length",
