@@ -15,9 +15,29 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from meshplan.schema.choices import CpPadding
 from meshplan.schema.model import Architecture
 
 BF16 = 2
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def cp_rank_tokens(seq: int, micro_batch: int, tp: int, cp: int, padding: CpPadding | None) -> int:
+    """Tokens one context-parallel rank holds of a micro-batch of `micro_batch` sequences of `seq` tokens, padding
+    included, as the engine pads (its card's engine.cp_padding): `per_sequence` each sequence up to a multiple of
+    tp*2*cp (tp at cp 1: verl's Megatron engine, preprocess_packed_seqs' align_size; SkyRL's,
+    get_packed_seq_align_size), `packed` the micro-batch's sequences packed into one row and its total up to a
+    multiple of cp (Ulysses: verl's ulysses_pad, SkyRL's ulysses_pad_and_slice_inputs), None: no padding, each rank
+    a ceil(seq / cp) of every sequence (Megatron-Core, whose CP001 asks 2*cp to divide seq). The padded tokens run
+    through every layer like real ones, so they cost activations and time."""
+    if padding == "packed":
+        return _round_up(micro_batch * seq, cp) // cp
+    if padding == "per_sequence":
+        return micro_batch * _round_up(seq, tp * 2 * cp if cp > 1 else tp) // cp
+    return -(-seq // cp) * micro_batch
 
 
 class Shape(NamedTuple):

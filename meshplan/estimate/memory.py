@@ -25,6 +25,7 @@ from meshplan.arithmetic.activations import (
     Shape,
     activation_mode,
     attention_saves,
+    cp_rank_tokens,
     layer_activations,
     moe_bytes,
     shape_of,
@@ -61,7 +62,7 @@ from meshplan.estimate.memory_terms import (
 from meshplan.knowledge.engine_card import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
-from meshplan.rules.context import runs_ulysses
+from meshplan.rules.context import cp_padding_of, runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory
@@ -322,7 +323,8 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
     hit = base.micro_batches.get(key)
     if hit is None:
         arch, conv = job.model, base.conv
-        tokens = -(-job.seq_length // plan.cp) * plan.micro_batch_size
+        tokens = cp_rank_tokens(job.seq_length, plan.micro_batch_size, plan.tp, plan.cp,
+                                cp_padding_of(job.card, plan.zero_stage))
         lay = Layout(tokens, *base.layer_layout[1:])  # _layer_layout(job, plan, conv, tokens): only tokens differ
         hit = base.micro_batches[key] = (
             tokens, lay, _per_kind(job, lay, base.selective, modules),

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from meshplan.schema.choices import Engine
+from meshplan.schema.choices import CpPadding, Engine
 
 # the byte presets of cards/memory.yaml
 MemoryConvention = Literal["megatron", "megatron_fsdp", "deepspeed", "fsdp2", "fsdp2_chunked_loss", "fsdp2_hf",
@@ -27,6 +27,7 @@ class EngineFacts(_Card):
     by_zero_stage: dict[int, Engine]
     zero3_memory_convention: MemoryConvention | None = None
     ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
+    cp_padding: dict[Engine, CpPadding] = {}  # engines padding a micro-batch to their cp split (no length refused)
     why: str
 
     @model_validator(mode="after")

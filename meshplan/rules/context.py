@@ -1,6 +1,6 @@
 """What a rule's condition sees: a job and plan with the derived numbers most rules read (`Context`, each worked out
-once per check), and which engine runs the model at a ZeRO stage (`backend_of`) and whether it runs cp as Ulysses
-(`runs_ulysses`). Apart from the registry
+once per check), and which engine runs the model at a ZeRO stage (`backend_of`), whether it runs cp as Ulysses
+(`runs_ulysses`) and how it pads to the cp split (`cp_padding_of`). Apart from the registry
 (rules/engine.py), which runs the conditions over it and keeps their verdicts."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from meshplan.arithmetic import mesh
 from meshplan.core.once import once
 from meshplan.knowledge.cards import Engine, FrameworkCard
 from meshplan.knowledge.rl_card import RLCard
+from meshplan.schema.choices import CpPadding
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport
 
@@ -31,6 +32,20 @@ def runs_ulysses(card: FrameworkCard, zero_stage: int) -> bool:
     and the plan keeps the default p2p. Rule CP002's words, the estimate's cp_time (LayerContext.ulysses) and memory
     layout, and the search's CP references (one per mechanism its ZeRO stages run: search/bounds.py) read it."""
     return card.engine_at(zero_stage) in card.engine.ulysses
+
+
+def cp_padding_of(card: FrameworkCard, zero_stage: int) -> CpPadding | None:
+    """How the engine this ZeRO stage selects pads a micro-batch to its cp split (the card's engine.cp_padding:
+    verl's and SkyRL's engines, per sequence on Megatron, the packed total under Ulysses), None where it pads
+    nothing and a length 2*cp does not divide is refused (CP001). The memory's tokens per rank read it
+    (arithmetic/activations.cp_rank_tokens)."""
+    return card.engine.cp_padding.get(card.engine_at(zero_stage))
+
+
+def pads_every_cp_split(card: FrameworkCard) -> bool:
+    """Whether every engine the card runs pads the sequence to its cp split itself, so that no sequence length
+    rules a cp out (the search's space keeps every cp there; where some engine does not, the rules refuse per plan)."""
+    return set(card.engine.by_zero_stage.values()) <= set(card.engine.cp_padding)
 
 
 @dataclass(frozen=True)

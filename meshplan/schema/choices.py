@@ -57,6 +57,10 @@ LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
 # A framework's training engine family: what rules.yaml's `backends` and the card sections keyed by engine name
 Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]
+# How an engine pads a micro-batch to its context-parallel split itself (a framework card's engine.cp_padding):
+# per_sequence, each sequence to a multiple of tp*2*cp (tp at cp 1); packed, the micro-batch's sequences packed and
+# their total to a multiple of cp (Ulysses). arithmetic/activations.cp_rank_tokens counts the tokens it leaves a rank.
+CpPadding = Literal["per_sequence", "packed"]
 RolloutEngine = Literal["vllm", "sglang"]
 Placement = Literal["colocated", "separate"]
 Severity = Literal["error", "warning", "info"]

@@ -57,6 +57,7 @@ from meshplan.request.resolve import (
     _torch_compile,
 )
 from meshplan.rl.job import is_rl_request
+from meshplan.rules.context import pads_every_cp_split
 from meshplan.schema.choices import PipelineSchedule, Recompute
 from meshplan.schema.plan import Job, Plan, degree_words
 from meshplan.schema.request import Request
@@ -498,6 +499,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
     layouts = writes_layouts(job.card) and fixed_split is None
     own = own_partition(job.card)
     given_split = any(fixed.values.get(name) for name in SPLIT_FIELDS)
+    pads_cp = pads_every_cp_split(job.card)  # verl's, SkyRL's engines pad any length to the cp split: no CP001
     for ep_k in ep_own:
         rest = W // ep_k
         for tp in choices("tp", rest):
@@ -520,7 +522,7 @@ def _enumerate_layouts(job: Job, fixed: Fixed) -> tuple[list[Layout], list[Prefi
                     if pp > L or not options:
                         drop("pp-layers", base)
                         continue
-                    if cp > 1 and job.seq_length % (2 * cp):
+                    if cp > 1 and job.seq_length % (2 * cp) and not pads_cp:
                         drop("cp-seq", base)
                         continue
                     if mesh.ep_has_own_ranks(law):

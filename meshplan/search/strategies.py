@@ -21,6 +21,7 @@ from meshplan.arithmetic.schedule import uneven_split
 from meshplan.knowledge.cards import FrameworkCard
 from meshplan.knowledge.model_counts import count_components
 from meshplan.knowledge.tables import Layout, SeqRow, strategies_card
+from meshplan.rules.context import pads_every_cp_split
 from meshplan.schema.plan import Job, Plan
 
 
@@ -110,13 +111,14 @@ class _Degrees:
 
 
 def _fit_cp(job: Job, deg: _Degrees, seq: SeqRow, notes: list[str]) -> None:
-    """CP at least the sequence-length row's, halved until 2*CP divides the sequence."""
+    """CP at least the sequence-length row's, halved until 2*CP divides the sequence where an engine of the
+    framework asks it (CP001; verl's and SkyRL's pad to the cp split themselves: rules.context.pads_every_cp_split)."""
     if not deg.free("cp"):
         return
     if seq.cp > deg.cp:
         notes.append(f"CP {deg.cp} -> {seq.cp}: sequence length {job.seq_length} ({seq.id}).")
         deg.cp = seq.cp
-    while deg.cp > 1 and job.seq_length % (2 * deg.cp):
+    while deg.cp > 1 and job.seq_length % (2 * deg.cp) and not pads_every_cp_split(job.card):
         notes.append(f"CP {deg.cp} -> {deg.cp // 2}: seq_length must be divisible by 2*CP.")
         deg.cp //= 2
 
