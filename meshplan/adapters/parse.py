@@ -268,7 +268,7 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     out = _megatron_plan(m.get, world, num_layers, int(m["pipeline_model_parallel_size"]))
     out.update(lora)
     out.update(sequence_parallel=bool(m["sequence_parallel"]), micro_batch_size=mbs,
-               zero_stage=3 if m["use_megatron_fsdp"] else 1 if m["use_distributed_optimizer"] else 0,
+               zero_stage=1 if m["use_distributed_optimizer"] else 0,  # verl's zero_stage 3: its FSDP engine
                first_stage_layers=o.get(t + "num_layers_in_first_pipeline_stage"),
                last_stage_layers=o.get(t + "num_layers_in_last_pipeline_stage"),
                **plan_recompute(o.get(t + "recompute_granularity"), o.get(t + "recompute_method"),

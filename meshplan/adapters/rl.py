@@ -164,8 +164,7 @@ def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], 
                   (f"{role}.megatron.expert_tensor_parallel_size", plan.etp),
                   (f"{role}.megatron.sequence_parallel", plan.sequence_parallel)]
             if role != "actor_rollout_ref.ref":
-                o += [(f"{role}.megatron.use_distributed_optimizer", plan.zero_stage >= 1),
-                      (f"{role}.megatron.use_megatron_fsdp", plan.zero_stage == 3)]
+                o.append((f"{role}.megatron.use_distributed_optimizer", plan.zero_stage >= 1))
             o += [(f"++{role}.megatron.override_transformer_config.{k}", v)
                   for k, v in [*_transformer_overrides(job, plan), *megatron_dispatcher(job, plan)]]
         o += _verl_megatron_offload(job, plan)
@@ -256,7 +255,7 @@ def verl_sft_megatron_overrides(job: Job, plan: Plan) -> tuple[list[Override], l
         (e + "virtual_pipeline_model_parallel_size", plan.vpp if plan.vpp > 1 else None),
         (e + "context_parallel_size", plan.cp), (e + "expert_model_parallel_size", plan.ep),
         (e + "expert_tensor_parallel_size", plan.etp), (e + "sequence_parallel", plan.sequence_parallel),
-        (e + "use_distributed_optimizer", plan.zero_stage >= 1), (e + "use_megatron_fsdp", plan.zero_stage == 3),
+        (e + "use_distributed_optimizer", plan.zero_stage >= 1),
         ("data.train_batch_size", job.global_batch_size), ("data.micro_batch_size_per_gpu", plan.micro_batch_size),
         ("data.use_dynamic_bsz", False), ("data.max_length", job.seq_length)]
     o += [(f"++{e}override_transformer_config.{k}", v)

@@ -13,7 +13,6 @@ torchrun --nnodes=8 --nproc_per_node=8 -m verl.trainer.sft_trainer \
   engine.expert_tensor_parallel_size=1 \
   engine.sequence_parallel=true \
   engine.use_distributed_optimizer=true \
-  engine.use_megatron_fsdp=false \
   data.train_batch_size=512 \
   data.micro_batch_size_per_gpu=1 \
   data.use_dynamic_bsz=false \

@@ -130,6 +130,17 @@ def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
                       f"{mini.where(reading.path)} x samples per prompt {n} (the mini-batch counts prompts)")
 
 
+def megatron_fsdp(reading: Reading, s: Setting) -> None:
+    """verl's Megatron engine on Megatron-FSDP (megatron.use_megatron_fsdp true, the card's read.keys
+    megatron_fsdp): said as not modelled, so no estimate is made from the file. meshplan's zero_stage 3 on verl is
+    its FSDP engine (strategy fsdp2, cp as Ulysses), another engine with other bytes; false is verl's default."""
+    if as_bool(s.value):
+        reading.unsupported.append(
+            f"{s.where(reading.path)} = {s.value}: verl's Megatron engine on Megatron-FSDP, which meshplan does not "
+            "model (its zero_stage 3 on verl is the FSDP engine, strategy fsdp2); set it false for the distributed "
+            "optimizer (zero_stage 1), or plan the FSDP engine")
+
+
 def read_verl(text: str, path: str) -> Reading:
     reading, settings = _settings(text, path, "verl")
     engine = {s.key.lstrip("+"): str(s.value) for s in settings}
@@ -138,9 +149,11 @@ def read_verl(text: str, path: str) -> Reading:
     reading.variant = "megatron" if megatron else "fsdp"
     left = apply(reading, settings, key_table("verl", variant=reading.variant),
                  frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "global_batch_size", "recompute_full",
-                            "algorithm"}))
+                            "algorithm", "megatron_fsdp"}))
     for s, m in left:
-        if m.target in ("zero_0", "zero_1") and megatron and "zero_stage" not in reading.request:
+        if m.target == "megatron_fsdp":
+            megatron_fsdp(reading, s)
+        elif m.target in ("zero_0", "zero_1") and megatron and "zero_stage" not in reading.request:
             reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
         elif m.target == "zero_3" and megatron and as_bool(s.value):
             reading.state("zero_stage", 3, s)

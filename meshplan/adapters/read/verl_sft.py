@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from meshplan.adapters.read.hydra import granularity, model_named_by_path
+from meshplan.adapters.read.hydra import granularity, megatron_fsdp, model_named_by_path
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, normalize, read_section, whole_value
 from meshplan.adapters.read.launch import read_launch, world
 from meshplan.adapters.read.settings import Setting, yaml_settings
@@ -65,7 +65,7 @@ def read_verl_sft_yaml(text: str, path: str) -> Reading:
     return _read(reading, settings, entry)
 
 
-MEGATRON_SPECIAL = frozenset({"zero_0", "zero_1", "zero_3", "recompute_full", "lora_rank"})
+MEGATRON_SPECIAL = frozenset({"zero_0", "zero_1", "megatron_fsdp", "recompute_full", "lora_rank"})
 """The Megatron engine's keys read by _megatron_knob (and lora_rank by _lora), not as the key table's value."""
 
 
@@ -161,11 +161,12 @@ def _strategy(reading: Reading, s: Setting) -> None:
 
 def _megatron_knob(reading: Reading, s: Setting, target: str) -> None:
     """The Megatron engine's ZeRO and recompute keys (engine/megatron.yaml): use_distributed_optimizer is zero_stage
-    1 or 0, use_megatron_fsdp 3, recompute_granularity null none (as the RL reader reads the actor's)."""
-    if target in ("zero_0", "zero_1") and reading.request.get("zero_stage") != 3:
+    1 or 0, use_megatron_fsdp true not modelled (hydra.megatron_fsdp), recompute_granularity null none (as the RL
+    reader reads the actor's)."""
+    if target in ("zero_0", "zero_1"):
         reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
-    elif target == "zero_3" and as_bool(s.value):
-        reading.state("zero_stage", 3, s)
+    elif target == "megatron_fsdp":
+        megatron_fsdp(reading, s)
     elif target == "recompute_full":
         reading.state("recompute", granularity(s.value), s)
 
