@@ -60,6 +60,7 @@ CASES: list[tuple[str, str | None, dict]] = [
     ("kempnerforge", None, dict(model="llama-3.1-70b", num_gpus=32, tp=4, global_batch_size=256,
                                 recompute="full")),
     ("kempnerforge", None, dict(model="mixtral-8x7b", num_gpus=32, tp=4, ep=2, global_batch_size=256)),
+    ("kempnerforge", None, dict(model="llama-3.1-8b", num_gpus=16, global_batch_size=64, optimizer="muon")),
     ("deepspeed", None, dict(model="llama-3.1-8b", num_gpus=16, zero_stage=3, global_batch_size=256)),
     ("deepspeed", None, dict(model="llama-3.1-70b", num_gpus=64, tp=4, pp=4, global_batch_size=512,
                              recompute="full")),

@@ -395,7 +395,7 @@ def test_kempnerforge_keys_and_values_fit_its_documented_schema():
     types = {"int": int, "str": str, "float": (int, float), "bool": bool}
     for result in rendered("kempnerforge"):
         doc = tomllib.loads(result.text)
-        assert {"distributed", "train"} <= set(doc) <= {"distributed", "train", "model"}
+        assert {"distributed", "train"} <= set(doc) <= {"distributed", "train", "optimizer", "model"}
         for section, values in doc.items():
             for key, value in values.items():
                 spec = schema[section]["fields"].get(key)

@@ -44,14 +44,14 @@ def test_muon_gathered_matrix_peaks_when_newton_schulz_converts_back_to_fp32():
     """An 8 x 4 matrix, 4 x 4 on this rank, all-gathered (duplicated): shard 16, whole 32, Gram side 4. finish:
     4 x 16 (Nesterov) + 8 x 32 (gathered shards and their cat) + 6 x 32 (bf16 X and its fp32 copy) + 4 x 16 (A, B)
     = 576, above normalize 512, update 512, gram 480 and scale 12 x 16 + 4 x 32 = 320."""
-    step = memory_card().muon_step
+    step = memory_card().muon_step["emerging_optimizers"]
     assert muon_matrix_step_bytes(step, (4, 4), (8, 4), gathered=True) == 576
 
 
 def test_muon_blockwise_matrix_peaks_at_the_scaling():
     """The same shard orthogonalized alone (blockwise): finish 4 x 16 + 6 x 16 + 4 x 16 = 224, scale 12 x 16 +
     4 x 16 = 256 (the fp32 result, two scaled copies and the Nesterov momentum)."""
-    step = memory_card().muon_step
+    step = memory_card().muon_step["emerging_optimizers"]
     assert muon_matrix_step_bytes(step, (4, 4), (8, 4), gathered=False) == 256
 
 
@@ -60,7 +60,7 @@ def test_the_stages_largest_matrix_decides_and_duplicated_costs_more_than_blockw
     gathers it whole."""
     j = job("llama-3-70b", "megatron-core", 32)
     muon = framework_card("megatron-core").muon
-    step = memory_card().muon_step
+    step = memory_card().muon_step["emerging_optimizers"]
     shard = Shard(1, 4, 1, 1, True)
     fc1 = muon_matrix_step_bytes(step, (14336, 8192), (57344, 8192), gathered=True)
     assert muon.tp_mode == "duplicated"
@@ -80,7 +80,7 @@ def test_muon_step_moment_carries_the_working_set_and_adam_none():
     work = muon_step_bytes(terms, params)
     shard = Shard(1, 4, 1, 1, True)
     assert work == step_working_bytes(j.model, shard, [False], framework_card("megatron-core").muon,
-                                      memory_card().muon_step)
+                                      memory_card().muon_step["emerging_optimizers"])
     report = estimate_memory(j, muon_plan)
     assert report.stages[0].detail["optimizer_step_temporaries"] == int(work)
     adam_terms, adam_params = stage0(j, muon_plan.model_copy(update={"optimizer": "adam"}))

@@ -12,13 +12,14 @@ from meshplan.estimate.perf import estimate_throughput
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.compute_card import MuonFacts
+from meshplan.knowledge.muon_card import MuonFacts
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
 
 
 def facts(tp_mode: str = "duplicated", split_qkv: bool = True) -> MuonFacts:
-    return MuonFacts(tp_mode=tp_mode, ns_steps=5, split_qkv=split_qkv, source="test")
+    return MuonFacts(tp_mode=tp_mode, ns_steps=5, split_qkv=split_qkv, zero_stages=[0, 1], zero_why="test",
+                     source="test")
 
 
 def test_newton_schulz_flops_run_on_the_smaller_side():

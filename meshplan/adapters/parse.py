@@ -398,7 +398,8 @@ def _kempnerforge(variant: str, text: str, num_layers: int) -> dict[str, Any]:
             "micro_batch_size": t["batch_size"], "recompute": t["activation_checkpointing"],
             **_attention("kempnerforge", variant, doc.get("model", {}).get("sdpa_backend")),
             **_schedule("kempnerforge", d.get("pp_schedule")),
-            "torch_compile": bool(t.get("compile_model", True))}  # TrainConfig.compile_model defaults to true
+            "torch_compile": bool(t.get("compile_model", True)),  # TrainConfig.compile_model defaults to true
+            "optimizer": "muon" if doc.get("optimizer", {}).get("name") == "muon" else "adam"}  # default adamw
 
 
 def _schedule(framework: str, name: Any) -> dict[str, Any]:

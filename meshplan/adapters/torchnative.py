@@ -225,7 +225,10 @@ def build_kempnerforge(job: Job, plan: Plan, variant: str, version: str) -> Buil
         f"will be {'on' if automatic_sp else 'off'} here, not {'on' if plan.sequence_parallel else 'off'} as planned."]
     backend = attention_value("kempnerforge", variant, plan.attention_backend)
     model = [("sdpa_backend", backend)] if backend else []  # ModelConfig.sdpa_backend (default auto)
-    return Built(template="kempnerforge.j2", context={"distributed": distributed, "train": train, "model": model},
+    # OptimizerConfig.name: written for Muon only (adamw, the default, stays the file's own choice)
+    optimizer = [("name", "muon")] if plan.optimizer == "muon" else []
+    return Built(template="kempnerforge.j2",
+                 context={"distributed": distributed, "train": train, "optimizer": optimizer, "model": model},
                  format="toml", filename="kempnerforge_layout.toml", warnings=warnings,
                  notes=[*filter(None, [mesh.own_ep_ranks_note(job, plan)]),
                         f"grad_accum_steps {accumulation} = global_batch_size {job.global_batch_size} / "

@@ -159,7 +159,7 @@ class MemoryCard(_Card):
     optimizers: OptimizerStates
     optimizer_steps: dict[OptimizerImplementation, OptimizerStepBytes]
     optimizer_state_allocation_source: str
-    muon_step: MuonStepBytes
+    muon_step: dict[str, MuonStepBytes]  # per implementation, the framework card's muon.step
     compile: CompileBytes
     fixed_overhead_bytes: int = Field(ge=0)
     fixed_overhead_source: str
@@ -385,16 +385,16 @@ def lazy_state_bytes(step: OptimizerStepBytes, tensors: list[StateTensor], param
 
 
 def muon_matrix_step_bytes(step: MuonStepBytes, local: tuple[float, float], whole: tuple[float, float],
-                           gathered: bool) -> float:
+                           gathered: bool, side: str = "smaller") -> float:
     """Bytes Muon's step allocates at its peak while it updates one matrix: this rank's `local` (rows, cols) shard of
     the `whole` matrix, all-gathered whole first when `gathered` (tp_mode duplicated on a TP-sharded matrix). The
     largest of its phases (MuonStepBytes): each phase's bytes per element over the shard, the whole matrix (when
     gathered), the matrix orthogonalized (whole when gathered, else the shard) and its m x m Gram matrix, m that
-    matrix's smaller side."""
+    matrix's smaller side (`side` smaller) or its rows (`side` rows: X X^T as stored, the card's ns_side)."""
     shard, full = local[0] * local[1], whole[0] * whole[1]
     ortho = whole if gathered else local
-    size, side = ortho[0] * ortho[1], min(ortho)
-    return max(ph.local * shard + ph.gathered * (full if gathered else 0.0) + ph.ortho * size + ph.square * side ** 2
+    size, m = ortho[0] * ortho[1], (min(ortho) if side == "smaller" else ortho[0])
+    return max(ph.local * shard + ph.gathered * (full if gathered else 0.0) + ph.ortho * size + ph.square * m ** 2
                for ph in step.phases.values())
 
 

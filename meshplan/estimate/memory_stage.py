@@ -11,19 +11,16 @@ from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
-from meshplan.arithmetic.flops import Shard
 from meshplan.arithmetic.lora import adapter_params, lora_engine
 from meshplan.arithmetic.memory_states import (
     accumulated_grad_bytes,
     frozen_gathered_transient,
     gathered_transient,
     lazy_state_bytes,
-    muon_saved_bytes,
     optimizer_step_temporaries,
     pipeline_held,
     state_bytes,
 )
-from meshplan.arithmetic.muon import step_working_bytes
 from meshplan.arithmetic.offload import offload_stage
 from meshplan.arithmetic.schedule import in_flight
 from meshplan.estimate.fsdp_walk import WalkStage, freed_grads_reserved, stage_step_peak
@@ -38,6 +35,7 @@ from meshplan.estimate.memory_terms import (
     param_table,
     stage_params,
 )
+from meshplan.estimate.muon_memory import muon_saved, muon_step_bytes
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Plan
@@ -342,19 +340,6 @@ def step_moment(terms: MemoryTerms, params: StageParams, states: dict[str, float
                      step_temporaries=temp)
 
 
-def muon_step_bytes(terms: MemoryTerms, params: StageParams) -> float:
-    """What Muon's step allocates while it orthogonalizes the stage's largest matrix (muon.step_working_bytes, as
-    the framework card's muon section runs it); 0 under Adam. The Adam-stepped rest (embedding, output layer, norms)
-    is stepped in place by the fused Adam beside it."""
-    muon = terms.job.card.muon
-    if terms.plan.optimizer != "muon" or muon is None or not params.layers:
-        return 0.0
-    plan = terms.plan
-    shard = Shard(1, plan.tp, plan.ep, plan.etp, plan.sequence_parallel)
-    kinds = [bool(terms.table.moe[i]) for i in params.layers]
-    return step_working_bytes(terms.job.model, shard, kinds, muon, terms.card.muon_step)
-
-
 def first_iteration_allocated(terms: MemoryTerms, params: StageParams, moments: list[Overheads],
                               allocs: list[float], lazy: float | None = None) -> float:
     """The allocated peak of the first iteration, what a peak read after iteration 1 shows: an implementation that
@@ -383,8 +368,7 @@ def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
         kept = 0.0
     else:
         dense, experts = params.dense, params.experts
-        kept = (muon_saved_bytes(plan, tensors, params.linear - params.head - experts, terms.dense_dp)
-                + muon_saved_bytes(plan, tensors, experts, terms.expert_dp))
+        kept = muon_saved(terms, params)
     lazy = (lazy_state_bytes(step, tensors, dense, terms.dense_dp)
             + lazy_state_bytes(step, tensors, experts, terms.expert_dp) - kept)
     return lazy * (1 - terms.offload.in_step.get("optimizer", 0.0))
@@ -410,14 +394,13 @@ def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:
 def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]) -> dict[str, float]:
     """Weights, gradients and optimizer bytes per GPU: the convention's tensors over the dense and the expert
     parameters, each sharded over its own data-parallel group."""
-    plan, tensors, conv = terms.plan, terms.tensors, terms.conv
+    tensors, conv = terms.tensors, terms.conv
     dense, experts = params.dense, params.experts
     states = state_bytes(tensors, dense, terms.dense_dp)
     for cls, value in state_bytes(tensors, experts, terms.expert_dp).items():
         states[cls] += value
     # Muon: one momentum instead of Adam's two on the decoder's (and MTP's) matrices; the output layer stays on Adam
-    states["optimizer"] -= (muon_saved_bytes(plan, tensors, params.linear - params.head - experts, terms.dense_dp)
-                            + muon_saved_bytes(plan, tensors, experts, terms.expert_dp))
+    states["optimizer"] -= muon_saved(terms, params)
     if terms.job.lora is not None:  # LoRA: the frozen base keeps its weights only, the adapters carry every state
         states = lora_states(terms, params.layers, states, detail)
     if terms.job.precision == "fp8" and conv.fp8_weight_bytes:

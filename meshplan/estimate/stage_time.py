@@ -13,6 +13,7 @@ from meshplan.arithmetic.lora import adapter_params
 from meshplan.arithmetic.mesh import mesh_groups
 from meshplan.arithmetic.muon import matrix_params, newton_schulz_seconds
 from meshplan.arithmetic.schedule import Stages
+from meshplan.core.errors import MeshplanError
 from meshplan.estimate.layer_records import LayerContext, LayerTime, scope_memo
 from meshplan.estimate.memory_terms import RankParts
 from meshplan.estimate.recompute import recompute_time
@@ -27,8 +28,8 @@ from meshplan.estimate.sharding_traffic import (
     param_gather_bytes,
     shard_units,
 )
-from meshplan.knowledge.compute_card import MuonFacts
 from meshplan.knowledge.model_counts import layer_params, per_architecture
+from meshplan.knowledge.muon_card import MuonFacts
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
 
@@ -143,7 +144,7 @@ def stage_time(s: int, layers: Sequence[int], inp: StageInputs) -> StageTime:
     # The host issues every kernel and collective of the micro-batch; when the GPU work is
     # shorter than that, the stage is launch-bound and waits for the CPU.
     host = inp.ctx.cal.host_time_per_layer_s * len(kinds)
-    muon = muon_stage(kinds, inp)
+    muon = muon_stage(kinds, inp, s == 0, head_stage)
     sharding = stage_sharding(StageShards(layers, kinds, sums.windows, s == 0, head_stage), inp)
     return finished_stage(compute, fwd, (sums.tp, sums.cp, sums.ep, sums.recompute), pp, host, sharding,
                           (dense_p, expert_p), muon, inp)
@@ -448,14 +449,27 @@ def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float
     return inp.parts.held(layers, first=s == 0, last=s == pipeline.head_rank, mtp=mtp)
 
 
-def muon_stage(kinds: list[bool], inp: StageInputs) -> MuonStage:
-    """Muon: the matrices this rank updates in place of Adam, and its share of their Newton-Schulz iterations."""
+def muon_stage(kinds: list[bool], inp: StageInputs, first: bool, last: bool) -> MuonStage:
+    """Muon: the matrices this rank updates in place of Adam, and its share of their Newton-Schulz iterations, at
+    the card's ns_dtype's peak (fp32: the GPU's fp32_flops); the embedding (`first` stage) and output layer (`last`)
+    among them where the card's max_aspect_ratio lets them take it."""
     if inp.muon is None:
         return MuonStage()
-    ctx, plan, traffic = inp.ctx, inp.plan, inp.traffic
-    dense, expert = matrix_params(ctx.arch, ctx.shard, kinds, inp.muon)
-    seconds = newton_schulz_seconds(ctx.arch, ctx.shard, kinds, inp.muon, ctx.cal, ctx.bf16_peak,
-                                    1 if plan.zero_stage == 0 else traffic.dense_group, traffic.expert_group)
+    ctx, plan, traffic, muon = inp.ctx, inp.plan, inp.traffic, inp.muon
+    vocab = (inp.parts.embedding if first else 0.0, inp.parts.head if last else 0.0)
+    dense, expert = matrix_params(ctx.arch, ctx.shard, kinds, muon, vocab)
+    peak = ctx.bf16_peak
+    if muon.ns_dtype == "fp32":
+        peak = inp.job.gpu.fp32_flops
+        if peak is None:
+            raise MeshplanError(f"{inp.job.framework}'s Muon iterates in fp32, and {inp.job.gpu.name} has no "
+                                "fp32_flops to time it at.",
+                                fix="Give the GPU's fp32_flops (dense FP32 without TF32), or leave optimizer out.")
+    sharded = plan.zero_stage > 0
+    seconds = newton_schulz_seconds(ctx.arch, ctx.shard, kinds, muon, ctx.cal, peak,
+                                    traffic.dense_group if sharded else 1,
+                                    traffic.expert_group if sharded or muon.assignment == "layer_wise" else 1,
+                                    vocab)
     return MuonStage(seconds, dense, expert)
 
 

@@ -207,14 +207,21 @@ def _muon_assumption(job: Job, cal: Calibration) -> str:
     muon = job.card.muon
     if muon is None or job.lora is not None:
         return f"Muon: {job.framework} runs no Muon meshplan knows; its optimizer step is timed as Adam's."
-    return (f"Muon: each weight matrix's momentum orthogonalized by {muon.ns_steps} Newton-Schulz iterations, three "
-            "BF16 GEMMs each on the matrix's smaller side (4 m^2 n + 2 m^3 FLOPs), at the model GEMMs' efficiency; "
-            f"tensor-parallel matrices {muon.tp_mode}"
-            + (", QKV as Q, K and V blocks per query group" if muon.split_qkv else "")
-            + "; whole matrices shared out over the data-parallel ranks (experts over expert-data-parallel), at "
-            f"least the costliest one per rank; {cal.muon_bytes_per_param:g} B per matrix parameter of state "
-            f"traffic, Adam's {cal.optimizer_bytes_per_param:g} on the rest (cards/frameworks/{job.framework}.yaml "
-            "muon).")
+    dtype = "BF16" if muon.ns_dtype == "bf16" else "FP32 (the GPU's fp32_flops, no TF32)"
+    side = "the matrix's smaller side" if muon.ns_side == "smaller" else "the matrix's rows as stored"
+    which = ("each weight matrix" if muon.max_aspect_ratio is None else
+             f"each 2-D weight at most {muon.max_aspect_ratio:g} times longer than wide (the embedding and output "
+             "layer too where they are)")
+    layout = ", QKV as Q, K and V blocks per query group" if muon.split_qkv and muon.matrices == "fused" else (
+        ", one matrix per linear module" if muon.matrices == "per_module" else "")
+    shared = ("whole matrices shared out over the data-parallel ranks (experts over expert-data-parallel), at least "
+              "the costliest one per rank" if muon.assignment == "layer_wise" else
+              "each rank iterating on its own FSDP2 shard of every matrix (its rows over the shard group)")
+    return (f"Muon: {which}'s momentum orthogonalized by {muon.ns_steps} Newton-Schulz iterations, three {dtype} "
+            f"GEMMs each on {side} (4 m^2 n + 2 m^3 FLOPs), at the model GEMMs' efficiency; tensor-parallel "
+            f"matrices {muon.tp_mode}{layout}; {shared}; {cal.muon_bytes_per_param:g} B per matrix parameter of "
+            f"state traffic, Adam's {cal.optimizer_bytes_per_param:g} on the rest (cards/frameworks/{job.framework}"
+            ".yaml muon).")
 
 
 def tp_collectives_text(ctx: LayerContext, plan: Plan) -> str:

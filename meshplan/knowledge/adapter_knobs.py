@@ -200,7 +200,8 @@ def missing_knob(card: FrameworkCard, version: str, variant: str, job: Job, plan
         if only is not None and name not in only:
             continue
         knob = table[name]
-        chosen = plan.pipeline_schedule if name == "pipeline_schedule" else plan.attention_backend
+        chosen = {"pipeline_schedule": plan.pipeline_schedule, "optimizer": plan.optimizer}.get(
+            name, plan.attention_backend)  # the knobs with a vocabulary (AdapterKnob.values)
         if knob.values is not None and knob.key is not None and knob.values.get(str(chosen)) is None:
             takes = ", ".join(k for k, v in knob.values.items() if v is not None)
             return MissingKnob(name, describe_knob(name, plan, job), f"its {knob.key} takes {takes}", knob.instead)

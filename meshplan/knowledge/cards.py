@@ -18,7 +18,7 @@ from meshplan.core.card_files import card_names, card_root, framework_names
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_card import ADAPTER_KNOBS, AdapterSection
 from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
-from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, MuonFacts, RecomputeSemantics
+from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, RecomputeSemantics
 from meshplan.knowledge.defaults_card import FrameworkDefaults, FrameworkLimits, MemoryFix, SearchKnobs
 from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts, Zero3Prefetch
@@ -30,6 +30,7 @@ from meshplan.knowledge.moe_card import (
     MoeHostSyncs,
     MoeRoutingFacts,
 )
+from meshplan.knowledge.muon_card import MuonFacts
 from meshplan.knowledge.offload_card import EngineOffload
 from meshplan.knowledge.pipeline_card import MEGATRON_PIPELINE, PipelineFacts
 from meshplan.knowledge.precision_card import MixedPrecisionPresets

@@ -1,6 +1,6 @@
 """The framework card's facts about what its own switches compute (cards/frameworks/*.yaml `recompute`, `compile`,
-`attention`, `muon`): what its selective recompute saves, what torch.compile compiles, which attention kernel it
-runs on each GPU generation and how it runs Muon's Newton-Schulz step. Apart from cards.py, which holds the card."""
+`attention`): what its selective recompute saves, what torch.compile compiles, which attention kernel it
+runs on each GPU generation (Muon: muon_card.py). Apart from cards.py, which holds the card."""
 
 from __future__ import annotations
 
@@ -78,16 +78,3 @@ class AttentionSemantics(_Card):
                     table = self.by_version[prefix]
                     break
         return table.get(arch or "", table.get("default"))
-
-
-class MuonFacts(_Card):
-    """How the framework runs Muon's Newton-Schulz orthogonalization (meshplan/arithmetic/muon.py times it)."""
-
-    tp_mode: Literal["blockwise", "duplicated", "distributed"] = Field(
-        description="A tensor-parallel matrix: blockwise (each rank orthogonalizes its own shard), duplicated (each "
-                    "rank all-gathers it and orthogonalizes the whole matrix), distributed (the iteration split "
-                    "over the TP ranks)")
-    ns_steps: int = Field(ge=1, description="Newton-Schulz iterations per matrix per step")
-    split_qkv: bool = Field(description="The fused QKV weight orthogonalized as separate Q, K and V blocks per "
-                                        "query group")
-    source: str

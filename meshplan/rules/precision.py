@@ -152,11 +152,37 @@ def grad_reduce_dtype_needs_the_framework(ctx: Context) -> Values:
 
 @rule("PR005", reads=("zero_stage", "optimizer", "optimizer_state_dtype", "optimizer_offload",
       "optimizer_offload_fraction"))
-def muon_needs_megatron_cores_emerging_optimizer(ctx: Context) -> Values:
-    """Muon runs in Megatron-Core's emerging-optimizer path only: no FSDP, no precision-aware or CPU optimizer."""
+def muon_the_framework_cannot_run(ctx: Context) -> Values:
+    """Muon where the framework's card runs it (its muon section): at its ZeRO stages only (Megatron-Core's
+    emerging-optimizer path: no FSDP, and no precision-aware or CPU optimizer beside its layer-wise one)."""
     p = ctx.plan
     if p.optimizer != "muon":
         return None
+    card = ctx.card
+    values = {"framework": card.display_name, "zero": p.zero_stage}
+    instead = _lacks(ctx.card, "optimizer")
+    if instead:
+        return {**values, "why": f"{card.display_name} has no Muon meshplan can write", "fix": instead}
+    muon = card.muon
+    if muon is None:
+        return {**values, "why": f"meshplan models no Muon step for {card.display_name}",
+                "fix": "Leave optimizer out (adam)."}
+    layer_wise = muon.assignment == "layer_wise"
+    if p.zero_stage not in muon.zero_stages:  # the fix also names what the branch below would refuse there
+        also = "".join(f" and {c}" for c, on in (("optimizer_state_dtype=fp32", p.optimizer_state_dtype not in
+                                                  (None, "fp32")), ("optimizer_offload=false", _offloads_optimizer(p)))
+                       if on) if layer_wise else ""
+        first, *rest = sorted(muon.zero_stages, reverse=True)
+        what = " (Muon's layer-wise distributed optimizer)" if layer_wise else ""
+        others = "".join(f" or {z}" for z in rest)
+        return {**values, "why": muon.zero_why,
+                "fix": f"Use zero_stage={first}{also}{what}{others}, or leave optimizer out."}
+    if layer_wise and (p.optimizer_state_dtype not in (None, "fp32") or _offloads_optimizer(p)):
+        return {**values, "why": "the precision-aware and CPU-offloaded optimizers need Megatron's distributed "
+                                 "optimizer, which Muon replaces by its layer-wise one",
+                "fix": "Leave optimizer_state_dtype and the optimizer offload out (fp32 momentum on the GPU), or "
+                       "use optimizer=adam."}
+    return None
     card = ctx.card
     values = {"framework": card.display_name, "zero": p.zero_stage}
     instead = _lacks(ctx.card, "optimizer")

@@ -25,6 +25,8 @@ class GpuSpec(StrictModel):
                                 "that holds some runs on the rest (perf.tp_hidden); None: that contention not modelled")
     bf16_flops: float = Field(gt=0, description="Dense BF16 peak, FLOP/s")
     fp8_flops: float | None = Field(None, description="Dense FP8 peak, FLOP/s (None: no FP8 tensor cores)")
+    fp32_flops: float | None = Field(None, description="Dense FP32 peak without TF32, FLOP/s: a matmul at torch's "
+                                                       "default fp32 precision (KempnerForge's Muon iterations)")
     hbm_bandwidth: float = Field(gt=0, description="bytes/s")
     intra_node_bandwidth: float = Field(gt=0, description="NVLink/xGMI bytes/s per GPU, one direction")
     nvlink_domain: int = Field(ge=1, description="GPUs in one NVLink/xGMI domain")

@@ -21,6 +21,7 @@ from meshplan.adapters.read.launch import read_deepspeed_settings, read_launch, 
 from meshplan.adapters.read.model_match import match_stated, stated_fields
 from meshplan.adapters.read.settings import Setting, json_settings, toml_settings
 from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import SHAPE_FIELDS
@@ -234,10 +235,12 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     values = {s.key: s.value for s in settings}
     model_keys = {*shape_keys, *section.model_flags}
     left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
-                 _ZERO | {"global_batch_size", "fp8"})
+                 _ZERO | {"global_batch_size", "fp8", "optimizer"})
     for s, m in left:
         if m.target == "fp8" and str(s.value) == "fp8":
             reading.state("precision", "fp8", s)
+        elif m.target == "optimizer":
+            _optimizer_name(reading, s)
     _data_parallel(reading, "dp_shard", "dp_replicate")
     accumulation, dp = reading.extra.get("accumulation"), reading.request.get("dp")
     if accumulation and dp and "micro_batch_size" in reading.request:
@@ -254,6 +257,19 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     match_stated(stated_fields(reading, section, shape, {s.key: s for s in settings}, []), reading)
     world(reading)
     return reading
+
+
+def _optimizer_name(reading: Reading, s: Setting) -> None:
+    """KempnerForge's [optimizer] name as meshplan's optimizer, by the card's knob values (adamw is adam, muon is
+    muon); another of its registry's (lion, schedule_free_adamw) is said as not modelled."""
+    knob = knob_table("kempnerforge", adapter_section("kempnerforge").default_version, "toml")["optimizer"]
+    ours = {theirs: mine for mine, theirs in (knob.values or {}).items() if theirs}
+    name = str(s.value).strip("'\"")
+    if name in ours:
+        reading.state("optimizer", ours[name], s)
+    else:
+        reading.unsupported.append(f"{s.where(reading.path)} = {name}: no meshplan optimizer (KempnerForge's "
+                                   f"{', '.join(ours)} are)")
 
 
 def read_deepspeed_json(text: str, path: str) -> Reading:
