@@ -72,3 +72,14 @@ def test_render_writes_the_optimizer_name_and_import_reads_it_back():
     assert import_config(text, "muon.toml").request["optimizer"] == "muon"
     lion = import_config(text.replace('name = "muon"', 'name = "lion"'), "lion.toml")
     assert "optimizer" not in lion.request and any("lion" in u for u in lion.unsupported)
+
+
+def test_another_newton_schulz_count_is_said_the_momentum_is_not_a_cost():
+    """optimizer.muon_ns_steps was dropped silently (an irrelevant-looking '_steps' key) though meshplan times the
+    card's 5 iterations; muon_momentum was 'no meshplan field' though it changes no memory or time."""
+    toml = ('[distributed]\ndp_shard = 16\n[train]\nbatch_size = 1\n[optimizer]\nname = "muon"\n{}\n'
+            'muon_momentum = 0.9\n')
+    same = import_config(toml.format("muon_ns_steps = 5"), "five.toml")
+    assert same.unsupported == [] and any("muon_momentum" in n for n in same.notes)
+    other = import_config(toml.format("muon_ns_steps = 3"), "three.toml")
+    assert any("muon_ns_steps = 3" in u for u in other.unsupported)

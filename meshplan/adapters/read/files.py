@@ -235,12 +235,14 @@ def read_kempnerforge(text: str, path: str) -> Reading:
     values = {s.key: s.value for s in settings}
     model_keys = {*shape_keys, *section.model_flags}
     left = apply(reading, [s for s in settings if s.key not in model_keys], key_table("kempnerforge"),
-                 _ZERO | {"global_batch_size", "fp8", "optimizer"})
+                 _ZERO | {"global_batch_size", "fp8", "optimizer", "muon_ns_steps"})
     for s, m in left:
         if m.target == "fp8" and str(s.value) == "fp8":
             reading.state("precision", "fp8", s)
         elif m.target == "optimizer":
             _optimizer_name(reading, s)
+        elif m.target == "muon_ns_steps":
+            _ns_steps(reading, s)
     _data_parallel(reading, "dp_shard", "dp_replicate")
     accumulation, dp = reading.extra.get("accumulation"), reading.request.get("dp")
     if accumulation and dp and "micro_batch_size" in reading.request:
@@ -270,6 +272,17 @@ def _optimizer_name(reading: Reading, s: Setting) -> None:
     else:
         reading.unsupported.append(f"{s.where(reading.path)} = {name}: no meshplan optimizer (KempnerForge's "
                                    f"{', '.join(ours)} are)")
+
+
+def _ns_steps(reading: Reading, s: Setting) -> None:
+    """KempnerForge's optimizer.muon_ns_steps: meshplan times the card's muon.ns_steps Newton-Schulz iterations, so
+    another count is said as not modelled (no estimate is made from the file)."""
+    muon = framework_card("kempnerforge").muon
+    assert muon is not None, "KempnerForge's card has a muon section"
+    if str(s.value).strip("'\"") != str(muon.ns_steps):
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: meshplan times KempnerForge's Muon at "
+                                   f"its default {muon.ns_steps} Newton-Schulz iterations (cards/frameworks/"
+                                   "kempnerforge.yaml muon.ns_steps)")
 
 
 def read_deepspeed_json(text: str, path: str) -> Reading:
