@@ -18,6 +18,7 @@ from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.request.resolve import resolve
 from meshplan.schema.request import Request
+from meshplan.search.oracle import exhaustive_top_k
 
 L8B = dict(model="llama-3.1-8b", framework="kempnerforge", gpu="h100", num_gpus=16, global_batch_size=64)
 MUON = framework_card("kempnerforge").muon
@@ -83,3 +84,12 @@ def test_another_newton_schulz_count_is_said_the_momentum_is_not_a_cost():
     assert same.unsupported == [] and any("muon_momentum" in n for n in same.notes)
     other = import_config(toml.format("muon_ns_steps = 3"), "three.toml")
     assert any("muon_ns_steps = 3" in u for u in other.unsupported)
+
+
+@pytest.mark.parametrize("fields", [dict(L8B), dict(L8B, model="qwen3-30b-a3b", gpu="h200")])
+def test_the_search_finds_the_oracles_top_k_under_kempnerforges_muon(fields):
+    """The search's floors count Muon's one momentum on every parameter (fewer bytes than the estimate's, which
+    keeps AdamW's two on the weights too rectangular for it): still floors, so the search stays exact."""
+    request = Request(**fields, optimizer="muon")
+    got = [c.throughput.step_time_s for c in api.recommend(request, top_k=3).candidates]
+    assert got and got == pytest.approx([r.step_time_s for r in exhaustive_top_k(request, 3)], rel=1e-12)
