@@ -264,7 +264,8 @@ def read_kempnerforge(text: str, path: str) -> Reading:
 def _optimizer_name(reading: Reading, s: Setting) -> None:
     """KempnerForge's [optimizer] name as meshplan's optimizer, by the card's knob values (adamw is adam, muon is
     muon); another of its registry's (lion, schedule_free_adamw) is said as not modelled."""
-    knob = knob_table("kempnerforge", adapter_section("kempnerforge").default_version, "toml")["optimizer"]
+    card = framework_card("kempnerforge")
+    knob = knob_table(card, adapter_section(card).default_version, "toml")["optimizer"]
     ours = {theirs: mine for mine, theirs in (knob.values or {}).items() if theirs}
     name = str(s.value).strip("'\"")
     if name in ours:
