@@ -6,6 +6,7 @@ Each function is pure and says in its docstring which framework rule it follows.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -319,6 +320,10 @@ def torchtitan_batch(local_batch_size: int, pp_microbatch_size: int | None, pp: 
     if dp and global_batch_size == local_batch_size * dp:  # one run is the step: resolve's default, left out
         del out["pipeline_microbatches"]
     return out
+
+
+# The one call a rendered Bridge snippet makes: the registered mixed-precision preset its fields start from
+PRESET_CALL = re.compile(r"get_mixed_precision_config\(['\"](\w+)['\"]\)")
 
 
 def bridge_presets() -> MixedPrecisionPresets:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from meshplan.adapters.common import (
+    PRESET_CALL,
     attention_backend_of,
     bridge_presets,
     plan_recompute,
@@ -67,10 +68,6 @@ def _literal(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
-
-
-# The one call a rendered Bridge snippet makes: the registered mixed-precision preset its fields start from
-PRESET_CALL = re.compile(r"get_mixed_precision_config\('(\w+)'\)")
 
 
 def python_assignments(text: str) -> dict[str, Any]:

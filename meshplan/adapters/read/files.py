@@ -214,12 +214,24 @@ def _tyro_switch(s: Setting) -> Setting:
     return replace(s, key=f"{head}{dot}{last[3:]}", value=False, written=s.key)
 
 
+AC_SUBCOMMAND = "activation-checkpoint:"
+"""tyro's subcommand word that picks torchtitan 0.3's activation-checkpoint config (activation-checkpoint:full), what
+render writes last, after the switches."""
+
+
+def _before_subcommand(s: Setting) -> Setting:
+    """A switch given alone right before the subcommand word (`--compile.enable activation-checkpoint:none`, what
+    render writes for torch_compile): the word is the subcommand, not the switch's value. Taken as the value, every
+    rendered command with a switch last (compile, CPU offload, async TP) was refused on import."""
+    return replace(s, value=True) if str(s.value).startswith(AC_SUBCOMMAND) else s
+
+
 def read_torchtitan_cli(text: str, path: str) -> Reading:
     """torchtitan 0.3: `torchrun ... -m torchtitan.train --module M --config C --parallelism.x N ...`."""
     _, command, k, reading, settings = read_launch(text, path, "torchtitan", variant="cli")
-    settings = [_tyro_switch(s) for s in settings]
+    settings = [_tyro_switch(_before_subcommand(s)) for s in settings]
     for word in command.words[k + 1:]:
-        if word.text.startswith("activation-checkpoint:"):
+        if word.text.startswith(AC_SUBCOMMAND):
             settings.append(Setting("activation_checkpoint.mode", word.text.split(":", 1)[1], word.line))
     torchtitan_common(reading, settings)
     world(reading)

@@ -27,6 +27,7 @@ from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import NO_READ, ReadSection, UnmodelledLoraKeys
+from meshplan.schema.choices import MoeDispatcher
 from meshplan.schema.plan import LoraSpec
 from meshplan.schema.request import Request
 
@@ -325,6 +326,9 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         text = str(value).strip("'\"").lower()
         if text in ("float32", "fp32", "bfloat16", "bf16"):  # torchtitan's mixed_precision_reduce names a dtype
             reading.state("grad_reduce_in_fp32", text in ("float32", "fp32"), s)
+        elif m.word is not None:  # one key for both knobs, each with the value it takes (Bridge's grad_reduce_in_fp32)
+            if as_bool(value) == as_bool(m.word):
+                reading.state("grad_reduce_in_fp32", m.target == "grad_reduce_fp32", s)
         else:
             on = True if value is True else as_bool(value)
             reading.state("grad_reduce_in_fp32", (m.target == "grad_reduce_fp32") == bool(on), s)
@@ -349,6 +353,8 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
             reading.unsupported.append(f"{s.where(reading.path)} = {text}: no meshplan attention_backend")
     elif m.target == "pipeline_schedule":
         _schedule(reading, s)
+    elif m.target == "moe_flex_dispatcher":  # Megatron-Core's moe_token_dispatcher_type: the dispatcher by its name
+        _dispatcher(reading, s)
     elif m.target == "optimizer_state_dtype":  # the key is the precision-aware switch (precision_aware_optimizer)
         reading.extra["precision_aware_optimizer"] = (value, s)
     elif m.target in Request.model_fields:
@@ -357,6 +363,19 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         reading.extra.setdefault(m.target, (value, s))
         return True
     return True
+
+
+def _dispatcher(reading: Reading, s: Setting) -> None:
+    """A moe_token_dispatcher_type as meshplan's moe_token_dispatcher (the two it estimates, alltoall and flex, keep
+    their names); Megatron-Core's allgather (its TransformerConfig default) meshplan does not time, so it is said,
+    never read as one of the two. Read by no branch, a flex dispatcher was dropped and the job estimated as
+    alltoall."""
+    text = str(s.value).strip("'\"")
+    if text in get_args(MoeDispatcher):
+        reading.state("moe_token_dispatcher", text, s)
+    else:
+        reading.unsupported.append(f"{s.where(reading.path)} = {text}: meshplan estimates the "
+                                   f"{' and '.join(get_args(MoeDispatcher))} dispatchers only")
 
 
 def lora_targets(reading: Reading, s: Setting) -> list[str]:

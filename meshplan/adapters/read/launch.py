@@ -10,6 +10,7 @@ import shlex
 from typing import Any, NamedTuple
 
 from meshplan.adapters.architecture import core_restated
+from meshplan.adapters.common import PRESET_CALL, bridge_presets
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
 from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
 from meshplan.adapters.read.model_match import (
@@ -354,10 +355,12 @@ def read_bridge_python(text: str, path: str) -> Reading:
 
 def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
     left = apply(reading, settings, key_table("megatron-bridge", variant=reading.variant),
-                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "fp8", "uneven_pp"}))
+                 frozenset({"zero_0", "zero_1", "zero_2", "zero_3", "fp8", "uneven_pp", "optimizer"}))
     for s, m in left:
         if m.target == "uneven_pp":  # model.num_layers_in_first_pipeline_stage
             reading.state("first_stage_layers", s.value, s)
+        elif m.target == "optimizer":  # Bridge's optim.py: a "dist_" prefix asks for the layer-wise distributed one
+            reading.state("optimizer", str(s.value).strip("'\"").removeprefix("dist_"), s)
         elif m.target in ("zero_0", "zero_1") and "zero_stage" not in reading.request:
             reading.state("zero_stage", 1 if as_bool(s.value) else 0, s)
         elif m.target in ("zero_2", "zero_3"):
@@ -366,6 +369,32 @@ def _bridge_settings(reading: Reading, settings: list[Setting]) -> None:
                 reading.state("zero_stage", stage, s)
         elif m.target == "fp8" and str(s.value).strip("'\"") not in ("null", "None", ""):
             reading.state("precision", "fp8", s)
+    _bridge_preset(reading)
+
+
+def _bridge_preset(reading: Reading) -> None:
+    """A registered mixed-precision preset the file names (run_recipe.py's `mixed_precision=<preset>`, a recipe's
+    `cfg.mixed_precision = get_mixed_precision_config('<preset>')` or the name alone): its precision, FP8 recipe and
+    fp8_param_gather (cards/frameworks/megatron-bridge.yaml mixed_precision_presets), each unless a field of the file
+    states it (cfg.mixed_precision.<field> lines apply over the preset). Read by nothing, a preset's FP8 was dropped
+    and the job estimated in bf16."""
+    stated = reading.extra.get("precision_preset")
+    if stated is None:
+        return
+    value, s = stated
+    call = PRESET_CALL.fullmatch(str(value).strip())
+    name = call.group(1) if call else str(value).strip().strip("'\"")
+    presets = bridge_presets()
+    preset = presets.named(name)
+    if preset is None:
+        reading.unsupported.append(f"{s.where(reading.path)} = {name}: not a mixed-precision preset meshplan knows "
+                                   f"({', '.join(p.name for p in presets.presets)})")
+        return
+    facts: dict[str, Any] = {"precision": "bf16"} if preset.recipe == "bf16" else {
+        "precision": "fp8", "fp8_recipe": preset.recipe, "fp8_param_gather": preset.fp8_param_gather}
+    for field_name, fact in facts.items():
+        if field_name not in reading.request:
+            reading.state(field_name, fact, s)
 
 
 def read_bridge(text: str, path: str) -> Reading:

@@ -1,0 +1,116 @@
+"""A config meshplan renders, read back by `meshplan import` (the reader of the user's own files, not the round-trip
+parser of tests/test_adapters.py), states the plan it was rendered from: each field the request set comes back with
+its value. Each case here came back changed or was refused before its fix: the MoE dispatcher (dropped on every
+Megatron-backed framework), Megatron-Bridge's grad_reduce_in_fp32 (read inverted), its fp8_recipe (not read), its
+mixed-precision presets (FP8 dropped), its dist_muon (refused), and torchtitan's switches rendered last, before the
+activation-checkpoint subcommand (refused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import api
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+CONFIGS = Path(__file__).parent / "configs"
+WORLD = ("model", "num_gpus", "gpu")  # what a python snippet leaves to its launch; passed beside the file
+
+CASES = [
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
+                                 global_batch_size=4096, moe_token_dispatcher="flex")),
+    ("megatron-bridge", None, dict(model="qwen3-30b-a3b", num_gpus=32, pp=2, ep=16, global_batch_size=256,
+                                   moe_token_dispatcher="flex")),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", gpu="gb200", num_gpus=64, pp=2, ep=32,
+                                           global_batch_size=256, moe_token_dispatcher="flex")),
+    ("verl", None, dict(model="qwen3-30b-a3b", num_gpus=32, tp=2, pp=2, ep=8, global_batch_size=256,
+                        moe_token_dispatcher="flex")),
+    ("skyrl", None, dict(model="qwen3-30b-a3b", num_gpus=32, tp=2, pp=2, ep=8, global_batch_size=320,
+                         moe_token_dispatcher="flex")),
+    ("megatron-bridge", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=2, global_batch_size=512,
+                                   precision="fp8", fp8_recipe="tensorwise", fp8_param_gather=False,
+                                   optimizer_state_dtype="fp16", grad_reduce_in_fp32=False)),
+    ("megatron-bridge", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, global_batch_size=64,
+                                   grad_reduce_in_fp32=False)),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", gpu="b200", num_gpus=16, ep=8,
+                                           global_batch_size=256, precision="fp8", fp8_recipe="mxfp8",
+                                           fp8_param_gather=True, optimizer_state_dtype="bf16")),
+    ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=256,
+                                           optimizer="muon")),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, global_batch_size=64, torch_compile=True,
+                              tp_comm_overlap=True)),
+]
+
+
+@pytest.mark.parametrize(("framework", "variant", "fields"), CASES,
+                         ids=[f"{c[0]}-{c[1] or 'default'}-{'-'.join(k for k in c[2] if k not in WORLD)}"
+                              for c in CASES])
+def test_a_rendered_config_imports_as_the_plan_it_was_rendered_from(framework, variant, fields):
+    request = Request(framework=framework, **fields)
+    rendered = api.render_config(framework, request, force=True, **({"variant": variant} if variant else {}))
+    imported = api.import_config(rendered.text, path="run.py" if rendered.format == "python" else "run.sh",
+                                 framework=framework)
+    back = api.request_from_config(imported, {k: v for k, v in fields.items() if k in WORLD})
+    assert _fields(back, fields) == _fields(request, fields)
+
+
+def _fields(request: Request, names) -> dict:
+    """The request's fields as resolved: on the plan (the layout and knobs) or the job (batch, precision)."""
+    job, plan = resolve(request)
+    return {k: getattr(plan, k) if k in type(plan).model_fields else getattr(job, k)
+            for k in names if k not in WORLD}
+
+
+@pytest.mark.parametrize(("name", "line"), [
+    ("megatron_deepseek_v3_excerpt.sh", "--moe-token-dispatcher-type"),
+    ("bridge_glm5_h100.py", "model.moe_token_dispatcher_type"),
+    ("verl_qwen3moe_30b_megatron_96gb.sh", "override_transformer_config.moe_token_dispatcher_type"),
+])
+def test_upstream_files_with_the_flex_dispatcher_read_it(name, line):
+    imported = api.import_file(str(CONFIGS / name))
+    assert imported.request["moe_token_dispatcher"] == "flex" and imported.sources["moe_token_dispatcher"].endswith(
+        line)
+
+
+def test_a_dispatcher_meshplan_does_not_time_is_said_not_read_as_another():
+    text = ("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+            "--moe-token-dispatcher-type allgather")
+    imported = api.import_config(text, path="train.sh", framework="megatron-core")
+    assert "moe_token_dispatcher" not in imported.request
+    assert any("--moe-token-dispatcher-type = allgather" in u and "alltoall and flex" in u
+               for u in imported.unsupported)
+
+
+def test_glm5_recipe_reads_its_bf16_gradient_reduce():
+    """cfg.mixed_precision.grad_reduce_in_fp32 = False (the recipe's line 98) was read as True."""
+    imported = api.import_file(str(CONFIGS / "bridge_glm5_h100.py"))
+    assert imported.request["grad_reduce_in_fp32"] is False
+    assert imported.sources["grad_reduce_in_fp32"].endswith(":98 mixed_precision.grad_reduce_in_fp32")
+
+
+@pytest.mark.parametrize(("line", "facts"), [
+    ("cfg.mixed_precision = get_mixed_precision_config('bf16_with_fp8_delayed_scaling_mixed')",
+     {"precision": "fp8", "fp8_recipe": "delayed", "fp8_param_gather": True}),
+    ('cfg.mixed_precision = "bf16_with_fp8_subchannel_scaling_mixed"',
+     {"precision": "fp8", "fp8_recipe": "blockwise", "fp8_param_gather": False}),
+    ("cfg.mixed_precision = 'bf16_mixed'", {"precision": "bf16"}),
+])
+def test_a_bridge_preset_states_its_precision(line, facts):
+    imported = api.import_config(f"{line}\ncfg.model.tensor_model_parallel_size = 2\n", path="recipe.py",
+                                 framework="megatron-bridge")
+    assert {k: imported.request.get(k) for k in facts} == facts
+
+
+def test_a_bridge_field_after_its_preset_wins_and_an_unknown_preset_is_said():
+    text = ("cfg.mixed_precision = get_mixed_precision_config('bf16_with_fp8_current_scaling_mixed')\n"
+            "cfg.mixed_precision.fp8_param_gather = False\n")
+    imported = api.import_config(text, path="recipe.py", framework="megatron-bridge")
+    assert imported.request["fp8_param_gather"] is False and imported.request["fp8_recipe"] == "tensorwise"
+    unknown = api.import_config("cfg.mixed_precision = 'fp16_mixed'\ncfg.model.tensor_model_parallel_size = 2\n",
+                                path="recipe.py", framework="megatron-bridge")
+    assert "precision" not in unknown.request
+    assert any("fp16_mixed: not a mixed-precision preset meshplan knows" in u for u in unknown.unsupported)
