@@ -114,3 +114,21 @@ def test_a_bridge_field_after_its_preset_wins_and_an_unknown_preset_is_said():
                                 path="recipe.py", framework="megatron-bridge")
     assert "precision" not in unknown.request
     assert any("fp16_mixed: not a mixed-precision preset meshplan knows" in u for u in unknown.unsupported)
+
+
+def test_a_ds_config_says_recompute_is_the_model_codes_on_render_and_on_import():
+    """A plain ds_config rendered with recompute=full carried no word that nothing in it turns recomputation on, and
+    read back it said both "recompute: not read (pass --recompute)" and "recompute = none: left to the framework's
+    default"."""
+    request = Request(framework="deepspeed", model="llama-3.1-8b", num_gpus=8, zero_stage=3, recompute="full",
+                      activation_offload=True, global_batch_size=64)
+    rendered = api.render_config("deepspeed", request)
+    assert any("a ds_config turns no recomputation on" in n and "deepspeed.checkpointing.checkpoint" in n
+               for n in rendered.notes)
+    imported = api.import_config(rendered.text, path="ds_config.json", framework="deepspeed")
+    assert "recompute" not in imported.defaults and not any(n.startswith("recompute = ") for n in imported.notes)
+    assert any(u.startswith("recompute: a ds_config cannot say") and "activation_checkpointing section" in u
+               for u in imported.unresolved)
+    plain = api.render_config("deepspeed", request.model_copy(update={"recompute": "none",
+                                                                       "activation_offload": False}))
+    assert not any("turns no recomputation on" in n for n in plain.notes)

@@ -436,9 +436,17 @@ def build_deepspeed(job: Job, plan: Plan, variant: str, version: str) -> Built:
         if plan.tp > 1 or plan.pp > 1 or plan.ep > 1:
             raise MeshplanError("A plain ds_config.json cannot express tp/pp/ep > 1.",
                                 fix="Use variant 'megatron-deepspeed', which adds the Megatron-DeepSpeed flags.")
+        notes = ["Pass it with deepspeed.initialize(config='ds_config.json') or --deepspeed_config."]
+        if plan.recompute != "none":
+            notes.append(f"recompute={plan.recompute}: a ds_config turns no recomputation on; its "
+                         "activation_checkpointing section configures DeepSpeed's checkpointing "
+                         "(deepspeed.checkpointing.configure) for the layers your model code wraps with "
+                         "deepspeed.checkpointing.checkpoint; wrap every decoder layer, as the estimate counts. A "
+                         "Hugging Face model's gradient_checkpointing_enable() recomputes each layer too, through "
+                         "torch.utils.checkpoint, which this section's settings (cpu_checkpointing among them) do "
+                         "not reach.")
         return Built(template="deepspeed.j2", context={"config": config}, format="json",
-                     filename="ds_config.json",
-                     notes=["Pass it with deepspeed.initialize(config='ds_config.json') or --deepspeed_config."])
+                     filename="ds_config.json", notes=notes)
     m = job.model
     experts, moe_notes = deepspeed_experts(job, plan)
     every_layer_moe = m.moe is not None and len(m.moe.moe_layers) == m.num_layers

@@ -302,7 +302,8 @@ def read_deepspeed_json(text: str, path: str) -> Reading:
     """A plain ds_config.json (pp = 1; tp = 1 unless AutoTP's tensor_parallel.autotp_size sets it: the data-parallel
     degree is train_batch_size / (micro x accumulation), the GPUs dp x tp)."""
     reading = Reading("deepspeed", path, variant="config")
-    read_deepspeed_settings(reading, json_settings(text, path))
+    settings = json_settings(text, path)
+    read_deepspeed_settings(reading, settings)
     if "tp" not in reading.request:
         reading.state("tp", 1, f"{path} (a ds_config alone: no tensor parallelism)")
     accumulation = reading.extra.get("accumulation")
@@ -315,8 +316,12 @@ def read_deepspeed_json(text: str, path: str) -> Reading:
                       f"dp x tp ({reading.sources['dp']}; {reading.sources['tp']})")
     reading.state("pp", 1, f"{path} (a ds_config alone: no pipeline parallelism)")
     if "recompute" not in reading.request:
-        reading.unresolved.append("recompute: a ds_config cannot say which layers the model code checkpoints "
-                                  "(pass --recompute)")
+        section = next((s for s in settings if s.key.startswith("activation_checkpointing.")), None)
+        configured = (f" ({section.where(path)}: the activation_checkpointing section configures DeepSpeed's "
+                      "checkpointing for the layers the model code wraps)") if section else ""
+        reading.unresolved.append(f"recompute: a ds_config cannot say which layers the model code checkpoints"
+                                  f"{configured} (pass --recompute)")
+        reading.unread.add("recompute")  # not read, so not "left to the framework's default" either
     return reading
 
 

@@ -681,7 +681,8 @@ def fill_defaults(reading: Reading) -> None:
         reading.default("etp", tp if card.defaults.etp == "tp" else 1, f"{where} defaults.etp")
     if request.get("precision") == "fp8" and card.defaults.fp8_recipe:
         reading.default("fp8_recipe", card.defaults.fp8_recipe, f"{where} defaults.fp8_recipe")
-    reading.default("recompute", "none", "no recompute unless the file turns it on")
+    if "recompute" not in reading.unread:  # a ds_config's is said as not read (files.read_deepspeed_json)
+        reading.default("recompute", "none", "no recompute unless the file turns it on")
     reading.default("attention_backend", "auto", f"the framework's own pick, {where} attention")
     if getattr(card, "compile", None) is not None:
         reading.default("torch_compile", card.compile.default, f"{where} compile.default")
