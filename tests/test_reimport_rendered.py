@@ -2,8 +2,9 @@
 parser of tests/test_adapters.py), states the plan it was rendered from: each field the request set comes back with
 its value. Each case here came back changed or was refused before its fix: the MoE dispatcher (dropped on every
 Megatron-backed framework), Megatron-Bridge's grad_reduce_in_fp32 (read inverted), its fp8_recipe (not read), its
-mixed-precision presets (FP8 dropped), its dist_muon (refused), and torchtitan's switches rendered last, before the
-activation-checkpoint subcommand (refused)."""
+mixed-precision presets (FP8 dropped), its dist_muon (refused), Megatron-LM's --recompute-modules list (all but its
+first module dropped), and torchtitan's switches rendered last, before the activation-checkpoint subcommand
+(refused)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ CASES = [
                                            fp8_param_gather=True, optimizer_state_dtype="bf16")),
     ("megatron-bridge", "run_recipe", dict(model="qwen3-30b-a3b", num_gpus=16, ep=8, global_batch_size=256,
                                            optimizer="muon")),
+    ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
+                                 global_batch_size=4096, recompute="selective",
+                                 recompute_modules=["mla_up_proj", "moe_act"])),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, global_batch_size=64, torch_compile=True,
@@ -132,3 +136,9 @@ def test_a_ds_config_says_recompute_is_the_model_codes_on_render_and_on_import()
     plain = api.render_config("deepspeed", request.model_copy(update={"recompute": "none",
                                                                        "activation_offload": False}))
     assert not any("turns no recomputation on" in n for n in plain.notes)
+
+
+def test_upstream_deepseek_v3_script_reads_every_recompute_module():
+    """Megatron-LM's DeepSeek-V3 example's `--recompute-modules mlp moe mla_up_proj layernorm` read as ['mlp']."""
+    imported = api.import_file(str(CONFIGS / "megatron_deepseek_v3_excerpt.sh"))
+    assert imported.request["recompute_modules"] == ["mlp", "moe", "mla_up_proj", "layernorm"]

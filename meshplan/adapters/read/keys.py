@@ -307,7 +307,7 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         if targets:
             reading.state("lora_targets", targets, s)
     elif m.target in VALUE_KNOBS:
-        reading.state(m.target, value, s)
+        reading.state(m.target, list_value(m.target, s), s)
     elif m.target in SWITCH_KNOBS:
         on = True if value is True else as_bool(value)
         if m.word is not None:
@@ -363,6 +363,14 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         reading.extra.setdefault(m.target, (value, s))
         return True
     return True
+
+
+def list_value(name: str, s: Setting) -> Any:
+    """A setting's value as the field `name` takes it: a list field's with the words after it (settings.Setting.more:
+    `--recompute-modules mla_up_proj moe_act`), any other field's as it stands."""
+    if s.more and get_origin(_field_type(name)) is list:
+        return [s.value, *s.more]
+    return s.value
 
 
 def _dispatcher(reading: Reading, s: Setting) -> None:

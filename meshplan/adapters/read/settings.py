@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -26,6 +26,7 @@ class Setting:
     via: str | None = None  # "TP at line 12": the script variable the value came from
     alone: bool = False  # a flag with no value word after it (a switch, or a value flag whose variable is unset)
     written: str | None = None  # the key as the file writes it, where a reader reads it as another (SkyRL main_sft's)
+    more: tuple[str, ...] = ()  # the bare words after a flag's value: an argparse list (--recompute-modules a b)
 
     def where(self, path: str) -> str:
         """Where the file sets it, in the file's own key: what an import cites and a fix edits."""
@@ -45,8 +46,9 @@ def flag_settings(words: list[Word]) -> list[Setting]:
                 key, value = text.split("=", 1)
                 out.append(_setting(key, value, w, w))
             elif i + 1 < len(words) and not words[i + 1].text.startswith("--") and "=" not in words[i + 1].text:
-                out.append(_setting(text, words[i + 1].text, w, words[i + 1]))
-                i += 1
+                more = _bare_words(words, i + 2)
+                out.append(replace(_setting(text, words[i + 1].text, w, words[i + 1]), more=more))
+                i += 1 + len(more)
             else:
                 out.append(Setting(text, True, w.line, alone=True))
         elif "=" in text and not text.startswith("-") and re.match(r"^[+~]{0,2}[A-Za-z_][\w.\-]*=", text):
@@ -56,6 +58,16 @@ def flag_settings(words: list[Word]) -> list[Setting]:
             out.append(Setting(text, None, w.line))  # Hydra: delete the key
         i += 1
     return out
+
+
+def _bare_words(words: list[Word], start: int) -> tuple[str, ...]:
+    """The words from `start` up to the next flag or Hydra key=value: the rest of a flag's values where argparse
+    takes several (Megatron-LM's nargs='*' --recompute-modules core_attn mlp); a list field reads them with the first
+    (keys.list_value), every other field the first alone. Read as nothing, all but the first module were dropped."""
+    end = start
+    while end < len(words) and not words[end].text.startswith("-") and "=" not in words[end].text:
+        end += 1
+    return tuple(w.text for w in words[start:end])
 
 
 def _setting(key: str, value: str, key_word: Word, value_word: Word) -> Setting:
