@@ -3,7 +3,8 @@ parser of tests/test_adapters.py), states the plan it was rendered from: each fi
 its value. Each case here came back changed or was refused before its fix: the MoE dispatcher (dropped on every
 Megatron-backed framework), Megatron-Bridge's grad_reduce_in_fp32 (read inverted), its fp8_recipe (not read), its
 mixed-precision presets (FP8 dropped), its dist_muon (refused), Megatron-LM's --recompute-modules list (all but its
-first module dropped), and torchtitan's switches rendered last, before the activation-checkpoint subcommand
+first module dropped), torchtitan's data-parallel degree (its replicate degree dropped from dp, and plain replication
+read as hybrid sharding), and torchtitan's switches rendered last, before the activation-checkpoint subcommand
 (refused)."""
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ CASES = [
     ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
                                  global_batch_size=4096, recompute="selective",
                                  recompute_modules=["mla_up_proj", "moe_act"])),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, dp=32,
+                              global_batch_size=128)),
+    ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, zero_stage=0, dp=4, dp_replicate=1,
+                              global_batch_size=64)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, global_batch_size=64, torch_compile=True,

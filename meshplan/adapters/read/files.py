@@ -31,8 +31,12 @@ _ZERO = frozenset({"zero_0", "zero_1", "zero_2", "zero_3"})
 
 def _data_parallel(reading: Reading, shard_key: str, replicate_key: str) -> None:
     """FSDP shard x replicate degrees: zero_stage 3 when parameters are sharded, 0 for plain replication; a shard
-    degree of -1 (the GPUs left over) leaves dp to the GPU count."""
-    shard, rep = reading.extra.get(shard_key), reading.whole(replicate_key) or 1
+    degree of -1 (the GPUs left over) leaves dp to the GPU count. dp is shard x replicate (torchtitan parallel_dims.py
+    dp_replicate * dp_shard): the replicate degree is the request's dp_replicate where the card's knob states it
+    (torchtitan), else the reader's extra (KempnerForge); read from the extra alone it was 1, and dp lost it. With a
+    shard degree of 1 the replicas are plain data parallelism (render's zero_stage 0), not hybrid sharding."""
+    shard = reading.extra.get(shard_key)
+    rep = int(reading.request.get(replicate_key) or reading.whole(replicate_key) or 1)
     if shard is None:
         return
     degree = reading.whole(shard_key, least=-1)  # -1: the GPUs left over
@@ -40,6 +44,10 @@ def _data_parallel(reading: Reading, shard_key: str, replicate_key: str) -> None
         raise MeshplanError(f"{shard[1].where(reading.path)}: 0 is not a shard degree.",
                             fix="Use -1 (the GPUs left over) or a whole number of at least 1.")
     reading.state("zero_stage", 3 if degree != 1 else 0, shard[1])
+    if degree == 1 and replicate_key in reading.request:  # replicas of unsharded states: dp itself, no HSDP
+        reading.notes.append(f"{reading.sources.pop(replicate_key)} = {rep} with {shard[1].where(reading.path)} = 1: "
+                             f"plain data parallelism over {rep} replicas (dp = {rep}, zero_stage 0)")
+        del reading.request[replicate_key]
     if degree == -1:
         reading.notes.append(f"{shard[1].where(reading.path)} = -1: the data-parallel degree is the GPUs left over "
                              "(num_gpus / (tp x pp x cp))")
