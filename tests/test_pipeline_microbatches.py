@@ -45,6 +45,14 @@ def test_refused_where_it_does_not_divide_the_step_or_the_framework_runs_one_sch
         resolve(Request(**(BASE | {"framework": "megatron-core"}), global_batch_size=256, pipeline_microbatches=8))
 
 
+def test_the_refusal_names_the_requests_framework():
+    """NeMo AutoModel's refusal said "torchtitan needs global_batch_size to be a multiple of ...": a user importing an
+    AutoModel recipe (llama3_1_8b_hellaswag_pp.yaml on more GPUs than it was written for) read another framework."""
+    with pytest.raises(MeshplanError, match="NeMo AutoModel needs global_batch_size") as refused:
+        resolve(Request(**(BASE | {"framework": "nemo-automodel"}), global_batch_size=96, pipeline_microbatches=5))
+    assert "torchtitan" not in str(refused.value)
+
+
 def test_torch_1f1b_counts_the_micro_batches_of_one_run():
     """torch's Schedule1F1B needs n_microbatches >= stages per run (rule PP010), whatever the step's total."""
     report = api.check_config(Request(**BASE, global_batch_size=256, pipeline_microbatches=2))

@@ -345,7 +345,8 @@ def _global_batch(req: Request, *, num_gpus: int, mbs: int, dp: int, notes: list
 def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[str]) -> int | None:
     """pipeline_microbatches as given, None where it is the whole step (one run) or there is no pipeline; refused on
     a framework that runs every micro-batch of the step in one schedule (its card's pipeline section), and where it
-    does not divide the step's m micro-batches (torchtitan: global_batch_size a multiple of local_batch_size x dp)."""
+    does not divide the step's m micro-batches (torchtitan and NeMo AutoModel: global_batch_size a multiple of
+    local_batch_size x dp; the refusal names the request's framework, not always torchtitan's)."""
     k = req.pipeline_microbatches
     if k is None:
         return None
@@ -362,7 +363,8 @@ def _pipeline_microbatches(req: Request, card, *, pp: int, m: int, notes: list[s
         fits = [d for d in range(1, m + 1) if m % d == 0]
         raise MeshplanError(
             f"pipeline_microbatches={k} does not divide the step's {m} micro-batches (global_batch_size / "
-            "(micro_batch_size x dp)): torchtitan needs global_batch_size to be a multiple of local_batch_size x dp.",
+            f"(micro_batch_size x dp)): {card.display_name} needs global_batch_size to be a multiple of "
+            "local_batch_size x dp.",
             fix=f"pipeline_microbatches in {fits[:12]}{' ...' if len(fits) > 12 else ''}, or another "
                 "global_batch_size.")
     if k < m:
