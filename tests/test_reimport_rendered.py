@@ -147,3 +147,33 @@ def test_upstream_deepseek_v3_script_reads_every_recompute_module():
     """Megatron-LM's DeepSeek-V3 example's `--recompute-modules mlp moe mla_up_proj layernorm` read as ['mlp']."""
     imported = api.import_file(str(CONFIGS / "megatron_deepseek_v3_excerpt.sh"))
     assert imported.request["recompute_modules"] == ["mlp", "moe", "mla_up_proj", "layernorm"]
+
+
+SKYRL_CUSTOM_ENTRY = """\
+uv run --isolated --extra fsdp -m examples.train.multiply.main_multiply \\
+  trainer.strategy=fsdp2 \\
+  trainer.policy.model.path="Qwen/Qwen3-8B" \\
+  trainer.placement.policy_num_gpus_per_node=8 \\
+  trainer.train_batch_size=64 \\
+  generator.n_samples_per_prompt=4
+"""
+
+
+def test_a_skyrl_custom_entry_point_over_main_bases_config_is_read_and_said():
+    """Most of SkyRL's examples launch their own entry point (examples.train.multiply.main_multiply:
+    SkyRLTrainConfig.from_cli_overrides, then main_base's BasePPOExp); each was refused as 'not a SkyRL launch
+    script', though its keys had told the format."""
+    imported = api.import_config(SKYRL_CUSTOM_ENTRY, path="run_multiply.sh")
+    assert imported.framework == "skyrl"
+    assert imported.request["prompts_per_step"] == 64 and imported.request["samples_per_prompt"] == 4
+    assert imported.request["num_gpus"] == 8 and imported.request["model"] == "Qwen/Qwen3-8B"
+    assert any("examples.train.multiply.main_multiply: not one of SkyRL's entry points" in n
+               and "is not read" in n for n in imported.notes)
+
+
+def test_a_command_with_one_framework_key_is_no_custom_entry_point():
+    from meshplan.core.errors import MeshplanError
+
+    text = "python prepare_data.py trainer.policy.model.path=Qwen/Qwen3-8B --output_dir /data\n"
+    with pytest.raises(MeshplanError, match="no command launches"):
+        api.import_config(text, path="prep.sh", framework="skyrl")

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from meshplan.adapters.architecture import core_restated
 from meshplan.adapters.common import PRESET_CALL, bridge_presets
 from meshplan.adapters.read.bridge_recipe import read_bridge_recipe, state_name_facts
-from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, read_section
+from meshplan.adapters.read.keys import Reading, apply, as_bool, key_table, lookup, read_section
 from meshplan.adapters.read.model_match import (
     Stated,
     flags_model,
@@ -44,9 +44,17 @@ class Launch(NamedTuple):
 def read_launch(text: str, path: str, framework: str, variant: str | None = None) -> Launch:
     """The training command of a `framework` launch script (its card's read.launcher), read once for every reader."""
     script = read_script(text, path)
-    command, k = launch_command(script, framework)
+    command, k, custom = launch_command(script, framework)
     reading = Reading(framework, path, variant=variant)
     reading.unresolved += script.unresolved
+    if custom:
+        launchers = read_section(framework).launcher
+        reading.notes.append(
+            f"{path}:{command.line} {command.words[k].text}: not one of {framework_card(framework).display_name}'s "
+            f"entry points ({', '.join(launchers)}); its Hydra overrides are read as theirs, taking it for a custom "
+            "entry point over the same config (as SkyRL's examples write them: SkyRLTrainConfig.from_cli_overrides, "
+            "then main_base's BasePPOExp); what the entry point itself changes (its environment, an async or "
+            "distillation loop, another trainer) is not read")
     reading.allocator_env = _allocator_env(script, command.words[:k])
     reading.launch_line = f"{path}:{command.line} {command.words[k].text}"
     return Launch(script, command, k, reading, flag_settings(command.words[:k]) + flag_settings(command.words[k + 1:]))
@@ -135,21 +143,48 @@ def _expandable(reading: Reading, s: Setting) -> bool | None:
     return on
 
 
-def launch_command(script: Script, framework: str) -> tuple[Command, int]:
-    """The command that starts training (its launcher word's index): the last one naming a launcher of the
-    framework's card (read.launcher)."""
+CUSTOM_ENTRY_LEAST_KEYS = 2
+"""Hydra overrides of the framework's own keys a command must pass for its unknown entry point to be read as a custom
+one over the framework's config (launch_command)."""
+
+
+def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
+    """The command that starts training (its launcher word's index, and whether it is a custom entry point): the last
+    one naming a launcher of the framework's card (read.launcher), else the last `python -m MODULE` / `python FILE.py`
+    command passing at least CUSTOM_ENTRY_LEAST_KEYS Hydra overrides the framework's card knows (a custom entry point
+    over its config, as most of SkyRL's examples launch: examples.train.multiply.main_multiply); refused before, with
+    'not a SkyRL launch script', though its keys had told the format."""
     launchers = read_section(framework).launcher
+    commands = [*script.commands, *_shell_c_commands(script)]
     found = None
-    for command in [*script.commands, *_shell_c_commands(script)]:
+    for command in commands:
         for k, word in enumerate(command.words):
             if any(word.text == name or word.text.endswith("/" + name) for name in launchers):
-                found = (command, k)
+                found = (command, k, False)
+    if found is None:
+        table = key_table(framework)
+        for command in commands:
+            k = _entry_point(command)
+            if k is not None and sum(bool(lookup(table, s.key)) for s in flag_settings(command.words[k + 1:])
+                                     if not s.key.startswith("-")) >= CUSTOM_ENTRY_LEAST_KEYS:
+                found = (command, k, True)
     if found is None:
         raise MeshplanError(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
                             f"{framework_card(framework).display_name} launch script meshplan can read.",
                             fix="Pass --framework NAME if it is another framework's, or the script that runs the "
                                 "training (a loop or function around the launch line is not read).")
     return found
+
+
+def _entry_point(command: Command) -> int | None:
+    """The index of the word a Python command runs: MODULE after -m, or the first *.py word."""
+    texts = [w.text for w in command.words]
+    for k, text in enumerate(texts):
+        if text == "-m" and k + 1 < len(texts):
+            return k + 1
+        if text.endswith(".py"):
+            return k
+    return None
 
 
 def _shell_c_commands(script: Script) -> list[Command]:
