@@ -4,7 +4,8 @@ its value. Each case here came back changed or was refused before its fix: the M
 Megatron-backed framework), Megatron-Bridge's grad_reduce_in_fp32 (read inverted), its fp8_recipe (not read), its
 mixed-precision presets (FP8 dropped), its dist_muon (refused), Megatron-LM's --recompute-modules list (all but its
 first module dropped), torchtitan's data-parallel degree (its replicate degree dropped from dp, and plain replication
-read as hybrid sharding), and torchtitan's switches rendered last, before the activation-checkpoint subcommand
+read as hybrid sharding), torchtitan's stages per rank (an Interleaved1F1B config read as vpp 1), and torchtitan's
+switches rendered last, before the activation-checkpoint subcommand
 (refused)."""
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ CASES = [
                               global_batch_size=128)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, zero_stage=0, dp=4, dp_replicate=1,
                               global_batch_size=64)),
+    ("torchtitan", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2, global_batch_size=512,
+                              recompute="selective")),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, torch_compile=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, param_offload=True)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, global_batch_size=64, torch_compile=True,
@@ -177,3 +180,19 @@ def test_a_command_with_one_framework_key_is_no_custom_entry_point():
     text = "python prepare_data.py trainer.policy.model.path=Qwen/Qwen3-8B --output_dir /data\n"
     with pytest.raises(MeshplanError, match="no command launches"):
         api.import_config(text, path="prep.sh", framework="skyrl")
+
+
+@pytest.mark.parametrize(("per_stage", "vpp"), [(None, 2), (4, 4)])
+def test_torchtitan_multi_stage_schedule_states_its_stages_per_rank(per_stage, vpp):
+    """torchtitan's pipeline_parallel.py: without layers_per_stage a multi-stage schedule runs 2 stages per rank; with
+    it ceil((layers + first_less + last_less) / layers_per_stage) virtual stages over pp (Llama-3.1-8B: 32 + 0 + 0
+    over 4 per stage, 8 stages on pp 2)."""
+    lines = ["--parallelism.pipeline_parallel_first_stage_less_layers 0",
+             "--parallelism.pipeline_parallel_last_stage_less_layers 0"]
+    if per_stage is not None:
+        lines.append(f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}")
+    text = ("torchrun --nnodes 1 --nproc-per-node 8 -m torchtitan.train --module llama3 --config llama3_8b "
+            "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 4 "
+            "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + " ".join(lines) + "\n")
+    imported = api.import_config(text, path="run.sh", framework="torchtitan")
+    assert imported.request["vpp"] == vpp

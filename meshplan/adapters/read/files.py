@@ -103,9 +103,7 @@ def torchtitan_common(reading: Reading, settings: list[Setting]) -> None:
     _torchtitan_model(reading)
     _torchtitan_split(reading, first_less)
     if pp > 1 and _multi_stage(reading):
-        schedule = reading.value("pp_schedule")
-        reading.unresolved.append(f"{reading.extra['pp_schedule'][1].where(reading.path)} {schedule}: vpp is "
-                                  "layers / (pp x pipeline_parallel_layers_per_stage); pass --vpp")
+        _torchtitan_vpp(reading, first_less, pp)
 
 
 def _torchtitan_global_batch(reading: Reading, local: Setting) -> None:
@@ -162,6 +160,49 @@ def _torchtitan_split(reading: Reading, first_less: Setting | None) -> None:
         reading.unresolved.append(f"{where}: {why}; {SPLIT_NOT_READ}")
 
 
+def _torchtitan_vpp(reading: Reading, first_less: Setting | None, pp: int) -> None:
+    """A multi-stage schedule's stages per rank as torchtitan counts them (distributed/pipeline_parallel.py: without
+    pipeline_parallel_layers_per_stage 2 per rank; with it ceil((layers + first_less + last_less) / layers_per_stage)
+    virtual stages, which pp must divide, at least 2 per rank), the model's layers from the catalog. Not read before:
+    a rendered Interleaved1F1B config read back as vpp 1."""
+    schedule = reading.extra["pp_schedule"][1]
+    per_stage = reading.whole("layers_per_stage")
+    if per_stage is None:
+        reading.state("vpp", 2, f"{schedule.where(reading.path)} (torchtitan's default for a multi-stage schedule "
+                                "without pipeline_parallel_layers_per_stage: 2 stages per rank)")
+        return
+    where = reading.extra["layers_per_stage"][1].where(reading.path)
+    if "model" not in reading.request:
+        reading.unresolved.append(f"{schedule.where(reading.path)} {schedule.value}: vpp is (layers + first_less + "
+                                  f"last_less) / ({where} x pp), and the file names no model to count its layers; "
+                                  "pass --vpp")
+        return
+    layers = resolve_model(reading.request["model"]).num_layers
+    fw = whole_value(reading, first_less.value, first_less, least=0) if first_less is not None else 1
+    lw = reading.whole("last_less", least=0)
+    lw = 1 if lw is None else lw
+    stages = -(-(layers + fw + lw) // per_stage)
+    if stages % pp or stages // pp < 2:
+        reading.unresolved.append(f"{where}: {stages} virtual stages over pp={pp}, which torchtitan refuses (pp must "
+                                  "divide them, at least 2 per rank); vpp not read")
+        return
+    reading.state("vpp", stages // pp, f"{where} ({layers} layers + {fw} + {lw} over {per_stage} per stage: "
+                                       f"{stages} virtual stages over pp={pp})")
+    counts = _stage_counts(layers + fw + lw, stages, fw, lw)
+    if len(set(counts)) > 1:
+        reading.notes.append(f"{where}: torchtitan's virtual stages hold {counts} decoder layers; meshplan "
+                             f"estimates {layers} layers split evenly over its {stages} virtual stages")
+
+
+def _stage_counts(effective: int, stages: int, first_less: int, last_less: int) -> list[int]:
+    """torchtitan's generate_llm_fqn_per_model_part: the effective layers shared evenly over the stages, the first
+    stages taking the remainder, the first and the last stage then less first_less and last_less."""
+    counts = [effective // stages + (index < effective % stages) for index in range(stages)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return counts
+
+
 def torchtitan_stage_layers(layers: int, pp: int, per_stage: int | None, first_less: int,
                             last_less: int) -> list[int] | str:
     """The decoder layers of each of torchtitan's pp stages (one per rank), or why torchtitan builds no such split:
@@ -176,10 +217,7 @@ def torchtitan_stage_layers(layers: int, pp: int, per_stage: int | None, first_l
     if first_less > least or last_less > least:
         return (f"torchtitan refuses it: first_less {first_less} / last_less {last_less} above the {least} effective "
                 "layers of a stage")
-    counts = [least + (index < effective % stages) for index in range(stages)]
-    counts[0] -= first_less
-    counts[-1] -= last_less
-    return counts
+    return _stage_counts(effective, stages, first_less, last_less)
 
 
 def _multi_stage(reading: Reading) -> bool:
