@@ -202,3 +202,28 @@ def test_an_rl_jobs_actor_search_keeps_the_rl_workers_allocator():
     actor = resolve(Request(**VERL_SFT))[1]
     assert actor_layout(actor, base).expandable_segments is True
 
+
+
+def test_mem002_states_the_peak_its_headroom_is_left_from():
+    """With expandable segments the headroom is what the allocated peak leaves; MEM002 said "only 1.5 GiB (1.9%) free
+    at a predicted peak of 80.4 GiB" on a 79.6 GiB GPU, the reserved peak beside the allocated peak's headroom."""
+    report = api.check_config(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="megatron-bridge"))
+    memory = api.estimate_memory(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="megatron-bridge"))
+    assert memory.fit_basis == "allocated" and memory.peak_bytes > memory.capacity_bytes > memory.fit_bytes
+    finding = next(f for f in report.findings if f.id == "MEM002")
+    assert f"at a predicted peak of {memory.fit_bytes / 2**30:.1f} GiB allocated (expandable segments; " \
+           f"{memory.peak_bytes / 2**30:.1f} GiB reserved)" in finding.message
+
+
+def test_a_layout_below_the_headroom_states_the_free_memory_its_ranking_reads():
+    """Nothing keeps 10% free here (expandable segments: the allocated peak decides); the fastest that fits with less
+    was said to leave 0.4 GiB (0.3%), the reserved peak's, beside 'headroom=0.008 would rank it' and MEM002's 1.1 GiB
+    (0.8%), the allocated peak's, in the same answer."""
+    rec = api.recommend(Request(model="deepseek-v2-lite", framework="skyrl", gpu="h200", num_gpus=2,
+                                seq_length=16384, global_batch_size=2, account_for_loss=True,
+                                cpu_memory_per_node=64.0), top_k=2)
+    row = rec.best_below_headroom
+    assert row is not None and not rec.candidates and row.memory.fit_basis == "allocated"
+    free = row.memory.headroom_bytes
+    assert f"it leaves {free / 2**30:.1f} GiB ({free / row.memory.capacity_bytes:.1%}) free" in row.rationale
+    assert row.memory.capacity_bytes - row.memory.peak_bytes < free  # the reserved peak's would say less

@@ -40,14 +40,14 @@ def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestF
     if not probe.found or probe.stopped_by_budget:
         return None
     fastest = min(probe.found, key=lambda f: f.time)
-    return fastest if fastest.memory.peak_bytes > search.budget else None
+    return fastest if fastest.memory.fit_bytes > search.budget else None  # the figure the search's budget reads
 
 
 def report_below_headroom(rec: Recommendation, job: Job, engine: Engine, thin: Found, headroom: float) -> None:
     """Name a layout the headroom excludes when nothing is ranked, or when it is much faster than the best ranked
     one: its free memory, its speed, and the headroom value that would rank it."""
     cap = job.gpu.memory_bytes
-    free = cap - thin.memory.peak_bytes
+    free = thin.memory.headroom_bytes  # what the fit's figure leaves (allocated with expandable segments), as ranked
     share = free / cap
     would_rank = headroom_that_ranks(thin.memory)
     tput = thin.throughput.tokens_per_s_per_gpu
