@@ -100,6 +100,27 @@ def test_a_layout_a_helper_sets_is_said_not_read_and_not_estimated_as_an_even_sp
     assert given.pipeline_layout == "Et*3|(tt|)*29,m|L"
 
 
+def test_a_layout_the_recipe_computes_is_said_not_read_and_its_attention_enum_is_read(tmp_path):
+    """Megatron-Bridge 067f987 recipes/kimi/h100/kimi_k2.py: `cfg.model.pipeline_model_parallel_layout =
+    _get_kimi_k2_pipeline_layout(16, 1)`, a call the reader skipped as a helper object, so pp 16 was estimated as an
+    even split of Kimi-K2's 61 layers (PP001 on the recipe); gemma3_vl's `cfg.model.attention_backend =
+    AttnBackend.auto` was skipped the same way. A computed layout on one stage is no split to read."""
+    text = ("def kimi_k2_pretrain_512gpu_h100_bf16_config() -> ConfigContainer:\n"
+            "    cfg = _pretrain_common()\n    cfg.model.pipeline_model_parallel_size = 16\n"
+            "    cfg.model.pipeline_model_parallel_layout = None\n"
+            "    cfg.model.pipeline_model_parallel_layout = _get_kimi_k2_pipeline_layout(16, 1)\n"
+            "    cfg.model.attention_backend = AttnBackend.fused\n    return cfg\n")
+    _, result = _imported(tmp_path / "kimi_k2.py", text, "kimi_k2_pretrain_512gpu_h100_bf16_config")
+    assert any(":5 model.pipeline_model_parallel_layout = _get_kimi_k2_pipeline_layout(16, 1): computed by the "
+               "recipe, not read" in u for u in result.unresolved)
+    assert result.request["attention_backend"] == "fused"
+    with pytest.raises(MeshplanError, match=r"pipeline split is not read.*_get_kimi_k2_pipeline_layout"):
+        api.request_from_config(result)
+    one = text.replace("pipeline_model_parallel_size = 16", "pipeline_model_parallel_size = 1")
+    _, single = _imported(tmp_path / "kimi_pp1.py", one, "kimi_k2_pretrain_512gpu_h100_bf16_config")
+    assert not any("computed by the recipe" in u for u in single.unresolved)
+
+
 def test_run_recipe_script_states_what_the_recipe_name_says():
     result = api.import_file(str(CONFIGS / "bridge_qwen3_600m_sft_128k.sh"))
     assert result.request["job"] == "sft" and result.request["num_gpus"] == 8  # the launcher's count

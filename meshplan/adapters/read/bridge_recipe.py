@@ -14,7 +14,7 @@ import ast
 import re
 from typing import Any
 
-from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, read_section
+from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, key_table, lookup, read_section
 from meshplan.adapters.read.model_match import layout_settings, recipe_overrides, restated_architecture
 from meshplan.adapters.read.settings import Setting
 from meshplan.core.errors import MeshplanError
@@ -124,12 +124,37 @@ def _assignments(node: ast.FunctionDef, functions: dict[str, ast.FunctionDef], c
                 try:
                     literal = _literal(value, constants)
                 except (ValueError, SyntaxError):
-                    if not re.fullmatch(r"torch\.\w+", ast.unparse(value)):
-                        continue  # a helper object (comm_overlap config, env vars): no request field
-                    literal = ast.unparse(value)  # a torch dtype (optimizer.exp_avg_dtype = torch.bfloat16)
+                    if not re.fullmatch(r"(torch|AttnBackend)\.\w+", ast.unparse(value)):
+                        # a helper object (comm_overlap config, env vars) or a value the recipe computes
+                        # (pipeline_model_parallel_layout = _get_kimi_k2_pipeline_layout(16, 1)): kept as Computed,
+                        # so a later literal of the key still wins and a last computed one is said (computed_keys)
+                        settings.append(Setting(".".join(parts), Computed(ast.unparse(value)), stmt.lineno))
+                        continue
+                    literal = ast.unparse(value)  # a torch dtype (exp_avg_dtype = torch.bfloat16), AttnBackend.x
                 if literal is not None:  # None: the field left at Megatron-Core's default
                     settings.append(Setting(".".join(parts), literal, stmt.lineno))
     return settings + peft_settings(node, constants), elsewhere
+
+
+class Computed(str):
+    """A recipe's value that is no literal (a call, a variable): its source text, never evaluated."""
+
+
+def say_computed(reading: Reading, settings: list[Setting]) -> None:
+    """Each key the recipe computes last (a Computed value) that sets a request field (the card's key table) said as
+    not read; a pipeline split's with SPLIT_NOT_READ where pp > 1 (request_values then refuses an estimate of an even
+    split the recipe does not run). Skipped as helper objects before, Kimi-K2's `cfg.model.pipeline_model_parallel_
+    layout = _get_kimi_k2_pipeline_layout(16, 1)` left pp 16 to an even split of 61 layers, which PP001 refused as the
+    recipe's own error."""
+    table = key_table("megatron-bridge", variant="python")
+    for s in settings:
+        if not isinstance(s.value, Computed) or not lookup(table, s.key):
+            continue
+        split = "layout" in s.key or "pipeline_stage" in s.key
+        if split and int(reading.request.get("pp", 1)) < 2:
+            continue  # one stage: no split to read
+        reading.unresolved.append(f"{reading.path}:{s.line} {s.key} = {s.value}: computed by the recipe, not read; "
+                                  + (SPLIT_NOT_READ if split else "pass the field beside the file"))
 
 
 PEFT_BUILDERS = ("default_peft_config", "LoRA")
@@ -187,9 +212,11 @@ def read_bridge_recipe(text: str, path: str, apply: Any) -> Reading:
     reading = Reading("megatron-bridge", file, variant="python")
     constants = module_constants(tree)
     settings, elsewhere = _assignments(functions[name], functions, constants)
-    latest: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
+    last: dict[str, Setting] = {s.key: s for s in settings}  # the recipe's own value wins over its base's
+    latest = {k: s for k, s in last.items() if not isinstance(s.value, Computed)}
     section = read_section("megatron-bridge")
     apply(reading, layout_settings(list(latest.values()), section))
+    say_computed(reading, list(last.values()))
     layout_helpers(reading, functions[name])
     state_hf_model(reading, functions[name], functions, constants)
     state_name_facts(reading, name, functions[name].lineno)
