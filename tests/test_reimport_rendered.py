@@ -196,3 +196,17 @@ def test_torchtitan_multi_stage_schedule_states_its_stages_per_rank(per_stage, v
             "--parallelism.pipeline_parallel_schedule Interleaved1F1B " + " ".join(lines) + "\n")
     imported = api.import_config(text, path="run.sh", framework="torchtitan")
     assert imported.request["vpp"] == vpp
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("bridge_glm5_h100.py", "ddp.grad_reduce_in_fp32"),
+    ("bridge_glm5_h100.py", "model.moe_flex_dispatcher_backend"),
+    ("megatron_deepseek_v3_excerpt.sh", "--moe-flex-dispatcher-backend"),
+])
+def test_keys_meshplan_reads_elsewhere_are_said_not_called_inexpressible(name, key):
+    """Bridge's ddp.grad_reduce_in_fp32 (overwritten by mixed_precision's, which is read) and the flex dispatcher's
+    backend (its estimate is the backend's either way; render picks it from the NVLink domain) were listed as 'no
+    meshplan field' beside the fields that decide them."""
+    imported = api.import_file(str(CONFIGS / name))
+    assert not any(f" {key} = " in u for u in imported.unsupported)
+    assert any(f" {key} = " in n for n in imported.notes)
