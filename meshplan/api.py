@@ -203,6 +203,11 @@ def compare_run(req: Request, log_text: str, *, log_path: str = "<log_text>", ca
     if step.measured is None:
         raise MeshplanError(f"{log_path} states no step time or throughput: nothing to calibrate against.",
                             fix="Pass a log with iteration / step metrics lines.")
+    if step.error is None:  # the log's step is another batch's (check/measured.py): its ratio is no cluster factor
+        raise MeshplanError(f"{log_path} times steps of {measured.global_batch_size:,} sequences and the request "
+                            f"predicts {job.global_batch_size:,}: their ratio is not this cluster's factor.",
+                            fix=f"Pass global_batch_size={measured.global_batch_size} (--global-batch-size), the "
+                                "log's, to calibrate against it.")
     stored = store_ratio(job.gpu.key, job.framework, step.measured / throughput.step_time_s, log_path)
     return result.model_copy(update={"stored": stored})
 

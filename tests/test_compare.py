@@ -320,6 +320,23 @@ def test_log_batch_differs_from_request_is_said():
     assert any("global batch size 128 is not the request's 64" in n for n in result.notes)
 
 
+def test_a_step_of_another_batch_is_shown_not_judged_and_not_calibrated_against(calibration_file):
+    """The request's batch (64, from flags or a config) and the log's (128) differ: the step time compared a
+    prediction of 64 sequences with a step of 128 and called it outside the band (its error and the rate's disagreed),
+    and --calibrate stored that ratio as the cluster's factor, off by the batch."""
+    req = parse_request({"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
+                         "global_batch_size": 64, "seq_length": 4096})
+    result = api.compare_run(req, log("megatron_mixtral_8x7b_h100.log"))
+    step = next(f for f in result.figures if f.figure == "step_time")
+    rate = next(f for f in result.figures if f.figure == "tokens_per_s_per_gpu")
+    assert step.measured == pytest.approx(5.4106) and step.predicted is not None
+    assert step.error is None and step.inside is None and step.basis.startswith("not compared: the log's step runs 128")
+    assert rate.error is not None and "step time" not in result.summary
+    with pytest.raises(MeshplanError, match="times steps of 128 sequences and the request predicts 64"):
+        api.compare_run(req, log("megatron_mixtral_8x7b_h100.log"), calibrate=True)
+    assert not calibration_file.exists()
+
+
 def test_cli_compare_with_config(capsys):
     args = ["compare", "--config", str(CONFIGS / "torchtitan_llama3_8b.toml"), "--log",
             str(LOGS / "torchtitan_dcp_zoc.log"), "--num-gpus", "8", "--gpu", "h100-sxm", "--json"]

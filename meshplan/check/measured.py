@@ -39,11 +39,13 @@ def predicted_peaks(memory: MemoryReport) -> tuple[int | None, int, str]:
 
 
 def _figure(name: str, label: str, predicted: float | None, measured: float | None, band: ErrorBand | None,
-            basis: str, calibrated: float | None = None, missing: str | None = None) -> ComparedFigure:
+            basis: str, calibrated: float | None = None, missing: str | None = None,
+            compared: bool = True) -> ComparedFigure:
     """One figure side by side. The throughput band is the step time's median |predicted / measured - 1|; a rate
     (RATE_FIGURES) is judged on that scale, measured / predicted - 1, so one run's step time and rate are inside or
-    outside together (a run 0.99 band faster had its step time inside, its tokens/s outside)."""
-    error = predicted / measured - 1 if predicted is not None and measured else None
+    outside together (a run 0.99 band faster had its step time inside, its tokens/s outside). Not `compared`: both
+    shown, no error or verdict (a step of another batch than the prediction's)."""
+    error = predicted / measured - 1 if predicted is not None and measured and compared else None
     median = band.median_error if band is not None else None
     scaled = error
     if name in RATE_FIGURES and error is not None:
@@ -87,6 +89,10 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
     allocated, reserved, where = predicted_peaks(memory)
     mband, tband = memory.error_band, throughput.error_band
     step, per_gpu, how = measured_throughput(measured, job)
+    logged = measured.global_batch_size
+    other_batch = logged is not None and logged != job.global_batch_size  # the log timed a step of other work
+    step_how = (f"not compared: the log's step runs {logged:,} sequences, the prediction's {job.global_batch_size:,} "
+                f"(tokens/s per GPU is compared); {how}") if other_batch else how
     f = factor.step_time_factor if factor is not None else None
     mfu = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
     figures = [
@@ -95,8 +101,8 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
                 "own moment of the step, less CUDA context; measured: max_memory_allocated"),
         _figure("peak_reserved", "peak reserved, GiB", reserved / GIB, _gib(measured.peak_reserved_bytes), mband,
                 f"predicted: {where} less CUDA context; measured: max_memory_reserved"),
-        _figure("step_time", "step time, s", throughput.step_time_s, step, tband, how,
-                throughput.step_time_s * f if f else None),
+        _figure("step_time", "step time, s", throughput.step_time_s, step, tband, step_how,
+                throughput.step_time_s * f if f else None, compared=not other_batch),
         _figure("tokens_per_s_per_gpu", "tokens/s per GPU", throughput.tokens_per_s_per_gpu, per_gpu, tband, how,
                 throughput.tokens_per_s_per_gpu / f if f else None),
         measured_mfu(job, throughput, measured, per_gpu, how, tband, f),
