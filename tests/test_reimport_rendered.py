@@ -210,3 +210,21 @@ def test_keys_meshplan_reads_elsewhere_are_said_not_called_inexpressible(name, k
     imported = api.import_file(str(CONFIGS / name))
     assert not any(f" {key} = " in u for u in imported.unsupported)
     assert any(f" {key} = " in n for n in imported.notes)
+
+
+@pytest.mark.parametrize(("lines", "said"), [
+    (["exp_avg_dtype = torch.bfloat16", "exp_avg_sq_dtype = torch.bfloat16"], None),
+    (["exp_avg_dtype = torch.bfloat16", "exp_avg_sq_dtype = torch.float32"], "than the first (torch.bfloat16)"),
+    (["exp_avg_sq_dtype = torch.bfloat16"], "than the first (fp32, exp_avg_dtype's default)"),
+])
+def test_adams_second_moment_dtype_is_read_beside_the_first(lines, said):
+    """Render writes optimizer.exp_avg_sq_dtype beside exp_avg_dtype, and import listed it as 'no meshplan field';
+    a second moment in another dtype than the first, which the one optimizer_state_dtype cannot hold, was not said."""
+    text = "\n".join(["cfg.optimizer.use_precision_aware_optimizer = True",
+                      *(f"cfg.optimizer.{line}" for line in lines), "cfg.model.tensor_model_parallel_size = 2", ""])
+    imported = api.import_config(text, path="recipe.py", framework="megatron-bridge")
+    second = [u for u in imported.unsupported if "exp_avg_sq_dtype" in u]
+    if said is None:
+        assert not second and imported.request["optimizer_state_dtype"] == "bf16"
+    else:
+        assert len(second) == 1 and "the second moment in another dtype " + said in second[0]

@@ -631,13 +631,20 @@ def precision_aware_optimizer(reading: Reading) -> None:
     """optimizer_state_dtype from Megatron-Core's precision-aware optimizer switch (--use-precision-aware-optimizer,
     optimizer.use_precision_aware_optimizer) and the moments' dtype (--exp-avg-dtype, optimizer.exp_avg_dtype): the
     dtype only counts with the switch on (megatron/core/optimizer/__init__.py passes exp_avg_dtype to the optimizer
-    only under use_precision_aware_optimizer); the switch on without a dtype is fp32 moments, the default."""
+    only under use_precision_aware_optimizer); the switch on without a dtype is fp32 moments, the default. The second
+    moment's own dtype (exp_avg_sq_dtype, which render writes beside the first) is read too: the same, nothing to say
+    (it was "no meshplan field"); another, said, since the one field holds both."""
     switch, dtype = reading.extra.get("precision_aware_optimizer"), reading.extra.get("exp_avg_dtype")
     if (switch is None and dtype is None) or "optimizer_state_dtype" in reading.request:
         return
     on = switch is not None and (switch[0] is True or bool(as_bool(switch[0])))
+    second = reading.extra.get("exp_avg_sq_dtype")  # Adam's second moment, its own setting
     if dtype is None:
-        if on:
+        if on and second is not None and MOMENT_DTYPES.get(_torch_dtype(second[0])) != "fp32":
+            reading.unsupported.append(f"{second[1].where(reading.path)} = {second[0]}: the second moment in another "
+                                       "dtype than the first (fp32, exp_avg_dtype's default); meshplan's "
+                                       "optimizer_state_dtype holds both in one, and the estimate takes fp32 for both")
+        elif on:
             reading.notes.append(f"{switch[1].where(reading.path)}: the precision-aware optimizer with its default "
                                  "fp32 moments")
         return
@@ -645,11 +652,20 @@ def precision_aware_optimizer(reading: Reading) -> None:
         reading.notes.append(f"{dtype[1].where(reading.path)} = {dtype[0]}: the moments' dtype applies only with the "
                              "precision-aware optimizer, which the file leaves off")
         return
-    name = MOMENT_DTYPES.get(str(dtype[0]).strip("'\"").removeprefix("torch."))
+    name = MOMENT_DTYPES.get(_torch_dtype(dtype[0]))
     if name is None:
         reading.unsupported.append(f"{dtype[1].where(reading.path)} = {dtype[0]}: no meshplan optimizer_state_dtype")
         return
     reading.state("optimizer_state_dtype", name, dtype[1])
+    if second is not None and MOMENT_DTYPES.get(_torch_dtype(second[0])) != name:
+        reading.unsupported.append(f"{second[1].where(reading.path)} = {second[0]}: the second moment in another "
+                                   f"dtype than the first ({dtype[0]}); meshplan's optimizer_state_dtype holds both "
+                                   f"in one, and the estimate takes {name} for both")
+
+
+def _torch_dtype(value: Any) -> str:
+    """A dtype as a file writes it ('torch.bfloat16', bf16) without quotes or the torch. prefix."""
+    return str(value).strip("'\"").removeprefix("torch.")
 
 
 def sequence_parallel_default(reading: Reading, tp: int, where: str) -> None:
