@@ -188,3 +188,32 @@ def test_job_facts_read_of_the_plan_only_fact_reads_and_are_the_same_inside_a_sc
             _, _, scoped = perf._step_context(job, plan, cal)
             assert scoped == ctx
             assert [layer_kinds(s, pipeline.layers(s), job.model, pipeline) for s in range(plan.pp)] == kinds
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["model"])
+def test_recompute_forwards_wait_for_their_first_read(case, monkeypatch):
+    """layer_time leaves a layer's recompute forwards (module_fwd, op_sac_fwd: only a selective recompute reads them)
+    to their first read (LayerTime.later): a layer no such plan reads never works them out, and read they are
+    recomputed_forwards' own numbers, worked out once."""
+    from meshplan.arithmetic.gemm import gemm_terms
+    from meshplan.estimate import layer_time as layer_time_module
+    from meshplan.estimate.layer_time import elementwise_load, elementwise_seconds, layer_gemms
+    from meshplan.estimate.recompute import recomputed_forwards
+
+    _, _, ctx = contexts(case)
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return recomputed_forwards(*args)
+
+    monkeypatch.setattr(layer_time_module, "recomputed_forwards", counted)
+    for moe in (False, True) if ctx.arch.moe is not None else (False,):
+        calls.clear()
+        lt = layer_time(ctx, moe)
+        assert not calls  # not worked out for a layer nothing reads them of
+        gemms, load = layer_gemms(ctx, moe), elementwise_load(ctx, moe)
+        terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+        module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise_seconds(ctx, load), terms)
+        assert lt.op_sac_fwd == op_sac_fwd and lt.module_fwd == module_fwd and module_fwd
+        assert lt.module_fwd is lt.module_fwd and len(calls) == 1  # once

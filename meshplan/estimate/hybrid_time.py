@@ -10,6 +10,8 @@ MambaContextParallel's all-to-alls.
 
 from __future__ import annotations
 
+from functools import partial
+
 from meshplan.arithmetic.comm import alltoall_time
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms
@@ -69,7 +71,6 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm
     fwd_compute = gemm_fwd + attention_fwd + (elementwise + mixer - copy) / TRAINING_PASSES_PER_FORWARD + copy
-    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms, pairs=layer_pairs(ctx, kind))
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention) if kind == "*" else mamba_cp(ctx) if kind == "M" \
         else (0.0, 0.0)
@@ -77,7 +78,8 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
     return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise + mixer, overhead=overhead, tp=tp,
                      tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
-                     attention_fwd=attention_fwd, op_sac_fwd=op_sac_fwd, module_fwd=module_fwd)
+                     attention_fwd=attention_fwd,
+                     later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
 
 
 def hybrid_gemms(ctx: LayerContext, kind: str) -> list[Gemm]:

@@ -111,10 +111,38 @@ class LayerTime:
     attention_fwd: float = 0.0  # forward of the attention core alone (what selective recompute repeats)
     op_sac_fwd: float = 0.0  # forward of what torchtitan's op-level SAC does not keep (what its recompute repeats)
     module_fwd: dict[str, float] = field(default_factory=dict)  # forward of what each Megatron recompute module repeats
+    # (module_fwd, op_sac_fwd) to work out on their first read, where layer_time leaves them (recompute.
+    # recomputed_forwards): only a selective recompute reads them (recompute_time), and most layers a search times
+    # serve no such plan (its per-token references: a third of their layers' time on DeepSeek-V3). Read through
+    # properties (_worked_out_on_read), so no reader sees them before they are worked out.
+    later: Callable[[], tuple[dict[str, float], float]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def compute(self) -> float:
         return self.gemm + self.attention + self.elementwise + self.overhead
+
+
+def _worked_out_on_read(name: str) -> property:
+    """LayerTime's field `name` (module_fwd or op_sac_fwd) as a property: set as a field is (the dataclass's __init__
+    sets it), read after LayerTime.later, if any, has given both (once: the same values on every read)."""
+    own = "_" + name
+
+    def read(self: LayerTime) -> object:
+        fields_ = self.__dict__
+        later = fields_.get("later")
+        if later is not None:
+            fields_["_module_fwd"], fields_["_op_sac_fwd"] = later()
+            fields_["later"] = None
+        return fields_[own]
+
+    def write(self: LayerTime, value: object) -> None:
+        self.__dict__[own] = value
+
+    return property(read, write)
+
+
+LayerTime.module_fwd = _worked_out_on_read("module_fwd")  # type: ignore[assignment]
+LayerTime.op_sac_fwd = _worked_out_on_read("op_sac_fwd")  # type: ignore[assignment]
 
 
 # --------------------------------------------------------------------------- one layer's time, shared across plans

@@ -8,6 +8,8 @@ context_parallel, tp_overlap, moe_time, recompute, lora_gemms.
 
 from __future__ import annotations
 
+from functools import partial
+
 from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
@@ -31,14 +33,14 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
     overhead = layer_overhead(ctx, moe)
     copy = load.weight_copy_bytes / ctx.hbm  # all in the forward (stacked weights), the rest a third of the passes
     fwd_compute = gemm_fwd + attention_fwd + (elementwise - copy) / TRAINING_PASSES_PER_FORWARD + copy
-    module_fwd, op_sac_fwd = recomputed_forwards(ctx, gemms, load, elementwise, terms)
     tp, tp_fwd_share = exposed_tp(ctx, gemms, moe, terms)
     cp_fwd, cp = cp_time(ctx, attention_fwd, attention)
     compute = gemm + attention + elementwise + overhead  # LayerTime.compute
     ep = exposed_ep(ctx, fwd_compute, compute - fwd_compute) if moe else 0.0
     return LayerTime(gemm=gemm, attention=attention, elementwise=elementwise, overhead=overhead, tp=tp,
                      tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
-                     attention_fwd=attention_fwd, op_sac_fwd=op_sac_fwd, module_fwd=module_fwd)
+                     attention_fwd=attention_fwd,
+                     later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
 
 
 def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:
