@@ -158,3 +158,35 @@ def test_stage_work_parts_add_up(model, recompute):
              + moe_decoder * work.moe_rec + work.head)
     assert parts == pytest.approx(work.compute + work.recompute + work.tp + work.ep, rel=1e-12)
     assert work.head > 0 and (work.moe > 0) == (moe_total > 0) and (work.dense_rec > 0) == (recompute != "none")
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "deepseek-v3"])
+def test_stage_work_shares_one_stage_inputs_across_recomputes(model, monkeypatch):
+    """Inside a shared_layers scope, the single-stage plans of stage_work that differ only in their recompute (the
+    search's per-token references at each recompute) build one StageInputs (perf._one_stage_inputs): each gives the
+    numbers, refusals included, it gives alone, in any order."""
+    from meshplan.estimate import perf
+    from meshplan.estimate.layer_records import shared_layers
+    from meshplan.request.resolve import resolve
+
+    job, plan = resolve(Request(model=model, num_gpus=8, gpu="h100", tp=1, pp=1, ep=8 if "deepseek" in model else 1,
+                                seq_length=2048))
+    plans = [plan.model_copy(update={"recompute": r}) for r in ("none", "full", "selective", "full", "none")]
+    alone = []
+    for one in plans:
+        try:
+            alone.append(tuple(stage_work(job, one)))
+        except MeshplanError as e:
+            alone.append(str(e))
+    built = []
+    real = perf.stage_inputs
+    monkeypatch.setattr(perf, "stage_inputs", lambda *args: built.append(args) or real(*args))
+    shared = []
+    with shared_layers():
+        for one in plans:
+            try:
+                shared.append(tuple(stage_work(job, one)))
+            except MeshplanError as e:
+                shared.append(str(e))
+    assert shared == alone and len(set(alone)) == 3
+    assert len(built) == 1

@@ -21,6 +21,7 @@ bench/README.md); bandwidths and domain sizes from cards/hardware.yaml.
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import itemgetter
 from typing import NamedTuple
 
 from meshplan.arithmetic import mesh
@@ -63,7 +64,7 @@ from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.rules.context import runs_ulysses
 from meshplan.rules.engine import require_estimable
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
 
 __all__ = ["StageCp", "StageWork", "StepTerms", "estimate_throughput", "exposed_pipeline_p2p", "model_flops_per_token",
@@ -239,13 +240,39 @@ def stage_work(job: Job, plan: Plan) -> StageWork:
         row = t.rows[t.worst]
         return StageWork(t.m, row.compute, row.recompute, row.tp, row.cp, row.ep, *_one_stage_parts(t.inputs))
     require_estimable(job, plan)
-    m, _, ctx = _step_context(job, plan, calibration(job.framework))
-    inputs = stage_inputs(job, plan, ctx)
-    layers = inputs.pipeline.layers(0)
-    kinds = stage_kinds(0, layers, inputs)
+    m, inputs, layers, kinds = _one_stage_inputs(job, plan)
     sums = layer_sums(len(layers), kinds, inputs)
     compute, _ = stage_compute(sums, inputs.pipeline.head_rank == 0, inputs)
     return StageWork(m, compute, sums.recompute, sums.tp, sums.cp, sums.ep, *_one_stage_parts(inputs, kinds))
+
+
+RECOMPUTE_FIELDS = ("recompute", "recompute_layers", "recompute_method", "recompute_modules", "selective_ac_option")
+"""The plan fields that reach a single stage's StageInputs only through their `recompute` (recompute_of) and the
+plan layer_sums reads them from: stage_work's plans that differ only in these share the rest (_one_stage_inputs)."""
+_KEPT = tuple(name for name in Plan.model_fields if name not in RECOMPUTE_FIELDS)
+_BUT_RECOMPUTE, _LISTS_AT = itemgetter(*_KEPT), tuple(k for k, name in enumerate(_KEPT) if name in PLAN_LIST_FIELDS)
+
+
+def _one_stage_inputs(job: Job, plan: Plan) -> tuple[int, StageInputs, list[int], list[bool]]:
+    """stage_work's micro-batches, StageInputs, layers and their kinds of a single-stage plan; inside a shared_layers
+    scope once per job (by identity, kept alive by the entry) and plan fields but RECOMPUTE_FIELDS, the inputs of
+    another recompute with that plan and its Recompute in place (the search's references at each recompute)."""
+    memo, fields = scope_memo("one_stage_inputs"), _BUT_RECOMPUTE(plan.__dict__)
+    if any(isinstance(fields[k], list) for k in _LISTS_AT):  # a list field set: its values, as a tuple
+        fields = tuple(tuple(v) if isinstance(v, list) else v for v in fields)
+    hit = memo.get((id(job), fields)) if memo is not None else None
+    if hit is not None:
+        _, m, inputs, layers, kinds = hit
+        if inputs.plan is not plan:
+            inputs = replace(inputs, plan=plan, recompute=recompute_of(job, plan))
+        return m, inputs, layers, kinds
+    m, _, ctx = _step_context(job, plan, calibration(job.framework))
+    inputs = stage_inputs(job, plan, ctx)
+    layers = inputs.pipeline.layers(0)
+    hit = (job, m, inputs, layers, stage_kinds(0, layers, inputs))
+    if memo is not None:
+        memo[(id(job), fields)] = hit
+    return hit[1:]  # type: ignore[return-value]
 
 
 def _one_stage_parts(inputs: StageInputs, kinds: list[bool] | None = None) -> tuple[float, ...]:
@@ -406,8 +433,7 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
     moe_lt = memo_layer(layer_time, ctx, True) if hybrid is None and arch.moe is not None and arch.moe.moe_layers \
         else None
     pipeline = stage_layers(job, plan)
-    recompute = Recompute(selective=job.card.recompute.selective,  # what "selective" repeats
-                          every_nth=every_nth_blocks(plan), modules=tuple(plan.recompute_modules or ("core_attn",)))
+    recompute = recompute_of(job, plan)
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
     head = head_seconds(job, plan, ctx)
     p2p = pipeline_p2p(job, plan, cal, lk)
@@ -428,6 +454,13 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         # Muon (Megatron-Core's emerging optimizer; the framework card's muon section says how it runs): None = Adam
         muon=job.card.muon if plan.optimizer == "muon" and job.lora is None else None,
         parts=time_rank_parts(job, plan))
+
+
+def recompute_of(job: Job, plan: Plan) -> Recompute:
+    """What the plan's recompute repeats, as the stages' time reads it: the framework's "selective", torchtitan's
+    every N-th block, Megatron's recompute modules."""
+    return Recompute(selective=job.card.recompute.selective, every_nth=every_nth_blocks(plan),
+                     modules=tuple(plan.recompute_modules or ("core_attn",)))
 
 
 def dp_traffic(plan: Plan, lk: Links, groups: mesh.MeshGroups, cal: Calibration) -> DpTraffic:
