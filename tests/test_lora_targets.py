@@ -216,8 +216,10 @@ def _bridge_recipe(targets: list[str], model: str = "qwen3_30b_a3b") -> str:
     ("qwen3_30b_a3b", ["*.layers.0.*.linear_qkv"], None, True),  # one layer (of each pipeline stage)
     # DeepSeek-V3: dense MLPs in its first 3 layers; '*.experts.' also matches mlp.shared_experts (a regex dot)
     ("deepseek_v3", ["*.linear_kv_up_proj", "*.experts.linear_fc1"], ["linear_fc1", "linear_kv_up_proj"], True),
+    # decoder.layers.* leaves out the MTP block's layer (mtp.layers.0.mtp_model_layer...), which Bridge's bare names and
+    # '*.' patterns adapt too
     ("deepseek_v3", ["*.linear_kv_up_proj", "decoder.layers.*.mlp*.linear_fc1"],
-     ["linear_fc1", "linear_kv_up_proj"], False),
+     ["linear_fc1", "linear_kv_up_proj"], True),
     # Bridge's LoRA adapts a router an entry matches (LoRATopKRouter): said, as meshplan counts none
     ("qwen3_30b_a3b", ["*.linear_qkv", "*.router"], ["linear_qkv"], False),
 ])

@@ -241,31 +241,48 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     return out
 
 
+def mtp_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) -> list[Adapted]:
+    """The adapted linears of the model's MTP blocks, all of them (none where the engine's LoRA reaches no MTP block,
+    LoraEngine.adapts_mtp; engine None is Megatron-Bridge's, which does). Megatron-Core builds each block's
+    mtp_model_layer from the decoder's last layer spec (megatron-core 0.19.2 models/gpt/gpt_layer_specs.py
+    get_gpt_mtp_block_spec_for_backend: spec.layer_specs[-1]; transformer/multi_token_prediction.py
+    MultiTokenPredictionLayer), and Megatron-Bridge's LoRA matches a bare target name against every module's name
+    (peft/module_matcher.py: name == pattern), so mtp.layers.<k>.mtp_model_layer's linears are adapted as the last
+    decoder layer's are; its eh_proj (2h -> h) is no default target."""
+    if not arch.num_mtp_layers or not (engine is None or engine.adapts_mtp):
+        return []
+    return layer_adapters(arch, arch.num_layers - 1, spec, engine) * arch.num_mtp_layers
+
+
 def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine: LoraEngine | None, *, tp: int,
-                   ep: int, etp: int) -> tuple[float, float]:
-    """(dense, expert) adapter parameters one rank of a stage holding `layers` keeps. Megatron-Bridge's
+                   ep: int, etp: int, mtp: bool = False) -> tuple[float, float]:
+    """(dense, expert) adapter parameters one rank of a stage holding `layers` (and, with `mtp`, the model's MTP
+    blocks: mtp_adapters) keeps. Megatron-Bridge's
     ParallelLinearAdapter shards both matrices over TP (peft/utils.py): for a column-parallel base, A is a
     ColumnParallelLinear(in, r) (r split) and B a ColumnParallelLinear(r, out) (out split); for a row-parallel base,
     A is a RowParallelLinear(in, r) (in split) and B a ColumnParallelLinear(r, out) (out split): r(in + out)/tp
     either way. A routed expert linear is sharded over etp: shared (share_expert_adapters, the default) it is one
     adapter per layer on every EP rank, its gradient all-reduced over EP; per_expert, one per local expert."""
     shared = engine is None or engine.experts == "shared"
+    adapted = [a for i in layers for a in layer_adapters(arch, i, spec, engine)]
+    if mtp:
+        adapted += mtp_adapters(arch, spec, engine)
     dense = expert = 0.0
-    for i in layers:
-        for a in layer_adapters(arch, i, spec, engine):
-            if not a.expert:
-                dense += a.params(spec.rank) / tp
-            elif shared:
-                expert += a.params(spec.rank) / etp
-            else:
-                assert arch.moe is not None
-                expert += arch.moe.num_experts / ep * a.params(spec.rank) / etp
+    for a in adapted:
+        if not a.expert:
+            dense += a.params(spec.rank) / tp
+        elif shared:
+            expert += a.params(spec.rank) / etp
+        else:
+            assert arch.moe is not None
+            expert += arch.moe.num_experts / ep * a.params(spec.rank) / etp
     return dense, expert
 
 
 def total_adapter_params(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None = None) -> int:
-    """Adapter parameters of the whole model (shared expert adapters counted once per layer)."""
-    dense, expert = adapter_params(arch, list(range(arch.num_layers)), spec, engine, tp=1, ep=1, etp=1)
+    """Adapter parameters of the whole model, its MTP blocks' where the engine adapts them (shared expert adapters
+    counted once per layer)."""
+    dense, expert = adapter_params(arch, list(range(arch.num_layers)), spec, engine, tp=1, ep=1, etp=1, mtp=True)
     return int(dense + expert)
 
 
@@ -279,12 +296,11 @@ FROZEN_PASSES_PER_FORWARD = 2.0
 
 def adapter_flops_per_token(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None = None) -> float:
     """Forward + backward FLOPs of the adapters per token: 6 per adapter parameter a token passes (a routed token
-    passes its top-k experts' adapters, the same shared adapter top-k times)."""
-    total = 0.0
-    for i in range(arch.num_layers):
-        for a in layer_adapters(arch, i, spec, engine):
-            total += a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1)
-    return 6.0 * total
+    passes its top-k experts' adapters, the same shared adapter top-k times), the MTP blocks' too where the engine
+    adapts them (mtp_adapters), as model_flops_per_token counts the MTP blocks' own linears."""
+    adapted = [a for i in range(arch.num_layers) for a in layer_adapters(arch, i, spec, engine)]
+    adapted += mtp_adapters(arch, spec, engine)
+    return 6.0 * sum(a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1) for a in adapted)
 
 
 def lora_flops_per_token(arch: Architecture, seq_length: int, spec: LoraSpec,

@@ -364,7 +364,7 @@ def lazy_optimizer_state(terms: MemoryTerms, params: StageParams) -> float:
     if terms.job.lora is not None:
         dense, experts = adapter_params(terms.job.model, params.layers, terms.job.lora,
                                         lora_engine(terms.job.card, plan.zero_stage),
-                                        tp=plan.tp, ep=plan.ep, etp=plan.etp)
+                                        tp=plan.tp, ep=plan.ep, etp=plan.etp, mtp=params.mtp)
         kept = 0.0
     else:
         dense, experts = params.dense, params.experts
@@ -402,7 +402,7 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     # Muon: one momentum instead of Adam's two on the decoder's (and MTP's) matrices; the output layer stays on Adam
     states["optimizer"] -= muon_saved(terms, params)
     if terms.job.lora is not None:  # LoRA: the frozen base keeps its weights only, the adapters carry every state
-        states = lora_states(terms, params.layers, states, detail)
+        states = lora_states(terms, params, states, detail)
     if terms.job.precision == "fp8" and conv.fp8_weight_bytes:
         states["weights"] += conv.fp8_weight_bytes * params.linear
         detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * params.linear)
@@ -414,7 +414,7 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     return states
 
 
-def lora_states(terms: MemoryTerms, layers: list[int], states: dict[str, float],
+def lora_states(terms: MemoryTerms, params: StageParams, states: dict[str, float],
                 detail: dict[str, int]) -> dict[str, float]:
     """A LoRA stage's model states: the frozen base keeps only its weight bytes (no gradient buffer, master copy or
     moments: Megatron's DDP and optimizer take only requires_grad parameters, as does torch's), and the adapters
@@ -422,11 +422,11 @@ def lora_states(terms: MemoryTerms, layers: list[int], states: dict[str, float],
     parameters are."""
     job, plan = terms.job, terms.plan
     assert job.lora is not None
-    dense, experts = adapter_params(job.model, layers, job.lora, lora_engine(job.card, plan.zero_stage),
-                                    tp=plan.tp, ep=plan.ep, etp=plan.etp)
+    dense, experts = adapter_params(job.model, params.layers, job.lora, lora_engine(job.card, plan.zero_stage),
+                                    tp=plan.tp, ep=plan.ep, etp=plan.etp, mtp=params.mtp)
     out = {"weights": states["weights"], "gradients": 0.0, "optimizer": 0.0}
-    for params, group in ((dense, terms.dense_dp), (experts, terms.expert_dp)):
-        for cls, value in state_bytes(terms.tensors, params, group).items():
+    for count, group in ((dense, terms.dense_dp), (experts, terms.expert_dp)):
+        for cls, value in state_bytes(terms.tensors, count, group).items():
             out[cls] += value
     detail["lora_adapter_params"] = int(dense + experts)
     return out

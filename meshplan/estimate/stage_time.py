@@ -443,9 +443,10 @@ def stage_params(s: int, layers: Sequence[int], inp: StageInputs) -> tuple[float
     on the head stage, the MTP blocks where the layout puts them; under LoRA only the adapters (the only parameters
     with gradients to reduce and states to step)."""
     job, plan, arch, pipeline = inp.job, inp.plan, inp.ctx.arch, inp.pipeline
-    if job.lora is not None:
-        return adapter_params(arch, layers, job.lora, inp.ctx.lora_engine, tp=plan.tp, ep=plan.ep, etp=plan.etp)
     mtp = s == pipeline.mtp_at and bool(arch.num_mtp_layers) and pipeline.mtp_trained
+    if job.lora is not None:
+        return adapter_params(arch, layers, job.lora, inp.ctx.lora_engine, tp=plan.tp, ep=plan.ep, etp=plan.etp,
+                              mtp=mtp)
     return inp.parts.held(layers, first=s == 0, last=s == pipeline.head_rank, mtp=mtp)
 
 

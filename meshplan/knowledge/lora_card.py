@@ -34,6 +34,12 @@ class LoraEngine(BaseModel):
                            "engines: their target_modules default), which adapts every nn.Linear but the output head, "
                            "so the model's other linears too (MLA's q/kv projections, Qwen2-MoE's shared_expert_gate, "
                            "a router built as a Linear): arithmetic/lora.py other_linears")
+    adapts_mtp: bool = Field(
+        False, description="The engine's LoRA adapts the multi-token-prediction blocks' linears too: Megatron-Bridge's "
+                           "LoRA matches a target by module name over the whole GPTModel (peft/module_matcher.py: "
+                           "name == pattern), so linear_qkv ... linear_fc2 of mtp.layers.<k>.mtp_model_layer match as "
+                           "a decoder layer's do (arithmetic/lora.py mtp_adapters); PEFT on transformers' code has no "
+                           "MTP block to adapt")
     experts_why: str | None = Field(
         None, description="With experts none: why the routed experts get no adapter and what would adapt them, said in "
                           "the notes of a MoE model's LoRA job that targets linear_fc1 / linear_fc2")

@@ -8,8 +8,9 @@ decoder.layers.<i>.mlp.linear_fc1 (a dense MLP), mlp.shared_experts.linear_fc1, 
 routed experts), <i> the layer's index within its pipeline stage. verl's and SkyRL's Megatron engines build the same
 LoRA. meshplan adapts a target on every decoder layer the model has it in (arithmetic/lora.py layer_adapters), so a
 pattern set is read as the targets it adapts there, and one that adapts a target in some of those places only (one
-layer's, the dense MLPs' but not the experts') is said and refused an estimate (keys.py read_patterns and
-patterns_on_model, LORA_NOT_MODELLED).
+layer's, the dense MLPs' but not the experts', the decoder's but not the MTP block's: a bare name matches both,
+decoder.layers.* only the decoder's) is said and refused an estimate (keys.py read_patterns and patterns_on_model,
+LORA_NOT_MODELLED).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ MoELayer shared_experts and experts, TEGroupedMLP's linear_fc1 / linear_fc2)."""
 OTHER_PLACES = {"router": "decoder.layers.{i}.mlp.router", "output layer": "output_layer"}
 """Modules Bridge's LoRA also adapts when an entry matches them (peft/lora.py LoRA.transform: LoRATopKRouter for a
 MoE router, a linear adapter for the output layer's ColumnParallelLinear), which meshplan counts no adapter on."""
+MTP_LAYER = "mtp.layers.{i}.mtp_model_layer."
+"""Where a model's MTP block holds its layer (megatron-core 0.19.2 GPTModel.mtp, a MultiTokenPredictionBlock whose
+layers each build mtp_model_layer from the decoder's last layer spec): its targets sit under this path as a decoder
+layer's under decoder.layers.<i>., and Bridge's LoRA adapts them when an entry matches (arithmetic/lora.py
+mtp_adapters)."""
 LAYER_INDICES = (0, 1, 7, 10, 123)
 """Layer indices a pattern is tried at: one that matches a place at all of them names no layer (its '*' takes the
 index); one that matches at some only names layers."""
@@ -39,8 +45,13 @@ def wildcard_match(pattern: str, path: str) -> bool:
 
 
 def places(target: str) -> dict[str, str]:
-    """The places a target's module sits in a layer, each a path template."""
+    """The places a target's module sits in a decoder layer, each a path template."""
     return dict(MLP_PLACES) if target in MLP_TARGETS else {"attention": ATTENTION}
+
+
+def mtp_places(target: str) -> dict[str, str]:
+    """The same places in an MTP block's layer ('MTP attention', 'MTP routed experts', ...)."""
+    return {f"MTP {place}": path.replace("decoder.layers.{i}.", MTP_LAYER) for place, path in places(target).items()}
 
 
 def is_pattern(name: str) -> bool:
@@ -58,7 +69,7 @@ def pattern_places(patterns: list[str]) -> tuple[dict[str, set[str]], list[str]]
     some: list[str] = []
     for pattern in patterns:
         for target in TARGETS:
-            for place, path in places(target).items():
+            for place, path in {**places(target), **mtp_places(target)}.items():
                 hits = [wildcard_match(pattern, path.format(i=i, t=target)) for i in LAYER_INDICES]
                 if all(hits):
                     every.setdefault(target, set()).add(place)
@@ -77,9 +88,10 @@ def model_places(arch: Architecture, target: str) -> set[str]:
     """The places the model holds a target in (those meshplan counts adapters in on the Bridge engines): attention
     for an attention target the model has (arithmetic/lora.py model_targets: MLA's linears with MLA, linear_qkv
     without); linear_fc1 / linear_fc2 in its dense MLPs, its shared experts and its routed experts, where it has
-    each."""
+    each; and the same in its MTP blocks' layers, each the last decoder layer's kind (mtp_places)."""
     if target not in MLP_TARGETS:
-        return {"attention"} if target in model_targets(arch) else set()
+        held = {"attention"} if target in model_targets(arch) else set()
+        return held | ({"MTP attention"} if held and arch.num_mtp_layers else set())
     moe_layers = [i for i in range(arch.num_layers) if arch.is_moe_layer(i)]
     out = {"dense MLP"} if len(moe_layers) < arch.num_layers else set()
     if moe_layers:
@@ -87,5 +99,9 @@ def model_places(arch: Architecture, target: str) -> set[str]:
         out.add("routed experts")
         if arch.moe.shared_expert_ffn_hidden_size:
             out.add("shared experts")
+    if arch.num_mtp_layers:
+        last = arch.num_layers - 1
+        mtp = {"routed experts", "shared experts"} & out if arch.is_moe_layer(last) else {"dense MLP"}
+        out |= {f"MTP {place}" for place in mtp}
     return out
 
