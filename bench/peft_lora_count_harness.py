@@ -3,9 +3,10 @@ tests/framework_packages.PEFT_VENV; the model is built on the meta device, so no
 
 Reads {"config": {...}, "rank": r, "target_modules": ..., optionally "target_parameters": [...]} as JSON on stdin
 and prints `RESULT {...}` with the trainable parameters get_peft_model leaves and how many of them sit under a
-routed-expert module (`.experts.`) or a vision tower (`vision_model.`). "auto_class": "image_text_to_text" builds a
-multimodal model as verl's and SkyRL's FSDP engines build one whose config has a vision_config
-(AutoModelForImageTextToText: verl 0.9.1 utils/model.py get_hf_auto_model_class, SkyRL 0.4.0
+routed-expert module (`.experts.`) or a vision tower (`vision_model.`), and the base model's parameters in its
+vision tower and projector (`vision_base`: vision_model. and multi_modal_projector.). "auto_class":
+"image_text_to_text" builds a multimodal model as verl's and SkyRL's FSDP engines build one whose config has a
+vision_config (AutoModelForImageTextToText: verl 0.9.1 utils/model.py get_hf_auto_model_class, SkyRL 0.4.0
 workers/model_wrapper.py HFModelWrapper). With "forward": true the model is built on the CPU instead (a tiny config)
 and one forward and backward of a few tokens is run: `runs` says whether it went through, `error` what failed (an
 adapted module PEFT cannot run, such as Llama 4's router under all-linear), `flops` what torch's FlopCounterMode
@@ -31,12 +32,15 @@ def main() -> None:
     auto = AutoModelForImageTextToText if ask.get("auto_class") == "image_text_to_text" else AutoModelForCausalLM
     with torch.device("cpu" if forward else "meta"):
         model = auto.from_config(config)
+    vision_base = sum(p.numel() for n, p in model.named_parameters()
+                      if n.startswith(("vision_model.", "model.vision_model.", "multi_modal_projector.",
+                                       "model.multi_modal_projector.")))
     peft = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=ask["target_modules"],
                                             target_parameters=ask.get("target_parameters"),
                                             exclude_modules=ask.get("exclude_modules")))
     trained = [(n, p.numel()) for n, p in peft.named_parameters() if p.requires_grad]
     result = {"trainable": sum(c for _, c in trained), "experts": sum(c for n, c in trained if ".experts." in n),
-              "vision": sum(c for n, c in trained if "vision_model." in n)}
+              "vision": sum(c for n, c in trained if "vision_model." in n), "vision_base": vision_base}
     if forward:
         try:
             torch.manual_seed(0)

@@ -254,10 +254,32 @@ def mtp_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) 
     return layer_adapters(arch, arch.num_layers - 1, spec, engine) * arch.num_mtp_layers
 
 
+def vision_adapters(arch: Architecture, spec: LoraSpec) -> list[Adapted]:
+    """The adapted linears of the model's vision tower where an engine builds it (Architecture.vision, Llama 4's; the
+    caller says whether, memory_terms.vision_built): the PEFT engines name Llama 4's projections (adapters/lora.py
+    hf_targets: never all-linear, its router forbids it), and the vision encoder's attention has modules of those
+    names, q_proj, k_proj, v_proj (linear_qkv) and o_proj (linear_proj), h -> heads x head_dim with biases
+    (transformers 5.9.0 Llama4VisionAttention), so PEFT adapts them in every encoder layer; its MLP (fc1, fc2), the
+    pixel-shuffle MLP, the patch embedding's linear and the projector's linear_1 match no name meshplan writes. On
+    text-only data the tower never runs, so these adapters, like the tower, get no gradient and no optimizer state
+    (torch's optimizers skip a parameter whose grad is None): weights only."""
+    v = arch.vision
+    if v is None:
+        return []
+    width = v.num_heads * (v.hidden_size // v.num_heads)
+    out = []
+    if "linear_qkv" in spec.targets:
+        out += [Adapted(target="linear_qkv", inputs=v.hidden_size, outputs=width)] * 3  # q, k, v_proj each
+    if "linear_proj" in spec.targets:
+        out.append(Adapted(target="linear_proj", inputs=width, outputs=v.hidden_size))
+    return out * v.num_layers
+
+
 def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine: LoraEngine | None, *, tp: int,
                    ep: int, etp: int, mtp: bool = False) -> tuple[float, float]:
     """(dense, expert) adapter parameters one rank of a stage holding `layers` (and, with `mtp`, the model's MTP
-    blocks: mtp_adapters) keeps. Megatron-Bridge's
+    blocks: mtp_adapters) keeps; the vision tower's (vision_adapters) are weights only, held beside its own
+    (estimate/memory_terms.vision_weight_bytes). Megatron-Bridge's
     ParallelLinearAdapter shards both matrices over TP (peft/utils.py): for a column-parallel base, A is a
     ColumnParallelLinear(in, r) (r split) and B a ColumnParallelLinear(r, out) (out split); for a row-parallel base,
     A is a RowParallelLinear(in, r) (in split) and B a ColumnParallelLinear(r, out) (out split): r(in + out)/tp

@@ -34,6 +34,7 @@ from meshplan.estimate.memory_terms import (
     StageParams,
     param_table,
     stage_params,
+    vision_weight_bytes,
 )
 from meshplan.estimate.muon_memory import muon_saved, muon_step_bytes
 from meshplan.knowledge.model_counts import per_architecture
@@ -403,6 +404,8 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     states["optimizer"] -= muon_saved(terms, params)
     if terms.job.lora is not None:  # LoRA: the frozen base keeps its weights only, the adapters carry every state
         states = lora_states(terms, params, states, detail)
+    vision = vision_weight_bytes(terms, params, detail)
+    states["weights"] += vision.bytes
     if terms.job.precision == "fp8" and conv.fp8_weight_bytes:
         states["weights"] += conv.fp8_weight_bytes * params.linear
         detail["fp8_weight_copies"] = int(conv.fp8_weight_bytes * params.linear)
@@ -411,6 +414,7 @@ def model_states(terms: MemoryTerms, params: StageParams, detail: dict[str, int]
     # as a model built the same way keeps them (the RL step's reference model: rl/memory.reference_bytes)
     sharded = any(t.tensor_class == "weights" and t.shard == "dp" for t in tensors)
     detail["weight_params"] = int(dense / terms.dense_dp + experts / terms.expert_dp if sharded else dense + experts)
+    detail["weight_params"] += int(vision.params / terms.dense_dp if sharded else vision.params)
     return states
 
 

@@ -11,6 +11,7 @@ from itertools import chain
 from typing import NamedTuple
 
 from meshplan.arithmetic.activations import Layout
+from meshplan.arithmetic.lora import vision_adapters
 from meshplan.arithmetic.memory_states import (
     Convention,
     MemoryCard,
@@ -18,11 +19,18 @@ from meshplan.arithmetic.memory_states import (
     StateTensor,
     built_vocab,
     convention,
+    state_bytes,
 )
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import scope_memo
-from meshplan.knowledge.model_counts import layer_params, mamba_linear_params, mtp_params, per_architecture
+from meshplan.knowledge.model_counts import (
+    layer_params,
+    mamba_linear_params,
+    mtp_params,
+    per_architecture,
+    vision_params,
+)
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan
@@ -93,6 +101,8 @@ class RankParts(NamedTuple):
     embedding: float  # on the first stage
     head: float  # the output layer on the last stage (0: tied to the embedding on one stage)
     norm: int  # the final norm's parameters, beside the output layer
+    vision: int = 0  # the vision tower and projector on the first stage where the engine builds them (vision_built):
+    # weights only, not in held (vision_weight_bytes)
 
     def layer(self, i: int) -> tuple[float, float]:
         """(dense, routed) parameters of decoder layer `i` on this rank."""
@@ -151,7 +161,16 @@ def rank_parts(arch: Architecture, card, conv: Convention, plan: Plan, vocab: in
     return RankParts(table=param_table_for(arch, card.moe_whole_over_tp), tp=plan.tp, expert_split=plan.ep * plan.etp,
                      embedding=vocab * h / rows + arch.learned_position_embeddings * h,
                      head=vocab * h / split if (not arch.tie_word_embeddings or plan.pp > 1) else 0,
-                     norm=h * (2 if arch.norm_type == "layernorm" else 1))
+                     norm=h * (2 if arch.norm_type == "layernorm" else 1),
+                     vision=vision_params(arch) if vision_built(arch, card, plan.zero_stage) else 0)
+
+
+def vision_built(arch: Architecture, card, zero_stage: int) -> bool:
+    """Whether the engine of this ZeRO stage builds the model's vision tower and projector beside its text model
+    (the card's vision_tower engines: verl's and SkyRL's FSDP, which load Llama4ForConditionalGeneration); the first
+    stage holds them whole, as the FSDP engines run no TP or pipeline on them."""
+    return arch.vision is not None and card.vision_tower is not None and card.vision_tower.builds(
+        card.engine_at(zero_stage))
 
 
 def time_rank_parts(job: Job, plan: Plan) -> RankParts:
@@ -285,6 +304,7 @@ class StageParams(NamedTuple):
     embedding: int  # the embedding's parameters (first stage)
     output_layer: int  # the output layer's parameters (last stage)
     mtp_params: int  # the MTP blocks' parameters
+    vision_params: int = 0  # the vision tower and projector (first stage, where the engine builds them)
 
 
 def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
@@ -310,4 +330,29 @@ def stage_params(terms: MemoryTerms, rank: int, chunks) -> StageParams:
         linear += mtp_sharded / tp + mtp_experts / (plan.ep * plan.etp)
         mtp = int(mtp_sharded / tp + mtp_repl + mtp_experts / (plan.ep * plan.etp))
     return StageParams(layers=layers, first=first, last=last, mtp=has_mtp, dense=dense, experts=experts,
-                       linear=linear, head=head, embedding=embedding, output_layer=output_layer, mtp_params=mtp)
+                       linear=linear, head=head, embedding=embedding, output_layer=output_layer, mtp_params=mtp,
+                       vision_params=parts.vision if first else 0)
+
+
+class VisionWeights(NamedTuple):
+    params: int  # the tower's, the projector's and (LoRA) its adapters' parameters on the stage
+    bytes: float  # their weight bytes on this GPU
+
+
+def vision_weight_bytes(terms: MemoryTerms, params: StageParams, detail: dict[str, int]) -> VisionWeights:
+    """The vision tower and projector the first stage holds where the engine builds them (StageParams.vision_params)
+    and, under LoRA, the adapters PEFT puts on its attention (arithmetic/lora.vision_adapters): weights only, sharded
+    as the dense weights are. On text-only data Llama4ForConditionalGeneration never calls its vision_model (no
+    pixel_values), so none of them gets a gradient, and torch's optimizers keep no state for a parameter whose grad is
+    None; their gradient sync and optimizer step are left out of the time for the same reason."""
+    if not params.vision_params:
+        return VisionWeights(0, 0.0)
+    job = terms.job
+    adapters = sum(a.params(job.lora.rank) for a in vision_adapters(job.model, job.lora)) if job.lora else 0
+    detail["vision_params"] = params.vision_params
+    if adapters:
+        detail["vision_adapter_params"] = adapters
+    count = params.vision_params + adapters
+    weights = [t for t in terms.tensors if t.tensor_class == "weights"]
+    return VisionWeights(count, sum(state_bytes(weights, count, terms.dense_dp).values()))
+

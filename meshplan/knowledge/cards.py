@@ -20,7 +20,7 @@ from meshplan.knowledge.adapter_card import ADAPTER_KNOBS, AdapterSection
 from meshplan.knowledge.allocator_card import AllocatorFacts, AllocatorSetting
 from meshplan.knowledge.compute_card import AttentionSemantics, CompileSemantics, RecomputeSemantics
 from meshplan.knowledge.defaults_card import FrameworkDefaults, FrameworkLimits, MemoryFix, SearchKnobs
-from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts
+from meshplan.knowledge.engine_card import EngineFacts, MemoryConvention, OptimizerStepFacts, VisionTowerEngines
 from meshplan.knowledge.fsdp_card import GradAccumulationFacts, Zero3Prefetch
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.moe_card import (
@@ -255,6 +255,8 @@ class FrameworkCard(_Card):
     flex_dispatcher_engines: FlexDispatcherEngines | None = Field(
         None, description="Absent: only Megatron-Core's engine runs the flex dispatcher (rule EP007)")
     rl: RLCard | None = Field(None, description="Absent: the framework runs no RL job")
+    vision_tower: VisionTowerEngines | None = Field(
+        None, description="Absent: no engine of the framework builds a multimodal model's vision tower")
     ds_config_keys: list[str] = Field(
         default_factory=list, description="The ds_config keys meshplan writes that DeepSpeed accepts, from its source "
                                           "(the adapter tests check a rendered config against them)")

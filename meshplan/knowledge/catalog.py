@@ -15,7 +15,7 @@ from meshplan.knowledge.cards import ModelCard, model_card, model_card_names
 from meshplan.knowledge.flag_models import NAME, flags_architecture, flags_report
 from meshplan.knowledge.generic_models import generic_architecture, parse_size
 from meshplan.knowledge.model_config import architecture_from_config, architecture_from_file
-from meshplan.knowledge.model_counts import count_components, mtp_params
+from meshplan.knowledge.model_counts import count_components, mtp_params, vision_params
 from meshplan.schema.model import Architecture, ComponentCount, ModelReport, ModelSummary
 
 # Fine-tuned variants share their base model's architecture: "-Instruct", "-Base", "-Chat", Gemma's "-it".
@@ -146,6 +146,9 @@ def describe_architecture(arch: Architecture, published: dict | None = None) -> 
         "active_params_excl_input_embedding = active - vocab*hidden (DeepSeek, gpt-oss convention).",
         "active_params_non_embedding = active minus input embedding and untied head (Moonlight, GLM convention).",
     ]
+    if arch.vision is not None:
+        assumptions.append(f"total excludes the vision tower and projector ({vision_params(arch):,}, vision_params): "
+                           "the engines that load the multimodal model (verl's and SkyRL's FSDP) build and hold it.")
     if arch.tie_word_embeddings:
         assumptions.append("Embeddings are tied: the output layer reuses the input embedding, counted once.")
     if arch.generic:
@@ -175,6 +178,7 @@ def describe_architecture(arch: Architecture, published: dict | None = None) -> 
         active_params_non_embedding=active - emb - head,
         non_embedding_params=total - emb - head,
         mtp_params=mtp_params(arch),
+        vision_params=vision_params(arch),
         components=comps,
         architecture=arch,
         published=published,

@@ -49,3 +49,19 @@ class OptimizerStepFacts(_Card):
 
     by_engine: dict[Engine, OptimizerImplementation]
     source: str
+
+
+class VisionTowerEngines(BaseModel):
+    """The framework's engines that build a multimodal config's vision tower and projector beside the text model
+    (Architecture.vision, Llama 4's): they load the model through transformers' AutoModelForImageTextToText, so the
+    tower's weights are held (and trained, or frozen under LoRA with the attention projections PEFT's target names
+    match adapted). An engine left out builds the text model only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[Engine]
+    source: str
+
+    def builds(self, engine: Engine) -> bool:
+        return engine in self.engines
+

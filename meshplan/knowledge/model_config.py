@@ -18,6 +18,7 @@ from pydantic import Field
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import _Card, load_card
 from meshplan.knowledge.hybrid_config import hybrid_architecture, read_hybrid_names
+from meshplan.knowledge.vision_config import llama4_vision_tower
 from meshplan.schema.model import Architecture, MLASpec, MoESpec, RopeSpec
 
 _MISSING = object()
@@ -627,6 +628,7 @@ def architecture_from_config(
         moe=moe,
         mla=mla,
         origin=origin,
+        vision=llama4_vision_tower(config, lambda c, w: _Fields(c, f"{f.where} {w}")),
     )
     return hybrid_architecture(arch, f, _groups) if model_type == "nemotron_h" else arch
 

@@ -132,6 +132,37 @@ def mtp_params(arch: Architecture) -> int:
     return arch.num_mtp_layers * per_block
 
 
+def vision_layer_params(arch: Architecture) -> int:
+    """One Llama4VisionEncoderLayer (transformers 5.9.0 models/llama4/modeling_llama4.py): q/k/v/o_proj h ->
+    heads x head_dim (head_dim = h // heads) with biases, the MLP fc1 h -> intermediate and fc2 back, both with
+    biases, and two LayerNorms (weight and bias)."""
+    v = arch.vision
+    if v is None:
+        return 0
+    h, width = v.hidden_size, v.num_heads * (v.hidden_size // v.num_heads)
+    attention = 3 * (h * width + width) + width * h + h
+    mlp = h * v.intermediate_size + v.intermediate_size + v.intermediate_size * h + h
+    return attention + mlp + 2 * 2 * h
+
+
+def vision_params(arch: Architecture) -> int:
+    """Llama 4's vision tower and multi-modal projector, as transformers 5.9.0 builds them beside the text model
+    (Llama4ForConditionalGeneration: vision_model, multi_modal_projector): Llama4VisionModel's patch embedding
+    (Llama4UnfoldConvolution's linear, channels x patch^2 -> h, no bias), class embedding (h), positional
+    embedding ((image // patch)^2 + 1 rows of h), layernorm_pre and layernorm_post, its encoder layers
+    (vision_layer_params) and its vision_adapter (Llama4VisionPixelShuffleMLP's mlp: fc1 intermediate ->
+    projector_input_dim, fc2 projector_output_dim -> projector_output_dim, no biases); then the projector's linear_1
+    (vision_output_dim -> the text hidden size, no bias). 0 without a vision tower."""
+    v = arch.vision
+    if v is None:
+        return 0
+    h = v.hidden_size
+    embeddings = v.num_channels * v.patch_size ** 2 * h + h + ((v.image_size // v.patch_size) ** 2 + 1) * h
+    adapter = v.intermediate_size * v.projector_input_dim + v.projector_output_dim ** 2
+    return (embeddings + 2 * 2 * h + v.num_layers * vision_layer_params(arch) + adapter
+            + v.vision_output_dim * arch.hidden_size)
+
+
 def count_components(arch: Architecture) -> list[ComponentCount]:
     h, v = arch.hidden_size, arch.vocab_size
     sums: dict[str, int] = {}

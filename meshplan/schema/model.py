@@ -92,6 +92,25 @@ class RopeSpec(StrictModel):
     truncate: bool | None = Field(None, description="yarn: round the correction range to whole dims (default true)")
 
 
+class VisionTower(StrictModel):
+    """A Llama 4 vision tower and its projector as config.json's vision_config states them (transformers'
+    Llama4VisionConfig): the model Llama4ForConditionalGeneration builds beside the text model, which the engines that
+    load it build and hold (knowledge/model_counts.py vision_params counts it)."""
+
+    hidden_size: int = Field(ge=1, description="hidden_size: the encoder's width")
+    num_layers: int = Field(ge=1, description="num_hidden_layers: Llama4VisionEncoderLayer blocks")
+    num_heads: int = Field(ge=1, description="num_attention_heads (head_dim = hidden_size // heads)")
+    intermediate_size: int = Field(ge=1, description="intermediate_size: the encoder MLP's width, and the pixel "
+                                                     "shuffle's output width the adapter MLP reads")
+    image_size: int = Field(ge=1, description="image_size: a tile's side in pixels")
+    patch_size: int = Field(ge=1, description="patch_size: a patch's side in pixels")
+    num_channels: int = Field(3, ge=1)
+    projector_input_dim: int = Field(ge=1, description="The adapter MLP's fc1 output width")
+    projector_output_dim: int = Field(ge=1, description="The adapter MLP's fc2 width")
+    vision_output_dim: int = Field(ge=1, description="The multi-modal projector's input width (its output: the text "
+                                                     "model's hidden size)")
+
+
 class Architecture(StrictModel):
     """The shapes that decide parameter count, memory and FLOPs; field meanings follow HF config.json."""
 
@@ -135,6 +154,8 @@ class Architecture(StrictModel):
                                                         "E MoE); None: every layer is attention and an MLP or MoE")
     mamba: MambaSpec | None = Field(None, description="The Mamba-2 mixer of a hybrid model's M layers")
     num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
+    vision: VisionTower | None = Field(None, description="The vision tower and projector a multimodal config states "
+                                                         "(Llama 4's vision_config; not in the total)")
     generic: bool = Field(False, description="True when built from a size alone, not a real config")
     origin: str = Field("catalog", description="catalog | config.json path | generic size | a launch "
                                                 "script's architecture flags the model is built from")
@@ -175,6 +196,8 @@ class ModelReport(StrictModel):
     active_params_non_embedding: int = Field(description="Without input embedding and head (Moonlight, GLM)")
     non_embedding_params: int = Field(description="Total without input embedding and head (Qwen, Gemma)")
     mtp_params: int = Field(description="Multi-token-prediction blocks, not in the total")
+    vision_params: int = Field(0, description="The vision tower and multi-modal projector (Llama 4's), not in the "
+                                              "total: built and held by the engines that load the multimodal model")
     components: list[ComponentCount]
     architecture: Architecture
     published: dict | None = Field(None, description="Published counts and their source (catalog models)")
