@@ -32,11 +32,8 @@ from meshplan.adapters.read.keys import (
     LORA_NOT_MODELLED,
     SPLIT_NOT_READ,
     Reading,
-    all_linear_that_fails,
     fill_defaults,
-    patterns_on_model,
     read_section,
-    unmodelled_lora_said,
 )
 from meshplan.adapters.read.launch import (
     read_allocator,
@@ -45,6 +42,7 @@ from meshplan.adapters.read.launch import (
     read_bridge_python,
     read_megatron,
 )
+from meshplan.adapters.read.lora_keys import all_linear_that_fails, patterns_on_model, unmodelled_lora_said
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
