@@ -119,7 +119,9 @@ CASES: dict[str, tuple[dict, dict]] = {
     "SP003": ({**L8B, "framework": "skyrl", "num_gpus": 8, "tp": 2, "sequence_parallel": False},
               {**L8B, "framework": "skyrl", "num_gpus": 8, "tp": 2}),
     "CP001": ({**L8B, "num_gpus": 8, "cp": 4, "seq_length": 8196}, {**L8B, "num_gpus": 8, "cp": 4, "seq_length": 8192}),
-    "CP002": ({**L8B, "num_gpus": 8, "cp": 4, "seq_length": 8192}, {**L8B, "num_gpus": 8, "cp": 2, "seq_length": 8192}),
+    # the step estimate exposes cp=8's ring at 512 tokens a rank; it hides cp=2's at 2,048 (recommend's first pick)
+    "CP002": ({**L8B, "num_gpus": 8, "cp": 8, "with_memory": True},
+              {**L8B, "num_gpus": 8, "cp": 2, "with_memory": True}),
     "CP003": ({**L8B, "num_gpus": 16, "tp": 4, "cp": 4, "cp_comm_type": "a2a", "seq_length": 32768},
               {**L8B, "num_gpus": 16, "tp": 4, "cp": 2, "cp_comm_type": "a2a", "seq_length": 32768}),
     "CP004": ({**L8B, "framework": "nanotron", "num_gpus": 16, "cp": 16, "seq_length": 8},
@@ -326,7 +328,7 @@ def test_card_and_code_agree_and_every_rule_has_a_lifecycle():
         assert entry.get("status") in ("stable", "preview", "deprecated"), rule_id
         assert isinstance(entry.get("since"), str) and entry["since"].count(".") == 2, rule_id
     assert set(load_rules()) == code_ids
-    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL005", "RL006"}
+    assert memory_rules() == {"MEM001", "MEM002", "MEM003", "RL005", "RL006", "CP002"}
 
 
 def load_card_raw() -> dict:
@@ -624,12 +626,22 @@ def test_uneven_split_is_balanced_and_respects_vpp():
     assert f.fix.endswith("first_stage_layers=27, last_stage_layers=26, 27 on the middle stage."), f.fix
 
 
-def test_a_short_sequence_fix_names_one_cp_as_one():
-    """CP002 at 4,096 tokens (each rank should keep 4,096) said 'Use cp=1 or less', below which there is nothing."""
-    f = finding_of("CP002", *make(**L8B, num_gpus=8, cp=2))
-    assert f.fix.startswith("Use cp=1 at this length (each rank keeping at least 4096 tokens)"), f.fix
-    f = finding_of("CP002", *make(**L8B, num_gpus=8, cp=8, seq_length=16384))
-    assert f.fix.startswith("Use cp=4 or less at this length"), f.fix
+def test_cp002_reads_the_step_estimate_recommend_ranks_with():
+    """CP002's fixed 4,096 tokens per rank told `check llama-3.1-8b --num-gpus 8 --cp 2` that the exchange could not be
+    hidden and to use cp=1, of the layout `recommend` ranks first (TP1 PP1 CP2 DP4), whose ring the estimate hides
+    and whose cp=1 does not fit. It fires now where the estimate exposes CP traffic, with that figure, and its fix is
+    the same estimate at cp=1."""
+    from meshplan.estimate.perf import estimate_throughput
+
+    job, plan = make(**L8B, num_gpus=8, cp=2)
+    assert estimate_throughput(job, plan).breakdown.cp_comm_s == 0
+    assert "CP002" not in ids(job, plan, include_memory=True)
+    job, plan = make(**L8B, num_gpus=8, cp=8)
+    exposed = estimate_throughput(job, plan).breakdown.cp_comm_s
+    f = finding_of("CP002", job, plan, include_memory=True)
+    assert f"{exposed:.3g} s of the" in f.message and "512 tokens per CP rank" in f.message
+    assert f.fix.startswith("cp=1 (dp=8) does not fit at these settings"), f.fix
+    assert "meshplan recommend" in f.fix and "Use cp=1" not in f.fix
 
 
 def test_uneven_split_checks_follow_megatron():
@@ -722,16 +734,16 @@ def test_memory_error_names_fitting_alternatives():
 
 
 def test_memory_fix_neighbours_follow_the_card():
-    """MEM001's neighbours come from its params (doubling, pp up to 4x) and CP002's threshold, not from code."""
+    """MEM001's neighbours come from its params (doubling, pp up to 4x, the cp threshold), not from code."""
     from meshplan.check.alternatives import _candidates
 
     assert rule_specs()["MEM001"].params == {"max_alternatives": 3, "degree_factor": 2, "max_pp_factor": 4,
-                                             "max_changes": 2}
+                                             "max_changes": 2, "cp_min_tokens_per_rank": 4096}
     job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8192)
     labels = [label.split(" (")[0] for label, _ in _candidates(Context(job, plan))]
     assert {"pp=2", "pp=4", "cp=2"} <= set(labels) and "pp=8" not in labels
     assert not any(label.startswith("tp=") for label in labels)  # tp=16 leaves the 8-GPU NVLink domain (TP004)
-    job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8190)  # under 2 x CP002's 4,096 tokens per rank
+    job, plan = make(**L70B, num_gpus=64, tp=8, seq_length=8190)  # under 2 x its 4,096 tokens per rank
     assert not any(label.startswith("cp=") for label, _ in _candidates(Context(job, plan)))
 
 

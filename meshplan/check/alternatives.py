@@ -19,7 +19,8 @@ from meshplan.rules.fix_values import ctx_param
 from meshplan.schema.plan import Plan
 
 # Which neighbours the fix tries and how many it names are MEM001's params in cards/rules.yaml (the why says
-# why); the cp threshold is CP002's, so the fix never offers a cp that CP002 would then flag.
+# why), the cp threshold among them (the decision tables' CP-from-8K row: a cp neighbour only where each rank keeps
+# cp_min_tokens_per_rank).
 
 
 def _dp_for(ctx: Context, tp: int, pp: int, cp: int, ep: int) -> int | None:
@@ -53,7 +54,7 @@ def _candidates(ctx: Context) -> list[tuple[str, Plan]]:
         out.append((f"tp={p.tp * step}", {"tp": p.tp * step, "sequence_parallel": True}))
     if arch.moe is not None:
         out.append((f"ep={p.ep * step}", {"ep": p.ep * step}))
-    if ctx.job.seq_length >= step * ctx_param(ctx, "CP002", "min_tokens_per_rank"):
+    if ctx.job.seq_length >= step * ctx_param(ctx, "MEM001", "cp_min_tokens_per_rank"):
         out.append((f"cp={p.cp * step}", {"cp": p.cp * step}))
     if p.recompute != "full":
         out.append(("recompute=full", {"recompute": "full", "recompute_layers": None, "recompute_method": None}))

@@ -44,7 +44,8 @@ class RuleSpec(BaseModel):
     status: Status = Field(description="stable: settled; preview: wording or threshold may change; "
                                        "deprecated: still runs, to be removed (the id is never reused)")
     since: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="The meshplan version that first shipped the rule")
-    memory: bool = Field(False, description="Reads the memory estimate: runs after it, never in the structural check")
+    memory: bool = Field(False, description="Reads the plan's estimates (the memory one; CP002 the step time): runs "
+                                           "after the memory estimate, never in the structural check")
     frameworks: list[str] = Field(description="Framework names, or 'all'")
     backends: list[Backend] = Field(
         default_factory=lambda: list(BACKENDS),
@@ -130,7 +131,7 @@ RULE_MODULES: tuple[str, ...] = (
     "meshplan.rules.world", "meshplan.rules.tensor", "meshplan.rules.sequence", "meshplan.rules.experts",
     "meshplan.rules.attention", "meshplan.rules.frameworks", "meshplan.rules.pipeline", "meshplan.rules.batch",
     "meshplan.rules.precision", "meshplan.rules.recompute", "meshplan.rules.offload", "meshplan.rules.lora",
-    "meshplan.rules.rollout", "meshplan.check.memory",
+    "meshplan.rules.rollout", "meshplan.check.memory", "meshplan.check.context_parallel",
 )
 
 

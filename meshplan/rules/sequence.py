@@ -7,9 +7,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
-from meshplan.rules.context import runs_ulysses
 from meshplan.rules.engine import Context, Values, rule
-from meshplan.rules.fix_values import LISTED, ctx_param, divisors, fmt_set, neighbours
+from meshplan.rules.fix_values import LISTED, divisors, fmt_set, neighbours
 from meshplan.rules.world import tiling
 
 
@@ -21,24 +20,6 @@ def cp_sequence_divisible(ctx: Context) -> Values:
     good = tiling(ctx, "cp", [c for c in divisors(seq // 2) if c > 1])[:LISTED] if seq % 2 == 0 else []
     return {"cp": cp, "seq": seq, "unit": 2 * cp, "seqs": neighbours(seq, 2 * cp),
             "cps": fmt_set(good) if good else "none (odd length)"}
-
-
-
-@rule("CP002", reads=("cp", "zero_stage"))
-def cp_short_sequence(ctx: Context) -> Values:
-    """Where the engine's cp is Ulysses (verl's and SkyRL's FSDP engines, the card's engine.ulysses) the traffic is
-    its all-to-alls, which nothing hides, and the engine has no TP to shard memory with instead."""
-    cp, seq = ctx.plan.cp, ctx.job.seq_length
-    minimum = int(ctx_param(ctx, "CP002", "min_tokens_per_rank"))
-    if cp == 1 or seq // cp >= minimum:
-        return None
-    most = max(1, seq // minimum)
-    fewer = "cp=1" if most == 1 else f"cp={most} or less"  # nothing is less than cp=1
-    words = (("outweigh Ulysses' all-to-alls of q, k, v and the output", "save memory with recompute")
-             if runs_ulysses(ctx.job.card, ctx.plan.zero_stage) else
-             ("hide the exchange of K/V chunks", "shard memory with TP/SP or recompute"))
-    return {"cp": cp, "seq": seq, "chunk": seq // cp, "minimum": minimum, "fewer": fewer, "exchange": words[0],
-            "instead": words[1]}
 
 
 
