@@ -323,3 +323,22 @@ def test_a_moe_recipes_lora_that_leaves_the_routed_experts_out_is_said(peft, sai
     assert got.request["lora_rank"] == 16
     assert any("adapts none of them" in n for n in got.notes) is said, got.notes
     assert not any("every linear layer" in n for n in got.notes)
+
+
+def test_lora_targets_over_module_names_meshplan_does_not_know_are_said():
+    """DeepSeek-V4's LoRA (Automodel 36044ad examples/llm_finetune/deepseek_v4/deepseek_v4_flash_hellaswag_lora.yaml)
+    targets its own modules ('*wq_a', '*wq_b', '*wkv', '*wo_b'): the reader dropped every name and the request refused
+    the empty list with pydantic's "List should have at least 1 item". Now the refusal names the patterns and what is
+    read; beside a projection read, an unknown pattern is a note; a bare-wildcard projection ('*q_proj') is read."""
+    head = ("distributed:\n  strategy: fsdp2\nmodel:\n  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B\n"
+            "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  dim: 16\n")
+    with pytest.raises(MeshplanError) as exc:
+        import_config(head + "  target_modules: ['*wq_a', '*wq_b', '*wkv', '*wo_b']\n", "v4.yaml",
+                      framework="nemo-automodel", config_format="yaml")
+    said = str(exc.value)
+    assert "match no linear meshplan knows" in said and "*wq_a, *wq_b, *wkv, *wo_b" in said, said
+    assert "q_proj and k_proj and v_proj (linear_qkv)" in said and "at least 1 item" not in said, said
+    got = import_config(head + "  target_modules: ['*q_proj', '*k_proj', '*v_proj', '*wo_b']\n", "v4.yaml",
+                        framework="nemo-automodel", config_format="yaml")
+    assert got.request["lora_targets"] == ["linear_qkv"]
+    assert any("*wo_b name no projection meshplan knows" in n for n in got.notes), got.notes

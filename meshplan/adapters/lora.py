@@ -97,8 +97,13 @@ def read_targets(value: Any, hf: bool) -> list[str]:
     names = list(value) if isinstance(value, (list, tuple)) else [value]
     if not hf:
         return names
-    names = [str(name).rsplit(".", 1)[-1] for name in names]  # AutoModel's wildcards over module paths: *.q_proj
-    return projection_targets(set(names))
+    return projection_targets({projection_name(name) for name in names})
+
+
+def projection_name(pattern: Any) -> str:
+    """The projection a target pattern names: AutoModel's wildcards over module paths (fnmatch: '*.q_proj', '*q_proj')
+    end in it."""
+    return str(pattern).rsplit(".", 1)[-1].lstrip("*")
 
 
 def projection_targets(names: set[str]) -> list[str]:
@@ -107,6 +112,20 @@ def projection_targets(names: set[str]) -> list[str]:
     mla = bool(names & MLA_ONLY) and not names & {"k_proj", "v_proj"}
     return [t for t in TARGETS if set(HF_PROJECTIONS[t]) <= names
             and not (t == "linear_qkv" and mla) and not (t == "linear_q_proj" and not mla)]
+
+
+def known_projections() -> str:
+    """The Hugging Face projection names read_targets knows (hf=True), in the groups each Megatron target needs: what
+    a refusal of targets that match none of them names."""
+    groups = {" and ".join(HF_PROJECTIONS[t]): t for t in TARGETS}
+    return "; ".join(f"{names} ({target})" for names, target in groups.items())
+
+
+def unknown_projections(names: list[str]) -> list[str]:
+    """The names (a module path's last part, a leading wildcard dropped) that are none of the Hugging Face projections
+    read_targets knows: what it would drop."""
+    known = {name for group in HF_PROJECTIONS.values() for name in group}
+    return [n for n in names if projection_name(n) not in known]
 
 
 def parsed_lora(rank: Any, targets: Any, hf: bool = False) -> dict[str, Any]:

@@ -6,9 +6,8 @@ The YAML is parsed with yaml's safe loader (no `_target_` is imported or run).
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from meshplan.adapters.lora import read_targets
+from meshplan.adapters.lora import known_projections, read_targets, unknown_projections
 from meshplan.adapters.read.keys import SPLIT_NOT_READ, Reading, apply, as_bool, key_table, state_stage_split
 from meshplan.adapters.read.launch import world
 from meshplan.adapters.read.settings import Setting, yaml_settings
@@ -141,7 +140,7 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
             flex = str(s.value) in ("deepep", "hybridep", "uccl_ep")
             reading.state("moe_token_dispatcher", "flex" if flex else "alltoall", s)
         elif m.target == "lora_targets":
-            reading.state("lora_targets", _lora_targets(s.value), s)
+            reading.state("lora_targets", _lora_targets(reading, s), s)
             reading.extra["peft_targets"] = (s.value, s)
         elif m.target == "param_offload":
             reading.state("param_offload", True, s)
@@ -182,9 +181,24 @@ def _lora_notes(reading: Reading) -> None:
                              "adapts them)")
 
 
-def _lora_targets(value: Any) -> list[str]:
-    """peft.target_modules (module names or wildcards over the Hugging Face projections) as Megatron target names."""
-    names = value if isinstance(value, list) else [value]
+def _lora_targets(reading: Reading, s: Setting) -> list[str]:
+    """peft.target_modules (module names or wildcards over the Hugging Face projections) as Megatron target names;
+    patterns over other module names (DeepSeek-V4's own wq_a, wkv, wo_b) are said: refused when none is left, noted
+    as not counted beside those read (before, an empty list met the request's own check: "at least 1 item")."""
+    names = s.value if isinstance(s.value, list) else [s.value]
     if any(re.fullmatch(r"\*(\.)?_?proj|\*_proj|\*", str(n)) for n in names):
         return read_targets("all-linear", hf=True)
-    return read_targets([str(n).rsplit(".", 1)[-1] for n in names], hf=True)
+    targets = read_targets(names, hf=True)
+    unknown = unknown_projections(names)
+    where = s.where(reading.path)
+    if not targets:
+        raise MeshplanError(
+            f"{where}: {[str(n) for n in names]} match no linear meshplan knows"
+            + (f" ({', '.join(map(str, unknown))} name modules outside its Hugging Face projections)" if unknown else
+               " (a Megatron linear needs every projection of its group)") + ".",
+            fix=f"meshplan reads these projections, each group making one Megatron linear: {known_projections()}; "
+                "as names, paths ending in them ('*.q_proj'), or '*_proj' / '*' for every projection.")
+    if unknown:
+        reading.notes.append(f"{where}: {', '.join(map(str, unknown))} name no projection meshplan knows: their "
+                             "adapters are not counted")
+    return targets
