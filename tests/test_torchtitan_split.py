@@ -67,3 +67,17 @@ def test_check_refuses_it_on_every_face_unless_the_split_is_given(tmp_path, caps
     assert "TP1 PP2 DP8" in capsys.readouterr().out
     result = call_tool("check_config", {"config_text": ZERO, "num_gpus": 16, "global_batch_size": 32})
     assert result.is_error and "stage 0 of 2 holds no decoder layer" in result.content[0].text
+
+
+def test_the_cuda_graphs_key_render_writes_at_pp_is_read_and_said():
+    """render writes --training.disable_cuda_graphs for torchtitan 0.3 at pp>1 (its _validate_cuda_graphs raises
+    otherwise); import called it 'no meshplan field'. It is said now: what it does to the step (zero_grad frees the
+    gradients, trainer.py train_step) and that meshplan's memory holds them zeroed in place."""
+    from meshplan.schema.request import Request
+
+    text = api.render_config("torchtitan", Request(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4)).text
+    assert "--training.disable_cuda_graphs" in text
+    got = api.import_config(text, path="run_torchtitan.sh", framework="torchtitan")
+    assert not any("disable_cuda_graphs" in u for u in got.unsupported), got.unsupported
+    (said,) = [n for n in got.notes if "disable_cuda_graphs" in n]
+    assert "zero_grad(set_to_none=True) frees the gradients" in said and "zeroed in place" in said
