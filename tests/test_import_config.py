@@ -287,7 +287,7 @@ def test_bad_files_name_the_line(tmp_path):
         import_file(str(bad))
     with pytest.raises(MeshplanError, match=r"job.sh:2 --tensor-model-parallel-size: 'four' is not a valid tp"):
         import_config("torchrun pretrain_gpt.py \\\n  --tensor-model-parallel-size four\n", "job.sh")
-    with pytest.raises(MeshplanError, match="cannot tell which framework"):
+    with pytest.raises(MeshplanError, match="cannot tell which framework this shell file"):
         import_config("echo hello\n")
     with pytest.raises(MeshplanError, match="is never closed by `fi`"):
         import_config("if [ 1 -eq 1 ]; then\n torchrun pretrain_gpt.py --tensor-model-parallel-size 2\n")
@@ -1056,3 +1056,18 @@ def test_torchtitan_negated_switch_reads_back_as_the_field(sp):
     assert got.unsupported == [] and got.request["sequence_parallel"] is sp, (got.unsupported, got.request)
     _, back = resolve(api.request_from_config(got, {"model": "llama-3.1-8b", "gpu": "h100"}))
     assert back == plan
+
+
+def test_a_python_file_meshplan_cannot_place_is_said_as_python():
+    """A .py meshplan cannot place was 'this shell file' (Megatron-Bridge's alias module recipes/llama/llama3.py):
+    it is a Python file, with what meshplan reads in Python, and a module that only imports from others names them."""
+    alias = ("from megatron.bridge.recipes.llama.llama3_8b import *  # noqa\n"
+             "from .llama3_70b import llama3_70b_pretrain_config\n")
+    with pytest.raises(MeshplanError) as exc:
+        import_config(alias, "recipes/llama/llama3.py")
+    said = str(exc.value)
+    assert "this Python file" in said and "shell" not in said.split("Fix:")[0], said
+    assert "only imports from other modules (megatron.bridge.recipes.llama.llama3_8b, .llama3_70b)" in said, said
+    assert "Megatron-Bridge recipe module" in said
+    with pytest.raises(MeshplanError, match=r"this Python file is for\. "):  # by its content, with no path
+        import_config("import os\n\ndef main():\n    print(os.getcwd())\n")

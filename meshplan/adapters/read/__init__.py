@@ -19,7 +19,15 @@ from typing import Any
 
 from meshplan.adapters.read.automodel import read_automodel_yaml
 from meshplan.adapters.read.bridge_recipe import DETECT as BRIDGE_RECIPE
-from meshplan.adapters.read.detect import YAML_CONFIGS, YAML_FIX, detect_format, unknown_yaml, yaml_kind
+from meshplan.adapters.read.detect import (
+    YAML_CONFIGS,
+    YAML_FIX,
+    detect_format,
+    python_module,
+    unknown_yaml,
+    unplaced_python,
+    yaml_kind,
+)
 from meshplan.adapters.read.files import (
     read_deepspeed_json,
     read_kempnerforge,
@@ -141,6 +149,8 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
             raise MeshplanError(f"{path}: meshplan reads {framework} from {kinds} files, not from a {fmt} file.",
                                 fix=f"Pass {framework}'s {kinds} file, or the framework this {fmt} file is for "
                                     f"({readers}), or the file's format if it is not {fmt}.")
+        if fmt == "shell" and (tree := python_module(text, path)) is not None:  # a .py file no reader places
+            raise unplaced_python(tree, path, readable)
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
                             fix=f"Pass --framework; meshplan reads: {readable}.")
     reading = reader(text, path)

@@ -7,6 +7,7 @@ or as the wrong framework's file.
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from functools import lru_cache
@@ -100,3 +101,36 @@ def detect_format(text: str) -> str:
             if not re.search(r"^\s*(export |python|torchrun|uv |bash|srun|deepspeed)", text, re.M):
                 return "toml"  # a TOML file with an error: read it as TOML, which names the line
     return "shell"
+
+
+PYTHON_READ = ("a Megatron-Bridge recipe module (a function returning a ConfigContainer), a Python script that sets "
+               "cfg.* on a Bridge recipe, or a torchtitan config_registry.py function")
+"""The Python files meshplan reads (bridge_recipe, the Bridge script reader, pyconfig): what an unplaced one is told."""
+
+
+def python_module(text: str, path: str) -> ast.Module | None:
+    """The text as a Python module when it is one (a .py path, or it parses and imports or defines something); a
+    shell script rarely parses as Python, and one that does defines nothing."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    kinds = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
+    return tree if path.endswith(".py") or any(isinstance(n, kinds) for n in tree.body) else None
+
+
+def unplaced_python(tree: ast.Module, path: str, readable: str) -> MeshplanError:
+    """The error for a Python file no reader takes: said as Python (it was 'this shell file'), with what meshplan reads
+    in Python; a module that only imports from others (Megatron-Bridge's alias modules, recipes/llama/llama3.py
+    re-exporting the recipes) with the modules it imports, the files to pass instead."""
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # docstrings
+    sources = list(dict.fromkeys("." * n.level + (n.module or "") for n in imports if isinstance(n, ast.ImportFrom)))
+    sources += [a.name for n in imports if isinstance(n, ast.Import) for a in n.names]
+    only_imports = bool(imports) and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) for n in body)
+    where = (f": it only imports from other modules ({', '.join(sources)}), so the recipe is in one of those"
+             if only_imports else "")
+    return MeshplanError(f"{path}: meshplan cannot tell which framework this Python file is for{where}.",
+                         fix=("Pass the module that defines the recipe. " if only_imports else "")
+                         + f"meshplan reads in Python {PYTHON_READ}; pass --framework for another file it reads: "
+                         + f"{readable}.")
