@@ -454,3 +454,27 @@ def test_a_request_without_a_batch_is_predicted_at_the_logs():
     assert not any("is not the request's" in n for n in result.notes)
     given = api.compare_run(parse_request({**fields, "global_batch_size": 256}), log("megatron_mixtral_8x7b_h100.log"))
     assert any("global batch size 128 is not the request's 256" in n for n in given.notes)  # a batch given is kept
+
+
+def test_the_logged_tflops_per_gpu_is_shown_beside_the_estimate_s_own(tmp_path, capsys):
+    """Megatron's 'throughput per GPU (TFLOP/s/GPU)' was read (MeasuredRun.tflops_per_gpu) and shown nowhere. It is a
+    figure beside the predicted model TFLOP/s per GPU in the estimate's one FLOP count: its model FLOPs per step over
+    the predicted step time and the GPUs, what its MFU divides by the peak."""
+    from meshplan.knowledge.hardware import get_gpu
+
+    fields = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
+              "global_batch_size": 128, "seq_length": 4096}
+    req = parse_request(fields)
+    throughput = api.estimate_throughput(req)
+    line = ("iteration {i}/ 100 | consumed samples: 256 | elapsed time per iteration (ms): 9000.0 | "
+            "throughput per GPU (TFLOP/s/GPU): 241.4 | global batch size: 128 | lm loss: 2.0E+00 |\n")
+    text = "".join(line.format(i=i) for i in (2, 3, 4))
+    tflops = {f.figure: f for f in api.compare_run(req, text).figures}["logged_tflops"]
+    assert tflops.measured == pytest.approx(241.4)
+    assert tflops.predicted == pytest.approx(throughput.model_flops_per_step / (throughput.step_time_s * 8) / 1e12)
+    assert tflops.predicted == pytest.approx(throughput.mfu * get_gpu("h100-sxm").bf16_flops / 1e12)
+    (tmp_path / "run.log").write_text(text, encoding="utf-8")
+    assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--gpu", "h100-sxm", "--global-batch-size", "128",
+                     "--log", str(tmp_path / "run.log")]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("model TFLOP/s per GPU"))
+    assert f"{tflops.predicted:.3g}" in row and "241" in row

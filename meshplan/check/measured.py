@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from meshplan.arithmetic.memory_states import memory_card
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import GIB, plural
+from meshplan.core.units import GIB, TERA, plural
 from meshplan.estimate.memory import stage_allocated
 from meshplan.rl.step_time import actor_update_seconds
 from meshplan.schema.measured import RATE_FIGURES, ComparedFigure, MeasuredRun, RunComparison
@@ -109,6 +109,7 @@ def compare_run(job: Job, memory: MemoryReport, throughput: ThroughputReport, me
         _figure("logged_mfu", "MFU as the framework logs it" + (" (actor update)" if throughput.rl else ""), mfu,
                 measured.mfu, tband, "the framework's own MFU (its FLOP count and peak may differ from meshplan's)",
                 mfu / f if f else None),
+        logged_tflops(job, throughput, measured, tband, f),
     ]
     notes = []
     if measured.global_batch_size is not None and measured.global_batch_size != job.global_batch_size:
@@ -148,6 +149,21 @@ def measured_mfu(job: Job, throughput: ThroughputReport, measured: MeasuredRun, 
     return _figure("mfu", label, predicted, throughput.mfu_at(per_gpu), band,
                    f"the measured tokens/s per GPU ({how}) x meshplan's model FLOPs per token / the GPU's peak, the "
                    "estimate's own (ThroughputReport.mfu_at)", calibrated)
+
+
+def logged_tflops(job: Job, throughput: ThroughputReport, measured: MeasuredRun, band: ErrorBand | None,
+                  factor: float | None) -> ComparedFigure:
+    """The model TFLOP/s per GPU the framework logs (Megatron's 'throughput per GPU (TFLOP/s/GPU)', torchtitan's
+    tflops) beside the predicted one in the estimate's own FLOP count: its model FLOPs per step over the predicted
+    seconds and the GPUs (what its MFU divides by the peak; an RL job's, the actor update's over the update's
+    seconds, as its MFU). Read, it was shown nowhere."""
+    seconds = actor_update_seconds(job, throughput.rl) if throughput.rl is not None else throughput.step_time_s
+    predicted = throughput.model_flops_per_step / (seconds * job.num_gpus) / TERA
+    return _figure("logged_tflops", "model TFLOP/s per GPU as the framework logs it"
+                   + (" (actor update)" if throughput.rl else ""), predicted, measured.tflops_per_gpu, band,
+                   "predicted: meshplan's model FLOPs per step over the predicted step time and the GPUs (the count "
+                   "its MFU reads); measured: the framework's own FLOP count, which may count differently",
+                   predicted / factor if factor else None)
 
 
 def _gib(nbytes: int | None) -> float | None:

@@ -17,7 +17,7 @@ from meshplan.schema.plan import Plan
 from meshplan.schema.reports import ClusterFactor, ErrorBand
 
 FigureName = Literal["peak_allocated", "peak_reserved", "step_time", "tokens_per_s_per_gpu", "mfu",
-                     "logged_mfu"]
+                     "logged_mfu", "logged_tflops"]
 
 
 class MeasuredRun(StrictModel):
@@ -49,7 +49,7 @@ class MeasuredRun(StrictModel):
 
 
 # the step time's reciprocals: judged on its band, inverted
-RATE_FIGURES = ("tokens_per_s_per_gpu", "mfu", "logged_mfu")
+RATE_FIGURES = ("tokens_per_s_per_gpu", "mfu", "logged_mfu", "logged_tflops")
 
 
 class ComparedFigure(StrictModel):
