@@ -1071,3 +1071,32 @@ def test_a_python_file_meshplan_cannot_place_is_said_as_python():
     assert "Megatron-Bridge recipe module" in said
     with pytest.raises(MeshplanError, match=r"this Python file is for\. "):  # by its content, with no path
         import_config("import os\n\ndef main():\n    print(os.getcwd())\n")
+
+
+GSPO_WRAPPER = """set -x
+# bash examples/train/algorithms/gspo/run_gspo_gsm8k.sh
+
+bash examples/train/gsm8k/run_gsm8k.sh \\
+  trainer.algorithm.policy_loss_type="gspo" \\
+  trainer.algorithm.loss_reduction="sequence_mean" \\
+  trainer.micro_forward_batch_size_per_gpu=16 \\
+  trainer.micro_train_batch_size_per_gpu=16 \\
+  trainer.run_name="gspo_gsm8k" \\
+  "$@"
+"""
+
+
+def test_a_wrapper_that_calls_another_script_names_it():
+    """SkyRL's run_gspo_gsm8k.sh (examples/train/algorithms/gspo) runs `bash examples/train/gsm8k/run_gsm8k.sh` with
+    overrides and launches nothing itself: it was 'cannot tell which framework' (and with --framework skyrl, 'no
+    command launches ...'), naming no file to pass. Both now name the called script and its line."""
+    for framework in (None, "skyrl"):
+        with pytest.raises(MeshplanError) as exc:
+            import_config(GSPO_WRAPPER, "run_gspo_gsm8k.sh", framework=framework)
+        said = str(exc.value)
+        assert "calls examples/train/gsm8k/run_gsm8k.sh (line 4), which holds the launch" in said, said
+        assert "Pass examples/train/gsm8k/run_gsm8k.sh, with this file's overrides added" in said, said
+    with pytest.raises(MeshplanError, match=r"it launches no trainer itself but calls \./run\.sh \(line 1\)"):
+        import_config("NUM_GPUS=4 ./run.sh trainer.epochs=1\n", "wrap.sh")
+    with pytest.raises(MeshplanError, match=r"this shell file is for\. "):  # sourcing an env file is no launch
+        import_config("source env.sh\necho done\n", "x.sh")

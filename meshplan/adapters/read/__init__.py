@@ -44,16 +44,19 @@ from meshplan.adapters.read.keys import (
     read_section,
 )
 from meshplan.adapters.read.launch import (
+    called_scripts,
     read_allocator,
     read_bridge,
     read_bridge_module,
     read_bridge_python,
     read_megatron,
+    wrapper_script,
 )
 from meshplan.adapters.read.lora_keys import all_linear_that_fails, patterns_on_model, unmodelled_lora_said
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
+from meshplan.adapters.read.shell import read_script
 from meshplan.adapters.read.verl_sft import DETECT as VERL_SFT
 from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
 from meshplan.arithmetic.mesh import file_data_parallel
@@ -120,6 +123,14 @@ def _yaml_reader(text: str, path: str) -> Callable[[str, str], Reading]:
     raise unknown_yaml(text, path)
 
 
+def _called(text: str, path: str) -> list[tuple[str, int]]:
+    """The scripts a shell file no reader places runs (launch.called_scripts); none where it does not parse."""
+    try:
+        return called_scripts(read_script(text, path))
+    except MeshplanError:
+        return []
+
+
 def import_config(text: str, path: str = "<config_text>", framework: str | None = None,
                   config_format: str | None = None) -> ImportedConfig:
     """The request a configuration file states (see ImportedConfig). `framework` and `config_format` are detected
@@ -151,6 +162,8 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
                                     f"({readers}), or the file's format if it is not {fmt}.")
         if fmt == "shell" and (tree := python_module(text, path)) is not None:  # a .py file no reader places
             raise unplaced_python(tree, path, readable)
+        if fmt == "shell" and (called := _called(text, path)):  # a wrapper: the launch is in the script it calls
+            raise wrapper_script(path, called)
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
                             fix=f"Pass --framework; meshplan reads: {readable}.")
     reading = reader(text, path)

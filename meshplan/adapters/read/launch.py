@@ -168,12 +168,44 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
             if k is not None and sum(bool(lookup(table, s.key)) for s in flag_settings(command.words[k + 1:])
                                      if not s.key.startswith("-")) >= CUSTOM_ENTRY_LEAST_KEYS:
                 found = (command, k, True)
+    if found is None and (called := called_scripts(script)):
+        raise wrapper_script(script.path, called, f"no command launches {' or '.join(launchers)}: this file")
     if found is None:
         raise MeshplanError(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
                             f"{framework_card(framework).display_name} launch script meshplan can read.",
                             fix="Pass --framework NAME if it is another framework's, or the script that runs the "
                                 "training (a loop or function around the launch line is not read).")
     return found
+
+
+SCRIPT_RUNNERS = ("bash", "sh", "zsh")  # what runs another script in a child shell (`source` reads one into this)
+
+
+def called_scripts(script: Script) -> list[tuple[str, int]]:
+    """The shell scripts a script runs, with their lines: `bash x.sh ...` (or sh, zsh) or `./x.sh ...` as a command
+    (VAR=value prefixes already read into the environment). A wrapper such as SkyRL's run_gspo_gsm8k.sh calls
+    run_gsm8k.sh with overrides and launches no trainer itself: that called script is what holds the launch."""
+    found = []
+    for command in script.commands:
+        words = [w.text for w in command.words]
+        k = 1 if words and words[0].rsplit("/", 1)[-1] in SCRIPT_RUNNERS else 0
+        if len(words) > k and words[k].endswith(".sh") and (k or "/" in words[0]):
+            found.append((words[k], command.line))
+    return list(dict.fromkeys(found))
+
+
+WRAPPER_UNPLACED = "meshplan cannot tell which framework this shell file is for: it launches no trainer itself but"
+
+
+def wrapper_script(path: str, called: list[tuple[str, int]], what: str = WRAPPER_UNPLACED) -> MeshplanError:
+    """The error for a shell file that launches no trainer but calls other scripts (`what`: why it is refused, the
+    framework's launchers where one was named): it names them, the file to pass (meshplan reads one file; the
+    wrapper's overrides go on that script's command line)."""
+    names = ", ".join(f"{name} (line {line})" for name, line in called)
+    one = called[0][0] if len(called) == 1 else "the called script that launches the training"
+    return MeshplanError(f"{path}: {what} calls {names}, which holds the launch.",
+                         fix=f"Pass {one}, with this file's overrides added to its command line (meshplan reads one "
+                             "file).")
 
 
 def _entry_point(command: Command) -> int | None:
