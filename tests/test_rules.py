@@ -630,7 +630,8 @@ def test_cp002_reads_the_step_estimate_recommend_ranks_with():
     """CP002's fixed 4,096 tokens per rank told `check llama-3.1-8b --num-gpus 8 --cp 2` that the exchange could not be
     hidden and to use cp=1, of the layout `recommend` ranks first (TP1 PP1 CP2 DP4), whose ring the estimate hides
     and whose cp=1 does not fit. It fires now where the estimate exposes CP traffic, with that figure, and its fix is
-    the same estimate at cp=1."""
+    the same estimate at each smaller cp: the fastest that fits."""
+    from meshplan.adapters.read.fixes import fix_changes
     from meshplan.estimate.perf import estimate_throughput
 
     job, plan = make(**L8B, num_gpus=8, cp=2)
@@ -640,8 +641,9 @@ def test_cp002_reads_the_step_estimate_recommend_ranks_with():
     exposed = estimate_throughput(job, plan).breakdown.cp_comm_s
     f = finding_of("CP002", job, plan, include_memory=True)
     assert f"{exposed:.3g} s of the" in f.message and "512 tokens per CP rank" in f.message
-    assert f.fix.startswith("cp=1 (dp=8) does not fit at these settings"), f.fix
-    assert "meshplan recommend" in f.fix and "Use cp=1" not in f.fix
+    # cp=1 does not fit (80.4 of 79.6 GiB); cp=2, recommend's first pick, fits and hides its ring
+    assert f.fix.startswith("Use cp=2 (dp=4): predicted "), f.fix
+    assert "meshplan recommend" in f.fix and fix_changes(f.fix, {"cp": 8}) == [{"cp": 2, "dp": 4}]
 
 
 def test_uneven_split_checks_follow_megatron():

@@ -295,6 +295,7 @@ def test_cp002_on_a_ulysses_engine_names_its_all_to_alls_and_no_tp():
     """CP002 told verl's FSDP engine (Ulysses, no TP) that the attention could not hide 'the exchange of K/V chunks'
     and to 'shard memory with TP/SP'; its all-to-alls are what nothing overlaps, and where cp=1 fits and the estimate
     says it is faster, the fix names it with its figure."""
+    from meshplan.adapters.read.fixes import fix_changes
     from meshplan.check.config import check_config
 
     job, plan = resolve(Request(model="llama-3.1-8b", gpu="h100", num_gpus=8, framework="verl", zero_stage=3, cp=2,
@@ -302,3 +303,4 @@ def test_cp002_on_a_ulysses_engine_names_its_all_to_alls_and_no_tp():
     (f,) = [f for f in check_config(job, plan).findings if f.id == "CP002"]
     assert "all-to-alls" in f.message and "K/V chunks" not in f.message and "TP/SP" not in f.fix
     assert f.fix.startswith("Use cp=1 (dp=8): predicted "), f.fix
+    assert fix_changes(f.fix, {"cp": 2}) == [{"cp": 1, "dp": 8}]  # the edit check --config writes
