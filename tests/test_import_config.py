@@ -1071,6 +1071,10 @@ def test_a_python_file_meshplan_cannot_place_is_said_as_python():
     assert "Megatron-Bridge recipe module" in said
     with pytest.raises(MeshplanError, match=r"this Python file is for\. "):  # by its content, with no path
         import_config("import os\n\ndef main():\n    print(os.getcwd())\n")
+    # told the framework, its launch-line reader said 'not a Megatron-Bridge launch script'
+    with pytest.raises(MeshplanError, match=r"reads no megatron-bridge settings from this Python file: it only "
+                                            r"imports from other modules"):
+        import_config(alias, "recipes/llama/llama3.py", framework="megatron-bridge")
 
 
 GSPO_WRAPPER = """set -x

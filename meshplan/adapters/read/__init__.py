@@ -44,6 +44,7 @@ from meshplan.adapters.read.keys import (
     read_section,
 )
 from meshplan.adapters.read.launch import (
+    NoLaunch,
     called_scripts,
     read_allocator,
     read_bridge,
@@ -73,6 +74,15 @@ def _megatron_or_deepspeed(text: str, path: str) -> Reading:
     return read_megatron(text, path, "deepspeed" if deepspeed else "megatron-core")
 
 
+BRIDGE_SCRIPT = re.compile(r"(?m)^cfg\.[\w.]+\s*=")  # a Python script setting a Bridge recipe's cfg.* fields
+
+
+def _read_as_python(text: str) -> bool:
+    """Whether a Python reader takes the text: torchtitan's config_registry.py, a Bridge recipe module or cfg.* script
+    (what _shell_reader and READERS send to them)."""
+    return bool(PYTHON_CONFIG.search(text) or BRIDGE_RECIPE.search(text) or BRIDGE_SCRIPT.search(text))
+
+
 def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
     """The reader of a shell script, by the entry point it launches."""
     if PYTHON_CONFIG.search(text):  # torchtitan's config_registry.py generation (before any launcher word)
@@ -86,7 +96,7 @@ def _shell_reader(text: str) -> Callable[[str, str], Reading] | None:
     for pattern, reader in ((r"verl\.trainer|main_ppo|actor_rollout_ref\.", read_verl),
                             (r"skyrl|(?:^|\s)\+*(?:generator|trainer\.policy)\.[\w.]+=", read_skyrl),
                             (r"main_dapo", read_verl),
-                            (r"(?m)^cfg\.[\w.]+\s*=", read_bridge_python),
+                            (BRIDGE_SCRIPT.pattern, read_bridge_python),
                             (r"run_recipe\.py", read_bridge), (r"torchtitan\.train", read_torchtitan_cli),
                             (r"pretrain_\w+\.py|finetune_llama\.py", _megatron_or_deepspeed)):
         if re.search(pattern, text):
@@ -99,7 +109,7 @@ READERS: dict[tuple[str, str], Callable[[str, str], Reading]] = {
     ("deepspeed", "shell"): lambda t, p: read_megatron(t, p, "deepspeed"),
     ("deepspeed", "json"): read_deepspeed_json,
     ("megatron-bridge", "shell"): lambda t, p: (read_bridge_module if BRIDGE_RECIPE.search(t) else read_bridge_python
-                                                if re.search(r"(?m)^cfg\.[\w.]+\s*=", t) and "run_recipe.py" not in t
+                                                if BRIDGE_SCRIPT.search(t) and "run_recipe.py" not in t
                                                 else read_bridge)(t, p),
     ("verl", "shell"): lambda t, p: (read_verl_sft if VERL_SFT.search(t) else read_verl)(t, p),
     ("verl", "yaml"): read_verl_sft_yaml,
@@ -166,7 +176,13 @@ def import_config(text: str, path: str = "<config_text>", framework: str | None 
             raise wrapper_script(path, called)
         raise MeshplanError(f"{path}: meshplan cannot tell which framework this {fmt} file is for.",
                             fix=f"Pass --framework; meshplan reads: {readable}.")
-    reading = reader(text, path)
+    try:
+        reading = reader(text, path)
+    except NoLaunch:
+        if framework is not None and fmt == "shell" and not _read_as_python(text) and \
+                (tree := python_module(text, path)) is not None:  # not 'not a ... launch script': a Python file
+            raise unplaced_python(tree, path, ", ".join(f"{f} ({k})" for f, k in READERS), framework) from None
+        raise
     read_allocator(reading)  # a launch script's PYTORCH_CUDA_ALLOC_CONF, once the job is known
     reading.request.setdefault("framework", reading.framework)
     reading.sources.setdefault("framework", f"{path} (read as {reading.framework}"

@@ -119,10 +119,11 @@ def python_module(text: str, path: str) -> ast.Module | None:
     return tree if path.endswith(".py") or any(isinstance(n, kinds) for n in tree.body) else None
 
 
-def unplaced_python(tree: ast.Module, path: str, readable: str) -> MeshplanError:
+def unplaced_python(tree: ast.Module, path: str, readable: str, framework: str | None = None) -> MeshplanError:
     """The error for a Python file no reader takes: said as Python (it was 'this shell file'), with what meshplan reads
     in Python; a module that only imports from others (Megatron-Bridge's alias modules, recipes/llama/llama3.py
-    re-exporting the recipes) with the modules it imports, the files to pass instead."""
+    re-exporting the recipes) with the modules it imports, the files to pass instead. `framework`: the one the user
+    named, whose launch-line reader found no launch in it."""
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # docstrings
     sources = list(dict.fromkeys("." * n.level + (n.module or "") for n in imports if isinstance(n, ast.ImportFrom)))
@@ -130,7 +131,9 @@ def unplaced_python(tree: ast.Module, path: str, readable: str) -> MeshplanError
     only_imports = bool(imports) and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) for n in body)
     where = (f": it only imports from other modules ({', '.join(sources)}), so the recipe is in one of those"
              if only_imports else "")
-    return MeshplanError(f"{path}: meshplan cannot tell which framework this Python file is for{where}.",
+    what = (f"meshplan reads no {framework} settings from this Python file" if framework else
+            "meshplan cannot tell which framework this Python file is for")
+    return MeshplanError(f"{path}: {what}{where}.",
                          fix=("Pass the module that defines the recipe. " if only_imports else "")
                          + f"meshplan reads in Python {PYTHON_READ}; pass --framework for another file it reads: "
                          + f"{readable}.")

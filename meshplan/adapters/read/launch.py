@@ -148,6 +148,10 @@ CUSTOM_ENTRY_LEAST_KEYS = 2
 one over the framework's config (launch_command)."""
 
 
+class NoLaunch(MeshplanError):
+    """A script in which no command launches the framework's trainer: import_config says a Python file is one."""
+
+
 def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
     """The command that starts training (its launcher word's index, and whether it is a custom entry point): the last
     one naming a launcher of the framework's card (read.launcher), else the last `python -m MODULE` / `python FILE.py`
@@ -171,7 +175,7 @@ def launch_command(script: Script, framework: str) -> tuple[Command, int, bool]:
     if found is None and (called := called_scripts(script)):
         raise wrapper_script(script.path, called, f"no command launches {' or '.join(launchers)}: this file")
     if found is None:
-        raise MeshplanError(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
+        raise NoLaunch(f"{script.path}: no command launches {' or '.join(launchers)}, so this is not a "
                             f"{framework_card(framework).display_name} launch script meshplan can read.",
                             fix="Pass --framework NAME if it is another framework's, or the script that runs the "
                                 "training (a loop or function around the launch line is not read).")
