@@ -9,8 +9,8 @@ routed experts), <i> the layer's index within its pipeline stage. verl's and Sky
 LoRA. meshplan adapts a target on every decoder layer the model has it in (arithmetic/lora.py layer_adapters), so a
 pattern set is read as the targets it adapts there, and one that adapts a target in some of those places only (one
 layer's, the dense MLPs' but not the experts', the decoder's but not the MTP block's: a bare name matches both,
-decoder.layers.* only the decoder's) is said and refused an estimate (keys.py read_patterns, lora_keys.py patterns_on_model,
-LORA_NOT_MODELLED).
+decoder.layers.* only the decoder's) is said and refused an estimate (keys.py read_patterns, lora_keys.py
+patterns_on_model, LORA_NOT_MODELLED).
 """
 
 from __future__ import annotations
