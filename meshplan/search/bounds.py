@@ -669,20 +669,21 @@ class StepTimeBounds(SearchPlans):
 
     def group_key(self, group: SeedGroup, lay: Layout, ideal: float,
                   rates: dict[tuple, tuple[int, float, float, tuple]]) -> float:
-        """A seed group's key: group_floor at the least seconds per token of its layouts' seed rates and their least
-        bubble (least_bubble), `lay` any of its layouts. seed_rate reads of a layout of the group only whether its
-        pipeline may overlap the all-to-all (pipeline_overlaps; the degrees are the group's), so one rate per
-        distinct answer over its vpps (by_vpp) gives their least, as asking each would."""
+        """A seed group's key: group_floor at its layouts' seed rates (one per pipeline_overlaps over its vpps, by_vpp:
+        all seed_rate reads besides the group's degrees), the MoE host sync, the least share outside the EP overlap's
+        steady state (stretch_factors at its most vpps: group_floor) and least bubble (least_bubble), `lay` any one."""
         mbs = group.sizes[0]
-        rated: dict[bool, float] = {}
+        rated: dict[bool, tuple[int, float, float]] = {}
         for one in group.by_vpp.values():
             overlap = self.pipeline_overlaps(one)
             if overlap not in rated:
-                rated[overlap] = self.seed_rate(one, mbs, rates, overlap)[1]
+                rated[overlap] = self.seed_rate(one, mbs, rates, overlap)[:3]
         bubble = group.least_bubble(lambda one, ranks:
                                     self.ranks_light(ranks, one, self.seed_rate(one, mbs, rates)) is not None)
-        return group_floor(self.job.seq_length, self.job.global_batch_size, lay, group.sizes, min(rated.values()),
-                           bubble, ideal)
+        outsides = None if not any(rate[2] for rate in rated.values()) else [
+            factor[1] for factor in self.stretch_factors(group.by_vpp[max(group.by_vpp)], group.sizes)]
+        return group_floor(self.job.seq_length, self.job.global_batch_size, lay, group.sizes, tuple(rated.values()),
+                           bubble, ideal, self.moe_sync_s(), outsides)
 
     def seed_keys(self, lay: Layout, sizes: tuple[int, ...], ideal: float,
                   rate: tuple[int, float, float, tuple] | None = None, ranks: Ranks | bool | None = False

@@ -90,24 +90,42 @@ def seed_shape(lay: Layout, last: tuple | None) -> tuple:
     return (lay.vpp, bubble) if last is None else (lay.vpp, bubble, last)
 
 
-def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[int, ...], per_token: float,
-                bubble: float, ideal: float) -> float:
-    """A lower bound of every seed key (bounds.seed_keys) of a group's layouts: `lay` any of them, `per_token` the
-    least seconds per token of their seed rates, `bubble` their least bubble_stages. A layout's key for a micro-batch
-    of b sequences is the larger of its ideal time, ideal x (1 + bubble/m), and its per-token bound (bounds.stretch),
-    tokens x (seconds per token + the exposed all-to-all's share) / pp x (m + bubble) plus the MoE host sync's
-    share; every added term is non-negative, so each is at least the same with the group's least seconds per token
-    and least bubble, and nothing else read (sequence per CP rank, pp, m from dp) differs in a group. The least over
-    the micro-batches, less GROUP_MARGIN for rounding (tests/test_search_passes.py holds it under every key)."""
+def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[int, ...],
+                rates: tuple[tuple[int, float, float], ...], bubble: float, ideal: float, sync: float = 0.0,
+                outsides: list[float] | None = None) -> float:
+    """A lower bound of every seed key (bounds.seed_keys) of a group's layouts: `lay` any of them, `rates` the distinct
+    seed rates of their layouts (b_tok, seconds per token, the exposed all-to-all's per token), `bubble` their least
+    bubble_stages, `sync` the MoE layers' host sync per micro-batch (bounds.moe_sync_s), `outsides` per micro-batch
+    size the least share of a layout's micro-batches outside the EP overlap's steady state (None: no rate exposes
+    any all-to-all). A layout's key for a micro-batch of b sequences is the larger of its ideal time, ideal x (1 +
+    bubble/m), and its per-token bound (bounds.stretch), W / pp x (m + bubble) with W = tokens x (seconds per token +
+    its outside share x the exposed all-to-all) + the host sync's share its reference leaves, sync x max(0, 1 - tokens
+    / (b_tok x seq)); its pipeline's chains, where they lower it, keep m x W / pp (rank_chains.stages_bound's slowest
+    rank) and take out the bubble (least_bubble: 0). Every term is non-negative, so each key is at least the least W
+    over the group's rates at the least outside share, at its least bubble; nothing else read (sequence per CP rank,
+    pp, m from dp) differs in a group. The outside share, 1 - moe_time.a2a_steady_share, is least at the group's most
+    virtual stages: the warm-up per chunk, (pp - 2) / (m vpp) + pp / m (1 / (m vpp) at pp 1), only falls with vpp.
+    The least over the micro-batches, less GROUP_MARGIN for rounding (tests/test_search_passes.py holds it under
+    every key)."""
     per_rank = -(-seq_length // lay.cp)
     pp, dp = lay.pp, lay.dp
-    least = float("inf")
-    for mbs in sizes:  # (the hot loop of seeding: no calls)
+    least = INF
+    for index, mbs in enumerate(sizes):  # (the hot loop of seeding: no calls)
         m = global_batch // (mbs * dp)
         if m < 1:
             m = 1
+        tokens = per_rank * mbs
+        outside = 0.0 if outsides is None else outsides[index]
+        work = INF
+        for b_tok, per_token, exposed in rates:
+            rate_work = tokens * (per_token + outside * exposed)
+            rest = 1.0 - tokens / (b_tok * seq_length)
+            if sync and rest > 0.0:
+                rate_work += sync * rest
+            if rate_work < work:
+                work = rate_work
         low = ideal * (1.0 + bubble / m)
-        token = per_rank * mbs * per_token / pp * (m + bubble)
+        token = work / pp * (m + bubble)
         if token > low:
             low = token
         if low < least:
