@@ -390,3 +390,32 @@ def test_min_gpus_scans_with_the_cyclic_collector_paused_and_restores_it(monkeyp
     result = minimum_gpus(Request(model="llama-3.1-8b", gpu="h100", seq_length=4096), max_gpus=64)
     assert result.num_gpus is not None and seen and not any(seen) and gc.isenabled()
 
+
+def test_the_probe_enters_a_group_the_ranked_search_worked_out_at_its_least_seed_key(monkeypatch):
+    """The thinner-headroom probe (the ranked search's estimates and seed keys, another budget, no count read) seeds a
+    group whose every shape's keys the ranked search worked out (raised to the DP bound where it raised them) at the
+    least of them, a budget-free bound of each of its nodes, not at its floor: on DeepSeek-V2-Lite on 16 H100 no
+    such group pops first under that key, and some have it above their floor (the probe opens fewer groups)."""
+    least: dict[int, float] = {}
+    below, above = [0], [0]
+    real_seeds, real_open = BestFirstSearch.push_seeds, BestFirstSearch.open_group
+
+    def seeding(self, seeds, ideal):
+        if not self.tallied:
+            for group in seeds.groups:
+                entries = list(group.shapes.values())
+                if entries and all(entry[1] is not None for entry in entries):
+                    least[id(group)] = min(entry[2] for entry in entries)
+        real_seeds(self, seeds, ideal)
+
+    def opening(self, key, group, *rest):
+        if not self.tallied and len(rest) == 2 and id(group) in least:  # a group's first pop in the probe
+            below[0] += key < least[id(group)]
+            above[0] += least[id(group)] > group.floor[rest[1]]
+        real_open(self, key, group, *rest)
+
+    monkeypatch.setattr(BestFirstSearch, "push_seeds", seeding)
+    monkeypatch.setattr(BestFirstSearch, "open_group", opening)
+    recommend(Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"), top_k=5)
+    assert above[0] > 10 and not below[0]
+

@@ -635,6 +635,7 @@ class StepTimeBounds(SearchPlans):
             if not entry[3]:
                 keys = entry[1] = self.synced(entry[1], ms, group.syncs)
                 entry[2], entry[3] = min(keys), True
+        group.note_keys()
 
     synced = staticmethod(synced_keys)  # (estimate/sync_floor.py)
 

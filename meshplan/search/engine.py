@@ -407,6 +407,11 @@ class BestFirstSearch(StepTimeBounds):
             key = group.floor.get(ideal)
             if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
                 key = group.floor[ideal] = self.group_key(group, lay, ideal, rates)
+            if group.least > key and not self.tallied:
+                # every key worked out by a search of the job at another budget (the ranked one, for the probe): the
+                # group would wait at the least, or drop every node over the cutoff, once popped (open_group), so it
+                # enters there; only where no count is read (a group never opened counts its dead layouts as slower)
+                key = group.least
             if key > cutoff:
                 self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
                 continue
@@ -466,6 +471,7 @@ class BestFirstSearch(StepTimeBounds):
                 keys = entry[1] = self.seed_keys(lay, sizes, ideal, self.seed_rate(lay, sizes[0], self.seed_rates),
                                                  entry[4])
                 entry[2] = min(keys)
+        group.note_keys()
         under = sorted((member for member in members if member[1][2] <= self.cutoff), key=lambda member: member[1][2])
         self.beyond_cutoff += variants * len(sizes) * (len(members) - len(under))
         return under

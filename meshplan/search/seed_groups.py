@@ -43,6 +43,9 @@ class SeedGroup:
     pick: int = 0
     pick_bubble: float = float("inf")
     syncs: tuple | None = None  # bounds.group_syncs of its layouts (StageSync each), once opened (at any budget)
+    # the least seed key of its layouts once every shape's keys are worked out (raised to the DP bound where they are):
+    # budget-free, under each of its nodes' keys; 0 until then (note_keys)
+    least: float = 0.0
     step: int = field(init=False)  # (layout, micro-batch) nodes per layout: len(sizes), or 1 without a micro-batch
 
     def __post_init__(self) -> None:
@@ -69,6 +72,17 @@ class SeedGroup:
         self.members.append((lay, entry, index))
         self.nodes += self.step
         return entry
+
+    def note_keys(self) -> None:
+        """Keep the least seed key of the group's shapes (`least`) where each has its keys worked out: a search of the
+        job at another budget (the thinner-headroom probe) keys the group by it (engine.push_seeds)."""
+        least = INF
+        for entry in self.shapes.values():
+            if entry[1] is None:
+                return
+            if entry[2] < least:
+                least = entry[2]
+        self.least = least
 
     def least_bubble(self, light: Callable[[Layout, object], bool]) -> float:
         """The least bubble any seed key of the group counts (group_floor's `bubble`): a shape's bubble_stages, none
