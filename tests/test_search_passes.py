@@ -419,3 +419,30 @@ def test_the_probe_enters_a_group_the_ranked_search_worked_out_at_its_least_seed
     recommend(Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"), top_k=5)
     assert above[0] > 10 and not below[0]
 
+
+def test_a_floor_node_enters_shard_with_the_dp_term_after_its_per_token_bound(monkeypatch):
+    """refine_bound keys the SHARD node of a layout whose memory floor leaves only heavier recomputes at the per-token
+    bound there with the once-per-step DP term after it (grid_stage_keys' least: its seed group's, as raise_to_sync
+    raises the seed keys), a bound of every key its stages get at SHARD: on Llama-3.1-70B on 64 H100 some such nodes
+    enter above both their seed key and the per-token bound alone, none under that."""
+    raised, under = [0], [0]
+    real_refine, real_push = BestFirstSearch.refine_bound, BestFirstSearch.push
+    popping: list = [None]
+
+    def refining(self, key, lay, mbs, *rest):
+        popping[0] = key
+        real_refine(self, key, lay, mbs, *rest)
+
+    def pushing(self, key, level, payload):
+        if level == Level.SHARD and payload[2] > 0:
+            lay, mbs, floor = payload
+            per_token = self.token_bound(lay, mbs, self.recomputes[floor])
+            synced = min(self.grid_stage_keys(lay, mbs, per_token))
+            raised[0] += key > max(popping[0], per_token)
+            under[0] += key < synced
+        real_push(self, key, level, payload)
+
+    monkeypatch.setattr(BestFirstSearch, "refine_bound", refining)
+    monkeypatch.setattr(BestFirstSearch, "push", pushing)
+    recommend(Request(model="llama-3.1-70b", num_gpus=64, gpu="h100"), top_k=5)
+    assert raised[0] > 10 and not under[0]

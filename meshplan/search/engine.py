@@ -162,9 +162,9 @@ class BestFirstSearch(StepTimeBounds):
 
     def refine_bound(self, key: float, lay: Layout, mbs: int, held: tuple = (), floor: int = -1) -> None:
         """Level.FLOOR (seeded with the per-token bound): the least recompute the memory floor allows (none fits, or
-        no plan of the layout can: dropped) and the per-token bound with it. `held`: the layout's other seeds, which
-        its first node holds until it pops (open_group), released first; `floor`: need_floor where release already
-        read it."""
+        no plan of the layout can: dropped) and the per-token bound with it, the DP term after it added as to the
+        seeds (grid_stage_keys: its seed group's). `held`: the layout's other seeds, which its first node holds until
+        it pops (open_group), released first; `floor`: need_floor where release already read it."""
         if held:
             self.release(lay, held)
         if floor < 0:
@@ -174,8 +174,8 @@ class BestFirstSearch(StepTimeBounds):
         if floor >= len(self.recomputes) or self.is_dead(lay):  # dead: open_group never queues it
             self.rejected[self.engine.memory_rule] += self.variants()
             return
-        if floor > 0:
-            key = max(key, self.token_bound(lay, mbs, self.recomputes[floor]))
+        if floor > 0:  # the per-token bound at that recompute, with the DP term after it at the least ZeRO stage's
+            key = max(key, min(self.grid_stage_keys(lay, mbs, self.token_bound(lay, mbs, self.recomputes[floor]))))
         self.push(key, SHARD, (lay, mbs, floor))
 
     def release(self, lay: Layout, held: tuple) -> None:
