@@ -68,13 +68,10 @@ def tier_floor(job: Job, layouts: Iterable[Layout], sizes: Callable[[Layout], tu
     cal = calibration(job.framework)
     lk = job_links(job, cal)
     share = exposed_share(job.card, tp_comm_overlap, cal)
-    seen: set[tuple[int, int, int, int]] = set()
+    # a layout per (tp, pp, cp, dp), in the order of their first layouts (one pass over the tier's ~23,000 on
+    # DeepSeek-V3 over 2,048 GPUs, no call per layout)
     least = float("inf")
-    for lay in layouts:
-        key = (lay.tp, lay.pp, lay.cp, lay.dp)
-        if key in seen:
-            continue
-        seen.add(key)
+    for lay in {(lay.tp, lay.pp, lay.cp, lay.dp): lay for lay in layouts}.values():
         least = min(least, tp_step_floor(job, lay, sizes(lay), lk, share))
         if least <= 0.0:
             return 0.0
