@@ -72,7 +72,7 @@ def test_check_refuses_it_on_every_face_unless_the_split_is_given(tmp_path, caps
 def test_the_cuda_graphs_key_render_writes_at_pp_is_read_and_said():
     """render writes --training.disable_cuda_graphs for torchtitan 0.3 at pp>1 (its _validate_cuda_graphs raises
     otherwise); import called it 'no meshplan field'. It is said now: what it does to the step (zero_grad frees the
-    gradients, trainer.py train_step) and that meshplan's memory holds them zeroed in place."""
+    gradients, trainer.py train_step) and where meshplan's memory frees them."""
     from meshplan.schema.request import Request
 
     text = api.render_config("torchtitan", Request(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4)).text
@@ -80,4 +80,26 @@ def test_the_cuda_graphs_key_render_writes_at_pp_is_read_and_said():
     got = api.import_config(text, path="run_torchtitan.sh", framework="torchtitan")
     assert not any("disable_cuda_graphs" in u for u in got.unsupported), got.unsupported
     (said,) = [n for n in got.notes if "disable_cuda_graphs" in n]
-    assert "zero_grad(set_to_none=True) frees the gradients" in said and "zeroed in place" in said
+    assert "zero_grad(set_to_none=True) frees the gradients" in said and "frees them on the layouts" in said
+
+
+def test_with_cuda_graphs_off_the_gradients_are_freed_before_the_step():
+    """torchtitan 0.3 runs train_step's zero_grad(set_to_none=disable_cuda_graphs): by default (CUDA graphs on) the
+    sharded gradients are zeroed in place and stay allocated; at pp>1 or ep>1, where render writes
+    --training.disable_cuda_graphs (_validate_cuda_graphs), they are freed before the next forward. The estimate held
+    them at every layout (allocated 43.27 GiB on TP8 PP4 DP2, 64 H100); at pp>1 they now leave the allocated peak
+    (39.04 GiB, the fit's figure under expandable segments) and stay reserved (freed_grads_stay_reserved: the same
+    46.04 GiB), and at pp=1 they are held as before."""
+    from meshplan.schema.request import Request
+
+    def walk(report):
+        (said,) = [a for a in report.assumptions if a.startswith("FSDP2 step peak walked")]
+        return said
+
+    at_pp = api.estimate_memory(Request(model="llama-3.1-70b", framework="torchtitan", gpu="h100", num_gpus=64,
+                                        tp=8, pp=4))
+    assert 38.9 * 2**30 < at_pp.fit_bytes < 39.2 * 2**30  # was 43.27 GiB
+    assert 46.0 * 2**30 < at_pp.peak_bytes < 46.1 * 2**30  # reserved: the same
+    assert "sets the gradients to None each step" in walk(at_pp)
+    flat = api.estimate_memory(Request(model="llama-3.1-70b", framework="torchtitan", gpu="h100", num_gpus=64, tp=8))
+    assert "zeroed in place, not freed" in walk(flat)

@@ -12,7 +12,7 @@ from typing import Any
 
 from meshplan.adapters.common import Built, attention_value, nodes, split_fields
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.memory_states import fp8_recipe
+from meshplan.arithmetic.memory_states import cuda_graphs_off, fp8_recipe
 from meshplan.arithmetic.pipeline_timeline import schedule_order
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -154,7 +154,7 @@ def build_torchtitan(job: Job, plan: Plan, variant: str, version: str) -> Built:
         warnings.append(f"torchtitan has no registry config for {job.model.name}: write one (config_registry.py) "
                         "and set TORCHTITAN_MODULE and TORCHTITAN_CONFIG.")
     if version.startswith("0.3"):
-        if plan.pp > 1 or plan.ep > 1:
+        if cuda_graphs_off(plan):
             training.append(("disable_cuda_graphs", True))
             notes.append("--training.disable_cuda_graphs: registry configs that enable CUDA graphs reject pipeline "
                          "parallelism and the default all-to-all expert dispatcher (it synchronises with the CPU); "

@@ -72,6 +72,8 @@ class Convention(_Card):
     step_peak: Literal["worst_unit", "backward_walk"] = "worst_unit"
     unsharded_param_bytes: float = Field(0, ge=0)  # per parameter of a unit while it runs (backward_walk)
     grads_set_to_none: bool = False  # the trainer frees the gradients before each step's backward (backward_walk)
+    # ... where CUDA graphs are off (cuda_graphs_off): torchtitan 0.3's zero_grad(set_to_none=disable_cuda_graphs)
+    grads_set_to_none_without_cuda_graphs: bool = False
     freed_grads_stay_reserved: bool = False  # those freed gradients stay cached in the reduce-scatter stream's pool
     output_reduce_in_loss: bool = False  # the output unit reduce-scatters inside the (chunked) loss's backward
     output_resharded_at_loss: bool = False  # the output unit's params were freed after its forward (none at the loss)
@@ -290,6 +292,23 @@ def with_precision(job: Job, plan: Plan) -> tuple[str, Convention, list[StateTen
         conv_update["unsharded_param_bytes"] = prec.fp8_all_gather_bytes
     conv_update.update(compiled(job, plan))
     return name, (conv.model_copy(update=conv_update) if conv_update else conv), out
+
+
+def cuda_graphs_off(plan: Plan) -> bool:
+    """Whether a torchtitan 0.3 run of the plan turns its CUDA graphs off (--training.disable_cuda_graphs, which render
+    writes there): its config validation rejects the captured step with pipeline parallelism and with the default
+    all-to-all expert dispatcher, which synchronises with the CPU (torchtitan/trainer.py _validate_cuda_graphs), and
+    with them off its train_step frees the gradients, zero_grad(set_to_none=disable_cuda_graphs)."""
+    return plan.pp > 1 or plan.ep > 1
+
+
+def as_the_plan_runs(conv: Convention, plan: Plan) -> Convention:
+    """The convention as this plan's layout runs it: gradients freed before each step where the trainer frees them
+    only with its CUDA graphs off and the layout turns them off (cuda_graphs_off). Read once per layout (the memory's
+    LayoutTerms, memoised per layout, not with_precision's per-engine terms, which layouts of other degrees share)."""
+    if conv.grads_set_to_none_without_cuda_graphs and not conv.grads_set_to_none and cuda_graphs_off(plan):
+        return conv.model_copy(update={"grads_set_to_none": True})
+    return conv
 
 
 def compiled(job: Job, plan: Plan) -> dict:

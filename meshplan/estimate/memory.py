@@ -35,6 +35,7 @@ from meshplan.arithmetic.mamba import hybrid_layer_activations
 from meshplan.arithmetic.memory_states import (
     Convention,
     StateTensor,
+    as_the_plan_runs,
     built_vocab,
     describe_tensors,
     fp8_inputs,
@@ -259,6 +260,7 @@ def _layout_terms(job: Job, plan: Plan) -> LayoutTerms:
     """What the stages share that no micro-batch or recompute field changes (LayoutTerms)."""
     arch = job.model
     conv_name, conv, tensors, offload, implementation = engine_terms(job, plan)
+    conv = as_the_plan_runs(conv, plan)  # per layout: what it frees before each step
     card = memory_card()
     _, expert_dp, world_warnings = _world(job, plan)
     vocab = built_vocab(arch.vocab_size, conv, plan.tp)

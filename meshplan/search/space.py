@@ -614,9 +614,12 @@ def state_preset(job: Job, zero_stage: int, carried: dict[str, object]) -> tuple
     """The byte preset an estimate takes for a plan with these carried fields (memory_states.with_precision: the
     precision knobs and torch.compile), as the search's memory floors read it: Muon's one momentum counted on every
     parameter (it keeps Adam's two moments on the embedding, output layer, norms and biases: fewer bytes, so still a
-    floor); a LoRA job's frozen base keeps its weights only."""
+    floor); a LoRA job's frozen base keeps its weights only; gradients freed before the backward where some layout
+    frees them (torchtitan 0.3 with its CUDA graphs off, memory_states.cuda_graphs_off: the floors take the lesser)."""
     plan = Plan(zero_stage=zero_stage, **carried)  # type: ignore[arg-type]
     _, conv, tensors = with_precision(job, plan)
+    if conv.grads_set_to_none_without_cuda_graphs:  # a layout that turns CUDA graphs off frees them: the lesser
+        conv = conv.model_copy(update={"grads_set_to_none": True})
     if plan.optimizer == "muon":
         counts = memory_card().optimizers.moment_buffers
         kept = counts["muon"] / counts["adam"]
