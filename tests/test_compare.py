@@ -288,7 +288,7 @@ def test_an_rl_run_s_mfu_is_its_actor_update_s_flops_over_the_logged_update_time
     assert actor_update_seconds(job, rl) == pytest.approx(rl.update_s / 2)  # the critic's update beside the actor's
 
 
-def test_a_rate_is_inside_the_band_exactly_when_its_step_time_is(tmp_path, capsys):
+def test_a_rate_is_inside_the_band_exactly_when_its_step_time_is(tmp_path, capsys, monkeypatch):
     """The band is the step time's median |predicted / measured - 1|; tokens/s per GPU is its reciprocal. A run 0.99
     band faster than predicted had its step time inside the band and its tokens/s (error 1 / (1 - 0.99 band) - 1,
     more than the band) outside: one measurement, two verdicts (verl's RL log: step -78% 'yes', tokens/s +358% 'NO'
@@ -307,6 +307,7 @@ def test_a_rate_is_inside_the_band_exactly_when_its_step_time_is(tmp_path, capsy
     assert step.error == pytest.approx(-0.99 * band) and rate.error > band  # the error as the ratio has it
     assert step.inside is True and rate.inside is True
     (tmp_path / "run.log").write_text(text, encoding="utf-8")  # the CLI prints a rate's band as its own range
+    monkeypatch.setenv("COLUMNS", "80")  # a terminal of 80 columns, the table's design width (display._table)
     assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--gpu", "h100-sxm", "--global-batch-size", "128",
                      "--log", str(tmp_path / "run.log")]) == 0
     row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("tokens/s per GPU"))
