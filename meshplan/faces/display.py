@@ -460,8 +460,9 @@ def comparison(report: RunComparison) -> None:
     console.print(f"[bold]{report.model}[/bold] on {report.framework}, {plural(report.num_gpus, 'GPU')}: "
                   f"{report.plan.short()}; log {report.measured.path} ({plural(report.measured.steps, 'step line')})")
     calibrated = report.calibration is not None
-    table = _table(_col("figure", wrap=True), _col("predicted", right=True), _col("measured", right=True), _col("error", right=True),
-                   _col("band", right=True), "inside", *([_col("calibrated", right=True)] if calibrated else []))
+    table = _table(_col("figure", wrap=True), _col("predicted", right=True), _col("measured", right=True),
+                   _col("error", right=True), _col("band", right=True), "inside",
+                   *([_col("calibrated", right=True)] if calibrated else []))
     for f in report.figures:
         row = [f.label, _figure_text(f.predicted, f.figure), _figure_text(f.measured, f.figure),
                f"{f.error:+.1%}" if f.error is not None else "-", _band_text(f),
