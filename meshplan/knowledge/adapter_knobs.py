@@ -74,7 +74,7 @@ def knob_table(card: FrameworkCard, version: str, variant: str) -> dict[str, Ada
 def knobs_in_use(job: Job, plan: Plan) -> list[str]:
     """The knobs a plan actually uses (a degree of 1 or an off switch uses nothing)."""
     used = ["micro_batch_size", "global_batch_size", f"zero_{plan.zero_stage}"]
-    for name in _DEGREES:
+    for name in LAYOUT_DEGREES:
         if getattr(plan, name) > 1:
             used.append(name)
     if plan.cp > 1 and plan.cp_comm_type != "p2p":
@@ -216,7 +216,7 @@ def missing_layout_knob(card: FrameworkCard, version: str, variant: str, job: Jo
     variant can write them depend on few fields, so the first one missing is kept per (card's adapter section,
     version, variant, those knobs, pipeline schedule, attention backend); its setting is worded from the plan."""
     section = adapter_section(card)
-    used = (f"zero_{plan.zero_stage}", *(name for name in _DEGREES if getattr(plan, name) > 1))
+    used = (f"zero_{plan.zero_stage}", *(name for name in LAYOUT_DEGREES if getattr(plan, name) > 1))
     key = (id(section), card.name, version, variant, used, plan.pipeline_schedule, plan.attention_backend)
     hit = _layout_missing.get(key)
     if hit is None:
@@ -254,7 +254,7 @@ def unwritable(card: FrameworkCard, job: Job, plan: Plan, name: str) -> str | No
     return knob.instead if knob.key is None else None
 
 
-_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # the degrees a plan uses when over 1, in order
+LAYOUT_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # the degrees a plan uses when over 1, in order
 _layout_missing: dict[tuple, tuple[AdapterSection, tuple[str, str, str] | None]] = {}  # (the section kept alive)
 
 

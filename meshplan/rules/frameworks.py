@@ -6,7 +6,15 @@ framework's adapter cannot write."""
 from __future__ import annotations
 
 from meshplan.core.units import either_or
-from meshplan.knowledge.adapter_knobs import SPLIT_KNOBS, MissingKnob, default_render, missing_knob, missing_layout_knob
+from meshplan.knowledge.adapter_knobs import (
+    LAYOUT_DEGREES,
+    SPLIT_KNOBS,
+    MissingKnob,
+    default_render,
+    missing_knob,
+    missing_layout_knob,
+)
+from meshplan.knowledge.engine_card import ZERO_STAGES
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
@@ -242,17 +250,16 @@ def _zero_stage_instead(ctx: Context, card_instead: str) -> str:
     """AD001's fix for a ZeRO stage the config cannot write: the card's words where every stage its config writes
     for a plain layout also writes this plan's degrees; else only the stages that write them (SkyRL's sft-fsdp
     variant at zero_stage 3 has no tp: naming it would send a tp=2 plan from AD001 to AD001 and FS001)."""
-    plain = ctx.plan.model_copy(update=dict.fromkeys(_DEGREE_KNOBS, 1))
-    writes = [z for z in range(4) if _adapter_refusal(ctx.job, ctx.plan.model_copy(update={"zero_stage": z})) is None]
-    plainly = [z for z in range(4) if _adapter_refusal(ctx.job, plain.model_copy(update={"zero_stage": z})) is None]
+    plain = ctx.plan.model_copy(update=dict.fromkeys(LAYOUT_DEGREES, 1))
+    writes = [z for z in ZERO_STAGES
+              if _adapter_refusal(ctx.job, ctx.plan.model_copy(update={"zero_stage": z})) is None]
+    plainly = [z for z in ZERO_STAGES if _adapter_refusal(ctx.job, plain.model_copy(update={"zero_stage": z})) is None]
     if writes == plainly:
         return card_instead
-    used = ", ".join(f"{k}={getattr(ctx.plan, k)}" for k in _DEGREE_KNOBS if getattr(ctx.plan, k) > 1)
+    used = ", ".join(f"{k}={getattr(ctx.plan, k)}" for k in LAYOUT_DEGREES if getattr(ctx.plan, k) > 1)
     if not writes:
         return f"No ZeRO stage of {ctx.card.display_name}'s config writes {used}; set them to 1."
     left_out = either_or([z for z in plainly if z not in writes])
     return (f"Use zero_stage={either_or(writes)}: {ctx.card.display_name}'s config at zero_stage {left_out} "
             f"cannot write {used}.")
 
-
-_DEGREE_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp_replicate")  # adapter_knobs' layout degrees
