@@ -57,7 +57,7 @@ from meshplan.adapters.read.lora_keys import all_linear_that_fails, patterns_on_
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
-from meshplan.adapters.read.shell import read_script
+from meshplan.adapters.read.shell import MAX_CONFIG_CHARS, read_script
 from meshplan.adapters.read.verl_sft import DETECT as VERL_SFT
 from meshplan.adapters.read.verl_sft import read_verl_sft, read_verl_sft_yaml
 from meshplan.arithmetic.mesh import file_data_parallel
@@ -66,7 +66,6 @@ from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.imported import ImportedConfig
 
 FORMATS = ("shell", "toml", "json", "yaml")
-MAX_CONFIG_CHARS = 1 << 20  # a launch script is a few kilobytes; a longer text is refused, not read
 
 
 def _megatron_or_deepspeed(text: str, path: str) -> Reading:

@@ -219,14 +219,33 @@ VAR_REF = re.compile(r"\$(?:\{(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])(\[[@*0-9]+\]
                      r"|([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$])|(\(\((.*)\)\))|(\((.*?)\)))", re.S)
 
 
+MAX_CONFIG_CHARS = 1 << 20
+"""A launch script is a few kilobytes: a longer text is refused, not read (read/__init__.py import_config), and so is a
+script whose variables expand to more than this in all (a variable or array built from itself line after line doubles
+at each: forty such lines would take hours and gigabytes to read)."""
+
+
 class Expander:
     """Expands words against a script's variables, noting what cannot be resolved."""
 
     def __init__(self, script: Script):
         self.script = script
+        self.expanded = 0  # characters the script's references have expanded to so far: at most MAX_CONFIG_CHARS
 
     def value(self, ref: re.Match[str], line: int) -> tuple[str, str | None, list[Word] | None]:
-        """A reference's text, the variable it read (None for a literal default) and an array's words."""
+        """A reference's text, the variable it read (None for a literal default) and an array's words; refused once
+        the script's references have expanded to more than MAX_CONFIG_CHARS in all."""
+        text, name, items = self._value(ref, line)
+        self.expanded += len(text) + len(items or ())
+        if self.expanded > MAX_CONFIG_CHARS:
+            raise MeshplanError(
+                f"{self.script.path}:{line}: the script's variables expand to more than {MAX_CONFIG_CHARS:,} "
+                f"characters{f' (here ${name})' if name else ''}; a launch script and what it expands to are at "
+                f"most that (a variable or array built from itself again and again?).",
+                fix="Pass the launch script as it is run, each variable set to the value the run uses.")
+        return text, name, items
+
+    def _value(self, ref: re.Match[str], line: int) -> tuple[str, str | None, list[Word] | None]:
         env = self.script.env
         if ref.group(7):  # $(( arithmetic )): bare names are variables
             expr = re.sub(r"[A-Za-z_]\w*", lambda m: env[m.group(0)].value if m.group(0) in env else m.group(0),
