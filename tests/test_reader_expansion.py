@@ -40,3 +40,52 @@ def test_the_cli_refuses_it_without_a_traceback(tmp_path, capsys):
     assert main(["import", str(path)]) == 2
     err = capsys.readouterr().err
     assert "expand to more than 1,048,576 characters" in err and "Traceback" not in err
+
+
+LAUGHS = 'a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True))
+BILLION_LAUGHS = LAUGHS + "distributed:\n  tp_size: 2\nstep_scheduler:\n  global_batch_size: *i\n"
+NESTED_LAUGHS = "m0: &m0 {x: 1, y: 2}\n" + "".join(
+    f"m{k}: &m{k} {{p: *m{k - 1}, q: *m{k - 1}}}\n" for k in range(1, 31)) + "distributed:\n  tp_size: 2\n" \
+    "step_scheduler:\n  global_batch_size: 32\n  extra: *m30\n"
+
+
+@pytest.mark.parametrize(("text", "where"), [(BILLION_LAUGHS, "6 f"), (NESTED_LAUGHS, "18 m17.")],
+                         ids=["sequence", "mapping"])
+def test_yaml_aliases_of_aliases_are_refused_not_expanded(text, where):
+    """9^9 scalars through nine aliases, 2^30 keys through thirty nested mappings: each was read for minutes. The
+    first key whose value passes the bound is named (9^6 scalars of two characters each at `f`)."""
+    start = time.monotonic()
+    with pytest.raises(MeshplanError, match=rf"recipe\.yaml:{where}: the YAML's aliases expand to more than "
+                                            r"1,048,576 characters"):
+        api.import_config(text, path="recipe.yaml")
+    assert time.monotonic() - start < 20
+
+
+MERGED = """\
+base: &base
+  tp_size: 2
+  pp_size: 2
+distributed:
+  <<: *base
+  pp_size: 4
+  dp_size: 2
+step_scheduler:
+  global_batch_size: 32
+  local_batch_size: 2
+"""
+
+
+def test_a_yaml_merge_key_is_read_as_the_frameworks_loader_reads_it():
+    """AutoModel's recipe (yaml.safe_load) and verl's SFT config (OmegaConf's SafeLoader) take `<<: *base` as base's
+    keys, a key written beside it winning: read as a key named `<<` they were 'no meshplan field'."""
+    imported = api.import_config(MERGED, path="recipe.yaml")
+    assert (imported.request["tp"], imported.request["pp"]) == (2, 4)
+    assert imported.sources["tp"] == "recipe.yaml:2 distributed.tp_size"
+    assert not any("<<" in u for u in imported.unsupported)
+
+
+def test_a_merge_of_no_mapping_is_refused_as_the_loader_refuses_it():
+    with pytest.raises(MeshplanError, match=r"recipe\.yaml:2: `<<` merges a mapping or a list of mappings"):
+        api.import_config("distributed:\n  <<: 3\n  tp_size: 2\nstep_scheduler:\n  global_batch_size: 32\n",
+                          path="recipe.yaml")

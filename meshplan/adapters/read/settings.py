@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from meshplan.adapters.read.shell import Word
+from meshplan.adapters.read.shell import MAX_CONFIG_CHARS, Word
 from meshplan.core.errors import MeshplanError
 
 
@@ -155,7 +155,7 @@ def yaml_settings(text: str, path: str, kind: str, fix: str, *, switches: tuple[
                                 "mapping).") from None
     if not isinstance(root, yaml.MappingNode):
         raise MeshplanError(f"{path}: {yaml_kind(root)}, not a mapping of keys; {kind} is a YAML mapping.", fix=fix)
-    return _yaml_leaves(root, "", switches, none_words)
+    return _YamlWalk(path, switches, none_words).leaves(root, "")
 
 
 def yaml_kind(root: yaml.Node | None) -> str:
@@ -170,23 +170,105 @@ def yaml_kind(root: yaml.Node | None) -> str:
     return f"the YAML is a single value ({text[:40] + '...' if len(text) > 40 else text!r})"
 
 
-def _yaml_leaves(node: yaml.MappingNode, prefix: str, switches: tuple[str, ...],
-                 none_words: frozenset[str]) -> list[Setting]:
-    """A sequence is one value (a list); a null (or one of `none_words`) reads as "null", as a launch line writes it."""
-    out: list[Setting] = []
-    for key_node, value_node in node.value:
-        key = f"{prefix}{key_node.value}"
-        line = key_node.start_mark.line + 1
-        if isinstance(value_node, yaml.MappingNode):
-            if key.endswith(switches):
-                out.append(Setting(key, True, line))
+MERGE_TAG = "tag:yaml.org,2002:merge"  # the resolver's tag of a plain `<<` key
+
+
+class _YamlWalk:
+    """Every scalar of a composed YAML mapping as a dotted key with its line, as the frameworks' loaders read it
+    (yaml.safe_load: AutoModel's load_yaml_config; OmegaConf's SafeLoader: verl's Hydra config), so a merge key `<<`
+    gives the mapping it names, and refused once what aliases expand to passes MAX_CONFIG_CHARS: composing shares an
+    aliased node, but every walk of it would repeat it, and aliases of aliases (the "billion laughs") grow
+    exponentially. A sequence is one value (a list); a null (or one of `none_words`) reads as "null", as a launch
+    line writes it."""
+
+    def __init__(self, path: str, switches: tuple[str, ...], none_words: frozenset[str]):
+        self.path, self.switches, self.none_words = path, switches, none_words
+        self.left = MAX_CONFIG_CHARS  # characters of keys and values still to read
+        self.sizes: dict[int, int] = {}  # id(node) -> the characters it expands to
+        self.merged: dict[int, list[tuple[yaml.Node, yaml.Node]]] = {}  # id(mapping) -> its pairs, merges resolved
+        self.values: dict[int, Any] = {}  # id(node) -> its Python value: an aliased node built once, then shared
+        self.scalars = yaml.constructor.SafeConstructor()  # a scalar's value from its resolved tag, as safe_load's
+
+    def leaves(self, node: yaml.MappingNode, prefix: str) -> list[Setting]:
+        out: list[Setting] = []
+        for key_node, value_node in self.pairs(node):
+            key = f"{prefix}{key_node.value}"
+            line = key_node.start_mark.line + 1
+            if isinstance(value_node, yaml.MappingNode):  # its leaves spend, after its whole size (a cycle's: over)
+                self.spend(len(str(key_node.value)) if self.size(value_node) <= MAX_CONFIG_CHARS
+                           else MAX_CONFIG_CHARS + 1, key + ".", line)
+                if key.endswith(self.switches):
+                    out.append(Setting(key, True, line))
+                else:
+                    out += self.leaves(value_node, key + ".")
+                continue
+            self.spend(len(str(key_node.value)) + self.size(value_node), key, line)
+            try:
+                value = self.value(value_node)
+            except yaml.YAMLError:  # a tag the safe loader refuses (!!python/...): its text, never constructed
+                value = value_node.value if isinstance(value_node, yaml.ScalarNode) else None
+            none = value is None or (isinstance(value, str) and value in self.none_words)
+            out.append(Setting(key, "null" if none else value, line))
+        return out
+
+    def value(self, node: yaml.Node) -> Any:
+        """A value as yaml.safe_load builds it (a tag it does not know: ConstructorError, a YAMLError), merges
+        resolved by `pairs`."""
+        if id(node) not in self.values:
+            if isinstance(node, yaml.ScalarNode):
+                self.values[id(node)] = self.scalars.construct_object(node)
+            elif isinstance(node, yaml.SequenceNode):
+                self.values[id(node)] = [self.value(n) for n in node.value]
             else:
-                out += _yaml_leaves(value_node, key + ".", switches, none_words)
-            continue
-        try:
-            value = yaml.safe_load(yaml.serialize(value_node))
-        except yaml.YAMLError:  # a tag the safe loader refuses (!!python/...): its text, never constructed
-            value = value_node.value if isinstance(value_node, yaml.ScalarNode) else None
-        none = value is None or (isinstance(value, str) and value in none_words)
-        out.append(Setting(key, "null" if none else value, line))
-    return out
+                self.values[id(node)] = {_hashable(self.value(k)): self.value(v) for k, v in self.pairs(node)}
+        return self.values[id(node)]
+
+    def spend(self, chars: int, key: str, line: int) -> None:
+        self.left -= chars
+        if self.left < 0:
+            raise MeshplanError(f"{self.path}:{line} {key}: the YAML's aliases expand to more than "
+                                f"{MAX_CONFIG_CHARS:,} characters; a configuration and what it expands to are at "
+                                "most that (aliases of aliases?).",
+                                fix="Write the values out, or pass the file the run reads.")
+
+    def size(self, node: yaml.Node) -> int:
+        """The characters a value expands to, each aliased node counted where it is used (worked out once each)."""
+        if id(node) not in self.sizes:
+            self.sizes[id(node)] = MAX_CONFIG_CHARS + 1  # while it is worked out: a node inside itself is too big
+            if isinstance(node, yaml.ScalarNode):
+                size = len(str(node.value)) + 1
+            elif isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self.size(n) for n in node.value)
+            else:
+                size = 1 + sum(self.size(k) + self.size(v) for k, v in self.pairs(node))
+            self.sizes[id(node)] = min(size, MAX_CONFIG_CHARS + 1)
+        return self.sizes[id(node)]
+
+    def pairs(self, node: yaml.MappingNode) -> list[tuple[yaml.Node, yaml.Node]]:
+        """A mapping's keys and values with its merge keys resolved as SafeConstructor.flatten_mapping does: the
+        merged mappings' keys (an earlier one in a `<<: [*a, *b]` list winning) under the keys written beside them,
+        each key once."""
+        if id(node) in self.merged:
+            return self.merged[id(node)]
+        self.merged[id(node)] = []  # while it is worked out: a mapping merged into itself adds nothing more
+        merged: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        own: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag != MERGE_TAG:
+                own[str(key_node.value)] = (key_node, value_node)
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            if not all(isinstance(m, yaml.MappingNode) for m in sources):
+                raise MeshplanError(f"{self.path}:{key_node.start_mark.line + 1}: `<<` merges a mapping or a list of "
+                                    f"mappings (an alias such as *base), not {value_node.value!r:.60}; the "
+                                    "framework's YAML loader refuses it too.", fix="Merge a mapping, or write the "
+                                                                                   "keys out.")
+            for source in reversed(sources):
+                merged.update({str(k.value): (k, v) for k, v in self.pairs(source)})
+        self.merged[id(node)] = pairs = list({**merged, **own}.values())
+        return pairs
+
+
+def _hashable(key: Any) -> Any:
+    """A mapping's key as safe_load keeps it, or its text where it is a list or mapping (safe_load refuses those)."""
+    return key if isinstance(key, (str, int, float, bool, type(None))) else str(key)
