@@ -297,3 +297,22 @@ def test_an_eval_that_never_ends_is_said_not_run():
 
     script = read_script("X='eval $X'\neval $X\n", "loop.sh")
     assert any("eval nested over" in u for u in script.unresolved)
+
+
+DEEP = {"json": '{"train_batch_size": 8, "a": ' + "[" * 5000 + "]" * 5000 + "}\n",
+        "toml": "a = " + "[" * 3000 + "]" * 3000 + "\n[parallelism]\ntensor_parallel_degree = 2\n",
+        "yaml": "a: " + "[" * 3000 + "]" * 3000 + "\ndistributed:\n  tp_size: 2\n",
+        "yaml-mapping": "a: " + "{b: " * 3000 + "1" + "}" * 3000 + "\ndistributed:\n  tp_size: 2\n"}
+
+
+@pytest.mark.parametrize("kind", list(DEEP))
+@pytest.mark.parametrize("face", ["import", "check"])
+def test_a_config_nested_hundreds_deep_is_refused_not_a_traceback(tmp_path, capsys, kind, face):
+    """Within the size bound, a JSON, TOML or YAML file of nested brackets ended in Python's RecursionError and a
+    traceback (exit 1) on every face that reads a config."""
+    path = tmp_path / f"job.{kind.split('-')[0]}"
+    path.write_text(DEEP[kind])
+    args = ["import", str(path)] if face == "import" else ["check", "--config", str(path), "--model", "llama-3.1-8b"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: nested deeper than meshplan reads" in err and "Traceback" not in err

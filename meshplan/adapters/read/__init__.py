@@ -143,7 +143,18 @@ def _called(text: str, path: str) -> list[tuple[str, int]]:
 def import_config(text: str, path: str = "<config_text>", framework: str | None = None,
                   config_format: str | None = None) -> ImportedConfig:
     """The request a configuration file states (see ImportedConfig). `framework` and `config_format` are detected
-    when left out; an unreadable file is a MeshplanError naming the line."""
+    when left out; an unreadable file is a MeshplanError naming the line. Every parser and reader here descends into
+    a nested value by recursion (json, tomllib, PyYAML's composer, the readers' own walks), so a file nested hundreds
+    of levels deep, within MAX_CONFIG_CHARS, would end in Python's RecursionError: it is refused here, once for all."""
+    try:
+        return _import_config(text, path, framework, config_format)
+    except RecursionError:
+        raise MeshplanError(f"{path}: nested deeper than meshplan reads (brackets, braces or indented sections "
+                            "hundreds of levels inside one another); a configuration nests a few levels.",
+                            fix="Pass the launch script or job file the run reads.") from None
+
+
+def _import_config(text: str, path: str, framework: str | None, config_format: str | None) -> ImportedConfig:
     if not isinstance(text, str) or not text.strip():
         files = [f.upper() for f in FORMATS if f != "shell"]  # every format a reader takes, YAML too
         raise MeshplanError(f"{path}: the configuration is empty.",
