@@ -184,6 +184,18 @@ def test_a_negative_or_infinite_figure_is_left_out_with_its_line_not_compared():
                     "b.log").global_batch_size is None  # was read as 2
 
 
+def test_a_zero_time_rate_or_batch_is_left_out_not_shown_as_measured(tmp_path, capsys):
+    """A logged step time of 0 ms was shown as measured (0) while the tokens/s and MFU derived from it read it as
+    absent ('the log lacks a step time'), and a global batch of 0 was 'the log's' tokens per step in one note while
+    the rates took the request's: a step takes time and runs sequences, so a zero is no measurement."""
+    run = read_log("iteration 2/10 | elapsed time per iteration (ms): 5000.0 |\n"
+                   "iteration 3/10 | elapsed time per iteration (ms): 0.0 | throughput per GPU (TFLOP/s/GPU): 0.0 | "
+                   "global batch size: 0 |\n", "run.log")
+    assert run.step_time_s is None and run.tflops_per_gpu is None and run.global_batch_size is None
+    for attr in ("step_time_s = 0", "tflops_per_gpu = 0", "global_batch_size = 0"):
+        assert any(n.startswith(f"run.log:2: {attr} is not a measurement") for n in run.notes), attr
+
+
 # --------------------------------------------------------------------------- the comparison
 
 
