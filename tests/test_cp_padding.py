@@ -1,6 +1,7 @@
 """The sequence padding verl's and SkyRL's engines add to reach their context-parallel split (the card's
 engine.cp_padding): no length is refused there (CP001 is Megatron-Core's and Megatron-Bridge's rule), the search
-keeps every cp, and the padded tokens are held like real ones (arithmetic/activations.cp_rank_tokens)."""
+keeps every cp, and the padded tokens are held and computed like real ones (arithmetic/activations.cp_rank_tokens,
+rules.context.rank_tokens) but are no useful work."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import pytest
 
 from meshplan import api
 from meshplan.arithmetic.activations import cp_rank_tokens
+from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.estimate.memory import layout_terms, micro_batch_terms
+from meshplan.estimate.perf import step_terms, throughput_of
 from meshplan.request.resolve import resolve
+from meshplan.rules.context import rank_tokens
 from meshplan.schema.request import Request
+from meshplan.search import exhaustive_top_k, recommend
 
 
 def test_each_engine_pads_as_its_source_does():
@@ -56,3 +61,32 @@ def test_the_memory_holds_the_padded_tokens(zero_stage, tokens):
     job, plan = resolve(Request(**dict(ODD, seq_length=4099), framework="verl", cp=4, tp=1, zero_stage=zero_stage,
                                 micro_batch_size=1))
     assert micro_batch_terms(job, plan, layout_terms(job, plan))[0] == tokens
+
+
+@pytest.mark.parametrize("zero_stage, tokens", [(3, 1025), (1, 1026)])
+def test_the_step_time_runs_the_padded_tokens_and_counts_the_real_ones(zero_stage, tokens):
+    """The padded tokens run through every layer, so the step time computes them as the memory holds them (before,
+    layer_context's shard ran 4099 / 4 = 1024.75 tokens a rank at either engine); tokens/s and MFU count the job's
+    4099-token sequences only: padding is time, not work."""
+    job, plan = resolve(Request(**dict(ODD, seq_length=4099), framework="verl", cp=4, tp=1, zero_stage=zero_stage,
+                                micro_batch_size=1))
+    terms = step_terms(job, plan)
+    assert terms.ctx.shard.tokens == tokens == rank_tokens(job, 1, 1, 4, zero_stage)
+    report = throughput_of(terms)
+    assert report.tokens_per_s == pytest.approx(4099 * job.global_batch_size / report.step_time_s, rel=1e-12)
+    assert report.model_flops_per_step == pytest.approx(
+        model_flops_per_token(job.model, 4099) * 4099 * job.global_batch_size, rel=1e-12)
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+@pytest.mark.parametrize("model, gpus, seq", [("llama-3.1-8b", 8, 32771), ("qwen3-8b", 16, 12345),
+                                              ("qwen3-30b-a3b", 8, 4099)])
+def test_the_search_stays_exact_on_padded_lengths(framework, model, gpus, seq):
+    """The search's per-token references divide their seconds by the tokens a rank computes (rules.context.rank_tokens,
+    padding included), as the estimate runs them, so its bounds stay under every plan's step time where the engines
+    pad: its top 4 are the exhaustive oracle's."""
+    req = Request(model=model, gpu="h100", num_gpus=gpus, seq_length=seq, global_batch_size=gpus * 4, job="sft",
+                  framework=framework)
+    oracle = exhaustive_top_k(req, 4)
+    assert [c.throughput.step_time_s for c in recommend(req, top_k=4).candidates] == pytest.approx(
+        [r.step_time_s for r in oracle], rel=1e-12)

@@ -25,7 +25,6 @@ from meshplan.arithmetic.activations import (
     Shape,
     activation_mode,
     attention_saves,
-    cp_rank_tokens,
     layer_activations,
     moe_bytes,
     shape_of,
@@ -63,7 +62,7 @@ from meshplan.estimate.memory_terms import (
 from meshplan.knowledge.engine_card import OptimizerImplementation
 from meshplan.knowledge.model_counts import per_architecture
 from meshplan.knowledge.moe_card import stacks_experts
-from meshplan.rules.context import cp_padding_of, runs_ulysses
+from meshplan.rules.context import rank_tokens, runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, MemorySummary, StageMemory
@@ -325,8 +324,7 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
     hit = base.micro_batches.get(key)
     if hit is None:
         arch, conv = job.model, base.conv
-        tokens = cp_rank_tokens(job.seq_length, plan.micro_batch_size, plan.tp, plan.cp,
-                                cp_padding_of(job.card, plan.zero_stage))
+        tokens = rank_tokens(job, plan.micro_batch_size, plan.tp, plan.cp, plan.zero_stage)
         lay = Layout(tokens, *base.layer_layout[1:])  # _layer_layout(job, plan, conv, tokens): only tokens differ
         hit = base.micro_batches[key] = (
             tokens, lay, _per_kind(job, lay, base.selective, modules),

@@ -62,7 +62,7 @@ from meshplan.estimate.tp_overlap import tp_input_ops, tp_overlap_mode, tp_sms
 from meshplan.knowledge.calibration import Calibration, calibration
 from meshplan.knowledge.moe_card import stacks_experts
 from meshplan.knowledge.tp_card import head_tp
-from meshplan.rules.context import runs_ulysses
+from meshplan.rules.context import rank_tokens, runs_ulysses
 from meshplan.rules.engine import require_estimable
 from meshplan.schema.plan import PLAN_LIST_FIELDS, Job, Plan
 from meshplan.schema.reports import ThroughputBreakdown, ThroughputReport
@@ -345,7 +345,7 @@ def layer_context(job: Job, plan: Plan, cal: Calibration, lk: Links, peaks: Peak
                   attention_kernel: str | None) -> LayerContext:
     """What the per-layer model needs for this job and plan (`m` micro-batches per step), computed once: what reads
     of the plan only FACT_READS from job_facts, the rest here."""
-    tokens = plan.micro_batch_size * job.seq_length / plan.cp
+    tokens = rank_tokens(job, plan.micro_batch_size, plan.tp, plan.cp, plan.zero_stage)  # padding included
     shard = Shard(tokens=tokens, tp=plan.tp, ep=plan.ep, etp=plan.etp, sp=plan.sequence_parallel,
                   moe_whole=job.card.moe_whole_over_tp)
     return LayerContext(
@@ -487,7 +487,7 @@ def pipeline_p2p(job: Job, plan: Plan, cal: Calibration, lk: Links) -> PipelineP
     one micro-batch's hidden states (sequence-parallel: a TP shard of them), inside or across NVLink domains."""
     if plan.pp == 1:
         return PipelineP2p(0.0, 0.0)
-    tokens = plan.micro_batch_size * job.seq_length / plan.cp  # layer_context's shard.tokens
+    tokens = rank_tokens(job, plan.micro_batch_size, plan.tp, plan.cp, plan.zero_stage)  # layer_context's shard.tokens
     cross = mesh.mesh_groups(plan, law=job.card.world_size_law).pp.crosses(lk.domain)
     nbytes = tokens * job.model.hidden_size * BF16 / (plan.tp if plan.sequence_parallel else 1)
     return PipelineP2p(p2p_time(nbytes, cross, lk, cal.pp_latency_inter_s),

@@ -1,7 +1,7 @@
 """What a rule's condition sees: a job and plan with the derived numbers most rules read (`Context`, each worked out
 once per check), and which engine runs the model at a ZeRO stage (`backend_of`), whether it runs cp as Ulysses
-(`runs_ulysses`) and how it pads to the cp split (`cp_padding_of`). Apart from the registry
-(rules/engine.py), which runs the conditions over it and keeps their verdicts."""
+(`runs_ulysses`), how it pads to the cp split (`cp_padding_of`) and the tokens a cp rank computes so (`rank_tokens`).
+Apart from the registry (rules/engine.py), which runs the conditions over it and keeps their verdicts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.activations import cp_rank_tokens
 from meshplan.core.once import once
 from meshplan.knowledge.cards import Engine, FrameworkCard
 from meshplan.knowledge.rl_card import RLCard
@@ -40,6 +41,15 @@ def cp_padding_of(card: FrameworkCard, zero_stage: int) -> CpPadding | None:
     nothing and a length 2*cp does not divide is refused (CP001). The memory's tokens per rank read it
     (arithmetic/activations.cp_rank_tokens)."""
     return card.engine.cp_padding.get(card.engine_at(zero_stage))
+
+
+def rank_tokens(job: Job, micro_batch: int, tp: int, cp: int, zero_stage: int) -> int:
+    """Tokens one cp rank computes of a micro-batch of `micro_batch` sequences, the padding of the engine this ZeRO
+    stage selects included (cp_rank_tokens at cp_padding_of): what the memory holds, the step time runs
+    (estimate/perf.layer_context, pipeline_p2p) and the search's per-token references divide by (search/bounds.py),
+    so bound and estimate count the same tokens. The padded tokens cost time but are no useful work: tokens/s and
+    MFU count the job's real tokens (perf._report)."""
+    return cp_rank_tokens(job.seq_length, micro_batch, tp, cp, cp_padding_of(job.card, zero_stage))
 
 
 def pads_every_cp_split(card: FrameworkCard) -> bool:

@@ -19,6 +19,7 @@ from meshplan.estimate.memory_terms import job_layer_sums
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.estimate.perf import StageWork
 from meshplan.estimate.sync_floor import StageSync, SyncFloor, SyncRates, synced_keys
+from meshplan.rules.context import rank_tokens
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.estimators import reference_seconds
 from meshplan.search.floors import estimate_stages
@@ -124,10 +125,9 @@ class StepTimeBounds(SearchPlans):
 
     def _per_token(self, key: tuple, tp: int, cp: int, ep: int, etp: int, b: int, recompute: str, part: str,
                    may_overlap: bool = False) -> float:
-        """Seconds per token of a single-stage reference plan (one micro-batch of b sequences per rank); with
-        `may_overlap`, its EP all-to-all overlapped wherever the reference can overlap it. With cp > 1, the least of
-        the reference at each CP mechanism the search's ZeRO stages run (zero_stages.cp_zeros): neither bounds the
-        other's plans."""
+        """Seconds per token a rank computes (rules.context.rank_tokens: padding included) of a single-stage reference
+        plan, b sequences a rank; with `may_overlap`, its EP all-to-all overlapped wherever the reference can. With
+        cp > 1, the least of the reference at each CP mechanism the search's ZeRO stages run (zero_stages.cp_zeros)."""
         hit = self.caches.token_time.get(key)
         if hit is not None:
             return hit
@@ -136,22 +136,22 @@ class StepTimeBounds(SearchPlans):
         overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
         if may_overlap and not overlap:
             return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)
-        tokens = b * self.job.seq_length / cp
+        zeros = cp_zeros(self.job.card, self.zeros) if cp > 1 else self.zeros[:1]
         alone = 0.0
         if overlap:
-            # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without
-            # overlap), so it would over-charge a layout whose micro-batches run in the steady state; the second
-            # micro-batch's increment is one micro-batch fully overlapped (moe_time.overlapped_a2a at a steady share of
-            # 1), the least any micro-batch pays.
-            alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) * tokens
+            # One micro-batch alone is all warm-up (its all-to-all exposed: the plain reference, key without overlap),
+            # so it would over-charge a layout whose micro-batches run in the steady state; the second micro-batch's
+            # increment is one fully overlapped (moe_time.overlapped_a2a at a steady share of 1), the least any pays.
+            alone = self._per_token((*key[:-1], False), tp, cp, ep, etp, b, recompute, part) \
+                * rank_tokens(self.job, b, tp, cp, zeros[0])  # (one zero: none across mechanisms, below)
         gbs = (2 if overlap else 1) * b * dp_ref
         job_ref = self.ref_jobs.get(gbs)
         if job_ref is None:
             job_ref = self.ref_jobs[gbs] = self.job.model_copy(update={"global_batch_size": gbs})
-        zeros = cp_zeros(self.job.card, self.zeros) if cp > 1 else self.zeros[:1]
         # with EP overlap, the increment over one alone holds within one mechanism: none across them (cp 1 stands)
         value = 0.0 if overlap and len(zeros) > 1 else math.inf
         for zero in zeros if value else ():
+            tokens = rank_tokens(self.job, b, tp, cp, zero)  # the reference's, as its estimate runs them
             # a CP reference's seconds read no recompute (cp_time): the first the rules pass at this stage
             for rec in self.recomputes[self.recomputes.index(recompute):] if part == "cp" else (recompute,):
                 try:
