@@ -308,3 +308,72 @@ def test_bridge_lora_matches_module_paths_as_the_pinned_bridge_does():
                              ("transformer/moe/experts.py", ["self.linear_fc1 = ", "self.linear_fc2 = "])]:
         text = (core / file).read_text(encoding="utf-8")
         assert all(a in text for a in attributes), file
+
+
+SFT_LORA = ("torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer model.path=meta-llama/Llama-3.1-8B "
+            "data.train_batch_size=64 model.lora_rank=16 model.target_modules=all-linear {}\n")
+
+
+@pytest.mark.parametrize(("exclude", "targets"), [
+    ("model.exclude_modules=[down_proj]", ["linear_qkv", "linear_proj", "linear_fc1"]),
+    ("model.exclude_modules=[q_proj,k_proj,v_proj]", ["linear_proj", "linear_fc1", "linear_fc2"]),
+    ("model.exclude_modules=[mlp.gate_proj,mlp.up_proj]", ["linear_qkv", "linear_proj", "linear_fc2"]),
+    ("'model.exclude_modules=.*mlp.*'", ["linear_qkv", "linear_proj"]),  # a string: one regex, re.fullmatch
+    ("'model.exclude_modules=.*visual.*'", ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]),  # none here
+])
+def test_peft_exclude_modules_takes_whole_linears_out_of_the_targets(exclude, targets):
+    """verl's FSDP engine passes exclude_modules to PEFT's LoraConfig, which adapts the targets less what it excludes;
+    the import reads it into lora_targets, saying where from, so check and the estimate count the adapters that run
+    (fails before: the key was 'no meshplan field' and all four linears were counted)."""
+    imported = import_config(SFT_LORA.format(exclude), path="sft.sh")
+    assert imported.request["lora_targets"] == targets
+    assert not [u for u in imported.unsupported if "exclude_modules" in u]
+    if len(targets) < 4:
+        assert "exclude_modules" in imported.sources["lora_targets"]
+        job, _ = resolve(Request(**request_values(imported, {"gpu": "h100", "seq_length": 2048})))
+        assert job.lora is not None and job.lora.targets == targets
+
+
+def test_skyrls_exclude_modules_leaves_its_default_targets_less_those():
+    text = ("python -m skyrl.train.entrypoints.main_base trainer.policy.model.path=meta-llama/Llama-3.1-8B "
+            "trainer.strategy=fsdp2 trainer.policy.model.lora.rank=16 'trainer.policy.model.lora.exclude_modules="
+            ".*down_proj' trainer.placement.policy_num_gpus_per_node=8\n")
+    imported = import_config(text, path="skyrl.sh")
+    assert imported.request["lora_targets"] == ["linear_qkv", "linear_proj", "linear_fc1"]
+    assert imported.sources["lora_targets"].startswith("the engine's default targets, less skyrl.sh:1")
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    (SFT_LORA.format("model.exclude_modules=[v_proj]"), "leaves v_proj out of a fused linear"),
+    (SFT_LORA.format("model.exclude_modules=[layers.0.mlp.down_proj]"), "no projection meshplan adapts on every"),
+    (SFT_LORA.format("model.exclude_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"),
+     "excludes every target"),
+    ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B "
+     "actor_rollout_ref.actor.strategy=megatron actor_rollout_ref.model.lora.rank=16 "
+     "actor_rollout_ref.model.lora.exclude_modules=[linear_fc2] trainer.nnodes=1 trainer.n_gpus_per_node=8\n",
+     "only with an empty target_modules"),
+])
+def test_an_exclusion_meshplan_cannot_count_is_said_and_refused_an_estimate(text, said):
+    """Part of a fused linear, one layer's module, every target (PEFT then adapts nothing and raises), or
+    exclude_modules on Megatron-Bridge's LoRA (verl's Megatron engine passes it there: Bridge asserts it empty beside
+    target_modules, and without them adapts every linear, the output layer too): said, and no estimate is made."""
+    imported = import_config(text, path="x.sh")
+    lines = [u for u in imported.unsupported if "exclude_modules" in u]
+    assert lines and said in lines[0] and lines[0].endswith(LORA_NOT_MODELLED), imported.unsupported
+    with pytest.raises(MeshplanError, match="no estimate of this LoRA job"):
+        request_values(imported, {"gpu": "h100", "seq_length": 2048})
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
+         "tie_word_embeddings": False}
+
+
+@pytest.mark.slow
+def test_peft_trains_what_meshplan_counts_after_exclude_modules():
+    """PEFT 0.18.1 on transformers 5.9.0, a tiny Llama: all-linear less exclude_modules [down_proj] trains exactly
+    meshplan's count of the targets the import leaves (linear_qkv, linear_proj, linear_fc1)."""
+    arch = architecture_from_config(LLAMA)
+    spec = LoraSpec(rank=4, targets=["linear_qkv", "linear_proj", "linear_fc1"])
+    ran = _peft({"config": LLAMA, "rank": 4, "target_modules": "all-linear", "exclude_modules": ["down_proj"]})
+    assert ran["trainable"] == total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3))

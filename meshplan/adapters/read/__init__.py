@@ -53,7 +53,12 @@ from meshplan.adapters.read.launch import (
     read_megatron,
     wrapper_script,
 )
-from meshplan.adapters.read.lora_keys import all_linear_that_fails, patterns_on_model, unmodelled_lora_said
+from meshplan.adapters.read.lora_keys import (
+    all_linear_that_fails,
+    exclusions_applied,
+    patterns_on_model,
+    unmodelled_lora_said,
+)
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
 from meshplan.adapters.read.settings import yaml_settings
@@ -200,6 +205,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     fill_defaults(reading)
     all_linear_that_fails(reading)  # once the model and the engine's ZeRO stage are known
     patterns_on_model(reading)  # Bridge's target_modules path patterns against the model's layers
+    exclusions_applied(reading)  # exclude_modules taken out of the targets just read
     unmodelled_lora_said(reading)  # with its cost on the file's model
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,

@@ -300,7 +300,9 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
             reading.notes.append(f"{s.where(reading.path)} = {value}: states sharded over {value} ranks; set "
                                  f"dp_replicate = dp*cp / {value} (hybrid sharding, not read from the group size)")
         return True
-    if m.target == "lora_targets":
+    if m.target == LORA_EXCLUDE:  # what it leaves out is settled once the targets and model are read
+        reading.extra[LORA_EXCLUDE] = (value, s)
+    elif m.target == "lora_targets":
         targets = lora_targets(reading, s)
         if targets:
             reading.state("lora_targets", targets, s)
@@ -453,6 +455,9 @@ def lora_unmodelled(reading: Reading, s: Setting, facts: UnmodelledLoraKeys) -> 
                              f"({reading.variant}); only {', '.join(facts.variants)} read it")
 
 
+LORA_EXCLUDE = "lora_exclude"
+"""The Reading.extra entry, and the cards' read.keys name, of a LoRA exclude_modules (PEFT's LoraConfig,
+Megatron-Bridge's LoRA): (the value, the setting), which lora_keys.exclusions_applied takes out of the targets."""
 UNMODELLED_LORA = "lora_unmodelled"
 """The Reading.extra entry of a LoRA key meshplan does not count (read.lora_unmodelled): unmodelled_lora_said."""
 

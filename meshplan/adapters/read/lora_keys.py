@@ -1,25 +1,30 @@
 """What a framework file's LoRA keys say once the file's model is known, after the keys are read (keys.py reads each
 key as it comes: lora_targets, read_patterns, lora_unmodelled keep what these look at in Reading.extra): Bridge's path
-patterns against the model's places, PEFT's all-linear on a model where it fails, and the cost of a LoRA key meshplan
-does not count."""
+patterns against the model's places, PEFT's all-linear on a model where it fails, the modules exclude_modules takes
+out of the targets, and the cost of a LoRA key meshplan does not count."""
 
 from __future__ import annotations
 
-from meshplan.adapters.lora import hf_projections
+import re
+
+from meshplan.adapters.lora import HF_PROJECTIONS, hf_projections, projection_targets
 from meshplan.adapters.read.bridge_lora import model_places, places
 from meshplan.adapters.read.keys import (
     BRIDGE_PATTERNS,
+    LORA_EXCLUDE,
     LORA_NOT_MODELLED,
     PEFT_ALL_LINEAR,
+    PEFT_VARIANTS,
     UNMODELLED_LORA,
     Reading,
     convert,
 )
-from meshplan.arithmetic.lora import DEFAULT_TARGETS, lora_engine, peft_all_linear
+from meshplan.arithmetic.lora import DEFAULT_TARGETS, lora_engine, model_targets, other_linears, peft_all_linear
 from meshplan.arithmetic.param_wrapper import WEIGHTS, param_wrapper_flops, param_wrapper_params
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import LoraSpec
 
 
@@ -107,3 +112,100 @@ def unmodelled_lora_said(reading: Reading) -> None:
                 f"{param_wrapper_params(arch, rank, weights):,} adapter parameters, {per_token:.3g} FLOPs per token "
                 f"of expert weight gradients and {per_batch:.3g} per micro-batch)")
     reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {facts.what}{cost}; {LORA_NOT_MODELLED}")
+
+
+_PEFT_NAMES = {p: f"model.layers.0.{'mlp' if t in ('linear_fc1', 'linear_fc2') else 'self_attn'}.{p}"
+               for t, names in HF_PROJECTIONS.items() for p in names}
+"""Each Hugging Face projection's module path in a decoder layer (transformers' Llama/Qwen/DeepSeek code), what PEFT
+matches a string exclude_modules against (re.fullmatch on the module's full name)."""
+
+
+def exclusions_applied(reading: Reading) -> None:
+    """A LoRA job's exclude_modules, once its targets and model are read. Hugging Face PEFT (verl's and SkyRL's FSDP
+    engines; peft 0.18.1 tuners/tuners_utils.py check_target_module_exists: a string is re.fullmatch'ed on a module's
+    full name, a list entry matches a name or its last dotted parts; verl/utils/model.py check_exclude_modules alike)
+    adapts the targets less what it excludes: projections making up whole linears are taken out of lora_targets, the
+    source saying so; part of a fused linear (v_proj alone), a name meshplan cannot place, or all-linear less some on
+    a model whose other linears all-linear adapts too is said with LORA_NOT_MODELLED (no estimate from the file).
+    Megatron-Bridge's LoRA (its own engine, verl's and SkyRL's Megatron engines, which pass exclude_modules to it)
+    asserts exclude_modules is empty when target_modules is set (peft/module_matcher.py ModuleMatcher.match), and
+    with target_modules empty adapts every linear it does not name, the output layer among them: said likewise."""
+    stated = reading.extra.get(LORA_EXCLUDE)
+    request = reading.request
+    if stated is None or ("lora_rank" not in request and "lora_targets" not in request):
+        return
+    value, s = stated
+    where = f"{s.where(reading.path)} = {value}"
+    if value is None or str(value).strip().strip("'\"") in ("", "null", "None", "~", "[]"):
+        return
+    if reading.variant not in PEFT_VARIANTS:
+        reading.unsupported.append(
+            f"{where}: Megatron-Bridge's LoRA takes exclude_modules only with an empty target_modules (peft/"
+            "module_matcher.py asserts it) and then adapts every linear it does not name, the output layer among "
+            f"them, which meshplan counts no adapter on; name the adapted linears in target_modules instead; "
+            + LORA_NOT_MODELLED)
+        return
+    arch = _file_model(request.get("model"))
+    has = model_targets(arch) if arch is not None else set(DEFAULT_TARGETS)
+    targets = list(request.get("lora_targets") or [t for t in DEFAULT_TARGETS if t in has])
+    excluded, unplaced = _excluded_projections(value)
+    if not excluded and not unplaced and (arch is None or arch.vision is not None):  # ('.*visual.*', verl's example)
+        of = f"{arch.name}'s vision tower" if arch is not None else "the model (the file names none)"
+        unplaced = f"matches none of the decoder's projections; meshplan cannot tell what it leaves out of {of}"
+    if unplaced:
+        reading.unsupported.append(f"{where}: {unplaced}; {LORA_NOT_MODELLED}")
+        return
+    whole = set(projection_targets(excluded)) & set(targets)
+    part = sorted(p for t in targets if t not in whole for p in HF_PROJECTIONS[t] if p in excluded)
+    if part:
+        reading.unsupported.append(f"{where}: leaves {', '.join(part)} out of a fused linear meshplan adapts whole ("
+                                   + ", ".join(f"{t} = {' + '.join(HF_PROJECTIONS[t])}" for t in targets)
+                                   + f"); {LORA_NOT_MODELLED}")
+        return
+    kept = [t for t in targets if t not in whole]
+    if not kept:
+        reading.unsupported.append(f"{where}: excludes every target ({', '.join(targets)}); PEFT then adapts no "
+                                   f"module and raises; {LORA_NOT_MODELLED}")
+        return
+    if whole and PEFT_ALL_LINEAR in reading.extra and arch is not None and _other_linears(arch):
+        reading.unsupported.append(
+            f"{where}: all-linear less {', '.join(sorted(whole))} still adapts {arch.name}'s "
+            f"{', '.join(_other_linears(arch))}, which meshplan counts only with every target; {LORA_NOT_MODELLED}")
+        return
+    if whole:
+        reading.request["lora_targets"] = kept
+        was = reading.sources.get("lora_targets", "the engine's default targets")
+        reading.sources["lora_targets"] = f"{was}, less {s.where(reading.path)} ({', '.join(sorted(whole))})"
+    else:  # a projection the targets do not hold, or none on a model without a vision tower: nothing counted changes
+        reading.notes.append(f"{where}: excludes none of the linears meshplan adapts ({', '.join(targets)})")
+
+
+def _excluded_projections(value: object) -> tuple[set[str], str]:
+    """The decoder projections an exclude_modules value excludes, as PEFT matches it, and what of it meshplan cannot
+    place ('' where all of it is placed)."""
+    text = value.strip().strip("'\"") if isinstance(value, str) else None
+    if text is not None and not text.startswith("["):  # a string: one regular expression on the full name
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            return set(), f"not a regular expression PEFT can match ({exc})"
+        return {p for p, path in _PEFT_NAMES.items() if pattern.fullmatch(path)}, ""
+    names = convert("lora_targets", value)  # a list, as the target names are
+    unknown = [n for n in names if n.rsplit(".", 1)[-1] not in _PEFT_NAMES
+               or not _PEFT_NAMES[n.rsplit(".", 1)[-1]].removeprefix("model.layers.0.").endswith(n)]
+    if unknown:  # (a path naming a layer, 'layers.0.mlp.down_proj', excludes that layer's only)
+        return set(), (f"{', '.join(unknown)} name(s) no projection meshplan adapts on every layer (PEFT matches a "
+                       f"name or its last dotted parts; meshplan places {', '.join(_PEFT_NAMES)})")
+    return {n.rsplit(".", 1)[-1] for n in names}, ""
+
+
+def _file_model(model: object) -> Architecture | None:
+    try:
+        return resolve_model(model) if isinstance(model, str) else None
+    except MeshplanError:
+        return None
+
+
+def _other_linears(arch: Architecture) -> list[str]:
+    """The names of the decoder's linears beside the four that all-linear adapts (arithmetic/lora.py other_linears)."""
+    return sorted({a.target for index in range(arch.num_layers) for a in other_linears(arch, index)})
