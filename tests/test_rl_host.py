@@ -282,3 +282,46 @@ def test_the_rl_ranking_fits_a_step_on_the_figure_check_reads():
     top = rec.candidates[0].memory
     assert "RL005" not in rec.rejected and top.fit_basis == "allocated"
     assert top.fit_bytes <= 0.9 * top.capacity_bytes < top.peak_bytes
+
+
+def _asked_again(monkeypatch, req: Request) -> tuple[int, int]:
+    """The RL recommend of `req` with its actor engine's verdicts watched: (GPU-only verdicts asked of a plan whose
+    verdict under the host limit had already read every stage, verdicts under the host limit that refused a plan
+    by its host)."""
+    import dataclasses
+
+    import meshplan.search.rl as rl_search
+
+    real = rl_search.actor_engine
+    read_all: set[str] = set()
+    counts = [0, 0]
+
+    def watched(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        inner = engine.memory_fit
+
+        def memory_fit(trainer, plan, budget, host=None, first=0, checked=False):
+            verdict = inner(trainer, plan, budget, host, first, checked)
+            key = plan.model_dump_json()
+            if host is None:
+                counts[0] += key in read_all
+            elif not verdict.complete and verdict.figure <= budget:
+                counts[1] += 1
+                if verdict.over is None:
+                    read_all.add(key)
+            return verdict
+        return dataclasses.replace(engine, memory_fit=memory_fit)
+
+    monkeypatch.setattr(rl_search, "actor_engine", watched)
+    api.recommend(req)
+    return counts[0], counts[1]
+
+
+def test_a_verdict_that_read_every_stage_is_not_estimated_again_to_count_mem003(monkeypatch):
+    """The actor engine reads the RL step's host after the GPU's whole verdict, so a plan it refuses by the host has
+    its GPU figure within the budget on every stage: the count takes it as MEM003 without a second, GPU-only verdict
+    (host_counts.host_rejected took every pipelined one as stopped early and asked again: 2,996 verdicts of the
+    SkyRL Qwen3-30B-A3B request on 24 H100 with 64 GiB per node)."""
+    again, refused = _asked_again(monkeypatch, Request(**{**SKYRL, "num_gpus": 24}, cpu_memory_per_node=64))
+    assert refused > 1000  # the request refuses most plans by the host: the test reads the path it is about
+    assert again == 0

@@ -146,7 +146,9 @@ def estimate_memory(job: Job, plan: Plan) -> MemoryReport:
 class FitVerdict(NamedTuple):
     """What memory_fit found of a plan's report without building it: the largest fit figure and host bytes per node
     among the stages it evaluated (the report's fit_bytes and host_bytes_per_node when `complete`), and the stage
-    found over the budget, where one was (then not every stage was evaluated)."""
+    found over the budget or the host limit, where one was (then not every stage was evaluated). Not complete with
+    `over` None: every stage was read and fits the budget, the host is over (the RL actor engine, search/rl_actor.py,
+    which reads the host after the GPU's whole verdict)."""
 
     figure: int
     host_per_node: int

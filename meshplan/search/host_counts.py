@@ -24,7 +24,11 @@ class HostCounts:
             known = self.caches.verdicts.get(key) if report is None else None
             if (report.fit_bytes if known is None else known.figure) > self.budget:  # type: ignore[union-attr]
                 return
-            self.host_short[key] = True if known is None or known.complete or key[0].pp == 1 else None
+            # the host stopped the verdict before every stage was read only where it names a stage (`over`) and the
+            # plan has more than one: a verdict that read them all (complete, or the RL actor engine's host over a GPU
+            # fit: over None) has the GPU's whole figure, within the budget
+            read_all = known is None or known.complete or known.over is None or key[0].pp == 1
+            self.host_short[key] = True if read_all else None
         self.host_seen += 1
 
     def host_recount(self, rejected: Counter, lay, mbs: int, stages, low: int, high: int) -> None:
