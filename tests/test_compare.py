@@ -274,7 +274,7 @@ def test_a_log_without_a_rate_or_an_rl_log_says_what_the_measured_mfu_lacks(caps
                          "prompt_length": 256, "response_length": 1024})
     text = log("verl_gh200_sglang.log").replace("timing_s/update_actor", "timing_s/update_other")
     mfu = next(f for f in api.compare_run(req, text).figures if f.figure == "mfu")
-    assert mfu.measured is None and "actor update's own time (verl's timing_s/update_actor)" in mfu.missing
+    assert mfu.measured is None and "actor update's own time (verl's timing_s/update_actor" in mfu.missing
 
 
 def test_an_rl_run_s_mfu_is_its_actor_update_s_flops_over_the_logged_update_time():
@@ -298,6 +298,57 @@ def test_an_rl_run_s_mfu_is_its_actor_update_s_flops_over_the_logged_update_time
     job, _ = resolve(parse_request(ppo))
     rl = api.estimate_throughput(parse_request(ppo)).rl
     assert actor_update_seconds(job, rl) == pytest.approx(rl.update_s / 2)  # the critic's update beside the actor's
+
+
+# Two RL steps of a SkyRL run as it prints them (SkyRL a956457): the timer's lines (skyrl/train/utils/utils.py:43,
+# `Finished: '{message}', time cost: {s:.2f}s`, policy_train's inside its step's) and the console tracker's dict
+# (skyrl/train/utils/tracking.py:186-197: `Step {step}: ` then pprint.pformat of the payload, floats as '%.4f'
+# strings), whose timing/ keys are the trainer's timers (skyrl/train/trainer.py:527; policy_train at 1569, inside
+# train_critic_and_policy at 450), each line behind loguru's default prefix.
+TIMER_AT, TRACKER_AT = "skyrl.train.trainer:train_critic_and_policy:1569", "skyrl.train.utils.tracking:log:189"
+
+
+def _skyrl_step(step: int, at: str, update: float, seconds: float, generate: float) -> list[str]:
+    """One step's lines: the policy_train and step timers, then the tracker's header (its trailing space is
+    `f"Step {step}: \\n..."`'s) and the payload dict as pprint wraps it (keys sorted, one a line)."""
+    return [
+        f"2026-11-30 {at} | INFO     | {TIMER_AT} - Finished: 'policy_train', time cost: {update:.2f}s",
+        f"2026-11-30 {at} | INFO     | skyrl.train.trainer:train:342 - Finished: 'step', time cost: {seconds:.2f}s",
+        f"2026-11-30 {at} | INFO     | {TRACKER_AT} - Step {step}: ",
+        "{'policy/grad_norm': '0.4100',",
+        " 'policy/policy_loss': '0.0123',",
+        " 'timing/fwd_logprobs_values_reward': '9.8000',",
+        f" 'timing/generate': '{generate:.4f}',",
+        f" 'timing/policy_train': '{update:.4f}',",
+        f" 'timing/step': '{seconds:.4f}',",
+        " 'timing/sync_weights': '3.2000',",
+        f" 'timing/train_critic_and_policy': '{update + 0.31:.4f}',",
+        " 'trainer/epoch': 0,",
+        f" 'trainer/global_step': {step},",
+        " 'trainer/tokens_per_second_per_gpu': '1510.3000'}",
+    ]
+
+
+SKYRL_RL_LOG = "\n".join(_skyrl_step(1, "10:02:14.905", 40.5, 131.9, 61.2)
+                          + _skyrl_step(2, "10:04:21.291", 38.25, 126.4, 58.7)) + "\n"
+
+
+def test_a_skyrl_rl_log_gives_the_actor_updates_own_time():
+    """SkyRL's actor update alone is its policy_train timer (timing/policy_train; train_critic_and_policy adds PPO's
+    critic): read into actor_update_s as verl's timing_s/update_actor is, from the console dict or, without the
+    tracker, from the timer lines. Before, a SkyRL RL log had no actor-update time, so compare's MFU of an RL job
+    was missing ("the actor update's own time")."""
+    run = read_log(SKYRL_RL_LOG)
+    assert run.framework == "skyrl" and run.rl_fields == {}
+    assert run.actor_update_s == pytest.approx(38.25) and run.step_time_s == pytest.approx(126.4)  # step 2: steady
+    assert run.sources["actor_update_s"].endswith(":17")  # step 2's header
+    timers = read_log("\n".join(line for line in SKYRL_RL_LOG.splitlines() if "Finished:" in line))
+    assert timers.actor_update_s == pytest.approx(38.25) and timers.step_time_s == pytest.approx(126.4)
+    fields = {"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "skyrl", "job": "rl",
+              "prompt_length": 256, "response_length": 1024}
+    mfu = next(f for f in api.compare_run(parse_request(fields), SKYRL_RL_LOG).figures if f.figure == "mfu")
+    rl = api.estimate_throughput(parse_request(fields)).rl
+    assert mfu.missing is None and mfu.measured == pytest.approx(rl.update_mfu * rl.update_s / 38.25)
 
 
 def test_a_rate_is_inside_the_band_exactly_when_its_step_time_is(tmp_path, capsys, monkeypatch):

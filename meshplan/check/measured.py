@@ -125,15 +125,17 @@ def measured_mfu(job: Job, throughput: ThroughputReport, measured: MeasuredRun, 
     """The run's MFU in meshplan's terms beside the predicted one: the measured tokens/s per GPU through the
     estimate's own model FLOPs per token and peak (ThroughputReport.mfu_at), so the two differ only by the rate; an
     RL job's, whose predicted MFU is the actor update's, the same update's FLOPs over its logged time (verl's
-    timing_s/update_actor) for the predicted one's (rl/step_time.actor_update_seconds). Where the log lacks what
-    that needs, `missing` says what instead of a number: a rate (step time, tokens/s or samples/s), or the actor
-    update's own time, which an RL log's step rate (rollout, log-probs and update together) does not give."""
+    timing_s/update_actor, SkyRL's timing/policy_train) for the predicted one's (rl/step_time.actor_update_seconds).
+    Where the log lacks what that needs, `missing` says what instead of a number: a rate (step time, tokens/s or
+    samples/s), or the actor update's own time, which an RL log's step rate (rollout, log-probs and update together)
+    does not give."""
     label = "MFU (meshplan's model FLOPs)"
     predicted = throughput.rl.update_mfu if throughput.rl is not None else throughput.mfu
     calibrated = predicted / factor if factor else None
     if throughput.rl is not None and measured.actor_update_s is None:
         return _figure("mfu", label + " (actor update)", predicted, None, band, "", calibrated,
-                       missing="the actor update's own time (verl's timing_s/update_actor): the log's step time and "
+                       missing="the actor update's own time (verl's timing_s/update_actor, SkyRL's "
+                               "timing/policy_train): the log's step time and "
                                "tokens/s cover the whole RL step (rollout, log-probs and update), and the MFU "
                                "predicted is the update's")
     if throughput.rl is not None:

@@ -38,7 +38,7 @@ class MeasuredRun(StrictModel):
     tflops_per_gpu: float | None = Field(None, description="Median TFLOP/s per GPU as the framework counts them")
     actor_update_s: float | None = Field(
         None, description="An RL log: the median seconds of the step's actor update alone (verl's timing_s/"
-                          "update_actor), what the actor update's MFU is measured over")
+                          "update_actor, SkyRL's timing/policy_train), what the actor update's MFU is measured over")
     global_batch_size: int | None = Field(None, description="Sequences per step, when the log states it")
     rl_fields: dict[str, int] | None = Field(
         None, description="A log of RL steps (rollout, log-probs, update: verl's, SkyRL's RL trainer): the RL request "

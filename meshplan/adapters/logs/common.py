@@ -41,7 +41,8 @@ class StepFigures:
     samples_per_s: float | None = None
     mfu: float | None = None
     tflops_per_gpu: float | None = None
-    actor_update_s: float | None = None  # an RL step's actor update alone (verl's timing_s/update_actor)
+    # an RL step's actor update alone (verl's timing_s/update_actor, SkyRL's timing/policy_train)
+    actor_update_s: float | None = None
     global_batch_size: float | None = None  # as logged; a measured one is whole
 
 
