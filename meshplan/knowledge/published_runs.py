@@ -39,8 +39,12 @@ VERL_BEFORE_FLASH = "0.5.0"
 # verl's workers turn on expandable segments for the training phases since volcengine/verl bf56a2aa2 (PR #3181,
 # 2025-08-23; Megatron workers, cards/frameworks/verl.yaml allocator); rows published before or dated by month only
 # (a month-only date counts as before) trained without it: docs/perf/dpsk.md's 96-H20 DeepSeek-V3 run (measured by
-# 2025-08-14, e2e4c35ec) and its 32/256-H20 Qwen3-235B rows, whose stated settings first appear in f6f910069
-# (2025-08-22).
+# 2025-08-14, e2e4c35ec), its 32/256-H20 Qwen3-235B rows, whose stated settings first appear in f6f910069
+# (2025-08-22), and its 8/16/32-H20 Qwen3-30B-A3B table, added with its script in that commit. Before bf56a2aa2 the
+# Megatron workers' sharding managers (verl/workers/sharding_manager/megatron_vllm.py at f6f910069) set no allocator
+# setting, and a colocated run cannot set it in the environment instead: vLLM's sleep-mode allocator refuses
+# expandable segments (fsdp_vllm.py at f6f910069 turns them off before waking vLLM: "vllm need to set
+# _set_allocator_settings to False"), so those actor updates ran PyTorch's default allocator.
 VERL_EXPANDABLE_SINCE = "2025-08-23"
 # Megatron-Bridge performance recipes the rows cite whose cfg.env_vars leave expandable segments out (every other
 # Bridge recipe sets it, cards/frameworks/megatron-bridge.yaml allocator): recipe function -> why.
