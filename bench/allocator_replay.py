@@ -7,7 +7,9 @@ script records that order and replays it:
 
 1. trace (inside the torchtitan venv, torch 2.13 CPU + torchtitan 0.3.0): Llama-3.1-8B's registry model, cut to
    `layers`, fully_shard on a fake process group of `world` ranks (apply_fsdp_to_decoder: bf16 params, fp32
-   reduce), the activation-checkpointing policy, the 2024-12 trainer's unchunked loss
+   reduce), the activation-checkpointing policy (`seqs`: each step's own sequence length, as token-budget
+   micro-batches such as verl's use_dynamic_bsz give, each of a different size; else `seq` every step), the
+   2024-12 trainer's unchunked loss
    (F.cross_entropy(pred.flatten(0, 1).float(), labels), `del pred`, loss.backward()), AdamW and
    zero_grad(set_to_none=True), three steps. Every storage the FSDPMemTracker sees made, resized or freed is one
    event, with the stream fully_shard makes it on: foreach_all_gather's copy-in in the all-gather copy-in stream,
@@ -18,8 +20,14 @@ script records that order and replays it:
    large pool, a new segment of 20 MiB below 10 MiB and of the size rounded to 2 MiB above; best fit (smallest free
    block of the same stream and pool that is large enough, then lowest address); a block split when the rest is
    >= 512 B (small) or > 1 MiB (large); a freed block merged with its free neighbours in its segment and returned to
-   its own stream's pool; no segment released (no out-of-memory retry, no empty_cache). Reported: the steady-state
+   its own stream's pool; no segment released while the memory lasts (no empty_cache). Reported: the steady-state
    (third step) allocated and reserved peaks, with per-stream pools and with one pool.
+3. the fit (`least_capacity`): the same model on a GPU of `capacity` bytes, with the allocator's out-of-memory path
+   (c10/cuda/CUDACachingAllocator.cpp DeviceCachingAllocator::malloc: when no cached block fits and cudaMalloc
+   fails, release_available_cached_blocks, which does nothing without max_split_size, then release_cached_blocks,
+   which cudaFrees every cached block that is a whole segment, split from nothing, and alloc_block again; only then
+   out of memory). The least capacity that runs every step is what decides the fit on the default allocator: the
+   reserved peak of a run with memory to spare counts whole free segments that such a run would hand back.
 
 AdamW runs both ways: foreach (torchtitan 2024-12's build_optimizers: foreach = not fused, fused off by default;
 all of a step's sqrt temporaries at once) and single-tensor. DTensor's sharding propagation makes global-shape example
@@ -27,6 +35,7 @@ tensors under FakeTensorMode that a GPU makes on the meta device; they are left 
 torch.compile and Float8 (the production rows ran both), context parallelism, cuBLAS workspaces and NCCL buffers.
 
     python bench/allocator_replay.py            # the three cases below, each optimizer (about 4 minutes)
+    python bench/allocator_replay.py --replay TRACE.json   # one saved trace (--trace's output): its peaks and fit
 """
 
 from __future__ import annotations
@@ -110,12 +119,12 @@ def trace(case: dict) -> list:
         harness.apply_policy(model, case["policy"], "llama3-8b", None)
         apply_fsdp_to_decoder(model, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32, pp_enabled=False)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=case["foreach"])
-        tokens, positions = harness._inputs(case["seq"], case["batch"])
-        masks = model.get_attention_masks(positions)
         tracker = Recorder(model, optimizer)
         tracker.track_external(model, optimizer)
         with tracker:
-            for step in range(STEPS):
+            for step, seq in enumerate(case.get("seqs") or [case["seq"]] * STEPS):
+                tokens, positions = harness._inputs(seq, case["batch"])
+                masks = model.get_attention_masks(positions)
                 events.append(("m", f"step {step}"))
                 pred = model(tokens, positions, masks)
                 loss = F.cross_entropy(pred.flatten(0, 1).float(), tokens.flatten(0, 1))
@@ -144,8 +153,9 @@ class _Block:
 class CachingAllocator:
     """The caching allocator's block bookkeeping (see the module docstring), counting allocated and reserved bytes."""
 
-    def __init__(self, per_stream: bool = True):
+    def __init__(self, per_stream: bool = True, capacity: int | None = None):
         self.per_stream = per_stream
+        self.capacity = capacity  # the GPU's bytes for the allocator (None: never runs out)
         self.free_keys: dict[tuple, list] = {}
         self.free_blocks: dict[tuple, dict] = {}
         self.live: dict[int, _Block] = {}
@@ -171,6 +181,10 @@ class CachingAllocator:
             self._take_free(block)
         else:
             segment = 2 * MIB if small else 20 * MIB if size < 10 * MIB else -(-size // (2 * MIB)) * 2 * MIB
+            if self.capacity is not None and self.reserved + segment > self.capacity:
+                self.release_cached_blocks()  # cudaMalloc failed: hand back every whole free segment, retry
+                if self.reserved + segment > self.capacity:
+                    raise OutOfMemory(f"{size} B with {self.allocated} B allocated, {self.reserved} B reserved")
             self.segments += 1
             block = _Block(pool, self.segments, 0, segment)
             self.reserved += segment
@@ -204,10 +218,24 @@ class CachingAllocator:
             block = first
         self._add_free(block)
 
+    def release_cached_blocks(self) -> None:
+        """cudaFree every cached free block that is a whole segment (release_cached_blocks -> release_blocks: a
+        block with no prev and no next); the free parts of segments that still hold a live block stay."""
+        for blocks in self.free_blocks.values():
+            whole = [b for b in blocks.values() if b.prev is None and b.next is None]
+            for block in whole:
+                self._take_free(block)
+                self.reserved -= block.size
 
-def replay(events: list, per_stream: bool) -> dict[str, float]:
-    """Allocated and reserved peaks of the last step (the earlier ones fill the cache), in GiB."""
-    allocator = CachingAllocator(per_stream)
+
+class OutOfMemory(RuntimeError):
+    """No cached block fits and the whole free segments handed back leave too little for a new one."""
+
+
+def replay(events: list, per_stream: bool, capacity: int | None = None) -> dict[str, float]:
+    """Allocated and reserved peaks of the last step (the earlier ones fill the cache), in GiB; OutOfMemory where
+    a GPU of `capacity` bytes cannot run every step."""
+    allocator = CachingAllocator(per_stream, capacity)
     steps = 0
     for event in events:
         if event[0] == "a":
@@ -221,6 +249,37 @@ def replay(events: list, per_stream: bool) -> dict[str, float]:
     return {"allocated": allocator.peak_allocated / GIB, "reserved": allocator.peak_reserved / GIB}
 
 
+def runs(events: list, per_stream: bool, capacity: int) -> bool:
+    """Whether every step runs on a GPU of `capacity` bytes."""
+    try:
+        replay(events, per_stream, capacity)
+    except OutOfMemory:
+        return False
+    return True
+
+
+def all_steps(events: list, per_stream: bool) -> tuple[int, int]:
+    """The allocated and reserved peaks in bytes over every step, with memory to spare."""
+    allocator = CachingAllocator(per_stream)
+    for event in events:
+        if event[0] == "a":
+            allocator.malloc(event[1], event[2], event[3])
+        elif event[0] == "f":
+            allocator.free(event[1])
+    return allocator.peak_allocated, allocator.peak_reserved
+
+
+def least_capacity(events: list, per_stream: bool, step: int = 2 * MIB) -> float:
+    """The least capacity, to `step` bytes, on which every step runs (bisection between just below the allocated
+    peak of all steps, where nothing runs, and the reserved peak with memory to spare, on which it runs), in GiB."""
+    allocated, reserved = all_steps(events, per_stream)
+    low, high = -(-allocated // step) - 1, -(-reserved // step)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if runs(events, per_stream, mid * step) else (mid, high)
+    return high * step / GIB
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -229,13 +288,23 @@ def main() -> None:
         case = json.loads(sys.argv[2])
         Path(case["out"]).write_text(json.dumps(trace(case)))
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--replay":  # a saved trace
+        events = json.loads(Path(sys.argv[2]).read_text())
+        allocated, reserved = all_steps(events, per_stream=True)
+        fit = least_capacity(events, True)
+        share = (fit * GIB - allocated) / (reserved - allocated) if reserved > allocated else 0.0
+        print(f"every step (per-stream pools): allocated peak {allocated / GIB:.2f} GiB, reserved peak "
+              f"{reserved / GIB:.2f} GiB with memory to spare; runs on {fit:.2f} GiB: {share:.0%} of the reserve "
+              "decides the fit")
+        return
     sys.path.insert(0, str(ROOT / "tests"))
     from framework_packages import TORCHTITAN_VENV, venv_python
 
     python = venv_python("torchtitan", TORCHTITAN_VENV, python_version="3.11")
     print("Llama-3.1-8B, torchtitan 0.3.0 model code (eager), FSDP2, unchunked loss, AdamW, "
           f"zero_grad(set_to_none=True); step {STEPS} of {STEPS}, GiB")
-    print(f"{'case':36} {'AdamW':13} {'allocated':>9} {'reserved, one pool':>19} {'reserved, per stream':>21}")
+    print(f"{'case':36} {'AdamW':13} {'allocated':>9} {'reserved, one pool':>19} {'reserved, per stream':>21} "
+          f"{'runs on, per stream':>20}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, case in CASES.items():
             for foreach in (True, False):
@@ -248,7 +317,7 @@ def main() -> None:
                 events = json.loads(out.read_text())
                 one, per = replay(events, per_stream=False), replay(events, per_stream=True)
                 print(f"{name:36} {'foreach' if foreach else 'single-tensor':13} {per['allocated']:9.2f} "
-                      f"{one['reserved']:19.2f} {per['reserved']:21.2f}")
+                      f"{one['reserved']:19.2f} {per['reserved']:21.2f} {least_capacity(events, True):20.2f}")
 
 if __name__ == "__main__":
     main()
