@@ -8,6 +8,14 @@ allocator's settings (expandable segments) are fixed when CUDA starts:
 
     python gpu_step_harness.py CASE.json OUT.json              # one case
     python gpu_step_harness.py --cases CASES.json --out DIR    # each case, each allocator setting, a process each
+    python gpu_step_harness.py --fit CASES.json --out DIR      # each case's least capacity on the default allocator
+
+`--fit` measures what decides the fit on PyTorch's default allocator: each case runs once with the memory to spare,
+then again under torch.cuda.set_per_process_memory_fraction at capacities between its allocated and reserved peaks
+(bisection, a process each), where the allocator's cudaMalloc fails as on a full GPU and it frees its cached whole
+segments and retries (c10/cuda/CUDACachingAllocator.cpp malloc: release_cached_blocks) before raising out of memory.
+A case's `step_tokens` (a list, taken in turn by the steps) gives each step its own packed length, as verl's
+token-budget micro-batches (use_dynamic_bsz) are each of a different size; else every step packs `tokens`.
 
 What runs: the HF causal-LM class of the config.json fields (cut to `num_layers` decoder layers), fp32 parameters,
 fully_shard per `_no_split_modules` layer (and an untied embedding) then the root, MixedPrecisionPolicy bf16 params /
@@ -149,6 +157,9 @@ def run(case: dict) -> dict:
     if counters.cuda:
         torch.cuda.init()
         torch.empty(1, device=device)
+        if case.get("capacity_bytes"):  # the allocator's reserve may not pass this: a smaller GPU
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(case["capacity_bytes"] / total, device)
     used_before = counters.used()
     register_attention()
     with device:
@@ -156,14 +167,15 @@ def run(case: dict) -> dict:
     verl_fsdp2_wrap(model, one_rank_mesh(device))
     params_bytes = counters.allocated()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    tokens = case["tokens"]
+    step_tokens = case.get("step_tokens") or [case["tokens"]]
     generator = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, int(model.config.vocab_size), (1, tokens + 1), generator=generator).to(device)
-    inputs, labels = ids[:, :-1], ids[0, 1:]
-    positions = torch.arange(tokens, device=device).unsqueeze(0)
+    ids = torch.randint(0, int(model.config.vocab_size), (1, max(step_tokens) + 1), generator=generator).to(device)
     steps, timed, phases, between, peaks, reserved = case.get("steps", 6), [], [], [], [], []
     phase_times: list[dict] = []
     for step in range(steps):
+        tokens = step_tokens[step % len(step_tokens)]
+        inputs, labels = ids[:, :tokens], ids[0, 1:tokens + 1]
+        positions = torch.arange(tokens, device=device).unsqueeze(0)
         counters.sync()
         start = time.perf_counter()
         counters.reset()
@@ -212,8 +224,6 @@ def run(case: dict) -> dict:
 def run_all(cases_path: str, out_dir: str, budget_seconds: float) -> None:
     """Each case in its own process, once with the default allocator and once with expandable segments; no new
     process starts after `budget_seconds` (the lease's device time), and the cases come in the order given."""
-    import subprocess
-
     cases = json.loads(open(cases_path).read())
     os.makedirs(out_dir, exist_ok=True)
     start, results = time.perf_counter(), []
@@ -222,27 +232,69 @@ def run_all(cases_path: str, out_dir: str, budget_seconds: float) -> None:
             if time.perf_counter() - start > budget_seconds:
                 results.append({"case": case["case"], "allocator": alloc, "ok": False, "error": "not run: budget"})
                 continue
-            name = f"{case['case']}{'_exp' if alloc else ''}"
-            case_file, out_file = f"/tmp/{name}.json", f"/tmp/{name}.out.json"
-            with open(case_file, "w") as handle:
-                json.dump(case, handle)
-            env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc} if alloc else {
-                k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
-            try:
-                proc = subprocess.run([sys.executable, __file__, case_file, out_file], env=env, capture_output=True,
-                                      text=True, timeout=case.get("timeout", 240))
-            except subprocess.TimeoutExpired as exc:
-                proc = subprocess.CompletedProcess(exc.cmd, -9, "", f"timed out after {exc.timeout} s")
-            if os.path.exists(out_file):
-                results.append(json.loads(open(out_file).read()))
-            else:
-                results.append({"case": case["case"], "allocator": alloc, "ok": False,
-                                "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"})
+            results.append(run_one(case, alloc, f"{case['case']}{'_exp' if alloc else ''}"))
             print(json.dumps({k: results[-1].get(k) for k in ("case", "allocator", "ok", "peak_allocated",
                                                                "peak_reserved", "step_seconds_median", "error")}),
                   flush=True)
             with open(os.path.join(out_dir, "gpu_steps.json"), "w") as handle:
                 json.dump({"results": results, "nvidia_smi": smi()}, handle, indent=1)
+
+
+def run_one(case: dict, alloc: str, name: str) -> dict:
+    """One case in a process of its own with the allocator setting `alloc` ("" the default)."""
+    import subprocess
+
+    case_file, out_file = f"/tmp/{name}.json", f"/tmp/{name}.out.json"
+    with open(case_file, "w") as handle:
+        json.dump(case, handle)
+    if os.path.exists(out_file):
+        os.remove(out_file)
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc} if alloc else {
+        k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    try:
+        proc = subprocess.run([sys.executable, __file__, case_file, out_file], env=env, capture_output=True,
+                              text=True, timeout=case.get("timeout", 240))
+    except subprocess.TimeoutExpired as exc:
+        proc = subprocess.CompletedProcess(exc.cmd, -9, "", f"timed out after {exc.timeout} s")
+    if os.path.exists(out_file):
+        return json.loads(open(out_file).read())
+    return {"case": case["case"], "allocator": alloc, "ok": False,
+            "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
+
+
+def fit_all(cases_path: str, out_dir: str, budget_seconds: float, rounds: int = 6) -> None:
+    """Each case on the default allocator: its peaks with memory to spare, then the least capacity (to 1/2**rounds
+    of the gap between them) on which it runs every step; a case that fails for another reason than out of memory
+    stops its bisection, and no new process starts after `budget_seconds`."""
+    cases = json.loads(open(cases_path).read())
+    os.makedirs(out_dir, exist_ok=True)
+    start, results = time.perf_counter(), []
+    for case in cases:
+        free = run_one(case, "", f"{case['case']}_fit")
+        entry = {"case": case["case"], "ok": free.get("ok", False), "peak_allocated": free.get("peak_allocated"),
+                 "peak_reserved": free.get("peak_reserved"), "tries": []}
+        if entry["ok"]:
+            low, high = free["peak_allocated"], free["peak_reserved"]  # nothing runs below; this one ran
+            for n in range(rounds):
+                if time.perf_counter() - start > budget_seconds:
+                    entry["stopped"] = "budget"
+                    break
+                mid = (low + high) // 2
+                out = run_one(case | {"capacity_bytes": mid}, "", f"{case['case']}_fit{n}")
+                oom = not out.get("ok") and "OutOfMemory" in str(out.get("error"))
+                entry["tries"].append({"capacity": mid, "ok": out.get("ok", False), "oom": oom})
+                if out.get("ok"):
+                    high = mid
+                elif oom:
+                    low = mid
+                else:
+                    entry["stopped"] = str(out.get("error"))[:500]
+                    break
+            entry["least_capacity"] = high
+        results.append(entry)
+        print(json.dumps({k: v for k, v in entry.items() if k != "tries"}), flush=True)
+        with open(os.path.join(out_dir, "gpu_fit.json"), "w") as handle:
+            json.dump({"results": results, "nvidia_smi": smi()}, handle, indent=1)
 
 
 def smi() -> str:
@@ -258,6 +310,10 @@ def smi() -> str:
 def main() -> None:
     import transformers
 
+    if sys.argv[1] == "--fit":
+        fit_all(sys.argv[2], sys.argv[sys.argv.index("--out") + 1],
+                float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 1e9)
+        return
     if sys.argv[1] == "--cases":
         run_all(sys.argv[2], sys.argv[sys.argv.index("--out") + 1],
                 float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 1e9)

@@ -17,6 +17,14 @@ Nothing here is fitted; the figures are reported, and their errors go to bench/R
     python bench/gpu_steps.py prepare                      # writes bench/data/gpu_cases.json (travels to the GPU)
     python bench/gpu_step_harness.py --cases bench/data/gpu_cases.json --out $OUT --budget 300   # on the GPU
     python bench/gpu_steps.py compare RESULTS.json [--json bench/data/gpu_h200_steps.json]
+    python bench/gpu_steps.py prepare-fit                  # writes bench/data/gpu_fit_cases.json
+    python bench/gpu_step_harness.py --fit bench/data/gpu_fit_cases.json --out $OUT --budget 540   # on the GPU
+
+The fit cases ask what decides the fit on PyTorch's default allocator (the least capacity each runs on, between its
+allocated and reserved peaks): the cases without recompute, whose reserve is the largest, each with every step at
+`tokens` and with steps of different packed lengths (FIT_STEP_SHARES of `tokens`), as verl's token-budget
+micro-batches are (use_dynamic_bsz: verl/utils/seqlen_balancing.py rearrange_micro_batches balances the sequences
+into ceil(total / budget) micro-batches, each about the budget and none the same).
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ MODELS = {
     "llama-3.1-8b@16": {"model": "llama-3.1-8b", "layers": 16, "tokens": 4096, "override": {}},
 }
 POLICIES = ("none", "full")
+FIT_JSON = ROOT / "bench" / "data" / "gpu_fit_cases.json"
+FIT_STEP_SHARES = (1.0, 0.875, 0.9375)  # each step's packed tokens over `tokens`, taken in turn
 
 
 def cases() -> list[dict]:
@@ -59,6 +69,13 @@ def cases() -> list[dict]:
              "config": card_config(spec.get("model", name)), "num_layers": spec["layers"],
              "tokens": spec["tokens"], "override": spec["override"], "policy": policy}
             for name, spec in MODELS.items() for policy in POLICIES]
+
+
+def fit_cases() -> list[dict]:
+    """The no-recompute cases, the MoE ones first, each with fixed and with varying packed lengths per step."""
+    ordered = sorted((c for c in cases() if c["policy"] == "none"), key=lambda c: "llama" in c["model"])
+    return [c | {"case": f"{c['case']}-{kind}", **extra} for c in ordered for kind, extra in (
+        ("varying", {"step_tokens": [int(c["tokens"] * share) for share in FIT_STEP_SHARES]}), ("fixed", {}))]
 
 
 def job_and_plan(res: dict, expandable: bool) -> tuple[Job, Plan]:
@@ -129,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="write the cases the GPU harness runs")
+    sub.add_parser("prepare-fit", help="write the cases the GPU harness's --fit bisects")
     comp = sub.add_parser("compare", help="set the GPU's figures beside meshplan's")
     comp.add_argument("results", type=Path)
     comp.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -136,6 +154,9 @@ def main() -> None:
     if args.command == "prepare":
         CASES_JSON.write_text(json.dumps(cases(), indent=1) + "\n")
         print(f"wrote {CASES_JSON} ({len(cases())} cases)")
+    elif args.command == "prepare-fit":
+        FIT_JSON.write_text(json.dumps(fit_cases(), indent=1) + "\n")
+        print(f"wrote {FIT_JSON} ({len(fit_cases())} cases)")
     else:
         compare(args.results, args.json)
 

@@ -59,3 +59,20 @@ def test_the_estimate_is_compared_at_the_allocators_own_scope():
     stage = estimate_memory(job, plan).stages[0]
     assert r["meshplan_allocated_gib"] * (1 << 30) == stage_allocated(stage) - memory_card().cuda_context_bytes
     assert r["measured_outside_pool_gib"] == 1.0
+
+
+def test_the_fit_cases_vary_their_packed_lengths_as_token_budget_batches():
+    """The GPU's --fit cases (bench/data/gpu_fit_cases.json, what `gpu_steps.py prepare-fit` writes): the cases
+    without recompute, each once at `tokens` every step and once with steps of different packed lengths, none over
+    `tokens` (verl's token-budget micro-batches: about the budget, each a different size)."""
+    import gpu_steps
+
+    written = json.loads((ROOT / "bench" / "data" / "gpu_fit_cases.json").read_text())
+    assert written == gpu_steps.fit_cases()
+    plain = {c["case"] for c in gpu_steps.cases() if c["policy"] == "none"}
+    assert {c["case"] for c in written} == {f"{n}-{k}" for n in plain for k in ("fixed", "varying")}
+    for case in written:
+        steps = case.get("step_tokens")
+        assert (steps is None) == case["case"].endswith("-fixed")
+        if steps:
+            assert max(steps) == case["tokens"] and len(set(steps)) == len(steps) > 1
