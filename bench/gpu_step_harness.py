@@ -15,7 +15,10 @@ then again under torch.cuda.set_per_process_memory_fraction at capacities betwee
 (bisection, a process each), where the allocator's cudaMalloc fails as on a full GPU and it frees its cached whole
 segments and retries (c10/cuda/CUDACachingAllocator.cpp malloc: release_cached_blocks) before raising out of memory.
 A case's `step_tokens` (a list, taken in turn by the steps) gives each step its own packed length, as verl's
-token-budget micro-batches (use_dynamic_bsz) are each of a different size; else every step packs `tokens`.
+token-budget micro-batches (use_dynamic_bsz) are each of a different size; else every step packs `tokens`. A case's
+`one_stream` trains the model in bf16 without FSDP2, so every allocation is on the default stream (as in Megatron's
+actor update without overlapped gradient reduction): the caching allocator keeps one pool per stream, and a cached
+whole segment of another stream's pool is what the out-of-memory path hands back (bench/allocator_replay.py).
 
 What runs: the HF causal-LM class of the config.json fields (cut to `num_layers` decoder layers), fp32 parameters,
 fully_shard per `_no_split_modules` layer (and an untied embedding) then the root, MixedPrecisionPolicy bf16 params /
@@ -162,9 +165,11 @@ def run(case: dict) -> dict:
             torch.cuda.set_per_process_memory_fraction(case["capacity_bytes"] / total, device)
     used_before = counters.used()
     register_attention()
-    with device:
-        model = build(case, dtype=torch.float32, attention=ATTENTION)
-    verl_fsdp2_wrap(model, one_rank_mesh(device))
+    one_stream = case.get("one_stream", False)
+    with device:  # one_stream: a bf16 model, no FSDP2 (whose collectives allocate on streams of their own)
+        model = build(case, dtype=torch.bfloat16 if one_stream else torch.float32, attention=ATTENTION)
+    if not one_stream:
+        verl_fsdp2_wrap(model, one_rank_mesh(device))
     params_bytes = counters.allocated()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     step_tokens = case.get("step_tokens") or [case["tokens"]]

@@ -22,7 +22,8 @@ Nothing here is fitted; the figures are reported, and their errors go to bench/R
 
 The fit cases ask what decides the fit on PyTorch's default allocator (the least capacity each runs on, between its
 allocated and reserved peaks): the cases without recompute, whose reserve is the largest, each with every step at
-`tokens` and with steps of different packed lengths (FIT_STEP_SHARES of `tokens`), as verl's token-budget
+`tokens` and with steps of different packed lengths (FIT_STEP_SHARES of `tokens`), the latter also on one
+stream (`one_stream`: bf16, no FSDP2, as Megatron's actor update allocates), as verl's token-budget
 micro-batches are (use_dynamic_bsz: verl/utils/seqlen_balancing.py rearrange_micro_batches balances the sequences
 into ceil(total / budget) micro-batches, each about the budget and none the same).
 """
@@ -72,10 +73,15 @@ def cases() -> list[dict]:
 
 
 def fit_cases() -> list[dict]:
-    """The no-recompute cases, the MoE ones first, each with fixed and with varying packed lengths per step."""
+    """The no-recompute cases, the MoE ones first, each with varying packed lengths per step on one stream (no
+    FSDP2) and under FSDP2, then with one length under FSDP2."""
     ordered = sorted((c for c in cases() if c["policy"] == "none"), key=lambda c: "llama" in c["model"])
-    return [c | {"case": f"{c['case']}-{kind}", **extra} for c in ordered for kind, extra in (
-        ("varying", {"step_tokens": [int(c["tokens"] * share) for share in FIT_STEP_SHARES]}), ("fixed", {}))]
+    out = []
+    for c in ordered:
+        steps = [int(c["tokens"] * share) for share in FIT_STEP_SHARES]
+        out += [c | {"case": f"{c['case']}-varying-one-stream", "step_tokens": steps, "one_stream": True},
+                c | {"case": f"{c['case']}-varying", "step_tokens": steps}, c | {"case": f"{c['case']}-fixed"}]
+    return out
 
 
 def job_and_plan(res: dict, expandable: bool) -> tuple[Job, Plan]:

@@ -63,16 +63,19 @@ def test_the_estimate_is_compared_at_the_allocators_own_scope():
 
 def test_the_fit_cases_vary_their_packed_lengths_as_token_budget_batches():
     """The GPU's --fit cases (bench/data/gpu_fit_cases.json, what `gpu_steps.py prepare-fit` writes): the cases
-    without recompute, each once at `tokens` every step and once with steps of different packed lengths, none over
-    `tokens` (verl's token-budget micro-batches: about the budget, each a different size)."""
+    without recompute, each once at `tokens` every step and with steps of different packed lengths, none over
+    `tokens` (verl's token-budget micro-batches: about the budget, each a different size), these under FSDP2 and on
+    one stream (no FSDP2: every allocation in the default stream's pool, as Megatron's actor update)."""
     import gpu_steps
 
     written = json.loads((ROOT / "bench" / "data" / "gpu_fit_cases.json").read_text())
     assert written == gpu_steps.fit_cases()
     plain = {c["case"] for c in gpu_steps.cases() if c["policy"] == "none"}
-    assert {c["case"] for c in written} == {f"{n}-{k}" for n in plain for k in ("fixed", "varying")}
+    kinds = ("fixed", "varying", "varying-one-stream")
+    assert {c["case"] for c in written} == {f"{n}-{k}" for n in plain for k in kinds}
     for case in written:
         steps = case.get("step_tokens")
         assert (steps is None) == case["case"].endswith("-fixed")
+        assert case.get("one_stream", False) == case["case"].endswith("-one-stream")
         if steps:
             assert max(steps) == case["tokens"] and len(set(steps)) == len(steps) > 1
