@@ -102,7 +102,15 @@ def check_config(req: Request, *, config: ImportedConfig | None = None) -> Check
     from meshplan.adapters.read.fixes import config_fixes
 
     return report.model_copy(update={"config_fixes": config_fixes(config, report.findings, report.plan.model_dump()),
-                                     "config_unread": config.unsupported + config.unresolved})
+                                     "config_unread": config.unsupported + config.unresolved,
+                                     "config_assumed": [line for line in config.assumed
+                                                        if not _given_beside(line.split(" = ", 1)[0], req, config)]})
+
+
+def _given_beside(name: str, req: Request, config: ImportedConfig) -> bool:
+    """Whether the request gives field `name` beside the file (a flag next to --config), so that what the file
+    implies of it was not what the check ran at."""
+    return name not in config.request and getattr(req, name, None) is not None
 
 
 def recommend(req: Request, top_k: int = 5) -> Recommendation:

@@ -131,16 +131,19 @@ def test_a_bridge_field_after_its_preset_wins_and_an_unknown_preset_is_said():
 def test_a_ds_config_says_recompute_is_the_model_codes_on_render_and_on_import():
     """A plain ds_config rendered with recompute=full carried no word that nothing in it turns recomputation on, and
     read back it said both "recompute: not read (pass --recompute)" and "recompute = none: left to the framework's
-    default"."""
+    default". Now it says once what it runs at and why: none, assumed (deepspeed.initialize turns no checkpointing
+    on; the section configures deepspeed.checkpointing for the model code), with what cpu_checkpointing then does;
+    before, it was 'not read' while check ran at none without a word."""
     request = Request(framework="deepspeed", model="llama-3.1-8b", num_gpus=8, zero_stage=3, recompute="full",
                       activation_offload=True, global_batch_size=64)
     rendered = api.render_config("deepspeed", request)
     assert any("a ds_config turns no recomputation on" in n and "deepspeed.checkpointing.checkpoint" in n
                for n in rendered.notes)
     imported = api.import_config(rendered.text, path="ds_config.json", framework="deepspeed")
-    assert "recompute" not in imported.defaults and not any(n.startswith("recompute = ") for n in imported.notes)
-    assert any(u.startswith("recompute: a ds_config cannot say") and "activation_checkpointing section" in u
-               for u in imported.unresolved)
+    assert imported.defaults["recompute"] == "none" and not any("recompute" in u for u in imported.unresolved)
+    said = [a for a in imported.assumed if a.startswith("recompute = none: deepspeed.initialize turns no")]
+    assert said and "activation_checkpointing section" in said[0] and "(activation_offload)" in said[0]
+    assert "--recompute full" in said[0]
     plain = api.render_config("deepspeed", request.model_copy(update={"recompute": "none",
                                                                        "activation_offload": False}))
     assert not any("turns no recomputation on" in n for n in plain.notes)
@@ -228,3 +231,19 @@ def test_adams_second_moment_dtype_is_read_beside_the_first(lines, said):
         assert not second and imported.request["optimizer_state_dtype"] == "bf16"
     else:
         assert len(second) == 1 and "the second moment in another dtype " + said in second[0]
+
+
+def test_check_of_a_ds_config_says_the_recompute_it_ran_at():
+    """check --config of a plain ds_config ran at recompute none and said only that the file's recompute was 'not
+    read (the check does not cover it)': now the report's config_assumed says it ran at none and why, and a
+    --recompute given beside the file takes the line away (fails before: no config_assumed)."""
+    text = ('{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,\n'
+            ' "zero_optimization": {"stage": 2},\n "activation_checkpointing": {"partition_activations": false}}')
+    imported = api.import_config(text, path="ds_config.json", framework="deepspeed")
+    given = {"model": "llama-3.1-8b", "gpu": "h100", "seq_length": 4096}
+    report = api.check_config(api.request_from_config(imported, given), config=imported)
+    assert report.plan.recompute == "none"
+    assert [a for a in report.config_assumed if a.startswith("recompute = none") and "ds_config.json:3" in a]
+    assert not [u for u in report.config_unread if "recompute" in u]
+    full = api.check_config(api.request_from_config(imported, {**given, "recompute": "full"}), config=imported)
+    assert full.plan.recompute == "full" and not full.config_assumed

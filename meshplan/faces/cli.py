@@ -412,6 +412,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     for title, lines in (("left to the framework's default:", defaults),
                          ("meshplan cannot express:", imported.unsupported),
                          ("not read (pass these as flags):", imported.unresolved),
+                         ("assumed, as the file cannot settle it (pass a flag to change it):", imported.assumed),
                          ("notes:", [n for n in imported.notes if n not in defaults])):
         if lines:
             print(title)

@@ -272,6 +272,8 @@ def check_report(report: CheckReport) -> None:
                 console.print(Text("\n".join([label, *(f"      {change.text}" for change in option)])))
     _notes(console, "in your file, meshplan cannot express or could not read (the check does not cover it)",
            report.config_unread)
+    _notes(console, "what your file implies but cannot settle, checked as (a flag beside --config changes it)",
+           report.config_assumed)
     _notes(console, "next steps", report.next_steps)
 
 

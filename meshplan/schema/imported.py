@@ -25,6 +25,10 @@ class ImportedConfig(StrictModel):
                                   description="What could not be read: unset variables, unevaluated branches, a "
                                               "missing model or GPU count (pass them as fields)")
     notes: list[str] = Field(default_factory=list, description="How composed values were derived")
+    assumed: list[str] = Field(
+        default_factory=list, description="Values meshplan runs at that the file implies but cannot settle (a "
+                                          "ds_config's recompute: the model code turns checkpointing on), each with "
+                                          "why and the flag that changes it")
     config_format: str | None = Field(None, description="The file's format as read: shell, toml or json")
     batch_per_dp: int | None = Field(
         None, description="Where the file's global batch is this many sequences per data-parallel rank and dp is the "

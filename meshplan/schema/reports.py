@@ -236,6 +236,10 @@ class CheckReport(StrictModel):
         default_factory=list, description="Checked from a config file: what it sets that meshplan cannot express, then "
                                           "what could not be read (`meshplan import`'s lists): the check does not "
                                           "cover them")
+    config_assumed: list[str] = Field(
+        default_factory=list, description="Checked from a config file: the values the check ran at that the file "
+                                          "implies but cannot settle (`meshplan import`'s assumed), each with the flag "
+                                          "that changes it")
 
 
 class Candidate(StrictModel):

@@ -209,8 +209,8 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     unmodelled_lora_said(reading)  # with its cost on the file's model
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
-                          unresolved=reading.unresolved, notes=reading.notes, config_format=fmt,
-                          batch_per_dp=reading.batch_per_dp)
+                          unresolved=reading.unresolved, notes=reading.notes, assumed=reading.assumed,
+                          config_format=fmt, batch_per_dp=reading.batch_per_dp)
 
 
 def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus: bool = False) -> dict[str, Any]:

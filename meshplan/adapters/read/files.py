@@ -361,14 +361,36 @@ def read_deepspeed_json(text: str, path: str) -> Reading:
         reading.state("num_gpus", reading.request["dp"] * tp, reading.sources["dp"] if tp == 1 else
                       f"dp x tp ({reading.sources['dp']}; {reading.sources['tp']})")
     reading.state("pp", 1, f"{path} (a ds_config alone: no pipeline parallelism)")
-    if "recompute" not in reading.request:
-        section = next((s for s in settings if s.key.startswith("activation_checkpointing.")), None)
-        configured = (f" ({section.where(path)}: the activation_checkpointing section configures DeepSpeed's "
-                      "checkpointing for the layers the model code wraps)") if section else ""
-        reading.unresolved.append(f"recompute: a ds_config cannot say which layers the model code checkpoints"
-                                  f"{configured} (pass --recompute)")
-        reading.unread.add("recompute")  # not read, so not "left to the framework's default" either
+    _ds_checkpointing(reading, settings)
     return reading
+
+
+DS_CHECKPOINTING = (
+    "deepspeed.initialize turns no activation checkpointing on; the model code does, which a ds_config does not say: "
+    "Megatron-DeepSpeed's --checkpoint-activations (with --deepspeed-activation-checkpointing, "
+    "setup_deepspeed_random_and_activation_checkpointing hands this file to deepspeed.checkpointing.configure), or "
+    "Hugging Face's gradient_checkpointing (torch.utils.checkpoint, which reads no DeepSpeed setting)")
+"""Why a plain ds_config's recompute is none (DeepSpeed edaa722 runtime/activation_checkpointing/checkpointing.py:
+configure and checkpoint are the model code's to call; runtime/engine.py reads no activation_checkpointing)."""
+
+
+def _ds_checkpointing(reading: Reading, settings: list[Setting]) -> None:
+    """A plain ds_config's recompute: none, the file's own (nothing in it turns checkpointing on), said as assumed,
+    with what its activation_checkpointing section does (how deepspeed.checkpointing.checkpoint runs where the model
+    calls it, not whether it does) and what cpu_checkpointing then needs; --recompute beside the file changes it."""
+    if "recompute" in reading.request:
+        return
+    path = reading.path
+    section = next((s for s in settings if s.key.startswith("activation_checkpointing.")), None)
+    reading.default("recompute", "none", "a ds_config turns no activation checkpointing on")
+    said = "" if section is None else (f"; {section.where(path)}: its activation_checkpointing section sets how "
+                                       "deepspeed.checkpointing.checkpoint runs where the model code calls it, not "
+                                       "whether it does")
+    if reading.request.get("activation_offload"):
+        said += (f"; {reading.sources['activation_offload']} (activation_offload) moves to the CPU the inputs of the "
+                 "layers the model code checkpoints through deepspeed.checkpointing, none without them (rule OF002)")
+    reading.assumed.append(f"recompute = none: {DS_CHECKPOINTING}{said}. Pass --recompute full where the model code "
+                           "checkpoints every layer")
 
 
 def read_toml_any(text: str, path: str) -> Reading:

@@ -197,6 +197,7 @@ class Reading:
     unsupported: list[str] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)  # ImportedConfig.assumed
     unread: set[str] = field(default_factory=set)  # targets a key names with no value (`--nnodes=$NODES`, unset)
     batch_per_dp: int | None = None  # ImportedConfig.batch_per_dp
     allocator_env: list[Setting] = field(default_factory=list)  # PYTORCH_(CUDA_)ALLOC_CONF the launch sets (launch.py)
@@ -622,7 +623,7 @@ def fill_defaults(reading: Reading) -> None:
         reading.default("etp", tp if card.defaults.etp == "tp" else 1, f"{where} defaults.etp")
     if request.get("precision") == "fp8" and card.defaults.fp8_recipe:
         reading.default("fp8_recipe", card.defaults.fp8_recipe, f"{where} defaults.fp8_recipe")
-    if "recompute" not in reading.unread:  # a ds_config's is said as not read (files.read_deepspeed_json)
+    if "recompute" not in reading.unread:  # (a ds_config's is its own: files.read_deepspeed_json)
         reading.default("recompute", "none", "no recompute unless the file turns it on")
     reading.default("attention_backend", "auto", f"the framework's own pick, {where} attention")
     if getattr(card, "compile", None) is not None:
