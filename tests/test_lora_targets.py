@@ -352,16 +352,21 @@ def test_skyrls_exclude_modules_leaves_its_default_targets_less_those():
      "actor_rollout_ref.actor.strategy=megatron actor_rollout_ref.model.lora.rank=16 "
      "actor_rollout_ref.model.lora.exclude_modules=[linear_fc2] trainer.nnodes=1 trainer.n_gpus_per_node=8\n",
      "only with an empty target_modules"),
+    ((CONFIGS / "automodel_llama3_3_70b_instruct_peft_benchmark.yaml").read_text().replace(
+        "  dim: 16\n", "  dim: 16\n  exclude_modules: ['*.lm_head']\n").replace("Llama-3.3-70B-Instruct",
+                                                                                  "Llama-3.1-8B"),
+     "only without target_modules"),
 ])
 def test_an_exclusion_meshplan_cannot_count_is_said_and_refused_an_estimate(text, said):
     """Part of a fused linear, one layer's module, every target (PEFT then adapts nothing and raises), or
     exclude_modules on Megatron-Bridge's LoRA (verl's Megatron engine passes it there: Bridge asserts it empty beside
-    target_modules, and without them adapts every linear, the output layer too): said, and no estimate is made."""
-    imported = import_config(text, path="x.sh")
+    target_modules, and without them adapts every linear, the output layer too) or NeMo AutoModel's (the same
+    modes): said, and no estimate is made."""
+    imported = import_config(text, path="x.yaml" if "\npeft:" in text else "x.sh")
     lines = [u for u in imported.unsupported if "exclude_modules" in u]
     assert lines and said in lines[0] and lines[0].endswith(LORA_NOT_MODELLED), imported.unsupported
     with pytest.raises(MeshplanError, match="no estimate of this LoRA job"):
-        request_values(imported, {"gpu": "h100", "seq_length": 2048})
+        request_values(imported, {"gpu": "h100", "seq_length": 2048, "num_gpus": 8})
 
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,

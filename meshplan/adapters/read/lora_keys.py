@@ -120,6 +120,18 @@ _PEFT_NAMES = {p: f"model.layers.0.{'mlp' if t in ('linear_fc1', 'linear_fc2') e
 matches a string exclude_modules against (re.fullmatch on the module's full name)."""
 
 
+_EXCLUSIVE = {
+    "megatron-bridge": "Megatron-Bridge's LoRA takes exclude_modules only with an empty target_modules (peft/"
+                       "module_matcher.py asserts it), and without them adapts every linear it does not name, the "
+                       "output layer too unless named",
+    "nemo-automodel": "NeMo AutoModel's PeftConfig takes exclude_modules only without target_modules (components/_peft/"
+                      "module_matcher.py: mutually exclusive), and without them adapts every linear it does not name, "
+                      "lm_head too unless named",
+}
+"""The LoRA engines whose exclude_modules is a mode of its own, not the targets less some (verl's and SkyRL's Megatron
+engines hand theirs to Megatron-Bridge's LoRA)."""
+
+
 def exclusions_applied(reading: Reading) -> None:
     """A LoRA job's exclude_modules, once its targets and model are read. Hugging Face PEFT (verl's and SkyRL's FSDP
     engines; peft 0.18.1 tuners/tuners_utils.py check_target_module_exists: a string is re.fullmatch'ed on a module's
@@ -129,7 +141,8 @@ def exclusions_applied(reading: Reading) -> None:
     a model whose other linears all-linear adapts too is said with LORA_NOT_MODELLED (no estimate from the file).
     Megatron-Bridge's LoRA (its own engine, verl's and SkyRL's Megatron engines, which pass exclude_modules to it)
     asserts exclude_modules is empty when target_modules is set (peft/module_matcher.py ModuleMatcher.match), and
-    with target_modules empty adapts every linear it does not name, the output layer among them: said likewise."""
+    with target_modules empty adapts every linear it does not name, the output layer among them: said likewise, as
+    NeMo AutoModel's (the two mutually exclusive; lm_head adapted unless named)."""
     stated = reading.extra.get(LORA_EXCLUDE)
     request = reading.request
     if stated is None or ("lora_rank" not in request and "lora_targets" not in request):
@@ -139,11 +152,9 @@ def exclusions_applied(reading: Reading) -> None:
     if value is None or str(value).strip().strip("'\"") in ("", "null", "None", "~", "[]"):
         return
     if reading.variant not in PEFT_VARIANTS:
-        reading.unsupported.append(
-            f"{where}: Megatron-Bridge's LoRA takes exclude_modules only with an empty target_modules (peft/"
-            "module_matcher.py asserts it) and then adapts every linear it does not name, the output layer among "
-            f"them, which meshplan counts no adapter on; name the adapted linears in target_modules instead; "
-            + LORA_NOT_MODELLED)
+        reading.unsupported.append(f"{where}: {_EXCLUSIVE.get(reading.framework, _EXCLUSIVE['megatron-bridge'])}, "
+                                   "linears meshplan counts no adapter on; name the adapted linears in target_modules "
+                                   f"instead; {LORA_NOT_MODELLED}")
         return
     arch = _file_model(request.get("model"))
     has = model_targets(arch) if arch is not None else set(DEFAULT_TARGETS)
