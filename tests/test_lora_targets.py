@@ -348,6 +348,8 @@ def test_skyrls_exclude_modules_leaves_its_default_targets_less_those():
     (SFT_LORA.format("model.exclude_modules=[layers.0.mlp.down_proj]"), "no projection meshplan adapts on every"),
     (SFT_LORA.format("model.exclude_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"),
      "excludes every target"),
+    (SFT_LORA.replace("meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V2-Lite").format(
+        "model.exclude_modules=[down_proj]"), "still adapts DeepSeek-V2-Lite's other linears"),
     ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B "
      "actor_rollout_ref.actor.strategy=megatron actor_rollout_ref.model.lora.rank=16 "
      "actor_rollout_ref.model.lora.exclude_modules=[linear_fc2] trainer.nnodes=1 trainer.n_gpus_per_node=8\n",
@@ -358,7 +360,8 @@ def test_skyrls_exclude_modules_leaves_its_default_targets_less_those():
      "only without target_modules"),
 ])
 def test_an_exclusion_meshplan_cannot_count_is_said_and_refused_an_estimate(text, said):
-    """Part of a fused linear, one layer's module, every target (PEFT then adapts nothing and raises), or
+    """Part of a fused linear, one layer's module, every target (PEFT then adapts nothing and raises), all-linear less
+    some on a model whose other linears (MLA's, the router) all-linear still adapts, or
     exclude_modules on Megatron-Bridge's LoRA (verl's Megatron engine passes it there: Bridge asserts it empty beside
     target_modules, and without them adapts every linear, the output layer too) or NeMo AutoModel's (the same
     modes): said, and no estimate is made."""

@@ -166,6 +166,12 @@ def exclusions_applied(reading: Reading) -> None:
     if unplaced:
         reading.unsupported.append(f"{where}: {unplaced}; {LORA_NOT_MODELLED}")
         return
+    if excluded and PEFT_ALL_LINEAR in reading.extra and arch is not None and _other_linears(arch):
+        reading.unsupported.append(
+            f"{where}: all-linear less {', '.join(sorted(excluded))} still adapts {arch.name}'s other linears "
+            f"({', '.join(_other_linears(arch))}), which meshplan counts only with every target; "
+            + LORA_NOT_MODELLED)
+        return
     whole = set(projection_targets(excluded)) & set(targets)
     part = sorted(p for t in targets if t not in whole for p in HF_PROJECTIONS[t] if p in excluded)
     if part:
@@ -177,11 +183,6 @@ def exclusions_applied(reading: Reading) -> None:
     if not kept:
         reading.unsupported.append(f"{where}: excludes every target ({', '.join(targets)}); PEFT then adapts no "
                                    f"module and raises; {LORA_NOT_MODELLED}")
-        return
-    if whole and PEFT_ALL_LINEAR in reading.extra and arch is not None and _other_linears(arch):
-        reading.unsupported.append(
-            f"{where}: all-linear less {', '.join(sorted(whole))} still adapts {arch.name}'s "
-            f"{', '.join(_other_linears(arch))}, which meshplan counts only with every target; {LORA_NOT_MODELLED}")
         return
     if whole:
         reading.request["lora_targets"] = kept
