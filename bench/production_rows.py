@@ -287,11 +287,11 @@ regenerates the card."""
 def hybrid_by_name(model: dict[str, Any]) -> str | None:
     """A hybrid Mamba-2 row (arch_type hybrid*) that records no dimensions, named by its model id (with SCORE_HYBRIDS):
     the catalog hybrid whose name is the id's repository name (NVIDIA-Nemotron-3-Nano-30B-A3B: the checkpoints' -BF16
-    / -FP8 suffixes dropped) with the row's layer count; None otherwise (every other row without dimensions stays
-    unmapped)."""
+    / -FP8 suffixes dropped; a size the row writes in parentheses, 'NVIDIA-Nemotron-3-Super (~120B-A12B)', read as the
+    name's suffix) with the row's layer count; None otherwise (every other row without dimensions stays unmapped)."""
     if not SCORE_HYBRIDS or not str(model.get("arch_type") or "").startswith("hybrid"):
         return None
-    name = str(model["id"]).rsplit("/", 1)[-1].lower()
+    name = re.sub(r"\s*\(~?([^)]*)\)$", r"-\1", str(model["id"]).rsplit("/", 1)[-1]).lower()
     for key in model_card_names():
         arch = catalog_architecture(key)
         if arch.layer_pattern is not None and arch.name.lower() == name and model["num_layers"] in (

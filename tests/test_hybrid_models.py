@@ -46,7 +46,7 @@ def test_a_mamba_layer_counts_what_nemotronh_mamba2_mixer_builds():
     arch = architecture_from_config(NEMOTRON_H_8B)
     mixer = 4096 * 18560 + 10240 * 4 + 10240 + 3 * 128 + 8192 + 8192 * 4096
     assert layer_params(arch, 0) == {"attention": 0, "norms": 4096, "dense_mlp": 0, "routed_experts": 0,
-                                     "shared_experts": 0, "router": 0, "mamba": mixer}
+                                     "shared_experts": 0, "router": 0, "latent_proj": 0, "mamba": mixer}
     assert sum(layer_params(arch, 1).values()) == 2 * 4096 * 21504 + 4096  # '-': up, down (squared ReLU), norm
     assert sum(layer_params(arch, 7).values()) == 4096 * 4096 * 2 + 2 * 4096 * 1024 + 4096  # '*': q, o, k, v, norm
 
@@ -56,6 +56,7 @@ def test_a_mamba_layer_counts_what_nemotronh_mamba2_mixer_builds():
     ("nemotron-h-47b", 46_791_554_816, 46_791_554_816),
     ("nemotron-h-56b", 56_324_350_464, 56_324_350_464),
     ("nemotron-3-nano-30b-a3b", 31_577_940_288, 3_580_076_352),
+    ("nemotron-3-super-120b-a12b", 120_668_707_840, 12_770_237_440),
 ])
 def test_catalog_hybrids_count_exactly_and_within_the_published_figures(key, total, active):
     """Nemotron-H paper (arXiv:2504.03624): 8B, 47B, 56B; Nemotron 3 Nano: 31.6B total, 3.2B active (3.6B with
@@ -77,6 +78,44 @@ def test_nemotron_3_nano_layers_and_experts():
     assert round(describe_architecture(arch).active_params_excl_input_embedding / 1e8) == 32  # the report's 3.2B
 
 
+def test_nemotron_3_super_counts_megatron_bridges_checkpoint_exactly():
+    """Megatron-Bridge's verification card for nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 round-trips 42,683
+    tensors of 123,611,033,088 elements: the model and its one MTP block ('*E', enorm, hnorm, eh_proj, final norm).
+    The latent MoE worked by hand (Megatron-Core MoELayer): the router 512 x 4096 + its bias, fc1/fc2_latent_proj
+    4096 <-> 1024, 512 experts 1024 -> 2688 -> 1024, the shared expert 4096 -> 5376 -> 4096, the layer's norm."""
+    report = api.describe_model("nemotron-3-super-120b-a12b")
+    assert report.total_params + report.mtp_params == 123_611_033_088
+    arch = report.architecture
+    assert arch.moe.latent_size == 1024 and (arch.num_mtp_layers, arch.mtp_layer_pattern) == (1, "*E")
+    e_layer = arch.layer_pattern.index("E")
+    moe = 512 * 4096 + 512 + 2 * 4096 * 1024 + 512 * 2 * 1024 * 2688 + 2 * 4096 * 5376
+    assert sum(layer_params(arch, e_layer).values()) == moe + 4096
+    assert round(report.active_params_excl_input_embedding / 1e9) == 12  # the published A12B
+
+
+def test_a_latent_moe_dispatches_and_runs_its_experts_at_the_latent_width():
+    """Megatron-Core MoELayer.preprocess projects the hidden state down (fc1_latent_proj) before the dispatcher and
+    postprocess projects the combined tokens back up: the experts' GEMMs read 1024 channels, the projections run on
+    every routed token, and Megatron-LM's moe_layer_flops counts 4 L f top-k + 4 h L + 4 h f_shared."""
+    from meshplan.arithmetic.flops import Shard, hybrid_flops_per_token, moe_gemms
+
+    arch = catalog_architecture("nemotron-3-super-120b-a12b")
+    gemms = {g.name: g for g in moe_gemms(arch, Shard(tokens=8192, tp=1, ep=8, etp=1, sp=False))}
+    assert (gemms["latent_down"].n, gemms["latent_down"].k) == (1024, 4096)
+    assert (gemms["latent_up"].n, gemms["latent_up"].k) == (4096, 1024)
+    assert gemms["expert_fc1"].k == 1024 and gemms["expert_fc2"].n == 1024
+    assert gemms["shared_expert_fc1"].k == 4096
+    plain = arch.model_copy(update={"moe": arch.moe.model_copy(update={"latent_size": None}), "num_mtp_layers": 0})
+    h, lat, e = 4096, 1024, 2688
+    assert hybrid_flops_per_token(arch, 8192) - hybrid_flops_per_token(plain, 8192) == 3 * 40 * (
+        4 * lat * e * 22 + 4 * h * lat - 4 * h * e * 22)
+    # each MTP depth: its block's layers once (get_hybrid_layer_counts) and its logits
+    moe = 4 * lat * e * 22 + 4 * h * lat + 4 * h * 5376
+    attention = 4 * h * h * (1 + 2 / 32) + 2 * 8192 * h
+    assert hybrid_flops_per_token(arch, 8192, 2) - hybrid_flops_per_token(arch, 8192) == 3 * 2 * (
+        moe + attention + 2 * h * 131072)
+
+
 def test_layers_block_type_gives_the_same_model_as_the_pattern():
     """NemotronHConfig keeps the layers as layers_block_type (newer config.json files write that list)."""
     names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -89,7 +128,8 @@ def test_layers_block_type_gives_the_same_model_as_the_pattern():
     ({"num_hidden_layers": 50}, "num_hidden_layers = 50 but hybrid_override_pattern has 52"),
     ({"hybrid_override_pattern": "M-M-X" + "M-" * 24 + "M"}, "'X'"),
     ({"n_groups": 3}, "n_groups = 3 does not divide mamba_num_heads = 128"),
-    ({"moe_latent_size": 1024}, "latent MoE"),
+    ({"num_nextn_predict_layers": 1}, "needs mtp_hybrid_override_pattern"),
+    ({"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*E"}, "'E', a layer kind"),
     ({"hybrid_override_pattern": None}, "must give hybrid_override_pattern"),
 ])
 def test_a_wrong_hybrid_config_is_refused_naming_the_field(change, words):
@@ -133,3 +173,33 @@ def test_a_gpt_script_of_a_hybrids_shape_is_not_named_the_hybrid():
             "--position-embedding-type none --normalization RMSNorm --disable-bias-linear\n")
     model = api.import_config(text, path="gpt.sh", framework="megatron-core").request["model"]
     assert model.startswith("megatron-core flags: --num-layers 52")
+
+
+def test_a_hybrid_rank_without_the_mtp_block_does_not_hold_its_share_of_the_work():
+    """The references a pipeline bound divides by pp train the MTP block too (stage_time.layer_kinds appends its
+    '*E' on the stage that holds it): a head rank holding half of each kind of the main pattern and not the MTP block
+    holds less than half of the attention and MoE layers trained, so it is not taken for 1/pp of the work (which
+    would let the bound exceed the estimate)."""
+    from meshplan.search.rank_chains import holds_its_share, hybrid_rank_load, model_layers, trained_pattern
+
+    arch = catalog_architecture("nemotron-3-super-120b-a12b")
+    assert trained_pattern(arch).count("*") == 9 and model_layers(arch) == (90, 41)
+    half = [k for k in "M*E" for _ in range(arch.layer_pattern.count(k) // 2)]
+    assert not holds_its_share(hybrid_rank_load(arch, arch.layer_pattern, half, head=1), arch, pp=2)
+    assert holds_its_share(hybrid_rank_load(arch, arch.layer_pattern, [*half, "*", "E"], head=1), arch, pp=2)
+
+
+def test_a_latent_moe_layer_keeps_and_sends_latent_wide_tokens():
+    """Megatron-Core's latent MoE dispatches fc1_latent_proj's output: the experts' fc1 input (each routed copy) is
+    latent-wide, fc2_latent_proj keeps its latent-wide input (the combined tokens), and the dispatcher's bytes are
+    latent-wide; the layer input the router and the shared expert read stays hidden-wide."""
+    from meshplan.arithmetic.activations import Layout, shape_of
+    from meshplan.arithmetic.mamba import hybrid_layer_activations
+
+    arch = catalog_architecture("nemotron-3-super-120b-a12b")
+    plain = arch.model_copy(update={"moe": arch.moe.model_copy(update={"latent_size": None})})
+    t = 4096
+    lay = Layout(tokens=t, seq_kv=t, tp=1, sp=False, etp=1, flash=True, dropout=False, swiglu_unfused=False,
+                 fp8=False)
+    latent, full = (hybrid_layer_activations(shape_of(a), lay, "E", "none")["moe"] for a in (arch, plain))
+    assert full - latent == 2 * t * 22 * (4096 - 1024) - 2 * t * 1024  # routed copies narrower; fc2_latent_proj input

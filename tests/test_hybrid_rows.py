@@ -1,6 +1,6 @@
-"""bench/production_configs.py --hybrids: the dev set's Nemotron 3 Nano rows (no dimensions recorded) scored as the
-catalog model of their name, each with the layout and settings it states; without the switch they stay unmapped, as
-the accuracy card (cards/accuracy.yaml) is built."""
+"""bench/production_configs.py --hybrids: the dev set's Nemotron 3 Nano and Super rows (no dimensions recorded) scored
+as the catalog model of their name, each with the layout and settings it states; without the switch they stay
+unmapped, as the accuracy card (cards/accuracy.yaml) is built."""
 
 from __future__ import annotations
 
@@ -30,5 +30,7 @@ def test_nano_rows_are_scored_as_the_catalog_hybrid_only_when_asked(tmp_path, mo
         req = pmap.map_row(production_rows[rid], tmp_path).request
         assert req.model == "nemotron-3-nano-30b-a3b" and req.ep == 8
         assert api.estimate_throughput(req).tokens_per_s_per_gpu > 0
-    super_row = production_rows["mbridge_gb200_nemotron3_super_64_mxfp8"]  # no catalog model of its name
-    assert pmap.map_row(super_row, tmp_path).request is None
+    # 'nvidia/NVIDIA-Nemotron-3-Super (~120B-A12B)': the size in parentheses read as the name's suffix
+    req = pmap.map_row(production_rows["mbridge_gb200_nemotron3_super_64_mxfp8"], tmp_path).request
+    assert req.model == "nemotron-3-super-120b-a12b" and (req.tp, req.ep, req.sequence_parallel) == (2, 64, True)
+    assert api.estimate_throughput(req).tokens_per_s_per_gpu > 0

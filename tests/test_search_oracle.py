@@ -275,3 +275,19 @@ def test_the_search_finds_the_oracles_top_k_on_hybrid_requests():
         assert times == pytest.approx([r.step_time_s for r in oracle[:top_k]], rel=1e-12), (seed, req)
         ranked += bool(oracle)
     assert ranked >= 6
+
+
+@pytest.mark.parametrize("fields", [
+    dict(gpu="h200", num_gpus=32, seq_length=4096, global_batch_size=256, ep=32),
+    dict(gpu="h200", num_gpus=32, seq_length=4096, global_batch_size=128, pp=2, ep=16),
+])
+def test_the_search_finds_the_oracles_top_k_on_nemotron_3_super(fields):
+    """Nemotron 3 Super: latent MoE layers and an MTP block of an attention and an MoE layer, which the last stage
+    trains (stage_time.layer_kinds); the hybrid bounds count the MTP block's layers in the work a reference holds
+    (rank_chains.trained_pattern), so a rank with 1/pp of the main pattern is not taken for 1/pp of the work."""
+    req = Request(model="nemotron-3-super-120b-a12b", framework="megatron-core", **fields)
+    rec = recommend(req, top_k=3)
+    oracle = exhaustive_top_k(req, 100)
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:3]], rel=1e-12)
+    assert len(rec.candidates) == 3

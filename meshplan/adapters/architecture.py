@@ -214,6 +214,13 @@ def _hybrid(m: Architecture) -> tuple[list[Setting], list[str]]:
            Setting("mamba_num_groups", mm.n_groups, ("--mamba-num-groups", mm.n_groups)),
            Setting("mamba_state_dim", mm.state_size, ("--mamba-state-dim", mm.state_size)),
            Setting("mamba_chunk_size", mm.chunk_size, None, default=MAMBA_CHUNK_SIZE)]
+    if m.moe is not None and m.moe.latent_size:  # NemotronHBridge maps moe_latent_size as it is
+        out.append(Setting("moe_latent_size", m.moe.latent_size, ("--moe-latent-size", m.moe.latent_size)))
+    if m.num_mtp_layers and m.mtp_layer_pattern:
+        # NemotronHBridge: mtp_hybrid_override_pattern; Megatron-LM's validate_args turns the flag into the unified
+        # --hybrid-layer-pattern 'main/MTP' itself
+        out.append(Setting("mtp_hybrid_override_pattern", m.mtp_layer_pattern,
+                           ("--mtp-hybrid-override-pattern", m.mtp_layer_pattern)))
     notes = [] if mm.conv_kernel == MAMBA_CONV_KERNEL else [
         f"{m.name}'s Mamba-2 conv1d is {mm.conv_kernel} wide, but Megatron-Core's MambaMixer builds d_conv "
         f"{MAMBA_CONV_KERNEL} and no setting changes it: build the mixer with d_conv={mm.conv_kernel}."]

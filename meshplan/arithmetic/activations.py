@@ -60,6 +60,12 @@ class Shape(NamedTuple):
     # a hybrid model's Mamba-2 mixer: (hidden, in_proj width, d_inner, n_groups), arithmetic/mamba.py reads it
     mamba: tuple[int, int, int, int] | None = None
     kinds: str = ""  # a hybrid model's layer kinds (of M, *, -, E, in that order); "" for every other model
+    latent: int = 0  # a latent MoE's moe_latent_size: its routed experts' width (MoESpec.expert_width); 0: none
+
+    @property
+    def expert_h(self) -> int:
+        """The width a routed token carries and an expert reads: the latent size of a latent MoE, else h."""
+        return self.latent or self.h
 
 
 def shape_of(arch: Architecture) -> Shape:
@@ -79,6 +85,7 @@ def shape_of(arch: Architecture) -> Shape:
         mamba=(arch.hidden_size, 2 * arch.mamba.d_inner + 2 * arch.mamba.n_groups * arch.mamba.state_size
                + arch.mamba.num_heads, arch.mamba.d_inner, arch.mamba.n_groups) if arch.mamba else None,
         kinds="".join(k for k in "M*-E" if k in (arch.layer_pattern or "")),
+        latent=(moe.latent_size or 0) if moe else 0,
     )
 
 
@@ -382,12 +389,17 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     if lay.fp8 and lay.moe.bf16_router_input and "layernorm" not in sel:
         # the router keeps the bf16 input; the fp8 copy counted above is the shared experts' fc1's, if any
         mlp += (BF16 if shape.f_shared else BF16 - lin) * t * h / ts
+        if shape.latent and shape.f_shared:
+            mlp += lin * t * h / ts  # fc1_latent_proj's own fp8 copy beside the shared experts'
+    if shape.latent:
+        mlp += lin * t * shape.latent / ts  # fc2_latent_proj's input: the combined latent-wide tokens
     mlp += _moe_routing(shape, lay, t / ts)
     # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
-    # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap)
+    # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap); a latent
+    # MoE's copies are latent-wide (dispatched after fc1_latent_proj)
     rows = t * shape.top_k / ts * lay.etp * lay.routed_load
-    mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * h)
-    mlp += lin * rows * h  # expert fc1 input (the dispatched tokens)
+    mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * shape.expert_h)
+    mlp += lin * rows * shape.expert_h  # expert fc1 input (the dispatched tokens)
     mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)
     if shape.f_shared and "shared_experts" not in sel:
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
@@ -400,7 +412,7 @@ def stacked_expert_bytes(shape: Shape, ep: int, etp: int) -> float:
     """Bytes of one MoE layer's stacked copy of its local routed experts' bf16 weights (fc1, gate too where gated,
     and fc2, each expert's shard over ETP): what a framework that stacks them per forward (Layout.stacked_experts)
     writes each forward and keeps until the layer's backward."""
-    return BF16 * shape.experts / ep * (3 if shape.gated else 2) * shape.h * shape.f_expert / etp
+    return BF16 * shape.experts / ep * (3 if shape.gated else 2) * shape.expert_h * shape.f_expert / etp
 
 
 def _rope(shape: Shape, lay: Layout) -> float:

@@ -55,7 +55,7 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     layer's type and add their norms and 2h->h projection. Vocabulary is used unpadded.
     """
     if arch.layer_pattern is not None:  # a hybrid: Megatron-LM's hybrid_flops
-        return hybrid_flops_per_token(arch, seq_length)
+        return hybrid_flops_per_token(arch, seq_length, arch.num_mtp_layers if mtp_layers is None else mtp_layers)
     mtp = arch.num_mtp_layers if mtp_layers is None else mtp_layers
     h = arch.hidden_size
     n_moe = len(arch.moe.moe_layers) if arch.moe else 0
@@ -71,13 +71,16 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     return float(mlp + attention + mtp_extra + logits)
 
 
-def hybrid_flops_per_token(arch: Architecture, seq_length: int) -> float:
+def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int = 0) -> float:
     """Model FLOPs of one training token of a hybrid model (forward + backward), as Megatron-LM counts them for MFU:
     megatron/training/training.py num_floating_point_operations -> hybrid_flops (d98e8a6), per token. Per layer kind:
     attention 4hp(h + hg/a) + 2shp (p = heads x head_dim / h; causal halving cancels the FMA's 2), MLP 4fh (x1.5
     gated), MoE 4h(f_e top-k + f_shared), Mamba-2 mamba_layer_flops: in_proj 2h(2d + 2GN + heads), scan 7dN, out_proj
     2dh, with d = 2h as Megatron takes it whatever the heads x head_dim (Nemotron-H's are 2h; Nemotron 3 Nano's are
-    not); logits 2hV; all x3. The vocabulary unpadded, as model_flops_per_token takes it."""
+    not); a latent MoE's routed experts at the latent width L plus its projections 4hL (moe_layer_flops); logits
+    2hV for the model and each MTP depth, whose block's layers are counted once per depth as
+    hybrid_layer_allocation.get_hybrid_layer_counts counts them (its eh_proj not); all x3. The vocabulary
+    unpadded, as model_flops_per_token takes it."""
     m, h, s = arch.mamba, arch.hidden_size, seq_length
     pattern = arch.layer_pattern or ""
     gated = 1.5 if arch.gated_mlp else 1.0
@@ -91,10 +94,12 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int) -> float:
             + 2 * d_in * h
     moe = 0.0
     if arch.moe is not None:
-        moe = 4 * h * (arch.moe.expert_ffn_hidden_size * arch.moe.top_k + arch.moe.shared_expert_ffn_hidden_size) \
-            * gated
+        e = arch.moe
+        moe = 4 * (e.expert_width(h) * e.expert_ffn_hidden_size * e.top_k + h * e.shared_expert_ffn_hidden_size) \
+            * gated + (4 * h * e.latent_size if e.latent_size else 0)
+    pattern += (arch.mtp_layer_pattern or "") * mtp_depths
     forward = (pattern.count("*") * attention + pattern.count("-") * mlp + pattern.count("M") * mamba
-               + pattern.count("E") * moe + 2 * h * arch.vocab_size)
+               + pattern.count("E") * moe + 2 * h * arch.vocab_size * (1 + mtp_depths))
     return 3.0 * forward
 
 
@@ -211,19 +216,23 @@ def attention_core_flops(arch: Architecture, sh: Shard, seq_length: int) -> floa
 
 
 def mlp_gemms(arch: Architecture, sh: Shard, width: int, name: str, count: float = 1.0, rows: float | None = None,
-              tp: int | None = None) -> list[Gemm]:
+              tp: int | None = None, hidden: int | None = None) -> list[Gemm]:
+    """An FFN's two GEMMs reading and writing `hidden` channels (default the model's; a latent MoE's routed experts
+    read its latent size)."""
     t = sh.tp if tp is None else tp
     T = sh.tokens if rows is None else rows
+    h = arch.hidden_size if hidden is None else hidden
     up = (2 if arch.gated_mlp else 1) * width / t
     return [
-        Gemm(f"{name}_fc1", T, up, arch.hidden_size, count),
-        Gemm(f"{name}_fc2", T, arch.hidden_size, width / t, count),
+        Gemm(f"{name}_fc1", T, up, h, count),
+        Gemm(f"{name}_fc2", T, h, width / t, count),
     ]
 
 
 def moe_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
     """Router, the local experts (balanced routing) and the shared experts of one MoE layer, as the block's shard cuts
-    them (Shard.moe_view)."""
+    them (Shard.moe_view); a latent MoE's two projections over the tokens the rank routes, its experts at the latent
+    width (Megatron-Core MoELayer.preprocess / postprocess)."""
     moe = arch.moe
     assert moe is not None
     sh = sh.moe_view()
@@ -231,8 +240,11 @@ def moe_gemms(arch: Architecture, sh: Shard) -> list[Gemm]:
     # The ep*etp ranks of an expert block pool their tokens; each expert gets its top-k share of them.
     rows = sh.ep * sh.etp * local_tokens * moe.top_k / moe.num_experts
     out = [Gemm("router", local_tokens, moe.num_experts, arch.hidden_size, fp8=False)]
+    if moe.latent_size:  # fc1_latent_proj before the dispatch, fc2_latent_proj after the combine: whole on each rank
+        out += [Gemm("latent_down", local_tokens, moe.latent_size, arch.hidden_size),
+                Gemm("latent_up", local_tokens, arch.hidden_size, moe.latent_size)]
     out += mlp_gemms(arch, sh, moe.expert_ffn_hidden_size, "expert", count=moe.num_experts / sh.ep, rows=rows,
-                     tp=sh.etp)
+                     tp=sh.etp, hidden=moe.expert_width(arch.hidden_size))
     if moe.shared_expert_ffn_hidden_size:
         out += mlp_gemms(arch, sh, moe.shared_expert_ffn_hidden_size, "shared_expert")
     return out

@@ -384,7 +384,8 @@ def largest_tensor(terms: MemoryTerms, params: StageParams) -> float:
     experts = [0.0]
     kinds = {moe[i] and arch.moe is not None for i in params.layers}  # every MoE layer's is the same size, as a dense's
     if True in kinds:
-        experts.append(arch.moe.num_experts / plan.ep * arch.moe.expert_ffn_hidden_size * arch.hidden_size / plan.etp)
+        experts.append(arch.moe.num_experts / plan.ep * arch.moe.expert_ffn_hidden_size
+                       * arch.moe.expert_width(arch.hidden_size) / plan.etp)
     if False in kinds:
         dense.append(arch.ffn_hidden_size * arch.hidden_size / plan.tp)
     if not terms.optimizer_sharded:
@@ -534,15 +535,17 @@ def recompute_working_layer(terms: MemoryTerms, params: StageParams, chunks) -> 
 
 def _edge_activations(terms: MemoryTerms, params: StageParams, held: tuple[int, ...], acts: float,
                       detail: dict[str, int]) -> float:
-    """`acts` plus the embedding's activations on the first stage, and the MTP blocks' (their layer, its inputs
-    and their own logits, where the layout puts them, else with the head) and the logits and loss on the last."""
+    """`acts` plus the embedding's activations on the first stage, and the MTP blocks' (their layers: the last
+    decoder layer's kind, or a hybrid's mtp_layer_pattern; their inputs and their own logits, where the layout
+    puts them, else with the head) and the logits and loss on the last."""
     arch, tokens, h = terms.job.model, terms.tokens, terms.job.model.hidden_size
     if params.first:
         emb_acts = held[0] * (8 * tokens + (tokens * h / terms.ts if terms.lay.dropout else 0))
         acts += emb_acts
         detail["embedding_activations"] = int(emb_acts)
+    block_kinds = list(arch.mtp_layer_pattern or (terms.table.kind[arch.num_layers - 1],))
     mtp_acts = arch.num_mtp_layers * (
-        terms.per_kind[(terms.table.kind[arch.num_layers - 1], terms.stored_mode)] + 4 * 2 * tokens * h / terms.ts
+        sum(terms.per_kind[(kind, terms.stored_mode)] for kind in block_kinds) + 4 * 2 * tokens * h / terms.ts
         + terms.logits_bytes
     ) if params.mtp else 0.0
     if params.last:

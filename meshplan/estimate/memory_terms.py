@@ -27,6 +27,7 @@ from meshplan.estimate.layer_records import scope_memo
 from meshplan.knowledge.model_counts import (
     layer_params,
     mamba_linear_params,
+    mtp_block_layers,
     mtp_params,
     per_architecture,
     vision_params,
@@ -61,20 +62,20 @@ class ParamTable:
             mamba = p.get("mamba", 0)
             sharded = p["attention"] + p["dense_mlp"] + p["shared_experts"] - whole + mamba
             self.tp_sharded.append(sharded)
-            self.replicated.append(p["norms"] + p["router"] + whole)
+            self.replicated.append(p["norms"] + p["router"] + p["latent_proj"] + whole)
             self.experts.append(p["routed_experts"])
             self.linear_dense.append(sharded - mamba + (mamba_linear_params(arch) if mamba else 0))
-            self.linear_whole.append(whole)
+            self.linear_whole.append(whole + p["latent_proj"])  # a latent MoE's projections: TELinear, duplicated
             self.moe.append(arch.is_moe_layer(i))
             self.kind.append(arch.layer_kind(i) if arch.layer_pattern is not None else arch.is_moe_layer(i))
         self.mtp = (0, 0, 0)
         if arch.num_mtp_layers:
-            last = layer_params(arch, arch.num_layers - 1)
+            block = mtp_block_layers(arch)
             total = mtp_params(arch)
-            per_block_experts = last["routed_experts"]
-            experts = arch.num_mtp_layers * per_block_experts
+            experts = arch.num_mtp_layers * sum(p["routed_experts"] for p in block)
             h = arch.hidden_size
-            sharded = arch.num_mtp_layers * (2 * h * h + last["attention"] + last["dense_mlp"] + last["shared_experts"])
+            sharded = arch.num_mtp_layers * (2 * h * h + sum(p["attention"] + p["dense_mlp"] + p["shared_experts"]
+                                                             + p.get("mamba", 0) for p in block))
             self.mtp = (sharded, total - experts - sharded, experts)
 
 

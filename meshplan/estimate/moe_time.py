@@ -40,12 +40,13 @@ def moe_host_syncs(job: Job, plan: Plan) -> float:
 
 def dispatch_and_router_bytes(ctx: LayerContext) -> tuple[float, float]:
     """(dispatcher, router) memory-bound bytes of one MoE layer, forward + backward: the routed copies (tokens x top_k
-    hidden vectors on the busiest rank) permuted, sorted by expert, unsorted and unpermuted; the router's fp32
-    logits (scores, top-k, probs), over the tokens the rank routes (Shard.moe_tokens of the block's shard)."""
+    hidden vectors on the busiest rank, latent-wide in a latent MoE) permuted, sorted by expert, unsorted and
+    unpermuted; the router's fp32 logits (scores, top-k, probs), over the tokens the rank routes (Shard.moe_tokens of
+    the block's shard)."""
     arch, cal = ctx.arch, ctx.cal
     assert arch.moe is not None
     local = ctx.shard.moe_view().moe_tokens
-    routed = local * arch.moe.top_k * arch.hidden_size / ctx.plan.etp * ctx.routed_load
+    routed = local * arch.moe.top_k * arch.moe.expert_width(arch.hidden_size) / ctx.plan.etp * ctx.routed_load
     dispatch_bytes = cal.moe_dispatch_passes * BF16 * routed
     router_bytes = cal.moe_router_bytes_per_logit * local * arch.moe.num_experts
     return dispatch_bytes, router_bytes
@@ -60,9 +61,10 @@ def exposed_ep(ctx: LayerContext, fwd_compute: float, bwd_compute: float) -> flo
         return 0.0
     local = ctx.shard.moe_view().moe_tokens  # what the rank routes: its SP shard, or (the block whole) every token
     ep = mesh_groups(plan, law=ctx.law).ep
+    width = arch.moe.expert_width(arch.hidden_size)  # a latent MoE dispatches latent-wide tokens
     if ctx.gather_dispatch and plan.moe_token_dispatcher != "flex":
-        return gather_ep(local * arch.hidden_size * BF16, ep.size, ep.stride, ctx.lk)
-    sent = local * arch.hidden_size * BF16 * ctx.routed_load
+        return gather_ep(local * width * BF16, ep.size, ep.stride, ctx.lk)
+    sent = local * width * BF16 * ctx.routed_load
     one = dispatch_time(sent, arch.moe.top_k, ep.size, ep.stride, ctx.lk,
                         dedup=plan.moe_token_dispatcher == "flex", experts=arch.moe.num_experts,
                         num_groups=arch.moe.num_groups, group_topk=arch.moe.group_topk)

@@ -266,8 +266,8 @@ def stage_compute(sums: LayerSums, head_stage: bool, inp: StageInputs) -> tuple[
 
 
 def stage_kinds(s: int, layers: Sequence[int], inp: StageInputs) -> list[bool]:
-    """Each layer of the stage, True for an MoE layer; the model's MTP blocks appended on the stage that trains
-    them (each costs like the last layer)."""
+    """Each layer of the stage, True for an MoE layer (a hybrid's letter); the model's MTP blocks appended on the
+    stage that trains them (each costs like the last layer, a hybrid's as its mtp_layer_pattern's layers)."""
     return layer_kinds(s, layers, inp.ctx.arch, inp.pipeline)
 
 
@@ -286,8 +286,9 @@ def layer_kinds(s: int, layers: Sequence[int], arch: Architecture, pipeline: Sta
 
 
 def _layer_kinds(layers: Sequence[int], arch: Architecture, mtp: bool) -> list:
-    if arch.layer_pattern is not None:  # a hybrid's: its layers' letters (M, *, -, E); it has no MTP blocks
-        return [arch.layer_pattern[i] for i in layers]
+    if arch.layer_pattern is not None:  # a hybrid's: its layers' letters (M, *, -, E), its MTP blocks' after them
+        return [arch.layer_pattern[i] for i in layers] + (list(arch.mtp_layer_pattern or "") * arch.num_mtp_layers
+                                                          if mtp else [])
     moe_set = set(arch.moe.moe_layers) if arch.moe else set()
     kinds = [(i in moe_set) for i in layers] if moe_set else [False] * len(layers)
     if mtp:

@@ -3,7 +3,9 @@ as transformers' NemotronHConfig and NemotronHForCausalLM build it: which kind e
 shapes and the MoE blocks' experts. Kept apart from model_config.py, which hands it its field reader.
 
 Each layer of such a model is one RMSNorm and one mixer (NemotronHBlock): a Mamba-2 mixer (M), attention without
-rotary embedding (*), a squared-ReLU MLP (-) or a mixture of non-gated experts with a shared expert (E).
+rotary embedding (*), a squared-ReLU MLP (-) or a mixture of non-gated experts with a shared expert (E), whose
+routed experts Nemotron 3 Super runs at a latent width (moe_latent_size: LatentMoE); Nemotron 3 Super adds one
+multi-token-prediction block of such layers (num_nextn_predict_layers, mtp_hybrid_override_pattern).
 """
 
 from __future__ import annotations
@@ -61,11 +63,33 @@ def read_hybrid_names(cfg: dict[str, Any], f: Any) -> None:
         raise f.fail(f"num_hidden_layers = {stated} but hybrid_override_pattern has {len(pattern)} layers.",
                      fix="Pass the config.json as published: its pattern has one character per layer.")
     cfg["num_hidden_layers"] = len(pattern)
-    for key in ("moe_latent_size", "num_nextn_predict_layers"):
-        if cfg.get(key):
-            raise f.fail(f"{key} = {cfg[key]}: meshplan does not model Nemotron 3's latent MoE projections or its "
-                         "multi-token-prediction layers.",
-                         fix="Plan a Nemotron-H or Nemotron 3 Nano model, or the model with a framework's own tools.")
+
+
+def mtp_pattern(f: Any, pattern: str) -> tuple[int, str | None]:
+    """(MTP blocks, one block's layers) from num_nextn_predict_layers and mtp_hybrid_override_pattern (or
+    mtp_layers_block_type written as one), as NemotronHConfig reads them and Megatron-Bridge's NemotronHBridge hands
+    them to Megatron-Core (mtp_num_layers, mtp_hybrid_override_pattern): Nemotron 3 Super's one block of '*E'. Each
+    layer of the block must be a kind the main pattern holds (its shapes are that kind's)."""
+    blocks = f.int("num_nextn_predict_layers", default=0) or 0
+    if not blocks:
+        return 0, None
+    cfg = f.cfg
+    block = cfg.get("mtp_hybrid_override_pattern")
+    if block is None and isinstance(cfg.get("mtp_layers_block_type"), list):
+        kinds = cfg["mtp_layers_block_type"]
+        if not all(isinstance(k, str) and k in _BLOCK_TYPES for k in kinds):
+            raise f.fail(f"mtp_layers_block_type may hold only {', '.join(sorted(_BLOCK_TYPES))}.")
+        block = "".join(_BLOCK_TYPES[k] for k in kinds)
+    if not isinstance(block, str) or not block:
+        raise f.fail(f"num_nextn_predict_layers = {blocks} needs mtp_hybrid_override_pattern (or "
+                     "mtp_layers_block_type): the layers of each multi-token-prediction block.",
+                     fix="Pass the config.json as published (Nemotron 3 Super's is '*E').")
+    missing = sorted(set(block) - set(pattern))
+    if missing:
+        raise f.fail(f"mtp_hybrid_override_pattern {block!r} holds {', '.join(map(repr, missing))}, a layer kind "
+                     "hybrid_override_pattern does not: allowed the main pattern's kinds "
+                     f"{', '.join(map(repr, sorted(set(pattern))))}.")
+    return blocks, block
 
 
 def mamba_spec(f: Any) -> MambaSpec:
@@ -94,17 +118,22 @@ def hybrid_moe(f: Any, pattern: str, groups: Callable[..., dict[str, int]]) -> M
     top_k = f.int("num_experts_per_tok", lo=1, hi=experts,
                   why=f"a token cannot use more than the n_routed_experts = {experts} experts there are")
     shared = f.int("moe_shared_expert_intermediate_size", "intermediate_size", default=7688)
+    hidden = f.int("hidden_size")
+    latent = f.int("moe_latent_size", "hidden_size", default=None, hi=hidden,
+                   why=f"a latent projection narrows the hidden size = {hidden}")
     return MoESpec(num_experts=experts, top_k=top_k,
                    expert_ffn_hidden_size=f.int("moe_intermediate_size", "intermediate_size", default=7688),
                    num_shared_experts=1, shared_expert_ffn_hidden_size=shared, moe_layers=layers,
-                   score_correction_bias=True, **groups(f, experts, top_k, None))
+                   score_correction_bias=True, latent_size=latent or None, **groups(f, experts, top_k, None))
 
 
 def hybrid_architecture(arch: Architecture, f: Any, groups: Callable[..., dict[str, int]]) -> Architecture:
     """The architecture model_config read with the hybrid's own parts: the pattern, the Mamba-2 mixer, the MoE, one
     norm per layer, a squared-ReLU (non-gated) MLP and no rotary embedding (NemotronHAttention applies none)."""
     pattern = layer_pattern(f)
+    mtp_blocks, mtp_layers = mtp_pattern(f, pattern)
     return arch.model_copy(update={
         "layer_pattern": pattern, "mamba": mamba_spec(f) if "M" in pattern else None,
         "moe": hybrid_moe(f, pattern, groups), "norms_per_layer": 1, "gated_mlp": False,
-        "activation": f.text("mlp_hidden_act") or "relu2", "rope": None})
+        "activation": f.text("mlp_hidden_act") or "relu2", "rope": None, "num_mtp_layers": mtp_blocks,
+        "mtp_layer_pattern": mtp_layers})

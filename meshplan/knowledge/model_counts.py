@@ -44,9 +44,10 @@ def attention_params(arch: Architecture) -> int:
     return params
 
 
-def mlp_params(arch: Architecture, width: int, bias: bool | None = None) -> int:
-    """A (gated or plain) FFN of the given width."""
-    h = arch.hidden_size
+def mlp_params(arch: Architecture, width: int, bias: bool | None = None, hidden: int | None = None) -> int:
+    """A (gated or plain) FFN of the given width, reading and writing `hidden` channels (default the model's hidden
+    size; a latent MoE's routed experts read its latent size, MoESpec.expert_width)."""
+    h = arch.hidden_size if hidden is None else hidden
     mats = 3 if arch.gated_mlp else 2
     params = mats * h * width
     if arch.mlp_bias if bias is None else bias:
@@ -65,6 +66,15 @@ def router_params(arch: Architecture) -> int:
     if moe.shared_expert_gate:
         params += arch.hidden_size  # Qwen2MoeSparseMoeBlock.shared_expert_gate: Linear(hidden, 1, bias=False)
     return params
+
+
+def latent_proj_params(arch: Architecture) -> int:
+    """A latent MoE layer's two projections (Megatron-Core MoELayer fc1_latent_proj hidden -> latent and
+    fc2_latent_proj latent -> hidden, TELinear parallel_mode "duplicated", no bias in Nemotron 3); 0 without."""
+    moe = arch.moe
+    if moe is None or moe.latent_size is None:
+        return 0
+    return 2 * arch.hidden_size * moe.latent_size
 
 
 def mamba_params(arch: Architecture) -> int:
@@ -97,6 +107,7 @@ def layer_params(arch: Architecture, index: int) -> dict[str, int]:
         "routed_experts": 0,
         "shared_experts": 0,
         "router": 0,
+        "latent_proj": 0,
     }
     if kind == "M":
         out["mamba"] = mamba_params(arch)
@@ -105,30 +116,42 @@ def layer_params(arch: Architecture, index: int) -> dict[str, int]:
     elif arch.is_moe_layer(index):
         moe = arch.moe
         assert moe is not None
-        out["routed_experts"] = moe.num_experts * mlp_params(
-            arch, moe.expert_ffn_hidden_size, bias=moe.expert_bias
-        )
+        out["routed_experts"] = moe.num_experts * expert_params(arch)
         if moe.shared_expert_ffn_hidden_size:
             out["shared_experts"] = mlp_params(arch, moe.shared_expert_ffn_hidden_size, bias=False)
         out["router"] = router_params(arch)
+        out["latent_proj"] = latent_proj_params(arch)
     else:
         out["dense_mlp"] = mlp_params(arch, arch.ffn_hidden_size)
     return out
 
 
 def expert_params(arch: Architecture) -> int:
-    """One routed expert."""
-    assert arch.moe is not None
-    return mlp_params(arch, arch.moe.expert_ffn_hidden_size, bias=arch.moe.expert_bias)
+    """One routed expert (at the latent width in a latent MoE)."""
+    moe = arch.moe
+    assert moe is not None
+    return mlp_params(arch, moe.expert_ffn_hidden_size, bias=moe.expert_bias,
+                      hidden=moe.expert_width(arch.hidden_size))
+
+
+def mtp_block_layers(arch: Architecture) -> list[dict[str, int]]:
+    """The decoder layers of one MTP block, by component (layer_params'): DeepSeek-V3's one layer like the last
+    decoder layer; a hybrid's, one per character of its mtp_layer_pattern (Megatron-Core's MultiTokenPredictionLayer
+    with mtp_hybrid_override_pattern builds a hybrid stack of those layers; transformers' NemotronH names them
+    mtp.layers.0, .1, ...)."""
+    if arch.mtp_layer_pattern is None:
+        return [layer_params(arch, arch.num_layers - 1)]
+    first = {kind: arch.layer_pattern.index(kind) for kind in set(arch.mtp_layer_pattern)}
+    return [layer_params(arch, first[kind]) for kind in arch.mtp_layer_pattern]
 
 
 def mtp_params(arch: Architecture) -> int:
-    """DeepSeek-V3 style MTP block: two norms, eh_proj (2h->h), a decoder layer, the shared head's norm."""
+    """MTP blocks (DeepSeek-V3's, Megatron-Core's MultiTokenPredictionLayer): the embedding's and the hidden state's
+    norms (enorm, hnorm), eh_proj (2h->h), the block's decoder layers, the shared head's norm."""
     if not arch.num_mtp_layers:
         return 0
     h = arch.hidden_size
-    last = layer_params(arch, arch.num_layers - 1)
-    per_block = 3 * _norm_params(arch, h) + 2 * h * h + sum(last.values())
+    per_block = 3 * _norm_params(arch, h) + 2 * h * h + sum(sum(p.values()) for p in mtp_block_layers(arch))
     return arch.num_mtp_layers * per_block
 
 
@@ -202,6 +225,10 @@ def count_components(arch: Architecture) -> list[ComponentCount]:
             comps.append(ComponentCount(name="shared_experts", params=sums["shared_experts"],
                                         active_params=sums["shared_experts"]))
         comps.append(ComponentCount(name="router", params=sums["router"], active_params=sums["router"]))
+        if sums["latent_proj"]:
+            comps.append(ComponentCount(name="latent_projections", params=sums["latent_proj"],
+                                        active_params=sums["latent_proj"],
+                                        note=f"fc1/fc2_latent_proj, hidden <-> latent {arch.moe.latent_size}"))
     final_norm = _norm_params(arch, h)
     comps.append(ComponentCount(name="norms", params=sums["norms"] + final_norm,
                                 active_params=sums["norms"] + final_norm, note="per-layer norms and the final norm"))

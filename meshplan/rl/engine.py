@@ -17,12 +17,12 @@ FP32 = 4  # the sampler's logits
 
 def _param_split(arch) -> tuple[int, int, int]:
     """The model's parameters by how an engine shards them: over its TP (attention, dense MLPs, shared experts,
-    embedding and head), whole (norms, routers), routed experts."""
+    embedding and head), whole (norms, routers, a latent MoE's projections), routed experts."""
     sharded = whole = experts = 0
     for i in range(arch.num_layers):
         p = layer_params(arch, i)
         sharded += p["attention"] + p["dense_mlp"] + p["shared_experts"]
-        whole += p["norms"] + p["router"]
+        whole += p["norms"] + p["router"] + p["latent_proj"]
         experts += p["routed_experts"]
     vocab_rows = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
     return sharded + vocab_rows, whole, experts

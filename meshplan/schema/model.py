@@ -39,6 +39,17 @@ class MoESpec(StrictModel):
     score_correction_bias: bool = Field(False, description="DeepSeek-V3 style per-expert routing bias")
     num_groups: int = Field(1, ge=1, description="n_group: routed experts split into this many equal groups")
     group_topk: int = Field(1, ge=1, description="topk_group: groups a token's experts may come from")
+    latent_size: int | None = Field(None, ge=1, description="moe_latent_size (Nemotron 3's LatentMoE, Megatron-Core "
+                                                            "MoELayer fc1_latent_proj / fc2_latent_proj): the routed "
+                                                            "experts are dispatched and run at this width, projected "
+                                                            "down from and back up to the hidden size by two linears "
+                                                            "duplicated on every TP rank; the router and the shared "
+                                                            "experts read the hidden size. None: no latent projection")
+
+    def expert_width(self, hidden_size: int) -> int:
+        """The width a routed expert reads and writes, and a dispatched token carries: the latent size of a latent
+        MoE, else the hidden size."""
+        return self.latent_size or hidden_size
 
 
 class MLASpec(StrictModel):
@@ -154,6 +165,10 @@ class Architecture(StrictModel):
                                                         "E MoE); None: every layer is attention and an MLP or MoE")
     mamba: MambaSpec | None = Field(None, description="The Mamba-2 mixer of a hybrid model's M layers")
     num_mtp_layers: int = Field(0, ge=0, description="Multi-token-prediction blocks (not in the total)")
+    mtp_layer_pattern: str | None = Field(None, description="A hybrid model's MTP block, one character per layer as "
+                                                            "layer_pattern (mtp_hybrid_override_pattern: Nemotron 3 "
+                                                            "Super's '*E', an attention and an MoE layer); None: an "
+                                                            "MTP block repeats the last decoder layer")
     vision: VisionTower | None = Field(None, description="The vision tower and projector a multimodal config states "
                                                          "(Llama 4's vision_config; not in the total)")
     generic: bool = Field(False, description="True when built from a size alone, not a real config")

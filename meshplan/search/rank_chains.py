@@ -184,22 +184,33 @@ def rank_load(arch: Architecture, stages: Stages, s: int) -> RankLoad:
 
 
 def hybrid_rank_load(arch: Architecture, pattern: str, kinds: list, head: int) -> RankLoad:
-    """rank_load of a hybrid model's rank holding the layers of `kinds` (their letters; a hybrid has no MTP blocks):
+    """rank_load of a hybrid model's rank holding the layers of `kinds` (their letters, its MTP blocks' included):
     its MoE layers (E) and the others as 'dense' (whose least layer the references' parts give:
     stage_time.hybrid_one_layer_work), its count of each letter (holds_its_share), and as its share of the CP traffic
     the least of its shares of the Mamba-2 and of the attention layers, the kinds CP reaches (their traffic per layer
     differs, so the rank's share of it is a mean of those shares, at least the least)."""
     counts = tuple(kinds.count(k) for k in HYBRID_KINDS)
     moe = counts[HYBRID_KINDS.index("E")]
-    cp_share = min((c / pattern.count(k) for k, c in zip(HYBRID_KINDS, counts, strict=True)
-                    if k in ("M", "*") and k in pattern), default=0.0)
+    trained = trained_pattern(arch)
+    cp_share = min((c / trained.count(k) for k, c in zip(HYBRID_KINDS, counts, strict=True)
+                    if k in ("M", "*") and k in trained), default=0.0)
     moe_total = model_layers(arch)[1]
     return RankLoad(dense=len(kinds) - moe, moe=moe, dense_decoder=len(kinds) - moe, moe_decoder=moe, head=head,
                     layers=cp_share, moe_layers=moe / moe_total if moe_total else 1.0, kinds=counts)
 
 
+def trained_pattern(arch: Architecture) -> str:
+    """A hybrid's layers a reference may train, one letter each: its pattern, then its MTP blocks' layers
+    (mtp_layer_pattern once per block), as stage_time.layer_kinds appends them."""
+    assert arch.layer_pattern is not None
+    return arch.layer_pattern + (arch.mtp_layer_pattern or "") * arch.num_mtp_layers
+
+
 def model_layers(arch: Architecture) -> tuple[int, int]:
     """(layers, MoE layers), both with the MTP blocks (every one a reference may train)."""
+    if arch.layer_pattern is not None:
+        trained = trained_pattern(arch)
+        return len(trained), trained.count("E")
     mtp = arch.num_mtp_layers
     moe = len(arch.moe.moe_layers) if arch.moe else 0
     mtp_moe = mtp if mtp and arch.is_moe_layer(arch.num_layers - 1) else 0
@@ -212,8 +223,9 @@ def holds_its_share(rank: RankLoad, arch: Architecture, pp: int) -> bool:
     kind's decoder layers (their recompute), and the output layer."""
     total, moe_total = model_layers(arch)
     moe_decoder = len(arch.moe.moe_layers) if arch.moe else 0
-    if rank.kinds and arch.layer_pattern is not None:  # a hybrid's kinds differ in time: 1/pp of each
-        return bool(rank.head) and all(pp * c >= arch.layer_pattern.count(k)
+    if rank.kinds and arch.layer_pattern is not None:  # a hybrid's kinds differ in time: 1/pp of each (MTP's too)
+        trained = trained_pattern(arch)
+        return bool(rank.head) and all(pp * c >= trained.count(k)
                                        for k, c in zip(HYBRID_KINDS, rank.kinds, strict=True))
     return (bool(rank.head) and pp * rank.dense >= total - moe_total and pp * rank.moe >= moe_total
             and pp * (rank.dense + rank.moe) >= total and pp * rank.moe_decoder >= moe_decoder
