@@ -68,7 +68,8 @@ def test_a_mamba_layer_is_its_gemms_its_passes_and_its_scan():
         lt = t.inputs.hybrid["M"]
         assert lt.gemm == pytest.approx(gemm_seconds(mamba_gemms(ctx.arch, ctx.shard), cal, ctx.bf16_peak, None))
         tokens = ctx.shard.tokens
-        mixer = tokens * ((27 * 8192 + 7 * (8192 + 2 * 8 * 128)) * 2 + 12 * 4 * 128 * 64 * 128 / 128) / tp / ctx.hbm
+        mixer = tokens * ((27 * 8192 + 7 * (8192 + 2 * 8 * 128) + 19 * 8 * 128) * 2
+                          + 12 * 4 * 128 * 64 * 128 / 128) / tp / ctx.hbm
         mixer += 3 * ssd_scan_flops(ctx.arch, ctx.shard) / (ctx.bf16_peak * cal.gemm_peak_fraction)
         hidden = cal.elementwise_passes * 2 * tokens * 4096 * 0.5 / (tp if ctx.plan.sequence_parallel else 1) / ctx.hbm
         assert lt.elementwise == pytest.approx(mixer + hidden, rel=1e-12)
@@ -79,7 +80,7 @@ def test_a_mamba_layer_is_its_gemms_its_passes_and_its_scan():
 def test_the_cards_mamba_constants_have_sources():
     constants = calibration_card().constants
     for name in ("hybrid_layer_hidden_share", "mamba_inner_passes", "mamba_conv_passes", "mamba_state_passes",
-                 "mamba_scan_passes"):
+                 "mamba_scan_passes", "mamba_group_passes"):
         assert "Megatron" in constants[name].source or "mamba_ssm" in constants[name].source
 
 

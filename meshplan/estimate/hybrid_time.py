@@ -107,14 +107,16 @@ def hybrid_load(ctx: LayerContext, kind: str) -> ElementwiseLoad:
 
 def mamba_mixer_seconds(ctx: LayerContext) -> float:
     """Forward + backward seconds of a Mamba-2 mixer beside its GEMMs, on one rank: the card's bf16 passes over its
-    inner width (scan inputs and outputs, the transpose, the gated RMSNorm) and its conv width (the depthwise conv1d,
-    run again in the backward), its fp32 SSD chunk states per chunk, at the HBM bandwidth memory-bound work gets;
-    and the SSD scan's matmul FLOPs (ssd_scan_flops, forward; mamba_scan_passes of them) at the GEMM model's
-    asymptote. Heads and groups split over TP (the shapes in_proj gives each rank)."""
+    inner width (scan inputs and outputs, the gated RMSNorm), its conv width (the depthwise conv1d, run again in the
+    backward) and its B and C (the SSD kernels' reads of them, their gradients), and its fp32 SSD chunk states per
+    chunk, at the HBM bandwidth memory-bound work gets; and the SSD scan's matmul FLOPs (ssd_scan_flops, forward;
+    mamba_scan_passes of them) at the GEMM model's asymptote. Heads and groups split over TP (the shapes in_proj gives
+    each rank)."""
     m, cal, sh = ctx.arch.mamba, ctx.cal, ctx.shard
     assert m is not None
     tokens, tp = sh.tokens, sh.tp
-    passes = (cal.mamba_inner_passes * m.d_inner + cal.mamba_conv_passes * m.conv_dim) * BF16 \
+    passes = (cal.mamba_inner_passes * m.d_inner + cal.mamba_conv_passes * m.conv_dim
+              + cal.mamba_group_passes * m.n_groups * m.state_size) * BF16 \
         + cal.mamba_state_passes * FP32 * m.num_heads * m.head_dim * m.state_size / m.chunk_size
     memory = tokens * passes / tp / ctx.hbm
     scan = cal.mamba_scan_passes * ssd_scan_flops(ctx.arch, sh) / (ctx.bf16_peak * cal.gemm_peak_fraction)

@@ -172,7 +172,8 @@ def _hybrid_assumption(job: Job, cal: Calibration) -> str:
             f"{cal.hybrid_layer_hidden_share:g} of a transformer layer's hidden-sized passes; a Mamba-2 layer's "
             "in_proj and out_proj as GEMMs, its conv1d, SSD chunk states, scan inputs and outputs and gated norm as "
             f"memory-bound passes ({cal.mamba_inner_passes:g} over its inner width, {cal.mamba_conv_passes:g} over "
-            f"its conv width, {cal.mamba_state_passes:g} fp32 over its chunk states), its SSD scan's matmuls x "
+            f"its conv width, {cal.mamba_group_passes:g} over B or C, {cal.mamba_state_passes:g} fp32 over its "
+            "chunk states), its SSD scan's matmuls x "
             f"{cal.mamba_scan_passes:g} at the GEMMs' {cal.gemm_peak_fraction:.2f} of peak, MambaContextParallel's "
             "all-to-alls under CP (cards/calibration.yaml; not validated against a measured hybrid run). Model FLOPs: "
             "Megatron-LM's hybrid_flops.")

@@ -88,6 +88,7 @@ class Calibration:
     mamba_inner_passes: float
     mamba_conv_passes: float
     mamba_state_passes: float
+    mamba_group_passes: float
     mamba_scan_passes: float
     eager_elementwise_passes: float
     optimizer_bytes_per_param: float
