@@ -10,7 +10,7 @@ from meshplan import api
 from meshplan.request.parse import parse_request
 
 H8 = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-HYBRIDS = ("nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b", "nemotron-3-nano-30b-a3b")
+HYBRIDS = ("nemotron-h-8b", "nemotron-h-47b", "nemotron-h-56b", "nemotron-3-nano-30b-a3b", "nemotron-3-super-120b-a12b")
 
 
 def _req(model: str = "nemotron-h-8b", **fields):

@@ -35,7 +35,8 @@ FIELDS = frozenset({
     "activation_func_clamp_value", "position_embedding_type", "rotary_base", "rotary_percent", "rope_type",
     "apply_rope_fusion", "rope_scaling", "rope_scaling_factor", "qk_layernorm", "moe_router_num_groups",
     "moe_router_group_topk", "yarn_correction_range_round_to_int", "hybrid_layer_pattern", "mamba_num_heads",
-    "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "mamba_chunk_size",
+    "mamba_head_dim", "mamba_num_groups", "mamba_state_dim", "mamba_chunk_size", "moe_latent_size",
+    "mtp_hybrid_override_pattern",
     *(p + name for p in ("", "yarn_") for name in ("rotary_scaling_factor", "original_max_position_embeddings",
                                                    "beta_fast", "beta_slow", "mscale", "mscale_all_dim"))})
 """Every TransformerConfig field megatron_architecture may set (Megatron-Bridge's cfg.model.<field>): the keys a
@@ -49,7 +50,8 @@ CORE_FLAGS = frozenset({
     "--rotary-scaling-factor", "--yarn-original-max-position-embeddings", "--yarn-beta-fast", "--yarn-beta-slow",
     "--mscale", "--mscale-all-dim", "--no-yarn-correction-range-round-to-int", "--qk-layernorm",
     "--moe-router-num-groups", "--moe-router-group-topk", "--disable-bias-linear", "--add-qkv-bias",
-    "--hybrid-layer-pattern", "--mamba-num-heads", "--mamba-head-dim", "--mamba-num-groups", "--mamba-state-dim"})
+    "--hybrid-layer-pattern", "--mamba-num-heads", "--mamba-head-dim", "--mamba-num-groups", "--mamba-state-dim",
+    "--moe-latent-size", "--mtp-hybrid-override-pattern"})
 """Every pretrain_gpt.py flag megatron_architecture (Setting.flag) and bias_flags may write: the flags a rendered
 Megatron-Core script restates the model with, which its import reads back as the model's
 (tests/test_import_config.py renders every catalog model and holds the flags to this set)."""
