@@ -342,3 +342,39 @@ def test_lora_targets_over_module_names_meshplan_does_not_know_are_said():
                         framework="nemo-automodel", config_format="yaml")
     assert got.request["lora_targets"] == ["linear_qkv"]
     assert any("*wo_b name no projection meshplan knows" in n for n in got.notes), got.notes
+
+
+QLORA = """\
+step_scheduler:
+  global_batch_size: 32
+  local_batch_size: 4
+model:
+  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained
+  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B
+peft:
+  _target_: nemo_automodel.components._peft.lora.PeftConfig
+  target_modules: '*_proj'
+  dim: 16
+distributed:
+  strategy: fsdp2
+  tp_size: 1
+quantization:
+  load_in_4bit: {four}
+  load_in_8bit: false
+  bnb_4bit_quant_type: nf4
+"""
+
+
+def test_a_qlora_recipe_is_said_and_refused_an_estimate_not_planned_as_a_bf16_base():
+    """AutoModel's QLoRA recipes (examples/llm_finetune/*_qlora.yaml: quantization.load_in_4bit, read by train_ft.py
+    into a bitsandbytes NF4 base) were read with the quantization section dropped unsaid, so check and recommend
+    estimated the frozen base at 2 bytes a weight where the run keeps about half a byte."""
+    imported = import_config(QLORA.format(four="true"), "qlora.yaml")
+    assert any(u.startswith("qlora.yaml:15 quantization.load_in_4bit = True: the frozen base weights loaded through "
+                            "bitsandbytes") for u in imported.unsupported)
+    with pytest.raises(MeshplanError, match=r"qlora\.yaml:15 quantization\.load_in_4bit = True: .*no estimate of a "
+                                            r"job from this file would be right\. Fix: Drop the quantization section"):
+        api.request_from_config(imported, {"num_gpus": 8})
+    plain = import_config(QLORA.format(four="false"), "lora.yaml")
+    assert any(n.startswith("lora.yaml:15 quantization.load_in_4bit = False: off") for n in plain.notes)
+    assert api.request_from_config(plain, {"num_gpus": 8}).lora_rank == 16

@@ -115,6 +115,17 @@ class UnmodelledLoraKeys(_Card):
     source: str
 
 
+class QuantizedBase(_Card):
+    """A framework's switches that load the frozen base weights quantized (AutoModel's `quantization` section: a
+    bitsandbytes 4-bit NF4 or 8-bit base under LoRA, QLoRA), which meshplan does not model: its estimate holds the
+    base in bf16. A file that turns one on is refused an estimate (read/__init__.py request_values)."""
+
+    keys: list[str] = Field(min_length=1, description="The switches, as the readers normalize the keys")
+    what: str = Field(description="What the switch does to the job and what meshplan's estimate would hold instead")
+    fix: str = Field(description="What to run or pass instead (the refusal's fix)")
+    source: str
+
+
 class ReadSection(_Card):
     """The keys of a framework's files that are no adapter knob, and the flags that build a launch script's model."""
 
@@ -160,6 +171,7 @@ class ReadSection(_Card):
                                           "to the job meshplan plans: an import says that, not 'no meshplan field'")
     said_source: str | None = None
     lora_unmodelled: UnmodelledLoraKeys | None = None
+    quantized_base: QuantizedBase | None = None
     estimator_default: StrictStr | None = Field(
         None, description="The advantage estimator an RL launcher leaving it out runs (gae: PPO with a critic)")
     kl_loss_default: StrictBool | None = Field(

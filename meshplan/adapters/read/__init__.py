@@ -37,6 +37,7 @@ from meshplan.adapters.read.files import (
 )
 from meshplan.adapters.read.hydra import read_skyrl, read_verl
 from meshplan.adapters.read.keys import (
+    BASE_NOT_MODELLED,
     LORA_NOT_MODELLED,
     SPLIT_NOT_READ,
     Reading,
@@ -248,6 +249,11 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
                "(Megatron-Bridge's own names do), or drop the key")
         raise MeshplanError(f"{unmodelled[0].removesuffix('; ' + LORA_NOT_MODELLED)}: no estimate of this LoRA job "
                             "would be right.", fix=fix + ".")
+    quantized = [line for line in imported.unsupported if line.endswith(BASE_NOT_MODELLED)]
+    if quantized:
+        facts = read_section(imported.framework).quantized_base
+        raise MeshplanError(f"{quantized[0].removesuffix('; ' + BASE_NOT_MODELLED)}: no estimate of a job from this "
+                            "file would be right.", fix=facts.fix if facts is not None else "Drop the key.")
     split = [line for line in imported.unresolved if SPLIT_NOT_READ in line]
     if split and not {"first_stage_layers", "last_stage_layers", "pipeline_layout"} & set(values):
         raise MeshplanError(f"{imported.path}: the file's pipeline split is not read: "

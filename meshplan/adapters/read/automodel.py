@@ -1,5 +1,6 @@
 """A NeMo AutoModel recipe YAML read into a request: its distributed, step_scheduler, model.backend, dataset, compile,
-fp8 and peft sections (the keys' meanings from cards/frameworks/nemo-automodel.yaml, as keys.py derives them).
+fp8, peft and quantization sections (the keys' meanings from cards/frameworks/nemo-automodel.yaml, as keys.py derives
+them).
 The YAML is parsed with yaml's safe loader (no `_target_` is imported or run).
 """
 
@@ -17,7 +18,8 @@ from meshplan.knowledge.catalog import resolve_model
 FRAMEWORK = "nemo-automodel"
 # The sections that say something about the layout; the rest (optimizer, loss_fn, dataloader, checkpoint, ci ...)
 # are left unread, not listed as unsupported.
-READ_SECTIONS = ("distributed", "step_scheduler", "model", "dataset", "compile", "fp8", "peft", "benchmark")
+READ_SECTIONS = ("distributed", "step_scheduler", "model", "dataset", "compile", "fp8", "peft", "benchmark",
+                 "quantization")
 # AutoModel's config loader reads these strings as None (components/config/loader.py translate_value).
 NONE_WORDS = frozenset({"none", "None", "null", "~"})
 SPECIAL = frozenset({"zero_0", "zero_2", "zero_3", "micro_batch_size", "fp8", "moe_flex_dispatcher", "lora_targets",

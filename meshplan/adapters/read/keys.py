@@ -25,7 +25,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.read_card import NO_READ, ReadSection, UnmodelledLoraKeys
+from meshplan.knowledge.read_card import NO_READ, QuantizedBase, ReadSection, UnmodelledLoraKeys
 from meshplan.schema.choices import MoeDispatcher
 from meshplan.schema.request import Request
 
@@ -263,7 +263,9 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
     for s in settings:
         meanings = lookup(table, s.key)
         if not meanings:
-            if section.lora_unmodelled is not None and normalize(s.key) in section.lora_unmodelled.keys:
+            if section.quantized_base is not None and normalize(s.key) in section.quantized_base.keys:
+                quantized_base(reading, s, section.quantized_base)
+            elif section.lora_unmodelled is not None and normalize(s.key) in section.lora_unmodelled.keys:
                 lora_unmodelled(reading, s, section.lora_unmodelled)
             elif said := section.said.get(normalize(s.key)):
                 reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
@@ -459,6 +461,25 @@ def lora_unmodelled(reading: Reading, s: Setting, facts: UnmodelledLoraKeys) -> 
 LORA_EXCLUDE = "lora_exclude"
 """The Reading.extra entry, and the cards' read.keys name, of a LoRA exclude_modules (PEFT's LoraConfig,
 Megatron-Bridge's LoRA): (the value, the setting), which lora_keys.exclusions_applied takes out of the targets."""
+
+
+BASE_NOT_MODELLED = "meshplan estimates no job from this file"
+"""What the `unsupported` line of a quantized base (read.quantized_base: AutoModel's QLoRA) ends with; request_values
+refuses every request from the file, whose estimate would hold the base in bf16."""
+
+
+def quantized_base(reading: Reading, s: Setting, facts: QuantizedBase) -> None:
+    """A switch loading the base weights quantized: on, said as not modelled (the file's estimates refused); off, the
+    bf16 base meshplan estimates. The framework tests the switch's truth (create_bnb_config: `if config.load_in_4bit`),
+    so a value neither true nor false nor null is on."""
+    on = as_bool(s.value)
+    if on is True or (on is None and str(s.value) not in ("null", "")):
+        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {facts.what}; {BASE_NOT_MODELLED}")
+    else:
+        reading.notes.append(f"{s.where(reading.path)} = {s.value}: off, the base weights in bf16 as meshplan "
+                             "estimates them")
+
+
 UNMODELLED_LORA = "lora_unmodelled"
 """The Reading.extra entry of a LoRA key meshplan does not count (read.lora_unmodelled): unmodelled_lora_said."""
 
