@@ -181,6 +181,14 @@ def read_log(text: str, *, path: str = "<log_text>", framework: str | None = Non
     return read(text, path, framework)
 
 
+def log_file_text(path: str) -> str:
+    """A log file's text for read_log or compare_run, read up to one character past what a log may hold, never whole
+    (a long run's stdout can be gigabytes)."""
+    from meshplan.adapters.logs import log_file_text as read
+
+    return read(path)
+
+
 def compare_run(req: Request, log_text: str, *, log_path: str = "<log_text>", calibrate: bool = False
                 ) -> RunComparison:
     """The request's prediction beside what its run's log measured, with the error band of its regime. Nothing is

@@ -417,6 +417,27 @@ def test_cli_compare_missing_log(capsys):
     assert "Cannot read the log" in capsys.readouterr().err
 
 
+def test_cli_compare_reads_a_long_log_only_up_to_the_bound(tmp_path, capsys, monkeypatch):
+    """`meshplan compare --log` read the whole file into memory (a long run's stdout: gigabytes) before read_log
+    refused what passed MAX_LOG_CHARS; it now reads one character past the bound, as read_log_file does."""
+    import meshplan.adapters.logs as logs
+
+    monkeypatch.setattr(logs, "MAX_LOG_CHARS", 1000)
+    path = tmp_path / "run.log"
+    path.write_text("iteration 2/10 | elapsed time per iteration (ms): 5000.0 |\n" * 100)  # 6,000 characters
+    handed: list[int] = []
+    real = api.compare_run
+
+    def spy(req, text, **kw):
+        handed.append(len(text))
+        return real(req, text, **kw)
+
+    monkeypatch.setattr(api, "compare_run", spy)
+    assert cli.main(["compare", "llama-3.1-8b", "--num-gpus", "8", "--log", str(path)]) == 2
+    assert handed == [1001]
+    assert f"{path}: more than 1,000 characters; a log is read up to that" in capsys.readouterr().err
+
+
 def test_mcp_compare_run_matches_the_api():
     from meshplan.faces.mcp.server import app
 

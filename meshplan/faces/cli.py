@@ -518,11 +518,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Predicted vs measured for a config and its run's log; with --calibrate, the step-time factor is stored."""
     from meshplan.faces import display
 
-    try:
-        with open(args.log, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise MeshplanError(f"Cannot read the log {args.log}: {exc.strerror or exc}.", fix="Check the path.") from None
+    text = api.log_file_text(args.log)
     result = api.compare_run(request_from_args(args), text, log_path=args.log, calibrate=args.calibrate)
     _emit(result, args.json, display.comparison)
     return EXIT_OK

@@ -48,7 +48,7 @@ def read_log(text: str, path: str = "<log_text>", framework: str | None = None) 
     if not isinstance(text, str) or not text.strip():
         raise MeshplanError(f"{path}: the log is empty.", fix="Pass the training log (stdout of the run).")
     if len(text) > MAX_LOG_CHARS:
-        raise MeshplanError(f"{path}: {len(text):,} characters; a log is read up to {MAX_LOG_CHARS:,}.",
+        raise MeshplanError(f"{path}: more than {MAX_LOG_CHARS:,} characters; a log is read up to that.",
                             fix="Pass the part with the iteration and memory lines (tail -n 2000 LOG).")
     found = detect_log(text)
     name = framework or found
@@ -68,13 +68,19 @@ def read_log(text: str, path: str = "<log_text>", framework: str | None = None) 
     return summarise(reading)
 
 
-def read_log_file(path: str, framework: str | None = None) -> MeasuredRun:
+def log_file_text(path: str) -> str:
+    """A log file's text, read up to one character past MAX_LOG_CHARS and never whole: a long run's stdout can hold
+    gigabytes, which `meshplan compare --log` read into memory in full before read_log refused it."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(MAX_LOG_CHARS + 1)
+            return handle.read(MAX_LOG_CHARS + 1)
     except OSError as exc:
-        raise MeshplanError(f"Cannot read {path}: {exc.strerror or exc}.", fix="Check the log's path.") from None
-    return read_log(text, path, framework)
+        raise MeshplanError(f"Cannot read the log {path}: {exc.strerror or exc}.",
+                            fix="Check the log's path.") from None
 
 
-__all__ = ["READERS", "detect_log", "read_log", "read_log_file"]
+def read_log_file(path: str, framework: str | None = None) -> MeasuredRun:
+    return read_log(log_file_text(path), path, framework)
+
+
+__all__ = ["READERS", "detect_log", "log_file_text", "read_log", "read_log_file"]
