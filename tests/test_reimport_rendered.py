@@ -4,7 +4,8 @@ its value. Each case here came back changed or was refused before its fix: the M
 Megatron-backed framework), Megatron-Bridge's grad_reduce_in_fp32 (read inverted), its fp8_recipe (not read), its
 mixed-precision presets (FP8 dropped), its dist_muon (refused), Megatron-LM's --recompute-modules list (all but its
 first module dropped), torchtitan's data-parallel degree (its replicate degree dropped from dp, and plain replication
-read as hybrid sharding), torchtitan's stages per rank (an Interleaved1F1B config read as vpp 1), and torchtitan's
+read as hybrid sharding), torchtitan's stages per rank (an Interleaved1F1B config read as vpp 1), Megatron-LM's
+--num-virtual-stages-per-pipeline-rank (rendered beside uneven first/last stages, read as vpp 1), and torchtitan's
 switches rendered last, before the activation-checkpoint subcommand
 (refused)."""
 
@@ -45,6 +46,8 @@ CASES = [
     ("megatron-core", None, dict(model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
                                  global_batch_size=4096, recompute="selective",
                                  recompute_modules=["mla_up_proj", "moe_act"])),
+    ("megatron-core", None, dict(model="llama-3.1-70b", num_gpus=64, tp=8, pp=4, vpp=2, first_stage_layers=18,
+                                 last_stage_layers=18, global_batch_size=512)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=32, zero_stage=3, dp_replicate=4, dp=32,
                               global_batch_size=128)),
     ("torchtitan", None, dict(model="llama-3.1-8b", num_gpus=8, tp=2, zero_stage=0, dp=4, dp_replicate=1,

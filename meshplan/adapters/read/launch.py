@@ -345,13 +345,19 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
 
 
 def _megatron_vpp(reading: Reading, flags: dict[str, Setting]) -> None:
+    """vpp as Megatron-LM's validate_args takes it: --num-layers / (pp x --num-layers-per-virtual-pipeline-stage), or
+    --num-virtual-stages-per-pipeline-rank itself (the flag that works with uneven first/last stages, and the one
+    meshplan renders there: it was left unread, so such a script was read as vpp 1)."""
     per_stage = flags.get("--num-layers-per-virtual-pipeline-stage")
+    stages = flags.get("--num-virtual-stages-per-pipeline-rank")
     if per_stage is not None:
         layers, pp = flags.get("--num-layers"), reading.request.get("pp", 1)
         if layers is None:
             reading.unresolved.append(f"{per_stage.where(reading.path)}: vpp needs --num-layers to be read")
         else:
             reading.state("vpp", int(layers.value) // (pp * int(per_stage.value)), per_stage)
+    elif stages is not None:
+        reading.state("vpp", stages.value, stages)
 
 
 def _megatron_zero(reading: Reading, flags: dict[str, Setting]) -> None:
