@@ -1104,3 +1104,16 @@ def test_a_wrapper_that_calls_another_script_names_it():
         import_config("NUM_GPUS=4 ./run.sh trainer.epochs=1\n", "wrap.sh")
     with pytest.raises(MeshplanError, match=r"this shell file is for\. "):  # sourcing an env file is no launch
         import_config("source env.sh\necho done\n", "x.sh")
+
+
+def test_a_ds_config_with_a_key_given_twice_is_refused_as_deepspeed_refuses_it():
+    """json.loads kept the last of two zero_optimization sections, so the file read as ZeRO-3 though DeepSpeed refuses
+    it (runtime/config.py: object_pairs_hook dict_raise_error_on_duplicate_keys, 'Duplicate keys in DeepSpeed
+    config'); the same key in two objects is no duplicate."""
+    text = ('{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1},\n'
+            ' "zero_optimization": {"stage": 3}}\n')
+    with pytest.raises(MeshplanError, match=r"ds_config\.json: the key 'zero_optimization' is given twice in one "
+                                            r"JSON object; DeepSpeed refuses such a config"):
+        api.import_config(text, path="ds_config.json")
+    fine = '{"train_batch_size": 64, "fp16": {"enabled": false}, "bf16": {"enabled": true}}\n'
+    assert api.import_config(fine, path="ds_config.json").request["global_batch_size"] == 64

@@ -85,6 +85,19 @@ def toml_settings(text: str, path: str) -> list[Setting]:
     return [Setting(key, value, lines.get(key, 0)) for key, value in _leaves(doc)]
 
 
+class _DuplicateKey(Exception):
+    """A key given twice in one JSON object (its name)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _toml_lines(text: str) -> dict[str, int]:
     section, out = "", {}
     for number, line in enumerate(text.split("\n"), start=1):
@@ -106,12 +119,18 @@ def _leaves(doc: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def json_settings(text: str, path: str) -> list[Setting]:
-    """Every leaf of a JSON object as a dotted key, with its line; a syntax error names its line."""
+    """Every leaf of a JSON object as a dotted key, with its line; a syntax error names its line, and a key given twice
+    in one object is refused as DeepSpeed refuses it (runtime/config.py loads its config with object_pairs_hook
+    dict_raise_error_on_duplicate_keys), where json.loads would keep the last silently."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise MeshplanError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno}).",
                             fix="Fix that line (a DeepSpeed config is one JSON object).") from None
+    except _DuplicateKey as exc:
+        raise MeshplanError(f"{path}: the key {exc.args[0]!r} is given twice in one JSON object; DeepSpeed refuses "
+                            "such a config (\"Duplicate keys in DeepSpeed config\").",
+                            fix="Keep the one value the run should use.") from None
     if not isinstance(doc, dict):
         raise MeshplanError(f"{path}: a DeepSpeed config is a JSON object, this is a {type(doc).__name__}.",
                             fix='Start from {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {...}}.')
