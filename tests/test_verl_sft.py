@@ -304,3 +304,18 @@ def test_cp002_on_a_ulysses_engine_names_its_all_to_alls_and_no_tp():
     assert "all-to-alls" in f.message and "K/V chunks" not in f.message and "TP/SP" not in f.fix
     assert f.fix.startswith("Use cp=1 (dp=8): predicted "), f.fix
     assert fix_changes(f.fix, {"cp": 2}) == [{"cp": 1, "dp": 8}]  # the edit check --config writes
+
+
+def test_a_key_written_twice_is_refused_in_verls_yaml_as_omegaconf_refuses_it_and_kept_last_in_automodels():
+    """verl's SFT config goes through Hydra's OmegaConf loader, which refuses a duplicate key ('found duplicate key');
+    it was read with the last value kept, a config verl would not start. AutoModel's yaml.safe_load keeps the last,
+    as meshplan does."""
+    from meshplan.core.errors import MeshplanError
+
+    verl = ("engine:\n  strategy: fsdp2\n  ulysses_sequence_parallel_size: 1\n  ulysses_sequence_parallel_size: 2\n"
+            "model:\n  path: Qwen/Qwen3-8B\n")
+    with pytest.raises(MeshplanError, match=r"^sft\.yaml:4: the key 'ulysses_sequence_parallel_size' is written twice "
+                                            r"in one mapping; verl's Hydra loader \(OmegaConf\) refuses it"):
+        import_config(verl, "sft.yaml")
+    automodel = "distributed:\n  tp_size: 2\n  tp_size: 4\nstep_scheduler:\n  global_batch_size: 32\n"
+    assert import_config(automodel, "recipe.yaml").request["tp"] == 4

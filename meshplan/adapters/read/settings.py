@@ -158,12 +158,13 @@ def _json_lines(text: str) -> dict[str, int]:
 
 
 def yaml_settings(text: str, path: str, kind: str, fix: str, *, switches: tuple[str, ...] = (),
-                  none_words: frozenset[str] = frozenset()) -> list[Setting]:
+                  none_words: frozenset[str] = frozenset(), refuses_duplicates: str | None = None) -> list[Setting]:
     """Every scalar of a YAML mapping as a dotted key with its line, for each reader of a YAML config (AutoModel's
     recipe, verl's SFT trainer config), so their checks cannot drift: composed with the safe loader (no tag
     constructed, no `_target_` imported), a syntax error names its line where YAML gives one, and a file that is not a
     mapping says what `kind` of file was expected (`fix`: how to start one). `switches`: key suffixes whose mapping
-    value is one switch (True); `none_words`: strings the framework's loader reads as null."""
+    value is one switch (True); `none_words`: strings the framework's loader reads as null; `refuses_duplicates`: the
+    loader that refuses a key written twice in one mapping (OmegaConf's), None where the last one wins (safe_load)."""
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
@@ -174,7 +175,7 @@ def yaml_settings(text: str, path: str, kind: str, fix: str, *, switches: tuple[
                                 "mapping).") from None
     if not isinstance(root, yaml.MappingNode):
         raise MeshplanError(f"{path}: {yaml_kind(root)}, not a mapping of keys; {kind} is a YAML mapping.", fix=fix)
-    return _YamlWalk(path, switches, none_words).leaves(root, "")
+    return _YamlWalk(path, switches, none_words, refuses_duplicates).leaves(root, "")
 
 
 def yaml_kind(root: yaml.Node | None) -> str:
@@ -200,8 +201,10 @@ class _YamlWalk:
     exponentially. A sequence is one value (a list); a null (or one of `none_words`) reads as "null", as a launch
     line writes it."""
 
-    def __init__(self, path: str, switches: tuple[str, ...], none_words: frozenset[str]):
+    def __init__(self, path: str, switches: tuple[str, ...], none_words: frozenset[str],
+                 refuses_duplicates: str | None = None):
         self.path, self.switches, self.none_words = path, switches, none_words
+        self.refuses_duplicates = refuses_duplicates  # the loader refusing a key written twice (None: the last wins)
         self.left = MAX_CONFIG_CHARS  # characters of keys and values still to read
         self.sizes: dict[int, int] = {}  # id(node) -> the characters it expands to
         self.merged: dict[int, list[tuple[yaml.Node, yaml.Node]]] = {}  # id(mapping) -> its pairs, merges resolved
@@ -274,6 +277,10 @@ class _YamlWalk:
         own: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for key_node, value_node in node.value:
             if key_node.tag != MERGE_TAG:
+                if self.refuses_duplicates and str(key_node.value) in own:
+                    raise MeshplanError(f"{self.path}:{key_node.start_mark.line + 1}: the key {key_node.value!r} is "
+                                        f"written twice in one mapping; {self.refuses_duplicates} refuses it "
+                                        "(found duplicate key).", fix="Keep the one value the run should use.")
                 own[str(key_node.value)] = (key_node, value_node)
                 continue
             sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]

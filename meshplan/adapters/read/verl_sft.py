@@ -52,7 +52,8 @@ def read_verl_sft(text: str, path: str) -> Reading:
 def read_verl_sft_yaml(text: str, path: str) -> Reading:
     """The SFT trainer's Hydra YAML (verl/trainer/config/sft_trainer.yaml or a copy): every key at its line; the
     defaults list's engine group (`- engine@engine: megatron`) read as the `engine=` override it is."""
-    every = yaml_settings(text, path, "verl's SFT config", "Pass sft_trainer.yaml or a copy.")
+    every = yaml_settings(text, path, "verl's SFT config", "Pass sft_trainer.yaml or a copy.",
+                          refuses_duplicates="verl's Hydra loader (OmegaConf)")
     settings = [s for s in every if s.key.split(".")[0] != "defaults" and not s.key.endswith("_target_")]
     for s in every:
         if s.key == "defaults" and isinstance(s.value, list):
