@@ -325,3 +325,48 @@ def test_a_verdict_that_read_every_stage_is_not_estimated_again_to_count_mem003(
     again, refused = _asked_again(monkeypatch, Request(**{**SKYRL, "num_gpus": 24}, cpu_memory_per_node=64))
     assert refused > 1000  # the request refuses most plans by the host: the test reads the path it is about
     assert again == 0
+
+
+def _gpu_verdicts(monkeypatch, req: Request, gpu_first: bool):
+    """The RL recommend of `req` and the GPU verdicts its actor engine asked; `gpu_first`: with ActorHost.known turned
+    off, so that every plan's GPU is estimated before its host (the order before the known host was read first)."""
+    import dataclasses
+
+    import meshplan.search.rl_actor as rl_actor
+
+    real_engine = rl_actor.default_engine
+    asked = [0]
+
+    def counting(framework):
+        engine = real_engine(framework)
+        inner = engine.memory_fit
+
+        def memory_fit(*args, **kwargs):
+            asked[0] += 1
+            return inner(*args, **kwargs)
+        return dataclasses.replace(engine, memory_fit=memory_fit)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rl_actor, "default_engine", counting)
+        if gpu_first:
+            patch.setattr(ActorHost, "known", lambda self, actor, trainer_gpus: None)
+        return api.recommend(req), asked[0]
+
+
+def test_a_plan_whose_known_host_is_over_the_limit_costs_no_gpu_estimate_and_counts_stay(monkeypatch):
+    """Once the RL step's host of a host_key is worked out, the actor engine refuses every other plan of that key over
+    the limit before its GPU estimate (no micro-batch or recompute changes that host). The RL recommend's actor
+    search, whose counts nothing reads (rows_only), then asks no GPU verdict of them: SkyRL Qwen3-30B-A3B on 24 H100
+    with 64 GiB per node asked about 4,750 before, 430 after. A counted search (the empty actor search's whole answer,
+    which shows MEM001 and MEM003) still tells the GPU's rule first (host_counts.host_only): the same answer as the
+    GPU-first order gives, counts included. Before, every such plan cost its GPU verdict."""
+    ranked = Request(**{**SKYRL, "num_gpus": 24}, cpu_memory_per_node=64)
+    before, gpu_first = _gpu_verdicts(monkeypatch, ranked, gpu_first=True)
+    after, host_first = _gpu_verdicts(monkeypatch, ranked, gpu_first=False)
+    assert after.candidates and after.model_dump() == before.model_dump()
+    assert host_first < gpu_first / 4, (host_first, gpu_first)
+    empty = Request(**SKYRL, cpu_memory_per_node=86, tp=2)  # above the floor; no actor layout's RL step fits the host
+    before, _ = _gpu_verdicts(monkeypatch, empty, gpu_first=True)
+    after, _ = _gpu_verdicts(monkeypatch, empty, gpu_first=False)
+    assert not after.candidates and after.rejected["MEM003"] > 0 and after.rejected["MEM001"] > 0
+    assert after.model_dump() == before.model_dump()

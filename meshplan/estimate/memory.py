@@ -154,6 +154,9 @@ class FitVerdict(NamedTuple):
     host_per_node: int
     complete: bool
     over: int | None
+    # False where the host was found over before any stage's GPU figure was worked out (the RL actor engine, from the
+    # host it already knows): `figure` is then 0, a floor of any, and whether the GPU is over too is not told
+    gpu_read: bool = True
 
 
 def memory_fit(job: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0,

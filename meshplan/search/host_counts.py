@@ -26,8 +26,9 @@ class HostCounts:
                 return
             # the host stopped the verdict before every stage was read only where it names a stage (`over`) and the
             # plan has more than one: a verdict that read them all (complete, or the RL actor engine's host over a GPU
-            # fit: over None) has the GPU's whole figure, within the budget
-            read_all = known is None or known.complete or known.over is None or key[0].pp == 1
+            # fit: over None) has the GPU's whole figure, within the budget; one that read no GPU figure (the engine
+            # refused the plan by a host it knew: not gpu_read) is settled by host_only where it is counted
+            read_all = known is None or (known.gpu_read and (known.complete or known.over is None or key[0].pp == 1))
             self.host_short[key] = True if read_all else None
         self.host_seen += 1
 

@@ -36,7 +36,7 @@ def fastest_below_headroom(job: Job, fixed: Fixed, engine: Engine, search: BestF
     if search.found:
         cutoff = min(f.time for f in search.found) * (1.0 - search_comparison().below_headroom_gain)
     probe, _ = run_search(job, fixed, engine, 1, [], job.gpu.memory_bytes, share=search, cutoff=cutoff,
-                          tallied=False)  # its found plan alone is read
+                          counted=False, tallied=False)  # its found plan alone is read
     if not probe.found or probe.stopped_by_budget:
         return None
     fastest = min(probe.found, key=lambda f: f.time)

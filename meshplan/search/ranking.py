@@ -41,8 +41,10 @@ def collector_paused() -> Iterator[None]:
 def recommend(req: Request, top_k: int = 5, engine: Engine | None = None, *,
               rows_only: bool = False) -> Recommendation:
     """The fastest layouts that fit, ranked by predicted step time, with what was rejected and why. `rows_only`: for
-    a caller that reads only the ranked rows (minimum_gpus): the same rows, without the thinner-headroom probe, the
-    decision table or the nothing-fits answer, which read the ranked search and change none of its rows."""
+    a caller that reads only the ranked rows (minimum_gpus, the RL recommend's actor search): the same rows, without
+    the thinner-headroom probe, the decision table or the nothing-fits answer, which read the ranked search and change
+    none of its rows, and with MEM003 not told apart from the GPU's memory rule in the counts (run_search's
+    `counted`: a plan the host refuses is not estimated again to name the rule)."""
     if top_k < 1:
         raise MeshplanError(f"top_k must be at least 1, got {top_k}.", fix="Use top_k=5.")
     refuse_rl(req)
@@ -78,7 +80,8 @@ def _recommend(req: Request, top_k: int, engine: Engine | None, rows_only: bool 
         )
     headroom = headroom_for(req)
     default_headroom = req.headroom is None
-    search, considered = run_search(job, fixed, engine, top_k, warnings, memory_budget(job, headroom))
+    search, considered = run_search(job, fixed, engine, top_k, warnings, memory_budget(job, headroom),
+                                    counted=not rows_only)
     thin = None if rows_only else fastest_below_headroom(job, fixed, engine, search)
     notes = [*notes, headroom_assumption(job, headroom, default_headroom)]
     rec = ranked_answer(job, fixed, engine, search, considered, top_k, notes, warnings, headroom, default_headroom)

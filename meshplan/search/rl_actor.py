@@ -8,7 +8,10 @@ colocate_all), the RL step's host is the trainer's states on the worst stage's G
 the training step's own offload knobs put there. A training search that knows only the latter ranks first the layouts
 that shard least (the fastest), whose RL steps all fail MEM003, and widening its top-k never reaches the sharded ones
 that fit. With the RL step's host (rl_host_bytes, the figure rl_memory reports) as its memory estimates' host, the
-search's own MEM003 machinery (SearchPlans.fits, host_counts.py) rejects them and ranks the next ones.
+search's own MEM003 machinery (SearchPlans.fits, host_counts.py) rejects them and ranks the next ones. The host is
+read before the GPU where it is already known for the plan's host_key (ActorHost.known: worked out for another
+micro-batch or recompute of the same layout, which the host does not read): a plan it refuses costs no GPU estimate,
+and a search that counts (host_counts.host_only) still asks the GPU alone to tell MEM001 from MEM003, GPU first.
 """
 
 from __future__ import annotations
@@ -112,6 +115,14 @@ class ActorHost:
             self.elsewhere[trainer_gpus] = (*resolve(req), req)
         return self.elsewhere[trainer_gpus]
 
+    def known(self, actor: Plan, trainer_gpus: int) -> int | None:
+        """The host already worked out for the actor plan's host_key at the job's own trainer GPUs, else None (nothing
+        is estimated)."""
+        if trainer_gpus != self.job.num_gpus:
+            return None
+        key = host_key(actor_layout(actor, self.base))
+        return None if key is None else self.kept.get(key)
+
     def __call__(self, actor: Plan, trainer_gpus: int | None = None) -> int:
         job, base, req = self.at(trainer_gpus or self.job.num_gpus)
         layout = actor_layout(actor, base)
@@ -133,6 +144,7 @@ def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None
     """The training search's engine for the RL recommend's actor layouts: under a host limit, its memory estimates
     carry the RL step's host (ActorHost) instead of the training step's, so the search's MEM003 rejects the layouts
     whose RL step no offload variant fits on the node's host; their GPU figures are the training step's, unchanged.
+    A verdict under the host limit reads the host first where it is known (not gpu_read when that refuses the plan).
     None (the default engine, the search exact as before) without a host limit."""
     if job.cpu_memory_per_node is None:
         return None
@@ -144,6 +156,10 @@ def actor_engine(job, base: Plan, req: Request, framework: str) -> Engine | None
 
     def memory_fit(trainer: Job, plan: Plan, budget: int, host: int | None = None, first: int = 0,
                    checked: bool = False) -> FitVerdict:
+        if host is not None:
+            known = host_of.known(plan, trainer.num_gpus)
+            if known is not None and known > host:  # the host refuses it whatever the GPU: no GPU estimate
+                return FitVerdict(0, known, False, None, gpu_read=False)
         verdict = inner.memory_fit(trainer, plan, budget, None, first, checked)  # type: ignore[misc]
         if not verdict.complete or host is None:
             # over the GPU budget, or only the GPU's fit asked (host_counts.host_only completes a verdict the host
