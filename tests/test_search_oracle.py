@@ -280,6 +280,9 @@ def test_the_search_finds_the_oracles_top_k_on_hybrid_requests():
 @pytest.mark.parametrize("fields", [
     dict(gpu="h200", num_gpus=32, seq_length=4096, global_batch_size=256, ep=32),
     dict(gpu="h200", num_gpus=32, seq_length=4096, global_batch_size=128, pp=2, ep=16),
+    # its recipes' two depths of the one block (request/mtp_depth.py): the bounds' references train both
+    dict(gpu="h200", num_gpus=32, seq_length=4096, global_batch_size=128, pp=2, ep=16, mtp_num_layers=2,
+         mtp_use_repeated_layer=True),
 ])
 def test_the_search_finds_the_oracles_top_k_on_nemotron_3_super(fields):
     """Nemotron 3 Super: latent MoE layers and an MTP block of an attention and an MoE layer, which the last stage

@@ -77,6 +77,8 @@ def architecture_flags(job: Job) -> tuple[list[Flag], list[str]]:
             flags.append(("--moe-layer-freq", freq))
     if m.num_mtp_layers:
         flags.append(("--mtp-num-layers", m.num_mtp_layers))
+    if m.mtp_repeated_layer:  # one MTP block applied at every depth (TransformerConfig.mtp_use_repeated_layer)
+        flags.append(("--mtp-use-repeated-layer", None))
     return flags, notes + core_notes + unflagged
 
 
@@ -238,6 +240,9 @@ def bridge_settings(job: Job, plan: Plan) -> list[tuple[str, Any]]:
             if plan.moe_token_dispatcher != "flex":
                 s.append(("model.moe_shared_expert_overlap", False))
             s += [("comm_overlap.overlap_moe_expert_parallel_comm", True), ("comm_overlap.delay_wgrad_compute", True)]
+    if job.mtp_asked:  # else the recipe's model keeps its checkpoint's MTP depth (its bridge reads the HF config)
+        s += [("model.mtp_num_layers", job.model.num_mtp_layers or None),
+              ("model.mtp_use_repeated_layer", job.model.mtp_repeated_layer)]
     s.append(("model.sequence_parallel", plan.sequence_parallel))
     if plan.tp_comm_overlap:  # Bridge passes it to Megatron-Core's tp_comm_overlap (training/comm_overlap.py)
         s.append(("comm_overlap.tp_comm_overlap", True))

@@ -18,6 +18,7 @@ from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.lora_card import LoraEngine
+from meshplan.knowledge.model_counts import mtp_weight_blocks
 from meshplan.schema.choices import FRAMEWORKS, DefaultLoraTarget, LoraTarget, MlaLoraTarget
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, LoraSpec
@@ -251,7 +252,7 @@ def mtp_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) 
     decoder layer's are; its eh_proj (2h -> h) is no default target."""
     if not arch.num_mtp_layers or not (engine is None or engine.adapts_mtp):
         return []
-    return layer_adapters(arch, arch.num_layers - 1, spec, engine) * arch.num_mtp_layers
+    return layer_adapters(arch, arch.num_layers - 1, spec, engine) * mtp_weight_blocks(arch)
 
 
 def vision_adapters(arch: Architecture, spec: LoraSpec) -> list[Adapted]:

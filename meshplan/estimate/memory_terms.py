@@ -29,6 +29,7 @@ from meshplan.knowledge.model_counts import (
     mamba_linear_params,
     mtp_block_layers,
     mtp_params,
+    mtp_weight_blocks,
     per_architecture,
     vision_params,
 )
@@ -72,10 +73,10 @@ class ParamTable:
         if arch.num_mtp_layers:
             block = mtp_block_layers(arch)
             total = mtp_params(arch)
-            experts = arch.num_mtp_layers * sum(p["routed_experts"] for p in block)
+            experts = mtp_weight_blocks(arch) * sum(p["routed_experts"] for p in block)
             h = arch.hidden_size
-            sharded = arch.num_mtp_layers * (2 * h * h + sum(p["attention"] + p["dense_mlp"] + p["shared_experts"]
-                                                             + p.get("mamba", 0) for p in block))
+            sharded = mtp_weight_blocks(arch) * (2 * h * h + sum(p["attention"] + p["dense_mlp"] + p["shared_experts"]
+                                                                 + p.get("mamba", 0) for p in block))
             self.mtp = (sharded, total - experts - sharded, experts)
 
 

@@ -107,6 +107,8 @@ def knobs_in_use(job: Job, plan: Plan) -> list[str]:
         used.append("tp_comm_overlap")
     if job.lora is not None:  # a LoRA job (meshplan/arithmetic/lora.py): rank and targets
         used += ["lora_rank", "lora_targets"]
+    if job.mtp_asked:  # the MTP depth (and repeated layer) the request set (request/mtp_depth.py)
+        used.append("mtp_num_layers")
     if plan.attention_backend != "auto":
         used.append("attention_backend")
     if plan.pipeline_schedule is not None:
@@ -163,6 +165,9 @@ def describe_knob(name: str, plan: Plan, job: Job) -> str:
         "optimizer_offload_fraction": f"optimizer_offload_fraction={plan.optimizer_offload_fraction:g}",
         **{f"fp8_{r}": f"fp8_recipe={r}" for r in ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")},
     }.get(name)
+    if name == "mtp_num_layers":
+        value = (f"mtp_num_layers={job.model.num_mtp_layers}"
+                 + (", mtp_use_repeated_layer=true" if job.model.mtp_repeated_layer else ""))
     if name in ("lora_rank", "lora_targets") and job.lora is not None:
         value = f"lora_rank={job.lora.rank}" if name == "lora_rank" else f"lora_targets={job.lora.targets}"
     return value or f"{name}={getattr(plan, name, '?')}"

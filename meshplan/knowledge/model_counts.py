@@ -145,14 +145,22 @@ def mtp_block_layers(arch: Architecture) -> list[dict[str, int]]:
     return [layer_params(arch, first[kind]) for kind in arch.mtp_layer_pattern]
 
 
+def mtp_weight_blocks(arch: Architecture) -> int:
+    """The MTP blocks that hold weights: one per depth, or one for all of them under mtp_use_repeated_layer
+    (Megatron-Core's MultiTokenPredictionBlock builds a single MultiTokenPredictionLayer and applies it
+    mtp_num_layers times)."""
+    return min(arch.num_mtp_layers, 1) if arch.mtp_repeated_layer else arch.num_mtp_layers
+
+
 def mtp_params(arch: Architecture) -> int:
     """MTP blocks (DeepSeek-V3's, Megatron-Core's MultiTokenPredictionLayer): the embedding's and the hidden state's
-    norms (enorm, hnorm), eh_proj (2h->h), the block's decoder layers, the shared head's norm."""
+    norms (enorm, hnorm), eh_proj (2h->h), the block's decoder layers, the shared head's norm; each block holding
+    weights once (mtp_weight_blocks)."""
     if not arch.num_mtp_layers:
         return 0
     h = arch.hidden_size
     per_block = 3 * _norm_params(arch, h) + 2 * h * h + sum(sum(p.values()) for p in mtp_block_layers(arch))
-    return arch.num_mtp_layers * per_block
+    return mtp_weight_blocks(arch) * per_block
 
 
 def vision_layer_params(arch: Architecture) -> int:

@@ -20,6 +20,7 @@ from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.hardware import get_gpu
 from meshplan.knowledge.hybrid_config import PATTERN_KINDS
 from meshplan.knowledge.releases import resolve_release
+from meshplan.request.mtp_depth import mtp_asked, trained_mtp, writable_mtp
 from meshplan.rl.job import is_rl_request, resolve_rl
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.model import Architecture
@@ -148,6 +149,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
+    arch = trained_mtp(arch, req, notes)  # the MTP depth the run trains (request/mtp_depth.py)
     asked_gpus = req.num_gpus
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
@@ -197,8 +199,11 @@ def resolve(req: Request) -> tuple[Job, Plan]:
         rl=rl.job if rl else None,
         # LoRA adapters (meshplan/arithmetic/lora.py); None: every weight trained
         lora=resolve_lora(req, card, arch, zero, notes),
+        mtp_asked=mtp_asked(req),
     )
-    return _runnable_recompute(req, carry_cards(job), plan)
+    job, plan = _runnable_recompute(req, carry_cards(job), plan)
+    writable_mtp(job.card, job, plan)
+    return job, plan
 
 
 def _runnable_recompute(req: Request, job: Job, plan: Plan) -> tuple[Job, Plan]:

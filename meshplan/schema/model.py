@@ -169,6 +169,9 @@ class Architecture(StrictModel):
                                                             "layer_pattern (mtp_hybrid_override_pattern: Nemotron 3 "
                                                             "Super's '*E', an attention and an MoE layer); None: an "
                                                             "MTP block repeats the last decoder layer")
+    mtp_repeated_layer: bool = Field(False, description="One MTP block's weights applied at every depth (Megatron-Core "
+                                                        "mtp_use_repeated_layer): its parameters counted once, its "
+                                                        "FLOPs and activations once per depth")
     vision: VisionTower | None = Field(None, description="The vision tower and projector a multimodal config states "
                                                          "(Llama 4's vision_config; not in the total)")
     generic: bool = Field(False, description="True when built from a size alone, not a real config")

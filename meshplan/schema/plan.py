@@ -82,6 +82,9 @@ class Job(StrictModel):
     framework: Framework = "megatron-core"
     rl: RLJob | None = Field(None, description="The RL job's rollout workload (None: a training job)")
     lora: LoraSpec | None = Field(None, description="LoRA adapters on a frozen base (None: every weight trained)")
+    mtp_asked: bool = Field(False, description="The request set the MTP depth or its repeated layer (model."
+                                               "num_mtp_layers and mtp_repeated_layer hold them): render writes "
+                                               "them, where a framework builds the model's own depth otherwise")
     cpu_memory_per_node: int | None = Field(None, ge=1, description="Host memory per node, bytes (None: unchecked)")
     framework_version: str | None = Field(None, description="The framework release (None: the card's version)")
     moe_routing_imbalance: float = Field(1.0, ge=1.0, description="Most loaded EP rank's routed tokens over the mean")

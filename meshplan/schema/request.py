@@ -331,6 +331,15 @@ class Request(StrictModel):
         description="Host memory per node in GiB; the offloaded state is checked against it (rule MEM003) "
                     "(default: not checked)",
     )
+    mtp_num_layers: int | None = Field(
+        None, ge=0, le=16,
+        description="Multi-token-prediction depths trained (Megatron-Core mtp_num_layers; 0: none) (default: the "
+                    "model's own MTP blocks, e.g. DeepSeek-V3's num_nextn_predict_layers)",
+    )
+    mtp_use_repeated_layer: bool | None = Field(
+        None, description="One MTP block's weights applied at every depth (Megatron-Core mtp_use_repeated_layer, "
+                          "Megatron-Bridge's Nemotron 3 Super recipes): its weights held once (default: false)",
+    )
     lora_rank: int | None = Field(
         None, ge=1, le=65536,
         description="LoRA: the adapters' rank; the base weights are frozen (no gradients or optimizer state) "

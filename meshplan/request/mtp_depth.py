@@ -1,0 +1,54 @@
+"""The multi-token-prediction depth a job trains, as a training knob: Megatron-Core's mtp_num_layers sets how many
+MTP depths run (MultiTokenPredictionBlock applies one MultiTokenPredictionLayer per depth) and mtp_use_repeated_layer
+builds a single layer applied at every depth (megatron/core/transformer/multi_token_prediction.py), so the depth is the
+run's, not the checkpoint's: Megatron-Bridge's Nemotron 3 Super recipes train its one MTP block at two depths
+(recipes/nemotronh/h100/nemotron_3_super.py). Left out, the job trains the model's own blocks (DeepSeek-V3's
+num_nextn_predict_layers). Apart from resolve.py, which fills the rest of the job."""
+
+from __future__ import annotations
+
+from meshplan.core.errors import MeshplanError
+from meshplan.knowledge.adapter_knobs import unwritable
+from meshplan.knowledge.cards import FrameworkCard
+from meshplan.schema.model import Architecture
+from meshplan.schema.plan import Job, Plan
+from meshplan.schema.request import Request
+
+
+def mtp_asked(req: Request) -> bool:
+    """Whether the request sets the MTP depth or its repeated layer (then render writes them)."""
+    return req.mtp_num_layers is not None or req.mtp_use_repeated_layer is not None
+
+
+def trained_mtp(arch: Architecture, req: Request, notes: list[str]) -> Architecture:
+    """The model with the MTP depth the request trains: mtp_num_layers depths (default: its own blocks), one block's
+    weights at all of them with mtp_use_repeated_layer. Refused where Megatron-Core cannot build it: a repeated layer
+    needs a depth, and a hybrid model's MTP layers come from its mtp_hybrid_override_pattern."""
+    if not mtp_asked(req):
+        return arch
+    depth = arch.num_mtp_layers if req.mtp_num_layers is None else req.mtp_num_layers
+    repeated = bool(req.mtp_use_repeated_layer)
+    if repeated and depth == 0:
+        raise MeshplanError(f"mtp_use_repeated_layer applies one MTP block at every depth, and {arch.name} trains "
+                            f"none (mtp_num_layers {depth}).",
+                            fix="Set mtp_num_layers to 1 or more, or leave mtp_use_repeated_layer out.")
+    if depth and arch.layer_pattern is not None and arch.mtp_layer_pattern is None:
+        raise MeshplanError(f"{arch.name} is a hybrid model without an MTP block pattern (mtp_hybrid_override_"
+                            f"pattern): Megatron-Core's hybrid model builds its MTP layers from that pattern, so "
+                            f"mtp_num_layers={depth} has no block to train.",
+                            fix="Leave mtp_num_layers out (or 0) for this model.")
+    if req.mtp_num_layers is None:
+        notes.append(f"mtp_num_layers not given: {depth}, the model's own MTP blocks.")
+    return arch.model_copy(update={"num_mtp_layers": depth, "mtp_repeated_layer": repeated and depth > 0})
+
+
+def writable_mtp(card: FrameworkCard, job: Job, plan: Plan) -> None:
+    """Refuse an MTP depth the framework's config cannot set (its card's mtp_num_layers knob has no key, or a card
+    without an adapter says so in cannot_run), rather than estimate a run its config would not make."""
+    if not job.mtp_asked:
+        return
+    instead = unwritable(card, job, plan, "mtp_num_layers")
+    if instead is not None:
+        repeated = ", mtp_use_repeated_layer=true" if job.model.mtp_repeated_layer else ""
+        raise MeshplanError(f"{card.name} cannot set the multi-token-prediction depth (mtp_num_layers="
+                            f"{job.model.num_mtp_layers}{repeated}): it has no such knob.", fix=instead)
