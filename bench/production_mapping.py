@@ -38,6 +38,7 @@ from production_sources import (
     nemo_2407_tp_overlap,
     perf_table_fields,
     recipe_moe,
+    recipe_mtp,
     stage_layers,
     study_recipe_fields,
 )
@@ -100,7 +101,10 @@ def _request(row: dict[str, Any], workdir: Path) -> tuple[Request, dict[str, str
     fields |= perf_table_fields(row)
     fields |= study_recipe_fields(row)
     key = catalog_match(row["model"])
-    first, last, f, n, k = stage_layers(row, key, resolve_model(model).num_mtp_layers)
+    mtp, n = recipe_mtp(row, key if model == key else None)  # a config path: the row's own model (MTP off)
+    fields |= mtp
+    notes += n
+    first, last, f, n, k = stage_layers(row, key, mtp.get("mtp_num_layers", resolve_model(model).num_mtp_layers))
     fields |= f
     notes += n
     knobs |= k

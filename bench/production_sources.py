@@ -20,6 +20,7 @@ from meshplan.knowledge.published_runs import (
     BRIDGE_PERF_TABLE,
     LORA_RECIPES,
     RECIPE_MOE,
+    RECIPE_MTP,
     RECIPE_PRECISION,
     RECIPE_SPLITS,
     STUDY_RECIPES,
@@ -56,6 +57,17 @@ def dynamic_batch_fields(row: dict[str, Any], framework: str) -> dict[str, Any]:
     if framework != "verl" or not any(script in cited for script in VERL_DYNAMIC_BSZ_SCRIPTS):
         return {}
     return {"micro_batch_size": 1}
+
+def recipe_mtp(row: dict[str, Any], model_key: str | None) -> tuple[dict[str, Any], list[str]]:
+    """(Request fields, notes): the MTP depth the recipes of the source the row names (its framework or citation
+    naming the repository) train its catalog model at (RECIPE_MTP); ({}, []) where none is listed."""
+    if model_key is None:
+        return {}, []
+    text = row_text(row["framework"], row["source"]["citation"], row["source"]["location"]).lower()
+    for entry in RECIPE_MTP:
+        if entry.model == model_key and entry.repo.lower() in text:
+            return entry.fields(), [f"MTP depth from {entry.repo} {entry.source}"]
+    return {}, []
 
 # --------------------------------------------------------------------------- the pipeline split a recipe sets
 

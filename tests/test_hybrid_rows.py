@@ -34,3 +34,5 @@ def test_nano_rows_are_scored_as_the_catalog_hybrid_only_when_asked(tmp_path, mo
     req = pmap.map_row(production_rows["mbridge_gb200_nemotron3_super_64_mxfp8"], tmp_path).request
     assert req.model == "nemotron-3-super-120b-a12b" and (req.tp, req.ep, req.sequence_parallel) == (2, 64, True)
     assert api.estimate_throughput(req).tokens_per_s_per_gpu > 0
+    # the perf recipe starts from Bridge's Super recipe: its one MTP block trained at two depths (RECIPE_MTP)
+    assert (req.mtp_num_layers, req.mtp_use_repeated_layer) == (2, True)

@@ -295,6 +295,34 @@ RECIPE_SPLITS: tuple[RecipeSplit, ...] = (
     RecipeSplit(MODELZOO, "model_configs/benchmarking/Qwen3-235B-A22B.yaml", "qwen3-235b-a22b", account_for=True),
 )
 
+
+
+@dataclass(frozen=True)
+class RecipeMtp:
+    """The multi-token-prediction depth a framework's recipes train a catalog model at (Megatron-Core's
+    mtp_num_layers and mtp_use_repeated_layer: the run's, which the model's config need not state), as the Request
+    fields mtp_num_layers and mtp_use_repeated_layer."""
+
+    repo: str  # the repository a row's framework or citation must name for the entry to apply to it
+    source: str  # the path (and what it sets) in that repository
+    model: str  # catalog key
+    depth: int
+    repeated: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        return {"mtp_num_layers": self.depth, **({"mtp_use_repeated_layer": True} if self.repeated else {})}
+
+
+# NVIDIA-NeMo/Megatron-Bridge 067f987: every Nemotron 3 Super recipe trains its one MTP block at two depths, and the
+# performance recipes start from them (perf_recipes/nemotronh/common.py imports nemotron_3_super_pretrain_config,
+# _apply_nemotron_3_super_perf_defaults leaves the MTP fields); DeepSeek-V3's recipes train its one block once.
+RECIPE_MTP: tuple[RecipeMtp, ...] = (
+    RecipeMtp(BRIDGE, "src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_super.py (cfg.model.mtp_num_layers = 2, "
+                      "cfg.model.mtp_use_repeated_layer = True)", "nemotron-3-super-120b-a12b", 2, repeated=True),
+    RecipeMtp(BRIDGE, "src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py (cfg.model.mtp_num_layers = 1)",
+              "deepseek-v3", 1),
+)
+
 # What the recipes of a file a split comes from set for the optimizer and the gradient buffer, which the split was
 # written for (the job a RecipeSplit's pipeline runs): the recipe file (RecipeSplit.source's path) -> (Request fields,
 # where they are set). NVIDIA-NeMo/Megatron-Bridge 067f987 src/megatron/bridge/recipes/kimi/h100/kimi_k2.py
