@@ -23,6 +23,7 @@ from meshplan.rules.context import rank_tokens
 from meshplan.schema.plan import Job, Plan
 from meshplan.search.estimators import reference_seconds
 from meshplan.search.floors import estimate_stages
+from meshplan.search.grid_syncs import grid_stage_sync
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.seed_groups import SeedGroup, group_floor
@@ -582,7 +583,7 @@ class StepTimeBounds(SearchPlans):
         where a stage raises none of `seeds` (per micro-batch size, the least pipeline bound of the seeds to raise
         and their micro-batches: synced's own test, which only grows easier with a larger bound, so that stage keeps
         every later key of those layouts too, and the least over the stages is the key; the later stages are not
-        worked out)."""
+        worked out). Each stage's is grid_syncs.grid_stage_sync's, shared by the grids alike in what it reads."""
         lay, syncs = lays[0], []
         for zero in self.zeros:
             least = self.bounds_memo.get(("least rank0", lay.pp, zero)) if lay.pp > 1 else None
@@ -590,16 +591,14 @@ class StepTimeBounds(SearchPlans):
                 params = [self.rank0_params(one, zero) for one in lays]
                 if all(p is not None for p in params):
                     least = tuple(map(min, zip(*params, strict=True)))  # type: ignore[arg-type]
-            floor = None if least is None else self.first_rank_sync(lay, zero, least)  # type: ignore[arg-type]
-            if floor is None or floor.seconds <= 0.0:
-                floor = SyncFloor()
-            per_micro, seconds, hidden = self.sharding_per_micro(lay, zero), floor.seconds, floor.hidden
+            stage = grid_stage_sync(self, lay, zero, least)  # type: ignore[arg-type]
+            per_micro, seconds, hidden = stage
             # (synced's own test, term for term)
             if seeds is not None and all(m * per_micro <= key and (seconds <= 0.0 or seconds - hidden * key / m <= 0.0)
                                          for key, m in seeds):
                 syncs = []  # this stage raises none of them
                 break
-            syncs.append(StageSync(per_micro, seconds, hidden))
+            syncs.append(stage)
         found = () if all(not (per_micro or seconds) for per_micro, seconds, _ in syncs) else tuple(syncs)
         self.bounds_memo[("syncs", lay.tp, lay.cp, lay.dp, lay.pp, lay.ep, lay.etp)] = found
         return found

@@ -1,0 +1,83 @@
+"""One ZeRO stage's DP bound of a seed group (search/bounds.py group_syncs: its sharding traffic per micro-batch and its
+first ranks' SyncFloor), kept per what the cost model's two estimators read of a grid, not per grid: grids that differ
+only in how their data ranks split between DP and CP share it. On DeepSeek-V3 on 2,048 H100 the 754 grids the queue
+raises ask 2,210 (grid, ZeRO stage) bounds of 1,095 distinct keys.
+
+What they read (estimate/sync_floor.py sync_rates and SyncRates.floor, estimate/sharding_floor.py sharding_floor): of
+the grid plan (bounds.grid_plan) its tp, pp, ep and etp (the rank's parameters, RankParts, and the layers' gathered
+weights), its sequence parallelism and TP overlap (the search sets both from tp), the ZeRO stage, the request's fields
+(the same for every grid), the dense and expert data-parallel groups (DpTraffic's two groups: mesh_groups' dp_cp and
+edp, whose sizes and strides are all the collectives read of them) and the sharding schedule
+(sharding_traffic.sharding_schedule, which reads the step's micro-batches through the grid's dp); and the first
+rank's parameters. Those are the key; another Engine's estimators are asked per grid (bounds.first_rank_sync and
+sharding_per_micro)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from meshplan.arithmetic import mesh
+from meshplan.estimate.sharding_floor import sharding_floor
+from meshplan.estimate.sharding_traffic import sharding_schedule
+from meshplan.estimate.sync_floor import StageSync, SyncFloor, sync_rates
+from meshplan.schema.plan import Job, Plan
+from meshplan.search.estimators import Engine
+from meshplan.search.space import Layout
+
+
+class GridBounds(Protocol):
+    """What this module reads of the search's bounds (search/bounds.py StepTimeBounds, which imports this module)."""
+
+    job: Job
+    engine: Engine
+    bounds_memo: dict
+
+    def grid_plan(self, lay: Layout, zero: int) -> Plan: ...
+
+    def first_rank_sync(self, lay: Layout, zero: int,
+                        params: tuple[float, float, float] | None = None) -> SyncFloor | None: ...
+
+    def sharding_per_micro(self, lay: Layout, zero: int) -> float: ...
+
+
+def grid_stage_sync(bounds: GridBounds, lay: Layout, zero: int,
+                    least: tuple[float, float, float] | None) -> StageSync:
+    """The StageSync of the layout's grid at this ZeRO stage for a first rank holding `least` (RankParts.sums; None:
+    no floor, the sharding traffic alone): the sharding traffic per micro-batch (sharding_per_micro) and the first
+    rank's SyncFloor (first_rank_sync), none where its seconds are not positive. Kept in the search's bounds memo per
+    what the estimators read (the module docstring) where they are the cost model's own; else per grid, as asked."""
+    engine = bounds.engine
+    if engine.sync_rates is not sync_rates or engine.sharding_floor is not sharding_floor:
+        return _stage_sync(bounds, lay, zero, least)
+    job, memo = bounds.job, bounds.bounds_memo
+    law = job.card.world_size_law
+    edp = int(mesh.expert_dp(job.num_gpus, lay, law)) if job.model.moe else 1
+    groups = mesh.mesh_groups(lay, edp=edp, law=law)  # type: ignore[arg-type]  # (the grid plan's degrees)
+    key = ("stage sync", zero, least, lay.tp, lay.pp, lay.ep, lay.etp, groups.dp_cp, groups.edp,
+           _schedule(bounds, lay, zero))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _stage_sync(bounds, lay, zero, least)
+    return hit  # type: ignore[return-value]
+
+
+def _schedule(bounds: GridBounds, lay: Layout, zero: int) -> tuple[bool, ...]:
+    """sharding_schedule of the layout's grid plan at this ZeRO stage, as a tuple, kept per what it reads of that plan
+    besides the card and the request's fields: the ZeRO stage, pp and the step's micro-batches (its dp: the grid plan's
+    micro-batch is 1)."""
+    key = ("grid schedule", zero, lay.pp, lay.dp)
+    hit = bounds.bounds_memo.get(key)
+    if hit is None:
+        sched = sharding_schedule(bounds.job, bounds.grid_plan(lay, zero))
+        hit = bounds.bounds_memo[key] = (sched.params_sharded, sched.grads_sharded, sched.gather_each_microbatch,
+                                         sched.reduce_each_microbatch)
+    return hit  # type: ignore[return-value]
+
+
+def _stage_sync(bounds: GridBounds, lay: Layout, zero: int,
+                least: tuple[float, float, float] | None) -> StageSync:
+    """grid_stage_sync of this very grid, from the search's per-grid bounds."""
+    floor = None if least is None else bounds.first_rank_sync(lay, zero, least)
+    if floor is None or floor.seconds <= 0.0:
+        floor = SyncFloor()
+    return StageSync(bounds.sharding_per_micro(lay, zero), floor.seconds, floor.hidden)

@@ -1,0 +1,43 @@
+"""The seed groups' DP bounds (search/grid_syncs.py): kept per what the cost model's estimators read of a grid, so grids
+that differ only in how their data ranks split between DP and CP share one, and each shared one is the very
+StageSync its own grid gives (the per-grid bounds, bounds.first_rank_sync and sharding_per_micro)."""
+
+from __future__ import annotations
+
+import pytest
+
+import meshplan.search.bounds as search_bounds
+import meshplan.search.grid_syncs as grid_syncs
+from meshplan.schema.request import Request
+from meshplan.search import recommend
+
+JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
+        Request(model="llama-3.1-8b", num_gpus=16, framework="torchtitan", gpu="h100", global_batch_size=64),
+        Request(model="qwen3-30b-a3b", num_gpus=16, framework="megatron-core", gpu="h100", seq_length=32768)]
+
+
+@pytest.mark.parametrize("req", JOBS, ids=lambda r: f"{r.model}-{r.framework}")
+def test_a_grid_stage_sync_is_its_own_grids_and_shared_by_grids_alike(req, monkeypatch):
+    """Every StageSync group_syncs reads equals the one worked out for its own grid, and some are shared (fewer worked
+    out than asked: before grid_syncs.py each grid worked out its own)."""
+    asked = worked = 0
+    direct = grid_syncs._stage_sync
+    kept = grid_syncs.grid_stage_sync
+
+    def counted(*args):
+        nonlocal worked
+        worked += 1
+        return direct(*args)
+
+    def checked(bounds, lay, zero, least):
+        nonlocal asked
+        asked += 1
+        stage = kept(bounds, lay, zero, least)
+        assert stage == direct(bounds, lay, zero, least), (lay, zero)
+        return stage
+
+    monkeypatch.setattr(grid_syncs, "_stage_sync", counted)
+    monkeypatch.setattr(search_bounds, "grid_stage_sync", checked)
+    recommend(req)
+    assert asked > 0
+    assert worked < asked, f"{worked} of {asked} stage syncs worked out: none shared"
