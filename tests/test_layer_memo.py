@@ -104,8 +104,43 @@ def test_recommend_is_the_same_with_and_without_sharing(monkeypatch):
     shared = api.recommend(req).model_dump()
     import meshplan.estimate.perf as perf
 
-    monkeypatch.setattr(perf, "memo_layer", lambda compute, ctx, moe: compute(ctx, moe))
+    monkeypatch.setattr(perf, "memo_layer", lambda compute, ctx, moe, *_: compute(ctx, moe))
     assert api.recommend(req).model_dump() == shared
+
+
+LAYER_FIELDS = ("gemm", "attention", "elementwise", "overhead", "tp", "tp_fwd", "cp", "cp_fwd", "ep", "recompute",
+                "fwd_compute", "attention_fwd", "op_sac_fwd", "module_fwd")
+
+
+@pytest.mark.parametrize("case", CASES[1:], ids=lambda c: c["model"])
+def test_an_overlapped_moe_layer_is_its_plain_twins_but_its_ep(case):
+    """Inside a scope, an MoE layer whose plan overlaps its EP all-to-all, asked after its plain twin (the search's
+    per-token references time one micro-batch alone first), is had from the twin (layer_time.overlapped_twin), not
+    computed again, and every field is layer_time's own; without the twin in the memo it is computed."""
+    from meshplan.estimate.layer_time import overlapped_twin
+
+    _, plan, ctx = contexts(case)
+    plain = dataclasses.replace(ctx, plan=plan.model_copy(update={"moe_a2a_overlap": False}), a2a_steady_share=0.0)
+    overlapped = dataclasses.replace(ctx, plan=plan.model_copy(update={"moe_a2a_overlap": True}),
+                                     a2a_steady_share=0.5)
+    calls = []
+
+    def counted(c, moe):
+        calls.append(c)
+        return layer_time(c, moe)
+
+    own = layer_time(overlapped, True)
+    assert own.ep != layer_time(plain, True).ep  # (the overlap changes the layer's EP seconds)
+    with shared_layers():
+        memo_layer(counted, overlapped, True, overlapped_twin)  # no twin yet: computed
+    assert calls == [overlapped]
+    calls.clear()
+    with shared_layers():
+        memo_layer(counted, plain, True, overlapped_twin)
+        twin = memo_layer(counted, overlapped, True, overlapped_twin)
+        assert memo_layer(counted, overlapped, True, overlapped_twin) is twin
+    assert calls == [plain]  # the overlapped layer from its twin
+    assert [getattr(twin, name) for name in LAYER_FIELDS] == [getattr(own, name) for name in LAYER_FIELDS]
 
 
 def test_key_holds_a_list_field_by_its_values():

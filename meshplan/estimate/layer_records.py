@@ -246,8 +246,12 @@ def scope_memo(name: str) -> dict | None:
     return own
 
 
-def memo_layer(compute: Callable[[LayerContext, bool], LayerTime], ctx: LayerContext, moe: bool) -> LayerTime:
-    """compute(ctx, moe), once per LayerKey inside shared_layers (the same LayerTime object: no caller mutates it)."""
+def memo_layer(compute: Callable[[LayerContext, bool], LayerTime], ctx: LayerContext, moe: bool,
+               overlapped: Callable[[LayerContext, LayerTime], LayerTime] | None = None) -> LayerTime:
+    """compute(ctx, moe), once per LayerKey inside shared_layers (the same LayerTime object: no caller mutates it).
+    `overlapped`: how an MoE layer whose plan overlaps its EP all-to-all is had from its plain twin's time (the key but
+    the overlap and its steady share, plain_twin_key), used where the memo holds that twin (the search's references
+    time a layer alone before its overlapped twin): layer_time.overlapped_twin."""
     memo = _MEMO.get()
     if memo is None:
         return compute(ctx, moe)
@@ -259,5 +263,19 @@ def memo_layer(compute: Callable[[LayerContext, bool], LayerTime], ctx: LayerCon
     if hit is None:
         if len(memo) >= MEMO_LIMIT:
             memo.clear()
-        hit = memo[key] = (tuple(getattr(ctx, name) for name in _OBJECT_FIELDS), compute(ctx, moe))
+        plain = memo.get(plain_twin_key(key)) if overlapped is not None and moe and ctx.plan.moe_a2a_overlap \
+            else None
+        hit = memo[key] = (tuple(getattr(ctx, name) for name in _OBJECT_FIELDS),
+                           compute(ctx, moe) if plain is None else overlapped(ctx, plain[1]))
     return hit[1]
+
+
+_OVERLAP_AT, _STEADY_AT = _PLAN_FIELDS.index("moe_a2a_overlap"), _CONTEXT_FIELDS.index("a2a_steady_share")
+
+
+def plain_twin_key(key: LayerKey) -> LayerKey:
+    """The LayerKey of an MoE layer's plain twin: the same context and plan without moe_a2a_overlap, so with no steady
+    share (perf.layer_context's 0.0 where the plan does not overlap)."""
+    context, plan = list(key.context), list(key.plan)
+    context[_STEADY_AT], plan[_OVERLAP_AT] = 0.0, False
+    return LayerKey(key.moe, tuple(context), tuple(plan), key.objects)

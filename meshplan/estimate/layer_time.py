@@ -8,6 +8,7 @@ context_parallel, tp_overlap, moe_time, recompute, lora_gemms.
 
 from __future__ import annotations
 
+from copy import copy
 from functools import partial
 
 from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
@@ -41,6 +42,16 @@ def layer_time(ctx: LayerContext, moe: bool) -> LayerTime:
                      tp_fwd=tp * tp_fwd_share, cp=cp, cp_fwd=cp_fwd, ep=ep, fwd_compute=fwd_compute,
                      attention_fwd=attention_fwd,
                      later=partial(recomputed_forwards, ctx, gemms, load, elementwise, terms))
+
+
+def overlapped_twin(ctx: LayerContext, plain: LayerTime) -> LayerTime:
+    """layer_time(ctx, True) of an MoE layer whose plan overlaps its EP all-to-all (moe_a2a_overlap), from its plain
+    twin's (the same context but the overlap and its steady share, layer_records.plain_twin_key): of the context those
+    two only exposed_ep reads, so every part is the twin's but the EP seconds, worked out from the twin's forward and
+    backward compute as layer_time does (the same floats: LayerTime.compute adds its parts in layer_time's order)."""
+    twin = copy(plain)  # (its fields as they are: a recompute share still to work out is worked out alike)
+    twin.ep = exposed_ep(ctx, plain.fwd_compute, plain.compute - plain.fwd_compute)
+    return twin
 
 
 def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:

@@ -40,7 +40,7 @@ from meshplan.estimate.attention_time import attention_efficiency, attention_sec
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.hybrid_time import hybrid_layers
 from meshplan.estimate.layer_records import BF16, FORWARD_AND_BACKWARD, LayerContext, memo_layer, scope_memo
-from meshplan.estimate.layer_time import layer_time
+from meshplan.estimate.layer_time import layer_time, overlapped_twin
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
 from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
@@ -430,8 +430,8 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
                             "Mamba-2 layers' matrices.", fix="Ask for optimizer adam.")
     dense = hybrid is None and (arch.moe is None or len(arch.moe.moe_layers) < arch.num_layers)
     dense_lt = memo_layer(layer_time, ctx, False) if dense else None  # shared across plans inside a search
-    moe_lt = memo_layer(layer_time, ctx, True) if hybrid is None and arch.moe is not None and arch.moe.moe_layers \
-        else None
+    moe_lt = memo_layer(layer_time, ctx, True, overlapped_twin) \
+        if hybrid is None and arch.moe is not None and arch.moe.moe_layers else None
     pipeline = stage_layers(job, plan)
     recompute = recompute_of(job, plan)
     # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
