@@ -416,6 +416,10 @@ def test_synced_is_its_docstring_formula_to_the_last_bit():
         for syncs in (stages[i:i + 1], stages[i:], stages[:i + 1]):
             for m in ms:
                 assert StepTimeBounds.synced(pipes, [m] * len(pipes), syncs) == plain(pipes, [m] * len(pipes), syncs)
+                for pipe in [*pipes, math.inf, math.nan]:  # `each`: one call for a node's keys at each ZeRO stage
+                    each = StepTimeBounds.synced([pipe], [m], syncs, True)
+                    alone = [StepTimeBounds.synced([pipe], [m], (stage,))[0] for stage in syncs]
+                    assert len(each) == len(syncs) and str(each) == str(alone)  # (str: nan is nan)
 
 
 def test_grid_plans_at_each_zero_stage_are_the_full_copy_of_the_first_plan():

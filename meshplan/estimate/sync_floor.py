@@ -94,14 +94,15 @@ def sync_floor(job: Job, plan: Plan, layers: Sequence[int]) -> SyncFloor:
     return SyncFloor() if rates is None else rates.floor(rates.parts.sums(layers))
 
 
-def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...]) -> list[float]:
+def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...], each: bool = False) -> list[float]:
     """search/bounds.py's synced: per (pipeline bound, micro-batches) of `pipes` and `ms`, a bound of every plan of a
     group_syncs' layouts with that many micro-batches, where the pipeline bound holds: the least over the ZeRO stages
     of the pipeline (at least the bound B and m x the sharding traffic per micro-batch) plus the once-per-step DP term
     after it. With u the first rank's compute and recompute per micro-batch, which m micro-batches leave under the
     pipeline, that sum is at least max(B, m u) + max(0, seconds - hidden u) (SyncFloor): convex and piecewise linear
     in u, least at a break, u = B / m or seconds / hidden. It only grows with B and with m. (The seeds' hot loop:
-    written out, no calls.)"""
+    written out, no calls.) `each`: per ZeRO stage of `syncs` in turn, its own (what this gives of that stage alone;
+    search/bounds.py grid_stage_keys, a node's key at each stage, in one call)."""
     if not syncs:
         return pipes
     raised, inf = [], math.inf
@@ -122,5 +123,9 @@ def synced_keys(pipes: list[float], ms: list[int], syncs: tuple[StageSync, ...])
                 bound = at_pipe
             if bound < least:
                 least = bound
-        raised.append(least if least > pipe else pipe)
+            if each:  # (this stage's alone: as the least of it alone)
+                raised.append(least if least > pipe else pipe)
+                least = inf
+        if not each:
+            raised.append(least if least > pipe else pipe)
     return raised

@@ -612,8 +612,7 @@ class StepTimeBounds(SearchPlans):
             syncs = self.group_syncs([lay])
         if not syncs:
             return [pipe] * len(self.zeros)
-        m = [self.microbatches(lay, mbs)]
-        return [self.synced([pipe], m, (stage,))[0] for stage in syncs]  # type: ignore[union-attr]
+        return self.synced([pipe], [self.microbatches(lay, mbs)], syncs, True)  # type: ignore[arg-type]
 
     def raise_to_sync(self, group: SeedGroup, members: list) -> None:
         """Raise the seed keys of these members of an opened seed group (engine.open_group: where one of its layouts
