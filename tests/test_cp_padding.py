@@ -90,3 +90,27 @@ def test_the_search_stays_exact_on_padded_lengths(framework, model, gpus, seq):
     oracle = exhaustive_top_k(req, 4)
     assert [c.throughput.step_time_s for c in recommend(req, top_k=4).candidates] == pytest.approx(
         [r.step_time_s for r in oracle], rel=1e-12)
+
+
+def test_the_search_bounds_count_no_padding_an_engine_may_not_add():
+    """Ulysses pads a packed micro-batch's total, so a rank of b sequences of seq tokens may compute fewer than b x
+    ceil(seq / cp) (4097 x 2 over cp 4: 2,049, not 2,050). The search's token counts (seed_groups.group_floor,
+    bounds.stretch, floors' activation rows) read activations.least_rank_tokens, which no engine's padding goes
+    under; before, they counted b x ceil(seq / cp), a lower bound one token over the packed plan's own work."""
+    from meshplan.arithmetic.activations import least_rank_tokens
+    from meshplan.search.seed_groups import group_floor
+    from meshplan.search.space import Layout
+
+    for seq in (4096, 4097, 4099, 6000, 12345):
+        for mbs in (1, 2, 3, 5):
+            for cp in (1, 2, 3, 4, 8):
+                least = least_rank_tokens(seq, mbs, cp)
+                assert least * cp >= seq * mbs  # every token on some rank
+                assert all(least <= cp_rank_tokens(seq, mbs, tp, cp, padding)
+                           for tp in (1, 2, 4) for padding in ("packed", "per_sequence", None))
+                assert least == cp_rank_tokens(seq, mbs, 1, cp, "packed")
+    lay = Layout(tp=1, pp=1, cp=4, ep=1, etp=1, dp=1)
+    per_token = 1e-6
+    key = group_floor(4097, 8, lay, (2,), ((1, per_token, 0.0),), 0.0, 0.0)
+    packed_work = cp_rank_tokens(4097, 2, 1, 4, "packed") * per_token * (8 // 2)
+    assert key <= packed_work

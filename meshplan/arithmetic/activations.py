@@ -40,6 +40,14 @@ def cp_rank_tokens(seq: int, micro_batch: int, tp: int, cp: int, padding: CpPadd
     return -(-seq // cp) * micro_batch
 
 
+def least_rank_tokens(seq: int, micro_batch: int, cp: int) -> int:
+    """The fewest tokens a context-parallel rank computes of a micro-batch under any padding cp_rank_tokens knows:
+    the packed micro-batch's total over cp, rounded up (each sequence padded, or each rank's ceil(seq / cp) of
+    every sequence, holds at least as many). The search's lower bounds read it, so none counts padding an engine
+    may not add."""
+    return -(-(seq * micro_batch) // cp)
+
+
 class Shape(NamedTuple):
     """The numbers of an Architecture that activations depend on (hashable, for caching)."""
 

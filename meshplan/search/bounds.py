@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from meshplan.arithmetic import mesh
+from meshplan.arithmetic.activations import least_rank_tokens
 from meshplan.arithmetic.pipeline_counts import steady_share
 from meshplan.arithmetic.schedule import plan_shape
 from meshplan.core.errors import MeshplanError
@@ -296,7 +297,7 @@ class StepTimeBounds(SearchPlans):
         stretch without `refs`, the same floats: chained reads both); `ranks`: the layout's last_ranks where the caller
         has them (the seeding keeps them with each shape's entry)."""
         s, pp = self.job.seq_length, lay.pp
-        per_rank = -(-s // lay.cp)
+        cp = lay.cp
         sync = self.moe_sync_s()
         light = heavy = None
         if refs is not None and ranks is False:
@@ -310,7 +311,7 @@ class StepTimeBounds(SearchPlans):
         bounds = []
         for mbs, (stages, outside, low, m) in zip(sizes, factors or self.stretch_factors(lay, sizes), strict=True):
             # the hot loop of seeding: what does not change with the micro-batch read once
-            tokens = per_rank * mbs
+            tokens = least_rank_tokens(s, mbs, cp)  # padding an engine may add not counted
             per_stage = tokens * (per_token + outside * exposed if exposed else per_token) / pp
             rest = 1.0 - tokens / ref_tokens  # 1 - the share of b_tok sequences it holds
             if sync:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.arithmetic import mesh
+from meshplan.arithmetic import activations, mesh
 from meshplan.arithmetic.activations import Layout as ActLayout
 from meshplan.arithmetic.activations import activation_mode, attention_saves, layer_activations, moe_bytes, shape_of
 from meshplan.arithmetic.mamba import least_kind_activations
@@ -240,14 +240,13 @@ def _row_figures(job: Job, lay: Layout, conv: Convention, part: _FloorPart,
     hit = memo.get(key)
     if hit is not None:
         return hit
-    per_rank = -(-job.seq_length // lay.cp)
     n_dense = n0 - n_moe
     full_adds = bool(n0) and not part.walk
     by_tokens = _activation_sums(switches, tp, sp, lay.etp, recomputes, memo)
     out = []
     for at, mbs in enumerate(sizes):
         m = max(1, gbs // (mbs * dp))
-        tokens = per_rank * mbs
+        tokens = activations.least_rank_tokens(job.seq_length, mbs, lay.cp)  # padding not counted
         layers_held = None if fewer is None else fewer[at]
         held = 1 if pp == 1 else min(m, pp)
         logits = output_activations(conv, tokens, part.vocab, tp, job.model.hidden_size, tp if sp else 1) \

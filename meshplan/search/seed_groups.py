@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshplan.arithmetic.activations import least_rank_tokens
 from meshplan.search.space import Layout
 
 # Relative: what a group floor gives up for rounding. The floor and the keys it bounds are products and sums of a
@@ -116,19 +117,19 @@ def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[in
     its outside share x the exposed all-to-all) + the host sync's share its reference leaves, sync x max(0, 1 - tokens
     / (b_tok x seq)); its pipeline's chains, where they lower it, keep m x W / pp (rank_chains.stages_bound's slowest
     rank) and take out the bubble (least_bubble: 0). Every term is non-negative, so each key is at least the least W
-    over the group's rates at the least outside share, at its least bubble; nothing else read (sequence per CP rank,
+    over the group's rates at the least outside share, at its least bubble; nothing else read (tokens per CP rank,
     pp, m from dp) differs in a group. The outside share, 1 - moe_time.a2a_steady_share, is least at the group's most
     virtual stages: the warm-up per chunk, (pp - 2) / (m vpp) + pp / m (1 / (m vpp) at pp 1), only falls with vpp.
     The least over the micro-batches, less GROUP_MARGIN for rounding (tests/test_search_passes.py holds it under
     every key)."""
-    per_rank = -(-seq_length // lay.cp)
+    cp = lay.cp
     pp, dp = lay.pp, lay.dp
     least = INF
-    for index, mbs in enumerate(sizes):  # (the hot loop of seeding: no calls)
+    for index, mbs in enumerate(sizes):  # (the hot loop of seeding)
         m = global_batch // (mbs * dp)
         if m < 1:
             m = 1
-        tokens = per_rank * mbs
+        tokens = least_rank_tokens(seq_length, mbs, cp)  # padding an engine may add not counted
         outside = 0.0 if outsides is None else outsides[index]
         work = INF
         for b_tok, per_token, exposed in rates:
