@@ -101,6 +101,7 @@ def _knob_keys(framework: str, version: str, variant: str) -> dict[str, list[Mea
             continue
         for part in spec.key.split(" + ")[:1]:
             part = re.sub(r"^\[([^\]]+)\]\s+", r"\1.", part.strip())  # '[activation_checkpoint] mode'
+            part = re.sub(r"\s*\(with [^)]*\)$", "", part)  # '--mtp-num-layers (with ...)': read.keys reads that key
             tokens = part.split()
             if knob == "dropout":  # the knob names every dropout key it sets (attention, hidden): each is read
                 for key in tokens:

@@ -61,7 +61,6 @@ class ArchValues(NamedTuple):
     untied: bool
     swiglu: bool
     qk_layernorm: bool
-    num_mtp_layers: int
     layer_pattern: str | None = None  # a hybrid's (M Mamba-2, * attention, - MLP, E MoE); None: a GPT model
     mamba_num_heads: int | None = None
     mamba_head_dim: int | None = None
@@ -82,7 +81,7 @@ def arch_values(arch: Architecture) -> ArchValues:
         kv_lora_rank=mla.kv_lora_rank if mla else 0, qk_nope_head_dim=mla.qk_nope_head_dim if mla else 0,
         qk_rope_head_dim=mla.qk_rope_head_dim if mla else 0, v_head_dim=mla.v_head_dim if mla else 0,
         untied=not arch.tie_word_embeddings, swiglu=arch.gated_mlp and arch.activation == "silu",
-        qk_layernorm=arch.qk_norm != "none", num_mtp_layers=arch.num_mtp_layers, layer_pattern=arch.layer_pattern,
+        qk_layernorm=arch.qk_norm != "none", layer_pattern=arch.layer_pattern,
         **({} if arch.mamba is None else dict(
             mamba_num_heads=arch.mamba.num_heads, mamba_head_dim=arch.mamba.head_dim,
             mamba_num_groups=arch.mamba.n_groups, mamba_state_dim=arch.mamba.state_size)))

@@ -1,0 +1,57 @@
+"""The multi-token-prediction depth read back from a config as the request's training knob (mtp_num_layers,
+mtp_use_repeated_layer), not as a model field compared with the catalog: Megatron-Bridge's Nemotron 3 Super recipes
+train the checkpoint's one MTP block at two depths (--mtp-num-layers 2 --mtp-use-repeated-layer), which is the catalog
+Super trained deeper, not another model. Megatron-LM trains no MTP block where the script leaves --mtp-num-layers out
+(transformer_config.py mtp_num_layers None). Each test here fails before the readers took the depth as a knob: the
+Megatron-Core script matched no catalog model, Megatron-Bridge's keys were set aside as the model's architecture and
+its repeated layer was "no meshplan field", and a hybrid without an MTP block was refused as an unknown model."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+SUPER = "nemotron-3-super-120b-a12b"
+WORLD = {"model": SUPER, "num_gpus": 64}  # what a Bridge python snippet leaves to its recipe and launch
+
+
+def _imported(framework: str, text: str, path: str):
+    return api.import_config(text, path=path, framework=framework)
+
+
+@pytest.mark.parametrize(("framework", "variant"), [("megatron-core", None), ("megatron-bridge", None),
+                                                    ("megatron-bridge", "run_recipe")])
+def test_a_rendered_mtp_depth_imports_as_the_request_it_was_rendered_from(framework, variant):
+    request = Request(framework=framework, model=SUPER, num_gpus=64, pp=2, ep=8, global_batch_size=256,
+                      mtp_num_layers=2, mtp_use_repeated_layer=True)
+    rendered = api.render_config(framework, request, force=True, **({"variant": variant} if variant else {}))
+    imported = _imported(framework, rendered.text, "run.py" if rendered.format == "python" else "run.sh")
+    back = api.request_from_config(imported, WORLD)
+    assert (back.model, back.mtp_num_layers, back.mtp_use_repeated_layer) == (SUPER, 2, True)
+    job, _ = resolve(back)
+    assert (job.model.num_mtp_layers, job.model.mtp_repeated_layer, job.mtp_asked) == (2, True, True)
+
+
+def test_a_megatron_lm_script_without_the_depth_trains_no_mtp_block():
+    request = Request(framework="megatron-core", model="deepseek-v3", num_gpus=1024, tp=2, pp=16, ep=64, etp=1,
+                      global_batch_size=4096)
+    text = api.render_config("megatron-core", request, force=True).text
+    assert "  --mtp-num-layers 1 \\\n" in text
+    imported = _imported("megatron-core", text.replace("  --mtp-num-layers 1 \\\n", ""), "run.sh")
+    assert (imported.request["model"], imported.request["mtp_num_layers"]) == ("deepseek-v3", 0)
+    job, _ = resolve(api.request_from_config(imported, {}))
+    assert job.model.num_mtp_layers == 0
+
+
+def test_a_depth_on_a_hybrid_without_an_mtp_block_is_refused_as_the_request_refuses_it():
+    request = Request(framework="megatron-core", model="nemotron-h-8b", num_gpus=8, tp=2, global_batch_size=64)
+    text = api.render_config("megatron-core", request, force=True).text
+    text = text.replace("  --hidden-size", "  --mtp-num-layers 1 \\\n  --hidden-size", 1)
+    imported = _imported("megatron-core", text, "run.sh")
+    assert (imported.request["model"], imported.request["mtp_num_layers"]) == ("nemotron-h-8b", 1)
+    with pytest.raises(MeshplanError, match=r"without an MTP block pattern.*mtp_num_layers=1 has no block to train"):
+        api.check_config(api.request_from_config(imported, {}), config=imported)
