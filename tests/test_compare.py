@@ -225,6 +225,17 @@ def test_comparison_arithmetic_and_band():
     assert "step time" in result.summary
 
 
+LLAMA_8B_ON_8 = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
+                 "global_batch_size": 128, "seq_length": 4096}
+
+
+def megatron_iterations(logged: str = "") -> str:
+    """Three of Megatron-LM's iteration lines of LLAMA_8B_ON_8 at 9 s a step, with `logged` figures before the batch."""
+    line = ("iteration {i}/ 100 | consumed samples: 256 | elapsed time per iteration (ms): 9000.0 | "
+            + logged + "global batch size: 128 | lm loss: 2.0E+00 |\n")
+    return "".join(line.format(i=i) for i in (2, 3, 4))
+
+
 def test_the_measured_mfu_is_the_logged_rate_through_the_estimate_s_own_flops_and_peak(tmp_path, capsys):
     """compare showed no MFU of the run where the framework logs none (Megatron-LM's iteration lines: MFU '-'), and
     where it logs one, its own FLOP count beside meshplan's. Now the run's MFU is its measured rate through the
@@ -233,20 +244,16 @@ def test_the_measured_mfu_is_the_logged_rate_through_the_estimate_s_own_flops_an
     from meshplan.faces.mcp.server import app
     from meshplan.knowledge.hardware import get_gpu
 
-    fields = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
-              "global_batch_size": 128, "seq_length": 4096}
-    req = parse_request(fields)
+    req = parse_request(LLAMA_8B_ON_8)
     throughput = api.estimate_throughput(req)
-    line = ("iteration {i}/ 100 | consumed samples: 256 | elapsed time per iteration (ms): 9000.0 | "
-            "global batch size: 128 | lm loss: 2.0E+00 |\n")
-    text = "".join(line.format(i=i) for i in (2, 3, 4))
+    text = megatron_iterations()
     figures = {f.figure: f for f in api.compare_run(req, text).figures}
     mfu = figures["mfu"]
     peak = get_gpu("h100-sxm").bf16_flops
     assert mfu.measured == pytest.approx(throughput.model_flops_per_step / (9.0 * 8 * peak))
     assert mfu.predicted == throughput.mfu and mfu.missing is None and "model FLOPs per token" in mfu.basis
     assert figures["logged_mfu"].measured is None  # Megatron-LM logs no MFU of its own
-    result = anyio.run(lambda: app.call_tool("compare_run", {**fields, "log_text": text}))
+    result = anyio.run(lambda: app.call_tool("compare_run", {**LLAMA_8B_ON_8, "log_text": text}))
     structured = result.structured_content if hasattr(result, "structured_content") else result[1]
     sent = next(f for f in structured["figures"] if f["figure"] == "mfu")
     assert sent["measured"] == pytest.approx(mfu.measured) and sent["basis"] == mfu.basis
@@ -547,13 +554,9 @@ def test_the_logged_tflops_per_gpu_is_shown_beside_the_estimate_s_own(tmp_path, 
     the predicted step time and the GPUs, what its MFU divides by the peak."""
     from meshplan.knowledge.hardware import get_gpu
 
-    fields = {"model": "llama-3.1-8b", "num_gpus": 8, "gpu": "h100-sxm", "framework": "megatron-core",
-              "global_batch_size": 128, "seq_length": 4096}
-    req = parse_request(fields)
+    req = parse_request(LLAMA_8B_ON_8)
     throughput = api.estimate_throughput(req)
-    line = ("iteration {i}/ 100 | consumed samples: 256 | elapsed time per iteration (ms): 9000.0 | "
-            "throughput per GPU (TFLOP/s/GPU): 241.4 | global batch size: 128 | lm loss: 2.0E+00 |\n")
-    text = "".join(line.format(i=i) for i in (2, 3, 4))
+    text = megatron_iterations("throughput per GPU (TFLOP/s/GPU): 241.4 | ")
     tflops = {f.figure: f for f in api.compare_run(req, text).figures}["logged_tflops"]
     assert tflops.measured == pytest.approx(241.4)
     assert tflops.predicted == pytest.approx(throughput.model_flops_per_step / (throughput.step_time_s * 8) / 1e12)

@@ -27,16 +27,22 @@ _LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_c
            "mamba_conv_bias": "use_conv_bias"}
 
 
+def _written_pattern(f: Any, pattern_key: str, list_key: str) -> Any:
+    """The pattern under `pattern_key`, or the block-type list under `list_key` written as one (NemotronHConfig keeps
+    either); None when neither is given. Checking the pattern's characters is the caller's."""
+    pattern = f.cfg.get(pattern_key)
+    if pattern is None and isinstance(f.cfg.get(list_key), list):
+        kinds = f.cfg[list_key]
+        if not all(isinstance(k, str) and k in _BLOCK_TYPES for k in kinds):
+            raise f.fail(f"{list_key} may hold only {', '.join(sorted(_BLOCK_TYPES))}.")
+        pattern = "".join(_BLOCK_TYPES[k] for k in kinds)
+    return pattern
+
+
 def layer_pattern(f: Any) -> str:
     """hybrid_override_pattern, or layers_block_type written as one (NemotronHConfig keeps the list and derives the
     pattern); every character one of M, *, - or E."""
-    cfg = f.cfg
-    pattern = cfg.get("hybrid_override_pattern")
-    if pattern is None and isinstance(cfg.get("layers_block_type"), list):
-        kinds = cfg["layers_block_type"]
-        if not all(isinstance(k, str) and k in _BLOCK_TYPES for k in kinds):
-            raise f.fail(f"layers_block_type may hold only {', '.join(sorted(_BLOCK_TYPES))}.")
-        pattern = "".join(_BLOCK_TYPES[k] for k in kinds)
+    pattern = _written_pattern(f, "hybrid_override_pattern", "layers_block_type")
     if not isinstance(pattern, str) or not pattern:
         raise f.fail("a nemotron_h config.json must give hybrid_override_pattern (or layers_block_type): which "
                      "layer is Mamba-2 (M), attention (*), MLP (-) or MoE (E).")
@@ -73,13 +79,7 @@ def mtp_pattern(f: Any, pattern: str) -> tuple[int, str | None]:
     blocks = f.int("num_nextn_predict_layers", default=0) or 0
     if not blocks:
         return 0, None
-    cfg = f.cfg
-    block = cfg.get("mtp_hybrid_override_pattern")
-    if block is None and isinstance(cfg.get("mtp_layers_block_type"), list):
-        kinds = cfg["mtp_layers_block_type"]
-        if not all(isinstance(k, str) and k in _BLOCK_TYPES for k in kinds):
-            raise f.fail(f"mtp_layers_block_type may hold only {', '.join(sorted(_BLOCK_TYPES))}.")
-        block = "".join(_BLOCK_TYPES[k] for k in kinds)
+    block = _written_pattern(f, "mtp_hybrid_override_pattern", "mtp_layers_block_type")
     if not isinstance(block, str) or not block:
         raise f.fail(f"num_nextn_predict_layers = {blocks} needs mtp_hybrid_override_pattern (or "
                      "mtp_layers_block_type): the layers of each multi-token-prediction block.",
