@@ -227,3 +227,15 @@ def test_a_layout_below_the_headroom_states_the_free_memory_its_ranking_reads():
     free = row.memory.headroom_bytes
     assert f"it leaves {free / 2**30:.1f} GiB ({free / row.memory.capacity_bytes:.1%}) free" in row.rationale
     assert row.memory.capacity_bytes - row.memory.peak_bytes < free  # the reserved peak's would say less
+
+
+@pytest.mark.parametrize("given", [None, True])
+def test_a_verl_rl_render_says_once_that_its_workers_set_it(given):
+    """verl's RL workers set expandable segments themselves (no config key): the rendered script's notes say so once,
+    left out or given. Before, the resolver's note and render's allocator note both said it, nearly word for word."""
+    rl = {**BASE, "seq_length": 2048, "micro_batch_size": 1, "framework": "verl", "job": "rl", "zero_stage": 3,
+          "expandable_segments": given}
+    notes = api.render_config("verl", Request(**rl)).notes
+    said = [n for n in notes if n.startswith("expandable_segments=true")]
+    assert len(said) == 1 and "set_expandable_segments" in said[0], said
+    assert given is None or "as given" in said[0]

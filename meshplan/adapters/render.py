@@ -286,6 +286,8 @@ def allocator_setting(framework: str, job: Job, plan: Plan, shell: bool) -> tupl
                        "for the memory this estimate assumes."] if sets_it else [])
     if shell:
         return ALLOCATOR_ENV, []
+    if sets_it and not facts.launch_script:  # its workers set it, no key: the resolver's note says so
+        return None, []  # (request/resolve._expandable_segments), once
     where = facts.how if sets_it else f"export {ALLOCATOR_ENV} before the launch (the framework does not set it)"
     return None, [f"expandable_segments=true: {where}; the fit is decided by the allocated peak."]
 

@@ -506,13 +506,17 @@ def _routing_imbalance(req: Request, arch, notes: list[str]) -> float:
 def _expandable_segments(req: Request, card, notes: list[str], rl: bool) -> bool:
     """The allocator setting as asked, else as the framework's launcher for the job sets it (its card's allocator
     section: an RL job's launcher, or a training job's where it differs, verl's SFT trainer), noted either way where
-    the framework has a setting, so a job that runs without expandable segments says why."""
+    the framework has a setting, so a job that runs without expandable segments says why; where the framework sets
+    it itself with no key (verl's RL workers), this note is the only one: render adds none."""
     facts = card.allocator_for(rl)
     if req.expandable_segments is False and facts is not None and facts.launch_script and facts.expandable_segments:
         notes.append(f"expandable_segments=false: PyTorch's default allocator, as given: {card.display_name} turns "
                      f"expandable segments on only in {facts.launch_script} ({facts.how}), not in its trainer, so a "
                      "launch command of your own runs without them unless its environment sets them "
                      f"(cards/frameworks/{req.framework}.yaml allocator)")
+    if req.expandable_segments and facts is not None and facts.expandable_segments and not facts.launch_script:
+        notes.append(f"expandable_segments=true, as given: {card.display_name} launches with it ({facts.how}; "
+                     f"cards/frameworks/{req.framework}.yaml allocator)")
     if req.expandable_segments is not None or facts is None:
         return bool(req.expandable_segments)
     if not facts.expandable_segments:
