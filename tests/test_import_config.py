@@ -1117,3 +1117,25 @@ def test_a_ds_config_with_a_key_given_twice_is_refused_as_deepspeed_refuses_it()
         api.import_config(text, path="ds_config.json")
     fine = '{"train_batch_size": 64, "fp16": {"enabled": false}, "bf16": {"enabled": true}}\n'
     assert api.import_config(fine, path="ds_config.json").request["global_batch_size"] == 64
+
+
+def test_a_load_key_is_irrelevant_only_where_it_loads_a_checkpoint_or_startup_weights(tmp_path):
+    """The irrelevant-key list (adapters/read/keys.IRRELEVANT) held `load` as a word anywhere in a key, so every key
+    with a `load` part was dropped unsaid: Megatron's --moe-router-load-balancing-type (the router's loss), a
+    quantized-base switch such as load_in_4bit on a framework without a quantized-base reader. Only a checkpoint's
+    load (--load, --no-load-optim, --no-load-rng, --load-main-params-from-ckpt) and the rollout's startup weight
+    format (rollout.load_format: the weights are synced from the actor each step) say nothing of a step."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 4096 "
+                      "--micro-batch-size 1 --global-batch-size 64 --load /ckpt --no-load-optim --no-load-rng "
+                      "--load-main-params-from-ckpt --moe-router-load-balancing-type sinkhorn\n")
+    read = import_file(str(script))
+    said = " ".join(read.unsupported)
+    assert "--moe-router-load-balancing-type" in said
+    assert not any(k in said for k in ("--load ", "--no-load-optim", "--no-load-rng", "--load-main-params"))
+    verl = tmp_path / "run.sh"
+    verl.write_text("python3 -m verl.trainer.main_ppo trainer.nnodes=1 trainer.n_gpus_per_node=8 "
+                    "actor_rollout_ref.rollout.load_format=dummy +actor_rollout_ref.model.load_in_4bit=true\n")
+    read = import_file(str(verl))
+    said = " ".join(read.unsupported)
+    assert "load_in_4bit" in said and "load_format" not in said

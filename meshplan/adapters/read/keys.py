@@ -39,7 +39,7 @@ SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offl
                           "account_for_loss", "moe_a2a_overlap", "defer_fsdp_grad_sync"})
 # Settings that say nothing about memory or speed: never reported as "cannot express".
 IRRELEVANT = re.compile(
-    r"(^|[._-])(lr|min_lr|data|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save\w*|load|"
+    r"(^|[._-])(lr|min_lr|data|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save\w*|"
     r"tokenizer\w*|eval\w*|wandb\w*|seed|checkpoint|ckpt\w*|profil\w*|project\w*|experiment\w*|run_name|"
     r"\w*_dir|\w*_path|path|\w*interval|\w*iters|steps|max_steps|epochs|total_epochs|warmup\w*|\w*decay\w*|"
     r"beta\d?|adam_beta\d|eps|clip\w*|grad_clip_norm|weight_decay|logger|tensorboard\w*|(?<!pipeline_)split|"
@@ -59,7 +59,12 @@ IRRELEVANT = re.compile(
     r"normalization|untie[-_]embeddings[-_]and[-_]output[-_]weights|disable[-_]bias[-_]linear|"
     r"group[-_]query[-_]attention|apply[-_]layernorm[-_]1p|no[-_]query[-_]key[-_]layer[-_]scaling|"
     r"use[-_]rotary[-_]position[-_]embeddings|hidden[-_]dropout|norm[-_]epsilon|vocab[-_]size|rope_theta|"
-    r"max_seq_len|ffn_dim_multiplier|norm_type|activation|tie_embeddings|hf_assets_path|flavor)($|[._-])")
+    r"max_seq_len|ffn_dim_multiplier|norm_type|activation|tie_embeddings|hf_assets_path|flavor)($|[._-])"
+    # a checkpoint's load (Megatron-LM's --load, --no-load-optim/-rng, --load-main-params-from-ckpt; verl's Megatron
+    # actor's load_weight) and the rollout's startup weights (rollout.load_format: synced from the actor each step):
+    # the whole key, so a key with a `load` part that does touch a step (--moe-router-load-balancing-type, a
+    # quantized base's load_in_4bit) is reported, not dropped
+    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight))$")
 
 
 def normalize(key: str) -> str:
