@@ -310,3 +310,24 @@ def test_a_variant_of_another_engine_than_the_zero_stages_is_refused(framework, 
         api.render_config(framework, req, variant=variant, force=True)
     assert f"Use variant {other} (or leave variant out)" in exc.value.fix
     assert api.render_config(framework, req, variant=other, force=True).variant == other
+
+
+@pytest.mark.parametrize("framework, ask, named", [
+    # 80 layers over 32 stages: the only splits Megatron accepts put 10 on each end; before, "Choose first/last so
+    # that the remaining layers divide evenly over the middle stages"
+    ("megatron-core", dict(model="llama-3.1-70b", num_gpus=32, pp=32, first_stage_layers=1, last_stage_layers=1),
+     "Use first_stage_layers=10, last_stage_layers=10, 2 on each of the 30 middle stages"),
+    # torchtitan makes the ends lighter only; before, "Put fewer layers on the first/last stages than on the middle"
+    ("torchtitan", dict(model="llama-3.1-8b", num_gpus=8, pp=4, first_stage_layers=11, last_stage_layers=1),
+     "Use first_stage_layers=8, last_stage_layers=8"),
+    # 32 layers over 3 stages; before, "Give first_stage_layers/last_stage_layers, or a pp*vpp that divides ..."
+    ("nemo-automodel", dict(model="llama-3.1-8b", num_gpus=6, pp=3),
+     "Use first_stage_layers=11, last_stage_layers=10, 11 on the middle stage"),
+])
+def test_a_forced_render_of_a_split_that_cannot_be_written_names_one_that_can(framework, ask, named):
+    with pytest.raises(MeshplanError) as err:
+        api.render_config(framework, Request(**ask, framework=framework), force=True)
+    assert err.value.fix.startswith(named), err.value.fix
+    split = {k: v for k, v in (p.split("=") for p in named.split(", ")[:2] if "=" in p)}
+    fixed = {**ask, **{k.replace("Use ", ""): int(v) for k, v in split.items()}}
+    assert api.render_config(framework, Request(**fixed, framework=framework), force=True).text

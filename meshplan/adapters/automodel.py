@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.common import Built, attention_value, nodes, split_fields
+from meshplan.adapters.common import Built, attention_value, nodes, split_fields, split_fix
 from meshplan.adapters.lora import hf_projections
 from meshplan.arithmetic.memory_states import fp8_recipe
 from meshplan.arithmetic.schedule import layers_per_rank
@@ -56,7 +56,8 @@ def pipeline_section(job: Job, plan: Plan, version: str) -> Section:
             raise MeshplanError(
                 f"{job.model.num_layers} layers do not divide into {split.stages} pipeline stages (AutoModel would "
                 "put the extra layers on the first stages, which this plan does not estimate).",
-                fix="Give first_stage_layers/last_stage_layers, or a pp*vpp that divides the layer count.")
+                fix=split_fix(job, plan, lighter_ends=True) if plan.vpp == 1 else
+                "Give a pp*vpp that divides the layer count, or vpp=1 with first_stage_layers/last_stage_layers.")
         return [*section, ("layers_per_stage", split.per_chunk)]
     if plan.vpp > 1:
         raise MeshplanError("An uneven split with vpp > 1 is not rendered for NeMo AutoModel.",

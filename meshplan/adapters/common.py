@@ -13,7 +13,7 @@ from typing import Any
 
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.offload import optimizer_share
-from meshplan.arithmetic.schedule import layers_per_rank, split_problem, uneven_split
+from meshplan.arithmetic.schedule import closest_uneven_split, layers_per_rank, split_problem, uneven_split
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import ep_rank_load
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
@@ -78,15 +78,36 @@ def split_fields(job: Job, plan: Plan) -> Split:
         raise MeshplanError("first_stage_layers/last_stage_layers need pp > 1.", fix="Drop them or set pp >= 2.")
     problem = split_problem(layers, plan.pp, 1, first, last)
     if problem:
-        split = uneven_split(layers, plan.pp, plan.vpp)
         raise MeshplanError(
             f"{layers} layers do not split as first={first}, last={last} over pp={plan.pp}: {problem}.",
-            fix=f"Use first_stage_layers={split[0]}, last_stage_layers={split[2]}." if split else
-            "Choose first/last so that the remaining layers divide evenly over the middle stages.",
-        )
+            fix=split_fix(job, plan))
     rest_stages = plan.pp - (first is not None) - (last is not None)
     counts, _ = layers_per_rank(layers, plan.pp, first, last)
     return Split(stages, first, last, counts[first is not None] if rest_stages else None)
+
+
+def split_fix(job: Job, plan: Plan, lighter_ends: bool = False) -> str:
+    """A fix naming a pipeline split that works for the job's layers over the plan's pp (and vpp): the split the
+    search takes (schedule.uneven_split), else any Megatron-Core accepts (closest_uneven_split, its heavier stage
+    said), else the pipeline sizes whose stages the layers fill evenly. `lighter_ends`: the framework can only make
+    the first and last stages lighter than the middle ones (torchtitan's first/last_stage_less_layers)."""
+    layers, pp, vpp = job.model.num_layers, plan.pp, plan.vpp
+    split = uneven_split(layers, pp, vpp) or closest_uneven_split(layers, pp, vpp)
+    if split and lighter_ends and max(split[0], split[2]) > split[1]:
+        split = None
+    if split:
+        first, per, last = split
+        even = -(-layers // pp)
+        caveat = "" if max(first, per) <= even else \
+            f" (its heaviest stage holds {max(first, per)} layers, over the {even} of the most even split)"
+        middle = "" if pp < 3 else f", {per} on the middle stage" if pp == 3 else \
+            f", {per} on each of the {pp - 2} middle stages"
+        return f"Use first_stage_layers={first}, last_stage_layers={last}{middle}{caveat}."
+    room = max(job.num_gpus // (plan.tp * plan.cp), 1)
+    even = [p for p in range(2, min(layers, room) + 1) if layers % p == 0 and room % p == 0]
+    return (f"No first/last split of {layers} layers works over pp={pp}" + (f", vpp={vpp}" if vpp > 1 else "") +
+            (f"; use pp in {{{', '.join(map(str, even))}}}, which split them evenly"
+             f"{' (vpp=1)' if vpp > 1 else ''}, or pp=1." if even else "; use pp=1."))
 
 
 def megatron_recompute(plan: Plan) -> dict[str, object]:

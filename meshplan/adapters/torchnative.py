@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.adapters.common import Built, attention_value, nodes, split_fields
+from meshplan.adapters.common import Built, attention_value, nodes, split_fields, split_fix
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import cuda_graphs_off, fp8_recipe
 from meshplan.arithmetic.pipeline_timeline import schedule_order
@@ -40,7 +40,8 @@ def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:
         if split.per_chunk is None:
             raise MeshplanError(
                 f"{job.model.num_layers} layers do not divide into {split.stages} pipeline stages.",
-                fix="Give first_stage_layers/last_stage_layers, or a pp*vpp that divides the layer count.")
+                fix=split_fix(job, plan, lighter_ends=True) if plan.vpp == 1 else
+                "Give a pp*vpp that divides the layer count, or vpp=1 with first_stage_layers/last_stage_layers.")
         m, first, last = split.per_chunk, split.per_chunk, split.per_chunk
     else:
         if plan.vpp > 1:
@@ -53,7 +54,7 @@ def torchtitan_pipeline(job: Job, plan: Plan) -> list[tuple[str, Any]]:
             raise MeshplanError(
                 f"torchtitan can only make the first/last stage lighter (first_less/last_less >= 0); "
                 f"first={first}, last={last} exceed the middle stages' {m} layers.",
-                fix="Put fewer layers on the first/last stages than on the middle ones.")
+                fix=split_fix(job, plan, lighter_ends=True))
     return [("pipeline_parallel_schedule", torch_schedule_name("torchtitan", plan)),
             ("pipeline_parallel_layers_per_stage", m),
             ("pipeline_parallel_first_stage_less_layers", m - first),

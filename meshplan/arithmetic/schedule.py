@@ -58,6 +58,14 @@ def uneven_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
     its heaviest stage, is not offered (None): it would trade the pipeline's pace for the sizes (80 layers over
     32 stages could only be 10 + 30x2 + 10), and with vpp > 1 the interleaving would cost balance.
     """
+    best = closest_uneven_split(num_layers, pp, vpp)
+    return None if best is None or max(best[0], best[1]) > -(-num_layers // pp) else best
+
+
+@lru_cache(maxsize=8192)
+def closest_uneven_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+    """`uneven_split`'s choice among every split Megatron-Core accepts, kept even where its heaviest stage holds more
+    than an even pipeline's (80 layers over 32 stages: 10 + 30x2 + 10): a split that works, for a fix to name."""
     if pp < 2 or vpp < 1:
         return None
     middle_stages = pp - 2
@@ -73,9 +81,7 @@ def uneven_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int]
         score = (max(first, per), ends, first - last)
         if best is None or score < best[0]:
             best = (score, (first, per, last))
-    if best is None or best[0][0] > -(-num_layers // pp):
-        return None
-    return best[1]
+    return None if best is None else best[1]
 
 
 @lru_cache(maxsize=8192)
