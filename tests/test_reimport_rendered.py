@@ -250,3 +250,17 @@ def test_check_of_a_ds_config_says_the_recompute_it_ran_at():
     assert not [u for u in report.config_unread if "recompute" in u]
     full = api.check_config(api.request_from_config(imported, {**given, "recompute": "full"}), config=imported)
     assert full.plan.recompute == "full" and not full.config_assumed
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_a_training_job_written_as_an_rl_launcher_reads_back_at_its_sequence_length(framework):
+    """An RL variant of a training job wrote no prompt or response length, so the launcher ran, and import read it
+    back, at the framework's default lengths (verl's 512 + 512 = 1,024 tokens) instead of the job's 8,192; now both
+    are written, summing to seq_length in the framework's default proportion (adapters/rl.training_lengths)."""
+    from meshplan.adapters.read import import_config
+
+    ask = Request(model="qwen3-8b", num_gpus=8, framework=framework, zero_stage=3, seq_length=8192, recompute="full")
+    rendered = api.render_config(framework, ask, variant="fsdp", force=True)
+    back = import_config(rendered.text, rendered.filename)
+    assert back.request["job"] == "rl"
+    assert back.request["prompt_length"] + back.request["response_length"] == 8192, back.request

@@ -209,6 +209,23 @@ def _verl_megatron_offload(job: Job, plan: Plan) -> list[Override]:
     return o
 
 
+def training_lengths(job: Job) -> tuple[int, int, str]:
+    """(prompt, response, a note) for a training job written as an RL launcher: the two lengths its trainer reads
+    (verl's data.max_prompt_length/max_response_length, SkyRL's max_prompt_length/max_generate_length) summing to
+    the job's seq_length, split in the framework's own default proportion (its card's rl.defaults). Left out, the
+    file ran and read back at those defaults' sum (verl's 1,024 tokens), not the sequence meshplan estimated."""
+    d = job.rl_card.defaults
+    prompt = max(1, job.seq_length * d.prompt_length // (d.prompt_length + d.response_length))
+    response = job.seq_length - prompt
+    if response < 1:
+        raise MeshplanError(f"seq_length={job.seq_length} cannot be written as an RL launcher's prompt + response "
+                            "length (each at least one token).",
+                            fix="Use seq_length >= 2, or the framework's SFT variant.")
+    return prompt, response, (
+        f"prompt {prompt} + response {response} = seq_length {job.seq_length} tokens, split as "
+        f"{job.card.display_name}'s defaults ({d.prompt_length} + {d.response_length}); set them for your task.")
+
+
 def rl_launch_warning(job: Job, entry: str, instead: str = "") -> list[str]:
     """What a training job's script runs on an RL framework: its RL trainer, whose rollout engine and reference model
     the training job's estimate leaves out (`render skyrl llama-3.1-8b --job sft` wrote an RL launch silently)."""
@@ -287,6 +304,10 @@ def build_verl(job: Job, plan: Plan, variant: str, version: str) -> Built:
     overrides, notes = verl_overrides(job, plan, variant)
     overrides += verl_lora(job, variant, notes)  # LoRA (meshplan/adapters/lora.py)
     flex, warnings = flex_notes(job, plan)
+    if job.rl is None:
+        prompt, response, said = training_lengths(job)
+        overrides += [("data.max_prompt_length", prompt), ("data.max_response_length", response)]
+        notes.append(f"data.max_prompt_length + data.max_response_length: {said}")
     return Built(template="verl.j2", context={"overrides": overrides}, format="hydra",
                  filename=f"run_verl_{variant}.sh",
                  notes=[*notes, *flex, "Set data.train_files, data.max_prompt_length + data.max_response_length "
@@ -353,6 +374,10 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
              ("generator.inference_engine.tensor_parallel_size", rtp),
              ("generator.inference_engine.num_engines", engines)]
         o += skyrl_rl_overrides(job, plan, notes)
+        if job.rl is None:
+            prompt, response, said = training_lengths(job)
+            o += [("trainer.max_prompt_length", prompt), ("generator.sampling_params.max_generate_length", response)]
+            notes.append(f"trainer.max_prompt_length + generator.sampling_params.max_generate_length: {said}")
         notes += [rtp_note, f"global_batch_size {job.global_batch_size} = policy_mini_batch_size {prompts} prompts x "
                   f"n_samples_per_prompt {rollout}.",
                   f"Inference engines: {engines} x TP {rtp}"
