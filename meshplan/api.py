@@ -171,7 +171,23 @@ def request_from_config(imported: ImportedConfig, given: Mapping[str, Any] | Non
     `scan_gpus` for minimum_gpus: the file's GPU count left out (the scan finds it)."""
     from meshplan.adapters.read import request_values
 
-    return parse_request(request_values(imported, given or {}, scan_gpus))
+    req = parse_request(request_values(imported, given or {}, scan_gpus))
+    _refused_from_the_file(req, imported, given or {})
+    return req
+
+
+def _refused_from_the_file(req: Request, imported: ImportedConfig, given: Mapping[str, Any]) -> None:
+    """Raise, with the file's line, a refusal the resolver gives a field the file set (MeshplanError.fields: the MTP
+    depth's, request/mtp_depth.py), where every face would otherwise say it without naming the file. Any other
+    refusal is left to the operation, which words it (a search's answer, a check's finding)."""
+    from meshplan.request.resolve import resolve
+
+    try:
+        resolve(script_request(req))
+    except MeshplanError as exc:
+        read = {name: source for name, source in imported.sources.items() if given.get(name) is None}
+        if set(exc.fields) & set(read):
+            raise exc.cited(read) from None
 
 
 def read_log(text: str, *, path: str = "<log_text>", framework: str | None = None) -> MeasuredRun:

@@ -55,3 +55,27 @@ def test_a_depth_on_a_hybrid_without_an_mtp_block_is_refused_as_the_request_refu
     assert (imported.request["model"], imported.request["mtp_num_layers"]) == ("nemotron-h-8b", 1)
     with pytest.raises(MeshplanError, match=r"without an MTP block pattern.*mtp_num_layers=1 has no block to train"):
         api.check_config(api.request_from_config(imported, {}), config=imported)
+
+
+def test_a_refused_depth_read_from_a_file_names_the_files_line():
+    """The depth's refusals (request/mtp_depth.py) named the fields but not where the file set them; a value read from
+    a file is refused with its line (MeshplanError.fields, api.request_from_config), on the api and the CLI alike.
+    Before, 'mtp_use_repeated_layer applies one MTP block at every depth, and Llama-3.1-8B trains none' alone."""
+    text = ("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 4096 \\\n"
+            "  --micro-batch-size 1 --global-batch-size 64 --bf16 \\\n  --mtp-use-repeated-layer\n")
+    imported = _imported("megatron-core", text, "train.sh")
+    with pytest.raises(MeshplanError, match=r"trains none .*read from the file: mtp_use_repeated_layer at "
+                                            r"train\.sh:3 --mtp-use-repeated-layer; mtp_num_layers at train\.sh \("):
+        api.request_from_config(imported, {"model": "llama-3.1-8b"})
+    given = api.request_from_config(imported, {"model": "llama-3.1-8b", "mtp_use_repeated_layer": False})
+    assert given.mtp_use_repeated_layer is False  # a field given beside the file overrides it: nothing refused
+
+
+def test_the_cli_cites_the_line_too(tmp_path, capsys):
+    from meshplan.faces import cli
+
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                      "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --mtp-use-repeated-layer\n")
+    assert cli.main(["memory", "--config", str(script), "--model", "llama-3.1-8b"]) == 2
+    assert f"mtp_use_repeated_layer at {script}:1 --mtp-use-repeated-layer" in capsys.readouterr().err

@@ -13,10 +13,20 @@ from collections.abc import Iterable
 class MeshplanError(ValueError):
     """A request meshplan cannot answer, with the reason and (when known) the fix."""
 
-    def __init__(self, message: str, fix: str | None = None):
+    def __init__(self, message: str, fix: str | None = None, fields: Iterable[str] = ()):
         self.reason = message
         self.fix = fix
+        self.fields = tuple(fields)  # the request fields refused, so a face that read them from a file can cite it
         super().__init__(message if not fix else f"{message} Fix: {fix}")
+
+    def cited(self, sources: dict[str, str]) -> MeshplanError:
+        """The same refusal with where a file set its fields (`sources`: field -> 'path:line key', a config reader's
+        ImportedConfig.sources), so a refusal of a value read from a file names the line to change."""
+        said = "; ".join(f"{name} at {sources[name]}" for name in self.fields if name in sources)
+        if not said:
+            return self
+        return MeshplanError(f"{self.reason.rstrip('.')} (read from the file: {said}).", fix=self.fix,
+                             fields=self.fields)
 
 
 def closest(name: str, choices: Iterable[str], n: int = 5) -> list[str]:

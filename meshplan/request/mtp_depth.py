@@ -31,12 +31,13 @@ def trained_mtp(arch: Architecture, req: Request, notes: list[str]) -> Architect
     if repeated and depth == 0:
         raise MeshplanError(f"mtp_use_repeated_layer applies one MTP block at every depth, and {arch.name} trains "
                             f"none (mtp_num_layers {depth}).",
-                            fix="Set mtp_num_layers to 1 or more, or leave mtp_use_repeated_layer out.")
+                            fix="Set mtp_num_layers to 1 or more, or leave mtp_use_repeated_layer out.",
+                            fields=("mtp_use_repeated_layer", "mtp_num_layers"))
     if depth and arch.layer_pattern is not None and arch.mtp_layer_pattern is None:
         raise MeshplanError(f"{arch.name} is a hybrid model without an MTP block pattern (mtp_hybrid_override_"
                             f"pattern): Megatron-Core's hybrid model builds its MTP layers from that pattern, so "
                             f"mtp_num_layers={depth} has no block to train.",
-                            fix="Leave mtp_num_layers out (or 0) for this model.")
+                            fix="Leave mtp_num_layers out (or 0) for this model.", fields=("mtp_num_layers",))
     if req.mtp_num_layers is None:
         notes.append(f"mtp_num_layers not given: {depth}, the model's own MTP blocks.")
     return arch.model_copy(update={"num_mtp_layers": depth, "mtp_repeated_layer": repeated and depth > 0})
@@ -51,4 +52,5 @@ def writable_mtp(card: FrameworkCard, job: Job, plan: Plan) -> None:
     if instead is not None:
         repeated = ", mtp_use_repeated_layer=true" if job.model.mtp_repeated_layer else ""
         raise MeshplanError(f"{card.name} cannot set the multi-token-prediction depth (mtp_num_layers="
-                            f"{job.model.num_mtp_layers}{repeated}): it has no such knob.", fix=instead)
+                            f"{job.model.num_mtp_layers}{repeated}): it has no such knob.", fix=instead,
+                            fields=("mtp_num_layers", "mtp_use_repeated_layer"))
