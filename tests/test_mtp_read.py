@@ -79,3 +79,35 @@ def test_the_cli_cites_the_line_too(tmp_path, capsys):
                       "--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 --mtp-use-repeated-layer\n")
     assert cli.main(["memory", "--config", str(script), "--model", "llama-3.1-8b"]) == 2
     assert f"mtp_use_repeated_layer at {script}:1 --mtp-use-repeated-layer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("depth, repeated", [(2, True), (0, False)])
+def test_skyrls_megatron_strategy_writes_the_depth_and_reads_it_back(depth, repeated):
+    """SkyRL 0.4.0's Megatron worker builds its provider with AutoBridge (the checkpoint's depth) and then sets every
+    transformer_config_kwargs entry on it before finalize (megatron_worker.py), so the depth is
+    transformer_config_kwargs.mtp_num_layers / mtp_use_repeated_layer. Before, a depth was refused ('meshplan writes
+    no multi-token-prediction depth for SkyRL')."""
+    request = Request(framework="skyrl", model="deepseek-v3", num_gpus=256, tp=2, pp=8, ep=16, zero_stage=1,
+                      job="rl", mtp_num_layers=depth, mtp_use_repeated_layer=repeated)
+    rendered = api.render_config("skyrl", request, force=True)
+    written = "null" if depth == 0 else str(depth)
+    assert f"trainer.policy.megatron_config.transformer_config_kwargs.mtp_num_layers={written} " in rendered.text
+    back = _imported("skyrl", rendered.text, rendered.filename)
+    assert (back.request["mtp_num_layers"], back.request["mtp_use_repeated_layer"]) == (depth, repeated)
+
+
+def test_a_null_depth_reads_as_no_mtp_block_not_as_the_frameworks_default():
+    """Megatron-Core's mtp_num_layers None builds no MTP block; Megatron-Bridge writes depth 0 as
+    model.mtp_num_layers=null, which import read as 'the framework's default' (the checkpoint's depth)."""
+    request = Request(framework="megatron-bridge", model="deepseek-v3", num_gpus=256, tp=2, pp=8, ep=16,
+                      mtp_num_layers=0)
+    rendered = api.render_config("megatron-bridge", request, force=True, variant="run_recipe")
+    assert "model.mtp_num_layers=null" in rendered.text
+    assert _imported("megatron-bridge", rendered.text, rendered.filename).request["mtp_num_layers"] == 0
+
+
+def test_skyrls_fsdp_strategy_refuses_a_depth_with_where_to_set_one():
+    request = Request(framework="skyrl", model="deepseek-v3", num_gpus=256, zero_stage=3, job="rl",
+                      mtp_num_layers=1)
+    with pytest.raises(MeshplanError, match=r"SkyRL's FSDP strategy .* no MTP depth key.*strategy=megatron"):
+        api.estimate_memory(request)

@@ -349,6 +349,9 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
         kwargs.insert(0, ("virtual_pipeline_model_parallel_size", plan.vpp))
     if plan.sequence_parallel != (plan.tp > 1):
         kwargs.append(("sequence_parallel", plan.sequence_parallel))  # SkyRL's own rule is SP = (TP > 1)
+    if job.mtp_asked:  # else the provider keeps the checkpoint's depth (AutoBridge reads num_nextn_predict_layers)
+        kwargs += [("mtp_num_layers", job.model.num_mtp_layers or None),
+                   ("mtp_use_repeated_layer", job.model.mtp_repeated_layer)]
     if variant == "sft":
         prefix, o = "megatron_config", [("strategy", "megatron"), ("model.path", _model_path(job)),
                                         ("placement.num_nodes", n.nnodes),

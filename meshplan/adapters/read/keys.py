@@ -296,11 +296,22 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
     return left
 
 
+# Request fields whose key, set to null, states a value rather than leaving the framework's default: Megatron-Core's
+# TransformerConfig.mtp_num_layers None builds no MTP block (megatron/core/transformer/transformer_config.py; the
+# provider of Megatron-Bridge and SkyRL's transformer_config_kwargs set it over the checkpoint's depth)
+NULL_STATES = {"mtp_num_layers": (0, "None: Megatron-Core builds no MTP block")}
+
+
 def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -> bool:
     value = s.value
     if m.target in special:
         return False
-    if str(value).strip("'\"") in ("null", "None", "~") and (m.target in VALUE_KNOBS or m.target in
+    null = str(value).strip("'\"") in ("null", "None", "~")
+    if null and m.target in NULL_STATES:
+        stated, why = NULL_STATES[m.target]
+        reading.state(m.target, stated, f"{s.where(reading.path)} ({why})")
+        return True
+    if null and (m.target in VALUE_KNOBS or m.target in
                                                               Request.model_fields):
         reading.notes.append(f"{s.where(reading.path)} = null: the framework's default")
         return True
