@@ -111,3 +111,17 @@ def test_skyrls_fsdp_strategy_refuses_a_depth_with_where_to_set_one():
                       mtp_num_layers=1)
     with pytest.raises(MeshplanError, match=r"SkyRL's FSDP strategy .* no MTP depth key.*strategy=megatron"):
         api.estimate_memory(request)
+
+
+def test_verls_refusal_names_its_real_mtp_keys_and_where_a_depth_can_be_set():
+    """verl's MtpConfig (actor_rollout_ref.model.mtp.enable / enable_train) switches the checkpoint's own blocks on, on
+    the Megatron engine only, and has no depth: the refusal says so and names the frameworks that set a depth. Before,
+    'its actor_rollout_ref.model.mtp section is not rendered ... (the model's own MTP blocks)', which named no key and
+    no limit."""
+    request = Request(framework="verl", model="deepseek-v3", num_gpus=256, tp=2, pp=8, ep=16, zero_stage=1, job="rl",
+                      mtp_num_layers=2)
+    with pytest.raises(MeshplanError) as refused:
+        api.estimate_memory(request)
+    fix = refused.value.fix
+    assert "actor_rollout_ref.model.mtp.enable and enable_train" in fix and "Megatron engine only" in fix
+    assert "transformer_config_kwargs.mtp_num_layers" in fix
