@@ -411,3 +411,17 @@ def test_a_zero_stage_fix_names_only_stages_that_write_the_plans_degrees(framewo
         assert not errors & {"AD001", "FS001"}, (z, errors)
     plain = api.check_config(Request(**{**base, "tp": 1}, zero_stage=zero))
     assert next(f.fix for f in plain.findings if f.id == "AD001") == card_instead(framework, zero, f"zero_{zero}")
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+def test_the_uniform_method_refuses_zero_layers_per_chunk(framework):
+    """Megatron-Core's uniform method steps through a stage recompute_num_layers layers at a time
+    (transformer_block.py _checkpointed_forward: `layer_idx += self.config.recompute_num_layers`), so 0 never advances:
+    the run hangs. Before, check said ok and the estimate priced a full recompute; block with 0 (no layer recomputed)
+    stays allowed."""
+    req = Request(**L8, framework=framework, recompute="full", recompute_layers=0, recompute_method="uniform")
+    found = [f for f in api.check_config(req).findings if f.id == "RC003"]
+    assert len(found) == 1 and found[0].severity == "error", found
+    assert "never advances" in found[0].message and "recompute_layers=1" in found[0].fix
+    block = req.model_copy(update={"recompute_method": "block"})
+    assert not [f for f in api.check_config(block).findings if f.id == "RC003"]

@@ -62,6 +62,11 @@ def recompute_method_needs_full(ctx: Context) -> Values:
     if p.recompute_method == "block" and p.recompute_layers is None:
         return {**values, "why": "the block method needs the number of layers per stage it recomputes",
                 "fix": "Give recompute_layers (e.g. 1), or use recompute_method=uniform."}
+    if p.recompute_method == "uniform" and p.recompute_layers == 0:  # _checkpointed_forward: layer_idx += 0
+        return {**values, "why": "the uniform method steps through a stage recompute_layers layers at a time, so "
+                                 "0 never advances (Megatron-Core's _checkpointed_forward loops: the run hangs)",
+                "fix": "Use recompute_layers=1 (every layer recomputed on its own) or more, or "
+                       "recompute_method=block (recompute_layers=0: no layer recomputed)."}
     return None
 
 
