@@ -378,3 +378,27 @@ def test_a_qlora_recipe_is_said_and_refused_an_estimate_not_planned_as_a_bf16_ba
     plain = import_config(QLORA.format(four="false"), "lora.yaml")
     assert any(n.startswith("lora.yaml:15 quantization.load_in_4bit = False: off") for n in plain.notes)
     assert api.request_from_config(plain, {"num_gpus": 8}).lora_rank == 16
+
+
+@pytest.mark.parametrize("edit, said", [
+    (None, None),  # render writes true at zero_stage 3: read, nothing said
+    (("  moe:\n    reshard_after_forward: true\n", ""), "not given: AutoModel's default, false"),
+    (("reshard_after_forward: true", "reshard_after_forward: false"), "distributed.moe.reshard_after_forward"),
+])
+def test_the_experts_reshard_policy_is_read_against_the_zero_stage(edit, said):
+    """AutoModel's MoEParallelizerConfig.reshard_after_forward (default false, built whenever ep_size > 1) keeps the
+    experts gathered from forward to backward whatever the strategy does with the other units. Before, the key render
+    writes came back 'no meshplan field', and a recipe without it (the experts gathered) was read as zero_stage 3 with
+    nothing said; now an experts policy that differs from the rest is said, one that agrees is read."""
+
+    request = Request(model="qwen3-30b-a3b", num_gpus=16, ep=8, zero_stage=3, framework="nemo-automodel")
+    text = api.render_config("nemo-automodel", request, force=True).text
+    if edit is not None:
+        assert edit[0] in text
+        text = text.replace(*edit)
+    back = import_config(text, "recipe.yaml")
+    moe = [u for u in back.unsupported if "experts" in u or "reshard_after_forward" in u]
+    if said is None:
+        assert not moe, moe
+    else:
+        assert len(moe) == 1 and said in moe[0] and "stay gathered from forward to backward" in moe[0], moe

@@ -52,6 +52,37 @@ def _strategy(reading: Reading, left: list) -> None:
         reading.state("zero_stage", 3, strategy)
 
 
+MOE_RESHARD = "moe_reshard_after_forward"
+
+
+def _expert_reshard(reading: Reading) -> None:
+    """distributed.moe.reshard_after_forward against the zero stage read: with ep > 1 AutoModel builds
+    MoEParallelizerConfig, whose reshard_after_forward (default false, the card's read source) decides alone whether
+    the experts stay gathered from forward to backward. meshplan holds one policy for every unit (zero_stage 3
+    reshards each, 2 keeps each gathered), so experts that differ from the rest are said, not estimated as the
+    rest; left out at zero_stage 3 the default keeps them gathered. Before, the key was 'no meshplan field' even
+    where it agreed, and its absence unsaid."""
+    ep, dp = reading.request.get("ep", 1), reading.request.get("dp")
+    if ep <= 1 or reading.request.get("zero_stage", 3) not in (2, 3):
+        return
+    if dp is not None and dp * reading.request.get("cp", 1) <= ep:  # no expert shard left to gather
+        return
+    zero = reading.request.get("zero_stage", 3)
+    value, s = reading.extra.get(MOE_RESHARD, (None, None))
+    gathered = value is None or as_bool(value) is False
+    if gathered == (zero == 2):
+        return
+    where = s.where(reading.path) if s is not None else f"{reading.path} (distributed.moe.reshard_after_forward not " \
+                                                           "given: AutoModel's default, false)"
+    kept = "stay gathered from forward to backward" if gathered else "reshard after each forward"
+    rest = "reshard" if zero == 3 else "stay gathered"
+    reading.unsupported.append(
+        f"{where}: the experts {kept} while the other FSDP units {rest} (zero_stage {zero}), which meshplan does not "
+        "model (one policy for every unit: zero_stage 3 reshards each, 2 keeps each gathered); set "
+        f"distributed.moe.reshard_after_forward: {'true' if zero == 3 else 'false'} for the estimate to hold"
+        + (", or pass zero_stage=2 for an upper bound" if zero == 3 else ""))
+
+
 def _pipeline(reading: Reading, num_layers: int | None) -> None:
     """vpp from the schedule and layers_per_stage (AutoModel: ceil(layers / layers_per_stage) virtual stages, rounded
     to a multiple of pp as round_virtual_stages_to_pp_multiple says); the micro-batch is pp_microbatch_size."""
@@ -131,6 +162,7 @@ def read_automodel_yaml(text: str, path: str) -> Reading:
     settings = recipe_settings(text, path)
     left = apply(reading, settings, key_table(FRAMEWORK), SPECIAL)
     _strategy(reading, left)
+    _expert_reshard(reading)
     for s, m in left:
         if m.target == "micro_batch_size" and reading.request.get("pp", 1) == 1:
             reading.state("micro_batch_size", s.value, s)
