@@ -930,3 +930,32 @@ def test_precision_rules_name_the_nearest_setting():
     assert "optimizer_state_dtype" in fix("PR005", optimizer="muon", zero_stage=1, optimizer_state_dtype="bf16")
     assert "optimizer_state_dtype" in fix("PR005", optimizer="muon", zero_stage=1, optimizer_offload=True)
     assert "zero_stage=1" in fix("PR002", precision="fp8", fp8_param_gather=True, zero_stage=0)
+
+
+def test_verls_rl_batch_fix_names_the_prompts_per_step_that_divides():
+    """VL001 fires on an RL job only, whose batch is prompts_per_step x samples_per_prompt: its fix named a
+    global_batch_size (8 or 16 for 5 x 3 over 8 GPUs) that no whole prompts_per_step at 3 samples gives, and its
+    message said the unit twice ('n_gpus = 8 (...) = 8'). Now the fix names the prompts_per_step values whose batch
+    divides, and the fix applied passes."""
+    from meshplan import api
+
+    ask = dict(model="qwen3-8b", framework="verl", num_gpus=8, zero_stage=3, job="rl", samples_per_prompt=3)
+    found = [f for f in api.check_config(Request(**ask, prompts_per_step=5)).findings if f.id == "VL001"]
+    assert len(found) == 1 and "= 8 (" not in found[0].message, found
+    assert found[0].message.endswith("is not divisible by n_gpus (the FSDP backend's minimal batch) = 8.")
+    assert found[0].fix == "Use prompts_per_step = 8 (x samples_per_prompt 3 = 24 sequences).", found[0].fix
+    fixed = api.check_config(Request(**ask, prompts_per_step=8)).findings
+    assert not [f for f in fixed if f.id == "VL001"]
+
+
+def test_skyrls_batch_fix_names_prompts_for_an_rl_job_and_the_batch_for_a_training_job():
+    """SK001 reads an RL job's batch too: 'Use global_batch_size = 8' at 3 samples a prompt named no whole
+    prompts_per_step. A training job's fix is still its global_batch_size."""
+    from meshplan import api
+
+    ask = dict(model="qwen3-8b", framework="skyrl", num_gpus=8, zero_stage=3)
+    rl = [f for f in api.check_config(Request(**ask, job="rl", samples_per_prompt=3, prompts_per_step=1)).findings
+          if f.id == "SK001"]
+    assert len(rl) == 1 and rl[0].fix == "Use prompts_per_step = 8 (x samples_per_prompt 3 = 24 sequences).", rl
+    sft = [f for f in api.check_config(Request(**ask, global_batch_size=4)).findings if f.id == "SK001"]
+    assert len(sft) == 1 and sft[0].fix == "Use global_batch_size = 8.", sft

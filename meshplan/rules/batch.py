@@ -7,6 +7,8 @@ it states the framework's own test (the source the card names), not a tidier ver
 
 from __future__ import annotations
 
+import math
+
 from meshplan.rules.engine import Context, Values, rule
 from meshplan.rules.fix_values import divisors, fmt_set, neighbours
 
@@ -40,10 +42,22 @@ def verl_batch(ctx: Context) -> Values:
     if ctx.backend == "megatron":
         unit, how = p.dp * p.micro_batch_size, f"dp*ppo_micro_batch_size_per_gpu = {p.dp}*{p.micro_batch_size}"
     else:
-        unit, how = ctx.world, f"n_gpus = {ctx.world} (the FSDP backend's minimal batch)"
+        unit, how = ctx.world, "n_gpus (the FSDP backend's minimal batch)"
     if gbs % unit == 0:
         return None
-    return {"gbs": gbs, "unit": unit, "how": how, "gbss": neighbours(gbs, unit)}
+    return {"gbs": gbs, "unit": unit, "how": how, "gbss": rl_batch_fix(ctx, gbs, unit)}
+
+
+def rl_batch_fix(ctx: Context, gbs: int, unit: int) -> str:
+    """The batch a fix names, a multiple of `unit`: an RL job's in its own fields (its batch is prompts_per_step x
+    samples_per_prompt, so the prompts step by unit / gcd(unit, samples): 'global_batch_size = 8' at 3 samples a
+    prompt named no whole prompts_per_step), a training job's as global_batch_size."""
+    if ctx.job.rl is None:
+        return f"global_batch_size = {neighbours(gbs, unit)}"
+    n = ctx.job.rl.samples_per_prompt
+    prompts = [int(p) for p in neighbours(gbs // n, unit // math.gcd(unit, n)).split(" or ")]
+    return (f"prompts_per_step = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
+            f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)")
 
 
 
@@ -74,4 +88,4 @@ def skyrl_batch(ctx: Context) -> Values:
     if per_gpu > 0 and per_gpu % p.micro_batch_size == 0:
         return None
     return {"gbs": gbs, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,
-            "gbss": neighbours(gbs, dp * p.micro_batch_size)}
+            "gbss": rl_batch_fix(ctx, gbs, dp * p.micro_batch_size)}
