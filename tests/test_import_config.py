@@ -1139,3 +1139,15 @@ def test_a_load_key_is_irrelevant_only_where_it_loads_a_checkpoint_or_startup_we
     read = import_file(str(verl))
     said = " ".join(read.unsupported)
     assert "load_in_4bit" in said and "load_format" not in said
+
+
+def test_a_ds_config_offloading_to_nvme_says_it_is_estimated_as_cpu_offload(tmp_path):
+    """DeepSpeed's offload devices are none, cpu and nvme (offload_config.py OffloadDeviceEnum); nvme (ZeRO-Infinity)
+    was read as the CPU offload with nothing said, though its host memory and transfer time are another run's."""
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, '
+                      '"offload_param": {"device": "nvme"}, "offload_optimizer": {"device": "cpu"}}}')
+    read = import_file(str(config))
+    assert read.request["param_offload"] is True and read.request["optimizer_offload"] is True
+    said = [u for u in read.unsupported if "nvme" in u]
+    assert len(said) == 1 and "offload_param.device = nvme" in said[0] and "param_offload=true" in said[0], said

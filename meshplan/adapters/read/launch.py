@@ -406,7 +406,14 @@ def read_deepspeed_settings(reading: Reading, settings: list[Setting]) -> Readin
         if m.target.startswith("zero_") and m.target == "zero_0":
             reading.state("zero_stage", s.value, s)
         elif m.target in ("param_offload", "optimizer_offload"):
-            reading.state(m.target, str(s.value).lower() in ("cpu", "nvme"), s)
+            device = str(s.value).strip("'\"").lower()
+            reading.state(m.target, device in ("cpu", "nvme"), s)
+            if device == "nvme":  # ZeRO-Infinity: deepspeed/runtime/zero/offload_config.py OffloadDeviceEnum.nvme
+                reading.unsupported.append(
+                    f"{s.where(reading.path)} = nvme: ZeRO-Infinity's NVMe offload (the host holds only its "
+                    "buffers, and the transfers run at the drive's bandwidth), which meshplan does not model: "
+                    f"estimated as {m.target}=true to the CPU, its host memory over and its step time under the "
+                    "NVMe run's")
     if reading.value("fp16") is True or as_bool(reading.value("fp16")):
         reading.unsupported.append(f"{reading.extra['fp16'][1].where(reading.path)}: fp16 training (meshplan "
                                    "estimates bf16 or fp8)")
