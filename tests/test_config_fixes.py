@@ -145,11 +145,12 @@ def test_cli_and_mcp_give_the_same_file_fixes(capsys):
 
 
 def test_verl_rl_file_with_ppo_mini_batches_is_checkable():
-    # ppo_mini_batch_size 128 of train_batch_size 512 prompts: 4 optimizer steps per RL step, which meshplan's RL
-    # step does not model; stating it as global_batch_size made the file's own request invalid
+    # ppo_mini_batch_size 128 of train_batch_size 512 prompts: 4 optimizer steps per RL step, read as
+    # prompts_per_mini_batch; stating it as global_batch_size made the file's own request invalid
     imported = api.import_file(str(CONFIGS / "verl_qwen3moe_30b_megatron_96gb.sh"))
     assert "global_batch_size" not in imported.request
-    assert any("4 optimizer steps per RL step" in u for u in imported.unsupported)
+    assert imported.request["prompts_per_mini_batch"] == 128 and imported.request["prompts_per_step"] == 512
+    assert not any("optimizer steps" in u for u in imported.unsupported)
     report = api.check_config(api.request_from_config(imported, {"model": "qwen3-30b-a3b"}), config=imported)
     assert report.framework == "verl" and report.findings
 

@@ -18,7 +18,14 @@ from meshplan.request.parse import parse_request
 from meshplan.request.resolve import resolve
 from meshplan.rl.lengths import age_in_flight, drain_need, quantile, rate, survival, survival_mean
 from meshplan.rl.memory import rl_memory
-from meshplan.rl.step_time import at_tokens, decode_step_seconds, rl_step_time, sequences_per_rank
+from meshplan.rl.step_time import (
+    at_tokens,
+    decode_step_seconds,
+    flops_share,
+    log_prob_seconds,
+    rl_step_time,
+    sequences_per_rank,
+)
 
 # a 7B DAPO job of verl's one-step-off doc: 16 H20, several waves of decode per engine rank
 DAPO = {"model": "qwen2.5-7b", "gpu": "h20", "framework": "verl", "num_gpus": 16, "tp": 2, "pp": 2, "job": "rl",
@@ -46,12 +53,21 @@ def test_the_passes_cost_the_mean_tokens_and_memory_the_longest(fields):
     at_max, short = step(fields).rl, step(fields, mean_response_length=mean).rl
     prompt = fields.get("prompt_length", 512)
     share = (prompt + mean) / (prompt + fields["response_length"])
-    assert short.log_prob_s == pytest.approx(at_max.log_prob_s * share)
     job, plan = resolve(parse_request({**fields, "mean_response_length": mean}))
+    flops = flops_share(job)
+    assert flops < share  # attention's reach shrinks with the sequence too
     _, update, _, _ = rl_step_time(job, plan)  # the update as estimated, at prompt + the longest response
     b = update.breakdown
+    passes = at_max.log_prob_s / log_prob_seconds(update, 1.0, 1.0)
+    traffic = b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s
+    forward = ((b.compute_s - b.recompute_s) * flops + traffic * share + b.bubble_s) / 3
+    assert short.log_prob_s == pytest.approx(passes * forward)
     fixed = b.dp_comm_s + b.other_s + b.offload_s
-    assert short.update_s == pytest.approx(fixed + (at_max.update_s - fixed) * share)
+    scaled = update.step_time_s - fixed - b.bubble_s
+    compute = min(scaled, b.compute_s)
+    once = fixed + b.bubble_s  # one optimizer step, one pipeline fill and drain of budget-packed micro-batches
+    assert short.update_s == pytest.approx((once + compute * flops + (scaled - compute) * share)
+                                           * at_max.update_s / update.step_time_s)
     assert short.update_s < at_max.update_s
     # the trainer's sequence (what memory plans for) stays prompt + the longest response
     assert job.seq_length == prompt + fields["response_length"] and job.rl.mean_response == mean
@@ -65,7 +81,14 @@ def test_at_tokens_scales_all_but_the_steps_once_terms():
     assert at_tokens(update, 1.0) == update.step_time_s
     b = update.breakdown
     fixed = b.dp_comm_s + b.other_s + b.offload_s
-    assert at_tokens(update, 0.5) == pytest.approx(fixed + (update.step_time_s - fixed) / 2)
+    assert b.bubble_s > 0  # pp 2: a pipeline fill and drain, once per optimizer step
+    once = fixed + b.bubble_s
+    rest = update.step_time_s - once
+    assert at_tokens(update, 0.5) == pytest.approx(once + rest / 2)
+    assert at_tokens(update, 0.5, 0.25) == pytest.approx(once + b.compute_s / 4 + (rest - b.compute_s) / 2)
+    assert at_tokens(update, 1.0, 1.0, 4.0) == pytest.approx(4 * update.step_time_s)
+    # a last, smaller mini-batch: its share of the tokens, a whole optimizer step
+    assert at_tokens(update, 1.0, 1.0, 2.5) == pytest.approx(3 * once + 2.5 * rest)
 
 
 @pytest.mark.parametrize("fields", [DAPO, GRPO])

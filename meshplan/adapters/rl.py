@@ -87,6 +87,15 @@ def rl_workload(job: Job, plan: Plan, default_n: int) -> tuple[int, int, int, st
         "at most half a GPU, leaving the rest to the KV cache.")
 
 
+def mini_batch_prompts(job: Job, prompts: int) -> tuple[int, str]:
+    """The prompts of one optimizer step (the RL job's prompts_per_mini_batch, else the step's `prompts`: one
+    optimizer step per batch) and words for the notes."""
+    mini = job.rl.prompts_per_mini_batch if job.rl is not None and job.rl.prompts_per_mini_batch else prompts
+    steps = -(-prompts // mini)
+    return mini, ("one optimizer step per batch" if steps == 1 else
+                  f"{steps} optimizer steps per batch of {prompts} prompts")
+
+
 def verl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]:
     """verl's rollout section, lengths and algorithm for an RL job (verl/trainer/config/rollout/rollout.yaml,
     data/legacy_data.yaml, algorithm adv_estimator; the reference model follows use_kl_loss)."""
@@ -140,16 +149,17 @@ def skyrl_rl_overrides(job: Job, plan: Plan, notes: list[str]) -> list[Override]
 def verl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override], list[str]]:
     n = nodes(job)
     rollout, prompts, rtp, rtp_note = rl_workload(job, plan, 1)  # an RL job's own, else derived from the batch
+    mini, steps = mini_batch_prompts(job, prompts)
     notes = [rtp_note,
-             f"global_batch_size {job.global_batch_size} = ppo_mini_batch_size {prompts} prompts x rollout.n "
-             f"{rollout}; data.train_batch_size is set equal (one optimizer step per batch)."]
+             f"global_batch_size {job.global_batch_size} = data.train_batch_size {prompts} prompts x rollout.n "
+             f"{rollout}; ppo_mini_batch_size {mini} ({steps})."]
     o: list[Override] = []
     if variant == "megatron":
         o.append(("model_engine", "megatron"))
     o += [("actor_rollout_ref.model.path", _model_path(job)),
           ("trainer.nnodes", n.nnodes), ("trainer.n_gpus_per_node", n.per_node),
           ("data.train_batch_size", prompts), ("actor_rollout_ref.rollout.n", rollout),
-          ("actor_rollout_ref.actor.ppo_mini_batch_size", prompts),
+          ("actor_rollout_ref.actor.ppo_mini_batch_size", mini),
           ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", plan.micro_batch_size),
           ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
           ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", plan.micro_batch_size),
@@ -361,6 +371,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
                                         ("max_length", job.seq_length)]
     else:
         rollout, prompts, rtp, rtp_note = rl_workload(job, plan, 5)  # an RL job's own, else derived from the batch
+        mini, steps = mini_batch_prompts(job, prompts)
         engines = (plan.rollout_gpus if job.rl else job.num_gpus) // (rtp * (plan.rollout_dp if job.rl else 1))
         prefix = "trainer.policy.megatron_config"
         o = [("trainer.strategy", "megatron" if megatron else "fsdp"),
@@ -370,7 +381,7 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
              ("trainer.placement.policy_num_gpus_per_node", n.per_node),
              ("trainer.placement.ref_num_nodes", n.nnodes),
              ("trainer.placement.ref_num_gpus_per_node", n.per_node),
-             ("trainer.train_batch_size", prompts), ("trainer.policy_mini_batch_size", prompts),
+             ("trainer.train_batch_size", prompts), ("trainer.policy_mini_batch_size", mini),
              ("generator.n_samples_per_prompt", rollout),
              ("trainer.micro_train_batch_size_per_gpu", plan.micro_batch_size),
              ("trainer.micro_forward_batch_size_per_gpu", plan.micro_batch_size),
@@ -381,8 +392,8 @@ def skyrl_overrides(job: Job, plan: Plan, variant: str) -> tuple[list[Override],
             prompt, response, said = training_lengths(job)
             o += [("trainer.max_prompt_length", prompt), ("generator.sampling_params.max_generate_length", response)]
             notes.append(f"trainer.max_prompt_length + generator.sampling_params.max_generate_length: {said}")
-        notes += [rtp_note, f"global_batch_size {job.global_batch_size} = policy_mini_batch_size {prompts} prompts x "
-                  f"n_samples_per_prompt {rollout}.",
+        notes += [rtp_note, f"global_batch_size {job.global_batch_size} = train_batch_size {prompts} prompts x "
+                  f"n_samples_per_prompt {rollout}; policy_mini_batch_size {mini} ({steps}).",
                   f"Inference engines: {engines} x TP {rtp}"
                   + (" on their own GPUs (colocate_all false)." if plan.placement == "separate" else
                      " on the same GPUs (colocate_all needs num_engines x TP x DP = policy GPUs).")]

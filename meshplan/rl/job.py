@@ -19,8 +19,8 @@ from meshplan.schema.plan import Plan, RLJob
 from meshplan.schema.request import Request
 
 RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-             "mean_response_length", "rollout_engine", "rollout_tp", "rollout_dp", "rollout_ep",
-             "rollout_memory_fraction", "placement", "rollout_gpus", "rollout_enforce_eager")
+             "mean_response_length", "prompts_per_mini_batch", "rollout_engine", "rollout_tp", "rollout_dp",
+             "rollout_ep", "rollout_memory_fraction", "placement", "rollout_gpus", "rollout_enforce_eager")
 
 
 class ResolvedRL(BaseModel):
@@ -89,6 +89,7 @@ class _Workload(NamedTuple):
     prompt: int
     response: int
     mean_response: int | None = None
+    mini_batch: int | None = None
 
 
 class _Rollout(NamedTuple):
@@ -123,7 +124,8 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     critic_apart = card.critic_on_own_gpus(work.algorithm, rollout.placement)
     rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
-                prompt_length=work.prompt, response_length=work.response, mean_response_length=work.mean_response)
+                prompt_length=work.prompt, response_length=work.response, mean_response_length=work.mean_response,
+                 prompts_per_mini_batch=work.mini_batch)
     rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
                     memory_fraction=rollout.memory_fraction, placement=rollout.placement,
                     rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager), critic_apart=critic_apart)
@@ -183,7 +185,23 @@ def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:
         raise MeshplanError(f"seq_length {req.seq_length} is not prompt_length + response_length = {prompt} + "
                             f"{response} = {prompt + response}.", fix="Leave seq_length out for an RL job.")
     return _Workload(algorithm=algorithm, prompts=prompts, samples=n, prompt=prompt, response=response,
-                     mean_response=_mean_response(req.mean_response_length, response))
+                     mean_response=_mean_response(req.mean_response_length, response),
+                     mini_batch=_mini_batch(req.prompts_per_mini_batch, prompts, notes))
+
+
+def _mini_batch(mini: int | None, prompts: int, notes: list[str]) -> int | None:
+    """The prompts of one optimizer step, at most the step's prompts (verl asserts train_batch_size >=
+    ppo_mini_batch_size). None: the whole step in one optimizer step, as meshplan renders it."""
+    if mini is None:
+        notes.append(f"prompts_per_mini_batch not given: {prompts} (prompts_per_step), one optimizer step per RL "
+                     "step.")
+        return None
+    if mini > prompts:
+        raise MeshplanError(f"prompts_per_mini_batch {mini} is over prompts_per_step {prompts}: a mini-batch is a "
+                            "share of the step's prompts.",
+                            fix=f"Pass prompts_per_mini_batch from 1 to {prompts} (prompts_per_step), or raise "
+                                "prompts_per_step.")
+    return mini
 
 
 def _mean_response(mean: int | None, response: int) -> int | None:

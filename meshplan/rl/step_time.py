@@ -4,6 +4,7 @@ resharding the weights to the engine and the phase offloads' transfers, and the 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from meshplan.arithmetic.comm import job_links, small_allreduce_time
@@ -153,15 +154,46 @@ def sequences_per_rank(job, plan: Plan, rollout: dict) -> tuple[int, int]:
     return planned, max(planned, min(held, job.rl_card.defaults.max_num_seqs))
 
 
-def at_tokens(update, share: float) -> float:
-    """The update's seconds at `share` of the tokens it was estimated at: what scales with the tokens (the
-    micro-batches' compute, TP/CP/EP/PP traffic and bubble) by the share, the step's gradient sync, optimizer and
-    other terms and its offload unchanged (attention's cost, quadratic per sequence, is taken as linear here)."""
-    if share >= 1:
+def at_tokens(update, tokens: float, flops: float | None = None, batches: float = 1.0) -> float:
+    """The update's seconds at `tokens` of the tokens it was estimated at and `flops` of its model FLOPs (flops_share:
+    attention's reach shrinks with the sequence too; `tokens` where not given), over `batches` of the batch it was
+    estimated for (an RL step's prompts over one mini-batch's; a last, smaller mini-batch counts its share): the
+    micro-batches' compute scales with the FLOPs, their TP/CP/EP/PP traffic with the tokens, both with the batches;
+    once per optimizer step (ceil(batches)) come the step's gradient sync, optimizer and other terms, its offload,
+    and the pipeline's fill and drain, whose micro-batches dynamic batching packs to the same token budget whatever
+    the mean (verl rearrange_micro_batches; megatron_actor.update_policy runs forward_backward_batch and
+    optimizer.step once per mini-batch)."""
+    flops = tokens if flops is None else flops
+    if tokens >= 1 and flops >= 1 and batches == 1:
         return update.step_time_s
     b = update.breakdown
     fixed = min(update.step_time_s, b.dp_comm_s + b.other_s + b.offload_s)
-    return fixed + (update.step_time_s - fixed) * share
+    flush = min(update.step_time_s - fixed, b.bubble_s)
+    scaled = update.step_time_s - fixed - flush
+    compute = min(scaled, b.compute_s)
+    return math.ceil(batches) * (fixed + flush) + batches * (compute * flops + (scaled - compute) * tokens)
+
+
+def log_prob_seconds(update, tokens: float, flops: float) -> float:
+    """One log-prob pass over the step's batch: a forward of the update's micro-batches, a third of their compute
+    (no recompute) and TP/CP/EP/PP traffic, the compute at `flops` and the traffic at `tokens` of what the update was
+    estimated at (`at_tokens`), and one pipeline fill and drain (verl's compute_log_prob runs the whole batch in one
+    forward-only schedule); no gradient sync or optimizer."""
+    b = update.breakdown
+    traffic = b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s
+    return ((b.compute_s - b.recompute_s) * flops + traffic * tokens + b.bubble_s) / 3
+
+
+def mini_batch_update(job, plan: Plan, update):
+    """The update estimate of one optimizer step and how many of its batch the RL step's update runs: `update` (the
+    whole step's sequences) and 1 where the job names no mini-batch, else the estimate at one mini-batch's sequences
+    (prompts_per_mini_batch x samples: its micro-batches, pipeline flush, gradient sync and optimizer step) and
+    prompts_per_step / prompts_per_mini_batch of them."""
+    rl = job.rl
+    if rl.optimizer_steps == 1:
+        return update, 1.0
+    mini = job.model_copy(update={"global_batch_size": rl.prompts_per_mini_batch * rl.samples_per_prompt})
+    return estimate_throughput(mini, plan), rl.prompts_per_step / rl.prompts_per_mini_batch
 
 
 def flops_share(job) -> float:
@@ -189,23 +221,24 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
 
     Generation: each replica's share of prompts x samples sequences decodes as many at once as its KV cache holds
     (`sequences_per_rank`), each step read-bound or compute-bound (decode_step_seconds), timed by `decode_seconds`;
-    prefill is the prompts' forward FLOPs. Log-prob passes are forwards of the update's batch (a third of its compute
-    and communication, no recompute or gradient sync). They and the update are estimated at prompt + response_length
-    tokens (what memory plans for) and cost prompt + the mean response (dynamic batches pack the real tokens):
-    `at_tokens`. Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or
-    the rollout pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a
-    separate rollout pool generates the next batch while the trainer trains where the framework's trainer runs one
-    step off (its card's rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
+    prefill is the prompts' forward FLOPs. Log-prob passes are forwards of the update's batch
+    (`log_prob_seconds`). They and the update are estimated at prompt + response_length tokens (what memory plans
+    for) and cost prompt + the mean response, their compute at its FLOPs (dynamic batches pack the real tokens), the
+    update once per mini-batch of prompts_per_mini_batch (`mini_batch_update`, `at_tokens`). Resharding moves the
+    bf16 weights once over the slowest link the trainer's model-parallel group or the rollout pool spans. Phase
+    offloads move their states out and back over the host link. Colocated parts add; a separate rollout pool
+    generates the next batch while the trainer trains where the framework's trainer runs one step off (its card's
+    rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
     RayPPOTrainer generates, then trains, then syncs the weights)."""
     card, rl, arch, gpu = job.rl_card, job.rl, job.model, job.gpu
     cal = calibration(job.framework)
     update = update or estimate_throughput(job, plan)
-    b = update.breakdown
-    forward = (b.compute_s - b.recompute_s + b.tp_comm_s + b.cp_comm_s + b.ep_comm_s + b.pp_comm_s + b.bubble_s) / 3
     passes = 1 + card.reference_model[rl.algorithm] + card.critic[rl.algorithm]
     share = rl.token_share
-    log_prob = passes * forward * share
-    one_update = at_tokens(update, share)
+    flops = flops_share(job) if share < 1 else 1.0
+    log_prob = passes * log_prob_seconds(update, share, flops)
+    mini, batches = mini_batch_update(job, plan, update)
+    one_update = at_tokens(mini, share, flops, batches)
     update_s = one_update * card.trained_models(rl.algorithm)
 
     memory = rl_memory(job, plan, reports)
@@ -243,7 +276,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
         step_s=total, generation_s=generation, prefill_s=prefill, decode_s=decode.seconds, log_prob_s=log_prob,
         update_s=update_s, reshard_s=reshard, offload_s=offload, replicas=replicas,
         sequences_at_once=held * plan.rollout_dp, decode_waves=decode.rounds, decode_step_s=decode.step,
-        update_mfu=update.mfu * flops_share(job) * update.step_time_s / one_update if share < 1 else update.mfu,
+        update_mfu=(update.mfu * flops * update.step_time_s / one_update
+                    if share < 1 or batches > 1 else update.mfu),
         limited_by=limited,
     ), update, decode.words, memory
 

@@ -48,15 +48,17 @@ def verl_batch(ctx: Context) -> Values:
     return {"gbs": gbs, "unit": unit, "how": how, "gbss": rl_batch_fix(ctx, gbs, unit)}
 
 
-def rl_batch_fix(ctx: Context, gbs: int, unit: int) -> str:
+def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) -> str:
     """The batch a fix names, a multiple of `unit`: an RL job's in its own fields (its batch is prompts_per_step x
     samples_per_prompt, so the prompts step by unit / gcd(unit, samples): 'global_batch_size = 8' at 3 samples a
-    prompt named no whole prompts_per_step), a training job's as global_batch_size."""
+    prompt named no whole prompts_per_step; `mini_batch`: the stated prompts_per_mini_batch is what was divided), a
+    training job's as global_batch_size."""
     if ctx.job.rl is None:
         return f"global_batch_size = {neighbours(gbs, unit)}"
     n = ctx.job.rl.samples_per_prompt
     prompts = [int(p) for p in neighbours(gbs // n, unit // math.gcd(unit, n)).split(" or ")]
-    return (f"prompts_per_step = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
+    field = "prompts_per_mini_batch" if mini_batch else "prompts_per_step"
+    return (f"{field} = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
             f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)")
 
 
@@ -80,12 +82,15 @@ def verl_sft_batch(ctx: Context) -> Values:
 
 @rule("SK001", reads=("tp", "pp", "cp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def skyrl_batch(ctx: Context) -> Values:
-    p, gbs = ctx.plan, ctx.job.global_batch_size
+    p, gbs, batch = ctx.plan, ctx.job.global_batch_size, "global_batch_size"
+    rl = ctx.job.rl
+    if rl is not None and rl.prompts_per_mini_batch is not None:  # SkyRL divides one mini-batch's sequences
+        gbs, batch = rl.prompts_per_mini_batch * rl.samples_per_prompt, "prompts_per_mini_batch x samples_per_prompt"
     dp = ctx.world // (ctx.model_parallel if ctx.backend == "megatron" else p.cp)
     if dp == 0:
         return None  # fewer GPUs than one model replica: the world-size rule (WS001) reports it
     per_gpu = gbs // dp
     if per_gpu > 0 and per_gpu % p.micro_batch_size == 0:
         return None
-    return {"gbs": gbs, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,
-            "gbss": rl_batch_fix(ctx, gbs, dp * p.micro_batch_size)}
+    return {"gbs": gbs, "batch": batch, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,
+            "gbss": rl_batch_fix(ctx, gbs, dp * p.micro_batch_size, mini_batch=batch != "global_batch_size")}

@@ -53,6 +53,16 @@ class RLJob(StrictModel):
     prompt_length: int = Field(ge=1)
     response_length: int = Field(ge=1)
     mean_response_length: int | None = Field(None, ge=1, description="None: every response at response_length")
+    prompts_per_mini_batch: int | None = Field(None, ge=1, description="None: the whole step's prompts, one "
+                                                                         "optimizer step")
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per RL step: the step's prompts in mini-batches of prompts_per_mini_batch, the last one
+        smaller where they do not divide (verl DataProto.make_iterator and SkyRL split the batch in order)."""
+        if self.prompts_per_mini_batch is None:
+            return 1
+        return -(-self.prompts_per_step // self.prompts_per_mini_batch)
 
     @property
     def mean_response(self) -> int:

@@ -236,6 +236,13 @@ class Request(StrictModel):
                                                "and the update cost the mean, generation runs to the longest "
                                                "(default: every response at response_length)",
     )
+    prompts_per_mini_batch: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Prompts per optimizer step of the RL update (verl "
+                                               "actor.ppo_mini_batch_size, SkyRL trainer.policy_mini_batch_size), at "
+                                               "most prompts_per_step: each mini-batch is one pipeline flush, one "
+                                               "gradient sync and one optimizer step (default: prompts_per_step, one "
+                                               "optimizer step per RL step)",
+    )
     rollout_engine: RolloutEngine | None = Field(
         None, description="Rollout inference engine: vllm or sglang (default vllm; SkyRL runs vLLM only)"
     )

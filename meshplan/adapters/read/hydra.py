@@ -114,11 +114,9 @@ def _rl_fields(reading: Reading, left: list[tuple[Setting, object]]) -> None:
     prompts = reading.request.get("prompts_per_step")
     size = whole_value(reading, mini.value, mini) if mini is not None else None
     if size is not None and reading.request.get("job") == "rl" and prompts is not None and size != prompts:
-        # An RL step's batch is its prompts x samples (meshplan/rl/job.py); the PPO mini-batch only splits the update
-        # into optimizer steps, which meshplan's RL step does not model: said, not stated as global_batch_size.
-        steps = f" ({int(prompts) // size} optimizer steps per RL step)"
-        reading.unsupported.append(f"{mini.where(reading.path)} = {mini.value}: PPO mini-batches of {mini.value} "
-                                   f"prompts{steps}; meshplan's update is one pass over all {prompts} prompts")
+        # An RL step's batch is its prompts x samples (meshplan/rl/job.py); the PPO mini-batch splits the update into
+        # optimizer steps (meshplan/rl/step_time.py mini_batch_update): prompts_per_mini_batch, not global_batch_size
+        reading.state("prompts_per_mini_batch", size, mini)
     elif mini is not None:
         n = reading.request.get("samples_per_prompt")
         if n is None:

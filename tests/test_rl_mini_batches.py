@@ -1,0 +1,104 @@
+"""prompts_per_mini_batch: the RL update split into optimizer steps (verl actor.ppo_mini_batch_size, SkyRL
+trainer.policy_mini_batch_size), each paying its pipeline fill and drain, gradient sync, optimizer step and in-step
+offload (meshplan/rl/step_time.py mini_batch_update, at_tokens); rendered into both frameworks' keys, checked by
+SkyRL's own batch law (SK001), and a mini-batch over the step refused on every face."""
+
+from __future__ import annotations
+
+import pytest
+from mcp_calls import call_tools
+
+from meshplan import api
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.perf import estimate_throughput
+from meshplan.faces import cli
+from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+from meshplan.rl.step_time import at_tokens
+
+# verl's one-step-off DAPO colocated script: 512 prompts x 16 in mini-batches of 32 (16 optimizer steps), pp 2
+DAPO = {"model": "qwen2.5-7b", "gpu": "h20", "framework": "verl", "num_gpus": 16, "tp": 2, "pp": 2, "job": "rl",
+        "algorithm": "dapo", "prompts_per_step": 512, "samples_per_prompt": 16, "prompt_length": 2048,
+        "response_length": 8192, "rollout_tp": 2, "rollout_memory_fraction": 0.8, "micro_batch_size": 1,
+        "param_offload": True, "optimizer_offload": True}
+SKYRL = {"model": "qwen3-8b", "framework": "skyrl", "num_gpus": 8, "job": "rl", "prompts_per_step": 64,
+         "samples_per_prompt": 5, "response_length": 1024, "micro_batch_size": 2}
+
+
+def step(fields: dict, **more):
+    return api.estimate_throughput(parse_request({**fields, **more}))
+
+
+def test_each_mini_batch_pays_its_pipeline_flush_sync_and_optimizer_step():
+    whole, split = step(DAPO).rl, step(DAPO, prompts_per_mini_batch=32).rl
+    job, plan = resolve(parse_request({**DAPO, "prompts_per_mini_batch": 32}))
+    assert job.rl.optimizer_steps == 16
+    mini = estimate_throughput(job.model_copy(update={"global_batch_size": 32 * 16}), plan)
+    b = mini.breakdown
+    assert b.bubble_s > 0 and b.dp_comm_s > 0  # pp 2 and dp 4: a fill and drain and a gradient sync per step
+    assert split.update_s == pytest.approx(at_tokens(mini, 1.0, 1.0, 16.0))
+    assert split.update_s > whole.update_s
+    assert split.update_s - whole.update_s == pytest.approx(
+        15 * (b.bubble_s + b.dp_comm_s + b.other_s + b.offload_s), rel=0.05)
+    assert split.update_mfu < whole.update_mfu  # the same FLOPs over more seconds
+    # the rollout and the log-prob passes run the whole batch: unchanged
+    assert (split.generation_s, split.log_prob_s) == (whole.generation_s, whole.log_prob_s)
+
+
+def test_a_mini_batch_of_the_whole_step_is_one_optimizer_step():
+    assert step(DAPO, prompts_per_mini_batch=512).rl == step(DAPO).rl
+
+
+def test_a_last_smaller_mini_batch_is_a_whole_optimizer_step_of_its_share_of_the_tokens():
+    job, plan = resolve(parse_request({**DAPO, "prompts_per_mini_batch": 200}))
+    assert job.rl.optimizer_steps == 3  # 200 + 200 + 112 prompts
+    mini = estimate_throughput(job.model_copy(update={"global_batch_size": 200 * 16}), plan)
+    assert step(DAPO, prompts_per_mini_batch=200).rl.update_s == pytest.approx(at_tokens(mini, 1.0, 1.0, 512 / 200))
+
+
+def test_the_mini_batch_is_rendered_into_verl_and_skyrl_keys():
+    text = api.render_config("verl", parse_request({**DAPO, "prompts_per_mini_batch": 32}), force=True).text
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=32" in text and "data.train_batch_size=512" in text
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=512" in api.render_config(
+        "verl", parse_request(DAPO), force=True).text
+    text = api.render_config("skyrl", parse_request({**SKYRL, "prompts_per_mini_batch": 16}), force=True).text
+    assert "trainer.policy_mini_batch_size=16" in text and "trainer.train_batch_size=64" in text
+
+
+def test_skyrl_divides_one_mini_batch_over_its_data_parallel_ranks():
+    # 64 x 5 = 320 sequences over dp 8: 40 a GPU, whole micro-batches of 2; a mini-batch of 3 prompts: 15 // 8 = 1
+    assert not [f for f in api.check_config(parse_request(SKYRL)).findings if f.id == "SK001"]
+    found = [f for f in api.check_config(parse_request({**SKYRL, "prompts_per_mini_batch": 3})).findings
+             if f.id == "SK001"]
+    assert found and "prompts_per_mini_batch x samples_per_prompt=15" in found[0].message
+
+
+ERROR = "prompts_per_mini_batch 600 is over prompts_per_step 512"
+
+
+def test_a_mini_batch_over_the_step_is_refused_by_the_api():
+    with pytest.raises(MeshplanError, match=ERROR) as exc:
+        step(DAPO, prompts_per_mini_batch=600)
+    assert "from 1 to 512" in str(exc.value)
+    with pytest.raises(MeshplanError, match="prompts_per_mini_batch is an RL field, not for job=sft"):
+        resolve(parse_request({"model": "qwen3-8b", "num_gpus": 8, "framework": "verl", "job": "sft",
+                               "prompts_per_mini_batch": 4}))
+
+
+def test_a_mini_batch_over_the_step_is_refused_by_the_cli(capsys):
+    code = cli.main(["throughput", "--model", "qwen2.5-7b", "--gpu", "h20", "--framework", "verl", "--num-gpus", "16",
+                     "--job", "rl", "--prompts-per-step", "512", "--prompts-per-mini-batch", "600"])
+    err = capsys.readouterr().err
+    assert code != 0 and ERROR in err and "from 1 to 512" in err and "Traceback" not in err
+    code = cli.main(["throughput", "--model", "qwen2.5-7b", "--framework", "verl", "--num-gpus", "16",
+                     "--job", "rl", "--prompts-per-mini-batch", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "prompts_per_mini_batch" in err and "greater than or equal to 1" in err
+
+
+def test_a_mini_batch_over_the_step_is_refused_by_the_mcp_tools():
+    over, ok = call_tools(("estimate_throughput", {**DAPO, "prompts_per_mini_batch": 600}),
+                          ("estimate_throughput", {**DAPO, "prompts_per_mini_batch": 32}))
+    assert over.is_error and ERROR in over.content[0].text and "from 1 to 512" in over.content[0].text
+    assert not ok.is_error
+    assert ok.structured_content["rl"] == step(DAPO, prompts_per_mini_batch=32).rl.model_dump(mode="json")
