@@ -96,12 +96,13 @@ def test_an_rl_log_is_compared_with_an_rl_prediction_only():
     outside the band. A verl or SkyRL RL log is an RL job's: the comparison refuses a training job's prediction,
     naming the fields to give and the lengths the log states; with job=rl it compares."""
     run = read_log_file(str(LOGS / "verl_gh200_sglang.log"))
-    assert run.rl_fields == {"prompt_length": 256, "response_length": 1024, "mean_response_length": 325}
+    assert run.rl_fields == {"prompt_length": 256, "response_length": 1024, "mean_response_length": 325,
+                             "mean_prompt_length": 103}
     req = {"model": "qwen2.5-7b", "num_gpus": 8, "gpu": "h100", "framework": "verl"}
     with pytest.raises(MeshplanError, match="RL") as refused:
         api.compare_run(parse_request(req), log("verl_gh200_sglang.log"))
     for field in ("job=rl", "prompts_per_step", "samples_per_prompt", "prompt_length=256", "response_length=1024",
-                  "mean_response_length=325"):
+                  "mean_response_length=325", "mean_prompt_length=103"):
         assert field in refused.value.fix
     rl = api.compare_run(parse_request({**req, "job": "rl", "prompt_length": 256, "response_length": 1024}),
                          log("verl_gh200_sglang.log"))

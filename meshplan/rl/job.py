@@ -19,7 +19,8 @@ from meshplan.schema.plan import Plan, RLJob
 from meshplan.schema.request import Request
 
 RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-             "mean_response_length", "prompts_per_mini_batch", "rollout_engine", "rollout_tp", "rollout_dp",
+             "mean_response_length", "mean_prompt_length", "prompts_per_mini_batch", "rollout_engine", "rollout_tp",
+             "rollout_dp",
              "rollout_ep", "rollout_memory_fraction", "placement", "rollout_gpus", "rollout_enforce_eager")
 
 
@@ -90,6 +91,7 @@ class _Workload(NamedTuple):
     response: int
     mean_response: int | None = None
     mini_batch: int | None = None
+    mean_prompt: int | None = None
 
 
 class _Rollout(NamedTuple):
@@ -125,7 +127,7 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
                 prompt_length=work.prompt, response_length=work.response, mean_response_length=work.mean_response,
-                 prompts_per_mini_batch=work.mini_batch)
+                 mean_prompt_length=work.mean_prompt, prompts_per_mini_batch=work.mini_batch)
     rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
                     memory_fraction=rollout.memory_fraction, placement=rollout.placement,
                     rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager), critic_apart=critic_apart)
@@ -185,8 +187,10 @@ def _workload(req: Request, d: RLDefaults, defaults: _Defaults) -> _Workload:
         raise MeshplanError(f"seq_length {req.seq_length} is not prompt_length + response_length = {prompt} + "
                             f"{response} = {prompt + response}.", fix="Leave seq_length out for an RL job.")
     return _Workload(algorithm=algorithm, prompts=prompts, samples=n, prompt=prompt, response=response,
-                     mean_response=_mean_response(req.mean_response_length, response),
-                     mini_batch=_mini_batch(req.prompts_per_mini_batch, prompts, notes))
+                     mean_response=_mean_length("mean_response_length", req.mean_response_length, "response_length",
+                                                response),
+                     mini_batch=_mini_batch(req.prompts_per_mini_batch, prompts, notes),
+                     mean_prompt=_mean_length("mean_prompt_length", req.mean_prompt_length, "prompt_length", prompt))
 
 
 def _mini_batch(mini: int | None, prompts: int, notes: list[str]) -> int | None:
@@ -204,14 +208,15 @@ def _mini_batch(mini: int | None, prompts: int, notes: list[str]) -> int | None:
     return mini
 
 
-def _mean_response(mean: int | None, response: int) -> int | None:
-    """The responses' mean length, at most the longest (response_length): the trainer's memory is planned for the
-    longest, its passes cost the mean. None: every response at response_length."""
-    if mean is not None and mean > response:
-        raise MeshplanError(f"mean_response_length {mean} is over response_length {response}: the mean of the "
-                            "responses' lengths cannot exceed the longest.",
-                            fix=f"Pass mean_response_length from 1 to {response} (response_length), or raise "
-                                "response_length to the longest response.")
+def _mean_length(name: str, mean: int | None, longest_name: str, longest: int) -> int | None:
+    """A mean length (of the responses or the prompts), at most the longest: the trainer's memory is planned for the
+    longest, its passes cost the mean. None: every one at the longest."""
+    if mean is not None and mean > longest:
+        what = longest_name.split("_")[0]
+        raise MeshplanError(f"{name} {mean} is over {longest_name} {longest}: the mean of the {what}s' lengths "
+                            "cannot exceed the longest.",
+                            fix=f"Pass {name} from 1 to {longest} ({longest_name}), or raise {longest_name} to the "
+                                f"longest {what}.")
     return mean
 
 

@@ -98,8 +98,9 @@ def decode_seconds(job, plan: Plan, share_of_rank: int, planned: int, held: int)
     `held` (at the tokens in flight, `sequences_per_rank`) at once.
 
     Every response at response_length M (no mean stated): rounds of the planned batch B, M steps each at the mean
-    context prompt + M / 2. With a mean m < M, continuous batching (vLLM's scheduler admits a waiting sequence as soon
-    as one finishes, up to max_num_seqs and its KV blocks): while sequences wait, the `held` slots B all decode, at
+    context prompt + M / 2 (the prompts at their mean, mean_prompt_length where stated, else prompt_length). With a
+    mean m < M, continuous batching (vLLM's scheduler admits a waiting sequence as soon as one finishes, up to
+    max_num_seqs and its KV blocks): while sequences wait, the `held` slots B all decode, at
     the mean context in flight (rl/lengths.age_in_flight), for k whole rounds of m steps each (k = (N - B) // B),
     then until the share r = (N - B) / B - k of the slots that take one more response have freed, the r-quantile of
     the lengths (the rounds of equal lengths, the continuous queue of spread ones); then each slot's last response
@@ -108,7 +109,7 @@ def decode_seconds(job, plan: Plan, share_of_rank: int, planned: int, held: int)
     batch and context. Never more than every response at M (the step is convex in the context: near m = M the
     segments could add a hair over it)."""
     rl = job.rl
-    prompt, longest, mean = rl.prompt_length, rl.response_length, rl.mean_response
+    prompt, longest, mean = rl.mean_prompt, rl.response_length, rl.mean_response
     batch = min(planned, share_of_rank)
     rounds = -(-share_of_rank // batch)
     step, words = decode_step_seconds(job, plan, batch, prompt + longest / 2)
@@ -134,24 +135,28 @@ def decode_seconds(job, plan: Plan, share_of_rank: int, planned: int, held: int)
 
 
 def sequences_per_rank(job, plan: Plan, rollout: dict) -> tuple[int, int]:
-    """Sequences one engine DP rank holds at once: as many as its KV cache holds at prompt + the longest response
-    (the engine's own figure, at most max_num_seqs), and with a mean below the longest, as many as it holds at the
-    most tokens a sequence needs in `decode_seconds`' schedule (vLLM allocates KV blocks as the tokens come and
-    admits waiting sequences while blocks and max_num_seqs allow: calibration.yaml rl.response_drain_segments'
-    source): prompt + the mean tokens in flight while the queue keeps the batch full, or in the drain the survivors'
-    prompt + t times P(L > t) at its largest (the longest at the maximum: the engine's own figure); at most
-    max_num_seqs. Preemptions when the tokens in flight swing over their mean are not counted. `rollout` is the
-    rollout phase's detail (rl_memory)."""
+    """Sequences one engine DP rank holds at once: as many as its KV cache holds at the prompt + the longest response
+    (the engine's own figure at prompt_length, more where the prompts' stated mean is shorter; at most max_num_seqs),
+    and with a mean response below the longest, as many as it holds at the most tokens a sequence needs in
+    `decode_seconds`' schedule (vLLM allocates KV blocks as the tokens come and admits waiting sequences while blocks
+    and max_num_seqs allow: calibration.yaml rl.response_drain_segments' source): the mean prompt + the mean tokens
+    in flight while the queue keeps the batch full, or in the drain the survivors' prompt + t times P(L > t) at its
+    largest (the longest at the maximum); at most max_num_seqs. Preemptions when the tokens in flight swing over
+    their mean are not counted. `rollout` is the rollout phase's detail (rl_memory)."""
     planned = max(1, int(rollout.get("sequences_at_once", 0) // plan.rollout_dp))
     rl = job.rl
-    prompt, longest = rl.prompt_length, rl.response_length
+    prompt, longest = rl.mean_prompt, rl.response_length
+    cap = job.rl_card.defaults.max_num_seqs
+    per_token = kv_bytes_per_token(job.model, plan.rollout_tp)
+    if prompt < rl.prompt_length:  # every response at the longest, the prompts at their mean
+        planned = max(planned, min(int(rollout.get("kv_cache", 0) // (per_token * (prompt + longest))), cap))
     if rl.mean_response >= longest:
         return planned, planned
     share = rl.mean_response / longest
     u = rate(share)
     need = longest * max(prompt / longest + age_in_flight(u, share), drain_need(u, prompt / longest))
-    held = int(rollout.get("kv_cache", 0) // (kv_bytes_per_token(job.model, plan.rollout_tp) * need))
-    return planned, max(planned, min(held, job.rl_card.defaults.max_num_seqs))
+    held = int(rollout.get("kv_cache", 0) // (per_token * need))
+    return planned, max(planned, min(held, cap))
 
 
 def at_tokens(update, tokens: float, flops: float | None = None, batches: float = 1.0) -> float:
@@ -197,10 +202,10 @@ def mini_batch_update(job, plan: Plan, update):
 
 
 def flops_share(job) -> float:
-    """The model FLOPs of the responses at their mean length over those at the longest (tokens and attention's
-    reach): what the update's MFU counts, as verl counts the real sequences' FLOPs."""
+    """The model FLOPs of the sequences at their mean prompt and response over those at the longest (tokens and
+    attention's reach): what the update's MFU counts, as verl counts the real sequences' FLOPs."""
     rl = job.rl
-    mean, longest = rl.prompt_length + rl.mean_response, rl.prompt_length + rl.response_length
+    mean, longest = rl.mean_prompt + rl.mean_response, rl.prompt_length + rl.response_length
     return mean * model_flops_per_token(job.model, mean) / (longest * model_flops_per_token(job.model, longest))
 
 
@@ -249,7 +254,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     sequences = rl.prompts_per_step * rl.samples_per_prompt
     per_dp_rank = -(-sequences // (replicas * plan.rollout_dp))
     decode = decode_seconds(job, plan, per_dp_rank, planned, held)
-    prefill_flops = model_flops_per_token(arch, rl.prompt_length, mtp_layers=0) / 3 * rl.prompt_length * per_dp_rank
+    prefill_flops = model_flops_per_token(arch, rl.mean_prompt, mtp_layers=0) / 3 * rl.mean_prompt * per_dp_rank
     prefill = prefill_flops / plan.rollout_tp / (gpu.bf16_flops * cal.gemm_peak_fraction)
     generation = prefill + decode.seconds
 
@@ -294,11 +299,15 @@ def rl_report(job, plan: Plan, timing, update, words: str):
     rl = job.rl
     share = rl.token_share
     tokens = update.tokens_per_s * update.step_time_s * share  # estimated at response_length, trained at the mean
+    prompts = (f" of prompts of mean {rl.mean_prompt:,} of at most {rl.prompt_length:,} tokens"
+               if rl.mean_prompt < rl.prompt_length else "")
     note = (f"RL step ({rl.algorithm}, {plan.placement}): generation {timing.generation_s:,.0f} s (prefill "
-            f"{timing.prefill_s:,.0f} s, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of rollout "
+            f"{timing.prefill_s:,.0f} s{prompts}, decode {timing.decode_s:,.0f} s: {timing.replicas} replicas of "
+            "rollout "
             f"TP{plan.rollout_tp}{f' DP{plan.rollout_dp}' if plan.rollout_dp > 1 else ''}"
             f"{ep_words(job.model.moe is not None, plan)}, {timing.sequences_at_once} sequences at once, "
-            + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of " if share >= 1
+            + (f"{timing.decode_waves} waves of {rl.response_length:,} steps of "
+               if rl.mean_response >= rl.response_length
                else "steps at the full batch of ")
             + f"{timing.decode_step_s * 1e3:.1f} ms, "
             f"{words}), log-prob passes {timing.log_prob_s:,.0f} s, update {timing.update_s:,.0f} s, resharding "

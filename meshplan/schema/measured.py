@@ -42,7 +42,8 @@ class MeasuredRun(StrictModel):
     global_batch_size: int | None = Field(None, description="Sequences per step, when the log states it")
     rl_fields: dict[str, int] | None = Field(
         None, description="A log of RL steps (rollout, log-probs, update: verl's, SkyRL's RL trainer): the RL request "
-                          "fields it states (prompt_length and response_length its longest, mean_response_length), "
+                          "fields it states (prompt_length and response_length its longest, mean_prompt_length, "
+                          "mean_response_length), "
                           "{} when none; None: a training log")
     sources: dict[str, str] = Field(default_factory=dict, description="figure -> 'log:line' it was read from")
     notes: list[str] = Field(default_factory=list, description="How the figures were taken (steps kept, units)")

@@ -53,6 +53,7 @@ class RLJob(StrictModel):
     prompt_length: int = Field(ge=1)
     response_length: int = Field(ge=1)
     mean_response_length: int | None = Field(None, ge=1, description="None: every response at response_length")
+    mean_prompt_length: int | None = Field(None, ge=1, description="None: every prompt at prompt_length")
     prompts_per_mini_batch: int | None = Field(None, ge=1, description="None: the whole step's prompts, one "
                                                                          "optimizer step")
 
@@ -70,10 +71,15 @@ class RLJob(StrictModel):
         return self.response_length if self.mean_response_length is None else self.mean_response_length
 
     @property
+    def mean_prompt(self) -> int:
+        """The prompts' mean length: prompt_length where the request stated none."""
+        return self.prompt_length if self.mean_prompt_length is None else self.mean_prompt_length
+
+    @property
     def token_share(self) -> float:
-        """A sequence's tokens at the mean response over those at the longest: what dynamic batches pack of what the
-        trainer is planned and estimated for (1.0 where no mean is stated)."""
-        return (self.prompt_length + self.mean_response) / (self.prompt_length + self.response_length)
+        """A sequence's tokens at the mean prompt and response over those at the longest: what dynamic batches pack of
+        what the trainer is planned and estimated for (1.0 where no mean is stated)."""
+        return (self.mean_prompt + self.mean_response) / (self.prompt_length + self.response_length)
 
 
 class Job(StrictModel):

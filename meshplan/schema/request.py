@@ -236,6 +236,12 @@ class Request(StrictModel):
                                                "and the update cost the mean, generation runs to the longest "
                                                "(default: every response at response_length)",
     )
+    mean_prompt_length: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="Mean prompt, tokens, at most prompt_length: the rollout prefills and "
+                                               "caches it and the log-prob passes and the update cost it, memory "
+                                               "plans for prompt_length (default: every prompt at prompt_length, "
+                                               "the maximum the framework pads and filters to)",
+    )
     prompts_per_mini_batch: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="Prompts per optimizer step of the RL update (verl "
                                                "actor.ppo_mini_batch_size, SkyRL trainer.policy_mini_batch_size), at "

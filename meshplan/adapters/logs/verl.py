@@ -26,8 +26,9 @@ STEP_KEYS = {"timing_s/step": "step_time_s", "perf/throughput": "tokens_per_s_pe
              "train/mfu": "mfu", "timing_s/update_actor": "actor_update_s"}
 SFT_KEYS = ("train/mfu", "train/loss")  # verl.trainer.sft_trainer's metrics (the train/ prefix is its own)
 # the RL workload a step states, as request fields: the longest prompt and response (what the run allows at least)
+# and their means
 RL_KEYS = {"prompt_length/max": "prompt_length", "response_length/max": "response_length",
-           "response_length/mean": "mean_response_length"}
+           "response_length/mean": "mean_response_length", "prompt_length/mean": "mean_prompt_length"}
 MEMORY_KEYS = {"perf/max_memory_allocated_gb": "allocated_bytes", "actor/perf/max_memory_allocated_gb":
                "allocated_bytes", "perf/max_memory_reserved_gb": "reserved_bytes",
                "actor/perf/max_memory_reserved_gb": "reserved_bytes"}
