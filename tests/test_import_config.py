@@ -728,15 +728,16 @@ def test_peft_projections_that_make_no_whole_linear_are_said():
     ("python -m skyrl.train.entrypoints.main_base trainer.micro_train_batch_size_per_gpu=4",
      "trainer.update_epochs_per_batch", "trainer.micro_forward_batch_size_per_gpu"),
 ])
-def test_update_passes_and_a_log_prob_micro_batch_meshplan_does_not_model_are_said(launch, epochs, log_prob):
+def test_update_passes_are_read_and_a_log_prob_micro_batch_meshplan_does_not_model_is_said(launch, epochs, log_prob):
     """ppo_epochs / update_epochs_per_batch (update passes per RL step) and the log-prob pass's own micro-batch were
     dropped without a word (their `epochs` and `log` parts matched the settings that say nothing about memory or
-    speed), though meshplan's update is one pass and its log-prob phase runs the training micro-batch."""
-    said = import_config(f"{launch} {epochs}=3 {log_prob}=32\n", "run.sh").unsupported
-    assert any(epochs in u and "3 passes" in u for u in said), said
-    assert any(log_prob in u and "micro_batch_size 4" in u for u in said), said
-    same = import_config(f"{launch} {epochs}=1 {log_prob}=4\n", "run.sh").unsupported
-    assert not any(epochs in u or log_prob in u for u in same), same
+    speed); the passes are now the request's update_epochs, the log-prob phase still runs the training micro-batch."""
+    read = import_config(f"{launch} {epochs}=3 {log_prob}=32\n", "run.sh")
+    assert read.request["update_epochs"] == 3 and not any(epochs in u for u in read.unsupported), read.unsupported
+    assert any(log_prob in u and "micro_batch_size 4" in u for u in read.unsupported), read.unsupported
+    same = import_config(f"{launch} {epochs}=1 {log_prob}=4\n", "run.sh")
+    assert same.request["update_epochs"] == 1
+    assert not any(epochs in u or log_prob in u for u in same.unsupported), same.unsupported
 
 
 def test_a_reward_model_the_run_loads_is_said():

@@ -1,7 +1,8 @@
 """prompts_per_mini_batch: the RL update split into optimizer steps (verl actor.ppo_mini_batch_size, SkyRL
 trainer.policy_mini_batch_size), each paying its pipeline fill and drain, gradient sync, optimizer step and in-step
-offload (meshplan/rl/step_time.py mini_batch_update, at_tokens); rendered into both frameworks' keys, checked by
-SkyRL's own batch law (SK001), and a mini-batch over the step refused on every face."""
+offload (meshplan/rl/step_time.py mini_batch_update, at_tokens), and update_epochs, every mini-batch again per pass
+(verl actor.ppo_epochs, SkyRL update_epochs_per_batch); rendered into both frameworks' keys, checked by SkyRL's own
+batch law (SK001), and a mini-batch over the step refused on every face."""
 
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def test_a_last_smaller_mini_batch_is_a_whole_optimizer_step_of_its_share_of_the
     assert step(DAPO, prompts_per_mini_batch=200).rl.update_s == pytest.approx(at_tokens(mini, 1.0, 1.0, 512 / 200))
 
 
+def test_each_update_epoch_runs_every_mini_batch_again():
+    one, three = step(DAPO, prompts_per_mini_batch=32), step(DAPO, prompts_per_mini_batch=32, update_epochs=3)
+    assert three.rl.update_s == pytest.approx(3 * one.rl.update_s)
+    assert three.rl.update_mfu == pytest.approx(one.rl.update_mfu)  # verl counts ppo_epochs x the batch's FLOPs
+    assert three.model_flops_per_step == pytest.approx(3 * one.model_flops_per_step)
+    assert (three.rl.generation_s, three.rl.log_prob_s) == (one.rl.generation_s, one.rl.log_prob_s)
+    job, _ = resolve(parse_request({**DAPO, "prompts_per_mini_batch": 32, "update_epochs": 3}))
+    assert job.rl.optimizer_steps == 48
+    assert step(DAPO, update_epochs=1).rl == step(DAPO).rl
+
+
 def test_the_mini_batch_is_rendered_into_verl_and_skyrl_keys():
     text = api.render_config("verl", parse_request({**DAPO, "prompts_per_mini_batch": 32}), force=True).text
     assert "actor_rollout_ref.actor.ppo_mini_batch_size=32" in text and "data.train_batch_size=512" in text
@@ -63,6 +75,11 @@ def test_the_mini_batch_is_rendered_into_verl_and_skyrl_keys():
         "verl", parse_request(DAPO), force=True).text
     text = api.render_config("skyrl", parse_request({**SKYRL, "prompts_per_mini_batch": 16}), force=True).text
     assert "trainer.policy_mini_batch_size=16" in text and "trainer.train_batch_size=64" in text
+    assert "update_epochs_per_batch" not in text
+    assert "trainer.update_epochs_per_batch=2" in api.render_config(
+        "skyrl", parse_request({**SKYRL, "update_epochs": 2}), force=True).text
+    assert "actor_rollout_ref.actor.ppo_epochs=2" in api.render_config(
+        "verl", parse_request({**DAPO, "update_epochs": 2}), force=True).text
 
 
 def test_skyrl_divides_one_mini_batch_over_its_data_parallel_ranks():

@@ -19,8 +19,8 @@ from meshplan.schema.plan import Plan, RLJob
 from meshplan.schema.request import Request
 
 RL_FIELDS = ("algorithm", "prompts_per_step", "samples_per_prompt", "prompt_length", "response_length",
-             "mean_response_length", "mean_prompt_length", "prompts_per_mini_batch", "rollout_engine", "rollout_tp",
-             "rollout_dp",
+             "mean_response_length", "mean_prompt_length", "prompts_per_mini_batch", "update_epochs",
+             "rollout_engine", "rollout_tp", "rollout_dp",
              "rollout_ep", "rollout_memory_fraction", "placement", "rollout_gpus", "rollout_enforce_eager")
 
 
@@ -127,7 +127,8 @@ def resolve_rl(req: Request, notes: list[str]) -> tuple[Request, ResolvedRL | No
     rollout_gpus, trainer_gpus = _pools(req, rollout, notes, critic_apart)
     job = RLJob(algorithm=work.algorithm, prompts_per_step=work.prompts, samples_per_prompt=work.samples,
                 prompt_length=work.prompt, response_length=work.response, mean_response_length=work.mean_response,
-                 mean_prompt_length=work.mean_prompt, prompts_per_mini_batch=work.mini_batch)
+                 mean_prompt_length=work.mean_prompt, prompts_per_mini_batch=work.mini_batch,
+                 update_epochs=req.update_epochs)
     rl = ResolvedRL(job=job, engine=rollout.engine, tp=rollout.tp, dp=rollout.dp, ep=rollout.ep,
                     memory_fraction=rollout.memory_fraction, placement=rollout.placement,
                     rollout_gpus=rollout_gpus, enforce_eager=bool(req.rollout_enforce_eager), critic_apart=critic_apart)

@@ -195,7 +195,7 @@ def mini_batch_update(job, plan: Plan, update):
     (prompts_per_mini_batch x samples: its micro-batches, pipeline flush, gradient sync and optimizer step) and
     prompts_per_step / prompts_per_mini_batch of them."""
     rl = job.rl
-    if rl.optimizer_steps == 1:
+    if rl.prompts_per_mini_batch is None or rl.prompts_per_mini_batch >= rl.prompts_per_step:
         return update, 1.0
     mini = job.model_copy(update={"global_batch_size": rl.prompts_per_mini_batch * rl.samples_per_prompt})
     return estimate_throughput(mini, plan), rl.prompts_per_step / rl.prompts_per_mini_batch
@@ -229,11 +229,11 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     prefill is the prompts' forward FLOPs. Log-prob passes are forwards of the update's batch
     (`log_prob_seconds`). They and the update are estimated at prompt + response_length tokens (what memory plans
     for) and cost prompt + the mean response, their compute at its FLOPs (dynamic batches pack the real tokens), the
-    update once per mini-batch of prompts_per_mini_batch (`mini_batch_update`, `at_tokens`). Resharding moves the
-    bf16 weights once over the slowest link the trainer's model-parallel group or the rollout pool spans. Phase
-    offloads move their states out and back over the host link. Colocated parts add; a separate rollout pool
-    generates the next batch while the trainer trains where the framework's trainer runs one step off (its card's
-    rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
+    update once per mini-batch of prompts_per_mini_batch and update epoch (`mini_batch_update`, `at_tokens`).
+    Resharding moves the bf16 weights once over the slowest link the trainer's model-parallel group or the rollout
+    pool spans. Phase offloads move their states out and back over the host link. Colocated parts add; a separate
+    rollout pool generates the next batch while the trainer trains where the framework's trainer runs one step off
+    (its card's rl.separate_overlaps: verl's one-step-off recipe), else its parts add too (SkyRL's
     RayPPOTrainer generates, then trains, then syncs the weights)."""
     card, rl, arch, gpu = job.rl_card, job.rl, job.model, job.gpu
     cal = calibration(job.framework)
@@ -243,7 +243,7 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
     flops = flops_share(job) if share < 1 else 1.0
     log_prob = passes * log_prob_seconds(update, share, flops)
     mini, batches = mini_batch_update(job, plan, update)
-    one_update = at_tokens(mini, share, flops, batches)
+    one_update = at_tokens(mini, share, flops, batches) * rl.epochs  # each epoch runs every mini-batch again
     update_s = one_update * card.trained_models(rl.algorithm)
 
     memory = rl_memory(job, plan, reports)
@@ -281,8 +281,8 @@ def rl_step_time(job, plan: Plan, reports: tuple | None = None, update=None):
         step_s=total, generation_s=generation, prefill_s=prefill, decode_s=decode.seconds, log_prob_s=log_prob,
         update_s=update_s, reshard_s=reshard, offload_s=offload, replicas=replicas,
         sequences_at_once=held * plan.rollout_dp, decode_waves=decode.rounds, decode_step_s=decode.step,
-        update_mfu=(update.mfu * flops * update.step_time_s / one_update
-                    if share < 1 or batches > 1 else update.mfu),
+        update_mfu=(update.mfu * flops * rl.epochs * update.step_time_s / one_update
+                    if share < 1 or batches > 1 or rl.epochs > 1 else update.mfu),
         limited_by=limited,
     ), update, decode.words, memory
 
@@ -320,7 +320,7 @@ def rl_report(job, plan: Plan, timing, update, words: str):
         "tokens_per_s_per_gpu": tokens / timing.step_s / rl_job_gpus(job.num_gpus, critic_apart(job, plan),
                                                                      plan.placement, plan.rollout_gpus),
         "mfu": timing.update_mfu,
-        "model_flops_per_step": update.model_flops_per_step * (flops_share(job) if share < 1 else 1.0),
+        "model_flops_per_step": update.model_flops_per_step * (flops_share(job) if share < 1 else 1.0) * rl.epochs,
         "rl": timing, "assumptions": [note, "mfu is the actor update's, as verl reports it.", *update.assumptions],
     })
 

@@ -56,14 +56,20 @@ class RLJob(StrictModel):
     mean_prompt_length: int | None = Field(None, ge=1, description="None: every prompt at prompt_length")
     prompts_per_mini_batch: int | None = Field(None, ge=1, description="None: the whole step's prompts, one "
                                                                          "optimizer step")
+    update_epochs: int | None = Field(None, ge=1, description="None: one pass of the update over the batch")
 
     @property
     def optimizer_steps(self) -> int:
         """Optimizer steps per RL step: the step's prompts in mini-batches of prompts_per_mini_batch, the last one
-        smaller where they do not divide (verl DataProto.make_iterator and SkyRL split the batch in order)."""
-        if self.prompts_per_mini_batch is None:
-            return 1
-        return -(-self.prompts_per_step // self.prompts_per_mini_batch)
+        smaller where they do not divide (verl DataProto.make_iterator and SkyRL split the batch in order), once per
+        update epoch."""
+        mini = self.prompts_per_mini_batch or self.prompts_per_step
+        return -(-self.prompts_per_step // mini) * self.epochs
+
+    @property
+    def epochs(self) -> int:
+        """Passes of the update over the batch: update_epochs, 1 where the request stated none."""
+        return self.update_epochs or 1
 
     @property
     def mean_response(self) -> int:

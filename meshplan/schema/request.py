@@ -249,6 +249,11 @@ class Request(StrictModel):
                                                "gradient sync and one optimizer step (default: prompts_per_step, one "
                                                "optimizer step per RL step)",
     )
+    update_epochs: int | None = Field(
+        None, ge=1, le=1024, description="Passes of the RL update over the step's batch (verl actor.ppo_epochs, SkyRL "
+                                         "trainer.update_epochs_per_batch), each running every mini-batch's "
+                                         "optimizer step (default 1)",
+    )
     rollout_engine: RolloutEngine | None = Field(
         None, description="Rollout inference engine: vllm or sglang (default vllm; SkyRL runs vLLM only)"
     )

@@ -90,14 +90,9 @@ def _critic_enable(reading: Reading, ppo: bool) -> None:
 
 
 def _not_modelled(reading: Reading) -> None:
-    """What the file sets that meshplan's RL step does not model, said where it differs from the model: update passes
-    over the batch (meshplan's update is one) and the log-prob passes' own micro-batch (meshplan's log-prob phase runs
-    the training micro-batch). Both were dropped without a word."""
-    epochs = reading.whole("update_epochs")
-    if epochs is not None and epochs > 1:
-        s = reading.extra["update_epochs"][1]
-        reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {epochs} passes over the batch per RL step; "
-                                   f"meshplan's update is one pass (its update time is 1/{epochs} of the run's)")
+    """What the file sets that meshplan's RL step does not model, said where it differs from the model: the log-prob
+    passes' own micro-batch (meshplan's log-prob phase runs the training micro-batch), once dropped without a word.
+    (The update's passes over the batch, ppo_epochs / update_epochs_per_batch, are the request's update_epochs.)"""
     log_prob, train = reading.whole("log_prob_micro_batch"), reading.request.get("micro_batch_size")
     packed = reading.extra.get("dynamic_batch")  # verl's use_dynamic_bsz: token-budget micro-batches, this size unused
     if log_prob is not None and log_prob != train and not (packed and (packed[0] is True or as_bool(packed[0]))):
