@@ -90,6 +90,19 @@ def test_skyrl_divides_one_mini_batch_over_its_data_parallel_ranks():
     assert found and "prompts_per_mini_batch x samples_per_prompt=15" in found[0].message
 
 
+def test_verl_steps_each_ranks_share_of_a_mini_batch_in_whole_micro_batches():
+    # verl's FSDP workers: 10 prompts x 3 = 30 sequences over 8 ranks, 3 each, not whole micro-batches of 4;
+    # 12 prompts give 36, 4 each (fsdp_workers.py asserts both)
+    fsdp = {"model": "llama-3.1-8b", "framework": "verl", "num_gpus": 8, "job": "rl", "prompts_per_step": 64,
+            "samples_per_prompt": 3, "zero_stage": 3, "micro_batch_size": 4}
+    found = [f for f in api.check_config(parse_request({**fsdp, "prompts_per_mini_batch": 10})).findings
+             if f.id == "VL004"]
+    assert found and "gives 3 per rank" in found[0].message and "micro_batch_size=4" in found[0].message
+    assert "prompts_per_mini_batch = 11," in found[0].fix  # 33 sequences, 4 a rank; none fewer fits
+    assert not [f for f in api.check_config(parse_request({**fsdp, "prompts_per_mini_batch": 12})).findings
+                if f.id == "VL004"]
+
+
 ERROR = "prompts_per_mini_batch 600 is over prompts_per_step 512"
 
 

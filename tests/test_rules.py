@@ -202,6 +202,10 @@ CASES: dict[str, tuple[dict, dict]] = {
               {**KIMI, "num_gpus": 1024, "tp": 2, "pp": 16, "ep": 32, "pipeline_layout": "Et*4|(t*4|)*14tL"}),
     "BS001": ({**L8B, "num_gpus": 8, "global_batch_size": 12}, {**L8B, "num_gpus": 8, "global_batch_size": 16}),
     # verl's PPO trainer (an RL job; a training job is its SFT trainer's, VL003): 6 over dp 4 x micro-batch 1
+    "VL004": ({**L8B, "framework": "verl", "num_gpus": 8, "job": "rl", "prompts_per_step": 16,
+               "samples_per_prompt": 1, "prompts_per_mini_batch": 4},
+              {**L8B, "framework": "verl", "num_gpus": 8, "job": "rl", "prompts_per_step": 16,
+               "samples_per_prompt": 1, "prompts_per_mini_batch": 8}),
     "VL001": ({**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 6, "job": "rl",
                "prompts_per_step": 6, "samples_per_prompt": 1},
               {**L8B, "framework": "verl", "num_gpus": 8, "tp": 2, "global_batch_size": 8, "job": "rl",

@@ -1,5 +1,5 @@
-"""The batch rules of cards/rules.yaml (BS001, VL001, VL003, SK001): the global batch against micro-batches and data
-parallelism, in each framework's own law.
+"""The batch rules of cards/rules.yaml (BS001, VL001, VL003, VL004, SK001): the global batch against micro-batches
+and data parallelism, in each framework's own law.
 
 Each condition returns None when its rule passes, else the numbers for the card's message and fix templates;
 it states the framework's own test (the source the card names), not a tidier version of it.
@@ -60,6 +60,46 @@ def rl_batch_fix(ctx: Context, gbs: int, unit: int, mini_batch: bool = False) ->
     field = "prompts_per_mini_batch" if mini_batch else "prompts_per_step"
     return (f"{field} = {' or '.join(str(p) for p in prompts)} (x samples_per_prompt {n} = "
             f"{' or '.join(f'{p * n:,}' for p in prompts)} sequences)")
+
+
+
+@rule("VL004", reads=("dp", "cp", "zero_stage", "micro_batch_size"))
+def verl_mini_batch(ctx: Context) -> Values:
+    """verl's per-rank PPO mini-batch: the stated mini-batch's sequences floored over the data-parallel ranks (the
+    Megatron engine's dp, the FSDP engine's world over the Ulysses size), at least one, and on the FSDP engine whole
+    micro-batches of ppo_micro_batch_size_per_gpu (what meshplan renders)."""
+    rl, p = ctx.job.rl, ctx.plan
+    if rl is None or rl.prompts_per_mini_batch is None or rl.prompts_per_mini_batch >= rl.prompts_per_step:
+        return None
+    megatron = ctx.backend == "megatron"
+    ranks, how = (p.dp, "dp") if megatron else (ctx.world // p.cp, "n_gpus / ulysses size")
+    if ranks < 1:
+        return None  # fewer GPUs than one model replica: the world-size rule (WS001) reports it
+    mini = rl.prompts_per_mini_batch * rl.samples_per_prompt
+    per_rank = mini // ranks
+    whole = 1 if megatron else p.micro_batch_size
+    if per_rank >= 1 and per_rank % whole == 0:
+        return None
+    what = "an empty share" if per_rank < 1 else f"not a whole number of micro_batch_size={whole} micro-batches"
+    return {"mini": mini, "how": how, "ranks": ranks, "per_rank": per_rank, "what": what,
+            "fixes": _mini_batch_fixes(rl.prompts_per_mini_batch, rl.prompts_per_step, rl.samples_per_prompt,
+                                       ranks, whole)}
+
+
+def _mini_batch_fixes(prompts: int, most: int, samples: int, ranks: int, whole: int) -> str:
+    """The nearest mini-batch sizes below and above `prompts` (at most `most`) whose floored per-rank share is whole
+    micro-batches; the shares repeat every ranks x whole / gcd(ranks x whole, samples) prompts, so a scan that long
+    each side finds them."""
+    period = ranks * whole // math.gcd(ranks * whole, samples)
+
+    def fits(m: int) -> bool:
+        share = m * samples // ranks
+        return share >= 1 and share % whole == 0
+
+    below = next((m for m in range(prompts - 1, max(0, prompts - period - 1), -1) if fits(m)), None)
+    above = next((m for m in range(prompts + 1, min(most, prompts + period) + 1) if fits(m)), None)
+    found = [m for m in (below, above) if m is not None]
+    return " or ".join(map(str, found)) if found else f"one over {most} (prompts_per_step): fewer ranks"
 
 
 
