@@ -206,4 +206,6 @@ def test_a_job_over_several_racks_is_placed_by_segments(num_gpus, domain):
 
 def test_segments_apply_only_to_domains_spanning_nodes():
     assert mesh.segment_domain(get_gpu("h100"), 8, 256) is None
+    # an 8-GPU island on nodes of 4 (KempnerForge's 4 x H200 nodes): no NVLink between the nodes, no segment
+    assert mesh.segment_domain(get_gpu("h200"), 4, 32) is None
     assert mesh.segment_domain(get_gpu("gb200"), 4, 250) is None   # no whole number of trays: the rack stands

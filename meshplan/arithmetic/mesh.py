@@ -205,9 +205,10 @@ def segment_domain(gpu: GpuSpec, gpus_per_node: int, num_gpus: int) -> int | Non
     """GPUs of one scheduler segment where a job spans several multi-node NVLink domains (GB200 NVL72, Slurm
     topology/block --segment): whole nodes inside one domain, as many as divide the job's nodes (a segment must), its
     ranks filling one segment before the next, as NeMo's and Megatron-Bridge's GB200 performance launchers ask for
-    (cards/hardware.yaml gb200 sources). None: a domain inside one node, or GPUs that fill no whole number of
-    nodes."""
-    if gpus_per_node >= gpu.nvlink_domain or num_gpus % gpus_per_node:
+    (cards/hardware.yaml gb200 sources). None: a domain inside one node (an 8-GPU NVLink island run as nodes of
+    fewer GPUs, 4 H200 per node, reaches no GPU of another node: domain_spans_nodes), or GPUs that fill no whole
+    number of nodes."""
+    if not domain_spans_nodes(gpu, gpus_per_node) or num_gpus % gpus_per_node:
         return None
     nodes, most = num_gpus // gpus_per_node, gpu.nvlink_domain // gpus_per_node
     return max(size for size in range(1, most + 1) if nodes % size == 0) * gpus_per_node
