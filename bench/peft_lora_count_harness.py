@@ -4,7 +4,8 @@ tests/framework_packages.PEFT_VENV; the model is built on the meta device, so no
 Reads {"config": {...}, "rank": r, "target_modules": ..., optionally "target_parameters": [...]} as JSON on stdin
 and prints `RESULT {...}` with the trainable parameters get_peft_model leaves and how many of them sit under a
 routed-expert module (`.experts.`) or a vision tower (`vision_model.`), and the base model's parameters in its
-vision tower and projector (`vision_base`: vision_model. and multi_modal_projector.). "auto_class":
+vision tower and projector (`vision_base`: vision_model. and multi_modal_projector.), and the full names of the
+model's nn.Linear modules but its output head (`linears`: what all-linear adapts). "auto_class":
 "image_text_to_text" builds a multimodal model as verl's and SkyRL's FSDP engines build one whose config has a
 vision_config (AutoModelForImageTextToText: verl 0.9.1 utils/model.py get_hf_auto_model_class, SkyRL 0.4.0
 workers/model_wrapper.py HFModelWrapper). With "forward": true the model is built on the CPU instead (a tiny config)
@@ -35,12 +36,15 @@ def main() -> None:
     vision_base = sum(p.numel() for n, p in model.named_parameters()
                       if n.startswith(("vision_model.", "model.vision_model.", "multi_modal_projector.",
                                        "model.multi_modal_projector.")))
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and m is not model.get_output_embeddings()]
     peft = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules=ask["target_modules"],
                                             target_parameters=ask.get("target_parameters"),
                                             exclude_modules=ask.get("exclude_modules")))
     trained = [(n, p.numel()) for n, p in peft.named_parameters() if p.requires_grad]
     result = {"trainable": sum(c for _, c in trained), "experts": sum(c for n, c in trained if ".experts." in n),
-              "vision": sum(c for n, c in trained if "vision_model." in n), "vision_base": vision_base}
+              "vision": sum(c for n, c in trained if "vision_model." in n), "vision_base": vision_base,
+              "linears": linears}
     if forward:
         try:
             torch.manual_seed(0)

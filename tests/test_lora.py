@@ -9,7 +9,13 @@ from meshplan import api
 from meshplan.adapters.render import render
 from meshplan.arithmetic.flops import Gemm, model_flops_per_token
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
-from meshplan.arithmetic.lora import adapter_params, lora_engine, lora_flops_per_token, total_adapter_params
+from meshplan.arithmetic.lora import (
+    adapter_params,
+    all_linear_targets,
+    lora_engine,
+    lora_flops_per_token,
+    total_adapter_params,
+)
 from meshplan.arithmetic.memory_states import state_bytes, with_precision
 from meshplan.check.config import check_config
 from meshplan.core.errors import MeshplanError
@@ -126,9 +132,10 @@ def test_all_linear_adapts_the_models_other_linears(name, framework):
     from meshplan.knowledge.model_config import architecture_from_config
 
     arch = architecture_from_config(PEFT_CONFIGS[name])
-    spec = LoraSpec(rank=8, targets=[t for t in ALL if t != "linear_qkv" or arch.mla is None])
+    spec = LoraSpec(rank=8, targets=all_linear_targets(arch))  # the PEFT engines' default and all-linear resolve to it
     assert total_adapter_params(arch, spec, lora_engine(framework_card(framework), 3)) == PEFT_EXPECTED[name]
-    fused = total_adapter_params(arch, spec, lora_engine(framework_card("megatron-bridge"), 1))
+    bridge = LoraSpec(rank=8, targets=[t for t in ALL if t != "linear_qkv" or arch.mla is None])  # its default
+    fused = total_adapter_params(arch, bridge, lora_engine(framework_card("megatron-bridge"), 1))
     if arch.mla is not None:  # no MLA projection, no router; the routed experts shared (one adapter a layer)
         assert fused == 2 * _pair(128, 256) + _pair(256, 2 * 512) + _pair(512, 256) + 2 * (
             _pair(256, 2 * 128) + _pair(128, 256))  # o_proj; the dense MLP; the shared expert, the routed experts
@@ -172,7 +179,7 @@ def test_peft_counts_the_other_linears_as_meshplan_does(name):
                          input=json.dumps({"config": PEFT_CONFIGS[name], "rank": 8, "target_modules": "all-linear"}))
     peft = json.loads(out.stdout.split("RESULT ", 1)[1])
     arch = architecture_from_config(PEFT_CONFIGS[name])
-    spec = LoraSpec(rank=8, targets=ALL)
+    spec = LoraSpec(rank=8, targets=all_linear_targets(arch))
     assert peft["experts"] == 0
     assert total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3)) == peft["trainable"] \
         == PEFT_EXPECTED[name]

@@ -345,11 +345,14 @@ def test_skyrls_exclude_modules_leaves_its_default_targets_less_those():
 
 @pytest.mark.parametrize(("text", "said"), [
     (SFT_LORA.format("model.exclude_modules=[v_proj]"), "leaves v_proj out of a fused linear"),
-    (SFT_LORA.format("model.exclude_modules=[layers.0.mlp.down_proj]"), "no projection meshplan adapts on every"),
+    (SFT_LORA.format("model.exclude_modules=[layers.0.mlp.down_proj]"),
+     "excludes linear_fc2 (down_proj) in 1 of the 32"),
+    (SFT_LORA.format("'model.exclude_modules=model[.]layers[.]1[0-9][.].*'"),
+     "excludes linear_qkv (k_proj, q_proj, v_proj) in 30 of the 96"),
     (SFT_LORA.format("model.exclude_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"),
      "excludes every target"),
     (SFT_LORA.replace("meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V2-Lite").format(
-        "model.exclude_modules=[down_proj]"), "still adapts DeepSeek-V2-Lite's other linears"),
+        "model.exclude_modules=[shared_experts.down_proj]"), "in the shared experts), not in model.layers.0.mlp"),
     ("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=meta-llama/Llama-3.1-8B "
      "actor_rollout_ref.actor.strategy=megatron actor_rollout_ref.model.lora.rank=16 "
      "actor_rollout_ref.model.lora.exclude_modules=[linear_fc2] trainer.nnodes=1 trainer.n_gpus_per_node=8\n",

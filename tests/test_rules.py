@@ -279,6 +279,10 @@ CASES: dict[str, tuple[dict, dict]] = {
                  "lora_targets": ["linear_qkv", "linear_proj"]},
                 {"model": "deepseek-v2-lite", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
                  "lora_targets": ["linear_proj"]}),
+    "LORA003": ({"model": "deepseek-v2-lite", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
+                 "lora_targets": ["linear_proj", "router"]},
+                {"model": "deepseek-v2-lite", "num_gpus": 8, "framework": "verl", "zero_stage": 3, "job": "lora",
+                 "lora_targets": ["linear_proj", "router"]}),
     # RL jobs (meshplan/rules/rollout.py): the rollout engine's layout
     "RL001": ({**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 4},
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),

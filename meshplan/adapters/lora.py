@@ -18,15 +18,20 @@ Setting = tuple[str, Any]
 # Megatron-Core linear -> the Hugging Face projections it fuses (Llama/Qwen/Mistral naming; PEFT matches by suffix);
 # MLA's linears -> DeepSeek's names, the same in transformers 5.9.0 (models/deepseek_v3 DeepseekV3Attention) and NeMo
 # AutoModel 0.7.0 (components/models/deepseek_v3/layers.py MLA): q_proj (no q_lora_rank) or q_a_proj and q_b_proj,
-# kv_a_proj_with_mqa, kv_b_proj
+# kv_a_proj_with_mqa, kv_b_proj; the router an nn.Linear in DeepSeek-V2's code (mlp.gate) and Qwen2-MoE's
+# shared_expert_gate (adapters/hf_modules.py), which PEFT matches by that last name
 HF_PROJECTIONS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
                   "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",),
                   "linear_q_proj": ("q_proj",), "linear_q_down_proj": ("q_a_proj",), "linear_q_up_proj": ("q_b_proj",),
-                  "linear_kv_down_proj": ("kv_a_proj_with_mqa",), "linear_kv_up_proj": ("kv_b_proj",)}
+                  "linear_kv_down_proj": ("kv_a_proj_with_mqa",), "linear_kv_up_proj": ("kv_b_proj",),
+                  "router": ("gate",), "shared_expert_gate": ("shared_expert_gate",)}
 MLA_ONLY = frozenset(HF_PROJECTIONS["linear_q_down_proj"] + HF_PROJECTIONS["linear_q_up_proj"]
                      + HF_PROJECTIONS["linear_kv_down_proj"] + HF_PROJECTIONS["linear_kv_up_proj"])
 """The projection names only MLA attention has: a list holding one names DeepSeek's modules, so its q_proj is MLA's
 linear_q_proj (no q_lora_rank), not a third of linear_qkv."""
+VISION_EXCLUDE = "vision_model[.].*"
+"""PEFT's exclude_modules (a string: re.fullmatch on the full module name) that leaves a multimodal model's vision tower
+out, every module under Llama4ForConditionalGeneration.vision_model (adapters/hf_modules.py): LoraSpec.vision false."""
 ALL_LINEAR = "all-linear"  # verl's and SkyRL's default target_modules: every linear (the same four, per projection)
 
 # Megatron-Bridge: the LoRA class a recipe's cfg.peft must be before its fields are set (a pretrain/SFT recipe has
@@ -53,6 +58,13 @@ def hf_targets(job: Job) -> str | list[str]:
     return hf_projections(job.lora.targets)
 
 
+def vision_exclusion(job: Job) -> list[str]:
+    """The exclude_modules a PEFT engine's job writes: VISION_EXCLUDE where the adapters leave a vision tower out (the
+    engine builds it: LoraSpec.vision false on a model with one), else none."""
+    assert job.lora is not None
+    return [VISION_EXCLUDE] if job.model.vision is not None and not job.lora.vision else []
+
+
 def hf_projections(targets: list[str]) -> list[str]:
     """The Hugging Face projection names of Megatron target names, in order (PEFT's and AutoModel's module names)."""
     return [name for target in targets for name in HF_PROJECTIONS[target]]
@@ -69,7 +81,8 @@ def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     if variant in ("fsdp", "sft-fsdp"):
         notes.append(f"LoRA (FSDP engine, Hugging Face PEFT): rank {job.lora.rank}, lora_alpha left at verl's 16; "
                      "target_modules name the model's projections (Llama/Qwen naming).")
-        return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job))]
+        return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job)),
+                *[(m + "exclude_modules", value) for value in vision_exclusion(job)]]
     notes.append(f"LoRA (Megatron engine, Megatron-Bridge LoRA): rank {job.lora.rank}, lora.alpha left at verl's 32.")
     return [(m + "lora.rank", job.lora.rank), (m + "lora.target_modules", list(job.lora.targets))]
 
@@ -85,7 +98,9 @@ def skyrl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
         ALL_LINEAR if set(job.lora.targets) == set(DEFAULT_TARGETS) else list(job.lora.targets))
     notes.append(f"LoRA: rank {job.lora.rank}, alpha left at SkyRL's 16.")
     model = "model" if variant in ("sft", "sft-fsdp") else "trainer.policy.model"
-    return [(f"{model}.lora.rank", job.lora.rank), (f"{model}.lora.target_modules", targets)]
+    peft = [(f"{model}.lora.exclude_modules", v) for v in vision_exclusion(job)] if variant in ("fsdp", "sft-fsdp") \
+        else []
+    return [(f"{model}.lora.rank", job.lora.rank), (f"{model}.lora.target_modules", targets), *peft]
 
 
 def read_targets(value: Any, hf: bool) -> list[str]:

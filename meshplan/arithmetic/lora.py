@@ -19,16 +19,23 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.model_counts import mtp_weight_blocks
-from meshplan.schema.choices import FRAMEWORKS, DefaultLoraTarget, LoraTarget, MlaLoraTarget
+from meshplan.schema.choices import FRAMEWORKS, DefaultLoraTarget, LoraTarget, MlaLoraTarget, PeftLoraTarget
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, LoraSpec
 from meshplan.schema.request import Request
 
 TARGETS: tuple[str, ...] = get_args(LoraTarget)
-"""Every target name lora_targets takes: Megatron-Bridge's four and MLA attention's own linears."""
+"""Every target name lora_targets takes: Megatron-Bridge's four, MLA attention's own linears and the other linears
+only Hugging Face PEFT adapts (PEFT_TARGETS)."""
+PEFT_TARGETS: tuple[str, ...] = get_args(PeftLoraTarget)
+"""The router and shared_expert_gate linears of transformers' code (other_linears), which only the engines whose
+target_modules are Hugging Face PEFT's module names adapt (LoraEngine.all_linear; rule LORA003)."""
+MEGATRON_TARGETS: tuple[str, ...] = tuple(t for t in TARGETS if t not in PEFT_TARGETS)
+"""The target names that are Megatron-Core module names, what Megatron-Bridge's LoRA matches."""
 DEFAULT_TARGETS: tuple[str, ...] = get_args(DefaultLoraTarget)
-"""Megatron-Bridge's LoRA.target_modules default (peft/lora.py), what a job that names no target adapts (those the
-model has), what PEFT's all-linear is read as and what SkyRL's all-linear is on its Megatron worker."""
+"""Megatron-Bridge's LoRA.target_modules default (peft/lora.py), what a job that names no target adapts on an engine
+built on it (those the model has), and what SkyRL's all-linear is on its Megatron worker; on a PEFT engine all-linear
+is every linear the model has (all_linear_targets)."""
 MLA_TARGETS: tuple[str, ...] = get_args(MlaLoraTarget)
 
 
@@ -52,10 +59,10 @@ def lora_frameworks() -> list[str]:
 
 
 def lora_asked(req: Request) -> bool:
-    """Whether the request trains LoRA adapters: job=lora, or lora_rank / lora_targets given with the job left out
-    (or an RL job's); resolve_lora refuses them on a pretrain or sft job."""
-    return req.job == "lora" or (req.job not in ("pretrain", "sft") and (req.lora_rank is not None
-                                                                          or req.lora_targets is not None))
+    """Whether the request trains LoRA adapters: job=lora, or lora_rank / lora_targets / lora_vision given with the
+    job left out (or an RL job's); resolve_lora refuses them on a pretrain or sft job."""
+    given = req.lora_rank is not None or req.lora_targets is not None or req.lora_vision is not None
+    return req.job == "lora" or (req.job not in ("pretrain", "sft") and given)
 
 
 def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_stage: int,
@@ -63,28 +70,24 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     """The job's LoRA adapters: job=lora or a lora_rank (unless job is pretrain/sft), each default noted; None for a
     job that trains every weight. A framework without LoRA is left to rule LORA001 (it names the nearest), so check
     reports it like any other finding; here its default rank is Megatron-Bridge's (the LoRA dataclass's dim)."""
-    given = req.lora_rank is not None or req.lora_targets is not None
+    given = req.lora_rank is not None or req.lora_targets is not None or req.lora_vision is not None
     if req.job in ("pretrain", "sft") and given:
-        raise MeshplanError(f"lora_rank / lora_targets are LoRA fields, not for job={req.job}.",
+        raise MeshplanError(f"lora_rank / lora_targets / lora_vision are LoRA fields, not for job={req.job}.",
                             fix="Drop them, or pass job=lora (or leave job out).")
     if not lora_asked(req):
         return None
     if req.job is None:
-        notes.append("job not given: lora, as lora_rank or lora_targets is given.")
+        notes.append("job not given: lora, as lora_rank, lora_targets or lora_vision is given.")
     engine = lora_engine(card, zero_stage)
     rank = req.lora_rank
     if rank is None:
         rank = engine.default_rank if engine else BRIDGE_DEFAULT_RANK
         why = engine.default_rank_why if engine else "Megatron-Bridge's LoRA dim"
         notes.append(f"lora_rank not given: {rank} ({why}).")
-    has = model_targets(arch)
-    targets = list(req.lora_targets or [t for t in DEFAULT_TARGETS if t in has])
-    if (engine is not None and engine.all_linear and set(targets) == set(DEFAULT_TARGETS)
-            and not has >= set(DEFAULT_TARGETS)):
-        # all four are what PEFT's all-linear reads as (adapters/read/keys.py) and what render writes as all-linear
-        targets = [t for t in DEFAULT_TARGETS if t in has]
-        notes.append(f"lora_targets {', '.join(DEFAULT_TARGETS)} on this engine: PEFT's all-linear, every linear "
-                     f"{arch.name} has (it has no {', '.join(sorted(set(DEFAULT_TARGETS) - has))}).")
+    has, peft = model_targets(arch), engine is not None and engine.all_linear
+    # the engine's default: Megatron-Bridge's four (those the model has), or on a PEFT engine all-linear, every linear
+    # the model has, its other linears named (every_linear)
+    targets = list(req.lora_targets or (all_linear_targets(arch) if peft else [t for t in DEFAULT_TARGETS if t in has]))
     if req.lora_targets is None:
         skipped = [t for t in DEFAULT_TARGETS if t not in has]
         why = engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
@@ -92,14 +95,15 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
                 "target that matches nothing" if bridge else "")) if skipped else ""
         notes.append("lora_targets not given: " + ", ".join(targets) + f" ({why}{said}).")
-    spec = LoraSpec(rank=rank, targets=targets)
-    if engine is not None and engine.all_linear and peft_all_linear(arch, spec):
-        others = list(dict.fromkeys(a.target for i in range(arch.num_layers) for a in other_linears(arch, i)
-                                    if a.target not in targets))
+    if req.lora_vision is not None and arch.vision is None:
+        notes.append(f"lora_vision={str(req.lora_vision).lower()}: {arch.name} has no vision tower; nothing changes.")
+    spec = LoraSpec(rank=rank, targets=targets, vision=req.lora_vision is not False)
+    if peft and peft_all_linear(arch, spec):
+        others = list(dict.fromkeys(a.target for i in range(arch.num_layers) for a in other_linears(arch, i)))
         if others:
             notes.append(f"LoRA on {arch.name}'s other linears too: {', '.join(others)} (every target is "
                          "written as PEFT's all-linear, which adapts every nn.Linear but the output head).")
-    elif engine is not None and engine.all_linear and every_linear(arch, spec):
+    elif peft and every_linear(arch, spec):
         notes.append(f"LoRA target_modules on {arch.name}: the projections by name, not PEFT's all-linear (its "
                      "router is an nn.Linear whose forward returns (scores, logits), Llama4Router: all-linear wraps it "
                      "and the LoRA layer's forward fails on the tuple); the router gets no adapter.")
@@ -143,17 +147,34 @@ class Adapted(BaseModel):
 
 def model_targets(arch: Architecture) -> set[str]:
     """The LoRA targets the model has: MLA attention has no fused linear_qkv but its own q/kv linears
-    (mla_linears)."""
-    if arch.mla is None:
-        return set(DEFAULT_TARGETS)
-    return set(DEFAULT_TARGETS) - {"linear_qkv"} | {a.target for a in mla_linears(arch)}
+    (mla_linears); a router or shared_expert_gate transformers builds as an nn.Linear (other_linears)."""
+    has = set(DEFAULT_TARGETS) if arch.mla is None else set(DEFAULT_TARGETS) - {"linear_qkv"}
+    return has | other_targets(arch)
+
+
+def all_linear_targets(arch: Architecture) -> list[str]:
+    """PEFT's all-linear as target names: every linear the model has (model_targets), in TARGETS' order."""
+    has = model_targets(arch)
+    return [t for t in TARGETS if t in has]
+
+
+def other_targets(arch: Architecture) -> set[str]:
+    """The target names of the model's other linears (other_linears' in any layer: MLA's in every layer, the router
+    and shared_expert_gate in its MoE layers)."""
+    names = {a.target for a in mla_linears(arch)}
+    if arch.moe is not None and arch.moe.moe_layers:
+        names |= {"shared_expert_gate"} if arch.moe.shared_expert_gate else set()
+        names |= {"router"} if arch.moe.router_linear else set()
+    return names
 
 
 def every_linear(arch: Architecture, spec: LoraSpec) -> bool:
-    """Whether the targets take every one of Megatron-Bridge's default four the model has: what the PEFT engines write
-    as all-linear (adapters/lora.py hf_targets, unless peft_all_linear says it cannot run), which adapts the model's
-    other linears too (other_linears)."""
-    return set(DEFAULT_TARGETS) & model_targets(arch) <= set(spec.targets)
+    """Whether the targets name every linear the model has (model_targets: the four it has and its other linears,
+    MLA's, a router or shared_expert_gate built as an nn.Linear): what the PEFT engines write as all-linear
+    (adapters/lora.py hf_targets, unless peft_all_linear says it cannot run), and what their default and a file's
+    all-linear resolve to; a list short of one (all-linear less the router, read from a file's exclude_modules) is
+    written as the projections it names."""
+    return model_targets(arch) <= set(spec.targets)
 
 
 def peft_all_linear(arch: Architecture, spec: LoraSpec) -> bool:
@@ -207,20 +228,17 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     """The adapted linears of decoder layer `index` on `engine` (None: Megatron-Bridge's layout). Megatron-Core's
     linear_qkv is h -> (heads + 2 kv heads) x head_dim, linear_proj heads x head_dim (MLA: x v_head_dim) -> h,
     linear_fc1 h -> (2 if gated) x ffn and linear_fc2 ffn -> h, for the dense MLP, the shared experts and (as expert
-    linears) the routed experts, unless the engine adapts no routed expert (LoraEngine.experts none); on an engine
-    whose every-target default is PEFT's all-linear (LoraEngine.all_linear), with every target written so
-    (peft_all_linear), the layer's other linears too (other_linears); else MLA's q/kv linears the targets name
-    (mla_linears)."""
+    linears) the routed experts, unless the engine adapts no routed expert (LoraEngine.experts none); and the layer's
+    other linears (other_linears) the targets name: MLA's q/kv linears on any engine, the router and
+    shared_expert_gate on a PEFT one (rule LORA003), every one of them where a PEFT engine runs all-linear
+    (resolve_lora names them all, every_linear)."""
     h, per = arch.hidden_size, engine is not None and engine.adapters == "per_projection"
     gated = 2 if arch.gated_mlp else 1
     out: list[Adapted] = []
     if "linear_qkv" in spec.targets and arch.mla is None:
         out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1, column=True,
                            outputs=(arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim))
-    if engine is not None and engine.all_linear and peft_all_linear(arch, spec):
-        out += other_linears(arch, index)
-    else:
-        out += [a for a in mla_linears(arch) if a.target in spec.targets]
+    out += [a for a in other_linears(arch, index) if a.target in spec.targets]
     if "linear_proj" in spec.targets:
         width = arch.mla.v_head_dim if arch.mla is not None else arch.head_dim
         out.append(Adapted(target="linear_proj", inputs=arch.num_attention_heads * width, outputs=h))
@@ -265,7 +283,7 @@ def vision_adapters(arch: Architecture, spec: LoraSpec) -> list[Adapted]:
     text-only data the tower never runs, so these adapters, like the tower, get no gradient and no optimizer state
     (torch's optimizers skip a parameter whose grad is None): weights only."""
     v = arch.vision
-    if v is None:
+    if v is None or not spec.vision:  # exclude_modules leaves the tower out (LoraSpec.vision)
         return []
     width = v.num_heads * (v.hidden_size // v.num_heads)
     out = []

@@ -7,7 +7,15 @@ message and fix templates; the facts are the framework cards' `lora` sections an
 
 from __future__ import annotations
 
-from meshplan.arithmetic.lora import DEFAULT_TARGETS, MLA_TARGETS, lora_engine, lora_frameworks, model_targets
+from meshplan.arithmetic.lora import (
+    MLA_TARGETS,
+    PEFT_TARGETS,
+    lora_engine,
+    lora_engines,
+    lora_frameworks,
+    model_targets,
+)
+from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
 
 
@@ -37,10 +45,26 @@ def lora_targets_the_model_has(ctx: Context) -> Values:
     missing = [t for t in spec.targets if t not in has]
     if not missing:
         return None
-    mla = sorted(has - set(DEFAULT_TARGETS))
+    mla = sorted(has & set(MLA_TARGETS))
     why = (f" (MLA attention: its q/kv linears are {', '.join(mla)}, not linear_qkv)"
            if mla and "linear_qkv" in missing else
            " (MLA attention's linear_q_proj, or linear_q_down_proj and linear_q_up_proj with a q_lora_rank)"
-           if ctx.arch.mla is not None else " (its attention is not MLA)" if set(missing) & set(MLA_TARGETS) else "")
+           if ctx.arch.mla is not None and set(missing) & set(MLA_TARGETS) else
+           " (its attention is not MLA)" if set(missing) & set(MLA_TARGETS) else
+           " (router: transformers builds it as an nn.Linear only in DeepSeek-V2's code; shared_expert_gate: "
+           "Qwen2-MoE's)" if set(missing) & set(PEFT_TARGETS) else "")
     return {"model": ctx.arch.name, "missing": ", ".join(missing), "why": why,
             "has": ", ".join(t for t in spec.targets if t in has) or ", ".join(sorted(has))}
+
+
+@rule("LORA003", reads=("zero_stage",))
+def peft_only_targets_on_a_peft_engine(ctx: Context) -> Values:
+    spec = ctx.job.lora
+    engine = lora_engine(ctx.card, ctx.plan.zero_stage)
+    named = [t for t in (spec.targets if spec is not None else []) if t in PEFT_TARGETS]
+    if not named or engine is None or engine.all_linear:  # no engine: LORA001 says so
+        return None
+    peft = [f"{f} ({name} engine)" for f in lora_frameworks()
+            for name, e in lora_engines(framework_card(f)).items() if e.all_linear]
+    return {"targets": ", ".join(named), "framework": ctx.card.display_name,
+            "engine": ctx.card.engine_at(ctx.plan.zero_stage), "peft": ", ".join(peft)}

@@ -53,7 +53,11 @@ DefaultLoraTarget = Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_f
 # target by name (recipes/moonlight/h100/moonlight_16b.py, recipes/glm/h100/glm5.py peft target_modules)
 MlaLoraTarget = Literal["linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj",
                         "linear_kv_up_proj"]
-LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget]
+# The other nn.Linear modules transformers builds in a decoder layer, which Hugging Face PEFT adapts when named (verl's
+# and SkyRL's FSDP engines): DeepSeek-V2's router (mlp.gate, nn.Linear(hidden, experts)) and Qwen2-MoE's
+# shared_expert_gate (nn.Linear(hidden, 1)); Megatron-Bridge's LoRA has no such names (arithmetic/lora.py other_linears)
+PeftLoraTarget = Literal["router", "shared_expert_gate"]
+LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget, PeftLoraTarget]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
 # A framework's training engine family: what rules.yaml's `backends` and the card sections keyed by engine name
 Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]

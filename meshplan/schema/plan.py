@@ -42,6 +42,9 @@ class LoraSpec(StrictModel):
 
     rank: int = Field(ge=1)
     targets: list[LoraTarget] = Field(min_length=1)
+    vision: bool = Field(True, description="The targets' adapters in a multimodal model's vision tower too, where the "
+                                           "engine builds it (arithmetic/lora.py vision_adapters); false: "
+                                           "exclude_modules leaves the tower out (adapters/lora.py VISION_EXCLUDE)")
 
 
 class RLJob(StrictModel):

@@ -367,8 +367,18 @@ class Request(StrictModel):
         None, min_length=1, max_length=len(get_args(LoraTarget)), json_schema_extra={"uniqueItems": True},
         description="LoRA: the Megatron-Core linears adapted (linear_qkv, linear_proj, linear_fc1, linear_fc2; fc1 and "
                     "fc2 include a MoE model's experts; an MLA model's linear_q_proj, or linear_q_down_proj and "
-                    "linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj) (default: linear_qkv, linear_proj, "
-                    "linear_fc1, linear_fc2, Megatron-Bridge's LoRA default, those the model has)",
+                    "linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj; on verl's and SkyRL's FSDP engines "
+                    "(Hugging Face PEFT) also a router or shared_expert_gate transformers builds as an nn.Linear, "
+                    "DeepSeek-V2's and Qwen2-MoE's) (default: linear_qkv, linear_proj, linear_fc1, linear_fc2, "
+                    "Megatron-Bridge's LoRA default, those the model has; on those FSDP engines PEFT's all-linear, "
+                    "every linear the model has)",
+    )
+
+    lora_vision: bool | None = Field(
+        None, description="LoRA on a multimodal model whose vision tower the engine builds (Llama 4 on verl's and "
+                          "SkyRL's FSDP engines): whether the targets' adapters reach the tower's attention too, whose "
+                          "q/k/v/o_proj the target names match (default: true; false is exclude_modules "
+                          "'.*vision_model.*')",
     )
 
     @field_validator("recompute_modules", "lora_targets")

@@ -55,6 +55,7 @@ from meshplan.adapters.read.launch import (
     wrapper_script,
 )
 from meshplan.adapters.read.lora_keys import (
+    all_linear_on_model,
     all_linear_that_fails,
     exclusions_applied,
     patterns_on_model,
@@ -204,6 +205,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     reading.sources.setdefault("framework", f"{path} (read as {reading.framework}"
                                             + (f", {reading.variant})" if reading.variant else ")"))
     fill_defaults(reading)
+    all_linear_on_model(reading)  # a PEFT all-linear as every linear of the file's model
     all_linear_that_fails(reading)  # once the model and the engine's ZeRO stage are known
     patterns_on_model(reading)  # Bridge's target_modules path patterns against the model's layers
     exclusions_applied(reading)  # exclude_modules taken out of the targets just read

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-from meshplan.arithmetic.lora import TARGETS, model_targets
+from meshplan.arithmetic.lora import MEGATRON_TARGETS as TARGETS
+from meshplan.arithmetic.lora import model_targets
 from meshplan.schema.model import Architecture
 
 ATTENTION = "decoder.layers.{i}.self_attention.{t}"

@@ -1,13 +1,12 @@
 """What a framework file's LoRA keys say once the file's model is known, after the keys are read (keys.py reads each
 key as it comes: lora_targets, read_patterns, lora_unmodelled keep what these look at in Reading.extra): Bridge's path
-patterns against the model's places, PEFT's all-linear on a model where it fails, the modules exclude_modules takes
-out of the targets, and the cost of a LoRA key meshplan does not count."""
+patterns against the model's places, PEFT's all-linear as every linear of the model and where it fails, the modules
+exclude_modules takes out of the targets, and the cost of a LoRA key meshplan does not count."""
 
 from __future__ import annotations
 
-import re
-
-from meshplan.adapters.lora import HF_PROJECTIONS, hf_projections, projection_targets
+from meshplan.adapters.hf_modules import VISION_TOWER, HfLinear, hf_linears, peft_matches
+from meshplan.adapters.lora import HF_PROJECTIONS, hf_projections
 from meshplan.adapters.read.bridge_lora import model_places, places
 from meshplan.adapters.read.keys import (
     BRIDGE_PATTERNS,
@@ -19,7 +18,16 @@ from meshplan.adapters.read.keys import (
     Reading,
     convert,
 )
-from meshplan.arithmetic.lora import DEFAULT_TARGETS, lora_engine, model_targets, other_linears, peft_all_linear
+from meshplan.arithmetic.lora import (
+    DEFAULT_TARGETS,
+    TARGETS,
+    all_linear_targets,
+    every_linear,
+    lora_engine,
+    model_targets,
+    other_targets,
+    peft_all_linear,
+)
 from meshplan.arithmetic.param_wrapper import WEIGHTS, param_wrapper_flops, param_wrapper_params
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
@@ -68,6 +76,18 @@ def patterns_on_model(reading: Reading) -> None:
         reading.unsupported.append(f"{where}: adapts no module of the model; {LORA_NOT_MODELLED}")
 
 
+def all_linear_on_model(reading: Reading) -> None:
+    """A PEFT engine's all-linear (verl's or SkyRL's FSDP; keys.lora_targets read it as the four) as every linear the
+    file's model has, its other linears named (arithmetic/lora.py every_linear: MLA's q/kv projections, a router or
+    shared_expert_gate built as an nn.Linear), once the model is known; the four alone would be those linears only."""
+    model = reading.request.get("model")
+    if PEFT_ALL_LINEAR not in reading.extra or reading.variant not in PEFT_VARIANTS or not isinstance(model, str):
+        return
+    arch = _file_model(model)
+    if arch is not None and "lora_targets" in reading.request:
+        reading.request["lora_targets"] = all_linear_targets(arch)
+
+
 def all_linear_that_fails(reading: Reading) -> None:
     """A file's all-linear on a PEFT engine (verl's or SkyRL's FSDP) for a model whose router is an nn.Linear returning
     a tuple (Llama 4, arithmetic/lora.py peft_all_linear): said as a setting that does not run, with the projections'
@@ -114,12 +134,6 @@ def unmodelled_lora_said(reading: Reading) -> None:
     reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {facts.what}{cost}; {LORA_NOT_MODELLED}")
 
 
-_PEFT_NAMES = {p: f"model.layers.0.{'mlp' if t in ('linear_fc1', 'linear_fc2') else 'self_attn'}.{p}"
-               for t, names in HF_PROJECTIONS.items() for p in names}
-"""Each Hugging Face projection's module path in a decoder layer (transformers' Llama/Qwen/DeepSeek code), what PEFT
-matches a string exclude_modules against (re.fullmatch on the module's full name)."""
-
-
 _EXCLUSIVE = {
     "megatron-bridge": "Megatron-Bridge's LoRA takes exclude_modules only with an empty target_modules (peft/"
                        "module_matcher.py asserts it), and without them adapts every linear it does not name, the "
@@ -136,9 +150,11 @@ def exclusions_applied(reading: Reading) -> None:
     """A LoRA job's exclude_modules, once its targets and model are read. Hugging Face PEFT (verl's and SkyRL's FSDP
     engines; peft 0.18.1 tuners/tuners_utils.py check_target_module_exists: a string is re.fullmatch'ed on a module's
     full name, a list entry matches a name or its last dotted parts; verl/utils/model.py check_exclude_modules alike)
-    adapts the targets less what it excludes: projections making up whole linears are taken out of lora_targets, the
-    source saying so; part of a fused linear (v_proj alone), a name meshplan cannot place, or all-linear less some on
-    a model whose other linears all-linear adapts too is said with LORA_NOT_MODELLED (no estimate from the file).
+    adapts the targets less what it excludes, matched on the modules transformers builds (peft_exclusion): the targets
+    left, MLA's linears, a router or shared_expert_gate among them after all-linear, become lora_targets, the source
+    saying so, and a vision tower left out whole lora_vision false; a target left in some of its modules only (v_proj
+    of a fused linear, one layer's, the shared experts'), a linear no target names left adapted, or an unread model is
+    said with LORA_NOT_MODELLED (no estimate from the file).
     Megatron-Bridge's LoRA (its own engine, verl's and SkyRL's Megatron engines, which pass exclude_modules to it)
     asserts exclude_modules is empty when target_modules is set (peft/module_matcher.py ModuleMatcher.match), and
     with target_modules empty adapts every linear it does not name, the output layer among them: said likewise, as
@@ -157,58 +173,92 @@ def exclusions_applied(reading: Reading) -> None:
                                    f"instead; {LORA_NOT_MODELLED}")
         return
     arch = _file_model(request.get("model"))
-    has = model_targets(arch) if arch is not None else set(DEFAULT_TARGETS)
+    if arch is None:
+        reading.unsupported.append(f"{where}: the file names no model meshplan reads, so what it leaves out cannot be "
+                                   f"told; {LORA_NOT_MODELLED}")
+        return
+    has = model_targets(arch)
     targets = list(request.get("lora_targets") or [t for t in DEFAULT_TARGETS if t in has])
-    excluded, unplaced = _excluded_projections(value)
-    if not excluded and not unplaced and (arch is None or arch.vision is not None):  # ('.*visual.*', verl's example)
-        of = f"{arch.name}'s vision tower" if arch is not None else "the model (the file names none)"
-        unplaced = f"matches none of the decoder's projections; meshplan cannot tell what it leaves out of {of}"
-    if unplaced:
-        reading.unsupported.append(f"{where}: {unplaced}; {LORA_NOT_MODELLED}")
+    card = framework_card(reading.framework)
+    vision = card.vision_tower is not None and card.vision_tower.builds("fsdp")
+    kept, tower, why = peft_exclusion(arch, targets, PEFT_ALL_LINEAR in reading.extra, _exclude_value(value), vision)
+    if why:
+        reading.unsupported.append(f"{where}: {why}; {LORA_NOT_MODELLED}")
         return
-    if excluded and PEFT_ALL_LINEAR in reading.extra and arch is not None and _other_linears(arch):
-        reading.unsupported.append(
-            f"{where}: all-linear less {', '.join(sorted(excluded))} still adapts {arch.name}'s other linears "
-            f"({', '.join(_other_linears(arch))}), which meshplan counts only with every target; "
-            + LORA_NOT_MODELLED)
-        return
-    whole = set(projection_targets(excluded)) & set(targets)
-    part = sorted(p for t in targets if t not in whole for p in HF_PROJECTIONS[t] if p in excluded)
-    if part:
-        reading.unsupported.append(f"{where}: leaves {', '.join(part)} out of a fused linear meshplan adapts whole ("
-                                   + ", ".join(f"{t} = {' + '.join(HF_PROJECTIONS[t])}" for t in targets)
-                                   + f"); {LORA_NOT_MODELLED}")
-        return
-    kept = [t for t in targets if t not in whole]
-    if not kept:
-        reading.unsupported.append(f"{where}: excludes every target ({', '.join(targets)}); PEFT then adapts no "
-                                   f"module and raises; {LORA_NOT_MODELLED}")
-        return
-    if whole:
+    if not tower:
+        reading.request["lora_vision"] = False
+        reading.sources["lora_vision"] = f"{s.where(reading.path)} (it leaves {arch.name}'s vision tower out)"
+    if kept == targets and tower:
+        reading.notes.append(f"{where}: excludes none of the linears meshplan adapts ({', '.join(targets)})")
+    elif kept != targets:
         reading.request["lora_targets"] = kept
         was = reading.sources.get("lora_targets", "the engine's default targets")
-        reading.sources["lora_targets"] = f"{was}, less {s.where(reading.path)} ({', '.join(sorted(whole))})"
-    else:  # a projection the targets do not hold, or none on a model without a vision tower: nothing counted changes
-        reading.notes.append(f"{where}: excludes none of the linears meshplan adapts ({', '.join(targets)})")
+        asked = set(targets) | (other_targets(arch) if PEFT_ALL_LINEAR in reading.extra else set())
+        gone = sorted(asked & has - set(kept))
+        reading.sources["lora_targets"] = f"{was}, less {s.where(reading.path)} ({', '.join(gone)})"
 
 
-def _excluded_projections(value: object) -> tuple[set[str], str]:
-    """The decoder projections an exclude_modules value excludes, as PEFT matches it, and what of it meshplan cannot
-    place ('' where all of it is placed)."""
+def peft_exclusion(arch: Architecture, targets: list[str], all_linear: bool, excluded: str | list[str],
+                   vision_built: bool) -> tuple[list[str], bool, str]:
+    """The targets Hugging Face PEFT adapts once exclude_modules is applied, as meshplan names them (MLA's linears, a
+    router or shared_expert_gate among them where all-linear adapted them), whether they still reach the vision tower
+    (LoraSpec.vision: false where every adapted module of the tower is excluded, as '.*vision_model.*' does), and '';
+    or no targets and why meshplan cannot count what is left: a target excluded in some of the modules it is made of
+    only (a projection of a fused linear, some layers, some places, some of the tower's), or all-linear left adapting
+    a linear no target names (hf_modules.HfLinear: the tower's MLP, Llama 4's router).
+    The modules are those transformers builds (hf_modules.hf_linears): every nn.Linear but the output head for
+    all-linear (peft 0.18.1 _maybe_include_all_linear_layers), else the targets' own; exclude_modules is matched on each
+    full module name (hf_modules.peft_matches)."""
+    if arch.layer_pattern is not None:
+        return [], True, (f"{arch.name} is a hybrid model, whose transformers module names meshplan does not place "
+                          "(it reads exclusions on attention + MLP or MoE decoders)")
+    every = all_linear and every_linear(arch, LoraSpec(rank=1, targets=targets))
+    adapted = [m for m in hf_linears(arch, vision_built) if every or m.target in targets]
+    kept = [m for m in adapted if not peft_matches(excluded, m.path)]
+    if len(kept) == len(adapted):
+        return targets, True, ""
+    tower = [m for m in adapted if m.place == VISION_TOWER]
+    if tower and not [m for m in tower if m in kept]:  # the tower left out whole: LoraSpec.vision false
+        adapted = [m for m in adapted if m.place != VISION_TOWER]
+    if uncounted := [m for m in kept if m.target is None]:
+        return [], True, (f"all-linear less these still adapts {len(uncounted)} linears of {arch.name} no LoRA target "
+                          f"names (e.g. {uncounted[0].path}, in its {', '.join(sorted({m.place for m in uncounted}))}"
+                          "), which meshplan counts no adapter on")
+    left = []
+    for target in TARGETS:
+        have = [m for m in adapted if m.target == target]
+        held = [m for m in have if m in kept]
+        if held and len(held) < len(have):
+            return [], True, _partly_excluded(target, have, held)
+        if held:
+            left.append(target)
+    if not left:
+        named = sorted({m.target for m in adapted if m.target})
+        return [], True, f"excludes every target ({', '.join(named)}); PEFT then adapts no module and raises"
+    vision = not tower or any(m in kept for m in tower)
+    return (targets if every and set(left) >= model_targets(arch) else left), vision, ""
+
+
+def _partly_excluded(target: str, have: list[HfLinear], held: list[HfLinear]) -> str:
+    """Why a target excluded in some of its modules only is not counted, naming what was left out where."""
+    gone = [m for m in have if m not in held]
+    gone_names, held_names = ({m.path.rsplit(".", 1)[-1] for m in ms} for ms in (gone, held))
+    if gone_names.isdisjoint(held_names):
+        return (f"leaves {', '.join(sorted(gone_names))} out of a fused linear meshplan adapts whole ({target} = "
+                f"{' + '.join(HF_PROJECTIONS[target])})")
+    places = sorted({m.place for m in gone})
+    return (f"excludes {target} ({', '.join(sorted(gone_names))}) in {len(gone)} of the {len(have)} modules it is "
+            f"made of (e.g. {gone[0].path}, in the {', '.join(places)}), not in {held[0].path}; meshplan adapts a "
+            "target in every layer and place the model holds it")
+
+
+def _exclude_value(value: object) -> str | list[str]:
+    """An exclude_modules value as PEFT takes it: a string is one regular expression, a list the names (a Hydra list
+    override, [a,b], is a list)."""
     text = value.strip().strip("'\"") if isinstance(value, str) else None
-    if text is not None and not text.startswith("["):  # a string: one regular expression on the full name
-        try:
-            pattern = re.compile(text)
-        except re.error as exc:
-            return set(), f"not a regular expression PEFT can match ({exc})"
-        return {p for p, path in _PEFT_NAMES.items() if pattern.fullmatch(path)}, ""
-    names = convert("lora_targets", value)  # a list, as the target names are
-    unknown = [n for n in names if n.rsplit(".", 1)[-1] not in _PEFT_NAMES
-               or not _PEFT_NAMES[n.rsplit(".", 1)[-1]].removeprefix("model.layers.0.").endswith(n)]
-    if unknown:  # (a path naming a layer, 'layers.0.mlp.down_proj', excludes that layer's only)
-        return set(), (f"{', '.join(unknown)} name(s) no projection meshplan adapts on every layer (PEFT matches a "
-                       f"name or its last dotted parts; meshplan places {', '.join(_PEFT_NAMES)})")
-    return {n.rsplit(".", 1)[-1] for n in names}, ""
+    if text is not None and not text.startswith("["):
+        return text
+    return [str(n) for n in convert("lora_targets", value)]
 
 
 def _file_model(model: object) -> Architecture | None:
@@ -216,8 +266,3 @@ def _file_model(model: object) -> Architecture | None:
         return resolve_model(model) if isinstance(model, str) else None
     except MeshplanError:
         return None
-
-
-def _other_linears(arch: Architecture) -> list[str]:
-    """The names of the decoder's linears beside the four that all-linear adapts (arithmetic/lora.py other_linears)."""
-    return sorted({a.target for index in range(arch.num_layers) for a in other_linears(arch, index)})
