@@ -220,3 +220,15 @@ def test_a_files_projection_list_is_those_projections_not_all_linear():
     engine = lora_engine(job.card, plan.zero_stage)
     every = total_adapter_params(job.model, LoraSpec(rank=16, targets=all_linear_targets(job.model)), engine)
     assert total_adapter_params(job.model, job.lora, engine) < every
+
+
+@pytest.mark.parametrize(("framework", "variant"), [("verl", "fsdp"), ("verl", "sft-fsdp"), ("skyrl", "fsdp"),
+                                                    ("skyrl", "sft-fsdp")])
+def test_every_peft_render_of_lora_vision_false_reads_back(framework, variant):
+    """lora_vision false is written as each PEFT engine's exclude_modules key and imported back as lora_vision false
+    on the same targets (fails before: no lora_vision field)."""
+    job, plan = resolve(Request(model="llama-4-scout", framework=framework, num_gpus=64, zero_stage=3, job="lora",
+                                lora_vision=False, global_batch_size=256))
+    back = import_config(render(framework, job, plan, variant=variant).text, path="run.sh", framework=framework)
+    assert back.request["lora_vision"] is False and back.request["lora_targets"] == list(DEFAULT_TARGETS)
+    assert not [u for u in back.unsupported if "exclude_modules" in u]

@@ -143,8 +143,9 @@ def unknown_projections(names: list[str]) -> list[str]:
     return [n for n in names if projection_name(n) not in known]
 
 
-def parsed_lora(rank: Any, targets: Any, hf: bool = False) -> dict[str, Any]:
-    """The job's lora as a snippet states it ({} when the snippet sets no rank)."""
+def parsed_lora(rank: Any, targets: Any, hf: bool = False, exclude: Any = None) -> dict[str, Any]:
+    """The job's lora as a snippet states it ({} when the snippet sets no rank); a PEFT exclude_modules of
+    VISION_EXCLUDE (vision_exclusion) is the vision tower left out."""
     if rank in (None, 0):
         return {}
-    return {"lora": {"rank": int(rank), "targets": read_targets(targets, hf)}}
+    return {"lora": {"rank": int(rank), "targets": read_targets(targets, hf), "vision": exclude != VISION_EXCLUDE}}

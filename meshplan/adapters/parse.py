@@ -223,7 +223,8 @@ def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
     """verl's SFT trainer (variant sft-fsdp): torchrun's world, sft_trainer_engine.yaml's engine, model, data keys."""
     world, cp = _torchrun_world(text), int(o["engine.ulysses_sequence_parallel_size"])
     shard = int(o.get("engine.fsdp_size", -1))
-    return {**parsed_lora(o.get("model.lora_rank"), o.get("model.target_modules"), hf=True),
+    return {**parsed_lora(o.get("model.lora_rank"), o.get("model.target_modules"), hf=True,
+                          exclude=o.get("model.exclude_modules")),
             "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3,
             "micro_batch_size": int(o["data.micro_batch_size_per_gpu"]),
             "dp_replicate": world // shard if 0 < shard < world else 1,
@@ -247,7 +248,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     world = _torchrun_world(text) if sft else _world(o["trainer.nnodes"], o["trainer.n_gpus_per_node"])
     mbs = int(o["data.micro_batch_size_per_gpu" if sft else "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
     model = "model." if sft else "actor_rollout_ref.model."
-    lora = parsed_lora(o.get(model + "lora_rank"), o.get(model + "target_modules"), hf=True) if variant == "fsdp" \
+    lora = parsed_lora(o.get(model + "lora_rank"), o.get(model + "target_modules"), hf=True,
+                       exclude=o.get(model + "exclude_modules")) if variant == "fsdp" \
         else parsed_lora(o.get(model + "lora.rank"), o.get(model + "lora.target_modules"))
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])
@@ -289,7 +291,7 @@ def _skyrl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     sft = variant in ("sft", "sft-fsdp")  # main_sft's SFTConfig keys
     model = "model." if sft else "trainer.policy.model."  # main_sft's SFTConfig.model (skyrl_lora)
     lora = parsed_lora(o.get(f"{model}lora.rank"), o.get(f"{model}lora.target_modules"),
-                       hf=variant in ("fsdp", "sft-fsdp"))
+                       hf=variant in ("fsdp", "sft-fsdp"), exclude=o.get(f"{model}lora.exclude_modules"))
     if variant == "sft-fsdp":  # gradient checkpointing and flash attention: TrainerConfig defaults main_sft keeps
         cp, world = int(o["sequence_parallel_size"]), _world(o["placement.num_nodes"], o["placement.num_gpus_per_node"])
         return {**lora, "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3, "recompute": "full",
