@@ -232,3 +232,38 @@ def test_every_peft_render_of_lora_vision_false_reads_back(framework, variant):
     back = import_config(render(framework, job, plan, variant=variant).text, path="run.sh", framework=framework)
     assert back.request["lora_vision"] is False and back.request["lora_targets"] == list(DEFAULT_TARGETS)
     assert not [u for u in back.unsupported if "exclude_modules" in u]
+
+
+def test_all_linear_less_llama4s_router_runs_and_is_planned_where_it_is_counted():
+    """Llama 4's all-linear fails on its router (Llama4Router returns a tuple); exclude_modules leaving every router
+    out makes it run. With the vision tower left out too it adapts the text model's projections only, which is
+    planned (lora_vision false); with the tower kept it adapts the tower's MLP, patch embedding and projector, which
+    meshplan counts no adapter on: said, no estimate. Neither says that all-linear fails (fails before: both did,
+    and the first was refused as matching none of the decoder's projections)."""
+    text = SCOUT.replace("model.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+                         "model.target_modules=all-linear")
+    tower = import_config(text.format("'model.exclude_modules=.*([.]router|vision_model[.].*)'"), path="sft.sh")
+    assert "multi_modal_projector.linear_1" in tower.unsupported[0]  # the projector is no part of vision_model
+    regex = "(.*[.]router|vision_model[.].*|multi_modal_projector.*)"
+    planned = import_config(text.format(f"'model.exclude_modules={regex}'"), path="sft.sh")
+    assert not planned.unsupported, planned.unsupported
+    assert planned.request["lora_vision"] is False and planned.request["lora_targets"] == list(DEFAULT_TARGETS)
+    refused = import_config(text.format("model.exclude_modules=[router]"), path="sft.sh")
+    assert [u for u in refused.unsupported if "vision tower" in u and u.endswith(LORA_NOT_MODELLED)]
+    assert not [u for u in refused.unsupported if "Llama4Router" in u]
+
+
+@pytest.mark.slow
+def test_peft_all_linear_less_llama4s_router_and_tower_counts_what_meshplan_plans():
+    """PEFT 0.18.1 on transformers 5.9.0, a tiny Llama 4 built as verl's FSDP engine builds it (on the CPU, one forward
+    and backward): all-linear less the routers, the tower and the projector runs, and trains exactly the count of
+    the four targets without the tower that peft_exclusion reads it as."""
+    regex = "(.*[.]router|vision_model[.].*|multi_modal_projector.*)"
+    arch = architecture_from_config(LLAMA4)
+    targets, vision, why = peft_exclusion(arch, all_linear_targets(arch), True, regex, vision_built=True)
+    assert (targets, vision, why) == (list(DEFAULT_TARGETS), False, "")
+    ran = _peft({"config": LLAMA4, "rank": 4, "target_modules": "all-linear", "exclude_modules": regex,
+                 "auto_class": "image_text_to_text"})
+    spec = LoraSpec(rank=4, targets=targets, vision=vision)
+    assert ran["vision"] == 0
+    assert ran["trainable"] == total_adapter_params(arch, spec, lora_engine(framework_card("verl"), 3))

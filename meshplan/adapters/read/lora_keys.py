@@ -91,7 +91,8 @@ def all_linear_on_model(reading: Reading) -> None:
 def all_linear_that_fails(reading: Reading) -> None:
     """A file's all-linear on a PEFT engine (verl's or SkyRL's FSDP) for a model whose router is an nn.Linear returning
     a tuple (Llama 4, arithmetic/lora.py peft_all_linear): said as a setting that does not run, with the projections'
-    list that does, which is what meshplan counts and render writes."""
+    list that does, which is what meshplan counts and render writes; unless exclude_modules leaves every router out,
+    where it runs (exclusions_applied reads what it adapts)."""
     stated, model, stage = (reading.extra.get(PEFT_ALL_LINEAR), reading.request.get("model"),
                             reading.request.get("zero_stage"))
     if stated is None or not isinstance(model, str) or not isinstance(stage, int):
@@ -104,6 +105,10 @@ def all_linear_that_fails(reading: Reading) -> None:
     spec = LoraSpec(rank=1, targets=list(reading.request.get("lora_targets") or DEFAULT_TARGETS))
     if engine is None or not engine.all_linear or peft_all_linear(arch, spec):
         return
+    excluded = reading.extra.get(LORA_EXCLUDE)
+    routers = [m.path for m in hf_linears(arch, _builds_tower(reading)) if m.place == "router"]
+    if excluded is not None and excluded[0] and all(peft_matches(_exclude_value(excluded[0]), r) for r in routers):
+        return  # exclude_modules leaves every router out: all-linear runs, what it adapts is exclusions_applied's
     reading.unsupported.append(
         f"{stated[1].where(reading.path)} = all-linear: on {arch.name} PEFT's all-linear wraps the router too "
         "(Llama4Router, an nn.Linear whose forward returns (scores, logits)) and the LoRA forward fails on the tuple; "
@@ -179,9 +184,8 @@ def exclusions_applied(reading: Reading) -> None:
         return
     has = model_targets(arch)
     targets = list(request.get("lora_targets") or [t for t in DEFAULT_TARGETS if t in has])
-    card = framework_card(reading.framework)
-    vision = card.vision_tower is not None and card.vision_tower.builds("fsdp")
-    kept, tower, why = peft_exclusion(arch, targets, PEFT_ALL_LINEAR in reading.extra, _exclude_value(value), vision)
+    kept, tower, why = peft_exclusion(arch, targets, PEFT_ALL_LINEAR in reading.extra, _exclude_value(value),
+                                      _builds_tower(reading))
     if why:
         reading.unsupported.append(f"{where}: {why}; {LORA_NOT_MODELLED}")
         return
@@ -250,6 +254,13 @@ def _partly_excluded(target: str, have: list[HfLinear], held: list[HfLinear]) ->
     return (f"excludes {target} ({', '.join(sorted(gone_names))}) in {len(gone)} of the {len(have)} modules it is "
             f"made of (e.g. {gone[0].path}, in the {', '.join(places)}), not in {held[0].path}; meshplan adapts a "
             "target in every layer and place the model holds it")
+
+
+def _builds_tower(reading: Reading) -> bool:
+    """Whether the PEFT engine (the FSDP one) builds a multimodal model's vision tower (the card's vision_tower), so
+    the text model's modules sit under language_model. (adapters/hf_modules.py)."""
+    card = framework_card(reading.framework)
+    return card.vision_tower is not None and card.vision_tower.builds("fsdp")
 
 
 def _exclude_value(value: object) -> str | list[str]:
