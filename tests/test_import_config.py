@@ -1152,3 +1152,16 @@ def test_a_ds_config_offloading_to_nvme_says_it_is_estimated_as_cpu_offload(tmp_
     assert read.request["param_offload"] is True and read.request["optimizer_offload"] is True
     said = [u for u in read.unsupported if "nvme" in u]
     assert len(said) == 1 and "offload_param.device = nvme" in said[0] and "param_offload=true" in said[0], said
+
+
+def test_a_recipe_name_is_reported_not_dropped_as_a_run_name(tmp_path):
+    """The irrelevant-key list held `name` and `recipe` as words anywhere in a key, so torchtitan's older [float8]
+    recipe_name (the FP8 recipe: tensorwise, rowwise, rowwise_with_gw_hp) was dropped unsaid; a section's own
+    `name` (a run's, a scheduler's) and Megatron-Bridge's --recipe stay irrelevant."""
+    toml = tmp_path / "job.toml"
+    toml.write_text('[job]\nname = "run7"\n[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n'
+                    '[float8]\nrecipe_name = "rowwise_with_gw_hp"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+                    '[lr_scheduler]\nname = "linear"\n')
+    said = " ".join(import_file(str(toml)).unsupported)
+    assert "float8.recipe_name = rowwise_with_gw_hp" in said
+    assert "job.name" not in said and "lr_scheduler.name" not in said and "model.name" not in said

@@ -46,14 +46,14 @@ IRRELEVANT = re.compile(
     r"vocab_size|"
     r"master\w*|node_rank|rdzv\w*|dump_folder|description|freq|\w*_freq|resume\w*|async_mode|keep_last_n|"
     r"num_workers|pin_memory|prefetch_factor|file_pattern|enable_wandb|enable_tensorboard|"
-    r"name|mock_data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
+    r"mock_data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
     r"trust_remote_code|env_class|temperature|top_p|top_k|kl\w*|entropy\w*|reward\w*|use_kl\w*|critic_warmup|"
     # the gradient clip, LR schedule, chat columns, loss mask and loss formula (SkyRL's OptimizerConfig, SFTConfig,
     # AlgorithmConfig) and LoRA's output scale (alpha / rank): no step's memory or time
     r"max_grad_norm|scheduler|messages_key|tools_key|system_key|train_on_what|policy_loss_type|lora_alpha|alpha|"
     r"val\w*|test\w*|return_raw_chat|filter_overlong_prompts|truncation|max_norm|export_dtype|"
     r"config[-_]path|config[-_]name|step_func|node[-_]rank|standalone|train[-_]samples|distributed[-_]backend|"
-    r"deepspeed|deepspeed[-_]config|bf16|enabled|steps_per_print|use[-_]mcore[-_]models|mode|recipe|dataset|"
+    r"deepspeed|deepspeed[-_]config|bf16|enabled|steps_per_print|use[-_]mcore[-_]models|mode|dataset|"
     # the model's architecture: part of the model the file is matched to, not a layout setting
     r"kv[-_]channels|max[-_]position[-_]embeddings|position[-_]embedding[-_]type|rotary[-_]\w+|swiglu|"
     r"normalization|untie[-_]embeddings[-_]and[-_]output[-_]weights|disable[-_]bias[-_]linear|"
@@ -63,8 +63,10 @@ IRRELEVANT = re.compile(
     # a checkpoint's load (Megatron-LM's --load, --no-load-optim/-rng, --load-main-params-from-ckpt; verl's Megatron
     # actor's load_weight) and the rollout's startup weights (rollout.load_format: synced from the actor each step):
     # the whole key, so a key with a `load` part that does touch a step (--moe-router-load-balancing-type, a
-    # quantized base's load_in_4bit) is reported, not dropped
-    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight))$")
+    # quantized base's load_in_4bit) is reported, not dropped; likewise a section's `name` (a run's, a scheduler's)
+    # and Megatron-Bridge's --recipe, not every `*_name` or `recipe_*` (torchtitan's [float8] recipe_name is the FP8
+    # recipe)
+    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight)|name|recipe)$")
 
 
 def normalize(key: str) -> str:
