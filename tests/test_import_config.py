@@ -1165,3 +1165,25 @@ def test_a_recipe_name_is_reported_not_dropped_as_a_run_name(tmp_path):
     said = " ".join(import_file(str(toml)).unsupported)
     assert "float8.recipe_name = rowwise_with_gw_hp" in said
     assert "job.name" not in said and "lr_scheduler.name" not in said and "model.name" not in said
+
+
+def test_keys_that_touch_a_step_are_reported_not_hidden_by_a_word_inside_them(tmp_path):
+    """IRRELEVANT's words matched inside other keys: save\\w* hid --distribute-saved-activations (TP-sharded saved
+    inputs under full recompute), entropy\\w* (an RL coefficient) --cross-entropy-loss-fusion, checkpoint and
+    activation torchtitan's activation_checkpoint section (its memory_budget). And torchtitan's mode memory_budget
+    refused the whole file ('not a valid recompute'); it is now said, the rest read."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 4096 "
+                      "--micro-batch-size 1 --global-batch-size 64 --recompute-granularity full --recompute-method "
+                      "uniform --recompute-num-layers 1 --distribute-saved-activations --cross-entropy-loss-fusion "
+                      "--save /x --save-interval 100\n")
+    said = " ".join(import_file(str(script)).unsupported)
+    assert "--distribute-saved-activations" in said and "--cross-entropy-loss-fusion" in said
+    assert "--save" not in said
+    toml = tmp_path / "job.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+                    '[activation_checkpoint]\nmode = "memory_budget"\nmemory_budget = 0.5\n')
+    read = import_file(str(toml))
+    said = [u for u in read.unsupported if "activation_checkpoint" in u]
+    assert "recompute" not in read.request and len(said) == 2, said
+    assert "mode = memory_budget: a recompute mode meshplan does not model" in said[0]

@@ -26,7 +26,7 @@ from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
 from meshplan.knowledge.read_card import NO_READ, QuantizedBase, ReadSection, UnmodelledLoraKeys
-from meshplan.schema.choices import MoeDispatcher
+from meshplan.schema.choices import MoeDispatcher, Recompute
 from meshplan.schema.request import Request
 
 # Knobs whose value is the request field's value as it stands (the knob is named after the field).
@@ -39,15 +39,15 @@ SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offl
                           "account_for_loss", "moe_a2a_overlap", "defer_fsdp_grad_sync"})
 # Settings that say nothing about memory or speed: never reported as "cannot express".
 IRRELEVANT = re.compile(
-    r"(^|[._-])(lr|min_lr|data|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save\w*|"
-    r"tokenizer\w*|eval\w*|wandb\w*|seed|checkpoint|ckpt\w*|profil\w*|project\w*|experiment\w*|run_name|"
+    r"(^|[._-])(lr|min_lr|data|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save|save[-_]\w+|"
+    r"tokenizer\w*|eval\w*|wandb\w*|seed|(?<!activation_)checkpoint|ckpt\w*|profil\w*|project\w*|experiment\w*|run_name|"
     r"\w*_dir|\w*_path|path|\w*interval|\w*iters|steps|max_steps|epochs|total_epochs|warmup\w*|\w*decay\w*|"
     r"beta\d?|adam_beta\d|eps|clip\w*|grad_clip_norm|weight_decay|logger|tensorboard\w*|(?<!pipeline_)split|"
     r"vocab_size|"
     r"master\w*|node_rank|rdzv\w*|dump_folder|description|freq|\w*_freq|resume\w*|async_mode|keep_last_n|"
     r"num_workers|pin_memory|prefetch_factor|file_pattern|enable_wandb|enable_tensorboard|"
     r"mock_data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
-    r"trust_remote_code|env_class|temperature|top_p|top_k|kl\w*|entropy\w*|reward\w*|use_kl\w*|critic_warmup|"
+    r"trust_remote_code|env_class|temperature|top_p|top_k|kl\w*|(?<!cross[-_])entropy\w*|reward\w*|use_kl\w*|critic_warmup|"
     # the gradient clip, LR schedule, chat columns, loss mask and loss formula (SkyRL's OptimizerConfig, SFTConfig,
     # AlgorithmConfig) and LoRA's output scale (alpha / rank): no step's memory or time
     r"max_grad_norm|scheduler|messages_key|tools_key|system_key|train_on_what|policy_loss_type|lora_alpha|alpha|"
@@ -59,14 +59,14 @@ IRRELEVANT = re.compile(
     r"normalization|untie[-_]embeddings[-_]and[-_]output[-_]weights|disable[-_]bias[-_]linear|"
     r"group[-_]query[-_]attention|apply[-_]layernorm[-_]1p|no[-_]query[-_]key[-_]layer[-_]scaling|"
     r"use[-_]rotary[-_]position[-_]embeddings|hidden[-_]dropout|norm[-_]epsilon|vocab[-_]size|rope_theta|"
-    r"max_seq_len|ffn_dim_multiplier|norm_type|activation|tie_embeddings|hf_assets_path|flavor)($|[._-])"
+    r"max_seq_len|ffn_dim_multiplier|norm_type|tie_embeddings|hf_assets_path|flavor)($|[._-])"
     # a checkpoint's load (Megatron-LM's --load, --no-load-optim/-rng, --load-main-params-from-ckpt; verl's Megatron
     # actor's load_weight) and the rollout's startup weights (rollout.load_format: synced from the actor each step):
     # the whole key, so a key with a `load` part that does touch a step (--moe-router-load-balancing-type, a
     # quantized base's load_in_4bit) is reported, not dropped; likewise a section's `name` (a run's, a scheduler's)
     # and Megatron-Bridge's --recipe, not every `*_name` or `recipe_*` (torchtitan's [float8] recipe_name is the FP8
-    # recipe)
-    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight)|name|recipe)$")
+    # recipe), and a model's `activation`, not torchtitan's activation_checkpoint section (its memory_budget)
+    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight)|name|recipe|activation)$")
 
 
 def normalize(key: str) -> str:
@@ -340,7 +340,15 @@ def _direct(reading: Reading, s: Setting, m: Meaning, special: frozenset[str]) -
         if as_bool(value) is not None and m.word is None:  # a switch (--checkpoint-activations, a true/false key)
             reading.state("recompute", m.target[len("recompute_"):] if as_bool(value) else "none", s)
         elif m.word is None or text == m.word:
-            reading.state("recompute", "none" if text in ("null", "none", "false") else text, s)
+            value = "none" if text in ("null", "none", "false") else text
+            if value in get_args(Recompute):
+                reading.state("recompute", value, s)
+            else:  # torchtitan's memory_budget (the partitioner picks what to save): said once, not refused
+                said = (f"{s.where(reading.path)} = {text}: a recompute mode meshplan does not model "
+                        f"({', '.join(get_args(Recompute))}); pass --recompute")
+                if said not in reading.unsupported:  # the key means both recompute knobs
+                    reading.unsupported.append(said)
+                reading.unread.add("recompute")
     elif m.target.startswith("fp8_") and m.word is not None:
         if str(value).strip("'\"") == m.word:
             reading.state("fp8_recipe", m.word, s)
