@@ -125,3 +125,15 @@ def test_verls_refusal_names_its_real_mtp_keys_and_where_a_depth_can_be_set():
     fix = refused.value.fix
     assert "actor_rollout_ref.model.mtp.enable and enable_train" in fix and "Megatron engine only" in fix
     assert "transformer_config_kwargs.mtp_num_layers" in fix
+
+
+def test_a_script_without_the_depth_states_the_flag_it_read_as_absent():
+    """Megatron-LM's --mtp-num-layers defaults to None, no MTP block (transformer_config.py; the card's
+    read.absent_why): depth 0 is read from the flag's absence, and the source names that flag. Before,
+    '(not given: Megatron-LM's default)', which named no flag."""
+    text = ("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 4096 "
+            "--micro-batch-size 1 --global-batch-size 64\n")
+    imported = _imported("megatron-core", text, "train.sh")
+    assert imported.request["mtp_num_layers"] == 0
+    assert imported.sources["mtp_num_layers"] == "train.sh (no --mtp-num-layers: Megatron-LM's default)"
+    assert imported.sources["sequence_parallel"] == "train.sh (no --sequence-parallel: Megatron-LM's default)"

@@ -334,8 +334,10 @@ def read_megatron(text: str, path: str, framework: str = "megatron-core") -> Rea
     else:
         _megatron_zero(reading, flags)
         for name, value in read.absent.items():
-            if name not in reading.request:
-                reading.state(name, value, f"{path} (not given: Megatron-LM's default)")
+            if name not in reading.request:  # the flag read as absent, named where one sets the field alone
+                flag = next((k for k, means in table.items() if any(m.target == name for m in means)), None)
+                reading.state(name, value, f"{path} ({f'no {flag}' if flag else 'not given'}: Megatron-LM's "
+                                           "default)")
                 reading.defaults[name] = value
     _flag_shape(reading, settings, read, command.words)
     if restated:
