@@ -264,3 +264,21 @@ def test_a_training_job_written_as_an_rl_launcher_reads_back_at_its_sequence_len
     back = import_config(rendered.text, rendered.filename)
     assert back.request["job"] == "rl"
     assert back.request["prompt_length"] + back.request["response_length"] == 8192, back.request
+
+
+@pytest.mark.parametrize("framework, ask", [
+    ("megatron-bridge", dict(model="deepseek-v3", gpu="gb200", num_gpus=256, pp=8, ep=32, moe_token_dispatcher="flex")),
+    ("megatron-core", dict(model="llama-3.1-70b", num_gpus=64, tp=8, cp=2, seq_length=32768, cp_comm_type="a2a+p2p")),
+    ("megatron-bridge", dict(model="llama-3.1-70b", num_gpus=64, tp=8, cp=2, seq_length=32768,
+                             cp_comm_type="a2a+p2p")),
+])
+def test_keys_render_writes_beside_a_setting_are_said_not_reported_unread(framework, ask):
+    """Render writes model.moe_shared_expert_overlap false beside the flex dispatcher (as Bridge's
+    apply_flex_dispatcher_backend does) and the a2a+p2p group sizes beside cp_comm_type; import listed both as
+    'no meshplan field'. They are now said (the cards' read.said): what meshplan times of them."""
+    from meshplan.adapters.read import import_config
+
+    rendered = api.render_config(framework, Request(**ask, framework=framework), force=True)
+    back = import_config(rendered.text, rendered.filename)
+    assert not back.unsupported, back.unsupported
+    assert any("shared experts" in n or "a2a+p2p context parallelism" in n for n in back.notes), back.notes
