@@ -235,3 +235,12 @@ def test_the_default_batch_note_states_the_real_tokens():
     _, exact = search_job(Request(model="llama-3.1-8b", num_gpus=16, seq_length=8192))
     assert exact[0].startswith("global_batch_size not given: 512 sequences x 8,192 tokens = 4.2M tokens per step")
     assert "rounded up" not in exact[0]
+
+
+def test_a_table_suggestion_the_rules_refuse_says_so_when_nothing_fits():
+    """EP5 of Qwen3-30B-A3B's 128 experts on 24 GPUs: the table's fitted row broke WS002, yet its line stood as a plain
+    suggestion because no layout fitted (hunt29); it must carry the rules that remove it."""
+    answer = recommend(Request(model="qwen3-30b-a3b", gpu="h100", num_gpus=24, ep=5))
+    assert not answer.candidates
+    assert "suggests TP1 PP1 EP5 DP24" in answer.decision_table
+    assert "has no variant that passes the rules and fits this job (WS002 x" in answer.decision_table

@@ -10,7 +10,8 @@ from meshplan.search.answer import knob_words
 from meshplan.search.engine import BestFirstSearch
 from meshplan.search.estimators import Engine, ideal_time
 from meshplan.search.policy import search_comparison, slower_by
-from meshplan.search.space import Fixed, enumerate_layouts
+from meshplan.search.refusal import Space
+from meshplan.search.space import Fixed
 from meshplan.search.strategies import suggest
 
 DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
@@ -28,25 +29,27 @@ def decision_table(job: Job, fixed: Fixed, engine: Engine, best: Candidate | Non
     sp = table.plan
     text = f"Decision table {table.table} row {table.row_id!r} ({table.row}) suggests {sp.short()}"
     text += (" after fitting it to this job (" + " ".join(table.adjustments) + ")." if table.adjustments else ".")
-    if best is None:
-        return text
-    bp = best.plan
-    if all(getattr(bp, d) == getattr(sp, d) for d in DEGREES):
+    if best is not None and all(getattr(best.plan, d) == getattr(sp, d) for d in DEGREES):
         return text + " The search agrees: its best layout has the same degrees."
     pinned = Fixed({**{k: v for k, v in fixed.values.items() if k not in DEGREES},
                     **{d: getattr(sp, d) for d in DEGREES}}, fixed.carried, fixed.given)
     probe = BestFirstSearch.for_job(job, pinned, engine, 1, budget_bytes=budget)
-    layouts, _ = enumerate_layouts(job, pinned)
-    probe.seed(layouts, ideal_time(job, engine))
+    space = Space.of(job, pinned)
+    probe.seed(list(space.layouts), ideal_time(job, engine))
     probe.run()
+    picks = "The search found no layout either" if best is None else f"The search picks {best.plan.short()}"
     if not probe.found and probe.stopped_by_budget:
-        return text + (f" The search picks {bp.short()}; the table's layout was not compared: its search stopped at "
+        return text + (f" {picks}; the table's layout was not compared: its search stopped at "
                        f"the budget of {probe.max_evaluations:,} estimates (cards/search.yaml max_evaluations) "
                        "before one of its variants was timed.")
-    if not probe.found:
-        reasons = ", ".join(f"{k} x{v}" for k, v in probe.rejected.most_common(3)) or "no layout of that shape"
-        return text + (f" The search picks {bp.short()} instead: the table's layout has no variant that passes "
-                       f"the rules and fits this job ({reasons}).")
+    if not probe.found:  # a suggestion the rules refuse is never left standing unsaid (e.g. EP5 of 128 experts)
+        rejected = probe.rejected + space.dropped_by()  # the rules' counts and the cheap laws' (no layout built)
+        reasons = ", ".join(f"{k} x{v}" for k, v in rejected.most_common(3)) or "no layout of that shape"
+        return text + (f" {picks}{'' if best is None else ' instead'}: the table's layout has no variant that "
+                       f"passes the rules and fits this job ({reasons}).")
+    if best is None:  # cannot happen while the probe's space lies inside the search's: say so rather than hide it
+        return text + " The table's layout fits, yet the search found none: please report this request."
+    bp = best.plan
     theirs = min(probe.found, key=lambda f: f.time)
     mine, its = best.throughput.tokens_per_s_per_gpu, theirs.throughput.tokens_per_s_per_gpu
     gap = slower_by(its, mine)
