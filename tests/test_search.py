@@ -35,16 +35,18 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     GROUP (or RULES when no micro-batch divides the batch), an opened group pushes its nodes at FLOOR, and a small
     job passes through all eight. The pushes at the level they pop from are a layout's first FLOOR node releasing
     the seeds it held (engine.release): each after it in the queue's order, as seeded; and an opening group pushed
-    back at a greater key (engine.open_group)."""
+    back at a greater key (engine.open_group); and a SuperGroup's groups, each after it in the queue's order."""
     import heapq
 
     from meshplan.search import BestFirstSearch, Level
+    from meshplan.search.seed_groups import SuperGroup
 
     at: list[int | None] = [None]
     popped: list[tuple] = [()]
     moves: list[tuple[int | None, int]] = []
     released: list[bool] = []
     deferred: list[bool] = []
+    opened: list[bool] = []
     real_seed, real_push, real_pop = BestFirstSearch.seed, heapq.heappush, heapq.heappop
 
     def seed(self, layouts, ideal, tier=None):
@@ -55,6 +57,9 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
         if at[0] == entry[1] == Level.FLOOR:  # a held seed released: after the node popping, of the same layout
             last = popped[0]
             released.append(entry[:3] > last[:3] and len(last[3]) == 3 and entry[3][0] is last[3][0])
+        elif at[0] == entry[1] == Level.GROUP and type(popped[0][3][0]) is SuperGroup:  # one of its groups, after it
+            last = popped[0]
+            opened.append(entry[:3] > last[:3] and any(entry[3][0] is group for group in last[3][0].groups))
         elif at[0] == entry[1] == Level.GROUP:  # a group pushed back: itself, at a greater key, its seeding's seq
             last = popped[0]
             deferred.append(entry[0] > last[0] and entry[2] == last[2] and entry[3][0] is last[3][0])
@@ -77,6 +82,7 @@ def test_the_queue_levels_are_numbered_in_the_order_a_node_passes_through_them(m
     assert not backwards
     assert released and all(released)
     assert deferred and all(deferred)
+    assert opened and all(opened)
     assert {to for _, to in moves} == set(Level)
 
 

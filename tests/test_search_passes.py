@@ -18,6 +18,7 @@ import meshplan.search.bounds as search_bounds
 import meshplan.search.engine as search_engine
 import meshplan.search.gpu_count as gpu_count
 import meshplan.search.ranking as ranking
+import meshplan.search.seeding as search_seeding
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.moe_time import a2a_steady_share
 from meshplan.schema.request import Request
@@ -25,7 +26,7 @@ from meshplan.search import BestFirstSearch, Level, default_engine, minimum_gpus
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
 from meshplan.search.policy import SLOWER, headroom_for, memory_budget, memory_rule_id
-from meshplan.search.seed_groups import GROUP_MARGIN, group_floor, seed_shape
+from meshplan.search.seed_groups import GROUP_MARGIN, SuperGroup, group_floor, seed_shape
 from meshplan.search.space import Fixed
 from meshplan.search.zero_stages import left_out_counts
 
@@ -41,14 +42,15 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
     and least bubble, is at most every seed key (bounds.seed_keys) of every layout of its group, and above the ideal
     time for most groups (it is a real bound, not zero); for a MoE model, above the floor of the least seconds per
     token alone for most groups (the host sync and exposed all-to-all count: without them, DeepSeek-V3 on 2,048 H100
-    opened 91 more groups)."""
+    opened 91 more groups). The seeding's SuperGroups (groups of one tp, cp, ep, etp as one node) are keyed at most
+    every floor of their groups (seed_groups.super_floor), most above the ideal time too, and pop before them."""
     job, _ = search_job(req)
     fixed = Fixed.from_request(req)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, fixed, engine, 1)
     tiers = split_space(search)
     ideal = ideal_time(job, engine)
-    checked = above = pushed = tighter = 0
+    checked = above = pushed = tighter = supers = super_above = 0
     floors: dict[int, float] = {}
     for layouts in (tiers.inside, tiers.across):
         seeds = search.sized(layouts)
@@ -81,10 +83,22 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
             above += floor > ideal * 1.01
             tighter += floor > _plain_group_floor(job, first, group.sizes, {(1, per_token, 0.0)}, bubble, ideal)
             floors[id(group)] = floor
+        base = search.seq
+        search.heap.clear()  # (the other tier's)
         search.push_seeds(seeds, ideal)  # its own floors, from the same rates and least bubbles: the same floats
+        for key, level, seq, payload in [entry for entry in search.heap if type(entry[3][0]) is SuperGroup]:
+            # a SuperGroup's key is under every floor of its groups, its seq its first group's, so it pops first
+            groups = payload[0].groups
+            assert level == Level.GROUP and len(groups) > 1 and seq == base + groups[0].first + 1
+            assert all(key <= floors[id(group)] and group.first >= groups[0].first for group in groups)
+            assert payload[0].nodes == sum(group.nodes for group in groups)
+            supers += 1
+            super_above += key > ideal * 1.01
+            search.open_group(key, *payload)  # its groups keyed and queued
         pushed += sum(group.floor[ideal] == floors[id(group)] for group in seeds.groups if group.floor)
         assert all(group.floor[ideal] == floors[id(group)] for group in seeds.groups if group.floor)
     assert checked > 20 and above > checked // 2 and pushed > 20
+    assert supers > 2 and super_above > supers // 2
     assert (tighter > checked // 2) if job.model.moe is not None else not tighter
 
 
@@ -152,16 +166,17 @@ def test_the_space_split_counts_per_dp_what_each_layout_counts(req):
 def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
     """On sampled requests (the oracle test's sampler), with headrooms that leave layouts below them (the probe and its
     cutoff), the whole answer (ranked rows, every rejected count, the estimates counted) is the same with the group
-    floors as with every group opened before any node pops (a floor of -inf: every node pushed with its seed key, in
-    seeding order, as before groups); and groups were left unopened or out. Only the split between the memory rule
-    and SEARCH-SLOWER may differ (their sum may not): an opened group whose least-bubble layout cannot fit counts
-    each of its layouts that cannot fit under the memory rule (engine.group_under), so opening more groups counts
-    more there."""
+    floors as with every group opened before any node pops (group and SuperGroup floors of -inf: every node pushed
+    with its seed key, in seeding order, as before groups); and groups were left unopened or out. Only the split
+    between the memory rule and SEARCH-SLOWER may differ (their sum may not): an opened group whose least-bubble
+    layout cannot fit counts each of its layouts that cannot fit under the memory rule (engine.group_under), so
+    opening more groups counts more there."""
     opened, seeded = [0], [0]
     real_open, real_seeds = BestFirstSearch.open_group, BestFirstSearch.push_seeds
 
     def counting_open(self, *args):
-        opened[0] += len(args) == 4  # a group's first pop (the later ones: the same group, part-way open)
+        # a group's first pop (the later ones: the same group, part-way open; a SuperGroup's: its groups queued)
+        opened[0] += len(args) == 4 and type(args[1]) is not SuperGroup
         real_open(self, *args)
 
     def counting_seeds(self, seeds, ideal):
@@ -181,6 +196,7 @@ def test_seeding_by_groups_answers_as_seeding_every_node(monkeypatch):
         monkeypatch.setattr(BestFirstSearch, "open_group", real_open)
         monkeypatch.setattr(BestFirstSearch, "push_seeds", real_seeds)
         monkeypatch.setattr(search_bounds, "group_floor", lambda *_: -math.inf)
+        monkeypatch.setattr(search_seeding, "super_floor", lambda *_: -math.inf)
         assert memory_or_slower(recommend(req, top_k=top_k).model_dump(mode="json")) == memory_or_slower(fast), (
             seed, req)
         compared += 1
@@ -195,12 +211,19 @@ def memory_or_slower(answer: dict) -> dict:
     return {**answer, "rejected": {**rejected, "memory or slower": both}}
 
 
+REAL_OPEN = BestFirstSearch.open_group
+
+
 def plain_open_group(self, key, group, base, ideal):
-    """open_group as a queue holding every seed: each (layout, micro-batch) node pushed at FLOOR with its seed key
-    (raised to the once-per-step DP bound where a layout of the group under the cutoff may fit, as open_group raises
-    them) and seeding seq, none left out as dead or held by its layout's first node; except, as group_under does,
-    where the group's least-bubble layout (SeedGroup.pick) cannot fit: then every layout of it that cannot fit is
-    counted under the memory rule at once, whatever its keys, and only the others are queued."""
+    """open_group as a queue holding every seed (a SuperGroup's groups queued as the search queues them): each
+    (layout, micro-batch) node pushed at FLOOR with its seed key (raised to the once-per-step DP bound where a layout
+    of the group under the cutoff may fit, as open_group raises them) and seeding seq, none left out as dead or held
+    by its layout's first node; except, as group_under does, where the group's least-bubble layout (SeedGroup.pick)
+    cannot fit: then every layout of it that cannot fit is counted under the memory rule at once, whatever its keys,
+    and only the others are queued."""
+    if type(group) is SuperGroup:  # its groups queued at their own keys, as the search queues them
+        REAL_OPEN(self, key, group, base, ideal)
+        return
     variants, sizes, members = self.variants(), group.sizes, group.members
     if self.layout_over(members[group.pick][0]):
         live = [member for member in members if not self.layout_over(member[0])]
@@ -333,9 +356,9 @@ def test_groups_pop_before_their_nodes_and_estimate_nothing(spent):
     job, _ = search_job(req)
     engine = default_engine(job.framework)
     search = BestFirstSearch.for_job(job, Fixed.from_request(req), engine, 2)
-    search.seed(split_space(search).inside, ideal_time(job, engine), tier=0)
+    ideal = ideal_time(job, engine)
+    search.seed(split_space(search).inside, ideal, tier=0)
     assert {entry[1] for entry in search.heap} <= {Level.GROUP, Level.RULES}
-    floors = {id(entry[3][0]): entry[0] for entry in search.heap if entry[1] == Level.GROUP}
     group_of = {id(lay): id(group) for group in search.caches.seeds[0].groups for lay, _, _ in group.members}
     spent_at = search.evaluations
     if spent:
@@ -345,6 +368,7 @@ def test_groups_pop_before_their_nodes_and_estimate_nothing(spent):
     assert search.evaluations == spent_at or not spent
     nodes = [(key, payload) for key, level, _, payload in search.heap if level == Level.FLOOR]
     assert nodes
+    floors = {id(group): group.floor[ideal] for group in search.caches.seeds[0].groups if group.floor}
     assert all(key >= floors[group_of[id(payload[0])]] for key, payload in nodes)
 
 

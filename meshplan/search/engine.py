@@ -17,7 +17,6 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 from meshplan.arithmetic import mesh
 from meshplan.core.cancel import checkpoint
@@ -27,6 +26,7 @@ from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import MemoryReport, ThroughputReport
 from meshplan.search.bounds import StepTimeBounds, by_key
 from meshplan.search.estimators import Engine, ideal_time
+from meshplan.search.levels import FLOOR, GROUP, NEED, RANK, RULES, SHARD, STAIRCASE, STEP, TIME, Level
 from meshplan.search.policy import (
     BUDGET,
     DOMINATED,
@@ -38,7 +38,8 @@ from meshplan.search.policy import (
     same_numbers,
     search_limits,
 )
-from meshplan.search.seed_groups import SeedGroup, Seeds, seed_shape
+from meshplan.search.seed_groups import SeedGroup, SuperGroup
+from meshplan.search.seeding import Seeding
 from meshplan.search.space import (
     RECOMPUTE_ORDER,
     Fixed,
@@ -47,37 +48,6 @@ from meshplan.search.space import (
 )
 from meshplan.search.tiers import across_floor, split_space
 from meshplan.search.zero_stages import bound_preset, first_valid, search_ladder
-
-
-class Level(IntEnum):
-    """The queue's levels, in the order a node passes through them. At equal keys the lower level pops first."""
-
-    GROUP = 0
-    """Seeded: the layouts of one degrees tuple (seed_groups.SeedGroup) keyed by a lower bound of all their seed
-    keys; popped, its (layout, micro-batch) nodes enter FLOOR with their seed keys, in the order seeding gives them,
-    each layout's once the queue reaches its least key (open_group: till then the group waits at that key)."""
-    FLOOR = 1
-    """Seeded with the per-token bound: the least recompute the first stage's memory floor allows (none: dropped)."""
-    SHARD = 2
-    """The pipeline bound of this exact shard, with the send/receive traffic interleaving multiplies, and per ZeRO stage
-    the sharding traffic and once-per-step DP term after it: a RULES node per distinct key (refine_shard)."""
-    RULES = 3
-    """The structural rules and the model-state lower bound, per ZeRO stage of the node."""
-    NEED = 4
-    """The least recompute that really fits at any ZeRO stage the rules pass, estimated."""
-    STAIRCASE = 5
-    """Per ZeRO stage, the least recompute that fits (heavier recompute of that stage is dominated)."""
-    STEP = 6
-    """A plan known to fit gets its step's floor: its estimate's terms but the pipeline's replay (the costly part),
-    m x the slowest stage or each rank's chain in its place (estimate/perf.py StepTerms.floor)."""
-    TIME = 7
-    """The plan's pipeline is replayed: its predicted step time."""
-    RANK = 8
-    """Nothing left in the queue can be faster: the plan's rules run, then it is ranked."""
-
-
-# The levels as module names for the hot paths: Level.X goes through EnumType's __getattr__ hook (a call per read).
-GROUP, FLOOR, SHARD, RULES, NEED, STAIRCASE, STEP, TIME, RANK = Level
 
 
 @dataclass
@@ -91,7 +61,7 @@ class Found:
 
 
 @dataclass(kw_only=True)
-class BestFirstSearch(StepTimeBounds):
+class BestFirstSearch(StepTimeBounds, Seeding):
     """One best-first search of a job's layouts under one memory budget (see the module docstring)."""
 
     top_k: int
@@ -340,85 +310,8 @@ class BestFirstSearch(StepTimeBounds):
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def seed(self, layouts: list[Layout], ideal: float, tier: int | None = None) -> None:
-        """Seed the queue with the layouts' micro-batches, a group per degrees tuple (push_seeds). What a seed key
-        reads of a layout is its degrees and bubble (space.Layout.shape), so the keys and the model-state bound are
-        worked out once per shape, the keys only when a group of the shape is opened. A `tier` of run_search is sized
-        once per job (Caches.seeds): a search at another budget (the thinner-headroom probe) reads the same keys."""
-        seeds = self.caches.seeds.get(tier) if tier is not None else None
-        if seeds is None:
-            seeds = self.sized(layouts)
-            if tier is not None:
-                self.caches.seeds[tier] = seeds
-        else:
-            self.cp_mbs.update(seeds.cp_mbs)
-            self.work_mbs.update(seeds.work_mbs)
-        self.push_seeds(seeds, ideal)
-
-    def sized(self, layouts: list[Layout]) -> Seeds:
-        """What seeding these layouts reads before any budget: their micro-batches, the largest per shard
-        (cp_mbs, work_mbs: the non-exact token bounds' references), each shape's model-state bound, the groups per
-        degrees tuple and each layout's index among the tier's (layout, micro-batch) nodes."""
-        groups: dict[tuple, SeedGroup] = {}  # per degrees, all that the sizes and the states bound read
-        shapes: dict[tuple, tuple] = {}  # seed_shape per what it reads of a layout
-        nodes = 0
-        for lay in layouts:
-            degrees = (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.dp)
-            group = groups.get(degrees)
-            if group is None:
-                sizes = self.sizes(lay)
-                if sizes:
-                    key = (lay.tp, lay.cp)
-                    self.cp_mbs[key] = max(self.cp_mbs.get(key, 1), sizes[-1])
-                    work = (lay.tp, lay.ep, lay.etp)
-                    self.work_mbs[work] = max(self.work_mbs.get(work, 1.0), sizes[-1] / lay.cp)
-                group = groups[degrees] = SeedGroup(sizes, nodes, self.states_bound(lay, self.zeros[-1]))
-            pipe = (lay.pp, lay.vpp, lay.first, lay.last, lay.split, lay.schedule)
-            shape = shapes.get(pipe)
-            if shape is None:
-                shape = shapes[pipe] = seed_shape(lay, self.last_ranks(lay))
-            group.add(lay, nodes, shape)
-            nodes += group.step
-        return Seeds(dict(self.cp_mbs), dict(self.work_mbs), list(groups.values()), nodes)
-
-    def push_seeds(self, seeds: Seeds, ideal: float) -> None:
-        """Seed the queue, a group of layouts per degrees tuple (seed_groups.py): one whose model states are over
-        budget is rejected, one whose share of the batch no micro-batch divides goes to the batch rule, the others
-        enter as one node keyed by their group floor (over the cutoff: left out). Each (layout, micro-batch) node
-        keeps the place in the queue's ties its index in the tier gives it (seeds' seq, reserved here, before any
-        refinement's), so the queue pops the same nodes in the same order as if every node were pushed here."""
-        base, cutoff, variants = self.seq, self.cutoff, self.variants()
-        self.seq += seeds.nodes
-        rates = self.seed_rates = {}
-        for group in seeds.groups:
-            checkpoint()
-            lay, _, first = group.members[0]
-            bound = group.states
-            if bound > self.budget:
-                # even the most sharded model states do not fit: no variant of these layouts can
-                self.rejected[self.memory_rule_for(bound)] += variants * group.nodes
-                continue
-            if not group.sizes:
-                # No micro-batch divides these layouts' share of the batch: let the batch rule say so.
-                mbs = int(self.fixed.values.get("micro_batch_size", 1))  # type: ignore[call-overload]
-                for lay, _, index in group.members:
-                    heapq.heappush(self.heap, (0.0, RULES, base + index + 1, (lay, mbs, 0)))
-                continue
-            key = group.floor.get(ideal)
-            if key is None:  # the same at any budget: a search at another budget reads it (its rates are cached)
-                key = group.floor[ideal] = self.group_key(group, lay, ideal, rates)
-            if group.least > key and not self.tallied:
-                # every key worked out by a search of the job at another budget (the ranked one, for the probe): the
-                # group would wait at the least, or drop every node over the cutoff, once popped (open_group), so it
-                # enters there; only where no count is read (a group never opened counts its dead layouts as slower)
-                key = group.least
-            if key > cutoff:
-                self.beyond_cutoff += variants * group.nodes  # no key of the group is under the cutoff
-                continue
-            heapq.heappush(self.heap, (key, GROUP, base + first + 1, (group, base, ideal)))
-
-    def open_group(self, key: float, group: SeedGroup, base: int, ideal: float, pending: list | None = None,
-                   live: bool = False) -> None:
+    def open_group(self, key: float, group: SeedGroup | SuperGroup, base: int, ideal: float,
+                   pending: list | None = None, live: bool = False) -> None:
         """Level.GROUP: push the group's (layout, micro-batch) nodes with their seed keys (worked out once per shape,
         Seeds) and their seeding's seq; those over the cutoff are counted as never queued (drain). A layout's nodes
         enter as one, its first in the queue's order, holding the others until it pops (refine_bound, release): a
@@ -434,6 +327,10 @@ class BestFirstSearch(StepTimeBounds):
         the queue's order, so the queue pops the same nodes in the same order and stops at the same one (wants()
         grows no easier with the key); drain counts it as those nodes (covered), settle_dead its dead seeds, as a
         queue that held every node would. The DP raise reads the first pop's members, as an opening at once."""
+        if type(group) is SuperGroup:  # its groups enter at their own keys (push_supers)
+            for one in group.groups:
+                self.push_group(one, self.keyed(one, ideal), base, ideal)
+            return
         if pending is None:
             pending = self.group_under(group, ideal)
         heap = self.heap

@@ -149,6 +149,30 @@ def group_floor(seq_length: int, global_batch: int, lay: Layout, sizes: tuple[in
 
 
 @dataclass
+class SuperGroup:
+    """The seed groups of one (tp, cp, ep, etp) whose keys are not worked out yet: one queue node (engine.push_seeds,
+    level GROUP, at the seq of its first group) keyed by `super_floor`, under every one of their group floors; popped,
+    each group enters the queue with its own key (engine.open_group). Most groups of a large job never pop: on
+    DeepSeek-V3 over 2,048 H100, 3,689 groups make 802 of these (and 98 groups alone), 184 of which pop (998 groups)."""
+
+    groups: list[SeedGroup]
+    nodes: int  # (layout, micro-batch) nodes of its groups: what drain counts for a node never popped
+
+
+def super_floor(seq_length: int, global_batch: int, cp: int, most_dp_pp: int, per_token: float,
+                ideal: float) -> float:
+    """A lower bound of group_floor over seed groups of one cp, `per_token` the least seconds per token of their
+    seed rates and `most_dp_pp` the largest dp x pp among them. Each micro-batch size of a group divides its share of
+    the batch (space.micro_batches), so m = global_batch / (mbs x dp) exactly, and a CP rank's tokens are at least
+    seq x mbs / cp (least_rank_tokens, rounded up): tokens x m >= seq x global_batch / (cp x dp); group_floor's work
+    over pp, W / pp x (m + bubble), is then at least that x per_token / pp (its outside share, the host sync and the
+    bubble are non-negative), and its ideal term at least `ideal`. Twice GROUP_MARGIN off for the rounding of both
+    (tests/test_search_passes.py holds it under every group floor)."""
+    token = seq_length * global_batch / (cp * most_dp_pp) * per_token
+    return (token if token > ideal else ideal) * (1.0 - 2 * GROUP_MARGIN)
+
+
+@dataclass
 class Seeds:
     """One tier's seeding (engine.BestFirstSearch.seed), the same at any memory budget: its layouts per degrees tuple
     in order (`groups`, what the queue is seeded with; each layout with its shape's entry, [model-state bound at the
@@ -160,3 +184,6 @@ class Seeds:
     work_mbs: dict[tuple[int, int, int], float]
     groups: list[SeedGroup]
     nodes: int
+    # super_floor per (tp, cp, ep, etp, ideal time) of the groups then without keys: a search at another budget reads
+    # it for those still without keys (some of them: a bound of theirs too), its rates not asked again
+    supers: dict[tuple[int, int, int, int, float], float] = field(default_factory=dict)
