@@ -17,6 +17,7 @@ from meshplan.arithmetic.lora import (
 )
 from meshplan.knowledge.cards import framework_card
 from meshplan.rules.engine import Context, Values, rule
+from meshplan.schema.choices import FRAMEWORKS
 
 
 @rule("LORA001", reads=("zero_stage",))
@@ -64,7 +65,7 @@ def peft_only_targets_on_a_peft_engine(ctx: Context) -> Values:
     named = [t for t in (spec.targets if spec is not None else []) if t in PEFT_TARGETS]
     if not named or engine is None or engine.all_linear:  # no engine: LORA001 says so
         return None
-    peft = [f"{f} ({name} engine)" for f in lora_frameworks()
+    peft = [f"{f} ({name} engine)" for f in FRAMEWORKS  # every framework: one without LoRA has no engine listed
             for name, e in lora_engines(framework_card(f)).items() if e.all_linear]
     return {"targets": ", ".join(named), "framework": ctx.card.display_name,
             "engine": ctx.card.engine_at(ctx.plan.zero_stage), "peft": ", ".join(peft)}
