@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -164,3 +165,13 @@ def venv_python(name: str, requirements: list[str], python_version: str = "3.12"
             _run([str(python), "-m", "pip", "install", "-q", *requirements])
         marker.write_text("\n".join(requirements))
     return python
+
+
+def peft_lora_count(ask: dict) -> dict:
+    """bench/peft_lora_count_harness.py's answer for `ask` (a config.json, a rank, target/exclude modules), run in
+    the PEFT venv: PEFT's and transformers' own count, the ground truth the LoRA tests hold meshplan to."""
+
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
+    out = _run([str(python), str(harness)], timeout=900, input=json.dumps(ask)).stdout
+    return json.loads(out.split("RESULT ", 1)[1])

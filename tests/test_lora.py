@@ -165,19 +165,12 @@ def test_all_linear_on_an_mla_model_renders_reads_and_checks_as_every_linear(tmp
 @pytest.mark.parametrize("name", sorted(PEFT_CONFIGS))
 def test_peft_counts_the_other_linears_as_meshplan_does(name):
     """The ground truth of test_all_linear_adapts_the_models_other_linears: PEFT's own count, where its venv is."""
-    import json
-    import subprocess
-    from pathlib import Path
 
-    from framework_packages import PEFT_VENV, venv_python
+    from framework_packages import peft_lora_count
 
     from meshplan.knowledge.model_config import architecture_from_config
 
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
-                         input=json.dumps({"config": PEFT_CONFIGS[name], "rank": 8, "target_modules": "all-linear"}))
-    peft = json.loads(out.stdout.split("RESULT ", 1)[1])
+    peft = peft_lora_count({"config": PEFT_CONFIGS[name], "rank": 8, "target_modules": "all-linear"})
     arch = architecture_from_config(PEFT_CONFIGS[name])
     spec = LoraSpec(rank=8, targets=all_linear_targets(arch))
     assert peft["experts"] == 0
@@ -191,11 +184,7 @@ def test_peft_counts_what_meshplan_counts_on_a_moe_model_with_a_shared_expert():
     5.9.0's GLM-4.5 MoE code (a dense first layer; routed experts as 3D parameters, a shared expert as an MLP of
     linears, the router a parameter), built on the meta device: its trainable parameters equal meshplan's adapter
     count on verl's FSDP engine, none under `.experts.`."""
-    import json
-    import subprocess
-    from pathlib import Path
-
-    from framework_packages import PEFT_VENV, venv_python
+    from framework_packages import peft_lora_count
 
     from meshplan.knowledge.model_config import architecture_from_config
     from meshplan.schema.plan import LoraSpec
@@ -204,11 +193,7 @@ def test_peft_counts_what_meshplan_counts_on_a_moe_model_with_a_shared_expert():
               "num_hidden_layers": 3, "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 64, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
               "vocab_size": 1000, "tie_word_embeddings": False}
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
-                         input=json.dumps({"config": config, "rank": 8, "target_modules": "all-linear"})).stdout
-    peft = json.loads(out.split("RESULT ", 1)[1])
+    peft = peft_lora_count({"config": config, "rank": 8, "target_modules": "all-linear"})
     arch = architecture_from_config(config)
     spec = LoraSpec(rank=8, targets=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
     engine = lora_engine(framework_card("verl"), 3)

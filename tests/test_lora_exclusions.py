@@ -6,10 +6,6 @@ left, counted exactly as PEFT counts it, rendered as the list of what is left an
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from meshplan.adapters.hf_modules import hf_linears
@@ -83,13 +79,9 @@ def test_a_partial_exclusion_names_what_and_where():
 
 
 def _peft(ask: dict) -> dict:
-    from framework_packages import PEFT_VENV, venv_python
+    from framework_packages import peft_lora_count
 
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
-                         input=json.dumps(ask)).stdout
-    return json.loads(out.split("RESULT ", 1)[1])
+    return peft_lora_count(ask)
 
 
 DEEPSEEK_V2 = {"model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,

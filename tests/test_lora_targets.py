@@ -4,9 +4,7 @@ engine; and Llama 4, whose router PEFT's all-linear cannot wrap, rendered for th
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,13 +116,9 @@ def test_llama4_on_the_peft_engines_names_its_projections_not_all_linear(framewo
 
 
 def _peft(ask: dict) -> dict:
-    from framework_packages import PEFT_VENV, venv_python
+    from framework_packages import peft_lora_count
 
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
-                         input=json.dumps(ask)).stdout
-    return json.loads(out.split("RESULT ", 1)[1])
+    return peft_lora_count(ask)
 
 
 LLAMA4 = {"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 32, "intermediate_size_mlp": 96,

@@ -4,10 +4,6 @@ build Llama4ForConditionalGeneration (verl's and SkyRL's FSDP: the cards' vision
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from meshplan.adapters.lora import hf_projections
@@ -101,13 +97,9 @@ def test_the_fsdp_engines_that_build_the_tower_hold_its_weights_and_adapters():
 
 
 def _peft(ask: dict) -> dict:
-    from framework_packages import PEFT_VENV, venv_python
+    from framework_packages import peft_lora_count
 
-    python = venv_python("peft", PEFT_VENV, python_version="3.11")
-    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_count_harness.py"
-    out = subprocess.run([str(python), str(harness)], check=True, capture_output=True, text=True, timeout=900,
-                         input=json.dumps(ask)).stdout
-    return json.loads(out.split("RESULT ", 1)[1])
+    return peft_lora_count(ask)
 
 
 @pytest.mark.slow
