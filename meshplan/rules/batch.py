@@ -122,15 +122,16 @@ def verl_sft_batch(ctx: Context) -> Values:
 
 @rule("SK001", reads=("tp", "pp", "cp", "zero_stage", "micro_batch_size", "global_batch_size"))
 def skyrl_batch(ctx: Context) -> Values:
-    p, gbs, batch = ctx.plan, ctx.job.global_batch_size, "global_batch_size"
-    rl = ctx.job.rl
-    if rl is not None and rl.prompts_per_mini_batch is not None:  # SkyRL divides one mini-batch's sequences
-        gbs, batch = rl.prompts_per_mini_batch * rl.samples_per_prompt, "prompts_per_mini_batch x samples_per_prompt"
+    p, gbs, rl = ctx.plan, ctx.job.global_batch_size, ctx.job.rl
+    mini = rl.prompts_per_mini_batch if rl is not None else None
+    if rl is not None and mini is not None:  # SkyRL divides one mini-batch's sequences
+        gbs = mini * rl.samples_per_prompt
     dp = ctx.world // (ctx.model_parallel if ctx.backend == "megatron" else p.cp)
     if dp == 0:
         return None  # fewer GPUs than one model replica: the world-size rule (WS001) reports it
     per_gpu = gbs // dp
     if per_gpu > 0 and per_gpu % p.micro_batch_size == 0:
         return None
-    return {"gbs": gbs, "batch": batch, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,
-            "gbss": rl_batch_fix(ctx, gbs, dp * p.micro_batch_size, mini_batch=batch != "global_batch_size")}
+    return {"gbs": gbs, "dp": dp, "per_gpu": per_gpu, "mbs": p.micro_batch_size,
+            "batch": "prompts_per_mini_batch x samples_per_prompt" if mini is not None else "global_batch_size",
+            "gbss": rl_batch_fix(ctx, gbs, dp * p.micro_batch_size, mini_batch=mini is not None)}
