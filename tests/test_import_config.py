@@ -1187,3 +1187,46 @@ def test_keys_that_touch_a_step_are_reported_not_hidden_by_a_word_inside_them(tm
     said = [u for u in read.unsupported if "activation_checkpoint" in u]
     assert "recompute" not in read.request and len(said) == 2, said
     assert "mode = memory_budget: a recompute mode meshplan does not model" in said[0]
+
+
+def test_words_inside_keys_no_longer_hide_keys_that_touch_a_step(tmp_path):
+    """IRRELEVANT held mode, steps, split, freq, data, enabled and bf16 as words anywhere in a key, so real keys that
+    change a step were dropped unsaid: Megatron-Core's --muon-tp-mode / --muon-num-ns-steps / --muon-no-split-qkv
+    (meshplan times duplicated, 5 and split, cards/frameworks/megatron-core.yaml muon) and --linear-attention-freq
+    (megatron/training/arguments.py); DeepSpeed's communication_data_type, data_types.grad_accum_dtype,
+    bf16.bf16_master_weights_and_grads and amp.enabled (deepspeed/runtime/constants.py, bf16 config); verl's
+    actor_rollout_ref.model.tiled_mlp.enabled (trainer/config/model/hf_model.yaml). A run's mode, step count, data
+    split and verl's data section stay irrelevant."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --seq-length 4096 "
+                      "--micro-batch-size 1 --global-batch-size 64 --optimizer muon --muon-tp-mode blockwise "
+                      "--muon-num-ns-steps 7 --muon-no-split-qkv --linear-attention-freq 4 --split 949,50,1 "
+                      "--data-path /d --save-interval 100 --train-iters 10 "
+                      "--heterogeneous-layers-config-path /m.json\n")
+    read = import_file(str(script))
+    said = " ".join(read.unsupported)
+    assert any("--heterogeneous-layers-config-path = /m.json: a heterogeneous model" in n for n in read.notes)
+    for key in ("--muon-tp-mode", "--muon-num-ns-steps", "--muon-no-split-qkv", "--linear-attention-freq"):
+        assert f"{key} = " in said, key
+    assert not any(k in said for k in ("--split", "--data-path", "--save-interval", "--train-iters")), said
+    config = tmp_path / "ds_config.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1, "communication_data_type": "fp32", '
+                      '"data_types": {"grad_accum_dtype": "fp32"}, "amp": {"enabled": true}, '
+                      '"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}, '
+                      '"flops_profiler": {"enabled": true}, "zero_optimization": {"stage": 2}}')
+    said = " ".join(import_file(str(config)).unsupported)
+    for key in ("communication_data_type", "data_types.grad_accum_dtype", "amp.enabled",
+                "bf16.bf16_master_weights_and_grads"):
+        assert f"{key} = " in said, key
+    assert "bf16.enabled" not in said and "flops_profiler" not in said, said
+    verl = tmp_path / "run.sh"
+    verl.write_text("python3 -m verl.trainer.main_ppo data.train_batch_size=64 data.max_prompt_length=1024 "
+                    "data.max_response_length=1024 data.shuffle=True "
+                    "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct "
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=16 "
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 "
+                    "actor_rollout_ref.model.tiled_mlp.enabled=True actor_rollout_ref.rollout.mode=async "
+                    "trainer.n_gpus_per_node=8 trainer.nnodes=1\n")
+    said = " ".join(import_file(str(verl)).unsupported)
+    assert "actor_rollout_ref.model.tiled_mlp.enabled = True" in said
+    assert "data.shuffle" not in said and "rollout.mode" not in said, said

@@ -39,21 +39,21 @@ SWITCH_KNOBS = frozenset({"sequence_parallel", "activation_offload", "param_offl
                           "account_for_loss", "moe_a2a_overlap", "defer_fsdp_grad_sync"})
 # Settings that say nothing about memory or speed: never reported as "cannot express".
 IRRELEVANT = re.compile(
-    r"(^|[._-])(lr|min_lr|data|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save|save[-_]\w+|"
+    r"(^|[._-])(lr|min_lr|dataset|datasets|train_files|val_files|train_data|val_data|log\w*|save|save[-_]\w+|"
     r"tokenizer\w*|eval\w*|wandb\w*|seed|(?<!activation_)checkpoint|ckpt\w*|profil\w*|project\w*|experiment\w*|run_name|"
-    r"\w*_dir|\w*_path|path|\w*interval|\w*iters|steps|max_steps|epochs|total_epochs|warmup\w*|\w*decay\w*|"
-    r"beta\d?|adam_beta\d|eps|clip\w*|grad_clip_norm|weight_decay|logger|tensorboard\w*|(?<!pipeline_)split|"
+    r"\w*_dir|\w*_path|path|\w*interval|\w*iters|max_steps|total_training_steps|epochs|total_epochs|warmup\w*|\w*decay\w*|"
+    r"beta\d?|adam_beta\d|eps|clip\w*|grad_clip_norm|weight_decay|logger|tensorboard\w*|"
     r"vocab_size|"
-    r"master\w*|node_rank|rdzv\w*|dump_folder|description|freq|\w*_freq|resume\w*|async_mode|keep_last_n|"
+    r"master[-_](addr|port)|node_rank|rdzv\w*|dump_folder|description|resume\w*|async_mode|keep_last_n|"
     r"num_workers|pin_memory|prefetch_factor|file_pattern|enable_wandb|enable_tensorboard|"
-    r"mock_data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
+    r"mock[-_]data|distributed_backend|init_method_std|exit\w*|manual_gc|timeout\w*|\w*timeout\w*|"
     r"trust_remote_code|env_class|temperature|top_p|top_k|kl\w*|(?<!cross[-_])entropy\w*|reward\w*|use_kl\w*|critic_warmup|"
     # the gradient clip, LR schedule, chat columns, loss mask and loss formula (SkyRL's OptimizerConfig, SFTConfig,
     # AlgorithmConfig) and LoRA's output scale (alpha / rank): no step's memory or time
-    r"max_grad_norm|scheduler|messages_key|tools_key|system_key|train_on_what|policy_loss_type|lora_alpha|alpha|"
+    r"max_grad_norm|scheduler|messages_key|tools_key|system_key|train_on_what|policy_loss_type|loss_agg_mode|loss_mode|lora_alpha|alpha|"
     r"val\w*|test\w*|return_raw_chat|filter_overlong_prompts|truncation|max_norm|export_dtype|"
     r"config[-_]path|config[-_]name|step_func|node[-_]rank|standalone|train[-_]samples|distributed[-_]backend|"
-    r"deepspeed|deepspeed[-_]config|bf16|enabled|steps_per_print|use[-_]mcore[-_]models|mode|dataset|"
+    r"deepspeed[-_]config|steps_per_print|use[-_]mcore[-_]models|"
     # the model's architecture: part of the model the file is matched to, not a layout setting
     r"kv[-_]channels|max[-_]position[-_]embeddings|position[-_]embedding[-_]type|rotary[-_]\w+|swiglu|"
     r"normalization|untie[-_]embeddings[-_]and[-_]output[-_]weights|disable[-_]bias[-_]linear|"
@@ -66,7 +66,13 @@ IRRELEVANT = re.compile(
     # quantized base's load_in_4bit) is reported, not dropped; likewise a section's `name` (a run's, a scheduler's)
     # and Megatron-Bridge's --recipe, not every `*_name` or `recipe_*` (torchtitan's [float8] recipe_name is the FP8
     # recipe), and a model's `activation`, not torchtitan's activation_checkpoint section (its memory_budget)
-    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight)|name|recipe|activation)$")
+    r"|(^|\.)(load|no[-_]load[-_](optim|rng)|load[-_](optim|rng|main[-_]params[-_]from[-_]ckpt|format|weight)|name|recipe|activation)$"
+    # likewise words common inside keys that do touch a step, irrelevant only as a whole key or its last part: a
+    # run's mode, step count, save frequency or data split (not Megatron-Core's --muon-tp-mode, --muon-num-ns-steps,
+    # --muon-no-split-qkv, --linear-attention-freq), verl's data section (not DeepSpeed's communication_data_type or
+    # data_types.grad_accum_dtype, Megatron's --data-parallel-sharding-strategy), the bf16 switch meshplan's default
+    # precision is (not DeepSpeed's bf16.bf16_master_weights_and_grads, nor amp.enabled, verl's tiled_mlp.enabled)
+    r"|(^|\.)(mode|steps|freq|split)$|^data(\.|$)|^(deepspeed|bf16|bf16\.enabled)$")
 
 
 def normalize(key: str) -> str:
