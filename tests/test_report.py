@@ -381,3 +381,21 @@ def test_a_requested_schedule_is_drawn_from_the_request_through_the_api():
     assert {(s["data-rank"], s["data-stage"]) for s in slots} == {(str(r), str(st)) for r in range(4)
                                                                  for st in (r, 7 - r)}  # the V: stages r, 2p-1-r
     assert "ZBV zero-bubble" in render_html(report)
+
+
+@pytest.mark.parametrize("query", ["model=llama-3.1-8b&gpu=h100&num_gpus=8%00",
+                                   "model=llama-3.1-8b&gpu=h100&num_gpus=8%1b%5B2J",
+                                   "config=%7B%00%7D&gpu=h100&num_gpus=8", "model=llama-3.1-8b&gpu=h1%7F00&num_gpus=8"])
+def test_the_page_refuses_control_characters_and_echoes_none(query):
+    """`meshplan serve --http`'s page echoed a NUL, an escape or DEL from a form field back into the page (the
+    num_gpus input's value, the pasted config.json's textarea): each is refused, naming the field, its code point and
+    place, and the form comes back without it."""
+    from urllib.parse import parse_qs
+
+    from meshplan.faces.report.page import _form_values, page
+
+    html = page(_form_values(parse_qs(query)))
+    assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", html)
+    error = unescape(re.search(r'<p class="error" id="error">(.*?)</p>', html, re.S).group(1))
+    assert re.search(r"The form's (num_gpus|config|gpu) holds U\+00(00|1B|7F) at character \d+: a field is text "
+                     r"without control characters", error), error

@@ -35,8 +35,23 @@ MAX_FORM_BYTES = 1 << 20  # a config.json is a few kilobytes; a larger form is r
 FORM_FIELDS = ("model", "config", "gpu", "num_gpus", "framework")
 
 
+# C0 and C1 control characters and DEL, but the tab and line breaks a pasted config.json holds: a NUL or a terminal
+# escape in a form field is no model, GPU or count, and echoed into the page it reaches the user's browser and clipboard
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def _form_values(form: dict[str, list[str]]) -> dict[str, str]:
     return {k: form[k][0].strip() for k in FORM_FIELDS if form.get(k) and form[k][0].strip()}
+
+
+def _control_characters(values: dict[str, str]) -> str:
+    """The refusal of a form whose fields hold control characters ('' when none does), each field named with its
+    first one's code point and place."""
+    found = [f"{k} holds U+{ord(m.group()):04X} at character {m.start() + 1}"
+             for k, v in values.items() if (m := CONTROL.search(v))]
+    return (f"The form's {'; '.join(found)}: a field is text without control characters (a pasted config.json may "
+            "hold tabs and line breaks). Fix: remove them (a paste from a terminal can carry escapes) and send the "
+            "form again.") if found else ""
 
 
 def _request_fields(values: dict[str, str], config_dir: Path) -> dict[str, Any]:
@@ -76,7 +91,12 @@ def answer(values: dict[str, str]) -> tuple[str, str, str]:
 
 
 def page(values: dict[str, str]) -> str:
-    body, answer_json, error = answer(values) if values else ("", "", "")
+    """The page for the form's values; a form with control characters is refused, and echoed without them."""
+    if refused := _control_characters(values):
+        values = {k: CONTROL.sub("", v) for k, v in values.items()}
+        body, answer_json, error = "", "", refused
+    else:
+        body, answer_json, error = answer(values) if values else ("", "", "")
     models = [m.key for m in api.list_models()]
     return environment().get_template("page.html.j2").render(
         values=values, models=models, gpus=sorted(gpu_catalog()), frameworks=list(FRAMEWORKS), body=body,
