@@ -7,6 +7,7 @@ commit. Every stated field is asserted; a rendered config read back gives the re
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -1230,3 +1231,20 @@ def test_words_inside_keys_no_longer_hide_keys_that_touch_a_step(tmp_path):
     said = " ".join(import_file(str(verl)).unsupported)
     assert "actor_rollout_ref.model.tiled_mlp.enabled = True" in said
     assert "data.shuffle" not in said and "rollout.mode" not in said, said
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --foo\x1b[2J 1\n", "1: a control "
+     "character, U+001B, at column 81"),
+    ('{"train_micro_batch_size_per_gpu": 1,\n "zero_optimization": {"stage": 2}, "x": "a\x00b"}', "2: a control "
+     "character, U+0000, at column 44")])
+def test_a_config_with_control_characters_is_refused_not_echoed(text, where):
+    """A launch script with a terminal escape in a flag (--foo\\x1b[2J) was read and its key printed raw by `meshplan
+    import` ('--foo^[[2J = 1: no meshplan field' clears the user's screen), a NUL likewise; over MCP the same text came
+    back in the answer. The file is refused, naming the line, the code point and the column."""
+    with pytest.raises(MeshplanError) as refused:
+        api.import_config(text, path="run.sh")
+    assert str(refused.value).startswith(f"run.sh:{where};")
+    assert not re.search(r"[\x00-\x08\x0b\x0e-\x1f\x7f]", str(refused.value))
+    tabbed = "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n\t--tensor-model-parallel-size 2 --seq-length 4096\r\n"
+    assert api.import_config(tabbed, path="run.sh").request["tp"] == 2

@@ -75,6 +75,10 @@ from meshplan.schema.imported import ImportedConfig
 FORMATS = ("shell", "toml", "json", "yaml")
 
 
+# C0 and C1 control characters and DEL, but tab, LF, CR and the form feed some Python and shell files hold
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
+
+
 def _megatron_or_deepspeed(text: str, path: str) -> Reading:
     deepspeed = re.search(r"--deepspeed\b|ds_config|deepspeed_config", text) is not None
     return read_megatron(text, path, "deepspeed" if deepspeed else "megatron-core")
@@ -169,6 +173,13 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     if len(text) > MAX_CONFIG_CHARS:
         raise MeshplanError(f"{path}: {len(text):,} characters; a configuration is at most {MAX_CONFIG_CHARS:,}.",
                             fix="Pass the launch script or job file itself.")
+    if control := CONTROL.search(text):  # echoed in a note, a NUL or a terminal escape reaches the user's screen
+        line = text.count("\n", 0, control.start()) + 1
+        column = control.start() - text.rfind("\n", 0, control.start())
+        raise MeshplanError(f"{path}:{line}: a control character, U+{ord(control.group()):04X}, at column {column}; a "
+                            "configuration is text, with no control character but tabs, line and page breaks.",
+                            fix="Pass the text file the run reads (not a binary file), or remove the character (a "
+                                "paste from a terminal can carry escapes).")
     if framework is not None and framework not in FRAMEWORKS:
         raise MeshplanError(f"Unknown framework {framework!r}.", fix=f"Use one of: {', '.join(FRAMEWORKS)}.")
     if config_format is not None and config_format not in FORMATS:
