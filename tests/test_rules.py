@@ -664,6 +664,27 @@ def test_uneven_split_checks_follow_megatron():
     assert "the first and last stages given hold 40 layers, more than the model's 32" in f.message, f.message
 
 
+@pytest.mark.parametrize(("framework", "change"), [
+    ("megatron-bridge", {"pipeline_layout": "Et|(tt|)*30mL", "first_stage_layers": None, "last_stage_layers": None}),
+    ("megatron-core", {"pipeline_layout": "Et|(tt|)*30mL", "first_stage_layers": None, "last_stage_layers": None}),
+    ("verl", {"vpp": 1})])
+def test_an_uneven_split_no_first_last_sizes_fix_at_this_vpp_names_one_that_works(framework, change):
+    """DeepSeek-V3 (61 layers) at pp=8 vpp=4 with first_stage_layers=7: no first/last sizes work (each a multiple of 4,
+    the 61 - first - last left a multiple of 24), and PP004's fix said 'Use pp in {1} with an even split'. It names
+    a pipeline layout where the framework's config has the key (Megatron-Core, Megatron-Bridge), else the sizes at
+    vpp=1 (verl writes no layout); the fix applied passes every pipeline rule."""
+    from meshplan.adapters.read.fixes import fix_changes
+    fields = dict(model="deepseek-v3", gpu="h100", num_gpus=1024, framework=framework, tp=4, pp=8, vpp=4, ep=64,
+                  etp=1, first_stage_layers=7, last_stage_layers=6)
+    f = finding_of("PP004", *make(**fields))
+    assert "first_stage_layers=7 is not divisible by vpp=4" in f.message and "pp in {1}" not in f.fix, f.fix
+    (applied,) = fix_changes(f.fix, fields)
+    assert applied == change
+    fixed = {k: v for k, v in {**fields, **applied}.items() if v is not None}
+    errors = {g.id for g in check_config(*make(**fixed)).findings if g.severity == "error"}
+    assert not {e for e in errors if e.startswith("PP")}, errors
+
+
 def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_every_engine():
     """OLMoE (16 layers) at pp=16 with last_stage_layers=5 leaves 11 layers for 15 middle stages. PP004 (Megatron's
     own checks) covers the Megatron engines only; elsewhere the estimate split them evenly into empty stages and

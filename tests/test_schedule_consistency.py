@@ -31,7 +31,8 @@ from meshplan.schema.request import Request
 from meshplan.search.space import Fixed, enumerate_layouts, megatron_uneven, pipeline_options, writes_layouts
 
 MAX_PP = 32
-SPLIT = re.compile(r"first_stage_layers=(\d+), last_stage_layers=(\d+)")
+# a split at the plan's own vpp (PP004 names one at vpp=1 where none works at the plan's: another layout)
+SPLIT = re.compile(r"(?<!vpp=1, )first_stage_layers=(\d+), last_stage_layers=(\d+)")
 
 
 def _jobs():

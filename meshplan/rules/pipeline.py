@@ -13,7 +13,13 @@ from typing import get_args
 from meshplan.arithmetic import mesh
 from meshplan.arithmetic.memory_states import uses_fsdp
 from meshplan.arithmetic.pipeline_timeline import SCHEDULE_OF_ORDER, schedule_order
-from meshplan.arithmetic.schedule import compose_layout, plan_layout_problem, split_problem, uneven_split
+from meshplan.arithmetic.schedule import (
+    closest_uneven_split,
+    compose_layout,
+    plan_layout_problem,
+    split_problem,
+    uneven_split,
+)
 from meshplan.knowledge.adapter_knobs import default_render, knob_table
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.rules.engine import Context, Values, load_rules, rule, rule_specs
@@ -175,7 +181,7 @@ def _uneven_sizes(values: dict, job: Job) -> tuple | None:
 
 
 @rule("PP004", reads=("tp", "pp", "cp", "ep", "etp", "vpp", "first_stage_layers", "last_stage_layers",
-      "pipeline_layout",
+      "pipeline_layout", "zero_stage",
       "account_for_embedding", "account_for_loss"), screen=_uneven_sizes)
 def uneven_split_valid(ctx: Context) -> Values:
     """Megatron-Core TransformerConfig.__post_init__ (uneven PP), in its order (schedule.split_problem); the fix is
@@ -188,10 +194,27 @@ def uneven_split_valid(ctx: Context) -> Values:
     problem = split_problem(layers, p.pp, p.vpp, first, last)
     if not problem:
         return None
-    split = uneven_split(layers, p.pp, p.vpp)
-    fix = (f"first_stage_layers={split[0]}, last_stage_layers={split[2]}" if split
-           else f"pp in {fmt_set(tiling(ctx, 'pp', divisors(layers, upto=MAX_LISTED_PP)))} with an even split")
+    split = uneven_split(layers, p.pp, p.vpp)  # the search's own split, so recommend enumerates what check names
+    if split:
+        fix = f"first_stage_layers={split[0]}, last_stage_layers={split[2]}"
+    elif _writes_layout(ctx) and (layout := compose_layout(layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)):
+        fix = (f'pipeline_layout="{layout}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
+               "drop first_stage_layers, drop last_stage_layers): no first/last split of these layers works at this "
+               "pp and vpp")
+    elif p.vpp > 1 and (plain := uneven_split(layers, p.pp) or closest_uneven_split(layers, p.pp)):
+        fix = (f"vpp=1, first_stage_layers={plain[0]}, last_stage_layers={plain[2]} (no first/last split of these "
+               f"layers works at vpp={p.vpp})")
+    else:
+        fix = f"pp in {fmt_set(tiling(ctx, 'pp', divisors(layers, upto=MAX_LISTED_PP)))} with an even split"
     return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
+
+
+def _writes_layout(ctx: Context) -> bool:
+    """Whether the config render writes for this job has a pipeline layout key (Megatron-Core's
+    --pipeline-model-parallel-layout, Megatron-Bridge's model.pipeline_model_parallel_layout): PP004 names a layout
+    only where the user can give one. Reads zero_stage, tp, pp (the variant DEFAULT_VARIANTS picks)."""
+    target = default_render(ctx.card, ctx.job, ctx.plan)
+    return target is not None and knob_table(ctx.card, *target)["pipeline_layout"].key is not None
 
 
 
@@ -205,8 +228,9 @@ def pipeline_layout_valid(ctx: Context) -> Values:
     if not problem:
         return None
     working = compose_layout(ctx.arch.num_layers, p.pp, p.vpp, ctx.arch.num_mtp_layers)
-    fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss), '
-           "with no first/last_stage_layers or account_for_embedding/loss." if working
+    fix = (f'Use pipeline_layout="{working}" (pp={p.pp}, vpp={p.vpp}; E embedding, t decoder layer, m MTP, L loss; '
+           "drop first_stage_layers, drop last_stage_layers, drop account_for_embedding, drop account_for_loss)."
+           if working
            else f"Use pp*vpp <= {ctx.arch.num_layers + 2} stages.")
     return {"layers": ctx.arch.num_layers, "pp": p.pp, "vpp": p.vpp, "problem": problem, "working": fix}
 

@@ -25,6 +25,8 @@ from meshplan.schema.request import Request
 # `name = value`, and `name = dp*tp*pp = 2*4 = 8` (a chain: its last value); a value that is a product is none, and
 # so is a name that ends a product (`mbs*dp*pp = 12` states a product's value, not pp=12).
 ASSIGN = re.compile(r"(?<![\w*/])([a-z][a-z0-9_]*)\s*=\s*((?:[\w.*+\-]+\s*=\s*)*)([A-Za-z0-9_.+\-]+)(?![\w*])")
+# `name="value"`: a text value, quoted where it holds characters an ASSIGN value cannot (a pipeline layout's |, *, ())
+QUOTED = re.compile(r'(?<![\w*/])([a-z][a-z0-9_]*)="([^"]+)"')
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 CHOICE = re.compile(r"\b([a-z][a-z0-9_]*) in \{?\[?(\d[\d, ]*)")
 SOURCE = re.compile(r"^(?P<path>\S+):(?P<line>\d+) (?P<key>\S+)(?: \(\$(?P<via>[^)]*)\))?$")
@@ -44,6 +46,7 @@ def fix_changes(fix: str, current: dict[str, Any], in_effect: dict[str, Any] | N
     for alternative in re.split(r",?\s+or\s+", fix):
         found = [(name, m.group(3)) for m in ASSIGN.finditer(alternative) for name in _assigned(m)]
         found += [(m.group(1), m.group(2).split(",")[0]) for m in CHOICE.finditer(alternative)]
+        found += [(m.group(1), m.group(2)) for m in QUOTED.finditer(alternative)]
         change: dict[str, Any] = {}
         for name, text in found:
             if name in Request.model_fields and name not in NOT_A_CHANGE and name not in change:
