@@ -53,8 +53,8 @@ def verdict(row: dict, explained: bool) -> str:
 
 def evaluate(name: str, recipe: CheckedLayout) -> dict:
     fields = recipe.request_fields()
-    job_fields = {k: v for k, v in fields.items() if k in ("model", "gpu", "num_gpus", "seq_length", "framework",
-                                                             "precision", "global_batch_size")}
+    job_fields = {k: v for k, v in fields.items() if k in ("model", "gpu", "num_gpus", "gpus_per_node", "seq_length",
+                                                             "framework", "precision", "global_batch_size")}
     free = recommend(Request(**job_fields), top_k=1)
     gbs = free.global_batch_size
     job, plan = resolve(Request(**{**fields, "global_batch_size": gbs}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.arithmetic.mesh import job_domain, mesh_groups
 from meshplan.arithmetic.schedule import pipeline_split
 from meshplan.check.config import check_config
 from meshplan.estimate.memory import estimate_memory
@@ -32,6 +33,16 @@ def test_checked_row_is_valid_and_fits(row):
 def test_rows_cover_the_seed_recipes():
     ids = {i for i, _ in ROWS}
     assert {"deepseek-v3", "qwen3-235b-a22b", "mixtral-8x7b", "example-4d-70b", "example-moe-dsv3"} <= ids
+
+
+def test_kempnerforge_example_runs_on_its_4_gpu_nodes():
+    """KempnerForge's 70B recipe runs on 8 nodes of 4 H200 (its 70b_32gpu_tp4.toml), so its FSDP8 crosses nodes: the
+    row must say so, not fall back to the H200's usual 8-GPU node, where two TP4 groups' FSDP pairs share NVLink."""
+    row = dict(ROWS)["example-fsdp-70b-kempnerforge"]
+    assert row.request_fields()["gpus_per_node"] == 4
+    job, plan = job_and_plan(row)
+    assert job.gpus_per_node == 4 and plan.tp * plan.dp == 32
+    assert mesh_groups(plan, law=job.card.world_size_law).dp_cp.crosses(job_domain(job))
 
 
 def test_dsv3_recipe_needs_1024_gpus():

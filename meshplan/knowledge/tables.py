@@ -62,6 +62,9 @@ class CheckedLayout(_Card):
     global_batch_size: int | None = Field(None, ge=1)
     framework: Framework = "megatron-core"
     precision: Precision = "bf16"
+    gpus_per_node: int | None = Field(
+        None, ge=1, description="GPUs per node where the source's nodes differ from the GPU's usual node "
+                                "(KempnerForge's H200 nodes of 4): which groups stay on NVLink; None: the GPU's node")
     layout: Layout
 
     def request_fields(self) -> dict:
@@ -75,6 +78,8 @@ class CheckedLayout(_Card):
         }
         if self.global_batch_size is not None:
             fields["global_batch_size"] = self.global_batch_size
+        if self.gpus_per_node is not None:
+            fields["gpus_per_node"] = self.gpus_per_node
         if lay.sequence_parallel is not None:
             fields["sequence_parallel"] = lay.sequence_parallel
         if lay.zero_stage is not None:
