@@ -46,3 +46,10 @@ def test_a_rows_tokens_step_time_and_gpus_agree(row):
 def test_the_run_without_compile_is_scored_without(tmp_path):
     compiled = {r["id"]: pmap.map_row(r, tmp_path).request.torch_compile for r in rows()}
     assert [k for k, v in compiled.items() if not v] == ["kempnerforge_mfu_08_13b_8gpu_fsdp8"]
+
+
+def test_every_run_states_its_4_gpu_node():
+    """The report's nodes hold 4 H200 each; rows 1-3 ran on one node with 1 or 2 of them (mfu_bench.sh torchrun
+    --nproc_per_node), so their node is 4 GPUs too: a TP2 or FSDP2 pair there is two GPUs of a 4-GPU board, joined by
+    their own NVLinks only (cards/hardware.yaml point_to_point_node), not a 2-GPU node of its own."""
+    assert {r["hardware"]["gpus_per_node"] for r in rows()} == {4}

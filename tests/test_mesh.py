@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.comm import job_links
+from meshplan.arithmetic.comm import job_links, p2p_time, ring_time
 from meshplan.knowledge.calibration import calibration
 from meshplan.knowledge.hardware import get_gpu, gpu_catalog
 from meshplan.request.resolve import resolve
@@ -209,3 +209,29 @@ def test_segments_apply_only_to_domains_spanning_nodes():
     # an 8-GPU island on nodes of 4 (KempnerForge's 4 x H200 nodes): no NVLink between the nodes, no segment
     assert mesh.segment_domain(get_gpu("h200"), 4, 32) is None
     assert mesh.segment_domain(get_gpu("gb200"), 4, 250) is None   # no whole number of trays: the rack stands
+
+
+def _h200_job(num_gpus: int, gpus_per_node: int | None):
+    return resolve(Request(model="llama-3.1-8b", gpu="h200", num_gpus=num_gpus, gpus_per_node=gpus_per_node))[0]
+
+
+def test_a_pair_on_a_four_gpu_board_runs_on_its_own_links():
+    """A 4-GPU Hopper SXM node joins its GPUs point to point, six of each GPU's 18 NVLinks to each other GPU, no
+    NVSwitch (cards/hardware.yaml point_to_point_node): a collective of k of its 4 GPUs reaches (k - 1) / 3 of the
+    GPU's NVLink bandwidth, a TP2 pair a third, all four the whole of it. On the catalog's switched 8-GPU node, and on
+    a launch split of it (12 H200 as 3 nodes x 4, node_gpus None), every group reaches the whole."""
+    cal = calibration("megatron-core")
+    board = job_links(_h200_job(8, 4), cal)
+    switched = job_links(_h200_job(8, None), cal)
+    split = job_links(_h200_job(12, None), cal)
+    assert (board.wired, switched.wired, split.wired) == (4, 0, 0) and split.node == 4
+    whole = switched.intra_bw
+    assert [board.nvlink_bw(k) for k in (2, 3, 4)] == pytest.approx([whole / 3, whole * 2 / 3, whole])
+    assert [switched.nvlink_bw(k) for k in (2, 4)] == [split.nvlink_bw(2), whole] == [whole, whole]
+    nbytes = 1e9  # a TP2 all-gather inside the node moves half of it over the pair's links
+    assert ring_time(nbytes, 2, 1, board) - board.intra_lat == pytest.approx(nbytes / 2 / (whole / 3))
+    assert ring_time(nbytes, 2, 1, switched) - switched.intra_lat == pytest.approx(nbytes / 2 / whole)
+    assert ring_time(nbytes, 4, 1, board) == pytest.approx(ring_time(nbytes, 4, 1, switched))
+    assert p2p_time(nbytes, False, board) - board.intra_lat == pytest.approx(nbytes / (whole / 3))
+    # a 2-GPU job on one such node (torchrun --nproc_per_node=2) is a pair of the 4-GPU board all the same
+    assert job_links(_h200_job(2, 4), cal).nvlink_bw(2) == pytest.approx(whole / 3)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.arithmetic.mesh import fast_domain, job_domain, per_domain
+from meshplan.arithmetic.mesh import fast_domain, job_domain, per_domain, wired_node
 from meshplan.knowledge.calibration import Calibration
 from meshplan.schema.hardware import GpuSpec
 from meshplan.schema.plan import Job
@@ -33,14 +33,24 @@ class Links:
     inter_lat: float
     nic_scaling: float  # how much of the k NICs of a domain one ring really uses: k ** nic_scaling
     node: int = 0  # GPUs per host (the a2a level of hierarchical CP stays inside one)
+    wired: int = 0  # GPUs of a node NVLink joins point to point, no NVSwitch (mesh.wired_node); 0: switched
+
+    def nvlink_bw(self, k: int) -> float:
+        """NVLink bytes/s one rank reaches in a collective of `k` members on its node: all its links behind an
+        NVSwitch; joined point to point (`wired` GPUs), only the links to its k - 1 fellow members, (k - 1) /
+        (wired - 1) of them (a TP2 pair of a 4-GPU HGX board: one third)."""
+        if self.wired <= 1 or k >= self.wired:
+            return self.intra_bw
+        return self.intra_bw * max(1, k - 1) / (self.wired - 1)
 
 
 def job_links(job: Job, cal: Calibration) -> Links:
-    """The job's links: its GPU's, with the fast domain in the job's own ranks (mesh.job_domain)."""
-    return links(job.gpu, job.gpus_per_node, cal, domain=job_domain(job))
+    """The job's links: its GPU's, with the fast domain in the job's own ranks (mesh.job_domain) and its node's
+    NVLink wiring (mesh.wired_node)."""
+    return links(job.gpu, job.gpus_per_node, cal, domain=job_domain(job), wired=wired_node(job))
 
 
-def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None) -> Links:
+def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None = None, wired: int = 0) -> Links:
     return Links(
         domain=fast_domain(gpu, gpus_per_node) if domain is None else domain,
         intra_bw=gpu.intra_node_bandwidth * cal.nvlink_efficiency,
@@ -49,13 +59,14 @@ def links(gpu: GpuSpec, gpus_per_node: int, cal: Calibration, domain: int | None
         inter_lat=cal.latency_inter_s,
         nic_scaling=cal.ring_nic_scaling,
         node=gpus_per_node,
+        wired=wired,
     )
 
 
 def _ring_bw(k: int, size: int, lk: Links) -> float:
-    """Bytes/s a ring of `size` ranks, `k` of them per fast domain, moves: NVLink inside one domain, else the
-    domain's NICs (k**nic_scaling of them) capped by NVLink."""
-    return lk.intra_bw if k >= size else min(lk.intra_bw, k**lk.nic_scaling * lk.inter_bw)
+    """Bytes/s a ring of `size` ranks, `k` of them per fast domain, moves: NVLink inside one domain (the links to
+    its members: Links.nvlink_bw), else the domain's NICs (k**nic_scaling of them) capped by NVLink."""
+    return lk.nvlink_bw(k) if k >= size else min(lk.nvlink_bw(k), k**lk.nic_scaling * lk.inter_bw)
 
 
 def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
@@ -65,7 +76,7 @@ def ring_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     k = per_domain(size, stride, lk.domain)
     moved = nbytes * (size - 1) / size
     if k >= size:
-        return moved / lk.intra_bw + (size - 1) * lk.intra_lat
+        return moved / lk.nvlink_bw(k) + (size - 1) * lk.intra_lat
     domains = -(-size // k)
     return moved / _ring_bw(k, size, lk) + (k - 1) * lk.intra_lat + (domains - 1) * lk.inter_lat
 
@@ -95,7 +106,7 @@ def alltoall_time(nbytes: float, size: int, stride: int, lk: Links) -> float:
     intra = nbytes * (k - 1) / size
     inter = nbytes * (size - k) / size
     lat = lk.intra_lat if k >= size else lk.inter_lat
-    return max(intra / lk.intra_bw, inter / lk.inter_bw) + lat
+    return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lat
 
 
 @lru_cache(maxsize=4096)  # the search asks for the same few (copies, domains, groups) many times
@@ -149,7 +160,7 @@ def dispatch_time(copy_bytes: float, copies: int, size: int, stride: int, lk: Li
     # NVLink carries the copies for the own domain plus the fan-out of the copies that arrived.
     intra = copy_bytes * (copies * (k - 1) / size + remote)
     inter = copy_bytes * crossings
-    return max(intra / lk.intra_bw, inter / lk.inter_bw) + lk.inter_lat
+    return max(intra / lk.nvlink_bw(k), inter / lk.inter_bw) + lk.inter_lat
 
 
 def p2p_time(nbytes: float, cross: bool, lk: Links, inter_lat: float | None = None) -> float:
@@ -157,4 +168,4 @@ def p2p_time(nbytes: float, cross: bool, lk: Links, inter_lat: float | None = No
         return 0.0
     if cross:
         return nbytes / lk.inter_bw + (lk.inter_lat if inter_lat is None else inter_lat)
-    return nbytes / lk.intra_bw + lk.intra_lat
+    return nbytes / lk.nvlink_bw(2) + lk.intra_lat

@@ -226,6 +226,17 @@ def segment_words(job: Job) -> str | None:
             "topology/block --segment; cards/hardware.yaml)")
 
 
+def wired_node(job: Job) -> int:
+    """GPUs of the job's node that NVLink joins point to point, no NVSwitch between them (0: switched): the node the
+    request named, where its GPU's boards of that size have no NVSwitch (GpuSpec.point_to_point_node: HGX H100/H200
+    4-GPU baseboards, six of each GPU's 18 NVLinks to each of the three others, `nvidia-smi topo -m` NV6, where NVIDIA
+    lists NVSwitch on its 8-GPU baseboards only; cards/hardware.yaml). A launch split of the catalog's 8-GPU node
+    (node_gpus None) stays switched."""
+    most = job.gpu.point_to_point_node
+    node = job.node_gpus
+    return node if most is not None and node is not None and node <= most else 0
+
+
 def domain_spans_nodes(gpu: GpuSpec, gpus_per_node: int) -> bool:
     """A multi-node NVLink domain (GB200 NVL72): what only HybridEP's dispatcher covers."""
     return fast_domain(gpu, gpus_per_node) > gpus_per_node

@@ -30,6 +30,12 @@ class GpuSpec(StrictModel):
     hbm_bandwidth: float = Field(gt=0, description="bytes/s")
     intra_node_bandwidth: float = Field(gt=0, description="NVLink/xGMI bytes/s per GPU, one direction")
     nvlink_domain: int = Field(ge=1, description="GPUs in one NVLink/xGMI domain")
+    point_to_point_node: int | None = Field(
+        None, ge=2, description="The most GPUs of a node that NVLink joins point to point, with no NVSwitch (HGX "
+                                "H100/H200 4-GPU baseboards: each GPU's links split evenly over the node's other "
+                                "GPUs): a group of k of a node of n such GPUs reaches only the links to its own "
+                                "members, (k - 1) / (n - 1) of intra_node_bandwidth (mesh.wired_node); None: every "
+                                "node size switched")
     gpus_per_node: int = Field(ge=1)
     network_bandwidth: float = Field(gt=0, description="Scale-out bytes/s per GPU, one direction")
     host_bandwidth: float = Field(gt=0, description="GPU-host link (PCIe / NVLink-C2C) bytes/s per GPU, one direction")

@@ -101,6 +101,10 @@ class Job(StrictModel):
         False, description="num_gpus was left out: it is the degrees' product (request/resolve.py), so a fix that "
                            "changes a degree changes the GPU count with it (rules/world.py tiled)")
     gpus_per_node: int = Field(ge=1)
+    node_gpus: int | None = Field(
+        None, ge=1, description="GPUs each node holds, where the request named them (its gpus_per_node); None: the "
+                                "GPU's catalog node, of which gpus_per_node may launch fewer (request/resolve."
+                                "launch_gpus_per_node). What decides the node's NVLink wiring (mesh.wired_node)")
     seq_length: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
     precision: Precision = "bf16"
