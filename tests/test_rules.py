@@ -283,6 +283,13 @@ CASES: dict[str, tuple[dict, dict]] = {
                  "lora_targets": ["linear_proj", "router"]},
                 {"model": "deepseek-v2-lite", "num_gpus": 8, "framework": "verl", "zero_stage": 3, "job": "lora",
                  "lora_targets": ["linear_proj", "router"]}),
+    "LORA004": ({"model": "qwen3-30b-a3b", "num_gpus": 8, "ep": 8, "framework": "megatron-bridge",
+                 "lora_target_parameters": ["down_proj"]},
+                {"model": "qwen3-30b-a3b", "num_gpus": 8, "framework": "verl", "zero_stage": 3, "job": "lora",
+                 "lora_target_parameters": ["down_proj"]}),
+    "LORA005": ({**L8B, "num_gpus": 8, "framework": "verl", "zero_stage": 3, "lora_target_parameters": ["down_proj"]},
+                {"model": "qwen3-30b-a3b", "num_gpus": 8, "framework": "verl", "zero_stage": 3,
+                 "lora_target_parameters": ["down_proj"]}),
     # RL jobs (meshplan/rules/rollout.py): the rollout engine's layout
     "RL001": ({**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 4},
               {**QWEN_MOE, **RL, "rollout_tp": 2, "rollout_ep": 2}),

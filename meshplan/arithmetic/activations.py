@@ -268,6 +268,9 @@ class Layout(NamedTuple):
     # the MoE layer stacks its local routed experts' weights into new tensors each forward, which its grouped GEMM
     # keeps for the backward (the card's moe_expert_weights, KempnerForge); off by default, the smaller count
     stacked_experts: bool = False
+    # the routed experts' 3D weights PEFT's ParamWrappers wrap (LoraSpec.target_parameters): each forward builds W +
+    # delta of every local expert, which the experts' GEMMs keep for the backward (param_wrapper_bytes); none by default
+    param_wrapper: tuple[str, ...] = ()
     # what a Mamba-2 layer saves (cards/memory.yaml mamba2_layer, Mamba2Layer.terms); empty for a model without one
     mamba: tuple = ()
     # the Ulysses degree where the engine runs cp as Ulysses (rules/context.runs_ulysses): flash attention keeps K
@@ -413,7 +416,19 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
         mlp += _mlp(shape, shape.f_shared, t, tp, lin, lay.swiglu_unfused)
     if lay.stacked_experts:
         mlp += stacked_expert_bytes(shape, lay.ep, lay.etp)
+    if lay.param_wrapper:
+        mlp += param_wrapper_bytes(shape, lay.param_wrapper, lay.ep, lay.etp)
     return mlp
+
+
+def param_wrapper_bytes(shape: Shape, weights: tuple[str, ...], ep: int, etp: int) -> float:
+    """Bytes of one MoE layer's W + delta tensors under PEFT's ParamWrappers on `weights` (arithmetic/param_wrapper.py:
+    the parametrization's forward returns a new tensor the size of the weight, cached for the layer's forward and saved
+    by the experts' GEMMs for their backward), bf16, the local experts' weights over etp: gate_up_proj h x (2 if gated)
+    x ffn, down_proj ffn x h."""
+    per_expert = {"gate_up_proj": (2 if shape.gated else 1) * shape.expert_h * shape.f_expert,
+                  "down_proj": shape.f_expert * shape.expert_h}
+    return BF16 * shape.experts / ep * sum(per_expert[w] for w in weights) / etp
 
 
 def stacked_expert_bytes(shape: Shape, ep: int, etp: int) -> float:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from meshplan.arithmetic.flops import model_flops_per_token
 from meshplan.arithmetic.memory_states import StateTensor
+from meshplan.arithmetic.param_wrapper import param_wrapper_flops, wrapped
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.lora_card import LoraEngine
@@ -61,8 +62,12 @@ def lora_frameworks() -> list[str]:
 def lora_asked(req: Request) -> bool:
     """Whether the request trains LoRA adapters: job=lora, or lora_rank / lora_targets / lora_vision given with the
     job left out (or an RL job's); resolve_lora refuses them on a pretrain or sft job."""
-    given = req.lora_rank is not None or req.lora_targets is not None or req.lora_vision is not None
-    return req.job == "lora" or (req.job not in ("pretrain", "sft") and given)
+    return req.job == "lora" or (req.job not in ("pretrain", "sft") and lora_fields_given(req))
+
+
+def lora_fields_given(req: Request) -> bool:
+    """Whether the request sets any LoRA field (lora_rank, lora_targets, lora_vision, lora_target_parameters)."""
+    return any(v is not None for v in (req.lora_rank, req.lora_targets, req.lora_vision, req.lora_target_parameters))
 
 
 def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_stage: int,
@@ -70,14 +75,15 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     """The job's LoRA adapters: job=lora or a lora_rank (unless job is pretrain/sft), each default noted; None for a
     job that trains every weight. A framework without LoRA is left to rule LORA001 (it names the nearest), so check
     reports it like any other finding; here its default rank is Megatron-Bridge's (the LoRA dataclass's dim)."""
-    given = req.lora_rank is not None or req.lora_targets is not None or req.lora_vision is not None
-    if req.job in ("pretrain", "sft") and given:
-        raise MeshplanError(f"lora_rank / lora_targets / lora_vision are LoRA fields, not for job={req.job}.",
+    if req.job in ("pretrain", "sft") and lora_fields_given(req):
+        raise MeshplanError(f"lora_rank / lora_targets / lora_vision / lora_target_parameters are LoRA fields, not "
+                            f"for job={req.job}.",
                             fix="Drop them, or pass job=lora (or leave job out).")
     if not lora_asked(req):
         return None
     if req.job is None:
-        notes.append("job not given: lora, as lora_rank, lora_targets or lora_vision is given.")
+        notes.append("job not given: lora, as lora_rank, lora_targets, lora_vision or lora_target_parameters is "
+                     "given.")
     engine = lora_engine(card, zero_stage)
     rank = req.lora_rank
     if rank is None:
@@ -97,7 +103,8 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         notes.append("lora_targets not given: " + ", ".join(targets) + f" ({why}{said}).")
     if req.lora_vision is not None and arch.vision is None:
         notes.append(f"lora_vision={str(req.lora_vision).lower()}: {arch.name} has no vision tower; nothing changes.")
-    spec = LoraSpec(rank=rank, targets=targets, vision=req.lora_vision is not False)
+    spec = LoraSpec(rank=rank, targets=targets, vision=req.lora_vision is not False,
+                    target_parameters=list(req.lora_target_parameters or []))
     if peft and peft_all_linear(arch, spec):
         others = list(dict.fromkeys(a.target for i in range(arch.num_layers) for a in other_linears(arch, i)))
         if others:
@@ -107,7 +114,7 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
         notes.append(f"LoRA target_modules on {arch.name}: the projections by name, not PEFT's all-linear (its "
                      "router is an nn.Linear whose forward returns (scores, logits), Llama4Router: all-linear wraps it "
                      "and the LoRA layer's forward fails on the tuple); the router gets no adapter.")
-    if (arch.moe is not None and engine is not None and engine.experts == "none"
+    if (arch.moe is not None and engine is not None and engine.experts == "none" and not spec.target_parameters
             and {"linear_fc1", "linear_fc2"} & set(targets)):
         notes.append(f"LoRA on {arch.name}'s routed experts: none ({engine.experts_why}); linear_fc1 / linear_fc2 "
                      "adapt its dense and shared-expert MLPs only.")
@@ -303,12 +310,18 @@ def adapter_params(arch: Architecture, layers: list[int], spec: LoraSpec, engine
     ColumnParallelLinear(in, r) (r split) and B a ColumnParallelLinear(r, out) (out split); for a row-parallel base,
     A is a RowParallelLinear(in, r) (in split) and B a ColumnParallelLinear(r, out) (out split): r(in + out)/tp
     either way. A routed expert linear is sharded over etp: shared (share_expert_adapters, the default) it is one
-    adapter per layer on every EP rank, its gradient all-reduced over EP; per_expert, one per local expert."""
+    adapter per layer on every EP rank, its gradient all-reduced over EP; per_expert, one per local expert. PEFT's
+    ParamWrappers on the experts' 3D weights (LoraSpec.target_parameters, arithmetic/param_wrapper.py) are one adapter
+    per expert, counted with the expert parameters."""
     shared = engine is None or engine.experts == "shared"
     adapted = [a for i in layers for a in layer_adapters(arch, i, spec, engine)]
     if mtp:
         adapted += mtp_adapters(arch, spec, engine)
     dense = expert = 0.0
+    if spec.target_parameters:  # PEFT's ParamWrappers: one adapter per expert, the local experts' over etp
+        assert arch.moe is not None
+        expert += sum(w.params(spec.rank, arch.moe.num_experts) for i in layers
+                      for w in wrapped(arch, i, spec.target_parameters)) / ep / etp
     for a in adapted:
         if not a.expert:
             dense += a.params(spec.rank) / tp
@@ -338,10 +351,14 @@ FROZEN_PASSES_PER_FORWARD = 2.0
 def adapter_flops_per_token(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None = None) -> float:
     """Forward + backward FLOPs of the adapters per token: 6 per adapter parameter a token passes (a routed token
     passes its top-k experts' adapters, the same shared adapter top-k times), the MTP blocks' too where the engine
-    adapts them (mtp_adapters), as model_flops_per_token counts the MTP blocks' own linears."""
+    adapts them (mtp_adapters), as model_flops_per_token counts the MTP blocks' own linears; and PEFT's ParamWrappers'
+    (LoraSpec.target_parameters): the wrapped experts' weight gradients per routed token (their delta's einsum runs
+    per micro-batch, not per token: param_wrapper_flops, which the step's report adds)."""
     adapted = [a for i in range(arch.num_layers) for a in layer_adapters(arch, i, spec, engine)]
     adapted += mtp_adapters(arch, spec, engine)
-    return 6.0 * sum(a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1) for a in adapted)
+    wrapper_per_token = param_wrapper_flops(arch, spec.rank, tuple(spec.target_parameters))[0]
+    return (6.0 * sum(a.params(spec.rank) * (arch.moe.top_k if a.expert and arch.moe else 1) for a in adapted)
+            + wrapper_per_token)
 
 
 def lora_flops_per_token(arch: Architecture, seq_length: int, spec: LoraSpec,

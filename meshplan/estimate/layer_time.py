@@ -14,6 +14,7 @@ from functools import partial
 from meshplan.arithmetic.activations import shape_of, stacked_expert_bytes
 from meshplan.arithmetic.flops import Gemm, attention_gemms, mlp_gemms, moe_gemms
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_terms, summed
+from meshplan.arithmetic.param_wrapper import delta_pass_bytes
 from meshplan.estimate.attention_time import attention_seconds
 from meshplan.estimate.context_parallel import cp_time
 from meshplan.estimate.layer_records import BF16, ElementwiseLoad, LayerContext, LayerTime
@@ -90,6 +91,9 @@ def elementwise_load(ctx: LayerContext, moe: bool) -> ElementwiseLoad:
         shared_ffn = block.tokens * arch.moe.shared_expert_ffn_hidden_size / block.tp
         dispatch_bytes, router_bytes = dispatch_and_router_bytes(ctx)
         copy = 2.0 * stacked_expert_bytes(shape_of(arch), plan.ep, plan.etp) if ctx.stacked_experts else 0.0
+        if ctx.lora is not None and ctx.lora.target_parameters:  # PEFT's ParamWrappers build W + delta each forward
+            moe_layer = next(i for i in range(arch.num_layers) if arch.is_moe_layer(i))
+            copy += delta_pass_bytes(arch, moe_layer, ctx.lora.target_parameters, plan.ep, plan.etp)
         return ElementwiseLoad(hidden=hidden, routed_ffn=routed_ffn, shared_ffn=shared_ffn,
                                dispatch_bytes=dispatch_bytes, router_bytes=router_bytes, weight_copy_bytes=copy)
     return ElementwiseLoad(hidden=hidden, dense_ffn=sh.tokens * arch.ffn_hidden_size / plan.tp)

@@ -1,10 +1,13 @@
-"""A LoRA layer's GEMM time on one rank: the frozen base linears' two passes and the adapters' three."""
+"""A LoRA layer's GEMM time on one rank: the frozen base linears' two passes and the adapters' three; under PEFT's
+ParamWrappers on the routed experts (LoraSpec.target_parameters) the wrapped experts' weight gradients and the deltas'
+einsum too."""
 
 from __future__ import annotations
 
 from meshplan.arithmetic.flops import Gemm
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, layer_adapters
+from meshplan.arithmetic.param_wrapper import wrapped
 from meshplan.estimate.layer_records import LayerContext
 
 
@@ -34,4 +37,32 @@ def lora_gemm_seconds(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> tuple[
                   Gemm(f"lora_b_{a.target}", rows, a.outputs / t, r, count, fp8=False)]
     adapter = gemm_seconds(extra, cal, ctx.bf16_peak, None)
     frozen = base * FROZEN_PASSES_PER_FORWARD / TRAINING_PASSES_PER_FORWARD
+    if moe and spec.target_parameters:
+        frozen += param_wrapper_weight_grads(ctx, gemms)
+        adapter += param_wrapper_delta_seconds(ctx, index)
     return frozen + adapter, (base + adapter) / TRAINING_PASSES_PER_FORWARD
+
+
+WRAPPED_GEMMS = {"gate_up_proj": "expert_fc1", "down_proj": "expert_fc2"}
+"""Each 3D weight PEFT's ParamWrapper wraps: the routed experts' GEMM (arithmetic/flops.py moe_gemms) it weighs."""
+
+
+def param_wrapper_weight_grads(ctx: LayerContext, gemms: list[Gemm]) -> float:
+    """Seconds of the weight-gradient GEMMs of the routed experts whose weights ParamWrappers wrap (LoraSpec.
+    target_parameters): the experts run on W + delta, which needs a gradient, so these run the third pass a frozen
+    linear skips (arithmetic/param_wrapper.py)."""
+    assert ctx.lora is not None
+    names = {WRAPPED_GEMMS[w] for w in ctx.lora.target_parameters}
+    grads = gemm_seconds([g for g in gemms if g.name in names], ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
+    return grads / TRAINING_PASSES_PER_FORWARD
+
+
+def param_wrapper_delta_seconds(ctx: LayerContext, index: int) -> float:
+    """Seconds of the ParamWrappers' delta of MoE layer `index` per micro-batch: einsum('o r e, e r i -> e i o') of
+    lora_B and lora_A, one (in x r) @ (r x out) product per local expert, with its two gradients (gemm_seconds' three
+    passes), in bf16, whatever the tokens; each expert's shard over etp."""
+    arch, sh, spec = ctx.arch, ctx.shard, ctx.lora
+    assert spec is not None and arch.moe is not None
+    deltas = [Gemm(f"param_wrapper_{w.name}", w.inputs, w.outputs / sh.etp, spec.rank, arch.moe.num_experts / sh.ep,
+                   fp8=False) for w in wrapped(arch, index, spec.target_parameters)]
+    return gemm_seconds(deltas, ctx.cal, ctx.bf16_peak, None)

@@ -351,6 +351,7 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
         attn=attention_saves(conv), routed_load=ep_rank_load(job, plan),
         fp8_out_proj_copy=fp8_out_proj_copy(job, plan, conv), moe_whole=job.card.moe_whole_over_tp,
         stacked_experts=stacks_experts(job.card.moe_expert_weights),
+        param_wrapper=tuple(job.lora.target_parameters) if job.lora is not None else (),
         mamba=memory_card().mamba2_layer.terms() if job.model.mamba else (),
         ulysses=plan.cp if runs_ulysses(job.card, plan.zero_stage) else 1,
     )

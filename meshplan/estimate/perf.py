@@ -31,6 +31,7 @@ from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD, gemm_seconds
 from meshplan.arithmetic.lora import FROZEN_PASSES_PER_FORWARD, lora_engine, lora_flops_per_token
 from meshplan.arithmetic.memory_states import built_vocab, convention, uses_fsdp
 from meshplan.arithmetic.offload import offload_plan
+from meshplan.arithmetic.param_wrapper import param_wrapper_step_flops
 from meshplan.arithmetic.pipeline_counts import fused_share, steady_share
 from meshplan.arithmetic.pipeline_floor import chain_floor
 from meshplan.arithmetic.pipeline_timeline import SPLIT_ORDERS, V_ORDERS, Shape, replays_whole, simulate
@@ -679,13 +680,13 @@ def _optimizer_seconds(row: StageTime, inp: StageInputs, m: int) -> float:
 def _report(job: Job, plan: Plan, ctx: LayerContext, step: float, peaks: Peaks, breakdown: ThroughputBreakdown,
             assumptions: list[str], warnings: list[str]) -> ThroughputReport:
     """The step's tokens/s and MFU (model FLOPs: the LoRA step's under LoRA), with its breakdown and words."""
-    arch = job.model
-    per_token = (lora_flops_per_token(arch, job.seq_length, job.lora, ctx.lora_engine) if job.lora is not None
-                 else model_flops_per_token(arch, job.seq_length))
+    per_token = (lora_flops_per_token(job.model, job.seq_length, job.lora, ctx.lora_engine) if job.lora is not None
+                 else model_flops_per_token(job.model, job.seq_length))
     flops_step = per_token * job.seq_length * job.global_batch_size
+    flops_step += param_wrapper_step_flops(job, plan.micro_batch_size, plan.cp)  # 0 but for PEFT's ParamWrappers
     tokens_step = job.seq_length * job.global_batch_size
     return ThroughputReport(
-        model=arch.name,
+        model=job.model.name,
         framework=job.framework,
         plan=plan,
         step_time_s=step,

@@ -40,6 +40,10 @@ class LoraEngine(BaseModel):
                            "name == pattern), so linear_qkv ... linear_fc2 of mtp.layers.<k>.mtp_model_layer match as "
                            "a decoder layer's do (arithmetic/lora.py mtp_adapters); PEFT on transformers' code has no "
                            "MTP block to adapt")
+    target_parameters: bool = Field(
+        False, description="The engine's LoRA takes Hugging Face PEFT's target_parameters, which wrap the routed "
+                           "experts' 3D weights in a ParamWrapper (verl's FSDP engine: model.target_parameters into "
+                           "LoraConfig); false: a request's lora_target_parameters is refused (rule LORA004)")
     experts_why: str | None = Field(
         None, description="With experts none: why the routed experts get no adapter and what would adapt them, said in "
                           "the notes of a MoE model's LoRA job that targets linear_fc1 / linear_fc2")

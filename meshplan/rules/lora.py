@@ -69,3 +69,23 @@ def peft_only_targets_on_a_peft_engine(ctx: Context) -> Values:
             for name, e in lora_engines(framework_card(f)).items() if e.all_linear]
     return {"targets": ", ".join(named), "framework": ctx.card.display_name,
             "engine": ctx.card.engine_at(ctx.plan.zero_stage), "peft": ", ".join(peft)}
+
+
+@rule("LORA004", reads=("zero_stage",))
+def target_parameters_on_a_peft_engine(ctx: Context) -> Values:
+    spec = ctx.job.lora
+    engine = lora_engine(ctx.card, ctx.plan.zero_stage)
+    if spec is None or not spec.target_parameters or engine is None or engine.target_parameters:
+        return None  # no engine: LORA001 says so
+    peft = [f"{f} ({name} engine)" for f in FRAMEWORKS
+            for name, e in lora_engines(framework_card(f)).items() if e.target_parameters]
+    return {"weights": ", ".join(spec.target_parameters), "framework": ctx.card.display_name,
+            "engine": ctx.card.engine_at(ctx.plan.zero_stage), "peft": ", ".join(peft)}
+
+
+@rule("LORA005", reads=())
+def target_parameters_need_routed_experts(ctx: Context) -> Values:
+    spec = ctx.job.lora
+    if spec is None or not spec.target_parameters or ctx.arch.moe is not None:
+        return None
+    return {"weights": ", ".join(spec.target_parameters), "model": ctx.arch.name}

@@ -58,6 +58,10 @@ MlaLoraTarget = Literal["linear_q_proj", "linear_q_down_proj", "linear_q_up_proj
 # shared_expert_gate (nn.Linear(hidden, 1)); Megatron-Bridge's LoRA has no such names (arithmetic/lora.py other_linears)
 PeftLoraTarget = Literal["router", "shared_expert_gate"]
 LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget, PeftLoraTarget]
+# The routed experts' two 3D nn.Parameters in transformers 5's MoE code (Qwen3MoeExperts and the other families:
+# gate_up_proj, E x 2I x H where gated, and down_proj, E x H x I), the names Hugging Face PEFT's target_parameters end
+# with (verl's model.target_parameters): LoRA on them through PEFT's ParamWrapper (arithmetic/param_wrapper.py)
+ExpertWeight = Literal["gate_up_proj", "down_proj"]
 RLAlgorithm = Literal["grpo", "dapo", "ppo"]
 # A framework's training engine family: what rules.yaml's `backends` and the card sections keyed by engine name
 Engine = Literal["megatron", "fsdp", "deepspeed", "nanotron"]

@@ -13,6 +13,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
+    ExpertWeight,
     Fp8Recipe,
     Framework,
     LoraTarget,
@@ -45,6 +46,10 @@ class LoraSpec(StrictModel):
     vision: bool = Field(True, description="The targets' adapters in a multimodal model's vision tower too, where the "
                                            "engine builds it (arithmetic/lora.py vision_adapters); false: "
                                            "exclude_modules leaves the tower out (adapters/lora.py VISION_EXCLUDE)")
+    target_parameters: list[ExpertWeight] = Field(
+        default_factory=list, description="The routed experts' 3D weights adapted through Hugging Face PEFT's "
+                                          "ParamWrapper (verl's model.target_parameters; arithmetic/param_wrapper.py): "
+                                          "one rank-r adapter per expert, its delta built whole each forward")
 
 
 class RLJob(StrictModel):

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, field_validator
 from meshplan.schema.choices import (
     AttentionBackend,
     CpCommType,
+    ExpertWeight,
     Fp8Recipe,
     Framework,
     JobKind,
@@ -374,6 +375,14 @@ class Request(StrictModel):
                     "every linear the model has)",
     )
 
+    lora_target_parameters: list[ExpertWeight] | None = Field(
+        None, min_length=1, max_length=len(get_args(ExpertWeight)), json_schema_extra={"uniqueItems": True},
+        description="LoRA on a MoE model's routed experts through Hugging Face PEFT's target_parameters (verl's FSDP "
+                    "engine, model.target_parameters): the experts' 3D weights gate_up_proj and/or down_proj, each "
+                    "wrapped in a ParamWrapper, one rank-r adapter per expert (default: none; the FSDP engine's "
+                    "target_modules adapt no routed expert)",
+    )
+
     lora_vision: bool | None = Field(
         None, description="LoRA on a multimodal model whose vision tower the engine builds (Llama 4 on verl's and "
                           "SkyRL's FSDP engines): whether the targets' adapters reach the tower's attention too, whose "
@@ -381,7 +390,7 @@ class Request(StrictModel):
                           "'.*vision_model.*')",
     )
 
-    @field_validator("recompute_modules", "lora_targets")
+    @field_validator("recompute_modules", "lora_targets", "lora_target_parameters")
     @classmethod
     def _each_once(cls, names: list[str] | None) -> list[str] | None:
         """A list of names is a set: a name given twice is refused, naming it (not silently kept or dropped)."""
