@@ -217,6 +217,10 @@ CASES: list[tuple[str, str | None, dict]] = [
     # LoRA leaving Llama 4's vision tower out (lora_vision false): PEFT's exclude_modules, read back
     *[(f, v, dict(model="llama-4-scout", num_gpus=64, zero_stage=3, job="lora", lora_vision=False,
                   global_batch_size=256)) for f, v in (("verl", "fsdp"), ("skyrl", "fsdp"))],
+    # LoRA on the routed experts' 3D weights (lora_target_parameters): verl's FSDP engine's PEFT target_parameters
+    *[("verl", v, dict(model="qwen3-30b-a3b", num_gpus=8, zero_stage=3, job="lora", lora_rank=16, recompute="full",
+                       lora_target_parameters=w, global_batch_size=64))
+      for v, w in (("fsdp", ["gate_up_proj", "down_proj"]), ("sft-fsdp", ["down_proj"]))],
 ]
 
 
@@ -238,7 +242,7 @@ def test_round_trip_gives_the_same_plan(framework, variant, fields):
     assert ("lora" in parsed) == (job.lora is not None)  # a LoRA job's snippet says so, a full one's does not
     assert {"tp", "micro_batch_size", "zero_stage"} <= set(parsed)
     assert "dp" in parsed or result.format == "python"  # the python form runs inside a launch that sets the GPUs
-    if job.model.moe is not None and framework in MEGATRON_BACKED and result.variant != "fsdp":
+    if job.model.moe is not None and framework in MEGATRON_BACKED and result.variant not in ("fsdp", "sft-fsdp"):
         assert parsed["moe_token_dispatcher"] == plan.moe_token_dispatcher  # always explicit for MoE
 
 

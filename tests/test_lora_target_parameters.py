@@ -80,3 +80,15 @@ def test_the_field_is_a_lora_field():
         api.estimate_memory(Request(**{**BASE, "job": "sft", "lora_rank": None, "lora_target_parameters": BOTH}))
     with pytest.raises(Exception, match="gate_proj"):
         Request(**{**BASE, "lora_target_parameters": ["gate_proj"]})
+
+
+@pytest.mark.parametrize("variant", ["fsdp", "sft-fsdp"])
+def test_render_writes_target_parameters_and_import_reads_them_back(variant):
+    """verl's FSDP engine: model.target_parameters named by the weights (PEFT matches them as the last part of
+    mlp.experts.<name>), read back as the same lora_target_parameters (fails before: render wrote none, import
+    refused the key)."""
+    req = Request(**{**BASE, "recompute": "full", "lora_target_parameters": ["down_proj"]})
+    rendered = api.render_config("verl", req, variant=variant)
+    assert "model.target_parameters=[down_proj]" in rendered.text
+    back = api.request_from_config(api.import_config(rendered.text, path="run.sh", framework="verl"), {"gpu": "h200"})
+    assert back.lora_target_parameters == ["down_proj"] and back.lora_rank == 16

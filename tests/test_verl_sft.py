@@ -252,32 +252,32 @@ TARGET_PARAMETERS = ("torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer {e
                      "mlp.experts.down_proj]\n")
 
 
-def test_target_parameters_on_the_fsdp_engine_is_refused_an_estimate(tmp_path, capsys):
+def test_target_parameters_on_the_fsdp_engine_is_read_as_lora_target_parameters(tmp_path, capsys):
     """verl 0.9.1 hands model.target_parameters to PEFT (workers/engine/fsdp/transformer_impl.py LoraConfig), whose
-    ParamWrapper adapts the routed experts' 3D weights: r x experts x (in + out) a parameter that meshplan does not
-    count. It was 'no meshplan field' and the job estimated with unadapted experts; now import says what it is and
-    every estimate from the file is refused, naming the key and what to drop (fails before)."""
+    ParamWrapper adapts the routed experts' 3D weights. It was refused an estimate; now it is read as the job's
+    lora_target_parameters (an entry ending with gate_up_proj or down_proj, as PEFT matches it) and the job is
+    estimated with them (fails before: refused)."""
     from meshplan.core.errors import MeshplanError
 
     text = TARGET_PARAMETERS.format(engine="", lora="model.lora_rank=16 ")
     got = import_config(text, "sft.sh")
-    said = [u for u in got.unsupported if "model.target_parameters" in u]
-    assert said and "ParamWrapper" in said[0] and "no meshplan field" not in said[0]
-    with pytest.raises(MeshplanError, match=r"sft\.sh:1 model\.target_parameters = .*ParamWrapper") as exc:
-        api.request_from_config(got, {"gpu": "h100"})
-    assert "engine=megatron" in exc.value.fix and "drop the key" in exc.value.fix
-    assert "on Qwen3-30B-A3B at rank 16, gate_up_proj and down_proj: 629,145,600 adapter" in str(exc.value)
+    assert not [u for u in got.unsupported if "target_parameters" in u]
+    assert got.request["lora_target_parameters"] == ["gate_up_proj", "down_proj"]
+    assert got.sources["lora_target_parameters"] == "sft.sh:1 model.target_parameters"
+    req = api.request_from_config(got, {"gpu": "h100"})
+    assert req.lora_target_parameters == ["gate_up_proj", "down_proj"] and req.lora_rank == 16
     path = tmp_path / "sft.sh"
     path.write_text(text)
-    assert main(["check", "--config", str(path), "--gpu", "h100"]) == 2
-    err = capsys.readouterr().err
-    assert "model.target_parameters" in err and "Traceback" not in err
+    main(["check", "--config", str(path), "--gpu", "h100"])
+    assert "Traceback" not in capsys.readouterr().err
     rl = import_config("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B "
                        "actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.target_parameters=[down_proj] "
                        "trainer.n_gpus_per_node=8 trainer.nnodes=1 data.train_batch_size=64\n", "rl.sh")
-    with pytest.raises(MeshplanError, match=r"actor_rollout_ref\.model\.target_parameters") as exc:
-        api.request_from_config(rl, {"gpu": "h100"})
-    assert "down_proj: 276,824,064 adapter" in str(exc.value)  # 48 layers x 16 x 128 experts x (768 + 2048)
+    assert api.request_from_config(rl, {"gpu": "h100"}).lora_target_parameters == ["down_proj"]
+    other = import_config(TARGET_PARAMETERS.format(engine="", lora="model.lora_rank=16 ").replace(
+        "mlp.experts.down_proj]", "mlp.router.weight]"), "sft.sh")
+    with pytest.raises(MeshplanError, match=r"mlp\.router\.weight names no routed-expert weight meshplan counts"):
+        api.request_from_config(other, {"gpu": "h100"})
 
 
 def test_target_parameters_beside_no_lora_or_on_the_megatron_engine_is_only_said():

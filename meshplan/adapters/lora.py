@@ -74,15 +74,21 @@ def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
     """verl 0.9.1: the Megatron engine's actor_rollout_ref.model.lora.{rank,target_modules} (a Megatron-Bridge LoRA),
     the FSDP engine's actor_rollout_ref.model.lora_rank / target_modules (Hugging Face PEFT); the SFT trainer's
     model.lora_rank / target_modules, or on its Megatron engine model.lora.* (the same HFModelConfig,
-    sft_trainer_engine.yaml model@model: hf_model)."""
+    sft_trainer_engine.yaml model@model: hf_model); on the FSDP engine, PEFT's target_parameters named by the routed
+    experts' weights (LoraSpec.target_parameters: gate_up_proj, down_proj, which PEFT matches as the last part of
+    mlp.experts.<name>)."""
     if job.lora is None:
         return []
     m = "model." if variant in ("sft-fsdp", "sft-megatron") else "actor_rollout_ref.model."
     if variant in ("fsdp", "sft-fsdp"):
         notes.append(f"LoRA (FSDP engine, Hugging Face PEFT): rank {job.lora.rank}, lora_alpha left at verl's 16; "
-                     "target_modules name the model's projections (Llama/Qwen naming).")
+                     "target_modules name the model's projections (Llama/Qwen naming)"
+                     + (f"; target_parameters wraps the routed experts' {' and '.join(job.lora.target_parameters)} "
+                        "(PEFT's ParamWrapper: one adapter per expert, W + delta built each forward)."
+                        if job.lora.target_parameters else "."))
+        wrapped = [(m + "target_parameters", list(job.lora.target_parameters))] if job.lora.target_parameters else []
         return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job)),
-                *[(m + "exclude_modules", value) for value in vision_exclusion(job)]]
+                *[(m + "exclude_modules", value) for value in vision_exclusion(job)], *wrapped]
     notes.append(f"LoRA (Megatron engine, Megatron-Bridge LoRA): rank {job.lora.rank}, lora.alpha left at verl's 32.")
     return [(m + "lora.rank", job.lora.rank), (m + "lora.target_modules", list(job.lora.targets))]
 
@@ -143,9 +149,13 @@ def unknown_projections(names: list[str]) -> list[str]:
     return [n for n in names if projection_name(n) not in known]
 
 
-def parsed_lora(rank: Any, targets: Any, hf: bool = False, exclude: Any = None) -> dict[str, Any]:
+def parsed_lora(rank: Any, targets: Any, hf: bool = False, exclude: Any = None,
+                wrapped: Any = None) -> dict[str, Any]:
     """The job's lora as a snippet states it ({} when the snippet sets no rank); a PEFT exclude_modules of
-    VISION_EXCLUDE (vision_exclusion) is the vision tower left out."""
+    VISION_EXCLUDE (vision_exclusion) is the vision tower left out; `wrapped`, PEFT's target_parameters, the routed
+    experts' weights verl_lora names."""
     if rank in (None, 0):
         return {}
-    return {"lora": {"rank": int(rank), "targets": read_targets(targets, hf), "vision": exclude != VISION_EXCLUDE}}
+    weights = [] if wrapped is None else read_targets(wrapped, hf=False)
+    return {"lora": {"rank": int(rank), "targets": read_targets(targets, hf), "vision": exclude != VISION_EXCLUDE,
+                     "target_parameters": weights}}

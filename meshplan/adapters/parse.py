@@ -224,7 +224,7 @@ def _verl_sft(o: dict[str, Any], text: str) -> dict[str, Any]:
     world, cp = _torchrun_world(text), int(o["engine.ulysses_sequence_parallel_size"])
     shard = int(o.get("engine.fsdp_size", -1))
     return {**parsed_lora(o.get("model.lora_rank"), o.get("model.target_modules"), hf=True,
-                          exclude=o.get("model.exclude_modules")),
+                          exclude=o.get("model.exclude_modules"), wrapped=o.get("model.target_parameters")),
             "tp": 1, "pp": 1, "cp": cp, "dp": world // cp, "zero_stage": 3,
             "micro_batch_size": int(o["data.micro_batch_size_per_gpu"]),
             "dp_replicate": world // shard if 0 < shard < world else 1,
@@ -249,7 +249,8 @@ def _verl(variant: str, text: str, num_layers: int) -> dict[str, Any]:
     mbs = int(o["data.micro_batch_size_per_gpu" if sft else "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"])
     model = "model." if sft else "actor_rollout_ref.model."
     lora = parsed_lora(o.get(model + "lora_rank"), o.get(model + "target_modules"), hf=True,
-                       exclude=o.get(model + "exclude_modules")) if variant == "fsdp" \
+                       exclude=o.get(model + "exclude_modules"), wrapped=o.get(model + "target_parameters")) \
+        if variant == "fsdp" \
         else parsed_lora(o.get(model + "lora.rank"), o.get(model + "lora.target_modules"))
     if variant == "fsdp":
         cp = int(o["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"])

@@ -103,15 +103,14 @@ class SftRead(_Card):
     source: str
 
 
-class UnmodelledLoraKeys(_Card):
-    """A framework's LoRA keys that adapt what meshplan does not count (verl's target_parameters: PEFT's ParamWrapper
-    on the routed experts' 3D weights), by the adapter variants whose engine reads them: a LoRA job read from a file
-    that sets one is refused an estimate (read/__init__.py request_values), the others only say so."""
+class TargetParameterKeys(_Card):
+    """A framework's keys for Hugging Face PEFT's target_parameters (verl's model.target_parameters: ParamWrappers on
+    the routed experts' 3D weights), by the adapter variants whose engine passes them to PEFT: read into a LoRA job's
+    lora_target_parameters (read/lora_keys.py target_parameters_read); on another variant, or beside no LoRA, only
+    said."""
 
     keys: list[str] = Field(min_length=1, description="The file keys, as the readers normalize them")
     variants: list[str] = Field(min_length=1, description="The adapter variants whose engine reads the keys")
-    what: str = Field(description="What the keys adapt and what meshplan's estimate would leave out")
-    fix: str = Field(description="What runs a job meshplan plans instead (the refusal's fix)")
     source: str
 
 
@@ -170,7 +169,7 @@ class ReadSection(_Card):
         default_factory=dict, description="A file's key that sets no meshplan field, and what it does (or does not do) "
                                           "to the job meshplan plans: an import says that, not 'no meshplan field'")
     said_source: str | None = None
-    lora_unmodelled: UnmodelledLoraKeys | None = None
+    lora_target_parameters: TargetParameterKeys | None = None
     quantized_base: QuantizedBase | None = None
     estimator_default: StrictStr | None = Field(
         None, description="The advantage estimator an RL launcher leaving it out runs (gae: PPO with a critic)")

@@ -59,7 +59,7 @@ from meshplan.adapters.read.lora_keys import (
     all_linear_that_fails,
     exclusions_applied,
     patterns_on_model,
-    unmodelled_lora_said,
+    target_parameters_read,
 )
 from meshplan.adapters.read.pyconfig import DETECT as PYTHON_CONFIG
 from meshplan.adapters.read.pyconfig import read_torchtitan_python
@@ -220,7 +220,7 @@ def _import_config(text: str, path: str, framework: str | None, config_format: s
     all_linear_that_fails(reading)  # once the model and the engine's ZeRO stage are known
     patterns_on_model(reading)  # Bridge's target_modules path patterns against the model's layers
     exclusions_applied(reading)  # exclude_modules taken out of the targets just read
-    unmodelled_lora_said(reading)  # with its cost on the file's model
+    target_parameters_read(reading)  # PEFT's target_parameters, once the file's LoRA rank is read
     return ImportedConfig(framework=reading.framework, variant=reading.variant, path=path, request=reading.request,
                           sources=reading.sources, defaults=reading.defaults, unsupported=reading.unsupported,
                           unresolved=reading.unresolved, notes=reading.notes, assumed=reading.assumed,
@@ -255,11 +255,9 @@ def request_values(imported: ImportedConfig, given: Mapping[str, Any], scan_gpus
                             fix="Pass the GPU count beside the file (--num-gpus, or the tool's num_gpus argument).")
     unmodelled = [line for line in imported.unsupported if line.endswith(LORA_NOT_MODELLED)]
     if unmodelled and (values.get("lora_rank") or values.get("job") == "lora"):
-        facts = read_section(imported.framework).lora_unmodelled
-        key = unmodelled[0].split(" = ", 1)[0]
-        fix = (facts.fix if facts is not None and any(k in key for k in facts.keys) else
-               "Name targets, or patterns, that adapt each target on every layer, in every place the model holds it "
-               "(Megatron-Bridge's own names do), or drop the key")
+        fix = ("Name targets, or patterns, that adapt each target on every layer, in every place the model holds it "
+               "(Megatron-Bridge's own names do), target_parameters ending with gate_up_proj or down_proj, or drop "
+               "the key")
         raise MeshplanError(f"{unmodelled[0].removesuffix('; ' + LORA_NOT_MODELLED)}: no estimate of this LoRA job "
                             "would be right.", fix=fix + ".")
     quantized = [line for line in imported.unsupported if line.endswith(BASE_NOT_MODELLED)]

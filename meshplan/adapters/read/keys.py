@@ -25,7 +25,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.adapter_knobs import adapter_section, knob_table
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
-from meshplan.knowledge.read_card import NO_READ, QuantizedBase, ReadSection, UnmodelledLoraKeys
+from meshplan.knowledge.read_card import NO_READ, QuantizedBase, ReadSection, TargetParameterKeys
 from meshplan.schema.choices import MoeDispatcher, Recompute
 from meshplan.schema.request import Request
 
@@ -279,8 +279,9 @@ def apply(reading: Reading, settings: list[Setting], table: dict[str, list[Meani
         if not meanings:
             if section.quantized_base is not None and normalize(s.key) in section.quantized_base.keys:
                 quantized_base(reading, s, section.quantized_base)
-            elif section.lora_unmodelled is not None and normalize(s.key) in section.lora_unmodelled.keys:
-                lora_unmodelled(reading, s, section.lora_unmodelled)
+            elif (section.lora_target_parameters is not None
+                  and normalize(s.key) in section.lora_target_parameters.keys):
+                target_parameters_kept(reading, s, section.lora_target_parameters)
             elif said := section.said.get(normalize(s.key)):
                 reading.notes.append(f"{s.where(reading.path)} = {s.value}: {said}")
             elif not IRRELEVANT.search(normalize(s.key).lstrip("-")):
@@ -477,15 +478,16 @@ file's model is known."""
 
 
 LORA_NOT_MODELLED = "meshplan estimates no LoRA job from this file"
-"""What the `unsupported` line of a LoRA key meshplan does not count ends with (read.lora_unmodelled: verl's
-target_parameters); request_values refuses a LoRA request from the file, whose estimate would leave it out."""
+"""What the `unsupported` line of a LoRA key meshplan does not count ends with (a Bridge target pattern on some layers
+only, an exclude_modules it cannot place); request_values refuses a LoRA request from the file, whose estimate would
+leave it out."""
 
 
-def lora_unmodelled(reading: Reading, s: Setting, facts: UnmodelledLoraKeys) -> None:
-    """A LoRA key that adapts what meshplan does not count: on an engine that reads it, kept for unmodelled_lora_said
-    (said once the file's model and rank are known); on another engine, said as not read there."""
+def target_parameters_kept(reading: Reading, s: Setting, facts: TargetParameterKeys) -> None:
+    """PEFT's target_parameters: on an engine that passes it to PEFT, kept for lora_keys.target_parameters_read (read
+    once the file's LoRA rank is known); on another engine, said as not read there."""
     if reading.variant in facts.variants:
-        reading.extra[UNMODELLED_LORA] = (facts, s)
+        reading.extra[TARGET_PARAMETERS] = s
     else:
         reading.notes.append(f"{s.where(reading.path)} = {s.value}: not read by the engine the file runs "
                              f"({reading.variant}); only {', '.join(facts.variants)} read it")
@@ -513,8 +515,9 @@ def quantized_base(reading: Reading, s: Setting, facts: QuantizedBase) -> None:
                              "estimates them")
 
 
-UNMODELLED_LORA = "lora_unmodelled"
-"""The Reading.extra entry of a LoRA key meshplan does not count (read.lora_unmodelled): unmodelled_lora_said."""
+TARGET_PARAMETERS = "lora_target_parameters"
+"""The Reading.extra entry of PEFT's target_parameters (read.lora_target_parameters), for
+lora_keys.target_parameters_read."""
 
 
 SPLIT_NOT_READ = "pass --first-stage-layers/--last-stage-layers"

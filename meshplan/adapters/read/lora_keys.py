@@ -1,8 +1,7 @@
 """What a framework file's LoRA keys say once the file's model is known, after the keys are read (keys.py reads each
-key as it comes: lora_targets, read_patterns, lora_unmodelled keep what these look at in Reading.extra): Bridge's path
-patterns against the model's places, PEFT's all-linear as every linear of the model and where it fails, the modules
-exclude_modules takes out of the targets, and the cost of a LoRA key meshplan does not count."""
-
+key as it comes: lora_targets, read_patterns, target_parameters_kept keep what these look at in Reading.extra):
+Bridge's path patterns against the model's places, PEFT's all-linear as every linear of the model and where it fails,
+the modules exclude_modules takes out of the targets, and PEFT's target_parameters as the routed experts' weights."""
 from __future__ import annotations
 
 from meshplan.adapters.hf_modules import VISION_TOWER, HfLinear, hf_linears, peft_matches
@@ -14,7 +13,7 @@ from meshplan.adapters.read.keys import (
     LORA_NOT_MODELLED,
     PEFT_ALL_LINEAR,
     PEFT_VARIANTS,
-    UNMODELLED_LORA,
+    TARGET_PARAMETERS,
     Reading,
     convert,
 )
@@ -28,7 +27,7 @@ from meshplan.arithmetic.lora import (
     other_targets,
     peft_all_linear,
 )
-from meshplan.arithmetic.param_wrapper import WEIGHTS, param_wrapper_flops, param_wrapper_params
+from meshplan.arithmetic.param_wrapper import WEIGHTS
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import framework_card
 from meshplan.knowledge.catalog import resolve_model
@@ -115,28 +114,34 @@ def all_linear_that_fails(reading: Reading) -> None:
         f"meshplan counts target_modules=[{','.join(hf_projections(spec.targets))}], which runs")
 
 
-def unmodelled_lora_said(reading: Reading) -> None:
-    """The LoRA key meshplan does not count, said as not modelled with LORA_NOT_MODELLED (a LoRA request from the file
-    is refused, request_values), with what it would cost on the file's model at its rank where both are read:
-    PEFT's ParamWrapper on the routed experts' two weights (arithmetic/param_wrapper.py)."""
-    stated = reading.extra.get(UNMODELLED_LORA)
-    if stated is None:
+def target_parameters_read(reading: Reading) -> None:
+    """PEFT's target_parameters on an engine that passes it to PEFT (verl's FSDP, keys.target_parameters_kept), once
+    the file's LoRA is read: PEFT wraps a parameter whose module name + '.' + its name is an entry or ends with '.' +
+    one (peft tuners/tuners_utils.py), so an entry ending with a routed-expert weight's name (gate_up_proj, down_proj;
+    'mlp.experts.down_proj' as verl's examples write it) is that weight of every MoE layer: lora_target_parameters
+    (arithmetic/param_wrapper.py). Beside no LoRA rank PEFT is not applied and it is only said; an entry naming any
+    other parameter is said with LORA_NOT_MODELLED (no estimate from the file)."""
+    s = reading.extra.get(TARGET_PARAMETERS)
+    if s is None:
         return
-    facts, s = stated
-    cost = ""
-    model, rank = reading.request.get("model"), reading.request.get("lora_rank")
-    try:
-        arch = resolve_model(model) if isinstance(model, str) and isinstance(rank, int) and rank > 0 else None
-    except MeshplanError:
-        arch = None
-    names = [str(name) for name in convert("lora_targets", s.value)]  # a list as the target names are
-    weights = tuple(w for w in WEIGHTS if any(name.endswith(w) for name in names))
-    if arch is not None and arch.moe is not None and weights:
-        per_token, per_batch = param_wrapper_flops(arch, rank, weights)
-        cost = (f" (on {arch.name} at rank {rank}, {' and '.join(weights)}: "
-                f"{param_wrapper_params(arch, rank, weights):,} adapter parameters, {per_token:.3g} FLOPs per token "
-                f"of expert weight gradients and {per_batch:.3g} per micro-batch)")
-    reading.unsupported.append(f"{s.where(reading.path)} = {s.value}: {facts.what}{cost}; {LORA_NOT_MODELLED}")
+    where = f"{s.where(reading.path)} = {s.value}"
+    text = str(s.value).strip().strip("'\"") if s.value is not None else ""
+    names = [] if text in ("", "null", "None", "~", "[]") else [str(n) for n in convert("lora_targets", s.value)]
+    if not names:
+        reading.notes.append(f"{where}: no parameter wrapped")
+        return
+    if not reading.request.get("lora_rank"):
+        reading.notes.append(f"{where}: the file trains no LoRA adapter (no lora_rank), so PEFT wraps nothing")
+        return
+    other = [n for n in names if not any(n == w or n.endswith("." + w) for w in WEIGHTS)]
+    if other:
+        reading.unsupported.append(
+            f"{where}: {', '.join(other)} names no routed-expert weight meshplan counts (target_parameters entries "
+            f"ending with {' or '.join(WEIGHTS)}); {LORA_NOT_MODELLED}")
+        return
+    reading.request["lora_target_parameters"] = [w for w in WEIGHTS if any(n == w or n.endswith("." + w)
+                                                                          for n in names)]
+    reading.sources["lora_target_parameters"] = s.where(reading.path)
 
 
 _EXCLUSIVE = {
