@@ -28,6 +28,9 @@ JOBS = [  # (framework, variant, request fields)
     ("verl", "megatron", {**GRPO, "framework": "verl", "algorithm": "dapo", "rollout_tp": 2, "rollout_dp": 4,
                           "rollout_ep": 8, "optimizer_offload_fraction": 1.0}),
     ("verl", "fsdp", {**GRPO, "framework": "verl", "zero_stage": 3, "ep": 1, "etp": None}),
+    # LoRA on the routed experts: PEFT's target_parameters, which verl 0.9.1's packaged YAML does not declare
+    ("verl", "fsdp", {**GRPO, "framework": "verl", "zero_stage": 3, "ep": 1, "etp": None, "lora_rank": 16,
+                      "lora_target_parameters": ["gate_up_proj", "down_proj"]}),
     ("skyrl", "rl", {**GRPO, "framework": "skyrl", "param_offload": None, "rollout_enforce_eager": True}),
     # PPO on SkyRL's FSDP strategy: its Megatron one trains no critic (utils.py validate_megatron_cfg)
     ("skyrl", "fsdp", {**GRPO, "framework": "skyrl", "algorithm": "ppo", "param_offload": None, "ep": 1,

@@ -86,7 +86,10 @@ def verl_lora(job: Job, variant: str, notes: list[str]) -> list[Setting]:
                      + (f"; target_parameters wraps the routed experts' {' and '.join(job.lora.target_parameters)} "
                         "(PEFT's ParamWrapper: one adapter per expert, W + delta built each forward)."
                         if job.lora.target_parameters else "."))
-        wrapped = [(m + "target_parameters", list(job.lora.target_parameters))] if job.lora.target_parameters else []
+        # '++': verl 0.9.1's hf_model.yaml declares no target_parameters (only HFModelConfig does), and Hydra refuses
+        # a plain override of a key its composed config lacks
+        wrapped = ([("++" + m + "target_parameters", list(job.lora.target_parameters))]
+                   if job.lora.target_parameters else [])
         return [(m + "lora_rank", job.lora.rank), (m + "target_modules", hf_targets(job)),
                 *[(m + "exclude_modules", value) for value in vision_exclusion(job)], *wrapped]
     notes.append(f"LoRA (Megatron engine, Megatron-Bridge LoRA): rank {job.lora.rank}, lora.alpha left at verl's 32.")
