@@ -26,8 +26,8 @@ from meshplan.search import BestFirstSearch, Level, default_engine, minimum_gpus
 from meshplan.search.engine import split_space
 from meshplan.search.estimators import ideal_time
 from meshplan.search.policy import SLOWER, headroom_for, memory_budget, memory_rule_id
-from meshplan.search.seed_groups import GROUP_MARGIN, SuperGroup, group_floor, seed_shape
-from meshplan.search.space import Fixed
+from meshplan.search.seed_groups import GROUP_MARGIN, SeedGroup, SuperGroup, group_floor, seed_shape
+from meshplan.search.space import Fixed, Layout
 from meshplan.search.zero_stages import left_out_counts
 
 JOBS = [Request(model="deepseek-v2-lite", num_gpus=16, framework="megatron-core", gpu="h100"),
@@ -100,6 +100,24 @@ def test_the_group_floor_bounds_every_seed_key_of_its_layouts(req):
     assert checked > 20 and above > checked // 2 and pushed > 20
     assert supers > 2 and super_above > supers // 2
     assert (tighter > checked // 2) if job.model.moe is not None else not tighter
+
+
+def test_a_light_shape_of_any_bubble_takes_the_groups_least_bubble_to_none():
+    """SeedGroup.least_bubble: a shape whose last rank may hold less than 1/pp of the work (`light`) has keys down to
+    its chains, m x W/pp at the least, under the stretch of a shape with fewer bubble stages; so any light shape takes
+    the group's least bubble to 0, its own bubble more than another's or not (DeepSeek-V3 on 256 H100 with its MTP
+    depth's output layer in the step time: tp 128 pp 2 vpp 16's chains at 253.22 s under vpp 31's stretch, 253.24
+    s). Without a light shape, the least bubble of all shapes. Fails before the fix: a light shape was asked only
+    where its bubble was under the least so far (1/31 here)."""
+    def group(light_vpp):
+        one = SeedGroup(sizes=(1,), first=0, states=0.0)
+        for index, vpp in enumerate((31, 16, 8)):
+            lay = Layout(tp=128, pp=2, cp=1, ep=1, etp=128, dp=1, vpp=vpp)
+            one.add(lay, index, (vpp, 1.0 / vpp) if vpp == 31 else (vpp, 1.0 / vpp, f"ranks {vpp}"))
+        return one.least_bubble(lambda lay, ranks: ranks == f"ranks {light_vpp}")
+
+    assert group(light_vpp=16) == 0.0 and group(light_vpp=8) == 0.0
+    assert group(light_vpp=None) == 1.0 / 31
 
 
 def _plain_group_floor(job, lay, sizes, rates, bubble, ideal, sync=0.0, outsides=None):

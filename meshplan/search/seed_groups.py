@@ -87,13 +87,18 @@ class SeedGroup:
 
     def least_bubble(self, light: Callable[[Layout, object], bool]) -> float:
         """The least bubble any seed key of the group counts (group_floor's `bubble`): a shape's bubble_stages, none
-        for a shape whose last rank may hold less than 1/pp of the work at its seed rate (`light` of the layout and
-        its last ranks: bounds.ranks_light not None; its keys then count at most the last rank's chain, at least m,
-        bounds.chained)."""
+        where any shape's last rank may hold less than 1/pp of the work at its seed rate (`light` of the layout and
+        its last ranks: bounds.ranks_light not None). Such a shape's keys count at most the last rank's chain, at
+        least m x W/pp (bounds.chained), whatever its own bubble: its chains may come out under the stretch of a
+        shape with fewer bubble stages (DeepSeek-V3 on 256 H100 with its MTP depth's output layer timed, tp 128 pp 2:
+        vpp 16's chains at 253.22 s under vpp 31's stretch at 253.24 s), so a light shape of any bubble takes the
+        group's to 0."""
         least = self.bubble
         for lay, (_, bubble, ranks) in zip(self.chained, self.chained_shapes, strict=True):
+            if light(lay, ranks):
+                return 0.0
             if bubble < least:
-                least = 0.0 if light(lay, ranks) else bubble
+                least = bubble
         return least
 
 
