@@ -45,6 +45,7 @@ from meshplan.estimate.layer_time import layer_time, overlapped_twin
 from meshplan.estimate.memory import attention_switches, ep_rank_load, every_nth_blocks, step_offload_time
 from meshplan.estimate.memory_terms import time_rank_parts
 from meshplan.estimate.moe_time import a2a_steady_share, moe_host_syncs
+from meshplan.estimate.mtp_time import head_with_mtp
 from meshplan.estimate.sharding_traffic import DpTraffic, grad_reduce_bytes, sharding_schedule
 from meshplan.estimate.stage_time import (
     Recompute,
@@ -435,8 +436,8 @@ def stage_inputs(job: Job, plan: Plan, ctx: LayerContext) -> StageInputs:
         if hybrid is None and arch.moe is not None and arch.moe.moe_layers else None
     pipeline = stage_layers(job, plan)
     recompute = recompute_of(job, plan)
-    # Logits and cross-entropy on the last stage; MTP blocks (if the model has them) there too.
-    head = head_seconds(job, plan, ctx)
+    # Logits and cross-entropy on the last stage, again per MTP depth; MTP blocks (if the model has them) there too.
+    head = head_with_mtp(head_seconds(job, plan, ctx), arch, ctx, pipeline)
     p2p = pipeline_p2p(job, plan, cal, lk)
     pp_hop = p2p.hop
     law = ctx.law
