@@ -366,3 +366,16 @@ def test_the_step_time_bounds_are_under_the_estimate_where_cp_runs_two_mechanism
     assert cp_zeros(card(framework), (0, 1, 3)) == (0, 3)
     req = Request(model="1B", framework=framework, gpu="b200", num_gpus=8, seq_length=4096, global_batch_size=16)
     assert check_bounds(req, stride=1) > 250
+
+
+@pytest.mark.parametrize("mtp", ["", "m"], ids=["layout without m", "layout with m"])
+def test_the_bounds_leave_out_the_mtp_blocks_a_given_layout_does_not_place(mtp):
+    """A request's own pipeline layout without an MTP layer m trains no MTP block (Megatron-Core builds none:
+    schedule.explicit_stages), so neither the blocks nor their depths' output layers and losses (estimate/mtp_time.py)
+    are in its plans' steps; the single-stage references then leave them out too (space.reference_split). Without
+    m, the exact token bound of GLM-4.5-Air's TP1 PP2 DP8 at mbs 1 came out 135.94 s over the plan's 133.57 s
+    estimate before (the references trained the block and timed its output layer); with m, the references keep it."""
+    layout = "E" + "t" * 23 + "|" + "t" * 23 + mtp + "L"
+    req = Request(model="glm-4.5-air", num_gpus=16, gpu="h100", framework="megatron-core", pp=2,
+                  pipeline_layout=layout)
+    assert check_bounds(req, 3) > 500

@@ -28,7 +28,7 @@ from meshplan.search.grid_syncs import grid_stage_sync
 from meshplan.search.plans import PlanKey, SearchPlans
 from meshplan.search.rank_chains import Ranks, heavy_bound, heavy_chains, light_stages, pipeline_ranks, stages_bound
 from meshplan.search.seed_groups import SeedGroup, group_floor
-from meshplan.search.space import Layout
+from meshplan.search.space import Layout, reference_split
 from meshplan.search.zero_stages import cp_zeros
 
 
@@ -134,7 +134,7 @@ class StepTimeBounds(SearchPlans):
         if hit is not None:
             return hit
         dp_ref = mesh.derived_dp(self.law, self.job.num_gpus, tp, 1, cp, ep)
-        ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref)
+        ref = Layout(tp=tp, pp=1, cp=cp, ep=ep, etp=etp, dp=dp_ref, split=reference_split(self.job.model, self.fixed))
         overlap = may_overlap and any(self.a2a_overlap(ref, zero, recompute) for zero in self.zeros)
         if may_overlap and not overlap:
             return self._plain_twin(key, tp, cp, ep, etp, b, recompute, part)

@@ -59,6 +59,7 @@ from meshplan.request.resolve import (
 from meshplan.rl.job import is_rl_request
 from meshplan.rules.context import pads_every_cp_split
 from meshplan.schema.choices import PipelineSchedule, Recompute
+from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, Plan, degree_words
 from meshplan.schema.request import Request
 
@@ -392,6 +393,17 @@ def _tp_ok(job: Job, tp: int) -> bool:
 
 
 SPLIT_FIELDS = ("pipeline_layout", "account_for_embedding", "account_for_loss")
+
+
+def reference_split(arch: Architecture, fixed: Fixed) -> VirtualSplit | None:
+    """The split of the bounds' single-stage references (search/bounds._per_token): none, but where the request's own
+    pipeline layout places no MTP layer m on a model with MTP blocks (Megatron-Core then builds none:
+    schedule.explicit_stages), one stage without them, so the references leave out the blocks and their depths'
+    output layers as every layout they bound does (trained there, a reference over-counts the layouts' step)."""
+    layout = fixed.values.get("pipeline_layout")
+    if layout is None or not arch.num_mtp_layers or "m" in str(layout):
+        return None
+    return VirtualSplit((arch.num_layers,), layout="E" + "t" * arch.num_layers + "L")
 
 
 def given_options(num_layers: int, pp: int, fixed: Fixed) -> tuple[PipelineOption, ...]:
