@@ -145,6 +145,11 @@ def test_min_gpus_answers_an_rl_job_with_a_fixed_layout():
     rl = api.recommend(Request(**RL, tp=2, ep=8, num_gpus=result.num_gpus), top_k=1)
     assert rl.candidates[0].plan == plan
     assert "RL step's batch" in " ".join(result.assumptions)
+    # the answer's sentence names that layout, the rollout engine and the offloads, not only the RL step's time
+    best = result.rationale.split("Best layout there: ", 1)[1]
+    assert best.startswith(f"{plan.short()}, micro-batch {plan.micro_batch_size}")
+    assert f"rollout {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp}" in best and "offload " in best
+    assert rl.rationale == f"#1: {rl.candidates[0].rationale}."
 
 
 def test_min_gpus_for_an_rl_job_on_the_cli(capsys):

@@ -36,6 +36,7 @@ from meshplan.schema.reports import (
 )
 from meshplan.schema.request import Request
 from meshplan.search import FOLDED_KNOBS, headroom_that_ranks, min_headroom_fraction
+from meshplan.search.answer import offload_words
 
 # Piped without COLUMNS, a table is printed at its own width: a file or a grep reads whole rows, and no terminal
 # is there to wrap them (rich would otherwise assume 80 columns).
@@ -357,15 +358,6 @@ def below_headroom_line(thin: Candidate, headroom: float | None) -> str:
 def rollout_words(plan: Plan, moe: bool = True) -> str:
     """An RL plan's rollout engine in one cell: its TP, DP and EP (rl/engine.ep_words: the notes' words)."""
     return f"TP{plan.rollout_tp} DP{plan.rollout_dp}{ep_words(moe, plan)}"
-
-
-def offload_words(plan: Plan) -> str:
-    """The offload knobs a plan turns on (the phase offloads of an RL step among them), or 'none'."""
-    on = [name for name, flag in (("param", plan.param_offload), ("grad", plan.grad_offload),
-                                  ("opt", plan.optimizer_offload), ("act", plan.activation_offload)) if flag]
-    if plan.optimizer_offload_fraction > 0:
-        on.append(f"opt {plan.optimizer_offload_fraction:g}")
-    return "+".join(on) or "none"
 
 
 def rl_table(candidates: list[Candidate], moe: bool = True) -> Table:

@@ -101,6 +101,15 @@ def knob_words(plan: Plan) -> str:
             + ("" if split == "the even split" else f", {split}"))
 
 
+def offload_words(plan: Plan) -> str:
+    """The offload knobs a plan turns on (the phase offloads of an RL step among them), or 'none'."""
+    on = [name for name, flag in (("param", plan.param_offload), ("grad", plan.grad_offload),
+                                  ("opt", plan.optimizer_offload), ("act", plan.activation_offload)) if flag]
+    if plan.optimizer_offload_fraction > 0:
+        on.append(f"opt {plan.optimizer_offload_fraction:g}")
+    return "+".join(on) or "none"
+
+
 def plan_words(plan: Plan) -> str:
     """A plan in words: its degrees, then its other knobs."""
     return f"{plan.short()}, {knob_words(plan)}"

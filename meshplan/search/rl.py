@@ -18,12 +18,14 @@ from meshplan.core.units import GIB, plural
 from meshplan.estimate.layer_records import shared_layers
 from meshplan.estimate.memory import memory_summary
 from meshplan.request.resolve import resolve
+from meshplan.rl.engine import ep_words
 from meshplan.rl.job import resolve_rl, trainer_request
 from meshplan.rl.memory import least_framework_host, phase_setting, rl_memory, trainer_reports
 from meshplan.rl.step_time import rl_report, rl_step_time
 from meshplan.schema.plan import Plan
 from meshplan.schema.reports import Candidate, Recommendation
 from meshplan.schema.request import Request
+from meshplan.search.answer import offload_words, plan_words
 from meshplan.search.job import OPEN_FOR_SEARCH, search_job
 from meshplan.search.policy import HOST_RULE, headroom_for
 from meshplan.search.ranking import recommend
@@ -162,11 +164,19 @@ def _rank_actor(out: RLRanking, job, base: Plan, req: Request, actor: Candidate,
                 continue
             timing, update, words, _ = rl_step_time(job, plan, reports, update)
             report = rl_report(job, plan, timing, update, words)
-            why = (f"RL step {timing.step_s:,.0f} s ({timing.limited_by} the largest part: generation "
+            why = (f"{rl_plan_words(plan, job.model.is_moe)}: RL step {timing.step_s:,.0f} s ({timing.limited_by} "
+                   f"the largest part: generation "
                    f"{timing.generation_s:,.0f} s, update {timing.update_s:,.0f} s); {memory.peak_phase} "
                    f"peaks at {memory.peak_bytes / 2**30:.1f} GiB")
             out.ranked.append((timing.step_s, Candidate(rank=0, plan=plan, memory=memory_summary(memory),
                                                         throughput=report, rationale=why)))
+
+
+def rl_plan_words(plan: Plan, moe: bool) -> str:
+    """An RL plan in words, as every answer that names one row reads it (the RL recommend's rationale, min-gpus' best
+    layout): the actor's degrees and knobs, the rollout engine's TP/DP/EP and memory fraction, the phase offloads."""
+    return (f"{plan_words(plan)}; rollout {plan.rollout_engine} TP{plan.rollout_tp} DP{plan.rollout_dp}"
+            f"{ep_words(moe, plan)} at memory fraction {plan.rollout_memory_fraction:g}; offload {offload_words(plan)}")
 
 
 def recommend_rl(req: Request, top_k: int = 5) -> Recommendation:
@@ -240,10 +250,7 @@ def _answer(job, req: Request, actors: Recommendation, candidates: list[Candidat
     """The RL Recommendation; with no actor layout for the trainer's step, the training search's own reasons."""
     best = candidates[0] if candidates else None
     if best is not None:
-        experts = f" EP{best.plan.rollout_ep}" if job.model.is_moe else ""  # a dense model's engine shards no experts
-        rationale = (f"#1: {best.plan.short()}, rollout {best.plan.rollout_engine} TP{best.plan.rollout_tp} "
-                     f"DP{best.plan.rollout_dp}{experts} at {best.plan.rollout_memory_fraction:g}; "
-                     f"{best.rationale}.")
+        rationale = f"#1: {best.rationale}."
     elif not actors.candidates:
         host = ("" if job.cpu_memory_per_node is None or not actors.rejected.get(HOST_RULE) else
                 " (under cpu_memory_per_node the actor search counts a layout whose RL step's offloads the node's "
