@@ -122,6 +122,22 @@ def test_pp001_names_a_split_the_rules_pass_where_none_fits():
     assert errors == {"MEM001"} and not applied.memory.fits
 
 
+def test_pp001_names_a_split_where_another_rule_refuses_every_split():
+    """Kimi-K2 (61 layers) at pp=16 vpp=2 etp=2 on 256 GPUs: WS002 refuses every split (etp*ep*pp = 512), so none can
+    be estimated, and PP001's fix named only "pp in {1} splits evenly". It now also names a split the pipeline rules
+    pass; with WS002 fixed (etp=1) and that split set, no PP rule is left."""
+    fields = dict(model="kimi-k2", num_gpus=256, gpu="h100", framework="megatron-bridge", tp=2, pp=16, vpp=2, ep=16)
+    job, plan = resolve(Request(**fields, etp=2))
+    assert split_choice(job, plan) is None
+    found = {f.id: f for f in api.check_config(Request(**fields, etp=2)).findings}
+    assert "WS002" in found
+    fix = found["PP001"].fix
+    assert "or keep pp=16 with a split the pipeline rules pass: pipeline_layout=" in fix
+    layout = fix.split('pipeline_layout="', 1)[1].split('"', 1)[0]
+    applied = api.check_config(Request(**fields, etp=1, pipeline_layout=layout))
+    assert not [f.id for f in applied.findings if f.severity == "error" and f.id.startswith(("PP", "WS"))]
+
+
 def test_mem001_deeper_pipelines_name_the_fastest_split():
     """MEM001's pp neighbours carry the split fastest_split ranks first there, the function PP001's fix uses."""
     job, plan = resolve(Request(**{**QWEN_PP8, "pp": 4, "dp": 32}))

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshplan.arithmetic.mesh import own_ep_ranks_note
-from meshplan.check.split import split_choice, split_words
+from meshplan.check.split import framework_options, split_choice, split_words, with_option
 from meshplan.core.errors import MeshplanError
 from meshplan.estimate.memory import memory_summary
 from meshplan.rl.memory import job_memory
@@ -91,7 +91,7 @@ def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
     even = found.fix.split("; or keep")[0].rstrip(".")
     choice = split_choice(job, plan)
     if choice is None:
-        return found
+        return _split_pipeline_rules_pass(job, plan, found, even)
     if choice.fits:
         return found.model_copy(update={"fix": f"{even}; or keep pp={plan.pp} with the split recommend ranks first "
                                                f"for this layout: {split_words(choice.plan)}."})
@@ -100,6 +100,22 @@ def _ranked_split(job: Job, plan: Plan, found: Finding) -> Finding:
         f"{even}; or keep pp={plan.pp} with a split the rules pass, the fastest: {split_words(choice.plan)}. No split "
         f"fits this layout's memory as it stands (that one needs {need:,.1f} GiB of "
         f"{job.gpu.memory_bytes / 2**30:,.1f} GiB): with it set, MEM001's fix names what clears it.")})
+
+
+def _split_pipeline_rules_pass(job: Job, plan: Plan, found: Finding, even: str) -> Finding:
+    """PP001's fix where no split can be estimated at this layout, because another rule refuses every one of them
+    (Kimi-K2's 61 layers at pp=16 with etp=2 on 256 GPUs: WS002): the first of the search's splits at this pp and vpp
+    that the pipeline rules (PP*) pass, so the fix still names one that works once the other errors are fixed, rather
+    than only the pp that splits evenly (pp in {1} for a prime layer count)."""
+    for option in framework_options(job, plan.pp):
+        if option.vpp != plan.vpp:
+            continue
+        candidate = with_option(plan, option)
+        if not any(f.severity == "error" and f.id.startswith("PP") for f in verdicts(job).findings(job, candidate)):
+            return found.model_copy(update={"fix": (
+                f"{even}; or keep pp={plan.pp} with a split the pipeline rules pass: {split_words(candidate)} (which "
+                "split is fastest is estimated once the layout's other errors are fixed).")})
+    return found
 
 
 # --------------------------------------------------------------------------- memory rules
