@@ -1,0 +1,97 @@
+"""LoRA on a hybrid Mamba-2 model (model_type nemotron_h) on Megatron-Bridge: the adapters per layer kind (a Mamba-2
+layer's in_proj and out_proj, attention's linear_qkv and linear_proj, an MLP's and an MoE layer's linear_fc1 and
+linear_fc2), the frozen base's states, the refusals on the frameworks that cannot run it."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import api
+from meshplan.arithmetic.lora import adapter_params, layer_adapters, total_adapter_params
+from meshplan.check.config import check_config
+from meshplan.core.errors import MeshplanError
+from meshplan.estimate.memory import estimate_memory
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+NANO = dict(model="nemotron-3-nano-30b-a3b", framework="megatron-bridge", num_gpus=8, global_batch_size=64)
+SIX = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj"]
+
+
+def test_nano_adapters_by_hand_from_its_config():
+    """Nemotron 3 Nano 30B-A3B config.json: hidden 2688; Mamba-2 64 heads x 64, 8 groups, state 128 (d_inner 4096);
+    attention 32 heads + 2 x 2 KV heads of 128; 128 routed experts of 1856 and a shared expert of 3712, squared-ReLU
+    (not gated). Rank 16, Megatron-Bridge's recipe targets: one shared adapter per routed-expert linear."""
+    job, _ = resolve(Request(**NANO, lora_rank=16))
+    assert job.lora is not None and job.lora.targets == SIX
+    r, h, d_inner = 16, 2688, 64 * 64
+    mamba = r * (h + (2 * d_inner + 2 * 8 * 128 + 64)) + r * (d_inner + h)
+    attention = r * (h + (32 + 2 * 2) * 128) + r * (32 * 128 + h)
+    moe = r * (h + 1856) + r * (1856 + h) + r * (h + 3712) + r * (3712 + h)
+    pattern = job.model.layer_pattern
+    assert (pattern.count("M"), pattern.count("*"), pattern.count("E")) == (23, 6, 23)
+    assert total_adapter_params(job.model, job.lora) == 23 * mamba + 6 * attention + 23 * moe == 16_684_032
+    kinds = {pattern[i]: {a.target for a in layer_adapters(job.model, i, job.lora, None)} for i in range(3)}
+    kinds["*"] = {a.target for a in layer_adapters(job.model, pattern.index("*"), job.lora, None)}
+    assert kinds == {"M": {"in_proj", "out_proj"}, "E": {"linear_fc1", "linear_fc2"},
+                     "*": {"linear_qkv", "linear_proj"}}
+
+
+def test_super_latent_experts_and_mtp_block_by_hand():
+    """Nemotron 3 Super: hidden 4096; Mamba-2 128 heads x 64, 8 groups, state 128; 512 routed experts of 2688 at the
+    latent width 1024, a shared expert of 5376; one MTP block of '*E' layers, which Bridge's LoRA adapts too."""
+    job, _ = resolve(Request(model="nemotron-3-super-120b-a12b", framework="megatron-bridge", num_gpus=64,
+                             lora_rank=8))
+    r, h, d_inner, latent = 8, 4096, 128 * 64, 1024
+    mamba = r * (h + (2 * d_inner + 2 * 8 * 128 + 128)) + r * (d_inner + h)
+    attention = r * (h + (32 + 2 * 2) * 128) + r * (32 * 128 + h)
+    moe = r * (latent + 2688) + r * (2688 + latent) + r * (h + 5376) + r * (5376 + h)
+    p = job.model.layer_pattern
+    whole = p.count("M") * mamba + p.count("*") * attention + p.count("E") * moe + (attention + moe)
+    assert total_adapter_params(job.model, job.lora) == whole
+
+
+def test_tp_splits_a_mamba_layers_adapters():
+    job, _ = resolve(Request(**NANO, lora_rank=16))
+    one = adapter_params(job.model, [0], job.lora, None, tp=1, ep=1, etp=1)
+    assert one[1] == 0.0 and one[0] > 0
+    assert adapter_params(job.model, [0], job.lora, None, tp=4, ep=1, etp=1) == (one[0] / 4, 0.0)
+
+
+def test_frozen_base_keeps_weights_only_and_adapters_their_states():
+    """The LoRA job's model states: the base's bf16 weights only, beside the adapters' full states, far below the
+    sft job's weights + grads + optimizer states."""
+    job, plan = resolve(Request(**NANO, ep=8, lora_rank=16))
+    lora = estimate_memory(job, plan)
+    sft = estimate_memory(*resolve(Request(**NANO, ep=8, job="sft")))
+    dense, experts = adapter_params(job.model, list(range(job.model.num_layers)), job.lora, None, tp=1, ep=8, etp=1)
+    assert lora.stages[0].detail["lora_adapter_params"] == int(dense + experts)
+    assert lora.peak_bytes < sft.peak_bytes
+
+
+def test_targets_the_model_lacks_are_named():
+    out = check_config(*resolve(Request(model="llama-3.1-8b", framework="megatron-bridge", num_gpus=8,
+                                        lora_targets=["in_proj"])))
+    assert any(f.id == "LORA002" and "Mamba-2" in f.message for f in out.findings)
+    h8 = check_config(*resolve(Request(model="nemotron-h-8b", framework="megatron-bridge", num_gpus=8,
+                                       lora_targets=SIX)))
+    assert not [f for f in h8.findings if f.id == "LORA002"]
+
+
+@pytest.mark.parametrize(("framework", "rule"), [("verl", "HY002"), ("torchtitan", "HY001"),
+                                                 ("megatron-core", "LORA001")])
+def test_other_frameworks_refuse_a_hybrid_lora_by_rule(framework, rule):
+    out = check_config(*resolve(Request(**{**NANO, "framework": framework}, lora_rank=16)))
+    assert rule in {f.id for f in out.findings if f.severity == "error"}
+
+
+def test_rl_on_a_hybrid_is_still_refused():
+    with pytest.raises(MeshplanError, match="RL job"):
+        resolve(Request(**NANO, job="rl"))
+
+
+def test_recommend_answers_a_hybrid_lora_job():
+    answer = api.recommend(Request(model="nemotron-3-nano-30b-a3b", framework="megatron-bridge", num_gpus=8,
+                                   lora_rank=16))
+    assert answer.candidates
+    assert "LoRA rank 16" in " ".join(answer.candidates[0].throughput.assumptions)
