@@ -95,3 +95,32 @@ def test_recommend_answers_a_hybrid_lora_job():
                                    lora_rank=16))
     assert answer.candidates
     assert "LoRA rank 16" in " ".join(answer.candidates[0].throughput.assumptions)
+
+
+def _bridge_recipe(targets: list[str]) -> str:
+    return ("from megatron.bridge.peft.lora import LoRA\n"
+            "def nemotron_3_nano_peft_config() -> ConfigContainer:\n    cfg = _peft_common()\n"
+            f"    cfg.peft = LoRA(dim=8, target_modules={targets!r})\n    return cfg\n")
+
+
+def test_render_writes_bridges_peft_and_import_reads_it_back():
+    """render writes cfg.peft.dim and cfg.peft.target_modules (the dense LoRA's keys) with the Mamba-2 targets; import
+    reads them back to the same job."""
+    job, plan = resolve(Request(**NANO, ep=8, lora_rank=16))
+    text = api.render_config("megatron-bridge", Request(**NANO, ep=8, lora_rank=16)).text
+    assert "cfg.peft.dim = 16" in text and f"cfg.peft.target_modules = {SIX!r}" in text
+    read = api.import_config(text, path="r.py", framework="megatron-bridge")
+    assert read.request["lora_rank"] == 16 and read.request["lora_targets"] == SIX
+    back, back_plan = resolve(api.request_from_config(read, {"model": "nemotron-3-nano-30b-a3b", "num_gpus": 8}))
+    assert back.lora == job.lora and back_plan.ep == plan.ep
+
+
+@pytest.mark.parametrize(("targets", "read"), [
+    (["*.mixer.in_proj", "*.out_proj", "*.linear_qkv"], ["linear_qkv", "in_proj", "out_proj"]),
+    (["decoder.layers.*.mixer.in_proj", "linear_fc1"], ["linear_fc1", "in_proj"]),
+])
+def test_bridge_wildcards_over_the_mamba_mixer_read_back(targets, read):
+    """Bridge's wildcard_match over the hybrid's paths (decoder.layers.<i>.mixer.in_proj): read as the targets they
+    adapt (before: 'no projection meshplan knows')."""
+    got = api.import_config(_bridge_recipe(targets), path="r.py", framework="megatron-bridge")
+    assert sorted(got.request["lora_targets"]) == sorted(read)
