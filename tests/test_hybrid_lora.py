@@ -124,3 +124,15 @@ def test_bridge_wildcards_over_the_mamba_mixer_read_back(targets, read):
     adapt (before: 'no projection meshplan knows')."""
     got = api.import_config(_bridge_recipe(targets), path="r.py", framework="megatron-bridge")
     assert sorted(got.request["lora_targets"]) == sorted(read)
+
+
+def test_frozen_flops_discount_the_linears_not_the_mamba_scan():
+    """Megatron-LM's hybrid_flops, per token: the sequence-free part is the linears and logits, whose weight gradient
+    (a third) a frozen base skips, and each Mamba-2 layer's scan 7 x 2h x N, which has no weight and keeps it."""
+    from meshplan.arithmetic.flops import model_flops_per_token
+    from meshplan.arithmetic.lora import frozen_flops_per_token
+    job, _ = resolve(Request(**NANO, lora_rank=16))
+    arch = job.model
+    scan = 3 * 7 * 2 * 2688 * 128 * arch.layer_pattern.count("M")
+    linear = model_flops_per_token(arch, 0) - scan
+    assert frozen_flops_per_token(arch, 4096) == pytest.approx(model_flops_per_token(arch, 4096) - linear / 3)

@@ -13,7 +13,8 @@ from typing import get_args
 
 from pydantic import BaseModel, Field
 
-from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.flops import mamba_scan_flops, model_flops_per_token
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.arithmetic.param_wrapper import param_wrapper_flops, wrapped
 from meshplan.core.errors import MeshplanError
@@ -440,7 +441,17 @@ def lora_flops_per_token(arch: Architecture, seq_length: int, spec: LoraSpec,
 
 def frozen_flops_per_token(arch: Architecture, seq_length: int) -> float:
     """lora_flops_per_token without the adapters: Megatron's formula less the frozen linears' weight gradients (the
-    search's ideal step time of a LoRA job reads it: any adapter only adds)."""
+    search's ideal step time of a LoRA job reads it: any adapter only adds); a hybrid's Mamba-2 scan, sequence-free in
+    the formula but no linear, keeps its backward whole."""
     full = model_flops_per_token(arch, seq_length)
-    linear = model_flops_per_token(arch, 0)
+    linear = model_flops_per_token(arch, 0) - TRAINING_PASSES_PER_FORWARD * mamba_scan_flops(arch) * scan_layers(arch)
     return full - linear * (1 - FROZEN_PASSES_PER_FORWARD / 3)
+
+
+
+def scan_layers(arch: Architecture) -> int:
+    """The Mamba-2 layers hybrid_flops counts a scan of: the pattern's M layers and those of each MTP depth's block
+    (arithmetic/flops.py hybrid_flops_per_token); their scan is no weight's GEMM, so the frozen discount leaves it."""
+    if arch.layer_pattern is None:
+        return 0
+    return (arch.layer_pattern + (arch.mtp_layer_pattern or "") * arch.num_mtp_layers).count("M")
