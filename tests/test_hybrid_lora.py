@@ -82,7 +82,8 @@ def test_targets_the_model_lacks_are_named():
                                                  ("megatron-core", "LORA001")])
 def test_other_frameworks_refuse_a_hybrid_lora_by_rule(framework, rule):
     out = check_config(*resolve(Request(**{**NANO, "framework": framework}, lora_rank=16)))
-    assert rule in {f.id for f in out.findings if f.severity == "error"}
+    finding = next(f for f in out.findings if f.id == rule and f.severity == "error")
+    assert "megatron-bridge" in finding.fix and "megatron-core" not in finding.fix.split("(")[0]
 
 
 def test_rl_on_a_hybrid_is_still_refused():
