@@ -24,6 +24,7 @@ def test_nano_adapters_by_hand_from_its_config():
     (not gated). Rank 16, Megatron-Bridge's recipe targets: one shared adapter per routed-expert linear."""
     job, _ = resolve(Request(**NANO, lora_rank=16))
     assert job.lora is not None and job.lora.targets == SIX
+    assert any("Nemotron-H and Nemotron 3 recipes' target_modules" in n for n in job.notes)  # the card's hybrid_targets
     r, h, d_inner = 16, 2688, 64 * 64
     mamba = r * (h + (2 * d_inner + 2 * 8 * 128 + 64)) + r * (d_inner + h)
     attention = r * (h + (32 + 2 * 2) * 128) + r * (32 * 128 + h)

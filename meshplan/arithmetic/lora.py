@@ -56,10 +56,6 @@ outproj_weight, then self.out_proj(y)), so both adapters get their gradient; the
 adapter on, its weight read straight into the kernel (cp.get_conv1d_weight). transformers' NemotronH kernel path fuses
 out_proj into the kernel (outproj_weight), where an adapter on it would get none: the frameworks that train through
 that code are refused a hybrid anyway (rule HY002)."""
-HYBRID_RECIPE_WHY = ("Megatron-Bridge's Nemotron-H and Nemotron 3 recipes' target_modules (recipes/nemotronh/h100/"
-                     "nemotron_3_nano.py, nemotronh.py mamba_target_modules: linear_qkv, linear_proj, linear_fc1, "
-                     "linear_fc2, in_proj, out_proj)")
-"""Why a hybrid's default targets add in_proj and out_proj to the LoRA dataclass's four."""
 
 
 def lora_engines(card: FrameworkCard) -> dict[str, LoraEngine]:
@@ -115,11 +111,12 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     has, peft = model_targets(arch), engine is not None and engine.all_linear
     # the engine's default: Megatron-Bridge's four (those the model has), or on a PEFT engine all-linear, every linear
     # the model has, its other linears named (every_linear)
-    targets = list(req.lora_targets or (all_linear_targets(arch) if peft else default_targets(arch)))
+    hybrid = arch.layer_pattern is not None and engine is not None and bool(engine.hybrid_targets)
+    targets = list(req.lora_targets or (all_linear_targets(arch) if peft else default_targets(arch, engine)))
     if req.lora_targets is None:
         skipped = [t for t in DEFAULT_TARGETS if t not in has]
-        why = engine.default_targets_why if engine and engine.default_targets_why else \
-            HYBRID_RECIPE_WHY if arch.mamba is not None else BRIDGE_TARGETS_WHY
+        why = engine.hybrid_targets_why if hybrid and engine and engine.hybrid_targets_why else \
+            engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
         bridge = engine is None or engine.adapters == "fused"  # Megatron-Bridge's LoRA builds the adapters
         said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
                 "target that matches nothing" if bridge else "")) if skipped else ""
@@ -193,12 +190,14 @@ def kind_targets(kind: str) -> tuple[str, ...]:
     return {"M": MAMBA_TARGETS, "*": attention, "-": mlp, "E": mlp}.get(kind, attention + mlp)
 
 
-def default_targets(arch: Architecture) -> list[str]:
-    """The targets a job on Megatron-Bridge's LoRA adapts when it names none: the LoRA dataclass's four the model has,
-    and on a model with Mamba-2 layers their in_proj and out_proj too, as Bridge's hybrid recipes name them
-    (HYBRID_RECIPE_WHY)."""
+def default_targets(arch: Architecture, engine: LoraEngine | None) -> list[str]:
+    """The targets a job on Megatron-Bridge's LoRA adapts when it names none, those the model has: the LoRA
+    dataclass's four, or on a hybrid the engine's hybrid recipes' (LoraEngine.hybrid_targets: Bridge's add the Mamba-2
+    mixer's in_proj and out_proj)."""
     has = model_targets(arch)
-    return [t for t in (*DEFAULT_TARGETS, *MAMBA_TARGETS) if t in has]
+    named = engine.hybrid_targets if arch.layer_pattern is not None and engine and engine.hybrid_targets \
+        else DEFAULT_TARGETS
+    return [t for t in TARGETS if t in named and t in has]
 
 
 def all_linear_targets(arch: Architecture) -> list[str]:
