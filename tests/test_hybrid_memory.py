@@ -91,11 +91,9 @@ def test_a_hybrid_moe_model_is_estimated_with_expert_parallelism():
 @pytest.mark.parametrize("fields, words", [
     ({"framework": "torchtitan"}, "HY001: torchtitan has no model code"),
     ({"framework": "verl"}, "HY002: verl trains Nemotron-H-8B-Base-8K through transformers' NemotronH code"),
-    ({"job": "lora"}, "a LoRA job"),
-    # before: a lora_rank with the job left out (a LoRA job, resolve_lora) was estimated, priced as meshplan says
-    # it does not model; and Megatron-Bridge's lora_targets alone the same
-    ({"framework": "megatron-bridge", "lora_rank": 16}, "does not model a LoRA job"),
-    ({"framework": "megatron-bridge", "lora_targets": ["linear_qkv"]}, "does not model a LoRA job"),
+    # a LoRA job is planned on Megatron-Bridge (tests/test_hybrid_lora.py); elsewhere a rule refuses it
+    ({"framework": "megatron-core", "job": "lora"}, "LORA001"),
+    ({"framework": "verl", "lora_rank": 16}, "HY002"),
     ({"rollout_tp": 2}, "does not model an RL job"),
 ])
 def test_what_is_not_modelled_for_a_hybrid_is_refused(fields, words):

@@ -294,3 +294,21 @@ def test_the_search_finds_the_oracles_top_k_on_nemotron_3_super(fields):
     assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
         [r.step_time_s for r in oracle[:3]], rel=1e-12)
     assert len(rec.candidates) == 3
+
+
+@pytest.mark.parametrize("fields", [
+    dict(model="nemotron-3-nano-30b-a3b", gpu="h100", num_gpus=8, seq_length=4096, global_batch_size=64, lora_rank=16),
+    dict(model="nemotron-h-8b", gpu="h200", num_gpus=4, seq_length=8192, global_batch_size=16, lora_rank=32),
+    dict(model="nemotron-h-8b", gpu="h100", num_gpus=8, seq_length=4096, global_batch_size=32, lora_rank=8,
+         lora_targets=["in_proj", "out_proj"]),
+])
+def test_the_search_finds_the_oracles_top_k_on_hybrid_lora(fields):
+    """A LoRA job on a hybrid (before: refused) on Megatron-Bridge: the frozen base's two passes and each layer kind's
+    adapters (a Mamba-2 layer's in_proj / out_proj) enter the hybrid bounds as dense LoRA's do, so the search's top 3
+    are the oracle's."""
+    req = Request(framework="megatron-bridge", **fields)
+    rec = recommend(req, top_k=3)
+    oracle = exhaustive_top_k(req, 100)
+    assert rec.candidates
+    assert [c.throughput.step_time_s for c in rec.candidates] == pytest.approx(
+        [r.step_time_s for r in oracle[:3]], rel=1e-12)

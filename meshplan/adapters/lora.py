@@ -24,7 +24,8 @@ HF_PROJECTIONS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": (
                   "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",),
                   "linear_q_proj": ("q_proj",), "linear_q_down_proj": ("q_a_proj",), "linear_q_up_proj": ("q_b_proj",),
                   "linear_kv_down_proj": ("kv_a_proj_with_mqa",), "linear_kv_up_proj": ("kv_b_proj",),
-                  "router": ("gate",), "shared_expert_gate": ("shared_expert_gate",)}
+                  "router": ("gate",), "shared_expert_gate": ("shared_expert_gate",),
+                  "in_proj": ("in_proj",), "out_proj": ("out_proj",)}  # transformers' NemotronHMamba2Mixer
 MLA_ONLY = frozenset(HF_PROJECTIONS["linear_q_down_proj"] + HF_PROJECTIONS["linear_q_up_proj"]
                      + HF_PROJECTIONS["linear_kv_down_proj"] + HF_PROJECTIONS["linear_kv_up_proj"])
 """The projection names only MLA attention has: a list holding one names DeepSeek's modules, so its q_proj is MLA's

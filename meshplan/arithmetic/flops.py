@@ -71,6 +71,13 @@ def model_flops_per_token(arch: Architecture, seq_length: int, mtp_layers: int |
     return float(mlp + attention + mtp_extra + logits)
 
 
+def mamba_scan_flops(arch: Architecture) -> float:
+    """Forward FLOPs per token of one Mamba-2 layer's scan as Megatron-LM's hybrid_flops counts them
+    (mamba_layer_flops: 7 d N, d = 2h): no weight's GEMM, so a LoRA job's frozen base runs its backward in full
+    (lora.frozen_flops_per_token); 0 without Mamba-2 layers."""
+    return 7 * 2 * arch.hidden_size * arch.mamba.state_size if arch.mamba is not None else 0.0
+
+
 def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int = 0) -> float:
     """Model FLOPs of one training token of a hybrid model (forward + backward), as Megatron-LM counts them for MFU:
     megatron/training/training.py num_floating_point_operations -> hybrid_flops (d98e8a6), per token. Per layer kind:
@@ -90,7 +97,7 @@ def hybrid_flops_per_token(arch: Architecture, seq_length: int, mtp_depths: int 
     mamba = 0.0
     if m is not None:
         d_in = 2 * h
-        mamba = 2 * h * (2 * d_in + 2 * m.n_groups * m.state_size + m.num_heads) + 7 * d_in * m.state_size \
+        mamba = 2 * h * (2 * d_in + 2 * m.n_groups * m.state_size + m.num_heads) + mamba_scan_flops(arch) \
             + 2 * d_in * h
     moe = 0.0
     if arch.moe is not None:

@@ -13,14 +13,22 @@ from typing import get_args
 
 from pydantic import BaseModel, Field
 
-from meshplan.arithmetic.flops import model_flops_per_token
+from meshplan.arithmetic.flops import mamba_scan_flops, model_flops_per_token
+from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import StateTensor
 from meshplan.arithmetic.param_wrapper import param_wrapper_flops, wrapped
 from meshplan.core.errors import MeshplanError
 from meshplan.knowledge.cards import FrameworkCard, framework_card
 from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.model_counts import mtp_weight_blocks
-from meshplan.schema.choices import FRAMEWORKS, DefaultLoraTarget, LoraTarget, MlaLoraTarget, PeftLoraTarget
+from meshplan.schema.choices import (
+    FRAMEWORKS,
+    DefaultLoraTarget,
+    LoraTarget,
+    MambaLoraTarget,
+    MlaLoraTarget,
+    PeftLoraTarget,
+)
 from meshplan.schema.model import Architecture
 from meshplan.schema.plan import Job, LoraSpec
 from meshplan.schema.request import Request
@@ -38,6 +46,16 @@ DEFAULT_TARGETS: tuple[str, ...] = get_args(DefaultLoraTarget)
 built on it (those the model has), and what SkyRL's all-linear is on its Megatron worker; on a PEFT engine all-linear
 is every linear the model has (all_linear_targets)."""
 MLA_TARGETS: tuple[str, ...] = get_args(MlaLoraTarget)
+MAMBA_TARGETS: tuple[str, ...] = get_args(MambaLoraTarget)
+"""A hybrid model's Mamba-2 mixer linears (Megatron-Core MambaMixer: in_proj a column-parallel h -> 2 d_inner +
+2 groups x state + heads, z x B C dt; out_proj a row-parallel d_inner -> h), which Megatron-Bridge's LoRA wraps by name
+like any Megatron-Core linear (peft/lora.py LoRA.transform: ParallelLinearAdapter; peft/adapter_wrapper.py
+_compute_mamba_dim_info splits in_proj's adapter for checkpoints). Both run outside the fused kernel in Megatron-Core
+(ssm/mamba_mixer.py forward: self.in_proj(hidden_states), then mamba_split_conv1d_scan_combined over zxBCdt with no
+outproj_weight, then self.out_proj(y)), so both adapters get their gradient; the conv1d is a Conv1d Bridge wraps no
+adapter on, its weight read straight into the kernel (cp.get_conv1d_weight). transformers' NemotronH kernel path fuses
+out_proj into the kernel (outproj_weight), where an adapter on it would get none: the frameworks that train through
+that code are refused a hybrid anyway (rule HY002)."""
 
 
 def lora_engines(card: FrameworkCard) -> dict[str, LoraEngine]:
@@ -93,10 +111,12 @@ def resolve_lora(req: Request, card: FrameworkCard, arch: Architecture, zero_sta
     has, peft = model_targets(arch), engine is not None and engine.all_linear
     # the engine's default: Megatron-Bridge's four (those the model has), or on a PEFT engine all-linear, every linear
     # the model has, its other linears named (every_linear)
-    targets = list(req.lora_targets or (all_linear_targets(arch) if peft else [t for t in DEFAULT_TARGETS if t in has]))
+    hybrid = arch.layer_pattern is not None and engine is not None and bool(engine.hybrid_targets)
+    targets = list(req.lora_targets or (all_linear_targets(arch) if peft else default_targets(arch, engine)))
     if req.lora_targets is None:
         skipped = [t for t in DEFAULT_TARGETS if t not in has]
-        why = engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
+        why = engine.hybrid_targets_why if hybrid and engine and engine.hybrid_targets_why else \
+            engine.default_targets_why if engine and engine.default_targets_why else BRIDGE_TARGETS_WHY
         bridge = engine is None or engine.adapters == "fused"  # Megatron-Bridge's LoRA builds the adapters
         said = (f"; {', '.join(skipped)} skipped: {arch.name} has none" + (", and Megatron-Bridge only warns for a "
                 "target that matches nothing" if bridge else "")) if skipped else ""
@@ -154,9 +174,30 @@ class Adapted(BaseModel):
 
 def model_targets(arch: Architecture) -> set[str]:
     """The LoRA targets the model has: MLA attention has no fused linear_qkv but its own q/kv linears
-    (mla_linears); a router or shared_expert_gate transformers builds as an nn.Linear (other_linears)."""
+    (mla_linears); a router or shared_expert_gate transformers builds as an nn.Linear (other_linears); a hybrid, those
+    of the layer kinds its pattern holds (kind_targets)."""
     has = set(DEFAULT_TARGETS) if arch.mla is None else set(DEFAULT_TARGETS) - {"linear_qkv"}
+    if arch.layer_pattern is not None:
+        has = {t for kind in set(arch.layer_pattern) for t in kind_targets(kind)} & (has | set(MAMBA_TARGETS))
     return has | other_targets(arch)
+
+
+def kind_targets(kind: str) -> tuple[str, ...]:
+    """The target names a layer of this kind holds (Architecture.layer_kind): a hybrid's Mamba-2 layer its mixer's
+    in_proj and out_proj, its attention layer linear_qkv and linear_proj, its MLP and MoE layers linear_fc1 and
+    linear_fc2; a transformer layer ('block') attention's and the MLP's."""
+    attention, mlp = ("linear_qkv", "linear_proj"), ("linear_fc1", "linear_fc2")
+    return {"M": MAMBA_TARGETS, "*": attention, "-": mlp, "E": mlp}.get(kind, attention + mlp)
+
+
+def default_targets(arch: Architecture, engine: LoraEngine | None) -> list[str]:
+    """The targets a job on Megatron-Bridge's LoRA adapts when it names none, those the model has: the LoRA
+    dataclass's four, or on a hybrid the engine's hybrid recipes' (LoraEngine.hybrid_targets: Bridge's add the Mamba-2
+    mixer's in_proj and out_proj)."""
+    has = model_targets(arch)
+    named = engine.hybrid_targets if arch.layer_pattern is not None and engine and engine.hybrid_targets \
+        else DEFAULT_TARGETS
+    return [t for t in TARGETS if t in named and t in has]
 
 
 def all_linear_targets(arch: Architecture) -> list[str]:
@@ -241,11 +282,19 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     (resolve_lora names them all, every_linear)."""
     h, per = arch.hidden_size, engine is not None and engine.adapters == "per_projection"
     gated = 2 if arch.gated_mlp else 1
+    held = set(kind_targets(arch.layer_kind(index))) | set(MLA_TARGETS) | set(PEFT_TARGETS)
+    targets = [t for t in spec.targets if t in held]
+    if arch.layer_kind(index) == "M":
+        return mamba_adapters(arch, targets)
+    spec = spec.model_copy(update={"targets": targets})
     out: list[Adapted] = []
     if "linear_qkv" in spec.targets and arch.mla is None:
         out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1, column=True,
                            outputs=(arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim))
-    out += [a for a in other_linears(arch, index) if a.target in spec.targets]
+    if arch.layer_kind(index) in ("*", "block"):
+        out += [a for a in other_linears(arch, index) if a.target in spec.targets]
+    elif arch.is_moe_layer(index):  # a hybrid's MoE layer: its router and shared_expert_gate, no attention
+        out += [a for a in other_linears(arch, index) if a.target in spec.targets and a.target in PEFT_TARGETS]
     if "linear_proj" in spec.targets:
         width = arch.mla.v_head_dim if arch.mla is not None else arch.head_dim
         out.append(Adapted(target="linear_proj", inputs=arch.num_attention_heads * width, outputs=h))
@@ -253,17 +302,32 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     if arch.is_moe_layer(index):
         assert arch.moe is not None
         if engine is None or engine.experts != "none":
-            mlps.append((arch.moe.expert_ffn_hidden_size, True))
+            mlps.append((arch.moe.expert_ffn_hidden_size, True, arch.moe.expert_width(h)))
         if arch.moe.shared_expert_ffn_hidden_size:
-            mlps.append((arch.moe.shared_expert_ffn_hidden_size, False))
+            mlps.append((arch.moe.shared_expert_ffn_hidden_size, False, h))
     else:
-        mlps.append((arch.ffn_hidden_size, False))
-    for width, expert in mlps:
+        mlps.append((arch.ffn_hidden_size, False, h))
+    for width, expert, side in mlps:  # side: the width a latent MoE's routed experts read and write
         if "linear_fc1" in spec.targets:
-            out.append(Adapted(target="linear_fc1", inputs=h, outputs=gated * width, expert=expert,
+            out.append(Adapted(target="linear_fc1", inputs=side, outputs=gated * width, expert=expert,
                                a_copies=gated if per else 1, column=True))
         if "linear_fc2" in spec.targets:
-            out.append(Adapted(target="linear_fc2", inputs=width, outputs=h, expert=expert))
+            out.append(Adapted(target="linear_fc2", inputs=width, outputs=side, expert=expert))
+    return out
+
+
+def mamba_adapters(arch: Architecture, targets: list[str]) -> list[Adapted]:
+    """The adapted linears of a hybrid's Mamba-2 layer (MAMBA_TARGETS): in_proj h -> 2 d_inner + 2 n_groups x
+    state_size + heads (z, x, B, C, dt; column-parallel) and out_proj d_inner -> h (row-parallel), one adapter each
+    (Megatron-Bridge's ParallelLinearAdapter over the whole fused in_proj)."""
+    m = arch.mamba
+    assert m is not None
+    h, out = arch.hidden_size, []
+    if "in_proj" in targets:
+        out.append(Adapted(target="in_proj", inputs=h, column=True,
+                           outputs=2 * m.d_inner + 2 * m.n_groups * m.state_size + m.num_heads))
+    if "out_proj" in targets:
+        out.append(Adapted(target="out_proj", inputs=m.d_inner, outputs=h))
     return out
 
 
@@ -277,6 +341,11 @@ def mtp_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) 
     decoder layer's are; its eh_proj (2h -> h) is no default target."""
     if not arch.num_mtp_layers or not (engine is None or engine.adapts_mtp):
         return []
+    if arch.mtp_layer_pattern is not None:  # a hybrid's block: one layer per character, each that kind's first
+        assert arch.layer_pattern is not None
+        block = [a for kind in arch.mtp_layer_pattern
+                 for a in layer_adapters(arch, arch.layer_pattern.index(kind), spec, engine)]
+        return block * mtp_weight_blocks(arch)
     return layer_adapters(arch, arch.num_layers - 1, spec, engine) * mtp_weight_blocks(arch)
 
 
@@ -371,7 +440,17 @@ def lora_flops_per_token(arch: Architecture, seq_length: int, spec: LoraSpec,
 
 def frozen_flops_per_token(arch: Architecture, seq_length: int) -> float:
     """lora_flops_per_token without the adapters: Megatron's formula less the frozen linears' weight gradients (the
-    search's ideal step time of a LoRA job reads it: any adapter only adds)."""
+    search's ideal step time of a LoRA job reads it: any adapter only adds); a hybrid's Mamba-2 scan, sequence-free in
+    the formula but no linear, keeps its backward whole."""
     full = model_flops_per_token(arch, seq_length)
-    linear = model_flops_per_token(arch, 0)
+    linear = model_flops_per_token(arch, 0) - TRAINING_PASSES_PER_FORWARD * mamba_scan_flops(arch) * scan_layers(arch)
     return full - linear * (1 - FROZEN_PASSES_PER_FORWARD / 3)
+
+
+
+def scan_layers(arch: Architecture) -> int:
+    """The Mamba-2 layers hybrid_flops counts a scan of: the pattern's M layers and those of each MTP depth's block
+    (arithmetic/flops.py hybrid_flops_per_token); their scan is no weight's GEMM, so the frozen discount leaves it."""
+    if arch.layer_pattern is None:
+        return 0
+    return (arch.layer_pattern + (arch.mtp_layer_pattern or "") * arch.num_mtp_layers).count("M")

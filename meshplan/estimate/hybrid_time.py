@@ -63,7 +63,7 @@ def hybrid_layer_time(ctx: LayerContext, kind: str) -> LayerTime:
     moe = kind == "E"
     gemms = hybrid_gemms(ctx, kind)
     terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-    gemm, gemm_fwd = gemm_time(ctx, gemms, moe, terms)
+    gemm, gemm_fwd = gemm_time(ctx, gemms, moe, terms, kind)
     attention_fwd, attention = attention_seconds(ctx) if kind == "*" else (0.0, 0.0)
     load = hybrid_load(ctx, kind)
     elementwise = elementwise_seconds(ctx, load)

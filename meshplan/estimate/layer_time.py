@@ -66,11 +66,13 @@ def layer_gemms(ctx: LayerContext, moe: bool) -> list[Gemm]:
     return gemms
 
 
-def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None) -> tuple[float, float]:
+def gemm_time(ctx: LayerContext, gemms: list[Gemm], moe: bool, terms: list[float] | None = None,
+              kind: str = "block") -> tuple[float, float]:
     """(forward + backward, forward) GEMM seconds: all three passes of each, or under LoRA the frozen linears'
-    forward and data gradient plus the adapters' (`terms`: the GEMMs' gemm_terms, where the caller has them)."""
+    forward and data gradient plus the adapters' of a layer of `kind` (Architecture.layer_kind; `terms`: the GEMMs'
+    gemm_terms, where the caller has them)."""
     if ctx.lora is not None:
-        return lora_gemm_seconds(ctx, gemms, moe)
+        return lora_gemm_seconds(ctx, gemms, moe, kind)
     if terms is None:
         terms = gemm_terms(gemms, ctx.cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
     total = summed(terms)

@@ -11,18 +11,20 @@ from meshplan.arithmetic.param_wrapper import wrapped
 from meshplan.estimate.layer_records import LayerContext
 
 
-def lora_gemm_seconds(ctx: LayerContext, gemms: list[Gemm], moe: bool) -> tuple[float, float]:
+def lora_gemm_seconds(ctx: LayerContext, gemms: list[Gemm], moe: bool, kind: str = "block") -> tuple[float, float]:
     """(forward + backward, forward) GEMM seconds of one LoRA layer on one rank: the base linears (frozen) run their
     forward and data gradient, 2 of a trained linear's 3 passes; each adapter runs A (in -> r) and B (r -> out) in
     bf16 (Megatron-Bridge's ParallelLinearAdapter is a Megatron-Core linear, not a Transformer Engine FP8 one) with
     all 3 passes, sharded as meshplan/arithmetic/lora.py says: column-parallel bases (linear_qkv, linear_fc1) split A's
     r and B's
     out over TP, row-parallel ones (linear_proj, linear_fc2) split A's in and B's out; routed experts over etp,
-    on the tokens the rank's experts see."""
+    on the tokens the rank's experts see. `kind` is a hybrid layer's (Architecture.layer_kind: a Mamba-2 layer's
+    in_proj / out_proj adapters, attention's, an MLP's or an MoE layer's); 'block' a transformer layer's."""
     arch, sh, cal, spec = ctx.arch, ctx.shard, ctx.cal, ctx.lora
     assert spec is not None
     base = gemm_seconds(gemms, cal, ctx.bf16_peak, ctx.fp8_peak, ctx.ridge_rows)
-    index = next((i for i in range(arch.num_layers) if arch.is_moe_layer(i) == moe), 0)  # a layer of this kind
+    index = arch.layer_pattern.index(kind) if arch.layer_pattern is not None and kind in arch.layer_pattern else \
+        next((i for i in range(arch.num_layers) if arch.is_moe_layer(i) == moe), 0)  # a layer of this kind
     r, extra = spec.rank, []
     for a in layer_adapters(arch, index, spec, ctx.lora_engine):
         t, rows, count = sh.tp, sh.tokens, 1.0

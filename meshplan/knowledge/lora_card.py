@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.schema.choices import LoraTarget
+
 
 class LoraEngine(BaseModel):
     """LoRA on one engine of a framework (a `lora.<engine>` entry of its card)."""
@@ -44,6 +46,12 @@ class LoraEngine(BaseModel):
         False, description="The engine's LoRA takes Hugging Face PEFT's target_parameters, which wrap the routed "
                            "experts' 3D weights in a ParamWrapper (verl's FSDP engine: model.target_parameters into "
                            "LoraConfig); false: a request's lora_target_parameters is refused (rule LORA004)")
+    hybrid_targets: list[LoraTarget] = Field(
+        default_factory=list, description="The targets a job on a hybrid Mamba-2 model (model_type nemotron_h) adapts "
+                                          "when it names none, those the model has: the engine's hybrid recipes' "
+                                          "target_modules (Megatron-Bridge's: its four and the Mamba-2 mixer's "
+                                          "in_proj, out_proj); empty: the engine's default")
+    hybrid_targets_why: str | None = Field(None, description="Where hybrid_targets come from, said in the note")
     experts_why: str | None = Field(
         None, description="With experts none: why the routed experts get no adapter and what would adapt them, said in "
                           "the notes of a MoE model's LoRA job that targets linear_fc1 / linear_fc2")

@@ -10,7 +10,7 @@ import math
 from typing import Any, NamedTuple
 
 from meshplan.arithmetic import mesh
-from meshplan.arithmetic.lora import lora_asked, resolve_lora
+from meshplan.arithmetic.lora import resolve_lora
 from meshplan.arithmetic.memory_states import convention_name, memory_card
 from meshplan.arithmetic.schedule import parse_layout
 from meshplan.core.errors import MeshplanError
@@ -130,16 +130,16 @@ def _launchable_words(num_gpus: int, node: int) -> str:
 
 
 def _estimable(arch: Architecture, req: Request) -> Architecture:
-    """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked as an RL or LoRA job, which
-    meshplan does not model for one: refused rather than priced as if every layer were attention and an MLP. The
-    frameworks that build no hybrid, or train it through transformers' code, are the rules' (HY001, HY002)."""
-    if arch.layer_pattern is None or not (is_rl_request(req) or lora_asked(req)):
+    """The model, unless it is a hybrid (Mamba-2, attention, MLP and MoE layers) asked as an RL job, which meshplan
+    does not model for one: refused rather than priced as if every layer were attention and an MLP. A LoRA job of one
+    is planned as Megatron-Bridge's LoRA adapts it (arithmetic/lora.py kind_targets, mamba_adapters); the frameworks
+    that build no hybrid, train it through transformers' code or run no LoRA are the rules' (HY001, HY002, LORA001)."""
+    if arch.layer_pattern is None or not is_rl_request(req):
         return arch
     kinds = ", ".join(f"{arch.layer_pattern.count(k)} {name}" for k, name in PATTERN_KINDS.items()
                       if k in arch.layer_pattern)
-    raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model "
-                        f"{'an RL' if is_rl_request(req) else 'a LoRA'} job of one.",
-                        fix="Ask for a pretrain or sft job.")
+    raise MeshplanError(f"{arch.name} is a hybrid model ({kinds} layers): meshplan does not model an RL job of one.",
+                        fix="Ask for a pretrain, sft or lora job.")
 
 
 def resolve(req: Request) -> tuple[Job, Plan]:

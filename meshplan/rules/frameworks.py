@@ -5,6 +5,7 @@ framework's adapter cannot write."""
 
 from __future__ import annotations
 
+from meshplan.arithmetic.lora import lora_frameworks
 from meshplan.core.units import either_or
 from meshplan.knowledge.adapter_knobs import (
     LAYOUT_DEGREES,
@@ -15,20 +16,27 @@ from meshplan.knowledge.adapter_knobs import (
     missing_layout_knob,
 )
 from meshplan.knowledge.engine_card import ZERO_STAGES
-from meshplan.rules.engine import Context, Values, rule
+from meshplan.rules.engine import Context, Values, rule, rule_specs
 from meshplan.rules.fix_values import fmt_set
 from meshplan.rules.pipeline import fewer_microbatches_than_stages
 from meshplan.rules.world import mesh_product, torchtitan_ep_divides, working_ep
+from meshplan.schema.choices import FRAMEWORKS
 from meshplan.schema.plan import Job, Plan
 
 
 @rule("HY001", reads=())
 def no_hybrid_model(ctx: Context) -> Values:
-    """A hybrid Mamba-2 model (nemotron_h) on a framework whose model code builds none (the card lists them)."""
+    """A hybrid Mamba-2 model (nemotron_h) on a framework whose model code builds none (the card lists them); the fix
+    names the frameworks neither HY001 nor HY002 refuses, and of those, for a LoRA job, the ones that run LoRA."""
     pattern = ctx.arch.layer_pattern
     if pattern is None:
         return None
-    return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M")}
+    refused = {f for rid in ("HY001", "HY002") for f in rule_specs()[rid].frameworks}
+    builders = [f for f in FRAMEWORKS if f not in refused]
+    if ctx.job.lora is not None:
+        builders = [f for f in builders if f in lora_frameworks()]
+    return {"model": ctx.arch.name, "framework": ctx.job.framework, "mamba": pattern.count("M"),
+            "builders": either_or(builders), "job": "LoRA job" if ctx.job.lora is not None else "job"}
 
 
 @rule("HY002", reads=())

@@ -8,6 +8,7 @@ message and fix templates; the facts are the framework cards' `lora` sections an
 from __future__ import annotations
 
 from meshplan.arithmetic.lora import (
+    MAMBA_TARGETS,
     MLA_TARGETS,
     PEFT_TARGETS,
     lora_engine,
@@ -53,7 +54,11 @@ def lora_targets_the_model_has(ctx: Context) -> Values:
            if ctx.arch.mla is not None and set(missing) & set(MLA_TARGETS) else
            " (its attention is not MLA)" if set(missing) & set(MLA_TARGETS) else
            " (router: transformers builds it as an nn.Linear only in DeepSeek-V2's code; shared_expert_gate: "
-           "Qwen2-MoE's)" if set(missing) & set(PEFT_TARGETS) else "")
+           "Qwen2-MoE's)" if set(missing) & set(PEFT_TARGETS) else
+           " (in_proj and out_proj are a hybrid's Mamba-2 mixer linears; it has no Mamba-2 layer)"
+           if set(missing) & set(MAMBA_TARGETS) and ctx.arch.mamba is None else
+           f" (its layer pattern {ctx.arch.layer_pattern} holds no layer with it: M holds in_proj and out_proj, * "
+           "linear_qkv and linear_proj, - and E linear_fc1 and linear_fc2)" if ctx.arch.layer_pattern else "")
     return {"model": ctx.arch.name, "missing": ", ".join(missing), "why": why,
             "has": ", ".join(t for t in spec.targets if t in has) or ", ".join(sorted(has))}
 

@@ -57,7 +57,10 @@ MlaLoraTarget = Literal["linear_q_proj", "linear_q_down_proj", "linear_q_up_proj
 # and SkyRL's FSDP engines): DeepSeek-V2's router (mlp.gate, nn.Linear(hidden, experts)) and Qwen2-MoE's
 # shared_expert_gate (nn.Linear(hidden, 1)); Megatron-Bridge's LoRA has no such names (arithmetic/lora.py other_linears)
 PeftLoraTarget = Literal["router", "shared_expert_gate"]
-LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget, PeftLoraTarget]
+# A hybrid model's Mamba-2 mixer linears (Megatron-Core MambaMixer in_proj, out_proj), which Megatron-Bridge's
+# Nemotron-H and Nemotron 3 recipes add to the four (recipes/nemotronh/h100/nemotron_3_nano.py mamba_target_modules)
+MambaLoraTarget = Literal["in_proj", "out_proj"]
+LoraTarget = Literal[DefaultLoraTarget, MlaLoraTarget, MambaLoraTarget, PeftLoraTarget]
 # The routed experts' two 3D nn.Parameters in transformers 5's MoE code (Qwen3MoeExperts and the other families:
 # gate_up_proj, E x 2I x H where gated, and down_proj, E x H x I), the names Hugging Face PEFT's target_parameters end
 # with (verl's model.target_parameters): LoRA on them through PEFT's ParamWrapper (arithmetic/param_wrapper.py)

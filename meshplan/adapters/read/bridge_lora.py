@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
+from meshplan.arithmetic.lora import MAMBA_TARGETS, model_targets
 from meshplan.arithmetic.lora import MEGATRON_TARGETS as TARGETS
-from meshplan.arithmetic.lora import model_targets
 from meshplan.schema.model import Architecture
 
 ATTENTION = "decoder.layers.{i}.self_attention.{t}"
@@ -38,6 +38,9 @@ LAYER_INDICES = (0, 1, 7, 10, 123)
 """Layer indices a pattern is tried at: one that matches a place at all of them names no layer (its '*' takes the
 index); one that matches at some only names layers."""
 MLP_TARGETS = ("linear_fc1", "linear_fc2")
+MIXER = "decoder.layers.{i}.mixer.{t}"
+"""Where a hybrid's Mamba-2 layer holds in_proj and out_proj (megatron-core MambaLayer.mixer, a MambaMixer; its
+attention and MLP layers are TransformerLayers, their linears where a GPT layer's are)."""
 
 
 def wildcard_match(pattern: str, path: str) -> bool:
@@ -47,6 +50,8 @@ def wildcard_match(pattern: str, path: str) -> bool:
 
 def places(target: str) -> dict[str, str]:
     """The places a target's module sits in a decoder layer, each a path template."""
+    if target in MAMBA_TARGETS:
+        return {"Mamba-2 mixer": MIXER}
     return dict(MLP_PLACES) if target in MLP_TARGETS else {"attention": ATTENTION}
 
 
@@ -90,11 +95,14 @@ def model_places(arch: Architecture, target: str) -> set[str]:
     for an attention target the model has (arithmetic/lora.py model_targets: MLA's linears with MLA, linear_qkv
     without); linear_fc1 / linear_fc2 in its dense MLPs, its shared experts and its routed experts, where it has
     each; and the same in its MTP blocks' layers, each the last decoder layer's kind (mtp_places)."""
+    if target in MAMBA_TARGETS:  # no MTP block holds a Mamba-2 layer (Nemotron 3 Super's is '*E')
+        return {"Mamba-2 mixer"} if target in model_targets(arch) else set()
     if target not in MLP_TARGETS:
         held = {"attention"} if target in model_targets(arch) else set()
         return held | ({"MTP attention"} if held and arch.num_mtp_layers else set())
     moe_layers = [i for i in range(arch.num_layers) if arch.is_moe_layer(i)]
-    out = {"dense MLP"} if len(moe_layers) < arch.num_layers else set()
+    dense = "-" in arch.layer_pattern if arch.layer_pattern is not None else len(moe_layers) < arch.num_layers
+    out = {"dense MLP"} if dense else set()  # a hybrid's MLP layers ('-'), not its Mamba-2 or attention layers
     if moe_layers:
         assert arch.moe is not None
         out.add("routed experts")
@@ -102,7 +110,9 @@ def model_places(arch: Architecture, target: str) -> set[str]:
             out.add("shared experts")
     if arch.num_mtp_layers:
         last = arch.num_layers - 1
-        mtp = {"routed experts", "shared experts"} & out if arch.is_moe_layer(last) else {"dense MLP"}
+        block = arch.mtp_layer_pattern or ("E" if arch.is_moe_layer(last) else "-")  # a hybrid's: its own kinds
+        mtp = ({"routed experts", "shared experts"} & out if "E" in block else set()) | \
+            ({"dense MLP"} if "-" in block else set())
         out |= {f"MTP {place}" for place in mtp}
     return out
 
