@@ -87,3 +87,18 @@ def test_the_rl_memory_sizes_the_update_at_the_largest_micro_batch():
     # the colocated rollout's engine may decide the step's peak; the update's phase grows with its micro-batch
     assert update.peak_bytes > {p.phase: p for p in full.phases}["actor_update"].peak_bytes
     assert any(f"the largest holds {tokens}" in a for a in short.assumptions)
+
+
+def test_the_partition_is_the_differencing_one_and_within_one_sequence_of_the_mean():
+    """meshplan's partitioner against the one written here, and the proven bound: the heaviest bin's workload is at
+    most the mean bin's plus the heaviest sequence's (each merge adds a decreasing and an increasing sequence)."""
+    from meshplan.rl.packing import karmarkar_karp_largest, workload
+
+    rng = random.Random(3)
+    for _ in range(20):
+        lengths = [rng.randint(50, 10240) for _ in range(rng.randint(8, 60))]
+        k = rng.randint(2, len(lengths) // 2)
+        bins = differencing(lengths, k)
+        assert karmarkar_karp_largest(lengths, k) == max(sum(b) for b in bins)
+        weights = [sum(workload(s) for s in b) for b in bins]
+        assert max(weights) <= sum(weights) / k + max(workload(s) for s in lengths)
