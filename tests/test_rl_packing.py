@@ -102,3 +102,35 @@ def test_the_partition_is_the_differencing_one_and_within_one_sequence_of_the_me
         assert karmarkar_karp_largest(lengths, k) == max(sum(b) for b in bins)
         weights = [sum(workload(s) for s in b) for b in bins]
         assert max(weights) <= sum(weights) / k + max(workload(s) for s in lengths)
+
+
+def fast_differencing_largest(lengths: list[int], k: int) -> int:
+    """The same differencing with a heap of partials keyed by spread (for a rank's full mini-batch): the heaviest-
+    token bin."""
+    import heapq
+
+    heap = [(-(24576 * s + s * s), n, [(24576 * s + s * s, s)] + [(0, 0)] * (k - 1)) for n, s in enumerate(lengths)]
+    heapq.heapify(heap)
+    count = len(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
+        a, b = sorted(a, reverse=True), sorted(b)
+        joined = sorted((wa + wb, ta + tb) for (wa, ta), (wb, tb) in zip(a, b, strict=True))
+        count += 1
+        heapq.heappush(heap, (joined[0][0] - joined[-1][0], count, joined))
+    return max(t for _, t in heap[0][2])
+
+
+def test_a_rank_of_more_sequences_than_simulated_is_scaled_to_them():
+    """Over MOST_SEQUENCES the function simulates that many at the rank's micro-batches per sequence: close to the
+    whole rank's partition."""
+    budget, prompt, response, n = 10240, 2048, 8192, 768
+    up, ur = rate(1000 / prompt), rate(2000 / response)
+    rng = random.Random(11)
+    draws = []
+    for _ in range(6):
+        lengths = [max(1, round(prompt * quantile(up, rng.random())))
+                   + max(1, round(response * quantile(ur, rng.random()))) for _ in range(n)]
+        draws.append(fast_differencing_largest(lengths, min(n, -(-sum(lengths) // budget))))
+    assert largest_micro_batch_tokens(budget, n, prompt, response, 1000, 2000) == pytest.approx(
+        statistics.mean(draws), rel=0.04)
