@@ -74,11 +74,13 @@ def score_row(row: dict, work: dict) -> dict:
         fields |= {k: v for k, v in (("first_stage_layers", first), ("last_stage_layers", last)) if v} | split
     fields |= layout  # the row states its trainer layout
     fields |= offload_fields(row)[0]  # and its offloads, where it states them (the table's per-scale settings)
-    mem = api.estimate_memory(parse_request(fields))
     mean = noted(row, "mean response", "tokens")
     # the row's mean response (its notes) beside the script's maximum: the passes cost the mean, the rollout drains
-    # to the maximum; a row with no mean decodes every response at the maximum
-    step = api.estimate_throughput(parse_request({**fields, **({"mean_response_length": int(mean)} if mean else {})}))
+    # to the maximum, verl's dynamic batches pack micro-batches past their budget at it (rl/packing.py); a row with
+    # no mean decodes every response at the maximum
+    asked = {**fields, **({"mean_response_length": int(mean)} if mean else {})}
+    mem = api.estimate_memory(parse_request(asked))
+    step = api.estimate_throughput(parse_request(asked))
     res = {"script": work["script"], "num_gpus": hw["num_gpus"],
            "phases_gb": {p.phase: round(p.peak_bytes / GB, 1) for p in mem.phases}, "peak_phase": mem.peak_phase,
            "peak_gb": round(mem.peak_bytes / GB, 1), "peak_measured_gb": out.get("peak_memory_gb_per_gpu"),

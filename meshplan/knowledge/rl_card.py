@@ -116,6 +116,10 @@ class RLCard(_Card):
                     "set_to_none), so that between phases they are neither on the GPU nor on the host"
     )
     trainer_memory_source: str
+    packed_micro_batches: bool = Field(
+        False, description="The update's micro-batches are packed to the token budget by a balanced partition with "
+                           "no cap, so the largest exceeds it (rl/packing.py): verl's use_dynamic_bsz")
+    packed_micro_batches_source: str = ""
     rules_source: str
 
     def trained_models(self, algorithm: RLAlgorithm) -> int:

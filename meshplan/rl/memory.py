@@ -23,6 +23,7 @@ from meshplan.estimate.memory import (
     stage_allocated,
 )
 from meshplan.rl.engine import ENGINE_BYTES, engine_memory, graph_bytes
+from meshplan.rl.packing import largest_micro_batch_tokens
 from meshplan.schema.plan import Job, Plan
 from meshplan.schema.reports import EngineMemory, PhaseMemory
 
@@ -38,10 +39,34 @@ def _forward_only(plan: Plan) -> Plan:
                                    "recompute_modules": None, "selective_ac_option": None})
 
 
+def packed_tokens(job, plan: Plan) -> int:
+    """The update's largest micro-batch, tokens: the planned micro_batch_size sequences of prompt + response, or where
+    the framework packs to a token budget with no cap (the card's rl.packed_micro_batches: verl's use_dynamic_bsz,
+    the budget read into micro_batch_size x seq_length) the largest its packing makes of one rank's mini-batch at the
+    request's lengths (rl/packing.py)."""
+    rl, planned = job.rl, plan.micro_batch_size * job.seq_length
+    if not job.rl_card.packed_micro_batches or rl.token_share >= 1:
+        return planned
+    mini = rl.prompts_per_mini_batch or rl.prompts_per_step
+    sequences = max(1, mini * rl.samples_per_prompt // plan.dp)
+    return max(planned, largest_micro_batch_tokens(planned, sequences, rl.prompt_length, rl.response_length,
+                                                   rl.mean_prompt, rl.mean_response))
+
+
+def _packed_job(job, plan: Plan):
+    """The job as the update's largest micro-batch sees it: seq_length its tokens over micro_batch_size."""
+    tokens = packed_tokens(job, plan)
+    if tokens == plan.micro_batch_size * job.seq_length:
+        return job
+    return job.model_copy(update={"seq_length": -(-tokens // plan.micro_batch_size)})
+
+
 def trainer_reports(job, plan: Plan) -> tuple:
-    """The actor update's memory report and the forward-only one (the log-prob passes): what every rollout choice
-    of one trainer layout shares (recommend computes them once per layout)."""
-    return estimate_memory(job, plan), estimate_memory(job, _forward_only(plan))
+    """The actor update's memory report and the forward-only one (the log-prob passes), both at the largest micro-
+    batch (packed_tokens): what every rollout choice of one trainer layout shares (recommend computes them once per
+    layout)."""
+    packed = _packed_job(job, plan)
+    return estimate_memory(packed, plan), estimate_memory(packed, _forward_only(plan))
 
 
 @dataclass(frozen=True)
@@ -198,7 +223,8 @@ def stage_phases(job, plan: Plan, setting: PhaseSetting, s, f, gathered: float =
                          "micro-batch")
     actor = StagePeak(s.total_bytes + ref_resident + critic_resident + graphs,
                       {"update": s.total_bytes, "reference_resident": ref_resident,
-                       "critic_resident": critic_resident, "cuda_graphs": graphs},
+                       "critic_resident": critic_resident, "cuda_graphs": graphs,
+                       "micro_batch_tokens": packed_tokens(job, plan)},
                       "the training step's peak (the stage table), with the reference and critic held beside it")
     critic = None
     if x.critic_apart:
@@ -334,6 +360,12 @@ def _with_phases(job, plan: Plan, update, *, phases: list[PhaseMemory], host: in
         assumptions.append(f"Phase offloads ({', '.join(sorted(setting.phase_classes))}) are on the host during the "
                            "rollout and log-prob passes, and back on the GPU for the update (its peak is unchanged).")
     assumptions += _model_assumptions(setting, job)
+    tokens = packed_tokens(job, plan)
+    if tokens != plan.micro_batch_size * job.seq_length:
+        assumptions.append(f"{job.framework} packs micro-batches to {plan.micro_batch_size * job.seq_length} tokens by "
+                           f"a balanced partition with no cap: the largest holds {tokens} at the stated mean lengths "
+                           "(expected over seeded draws, rl/packing.py), and the update and log-prob passes are "
+                           "sized at it.")
     if setting.freed:
         assumptions.append(f"Between phases the {', '.join(sorted(setting.freed))} are released (on neither the GPU "
                            "nor the host) and allocated again in the update.")

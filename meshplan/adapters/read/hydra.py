@@ -257,7 +257,8 @@ def model_named_by_path(reading: Reading) -> None:
 def dynamic_batch(reading: Reading) -> None:
     """verl's actor.use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu tokens (times cp), the
     micro-batch size ignored; at the script's maximum sequence length (prompt + response) that is budget * cp // length
-    sequences per micro-batch, at least one (verl asserts the budget holds the longest sequence)."""
+    sequences per micro-batch; a budget below one sequence is unresolved (verl asserts it holds the longest).
+    The micro-batches it packs exceed the budget: rl/packing.py sizes the update at the largest."""
     switch, budget = reading.extra.get("dynamic_batch"), reading.extra.get("token_budget")
     if switch is None or not (switch[0] is True or as_bool(switch[0])):
         return
@@ -267,6 +268,11 @@ def dynamic_batch(reading: Reading) -> None:
                                   "ppo_max_token_len_per_gpu and the prompt and response lengths to be read")
         return
     tokens = int(float(str(budget[0]).strip("'\""))) * int(reading.request.get("cp", 1))
+    if tokens < length:  # verl utils/seqlen_balancing.py rearrange_micro_batches: assert max_token_len >= max_seq_len
+        reading.unresolved.append(f"{budget[1].where(reading.path)} = {budget[0]} tokens per micro-batch is below "
+                                  f"the longest sequence ({length} tokens, prompt + response): verl's "
+                                  "rearrange_micro_batches asserts max_token_len >= the sequence length")
+        return
     stated = reading.request.get("micro_batch_size")
     reading.state("micro_batch_size", max(1, tokens // length),
                   f"{budget[1].where(reading.path)} = {budget[0]} tokens per micro-batch (use_dynamic_bsz, "

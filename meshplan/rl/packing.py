@@ -1,0 +1,85 @@
+"""The largest micro-batch a token-budget packing makes: verl's use_dynamic_bsz (utils/seqlen_balancing.py
+rearrange_micro_batches) splits one rank's mini-batch into k = min(n, ceil(tokens / budget)) micro-batches
+balanced by Karmarkar-Karp over each sequence's workload (24576 s + s^2), not capped at the budget: one can exceed it.
+
+The proven bound is loose: Karmarkar-Karp's merges never widen a state's spread beyond its widest input (a decreasing
+and an increasing sequence added), so the heaviest bin's workload is at most the mean plus one sequence's, which in
+tokens allows up to budget + s_max + s_max (s_max + budget) / 24576, near three budgets at s_max = budget ~ 10K.
+What the update holds is the expected largest micro-batch at the request's lengths: sequences drawn from the
+maximum-entropy length shapes (rl/lengths.py) for the prompts and responses, partitioned as verl does, the largest
+micro-batch's tokens averaged over a few seeded draws (deterministic). Every length at its maximum packs at most the
+budget (equal items: ceil(n / ceil(n / m)) <= m per micro-batch), so a request without means is unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from functools import cache
+
+from meshplan.rl.lengths import quantile, rate
+
+WORKLOAD_PER_TOKEN = 24576  # verl calculate_workload: 24576 * seqlen + seqlen**2 (a 7B model's 12 h^2 / 2 h)
+DRAWS = 16  # seeded draws averaged
+MOST_SEQUENCES = 256  # sequences simulated per draw at most (the micro-batch count scaled with them)
+
+
+def workload(tokens: int) -> int:
+    """verl's calculate_workload of one sequence."""
+    return WORKLOAD_PER_TOKEN * tokens + tokens * tokens
+
+
+def micro_batch_count(tokens: int, sequences: int, budget: int) -> int:
+    """rearrange_micro_batches' count: min(sequences, ceil(tokens / budget)), at least one."""
+    return max(1, min(sequences, -(-tokens // budget)))
+
+
+def karmarkar_karp_largest(lengths: list[int], k: int) -> int:
+    """The tokens of the heaviest-token bin when `lengths` are split into k bins by the largest differencing method
+    over their workloads (verl karmarkar_karp, equal_size False): each state k (workload, tokens) sums sorted by
+    workload descending; the two states of widest spread merge, the largest sums of one with the smallest of the
+    other."""
+    heap = []
+    for i, s in enumerate(sorted(lengths)):
+        sets = [(workload(s), s)] + [(0, 0)] * (k - 1)
+        heapq.heappush(heap, (-(sets[0][0]), -sets[0][0], i, sets))
+    serial = len(lengths)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[3], heapq.heappop(heap)[3]
+        merged = sorted(((wa + wb, ta + tb) for (wa, ta), (wb, tb) in zip(a, reversed(b), strict=True)), reverse=True)
+        serial += 1
+        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), -merged[0][0], serial, merged))
+    return max(t for _, t in heap[0][3])
+
+
+def _draw(rng: random.Random, u: float | None, top: int) -> int:
+    """One length on [1, top] from the maximum-entropy shape of rate u (None: every length at top)."""
+    return top if u is None else max(1, round(top * quantile(u, rng.random())))
+
+
+@cache
+def largest_micro_batch_tokens(budget: int, sequences: int, prompt: int, response: int,
+                               mean_prompt: int, mean_response: int) -> int:
+    """The expected largest micro-batch's tokens when one rank's `sequences` (prompt + response, each at most
+    prompt / response tokens, means mean_prompt / mean_response) are packed to `budget` tokens as verl's
+    rearrange_micro_batches packs them; at least budget's share the planned sequences fill. Raises ValueError where
+    the budget is below the longest sequence (verl asserts max_token_len >= max_seq_len)."""
+    if budget < prompt + response:
+        raise ValueError(f"a token budget of {budget} per micro-batch is below the longest sequence "
+                         f"({prompt} + {response} tokens): verl's rearrange_micro_batches asserts max_token_len >= "
+                         "the sequence length")
+    up = None if mean_prompt >= prompt else rate(mean_prompt / prompt)
+    ur = None if mean_response >= response else rate(mean_response / response)
+    if up is None and ur is None:
+        return (budget // (prompt + response)) * (prompt + response)
+    n = min(sequences, MOST_SEQUENCES)
+    rng = random.Random(f"{budget}/{sequences}/{prompt}/{response}/{mean_prompt}/{mean_response}")
+    total = 0
+    for _ in range(DRAWS):
+        lengths = [_draw(rng, up, prompt) + _draw(rng, ur, response) for _ in range(n)]
+        # the whole rank's count, scaled to the sequences simulated
+        k = micro_batch_count(math.ceil(sum(lengths) * sequences / n), sequences, budget)
+        k = max(1, min(n, round(k * n / sequences)))
+        total += karmarkar_karp_largest(lengths, k)
+    return math.ceil(total / DRAWS)
