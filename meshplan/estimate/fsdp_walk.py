@@ -173,13 +173,17 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
         for k in range(len(units) - 1, -1, -1):
             u = units[k]
             before = other + sum(v.stored for v in units[:k])
-            own = 0.0 if u.loss and conv.output_resharded_at_loss and not all_gathered else u.params
             if all_gathered:
                 gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
             else:
                 passed = [v.params for v in units[k + 1:] if not v.in_loss]
                 prefetch = conv.prefetched_bytes * units[k - 1].params if k and not u.loss else 0.0
-                gathered = conv.unsharded_param_bytes * (sum(passed) + own) + prefetch
+                # the unit's own too, the loss unit's included: its pre_backward hook (torch 2.13 _fsdp_state.py
+                # _pre_backward -> _fsdp_param_group.py pre_backward -> unshard) gathers it again for the head's
+                # backward, right after the loss's peak with the logits' gradient alive; a root resharded after its
+                # forward (`output_resharded_at_loss`) is ungathered only at that peak, which holds no more
+                # activations than this moment and less transient, so the walk does not list it apart
+                gathered = conv.unsharded_param_bytes * (sum(passed) + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
             if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
                 retained = conv.retained_reduce_bytes * u.params
