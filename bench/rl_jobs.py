@@ -95,11 +95,6 @@ def score_row(row: dict, work: dict) -> dict:
         top = api.estimate_throughput(parse_request(fields)).rl
         res["at_max_s"] = {"step": round(top.step_s), "generation": round(top.generation_s),
                            "log_prob": round(top.log_prob_s), "update": round(top.update_s)}
-    if work.get("with_mtp") and own_pp:
-        mtp = api.estimate_memory(parse_request({k: v for k, v in {**fields, **work["with_mtp"]}.items()
-                                                 if v is not None}))
-        res["with_mtp"] = {"peak_gb": round(mtp.peak_bytes / GB, 1), "peak_phase": mtp.peak_phase,
-                           "host_tb_per_node": round(mtp.host_bytes_per_node / 1e12, 2)}
     return res
 
 
@@ -161,10 +156,6 @@ def report(res: dict) -> None:
         print(f"  phases (GB) {d['phases_gb']}; parts {d['parts_s']}")
         if "at_max_s" in d:
             print(f"  every response at the maximum instead (s): {d['at_max_s']}")
-        if "with_mtp" in d:
-            m = d["with_mtp"]
-            print(f"  with the MTP block trained: peak {m['peak_gb']} GB in {m['peak_phase']}, host "
-                  f"{m['host_tb_per_node']} TB")
     o = res["one_step_off"]
     print("One-step-off DAPO, Qwen2.5-Math-7B, 16 H20 (colocated vs 4 rollout + 12 training GPUs)")
     for placement, p in o.items():

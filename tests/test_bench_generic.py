@@ -215,6 +215,6 @@ def test_an_rl_row_runs_its_own_split_and_offloads(production_rows):
     for share in (0.5, 1.0):
         row["memory"]["offload"] = f"param/grad offload; optimizer_offload_fraction={share}"
         res = rl_jobs.score_row(row, work)
-        assert "with_mtp" not in res and res["num_gpus"] == 128
+        assert res["num_gpus"] == 128
         hosts.append(res["host_tb_per_node"])
     assert hosts[0] < hosts[1]  # half the optimizer on the host holds less of it there

@@ -132,12 +132,17 @@ def test_the_card_limit_is_what_kf001_checks():
     assert forbidding == ["kempnerforge"] and rule_specs()["KF001"].frameworks == forbidding
 
 
+MTP_BUILT = {"builds_model_mtp": {"megatron": True, "fsdp": True}, "builds_model_mtp_source": "s"}
+"""The engine section's MTP fields, so a case that breaks another engine field is refused for that field."""
+
+
 @pytest.mark.parametrize("change,complaint", [
     ({"defaults": {"zero_stage": 1, "etp": "tp"}}, "etp_why"),
     ({"defaults": {"zero_stage": 1, "etp": 1, "etp_recipes": "r"}}, "etp_recipes qualifies an etp: tp default"),
     ({"limits": {"moe_with_pipeline": False}}, "a limit needs a why"),
-    ({"engine": {"by_zero_stage": {0: "megatron", 1: "megatron"}, "why": "w"}}, "by_zero_stage needs exactly"),
-    ({"engine": {"by_zero_stage": {0: "megatorn", 1: "megatron", 2: "megatron", 3: "fsdp"}, "why": "w"}},
+    ({"engine": {"by_zero_stage": {0: "megatron", 1: "megatron"}, "why": "w", **MTP_BUILT}},
+     "by_zero_stage needs exactly"),
+    ({"engine": {"by_zero_stage": {0: "megatorn", 1: "megatron", 2: "megatron", 3: "fsdp"}, "why": "w", **MTP_BUILT}},
      "engine.by_zero_stage.0"),
     ({"search": {"vpp": True, "cp": True, "ep": True, "etp": True, "recompute": ["none"], "source": "s",
                  "flex_dispatcher": True}}, "search.flex_dispatcher"),

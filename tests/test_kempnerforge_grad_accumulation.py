@@ -10,6 +10,7 @@ import pytest
 from meshplan import api
 from meshplan.arithmetic.memory_states import accumulated_grad_bytes, convention
 from meshplan.estimate.fsdp_walk import Accumulation, FsdpUnit, fsdp_backward_moments
+from meshplan.estimate.memory import estimate_memory
 from meshplan.estimate.sharding_traffic import sharding_schedule
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
@@ -76,13 +77,17 @@ def _walk(m: int):
 
 def test_walk_holds_what_each_micro_batch_holds():
     """Three or more micro-batches: a middle one holds every unit's gradient at every moment, no sharded gradient
-    yet. Two: the first holds the units backward has passed, the last those it has not reduced yet."""
+    yet. Two: the first holds the units backward has passed, the last those it has not reduced yet; the output unit is
+    KempnerForge's root, reduced at the end of the backward, so the first holds its gradient only from there on and
+    the last until then."""
     middle = _walk(3)
     assert {s.accumulated for s in middle} == {4 * 60.0} and {s.absent_grads for s in middle} == {6.0}
     two = {s.name: s for s in _walk(2)}
     assert two["out backward (last micro-batch)"].accumulated == 4 * 60.0
-    assert two["a reduce-scatter (last micro-batch)"].accumulated == 4 * 10.0
-    assert two["a reduce-scatter (first micro-batch)"].accumulated == 4 * 50.0
+    assert two["a reduce-scatter (last micro-batch)"].accumulated == 4 * (10.0 + 30.0)
+    assert two["out reduce-scatter (end of backward) (last micro-batch)"].accumulated == 4 * 30.0
+    assert two["a reduce-scatter (first micro-batch)"].accumulated == 4 * 20.0
+    assert two["out reduce-scatter (end of backward) (first micro-batch)"].accumulated == 4 * (10.0 + 20.0)
     assert two["out backward (first micro-batch)"].accumulated == 0.0
 
 
@@ -106,3 +111,39 @@ def test_deepseek_v3_recommend_ranks_no_layout_holding_them_over_the_gpu():
     rec = api.recommend(Request(**DSV3), top_k=3)
     assert all(c.memory.peak_bytes <= c.memory.capacity_bytes for c in rec.candidates)
     assert not any(c.plan.tp == 1 and c.plan.ep == 4 and c.plan.micro_batch_size == 2 for c in rec.candidates)
+
+
+def _without_mtp(job):
+    """The job with its model trained at MTP depth 0 (KempnerForge builds no MTP block), whatever the default."""
+    return job.model_copy(update={"model": job.model.model_copy(update={"num_mtp_layers": 0,
+                                                                        "mtp_repeated_layer": False})})
+
+
+def test_deepseek_v3_at_depth_0_still_holds_every_parameter():
+    """Trained without its MTP block no MTP activations sit beside the loss, so the walk peaks in the last decoder
+    layer's backward of the last micro-batch. KempnerForge's apply_fsdp2 wraps only the blocks and then the whole
+    model (fully_shard(model): the embedding, final norm and output head), whose input, the token ids, needs no
+    gradient: that root unit reduce-scatters after the whole backward, so its accumulated gradient is still held
+    there and the stage holds every parameter, as the test above asks at the checkpoint's depth."""
+    job, plan = resolve(Request(**DSV3, tp=1, pp=1, ep=4, micro_batch_size=2, recompute="full"))
+    stage = estimate_memory(_without_mtp(job), plan).stages[0]
+    assert "mtp_params" not in stage.detail
+    assert stage.detail[HELD] == pytest.approx(4 * stage.detail["params_on_gpu"], rel=1e-9)
+
+
+def test_the_root_unit_reduces_after_the_whole_backward():
+    """KempnerForge's root unit (embedding, final norm, output head; the walk's output unit) reduce-scatters in the
+    end-of-backward callback: in the last of two micro-batches every moment before it still holds the root's
+    accumulated gradient. With one micro-batch it holds its gathered parameters (2 B) through the decoder's backward
+    and the unsharded gradients (2 B) of its head and norm, not yet the embedding's (`grads_last`), which the
+    embedding's backward, the graph's last, writes."""
+    card = framework_card("kempnerforge")
+    conv = convention(card, 3)[1]
+    units = [FsdpUnit("a", 10.0, 5.0, grads=1.0), FsdpUnit("root", 30.0, 50.0, grads=3.0, loss=True, grads_last=20.0)]
+    two = fsdp_backward_moments(conv, units, 0.0, True, Accumulation(accumulated_grad_bytes(card, 2, True), 2))
+    last = {s.name: s.accumulated for s in two if "(last micro-batch)" in s.name}
+    assert last.pop("root reduce-scatter (end of backward) (last micro-batch)") == 4 * 30.0
+    assert set(last.values()) == {4 * 40.0}
+    one = {s.name: s for s in fsdp_backward_moments(conv, units, 0.0, True)}
+    a = one["a backward"]
+    assert a.transient == 2 * 10.0 + 2 * 30.0 + 2 * (30.0 - 20.0)  # a gathered; the root's params and head grads

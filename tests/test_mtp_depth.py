@@ -78,3 +78,38 @@ def test_a_repeated_layer_needs_a_depth():
         resolve(_req(mtp_num_layers=0, mtp_use_repeated_layer=True))
     with pytest.raises(MeshplanError, match="mtp_use_repeated_layer applies one MTP block"):
         resolve(_req("nemotron-3-nano-30b-a3b", ep=8, num_gpus=16, mtp_use_repeated_layer=True))
+
+
+def _dsv3(framework: str, **fields):
+    return parse_request({"model": "deepseek-v3", "gpu": "h100", "num_gpus": 256, "ep": 64, "framework": framework,
+                          **fields})
+
+
+@pytest.mark.parametrize(("framework", "zero_stage", "depth"), [
+    ("megatron-core", 1, 1), ("megatron-bridge", 1, 1),
+    ("verl", 1, 0), ("verl", 3, 0),  # its Megatron and FSDP workers zero num_nextn_predict_layers
+    ("skyrl", 1, 1), ("skyrl", 3, 0),  # 0.4.0: AutoBridge's provider keeps them; transformers' model builds none
+    ("torchtitan", 1, 0),  # model_registry(num_mtp_layers=0)
+])
+def test_a_request_that_does_not_ask_trains_what_the_engine_builds(framework, zero_stage, depth):
+    """The default depth is the engine's (its card's engine.builds_model_mtp): fails before it (every framework
+    trained DeepSeek-V3's one MTP block)."""
+    job, _ = resolve(_dsv3(framework, zero_stage=zero_stage))
+    assert (job.model.num_mtp_layers, job.mtp_asked) == (depth, False)
+    said = [note for note in job.notes if note.startswith("mtp_num_layers not given")]
+    assert len(said) == 1 and f"given: {depth}," in said[0] and "engine.builds_model_mtp" in said[0]
+    assert ("builds none" in said[0]) is (depth == 0)
+
+
+def test_an_engine_without_mtp_still_refuses_an_asked_depth():
+    with pytest.raises(MeshplanError, match=r"verl cannot set the multi-token-prediction depth"):
+        resolve(_dsv3("verl", mtp_num_layers=1))
+
+
+def test_a_card_must_say_it_for_every_engine_it_runs():
+    from pydantic import ValidationError
+
+    from meshplan.knowledge.engine_card import EngineFacts
+    with pytest.raises(ValidationError, match="builds_model_mtp needs every engine of by_zero_stage"):
+        EngineFacts(by_zero_stage={0: "megatron", 1: "megatron", 2: "megatron", 3: "fsdp"},
+                    builds_model_mtp={"megatron": True}, builds_model_mtp_source="x", why="x")

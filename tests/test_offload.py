@@ -171,13 +171,13 @@ def test_host_memory_short_names_a_share_that_fits():
     report = api.check_config(parse_request(dict(
         model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,
         last_stage_layers=6, recompute="full", seq_length=3072, global_batch_size=96, param_offload=True,
-        optimizer_offload_fraction=1.0, cpu_memory_per_node=1200)))
+        optimizer_offload_fraction=1.0, cpu_memory_per_node=1100)))
     mem3 = next(f for f in report.findings if f.id == "MEM003")
     share = float(mem3.fix.split("optimizer_offload_fraction=")[1].split()[0])
     fixed = memory(model="deepseek-v3", gpu="h20", framework="verl", num_gpus=96, tp=8, pp=12, ep=8, etp=1,
                    last_stage_layers=6, recompute="full", seq_length=3072, global_batch_size=96, param_offload=True,
-                   optimizer_offload_fraction=share, cpu_memory_per_node=1200)
-    assert 0 < share < 1 and fixed.host_bytes_per_node <= 1200 * GIB
+                   optimizer_offload_fraction=share, cpu_memory_per_node=1100)
+    assert 0 < share < 1 and fixed.host_bytes_per_node <= 1100 * GIB
 
 
 def test_the_step_time_carries_the_offload_term():

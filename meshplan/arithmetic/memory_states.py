@@ -79,6 +79,7 @@ class Convention(_Card):
     output_resharded_at_loss: bool = False  # the output unit's params were freed after its forward (none at the loss)
     # per output-unit parameter held from its backward to the end of the backward (root unit: params and grads)
     output_held_bytes: float = Field(0, ge=0)
+    embedding_in_root: bool = False  # the embedding is a parameter of that root unit (its output layer's stage's)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
     pipeline_partition: Literal["even", "compute_balanced"] = "even"

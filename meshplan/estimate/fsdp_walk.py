@@ -26,6 +26,7 @@ class FsdpUnit(NamedTuple):
     in_loss: bool = False  # its reduce-scatter runs inside the chunked loss, once per chunk, its params gathered
     kept: float = 0.0  # what of its activations is alive at its reduce-scatter (in_loss: the chunk's logits)
     loss: bool = False  # its `stored` is the loss, which peaks before the unit's pre_backward hook fires
+    grads_last: float = 0.0  # of its params, those whose gradient the graph's last backward writes (a root's embedding)
 
 
 class StepMoment(NamedTuple):
@@ -75,10 +76,10 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
     only after its own reduce-scatter, so the units not yet reduced are absent. With `output_held_bytes` the output
     unit is the root module, whose forward inputs (token ids) need no gradient, so its post_backward waits for the
-    end-of-backward callback: its gathered parameters and unsharded gradients stay through every later moment, and
-    its reduce-scatter comes last, after the embedding's. With an `accumulation` (accumulated_moments) the moments
-    are those of the micro-batches that hold the unsharded gradients; under a pipeline stage that holds its units,
-    pipeline_moments'."""
+    end-of-backward callback: its gathered parameters and unsharded gradients stay through every later moment
+    (root_held), and its reduce-scatter comes last, after the embedding's. With an `accumulation`
+    (accumulated_moments) the moments are those of the micro-batches that hold the unsharded gradients; under a
+    pipeline stage that holds its units, pipeline_moments'."""
     if accumulation.pipeline:
         return pipeline_moments(conv, units, held_other, accumulation, grads_absent)
     out, at = [], []
@@ -87,7 +88,7 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
         u = units[k]
         before = held_other + sum(v.stored for v in units[:k])
         prefetch = conv.prefetched_bytes * units[k - 1].params if k else 0.0
-        held = conv.output_held_bytes * root.params if root and u is not root else 0.0
+        held = root_held(conv, root) if root and u is not root else 0.0
         absent = (sum(v.grads for v in units[:k + 1]) + (root.grads if held else 0.0)) if grads_absent else 0.0
         gathered = 0.0 if u.loss and conv.output_resharded_at_loss else conv.unsharded_param_bytes * u.params
         # the last reduce-scatter input still held: this unit's previous chunk, or the unit reduced just before
@@ -111,6 +112,15 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     if not accumulation.bytes_per_param:
         return out
     return accumulated_moments(out, at, units, root, accumulation, grads_absent)
+
+
+def root_held(conv, root: FsdpUnit) -> float:
+    """What the root unit holds through the decoder's backward, from its pre_backward at the loss: its gathered
+    parameters and the unsharded gradients its backward wrote (output_held_bytes per parameter), but for the
+    gradient of what its backward reaches only at the end (`grads_last`: KempnerForge's root holds the embedding,
+    the graph's last backward)."""
+    grad_bytes = conv.output_held_bytes - conv.unsharded_param_bytes
+    return conv.output_held_bytes * root.params - grad_bytes * root.grads_last
 
 
 def accumulated_moments(moments: list[StepMoment], at: list[int], units: list[FsdpUnit], root: FsdpUnit | None,
@@ -163,13 +173,17 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
         for k in range(len(units) - 1, -1, -1):
             u = units[k]
             before = other + sum(v.stored for v in units[:k])
-            own = 0.0 if u.loss and conv.output_resharded_at_loss and not all_gathered else u.params
             if all_gathered:
                 gathered = gathered_all + (conv.unsharded_param_bytes * u.params if u.in_loss else 0.0)
             else:
                 passed = [v.params for v in units[k + 1:] if not v.in_loss]
                 prefetch = conv.prefetched_bytes * units[k - 1].params if k and not u.loss else 0.0
-                gathered = conv.unsharded_param_bytes * (sum(passed) + own) + prefetch
+                # the unit's own too, the loss unit's included: its pre_backward hook (torch 2.13 _fsdp_state.py
+                # _pre_backward -> _fsdp_param_group.py pre_backward -> unshard) gathers it again for the head's
+                # backward, right after the loss's peak with the logits' gradient alive; a root resharded after its
+                # forward (`output_resharded_at_loss`) is ungathered only at that peak, which holds no more
+                # activations than this moment and less transient, so the walk does not list it apart
+                gathered = conv.unsharded_param_bytes * (sum(passed) + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
             if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
                 retained = conv.retained_reduce_bytes * u.params
@@ -253,7 +267,8 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
     terms = stage.terms
     units, held_other = walk_units(stage)
     card, pp = terms.job.card, terms.plan.pp
-    held = held_other + stage.mtp_acts
+    # the MTP blocks' activations and, where the root unit holds the embedding, its saved input: alive to the end
+    held = held_other + stage.mtp_acts + (stage.emb_acts if embedding_in_root(stage) else 0)
     held_bytes = accumulated_grad_bytes(card, terms.m, True, pp, terms.plan.defer_fsdp_grad_sync,
                                         terms.job.lora is not None)
     accumulation = Accumulation(held_bytes, terms.m)
@@ -273,8 +288,9 @@ def stage_step_peak(stage: WalkStage) -> tuple[StepMoment, StepMoment]:
 
 def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
     """The stage's FSDP units in forward order (embedding on the first stage, each decoder layer, the output layer
-    with the final norm on the last; torchtitan's apply_fsdp_to_decoder) with one micro-batch's activations each,
-    and the activations of the other micro-batches in flight."""
+    with the final norm on the last; torchtitan's apply_fsdp_to_decoder; the embedding inside the output layer's root
+    unit where embedding_in_root) with one micro-batch's activations each, and the activations of the other
+    micro-batches in flight."""
     terms, params = stage.terms, stage.params
     plan, conv, table, per_kind = terms.plan, terms.conv, terms.table, terms.per_kind
     ep_etp = plan.ep * plan.etp
@@ -284,8 +300,8 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
                 + state_bytes(terms.tensors, experts, terms.expert_dp)["gradients"])
 
     units = []
-    if params.first:
-        emb = params.embedding
+    emb, in_root = params.embedding, embedding_in_root(stage)
+    if params.first and not in_root:
         units.append(FsdpUnit("embedding", emb, stage.emb_acts, grads=grads(emb)))
     one_batch = 0.0
     for i in params.layers:
@@ -307,9 +323,19 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         if conv.output_reduce_in_loss:  # the chunk's loss tensors are freed but for its logits (and their gradient)
             logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
             kept = stage.out_acts - (conv.logits_bytes_per_element - conv.loss_reduce_bytes_per_element) * logits
-        units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
-                              in_loss=conv.output_reduce_in_loss, kept=kept, loss=True))
+        if in_root:
+            units.append(FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
+                                  grads=grads(emb + head), kept=kept, loss=True, grads_last=emb))
+        else:
+            units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
+                                  in_loss=conv.output_reduce_in_loss, kept=kept, loss=True))
     return units, max(0.0, stage.layer_acts - one_batch)
+
+
+def embedding_in_root(stage: WalkStage) -> bool:
+    """Whether the stage's embedding is a parameter of its root unit, with the output layer and final norm
+    (the convention's embedding_in_root: KempnerForge's apply_fsdp2), so it has no unit of its own."""
+    return stage.terms.conv.embedding_in_root and stage.params.first and stage.params.last
 
 
 def walk_assumption(conv, stage: StageMemory, moment: str, m: int, pipeline: bool = False) -> str:

@@ -28,6 +28,8 @@ class EngineFacts(_Card):
     zero3_memory_convention: MemoryConvention | None = None
     ulysses: list[Engine] = []  # engines whose cp is Ulysses sequence parallelism: all-to-alls, any cp_comm_type
     cp_padding: dict[Engine, CpPadding] = {}  # engines padding a micro-batch to their cp split (no length refused)
+    builds_model_mtp: dict[Engine, bool]  # whether the engine trains a checkpoint's own MTP blocks when not asked
+    builds_model_mtp_source: str
     why: str
 
     @model_validator(mode="after")
@@ -35,6 +37,9 @@ class EngineFacts(_Card):
         if set(self.by_zero_stage) != set(ZERO_STAGES):
             raise ValueError(f"by_zero_stage needs exactly the stages {list(ZERO_STAGES)}, "
                              f"got {sorted(self.by_zero_stage)}")
+        if set(self.by_zero_stage.values()) - set(self.builds_model_mtp):
+            raise ValueError(f"builds_model_mtp needs every engine of by_zero_stage, "
+                             f"got {sorted(self.builds_model_mtp)}")
         return self
 
 

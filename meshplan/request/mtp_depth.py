@@ -2,8 +2,10 @@
 MTP depths run (MultiTokenPredictionBlock applies one MultiTokenPredictionLayer per depth) and mtp_use_repeated_layer
 builds a single layer applied at every depth (megatron/core/transformer/multi_token_prediction.py), so the depth is the
 run's, not the checkpoint's: Megatron-Bridge's Nemotron 3 Super recipes train its one MTP block at two depths
-(recipes/nemotronh/h100/nemotron_3_super.py). Left out, the job trains the model's own blocks (DeepSeek-V3's
-num_nextn_predict_layers). Apart from resolve.py, which fills the rest of the job."""
+(recipes/nemotronh/h100/nemotron_3_super.py). Left out, the job trains what the engine builds by default (its card's
+engine.builds_model_mtp): the model's own blocks (DeepSeek-V3's num_nextn_predict_layers) on Megatron-Core and
+Megatron-Bridge, none where verl's workers zero num_nextn_predict_layers or a Hugging Face model builds no MTP layer.
+Apart from resolve.py, which fills the rest of the job."""
 
 from __future__ import annotations
 
@@ -20,12 +22,30 @@ def mtp_asked(req: Request) -> bool:
     return req.mtp_num_layers is not None or req.mtp_use_repeated_layer is not None
 
 
-def trained_mtp(arch: Architecture, req: Request, notes: list[str]) -> Architecture:
-    """The model with the MTP depth the request trains: mtp_num_layers depths (default: its own blocks), one block's
-    weights at all of them with mtp_use_repeated_layer. Refused where Megatron-Core cannot build it: a repeated layer
-    needs a depth, and a hybrid model's MTP layers come from its mtp_hybrid_override_pattern."""
+def default_mtp_depth(arch: Architecture, card: FrameworkCard, zero_stage: int) -> int:
+    """The MTP depth a job that does not ask trains: the model's own blocks where the engine this ZeRO stage selects
+    builds them (the card's engine.builds_model_mtp, with its source), else none."""
+    return arch.num_mtp_layers if card.engine.builds_model_mtp[card.engine_at(zero_stage)] else 0
+
+
+def trained_mtp(arch: Architecture, req: Request, card: FrameworkCard, zero_stage: int,
+                notes: list[str]) -> Architecture:
+    """The model with the MTP depth the request trains: mtp_num_layers depths (default: what the engine at
+    `zero_stage` builds, default_mtp_depth), one block's weights at all of them with mtp_use_repeated_layer. Refused
+    where Megatron-Core cannot build it: a repeated layer needs a depth, and a hybrid model's MTP layers come from its
+    mtp_hybrid_override_pattern."""
     if not mtp_asked(req):
-        return arch
+        depth = default_mtp_depth(arch, card, zero_stage)
+        if not arch.num_mtp_layers:
+            return arch
+        engine = f"{card.display_name}'s {card.engine_at(zero_stage)} engine"
+        if depth == arch.num_mtp_layers:
+            notes.append(f"mtp_num_layers not given: {depth}, {arch.name}'s own MTP blocks, which {engine} builds "
+                         f"by default (its card's engine.builds_model_mtp).")
+            return arch
+        notes.append(f"mtp_num_layers not given: 0, as {engine} builds none of {arch.name}'s {arch.num_mtp_layers} "
+                     f"MTP blocks by default (its card's engine.builds_model_mtp).")
+        return arch.model_copy(update={"num_mtp_layers": 0, "mtp_repeated_layer": False})
     depth = arch.num_mtp_layers if req.mtp_num_layers is None else req.mtp_num_layers
     repeated = bool(req.mtp_use_repeated_layer)
     if repeated and depth == 0:

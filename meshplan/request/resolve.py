@@ -149,7 +149,6 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     gpu = get_gpu(req.gpu)
     card = framework_card(req.framework)
     notes: list[str] = []
-    arch = trained_mtp(arch, req, notes)  # the MTP depth the run trains (request/mtp_depth.py)
     asked_gpus = req.num_gpus
     req, rl = resolve_rl(req, notes)  # an RL job: the trainer's GPUs, sequence and batch; None for a training job
     tp, cp = req.tp or 1, req.cp or 1
@@ -160,6 +159,7 @@ def resolve(req: Request) -> tuple[Job, Plan]:
     version = _framework_version(req, card, notes)
     num_gpus, dp = _world(req, card.world_size_law, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, notes=notes)
     zero = _zero_stage(req, card, notes)
+    arch = trained_mtp(arch, req, card, zero, notes)  # the MTP depth the run trains (request/mtp_depth.py)
     sp = req.sequence_parallel
     if sp is None:
         sp = tp > 1 and card.defaults.sequence_parallel_with_tp(arch, pp)

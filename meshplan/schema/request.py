@@ -352,8 +352,10 @@ class Request(StrictModel):
     )
     mtp_num_layers: int | None = Field(
         None, ge=0, le=16,
-        description="Multi-token-prediction depths trained (Megatron-Core mtp_num_layers; 0: none) (default: the "
-                    "model's own MTP blocks, e.g. DeepSeek-V3's num_nextn_predict_layers)",
+        description="Multi-token-prediction depths trained (Megatron-Core mtp_num_layers; 0: none) (default: what the "
+                    "framework's engine builds: the model's own MTP blocks, e.g. DeepSeek-V3's "
+                    "num_nextn_predict_layers, on Megatron-Core, Megatron-Bridge and SkyRL's Megatron strategy; none "
+                    "on verl, torchtitan or a Hugging Face FSDP engine; the card's engine.builds_model_mtp)",
     )
     mtp_use_repeated_layer: bool | None = Field(
         None, description="One MTP block's weights applied at every depth (Megatron-Core mtp_use_repeated_layer, "
