@@ -7,9 +7,15 @@ are what the estimate assumes (cards/frameworks/deepspeed.yaml read.said), and t
 from __future__ import annotations
 
 import pytest
+from test_adapters import CASES
 
 from meshplan import api
+from meshplan.adapters.render import render
 from meshplan.request.parse import parse_request
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+SUFFIX = {"json": "json", "yaml": "yaml", "toml": "toml", "python": "py", "shell": "sh", "hydra": "sh"}
 
 DEEPSPEED = [
     dict(model="llama-3.1-8b", num_gpus=8, zero_stage=3),
@@ -39,3 +45,14 @@ def test_overlap_comm_false_says_the_estimate_assumes_it_on_and_what_false_chang
     (note,) = [n for n in imported.notes if "overlap_comm = False" in n]
     assert "meshplan's time model assumes it" in note and "a longer step than meshplan predicts" in note
     assert not imported.unsupported
+
+
+@pytest.mark.parametrize("framework,variant,fields", CASES, ids=[f"{c[0]}-{c[1] or 'default'}-{c[2]['model']}"
+                                                                   for c in CASES])
+def test_every_framework_render_imports_with_nothing_meshplan_wrote_left_unexpressed(framework, variant, fields):
+    """test_adapters' render cases, imported back by the framework's reader: the flex dispatcher's backend (verl,
+    SkyRL) and the fine-grained offload's module list (Megatron-Core, Megatron-Bridge) were 'no meshplan field'."""
+    job, plan = resolve(Request(framework=framework, **fields))
+    result = render(framework, job, plan, variant=variant)
+    imported = api.import_config(result.text, path=f"rendered.{SUFFIX[result.format]}", framework=framework)
+    assert not imported.unsupported, imported.unsupported
