@@ -692,6 +692,34 @@ def test_an_uneven_split_no_first_last_sizes_fix_at_this_vpp_names_one_that_work
     assert not {e for e in errors if e.startswith("PP")}, errors
 
 
+@pytest.mark.parametrize("framework", ["megatron-core", "megatron-bridge"])
+@pytest.mark.parametrize("sizes", [{"first_stage_layers": 4}, {"last_stage_layers": 4},
+                                   {"first_stage_layers": 2, "last_stage_layers": 4}])
+def test_stage_sizes_at_pp1_are_refused_as_megatron_refuses_them_with_a_fix_that_works(framework, sizes):
+    """Llama-3.1-8B at pp=1 with first_stage_layers=4: Megatron-Core's TransformerConfig.__post_init__ does not ignore
+    the size at one stage, it raises 'Mismatch: 28 middle layers remaining but 0 middle PP stages available'. PP004's
+    fix said 'Use pp in {1, 2, 4, 8} with an even split', naming the pp=1 the user had. It now says the one stage
+    holds every layer and names fixes that pass: the sizes dropped, or a pp at which they are kept; recommend
+    pinned to pp=1 refuses with the same rule and fix."""
+    from meshplan import api
+    from meshplan.adapters.read.fixes import fix_changes
+    from meshplan.core.errors import MeshplanError
+    from meshplan.request.parse import parse_request
+    fields = dict(model="llama-3.1-8b", num_gpus=8, framework=framework, pp=1, **sizes)
+    f = finding_of("PP004", *make(**fields))
+    assert "pp=1 runs one stage, which holds all 32 layers" in f.message and "Mismatch" in f.message, f.message
+    assert "pp in {1" not in f.fix and ("drop first_stage_layers" in f.fix or "drop last_stage_layers" in f.fix), f.fix
+    changes = fix_changes(f.fix, fields)
+    assert changes[0] == {name: None for name in sizes} and len(changes) == 2, changes
+    for applied in changes:
+        fixed = {k: v for k, v in {**fields, **applied}.items() if v is not None}
+        errors = {g.id for g in check_config(*make(**fixed)).findings if g.severity == "error"}
+        assert not {e for e in errors if e.startswith("PP")}, (applied, errors)
+    with pytest.raises(MeshplanError, match="No layout can pass rule PP004") as refused:
+        api.recommend(parse_request(fields), top_k=1)
+    assert refused.value.fix == f.fix
+
+
 def test_an_uneven_split_that_leaves_a_middle_stage_without_a_layer_is_pp007_on_every_engine():
     """OLMoE (16 layers) at pp=16 with last_stage_layers=5 leaves 11 layers for 15 middle stages. PP004 (Megatron's
     own checks) covers the Megatron engines only; elsewhere the estimate split them evenly into empty stages and

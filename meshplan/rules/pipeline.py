@@ -194,6 +194,11 @@ def uneven_split_valid(ctx: Context) -> Values:
     problem = split_problem(layers, p.pp, p.vpp, first, last)
     if not problem:
         return None
+    if p.pp == 1:  # one stage, both first and last: Megatron does not ignore the sizes, it refuses them
+        problem = (f"{problem}: pp=1 runs one stage, which holds all {layers} layers, and Megatron-Core's "
+                   "TransformerConfig.__post_init__ raises ValueError ('Mismatch: ... middle layers remaining but ... "
+                   "middle PP stages available') rather than ignore the stage sizes")
+        return {"problem": problem, "layers": layers, "pp": p.pp, "split": _single_stage_fix(ctx)}
     split = uneven_split(layers, p.pp, p.vpp)  # the search's own split, so recommend enumerates what check names
     if split:
         fix = f"first_stage_layers={split[0]}, last_stage_layers={split[2]}"
@@ -207,6 +212,22 @@ def uneven_split_valid(ctx: Context) -> Values:
     else:
         fix = f"pp in {fmt_set(tiling(ctx, 'pp', divisors(layers, upto=MAX_LISTED_PP)))} with an even split"
     return {"problem": problem, "layers": layers, "pp": p.pp, "split": fix}
+
+
+def _single_stage_fix(ctx: Context) -> str:
+    """PP004's fix at pp=1: the stage sizes dropped (the one stage holds every layer), or the pipeline sizes over 1,
+    tiling the GPUs, at which Megatron-Core accepts the sizes as given (split_problem)."""
+    p, layers = ctx.plan, ctx.arch.num_layers
+    given = [(name, getattr(p, name)) for name in ("first_stage_layers", "last_stage_layers")
+             if getattr(p, name) is not None]
+    drop = ", ".join(f"drop {name}" for name, _ in given)
+    fix = f"pp=1 without first/last stage sizes ({drop}: its one stage holds all {layers} layers)"
+    keep = tiled(ctx, "pp", [d for d in range(2, min(layers, MAX_LISTED_PP) + 1)
+                             if not split_problem(layers, d, p.vpp, p.first_stage_layers, p.last_stage_layers)])
+    if keep:
+        sizes = " and ".join(f"{name}={value}" for name, value in given)
+        fix += f", or pp in {fmt_set(keep)} with {sizes} kept"
+    return fix
 
 
 def _writes_layout(ctx: Context) -> bool:
