@@ -1,0 +1,83 @@
+"""What LoRA adapters keep for their backward (arithmetic/lora.py adapter_activation_bytes), against a hand count of
+Megatron-Bridge's ParallelLinearAdapter and Hugging Face PEFT's lora.Linear, and carried into the memory estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lora_engine
+from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.cards import framework_card
+from meshplan.request.resolve import resolve
+from meshplan.schema.request import Request
+
+L8B = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, seq_length=4096, micro_batch_size=1)
+H, R, T, LAYERS = 4096, 16, 4096, 32  # Llama-3.1-8B's hidden size and layers; rank 16; one 4096-token sequence
+
+
+def layer_acts(req: Request) -> int:
+    return estimate_memory(*resolve(req)).stages[0].detail["layer_activations"]
+
+
+def test_each_adapter_keeps_its_rank_r_output_whole_on_every_tp_rank():
+    job, plan = resolve(Request(**L8B, framework="megatron-bridge", lora_rank=R))
+    saves = adapter_saves(job.model, 0, job.lora, lora_engine(job.card, plan.zero_stage))
+    # linear_qkv, linear_proj, linear_fc1, linear_fc2: B keeps A's t x r output, bf16 (no TP split: gathered)
+    for tp in (1, 2, 4):
+        got = adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=tp, sp=False,
+                                       fp8=False)
+        assert got == 4 * 2 * T * R
+
+
+def test_sequence_parallel_adapters_keep_their_input_gathered():
+    job, plan = resolve(Request(**L8B, framework="megatron-bridge", lora_rank=R))
+    saves = adapter_saves(job.model, 0, job.lora, lora_engine(job.card, plan.zero_stage))
+    got = adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=2, sp=True, fp8=False)
+    # + linear_qkv's and linear_fc1's gathered t x h input, beside the base's local t x h / tp shard
+    assert got == 4 * 2 * T * R + 2 * 2 * T * H
+    peft = adapter_activation_bytes(saves, R, "peft", tokens=T, routed_rows=0, tp=2, sp=True, fp8=False)
+    assert peft == 4 * 2 * T * R
+
+
+def test_peft_keeps_one_rank_r_output_per_projection():
+    job, plan = resolve(Request(**L8B, framework="verl", zero_stage=3, lora_rank=R))
+    engine = lora_engine(job.card, plan.zero_stage)
+    assert engine is not None and engine.adapter_saves == "peft"
+    saves = adapter_saves(job.model, 0, job.lora, engine)
+    # q, k, v, o, gate, up, down: seven lora_A outputs
+    assert adapter_activation_bytes(saves, R, "peft", tokens=T, routed_rows=0, tp=1, sp=False, fp8=False) \
+        == 7 * 2 * T * R
+
+
+@pytest.mark.parametrize("framework, zero, tp, per_layer", [
+    ("megatron-bridge", 1, 1, 4 * 2 * T * R),
+    ("megatron-bridge", 1, 2, 4 * 2 * T * R + 2 * 2 * T * H),
+    ("verl", 3, 1, 7 * 2 * T * R),
+])
+def test_the_estimate_adds_the_adapters_activations_to_full_trainings(framework, zero, tp, per_layer):
+    plan = dict(framework=framework, zero_stage=zero, tp=tp, sequence_parallel=tp > 1)
+    full = layer_acts(Request(**L8B, **plan, job="sft"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R)) - full == LAYERS * per_layer
+
+
+def test_recompute_drops_the_adapters_it_re_runs():
+    plan = dict(framework="megatron-bridge", tp=2, sequence_parallel=True)
+    full = layer_acts(Request(**L8B, **plan, job="sft", recompute="full"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R, recompute="full")) == full
+    sel = dict(recompute="selective", recompute_modules=["core_attn", "mlp"])
+    base = layer_acts(Request(**L8B, **plan, **sel, job="sft"))
+    # linear_qkv and linear_proj stay (and qkv's gathered input); the MLP's adapters are re-run with it
+    assert layer_acts(Request(**L8B, **plan, **sel, lora_rank=R)) - base == LAYERS * (2 * 2 * T * R + 2 * T * H)
+
+
+def test_a_hybrids_mamba_in_proj_adapter_keeps_its_gathered_input():
+    job, plan = resolve(Request(model="nemotron-3-nano-30b-a3b", framework="megatron-bridge", num_gpus=8, tp=2,
+                                sequence_parallel=True, ep=4, global_batch_size=64, lora_rank=R))
+    engine = lora_engine(job.card, plan.zero_stage)
+    mamba = job.model.layer_pattern.index("M")
+    saves = adapter_saves(job.model, mamba, job.lora, engine)
+    h = job.model.hidden_size
+    assert [s.gathers for s in saves] == [True, False]  # in_proj, out_proj
+    assert adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=2, sp=True,
+                                    fp8=False) == 2 * 2 * T * R + 2 * T * h
+    assert framework_card("megatron-bridge").lora["megatron"].adapter_saves == "parallel_adapter"
