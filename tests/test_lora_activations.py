@@ -3,7 +3,12 @@ Megatron-Bridge's ParallelLinearAdapter and Hugging Face PEFT's lora.Linear, and
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
+from framework_packages import PEFT_VENV, venv_python
 
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lora_engine
 from meshplan.estimate.memory import estimate_memory
@@ -52,7 +57,7 @@ def test_peft_keeps_one_rank_r_output_per_projection():
 @pytest.mark.parametrize("framework, zero, tp, per_layer", [
     ("megatron-bridge", 1, 1, 4 * 2 * T * R),
     ("megatron-bridge", 1, 2, 4 * 2 * T * R + 2 * 2 * T * H),
-    ("verl", 3, 1, 7 * 2 * T * R),
+    ("verl", 3, 1, 7 * 2 * T * R - 2 * 2 * T * H),  # less the frozen norms' normalised copies (test below)
 ])
 def test_the_estimate_adds_the_adapters_activations_to_full_trainings(framework, zero, tp, per_layer):
     plan = dict(framework=framework, zero_stage=zero, tp=tp, sequence_parallel=tp > 1)
@@ -81,3 +86,25 @@ def test_a_hybrids_mamba_in_proj_adapter_keeps_its_gathered_input():
     assert adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=2, sp=True,
                                     fp8=False) == 2 * 2 * T * R + 2 * T * h
     assert framework_card("megatron-bridge").lora["megatron"].adapter_saves == "parallel_adapter"
+
+
+def test_peft_frozen_norms_keep_less_than_the_adapters_add():
+    # verl's FSDP engine: seven rank-r outputs, less the two HF RMSNorms' bf16 normalised tensors, which their frozen
+    # weights' multiply no longer keeps (activations.frozen_norm_bytes)
+    plan = dict(framework="verl", zero_stage=3)
+    full = layer_acts(Request(**L8B, **plan, job="sft"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R)) - full == LAYERS * (7 * 2 * T * R - 2 * 2 * T * H)
+
+
+def test_peft_lora_saves_what_the_hand_count_says():
+    """The hand count above, held to what PEFT on transformers' Llama keeps (bench/peft_lora_saved_harness.py)."""
+    h, t, r = 64, 32, 8
+    ask = {"config": {"model_type": "llama", "hidden_size": h, "intermediate_size": 160, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "vocab_size": 128}, "tokens": t, "rank": r}
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
+                         timeout=900, check=True).stdout
+    got = json.loads(out.split("RESULT ", 1)[1])
+    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    assert per_layer == 7 * 2 * t * r - 2 * 2 * t * h

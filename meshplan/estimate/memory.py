@@ -485,7 +485,8 @@ def lora_assumption(job: Job, plan: Plan) -> str:
             "(weight bytes only, no gradients or optimizer state); adapters A (in x r) and B (r x out) sharded over "
             "TP as Megatron-Bridge's ParallelLinearAdapter shards them, with the full training states. Activations "
             "are full training's plus what the adapters keep (each A's rank-r output; under sequence parallelism "
-            "Megatron-Bridge's column-parallel adapters keep their input all-gathered); a frozen linear without an "
+            "Megatron-Bridge's column-parallel adapters keep their input all-gathered), less the bf16 normalised "
+            "tensor Hugging Face's RMSNorms keep only for their (frozen) weight's gradient; a frozen linear without an "
             "adapter need not save its input: an overestimate when not every linear is adapted.")
 
 

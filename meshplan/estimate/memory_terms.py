@@ -10,7 +10,7 @@ from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
-from meshplan.arithmetic.activations import Layout, Shape
+from meshplan.arithmetic.activations import Layout, Shape, frozen_norm_bytes
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, vision_adapters
 from meshplan.arithmetic.memory_states import (
     Convention,
@@ -375,15 +375,17 @@ def kind_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None)
 def adapter_kind_bytes(shape: Shape, lay: Layout, key: tuple, modules: tuple[str, ...],
                        adapters: tuple[tuple, ...], rank: int, style: str) -> float:
     """What the adapters of one per-kind key (kind, recompute mode) keep per micro-batch (arithmetic/lora.py
-    adapter_activation_bytes): nothing under full recompute (the layer keeps its input only), an MLP's or MoE block's
+    adapter_activation_bytes), less what the frozen norms do not keep (activations.frozen_norm_bytes): nothing under
+    full recompute (the layer keeps its input only), an MLP's or MoE block's
     adapters nothing under selective recompute of that module (mlp, moe), which re-runs them with the block."""
     kind, mode = key
     saves = dict(adapters).get(kind, ())
-    if mode == "full" or not saves:
+    if mode == "full":
         return 0.0
+    frozen = frozen_norm_bytes(shape, lay)  # the frozen norms' weight multiplies keep less (a PEFT engine's)
     if mode == "selective" and {"mlp", "moe"} & set(modules):
         saves = tuple(a for a in saves if not a.mlp)
     ts = lay.tp if lay.sp else 1
     routed = lay.tokens * shape.top_k / ts * lay.etp * lay.routed_load  # as activations._moe_layer counts them
     return adapter_activation_bytes(saves, rank, style, tokens=lay.tokens, routed_rows=routed, tp=lay.tp, sp=lay.sp,
-                                    fp8=lay.fp8)
+                                    fp8=lay.fp8) - frozen
