@@ -14,7 +14,11 @@ from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lo
 from meshplan.estimate.memory import estimate_memory
 from meshplan.knowledge.cards import framework_card
 from meshplan.request.resolve import resolve
+from meshplan.rules.engine import EstimateBlocked
 from meshplan.schema.request import Request
+from meshplan.search import search_job
+from meshplan.search.floors import first_stage_floor
+from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, zero_ladder
 
 L8B = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, seq_length=4096, micro_batch_size=1)
 H, R, T, LAYERS = 4096, 16, 4096, 32  # Llama-3.1-8B's hidden size and layers; rank 16; one 4096-token sequence
@@ -108,3 +112,24 @@ def test_peft_lora_saves_what_the_hand_count_says():
     got = json.loads(out.split("RESULT ", 1)[1])
     per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
     assert per_layer == 7 * 2 * t * r - 2 * 2 * t * h
+
+
+@pytest.mark.parametrize("framework", ["verl", "megatron-bridge"])
+def test_the_searchs_floor_stays_under_a_lora_estimate(framework):
+    """The frozen norms make a PEFT LoRA layer keep less than full training's: the search's floor must follow."""
+    job = search_job(Request(model="llama-3.1-8b", num_gpus=8, framework=framework, lora_rank=R))[0]
+    layouts, _ = enumerate_layouts(job, Fixed())
+    checked = 0
+    for lay in layouts[:40]:
+        sizes = micro_batches(job, lay, Fixed())
+        for zero in zero_ladder(framework_card(framework)):
+            for recompute in ("none", "full"):
+                plan = lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=sizes[0],
+                                sequence_parallel=lay.tp > 1, cp_comm_type="p2p")
+                try:
+                    peak = estimate_memory(job, plan).peak_bytes
+                except EstimateBlocked:
+                    continue
+                assert first_stage_floor(job, lay, zero, recompute, sizes[0], lay.tp > 1) <= peak * (1 + 1e-9), plan
+                checked += 1
+    assert checked > 5
