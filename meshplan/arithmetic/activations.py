@@ -242,6 +242,24 @@ def _norm(width: float, rows: float, lay: Layout) -> float:
     return BF16 * rows * width
 
 
+def frozen_norm_bytes(shape: Shape, lay: Layout) -> float:
+    """What one layer's norms do not keep when their weights are frozen (a LoRA job), of what _norm counts: Hugging
+    Face's RMSNorm (fp32_composite) multiplies its weight by the bf16 normalised tensor, and torch's mul keeps that
+    tensor only for the weight's gradient (the two block norms, MLA's latent norms, Qwen3's per-head Q/K norms; a
+    hybrid's layers, which no PEFT engine trains, are left out); a fused norm kernel (input) keeps its input
+    whatever its weight (Transformer Engine's LayerNormLinear saves inputmat, mu, rsigma). Measured on a small Llama
+    under PEFT (bench/peft_lora_saved_harness.py)."""
+    if lay.attn.norms != "fp32_composite" or shape.kinds:
+        return 0.0
+    t, ts = lay.tokens, lay.tp if lay.sp else 1
+    rows = 2 * shape.h / ts
+    if shape.mla:
+        rows += sum(shape.mla[:2]) / ts
+    if shape.qk_norm and not shape.mla:
+        rows += (shape.a + shape.g) * shape.d / lay.tp
+    return BF16 * t * rows
+
+
 class Layout(NamedTuple):
     """What of the plan and conventions changes a layer's activations."""
 

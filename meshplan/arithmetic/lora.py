@@ -9,10 +9,11 @@ keyed by engine; this module reads them and does the arithmetic that memory.py a
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import NamedTuple, get_args
 
 from pydantic import BaseModel, Field
 
+from meshplan.arithmetic.activations import BF16
 from meshplan.arithmetic.flops import mamba_scan_flops, model_flops_per_token
 from meshplan.arithmetic.gemm import TRAINING_PASSES_PER_FORWARD
 from meshplan.arithmetic.memory_states import StateTensor
@@ -167,6 +168,10 @@ class Adapted(BaseModel):
     expert: bool = False  # a routed-expert linear: sharded by etp (and ep, per_expert), its copies per expert
     column: bool = Field(False, description="Column-parallel under TP (its output split), else row-parallel or "
                                             "whole: how the adapter's GEMMs split (estimate/lora_gemms.py)")
+    gathers: bool = Field(False, description="The base is a column-parallel linear of the layer's sequence-sharded "
+                                             "input (linear_qkv, a dense or shared-expert linear_fc1, in_proj): under "
+                                             "sequence parallelism Megatron-Bridge's adapter keeps that input "
+                                             "all-gathered (adapter_activation_bytes)")
 
     def params(self, rank: int) -> int:
         return rank * (self.a_copies * self.inputs + self.outputs)
@@ -289,7 +294,7 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     spec = spec.model_copy(update={"targets": targets})
     out: list[Adapted] = []
     if "linear_qkv" in spec.targets and arch.mla is None:
-        out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1, column=True,
+        out.append(Adapted(target="linear_qkv", inputs=h, a_copies=3 if per else 1, column=True, gathers=True,
                            outputs=(arch.num_attention_heads + 2 * arch.num_kv_heads) * arch.head_dim))
     if arch.layer_kind(index) in ("*", "block"):
         out += [a for a in other_linears(arch, index) if a.target in spec.targets]
@@ -310,7 +315,7 @@ def layer_adapters(arch: Architecture, index: int, spec: LoraSpec, engine: LoraE
     for width, expert, side in mlps:  # side: the width a latent MoE's routed experts read and write
         if "linear_fc1" in spec.targets:
             out.append(Adapted(target="linear_fc1", inputs=side, outputs=gated * width, expert=expert,
-                               a_copies=gated if per else 1, column=True))
+                               a_copies=gated if per else 1, column=True, gathers=not expert))
         if "linear_fc2" in spec.targets:
             out.append(Adapted(target="linear_fc2", inputs=width, outputs=side, expert=expert))
     return out
@@ -324,7 +329,7 @@ def mamba_adapters(arch: Architecture, targets: list[str]) -> list[Adapted]:
     assert m is not None
     h, out = arch.hidden_size, []
     if "in_proj" in targets:
-        out.append(Adapted(target="in_proj", inputs=h, column=True,
+        out.append(Adapted(target="in_proj", inputs=h, column=True, gathers=True,
                            outputs=2 * m.d_inner + 2 * m.n_groups * m.state_size + m.num_heads))
     if "out_proj" in targets:
         out.append(Adapted(target="out_proj", inputs=m.d_inner, outputs=h))
@@ -407,6 +412,54 @@ def total_adapter_params(arch: Architecture, spec: LoraSpec, engine: LoraEngine 
     counted once per layer)."""
     dense, expert = adapter_params(arch, list(range(arch.num_layers)), spec, engine, tp=1, ep=1, etp=1, mtp=True)
     return int(dense + expert)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+class AdapterSaves(NamedTuple):
+    """What of one adapted linear decides the activations its adapter keeps (hashable, for the memory's caches)."""
+
+    inputs: int     # the base's input width
+    a_copies: int   # A matrices, each with its own rank-r output (PEFT's q/k/v, gate/up)
+    expert: bool    # a routed-expert linear: its rows are the routed token copies
+    gathers: bool   # Adapted.gathers
+    mlp: bool       # linear_fc1 / linear_fc2: what Megatron's mlp / moe recompute module re-runs
+
+
+def adapter_saves(arch: Architecture, index: int, spec: LoraSpec,
+                  engine: LoraEngine | None) -> tuple[AdapterSaves, ...]:
+    """The adapters of decoder layer `index` (layer_adapters) as adapter_activation_bytes reads them."""
+    return tuple(AdapterSaves(a.inputs, a.a_copies, a.expert, a.gathers, a.target in ("linear_fc1", "linear_fc2"))
+                 for a in layer_adapters(arch, index, spec, engine))
+
+
+def adapter_activation_bytes(saves: tuple[AdapterSaves, ...], rank: int, style: str, *, tokens: float,
+                             routed_rows: float, tp: int, sp: bool, fp8: bool) -> float:
+    """Bytes one layer's adapters keep for their backward per micro-batch on one GPU, beyond what the frozen base's
+    layer keeps (arithmetic/activations.py), bf16, by the engine's LoraEngine.adapter_saves:
+
+    - every adapter: the rank-r output of each of its A matrices, kept by B (`tokens` rows, a routed expert's
+      `routed_rows`), whole on every TP rank: Megatron-Bridge's linear_in is a ColumnParallelLinear with
+      gather_output=True or a RowParallelLinear whose output is all-reduced (peft/utils.py ParallelLinearAdapter);
+      PEFT's lora_B(lora_A(x)) keeps lora_A's output, one per projection (a_copies);
+    - parallel_adapter, a base of the sequence-sharded input (AdapterSaves.gathers) under sequence parallelism with
+      tp > 1: the all-gathered input (tokens x inputs) linear_in keeps, a tensor beside the local shard the
+      layernorm-fused base keeps (Transformer Engine layernorm_linear.py: with return_layernorm_output it saves
+      ln_out even for a frozen weight; return_layernorm_output_gathered hands the adapter the gathered copy), or
+      that a column-parallel base gathers itself; under fp8 without SP, the bf16 input beside the base's fp8 copy.
+    Nothing else: linear_in's input is otherwise the base's own input tensor, which layer_activations counts once,
+    and a frozen base keeps no input of its own (Megatron-Core LinearWithFrozenWeight saves the weight only; Transformer
+    Engine's _Linear saves its input only if weight.requires_grad; torch's mm keeps mat1 only for mat2's gradient), so
+    a row-parallel adapter's input (the attention output flash keeps, the fc2 input) is the tensor counted there.
+    LoRA dropout is off on every engine meshplan renders (Megatron-Bridge's LoRA.dropout, PEFT's lora_dropout and
+    AutoModel's dropout all default to 0.0, an Identity), so no mask."""
+    total = 0.0
+    for a in saves:
+        total += BF16 * (routed_rows if a.expert else tokens) * rank * a.a_copies
+        if style == "parallel_adapter" and a.gathers and ((sp and tp > 1) or fp8):
+            total += BF16 * tokens * a.inputs
+    return total
 
 
 # --------------------------------------------------------------------------- FLOPs

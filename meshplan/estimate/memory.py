@@ -56,6 +56,8 @@ from meshplan.estimate.memory_terms import (
     MEMORY_PER_PLAN_FIELDS,
     LayoutTerms,
     MemoryTerms,
+    adapter_kind_bytes,
+    kind_adapters,
     param_table_for,
     stage_params,
 )
@@ -332,7 +334,7 @@ def micro_batch_terms(job: Job, plan: Plan, base: LayoutTerms) -> tuple[int, Lay
         tokens = rank_tokens(job, plan.micro_batch_size, plan.tp, plan.cp, plan.zero_stage)
         lay = Layout(tokens, *base.layer_layout[1:])  # _layer_layout(job, plan, conv, tokens): only tokens differ
         hit = base.micro_batches[key] = (
-            tokens, lay, _per_kind(job, lay, base.selective, modules),
+            tokens, lay, _per_kind(job, lay, base.selective, modules, plan.zero_stage),
             # final-norm and output-layer inputs plus the logits and loss of one micro-batch (chunked where the loss
             # is)
             output_activations(conv, tokens, base.vocab, plan.tp, arch.hidden_size, base.ts))
@@ -357,9 +359,16 @@ def _layer_layout(job: Job, plan: Plan, conv, tokens: int) -> Layout:
     )
 
 
-def _per_kind(job: Job, lay: Layout, selective: str, modules: tuple[str, ...]) -> dict[tuple[bool, str], float]:
-    """One layer's activations for one micro-batch, per (MoE layer, recompute mode)."""
-    return per_kind_activations(architecture_shape(job.model), lay, selective, modules)
+def _per_kind(job: Job, lay: Layout, selective: str, modules: tuple[str, ...],
+              zero_stage: int) -> dict[tuple[bool, str], float]:
+    """One layer's activations for one micro-batch, per (MoE layer, recompute mode); a LoRA job's with its adapters'
+    (lora_per_kind)."""
+    shape = architecture_shape(job.model)
+    if job.lora is None:
+        return per_kind_activations(shape, lay, selective, modules)
+    engine = lora_engine(job.card, zero_stage)
+    return lora_per_kind(shape, lay, selective, modules, kind_adapters(job.model, job.lora, engine), job.lora.rank,
+                         engine.adapter_saves if engine is not None else "parallel_adapter")
 
 
 architecture_shape = per_architecture(shape_of)  # one Shape per model object
@@ -377,6 +386,14 @@ def per_kind_activations(shape: Shape, lay: Layout, selective: str,
         (moe, mode): sum(layer_activations(shape, lay, moe, activation_mode(mode, selective), modules).values())
         for moe in (False, True) for mode in ("none", "selective", "full")
     }
+
+
+@lru_cache(maxsize=1024)
+def lora_per_kind(shape: Shape, lay: Layout, selective: str, modules: tuple[str, ...], adapters: tuple, rank: int,
+                  style: str) -> dict[tuple[bool, str], float]:
+    """per_kind_activations with each key's adapters (memory_terms.adapter_kind_bytes), one dict per value."""
+    return {key: v + adapter_kind_bytes(shape, lay, key, modules, adapters, rank, style)
+            for key, v in per_kind_activations(shape, lay, selective, modules).items()}
 
 
 def fit_figure(stages: list[StageMemory], plan: Plan, card) -> tuple[int, str]:
@@ -467,8 +484,10 @@ def lora_assumption(job: Job, plan: Plan) -> str:
     return (f"LoRA rank {job.lora.rank} on {', '.join(job.lora.targets)} ({how} adapters): base weights frozen "
             "(weight bytes only, no gradients or optimizer state); adapters A (in x r) and B (r x out) sharded over "
             "TP as Megatron-Bridge's ParallelLinearAdapter shards them, with the full training states. Activations "
-            "are kept as for full training (a frozen linear without an adapter need not save its input: an "
-            "overestimate when not every linear is adapted).")
+            "are full training's plus what the adapters keep (each A's rank-r output; under sequence parallelism "
+            "Megatron-Bridge's column-parallel adapters keep their input all-gathered), less the bf16 normalised "
+            "tensor Hugging Face's RMSNorms keep only for their (frozen) weight's gradient; a frozen linear without an "
+            "adapter need not save its input: an overestimate when not every linear is adapted.")
 
 
 def _assumptions(terms: MemoryTerms) -> list[str]:

@@ -10,8 +10,8 @@ from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
-from meshplan.arithmetic.activations import Layout
-from meshplan.arithmetic.lora import vision_adapters
+from meshplan.arithmetic.activations import Layout, Shape, frozen_norm_bytes
+from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, vision_adapters
 from meshplan.arithmetic.memory_states import (
     Convention,
     MemoryCard,
@@ -24,6 +24,7 @@ from meshplan.arithmetic.memory_states import (
 from meshplan.arithmetic.offload import OffloadPlan
 from meshplan.arithmetic.schedule import Stages
 from meshplan.estimate.layer_records import scope_memo
+from meshplan.knowledge.lora_card import LoraEngine
 from meshplan.knowledge.model_counts import (
     layer_params,
     mamba_linear_params,
@@ -35,7 +36,7 @@ from meshplan.knowledge.model_counts import (
 )
 from meshplan.knowledge.tp_card import head_tp
 from meshplan.schema.model import Architecture
-from meshplan.schema.plan import Job, Plan
+from meshplan.schema.plan import Job, LoraSpec, Plan
 
 
 class ParamTable:
@@ -358,3 +359,33 @@ def vision_weight_bytes(terms: MemoryTerms, params: StageParams, detail: dict[st
     weights = [t for t in terms.tensors if t.tensor_class == "weights"]
     return VisionWeights(count, sum(state_bytes(weights, count, terms.dense_dp).values()))
 
+
+
+def kind_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) -> tuple[tuple, ...]:
+    """(layer kind, its adapters) for each key of the per-kind activations (memory.per_kind_activations): a hybrid's
+    pattern letters, else whether the layer is MoE, each read off the first layer of that kind."""
+    kinds: dict = {}
+    for index in range(arch.num_layers):
+        kind = arch.layer_kind(index) if arch.layer_pattern is not None else arch.is_moe_layer(index)
+        if kind not in kinds:
+            kinds[kind] = adapter_saves(arch, index, spec, engine)
+    return tuple(kinds.items())
+
+
+def adapter_kind_bytes(shape: Shape, lay: Layout, key: tuple, modules: tuple[str, ...],
+                       adapters: tuple[tuple, ...], rank: int, style: str) -> float:
+    """What the adapters of one per-kind key (kind, recompute mode) keep per micro-batch (arithmetic/lora.py
+    adapter_activation_bytes), less what the frozen norms do not keep (activations.frozen_norm_bytes): nothing under
+    full recompute (the layer keeps its input only), an MLP's or MoE block's
+    adapters nothing under selective recompute of that module (mlp, moe), which re-runs them with the block."""
+    kind, mode = key
+    saves = dict(adapters).get(kind, ())
+    if mode == "full":
+        return 0.0
+    frozen = frozen_norm_bytes(shape, lay)  # the frozen norms' weight multiplies keep less (a PEFT engine's)
+    if mode == "selective" and {"mlp", "moe"} & set(modules):
+        saves = tuple(a for a in saves if not a.mlp)
+    ts = lay.tp if lay.sp else 1
+    routed = lay.tokens * shape.top_k / ts * lay.etp * lay.routed_load  # as activations._moe_layer counts them
+    return adapter_activation_bytes(saves, rank, style, tokens=lay.tokens, routed_rows=routed, tp=lay.tp, sp=lay.sp,
+                                    fp8=lay.fp8) - frozen

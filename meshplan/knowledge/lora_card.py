@@ -55,4 +55,14 @@ class LoraEngine(BaseModel):
     experts_why: str | None = Field(
         None, description="With experts none: why the routed experts get no adapter and what would adapt them, said in "
                           "the notes of a MoE model's LoRA job that targets linear_fc1 / linear_fc2")
+    adapter_saves: Literal["parallel_adapter", "peft"] = Field(
+        description="What an adapter keeps for its backward (arithmetic/lora.py adapter_activation_bytes). "
+                    "parallel_adapter: Megatron-Bridge's ParallelLinearAdapter (peft/utils.py, LoRA dropout 0.0: an "
+                    "Identity), whose linear_out keeps linear_in's rank-r output, whole (linear_in gathers or "
+                    "all-reduces it over TP), and whose linear_in keeps its input: the base's own input tensor, "
+                    "except under sequence parallelism where a layernorm-fused or column-parallel base hands it "
+                    "the all-gathered input (return_layernorm_output_gathered; sequence_parallel_input_regather "
+                    "off by default), a copy beside the base's local shard; peft: Hugging Face PEFT's lora.Linear "
+                    "(and AutoModel's LinearLoRA), lora_B(lora_A(dropout(x))) with dropout 0.0, where each "
+                    "projection's lora_B keeps its A's rank-r output and lora_A keeps x itself")
     source: str

@@ -693,7 +693,6 @@ def _layer_activation_sums(job: Job, reads: tuple, tokens: int, tp: int, sp: boo
     if shape.kinds:  # a hybrid (M, *, -, E layers): arithmetic/mamba.least_kind_activations
         return least_kind_activations(shape, act._replace(mamba=memory_card().mamba2_layer.terms()), recompute)
     mode = activation_mode(recompute, job.card.recompute.selective)  # what this framework's "selective" saves
-    return (sum(layer_activations(shape, act, True, mode).values()),
-            sum(layer_activations(shape, act, False, mode).values()),
-            sum(layer_activations(shape, act, True, "none").values()),
-            sum(layer_activations(shape, act, False, "none").values()))
+    frozen = activations.frozen_norm_bytes(shape, act) if job.lora is not None else 0.0  # frozen norms: LoRA
+    return tuple(sum(layer_activations(shape, act, moe, m).values()) - (0.0 if m == "full" else frozen)
+                 for m in (mode, "none") for moe in (True, False))

@@ -1,0 +1,51 @@
+"""The activations a small transformers model keeps for its backward, trained in full and under Hugging Face PEFT's
+LoRA (all-linear), one decoder layer and two, so the difference of the two counts is one layer's.
+
+Runs inside the PEFT venv of tests/framework_packages.py (torch 2.13.0, transformers 5.9.0, peft 0.18.1); meshplan
+never imports it, and it never imports meshplan. Reads {"config": {...}, "tokens": t, "rank": r} as JSON on stdin and
+prints `RESULT {"full": [one layer, two layers], "lora": [...]}`: the bytes of the distinct storages autograd saves
+in one forward (torch.autograd.graph.saved_tensors_hooks), parameters and buffers left out. The model is bf16 and the
+adapters are cast to bf16 after get_peft_model, as verl's and SkyRL's FSDP engines run them (FSDP2's MixedPrecision
+param_dtype bf16; PEFT alone would keep the adapters in fp32 and cast the input up). The CPU's eager attention keeps
+its s x s weights, the same in both counts, so it cancels in the difference tests/test_lora_activations.py reads.
+"""
+
+import json
+import sys
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoConfig, AutoModelForCausalLM
+
+
+def saved_bytes(model: torch.nn.Module, tokens: int) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        storage = x.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return x
+
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        model(input_ids=ids)
+    owned = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    owned |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    return sum(n for ptr, n in storages.items() if ptr not in owned)
+
+
+def main() -> None:
+    ask = json.load(sys.stdin)
+    torch.manual_seed(0)
+    result: dict[str, list[int]] = {"full": [], "lora": []}
+    for layers in (1, 2):
+        config = AutoConfig.for_model(**{**ask["config"], "num_hidden_layers": layers})
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+        result["full"].append(saved_bytes(model, ask["tokens"]))
+        lora = get_peft_model(model, LoraConfig(r=ask["rank"], target_modules="all-linear")).to(torch.bfloat16)
+        result["lora"].append(saved_bytes(lora, ask["tokens"]))
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""What LoRA adapters keep for their backward (arithmetic/lora.py adapter_activation_bytes), against a hand count of
+Megatron-Bridge's ParallelLinearAdapter and Hugging Face PEFT's lora.Linear, and carried into the memory estimate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from framework_packages import PEFT_VENV, venv_python
+
+from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, lora_engine
+from meshplan.estimate.memory import estimate_memory
+from meshplan.knowledge.cards import framework_card
+from meshplan.request.resolve import resolve
+from meshplan.rules.engine import EstimateBlocked
+from meshplan.schema.request import Request
+from meshplan.search import search_job
+from meshplan.search.floors import first_stage_floor
+from meshplan.search.space import Fixed, enumerate_layouts, micro_batches, zero_ladder
+
+L8B = dict(model="llama-3.1-8b", num_gpus=8, global_batch_size=64, seq_length=4096, micro_batch_size=1)
+H, R, T, LAYERS = 4096, 16, 4096, 32  # Llama-3.1-8B's hidden size and layers; rank 16; one 4096-token sequence
+
+
+def layer_acts(req: Request) -> int:
+    return estimate_memory(*resolve(req)).stages[0].detail["layer_activations"]
+
+
+def test_each_adapter_keeps_its_rank_r_output_whole_on_every_tp_rank():
+    job, plan = resolve(Request(**L8B, framework="megatron-bridge", lora_rank=R))
+    saves = adapter_saves(job.model, 0, job.lora, lora_engine(job.card, plan.zero_stage))
+    # linear_qkv, linear_proj, linear_fc1, linear_fc2: B keeps A's t x r output, bf16 (no TP split: gathered)
+    for tp in (1, 2, 4):
+        got = adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=tp, sp=False,
+                                       fp8=False)
+        assert got == 4 * 2 * T * R
+
+
+def test_sequence_parallel_adapters_keep_their_input_gathered():
+    job, plan = resolve(Request(**L8B, framework="megatron-bridge", lora_rank=R))
+    saves = adapter_saves(job.model, 0, job.lora, lora_engine(job.card, plan.zero_stage))
+    got = adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=2, sp=True, fp8=False)
+    # + linear_qkv's and linear_fc1's gathered t x h input, beside the base's local t x h / tp shard
+    assert got == 4 * 2 * T * R + 2 * 2 * T * H
+    peft = adapter_activation_bytes(saves, R, "peft", tokens=T, routed_rows=0, tp=2, sp=True, fp8=False)
+    assert peft == 4 * 2 * T * R
+
+
+def test_peft_keeps_one_rank_r_output_per_projection():
+    job, plan = resolve(Request(**L8B, framework="verl", zero_stage=3, lora_rank=R))
+    engine = lora_engine(job.card, plan.zero_stage)
+    assert engine is not None and engine.adapter_saves == "peft"
+    saves = adapter_saves(job.model, 0, job.lora, engine)
+    # q, k, v, o, gate, up, down: seven lora_A outputs
+    assert adapter_activation_bytes(saves, R, "peft", tokens=T, routed_rows=0, tp=1, sp=False, fp8=False) \
+        == 7 * 2 * T * R
+
+
+@pytest.mark.parametrize("framework, zero, tp, per_layer", [
+    ("megatron-bridge", 1, 1, 4 * 2 * T * R),
+    ("megatron-bridge", 1, 2, 4 * 2 * T * R + 2 * 2 * T * H),
+    ("verl", 3, 1, 7 * 2 * T * R - 2 * 2 * T * H),  # less the frozen norms' normalised copies (test below)
+])
+def test_the_estimate_adds_the_adapters_activations_to_full_trainings(framework, zero, tp, per_layer):
+    plan = dict(framework=framework, zero_stage=zero, tp=tp, sequence_parallel=tp > 1)
+    full = layer_acts(Request(**L8B, **plan, job="sft"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R)) - full == LAYERS * per_layer
+
+
+def test_recompute_drops_the_adapters_it_re_runs():
+    plan = dict(framework="megatron-bridge", tp=2, sequence_parallel=True)
+    full = layer_acts(Request(**L8B, **plan, job="sft", recompute="full"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R, recompute="full")) == full
+    sel = dict(recompute="selective", recompute_modules=["core_attn", "mlp"])
+    base = layer_acts(Request(**L8B, **plan, **sel, job="sft"))
+    # linear_qkv and linear_proj stay (and qkv's gathered input); the MLP's adapters are re-run with it
+    assert layer_acts(Request(**L8B, **plan, **sel, lora_rank=R)) - base == LAYERS * (2 * 2 * T * R + 2 * T * H)
+
+
+def test_a_hybrids_mamba_in_proj_adapter_keeps_its_gathered_input():
+    job, plan = resolve(Request(model="nemotron-3-nano-30b-a3b", framework="megatron-bridge", num_gpus=8, tp=2,
+                                sequence_parallel=True, ep=4, global_batch_size=64, lora_rank=R))
+    engine = lora_engine(job.card, plan.zero_stage)
+    mamba = job.model.layer_pattern.index("M")
+    saves = adapter_saves(job.model, mamba, job.lora, engine)
+    h = job.model.hidden_size
+    assert [s.gathers for s in saves] == [True, False]  # in_proj, out_proj
+    assert adapter_activation_bytes(saves, R, "parallel_adapter", tokens=T, routed_rows=0, tp=2, sp=True,
+                                    fp8=False) == 2 * 2 * T * R + 2 * T * h
+    assert framework_card("megatron-bridge").lora["megatron"].adapter_saves == "parallel_adapter"
+
+
+def test_peft_frozen_norms_keep_less_than_the_adapters_add():
+    # verl's FSDP engine: seven rank-r outputs, less the two HF RMSNorms' bf16 normalised tensors, which their frozen
+    # weights' multiply no longer keeps (activations.frozen_norm_bytes)
+    plan = dict(framework="verl", zero_stage=3)
+    full = layer_acts(Request(**L8B, **plan, job="sft"))
+    assert layer_acts(Request(**L8B, **plan, lora_rank=R)) - full == LAYERS * (7 * 2 * T * R - 2 * 2 * T * H)
+
+
+def test_peft_lora_saves_what_the_hand_count_says():
+    """The hand count above, held to what PEFT on transformers' Llama keeps (bench/peft_lora_saved_harness.py)."""
+    h, t, r = 64, 32, 8
+    ask = {"config": {"model_type": "llama", "hidden_size": h, "intermediate_size": 160, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "vocab_size": 128}, "tokens": t, "rank": r}
+    harness = Path(__file__).resolve().parents[1] / "bench" / "peft_lora_saved_harness.py"
+    python = venv_python("peft", PEFT_VENV, python_version="3.11")
+    out = subprocess.run([str(python), str(harness)], input=json.dumps(ask), capture_output=True, text=True,
+                         timeout=900, check=True).stdout
+    got = json.loads(out.split("RESULT ", 1)[1])
+    per_layer = (got["lora"][1] - got["lora"][0]) - (got["full"][1] - got["full"][0])
+    assert per_layer == 7 * 2 * t * r - 2 * 2 * t * h
+
+
+@pytest.mark.parametrize("framework", ["verl", "megatron-bridge"])
+def test_the_searchs_floor_stays_under_a_lora_estimate(framework):
+    """The frozen norms make a PEFT LoRA layer keep less than full training's: the search's floor must follow."""
+    job = search_job(Request(model="llama-3.1-8b", num_gpus=8, framework=framework, lora_rank=R))[0]
+    layouts, _ = enumerate_layouts(job, Fixed())
+    checked = 0
+    for lay in layouts[:40]:
+        sizes = micro_batches(job, lay, Fixed())
+        for zero in zero_ladder(framework_card(framework)):
+            for recompute in ("none", "full"):
+                plan = lay.plan(zero_stage=zero, recompute=recompute, micro_batch_size=sizes[0],
+                                sequence_parallel=lay.tp > 1, cp_comm_type="p2p")
+                try:
+                    peak = estimate_memory(job, plan).peak_bytes
+                except EstimateBlocked:
+                    continue
+                assert first_stage_floor(job, lay, zero, recompute, sizes[0], lay.tp > 1) <= peak * (1 + 1e-9), plan
+                checked += 1
+    assert checked > 5
