@@ -407,6 +407,13 @@ def _attention(shape: Shape, lay: Layout, sel: set[str], lin: int) -> float:
     return attn
 
 
+def routed_rows(shape: Shape, lay: Layout) -> float:
+    """The routed token copies an MoE layer computes on the most loaded rank per micro-batch: each rank's t x top_k
+    copies spread over the EP ranks and gathered over ETP (t x top_k x etp on average), routed_load times that on the
+    most loaded rank (dropless, no cap). What the experts' activations and their LoRA adapters' rows read."""
+    return lay.tokens * shape.top_k / (lay.tp if lay.sp else 1) * lay.etp * lay.routed_load
+
+
 def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -> float:
     """A MoE layer's bytes (layer_activations) on top of `mlp`, its input as the router and experts keep it."""
     t, h, tp = lay.tokens, shape.h, lay.tp
@@ -426,7 +433,7 @@ def _moe_layer(shape: Shape, lay: Layout, sel: set[str], lin: int, mlp: float) -
     # routed copies computed on this rank: dropless, each rank's t*top_k copies spread over the EP ranks and
     # gathered over ETP, so t*top_k*etp on average, routed_load times that on the most loaded rank (no cap); a latent
     # MoE's copies are latent-wide (dispatched after fc1_latent_proj)
-    rows = t * shape.top_k / ts * lay.etp * lay.routed_load
+    rows = routed_rows(shape, lay)
     mlp += rows * (lay.moe.per_copy + lay.moe.hidden_bytes * shape.expert_h)
     mlp += lin * rows * shape.expert_h  # expert fc1 input (the dispatched tokens)
     mlp += _mlp(shape, shape.f_expert, rows, lay.etp, lin, lay.swiglu_unfused, act="moe_act" not in sel)

@@ -500,7 +500,6 @@ def frozen_flops_per_token(arch: Architecture, seq_length: int) -> float:
     return full - linear * (1 - FROZEN_PASSES_PER_FORWARD / 3)
 
 
-
 def scan_layers(arch: Architecture) -> int:
     """The Mamba-2 layers hybrid_flops counts a scan of: the pattern's M layers and those of each MTP depth's block
     (arithmetic/flops.py hybrid_flops_per_token); their scan is no weight's GEMM, so the frozen discount leaves it."""

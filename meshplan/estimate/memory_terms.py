@@ -10,7 +10,7 @@ from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
-from meshplan.arithmetic.activations import Layout, Shape, frozen_norm_bytes
+from meshplan.arithmetic.activations import Layout, Shape, frozen_norm_bytes, routed_rows
 from meshplan.arithmetic.lora import adapter_activation_bytes, adapter_saves, vision_adapters
 from meshplan.arithmetic.memory_states import (
     Convention,
@@ -360,7 +360,6 @@ def vision_weight_bytes(terms: MemoryTerms, params: StageParams, detail: dict[st
     return VisionWeights(count, sum(state_bytes(weights, count, terms.dense_dp).values()))
 
 
-
 def kind_adapters(arch: Architecture, spec: LoraSpec, engine: LoraEngine | None) -> tuple[tuple, ...]:
     """(layer kind, its adapters) for each key of the per-kind activations (memory.per_kind_activations): a hybrid's
     pattern letters, else whether the layer is MoE, each read off the first layer of that kind."""
@@ -385,7 +384,5 @@ def adapter_kind_bytes(shape: Shape, lay: Layout, key: tuple, modules: tuple[str
     frozen = frozen_norm_bytes(shape, lay)  # the frozen norms' weight multiplies keep less (a PEFT engine's)
     if mode == "selective" and {"mlp", "moe"} & set(modules):
         saves = tuple(a for a in saves if not a.mlp)
-    ts = lay.tp if lay.sp else 1
-    routed = lay.tokens * shape.top_k / ts * lay.etp * lay.routed_load  # as activations._moe_layer counts them
-    return adapter_activation_bytes(saves, rank, style, tokens=lay.tokens, routed_rows=routed, tp=lay.tp, sp=lay.sp,
-                                    fp8=lay.fp8) - frozen
+    return adapter_activation_bytes(saves, rank, style, tokens=lay.tokens, routed_rows=routed_rows(shape, lay),
+                                    tp=lay.tp, sp=lay.sp, fp8=lay.fp8) - frozen
