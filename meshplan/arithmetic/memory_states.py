@@ -82,6 +82,9 @@ class Convention(_Card):
     embedding_in_root: bool = False  # the embedding is a parameter of that root unit (its output layer's stage's)
     retained_reduce_bytes: float = Field(0, ge=0)  # per parameter of the last reduced unit, kept into the next unit
     loss_reduce_bytes_per_element: float = Field(0, ge=0)  # per logit of a chunk, alive at the output unit's reduce
+    # per logit alive at the backward of a root output unit's head, gathered again after the loss's peak (its copy-out
+    # and the head's matmul; fsdp_walk.head_moments); 0: not derived, the walk lists no such moment
+    head_backward_bytes_per_element: float = Field(0, ge=0)
     pipeline_partition: Literal["even", "compute_balanced"] = "even"
     # activations.MOE_BYTES: what a MoE layer keeps
     moe_activations: Literal["megatron_core", "generic", "fp32_router", "hf"]

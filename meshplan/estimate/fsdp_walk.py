@@ -26,6 +26,7 @@ class FsdpUnit(NamedTuple):
     in_loss: bool = False  # its reduce-scatter runs inside the chunked loss, once per chunk, its params gathered
     kept: float = 0.0  # what of its activations is alive at its reduce-scatter (in_loss: the chunk's logits)
     loss: bool = False  # its `stored` is the loss, which peaks before the unit's pre_backward hook fires
+    head: float = 0.0  # what of its activations is alive at its head's backward, the loss's peak passed (root unit)
     grads_last: float = 0.0  # of its params, those whose gradient the graph's last backward writes (a root's embedding)
 
 
@@ -70,7 +71,8 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     The output unit's loss peaks in the cross-entropy's backward, before the unit's pre_backward hook (registered on
     its outputs) fires, so nothing is prefetched yet; its parameters stay gathered from its forward
     (reshard_after_forward=False in torchtitan's apply_fsdp_to_decoder), unless the trainer resharded it after the
-    forward (`output_resharded_at_loss`). A unit that reduces inside the chunked loss
+    forward (`output_resharded_at_loss`); a root output unit's pre_backward then gathers it again for the head's
+    backward, with the logits' gradient alive (head_moments). A unit that reduces inside the chunked loss
     (`in_loss`) does so once per chunk with its parameters gathered, the previous chunk's reduce-scatter input held and
     the chunk's `kept` logits alive; its buffers are gone by the time the decoder's backward starts. With
     `grads_absent` (the trainer set the gradients to None; one micro-batch per step) a unit's sharded gradient exists
@@ -98,6 +100,9 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
                               gathered + (0.0 if u.loss else prefetch) + retained + held, absent))
         at.append(k)
         if u is root:
+            head = head_moments(conv, root, before, prefetch, absent)
+            out += head
+            at += [k] * len(head)
             continue
         reduce = conv.gathered_layers * conv.gathered_bytes * u.params + prefetch
         out.append(StepMoment(f"{u.name} reduce-scatter", before + u.kept,
@@ -112,6 +117,23 @@ def fsdp_backward_moments(conv, units: list[FsdpUnit], held_other: float, grads_
     if not accumulation.bytes_per_param:
         return out
     return accumulated_moments(out, at, units, root, accumulation, grads_absent)
+
+
+def head_moments(conv, root: FsdpUnit, before: float, prefetch: float, absent: float) -> list[StepMoment]:
+    """The root output unit's head backward, right after the loss's peak (root.head alive: the logits' gradient and
+    what the loss code still holds, beside `before`), where its pre_backward hook (torch 2.13 _fsdp_state.py
+    _pre_backward -> _fsdp_param_group.py pre_backward) gathers it: wait_for_unshard copies the all-gather output
+    (`prefetched_bytes` per parameter) into the unsharded parameters before freeing it, so both are alive (a root not
+    resharded after its forward is gathered already and skips it); then it prefetches the unit before it and the
+    head's matmul backward writes its unsharded weight gradient beside the logits' gradient, root_held's bytes. Left
+    out: the hidden-state gradient (hidden/vocab of a logit's). Listed only where the convention says what of the
+    loss is alive then (head_backward_bytes_per_element)."""
+    if not root.head:
+        return []
+    acts = before + root.head
+    copy = (conv.unsharded_param_bytes + conv.prefetched_bytes) * root.params if conv.output_resharded_at_loss else None
+    out = [] if copy is None else [StepMoment(f"{root.name} gathered again", acts, copy, absent)]
+    return out + [StepMoment(f"{root.name} head backward", acts, root_held(conv, root) + prefetch, absent)]
 
 
 def root_held(conv, root: FsdpUnit) -> float:
@@ -182,7 +204,8 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 # _pre_backward -> _fsdp_param_group.py pre_backward -> unshard) gathers it again for the head's
                 # backward, right after the loss's peak with the logits' gradient alive; a root resharded after its
                 # forward (`output_resharded_at_loss`) is ungathered only at that peak, which holds no more
-                # activations than this moment and less transient, so the walk does not list it apart
+                # activations than this moment and less transient, so the walk does not list it apart (nor the
+                # all-gather output beside its copy-out, which fsdp_backward_moments lists: head_moments)
                 gathered = conv.unsharded_param_bytes * (sum(passed) + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
             if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
@@ -323,12 +346,15 @@ def walk_units(stage: WalkStage) -> tuple[list[FsdpUnit], float]:
         if conv.output_reduce_in_loss:  # the chunk's loss tensors are freed but for its logits (and their gradient)
             logits = loss_logits(conv, terms.tokens, terms.vocab, plan.tp)
             kept = stage.out_acts - (conv.logits_bytes_per_element - conv.loss_reduce_bytes_per_element) * logits
+        # what the head's backward sees of the loss, where the root output unit is gathered again (head_moments)
+        at_head = stage.out_acts - (conv.logits_bytes_per_element - conv.head_backward_bytes_per_element) * loss_logits(
+            conv, terms.tokens, terms.vocab, plan.tp) if conv.head_backward_bytes_per_element else 0.0
         if in_root:
             units.append(FsdpUnit("embedding, output layer and loss", emb + head, stage.out_acts,
-                                  grads=grads(emb + head), kept=kept, loss=True, grads_last=emb))
+                                  grads=grads(emb + head), kept=kept, loss=True, grads_last=emb, head=at_head))
         else:
             units.append(FsdpUnit("output layer and loss", head, stage.out_acts, grads=grads(head),
-                                  in_loss=conv.output_reduce_in_loss, kept=kept, loss=True))
+                                  in_loss=conv.output_reduce_in_loss, kept=kept, loss=True, head=at_head))
     return units, max(0.0, stage.layer_acts - one_batch)
 
 
