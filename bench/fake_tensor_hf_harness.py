@@ -236,6 +236,92 @@ def step_peak(case: dict) -> dict:
 
 
 
+def kempnerforge_fsdp2_wrap(model, mesh) -> None:
+    """fully_shard as KempnerForge's apply_fsdp2 (kempnerforge/distributed/parallel.py, 5666d0d): each decoder block,
+    then the whole model, whose root unit holds the embedding, the final norm and the output head, all
+    reshard_after_forward=True; the model cast to bf16 before (model.to(dtype=param_dtype)), fp32 reduce."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": mesh, "reshard_after_forward": True,
+              "mp_policy": MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32)}
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def _live(tracker, kind: str | None = None) -> dict[str, int]:
+    snap = tracker.get_tracker_snapshot(kind) if kind else tracker.get_tracker_snapshot()
+    device = next(iter(snap))
+    return {str(getattr(k, "value", k)): int(v) for k, v in snap[device].items()}
+
+
+def head_probe(case: dict) -> dict:
+    """What is alive when the root output unit, resharded after its forward, is gathered again for the head's
+    backward at pp=1 (fsdp_walk.head_moments), by category from FSDPMemTracker over the second step: `forward_end`
+    (the forward and loss done), `at_hook` (the root's pre_backward hook passed: a tensor hook registered on the
+    logits after FSDP's runs after it, the root unsharded and the unit before it prefetched), `head_peak` (the peak
+    from the start of the backward to the head's input gradient: the loss's peak, the root's copy-out and the head's
+    matmul). `wrap`: "verl" (verl_fsdp2_wrap and verl_loss: the logits divided in place, flash cross-entropy) or
+    "kempnerforge" (kempnerforge_fsdp2_wrap, and its training/loss.py cross_entropy_loss, F.cross_entropy on the
+    bf16 logits, which train.py's `logits` holds through the backward)."""
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    world, tokens, verl = case["world"], case["tokens"], case["wrap"] == "verl"
+    mesh = fake_fsdp_mesh(world)
+    with FakeTensorMode():
+        model = build(case, dtype=torch.float32 if verl else BF16)
+        (verl_fsdp2_wrap if verl else kempnerforge_fsdp2_wrap)(model, mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=True)
+        ids = torch.randint(0, 1000, (1, tokens))
+        positions = torch.arange(tokens).unsqueeze(0)
+        labels = torch.roll(ids, shifts=-1, dims=1).squeeze(0)
+        tracker = tracker_class(fsdp=True)(model, optimizer)
+        tracker.track_external(model, optimizer)
+        seen: dict = {}
+
+        def note(name: str, kind: str | None = None):
+            def hook(_grad):
+                seen.setdefault(name, _live(tracker, kind))
+            return hook
+
+        def head_input(_module, args):
+            args[0].register_hook(note("head_peak", "peak"))
+
+        model.lm_head.register_forward_pre_hook(head_input)
+        with tracker:
+            for step in range(2):
+                seen.clear()
+                logits = model(input_ids=ids, attention_mask=None, position_ids=positions, use_cache=False).logits
+                logits.register_hook(note("at_hook"))
+                if verl:
+                    row = logits.squeeze(0)
+                    row.div_(case.get("temperature", 1.0))
+                    log_probs = -_FlashCrossEntropyStandIn.apply(row, labels)
+                    del logits, row
+                    loss = -(log_probs.exp() * torch.ones_like(log_probs)).mean()
+                else:
+                    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels)
+                seen["forward_end"] = _live(tracker)
+                reset_peak(tracker)
+                loss.backward()
+                del loss
+                logits = None
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if step == 0:
+                    tracker.reset_mod_stats()
+                    reset_peak(tracker)
+        root = sum(p.numel() for p in model.parameters()) - sum(
+            p.numel() for layer in model.model.layers for p in layer.parameters())
+        if verl:  # verl's root unit is [norm, lm_head]: the embedding is a unit of its own
+            root -= model.model.embed_tokens.weight.numel()
+    return {**seen, "world": world, "root_params": int(root), "layer_params":
+            int(sum(p.numel() for p in model.model.layers[-1].parameters())),
+            "head_params": int(model.lm_head.weight.numel()),
+            "hidden": int(model.config.hidden_size), "vocab": int(model.config.vocab_size)}
+
+
 def main() -> None:
     import transformers
 
@@ -245,7 +331,8 @@ def main() -> None:
     for case in request["cases"]:
         start = time.perf_counter()
         try:
-            out = step_peak(case) if case.get("kind") == "step" else layer_bytes(case)
+            kind = case.get("kind")
+            out = step_peak(case) if kind == "step" else head_probe(case) if kind == "head" else layer_bytes(case)
             out["ok"] = True
         except Exception as exc:  # reported per case, so one failing model does not hide the others
             out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -167,3 +167,58 @@ def test_the_memory_estimate_of_a_ulysses_plan_counts_them(monkeypatch):
     monkeypatch.setattr(memory, "runs_ulysses", lambda card, zero_stage: False)
     memory.per_kind_activations.cache_clear()
     assert ulysses - memory.estimate_memory(job, plan).stages[0].activations_bytes == 32 * 8192 * 4096 * 2
+
+
+# --------------------------------------------------------------------------- the root gathered again at pp=1 (slow)
+
+
+@pytest.fixture(scope="module")
+def head_probes() -> dict[str, dict]:
+    """fake_tensor_hf_harness.head_probe on a Llama-3.1-8B cut (2 layers, full recompute, 2,048 tokens, dp 8) under
+    verl's wrap and KempnerForge's apply_fsdp2 wrap (the embedding in the root unit)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fake_tensor_hf as bench
+
+    spec = {"kind": "head", "model": "llama-3.1-8b", "config": bench.card_config("llama-3.1-8b"), "num_layers": 2,
+            "tokens": T, "world": 8, "policy": "full", "override": {}}
+    result = bench.run_harness([{**spec, "wrap": wrap} for wrap in ("verl", "kempnerforge")], timeout=900)
+    for res in result["results"]:
+        assert res["ok"], res
+    return {res["wrap"]: res for res in result["results"]}
+
+
+@pytest.mark.slow
+def test_at_the_roots_pre_backward_only_what_the_convention_says_of_the_loss_is_alive(head_probes):
+    """The root's pre_backward hook fires after the loss's backward: verl keeps the logits' bf16 gradient alone (the
+    logits and the flash cross-entropy's buffer freed), KempnerForge train.py's bf16 logits beside it (the log-softmax
+    and nll_loss's gradient freed): fsdp2_hf's and fsdp2_kempnerforge's head_backward_bytes_per_element, 2 and 4 B per
+    logit. The same model under both wraps keeps the same layer and head inputs, so the difference is the logits.
+    The root is unsharded (2 B per param) and the last layer prefetched (2 B per param)."""
+    card = memory_card().conventions
+    hf, kf = card["fsdp2_hf"], card["fsdp2_kempnerforge"]
+    verl, forge = head_probes["verl"]["at_hook"], head_probes["kempnerforge"]["at_hook"]
+    logits = T * head_probes["verl"]["vocab"]
+    assert verl["Temp"] == forge["Temp"] == hf.head_backward_bytes_per_element * logits  # the logits' gradient
+    more = forge["Activation"] + forge["Temp"] - verl["Activation"] - verl["Temp"]
+    assert abs(more - (kf.head_backward_bytes_per_element - hf.head_backward_bytes_per_element) * logits) <= 16 * T
+    for res in head_probes.values():
+        assert res["at_hook"]["Unsharded Param"] == hf.unsharded_param_bytes * res["root_params"]
+        assert res["at_hook"]["All Gather"] == hf.prefetched_bytes * res["layer_params"]
+
+
+@pytest.mark.slow
+def test_the_heads_backward_moment_is_what_head_moments_walks(head_probes):
+    """From the forward's end to the head's input gradient, the peak rises by what fsdp_walk.head_moments adds to the
+    loss's tensors: KempnerForge's root copy-out, its all-gather output beside its unsharded params ((2 + 2) B per
+    param, the moment that decides there); verl's head matmul, the root gathered, the head's weight gradient and the
+    last layer prefetched (2 B each) with the logits' gradient in place of the logits, plus the hidden-state gradient
+    head_moments leaves out (2 B per hidden element)."""
+    kf, verl = head_probes["kempnerforge"], head_probes["verl"]
+    c = memory_card().conventions["fsdp2_kempnerforge"]
+    rise = kf["head_peak"]["Total"] - kf["forward_end"]["Total"]
+    assert abs(rise - (c.unsharded_param_bytes + c.prefetched_bytes) * kf["root_params"]) <= 16 * T
+    c = memory_card().conventions["fsdp2_hf"]
+    rise = verl["head_peak"]["Total"] - verl["forward_end"]["Total"]
+    # less the loss's fp32 per-token tensors the forward ended with (log-probs, lse: 12 B per token)
+    assert abs(rise - (c.unsharded_param_bytes * (verl["root_params"] + verl["head_params"])
+                       + c.prefetched_bytes * verl["layer_params"] + 2 * T * verl["hidden"])) <= 16 * T
