@@ -76,6 +76,27 @@ def test_resharding_forward_holds_the_passed_units_and_all_after_a_backward():
     assert not any("after a backward" in k for k in one)
 
 
+def test_resharded_loss_unit_gathered_again_holds_its_all_gather_output():
+    """KempnerForge's loss unit, resharded after its forward, is gathered again for the head's backward: its copy-out
+    holds the all-gather output (prefetched_bytes) beside its unsharded parameters, with what the loss leaves alive
+    (`head`: 20 of its 50) and nothing prefetched yet; listed only where a head figure is given, and not where the
+    units stay gathered through the forward (torchtitan 0.2)."""
+    units = [*UNITS[:2], UNITS[2]._replace(head=20.0)]
+    card = framework_card("kempnerforge")
+    conv = convention(card, 3, None)[1]
+    acc = Accumulation(accumulated_grad_bytes(card, 4, True, 2), 4, pipeline=True, through_forward=False)
+    m = {s.name: s for s in fsdp_backward_moments(conv, units, 100.0, True, acc)}
+    again = m["out gathered again (a middle micro-batch)"]
+    assert again.activations == 100.0 + 5.0 + 5.0 + 20.0
+    assert again.transient == (conv.unsharded_param_bytes + conv.prefetched_bytes) * 30.0
+    assert again.accumulated == 4 * 60.0 and again.absent_grads == 6.0
+    _, plain = _walk("kempnerforge")
+    assert not any("gathered again" in k for k in plain)
+    titan = convention(framework_card("torchtitan"), 3, "0.2.2")[1]
+    held = acc._replace(through_forward=True)
+    assert not any("gathered again" in s.name for s in fsdp_backward_moments(titan, units, 100.0, True, held))
+
+
 def test_post_backward_reduces_unit_by_unit_with_nothing_else_alive():
     """The schedule's post-backward, in forward order: the unit reshards, copies its fp32 gradient into the
     reduce-scatter input; the units after it still gathered with their gradients."""

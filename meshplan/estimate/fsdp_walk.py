@@ -182,7 +182,9 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
     that follows earlier ones (every unit's gradient held, no sharded gradient written yet); a unit that reduces inside
     the chunked loss (`in_loss`) reduce-scatters in every micro-batch, so it holds neither. Where the forward reshards
     (not `through_forward`) a backward right after a forward holds gathered the units it has passed, and one right
-    after another backward (`cooldown_other`) all of them; then the _post_backward moments (stage_post_backward)."""
+    after another backward (`cooldown_other`) all of them, and a loss unit resharded after its forward is gathered
+    again for its head's backward, its all-gather output beside its copy-out (where the convention says what the loss
+    leaves alive then, FsdpUnit.head); then the _post_backward moments (stage_post_backward)."""
     held = [u for u in units if not u.in_loss]
     every = accumulation.bytes_per_param * sum(u.params for u in held)
     gathered_all = conv.unsharded_param_bytes * sum(u.params for u in held)
@@ -204,8 +206,8 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                 # _pre_backward -> _fsdp_param_group.py pre_backward -> unshard) gathers it again for the head's
                 # backward, right after the loss's peak with the logits' gradient alive; a root resharded after its
                 # forward (`output_resharded_at_loss`) is ungathered only at that peak, which holds no more
-                # activations than this moment and less transient, so the walk does not list it apart (nor the
-                # all-gather output beside its copy-out, which fsdp_backward_moments lists: head_moments)
+                # activations than this moment and less transient, so the walk does not list it apart; its copy-out,
+                # the all-gather output beside it, is listed below (as head_moments lists it without a pipeline)
                 gathered = conv.unsharded_param_bytes * (sum(passed) + u.params) + prefetch
             name = f"{u.name} backward (a middle micro-batch{when})"
             if u.in_loss:  # its reduce-scatter per chunk, as fsdp_backward_moments counts it
@@ -216,6 +218,12 @@ def pipeline_moments(conv, units: list[FsdpUnit], held_other: float, accumulatio
                                       gathered + reduce, absent, every))
                 continue
             out.append(StepMoment(name, before + u.stored + u.working, gathered, absent, every))
+            if u.loss and u.head and conv.output_resharded_at_loss and not all_gathered:
+                # its copy-out when gathered again for the head's backward (head_moments): its all-gather output
+                # beside its unsharded parameters, the loss's peak passed
+                copy = gathered - prefetch + conv.prefetched_bytes * u.params
+                out.append(StepMoment(f"{u.name} gathered again (a middle micro-batch{when})", before + u.head, copy,
+                                      absent, every))
             # its post_backward: the bf16 unsharded gradient autograd wrote, added into the held one, then freed
             out.append(StepMoment(f"{u.name} accumulate (a middle micro-batch{when})", before + u.kept,
                                   gathered + conv.unsharded_param_bytes * u.params, absent, every))
